@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -113,3 +114,10 @@ class STAPOConfig(GRPOConfig):
             raise ValueError(f"s2t_mode={self.s2t_mode!r} is not one of {list(S2T_MODES)}.")
         if self.s2t_scope not in S2T_SCOPES:
             raise ValueError(f"s2t_scope={self.s2t_scope!r} is not one of {list(S2T_SCOPES)}.")
+        if self.temperature != 1.0 and self.s2t_mode != "off":
+            warnings.warn(
+                f"temperature={self.temperature}: the S2T thresholds (s2t_prob_threshold, s2t_entropy_quantile) are "
+                "calibrated at temperature 1.0, and probabilities and entropies are taken from the temperature-scaled "
+                "logits. The paper trains at 1.0.",
+                stacklevel=2,
+            )

@@ -1,0 +1,62 @@
+"""`STAPOConfig`: paper defaults, documentation of every S2T field, and early validation."""
+
+import dataclasses
+import warnings
+
+import pytest
+
+from stapo_trl import STAPOConfig
+from stapo_trl.config import S2T_SCOPES
+from stapo_trl.s2t import S2T_MODES
+
+
+def make_config(**overrides):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return STAPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to=[], **overrides)
+
+
+def test_defaults_are_the_papers():
+    # STAPO Sec. 4.1: tau_p = 0.002, q = 0.75 (v4/v5), DAPO objective: clip 0.2 / 0.28, token mean, no KL.
+    config = make_config()
+    assert config.s2t_prob_threshold == 0.002
+    assert config.s2t_entropy_quantile == 0.75
+    assert config.s2t_mode == "low_entropy"
+    assert config.s2t_scope == "generation_batch"
+    assert (config.loss_type, config.epsilon, config.epsilon_high, config.beta) == ("dapo", 0.2, 0.28, 0.0)
+    assert config.top_entropy_quantile == 1.0 and config.entropy_coef == 0.0  # no entropy mask, no bonus
+
+
+def test_every_s2t_field_has_help_and_is_documented():
+    s2t_fields = [f for f in dataclasses.fields(STAPOConfig) if f.name.startswith("s2t_")]
+    assert {f.name for f in s2t_fields} == {"s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode", "s2t_scope"}
+    for f in s2t_fields:
+        assert len(f.metadata.get("help", "")) > 40, f.name
+        assert f"{f.name} (`" in STAPOConfig.__doc__, f"{f.name} missing from the class docstring"
+    choices = {f.name: f.metadata.get("choices") for f in s2t_fields}
+    assert choices["s2t_mode"] == list(S2T_MODES) and choices["s2t_scope"] == list(S2T_SCOPES)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("s2t_prob_threshold", 0.0, r"s2t_prob_threshold=0\.0 .*\(0, 1\]"),
+        ("s2t_prob_threshold", 1.5, r"s2t_prob_threshold=1\.5"),
+        ("s2t_entropy_quantile", -0.1, r"s2t_entropy_quantile=-0\.1 .*\[0, 1\]"),
+        ("s2t_mode", "low", r"s2t_mode='low' .*'low_entropy', 'high_entropy', 'all_low_prob', 'off'"),
+        ("s2t_scope", "batch", r"s2t_scope='batch' .*'generation_batch', 'micro_batch'"),
+    ],
+)
+def test_bad_values_fail_at_config_time_naming_field_and_allowed_values(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        make_config(**{field: value})
+
+
+def test_accepts_v1_quantile_and_boundaries():
+    assert make_config(s2t_entropy_quantile=0.8).s2t_entropy_quantile == 0.8
+    assert make_config(s2t_prob_threshold=1.0, s2t_entropy_quantile=0.0).s2t_prob_threshold == 1.0
+
+
+def test_warns_when_temperature_is_not_one():
+    with pytest.warns(UserWarning, match="temperature"):
+        STAPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to=[], temperature=0.7)
