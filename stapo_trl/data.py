@@ -1,6 +1,28 @@
-"""Prompt datasets: the built-in tiny-math task and Hub / local files, mapped to conversational prompts."""
+"""Prompt datasets: the built-in tiny-math task and Hub / local files, mapped to conversational prompts.
+
+Every loader returns the two columns TRL's `GRPOTrainer` and the rewards of this package read:
+
+- `prompt`: a conversational prompt, `[{"role": "user", "content": problem + "\\n" + instruction}]` (see
+  [`format_prompt`]);
+- `solution`: the gold answer as a string (e.g. `"85"`), passed to the reward functions as `solution=`.
+
+The built-in task (`builtin:tiny-math`) is two-digit addition written out column by column, small enough for a
+140k-parameter model on a CPU to learn in seconds while keeping the paper's output format (a final `\\boxed{}`):
+
+    problem:    47+38
+    completion: 7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}
+    solution:   85
+"""
 
 from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from typing import Any
+
+import datasets
+
 
 # The paper's prompt suffix (STAPO Sec. 4.1): step-by-step reasoning, final answer in \boxed{}.
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -13,3 +35,256 @@ def format_prompt(problem: str, instruction: str | None = INSTRUCTION) -> list[d
     """
     content = problem if not instruction else f"{problem}\n{instruction}"
     return [{"role": "user", "content": content}]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The built-in tiny-math task
+# ---------------------------------------------------------------------------------------------------------------
+
+# Operands are two-digit numbers, so there are 90 * 90 = 8,100 ordered problems; the default split uses them all.
+_OPERANDS = range(10, 100)
+NUM_TINY_MATH_PROBLEMS = len(_OPERANDS) ** 2
+
+
+def tiny_math_problem(a: int, b: int) -> str:
+    """Raw problem text of the tiny-math task, e.g. `"47+38"`."""
+    return f"{a}+{b}"
+
+
+def tiny_math_completion(a: int, b: int) -> str:
+    """Worked column addition of two two-digit numbers, ending in the boxed sum.
+
+    The format is the same for every problem (the carry is always written, `carry 0` included), so a tiny model
+    learns it quickly: `tiny_math_completion(47, 38) == "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"` and
+    `tiny_math_completion(21, 34) == "1+4=5, write 5 carry 0; 2+3+0=5; \\boxed{55}"`.
+
+    Args:
+        a (`int`):
+            First operand, in [10, 99].
+        b (`int`):
+            Second operand, in [10, 99].
+
+    Returns:
+        `str`: The target completion (no trailing end-of-sequence token).
+    """
+    units = a % 10 + b % 10
+    carry = units // 10
+    tens = a // 10 + b // 10 + carry
+    units_step = f"{a % 10}+{b % 10}={units}, write {units % 10} carry {carry}"
+    tens_step = f"{a // 10}+{b // 10}+{carry}={tens}"
+    return f"{units_step}; {tens_step}; \\boxed{{{a + b}}}"
+
+
+def make_tiny_math_dataset(num_train: int = 7800, num_test: int = 300, seed: int = 0) -> datasets.DatasetDict:
+    """Build the built-in tiny-math task: two-digit addition with the carry written out as worked steps.
+
+    All 8,100 ordered pairs `(a, b)` with `10 <= a, b <= 99` are shuffled with `random.Random(seed)`; the first
+    `num_test` become the test split and the next `num_train` the train split, so the splits never share a
+    problem and the same seed always gives the same datasets.
+
+    Args:
+        num_train (`int`, *optional*, defaults to `7800`):
+            Number of training problems.
+        num_test (`int`, *optional*, defaults to `300`):
+            Number of held-out problems.
+        seed (`int`, *optional*, defaults to `0`):
+            Seed of the shuffle that picks and orders the problems.
+
+    Returns:
+        [`~datasets.DatasetDict`]: Splits `"train"` and `"test"`, each with the columns `prompt` (conversational,
+        [`format_prompt`] of the problem), `solution` (the gold sum as a string, e.g. `"85"`), `completion` (the
+        worked steps, the SFT target) and `problem` (the raw problem text, e.g. `"47+38"`).
+
+    Raises:
+        ValueError: If a size is negative or `num_train + num_test` exceeds the 8,100 distinct problems.
+    """
+    if num_train < 0 or num_test < 0:
+        raise ValueError(f"num_train and num_test must be >= 0, got num_train={num_train}, num_test={num_test}.")
+    if num_train + num_test > NUM_TINY_MATH_PROBLEMS:
+        raise ValueError(
+            f"num_train + num_test = {num_train + num_test} exceeds the {NUM_TINY_MATH_PROBLEMS} distinct two-digit "
+            "addition problems; lower num_train or num_test."
+        )
+    pairs = [(a, b) for a in _OPERANDS for b in _OPERANDS]
+    random.Random(seed).shuffle(pairs)
+    splits = {"test": pairs[:num_test], "train": pairs[num_test : num_test + num_train]}
+
+    def to_dataset(split_pairs: list[tuple[int, int]]) -> datasets.Dataset:
+        problems = [tiny_math_problem(a, b) for a, b in split_pairs]
+        return datasets.Dataset.from_dict(
+            {
+                "prompt": [format_prompt(problem) for problem in problems],
+                "solution": [str(a + b) for a, b in split_pairs],
+                "completion": [tiny_math_completion(a, b) for a, b in split_pairs],
+                "problem": problems,
+            }
+        )
+
+    return datasets.DatasetDict({"train": to_dataset(splits["train"]), "test": to_dataset(splits["test"])})
+
+
+# The single source of truth for `builtin:` dataset names (used by `load_prompt_dataset` and its error message).
+BUILTIN_DATASETS: dict[str, Callable[[], datasets.DatasetDict]] = {
+    "tiny-math": make_tiny_math_dataset,
+}
+BUILTIN_PREFIX = "builtin:"
+
+_LOCAL_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading any prompt dataset
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _get_field(example: dict[str, Any], column: str) -> Any:
+    """Value of `column` in one row; a dotted name (`reward_model.ground_truth`) walks into nested dicts."""
+    if column in example:
+        return example[column]
+    value: Any = example
+    for key in column.split("."):
+        value = value[key]
+    return value
+
+
+def _has_column(features: datasets.Features, column: str) -> bool:
+    """Whether `column` exists, a dotted name (`reward_model.ground_truth`) meaning a field of a struct column."""
+    if column in features:
+        return True
+    feature: Any = features
+    for key in column.split("."):
+        if not isinstance(feature, (dict, datasets.Features)) or key not in feature:
+            return False
+        feature = feature[key]
+    return True
+
+
+def _solution_to_str(value: Any) -> str:
+    """Gold answer as a string: integral floats lose the `.0` (AMC23 stores `27.0`), a one-element list is unwrapped,
+    longer lists are joined with `", "` (OlympiadBench multi-answer rows), `None` becomes `""` (graders treat an
+    unparseable gold as ungradable, never as correct)."""
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_solution_to_str(v) for v in value)
+    return str(value)
+
+
+def _to_prompt(value: Any, instruction: str | None) -> list[dict[str, str]]:
+    """Conversational prompt from a raw problem string, or from an existing chat (verl layout: a list of messages),
+    whose last user turn gets the instruction appended as [`format_prompt`] would."""
+    if isinstance(value, str):
+        return format_prompt(value, instruction)
+    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m for m in value):
+        messages = [{"role": m["role"], "content": m["content"]} for m in value]
+        user_turns = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        if instruction and user_turns:
+            last = user_turns[-1]
+            messages[last]["content"] = format_prompt(messages[last]["content"], instruction)[0]["content"]
+        return messages
+    raise ValueError(
+        f"A prompt must be a string or a list of chat messages with 'role' and 'content', got {type(value).__name__}: "
+        f"{value!r:.200}"
+    )
+
+
+def load_prompt_dataset(
+    dataset_name: str,
+    *,
+    dataset_config: str | None = None,
+    split: str = "train",
+    prompt_column: str = "problem",
+    solution_column: str = "answer",
+    instruction: str | None = INSTRUCTION,
+    data_files: str | list[str] | dict[str, Any] | None = None,
+    limit: int | None = None,
+) -> datasets.Dataset:
+    """Load a math dataset as conversational prompts with gold answers, ready for [`~trl.GRPOTrainer`].
+
+    Three kinds of `dataset_name` are accepted:
+
+    - `builtin:<name>`, a built-in task (`builtin:tiny-math`, splits `"train"` and `"test"`); it defines its own
+      columns, so `prompt_column`, `solution_column` and `data_files` are ignored;
+    - a local `.json`, `.jsonl` or `.parquet` file, read with `datasets.load_dataset("json" | "parquet")`; the file is
+      the split, so `split` is ignored;
+    - anything else goes to `datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=...)`: a
+      Hub id such as `"HuggingFaceH4/MATH-500"`, a local dataset folder, or a builder name (`"json"`) with
+      `data_files`.
+
+    A prompt cell may be a raw problem string or already a chat (a list of `{"role", "content"}` messages, as in
+    verl parquet files); the instruction is appended to its last user turn either way. Column names may be
+    dotted to reach into struct columns, e.g. `solution_column="reward_model.ground_truth"`.
+
+    Args:
+        dataset_name (`str`):
+            `builtin:<name>`, a path to a local file, or a name for `datasets.load_dataset`.
+        dataset_config (`str` or `None`, *optional*, defaults to `None`):
+            Dataset configuration (subset) name, for Hub datasets.
+        split (`str`, *optional*, defaults to `"train"`):
+            Split to load.
+        prompt_column (`str`, *optional*, defaults to `"problem"`):
+            Column with the problem text (or the chat).
+        solution_column (`str`, *optional*, defaults to `"answer"`):
+            Column with the gold answer; converted to `str` (integral floats such as `27.0` become `"27"`).
+        instruction (`str` or `None`, *optional*, defaults to `INSTRUCTION`):
+            Text appended to the problem on a new line; `None` or `""` appends nothing.
+        data_files (`str`, `list[str]`, `dict` or `None`, *optional*, defaults to `None`):
+            Passed to `datasets.load_dataset` for non-builtin, non-file names.
+        limit (`int` or `None`, *optional*, defaults to `None`):
+            Keep only the first `limit` rows.
+
+    Returns:
+        [`~datasets.Dataset`]: Columns `prompt` (`list[dict[str, str]]`, conversational) and `solution` (`str`).
+
+    Raises:
+        ValueError: If a `builtin:` name is unknown (the message lists the known ones), if the split does not exist
+            for a built-in task, or if a column is missing (the message names it, the dataset and the available
+            columns).
+        FileNotFoundError: If `dataset_name` ends in `.json`, `.jsonl` or `.parquet` but no such file exists.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0 or None, got {limit}.")
+
+    if dataset_name.startswith(BUILTIN_PREFIX):
+        name = dataset_name[len(BUILTIN_PREFIX) :]
+        if name not in BUILTIN_DATASETS:
+            known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_DATASETS)
+            raise ValueError(f"Unknown built-in dataset {dataset_name!r}. Known built-in datasets: {known}.")
+        splits = BUILTIN_DATASETS[name]()
+        if split not in splits:
+            raise ValueError(
+                f"Built-in dataset {dataset_name!r} has no split {split!r}; available splits: {sorted(splits)}."
+            )
+        dataset = splits[split]
+        prompt_column, solution_column = "problem", "solution"
+    else:
+        suffix = os.path.splitext(dataset_name)[1].lower()
+        if suffix in _LOCAL_FILE_BUILDERS:
+            if not os.path.isfile(dataset_name):
+                raise FileNotFoundError(f"Dataset file {dataset_name!r} does not exist.")
+            dataset = datasets.load_dataset(_LOCAL_FILE_BUILDERS[suffix], data_files=dataset_name, split="train")
+        else:
+            dataset = datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=data_files)
+
+    for column in (prompt_column, solution_column):
+        if not _has_column(dataset.features, column):
+            raise ValueError(
+                f"Column {column!r} not found in dataset {dataset_name!r}. Available columns: "
+                f"{dataset.column_names}. Set prompt_column / solution_column (dotted names reach into struct "
+                "columns, e.g. 'reward_model.ground_truth')."
+            )
+
+    if limit is not None:
+        dataset = dataset.select(range(min(limit, len(dataset))))
+
+    def to_prompt_solution(example: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "prompt": _to_prompt(_get_field(example, prompt_column), instruction),
+            "solution": _solution_to_str(_get_field(example, solution_column)),
+        }
+
+    # Both output columns are rebuilt from scratch, so drop every input column (an input `prompt` or `solution`
+    # column is read before it is replaced).
+    return dataset.map(to_prompt_solution, remove_columns=dataset.column_names)

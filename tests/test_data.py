@@ -1,0 +1,179 @@
+"""The built-in tiny-math task and `load_prompt_dataset`."""
+
+import json
+import re
+
+import pytest
+
+from stapo_trl.data import (
+    BUILTIN_DATASETS,
+    INSTRUCTION,
+    format_prompt,
+    load_prompt_dataset,
+    make_tiny_math_dataset,
+    tiny_math_completion,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_math():
+    return make_tiny_math_dataset()
+
+
+# `7+8=15, write 5 carry 1; 4+3+1=8; \boxed{85}`
+STEPS = re.compile(r"^(\d)\+(\d)=(\d+), write (\d) carry (\d); (\d)\+(\d)\+(\d)=(\d+); \\boxed\{(\d+)\}$")
+
+
+def test_example_from_the_spec():
+    assert tiny_math_completion(47, 38) == "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"
+    # No carry: the format stays the same (carry 0), and a three-digit sum.
+    assert tiny_math_completion(21, 34) == "1+4=5, write 5 carry 0; 2+3+0=5; \\boxed{55}"
+    assert tiny_math_completion(99, 99) == "9+9=18, write 8 carry 1; 9+9+1=19; \\boxed{198}"
+
+
+def test_sizes_and_columns(tiny_math):
+    assert set(tiny_math) == {"train", "test"}
+    assert len(tiny_math["train"]) == 7800
+    assert len(tiny_math["test"]) == 300
+    for split in tiny_math.values():
+        assert split.column_names == ["prompt", "solution", "completion", "problem"]
+
+
+def test_every_completion_is_arithmetically_correct(tiny_math):
+    # Recompute every step from the problem text instead of trusting the generator.
+    for split in tiny_math.values():
+        for row in split:
+            a, b = map(int, row["problem"].split("+"))
+            assert 10 <= a <= 99 and 10 <= b <= 99
+            m = STEPS.match(row["completion"])
+            assert m is not None, row["completion"]
+            ua, ub, usum, digit, carry, ta, tb, tcarry, tsum, boxed = map(int, m.groups())
+            assert (ua, ub) == (a % 10, b % 10)
+            assert usum == ua + ub
+            assert digit == usum % 10 and carry == usum // 10
+            assert (ta, tb, tcarry) == (a // 10, b // 10, carry)
+            assert tsum == ta + tb + tcarry
+            assert boxed == a + b == tsum * 10 + digit
+            assert row["solution"] == str(a + b)
+            assert row["prompt"] == format_prompt(row["problem"])
+            assert row["prompt"][0]["content"] == f"{a}+{b}\n{INSTRUCTION}"
+
+
+def test_train_and_test_are_disjoint(tiny_math):
+    train = set(tiny_math["train"]["problem"])
+    test = set(tiny_math["test"]["problem"])
+    assert len(train) == 7800 and len(test) == 300  # no duplicates inside a split either
+    assert not train & test
+
+
+def test_same_seed_same_data_other_seed_other_data(tiny_math):
+    again = make_tiny_math_dataset()
+    for split in ("train", "test"):
+        assert again[split].to_list() == tiny_math[split].to_list()
+    other = make_tiny_math_dataset(seed=1)
+    assert other["test"]["problem"] != tiny_math["test"]["problem"]
+    # Smaller draws cut the same shuffle (test first): the first held-out problems stay the same.
+    small = make_tiny_math_dataset(num_train=50, num_test=10)
+    assert small["test"]["problem"] == tiny_math["test"]["problem"][:10]
+    assert len(small["train"]) == 50 and not set(small["train"]["problem"]) & set(small["test"]["problem"])
+
+
+def test_too_many_problems_is_an_error():
+    with pytest.raises(ValueError, match="8100"):
+        make_tiny_math_dataset(num_train=8000, num_test=101)
+
+
+def test_load_builtin(tiny_math):
+    test = load_prompt_dataset("builtin:tiny-math", split="test")
+    assert test.column_names == ["prompt", "solution"]
+    assert test["solution"] == tiny_math["test"]["solution"]
+    assert test["prompt"] == tiny_math["test"]["prompt"]
+
+    train = load_prompt_dataset("builtin:tiny-math", instruction=None, limit=5)
+    assert len(train) == 5
+    assert train[0]["prompt"] == [{"role": "user", "content": tiny_math["train"][0]["problem"]}]
+
+
+def test_unknown_builtin_lists_the_known_names():
+    with pytest.raises(ValueError, match="builtin:nope") as excinfo:
+        load_prompt_dataset("builtin:nope")
+    for name in BUILTIN_DATASETS:
+        assert f"builtin:{name}" in str(excinfo.value)
+    with pytest.raises(ValueError, match="'validation'"):
+        load_prompt_dataset("builtin:tiny-math", split="validation")
+
+
+@pytest.fixture
+def jsonl_file(tmp_path):
+    rows = [
+        {"problem": "What is 1+1?", "answer": 2.0, "meta": {"gt": "2"}},
+        {"problem": "What is 2+3?", "answer": "5", "meta": {"gt": "5"}},
+        {"problem": "What is 10/4?", "answer": 2.5, "meta": {"gt": "\\frac{5}{2}"}},
+    ]
+    path = tmp_path / "toy.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_load_local_jsonl(jsonl_file):
+    ds = load_prompt_dataset(str(jsonl_file))
+    assert ds.column_names == ["prompt", "solution"]
+    assert ds["prompt"][0] == [{"role": "user", "content": f"What is 1+1?\n{INSTRUCTION}"}]
+    # Integral floats lose their ".0"; other values are stringified.
+    assert ds["solution"] == ["2", "5", "2.5"]
+    assert len(load_prompt_dataset(str(jsonl_file), limit=2)) == 2
+
+
+def test_load_nested_column(jsonl_file):
+    ds = load_prompt_dataset(str(jsonl_file), solution_column="meta.gt", instruction="")
+    assert ds["solution"] == ["2", "5", "\\frac{5}{2}"]
+    assert ds["prompt"][2] == [{"role": "user", "content": "What is 10/4?"}]
+
+
+def test_missing_column_names_column_dataset_and_available_columns(jsonl_file):
+    with pytest.raises(ValueError) as excinfo:
+        load_prompt_dataset(str(jsonl_file), solution_column="ground_truth")
+    message = str(excinfo.value)
+    assert "'ground_truth'" in message
+    assert str(jsonl_file) in message
+    assert "['problem', 'answer', 'meta']" in message
+    with pytest.raises(ValueError, match="'meta.missing'"):
+        load_prompt_dataset(str(jsonl_file), solution_column="meta.missing")
+
+
+def test_missing_local_file_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        load_prompt_dataset(str(tmp_path / "nope.jsonl"))
+
+
+def test_verl_parquet_with_chat_prompts(shared_data_dir):
+    # verl layout: the prompt is already a chat, the answer sits in `reward_model.ground_truth`.
+    ds = load_prompt_dataset(
+        str(shared_data_dir / "aime24" / "test.parquet"),
+        prompt_column="prompt",
+        solution_column="reward_model.ground_truth",
+    )
+    assert len(ds) == 30
+    assert ds[0]["solution"] == "\\boxed{204}"
+    (turn,) = ds[0]["prompt"]
+    assert turn["role"] == "user"
+    assert turn["content"].startswith("Every morning Aya goes for a $9$-kilometer-long walk")
+    assert turn["content"].endswith("\n" + INSTRUCTION)
+
+
+def test_hub_ids_go_to_load_dataset(monkeypatch):
+    # No network here: check what a Hub id is forwarded as, with a stand-in for `datasets.load_dataset`.
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(path, name=None, **kwargs):
+        calls.append((path, name, kwargs))
+        return datasets.Dataset.from_dict({"question": ["1+1?"], "final_answer": [["2"]]})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    ds = load_prompt_dataset(
+        "org/math", dataset_config="default", split="test", prompt_column="question", solution_column="final_answer"
+    )
+    assert calls == [("org/math", "default", {"split": "test", "data_files": None})]
+    assert ds.to_list() == [{"prompt": format_prompt("1+1?"), "solution": "2"}]
