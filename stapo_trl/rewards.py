@@ -1,0 +1,196 @@
+r"""Reward functions in TRL's convention, backed by the one grader in [`stapo_trl.grading`].
+
+Every reward is a plain function `(completions, solution, **kwargs) -> list[float | None]`, one value per completion,
+as [`~trl.GRPOTrainer`] calls it (it also passes `prompts`, `completion_ids`, the dataset columns, `trainer_state`,
+`log_extra` and `log_metric`, all accepted through `**kwargs`). TRL names the per-reward metrics after the function's
+`__name__` (`rewards/math_accuracy_reward/mean`).
+
+The [STAPO](https://huggingface.co/papers/2602.15620) recipe (Sec. 4.1) trains on a binary rule-based reward:
+`math_accuracy_reward` alone. `format_reward` is an optional shaping term.
+
+`REWARDS` is the single registry; [`get_reward_funcs`] resolves registry names or dotted import paths.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .grading import _find_boxes, grade
+
+logger = logging.getLogger(__name__)
+
+_warned_golds: set[str] = set()
+
+
+def completion_text(completion: Any) -> str:
+    """The text of one completion in TRL's standard or conversational format.
+
+    Args:
+        completion (`str`, `list[dict]` or `dict`): a string, or chat messages
+            `[{"role": "assistant", "content": ...}]` (content may be a string or a list of `{"type": "text",
+            "text": ...}` parts).
+
+    Returns:
+        `str`: the string itself, or the content of the last assistant message (the last message when none has the
+        assistant role); `""` for `None` or an empty list.
+    """
+    if completion is None:
+        return ""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        completion = [completion]
+    messages = list(completion)
+    if not messages:
+        return ""
+    assistant = [m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
+    content = (assistant or messages)[-1]
+    content = content.get("content", "") if isinstance(content, dict) else content
+    if isinstance(content, list):  # multimodal-style content parts
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else str(content)
+
+
+def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **kwargs) -> list[float | None]:
+    r"""Binary correctness of the last `\boxed{}` answer: 1.0 correct, 0.0 otherwise.
+
+    Grading is [`stapo_trl.grading.grade`]: last box wins, math-verify equivalence, integer fast path (plain
+    integers on both sides are compared as `int`s without math-verify), any grader exception or timeout counts as
+    wrong (0.0) and is logged. A gold answer that does not parse gets `None` (TRL turns it into NaN and drops it
+    from the reward sum), never 0 or 1, and is logged once per gold.
+
+    When TRL passes `log_metric`, the batch's grader error fraction is logged as `grading/error_ratio` (errors
+    other than unparseable golds) and `grading/gold_unparseable_ratio`, both fractions in [0, 1].
+
+    Args:
+        completions (`Sequence`): `B` completions, strings or chat-message lists.
+        solution (`Sequence`): `B` gold answers (`str`, `int`, `float` or list for multi-answer golds), the
+            dataset's `solution` column repeated per generation by TRL.
+        **kwargs: ignored, except `log_metric` (`Callable[[str, float], None]`).
+
+    Returns:
+        `list[float | None]`: length `B`.
+
+    Raises:
+        ValueError: `completions` and `solution` differ in length.
+    """
+    if len(completions) != len(solution):
+        raise ValueError(
+            f"math_accuracy_reward got {len(completions)} completions but {len(solution)} solutions; pass one "
+            "`solution` per completion (a dataset column named `solution`)."
+        )
+    rewards: list[float | None] = []
+    n_errors = n_gold_bad = 0
+    first_error = None
+    for completion, gold in zip(completions, solution):
+        result = grade(completion_text(completion), gold)
+        if result.error and result.error.startswith("gold unparseable"):
+            n_gold_bad += 1
+            key = repr(gold)[:200]
+            if key not in _warned_golds:
+                _warned_golds.add(key)
+                logger.warning("math_accuracy_reward: gold answer %s does not parse; reward set to None", key)
+            rewards.append(None)
+            continue
+        if result.error:
+            n_errors += 1
+            first_error = first_error or result.error
+        rewards.append(1.0 if result.correct else 0.0)
+    if n_errors:
+        logger.warning(
+            "math_accuracy_reward: %d/%d completions hit a grader error (scored 0.0); first: %s",
+            n_errors,
+            len(rewards),
+            first_error,
+        )
+    log_metric = kwargs.get("log_metric")
+    if callable(log_metric) and rewards:
+        log_metric("grading/error_ratio", n_errors / len(rewards))
+        log_metric("grading/gold_unparseable_ratio", n_gold_bad / len(rewards))
+    return rewards
+
+
+# After the final box only closing math delimiters, punctuation and whitespace may follow.
+_FORMAT_TAIL_RE = re.compile(r"^(?:\s|\$|\\\]|\\\)|[.!)\]])*$")
+
+
+def format_reward(completions: Sequence[Any], **kwargs) -> list[float]:
+    r"""1.0 when the completion ENDS with its final answer in a complete, non-empty `\boxed{...}`, else 0.0.
+
+    The rule: the text has at least one `\boxed`/`\fbox`, the last one is closed and non-empty, and after its closing
+    brace only whitespace, `$`, `\]`, `\)`, `.`, `!`, `)` or `]` follow. Earlier boxes (intermediate results) are
+    allowed; the grader reads the last one. The correctness of the answer is not checked.
+
+    Args:
+        completions (`Sequence`): `B` completions, strings or chat-message lists.
+        **kwargs: ignored.
+
+    Returns:
+        `list[float]`: length `B`, values in {0.0, 1.0}.
+    """
+    rewards = []
+    for completion in completions:
+        text = completion_text(completion)
+        boxes = _find_boxes(text)
+        ok = bool(boxes) and boxes[-1][0] is not None and boxes[-1][0].strip() != ""
+        ok = ok and _FORMAT_TAIL_RE.match(text[boxes[-1][2] :]) is not None
+        rewards.append(1.0 if ok else 0.0)
+    return rewards
+
+
+REWARDS: dict[str, Callable[..., list]] = {
+    "math_accuracy": math_accuracy_reward,
+    "format": format_reward,
+}
+"""The single reward registry: name -> function (`--reward_funcs` values)."""
+
+
+def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:
+    """Resolve reward names into callables.
+
+    Args:
+        names (`Sequence[str]` or `str`): registry keys of [`REWARDS`] (a function's own name, e.g.
+            `math_accuracy_reward`, works too), or dotted import paths `pkg.module.function`; a single string may
+            be comma-separated.
+
+    Returns:
+        `list[Callable]`: in the order given.
+
+    Raises:
+        ValueError: an unknown name, or a dotted path that does not import to a callable; the message lists
+            `sorted(REWARDS)`.
+    """
+    if isinstance(names, str):
+        names = [n for n in names.split(",")]
+    by_func_name = {f.__name__: f for f in REWARDS.values()}
+    funcs = []
+    for raw in names:
+        name = raw.strip()
+        if name in REWARDS:
+            funcs.append(REWARDS[name])
+        elif name in by_func_name:
+            funcs.append(by_func_name[name])
+        elif "." in name:
+            module_name, _, attr = name.rpartition(".")
+            try:
+                func = getattr(importlib.import_module(module_name), attr)
+            except (ImportError, AttributeError) as e:
+                raise ValueError(
+                    f"Reward {name!r} could not be imported ({e}). Use a dotted path `pkg.module.function` or one "
+                    f"of {sorted(REWARDS)}."
+                ) from e
+            if not callable(func):
+                raise ValueError(f"Reward {name!r} is not callable. Valid names: {sorted(REWARDS)}.")
+            funcs.append(func)
+        else:
+            raise ValueError(
+                f"Unknown reward {name!r}. Valid names: {sorted(REWARDS)}, or a dotted path `pkg.module.function`."
+            )
+    return funcs
+
+
+__all__ = ["REWARDS", "completion_text", "format_reward", "get_reward_funcs", "math_accuracy_reward"]

@@ -1,0 +1,367 @@
+"""`stapo-eval` (`stapo_trl.eval`): metrics, argument validation, the end-to-end CLI on the tiny model, resume,
+comparison tables and the in-training callback."""
+
+import importlib.util
+import itertools
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from stapo_trl import eval as stapo_eval
+from stapo_trl.benchmarks import BenchmarkProblem
+from stapo_trl.eval import (
+    DECODINGS,
+    benchmark_metrics,
+    format_comparison,
+    format_results_table,
+    load_results,
+    main,
+    parse_decoding_list,
+    pass_at_k,
+    pass_k_values,
+)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    # Generation with a 142k-parameter model is dominated by thread hand-offs: on a busy 2-core machine two OpenMP
+    # threads make it ~10x slower than one. Restored afterwards so other test modules keep their setting.
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Metrics
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _pass_at_k_brute_force(n, c, k):
+    # Enumerate every k-subset of n samples (the first c correct); pass@k = share of subsets with a correct one.
+    samples = [True] * c + [False] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(samples[i] for i in s) for s in subsets) / len(subsets)
+
+
+def test_pass_at_k_matches_brute_force():
+    for n in range(1, 9):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert pass_at_k(n, c, k) == pytest.approx(_pass_at_k_brute_force(n, c, k), abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_edges():
+    assert pass_at_k(32, 0, 32) == 0.0
+    assert pass_at_k(32, 32, 1) == 1.0
+    assert pass_at_k(32, 8, 1) == pytest.approx(0.25)  # pass@1 == avg accuracy
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 8)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 1)
+
+
+def test_pass_k_values_are_powers_of_two():
+    assert pass_k_values(32) == [1, 2, 4, 8, 16, 32]
+    assert pass_k_values(4) == [1, 2, 4]
+    assert pass_k_values(6) == [1, 2, 4]
+    assert pass_k_values(1) == [1]
+
+
+def test_benchmark_metrics_hand_built():
+    # Problem 0: 2/4 correct, problem 1: 0/4, problem 2: 4/4 -> avg@4 = (0.5 + 0 + 1) / 3 = 0.5.
+    correct = [[True, False, True, False], [False] * 4, [True] * 4]
+    table = benchmark_metrics(correct, 4)
+    assert table["avg@4"] == pytest.approx(0.5)
+    assert table["pass@k"]["1"] == pytest.approx(0.5)  # pass@1 is the mean accuracy
+    # pass@4: problem 0 -> 1, problem 1 -> 0, problem 2 -> 1.
+    assert table["pass@k"]["4"] == pytest.approx(2 / 3)
+    assert table["num_problems"] == 3 and table["n_samples"] == 4
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Argument validation (fails before any model is loaded)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_decoding_aliases():
+    assert parse_decoding_list("paper") == ["t1.0-p1.0", "t0.7-p0.9"]
+    assert parse_decoding_list("t0.7-p0.9") == ["t0.7-p0.9"]
+    with pytest.raises(ValueError) as info:
+        parse_decoding_list("greedy")
+    for name in ["paper", *DECODINGS]:
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--model", "m", "--benchmarks", "aime24,aime26"], "aime25"),  # lists the valid names
+        (["--model", "m", "--decoding", "t0.5-p1.0"], "t0.7-p0.9"),
+        (["--benchmarks", "aime24"], "--model is required"),
+        (["--model", "m", "--samples", "0"], "--samples must be >= 1"),
+    ],
+)
+def test_bad_arguments_fail_early(argv, expected, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert expected in capsys.readouterr().err
+
+
+def test_missing_data_file_fails_before_model_load(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(stapo_eval, "_make_generator", lambda *a, **k: pytest.fail("model loaded"))
+    (tmp_path / "aime24").mkdir()
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "--model",
+                "m",
+                "--benchmarks",
+                "aime24",
+                "--data-dir",
+                str(tmp_path),
+                "--output",
+                str(tmp_path / "r.json"),
+            ]
+        )
+    assert "No data file" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_vllm_backend_missing_is_a_clear_error(shared_data_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(
+            ["--model", str(tmp_path), "--backend", "vllm", "--benchmarks", "aime24", "--limit", "1"]
+            + ["--data-dir", str(shared_data_dir), "--output", str(tmp_path / "r.json")]
+        )
+    assert "pip install" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# End to end on the tiny model (two real benchmark files), then resume
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def e2e_run(tiny_math_model_path, shared_data_dir, tmp_path_factory):
+    output = tmp_path_factory.mktemp("eval") / "results.json"
+    argv = [
+        "--model", tiny_math_model_path,
+        "--backend", "hf",
+        "--benchmarks", "amc23,math500",  # their first problems fit the tiny model's 512 positions
+        "--decoding", "paper",
+        "--data-dir", str(shared_data_dir),
+        "--limit", "2",
+        "--samples", "2",
+        "--max-new-tokens", "48",  # the tiny model answers in ~30 tokens
+        "--output", str(output),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    return argv, output
+
+
+def test_e2e_results_file(e2e_run, tiny_math_model_path, capsys):
+    _, output = e2e_run
+    data = load_results(output)
+    assert set(data["results"]) == {"t1.0-p1.0", "t0.7-p0.9"}
+    for tables in data["results"].values():
+        assert set(tables) == {"amc23", "math500"}
+        for bench, table in tables.items():
+            assert 0.0 <= table["avg@2"] <= 1.0
+            assert set(table["pass@k"]) == {"1", "2"}
+            assert table["num_problems"] == 2 and table["n_samples"] == 2
+            assert table["num_grader_errors"] >= 0
+            assert table["data_source"].endswith(f"{bench}/test.jsonl")
+    # 2 decodings x 2 benchmarks x 2 problems x 2 samples.
+    assert len(data["samples"]) == 16
+    record = data["samples"][0]
+    assert {"benchmark", "decoding", "id", "sample", "extracted", "correct", "grader_error"} <= set(record)
+    assert data["decodings"]["t0.7-p0.9"] == {"temperature": 0.7, "top_p": 0.9, "top_k": None}
+    assert data["model"]["source"] == "local" and data["model"]["revision"].endswith(
+        tiny_math_model_path.rstrip("/").split("/")[-1]
+    )
+    assert data["versions"]["transformers"] and data["versions"]["math-verify"]
+    assert data["summary"]["t1.0-p1.0"]["benchmarks"] == ["amc23", "math500"]
+    gen_time = sum(t["generation_time_s"] for tables in data["results"].values() for t in tables.values())
+    print(f"tiny model, HF backend on CPU: {gen_time / len(data['samples']):.3f} s per sample (48 new tokens max)")
+
+
+def test_e2e_resume_skips_finished_pairs(e2e_run, monkeypatch, capsys):
+    argv, output = e2e_run
+    before = output.read_text()
+    monkeypatch.setattr(stapo_eval, "_make_generator", lambda *a, **k: pytest.fail("regenerated a finished pair"))
+    assert main(argv) == 0
+    assert output.read_text() == before  # nothing rewritten
+    table = capsys.readouterr().out
+    assert "| Model | AMC23 | MATH-500 | Avg |" in table
+    assert "/t0.7-p0.9 |" in table
+
+
+def test_e2e_resume_with_other_settings_is_refused(e2e_run, capsys):
+    argv, _ = e2e_run
+    changed = list(argv)
+    changed[changed.index("--max-new-tokens") + 1] = "64"
+    with pytest.raises(SystemExit):
+        main(changed)
+    err = capsys.readouterr().err
+    assert "max_new_tokens" in err and "another --output" in err
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tables
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _fake_results(name, values):
+    tables = {b: {"avg@4": v, "n_samples": 4, "pass@k": {}} for b, v in values.items()}
+    return {"model": {"name_or_path": name, "source": "hub"}, "results": {"t1.0-p1.0": tables}}
+
+
+def test_tables_and_relative_gain():
+    six = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
+    a = _fake_results("grpo", dict(zip(six, [0.1, 0.1, 0.4, 0.6, 0.2, 0.4])))  # Avg 0.30
+    b = _fake_results("stapo", dict(zip(six, [0.2, 0.1, 0.5, 0.6, 0.2, 0.5])))  # Avg 0.35
+    table = format_results_table([a, b])
+    assert table.splitlines()[0] == "| Model | AIME24 | AIME25 | AMC23 | MATH-500 | Minerva | OlympiadBench | Avg |"
+    assert "| grpo/t1.0-p1.0 | 10.0 | 10.0 | 40.0 | 60.0 | 20.0 | 40.0 | 30.0 |" in table
+    comparison = format_comparison(a, b)
+    # (b - a) / a: AIME24 (0.2 - 0.1) / 0.1 = +100 %, Avg (0.35 - 0.30) / 0.30 = +16.7 %.
+    assert "| rel. gain (b-a)/a | +100.0% | +0.0% | +25.0% | +0.0% | +0.0% | +25.0% | +16.7% |" in comparison
+
+
+def test_incomplete_average_is_marked():
+    table = format_results_table([_fake_results("m", {"aime24": 0.5})])
+    assert "| m/t1.0-p1.0 | 50.0 | 50.0* |" in table
+
+
+def test_compare_cli(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for path, value in ((a, 0.2), (b, 0.3)):
+        data = _fake_results(path.stem, {"aime24": value}) | {"format_version": 1}
+        path.write_text(json.dumps(data))
+    assert main(["--compare", str(a), str(b)]) == 0
+    assert "+50.0%" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# In-training callback
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_benchmark_eval_callback_logs(tiny_math_model_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerState
+
+    from stapo_trl.eval import BenchmarkEvalCallback
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
+    model.train()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
+    problems = [
+        BenchmarkProblem(f"p{i}", f"{a}+{b}", str(a + b), "tiny-math") for i, (a, b) in enumerate([(12, 34), (47, 38)])
+    ]
+    callback = BenchmarkEvalCallback("tiny-math", problems=problems, samples=2, every_n_steps=2, max_new_tokens=40)
+    args = SimpleNamespace(eval_steps=None, logging_steps=1, fsdp=None, eval_on_start=False)
+    state = TrainerState()
+    for step in (1, 2):
+        state.global_step = step
+        callback.on_step_end(args, state, None, model=model, processing_class=tokenizer)
+    assert len(state.log_history) == 1  # only at step 2
+    logged = state.log_history[0]
+    assert logged["step"] == 2
+    assert 0.0 <= logged["eval/tiny-math/avg@2"] <= 1.0
+    assert "eval/tiny-math/pass@2" in logged
+    assert model.training  # restored after generation
+
+
+def test_benchmark_eval_callback_refuses_sharded_params():
+    from transformers import TrainerState
+
+    from stapo_trl.eval import BenchmarkEvalCallback
+
+    callback = BenchmarkEvalCallback("aime24", data_dir="unused")
+    args = SimpleNamespace(eval_steps=None, logging_steps=1, fsdp="full_shard", eval_on_start=False)
+    with pytest.raises(ValueError, match="FSDP"):
+        callback.on_train_begin(args, TrainerState(), None)
+
+
+def test_benchmark_eval_callback_in_grpo_trainer(tiny_math_model_path, tmp_path):
+    # Regression: logging from on_step_end through Trainer.log reset `control.should_log`, so the training log of
+    # that step disappeared from log_history. Both must be there, at every step.
+    from trl import GRPOConfig, GRPOTrainer
+
+    from stapo_trl.data import make_tiny_math_dataset
+    from stapo_trl.eval import BenchmarkEvalCallback
+    from stapo_trl.rewards import math_accuracy_reward
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=40,  # the tiny model answers in ~30 tokens
+        max_steps=2,
+        logging_steps=1,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+    )
+    trainer = GRPOTrainer(
+        model=tiny_math_model_path,
+        reward_funcs=[math_accuracy_reward],
+        args=args,
+        train_dataset=make_tiny_math_dataset(num_train=16, num_test=4)["train"],
+    )
+    BenchmarkEvalCallback("tiny-math", samples=2, every_n_steps=1, limit=3, max_new_tokens=40).attach(trainer)
+    trainer.train()
+    history = trainer.state.log_history
+    for step in (1, 2):
+        entries = [h for h in history if h.get("step") == step]
+        assert any("eval/tiny-math/avg@2" in h for h in entries), entries
+        assert any("loss" in h for h in entries), entries
+
+
+def test_vllm_generator_with_a_fake_vllm(monkeypatch):
+    # vLLM is GPU-only and absent here: a stand-in module checks the calls we make (SamplingParams(n, temperature,
+    # top_p, max_tokens), token-id prompts without extra special tokens) and the mapping of its outputs.
+    import sys
+    import types
+
+    calls = {}
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            calls["sampling"] = kwargs
+
+    class FakeTokenizer:
+        def __call__(self, text, add_special_tokens=True):
+            calls.setdefault("add_special_tokens", []).append(add_special_tokens)
+            return {"input_ids": [ord(c) for c in text]}
+
+    class LLM:
+        def __init__(self, **kwargs):
+            calls["llm"] = kwargs
+
+        def get_tokenizer(self):
+            return FakeTokenizer()
+
+        def generate(self, prompts, params):
+            calls["prompts"] = prompts
+            n = calls["sampling"]["n"]
+            out = types.SimpleNamespace(text=r"\boxed{3}", token_ids=[1, 2, 3], finish_reason="stop")
+            cut = types.SimpleNamespace(text=r"\boxed{", token_ids=[1] * 8, finish_reason="length")
+            return [types.SimpleNamespace(outputs=[out] * (n - 1) + [cut]) for _ in prompts]
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
+    generator = stapo_eval.VLLMGenerator("some/model", seed=3, tensor_parallel_size=2)
+    samples = generator.generate(["ab", "c"], n=4, temperature=0.7, top_p=0.9, max_new_tokens=20480, seed=5)
+    assert calls["sampling"] == {"n": 4, "temperature": 0.7, "top_p": 0.9, "max_tokens": 20480, "seed": 5}
+    assert calls["llm"]["model"] == "some/model" and calls["llm"]["tensor_parallel_size"] == 2
+    assert calls["prompts"] == [{"prompt_token_ids": [97, 98]}, {"prompt_token_ids": [99]}]
+    assert calls["add_special_tokens"] == [False, False]
+    assert [len(s) for s in samples] == [4, 4]
+    assert samples[0][0] == stapo_eval.GeneratedSample(r"\boxed{3}", 3, True)
+    assert samples[0][-1].finished is False

@@ -1,0 +1,104 @@
+"""TRL-convention rewards (`stapo_trl.rewards`): accuracy, format, the registry and its resolver."""
+
+import logging
+
+import pytest
+
+from stapo_trl.rewards import REWARDS, completion_text, format_reward, get_reward_funcs, math_accuracy_reward
+
+
+def _chat(text):
+    return [{"role": "assistant", "content": text}]
+
+
+def test_math_accuracy_strings_and_chat():
+    completions = [r"\boxed{85}", _chat(r"so \boxed{085}"), r"\boxed{84}", "85", _chat("")]
+    solution = ["85", "85", "85", "85", "85"]
+    assert math_accuracy_reward(completions, solution) == [1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_math_accuracy_symbolic_and_float_golds():
+    completions = [r"\boxed{\frac{1}{2}}", r"\boxed{27}", r"\boxed{2, 1}"]
+    assert math_accuracy_reward(completions, ["0.5", 27.0, ["$1$", "$2$"]]) == [1.0, 1.0, 1.0]
+
+
+def test_unparseable_gold_gives_none_and_logs(caplog):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"):
+        rewards = math_accuracy_reward([r"\boxed{\frac{}", r"\boxed{1}"], [r"\frac{zz", r"\frac{zz"])
+    assert rewards == [None, None]  # never 0 or 1 (TRL turns None into NaN)
+    assert any("does not parse" in r.message for r in caplog.records)
+
+
+def test_grader_error_scores_zero_and_is_logged(monkeypatch, caplog):
+    from stapo_trl import grading
+
+    monkeypatch.setattr(grading, "_verify", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    logged = {}
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"):
+        rewards = math_accuracy_reward(
+            [r"\boxed{x+1}", r"\boxed{7}"], ["1+x", "7"], log_metric=lambda k, v: logged.__setitem__(k, v)
+        )
+    assert rewards == [0.0, 1.0]  # the integer fast path does not need math-verify
+    assert logged == {"grading/error_ratio": 0.5, "grading/gold_unparseable_ratio": 0.0}
+    assert any("grader error" in r.message for r in caplog.records)
+
+
+def test_length_mismatch_raises():
+    with pytest.raises(ValueError, match="solution"):
+        math_accuracy_reward(["a", "b"], ["1"])
+
+
+def test_accepts_trl_kwargs():
+    # GRPOTrainer passes prompts, completion_ids, dataset columns and trainer_state as keyword arguments.
+    rewards = math_accuracy_reward(
+        completions=[r"\boxed{3}"], solution=["3"], prompts=["1+2"], completion_ids=[[1, 2]], trainer_state=None
+    )
+    assert rewards == [1.0]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"steps... \boxed{85}", 1.0),
+        (r"steps... $\boxed{85}$.", 1.0),
+        (r"\[ \boxed{85} \]", 1.0),
+        (r"first \boxed{3}, then \boxed{85}", 1.0),  # intermediate boxes are fine; the last one counts
+        (r"\boxed{85} and then more text", 0.0),  # the answer must end the completion
+        (r"no box at all", 0.0),
+        (r"\boxed{}", 0.0),
+        (r"\boxed{8", 0.0),  # unterminated
+        ("", 0.0),
+    ],
+)
+def test_format_reward(text, expected):
+    assert format_reward([text]) == [expected]
+    assert format_reward([_chat(text)]) == [expected]
+
+
+def test_completion_text_layouts():
+    assert completion_text("x") == "x"
+    assert completion_text(None) == ""
+    assert completion_text([]) == ""
+    assert completion_text([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]) == "a"
+    assert (
+        completion_text(
+            [{"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+        )
+        == "ab"
+    )
+
+
+def test_registry_and_resolver():
+    assert get_reward_funcs(["math_accuracy", "format"]) == [math_accuracy_reward, format_reward]
+    assert get_reward_funcs("math_accuracy,format") == [math_accuracy_reward, format_reward]
+    assert get_reward_funcs(["math_accuracy_reward"]) == [math_accuracy_reward]
+    assert get_reward_funcs(["stapo_trl.rewards.format_reward"]) == [format_reward]
+    # TRL names reward metrics after __name__.
+    assert {f.__name__ for f in REWARDS.values()} == {"math_accuracy_reward", "format_reward"}
+
+
+@pytest.mark.parametrize("name", ["accuracy", "stapo_trl.rewards.nope", "not_a_module_xyz.func"])
+def test_unknown_reward_lists_registry(name):
+    with pytest.raises(ValueError) as info:
+        get_reward_funcs([name])
+    assert str(sorted(REWARDS)) in str(info.value)
