@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,59 @@ def format_prompt(problem: str, instruction: str | None = INSTRUCTION) -> list[d
     """
     content = problem if not instruction else f"{problem}\n{instruction}"
     return [{"role": "user", "content": content}]
+
+
+# DAPO-Math-17k (and its deduplicated copies) wraps every problem in its own answer-format instruction, asking for a
+# last line "Answer: $Answer", which contradicts the paper's \boxed{} suffix. Its fixed head and tail:
+_DAPO_INSTRUCTION_HEAD = re.compile(
+    r"^\s*Solve the following math problem step by step\. The last line of your response should be of the form "
+    r"Answer: \$Answer \(without quotes\) where \$Answer is the answer to the problem\.\s*"
+)
+_DAPO_INSTRUCTION_TAIL = re.compile(r'\s*Remember to put your answer on its own line after "Answer:"\.?\s*$')
+
+
+def remove_dapo_instruction(problem: str) -> str:
+    """The bare problem of a DAPO-Math-17k prompt: its "Answer: $Answer" head and tail removed; unchanged otherwise.
+
+    `remove_dapo_instruction('Solve the following math problem step by step. The last line of your response should be
+    of the form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\\n\\nWhat is 1+1?\\n\\n
+    Remember to put your answer on its own line after "Answer:".') == "What is 1+1?"`
+    """
+    return _DAPO_INSTRUCTION_TAIL.sub("", _DAPO_INSTRUCTION_HEAD.sub("", problem, count=1), count=1)
+
+
+def filter_long_prompts(
+    dataset: datasets.Dataset,
+    tokenizer,
+    max_prompt_tokens: int,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> datasets.Dataset:
+    """Drop the rows whose prompt, rendered with the chat template and the generation prompt, exceeds a token budget.
+
+    The paper caps prompts at 1,024 tokens (veRL's `filter_overlong_prompts`); TRL 1.x no longer truncates prompts,
+    so long ones are removed here, before training, and the count is logged.
+
+    Args:
+        dataset ([`~datasets.Dataset`]): with a conversational `prompt` column (as [`load_prompt_dataset`] returns).
+        tokenizer ([`~transformers.PreTrainedTokenizerBase`]): the policy's tokenizer, with a chat template.
+        max_prompt_tokens (`int`): the largest prompt length kept, in tokens.
+        chat_template_kwargs (`dict`, *optional*): extra `apply_chat_template` arguments, as in training.
+
+    Returns:
+        [`~datasets.Dataset`]: the rows with at most `max_prompt_tokens` prompt tokens.
+    """
+    if max_prompt_tokens < 1:
+        raise ValueError(f"max_prompt_tokens={max_prompt_tokens!r} must be a positive number of tokens.")
+
+    def short_enough(batch: dict[str, list]) -> list[bool]:
+        ids = tokenizer.apply_chat_template(
+            batch["prompt"], tokenize=True, add_generation_prompt=True, return_dict=False, **(chat_template_kwargs or {})
+        )
+        return [len(row) <= max_prompt_tokens for row in ids]
+
+    kept = dataset.filter(short_enough, batched=True, desc=f"Dropping prompts longer than {max_prompt_tokens} tokens")
+    logger.info("max_prompt_tokens=%d: kept %d of %d prompts.", max_prompt_tokens, len(kept), len(dataset))
+    return kept
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -200,6 +254,7 @@ def load_prompt_dataset(
     instruction: str | None = INSTRUCTION,
     data_files: str | list[str] | dict[str, Any] | None = None,
     limit: int | None = None,
+    strip_dapo_instruction: bool = False,
 ) -> datasets.Dataset:
     """Load a math dataset as conversational prompts with gold answers, ready for [`~trl.GRPOTrainer`].
 
@@ -234,6 +289,9 @@ def load_prompt_dataset(
             Passed to `datasets.load_dataset` for non-builtin, non-file names.
         limit (`int` or `None`, *optional*, defaults to `None`):
             Keep only the first `limit` rows.
+        strip_dapo_instruction (`bool`, *optional*, defaults to `False`):
+            Remove DAPO-Math-17k's own answer-format instruction from every problem ([`remove_dapo_instruction`])
+            before appending `instruction`; ignored for `builtin:` datasets.
 
     Returns:
         [`~datasets.Dataset`]: Columns `prompt` (`list[dict[str, str]]`, conversational) and `solution` (`str`).
@@ -279,9 +337,16 @@ def load_prompt_dataset(
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
 
+    def _strip(value: Any) -> Any:
+        if not strip_dapo_instruction or dataset_name.startswith(BUILTIN_PREFIX):
+            return value
+        if isinstance(value, str):
+            return remove_dapo_instruction(value)
+        return [{**m, "content": remove_dapo_instruction(m["content"])} if m["role"] == "user" else m for m in value]
+
     def to_prompt_solution(example: dict[str, Any]) -> dict[str, Any]:
         return {
-            "prompt": _to_prompt(_get_field(example, prompt_column), instruction),
+            "prompt": _to_prompt(_strip(_get_field(example, prompt_column)), instruction),
             "solution": _solution_to_str(_get_field(example, solution_column)),
         }
 

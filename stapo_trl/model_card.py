@@ -1,0 +1,144 @@
+"""The model card of a STAPO run: TRL's card plus a section with the S2T settings and the base model.
+
+TRL writes the card (`README.md` in `output_dir`) from the trainer's `_name`, `_paper` and `_tag_names`: it names
+STAPO, links the paper and carries its BibTeX, but it says nothing about the S2T thresholds, and for a local or
+`builtin:` base model it prints a broken link ("fine-tuned version of [None](https://huggingface.co/None)").
+[`add_stapo_section`] fixes both. It is idempotent (a marked section is replaced, never duplicated), so it can run
+after every `create_model_card`, including the one `push_to_hub` makes:
+
+```python
+class STAPOTrainer(GRPOTrainer):
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        add_stapo_section(self)
+```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+SECTION_START = "<!-- stapo_trl:settings -->"
+SECTION_END = "<!-- /stapo_trl:settings -->"
+PAPER_URL = "https://huggingface.co/papers/2602.15620"
+BUILTIN_INFO_FILE = "stapo_builtin.json"  # written by stapo_trl.builtin next to a built-in model
+
+# (field, what it is in the paper) of the rows of the settings table, in order.
+_S2T_FIELDS = (
+    ("s2t_prob_threshold", "τ_p: positive-advantage tokens sampled with probability below it are candidates"),
+    ("s2t_entropy_quantile", "q: candidates below the q-quantile τ_h of the candidates' entropies are silenced"),
+    ("s2t_mode", "which candidates are silenced (`low_entropy` is the paper's rule)"),
+    ("s2t_scope", "the tokens over which τ_h and the kept-token normaliser are taken"),
+)
+_OBJECTIVE_FIELDS = (
+    ("loss_type", "loss normalisation (`dapo`: token mean over the optimizer step)"),
+    ("epsilon", "lower clip ε_low"),
+    ("epsilon_high", "upper clip ε_high (clip-higher)"),
+    ("beta", "KL coefficient"),
+    ("num_generations", "rollouts per prompt"),
+    ("temperature", "rollout temperature (the S2T thresholds are calibrated at 1.0)"),
+    ("top_p", "rollout top-p"),
+    ("max_completion_length", "max response tokens"),
+    ("learning_rate", "learning rate"),
+    ("lr_scheduler_type", "learning-rate schedule"),
+)
+
+
+def base_model_name(model_name_or_path: str) -> str:
+    """A readable name for the base model: the `builtin:` name of a built-in model directory, else the id or path.
+
+    Args:
+        model_name_or_path (`str`): what the model was loaded from (a Hub id, a directory, a `builtin:` cache folder).
+
+    Returns:
+        `str`: e.g. `"Qwen/Qwen3-1.7B-Base"`, `"builtin:tiny-math"` or the directory path.
+    """
+    info_path = os.path.join(model_name_or_path, BUILTIN_INFO_FILE)
+    if os.path.isfile(info_path):
+        with open(info_path, encoding="utf-8") as f:
+            return json.load(f).get("name", model_name_or_path)
+    return model_name_or_path
+
+
+def _value(args: Any, name: str) -> str:
+    value = getattr(args, name)
+    value = getattr(value, "value", value)  # transformers enums (SchedulerType) -> their string
+    return f"`{value}`"
+
+
+def stapo_card_section(args: Any, base_model: str) -> str:
+    """The Markdown section: what was trained from what, with which S2T and objective settings.
+
+    Args:
+        args ([`~stapo_trl.STAPOConfig`] or [`~trl.GRPOConfig`]): the training arguments. A `GRPOConfig` gets a
+            "no S2T mask" line instead of the S2T rows.
+        base_model (`str`): the base model's name.
+
+    Returns:
+        `str`: the section, between the markers `SECTION_START` and `SECTION_END`.
+    """
+    from .config import STAPOConfig
+
+    is_stapo = isinstance(args, STAPOConfig)
+    lines = [SECTION_START, "", "## STAPO training settings", ""]
+    if is_stapo:
+        lines.append(
+            f'Base model: `{base_model}`, trained with [STAPO]({PAPER_URL}) (Liu et al., 2026, "STAPO: Stabilizing '
+            'Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens", arXiv:2602.15620) using '
+            "`stapo_trl.STAPOTrainer`: positive-advantage tokens sampled with a low probability at low-entropy "
+            "positions (spurious tokens) are removed from the numerator and the denominator of the loss."
+        )
+    else:
+        lines.append(
+            f"Base model: `{base_model}`, trained with the GRPO objective below and no S2T mask (the baseline of "
+            f"[STAPO]({PAPER_URL}), arXiv:2602.15620)."
+        )
+    lines += ["", "| setting | meaning | value |", "|---|---|---|"]
+    rows = (_S2T_FIELDS if is_stapo else ()) + _OBJECTIVE_FIELDS
+    lines += [f"| `{name}` | {meaning} | {_value(args, name)} |" for name, meaning in rows]
+    lines += ["", SECTION_END, ""]
+    return "\n".join(lines)
+
+
+def add_stapo_section(trainer, base_model: str | None = None) -> str | None:
+    """Add the STAPO settings to the card TRL wrote in `trainer.args.output_dir/README.md` (main process only).
+
+    Replaces an earlier section (idempotent) and, when TRL had no Hub id for the base model, replaces its broken
+    `[None](https://huggingface.co/None)` link with the base model's name.
+
+    Args:
+        trainer ([`~stapo_trl.STAPOTrainer`] or [`~trl.GRPOTrainer`]): after `create_model_card`.
+        base_model (`str`, *optional*): the base model's name; `None` reads it from the model's config
+            (`builtin:` names are recovered from the built-in model's folder).
+
+    Returns:
+        `str` or `None`: the card's path, or `None` on other processes or when there is no card yet.
+    """
+    if not trainer.is_world_process_zero():
+        return None
+    path = os.path.join(trainer.args.output_dir, "README.md")
+    if not os.path.isfile(path):
+        return None
+    if base_model is None:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        base_model = base_model_name(model.config._name_or_path)
+    with open(path, encoding="utf-8") as f:
+        card = f.read()
+    if SECTION_START in card and SECTION_END in card:
+        head, rest = card.split(SECTION_START, 1)
+        card = head.rstrip("\n") + "\n" + rest.split(SECTION_END, 1)[1].lstrip("\n")
+    card = card.replace("[None](https://huggingface.co/None)", f"`{base_model}`")
+    section = stapo_card_section(trainer.args, base_model)
+    # The section goes right before TRL's "### Framework versions" (after "Training procedure"), else at the end.
+    anchor = "### Framework versions"
+    if anchor in card:
+        head, tail = card.split(anchor, 1)
+        card = head.rstrip("\n") + "\n\n" + section + "\n" + anchor + tail
+    else:
+        card = card.rstrip("\n") + "\n\n" + section
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(card)
+    return path

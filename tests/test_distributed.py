@@ -1,0 +1,301 @@
+"""Multi-process tests on CPU: the real `stapo-train` under the project's accelerate configs, and the S2T collectives.
+
+Two processes on a 2-core CPU test correctness, not speed. What actually starts two ranks here is an accelerate config
+with `distributed_type: MULTI_GPU` and `use_cpu: true` (recipes/accelerate_configs/cpu_2proc.yaml) or torchrun;
+`accelerate launch --cpu --num_processes 2` and MULTI_CPU configs silently start one, so every test checks that two
+ranks really ran. Each subprocess has a timeout (a hung collective fails the test instead of the suite) and its output
+is printed when it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+
+REPO = Path(__file__).resolve().parents[1]
+ACCELERATE_CONFIGS = REPO / "recipes" / "accelerate_configs"
+DEMO_RECIPE = REPO / "recipes" / "demo" / "stapo.yaml"
+
+# The demo recipe, shrunk for a 2-process CPU run.
+SMALL_DEMO = [
+    # why: 2 optimizer steps are enough to see a generation batch scored, masked and trained on by both ranks
+    "--max_steps", "2",
+    # why: 8 completions per rank x 2 ranks x steps_per_generation 4 = 64 completions, 8 prompt groups of 8
+    "--per_device_train_batch_size", "8",
+    # why: one log row for both steps; the S2T mask is built once per generation batch (steps_per_generation 4), so
+    # a row of a step that reuses the buffered batch has no s2t/* values of its own
+    "--logging_steps", "2",
+    "--eval_before_after", "false",
+    "--save_strategy", "no",
+    "--report_to", "none",
+    "--disable_tqdm", "true",
+    # why: the main process logs "Total train batch size (w. parallel, distributed & accumulation)" at info level
+    "--log_level", "info",
+]  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        # why: two processes on two cores; more threads per process only oversubscribe
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+PORT_TAKEN = ("Address already in use", "EADDRINUSE")
+
+
+def run_distributed(make_cmd, *, timeout: float, env: dict[str, str] | None = None) -> str:
+    """`run_subprocess(make_cmd(port))` on a free port; once more on a new port if another job took it meanwhile."""
+    for attempt in range(2):
+        output = run_subprocess(make_cmd(_free_port()), timeout=timeout, env=env, retry_on=PORT_TAKEN * (attempt == 0))
+        if output is not None:
+            return output
+    raise AssertionError("unreachable")
+
+
+def run_subprocess(
+    cmd: list[str],
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    cwd: Path = REPO,
+    retry_on: tuple[str, ...] = (),
+) -> str | None:
+    """Run `cmd` in its own process group; fail the test (printing the output) on a non-zero exit or a timeout.
+
+    Returns `None` instead of failing when the run failed and its output contains one of `retry_on`.
+    """
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env or _env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        print(output)
+        pytest.fail(f"timed out after {timeout}s (a hung collective?): {' '.join(cmd)}\n{output[-5000:]}")
+    if proc.returncode != 0:
+        if any(marker in output for marker in retry_on):
+            return None
+        print(output)
+        pytest.fail(f"exit status {proc.returncode}: {' '.join(cmd)}\n{output[-5000:]}")
+    return output
+
+
+def _accelerate_cmd(config: str, port: int) -> list[str]:
+    return [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(ACCELERATE_CONFIGS / config),
+        # why: a shared machine; the default 29500 may belong to another job
+        "--main_process_port", str(port),
+    ]  # fmt: skip
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _check_two_rank_demo_run(output: str, out: Path) -> None:
+    # 8 completions per device x 2 processes x gradient_accumulation_steps 1: only two ranks make it 16.
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 16" in output, output[-3000:]
+    rows = _read_jsonl(out / "metrics.jsonl")
+    assert rows, "no metrics.jsonl rows"
+    for row in rows:
+        for key in ("s2t/silenced_ratio", "s2t/candidate_ratio", "s2t/num_candidates", "loss", "reward"):
+            assert key in row, (key, row)
+        assert 0.0 <= row["s2t/silenced_ratio"] <= row["s2t/candidate_ratio"] <= 1.0
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    assert any("s2t/silenced_ratio" in entry for entry in state["log_history"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The configs themselves
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_accelerate_configs_are_what_they_claim():
+    import yaml
+
+    configs = {path.stem: yaml.safe_load(path.read_text()) for path in ACCELERATE_CONFIGS.glob("*.yaml")}
+    assert set(configs) >= {"ddp", "zero2", "zero3", "cpu_2proc", "zero2_cpu_2proc"}
+    for name in ("ddp", "zero2", "zero3"):
+        assert configs[name]["num_processes"] == 8 and configs[name]["mixed_precision"] == "bf16"
+        assert configs[name]["use_cpu"] is False
+    assert configs["ddp"]["distributed_type"] == "MULTI_GPU"
+    assert configs["zero2"]["distributed_type"] == configs["zero3"]["distributed_type"] == "DEEPSPEED"
+    assert configs["zero2"]["deepspeed_config"]["zero_stage"] == 2
+    assert configs["zero3"]["deepspeed_config"]["zero_stage"] == 3
+    # The CPU forms that really start two ranks (MULTI_CPU or --cpu would start one).
+    for name in ("cpu_2proc", "zero2_cpu_2proc"):
+        assert configs[name]["use_cpu"] is True and configs[name]["num_processes"] == 2
+        assert configs[name]["mixed_precision"] == "no"
+    assert configs["cpu_2proc"]["distributed_type"] == "MULTI_GPU"
+    assert configs["zero2_cpu_2proc"]["distributed_type"] == "DEEPSPEED"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The demo recipe on two CPU processes
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_demo_recipe_trains_on_two_cpu_processes(tiny_math_model_path, tmp_path):
+    out = tmp_path / "demo-2proc"
+    output = run_distributed(
+        lambda port: _accelerate_cmd("cpu_2proc.yaml", port) + [
+            "-m", "stapo_trl.train", "--config", str(DEMO_RECIPE),
+            "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), *SMALL_DEMO,
+        ],
+        timeout=900,
+    )  # fmt: skip
+    _check_two_rank_demo_run(output, out)
+    card = (out / "README.md").read_text()  # written by the main process only
+    assert "STAPO" in card and "2602.15620" in card and "| `s2t_prob_threshold` |" in card
+
+
+@pytest.mark.slow
+def test_demo_recipe_trains_with_deepspeed_zero2_on_two_cpu_processes(tiny_math_model_path, tmp_path):
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "demo-zero2"
+    # why: the first DeepSpeed launch JIT-builds a CPU communication op (~1 minute); a persistent folder caches it
+    extensions = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.expanduser("~/.cache/stapo_trl/torch_extensions")
+    output = run_distributed(
+        lambda port: _accelerate_cmd("zero2_cpu_2proc.yaml", port) + [
+            "-m", "stapo_trl.train", "--config", str(DEMO_RECIPE),
+            "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), *SMALL_DEMO,
+        ],
+        timeout=1500,
+        env=_env(TORCH_EXTENSIONS_DIR=extensions, DS_BUILD_OPS="0"),
+    )  # fmt: skip
+    _check_two_rank_demo_run(output, out)
+    # DeepSpeed's CPU communication op is loaded (built or from the cache) only when the DeepSpeed engine runs.
+    assert "deepspeed_shm_comm_op" in output, output[-3000:]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The S2T collectives on two ranks, on hand-built tensors
+# ---------------------------------------------------------------------------------------------------------------
+
+# Runs on every rank under torchrun. Each rank builds a real STAPOTrainer (tiny random model, CPU, gloo) and calls
+# `_gather_1d`, `_build_s2t_mask` and `_set_optimizer_step_normalisers` on per-rank tensors, then writes what it saw.
+S2T_WORKER = textwrap.dedent(
+    r'''
+    import json, math, sys
+    import torch
+    from datasets import Dataset
+    from stapo_trl import STAPOConfig, STAPOTrainer
+
+    model_path, out_dir = sys.argv[1], sys.argv[2]
+    args = STAPOConfig(
+        output_dir=out_dir, use_cpu=True, bf16=False, report_to="none", activation_checkpointing=False,
+        per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2, steps_per_generation=4,
+        max_completion_length=8, s2t_entropy_quantile=0.5,
+    )
+    trainer = STAPOTrainer(
+        model=model_path, reward_funcs=lambda completions, **kwargs: [0.0] * len(completions), args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 16}),
+    )
+    rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
+    assert world == 2, world
+    low, high = math.log(0.001), math.log(0.5)  # below / above tau_p = 0.002
+
+    def batch(candidate_entropies, num_rows=2, length=4):
+        """(B, T) tensors: the first len(candidate_entropies) tokens of row 0 are candidates with those entropies."""
+        logps = torch.full((num_rows, length), high)
+        entropies = torch.full((num_rows, length), 2.0)
+        for i, h in enumerate(candidate_entropies):
+            logps[0, i], entropies[0, i] = low, h
+        advantages = torch.tensor([1.0] + [-1.0] * (num_rows - 1))
+        loss_mask = torch.ones(num_rows, length, dtype=torch.long)
+        completion_ids = torch.zeros(num_rows, length, dtype=torch.long)
+        return logps, entropies, advantages, loss_mask, completion_ids
+
+    seen = {"rank": rank}
+    # A. rank 0 has four candidates, rank 1 none: no hang, both ranks see the same tau_h.
+    result = trainer._build_s2t_mask(*batch([0.1, 0.2, 0.3, 0.4] if rank == 0 else []))
+    seen["A"] = [result.entropy_threshold, result.num_candidates, result.num_silenced, result.num_loss_tokens,
+                 int(result.silenced.sum())]
+    # B. both ranks have candidates: tau_h is the quantile of the union, not of either rank's own.
+    result = trainer._build_s2t_mask(*batch([0.1, 0.5] if rank == 0 else [0.3, 0.7, 0.9]))
+    seen["B"] = [result.entropy_threshold, result.num_candidates, result.num_silenced, int(result.silenced.sum())]
+    # C. no candidate anywhere: NaN threshold, nothing silenced, no hang.
+    result = trainer._build_s2t_mask(*batch([]))
+    seen["C"] = [None if math.isnan(result.entropy_threshold) else result.entropy_threshold, result.num_silenced]
+    # D. uneven gather, one rank empty.
+    seen["D"] = trainer._gather_1d(torch.tensor([1.0, 2.0, 3.0]) if rank == 0 else torch.tensor([])).tolist()
+    # E. the dapo normaliser is the global kept-token count of each optimizer step (2 steps of GA 2 micro-batches).
+    kept = [3, 5, 2, 4] if rank == 0 else [1, 1, 1, 1]
+    micro_batches = []
+    for k in kept:
+        completion_mask = torch.zeros(2, 4, dtype=torch.long)
+        completion_mask.view(-1)[:k] = 1
+        micro_batches.append({"completion_mask": completion_mask})
+    trainer._set_optimizer_step_normalisers(micro_batches)
+    seen["E"] = [float(b["num_items_in_batch"]) for b in micro_batches]
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump(seen, f)
+    print(f"rank {rank} of {world} done", flush=True)
+    '''
+)
+
+
+def test_s2t_collectives_on_two_ranks(tiny_random_model_path, tmp_path):
+    worker = tmp_path / "s2t_worker.py"
+    worker.write_text(S2T_WORKER)
+    output = run_distributed(
+        lambda port: [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_addr", "127.0.0.1", "--master_port", str(port),
+            str(worker), tiny_random_model_path, str(tmp_path),
+        ],
+        timeout=600,
+    )  # fmt: skip
+    assert "rank 0 of 2 done" in output and "rank 1 of 2 done" in output, output[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+    # A: the candidates are rank 0's {0.1, 0.2, 0.3, 0.4}; the 0.5-quantile (linear) is 0.25, so 0.1 and 0.2 are
+    # silenced, both on rank 0. Loss tokens: 2 x 4 per rank, 16 in all. Every rank sees the same global values.
+    for seen in ranks:
+        assert seen["A"][:4] == pytest.approx([0.25, 4, 2, 16])
+    assert [seen["A"][4] for seen in ranks] == [2, 0]
+    # B: union {0.1, 0.3, 0.5, 0.7, 0.9} -> median 0.5 (rank 0 alone would give 0.3, rank 1 alone 0.7); silenced:
+    # 0.1 on rank 0 and 0.3 on rank 1.
+    for seen in ranks:
+        assert seen["B"][:3] == pytest.approx([0.5, 5, 2])
+    assert [seen["B"][3] for seen in ranks] == [1, 1]
+    # C: no candidates: tau_h undefined (NaN, written as null), nothing silenced.
+    assert [seen["C"] for seen in ranks] == [[None, 0], [None, 0]]
+    # D: the gather concatenates in rank order, whatever the lengths.
+    assert [seen["D"] for seen in ranks] == [[1.0, 2.0, 3.0]] * 2
+    # E: optimizer step 0 = micro-batches 0-1: kept 3+5 on rank 0, 1+1 on rank 1 -> 10; step 1: 2+4 + 1+1 -> 8.
+    # The parent divides by num_items_in_batch x GA / steps_per_generation, so num_items_in_batch = global x 4 / 2.
+    for seen in ranks:
+        assert seen["E"] == pytest.approx([20.0, 20.0, 16.0, 16.0])

@@ -1,0 +1,527 @@
+"""Tests of the recipes (recipes/**.yaml), their dry run (stapo_trl.dry_run), scripts/launch.sh and the model card.
+
+Every recipe is dry-run against the pinned TRL and transformers for the process count it is laid out for, so an
+upstream rename fails here and not on the cluster. Nothing is downloaded: the Qwen3 recipes name Hub models and
+datasets, and the dry run stops before loading either. The LoRA demo and the model card use the session's tiny models.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES_DIR = REPO / "recipes"
+RECIPES = sorted(p for p in RECIPES_DIR.rglob("*.yaml") if "accelerate_configs" not in p.parts)
+QWEN3_MODELS = ("Qwen3-1.7B", "Qwen3-8B", "Qwen3-14B")
+METHODS = ("stapo", "grpo", "entropy20", "justrl")
+# Recipes without a `# launch:` line and the process count they are laid out for (the CPU demo: one process).
+INTENDED_WITHOUT_LAUNCH_LINE = {"demo/stapo.yaml": 1, "demo/grpo.yaml": 1}
+LAUNCH = REPO / "scripts" / "launch.sh"
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(RECIPES_DIR))
+
+
+def _intended_processes(path: Path) -> int:
+    from stapo_trl.dry_run import read_launch_settings
+
+    launch = read_launch_settings(str(path))
+    if "num_processes" in launch:
+        return int(launch["num_processes"])
+    assert _rel(path) in INTENDED_WITHOUT_LAUNCH_LINE, f"{path} has no `# launch: num_processes=N` line"
+    return INTENDED_WITHOUT_LAUNCH_LINE[_rel(path)]
+
+
+def _raw(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Every recipe passes its dry run
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_the_recipe_tree_is_complete():
+    names = {_rel(p) for p in RECIPES}
+    for model in QWEN3_MODELS:
+        for method in METHODS:
+            assert f"{model}/{method}.yaml" in names
+    assert {"demo/stapo.yaml", "demo/grpo.yaml", "demo/stapo_lora.yaml"} <= names
+    assert (RECIPES_DIR / "README.md").is_file()
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=_rel)
+def test_recipe_passes_its_dry_run(recipe):
+    from stapo_trl.dry_run import dry_run_recipe
+
+    report = dry_run_recipe(["--config", str(recipe)], _intended_processes(recipe))
+    assert report.ok, report.summary()
+    assert report.generation_batch_size % report.num_generations == 0
+
+
+# The batch table of recipes/README.md: (recipe, training processes, overrides) that must keep the paper's geometry.
+README_BATCH_TABLE = [
+    ("Qwen3-1.7B/stapo.yaml", 4, []),
+    ("Qwen3-1.7B/stapo.yaml", 8, ["--gradient_accumulation_steps", "32", "--steps_per_generation", "128"]),
+    ("Qwen3-1.7B/stapo.yaml", 16, ["--gradient_accumulation_steps", "16", "--steps_per_generation", "64"]),
+    ("Qwen3-8B/stapo.yaml", 4, ["--gradient_accumulation_steps", "128", "--steps_per_generation", "512"]),
+    ("Qwen3-8B/stapo.yaml", 8, []),
+    ("Qwen3-8B/stapo.yaml", 16, ["--gradient_accumulation_steps", "32", "--steps_per_generation", "128"]),
+    ("Qwen3-14B/stapo.yaml", 8, []),
+    ("Qwen3-14B/stapo.yaml", 16, ["--gradient_accumulation_steps", "32", "--steps_per_generation", "128"]),
+    ("Qwen3-14B/stapo.yaml", 32, ["--gradient_accumulation_steps", "16", "--steps_per_generation", "64"]),
+]
+
+
+@pytest.mark.parametrize("recipe,num_processes,overrides", README_BATCH_TABLE)
+def test_readme_batch_table_keeps_the_paper_geometry(recipe, num_processes, overrides):
+    from stapo_trl.dry_run import dry_run_recipe
+
+    report = dry_run_recipe(["--config", str(RECIPES_DIR / recipe), *overrides], num_processes)
+    assert report.ok, report.summary()
+    # Paper: 256 prompts x 8 rollouts per rollout step, 64-prompt mini-batches, 4 updates per rollout step.
+    assert report.generation_batch_size == 2048 and report.prompts_per_rollout_step == 256
+    assert report.completions_per_optimizer_step == 512 and report.prompts_per_optimizer_step == 64
+    assert report.optimizer_steps_per_rollout_step == 4
+    table = (RECIPES_DIR / "README.md").read_text()
+    per_device = report.per_device_train_batch_size
+    row = f"| {num_processes} | {per_device} | {report.gradient_accumulation_steps} | {report.steps_per_generation} |"
+    assert row in table, f"recipes/README.md lacks the row {row!r} for {recipe}"
+
+
+def test_qwen3_recipes_launch_lines_match_their_arithmetic():
+    from stapo_trl.dry_run import read_launch_settings
+
+    for model in QWEN3_MODELS:
+        for method in METHODS:
+            path = RECIPES_DIR / model / f"{method}.yaml"
+            launch, raw = read_launch_settings(str(path)), _raw(path)
+            n = int(launch["num_processes"])
+            assert launch["accelerate_config"] in ("zero2", "zero3", "ddp")
+            assert (RECIPES_DIR / "accelerate_configs" / f"{launch['accelerate_config']}.yaml").is_file()
+            assert raw["per_device_train_batch_size"] * n * raw["gradient_accumulation_steps"] == 512, path
+            assert raw["per_device_train_batch_size"] * n * raw["steps_per_generation"] == 2048, path
+            # The documented batch arithmetic in the header names these exact numbers.
+            text = path.read_text()
+            assert f"gradient_accumulation_steps {raw['gradient_accumulation_steps']}" in text
+            assert f"steps_per_generation {raw['steps_per_generation']}" in text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The paper's values
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
+    from stapo_trl import STAPOConfig
+    from stapo_trl.data import INSTRUCTION
+    from stapo_trl.train import parse_args
+
+    path = RECIPES_DIR / "Qwen3-1.7B" / "stapo.yaml"
+    script, args, model = parse_args(["--config", str(path), "--use_cpu", "true"])
+    assert isinstance(args, STAPOConfig) and script.trainer == "stapo"
+    # Model and data.
+    assert model.model_name_or_path == "Qwen/Qwen3-1.7B-Base" and model.dtype == "bfloat16" and not model.use_peft
+    assert script.dataset_name == "open-r1/DAPO-Math-17k-Processed"
+    assert script.prompt_column == "prompt" and script.solution_column == "solution"
+    assert (
+        script.instruction == INSTRUCTION == "Please reason step by step, and put your final answer within \\boxed{}."
+    )
+    assert script.max_prompt_tokens == 1024 and script.strip_dapo_instruction is True
+    assert script.reward_funcs == ["math_accuracy"]
+    # Batch geometry on the 4 training processes of its launch line: 8 rollouts, 256 prompts per rollout step,
+    # 64-prompt mini-batches (4 updates per rollout step).
+    assert args.num_generations == 8
+    assert args.per_device_train_batch_size * 4 * args.steps_per_generation == 256 * 8
+    assert args.per_device_train_batch_size * 4 * args.gradient_accumulation_steps == 64 * 8
+    assert args.steps_per_generation == 4 * args.gradient_accumulation_steps and args.num_iterations == 1
+    # Optimiser: AdamW, lr 1e-6 constant, 10 warm-up rollout steps (= 40 optimizer updates: veRL steps its scheduler
+    # once per rollout step, TRL once per update), weight decay 0.1, clip 1.0.
+    assert args.optim.value.startswith("adamw")
+    assert args.learning_rate == 1e-6 and args.lr_scheduler_type.value == "constant_with_warmup"
+    assert args.warmup_steps == 10 * 4
+    assert args.weight_decay == 0.1 and args.max_grad_norm == 1.0
+    # Objective: clip-higher 0.2 / 0.28, token-level normalisation, no KL, no entropy bonus.
+    assert args.loss_type == "dapo" and args.epsilon == 0.2 and args.epsilon_high == 0.28
+    assert args.beta == 0.0 and args.entropy_coef == 0.0 and args.top_entropy_quantile == 1.0
+    # Rollouts: T 1.0, top-p 1.0, 15,360 new tokens, vLLM server on loopback.
+    assert args.temperature == 1.0 and args.top_p == 1.0 and args.top_k == 0
+    assert args.max_completion_length == 15360
+    assert args.use_vllm and args.vllm_mode == "server" and args.vllm_server_host == "127.0.0.1"
+    # S2T.
+    assert args.s2t_prob_threshold == 0.002 and args.s2t_entropy_quantile == 0.75
+    assert args.s2t_mode == "low_entropy" and args.s2t_scope == "generation_batch"
+    # Engineering: bf16, activation checkpointing (transformers 5 name), checkpoints, tracker, no push.
+    assert args.bf16 and args.activation_checkpointing
+    assert args.save_strategy.value == "steps" and args.save_steps > 0 and args.save_total_limit
+    assert args.report_to == ["wandb"] and args.push_to_hub is False
+
+
+def test_gradient_checkpointing_uses_the_transformers_5_name_without_warning():
+    import warnings
+
+    from stapo_trl.train import parse_args
+
+    for model in QWEN3_MODELS:
+        raw = _raw(RECIPES_DIR / model / "stapo.yaml")
+        assert raw["activation_checkpointing"] is True and "gradient_checkpointing" not in raw
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        parse_args(["--config", str(RECIPES_DIR / "Qwen3-8B" / "stapo.yaml"), "--use_cpu", "true"])
+
+
+# Keys each method may change relative to justrl.yaml (the STAPO recipe without the mask); everything else is shared.
+ALLOWED_DIFFERENCES = {
+    "stapo": {
+        "trainer",
+        "output_dir",
+        "run_name",
+        "s2t_prob_threshold",
+        "s2t_entropy_quantile",
+        "s2t_mode",
+        "s2t_scope",
+    },
+    "entropy20": {"output_dir", "run_name", "top_entropy_quantile"},
+    "grpo": {"output_dir", "run_name", "loss_type", "epsilon_high"},
+}
+# Keys the model size may change; everything else is shared across 1.7B, 8B and 14B.
+PER_MODEL_KEYS = {
+    "model_name_or_path", "output_dir", "run_name", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "steps_per_generation", "save_total_limit",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("model", QWEN3_MODELS)
+def test_baselines_differ_from_each_other_only_where_they_should(model):
+    justrl = _raw(RECIPES_DIR / model / "justrl.yaml")
+    assert justrl["trainer"] == "grpo" and not any(key.startswith("s2t_") for key in justrl)
+    for method, allowed in ALLOWED_DIFFERENCES.items():
+        other = _raw(RECIPES_DIR / model / f"{method}.yaml")
+        differing = {k for k in set(justrl) | set(other) if justrl.get(k) != other.get(k)}
+        assert differing <= allowed, (method, differing - allowed)
+    assert _raw(RECIPES_DIR / model / "entropy20.yaml")["top_entropy_quantile"] == 0.2
+    grpo = _raw(RECIPES_DIR / model / "grpo.yaml")
+    assert grpo["loss_type"] == "grpo" and grpo["epsilon"] == grpo["epsilon_high"] == 0.2 and grpo["beta"] == 0.0
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_model_sizes_share_everything_but_size_dependent_keys(method):
+    small = _raw(RECIPES_DIR / "Qwen3-1.7B" / f"{method}.yaml")
+    for model in QWEN3_MODELS[1:]:
+        other = _raw(RECIPES_DIR / model / f"{method}.yaml")
+        differing = {k for k in set(small) | set(other) if small.get(k) != other.get(k)}
+        assert differing <= PER_MODEL_KEYS, (model, differing - PER_MODEL_KEYS)
+        assert other["model_name_or_path"] == f"Qwen/{model}-Base"
+
+
+def test_lora_demo_is_the_demo_recipe_plus_peft():
+    demo, lora = _raw(RECIPES_DIR / "demo" / "stapo.yaml"), _raw(RECIPES_DIR / "demo" / "stapo_lora.yaml")
+    peft_keys = {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"}
+    assert set(lora) == set(demo) | peft_keys
+    assert {k for k in demo if demo[k] != lora[k]} == {"output_dir"}
+    assert lora["use_peft"] is True and lora["lora_target_modules"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The dry run's own checks and CLI
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _demo_args(*overrides: str):
+    from stapo_trl.train import parse_args
+
+    return parse_args(["--config", str(RECIPES_DIR / "demo" / "stapo.yaml"), *overrides])
+
+
+def test_dry_run_lists_valid_values_when_the_generation_batch_does_not_fit(tmp_path):
+    from stapo_trl.dry_run import dry_run_recipe
+
+    # A recipe that fixes generation_batch_size = 64 with 16 completions per device: 3 processes give a global
+    # micro-batch of 48, which does not divide 64; 1, 2 or 4 processes would.
+    recipe = tmp_path / "fixed_generation_batch.yaml"
+    text = (RECIPES_DIR / "demo" / "stapo.yaml").read_text()
+    text = "\n".join(line for line in text.splitlines() if not line.startswith(("steps_per_generation", "   ")))
+    recipe.write_text(text + "\ngeneration_batch_size: 64\n")
+    assert dry_run_recipe(["--config", str(recipe)], 2).ok
+    report = dry_run_recipe(["--config", str(recipe)], 3)
+    assert not report.ok
+    assert "Valid process counts for this batch: [1, 2, 4]" in report.errors[0], report.errors
+
+
+def test_dry_run_reports_bad_rewards_trainer_and_temperature():
+    from stapo_trl.dry_run import validate_recipe
+    from stapo_trl.rewards import REWARDS
+
+    script, args, model = _demo_args("--temperature", "0.7")
+    script.reward_funcs = ["math_accuracy", "no_such_reward"]
+    report = validate_recipe(script, args, model, 1)
+    assert not report.ok
+    assert any("no_such_reward" in e and str(sorted(REWARDS)) in e for e in report.errors), report.errors
+    assert any("temperature=0.7" in w and "1.0" in w for w in report.warnings), report.warnings
+    script.reward_funcs, script.trainer = ["math_accuracy"], "ppo"
+    assert any("trainer='ppo'" in e for e in validate_recipe(script, args, model, 1).errors)
+
+
+def test_dry_run_numbers_for_the_demo():
+    from stapo_trl.dry_run import validate_recipe
+
+    report = validate_recipe(*_demo_args(), 2)
+    # 16 completions per device x 2 processes x steps_per_generation 4 = 128 completions = 16 prompts of 8.
+    assert report.generation_batch_size == 128 and report.prompts_per_rollout_step == 16
+    assert report.completions_per_optimizer_step == 32 and report.optimizer_steps_per_rollout_step == 4
+    assert report.max_prompt_tokens is None and report.max_tokens_per_optimizer_step is None
+    summary = report.summary()
+    for text in ("rollout step", "optimizer update", "updates / rollout", "max tokens", "2 training process(es): OK"):
+        assert text in summary, summary
+
+
+def test_dry_run_cli_paths(capsys):
+    from stapo_trl.dry_run import main as dry_run_main
+    from stapo_trl.train import main as train_main
+
+    recipe = str(RECIPES_DIR / "Qwen3-8B" / "stapo.yaml")
+    assert dry_run_main(["--config", recipe, "--num-processes", "16", "--gradient_accumulation_steps", "32",
+                         "--steps_per_generation", "128"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "for 16 training process(es): OK" in out and "256 prompts x 8 generations" in out
+    assert "8,388,608 per optimizer update" in out  # 512 x (1024 + 15360)
+    # stapo-train --dry-run goes to the same function and exits with its status.
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["--config", recipe, "--dry-run"])
+    assert exit_info.value.code == 0
+    assert "for 8 training process(es): OK" in capsys.readouterr().out
+    # An unknown key does not parse: status 2 with the parser's message.
+    assert dry_run_main(["--config", recipe, "--no_such_key", "1"]) == 2
+    assert "no_such_key" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# scripts/launch.sh (no GPU: --print-only, and a stub server + stub accelerate)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _launch(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    # why OMP_NUM_THREADS=1: the dry run's process only parses; threads on shared cores only contend
+    full_env = dict(os.environ, PYTHON=sys.executable, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", **(env or {}))
+    full_env.pop("CUDA_VISIBLE_DEVICES", None)
+    result = subprocess.run(
+        ["bash", str(LAUNCH), *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+    print(result.stdout, result.stderr)
+    return result
+
+
+def test_launch_splits_the_gpus_from_the_recipe():
+    result = _launch("recipes/Qwen3-1.7B/stapo.yaml", "--gpus", "0,1,2,3,4,5,6,7", "--print-only")
+    assert result.returncode == 0
+    assert "CUDA_VISIBLE_DEVICES=0,1,2,3 trl vllm-serve --model Qwen/Qwen3-1.7B-Base --host 127.0.0.1" in result.stdout
+    assert "--tensor_parallel_size 4" in result.stdout and "--max_model_len 16384" in result.stdout
+    assert "CUDA_VISIBLE_DEVICES=4,5,6,7 accelerate launch" in result.stdout
+    assert "accelerate_configs/zero2.yaml --num_processes 4" in result.stdout
+    assert "--vllm_server_host 127.0.0.1 --vllm_server_port 8000" in result.stdout
+
+
+def test_launch_refuses_overlapping_or_missing_gpus_and_bad_arithmetic():
+    recipe = "recipes/Qwen3-1.7B/stapo.yaml"
+    overlap = _launch(recipe, "--gpus", "0,1,2,3", "--vllm-gpus", "0,1", "--train-gpus", "1,2", "--print-only")
+    assert overlap.returncode == 2 and "GPU 1 is in both" in overlap.stderr
+    missing = _launch(recipe, "--gpus", "0,1,2,3", "--vllm-gpus", "0", "--train-gpus", "1,7", "--print-only")
+    assert missing.returncode == 2 and "GPU 7 is not among the visible GPUs" in missing.stderr
+    too_few = _launch("recipes/Qwen3-8B/stapo.yaml", "--gpus", "0,1,2,3,4,5,6,7", "--print-only")
+    assert too_few.returncode == 2 and "slurm/train.slurm" in too_few.stderr
+    # The recipe must pass its dry run for the split before anything starts: 7 generations per prompt do not divide
+    # the 2 x 3 x 256 = 1536-completion generation batch of 3 training processes.
+    bad = _launch(recipe, "--gpus", "0,1,2,3", "--vllm-gpus", "0", "--train-gpus", "1,2,3", "--print-only",
+                  "--", "--num_generations", "7")  # fmt: skip
+    assert bad.returncode == 2 and "nothing was started" in bad.stderr
+    assert "laid out for 4" in bad.stderr  # the note about the process count
+
+
+STUB_SERVER = textwrap.dedent(
+    """\
+    #!/usr/bin/env python3
+    # Stand-in for `trl vllm-serve`: records its arguments and GPUs, answers GET /health after a second.
+    import http.server, os, sys, time
+    args = sys.argv[1:]
+    port = int(args[args.index("--port") + 1])
+    with open(os.environ["STUB_RECORD"] + ".server", "w") as f:
+        f.write(os.environ.get("CUDA_VISIBLE_DEVICES", "") + "\\n" + " ".join(args) + "\\n" + str(os.getpid()))
+    time.sleep(1)
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+    """
+)
+STUB_ACCELERATE = textwrap.dedent(
+    """\
+    #!/usr/bin/env bash
+    # Stand-in for `accelerate`: records its arguments and GPUs, checks that the server answers, exits 7.
+    echo "$CUDA_VISIBLE_DEVICES" > "$STUB_RECORD.train"
+    echo "$*" >> "$STUB_RECORD.train"
+    curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$STUB_PORT/health" >> "$STUB_RECORD.train"
+    exit 7
+    """
+)
+
+
+def test_launch_starts_the_server_waits_for_health_trains_and_stops_the_server(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server, accelerate = tmp_path / "stub_trl", tmp_path / "stub_accelerate"
+    server.write_text(STUB_SERVER.replace("#!/usr/bin/env python3", f"#!{sys.executable}"))
+    accelerate.write_text(STUB_ACCELERATE)
+    server.chmod(0o755)
+    accelerate.chmod(0o755)
+    record = tmp_path / "record"
+    result = _launch(
+        "recipes/Qwen3-1.7B/stapo.yaml", "--gpus", "0,1,2,3,4,5,6,7", "--port", str(port), "--timeout", "60",
+        "--log-dir", str(tmp_path), "--", "--max_steps", "3",
+        env={"TRL_BIN": str(server), "ACCELERATE_BIN": str(accelerate), "STUB_RECORD": str(record),
+             "STUB_PORT": str(port), "HEALTH_INTERVAL": "0.5"},
+    )  # fmt: skip
+    # Training's exit status is the script's.
+    assert result.returncode == 7, result.stderr
+    gpus, server_args, server_pid = (record.with_suffix(".server")).read_text().splitlines()
+    assert gpus == "0,1,2,3" and f"--port {port}" in server_args and "--host 127.0.0.1" in server_args
+    train_gpus, train_args, status = (record.with_suffix(".train")).read_text().splitlines()
+    assert train_gpus == "4,5,6,7" and status == "200"  # the server was up when training started
+    assert f"--vllm_server_port {port}" in train_args and train_args.endswith("--max_steps 3")
+    # The trap stopped the server.
+    for _ in range(20):
+        try:
+            os.kill(int(server_pid), 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.5)
+    else:
+        os.kill(int(server_pid), signal.SIGKILL)
+        pytest.fail("launch.sh left the vLLM server running")
+
+
+def test_launch_fails_clearly_when_the_server_dies(tmp_path):
+    dead = tmp_path / "dead_trl"
+    dead.write_text("#!/usr/bin/env bash\necho 'CUDA out of memory (stub)'\nexit 1\n")
+    dead.chmod(0o755)
+    result = _launch(
+        "recipes/Qwen3-1.7B/stapo.yaml", "--gpus", "0,1,2,3,4,5,6,7", "--log-dir", str(tmp_path),
+        env={"TRL_BIN": str(dead), "ACCELERATE_BIN": "false", "HEALTH_INTERVAL": "0.5"},
+    )  # fmt: skip
+    assert result.returncode == 3
+    assert "exited before answering /health" in result.stderr and "CUDA out of memory (stub)" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model card and LoRA
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _tiny_trainer(model_path: str, output_dir: Path, **config):
+    from datasets import Dataset
+
+    from stapo_trl import STAPOConfig, STAPOTrainer
+
+    args = STAPOConfig(
+        output_dir=str(output_dir), use_cpu=True, bf16=False, report_to="none", activation_checkpointing=False,
+        per_device_train_batch_size=8, num_generations=8, max_completion_length=8, **config,
+    )  # fmt: skip
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": "1+1"}]] * 8})
+    return STAPOTrainer(model=model_path, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+                        train_dataset=dataset)  # fmt: skip
+
+
+def test_model_card_names_stapo_cites_the_paper_and_lists_the_s2t_values(tiny_random_model_path, tmp_path):
+    from stapo_trl.model_card import SECTION_START, add_stapo_section
+
+    trainer = _tiny_trainer(tiny_random_model_path, tmp_path, s2t_prob_threshold=0.003, s2t_entropy_quantile=0.8)
+    trainer.create_model_card(dataset_name=None, tags=["stapo_trl"])
+    add_stapo_section(trainer)
+    add_stapo_section(trainer)  # idempotent: one section, not two
+    card = (tmp_path / "README.md").read_text()
+    # TRL's part, from _name / _paper / _tag_names.
+    assert "trained with STAPO" in card and "huggingface.co/papers/2602.15620" in card
+    assert "@article{liu2026stapo" in card and "- stapo" in card
+    # Ours: the S2T values, the objective and the base model (a builtin: model is named, not a broken Hub link).
+    assert card.count(SECTION_START) == 1
+    for row in ("| `s2t_prob_threshold` |", "`0.003`", "| `s2t_entropy_quantile` |", "`0.8`", "`low_entropy`",
+                "`generation_batch`", "| `loss_type` |", "`dapo`", "| `epsilon_high` |", "`0.28`"):  # fmt: skip
+        assert row in card, row
+    assert "Base model: `builtin:tiny-random`" in card
+    assert "[None](https://huggingface.co/None)" not in card
+    assert card.index(SECTION_START) < card.index("### Framework versions")
+
+
+@pytest.mark.parametrize("name,expected", [("Qwen/Qwen3-1.7B-Base", "Qwen/Qwen3-1.7B-Base")])
+def test_base_model_name_of_hub_ids_is_unchanged(name, expected):
+    from stapo_trl.model_card import base_model_name
+
+    assert base_model_name(name) == expected
+
+
+def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path):
+    import torch
+    from trl import get_peft_config
+
+    from stapo_trl import STAPOTrainer
+    from stapo_trl.train import parse_args, prepare
+
+    script, args, model_args = parse_args([
+        "--config", str(RECIPES_DIR / "demo" / "stapo_lora.yaml"),
+        "--model_name_or_path", tiny_math_model_path, "--output_dir", str(tmp_path / "lora"),
+        # why: step 1 generates a whole rollout batch (64 completions: non-zero advantages); 2 steps train on it
+        "--max_steps", "2", "--save_strategy", "no", "--eval_before_after", "false", "--report_to", "none",
+        "--disable_tqdm", "true",
+    ])  # fmt: skip
+    run = prepare(script, args, model_args)
+    args.model_init_kwargs = {"dtype": model_args.dtype}
+    trainer = STAPOTrainer(
+        model=run.model_path, reward_funcs=run.reward_funcs, args=args, train_dataset=run.train_dataset,
+        peft_config=get_peft_config(model_args),
+    )  # fmt: skip
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainable = {name for name, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name for name in trainable), sorted(trainable)[:5]
+    # why: the recipe's torch_num_threads (1) is applied by stapo-train's train(), which this test bypasses; a tiny
+    # model on shared cores runs many times slower with 2 threads
+    threads = torch.get_num_threads()
+    torch.set_num_threads(script.torch_num_threads or threads)
+    try:
+        trainer.train()
+    finally:
+        torch.set_num_threads(threads)
+    changed = {name for name, p in trainer.model.named_parameters() if not torch_equal(p, before[name])}
+    assert changed, "no parameter changed"
+    assert changed <= trainable, sorted(changed - trainable)[:5]  # the base weights never move
+    assert any("lora_B" in name for name in changed)  # lora_B starts at zero: the adapter learned something
+    assert any(key.startswith("s2t/") for entry in trainer.state.log_history for key in entry)
+    trainer.save_model(str(tmp_path / "lora"))
+    saved = set(os.listdir(tmp_path / "lora"))
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= saved and "model.safetensors" not in saved
+    assert math.isfinite(trainer.state.log_history[-1].get("train_loss", 0.0))
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a.detach(), b)
