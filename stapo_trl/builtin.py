@@ -50,14 +50,14 @@ BUILTIN_PREFIX = "builtin:"
 # data or warm-up) changes: the cache folder is `<name>-<version>`, so old builds are never reused by mistake.
 BUILTIN_MODELS: dict[str, dict[str, Any]] = {
     "tiny-math": {
-        "version": "v1",
+        "version": "v2",
         "description": "tiny Qwen3 (144k parameters) SFT-warmed on two-digit addition to ~45 % sampled accuracy",
         # Sampled accuracy (T = 1.0) jumps from ~5 % to ~45 % between steps 150 and 300, then plateaus near 50 %
         # (label smoothing caps it; greedy accuracy is ~100 % by then). 320 steps: just onto the plateau.
         "sft_steps": 320,
     },
     "tiny-random": {
-        "version": "v1",
+        "version": "v2",
         "description": "the tiny-math tokenizer and architecture with random weights (no warm-up), for fast tests",
         "sft_steps": 0,
     },

@@ -16,6 +16,7 @@ The built-in task (`builtin:tiny-math`) is two-digit addition written out column
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -23,6 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 import datasets
+
+logger = logging.getLogger(__name__)
 
 
 # The paper's prompt suffix (STAPO Sec. 4.1): step-by-step reasoning, final answer in \boxed{}.

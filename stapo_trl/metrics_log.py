@@ -1,0 +1,115 @@
+"""`MetricsLogCallback`: every training log dict as one JSON line in `<output_dir>/metrics.jsonl`.
+
+A file a person (or `stapo-plot`) can read without TensorBoard or W&B. Each line is the dict the trainer logged at
+one logging step (reward, per-reward means, entropy, `s2t/*`, loss, `clip_ratio/*`, completion lengths, learning
+rate, ...) plus `step` (the optimizer step) and `epoch`:
+
+    {"step": 12, "epoch": 0.02, "loss": 0.0013, "reward": 0.4375, "entropy": 0.21, "s2t/silenced_ratio": 0.0001, ...}
+
+The file is flushed after every line, so an interrupted run keeps the curve up to its last logging step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from transformers import TrainerCallback
+
+
+METRICS_FILENAME = "metrics.jsonl"
+
+
+def _jsonable(value: Any) -> Any:
+    """A log value as strict JSON: NaN and infinities become `null` (JSON has no NaN), 0-d tensors become numbers."""
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsLogCallback(TrainerCallback):
+    """Append one JSON line per logging step to `metrics.jsonl`, on the main process only.
+
+    The end-of-training summary (`train_runtime`, `train_loss`, ...) is not a logging step and is not written here
+    (`stapo-train` saves it to `train_results.json`). Evaluation logs (`eval_*` keys), when the trainer evaluates,
+    are written as their own lines.
+
+    When training resumes from a checkpoint, the lines of steps after the checkpoint's step (logged by the
+    interrupted run, about to be redone) are dropped before appending, so every step appears once.
+
+    Args:
+        path (`str` or `None`, *optional*, defaults to `None`):
+            File to write. `None` means `<args.output_dir>/metrics.jsonl`, resolved when training begins.
+    """
+
+    def __init__(self, path: str | None = None):
+        self.path = path
+        self._file = None
+
+    def _open(self, args, state) -> None:
+        path = self.path or os.path.join(args.output_dir, METRICS_FILENAME)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        if os.path.exists(path):
+            # Keep the history up to the step training (re)starts from; a fresh run (step 0) starts a fresh file.
+            kept = []
+            with open(path) as f:
+                for line in f:
+                    line = line.strip()
+                    if not line:
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError:  # a line cut short by a killed run
+                        continue
+                    if state.global_step > 0 and row.get("step", math.inf) <= state.global_step:
+                        kept.append(line)
+            with open(path, "w") as f:
+                f.writelines(line + "\n" for line in kept)
+        self._file = open(path, "a")  # noqa: SIM115 (kept open across callbacks, closed in on_train_end)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.close()
+            self._open(args, state)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs or "train_runtime" in logs:
+            return
+        if self._file is None:  # `trainer.log(...)` called outside `train()`
+            self._file = open(self.path or os.path.join(args.output_dir, METRICS_FILENAME), "a")  # noqa: SIM115
+        row = {"step": state.global_step, "epoch": state.epoch}
+        row.update({key: _jsonable(value) for key, value in logs.items()})
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.close()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    """Rows of a `metrics.jsonl` file (or of `<dir>/metrics.jsonl` when `path` is a directory), in file order.
+
+    A truncated last line (a run killed mid-write) is skipped.
+    """
+    if os.path.isdir(path):
+        path = os.path.join(path, METRICS_FILENAME)
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows

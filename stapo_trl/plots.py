@@ -1,0 +1,240 @@
+"""`stapo-plot`: PNG figures from the `metrics.jsonl` files that `stapo-train` writes.
+
+    stapo-plot outputs/demo-stapo                                  # -> outputs/demo-stapo/training_curves.png
+    stapo-plot outputs/demo-grpo outputs/demo-stapo --out cmp.png  # runs overlaid
+    stapo-plot outputs/compare/grpo outputs/compare/stapo          # folders of seeds: mean with a min/max band
+
+A run is a folder holding `metrics.jsonl`, or a folder whose sub-folders each hold one (one per seed, the layout of
+`stapo-train compare`): seeds are then drawn as their mean with a min/max band. `stapo-train` and
+`stapo-train compare` draw their figures with the same [`plot_training_curves`].
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .metrics_log import METRICS_FILENAME, read_metrics
+
+
+# (log key, panel title, y scale). Reward and entropy are smoothed; the silenced ratio is drawn raw on a log scale
+# because it is 0 at most steps and ~1e-4 when the mask fires: zeros cannot sit on a log axis, so they are counted in
+# the legend instead of drawn.
+TRAINING_CURVES: tuple[tuple[str, str, str], ...] = (
+    ("reward", "reward (mean over completions)", "linear"),
+    ("entropy", "policy entropy (nats / token)", "linear"),
+    ("s2t/silenced_ratio", "S2T silenced-token ratio (log)", "log"),
+)
+
+Run = Sequence[Sequence[dict[str, Any]]]  # one list of metrics.jsonl rows per seed
+
+
+def load_run(path: str) -> list[list[dict[str, Any]]]:
+    """The metrics of one run: `[rows]` for a folder with `metrics.jsonl`, one list per seed for a folder of seeds.
+
+    Raises:
+        FileNotFoundError: If neither `path/metrics.jsonl` nor any `path/*/metrics.jsonl` exists.
+    """
+    if os.path.isfile(os.path.join(path, METRICS_FILENAME)):
+        return [read_metrics(path)]
+    if os.path.isfile(path) and path.endswith(".jsonl"):
+        return [read_metrics(path)]
+    seeds = []
+    if os.path.isdir(path):
+        for name in sorted(os.listdir(path)):
+            if os.path.isfile(os.path.join(path, name, METRICS_FILENAME)):
+                seeds.append(read_metrics(os.path.join(path, name)))
+    if not seeds:
+        raise FileNotFoundError(
+            f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a `stapo-train` run "
+            "(or of one `stapo-train compare` arm)."
+        )
+    return seeds
+
+
+def _series(rows: Sequence[dict[str, Any]], key: str) -> dict[int, float]:
+    """`{step: value}` of one metric over the rows that logged it (a later row for the same step wins)."""
+    return {int(row["step"]): float(row[key]) for row in rows if row.get(key) is not None and "step" in row}
+
+
+def _moving_average(values, window: int):
+    """Trailing moving average with a shrinking window at the start (no lag artefacts at step 0)."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=float)
+    if window <= 1 or len(values) == 0:
+        return values
+    cumsum = np.cumsum(np.insert(values, 0, 0.0))
+    idx = np.arange(1, len(values) + 1)
+    start = np.maximum(idx - window, 0)
+    return (cumsum[idx] - cumsum[start]) / (idx - start)
+
+
+def plot_training_curves(
+    runs: Mapping[str, Run],
+    out: str,
+    *,
+    curves: Sequence[tuple[str, str, str]] = TRAINING_CURVES,
+    title: str | None = None,
+    smoothing: int | None = None,
+) -> str:
+    """Draw one panel per metric with every run overlaid, and save a PNG.
+
+    Args:
+        runs (`Mapping[str, Sequence[Sequence[dict]]]`):
+            Label -> one list of `metrics.jsonl` rows per seed. One seed: the raw curve (thin) and its moving
+            average (bold). Several seeds: the mean of the per-seed moving averages over the steps all seeds logged,
+            with a min/max band (log panels: the per-step mean over seeds, as points).
+        out (`str`):
+            Path of the PNG to write (folders are created).
+        curves (`Sequence[tuple[str, str, str]]`, *optional*, defaults to `TRAINING_CURVES`):
+            `(log key, panel title, "linear" | "log")` per panel. On a log panel, zeros are not drawn; the legend says
+            at how many logged steps the value was 0.
+        title (`str`, *optional*):
+            Figure title.
+        smoothing (`int`, *optional*):
+            Moving-average window in logged steps for the linear panels; `None` picks ~1/20 of the run's length.
+
+    Returns:
+        `str`: `out`.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(5.2 * len(curves), 3.9), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (key, panel_title, scale) in zip(axes[0], curves):
+        drawn = False
+        for i, (label, seeds) in enumerate(runs.items()):
+            color = colors[i % len(colors)]
+            series = [_series(rows, key) for rows in seeds]
+            series = [s for s in series if s]
+            if not series:
+                continue
+            steps = sorted(set.intersection(*(set(s) for s in series)))
+            if not steps:
+                continue
+            values = np.array([[s[step] for step in steps] for s in series])  # (num_seeds, num_steps)
+            x = np.array(steps)
+            seed_note = f" ({len(series)} seeds)" if len(series) > 1 else ""
+            if scale == "log":
+                mean = values.mean(axis=0)
+                positive = mean > 0
+                zero_note = f", 0 at {int((~positive).sum())}/{len(mean)} steps"
+                if positive.any():
+                    label_text = f"{label}{seed_note}{zero_note}"
+                    ax.plot(x[positive], mean[positive], "o", ms=3, color=color, label=label_text)
+                    drawn = True
+                else:
+                    # Keep the run in the legend so "never fired" is visible, not mistaken for "not logged".
+                    ax.plot([], [], "o", ms=3, color=color, label=f"{label}{seed_note}: always 0")
+                continue
+            window = smoothing or max(1, len(steps) // 20)
+            smooth = np.stack([_moving_average(v, window) for v in values])  # (num_seeds, num_steps)
+            if len(series) == 1:
+                ax.plot(x, values[0], color=color, alpha=0.25, lw=0.8)
+                ax.plot(x, smooth[0], color=color, lw=1.8, label=label)
+            else:
+                ax.plot(x, smooth.mean(axis=0), color=color, lw=1.8, label=f"{label}{seed_note}")
+                ax.fill_between(x, smooth.min(axis=0), smooth.max(axis=0), color=color, alpha=0.2)
+            drawn = True
+        ax.set_title(panel_title, fontsize=10)
+        ax.set_xlabel("step")
+        if scale == "log":
+            ax.set_yscale("log")
+        if not drawn and not ax.get_legend_handles_labels()[0]:
+            ax.text(0.5, 0.5, f"{key!r} not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def make_parser(subparsers: argparse._SubParsersAction | None = None) -> argparse.ArgumentParser:
+    description = "Draw reward, entropy and S2T silenced-ratio curves from stapo-train output folders."
+    if subparsers is not None:
+        parser = subparsers.add_parser("plot", help=description, description=description)
+    else:
+        parser = argparse.ArgumentParser(prog="stapo-plot", description=description)
+    parser.add_argument(
+        "output_dirs",
+        nargs="+",
+        metavar="OUTPUT_DIR",
+        help="stapo-train output folders (each with metrics.jsonl), or folders of per-seed output folders.",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="PNG to write. Default: OUTPUT_DIR/training_curves.png for one folder, ./training_curves.png for several.",
+    )
+    parser.add_argument(
+        "--labels", nargs="+", default=None, help="Legend labels, one per OUTPUT_DIR (default: folder names)."
+    )
+    parser.add_argument("--title", default=None, help="Figure title.")
+    parser.add_argument(
+        "--smoothing",
+        type=int,
+        default=None,
+        help="Moving-average window in logged steps (default: ~1/20 of the run).",
+    )
+    return parser
+
+
+def plot_output_dirs(
+    output_dirs: Sequence[str],
+    out: str | None = None,
+    *,
+    labels: Sequence[str] | None = None,
+    title: str | None = None,
+    smoothing: int | None = None,
+) -> str:
+    """Draw the training curves of `stapo-train` output folders (or folders of seeds) into one PNG.
+
+    Args:
+        output_dirs (`Sequence[str]`): Folders with `metrics.jsonl`, or folders of per-seed folders.
+        out (`str`, *optional*): The PNG; default `OUTPUT_DIR/training_curves.png` for one folder,
+            `./training_curves.png` for several.
+        labels (`Sequence[str]`, *optional*): Legend labels, one per folder; default the folder names.
+        title (`str`, *optional*): Figure title.
+        smoothing (`int`, *optional*): Moving-average window in logged steps.
+
+    Returns:
+        `str`: The path of the PNG.
+    """
+    if labels is not None and len(labels) != len(output_dirs):
+        raise ValueError(f"Got {len(labels)} labels for {len(output_dirs)} output folders.")
+    labels = list(labels or [os.path.basename(os.path.normpath(d)) for d in output_dirs])
+    if len(set(labels)) < len(labels):  # the same folder name twice: use the paths as given
+        labels = [os.path.normpath(d) for d in output_dirs]
+    runs = {label: load_run(d) for label, d in zip(labels, output_dirs)}
+    if out is None:
+        one_folder = len(output_dirs) == 1 and os.path.isdir(output_dirs[0])
+        out = os.path.join(output_dirs[0], "training_curves.png") if one_folder else "training_curves.png"
+    return plot_training_curves(runs, out, title=title, smoothing=smoothing)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`stapo-plot OUTPUT_DIR [OUTPUT_DIR ...] [--out FILE] [--labels ...] [--title ...] [--smoothing N]`."""
+    args = make_parser().parse_args(argv)
+    try:
+        out = plot_output_dirs(
+            args.output_dirs, args.out, labels=args.labels, title=args.title, smoothing=args.smoothing
+        )
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"stapo-plot: error: {e}") from e
+    print(f"Wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
