@@ -158,26 +158,23 @@ def s2t_mask(
         # τ_h over the candidates of every process. Gathered in float32: a 1-D tensor of candidates only.
         all_candidate_entropies = gather(entropies[candidate].float())  # (N_cand_global,)
         num_candidates = all_candidate_entropies.numel()
-        if num_candidates == 0:
-            low_threshold = high_threshold = float("nan")
-        else:
-            low_threshold = linear_quantile(all_candidate_entropies, entropy_quantile)
-            high_threshold = linear_quantile(all_candidate_entropies, 1.0 - entropy_quantile)
+        # Only the threshold the mode uses ("high_entropy": the (1 - q)-quantile; the others report the q-quantile).
+        quantile = 1.0 - entropy_quantile if mode == "high_entropy" else entropy_quantile
+        entropy_threshold = (
+            linear_quantile(all_candidate_entropies, quantile) if num_candidates > 0 else float("nan")
+        )
 
         if mode == "low_entropy":
-            silenced = candidate & (entropies < low_threshold)  # NaN compares False: none silenced
-            entropy_threshold = low_threshold
+            silenced = candidate & (entropies < entropy_threshold)  # NaN compares False: none silenced
         elif mode == "high_entropy":
-            silenced = candidate & (entropies > high_threshold)
-            entropy_threshold = high_threshold
+            silenced = candidate & (entropies > entropy_threshold)
         elif mode == "all_low_prob":
             silenced = candidate.clone()
-            entropy_threshold = low_threshold
         else:  # "off"
             silenced = torch.zeros_like(candidate)
-            entropy_threshold = low_threshold
 
-        local_counts = torch.stack([silenced.sum(), in_loss.sum()]).to(torch.float64)  # (2,)
+        # count_nonzero, not .sum(): a bool .sum() allocates an int64 copy of the (B, T) mask.
+        local_counts = torch.stack([silenced.count_nonzero(), in_loss.count_nonzero()]).to(torch.float64)  # (2,)
         global_counts = gather(local_counts).view(-1, 2).sum(dim=0)  # (P*2,) -> (2,)
         num_silenced, num_loss_tokens = (int(c) for c in global_counts.tolist())
 
