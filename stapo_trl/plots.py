@@ -231,9 +231,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         out = plot_output_dirs(
             args.output_dirs, args.out, labels=args.labels, title=args.title, smoothing=args.smoothing
         )
+        from .diagnostic_plots import plot_diagnostics
+
+        figures = plot_diagnostics(args.output_dirs, os.path.dirname(os.path.abspath(out)), labels=args.labels)
     except (ValueError, OSError) as e:
         raise SystemExit(f"stapo-plot: error: {e}") from e
-    print(f"Wrote {out}")
+    for figure in [out, *figures]:
+        print(f"Wrote {figure}")
 
 
 if __name__ == "__main__":

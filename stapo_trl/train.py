@@ -691,6 +691,7 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
     from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
+    from .diagnostic_plots import plot_diagnostics
     from .metrics_log import MetricsLogCallback, read_metrics
     from .plots import plot_training_curves
 
@@ -757,6 +758,10 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
     )
+    if script_args.trainer == "stapo":
+        from .diagnostics import SpuriousTokenLogger
+
+        trainer.add_callback(SpuriousTokenLogger(trainer))  # spurious_tokens.jsonl (+ a wandb/trackio table)
     if run.benchmark_callback is not None:
         run.benchmark_callback.attach(trainer)  # registers it and logs eval/<benchmark>/* through the trainer
     is_main = trainer.accelerator.is_main_process
@@ -806,6 +811,7 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
     if is_main and rows:
         label = f"{script_args.trainer} (seed {training_args.seed})"
         plot_training_curves({label: [rows]}, os.path.join(output_dir, CURVES_FILENAME), title=output_dir)
+        plot_diagnostics([output_dir], output_dir, labels=[label])
     s2t_summary = _summarize_s2t(rows)
 
     #########################
@@ -914,6 +920,7 @@ def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
     silenced ratio over steps: mean over seeds with a min/max band) and `DIR/compare.json`, and prints the
     accuracy table. Finished runs are not redone (each run resumes from its last checkpoint).
     """
+    from .diagnostic_plots import plot_diagnostics
     from .metrics_log import read_metrics
     from .plots import plot_training_curves
 
@@ -967,6 +974,8 @@ def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out = os.path.join(args.output_dir, "compare.png")
     title = " vs ".join(runs) + f" (seeds {', '.join(map(str, args.seeds))})"
     plot_training_curves(runs, out, curves=COMPARE_CURVES, title=title)
+    run_dirs = [(f"{label} seed {r['seed']}", r["output_dir"]) for label, rs in results.items() for r in rs]
+    plot_diagnostics([d for _, d in run_dirs], args.output_dir, labels=[name for name, _ in run_dirs])
 
     k_metric = next((r["eval"]["metric"] for rs in results.values() for r in rs if r["eval"]), "avg@k")
     header = f"{'run':<12} {'seed':>5} {k_metric + ' before':>14} {k_metric + ' after':>14} {'silenced ratio':>15}"

@@ -12,10 +12,12 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+from accelerate.utils import is_peft_model
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 
 from .config import STAPOConfig
+from .diagnostics import CollisionProbabilityRecorder, s2t_diagnostic_metrics
 from .s2t import S2TResult, s2t_mask
 
 # Loss types whose normaliser is `num_items_in_batch` (TRL's global token count of the generation batch).
@@ -50,6 +52,8 @@ class S2TBatch:
         loss_mask (`torch.Tensor`): int, (B, T), the loss mask before silencing.
         completion_ids (`torch.Tensor`): long, (B, T).
         mode (`str`): "train" or "eval".
+        log_collision (`torch.Tensor`, *optional*): float, (B, T), log Σ_v π_v² (nats) of the same forward, when the
+            trainer records it (`STAPOTrainer.s2t_diagnostics`).
     """
 
     result: S2TResult
@@ -59,6 +63,7 @@ class S2TBatch:
     loss_mask: torch.Tensor
     completion_ids: torch.Tensor
     mode: str
+    log_collision: torch.Tensor | None = None
 
 
 class STAPOTrainer(GRPOTrainer):
@@ -89,7 +94,11 @@ class STAPOTrainer(GRPOTrainer):
     Metrics (reduced over all processes) under `s2t/`: `silenced_ratio` (silenced / loss tokens),
     `candidate_ratio` (candidates / loss tokens), `entropy_threshold` (τ_h, nats; NaN when there is no candidate,
     dropped by `log()`), `num_silenced`, `num_candidates`. TRL's `entropy` and `clip_ratio/*` are computed by the
-    parent over the kept tokens.
+    parent over the kept tokens. With `s2t_diagnostics` (a class attribute, on by default) also
+    `entropy_p10`/`p50`/`p80`/`p95`, `silenced_prob_mean`, `silenced_entropy_mean`, `grad_norm_share_candidates`
+    and `grad_norm_share_silenced` (see [`~stapo_trl.diagnostics.s2t_diagnostic_metrics`]); for them the policy's
+    fused LM head also returns log Σ_v π_v² (same pass over the vocabulary). Per-token records:
+    [`~stapo_trl.diagnostics.SpuriousTokenLogger`].
 
     Args:
         model, reward_funcs, train_dataset, ...: as [`~trl.GRPOTrainer`].
@@ -98,6 +107,10 @@ class STAPOTrainer(GRPOTrainer):
     Raises:
         TypeError: if `args` is not an [`STAPOConfig`].
     """
+
+    # Log the s2t/ diagnostics (entropy quantiles, silenced means, gradient-norm shares). Set to False on a subclass
+    # (or before construction) to skip them and the collision-probability output of the LM head.
+    s2t_diagnostics: bool = True
 
     _tag_names = ["trl", "grpo", "stapo"]
     _name = "STAPO"
@@ -108,7 +121,7 @@ class STAPOTrainer(GRPOTrainer):
         "citation": textwrap.dedent("""\
             @article{liu2026stapo,
                 title        = {{STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens}},
-                author       = {Liu and others},
+                author       = {Shiqi Liu and Zeyu He and Guojian Zhan and Letian Tao and Zhilong Zheng and Jiang Wu and Yinuo Wang and Yang Guan and Kehua Sheng and Bo Zhang and Keqiang Li and Jingliang Duan and Shengbo Eben Li},
                 year         = 2026,
                 eprint       = {arXiv:2602.15620},
             }"""),
@@ -129,10 +142,25 @@ class STAPOTrainer(GRPOTrainer):
                 f"stapo_trl, so the S2T mask could not be applied to it. Supported: {list(_KNOWN_LOSSES)}."
             )
         _warn_untested_combinations(args)
-        self._s2t_captured: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._s2t_captured: list[tuple[torch.Tensor, ...]] | None = None
         self._s2t_forward_cache: tuple | None = None
         self.s2t_last_batch: S2TBatch | None = None
+        self._s2t_log_collision: torch.Tensor | None = None  # log Σ π² of the last policy forward (diagnostics)
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        self._s2t_collision = None
+        if self.s2t_diagnostics:
+            self._s2t_collision = CollisionProbabilityRecorder(
+                self.model.get_base_model() if is_peft_model(self.model) else self.model,
+                temperature=self.temperature,
+                cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32,
+            )
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """TRL's card (names STAPO, links the paper, its BibTeX) plus the `s2t_*` values and the base model."""
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        from .model_card import add_stapo_section
+
+        add_stapo_section(self)
 
     # ------------------------------------------------------------------------------------------------------------
     # The S2T mask
@@ -142,14 +170,28 @@ class STAPOTrainer(GRPOTrainer):
         if self.accelerator.num_processes == 1:
             return tensor
         sizes = self.accelerator.gather(torch.tensor([tensor.numel()], device=tensor.device))  # (P,)
-        max_size = int(sizes.max())
+        # At least 1: when every rank is empty, `view(-1, 0)` below cannot infer P (all ranks still gather once).
+        max_size = max(int(sizes.max()), 1)
         padded = tensor.new_zeros(max_size)
         padded[: tensor.numel()] = tensor
         gathered = self.accelerator.gather(padded).view(-1, max_size)  # (P, max_size)
         return torch.cat([row[:size] for row, size in zip(gathered, sizes.tolist(), strict=True)])
 
-    def _build_s2t_mask(self, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> S2TResult:
-        """Apply [`s2t_mask`] with the config's τ_p, q and mode over all processes, log `s2t/*`, keep the batch."""
+    def _build_s2t_mask(
+        self,
+        per_token_logps,
+        entropies,
+        advantages,
+        loss_mask,
+        completion_ids,
+        log_collision=None,
+        old_per_token_logps=None,
+    ) -> S2TResult:
+        """Apply [`s2t_mask`] with the config's τ_p, q and mode over all processes, log `s2t/*`, keep the batch.
+
+        `log_collision` ((B, T) log Σ π², optional) and `old_per_token_logps` ((B, T), optional: the ratio of the
+        gradient-norm shares; `None` = on-policy) feed only the diagnostics.
+        """
         mode = "train" if self.model.training else "eval"
         result = s2t_mask(
             per_token_logps,
@@ -168,6 +210,22 @@ class STAPOTrainer(GRPOTrainer):
         metrics["s2t/entropy_threshold"].append(result.entropy_threshold)
         metrics["s2t/num_silenced"].append(float(result.num_silenced))
         metrics["s2t/num_candidates"].append(float(result.num_candidates))
+        if self.s2t_diagnostics:
+            log_ratio = None if old_per_token_logps is None else per_token_logps - old_per_token_logps
+            diagnostics = s2t_diagnostic_metrics(
+                result,
+                per_token_logps,
+                entropies,
+                advantages,
+                loss_mask,
+                log_collision=log_collision,
+                log_ratio=log_ratio,
+                epsilon_low=self.epsilon_low,
+                epsilon_high=self.epsilon_high,
+                reduce=lambda t: self.accelerator.reduce(t, reduction="sum"),
+            )
+            for name, value in diagnostics.items():
+                metrics[name].append(value)
         self.s2t_last_batch = S2TBatch(
             result=result,
             per_token_logps=per_token_logps.detach(),
@@ -176,6 +234,7 @@ class STAPOTrainer(GRPOTrainer):
             loss_mask=loss_mask,
             completion_ids=completion_ids,
             mode=mode,
+            log_collision=log_collision,
         )
         return result
 
@@ -207,12 +266,23 @@ class STAPOTrainer(GRPOTrainer):
         capture = self._s2t_captured is not None and model is self.model and not torch.is_grad_enabled()
         if capture:
             kwargs["compute_entropy"] = True
+        self._start_collision()
         logps, entropies, aux_loss = super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
         )
+        self._stop_collision(logits_to_keep)
         if capture:
-            self._s2t_captured.append((logps, entropies))
+            self._s2t_captured.append((logps, entropies, self._s2t_log_collision))
         return logps, entropies, aux_loss
+
+    def _start_collision(self) -> None:
+        if self._s2t_collision is not None:
+            self._s2t_collision.start()
+
+    def _stop_collision(self, logits_to_keep: int) -> None:
+        """Keep log Σ π² of the forward that just ran (diagnostics only; `None` when not recorded)."""
+        if self._s2t_collision is not None:
+            self._s2t_log_collision = self._s2t_collision.stop(logits_to_keep)
 
     def _policy_logps_and_entropies(self, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """One no-grad forward of the current policy over a scored batch: (B, T) log-probs and entropies (nats)."""
@@ -221,6 +291,7 @@ class STAPOTrainer(GRPOTrainer):
         batch_size = (
             self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
         )
+        self._start_collision()
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
             logps, entropies, _ = super()._get_per_token_logps_and_entropies(
                 self.model,
@@ -231,6 +302,7 @@ class STAPOTrainer(GRPOTrainer):
                 compute_entropy=True,
                 **{key: inputs.get(key) for key in _FORWARD_INPUT_KEYS},
             )
+        self._stop_collision(inputs["completion_ids"].size(1))
         return logps, entropies
 
     def _generate_and_score_completions(self, inputs):
@@ -244,13 +316,14 @@ class STAPOTrainer(GRPOTrainer):
             captured, self._s2t_captured = self._s2t_captured, None
         return self._apply_s2t(output, captured)
 
-    def _apply_s2t(self, batch: dict, captured: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> dict:
+    def _apply_s2t(self, batch: dict, captured: list[tuple[torch.Tensor, ...]] = ()) -> dict:
         """Build the S2T mask of a scored generation batch and return the batch with it in the loss mask.
 
         Args:
             batch (`dict`): the output of `_generate_and_score_completions` (prompt/completion ids and masks,
                 advantages (B,), optional old_per_token_logps (B, T), tool_mask (B, T), multimodal inputs).
-            captured (`list`): (log-probs, entropies) pairs of the no-grad policy forwards run while scoring.
+            captured (`list`): (log-probs, entropies, log Σ π² or None) of the no-grad policy forwards run while
+                scoring.
 
         Returns:
             `dict`: a shallow copy with `tool_mask` including `keep` and `num_items_in_batch` = the global kept-token
@@ -259,14 +332,21 @@ class STAPOTrainer(GRPOTrainer):
         # Reuse TRL's old-log-prob forward when it ran (vLLM IS correction, steps_per_generation > GA, num_iterations
         # > 1); otherwise run exactly one no-grad forward of the current policy.
         old_logps = batch.get("old_per_token_logps")
-        entropies = next((ent for logps, ent in captured if logps is old_logps), None)
-        if entropies is not None:
+        reused = next(((ent, col) for logps, ent, col in captured if logps is old_logps), None)
+        if reused is not None:
             per_token_logps = old_logps
+            entropies, log_collision = reused
         else:
             per_token_logps, entropies = self._policy_logps_and_entropies(batch)
+            log_collision = self._s2t_log_collision
 
         result = self._build_s2t_mask(
-            per_token_logps, entropies, batch["advantages"], self._loss_mask(batch), batch["completion_ids"]
+            per_token_logps,
+            entropies,
+            batch["advantages"],
+            self._loss_mask(batch),
+            batch["completion_ids"],
+            log_collision=log_collision,
         )
         return self._with_keep(batch, result, result.num_kept)
 
@@ -322,7 +402,13 @@ class STAPOTrainer(GRPOTrainer):
         )
         per_token_logps, entropies, _ = forward
         result = self._build_s2t_mask(
-            per_token_logps.detach(), entropies.detach(), inputs["advantages"], self._loss_mask(inputs), completion_ids
+            per_token_logps.detach(),
+            entropies.detach(),
+            inputs["advantages"],
+            self._loss_mask(inputs),
+            completion_ids,
+            log_collision=self._s2t_log_collision,
+            old_per_token_logps=inputs.get("old_per_token_logps"),
         )
         # The parent divides by num_items / num_processes * GA / steps_per_generation in training (by
         # num_items / num_processes in eval); scale the micro-step's kept count so that this equals

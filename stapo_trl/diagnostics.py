@@ -1,0 +1,673 @@
+r"""S2T diagnostics: the paper's analysis of spurious tokens as training metrics and per-token records.
+
+[STAPO](https://huggingface.co/papers/2602.15620) explains its mask with three pictures: which tokens get silenced
+(word clouds: digits, "$", "x" are silenced; "Let", "So", "Wait" are kept exploratory tokens), where they sit in the
+probability-entropy plane (four quadrants split by τ_p and τ_h), and how large their gradient is (the per-token
+gradient norm w.r.t. the logits grows as probability and entropy fall). This module turns them into things a run
+logs, cheap enough to leave on:
+
+- [`s2t_diagnostic_metrics`]: scalars under `s2t/`, reduced over processes (sums and counts all-reduced, one
+  division, NaN when undefined), logged by [`~stapo_trl.STAPOTrainer`] every time it builds a mask:
+  `entropy_p10`/`p50`/`p80`/`p95` (entropy quantiles of all loss tokens, nats), `silenced_prob_mean`,
+  `silenced_entropy_mean`, `grad_norm_share_candidates` and `grad_norm_share_silenced`.
+- [`SpuriousTokenLogger`]: a [`~transformers.TrainerCallback`] writing the silenced tokens of the current batch,
+  with a bounded sample of kept candidates and of other positive-advantage tokens, to `spurious_tokens.jsonl`, and
+  the most frequent silenced strings as a table to wandb / trackio when they are active.
+- The exact gradient-norm maths ([`logit_grad_norm_sq`], [`logit_grad_norm_bounds`]) and the histogram quantile
+  ([`entropy_histogram`], [`histogram_quantile`]) as small pure functions.
+
+The collision probability Σ_v π_v² needed by the exact gradient norm comes from TRL's fused LM head, which computes
+`log_sum_sq_probs` in the same pass over the vocabulary as the log-probs and entropies (an online sum of
+exp(2 (z_v - max z)), no logits materialised); [`CollisionProbabilityRecorder`] asks the head for it and captures it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import TrainerCallback
+
+from .s2t import S2TResult
+
+if TYPE_CHECKING:
+    from .trainer import S2TBatch
+
+
+SPURIOUS_TOKENS_FILENAME = "spurious_tokens.jsonl"
+
+# Entropy quantiles logged as `s2t/entropy_p{100 q}`.
+ENTROPY_QUANTILES = (0.10, 0.50, 0.80, 0.95)
+
+# Log-spaced entropy histogram used for the quantiles: bin 0 is [0, ENTROPY_MIN), bins 1..ENTROPY_BINS split
+# [ENTROPY_MIN, ENTROPY_MAX) into equal ratios r = (ENTROPY_MAX / ENTROPY_MIN) ** (1 / ENTROPY_BINS) (r - 1 = 0.45 %).
+# ENTROPY_MAX = 100 nats exceeds ln V for any vocabulary (ln 152k = 11.9), so no real entropy is clamped.
+ENTROPY_MIN = 1e-6
+ENTROPY_MAX = 100.0
+ENTROPY_BINS = 4096
+_LOG_RATIO = (math.log(ENTROPY_MAX) - math.log(ENTROPY_MIN)) / ENTROPY_BINS  # ln r
+# Guaranteed error of `histogram_quantile` against the exact linear-interpolation quantile: relative √r - 1, plus
+# ENTROPY_MIN / 2 absolute for values below ENTROPY_MIN.
+HISTOGRAM_QUANTILE_REL_ERROR = math.exp(_LOG_RATIO / 2) - 1  # 0.00225
+
+# Order of the scalar sums all-reduced by `s2t_diagnostic_metrics`, before the histogram counts.
+_SUMS = ("silenced_prob", "silenced_entropy", "num_silenced", "grad_sq_all", "grad_sq_candidates", "grad_sq_silenced")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pure maths
+# ----------------------------------------------------------------------------------------------------------------
+def logit_grad_norm_sq(
+    probs_sampled: torch.Tensor, collision_prob: torch.Tensor, weight: torch.Tensor
+) -> torch.Tensor:
+    r"""Exact squared norm of the gradient of one token's policy-gradient term w.r.t. its logits.
+
+    For a softmax policy π = softmax(z) over V tokens, a sampled token a with p = π_a and the per-token loss
+    ℓ = -w log π_a(z), the gradient is ∂ℓ/∂z = w (π - e_a), so
+
+        ||∂ℓ/∂z||² = w² (1 - 2 p + Σ_v π_v²)
+
+    ([STAPO](https://huggingface.co/papers/2602.15620), Sec. 3, the gradient-norm analysis). In GRPO-style losses
+    w = ratio · A inside the clip region and 0 outside (on-policy, ratio = 1); see [`policy_gradient_weight`].
+
+    Args:
+        probs_sampled (`torch.Tensor`): float, any shape, p = π_a, probability of the sampled token in [0, 1].
+        collision_prob (`torch.Tensor`): float, same shape, Σ_v π_v² (the collision probability) in [1/V, 1].
+        weight (`torch.Tensor`): float, broadcastable, w (advantage times ratio; 0 outside the clip region).
+
+    Returns:
+        `torch.Tensor`: float, the broadcast shape, ||∂ℓ/∂z||² (squared logit units), clamped at 0 (rounding).
+    """
+    return weight.square() * (1.0 - 2.0 * probs_sampled + collision_prob).clamp(min=0.0)
+
+
+def logit_grad_norm_bounds(
+    probs_sampled: torch.Tensor, entropy: torch.Tensor, weight: torch.Tensor, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The paper's bounds on ||∂ℓ/∂z||² from the sampled probability and the entropy alone.
+
+        w² (1 - 2 p + exp(-H))  <=  ||∂ℓ/∂z||²  <=  w² (2 - 2 p - C_V H²),    C_V = (V - 1) / (V (ln V)²)
+
+    ([STAPO](https://huggingface.co/papers/2602.15620), Sec. 3). The lower bound is Σ_v π_v² >= exp(-H) (Rényi-2
+    entropy <= Shannon entropy); the upper bound is tight at the uniform distribution (H = ln V, Σ π² = 1/V). Both
+    fall as p rises; the upper one also falls as H rises, so a low-probability token at a confident (low-entropy)
+    position has the largest gradient.
+
+    Args:
+        probs_sampled (`torch.Tensor`): float, any shape, p in [0, 1].
+        entropy (`torch.Tensor`): float, same shape, Shannon entropy H in nats, in [0, ln V].
+        weight (`torch.Tensor`): float, broadcastable, w.
+        vocab_size (`int`): V >= 2.
+
+    Returns:
+        `tuple[torch.Tensor, torch.Tensor]`: (lower, upper), each the broadcast shape, squared logit units.
+    """
+    if vocab_size < 2:
+        raise ValueError(f"vocab_size={vocab_size!r} must be >= 2")
+    c_v = (vocab_size - 1) / (vocab_size * math.log(vocab_size) ** 2)
+    w_sq = weight.square()
+    lower = w_sq * (1.0 - 2.0 * probs_sampled + torch.exp(-entropy))
+    upper = w_sq * (2.0 - 2.0 * probs_sampled - c_v * entropy.square())
+    return lower, upper
+
+
+def policy_gradient_weight(
+    advantages: torch.Tensor,
+    log_ratio: torch.Tensor | None = None,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.28,
+) -> torch.Tensor:
+    r"""The per-token weight w = -∂ℓ/∂ log π_a of the clipped surrogate min(r A, clip(r, 1 - ε_low, 1 + ε_high) A).
+
+    w = r A where the unclipped term is active, 0 where the clip acts (A > 0 and r > 1 + ε_high, or A < 0 and
+    r < 1 - ε_low). On-policy (`log_ratio=None`) r = 1 and w = A. This is the token-level PPO clip of the `dapo`,
+    `grpo`, `bnpo` and `dr_grpo` losses; the per-sequence 1/|o_i| of `grpo`, TRL's `delta` and the `cispo`/`sapo`/
+    `vespo` weights are not modelled.
+
+    Args:
+        advantages (`torch.Tensor`): float, (B,), (B, 1) or (B, T).
+        log_ratio (`torch.Tensor`, *optional*): float, (B, T), log π_θ(a) - log π_old(a) (nats).
+        epsilon_low (`float`, *optional*, defaults to `0.2`): ε_low.
+        epsilon_high (`float`, *optional*, defaults to `0.28`): ε_high.
+
+    Returns:
+        `torch.Tensor`: float, (B, T) when `log_ratio` is given, else the advantages as (B, 1) or (B, T).
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)  # (B,) -> (B, 1)
+    if log_ratio is None:
+        return advantages
+    ratio = torch.exp(log_ratio)  # (B, T)
+    clipped = ((advantages > 0) & (ratio > 1 + epsilon_high)) | ((advantages < 0) & (ratio < 1 - epsilon_low))
+    return torch.where(clipped, torch.zeros_like(ratio), ratio * advantages)
+
+
+def entropy_histogram(entropies: torch.Tensor) -> torch.Tensor:
+    r"""Counts of entropies in the fixed log-spaced bins used by [`histogram_quantile`].
+
+    Bin 0 holds [0, `ENTROPY_MIN`) (and rounding negatives); bin k in 1..`ENTROPY_BINS` holds
+    [ENTROPY_MIN r^(k-1), ENTROPY_MIN r^k). The bins are the same on every process, so histograms add up across
+    processes exactly (one all-reduce of `ENTROPY_BINS + 1` numbers, whatever the token count).
+
+    Args:
+        entropies (`torch.Tensor`): float, shape (n,), entropies in nats.
+
+    Returns:
+        `torch.Tensor`: float64, shape (ENTROPY_BINS + 1,), counts.
+    """
+    values = entropies.detach().double()
+    index = torch.floor((torch.log(values.clamp(min=ENTROPY_MIN)) - math.log(ENTROPY_MIN)) / _LOG_RATIO) + 1  # (n,)
+    index = torch.where(values < ENTROPY_MIN, torch.zeros_like(index), index).clamp(max=ENTROPY_BINS).long()
+    return torch.bincount(index, minlength=ENTROPY_BINS + 1).double()
+
+
+def _bin_value(bin_index: int) -> float:
+    """Representative value of a histogram bin: ENTROPY_MIN / 2 for bin 0, the geometric centre otherwise."""
+    if bin_index == 0:
+        return ENTROPY_MIN / 2
+    return math.exp(math.log(ENTROPY_MIN) + (bin_index - 0.5) * _LOG_RATIO)
+
+
+def histogram_quantile(counts: torch.Tensor, q: float) -> float:
+    r"""The q-quantile (linear interpolation, numpy's default) of the values behind an [`entropy_histogram`].
+
+    With n values and h = (n - 1) q, the exact quantile is x_(lo) + (h - lo)(x_(hi) - x_(lo)) with lo = floor(h),
+    hi = ceil(h) over the sorted values. Here each order statistic is replaced by the representative value of its
+    bin (geometric centre), so for every value within [ENTROPY_MIN, ENTROPY_MAX):
+
+        |estimate - exact| <= (√r - 1) · exact + ENTROPY_MIN / 2,    √r - 1 = HISTOGRAM_QUANTILE_REL_ERROR = 0.23 %
+
+    (each representative is within a factor √r of its order statistic, and the interpolation is a convex
+    combination). Selection by counts, so there is no element limit (unlike `torch.quantile`, pytorch#64947).
+
+    Args:
+        counts (`torch.Tensor`): float, shape (ENTROPY_BINS + 1,), counts (summed over processes).
+        q (`float`): quantile in [0, 1].
+
+    Returns:
+        `float`: the estimate in nats, NaN when the histogram is empty.
+    """
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q={q!r} must be in [0, 1]")
+    cumulative = torch.cumsum(counts.double(), dim=0)  # (ENTROPY_BINS + 1,)
+    n = round(cumulative[-1].item())
+    if n == 0:
+        return float("nan")
+    h = (n - 1) * q
+    lo, hi = math.floor(h), math.ceil(h)
+    # The k-th smallest value (0-based) lies in the first bin whose cumulative count exceeds k.
+    ranks = torch.tensor([lo, hi], dtype=torch.float64)
+    bins = torch.searchsorted(cumulative, ranks, right=True).tolist()
+    x_lo, x_hi = _bin_value(bins[0]), _bin_value(bins[1])
+    return x_lo + (h - lo) * (x_hi - x_lo)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Metrics
+# ----------------------------------------------------------------------------------------------------------------
+def s2t_diagnostic_metrics(
+    result: S2TResult,
+    per_token_logps: torch.Tensor,
+    entropies: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    log_collision: torch.Tensor | None = None,
+    log_ratio: torch.Tensor | None = None,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.28,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> dict[str, float]:
+    r"""The `s2t/` diagnostic scalars of one S2T mask, reduced over all processes.
+
+    Every number is a global sum divided once by a global count (one all-reduce of ENTROPY_BINS + 7 float64 values,
+    also when this process has no token); undefined values are NaN, which TRL's `log()` drops.
+
+    - `s2t/entropy_p10`, `p50`, `p80`, `p95` (nats): quantiles (linear interpolation) of the entropies of all loss
+      tokens, from a log-spaced histogram summed over processes: within 0.23 % (relative) + 5e-7 nats of the exact
+      quantile of the gathered entropies (see [`histogram_quantile`]).
+    - `s2t/silenced_prob_mean` (probability) and `s2t/silenced_entropy_mean` (nats): means over silenced tokens.
+    - `s2t/grad_norm_share_candidates`, `s2t/grad_norm_share_silenced` (fractions in [0, 1]): the share of the
+      squared norm of ∂L/∂logits over all loss tokens that candidates (silenced tokens) carry in the loss *without*
+      the mask, Σ_{t∈C} ||g_t||² / Σ_{t∈loss} ||g_t||² with ||g_t||² = w² (1 - 2p + Σ_v π_v²)
+      ([`logit_grad_norm_sq`]; squared norms add up over tokens because each token has its own logits, and the
+      loss's 1/N cancels).
+      NaN without `log_collision` or when every loss token has w = 0 (e.g. all groups all-correct).
+
+    Args:
+        result ([`S2TResult`]): the mask built from the tensors below.
+        per_token_logps (`torch.Tensor`): float, (B, T), log-probs (nats) of the sampled tokens.
+        entropies (`torch.Tensor`): float, (B, T), entropies (nats).
+        advantages (`torch.Tensor`): float, (B,), (B, 1) or (B, T).
+        loss_mask (`torch.Tensor`): bool/int/float, (B, T), 1 for loss tokens.
+        log_collision (`torch.Tensor`, *optional*): float, (B, T), log Σ_v π_v² at each position (TRL's fused-head
+            `log_sum_sq_probs`). `None`: the gradient-norm shares are NaN.
+        log_ratio (`torch.Tensor`, *optional*): float, (B, T), log π_θ - log π_old; `None` = on-policy (ratio 1).
+        epsilon_low (`float`, *optional*, defaults to `0.2`), epsilon_high (`float`, *optional*, defaults to `0.28`):
+            the clip range of [`policy_gradient_weight`].
+        reduce (`Callable[[torch.Tensor], torch.Tensor]`, *optional*): sums a 1-D float64 tensor over processes
+            (a collective: every process must call this function the same number of times). `None`: one process.
+
+    Returns:
+        `dict[str, float]`: the eight metrics above.
+    """
+    reduce = reduce if reduce is not None else (lambda t: t)
+    with torch.no_grad():
+        in_loss = loss_mask.bool()  # (B, T)
+        silenced = result.silenced & in_loss  # (B, T)
+        probs = per_token_logps.detach().double().exp()  # (B, T)
+        ent = entropies.detach().double()  # (B, T)
+        sums = dict.fromkeys(_SUMS, 0.0)
+        sums["silenced_prob"] = probs[silenced].sum()
+        sums["silenced_entropy"] = ent[silenced].sum()
+        sums["num_silenced"] = silenced.sum().double()
+        if log_collision is not None:
+            weight = policy_gradient_weight(advantages.detach().double(), log_ratio, epsilon_low, epsilon_high)
+            grad_sq = logit_grad_norm_sq(probs, log_collision.detach().double().exp(), weight)  # (B, T)
+            grad_sq = grad_sq.expand_as(probs)
+            sums["grad_sq_all"] = grad_sq[in_loss].sum()
+            sums["grad_sq_candidates"] = grad_sq[result.candidate & in_loss].sum()
+            sums["grad_sq_silenced"] = grad_sq[silenced].sum()
+        device = per_token_logps.device
+        local = torch.cat(
+            [
+                torch.stack([torch.as_tensor(sums[key], dtype=torch.float64, device=device) for key in _SUMS]),
+                entropy_histogram(ent[in_loss]).to(device),
+            ]
+        )  # (6 + ENTROPY_BINS + 1,)
+        total = reduce(local).cpu()
+    sums = dict(zip(_SUMS, total[: len(_SUMS)].tolist(), strict=True))
+    histogram = total[len(_SUMS) :]
+
+    def ratio(numerator: float, denominator: float) -> float:
+        return numerator / denominator if denominator > 0 else float("nan")
+
+    metrics = {f"s2t/entropy_p{round(100 * q)}": histogram_quantile(histogram, q) for q in ENTROPY_QUANTILES}
+    metrics["s2t/silenced_prob_mean"] = ratio(sums["silenced_prob"], sums["num_silenced"])
+    metrics["s2t/silenced_entropy_mean"] = ratio(sums["silenced_entropy"], sums["num_silenced"])
+    has_collision = log_collision is not None
+    metrics["s2t/grad_norm_share_candidates"] = (
+        ratio(sums["grad_sq_candidates"], sums["grad_sq_all"]) if has_collision else float("nan")
+    )
+    metrics["s2t/grad_norm_share_silenced"] = (
+        ratio(sums["grad_sq_silenced"], sums["grad_sq_all"]) if has_collision else float("nan")
+    )
+    return metrics
+
+
+class CollisionProbabilityRecorder:
+    r"""Makes the policy's fused LM head also compute log Σ_v π_v² and captures it per forward.
+
+    TRL 1.16's `GRPOTrainer` patches the policy with [`~trl.trainer.utils.add_fused_lm_head`] for `("log_probs",
+    "entropy")`, and the kernel can also return `log_sum_sq_probs` (log of the collision probability, no gradient) in
+    the same tiled pass over the vocabulary. This class re-patches the head with that field added (same temperature
+    and fp32 cast as TRL's) and registers a forward hook that stores the field of every fused forward while
+    recording. Between [`start`] and [`stop`] the hook keeps each chunk; [`stop`] concatenates them in call order, so
+    it matches the parent's `_get_per_token_logps_and_entropies`, which runs the model once per chunk of rows.
+
+    Args:
+        model (`torch.nn.Module`): the model TRL patched (the base model under PEFT).
+        temperature (`float`): the trainer's sampling temperature (the head divides the logits by it).
+        cast_lm_head_to_fp32 (`bool`, *optional*, defaults to `False`): as the trainer's config.
+    """
+
+    def __init__(self, model: torch.nn.Module, temperature: float, cast_lm_head_to_fp32: bool = False):
+        from trl.trainer.utils import add_fused_lm_head
+
+        add_fused_lm_head(
+            model,
+            temperature=temperature,
+            cast_lm_head_to_fp32=cast_lm_head_to_fp32,
+            outputs=("log_probs", "entropy", "log_sum_sq_probs"),
+        )
+        self._chunks: list[torch.Tensor] | None = None
+        self._handle = model.register_forward_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs, output):
+        if self._chunks is not None and kwargs.get("fused_lm_head"):
+            self._chunks.append(output.log_sum_sq_probs)
+
+    def start(self) -> None:
+        """Start recording (drops anything recorded before)."""
+        self._chunks = []
+
+    def stop(self, logits_to_keep: int) -> torch.Tensor | None:
+        """Stop recording; return the (B, logits_to_keep) log Σ_v π_v² of the recorded forwards, or `None`."""
+        chunks, self._chunks = self._chunks, None
+        if not chunks:
+            return None
+        return torch.cat([chunk[:, -logits_to_keep:] for chunk in chunks], dim=0)
+
+    def remove(self) -> None:
+        """Remove the hook (the head keeps computing the field)."""
+        self._handle.remove()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Per-token records
+# ----------------------------------------------------------------------------------------------------------------
+def _sample(indices: list[tuple[int, int]], k: int, rng: random.Random) -> list[tuple[int, int]]:
+    """At most k of `indices`, uniformly without replacement, returned in (row, position) order."""
+    if len(indices) <= k:
+        return indices
+    return sorted(rng.sample(indices, k))
+
+
+def _decode(tokenizer, token_ids: Sequence[int]) -> str:
+    return tokenizer.decode(list(token_ids), skip_special_tokens=False) if token_ids else ""
+
+
+def spurious_token_records(
+    batch: S2TBatch,
+    tokenizer,
+    *,
+    step: int,
+    prob_threshold: float | None = None,
+    max_silenced: int = 256,
+    max_kept_candidates: int = 64,
+    max_reference: int = 64,
+    context_tokens: int = 8,
+    seed: int = 0,
+    process_index: int = 0,
+) -> list[dict[str, Any]]:
+    r"""Per-token records of one S2T batch: its silenced tokens, a sample of kept candidates and of other tokens.
+
+    Three kinds of loss tokens with a positive advantage, in this order, each in (completion, position) order:
+    `"silenced"` (every silenced token, up to `max_silenced`), `"kept_candidate"` (candidates the mask kept, a
+    uniform sample of at most `max_kept_candidates`) and `"reference"` (positive-advantage tokens with p >= τ_p, a
+    uniform sample of at most `max_reference`: the other half of the paper's probability-entropy plane). Samples
+    use `random.Random(f"{seed}-{step}-{process_index}")`, so a rerun writes the same records.
+
+    Each record:
+
+        {"step": 12, "kind": "silenced", "silenced": true, "candidate": true, "token": "9", "token_id": 40,
+         "prob": 0.0011, "logprob": -6.81, "entropy": 0.052, "advantage": 1.2, "position": 17,
+         "context": "carry 1; 4+3+1=⟦9⟧; \\boxed{", "logit_grad_norm": 1.19, "entropy_threshold": 0.31,
+         "prob_threshold": 0.002, "completion_index": 3, "process_index": 0}
+
+    `token` is the decoded token (special tokens kept, so an `<|im_end|>` shows), `position` its 0-based index in
+    the completion, `context` up to `context_tokens` completion tokens on each side with the token in ⟦ ⟧,
+    `entropy` in nats, `logit_grad_norm` the on-policy ||∂ℓ/∂z|| = |A| sqrt(1 - 2p + Σ_v π_v²) (`None` without the
+    collision probability), `entropy_threshold` the batch's τ_h (`None` when it had no candidate).
+
+    Args:
+        batch ([`~stapo_trl.trainer.S2TBatch`]): the trainer's `s2t_last_batch`.
+        tokenizer: anything with `decode(list[int], skip_special_tokens=...)`.
+        step (`int`): the optimizer step to write.
+        prob_threshold (`float`, *optional*): τ_p, written as is.
+        max_silenced, max_kept_candidates, max_reference (`int`): caps per kind.
+        context_tokens (`int`, *optional*, defaults to `8`): tokens of context on each side.
+        seed (`int`, *optional*, defaults to `0`), process_index (`int`, *optional*, defaults to `0`).
+
+    Returns:
+        `list[dict]`: JSON-serialisable records.
+    """
+    result = batch.result
+    in_loss = batch.loss_mask.bool()  # (B, T)
+    advantages = batch.advantages
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)  # (B,) -> (B, 1)
+    advantages = advantages.expand_as(batch.per_token_logps)  # (B, T)
+    positive = in_loss & (advantages > 0)  # (B, T)
+    kinds = {
+        "silenced": result.silenced & in_loss,
+        "kept_candidate": result.candidate & ~result.silenced & in_loss,
+        "reference": positive & ~result.candidate,
+    }
+    caps = {"silenced": max_silenced, "kept_candidate": max_kept_candidates, "reference": max_reference}
+    rng = random.Random(f"{seed}-{step}-{process_index}")
+    selected = {
+        kind: _sample([tuple(ix) for ix in mask.nonzero().tolist()], caps[kind], rng) for kind, mask in kinds.items()
+    }
+    if not any(selected.values()):
+        return []
+
+    logps = batch.per_token_logps.detach().float().cpu()
+    entropies = batch.entropies.detach().float().cpu()
+    advantages = advantages.detach().float().cpu()
+    collision = batch.log_collision.detach().double().exp().cpu() if batch.log_collision is not None else None
+    completion_ids = batch.completion_ids.cpu()
+    # A completion ends after its last loss token: context never runs into padding.
+    lengths = (in_loss.long().cpu() * torch.arange(1, in_loss.size(1) + 1)).amax(dim=1).tolist()  # (B,)
+    threshold = None if math.isnan(result.entropy_threshold) else float(result.entropy_threshold)
+    records = []
+    for kind, indices in selected.items():
+        for row, pos in indices:
+            ids = completion_ids[row].tolist()
+            token_id = ids[pos]
+            token = _decode(tokenizer, [token_id])
+            before = _decode(tokenizer, ids[max(0, pos - context_tokens) : pos])
+            after = _decode(tokenizer, ids[pos + 1 : min(lengths[row], pos + 1 + context_tokens)])
+            prob = math.exp(logps[row, pos].item())
+            grad_norm = None
+            if collision is not None:
+                grad_norm = abs(advantages[row, pos].item()) * math.sqrt(
+                    max(0.0, 1.0 - 2.0 * prob + collision[row, pos].item())
+                )
+            records.append(
+                {
+                    "step": int(step),
+                    "kind": kind,
+                    "silenced": kind == "silenced",
+                    "candidate": kind != "reference",
+                    "token": token,
+                    "token_id": int(token_id),
+                    "prob": prob,
+                    "logprob": logps[row, pos].item(),
+                    "entropy": entropies[row, pos].item(),
+                    "advantage": advantages[row, pos].item(),
+                    "position": int(pos),
+                    "context": f"{before}⟦{token}⟧{after}",
+                    "logit_grad_norm": grad_norm,
+                    "entropy_threshold": threshold,
+                    "prob_threshold": prob_threshold,
+                    "completion_index": int(row),
+                    "process_index": int(process_index),
+                }
+            )
+    return records
+
+
+def read_token_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Records of a `spurious_tokens.jsonl` file (or `<dir>/spurious_tokens.jsonl`); a truncated line is skipped."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        path = os.path.join(path, SPURIOUS_TOKENS_FILENAME)
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a killed run
+                continue
+    return records
+
+
+def token_label(record: dict[str, Any]) -> str:
+    """A record's token as a counting and display key: its decoded text, or `�#<token_id>` when the token is a byte
+    fragment that decodes to the replacement character (byte-level BPE), so that different fragments stay apart."""
+    token = record["token"]
+    return f"{token}#{record['token_id']}" if "\ufffd" in token else token
+
+
+def top_token_counts(records: Sequence[dict[str, Any]], kind: str = "silenced", k: int = 20) -> list[tuple[str, int]]:
+    """The k most frequent [`token_label`]s of one record kind, as (label, count), most frequent first."""
+    return Counter(token_label(r) for r in records if r["kind"] == kind).most_common(k)
+
+
+class SpuriousTokenLogger(TrainerCallback):
+    r"""Write the silenced tokens of the current S2T batch to `spurious_tokens.jsonl` at every logging step.
+
+    At each step where the trainer logs (`control.should_log`, set by transformers' flow callback on every
+    process), the records of `trainer.s2t_last_batch` ([`spurious_token_records`]: every silenced token, a sample
+    of kept candidates and of other positive-advantage tokens) are gathered from all processes with
+    `accelerate.utils.gather_object` (every process calls it at the same steps, also with no record, so nothing
+    hangs) and appended by the main process, flushed per write. A batch already written (the generation-batch scope
+    keeps one mask for `steps_per_generation` steps) and evaluation batches are skipped, on every process alike.
+    Caps are per logging step over all processes.
+
+    When wandb (or trackio) is in `report_to` and active, the `top_k` most frequent silenced strings so far, with
+    their kept-candidate counts (of the sample), are logged as a table `s2t/top_silenced_tokens`; otherwise the
+    file is the record.
+
+    ```python
+    trainer = STAPOTrainer(model, reward_funcs, args=config, train_dataset=dataset)
+    trainer.add_callback(SpuriousTokenLogger(trainer))
+    ```
+
+    Args:
+        trainer ([`~stapo_trl.STAPOTrainer`]): the trainer whose `s2t_last_batch` is read.
+        path (`str`, *optional*): file to write; `None` = `<output_dir>/spurious_tokens.jsonl`.
+        max_silenced (`int`, *optional*, defaults to `256`): silenced tokens written per logging step (a uniform
+            sample when there are more; at the paper's ~1e-4 rate a batch has a handful).
+        max_kept_candidates (`int`, *optional*, defaults to `64`): kept candidates sampled per logging step.
+        max_reference (`int`, *optional*, defaults to `64`): other positive-advantage tokens sampled per logging step.
+        context_tokens (`int`, *optional*, defaults to `8`): tokens of context on each side.
+        top_k (`int`, *optional*, defaults to `20`): rows of the tracker table.
+    """
+
+    def __init__(
+        self,
+        trainer,
+        path: str | None = None,
+        *,
+        max_silenced: int = 256,
+        max_kept_candidates: int = 64,
+        max_reference: int = 64,
+        context_tokens: int = 8,
+        top_k: int = 20,
+    ):
+        self.trainer = trainer
+        self.path = path
+        self.max_silenced = max_silenced
+        self.max_kept_candidates = max_kept_candidates
+        self.max_reference = max_reference
+        self.context_tokens = context_tokens
+        self.top_k = top_k
+        self.silenced_counts: Counter[str] = Counter()
+        self.kept_candidate_counts: Counter[str] = Counter()
+        self._file = None
+        self._last_batch = None
+
+    # -- file ----------------------------------------------------------------------------------------------------
+    def _resolved_path(self, args) -> str:
+        return self.path or os.path.join(args.output_dir, SPURIOUS_TOKENS_FILENAME)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last_batch = None
+        if not state.is_world_process_zero:
+            return
+        self.close()
+        path = self._resolved_path(args)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        kept = []
+        if os.path.exists(path) and state.global_step > 0:  # resuming: keep the records up to the checkpoint
+            kept = [r for r in read_token_records(path) if r.get("step", math.inf) <= state.global_step]
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
+        for record in kept:
+            self._count(record)
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (held open across steps, closed at the end)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.close()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _count(self, record: dict[str, Any]) -> None:
+        if record["kind"] == "silenced":
+            self.silenced_counts[token_label(record)] += 1
+        elif record["kind"] == "kept_candidate":
+            self.kept_candidate_counts[token_label(record)] += 1
+
+    # -- logging steps -------------------------------------------------------------------------------------------
+    def on_step_end(self, args, state, control, **kwargs):
+        if not control.should_log:
+            return
+        batch = self.trainer.s2t_last_batch
+        # The same decision on every process: each builds its mask at the same steps.
+        if batch is None or batch is self._last_batch or batch.mode != "train":
+            return
+        self._last_batch = batch
+        self.log_batch(batch, step=state.global_step, args=args)
+
+    def log_batch(self, batch: S2TBatch, step: int, args) -> list[dict[str, Any]]:
+        """Gather one batch's records from every process and append them (main process). A collective."""
+        from accelerate.utils import gather_object
+
+        accelerator = self.trainer.accelerator
+        records = spurious_token_records(
+            batch,
+            self.trainer.processing_class,
+            step=step,
+            prob_threshold=self.trainer.args.s2t_prob_threshold,
+            max_silenced=self.max_silenced,
+            max_kept_candidates=self.max_kept_candidates,
+            max_reference=self.max_reference,
+            context_tokens=self.context_tokens,
+            seed=args.seed,
+            process_index=accelerator.process_index,
+        )
+        if accelerator.num_processes > 1:
+            records = gather_object(records)  # every process, every logging step: never skipped
+        if not accelerator.is_main_process:
+            return []
+        records = self._cap(records, step, args.seed)
+        if self._file is None:  # `log_batch` called outside `train()`
+            self._file = open(self._resolved_path(args), "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        for record in records:
+            self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._count(record)
+        self._file.flush()
+        self._log_table(args)
+        return records
+
+    def _cap(self, records: list[dict[str, Any]], step: int, seed: int) -> list[dict[str, Any]]:
+        """Apply the per-step caps to the records of all processes (uniform sample per kind, order kept)."""
+        caps = {"silenced": self.max_silenced, "kept_candidate": self.max_kept_candidates}
+        caps["reference"] = self.max_reference
+        rng = random.Random(f"{seed}-{step}-all")
+        capped = []
+        for kind, cap in caps.items():
+            of_kind = [i for i, r in enumerate(records) if r["kind"] == kind]
+            capped += of_kind if len(of_kind) <= cap else rng.sample(of_kind, cap)
+        return [records[i] for i in sorted(capped)]
+
+    def _log_table(self, args) -> None:
+        report_to = args.report_to or []
+        backends = []
+        if "wandb" in report_to:
+            import wandb
+
+            if wandb.run is not None:
+                backends.append(wandb)
+        if "trackio" in report_to:
+            import trackio
+
+            backends.append(trackio)
+        if not backends or not self.silenced_counts:
+            return
+        import pandas as pd
+
+        top = self.silenced_counts.most_common(self.top_k)
+        table = pd.DataFrame(
+            {
+                "token": [token for token, _ in top],
+                "silenced": [count for _, count in top],
+                "kept_candidate_sampled": [self.kept_candidate_counts.get(token, 0) for token, _ in top],
+            }
+        )
+        for backend in backends:
+            backend.log({"s2t/top_silenced_tokens": backend.Table(dataframe=table)})
