@@ -1063,7 +1063,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seeds", help="learning: seeds (default 0,1,2; quick 0)")
     parser.add_argument("--learn-steps", type=int, help="learning: steps at the demo lr (default 300; quick 8)")
     parser.add_argument("--high-lr-steps", type=int, help="learning: steps at the high lr (default 60; quick 8)")
-    parser.add_argument("--demo-lr", type=float, default=3e-4, help="learning: the demo learning rate")
+    parser.add_argument("--demo-lr", type=float, default=1e-4, help="learning: the demo learning rate (recipes/demo/stapo.yaml)")
     parser.add_argument(
         "--high-lr", type=float, default=6e-4, help="learning: a destabilising learning rate (lowest documented)"
     )
