@@ -57,6 +57,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+
 # Before torch is imported: one OpenMP thread (a tiny model gains nothing from threads, and on shared cores two
 # threads waiting on each other thrash), no Hub access, quiet tokenizers.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -64,6 +65,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402 (after the environment variables above)
+
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "benchmarks" / "results"
@@ -1063,7 +1065,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seeds", help="learning: seeds (default 0,1,2; quick 0)")
     parser.add_argument("--learn-steps", type=int, help="learning: steps at the demo lr (default 300; quick 8)")
     parser.add_argument("--high-lr-steps", type=int, help="learning: steps at the high lr (default 60; quick 8)")
-    parser.add_argument("--demo-lr", type=float, default=1e-4, help="learning: the demo learning rate (recipes/demo/stapo.yaml)")
+    parser.add_argument(
+        "--demo-lr", type=float, default=1e-4, help="learning: the demo learning rate (recipes/demo/stapo.yaml)"
+    )
     parser.add_argument(
         "--high-lr", type=float, default=6e-4, help="learning: a destabilising learning rate (lowest documented)"
     )

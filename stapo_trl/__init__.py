@@ -6,6 +6,7 @@ The pure S2T maths (`s2t_mask`, `S2TResult`) imports only torch; the trainer and
 
 from .s2t import S2TResult, s2t_mask
 
+
 __version__ = "0.1.0"
 __all__ = ["STAPOConfig", "STAPOTrainer", "S2TResult", "s2t_mask"]
 

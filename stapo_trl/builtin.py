@@ -275,9 +275,7 @@ def _preserved_process_state():
 
 def _build_in_subprocess(name: str, output_dir: Path) -> None:
     env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in _LAUNCHER_ENV_VARS and not k.startswith(_LAUNCHER_ENV_PREFIXES)
+        k: v for k, v in os.environ.items() if k not in _LAUNCHER_ENV_VARS and not k.startswith(_LAUNCHER_ENV_PREFIXES)
     }
     env["HF_HUB_OFFLINE"] = "1"
     env["CUDA_VISIBLE_DEVICES"] = ""  # the recipe is CPU-only; keep the child off the caller's GPUs

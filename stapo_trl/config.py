@@ -10,6 +10,7 @@ from trl import GRPOConfig
 
 from .s2t import S2T_MODES
 
+
 S2T_SCOPES = ("generation_batch", "micro_batch")
 
 
@@ -61,7 +62,9 @@ class STAPOConfig(GRPOConfig):
         },
     )
     epsilon: float = field(default=0.2, metadata={"help": "Lower clipping epsilon. Paper: 0.2."})
-    epsilon_high: float | None = field(default=0.28, metadata={"help": "Upper clipping epsilon (clip-higher). Paper: 0.28."})
+    epsilon_high: float | None = field(
+        default=0.28, metadata={"help": "Upper clipping epsilon (clip-higher). Paper: 0.28."}
+    )
     beta: float = field(default=0.0, metadata={"help": "KL coefficient. Paper: 0.0 (no KL, no reference model)."})
 
     # > Parameters that control the S2T mask

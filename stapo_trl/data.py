@@ -25,6 +25,7 @@ from typing import Any
 
 import datasets
 
+
 logger = logging.getLogger(__name__)
 
 
@@ -85,7 +86,11 @@ def filter_long_prompts(
 
     def short_enough(batch: dict[str, list]) -> list[bool]:
         ids = tokenizer.apply_chat_template(
-            batch["prompt"], tokenize=True, add_generation_prompt=True, return_dict=False, **(chat_template_kwargs or {})
+            batch["prompt"],
+            tokenize=True,
+            add_generation_prompt=True,
+            return_dict=False,
+            **(chat_template_kwargs or {}),
         )
         return [len(row) <= max_prompt_tokens for row in ids]
 

@@ -37,6 +37,7 @@ from .diagnostics import (
 )
 from .plots import load_run
 
+
 Rows = Sequence[dict[str, Any]]
 
 _KIND_STYLE = {  # kind -> (colour, label, marker size, z-order)
@@ -194,8 +195,14 @@ def plot_prob_entropy_scatter(records: Mapping[str, Sequence[dict[str, Any]]], o
             points = [r for r in recs if r["kind"] == kind and r["prob"] > 0]
             if points:
                 ax.scatter(
-                    [r["prob"] for r in points], [r["entropy"] for r in points], s=size, color=color, alpha=0.7,
-                    zorder=z, label=f"{name}: {len(points)}", edgecolors="none",
+                    [r["prob"] for r in points],
+                    [r["entropy"] for r in points],
+                    s=size,
+                    color=color,
+                    alpha=0.7,
+                    zorder=z,
+                    label=f"{name}: {len(points)}",
+                    edgecolors="none",
                 )
         prob_thresholds = [r["prob_threshold"] for r in recs if r.get("prob_threshold")]
         entropy_thresholds = sorted(r["entropy_threshold"] for r in recs if r.get("entropy_threshold") is not None)

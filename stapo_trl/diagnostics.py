@@ -36,6 +36,7 @@ from transformers import TrainerCallback
 
 from .s2t import S2TResult
 
+
 if TYPE_CHECKING:
     from .trainer import S2TBatch
 

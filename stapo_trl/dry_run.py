@@ -248,7 +248,8 @@ def validate_recipe(
     lines.append(("model", f"{model_name} (dtype {model_args.dtype}, PEFT {peft})"))
 
     # ------------------------------------------------------------------ data
-    from .data import BUILTIN_DATASETS, BUILTIN_PREFIX as DATA_PREFIX
+    from .data import BUILTIN_DATASETS
+    from .data import BUILTIN_PREFIX as DATA_PREFIX
 
     dataset = script_args.dataset_name
     # Fields that plain TRL ScriptArguments lack (other scripts' argument classes): absent means "not set".

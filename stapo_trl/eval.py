@@ -52,6 +52,7 @@ from typing import Any
 from .benchmarks import BENCHMARKS, PAPER_BENCHMARKS, BenchmarkProblem, get_benchmark_spec, load_benchmark
 from .grading import grade
 
+
 # `stapo_trl.data` (datasets) and transformers are imported where used, so `stapo-eval --help` stays fast.
 _DEFAULT_INSTRUCTION = "default"  # sentinel: stapo_trl.data.INSTRUCTION
 

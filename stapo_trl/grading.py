@@ -51,6 +51,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+
 logger = logging.getLogger(__name__)
 
 # math-verify timeouts on the main thread (signal.alarm takes whole seconds).

@@ -21,6 +21,7 @@ from typing import Any
 
 from .grading import _find_boxes, grade
 
+
 logger = logging.getLogger(__name__)
 
 _warned_golds: set[str] = set()

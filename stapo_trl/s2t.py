@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+
 S2T_MODES = ("low_entropy", "high_entropy", "all_low_prob", "off")
 
 
@@ -139,7 +140,11 @@ def s2t_mask(
         raise ValueError(f"prob_threshold={prob_threshold!r} must be in (0, 1]")
     if not 0.0 <= entropy_quantile <= 1.0:
         raise ValueError(f"entropy_quantile={entropy_quantile!r} must be in [0, 1]")
-    if per_token_logps.dim() != 2 or entropies.shape != per_token_logps.shape or loss_mask.shape != per_token_logps.shape:
+    if (
+        per_token_logps.dim() != 2
+        or entropies.shape != per_token_logps.shape
+        or loss_mask.shape != per_token_logps.shape
+    ):
         raise ValueError(
             "per_token_logps, entropies and loss_mask must all have shape (B, T); got "
             f"{tuple(per_token_logps.shape)}, {tuple(entropies.shape)}, {tuple(loss_mask.shape)}"
@@ -160,9 +165,7 @@ def s2t_mask(
         num_candidates = all_candidate_entropies.numel()
         # Only the threshold the mode uses ("high_entropy": the (1 - q)-quantile; the others report the q-quantile).
         quantile = 1.0 - entropy_quantile if mode == "high_entropy" else entropy_quantile
-        entropy_threshold = (
-            linear_quantile(all_candidate_entropies, quantile) if num_candidates > 0 else float("nan")
-        )
+        entropy_threshold = linear_quantile(all_candidate_entropies, quantile) if num_candidates > 0 else float("nan")
 
         if mode == "low_entropy":
             silenced = candidate & (entropies < entropy_threshold)  # NaN compares False: none silenced

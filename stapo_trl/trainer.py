@@ -20,6 +20,7 @@ from .config import STAPOConfig
 from .diagnostics import CollisionProbabilityRecorder, s2t_diagnostic_metrics
 from .s2t import S2TResult, s2t_mask
 
+
 # Loss types whose normaliser is `num_items_in_batch` (TRL's global token count of the generation batch).
 _GLOBAL_TOKEN_MEAN_LOSSES = ("dapo", "cispo", "vespo")
 # Loss types without a token-count denominator: the mask removes tokens from the numerator only.

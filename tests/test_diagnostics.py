@@ -140,8 +140,14 @@ def hand_batch():
     logps = torch.log(probs)
     result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=0.01, entropy_quantile=0.5)
     return S2TBatch(
-        result=result, per_token_logps=logps, entropies=entropies, advantages=advantages, loss_mask=loss_mask,
-        completion_ids=completion_ids, mode="train", log_collision=torch.log(collision),
+        result=result,
+        per_token_logps=logps,
+        entropies=entropies,
+        advantages=advantages,
+        loss_mask=loss_mask,
+        completion_ids=completion_ids,
+        mode="train",
+        log_collision=torch.log(collision),
     )
 
 
@@ -150,7 +156,11 @@ def test_hand_batch_metrics():
     assert batch.result.entropy_threshold == pytest.approx(0.5)
     assert batch.result.silenced.nonzero().tolist() == [[0, 1]]
     metrics = s2t_diagnostic_metrics(
-        batch.result, batch.per_token_logps, batch.entropies, batch.advantages, batch.loss_mask,
+        batch.result,
+        batch.per_token_logps,
+        batch.entropies,
+        batch.advantages,
+        batch.loss_mask,
         log_collision=batch.log_collision,
     )
     # Loss-token entropies sorted: [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.9] (n = 8, h = 7 q):
@@ -172,8 +182,12 @@ def test_metrics_are_nan_when_undefined():
     metrics = s2t_diagnostic_metrics(
         result, batch.per_token_logps, batch.entropies, advantages, batch.loss_mask, log_collision=batch.log_collision
     )
-    for key in ("silenced_prob_mean", "silenced_entropy_mean", "grad_norm_share_candidates",
-                "grad_norm_share_silenced"):
+    for key in (
+        "silenced_prob_mean",
+        "silenced_entropy_mean",
+        "grad_norm_share_candidates",
+        "grad_norm_share_silenced",
+    ):
         assert math.isnan(metrics[f"s2t/{key}"]), key
     assert metrics["s2t/entropy_p50"] == pytest.approx(0.35, rel=HISTOGRAM_QUANTILE_REL_ERROR)
     no_collision = s2t_diagnostic_metrics(
@@ -187,15 +201,24 @@ def test_metrics_reduced_over_two_processes_equal_the_single_process_metrics():
     """Split the hand batch by rows between two emulated processes: one all-reduce of sums and counts each."""
     batch = hand_batch()
     full = s2t_diagnostic_metrics(
-        batch.result, batch.per_token_logps, batch.entropies, batch.advantages, batch.loss_mask,
+        batch.result,
+        batch.per_token_logps,
+        batch.entropies,
+        batch.advantages,
+        batch.loss_mask,
         log_collision=batch.log_collision,
     )
 
     def part(rows):
         r = batch.result
         result = S2TResult(r.keep[rows], r.candidate[rows], r.silenced[rows], r.entropy_threshold, 0, 0, 0)
-        return (result, batch.per_token_logps[rows], batch.entropies[rows], batch.advantages[rows],
-                batch.loss_mask[rows])
+        return (
+            result,
+            batch.per_token_logps[rows],
+            batch.entropies[rows],
+            batch.advantages[rows],
+            batch.loss_mask[rows],
+        )
 
     other = {}
 
@@ -212,8 +235,14 @@ def test_metrics_reduced_over_two_processes_equal_the_single_process_metrics():
 
 def test_hand_batch_records():
     records = spurious_token_records(
-        hand_batch(), CharTokenizer(), step=7, prob_threshold=0.01, context_tokens=2, max_silenced=10,
-        max_kept_candidates=10, max_reference=10,
+        hand_batch(),
+        CharTokenizer(),
+        step=7,
+        prob_threshold=0.01,
+        context_tokens=2,
+        max_silenced=10,
+        max_kept_candidates=10,
+        max_reference=10,
     )
     got = [(r["kind"], r["token"], r["position"], r["context"]) for r in records]
     # Context: up to 2 completion tokens each side, never past the last loss token.
@@ -306,8 +335,16 @@ def test_diagnostics_can_be_switched_off(tiny_random_model_path, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         args = STAPOConfig(
-            output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
-            num_generations=2, max_completion_length=8, max_steps=1, logging_steps=1, save_strategy="no",
+            output_dir=str(tmp_path),
+            use_cpu=True,
+            bf16=False,
+            report_to=[],
+            per_device_train_batch_size=4,
+            num_generations=2,
+            max_completion_length=8,
+            max_steps=1,
+            logging_steps=1,
+            save_strategy="no",
         )
         trainer = NoDiagnostics(tiny_random_model_path, reward_funcs=_zero_reward, args=args, train_dataset=PROMPTS)
     trainer.train()
@@ -384,9 +421,18 @@ def test_real_run_writes_records_metrics_and_figures(tiny_math_model_path, tmp_p
 
     # tau_p = 0.05 (not 0.002): a few steps on a 300-token model must produce candidates to record and plot.
     trainer = _make_trainer(
-        tiny_math_model_path, tmp_path, _tiny_math_dataset(), math_accuracy_reward, max_steps=4, learning_rate=3e-4,
-        per_device_train_batch_size=16, num_generations=8, steps_per_generation=2, logging_steps=2,
-        s2t_prob_threshold=0.05, max_completion_length=40,
+        tiny_math_model_path,
+        tmp_path,
+        _tiny_math_dataset(),
+        math_accuracy_reward,
+        max_steps=4,
+        learning_rate=3e-4,
+        per_device_train_batch_size=16,
+        num_generations=8,
+        steps_per_generation=2,
+        logging_steps=2,
+        s2t_prob_threshold=0.05,
+        max_completion_length=40,
     )
     from stapo_trl.metrics_log import MetricsLogCallback
 
@@ -425,7 +471,7 @@ def test_real_run_writes_records_metrics_and_figures(tiny_math_model_path, tmp_p
     assert len(plot_diagnostics([run_dir, run_dir], tmp_path / "overlay", labels=["a", "b"])) == 4
 
 
-DISTRIBUTED_SCRIPT = r'''
+DISTRIBUTED_SCRIPT = r"""
 import json, os, sys, warnings
 from datasets import Dataset
 from stapo_trl import STAPOConfig, STAPOTrainer
@@ -446,7 +492,7 @@ trainer.train()
 logged = [{k: v for k, v in h.items() if k.startswith("s2t/")} for h in trainer.state.log_history if "loss" in h]
 with open(os.path.join(sys.argv[2], f"rank{trainer.accelerator.process_index}.json"), "w") as f:
     json.dump(logged, f)
-'''
+"""
 
 
 @pytest.mark.slow
@@ -458,8 +504,18 @@ def test_two_processes_gather_records_from_both_and_agree_on_metrics(tiny_random
     script.write_text(DISTRIBUTED_SCRIPT)
     out = tmp_path / "out"
     out.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29731",
-           str(script), str(tiny_random_model_path), str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29731",
+        str(script),
+        str(tiny_random_model_path),
+        str(out),
+    ]
     subprocess.run(cmd, check=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     rank0, rank1 = (json.loads((out / f"rank{i}.json").read_text()) for i in range(2))
     assert rank0 == rank1  # reduced metrics are the same on every process

@@ -25,6 +25,7 @@ from stapo_trl.benchmarks import (
 )
 from stapo_trl.grading import GRADER_STATS, extract_boxed_answer, gold_parts, grade, is_correct
 
+
 # ----------------------------------------------------------------------------------------------------------------
 # Box extraction
 # ----------------------------------------------------------------------------------------------------------------

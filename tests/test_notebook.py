@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 

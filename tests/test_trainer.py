@@ -120,8 +120,9 @@ def test_low_entropy_mask_is_built_from_the_policy_forward(tiny_random_model_pat
     inputs = hand_inputs(trainer.model.config.vocab_size)
     masked = trainer._apply_s2t(inputs)
     logps, entropies = trainer._policy_logps_and_entropies(inputs)
-    reference = s2t_mask(logps, entropies, inputs["advantages"], inputs["completion_mask"], prob_threshold=1.0,
-                         entropy_quantile=0.5)
+    reference = s2t_mask(
+        logps, entropies, inputs["advantages"], inputs["completion_mask"], prob_threshold=1.0, entropy_quantile=0.5
+    )
     # 9 positive-advantage tokens (rows 0 and 2); the median splits them: 4 silenced, 5 kept.
     assert reference.num_candidates == 9 and reference.num_silenced == 4
     assert torch.equal(masked["tool_mask"].bool(), reference.keep)
@@ -162,7 +163,10 @@ def test_parity_with_grpo_trainer_when_nothing_is_silenced(tiny_random_model_pat
 def test_gradient_accumulation_normalises_by_kept_tokens_of_the_optimizer_step(tiny_random_model_path, tmp_path):
     # GA = 2 micro-batches of different token counts, one optimizer step per generation batch.
     trainer = make_trainer(
-        tiny_random_model_path, tmp_path, gradient_accumulation_steps=2, s2t_prob_threshold=1.0,
+        tiny_random_model_path,
+        tmp_path,
+        gradient_accumulation_steps=2,
+        s2t_prob_threshold=1.0,
         s2t_mode="all_low_prob",
     )
     first, second = hand_inputs(trainer.model.config.vocab_size, 0), hand_inputs(trainer.model.config.vocab_size, 1)
@@ -182,7 +186,10 @@ def test_each_optimizer_step_of_a_generation_batch_gets_its_own_exact_count(tiny
     # steps_per_generation = 4, GA = 2: two optimizer steps per generation batch; TRL would divide both by half of
     # the generation batch's count, STAPO divides each by its own kept count.
     trainer = make_trainer(
-        tiny_random_model_path, tmp_path, gradient_accumulation_steps=2, steps_per_generation=4,
+        tiny_random_model_path,
+        tmp_path,
+        gradient_accumulation_steps=2,
+        steps_per_generation=4,
         s2t_mode="off",
     )
     vocab = trainer.model.config.vocab_size
@@ -223,7 +230,11 @@ def test_generation_batch_scope_runs_one_extra_forward_only_when_trl_runs_none(
     # per_device_train_batch_size 4 -> each generation batch is scored in one chunk.
     def scoring_forwards(trainer_cls):
         trainer = make_trainer(
-            tiny_random_model_path, tmp_path, trainer_cls, reward=length_reward, max_steps=2,
+            tiny_random_model_path,
+            tmp_path,
+            trainer_cls,
+            reward=length_reward,
+            max_steps=2,
             steps_per_generation=steps_per_generation,
         )
         counter = ForwardCounter(trainer.model)
@@ -238,8 +249,13 @@ def test_generation_batch_scope_runs_one_extra_forward_only_when_trl_runs_none(
 def test_train_end_to_end_changes_weights_and_logs_s2t_metrics(tiny_random_model_path, tmp_path, scope):
     # tau_p = 0.05: the random-init model spreads probability over ~50 tokens, so many tokens are candidates.
     trainer = make_trainer(
-        tiny_random_model_path, tmp_path, reward=length_reward, max_steps=3, learning_rate=1e-2,
-        s2t_prob_threshold=0.05, s2t_scope=scope,
+        tiny_random_model_path,
+        tmp_path,
+        reward=length_reward,
+        max_steps=3,
+        learning_rate=1e-2,
+        s2t_prob_threshold=0.05,
+        s2t_scope=scope,
     )
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainer.train()
