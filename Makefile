@@ -45,7 +45,7 @@ bench: install
 MODEL ?= outputs/demo-stapo
 BENCHMARKS ?= aime24,aime25,amc23,math500,minerva,olympiadbench
 evaluate: install
-	$(VENV)/bin/stapo-eval --model $(MODEL) --benchmarks $(BENCHMARKS)
+	$(VENV)/bin/stapo-eval --model $(MODEL) --benchmarks $(BENCHMARKS) $(EVAL_ARGS)
 
 clean:
 	rm -rf $(VENV) outputs build *.egg-info

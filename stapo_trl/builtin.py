@@ -220,6 +220,9 @@ def _build_or_load(name: str, cache_dir: str | os.PathLike | None) -> Path:
             else:
                 with _preserved_process_state():
                     build_builtin_model(name, tmp_dir)
+            for path in tmp_dir.rglob("*"):  # transformers writes weight shards 0600; the cache may be shared
+                if path.is_file():
+                    os.chmod(path, 0o666 & ~umask)
             if target.exists():  # an incomplete folder (no info file), e.g. copied by hand: replace it
                 shutil.rmtree(target)
             os.rename(tmp_dir, target)  # atomic on one file system: readers see nothing or a complete model

@@ -270,9 +270,16 @@ class RecipeParser(TrlParser):
     def parse_args_into_dataclasses(self, args=None, **kwargs):
         # Checked on the raw values, before the config dataclasses exist: TRL's own check (GRPOConfig.__post_init__)
         # says only "must be divisible".
-        namespace, _ = self.parse_known_args(args=args)
+        namespace, extra = self.parse_known_args(args=args)
+        flags = [item[2:] for item in extra if item.startswith("--")]
+        if flags and not kwargs.get("return_remaining_strings"):
+            raise ValueError(self._unknown_keys_message(flags, "the command line"))
         check_generation_batch(namespace)
         return super().parse_args_into_dataclasses(args=args, **kwargs)
+
+    def error(self, message):
+        # argparse prints the whole usage (hundreds of GRPOConfig fields) before the message; print only the message.
+        self.exit(2, f"stapo-train: error: {message}\nSee `stapo-train --help` for every field.\n")
 
 
 def check_generation_batch(namespace: argparse.Namespace) -> None:

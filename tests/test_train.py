@@ -140,6 +140,14 @@ def test_unknown_recipe_key_fails_with_a_clear_message(tmp_path, key, expected):
     assert key.split(":")[0] in str(excinfo.value) and expected in str(excinfo.value)
 
 
+def test_unknown_command_line_flag_gets_the_same_message(tmp_path):
+    from stapo_trl.train import parse_args
+
+    with pytest.raises(ValueError, match="Unknown key.*the command line") as excinfo:
+        parse_args(["--config", _write_recipe(tmp_path, "seed: 1"), "--s2t_prob_treshold", "0.1"])
+    assert "did you mean s2t_prob_threshold" in str(excinfo.value)
+
+
 def test_s2t_keys_are_rejected_with_trainer_grpo(tmp_path):
     from stapo_trl.train import parse_args
 
