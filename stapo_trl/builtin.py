@@ -29,7 +29,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
+
+from .grading import extract_boxed_answer
 
 
 logger = logging.getLogger(__name__)
@@ -394,15 +395,6 @@ def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, seed: int = SEE
     return {"mean_train_loss": trainer.state.log_history[-1]["train_loss"], "last_logged_loss": losses[-1]}
 
 
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` in `text` (no nested braces), or None."""
-    matches = _BOXED.findall(text)
-    return matches[-1].strip() if matches else None
-
-
 def measure_accuracy(
     model, tokenizer, prompts: list, solutions: list[str], *, do_sample: bool, seed: int = SEED, batch_size: int = 100
 ) -> tuple[float, list[str]]:
@@ -441,7 +433,7 @@ def measure_accuracy(
                 top_k=0 if do_sample else None,
             )
         completions += tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
-    correct = sum(last_boxed(c) == s for c, s in zip(completions, solutions))
+    correct = sum(extract_boxed_answer(c) == s for c, s in zip(completions, solutions))
     return correct / len(prompts), completions
 
 

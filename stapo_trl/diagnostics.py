@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import TrainerCallback
 
+from .metrics_log import read_jsonl
 from .s2t import S2TResult
 
 
@@ -480,17 +481,7 @@ def read_token_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     path = os.fspath(path)
     if os.path.isdir(path):
         path = os.path.join(path, SPURIOUS_TOKENS_FILENAME)
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short by a killed run
-                continue
-    return records
+    return read_jsonl(path)
 
 
 def token_label(record: dict[str, Any]) -> str:

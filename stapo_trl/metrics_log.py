@@ -55,20 +55,13 @@ class MetricsLogCallback(TrainerCallback):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         if os.path.exists(path):
             # Keep the history up to the step training (re)starts from; a fresh run (step 0) starts a fresh file.
-            kept = []
-            with open(path) as f:
-                for line in f:
-                    line = line.strip()
-                    if not line:
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError:  # a line cut short by a killed run
-                        continue
-                    if state.global_step > 0 and row.get("step", math.inf) <= state.global_step:
-                        kept.append(line)
+            kept = [
+                row
+                for row in read_jsonl(path)
+                if 0 < state.global_step and row.get("step", math.inf) <= state.global_step
+            ]
             with open(path, "w") as f:
-                f.writelines(line + "\n" for line in kept)
+                f.writelines(json.dumps(row) + "\n" for row in kept)
         self._file = open(path, "a")  # noqa: SIM115 (kept open across callbacks, closed in on_train_end)
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -102,8 +95,14 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
     """
     if os.path.isdir(path):
         path = os.path.join(path, METRICS_FILENAME)
+    return read_jsonl(path)
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, in file order; blank lines and a line cut short by a killed run (not
+    valid JSON) are skipped."""
     rows = []
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
         for line in f:
             line = line.strip()
             if not line:

@@ -13,7 +13,6 @@ from stapo_trl.builtin import (
     INFO_FILE,
     builtin_model_dir,
     default_cache_dir,
-    last_boxed,
     read_builtin_info,
     resolve_model_path,
 )
@@ -160,11 +159,6 @@ def test_chat_template(tokenizer):
     prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     full_ids = tokenizer(full, add_special_tokens=False)["input_ids"]
     assert full_ids[: len(prompt_ids)] == prompt_ids
-
-
-def test_last_boxed():
-    assert last_boxed("a \\boxed{12} b \\boxed{ 85 }") == "85"
-    assert last_boxed("no box") is None
 
 
 # ----------------------------------------------------------------------------------------------------------------
