@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import TrainerCallback
 
-from .metrics_log import read_jsonl
+from .metrics_log import open_jsonl_for_run, read_jsonl
 from .s2t import S2TResult
 
 
@@ -559,16 +559,10 @@ class SpuriousTokenLogger(TrainerCallback):
         if not state.is_world_process_zero:
             return
         self.close()
-        path = self._resolved_path(args)
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        kept = []
-        if os.path.exists(path) and state.global_step > 0:  # resuming: keep the records up to the checkpoint
-            kept = [r for r in read_token_records(path) if r.get("step", math.inf) <= state.global_step]
-        with open(path, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
+        # Resuming keeps the records up to the checkpoint; a fresh run starts an empty file.
+        self._file, kept = open_jsonl_for_run(self._resolved_path(args), state.global_step)
         for record in kept:
             self._count(record)
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (held open across steps, closed at the end)
 
     def on_train_end(self, args, state, control, **kwargs):
         self.close()

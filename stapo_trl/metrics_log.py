@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import Any, TextIO
 
 from transformers import TrainerCallback
 
@@ -52,17 +52,7 @@ class MetricsLogCallback(TrainerCallback):
 
     def _open(self, args, state) -> None:
         path = self.path or os.path.join(args.output_dir, METRICS_FILENAME)
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        if os.path.exists(path):
-            # Keep the history up to the step training (re)starts from; a fresh run (step 0) starts a fresh file.
-            kept = [
-                row
-                for row in read_jsonl(path)
-                if 0 < state.global_step and row.get("step", math.inf) <= state.global_step
-            ]
-            with open(path, "w") as f:
-                f.writelines(json.dumps(row) + "\n" for row in kept)
-        self._file = open(path, "a")  # noqa: SIM115 (kept open across callbacks, closed in on_train_end)
+        self._file, _ = open_jsonl_for_run(path, state.global_step)
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -96,6 +86,24 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
     if os.path.isdir(path):
         path = os.path.join(path, METRICS_FILENAME)
     return read_jsonl(path)
+
+
+def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[str, Any]]]:
+    """Open a JSON-lines log for appending when training (re)starts at `global_step`.
+
+    A fresh run (step 0) empties the file; a resumed run keeps the rows with `step <= global_step` (later rows belong
+    to the steps being redone) and drops a line cut short by a killed run.
+
+    Returns:
+        `tuple`: the file, open for appending (the caller closes it), and the rows kept.
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    kept = []
+    if os.path.exists(path) and global_step > 0:
+        kept = [row for row in read_jsonl(path) if row.get("step", math.inf) <= global_step]
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in kept)
+    return open(path, "a", encoding="utf-8"), kept  # noqa: SIM115 (held open across steps)
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
