@@ -172,9 +172,27 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, cache_dir: str | os.P
         FileNotFoundError: If a local-looking path does not exist.
         NotADirectoryError: If the path exists but is a file.
     """
-    name_or_path = os.fspath(name_or_path)
+    name_or_path = check_model_name_or_path(name_or_path)
     if name_or_path.startswith(BUILTIN_PREFIX):
         return str(_build_or_load(_check_builtin_name(name_or_path), cache_dir))
+    return name_or_path
+
+
+def check_model_name_or_path(name_or_path: str | os.PathLike) -> str:
+    """Validate a model argument without loading or building anything (cheap: run it before loading data).
+
+    Returns:
+        `str`: `builtin:<name>` unchanged, an existing local directory (`~` expanded), or a Hub id unchanged.
+
+    Raises:
+        ValueError: If a `builtin:` name is unknown (the message lists the known names).
+        FileNotFoundError: If a local-looking path (`./x`, `../x`, `/x`, `~/x`) does not exist.
+        NotADirectoryError: If the path exists but is a file.
+    """
+    name_or_path = os.fspath(name_or_path)
+    if name_or_path.startswith(BUILTIN_PREFIX):
+        _check_builtin_name(name_or_path)
+        return name_or_path
     if os.path.isdir(name_or_path):
         return name_or_path
     if name_or_path.startswith("~") and os.path.isdir(os.path.expanduser(name_or_path)):

@@ -233,13 +233,12 @@ def validate_recipe(
     if not model_name:
         errors.append("model_name_or_path is not set: give a Hub id, a local model directory or builtin:tiny-math.")
     else:
-        from .builtin import BUILTIN_MODELS, BUILTIN_PREFIX
+        from .builtin import check_model_name_or_path
 
-        if model_name.startswith(BUILTIN_PREFIX) and model_name[len(BUILTIN_PREFIX) :] not in BUILTIN_MODELS:
-            known = ", ".join(BUILTIN_PREFIX + name for name in BUILTIN_MODELS)
-            errors.append(f"model_name_or_path={model_name!r} is not a built-in model; known: {known}.")
-        elif model_name.startswith(("/", "./", "../", "~")) and not os.path.isdir(os.path.expanduser(model_name)):
-            errors.append(f"model_name_or_path={model_name!r} looks like a local directory but does not exist.")
+        try:
+            check_model_name_or_path(model_name)
+        except (ValueError, OSError) as err:
+            errors.append(f"model_name_or_path: {err}")
     peft = (
         f"LoRA r={model_args.lora_r}, alpha={model_args.lora_alpha}, targets={model_args.lora_target_modules}"
         if model_args.use_peft

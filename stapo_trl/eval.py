@@ -624,27 +624,42 @@ def format_comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+class _DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help when X is a real value (not None, not a store_true flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        trivial = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if not trivial and "%(default)" not in help_text:
+            help_text += " (default: %(default)s)"
+        return help_text
+
+
 def make_parser(subparsers=None) -> argparse.ArgumentParser:
     """The `stapo-eval` argument parser (standalone, or as a sub-command when `subparsers` is given)."""
     description = (
         "Evaluate a model on the STAPO paper's math benchmarks (avg@N, pass@k), or compare two results files."
     )
     if subparsers is not None:
-        parser = subparsers.add_parser("eval", description=description, help=description)
+        parser = subparsers.add_parser(
+            "eval", description=description, help=description, formatter_class=_DefaultsHelpFormatter
+        )
     else:
-        parser = argparse.ArgumentParser(prog="stapo-eval", description=description)
+        parser = argparse.ArgumentParser(
+            prog="stapo-eval", description=description, formatter_class=_DefaultsHelpFormatter
+        )
     parser.add_argument("--model", help="Local path, Hub id or builtin:<name> (e.g. builtin:tiny-math).")
     parser.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model.")
     parser.add_argument(
         "--benchmarks",
         default=",".join(PAPER_BENCHMARKS),
-        help=f"Comma-separated benchmark names. Valid: {', '.join(BENCHMARKS)}. Default: the paper's six.",
+        help=f"Comma-separated benchmark names. Valid: {', '.join(BENCHMARKS)}.",
     )
     parser.add_argument(
         "--decoding",
         default="paper",
         help=f"Comma-separated decoding settings: {', '.join(list(DECODING_ALIASES) + list(DECODINGS))} "
-        "('paper' = both, T=1.0/top-p 1.0 and T=0.7/top-p 0.9). Default: paper.",
+        "('paper' = both, T=1.0/top-p 1.0 and T=0.7/top-p 0.9).",
     )
     parser.add_argument(
         "--samples",
@@ -668,7 +683,12 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
     parser.add_argument("--compare", nargs=2, metavar=("A_JSON", "B_JSON"), help="Compare two results files.")
     parser.add_argument("--seed", type=int, default=0, help="Base seed (offset per benchmark and decoding).")
     parser.add_argument("--batch-size", type=int, default=64, help="HF backend: sequences per generate call.")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="Model weights dtype ('auto': the checkpoint's).",
+    )
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM backend: GPUs per model.")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM backend: GPU memory share.")
     parser.add_argument("--max-model-len", type=int, default=None, help="vLLM backend: context length cap.")

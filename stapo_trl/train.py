@@ -546,7 +546,7 @@ def _is_builtin_or_local(name: str | None) -> bool:
 def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelConfig) -> PreparedRun:
     """Validate the run and load what is cheap to load, before any model is built.
 
-    In order: the reward names, the dataset (train split, and the test split when it is needed: before/after
+    In order: the reward names, the model argument (checked, not loaded), the dataset (train split, and the test split when it is needed: before/after
     evaluation or `eval_strategy`), its columns, the in-training benchmark name, the model path (a `builtin:` model
     is built into its cache here on first use), then the `max_prompt_tokens` filter (with the model's tokenizer).
     Every failure is one exception with one message.
@@ -563,6 +563,9 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
 
     if not model_args.model_name_or_path:
         raise ValueError("model_name_or_path is not set: give a Hub id, a local model directory or builtin:tiny-math.")
+    from .builtin import check_model_name_or_path, resolve_model_path
+
+    check_model_name_or_path(model_args.model_name_or_path)  # a wrong path fails here, before any data is loaded
     if script_args.dataset_name is None:
         raise ValueError(
             "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet file or a Hub dataset id."
@@ -609,8 +612,6 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         )
 
     # Last: a `builtin:` model is built (about 30 s, once) when it is not cached yet.
-    from .builtin import resolve_model_path
-
     model_path = resolve_model_path(model_args.model_name_or_path)
     if script_args.max_prompt_tokens is not None:
         from transformers import AutoTokenizer
