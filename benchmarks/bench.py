@@ -11,7 +11,7 @@ numbers to `<date>.json`; `--quick` writes `<date>-quick.*`):
 1. `overhead`: [`~stapo_trl.STAPOTrainer`] against a plain [`~trl.GRPOTrainer`] on the CPU demo
    (`recipes/demo/{grpo,stapo}.yaml`, builtin:tiny-math), same seed and batch geometry, for both `s2t_scope`
    values, `steps_per_generation` equal to and 4x `gradient_accumulation_steps`, with and without
-   `STAPOTrainer.s2t_diagnostics`. Every configuration gets a freshly built trainer (build not timed) and runs the
+   `STAPOConfig.s2t_diagnostics`. Every configuration gets a freshly built trainer (build not timed) and runs the
    same number of optimizer steps; configurations are interleaved within each repetition (the order rotates), and
    each STAPO time is divided by the GRPO time of the same repetition; the table gives the median ratio over
    repetitions and its range. Times: CPU time (`time.process_time`, the targets' measure: the cores are shared)
@@ -226,7 +226,7 @@ def build_trainer(recipe: str, overrides: list[str], *, diagnostics: bool = True
 
     The recipe is parsed by `stapo_trl.train.parse_args` (so the recipe stays the single source of the settings);
     the dataset and model path are prepared once per recipe and reused. Checkpointing and printing are off.
-    `diagnostics=False` builds a `STAPOTrainer` subclass with `s2t_diagnostics = False`.
+    `diagnostics=False` sets `s2t_diagnostics: false` (STAPOConfig).
     """
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOTrainer
@@ -237,18 +237,15 @@ def build_trainer(recipe: str, overrides: list[str], *, diagnostics: bool = True
     output_dir = tempfile.mkdtemp(prefix="run-", dir=workdir)
     argv = ["--config", recipe, "--output_dir", output_dir, "--save_strategy", "no", "--report_to", "none"]
     argv += ["--disable_tqdm", "true", *overrides]
+    if not diagnostics:
+        argv += ["--s2t_diagnostics", "false"]
     script_args, training_args, model_args = parse_args(argv)
     key = f"{recipe}|{model_args.model_name_or_path}"
     if key not in _PREPARED:
         _PREPARED[key] = prepare(script_args, training_args, model_args)
     run = _PREPARED[key]
     training_args.model_init_kwargs = {"dtype": model_args.dtype}
-    if script_args.trainer == "grpo":
-        trainer_class = GRPOTrainer
-    elif diagnostics:
-        trainer_class = STAPOTrainer
-    else:
-        trainer_class = type("STAPOTrainerNoDiagnostics", (STAPOTrainer,), {"s2t_diagnostics": False})
+    trainer_class = GRPOTrainer if script_args.trainer == "grpo" else STAPOTrainer
     trainer = trainer_class(
         model=run.model_path,
         reward_funcs=reward_funcs if reward_funcs is not None else run.reward_funcs,

@@ -51,6 +51,11 @@ class STAPOConfig(GRPOConfig):
             one extra forward), and `dapo`/`cispo`/`vespo` divide by the global kept-token count of each optimizer
             step. `"micro_batch"`: the mask is built inside the loss from the training forward (no extra forward);
             τ_h and the kept-token count are then those of the current micro-step over all processes.
+        s2t_diagnostics (`bool`, *optional*, defaults to `True`):
+            Log the extra `s2t/` diagnostics (entropy quantiles of the loss tokens, mean probability and entropy of
+            silenced tokens, logit-gradient-norm shares of candidates and silenced tokens); the policy's LM head then
+            also returns log Σ_v π_v² from the same pass over the vocabulary. The mask and the loss do not depend on
+            it. Off: only the mask counts (`s2t/silenced_ratio`, ...) are logged.
     """
 
     # Paper objective (STAPO Sec. 4.1: GRPO with clip-higher, token-level normalisation, no KL, as DAPO/JustRL).
@@ -98,6 +103,13 @@ class STAPOConfig(GRPOConfig):
             "per generation batch unless TRL already runs one) or 'micro_batch' (from the training forward, "
             "per micro-step).",
             "choices": list(S2T_SCOPES),
+        },
+    )
+    s2t_diagnostics: bool = field(
+        default=True,
+        metadata={
+            "help": "Log the extra s2t/ diagnostics (entropy quantiles, silenced-token means, logit-gradient-norm "
+            "shares). The mask and the loss do not depend on it."
         },
     )
 

@@ -54,7 +54,7 @@ class S2TBatch:
         completion_ids (`torch.Tensor`): long, (B, T).
         mode (`str`): "train" or "eval".
         log_collision (`torch.Tensor`, *optional*): float, (B, T), log Σ_v π_v² (nats) of the same forward, when the
-            trainer records it (`STAPOTrainer.s2t_diagnostics`).
+            trainer records it (`STAPOConfig.s2t_diagnostics`).
     """
 
     result: S2TResult
@@ -95,7 +95,7 @@ class STAPOTrainer(GRPOTrainer):
     Metrics (reduced over all processes) under `s2t/`: `silenced_ratio` (silenced / loss tokens),
     `candidate_ratio` (candidates / loss tokens), `entropy_threshold` (τ_h, nats; NaN when there is no candidate,
     dropped by `log()`), `num_silenced`, `num_candidates`. TRL's `entropy` and `clip_ratio/*` are computed by the
-    parent over the kept tokens. With `s2t_diagnostics` (a class attribute, on by default) also
+    parent over the kept tokens. With `args.s2t_diagnostics` (on by default) also
     `entropy_p10`/`p50`/`p80`/`p95`, `silenced_prob_mean`, `silenced_entropy_mean`, `grad_norm_share_candidates`
     and `grad_norm_share_silenced` (see [`~stapo_trl.diagnostics.s2t_diagnostic_metrics`]); for them the policy's
     fused LM head also returns log Σ_v π_v² (same pass over the vocabulary). Per-token records:
@@ -108,10 +108,6 @@ class STAPOTrainer(GRPOTrainer):
     Raises:
         TypeError: if `args` is not an [`STAPOConfig`].
     """
-
-    # Log the s2t/ diagnostics (entropy quantiles, silenced means, gradient-norm shares). Set to False on a subclass
-    # (or before construction) to skip them and the collision-probability output of the LM head.
-    s2t_diagnostics: bool = True
 
     _tag_names = ["trl", "grpo", "stapo"]
     _name = "STAPO"
@@ -149,7 +145,7 @@ class STAPOTrainer(GRPOTrainer):
         self._s2t_log_collision: torch.Tensor | None = None  # log Σ π² of the last policy forward (diagnostics)
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         self._s2t_collision = None
-        if self.s2t_diagnostics:
+        if self.args.s2t_diagnostics:
             self._s2t_collision = CollisionProbabilityRecorder(
                 self.model.get_base_model() if is_peft_model(self.model) else self.model,
                 temperature=self.temperature,
@@ -211,7 +207,7 @@ class STAPOTrainer(GRPOTrainer):
         metrics["s2t/entropy_threshold"].append(result.entropy_threshold)
         metrics["s2t/num_silenced"].append(float(result.num_silenced))
         metrics["s2t/num_candidates"].append(float(result.num_candidates))
-        if self.s2t_diagnostics:
+        if self.args.s2t_diagnostics:
             log_ratio = None if old_per_token_logps is None else per_token_logps - old_per_token_logps
             diagnostics = s2t_diagnostic_metrics(
                 result,

@@ -328,9 +328,6 @@ def test_fused_head_collision_probability_equals_the_softmax_of_the_logits(
 
 
 def test_diagnostics_can_be_switched_off(tiny_random_model_path, tmp_path):
-    class NoDiagnostics(STAPOTrainer):
-        s2t_diagnostics = False
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         args = STAPOConfig(
@@ -344,11 +341,13 @@ def test_diagnostics_can_be_switched_off(tiny_random_model_path, tmp_path):
             max_steps=1,
             logging_steps=1,
             save_strategy="no",
+            s2t_diagnostics=False,
         )
-        trainer = NoDiagnostics(tiny_random_model_path, reward_funcs=_zero_reward, args=args, train_dataset=PROMPTS)
+        trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=_zero_reward, args=args, train_dataset=PROMPTS)
     trainer.train()
     logged = next(h for h in trainer.state.log_history if "loss" in h)
     assert "s2t/silenced_ratio" in logged and "s2t/entropy_p50" not in logged
+    assert trainer._s2t_collision is None  # the LM head is not asked for log Σ π²
 
 
 def test_on_step_end_logs_each_training_batch_once(tmp_path):
