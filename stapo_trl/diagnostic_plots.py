@@ -35,7 +35,7 @@ from .diagnostics import (
     read_token_records,
     top_token_counts,
 )
-from .plots import load_run
+from .plots import load_run, set_log_y_axis
 
 
 Rows = Sequence[dict[str, Any]]
@@ -125,7 +125,7 @@ def plot_entropy_quantiles(runs: Mapping[str, Sequence[Rows]], out: Path) -> Pat
             ax.plot(s50, p50, color=color, lw=1.8, label=f"{label}: p50 (band p10-p95)")
         if s80:
             ax.plot(s80, p80, color=color, lw=1.2, ls="--", label=f"{label}: p80")
-    ax.set_yscale("log")
+    set_log_y_axis(ax)
     ax.set_xlabel("step")
     ax.set_ylabel("entropy of loss tokens (nats)")
     ax.set_title("Policy entropy quantiles (all loss tokens, all processes)", fontsize=10)
@@ -164,7 +164,7 @@ def plot_s2t_ratios(runs: Mapping[str, Sequence[Rows]], out: Path) -> Path | Non
                 positive = [(s, v) for s, v in zip(steps, values, strict=True) if v > 0]
                 note = f"{label}: {what} (0 at {len(steps) - len(positive)}/{len(steps)} steps)"
                 ax.plot([s for s, _ in positive], [v for _, v in positive], marker, ms=3.5, color=color, label=note)
-        ax.set_yscale("log")
+        set_log_y_axis(ax)
         ax.set_xlabel("step")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, which="both")

@@ -31,6 +31,15 @@ TRAINING_CURVES: tuple[tuple[str, str, str], ...] = (
 Run = Sequence[Sequence[dict[str, Any]]]  # one list of metrics.jsonl rows per seed
 
 
+def set_log_y_axis(ax) -> None:
+    """Log-scale y axis with labelled ticks at 1, 2 and 5 x 10^k (data within one decade still gets labels)."""
+    from matplotlib.ticker import LogFormatterSciNotation, LogLocator
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(LogFormatterSciNotation(labelOnlyBase=False))
+
+
 def load_run(path: str) -> list[list[dict[str, Any]]]:
     """The metrics of one run: `[rows]` for a folder with `metrics.jsonl`, one list per seed for a folder of seeds.
 
@@ -146,7 +155,7 @@ def plot_training_curves(
         ax.set_title(panel_title, fontsize=10)
         ax.set_xlabel("step")
         if scale == "log":
-            ax.set_yscale("log")
+            set_log_y_axis(ax)
         if not drawn and not ax.get_legend_handles_labels()[0]:
             ax.text(0.5, 0.5, f"{key!r} not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
         if ax.get_legend_handles_labels()[0]:
@@ -176,7 +185,9 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None) -> argpars
     parser.add_argument(
         "--out",
         default=None,
-        help="PNG to write. Default: OUTPUT_DIR/training_curves.png for one folder, ./training_curves.png for several.",
+        help="A .png for the training curves, or a folder for every figure (the diagnostic s2t_*.png always go "
+        "next to the curves). Default: OUTPUT_DIR/training_curves.png for one folder, ./training_curves.png for "
+        "several.",
     )
     parser.add_argument(
         "--labels", nargs="+", default=None, help="Legend labels, one per OUTPUT_DIR (default: folder names)."
@@ -203,8 +214,9 @@ def plot_output_dirs(
 
     Args:
         output_dirs (`Sequence[str]`): Folders with `metrics.jsonl`, or folders of per-seed folders.
-        out (`str`, *optional*): The PNG; default `OUTPUT_DIR/training_curves.png` for one folder,
-            `./training_curves.png` for several.
+        out (`str`, *optional*): The PNG (a path ending in `.png`), or a folder (created if needed) that gets
+            `training_curves.png`; default `OUTPUT_DIR/training_curves.png` for one folder, `./training_curves.png`
+            for several.
         labels (`Sequence[str]`, *optional*): Legend labels, one per folder; default the folder names.
         title (`str`, *optional*): Figure title.
         smoothing (`int`, *optional*): Moving-average window in logged steps.
@@ -221,11 +233,16 @@ def plot_output_dirs(
     if out is None:
         one_folder = len(output_dirs) == 1 and os.path.isdir(output_dirs[0])
         out = os.path.join(output_dirs[0], "training_curves.png") if one_folder else "training_curves.png"
+    elif not out.lower().endswith(".png"):
+        os.makedirs(out, exist_ok=True)
+        out = os.path.join(out, "training_curves.png")
+    elif os.path.dirname(out):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
     return plot_training_curves(runs, out, title=title, smoothing=smoothing)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`stapo-plot OUTPUT_DIR [OUTPUT_DIR ...] [--out FILE] [--labels ...] [--title ...] [--smoothing N]`."""
+    """`stapo-plot OUTPUT_DIR [OUTPUT_DIR ...] [--out FILE.png|FOLDER] [--labels ...] [--title ...] [--smoothing N]`."""
     args = make_parser().parse_args(argv)
     try:
         out = plot_output_dirs(

@@ -278,6 +278,9 @@ def test_stapo_plot_draws_single_runs_and_seed_folders(tmp_path):
     # One run: the PNG goes next to its metrics.jsonl.
     plot_main([str(tmp_path / "cmp" / "stapo" / "seed0")])
     assert os.path.getsize(tmp_path / "cmp" / "stapo" / "seed0" / "training_curves.png") > 10_000
+    # --out FOLDER (not a .png): created, and the curves land inside it as training_curves.png.
+    plot_main([str(tmp_path / "cmp" / "stapo" / "seed0"), "--out", str(tmp_path / "figs" / "run0")])
+    assert os.path.getsize(tmp_path / "figs" / "run0" / "training_curves.png") > 10_000
     with pytest.raises(SystemExit, match="stapo-plot: error: No metrics.jsonl"):
         plot_main([str(tmp_path)])
 
