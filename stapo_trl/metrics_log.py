@@ -31,11 +31,18 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+# Keys of the end-of-training summary log (`Trainer.train`), not per-step metrics.
+TRAIN_SUMMARY_KEYS = frozenset(
+    {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "train_loss", "epoch"}
+)
+
+
 class MetricsLogCallback(TrainerCallback):
     """Append one JSON line per logging step to `metrics.jsonl`, on the main process only.
 
     The end-of-training summary (`train_runtime`, `train_loss`, ...) is not a logging step and is not written here
-    (`stapo-train` saves it to `train_results.json`). Evaluation logs (`eval_*` keys), when the trainer evaluates,
+    (`stapo-train` saves it to `train_results.json`); the per-step metrics it carries for the steps after the last
+    logging step are written as the final step's row. Evaluation logs (`eval_*` keys), when the trainer evaluates,
     are written as their own lines.
 
     When training resumes from a checkpoint, the lines of steps after the checkpoint's step (logged by the
@@ -60,8 +67,14 @@ class MetricsLogCallback(TrainerCallback):
             self._open(args, state)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs or "train_runtime" in logs:
+        if not state.is_world_process_zero or not logs:
             return
+        if "train_runtime" in logs:
+            # The end-of-training summary also carries the per-step metrics of the steps after the last logging step
+            # (when max_steps is not a multiple of logging_steps): they become that step's row.
+            logs = {key: value for key, value in logs.items() if key not in TRAIN_SUMMARY_KEYS}
+            if not logs:
+                return
         if self._file is None:  # `trainer.log(...)` called outside `train()`
             self._file = open(self.path or os.path.join(args.output_dir, METRICS_FILENAME), "a")  # noqa: SIM115
         row = {"step": state.global_step, "epoch": state.epoch}

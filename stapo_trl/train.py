@@ -635,6 +635,15 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     )
 
 
+def _checkpoint_step(checkpoint: str) -> int | None:
+    """The `global_step` recorded in a checkpoint's `trainer_state.json`, or `None` if it cannot be read."""
+    try:
+        with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
+            return int(json.load(f)["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _summarize_s2t(rows: list[dict[str, Any]]) -> dict[str, float]:
     ratios = [r["s2t/silenced_ratio"] for r in rows if r.get("s2t/silenced_ratio") is not None]
     if not ratios:
@@ -696,6 +705,7 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
     import datasets
     import transformers
     from transformers import set_seed
+    from transformers.trainer_callback import TrainerState
     from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOTrainer, get_peft_config, get_quantization_config
 
@@ -740,6 +750,19 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
     checkpoint = training_args.resume_from_checkpoint or last_checkpoint
     if last_checkpoint is not None and training_args.resume_from_checkpoint is None:
         logger.warning(f"Checkpoint found in {training_args.output_dir}: resuming training from {last_checkpoint}.")
+    # A checkpoint already at max_steps: `Trainer.train` would run one step past it (transformers 5.24), so training
+    # is skipped and the checkpoint is what gets saved and evaluated (this also finishes a run that stopped after its
+    # last checkpoint but before saving the final model).
+    already_trained = None
+    if checkpoint is not None and training_args.max_steps > 0:
+        done = _checkpoint_step(checkpoint)
+        if done is not None and done >= training_args.max_steps:
+            already_trained = checkpoint
+            logger.warning(
+                f"{checkpoint} is at step {done} >= max_steps={training_args.max_steps}: training is already complete, "
+                "nothing is trained. The checkpoint is saved as the final model (and evaluated). To train anew use "
+                "another output_dir; to continue, raise max_steps."
+            )
 
     ###############################
     # Model and trainer construction
@@ -789,14 +812,19 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
     ###############
     # Training loop
     ###############
-    trainer.accelerator.print(f"Training with {trainer_class.__name__} ...")
-    start = time.perf_counter()
-    train_result = trainer.train(resume_from_checkpoint=checkpoint)
-    timings["train"] = time.perf_counter() - start
-    metrics = train_result.metrics
-    metrics["train_samples"] = len(run.train_dataset)
-    trainer.log_metrics("train", metrics)
-    trainer.save_metrics("train", metrics)
+    if already_trained is None:
+        trainer.accelerator.print(f"Training with {trainer_class.__name__} ...")
+        start = time.perf_counter()
+        train_result = trainer.train(resume_from_checkpoint=checkpoint)
+        timings["train"] = time.perf_counter() - start
+        # `None`: a metric with no defined value (TRL's mean of all-NaN values) since the last logging step.
+        metrics = {key: value for key, value in train_result.metrics.items() if value is not None}
+        metrics["train_samples"] = len(run.train_dataset)
+        trainer.log_metrics("train", metrics)
+        trainer.save_metrics("train", metrics)
+    else:
+        trainer._load_from_checkpoint(already_trained)  # weights (or adapter) only; no optimizer step
+        trainer.state = TrainerState.load_from_json(os.path.join(already_trained, "trainer_state.json"))
     trainer.save_state()
 
     ##################################

@@ -159,6 +159,19 @@ class STAPOTrainer(GRPOTrainer):
 
         add_stapo_section(self)
 
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's `log`, without the `s2t/` metrics that are undefined (NaN) at every step since the last log.
+
+        TRL turns an all-NaN metric into `None` (which breaks `Trainer.log_metrics` on the end-of-training summary,
+        and is not a number for trackers). `s2t/entropy_threshold` is NaN when there is no candidate,
+        `s2t/silenced_*_mean` when nothing is silenced: such keys are left out of that log row instead. The values
+        are global (reduced over processes), so every process drops the same keys.
+        """
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        for key in [k for k, values in metrics.items() if k.startswith("s2t/") and all(v != v for v in values)]:
+            del metrics[key]  # v != v: NaN
+        super().log(logs, start_time)
+
     # ------------------------------------------------------------------------------------------------------------
     # The S2T mask
     # ------------------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
 from stapo_trl.data import INSTRUCTION
 
@@ -341,12 +342,28 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
     logits = model(**tokenizer(["12+34"], return_tensors="pt")).logits  # (1, T, V)
     assert logits.shape[-1] == model.config.vocab_size
 
-    # Second run, same folder, more steps: it resumes from the last checkpoint and the global step continues.
-    main([*argv, "--max_steps", "12", "--eval_before_after", "false"])
+    # Second run, same folder, more steps: it resumes from the last checkpoint and the global step continues. 14 is
+    # not a multiple of logging_steps: steps 13-14 (a new rollout batch, so a new mask) are logged by the end-of-run
+    # summary, and become step 14's row.
+    main([*argv, "--max_steps", "14", "--eval_before_after", "false"])
     assert resumed_from[-1] is not None and resumed_from[-1].endswith("checkpoint-8")
     state = json.loads((out / "trainer_state.json").read_text())
-    assert state["global_step"] == 12
-    assert [r["step"] for r in read_metrics(str(out)) if "reward" in r] == [4, 8, 12]
+    assert state["global_step"] == 14
+    rows = [r for r in read_metrics(str(out)) if "reward" in r]
+    assert [r["step"] for r in rows] == [4, 8, 12, 14]
+    assert "s2t/silenced_ratio" in rows[-1] and "train_runtime" not in rows[-1]
+    summary = json.loads((out / "train_results.json").read_text())
+    assert None not in summary.values() and "train_runtime" in summary
+
+    # Third run, same folder, same max_steps, as if the last run had stopped after its final checkpoint: nothing
+    # left to train; the checkpoint is saved as the final model and the run ends normally at step 14.
+    (out / "model.safetensors").unlink()
+    main([*argv, "--max_steps", "14", "--eval_before_after", "false"])
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 14
+    final = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    for name, tensor in AutoModelForCausalLM.from_pretrained(out / "checkpoint-14").state_dict().items():
+        assert torch.equal(final[name], tensor), name
+    assert [r["step"] for r in read_metrics(str(out)) if "reward" in r] == [4, 8, 12, 14]
 
 
 def test_compare_runs_both_recipes_and_draws_one_figure(tmp_path, tiny_math_model_path, capsys):

@@ -270,6 +270,23 @@ def test_train_end_to_end_changes_weights_and_logs_s2t_metrics(tiny_random_model
     assert sum(entry["s2t/num_silenced"] for entry in logged) > 0
 
 
+def test_undefined_s2t_metrics_are_left_out_of_the_logs(tiny_random_model_path, tmp_path):
+    # tau_p = 1e-30: no token is ever a candidate, so tau_h and the silenced-token means are undefined (NaN) at every
+    # step. 3 steps with logging_steps 2: step 3 is logged only by the end-of-training summary (train_result.metrics).
+    trainer = make_trainer(
+        tiny_random_model_path, tmp_path, reward=length_reward, max_steps=3, logging_steps=2, s2t_prob_threshold=1e-30
+    )
+    result = trainer.train()
+    logged = [h for h in trainer.state.log_history if "s2t/silenced_ratio" in h]
+    assert len(logged) == 2  # step 2, and step 3 inside the summary
+    for entry in logged:
+        assert entry["s2t/num_candidates"] == 0 and entry["s2t/silenced_ratio"] == 0
+        assert "s2t/entropy_threshold" not in entry and "s2t/silenced_prob_mean" not in entry
+        assert None not in entry.values()
+    assert None not in result.metrics.values()
+    trainer.log_metrics("train", result.metrics)  # formats every value: fails on a None
+
+
 def test_trainer_rejects_grpo_config_and_warns_on_constant_denominator(tiny_random_model_path, tmp_path):
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
     with pytest.raises(TypeError, match="STAPOConfig"):
