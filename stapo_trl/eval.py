@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .benchmarks import BENCHMARKS, PAPER_BENCHMARKS, BenchmarkProblem, get_benchmark_spec, load_benchmark
 from .grading import grade
@@ -841,10 +841,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv (`Sequence[str]` or `None`): arguments without the program name; `None` reads `sys.argv`.
 
     Returns:
-        `int`: 0 on success. Bad arguments exit through `argparse` (status 2) with the list of valid values.
+        `int`: 0 on success. Bad arguments exit with status 2 and one `stapo-eval: error: ...` line (with the valid
+        values where there is a list of them).
     """
     parser = make_parser()
     args = parser.parse_args(argv)
+
+    def fail(message: str) -> NoReturn:
+        parser.exit(2, f"{parser.prog}: error: {message}\n")  # one line, no usage block
+
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -853,28 +858,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             a, b = (load_results(p) for p in args.compare)
             print(format_comparison(a, b))
         except (OSError, ValueError) as e:
-            parser.error(str(e))
+            fail(str(e))
         return 0
 
     # ---- validate everything before loading a model ----
     if not args.model:
-        parser.error("--model is required (unless --compare A_JSON B_JSON).")
+        fail("--model is required (unless --compare A_JSON B_JSON).")
     try:
         benchmarks = parse_benchmark_list(args.benchmarks)
         decodings = parse_decoding_list(args.decoding)
     except ValueError as e:
-        parser.error(str(e))
+        fail(str(e))
     for flag, value in (
         ("--samples", args.samples),
         ("--limit", args.limit),
         ("--max-new-tokens", args.max_new_tokens),
     ):
         if value is not None and value < 1:
-            parser.error(f"{flag} must be >= 1, got {value}.")
+            fail(f"{flag} must be >= 1, got {value}.")
     samples = {b: args.samples or BENCHMARKS[b].default_samples for b in benchmarks}
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
     if data_dir is not None and not Path(data_dir).exists():
-        parser.error(f"--data-dir {args.data_dir} does not exist.")
+        fail(f"--data-dir {args.data_dir} does not exist.")
+    try:
+        from .builtin import check_model_name_or_path
+
+        check_model_name_or_path(args.model)  # a missing local directory fails here, before data or model loading
+    except (ValueError, OSError) as e:
+        fail(str(e))
     output = Path(args.output or _default_output(args.model))
     config = {
         "model": args.model,
@@ -894,7 +905,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             data = load_results(output)
             _check_resumable(data, config, output)
         except ValueError as e:
-            parser.error(str(e))
+            fail(str(e))
         logger.info("Resuming %s", output)
     else:
         data = {
@@ -922,7 +933,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for b in sorted({b for _, b in todo}, key=benchmarks.index):
             problems[b] = load_benchmark(b, data_dir=data_dir, limit=args.limit)
     except (OSError, ValueError, RuntimeError) as e:
-        parser.error(str(e))
+        fail(str(e))
 
     generator = None
     model_path = args.model
@@ -936,7 +947,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 generator = _make_generator(args, model_path)
             except RuntimeError as e:
-                parser.error(str(e))
+                fail(str(e))
             data["model"] = describe_model(model_path, args.revision) | {"name_or_path": args.model}
         n = samples[bench]
         logger.info("Evaluating %s / %s: %d problems x %d samples", bench, decoding_name, len(problems[bench]), n)

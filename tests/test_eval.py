@@ -103,13 +103,16 @@ def test_decoding_aliases():
         (["--model", "m", "--decoding", "t0.5-p1.0"], "t0.7-p0.9"),
         (["--benchmarks", "aime24"], "--model is required"),
         (["--model", "m", "--samples", "0"], "--samples must be >= 1"),
+        (["--model", "./no/such/model", "--benchmarks", "aime24"], "'./no/such/model' does not exist"),
     ],
 )
 def test_bad_arguments_fail_early(argv, expected, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2
-    assert expected in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert expected in err
+    assert err.startswith("stapo-eval: error: ") and err.count("\n") == 1  # one line, no usage block
 
 
 def test_missing_data_file_fails_before_model_load(tmp_path, capsys, monkeypatch):
