@@ -7,9 +7,9 @@ r"""Dry run of a recipe: parse it, resolve every key, check the batch arithmetic
 Nothing is downloaded and no model is built: the dry run stops where `stapo-train` would start loading data. It
 answers "will this recipe start, and what will one step be?" before a multi-node job is queued, and the test suite
 runs it over every recipe against the pinned TRL and transformers, so a renamed upstream field fails in CI rather
-than on the cluster (see STYLE.md, "Letting recipes rot").
+than on the cluster.
 
-What it checks (errors make the exit status 1; warnings are printed):
+What it checks (failed checks make the exit status 1, a recipe that does not parse 2; warnings are printed):
 
 - every key resolves into `STAPOScriptArguments`, `STAPOConfig` / `GRPOConfig` and `ModelConfig` (unknown keys fail,
   with the closest field names), and the config classes' own `__post_init__` checks pass;

@@ -40,6 +40,7 @@ import logging
 import math
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -247,6 +248,7 @@ class RecipeParser(TrlParser):
 
     def _unknown_keys_message(self, keys: list[str], where: str) -> str:
         known = [action.dest for action in self._actions if action.dest != "help"]
+        known += ["config", "dry-run", "num-processes"]  # read before this parser runs (TrlParser, main)
         lines = []
         for key in keys:
             if key.startswith("s2t_") and "s2t_prob_threshold" not in known:
@@ -280,6 +282,23 @@ class RecipeParser(TrlParser):
     def error(self, message):
         # argparse prints the whole usage (hundreds of GRPOConfig fields) before the message; print only the message.
         self.exit(2, f"stapo-train: error: {message}\nSee `stapo-train --help` for every field.\n")
+
+
+USAGE = """
+  stapo-train --config RECIPE.yaml [--FIELD VALUE ...]         train (the command line overrides the recipe)
+  stapo-train --config RECIPE.yaml --dry-run [--num-processes N]  check a recipe and print its plan, build nothing
+  stapo-train compare RECIPE_A.yaml RECIPE_B.yaml [--seeds S ...] [-- --FIELD VALUE ...]
+  accelerate launch --config_file ACCELERATE.yaml -m stapo_trl.train --config RECIPE.yaml"""
+
+HELP_FIELDS_INTRO = (
+    "--config RECIPE.yaml: a YAML file whose keys are the fields below (recipes/ has the demo and the paper's runs). "
+    "Every field can also be given as --FIELD VALUE. `stapo-train --dry-run --help` and `stapo-train compare --help` "
+    "describe the other two commands."
+)
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Field defaults in the help, and the description's examples kept as written."""
 
 
 def check_generation_batch(namespace: argparse.Namespace) -> None:
@@ -348,7 +367,13 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None, *, trainer
     if subparsers is not None:
         parser = subparsers.add_parser("stapo", help="Train with STAPO from a recipe", dataclass_types=dataclass_types)
     else:
-        parser = RecipeParser(dataclass_types, prog="stapo-train", description=__doc__.split("\n\n")[0])
+        parser = RecipeParser(
+            dataclass_types,
+            prog="stapo-train",
+            usage=USAGE,
+            description=__doc__.split("\n\n")[0] + "\n\n" + textwrap.fill(HELP_FIELDS_INTRO, width=100),
+            formatter_class=_HelpFormatter,
+        )
     if trainer == "grpo":
         parser.set_defaults(**_stapo_objective_defaults())
     return parser
@@ -366,7 +391,13 @@ def _peek_trainer(argv: Sequence[str]) -> str:
         return known.trainer
     if known.config is not None and os.path.isfile(known.config):
         with open(known.config) as f:
-            recipe = yaml.safe_load(f)
+            try:
+                recipe = yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+                problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+                raise ValueError(f"Recipe {known.config!r} is not valid YAML{where}: {problem}.") from None
         if isinstance(recipe, dict) and recipe.get("trainer") is not None:
             return str(recipe["trainer"])
     return "stapo"
@@ -379,7 +410,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[STAPOScriptArguments,
     `trainer: grpo`.
 
     Raises:
-        ValueError: On an unknown recipe key (with the closest field names), an `s2t_*` key with `trainer: grpo`,
+        ValueError: On a recipe that is not valid YAML (with the line), an unknown recipe key (with the closest field
+            names), an `s2t_*` key with `trainer: grpo`,
             a `num_generations` that does not divide the generation batch (with the valid values), and every
             check of the config classes' `__post_init__`.
         FileNotFoundError: If the recipe file does not exist.

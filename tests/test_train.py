@@ -197,6 +197,26 @@ def test_cli_fails_fast_with_one_message_before_building_a_model(no_model_built,
         main(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *overrides])
 
 
+def test_malformed_recipe_and_misspelt_config_flag_get_one_line_errors(no_model_built, tmp_path, capsys):
+    from stapo_trl.train import main
+
+    broken = _write_recipe(tmp_path, "learning_rate: [1e-4\n")  # an unclosed list at the end of the demo recipe
+    with pytest.raises(SystemExit, match=r"^stapo-train: error: Recipe '.*recipe.yaml' is not valid YAML \(line \d+"):
+        main(["--config", broken])
+    with pytest.raises(SystemExit, match="confg: did you mean config"):
+        main(["--confg", STAPO_RECIPE])
+
+
+def test_help_names_the_recipe_flag_and_the_other_commands(capsys):
+    from stapo_trl.train import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    usage = capsys.readouterr().out.split("options:")[0]
+    for text in ("--config RECIPE.yaml", "--dry-run", "compare RECIPE_A.yaml", "accelerate launch"):
+        assert text in usage, text
+
+
 def test_dapo_prompts_are_stripped_and_long_prompts_dropped(tmp_path, tiny_math_model_path):
     from stapo_trl.train import parse_args, prepare
 
