@@ -106,8 +106,10 @@ def stapo_card_section(args: Any, base_model: str) -> str:
 def add_stapo_section(trainer, base_model: str | None = None) -> str | None:
     """Add the STAPO settings to the card TRL wrote in `trainer.args.output_dir/README.md` (main process only).
 
-    Replaces an earlier section (idempotent) and, when TRL had no Hub id for the base model, replaces its broken
-    `[None](https://huggingface.co/None)` link with the base model's name.
+    Replaces an earlier section (idempotent). Where TRL had no Hub id it wrote "None": its broken
+    `[None](https://huggingface.co/None)` base-model link becomes the base model's name, and the quick start's
+    `model="None"` (no `hub_model_id` without `push_to_hub`) becomes the output directory, where the model is saved.
+    TRL's placeholder `licence: license` front-matter line is dropped.
 
     Args:
         trainer ([`~stapo_trl.STAPOTrainer`] or [`~trl.GRPOTrainer`]): after `create_model_card`.
@@ -131,6 +133,8 @@ def add_stapo_section(trainer, base_model: str | None = None) -> str | None:
         head, rest = card.split(SECTION_START, 1)
         card = head.rstrip("\n") + "\n" + rest.split(SECTION_END, 1)[1].lstrip("\n")
     card = card.replace("[None](https://huggingface.co/None)", f"`{base_model}`")
+    card = card.replace('model="None"', f"model={trainer.args.output_dir!r}".replace("'", '"'))
+    card = card.replace("licence: license\n", "")
     section = stapo_card_section(trainer.args, base_model)
     # The section goes right before TRL's "### Framework versions" (after "Training procedure"), else at the end.
     anchor = "### Framework versions"

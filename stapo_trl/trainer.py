@@ -102,7 +102,8 @@ class STAPOTrainer(GRPOTrainer):
     [`~stapo_trl.diagnostics.SpuriousTokenLogger`].
 
     Args:
-        model, reward_funcs, train_dataset, ...: as [`~trl.GRPOTrainer`].
+        model, reward_funcs, train_dataset, ...: as [`~trl.GRPOTrainer`]; `model` may also be a built-in name
+            (`"builtin:tiny-math"`, `"builtin:tiny-random"`), built into its cache on first use.
         args ([`STAPOConfig`], *optional*): defaults to `STAPOConfig("<model>-STAPO")`.
 
     Raises:
@@ -125,6 +126,10 @@ class STAPOTrainer(GRPOTrainer):
     }
 
     def __init__(self, model, reward_funcs=None, args: STAPOConfig | None = None, *pargs, **kwargs):
+        if isinstance(model, str) and model.startswith("builtin:"):
+            from .builtin import resolve_model_path
+
+            model = resolve_model_path(model)  # the built-in demo models, built into their cache on first use
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             args = STAPOConfig(f"{str(model_name).split('/')[-1]}-STAPO")

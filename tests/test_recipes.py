@@ -469,6 +469,8 @@ def test_model_card_names_stapo_cites_the_paper_and_lists_the_s2t_values(tiny_ra
         assert row in card, row
     assert "Base model: `builtin:tiny-random`" in card
     assert "[None](https://huggingface.co/None)" not in card
+    # No hub_model_id (push_to_hub off): the quick start loads the saved model from output_dir, not "None".
+    assert 'model="None"' not in card and f'model="{tmp_path}"' in card and "licence: license" not in card
     assert card.index(SECTION_START) < card.index("### Framework versions")
 
 

@@ -287,6 +287,12 @@ def test_undefined_s2t_metrics_are_left_out_of_the_logs(tiny_random_model_path, 
     trainer.log_metrics("train", result.metrics)  # formats every value: fails on a None
 
 
+def test_builtin_model_names_work_in_the_python_api(tiny_random_model_path, builtin_cache_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("STAPO_TRL_CACHE", str(builtin_cache_dir))  # where the fixture built it
+    trainer = make_trainer("builtin:tiny-random", tmp_path)
+    assert trainer.model.config._name_or_path == tiny_random_model_path
+
+
 def test_trainer_rejects_grpo_config_and_warns_on_constant_denominator(tiny_random_model_path, tmp_path):
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
     with pytest.raises(TypeError, match="STAPOConfig"):
