@@ -118,7 +118,7 @@ class DryRunReport:
 
     def summary(self) -> str:
         """The printable plan: a header, one row per aspect, then errors, warnings and notes."""
-        where = f" {self.recipe}" if self.recipe else ""
+        where = f" {self.recipe}" if self.recipe else " the command-line arguments (no --config)"
         status = "OK" if self.ok else f"FAILED ({len(self.errors)} error{'s' * (len(self.errors) != 1)})"
         out = [f"Dry run of{where} for {self.num_processes} training process(es): {status}"]
         width = max(len(label) for label, _ in self.lines) if self.lines else 0

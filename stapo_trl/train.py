@@ -417,6 +417,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[STAPOScriptArguments,
         FileNotFoundError: If the recipe file does not exist.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        raise ValueError(
+            "no recipe: give --config RECIPE.yaml (the CPU demo: recipes/demo/stapo.yaml), or every field as "
+            "--FIELD VALUE. `stapo-train --help` lists the fields."
+        )
     if "--config" in argv:
         if argv.index("--config") + 1 == len(argv):
             raise ValueError("--config needs the path of a recipe YAML file.")

@@ -205,6 +205,8 @@ def test_malformed_recipe_and_misspelt_config_flag_get_one_line_errors(no_model_
         main(["--config", broken])
     with pytest.raises(SystemExit, match="confg: did you mean config"):
         main(["--confg", STAPO_RECIPE])
+    with pytest.raises(SystemExit, match="no recipe: give --config RECIPE.yaml"):
+        main([])
 
 
 def test_help_names_the_recipe_flag_and_the_other_commands(capsys):
