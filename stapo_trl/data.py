@@ -221,6 +221,37 @@ def _has_column(features: datasets.Features, column: str) -> bool:
     return True
 
 
+def is_local_dataset_file(dataset_name: str) -> bool:
+    """Whether `dataset_name` names a local `.json` / `.jsonl` / `.parquet` file (existing or not)."""
+    return os.path.splitext(dataset_name)[1].lower() in _LOCAL_FILE_BUILDERS
+
+
+def load_local_dataset_file(path: str) -> datasets.Dataset:
+    """A local `.json` / `.jsonl` / `.parquet` file as one [`~datasets.Dataset`].
+
+    Raises:
+        FileNotFoundError: If the file does not exist.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Dataset file {path!r} does not exist.")
+    builder = _LOCAL_FILE_BUILDERS[os.path.splitext(path)[1].lower()]
+    return datasets.load_dataset(builder, data_files=path, split="train")
+
+
+def check_prompt_columns(dataset: datasets.Dataset, dataset_name: str, prompt_column: str, solution_column: str):
+    """Raise a `ValueError` naming the missing column, the dataset and its columns, if either column is absent.
+
+    Dotted names (`reward_model.ground_truth`) reach into struct columns.
+    """
+    for column in (prompt_column, solution_column):
+        if not _has_column(dataset.features, column):
+            raise ValueError(
+                f"Column {column!r} not found in dataset {dataset_name!r}. Available columns: "
+                f"{dataset.column_names}. Set prompt_column / solution_column (dotted names reach into struct "
+                "columns, e.g. 'reward_model.ground_truth')."
+            )
+
+
 def _solution_to_str(value: Any) -> str:
     """Gold answer as a string: integral floats lose the `.0` (AMC23 stores `27.0`), a one-element list is unwrapped,
     longer lists are joined with `", "` (OlympiadBench multi-answer rows), `None` becomes `""` (graders treat an
@@ -326,21 +357,12 @@ def load_prompt_dataset(
         dataset = splits[split]
         prompt_column, solution_column = "problem", "solution"
     else:
-        suffix = os.path.splitext(dataset_name)[1].lower()
-        if suffix in _LOCAL_FILE_BUILDERS:
-            if not os.path.isfile(dataset_name):
-                raise FileNotFoundError(f"Dataset file {dataset_name!r} does not exist.")
-            dataset = datasets.load_dataset(_LOCAL_FILE_BUILDERS[suffix], data_files=dataset_name, split="train")
+        if is_local_dataset_file(dataset_name):
+            dataset = load_local_dataset_file(dataset_name)
         else:
             dataset = datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=data_files)
 
-    for column in (prompt_column, solution_column):
-        if not _has_column(dataset.features, column):
-            raise ValueError(
-                f"Column {column!r} not found in dataset {dataset_name!r}. Available columns: "
-                f"{dataset.column_names}. Set prompt_column / solution_column (dotted names reach into struct "
-                "columns, e.g. 'reward_model.ground_truth')."
-            )
+    check_prompt_columns(dataset, dataset_name, prompt_column, solution_column)
 
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))

@@ -17,7 +17,8 @@ What it checks (failed checks make the exit status 1, a recipe that does not par
   (`per_device_train_batch_size x num_processes x steps_per_generation`, completions generated at once) holds whole
   groups of `num_generations` and whole global micro-batches; the valid values are listed when it does not;
 - the reward names (`stapo_trl.rewards.REWARDS` or dotted paths), the trainer (`stapo` | `grpo`), the dataset and its
-  column names (named, not opened), the model name (`builtin:` names are checked, Hub ids are not fetched);
+  columns (a local .json/.jsonl/.parquet file is opened and its columns checked; a Hub dataset is named, not
+  fetched), the model name (`builtin:` names are checked, Hub ids are not fetched);
 - warnings for settings the paper did not run: a rollout temperature other than 1.0 (the S2T thresholds are
   calibrated at T = 1), optimizer steps that hold partial prompt groups, `steps_per_generation` not a multiple of
   `gradient_accumulation_steps` (the kept-token normaliser is then estimated), trackers or vLLM not installed here.
@@ -247,7 +248,7 @@ def validate_recipe(
     lines.append(("model", f"{model_name} (dtype {model_args.dtype}, PEFT {peft})"))
 
     # ------------------------------------------------------------------ data
-    from .data import BUILTIN_DATASETS
+    from .data import BUILTIN_DATASETS, check_prompt_columns, is_local_dataset_file, load_local_dataset_file
     from .data import BUILTIN_PREFIX as DATA_PREFIX
 
     dataset = script_args.dataset_name
@@ -267,12 +268,26 @@ def validate_recipe(
         for column in ("prompt_column", "solution_column"):
             if not getattr(script_args, column):
                 errors.append(f"{column} is empty: name the dataset column that holds the {column.split('_')[0]}.")
-        if os.path.splitext(dataset)[1].lower() in (".json", ".jsonl", ".parquet") and not os.path.isfile(dataset):
-            errors.append(f"dataset_name={dataset!r} looks like a local file but does not exist.")
+        opened = "named, not opened (a Hub dataset)"
+        if is_local_dataset_file(dataset):
+            # A local file is cheap to open: check its columns as stapo-train will.
+            try:
+                local = load_local_dataset_file(dataset)
+                check_prompt_columns(local, dataset, script_args.prompt_column, script_args.solution_column)
+                opened = f"checked: {len(local)} rows"
+            except FileNotFoundError:
+                errors.append(f"dataset_name={dataset!r} looks like a local file but does not exist.")
+                opened = "missing"
+            except ValueError as e:
+                errors.append(f"dataset_name={dataset!r}: {e}")
+                opened = "column missing"
+            except Exception as e:  # noqa: BLE001 (an unreadable file: datasets raises many types)
+                errors.append(f"dataset_name={dataset!r} could not be read: {type(e).__name__}: {e}")
+                opened = "unreadable"
         config = f" [{script_args.dataset_config}]" if script_args.dataset_config else ""
         data_line = (
             f"{dataset}{config} split {script_args.dataset_train_split}, columns "
-            f"{script_args.prompt_column!r} -> {script_args.solution_column!r} (named, not opened)"
+            f"{script_args.prompt_column!r} -> {script_args.solution_column!r} ({opened})"
         )
     if getattr(script_args, "strip_dapo_instruction", False):
         data_line += "; DAPO 'Answer:' instruction stripped"

@@ -274,6 +274,21 @@ def test_dry_run_reports_bad_rewards_trainer_and_temperature():
     assert any("trainer='ppo'" in e for e in validate_recipe(script, args, model, 1).errors)
 
 
+def test_dry_run_opens_a_local_dataset_file_and_checks_its_columns(tmp_path):
+    from stapo_trl.dry_run import validate_recipe
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": "4"}\n')
+    script, args, model = _demo_args("--dataset_name", str(data))  # the demo's columns: problem -> solution
+    report = validate_recipe(script, args, model, 1)
+    assert not report.ok
+    assert any("Column 'problem' not found" in e and "['question', 'answer']" in e for e in report.errors)
+    script.prompt_column, script.solution_column = "question", "answer"
+    report = validate_recipe(script, args, model, 1)
+    assert report.ok, report.errors
+    assert "checked: 2 rows" in report.summary()
+
+
 def test_dry_run_numbers_for_the_demo():
     from stapo_trl.dry_run import validate_recipe
 
