@@ -579,15 +579,46 @@ def format_results_table(result_sets: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# Settings that must match for two results files to be compared like for like (the backend may differ).
+COMPARABLE_SETTINGS = ("max_new_tokens", "limit", "instruction", "chat_template", "data_dir")
+
+
+def comparison_caveats(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """What differs between two results files beyond the model: run settings and per-benchmark sample counts.
+
+    Returns:
+        `list[str]`: one line per difference (empty when the files are like for like).
+    """
+    caveats = []
+    config_a, config_b = a.get("config", {}), b.get("config", {})
+    for key in COMPARABLE_SETTINGS:
+        if key in config_a and key in config_b and config_a[key] != config_b[key]:
+            caveats.append(f"{key}: {config_a[key]!r} vs {config_b[key]!r}")
+    for decoding in [d for d in a["results"] if d in b["results"]]:
+        tables_a, tables_b = a["results"][decoding], b["results"][decoding]
+        for bench in [x for x in BENCHMARKS if x in tables_a and x in tables_b]:
+            n_a, n_b = tables_a[bench].get("n_samples"), tables_b[bench].get("n_samples")
+            if n_a != n_b:
+                caveats.append(f"{bench} / {decoding}: {n_a} vs {n_b} samples per problem")
+            p_a, p_b = tables_a[bench].get("num_problems"), tables_b[bench].get("num_problems")
+            if p_a != p_b:
+                caveats.append(f"{bench} / {decoding}: {p_a} vs {p_b} problems")
+    return caveats
+
+
 def format_comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
     """Side-by-side table of two results files with the relative gain (b - a) / a per column, as the paper reports.
+
+    Avg is taken over the paper benchmarks that both files have (marked `*`, with a footnote, when fewer than six),
+    so the two Avg values and their gain cover the same benchmarks. Settings that differ between the files
+    ([`comparison_caveats`]) are listed under the tables.
 
     Args:
         a (`dict`): the baseline results file.
         b (`dict`): the compared results file.
 
     Returns:
-        `str`: a Markdown table per decoding present in both files.
+        `str`: a Markdown table per decoding present in both files, then the footnote and caveats.
 
     Raises:
         ValueError: the files share no decoding setting.
@@ -595,19 +626,25 @@ def format_comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
     shared = [d for d in a["results"] if d in b["results"]]
     if not shared:
         raise ValueError(f"No common decoding: {sorted(a['results'])} vs {sorted(b['results'])}.")
-    out = []
+    out, footnotes = [], []
     for decoding in shared:
-        columns = [c for c in BENCHMARKS if c in a["results"][decoding] or c in b["results"][decoding]]
+        tables_a, tables_b = a["results"][decoding], b["results"][decoding]
+        columns = [c for c in BENCHMARKS if c in tables_a or c in tables_b]
+        both = [c for c in PAPER_BENCHMARKS if c in tables_a and c in tables_b]
         header = ["Model"] + [BENCHMARKS[c].display_name for c in columns] + ["Avg"]
         lines = [f"Decoding {decoding}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         rows = []
-        for data in (a, b):
-            values, avg, complete = _row_values(data["results"][decoding], columns)
+        for data, tables in ((a, tables_a), (b, tables_b)):
+            values, _, _ = _row_values(tables, columns)
+            avg = sum(tables[c][avg_key(tables[c])] for c in both) / len(both) if both else None
             rows.append(values + [avg])
             label = f"{_model_label(data)}/{decoding}"
-            lines.append(
-                "| " + " | ".join([label] + [_fmt(v) for v in values] + [_fmt(avg) + ("" if complete else "*")]) + " |"
-            )
+            mark = "" if len(both) == len(PAPER_BENCHMARKS) or avg is None else "*"
+            lines.append("| " + " | ".join([label] + [_fmt(v) for v in values] + [_fmt(avg) + mark]) + " |")
+        if both and len(both) < len(PAPER_BENCHMARKS):
+            note = f"\\* Avg over the {len(both)} paper benchmark(s) both files have: {', '.join(both)}."
+            if note not in footnotes:
+                footnotes.append(note)
         gains = []
         for va, vb in zip(*rows):
             if va is None or vb is None or va == 0:
@@ -616,7 +653,10 @@ def format_comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
                 gains.append(f"{100 * (vb - va) / va:+.1f}%")
         lines.append("| " + " | ".join(["rel. gain (b-a)/a"] + gains) + " |")
         out.append("\n".join(lines))
-    return "\n\n".join(out)
+    caveats = comparison_caveats(a, b)
+    if caveats:
+        footnotes.append("Not like for like (the files differ in): " + "; ".join(caveats) + ".")
+    return "\n\n".join(out + footnotes)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -241,6 +241,21 @@ def test_incomplete_average_is_marked():
     assert "| m/t1.0-p1.0 | 50.0 | 50.0* |" in table
 
 
+def test_comparison_averages_the_shared_benchmarks_and_lists_what_differs():
+    a = _fake_results("grpo", {"aime24": 0.1, "amc23": 0.4, "math500": 0.6})
+    b = _fake_results("stapo", {"aime24": 0.2, "amc23": 0.5})  # no MATH-500
+    a["config"], b["config"] = {"max_new_tokens": 32, "limit": 3}, {"max_new_tokens": 16, "limit": 3}
+    b["results"]["t1.0-p1.0"]["aime24"] = {"avg@2": 0.2, "n_samples": 2, "pass@k": {}}
+    comparison = format_comparison(a, b)
+    # Avg over AIME24 and AMC23 only, for both rows: a 0.25, b 0.35 -> +40 %; MATH-500 has no gain.
+    assert "| grpo/t1.0-p1.0 | 10.0 | 40.0 | 60.0 | 25.0* |" in comparison
+    assert "| stapo/t1.0-p1.0 | 20.0 | 50.0 | - | 35.0* |" in comparison
+    assert "| rel. gain (b-a)/a | +100.0% | +25.0% | n/a | +40.0% |" in comparison
+    assert "Avg over the 2 paper benchmark(s) both files have: aime24, amc23." in comparison
+    assert "max_new_tokens: 32 vs 16" in comparison and "aime24 / t1.0-p1.0: 4 vs 2 samples" in comparison
+    assert "limit" not in comparison.split("Not like for like")[1]  # equal settings are not listed
+
+
 def test_compare_cli(tmp_path, capsys):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     for path, value in ((a, 0.2), (b, 0.3)):
