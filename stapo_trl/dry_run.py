@@ -56,6 +56,8 @@ TRACKER_MODULES = {
     "dvclive": "dvclive",
     "swanlab": "swanlab",
 }
+# The paper's batch geometry (STAPO Sec. 4.1): 256 prompts x 8 rollouts per rollout step, 64-prompt updates.
+PAPER_PROMPTS_PER_ROLLOUT_STEP, PAPER_PROMPTS_PER_UPDATE, PAPER_NUM_GENERATIONS = 256, 64, 8
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -513,6 +515,15 @@ def validate_recipe(
     )
     if training_args.use_cpu and training_args.bf16 and not cpu_forced:
         warnings.append("bf16=True on CPU is about 2.3x slower than float32: set bf16: false for CPU runs.")
+    paper_geometry = (PAPER_PROMPTS_PER_ROLLOUT_STEP, PAPER_PROMPTS_PER_UPDATE, PAPER_NUM_GENERATIONS)
+    geometry = (generation_batch / num_generations, completions_per_step / num_generations, num_generations)
+    if "dapo-math" in str(script_args.dataset_name).lower() and geometry != paper_geometry:
+        warnings.append(
+            f"the paper's data (DAPO-Math) with another batch geometry: {geometry[0]:g} prompts x {num_generations} "
+            f"rollouts per rollout step and {geometry[1]:g}-prompt updates for {n} process(es), vs the paper's 256 "
+            "x 8 and 64. recipes/README.md gives per_device_train_batch_size / gradient_accumulation_steps / "
+            "steps_per_generation that keep the paper's for 4, 8, 16 and 32 processes."
+        )
 
     return DryRunReport(
         trainer=trainer,

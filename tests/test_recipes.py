@@ -95,10 +95,20 @@ def test_readme_batch_table_keeps_the_paper_geometry(recipe, num_processes, over
     assert report.generation_batch_size == 2048 and report.prompts_per_rollout_step == 256
     assert report.completions_per_optimizer_step == 512 and report.prompts_per_optimizer_step == 64
     assert report.optimizer_steps_per_rollout_step == 4
+    assert not [w for w in report.warnings if "batch geometry" in w], report.warnings
     table = (RECIPES_DIR / "README.md").read_text()
     per_device = report.per_device_train_batch_size
     row = f"| {num_processes} | {per_device} | {report.gradient_accumulation_steps} | {report.steps_per_generation} |"
     assert row in table, f"recipes/README.md lacks the row {row!r} for {recipe}"
+
+
+def test_dry_run_warns_when_a_paper_recipe_runs_at_another_geometry():
+    from stapo_trl.dry_run import dry_run_recipe
+
+    # The 1.7B recipe is laid out for 4 training processes; on 8 without new batch settings it doubles the batch.
+    report = dry_run_recipe(["--config", str(RECIPES_DIR / "Qwen3-1.7B" / "stapo.yaml")], 8)
+    assert report.ok
+    assert any("512 prompts x 8 rollouts" in w and "128-prompt updates" in w for w in report.warnings)
 
 
 def test_qwen3_recipes_launch_lines_match_their_arithmetic():
