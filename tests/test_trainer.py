@@ -264,8 +264,10 @@ def test_train_end_to_end_changes_weights_and_logs_s2t_metrics(tiny_random_model
     logged = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logged) == 3
     for entry in logged:
-        for key in ("s2t/silenced_ratio", "s2t/candidate_ratio", "s2t/entropy_threshold", "s2t/num_silenced"):
+        for key in ("s2t/silenced_ratio", "s2t/candidate_ratio", "s2t/num_candidates", "s2t/num_silenced"):
             assert key in entry, key
+        # tau_h is defined (and logged) exactly when there was a candidate
+        assert ("s2t/entropy_threshold" in entry) == (entry["s2t/num_candidates"] > 0), entry
         assert 0.0 <= entry["s2t/silenced_ratio"] <= entry["s2t/candidate_ratio"] <= 1.0
     assert sum(entry["s2t/num_silenced"] for entry in logged) > 0
 
