@@ -583,9 +583,10 @@ def _is_builtin_or_local(name: str | None) -> bool:
 def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelConfig) -> PreparedRun:
     """Validate the run and load what is cheap to load, before any model is built.
 
-    In order: the reward names, the model argument (checked, not loaded), the dataset (train split, and the test split when it is needed: before/after
-    evaluation or `eval_strategy`), its columns, the in-training benchmark name, the model path (a `builtin:` model
-    is built into its cache here on first use), then the `max_prompt_tokens` filter (with the model's tokenizer).
+    In order: the reward names, the model argument (checked, not loaded), the dataset (train split, and the test
+    split when it is needed: before/after evaluation or `eval_strategy`), its columns, the in-training benchmark name,
+    the model path (a `builtin:` model is built into its cache here on first use), then the `max_prompt_tokens`
+    filter (with the model's tokenizer).
     Every failure is one exception with one message.
 
     Raises:
