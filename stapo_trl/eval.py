@@ -486,7 +486,10 @@ def load_results(path: str | Path) -> dict[str, Any]:
         ValueError: not a results file of this format.
     """
     with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not a stapo-eval results file: not JSON ({e}).") from None
     if not isinstance(data, dict) or data.get("format_version") != RESULTS_FORMAT_VERSION or "results" not in data:
         raise ValueError(f"{path} is not a stapo-eval results file (format_version {RESULTS_FORMAT_VERSION}).")
     return data
@@ -634,11 +637,12 @@ def format_comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
         header = ["Model"] + [BENCHMARKS[c].display_name for c in columns] + ["Avg"]
         lines = [f"Decoding {decoding}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         rows = []
-        for data, tables in ((a, tables_a), (b, tables_b)):
+        same_name = _model_label(a) == _model_label(b)
+        for tag, data, tables in (("a", a, tables_a), ("b", b, tables_b)):
             values, _, _ = _row_values(tables, columns)
             avg = sum(tables[c][avg_key(tables[c])] for c in both) / len(both) if both else None
             rows.append(values + [avg])
-            label = f"{_model_label(data)}/{decoding}"
+            label = f"{_model_label(data)}/{decoding}" + (f" ({tag})" if same_name else "")
             mark = "" if len(both) == len(PAPER_BENCHMARKS) or avg is None else "*"
             lines.append("| " + " | ".join([label] + [_fmt(v) for v in values] + [_fmt(avg) + mark]) + " |")
         if both and len(both) < len(PAPER_BENCHMARKS):

@@ -31,6 +31,10 @@ TRAINING_CURVES: tuple[tuple[str, str, str], ...] = (
 Run = Sequence[Sequence[dict[str, Any]]]  # one list of metrics.jsonl rows per seed
 
 
+# `--out` with one of these suffixes is a figure file (matplotlib writes the format); anything else is a folder.
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
 def set_log_y_axis(ax) -> None:
     """Log-scale y axis with labelled ticks at 1, 2 and 5 x 10^k (data within one decade still gets labels)."""
     from matplotlib.ticker import LogFormatterSciNotation, LogLocator
@@ -185,8 +189,8 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None) -> argpars
     parser.add_argument(
         "--out",
         default=None,
-        help="A .png for the training curves, or a folder for every figure (the diagnostic s2t_*.png always go "
-        "next to the curves). Default: OUTPUT_DIR/training_curves.png for one folder, ./training_curves.png for "
+        help="A figure file for the training curves (.png, .pdf, .svg, .jpg), or a folder for every figure (the "
+        "diagnostic s2t_*.png always go next to the curves). Default: OUTPUT_DIR/training_curves.png for one folder, ./training_curves.png for "
         "several.",
     )
     parser.add_argument(
@@ -214,7 +218,8 @@ def plot_output_dirs(
 
     Args:
         output_dirs (`Sequence[str]`): Folders with `metrics.jsonl`, or folders of per-seed folders.
-        out (`str`, *optional*): The PNG (a path ending in `.png`), or a folder (created if needed) that gets
+        out (`str`, *optional*): The figure file (a path ending in one of `FIGURE_SUFFIXES`), or a folder (created
+            if needed) that gets
             `training_curves.png`; default `OUTPUT_DIR/training_curves.png` for one folder, `./training_curves.png`
             for several.
         labels (`Sequence[str]`, *optional*): Legend labels, one per folder; default the folder names.
@@ -233,7 +238,7 @@ def plot_output_dirs(
     if out is None:
         one_folder = len(output_dirs) == 1 and os.path.isdir(output_dirs[0])
         out = os.path.join(output_dirs[0], "training_curves.png") if one_folder else "training_curves.png"
-    elif not out.lower().endswith(".png"):
+    elif os.path.splitext(out)[1].lower() not in FIGURE_SUFFIXES:
         os.makedirs(out, exist_ok=True)
         out = os.path.join(out, "training_curves.png")
     elif os.path.dirname(out):

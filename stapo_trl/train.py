@@ -277,6 +277,11 @@ class RecipeParser(TrlParser):
         if flags and not kwargs.get("return_remaining_strings"):
             raise ValueError(self._unknown_keys_message(flags, "the command line"))
         check_generation_batch(namespace)
+        if getattr(namespace, "max_steps", None) == 0:  # transformers would run one step and report max_steps 0
+            raise ValueError(
+                "max_steps=0 trains nothing: give a positive number of optimizer steps, or -1 (the default) to train "
+                "for num_train_epochs epochs."
+            )
         return super().parse_args_into_dataclasses(args=args, **kwargs)
 
     def error(self, message):

@@ -256,6 +256,13 @@ def test_comparison_averages_the_shared_benchmarks_and_lists_what_differs():
     assert "limit" not in comparison.split("Not like for like")[1]  # equal settings are not listed
 
 
+def test_compare_names_a_file_that_is_not_json(tmp_path, capsys):
+    (tmp_path / "broken.json").write_text("not json")
+    with pytest.raises(SystemExit):
+        main(["--compare", str(tmp_path / "broken.json"), str(tmp_path / "broken.json")])
+    assert "broken.json is not a stapo-eval results file: not JSON" in capsys.readouterr().err
+
+
 def test_compare_cli(tmp_path, capsys):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     for path, value in ((a, 0.2), (b, 0.3)):

@@ -177,6 +177,7 @@ def test_num_generations_not_dividing_the_generation_batch_lists_valid_values():
         (["--model_name_or_path", "builtin:huge-math"], r"'builtin:huge-math'.*builtin:tiny-math"),
         (["--dataset_name", "builtin:huge-math"], r"'builtin:huge-math'.*builtin:tiny-math"),
         (["--num_generations", "6"], r"num_generations=6 .*\[2, 4, 8, 16, 32, 64\]"),
+        (["--max_steps", "0"], r"max_steps=0 trains nothing"),
         (["--benchmark_eval", "aime99"], r"Unknown benchmark 'aime99'.*aime24"),
     ],
     ids=[
@@ -186,6 +187,7 @@ def test_num_generations_not_dividing_the_generation_batch_lists_valid_values():
         "unknown-builtin-model",
         "unknown-builtin-dataset",
         "num-generations",
+        "max-steps-0",
         "unknown-benchmark",
     ],
 )
@@ -304,6 +306,9 @@ def test_stapo_plot_draws_single_runs_and_seed_folders(tmp_path):
     # --out FOLDER (not a .png): created, and the curves land inside it as training_curves.png.
     plot_main([str(tmp_path / "cmp" / "stapo" / "seed0"), "--out", str(tmp_path / "figs" / "run0")])
     assert os.path.getsize(tmp_path / "figs" / "run0" / "training_curves.png") > 10_000
+    # --out with another figure suffix is a file in that format, not a folder.
+    plot_main([str(tmp_path / "cmp" / "stapo" / "seed0"), "--out", str(tmp_path / "curves.svg")])
+    assert (tmp_path / "curves.svg").is_file() and (tmp_path / "curves.svg").read_text().lstrip().startswith("<?xml")
     with pytest.raises(SystemExit, match="stapo-plot: error: No metrics.jsonl"):
         plot_main([str(tmp_path)])
 
