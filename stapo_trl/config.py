@@ -8,7 +8,11 @@ from typing import Literal
 
 from trl import GRPOConfig
 
+from .process_group import import_group_capturing_modules
 from .s2t import S2T_MODES
+
+
+import_group_capturing_modules()  # before a config (and so the process group) can exist; see process_group.py
 
 
 S2T_SCOPES = ("generation_batch", "micro_batch")

@@ -48,7 +48,10 @@ from typing import Any, Literal
 
 from trl import ModelConfig, ScriptArguments, TrlParser
 
+from .process_group import import_group_capturing_modules
 
+
+import_group_capturing_modules()  # before parsing creates the process group (trainer: grpo too); see process_group.py
 logger = logging.getLogger(__name__)
 
 TRAINERS = ("stapo", "grpo")

@@ -206,15 +206,11 @@ def test_demo_recipe_trains_with_deepspeed_zero2_on_two_cpu_processes(tiny_math_
 # The S2T collectives on two ranks, on hand-built tensors
 # ---------------------------------------------------------------------------------------------------------------
 
-# EXIT_WITHOUT_TEARDOWN: a process that has built a transformers `Trainer` (plain `GRPOTrainer` too) keeps gloo's
-# worker threads alive after `destroy_process_group()` (torch 2.13, transformers 5.24), and about one exit in 15 then
-# aborts in C++ static teardown ("terminate called without an active exception", SIGABRT) after every result is
-# written. The workers below exit with `os._exit(0)` once their results are on disk, so the tests check S2T, not that.
 # Runs on every rank under torchrun. Each rank builds a real STAPOTrainer (tiny random model, CPU, gloo) and calls
 # `_gather_1d`, `_build_s2t_mask` and `_set_optimizer_step_normalisers` on per-rank tensors, then writes what it saw.
 S2T_WORKER = textwrap.dedent(
     r'''
-    import json, math, os, sys
+    import json, math, sys
     import torch
     from datasets import Dataset
     from stapo_trl import STAPOConfig, STAPOTrainer
@@ -270,9 +266,55 @@ S2T_WORKER = textwrap.dedent(
         json.dump(seen, f)
     print(f"rank {rank} of {world} done", flush=True)
     trainer.accelerator.end_training()
-    os._exit(0)  # why: see EXIT_WITHOUT_TEARDOWN
     '''
 )
+
+
+# A real STAPOTrainer built in a 1-process torchrun job: afterwards no function default may hold the default process
+# group, and destroy_process_group() must stop gloo's threads (they used to survive and abort ~1 exit in 15; see
+# stapo_trl/process_group.py).
+GROUP_RELEASE_WORKER = textwrap.dedent(
+    r"""
+    import gc, os, sys, types
+    import torch.distributed as dist
+    from datasets import Dataset
+    from stapo_trl import STAPOConfig, STAPOTrainer
+
+    def gloo_threads():
+        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+        return sorted(n for n in names if "gloo" in n)
+
+    args = STAPOConfig(output_dir=sys.argv[2], use_cpu=True, bf16=False, report_to="none", max_completion_length=8,
+                       per_device_train_batch_size=4, num_generations=4)
+    trainer = STAPOTrainer(model=sys.argv[1], reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+                           args=args, train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 8}))
+    group = dist.distributed_c10d._get_default_group()
+    holders = [f"{f.__module__}.{f.__qualname__}" for f in gc.get_objects() if isinstance(f, types.FunctionType)
+               and any(d is group for d in (f.__defaults__ or ()) + tuple((f.__kwdefaults__ or {}).values()))]
+    print("functions holding the group in a default:", holders, flush=True)
+    assert gloo_threads(), "no gloo threads while the group exists: the check below would prove nothing"
+    del group
+    trainer.accelerator.end_training()
+    gc.collect()
+    print("gloo threads after destroy_process_group:", gloo_threads(), flush=True)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
+def test_destroy_process_group_releases_gloo_after_building_a_trainer(tiny_random_model_path, tmp_path):
+    worker = tmp_path / "group_release_worker.py"
+    worker.write_text(GROUP_RELEASE_WORKER)
+    output = run_distributed(
+        lambda port: [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
+            "--master_addr", "127.0.0.1", "--master_port", str(port), str(worker), tiny_random_model_path,
+            str(tmp_path),
+        ],
+        timeout=300,
+    )  # fmt: skip
+    assert "functions holding the group in a default: []" in output, output[-3000:]
+    assert "gloo threads after destroy_process_group: []" in output, output[-3000:]
 
 
 def test_s2t_collectives_on_two_ranks(tiny_random_model_path, tmp_path):
@@ -338,7 +380,6 @@ DIAGNOSTICS_WORKER = textwrap.dedent(
     with open(os.path.join(sys.argv[2], f"rank{trainer.accelerator.process_index}.json"), "w") as f:
         json.dump(logged, f)
     trainer.accelerator.end_training()
-    os._exit(0)  # why: see EXIT_WITHOUT_TEARDOWN
     """
 )
 
