@@ -23,7 +23,6 @@ exp(2 (z_v - max z)), no logits materialised); [`CollisionProbabilityRecorder`] 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -32,9 +31,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import TrainerCallback
 
-from .metrics_log import open_jsonl_for_run, read_jsonl
+from .metrics_log import JsonlLogCallback, read_jsonl
 from .s2t import S2TResult
 
 
@@ -496,7 +494,7 @@ def top_token_counts(records: Sequence[dict[str, Any]], kind: str = "silenced", 
     return Counter(token_label(r) for r in records if r["kind"] == kind).most_common(k)
 
 
-class SpuriousTokenLogger(TrainerCallback):
+class SpuriousTokenLogger(JsonlLogCallback):
     r"""Write the silenced tokens of the current S2T batch to `spurious_tokens.jsonl` at every logging step.
 
     At each step where the trainer logs (`control.should_log`, set by transformers' flow callback on every
@@ -527,6 +525,8 @@ class SpuriousTokenLogger(TrainerCallback):
         top_k (`int`, *optional*, defaults to `20`): rows of the tracker table.
     """
 
+    filename = SPURIOUS_TOKENS_FILENAME
+
     def __init__(
         self,
         trainer,
@@ -538,8 +538,8 @@ class SpuriousTokenLogger(TrainerCallback):
         context_tokens: int = 8,
         top_k: int = 20,
     ):
+        super().__init__(path)
         self.trainer = trainer
-        self.path = path
         self.max_silenced = max_silenced
         self.max_kept_candidates = max_kept_candidates
         self.max_reference = max_reference
@@ -547,30 +547,16 @@ class SpuriousTokenLogger(TrainerCallback):
         self.top_k = top_k
         self.silenced_counts: Counter[str] = Counter()
         self.kept_candidate_counts: Counter[str] = Counter()
-        self._file = None
         self._last_batch = None
 
     # -- file ----------------------------------------------------------------------------------------------------
-    def _resolved_path(self, args) -> str:
-        return self.path or os.path.join(args.output_dir, SPURIOUS_TOKENS_FILENAME)
-
     def on_train_begin(self, args, state, control, **kwargs):
         self._last_batch = None
         if not state.is_world_process_zero:
             return
-        self.close()
         # Resuming keeps the records up to the checkpoint; a fresh run starts an empty file.
-        self._file, kept = open_jsonl_for_run(self._resolved_path(args), state.global_step)
-        for record in kept:
+        for record in self.open_for_run(args, state):
             self._count(record)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self.close()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
 
     def _count(self, record: dict[str, Any]) -> None:
         if record["kind"] == "silenced":
@@ -611,12 +597,9 @@ class SpuriousTokenLogger(TrainerCallback):
         if not accelerator.is_main_process:
             return []
         records = self._cap(records, step, args.seed)
-        if self._file is None:  # `log_batch` called outside `train()`
-            self._file = open(self._resolved_path(args), "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        self.write_rows(args, records)
         for record in records:
-            self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
             self._count(record)
-        self._file.flush()
         self._log_table(args)
         return records
 

@@ -37,7 +37,51 @@ TRAIN_SUMMARY_KEYS = frozenset(
 )
 
 
-class MetricsLogCallback(TrainerCallback):
+class JsonlLogCallback(TrainerCallback):
+    """Base of the callbacks that append JSON lines to `<output_dir>/<filename>` on the main process.
+
+    The file is opened by [`open_for_run`] when training (re)starts (a resumed run keeps the rows up to its step, see
+    [`open_jsonl_for_run`]), opened for appending by [`write_rows`] when rows come outside `train()`, flushed after
+    every write and closed when training ends.
+
+    Args:
+        path (`str` or `None`, *optional*, defaults to `None`):
+            File to write. `None` means `<args.output_dir>/<filename>`, resolved when it is opened.
+    """
+
+    filename: str = ""
+
+    def __init__(self, path: str | None = None):
+        self.path = path
+        self._file: TextIO | None = None
+
+    def resolved_path(self, args) -> str:
+        return self.path or os.path.join(args.output_dir, self.filename)
+
+    def open_for_run(self, args, state) -> list[dict[str, Any]]:
+        """(Re)open the file at `state.global_step`; returns the rows a resumed run keeps."""
+        self.close()
+        self._file, kept = open_jsonl_for_run(self.resolved_path(args), state.global_step)
+        return kept
+
+    def write_rows(self, args, rows: list[dict[str, Any]]) -> None:
+        """Append `rows`, one JSON line each, and flush."""
+        if self._file is None:  # written outside `train()`
+            self._file = open(self.resolved_path(args), "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        for row in rows:
+            self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._file.flush()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.close()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class MetricsLogCallback(JsonlLogCallback):
     """Append one JSON line per logging step to `metrics.jsonl`, on the main process only.
 
     The end-of-training summary (`train_runtime`, `train_loss`, ...) is not a logging step and is not written here
@@ -53,18 +97,11 @@ class MetricsLogCallback(TrainerCallback):
             File to write. `None` means `<args.output_dir>/metrics.jsonl`, resolved when training begins.
     """
 
-    def __init__(self, path: str | None = None):
-        self.path = path
-        self._file = None
-
-    def _open(self, args, state) -> None:
-        path = self.path or os.path.join(args.output_dir, METRICS_FILENAME)
-        self._file, _ = open_jsonl_for_run(path, state.global_step)
+    filename = METRICS_FILENAME
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            self.close()
-            self._open(args, state)
+            self.open_for_run(args, state)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -75,20 +112,9 @@ class MetricsLogCallback(TrainerCallback):
             logs = {key: value for key, value in logs.items() if key not in TRAIN_SUMMARY_KEYS}
             if not logs:
                 return
-        if self._file is None:  # `trainer.log(...)` called outside `train()`
-            self._file = open(self.path or os.path.join(args.output_dir, METRICS_FILENAME), "a")  # noqa: SIM115
         row = {"step": state.global_step, "epoch": state.epoch}
         row.update({key: _jsonable(value) for key, value in logs.items()})
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self.close()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self.write_rows(args, [row])
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
