@@ -112,6 +112,19 @@ def run_subprocess(
     return output
 
 
+def run_torchrun(source: str, script: Path, *args: str, nproc: int, timeout: float = 600) -> str:
+    """Write `source` to `script` and run it on `nproc` local ranks under torchrun (`run_distributed`: free port,
+    timeout, output on failure)."""
+    script.write_text(source)
+    return run_distributed(
+        lambda port: [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+            "--master_addr", "127.0.0.1", "--master_port", str(port), str(script), *args,
+        ],
+        timeout=timeout,
+    )  # fmt: skip
+
+
 def _accelerate_cmd(config: str, port: int) -> list[str]:
     return [
         sys.executable, "-m", "accelerate.commands.launch",
@@ -303,31 +316,20 @@ GROUP_RELEASE_WORKER = textwrap.dedent(
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
 def test_destroy_process_group_releases_gloo_after_building_a_trainer(tiny_random_model_path, tmp_path):
-    worker = tmp_path / "group_release_worker.py"
-    worker.write_text(GROUP_RELEASE_WORKER)
-    output = run_distributed(
-        lambda port: [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
-            "--master_addr", "127.0.0.1", "--master_port", str(port), str(worker), tiny_random_model_path,
-            str(tmp_path),
-        ],
+    output = run_torchrun(
+        GROUP_RELEASE_WORKER,
+        tmp_path / "group_release_worker.py",
+        tiny_random_model_path,
+        str(tmp_path),
+        nproc=1,
         timeout=300,
-    )  # fmt: skip
+    )
     assert "functions holding the group in a default: []" in output, output[-3000:]
     assert "gloo threads after destroy_process_group: []" in output, output[-3000:]
 
 
 def test_s2t_collectives_on_two_ranks(tiny_random_model_path, tmp_path):
-    worker = tmp_path / "s2t_worker.py"
-    worker.write_text(S2T_WORKER)
-    output = run_distributed(
-        lambda port: [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_addr", "127.0.0.1", "--master_port", str(port),
-            str(worker), tiny_random_model_path, str(tmp_path),
-        ],
-        timeout=600,
-    )  # fmt: skip
+    output = run_torchrun(S2T_WORKER, tmp_path / "s2t_worker.py", tiny_random_model_path, str(tmp_path), nproc=2)
     assert "rank 0 of 2 done" in output and "rank 1 of 2 done" in output, output[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
@@ -387,18 +389,9 @@ DIAGNOSTICS_WORKER = textwrap.dedent(
 @pytest.mark.slow
 def test_two_processes_gather_records_from_both_and_agree_on_metrics(tiny_random_model_path, tmp_path):
     """Every rank takes part in every collective (metrics all-reduce, records gather): no hang, one file."""
-    script = tmp_path / "run.py"
-    script.write_text(DIAGNOSTICS_WORKER)
     out = tmp_path / "out"
     out.mkdir()
-    run_distributed(
-        lambda port: [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-            "--master_addr", "127.0.0.1", "--master_port", str(port),
-            str(script), tiny_random_model_path, str(out),
-        ],
-        timeout=600,
-    )  # fmt: skip
+    run_torchrun(DIAGNOSTICS_WORKER, tmp_path / "run.py", tiny_random_model_path, str(out), nproc=2)
     rank0, rank1 = (json.loads((out / f"rank{i}.json").read_text()) for i in range(2))
     assert rank0 == rank1  # reduced metrics are the same on every process
     records = read_token_records(out)
