@@ -133,7 +133,7 @@ def add_stapo_section(trainer, base_model: str | None = None) -> str | None:
         head, rest = card.split(SECTION_START, 1)
         card = head.rstrip("\n") + "\n" + rest.split(SECTION_END, 1)[1].lstrip("\n")
     card = card.replace("[None](https://huggingface.co/None)", f"`{base_model}`")
-    card = card.replace('model="None"', f"model={trainer.args.output_dir!r}".replace("'", '"'))
+    card = card.replace('model="None"', f"model={json.dumps(trainer.args.output_dir)}")  # a quoted Python string
     card = card.replace("licence: license\n", "")
     section = stapo_card_section(trainer.args, base_model)
     # The section goes right before TRL's "### Framework versions" (after "Training procedure"), else at the end.
