@@ -259,7 +259,9 @@ def s2t_diagnostic_metrics(
     """
     reduce = reduce if reduce is not None else (lambda t: t)
     with torch.no_grad():
-        in_loss = loss_mask.bool()  # (B, T)
+        # Non-finite log-probs or entropies (numerical trouble upstream, counted in s2t/num_nonfinite) stay out of the
+        # quantiles and sums, as they stay out of the candidates.
+        in_loss = loss_mask.bool() & torch.isfinite(per_token_logps) & torch.isfinite(entropies)  # (B, T)
         silenced = result.silenced & in_loss  # (B, T)
         probs = per_token_logps.detach().double().exp()  # (B, T)
         ent = entropies.detach().double()  # (B, T)
@@ -498,12 +500,13 @@ class SpuriousTokenLogger(JsonlLogCallback):
     r"""Write the silenced tokens of the current S2T batch to `spurious_tokens.jsonl` at every logging step.
 
     At each step where the trainer logs (`control.should_log`, set by transformers' flow callback on every
-    process), the records of `trainer.s2t_last_batch` ([`spurious_token_records`]: every silenced token, a sample
-    of kept candidates and of other positive-advantage tokens) are gathered from all processes with
-    `accelerate.utils.gather_object` (every process calls it at the same steps, also with no record, so nothing
-    hangs) and appended by the main process, flushed per write. A batch already written (the generation-batch scope
-    keeps one mask for `steps_per_generation` steps) and evaluation batches are skipped, on every process alike.
-    Caps are per logging step over all processes.
+    process), the records of the training masks built since the last logging step (`trainer.s2t_train_batches`:
+    one mask per optimizer update, or per rollout batch in the `generation_batch` scope; [`spurious_token_records`]:
+    every silenced token, a sample of kept candidates and of other positive-advantage tokens) are gathered from all
+    processes with `accelerate.utils.gather_object` (every process calls it at the same steps, also with no record,
+    so nothing hangs) and appended by the main process, flushed per write. A mask already written is skipped;
+    evaluation masks are kept apart by the trainer (`s2t_last_eval_batch`) and never reach this file. Caps are per
+    logging step over all processes.
 
     When wandb (or trackio) is in `report_to` and active, the `top_k` most frequent silenced strings so far, with
     their kept-candidate counts (of the sample), are logged as a table `s2t/top_silenced_tokens`; otherwise the
@@ -515,7 +518,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
     ```
 
     Args:
-        trainer ([`~stapo_trl.STAPOTrainer`]): the trainer whose `s2t_last_batch` is read.
+        trainer ([`~stapo_trl.STAPOTrainer`]): the trainer whose `s2t_train_batches` are read.
         path (`str`, *optional*): file to write; `None` = `<output_dir>/spurious_tokens.jsonl`.
         max_silenced (`int`, *optional*, defaults to `256`): silenced tokens written per logging step (a uniform
             sample when there are more; at the paper's ~1e-4 rate a batch has a handful).
@@ -568,30 +571,37 @@ class SpuriousTokenLogger(JsonlLogCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if not control.should_log:
             return
-        batch = self.trainer.s2t_last_batch
-        # The same decision on every process: each builds its mask at the same steps.
-        if batch is None or batch is self._last_batch or batch.mode != "train":
-            return
-        self._last_batch = batch
-        self.log_batch(batch, step=state.global_step, args=args)
+        # The training masks of the current pass over the rollout batch that are not logged yet (one per optimizer
+        # update, or one per rollout batch). The same decision on every process: each builds its masks at the same
+        # steps. Evaluation masks are kept apart by the trainer and never reach this list.
+        batches = self.trainer.s2t_train_batches
+        logged = next((i + 1 for i in reversed(range(len(batches))) if batches[i] is self._last_batch), 0)
+        if batches[logged:]:
+            self._last_batch = batches[-1]
+            self.log_batch(*batches[logged:], step=state.global_step, args=args)
 
-    def log_batch(self, batch: S2TBatch, step: int, args) -> list[dict[str, Any]]:
-        """Gather one batch's records from every process and append them (main process). A collective."""
+    def log_batch(self, *batches: S2TBatch, step: int, args) -> list[dict[str, Any]]:
+        """Gather the records of one or more masks from every process, cap them once for the logging step and append
+        them (main process). A collective."""
         from accelerate.utils import gather_object
 
         accelerator = self.trainer.accelerator
-        records = spurious_token_records(
-            batch,
-            self.trainer.processing_class,
-            step=step,
-            prob_threshold=self.trainer.args.s2t_prob_threshold,
-            max_silenced=self.max_silenced,
-            max_kept_candidates=self.max_kept_candidates,
-            max_reference=self.max_reference,
-            context_tokens=self.context_tokens,
-            seed=args.seed,
-            process_index=accelerator.process_index,
-        )
+        records = [
+            record
+            for batch in batches
+            for record in spurious_token_records(
+                batch,
+                self.trainer.processing_class,
+                step=step,
+                prob_threshold=self.trainer.args.s2t_prob_threshold,
+                max_silenced=self.max_silenced,
+                max_kept_candidates=self.max_kept_candidates,
+                max_reference=self.max_reference,
+                context_tokens=self.context_tokens,
+                seed=args.seed,
+                process_index=accelerator.process_index,
+            )
+        ]
         if accelerator.num_processes > 1:
             records = gather_object(records)  # every process, every logging step: never skipped
         if not accelerator.is_main_process:

@@ -183,7 +183,7 @@ def validate_recipe(
     """
     from trl import GRPOConfig
 
-    from .config import STAPOConfig
+    from .config import STAPOConfig, untested_combination_warnings
     from .train import TRAINERS
 
     errors: list[str] = []
@@ -211,7 +211,7 @@ def validate_recipe(
                 "trainer",
                 (
                     f"stapo: STAPOTrainer, S2T mask tau_p={a.s2t_prob_threshold}, q={a.s2t_entropy_quantile}, "
-                    f"mode={a.s2t_mode}, scope={a.s2t_scope}"
+                    f"mode={a.s2t_mode}, scope={a.s2t_scope}, policy={a.s2t_policy}"
                 ),
             )
         )
@@ -353,11 +353,12 @@ def validate_recipe(
             f"x {n} processes x gradient_accumulation_steps {grad_accum}), not a whole number of prompt groups of "
             f"{num_generations}: the paper's mini-batches are whole prompts (64 prompts x 8)."
         )
-    if steps_per_generation % grad_accum != 0:
+    if is_stapo:  # the trainer's own construction warnings, from the one function that makes them
+        warnings += untested_combination_warnings(training_args, steps_per_generation=steps_per_generation)
+    elif steps_per_generation % grad_accum != 0:
         warnings.append(
             f"steps_per_generation={steps_per_generation} is not a multiple of gradient_accumulation_steps="
-            f"{grad_accum}: an optimizer update spans two rollout batches"
-            + (" and STAPO's kept-token normaliser is estimated, not counted exactly." if is_stapo else ".")
+            f"{grad_accum}: an optimizer update spans two rollout batches."
         )
     if training_args.eval_strategy != "no":
         eval_generations = training_args.num_generations_eval or num_generations
@@ -487,13 +488,6 @@ def validate_recipe(
             )
     else:
         lines.append(("generation", f"transformers generate (no vLLM); {sampling}"))
-    if is_stapo and training_args.temperature != 1.0:
-        warnings.append(
-            f"temperature={training_args.temperature}: the S2T thresholds (tau_p=0.002, q) are calibrated on rollouts "
-            "at temperature 1.0 (the paper's setting); probabilities and entropies come from logits scaled by this "
-            "temperature, so the silenced set changes."
-        )
-
     # ------------------------------------------------------------------ logging, checkpoints, hardware
     trackers = [t for t in (training_args.report_to or []) if t not in ("none", "all")]
     missing = [t for t in trackers if t in TRACKER_MODULES and importlib.util.find_spec(TRACKER_MODULES[t]) is None]

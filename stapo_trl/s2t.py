@@ -39,6 +39,9 @@ class S2TResult:
         num_candidates (`int`): number of candidates, summed over all processes.
         num_silenced (`int`): number of silenced tokens, summed over all processes.
         num_loss_tokens (`int`): number of loss tokens (`loss_mask` = 1), summed over all processes.
+        num_nonfinite (`int`): loss tokens whose log-probability or entropy is not finite (NaN or ±inf), summed over
+            all processes. Such tokens are never candidates and never enter the quantile; any count above 0 means
+            numerical trouble upstream of the mask.
     """
 
     keep: torch.Tensor
@@ -48,6 +51,7 @@ class S2TResult:
     num_candidates: int
     num_silenced: int
     num_loss_tokens: int
+    num_nonfinite: int = 0
 
     @property
     def num_kept(self) -> int:
@@ -98,15 +102,18 @@ def s2t_mask(
 
     For completion i and token t:
 
-        candidate_it = loss_mask_it and A_i > 0 and p_it < τ_p
-        τ_h          = q-quantile of {H_it : candidate_it} over all processes (linear interpolation)
+        candidate_it = loss_mask_it and A_i > 0 and p_it < τ_p and log p_it, H_it finite
+        τ_h          = q-quantile of {H_it : candidate_it} over all processes (linear interpolation, float64)
         silenced_it  = candidate_it and H_it < τ_h          (strict: 1 candidate or all-tied entropies -> none)
         keep_it      = not silenced_it
 
     `p_it < τ_p` is evaluated as `log p_it < log τ_p` so that no float copy of the (B, T) tensor is made; the two
-    differ only for a log-prob within one rounding step of log τ_p. Zero- and negative-advantage tokens are never
-    candidates. Runs under `torch.no_grad()`, never modifies its inputs, and with `gather` it performs exactly two
-    collectives on every call (also with zero candidates), so every process must call it the same number of times.
+    differ only for a log-prob within one rounding step of log τ_p. `H_it < τ_h` is compared exactly: the candidates'
+    entropies are widened to float64 (exact for float32/bf16 inputs) and compared with the float64 τ_h, never with τ_h
+    rounded to the entropies' dtype. A position whose log-probability or entropy is NaN or ±inf is never a candidate;
+    such loss tokens are counted in `num_nonfinite`. Zero- and negative-advantage tokens are never candidates. Runs
+    under `torch.no_grad()`, never modifies its inputs, and with `gather` it performs exactly two collectives on every
+    call (also with zero candidates), so every process must call it the same number of times.
 
     Args:
         per_token_logps (`torch.Tensor`):
@@ -158,28 +165,31 @@ def s2t_mask(
 
     with torch.no_grad():
         in_loss = loss_mask.bool()  # (B, T)
-        candidate = in_loss & (advantages > 0) & (per_token_logps < math.log(prob_threshold))  # (B, T)
+        finite = torch.isfinite(per_token_logps) & torch.isfinite(entropies)  # (B, T)
+        candidate = in_loss & finite & (advantages > 0) & (per_token_logps < math.log(prob_threshold))  # (B, T)
 
-        # τ_h over the candidates of every process. Gathered in float32: a 1-D tensor of candidates only.
-        all_candidate_entropies = gather(entropies[candidate].float())  # (N_cand_global,)
+        # τ_h over the candidates of every process, in float64 (exact for float32 / bf16 entropies): a 1-D tensor of
+        # candidates only, so the widening never copies the (B, T) tensor.
+        candidate_entropies = entropies[candidate].to(torch.float64)  # (N_cand_local,)
+        all_candidate_entropies = gather(candidate_entropies)  # (N_cand_global,)
         num_candidates = all_candidate_entropies.numel()
         # Only the threshold the mode uses ("high_entropy": the (1 - q)-quantile; the others report the q-quantile).
         quantile = 1.0 - entropy_quantile if mode == "high_entropy" else entropy_quantile
         entropy_threshold = linear_quantile(all_candidate_entropies, quantile) if num_candidates > 0 else float("nan")
 
+        silenced = torch.zeros_like(candidate)  # (B, T) bool
         if mode == "low_entropy":
-            silenced = candidate & (entropies < entropy_threshold)  # NaN compares False: none silenced
+            silenced[candidate] = candidate_entropies < entropy_threshold  # float64 vs float64: exact
         elif mode == "high_entropy":
-            silenced = candidate & (entropies > entropy_threshold)
+            silenced[candidate] = candidate_entropies > entropy_threshold
         elif mode == "all_low_prob":
             silenced = candidate.clone()
-        else:  # "off"
-            silenced = torch.zeros_like(candidate)
 
         # count_nonzero, not .sum(): a bool .sum() allocates an int64 copy of the (B, T) mask.
-        local_counts = torch.stack([silenced.count_nonzero(), in_loss.count_nonzero()]).to(torch.float64)  # (2,)
-        global_counts = gather(local_counts).view(-1, 2).sum(dim=0)  # (P*2,) -> (2,)
-        num_silenced, num_loss_tokens = (int(c) for c in global_counts.tolist())
+        nonfinite = (in_loss & ~finite).count_nonzero()
+        local_counts = torch.stack([silenced.count_nonzero(), in_loss.count_nonzero(), nonfinite])  # (3,)
+        global_counts = gather(local_counts.to(torch.float64)).view(-1, 3).sum(dim=0)  # (P*3,) -> (3,)
+        num_silenced, num_loss_tokens, num_nonfinite = (int(c) for c in global_counts.tolist())
 
     return S2TResult(
         keep=~silenced,
@@ -189,4 +199,5 @@ def s2t_mask(
         num_candidates=num_candidates,
         num_silenced=num_silenced,
         num_loss_tokens=num_loss_tokens,
+        num_nonfinite=num_nonfinite,
     )

@@ -2,7 +2,8 @@
 
 Only *which tokens count* changes: the keep mask of [`s2t_mask`] joins the loss mask in the numerator and the
 denominator of the parent's loss, and the token-count normaliser of `dapo`/`cispo`/`vespo` becomes the global count
-of kept tokens. The parent's `_compute_loss` is called, never copied, so every other GRPO option keeps working.
+of kept tokens of each optimizer update. The parent's `_compute_loss` is called, never copied, so every other GRPO
+option keeps working.
 """
 
 from __future__ import annotations
@@ -16,15 +17,11 @@ from accelerate.utils import is_peft_model
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 
-from .config import STAPOConfig
+from .config import STAPOConfig, untested_combination_warnings
 from .diagnostics import CollisionProbabilityRecorder, s2t_diagnostic_metrics
 from .s2t import S2TResult, s2t_mask
 
 
-# Loss types whose normaliser is `num_items_in_batch` (TRL's global token count of the generation batch).
-_GLOBAL_TOKEN_MEAN_LOSSES = ("dapo", "cispo", "vespo")
-# Loss types without a token-count denominator: the mask removes tokens from the numerator only.
-_CONSTANT_DENOMINATOR_LOSSES = ("dr_grpo", "luspo")
 _KNOWN_LOSSES = ("dapo", "cispo", "vespo", "grpo", "sapo", "bnpo", "dr_grpo", "luspo")
 # Extra model inputs the parent forwards to `_get_per_token_logps_and_entropies` (multimodal models).
 _FORWARD_INPUT_KEYS = (
@@ -39,6 +36,13 @@ _FORWARD_INPUT_KEYS = (
     "mm_token_type_ids",
     "image_position_ids",
 )
+# Keys STAPOTrainer adds to a scored rollout batch. TRL shuffles and splits every per-row tensor of the batch in
+# unison, so each micro-batch carries its own rows' values: the loss mask and tool mask before silencing, and (policy
+# "rollout") the log-probs, entropies and log Σ π² of the no-grad scoring forward.
+_LOSS_MASK, _TOOL_MASK = "s2t_loss_mask", "s2t_tool_mask"
+_ROLLOUT_LOGPS, _ROLLOUT_ENTROPIES, _ROLLOUT_COLLISION = "s2t_per_token_logps", "s2t_entropies", "s2t_log_collision"
+# Per-mask counts that a log row sums (and pools into ratios) instead of averaging; see `STAPOTrainer.log`.
+_COUNT_METRICS = ("s2t/num_silenced", "s2t/num_candidates", "s2t/num_loss_tokens", "s2t/num_nonfinite")
 
 
 @dataclass
@@ -72,34 +76,37 @@ class STAPOTrainer(GRPOTrainer):
     Trainer for [STAPO](https://huggingface.co/papers/2602.15620): GRPO whose loss silences rare spurious tokens.
 
     A token is silenced when its completion has a positive advantage, it was sampled with probability below τ_p and
-    its entropy is below the q-quantile τ_h of such candidates over the batch (Sec. 3, the S2T rule). Silenced tokens
-    leave the numerator *and* the denominator of the loss ("dynamic valid-token averaging"). Everything else is
-    [`~trl.GRPOTrainer`]: the arguments, generation (transformers, vLLM server/colocate), rewards, PEFT, DeepSpeed.
+    its entropy is below the q-quantile τ_h of such candidates over the paper's mini-batch, i.e. one optimizer update
+    (Sec. 3, the S2T rule). Silenced tokens leave the numerator *and* the denominator of the loss ("dynamic
+    valid-token averaging"). Everything else is [`~trl.GRPOTrainer`]: the arguments, generation (transformers, vLLM
+    server/colocate), rewards, PEFT, DeepSpeed.
+
+    Which tokens τ_h is taken over, under which policy p and H are taken, and what normalises the loss
+    (`args.s2t_scope`, `args.s2t_policy`; `dapo`/`cispo`/`vespo`):
+
+    | scope | τ_h over the candidates of | p and H from | normaliser of each update |
+    |---|---|---|---|
+    | `optimizer_step` (default) | one optimizer update: its GA micro-batches, all processes | `s2t_policy`: the rollout batch's no-grad scoring forward (`rollout`), or one no-grad forward at the update's start (`current`) | the update's global kept-token count (exact) |
+    | `generation_batch` | the rollout batch: all `steps_per_generation` micro-batches, all processes | the rollout batch's no-grad scoring forward | the update's global kept-token count (exact) |
+    | `micro_batch` | one micro-step, all processes | the training forward (current policy) | the update's global loss-token count (the kept count when GA = 1) |
+
+    The rollout forward is TRL's old-log-prob forward when TRL runs one (vLLM importance sampling,
+    `steps_per_generation` > GA, `num_iterations` > 1), otherwise one extra no-grad forward per rollout batch. When
+    `steps_per_generation` is not a multiple of GA, the first two scopes fall back to `generation_batch` with TRL's
+    estimated normaliser (a warning says so). With `s2t_mode="off"` every scope gives the same loss and gradients:
+    the like-for-like baseline of the paper's comparisons. The per-loss-type normalisation is in `docs/stapo.md`.
 
     How the mask reaches the parent's loss: it is multiplied into `inputs["tool_mask"]`, which TRL reads only as a
     loss mask (`completion_mask` is also the attention mask and is never edited), and `inputs["num_items_in_batch"]`
-    is replaced by the global count of kept tokens.
+    is replaced by the kept-token count.
 
-    Normalisation per `loss_type` (the keep mask joins the loss mask everywhere):
-    - `dapo`, `cispo`, `vespo`: kept-token sum over the optimizer step divided by the global kept-token count of the
-      optimizer step (all processes, all gradient-accumulation micro-steps). With `s2t_scope="generation_batch"`
-      and `steps_per_generation` a multiple of `gradient_accumulation_steps`, the count is exact per optimizer step
-      (TRL itself scales the generation-batch count by GA/steps_per_generation; the two agree when
-      `steps_per_generation == gradient_accumulation_steps`, TRL's default). Otherwise TRL's scaling is kept.
-      With `s2t_scope="micro_batch"` the count is that of the micro-step (all processes), and the optimizer step
-      averages the micro-step means.
-    - `grpo`, `sapo`: per-sequence mean over kept tokens; `bnpo`: per-micro-batch mean over kept tokens.
-    - `dr_grpo`, `luspo`: constant denominators by design (B x max_completion_length; sequence sums): silenced
-      tokens leave the numerator only. A warning says so.
-
-    Metrics (reduced over all processes) under `s2t/`: `silenced_ratio` (silenced / loss tokens),
-    `candidate_ratio` (candidates / loss tokens), `entropy_threshold` (τ_h, nats; NaN when there is no candidate,
-    dropped by `log()`), `num_silenced`, `num_candidates`. TRL's `entropy` and `clip_ratio/*` are computed by the
-    parent over the kept tokens. With `args.s2t_diagnostics` (on by default) also
-    `entropy_p10`/`p50`/`p80`/`p95`, `silenced_prob_mean`, `silenced_entropy_mean`, `grad_norm_share_candidates`
-    and `grad_norm_share_silenced` (see [`~stapo_trl.diagnostics.s2t_diagnostic_metrics`]); for them the policy's
-    fused LM head also returns log Σ_v π_v² (same pass over the vocabulary). Per-token records:
-    [`~stapo_trl.diagnostics.SpuriousTokenLogger`].
+    Metrics (reduced over all processes; counts are summed over a log row's masks and ratios pooled, so every scope
+    reports the same numbers for the same tokens) under `s2t/`: `silenced_ratio` (Σ silenced / Σ loss tokens),
+    `candidate_ratio`, `num_silenced`, `num_candidates`, `num_loss_tokens`, `num_nonfinite` (loss tokens with a
+    non-finite log-probability or entropy: never candidates, warned once), `entropy_threshold` (τ_h in nats, mean
+    over the row's masks; left out when no mask had a candidate). TRL's `entropy` and `clip_ratio/*` are computed by
+    the parent over the kept tokens. With `args.s2t_diagnostics` (on by default) also the diagnostics of
+    [`~stapo_trl.diagnostics.s2t_diagnostic_metrics`]. Per-token records: [`~stapo_trl.diagnostics.SpuriousTokenLogger`].
 
     Args:
         model, reward_funcs, train_dataset, ...: as [`~trl.GRPOTrainer`]; `model` may also be a built-in name
@@ -108,6 +115,7 @@ class STAPOTrainer(GRPOTrainer):
 
     Raises:
         TypeError: if `args` is not an [`STAPOConfig`].
+        ValueError: if `args.loss_type` is one whose normalisation stapo_trl does not know.
     """
 
     _tag_names = ["trl", "grpo", "stapo"]
@@ -143,11 +151,17 @@ class STAPOTrainer(GRPOTrainer):
                 f"loss_type={args.loss_type!r} is not supported by STAPOTrainer: its normalisation is unknown to "
                 f"stapo_trl, so the S2T mask could not be applied to it. Supported: {list(_KNOWN_LOSSES)}."
             )
-        _warn_untested_combinations(args)
+        for message in untested_combination_warnings(args):
+            warnings.warn(message, stacklevel=2)
         self._s2t_captured: list[tuple[torch.Tensor, ...]] | None = None
         self._s2t_forward_cache: tuple | None = None
-        self.s2t_last_batch: S2TBatch | None = None
         self._s2t_log_collision: torch.Tensor | None = None  # log Σ π² of the last policy forward (diagnostics)
+        self._s2t_built_windows: set[int] = set()  # windows of the buffered rollout batch whose mask is built
+        self._s2t_nonfinite_warned = False
+        # The masks built in training since the current pass over the rollout batch began (read by the spurious-
+        # token logger), and the last evaluation mask: training and evaluation each keep their own record.
+        self.s2t_train_batches: list[S2TBatch] = []
+        self.s2t_last_eval_batch: S2TBatch | None = None
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         self._s2t_collision = None
         if self.args.s2t_diagnostics:
@@ -157,6 +171,11 @@ class STAPOTrainer(GRPOTrainer):
                 cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32,
             )
 
+    @property
+    def s2t_last_batch(self) -> S2TBatch | None:
+        """The last training mask built on this process (`None` before the first)."""
+        return self.s2t_train_batches[-1] if self.s2t_train_batches else None
+
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """TRL's card (names STAPO, links the paper, its BibTeX) plus the `s2t_*` values and the base model."""
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
@@ -165,14 +184,21 @@ class STAPOTrainer(GRPOTrainer):
         add_stapo_section(self)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """TRL's `log`, without the `s2t/` metrics that are undefined (NaN) at every step since the last log.
+        """TRL's `log`, with the `s2t/` counts summed and the ratios pooled over the row, and undefined keys left out.
 
-        TRL turns an all-NaN metric into `None` (which breaks `Trainer.log_metrics` on the end-of-training summary,
-        and is not a number for trackers). `s2t/entropy_threshold` is NaN when there is no candidate,
-        `s2t/silenced_*_mean` when nothing is silenced: such keys are left out of that log row instead. The values
-        are global (reduced over processes), so every process drops the same keys.
+        Each mask appends its global counts; a row reports Σ counts and Σ silenced / Σ loss tokens (not a mean of
+        per-mask ratios), so every scope and logging interval gives the same numbers for the same tokens. TRL turns
+        an all-NaN metric into `None` (which breaks `Trainer.log_metrics` and is not a number for trackers):
+        `s2t/entropy_threshold` is NaN when there is no candidate and `s2t/silenced_*_mean` when nothing is silenced,
+        so such keys are left out of the row instead. The values are global, so every process does the same.
         """
         metrics = self._metrics["train" if self.model.training else "eval"]
+        if metrics.get("s2t/num_loss_tokens"):
+            for key in _COUNT_METRICS:
+                metrics[key] = [sum(metrics[key])]
+            num_loss_tokens = max(metrics["s2t/num_loss_tokens"][0], 1.0)
+            metrics["s2t/silenced_ratio"] = [metrics["s2t/num_silenced"][0] / num_loss_tokens]
+            metrics["s2t/candidate_ratio"] = [metrics["s2t/num_candidates"][0] / num_loss_tokens]
         for key in [k for k, values in metrics.items() if k.startswith("s2t/") and all(v != v for v in values)]:
             del metrics[key]  # v != v: NaN
         super().log(logs, start_time)
@@ -225,6 +251,16 @@ class STAPOTrainer(GRPOTrainer):
         metrics["s2t/entropy_threshold"].append(result.entropy_threshold)
         metrics["s2t/num_silenced"].append(float(result.num_silenced))
         metrics["s2t/num_candidates"].append(float(result.num_candidates))
+        metrics["s2t/num_loss_tokens"].append(float(result.num_loss_tokens))
+        metrics["s2t/num_nonfinite"].append(float(result.num_nonfinite))
+        if result.num_nonfinite and not self._s2t_nonfinite_warned:
+            self._s2t_nonfinite_warned = True
+            warnings.warn(
+                f"{result.num_nonfinite} loss tokens have a non-finite log-probability or entropy (NaN or inf): they "
+                "are never S2T candidates, but this means numerical trouble upstream (logits, dtype, LM head). "
+                "Counted in s2t/num_nonfinite; this warning is shown once per run.",
+                stacklevel=2,
+            )
         if self.args.s2t_diagnostics:
             log_ratio = None if old_per_token_logps is None else per_token_logps - old_per_token_logps
             diagnostics = s2t_diagnostic_metrics(
@@ -241,7 +277,7 @@ class STAPOTrainer(GRPOTrainer):
             )
             for name, value in diagnostics.items():
                 metrics[name].append(value)
-        self.s2t_last_batch = S2TBatch(
+        batch = S2TBatch(
             result=result,
             per_token_logps=per_token_logps.detach(),
             entropies=entropies.detach(),
@@ -251,6 +287,10 @@ class STAPOTrainer(GRPOTrainer):
             mode=mode,
             log_collision=log_collision,
         )
+        if mode == "train":
+            self.s2t_train_batches.append(batch)
+        else:
+            self.s2t_last_eval_batch = batch
         return result
 
     @staticmethod
@@ -260,24 +300,24 @@ class STAPOTrainer(GRPOTrainer):
         return completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
 
     @staticmethod
-    def _with_keep(inputs: dict, result: S2TResult, num_items_in_batch: float) -> dict:
+    def _with_keep(inputs: dict, result: S2TResult, num_items_in_batch: float | torch.Tensor) -> dict:
         """A shallow copy of `inputs` whose pure loss mask (`tool_mask`) includes `keep`."""
         completion_mask = inputs["completion_mask"]
         keep = result.keep.to(completion_mask.dtype)  # (B, T)
         tool_mask = keep if "tool_mask" not in inputs else inputs["tool_mask"] * keep
-        num_items = torch.tensor(float(num_items_in_batch), device=completion_mask.device)
+        num_items = torch.as_tensor(num_items_in_batch, dtype=torch.float32, device=completion_mask.device)
         return {**inputs, "tool_mask": tool_mask, "num_items_in_batch": num_items}
 
     # ------------------------------------------------------------------------------------------------------------
-    # Scope "generation_batch": the mask is built once per generation batch and stored with it
+    # Scopes "optimizer_step" and "generation_batch": p and H from a no-grad forward, the mask per update / rollout
     # ------------------------------------------------------------------------------------------------------------
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         # Scope "micro_batch": the loss's training forward was already run by `_compute_loss` below; hand it over.
         if self._s2t_forward_cache is not None:
             cached, self._s2t_forward_cache = self._s2t_forward_cache, None
             return cached
-        # Scope "generation_batch": while the parent scores a generation batch, its no-grad forwards of the policy
-        # (the old log-probs) also return entropies, so the mask needs no second forward.
+        # While the parent scores a rollout batch, its no-grad forwards of the policy (the old log-probs) also
+        # return entropies, so the mask needs no second forward.
         capture = self._s2t_captured is not None and model is self.model and not torch.is_grad_enabled()
         if capture:
             kwargs["compute_entropy"] = True
@@ -320,81 +360,152 @@ class STAPOTrainer(GRPOTrainer):
         self._stop_collision(inputs["completion_ids"].size(1))
         return logps, entropies
 
-    def _generate_and_score_completions(self, inputs):
-        if self.args.s2t_scope != "generation_batch":
-            return super()._generate_and_score_completions(inputs)
+    @property
+    def _uses_current_policy(self) -> bool:
+        """Whether p and H are recomputed at the start of each optimizer update (`s2t_policy="current"`, training)."""
+        return self.args.s2t_policy == "current" and self.model.training
 
-        self._s2t_captured = []
+    def _generate_and_score_completions(self, inputs):
+        if self.args.s2t_scope == "micro_batch":
+            return super()._generate_and_score_completions(inputs)
+        rollout_values = not self._uses_current_policy
+        self._s2t_captured = [] if rollout_values else None
         try:
-            output = super()._generate_and_score_completions(inputs)
+            batch = super()._generate_and_score_completions(inputs)
         finally:
             captured, self._s2t_captured = self._s2t_captured, None
-        return self._apply_s2t(output, captured)
+        batch = self._with_s2t_inputs(batch)
+        if rollout_values:
+            batch.update(
+                zip((_ROLLOUT_LOGPS, _ROLLOUT_ENTROPIES, _ROLLOUT_COLLISION), self._rollout_values(batch, captured))
+            )
+        return batch
 
-    def _apply_s2t(self, batch: dict, captured: list[tuple[torch.Tensor, ...]] = ()) -> dict:
-        """Build the S2T mask of a scored generation batch and return the batch with it in the loss mask.
+    def _with_s2t_inputs(self, batch: dict) -> dict:
+        """A shallow copy of a scored batch that also holds its loss mask and tool mask before silencing."""
+        return {**batch, _LOSS_MASK: self._loss_mask(batch), _TOOL_MASK: batch.get("tool_mask")}
+
+    def _rollout_values(self, batch: dict, captured=()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(B, T) log-probs, entropies (nats) and log Σ π² (or `None`) of the rollout policy for a scored batch.
+
+        Reuses TRL's old-log-prob forward when it ran (vLLM IS correction, steps_per_generation > GA, num_iterations
+        > 1), recognised by tensor identity among the `captured` forwards; otherwise runs exactly one no-grad forward.
+        """
+        old_logps = batch.get("old_per_token_logps")
+        reused = next(((ent, col) for logps, ent, col in captured if logps is old_logps), None)
+        if reused is not None:
+            return old_logps, *reused
+        logps, entropies = self._policy_logps_and_entropies(batch)
+        return logps, entropies, self._s2t_log_collision
+
+    def _mask_values(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """p and H the mask of `batch` is built from: the current weights (policy "current", one no-grad forward)
+        or the stored rollout values."""
+        if self._uses_current_policy:
+            logps, entropies = self._policy_logps_and_entropies(batch)
+            return logps, entropies, self._s2t_log_collision
+        return batch[_ROLLOUT_LOGPS], batch[_ROLLOUT_ENTROPIES], batch[_ROLLOUT_COLLISION]
+
+    def _apply_s2t_to_micro_batches(self, micro_batches: list[dict]) -> S2TResult:
+        """Build one S2T mask over several scored micro-batches (one τ_h over all their candidates, all processes) and
+        write each micro-batch's keep mask into its `tool_mask`, in place.
+
+        Args:
+            micro_batches (`list[dict]`): batches from one rollout batch (same completion length T), each holding the
+                keys added by `_generate_and_score_completions` (loss mask, tool mask and, policy "rollout", p and H).
+
+        Returns:
+            [`S2TResult`]: the mask of the concatenated (ΣB, T) micro-batches, with global counts.
+        """
+        values = [self._mask_values(batch) for batch in micro_batches]
+        log_collisions = [v[2] for v in values]
+        old_logps = [batch.get("old_per_token_logps") for batch in micro_batches]
+        result = self._build_s2t_mask(
+            torch.cat([v[0] for v in values]),  # (ΣB, T)
+            torch.cat([v[1] for v in values]),  # (ΣB, T)
+            torch.cat([batch["advantages"] for batch in micro_batches]),  # (ΣB,)
+            torch.cat([batch[_LOSS_MASK] for batch in micro_batches]),  # (ΣB, T)
+            torch.cat([batch["completion_ids"] for batch in micro_batches]),  # (ΣB, T)
+            log_collision=None if None in log_collisions else torch.cat(log_collisions),
+            old_per_token_logps=(
+                torch.cat(old_logps) if self._uses_current_policy and None not in old_logps else None
+            ),
+        )
+        keeps = result.keep.split([batch["completion_ids"].size(0) for batch in micro_batches])  # [(B_i, T)]
+        for batch, keep in zip(micro_batches, keeps, strict=True):
+            keep = keep.to(batch["completion_mask"].dtype)
+            batch["tool_mask"] = keep if batch[_TOOL_MASK] is None else batch[_TOOL_MASK] * keep
+        return result
+
+    def _apply_s2t(self, batch: dict) -> dict:
+        """Build the S2T mask of one scored batch (τ_h over its candidates on all processes).
+
+        Used for evaluation batches (no buffering, no accumulation) and by tests on hand-built batches.
 
         Args:
             batch (`dict`): the output of `_generate_and_score_completions` (prompt/completion ids and masks,
                 advantages (B,), optional old_per_token_logps (B, T), tool_mask (B, T), multimodal inputs).
-            captured (`list`): (log-probs, entropies, log Σ π² or None) of the no-grad policy forwards run while
-                scoring.
 
         Returns:
             `dict`: a shallow copy with `tool_mask` including `keep` and `num_items_in_batch` = the global kept-token
-            count of the batch (refined per optimizer step by `_prepare_inputs` in training).
+            count of the batch.
         """
-        # Reuse TRL's old-log-prob forward when it ran (vLLM IS correction, steps_per_generation > GA, num_iterations
-        # > 1); otherwise run exactly one no-grad forward of the current policy.
-        old_logps = batch.get("old_per_token_logps")
-        reused = next(((ent, col) for logps, ent, col in captured if logps is old_logps), None)
-        if reused is not None:
-            per_token_logps = old_logps
-            entropies, log_collision = reused
-        else:
-            per_token_logps, entropies = self._policy_logps_and_entropies(batch)
-            log_collision = self._s2t_log_collision
-
-        result = self._build_s2t_mask(
-            per_token_logps,
-            entropies,
-            batch["advantages"],
-            self._loss_mask(batch),
-            batch["completion_ids"],
-            log_collision=log_collision,
-        )
-        return self._with_keep(batch, result, result.num_kept)
+        batch = dict(batch) if _LOSS_MASK in batch else self._with_s2t_inputs(batch)
+        if _ROLLOUT_LOGPS not in batch and not self._uses_current_policy:
+            batch.update(zip((_ROLLOUT_LOGPS, _ROLLOUT_ENTROPIES, _ROLLOUT_COLLISION), self._rollout_values(batch)))
+        result = self._apply_s2t_to_micro_batches([batch])
+        batch["num_items_in_batch"] = torch.tensor(float(result.num_kept), device=batch["completion_mask"].device)
+        return batch
 
     def _prepare_inputs(self, generation_batch):
+        if not self.model.training:  # evaluation: one batch, no buffering, no accumulation
+            inputs = super()._prepare_inputs(generation_batch)
+            return inputs if self.args.s2t_scope == "micro_batch" else self._apply_s2t(inputs)
         buffered_before = self._buffered_inputs
         inputs = super()._prepare_inputs(generation_batch)
-        if self.model.training and self._buffered_inputs is not buffered_before and self._exact_step_normaliser:
-            self._set_optimizer_step_normalisers(self._buffered_inputs)
+        micro_batches = self._buffered_inputs
+        steps_per_generation, grad_accum = len(micro_batches), self.args.gradient_accumulation_steps
+        exact = steps_per_generation % grad_accum == 0  # every optimizer update lies inside one rollout batch
+        index = self._step % steps_per_generation  # the micro-batch the parent returned
+        if self.args.s2t_scope == "micro_batch":
+            if micro_batches is not buffered_before and exact:
+                self._set_optimizer_step_normalisers(micro_batches)  # loss-token counts: the mask is built later
+            return inputs
+        if micro_batches is not buffered_before or index == 0:  # a new rollout batch, or a new pass over it
+            self._s2t_built_windows = set()
+            self.s2t_train_batches = []
+        # The set τ_h is taken over: one optimizer update (GA micro-batches), or the whole rollout batch.
+        window = grad_accum if self.args.s2t_scope == "optimizer_step" and exact else steps_per_generation
+        if index // window not in self._s2t_built_windows:  # the update's (or rollout's) first micro-step
+            self._s2t_built_windows.add(index // window)
+            start = index // window * window
+            group = micro_batches[start : start + window]
+            result = self._apply_s2t_to_micro_batches(group)
+            if exact:
+                self._set_optimizer_step_normalisers(group)
+            else:  # TRL's estimate: the rollout batch's kept count, scaled by GA / steps_per_generation
+                for batch in group:
+                    batch["num_items_in_batch"] = torch.tensor(
+                        float(result.num_kept), device=inputs["advantages"].device
+                    )
         return inputs
 
-    @property
-    def _exact_step_normaliser(self) -> bool:
-        """Whether each optimizer step's kept-token count is computed exactly from the buffered generation batch."""
-        return (
-            self.args.s2t_scope == "generation_batch"
-            and self.loss_type in _GLOBAL_TOKEN_MEAN_LOSSES
-            and self.args.steps_per_generation % self.args.gradient_accumulation_steps == 0
-        )
-
     def _set_optimizer_step_normalisers(self, micro_batches: list[dict]) -> None:
-        """Set `num_items_in_batch` of each buffered micro-batch so that the parent's `dapo` normaliser equals the
-        global kept-token count of the micro-batch's optimizer step.
+        """Set `num_items_in_batch` of each micro-batch so that the parent's `dapo`/`cispo`/`vespo` normaliser equals
+        the global count of loss tokens (kept tokens, once the mask is in `tool_mask`) of its optimizer update.
 
         The parent divides by `num_items_in_batch / num_processes * GA / steps_per_generation`; micro-batches
-        [w*GA, (w+1)*GA) of every process form optimizer step w. One all-reduce per generation batch.
+        [w*GA, (w+1)*GA) of `micro_batches` on every process form update w (`micro_batches` starts at an update
+        boundary and holds whole updates). One all-reduce per call.
         """
-        steps_per_generation = len(micro_batches)
         grad_accum = self.args.gradient_accumulation_steps
-        local_kept = torch.stack([self._loss_mask(batch).sum() for batch in micro_batches]).float()  # (S,)
-        local_kept = local_kept.view(steps_per_generation // grad_accum, grad_accum).sum(dim=1)  # (S/GA,)
-        global_kept = self.accelerator.reduce(local_kept, reduction="sum")  # (S/GA,)
+        local = torch.stack([self._loss_mask(batch).sum() for batch in micro_batches]).float()  # (n,)
+        local = local.view(len(micro_batches) // grad_accum, grad_accum).sum(dim=1)  # (n/GA,)
+        global_counts = self.accelerator.reduce(local, reduction="sum")  # (n/GA,)
         for index, batch in enumerate(micro_batches):
-            batch["num_items_in_batch"] = global_kept[index // grad_accum] * steps_per_generation / grad_accum
+            batch["num_items_in_batch"] = (
+                global_counts[index // grad_accum] * self.args.steps_per_generation / grad_accum
+            )
 
     # ------------------------------------------------------------------------------------------------------------
     # The loss
@@ -425,47 +536,17 @@ class STAPOTrainer(GRPOTrainer):
             log_collision=self._s2t_log_collision,
             old_per_token_logps=inputs.get("old_per_token_logps"),
         )
-        # The parent divides by num_items / num_processes * GA / steps_per_generation in training (by
-        # num_items / num_processes in eval); scale the micro-step's kept count so that this equals
-        # kept / num_processes * GA, i.e. each optimizer step averages the micro-step token means.
-        num_items = result.num_kept * (self.args.steps_per_generation if self.model.training else 1)
+        # Normaliser (the parent divides by num_items / num_processes, times GA / steps_per_generation in training):
+        # in evaluation and with GA = 1 the micro-step is the whole batch / update, so its exact kept count; with
+        # GA > 1 the update's loss-token count set by `_prepare_inputs` (later micro-steps' masks are unknown yet).
+        if not self.model.training:
+            num_items = result.num_kept
+        elif self.args.gradient_accumulation_steps == 1:
+            num_items = result.num_kept * self.args.steps_per_generation
+        else:
+            num_items = inputs["num_items_in_batch"]
         self._s2t_forward_cache = forward
         try:
             return super()._compute_loss(model, self._with_keep(inputs, result, num_items))
         finally:
             self._s2t_forward_cache = None
-
-
-def _warn_untested_combinations(args: STAPOConfig) -> None:
-    """Warn once, at construction, for settings the paper never ran or where the mask cannot renormalise."""
-    if args.s2t_mode == "off":
-        return
-    if args.loss_type in _CONSTANT_DENOMINATOR_LOSSES:
-        warnings.warn(
-            f"loss_type={args.loss_type!r} has a constant denominator by design: silenced tokens leave the numerator "
-            "only, the loss is not renormalised over kept tokens. STAPO's valid-token averaging needs 'dapo' "
-            "(paper), 'bnpo', 'grpo', 'cispo' or 'vespo'.",
-            stacklevel=3,
-        )
-    if args.top_entropy_quantile < 1.0:
-        warnings.warn(
-            f"top_entropy_quantile={args.top_entropy_quantile} together with the S2T mask was never run in the "
-            "paper: both masks apply (the high-entropy quantile is taken over kept tokens) and TRL keeps its own "
-            "denominator for the entropy mask.",
-            stacklevel=3,
-        )
-    if args.importance_sampling_level == "sequence":
-        warnings.warn(
-            "importance_sampling_level='sequence' with the S2T mask was never run in the paper: the sequence-level "
-            "log-ratio is then averaged over kept tokens only.",
-            stacklevel=3,
-        )
-    if args.s2t_scope == "generation_batch" and args.loss_type in _GLOBAL_TOKEN_MEAN_LOSSES:
-        steps, grad_accum = args.steps_per_generation, args.gradient_accumulation_steps
-        if steps % grad_accum != 0:
-            warnings.warn(
-                f"steps_per_generation={steps} is not a multiple of gradient_accumulation_steps={grad_accum}: an "
-                "optimizer step spans generation batches, so its kept-token count is estimated as TRL does (the "
-                "generation batch's kept count x GA / steps_per_generation) instead of counted exactly.",
-                stacklevel=3,
-            )

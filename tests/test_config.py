@@ -1,12 +1,13 @@
 """`STAPOConfig`: paper defaults, documentation of every S2T field, and early validation."""
 
 import dataclasses
+import re
 import warnings
 
 import pytest
 
 from stapo_trl import STAPOConfig
-from stapo_trl.config import S2T_SCOPES
+from stapo_trl.config import S2T_POLICIES, S2T_SCOPES, untested_combination_warnings
 from stapo_trl.s2t import S2T_MODES
 
 
@@ -22,20 +23,22 @@ def test_defaults_are_the_papers():
     assert config.s2t_prob_threshold == 0.002
     assert config.s2t_entropy_quantile == 0.75
     assert config.s2t_mode == "low_entropy"
-    assert config.s2t_scope == "generation_batch"
+    # tau_h over one optimizer update ("in each mini-batch"), p and H from the rollout-time scoring forward.
+    assert config.s2t_scope == "optimizer_step" and config.s2t_policy == "rollout"
     assert (config.loss_type, config.epsilon, config.epsilon_high, config.beta) == ("dapo", 0.2, 0.28, 0.0)
     assert config.top_entropy_quantile == 1.0 and config.entropy_coef == 0.0  # no entropy mask, no bonus
 
 
 def test_every_s2t_field_has_help_and_is_documented():
     s2t_fields = [f for f in dataclasses.fields(STAPOConfig) if f.name.startswith("s2t_")]
-    expected = {"s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode", "s2t_scope", "s2t_diagnostics"}
+    expected = {"s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode", "s2t_scope", "s2t_policy", "s2t_diagnostics"}
     assert {f.name for f in s2t_fields} == expected
     for f in s2t_fields:
         assert len(f.metadata.get("help", "")) > 40, f.name
         assert f"{f.name} (`" in STAPOConfig.__doc__, f"{f.name} missing from the class docstring"
     choices = {f.name: f.metadata.get("choices") for f in s2t_fields}
     assert choices["s2t_mode"] == list(S2T_MODES) and choices["s2t_scope"] == list(S2T_SCOPES)
+    assert choices["s2t_policy"] == list(S2T_POLICIES)
 
 
 @pytest.mark.parametrize(
@@ -45,7 +48,9 @@ def test_every_s2t_field_has_help_and_is_documented():
         ("s2t_prob_threshold", 1.5, r"s2t_prob_threshold=1\.5"),
         ("s2t_entropy_quantile", -0.1, r"s2t_entropy_quantile=-0\.1 .*\[0, 1\]"),
         ("s2t_mode", "low", r"s2t_mode='low' .*'low_entropy', 'high_entropy', 'all_low_prob', 'off'"),
-        ("s2t_scope", "batch", r"s2t_scope='batch' .*'generation_batch', 'micro_batch'"),
+        ("s2t_scope", "batch", r"s2t_scope='batch' .*'optimizer_step', 'generation_batch', 'micro_batch'"),
+        ("s2t_policy", "old", r"s2t_policy='old' .*'rollout', 'current'"),
+        ("s2t_mode", False, r"YAML reads an unquoted `off` as the boolean false. Write s2t_mode: \"off\""),
     ],
 )
 def test_bad_values_fail_at_config_time_naming_field_and_allowed_values(field, value, message):
@@ -58,6 +63,33 @@ def test_accepts_v1_quantile_and_boundaries():
     assert make_config(s2t_prob_threshold=1.0, s2t_entropy_quantile=0.0).s2t_prob_threshold == 1.0
 
 
-def test_warns_when_temperature_is_not_one():
-    with pytest.warns(UserWarning, match="temperature"):
-        STAPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to=[], temperature=0.7)
+def test_current_policy_needs_the_optimizer_step_scope():
+    with pytest.raises(ValueError, match=r"s2t_policy='current' needs s2t_scope='optimizer_step'"):
+        make_config(s2t_policy="current", s2t_scope="generation_batch")
+    assert make_config(s2t_policy="current").s2t_scope == "optimizer_step"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"temperature": 0.7}, r"temperature=0\.7: the S2T thresholds .* calibrated at temperature 1\.0"),
+        ({"loss_type": "dr_grpo"}, "constant denominator"),
+        ({"loss_type": "luspo"}, "constant denominator"),
+        ({"loss_type": "vespo"}, "phi weight of their whole completion"),
+        ({"entropy_coef": 0.01}, r"entropy_coef=0\.01 .* averaged over kept tokens"),
+        ({"top_entropy_quantile": 0.2}, "top_entropy_quantile=0.2"),
+        ({"importance_sampling_level": "sequence"}, "importance_sampling_level='sequence'"),
+        (
+            {"gradient_accumulation_steps": 2, "steps_per_generation": 3},
+            r"steps_per_generation=3 is not a multiple .* falls back to tau_h over each rollout batch",
+        ),
+    ],
+)
+def test_untested_combinations_give_one_message_each(overrides, message):
+    messages = untested_combination_warnings(make_config(**overrides))
+    assert len(messages) == 1 and re.search(message, messages[0]), messages
+    assert untested_combination_warnings(make_config(s2t_mode="off", **overrides)) == []  # nothing is silenced
+
+
+def test_paper_settings_give_no_warning():
+    assert untested_combination_warnings(make_config(steps_per_generation=4, gradient_accumulation_steps=1)) == []

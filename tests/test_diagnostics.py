@@ -358,7 +358,8 @@ def test_on_step_end_logs_each_training_batch_once(tmp_path):
         accelerator = FakeAccelerator()
         processing_class = CharTokenizer()
         args = types.SimpleNamespace(s2t_prob_threshold=0.01)
-        s2t_last_batch = None
+        s2t_train_batches = []
+        s2t_last_eval_batch = None
 
     trainer = FakeTrainer()
     args = types.SimpleNamespace(output_dir=str(tmp_path), seed=0, report_to=[])
@@ -367,21 +368,21 @@ def test_on_step_end_logs_each_training_batch_once(tmp_path):
     logger.on_train_begin(args, state, None)
     log, no_log = types.SimpleNamespace(should_log=True), types.SimpleNamespace(should_log=False)
     logger.on_step_end(args, state, log)  # no batch yet
-    trainer.s2t_last_batch = hand_batch()
+    trainer.s2t_train_batches = [hand_batch()]
     state.global_step = 1
     logger.on_step_end(args, state, no_log)  # not a logging step
-    state.global_step = 2
-    logger.on_step_end(args, state, log)  # written
-    state.global_step = 3
-    logger.on_step_end(args, state, log)  # same batch: skipped
+    trainer.s2t_train_batches.append(hand_batch())  # a second optimizer update's mask before the logging step
     eval_batch = hand_batch()
     eval_batch.mode = "eval"
-    trainer.s2t_last_batch = eval_batch
-    logger.on_step_end(args, state, log)  # evaluation batch: skipped
+    trainer.s2t_last_eval_batch = eval_batch  # an evaluation in between keeps its own record (issue 12, item 6)
+    state.global_step = 2
+    logger.on_step_end(args, state, log)  # both training masks written
+    state.global_step = 3
+    logger.on_step_end(args, state, log)  # same masks: skipped
     logger.on_train_end(args, state, None)
     records = read_token_records(tmp_path)
-    assert [r["step"] for r in records] == [2] * 5
-    assert logger.silenced_counts == {"+": 1}
+    assert [r["step"] for r in records] == [2] * 10
+    assert logger.silenced_counts == {"+": 2}
 
 
 def test_tracker_table_of_top_silenced_strings(tmp_path, monkeypatch):

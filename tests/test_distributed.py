@@ -395,9 +395,90 @@ def test_two_processes_gather_records_from_both_and_agree_on_metrics(tiny_random
     rank0, rank1 = (json.loads((out / f"rank{i}.json").read_text()) for i in range(2))
     assert rank0 == rank1  # reduced metrics are the same on every process
     records = read_token_records(out)
-    # steps_per_generation = 2: masks at steps 1 and 3; each logged once with the silenced tokens of both processes.
-    for entry, step in zip([rank0[0], rank0[2]], [1, 3], strict=True):
+    # Scope optimizer_step, GA 1: one mask per step; each logged once with the silenced tokens of both processes.
+    for entry, step in zip(rank0, [1, 2, 3, 4], strict=True):
         silenced = [r for r in records if r["step"] == step and r["silenced"]]
         assert len(silenced) == entry["s2t/num_silenced"]
     assert {r["process_index"] for r in records} == {0, 1}
-    assert {r["step"] for r in records} == {1, 3}
+    assert {r["step"] for r in records} <= {1, 2, 3, 4} and sum(e["s2t/num_silenced"] for e in rank0) > 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The paper's geometry on two ranks (issue 10): tau_h per optimizer update over both ranks' rows, and the
+# like-for-like baseline (a threshold that never fires = s2t_mode off, step by step)
+# ---------------------------------------------------------------------------------------------------------------
+
+PAPER_GEOMETRY_WORKER = textwrap.dedent(
+    r"""
+    import json, os, sys, warnings
+    import torch
+    from datasets import Dataset
+    from stapo_trl import STAPOConfig, STAPOTrainer
+
+    def length_reward(completions, **kwargs):
+        return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]
+
+    prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
+    model_path, out = sys.argv[1], sys.argv[2]
+    result = {}
+    # steps_per_generation = 4 x GA: one rollout batch feeds 4 optimizer updates of GA 2 micro-batches each.
+    for name, s2t in [("off", {"s2t_mode": "off"}), ("never", {"s2t_prob_threshold": 1e-30}),
+                      ("stapo", {"s2t_prob_threshold": 0.05})]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args = STAPOConfig(
+                output_dir=os.path.join(out, name), use_cpu=True, bf16=False, report_to=[], logging_steps=1,
+                per_device_train_batch_size=4, num_generations=4, max_completion_length=8, max_steps=4,
+                gradient_accumulation_steps=2, steps_per_generation=8, learning_rate=1e-2, save_strategy="no",
+                seed=0, **s2t,
+            )
+            trainer = STAPOTrainer(model_path, reward_funcs=length_reward, args=args, train_dataset=prompts)
+        updates = []
+        original = trainer._apply_s2t_to_micro_batches
+
+        def record(micro_batches, original=original, updates=updates):
+            built = original(micro_batches)
+            batch = trainer.s2t_train_batches[-1]
+            updates.append({"tau": built.entropy_threshold if built.num_candidates else None,
+                            "local": batch.entropies[batch.result.candidate].double().tolist(),
+                            "silenced": int(batch.result.silenced.sum())})
+            return built
+
+        trainer._apply_s2t_to_micro_batches = record
+        trainer.train()
+        rows = [{k: v for k, v in h.items() if isinstance(v, float)} for h in trainer.state.log_history if "loss" in h]
+        params = [float(p.double().sum()) for p in trainer.model.parameters()]
+        result[name] = {"rows": rows, "params": params, "updates": updates}
+    with open(os.path.join(out, f"rank{trainer.accelerator.process_index}.json"), "w") as f:
+        json.dump(result, f)
+    trainer.accelerator.end_training()
+    """
+)
+
+
+def test_paper_geometry_on_two_ranks_tau_h_per_update_and_like_for_like_baseline(tiny_random_model_path, tmp_path):
+    import numpy as np
+
+    out = tmp_path / "out"
+    out.mkdir()
+    run_torchrun(PAPER_GEOMETRY_WORKER, tmp_path / "run.py", tiny_random_model_path, str(out), nproc=2)
+    ranks = [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
+    # The baseline and its never-firing twin: the same losses, gradient norms, TRL metrics and weights, step by step.
+    for seen in ranks:
+        off, never = seen["off"], seen["never"]
+        assert len(off["rows"]) == len(never["rows"]) == 4
+        for row_off, row_never in zip(off["rows"], never["rows"], strict=True):
+            for key in ("loss", "grad_norm", "entropy", "reward", "clip_ratio/region_mean", "s2t/num_loss_tokens"):
+                assert row_never[key] == pytest.approx(row_off[key], rel=1e-5, abs=1e-7), key
+            assert row_never["s2t/num_silenced"] == row_off["s2t/num_silenced"] == 0
+        assert never["params"] == pytest.approx(off["params"], rel=1e-6, abs=1e-6)
+    # STAPO: one mask per optimizer update; tau_h = the 0.75-quantile of the union of both ranks' candidates of that
+    # update (numpy's linear interpolation as the independent reference), identical on both ranks.
+    stapo = [seen["stapo"]["updates"] for seen in ranks]
+    assert len(stapo[0]) == len(stapo[1]) == 4
+    assert sum(update["silenced"] for rank in stapo for update in rank) > 0
+    for update_0, update_1 in zip(*stapo, strict=True):
+        union = update_0["local"] + update_1["local"]
+        assert update_0["tau"] == update_1["tau"]
+        if union:
+            assert update_0["tau"] == pytest.approx(float(np.quantile(np.array(union), 0.75)), abs=1e-12)

@@ -115,7 +115,8 @@ def test_gather_is_used_for_quantile_and_counts():
 
     def gather(tensor):
         calls.append(tensor.numel())
-        other = torch.tensor([0.0, 0.05]) if len(calls) == 1 else torch.tensor([2.0, 10.0], dtype=tensor.dtype)
+        # Second call: the other process's (silenced, loss tokens, non-finite) counts.
+        other = torch.tensor([0.0, 0.05]) if len(calls) == 1 else torch.tensor([2.0, 10.0, 1.0], dtype=tensor.dtype)
         return torch.cat([tensor, other])
 
     result = s2t_mask(per_token_logps, entropies, advantages, loss_mask, gather=gather)
@@ -125,6 +126,7 @@ def test_gather_is_used_for_quantile_and_counts():
     assert result.num_candidates == 5
     assert torch.equal(result.silenced[0], torch.tensor([True, False, False, False, False]))
     assert result.num_silenced == 1 + 2 and result.num_loss_tokens == 8 + 10
+    assert result.num_nonfinite == 0 + 1
 
 
 @pytest.mark.parametrize(
@@ -170,7 +172,7 @@ def test_17_million_candidates_match_sort_reference():
     reference = float(sorted_values[lo] + (h - lo) * (sorted_values[lo + 1] - sorted_values[lo]))
     assert result.num_candidates == n
     assert result.entropy_threshold == pytest.approx(reference, rel=0, abs=1e-9)
-    assert result.num_silenced == int((entropies < result.entropy_threshold).sum())
+    assert result.num_silenced == int((entropies.double() < result.entropy_threshold).sum())  # exact, in float64
     with pytest.raises(RuntimeError):
         torch.quantile(entropies.flatten(), 0.75)
 
@@ -178,3 +180,68 @@ def test_17_million_candidates_match_sort_reference():
 def test_result_type():
     per_token_logps, entropies, advantages, loss_mask = hand_batch()
     assert isinstance(s2t_mask(per_token_logps, entropies, advantages, loss_mask), S2TResult)
+
+
+def candidates_batch(entropies, logps=None):
+    """One positive-advantage completion whose every token is a candidate (p = 0.001 < tau_p = 0.002)."""
+    entropies = torch.as_tensor(entropies)
+    per_token_logps = torch.full(entropies.shape, math.log(0.001)) if logps is None else torch.as_tensor(logps)
+    return per_token_logps[None], entropies[None], torch.tensor([1.0]), torch.ones(1, entropies.numel())
+
+
+def test_entropy_threshold_is_compared_exactly_not_in_the_entropies_dtype():
+    # Issue 10, item 4. Sorted candidates [0.5, 1, 1, 1 + 2^-23] (float32), q = 0.75: h = 3 * 0.75 = 2.25, so
+    # tau_h = 1 + 0.25 * 2^-23 = 1.0000000298 (float64). It rounds to 1.0 in float32, where "1.0 < 1.0" would keep
+    # the two candidates at exactly 1.0; the rule H < tau_h silences them.
+    above_one = float(np.nextafter(np.float32(1.0), np.float32(2.0)))
+    result = s2t_mask(*candidates_batch(torch.tensor([0.5, 1.0, 1.0, above_one], dtype=torch.float32)))
+    assert result.entropy_threshold == 1.0 + 0.25 * 2.0**-23
+    assert result.silenced[0].tolist() == [True, True, True, False]
+
+
+def test_entropy_threshold_is_exact_for_bf16_entropies():
+    # bf16 has 8 significant bits: the next value after 1.0 is 1.0078125. Candidates [0.5, 1, 1, 1.0078125], q = 0.75:
+    # tau_h = 1 + 0.25 * 0.0078125 = 1.001953125, which rounds to 1.0 in bf16. Exact: both 1.0 are silenced.
+    entropies = torch.tensor([0.5, 1.0, 1.0, 1.0078125], dtype=torch.bfloat16)
+    result = s2t_mask(*candidates_batch(entropies))
+    assert result.entropy_threshold == 1.001953125
+    assert result.silenced[0].tolist() == [True, True, True, False]
+
+
+def test_high_entropy_threshold_is_compared_exactly():
+    # high_entropy silences H > the (1 - q)-quantile. Candidates [1 - 2^-24, 1, 1, 2], q = 0.75 -> 0.25-quantile:
+    # h = 0.75, tau_h = (1 - 2^-24) + 0.75 * 2^-24 = 1 - 2^-26, which rounds up to 1.0 in float32 ("1.0 > 1.0" is
+    # False). Exactly, both 1.0 are above it: three candidates silenced.
+    below_one = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
+    entropies = torch.tensor([below_one, 1.0, 1.0, 2.0], dtype=torch.float32)
+    result = s2t_mask(*candidates_batch(entropies), mode="high_entropy")
+    assert result.entropy_threshold == 1.0 - 2.0**-26
+    assert result.silenced[0].tolist() == [False, True, True, True]
+
+
+def test_nan_entropy_is_never_a_candidate_and_is_counted():
+    # Issue 10, item 5: candidates [0.1, 0.2, 0.3, NaN] at q = 0.75. NaN would sort as +inf, tau_h would be NaN and
+    # nothing would be silenced. It is no candidate: tau_h over [0.1, 0.2, 0.3], h = 1.5 -> 0.25; 0.1, 0.2 silenced.
+    result = s2t_mask(*candidates_batch([0.1, 0.2, 0.3, float("nan")]))
+    assert result.candidate[0].tolist() == [True, True, True, False]
+    assert result.entropy_threshold == pytest.approx(0.25)
+    assert result.silenced[0].tolist() == [True, True, False, False]
+    assert result.num_nonfinite == 1 and result.num_loss_tokens == 4
+
+
+def test_infinite_entropy_is_never_a_candidate():
+    # An inf entropy would make tau_h = 0.3 + 0.25 * inf = inf and silence every finite candidate.
+    result = s2t_mask(*candidates_batch([0.1, 0.2, 0.3, float("inf")]))
+    assert result.entropy_threshold == pytest.approx(0.25)
+    assert result.silenced[0].tolist() == [True, True, False, False]
+    assert result.num_nonfinite == 1
+
+
+def test_minus_infinite_log_prob_is_never_a_candidate():
+    # log p = -inf (p = 0: a token that could not have been sampled) passes "log p < log tau_p"; with it as a
+    # candidate, tau_h over [0.1, 0.15, 0.2, 0.3] would be 0.225 and silence three tokens. Excluded: tau_h = 0.25.
+    logps = torch.tensor([math.log(0.001)] * 3 + [float("-inf")])
+    result = s2t_mask(*candidates_batch(torch.tensor([0.1, 0.2, 0.3, 0.15]), logps=logps))
+    assert result.candidate[0].tolist() == [True, True, True, False]
+    assert result.entropy_threshold == pytest.approx(0.25)
+    assert result.num_silenced == 2 and result.num_nonfinite == 1

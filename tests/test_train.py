@@ -59,7 +59,7 @@ def _write_recipe(tmp_path, text: str, base: str = STAPO_RECIPE) -> str:
 
 
 def test_demo_recipes_parse_into_the_right_classes():
-    from trl import GRPOConfig, ModelConfig
+    from trl import ModelConfig
 
     from stapo_trl import STAPOConfig
     from stapo_trl.train import STAPOScriptArguments, parse_args
@@ -85,12 +85,12 @@ def test_demo_recipes_parse_into_the_right_classes():
     assert (stapo_args.s2t_prob_threshold, stapo_args.s2t_entropy_quantile) == (0.002, 0.75)
 
     script_args, grpo_args, _ = parse_args(["--config", GRPO_RECIPE])
-    assert script_args.trainer == "grpo"
-    assert type(grpo_args) is GRPOConfig  # a plain GRPOConfig, not an STAPOConfig with the mask off
-    # The same run without the mask: every shared field equal except the output folder.
+    # The like-for-like baseline: the same trainer and normaliser with the mask off (issue 10).
+    assert script_args.trainer == "stapo" and type(grpo_args) is STAPOConfig and grpo_args.s2t_mode == "off"
+    # The same run without the mask: every field equal except the output folder and the mode.
     stapo_dict, grpo_dict = stapo_args.to_dict(), grpo_args.to_dict()
     differing = {k for k in grpo_dict if grpo_dict[k] != stapo_dict[k]}
-    assert differing <= {"output_dir", "run_name", "hub_model_id"}, differing
+    assert differing <= {"output_dir", "run_name", "hub_model_id", "s2t_mode"}, differing
 
 
 def test_every_script_argument_has_help_text_and_a_docstring_entry():
@@ -152,10 +152,14 @@ def test_unknown_command_line_flag_gets_the_same_message(tmp_path):
 def test_s2t_keys_are_rejected_with_trainer_grpo(tmp_path):
     from stapo_trl.train import parse_args
 
+    # The demo baseline with plain TRL (`trainer: grpo`) instead of STAPOTrainer with the mask off.
+    plain = tmp_path / "plain.yaml"
+    lines = Path(GRPO_RECIPE).read_text().replace("trainer: stapo ", "trainer: grpo ").splitlines()
+    plain.write_text("\n".join(line for line in lines if not line.startswith("s2t_")))
     with pytest.raises(ValueError, match="s2t_mode: .*plain GRPOTrainer"):
-        parse_args(["--config", _write_recipe(tmp_path, "s2t_mode: off", base=GRPO_RECIPE)])
+        parse_args(["--config", _write_recipe(tmp_path, 's2t_mode: "off"', base=str(plain))])
     with pytest.raises(ValueError, match="s2t_prob_threshold: .*plain GRPOTrainer"):
-        parse_args(["--config", GRPO_RECIPE, "--s2t_prob_threshold", "0.01"])
+        parse_args(["--config", str(plain), "--s2t_prob_threshold", "0.01"])
 
 
 def test_num_generations_not_dividing_the_generation_batch_lists_valid_values():
@@ -415,6 +419,8 @@ def test_compare_runs_both_recipes_and_draws_one_figure(tmp_path, tiny_math_mode
     for label in ("grpo", "stapo"):
         assert (out / label / "seed0" / "metrics.jsonl").is_file()
         assert summary["runs"][label][0]["eval"]["accuracy_after"] is not None
-    assert summary["runs"]["grpo"][0]["s2t"] == {} and "mean_silenced_ratio" in summary["runs"]["stapo"][0]["s2t"]
+    # The baseline arm is STAPOTrainer with the mask off: its counts are logged, and it silences nothing.
+    assert summary["runs"]["grpo"][0]["s2t"]["num_silenced"] == 0
+    assert "mean_silenced_ratio" in summary["runs"]["stapo"][0]["s2t"]
     table = capsys.readouterr().out
     assert "avg@2 before" in table and "stapo" in table and "grpo" in table
