@@ -76,7 +76,9 @@ def measure(steps: int, prob_threshold: float, seed: int) -> list[dict]:
         advantages = cat(micro_batches, "advantages")
         with torch.no_grad():
             current = [trainer._policy_logps_and_entropies(b) for b in micro_batches]
-        current = _mask(trainer, torch.cat([c[0] for c in current]), torch.cat([c[1] for c in current]), advantages, loss_mask)
+        current = _mask(
+            trainer, torch.cat([c[0] for c in current]), torch.cat([c[1] for c in current]), advantages, loss_mask
+        )
         row = dict(
             update=len(rows),
             candidates=result.num_candidates,
