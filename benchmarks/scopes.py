@@ -38,7 +38,7 @@ from stapo_trl.s2t import s2t_mask  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "benchmarks" / "results"
-STAPO_RECIPE = "recipes/demo/stapo.yaml"
+STAPO_RECIPE = str(REPO / "recipes" / "demo" / "stapo.yaml")
 
 
 def _mask(trainer, logps, entropies, advantages, loss_mask):
@@ -120,7 +120,7 @@ def table(rows: list[dict], prob_threshold: float, steps: int, seed: int) -> str
         f"# S2T scopes and policies on the demo ({datetime.date.today()})",
         "",
         f"`benchmarks/scopes.py --steps {steps} --prob-threshold {prob_threshold} --seed {seed}`: "
-        f"`{STAPO_RECIPE}` (GA 1, steps_per_generation 4: 4 updates per rollout batch of 64 completions, 16 per "
+        "`recipes/demo/stapo.yaml` (GA 1, steps_per_generation 4: 4 updates per rollout batch of 64 completions, 16 per "
         "update), tau_p overridden as shown, q 0.75. The run trains with `optimizer_step` / `rollout`; the other two "
         "masks are counterfactuals on the same rows and weights. tau_h in nats ('-': no candidate).",
         "",

@@ -80,8 +80,10 @@ class STAPOScriptArguments(ScriptArguments):
 
     Args:
         trainer (`str`, *optional*, defaults to `"stapo"`):
-            `"stapo"` ([`~stapo_trl.STAPOTrainer`]) or `"grpo"` (a plain [`~trl.GRPOTrainer`], the same objective
-            without the S2T mask; `s2t_*` keys are then an error).
+            `"stapo"` ([`~stapo_trl.STAPOTrainer`]) or `"grpo"` (a plain [`~trl.GRPOTrainer`]; `s2t_*` keys are
+            then an error). The paper's baselines use `"stapo"` with `s2t_mode: "off"`: plain GRPOTrainer equals it
+            only when `steps_per_generation == gradient_accumulation_steps` (otherwise TRL's `dapo` divides each
+            update by the rollout batch's average token count).
         reward_funcs (`list[str]`, *optional*, defaults to `["math_accuracy"]`):
             Reward functions: names of `stapo_trl.rewards.REWARDS` or dotted import paths (`my_pkg.rewards.fn`).
             The default is the paper's binary rule-based reward alone (last `\\boxed{}` verified against the gold
@@ -141,8 +143,9 @@ class STAPOScriptArguments(ScriptArguments):
     trainer: Literal["stapo", "grpo"] = field(
         default="stapo",
         metadata={
-            "help": "'stapo' (STAPOTrainer, S2T mask in the loss) or 'grpo' (plain GRPOTrainer, the same objective "
-            "defaults without the mask; s2t_* keys are then an error).",
+            "help": "'stapo' (STAPOTrainer, S2T mask in the loss; with s2t_mode off the like-for-like baseline) or "
+            "'grpo' (plain GRPOTrainer; equal to s2t_mode off only when steps_per_generation = GA; s2t_* keys are "
+            "then an error).",
             "choices": list(TRAINERS),
         },
     )
