@@ -224,14 +224,14 @@ _PREPARED: dict[str, Any] = {}
 def build_trainer(recipe: str, overrides: list[str], *, diagnostics: bool = True, reward_funcs=None, workdir: str):
     """A trainer of `recipe` (a `recipes/demo` YAML) with command-line `overrides`, as `stapo-train` would build it.
 
-    The recipe is parsed by `stapo_trl.train.parse_args` (so the recipe stays the single source of the settings);
+    The recipe is parsed by `stapo_trl.cli.args.parse_args` (so the recipe stays the single source of the settings);
     the dataset and model path are prepared once per recipe and reused. Checkpointing and printing are off.
     `diagnostics=False` sets `s2t_diagnostics: false` (STAPOConfig).
     """
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOTrainer
 
-    from stapo_trl.train import parse_args, prepare
+    from stapo_trl.cli.train import parse_args, prepare
     from stapo_trl.trainer import STAPOTrainer
 
     output_dir = tempfile.mkdtemp(prefix="run-", dir=workdir)
@@ -645,7 +645,7 @@ def mask_table(result: dict) -> str:
 
 
 def _evaluate(trainer, run, args, seed: int) -> float:
-    from stapo_trl.train import evaluate_avg_at_k
+    from stapo_trl.evaluation.generation import evaluate_avg_at_k
 
     problems = run.test_dataset.select(range(min(args.eval_problems, len(run.test_dataset))))
     result = evaluate_avg_at_k(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 from accelerate.utils import is_peft_model
@@ -18,7 +18,7 @@ from trl.models.utils import disable_gradient_checkpointing
 
 from .config import STAPOConfig
 from .diagnostics import CollisionProbabilityRecorder, s2t_diagnostic_metrics
-from .s2t import S2TResult, s2t_mask
+from .s2t import S2TBatch, S2TResult, s2t_mask
 
 
 # Loss types whose normaliser is `num_items_in_batch` (TRL's global token count of the generation batch).
@@ -39,32 +39,6 @@ _FORWARD_INPUT_KEYS = (
     "mm_token_type_ids",
     "image_position_ids",
 )
-
-
-@dataclass
-class S2TBatch:
-    """The inputs and output of the last S2T mask built on this process (for diagnostics callbacks).
-
-    Attributes:
-        result ([`S2TResult`]): the mask and its global counts.
-        per_token_logps (`torch.Tensor`): float, (B, T), detached log-probs of the sampled tokens (nats).
-        entropies (`torch.Tensor`): float, (B, T), detached entropies (nats).
-        advantages (`torch.Tensor`): float, (B,) or (B, 1).
-        loss_mask (`torch.Tensor`): int, (B, T), the loss mask before silencing.
-        completion_ids (`torch.Tensor`): long, (B, T).
-        mode (`str`): "train" or "eval".
-        log_collision (`torch.Tensor`, *optional*): float, (B, T), log Σ_v π_v² (nats) of the same forward, when the
-            trainer records it (`STAPOConfig.s2t_diagnostics`).
-    """
-
-    result: S2TResult
-    per_token_logps: torch.Tensor
-    entropies: torch.Tensor
-    advantages: torch.Tensor
-    loss_mask: torch.Tensor
-    completion_ids: torch.Tensor
-    mode: str
-    log_collision: torch.Tensor | None = None
 
 
 class STAPOTrainer(GRPOTrainer):
@@ -99,16 +73,22 @@ class STAPOTrainer(GRPOTrainer):
     `entropy_p10`/`p50`/`p80`/`p95`, `silenced_prob_mean`, `silenced_entropy_mean`, `grad_norm_share_candidates`
     and `grad_norm_share_silenced` (see [`~stapo_trl.diagnostics.s2t_diagnostic_metrics`]); for them the policy's
     fused LM head also returns log Σ_v π_v² (same pass over the vocabulary). Per-token records:
-    [`~stapo_trl.diagnostics.SpuriousTokenLogger`].
+    [`~stapo_trl.callbacks.SpuriousTokenLogger`].
 
     Args:
         model, reward_funcs, train_dataset, ...: as [`~trl.GRPOTrainer`]; `model` may also be a built-in name
-            (`"builtin:tiny-math"`, `"builtin:tiny-random"`), built into its cache on first use.
+            (`"builtin:tiny-math"`, `"builtin:tiny-random"`), built into its cache on first use (through the
+            `resolve_model_path` hook, which `stapo_trl` sets).
         args ([`STAPOConfig`], *optional*): defaults to `STAPOConfig("<model>-STAPO")`.
 
     Raises:
         TypeError: if `args` is not an [`STAPOConfig`].
     """
+
+    # Hook: turns a `model` string into something `from_pretrained` loads, before anything else. `stapo_trl` sets it
+    # to `stapo_trl.builtin.resolve_model_path` (the `builtin:` demo models); `None` (a bare copy of this file, e.g.
+    # in trl/experimental/stapo/) passes the string on unchanged.
+    resolve_model_path: Callable[[str], str] | None = None
 
     _tag_names = ["trl", "grpo", "stapo"]
     _name = "STAPO"
@@ -126,10 +106,8 @@ class STAPOTrainer(GRPOTrainer):
     }
 
     def __init__(self, model, reward_funcs=None, args: STAPOConfig | None = None, *pargs, **kwargs):
-        if isinstance(model, str) and model.startswith("builtin:"):
-            from .builtin import resolve_model_path
-
-            model = resolve_model_path(model)  # the built-in demo models, built into their cache on first use
+        if isinstance(model, str) and self.resolve_model_path is not None:
+            model = self.resolve_model_path(model)  # stapo_trl: builtin:<name>, built into its cache on first use
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             args = STAPOConfig(f"{str(model_name).split('/')[-1]}-STAPO")
