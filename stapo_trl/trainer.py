@@ -54,17 +54,8 @@ class STAPOTrainer(GRPOTrainer):
     loss mask (`completion_mask` is also the attention mask and is never edited), and `inputs["num_items_in_batch"]`
     is replaced by the global count of kept tokens.
 
-    Normalisation per `loss_type` (the keep mask joins the loss mask everywhere):
-    - `dapo`, `cispo`, `vespo`: kept-token sum over the optimizer step divided by the global kept-token count of the
-      optimizer step (all processes, all gradient-accumulation micro-steps). With `s2t_scope="generation_batch"`
-      and `steps_per_generation` a multiple of `gradient_accumulation_steps`, the count is exact per optimizer step
-      (TRL itself scales the generation-batch count by GA/steps_per_generation; the two agree when
-      `steps_per_generation == gradient_accumulation_steps`, TRL's default). Otherwise TRL's scaling is kept.
-      With `s2t_scope="micro_batch"` the count is that of the micro-step (all processes), and the optimizer step
-      averages the micro-step means.
-    - `grpo`, `sapo`: per-sequence mean over kept tokens; `bnpo`: per-micro-batch mean over kept tokens.
-    - `dr_grpo`, `luspo`: constant denominators by design (B x max_completion_length; sequence sums): silenced
-      tokens leave the numerator only. A warning says so.
+    The normalisation of each `loss_type` under the mask is listed in `docs/stapo.md` ("How the mask reaches the
+    loss").
 
     Metrics (reduced over all processes) under `s2t/`: `silenced_ratio` (silenced / loss tokens),
     `candidate_ratio` (candidates / loss tokens), `entropy_threshold` (τ_h, nats; NaN when there is no candidate,
