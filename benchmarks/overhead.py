@@ -95,7 +95,7 @@ def _timed_runs(args, workdir: str, configs: list[dict]) -> dict[str, list[dict]
             trainer, _ = build_trainer(
                 config["recipe"],
                 _overhead_overrides(config["spg"], config["grad_accum"], steps, config["scope"], args.seed),
-                diagnostics=bool(config["diagnostics"]),
+                diagnostics=config["diagnostics"] is not False,  # None: the GRPO arm (no s2t_* field)
                 workdir=workdir,
             )
             probe = Probe(trainer)
@@ -136,7 +136,7 @@ def _memory_runs(args, workdir: str, configs: list[dict]) -> dict[str, dict]:
         trainer, _ = build_trainer(
             config["recipe"],
             _overhead_overrides(config["spg"], config["grad_accum"], args.memory_steps, config["scope"], args.seed),
-            diagnostics=bool(config["diagnostics"]),
+            diagnostics=config["diagnostics"] is not False,  # None: the GRPO arm (no s2t_* field)
             workdir=workdir,
         )
         record: dict[str, Any] = {}
