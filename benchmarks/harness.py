@@ -193,7 +193,8 @@ def build_trainer(recipe: str, overrides: list[str], *, diagnostics: bool = True
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOTrainer
 
-    from stapo_trl.cli.train import parse_args, prepare
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import prepare
     from stapo_trl.trainer import STAPOTrainer
 
     output_dir = tempfile.mkdtemp(prefix="run-", dir=workdir)

@@ -59,6 +59,7 @@ class JsonlLogCallback(TrainerCallback):
         self._file: TextIO | None = None
 
     def resolved_path(self, args) -> str:
+        """The file written: `path`, or `<args.output_dir>/<filename>`."""
         return self.path or os.path.join(args.output_dir, self.filename)
 
     def open_for_run(self, args, state) -> list[dict[str, Any]]:
@@ -79,6 +80,7 @@ class JsonlLogCallback(TrainerCallback):
         self.close()
 
     def close(self) -> None:
+        """Close the file, if open (a later write reopens it for appending)."""
         if self._file is not None:
             self._file.close()
             self._file = None

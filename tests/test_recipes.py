@@ -511,7 +511,8 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
     from trl import get_peft_config
 
     from stapo_trl import STAPOTrainer
-    from stapo_trl.cli.train import parse_args, prepare
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import prepare
 
     script, args, model_args = parse_args([
         "--config", str(RECIPES_DIR / "demo" / "stapo_lora.yaml"),

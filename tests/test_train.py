@@ -222,7 +222,8 @@ def test_help_names_the_recipe_flag_and_the_other_commands(capsys):
 
 
 def test_dapo_prompts_are_stripped_and_long_prompts_dropped(tmp_path, tiny_math_model_path):
-    from stapo_trl.cli.train import parse_args, prepare
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import prepare
 
     # A DAPO-style file: the problem wrapped in its own "Answer:" instruction; one prompt far over the budget.
     dapo = "Solve the following math problem step by step. The last line of your response should be of the form "

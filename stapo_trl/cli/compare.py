@@ -9,13 +9,14 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..diagnostic_plots import plot_diagnostics
 from ..metrics_log import read_metrics
 from ..plots import TRAINING_CURVES, plot_training_curves
 from .args import parse_args
+from .run import train
 
 
 def _run_label(recipe: str, taken: set[str]) -> str:
@@ -58,7 +59,7 @@ def _accuracy_table(results: dict[str, list[dict[str, Any]]]) -> tuple[str, str]
     return "\n".join(lines), k_metric
 
 
-def compare(argv: Sequence[str] | None = None, *, train_run: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """`stapo-train compare RECIPE_A RECIPE_B [--seeds ...] [--output-dir DIR] [-- OVERRIDES]`.
 
     Trains both recipes on every seed (in this process, one after the other; `OVERRIDES` go to every run), with the
@@ -68,8 +69,6 @@ def compare(argv: Sequence[str] | None = None, *, train_run: Callable[..., dict[
 
     Args:
         argv (`Sequence[str]`, *optional*): the arguments after `compare`; `None` reads `sys.argv[2:]`.
-        train_run (`Callable`): runs one training from parsed arguments ([`stapo_trl.cli.train.train`], passed in by
-            `stapo-train`, so that this module does not import the training module that dispatches to it).
 
     Returns:
         `dict`: what `DIR/compare.json` holds (figure path, seeds, and per run its output folder, eval and S2T).
@@ -116,7 +115,7 @@ def compare(argv: Sequence[str] | None = None, *, train_run: Callable[..., dict[
     results: dict[str, list[dict[str, Any]]] = {label: [] for label in labels.values()}
     for i, (label, seed, parsed) in enumerate(planned):
         print(f"\n### compare: {label} seed {seed} -> {parsed[1].output_dir}")
-        result = train_run(*parsed, end_training=i == len(planned) - 1)
+        result = train(*parsed, end_training=i == len(planned) - 1)
         result["seed"] = seed
         results[label].append(result)
 

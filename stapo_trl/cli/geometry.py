@@ -73,14 +73,17 @@ class BatchGeometry:
 
     @property
     def prompts_per_rollout_step(self) -> float:
+        """Prompts per rollout step (`generation_batch / num_generations`)."""
         return self.generation_batch / self.num_generations
 
     @property
     def prompts_per_optimizer_step(self) -> float:
+        """Prompts per optimizer update (`completions_per_optimizer_step / num_generations`)."""
         return self.completions_per_optimizer_step / self.num_generations
 
     @property
     def optimizer_steps_per_rollout_step(self) -> float:
+        """Optimizer updates per rollout batch (`steps_per_generation / gradient_accumulation_steps`; NaN at 0)."""
         grad_accum = self.gradient_accumulation_steps
         return self.micro_steps_per_generation / grad_accum if grad_accum else float("nan")
 

@@ -18,6 +18,7 @@ from ..plots import plot_output_dirs
 
 
 def make_parser(subparsers: argparse._SubParsersAction | None = None) -> argparse.ArgumentParser:
+    """The `stapo-plot` parser (standalone, or the `plot` sub-command of `subparsers`)."""
     description = "Draw reward, entropy and S2T silenced-ratio curves from stapo-train output folders."
     if subparsers is not None:
         parser = subparsers.add_parser("plot", help=description, description=description)

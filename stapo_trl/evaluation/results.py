@@ -88,6 +88,7 @@ _RESUME_KEYS = (
 
 
 def now() -> str:
+    """The current UTC time as ISO 8601 to the second (`2026-11-30T15:44:21+00:00`), for the results file."""
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
@@ -130,6 +131,11 @@ def load_results(path: str | Path) -> dict[str, Any]:
 
 
 def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path) -> None:
+    """Refuse to resume a results file written with other settings (`_RESUME_KEYS`: model, backend, samples, ...).
+
+    Raises:
+        ValueError: listing every differing setting, with the file's and the new value.
+    """
     old = existing.get("config", {})
     diffs = [
         f"{k}: file has {old.get(k)!r}, now {config.get(k)!r}" for k in _RESUME_KEYS if old.get(k) != config.get(k)
