@@ -59,7 +59,8 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
 
 def run_once(steps: int, seed: int, off: bool, workdir: str) -> float:
     """One `stapo-train` run of the demo recipe; returns the wall seconds of `trainer.train()`."""
-    from stapo_trl.train import parse_args, train
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import train
 
     argv = ["--config", DEMO_RECIPE, "--max_steps", str(steps), "--seed", str(seed), "--eval_before_after", "false"]
     argv += ["--output_dir", tempfile.mkdtemp(dir=workdir), "--save_strategy", "no", "--disable_tqdm", "true"]

@@ -56,7 +56,7 @@ def _mask(trainer, logps, entropies, advantages, loss_mask):
 
 def measure(steps: int, prob_threshold: float, seed: int) -> list[dict]:
     """Train `steps` updates of the demo and return one row per update (see the module docstring)."""
-    from bench import build_trainer
+    from harness import build_trainer
 
     trainer, _ = build_trainer(
         STAPO_RECIPE,

@@ -11,13 +11,13 @@
 #   1. reads the recipe's `# launch: accelerate_config=... num_processes=N vllm_gpus=M` line for the defaults;
 #   2. splits the GPUs (CUDA_VISIBLE_DEVICES, else all of `nvidia-smi -L`): the first M serve vLLM, the next N train,
 #      and checks that the two sets do not overlap and exist;
-#   3. dry-runs the recipe for N training processes (python -m stapo_trl.dry_run): no GPU time is spent on a recipe
+#   3. dry-runs the recipe for N training processes (python -m stapo_trl.cli.dry_run): no GPU time is spent on a recipe
 #      whose batch arithmetic is wrong;
 #   4. starts `trl vllm-serve` (TRL 1.16 runs vLLM's own server with the flags TRL needs) on the vLLM GPUs, bound to
 #      127.0.0.1, and waits for GET /health to answer 200 (timeout --timeout seconds, default 900; a clear error
 #      with the server's last log lines if it dies or never comes up);
 #   5. runs `accelerate launch --config_file recipes/accelerate_configs/<config>.yaml --num_processes N
-#      -m stapo_trl.train --config RECIPE --vllm_server_host 127.0.0.1 --vllm_server_port PORT [extra args]`;
+#      -m stapo_trl.cli.train --config RECIPE --vllm_server_host 127.0.0.1 --vllm_server_port PORT [extra args]`;
 #   6. stops the server on exit, whatever the outcome (trap on EXIT, INT and TERM), and returns training's status.
 #
 # Options:
@@ -80,7 +80,7 @@ done
 # Prints shell assignments: the launch: line's values and the recipe keys the launcher needs.
 SETTINGS="$("$PYTHON" - "$RECIPE" <<'PY'
 import shlex, sys, yaml
-from stapo_trl.dry_run import read_launch_settings
+from stapo_trl.cli.dry_run import read_launch_settings
 path = sys.argv[1]
 launch = read_launch_settings(path)
 with open(path) as f:
@@ -174,7 +174,7 @@ fi
 
 # ------------------------------------------------------------------ the recipe must pass its dry run for this split
 echo "launch.sh: dry run of $RECIPE for $NUM_PROCESSES training processes ..."
-CUDA_VISIBLE_DEVICES="" "$PYTHON" -m stapo_trl.dry_run --config "$RECIPE" --num-processes "$NUM_PROCESSES" "${EXTRA[@]}" \
+CUDA_VISIBLE_DEVICES="" "$PYTHON" -m stapo_trl.cli.dry_run --config "$RECIPE" --num-processes "$NUM_PROCESSES" "${EXTRA[@]}" \
     || die "the recipe fails its dry run for $NUM_PROCESSES processes (see above); nothing was started."
 
 SERVE_CMD=("$TRL_BIN" vllm-serve --model "$R_MODEL" --host 127.0.0.1 --port "$PORT"
@@ -183,7 +183,7 @@ SERVE_CMD=("$TRL_BIN" vllm-serve --model "$R_MODEL" --host 127.0.0.1 --port "$PO
 [[ -n "$R_REVISION" ]] && SERVE_CMD+=(--revision "$R_REVISION")
 [[ -n "$MAX_MODEL_LEN" ]] && SERVE_CMD+=(--max_model_len "$MAX_MODEL_LEN")
 TRAIN_CMD=("$ACCELERATE_BIN" launch --config_file "$ACC_CONFIG" --num_processes "$NUM_PROCESSES"
-           --main_process_port "$MAIN_PROCESS_PORT" -m stapo_trl.train --config "$RECIPE"
+           --main_process_port "$MAIN_PROCESS_PORT" -m stapo_trl.cli.train --config "$RECIPE"
            --vllm_server_host 127.0.0.1 --vllm_server_port "$PORT" "${EXTRA[@]}")
 
 echo "launch.sh: vLLM server on GPUs $VLLM_GPUS: CUDA_VISIBLE_DEVICES=$VLLM_GPUS ${SERVE_CMD[*]}"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -540,8 +541,7 @@ def _build(name: str, recipe: dict[str, Any], output_dir: str | os.PathLike) -> 
     import transformers
     import trl
 
-    from . import __version__
-    from .data import make_tiny_math_dataset
+    from .data import make_tiny_math_dataset  # datasets is slow to import: only when a model is built
 
     data = make_tiny_math_dataset(seed=SEED)
     # The tokenizer learns its merges from the rendered chats, so the prompt's instruction and the chat markup
@@ -591,7 +591,7 @@ def _build(name: str, recipe: dict[str, Any], output_dir: str | os.PathLike) -> 
         "eval": evaluation,
         "build_seconds": None,  # set by `build_builtin_model`, which times the whole build
         "versions": {
-            "stapo_trl": __version__,
+            "stapo_trl": importlib.metadata.version("stapo_trl"),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "trl": trl.__version__,

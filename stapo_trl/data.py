@@ -283,6 +283,24 @@ def _to_prompt(value: Any, instruction: str | None) -> list[dict[str, str]]:
     )
 
 
+def _load_builtin_split(dataset_name: str, split: str) -> datasets.Dataset:
+    """One split of a `builtin:<name>` task (columns `problem` and `solution`).
+
+    Raises:
+        ValueError: an unknown name (the known ones listed) or split (the available ones listed).
+    """
+    name = dataset_name[len(BUILTIN_PREFIX) :]
+    if name not in BUILTIN_DATASETS:
+        known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_DATASETS)
+        raise ValueError(f"Unknown built-in dataset {dataset_name!r}. Known built-in datasets: {known}.")
+    splits = BUILTIN_DATASETS[name]()
+    if split not in splits:
+        raise ValueError(
+            f"Built-in dataset {dataset_name!r} has no split {split!r}; available splits: {sorted(splits)}."
+        )
+    return splits[split]
+
+
 def load_prompt_dataset(
     dataset_name: str,
     *,
@@ -345,16 +363,7 @@ def load_prompt_dataset(
         raise ValueError(f"limit must be >= 0 or None, got {limit}.")
 
     if dataset_name.startswith(BUILTIN_PREFIX):
-        name = dataset_name[len(BUILTIN_PREFIX) :]
-        if name not in BUILTIN_DATASETS:
-            known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_DATASETS)
-            raise ValueError(f"Unknown built-in dataset {dataset_name!r}. Known built-in datasets: {known}.")
-        splits = BUILTIN_DATASETS[name]()
-        if split not in splits:
-            raise ValueError(
-                f"Built-in dataset {dataset_name!r} has no split {split!r}; available splits: {sorted(splits)}."
-            )
-        dataset = splits[split]
+        dataset = _load_builtin_split(dataset_name, split)
         prompt_column, solution_column = "problem", "solution"
     else:
         if is_local_dataset_file(dataset_name):
@@ -367,8 +376,18 @@ def load_prompt_dataset(
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
 
+    strip = strip_dapo_instruction and not dataset_name.startswith(BUILTIN_PREFIX)
+    return _to_prompts_and_solutions(dataset, prompt_column, solution_column, instruction, strip)
+
+
+def _to_prompts_and_solutions(
+    dataset: datasets.Dataset, prompt_column: str, solution_column: str, instruction: str | None, strip: bool
+) -> datasets.Dataset:
+    """The `prompt` (chat, instruction appended) and `solution` (`str`) columns, every input column dropped;
+    `strip`: remove DAPO's answer-format instruction from the problems first."""
+
     def _strip(value: Any) -> Any:
-        if not strip_dapo_instruction or dataset_name.startswith(BUILTIN_PREFIX):
+        if not strip:
             return value
         if isinstance(value, str):
             return remove_dapo_instruction(value)

@@ -15,7 +15,7 @@ writes, for every run given (several runs share each figure):
 - `s2t_top_tokens.png` (needs `spurious_tokens.jsonl`): the most frequent silenced strings next to the most
   frequent kept-candidate strings (of the logged sample), one row per run.
 
-A run is a folder with `metrics.jsonl` (and `spurious_tokens.jsonl` when [`~stapo_trl.diagnostics.SpuriousTokenLogger`]
+A run is a folder with `metrics.jsonl` (and `spurious_tokens.jsonl` when [`~stapo_trl.callbacks.SpuriousTokenLogger`]
 ran), or a folder of per-seed folders (the layout of `stapo-train compare`): seeds are averaged on the curves and
 pooled on the token figures. A figure whose data no run has is not written.
 """
@@ -29,13 +29,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .diagnostics import (
-    ENTROPY_QUANTILES,
-    SPURIOUS_TOKENS_FILENAME,
-    read_token_records,
-    top_token_counts,
-)
-from .plots import load_run, set_log_y_axis
+from .diagnostics import ENTROPY_QUANTILES, top_token_counts
+from .metrics_log import SPURIOUS_TOKENS_FILENAME, load_run, read_token_records
+from .plots import set_log_y_axis
 
 
 Rows = Sequence[dict[str, Any]]
@@ -270,7 +266,7 @@ def plot_diagnostics(
         `list[Path]`: the PNGs written, in the order of the module docstring; figures without data are skipped.
 
     Raises:
-        FileNotFoundError: if a run folder has no `metrics.jsonl` (from [`~stapo_trl.plots.load_run`]).
+        FileNotFoundError: if a run folder has no `metrics.jsonl` (from [`~stapo_trl.metrics_log.load_run`]).
     """
     labels = list(labels) if labels is not None else _run_labels(run_dirs)
     if len(labels) != len(run_dirs):

@@ -10,9 +10,8 @@ logs, cheap enough to leave on:
   division, NaN when undefined), logged by [`~stapo_trl.STAPOTrainer`] every time it builds a mask:
   `entropy_p10`/`p50`/`p80`/`p95` (entropy quantiles of all loss tokens, nats), `silenced_prob_mean`,
   `silenced_entropy_mean`, `grad_norm_share_candidates` and `grad_norm_share_silenced`.
-- [`SpuriousTokenLogger`]: a [`~transformers.TrainerCallback`] writing the silenced tokens of the current batch,
-  with a bounded sample of kept candidates and of other positive-advantage tokens, to `spurious_tokens.jsonl`, and
-  the most frequent silenced strings as a table to wandb / trackio when they are active.
+- [`spurious_token_records`]: the silenced tokens of a batch, with a bounded sample of kept candidates and of other
+  positive-advantage tokens (written to `spurious_tokens.jsonl` by [`~stapo_trl.callbacks.SpuriousTokenLogger`]).
 - The exact gradient-norm maths ([`logit_grad_norm_sq`], [`logit_grad_norm_bounds`]) and the histogram quantile
   ([`entropy_histogram`], [`histogram_quantile`]) as small pure functions.
 
@@ -24,23 +23,15 @@ exp(2 (z_v - max z)), no logits materialised); [`CollisionProbabilityRecorder`] 
 from __future__ import annotations
 
 import math
-import os
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .metrics_log import JsonlLogCallback, read_jsonl
-from .s2t import S2TResult
+from .s2t import S2TBatch, S2TResult
 
-
-if TYPE_CHECKING:
-    from .trainer import S2TBatch
-
-
-SPURIOUS_TOKENS_FILENAME = "spurious_tokens.jsonl"
 
 # Entropy quantiles logged as `s2t/entropy_p{100 q}`.
 ENTROPY_QUANTILES = (0.10, 0.50, 0.80, 0.95)
@@ -284,6 +275,11 @@ def s2t_diagnostic_metrics(
             ]
         )  # (6 + ENTROPY_BINS + 1,)
         total = reduce(local).cpu()
+    return _metrics_from_sums(total, has_collision=log_collision is not None)
+
+
+def _metrics_from_sums(total: torch.Tensor, has_collision: bool) -> dict[str, float]:
+    """The metrics of [`s2t_diagnostic_metrics`] from its all-reduced float64 vector (`_SUMS`, then the histogram)."""
     sums = dict(zip(_SUMS, total[: len(_SUMS)].tolist(), strict=True))
     histogram = total[len(_SUMS) :]
 
@@ -293,7 +289,6 @@ def s2t_diagnostic_metrics(
     metrics = {f"s2t/entropy_p{round(100 * q)}": histogram_quantile(histogram, q) for q in ENTROPY_QUANTILES}
     metrics["s2t/silenced_prob_mean"] = ratio(sums["silenced_prob"], sums["num_silenced"])
     metrics["s2t/silenced_entropy_mean"] = ratio(sums["silenced_entropy"], sums["num_silenced"])
-    has_collision = log_collision is not None
     metrics["s2t/grad_norm_share_candidates"] = (
         ratio(sums["grad_sq_candidates"], sums["grad_sq_all"]) if has_collision else float("nan")
     )
@@ -320,7 +315,7 @@ class CollisionProbabilityRecorder:
     """
 
     def __init__(self, model: torch.nn.Module, temperature: float, cast_lm_head_to_fp32: bool = False):
-        from trl.trainer.utils import add_fused_lm_head
+        from trl.trainer.utils import add_fused_lm_head  # TRL only here, so the rest of the module is torch-only
 
         add_fused_lm_head(
             model,
@@ -365,6 +360,29 @@ def _decode(tokenizer, token_ids: Sequence[int]) -> str:
     return tokenizer.decode(list(token_ids), skip_special_tokens=False) if token_ids else ""
 
 
+def _select_tokens(
+    batch: S2TBatch, caps: dict[str, int], rng: random.Random
+) -> tuple[dict[str, list[tuple[int, int]]], torch.Tensor, torch.Tensor]:
+    """The (completion, position) pairs of each record kind (a uniform sample of at most `caps[kind]`, in order),
+    the bool (B, T) loss mask and the (B, T) advantages."""
+    result = batch.result
+    in_loss = batch.loss_mask.bool()  # (B, T)
+    advantages = batch.advantages
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)  # (B,) -> (B, 1)
+    advantages = advantages.expand_as(batch.per_token_logps)  # (B, T)
+    positive = in_loss & (advantages > 0)  # (B, T)
+    kinds = {
+        "silenced": result.silenced & in_loss,
+        "kept_candidate": result.candidate & ~result.silenced & in_loss,
+        "reference": positive & ~result.candidate,
+    }
+    selected = {
+        kind: _sample([tuple(ix) for ix in mask.nonzero().tolist()], caps[kind], rng) for kind, mask in kinds.items()
+    }
+    return selected, in_loss, advantages
+
+
 def spurious_token_records(
     batch: S2TBatch,
     tokenizer,
@@ -399,7 +417,7 @@ def spurious_token_records(
     collision probability), `entropy_threshold` the batch's τ_h (`None` when it had no candidate).
 
     Args:
-        batch ([`~stapo_trl.trainer.S2TBatch`]): the trainer's `s2t_last_batch`.
+        batch ([`~stapo_trl.s2t.S2TBatch`]): the trainer's `s2t_last_batch`.
         tokenizer: anything with `decode(list[int], skip_special_tokens=...)`.
         step (`int`): the optimizer step to write.
         prob_threshold (`float`, *optional*): τ_p, written as is.
@@ -411,22 +429,8 @@ def spurious_token_records(
         `list[dict]`: JSON-serialisable records.
     """
     result = batch.result
-    in_loss = batch.loss_mask.bool()  # (B, T)
-    advantages = batch.advantages
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)  # (B,) -> (B, 1)
-    advantages = advantages.expand_as(batch.per_token_logps)  # (B, T)
-    positive = in_loss & (advantages > 0)  # (B, T)
-    kinds = {
-        "silenced": result.silenced & in_loss,
-        "kept_candidate": result.candidate & ~result.silenced & in_loss,
-        "reference": positive & ~result.candidate,
-    }
     caps = {"silenced": max_silenced, "kept_candidate": max_kept_candidates, "reference": max_reference}
-    rng = random.Random(f"{seed}-{step}-{process_index}")
-    selected = {
-        kind: _sample([tuple(ix) for ix in mask.nonzero().tolist()], caps[kind], rng) for kind, mask in kinds.items()
-    }
+    selected, in_loss, advantages = _select_tokens(batch, caps, random.Random(f"{seed}-{step}-{process_index}"))
     if not any(selected.values()):
         return []
 
@@ -442,31 +446,14 @@ def spurious_token_records(
     for kind, indices in selected.items():
         for row, pos in indices:
             ids = completion_ids[row].tolist()
-            token_id = ids[pos]
-            token = _decode(tokenizer, [token_id])
+            token = _decode(tokenizer, [ids[pos]])
             before = _decode(tokenizer, ids[max(0, pos - context_tokens) : pos])
             after = _decode(tokenizer, ids[pos + 1 : min(lengths[row], pos + 1 + context_tokens)])
-            prob = math.exp(logps[row, pos].item())
-            grad_norm = None
-            if collision is not None:
-                grad_norm = abs(advantages[row, pos].item()) * math.sqrt(
-                    max(0.0, 1.0 - 2.0 * prob + collision[row, pos].item())
-                )
+            values = (logps[row, pos].item(), entropies[row, pos].item(), advantages[row, pos].item())
+            sum_sq = collision[row, pos].item() if collision is not None else None
             records.append(
-                {
-                    "step": int(step),
-                    "kind": kind,
-                    "silenced": kind == "silenced",
-                    "candidate": kind != "reference",
-                    "token": token,
-                    "token_id": int(token_id),
-                    "prob": prob,
-                    "logprob": logps[row, pos].item(),
-                    "entropy": entropies[row, pos].item(),
-                    "advantage": advantages[row, pos].item(),
-                    "position": int(pos),
-                    "context": f"{before}⟦{token}⟧{after}",
-                    "logit_grad_norm": grad_norm,
+                _token_record(step, kind, token, ids[pos], values, sum_sq, pos, f"{before}⟦{token}⟧{after}")
+                | {
                     "entropy_threshold": threshold,
                     "prob_threshold": prob_threshold,
                     "completion_index": int(row),
@@ -476,12 +463,29 @@ def spurious_token_records(
     return records
 
 
-def read_token_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Records of a `spurious_tokens.jsonl` file (or `<dir>/spurious_tokens.jsonl`); a truncated line is skipped."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        path = os.path.join(path, SPURIOUS_TOKENS_FILENAME)
-    return read_jsonl(path)
+def _token_record(step, kind, token, token_id, values, sum_sq, pos, context) -> dict[str, Any]:
+    """The per-token fields of one record (see [`spurious_token_records`]); `values` = (logprob, entropy, advantage),
+    `sum_sq` = Σ_v π_v² at the position (`None`: no gradient norm)."""
+    logprob, entropy, advantage = values
+    prob = math.exp(logprob)
+    grad_norm = None
+    if sum_sq is not None:
+        grad_norm = abs(advantage) * math.sqrt(max(0.0, 1.0 - 2.0 * prob + sum_sq))
+    return {
+        "step": int(step),
+        "kind": kind,
+        "silenced": kind == "silenced",
+        "candidate": kind != "reference",
+        "token": token,
+        "token_id": int(token_id),
+        "prob": prob,
+        "logprob": logprob,
+        "entropy": entropy,
+        "advantage": advantage,
+        "position": int(pos),
+        "context": context,
+        "logit_grad_norm": grad_norm,
+    }
 
 
 def token_label(record: dict[str, Any]) -> str:
@@ -494,159 +498,3 @@ def token_label(record: dict[str, Any]) -> str:
 def top_token_counts(records: Sequence[dict[str, Any]], kind: str = "silenced", k: int = 20) -> list[tuple[str, int]]:
     """The k most frequent [`token_label`]s of one record kind, as (label, count), most frequent first."""
     return Counter(token_label(r) for r in records if r["kind"] == kind).most_common(k)
-
-
-class SpuriousTokenLogger(JsonlLogCallback):
-    r"""Write the silenced tokens of the current S2T batch to `spurious_tokens.jsonl` at every logging step.
-
-    At each step where the trainer logs (`control.should_log`, set by transformers' flow callback on every
-    process), the records of the training masks built since the last logging step (`trainer.s2t_train_batches`:
-    one mask per optimizer update, or per rollout batch in the `generation_batch` scope; [`spurious_token_records`]:
-    every silenced token, a sample of kept candidates and of other positive-advantage tokens) are gathered from all
-    processes with `accelerate.utils.gather_object` (every process calls it at the same steps, also with no record,
-    so nothing hangs) and appended by the main process, flushed per write. A mask already written is skipped;
-    evaluation masks are kept apart by the trainer (`s2t_last_eval_batch`) and never reach this file. Caps are per
-    logging step over all processes.
-
-    When wandb (or trackio) is in `report_to` and active, the `top_k` most frequent silenced strings so far, with
-    their kept-candidate counts (of the sample), are logged as a table `s2t/top_silenced_tokens`; otherwise the
-    file is the record.
-
-    ```python
-    trainer = STAPOTrainer(model, reward_funcs, args=config, train_dataset=dataset)
-    trainer.add_callback(SpuriousTokenLogger(trainer))
-    ```
-
-    Args:
-        trainer ([`~stapo_trl.STAPOTrainer`]): the trainer whose `s2t_train_batches` are read.
-        path (`str`, *optional*): file to write; `None` = `<output_dir>/spurious_tokens.jsonl`.
-        max_silenced (`int`, *optional*, defaults to `256`): silenced tokens written per logging step (a uniform
-            sample when there are more; at the paper's ~1e-4 rate a batch has a handful).
-        max_kept_candidates (`int`, *optional*, defaults to `64`): kept candidates sampled per logging step.
-        max_reference (`int`, *optional*, defaults to `64`): other positive-advantage tokens sampled per logging step.
-        context_tokens (`int`, *optional*, defaults to `8`): tokens of context on each side.
-        top_k (`int`, *optional*, defaults to `20`): rows of the tracker table.
-    """
-
-    filename = SPURIOUS_TOKENS_FILENAME
-
-    def __init__(
-        self,
-        trainer,
-        path: str | None = None,
-        *,
-        max_silenced: int = 256,
-        max_kept_candidates: int = 64,
-        max_reference: int = 64,
-        context_tokens: int = 8,
-        top_k: int = 20,
-    ):
-        super().__init__(path)
-        self.trainer = trainer
-        self.max_silenced = max_silenced
-        self.max_kept_candidates = max_kept_candidates
-        self.max_reference = max_reference
-        self.context_tokens = context_tokens
-        self.top_k = top_k
-        self.silenced_counts: Counter[str] = Counter()
-        self.kept_candidate_counts: Counter[str] = Counter()
-        self._last_batch = None
-
-    # -- file ----------------------------------------------------------------------------------------------------
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._last_batch = None
-        if not state.is_world_process_zero:
-            return
-        # Resuming keeps the records up to the checkpoint; a fresh run starts an empty file.
-        for record in self.open_for_run(args, state):
-            self._count(record)
-
-    def _count(self, record: dict[str, Any]) -> None:
-        if record["kind"] == "silenced":
-            self.silenced_counts[token_label(record)] += 1
-        elif record["kind"] == "kept_candidate":
-            self.kept_candidate_counts[token_label(record)] += 1
-
-    # -- logging steps -------------------------------------------------------------------------------------------
-    def on_step_end(self, args, state, control, **kwargs):
-        if not control.should_log:
-            return
-        # The training masks of the current pass over the rollout batch that are not logged yet (one per optimizer
-        # update, or one per rollout batch). The same decision on every process: each builds its masks at the same
-        # steps. Evaluation masks are kept apart by the trainer and never reach this list.
-        batches = self.trainer.s2t_train_batches
-        logged = next((i + 1 for i in reversed(range(len(batches))) if batches[i] is self._last_batch), 0)
-        if batches[logged:]:
-            self._last_batch = batches[-1]
-            self.log_batch(*batches[logged:], step=state.global_step, args=args)
-
-    def log_batch(self, *batches: S2TBatch, step: int, args) -> list[dict[str, Any]]:
-        """Gather the records of one or more masks from every process, cap them once for the logging step and append
-        them (main process). A collective."""
-        from accelerate.utils import gather_object
-
-        accelerator = self.trainer.accelerator
-        records = [
-            record
-            for batch in batches
-            for record in spurious_token_records(
-                batch,
-                self.trainer.processing_class,
-                step=step,
-                prob_threshold=self.trainer.args.s2t_prob_threshold,
-                max_silenced=self.max_silenced,
-                max_kept_candidates=self.max_kept_candidates,
-                max_reference=self.max_reference,
-                context_tokens=self.context_tokens,
-                seed=args.seed,
-                process_index=accelerator.process_index,
-            )
-        ]
-        if accelerator.num_processes > 1:
-            records = gather_object(records)  # every process, every logging step: never skipped
-        if not accelerator.is_main_process:
-            return []
-        records = self._cap(records, step, args.seed)
-        self.write_rows(args, records)
-        for record in records:
-            self._count(record)
-        self._log_table(args)
-        return records
-
-    def _cap(self, records: list[dict[str, Any]], step: int, seed: int) -> list[dict[str, Any]]:
-        """Apply the per-step caps to the records of all processes (uniform sample per kind, order kept)."""
-        caps = {"silenced": self.max_silenced, "kept_candidate": self.max_kept_candidates}
-        caps["reference"] = self.max_reference
-        rng = random.Random(f"{seed}-{step}-all")
-        capped = []
-        for kind, cap in caps.items():
-            of_kind = [i for i, r in enumerate(records) if r["kind"] == kind]
-            capped += of_kind if len(of_kind) <= cap else rng.sample(of_kind, cap)
-        return [records[i] for i in sorted(capped)]
-
-    def _log_table(self, args) -> None:
-        report_to = args.report_to or []
-        backends = []
-        if "wandb" in report_to:
-            import wandb
-
-            if wandb.run is not None:
-                backends.append(wandb)
-        if "trackio" in report_to:
-            import trackio
-
-            backends.append(trackio)
-        if not backends or not self.silenced_counts:
-            return
-        import pandas as pd
-
-        top = self.silenced_counts.most_common(self.top_k)
-        table = pd.DataFrame(
-            {
-                "token": [token for token, _ in top],
-                "silenced": [count for _, count in top],
-                "kept_candidate_sampled": [self.kept_candidate_counts.get(token, 0) for token, _ in top],
-            }
-        )
-        for backend in backends:
-            backend.log({"s2t/top_silenced_tokens": backend.Table(dataframe=table)})

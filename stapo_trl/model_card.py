@@ -20,6 +20,8 @@ import json
 import os
 from typing import Any
 
+from .config import STAPOConfig
+
 
 SECTION_START = "<!-- stapo_trl:settings -->"
 SECTION_END = "<!-- /stapo_trl:settings -->"
@@ -84,8 +86,6 @@ def stapo_card_section(args: Any, base_model: str) -> str:
     Returns:
         `str`: the section, between the markers `SECTION_START` and `SECTION_END`.
     """
-    from .config import STAPOConfig
-
     is_stapo = isinstance(args, STAPOConfig)
     lines = [SECTION_START, "", "## STAPO training settings", ""]
     if is_stapo:

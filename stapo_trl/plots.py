@@ -1,4 +1,5 @@
-"""`stapo-plot`: PNG figures from the `metrics.jsonl` files that `stapo-train` writes.
+"""Training-curve figures from the `metrics.jsonl` files that `stapo-train` writes (the `stapo-plot` command is
+`stapo_trl.cli.plot`).
 
     stapo-plot outputs/demo-stapo                                  # -> outputs/demo-stapo/training_curves.png
     stapo-plot outputs/demo-grpo outputs/demo-stapo --out cmp.png  # runs overlaid
@@ -11,12 +12,11 @@ A run is a folder holding `metrics.jsonl`, or a folder whose sub-folders each ho
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .metrics_log import METRICS_FILENAME, read_metrics
+from .metrics_log import load_run
 
 
 # (log key, panel title, y scale). Reward and entropy are smoothed; the silenced ratio is drawn raw on a log scale
@@ -44,29 +44,6 @@ def set_log_y_axis(ax) -> None:
     ax.yaxis.set_major_formatter(LogFormatterSciNotation(labelOnlyBase=False))
 
 
-def load_run(path: str) -> list[list[dict[str, Any]]]:
-    """The metrics of one run: `[rows]` for a folder with `metrics.jsonl`, one list per seed for a folder of seeds.
-
-    Raises:
-        FileNotFoundError: If neither `path/metrics.jsonl` nor any `path/*/metrics.jsonl` exists.
-    """
-    if os.path.isfile(os.path.join(path, METRICS_FILENAME)):
-        return [read_metrics(path)]
-    if os.path.isfile(path) and path.endswith(".jsonl"):
-        return [read_metrics(path)]
-    seeds = []
-    if os.path.isdir(path):
-        for name in sorted(os.listdir(path)):
-            if os.path.isfile(os.path.join(path, name, METRICS_FILENAME)):
-                seeds.append(read_metrics(os.path.join(path, name)))
-    if not seeds:
-        raise FileNotFoundError(
-            f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a `stapo-train` run "
-            "(or of one `stapo-train compare` arm)."
-        )
-    return seeds
-
-
 def _series(rows: Sequence[dict[str, Any]], key: str) -> dict[int, float]:
     """`{step: value}` of one metric over the rows that logged it (a later row for the same step wins)."""
     return {int(row["step"]): float(row[key]) for row in rows if row.get(key) is not None and "step" in row}
@@ -83,6 +60,34 @@ def _moving_average(values, window: int):
     idx = np.arange(1, len(values) + 1)
     start = np.maximum(idx - window, 0)
     return (cumsum[idx] - cumsum[start]) / (idx - start)
+
+
+def _draw_run(ax, x, values, label: str, color: str, scale: str, smoothing: int | None) -> bool:
+    """Draw one run (its (num_seeds, num_steps) `values` over the steps `x`) on a panel; returns whether a curve
+    was drawn (a log panel whose mean is 0 everywhere gets a legend entry only)."""
+    import numpy as np  # comes with matplotlib, only for figures
+
+    seed_note = f" ({len(values)} seeds)" if len(values) > 1 else ""
+    if scale == "log":
+        mean = values.mean(axis=0)
+        positive = mean > 0
+        zero_note = f", 0 at {int((~positive).sum())}/{len(mean)} steps"
+        if positive.any():
+            label_text = f"{label}{seed_note}{zero_note}"
+            ax.plot(x[positive], mean[positive], "o", ms=3, color=color, label=label_text)
+            return True
+        # Keep the run in the legend so "never fired" is visible, not mistaken for "not logged".
+        ax.plot([], [], "o", ms=3, color=color, label=f"{label}{seed_note}: always 0")
+        return False
+    window = smoothing or max(1, len(x) // 20)
+    smooth = np.stack([_moving_average(v, window) for v in values])  # (num_seeds, num_steps)
+    if len(values) == 1:
+        ax.plot(x, values[0], color=color, alpha=0.25, lw=0.8)
+        ax.plot(x, smooth[0], color=color, lw=1.8, label=label)
+    else:
+        ax.plot(x, smooth.mean(axis=0), color=color, lw=1.8, label=f"{label}{seed_note}")
+        ax.fill_between(x, smooth.min(axis=0), smooth.max(axis=0), color=color, alpha=0.2)
+    return True
 
 
 def plot_training_curves(
@@ -133,29 +138,7 @@ def plot_training_curves(
             if not steps:
                 continue
             values = np.array([[s[step] for step in steps] for s in series])  # (num_seeds, num_steps)
-            x = np.array(steps)
-            seed_note = f" ({len(series)} seeds)" if len(series) > 1 else ""
-            if scale == "log":
-                mean = values.mean(axis=0)
-                positive = mean > 0
-                zero_note = f", 0 at {int((~positive).sum())}/{len(mean)} steps"
-                if positive.any():
-                    label_text = f"{label}{seed_note}{zero_note}"
-                    ax.plot(x[positive], mean[positive], "o", ms=3, color=color, label=label_text)
-                    drawn = True
-                else:
-                    # Keep the run in the legend so "never fired" is visible, not mistaken for "not logged".
-                    ax.plot([], [], "o", ms=3, color=color, label=f"{label}{seed_note}: always 0")
-                continue
-            window = smoothing or max(1, len(steps) // 20)
-            smooth = np.stack([_moving_average(v, window) for v in values])  # (num_seeds, num_steps)
-            if len(series) == 1:
-                ax.plot(x, values[0], color=color, alpha=0.25, lw=0.8)
-                ax.plot(x, smooth[0], color=color, lw=1.8, label=label)
-            else:
-                ax.plot(x, smooth.mean(axis=0), color=color, lw=1.8, label=f"{label}{seed_note}")
-                ax.fill_between(x, smooth.min(axis=0), smooth.max(axis=0), color=color, alpha=0.2)
-            drawn = True
+            drawn = _draw_run(ax, np.array(steps), values, label, color, scale, smoothing) or drawn
         ax.set_title(panel_title, fontsize=10)
         ax.set_xlabel("step")
         if scale == "log":
@@ -172,38 +155,6 @@ def plot_training_curves(
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
-
-
-def make_parser(subparsers: argparse._SubParsersAction | None = None) -> argparse.ArgumentParser:
-    description = "Draw reward, entropy and S2T silenced-ratio curves from stapo-train output folders."
-    if subparsers is not None:
-        parser = subparsers.add_parser("plot", help=description, description=description)
-    else:
-        parser = argparse.ArgumentParser(prog="stapo-plot", description=description)
-    parser.add_argument(
-        "output_dirs",
-        nargs="+",
-        metavar="OUTPUT_DIR",
-        help="stapo-train output folders (each with metrics.jsonl), or folders of per-seed output folders.",
-    )
-    parser.add_argument(
-        "--out",
-        default=None,
-        help="A figure file for the training curves (.png, .pdf, .svg, .jpg), or a folder for every figure (the "
-        "diagnostic s2t_*.png always go next to the curves). Default: OUTPUT_DIR/training_curves.png for one folder, ./training_curves.png for "
-        "several.",
-    )
-    parser.add_argument(
-        "--labels", nargs="+", default=None, help="Legend labels, one per OUTPUT_DIR (default: folder names)."
-    )
-    parser.add_argument("--title", default=None, help="Figure title.")
-    parser.add_argument(
-        "--smoothing",
-        type=int,
-        default=None,
-        help="Moving-average window in logged steps (default: ~1/20 of the run).",
-    )
-    return parser
 
 
 def plot_output_dirs(
@@ -244,23 +195,3 @@ def plot_output_dirs(
     elif os.path.dirname(out):
         os.makedirs(os.path.dirname(out), exist_ok=True)
     return plot_training_curves(runs, out, title=title, smoothing=smoothing)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """`stapo-plot OUTPUT_DIR [OUTPUT_DIR ...] [--out FILE.png|FOLDER] [--labels ...] [--title ...] [--smoothing N]`."""
-    args = make_parser().parse_args(argv)
-    try:
-        out = plot_output_dirs(
-            args.output_dirs, args.out, labels=args.labels, title=args.title, smoothing=args.smoothing
-        )
-        from .diagnostic_plots import plot_diagnostics
-
-        figures = plot_diagnostics(args.output_dirs, os.path.dirname(os.path.abspath(out)), labels=args.labels)
-    except (ValueError, OSError) as e:
-        raise SystemExit(f"stapo-plot: error: {e}") from e
-    for figure in [out, *figures]:
-        print(f"Wrote {figure}")
-
-
-if __name__ == "__main__":
-    main()

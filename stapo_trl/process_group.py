@@ -21,7 +21,7 @@ GROUP_CAPTURING_MODULES = ("torch.distributed.nn.functional", "deepspeed.comm.to
 def import_group_capturing_modules() -> None:
     """Import [`GROUP_CAPTURING_MODULES`] (the installed ones) if no process group exists yet; else do nothing.
 
-    Called when `stapo_trl.config` and `stapo_trl.train` are imported, i.e. before any `STAPOConfig` can exist.
+    Called when `stapo_trl.config` is imported, i.e. before any `STAPOConfig` can exist.
     """
     import torch.distributed
 

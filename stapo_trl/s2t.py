@@ -59,6 +59,32 @@ class S2TResult:
         return self.num_loss_tokens - self.num_silenced
 
 
+@dataclass
+class S2TBatch:
+    """The inputs and output of the last S2T mask built on this process (for diagnostics callbacks).
+
+    Attributes:
+        result ([`S2TResult`]): the mask and its global counts.
+        per_token_logps (`torch.Tensor`): float, (B, T), detached log-probs of the sampled tokens (nats).
+        entropies (`torch.Tensor`): float, (B, T), detached entropies (nats).
+        advantages (`torch.Tensor`): float, (B,) or (B, 1).
+        loss_mask (`torch.Tensor`): int, (B, T), the loss mask before silencing.
+        completion_ids (`torch.Tensor`): long, (B, T).
+        mode (`str`): "train" or "eval".
+        log_collision (`torch.Tensor`, *optional*): float, (B, T), log Σ_v π_v² (nats) of the same forward, when the
+            trainer records it (`STAPOConfig.s2t_diagnostics`).
+    """
+
+    result: S2TResult
+    per_token_logps: torch.Tensor
+    entropies: torch.Tensor
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    mode: str
+    log_collision: torch.Tensor | None = None
+
+
 def linear_quantile(values: torch.Tensor, q: float) -> float:
     """The q-quantile of a 1-D tensor with linear interpolation (numpy's default, `method="linear"`).
 

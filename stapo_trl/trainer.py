@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import textwrap
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 from accelerate.utils import is_peft_model
@@ -19,7 +19,7 @@ from trl.models.utils import disable_gradient_checkpointing
 
 from .config import STAPOConfig, untested_combination_warnings
 from .diagnostics import CollisionProbabilityRecorder, s2t_diagnostic_metrics
-from .s2t import S2TResult, s2t_mask
+from .s2t import S2TBatch, S2TResult, s2t_mask
 
 
 _KNOWN_LOSSES = ("dapo", "cispo", "vespo", "grpo", "sapo", "bnpo", "dr_grpo", "luspo")
@@ -43,32 +43,6 @@ _LOSS_MASK, _TOOL_MASK = "s2t_loss_mask", "s2t_tool_mask"
 _ROLLOUT_LOGPS, _ROLLOUT_ENTROPIES, _ROLLOUT_COLLISION = "s2t_per_token_logps", "s2t_entropies", "s2t_log_collision"
 # Per-mask counts that a log row sums (and pools into ratios) instead of averaging; see `STAPOTrainer.log`.
 _COUNT_METRICS = ("s2t/num_silenced", "s2t/num_candidates", "s2t/num_loss_tokens", "s2t/num_nonfinite")
-
-
-@dataclass
-class S2TBatch:
-    """The inputs and output of the last S2T mask built on this process (for diagnostics callbacks).
-
-    Attributes:
-        result ([`S2TResult`]): the mask and its global counts.
-        per_token_logps (`torch.Tensor`): float, (B, T), detached log-probs of the sampled tokens (nats).
-        entropies (`torch.Tensor`): float, (B, T), detached entropies (nats).
-        advantages (`torch.Tensor`): float, (B,) or (B, 1).
-        loss_mask (`torch.Tensor`): int, (B, T), the loss mask before silencing.
-        completion_ids (`torch.Tensor`): long, (B, T).
-        mode (`str`): "train" or "eval".
-        log_collision (`torch.Tensor`, *optional*): float, (B, T), log Σ_v π_v² (nats) of the same forward, when the
-            trainer records it (`STAPOConfig.s2t_diagnostics`).
-    """
-
-    result: S2TResult
-    per_token_logps: torch.Tensor
-    entropies: torch.Tensor
-    advantages: torch.Tensor
-    loss_mask: torch.Tensor
-    completion_ids: torch.Tensor
-    mode: str
-    log_collision: torch.Tensor | None = None
 
 
 class STAPOTrainer(GRPOTrainer):
@@ -106,17 +80,23 @@ class STAPOTrainer(GRPOTrainer):
     non-finite log-probability or entropy: never candidates, warned once), `entropy_threshold` (τ_h in nats, mean
     over the row's masks; left out when no mask had a candidate). TRL's `entropy` and `clip_ratio/*` are computed by
     the parent over the kept tokens. With `args.s2t_diagnostics` (on by default) also the diagnostics of
-    [`~stapo_trl.diagnostics.s2t_diagnostic_metrics`]. Per-token records: [`~stapo_trl.diagnostics.SpuriousTokenLogger`].
+    [`~stapo_trl.diagnostics.s2t_diagnostic_metrics`]. Per-token records: [`~stapo_trl.callbacks.SpuriousTokenLogger`].
 
     Args:
         model, reward_funcs, train_dataset, ...: as [`~trl.GRPOTrainer`]; `model` may also be a built-in name
-            (`"builtin:tiny-math"`, `"builtin:tiny-random"`), built into its cache on first use.
+            (`"builtin:tiny-math"`, `"builtin:tiny-random"`), built into its cache on first use (through the
+            `resolve_model_path` hook, which `stapo_trl` sets).
         args ([`STAPOConfig`], *optional*): defaults to `STAPOConfig("<model>-STAPO")`.
 
     Raises:
         TypeError: if `args` is not an [`STAPOConfig`].
         ValueError: if `args.loss_type` is one whose normalisation stapo_trl does not know.
     """
+
+    # Hook: turns a `model` string into something `from_pretrained` loads, before anything else. `stapo_trl` sets it
+    # to `stapo_trl.builtin.resolve_model_path` (the `builtin:` demo models); `None` (a bare copy of this file, e.g.
+    # in trl/experimental/stapo/) passes the string on unchanged.
+    resolve_model_path: Callable[[str], str] | None = None
 
     _tag_names = ["trl", "grpo", "stapo"]
     _name = "STAPO"
@@ -134,10 +114,8 @@ class STAPOTrainer(GRPOTrainer):
     }
 
     def __init__(self, model, reward_funcs=None, args: STAPOConfig | None = None, *pargs, **kwargs):
-        if isinstance(model, str) and model.startswith("builtin:"):
-            from .builtin import resolve_model_path
-
-            model = resolve_model_path(model)  # the built-in demo models, built into their cache on first use
+        if isinstance(model, str) and self.resolve_model_path is not None:
+            model = self.resolve_model_path(model)  # stapo_trl: builtin:<name>, built into its cache on first use
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             args = STAPOConfig(f"{str(model_name).split('/')[-1]}-STAPO")

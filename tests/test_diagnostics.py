@@ -13,23 +13,21 @@ import torch
 from datasets import Dataset
 
 from stapo_trl import STAPOConfig, STAPOTrainer, s2t_mask
+from stapo_trl.callbacks import SpuriousTokenLogger
 from stapo_trl.diagnostic_plots import plot_diagnostics
 from stapo_trl.diagnostics import (
     ENTROPY_MIN,
     HISTOGRAM_QUANTILE_REL_ERROR,
-    SPURIOUS_TOKENS_FILENAME,
-    SpuriousTokenLogger,
     entropy_histogram,
     histogram_quantile,
     logit_grad_norm_bounds,
     logit_grad_norm_sq,
     policy_gradient_weight,
-    read_token_records,
     s2t_diagnostic_metrics,
     spurious_token_records,
 )
-from stapo_trl.s2t import S2TResult, linear_quantile
-from stapo_trl.trainer import S2TBatch
+from stapo_trl.metrics_log import SPURIOUS_TOKENS_FILENAME, read_token_records
+from stapo_trl.s2t import S2TBatch, S2TResult, linear_quantile
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -433,7 +431,7 @@ def test_real_run_writes_records_metrics_and_figures(tiny_math_model_path, tmp_p
         s2t_prob_threshold=0.05,
         max_completion_length=40,
     )
-    from stapo_trl.metrics_log import MetricsLogCallback
+    from stapo_trl.callbacks import MetricsLogCallback
 
     trainer.add_callback(MetricsLogCallback())
     trainer.add_callback(SpuriousTokenLogger(trainer, max_kept_candidates=16, max_reference=16))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from stapo_trl.diagnostics import read_token_records
+from stapo_trl.metrics_log import read_token_records
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -186,7 +186,7 @@ def test_demo_recipe_trains_on_two_cpu_processes(tiny_math_model_path, tmp_path)
     out = tmp_path / "demo-2proc"
     output = run_distributed(
         lambda port: _accelerate_cmd("cpu_2proc.yaml", port) + [
-            "-m", "stapo_trl.train", "--config", str(DEMO_RECIPE),
+            "-m", "stapo_trl.cli.train", "--config", str(DEMO_RECIPE),
             "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), *SMALL_DEMO,
         ],
         timeout=900,
@@ -204,7 +204,7 @@ def test_demo_recipe_trains_with_deepspeed_zero2_on_two_cpu_processes(tiny_math_
     extensions = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.expanduser("~/.cache/stapo_trl/torch_extensions")
     output = run_distributed(
         lambda port: _accelerate_cmd("zero2_cpu_2proc.yaml", port) + [
-            "-m", "stapo_trl.train", "--config", str(DEMO_RECIPE),
+            "-m", "stapo_trl.cli.train", "--config", str(DEMO_RECIPE),
             "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), *SMALL_DEMO,
         ],
         timeout=1500,
@@ -362,7 +362,7 @@ DIAGNOSTICS_WORKER = textwrap.dedent(
     import json, os, sys, warnings
     from datasets import Dataset
     from stapo_trl import STAPOConfig, STAPOTrainer
-    from stapo_trl.diagnostics import SpuriousTokenLogger
+    from stapo_trl.callbacks import SpuriousTokenLogger
 
     def length_reward(completions, **kwargs):
         return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]

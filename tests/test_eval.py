@@ -1,4 +1,4 @@
-"""`stapo-eval` (`stapo_trl.eval`): metrics, argument validation, the end-to-end CLI on the tiny model, resume,
+"""`stapo-eval` (`stapo_trl.cli.eval`, `stapo_trl.evaluation`): metrics, argument validation, the end-to-end CLI on the tiny model, resume,
 comparison tables and the in-training callback."""
 
 import importlib.util
@@ -8,19 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from stapo_trl import eval as stapo_eval
-from stapo_trl.benchmarks import BenchmarkProblem
-from stapo_trl.eval import (
-    DECODINGS,
-    benchmark_metrics,
-    format_comparison,
-    format_results_table,
-    load_results,
-    main,
-    parse_decoding_list,
-    pass_at_k,
-    pass_k_values,
-)
+from stapo_trl.cli import eval as stapo_eval
+from stapo_trl.cli.eval import main, parse_decoding_list
+from stapo_trl.evaluation.generation import DECODINGS, GeneratedSample, VLLMGenerator
+from stapo_trl.evaluation.metrics import benchmark_metrics, pass_at_k, pass_k_values
+from stapo_trl.evaluation.results import format_comparison, format_results_table, load_results
+from stapo_trl.evaluation.tasks import BenchmarkProblem
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -280,7 +273,7 @@ def test_compare_cli(tmp_path, capsys):
 def test_benchmark_eval_callback_logs(tiny_math_model_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerState
 
-    from stapo_trl.eval import BenchmarkEvalCallback
+    from stapo_trl.callbacks import BenchmarkEvalCallback
 
     model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
     model.train()
@@ -305,7 +298,7 @@ def test_benchmark_eval_callback_logs(tiny_math_model_path):
 def test_benchmark_eval_callback_refuses_sharded_params():
     from transformers import TrainerState
 
-    from stapo_trl.eval import BenchmarkEvalCallback
+    from stapo_trl.callbacks import BenchmarkEvalCallback
 
     callback = BenchmarkEvalCallback("aime24", data_dir="unused")
     args = SimpleNamespace(eval_steps=None, logging_steps=1, fsdp="full_shard", eval_on_start=False)
@@ -318,8 +311,8 @@ def test_benchmark_eval_callback_in_grpo_trainer(tiny_math_model_path, tmp_path)
     # that step disappeared from log_history. Both must be there, at every step.
     from trl import GRPOConfig, GRPOTrainer
 
+    from stapo_trl.callbacks import BenchmarkEvalCallback
     from stapo_trl.data import make_tiny_math_dataset
-    from stapo_trl.eval import BenchmarkEvalCallback
     from stapo_trl.rewards import math_accuracy_reward
 
     args = GRPOConfig(
@@ -381,12 +374,12 @@ def test_vllm_generator_with_a_fake_vllm(monkeypatch):
             return [types.SimpleNamespace(outputs=[out] * (n - 1) + [cut]) for _ in prompts]
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
-    generator = stapo_eval.VLLMGenerator("some/model", seed=3, tensor_parallel_size=2)
+    generator = VLLMGenerator("some/model", seed=3, tensor_parallel_size=2)
     samples = generator.generate(["ab", "c"], n=4, temperature=0.7, top_p=0.9, max_new_tokens=20480, seed=5)
     assert calls["sampling"] == {"n": 4, "temperature": 0.7, "top_p": 0.9, "max_tokens": 20480, "seed": 5}
     assert calls["llm"]["model"] == "some/model" and calls["llm"]["tensor_parallel_size"] == 2
     assert calls["prompts"] == [{"prompt_token_ids": [97, 98]}, {"prompt_token_ids": [99]}]
     assert calls["add_special_tokens"] == [False, False]
     assert [len(s) for s in samples] == [4, 4]
-    assert samples[0][0] == stapo_eval.GeneratedSample(r"\boxed{3}", 3, True)
+    assert samples[0][0] == GeneratedSample(r"\boxed{3}", 3, True)
     assert samples[0][-1].finished is False

@@ -1,4 +1,4 @@
-"""Tests of the recipes (recipes/**.yaml), their dry run (stapo_trl.dry_run), scripts/launch.sh and the model card.
+"""Tests of the recipes (recipes/**.yaml), their dry run (stapo_trl.cli.dry_run), scripts/launch.sh and the model card.
 
 Every recipe is dry-run against the pinned TRL and transformers for the process count it is laid out for, so an
 upstream rename fails here and not on the cluster. Nothing is downloaded: the Qwen3 recipes name Hub models and
@@ -35,7 +35,7 @@ def _rel(path: Path) -> str:
 
 
 def _intended_processes(path: Path) -> int:
-    from stapo_trl.dry_run import read_launch_settings
+    from stapo_trl.cli.dry_run import read_launch_settings
 
     launch = read_launch_settings(str(path))
     if "num_processes" in launch:
@@ -64,7 +64,7 @@ def test_the_recipe_tree_is_complete():
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=_rel)
 def test_recipe_passes_its_dry_run(recipe):
-    from stapo_trl.dry_run import dry_run_recipe
+    from stapo_trl.cli.dry_run import dry_run_recipe
 
     report = dry_run_recipe(["--config", str(recipe)], _intended_processes(recipe))
     assert report.ok, report.summary()
@@ -87,7 +87,7 @@ README_BATCH_TABLE = [
 
 @pytest.mark.parametrize("recipe,num_processes,overrides", README_BATCH_TABLE)
 def test_readme_batch_table_keeps_the_paper_geometry(recipe, num_processes, overrides):
-    from stapo_trl.dry_run import dry_run_recipe
+    from stapo_trl.cli.dry_run import dry_run_recipe
 
     report = dry_run_recipe(["--config", str(RECIPES_DIR / recipe), *overrides], num_processes)
     assert report.ok, report.summary()
@@ -103,7 +103,7 @@ def test_readme_batch_table_keeps_the_paper_geometry(recipe, num_processes, over
 
 
 def test_dry_run_warns_when_a_paper_recipe_runs_at_another_geometry():
-    from stapo_trl.dry_run import dry_run_recipe
+    from stapo_trl.cli.dry_run import dry_run_recipe
 
     # The 1.7B recipe is laid out for 4 training processes; on 8 without new batch settings it doubles the batch.
     report = dry_run_recipe(["--config", str(RECIPES_DIR / "Qwen3-1.7B" / "stapo.yaml")], 8)
@@ -112,7 +112,7 @@ def test_dry_run_warns_when_a_paper_recipe_runs_at_another_geometry():
 
 
 def test_qwen3_recipes_launch_lines_match_their_arithmetic():
-    from stapo_trl.dry_run import read_launch_settings
+    from stapo_trl.cli.dry_run import read_launch_settings
 
     for model in QWEN3_MODELS:
         for method in METHODS:
@@ -136,8 +136,8 @@ def test_qwen3_recipes_launch_lines_match_their_arithmetic():
 
 def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
     from stapo_trl import STAPOConfig
+    from stapo_trl.cli.args import parse_args
     from stapo_trl.data import INSTRUCTION
-    from stapo_trl.train import parse_args
 
     path = RECIPES_DIR / "Qwen3-1.7B" / "stapo.yaml"
     script, args, model = parse_args(["--config", str(path), "--use_cpu", "true"])
@@ -183,7 +183,7 @@ def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
 def test_gradient_checkpointing_uses_the_transformers_5_name_without_warning():
     import warnings
 
-    from stapo_trl.train import parse_args
+    from stapo_trl.cli.args import parse_args
 
     for model in QWEN3_MODELS:
         raw = _raw(RECIPES_DIR / model / "stapo.yaml")
@@ -244,13 +244,13 @@ def test_lora_demo_is_the_demo_recipe_plus_peft():
 
 
 def _demo_args(*overrides: str):
-    from stapo_trl.train import parse_args
+    from stapo_trl.cli.args import parse_args
 
     return parse_args(["--config", str(RECIPES_DIR / "demo" / "stapo.yaml"), *overrides])
 
 
 def test_dry_run_lists_valid_values_when_the_generation_batch_does_not_fit(tmp_path):
-    from stapo_trl.dry_run import dry_run_recipe
+    from stapo_trl.cli.dry_run import dry_run_recipe
 
     # A recipe that fixes generation_batch_size = 64 with 16 completions per device: 3 processes give a global
     # micro-batch of 48, which does not divide 64; 1, 2 or 4 processes would.
@@ -265,7 +265,7 @@ def test_dry_run_lists_valid_values_when_the_generation_batch_does_not_fit(tmp_p
 
 
 def test_dry_run_reports_bad_rewards_trainer_and_temperature():
-    from stapo_trl.dry_run import validate_recipe
+    from stapo_trl.cli.dry_run import validate_recipe
     from stapo_trl.rewards import REWARDS
 
     script, args, model = _demo_args("--temperature", "0.7")
@@ -291,7 +291,7 @@ def test_dry_run_prints_exactly_the_trainers_construction_warnings(flags):
     # One source (issue 10): the dry run used to repeat one of the trainer's warnings, so a dr_grpo recipe passed
     # it quietly. Every message the trainer warns at construction is in the dry run's report.
     from stapo_trl.config import untested_combination_warnings
-    from stapo_trl.dry_run import validate_recipe
+    from stapo_trl.cli.dry_run import validate_recipe
 
     script, args, model = _demo_args(*flags)
     expected = untested_combination_warnings(args)
@@ -301,7 +301,7 @@ def test_dry_run_prints_exactly_the_trainers_construction_warnings(flags):
 
 
 def test_dry_run_opens_a_local_dataset_file_and_checks_its_columns(tmp_path):
-    from stapo_trl.dry_run import validate_recipe
+    from stapo_trl.cli.dry_run import validate_recipe
 
     data = tmp_path / "train.jsonl"
     data.write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": "4"}\n')
@@ -316,7 +316,7 @@ def test_dry_run_opens_a_local_dataset_file_and_checks_its_columns(tmp_path):
 
 
 def test_dry_run_numbers_for_the_demo():
-    from stapo_trl.dry_run import validate_recipe
+    from stapo_trl.cli.dry_run import validate_recipe
 
     report = validate_recipe(*_demo_args(), 2)
     # 16 completions per device x 2 processes x steps_per_generation 4 = 128 completions = 16 prompts of 8.
@@ -329,8 +329,8 @@ def test_dry_run_numbers_for_the_demo():
 
 
 def test_dry_run_cli_paths(capsys):
-    from stapo_trl.dry_run import main as dry_run_main
-    from stapo_trl.train import main as train_main
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main as train_main
 
     recipe = str(RECIPES_DIR / "Qwen3-8B" / "stapo.yaml")
     assert dry_run_main(["--config", recipe, "--num-processes", "16", "--gradient_accumulation_steps", "32",
@@ -527,7 +527,8 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
     from trl import get_peft_config
 
     from stapo_trl import STAPOTrainer
-    from stapo_trl.train import parse_args, prepare
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import prepare
 
     script, args, model_args = parse_args([
         "--config", str(RECIPES_DIR / "demo" / "stapo_lora.yaml"),

@@ -1,4 +1,4 @@
-"""Tests of `stapo-train` (stapo_trl.train), its metrics file (stapo_trl.metrics_log) and `stapo-plot`.
+"""Tests of `stapo-train` (stapo_trl.cli.train), its metrics file (stapo_trl.metrics_log) and `stapo-plot`.
 
 Parser and fail-fast checks run without building a model (a guard fails the test if one is built). The end-to-end
 test runs the real demo recipe in-process at a reduced size on the session's tiny-math model, then resumes it.
@@ -62,7 +62,7 @@ def test_demo_recipes_parse_into_the_right_classes():
     from trl import ModelConfig
 
     from stapo_trl import STAPOConfig
-    from stapo_trl.train import STAPOScriptArguments, parse_args
+    from stapo_trl.cli.args import STAPOScriptArguments, parse_args
 
     script_args, stapo_args, model_args = parse_args(["--config", STAPO_RECIPE])
     assert isinstance(script_args, STAPOScriptArguments) and isinstance(model_args, ModelConfig)
@@ -96,7 +96,7 @@ def test_demo_recipes_parse_into_the_right_classes():
 def test_every_script_argument_has_help_text_and_a_docstring_entry():
     import dataclasses
 
-    from stapo_trl.train import STAPOScriptArguments
+    from stapo_trl.cli.args import STAPOScriptArguments
 
     own = {f.name for f in dataclasses.fields(STAPOScriptArguments)} - {
         f.name for f in dataclasses.fields(STAPOScriptArguments.__mro__[1])
@@ -108,7 +108,7 @@ def test_every_script_argument_has_help_text_and_a_docstring_entry():
 
 
 def test_command_line_overrides_the_recipe():
-    from stapo_trl.train import parse_args
+    from stapo_trl.cli.args import parse_args
 
     _, training_args, _ = parse_args(["--config", STAPO_RECIPE, "--max_steps", "7", "--trainer", "stapo"])
     assert training_args.max_steps == 7
@@ -117,7 +117,7 @@ def test_command_line_overrides_the_recipe():
 def test_grpo_gets_the_paper_objective_defaults_not_trl_defaults(tmp_path):
     # A grpo recipe that does not set epsilon_high still gets STAPOConfig's 0.28 (TRL's default is None), so the two
     # arms of a comparison differ only by the mask.
-    from stapo_trl.train import parse_args
+    from stapo_trl.cli.args import parse_args
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("trainer: grpo\nuse_cpu: true\nbf16: false\nreport_to: none\n")
@@ -134,7 +134,7 @@ def test_grpo_gets_the_paper_objective_defaults_not_trl_defaults(tmp_path):
     ],
 )
 def test_unknown_recipe_key_fails_with_a_clear_message(tmp_path, key, expected):
-    from stapo_trl.train import parse_args
+    from stapo_trl.cli.args import parse_args
 
     with pytest.raises(ValueError, match="Unknown key") as excinfo:
         parse_args(["--config", _write_recipe(tmp_path, key)])
@@ -142,7 +142,7 @@ def test_unknown_recipe_key_fails_with_a_clear_message(tmp_path, key, expected):
 
 
 def test_unknown_command_line_flag_gets_the_same_message(tmp_path):
-    from stapo_trl.train import parse_args
+    from stapo_trl.cli.args import parse_args
 
     with pytest.raises(ValueError, match="Unknown key.*the command line") as excinfo:
         parse_args(["--config", _write_recipe(tmp_path, "seed: 1"), "--s2t_prob_treshold", "0.1"])
@@ -150,7 +150,7 @@ def test_unknown_command_line_flag_gets_the_same_message(tmp_path):
 
 
 def test_s2t_keys_are_rejected_with_trainer_grpo(tmp_path):
-    from stapo_trl.train import parse_args
+    from stapo_trl.cli.args import parse_args
 
     # The demo baseline with plain TRL (`trainer: grpo`) instead of STAPOTrainer with the mask off.
     plain = tmp_path / "plain.yaml"
@@ -163,7 +163,7 @@ def test_s2t_keys_are_rejected_with_trainer_grpo(tmp_path):
 
 
 def test_num_generations_not_dividing_the_generation_batch_lists_valid_values():
-    from stapo_trl.train import parse_args
+    from stapo_trl.cli.args import parse_args
 
     # Generation batch = 16 completions x 1 process x 4 steps = 64; 7 does not divide it.
     with pytest.raises(ValueError, match="num_generations=7") as excinfo:
@@ -196,7 +196,7 @@ def test_num_generations_not_dividing_the_generation_batch_lists_valid_values():
     ],
 )
 def test_cli_fails_fast_with_one_message_before_building_a_model(no_model_built, tmp_path, overrides, match):
-    from stapo_trl.train import main
+    from stapo_trl.cli.train import main
 
     # The command ends with one "stapo-train: error: ..." line (SystemExit carries it), not a traceback.
     with pytest.raises(SystemExit, match=r"^stapo-train: error: .*" + match):
@@ -204,7 +204,7 @@ def test_cli_fails_fast_with_one_message_before_building_a_model(no_model_built,
 
 
 def test_malformed_recipe_and_misspelt_config_flag_get_one_line_errors(no_model_built, tmp_path, capsys):
-    from stapo_trl.train import main
+    from stapo_trl.cli.train import main
 
     broken = _write_recipe(tmp_path, "learning_rate: [1e-4\n")  # an unclosed list at the end of the demo recipe
     with pytest.raises(SystemExit, match=r"^stapo-train: error: Recipe '.*recipe.yaml' is not valid YAML \(line \d+"):
@@ -216,7 +216,7 @@ def test_malformed_recipe_and_misspelt_config_flag_get_one_line_errors(no_model_
 
 
 def test_help_names_the_recipe_flag_and_the_other_commands(capsys):
-    from stapo_trl.train import main
+    from stapo_trl.cli.train import main
 
     with pytest.raises(SystemExit):
         main(["--help"])
@@ -226,7 +226,8 @@ def test_help_names_the_recipe_flag_and_the_other_commands(capsys):
 
 
 def test_dapo_prompts_are_stripped_and_long_prompts_dropped(tmp_path, tiny_math_model_path):
-    from stapo_trl.train import parse_args, prepare
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import prepare
 
     # A DAPO-style file: the problem wrapped in its own "Answer:" instruction; one prompt far over the budget.
     dapo = "Solve the following math problem step by step. The last line of your response should be of the form "
@@ -246,7 +247,7 @@ def test_dapo_prompts_are_stripped_and_long_prompts_dropped(tmp_path, tiny_math_
 
 
 def test_missing_dataset_column_fails_before_building_a_model(no_model_built, tmp_path):
-    from stapo_trl.train import main
+    from stapo_trl.cli.train import main
 
     data = tmp_path / "math.jsonl"
     data.write_text("".join(json.dumps({"question": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(4)))
@@ -265,7 +266,8 @@ def _state(step: int):
 
 
 def test_metrics_callback_writes_strict_json_and_drops_redone_steps_on_resume(tmp_path):
-    from stapo_trl.metrics_log import MetricsLogCallback, read_metrics
+    from stapo_trl.callbacks import MetricsLogCallback
+    from stapo_trl.metrics_log import read_metrics
 
     args = types.SimpleNamespace(output_dir=str(tmp_path))
     callback = MetricsLogCallback()
@@ -287,7 +289,7 @@ def test_metrics_callback_writes_strict_json_and_drops_redone_steps_on_resume(tm
 
 
 def test_stapo_plot_draws_single_runs_and_seed_folders(tmp_path):
-    from stapo_trl.plots import main as plot_main
+    from stapo_trl.cli.plot import main as plot_main
 
     def write_run(folder: Path, offset: float, with_s2t: bool):
         folder.mkdir(parents=True)
@@ -326,8 +328,8 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from stapo_trl.cli.train import main
     from stapo_trl.metrics_log import read_metrics
-    from stapo_trl.train import main
 
     resumed_from = []
     original_train = transformers.Trainer.train
@@ -398,7 +400,7 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
 
 
 def test_compare_runs_both_recipes_and_draws_one_figure(tmp_path, tiny_math_model_path, capsys):
-    from stapo_trl.train import main
+    from stapo_trl.cli.train import main
 
     out = tmp_path / "cmp"
     overrides = ["--model_name_or_path", tiny_math_model_path, "--max_steps", "4", "--logging_steps", "4"]

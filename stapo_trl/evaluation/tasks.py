@@ -1,4 +1,4 @@
-r"""Benchmark registry and the ONE loading/normalisation layer used by `stapo-eval`.
+r"""Benchmark registry and the ONE loading/normalisation layer used by `stapo-eval` (the evaluation tasks).
 
 The [STAPO](https://huggingface.co/papers/2602.15620) evaluation (Sec. 4): AIME24, AIME25, AMC23 (avg@32),
 MATH-500, Minerva Math, OlympiadBench (avg@4). Extras outside the six-benchmark average: GSM8K, and `tiny-math`, the
@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .grading import extract_boxed_answer
+from ..grading import extract_boxed_answer
 
 
 @dataclass(frozen=True)
@@ -340,7 +340,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
             raise ValueError(f"{path}: expected a JSON array of rows")
         return data
     if suffix == ".parquet":
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # only for .parquet files (comes with datasets)
 
         return pq.read_table(path).to_pylist()
     raise ValueError(f"{path}: unsupported file type {suffix!r} (use .jsonl, .json or .parquet)")
@@ -395,12 +395,12 @@ def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | N
     if data_dir is not None:
         rows = read_rows(find_benchmark_file(spec.name, data_dir))
     elif spec.hub_id == "builtin:tiny-math":
-        from .data import make_tiny_math_dataset
+        from ..data import make_tiny_math_dataset  # datasets is slow to import: only for tiny-math
 
         rows = [{"id": f"tiny-math-{i}", **row} for i, row in enumerate(make_tiny_math_dataset()["test"])]
     else:
         try:
-            from datasets import load_dataset
+            from datasets import load_dataset  # slow to import: only for the Hub source
 
             rows = list(load_dataset(spec.hub_id, spec.hub_config, split=spec.hub_split))
         except Exception as e:

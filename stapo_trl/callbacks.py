@@ -1,0 +1,430 @@
+"""The `TrainerCallback`s of `stapo-train`, as plain classes (TRL's `trl/trainer/callbacks.py` is the pattern).
+
+- [`MetricsLogCallback`]: every training log dict as one JSON line in `<output_dir>/metrics.jsonl`.
+- [`SpuriousTokenLogger`]: the silenced tokens of each logging step in `<output_dir>/spurious_tokens.jsonl`.
+- [`BenchmarkEvalCallback`]: a small periodic benchmark evaluation, logged as `eval/<benchmark>/avg@<k>`.
+
+The files they write are read back by [`stapo_trl.metrics_log`] (no transformers needed there).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import torch.distributed as dist
+from accelerate.utils import gather_object
+from transformers import Trainer, TrainerCallback
+from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+from .diagnostics import spurious_token_records, token_label
+from .evaluation.generation import DecodingSetting, evaluate_problems, hf_generate
+from .evaluation.metrics import pass_k_values
+from .evaluation.tasks import BenchmarkProblem, get_benchmark_spec, load_benchmark
+from .metrics_log import (
+    METRICS_FILENAME,
+    SPURIOUS_TOKENS_FILENAME,
+    TRAIN_SUMMARY_KEYS,
+    jsonable,
+    open_jsonl_for_run,
+)
+from .s2t import S2TBatch
+
+
+logger = logging.getLogger(__name__)
+
+
+class JsonlLogCallback(TrainerCallback):
+    """Base of the callbacks that append JSON lines to `<output_dir>/<filename>` on the main process.
+
+    The file is opened by [`open_for_run`] when training (re)starts (a resumed run keeps the rows up to its step, see
+    [`open_jsonl_for_run`]), opened for appending by [`write_rows`] when rows come outside `train()`, flushed after
+    every write and closed when training ends.
+
+    Args:
+        path (`str` or `None`, *optional*, defaults to `None`):
+            File to write. `None` means `<args.output_dir>/<filename>`, resolved when it is opened.
+    """
+
+    filename: str = ""
+
+    def __init__(self, path: str | None = None):
+        self.path = path
+        self._file: TextIO | None = None
+
+    def resolved_path(self, args) -> str:
+        """The file written: `path`, or `<args.output_dir>/<filename>`."""
+        return self.path or os.path.join(args.output_dir, self.filename)
+
+    def open_for_run(self, args, state) -> list[dict[str, Any]]:
+        """(Re)open the file at `state.global_step`; returns the rows a resumed run keeps."""
+        self.close()
+        self._file, kept = open_jsonl_for_run(self.resolved_path(args), state.global_step)
+        return kept
+
+    def write_rows(self, args, rows: list[dict[str, Any]]) -> None:
+        """Append `rows`, one JSON line each, and flush."""
+        if self._file is None:  # written outside `train()`
+            self._file = open(self.resolved_path(args), "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        for row in rows:
+            self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._file.flush()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.close()
+
+    def close(self) -> None:
+        """Close the file, if open (a later write reopens it for appending)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class MetricsLogCallback(JsonlLogCallback):
+    """Append one JSON line per logging step to `metrics.jsonl`, on the main process only.
+
+    The end-of-training summary (`train_runtime`, `train_loss`, ...) is not a logging step and is not written here
+    (`stapo-train` saves it to `train_results.json`); the per-step metrics it carries for the steps after the last
+    logging step are written as the final step's row. Evaluation logs (`eval_*` keys), when the trainer evaluates,
+    are written as their own lines.
+
+    When training resumes from a checkpoint, the lines of steps after the checkpoint's step (logged by the
+    interrupted run, about to be redone) are dropped before appending, so every step appears once.
+
+    Args:
+        path (`str` or `None`, *optional*, defaults to `None`):
+            File to write. `None` means `<args.output_dir>/metrics.jsonl`, resolved when training begins.
+    """
+
+    filename = METRICS_FILENAME
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.open_for_run(args, state)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        if "train_runtime" in logs:
+            # The end-of-training summary also carries the per-step metrics of the steps after the last logging step
+            # (when max_steps is not a multiple of logging_steps): they become that step's row.
+            logs = {key: value for key, value in logs.items() if key not in TRAIN_SUMMARY_KEYS}
+            if not logs:
+                return
+        row = {"step": state.global_step, "epoch": state.epoch}
+        row.update({key: jsonable(value) for key, value in logs.items()})
+        self.write_rows(args, [row])
+
+
+class SpuriousTokenLogger(JsonlLogCallback):
+    r"""Write the silenced tokens of the current S2T batch to `spurious_tokens.jsonl` at every logging step.
+
+    At each step where the trainer logs (`control.should_log`, set by transformers' flow callback on every
+    process), the records of the training masks built since the last logging step (`trainer.s2t_train_batches`:
+    one mask per optimizer update, or per rollout batch in the `generation_batch` scope; [`spurious_token_records`]:
+    every silenced token, a sample of kept candidates and of other positive-advantage tokens) are gathered from all
+    processes with `accelerate.utils.gather_object` (every process calls it at the same steps, also with no record,
+    so nothing hangs) and appended by the main process, flushed per write. A mask already written is skipped;
+    evaluation masks are kept apart by the trainer (`s2t_last_eval_batch`) and never reach this file. Caps are per
+    logging step over all processes.
+
+    When wandb (or trackio) is in `report_to` and active, the `top_k` most frequent silenced strings so far, with
+    their kept-candidate counts (of the sample), are logged as a table `s2t/top_silenced_tokens`; otherwise the
+    file is the record.
+
+    ```python
+    trainer = STAPOTrainer(model, reward_funcs, args=config, train_dataset=dataset)
+    trainer.add_callback(SpuriousTokenLogger(trainer))
+    ```
+
+    Args:
+        trainer ([`~stapo_trl.STAPOTrainer`]): the trainer whose `s2t_train_batches` are read.
+        path (`str`, *optional*): file to write; `None` = `<output_dir>/spurious_tokens.jsonl`.
+        max_silenced (`int`, *optional*, defaults to `256`): silenced tokens written per logging step (a uniform
+            sample when there are more; at the paper's ~1e-4 rate a batch has a handful).
+        max_kept_candidates (`int`, *optional*, defaults to `64`): kept candidates sampled per logging step.
+        max_reference (`int`, *optional*, defaults to `64`): other positive-advantage tokens sampled per logging step.
+        context_tokens (`int`, *optional*, defaults to `8`): tokens of context on each side.
+        top_k (`int`, *optional*, defaults to `20`): rows of the tracker table.
+    """
+
+    filename = SPURIOUS_TOKENS_FILENAME
+
+    def __init__(
+        self,
+        trainer,
+        path: str | None = None,
+        *,
+        max_silenced: int = 256,
+        max_kept_candidates: int = 64,
+        max_reference: int = 64,
+        context_tokens: int = 8,
+        top_k: int = 20,
+    ):
+        super().__init__(path)
+        self.trainer = trainer
+        self.max_silenced = max_silenced
+        self.max_kept_candidates = max_kept_candidates
+        self.max_reference = max_reference
+        self.context_tokens = context_tokens
+        self.top_k = top_k
+        self.silenced_counts: Counter[str] = Counter()
+        self.kept_candidate_counts: Counter[str] = Counter()
+        self._last_batch = None
+
+    # -- file ----------------------------------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last_batch = None
+        if not state.is_world_process_zero:
+            return
+        # Resuming keeps the records up to the checkpoint; a fresh run starts an empty file.
+        for record in self.open_for_run(args, state):
+            self._count(record)
+
+    def _count(self, record: dict[str, Any]) -> None:
+        if record["kind"] == "silenced":
+            self.silenced_counts[token_label(record)] += 1
+        elif record["kind"] == "kept_candidate":
+            self.kept_candidate_counts[token_label(record)] += 1
+
+    # -- logging steps -------------------------------------------------------------------------------------------
+    def on_step_end(self, args, state, control, **kwargs):
+        if not control.should_log:
+            return
+        # The training masks of the current pass over the rollout batch that are not logged yet (one per optimizer
+        # update, or one per rollout batch). The same decision on every process: each builds its masks at the same
+        # steps. Evaluation masks are kept apart by the trainer and never reach this list.
+        batches = self.trainer.s2t_train_batches
+        logged = next((i + 1 for i in reversed(range(len(batches))) if batches[i] is self._last_batch), 0)
+        if batches[logged:]:
+            self._last_batch = batches[-1]
+            self.log_batch(*batches[logged:], step=state.global_step, args=args)
+
+    def log_batch(self, *batches: S2TBatch, step: int, args) -> list[dict[str, Any]]:
+        """Gather the records of one or more masks from every process, cap them once for the logging step and append
+        them (main process). A collective."""
+        accelerator = self.trainer.accelerator
+        records = [
+            record
+            for batch in batches
+            for record in spurious_token_records(
+                batch,
+                self.trainer.processing_class,
+                step=step,
+                prob_threshold=self.trainer.args.s2t_prob_threshold,
+                max_silenced=self.max_silenced,
+                max_kept_candidates=self.max_kept_candidates,
+                max_reference=self.max_reference,
+                context_tokens=self.context_tokens,
+                seed=args.seed,
+                process_index=accelerator.process_index,
+            )
+        ]
+        if accelerator.num_processes > 1:
+            records = gather_object(records)  # every process, every logging step: never skipped
+        if not accelerator.is_main_process:
+            return []
+        records = self._cap(records, step, args.seed)
+        self.write_rows(args, records)
+        for record in records:
+            self._count(record)
+        self._log_table(args)
+        return records
+
+    def _cap(self, records: list[dict[str, Any]], step: int, seed: int) -> list[dict[str, Any]]:
+        """Apply the per-step caps to the records of all processes (uniform sample per kind, order kept)."""
+        caps = {"silenced": self.max_silenced, "kept_candidate": self.max_kept_candidates}
+        caps["reference"] = self.max_reference
+        rng = random.Random(f"{seed}-{step}-all")
+        capped = []
+        for kind, cap in caps.items():
+            of_kind = [i for i, r in enumerate(records) if r["kind"] == kind]
+            capped += of_kind if len(of_kind) <= cap else rng.sample(of_kind, cap)
+        return [records[i] for i in sorted(capped)]
+
+    def _log_table(self, args) -> None:
+        report_to = args.report_to or []
+        backends = []
+        if "wandb" in report_to:
+            import wandb  # optional tracker, only when it is in report_to
+
+            if wandb.run is not None:
+                backends.append(wandb)
+        if "trackio" in report_to:
+            import trackio  # optional tracker, only when it is in report_to
+
+            backends.append(trackio)
+        if not backends or not self.silenced_counts:
+            return
+        import pandas as pd  # only for a tracker table
+
+        top = self.silenced_counts.most_common(self.top_k)
+        table = pd.DataFrame(
+            {
+                "token": [token for token, _ in top],
+                "silenced": [count for _, count in top],
+                "kept_candidate_sampled": [self.kept_candidate_counts.get(token, 0) for token, _ in top],
+            }
+        )
+        for backend in backends:
+            backend.log({"s2t/top_silenced_tokens": backend.Table(dataframe=table)})
+
+
+class BenchmarkEvalCallback(TrainerCallback):
+    r"""Small periodic benchmark evaluation during training, logged as `eval/<benchmark>/avg@<k>`.
+
+    Every `every_n_steps` optimizer steps (default: `args.eval_steps`, else `args.logging_steps`; also at step 0
+    when `args.eval_on_start`), the main process samples `samples` completions for each problem of `benchmark`
+    (first `limit` problems) with the training model, grades them, and logs `eval/<benchmark>/avg@<k>` and
+    `eval/<benchmark>/pass@<k>` (fractions in [0, 1]).
+
+    Distributed runs: only global rank 0 generates (with the unwrapped model, which needs no collective); then
+    every rank takes part in exactly one `torch.distributed.broadcast_object_list` that carries the metrics (or
+    rank 0's error, re-raised everywhere), so all ranks stay in step and log the same values. Ranks wait in that
+    broadcast while rank 0 generates: keep the eval small against the process-group timeout. Sharded parameters
+    (DeepSpeed ZeRO-3, FSDP) would need every rank inside `generate`: they are refused at `on_train_begin`;
+    evaluate saved checkpoints with `stapo-eval` instead.
+
+    Logging: with a trainer attached ([`attach`] or `trainer=`), the metrics go through the base
+    [`~transformers.Trainer.log`] (into `state.log_history` and to every reporter, without flushing TRL's pending
+    training metrics, and keeping the step's own training log); without one they are appended to
+    `state.log_history` only.
+
+    ```python
+    callback = BenchmarkEvalCallback("aime24", data_dir="../shared/data", samples=4, limit=8, max_new_tokens=4096)
+    trainer = STAPOTrainer(model=..., args=..., train_dataset=..., reward_funcs=[math_accuracy_reward])
+    callback.attach(trainer)  # registers the callback and logs through the trainer
+    trainer.train()  # log_history gets {"eval/aime24/avg@4": ..., "eval/aime24/pass@4": ..., "step": ...}
+    ```
+
+    Args:
+        benchmark (`str`): a [`stapo_trl.evaluation.tasks.BENCHMARKS`] name (`tiny-math` = the built-in task's test
+            split).
+        data_dir (`str` or `None`): local benchmark files (see [`stapo_trl.evaluation.tasks.load_benchmark`]).
+        samples (`int`): samples per problem (k of avg@k).
+        every_n_steps (`int` or `None`): evaluation period in optimizer steps.
+        limit (`int` or `None`): first problems only (default 32).
+        max_new_tokens (`int`): generation budget per sample.
+        temperature (`float`): sampling temperature (paper: 1.0).
+        top_p (`float`): nucleus mass (paper: 1.0).
+        batch_size (`int`): sequences per `generate` call.
+        seed (`int`): base sampling seed (plus the step, so each evaluation differs but re-runs reproduce).
+        problems (`Sequence[BenchmarkProblem]` or `None`): explicit problems instead of `benchmark`/`data_dir`.
+        trainer ([`~transformers.Trainer`] or `None`): the trainer to log through.
+    """
+
+    def __init__(
+        self,
+        benchmark: str = "aime24",
+        data_dir: str | None = None,
+        samples: int = 4,
+        every_n_steps: int | None = None,
+        limit: int | None = 32,
+        max_new_tokens: int = 1024,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        batch_size: int = 64,
+        seed: int = 0,
+        problems: Sequence[BenchmarkProblem] | None = None,
+        trainer=None,
+    ):
+        if samples < 1:
+            raise ValueError(f"samples must be >= 1, got {samples}.")
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1 or None, got {every_n_steps}.")
+        self.benchmark = get_benchmark_spec(benchmark).name if problems is None else benchmark
+        self.data_dir = data_dir
+        self.samples = samples
+        self.every_n_steps = every_n_steps
+        self.limit = limit
+        self.max_new_tokens = max_new_tokens
+        self.decoding = DecodingSetting(f"t{temperature}-p{top_p}", temperature, top_p)
+        self.batch_size = batch_size
+        self.seed = seed
+        self._problems = list(problems) if problems is not None else None
+        self.trainer = trainer
+
+    def attach(self, trainer) -> BenchmarkEvalCallback:
+        """Log through `trainer` and register this callback on it when it is not registered yet."""
+        self.trainer = trainer
+        if self not in trainer.callback_handler.callbacks:
+            trainer.add_callback(self)
+        return self
+
+    def _period(self, args, state) -> int:
+        if self.every_n_steps is not None:
+            return self.every_n_steps
+        period = args.eval_steps or args.logging_steps
+        if period < 1:  # a fraction of the run, as TrainingArguments allows
+            period = math.ceil(period * state.max_steps)
+        return max(1, int(period))
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if is_deepspeed_zero3_enabled() or args.fsdp:
+            raise ValueError(
+                "BenchmarkEvalCallback generates on rank 0 only, which cannot work with sharded parameters "
+                "(DeepSpeed ZeRO-3 / FSDP). Remove the callback and evaluate checkpoints with `stapo-eval`."
+            )
+        if args.eval_on_start:
+            self._evaluate(args, state, control, kwargs.get("model"), kwargs.get("processing_class"))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step > 0 and state.global_step % self._period(args, state) == 0:
+            self._evaluate(args, state, control, kwargs.get("model"), kwargs.get("processing_class"))
+        return control
+
+    def _run(self, model, tokenizer, step: int) -> dict[str, float]:
+        if self._problems is None:
+            self._problems = load_benchmark(self.benchmark, data_dir=self.data_dir, limit=self.limit)
+        problems = self._problems[: self.limit] if self.limit else self._problems
+        table, _ = evaluate_problems(
+            lambda texts, **kw: hf_generate(model, tokenizer, texts, batch_size=self.batch_size, **kw),
+            tokenizer,
+            problems,
+            n=self.samples,
+            decoding=self.decoding,
+            max_new_tokens=self.max_new_tokens,
+            seed=self.seed + step,
+        )
+        k = self.samples
+        prefix = f"eval/{self.benchmark}"
+        top_k = pass_k_values(k)[-1]
+        return {
+            f"{prefix}/avg@{k}": table[f"avg@{k}"],
+            f"{prefix}/pass@{top_k}": table["pass@k"][str(top_k)],
+            f"{prefix}/num_grader_errors": float(table["num_grader_errors"]),
+        }
+
+    def _evaluate(self, args, state, control, model, tokenizer) -> None:
+        payload: dict[str, Any] = {}
+        if state.is_world_process_zero:
+            try:
+                if model is None or tokenizer is None:
+                    raise ValueError("BenchmarkEvalCallback needs the trainer's model and processing_class.")
+                payload = {"metrics": self._run(model, tokenizer, state.global_step)}
+            except Exception as e:  # noqa: BLE001 - re-raised on every rank after the broadcast below
+                payload = {"error": f"{type(e).__name__}: {e}"}
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            box = [payload]
+            dist.broadcast_object_list(box, src=0)  # every rank, every evaluation: exactly one collective
+            payload = box[0]
+        if "error" in payload:
+            raise RuntimeError(f"BenchmarkEvalCallback failed at step {state.global_step}: {payload['error']}")
+        metrics = payload["metrics"]
+        logger.info("step %d: %s", state.global_step, metrics)
+        if self.trainer is not None:
+            # The base Trainer.log: GRPOTrainer.log would flush TRL's pending training metrics mid-interval.
+            # Its on_log event resets `control.should_log`, which the trainer's own logging of this step still
+            # needs (regression: the step's training log went missing): keep the flag.
+            should_log = control.should_log if control is not None else None
+            Trainer.log(self.trainer, dict(metrics))
+            if control is not None:
+                control.should_log = should_log
+        else:
+            state.log_history.append({**metrics, "step": state.global_step})

@@ -1,0 +1,421 @@
+"""The arguments of `stapo-train`: the script-only fields, the recipe parser with errors that say what to do, and
+`parse_args` (a recipe YAML plus command-line overrides into three dataclasses).
+
+A recipe is a YAML file whose keys are the fields of three argument groups, parsed by [`~trl.TrlParser`]:
+[`STAPOScriptArguments`] (trainer, rewards, data, before/after evaluation), [`~stapo_trl.STAPOConfig`] (every
+[`~trl.GRPOConfig`] field plus `s2t_*`) and [`~trl.ModelConfig`] (model path, dtype, PEFT). An unknown key is an
+error (a typo would otherwise silently leave a default in place). A new command-line flag of `stapo-train` is a
+field of [`STAPOScriptArguments`] here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import os
+import sys
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
+
+from ..config import STAPOConfig
+from .geometry import BatchGeometry
+
+
+TRAINERS = ("stapo", "grpo")
+DESCRIPTION = "`stapo-train`: train with STAPO (or the GRPO baseline without the mask) from a YAML recipe."
+
+# Recipe keys that older TRL / transformers versions accepted, with what to write instead (the pins of setup.cfg).
+RENAMED_KEYS = {
+    "torch_dtype": "`dtype` (transformers 5 renamed it)",
+    "no_cuda": "`use_cpu`",
+    "evaluation_strategy": "`eval_strategy`",
+    "max_prompt_length": "nothing: TRL 1.x no longer truncates prompts; filter long prompts out of the dataset",
+    "overwrite_output_dir": "nothing: transformers 5 removed it; stapo-train resumes from the last checkpoint in "
+    "`output_dir`, so use a fresh `output_dir` to start over",
+    "logging_dir": "nothing: transformers 5 removed it; logs go under `output_dir`",
+}
+
+
+@dataclass
+class STAPOScriptArguments(ScriptArguments):
+    """
+    Script arguments of `stapo-train`: which trainer, which rewards, which data, and the before/after evaluation.
+
+    The inherited `dataset_name`, `dataset_config`, `dataset_train_split` and `dataset_test_split` select the data;
+    `dataset_streaming` is not supported. Everything about the optimisation is in [`~stapo_trl.STAPOConfig`].
+
+    Args:
+        trainer (`str`, *optional*, defaults to `"stapo"`):
+            `"stapo"` ([`~stapo_trl.STAPOTrainer`]) or `"grpo"` (a plain [`~trl.GRPOTrainer`]; `s2t_*` keys are
+            then an error). The paper's baselines use `"stapo"` with `s2t_mode: "off"`: plain GRPOTrainer equals it
+            only when `steps_per_generation == gradient_accumulation_steps` (otherwise TRL's `dapo` divides each
+            update by the rollout batch's average token count).
+        reward_funcs (`list[str]`, *optional*, defaults to `["math_accuracy"]`):
+            Reward functions: names of `stapo_trl.rewards.REWARDS` or dotted import paths (`my_pkg.rewards.fn`).
+            The default is the paper's binary rule-based reward alone (last `\\boxed{}` verified against the gold
+            answer, STAPO Sec. 4.1); the paper uses no format reward. Weights: `reward_weights`.
+        prompt_column (`str`, *optional*, defaults to `"problem"`):
+            Column holding the problem text (or a chat). Ignored for `builtin:` datasets.
+        solution_column (`str`, *optional*, defaults to `"answer"`):
+            Column holding the gold answer; dotted names reach into struct columns (`reward_model.ground_truth`).
+            Ignored for `builtin:` datasets.
+        instruction (`str`, *optional*):
+            Text appended to every problem (training and evaluation). `None`: the paper's suffix asking for
+            step-by-step reasoning and the final answer in `\\boxed{}` (`stapo_trl.data.INSTRUCTION`); `""`: none.
+        strip_dapo_instruction (`bool`, *optional*, defaults to `False`):
+            Remove DAPO-Math-17k's own "Answer: $Answer" instruction from every problem before appending
+            `instruction` (`stapo_trl.data.remove_dapo_instruction`; a no-op on problems without it).
+        max_prompt_tokens (`int`, *optional*):
+            Drop the training prompts longer than this many tokens (chat template included); the paper caps prompts
+            at 1,024. TRL 1.x no longer truncates prompts. `None`: no limit.
+        max_train_samples (`int`, *optional*):
+            Keep only the first N training problems (before `max_prompt_tokens` filtering).
+        eval_before_after (`bool`, *optional*, defaults to `False`):
+            Measure held-out avg@k on `dataset_test_split` before and after training (transformers `generate`,
+            sampled) and write `eval.json`. For benchmark numbers use `stapo-eval`.
+        eval_num_problems (`int`, *optional*, defaults to `200`):
+            Number of held-out problems (the first N of the test split).
+        eval_num_samples (`int`, *optional*, defaults to `4`):
+            k: completions sampled per problem; avg@k is the mean accuracy over all of them.
+        eval_temperature (`float`, *optional*, defaults to `1.0`):
+            Sampling temperature of the evaluation (the paper's first decoding setting is 1.0 / top-p 1.0).
+        eval_top_p (`float`, *optional*, defaults to `1.0`):
+            Top-p of the evaluation sampling.
+        eval_max_new_tokens (`int`, *optional*):
+            Generation budget of the evaluation; `None` means `max_completion_length`.
+        eval_batch_size (`int`, *optional*, defaults to `64`):
+            Problems per `generate` call (each yields k completions).
+        benchmark_eval (`str`, *optional*):
+            A benchmark evaluated periodically during training by [`~stapo_trl.callbacks.BenchmarkEvalCallback`] (a
+            `stapo_trl.evaluation.tasks.BENCHMARKS` name: `aime24`, `math500`, ..., or `tiny-math`), logged as
+            `eval/<benchmark>/avg@k` and `pass@k` into the log history and `metrics.jsonl`. Sampling as the
+            before/after evaluation (`eval_temperature`, `eval_top_p`, `eval_max_new_tokens`). `None`: off. Not with
+            DeepSpeed ZeRO-3 or FSDP (the callback generates on rank 0).
+        benchmark_eval_data_dir (`str`, *optional*):
+            Folder with local benchmark files (`None`: the Hub, or the built-in task).
+        benchmark_eval_steps (`int`, *optional*):
+            Evaluation period in optimizer steps; `None`: `eval_steps`, else `logging_steps`.
+        benchmark_eval_samples (`int`, *optional*, defaults to `4`):
+            k: samples per problem.
+        benchmark_eval_limit (`int`, *optional*, defaults to `32`):
+            Only the first N problems of the benchmark.
+        torch_num_threads (`int`, *optional*):
+            CPU threads of torch (`torch.set_num_threads`, also exported as `OMP_NUM_THREADS` to child processes);
+            `None` keeps torch's default. The CPU demo uses 1: a tiny model's operations are too small to gain from
+            threads, and when other processes share the cores, OpenMP threads waiting on each other make 2 threads
+            up to 20x slower than 1.
+    """
+
+    trainer: Literal["stapo", "grpo"] = field(
+        default="stapo",
+        metadata={
+            "help": "'stapo' (STAPOTrainer, S2T mask in the loss; with s2t_mode off the like-for-like baseline) or "
+            "'grpo' (plain GRPOTrainer; equal to s2t_mode off only when steps_per_generation = GA; s2t_* keys are "
+            "then an error).",
+            "choices": list(TRAINERS),
+        },
+    )
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["math_accuracy"],
+        metadata={
+            "help": "Reward functions: names of stapo_trl.rewards.REWARDS or dotted import paths. Default: the "
+            "paper's binary math-accuracy reward alone (no format reward). Weights: reward_weights."
+        },
+    )
+    prompt_column: str = field(
+        default="problem",
+        metadata={"help": "Column with the problem text (or a chat). Ignored for builtin: datasets."},
+    )
+    solution_column: str = field(
+        default="answer",
+        metadata={
+            "help": "Column with the gold answer (dotted names reach into struct columns, e.g. "
+            "'reward_model.ground_truth'). Ignored for builtin: datasets."
+        },
+    )
+    instruction: str | None = field(
+        default=None,
+        metadata={
+            "help": "Text appended to every problem. Default (None): the paper's step-by-step / \\boxed{} suffix "
+            "(stapo_trl.data.INSTRUCTION). Empty string: no instruction."
+        },
+    )
+    strip_dapo_instruction: bool = field(
+        default=False,
+        metadata={
+            "help": "Remove DAPO-Math-17k's own 'Answer: $Answer' instruction from every problem before appending "
+            "`instruction` (no-op on problems without it)."
+        },
+    )
+    max_prompt_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Drop training prompts longer than this many tokens (chat template included; paper: 1024). TRL "
+            "no longer truncates prompts. None: no limit."
+        },
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Keep only the first N training problems (None: all)."}
+    )
+    eval_before_after: bool = field(
+        default=False,
+        metadata={
+            "help": "Measure held-out avg@k on dataset_test_split before and after training (sampled with "
+            "transformers generate) and write eval.json."
+        },
+    )
+    eval_num_problems: int = field(
+        default=200, metadata={"help": "Held-out problems evaluated (first N of the split)."}
+    )
+    eval_num_samples: int = field(default=4, metadata={"help": "k: completions sampled per held-out problem (avg@k)."})
+    eval_temperature: float = field(default=1.0, metadata={"help": "Evaluation sampling temperature (paper: 1.0)."})
+    eval_top_p: float = field(default=1.0, metadata={"help": "Evaluation top-p (paper: 1.0)."})
+    eval_max_new_tokens: int | None = field(
+        default=None, metadata={"help": "Evaluation generation budget (None: max_completion_length)."}
+    )
+    eval_batch_size: int = field(default=64, metadata={"help": "Held-out problems per generate call."})
+    benchmark_eval: str | None = field(
+        default=None,
+        metadata={
+            "help": "Benchmark evaluated periodically during training (a stapo_trl.evaluation.tasks.BENCHMARKS name, e.g. "
+            "aime24, math500, tiny-math), logged as eval/<benchmark>/avg@k. None: off. Not with ZeRO-3 / FSDP."
+        },
+    )
+    benchmark_eval_data_dir: str | None = field(
+        default=None, metadata={"help": "Folder with local benchmark files (None: the Hub or the built-in task)."}
+    )
+    benchmark_eval_steps: int | None = field(
+        default=None,
+        metadata={"help": "Benchmark evaluation period in optimizer steps (None: eval_steps, else logging_steps)."},
+    )
+    benchmark_eval_samples: int = field(default=4, metadata={"help": "k: benchmark samples per problem."})
+    benchmark_eval_limit: int | None = field(
+        default=32, metadata={"help": "Only the first N benchmark problems (None: all)."}
+    )
+    torch_num_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "CPU threads of torch (torch.set_num_threads; also OMP_NUM_THREADS for child processes). None: "
+            "torch's default. The CPU demo uses 1 (tiny ops gain nothing from threads; shared cores thrash)."
+        },
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parsing
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class RecipeParser(TrlParser):
+    """[`~trl.TrlParser`] whose errors say what to do: an unknown recipe key gets its closest field names (or the
+    field that replaced it), and a `num_generations` that does not divide the generation batch gets the valid values.
+    """
+
+    def set_defaults_with_config(self, **kwargs) -> list[str]:
+        remaining = super().set_defaults_with_config(**kwargs)
+        unknown = [item[2:] for item in remaining[::2]]  # TrlParser returns ["--key", "value", ...]
+        if unknown:
+            raise ValueError(self._unknown_keys_message(unknown, "the recipe"))
+        return remaining
+
+    def _unknown_keys_message(self, keys: list[str], where: str) -> str:
+        known = [action.dest for action in self._actions if action.dest != "help"]
+        known += ["config", "dry-run", "num-processes"]  # read before this parser runs (TrlParser, main)
+        lines = []
+        for key in keys:
+            if key.startswith("s2t_") and "s2t_prob_threshold" not in known:
+                hint = (
+                    "it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer without the S2T mask: remove "
+                    "it, or use trainer: stapo (s2t_mode: off keeps the mask's statistics without silencing)"
+                )
+            elif key in RENAMED_KEYS:
+                hint = f"use {RENAMED_KEYS[key]}"
+            else:
+                close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+                hint = f"did you mean {', '.join(close)}?" if close else "no similar field"
+            lines.append(f"  {key}: {hint}")
+        return (
+            f"Unknown key(s) in {where}:\n"
+            + "\n".join(lines)
+            + "\nEvery key must be a field of STAPOScriptArguments, "
+            "STAPOConfig (GRPOConfig + s2t_*) or ModelConfig; see `stapo-train --help`."
+        )
+
+    def parse_args_into_dataclasses(self, args=None, **kwargs):
+        # Checked on the raw values, before the config dataclasses exist: TRL's own check (GRPOConfig.__post_init__)
+        # says only "must be divisible".
+        namespace, extra = self.parse_known_args(args=args)
+        flags = [item[2:] for item in extra if item.startswith("--")]
+        if flags and not kwargs.get("return_remaining_strings"):
+            raise ValueError(self._unknown_keys_message(flags, "the command line"))
+        check_generation_batch(namespace)
+        if getattr(namespace, "max_steps", None) == 0:  # transformers would run one step and report max_steps 0
+            raise ValueError(
+                "max_steps=0 trains nothing: give a positive number of optimizer steps, or -1 (the default) to train "
+                "for num_train_epochs epochs."
+            )
+        return super().parse_args_into_dataclasses(args=args, **kwargs)
+
+    def error(self, message):
+        # argparse prints the whole usage (hundreds of GRPOConfig fields) before the message; print only the message.
+        self.exit(2, f"stapo-train: error: {message}\nSee `stapo-train --help` for every field.\n")
+
+
+USAGE = """
+  stapo-train --config RECIPE.yaml [--FIELD VALUE ...]         train (the command line overrides the recipe)
+  stapo-train --config RECIPE.yaml --dry-run [--num-processes N]  check a recipe and print its plan, build nothing
+  stapo-train compare RECIPE_A.yaml RECIPE_B.yaml [--seeds S ...] [-- --FIELD VALUE ...]
+  accelerate launch --config_file ACCELERATE.yaml -m stapo_trl.cli.train --config RECIPE.yaml"""
+
+HELP_FIELDS_INTRO = (
+    "--config RECIPE.yaml: a YAML file whose keys are the fields below (recipes/ has the demo and the paper's runs). "
+    "Every field can also be given as --FIELD VALUE. `stapo-train --dry-run --help` and `stapo-train compare --help` "
+    "describe the other two commands."
+)
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Field defaults in the help, and the description's examples kept as written."""
+
+
+def check_generation_batch(namespace: argparse.Namespace) -> None:
+    """Fail with the valid `num_generations` values when it does not divide the generation batch.
+
+    The generation batch (completions generated at once) is `generation_batch_size` if set, else
+    `per_device_train_batch_size x processes x steps_per_generation` (`steps_per_generation` defaults to
+    `gradient_accumulation_steps`); it must hold whole groups of `num_generations` completions per prompt
+    ([`~stapo_trl.cli.geometry.BatchGeometry`]).
+
+    Raises:
+        ValueError: naming the batch, its arithmetic and the valid `num_generations`.
+    """
+    num_generations = namespace.num_generations
+    if num_generations is None or num_generations < 2:  # None: TRL's default; < 2: TRL's own message is clear
+        return
+    geometry = BatchGeometry(
+        per_device_train_batch_size=namespace.per_device_train_batch_size,
+        num_processes=int(os.environ.get("WORLD_SIZE", "1")),
+        gradient_accumulation_steps=namespace.gradient_accumulation_steps,
+        num_generations=num_generations,
+        steps_per_generation=namespace.steps_per_generation,
+        generation_batch_size=namespace.generation_batch_size,
+    )
+    if geometry.holds_whole_groups:
+        return
+    if namespace.generation_batch_size is not None:
+        how = f"generation_batch_size = {geometry.generation_batch}"
+    else:
+        how = (
+            f"per_device_train_batch_size {geometry.per_device_train_batch_size} x {geometry.num_processes} "
+            f"process(es) x steps_per_generation {geometry.micro_steps_per_generation} = {geometry.generation_batch} "
+            "completions"
+        )
+    raise ValueError(
+        f"num_generations={num_generations} does not divide the generation batch ({how}): each prompt needs a "
+        f"whole group of num_generations completions. Valid num_generations for this batch: "
+        f"{geometry.valid_num_generations()}. Or change per_device_train_batch_size / steps_per_generation so that "
+        "the generation batch is a multiple of num_generations."
+    )
+
+
+def _stapo_objective_defaults() -> dict[str, Any]:
+    """The GRPOConfig fields whose default STAPOConfig changes (the paper's objective), with STAPOConfig's values."""
+    grpo_fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    return {
+        f.name: f.default
+        for f in dataclasses.fields(STAPOConfig)
+        if f.name in grpo_fields and f.default is not dataclasses.MISSING and f.default != grpo_fields[f.name].default
+    }
+
+
+def make_parser(subparsers: argparse._SubParsersAction | None = None, *, trainer: str = "stapo") -> TrlParser:
+    """The `stapo-train` parser: (STAPOScriptArguments, STAPOConfig or GRPOConfig, ModelConfig).
+
+    Args:
+        subparsers (`argparse._SubParsersAction`, *optional*):
+            Register as the `stapo` sub-command of a parent CLI instead of building a standalone parser.
+        trainer (`str`, *optional*, defaults to `"stapo"`):
+            `"stapo"` parses into [`~stapo_trl.STAPOConfig`]; `"grpo"` into [`~trl.GRPOConfig`] with STAPOConfig's
+            objective defaults and no `s2t_*` fields.
+    """
+    if trainer not in TRAINERS:
+        raise ValueError(f"trainer={trainer!r} is not one of {list(TRAINERS)}.")
+    config_class = STAPOConfig if trainer == "stapo" else GRPOConfig
+    dataclass_types = (STAPOScriptArguments, config_class, ModelConfig)
+    if subparsers is not None:
+        parser = subparsers.add_parser("stapo", help="Train with STAPO from a recipe", dataclass_types=dataclass_types)
+    else:
+        parser = RecipeParser(
+            dataclass_types,
+            prog="stapo-train",
+            usage=USAGE,
+            description=DESCRIPTION + "\n\n" + textwrap.fill(HELP_FIELDS_INTRO, width=100),
+            formatter_class=_HelpFormatter,
+        )
+    if trainer == "grpo":
+        parser.set_defaults(**_stapo_objective_defaults())
+    return parser
+
+
+def _peek_trainer(argv: Sequence[str]) -> str:
+    """`trainer` as the command line or else the recipe sets it (needed to pick the config class before parsing)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    pre.add_argument("--trainer")
+    known, _ = pre.parse_known_args(list(argv))
+    if known.trainer is not None:
+        return known.trainer
+    if known.config is not None and os.path.isfile(known.config):
+        with open(known.config) as f:
+            try:
+                recipe = yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+                problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+                raise ValueError(f"Recipe {known.config!r} is not valid YAML{where}: {problem}.") from None
+        if isinstance(recipe, dict) and recipe.get("trainer") is not None:
+            return str(recipe["trainer"])
+    return "stapo"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[STAPOScriptArguments, Any, ModelConfig]:
+    """Parse `--config RECIPE.yaml` and command-line overrides into (script_args, training_args, model_args).
+
+    `training_args` is an [`~stapo_trl.STAPOConfig`] for `trainer: stapo` and a [`~trl.GRPOConfig`] for
+    `trainer: grpo`.
+
+    Raises:
+        ValueError: On a recipe that is not valid YAML (with the line), an unknown recipe key (with the closest field
+            names), an `s2t_*` key with `trainer: grpo`,
+            a `num_generations` that does not divide the generation batch (with the valid values), and every
+            check of the config classes' `__post_init__`.
+        FileNotFoundError: If the recipe file does not exist.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        raise ValueError(
+            "no recipe: give --config RECIPE.yaml (the CPU demo: recipes/demo/stapo.yaml), or every field as "
+            "--FIELD VALUE. `stapo-train --help` lists the fields."
+        )
+    if "--config" in argv:
+        if argv.index("--config") + 1 == len(argv):
+            raise ValueError("--config needs the path of a recipe YAML file.")
+        config_path = argv[argv.index("--config") + 1]
+        if not os.path.isfile(config_path):
+            raise FileNotFoundError(f"Recipe {config_path!r} does not exist.")
+    trainer = _peek_trainer(argv)
+    if trainer not in TRAINERS:
+        raise ValueError(f"trainer={trainer!r} is not one of {list(TRAINERS)}.")
+    parser = make_parser(trainer=trainer)
+    if trainer == "grpo":
+        s2t_flags = [a.split("=")[0][2:] for a in argv if a.startswith("--s2t_")]
+        if s2t_flags:
+            raise ValueError(parser._unknown_keys_message(s2t_flags, "the command line"))
+    return parser.parse_args_and_config(argv)

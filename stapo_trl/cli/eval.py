@@ -1,0 +1,399 @@
+r"""`stapo-eval`: the paper's evaluation protocol (six math benchmarks, avg@N and pass@k, two decodings).
+
+[STAPO](https://huggingface.co/papers/2602.15620), Sec. 4: AIME24, AIME25, AMC23 are scored as the mean accuracy
+over 32 samples per problem (avg@32), MATH-500, Minerva Math and OlympiadBench over 4 (avg@4), with at most
+20,480 new tokens, at temperature 1.0 / top-p 1.0 and at 0.7 / 0.9; the headline compares six-benchmark averages
+as relative gains (b - a) / a.
+
+```bash
+stapo-eval --model outputs/demo-stapo --benchmarks aime24,aime25,amc23,math500,minerva,olympiadbench \
+    --decoding paper --backend vllm --output results/stapo.json          # the paper's protocol, on a GPU
+stapo-eval --model builtin:tiny-math --benchmarks tiny-math --backend hf  # CPU smoke run, seconds
+stapo-eval --compare results/grpo.json results/stapo.json                 # side by side, relative gains
+```
+
+What the command does, in order:
+
+1. Validates the arguments (unknown benchmark or decoding: the error lists the valid ones) and loads every
+   benchmark through [`stapo_trl.evaluation.tasks.load_benchmark`] before any model is loaded.
+2. Reads `--output` when it exists: finished (benchmark, decoding) pairs are skipped; a file written with different
+   settings (model, backend, samples, max new tokens, limit, data dir, seed, prompt) is refused with the list of
+   differences. Adding benchmarks or decodings to an existing file is allowed.
+3. For each remaining pair: builds the prompts exactly as training does ([`stapo_trl.data.format_prompt`] through the
+   tokenizer's chat template when it has one, tokenized without extra special tokens, as TRL does), samples N
+   completions per problem, grades each with [`stapo_trl.grading.grade`], and rewrites the results file atomically
+   (temporary file + rename).
+4. Prints a Markdown table laid out like the paper's (rows: model/decoding; columns: benchmarks + Avg).
+
+Decoding details: sampling with `top_k` disabled (vLLM's default; transformers would otherwise apply its default
+`top_k=50`), no repetition penalty. The HF backend is seeded per (benchmark, decoding) pair, so re-runs reproduce.
+Avg = mean of avg@N over the six paper benchmarks present in the file (marked `*` when fewer than six).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from ..builtin import check_model_name_or_path, resolve_model_path
+from ..evaluation.generation import (
+    DECODING_ALIASES,
+    DECODINGS,
+    DEFAULT_MAX_NEW_TOKENS,
+    HFGenerator,
+    VLLMGenerator,
+    evaluate_problems,
+)
+from ..evaluation.results import (
+    RESULTS_FORMAT_VERSION,
+    check_resumable,
+    describe_model,
+    format_comparison,
+    format_results_table,
+    library_versions,
+    load_results,
+    now,
+    summarize,
+    write_json_atomic,
+)
+from ..evaluation.tasks import (
+    BENCHMARKS,
+    PAPER_BENCHMARKS,
+    BenchmarkProblem,
+    find_benchmark_file,
+    get_benchmark_spec,
+    load_benchmark,
+)
+
+
+logger = logging.getLogger(__name__)
+
+
+class _DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help when X is a real value (not None, not a store_true flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        trivial = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if not trivial and "%(default)" not in help_text:
+            help_text += " (default: %(default)s)"
+        return help_text
+
+
+def make_parser(subparsers=None) -> argparse.ArgumentParser:
+    """The `stapo-eval` argument parser (standalone, or as a sub-command when `subparsers` is given)."""
+    description = (
+        "Evaluate a model on the STAPO paper's math benchmarks (avg@N, pass@k), or compare two results files."
+    )
+    if subparsers is not None:
+        parser = subparsers.add_parser(
+            "eval", description=description, help=description, formatter_class=_DefaultsHelpFormatter
+        )
+    else:
+        parser = argparse.ArgumentParser(
+            prog="stapo-eval", description=description, formatter_class=_DefaultsHelpFormatter
+        )
+    parser.add_argument("--model", help="Local path, Hub id or builtin:<name> (e.g. builtin:tiny-math).")
+    parser.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model.")
+    parser.add_argument(
+        "--benchmarks",
+        default=",".join(PAPER_BENCHMARKS),
+        help=f"Comma-separated benchmark names. Valid: {', '.join(BENCHMARKS)}.",
+    )
+    parser.add_argument(
+        "--decoding",
+        default="paper",
+        help=f"Comma-separated decoding settings: {', '.join(list(DECODING_ALIASES) + list(DECODINGS))} "
+        "('paper' = both, T=1.0/top-p 1.0 and T=0.7/top-p 0.9).",
+    )
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="Samples per problem (N of avg@N) for every benchmark. Default: the paper's, "
+        + ", ".join(f"{n} {s.default_samples}" for n, s in BENCHMARKS.items() if s.in_paper)
+        + ".",
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="Generation budget per sample (tokens)."
+    )
+    parser.add_argument("--backend", choices=["vllm", "hf"], default="vllm", help="Generation backend.")
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="Local benchmark files <dir>/<name>/test.{jsonl,parquet,json}. Default: the Hub datasets.",
+    )
+    parser.add_argument("--output", default=None, help="Results JSON (resumed when it exists).")
+    parser.add_argument("--limit", type=int, default=None, help="Only the first K problems of each benchmark.")
+    parser.add_argument("--compare", nargs=2, metavar=("A_JSON", "B_JSON"), help="Compare two results files.")
+    parser.add_argument("--seed", type=int, default=0, help="Base seed (offset per benchmark and decoding).")
+    parser.add_argument("--batch-size", type=int, default=64, help="HF backend: sequences per generate call.")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="Model weights dtype ('auto': the checkpoint's).",
+    )
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM backend: GPUs per model.")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM backend: GPU memory share.")
+    parser.add_argument("--max-model-len", type=int, default=None, help="vLLM backend: context length cap.")
+    parser.add_argument(
+        "--no-chat-template", action="store_true", help="Feed the user message as plain text, even with a template."
+    )
+    parser.add_argument(
+        "--save-completions", action="store_true", help="Store each completion's text in the per-sample records."
+    )
+    return parser
+
+
+def parse_benchmark_list(value: str) -> list[str]:
+    """Comma-separated benchmark names -> registry names (deduplicated, order kept).
+
+    Raises:
+        ValueError: an unknown name (the message lists the valid ones), or an empty list.
+    """
+    names = []
+    for raw in value.split(","):
+        if raw.strip():
+            name = get_benchmark_spec(raw).name
+            if name not in names:
+                names.append(name)
+    if not names:
+        raise ValueError(f"No benchmark given. Valid benchmarks: {', '.join(BENCHMARKS)}.")
+    return names
+
+
+def parse_decoding_list(value: str) -> list[str]:
+    """Comma-separated decodings (`paper` expands to both) -> [`DECODINGS`] keys.
+
+    Raises:
+        ValueError: an unknown setting; the message lists the valid ones.
+    """
+    names = []
+    for raw in value.split(","):
+        raw = raw.strip()
+        if not raw:
+            continue
+        if raw in DECODING_ALIASES:
+            expanded = DECODING_ALIASES[raw]
+        elif raw in DECODINGS:
+            expanded = (raw,)
+        else:
+            raise ValueError(
+                f"Unknown decoding {raw!r}. Valid decodings: {', '.join(list(DECODING_ALIASES) + list(DECODINGS))}."
+            )
+        names += [d for d in expanded if d not in names]
+    if not names:
+        raise ValueError(f"No decoding given. Valid decodings: {', '.join(list(DECODING_ALIASES) + list(DECODINGS))}.")
+    return names
+
+
+def _instruction() -> str | None:
+    from ..data import INSTRUCTION  # datasets is slow to import: kept out of `--help` and `--compare`
+
+    return INSTRUCTION
+
+
+def _pair_seed(seed: int, benchmark: str, decoding: str) -> int:
+    return (seed + zlib.crc32(f"{benchmark}/{decoding}".encode())) % (2**31 - 1)
+
+
+def _default_output(model: str) -> str:
+    label = model.replace("builtin:", "builtin-").rstrip("/").split("/")[-1] or "model"
+    return f"stapo_eval_{label}.json"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `stapo-eval` (see the module docstring).
+
+    Args:
+        argv (`Sequence[str]` or `None`): arguments without the program name; `None` reads `sys.argv`.
+
+    Returns:
+        `int`: 0 on success. Bad arguments exit with status 2 and one `stapo-eval: error: ...` line (with the valid
+        values where there is a list of them).
+    """
+    parser = make_parser()
+    args = parser.parse_args(argv)
+
+    def fail(message: str) -> NoReturn:
+        parser.exit(2, f"{parser.prog}: error: {message}\n")  # one line, no usage block
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    if args.compare:
+        try:
+            a, b = (load_results(p) for p in args.compare)
+            print(format_comparison(a, b))
+        except (OSError, ValueError) as e:
+            fail(str(e))
+        return 0
+
+    try:  # validate everything before loading a model
+        benchmarks, decodings, samples, data_dir = _validate(args)
+    except (ValueError, OSError) as e:
+        fail(str(e))
+    output = Path(args.output or _default_output(args.model))
+    try:
+        data = _open_results(args, output, data_dir, benchmarks)
+    except ValueError as e:
+        fail(str(e))
+
+    todo = [(d, b) for d in decodings for b in benchmarks if b not in data["results"].get(d, {})]
+    for d, b in [(d, b) for d in decodings for b in benchmarks if (d, b) not in todo]:
+        logger.info("Skipping %s / %s: already in %s", b, d, output)
+
+    # Load every benchmark needed before the model, so a missing file fails in seconds.
+    problems: dict[str, list[BenchmarkProblem]] = {}
+    try:
+        for b in sorted({b for _, b in todo}, key=benchmarks.index):
+            problems[b] = load_benchmark(b, data_dir=data_dir, limit=args.limit)
+    except (OSError, ValueError, RuntimeError) as e:
+        fail(str(e))
+
+    generator = None
+    for decoding_name, bench in todo:
+        if generator is None:
+            model_path = resolve_model_path(args.model) if args.model.startswith("builtin:") else args.model
+            try:
+                generator = _make_generator(args, model_path)
+            except RuntimeError as e:
+                fail(str(e))
+            data["model"] = describe_model(model_path, args.revision) | {"name_or_path": args.model}
+        _evaluate_pair(args, generator, data, problems[bench], bench, decoding_name, samples[bench], data_dir)
+        write_json_atomic(output, data)
+    if not todo:
+        logger.info("Nothing to do: every (benchmark, decoding) pair is already in %s", output)
+    print(format_results_table([data]))
+    return 0
+
+
+def _validate(args) -> tuple[list[str], list[str], dict[str, int], str | None]:
+    """(benchmarks, decodings, samples per benchmark, resolved data dir) of valid arguments.
+
+    Raises:
+        ValueError, OSError: one message naming the argument (and the valid values where there is a list).
+    """
+    if not args.model:
+        raise ValueError("--model is required (unless --compare A_JSON B_JSON).")
+    benchmarks = parse_benchmark_list(args.benchmarks)
+    decodings = parse_decoding_list(args.decoding)
+    for flag, value in (
+        ("--samples", args.samples),
+        ("--limit", args.limit),
+        ("--max-new-tokens", args.max_new_tokens),
+    ):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}.")
+    samples = {b: args.samples or BENCHMARKS[b].default_samples for b in benchmarks}
+    data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
+    if data_dir is not None and not Path(data_dir).exists():
+        raise ValueError(f"--data-dir {args.data_dir} does not exist.")
+    check_model_name_or_path(args.model)  # a missing local directory fails here, before data or model loading
+    return benchmarks, decodings, samples, data_dir
+
+
+def _open_results(args, output: Path, data_dir: str | None, benchmarks: list[str]) -> dict[str, Any]:
+    """The results file to fill: `output` when it exists and was written with the same settings, else a new one.
+
+    Raises:
+        ValueError: `output` is not a results file, or was written with other settings (the differences listed).
+    """
+    config = {
+        "model": args.model,
+        "revision": args.revision,
+        "backend": args.backend,
+        "samples": args.samples,
+        "max_new_tokens": args.max_new_tokens,
+        "limit": args.limit,
+        "data_dir": data_dir,
+        "seed": args.seed,
+        "instruction": _instruction(),
+        "chat_template": not args.no_chat_template,
+    }
+    if output.exists():
+        data = load_results(output)
+        check_resumable(data, config, output)
+        logger.info("Resuming %s", output)
+    else:
+        data = {
+            "format_version": RESULTS_FORMAT_VERSION,
+            "created_at": now(),
+            "config": config,
+            "model": None,
+            "versions": library_versions(args.backend),
+            "decodings": {},
+            "results": {},
+            "summary": {},
+            "samples": [],
+        }
+    data["config"]["benchmarks"] = sorted(
+        set(data["config"].get("benchmarks", [])) | set(benchmarks), key=list(BENCHMARKS).index
+    )
+    return data
+
+
+def _evaluate_pair(args, generator, data, problems, bench, decoding_name, n, data_dir) -> None:
+    """Evaluate one (benchmark, decoding) pair into `data` (results, samples, summary)."""
+    decoding = DECODINGS[decoding_name]
+    logger.info("Evaluating %s / %s: %d problems x %d samples", bench, decoding_name, len(problems), n)
+    table, records = evaluate_problems(
+        generator.generate,
+        generator.tokenizer,
+        problems,
+        n=n,
+        decoding=decoding,
+        max_new_tokens=args.max_new_tokens,
+        seed=_pair_seed(args.seed, bench, decoding_name),
+        instruction=_instruction(),
+        use_chat_template=not args.no_chat_template,
+        save_completions=args.save_completions,
+    )
+    table["data_source"] = _data_source(bench, data_dir)
+    table["finished_at"] = now()
+    data["decodings"][decoding_name] = {"temperature": decoding.temperature, "top_p": decoding.top_p, "top_k": None}
+    data["results"].setdefault(decoding_name, {})[bench] = table
+    data["samples"].extend(records)
+    data["summary"] = summarize(data["results"])
+    data["updated_at"] = now()
+    logger.info(
+        "%s / %s: avg@%d = %.1f %%, %d grader errors",
+        bench,
+        decoding_name,
+        n,
+        100 * table[f"avg@{n}"],
+        table["num_grader_errors"],
+    )
+
+
+def _data_source(bench: str, data_dir: str | None) -> str:
+    spec = BENCHMARKS[bench]
+    if spec.hub_id.startswith("builtin:"):
+        return spec.hub_id
+    if data_dir is None:
+        return f"hub:{spec.hub_id}" + (f"/{spec.hub_config}" if spec.hub_config else "") + f":{spec.hub_split}"
+    return str(find_benchmark_file(bench, data_dir))
+
+
+def _make_generator(args, model_path: str):
+    if args.backend == "vllm":
+        return VLLMGenerator(
+            model_path,
+            revision=args.revision,
+            dtype=args.dtype,
+            seed=args.seed,
+            tensor_parallel_size=args.tensor_parallel_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_model_len=args.max_model_len,
+        )
+    return HFGenerator(model_path, revision=args.revision, dtype=args.dtype, batch_size=args.batch_size)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

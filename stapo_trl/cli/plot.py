@@ -1,0 +1,68 @@
+"""`stapo-plot`: PNG figures from the `metrics.jsonl` (and `spurious_tokens.jsonl`) files that `stapo-train` writes.
+
+    stapo-plot outputs/demo-stapo                                  # -> outputs/demo-stapo/training_curves.png
+    stapo-plot outputs/demo-grpo outputs/demo-stapo --out cmp.png  # runs overlaid
+    stapo-plot outputs/compare/grpo outputs/compare/stapo          # folders of seeds: mean with a min/max band
+
+The figures are drawn by [`stapo_trl.plots.plot_output_dirs`] and [`stapo_trl.diagnostic_plots.plot_diagnostics`].
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+
+from ..diagnostic_plots import plot_diagnostics
+from ..plots import plot_output_dirs
+
+
+def make_parser(subparsers: argparse._SubParsersAction | None = None) -> argparse.ArgumentParser:
+    """The `stapo-plot` parser (standalone, or the `plot` sub-command of `subparsers`)."""
+    description = "Draw reward, entropy and S2T silenced-ratio curves from stapo-train output folders."
+    if subparsers is not None:
+        parser = subparsers.add_parser("plot", help=description, description=description)
+    else:
+        parser = argparse.ArgumentParser(prog="stapo-plot", description=description)
+    parser.add_argument(
+        "output_dirs",
+        nargs="+",
+        metavar="OUTPUT_DIR",
+        help="stapo-train output folders (each with metrics.jsonl), or folders of per-seed output folders.",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="A figure file for the training curves (.png, .pdf, .svg, .jpg), or a folder for every figure (the "
+        "diagnostic s2t_*.png always go next to the curves). Default: OUTPUT_DIR/training_curves.png for one folder, ./training_curves.png for "
+        "several.",
+    )
+    parser.add_argument(
+        "--labels", nargs="+", default=None, help="Legend labels, one per OUTPUT_DIR (default: folder names)."
+    )
+    parser.add_argument("--title", default=None, help="Figure title.")
+    parser.add_argument(
+        "--smoothing",
+        type=int,
+        default=None,
+        help="Moving-average window in logged steps (default: ~1/20 of the run).",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`stapo-plot OUTPUT_DIR [OUTPUT_DIR ...] [--out FILE.png|FOLDER] [--labels ...] [--title ...] [--smoothing N]`."""
+    args = make_parser().parse_args(argv)
+    try:
+        out = plot_output_dirs(
+            args.output_dirs, args.out, labels=args.labels, title=args.title, smoothing=args.smoothing
+        )
+        figures = plot_diagnostics(args.output_dirs, os.path.dirname(os.path.abspath(out)), labels=args.labels)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"stapo-plot: error: {e}") from e
+    for figure in [out, *figures]:
+        print(f"Wrote {figure}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,395 @@
+"""The sections of a recipe's dry run ([`stapo_trl.cli.dry_run.validate_recipe`]): small named checks, each adding
+its summary rows, errors and warnings to one [`Findings`].
+
+Eight sections, in the order of the printed plan: trainer, model, data, rewards, batch geometry (with its summary
+rows), optimisation, generation, and output (trackers, checkpoints, hardware). Nothing is downloaded: a Hub dataset
+or model is named, not fetched; a local dataset file is opened.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from ..builtin import check_model_name_or_path
+from ..config import STAPOConfig, untested_combination_warnings
+from ..data import BUILTIN_DATASETS, check_prompt_columns, is_local_dataset_file, load_local_dataset_file
+from ..data import BUILTIN_PREFIX as DATA_PREFIX
+from ..rewards import REWARDS, get_reward_funcs
+from .args import TRAINERS
+from .geometry import BatchGeometry, divisors
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+# Trackers `report_to` may name, with the module that must be importable for them.
+TRACKER_MODULES = {
+    "wandb": "wandb",
+    "tensorboard": "tensorboard",
+    "trackio": "trackio",
+    "comet_ml": "comet_ml",
+    "mlflow": "mlflow",
+    "clearml": "clearml",
+    "dvclive": "dvclive",
+    "swanlab": "swanlab",
+}
+
+
+def fmt_int(n: float) -> str:
+    """`n` with thousands separators, without decimals when it is whole (`2,048`, `0.25`)."""
+    return f"{int(n):,}" if float(n).is_integer() else f"{n:,.2f}"
+
+
+@dataclass
+class Findings:
+    """What the `check_*` sections add up: summary rows, errors and warnings (the parts of a
+    [`~stapo_trl.cli.dry_run.DryRunReport`])."""
+
+    lines: list[tuple[str, str]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def check_trainer(f: Findings, script_args, training_args) -> bool:
+    """The trainer and its config class, and the objective."""
+    trainer = script_args.trainer
+    if trainer not in TRAINERS:
+        f.errors.append(f"trainer={trainer!r} is not one of {list(TRAINERS)}.")
+    is_stapo = isinstance(training_args, STAPOConfig)
+    if trainer == "stapo" and not is_stapo:
+        f.errors.append(f"trainer='stapo' needs a STAPOConfig, got {type(training_args).__name__}.")
+    if trainer == "grpo" and (is_stapo or not isinstance(training_args, GRPOConfig)):
+        f.errors.append(f"trainer='grpo' needs a plain GRPOConfig, got {type(training_args).__name__}.")
+    if is_stapo:
+        a = training_args
+        f.lines.append(
+            (
+                "trainer",
+                (
+                    f"stapo: STAPOTrainer, S2T mask tau_p={a.s2t_prob_threshold}, q={a.s2t_entropy_quantile}, "
+                    f"mode={a.s2t_mode}, scope={a.s2t_scope}, policy={a.s2t_policy}"
+                ),
+            )
+        )
+    else:
+        entropy_mask = training_args.top_entropy_quantile
+        extra = f", top_entropy_quantile={entropy_mask}" if entropy_mask < 1.0 else ""
+        f.lines.append(("trainer", f"{trainer}: GRPOTrainer, no S2T mask{extra}"))
+    f.lines.append(
+        (
+            "objective",
+            (
+                f"loss_type={training_args.loss_type}, epsilon={training_args.epsilon}/"
+                f"{training_args.epsilon_high if training_args.epsilon_high is not None else training_args.epsilon}, "
+                f"beta={training_args.beta}, entropy_coef={training_args.entropy_coef}, "
+                f"scale_rewards={training_args.scale_rewards}"
+            ),
+        )
+    )
+    return is_stapo
+
+
+def check_model(f: Findings, model_args) -> None:
+    """The model name (checked, never fetched) and PEFT."""
+    model_name = model_args.model_name_or_path
+    if not model_name:
+        f.errors.append("model_name_or_path is not set: give a Hub id, a local model directory or builtin:tiny-math.")
+    else:
+        try:
+            check_model_name_or_path(model_name)
+        except (ValueError, OSError) as err:
+            f.errors.append(f"model_name_or_path: {err}")
+    peft = (
+        f"LoRA r={model_args.lora_r}, alpha={model_args.lora_alpha}, targets={model_args.lora_target_modules}"
+        if model_args.use_peft
+        else "off"
+    )
+    f.lines.append(("model", f"{model_name} (dtype {model_args.dtype}, PEFT {peft})"))
+
+
+def check_data(f: Findings, script_args, max_prompt_tokens: int | None) -> None:
+    """The dataset (a local file is opened and its columns checked; a Hub id is named), the instruction."""
+    dataset = script_args.dataset_name
+    if not dataset:
+        f.errors.append(
+            "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet file or a Hub id."
+        )
+        data_line = "(none)"
+    elif dataset.startswith(DATA_PREFIX):
+        if dataset[len(DATA_PREFIX) :] not in BUILTIN_DATASETS:
+            known = ", ".join(DATA_PREFIX + name for name in BUILTIN_DATASETS)
+            f.errors.append(f"dataset_name={dataset!r} is not a built-in dataset; known: {known}.")
+        data_line = f"{dataset} (built in: its own prompt/solution columns)"
+    else:
+        for column in ("prompt_column", "solution_column"):
+            if not getattr(script_args, column):
+                f.errors.append(f"{column} is empty: name the dataset column that holds the {column.split('_')[0]}.")
+        opened = "named, not opened (a Hub dataset)"
+        if is_local_dataset_file(dataset):
+            # A local file is cheap to open: check its columns as stapo-train will.
+            try:
+                local = load_local_dataset_file(dataset)
+                check_prompt_columns(local, dataset, script_args.prompt_column, script_args.solution_column)
+                opened = f"checked: {len(local)} rows"
+            except FileNotFoundError:
+                f.errors.append(f"dataset_name={dataset!r} looks like a local file but does not exist.")
+                opened = "missing"
+            except ValueError as e:
+                f.errors.append(f"dataset_name={dataset!r}: {e}")
+                opened = "column missing"
+            except Exception as e:  # noqa: BLE001 (an unreadable file: datasets raises many types)
+                f.errors.append(f"dataset_name={dataset!r} could not be read: {type(e).__name__}: {e}")
+                opened = "unreadable"
+        config = f" [{script_args.dataset_config}]" if script_args.dataset_config else ""
+        data_line = (
+            f"{dataset}{config} split {script_args.dataset_train_split}, columns "
+            f"{script_args.prompt_column!r} -> {script_args.solution_column!r} ({opened})"
+        )
+    if getattr(script_args, "strip_dapo_instruction", False):
+        data_line += "; DAPO 'Answer:' instruction stripped"
+    data_line += (
+        f"; prompts > {max_prompt_tokens} tokens dropped" if max_prompt_tokens else "; prompt length unbounded"
+    )
+    f.lines.append(("data", data_line))
+    if script_args.instruction is None:
+        instruction = "(default) the paper's step-by-step / \\boxed{} suffix"
+    elif script_args.instruction == "":
+        instruction = "(none)"
+    else:
+        instruction = f'"{script_args.instruction}"'
+    f.lines.append(("instruction", instruction))
+    if script_args.dataset_streaming:
+        f.errors.append("dataset_streaming=True is not supported by stapo-train: set it to false.")
+
+
+def check_rewards(f: Findings, script_args, training_args) -> None:
+    """The reward names and weights."""
+    try:
+        get_reward_funcs(script_args.reward_funcs)
+    except ValueError as e:
+        f.errors.append(f"reward_funcs={script_args.reward_funcs!r}: {e} (registry: {sorted(REWARDS)})")
+    weights = f", weights {training_args.reward_weights}" if training_args.reward_weights else ""
+    f.lines.append(("rewards", f"{', '.join(script_args.reward_funcs)}{weights}"))
+
+
+def check_batch(
+    f: Findings, training_args, n: int, generation_batch_size: int | None, is_stapo: bool
+) -> BatchGeometry:
+    """The batch geometry on `n` processes: whole prompt groups per rollout and per update ([`BatchGeometry`])."""
+    per_device = training_args.per_device_train_batch_size
+    grad_accum = training_args.gradient_accumulation_steps
+    num_generations = training_args.num_generations
+    geometry = BatchGeometry(
+        per_device_train_batch_size=per_device,
+        num_processes=n,
+        gradient_accumulation_steps=grad_accum,
+        num_generations=num_generations,
+        steps_per_generation=training_args.steps_per_generation,
+        generation_batch_size=generation_batch_size,
+    )
+    global_micro_batch = geometry.global_micro_batch  # completions per micro-step, all processes
+    generation_batch = geometry.generation_batch
+    steps_per_generation = geometry.micro_steps_per_generation
+    if generation_batch_size is not None and generation_batch % global_micro_batch != 0:
+        valid_n = [p for p in divisors(generation_batch) if generation_batch % (per_device * p) == 0]
+        f.errors.append(
+            f"generation_batch_size={generation_batch} is not a multiple of the global micro-batch "
+            f"(per_device_train_batch_size {per_device} x {n} processes = {global_micro_batch}). Valid process "
+            f"counts for this batch: {valid_n}; valid per_device_train_batch_size on {n} processes: "
+            f"{[d for d in divisors(generation_batch) if generation_batch % (d * n) == 0]}. Or set "
+            "steps_per_generation instead of generation_batch_size."
+        )
+    if not geometry.holds_whole_groups:
+        f.errors.append(
+            f"num_generations={num_generations} does not divide the generation batch ({generation_batch} completions "
+            f"= per_device_train_batch_size {per_device} x {n} processes x steps_per_generation "
+            f"{steps_per_generation}): every prompt needs a whole group. Valid num_generations: "
+            f"{geometry.valid_num_generations()}. Or choose per_device_train_batch_size x steps_per_generation as a "
+            f"multiple of {num_generations}."
+        )
+    completions_per_step = geometry.completions_per_optimizer_step
+    if completions_per_step % num_generations != 0:
+        f.warnings.append(
+            f"An optimizer update holds {completions_per_step} completions (per_device_train_batch_size {per_device} "
+            f"x {n} processes x gradient_accumulation_steps {grad_accum}), not a whole number of prompt groups of "
+            f"{num_generations}: the paper's mini-batches are whole prompts (64 prompts x 8)."
+        )
+    if is_stapo:  # the trainer's own construction warnings, from the one function that makes them
+        f.warnings += untested_combination_warnings(training_args, steps_per_generation=steps_per_generation)
+    elif steps_per_generation % grad_accum != 0:
+        f.warnings.append(
+            f"steps_per_generation={steps_per_generation} is not a multiple of gradient_accumulation_steps="
+            f"{grad_accum}: an optimizer update spans two rollout batches."
+        )
+    if training_args.eval_strategy != "no":
+        eval_generations = training_args.num_generations_eval or num_generations
+        eval_batch = training_args.per_device_eval_batch_size * n
+        if eval_batch % eval_generations != 0:
+            f.errors.append(
+                f"per_device_eval_batch_size {training_args.per_device_eval_batch_size} x {n} processes = "
+                f"{eval_batch} "
+                f"is not a multiple of the evaluation's num_generations {eval_generations}."
+            )
+    return geometry
+
+
+def batch_lines(f: Findings, geometry: BatchGeometry, max_completion_length: int, prompt_budget: int | None):
+    """The summary rows of the batch geometry; returns the token bound per optimizer update (`None`: unbounded)."""
+    n, num_generations = geometry.num_processes, geometry.num_generations
+    generation_batch, completions_per_step = geometry.generation_batch, geometry.completions_per_optimizer_step
+    updates_per_rollout = geometry.optimizer_steps_per_rollout_step
+    max_tokens = completions_per_step * (prompt_budget + max_completion_length) if prompt_budget else None
+    f.lines.append(
+        (
+            "micro-step",
+            f"per_device_train_batch_size {geometry.per_device_train_batch_size} x {n} processes = "
+            f"{geometry.global_micro_batch} completions",
+        )
+    )
+    f.lines.append(
+        (
+            "rollout step",
+            (
+                f"{fmt_int(generation_batch)} completions = {fmt_int(generation_batch / num_generations)} prompts x "
+                f"{num_generations} generations (steps_per_generation {geometry.micro_steps_per_generation})"
+            ),
+        )
+    )
+    f.lines.append(
+        (
+            "optimizer update",
+            (
+                f"{fmt_int(completions_per_step)} completions = {fmt_int(completions_per_step / num_generations)} "
+                f"prompts (gradient_accumulation_steps {geometry.gradient_accumulation_steps})"
+            ),
+        )
+    )
+    f.lines.append(
+        ("updates / rollout", f"{fmt_int(updates_per_rollout)} (steps_per_generation / gradient_accumulation_steps)")
+    )
+    if max_tokens is not None:
+        tokens = (
+            f"{fmt_int(max_tokens)} per optimizer update = {completions_per_step} x ({prompt_budget} prompt + "
+            f"{max_completion_length} completion); "
+            f"{fmt_int(max_tokens * updates_per_rollout)} per rollout step"
+        )
+    else:
+        tokens = (
+            "unbounded prompts; completions alone up to "
+            f"{fmt_int(completions_per_step * max_completion_length)}"
+            " per optimizer update"
+        )
+    f.lines.append(("max tokens", tokens))
+    return max_tokens
+
+
+def check_optimisation(f: Findings, training_args) -> None:
+    """The optimizer, schedule, horizon and precision."""
+    horizon = (
+        f"max_steps {training_args.max_steps}"
+        if training_args.max_steps > 0
+        else f"num_train_epochs {training_args.num_train_epochs}"
+    )
+    f.lines.append(
+        (
+            "optimizer",
+            (
+                f"{training_args.optim.value} lr {training_args.learning_rate:g} "
+                f"{training_args.lr_scheduler_type.value} (warmup_steps "
+                f"{training_args.warmup_steps}), weight_decay {training_args.weight_decay}, max_grad_norm "
+                f"{training_args.max_grad_norm}, {horizon}"
+            ),
+        )
+    )
+    f.lines.append(
+        (
+            "precision",
+            f"bf16={training_args.bf16}, activation_checkpointing={training_args.activation_checkpointing}",
+        )
+    )
+
+
+def check_generation(f: Findings, training_args, n: int, is_stapo: bool, prompt_budget: int | None) -> None:
+    """Generation: transformers or vLLM (server / colocate), and the sampling settings."""
+    sampling = (
+        f"T={training_args.temperature}, top_p={training_args.top_p}, top_k={training_args.top_k}, "
+        f"max_completion_length {training_args.max_completion_length}"
+    )
+    if training_args.use_vllm:
+        if training_args.vllm_mode == "server":
+            host = training_args.vllm_server_host
+            where = training_args.vllm_server_base_url or f"{host}:{training_args.vllm_server_port}"
+            f.lines.append(
+                (
+                    "generation",
+                    f"vLLM server at {where} (weight sync port {training_args.vllm_group_port}); {sampling}",
+                )
+            )
+            if training_args.vllm_server_base_url is None and host not in LOOPBACK_HOSTS:
+                f.warnings.append(
+                    f"vllm_server_host={host!r} is not a loopback address: the trainer expects a vLLM server there "
+                    "(scripts/launch.sh serves on 127.0.0.1; slurm/train.slurm sets the vLLM node's address)."
+                )
+        elif training_args.vllm_mode == "colocate":
+            tp = training_args.vllm_tensor_parallel_size
+            f.lines.append(
+                (
+                    "generation",
+                    (
+                        f"vLLM colocated in every training process (tensor parallel {tp}, "
+                        f"gpu_memory_utilization {training_args.vllm_gpu_memory_utilization}); {sampling}"
+                    ),
+                )
+            )
+            if n % tp != 0:
+                f.errors.append(
+                    f"vllm_tensor_parallel_size={tp} does not divide the {n} training processes (colocate mode "
+                    f"groups processes into tensor-parallel blocks). Valid values: {divisors(n)}."
+                )
+            max_len = training_args.vllm_max_model_length
+            if max_len is not None and prompt_budget and max_len < prompt_budget + training_args.max_completion_length:
+                f.errors.append(
+                    f"vllm_max_model_length={max_len} < max_prompt_tokens {prompt_budget} + max_completion_length "
+                    f"{training_args.max_completion_length}: long rollouts would be cut by vLLM."
+                )
+        else:
+            f.errors.append(f"vllm_mode={training_args.vllm_mode!r} is not 'server' or 'colocate'.")
+        if importlib.util.find_spec("vllm") is None:
+            f.warnings.append(
+                "use_vllm=True but vllm is not installed here: install the `vllm` extra on the GPU machine."
+            )
+    else:
+        f.lines.append(("generation", f"transformers generate (no vLLM); {sampling}"))
+
+
+def check_output(f: Findings, script_args, training_args, cpu_forced: bool, geometry: BatchGeometry) -> None:
+    """Trackers, checkpoints, precision on CPU, and the paper's geometry on the paper's data."""
+    trackers = [t for t in (training_args.report_to or []) if t not in ("none", "all")]
+    missing = [t for t in trackers if t in TRACKER_MODULES and importlib.util.find_spec(TRACKER_MODULES[t]) is None]
+    if missing:
+        f.warnings.append(f"report_to names {missing}, not installed here: install it where the job runs.")
+    save = (
+        f"every {training_args.save_steps} optimizer steps (keep {training_args.save_total_limit or 'all'})"
+        if training_args.save_strategy == "steps"
+        else training_args.save_strategy.value
+    )
+    f.lines.append(
+        (
+            "output",
+            (
+                f"{training_args.output_dir}; checkpoints {save}; report_to {training_args.report_to}; "
+                f"push_to_hub={training_args.push_to_hub}"
+            ),
+        )
+    )
+    if training_args.use_cpu and training_args.bf16 and not cpu_forced:
+        f.warnings.append("bf16=True on CPU is about 2.3x slower than float32: set bf16: false for CPU runs.")
+    if "dapo-math" in str(script_args.dataset_name).lower() and not geometry.is_paper_geometry():
+        f.warnings.append(
+            f"the paper's data (DAPO-Math) with another batch geometry: {geometry.prompts_per_rollout_step:g} prompts "
+            f"x {geometry.num_generations} rollouts per rollout step and {geometry.prompts_per_optimizer_step:g}-prompt "
+            f"updates for {geometry.num_processes} process(es), vs the paper's 256 x 8 and 64. recipes/README.md gives "
+            "per_device_train_batch_size / gradient_accumulation_steps / steps_per_generation that keep the paper's "
+            "for 4, 8, 16 and 32 processes."
+        )

@@ -1,0 +1,453 @@
+"""One `stapo-train` run from parsed arguments: [`prepare`] (everything that can fail before a model is built) and
+[`train`] (resume, build the trainer, evaluate before, train, save with the model card and figures, evaluate after).
+
+This module imports the training stack (TRL's trainer, datasets, math-verify); `stapo_trl.cli.train.main` imports it
+after parsing, so that `stapo-train --help` and `--dry-run` stay fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import datasets
+import torch
+import transformers
+from transformers import AutoTokenizer, set_seed
+from transformers.trainer_callback import TrainerState
+from transformers.trainer_utils import get_last_checkpoint
+from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
+from trl.models.utils import unwrap_model_for_generation
+
+from ..builtin import check_model_name_or_path, resolve_model_path
+from ..callbacks import BenchmarkEvalCallback, MetricsLogCallback, SpuriousTokenLogger
+from ..data import INSTRUCTION, filter_long_prompts, load_prompt_dataset
+from ..diagnostic_plots import plot_diagnostics
+from ..evaluation.generation import evaluate_avg_at_k
+from ..metrics_log import METRICS_FILENAME, read_metrics
+from ..plots import plot_training_curves
+from ..rewards import get_reward_funcs
+from ..trainer import STAPOTrainer
+from .args import STAPOScriptArguments
+
+
+logger = logging.getLogger(__name__)
+
+EVAL_FILENAME = "eval.json"
+CURVES_FILENAME = "training_curves.png"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Held-out evaluation (before / after training)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _evaluate_trainer_model(trainer, script_args, eval_dataset, max_new_tokens: int) -> dict[str, float]:
+    with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
+        return evaluate_avg_at_k(
+            model,
+            trainer.processing_class,
+            eval_dataset["prompt"],
+            eval_dataset["solution"],
+            k=script_args.eval_num_samples,
+            temperature=script_args.eval_temperature,
+            top_p=script_args.eval_top_p,
+            max_new_tokens=max_new_tokens,
+            batch_size=script_args.eval_batch_size,
+            seed=trainer.args.seed,
+            accelerator=trainer.accelerator,
+            chat_template_kwargs=trainer.args.chat_template_kwargs,
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PreparedRun:
+    """Everything `train` needs that can be checked without building a model (see [`prepare`])."""
+
+    reward_funcs: list
+    model_path: str
+    train_dataset: Any
+    test_dataset: Any | None
+    eval_dataset: Any | None  # the before/after evaluation problems (first eval_num_problems of the test split)
+    benchmark_callback: Any | None  # a stapo_trl.callbacks.BenchmarkEvalCallback, when `benchmark_eval` is set
+    seconds: float = 0.0  # wall time of `prepare` (a first `builtin:` model build included)
+
+
+def _is_builtin_or_local(name: str | None) -> bool:
+    return bool(name) and (name.startswith("builtin:") or os.path.exists(name))
+
+
+def _benchmark_callback(script_args: STAPOScriptArguments, training_args) -> BenchmarkEvalCallback | None:
+    """The in-training benchmark evaluation of `benchmark_eval` (its name is checked here), or `None`."""
+    if script_args.benchmark_eval is None:
+        return None
+    return BenchmarkEvalCallback(  # checks the benchmark name; the problems load at the first eval
+        script_args.benchmark_eval,
+        data_dir=script_args.benchmark_eval_data_dir,
+        samples=script_args.benchmark_eval_samples,
+        every_n_steps=script_args.benchmark_eval_steps,
+        limit=script_args.benchmark_eval_limit,
+        max_new_tokens=script_args.eval_max_new_tokens or training_args.max_completion_length,
+        temperature=script_args.eval_temperature,
+        top_p=script_args.eval_top_p,
+        batch_size=script_args.eval_batch_size,
+        seed=training_args.seed,
+    )
+
+
+def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelConfig) -> PreparedRun:
+    """Validate the run and load what is cheap to load, before any model is built.
+
+    In order: the reward names, the model argument (checked, not loaded), the dataset (train split, and the test
+    split when it is needed: before/after evaluation or `eval_strategy`), its columns, the in-training benchmark name,
+    the model path (a `builtin:` model is built into its cache here on first use), then the `max_prompt_tokens`
+    filter (with the model's tokenizer).
+    Every failure is one exception with one message.
+
+    Raises:
+        ValueError: Unknown reward name, no `dataset_name`, `dataset_streaming`, missing column, unknown `builtin:`.
+        FileNotFoundError: A model or dataset path that does not exist.
+    """
+    start = time.perf_counter()
+    reward_funcs = get_reward_funcs(script_args.reward_funcs)
+
+    if not model_args.model_name_or_path:
+        raise ValueError("model_name_or_path is not set: give a Hub id, a local model directory or builtin:tiny-math.")
+    check_model_name_or_path(model_args.model_name_or_path)  # a wrong path fails here, before any data is loaded
+    if script_args.dataset_name is None:
+        raise ValueError(
+            "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet file or a Hub dataset id."
+        )
+    if script_args.dataset_streaming:
+        raise ValueError("dataset_streaming=True is not supported by stapo-train: set it to false.")
+    instruction = INSTRUCTION if script_args.instruction is None else script_args.instruction
+    load_kwargs = {
+        "dataset_config": script_args.dataset_config,
+        "prompt_column": script_args.prompt_column,
+        "solution_column": script_args.solution_column,
+        "instruction": instruction,
+        "strip_dapo_instruction": script_args.strip_dapo_instruction,
+    }
+    train_dataset = load_prompt_dataset(
+        script_args.dataset_name,
+        split=script_args.dataset_train_split,
+        limit=script_args.max_train_samples,
+        **load_kwargs,
+    )
+    test_dataset = eval_dataset = None
+    if script_args.eval_before_after or training_args.eval_strategy != "no":
+        test_dataset = load_prompt_dataset(
+            script_args.dataset_name, split=script_args.dataset_test_split, **load_kwargs
+        )
+        if script_args.eval_before_after:
+            eval_dataset = test_dataset.select(range(min(script_args.eval_num_problems, len(test_dataset))))
+
+    benchmark_callback = _benchmark_callback(script_args, training_args)
+
+    # Last: a `builtin:` model is built (about 30 s, once) when it is not cached yet.
+    model_path = resolve_model_path(model_args.model_name_or_path)
+    if script_args.max_prompt_tokens is not None:
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
+        )
+        train_dataset = filter_long_prompts(
+            train_dataset, tokenizer, script_args.max_prompt_tokens, training_args.chat_template_kwargs
+        )
+    return PreparedRun(
+        reward_funcs,
+        model_path,
+        train_dataset,
+        test_dataset,
+        eval_dataset,
+        benchmark_callback,
+        time.perf_counter() - start,
+    )
+
+
+def _checkpoint_step(checkpoint: str) -> int | None:
+    """The `global_step` recorded in a checkpoint's `trainer_state.json`, or `None` if it cannot be read."""
+    try:
+        with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
+            return int(json.load(f)["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _summarize_s2t(rows: list[dict[str, Any]]) -> dict[str, float]:
+    ratios = [r["s2t/silenced_ratio"] for r in rows if r.get("s2t/silenced_ratio") is not None]
+    if not ratios:
+        return {}
+    return {
+        "mean_silenced_ratio": sum(ratios) / len(ratios),
+        "fraction_of_logging_steps_with_silencing": sum(r > 0 for r in ratios) / len(ratios),
+        "num_silenced": sum(r.get("s2t/num_silenced") or 0 for r in rows),
+    }
+
+
+def train(
+    script_args: STAPOScriptArguments,
+    training_args,
+    model_args: ModelConfig,
+    prepared: PreparedRun | None = None,
+    *,
+    end_training: bool = True,
+) -> dict[str, Any]:
+    """Run one training from parsed arguments (what `stapo-train` does after parsing).
+
+    Args:
+        script_args, training_args, model_args: what [`parse_args`] returns.
+        prepared ([`PreparedRun`], *optional*): what [`prepare`] returns; `None` calls it here.
+        end_training (`bool`, *optional*, defaults to `True`): finish the trackers and destroy the process group at
+            the end (`Trainer.end`); `False` when more trainings follow in this process (`stapo-train compare`).
+
+    Returns:
+        `dict[str, Any]`: `output_dir`, `global_step`, `eval` (the content of `eval.json`, or `None`) and `s2t`
+        (mean silenced ratio and friends over the logging steps; empty for `trainer: grpo`).
+    """
+    with torch_threads(script_args.torch_num_threads):
+        return _train(script_args, training_args, model_args, prepared, end_training)
+
+
+@contextlib.contextmanager
+def torch_threads(num_threads: int | None):
+    """Run the block with `torch.set_num_threads(num_threads)` and `OMP_NUM_THREADS` set (a `builtin:` model is
+    built in a child process), restoring both after, for in-process callers; `None` changes nothing."""
+    if num_threads is None:
+        yield
+        return
+    previous = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(num_threads)
+    os.environ["OMP_NUM_THREADS"] = str(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous[0])
+        if previous[1] is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = previous[1]
+
+
+def _setup_logging(training_args) -> None:
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    log_level = training_args.get_process_log_level()
+    logger.setLevel(log_level)
+    datasets.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.enable_default_handler()
+    transformers.utils.logging.enable_explicit_format()
+
+
+def _resolve_checkpoint(training_args) -> tuple[str | None, str | None]:
+    """(the checkpoint to resume from, the same checkpoint when it already reached `max_steps`, else `None`)."""
+    last_checkpoint = None
+    if os.path.isdir(training_args.output_dir):
+        last_checkpoint = get_last_checkpoint(training_args.output_dir)
+    checkpoint = training_args.resume_from_checkpoint or last_checkpoint
+    if last_checkpoint is not None and training_args.resume_from_checkpoint is None:
+        logger.warning(f"Checkpoint found in {training_args.output_dir}: resuming training from {last_checkpoint}.")
+    # A checkpoint already at max_steps: `Trainer.train` would run one step past it (transformers 5.24), so training
+    # is skipped and the checkpoint is what gets saved and evaluated (this also finishes a run that stopped after its
+    # last checkpoint but before saving the final model).
+    already_trained = None
+    if checkpoint is not None and training_args.max_steps > 0:
+        done = _checkpoint_step(checkpoint)
+        if done is not None and done >= training_args.max_steps:
+            already_trained = checkpoint
+            logger.warning(
+                f"{checkpoint} is at step {done} >= max_steps={training_args.max_steps}: training is already complete, "
+                "nothing is trained. The checkpoint is saved as the final model (and evaluated). To train anew use "
+                "another output_dir; to continue, raise max_steps."
+            )
+    return checkpoint, already_trained
+
+
+def _build_trainer(script_args, training_args, model_args: ModelConfig, run: PreparedRun) -> GRPOTrainer:
+    """The `STAPOTrainer` (with its spurious-token logger) or `GRPOTrainer`, with the metrics log and the benchmark
+    evaluation callbacks."""
+    model_init_kwargs = {
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+    }
+    model_init_kwargs.update(training_args.model_init_kwargs or {})
+    training_args.model_init_kwargs = model_init_kwargs
+
+    trainer_class = STAPOTrainer if script_args.trainer == "stapo" else GRPOTrainer
+    trainer = trainer_class(
+        model=run.model_path,
+        reward_funcs=run.reward_funcs,
+        args=training_args,
+        train_dataset=run.train_dataset,
+        eval_dataset=run.test_dataset if training_args.eval_strategy != "no" else None,
+        callbacks=[MetricsLogCallback()],
+        quantization_config=get_quantization_config(model_args),
+        peft_config=get_peft_config(model_args),
+    )
+    if script_args.trainer == "stapo":
+        trainer.add_callback(SpuriousTokenLogger(trainer))  # spurious_tokens.jsonl (+ a wandb/trackio table)
+    if run.benchmark_callback is not None:
+        run.benchmark_callback.attach(trainer)  # registers it and logs eval/<benchmark>/* through the trainer
+    return trainer
+
+
+def _fit(trainer, checkpoint: str | None, already_trained: str | None, num_train_samples: int) -> None:
+    """Train (resuming from `checkpoint`), or load `already_trained` when it reached `max_steps`; save the state."""
+    if already_trained is None:
+        trainer.accelerator.print(f"Training with {type(trainer).__name__} ...")
+        train_result = trainer.train(resume_from_checkpoint=checkpoint)
+        # `None`: a metric with no defined value (TRL's mean of all-NaN values) since the last logging step.
+        metrics = {key: value for key, value in train_result.metrics.items() if value is not None}
+        metrics["train_samples"] = num_train_samples
+        trainer.log_metrics("train", metrics)
+        trainer.save_metrics("train", metrics)
+    else:
+        trainer._load_from_checkpoint(already_trained)  # weights (or adapter) only; no optimizer step
+        trainer.state = TrainerState.load_from_json(os.path.join(already_trained, "trainer_state.json"))
+    trainer.save_state()
+
+
+def _save_model_and_card(trainer, script_args, output_dir: str) -> None:
+    trainer.save_model(output_dir)
+    trainer.accelerator.print(f"Model and tokenizer saved to {output_dir}.")
+    if trainer.accelerator.is_main_process:
+        card_dataset = None if _is_builtin_or_local(script_args.dataset_name) else script_args.dataset_name
+        trainer.create_model_card(
+            model_name=os.path.basename(os.path.normpath(output_dir)),
+            dataset_name=card_dataset,
+            tags=["stapo_trl", script_args.trainer],
+        )
+        # Restore the KV cache for fast inference (training turns it off).
+        trainer.model.config.use_cache = True
+        trainer.model.config.save_pretrained(output_dir)
+
+
+def _write_figures(script_args, training_args, output_dir: str) -> list[dict[str, Any]]:
+    """`training_curves.png` and the diagnostics figures of the run (main process); returns the metrics rows."""
+    if not os.path.isfile(os.path.join(output_dir, METRICS_FILENAME)):
+        return []
+    rows = read_metrics(output_dir)
+    if rows:
+        label = f"{script_args.trainer} (seed {training_args.seed})"
+        plot_training_curves({label: [rows]}, os.path.join(output_dir, CURVES_FILENAME), title=output_dir)
+        plot_diagnostics([output_dir], output_dir, labels=[label])
+    return rows
+
+
+def _eval_record(script_args, training_args, trainer, before, after, max_new_tokens: int) -> dict[str, Any]:
+    """The content of `eval.json`: held-out avg@k and pass@k before and after training, with the settings."""
+    k = script_args.eval_num_samples
+    return {
+        "metric": f"avg@{k}",
+        "accuracy_before": before[f"avg@{k}"],
+        "accuracy_after": after[f"avg@{k}"],
+        f"pass@{k}_before": before[f"pass@{k}"],
+        f"pass@{k}_after": after[f"pass@{k}"],
+        "k": k,
+        "temperature": script_args.eval_temperature,
+        "top_p": script_args.eval_top_p,
+        "top_k": None,
+        "max_new_tokens": max_new_tokens,
+        "num_problems": before["num_problems"],
+        "dataset": script_args.dataset_name,
+        "split": script_args.dataset_test_split,
+        "seed": training_args.seed,
+        "trainer": script_args.trainer,
+        "global_step": trainer.state.global_step,
+    }
+
+
+def _print_summary(script_args, output_dir, step, s2t_summary, eval_record, max_new_tokens, timings) -> None:
+    print(f"\n=== {script_args.trainer} run finished: {output_dir} (step {step}) ===")
+    if s2t_summary:
+        print(
+            f"S2T: mean silenced ratio {s2t_summary['mean_silenced_ratio']:.2e} over logging steps, tokens "
+            f"silenced at {100 * s2t_summary['fraction_of_logging_steps_with_silencing']:.0f} % of them."
+        )
+    if eval_record is not None:
+        print(
+            f"Held-out {eval_record['metric']} on {eval_record['num_problems']} problems (T={eval_record['temperature']}, "
+            f"top_p={eval_record['top_p']}, {max_new_tokens} new tokens): "
+            f"before {100 * eval_record['accuracy_before']:.1f} % -> after {100 * eval_record['accuracy_after']:.1f} %"
+        )
+    print("Wall time (s): " + ", ".join(f"{name} {value:.0f}" for name, value in timings.items()))
+
+
+def _train(script_args, training_args, model_args, prepared: PreparedRun | None, end_training: bool) -> dict[str, Any]:
+    _setup_logging(training_args)
+    set_seed(training_args.seed)  # for reproducibility
+    logger.info(f"Script parameters {script_args}")
+    logger.info(f"Training parameters {training_args}")
+    logger.info(f"Model parameters {model_args}")
+
+    # Validate and load data, rewards, model path (no model yet); then the checkpoint, the model and the trainer.
+    run = prepared if prepared is not None else prepare(script_args, training_args, model_args)
+    timings: dict[str, float] = {"prepare": run.seconds}
+    checkpoint, already_trained = _resolve_checkpoint(training_args)
+    trainer = _build_trainer(script_args, training_args, model_args, run)
+    is_main = trainer.accelerator.is_main_process
+    output_dir = training_args.output_dir
+    eval_max_new_tokens = script_args.eval_max_new_tokens or training_args.max_completion_length
+
+    # Evaluate before training
+    eval_record = None
+    if script_args.eval_before_after:
+        trainer.accelerator.print(f"Evaluating the initial model on {len(run.eval_dataset)} held-out problems ...")
+        start = time.perf_counter()
+        before = _evaluate_trainer_model(trainer, script_args, run.eval_dataset, eval_max_new_tokens)
+        timings["eval_before"] = time.perf_counter() - start
+
+    # Training loop, then the model, its card and the figures
+    start = time.perf_counter()
+    _fit(trainer, checkpoint, already_trained, len(run.train_dataset))
+    if already_trained is None:
+        timings["train"] = time.perf_counter() - start
+    _save_model_and_card(trainer, script_args, output_dir)
+    rows = _write_figures(script_args, training_args, output_dir) if is_main else []
+    s2t_summary = _summarize_s2t(rows)
+
+    # Evaluate after training
+    if script_args.eval_before_after:
+        trainer.accelerator.print("Evaluating the trained model ...")
+        start = time.perf_counter()
+        after = _evaluate_trainer_model(trainer, script_args, run.eval_dataset, eval_max_new_tokens)
+        timings["eval_after"] = time.perf_counter() - start
+        eval_record = _eval_record(script_args, training_args, trainer, before, after, eval_max_new_tokens)
+        if is_main:
+            with open(os.path.join(output_dir, EVAL_FILENAME), "w") as f:
+                json.dump(eval_record, f, indent=2)
+
+    if is_main:
+        step = trainer.state.global_step
+        _print_summary(script_args, output_dir, step, s2t_summary, eval_record, eval_max_new_tokens, timings)
+
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name, tags=["stapo_trl", script_args.trainer])
+        trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}.")
+
+    # Finish the trackers and destroy the process group (nothing may communicate after this)
+    if end_training:
+        trainer.end()
+
+    return {
+        "output_dir": output_dir,
+        "global_step": trainer.state.global_step,
+        "eval": eval_record,
+        "s2t": s2t_summary,
+        "seconds": {name: round(value, 1) for name, value in timings.items()},
+    }
