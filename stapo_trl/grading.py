@@ -185,6 +185,7 @@ def _last_boxes(text: str, k: int) -> list[str] | None:
 # ----------------------------------------------------------------------------------------------------------------
 
 _INT_RE = re.compile(r"^[+-]?\d+(?:\.0*)?$")
+_INT_THIN_SPACES_RE = re.compile(r"^[+-]?\d{1,3}(?:\\[,\s]?\d{3})+$")
 _INT_COMMAS_RE = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.0*)?$")
 _SCI_RE = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))[eE]([+-]?\d+)$")
 _TEXT_NUM_RE = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\{\s*([+-]?[\d.,]+)\s*\}")
@@ -261,6 +262,30 @@ def _pred_option(pred: str) -> tuple[str, str] | None:
     return (m.group(1) or m.group(2)).upper(), m.group(3).strip()
 
 
+# Unicode symbols written in place of their LaTeX commands.
+_UNICODE_MATH = {
+    "°": "^{\\circ}",
+    "π": "\\pi ",
+    "∞": "\\infty ",
+    "×": "\\times ",
+    "·": "\\cdot ",
+    "√": "\\sqrt ",
+    "≤": "\\le ",
+    "≥": "\\ge ",
+}
+# A repeating decimal: 0.\overline{3}, 1.2\overline{45}, .\overline{6}.
+_REPEATING_RE = re.compile(r"(?<![\d.])(\d*)\.(\d*)\\overline\s*\{\s*(\d+)\s*\}")
+
+
+def _repeating_to_frac(m: re.Match) -> str:
+    whole, fixed, period = m.group(1) or "0", m.group(2), m.group(3)
+    # x = whole.fixed(period)... = whole + (fixed + period / (10^len(period) - 1)) / 10^len(fixed)
+    den = (10 ** len(period) - 1) * 10 ** len(fixed)
+    num = int(whole) * den + int(fixed or "0") * (10 ** len(period) - 1) + int(period)
+    g = math.gcd(num, den)
+    return f"\\frac{{{num // g}}}{{{den // g}}}"
+
+
 def _strip_math_delims(s: str) -> str:
     s = s.strip()
     changed = True
@@ -303,6 +328,9 @@ def normalize_answer(s: str) -> str:
     s = _strip_math_delims(s)
     s = _TEXT_NUM_RE.sub(r"\1", s)
     s = _upright_to_plain(s)
+    for char, latex in _UNICODE_MATH.items():
+        s = s.replace(char, latex)
+    s = _REPEATING_RE.sub(_repeating_to_frac, s)
     s = _SUBSCRIPT_CMD_RE.sub(r"_{\1}", s)  # m_{\max}, L_{\odot}: latex2sympy rejects a command as a subscript
     m = _SCI_RE.match(s)
     if m:
@@ -317,6 +345,8 @@ def normalize_answer(s: str) -> str:
 def _as_int(s: str) -> int | None:
     """`int` value of a plain integer string ('025', '27.0', '-3', '1,000'), else None."""
     s = s.replace(" ", "").replace("\\!", "").replace("{,}", ",")
+    if _INT_THIN_SPACES_RE.match(s):  # 12\,345 (a thin space between digit groups)
+        s = s.replace("\\,", "").replace("\\", "")
     if _INT_COMMAS_RE.match(s):
         s = s.replace(",", "")
     if _INT_RE.match(s):
@@ -611,7 +641,8 @@ def _verify(gold_parsed: list, pred_parsed: list) -> bool:
             try:
                 decided = _values_equal(g, p) if _is_sympy(g) and _is_sympy(p) else None
                 if decided is None:
-                    decided = verify(g, p, timeout_seconds=None, raise_on_error=True)
+                    # allow_set_relation_comp: "x > 3" against the gold "(3, \infty)" (the other way round is on)
+                    decided = verify(g, p, timeout_seconds=None, raise_on_error=True, allow_set_relation_comp=True)
                 if decided:
                     return True
             except (_GraderTimeout, KeyboardInterrupt, SystemExit):

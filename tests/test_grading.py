@@ -609,3 +609,27 @@ def test_configure_grader_validates():
         grading.configure_grader(processes=-1)
     with pytest.raises(ValueError, match="timeout_s"):
         grading.configure_grader(timeout_s=0)
+
+
+@pytest.mark.parametrize(
+    "completion, gold, expected",
+    [
+        # Found by trying formats as a new user (the README's grader line): each was graded wrong before.
+        (r"\boxed{12\,345}", "12345", True),  # thin space between digit groups
+        (r"\boxed{1\,000\,000}", "1000000", True),
+        (r"\boxed{12\,346}", "12345", False),
+        (r"\boxed{x > 3}", r"(3,\infty)", True),  # an inequality against an interval gold
+        (r"\boxed{x \le 2}", r"(-\infty, 2]", True),
+        (r"\boxed{x < 2}", r"(-\infty, 2]", False),
+        (r"\boxed{0.\overline{3}}", r"\frac{1}{3}", True),  # repeating decimals
+        (r"\boxed{1.2\overline{45}}", r"\frac{137}{110}", True),  # 1.24545... = 137/110
+        (r"\boxed{0.\overline{6}}", r"\frac{1}{3}", False),
+        ("\\boxed{30°}", "30", True),  # Unicode symbols
+        ("\\boxed{2π}", r"2\pi", True),
+        ("\\boxed{3×10^{8}}", "300000000", True),
+        ("\\boxed{45°}", "30", False),
+    ],
+)
+def test_new_user_formats(completion, gold, expected):
+    result = grade(completion, gold)
+    assert result.correct is expected and result.error is None, result
