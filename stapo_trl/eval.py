@@ -313,15 +313,16 @@ class HFGenerator:
 
     def __init__(self, model: str, revision: str | None = None, dtype: str = "auto", device=None, batch_size=64):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if dtype == "auto":
             torch_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         else:
             torch_dtype = getattr(torch, dtype)
-        self.tokenizer = AutoTokenizer.from_pretrained(model, revision=revision)
-        self.model = AutoModelForCausalLM.from_pretrained(model, revision=revision, dtype=torch_dtype).to(device)
+        from .model_loading import load_causal_lm  # a LoRA adapter folder is loaded onto its base (issue 11)
+
+        self.model, self.tokenizer = load_causal_lm(model, revision=revision, dtype=torch_dtype)
+        self.model = self.model.to(device)
         self.batch_size = batch_size
 
     def generate(self, prompt_texts, *, n, temperature, top_p, max_new_tokens, seed=None):

@@ -25,20 +25,51 @@ Accepted formats (gold side): `str`, `int`, `float` (`27.0` == `27`), a string w
 A gold that math-verify cannot turn into a SymPy object never gives credit (the result carries
 `error="gold unparseable: ..."`), even when the completion repeats it verbatim.
 
+Equality of values (after math-verify has parsed both sides):
+
+- Both sides exact (integers, rationals, factorials, powers, radicals, pi, e, no decimal point anywhere): rationals
+  are compared as fractions, other closed forms to `EXACT_DIGITS` (40) significant digits. There is no absolute
+  tolerance: `1/2006!` is not `1/2004!`, `2^{-100}` is not `2^{-101}`, `2^{200}+1` is not `2^{200}`.
+- A decimal on either side: relative tolerance `DECIMAL_REL_TOL` (5e-6, about six significant digits):
+  `27.0` == `27`, `0.333333` == `1/3` and `3.14159` == `pi`, but `0.3333` != `1/3` and `1.2e-8` != `1.5e-8`.
+- Tuples and matrices element by element with the same rules; everything else (sets, intervals, equations,
+  expressions with variables, percentages) as math-verify decides, with `allow_set_relation_comp` on
+  (`x > 3` == `(3, \infty)`).
+
+Multiple choice: when the gold is an option letter A-E (`C`, `(C)`, `\text{(C)}`, `\textbf{C}`), the letter of the
+answer decides (`\text{C: } 12`, `\textbf{(C)}\ 12`, `(c)`); an answer without a letter is wrong. Against any other
+gold an option prefix is dropped and its value graded (`\textbf{(C)}\ 12` == `12`).
+
+Upright constants and operators are read as what they write, on both sides: `\mathrm{e}`, `{\rm e}` (Euler's e),
+`\mathrm{i}` (the imaginary unit letter), `\mathrm{d}` (a differential), `\operatorname{arcsin}`,
+`\mathrm{sin}` (the function). Also read: repeating decimals (`0.\overline{3}`), thin spaces between digit groups
+(`12\,345`), Unicode `°`, `π`, `∞`, `×`, `·`, `√`, `≤`, `≥`.
+
 Fast paths (no SymPy): when both sides are plain integers (after the normalisation above) they are compared as
 Python `int`s (the common case for AIME/AMC/DAPO); when the answer equals the gold up to whitespace, it is correct
 as soon as the gold parses. Parsed golds are cached (an evaluation grades N samples against each gold).
 
-Time bounds and threads: math-verify's own timeouts use `signal.alarm`, which only works on the main thread.
-On the main thread we keep them (`PARSING_TIMEOUT_S`, `VERIFY_TIMEOUT_S`, whole seconds). Off the main thread
-(TRL async rewards, thread pools, a `TrainerCallback` in a worker) we pass `parsing_timeout=None` /
-`timeout_seconds=None` and bound the wall time instead by running the math-verify call in a daemon worker thread
-that we wait for at most `THREAD_TIMEOUT_S` seconds; on a timeout the result is wrong with `error="timeout ..."`
-(the abandoned daemon thread finishes in the background; it cannot be killed, but it never blocks exit).
-Answers longer than `MAX_ANSWER_CHARS` characters are not given to SymPy at all (wrong, no error).
+Time bound: every `grade` / `is_correct` call (and so every reward value) returns within `GRADE_TIMEOUT_S` seconds
+(2.0 by default, [`configure_grader`]) of wall time, on the main thread, on any other thread, in a thread pool or
+inside an `async` reward; the only exception is the first call in a process, which also imports SymPy /
+latex2sympy / math-verify once (1-2 s) before its bound starts. Three layers:
 
-Any exception or timeout inside math-verify makes the completion wrong and is reported in `GradeResult.error`
-and counted in `GRADER_STATS`; it never raises and never scores 1.
+1. Refusal before evaluation: answers over `MAX_ANSWER_CHARS` characters, parsed expressions over `MAX_EXPR_NODES`
+   nodes, and numbers whose exact evaluation needs more than `MAX_RESULT_DIGITS` digits (`10^{10^{10}}`,
+   `2003^{2002^{2001}}`, `(10^7)!`, `\binom{10^9}{10^5}`: a big-integer power holds the GIL, so no thread timeout
+   could stop it).
+2. In-process (the default): on the main thread a `signal.setitimer` alarm interrupts the comparison at the bound;
+   on other threads the comparison runs in a daemon thread that is abandoned at the bound (it finishes in the
+   background; math-verify's own `signal.alarm` timeouts are off everywhere).
+3. Optional worker processes (`configure_grader(processes=N)` or `STAPO_GRADER_PROCESSES=N`): parsing and
+   verification run in N persistent child interpreters (started with `subprocess`, not `fork`: safe next to torch
+   threads; they import this file alone, not torch) and one that overruns the bound is killed and replaced.
+
+Refused, interrupted and killed comparisons are wrong, carry `error="timeout: ..."` and are counted in
+`GRADER_STATS["timeouts"]` (and as `grading/timeout_ratio` by the reward); never correct.
+
+Any exception inside math-verify makes the completion wrong and is reported in `GradeResult.error` and counted in
+`GRADER_STATS`; `grade` never raises and never scores 1 on an error.
 """
 
 from __future__ import annotations
