@@ -51,6 +51,7 @@ from typing import Any, NoReturn
 
 from .benchmarks import BENCHMARKS, PAPER_BENCHMARKS, BenchmarkProblem, get_benchmark_spec, load_benchmark
 from .grading import grade
+from .prompt_length import model_max_positions
 
 
 # `stapo_trl.data` (datasets) and transformers are imported where used, so `stapo-eval --help` stays fast.
@@ -832,6 +833,7 @@ def evaluate_problems(
     instruction: str | None = _DEFAULT_INSTRUCTION,
     use_chat_template: bool = True,
     save_completions: bool = False,
+    max_positions: int | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Generate, grade and score one benchmark under one decoding.
 
@@ -847,12 +849,25 @@ def evaluate_problems(
         instruction (`str` or `None`): prompt instruction ([`stapo_trl.data.format_prompt`]).
         use_chat_template (`bool`): see [`build_prompt_text`].
         save_completions (`bool`): keep the completion text in the records.
+        max_positions (`int`, *optional*): the model's positions; prompts longer than `max_positions -
+            max_new_tokens` tokens are dropped with a warning ([`stapo_trl.prompt_length`]).
 
     Returns:
         `tuple[dict, list[dict]]`: the benchmark table ([`benchmark_metrics`] plus `num_grader_errors`,
         `num_truncated`, `mean_completion_tokens`, `generation_time_s`) and the P * n per-sample records.
     """
     prompt_texts = [build_prompt_text(tokenizer, p.problem, instruction, use_chat_template) for p in problems]
+    if max_positions is not None:  # issue 11: the prompt-length rule shared with stapo-train
+        from .prompt_length import count_prompt_tokens, keep_short_prompts, prompt_token_budget
+
+        keep = keep_short_prompts(
+            count_prompt_tokens(prompt_texts, tokenizer),
+            prompt_token_budget(max_positions, max_new_tokens),
+            what=f"{problems[0].benchmark} prompts",
+            max_positions=max_positions,
+            max_new_tokens=max_new_tokens,
+        )
+        problems, prompt_texts = [problems[i] for i in keep], [prompt_texts[i] for i in keep]
     t0 = time.perf_counter()
     generations = generate_fn(
         prompt_texts,
@@ -1024,6 +1039,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             instruction=_instruction(),
             use_chat_template=not args.no_chat_template,
             save_completions=args.save_completions,
+            max_positions=model_max_positions(generator),
         )
         table["data_source"] = _data_source(bench, data_dir)
         table["finished_at"] = _now()

@@ -867,18 +867,22 @@ _WORKER_BOOT = (
 
 
 def _worker_main() -> None:  # pragma: no cover - runs in the worker process
+    # Answers go to a private copy of the pipe; fd 1 itself is pointed at stderr (devnull), so that a stray print
+    # in SymPy or latex2sympy cannot corrupt the protocol.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     logging.disable(logging.WARNING)
     _sympy_compare("1/2", "0.5")  # import and warm up SymPy, latex2sympy and math-verify before "ready"
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
+    out.write("ready\n")
+    out.flush()
     for line in sys.stdin:
-        pred, gold = json.loads(line)
+        request_id, pred, gold = json.loads(line)
         try:
-            out = [bool(_sympy_compare(pred, gold)), None]
+            answer = [request_id, bool(_sympy_compare(pred, gold)), None]
         except BaseException as e:  # noqa: BLE001 - reported to the parent
-            out = [False, _error_text(e)]
-        sys.stdout.write(json.dumps(out) + "\n")
-        sys.stdout.flush()
+            answer = [request_id, False, _error_text(e)]
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
 
 
 class _WorkerPool:
@@ -891,6 +895,8 @@ class _WorkerPool:
         self._procs: set = set()
         self._closed = False
         self.started = 0  # worker processes started so far (replacements included)
+        self.killed = 0  # workers killed for overrunning the bound
+        self._next_id = 0
         for _ in range(size):
             self._spawn_async()
 
@@ -936,21 +942,48 @@ class _WorkerPool:
             proc = self._idle.get(timeout=_remaining(deadline))
         except queue.Empty:
             raise _GraderTimeout(f"timeout: no grader worker free within the {GRADE_TIMEOUT_S} s bound") from None
+        with self._lock:
+            self._next_id += 1
+            request_id = self._next_id
+        sent = time.monotonic()
         try:
-            proc.stdin.write(json.dumps([pred, gold]) + "\n")
+            proc.stdin.write(json.dumps([request_id, pred, gold]) + "\n")
             proc.stdin.flush()
-            readable, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-            line = proc.stdout.readline() if readable else ""
         except (OSError, ValueError):
-            line = ""
-        if not line:
             self._discard(proc)
-            raise _GraderTimeout(f"timeout: over the {GRADE_TIMEOUT_S} s bound (worker process killed)")
+            raise _GraderTimeout("timeout: the grader worker died") from None
+        answer = self._read_answer(proc, request_id, deadline)
+        if answer is None:
+            # The caller's bound is over (it may have waited for a free worker). The worker itself gets its full
+            # GRADE_TIMEOUT_S for this comparison: it is killed only if it overruns that, else it rejoins the pool.
+            threading.Thread(target=self._reap, args=(proc, request_id, sent + GRADE_TIMEOUT_S), daemon=True).start()
+            raise _GraderTimeout(f"timeout: over the {GRADE_TIMEOUT_S} s bound (worker process)")
         self._idle.put(proc)
-        correct, error = json.loads(line)
+        _, correct, error = answer
         if error:
             raise (_GraderTimeout(error) if error.startswith("timeout") else RuntimeError(error))
         return correct
+
+    @staticmethod
+    def _read_answer(proc, request_id: int, deadline: float) -> list | None:
+        """The worker's answer to `request_id`, or None when none came by `deadline` (or the worker died)."""
+        while True:
+            try:
+                readable, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+                line = proc.stdout.readline() if readable else ""
+                answer = json.loads(line) if line else None
+            except (OSError, ValueError):
+                return None
+            if answer is None or (isinstance(answer, list) and answer and answer[0] == request_id):
+                return answer
+
+    def _reap(self, proc, request_id: int, hard_deadline: float) -> None:
+        if self._read_answer(proc, request_id, hard_deadline) is None:
+            with self._lock:
+                self.killed += 1
+            self._discard(proc)
+        else:
+            self._idle.put(proc)
 
     def close(self) -> None:
         with self._lock:
