@@ -628,9 +628,9 @@ def _numbers_equal(g, p) -> bool | None:
     except (TypeError, ValueError, OverflowError):
         return None
     diff = abs(sympy.N(a_hi - b_hi, digits))
+    if not (diff.is_Number and abs(a_hi).is_Number and abs(b_hi).is_Number):
+        return None  # an undefined function of a number (`I(0)`) does not evaluate: math-verify decides
     scale = max(abs(a_hi), abs(b_hi))
-    if not diff.is_number or not scale.is_number:
-        return None
     tol = sympy.Float(DECIMAL_REL_TOL if decimal else 10.0**-EXACT_DIGITS, digits)
     return bool(diff <= tol * scale)
 

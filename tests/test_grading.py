@@ -447,6 +447,7 @@ def test_own_gold_scores_through_sympy(shared_data_dir, relpath, monkeypatch):
         (r"\boxed{0.0000001}", "0.0000004", False),
         (r"\boxed{1.5 \times 10^{-8}}", r"1.5 \times 10^{-8}", True),
         (r"\boxed{4.50 \times 10^{33}}", "4.5e33", True),
+        (r"\boxed{I(0)}", "4.4e7", False),  # an unevaluated function of a number: no error, just wrong
     ],
 )
 def test_exact_and_decimal_magnitudes(completion, gold, expected):
