@@ -65,7 +65,9 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
     from the reward sum), never 0 or 1, and is logged once per gold.
 
     When TRL passes `log_metric`, the batch's grader error fraction is logged as `grading/error_ratio` (errors
-    other than unparseable golds) and `grading/gold_unparseable_ratio`, both fractions in [0, 1].
+    other than unparseable golds), `grading/timeout_ratio` (the part of them that ran out of time or was refused
+    as too large to evaluate: scored 0.0, never 1.0) and `grading/gold_unparseable_ratio`, all fractions in [0, 1].
+    Each completion is graded within `stapo_trl.grading.GRADE_TIMEOUT_S` (2 s by default), on any thread.
 
     Args:
         completions (`Sequence`): `B` completions, strings or chat-message lists.
@@ -85,7 +87,7 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
             "`solution` per completion (a dataset column named `solution`)."
         )
     rewards: list[float | None] = []
-    n_errors = n_gold_bad = 0
+    n_errors = n_gold_bad = n_timeouts = 0
     first_error = None
     for completion, gold in zip(completions, solution):
         result = grade(completion_text(completion), gold)
@@ -99,6 +101,7 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
             continue
         if result.error:
             n_errors += 1
+            n_timeouts += result.error.startswith("timeout")
             first_error = first_error or result.error
         rewards.append(1.0 if result.correct else 0.0)
     if n_errors:
@@ -111,6 +114,7 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
     log_metric = kwargs.get("log_metric")
     if callable(log_metric) and rewards:
         log_metric("grading/error_ratio", n_errors / len(rewards))
+        log_metric("grading/timeout_ratio", n_timeouts / len(rewards))
         log_metric("grading/gold_unparseable_ratio", n_gold_bad / len(rewards))
     return rewards
 

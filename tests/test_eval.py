@@ -383,3 +383,17 @@ def test_vllm_generator_with_a_fake_vllm(monkeypatch):
     assert [len(s) for s in samples] == [4, 4]
     assert samples[0][0] == GeneratedSample(r"\boxed{3}", 3, True)
     assert samples[0][-1].finished is False
+
+
+@pytest.mark.parametrize(
+    "correct, ids, problem",
+    [
+        ([[True, False], []], ["p0", "p1"], "p1"),  # one empty row
+        ([[], []], ["a", "b"], "a"),  # every row empty: the first is named
+        ([[True], [], [False]], None, "#1"),  # no ids: the row index is named
+    ],
+)
+def test_benchmark_metrics_empty_row_names_benchmark_and_problem(correct, ids, problem):
+    with pytest.raises(ValueError) as info:
+        benchmark_metrics(correct, 2, benchmark="aime24", problem_ids=ids)
+    assert "aime24" in str(info.value) and f"problem {problem} " in str(info.value)

@@ -1,4 +1,4 @@
-"""The one grader (`stapo_trl.grading`) and the benchmark normalisation layer (`stapo_trl.benchmarks`).
+"""The one grader (`stapo_trl.grading`) and the benchmark normalisation layer (`stapo_trl.evaluation.tasks`).
 
 The real-data tests read the benchmark copies in `shared/data/` (see its SOURCES.md for row counts and quirks):
 every file loads with the expected number of rows, and each problem's own gold written as a boxed completion is
@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from stapo_trl import grading
-from stapo_trl.benchmarks import (
+from stapo_trl.evaluation.tasks import (
     BENCHMARKS,
     PAPER_BENCHMARKS,
     clean_problem_text,
@@ -171,7 +171,7 @@ def test_off_main_thread_timeout_is_bounded(monkeypatch):
 
     assert grade(r"\boxed{x+1}", "1+x").correct  # parses (and caches) the gold with the normal time bound
     monkeypatch.setattr(grading, "_verify", hang)
-    monkeypatch.setattr(grading, "THREAD_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(grading, "GRADE_TIMEOUT_S", 0.5)
     out = []
     thread = threading.Thread(target=lambda: out.append(grade(r"\boxed{x+1}", "1+x")))
     thread.start()
@@ -417,3 +417,220 @@ def test_own_gold_scores_through_sympy(shared_data_dir, relpath, monkeypatch):
         if not (r := grade(_gold_as_completion(p.gold), p.gold)).correct and p.gold not in KNOWN_GOLD_EXCEPTIONS
     ]
     assert not failures
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Issue 11: exact magnitudes, multiple choice, upright constants, bounded time
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "completion, gold, expected",
+    [
+        # Two different exact values, both tiny or both huge, are different (no absolute tolerance).
+        (r"\boxed{\frac{1}{2006!}}", r"\frac{1}{2004!}", False),  # the issue's example
+        (r"\boxed{2^{-100}}", r"2^{-101}", False),
+        (r"\boxed{10^{-20}}", r"2\cdot 10^{-20}", False),
+        (r"\boxed{\frac{\sqrt{2}}{10^{30}}}", r"\frac{\sqrt{3}}{10^{30}}", False),  # radicals
+        (r"\boxed{10^{-30}\pi}", r"\frac{\pi}{10^{29}}", False),  # pi
+        (r"\boxed{2^{200}+1}", r"2^{200}", False),  # huge: relative difference 6e-61
+        (r"\boxed{\frac{1}{2006 \cdot 2005 \cdot 2004!}}", r"\frac{1}{2006!}", True),  # equal exact values stay equal
+        (r"\boxed{\frac{1}{\sqrt{2}}}", r"\frac{\sqrt{2}}{2}", True),
+        (r"\boxed{2^{-100}}", r"\frac{1}{2^{100}}", True),
+        # A decimal on either side: relative tolerance DECIMAL_REL_TOL (5e-6).
+        (r"\boxed{0.3333}", r"\frac{1}{3}", False),
+        (r"\boxed{0.333333}", r"\frac{1}{3}", True),
+        (r"\boxed{27.0}", "27", True),
+        (r"\boxed{3.14159}", r"\pi", True),
+        (r"\boxed{3.14}", r"\pi", False),
+        (r"\boxed{1.2 \times 10^{-8}}", r"1.5 \times 10^{-8}", False),  # tiny decimals: relative, not absolute
+        (r"\boxed{0.0000001}", "0.0000004", False),
+        (r"\boxed{1.5 \times 10^{-8}}", r"1.5 \times 10^{-8}", True),
+        (r"\boxed{4.50 \times 10^{33}}", "4.5e33", True),
+        (r"\boxed{I(0)}", "4.4e7", False),  # an unevaluated function of a number: no error, just wrong
+    ],
+)
+def test_exact_and_decimal_magnitudes(completion, gold, expected):
+    result = grade(completion, gold)
+    assert result.correct is expected and result.error is None, result
+
+
+@pytest.mark.parametrize(
+    "completion, gold, expected",
+    [
+        (r"\boxed{\text{C: } 12}", "C", True),  # the issue's examples
+        (r"$\boxed{\textbf{(C)}\ 12}$", r"\text{(C)}", True),
+        (r"\boxed{\mathrm{(D)}\ \frac{1}{2}}", "D", True),
+        (r"\boxed{\textbf{(A) }5}", "(A)", True),
+        (r"\boxed{E}", r"\textbf{(E)}", True),
+        (r"\boxed{(b)}", "B", True),
+        (r"\boxed{\text{(B) } 12}", "C", False),  # the letter decides, not the value
+        (r"\boxed{12}", r"\text{(C)}", False),  # no letter against a letter gold
+        (r"\boxed{\textbf{(C)}\ 12}", "12", True),  # a numeric gold keeps numeric grading
+        (r"\boxed{\textbf{(C)}\ 12}", "13", False),
+        (r"\boxed{\text{A: } \frac{1}{2}}", "0.5", True),
+    ],
+)
+def test_multiple_choice(completion, gold, expected):
+    assert is_correct(completion, gold) is expected
+
+
+def test_option_letter():
+    assert [grading.option_letter(g) for g in ["C", "(C)", r"\text{(C)}", r"\textbf{C}", r"\mathrm{(c)}"]] == ["C"] * 5
+    assert [grading.option_letter(g) for g in ["e", "c", "F", "CD", "12", r"\pi"]] == [None] * 6
+
+
+@pytest.mark.parametrize(
+    "completion, gold, expected",
+    [
+        (r"\boxed{\mathrm{e}^{2}}", "e^2", True),  # the issue's examples
+        (r"\boxed{1-\frac{1}{e}}", r"1 - \frac{1}{\mathrm{e}}", True),
+        (r"\boxed{1+\frac{1}{\mathrm{e}}}", r"1 - \frac{1}{\mathrm{e}}", False),  # no false positive back
+        (r"\boxed{1 + \frac{1}{\mathrm{e}}}", r"1 - \frac{1}{e}", False),
+        (r"\boxed{3+2\mathrm{i}}", "3+2i", True),
+        (r"\boxed{3-2\mathrm{i}}", "3+2i", False),
+        (r"\boxed{\operatorname{arcsin}\frac{1}{2}}", r"\frac{\pi}{6}", True),
+        (r"\boxed{\mathrm{sin}\frac{\pi}{6}}", r"\frac{1}{2}", True),
+        (r"\boxed{{\rm e}^{-1}}", r"\frac{1}{e}", True),
+        (r"\boxed{\frac{\mathrm{d}y}{\mathrm{d}x}}", r"\frac{dy}{dx}", True),
+        (r"\boxed{\ln \mathrm{e}^{3}}", "3", True),
+    ],
+)
+def test_upright_constants_and_operators(completion, gold, expected):
+    result = grade(completion, gold)
+    assert result.correct is expected and result.error is None, result
+
+
+def test_very_long_integer_answer_does_not_raise():
+    # int() refuses strings over 4300 digits; the length guard must come before the integer fast path.
+    result = grade(rf"\boxed{{{'1' * 5000}}}", "1")
+    assert not result.correct and result.error.startswith("timeout")
+
+
+PATHOLOGICAL = [
+    (r"\boxed{10^{10^{10}}}", "1"),  # the issue's examples
+    (r"\boxed{2003^{2002^{2001}}}", "5"),
+    (r"\boxed{(10^{7})!}", r"\frac{1}{2}"),
+    (r"\boxed{\binom{10^{9}}{10^{5}}}", "3"),
+    (r"\boxed{9^{9^{9^{9}}}}", "x+1"),
+    (r"\boxed{1}", r"10^{10^{10}}"),  # a pathological gold
+]
+
+
+def _timed_grades(cases):
+    import time
+
+    out = []
+    for completion, gold in cases:
+        start = time.monotonic()
+        result = grade(completion, gold)
+        out.append((time.monotonic() - start, result))
+    return out
+
+
+def _assert_bounded_timeouts(timed):
+    for elapsed, result in timed:
+        assert not result.correct and result.error.startswith("timeout"), result
+        assert elapsed < grading.GRADE_TIMEOUT_S + 0.5, (elapsed, result)
+
+
+@pytest.mark.parametrize("context", ["main", "thread", "pool8", "async"])
+def test_pathological_answers_are_bounded_timeouts(context):
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    grade(r"\boxed{1/2}", "0.5")  # one-time import outside the timing
+    GRADER_STATS.clear()
+    if context == "main":
+        timed = _timed_grades(PATHOLOGICAL)
+    elif context == "thread":
+        timed = []
+        thread = threading.Thread(target=lambda: timed.extend(_timed_grades(PATHOLOGICAL)), daemon=True)
+        thread.start()
+        thread.join(60)
+        assert not thread.is_alive()
+    elif context == "pool8":
+        with ThreadPoolExecutor(8) as pool:
+            timed = [t for chunk in pool.map(lambda c: _timed_grades([c]), PATHOLOGICAL * 2) for t in chunk]
+    else:
+
+        async def reward():
+            return _timed_grades(PATHOLOGICAL)
+
+        timed = asyncio.run(reward())
+    _assert_bounded_timeouts(timed)
+    assert GRADER_STATS["timeouts"] == len(timed)
+
+
+def test_main_thread_slow_comparison_is_interrupted(monkeypatch):
+    # On the main thread a slow pure-Python comparison is interrupted at the bound (setitimer), not abandoned.
+    import time
+
+    def slow(*args, **kwargs):
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            pass
+        return True
+
+    grade(r"\boxed{x+1}", "1+x")  # parses and caches the gold
+    monkeypatch.setattr(grading, "_verify", slow)
+    monkeypatch.setattr(grading, "GRADE_TIMEOUT_S", 0.3)
+    timed = _timed_grades([(r"\boxed{x+1}", "1+x")])
+    assert timed[0][0] < 1.0 and timed[0][1].error.startswith("timeout"), timed
+
+
+def test_worker_process_kills_an_overrun(monkeypatch):
+    # With worker processes even a GIL-holding big-integer power is bounded: the worker is killed and replaced.
+    # Raising the size limit (in the workers' environment) lets 10^{10^{10}} reach SymPy there.
+    import time
+
+    monkeypatch.setenv("STAPO_GRADER_MAX_RESULT_DIGITS", "1e30")
+    grading.configure_grader(processes=1)
+    try:
+        pool = grading._POOL
+        deadline = time.monotonic() + 60
+        while pool._idle.empty() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pool._idle.empty(), "the grader worker did not start"
+        timed = _timed_grades([(r"\boxed{10^{10^{10}}}", "1")])
+        assert timed[0][1].error.startswith("timeout") and "worker" in timed[0][1].error, timed
+        assert timed[0][0] < grading.GRADE_TIMEOUT_S + 0.5, timed
+        while pool.killed < 1 or pool.started < 2 or pool._idle.empty():  # killed, then replaced in the background
+            assert time.monotonic() < deadline + 60
+            time.sleep(0.1)
+        assert is_correct(r"\boxed{\frac{2}{4}}", "0.5") and not is_correct(
+            r"\boxed{\frac{1}{2006!}}", r"\frac{1}{2004!}"
+        )
+    finally:
+        grading.configure_grader(processes=0)
+
+
+def test_configure_grader_validates():
+    with pytest.raises(ValueError, match="processes"):
+        grading.configure_grader(processes=-1)
+    with pytest.raises(ValueError, match="timeout_s"):
+        grading.configure_grader(timeout_s=0)
+
+
+@pytest.mark.parametrize(
+    "completion, gold, expected",
+    [
+        # Found by trying formats as a new user (the README's grader line): each was graded wrong before.
+        (r"\boxed{12\,345}", "12345", True),  # thin space between digit groups
+        (r"\boxed{1\,000\,000}", "1000000", True),
+        (r"\boxed{12\,346}", "12345", False),
+        (r"\boxed{x > 3}", r"(3,\infty)", True),  # an inequality against an interval gold
+        (r"\boxed{x \le 2}", r"(-\infty, 2]", True),
+        (r"\boxed{x < 2}", r"(-\infty, 2]", False),
+        (r"\boxed{0.\overline{3}}", r"\frac{1}{3}", True),  # repeating decimals
+        (r"\boxed{1.2\overline{45}}", r"\frac{137}{110}", True),  # 1.24545... = 137/110
+        (r"\boxed{0.\overline{6}}", r"\frac{1}{3}", False),
+        ("\\boxed{30°}", "30", True),  # Unicode symbols
+        ("\\boxed{2π}", r"2\pi", True),
+        ("\\boxed{3×10^{8}}", "300000000", True),
+        ("\\boxed{45°}", "30", False),
+    ],
+)
+def test_new_user_formats(completion, gold, expected):
+    result = grade(completion, gold)
+    assert result.correct is expected and result.error is None, result

@@ -39,7 +39,7 @@ def test_grader_error_scores_zero_and_is_logged(monkeypatch, caplog):
             [r"\boxed{x+1}", r"\boxed{7}"], ["1+x", "7"], log_metric=lambda k, v: logged.__setitem__(k, v)
         )
     assert rewards == [0.0, 1.0]  # the integer fast path does not need math-verify
-    assert logged == {"grading/error_ratio": 0.5, "grading/gold_unparseable_ratio": 0.0}
+    assert logged == {"grading/error_ratio": 0.5, "grading/timeout_ratio": 0.0, "grading/gold_unparseable_ratio": 0.0}
     assert any("grader error" in r.message for r in caplog.records)
 
 
@@ -102,3 +102,44 @@ def test_unknown_reward_lists_registry(name):
     with pytest.raises(ValueError) as info:
         get_reward_funcs([name])
     assert str(sorted(REWARDS)) in str(info.value)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Issue 11: upright-constant golds score, pathological answers are timeouts (0.0) within the bound
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "completion, gold, expected",
+    [
+        (r"\boxed{1-\frac{1}{e}}", r"1 - \frac{1}{\mathrm{e}}", 1.0),  # the issue's gold, once "unparseable" (None)
+        (r"\boxed{1+\frac{1}{e}}", r"1 - \frac{1}{\mathrm{e}}", 0.0),
+        (r"\boxed{\frac{\pi}{6}}", r"\operatorname{arcsin}\frac{1}{2}", 1.0),
+        (r"\boxed{e^{-2}}", r"{\rm e}^{-2}", 1.0),
+    ],
+)
+def test_upright_gold_is_scored(completion, gold, expected):
+    assert math_accuracy_reward([completion], [gold]) == [expected]
+
+
+def test_batch_of_512_with_pathological_answers_is_bounded():
+    import time
+
+    from stapo_trl import grading
+
+    golds = [r"\frac{1}{3}", r"2\sqrt{2}", "17", r"\frac{\pi}{4}"]
+    answers = [r"\frac{2}{6}", r"\sqrt{8}", "17", r"\frac{\pi}{4}"]
+    completions = [rf"so \boxed{{{answers[i % 4]}}}" for i in range(512)]
+    solution = [golds[i % 4] for i in range(512)]
+    bad = {3: r"10^{10^{10}}", 100: r"2003^{2002^{2001}}", 200: r"(10^{7})!", 300: r"9^{9^{9^{9}}}", 511: "7^{7^{77}}"}
+    for i, text in bad.items():
+        completions[i] = rf"\boxed{{{text}}}"
+    logged = {}
+    grading.grade(r"\boxed{1}", "1")  # one-time import outside the timing
+    start = time.monotonic()
+    rewards = math_accuracy_reward(completions, solution, log_metric=lambda k, v: logged.__setitem__(k, v))
+    elapsed = time.monotonic() - start
+    assert [rewards[i] for i in bad] == [0.0] * 5  # never correct
+    assert sum(rewards) == 512 - 5
+    assert logged["grading/timeout_ratio"] == pytest.approx(5 / 512)
+    assert elapsed < 5 * grading.GRADE_TIMEOUT_S + 0.2 * 507, elapsed  # each answer within its bound

@@ -69,6 +69,7 @@ from ..evaluation.tasks import (
     get_benchmark_spec,
     load_benchmark,
 )
+from ..prompt_length import model_max_positions
 
 
 logger = logging.getLogger(__name__)
@@ -354,6 +355,7 @@ def _evaluate_pair(args, generator, data, problems, bench, decoding_name, n, dat
         instruction=_instruction(),
         use_chat_template=not args.no_chat_template,
         save_completions=args.save_completions,
+        max_positions=model_max_positions(generator),
     )
     table["data_source"] = _data_source(bench, data_dir)
     table["finished_at"] = now()

@@ -19,7 +19,7 @@ from typing import Any
 import datasets
 import torch
 import transformers
-from transformers import AutoTokenizer, set_seed
+from transformers import AutoConfig, AutoTokenizer, set_seed
 from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
@@ -32,6 +32,7 @@ from ..diagnostic_plots import plot_diagnostics
 from ..evaluation.generation import evaluate_avg_at_k
 from ..metrics_log import METRICS_FILENAME, read_metrics
 from ..plots import plot_training_curves
+from ..prompt_length import model_max_positions, prompt_token_budget, report_dropped
 from ..rewards import get_reward_funcs
 from ..trainer import STAPOTrainer
 from .args import STAPOScriptArguments
@@ -157,12 +158,27 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
 
     # Last: a `builtin:` model is built (about 30 s, once) when it is not cached yet.
     model_path = resolve_model_path(model_args.model_name_or_path)
-    if script_args.max_prompt_tokens is not None:
+    # Prompts longer than max_prompt_tokens or than the model's positions minus max_completion_length are dropped
+    # with one warning line (the rule stapo-eval applies too: stapo_trl.prompt_length).
+    max_positions = model_max_positions(
+        AutoConfig.from_pretrained(
+            model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
+        )
+    )
+    budget = prompt_token_budget(max_positions, training_args.max_completion_length, script_args.max_prompt_tokens)
+    if budget is not None:
         tokenizer = AutoTokenizer.from_pretrained(
             model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
         )
-        train_dataset = filter_long_prompts(
-            train_dataset, tokenizer, script_args.max_prompt_tokens, training_args.chat_template_kwargs
+        total = len(train_dataset)
+        train_dataset = filter_long_prompts(train_dataset, tokenizer, budget, training_args.chat_template_kwargs)
+        report_dropped(
+            total,
+            len(train_dataset),
+            budget,
+            what="training prompts",
+            max_positions=max_positions,
+            max_new_tokens=training_args.max_completion_length,
         )
     return PreparedRun(
         reward_funcs,

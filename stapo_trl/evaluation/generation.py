@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..grading import grade
+from ..prompt_length import count_prompt_tokens, keep_short_prompts, prompt_token_budget
 from .metrics import benchmark_metrics
 from .tasks import BenchmarkProblem
 
@@ -191,15 +192,17 @@ class HFGenerator:
 
     def __init__(self, model: str, revision: str | None = None, dtype: str = "auto", device=None, batch_size=64):
         import torch  # slow to import: kept out of `stapo-eval --help` and `--compare`
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from ..model_loading import load_causal_lm  # transformers + peft: kept out of `--help` too
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if dtype == "auto":
             torch_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         else:
             torch_dtype = getattr(torch, dtype)
-        self.tokenizer = AutoTokenizer.from_pretrained(model, revision=revision)
-        self.model = AutoModelForCausalLM.from_pretrained(model, revision=revision, dtype=torch_dtype).to(device)
+        # A LoRA adapter folder is loaded onto its base model through PEFT (issue 11).
+        self.model, self.tokenizer = load_causal_lm(model, revision=revision, dtype=torch_dtype)
+        self.model = self.model.to(device)
         self.batch_size = batch_size
 
     def generate(self, prompt_texts, *, n, temperature, top_p, max_new_tokens, seed=None):
@@ -287,6 +290,7 @@ def evaluate_problems(
     instruction: str | None = _DEFAULT_INSTRUCTION,
     use_chat_template: bool = True,
     save_completions: bool = False,
+    max_positions: int | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Generate, grade and score one benchmark under one decoding.
 
@@ -302,12 +306,23 @@ def evaluate_problems(
         instruction (`str` or `None`): prompt instruction ([`stapo_trl.data.format_prompt`]).
         use_chat_template (`bool`): see [`build_prompt_text`].
         save_completions (`bool`): keep the completion text in the records.
+        max_positions (`int`, *optional*): the model's positions; prompts longer than `max_positions -
+            max_new_tokens` tokens are dropped with a warning ([`stapo_trl.prompt_length`]).
 
     Returns:
         `tuple[dict, list[dict]]`: the benchmark table ([`benchmark_metrics`] plus `num_grader_errors`,
         `num_truncated`, `mean_completion_tokens`, `generation_time_s`) and the P * n per-sample records.
     """
     prompt_texts = [build_prompt_text(tokenizer, p.problem, instruction, use_chat_template) for p in problems]
+    if max_positions is not None:  # the prompt-length rule shared with stapo-train
+        keep = keep_short_prompts(
+            count_prompt_tokens(prompt_texts, tokenizer),
+            prompt_token_budget(max_positions, max_new_tokens),
+            what=f"{problems[0].benchmark} prompts",
+            max_positions=max_positions,
+            max_new_tokens=max_new_tokens,
+        )
+        problems, prompt_texts = [problems[i] for i in keep], [prompt_texts[i] for i in keep]
     t0 = time.perf_counter()
     generations = generate_fn(
         prompt_texts,
@@ -339,7 +354,7 @@ def evaluate_problems(
                 record["completion"] = sample.text
             records.append(record)
         correct.append(row)
-    table = benchmark_metrics(correct, n)
+    table = benchmark_metrics(correct, n, problems[0].benchmark if problems else None, [p.id for p in problems])
     num_samples = len(records)
     table.update(
         num_grader_errors=sum(r["grader_error"] is not None for r in records),

@@ -44,17 +44,34 @@ def pass_k_values(n: int) -> list[int]:
     return [2**j for j in range(int(math.log2(n)) + 1)] if n >= 1 else []
 
 
-def benchmark_metrics(correct: Sequence[Sequence[bool]], n_samples: int) -> dict[str, Any]:
+def benchmark_metrics(
+    correct: Sequence[Sequence[bool]],
+    n_samples: int,
+    benchmark: str | None = None,
+    problem_ids: Sequence[Any] | None = None,
+) -> dict[str, Any]:
     """avg@N and pass@k for one benchmark.
 
     Args:
         correct (`Sequence[Sequence[bool]]`): shape (P, N), correctness of sample j of problem i.
         n_samples (`int`): N, the samples per problem.
+        benchmark (`str`, *optional*): the benchmark's name, used in error messages only.
+        problem_ids (`Sequence`, *optional*): P problem ids, used in error messages only.
 
     Returns:
         `dict`: `f"avg@{N}"` (mean over problems of the fraction of correct samples, in [0, 1]), `"pass@k"`
         (`{str(k): mean unbiased pass@k}` for k in [`pass_k_values`]), `"n_samples"`, `"num_problems"`.
+
+    Raises:
+        ValueError: a problem has no graded sample (an empty row); the message names the benchmark and the problem.
     """
+    for i, row in enumerate(correct):
+        if len(row) == 0:
+            problem = problem_ids[i] if problem_ids is not None and i < len(problem_ids) else f"#{i}"
+            raise ValueError(
+                f"benchmark_metrics: benchmark {benchmark or '?'!s} problem {problem} has no graded sample "
+                f"(empty row); every problem needs n_samples={n_samples} samples."
+            )
     per_problem = [(len(row), sum(bool(x) for x in row)) for row in correct]
     num = len(per_problem)
     avg = sum(c / n for n, c in per_problem) / num if num else float("nan")
