@@ -39,8 +39,13 @@ demo: install
 compare: install
 	$(VENV)/bin/stapo-train compare recipes/demo/grpo.yaml recipes/demo/stapo.yaml
 
+# The sections of benchmarks/bench.py (overhead vs the off twin and GRPOTrainer, mask scaling, learning, gpu), then
+# the per-update scope table, the stapo-train demo wall time against its off twin, and grading throughput.
 bench: install
 	$(PY) benchmarks/bench.py
+	$(PY) benchmarks/scopes.py
+	$(PY) benchmarks/demo_wall.py
+	$(PY) benchmarks/grading_throughput.py
 
 MODEL ?= outputs/demo-stapo
 BENCHMARKS ?= aime24,aime25,amc23,math500,minerva,olympiadbench

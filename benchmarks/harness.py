@@ -33,6 +33,18 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "benchmarks" / "results"
 GRPO_RECIPE = "recipes/demo/grpo.yaml"
 STAPO_RECIPE = "recipes/demo/stapo.yaml"
+
+
+def _plain_grpo_recipe() -> str:
+    """`recipes/demo/grpo.yaml` as plain `trl.GRPOTrainer` runs it: `trainer: grpo` and no `s2t_*` keys (a temporary
+    file, so the comparison with TRL needs no recipe of its own in the repository)."""
+    text = (REPO / GRPO_RECIPE).read_text().replace("trainer: stapo ", "trainer: grpo ")
+    path = Path(tempfile.mkdtemp(prefix="stapo-bench-")) / "grpo_plain_trl.yaml"
+    path.write_text("\n".join(line for line in text.splitlines() if not line.startswith("s2t_")) + "\n")
+    return str(path)
+
+
+PLAIN_GRPO_RECIPE = _plain_grpo_recipe()
 QUANTILE_LIMIT = 2**24  # torch.quantile raises above this many elements (pytorch#64947)
 
 # Targets from the benchmark issue: time ratios against GRPOTrainer, peak-memory ratio.
@@ -226,7 +238,7 @@ class Probe:
     `nograd_rows` / `grad_rows`: completions scored without / with gradient (generation forwards are not counted:
     they do not use the fused head). `mask_seconds`: time in `STAPOTrainer._build_s2t_mask` (the mask, its metrics
     and the diagnostics). `extra_forward_seconds`: time in `STAPOTrainer._policy_logps_and_entropies`, the no-grad
-    forward the generation_batch scope runs when TRL computed no old log-probs.
+    forward STAPO runs itself: the rollout values when TRL computed no old log-probs, or `s2t_policy: current`.
     """
 
     def __init__(self, trainer):

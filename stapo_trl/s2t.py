@@ -113,6 +113,32 @@ def linear_quantile(values: torch.Tensor, q: float) -> float:
     return x_lo + (h - lo) * (x_hi - x_lo)
 
 
+def _check_inputs(per_token_logps, entropies, advantages, loss_mask, prob_threshold, entropy_quantile, mode):
+    """Validate [`s2t_mask`]'s arguments (raising `ValueError` as documented there); returns the advantages as
+    (B, 1) or (B, T)."""
+    if mode not in S2T_MODES:
+        raise ValueError(f"mode={mode!r} is not one of {list(S2T_MODES)}")
+    if not 0.0 < prob_threshold <= 1.0:
+        raise ValueError(f"prob_threshold={prob_threshold!r} must be in (0, 1]")
+    if not 0.0 <= entropy_quantile <= 1.0:
+        raise ValueError(f"entropy_quantile={entropy_quantile!r} must be in [0, 1]")
+    if (
+        per_token_logps.dim() != 2
+        or entropies.shape != per_token_logps.shape
+        or loss_mask.shape != per_token_logps.shape
+    ):
+        raise ValueError(
+            "per_token_logps, entropies and loss_mask must all have shape (B, T); got "
+            f"{tuple(per_token_logps.shape)}, {tuple(entropies.shape)}, {tuple(loss_mask.shape)}"
+        )
+    batch_size = per_token_logps.size(0)
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)  # (B,) -> (B, 1)
+    if advantages.size(0) != batch_size or advantages.size(1) not in (1, per_token_logps.size(1)):
+        raise ValueError(f"advantages must have shape (B,), (B, 1) or (B, T); got {tuple(advantages.shape)}")
+    return advantages
+
+
 def s2t_mask(
     per_token_logps: torch.Tensor,
     entropies: torch.Tensor,
@@ -167,26 +193,9 @@ def s2t_mask(
     Raises:
         ValueError: on an unknown `mode`, a threshold or quantile out of range, or mismatched shapes.
     """
-    if mode not in S2T_MODES:
-        raise ValueError(f"mode={mode!r} is not one of {list(S2T_MODES)}")
-    if not 0.0 < prob_threshold <= 1.0:
-        raise ValueError(f"prob_threshold={prob_threshold!r} must be in (0, 1]")
-    if not 0.0 <= entropy_quantile <= 1.0:
-        raise ValueError(f"entropy_quantile={entropy_quantile!r} must be in [0, 1]")
-    if (
-        per_token_logps.dim() != 2
-        or entropies.shape != per_token_logps.shape
-        or loss_mask.shape != per_token_logps.shape
-    ):
-        raise ValueError(
-            "per_token_logps, entropies and loss_mask must all have shape (B, T); got "
-            f"{tuple(per_token_logps.shape)}, {tuple(entropies.shape)}, {tuple(loss_mask.shape)}"
-        )
-    batch_size = per_token_logps.size(0)
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)  # (B,) -> (B, 1)
-    if advantages.size(0) != batch_size or advantages.size(1) not in (1, per_token_logps.size(1)):
-        raise ValueError(f"advantages must have shape (B,), (B, 1) or (B, T); got {tuple(advantages.shape)}")
+    advantages = _check_inputs(
+        per_token_logps, entropies, advantages, loss_mask, prob_threshold, entropy_quantile, mode
+    )
     gather = gather if gather is not None else (lambda t: t)
 
     with torch.no_grad():
