@@ -19,7 +19,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .grading import _find_boxes, grade
+from .grading import grade
+from .grading.extract import _find_boxes
 
 
 logger = logging.getLogger(__name__)
