@@ -1,8 +1,8 @@
-"""The grader as a package (`stapo_trl/grading/`): one namespace over its modules, and a torch-free worker.
+"""The grader as a package (`stapo_trl/grading/`): state lives in its defining module, and a torch-free worker.
 
-The behaviour itself is tested in test_grading.py; these tests hold what the split from one file must keep: a name set
-on `stapo_trl.grading` reaches the module that uses it, names rebound at run time read through, and the worker
-processes load the package alone (no torch, no other `stapo_trl` module).
+The behaviour itself is tested in test_grading.py; these tests hold what the split from one file must keep: a limit
+or a patched function in its defining module reaches the module that uses it, `configure_grader` moves the bound in
+`bound`, and the worker processes load the package alone (no torch, no other `stapo_trl` module).
 """
 
 import json
@@ -13,35 +13,28 @@ from stapo_trl import grading
 from stapo_trl.grading import grade, workers
 
 
-def test_rebound_names_read_through(monkeypatch):
+def test_configure_grader_sets_the_bound(monkeypatch):
     monkeypatch.setattr(grading.bound, "GRADE_TIMEOUT_S", grading.bound.GRADE_TIMEOUT_S)  # restored after the test
     grading.configure_grader(timeout_s=1.25)
-    from stapo_trl.grading import GRADE_TIMEOUT_S
-
-    assert grading.GRADE_TIMEOUT_S == GRADE_TIMEOUT_S == grading.bound.GRADE_TIMEOUT_S == 1.25
-    grading.GRADE_TIMEOUT_S = 0.75  # set on the package: the bound itself moves
-    assert grading.bound.GRADE_TIMEOUT_S == 0.75 and grading.GRADE_TIMEOUT_S == 0.75
-    assert grading._POOL is None and grading.workers._POOL is None
+    assert grading.bound.GRADE_TIMEOUT_S == 1.25
+    assert grading.workers._POOL is None
 
 
-def test_setting_a_limit_on_the_package_reaches_its_users(monkeypatch):
+def test_a_limit_in_verify_reaches_api(monkeypatch):
     # MAX_ANSWER_CHARS is defined in verify.py and read by api.py: "123456" (6 characters) is refused at 5.
     assert grade(r"\boxed{123456}", "123456").correct
-    monkeypatch.setattr(grading, "MAX_ANSWER_CHARS", 5)
+    monkeypatch.setattr(grading.verify, "MAX_ANSWER_CHARS", 5)
     result = grade(r"\boxed{123456}", "123456")
     assert not result.correct
     assert result.error == "timeout: refused before evaluation: answer longer than 5 characters"
-    assert grading.verify.MAX_ANSWER_CHARS == 5
 
 
 def test_patched_private_function_is_used_and_restored(monkeypatch):
-    # `_verify` lives in verify.py; patched on the package, x+2 "equals" x+1; restored, it does not.
+    # `_verify` lives in verify.py; patched there, x+2 "equals" x+1; restored, it does not.
     with monkeypatch.context() as patch:
-        patch.setattr(grading, "_verify", lambda gold, pred: True)
-        assert grading.verify._verify is grading._verify
+        patch.setattr(grading.verify, "_verify", lambda gold, pred: True)
         assert grade(r"\boxed{x+2}", "x+1").correct
     assert not grade(r"\boxed{x+2}", "x+1").correct
-    assert grading._verify is grading.verify._verify
 
 
 def test_worker_process_imports_no_torch_and_no_other_stapo_module():

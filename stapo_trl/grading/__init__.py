@@ -79,55 +79,20 @@ Modules, each importing only the ones before it (standard library and math-verif
   and decimal comparison; `workers.py`: the worker processes and [`configure_grader`];
 - `api.py`: [`grade`], [`is_correct`], [`GradeResult`], `GRADER_STATS`.
 
-Setting a name on this package (`grading.GRADE_TIMEOUT_S = 1.0`, `monkeypatch.setattr(grading, "_verify", f)`)
-sets it in the modules that use it, as it did when the grader was one file; every name of the modules can be read
-here (`grading._POOL`, `grading.MAX_RESULT_DIGITS`), the ones rebound at run time read through to their module.
+This package re-exports the public API only. State that is rebound at run time lives in, and is read from, its
+defining module: the bound `bound.GRADE_TIMEOUT_S` (set with [`configure_grader`]), the worker pool
+`workers._POOL`, the limits of `verify` (`verify.MAX_ANSWER_CHARS`); patch a private function where it is defined
+(`monkeypatch.setattr(grading.verify, "_verify", f)`).
 """
 
 from __future__ import annotations
 
-import sys
-import types
-
-from . import api, bound, choice, extract, normalize, verify, workers
 from .api import GRADER_STATS, GradeResult, grade, is_correct
 from .choice import option_letter
 from .extract import extract_boxed_answer
 from .normalize import gold_parts, normalize_answer
 from .workers import configure_grader
 
-
-# The package's parts in import order: a name is defined in the first part that holds it, later ones import it.
-_PARTS = (extract, choice, normalize, bound, verify, workers, api)
-
-
-def _live(part: types.ModuleType, name: str) -> property:
-    return property(lambda self: getattr(part, name), lambda self, value: setattr(part, name, value))
-
-
-class _GradingPackage(types.ModuleType):
-    """The package as one namespace: a name set here is set in every part that holds it (see the docstring above)."""
-
-    # Rebound by their part at run time (`configure_grader`, the one-time warm-up): read and written through.
-    GRADE_TIMEOUT_S = _live(bound, "GRADE_TIMEOUT_S")
-    _POOL = _live(workers, "_POOL")
-    _warmed = _live(verify, "_warmed")
-
-    def __setattr__(self, name: str, value) -> None:
-        for part in _PARTS:
-            if name in vars(part):
-                setattr(part, name, value)
-        super().__setattr__(name, value)
-
-
-# The package's namespace is its parts' namespaces (private names included), as when the grader was one file.
-for _part in _PARTS:
-    for _name, _value in vars(_part).items():
-        if _name.startswith("__") or isinstance(_value, types.ModuleType) or hasattr(_GradingPackage, _name):
-            continue
-        globals().setdefault(_name, _value)
-del _part, _name, _value
-sys.modules[__name__].__class__ = _GradingPackage
 
 __all__ = [
     "GRADER_STATS",
