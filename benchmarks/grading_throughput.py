@@ -116,7 +116,7 @@ def reward_call(golds: list) -> dict:
 
 def wait_ready(timeout: float = 120.0) -> float:
     start = time.perf_counter()
-    pool = grading._POOL
+    pool = grading.workers._POOL
     while pool is not None and pool._idle.qsize() < pool.size:
         if time.perf_counter() - start > timeout:
             break
@@ -166,7 +166,7 @@ def main() -> None:
         elapsed, counts = grade_all(pairs, threads)
         rows.append({"setting": label, "n": len(pairs), "s": elapsed, "per_s": len(pairs) / elapsed, **counts})
     reward_pool = reward_call(golds)
-    killed, started = grading._POOL.killed, grading._POOL.started
+    killed, started = grading.workers._POOL.killed, grading.workers._POOL.started
     grading.configure_grader(processes=0)
     load_end = os.getloadavg()
 
@@ -187,7 +187,7 @@ def main() -> None:
         f"{', '.join(f'{x:.2f}' for x in load_end)} (shared machine: absolute numbers are noisy)",
         f"- Golds: {source}; {len(pairs)} completions (each gold boxed: correct, and the next problem's gold "
         "boxed: wrong)",
-        f"- Bound per grade call: `GRADE_TIMEOUT_S` = {grading.GRADE_TIMEOUT_S} s. One-time import of SymPy / "
+        f"- Bound per grade call: `GRADE_TIMEOUT_S` = {grading.bound.GRADE_TIMEOUT_S} s. One-time import of SymPy / "
         f"math-verify in this process: {import_s:.2f} s (outside the bound).",
         "",
         "## 1. Completions graded per second",

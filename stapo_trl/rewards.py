@@ -19,7 +19,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .grading import _find_boxes, grade
+from .grading import grade
+from .grading.extract import _find_boxes
 
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
     When TRL passes `log_metric`, the batch's grader error fraction is logged as `grading/error_ratio` (errors
     other than unparseable golds), `grading/timeout_ratio` (the part of them that ran out of time or was refused
     as too large to evaluate: scored 0.0, never 1.0) and `grading/gold_unparseable_ratio`, all fractions in [0, 1].
-    Each completion is graded within `stapo_trl.grading.GRADE_TIMEOUT_S` (2 s by default), on any thread.
+    Each completion is graded within `stapo_trl.grading.bound.GRADE_TIMEOUT_S` (2 s by default), on any thread.
 
     Args:
         completions (`Sequence`): `B` completions, strings or chat-message lists.

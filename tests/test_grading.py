@@ -120,7 +120,7 @@ def test_grader_exception_counts_as_wrong(monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("sympy exploded")
 
-    monkeypatch.setattr(grading, "_verify", boom)
+    monkeypatch.setattr(grading.verify, "_verify", boom)
     GRADER_STATS.clear()
     result = grade(r"\boxed{\frac{1}{2}}", "0.5")
     assert not result.correct
@@ -134,7 +134,7 @@ def test_timeout_counts_as_wrong(monkeypatch):
     def slow(*args, **kwargs):
         raise TimeoutException("Operation timed out!")
 
-    monkeypatch.setattr(grading, "_verify", slow)
+    monkeypatch.setattr(grading.verify, "_verify", slow)
     GRADER_STATS.clear()
     result = grade(r"\boxed{x^2}", "x**2 + 0")
     assert not result.correct and result.error.startswith("timeout")
@@ -170,8 +170,8 @@ def test_off_main_thread_timeout_is_bounded(monkeypatch):
         return True
 
     assert grade(r"\boxed{x+1}", "1+x").correct  # parses (and caches) the gold with the normal time bound
-    monkeypatch.setattr(grading, "_verify", hang)
-    monkeypatch.setattr(grading, "GRADE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(grading.verify, "_verify", hang)
+    monkeypatch.setattr(grading.bound, "GRADE_TIMEOUT_S", 0.5)
     out = []
     thread = threading.Thread(target=lambda: out.append(grade(r"\boxed{x+1}", "1+x")))
     thread.start()
@@ -409,7 +409,7 @@ def test_own_gold_scores_through_sympy(shared_data_dir, relpath, monkeypatch):
     # test_own_gold_scores mostly takes the string-equality fast path; this runs the same check through math-verify
     # (fast path disabled) on the first 120 problems, so the SymPy route is exercised on real golds too.
     counter = iter(range(10**9))
-    monkeypatch.setattr(grading, "_squash", lambda s: f"{s}\x00{next(counter)}")
+    monkeypatch.setattr(grading.api, "_squash", lambda s: f"{s}\x00{next(counter)}")
     problems = normalize_records(read_rows(shared_data_dir / relpath))[:120]
     failures = [
         (p.gold, r.error)
@@ -531,7 +531,7 @@ def _timed_grades(cases):
 def _assert_bounded_timeouts(timed):
     for elapsed, result in timed:
         assert not result.correct and result.error.startswith("timeout"), result
-        assert elapsed < grading.GRADE_TIMEOUT_S + 0.5, (elapsed, result)
+        assert elapsed < grading.bound.GRADE_TIMEOUT_S + 0.5, (elapsed, result)
 
 
 @pytest.mark.parametrize("context", ["main", "thread", "pool8", "async"])
@@ -573,8 +573,8 @@ def test_main_thread_slow_comparison_is_interrupted(monkeypatch):
         return True
 
     grade(r"\boxed{x+1}", "1+x")  # parses and caches the gold
-    monkeypatch.setattr(grading, "_verify", slow)
-    monkeypatch.setattr(grading, "GRADE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(grading.verify, "_verify", slow)
+    monkeypatch.setattr(grading.bound, "GRADE_TIMEOUT_S", 0.3)
     timed = _timed_grades([(r"\boxed{x+1}", "1+x")])
     assert timed[0][0] < 1.0 and timed[0][1].error.startswith("timeout"), timed
 
@@ -587,14 +587,14 @@ def test_worker_process_kills_an_overrun(monkeypatch):
     monkeypatch.setenv("STAPO_GRADER_MAX_RESULT_DIGITS", "1e30")
     grading.configure_grader(processes=1)
     try:
-        pool = grading._POOL
+        pool = grading.workers._POOL
         deadline = time.monotonic() + 60
         while pool._idle.empty() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not pool._idle.empty(), "the grader worker did not start"
         timed = _timed_grades([(r"\boxed{10^{10^{10}}}", "1")])
         assert timed[0][1].error.startswith("timeout") and "worker" in timed[0][1].error, timed
-        assert timed[0][0] < grading.GRADE_TIMEOUT_S + 0.5, timed
+        assert timed[0][0] < grading.bound.GRADE_TIMEOUT_S + 0.5, timed
         while pool.killed < 1 or pool.started < 2 or pool._idle.empty():  # killed, then replaced in the background
             assert time.monotonic() < deadline + 60
             time.sleep(0.1)

@@ -32,7 +32,7 @@ def test_unparseable_gold_gives_none_and_logs(caplog):
 def test_grader_error_scores_zero_and_is_logged(monkeypatch, caplog):
     from stapo_trl import grading
 
-    monkeypatch.setattr(grading, "_verify", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(grading.verify, "_verify", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     logged = {}
     with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"):
         rewards = math_accuracy_reward(
@@ -142,4 +142,4 @@ def test_batch_of_512_with_pathological_answers_is_bounded():
     assert [rewards[i] for i in bad] == [0.0] * 5  # never correct
     assert sum(rewards) == 512 - 5
     assert logged["grading/timeout_ratio"] == pytest.approx(5 / 512)
-    assert elapsed < 5 * grading.GRADE_TIMEOUT_S + 0.2 * 507, elapsed  # each answer within its bound
+    assert elapsed < 5 * grading.bound.GRADE_TIMEOUT_S + 0.2 * 507, elapsed  # each answer within its bound
