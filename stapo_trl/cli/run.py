@@ -36,6 +36,7 @@ from ..prompt_length import model_max_positions, prompt_token_budget, report_dro
 from ..rewards import get_reward_funcs
 from ..trainer import STAPOTrainer
 from .args import STAPOScriptArguments
+from .geometry import too_few_prompts
 
 
 logger = logging.getLogger(__name__)
@@ -117,7 +118,8 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     Every failure is one exception with one message.
 
     Raises:
-        ValueError: Unknown reward name, no `dataset_name`, `dataset_streaming`, missing column, unknown `builtin:`.
+        ValueError: Unknown reward name, no `dataset_name`, `dataset_streaming`, missing column, unknown `builtin:`,
+            fewer training prompts (after the length filter) than one rollout step takes.
         FileNotFoundError: A model or dataset path that does not exist.
     """
     start = time.perf_counter()
@@ -166,6 +168,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         )
     )
     budget = prompt_token_budget(max_positions, training_args.max_completion_length, script_args.max_prompt_tokens)
+    where = "in the train split" if script_args.max_train_samples is None else "with max_train_samples"
     if budget is not None:
         tokenizer = AutoTokenizer.from_pretrained(
             model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
@@ -180,6 +183,14 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
             max_positions=max_positions,
             max_new_tokens=training_args.max_completion_length,
         )
+        if len(train_dataset) < total:
+            where = f"after filtering (of {total}; prompt budget {budget} tokens)"
+    # TRL's sampler yields whole rollout batches only: fewer prompts than one needs would train 0 steps.
+    error = too_few_prompts(
+        len(train_dataset), training_args.generation_batch_size // training_args.num_generations, where
+    )
+    if error is not None:
+        raise ValueError(error)
     return PreparedRun(
         reward_funcs,
         model_path,

@@ -1,0 +1,85 @@
+"""Issue 12: every path a user takes either works or stops at once with one line (nothing to train on, empty dataset
+files, extra columns reaching rewards, finished runs, Ctrl-C, upstream warnings, the Hub card and the Hub checks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+REPO = Path(__file__).resolve().parents[1]
+STAPO_RECIPE = str(REPO / "recipes" / "demo" / "stapo.yaml")
+
+
+@pytest.fixture
+def no_model_built(monkeypatch):
+    """Fail the test if a trainer (and so a model) is constructed: errors must come before that."""
+    import trl
+
+    def guard(self, *args, **kwargs):
+        raise AssertionError("a trainer was constructed: the error should have been raised before any model is built")
+
+    monkeypatch.setattr(trl.GRPOTrainer, "__init__", guard)
+
+
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def _sums(n: int) -> list[dict]:
+    return [{"problem": f"{10 + i}+{20 + i}", "answer": str(30 + 2 * i)} for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. Nothing to train on: fewer prompts than one rollout step takes
+# ---------------------------------------------------------------------------------------------------------------
+
+# The demo recipe: 16 completions per micro-step x steps_per_generation 4 = 64 completions per rollout step, 8 per
+# prompt, so one rollout step takes 64 / 8 = 8 prompts; TRL's sampler drops a partial rollout batch (0 steps).
+
+
+@pytest.mark.parametrize(
+    "num_rows, extra, match",
+    [
+        (1, [], r"1 prompt in the train split; one rollout step needs 8 "),
+        (7, [], r"7 prompts in the train split; one rollout step needs 8 "),
+        # 20 rows, 3 kept: max_train_samples counts
+        (20, ["--max_train_samples", "3"], r"3 prompts with max_train_samples; one rollout step needs 8 "),
+        # 2 processes' worth of rollout: per_device 16 x steps_per_generation 8 = 128 completions = 16 prompts
+        (10, ["--steps_per_generation", "8"], r"10 prompts in the train split; one rollout step needs 16 "),
+    ],
+    ids=["one-row", "seven-rows", "max-train-samples", "bigger-rollout"],
+)
+def test_too_few_prompts_fail_before_the_model_and_in_the_dry_run(
+    no_model_built, tmp_path, num_rows, extra, match, capsys
+):
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main
+
+    data = _jsonl(tmp_path / "few.jsonl", _sums(num_rows))
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--dataset_name", data, *extra]
+    with pytest.raises(SystemExit, match=r"^stapo-train: error: " + match):
+        main(argv)
+    assert not (tmp_path / "out").exists()
+    assert dry_run_main(argv) == 1
+    assert len([line for line in capsys.readouterr().out.splitlines() if "one rollout step needs" in line]) == 1
+
+
+def test_prompt_length_filter_leaving_too_few_prompts_fails_with_the_counts(tmp_path, tiny_math_model_path):
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import prepare
+
+    # 9 prompts, 8 of them far over a 64-token budget: 1 left after filtering, 8 needed.
+    rows = _sums(1) + [{"problem": "1+" * 100 + "1", "answer": "101"}] * 8
+    data = _jsonl(tmp_path / "long.jsonl", rows)
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", data]
+    argv += ["--eval_before_after", "false", "--max_prompt_tokens", "64"]
+    with pytest.raises(ValueError, match=r"^1 prompt after filtering \(of 9; .*\); one rollout step needs 8 "):
+        prepare(*parse_args(argv))
+    # 8 short prompts pass (exactly one rollout step)
+    data = _jsonl(tmp_path / "enough.jsonl", _sums(8) + rows[1:])
+    argv[argv.index("--dataset_name") + 1] = data
+    assert len(prepare(*parse_args(argv)).train_dataset) == 8
