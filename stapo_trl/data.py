@@ -231,11 +231,23 @@ def load_local_dataset_file(path: str) -> datasets.Dataset:
 
     Raises:
         FileNotFoundError: If the file does not exist.
+        ValueError: If the file holds no rows (0 bytes, only whitespace, or an empty JSON list): "dataset file X is
+            empty", instead of the `StopIteration` / `ArrowInvalid` that `datasets` raises.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Dataset file {path!r} does not exist.")
+    empty = ValueError(f"dataset file {path!r} is empty: it holds no rows.")
+    if os.path.getsize(path) == 0:
+        raise empty
     builder = _LOCAL_FILE_BUILDERS[os.path.splitext(path)[1].lower()]
-    return datasets.load_dataset(builder, data_files=path, split="train")
+    try:
+        return datasets.load_dataset(builder, data_files=path, split="train")
+    except StopIteration as e:  # the json builder on a file without a single row
+        raise empty from e
+    except ValueError as e:  # whitespace only, or `[]`: the split "corresponds to no data"
+        if "corresponds to no data" in str(e):
+            raise empty from e
+        raise
 
 
 def check_prompt_columns(dataset: datasets.Dataset, dataset_name: str, prompt_column: str, solution_column: str):

@@ -83,3 +83,37 @@ def test_prompt_length_filter_leaving_too_few_prompts_fails_with_the_counts(tmp_
     data = _jsonl(tmp_path / "enough.jsonl", _sums(8) + rows[1:])
     argv[argv.index("--dataset_name") + 1] = data
     assert len(prepare(*parse_args(argv)).train_dataset) == 8
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. An empty dataset file: one line, in stapo-train and in the dry run
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [("empty.jsonl", ""), ("empty.json", ""), ("empty.parquet", ""), ("blank.jsonl", "\n  \n"), ("list.json", "[]")],
+    ids=["jsonl-0-bytes", "json-0-bytes", "parquet-0-bytes", "jsonl-whitespace", "json-empty-list"],
+)
+def test_empty_dataset_file_gets_one_line(no_model_built, tmp_path, capsys, name, content):
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main
+    from stapo_trl.data import load_prompt_dataset
+
+    path = tmp_path / name
+    path.write_text(content)
+    expected = f"dataset file '{path}' is empty"
+    with pytest.raises(ValueError, match=f"^{expected}"):
+        load_prompt_dataset(str(path))
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--dataset_name", str(path)]
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv)
+    message = str(excinfo.value.code)
+    assert message.startswith(f"stapo-train: error: {expected}") and "\n" not in message, message
+    capsys.readouterr()
+    assert dry_run_main(argv) == 1
+    out = capsys.readouterr().out
+    assert "StopIteration" not in out and "ArrowInvalid" not in out
+    assert [line for line in out.splitlines() if "is empty" in line] == [
+        f"  - dataset_name={str(path)!r}: {expected}: it holds no rows."
+    ]

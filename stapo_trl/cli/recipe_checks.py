@@ -145,9 +145,9 @@ def check_data(f: Findings, script_args, max_prompt_tokens: int | None) -> int |
             except FileNotFoundError:
                 f.errors.append(f"dataset_name={dataset!r} looks like a local file but does not exist.")
                 opened = "missing"
-            except ValueError as e:
+            except ValueError as e:  # a missing column, or an empty file
                 f.errors.append(f"dataset_name={dataset!r}: {e}")
-                opened = "column missing"
+                opened = "failed"
             except Exception as e:  # noqa: BLE001 (an unreadable file: datasets raises many types)
                 f.errors.append(f"dataset_name={dataset!r} could not be read: {type(e).__name__}: {e}")
                 opened = "unreadable"
