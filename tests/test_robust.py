@@ -117,3 +117,48 @@ def test_empty_dataset_file_gets_one_line(no_model_built, tmp_path, capsys, name
     assert [line for line in out.splitlines() if "is empty" in line] == [
         f"  - dataset_name={str(path)!r}: {expected}: it holds no rows."
     ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 5. Extra dataset columns reach a dotted-path reward
+# ---------------------------------------------------------------------------------------------------------------
+
+REWARD_MODULE = '''
+CALLS = []
+
+
+def difficulty_reward(completions, solution, difficulty, source, **kwargs):
+    """A user reward that reads two extra dataset columns: harder problems weigh more."""
+    CALLS.append(list(zip(kwargs["prompts"], solution, difficulty, source)))
+    return [float(d) for d in difficulty]
+'''
+
+
+def test_extra_columns_reach_a_dotted_path_reward(tmp_path, tiny_math_model_path, monkeypatch):
+    import importlib
+
+    from stapo_trl.cli.train import main
+
+    module = f"user_rewards_{tmp_path.name}"
+    (tmp_path / f"{module}.py").write_text(REWARD_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # 8 problems (one rollout step) with two extra columns; `problem` -> prompt and `answer` -> solution are mapped.
+    rows = [{**row, "difficulty": i / 10, "source": f"set-{i % 3}"} for i, row in enumerate(_sums(8))]
+    data = _jsonl(tmp_path / "graded.jsonl", rows)
+    out = tmp_path / "out"
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", data]
+    argv += ["--output_dir", str(out), "--reward_funcs", f"{module}.difficulty_reward", "--max_steps", "1"]
+    argv += ["--eval_before_after", "false", "--disable_tqdm", "true", "--logging_steps", "1", "--save_steps", "100"]
+    main(argv)
+    calls = importlib.import_module(module).CALLS
+    # One rollout step of 64 completions: 8 prompts x 8, each completion with its own prompt's row.
+    seen = [item for call in calls for item in call]
+    assert len(seen) == 64
+    by_problem = {row["problem"]: (row["answer"], row["difficulty"], row["source"]) for row in rows}
+    for prompt, solution, difficulty, source in seen:
+        problem = prompt[0]["content"].split("\n")[0]
+        assert (solution, difficulty, source) == by_problem[problem], prompt
+    assert sorted({item[2] for item in seen}) == [i / 10 for i in range(8)]
+    # TRL logs the reward's mean: the mean difficulty over the 8 prompts (each 8 times) = 0.35
+    log = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert log[0]["rewards/difficulty_reward/mean"] == pytest.approx(0.35)
