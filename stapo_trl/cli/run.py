@@ -239,7 +239,8 @@ def train(
             the end (`Trainer.end`); `False` when more trainings follow in this process (`stapo-train compare`).
 
     Returns:
-        `dict[str, Any]`: `output_dir`, `global_step`, `eval` (the content of `eval.json`, or `None`) and `s2t`
+        `dict[str, Any]`: `output_dir`, `global_step`, `eval` (the content of `eval.json`, or `None`), `eval_path`
+        (where it was written, see [`eval_results_path`]; `None` off the main process or without evaluation) and `s2t`
         (mean silenced ratio and friends over the logging steps; empty for `trainer: grpo`).
     """
     with torch_threads(script_args.torch_num_threads):
@@ -399,6 +400,32 @@ def _eval_record(script_args, training_args, trainer, before, after, max_new_tok
     }
 
 
+def eval_results_path(output_dir: str, global_step: int) -> str:
+    """Where this run's before/after results go: `eval.json`, or beside it when `output_dir` already holds one.
+
+    An earlier run's `eval.json` is never replaced (a rerun into a finished run's folder, with another `max_steps` or
+    process count, would otherwise overwrite its results silently): the new results go to `eval-step{N}.json`, or
+    `eval-step{N}-2.json`, `-3`, ... when that exists too. Continuing a run (raising `max_steps`) stays possible and
+    keeps every evaluation.
+
+    Args:
+        output_dir (`str`): the run's folder.
+        global_step (`int`): the optimizer step the results are for.
+
+    Returns:
+        `str`: the path to write.
+    """
+    path = os.path.join(output_dir, EVAL_FILENAME)
+    if not os.path.exists(path):
+        return path
+    stem = os.path.join(output_dir, f"eval-step{global_step}")
+    candidate, n = f"{stem}.json", 1
+    while os.path.exists(candidate):
+        n += 1
+        candidate = f"{stem}-{n}.json"
+    return candidate
+
+
 def _print_summary(script_args, output_dir, step, s2t_summary, eval_record, max_new_tokens, timings) -> None:
     print(f"\n=== {script_args.trainer} run finished: {output_dir} (step {step}) ===")
     if s2t_summary:
@@ -432,7 +459,7 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
     eval_max_new_tokens = script_args.eval_max_new_tokens or training_args.max_completion_length
 
     # Evaluate before training
-    eval_record = None
+    eval_record = eval_path = None
     if script_args.eval_before_after:
         trainer.accelerator.print(f"Evaluating the initial model on {len(run.eval_dataset)} held-out problems ...")
         start = time.perf_counter()
@@ -456,7 +483,13 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
         timings["eval_after"] = time.perf_counter() - start
         eval_record = _eval_record(script_args, training_args, trainer, before, after, eval_max_new_tokens)
         if is_main:
-            with open(os.path.join(output_dir, EVAL_FILENAME), "w") as f:
+            path = eval_path = eval_results_path(output_dir, trainer.state.global_step)
+            if os.path.basename(path) != EVAL_FILENAME:
+                logger.warning(
+                    f"{output_dir} already holds {EVAL_FILENAME} from an earlier run: kept unchanged; these results "
+                    f"are written beside it, to {os.path.basename(path)}."
+                )
+            with open(path, "w") as f:
                 json.dump(eval_record, f, indent=2)
 
     if is_main:
@@ -475,6 +508,7 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
         "output_dir": output_dir,
         "global_step": trainer.state.global_step,
         "eval": eval_record,
+        "eval_path": eval_path,
         "s2t": s2t_summary,
         "seconds": {name: round(value, 1) for name, value in timings.items()},
     }

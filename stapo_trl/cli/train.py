@@ -16,7 +16,8 @@ error (a typo would otherwise silently leave a default in place).
 
 What a run writes to `output_dir`: checkpoints (`checkpoint-N/`), the final model and tokenizer, `README.md` (model
 card), `metrics.jsonl` (every logging step: reward, entropy, `s2t/*`, loss, clip ratios, ...), `training_curves.png`,
-`train_results.json`, and with `eval_before_after: true`, `eval.json` (held-out avg@k before and after training).
+`train_results.json`, and with `eval_before_after: true`, `eval.json` (held-out avg@k before and after training; a
+rerun into a folder that already holds one writes `eval-step{N}.json` beside it and never replaces it).
 A run whose `output_dir` already holds a checkpoint resumes from the last one (set `resume_from_checkpoint` to pick
 another; use a fresh `output_dir` to start over).
 
