@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_conf
 from trl.models.utils import unwrap_model_for_generation
 
 from ..builtin import check_model_name_or_path, resolve_model_path
-from ..callbacks import BenchmarkEvalCallback, MetricsLogCallback, SpuriousTokenLogger
+from ..callbacks import BenchmarkEvalCallback, GracefulInterrupt, MetricsLogCallback, SpuriousTokenLogger
 from ..data import INSTRUCTION, filter_long_prompts, load_prompt_dataset
 from ..diagnostic_plots import plot_diagnostics
 from ..evaluation.generation import evaluate_avg_at_k
@@ -71,6 +72,17 @@ def _evaluate_trainer_model(trainer, script_args, eval_dataset, max_new_tokens: 
 # ---------------------------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------------------------
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped on Ctrl-C after saving a checkpoint (the message says where, and how to resume); a
+    `KeyboardInterrupt`, so that callers that handle Ctrl-C handle it too."""
+
+
+def resume_command(argv: list[str] | None = None) -> str:
+    """The `stapo-train` command line of this process (`sys.argv[1:]`), to rerun after an interrupt: a run whose
+    `output_dir` holds a checkpoint resumes from the last one."""
+    return "stapo-train " + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
 @dataclass
@@ -237,6 +249,10 @@ def train(
         prepared ([`PreparedRun`], *optional*): what [`prepare`] returns; `None` calls it here.
         end_training (`bool`, *optional*, defaults to `True`): finish the trackers and destroy the process group at
             the end (`Trainer.end`); `False` when more trainings follow in this process (`stapo-train compare`).
+
+    Raises:
+        TrainingInterrupted: on Ctrl-C (SIGINT) during training, after the checkpoint of the step it came in; the
+            final model, figures and evaluation are skipped. A second Ctrl-C exits the process at once (status 130).
 
     Returns:
         `dict[str, Any]`: `output_dir`, `global_step`, `eval` (the content of `eval.json`, or `None`), `eval_path`
@@ -468,7 +484,18 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
 
     # Training loop, then the model, its card and the figures
     start = time.perf_counter()
-    _fit(trainer, checkpoint, already_trained, len(run.train_dataset))
+    interrupt = GracefulInterrupt(trainer)  # Ctrl-C: checkpoint at the next step boundary; twice: quit at once
+    trainer.add_callback(interrupt)
+    with interrupt:
+        _fit(trainer, checkpoint, already_trained, len(run.train_dataset))
+    if interrupt.requested:
+        step = trainer.state.global_step
+        if end_training:
+            trainer.end()
+        raise TrainingInterrupted(
+            f"Interrupted at step {step}: checkpoint saved to {os.path.join(output_dir, f'checkpoint-{step}')}. "
+            f"Resume with the same command: {resume_command()}"
+        )
     if already_trained is None:
         timings["train"] = time.perf_counter() - start
     _save_model_and_card(trainer, script_args, output_dir)

@@ -44,9 +44,18 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     A recipe, data or model argument that cannot work (unknown key, reward, column, model path, `builtin:` name,
     `num_generations`, ...) ends the command with one `stapo-train: error: ...` message (exit status 1) before any
-    model is built; errors during training keep their traceback.
+    model is built; errors during training keep their traceback. Ctrl-C during training saves a checkpoint at the
+    next step boundary and prints the resume command (a second Ctrl-C quits at once); both exit with status 130.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        _main(argv)
+    except KeyboardInterrupt as e:  # stapo_trl.cli.run.TrainingInterrupted (checkpoint saved) or a bare Ctrl-C
+        print(str(e) or "stapo-train: interrupted (outside training: nothing to save).", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def _main(argv: list[str]) -> None:
     if argv and argv[0] == "compare":
         from .compare import compare  # the training stack: imported after parsing (see below)
 
