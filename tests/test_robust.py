@@ -193,7 +193,22 @@ def test_rerun_into_a_finished_run_keeps_its_eval_json(tmp_path, tiny_math_model
     first = (out / "eval.json").read_bytes()
     assert json.loads(first)["global_step"] == 1
     # Rerun with another max_steps: it resumes and trains on; the first results stay, the new ones go beside them.
-    main([*argv, "--max_steps", "2"])
+    # The resume shows neither known-harmless upstream message (item 12): the tied lm_head's "missing keys" and the
+    # is_gradient_checkpointing FutureWarning.
+    import logging
+    import warnings
+
+    records = _Records()
+    handler = records.handler()
+    logging.getLogger("transformers.trainer").addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            main([*argv, "--max_steps", "2"])
+    finally:
+        logging.getLogger("transformers.trainer").removeHandler(handler)
+    assert not [r for r in records if "missing keys" in r], records
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
     assert (out / "eval.json").read_bytes() == first
     assert json.loads((out / "eval-step2.json").read_text())["global_step"] == 2
     assert "already holds eval.json from an earlier run" in caplog.text and "eval-step2.json" in caplog.text
@@ -291,3 +306,93 @@ def test_second_sigint_quits_at_once(tmp_path, tiny_math_model_path):
     with GracefulInterrupt():
         assert signal.getsignal(signal.SIGINT) is not handler
     assert signal.getsignal(signal.SIGINT) is handler
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 12. Known-harmless upstream warnings, silenced by message and category only
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Records(list):
+    """A logging handler's records, as a list of messages."""
+
+    def handler(self):
+        import logging
+
+        records = self
+
+        class Handler(logging.Handler):
+            def emit(self, record):
+                records.append(record.getMessage())
+
+        return Handler(level=logging.DEBUG)
+
+
+def test_gradient_checkpointing_future_warning_is_silenced_precisely(tiny_math_model_path):
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    from stapo_trl.upstream_warnings import QuietKnownUpstreamWarnings
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.is_gradient_checkpointing  # noqa: B018 (the property warns)
+        with QuietKnownUpstreamWarnings():
+            model.is_gradient_checkpointing  # noqa: B018
+            warnings.warn("another FutureWarning", FutureWarning, stacklevel=1)  # other messages still show
+            message = "`is_gradient_checkpointing` is deprecated and will be removed in v6. Use X."
+            warnings.warn_explicit(message, FutureWarning, "mylib.py", 1, module="mylib")  # other modules too
+            warnings.warn_explicit(message, UserWarning, "modeling_utils.py", 1, module="transformers.modeling_utils")
+        model.is_gradient_checkpointing  # noqa: B018 (the filter ends with the block)
+    shown = [(w.category.__name__, str(w.message)[:40]) for w in caught]
+    deprecated = "`is_gradient_checkpointing` is deprecated"[:40]
+    assert shown == [
+        ("FutureWarning", deprecated),
+        ("FutureWarning", "another FutureWarning"),
+        ("FutureWarning", deprecated),
+        ("UserWarning", deprecated),
+        ("FutureWarning", deprecated),
+    ]
+
+
+def test_tied_lm_head_missing_keys_is_dropped_only_for_tied_models(tiny_math_model_path):
+    import logging
+    import types
+
+    from transformers import AutoConfig, AutoModelForCausalLM, Trainer
+
+    from stapo_trl.upstream_warnings import QuietKnownUpstreamWarnings, has_tied_lm_head
+
+    tied = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
+    config = AutoConfig.from_pretrained(tiny_math_model_path, tie_word_embeddings=False)
+    untied = AutoModelForCausalLM.from_config(config)
+    assert has_tied_lm_head(tied) and not has_tied_lm_head(untied)
+
+    def after_load(model, missing):  # transformers' own post-load warning, on a real model
+        result = types.SimpleNamespace(missing_keys=missing, unexpected_keys=[])
+        Trainer._issue_warnings_after_load(types.SimpleNamespace(model=model), result)
+
+    records = _Records()
+    handler = records.handler()
+    logging.getLogger("transformers.trainer").addHandler(handler)
+    try:
+        with QuietKnownUpstreamWarnings() as quiet:
+            quiet.watch_model(tied)
+            after_load(tied, ["lm_head.weight"])  # dropped
+            after_load(tied, ["model.norm.weight"])  # kept: another key
+            after_load(tied, ["lm_head.weight", "model.norm.weight"])  # kept
+        after_load(tied, ["lm_head.weight"])  # kept: outside the block
+        with QuietKnownUpstreamWarnings() as quiet:
+            quiet.watch_model(untied)
+            after_load(untied, ["lm_head.weight"])  # kept: the head really is missing
+    finally:
+        logging.getLogger("transformers.trainer").removeHandler(handler)
+    prefix = "There were missing keys in the checkpoint model loaded: "
+    assert records == [
+        prefix + "['model.norm.weight'].",
+        prefix + "['lm_head.weight', 'model.norm.weight'].",
+        prefix + "['lm_head.weight'].",
+        prefix + "['lm_head.weight'].",
+    ]

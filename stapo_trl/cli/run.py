@@ -36,6 +36,7 @@ from ..plots import plot_training_curves
 from ..prompt_length import model_max_positions, prompt_token_budget, report_dropped
 from ..rewards import get_reward_funcs
 from ..trainer import STAPOTrainer
+from ..upstream_warnings import QuietKnownUpstreamWarnings
 from .args import STAPOScriptArguments
 from .geometry import too_few_prompts
 
@@ -259,8 +260,9 @@ def train(
         (where it was written, see [`eval_results_path`]; `None` off the main process or without evaluation) and `s2t`
         (mean silenced ratio and friends over the logging steps; empty for `trainer: grpo`).
     """
-    with torch_threads(script_args.torch_num_threads):
-        return _train(script_args, training_args, model_args, prepared, end_training)
+    # Known-harmless upstream warnings, silenced by message and category (stapo_trl.upstream_warnings).
+    with torch_threads(script_args.torch_num_threads), QuietKnownUpstreamWarnings() as quiet:
+        return _train(script_args, training_args, model_args, prepared, end_training, quiet)
 
 
 @contextlib.contextmanager
@@ -458,7 +460,9 @@ def _print_summary(script_args, output_dir, step, s2t_summary, eval_record, max_
     print("Wall time (s): " + ", ".join(f"{name} {value:.0f}" for name, value in timings.items()))
 
 
-def _train(script_args, training_args, model_args, prepared: PreparedRun | None, end_training: bool) -> dict[str, Any]:
+def _train(
+    script_args, training_args, model_args, prepared: PreparedRun | None, end_training: bool, quiet
+) -> dict[str, Any]:
     _setup_logging(training_args)
     set_seed(training_args.seed)  # for reproducibility
     logger.info(f"Script parameters {script_args}")
@@ -470,6 +474,7 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
     timings: dict[str, float] = {"prepare": run.seconds}
     checkpoint, already_trained = _resolve_checkpoint(training_args)
     trainer = _build_trainer(script_args, training_args, model_args, run)
+    quiet.watch_model(trainer.model)  # a tied LM head: no "missing keys ['lm_head.weight']" on resume
     is_main = trainer.accelerator.is_main_process
     output_dir = training_args.output_dir
     eval_max_new_tokens = script_args.eval_max_new_tokens or training_args.max_completion_length
