@@ -396,3 +396,53 @@ def test_tied_lm_head_missing_keys_is_dropped_only_for_tied_models(tiny_math_mod
         prefix + "['lm_head.weight'].",
         prefix + "['lm_head.weight'].",
     ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 9. The card push_to_hub uploads: no local path, no builtin: name, no "[None]" link
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _card_trainer(trainer_name: str, model_path: str, output_dir: Path):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from stapo_trl import STAPOConfig, STAPOTrainer
+
+    config_class, trainer_class = (STAPOConfig, STAPOTrainer) if trainer_name == "stapo" else (GRPOConfig, GRPOTrainer)
+    args = config_class(
+        output_dir=str(output_dir), use_cpu=True, bf16=False, report_to="none", activation_checkpointing=False,
+        per_device_train_batch_size=8, num_generations=8, max_completion_length=8, hub_model_id="me/stapo-demo",
+    )  # fmt: skip
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": "1+1"}]] * 8})
+    return trainer_class(model=model_path, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+                         train_dataset=dataset)  # fmt: skip
+
+
+@pytest.mark.parametrize("trainer_name", ["stapo", "grpo"])
+@pytest.mark.parametrize(
+    "dataset_name, hub_dataset", [("local", None), ("builtin:tiny-math", None), ("org/math-17k", "org/math-17k")]
+)
+def test_uploaded_card_has_no_local_path_or_builtin_name(
+    tmp_path, tiny_random_model_path, trainer_name, dataset_name, hub_dataset
+):
+    from stapo_trl.cli.run import hub_card
+    from stapo_trl.model_card import SECTION_START
+
+    out = tmp_path / "outputs" / "demo-run"
+    data = _jsonl(tmp_path / "train.jsonl", _sums(8))
+    dataset_name = data if dataset_name == "local" else dataset_name
+    trainer = _card_trainer(trainer_name, tiny_random_model_path, out)
+    # What push_to_hub does right before its upload: create_model_card(model_name=..., **push_to_hub's kwargs).
+    with hub_card(trainer):
+        trainer.create_model_card(model_name="stapo-demo", dataset_name=dataset_name, tags=["stapo_trl", trainer_name])
+    card = (out / "README.md").read_text()
+    for leak in (str(tmp_path), data, "builtin:", "[None]", "huggingface.co/None", tiny_random_model_path):
+        assert leak not in card, (leak, card)
+    assert "the tiny-random demo model built by stapo_trl" in card and card.count(SECTION_START) == 1
+    assert 'model="me/stapo-demo"' in card
+    front_matter = card.split("---")[1]
+    assert ("datasets:" in front_matter) == (hub_dataset is not None)
+    if hub_dataset is not None:
+        assert hub_dataset in front_matter
+    assert "create_model_card" not in vars(trainer)  # the class's method again after the block

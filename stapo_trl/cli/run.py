@@ -32,6 +32,7 @@ from ..data import INSTRUCTION, filter_long_prompts, load_prompt_dataset
 from ..diagnostic_plots import plot_diagnostics
 from ..evaluation.generation import evaluate_avg_at_k
 from ..metrics_log import METRICS_FILENAME, read_metrics
+from ..model_card import add_stapo_section, make_card_public, public_dataset_name
 from ..plots import plot_training_curves
 from ..prompt_length import model_max_positions, prompt_token_budget, report_dropped
 from ..rewards import get_reward_funcs
@@ -378,9 +379,30 @@ def _save_model_and_card(trainer, script_args, output_dir: str) -> None:
             dataset_name=card_dataset,
             tags=["stapo_trl", script_args.trainer],
         )
+        if script_args.trainer == "grpo":  # STAPOTrainer's own card has it: settings, base model, no "[None]" link
+            add_stapo_section(trainer)
         # Restore the KV cache for fast inference (training turns it off).
         trainer.model.config.use_cache = True
         trainer.model.config.save_pretrained(output_dir)
+
+
+@contextlib.contextmanager
+def hub_card(trainer):
+    """While active, `trainer.create_model_card` (which `push_to_hub` calls right before it uploads) writes the card
+    as uploaded: a local or `builtin:` dataset is left out of its metadata ([`public_dataset_name`]), and the card
+    gets the STAPO section with public names only ([`make_card_public`]), for `STAPOTrainer` and `GRPOTrainer` alike.
+    """
+    create = trainer.create_model_card
+
+    def create_model_card(model_name=None, dataset_name=None, tags=None, **kwargs):
+        create(model_name=model_name, dataset_name=public_dataset_name(dataset_name), tags=tags, **kwargs)
+        make_card_public(trainer)
+
+    trainer.create_model_card = create_model_card
+    try:
+        yield
+    finally:
+        del trainer.create_model_card  # the class's method again
 
 
 def _write_figures(script_args, training_args, output_dir: str) -> list[dict[str, Any]]:
@@ -529,7 +551,8 @@ def _train(
         _print_summary(script_args, output_dir, step, s2t_summary, eval_record, eval_max_new_tokens, timings)
 
     if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=script_args.dataset_name, tags=["stapo_trl", script_args.trainer])
+        with hub_card(trainer):  # no local path, no builtin: name, no "[None]" link in the uploaded card
+            trainer.push_to_hub(dataset_name=script_args.dataset_name, tags=["stapo_trl", script_args.trainer])
         trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}.")
 
     # Finish the trackers and destroy the process group (nothing may communicate after this)
