@@ -17,6 +17,7 @@ from ..builtin import check_model_name_or_path
 from ..config import STAPOConfig, untested_combination_warnings
 from ..data import BUILTIN_DATASETS, check_prompt_columns, is_local_dataset_file, load_local_dataset_file
 from ..data import BUILTIN_PREFIX as DATA_PREFIX
+from ..hub import check_hub_access
 from ..rewards import REWARDS, get_reward_funcs
 from .args import TRAINERS
 from .geometry import BatchGeometry, divisors, too_few_prompts
@@ -410,6 +411,13 @@ def check_output(f: Findings, script_args, training_args, cpu_forced: bool, geom
             ),
         )
     )
+    if training_args.push_to_hub:  # offline mode or no token (no request is made here)
+        try:
+            check_hub_access(
+                training_args.hub_model_id, training_args.output_dir, training_args.hub_token, network=False
+            )
+        except ConnectionError as e:
+            f.errors.append(str(e))
     if training_args.use_cpu and training_args.bf16 and not cpu_forced:
         f.warnings.append("bf16=True on CPU is about 2.3x slower than float32: set bf16: false for CPU runs.")
     if "dapo-math" in str(script_args.dataset_name).lower() and not geometry.is_paper_geometry():

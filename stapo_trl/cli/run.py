@@ -31,6 +31,7 @@ from ..callbacks import BenchmarkEvalCallback, GracefulInterrupt, MetricsLogCall
 from ..data import INSTRUCTION, filter_long_prompts, load_prompt_dataset
 from ..diagnostic_plots import plot_diagnostics
 from ..evaluation.generation import evaluate_avg_at_k
+from ..hub import check_hub_access
 from ..metrics_log import METRICS_FILENAME, read_metrics
 from ..model_card import add_stapo_section, make_card_public, public_dataset_name
 from ..plots import plot_training_curves
@@ -135,6 +136,8 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         ValueError: Unknown reward name, no `dataset_name`, `dataset_streaming`, missing column, unknown `builtin:`,
             fewer training prompts (after the length filter) than one rollout step takes.
         FileNotFoundError: A model or dataset path that does not exist.
+        ConnectionError: `push_to_hub` set but the Hub cannot be used (offline, no token, unreachable): one line
+            naming `hub_model_id` ([`~stapo_trl.hub.check_hub_access`]).
     """
     start = time.perf_counter()
     reward_funcs = get_reward_funcs(script_args.reward_funcs)
@@ -142,6 +145,8 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     if not model_args.model_name_or_path:
         raise ValueError("model_name_or_path is not set: give a Hub id, a local model directory or builtin:tiny-math.")
     check_model_name_or_path(model_args.model_name_or_path)  # a wrong path fails here, before any data is loaded
+    if training_args.push_to_hub:  # offline, no token, Hub unreachable: now, not after training
+        check_hub_access(training_args.hub_model_id, training_args.output_dir, training_args.hub_token)
     if script_args.dataset_name is None:
         raise ValueError(
             "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet file or a Hub dataset id."
@@ -551,9 +556,16 @@ def _train(
         _print_summary(script_args, output_dir, step, s2t_summary, eval_record, eval_max_new_tokens, timings)
 
     if training_args.push_to_hub:
-        with hub_card(trainer):  # no local path, no builtin: name, no "[None]" link in the uploaded card
-            trainer.push_to_hub(dataset_name=script_args.dataset_name, tags=["stapo_trl", script_args.trainer])
-        trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}.")
+        try:
+            with hub_card(trainer):  # no local path, no builtin: name, no "[None]" link in the uploaded card
+                trainer.push_to_hub(dataset_name=script_args.dataset_name, tags=["stapo_trl", script_args.trainer])
+            trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}.")
+        except Exception as e:  # noqa: BLE001 (network, auth, quota: the local results stay either way)
+            repo = trainer.hub_model_id or training_args.hub_model_id
+            trainer.accelerator.print(
+                f"Push to hub_model_id={repo!r} failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                f"the model, card and results are in {output_dir}: push them later with `hf upload {repo} {output_dir}`."
+            )
 
     # Finish the trackers and destroy the process group (nothing may communicate after this)
     if end_training:
