@@ -4,7 +4,9 @@ Every loader returns the two columns TRL's `GRPOTrainer` and the rewards of this
 
 - `prompt`: a conversational prompt, `[{"role": "user", "content": problem + "\\n" + instruction}]` (see
   [`format_prompt`]);
-- `solution`: the gold answer as a string (e.g. `"85"`), passed to the reward functions as `solution=`.
+- `solution`: the gold answer as a string (e.g. `"85"`), passed to the reward functions as `solution=`;
+
+and a file's or Hub dataset's other columns, unchanged (TRL passes every column to the reward functions by name).
 
 The built-in task (`builtin:tiny-math`) is two-digit addition written out column by column, small enough for a
 140k-parameter model on a CPU to learn in seconds while keeping the paper's output format (a final `\\boxed{}`):
@@ -231,11 +233,23 @@ def load_local_dataset_file(path: str) -> datasets.Dataset:
 
     Raises:
         FileNotFoundError: If the file does not exist.
+        ValueError: If the file holds no rows (0 bytes, only whitespace, or an empty JSON list): "dataset file X is
+            empty", instead of the `StopIteration` / `ArrowInvalid` that `datasets` raises.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Dataset file {path!r} does not exist.")
+    empty = ValueError(f"dataset file {path!r} is empty: it holds no rows.")
+    if os.path.getsize(path) == 0:
+        raise empty
     builder = _LOCAL_FILE_BUILDERS[os.path.splitext(path)[1].lower()]
-    return datasets.load_dataset(builder, data_files=path, split="train")
+    try:
+        return datasets.load_dataset(builder, data_files=path, split="train")
+    except StopIteration as e:  # the json builder on a file without a single row
+        raise empty from e
+    except ValueError as e:  # whitespace only, or `[]`: the split "corresponds to no data"
+        if "corresponds to no data" in str(e):
+            raise empty from e
+        raise
 
 
 def check_prompt_columns(dataset: datasets.Dataset, dataset_name: str, prompt_column: str, solution_column: str):
@@ -351,7 +365,9 @@ def load_prompt_dataset(
             before appending `instruction`; ignored for `builtin:` datasets.
 
     Returns:
-        [`~datasets.Dataset`]: Columns `prompt` (`list[dict[str, str]]`, conversational) and `solution` (`str`).
+        [`~datasets.Dataset`]: Columns `prompt` (`list[dict[str, str]]`, conversational) and `solution` (`str`), then
+        every other column of the file or Hub dataset, unchanged (TRL passes each one to the reward functions by
+        name); a `builtin:` task has only `prompt` and `solution`.
 
     Raises:
         ValueError: If a `builtin:` name is unknown (the message lists the known ones), if the split does not exist
@@ -376,15 +392,23 @@ def load_prompt_dataset(
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
 
-    strip = strip_dapo_instruction and not dataset_name.startswith(BUILTIN_PREFIX)
-    return _to_prompts_and_solutions(dataset, prompt_column, solution_column, instruction, strip)
+    builtin = dataset_name.startswith(BUILTIN_PREFIX)
+    strip = strip_dapo_instruction and not builtin
+    return _to_prompts_and_solutions(dataset, prompt_column, solution_column, instruction, strip, keep=not builtin)
 
 
 def _to_prompts_and_solutions(
-    dataset: datasets.Dataset, prompt_column: str, solution_column: str, instruction: str | None, strip: bool
+    dataset: datasets.Dataset,
+    prompt_column: str,
+    solution_column: str,
+    instruction: str | None,
+    strip: bool,
+    keep: bool = True,
 ) -> datasets.Dataset:
-    """The `prompt` (chat, instruction appended) and `solution` (`str`) columns, every input column dropped;
-    `strip`: remove DAPO's answer-format instruction from the problems first."""
+    """The `prompt` (chat, instruction appended) and `solution` (`str`) columns, written over any input column of
+    that name; `keep`: every other input column stays (TRL passes each column to the reward functions, e.g. a
+    `difficulty` column to a reward with a `difficulty` argument), else only the two remain; `strip`: remove DAPO's
+    answer-format instruction from the problems first."""
 
     def _strip(value: Any) -> Any:
         if not strip:
@@ -399,6 +423,7 @@ def _to_prompts_and_solutions(
             "solution": _solution_to_str(_get_field(example, solution_column)),
         }
 
-    # Both output columns are rebuilt from scratch, so drop every input column (an input `prompt` or `solution`
-    # column is read before it is replaced).
-    return dataset.map(to_prompt_solution, remove_columns=dataset.column_names)
+    # Both output columns are rebuilt from scratch (an input `prompt` or `solution` column is read before it is
+    # replaced, and removed first so that its old type does not constrain the new values).
+    overwritten = [c for c in dataset.column_names if not keep or c in ("prompt", "solution")]
+    return dataset.map(to_prompt_solution, remove_columns=overwritten)

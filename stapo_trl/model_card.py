@@ -150,3 +150,61 @@ def add_stapo_section(trainer, base_model: str | None = None) -> str | None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(card)
     return path
+
+
+def public_base_model_name(base_model: str) -> str:
+    """How an uploaded card names the base model: a Hub id as is; a `builtin:` model or a local directory by what it
+    is, never by its local name or path (neither means anything on the Hub).
+
+    `public_base_model_name("Qwen/Qwen3-1.7B-Base") == "Qwen/Qwen3-1.7B-Base"`,
+    `public_base_model_name("builtin:tiny-math") == "the tiny-math demo model built by stapo_trl"`,
+    `public_base_model_name("/home/me/sft-model") == "a local model"`.
+    """
+    if base_model.startswith("builtin:"):
+        return f"the {base_model[len('builtin:') :]} demo model built by stapo_trl"
+    if os.path.isabs(base_model) or os.path.exists(base_model):
+        return "a local model"
+    return base_model
+
+
+def public_dataset_name(dataset_name: str | None) -> str | None:
+    """The dataset name an uploaded card may carry (its `datasets:` metadata links to the Hub): a Hub id as is,
+    `None` for a `builtin:` dataset or a local file or folder."""
+    if not dataset_name or dataset_name.startswith("builtin:") or os.path.exists(dataset_name):
+        return None
+    if os.path.isabs(dataset_name) or os.path.splitext(dataset_name)[1].lower() in (".json", ".jsonl", ".parquet"):
+        return None  # a local path that is not here (the card is written on another machine than the data?)
+    return dataset_name
+
+
+def make_card_public(trainer, base_model: str | None = None) -> str | None:
+    """Rewrite the card in `trainer.args.output_dir/README.md` as it is uploaded: TRL's card plus the STAPO section
+    ([`add_stapo_section`], also for a plain `GRPOTrainer`), with no local path and no `builtin:` name in it.
+
+    The base model is named by [`public_base_model_name`] (TRL's broken `[None](https://huggingface.co/None)` link
+    included), the quick start loads `hub_model_id`, and the output directory's path never appears.
+
+    Args:
+        trainer ([`~stapo_trl.STAPOTrainer`] or [`~trl.GRPOTrainer`]): after `create_model_card`.
+        base_model (`str`, *optional*): as in [`add_stapo_section`].
+
+    Returns:
+        `str` or `None`: the card's path, or `None` on other processes or when there is no card yet.
+    """
+    path = add_stapo_section(trainer, base_model)
+    if path is None:
+        return None
+    if base_model is None:
+        base_model = base_model_name(trainer.accelerator.unwrap_model(trainer.model).config._name_or_path)
+    with open(path, encoding="utf-8") as f:
+        card = f.read()
+    public = public_base_model_name(base_model)
+    card = card.replace(f"`{base_model}`", public if public != base_model else f"`{base_model}`")
+    output_dir = trainer.args.output_dir
+    target = trainer.args.hub_model_id or os.path.basename(os.path.normpath(output_dir))
+    card = card.replace(f"model={json.dumps(output_dir)}", f"model={json.dumps(target)}")
+    for local in {output_dir, os.path.abspath(output_dir)}:
+        card = card.replace(local, target)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(card)
+    return path

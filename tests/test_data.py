@@ -117,7 +117,9 @@ def jsonl_file(tmp_path):
 
 def test_load_local_jsonl(jsonl_file):
     ds = load_prompt_dataset(str(jsonl_file))
-    assert ds.column_names == ["prompt", "solution"]
+    # The file's own columns stay (TRL passes each to the reward functions by name).
+    assert ds.column_names == ["problem", "answer", "meta", "prompt", "solution"]
+    assert ds["meta"][2] == {"gt": "\\frac{5}{2}"}
     assert ds["prompt"][0] == [{"role": "user", "content": f"What is 1+1?\n{INSTRUCTION}"}]
     # Integral floats lose their ".0"; other values are stringified.
     assert ds["solution"] == ["2", "5", "2.5"]
@@ -176,4 +178,6 @@ def test_hub_ids_go_to_load_dataset(monkeypatch):
         "org/math", dataset_config="default", split="test", prompt_column="question", solution_column="final_answer"
     )
     assert calls == [("org/math", "default", {"split": "test", "data_files": None})]
-    assert ds.to_list() == [{"prompt": format_prompt("1+1?"), "solution": "2"}]
+    assert ds.to_list() == [
+        {"question": "1+1?", "final_answer": ["2"], "prompt": format_prompt("1+1?"), "solution": "2"}
+    ]

@@ -97,7 +97,8 @@ def test_train_drops_prompts_over_the_models_positions(tiny_math_model_path, tmp
 
     data = _rows(tmp_path, ["12+34", "1+" * 400 + "1", "5+6"])  # no max_prompt_tokens: the model's 512 positions
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", str(data)]
-    argv += ["--eval_before_after", "false"]
+    # why: a 16-completion rollout step (2 prompts x 8), so that the 2 kept prompts fill one (issue 12, item 1)
+    argv += ["--eval_before_after", "false", "--per_device_train_batch_size", "8", "--steps_per_generation", "2"]
     with caplog.at_level(logging.WARNING, logger="stapo_trl.prompt_length"):
         run = prepare(*parse_args(argv))
     assert len(run.train_dataset) == 2

@@ -304,7 +304,8 @@ def test_dry_run_opens_a_local_dataset_file_and_checks_its_columns(tmp_path):
     from stapo_trl.cli.dry_run import validate_recipe
 
     data = tmp_path / "train.jsonl"
-    data.write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer": "4"}\n')
+    # 8 rows: one rollout step of the demo (64 completions / 8 per prompt)
+    data.write_text("".join(f'{{"question": "{i}+1", "answer": "{i + 1}"}}\n' for i in range(8)))
     script, args, model = _demo_args("--dataset_name", str(data))  # the demo's columns: problem -> solution
     report = validate_recipe(script, args, model, 1)
     assert not report.ok
@@ -312,7 +313,7 @@ def test_dry_run_opens_a_local_dataset_file_and_checks_its_columns(tmp_path):
     script.prompt_column, script.solution_column = "question", "answer"
     report = validate_recipe(script, args, model, 1)
     assert report.ok, report.errors
-    assert "checked: 2 rows" in report.summary()
+    assert "checked: 8 rows" in report.summary()
 
 
 def test_dry_run_numbers_for_the_demo():

@@ -242,6 +242,8 @@ def test_dapo_prompts_are_stripped_and_long_prompts_dropped(tmp_path, tiny_math_
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", str(data)]
     argv += ["--prompt_column", "prompt", "--solution_column", "solution", "--eval_before_after", "false"]
     argv += ["--strip_dapo_instruction", "true", "--max_prompt_tokens", "128"]
+    # why: a one-prompt rollout step (8 completions), so that the one kept prompt fills it (issue 12, item 1)
+    argv += ["--per_device_train_batch_size", "8", "--steps_per_generation", "1"]
     run = prepare(*parse_args(argv))
     assert run.train_dataset["prompt"] == [[{"role": "user", "content": "12+34\n" + INSTRUCTION}]]
 

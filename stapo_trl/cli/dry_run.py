@@ -177,6 +177,7 @@ def validate_recipe(
         check_model,
         check_optimisation,
         check_output,
+        check_prompt_count,
         check_rewards,
         check_trainer,
     )
@@ -186,9 +187,10 @@ def validate_recipe(
     check_model(f, model_args)
     # Fields that plain TRL ScriptArguments lack (other scripts' argument classes): absent means "not set".
     max_prompt_tokens = getattr(script_args, "max_prompt_tokens", None)
-    check_data(f, script_args, max_prompt_tokens)
+    num_train_prompts = check_data(f, script_args, max_prompt_tokens)
     check_rewards(f, script_args, training_args)
     geometry = check_batch(f, training_args, num_processes, generation_batch_size, is_stapo)
+    check_prompt_count(f, script_args, num_train_prompts, geometry)
     max_tokens = batch_lines(f, geometry, training_args.max_completion_length, max_prompt_tokens)
     check_optimisation(f, training_args)
     check_generation(f, training_args, num_processes, is_stapo, max_prompt_tokens)

@@ -107,3 +107,27 @@ class BatchGeometry:
             f"| {self.num_processes} | {self.per_device_train_batch_size} | {self.gradient_accumulation_steps} | "
             f"{self.micro_steps_per_generation} |"
         )
+
+
+def too_few_prompts(num_prompts: int, prompts_per_rollout_step: int, where: str) -> str | None:
+    """The error when the training prompts cannot fill one rollout step, else `None`.
+
+    TRL's sampler yields whole rollout batches of `generation_batch_size / num_generations` prompts only (a partial last
+    batch is dropped), so with fewer prompts training runs zero steps, exits 0 and saves the untouched model.
+
+    Args:
+        num_prompts (`int`): training prompts left (after `max_train_samples` and the prompt-length filter).
+        prompts_per_rollout_step (`int`): `generation_batch_size // num_generations`, all processes.
+        where (`str`): how the count was reached, for the message (`"after filtering"`, `"in the train split"`).
+
+    Returns:
+        `str` or `None`: e.g. `"1 prompt after filtering; one rollout step needs 8 (generation batch / num_generations):
+        give more prompts or lower per_device_train_batch_size, steps_per_generation or generation_batch_size."`.
+    """
+    if num_prompts >= prompts_per_rollout_step:
+        return None
+    return (
+        f"{num_prompts} prompt{'s' * (num_prompts != 1)} {where}; one rollout step needs {prompts_per_rollout_step} "
+        "(generation batch / num_generations), so nothing would be trained: give more prompts (max_train_samples, "
+        "max_prompt_tokens) or lower per_device_train_batch_size, steps_per_generation or generation_batch_size."
+    )

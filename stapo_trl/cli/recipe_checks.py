@@ -17,9 +17,10 @@ from ..builtin import check_model_name_or_path
 from ..config import STAPOConfig, untested_combination_warnings
 from ..data import BUILTIN_DATASETS, check_prompt_columns, is_local_dataset_file, load_local_dataset_file
 from ..data import BUILTIN_PREFIX as DATA_PREFIX
+from ..hub import check_hub_access
 from ..rewards import REWARDS, get_reward_funcs
 from .args import TRAINERS
-from .geometry import BatchGeometry, divisors
+from .geometry import BatchGeometry, divisors, too_few_prompts
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -108,9 +109,14 @@ def check_model(f: Findings, model_args) -> None:
     f.lines.append(("model", f"{model_name} (dtype {model_args.dtype}, PEFT {peft})"))
 
 
-def check_data(f: Findings, script_args, max_prompt_tokens: int | None) -> None:
-    """The dataset (a local file is opened and its columns checked; a Hub id is named), the instruction."""
+def check_data(f: Findings, script_args, max_prompt_tokens: int | None) -> int | None:
+    """The dataset (a local file is opened and its columns checked; a Hub id is named), the instruction.
+
+    Returns the number of training prompts before the prompt-length filter (`max_train_samples` applied) when it is
+    known here (a built-in or local dataset), else `None`.
+    """
     dataset = script_args.dataset_name
+    num_rows = None
     if not dataset:
         f.errors.append(
             "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet file or a Hub id."
@@ -120,6 +126,10 @@ def check_data(f: Findings, script_args, max_prompt_tokens: int | None) -> None:
         if dataset[len(DATA_PREFIX) :] not in BUILTIN_DATASETS:
             known = ", ".join(DATA_PREFIX + name for name in BUILTIN_DATASETS)
             f.errors.append(f"dataset_name={dataset!r} is not a built-in dataset; known: {known}.")
+        else:
+            splits = BUILTIN_DATASETS[dataset[len(DATA_PREFIX) :]]()
+            if script_args.dataset_train_split in splits:
+                num_rows = len(splits[script_args.dataset_train_split])
         data_line = f"{dataset} (built in: its own prompt/solution columns)"
     else:
         for column in ("prompt_column", "solution_column"):
@@ -132,12 +142,13 @@ def check_data(f: Findings, script_args, max_prompt_tokens: int | None) -> None:
                 local = load_local_dataset_file(dataset)
                 check_prompt_columns(local, dataset, script_args.prompt_column, script_args.solution_column)
                 opened = f"checked: {len(local)} rows"
+                num_rows = len(local)
             except FileNotFoundError:
                 f.errors.append(f"dataset_name={dataset!r} looks like a local file but does not exist.")
                 opened = "missing"
-            except ValueError as e:
+            except ValueError as e:  # a missing column, or an empty file
                 f.errors.append(f"dataset_name={dataset!r}: {e}")
-                opened = "column missing"
+                opened = "failed"
             except Exception as e:  # noqa: BLE001 (an unreadable file: datasets raises many types)
                 f.errors.append(f"dataset_name={dataset!r} could not be read: {type(e).__name__}: {e}")
                 opened = "unreadable"
@@ -161,6 +172,23 @@ def check_data(f: Findings, script_args, max_prompt_tokens: int | None) -> None:
     f.lines.append(("instruction", instruction))
     if script_args.dataset_streaming:
         f.errors.append("dataset_streaming=True is not supported by stapo-train: set it to false.")
+    max_train_samples = getattr(script_args, "max_train_samples", None)
+    if num_rows is not None and max_train_samples is not None:
+        num_rows = min(num_rows, max_train_samples)
+    return num_rows
+
+
+def check_prompt_count(f: Findings, script_args, num_rows: int | None, geometry: BatchGeometry) -> None:
+    """Enough training prompts for one rollout step (as `stapo-train` checks after loading; the prompt-length filter,
+    which needs the tokenizer, is not applied here)."""
+    if num_rows is None or not geometry.holds_whole_groups:
+        return
+    where = (
+        "in the train split" if getattr(script_args, "max_train_samples", None) is None else "with max_train_samples"
+    )
+    error = too_few_prompts(num_rows, geometry.generation_batch // geometry.num_generations, where)
+    if error is not None:
+        f.errors.append(error)
 
 
 def check_rewards(f: Findings, script_args, training_args) -> None:
@@ -383,6 +411,13 @@ def check_output(f: Findings, script_args, training_args, cpu_forced: bool, geom
             ),
         )
     )
+    if training_args.push_to_hub:  # offline mode or no token (no request is made here)
+        try:
+            check_hub_access(
+                training_args.hub_model_id, training_args.output_dir, training_args.hub_token, network=False
+            )
+        except ConnectionError as e:
+            f.errors.append(str(e))
     if training_args.use_cpu and training_args.bf16 and not cpu_forced:
         f.warnings.append("bf16=True on CPU is about 2.3x slower than float32: set bf16: false for CPU runs.")
     if "dapo-math" in str(script_args.dataset_name).lower() and not geometry.is_paper_geometry():

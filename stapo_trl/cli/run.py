@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -26,16 +27,20 @@ from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_conf
 from trl.models.utils import unwrap_model_for_generation
 
 from ..builtin import check_model_name_or_path, resolve_model_path
-from ..callbacks import BenchmarkEvalCallback, MetricsLogCallback, SpuriousTokenLogger
+from ..callbacks import BenchmarkEvalCallback, GracefulInterrupt, MetricsLogCallback, SpuriousTokenLogger
 from ..data import INSTRUCTION, filter_long_prompts, load_prompt_dataset
 from ..diagnostic_plots import plot_diagnostics
 from ..evaluation.generation import evaluate_avg_at_k
+from ..hub import check_hub_access
 from ..metrics_log import METRICS_FILENAME, read_metrics
+from ..model_card import add_stapo_section, make_card_public, public_dataset_name
 from ..plots import plot_training_curves
 from ..prompt_length import model_max_positions, prompt_token_budget, report_dropped
 from ..rewards import get_reward_funcs
 from ..trainer import STAPOTrainer
+from ..upstream_warnings import QuietKnownUpstreamWarnings
 from .args import STAPOScriptArguments
+from .geometry import too_few_prompts
 
 
 logger = logging.getLogger(__name__)
@@ -70,6 +75,17 @@ def _evaluate_trainer_model(trainer, script_args, eval_dataset, max_new_tokens: 
 # ---------------------------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------------------------
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped on Ctrl-C after saving a checkpoint (the message says where, and how to resume); a
+    `KeyboardInterrupt`, so that callers that handle Ctrl-C handle it too."""
+
+
+def resume_command(argv: list[str] | None = None) -> str:
+    """The `stapo-train` command line of this process (`sys.argv[1:]`), to rerun after an interrupt: a run whose
+    `output_dir` holds a checkpoint resumes from the last one."""
+    return "stapo-train " + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
 @dataclass
@@ -117,8 +133,11 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     Every failure is one exception with one message.
 
     Raises:
-        ValueError: Unknown reward name, no `dataset_name`, `dataset_streaming`, missing column, unknown `builtin:`.
+        ValueError: Unknown reward name, no `dataset_name`, `dataset_streaming`, missing column, unknown `builtin:`,
+            fewer training prompts (after the length filter) than one rollout step takes.
         FileNotFoundError: A model or dataset path that does not exist.
+        ConnectionError: `push_to_hub` set but the Hub cannot be used (offline, no token, unreachable): one line
+            naming `hub_model_id` ([`~stapo_trl.hub.check_hub_access`]).
     """
     start = time.perf_counter()
     reward_funcs = get_reward_funcs(script_args.reward_funcs)
@@ -126,6 +145,8 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     if not model_args.model_name_or_path:
         raise ValueError("model_name_or_path is not set: give a Hub id, a local model directory or builtin:tiny-math.")
     check_model_name_or_path(model_args.model_name_or_path)  # a wrong path fails here, before any data is loaded
+    if training_args.push_to_hub:  # offline, no token, Hub unreachable: now, not after training
+        check_hub_access(training_args.hub_model_id, training_args.output_dir, training_args.hub_token)
     if script_args.dataset_name is None:
         raise ValueError(
             "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet file or a Hub dataset id."
@@ -166,6 +187,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         )
     )
     budget = prompt_token_budget(max_positions, training_args.max_completion_length, script_args.max_prompt_tokens)
+    where = "in the train split" if script_args.max_train_samples is None else "with max_train_samples"
     if budget is not None:
         tokenizer = AutoTokenizer.from_pretrained(
             model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
@@ -180,6 +202,14 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
             max_positions=max_positions,
             max_new_tokens=training_args.max_completion_length,
         )
+        if len(train_dataset) < total:
+            where = f"after filtering (of {total}; prompt budget {budget} tokens)"
+    # TRL's sampler yields whole rollout batches only: fewer prompts than one needs would train 0 steps.
+    error = too_few_prompts(
+        len(train_dataset), training_args.generation_batch_size // training_args.num_generations, where
+    )
+    if error is not None:
+        raise ValueError(error)
     return PreparedRun(
         reward_funcs,
         model_path,
@@ -227,12 +257,18 @@ def train(
         end_training (`bool`, *optional*, defaults to `True`): finish the trackers and destroy the process group at
             the end (`Trainer.end`); `False` when more trainings follow in this process (`stapo-train compare`).
 
+    Raises:
+        TrainingInterrupted: on Ctrl-C (SIGINT) during training, after the checkpoint of the step it came in; the
+            final model, figures and evaluation are skipped. A second Ctrl-C exits the process at once (status 130).
+
     Returns:
-        `dict[str, Any]`: `output_dir`, `global_step`, `eval` (the content of `eval.json`, or `None`) and `s2t`
+        `dict[str, Any]`: `output_dir`, `global_step`, `eval` (the content of `eval.json`, or `None`), `eval_path`
+        (where it was written, see [`eval_results_path`]; `None` off the main process or without evaluation) and `s2t`
         (mean silenced ratio and friends over the logging steps; empty for `trainer: grpo`).
     """
-    with torch_threads(script_args.torch_num_threads):
-        return _train(script_args, training_args, model_args, prepared, end_training)
+    # Known-harmless upstream warnings, silenced by message and category (stapo_trl.upstream_warnings).
+    with torch_threads(script_args.torch_num_threads), QuietKnownUpstreamWarnings() as quiet:
+        return _train(script_args, training_args, model_args, prepared, end_training, quiet)
 
 
 @contextlib.contextmanager
@@ -348,9 +384,30 @@ def _save_model_and_card(trainer, script_args, output_dir: str) -> None:
             dataset_name=card_dataset,
             tags=["stapo_trl", script_args.trainer],
         )
+        if script_args.trainer == "grpo":  # STAPOTrainer's own card has it: settings, base model, no "[None]" link
+            add_stapo_section(trainer)
         # Restore the KV cache for fast inference (training turns it off).
         trainer.model.config.use_cache = True
         trainer.model.config.save_pretrained(output_dir)
+
+
+@contextlib.contextmanager
+def hub_card(trainer):
+    """While active, `trainer.create_model_card` (which `push_to_hub` calls right before it uploads) writes the card
+    as uploaded: a local or `builtin:` dataset is left out of its metadata ([`public_dataset_name`]), and the card
+    gets the STAPO section with public names only ([`make_card_public`]), for `STAPOTrainer` and `GRPOTrainer` alike.
+    """
+    create = trainer.create_model_card
+
+    def create_model_card(model_name=None, dataset_name=None, tags=None, **kwargs):
+        create(model_name=model_name, dataset_name=public_dataset_name(dataset_name), tags=tags, **kwargs)
+        make_card_public(trainer)
+
+    trainer.create_model_card = create_model_card
+    try:
+        yield
+    finally:
+        del trainer.create_model_card  # the class's method again
 
 
 def _write_figures(script_args, training_args, output_dir: str) -> list[dict[str, Any]]:
@@ -388,6 +445,32 @@ def _eval_record(script_args, training_args, trainer, before, after, max_new_tok
     }
 
 
+def eval_results_path(output_dir: str, global_step: int) -> str:
+    """Where this run's before/after results go: `eval.json`, or beside it when `output_dir` already holds one.
+
+    An earlier run's `eval.json` is never replaced (a rerun into a finished run's folder, with another `max_steps` or
+    process count, would otherwise overwrite its results silently): the new results go to `eval-step{N}.json`, or
+    `eval-step{N}-2.json`, `-3`, ... when that exists too. Continuing a run (raising `max_steps`) stays possible and
+    keeps every evaluation.
+
+    Args:
+        output_dir (`str`): the run's folder.
+        global_step (`int`): the optimizer step the results are for.
+
+    Returns:
+        `str`: the path to write.
+    """
+    path = os.path.join(output_dir, EVAL_FILENAME)
+    if not os.path.exists(path):
+        return path
+    stem = os.path.join(output_dir, f"eval-step{global_step}")
+    candidate, n = f"{stem}.json", 1
+    while os.path.exists(candidate):
+        n += 1
+        candidate = f"{stem}-{n}.json"
+    return candidate
+
+
 def _print_summary(script_args, output_dir, step, s2t_summary, eval_record, max_new_tokens, timings) -> None:
     print(f"\n=== {script_args.trainer} run finished: {output_dir} (step {step}) ===")
     if s2t_summary:
@@ -404,7 +487,9 @@ def _print_summary(script_args, output_dir, step, s2t_summary, eval_record, max_
     print("Wall time (s): " + ", ".join(f"{name} {value:.0f}" for name, value in timings.items()))
 
 
-def _train(script_args, training_args, model_args, prepared: PreparedRun | None, end_training: bool) -> dict[str, Any]:
+def _train(
+    script_args, training_args, model_args, prepared: PreparedRun | None, end_training: bool, quiet
+) -> dict[str, Any]:
     _setup_logging(training_args)
     set_seed(training_args.seed)  # for reproducibility
     logger.info(f"Script parameters {script_args}")
@@ -416,12 +501,13 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
     timings: dict[str, float] = {"prepare": run.seconds}
     checkpoint, already_trained = _resolve_checkpoint(training_args)
     trainer = _build_trainer(script_args, training_args, model_args, run)
+    quiet.watch_model(trainer.model)  # a tied LM head: no "missing keys ['lm_head.weight']" on resume
     is_main = trainer.accelerator.is_main_process
     output_dir = training_args.output_dir
     eval_max_new_tokens = script_args.eval_max_new_tokens or training_args.max_completion_length
 
     # Evaluate before training
-    eval_record = None
+    eval_record = eval_path = None
     if script_args.eval_before_after:
         trainer.accelerator.print(f"Evaluating the initial model on {len(run.eval_dataset)} held-out problems ...")
         start = time.perf_counter()
@@ -430,7 +516,18 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
 
     # Training loop, then the model, its card and the figures
     start = time.perf_counter()
-    _fit(trainer, checkpoint, already_trained, len(run.train_dataset))
+    interrupt = GracefulInterrupt(trainer)  # Ctrl-C: checkpoint at the next step boundary; twice: quit at once
+    trainer.add_callback(interrupt)
+    with interrupt:
+        _fit(trainer, checkpoint, already_trained, len(run.train_dataset))
+    if interrupt.requested:
+        step = trainer.state.global_step
+        if end_training:
+            trainer.end()
+        raise TrainingInterrupted(
+            f"Interrupted at step {step}: checkpoint saved to {os.path.join(output_dir, f'checkpoint-{step}')}. "
+            f"Resume with the same command: {resume_command()}"
+        )
     if already_trained is None:
         timings["train"] = time.perf_counter() - start
     _save_model_and_card(trainer, script_args, output_dir)
@@ -445,7 +542,13 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
         timings["eval_after"] = time.perf_counter() - start
         eval_record = _eval_record(script_args, training_args, trainer, before, after, eval_max_new_tokens)
         if is_main:
-            with open(os.path.join(output_dir, EVAL_FILENAME), "w") as f:
+            path = eval_path = eval_results_path(output_dir, trainer.state.global_step)
+            if os.path.basename(path) != EVAL_FILENAME:
+                logger.warning(
+                    f"{output_dir} already holds {EVAL_FILENAME} from an earlier run: kept unchanged; these results "
+                    f"are written beside it, to {os.path.basename(path)}."
+                )
+            with open(path, "w") as f:
                 json.dump(eval_record, f, indent=2)
 
     if is_main:
@@ -453,8 +556,16 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
         _print_summary(script_args, output_dir, step, s2t_summary, eval_record, eval_max_new_tokens, timings)
 
     if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=script_args.dataset_name, tags=["stapo_trl", script_args.trainer])
-        trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}.")
+        try:
+            with hub_card(trainer):  # no local path, no builtin: name, no "[None]" link in the uploaded card
+                trainer.push_to_hub(dataset_name=script_args.dataset_name, tags=["stapo_trl", script_args.trainer])
+            trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}.")
+        except Exception as e:  # noqa: BLE001 (network, auth, quota: the local results stay either way)
+            repo = trainer.hub_model_id or training_args.hub_model_id
+            trainer.accelerator.print(
+                f"Push to hub_model_id={repo!r} failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                f"the model, card and results are in {output_dir}: push them later with `hf upload {repo} {output_dir}`."
+            )
 
     # Finish the trackers and destroy the process group (nothing may communicate after this)
     if end_training:
@@ -464,6 +575,7 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
         "output_dir": output_dir,
         "global_step": trainer.state.global_step,
         "eval": eval_record,
+        "eval_path": eval_path,
         "s2t": s2t_summary,
         "seconds": {name: round(value, 1) for name, value in timings.items()},
     }

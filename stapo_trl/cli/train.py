@@ -16,7 +16,8 @@ error (a typo would otherwise silently leave a default in place).
 
 What a run writes to `output_dir`: checkpoints (`checkpoint-N/`), the final model and tokenizer, `README.md` (model
 card), `metrics.jsonl` (every logging step: reward, entropy, `s2t/*`, loss, clip ratios, ...), `training_curves.png`,
-`train_results.json`, and with `eval_before_after: true`, `eval.json` (held-out avg@k before and after training).
+`train_results.json`, and with `eval_before_after: true`, `eval.json` (held-out avg@k before and after training; a
+rerun into a folder that already holds one writes `eval-step{N}.json` beside it and never replaces it).
 A run whose `output_dir` already holds a checkpoint resumes from the last one (set `resume_from_checkpoint` to pick
 another; use a fresh `output_dir` to start over).
 
@@ -43,9 +44,18 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     A recipe, data or model argument that cannot work (unknown key, reward, column, model path, `builtin:` name,
     `num_generations`, ...) ends the command with one `stapo-train: error: ...` message (exit status 1) before any
-    model is built; errors during training keep their traceback.
+    model is built; errors during training keep their traceback. Ctrl-C during training saves a checkpoint at the
+    next step boundary and prints the resume command (a second Ctrl-C quits at once); both exit with status 130.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        _main(argv)
+    except KeyboardInterrupt as e:  # stapo_trl.cli.run.TrainingInterrupted (checkpoint saved) or a bare Ctrl-C
+        print(str(e) or "stapo-train: interrupted (outside training: nothing to save).", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def _main(argv: list[str]) -> None:
     if argv and argv[0] == "compare":
         from .compare import compare  # the training stack: imported after parsing (see below)
 

@@ -1,0 +1,80 @@
+"""Known-harmless upstream warnings, silenced precisely: each by its exact message and category (and, for log lines,
+its logger), never by a broad category, so that every other warning still shows.
+
+- transformers 5.24's `FutureWarning` "`is_gradient_checkpointing` is deprecated" (TRL 1.16 and PEFT read the old
+  property when they unwrap the model for generation: several times a run, nothing for the user to change);
+- `Trainer`'s "There were missing keys in the checkpoint model loaded: ['lm_head.weight']" on every resume of a model
+  whose LM head is tied to its input embeddings (the head is not saved because it *is* the embedding matrix, which
+  is loaded), only when the model is tied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from typing import Any
+
+
+GRADIENT_CHECKPOINTING_MESSAGE = r"`is_gradient_checkpointing` is deprecated and will be removed in v6\."
+TRAINER_LOGGER = "transformers.trainer"
+TIED_HEAD_MISSING = "There were missing keys in the checkpoint model loaded: ['lm_head.weight']."
+
+
+def has_tied_lm_head(model: Any) -> bool:
+    """Whether `model`'s output embedding is its input embedding matrix (one tensor), so that a checkpoint without
+    `lm_head.weight` loses nothing. `False` when the model has no such accessors."""
+    with contextlib.suppress(AttributeError, NotImplementedError):
+        head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+        return head is not None and embeddings is not None and head.weight is embeddings.weight
+    return False
+
+
+class _DropTiedHeadMissingKeys(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != TIED_HEAD_MISSING
+
+
+class QuietKnownUpstreamWarnings:
+    """Context manager: silence, inside the block, the two known-harmless upstream messages of this module's docstring.
+
+    The warnings filter matches the message, the `FutureWarning` category and the `transformers.modeling_utils`
+    module; the log filter matches the whole message on the `transformers.trainer` logger and is added only for a
+    model with a tied LM head ([`watch_model`]). Both are removed at the end of the block.
+
+    Example:
+        with QuietKnownUpstreamWarnings() as quiet:
+            trainer = GRPOTrainer(...)
+            quiet.watch_model(trainer.model)
+            trainer.train(resume_from_checkpoint=True)
+    """
+
+    def __init__(self) -> None:
+        self._catch = warnings.catch_warnings()
+        self._log_filter: logging.Filter | None = None
+
+    def __enter__(self) -> QuietKnownUpstreamWarnings:
+        self._catch.__enter__()
+        warnings.filterwarnings(
+            "ignore",
+            message=GRADIENT_CHECKPOINTING_MESSAGE,
+            category=FutureWarning,
+            module=r"transformers\.modeling_utils",
+        )
+        return self
+
+    def watch_model(self, model: Any) -> None:
+        """Drop the resume message about a missing `lm_head.weight` when `model`'s head is tied ([`has_tied_lm_head`]);
+        a model with an untied head keeps it (the head would then really be missing)."""
+        if self._log_filter is None and has_tied_lm_head(model):
+            self._log_filter = _DropTiedHeadMissingKeys()
+            logging.getLogger(TRAINER_LOGGER).addFilter(self._log_filter)
+
+    def __exit__(self, *exc) -> None:
+        if self._log_filter is not None:
+            logging.getLogger(TRAINER_LOGGER).removeFilter(self._log_filter)
+            self._log_filter = None
+        self._catch.__exit__(*exc)
+
+
+__all__ = ["has_tied_lm_head", "QuietKnownUpstreamWarnings"]
