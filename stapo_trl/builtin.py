@@ -62,6 +62,15 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
         "description": "the tiny-math tokenizer and architecture with random weights (no warm-up), for fast tests",
         "sft_steps": 0,
     },
+    # vLLM's CPU attention refuses head_dim 16 ("Unsupported CPU attention configuration"): the same recipe with
+    # wider heads, for the vLLM paths (`stapo-eval --backend vllm`, vLLM rollouts). `model_config` overrides
+    # `MODEL_CONFIG`; `tiny-math` itself keeps its shape, so the demo's calibration and figures stay valid.
+    "tiny-math-h64": {
+        "version": "v1",
+        "description": "tiny-math with head_dim 64 (vLLM's CPU attention needs head_dim >= 32), SFT-warmed likewise",
+        "sft_steps": 320,
+        "model_config": {"head_dim": 64},
+    },
 }
 
 CACHE_ENV_VAR = "STAPO_TRL_CACHE"
@@ -348,8 +357,11 @@ def build_tokenizer(corpus: list[str]):
     )
 
 
-def build_model(tokenizer, seed: int = SEED):
-    """Random-init [`~transformers.Qwen3ForCausalLM`] of `MODEL_CONFIG`, sized to `tokenizer`, seeded."""
+def build_model(tokenizer, seed: int = SEED, model_config: dict[str, Any] | None = None):
+    """Random-init [`~transformers.Qwen3ForCausalLM`] of `MODEL_CONFIG`, sized to `tokenizer`, seeded.
+
+    `model_config` overrides entries of `MODEL_CONFIG` (a built-in recipe's `model_config`, e.g. `{"head_dim": 64}`).
+    """
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -358,7 +370,7 @@ def build_model(tokenizer, seed: int = SEED):
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
-        **MODEL_CONFIG,
+        **{**MODEL_CONFIG, **(model_config or {})},
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
@@ -552,7 +564,7 @@ def _build(name: str, recipe: dict[str, Any], output_dir: str | os.PathLike) -> 
         for prompt, completion in zip(data["train"]["prompt"], data["train"]["completion"])
     ]
     tokenizer = build_tokenizer(corpus)
-    model = build_model(tokenizer, seed=SEED)
+    model = build_model(tokenizer, seed=SEED, model_config=recipe.get("model_config"))
     num_parameters = sum(p.numel() for p in model.parameters())
     logger.info("Tokenizer: %d tokens. Model: %d parameters.", len(tokenizer), num_parameters)
 
@@ -581,7 +593,7 @@ def _build(name: str, recipe: dict[str, Any], output_dir: str | os.PathLike) -> 
         "seed": SEED,
         "torch_threads": torch.get_num_threads(),
         "tokenizer": {"type": "byte-level BPE, single-digit tokens", "vocab_size": len(tokenizer)},
-        "model": {"architecture": "Qwen3ForCausalLM", "num_parameters": num_parameters, **MODEL_CONFIG},
+        "model": {"architecture": "Qwen3ForCausalLM", "num_parameters": num_parameters, **MODEL_CONFIG, **recipe.get("model_config", {})},
         "sft": {
             "steps": recipe["sft_steps"],
             "train_examples": len(data["train"]),
