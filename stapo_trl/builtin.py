@@ -593,7 +593,12 @@ def _build(name: str, recipe: dict[str, Any], output_dir: str | os.PathLike) -> 
         "seed": SEED,
         "torch_threads": torch.get_num_threads(),
         "tokenizer": {"type": "byte-level BPE, single-digit tokens", "vocab_size": len(tokenizer)},
-        "model": {"architecture": "Qwen3ForCausalLM", "num_parameters": num_parameters, **MODEL_CONFIG, **recipe.get("model_config", {})},
+        "model": {
+            "architecture": "Qwen3ForCausalLM",
+            "num_parameters": num_parameters,
+            **MODEL_CONFIG,
+            **recipe.get("model_config", {}),
+        },
         "sft": {
             "steps": recipe["sft_steps"],
             "train_examples": len(data["train"]),
