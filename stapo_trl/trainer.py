@@ -19,6 +19,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from .config import STAPOConfig
 from .diagnostics import CollisionProbabilityRecorder, s2t_diagnostic_metrics
 from .s2t import S2TResult, s2t_mask
+from .vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
 
 
 # Loss types whose normaliser is `num_items_in_batch` (TRL's global token count of the generation batch).
@@ -144,11 +145,13 @@ class STAPOTrainer(GRPOTrainer):
                 f"stapo_trl, so the S2T mask could not be applied to it. Supported: {list(_KNOWN_LOSSES)}."
             )
         _warn_untested_combinations(args)
+        check_vllm_args(args)  # vllm_mode='server' on a CPU-only run: refused before TRL waits for a server
         self._s2t_captured: list[tuple[torch.Tensor, ...]] | None = None
         self._s2t_forward_cache: tuple | None = None
         self.s2t_last_batch: S2TBatch | None = None
         self._s2t_log_collision: torch.Tensor | None = None  # log Σ π² of the last policy forward (diagnostics)
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        install_cpu_colocate_weight_sync(self)  # vLLM's CPU backend repacks weights: sync through its reload path
         self._s2t_collision = None
         if self.args.s2t_diagnostics:
             self._s2t_collision = CollisionProbabilityRecorder(

@@ -381,12 +381,50 @@ def test_vllm_generator_with_a_fake_vllm(monkeypatch):
             return [types.SimpleNamespace(outputs=[out] * (n - 1) + [cut]) for _ in prompts]
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
+    gpu_platform = types.SimpleNamespace(is_cpu=lambda: False)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", types.SimpleNamespace(current_platform=gpu_platform))
     generator = stapo_eval.VLLMGenerator("some/model", seed=3, tensor_parallel_size=2)
     samples = generator.generate(["ab", "c"], n=4, temperature=0.7, top_p=0.9, max_new_tokens=20480, seed=5)
     assert calls["sampling"] == {"n": 4, "temperature": 0.7, "top_p": 0.9, "max_tokens": 20480, "seed": 5}
     assert calls["llm"]["model"] == "some/model" and calls["llm"]["tensor_parallel_size"] == 2
+    assert calls["llm"]["gpu_memory_utilization"] == 0.9 and "enforce_eager" not in calls["llm"]  # GPU defaults
     assert calls["prompts"] == [{"prompt_token_ids": [97, 98]}, {"prompt_token_ids": [99]}]
     assert calls["add_special_tokens"] == [False, False]
     assert [len(s) for s in samples] == [4, 4]
     assert samples[0][0] == stapo_eval.GeneratedSample(r"\boxed{3}", 3, True)
     assert samples[0][-1].finished is False
+
+
+def test_greedy_decoding_is_a_setting_outside_the_paper():
+    assert parse_decoding_list("greedy") == ["greedy"]
+    assert parse_decoding_list("paper") == ["t1.0-p1.0", "t0.7-p0.9"]  # the paper's protocol does not grow
+    assert DECODINGS["greedy"].temperature == 0.0
+
+
+def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_path):
+    # Temperature 0 means argmax decoding (as in vLLM): the same tokens as a hand-written argmax loop over the model's
+    # logits, whatever the seed. transformers would refuse temperature=0.0 with do_sample=True.
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_model_path, dtype=torch.float32)
+    prompts = [stapo_eval.build_prompt_text(tokenizer, p) for p in ["12+34", "7+8"]]
+    expected = []
+    for text in prompts:
+        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]  # (1, P)
+        new = []
+        with torch.no_grad():
+            for _ in range(6):
+                next_id = int(
+                    model(torch.cat([ids, torch.tensor([new], dtype=torch.long)], dim=1)).logits[0, -1].argmax()
+                )
+                new.append(next_id)
+                if next_id == tokenizer.eos_token_id:
+                    break
+        expected.append(tokenizer.decode(new, skip_special_tokens=True))
+    for seed in (0, 1):
+        samples = stapo_eval.hf_generate(
+            model, tokenizer, prompts, n=2, temperature=0.0, top_p=1.0, max_new_tokens=6, seed=seed
+        )
+        assert [[s.text for s in row] for row in samples] == [[e, e] for e in expected]
