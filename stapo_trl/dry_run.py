@@ -452,6 +452,15 @@ def validate_recipe(
                     f"vLLM server at {where} (weight sync port {training_args.vllm_group_port}); {sampling}",
                 )
             )
+            if training_args.use_cpu and not cpu_forced:
+                errors.append(
+                    "vllm_mode='server' with use_cpu=True: TRL 1.16 syncs weights to the server over NCCL (CUDA only), "
+                    "so STAPOTrainer refuses it at construction. On CPU use vllm_mode='colocate' (make install-vllm)."
+                )
+            elif cpu_forced:
+                warnings.append(
+                    "vllm_mode='server': the weight sync to the server is CUDA-only (NCCL); this recipe needs GPUs."
+                )
             if training_args.vllm_server_base_url is None and host not in LOOPBACK_HOSTS:
                 warnings.append(
                     f"vllm_server_host={host!r} is not a loopback address: the trainer expects a vLLM server there "

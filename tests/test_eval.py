@@ -360,6 +360,8 @@ def test_vllm_generator_with_a_fake_vllm(monkeypatch):
     class SamplingParams:
         def __init__(self, **kwargs):
             calls["sampling"] = kwargs
+            calls.setdefault("seeds", []).append(kwargs["seed"])
+            self.n = kwargs["n"]
 
     class FakeTokenizer:
         def __call__(self, text, add_special_tokens=True):
@@ -375,7 +377,8 @@ def test_vllm_generator_with_a_fake_vllm(monkeypatch):
 
         def generate(self, prompts, params):
             calls["prompts"] = prompts
-            n = calls["sampling"]["n"]
+            assert len(params) == len(prompts)  # one SamplingParams per prompt (its own seed)
+            n = params[0].n
             out = types.SimpleNamespace(text=r"\boxed{3}", token_ids=[1, 2, 3], finish_reason="stop")
             cut = types.SimpleNamespace(text=r"\boxed{", token_ids=[1] * 8, finish_reason="length")
             return [types.SimpleNamespace(outputs=[out] * (n - 1) + [cut]) for _ in prompts]
@@ -385,7 +388,9 @@ def test_vllm_generator_with_a_fake_vllm(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm.platforms", types.SimpleNamespace(current_platform=gpu_platform))
     generator = stapo_eval.VLLMGenerator("some/model", seed=3, tensor_parallel_size=2)
     samples = generator.generate(["ab", "c"], n=4, temperature=0.7, top_p=0.9, max_new_tokens=20480, seed=5)
-    assert calls["sampling"] == {"n": 4, "temperature": 0.7, "top_p": 0.9, "max_tokens": 20480, "seed": 5}
+    assert calls["sampling"] == {"n": 4, "temperature": 0.7, "top_p": 0.9, "max_tokens": 20480, "seed": 9}
+    # vLLM seeds sample j of a request with seed + j: prompt i starts at 5 + 4 i, so no two samples share a seed.
+    assert calls["seeds"] == [5, 9]
     assert calls["llm"]["model"] == "some/model" and calls["llm"]["tensor_parallel_size"] == 2
     assert calls["llm"]["gpu_memory_utilization"] == 0.9 and "enforce_eager" not in calls["llm"]  # GPU defaults
     assert calls["prompts"] == [{"prompt_token_ids": [97, 98]}, {"prompt_token_ids": [99]}]
