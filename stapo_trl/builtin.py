@@ -412,7 +412,7 @@ def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, seed: int = SEE
             logging_steps=50,
             disable_tqdm=True,
             # TRL turns it on by default; a 144k-parameter model needs no memory saving.
-            activation_checkpointing=False,
+            **{_checkpointing_field(SFTConfig): False},
             **SFT_CONFIG,
         )
         with warnings.catch_warnings():
@@ -423,6 +423,16 @@ def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, seed: int = SEE
         trainer.train()
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     return {"mean_train_loss": trainer.state.log_history[-1]["train_loss"], "last_logged_loss": losses[-1]}
+
+
+def _checkpointing_field(config_class) -> str:
+    """The gradient-checkpointing field of a `TrainingArguments` subclass: `activation_checkpointing` from
+    transformers 5.24 (where `gradient_checkpointing` is a deprecated alias), `gradient_checkpointing` before (5.19,
+    the vLLM CPU environment)."""
+    import dataclasses
+
+    names = {field.name for field in dataclasses.fields(config_class)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
 
 def measure_accuracy(

