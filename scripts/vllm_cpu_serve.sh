@@ -4,4 +4,4 @@
 # sync to a server needs CUDA):
 #   TRL_BIN=scripts/vllm_cpu_serve.sh PYTHON=.venv-vllm/bin/python scripts/launch.sh RECIPE \
 #       --serve-args "--gpu_memory_utilization 0.2 --enforce_eager true" ...
-exec "${PYTHON:-python}" -m stapo_trl.vllm_cpu_serve vllm-serve "$@"
+exec "${PYTHON:-python}" -m stapo_trl.vllm_cpu_serve "$@"  # a leading `vllm-serve` (as launch.sh passes) is optional

@@ -433,7 +433,9 @@ def validate_recipe(
     lines.append(
         (
             "precision",
-            f"bf16={training_args.bf16}, activation_checkpointing={training_args.activation_checkpointing}",
+            # transformers < 5.24 (the vLLM CPU environment's 5.19) has only the old name
+            f"bf16={training_args.bf16}, activation_checkpointing="
+            f"{getattr(training_args, 'activation_checkpointing', training_args.gradient_checkpointing)}",
         )
     )
 

@@ -100,9 +100,17 @@ def sync_weights_by_reload(generation) -> None:
     Args:
         generation (`trl.generation.vllm_generation.VLLMGeneration`): the trainer's `vllm_generation`, colocate mode.
     """
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
     runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
     weights = ((name, tensor.detach().clone()) for name, tensor in generation._iter_named_params())
     runner.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+    # A tied LM head shares the embedding's parameter, and the reload re-processes a shared parameter for one of its
+    # layers only: the LM head's packed copy (CPU GEMM, kept beside the weight) would still hold the old embedding.
+    # Re-pack every embedding / LM head from its (reloaded) weight.
+    for module in runner.get_model().modules():
+        if isinstance(module, VocabParallelEmbedding):
+            module.quant_method.process_weights_after_loading(module)
     generation.llm.reset_prefix_cache()
 
 

@@ -233,6 +233,10 @@ def test_vllm_generates_with_the_new_weights_after_a_sync(vllm_trainer):
     text = "<|im_start|>user\n47+38<|im_end|>\n<|im_start|>assistant\n7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"
     token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    # TRL builds the colocated engine with vLLM's dtype "auto", which runs this float32 checkpoint in bfloat16 on the
+    # CPU: vLLM's log-probs differ from the float32 trainer's by bfloat16 rounding even with identical weights.
+    trainer.model.eval()
+    rounding = (_prompt_logprobs(llm, token_ids) - _hf_logprobs(trainer.model, token_ids)).abs().mean()
     # New weights, far from the old ones: every parameter re-drawn (seeded), so the log-probs move by whole nats.
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -240,18 +244,24 @@ def test_vllm_generates_with_the_new_weights_after_a_sync(vllm_trainer):
             p.copy_(p + 0.5 * p.std() * torch.randn(p.shape, generator=generator))
     trainer.model.eval()
     expected = _hf_logprobs(trainer.model, token_ids)
-    stale = _prompt_logprobs(llm, token_ids)
-    assert (stale - expected).abs().max() > 0.5, "the new weights do not change the log-probs: the test is void"
-
-    # TRL's own sync (per-parameter load_weights) fails on the CPU backend: the repacked layers lost their loaders.
-    with pytest.raises(AttributeError, match="weight_loader"):
-        VLLMGeneration.sync_weights(generation)
-
+    stale = (_prompt_logprobs(llm, token_ids) - expected).abs().mean()
     generation.sync_weights()
-    torch.testing.assert_close(_prompt_logprobs(llm, token_ids), expected, atol=2e-4, rtol=0)
+    synced = (_prompt_logprobs(llm, token_ids) - expected).abs().mean()
     # Twice in a row (every optimizer step syncs): still the training model's weights.
     generation.sync_weights()
-    torch.testing.assert_close(_prompt_logprobs(llm, token_ids), expected, atol=2e-4, rtol=0)
+    synced_twice = (_prompt_logprobs(llm, token_ids) - expected).abs().mean()
+    print(f"mean |vLLM - trainer| log-prob: same weights {rounding:.4f}, stale {stale:.4f}, synced {synced:.4f}")
+    assert stale > 0.3, "the new weights hardly change the log-probs: the test is void"
+    assert synced < max(3 * rounding, 0.02) and synced_twice < max(3 * rounding, 0.02), (
+        rounding,
+        synced,
+        synced_twice,
+    )
+
+    # TRL's own sync (per-parameter load_weights) fails on the CPU backend: the repacked layers lost their loaders.
+    # (Last: the failed call leaves the engine half-loaded.)
+    with pytest.raises(AttributeError, match="weight_loader"):
+        VLLMGeneration.sync_weights(generation)
 
 
 # ----------------------------------------------------------------------------------------------------------------
