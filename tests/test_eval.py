@@ -91,7 +91,7 @@ def test_decoding_aliases():
     assert parse_decoding_list("paper") == ["t1.0-p1.0", "t0.7-p0.9"]
     assert parse_decoding_list("t0.7-p0.9") == ["t0.7-p0.9"]
     with pytest.raises(ValueError) as info:
-        parse_decoding_list("greedy")
+        parse_decoding_list("beam")
     for name in ["paper", *DECODINGS]:
         assert name in str(info.value)
 
