@@ -333,7 +333,10 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
         HF_HUB_OFFLINE="1",
         OMP_NUM_THREADS="1",
     )
-    env.pop("CUDA_VISIBLE_DEVICES", None)
+    # The colocated engine of the trainer tests sets these in this process (TRL's colocate mode); a launcher child
+    # must not inherit a distributed identity.
+    for name in ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
     command = [
         "bash", str(repo / "scripts/launch.sh"), str(recipe), "--gpus", "0,1", "--timeout", "400",
         "--log-dir", str(tmp_path), "--serve-args", "--gpu_memory_utilization 0.15 --enforce_eager true",
