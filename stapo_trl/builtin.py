@@ -63,6 +63,15 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
         "description": "the tiny-math tokenizer and architecture with random weights (no warm-up), for fast tests",
         "sft_steps": 0,
     },
+    # vLLM's CPU attention refuses head_dim 16 ("Unsupported CPU attention configuration"): the same recipe with
+    # wider heads, for the vLLM paths (`stapo-eval --backend vllm`, vLLM rollouts). `model_config` overrides
+    # `MODEL_CONFIG`; `tiny-math` itself keeps its shape, so the demo's calibration and figures stay valid.
+    "tiny-math-h64": {
+        "version": "v1",
+        "description": "tiny-math with head_dim 64 (vLLM's CPU attention needs head_dim >= 32), SFT-warmed likewise",
+        "sft_steps": 320,
+        "model_config": {"head_dim": 64},
+    },
 }
 
 CACHE_ENV_VAR = "STAPO_TRL_CACHE"
@@ -349,8 +358,11 @@ def build_tokenizer(corpus: list[str]):
     )
 
 
-def build_model(tokenizer, seed: int = SEED):
-    """Random-init [`~transformers.Qwen3ForCausalLM`] of `MODEL_CONFIG`, sized to `tokenizer`, seeded."""
+def build_model(tokenizer, seed: int = SEED, model_config: dict[str, Any] | None = None):
+    """Random-init [`~transformers.Qwen3ForCausalLM`] of `MODEL_CONFIG`, sized to `tokenizer`, seeded.
+
+    `model_config` overrides entries of `MODEL_CONFIG` (a built-in recipe's `model_config`, e.g. `{"head_dim": 64}`).
+    """
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -359,7 +371,7 @@ def build_model(tokenizer, seed: int = SEED):
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
-        **MODEL_CONFIG,
+        **{**MODEL_CONFIG, **(model_config or {})},
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
@@ -401,7 +413,7 @@ def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, seed: int = SEE
             logging_steps=50,
             disable_tqdm=True,
             # TRL turns it on by default; a 144k-parameter model needs no memory saving.
-            activation_checkpointing=False,
+            **{_checkpointing_field(SFTConfig): False},
             **SFT_CONFIG,
         )
         with warnings.catch_warnings():
@@ -412,6 +424,16 @@ def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, seed: int = SEE
         trainer.train()
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     return {"mean_train_loss": trainer.state.log_history[-1]["train_loss"], "last_logged_loss": losses[-1]}
+
+
+def _checkpointing_field(config_class) -> str:
+    """The gradient-checkpointing field of a `TrainingArguments` subclass: `activation_checkpointing` from
+    transformers 5.24 (where `gradient_checkpointing` is a deprecated alias), `gradient_checkpointing` before (5.19,
+    the vLLM CPU environment)."""
+    import dataclasses
+
+    names = {field.name for field in dataclasses.fields(config_class)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
 
 def measure_accuracy(
@@ -552,7 +574,7 @@ def _build(name: str, recipe: dict[str, Any], output_dir: str | os.PathLike) -> 
         for prompt, completion in zip(data["train"]["prompt"], data["train"]["completion"])
     ]
     tokenizer = build_tokenizer(corpus)
-    model = build_model(tokenizer, seed=SEED)
+    model = build_model(tokenizer, seed=SEED, model_config=recipe.get("model_config"))
     num_parameters = sum(p.numel() for p in model.parameters())
     logger.info("Tokenizer: %d tokens. Model: %d parameters.", len(tokenizer), num_parameters)
 
@@ -581,7 +603,12 @@ def _build(name: str, recipe: dict[str, Any], output_dir: str | os.PathLike) -> 
         "seed": SEED,
         "torch_threads": torch.get_num_threads(),
         "tokenizer": {"type": "byte-level BPE, single-digit tokens", "vocab_size": len(tokenizer)},
-        "model": {"architecture": "Qwen3ForCausalLM", "num_parameters": num_parameters, **MODEL_CONFIG},
+        "model": {
+            "architecture": "Qwen3ForCausalLM",
+            "num_parameters": num_parameters,
+            **MODEL_CONFIG,
+            **recipe.get("model_config", {}),
+        },
         "sft": {
             "steps": recipe["sft_steps"],
             "train_examples": len(data["train"]),

@@ -20,6 +20,7 @@ from trl.models.utils import disable_gradient_checkpointing
 from .config import STAPOConfig, untested_combination_warnings
 from .diagnostics import CollisionProbabilityRecorder, s2t_diagnostic_metrics
 from .s2t import S2TBatch, S2TResult, s2t_mask
+from .vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
 
 
 _KNOWN_LOSSES = ("dapo", "cispo", "vespo", "grpo", "sapo", "bnpo", "dr_grpo", "luspo")
@@ -131,6 +132,7 @@ class STAPOTrainer(GRPOTrainer):
             )
         for message in untested_combination_warnings(args):
             warnings.warn(message, stacklevel=2)
+        check_vllm_args(args)  # vllm_mode='server' on a CPU-only run: refused before TRL waits for a server
         self._s2t_captured: list[tuple[torch.Tensor, ...]] | None = None
         self._s2t_forward_cache: tuple | None = None
         self._s2t_log_collision: torch.Tensor | None = None  # log Σ π² of the last policy forward (diagnostics)
@@ -141,6 +143,7 @@ class STAPOTrainer(GRPOTrainer):
         self.s2t_train_batches: list[S2TBatch] = []
         self.s2t_last_eval_batch: S2TBatch | None = None
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        install_cpu_colocate_weight_sync(self)  # vLLM's CPU backend repacks weights: sync through its reload path
         self._s2t_collision = None
         if self.args.s2t_diagnostics:
             self._s2t_collision = CollisionProbabilityRecorder(

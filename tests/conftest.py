@@ -5,6 +5,7 @@ Local reruns can skip the ~30 s warm-up build: `STAPO_TRL_TEST_MODEL=builtin:tin
 `$STAPO_TRL_CACHE` (else `~/.cache/stapo_trl`), and a directory path uses that directory as is.
 """
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -49,6 +50,29 @@ def tiny_math_model_path(builtin_cache_dir) -> str:
 def tiny_random_model_path(builtin_cache_dir) -> str:
     """Directory of `builtin:tiny-random`: same tokenizer and architecture as tiny-math, random weights (~2 s)."""
     return resolve_model_path("builtin:tiny-random", cache_dir=builtin_cache_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_math_h64_model_path(builtin_cache_dir) -> str:
+    """Directory of `builtin:tiny-math-h64` (tiny-math with head_dim 64, which vLLM's CPU attention accepts).
+
+    Built once per session (~1-2 min on 2 cores), or taken from `STAPO_TRL_TEST_VLLM_MODEL` (a directory or a
+    `builtin:` name resolved in the user's cache) when set.
+    """
+    override = os.environ.get("STAPO_TRL_TEST_VLLM_MODEL")
+    if override:
+        return resolve_model_path(override)
+    return resolve_model_path("builtin:tiny-math-h64", cache_dir=builtin_cache_dir)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the `vllm`-marked tests where vLLM is not installed (they run in .venv-vllm: `make test-vllm`)."""
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    skip = pytest.mark.skip(reason="vllm is not installed here: `make test-vllm` runs these in .venv-vllm")
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

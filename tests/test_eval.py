@@ -84,7 +84,7 @@ def test_decoding_aliases():
     assert parse_decoding_list("paper") == ["t1.0-p1.0", "t0.7-p0.9"]
     assert parse_decoding_list("t0.7-p0.9") == ["t0.7-p0.9"]
     with pytest.raises(ValueError) as info:
-        parse_decoding_list("greedy")
+        parse_decoding_list("beam")
     for name in ["paper", *DECODINGS]:
         assert name in str(info.value)
 
@@ -353,6 +353,8 @@ def test_vllm_generator_with_a_fake_vllm(monkeypatch):
     class SamplingParams:
         def __init__(self, **kwargs):
             calls["sampling"] = kwargs
+            calls.setdefault("seeds", []).append(kwargs["seed"])
+            self.n = kwargs["n"]
 
     class FakeTokenizer:
         def __call__(self, text, add_special_tokens=True):
@@ -368,16 +370,22 @@ def test_vllm_generator_with_a_fake_vllm(monkeypatch):
 
         def generate(self, prompts, params):
             calls["prompts"] = prompts
-            n = calls["sampling"]["n"]
+            assert len(params) == len(prompts)  # one SamplingParams per prompt (its own seed)
+            n = params[0].n
             out = types.SimpleNamespace(text=r"\boxed{3}", token_ids=[1, 2, 3], finish_reason="stop")
             cut = types.SimpleNamespace(text=r"\boxed{", token_ids=[1] * 8, finish_reason="length")
             return [types.SimpleNamespace(outputs=[out] * (n - 1) + [cut]) for _ in prompts]
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
+    gpu_platform = types.SimpleNamespace(is_cpu=lambda: False)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", types.SimpleNamespace(current_platform=gpu_platform))
     generator = VLLMGenerator("some/model", seed=3, tensor_parallel_size=2)
     samples = generator.generate(["ab", "c"], n=4, temperature=0.7, top_p=0.9, max_new_tokens=20480, seed=5)
-    assert calls["sampling"] == {"n": 4, "temperature": 0.7, "top_p": 0.9, "max_tokens": 20480, "seed": 5}
+    assert calls["sampling"] == {"n": 4, "temperature": 0.7, "top_p": 0.9, "max_tokens": 20480, "seed": 9}
+    # vLLM seeds sample j of a request with seed + j: prompt i starts at 5 + 4 i, so no two samples share a seed.
+    assert calls["seeds"] == [5, 9]
     assert calls["llm"]["model"] == "some/model" and calls["llm"]["tensor_parallel_size"] == 2
+    assert calls["llm"]["gpu_memory_utilization"] == 0.9 and "enforce_eager" not in calls["llm"]  # GPU defaults
     assert calls["prompts"] == [{"prompt_token_ids": [97, 98]}, {"prompt_token_ids": [99]}]
     assert calls["add_special_tokens"] == [False, False]
     assert [len(s) for s in samples] == [4, 4]
@@ -397,3 +405,38 @@ def test_benchmark_metrics_empty_row_names_benchmark_and_problem(correct, ids, p
     with pytest.raises(ValueError) as info:
         benchmark_metrics(correct, 2, benchmark="aime24", problem_ids=ids)
     assert "aime24" in str(info.value) and f"problem {problem} " in str(info.value)
+
+
+def test_greedy_decoding_is_a_setting_outside_the_paper():
+    assert parse_decoding_list("greedy") == ["greedy"]
+    assert parse_decoding_list("paper") == ["t1.0-p1.0", "t0.7-p0.9"]  # the paper's protocol does not grow
+    assert DECODINGS["greedy"].temperature == 0.0
+
+
+def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_path):
+    # Temperature 0 means argmax decoding (as in vLLM): the same tokens as a hand-written argmax loop over the model's
+    # logits, whatever the seed. transformers would refuse temperature=0.0 with do_sample=True.
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_random_model_path, dtype=torch.float32)
+    prompts = [stapo_eval.build_prompt_text(tokenizer, p) for p in ["12+34", "7+8"]]
+    expected = []
+    for text in prompts:
+        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]  # (1, P)
+        new = []
+        with torch.no_grad():
+            for _ in range(6):
+                next_id = int(
+                    model(torch.cat([ids, torch.tensor([new], dtype=torch.long)], dim=1)).logits[0, -1].argmax()
+                )
+                new.append(next_id)
+                if next_id == tokenizer.eos_token_id:
+                    break
+        expected.append(tokenizer.decode(new, skip_special_tokens=True))
+    for seed in (0, 1):
+        samples = stapo_eval.hf_generate(
+            model, tokenizer, prompts, n=2, temperature=0.0, top_p=1.0, max_new_tokens=6, seed=seed
+        )
+        assert [[s.text for s in row] for row in samples] == [[e, e] for e in expected]

@@ -193,7 +193,7 @@ def validate_recipe(
     check_prompt_count(f, script_args, num_train_prompts, geometry)
     max_tokens = batch_lines(f, geometry, training_args.max_completion_length, max_prompt_tokens)
     check_optimisation(f, training_args)
-    check_generation(f, training_args, num_processes, is_stapo, max_prompt_tokens)
+    check_generation(f, training_args, num_processes, is_stapo, max_prompt_tokens, cpu_forced)
     check_output(f, script_args, training_args, cpu_forced, geometry)
     return DryRunReport(
         trainer=script_args.trainer,

@@ -141,7 +141,12 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
         help="Model weights dtype ('auto': the checkpoint's).",
     )
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM backend: GPUs per model.")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM backend: GPU memory share.")
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="vLLM backend: GPU memory share (CPU backend: CPU memory share). Default: 0.9 on a GPU, 0.2 on CPU.",
+    )
     parser.add_argument("--max-model-len", type=int, default=None, help="vLLM backend: context length cap.")
     parser.add_argument(
         "--no-chat-template", action="store_true", help="Feed the user message as plain text, even with a template."

@@ -333,12 +333,16 @@ def check_optimisation(f: Findings, training_args) -> None:
     f.lines.append(
         (
             "precision",
-            f"bf16={training_args.bf16}, activation_checkpointing={training_args.activation_checkpointing}",
+            # transformers < 5.24 (the vLLM CPU environment's 5.19) has only the old name
+            f"bf16={training_args.bf16}, activation_checkpointing="
+            f"{getattr(training_args, 'activation_checkpointing', training_args.gradient_checkpointing)}",
         )
     )
 
 
-def check_generation(f: Findings, training_args, n: int, is_stapo: bool, prompt_budget: int | None) -> None:
+def check_generation(
+    f: Findings, training_args, n: int, is_stapo: bool, prompt_budget: int | None, cpu_forced: bool = False
+) -> None:
     """Generation: transformers or vLLM (server / colocate), and the sampling settings."""
     sampling = (
         f"T={training_args.temperature}, top_p={training_args.top_p}, top_k={training_args.top_k}, "
@@ -354,6 +358,15 @@ def check_generation(f: Findings, training_args, n: int, is_stapo: bool, prompt_
                     f"vLLM server at {where} (weight sync port {training_args.vllm_group_port}); {sampling}",
                 )
             )
+            if training_args.use_cpu and not cpu_forced:
+                f.errors.append(
+                    "vllm_mode='server' with use_cpu=True: TRL 1.16 syncs weights to the server over NCCL (CUDA only), "
+                    "so STAPOTrainer refuses it at construction. On CPU use vllm_mode='colocate' (make install-vllm)."
+                )
+            elif cpu_forced:
+                f.warnings.append(
+                    "vllm_mode='server': the weight sync to the server is CUDA-only (NCCL); this recipe needs GPUs."
+                )
             if training_args.vllm_server_base_url is None and host not in LOOPBACK_HOSTS:
                 f.warnings.append(
                     f"vllm_server_host={host!r} is not a loopback address: the trainer expects a vLLM server there "

