@@ -318,60 +318,82 @@ class StressTrainer(STAPOTrainer):
                 self.mask_stats[f"kind/{name}/{sign}/tokens"] += int(cell.sum())
                 self.mask_stats[f"kind/{name}/{sign}/silenced"] += int((cell & silenced).sum())
 
-    # ---- attribution: which tokens move log p(`}` | ...\boxed{gold})
+    # ---- attribution: which tokens move log p(`}` | ...\\boxed{gold})
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        if self.attribution and torch.is_grad_enabled() and logps.requires_grad:
+            self._attribution_logps = logps  # the loss's own forward: its log-probs carry the graph
+        return logps, entropies, aux
+
     def _compute_loss(self, model, inputs):
+        self._attribution_logps = None
         loss = super()._compute_loss(model, inputs)
         if self.attribution and self.probe is not None and model.training and "stress_kind" in inputs:
-            self._attribute(model, inputs)
+            if self._attribution_logps is not None:
+                self._attribute(model, inputs, loss, self._attribution_logps)
         return loss
 
-    def _attribute(self, model, inputs) -> None:
-        """First-order change of the probe's mean log p(`}`) caused by each kind of token of this micro-batch.
+    def _attribute(self, model, inputs: dict, loss: torch.Tensor, logps: torch.Tensor) -> None:
+        """Per-token first-order change of the probe's mean log p(`}`) caused by this micro-batch's update.
 
-        Through Adam's preconditioner of the current step (no momentum, no clipping): for a loss L_c restricted to the
-        tokens of kind c (same normaliser), Δ log p ≈ -lr Σ_θ ∂L_c/∂θ · ∂log p/∂θ / (sqrt(v̂_θ) + ε). The kinds'
-        contributions add up to the whole micro-batch's (the loss is linear in its tokens).
+        Δθ ≈ -lr P ∂L/∂θ with P = 1 / (sqrt(v̂) + ε) (Adam's preconditioner of the current state; no momentum, no
+        clipping). With L = L(logp_1 ... logp_n) and g = ∂log p(`}`)/∂θ of the probe, Δ log p(`}`) ≈
+        -lr Σ_t (∂L/∂logp_t) D_t where D_t = ∂logp_t/∂θ · (P g) is a directional derivative, taken by a central
+        finite difference (two no-grad forwards; the weights are restored exactly). So every token gets its share,
+        and the shares add up to the whole micro-batch's.
         """
         params = [p for p in model.parameters() if p.requires_grad]
+        coeff = torch.autograd.grad(loss, logps, retain_graph=True)[0].detach()  # (B, T) ∂L/∂logp_t
         probe_grad = torch.autograd.grad(self.probe.log_prob_close(model), params)
         optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
         group = optimizer.param_groups[0]
-        lr, (_, beta2), eps = group["lr"], group["betas"], group["eps"]
-        precond = []
-        for p in params:
+        lr, beta2, adam_eps = group["lr"], group["betas"][1], group["eps"]
+        direction = []
+        for p, g in zip(params, probe_grad, strict=True):
             state = optimizer.state.get(p, {})
             if "exp_avg_sq" in state:
-                step = float(state["step"])
-                v_hat = state["exp_avg_sq"] / (1 - beta2**step)
-                precond.append(1.0 / (v_hat.sqrt() + eps))
+                v_hat = state["exp_avg_sq"] / (1 - beta2 ** float(state["step"]))
+                direction.append(g / (v_hat.sqrt() + adam_eps))
             else:
-                precond.append(torch.ones_like(p))
-        metrics = self._metrics["train"]
-        lengths = {key: len(values) for key, values in metrics.items()}
+                direction.append(g.clone())
+        norm = torch.sqrt(sum((d * d).sum() for d in direction)).item()
+        if norm == 0.0:
+            return
+        h = 1e-3  # step along the unit direction (parameters are O(0.1))
+        names = [name for name, p in model.named_parameters() if p.requires_grad]
+        with torch.no_grad():  # functional calls: the weights (saved by the loss's graph) are never modified
+            shifted = [
+                {n: p + sign * (h / norm) * d for n, p, d in zip(names, params, direction, strict=True)}
+                for sign in (1.0, -1.0)
+            ]
+            plus, minus = (self._completion_logps(model, inputs, weights) for weights in shifted)
+        derivative = (plus - minus) / (2 * h) * norm  # (B, T) D_t
+        share = -lr * coeff * derivative  # (B, T)
+        kind = inputs["stress_kind"]
         advantages = inputs["advantages"].reshape(-1, 1)
-        base_mask = inputs.get("tool_mask", torch.ones_like(inputs["completion_mask"]))
+        mask = inputs["completion_mask"].bool()
+        close = inputs["completion_ids"] == self.probe.close_id
         row: dict[str, float] = {"step": float(self.state.global_step)}
         for k, name in enumerate(KINDS):
             for sign, adv in (("pos", advantages > 0), ("neg", advantages < 0)):
-                select = ((inputs["stress_kind"] == k) & adv).to(base_mask.dtype)
-                if not bool((select * inputs["completion_mask"]).any()):
-                    row[f"{name}/{sign}"] = 0.0
-                    continue
-                loss_c = super()._compute_loss(model, {**inputs, "tool_mask": base_mask * select})
-                grads = torch.autograd.grad(loss_c, params, allow_unused=True)
-                value = 0.0
-                for g, pg, pre in zip(grads, probe_grad, precond, strict=True):
-                    if g is not None:
-                        value += float((g * pg * pre).sum())
-                row[f"{name}/{sign}"] = -lr * value
-        for key in list(metrics):  # the extra loss calls appended metrics: drop them
-            del metrics[key][lengths.get(key, 0) :]
-            if not metrics[key]:
-                del metrics[key]
+                cell = mask & (kind == k) & adv
+                row[f"{name}/{sign}"] = float(share[cell].sum())
+                row[f"{name}/{sign}/close"] = float(share[cell & close].sum())
         for key, value in row.items():
             if key != "step":
                 self.attribution_sums[key] += value
         self.attribution_steps.append(row)
+
+    @staticmethod
+    def _completion_logps(model, inputs: dict, weights: dict) -> torch.Tensor:
+        """(B, T) log-probs of the completion tokens under `model` with `weights` (T = 1: no temperature scaling)."""
+        completion_ids = inputs["completion_ids"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        logits = torch.func.functional_call(model, weights, args=(), kwargs=kwargs, strict=False).logits
+        logits = logits[:, -completion_ids.size(1) - 1 : -1].float()
+        return torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
 
 
 class BracketProbe:
@@ -723,6 +745,7 @@ def attribution_table(runs: list[dict]) -> str:
     if not rows:
         return ""
     keys = [f"{k}/{s}" for k in KINDS for s in ("pos", "neg")]
+    keys += [f"{k}/{s}/close" for k in KINDS[1:] for s in ("pos", "neg")]
     lines = ["| arm | seed | " + " | ".join(keys) + " | sum | probe log p(`}`) start -> end |"]
     lines.append("|---|---|" + "---|" * (len(keys) + 2))
     for r in rows:
@@ -731,7 +754,7 @@ def attribution_table(runs: list[dict]) -> str:
         lines.append(
             f"| {r['arm']} | {r['seed']} | "
             + " | ".join(f"{a.get(k, 0.0):+.2f}" for k in keys)
-            + f" | {sum(a.values()):+.2f} | {math.log(start):.2f} -> {math.log(end):.2f} |"
+            + f" | {sum(a.get(k, 0.0) for k in keys[: 2 * len(KINDS)]):+.2f} | {math.log(start):.2f} -> {math.log(end):.2f} |"
         )
     return "\n".join(lines)
 
