@@ -66,6 +66,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from stapo_trl.grading import _find_boxes, is_correct  # noqa: E402
+from stapo_trl.s2t import linear_quantile  # noqa: E402
 from stapo_trl.trainer import STAPOTrainer  # noqa: E402
 
 
@@ -263,10 +264,26 @@ class StressTrainer(STAPOTrainer):
         device = completion_ids.device
         output["stress_injected"] = injected.to(device)
         output["stress_kind"] = kind.to(device)
+        output["stress_candidate"] = self._candidate_classes(output).to(device)
         self._check_mask(output, injected, kind)
         if self.probe is not None:
             self.probe.record(self, self.state.global_step)
         return output
+
+    def _candidate_classes(self, output: dict) -> torch.Tensor:
+        """(B, T) long: 0 = not a candidate, 1 = candidate below the q-quantile of candidate entropies (what
+        `low_entropy` silences), 2 = candidate at or above it. The same classes in every arm (`off` included)."""
+        batch = self.s2t_last_batch
+        classes = torch.zeros(output["completion_ids"].shape, dtype=torch.long)
+        if batch is None or not torch.equal(batch.completion_ids.cpu(), output["completion_ids"].cpu()):
+            return classes
+        candidate = batch.result.candidate.cpu()
+        if candidate.any():
+            entropies = batch.entropies.cpu()
+            tau_h = linear_quantile(entropies[candidate].float(), self.args.s2t_entropy_quantile)
+            classes[candidate & (entropies < tau_h)] = 1
+            classes[candidate & ~(entropies < tau_h)] = 2
+        return classes
 
     # ---- ground truth: the mask at injected positions
     def _check_mask(self, output: dict, injected: torch.Tensor, kind: torch.Tensor) -> None:
@@ -379,6 +396,11 @@ class StressTrainer(STAPOTrainer):
                 cell = mask & (kind == k) & adv
                 row[f"{name}/{sign}"] = float(share[cell].sum())
                 row[f"{name}/{sign}/close"] = float(share[cell & close].sum())
+        for c, label in ((1, "cand_lowH"), (2, "cand_highH")):
+            for k, name in enumerate(KINDS):
+                cell = mask & (kind == k) & (inputs["stress_candidate"] == c)
+                row[f"{label}/{name}"] = float(share[cell].sum())
+                row[f"{label}/{name}/close"] = float(share[cell & close].sum())
         for key, value in row.items():
             if key != "step":
                 self.attribution_sums[key] += value
@@ -745,7 +767,7 @@ def attribution_table(runs: list[dict]) -> str:
     if not rows:
         return ""
     keys = [f"{k}/{s}" for k in KINDS for s in ("pos", "neg")]
-    keys += [f"{k}/{s}/close" for k in KINDS[1:] for s in ("pos", "neg")]
+    keys += [f"{k}/{s}/close" for k in KINDS[1:-1] for s in ("pos", "neg")]
     lines = ["| arm | seed | " + " | ".join(keys) + " | sum | probe log p(`}`) start -> end |"]
     lines.append("|---|---|" + "---|" * (len(keys) + 2))
     for r in rows:
@@ -755,6 +777,25 @@ def attribution_table(runs: list[dict]) -> str:
             f"| {r['arm']} | {r['seed']} | "
             + " | ".join(f"{a.get(k, 0.0):+.2f}" for k in keys)
             + f" | {sum(a.get(k, 0.0) for k in keys[: 2 * len(KINDS)]):+.2f} | {math.log(start):.2f} -> {math.log(end):.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def candidate_attribution_table(runs: list[dict]) -> str:
+    """The attribution carried by S2T candidates (A > 0, p < tau_p), split at the q-quantile of their entropy."""
+    rows = [r for r in runs if r["attribution_sums"]]
+    if not rows:
+        return ""
+    keys = [f"{c}/{k}" for c in ("cand_lowH", "cand_highH") for k in KINDS]
+    lines = ["| arm | seed | " + " | ".join(keys) + " | of which `}` tokens (lowH / highH) |"]
+    lines.append("|---|---|" + "---|" * (len(keys) + 1))
+    for r in rows:
+        a = r["attribution_sums"]
+        close = [sum(a.get(f"{c}/{k}/close", 0.0) for k in KINDS) for c in ("cand_lowH", "cand_highH")]
+        lines.append(
+            f"| {r['arm']} | {r['seed']} | "
+            + " | ".join(f"{a.get(k, 0.0):+.3f}" for k in keys)
+            + f" | {close[0]:+.3f} / {close[1]:+.3f} |"
         )
     return "\n".join(lines)
 
@@ -824,6 +865,12 @@ def write_report(path: Path, args, runs: list[dict], command: str) -> None:
             "pos/neg = advantage sign. Linearised through Adam's v (no momentum, no clipping).",
             "",
             table,
+            "",
+            "Of that, the share carried by S2T candidates (A > 0, p < tau_p; the classes are computed in every arm):",
+            "lowH = entropy below the q-quantile of the batch's candidates (what `low_entropy` silences), highH = the",
+            "rest. In the `off` arm these are the updates that `low_entropy` would have removed / kept.",
+            "",
+            candidate_attribution_table(runs),
             "",
         ]
     path.write_text("\n".join(text))
