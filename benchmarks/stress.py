@@ -820,13 +820,13 @@ def probe_table(runs: list[dict]) -> str:
 
 
 def write_report(path: Path, args, runs: list[dict], command: str) -> None:
-    arms = list(args.arms)
+    arms = [arm for arm in ARMS if any(r["arm"] == arm for r in runs)]
     text = [
         f"# Stress experiment, design `{args.design}` (eps {args.eps}), {datetime.date.today().isoformat()}",
         "",
-        "Command (from the repository root):",
+        "Command (from the repository root; several when the sweep was run in parts and merged with `--merge`):",
         "",
-        f"    {command}",
+        *[f"    {c}" for c in command.split("\n")],
         "",
         f"Demo recipe `{RECIPE}` on STAPOTrainer, {args.steps} steps, s2t_scope `{runs[0]['scope'] if runs else '?'}`;"
         f" noise in rollouts only; held-out measurement without noise: {args.eval_problems} test problems x "
@@ -897,6 +897,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--attribution-seeds", nargs="*", type=int, default=[], help="attribution for these seeds only"
     )
+    parser.add_argument(
+        "--merge", nargs="+", default=None, help="only write the report from these .json files of earlier runs"
+    )
     parser.add_argument("--out", default=None, help="report path (default benchmarks/results/<date>-stress...md)")
     args = parser.parse_args(argv)
     args.eps = DESIGNS[args.design] if args.eps is None else args.eps
@@ -910,6 +913,18 @@ def main(argv=None) -> None:
     suffix = "" if args.design == "post_answer" else f"-{args.design}"
     out = Path(args.out) if args.out else RESULTS_DIR / f"{datetime.date.today().isoformat()}-stress{suffix}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        runs, commands = [], []
+        for name in args.merge:
+            data = json.loads(Path(name).read_text())
+            runs += data["runs"]
+            commands += data["command"].split("\n")
+        command = "\n".join(dict.fromkeys(commands + [command]))
+        args.steps = runs[0]["steps"]
+        out.with_suffix(".json").write_text(json.dumps(dict(command=command, runs=runs), indent=1))
+        write_report(out, args, runs, command)
+        print(out.read_text())
+        return
     torch.set_num_threads(1)
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="stress-") as workdir:
