@@ -627,6 +627,7 @@ def run_one(args, design: str, arm: str, seed: int, workdir: str) -> dict[str, A
         bracket_counts=dict(trainer.bracket_counts),
         probe=probe.history,
         attribution_sums=dict(trainer.attribution_sums),
+        attribution_steps=trainer.attribution_steps,
         **measured,
     )
 
