@@ -592,6 +592,20 @@ def make_probe(tokenizer, num: int = 32, offset: int = 200) -> BracketProbe:
     return BracketProbe(tokenizer, rows["prompt"], completions)
 
 
+def evaluate_start(args) -> dict[str, Any]:
+    """The held-out measurement of the SFT start (`builtin:tiny-math` before RL), with the seed of run 0."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stapo_trl.builtin import resolve_model_path
+
+    path = resolve_model_path("builtin:tiny-math")
+    test = test_split().select(range(args.eval_problems))
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    return evaluate_junk(
+        model, tokenizer, test["prompt"], test["solution"], k=args.eval_samples, max_new_tokens=48, seed=1000
+    )
+
+
 def run_one(args, design: str, arm: str, seed: int, workdir: str) -> dict[str, Any]:
     trainer, _ = build_stress_trainer(arm, seed, args.steps, args.scope, workdir)
     probe = make_probe(trainer.processing_class)
@@ -820,8 +834,14 @@ def probe_table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_report(path: Path, args, runs: list[dict], command: str) -> None:
+def write_report(path: Path, args, runs: list[dict], command: str, start: dict | None = None) -> None:
     arms = [arm for arm in ARMS if any(r["arm"] == arm for r in runs)]
+    start_line = (
+        ""
+        if start is None
+        else f"SFT start (before RL, same measurement, seed 1000): accuracy {100 * start['accuracy']:.1f} %, junk "
+        f"{100 * start['junk_rate']:.2f} %, entropy after box {start['post_box_entropy']:.3f} nats."
+    )
     text = [
         f"# Stress experiment, design `{args.design}` (eps {args.eps}), {datetime.date.today().isoformat()}",
         "",
@@ -832,6 +852,8 @@ def write_report(path: Path, args, runs: list[dict], command: str) -> None:
         f"Demo recipe `{RECIPE}` on STAPOTrainer, {args.steps} steps, s2t_scope `{runs[0]['scope'] if runs else '?'}`;"
         f" noise in rollouts only; held-out measurement without noise: {args.eval_problems} test problems x "
         f"{args.eval_samples} samples, T = 1, 48 new tokens. Junk = any non-blank text after the last closed box.",
+        "",
+        start_line,
         "",
         "## Per arm (mean ± std over seeds)",
         "",
@@ -915,19 +937,22 @@ def main(argv=None) -> None:
     out = Path(args.out) if args.out else RESULTS_DIR / f"{datetime.date.today().isoformat()}-stress{suffix}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.merge:
-        runs, commands = [], []
+        runs, commands, start = [], [], None
         for name in args.merge:
             data = json.loads(Path(name).read_text())
             runs += data["runs"]
             commands += data["command"].split("\n")
+            start = data.get("start") or start
         command = "\n".join(dict.fromkeys(commands + [command]))
         args.steps = runs[0]["steps"]
-        out.with_suffix(".json").write_text(json.dumps(dict(command=command, runs=runs), indent=1))
-        write_report(out, args, runs, command)
+        start = start or evaluate_start(args)
+        out.with_suffix(".json").write_text(json.dumps(dict(command=command, start=start, runs=runs), indent=1))
+        write_report(out, args, runs, command, start)
         print(out.read_text())
         return
     torch.set_num_threads(1)
     runs: list[dict] = []
+    start = evaluate_start(args)
     with tempfile.TemporaryDirectory(prefix="stress-") as workdir:
         for seed in args.seeds:  # seed-major: every finished seed is a complete paired set
             for arm in args.arms:
@@ -940,8 +965,10 @@ def main(argv=None) -> None:
                     f"({r['train_seconds']:.0f} s, load {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
-                out.with_suffix(".json").write_text(json.dumps(dict(command=command, runs=runs), indent=1))
-                write_report(out, args, runs, command)
+                out.with_suffix(".json").write_text(
+                    json.dumps(dict(command=command, start=start, runs=runs), indent=1)
+                )
+                write_report(out, args, runs, command, start)
     print(out.read_text())
 
 
