@@ -477,14 +477,15 @@ def evaluate_junk(model, tokenizer, prompts, solutions, *, k: int, max_new_token
 
     Returns:
         `dict`: `accuracy` (share of correct completions, last box graded), `junk_rate` (share of all completions
-        with non-blank text after their last closed box), `boxed_rate`, `post_box_entropy` (mean entropy in nats of
+        with non-blank text after their last closed box), `brace_junk_rate` (those whose post-box text starts with
+        `}`, e.g. `\\boxed{74}}`), `boxed_rate`, `post_box_entropy` (mean entropy in nats of
         the policy at the first position after the box closed, over completions with a closed box), and
         `junk_examples` (the 10 most common post-box texts).
     """
     model.eval()
     device = next(model.parameters()).device
     eos_id = tokenizer.eos_token_id
-    correct = junk = boxed = total = 0
+    correct = junk = brace = boxed = total = 0
     entropies: list[float] = []
     examples: Counter = Counter()
     with torch.random.fork_rng():
@@ -524,6 +525,7 @@ def evaluate_junk(model, tokenizer, prompts, solutions, *, k: int, max_new_token
                 boxed += 1
                 if after.strip():
                     junk += 1
+                    brace += after.lstrip().startswith("}")
                     examples[after[:20]] += 1
                 step = first_closed_step(tokenizer, ids)
                 if step is not None and step < logits.size(1):
@@ -532,6 +534,7 @@ def evaluate_junk(model, tokenizer, prompts, solutions, *, k: int, max_new_token
     return dict(
         accuracy=correct / total,
         junk_rate=junk / total,
+        brace_junk_rate=brace / total,
         boxed_rate=boxed / total,
         post_box_entropy=statistics.mean(entropies) if entropies else float("nan"),
         junk_examples=examples.most_common(10),
@@ -682,8 +685,10 @@ def paired_permutation_test(differences: list[float]) -> float:
 METRICS = (
     ("accuracy", "accuracy %", 100.0, 1),
     ("junk_rate", "post-answer junk %", 100.0, 2),
+    ("brace_junk_rate", "junk starting with `}` %", 100.0, 2),
     ("post_box_entropy", "entropy after box (nats)", 1.0, 3),
     ("silenced_ratio_mean", "silenced ratio %", 100.0, 3),
+    ("probe_close_end", "probe p(`}`) x1e3 at the end", 1000.0, 2),
 )
 
 
@@ -717,7 +722,9 @@ def summary_table(runs: list[dict], arms: list[str]) -> str:
         if arm == "off" or arm not in by or "off" not in by:
             continue
         common = sorted(set(by[arm]) & set(by["off"]))
-        for key, label, scale, digits in METRICS[:3]:
+        for key, label, scale, digits in METRICS:
+            if key == "silenced_ratio_mean":
+                continue
             diffs = [(by[arm][s][key] - by["off"][s][key]) * scale for s in common]
             diffs = [d for d in diffs if not math.isnan(d)]
             if not diffs:
@@ -732,13 +739,15 @@ def summary_table(runs: list[dict], arms: list[str]) -> str:
 
 def per_seed_table(runs: list[dict]) -> str:
     lines = [
-        "| arm | seed | accuracy % | junk % | entropy after box | silenced % | p(`}`) probe end | most common junk |"
+        "| arm | seed | accuracy % | junk % | of which `}...` % | entropy after box | silenced % | p(`}`) probe end "
+        "| most common junk |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    lines.append("|---|---|---|---|---|---|---|---|")
     for r in sorted(runs, key=lambda r: (r["arm"], r["seed"])):
         junk = ", ".join(f"`{t!r}` x{n}" for t, n in r["junk_examples"][:2])
+        brace = f"{100 * r['brace_junk_rate']:.2f}" if "brace_junk_rate" in r else "-"
         lines.append(
-            f"| {r['arm']} | {r['seed']} | {100 * r['accuracy']:.1f} | {100 * r['junk_rate']:.2f} | "
+            f"| {r['arm']} | {r['seed']} | {100 * r['accuracy']:.1f} | {100 * r['junk_rate']:.2f} | {brace} | "
             f"{r['post_box_entropy']:.3f} | {100 * r['silenced_ratio_mean']:.3f} | {r['probe'][-1]['p_close']:.2e} | "
             f"{junk} |"
         )
@@ -834,7 +843,19 @@ def probe_table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _fill_brace_rate(run: dict) -> None:
+    """Runs measured before `brace_junk_rate` existed: count it from the 10 most common junk texts (a lower bound).
+    Also sets `probe_close_end`, the probe's last p(`}`)."""
+    run["probe_close_end"] = run["probe"][-1]["p_close"]
+    if "brace_junk_rate" not in run:
+        count = sum(n for text, n in run["junk_examples"] if text.lstrip().startswith("}"))
+        run["brace_junk_rate"] = count / run["num_completions"]
+        run["brace_junk_rate_from_top10"] = True
+
+
 def write_report(path: Path, args, runs: list[dict], command: str, start: dict | None = None) -> None:
+    for run in runs:
+        _fill_brace_rate(run)
     arms = [arm for arm in ARMS if any(r["arm"] == arm for r in runs)]
     start_line = (
         ""
@@ -852,6 +873,8 @@ def write_report(path: Path, args, runs: list[dict], command: str, start: dict |
         f"Demo recipe `{RECIPE}` on STAPOTrainer, {args.steps} steps, s2t_scope `{runs[0]['scope'] if runs else '?'}`;"
         f" noise in rollouts only; held-out measurement without noise: {args.eval_problems} test problems x "
         f"{args.eval_samples} samples, T = 1, 48 new tokens. Junk = any non-blank text after the last closed box.",
+        "Runs marked in the JSON with `brace_junk_rate_from_top10` counted the `}`-junk from their 10 most common junk",
+        "texts only (a lower bound).",
         "",
         start_line,
         "",
