@@ -177,3 +177,65 @@ def test_exact_paired_tests():
     assert stress.sign_test([1.0, 2.0, 3.0, -1.0]) == pytest.approx(2 * 5 / 16)  # k = 1 of n = 4
     assert stress.paired_permutation_test([1.0, 2.0, 3.0]) == pytest.approx(2 / 8)  # only all-same-sign flips reach 6
     assert stress.paired_permutation_test([1.0, -1.0]) == 1.0
+
+
+def test_attribution_shares_match_one_backward_pass_per_token_kind(tiny_random_model_path, tmp_path):
+    # The attribution splits the first-order change of the probe's log p(`}`) over tokens with one probe backward and
+    # two finite-difference forwards. Before Adam has state its preconditioner is 1, so each kind's share must equal
+    # -lr * <dL_kind/dθ, d log p(`}`)/dθ>, computed here with one explicit backward pass per kind.
+    from stapo_trl.trainer import STAPOTrainer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = STAPOConfig(
+            output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
+            num_generations=2, max_completion_length=5, learning_rate=1e-3, s2t_mode="off",
+        )  # fmt: skip
+        prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": "1+2"}]}] * 4)
+        trainer = stress.StressTrainer(
+            tiny_random_model_path, reward_funcs=_binary_reward, args=args, train_dataset=prompts
+        )
+    tokenizer = trainer.processing_class
+    probe = stress.BracketProbe(
+        tokenizer, [[{"role": "user", "content": "47+38"}]] * 2, [r"\boxed{85}", r"; \boxed{9}"]
+    )
+    trainer.setup_stress(eps=0.2, design="post_answer", seed=0, attribution=True, probe=probe)
+    trainer.create_optimizer()
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    generator = torch.Generator().manual_seed(0)
+    vocab = trainer.model.config.vocab_size
+    completion_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
+    inputs = {
+        "prompt_ids": torch.randint(3, vocab, (4, 3), generator=generator),
+        "prompt_mask": torch.ones(4, 3, dtype=torch.long),
+        "completion_ids": torch.randint(3, vocab, (4, 5), generator=generator),
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor([1.0, -0.5, 2.0, -1.5]),
+        "num_items_in_batch": completion_mask.sum(),
+        "stress_kind": torch.tensor([[0, 0, 1, 2, 5], [0, 3, 4, 0, 0], [0, 1, 2, 2, 2], [0, 5, 0, 0, 0]]),
+        "stress_candidate": torch.zeros(4, 5, dtype=torch.long),
+    }
+    loss = trainer._compute_loss(trainer.model, inputs)
+    row = trainer.attribution_steps[-1]
+
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    probe_grad = torch.autograd.grad(probe.log_prob_close(trainer.model), params)
+    total = 0.0
+    for k, name in enumerate(stress.KINDS):
+        for sign, adv in (("pos", inputs["advantages"] > 0), ("neg", inputs["advantages"] < 0)):
+            select = ((inputs["stress_kind"] == k) & adv[:, None]).long()
+            if not (select * completion_mask).any():
+                assert row[f"{name}/{sign}"] == 0.0
+                continue
+            loss_c = STAPOTrainer._compute_loss(trainer, trainer.model, {**inputs, "tool_mask": select})
+            grads = torch.autograd.grad(loss_c, params, allow_unused=True)
+            explicit = -1e-3 * sum(float((g * pg).sum()) for g, pg in zip(grads, probe_grad) if g is not None)
+            assert row[f"{name}/{sign}"] == pytest.approx(explicit, rel=0.02, abs=1e-7), (name, sign)
+            total += explicit
+    whole = torch.autograd.grad(loss, params, allow_unused=True)
+    explicit_whole = -1e-3 * sum(float((g * pg).sum()) for g, pg in zip(whole, probe_grad) if g is not None)
+    assert total == pytest.approx(explicit_whole, rel=1e-4, abs=1e-9)  # the kinds add up to the whole batch
+    assert abs(explicit_whole) > 0
+    shares = [row[f"{name}/{sign}"] for name in stress.KINDS for sign in ("pos", "neg")]
+    assert sum(shares) == pytest.approx(explicit_whole, rel=0.02)
