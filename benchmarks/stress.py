@@ -969,6 +969,8 @@ def main(argv=None) -> None:
         command = "\n".join(dict.fromkeys(commands + [command]))
         args.steps = runs[0]["steps"]
         start = start or evaluate_start(args)
+        for run in runs:
+            _fill_brace_rate(run)
         out.with_suffix(".json").write_text(json.dumps(dict(command=command, start=start, runs=runs), indent=1))
         write_report(out, args, runs, command, start)
         print(out.read_text())
