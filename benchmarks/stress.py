@@ -861,7 +861,8 @@ def write_report(path: Path, args, runs: list[dict], command: str, start: dict |
         ""
         if start is None
         else f"SFT start (before RL, same measurement, seed 1000): accuracy {100 * start['accuracy']:.1f} %, junk "
-        f"{100 * start['junk_rate']:.2f} %, entropy after box {start['post_box_entropy']:.3f} nats."
+        f"{100 * start['junk_rate']:.2f} % (starting with `}}`: {100 * start.get('brace_junk_rate', float('nan')):.2f} %), "
+        f"entropy after box {start['post_box_entropy']:.3f} nats."
     )
     text = [
         f"# Stress experiment, design `{args.design}` (eps {args.eps}), {datetime.date.today().isoformat()}",
