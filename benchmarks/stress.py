@@ -1,0 +1,1002 @@
+#!/usr/bin/env python
+r"""A controlled spurious-token stress experiment for the S2T mask of STAPO (issue 16).
+
+    python benchmarks/stress.py                                   # design 1, 4 arms x 8 seeds x 400 steps
+    python benchmarks/stress.py --design everywhere --arms low_entropy off --seeds 0 1 2 --steps 300
+    python benchmarks/stress.py --seeds 0 --arms low_entropy off --attribution   # + token-level evidence
+
+Natural spurious tokens are too rare on the demo model (~1e-4) for a mask to change anything, so this experiment puts
+them in on purpose, where they are known. During rollouts only (never in evaluation), a position samples from
+(1 - eps) pi + eps uniform over the vocabulary:
+- design `post_answer` (eps 0.2): only once the generated text holds a closed `\boxed{...}`. The reward reads the last
+  box, so this junk never changes the reward: every junk token inherits the advantage of the answer before it.
+- design `everywhere` (eps 0.02): at every position.
+The mixture is drawn as "with probability eps the position samples uniformly", so every position drawn from the
+uniform part is known (the ground truth the mask is checked against).
+
+Arms: `s2t_mode` low_entropy (STAPO), off, high_entropy, all_low_prob, all on [`~stapo_trl.STAPOTrainer`] with the
+demo recipe (`recipes/demo/stapo.yaml`), so all arms share one trainer and one normaliser.
+
+Held-out measurement, without noise: `--eval-problems` test problems x `--eval-samples`, T = 1, 48 new tokens:
+accuracy, post-answer junk rate (completions with any text after their last closed box), the entropy of the policy
+at the first position after the box, and the run's mean silenced ratio. Per arm: mean, standard deviation, and an
+exact paired test against the `off` arm over seeds (sign test and sign-flip permutation test of the mean difference).
+
+Token-level evidence (`--attribution`, and always the cheap part):
+- every generation batch, the mask is recomputed from its inputs (p < tau_p in float64, the realised tau_h) and
+  compared with the trainer's mask, separately at injected and at policy-sampled positions;
+- every rollout batch, a probe: p(`}`), p(EOS) and the entropy right after `\boxed{<gold>}` on held-out problems;
+- with `--attribution`, every optimizer step: the first-order change of the probe's mean log p(`}`) that each kind of
+  token in the batch causes through Adam's update (answer tokens, injected junk, policy-sampled post-box tokens, EOS;
+  split by advantage sign), summed over training.
+
+Writes `benchmarks/results/<date>-stress[-<design>].md` and `.json` (raw per-seed values; rewritten after every run,
+so an interrupted sweep keeps its finished runs). The exact command is in the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import itertools
+import json
+import math
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from transformers import LogitsProcessor, LogitsProcessorList  # noqa: E402
+
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from stapo_trl.grading import _find_boxes, is_correct  # noqa: E402
+from stapo_trl.s2t import linear_quantile  # noqa: E402
+from stapo_trl.trainer import STAPOTrainer  # noqa: E402
+
+
+RESULTS_DIR = REPO / "benchmarks" / "results"
+RECIPE = "recipes/demo/stapo.yaml"
+ARMS = ("low_entropy", "off", "high_entropy", "all_low_prob")
+DESIGNS = {"post_answer": 0.2, "everywhere": 0.02}  # design -> default eps
+DEFAULT_STEPS = {"post_answer": 400, "everywhere": 300}
+# Token kinds of the attribution (a completion's tokens, by where they are and where they were drawn from).
+# answer: up to the token that closes the first box (all tokens of a completion without a box, not injected);
+# junk1 / pi1: injected / policy-sampled non-EOS token at the first position after the box; junk / pi: the same at
+# later positions (design `everywhere`: injected tokens before the box are `junk` too); eos: policy-sampled EOS after
+# the box.
+KINDS = ("answer", "junk1", "junk", "pi1", "pi", "eos")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Boxes in text
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def closed_box_end(text: str) -> int | None:
+    r"""Character index just past the last closed `\boxed{...}` of `text`, or `None` when no box is closed.
+
+    Uses the grader's box finder ([`~stapo_trl.grading.extract_boxed_answer`]'s), so "closed" means what the reward
+    reads: nested braces are matched, an unterminated box is not closed.
+    """
+    ends = [end for content, _, end in _find_boxes(text) if content is not None]
+    return ends[-1] if ends else None
+
+
+def text_after_last_box(text: str) -> str | None:
+    """The text after the last closed box (`None` when there is no closed box)."""
+    end = closed_box_end(text)
+    return None if end is None else text[end:]
+
+
+def first_closed_step(tokenizer, token_ids: list[int]) -> int | None:
+    r"""Number of tokens k such that `token_ids[:k]` is the shortest prefix whose text holds a closed box.
+
+    `None` when no prefix does. Decoded with special tokens skipped, as the reward sees the completion.
+    """
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    if closed_box_end(text) is None:
+        return None
+    for k in range(1, len(token_ids) + 1):
+        if closed_box_end(tokenizer.decode(token_ids[:k], skip_special_tokens=True)) is not None:
+            return k
+    return None  # unreachable
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The noise: a transformers LogitsProcessor, installed on the policy's `generate` during rollouts only
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class UniformNoiseProcessor(LogitsProcessor):
+    r"""Sample from (1 - eps) pi + eps uniform over the vocabulary, at post-answer positions or everywhere.
+
+    Drawn as a two-stage mixture: each (row, position) draws u ~ U(0, 1) from the processor's own generator; when
+    u < eps (and the position is eligible) the row's scores are replaced by zeros, so the sampler draws uniformly
+    over all `scores.size(-1)` ids; otherwise the scores are untouched. The marginal is exactly the mixture, and the
+    positions drawn from the uniform part are recorded in `injected`.
+
+    Args:
+        tokenizer: decodes the generated tokens (special tokens skipped) to find a closed `\boxed{...}`.
+        prompt_length (`int`): length of the (left-padded) prompt block of `input_ids` in this `generate` call.
+        eps (`float`): mixing weight of the uniform distribution, in [0, 1].
+        design (`str`): `"post_answer"` (only once a closed box is in the generated text) or `"everywhere"`.
+        generator (`torch.Generator`): the noise's random stream (the sampler's own stream is not consumed).
+
+    Attributes:
+        injected (`list[list[bool]]`): per generated row, per generated position: drawn from the uniform part.
+        closed_at (`list[int | None]`): per row, the number of generated tokens when the box first closed.
+
+    Raises:
+        ValueError: for `eps` outside [0, 1] or an unknown `design`.
+    """
+
+    def __init__(self, tokenizer, prompt_length: int, eps: float, design: str, generator: torch.Generator):
+        if not 0.0 <= eps <= 1.0:
+            raise ValueError(f"eps={eps!r} must be in [0, 1]")
+        if design not in DESIGNS:
+            raise ValueError(f"design={design!r} is not one of {list(DESIGNS)}")
+        self.tokenizer, self.prompt_length, self.eps, self.design = tokenizer, prompt_length, eps, design
+        self.generator = generator
+        self.injected: list[list[bool]] = []
+        self.closed_at: list[int | None] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        batch_size = input_ids.size(0)
+        if not self.injected:
+            self.injected = [[] for _ in range(batch_size)]
+            self.closed_at = [None] * batch_size
+        generated = input_ids.size(1) - self.prompt_length  # tokens generated so far
+        for row in range(batch_size):
+            if self.closed_at[row] is None and generated > 0:
+                text = self.tokenizer.decode(input_ids[row, self.prompt_length :].tolist(), skip_special_tokens=True)
+                if closed_box_end(text) is not None:
+                    self.closed_at[row] = generated
+        eligible = torch.tensor(
+            [self.design == "everywhere" or c is not None for c in self.closed_at], device=scores.device
+        )
+        draw = torch.rand(batch_size, generator=self.generator) < self.eps
+        inject = eligible & draw.to(scores.device)
+        for row in range(batch_size):
+            self.injected[row].append(bool(inject[row]))
+        if inject.any():
+            scores = scores.clone()
+            scores[inject] = 0.0  # uniform over the vocabulary
+        return scores
+
+
+class StressTrainer(STAPOTrainer):
+    """[`~stapo_trl.STAPOTrainer`] whose rollouts (not its evaluation) sample with [`UniformNoiseProcessor`].
+
+    The processor is passed to the policy's `generate` only inside `_generate_single_turn` (TRL 1.16's
+    transformers generation path, the one that samples rollouts); `model.generate` everywhere else, and evaluation,
+    is untouched. Each scored generation batch gets `stress_kind` ((B, T) long, an index into `KINDS`) and
+    `stress_injected` ((B, T) bool), which TRL shuffles and splits with the rest of the batch.
+
+    Set after construction: `noise_eps` (float), `noise_design` (str), `noise_seed` (int), `attribution` (bool),
+    `probe` ([`BracketProbe`] or None).
+    """
+
+    noise_eps: float = 0.0
+    noise_design: str = "post_answer"
+    attribution: bool = False
+    probe = None
+
+    def setup_stress(self, eps: float, design: str, seed: int, attribution: bool = False, probe=None) -> None:
+        """Set the noise (eps, design, seed of its own random stream) and the evidence collectors."""
+        self.noise_eps, self.noise_design, self.attribution, self.probe = eps, design, attribution, probe
+        self._noise_generator = torch.Generator().manual_seed(10_000 + seed)
+        self._noise_records: list[UniformNoiseProcessor] = []
+        self.mask_stats: Counter = Counter()
+        self.bracket_counts: Counter = Counter()
+        self.attribution_sums: dict[str, float] = defaultdict(float)
+        self.attribution_steps: list[dict[str, float]] = []
+
+    # ---- the noise, rollouts only
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        model = self.accelerator.unwrap_model(self.model)
+        original = model.generate
+        tokenizer = self.processing_class
+
+        @functools.wraps(original)
+        def noisy_generate(*args, **kwargs):
+            prompt_length = kwargs["input_ids"].size(1)
+            processor = UniformNoiseProcessor(
+                tokenizer, prompt_length, self.noise_eps, self.noise_design, self._noise_generator
+            )
+            kwargs["logits_processor"] = LogitsProcessorList([processor])
+            output = original(*args, **kwargs)
+            self._noise_records.append(processor)
+            return output
+
+        model.generate = noisy_generate  # instance attribute, removed below: nothing else ever sees it
+        try:
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        finally:
+            del model.generate
+
+    def _generate_and_score_completions(self, inputs):
+        self._noise_records = []
+        output = super()._generate_and_score_completions(inputs)
+        if not self.model.training:
+            return output
+        completion_ids = output["completion_ids"]  # (B, T)
+        batch_size, length = completion_ids.shape
+        injected_rows = [row for record in self._noise_records for row in record.injected]
+        closed_rows = [c for record in self._noise_records for c in record.closed_at]
+        if len(injected_rows) != batch_size:
+            raise RuntimeError(f"noise records for {len(injected_rows)} rows, batch has {batch_size}")
+        injected = torch.zeros(batch_size, length, dtype=torch.bool)
+        kind = torch.zeros(batch_size, length, dtype=torch.long)
+        eos_ids = set(self.eos_token_ids)
+        completion_mask = output["completion_mask"].cpu()
+        ids = completion_ids.cpu()
+        for row in range(batch_size):
+            n = min(len(injected_rows[row]), length)
+            injected[row, :n] = torch.tensor(injected_rows[row][:n], dtype=torch.bool)
+            closed = closed_rows[row]
+            for t in range(length):
+                if not completion_mask[row, t]:
+                    continue
+                first = closed is not None and t == closed
+                if injected[row, t]:
+                    kind[row, t] = KINDS.index("junk1" if first else "junk")
+                elif closed is not None and t >= closed:
+                    name = "eos" if int(ids[row, t]) in eos_ids else ("pi1" if first else "pi")
+                    kind[row, t] = KINDS.index(name)
+        device = completion_ids.device
+        output["stress_injected"] = injected.to(device)
+        output["stress_kind"] = kind.to(device)
+        output["stress_candidate"] = self._candidate_classes(output).to(device)
+        self._check_mask(output, injected, kind)
+        if self.probe is not None:
+            self.probe.record(self, self.state.global_step)
+        return output
+
+    def _candidate_classes(self, output: dict) -> torch.Tensor:
+        """(B, T) long: 0 = not a candidate, 1 = candidate below the q-quantile of candidate entropies (what
+        `low_entropy` silences), 2 = candidate at or above it. The same classes in every arm (`off` included)."""
+        batch = self.s2t_last_batch
+        classes = torch.zeros(output["completion_ids"].shape, dtype=torch.long)
+        if batch is None or not torch.equal(batch.completion_ids.cpu(), output["completion_ids"].cpu()):
+            return classes
+        candidate = batch.result.candidate.cpu()
+        if candidate.any():
+            entropies = batch.entropies.cpu()
+            tau_h = linear_quantile(entropies[candidate].float(), self.args.s2t_entropy_quantile)
+            classes[candidate & (entropies < tau_h)] = 1
+            classes[candidate & ~(entropies < tau_h)] = 2
+        return classes
+
+    # ---- ground truth: the mask at injected positions
+    def _check_mask(self, output: dict, injected: torch.Tensor, kind: torch.Tensor) -> None:
+        """Recompute the S2T rule from the mask's own inputs and count agreement at injected / other positions."""
+        batch = self.s2t_last_batch
+        if batch is None or batch.completion_ids.shape != output["completion_ids"].shape:
+            return
+        if not torch.equal(batch.completion_ids.cpu(), output["completion_ids"].cpu()):
+            return  # the last mask was not built on this batch (another scope): nothing to check
+        logps = batch.per_token_logps.double().cpu()
+        entropies = batch.entropies.double().cpu()
+        advantages = batch.advantages.reshape(-1, 1).double().cpu()
+        in_loss = batch.loss_mask.bool().cpu()
+        result = batch.result
+        tau_p, tau_h = self.args.s2t_prob_threshold, result.entropy_threshold
+        candidate_ref = in_loss & (advantages > 0) & (logps.exp() < tau_p)
+        mode = self.args.s2t_mode
+        if mode == "low_entropy":
+            silenced_ref = candidate_ref & (entropies < tau_h)
+        elif mode == "high_entropy":
+            silenced_ref = candidate_ref & (entropies > tau_h)
+        elif mode == "all_low_prob":
+            silenced_ref = candidate_ref.clone()
+        else:
+            silenced_ref = torch.zeros_like(candidate_ref)
+        candidate, silenced = result.candidate.cpu(), result.silenced.cpu()
+        ids = output["completion_ids"].cpu()
+        close_id = self.processing_class.convert_tokens_to_ids("}")
+        stats = self.mask_stats
+        for name, where in (("injected", injected & in_loss), ("policy", ~injected & in_loss)):
+            stats[f"{name}/tokens"] += int(where.sum())
+            stats[f"{name}/positive"] += int((where & (advantages > 0)).sum())
+            stats[f"{name}/candidates"] += int((candidate & where).sum())
+            stats[f"{name}/silenced"] += int((silenced & where).sum())
+            stats[f"{name}/candidate_mismatch"] += int((candidate != candidate_ref)[where].sum())
+            stats[f"{name}/silenced_mismatch"] += int((silenced != silenced_ref)[where].sum())
+        stats["batches"] += 1
+        stats["batches_with_candidates"] += int(result.num_candidates > 0)
+        # The closing brace after the box: where it was drawn from, the sign of its advantage, and the mask.
+        post = in_loss & (ids == close_id) & (kind != KINDS.index("answer"))
+        for name, where in (("junk", post & injected), ("policy", post & ~injected)):
+            for sign, adv in (("pos", advantages > 0), ("neg", advantages < 0), ("zero", advantages == 0)):
+                cell = where & adv
+                self.bracket_counts[f"{name}/{sign}"] += int(cell.sum())
+                self.bracket_counts[f"{name}/{sign}/silenced"] += int((cell & silenced).sum())
+        for k, name in enumerate(KINDS):
+            for sign, adv in (("pos", advantages > 0), ("neg", advantages < 0)):
+                cell = in_loss & (kind == k) & adv
+                self.mask_stats[f"kind/{name}/{sign}/tokens"] += int(cell.sum())
+                self.mask_stats[f"kind/{name}/{sign}/silenced"] += int((cell & silenced).sum())
+
+    # ---- attribution: which tokens move log p(`}` | ...\\boxed{gold})
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        if self.attribution and torch.is_grad_enabled() and logps.requires_grad:
+            self._attribution_logps = logps  # the loss's own forward: its log-probs carry the graph
+        return logps, entropies, aux
+
+    def _compute_loss(self, model, inputs):
+        self._attribution_logps = None
+        loss = super()._compute_loss(model, inputs)
+        if self.attribution and self.probe is not None and model.training and "stress_kind" in inputs:
+            if self._attribution_logps is not None:
+                self._attribute(model, inputs, loss, self._attribution_logps)
+        return loss
+
+    def _attribute(self, model, inputs: dict, loss: torch.Tensor, logps: torch.Tensor) -> None:
+        """Per-token first-order change of the probe's mean log p(`}`) caused by this micro-batch's update.
+
+        Δθ ≈ -lr P ∂L/∂θ with P = 1 / (sqrt(v̂) + ε) (Adam's preconditioner of the current state; no momentum, no
+        clipping). With L = L(logp_1 ... logp_n) and g = ∂log p(`}`)/∂θ of the probe, Δ log p(`}`) ≈
+        -lr Σ_t (∂L/∂logp_t) D_t where D_t = ∂logp_t/∂θ · (P g) is a directional derivative, taken by a central
+        finite difference (two no-grad forwards; the weights are restored exactly). So every token gets its share,
+        and the shares add up to the whole micro-batch's.
+        """
+        params = [p for p in model.parameters() if p.requires_grad]
+        coeff = torch.autograd.grad(loss, logps, retain_graph=True)[0].detach()  # (B, T) ∂L/∂logp_t
+        probe_grad = torch.autograd.grad(self.probe.log_prob_close(model), params)
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
+        group = optimizer.param_groups[0]
+        lr, beta2, adam_eps = group["lr"], group["betas"][1], group["eps"]
+        direction = []
+        for p, g in zip(params, probe_grad, strict=True):
+            state = optimizer.state.get(p, {})
+            if "exp_avg_sq" in state:
+                v_hat = state["exp_avg_sq"] / (1 - beta2 ** float(state["step"]))
+                direction.append(g / (v_hat.sqrt() + adam_eps))
+            else:
+                direction.append(g.clone())
+        norm = torch.sqrt(sum((d * d).sum() for d in direction)).item()
+        if norm == 0.0:
+            return
+        h = 1e-3  # step along the unit direction (parameters are O(0.1))
+        names = [name for name, p in model.named_parameters() if p.requires_grad]
+        with torch.no_grad():  # functional calls: the weights (saved by the loss's graph) are never modified
+            shifted = [
+                {n: p + sign * (h / norm) * d for n, p, d in zip(names, params, direction, strict=True)}
+                for sign in (1.0, -1.0)
+            ]
+            plus, minus = (self._completion_logps(model, inputs, weights) for weights in shifted)
+        derivative = (plus - minus) / (2 * h) * norm  # (B, T) D_t
+        share = -lr * coeff * derivative  # (B, T)
+        kind = inputs["stress_kind"]
+        advantages = inputs["advantages"].reshape(-1, 1)
+        mask = inputs["completion_mask"].bool()
+        close = inputs["completion_ids"] == self.probe.close_id
+        row: dict[str, float] = {"step": float(self.state.global_step)}
+        for k, name in enumerate(KINDS):
+            for sign, adv in (("pos", advantages > 0), ("neg", advantages < 0)):
+                cell = mask & (kind == k) & adv
+                row[f"{name}/{sign}"] = float(share[cell].sum())
+                row[f"{name}/{sign}/close"] = float(share[cell & close].sum())
+        for c, label in ((1, "cand_lowH"), (2, "cand_highH")):
+            for k, name in enumerate(KINDS):
+                cell = mask & (kind == k) & (inputs["stress_candidate"] == c)
+                row[f"{label}/{name}"] = float(share[cell].sum())
+                row[f"{label}/{name}/close"] = float(share[cell & close].sum())
+        for key, value in row.items():
+            if key != "step":
+                self.attribution_sums[key] += value
+        self.attribution_steps.append(row)
+
+    @staticmethod
+    def _completion_logps(model, inputs: dict, weights: dict) -> torch.Tensor:
+        """(B, T) log-probs of the completion tokens under `model` with `weights` (T = 1: no temperature scaling)."""
+        completion_ids = inputs["completion_ids"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        logits = torch.func.functional_call(model, weights, args=(), kwargs=kwargs, strict=False).logits
+        logits = logits[:, -completion_ids.size(1) - 1 : -1].float()
+        return torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+
+
+class BracketProbe:
+    r"""p(`}`), p(EOS) and entropy right after `\boxed{<gold>}` on fixed held-out problems (no noise, no sampling).
+
+    Args:
+        tokenizer: the policy's tokenizer (chat template, `}` and EOS tokens).
+        prompts (`list[list[dict]]`), completions (`list[str]`): the probe contexts, gold completions ending in a box.
+    """
+
+    def __init__(self, tokenizer, prompts, completions):
+        self.close_id = tokenizer.convert_tokens_to_ids("}")
+        self.eos_id = tokenizer.eos_token_id
+        rows = []
+        for prompt, completion in zip(prompts, completions, strict=True):
+            text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True) + completion
+            rows.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+        width = max(map(len, rows))
+        pad = tokenizer.pad_token_id
+        self.input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])  # left-padded (N, W)
+        self.attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        self.history: list[dict[str, float]] = []
+
+    def _last_logits(self, model) -> torch.Tensor:
+        device = next(model.parameters()).device
+        out = model(input_ids=self.input_ids.to(device), attention_mask=self.attention_mask.to(device))
+        return out.logits[:, -1, :].float()  # (N, V): the next token after the closed box
+
+    def log_prob_close(self, model) -> torch.Tensor:
+        """Mean over the probe contexts of log p(`}` | context) (a scalar with grad)."""
+        return torch.log_softmax(self._last_logits(model), dim=-1)[:, self.close_id].mean()
+
+    @torch.no_grad()
+    def record(self, trainer, step: int) -> None:
+        model = trainer.model
+        was_training = model.training
+        model.eval()
+        logp = torch.log_softmax(self._last_logits(model), dim=-1)
+        model.train(was_training)
+        p = logp.exp()
+        self.history.append(
+            dict(
+                step=step,
+                p_close=float(p[:, self.close_id].mean()),
+                p_eos=float(p[:, self.eos_id].mean()),
+                entropy=float(-(p * logp).sum(-1).mean()),
+            )
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Held-out measurement (no noise)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def evaluate_junk(model, tokenizer, prompts, solutions, *, k: int, max_new_tokens: int, seed: int) -> dict[str, Any]:
+    r"""Sample `k` completions per problem at T = 1 (plain `generate`, no processor) and measure the post-answer junk.
+
+    Returns:
+        `dict`: `accuracy` (share of correct completions, last box graded), `junk_rate` (share of all completions
+        with non-blank text after their last closed box), `brace_junk_rate` (those whose post-box text starts with
+        `}`, e.g. `\\boxed{74}}`), `boxed_rate`, `post_box_entropy` (mean entropy in nats of
+        the policy at the first position after the box closed, over completions with a closed box), and
+        `junk_examples` (the 10 most common post-box texts).
+    """
+    model.eval()
+    device = next(model.parameters()).device
+    eos_id = tokenizer.eos_token_id
+    correct = junk = brace = boxed = total = 0
+    entropies: list[float] = []
+    examples: Counter = Counter()
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        for start in range(0, len(prompts), 50):
+            chunk = list(range(start, min(start + 50, len(prompts))))
+            texts = [
+                tokenizer.apply_chat_template(prompts[i], tokenize=False, add_generation_prompt=True) for i in chunk
+            ]
+            batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+            batch = batch.to(device)
+            out = model.generate(
+                **batch,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                max_new_tokens=max_new_tokens,
+                num_return_sequences=k,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=eos_id,
+                return_dict_in_generate=True,
+                output_logits=True,
+            )
+            generated = out.sequences[:, batch["input_ids"].shape[1] :]
+            logits = torch.stack(out.logits, dim=1).float()  # (N, L, V)
+            for j in range(generated.size(0)):
+                ids = generated[j].tolist()
+                if eos_id in ids:
+                    ids = ids[: ids.index(eos_id) + 1]
+                text = tokenizer.decode(ids, skip_special_tokens=True)
+                total += 1
+                correct += is_correct(text, solutions[chunk[j // k]])
+                after = text_after_last_box(text)
+                if after is None:
+                    continue
+                boxed += 1
+                if after.strip():
+                    junk += 1
+                    brace += after.lstrip().startswith("}")
+                    examples[after[:20]] += 1
+                step = first_closed_step(tokenizer, ids)
+                if step is not None and step < logits.size(1):
+                    logp = torch.log_softmax(logits[j, step], dim=-1)
+                    entropies.append(float(-(logp.exp() * logp).sum()))
+    return dict(
+        accuracy=correct / total,
+        junk_rate=junk / total,
+        brace_junk_rate=brace / total,
+        boxed_rate=boxed / total,
+        post_box_entropy=statistics.mean(entropies) if entropies else float("nan"),
+        junk_examples=examples.most_common(10),
+        num_completions=total,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One run
+# ---------------------------------------------------------------------------------------------------------------
+
+_PREPARED: dict[str, Any] = {}
+
+
+def build_stress_trainer(arm: str, seed: int, steps: int, scope: str | None, workdir: str) -> tuple:
+    """A [`StressTrainer`] of the demo recipe with `s2t_mode=arm`, `seed` and `steps` (no checkpoints, no printing)."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from stapo_trl.train import parse_args, prepare
+
+    output_dir = tempfile.mkdtemp(prefix="stress-", dir=workdir)
+    argv = ["--config", RECIPE, "--output_dir", output_dir, "--save_strategy", "no", "--report_to", "none"]
+    argv += ["--disable_tqdm", "true", "--max_steps", str(steps), "--seed", str(seed), "--s2t_mode", arm]
+    argv += ["--eval_before_after", "false"]
+    if scope is not None:
+        argv += ["--s2t_scope", scope]
+    script_args, training_args, model_args = parse_args(argv)
+    if "run" not in _PREPARED:
+        _PREPARED["run"] = prepare(script_args, training_args, model_args)
+    run = _PREPARED["run"]
+    training_args.model_init_kwargs = {"dtype": model_args.dtype}
+    trainer = StressTrainer(
+        model=run.model_path, reward_funcs=run.reward_funcs, args=training_args, train_dataset=run.train_dataset
+    )
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    return trainer, run
+
+
+def test_split():
+    from stapo_trl.data import load_prompt_dataset
+
+    if "test" not in _PREPARED:
+        _PREPARED["test"] = load_prompt_dataset("builtin:tiny-math", split="test")
+    return _PREPARED["test"]
+
+
+def make_probe(tokenizer, num: int = 32, offset: int = 200) -> BracketProbe:
+    """A [`BracketProbe`] on held-out problems `offset` ... `offset + num` (outside the evaluated ones)."""
+    from stapo_trl.data import tiny_math_completion
+
+    test = test_split()
+    rows = test.select(range(offset, min(offset + num, len(test))))
+    completions = []
+    for prompt in rows["prompt"]:
+        a, b = (int(x) for x in prompt[-1]["content"].split("\n")[0].strip().split("+")[:2])
+        completions.append(tiny_math_completion(a, b))
+    return BracketProbe(tokenizer, rows["prompt"], completions)
+
+
+def evaluate_start(args) -> dict[str, Any]:
+    """The held-out measurement of the SFT start (`builtin:tiny-math` before RL), with the seed of run 0."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stapo_trl.builtin import resolve_model_path
+
+    path = resolve_model_path("builtin:tiny-math")
+    test = test_split().select(range(args.eval_problems))
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    return evaluate_junk(
+        model, tokenizer, test["prompt"], test["solution"], k=args.eval_samples, max_new_tokens=48, seed=1000
+    )
+
+
+def run_one(args, design: str, arm: str, seed: int, workdir: str) -> dict[str, Any]:
+    trainer, _ = build_stress_trainer(arm, seed, args.steps, args.scope, workdir)
+    probe = make_probe(trainer.processing_class)
+    attribution = args.attribution or seed in args.attribution_seeds
+    trainer.setup_stress(args.eps, design, seed, attribution=attribution, probe=probe)
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+    probe.record(trainer, trainer.state.global_step)
+    test = test_split().select(range(args.eval_problems))
+    measured = evaluate_junk(
+        trainer.model,
+        trainer.processing_class,
+        test["prompt"],
+        test["solution"],
+        k=args.eval_samples,
+        max_new_tokens=48,
+        seed=1000 + seed,
+    )
+    logs = [h for h in trainer.state.log_history if "s2t/silenced_ratio" in h]
+    silenced = [h["s2t/silenced_ratio"] for h in logs]
+    return dict(
+        design=design,
+        arm=arm,
+        seed=seed,
+        steps=args.steps,
+        eps=args.eps,
+        scope=trainer.args.s2t_scope,
+        train_seconds=wall,
+        silenced_ratio_mean=statistics.mean(silenced) if silenced else float("nan"),
+        reward_mean=statistics.mean(h["reward"] for h in trainer.state.log_history if "reward" in h),
+        mask_stats=dict(trainer.mask_stats),
+        bracket_counts=dict(trainer.bracket_counts),
+        probe=probe.history,
+        attribution_sums=dict(trainer.attribution_sums),
+        attribution_steps=trainer.attribution_steps,
+        **measured,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Statistics (exact, no scipy in the venv)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def sign_test(differences: list[float]) -> float:
+    """Exact two-sided sign test p-value of paired differences (zeros dropped); 1.0 when all are zero."""
+    nonzero = [d for d in differences if d != 0]
+    n = len(nonzero)
+    if n == 0:
+        return 1.0
+    k = min(sum(d > 0 for d in nonzero), sum(d < 0 for d in nonzero))
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def paired_permutation_test(differences: list[float]) -> float:
+    """Exact two-sided sign-flip permutation p-value of the mean of paired differences (all 2^n flips, n <= 16)."""
+    n = len(differences)
+    if n == 0 or n > 16:
+        return float("nan")
+    observed = abs(sum(differences))
+    count = sum(
+        abs(sum(s * d for s, d in zip(signs, differences, strict=True))) >= observed - 1e-12
+        for signs in itertools.product((1, -1), repeat=n)
+    )
+    return count / 2**n
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------------------------
+
+METRICS = (
+    ("accuracy", "accuracy %", 100.0, 1),
+    ("junk_rate", "post-answer junk %", 100.0, 2),
+    ("brace_junk_rate", "junk starting with `}` %", 100.0, 2),
+    ("post_box_entropy", "entropy after box (nats)", 1.0, 3),
+    ("silenced_ratio_mean", "silenced ratio %", 100.0, 3),
+    ("probe_close_end", "probe p(`}`) x1e3 at the end", 1000.0, 2),
+)
+
+
+def _fmt(values: list[float], scale: float, digits: int) -> str:
+    values = [v * scale for v in values if v is not None and not math.isnan(v)]
+    if not values:
+        return "-"
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.{digits}f} ± {std:.{digits}f}"
+
+
+def summary_table(runs: list[dict], arms: list[str]) -> str:
+    by = defaultdict(dict)
+    for r in runs:
+        by[r["arm"]][r["seed"]] = r
+    lines = ["| arm | seeds | " + " | ".join(label for _, label, _, _ in METRICS) + " |"]
+    lines.append("|---|---|" + "---|" * len(METRICS))
+    for arm in arms:
+        if arm not in by:
+            continue
+        seeds = sorted(by[arm])
+        cells = [_fmt([by[arm][s][key] for s in seeds], scale, d) for key, _, scale, d in METRICS]
+        lines.append(f"| {arm} | {len(seeds)} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Paired against `off` over the common seeds (difference arm - off; exact two-sided sign test and")
+    lines.append("sign-flip permutation test of the mean difference):")
+    lines.append("")
+    lines.append("| arm | metric | n | mean diff | arm > off | sign p | permutation p |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for arm in arms:
+        if arm == "off" or arm not in by or "off" not in by:
+            continue
+        common = sorted(set(by[arm]) & set(by["off"]))
+        for key, label, scale, digits in METRICS:
+            if key == "silenced_ratio_mean":
+                continue
+            diffs = [(by[arm][s][key] - by["off"][s][key]) * scale for s in common]
+            diffs = [d for d in diffs if not math.isnan(d)]
+            if not diffs:
+                continue
+            lines.append(
+                f"| {arm} | {label} | {len(diffs)} | {statistics.mean(diffs):+.{digits}f} | "
+                f"{sum(d > 0 for d in diffs)}/{len(diffs)} | {sign_test(diffs):.3f} | "
+                f"{paired_permutation_test(diffs):.3f} |"
+            )
+    return "\n".join(lines)
+
+
+def per_seed_table(runs: list[dict]) -> str:
+    lines = [
+        "| arm | seed | accuracy % | junk % | of which `}...` % | entropy after box | silenced % | p(`}`) probe end "
+        "| most common junk |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(runs, key=lambda r: (r["arm"], r["seed"])):
+        junk = ", ".join(f"`{t!r}` x{n}" for t, n in r["junk_examples"][:2])
+        brace = f"{100 * r['brace_junk_rate']:.2f}" if "brace_junk_rate" in r else "-"
+        lines.append(
+            f"| {r['arm']} | {r['seed']} | {100 * r['accuracy']:.1f} | {100 * r['junk_rate']:.2f} | {brace} | "
+            f"{r['post_box_entropy']:.3f} | {100 * r['silenced_ratio_mean']:.3f} | {r['probe'][-1]['p_close']:.2e} | "
+            f"{junk} |"
+        )
+    return "\n".join(lines)
+
+
+def mask_table(runs: list[dict]) -> str:
+    """Ground truth: the trainer's mask against the rule recomputed, at injected and policy-sampled positions."""
+    lines = [
+        "| arm | where | loss tokens | A > 0 | candidates | silenced | candidate mismatches | silenced mismatches |"
+    ]
+    lines.append("|---|---|---|---|---|---|---|---|")
+    totals = defaultdict(Counter)
+    for r in runs:
+        totals[r["arm"]].update(r["mask_stats"])
+    for arm, s in totals.items():
+        for where in ("injected", "policy"):
+            lines.append(
+                f"| {arm} | {where} | {s[f'{where}/tokens']} | {s[f'{where}/positive']} | {s[f'{where}/candidates']} | "
+                f"{s[f'{where}/silenced']} | {s[f'{where}/candidate_mismatch']} | {s[f'{where}/silenced_mismatch']} |"
+            )
+    return "\n".join(lines)
+
+
+def bracket_table(runs: list[dict]) -> str:
+    lines = ["| arm | `}` after the box drawn from | A > 0 (silenced) | A < 0 | A = 0 |", "|---|---|---|---|---|"]
+    totals = defaultdict(Counter)
+    for r in runs:
+        totals[r["arm"]].update(r["bracket_counts"])
+    for arm, c in totals.items():
+        for name, label in (("junk", "uniform (injected)"), ("policy", "the policy")):
+            lines.append(
+                f"| {arm} | {label} | {c[f'{name}/pos']} ({c[f'{name}/pos/silenced']}) | {c[f'{name}/neg']} | "
+                f"{c[f'{name}/zero']} |"
+            )
+    return "\n".join(lines)
+
+
+def attribution_table(runs: list[dict]) -> str:
+    rows = [r for r in runs if r["attribution_sums"]]
+    if not rows:
+        return ""
+    keys = [f"{k}/{s}" for k in KINDS for s in ("pos", "neg")]
+    keys += [f"{k}/{s}/close" for k in KINDS[1:-1] for s in ("pos", "neg")]
+    lines = ["| arm | seed | " + " | ".join(keys) + " | sum | probe log p(`}`) start -> end |"]
+    lines.append("|---|---|" + "---|" * (len(keys) + 2))
+    for r in rows:
+        a = r["attribution_sums"]
+        start, end = r["probe"][0]["p_close"], r["probe"][-1]["p_close"]
+        lines.append(
+            f"| {r['arm']} | {r['seed']} | "
+            + " | ".join(f"{a.get(k, 0.0):+.2f}" for k in keys)
+            + f" | {sum(a.get(k, 0.0) for k in keys[: 2 * len(KINDS)]):+.2f} | {math.log(start):.2f} -> {math.log(end):.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def candidate_attribution_table(runs: list[dict]) -> str:
+    """The attribution carried by S2T candidates (A > 0, p < tau_p), split at the q-quantile of their entropy."""
+    rows = [r for r in runs if r["attribution_sums"]]
+    if not rows:
+        return ""
+    keys = [f"{c}/{k}" for c in ("cand_lowH", "cand_highH") for k in KINDS]
+    lines = ["| arm | seed | " + " | ".join(keys) + " | of which `}` tokens (lowH / highH) |"]
+    lines.append("|---|---|" + "---|" * (len(keys) + 1))
+    for r in rows:
+        a = r["attribution_sums"]
+        close = [sum(a.get(f"{c}/{k}/close", 0.0) for k in KINDS) for c in ("cand_lowH", "cand_highH")]
+        lines.append(
+            f"| {r['arm']} | {r['seed']} | "
+            + " | ".join(f"{a.get(k, 0.0):+.3f}" for k in keys)
+            + f" | {close[0]:+.3f} / {close[1]:+.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def probe_table(runs: list[dict]) -> str:
+    """Mean probe p(`}`) per arm at a few steps (over seeds)."""
+    steps_seen = sorted({h["step"] for r in runs for h in r["probe"]})
+    if not steps_seen:
+        return ""
+    marks = sorted({steps_seen[0], *[s for s in steps_seen if s % 100 == 0], steps_seen[-1]})
+    lines = ["| arm | " + " | ".join(f"step {s}" for s in marks) + " |", "|---|" + "---|" * len(marks)]
+    by_arm = defaultdict(list)
+    for r in runs:
+        by_arm[r["arm"]].append({h["step"]: h["p_close"] for h in r["probe"]})
+    for arm, histories in by_arm.items():
+        cells = []
+        for s in marks:
+            vals = [h[s] for h in histories if s in h]
+            cells.append(f"{statistics.mean(vals):.2e}" if vals else "-")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _fill_brace_rate(run: dict) -> None:
+    """Runs measured before `brace_junk_rate` existed: count it from the 10 most common junk texts (a lower bound).
+    Also sets `probe_close_end`, the probe's last p(`}`)."""
+    run["probe_close_end"] = run["probe"][-1]["p_close"]
+    if "brace_junk_rate" not in run:
+        count = sum(n for text, n in run["junk_examples"] if text.lstrip().startswith("}"))
+        run["brace_junk_rate"] = count / run["num_completions"]
+        run["brace_junk_rate_from_top10"] = True
+
+
+def write_report(path: Path, args, runs: list[dict], command: str, start: dict | None = None) -> None:
+    for run in runs:
+        _fill_brace_rate(run)
+    arms = [arm for arm in ARMS if any(r["arm"] == arm for r in runs)]
+    start_line = (
+        ""
+        if start is None
+        else f"SFT start (before RL, same measurement, seed 1000): accuracy {100 * start['accuracy']:.1f} %, junk "
+        f"{100 * start['junk_rate']:.2f} % (starting with `}}`: {100 * start.get('brace_junk_rate', float('nan')):.2f} %), "
+        f"entropy after box {start['post_box_entropy']:.3f} nats."
+    )
+    text = [
+        f"# Stress experiment, design `{args.design}` (eps {args.eps}), {datetime.date.today().isoformat()}",
+        "",
+        "Command (from the repository root; several when the sweep was run in parts and merged with `--merge`):",
+        "",
+        *[f"    {c}" for c in command.split("\n")],
+        "",
+        f"Demo recipe `{RECIPE}` on STAPOTrainer, {args.steps} steps, s2t_scope `{runs[0]['scope'] if runs else '?'}`;"
+        f" noise in rollouts only; held-out measurement without noise: {args.eval_problems} test problems x "
+        f"{args.eval_samples} samples, T = 1, 48 new tokens. Junk = any non-blank text after the last closed box.",
+        "Runs marked in the JSON with `brace_junk_rate_from_top10` counted the `}`-junk from their 10 most common junk",
+        "texts only (a lower bound).",
+        "",
+        start_line,
+        "",
+        "## Per arm (mean ± std over seeds)",
+        "",
+        summary_table(runs, arms),
+        "",
+        "## Per seed",
+        "",
+        per_seed_table(runs),
+        "",
+        "## The mask at the injected positions (ground truth), all runs summed",
+        "",
+        "Mismatches: the trainer's mask against the rule recomputed from its own inputs (p in float64, realised tau_h).",
+        "",
+        mask_table(runs),
+        "",
+        "## The `}` tokens sampled after a closed box in training, all runs summed",
+        "",
+        bracket_table(runs),
+        "",
+        "## Probe: mean p(`}` | prompt + gold completion ending in `\\boxed{sum}`), 32 held-out problems",
+        "",
+        probe_table(runs),
+        "",
+    ]
+    table = attribution_table(runs)
+    if table:
+        text += [
+            "## Attribution: first-order change of the probe's mean log p(`}`), summed over training, by token kind",
+            "",
+            "answer = tokens up to the box; junk1 / pi1 = injected / policy-sampled non-EOS token at the first position",
+            "after the box, junk / pi = the same at later positions; eos = policy-sampled EOS after the box.",
+            "pos/neg = advantage sign. Linearised through Adam's v (no momentum, no clipping).",
+            "",
+            table,
+            "",
+            "Of that, the share carried by S2T candidates (A > 0, p < tau_p; the classes are computed in every arm):",
+            "lowH = entropy below the q-quantile of the batch's candidates (what `low_entropy` silences), highH = the",
+            "rest. In the `off` arm these are the updates that `low_entropy` would have removed / kept.",
+            "",
+            candidate_attribution_table(runs),
+            "",
+        ]
+    path.write_text("\n".join(text))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--design", choices=list(DESIGNS), default="post_answer")
+    parser.add_argument("--eps", type=float, default=None, help="uniform mixing weight (default 0.2 / 0.02)")
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(range(8)))
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps (default 400 / 300)")
+    parser.add_argument(
+        "--scope",
+        choices=["generation_batch", "optimizer_step", "micro_batch"],
+        default=None,
+        help="s2t_scope (default: the recipe's)",
+    )
+    parser.add_argument("--eval-problems", type=int, default=200)
+    parser.add_argument("--eval-samples", type=int, default=4)
+    parser.add_argument("--attribution", action="store_true", help="per-step attribution of the `}` probe (~2x time)")
+    parser.add_argument(
+        "--attribution-seeds", nargs="*", type=int, default=[], help="attribution for these seeds only"
+    )
+    parser.add_argument(
+        "--merge", nargs="+", default=None, help="only write the report from these .json files of earlier runs"
+    )
+    parser.add_argument("--out", default=None, help="report path (default benchmarks/results/<date>-stress...md)")
+    args = parser.parse_args(argv)
+    args.eps = DESIGNS[args.design] if args.eps is None else args.eps
+    args.steps = DEFAULT_STEPS[args.design] if args.steps is None else args.steps
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    command = "python benchmarks/stress.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    suffix = "" if args.design == "post_answer" else f"-{args.design}"
+    out = Path(args.out) if args.out else RESULTS_DIR / f"{datetime.date.today().isoformat()}-stress{suffix}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        runs, commands, start = [], [], None
+        for name in args.merge:
+            data = json.loads(Path(name).read_text())
+            runs += data["runs"]
+            commands += data["command"].split("\n")
+            start = data.get("start") or start
+        command = "\n".join(dict.fromkeys(commands + [command]))
+        args.steps = runs[0]["steps"]
+        start = start or evaluate_start(args)
+        for run in runs:
+            _fill_brace_rate(run)
+        out.with_suffix(".json").write_text(json.dumps(dict(command=command, start=start, runs=runs), indent=1))
+        write_report(out, args, runs, command, start)
+        print(out.read_text())
+        return
+    torch.set_num_threads(1)
+    runs: list[dict] = []
+    start = evaluate_start(args)
+    with tempfile.TemporaryDirectory(prefix="stress-") as workdir:
+        for seed in args.seeds:  # seed-major: every finished seed is a complete paired set
+            for arm in args.arms:
+                r = run_one(args, args.design, arm, seed, workdir)
+                runs.append(r)
+                print(
+                    f"{args.design} {arm:<12} seed {seed}: acc {100 * r['accuracy']:.1f} % junk "
+                    f"{100 * r['junk_rate']:.2f} % H_post {r['post_box_entropy']:.3f} silenced "
+                    f"{100 * r['silenced_ratio_mean']:.3f} % p(}}) {r['probe'][-1]['p_close']:.2e} "
+                    f"({r['train_seconds']:.0f} s, load {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
+                out.with_suffix(".json").write_text(
+                    json.dumps(dict(command=command, start=start, runs=runs), indent=1)
+                )
+                write_report(out, args, runs, command, start)
+    print(out.read_text())
+
+
+if __name__ == "__main__":
+    main()
