@@ -65,7 +65,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from stapo_trl.grading import _find_boxes, is_correct  # noqa: E402
+from stapo_trl.grading import is_correct  # noqa: E402
+from stapo_trl.grading.extract import _find_boxes  # noqa: E402
 from stapo_trl.s2t import linear_quantile  # noqa: E402
 from stapo_trl.trainer import STAPOTrainer  # noqa: E402
 
@@ -264,11 +265,27 @@ class StressTrainer(STAPOTrainer):
         device = completion_ids.device
         output["stress_injected"] = injected.to(device)
         output["stress_kind"] = kind.to(device)
-        output["stress_candidate"] = self._candidate_classes(output).to(device)
-        self._check_mask(output, injected, kind)
+        # Filled in by `_apply_s2t_to_micro_batches` once the mask of these rows exists (TRL shuffles and splits the
+        # rollout batch first; these per-row tensors travel with their rows).
+        output["stress_candidate"] = torch.zeros_like(kind).to(device)
         if self.probe is not None:
             self.probe.record(self, self.state.global_step)
         return output
+
+    def _apply_s2t_to_micro_batches(self, micro_batches: list[dict]):
+        """The trainer's mask, then the ground-truth check and the candidate classes on exactly the rows it covered
+        (one optimizer update, or the rollout batch in the `generation_batch` scope)."""
+        result = super()._apply_s2t_to_micro_batches(micro_batches)
+        if "stress_injected" not in micro_batches[0]:  # an evaluation batch: no noise, nothing to check
+            return result
+        rows = {"completion_ids": torch.cat([b["completion_ids"] for b in micro_batches])}  # (ΣB, T)
+        injected = torch.cat([b["stress_injected"] for b in micro_batches]).cpu()
+        kind = torch.cat([b["stress_kind"] for b in micro_batches]).cpu()
+        classes = self._candidate_classes(rows).split([b["completion_ids"].size(0) for b in micro_batches])
+        for batch, cls in zip(micro_batches, classes, strict=True):
+            batch["stress_candidate"] = cls.to(batch["completion_ids"].device)
+        self._check_mask(rows, injected, kind)
+        return result
 
     def _candidate_classes(self, output: dict) -> torch.Tensor:
         """(B, T) long: 0 = not a candidate, 1 = candidate below the q-quantile of candidate entropies (what
@@ -553,7 +570,8 @@ def build_stress_trainer(arm: str, seed: int, steps: int, scope: str | None, wor
     """A [`StressTrainer`] of the demo recipe with `s2t_mode=arm`, `seed` and `steps` (no checkpoints, no printing)."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from stapo_trl.train import parse_args, prepare
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import prepare
 
     output_dir = tempfile.mkdtemp(prefix="stress-", dir=workdir)
     argv = ["--config", RECIPE, "--output_dir", output_dir, "--save_strategy", "no", "--report_to", "none"]
