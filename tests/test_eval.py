@@ -10,7 +10,13 @@ import pytest
 
 from stapo_trl.cli import eval as stapo_eval
 from stapo_trl.cli.eval import main, parse_decoding_list
-from stapo_trl.evaluation.generation import DECODINGS, GeneratedSample, VLLMGenerator
+from stapo_trl.evaluation.generation import (
+    DECODINGS,
+    GeneratedSample,
+    VLLMGenerator,
+    build_prompt_text,
+    hf_generate,
+)
 from stapo_trl.evaluation.metrics import benchmark_metrics, pass_at_k, pass_k_values
 from stapo_trl.evaluation.results import format_comparison, format_results_table, load_results
 from stapo_trl.evaluation.tasks import BenchmarkProblem
@@ -421,7 +427,7 @@ def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_pa
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_random_model_path, dtype=torch.float32)
-    prompts = [stapo_eval.build_prompt_text(tokenizer, p) for p in ["12+34", "7+8"]]
+    prompts = [build_prompt_text(tokenizer, p) for p in ["12+34", "7+8"]]
     expected = []
     for text in prompts:
         ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]  # (1, P)
@@ -436,7 +442,5 @@ def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_pa
                     break
         expected.append(tokenizer.decode(new, skip_special_tokens=True))
     for seed in (0, 1):
-        samples = stapo_eval.hf_generate(
-            model, tokenizer, prompts, n=2, temperature=0.0, top_p=1.0, max_new_tokens=6, seed=seed
-        )
+        samples = hf_generate(model, tokenizer, prompts, n=2, temperature=0.0, top_p=1.0, max_new_tokens=6, seed=seed)
         assert [[s.text for s in row] for row in samples] == [[e, e] for e in expected]
