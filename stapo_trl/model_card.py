@@ -107,6 +107,90 @@ def stapo_card_section(args: Any, base_model: str) -> str:
     return "\n".join(lines)
 
 
+def quick_start_code(model: str, prompt: Any, *, adapter: bool, max_new_tokens: int) -> str:
+    """The card's quick start: Python that loads the saved model and asks it one prompt in the run's own format.
+
+    Args:
+        model (`str`): what the reader loads: the output folder, or the Hub id when the card is uploaded.
+        prompt (`str` or `list[dict]`): a training prompt as the run saw it (a string, or chat messages with the
+            run's instruction), so the model is asked what it was trained on.
+        adapter (`bool`): the folder holds a PEFT (LoRA) adapter, not full weights: it is loaded onto its base model
+            with `peft.AutoPeftModelForCausalLM` (`pipeline(model=folder)` would look for full weights).
+        max_new_tokens (`int`): the generation budget (the run's `max_completion_length`).
+
+    Returns:
+        `str`: a fenced Python block.
+    """
+    if adapter:
+        load = [
+            "from peft import AutoPeftModelForCausalLM",
+            "from transformers import AutoTokenizer, pipeline",
+            "",
+            f"model = AutoPeftModelForCausalLM.from_pretrained({json.dumps(model)})  # the LoRA adapter on its base",
+            f'generator = pipeline("text-generation", model=model, tokenizer=AutoTokenizer.from_pretrained({json.dumps(model)}))',
+        ]
+    else:
+        load = [
+            "from transformers import pipeline",
+            "",
+            f'generator = pipeline("text-generation", model={json.dumps(model)})',
+        ]
+    ask = f"output = generator(prompt, max_new_tokens={max_new_tokens}, return_full_text=False)[0]"
+    lines = [
+        "```python",
+        *load,
+        f"prompt = {json.dumps(prompt, ensure_ascii=False)}  # a training prompt, in the format the run used",
+        ask,
+        'print(output["generated_text"])',
+        "```",
+    ]
+    return "\n".join(lines)
+
+
+def _replace_quick_start(card: str, code: str) -> str:
+    """`card` with the code block under TRL's "## Quick start" heading replaced by `code` (unchanged when absent)."""
+    heading = "## Quick start"
+    if heading not in card:
+        return card
+    head, tail = card.split(heading, 1)
+    start = tail.find("```python")
+    end = tail.find("```", start + len("```python")) if start >= 0 else -1
+    if start < 0 or end < 0:
+        return card
+    return head + heading + tail[:start] + code + tail[end + 3 :]
+
+
+def write_quick_start(trainer, example_prompt: Any, model_ref: str | None = None) -> str | None:
+    """Replace the quick start of the card in `trainer.args.output_dir/README.md` (main process only).
+
+    TRL's quick start asks a generic chat question with `device_map="auto"`, which a task model trained on a fixed
+    prompt format cannot answer, and loads a LoRA output folder as full weights (it fails). This one asks a training
+    prompt in the run's own format and loads an adapter onto its base model ([`quick_start_code`]).
+
+    Args:
+        trainer ([`~stapo_trl.STAPOTrainer`] or [`~trl.GRPOTrainer`]): after `create_model_card`.
+        example_prompt (`str` or `list[dict]`): a training prompt as the run saw it.
+        model_ref (`str`, *optional*): what the quick start loads; defaults to the output directory.
+
+    Returns:
+        `str` or `None`: the card's path, or `None` on other processes or when there is no card.
+    """
+    path = os.path.join(trainer.args.output_dir, "README.md")
+    if not trainer.is_world_process_zero() or not os.path.isfile(path):
+        return None
+    code = quick_start_code(
+        model_ref or trainer.args.output_dir,
+        example_prompt,
+        adapter=hasattr(trainer.accelerator.unwrap_model(trainer.model), "peft_config"),
+        max_new_tokens=trainer.args.max_completion_length,
+    )
+    with open(path, encoding="utf-8") as f:
+        card = _replace_quick_start(f.read(), code)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(card)
+    return path
+
+
 def add_stapo_section(trainer, base_model: str | None = None) -> str | None:
     """Add the STAPO settings to the card TRL wrote in `trainer.args.output_dir/README.md` (main process only).
 
@@ -139,6 +223,7 @@ def add_stapo_section(trainer, base_model: str | None = None) -> str | None:
     card = card.replace("[None](https://huggingface.co/None)", f"`{base_model}`")
     card = card.replace('model="None"', f"model={json.dumps(trainer.args.output_dir)}")  # a quoted Python string
     card = card.replace("licence: license\n", "")
+
     section = stapo_card_section(trainer.args, base_model)
     # The section goes right before TRL's "### Framework versions" (after "Training procedure"), else at the end.
     anchor = "### Framework versions"

@@ -530,6 +530,7 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
     from stapo_trl import STAPOTrainer
     from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.run import prepare
+    from stapo_trl.model_card import write_quick_start
 
     script, args, model_args = parse_args([
         "--config", str(RECIPES_DIR / "demo" / "stapo_lora.yaml"),
@@ -564,6 +565,40 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
     saved = set(os.listdir(tmp_path / "lora"))
     assert {"adapter_config.json", "adapter_model.safetensors"} <= saved and "model.safetensors" not in saved
     assert math.isfinite(trainer.state.log_history[-1].get("train_loss", 0.0))
+    # The card's quick start runs as printed (issue 11, item 6): TRL's pipeline(model=folder) looks for full weights
+    # in an adapter folder and fails; ours loads the adapter onto its base, and asks a training prompt.
+    trainer.args.output_dir = str(tmp_path / "lora")
+    trainer.create_model_card(model_name="lora")
+    write_quick_start(trainer, run.train_dataset[0]["prompt"])
+    _run_quick_start(tmp_path / "lora" / "README.md", expect="AutoPeftModelForCausalLM")
+
+
+def _run_quick_start(card_path, expect: str) -> None:
+    """Execute the card's quick-start block as a reader would, and check it printed a completion."""
+    import contextlib
+    import io
+
+    card = card_path.read_text()
+    code = card.split("## Quick start", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    assert expect in code and "device_map" not in code, code
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, str(card_path), "exec"), {})  # noqa: S102 (the card's own code, as a reader runs it)
+    assert printed.getvalue().strip(), "the quick start printed nothing"
+
+
+def test_full_model_card_quick_start_asks_a_training_prompt(tiny_math_model_path, tmp_path):
+    # Issue 12, item 10: the built-in model's card used to ask it a chat question it was never trained on.
+    from stapo_trl.data import INSTRUCTION
+    from stapo_trl.model_card import quick_start_code
+
+    prompt = [{"role": "user", "content": f"47+38\n{INSTRUCTION}"}]
+    card = tmp_path / "README.md"
+    card.write_text(
+        "## Quick start\n\n" + quick_start_code(tiny_math_model_path, prompt, adapter=False, max_new_tokens=48)
+    )
+    _run_quick_start(card, expect="pipeline(")
+    assert INSTRUCTION.splitlines()[0][:20] in card.read_text()
 
 
 def torch_equal(a, b) -> bool:

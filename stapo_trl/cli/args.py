@@ -419,3 +419,17 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[STAPOScriptArguments,
         if s2t_flags:
             raise ValueError(parser._unknown_keys_message(s2t_flags, "the command line"))
     return parser.parse_args_and_config(argv)
+
+
+def prompt_dataset_kwargs(script_args: STAPOScriptArguments) -> dict[str, Any]:
+    """The arguments of [`~stapo_trl.data.load_prompt_dataset`] a recipe sets (its columns, instruction and DAPO
+    stripping), shared by `stapo-train` and the dry run so that both read the same prompts."""
+    from ..data import INSTRUCTION  # datasets: kept out of `--help`
+
+    return {
+        "dataset_config": script_args.dataset_config,
+        "prompt_column": script_args.prompt_column,
+        "solution_column": script_args.solution_column,
+        "instruction": INSTRUCTION if script_args.instruction is None else script_args.instruction,
+        "strip_dapo_instruction": script_args.strip_dapo_instruction,
+    }

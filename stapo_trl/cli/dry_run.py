@@ -178,6 +178,7 @@ def validate_recipe(
         check_optimisation,
         check_output,
         check_prompt_count,
+        check_prompt_lengths,
         check_rewards,
         check_trainer,
     )
@@ -191,6 +192,7 @@ def validate_recipe(
     check_rewards(f, script_args, training_args)
     geometry = check_batch(f, training_args, num_processes, generation_batch_size, is_stapo)
     check_prompt_count(f, script_args, num_train_prompts, geometry)
+    check_prompt_lengths(f, script_args, training_args, model_args, num_train_prompts)
     max_tokens = batch_lines(f, geometry, training_args.max_completion_length, max_prompt_tokens)
     check_optimisation(f, training_args)
     check_generation(f, training_args, num_processes, is_stapo, max_prompt_tokens, cpu_forced)

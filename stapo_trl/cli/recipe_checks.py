@@ -10,16 +10,26 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from trl import GRPOConfig
 
-from ..builtin import check_model_name_or_path
+from ..builtin import BUILTIN_PREFIX as MODEL_PREFIX
+from ..builtin import builtin_model_dir, check_model_name_or_path
 from ..config import STAPOConfig, untested_combination_warnings
-from ..data import BUILTIN_DATASETS, check_prompt_columns, is_local_dataset_file, load_local_dataset_file
+from ..data import (
+    BUILTIN_DATASETS,
+    check_prompt_columns,
+    filter_long_prompts,
+    is_local_dataset_file,
+    load_local_dataset_file,
+    load_prompt_dataset,
+)
 from ..data import BUILTIN_PREFIX as DATA_PREFIX
 from ..hub import check_hub_access
+from ..prompt_length import model_max_positions, prompt_token_budget
 from ..rewards import REWARDS, get_reward_funcs
-from .args import TRAINERS
+from .args import TRAINERS, prompt_dataset_kwargs
 from .geometry import BatchGeometry, divisors, too_few_prompts
 
 
@@ -160,7 +170,7 @@ def check_data(f: Findings, script_args, max_prompt_tokens: int | None) -> int |
     if getattr(script_args, "strip_dapo_instruction", False):
         data_line += "; DAPO 'Answer:' instruction stripped"
     data_line += (
-        f"; prompts > {max_prompt_tokens} tokens dropped" if max_prompt_tokens else "; prompt length unbounded"
+        f"; prompts > {max_prompt_tokens} tokens dropped" if max_prompt_tokens else "; no max_prompt_tokens"
     )
     f.lines.append(("data", data_line))
     if script_args.instruction is None:
@@ -440,4 +450,50 @@ def check_output(f: Findings, script_args, training_args, cpu_forced: bool, geom
             f"updates for {geometry.num_processes} process(es), vs the paper's 256 x 8 and 64. recipes/README.md gives "
             "per_device_train_batch_size / gradient_accumulation_steps / steps_per_generation that keep the paper's "
             "for 4, 8, 16 and 32 processes."
+        )
+
+
+def check_prompt_lengths(f: Findings, script_args, training_args, model_args, num_train_prompts: int | None) -> None:
+    """How many training prompts the prompt-length rule will drop, when the data and the model's tokenizer are here.
+
+    The rule is `stapo-train`'s ([`stapo_trl.prompt_length`]): a prompt longer than `max_prompt_tokens` or than the
+    model's positions minus `max_completion_length` is dropped. Counted only for a built-in or local dataset and a
+    local (or already built `builtin:`) model; otherwise the row says why it was not counted.
+    """
+    if num_train_prompts is None:
+        return  # a Hub dataset, or one that could not be opened: nothing to count here
+    name = str(model_args.model_name_or_path or "")
+    path = builtin_model_dir(name[len(MODEL_PREFIX) :]) if name.startswith(MODEL_PREFIX) else Path(name)
+    if not (path / "config.json").is_file():
+        f.lines.append(
+            ("prompt length", "not counted: the model is not here (a Hub id, or a builtin: model not built)")
+        )
+        return
+    from transformers import AutoConfig, AutoTokenizer  # heavy: only when there is something to count
+
+    budget = prompt_token_budget(
+        model_max_positions(AutoConfig.from_pretrained(path)),
+        training_args.max_completion_length,
+        getattr(script_args, "max_prompt_tokens", None),
+    )
+    if budget is None:
+        f.lines.append(("prompt length", "unbounded (no max_prompt_tokens, no position limit)"))
+        return
+    dataset = load_prompt_dataset(
+        script_args.dataset_name,
+        split=script_args.dataset_train_split,
+        limit=script_args.max_train_samples,
+        **prompt_dataset_kwargs(script_args),
+    )
+    kept = filter_long_prompts(
+        dataset, AutoTokenizer.from_pretrained(path), budget, training_args.chat_template_kwargs
+    )
+    dropped = len(dataset) - len(kept)
+    f.lines.append(
+        ("prompt length", f"{dropped} of {len(dataset)} training prompts exceed {budget} tokens and will be dropped")
+    )
+    if dropped and dropped == len(dataset):
+        f.errors.append(
+            f"every training prompt exceeds {budget} tokens (max_prompt_tokens, or the model's positions minus "
+            f"max_completion_length={training_args.max_completion_length}): nothing would be left to train on."
         )

@@ -28,18 +28,18 @@ from trl.models.utils import unwrap_model_for_generation
 
 from ..builtin import check_model_name_or_path, resolve_model_path
 from ..callbacks import BenchmarkEvalCallback, GracefulInterrupt, MetricsLogCallback, SpuriousTokenLogger
-from ..data import INSTRUCTION, filter_long_prompts, load_prompt_dataset
+from ..data import filter_long_prompts, load_prompt_dataset
 from ..diagnostic_plots import plot_diagnostics
 from ..evaluation.generation import evaluate_avg_at_k
 from ..hub import check_hub_access
 from ..metrics_log import METRICS_FILENAME, read_metrics
-from ..model_card import add_stapo_section, make_card_public, public_dataset_name
+from ..model_card import add_stapo_section, make_card_public, public_dataset_name, write_quick_start
 from ..plots import plot_training_curves
 from ..prompt_length import model_max_positions, prompt_token_budget, report_dropped
 from ..rewards import get_reward_funcs
 from ..trainer import STAPOTrainer
 from ..upstream_warnings import QuietKnownUpstreamWarnings
-from .args import STAPOScriptArguments
+from .args import STAPOScriptArguments, prompt_dataset_kwargs
 from .geometry import too_few_prompts
 
 
@@ -153,14 +153,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         )
     if script_args.dataset_streaming:
         raise ValueError("dataset_streaming=True is not supported by stapo-train: set it to false.")
-    instruction = INSTRUCTION if script_args.instruction is None else script_args.instruction
-    load_kwargs = {
-        "dataset_config": script_args.dataset_config,
-        "prompt_column": script_args.prompt_column,
-        "solution_column": script_args.solution_column,
-        "instruction": instruction,
-        "strip_dapo_instruction": script_args.strip_dapo_instruction,
-    }
+    load_kwargs = prompt_dataset_kwargs(script_args)
     train_dataset = load_prompt_dataset(
         script_args.dataset_name,
         split=script_args.dataset_train_split,
@@ -386,6 +379,8 @@ def _save_model_and_card(trainer, script_args, output_dir: str) -> None:
         )
         if script_args.trainer == "grpo":  # STAPOTrainer's own card has it: settings, base model, no "[None]" link
             add_stapo_section(trainer)
+        # A quick start that asks a training prompt in the run's format and loads a LoRA adapter onto its base.
+        write_quick_start(trainer, trainer.train_dataset[0]["prompt"], model_ref=output_dir)
         # Restore the KV cache for fast inference (training turns it off).
         trainer.model.config.use_cache = True
         trainer.model.config.save_pretrained(output_dir)
