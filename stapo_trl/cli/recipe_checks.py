@@ -169,9 +169,7 @@ def check_data(f: Findings, script_args, max_prompt_tokens: int | None) -> int |
         )
     if getattr(script_args, "strip_dapo_instruction", False):
         data_line += "; DAPO 'Answer:' instruction stripped"
-    data_line += (
-        f"; prompts > {max_prompt_tokens} tokens dropped" if max_prompt_tokens else "; no max_prompt_tokens"
-    )
+    data_line += f"; prompts > {max_prompt_tokens} tokens dropped" if max_prompt_tokens else "; no max_prompt_tokens"
     f.lines.append(("data", data_line))
     if script_args.instruction is None:
         instruction = "(default) the paper's step-by-step / \\boxed{} suffix"
