@@ -219,6 +219,39 @@ def check_model_name_or_path(name_or_path: str | os.PathLike) -> str:
     return name_or_path
 
 
+def check_model_available(name_or_path: str | os.PathLike) -> str:
+    """[`check_model_name_or_path`], and, when the Hub is offline (`HF_HUB_OFFLINE=1`), that a name which is not a
+    local directory is a Hub id already in the local Hugging Face cache (otherwise transformers fails later with a
+    long "couldn't connect" traceback; a relative path such as `outputs/no-such` reads as a Hub id too).
+
+    Returns:
+        `str`: as [`check_model_name_or_path`].
+
+    Raises:
+        FileNotFoundError: the name is neither a local directory nor, offline, a cached Hub id; plus the errors of
+            [`check_model_name_or_path`].
+    """
+    name = check_model_name_or_path(name_or_path)
+    if name.startswith(BUILTIN_PREFIX) or os.path.isdir(name):
+        return name
+    from huggingface_hub import constants, try_to_load_from_cache  # only for a Hub id
+
+    if constants.HF_HUB_OFFLINE:
+        try:
+            cached = try_to_load_from_cache(name, "config.json")
+        except Exception:  # noqa: BLE001 (an invalid repo id: not cached either)
+            cached = None
+        if not isinstance(cached, str):
+            raise FileNotFoundError(
+                f"Model {name!r} is not a local directory, and as a Hub id it is not in the local Hugging Face cache "
+                "while HF_HUB_OFFLINE=1 (no download). Pass an existing directory (e.g. outputs/demo-stapo after "
+                "`make demo`), a cached Hub id, or a built-in name ("
+                + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
+                + ")."
+            )
+    return name
+
+
 def read_builtin_info(model_path: str | os.PathLike) -> dict[str, Any]:
     """The build record (`stapo_builtin.json`) of a built-in model directory."""
     with open(Path(model_path) / INFO_FILE, encoding="utf-8") as f:

@@ -163,7 +163,7 @@ class STAPOConfig(GRPOConfig):
             )
         if self.s2t_mode is False:
             raise ValueError(
-                's2t_mode=False: YAML reads an unquoted `off` as the boolean false. Write s2t_mode: "off" (quoted); '
+                's2t_mode=False: YAML reads an unquoted `off` (or `no`, `false`) as the boolean false. Write s2t_mode: "off" (quoted); '
                 f"allowed values: {list(S2T_MODES)}."
             )
         if self.s2t_mode not in S2T_MODES:

@@ -103,6 +103,9 @@ def test_decoding_aliases():
         (["--benchmarks", "aime24"], "--model is required"),
         (["--model", "m", "--samples", "0"], "--samples must be >= 1"),
         (["--model", "./no/such/model", "--benchmarks", "aime24"], "'./no/such/model' does not exist"),
+        # A relative path without "./" reads as a Hub id: offline, one line instead of transformers' traceback.
+        (["--model", "outputs/no-such", "--benchmarks", "aime24"], "'outputs/no-such' is not a local directory"),
+        (["--model", "Qwen/No-Such-Model", "--benchmarks", "aime24"], "not in the local Hugging Face cache"),
     ],
 )
 def test_bad_arguments_fail_early(argv, expected, capsys):
@@ -121,7 +124,7 @@ def test_missing_data_file_fails_before_model_load(tmp_path, capsys, monkeypatch
         main(
             [
                 "--model",
-                "m",
+                str(tmp_path),  # an existing folder (never loaded: the data check comes first)
                 "--benchmarks",
                 "aime24",
                 "--data-dir",

@@ -178,6 +178,7 @@ def test_num_generations_not_dividing_the_generation_batch_lists_valid_values():
         (["--model_name_or_path", "./no/such/model"], r"'./no/such/model' does not exist"),
         # the model argument is checked before the dataset is loaded
         (["--model_name_or_path", "./no/model", "--dataset_name", "./no/data.jsonl"], r"'./no/model' does not exist"),
+        (["--model_name_or_path", "outputs/no-such"], r"'outputs/no-such' is not a local directory.*HF_HUB_OFFLINE"),
         (["--model_name_or_path", "builtin:huge-math"], r"'builtin:huge-math'.*builtin:tiny-math"),
         (["--dataset_name", "builtin:huge-math"], r"'builtin:huge-math'.*builtin:tiny-math"),
         (["--num_generations", "6"], r"num_generations=6 .*\[2, 4, 8, 16, 32, 64\]"),
@@ -188,6 +189,7 @@ def test_num_generations_not_dividing_the_generation_batch_lists_valid_values():
         "unknown-reward",
         "missing-model-path",
         "missing-model-path-before-missing-data",
+        "hub-id-looking-path-offline",
         "unknown-builtin-model",
         "unknown-builtin-dataset",
         "num-generations",

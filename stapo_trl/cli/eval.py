@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..builtin import check_model_name_or_path, resolve_model_path
+from ..builtin import check_model_available, resolve_model_path
 from ..evaluation.generation import (
     DECODING_ALIASES,
     DECODINGS,
@@ -301,7 +301,7 @@ def _validate(args) -> tuple[list[str], list[str], dict[str, int], str | None]:
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
     if data_dir is not None and not Path(data_dir).exists():
         raise ValueError(f"--data-dir {args.data_dir} does not exist.")
-    check_model_name_or_path(args.model)  # a missing local directory fails here, before data or model loading
+    check_model_available(args.model)  # a missing local directory fails here, before data or model loading
     return benchmarks, decodings, samples, data_dir
 
 

@@ -26,7 +26,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
 from trl.models.utils import unwrap_model_for_generation
 
-from ..builtin import check_model_name_or_path, resolve_model_path
+from ..builtin import check_model_available, resolve_model_path
 from ..callbacks import BenchmarkEvalCallback, GracefulInterrupt, MetricsLogCallback, SpuriousTokenLogger
 from ..data import filter_long_prompts, load_prompt_dataset
 from ..diagnostic_plots import plot_diagnostics
@@ -144,7 +144,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
 
     if not model_args.model_name_or_path:
         raise ValueError("model_name_or_path is not set: give a Hub id, a local model directory or builtin:tiny-math.")
-    check_model_name_or_path(model_args.model_name_or_path)  # a wrong path fails here, before any data is loaded
+    check_model_available(model_args.model_name_or_path)  # a wrong path fails here, before any data is loaded
     if training_args.push_to_hub:  # offline, no token, Hub unreachable: now, not after training
         check_hub_access(training_args.hub_model_id, training_args.output_dir, training_args.hub_token)
     if script_args.dataset_name is None:
