@@ -50,7 +50,11 @@ def test_every_s2t_field_has_help_and_is_documented():
         ("s2t_mode", "low", r"s2t_mode='low' .*'low_entropy', 'high_entropy', 'all_low_prob', 'off'"),
         ("s2t_scope", "batch", r"s2t_scope='batch' .*'optimizer_step', 'generation_batch', 'micro_batch'"),
         ("s2t_policy", "old", r"s2t_policy='old' .*'rollout', 'current'"),
-        ("s2t_mode", False, r"YAML reads an unquoted `off` \(or `no`, `false`\) as the boolean false. Write s2t_mode: \"off\""),
+        (
+            "s2t_mode",
+            False,
+            r"YAML reads an unquoted `off` \(or `no`, `false`\) as the boolean false. Write s2t_mode: \"off\"",
+        ),
     ],
 )
 def test_bad_values_fail_at_config_time_naming_field_and_allowed_values(field, value, message):
