@@ -448,13 +448,13 @@ class STAPOTrainer(GRPOTrainer):
         steps_per_generation, grad_accum = len(micro_batches), self.args.gradient_accumulation_steps
         exact = steps_per_generation % grad_accum == 0  # every optimizer update lies inside one rollout batch
         index = self._step % steps_per_generation  # the micro-batch the parent returned
+        if micro_batches is not buffered_before or index == 0:  # a new rollout batch, or a new pass over it
+            self._s2t_built_windows = set()
+            self.s2t_train_batches = []  # the record of one pass: bounded memory in every scope
         if self.args.s2t_scope == "micro_batch":
             if micro_batches is not buffered_before and exact:
                 self._set_optimizer_step_normalisers(micro_batches)  # loss-token counts: the mask is built later
             return inputs
-        if micro_batches is not buffered_before or index == 0:  # a new rollout batch, or a new pass over it
-            self._s2t_built_windows = set()
-            self.s2t_train_batches = []
         # The set τ_h is taken over: one optimizer update (GA micro-batches), or the whole rollout batch.
         window = grad_accum if self.args.s2t_scope == "optimizer_step" and exact else steps_per_generation
         if index // window not in self._s2t_built_windows:  # the update's (or rollout's) first micro-step

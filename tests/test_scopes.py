@@ -279,3 +279,14 @@ def test_trainer_warns_at_construction_with_the_shared_messages(tiny_random_mode
         STAPOTrainer(tiny_random_model_path, reward_funcs=length_reward, args=args, train_dataset=PROMPTS)
     shared = untested_combination_warnings(args)
     assert [str(w.message) for w in record if str(w.message) in shared] == shared
+
+
+@pytest.mark.parametrize("scope", ["optimizer_step", "micro_batch"])
+def test_the_record_of_training_masks_holds_one_pass_over_the_rollout_batch(tiny_random_model_path, tmp_path, scope):
+    # The spurious-token logger reads `s2t_train_batches`; it must not grow with the run (it held every micro_batch
+    # mask of the run before): 8 steps of steps_per_generation 4 leave the 4 masks of the last rollout batch.
+    trainer = make_trainer(
+        tiny_random_model_path, tmp_path, reward=length_reward, max_steps=8, steps_per_generation=4, s2t_scope=scope
+    )
+    trainer.train()
+    assert len(trainer.s2t_train_batches) == 4
