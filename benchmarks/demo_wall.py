@@ -29,7 +29,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO / "benchmarks" / "results"
 DEMO_RECIPE = str(REPO / "recipes" / "demo" / "stapo.yaml")
 TARGET = 1.03
 
@@ -96,10 +95,9 @@ def main(argv=None) -> None:
         f"| {len(pairs)} | {statistics.median(p[0] for p in pairs):.1f} | {statistics.median(p[1] for p in pairs):.1f} "
         f"| {median:.3f} | {low:.3f}-{high:.3f} | {min(ratios):.3f}-{max(ratios):.3f} | <= {TARGET} |\n"
     )
-    out = args.out or RESULTS_DIR / f"{datetime.date.today()}-demo-wall.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text)
+    from harness import write_result  # torch: after the environment variables above
+
+    write_result(text, "demo-wall", args.out)
 
 
 if __name__ == "__main__":

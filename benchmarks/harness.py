@@ -14,6 +14,7 @@ dominated by Python and allocator caching and is only a sanity check.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import math
 import os
@@ -55,6 +56,15 @@ MEMORY_TARGET = 1.05
 # ---------------------------------------------------------------------------------------------------------------
 # Measurement helpers
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def write_result(text: str, name: str, out: Path | None = None) -> Path:
+    """Write a standalone section's Markdown to `out` (default `results/<date>-<name>.md`) and print it."""
+    out = out or RESULTS_DIR / f"{datetime.date.today()}-{name}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text)
+    return out
 
 
 def median_range(values: list[float]) -> tuple[float, float, float]:

@@ -37,7 +37,6 @@ from stapo_trl.s2t import s2t_mask  # noqa: E402
 
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO / "benchmarks" / "results"
 STAPO_RECIPE = str(REPO / "recipes" / "demo" / "stapo.yaml")
 
 
@@ -158,10 +157,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     rows = measure(args.steps, args.prob_threshold, args.seed)
     text = table(rows, args.prob_threshold, args.steps, args.seed)
-    out = args.out or RESULTS_DIR / f"{datetime.date.today()}-scopes.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text)
+    from harness import write_result
+
+    write_result(text, "scopes", args.out)
 
 
 if __name__ == "__main__":
