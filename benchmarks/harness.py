@@ -205,12 +205,21 @@ def versions() -> dict[str, str]:
 _PREPARED: dict[str, Any] = {}
 
 
-def build_trainer(recipe: str, overrides: list[str], *, diagnostics: bool = True, reward_funcs=None, workdir: str):
+def build_trainer(
+    recipe: str,
+    overrides: list[str],
+    *,
+    diagnostics: bool = True,
+    reward_funcs=None,
+    workdir: str,
+    trainer_class=None,
+):
     """A trainer of `recipe` (a `recipes/demo` YAML) with command-line `overrides`, as `stapo-train` would build it.
 
     The recipe is parsed by `stapo_trl.cli.args.parse_args` (so the recipe stays the single source of the settings);
     the dataset and model path are prepared once per recipe and reused. Checkpointing and printing are off.
-    `diagnostics=False` sets `s2t_diagnostics: false` (STAPOConfig).
+    `diagnostics=False` sets `s2t_diagnostics: false` (STAPOConfig). `trainer_class` replaces the recipe's trainer
+    (an instrumented subclass, e.g. the stress experiment's).
     """
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOTrainer
@@ -230,7 +239,8 @@ def build_trainer(recipe: str, overrides: list[str], *, diagnostics: bool = True
         _PREPARED[key] = prepare(script_args, training_args, model_args)
     run = _PREPARED[key]
     training_args.model_init_kwargs = {"dtype": model_args.dtype}
-    trainer_class = GRPOTrainer if script_args.trainer == "grpo" else STAPOTrainer
+    if trainer_class is None:
+        trainer_class = GRPOTrainer if script_args.trainer == "grpo" else STAPOTrainer
     trainer = trainer_class(
         model=run.model_path,
         reward_funcs=reward_funcs if reward_funcs is not None else run.reward_funcs,

@@ -568,28 +568,12 @@ _PREPARED: dict[str, Any] = {}
 
 def build_stress_trainer(arm: str, seed: int, steps: int, scope: str | None, workdir: str) -> tuple:
     """A [`StressTrainer`] of the demo recipe with `s2t_mode=arm`, `seed` and `steps` (no checkpoints, no printing)."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from harness import build_trainer  # the benchmarks' one recipe-to-trainer path
 
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.run import prepare
-
-    output_dir = tempfile.mkdtemp(prefix="stress-", dir=workdir)
-    argv = ["--config", RECIPE, "--output_dir", output_dir, "--save_strategy", "no", "--report_to", "none"]
-    argv += ["--disable_tqdm", "true", "--max_steps", str(steps), "--seed", str(seed), "--s2t_mode", arm]
-    argv += ["--eval_before_after", "false"]
+    overrides = ["--max_steps", str(steps), "--seed", str(seed), "--s2t_mode", arm, "--eval_before_after", "false"]
     if scope is not None:
-        argv += ["--s2t_scope", scope]
-    script_args, training_args, model_args = parse_args(argv)
-    if "run" not in _PREPARED:
-        _PREPARED["run"] = prepare(script_args, training_args, model_args)
-    run = _PREPARED["run"]
-    training_args.model_init_kwargs = {"dtype": model_args.dtype}
-    trainer = StressTrainer(
-        model=run.model_path, reward_funcs=run.reward_funcs, args=training_args, train_dataset=run.train_dataset
-    )
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
-    return trainer, run
+        overrides += ["--s2t_scope", scope]
+    return build_trainer(RECIPE, overrides, workdir=workdir, trainer_class=StressTrainer)
 
 
 def test_split():
