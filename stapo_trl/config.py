@@ -151,6 +151,11 @@ class STAPOConfig(GRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.max_steps == 0 or self.max_steps < -1:  # transformers reads any max_steps <= 0 as "use epochs"
+            raise ValueError(
+                f"max_steps={self.max_steps!r} is not a number of optimizer steps: give a positive number, or -1 (the "
+                "default) to train for num_train_epochs epochs."
+            )
         if not 0.0 < self.s2t_prob_threshold <= 1.0:
             raise ValueError(
                 f"s2t_prob_threshold={self.s2t_prob_threshold!r} is out of range: it is a probability threshold "

@@ -50,6 +50,9 @@ def test_every_s2t_field_has_help_and_is_documented():
         ("s2t_mode", "low", r"s2t_mode='low' .*'low_entropy', 'high_entropy', 'all_low_prob', 'off'"),
         ("s2t_scope", "batch", r"s2t_scope='batch' .*'optimizer_step', 'generation_batch', 'micro_batch'"),
         ("s2t_policy", "old", r"s2t_policy='old' .*'rollout', 'current'"),
+        # transformers reads every max_steps <= 0 as "train num_train_epochs epochs": -5 would silently run 3 epochs
+        ("max_steps", -5, r"max_steps=-5 is not a number of optimizer steps: .*positive number, or -1"),
+        ("max_steps", 0, r"max_steps=0 is not a number of optimizer steps"),
         (
             "s2t_mode",
             False,

@@ -182,7 +182,10 @@ def test_num_generations_not_dividing_the_generation_batch_lists_valid_values():
         (["--model_name_or_path", "builtin:huge-math"], r"'builtin:huge-math'.*builtin:tiny-math"),
         (["--dataset_name", "builtin:huge-math"], r"'builtin:huge-math'.*builtin:tiny-math"),
         (["--num_generations", "6"], r"num_generations=6 .*\[2, 4, 8, 16, 32, 64\]"),
-        (["--max_steps", "0"], r"max_steps=0 trains nothing"),
+        (["--max_steps", "0"], r"max_steps=0 is not a number of optimizer steps"),
+        (["--max_steps", "-5"], r"max_steps=-5 is not a number of optimizer steps"),
+        (["--s2t_scop", "micro_batch"], r"s2t_scop: did you mean s2t_scope"),  # no argparse prefix matching
+        (["--learning_rat", "1e-5"], r"learning_rat: did you mean learning_rate"),
         (["--benchmark_eval", "aime99"], r"Unknown benchmark 'aime99'.*aime24"),
     ],
     ids=[
@@ -194,6 +197,9 @@ def test_num_generations_not_dividing_the_generation_batch_lists_valid_values():
         "unknown-builtin-dataset",
         "num-generations",
         "max-steps-0",
+        "max-steps-negative",
+        "abbreviated-flag",
+        "abbreviated-flag-2",
         "unknown-benchmark",
     ],
 )
@@ -201,7 +207,7 @@ def test_cli_fails_fast_with_one_message_before_building_a_model(no_model_built,
     from stapo_trl.cli.train import main
 
     # The command ends with one "stapo-train: error: ..." line (SystemExit carries it), not a traceback.
-    with pytest.raises(SystemExit, match=r"^stapo-train: error: .*" + match):
+    with pytest.raises(SystemExit, match=r"(?s)^stapo-train: error: .*" + match):
         main(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *overrides])
 
 
@@ -215,6 +221,16 @@ def test_malformed_recipe_and_misspelt_config_flag_get_one_line_errors(no_model_
         main(["--confg", STAPO_RECIPE])
     with pytest.raises(SystemExit, match="no recipe: give --config RECIPE.yaml"):
         main([])
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# only a comment\n")
+    with pytest.raises(
+        SystemExit, match=r"^stapo-train: error: Recipe '.*empty.yaml' is empty: write one `field: value`"
+    ):
+        main(["--config", str(empty)])
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- learning_rate: 1e-4\n")
+    with pytest.raises(SystemExit, match=r"Recipe '.*list.yaml' is a YAML list, not a mapping"):
+        main(["--config", str(listed)])
 
 
 def test_help_names_the_recipe_flag_and_the_other_commands(capsys):

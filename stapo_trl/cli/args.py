@@ -255,10 +255,11 @@ class RecipeParser(TrlParser):
         if flags and not kwargs.get("return_remaining_strings"):
             raise ValueError(self._unknown_keys_message(flags, "the command line"))
         check_generation_batch(namespace)
-        if getattr(namespace, "max_steps", None) == 0:  # transformers would run one step and report max_steps 0
+        max_steps = getattr(namespace, "max_steps", None)
+        if max_steps is not None and (max_steps == 0 or max_steps < -1):  # transformers reads <= 0 as "use epochs"
             raise ValueError(
-                "max_steps=0 trains nothing: give a positive number of optimizer steps, or -1 (the default) to train "
-                "for num_train_epochs epochs."
+                f"max_steps={max_steps} is not a number of optimizer steps: give a positive number, or -1 (the "
+                "default) to train for num_train_epochs epochs."
             )
         return super().parse_args_into_dataclasses(args=args, **kwargs)
 
@@ -355,6 +356,7 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None, *, trainer
             dataclass_types,
             prog="stapo-train",
             usage=USAGE,
+            allow_abbrev=False,  # `--s2t_scop` must not pass for `--s2t_scope`: a typo gets "did you mean" instead
             description=DESCRIPTION + "\n\n" + textwrap.fill(HELP_FIELDS_INTRO, width=100),
             formatter_class=_HelpFormatter,
         )
@@ -380,7 +382,17 @@ def _peek_trainer(argv: Sequence[str]) -> str:
                 where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
                 problem = getattr(e, "problem", None) or str(e).splitlines()[0]
                 raise ValueError(f"Recipe {known.config!r} is not valid YAML{where}: {problem}.") from None
-        if isinstance(recipe, dict) and recipe.get("trainer") is not None:
+        if recipe is None:
+            raise ValueError(
+                f"Recipe {known.config!r} is empty: write one `field: value` per line (recipes/demo/stapo.yaml is an "
+                "example)."
+            )
+        if not isinstance(recipe, dict):
+            raise ValueError(
+                f"Recipe {known.config!r} is a YAML {type(recipe).__name__}, not a mapping: write one `field: value` "
+                "per line (recipes/demo/stapo.yaml is an example)."
+            )
+        if recipe.get("trainer") is not None:
             return str(recipe["trainer"])
     return "stapo"
 
