@@ -102,6 +102,9 @@ def test_decoding_aliases():
         (["--model", "m", "--decoding", "t0.5-p1.0"], "t0.7-p0.9"),
         (["--benchmarks", "aime24"], "--model is required"),
         (["--model", "m", "--samples", "0"], "--samples must be >= 1"),
+        # no argparse prefix matching: an abbreviation is an unknown flag, with the full one suggested
+        (["--model", "m", "--sample", "4"], "unrecognized arguments: --sample 4; did you mean --samples"),
+        (["--model", "m", "--benchmark", "aime24"], "did you mean --benchmarks"),
         (["--model", "./no/such/model", "--benchmarks", "aime24"], "'./no/such/model' does not exist"),
         # A relative path without "./" reads as a Hub id: offline, one line instead of transformers' traceback.
         (["--model", "outputs/no-such", "--benchmarks", "aime24"], "'outputs/no-such' is not a local directory"),

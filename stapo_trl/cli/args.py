@@ -367,7 +367,7 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None, *, trainer
 
 def _peek_trainer(argv: Sequence[str]) -> str:
     """`trainer` as the command line or else the recipe sets it (needed to pick the config class before parsing)."""
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config")
     pre.add_argument("--trainer")
     known, _ = pre.parse_known_args(list(argv))

@@ -80,6 +80,7 @@ def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
         argv = argv[: argv.index("--")]
     parser = argparse.ArgumentParser(
         prog="stapo-train compare",
+        allow_abbrev=False,
         description="Train two recipes on the same seeds; plot both runs' curves in one PNG and print held-out "
         "accuracy before/after. Arguments after `--` override keys of both recipes (e.g. -- --max_steps 100).",
     )

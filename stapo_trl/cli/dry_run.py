@@ -333,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     not even parse.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--dry-run", action="store_true")
     pre.add_argument("--num-processes", "--num_processes", dest="num_processes", type=int, default=None)
     pre.add_argument("-h", "--help", action="store_true")

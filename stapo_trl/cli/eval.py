@@ -33,6 +33,7 @@ Avg = mean of avg@N over the six paper benchmarks present in the file (marked `*
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import sys
 import zlib
@@ -86,6 +87,19 @@ class _DefaultsHelpFormatter(argparse.HelpFormatter):
         return help_text
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (no usage block), with the closest flags for an unknown one."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            flags = [option for action in self._actions for option in action.option_strings]
+            for word in message.split(":", 1)[1].split():
+                close = difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.6)
+                if word.startswith("-") and close:
+                    message += f"; did you mean {' or '.join(close)} for {word}?"
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def make_parser(subparsers=None) -> argparse.ArgumentParser:
     """The `stapo-eval` argument parser (standalone, or as a sub-command when `subparsers` is given)."""
     description = (
@@ -96,8 +110,11 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
             "eval", description=description, help=description, formatter_class=_DefaultsHelpFormatter
         )
     else:
-        parser = argparse.ArgumentParser(
-            prog="stapo-eval", description=description, formatter_class=_DefaultsHelpFormatter
+        parser = _OneLineErrorParser(
+            prog="stapo-eval",
+            description=description,
+            formatter_class=_DefaultsHelpFormatter,
+            allow_abbrev=False,  # --num_sample must not silently mean --num_samples
         )
     parser.add_argument("--model", help="Local path, Hub id or builtin:<name> (e.g. builtin:tiny-math).")
     parser.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model.")

@@ -23,7 +23,7 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None) -> argpars
     if subparsers is not None:
         parser = subparsers.add_parser("plot", help=description, description=description)
     else:
-        parser = argparse.ArgumentParser(prog="stapo-plot", description=description)
+        parser = argparse.ArgumentParser(prog="stapo-plot", description=description, allow_abbrev=False)
     parser.add_argument(
         "output_dirs",
         nargs="+",
