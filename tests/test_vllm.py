@@ -371,3 +371,22 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
     else:
         os.killpg(server_pid, signal.SIGKILL)
         pytest.fail(f"launch.sh left the vLLM server (process group {server_pid}) running after {mode}")
+
+
+@pytest.mark.vllm
+def test_paper_recipes_parse_on_the_vllm_environments_transformers():
+    """The vLLM environment pins transformers 5.19, which predates the recipes' `activation_checkpointing` key: the
+    parser reads it as `gradient_checkpointing` there, so the 8B/14B recipes (vLLM rollouts) parse and dry-run."""
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.dry_run import dry_run_recipe
+
+    for model in ("Qwen3-1.7B", "Qwen3-8B", "Qwen3-14B"):
+        for method in ("stapo", "grpo", "justrl", "entropy20"):
+            recipe = f"recipes/{model}/{method}.yaml"
+            _, training_args, _ = parse_args(["--config", recipe, "--use_cpu", "true"])
+            assert training_args.gradient_checkpointing is True, recipe
+            assert dry_run_recipe(["--config", recipe], 8).ok, recipe
+    _, training_args, _ = parse_args(
+        ["--config", "recipes/demo/stapo.yaml", "--activation_checkpointing", "true", "--use_cpu", "true"]
+    )
+    assert training_args.gradient_checkpointing is True

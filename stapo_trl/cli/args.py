@@ -217,7 +217,16 @@ class RecipeParser(TrlParser):
     field that replaced it), and a `num_generations` that does not divide the generation batch gets the valid values.
     """
 
+    def _checkpointing_key(self, key: str) -> str:
+        """`activation_checkpointing` (transformers >= 5.24's name, used by the recipes) as `gradient_checkpointing`
+        on a transformers that predates it (5.19, the vLLM environment), so the same recipe parses on the whole
+        supported range."""
+        if key == "activation_checkpointing" and not any(a.dest == key for a in self._actions):
+            return "gradient_checkpointing"
+        return key
+
     def set_defaults_with_config(self, **kwargs) -> list[str]:
+        kwargs = {self._checkpointing_key(key): value for key, value in kwargs.items()}
         remaining = super().set_defaults_with_config(**kwargs)
         unknown = [item[2:] for item in remaining[::2]]  # TrlParser returns ["--key", "value", ...]
         if unknown:
@@ -250,6 +259,8 @@ class RecipeParser(TrlParser):
     def parse_args_into_dataclasses(self, args=None, **kwargs):
         # Checked on the raw values, before the config dataclasses exist: TRL's own check (GRPOConfig.__post_init__)
         # says only "must be divisible".
+        if args is not None:
+            args = ["--" + self._checkpointing_key(a[2:]) if a.startswith("--") else a for a in args]
         namespace, extra = self.parse_known_args(args=args)
         flags = [item[2:] for item in extra if item.startswith("--")]
         if flags and not kwargs.get("return_remaining_strings"):
