@@ -450,3 +450,21 @@ def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_pa
     for seed in (0, 1):
         samples = hf_generate(model, tokenizer, prompts, n=2, temperature=0.0, top_p=1.0, max_new_tokens=6, seed=seed)
         assert [[s.text for s in row] for row in samples] == [[e, e] for e in expected]
+
+
+def test_vllm_max_lora_rank_is_the_smallest_supported_rank_holding_the_adapter(tmp_path):
+    import json
+
+    from stapo_trl.evaluation.generation import vllm_max_lora_rank
+
+    def adapter(name, **config):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "adapter_config.json").write_text(json.dumps(config))
+        return str(folder)
+
+    assert vllm_max_lora_rank(adapter("r8", r=8)) == 8
+    assert vllm_max_lora_rank(adapter("r12", r=12)) == 16
+    assert vllm_max_lora_rank(adapter("pattern", r=8, rank_pattern={"q_proj": 40})) == 64  # a per-module rank
+    with pytest.raises(ValueError, match="LoRA rank 1024 is above vLLM's largest max_lora_rank 512"):
+        vllm_max_lora_rank(adapter("huge", r=1024))

@@ -124,6 +124,46 @@ def test_vllm_eval_agrees_with_hf_generate(tiny_math_h64_model_path):
     assert vllm_sampled[0]["num_truncated"] < 40  # completions end (eos is recognised), as with HF
 
 
+@pytest.mark.vllm
+def test_vllm_eval_serves_a_lora_adapter_folder_like_hf_does(tiny_math_h64_model_path, tmp_path):
+    """`stapo-eval --backend vllm` on a LoRA run's output: vLLM applies the adapter (a LoRARequest on the base model),
+    so its greedy answers are the HF backend's (which merges the adapter with PEFT), not the base model's."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stapo_trl.evaluation.generation import DECODINGS, HFGenerator, VLLMGenerator, evaluate_problems
+    from stapo_trl.evaluation.tasks import load_benchmark
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_math_h64_model_path, dtype=torch.float32)
+    lora = LoraConfig(r=12, lora_alpha=24, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
+    adapter = str(tmp_path / "adapter")
+    get_peft_model(base, lora).save_pretrained(adapter)
+    AutoTokenizer.from_pretrained(tiny_math_h64_model_path).save_pretrained(adapter)
+    problems = load_benchmark("tiny-math", limit=40)
+
+    def completions(generator):
+        _, records = evaluate_problems(
+            generator.generate, generator.tokenizer, problems, n=1, decoding=DECODINGS["greedy"], max_new_tokens=24,
+            seed=0, save_completions=True,
+        )  # fmt: skip
+        return [r["completion"] for r in records]
+
+    hf_base = completions(HFGenerator(tiny_math_h64_model_path, dtype="float32", device="cpu"))
+    hf_adapter = completions(HFGenerator(adapter, dtype="float32", device="cpu"))
+    vllm = VLLMGenerator(adapter, dtype="float32", max_model_len=256)
+    try:
+        assert vllm.llm.llm_engine.vllm_config.lora_config.max_lora_rank == 16  # r = 12 rounded up to vLLM's 16
+        vllm_adapter = completions(vllm)
+    finally:
+        vllm.llm.llm_engine.engine_core.shutdown()
+    same_as_hf = sum(v == h for v, h in zip(vllm_adapter, hf_adapter, strict=True))
+    same_as_base = sum(v == b for v, b in zip(vllm_adapter, hf_base, strict=True))
+    assert sum(h != b for h, b in zip(hf_adapter, hf_base, strict=True)) >= 20  # the adapter changes the outputs
+    assert same_as_hf >= 36, f"vLLM with the adapter matches the merged HF model on {same_as_hf}/40 only"
+    assert same_as_base < same_as_hf
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Colocate rollouts in training
 # ----------------------------------------------------------------------------------------------------------------
