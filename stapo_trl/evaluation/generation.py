@@ -336,11 +336,38 @@ class VLLMGenerator:
         prompts = [
             {"prompt_token_ids": self.tokenizer(t, add_special_tokens=False)["input_ids"]} for t in prompt_texts
         ]
-        outputs = self.llm.generate(prompts, params, lora_request=self._lora_request)
+        lora = {} if self._lora_request is None else {"lora_request": self._lora_request}
+        outputs = self.llm.generate(prompts, params, **lora)
         return [
             [GeneratedSample(o.text, len(o.token_ids), o.finish_reason == "stop") for o in request.outputs]
             for request in outputs
         ]
+
+
+def _grade_generations(problems, generations, decoding_name: str, save_completions: bool):
+    """Grade (P, n) samples: the P * n per-sample records and the (P, n) correctness table, in problem order."""
+    records, correct = [], []
+    for problem, samples in zip(problems, generations):
+        row = []
+        for j, sample in enumerate(samples):
+            result = grade(sample.text, problem.gold)
+            row.append(result.correct)
+            record = {
+                "benchmark": problem.benchmark,
+                "decoding": decoding_name,
+                "id": problem.id,
+                "sample": j,
+                "extracted": result.extracted,
+                "correct": result.correct,
+                "grader_error": result.error,
+                "num_tokens": sample.num_tokens,
+                "finished": sample.finished,
+            }
+            if save_completions:
+                record["completion"] = sample.text
+            records.append(record)
+        correct.append(row)
+    return records, correct
 
 
 def evaluate_problems(
@@ -398,27 +425,7 @@ def evaluate_problems(
         seed=seed,
     )
     gen_time = time.perf_counter() - t0
-    records, correct = [], []
-    for problem, samples in zip(problems, generations):
-        row = []
-        for j, sample in enumerate(samples):
-            result = grade(sample.text, problem.gold)
-            row.append(result.correct)
-            record = {
-                "benchmark": problem.benchmark,
-                "decoding": decoding.name,
-                "id": problem.id,
-                "sample": j,
-                "extracted": result.extracted,
-                "correct": result.correct,
-                "grader_error": result.error,
-                "num_tokens": sample.num_tokens,
-                "finished": sample.finished,
-            }
-            if save_completions:
-                record["completion"] = sample.text
-            records.append(record)
-        correct.append(row)
+    records, correct = _grade_generations(problems, generations, decoding.name, save_completions)
     table = benchmark_metrics(correct, n, problems[0].benchmark if problems else None, [p.id for p in problems])
     num_samples = len(records)
     table.update(
