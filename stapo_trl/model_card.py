@@ -133,8 +133,8 @@ def run_summary_lines(
     if eval_record is not None:
         lines.append(
             f"- **Held-out accuracy** ({eval_record['metric']} over {eval_record['num_problems']} problems of the "
-            f"`{eval_record.get('split', 'test')}` split, T = {eval_record['temperature']:g}, top-p "
-            f"{eval_record['top_p']:g}, up to {eval_record['max_new_tokens']} new tokens): "
+            f"`{eval_record.get('split', 'test')}` split, T = {eval_record['temperature']}, top-p "
+            f"{eval_record['top_p']}, up to {eval_record['max_new_tokens']} new tokens): "
             f"{_percent(eval_record['accuracy_before'])} before training, "
             f"{_percent(eval_record['accuracy_after'])} after."
         )
