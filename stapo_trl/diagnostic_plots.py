@@ -12,8 +12,10 @@ writes, for every run given (several runs share each figure):
 - `s2t_prob_entropy.png` (needs `spurious_tokens.jsonl`): the paper's four-quadrant picture, one panel per run:
   probability (log) vs entropy of positive-advantage tokens; silenced tokens in red, kept candidates in blue,
   other positive-advantage tokens (p >= τ_p, a sample) in grey; τ_p and the median τ_h as lines.
-- `s2t_top_tokens.png` (needs `spurious_tokens.jsonl`): the most frequent silenced strings next to the most
-  frequent kept-candidate strings (of the logged sample), one row per run.
+- `s2t_top_tokens.png` (needs `spurious_tokens.jsonl`): the most frequent silenced tokens next to the most
+  frequent kept candidates (of the logged records), one row per run, with integer counts; byte-level BPE fragments
+  are labelled by their bytes (`byte 0xE2`, read from the run's `tokenizer.json`), control characters by their code,
+  and the label scheme is written under the figure ([`readable_token`]).
 
 A run is a folder with `metrics.jsonl` (and `spurious_tokens.jsonl` when [`~stapo_trl.callbacks.SpuriousTokenLogger`]
 ran), or a folder of per-seed folders (the layout of `stapo-train compare`): seeds are averaged on the curves and
@@ -25,20 +27,22 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .diagnostics import ENTROPY_QUANTILES, top_token_counts
+from .diagnostics import ENTROPY_QUANTILES
 from .metrics_log import SPURIOUS_TOKENS_FILENAME, load_run, read_token_records
-from .plots import set_log_y_axis
+from .plots import set_log_y_axis, set_step_x_axis
 
 
 Rows = Sequence[dict[str, Any]]
 
 _KIND_STYLE = {  # kind -> (colour, label, marker size, z-order)
     "reference": ("0.6", "other positive-advantage tokens (sample)", 6, 1),
-    "kept_candidate": ("tab:blue", "kept candidates (sample)", 12, 2),
+    "kept_candidate": ("tab:blue", "kept candidates (logged)", 12, 2),
     "silenced": ("tab:red", "silenced (spurious)", 16, 3),
 }
 
@@ -122,7 +126,7 @@ def plot_entropy_quantiles(runs: Mapping[str, Sequence[Rows]], out: Path) -> Pat
         if s80:
             ax.plot(s80, p80, color=color, lw=1.2, ls="--", label=f"{label}: p80")
     set_log_y_axis(ax)
-    ax.set_xlabel("step")
+    set_step_x_axis(ax)
     ax.set_ylabel("entropy of loss tokens (nats)")
     ax.set_title("Policy entropy quantiles (all loss tokens, all processes)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
@@ -158,10 +162,10 @@ def plot_s2t_ratios(runs: Mapping[str, Sequence[Rows]], out: Path) -> Path | Non
                 if not steps:
                     continue
                 positive = [(s, v) for s, v in zip(steps, values, strict=True) if v > 0]
-                note = f"{label}: {what} (0 at {len(steps) - len(positive)}/{len(steps)} steps)"
+                note = f"{label}: {what} (0 at {len(steps) - len(positive)}/{len(steps)} logged steps)"
                 ax.plot([s for s, _ in positive], [v for _, v in positive], marker, ms=3.5, color=color, label=note)
         set_log_y_axis(ax)
-        ax.set_xlabel("step")
+        set_step_x_axis(ax)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, which="both")
         if ax.get_legend_handles_labels()[0]:
@@ -216,40 +220,213 @@ def plot_prob_entropy_scatter(records: Mapping[str, Sequence[dict[str, Any]]], o
     return _save(fig, out)
 
 
-def _display(token: str) -> str:
-    """A token as a readable, mathtext-safe label: escapes shown (`\\n`, spaces as `␣`), `$` escaped."""
-    text = json.dumps(token, ensure_ascii=False)[1:-1].replace(" ", "␣")
-    return text.replace("$", r"\$") or "''"
+def _byte_level_decoder() -> dict[str, int]:
+    """The inverse of GPT-2's byte-level alphabet (`bytes_to_unicode`): the character a byte-level BPE vocabulary
+    writes for each byte -> that byte (printable Latin-1 bytes stand for themselves, the others are shifted by 256)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {byte: byte for byte in printable}
+    shift = 0
+    for byte in range(256):
+        if byte not in chars:
+            chars[byte] = 256 + shift
+            shift += 1
+    return {chr(char): byte for byte, char in chars.items()}
 
 
-def plot_top_tokens(records: Mapping[str, Sequence[dict[str, Any]]], out: Path, k: int = 15) -> Path | None:
-    """Bar charts of the k most frequent silenced and kept-candidate strings, one row per run.
+_BYTE_DECODER = _byte_level_decoder()
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")  # SentencePiece byte-fallback pieces, e.g. <0x0A>
 
-    Kept candidates are a sample (`max_kept_candidates` per logging step), so their counts are of the sample. Byte
-    fragments that decode to `�` are told apart by token id ([`~stapo_trl.diagnostics.token_label`]).
+
+def vocab_token_bytes(vocab_token: str, byte_level: bool = True) -> bytes | None:
+    r"""The bytes a vocabulary entry stands for: a byte-fallback piece `<0xA1>` -> `b"\xa1"`; with `byte_level`, a
+    byte-level BPE entry (`"Ġcarry"`, `"Ċ"`, `"â"`) through the byte decoder -> `b" carry"`, `b"\n"`, `b"\xe2"`.
+
+    Returns:
+        `bytes` or `None` when the entry is neither (e.g. a SentencePiece `"▁the"` or a special token with characters
+        outside the byte alphabet).
     """
+    match = _BYTE_FALLBACK.match(vocab_token)
+    if match:
+        return bytes([int(match.group(1), 16)])
+    if byte_level and vocab_token and all(char in _BYTE_DECODER for char in vocab_token):
+        return bytes(_BYTE_DECODER[char] for char in vocab_token)
+    return None
+
+
+def load_token_bytes(run_dir: os.PathLike | str) -> dict[int, bytes]:
+    """`token id -> bytes` for the vocabulary of the tokenizer saved in `run_dir` (`tokenizer.json`, or the first
+    per-seed sub-folder that has one); `{}` when there is none. Byte-level entries are decoded only when the
+    tokenizer's decoder or pre-tokenizer is `ByteLevel`; byte-fallback pieces (`<0x0A>`) always."""
+    run_dir = os.fspath(run_dir)
+    candidates = [os.path.join(run_dir, "tokenizer.json")]
+    if os.path.isdir(run_dir):
+        candidates += [os.path.join(run_dir, name, "tokenizer.json") for name in sorted(os.listdir(run_dir))]
+    path = next((c for c in candidates if os.path.isfile(c)), None)
+    if path is None:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            spec = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    byte_level = '"ByteLevel"' in json.dumps([spec.get("decoder"), spec.get("pre_tokenizer")])
+    vocab = dict((spec.get("model") or {}).get("vocab") or {})
+    if not isinstance(vocab, dict):  # Unigram: a list of [piece, score]
+        vocab = {piece: i for i, (piece, _) in enumerate(vocab)}
+    vocab.update({t["content"]: t["id"] for t in spec.get("added_tokens", [])})
+    table = {}
+    for token, token_id in vocab.items():
+        raw = vocab_token_bytes(token, byte_level)
+        if raw is not None:
+            table[int(token_id)] = raw
+    return table
+
+
+def _escape(text: str) -> str:
+    r"""Visible, mathtext-safe text: `\n` `\t` `\r` as escapes, a space as `␣`, other non-printables as `<0x16>`."""
+    out = []
+    for char in text:
+        if char in "\n\t\r":
+            out.append(json.dumps(char)[1:-1])
+        elif char == " ":
+            out.append("␣")
+        elif not char.isprintable():
+            out.append(f"<0x{ord(char):02X}>" if ord(char) < 0x100 else f"<U+{ord(char):04X}>")
+        else:
+            out.append(char)
+    return "".join(out).replace("$", r"\$") or "''"
+
+
+def readable_token(token: str, token_bytes: bytes | None = None, token_id: int | None = None) -> str:
+    r"""A token as a readable figure label (the scheme [`TOKEN_LABEL_KEY`] explains under the figure).
+
+    - text: as decoded, with a space shown as `␣`, `\n`, `\t`, `\r` as escapes and other non-printable characters
+      as their code, e.g. `<0x16>`;
+    - a byte-level BPE fragment that is not valid UTF-8 on its own (part of a multi-byte character; the tokenizer
+      decodes it to `�`): its bytes, `byte 0xE2` or `bytes 0xE2 0x9F`;
+    - such a fragment whose bytes are unknown (no tokenizer): `� id 161`.
+
+    Args:
+        token (`str`): the decoded token (`tokenizer.decode([id])`, the `token` of a `spurious_tokens.jsonl` record).
+        token_bytes (`bytes`, *optional*): the bytes of its vocabulary entry ([`vocab_token_bytes`]).
+        token_id (`int`, *optional*): its id, to tell unknown fragments apart.
+
+    Returns:
+        `str`: the label.
+    """
+    if token_bytes is not None:
+        try:
+            return _escape(token_bytes.decode("utf-8"))
+        except UnicodeDecodeError:
+            hex_bytes = " ".join(f"0x{b:02X}" for b in token_bytes)
+            return f"byte {hex_bytes}" if len(token_bytes) == 1 else f"bytes {hex_bytes}"
+    if "\ufffd" in token:
+        return f"� id {token_id}" if token_id is not None else "�"
+    return _escape(token)
+
+
+TOKEN_LABEL_KEY = (
+    "Labels: the decoded token; ␣ = space, \\n = newline, <0x16> = a control character by its code, "
+    "byte 0xE2 = a byte-level BPE fragment that is not a character on its own (one byte of a multi-byte "
+    "UTF-8 character, shown by its value)."
+)
+
+
+def top_token_labels(
+    records: Sequence[dict[str, Any]], kind: str, k: int = 15, token_bytes: Mapping[int, bytes] | None = None
+) -> list[tuple[str, int]]:
+    """The k most frequent tokens of one record kind as ([`readable_token`] label, count), most frequent first.
+
+    Counted by token id (records without one by their text), so different byte fragments stay apart.
+    """
+    token_bytes = token_bytes or {}
+    counts: Counter = Counter()
+    text: dict[Any, tuple[str, int | None]] = {}
+    for record in records:
+        if record["kind"] != kind:
+            continue
+        token_id = record.get("token_id")
+        key = token_id if token_id is not None else record["token"]
+        counts[key] += 1
+        text.setdefault(key, (record["token"], token_id))
+    return [
+        (readable_token(text[key][0], token_bytes.get(text[key][1]), text[key][1]), count)
+        for key, count in counts.most_common(k)
+    ]
+
+
+def top_tokens_figure(
+    records: Mapping[str, Sequence[dict[str, Any]]],
+    k: int = 15,
+    token_bytes: Mapping[str, Mapping[int, bytes]] | None = None,
+):
+    """The figure of [`plot_top_tokens`] (a matplotlib `Figure`, not saved), or `None` when no run has a record.
+
+    Args:
+        records (`Mapping[str, Sequence[dict]]`): label -> `spurious_tokens.jsonl` records.
+        k (`int`, *optional*, defaults to `15`): bars per panel.
+        token_bytes (`Mapping[str, Mapping[int, bytes]]`, *optional*): label -> the run's `token id -> bytes`
+            ([`load_token_bytes`]), so byte fragments show their bytes.
+    """
+    from matplotlib.ticker import MaxNLocator
+
     records = {label: recs for label, recs in records.items() if recs}
     if not records:
         return None
+    token_bytes = token_bytes or {}
     plt = _pyplot()
-    fig, axes = plt.subplots(len(records), 2, figsize=(10, 0.5 + 0.28 * k * len(records) + 0.8), squeeze=False)
+    height = 1.3 + 0.28 * k * len(records)
+    fig, axes = plt.subplots(len(records), 2, figsize=(10, height), squeeze=False)
     for row, (label, recs) in zip(axes, records.items(), strict=True):
-        for ax, kind, color, title in (
-            (row[0], "silenced", "tab:red", "most frequent silenced strings"),
-            (row[1], "kept_candidate", "tab:blue", "most frequent kept candidates (sample)"),
-        ):
-            counts = top_token_counts(recs, kind, k)
+        panels = (
+            (row[0], "silenced", "tab:red", "most frequent silenced tokens", "silenced occurrences over the run"),
+            (
+                row[1],
+                "kept_candidate",
+                "tab:blue",
+                "most frequent kept candidates",
+                "kept-candidate occurrences (logged records)",
+            ),
+        )
+        for ax, kind, color, title, xlabel in panels:
+            counts = top_token_labels(recs, kind, k, token_bytes.get(label))
             if counts:
                 ax.barh(range(len(counts)), [c for _, c in counts], color=color, alpha=0.8)
-                ax.set_yticks(range(len(counts)), [_display(t) for t, _ in counts], fontsize=8)
+                ax.set_yticks(range(len(counts)), [name for name, _ in counts], fontsize=8)
                 ax.invert_yaxis()
             else:
                 ax.text(0.5, 0.5, "none logged", ha="center", va="center", transform=ax.transAxes, color="gray")
                 ax.set_yticks([])
-            ax.set_xlabel("count")
+            ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
+            ax.set_xlabel(xlabel)
             ax.set_title(f"{label}: {title}", fontsize=9)
             ax.grid(alpha=0.3, axis="x")
-    return _save(fig, out)
+    fig.text(0.5, 0.01, TOKEN_LABEL_KEY, ha="center", va="bottom", fontsize=7.5, wrap=True)
+    fig.tight_layout(rect=(0, 0.45 / height, 1, 1))
+    return fig
+
+
+def plot_top_tokens(
+    records: Mapping[str, Sequence[dict[str, Any]]],
+    out: Path,
+    k: int = 15,
+    token_bytes: Mapping[str, Mapping[int, bytes]] | None = None,
+) -> Path | None:
+    """Bar charts of the k most frequent silenced and kept-candidate tokens, one row per run; `None` without records.
+
+    Every silenced token is logged (up to `SpuriousTokenLogger.max_silenced` per logging step); kept candidates are a
+    sample of at most `max_kept_candidates` per logging step, so their counts are of the logged records. Labels
+    follow [`readable_token`] (byte fragments by their bytes when `token_bytes` has them), explained under the
+    figure; counts are integer ticks.
+    """
+    fig = top_tokens_figure(records, k, token_bytes)
+    if fig is None:
+        return None
+    plt = _pyplot()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
 
 
 def plot_diagnostics(
@@ -274,10 +451,11 @@ def plot_diagnostics(
     out_dir = Path(out_dir)
     runs = {label: load_run(os.fspath(d)) for label, d in zip(labels, run_dirs, strict=True)}
     records = {label: load_token_records(d) for label, d in zip(labels, run_dirs, strict=True)}
+    token_bytes = {label: load_token_bytes(d) for label, d in zip(labels, run_dirs, strict=True)}
     written = [
         plot_entropy_quantiles(runs, out_dir / "s2t_entropy_quantiles.png"),
         plot_s2t_ratios(runs, out_dir / "s2t_ratios.png"),
         plot_prob_entropy_scatter(records, out_dir / "s2t_prob_entropy.png"),
-        plot_top_tokens(records, out_dir / "s2t_top_tokens.png"),
+        plot_top_tokens(records, out_dir / "s2t_top_tokens.png", token_bytes=token_bytes),
     ]
     return [path for path in written if path is not None]

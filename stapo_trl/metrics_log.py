@@ -110,3 +110,73 @@ def load_run(path: str) -> list[list[dict[str, Any]]]:
             "(or of one `stapo-train compare` arm)."
         )
     return seeds
+
+
+def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The S2T counts of a whole run, pooled over its log rows (`metrics.jsonl` rows or `trainer.state.log_history`).
+
+    The silenced ratio of the run is Σ silenced / Σ loss tokens over every row that logged the `s2t/` counts (the
+    README's pooled definition of `s2t/silenced_ratio`, over the whole run instead of one row), not a mean of the
+    rows' ratios.
+
+    Args:
+        rows (`list[dict]`): log rows, each with `s2t/num_silenced`, `s2t/num_candidates` and `s2t/num_loss_tokens`
+            when the S2T mask (or its `s2t_mode: "off"` count) ran; rows without them are skipped.
+
+    Returns:
+        `dict` or `None`: `num_rows` (rows with counts), `rows_with_silencing`, `num_silenced`, `num_candidates`,
+        `num_loss_tokens` (ints), `silenced_ratio` and `candidate_ratio` (pooled floats); `None` when no row has the
+        counts (a plain `GRPOTrainer` run).
+    """
+    counted = [row for row in rows if row.get("s2t/num_loss_tokens") is not None]
+    if not counted:
+        return None
+    silenced = round(sum(row.get("s2t/num_silenced") or 0 for row in counted))
+    candidates = round(sum(row.get("s2t/num_candidates") or 0 for row in counted))
+    loss_tokens = round(sum(row["s2t/num_loss_tokens"] for row in counted))
+    return {
+        "num_rows": len(counted),
+        "rows_with_silencing": sum(1 for row in counted if (row.get("s2t/num_silenced") or 0) > 0),
+        "num_silenced": silenced,
+        "num_candidates": candidates,
+        "num_loss_tokens": loss_tokens,
+        "silenced_ratio": silenced / loss_tokens if loss_tokens else 0.0,
+        "candidate_ratio": candidates / loss_tokens if loss_tokens else 0.0,
+    }
+
+
+def candidate_facts(records: list[dict[str, Any]], entropy_below: float = 0.3) -> dict[str, Any]:
+    """What the S2T candidates of a run were, from its `spurious_tokens.jsonl` records.
+
+    A mask is told apart by its logging step and its τ_h (`entropy_threshold`): the masks of one logging step (one
+    per optimizer update in the `optimizer_step` scope) have distinct τ_h unless two of them hold one candidate each
+    with the same entropy. A mask with a single candidate never silences it: τ_h is then that candidate's entropy and
+    the rule is the strict `H < τ_h` (`stapo_trl.s2t.s2t_mask`).
+
+    Args:
+        records (`list[dict]`): the run's token records ([`read_token_records`]).
+        entropy_below (`float`, *optional*, defaults to `0.3`): the entropy (nats) below which kept candidates are
+            counted in `kept_below`.
+
+    Returns:
+        `dict`: `silenced` and `kept` (candidate records of each kind), `kept_below` (kept candidates with entropy
+        < `entropy_below`), `entropy_below`, `masks_with_candidates`, `masks_with_one_candidate` (of the masks that
+        had a logged candidate) and `kept_alone` (kept candidates that were the only candidate of their mask).
+        Kept candidates are a per-logging-step sample (`SpuriousTokenLogger.max_kept_candidates`): compare
+        `silenced + kept` with the run's `num_candidates` ([`s2t_totals`]) to know whether all were logged.
+    """
+    candidates = [r for r in records if r["kind"] in ("silenced", "kept_candidate")]
+    kept = [r for r in candidates if r["kind"] == "kept_candidate"]
+    masks: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for record in candidates:
+        masks.setdefault((record["step"], record.get("entropy_threshold")), []).append(record)
+    alone = [group[0] for group in masks.values() if len(group) == 1]
+    return {
+        "silenced": len(candidates) - len(kept),
+        "kept": len(kept),
+        "kept_below": sum(1 for r in kept if r["entropy"] < entropy_below),
+        "entropy_below": entropy_below,
+        "masks_with_candidates": len(masks),
+        "masks_with_one_candidate": len(alone),
+        "kept_alone": sum(1 for r in alone if r["kind"] == "kept_candidate"),
+    }

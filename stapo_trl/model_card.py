@@ -1,9 +1,10 @@
-"""The model card of a STAPO run: TRL's card plus a section with the S2T settings and the base model.
+"""The model card of a STAPO run: TRL's card plus a section with the run's settings, results and base model.
 
 TRL writes the card (`README.md` in `output_dir`) from the trainer's `_name`, `_paper` and `_tag_names`: it names
-STAPO, links the paper and carries its BibTeX, but it says nothing about the S2T thresholds, and for a local or
-`builtin:` base model it prints a broken link ("fine-tuned version of [None](https://huggingface.co/None)").
-[`add_stapo_section`] fixes both. It is idempotent (a marked section is replaced, never duplicated), so it can run
+STAPO, links the paper and carries its BibTeX, but its "Training procedure" is empty (tracker badges only), it says
+nothing about the S2T thresholds, and for a local or `builtin:` base model it prints a broken link ("fine-tuned
+version of [None](https://huggingface.co/None)"). [`add_stapo_section`] fills the procedure (steps trained, the S2T
+mask over the run, held-out accuracy, the recipe's key values) and fixes the link. It is idempotent (a marked section is replaced, never duplicated), so it can run
 after every `create_model_card`, including the one `push_to_hub` makes:
 
 ```python
@@ -18,9 +19,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 from .config import STAPOConfig
+from .metrics_log import s2t_totals
 
 
 SECTION_START = "<!-- stapo_trl:settings -->"
@@ -44,12 +47,15 @@ _OBJECTIVE_FIELDS = (
     ("epsilon", "lower clip ε_low"),
     ("epsilon_high", "upper clip ε_high (clip-higher)"),
     ("beta", "KL coefficient"),
+    ("learning_rate", "learning rate"),
+    ("lr_scheduler_type", "learning-rate schedule"),
     ("num_generations", "rollouts per prompt"),
+    ("per_device_train_batch_size", "completions per micro-step and process"),
+    ("gradient_accumulation_steps", "micro-steps per optimizer update"),
+    ("steps_per_generation", "micro-steps per rollout batch (> GA: several optimizer updates per rollout batch)"),
     ("temperature", "rollout temperature (the S2T thresholds are calibrated at 1.0)"),
     ("top_p", "rollout top-p"),
     ("max_completion_length", "max response tokens"),
-    ("learning_rate", "learning rate"),
-    ("lr_scheduler_type", "learning-rate schedule"),
 )
 
 
@@ -75,20 +81,100 @@ def _value(args: Any, name: str) -> str:
     return f"`{value}`"
 
 
-def stapo_card_section(args: Any, base_model: str) -> str:
-    """The Markdown section: what was trained from what, with which S2T and objective settings.
+def _percent(value: float) -> str:
+    return f"{100 * value:.1f} %"
+
+
+def run_summary_lines(
+    args: Any,
+    *,
+    global_step: int | None = None,
+    log_rows: list[dict[str, Any]] | None = None,
+    eval_record: dict[str, Any] | None = None,
+) -> list[str]:
+    """The card's account of what the run did: steps trained, the S2T mask over the run, held-out accuracy.
+
+    Args:
+        args ([`~stapo_trl.STAPOConfig`] or [`~trl.GRPOConfig`]): the training arguments.
+        global_step (`int`, *optional*): optimizer steps trained; `None` leaves the line out.
+        log_rows (`list[dict]`, *optional*): the run's log rows (`trainer.state.log_history`, the rows `metrics.jsonl`
+            is written from); the silenced ratio is pooled over them ([`~stapo_trl.metrics_log.s2t_totals`]).
+        eval_record (`dict`, *optional*): the content of `eval.json` (held-out accuracy before and after training);
+            `None`: "not measured".
+
+    Returns:
+        `list[str]`: Markdown bullet lines. No paths and no dataset names (the same lines go into an uploaded card).
+    """
+    lines = []
+    if global_step is not None:
+        planned = f" (`max_steps` {args.max_steps})" if getattr(args, "max_steps", -1) > 0 else ""
+        lines.append(f"- **Steps trained**: {global_step} optimizer steps{planned}.")
+    mode = getattr(args, "s2t_mode", None)
+    totals = s2t_totals(log_rows) if log_rows else None
+    if mode is None:
+        lines.append("- **S2T mask**: off (plain GRPO: `trl.GRPOTrainer`, no S2T mask).")
+    elif mode == "off":
+        counted = ""
+        if totals is not None:
+            counted = (
+                f"; {totals['num_candidates']:,} of {totals['num_loss_tokens']:,} loss tokens were candidates "
+                f"(A > 0, p < τ_p = {args.s2t_prob_threshold:g}), counted only"
+            )
+        lines.append(f"- **S2T mask**: off (`s2t_mode: off`): no token was silenced{counted}.")
+    elif totals is not None:
+        lines.append(
+            f"- **S2T mask** (`s2t_mode: {mode}`): {totals['num_silenced']:,} of {totals['num_loss_tokens']:,} loss "
+            f"tokens silenced over the run, a silenced ratio of {totals['silenced_ratio']:.3g} (pooled: Σ silenced / "
+            f"Σ loss tokens over the {totals['num_rows']} logged rows); the mask fired in "
+            f"{totals['rows_with_silencing']} of them; {totals['num_candidates']:,} candidates (A > 0, p < τ_p)."
+        )
+    else:
+        lines.append(f"- **S2T mask** (`s2t_mode: {mode}`): no S2T counts logged yet.")
+    if eval_record is not None:
+        lines.append(
+            f"- **Held-out accuracy** ({eval_record['metric']} over {eval_record['num_problems']} problems of the "
+            f"`{eval_record.get('split', 'test')}` split, T = {eval_record['temperature']}, top-p "
+            f"{eval_record['top_p']}, up to {eval_record['max_new_tokens']} new tokens): "
+            f"{_percent(eval_record['accuracy_before'])} before training, "
+            f"{_percent(eval_record['accuracy_after'])} after."
+        )
+    else:
+        lines.append("- **Held-out accuracy**: not measured (`eval_before_after` off, or not finished yet).")
+    return lines
+
+
+def stapo_card_section(
+    args: Any,
+    base_model: str,
+    *,
+    global_step: int | None = None,
+    log_rows: list[dict[str, Any]] | None = None,
+    eval_record: dict[str, Any] | None = None,
+) -> str:
+    """The Markdown section: what was trained from what, how long, with which settings, and what it gave.
+
+    It goes under TRL's "## Training procedure" heading: the run's summary ([`run_summary_lines`]: steps trained, the
+    S2T mask over the run, held-out accuracy before and after) and the recipe's key values (S2T, objective, batch
+    geometry, rollouts).
 
     Args:
         args ([`~stapo_trl.STAPOConfig`] or [`~trl.GRPOConfig`]): the training arguments. A `GRPOConfig` gets a
             "no S2T mask" line instead of the S2T rows.
         base_model (`str`): the base model's name.
+        global_step, log_rows, eval_record: as in [`run_summary_lines`].
 
     Returns:
         `str`: the section, between the markers `SECTION_START` and `SECTION_END`.
     """
     is_stapo = isinstance(args, STAPOConfig)
-    lines = [SECTION_START, "", "## STAPO training settings", ""]
-    if is_stapo:
+    lines = [SECTION_START, "", "### STAPO run: settings and results", ""]
+    if is_stapo and args.s2t_mode == "off":
+        lines.append(
+            f"Base model: `{base_model}`, trained with `stapo_trl.STAPOTrainer` with the S2T mask off "
+            f"(`s2t_mode: off`): the GRPO objective below without the mask, the like-for-like baseline of "
+            f"[STAPO]({PAPER_URL}) (arXiv:2602.15620)."
+        )
+    elif is_stapo:
         lines.append(
             f'Base model: `{base_model}`, trained with [STAPO]({PAPER_URL}) (Liu et al., 2026, "STAPO: Stabilizing '
             'Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens", arXiv:2602.15620) using '
@@ -100,6 +186,7 @@ def stapo_card_section(args: Any, base_model: str) -> str:
             f"Base model: `{base_model}`, trained with the GRPO objective below and no S2T mask (the baseline of "
             f"[STAPO]({PAPER_URL}), arXiv:2602.15620)."
         )
+    lines += [""] + run_summary_lines(args, global_step=global_step, log_rows=log_rows, eval_record=eval_record)
     lines += ["", "| setting | meaning | value |", "|---|---|---|"]
     rows = (_S2T_FIELDS if is_stapo else ()) + _OBJECTIVE_FIELDS
     lines += [f"| `{name}` | {meaning} | {_value(args, name)} |" for name, meaning in rows]
@@ -191,10 +278,13 @@ def write_quick_start(trainer, example_prompt: Any, model_ref: str | None = None
     return path
 
 
-def add_stapo_section(trainer, base_model: str | None = None) -> str | None:
-    """Add the STAPO settings to the card TRL wrote in `trainer.args.output_dir/README.md` (main process only).
+def add_stapo_section(trainer, base_model: str | None = None, eval_record: dict[str, Any] | None = None) -> str | None:
+    """Add the STAPO section to the card TRL wrote in `trainer.args.output_dir/README.md` (main process only).
 
-    Replaces an earlier section (idempotent). Where TRL had no Hub id it wrote "None": its broken
+    The section ([`stapo_card_section`]) fills TRL's "## Training procedure", which TRL leaves empty but for tracker
+    badges: the steps trained (`trainer.state.global_step`), the S2T mask over the run (pooled from
+    `trainer.state.log_history`, the rows `metrics.jsonl` is written from), the held-out accuracy of `eval_record`,
+    and the recipe's key values. Replaces an earlier section (idempotent). Where TRL had no Hub id it wrote "None": its broken
     `[None](https://huggingface.co/None)` base-model link becomes the base model's name, and the quick start's
     `model="None"` (no `hub_model_id` without `push_to_hub`) becomes the output directory, where the model is saved.
     TRL's placeholder `licence: license` front-matter line is dropped.
@@ -203,6 +293,8 @@ def add_stapo_section(trainer, base_model: str | None = None) -> str | None:
         trainer ([`~stapo_trl.STAPOTrainer`] or [`~trl.GRPOTrainer`]): after `create_model_card`.
         base_model (`str`, *optional*): the base model's name; `None` reads it from the model's config
             (`builtin:` names are recovered from the built-in model's folder).
+        eval_record (`dict`, *optional*): the run's `eval.json` content (accuracy before and after training);
+            `None`: the card says the accuracy was not measured.
 
     Returns:
         `str` or `None`: the card's path, or `None` on other processes or when there is no card yet.
@@ -223,8 +315,16 @@ def add_stapo_section(trainer, base_model: str | None = None) -> str | None:
     card = card.replace("[None](https://huggingface.co/None)", f"`{base_model}`")
     card = card.replace('model="None"', f"model={json.dumps(trainer.args.output_dir)}")  # a quoted Python string
     card = card.replace("licence: license\n", "")
+    # TRL's tracker-badge lines are blank without a tracker: one empty line under the heading instead of four.
+    card = re.sub(r"(## Training procedure\n)(?:[ \t]*\n)+", r"\1\n", card)
 
-    section = stapo_card_section(trainer.args, base_model)
+    section = stapo_card_section(
+        trainer.args,
+        base_model,
+        global_step=trainer.state.global_step,
+        log_rows=trainer.state.log_history,
+        eval_record=eval_record,
+    )
     # The section goes right before TRL's "### Framework versions" (after "Training procedure"), else at the end.
     anchor = "### Framework versions"
     if anchor in card:
@@ -262,7 +362,7 @@ def public_dataset_name(dataset_name: str | None) -> str | None:
     return dataset_name
 
 
-def make_card_public(trainer, base_model: str | None = None) -> str | None:
+def make_card_public(trainer, base_model: str | None = None, eval_record: dict[str, Any] | None = None) -> str | None:
     """Rewrite the card in `trainer.args.output_dir/README.md` as it is uploaded: TRL's card plus the STAPO section
     ([`add_stapo_section`], also for a plain `GRPOTrainer`), with no local path and no `builtin:` name in it.
 
@@ -271,12 +371,12 @@ def make_card_public(trainer, base_model: str | None = None) -> str | None:
 
     Args:
         trainer ([`~stapo_trl.STAPOTrainer`] or [`~trl.GRPOTrainer`]): after `create_model_card`.
-        base_model (`str`, *optional*): as in [`add_stapo_section`].
+        base_model, eval_record: as in [`add_stapo_section`].
 
     Returns:
         `str` or `None`: the card's path, or `None` on other processes or when there is no card yet.
     """
-    path = add_stapo_section(trainer, base_model)
+    path = add_stapo_section(trainer, base_model, eval_record)
     if path is None:
         return None
     if base_model is None:

@@ -44,6 +44,14 @@ def set_log_y_axis(ax) -> None:
     ax.yaxis.set_major_formatter(LogFormatterSciNotation(labelOnlyBase=False))
 
 
+def set_step_x_axis(ax) -> None:
+    """Label the x axis "optimizer step" with integer ticks only (a short run would otherwise get steps like 2.5)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("optimizer step")
+    ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
+
+
 def _series(rows: Sequence[dict[str, Any]], key: str) -> dict[int, float]:
     """`{step: value}` of one metric over the rows that logged it (a later row for the same step wins)."""
     return {int(row["step"]): float(row[key]) for row in rows if row.get(key) is not None and "step" in row}
@@ -71,7 +79,7 @@ def _draw_run(ax, x, values, label: str, color: str, scale: str, smoothing: int 
     if scale == "log":
         mean = values.mean(axis=0)
         positive = mean > 0
-        zero_note = f", 0 at {int((~positive).sum())}/{len(mean)} steps"
+        zero_note = f", 0 at {int((~positive).sum())}/{len(mean)} logged steps"
         if positive.any():
             label_text = f"{label}{seed_note}{zero_note}"
             ax.plot(x[positive], mean[positive], "o", ms=3, color=color, label=label_text)
@@ -124,7 +132,9 @@ def plot_training_curves(
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, axes = plt.subplots(1, len(curves), figsize=(5.2 * len(curves), 3.9), squeeze=False)
+    # One step axis for every panel: the log panel draws only the steps where the value was > 0, and must not zoom in
+    # on them as if the run had ended there.
+    fig, axes = plt.subplots(1, len(curves), figsize=(5.2 * len(curves), 3.9), squeeze=False, sharex=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (key, panel_title, scale) in zip(axes[0], curves):
         drawn = False
@@ -140,7 +150,7 @@ def plot_training_curves(
             values = np.array([[s[step] for step in steps] for s in series])  # (num_seeds, num_steps)
             drawn = _draw_run(ax, np.array(steps), values, label, color, scale, smoothing) or drawn
         ax.set_title(panel_title, fontsize=10)
-        ax.set_xlabel("step")
+        set_step_x_axis(ax)
         if scale == "log":
             set_log_y_axis(ax)
         if not drawn and not ax.get_legend_handles_labels()[0]:

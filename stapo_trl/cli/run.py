@@ -32,7 +32,14 @@ from ..data import filter_long_prompts, load_prompt_dataset
 from ..diagnostic_plots import plot_diagnostics
 from ..evaluation.generation import evaluate_avg_at_k
 from ..hub import check_hub_access
-from ..metrics_log import METRICS_FILENAME, read_metrics
+from ..metrics_log import (
+    METRICS_FILENAME,
+    SPURIOUS_TOKENS_FILENAME,
+    candidate_facts,
+    read_metrics,
+    read_token_records,
+    s2t_totals,
+)
 from ..model_card import add_stapo_section, make_card_public, public_dataset_name, write_quick_start
 from ..plots import plot_training_curves
 from ..prompt_length import model_max_positions, prompt_token_budget, report_dropped
@@ -223,15 +230,22 @@ def _checkpoint_step(checkpoint: str) -> int | None:
         return None
 
 
-def _summarize_s2t(rows: list[dict[str, Any]]) -> dict[str, float]:
+def _summarize_s2t(rows: list[dict[str, Any]], output_dir: str | None = None) -> dict[str, Any]:
+    """The S2T summary of a run's `metrics.jsonl` rows: the mean of the rows' silenced ratios, the pooled ratio of the
+    run ([`~stapo_trl.metrics_log.s2t_totals`]) and, with `output_dir`, what its candidates were
+    ([`~stapo_trl.metrics_log.candidate_facts`] of `spurious_tokens.jsonl`). Empty without `s2t/` metrics."""
     ratios = [r["s2t/silenced_ratio"] for r in rows if r.get("s2t/silenced_ratio") is not None]
-    if not ratios:
+    totals = s2t_totals(rows)
+    if not ratios or totals is None:
         return {}
-    return {
+    summary = {
         "mean_silenced_ratio": sum(ratios) / len(ratios),
         "fraction_of_logging_steps_with_silencing": sum(r > 0 for r in ratios) / len(ratios),
-        "num_silenced": sum(r.get("s2t/num_silenced") or 0 for r in rows),
+        **totals,
     }
+    if output_dir is not None and os.path.isfile(os.path.join(output_dir, SPURIOUS_TOKENS_FILENAME)):
+        summary["candidates"] = candidate_facts(read_token_records(output_dir))
+    return summary
 
 
 def train(
@@ -387,16 +401,17 @@ def _save_model_and_card(trainer, script_args, output_dir: str) -> None:
 
 
 @contextlib.contextmanager
-def hub_card(trainer):
+def hub_card(trainer, eval_record: dict[str, Any] | None = None):
     """While active, `trainer.create_model_card` (which `push_to_hub` calls right before it uploads) writes the card
     as uploaded: a local or `builtin:` dataset is left out of its metadata ([`public_dataset_name`]), and the card
-    gets the STAPO section with public names only ([`make_card_public`]), for `STAPOTrainer` and `GRPOTrainer` alike.
+    gets the STAPO section with public names only ([`make_card_public`]), for `STAPOTrainer` and `GRPOTrainer` alike,
+    with the held-out accuracy of `eval_record` (the run's `eval.json` content; `None`: not measured).
     """
     create = trainer.create_model_card
 
     def create_model_card(model_name=None, dataset_name=None, tags=None, **kwargs):
         create(model_name=model_name, dataset_name=public_dataset_name(dataset_name), tags=tags, **kwargs)
-        make_card_public(trainer)
+        make_card_public(trainer, eval_record=eval_record)
 
     trainer.create_model_card = create_model_card
     try:
@@ -470,9 +485,21 @@ def _print_summary(script_args, output_dir, step, s2t_summary, eval_record, max_
     print(f"\n=== {script_args.trainer} run finished: {output_dir} (step {step}) ===")
     if s2t_summary:
         print(
-            f"S2T: mean silenced ratio {s2t_summary['mean_silenced_ratio']:.2e} over logging steps, tokens "
-            f"silenced at {100 * s2t_summary['fraction_of_logging_steps_with_silencing']:.0f} % of them."
+            f"S2T: {s2t_summary['num_silenced']} of {s2t_summary['num_loss_tokens']} loss tokens silenced, pooled "
+            f"silenced ratio {s2t_summary['silenced_ratio']:.3g} (mean over logging steps "
+            f"{s2t_summary['mean_silenced_ratio']:.3g}); the mask fired at {s2t_summary['rows_with_silencing']} of "
+            f"{s2t_summary['num_rows']} logging steps; {s2t_summary['num_candidates']} candidates."
         )
+        facts = s2t_summary.get("candidates")
+        if facts:
+            logged = facts["silenced"] + facts["kept"]
+            sample = "all" if logged == s2t_summary["num_candidates"] else f"a sample of {logged}"
+            print(
+                f"Candidates in spurious_tokens.jsonl ({sample}): {facts['silenced']} silenced, {facts['kept']} kept "
+                f"({facts['kept_below']} of them with H < {facts['entropy_below']:g} nats); "
+                f"{facts['masks_with_candidates']} masks had a candidate, {facts['masks_with_one_candidate']} exactly "
+                f"one (a lone candidate is never silenced: strict H < tau_h)."
+            )
     if eval_record is not None:
         print(
             f"Held-out {eval_record['metric']} on {eval_record['num_problems']} problems (T={eval_record['temperature']}, "
@@ -527,7 +554,7 @@ def _train(
         timings["train"] = time.perf_counter() - start
     _save_model_and_card(trainer, script_args, output_dir)
     rows = _write_figures(script_args, training_args, output_dir) if is_main else []
-    s2t_summary = _summarize_s2t(rows)
+    s2t_summary = _summarize_s2t(rows, output_dir if is_main else None)
 
     # Evaluate after training
     if script_args.eval_before_after:
@@ -545,6 +572,7 @@ def _train(
                 )
             with open(path, "w") as f:
                 json.dump(eval_record, f, indent=2)
+            add_stapo_section(trainer, eval_record=eval_record)  # the card's procedure gets the accuracy too
 
     if is_main:
         step = trainer.state.global_step
@@ -552,7 +580,8 @@ def _train(
 
     if training_args.push_to_hub:
         try:
-            with hub_card(trainer):  # no local path, no builtin: name, no "[None]" link in the uploaded card
+            # No local path, no builtin: name, no "[None]" link in the uploaded card; the accuracy in its procedure.
+            with hub_card(trainer, eval_record):
                 trainer.push_to_hub(dataset_name=script_args.dataset_name, tags=["stapo_trl", script_args.trainer])
             trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}.")
         except Exception as e:  # noqa: BLE001 (network, auth, quota: the local results stay either way)

@@ -1,0 +1,150 @@
+"""The model card's "Training procedure" from real short runs (issue 12, item 10).
+
+The tests run `stapo-train` in-process on the demo recipe at a reduced size and check the card against the run's
+own files: the recipe values as parsed, the pooled silenced ratio recomputed here from `metrics.jsonl`, `eval.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+REPO = Path(__file__).resolve().parents[1]
+STAPO_RECIPE = str(REPO / "recipes" / "demo" / "stapo.yaml")
+BASELINE_RECIPE = str(REPO / "recipes" / "demo" / "grpo.yaml")  # STAPOTrainer with s2t_mode: off
+
+# The card must give these recipe values (issue 12, item 10).
+KEY_FIELDS = (
+    "learning_rate", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "steps_per_generation", "temperature", "max_completion_length", "beta", "loss_type",
+)  # fmt: skip
+S2T_FIELDS = ("s2t_mode", "s2t_prob_threshold", "s2t_entropy_quantile", "s2t_scope", "s2t_policy")
+
+
+def _argv(recipe: str, model_path: str, out: Path, *extra: str) -> list[str]:
+    return [
+        "--config", recipe, "--model_name_or_path", model_path, "--output_dir", str(out),
+        "--max_steps", "8", "--logging_steps", "4", "--save_strategy", "no", "--disable_tqdm", "true",
+        "--eval_num_problems", "16", "--eval_num_samples", "2", *extra,
+    ]  # fmt: skip
+
+
+# why: τ_p 0.05 instead of the paper's 0.002, so that the mask fires within 8 steps (a non-zero ratio to check).
+STAPO_EXTRA = ("--s2t_prob_threshold", "0.05", "--hub_model_id", "me/stapo-demo")
+
+
+@pytest.fixture(scope="module")
+def stapo_run(tmp_path_factory, tiny_math_model_path):
+    """A real 8-step STAPO run with before/after evaluation: (its output folder, its argv)."""
+    from stapo_trl.cli.train import main
+
+    out = tmp_path_factory.mktemp("card") / "demo-stapo"
+    argv = _argv(STAPO_RECIPE, tiny_math_model_path, out, *STAPO_EXTRA)
+    main(argv)
+    return out, argv
+
+
+def _procedure(card: str) -> str:
+    """TRL's "## Training procedure" section of a card, up to its "### Framework versions"."""
+    return card.split("## Training procedure", 1)[1].split("### Framework versions", 1)[0]
+
+
+def _pooled_from_metrics(out: Path) -> tuple[int, int, int, float]:
+    """(Σ silenced, Σ loss tokens, Σ candidates, Σ silenced / Σ loss tokens) over the rows of metrics.jsonl."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [row for row in rows if "s2t/num_loss_tokens" in row]
+    silenced = int(sum(row["s2t/num_silenced"] for row in rows))
+    loss_tokens = int(sum(row["s2t/num_loss_tokens"] for row in rows))
+    candidates = int(sum(row["s2t/num_candidates"] for row in rows))
+    return silenced, loss_tokens, candidates, silenced / loss_tokens
+
+
+def _assert_settings_rows(procedure: str, args, fields) -> None:
+    lines = procedure.splitlines()
+    for name in fields:
+        row = [line for line in lines if line.startswith(f"| `{name}` |")]
+        assert len(row) == 1, (name, procedure)
+        value = getattr(args, name)
+        assert row[0].endswith(f"| `{getattr(value, 'value', value)}` |"), (name, row[0])
+
+
+def _assert_procedure_matches_the_run(procedure: str, out: Path, argv: list[str]) -> None:
+    from stapo_trl.cli.args import parse_args
+
+    _, args, _ = parse_args(argv)
+    _assert_settings_rows(procedure, args, KEY_FIELDS + S2T_FIELDS)
+    step = json.loads((out / "trainer_state.json").read_text())["global_step"]
+    assert step == args.max_steps
+    assert f"**Steps trained**: {step} optimizer steps" in procedure
+    silenced, loss_tokens, candidates, ratio = _pooled_from_metrics(out)
+    assert silenced > 0, "the test run should silence something"
+    assert f"{silenced:,} of {loss_tokens:,} loss tokens silenced over the run" in procedure
+    assert f"a silenced ratio of {ratio:.3g} (pooled" in procedure and f"{candidates:,} candidates" in procedure
+    evaluation = json.loads((out / "eval.json").read_text())
+    before, after = (f"{100 * evaluation[key]:.1f} %" for key in ("accuracy_before", "accuracy_after"))
+    assert f"{before} before training, {after} after" in procedure
+    assert f"{evaluation['metric']} over {evaluation['num_problems']} problems" in procedure
+
+
+def test_end_of_run_card_fills_the_training_procedure(stapo_run):
+    out, argv = stapo_run
+    card = (out / "README.md").read_text()
+    procedure = _procedure(card)
+    assert procedure.lstrip("\n").startswith("This model was trained with STAPO")  # no blank badge lines left
+    _assert_procedure_matches_the_run(procedure, out, argv)
+    assert card.count("<!-- stapo_trl:settings -->") == 1
+
+
+def test_uploaded_card_fills_the_training_procedure_without_local_names(stapo_run, tmp_path, tiny_math_model_path):
+    from datasets import Dataset
+    from transformers.trainer_callback import TrainerState
+
+    from stapo_trl import STAPOTrainer
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import hub_card
+
+    out, argv = stapo_run
+    run = tmp_path / "uploaded" / "demo-stapo"
+    shutil.copytree(out, run)  # the fixture's card stays as the end of the run wrote it
+    _, args, _ = parse_args([*argv, "--output_dir", str(run)])
+    # The trainer push_to_hub would hold after that run: same arguments, base model, and the run's trainer state.
+    trainer = STAPOTrainer(
+        model=tiny_math_model_path,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["1+1"] * 16}),
+    )
+    trainer.state = TrainerState.load_from_json(str(run / "trainer_state.json"))
+    evaluation = json.loads((run / "eval.json").read_text())
+    with hub_card(trainer, evaluation):  # what push_to_hub's create_model_card writes before the upload
+        trainer.create_model_card(model_name="stapo-demo", dataset_name="builtin:tiny-math", tags=["stapo_trl"])
+    card = (run / "README.md").read_text()
+    _assert_procedure_matches_the_run(_procedure(card), run, argv)
+    for leak in (str(tmp_path), str(out), tiny_math_model_path, "builtin:", "/tmp"):
+        assert leak not in card, (leak, card)
+    assert "the tiny-math demo model built by stapo_trl" in card
+
+
+def test_baseline_card_says_the_s2t_mask_was_off(tmp_path, tiny_math_model_path):
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.train import main
+
+    out = tmp_path / "demo-grpo"
+    argv = _argv(BASELINE_RECIPE, tiny_math_model_path, out, "--max_steps", "4", "--eval_before_after", "false")
+    main(argv)
+    _, args, _ = parse_args(argv)
+    assert args.s2t_mode == "off"
+    procedure = _procedure((out / "README.md").read_text())
+    _assert_settings_rows(procedure, args, KEY_FIELDS + S2T_FIELDS)
+    silenced, loss_tokens, candidates, _ = _pooled_from_metrics(out)
+    assert silenced == 0
+    assert (
+        f"**S2T mask**: off (`s2t_mode: off`): no token was silenced; {candidates:,} of {loss_tokens:,} loss tokens "
+        "were candidates" in procedure
+    )
+    assert "trained with `stapo_trl.STAPOTrainer` with the S2T mask off" in procedure
+    assert "**Held-out accuracy**: not measured" in procedure and "**Steps trained**: 4 optimizer steps" in procedure
