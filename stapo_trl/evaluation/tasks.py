@@ -6,7 +6,7 @@ held-out split of the built-in two-digit addition task ([`stapo_trl.data.make_ti
 file) for CPU smoke runs and in-training evaluation of `builtin:tiny-math`.
 
 Sources. With `data_dir` (tests, offline machines, reproducible runs) the file for benchmark `name` is
-`<data_dir>/<name>/test.{jsonl,parquet,json}` (the layout of the project's `shared/data/`; when several exist the
+`<data_dir>/<name>/test.{jsonl,parquet,json}` (the layout of the Qwen2.5-Math evaluation copies; when several exist the
 first of `DATA_FILE_PREFERENCE` wins), or `data_dir` may be the file itself. Without `data_dir`, real users load
 the default Hugging Face Hub dataset of each benchmark (`BenchmarkSpec.hub_id`, well-known public copies; needs
 network, never used by the tests).
@@ -28,7 +28,7 @@ exactly one instruction through [`stapo_trl.data.format_prompt`]: a trailing sen
 "within \boxed{}" ("Let's think step by step and output the final answer within \boxed{}.", the project's own
 `INSTRUCTION`, ...), and DAPO's "Solve the following math problem step by step. The last line ... Answer: $Answer
 ..." prefix and its 'Remember to put your answer on its own line after "Answer:".' suffix. Nothing else is edited.
-(The copies in `shared/data/` carry no embedded instruction; the stripping matters for other verl/DAPO exports.)
+(The Qwen2.5-Math jsonl copies carry no embedded instruction; the stripping matters for verl/DAPO exports.)
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ PAPER_BENCHMARKS: tuple[str, ...] = tuple(name for name, spec in BENCHMARKS.item
 """The six benchmarks of the paper's average, in the paper's column order."""
 
 DATA_FILE_PREFERENCE: tuple[str, ...] = ("test.jsonl", "test.parquet", "test.json")
-"""File names looked up in `<data_dir>/<name>/`, first match wins. With the project's `shared/data/` that picks the
+"""File names looked up in `<data_dir>/<name>/`, first match wins. With a folder holding both the Qwen2.5-Math and the JustRL copies that picks the
 Qwen2.5-Math jsonl copies for AIME24, AMC23, MATH-500, Minerva, OlympiadBench and GSM8K, and the JustRL verl parquet
 for AIME25 (no jsonl). The jsonl copies come first because they keep the original row sets (OlympiadBench: 675
 problems; the JustRL copy has 674) and ids; every copy grades its own golds at >= 99 % (tests/test_grading.py). Pass
