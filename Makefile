@@ -47,12 +47,12 @@ test-vllm: install-vllm
 	$(VLLM_PY) -m pytest -q -m vllm tests
 
 quality: install
-	$(PY) -m ruff check stapo_trl tests benchmarks
-	$(PY) -m ruff format --check stapo_trl tests benchmarks
+	$(PY) -m ruff check stapo_trl tests benchmarks examples
+	$(PY) -m ruff format --check stapo_trl tests benchmarks examples
 
 style: install
-	$(PY) -m ruff check --fix stapo_trl tests benchmarks
-	$(PY) -m ruff format stapo_trl tests benchmarks
+	$(PY) -m ruff check --fix stapo_trl tests benchmarks examples
+	$(PY) -m ruff format stapo_trl tests benchmarks examples
 
 demo: install
 	$(VENV)/bin/stapo-train --config recipes/demo/stapo.yaml

@@ -217,7 +217,8 @@ def build_trainer(
     """A trainer of `recipe` (a `recipes/demo` YAML) with command-line `overrides`, as `stapo-train` would build it.
 
     The recipe is parsed by `stapo_trl.cli.args.parse_args` (so the recipe stays the single source of the settings);
-    the dataset and model path are prepared once per recipe and reused. Checkpointing and printing are off.
+    the dataset and model path are prepared once per recipe and reused. Checkpointing, printing and the run files
+    (`s2t_write_run_files`) are off.
     `diagnostics=False` sets `s2t_diagnostics: false` (STAPOConfig). `trainer_class` replaces the recipe's trainer
     (an instrumented subclass, e.g. the stress experiment's).
     """
@@ -226,6 +227,7 @@ def build_trainer(
 
     from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.run import prepare
+    from stapo_trl.config import STAPOConfig
     from stapo_trl.trainer import STAPOTrainer
 
     output_dir = tempfile.mkdtemp(prefix="run-", dir=workdir)
@@ -234,6 +236,10 @@ def build_trainer(
     if not diagnostics:
         argv += ["--s2t_diagnostics", "false"]
     script_args, training_args, model_args = parse_args(argv)
+    if isinstance(training_args, STAPOConfig):
+        training_args.s2t_write_run_files = (
+            False  # no metrics.jsonl / spurious_tokens.jsonl: plain GRPOTrainer has none
+        )
     key = f"{recipe}|{model_args.model_name_or_path}"
     if key not in _PREPARED:
         _PREPARED[key] = prepare(script_args, training_args, model_args)

@@ -2,6 +2,7 @@
 
 - [`MetricsLogCallback`]: every training log dict as one JSON line in `<output_dir>/metrics.jsonl`.
 - [`SpuriousTokenLogger`]: the silenced tokens of each logging step in `<output_dir>/spurious_tokens.jsonl`.
+- [`add_run_file_callbacks`]: the two above, as `STAPOTrainer.train` adds them (`s2t_write_run_files`).
 - [`BenchmarkEvalCallback`]: a small periodic benchmark evaluation, logged as `eval/<benchmark>/avg@<k>`.
 
 The files they write are read back by [`stapo_trl.metrics_log`] (no transformers needed there).
@@ -142,9 +143,12 @@ class SpuriousTokenLogger(JsonlLogCallback):
     their kept-candidate counts (of the sample), are logged as a table `s2t/top_silenced_tokens`; otherwise the
     file is the record.
 
+    [`~stapo_trl.STAPOTrainer`] adds one itself at `train()` (`args.s2t_write_run_files`); one added before, e.g. with
+    other caps, replaces it:
+
     ```python
     trainer = STAPOTrainer(model, reward_funcs, args=config, train_dataset=dataset)
-    trainer.add_callback(SpuriousTokenLogger(trainer))
+    trainer.add_callback(SpuriousTokenLogger(trainer, max_silenced=1000))
     ```
 
     Args:
@@ -278,6 +282,31 @@ class SpuriousTokenLogger(JsonlLogCallback):
         )
         for backend in backends:
             backend.log({"s2t/top_silenced_tokens": backend.Table(dataframe=table)})
+
+
+def add_run_file_callbacks(trainer) -> list[TrainerCallback]:
+    """Add a [`MetricsLogCallback`] and a [`SpuriousTokenLogger`] to `trainer`, each unless one of its class is there.
+
+    [`~stapo_trl.STAPOTrainer.train`] calls it when `args.s2t_write_run_files` is on (the default), so the Python API
+    writes the same `metrics.jsonl` and `spurious_tokens.jsonl` as `stapo-train`, and `stapo-plot` reads them. A
+    callback of either class that the caller passed or added before `train()` (other caps, another path) is kept
+    instead, so each file has one writer. Calling it again adds nothing.
+
+    Args:
+        trainer ([`~stapo_trl.STAPOTrainer`]): the trainer (the spurious-token logger reads its masks).
+
+    Returns:
+        `list[TrainerCallback]`: the callbacks added (empty when both were already there).
+    """
+    present = trainer.callback_handler.callbacks
+    added = []
+    if not any(isinstance(callback, MetricsLogCallback) for callback in present):
+        added.append(MetricsLogCallback())
+    if not any(isinstance(callback, SpuriousTokenLogger) for callback in present):
+        added.append(SpuriousTokenLogger(trainer))
+    for callback in added:
+        trainer.add_callback(callback)
+    return added
 
 
 class BenchmarkEvalCallback(TrainerCallback):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
+from transformers.utils import is_torch_hpu_available, is_torch_neuron_available, is_torch_xla_available
 from trl import GRPOConfig
 
 from .process_group import import_group_capturing_modules
@@ -13,6 +16,8 @@ from .s2t import S2T_MODES
 
 import_group_capturing_modules()  # before a config (and so the process group) can exist; see process_group.py
 
+
+logger = logging.getLogger(__name__)
 
 S2T_SCOPES = ("optimizer_step", "generation_batch", "micro_batch")
 S2T_POLICIES = ("rollout", "current")
@@ -81,6 +86,21 @@ class STAPOConfig(GRPOConfig):
             silenced tokens, logit-gradient-norm shares of candidates and silenced tokens); the policy's LM head then
             also returns log Σ_v π_v² from the same pass over the vocabulary. The mask and the loss do not depend on
             it. Off: only the mask counts (`s2t/silenced_ratio`, ...) are logged.
+        s2t_write_run_files (`bool`, *optional*, defaults to `True`):
+            During `train()`, write every log row to `<output_dir>/metrics.jsonl` and the silenced tokens (with
+            samples of kept candidates, in context) to `<output_dir>/spurious_tokens.jsonl`, the files `stapo-plot`
+            draws, as `stapo-train` does. A callback of the same class that the caller passes or adds before `train()`
+            replaces the built-in one. Off: no files (the trainer's `log_history` still has every metric).
+
+        > Parameters whose defaults change on a CPU-only machine
+
+        use_cpu (`bool`, *optional*):
+            As in [`~transformers.TrainingArguments`]. Not set: `True` when no accelerator is visible (no CUDA, XPU,
+            MPS, NPU, HPU, Neuron or TPU device), else `False`. An explicit value wins.
+        bf16 (`bool`, *optional*):
+            As in [`~trl.GRPOConfig`] (not set: `True` unless `fp16`), except that on a machine without an
+            accelerator it defaults to `False`: transformers refuses bf16 there without `use_cpu`, and bf16 on a CPU
+            is ~2.3x slower than float32. An explicit value wins. Either default change is logged on one info line.
     """
 
     # Paper objective (STAPO Sec. 4.1: GRPO with clip-higher, token-level normalisation, no KL, as DAPO/JustRL).
@@ -149,7 +169,52 @@ class STAPOConfig(GRPOConfig):
         },
     )
 
+    s2t_write_run_files: bool = field(
+        default=True,
+        metadata={
+            "help": "Write metrics.jsonl (every log row) and spurious_tokens.jsonl (silenced tokens in context) into "
+            "output_dir during train(), the files stapo-plot draws. A callback of the same class that the caller "
+            "passes or adds before train() replaces the built-in one. Off: no files."
+        },
+    )
+
+    # > Parameters whose defaults change on a CPU-only machine
+    use_cpu: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Train on the CPU. Not set: True when no accelerator (CUDA, XPU, MPS, NPU, HPU, Neuron, TPU) is "
+            "visible, else False. An explicit value wins.",
+            # A bare `--use_cpu` still means true (transformers' parser gives `bool | None` fields no bare form).
+            "nargs": "?",
+            "const": True,
+        },
+    )
+    bf16: bool | None = field(
+        default=None,
+        metadata={
+            "help": "bf16 mixed precision. Not set: False on a machine without an accelerator (bf16 on a CPU is "
+            "~2.3x slower), else True unless fp16 (TRL's default). An explicit value wins."
+        },
+    )
+
     def __post_init__(self):
+        # Before the parent's: TRL turns an unset bf16 on, and transformers then refuses it on a CPU without use_cpu.
+        changed = []
+        if (self.use_cpu is None or self.bf16 is None) and not has_accelerator():
+            if self.use_cpu is None:
+                self.use_cpu = True
+                changed.append("use_cpu=True")
+            if self.bf16 is None and not self.fp16:
+                self.bf16 = False
+                changed.append("bf16=False")
+        if self.use_cpu is None:  # an accelerator: transformers' default
+            self.use_cpu = False
+        if changed:
+            logger.info(
+                "No accelerator found (CUDA, XPU, MPS, NPU, HPU, Neuron, TPU): STAPOConfig defaults to %s on this "
+                "machine; set them explicitly to override.",
+                ", ".join(changed),
+            )
         super().__post_init__()
         if self.max_steps == 0 or self.max_steps < -1:  # transformers reads any max_steps <= 0 as "use epochs"
             raise ValueError(
@@ -182,6 +247,18 @@ class STAPOConfig(GRPOConfig):
                 "s2t_policy='current' needs s2t_scope='optimizer_step': with 'generation_batch' one mask covers "
                 "several optimizer updates, so there is no single current policy. Use s2t_scope: optimizer_step."
             )
+
+
+def has_accelerator() -> bool:
+    """Whether training can use a device other than the CPU: what `torch.accelerator` reports (CUDA, ROCm, XPU, MPS,
+    and backends registered as PyTorch's private use device, e.g. Ascend NPU) or the three that transformers detects
+    apart (TPU through XLA, Gaudi HPU, AWS Neuron). Decides [`STAPOConfig`]'s CPU defaults."""
+    return (
+        torch.accelerator.is_available()
+        or is_torch_xla_available()
+        or is_torch_hpu_available()
+        or is_torch_neuron_available()
+    )
 
 
 def untested_combination_warnings(args: STAPOConfig, steps_per_generation: int | None = None) -> list[str]:

@@ -27,6 +27,8 @@ from typing import Any
 
 import datasets
 
+from .reward_columns import missing_column_message
+
 
 logger = logging.getLogger(__name__)
 
@@ -260,9 +262,8 @@ def check_prompt_columns(dataset: datasets.Dataset, dataset_name: str, prompt_co
     for column in (prompt_column, solution_column):
         if not _has_column(dataset.features, column):
             raise ValueError(
-                f"Column {column!r} not found in dataset {dataset_name!r}. Available columns: "
-                f"{dataset.column_names}. Set prompt_column / solution_column (dotted names reach into struct "
-                "columns, e.g. 'reward_model.ground_truth')."
+                f"{missing_column_message(column, dataset_name, dataset.column_names)} Set prompt_column / "
+                "solution_column (dotted names reach into struct columns, e.g. 'reward_model.ground_truth')."
             )
 
 

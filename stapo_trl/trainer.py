@@ -19,6 +19,7 @@ from trl.models.utils import disable_gradient_checkpointing
 
 from .config import STAPOConfig, untested_combination_warnings
 from .diagnostics import CollisionProbabilityRecorder, s2t_diagnostic_metrics
+from .reward_columns import check_reward_columns
 from .s2t import S2TBatch, S2TResult, s2t_mask
 from .vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
 
@@ -81,7 +82,9 @@ class STAPOTrainer(GRPOTrainer):
     non-finite log-probability or entropy: never candidates, warned once), `entropy_threshold` (τ_h in nats, mean
     over the row's masks; left out when no mask had a candidate). TRL's `entropy` and `clip_ratio/*` are computed by
     the parent over the kept tokens. With `args.s2t_diagnostics` (on by default) also the diagnostics of
-    [`~stapo_trl.diagnostics.s2t_diagnostic_metrics`]. Per-token records: [`~stapo_trl.callbacks.SpuriousTokenLogger`].
+    [`~stapo_trl.diagnostics.s2t_diagnostic_metrics`]. `train()` writes every log row to `output_dir/metrics.jsonl`
+    and the per-token records to `output_dir/spurious_tokens.jsonl` ([`~stapo_trl.callbacks.SpuriousTokenLogger`];
+    `args.s2t_write_run_files`), the files `stapo-plot` reads.
 
     Args:
         model, reward_funcs, train_dataset, ...: as [`~trl.GRPOTrainer`]; `model` may also be a built-in name
@@ -91,7 +94,9 @@ class STAPOTrainer(GRPOTrainer):
 
     Raises:
         TypeError: if `args` is not an [`STAPOConfig`].
-        ValueError: if `args.loss_type` is one whose normalisation stapo_trl does not know.
+        ValueError: if `args.loss_type` is one whose normalisation stapo_trl does not know, or a reward function has
+            an argument that no column of `train_dataset` / `eval_dataset` fills
+            ([`~stapo_trl.reward_columns.check_reward_columns`]; not checked with a `rollout_func`).
     """
 
     # Hook: turns a `model` string into something `from_pretrained` loads, before anything else. `stapo_trl` sets it
@@ -114,7 +119,16 @@ class STAPOTrainer(GRPOTrainer):
             }"""),
     }
 
-    def __init__(self, model, reward_funcs=None, args: STAPOConfig | None = None, *pargs, **kwargs):
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args: STAPOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        *pargs,
+        **kwargs,
+    ):
         if isinstance(model, str) and self.resolve_model_path is not None:
             model = self.resolve_model_path(model)  # stapo_trl: builtin:<name>, built into its cache on first use
         if args is None:
@@ -133,6 +147,9 @@ class STAPOTrainer(GRPOTrainer):
         for message in untested_combination_warnings(args):
             warnings.warn(message, stacklevel=2)
         check_vllm_args(args)  # vllm_mode='server' on a CPU-only run: refused before TRL waits for a server
+        if kwargs.get("rollout_func") is None:  # a rollout function may add the fields a reward reads
+            for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+                check_reward_columns(reward_funcs, dataset, name)  # now, not at the first step, after a model build
         self._s2t_captured: list[tuple[torch.Tensor, ...]] | None = None
         self._s2t_forward_cache: tuple | None = None
         self._s2t_log_collision: torch.Tensor | None = None  # log Σ π² of the last policy forward (diagnostics)
@@ -142,7 +159,7 @@ class STAPOTrainer(GRPOTrainer):
         # token logger), and the last evaluation mask: training and evaluation each keep their own record.
         self.s2t_train_batches: list[S2TBatch] = []
         self.s2t_last_eval_batch: S2TBatch | None = None
-        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
         install_cpu_colocate_weight_sync(self)  # vLLM's CPU backend repacks weights: sync through its reload path
         self._s2t_collision = None
         if self.args.s2t_diagnostics:
@@ -156,6 +173,16 @@ class STAPOTrainer(GRPOTrainer):
     def s2t_last_batch(self) -> S2TBatch | None:
         """The last training mask built on this process (`None` before the first)."""
         return self.s2t_train_batches[-1] if self.s2t_train_batches else None
+
+    def train(self, *args, **kwargs):
+        """`Trainer.train`, writing `metrics.jsonl` and `spurious_tokens.jsonl` into `output_dir` unless
+        `args.s2t_write_run_files` is off ([`~stapo_trl.callbacks.add_run_file_callbacks`]: a callback of the same
+        class added by the caller is kept instead)."""
+        if self.args.s2t_write_run_files:
+            from .callbacks import add_run_file_callbacks
+
+            add_run_file_callbacks(self)
+        return super().train(*args, **kwargs)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """TRL's card (names STAPO, links the paper, its BibTeX) plus the `s2t_*` values and the base model."""

@@ -32,6 +32,7 @@ def test_defaults_are_the_papers():
 def test_every_s2t_field_has_help_and_is_documented():
     s2t_fields = [f for f in dataclasses.fields(STAPOConfig) if f.name.startswith("s2t_")]
     expected = {"s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode", "s2t_scope", "s2t_policy", "s2t_diagnostics"}
+    expected.add("s2t_write_run_files")
     assert {f.name for f in s2t_fields} == expected
     for f in s2t_fields:
         assert len(f.metadata.get("help", "")) > 40, f.name

@@ -321,6 +321,10 @@ def dry_run_recipe(
             "activation_checkpointing is not set: GRPOConfig then turns gradient checkpointing ON through its "
             "deprecated alias (with a FutureWarning). Set activation_checkpointing: true or false explicitly."
         )
+    if force_cpu and "bf16" not in keys and training_args.bf16 is False:
+        notes.append(
+            "bf16 is not set: False here (STAPOConfig's default without an accelerator); on a GPU it is True (TRL's)."
+        )
     report.notes += notes
     return report
 

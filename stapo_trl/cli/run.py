@@ -27,7 +27,7 @@ from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_conf
 from trl.models.utils import unwrap_model_for_generation
 
 from ..builtin import check_model_available, resolve_model_path
-from ..callbacks import BenchmarkEvalCallback, GracefulInterrupt, MetricsLogCallback, SpuriousTokenLogger
+from ..callbacks import BenchmarkEvalCallback, GracefulInterrupt, MetricsLogCallback, add_run_file_callbacks
 from ..data import filter_long_prompts, load_prompt_dataset
 from ..diagnostic_plots import plot_diagnostics
 from ..evaluation.generation import evaluate_avg_at_k
@@ -43,6 +43,7 @@ from ..metrics_log import (
 from ..model_card import add_stapo_section, make_card_public, public_dataset_name, write_quick_start
 from ..plots import plot_training_curves
 from ..prompt_length import model_max_positions, prompt_token_budget, report_dropped
+from ..reward_columns import check_reward_columns
 from ..rewards import get_reward_funcs
 from ..trainer import STAPOTrainer
 from ..upstream_warnings import QuietKnownUpstreamWarnings
@@ -140,8 +141,9 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     Every failure is one exception with one message.
 
     Raises:
-        ValueError: Unknown reward name, no `dataset_name`, `dataset_streaming`, missing column, unknown `builtin:`,
-            fewer training prompts (after the length filter) than one rollout step takes.
+        ValueError: Unknown reward name, no `dataset_name`, `dataset_streaming`, missing column (the prompt or solution
+            column, or one a reward function reads: [`~stapo_trl.reward_columns.check_reward_columns`]), unknown
+            `builtin:`, fewer training prompts (after the length filter) than one rollout step takes.
         FileNotFoundError: A model or dataset path that does not exist.
         ConnectionError: `push_to_hub` set but the Hub cannot be used (offline, no token, unreachable): one line
             naming `hub_model_id` ([`~stapo_trl.hub.check_hub_access`]).
@@ -174,6 +176,12 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         )
         if script_args.eval_before_after:
             eval_dataset = test_dataset.select(range(min(script_args.eval_num_problems, len(test_dataset))))
+    # Every reward argument filled by a column: the trainer's own check, run here before a `builtin:` model build.
+    check_reward_columns(reward_funcs, train_dataset, script_args.dataset_name)
+    if training_args.eval_strategy != "no":
+        check_reward_columns(
+            reward_funcs, test_dataset, f"{script_args.dataset_name} [{script_args.dataset_test_split}]"
+        )
 
     benchmark_callback = _benchmark_callback(script_args, training_args)
 
@@ -337,8 +345,8 @@ def _resolve_checkpoint(training_args) -> tuple[str | None, str | None]:
 
 
 def _build_trainer(script_args, training_args, model_args: ModelConfig, run: PreparedRun) -> GRPOTrainer:
-    """The `STAPOTrainer` (with its spurious-token logger) or `GRPOTrainer`, with the metrics log and the benchmark
-    evaluation callbacks."""
+    """The `STAPOTrainer` or `GRPOTrainer`, with the run files (`metrics.jsonl`; `spurious_tokens.jsonl` for STAPO)
+    and the benchmark evaluation callbacks."""
     model_init_kwargs = {
         "revision": model_args.model_revision,
         "attn_implementation": model_args.attn_implementation,
@@ -354,12 +362,13 @@ def _build_trainer(script_args, training_args, model_args: ModelConfig, run: Pre
         args=training_args,
         train_dataset=run.train_dataset,
         eval_dataset=run.test_dataset if training_args.eval_strategy != "no" else None,
-        callbacks=[MetricsLogCallback()],
+        callbacks=[MetricsLogCallback()] if script_args.trainer == "grpo" else None,
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
     )
-    if script_args.trainer == "stapo":
-        trainer.add_callback(SpuriousTokenLogger(trainer))  # spurious_tokens.jsonl (+ a wandb/trackio table)
+    if script_args.trainer == "stapo" and training_args.s2t_write_run_files:
+        # What `STAPOTrainer.train` adds (it then adds nothing), added here to run before the benchmark evaluation.
+        add_run_file_callbacks(trainer)  # metrics.jsonl, spurious_tokens.jsonl (+ a wandb/trackio table)
     if run.benchmark_callback is not None:
         run.benchmark_callback.attach(trainer)  # registers it and logs eval/<benchmark>/* through the trainer
     return trainer

@@ -1,0 +1,103 @@
+"""The dataset columns a reward function needs, checked before training: one rule for `stapo-train` and the trainer.
+
+TRL's `GRPOTrainer` calls a reward function as `f(prompts=..., completions=..., completion_ids=..., **columns)`,
+where `columns` are every dataset column but `prompt`, `completion` and `completion_ids`, plus `trainer_state`,
+`log_extra`, `log_metric` (and `environments` with `environment_factory`). A reward argument without a default that
+none of these fills raises a `TypeError` at the first training step, after the model is built and the first batch is
+generated. [`check_reward_columns`] finds it at construction instead. It imports no other `stapo_trl` module, so the
+trainer that calls it stays liftable.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+
+# Reward arguments TRL 1.16 fills itself (GRPOTrainer._calculate_rewards), never from a column.
+TRL_REWARD_ARGUMENTS = (
+    "prompts",
+    "completions",
+    "completion_ids",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+    "environments",
+)
+# Dataset columns TRL does not pass to reward functions under their own name: it passes the plural instead.
+_PASSED_AS = {"prompt": "prompts", "completion": "completions"}
+
+
+def missing_column_message(column: str, dataset_name: str, columns: Iterable[str]) -> str:
+    """The first sentences of every missing-column error: `Column 'x' not found in dataset 'y'. Available columns:
+    [...].` (the caller appends what to do)."""
+    return f"Column {column!r} not found in dataset {dataset_name!r}. Available columns: {list(columns)}."
+
+
+def required_reward_arguments(reward_func: Callable[..., Any]) -> list[str]:
+    """The arguments of `reward_func` that have no default and are not `*args` / `**kwargs`, in order.
+
+    Works for functions, `functools.partial` (bound arguments are not required) and callable instances. Returns `[]`
+    when the signature cannot be read (some builtins and C extensions), so such a function is never refused.
+    """
+    try:
+        parameters = inspect.signature(reward_func).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [p.name for p in parameters if p.default is inspect.Parameter.empty and p.kind not in variadic]
+
+
+def _named_datasets(dataset: Any, dataset_name: str) -> list[tuple[str, Any]]:
+    """`[(name, dataset)]`; a dict of datasets (TRL's several eval datasets) gives one entry per key."""
+    if dataset is None:
+        return []
+    if isinstance(dataset, Mapping):
+        return [(f"{dataset_name}[{key!r}]", value) for key, value in dataset.items()]
+    return [(dataset_name, dataset)]
+
+
+def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "train_dataset") -> None:
+    """Raise a `ValueError` if a reward function needs an argument that neither a dataset column nor TRL provides.
+
+    Args:
+        reward_funcs (`Callable`, `str`, `torch.nn.Module` or a `list` of them): as `GRPOTrainer`'s `reward_funcs`;
+            only plain callables are checked (a reward model reads the text, not the columns).
+        dataset ([`~datasets.Dataset`], [`~datasets.IterableDataset`], a `dict` of them, or `None`): the data the
+            rewards will see. A dataset whose columns are unknown (`column_names` is `None`, e.g. some streamed
+            datasets) is not checked; `None` checks nothing.
+        dataset_name (`str`, *optional*, defaults to `"train_dataset"`): how the message names the dataset (the CLI
+            passes the recipe's `dataset_name`).
+
+    Raises:
+        ValueError: naming the column, the dataset, its columns, and the reward function with the argument, e.g.
+            "Column 'solution' not found in dataset 'train_dataset'. Available columns: ['prompt']. The reward
+            function 'math_accuracy_reward' needs it: TRL passes each dataset column to the reward argument of the
+            same name. Add the column to the dataset, or give the argument a default."
+    """
+    import torch  # here, not at the top: `stapo_trl.data` imports this module for the message alone
+    from trl.trainer.utils import get_callable_name
+
+    funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    # A reward model (`nn.Module`, or a model id `str`) reads the text, not the columns.
+    funcs = [f for f in funcs if callable(f) and not isinstance(f, torch.nn.Module)]
+    for name, data in _named_datasets(dataset, dataset_name):
+        columns = getattr(data, "column_names", None)  # torch / plain datasets have no column list: not checked
+        if columns is None:
+            continue
+        available = (set(columns) - set(_PASSED_AS)) | set(TRL_REWARD_ARGUMENTS)
+        for func in funcs:
+            for argument in required_reward_arguments(func):
+                if argument in _PASSED_AS:
+                    raise ValueError(
+                        f"The reward function {get_callable_name(func)!r} takes an argument {argument!r}, which TRL "
+                        f"never fills: it passes that column as `{_PASSED_AS[argument]}` (one entry per completion). "
+                        f"Rename the argument to `{_PASSED_AS[argument]}`."
+                    )
+                if argument not in available:
+                    raise ValueError(
+                        f"{missing_column_message(argument, name, columns)} The reward function "
+                        f"{get_callable_name(func)!r} needs it: TRL passes each dataset column to the reward argument "
+                        "of the same name. Add the column to the dataset, or give the argument a default."
+                    )
