@@ -28,7 +28,8 @@ from accelerate.utils import gather_object
 from transformers import Trainer, TrainerCallback
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
-from .diagnostics import spurious_token_records, token_label
+from .diagnostic_plots import readable_token, tokenizer_token_bytes
+from .diagnostics import spurious_token_records
 from .evaluation.generation import DecodingSetting, evaluate_problems, hf_generate
 from .evaluation.metrics import pass_k_values
 from .evaluation.tasks import BenchmarkProblem, get_benchmark_spec, load_benchmark
@@ -139,7 +140,8 @@ class SpuriousTokenLogger(JsonlLogCallback):
     evaluation masks are kept apart by the trainer (`s2t_last_eval_batch`) and never reach this file. Caps are per
     logging step over all processes.
 
-    When wandb (or trackio) is in `report_to` and active, the `top_k` most frequent silenced strings so far, with
+    When wandb (or trackio) is in `report_to` and active, the `top_k` most frequent silenced tokens so far (labelled
+    as in `s2t_top_tokens.png`), with
     their kept-candidate counts (of the sample), are logged as a table `s2t/top_silenced_tokens`; otherwise the
     file is the record.
 
@@ -184,6 +186,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
         self.top_k = top_k
         self.silenced_counts: Counter[str] = Counter()
         self.kept_candidate_counts: Counter[str] = Counter()
+        self._token_bytes: dict[int, bytes] | None = None  # token id -> bytes, read from the tokenizer when needed
         self._last_batch = None
 
     # -- file ----------------------------------------------------------------------------------------------------
@@ -197,9 +200,18 @@ class SpuriousTokenLogger(JsonlLogCallback):
 
     def _count(self, record: dict[str, Any]) -> None:
         if record["kind"] == "silenced":
-            self.silenced_counts[token_label(record)] += 1
+            self.silenced_counts[self._label(record)] += 1
         elif record["kind"] == "kept_candidate":
-            self.kept_candidate_counts[token_label(record)] += 1
+            self.kept_candidate_counts[self._label(record)] += 1
+
+    def _label(self, record: dict[str, Any]) -> str:
+        """The token as `s2t_top_tokens.png` labels it ([`~stapo_trl.diagnostic_plots.readable_token`]): byte-level
+        fragments by their bytes, from the trainer's tokenizer vocabulary."""
+        if self._token_bytes is None:
+            backend = getattr(self.trainer.processing_class, "backend_tokenizer", None)  # a fast tokenizer
+            self._token_bytes = tokenizer_token_bytes(json.loads(backend.to_str())) if backend is not None else {}
+        token_id = record.get("token_id")
+        return readable_token(record["token"], self._token_bytes.get(token_id), token_id)
 
     # -- logging steps -------------------------------------------------------------------------------------------
     def on_step_end(self, args, state, control, **kwargs):

@@ -255,8 +255,7 @@ def vocab_token_bytes(vocab_token: str, byte_level: bool = True) -> bytes | None
 
 def load_token_bytes(run_dir: os.PathLike | str) -> dict[int, bytes]:
     """`token id -> bytes` for the vocabulary of the tokenizer saved in `run_dir` (`tokenizer.json`, or the first
-    per-seed sub-folder that has one); `{}` when there is none. Byte-level entries are decoded only when the
-    tokenizer's decoder or pre-tokenizer is `ByteLevel`; byte-fallback pieces (`<0x0A>`) always."""
+    per-seed sub-folder that has one); `{}` when there is none ([`tokenizer_token_bytes`])."""
     run_dir = os.fspath(run_dir)
     candidates = [os.path.join(run_dir, "tokenizer.json")]
     if os.path.isdir(run_dir):
@@ -266,13 +265,20 @@ def load_token_bytes(run_dir: os.PathLike | str) -> dict[int, bytes]:
         return {}
     try:
         with open(path, encoding="utf-8") as f:
-            spec = json.load(f)
+            return tokenizer_token_bytes(json.load(f))
     except (OSError, ValueError):
         return {}
+
+
+def tokenizer_token_bytes(spec: Mapping[str, Any]) -> dict[int, bytes]:
+    """`token id -> bytes` from a `tokenizers` JSON spec (`tokenizer.json`, or a fast tokenizer's
+    `backend_tokenizer.to_str()`). Byte-level entries are decoded only when the tokenizer's decoder or pre-tokenizer
+    is `ByteLevel`; byte-fallback pieces (`<0x0A>`) always."""
     byte_level = '"ByteLevel"' in json.dumps([spec.get("decoder"), spec.get("pre_tokenizer")])
-    vocab = dict((spec.get("model") or {}).get("vocab") or {})
+    vocab = (spec.get("model") or {}).get("vocab") or {}
     if not isinstance(vocab, dict):  # Unigram: a list of [piece, score]
         vocab = {piece: i for i, (piece, _) in enumerate(vocab)}
+    vocab = dict(vocab)
     vocab.update({t["content"]: t["id"] for t in spec.get("added_tokens", [])})
     table = {}
     for token, token_id in vocab.items():

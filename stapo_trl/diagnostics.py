@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -486,15 +485,3 @@ def _token_record(step, kind, token, token_id, values, sum_sq, pos, context) -> 
         "context": context,
         "logit_grad_norm": grad_norm,
     }
-
-
-def token_label(record: dict[str, Any]) -> str:
-    """A record's token as a counting and display key: its decoded text, or `�#<token_id>` when the token is a byte
-    fragment that decodes to the replacement character (byte-level BPE), so that different fragments stay apart."""
-    token = record["token"]
-    return f"{token}#{record['token_id']}" if "\ufffd" in token else token
-
-
-def top_token_counts(records: Sequence[dict[str, Any]], kind: str = "silenced", k: int = 20) -> list[tuple[str, int]]:
-    """The k most frequent [`token_label`]s of one record kind, as (label, count), most frequent first."""
-    return Counter(token_label(r) for r in records if r["kind"] == kind).most_common(k)

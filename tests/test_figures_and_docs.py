@@ -36,6 +36,25 @@ def test_readable_token_labels_of_hand_made_byte_tokens():
     assert readable_token("$x$") == r"\$x\$" and readable_token("") == "''"
 
 
+def test_tracker_table_labels_tokens_like_the_figure(tiny_random_model_path, tmp_path):
+    """The wandb/trackio table of top silenced tokens uses the figure's labels: a byte fragment by its bytes (read
+    from the trainer's tokenizer), not `\ufffd#161`; different fragments stay apart."""
+    import types
+
+    from transformers import AutoTokenizer
+
+    from stapo_trl.callbacks import SpuriousTokenLogger
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
+    lead, other, newline = tokenizer.convert_tokens_to_ids(["â", "Ý", "Ċ"])
+    trainer = types.SimpleNamespace(processing_class=tokenizer)
+    logger = SpuriousTokenLogger(trainer, path=str(tmp_path / "tokens.jsonl"))
+    for kind, token_id in [("silenced", lead), ("silenced", lead), ("silenced", other), ("kept_candidate", newline)]:
+        logger._count({"kind": kind, "token_id": token_id, "token": tokenizer.decode([token_id])})
+    assert logger.silenced_counts == {"byte 0xE2": 2, "byte 0xDD": 1}
+    assert logger.kept_candidate_counts == {"\\n": 1}
+
+
 def test_top_tokens_figure_has_readable_labels_and_integer_count_ticks(tiny_random_model_path, tmp_path):
     from matplotlib.ticker import MaxNLocator
     from transformers import AutoTokenizer
