@@ -364,6 +364,33 @@ def test_demo_recipe_trains_and_resumes_with_deepspeed_zero3_on_two_cpu_processe
     assert all(not torch.equal(step8[name], step4[name]) for name in step4)
 
 
+@pytest.mark.slow
+def test_benchmark_eval_is_refused_under_zero3_before_the_model_is_built(tiny_math_model_path, tmp_path):
+    """The in-training benchmark evaluation generates on rank 0 alone, which sharded parameters cannot do: under
+    ZeRO-3 `stapo-train` stops with one line naming `benchmark_eval`, before it loads any model."""
+    pytest.importorskip("deepspeed")
+    extensions = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.expanduser("~/.cache/stapo_trl/torch_extensions")
+    env = _env(TORCH_EXTENSIONS_DIR=extensions, DS_BUILD_OPS="0")
+    for _ in range(2):  # a second port when another job took the first meanwhile
+        cmd = _small_demo_cmd(
+            "zero3_cpu_2proc.yaml", _free_port(), Path(tiny_math_model_path), tmp_path / "refused",
+            "--max_steps", "4", "--benchmark_eval", "tiny-math",
+        )  # fmt: skip
+        result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        output = result.stdout + result.stderr
+        if not any(marker in output for marker in PORT_TAKEN):
+            break
+    assert result.returncode != 0, output[-3000:]
+    message = (
+        "stapo-train: error: benchmark_eval='tiny-math' cannot run under DeepSpeed ZeRO-3: its in-training evaluation "
+        "generates on rank 0 alone, and sharded parameters need every rank in generate. Unset benchmark_eval and "
+        "evaluate the saved checkpoints with stapo-eval (or train under ZeRO-2 / DDP)."
+    )
+    # One line per rank that got to print before the launcher stopped the other; no model was loaded.
+    assert message in output, output[-3000:]
+    assert "Detected DeepSpeed ZeRO-3" not in output, output[-3000:]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The S2T collectives on two ranks, on hand-built tensors
 # ---------------------------------------------------------------------------------------------------------------
