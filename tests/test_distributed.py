@@ -10,6 +10,7 @@ is printed when it fails.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -161,7 +162,7 @@ def test_accelerate_configs_are_what_they_claim():
     import yaml
 
     configs = {path.stem: yaml.safe_load(path.read_text()) for path in ACCELERATE_CONFIGS.glob("*.yaml")}
-    assert set(configs) >= {"ddp", "zero2", "zero3", "cpu_2proc", "zero2_cpu_2proc"}
+    assert set(configs) >= {"ddp", "zero2", "zero3", "cpu_2proc", "zero2_cpu_2proc", "zero3_cpu_2proc"}
     for name in ("ddp", "zero2", "zero3"):
         assert configs[name]["num_processes"] == 8 and configs[name]["mixed_precision"] == "bf16"
         assert configs[name]["use_cpu"] is False
@@ -170,11 +171,18 @@ def test_accelerate_configs_are_what_they_claim():
     assert configs["zero2"]["deepspeed_config"]["zero_stage"] == 2
     assert configs["zero3"]["deepspeed_config"]["zero_stage"] == 3
     # The CPU forms that really start two ranks (MULTI_CPU or --cpu would start one).
-    for name in ("cpu_2proc", "zero2_cpu_2proc"):
+    for name in ("cpu_2proc", "zero2_cpu_2proc", "zero3_cpu_2proc"):
         assert configs[name]["use_cpu"] is True and configs[name]["num_processes"] == 2
         assert configs[name]["mixed_precision"] == "no"
     assert configs["cpu_2proc"]["distributed_type"] == "MULTI_GPU"
-    assert configs["zero2_cpu_2proc"]["distributed_type"] == "DEEPSPEED"
+    assert (
+        configs["zero2_cpu_2proc"]["distributed_type"] == configs["zero3_cpu_2proc"]["distributed_type"] == "DEEPSPEED"
+    )
+    assert configs["zero2_cpu_2proc"]["deepspeed_config"]["zero_stage"] == 2
+    # The CPU ZeRO-3 test config takes the GPU config's ZeRO-3 path: same stage, partitioned init, 16-bit final save.
+    for key in ("zero_stage", "zero3_init_flag", "zero3_save_16bit_model", "offload_param_device"):
+        assert configs["zero3_cpu_2proc"]["deepspeed_config"][key] == configs["zero3"]["deepspeed_config"][key], key
+    assert configs["zero3"]["deepspeed_config"]["zero3_init_flag"] is True
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -213,6 +221,174 @@ def test_demo_recipe_trains_with_deepspeed_zero2_on_two_cpu_processes(tiny_math_
     _check_two_rank_demo_run(output, out)
     # DeepSpeed's CPU communication op is loaded (built or from the cache) only when the DeepSpeed engine runs.
     assert "deepspeed_shm_comm_op" in output, output[-3000:]
+
+
+def _untied_head_copy(model_path: str, out: Path) -> Path:
+    """Save a copy of `model_path` whose LM head is its own parameter (same values as the tied embedding).
+
+    Qwen3-8B and -14B do not tie their embeddings: their `lm_head.weight` is a ZeRO-3 parameter that only the fused LM
+    head reads (never the module's forward), so the test runs that path, not the tiny model's tied one.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(model_path).save_pretrained(out)
+    return out
+
+
+def _small_demo_cmd(config: str, port: int, model: Path, out: Path, *args: str) -> list[str]:
+    """`stapo-train` of the demo recipe under the accelerate `config` at the size of the ZeRO-3 test."""
+    return _accelerate_cmd(config, port) + [
+        "-m", "stapo_trl.cli.train", "--config", str(DEMO_RECIPE), "--model_name_or_path", str(model),
+        "--output_dir", str(out),
+        # why: 8 completions per rank x 2 ranks x steps_per_generation 4 = 64 completions, 8 prompt groups of 8
+        "--per_device_train_batch_size", "8",
+        # why: two log rows per rollout batch of 4 optimizer updates
+        "--logging_steps", "2",
+        # why: tau_p = 1 makes every positive-advantage token a candidate, so the mask silences tokens within a few
+        # steps (the paper's 0.002 finds ~1 candidate per 1,000 tokens on this model) and the diagnostics have some
+        "--s2t_prob_threshold", "1.0", "--s2t_diagnostics", "true",
+        "--save_strategy", "steps", "--save_steps", "4",
+        "--report_to", "none", "--disable_tqdm", "true",
+        # why: "Total train batch size ..." and "Detected DeepSpeed ZeRO-3" are info-level
+        "--log_level", "info",
+        *args,
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_demo_recipe_trains_and_resumes_with_deepspeed_zero3_on_two_cpu_processes(tiny_math_model_path, tmp_path):
+    """ZeRO-3 (parameters partitioned, `zero3_init_flag`) with the S2T diagnostics on, on an untied LM head: the
+    rollout batch's captured no-grad forward, the fused head's log Σ π², the held-out evaluation's gathered
+    `generate`, the 16-bit model save and a resume from the ZeRO-3 checkpoint."""
+    pytest.importorskip("deepspeed")
+    import torch
+    from safetensors.torch import load_file
+
+    model = _untied_head_copy(tiny_math_model_path, tmp_path / "untied")
+    out = tmp_path / "demo-zero3"
+    # why: the first DeepSpeed launch JIT-builds a CPU communication op (~1 minute); a persistent folder caches it
+    extensions = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.expanduser("~/.cache/stapo_trl/torch_extensions")
+    env = _env(TORCH_EXTENSIONS_DIR=extensions, DS_BUILD_OPS="0")
+    # why: 8 problems x 1 sample run the before/after evaluation's generate (under ZeRO-3) in about a second
+    evaluation = ["--eval_before_after", "true", "--eval_num_problems", "8", "--eval_num_samples", "1"]
+    output = run_distributed(
+        lambda port: _small_demo_cmd("zero3_cpu_2proc.yaml", port, model, out, "--max_steps", "4", *evaluation),
+        timeout=1500,
+        env=env,
+    )
+
+    assert "Detected DeepSpeed ZeRO-3: activating zero.init()" in output, output[-3000:]
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 16" in output, output[-3000:]
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    rows = [row for row in _read_jsonl(out / "metrics.jsonl") if "loss" in row]
+    assert [row["step"] for row in rows] == [2, 4]
+    for row in rows:  # each row sums the masks of its two optimizer updates (scope optimizer_step, GA 1)
+        assert row["s2t/num_loss_tokens"] > 0 and row["s2t/num_nonfinite"] == 0
+        assert 0 < row["s2t/num_silenced"] < row["s2t/num_candidates"] < row["s2t/num_loss_tokens"], row
+        assert row["s2t/silenced_ratio"] == row["s2t/num_silenced"] / row["s2t/num_loss_tokens"]
+        # The diagnostics: entropy quantiles in order, silenced-token means, gradient-norm shares from the fused
+        # head's log sum pi^2 (NaN, so left out of the row, when the head gave none).
+        quantiles = [row[f"s2t/entropy_p{q}"] for q in (10, 50, 80, 95)]
+        assert 0.0 < quantiles[0] <= quantiles[1] <= quantiles[2] <= quantiles[3] < math.log(vocab), quantiles
+        assert 0.0 < row["s2t/silenced_prob_mean"] < 1.0
+        assert 0.0 <= row["s2t/silenced_entropy_mean"] < row["s2t/entropy_threshold"]
+        shares = row["s2t/grad_norm_share_silenced"], row["s2t/grad_norm_share_candidates"]
+        assert 0.0 < shares[0] < shares[1] <= 1.0, shares
+
+    # spurious_tokens.jsonl: the silenced tokens obey the rule (p < tau_p, H < tau_h, A > 0), and each logit-gradient
+    # norm lies within the paper's bounds w^2 (1 - 2p + exp(-H)) <= ||g||^2 <= w^2 (2 - 2p - C_V H^2), w = A (on-policy).
+    records = _read_jsonl(out / "spurious_tokens.jsonl")
+    silenced = [r for r in records if r["kind"] == "silenced"]
+    assert silenced and {r["step"] for r in records} <= {2, 4}, {r["step"] for r in records}
+    c_v = (vocab - 1) / (vocab * math.log(vocab) ** 2)
+    for r in silenced:
+        assert r["advantage"] > 0 and r["prob"] < 1.0 and r["entropy"] < r["entropy_threshold"], r
+        w_sq, p, h = r["advantage"] ** 2, r["prob"], r["entropy"]
+        lower, upper = w_sq * (1 - 2 * p + math.exp(-h)), w_sq * (2 - 2 * p - c_v * h * h)
+        assert lower * (1 - 1e-4) - 1e-9 <= r["logit_grad_norm"] ** 2 <= upper * (1 + 1e-4) + 1e-9, (lower, upper, r)
+
+    # The same run under plain DDP (full parameters on every rank): the 4 steps train on one rollout batch, scored
+    # by one forward of the initial weights, so its mask, diagnostics and spurious-token records are the same numbers
+    # (measured: bit for bit); the losses differ only by the gradient reduction order.
+    ddp = tmp_path / "demo-ddp"
+    args = ["--max_steps", "4", "--save_strategy", "no", "--eval_before_after", "false"]
+    run_distributed(lambda port: _small_demo_cmd("cpu_2proc.yaml", port, model, ddp, *args), timeout=900)
+    ddp_rows = [row for row in _read_jsonl(ddp / "metrics.jsonl") if "loss" in row]
+    assert [row["step"] for row in ddp_rows] == [2, 4]
+    for row, ddp_row in zip(rows, ddp_rows, strict=True):
+        s2t_keys = sorted(key for key in row if key.startswith("s2t/"))
+        assert s2t_keys == sorted(key for key in ddp_row if key.startswith("s2t/"))
+        assert {k: row[k] for k in s2t_keys} == pytest.approx({k: ddp_row[k] for k in s2t_keys}, rel=1e-9, abs=0)
+        assert row["loss"] == pytest.approx(ddp_row["loss"], rel=1e-4)
+    ddp_silenced = [r for r in _read_jsonl(ddp / "spurious_tokens.jsonl") if r["kind"] == "silenced"]
+    fields = ("step", "process_index", "completion_index", "position", "token_id", "prob", "entropy")
+    assert [[r[f] for f in fields] for r in silenced] == [[r[f] for f in fields] for r in ddp_silenced]
+    assert [r["logit_grad_norm"] for r in silenced] == pytest.approx([r["logit_grad_norm"] for r in ddp_silenced])
+
+    evaluation = json.loads((out / "eval.json").read_text())
+    assert evaluation["num_problems"] == 8 and 0.0 <= evaluation["accuracy_after"] <= 1.0
+    # Weights: full tensors in the saved files (ZeRO-3 gathers them for the 16-bit save), every one trained, the
+    # untied LM head included.
+    initial = load_file(model / "model.safetensors")
+    step4 = load_file(out / "checkpoint-4" / "model.safetensors")
+    assert "lm_head.weight" in initial and set(step4) == set(initial)
+    for name, tensor in initial.items():
+        assert step4[name].shape == tensor.shape, name
+        assert not torch.equal(step4[name], tensor), f"{name} did not change in 4 steps"
+    assert sorted(p.name for p in (out / "checkpoint-4" / "global_step4").glob("zero_pp_rank_*_optim_states.pt")) == [
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]
+
+    # Resume: same folder, max_steps 8. It continues from checkpoint-4 (DeepSpeed loads each rank's partition) and
+    # reaches step 8, logging the mask of the new rollout batch.
+    output = run_distributed(
+        lambda port: _small_demo_cmd(
+            "zero3_cpu_2proc.yaml", port, model, out, "--max_steps", "8", "--eval_before_after", "false"
+        ),
+        timeout=900,
+        env=env,
+    )
+    assert "resuming training from" in output and "checkpoint-4" in output, output[-3000:]
+    assert "Resuming training from checkpoint with epoch 0 and global step 4" in output, output[-3000:]
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
+    rows = [row for row in _read_jsonl(out / "metrics.jsonl") if "loss" in row]
+    assert [row["step"] for row in rows] == [2, 4, 6, 8]
+    assert rows[2]["s2t/num_silenced"] > 0 and "s2t/grad_norm_share_silenced" in rows[2]
+    step8 = load_file(out / "checkpoint-8" / "model.safetensors")
+    assert all(not torch.equal(step8[name], step4[name]) for name in step4)
+
+
+@pytest.mark.slow
+def test_benchmark_eval_is_refused_under_zero3_before_the_model_is_built(tiny_math_model_path, tmp_path):
+    """The in-training benchmark evaluation generates on rank 0 alone, which sharded parameters cannot do: under
+    ZeRO-3 `stapo-train` stops with one line naming `benchmark_eval`, before it loads any model."""
+    pytest.importorskip("deepspeed")
+    extensions = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.expanduser("~/.cache/stapo_trl/torch_extensions")
+    env = _env(TORCH_EXTENSIONS_DIR=extensions, DS_BUILD_OPS="0")
+    for _ in range(2):  # a second port when another job took the first meanwhile
+        cmd = _small_demo_cmd(
+            "zero3_cpu_2proc.yaml", _free_port(), Path(tiny_math_model_path), tmp_path / "refused",
+            "--max_steps", "4", "--benchmark_eval", "tiny-math",
+        )  # fmt: skip
+        result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        output = result.stdout + result.stderr
+        if not any(marker in output for marker in PORT_TAKEN):
+            break
+    assert result.returncode != 0, output[-3000:]
+    message = (
+        "stapo-train: error: benchmark_eval='tiny-math' cannot run under DeepSpeed ZeRO-3: its in-training evaluation "
+        "generates on rank 0 alone, and sharded parameters need every rank in generate. Unset benchmark_eval and "
+        "evaluate the saved checkpoints with stapo-eval (or train under ZeRO-2 / DDP)."
+    )
+    # One line per rank that got to print before the launcher stopped the other; no model was loaded.
+    assert message in output, output[-3000:]
+    assert "Detected DeepSpeed ZeRO-3" not in output, output[-3000:]
 
 
 # ---------------------------------------------------------------------------------------------------------------

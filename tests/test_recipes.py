@@ -329,6 +329,40 @@ def test_dry_run_numbers_for_the_demo():
         assert text in summary, summary
 
 
+def test_dry_run_refuses_what_cannot_run_under_the_launch_lines_zero3():
+    from stapo_trl.cli.dry_run import dry_run_recipe
+    from stapo_trl.cli.recipe_checks import ACCELERATE_CONFIGS_DIR, parameter_sharding
+
+    # The sharding each accelerate config gives (by name, as a launch: line names it, or by path).
+    args = _demo_args()[1]  # parsed outside `accelerate launch`: no DeepSpeed plugin, no fsdp
+    shardings = {path.stem: parameter_sharding(args, path.stem) for path in ACCELERATE_CONFIGS_DIR.glob("*.yaml")}
+    assert shardings == {
+        "cpu_2proc": None,
+        "ddp": None,
+        "zero2": None,
+        "zero2_cpu_2proc": None,
+        "zero3": "DeepSpeed ZeRO-3",
+        "zero3_cpu_2proc": "DeepSpeed ZeRO-3",
+    }
+    assert parameter_sharding(args, str(ACCELERATE_CONFIGS_DIR / "zero3.yaml")) == "DeepSpeed ZeRO-3"
+    assert parameter_sharding(args, None) is None and parameter_sharding(args, "no-such-config") is None
+    # The in-training benchmark evaluation generates on rank 0 alone: an error under the 8B recipe's ZeRO-3, one line
+    # naming the field and the fix; fine under the 1.7B recipe's ZeRO-2.
+    for model, launch in (("Qwen3-8B", "zero3"), ("Qwen3-14B", "zero3"), ("Qwen3-1.7B", "zero2")):
+        recipe = RECIPES_DIR / model / "stapo.yaml"
+        assert f"accelerate_config={launch} " in recipe.read_text()
+        assert dry_run_recipe(["--config", str(recipe)]).ok
+        report = dry_run_recipe(["--config", str(recipe), "--benchmark_eval", "aime24"])
+        if launch == "zero3":
+            assert report.errors == [
+                "benchmark_eval='aime24' cannot run under DeepSpeed ZeRO-3: its in-training evaluation generates on "
+                "rank 0 alone, and sharded parameters need every rank in generate. Unset benchmark_eval and evaluate "
+                "the saved checkpoints with stapo-eval (or train under ZeRO-2 / DDP)."
+            ]
+        else:
+            assert report.ok, report.errors
+
+
 def test_dry_run_cli_paths(capsys):
     from stapo_trl.cli.dry_run import main as dry_run_main
     from stapo_trl.cli.train import main as train_main

@@ -96,7 +96,8 @@ class STAPOScriptArguments(ScriptArguments):
             `stapo_trl.evaluation.tasks.BENCHMARKS` name: `aime24`, `math500`, ..., or `tiny-math`), logged as
             `eval/<benchmark>/avg@k` and `pass@k` into the log history and `metrics.jsonl`. Sampling as the
             before/after evaluation (`eval_temperature`, `eval_top_p`, `eval_max_new_tokens`). `None`: off. Not with
-            DeepSpeed ZeRO-3 or FSDP (the callback generates on rank 0).
+            DeepSpeed ZeRO-3 or FSDP (the callback generates on rank 0): refused before the model is built, and by the
+            dry run of a recipe whose `# launch:` line names such an accelerate config.
         benchmark_eval_data_dir (`str`, *optional*):
             Folder with local benchmark files (`None`: the Hub, or the built-in task).
         benchmark_eval_steps (`int`, *optional*):

@@ -19,6 +19,8 @@ What it checks (failed checks make the exit status 1, a recipe that does not par
 - the reward names (`stapo_trl.rewards.REWARDS` or dotted paths), the trainer (`stapo` | `grpo`), the dataset and its
   columns (a local .json/.jsonl/.parquet file is opened and its columns checked; a Hub dataset is named, not
   fetched), the model name (`builtin:` names are checked, Hub ids are not fetched);
+- settings that cannot run with the sharded parameters of the recipe's `# launch:` accelerate config (ZeRO-3,
+  FSDP): `benchmark_eval`, whose evaluation generates on rank 0 alone;
 - warnings for settings the paper did not run: a rollout temperature other than 1.0 (the S2T thresholds are
   calibrated at T = 1), optimizer steps that hold partial prompt groups, `steps_per_generation` not a multiple of
   `gradient_accumulation_steps` (the kept-token normaliser is then estimated), trackers or vLLM not installed here.
@@ -143,6 +145,7 @@ def validate_recipe(
     generation_batch_size: int | None = None,
     recipe: str | None = None,
     cpu_forced: bool = False,
+    accelerate_config: str | None = None,
 ) -> DryRunReport:
     """Check a parsed recipe for `num_processes` training processes, without downloading or building anything.
 
@@ -160,6 +163,9 @@ def validate_recipe(
         recipe (`str`, *optional*): the recipe path, for the summary.
         cpu_forced (`bool`, *optional*, defaults to `False`): `use_cpu` was forced on for the parse (no GPU here),
             so CPU-only warnings do not apply.
+        accelerate_config (`str`, *optional*): the accelerate config the recipe will be launched with (a name under
+            `recipes/accelerate_configs`, or a path): settings that cannot run with its sharded parameters (ZeRO-3,
+            FSDP) are errors.
 
     Returns:
         [`DryRunReport`]: the plan; `report.ok` is False when the recipe would fail, `report.summary()` prints it.
@@ -180,6 +186,7 @@ def validate_recipe(
         check_prompt_count,
         check_prompt_lengths,
         check_rewards,
+        check_sharding,
         check_trainer,
     )
 
@@ -197,6 +204,7 @@ def validate_recipe(
     check_optimisation(f, training_args)
     check_generation(f, training_args, num_processes, is_stapo, max_prompt_tokens, cpu_forced)
     check_output(f, script_args, training_args, cpu_forced, geometry)
+    check_sharding(f, script_args, training_args, accelerate_config)
     return DryRunReport(
         trainer=script_args.trainer,
         num_processes=num_processes,
@@ -283,8 +291,8 @@ def dry_run_recipe(
     if recipe is not None and not os.path.isfile(recipe):
         raise FileNotFoundError(f"Recipe {recipe!r} does not exist.")
     source = "--num-processes"
+    launch = read_launch_settings(recipe) if recipe else {}
     if num_processes is None:
-        launch = read_launch_settings(recipe) if recipe else {}
         if "num_processes" in launch:
             num_processes, source = int(launch["num_processes"]), "the recipe's launch: line"
         else:
@@ -309,6 +317,7 @@ def dry_run_recipe(
         generation_batch_size=None if generation_batch_size in (None, "None", "null") else int(generation_batch_size),
         recipe=recipe,
         cpu_forced=force_cpu,
+        accelerate_config=launch.get("accelerate_config"),
     )
     # Only visible in the raw keys: after parsing, both names mirror each other.
     if "gradient_checkpointing" in keys:

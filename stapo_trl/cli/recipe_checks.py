@@ -1,9 +1,10 @@
 """The sections of a recipe's dry run ([`stapo_trl.cli.dry_run.validate_recipe`]): small named checks, each adding
 its summary rows, errors and warnings to one [`Findings`].
 
-Eight sections, in the order of the printed plan: trainer, model, data, rewards, batch geometry (with its summary
-rows), optimisation, generation, and output (trackers, checkpoints, hardware). Nothing is downloaded: a Hub dataset
-or model is named, not fetched; a local dataset file is opened.
+Nine sections, in the order of the printed plan: trainer, model, data, rewards, batch geometry (with its summary
+rows), optimisation, generation, output (trackers, checkpoints, hardware), and what the launch's parameter sharding
+(ZeRO-3, FSDP) cannot run. Nothing is downloaded: a Hub dataset or model is named, not fetched; a local dataset
+file is opened.
 """
 
 from __future__ import annotations
@@ -449,6 +450,73 @@ def check_output(f: Findings, script_args, training_args, cpu_forced: bool, geom
             "per_device_train_batch_size / gradient_accumulation_steps / steps_per_generation that keep the paper's "
             "for 4, 8, 16 and 32 processes."
         )
+
+
+ACCELERATE_CONFIGS_DIR = Path(__file__).resolve().parents[2] / "recipes" / "accelerate_configs"
+
+
+def parameter_sharding(training_args, accelerate_config: str | None = None) -> str | None:
+    """Whether a run's parameters are sharded across processes: `"DeepSpeed ZeRO-3"`, `"FSDP"` or `None`.
+
+    Read from the parsed config when this process runs under `accelerate launch` (its DeepSpeed plugin's stage, or
+    `fsdp`), else from `accelerate_config`: a name under `recipes/accelerate_configs` (as a recipe's `# launch:` line
+    gives it to scripts/launch.sh and slurm/train.slurm) or a path to an accelerate config YAML.
+
+    Args:
+        training_args ([`~trl.GRPOConfig`]): the parsed config.
+        accelerate_config (`str`, *optional*): the accelerate config the run will be launched with; `None`, or a name
+            whose file is not in this checkout: only the parsed config counts.
+
+    Returns:
+        `str` or `None`: the sharding, `None` for ZeRO-0/1/2, DDP or one process.
+    """
+    plugin = getattr(training_args, "deepspeed_plugin", None)
+    if plugin is not None and plugin.zero_stage == 3:
+        return "DeepSpeed ZeRO-3"
+    if getattr(training_args, "fsdp", None):
+        return "FSDP"
+    if not accelerate_config:
+        return None
+    path = Path(accelerate_config)
+    if path.suffix not in (".yaml", ".yml") and "/" not in accelerate_config:
+        path = ACCELERATE_CONFIGS_DIR / f"{accelerate_config}.yaml"
+    if not path.is_file():
+        return None
+    import yaml
+
+    config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if config.get("distributed_type") == "DEEPSPEED" and (config.get("deepspeed_config") or {}).get("zero_stage") == 3:
+        return "DeepSpeed ZeRO-3"
+    if config.get("distributed_type") == "FSDP":
+        return "FSDP"
+    return None
+
+
+def sharding_error(script_args, sharding: str | None) -> str | None:
+    """The one-line refusal of a setting that cannot run with sharded parameters, or `None`.
+
+    `benchmark_eval` ([`~stapo_trl.callbacks.BenchmarkEvalCallback`]) generates on rank 0 alone; with sharded
+    parameters every rank must take part in each forward of `generate`, so it would hang or fail.
+
+    Args:
+        script_args ([`~stapo_trl.cli.args.STAPOScriptArguments`]): reads `benchmark_eval` (absent: not set).
+        sharding (`str` or `None`): what [`parameter_sharding`] returns.
+    """
+    benchmark = getattr(script_args, "benchmark_eval", None)
+    if sharding is None or benchmark is None:
+        return None
+    return (
+        f"benchmark_eval={benchmark!r} cannot run under {sharding}: its in-training evaluation generates on rank 0 "
+        "alone, and sharded parameters need every rank in generate. Unset benchmark_eval and evaluate the saved "
+        "checkpoints with stapo-eval (or train under ZeRO-2 / DDP)."
+    )
+
+
+def check_sharding(f: Findings, script_args, training_args, accelerate_config: str | None) -> None:
+    """Settings that cannot run with the launch's sharded parameters ([`sharding_error`])."""
+    error = sharding_error(script_args, parameter_sharding(training_args, accelerate_config))
+    if error:
+        f.errors.append(error)
 
 
 def check_prompt_lengths(f: Findings, script_args, training_args, model_args, num_train_prompts: int | None) -> None:

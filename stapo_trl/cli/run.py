@@ -49,6 +49,7 @@ from ..trainer import STAPOTrainer
 from ..upstream_warnings import QuietKnownUpstreamWarnings
 from .args import STAPOScriptArguments, prompt_dataset_kwargs
 from .geometry import too_few_prompts
+from .recipe_checks import parameter_sharding, sharding_error
 
 
 logger = logging.getLogger(__name__)
@@ -114,9 +115,16 @@ def _is_builtin_or_local(name: str | None) -> bool:
 
 
 def _benchmark_callback(script_args: STAPOScriptArguments, training_args) -> BenchmarkEvalCallback | None:
-    """The in-training benchmark evaluation of `benchmark_eval` (its name is checked here), or `None`."""
+    """The in-training benchmark evaluation of `benchmark_eval` (its name is checked here), or `None`.
+
+    Raises:
+        ValueError: an unknown benchmark, or `benchmark_eval` with sharded parameters (DeepSpeed ZeRO-3, FSDP).
+    """
     if script_args.benchmark_eval is None:
         return None
+    error = sharding_error(script_args, parameter_sharding(training_args))  # before the model is built
+    if error:
+        raise ValueError(error)
     return BenchmarkEvalCallback(  # checks the benchmark name; the problems load at the first eval
         script_args.benchmark_eval,
         data_dir=script_args.benchmark_eval_data_dir,
@@ -143,7 +151,8 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     Raises:
         ValueError: Unknown reward name, no `dataset_name`, `dataset_streaming`, missing column (the prompt or solution
             column, or one a reward function reads: [`~stapo_trl.reward_columns.check_reward_columns`]), unknown
-            `builtin:`, fewer training prompts (after the length filter) than one rollout step takes.
+            `builtin:`, fewer training prompts (after the length filter) than one rollout step takes,
+            `benchmark_eval` under DeepSpeed ZeRO-3 or FSDP (its evaluation generates on rank 0 alone).
         FileNotFoundError: A model or dataset path that does not exist.
         ConnectionError: `push_to_hub` set but the Hub cannot be used (offline, no token, unreachable): one line
             naming `hub_model_id` ([`~stapo_trl.hub.check_hub_access`]).
