@@ -34,8 +34,8 @@ SMALL_DEMO = [
     "--max_steps", "2",
     # why: 8 completions per rank x 2 ranks x steps_per_generation 4 = 64 completions, 8 prompt groups of 8
     "--per_device_train_batch_size", "8",
-    # why: one log row for both steps; the S2T mask is built once per generation batch (steps_per_generation 4), so
-    # a row of a step that reuses the buffered batch has no s2t/* values of its own
+    # why: one log row for both steps, pooling the s2t/* counts of both updates' masks (one mask per optimizer
+    # update under the default s2t_scope optimizer_step)
     "--logging_steps", "2",
     "--eval_before_after", "false",
     "--save_strategy", "no",
