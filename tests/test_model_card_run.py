@@ -148,3 +148,37 @@ def test_baseline_card_says_the_s2t_mask_was_off(tmp_path, tiny_math_model_path)
     )
     assert "trained with `stapo_trl.STAPOTrainer` with the S2T mask off" in procedure
     assert "**Held-out accuracy**: not measured" in procedure and "**Steps trained**: 4 optimizer steps" in procedure
+
+
+def test_failed_push_at_the_end_keeps_the_local_results_and_says_how_to_push_later(
+    stapo_run, tmp_path, tiny_math_model_path, capsys
+):
+    """A push that fails after training (here: the Hub is unreachable, HF_HUB_OFFLINE) is one message with the
+    `hf upload` command; the model, the card and eval.json stay as the run wrote them (issue 12, item 8)."""
+    from datasets import Dataset
+    from transformers.trainer_callback import TrainerState
+
+    from stapo_trl import STAPOTrainer
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import _push_to_hub
+
+    out, argv = stapo_run
+    run = tmp_path / "demo-stapo"
+    shutil.copytree(out, run)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    script_args, args, _ = parse_args([*argv, "--output_dir", str(run)])
+    trainer = STAPOTrainer(
+        model=tiny_math_model_path,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["1+1"] * 16}),
+    )
+    trainer.state = TrainerState.load_from_json(str(run / "trainer_state.json"))
+    args.push_to_hub, args.hub_model_id = True, "me/stapo-demo"  # as if the Hub had been reachable at the start
+    _push_to_hub(trainer, script_args, args, json.loads((run / "eval.json").read_text()))
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1].startswith("Push to hub_model_id='me/stapo-demo' failed (")
+    assert printed[-1].endswith(f"push them later with `hf upload me/stapo-demo {run}`.")
+    for name in ("model.safetensors", "eval.json", "metrics.jsonl"):
+        assert (run / name).read_bytes() == before[name], name
+    assert "## Training procedure" in (run / "README.md").read_text()

@@ -171,6 +171,31 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         )
     if script_args.dataset_streaming:
         raise ValueError("dataset_streaming=True is not supported by stapo-train: set it to false.")
+    train_dataset, test_dataset, eval_dataset = _load_datasets(script_args, training_args, reward_funcs)
+    benchmark_callback = _benchmark_callback(script_args, training_args)
+    # Last: a `builtin:` model is built (about 30 s, once) when it is not cached yet.
+    model_path = resolve_model_path(model_args.model_name_or_path)
+    train_dataset, where = _drop_long_prompts(train_dataset, model_path, script_args, training_args, model_args)
+    # TRL's sampler yields whole rollout batches only: fewer prompts than one needs would train 0 steps.
+    error = too_few_prompts(
+        len(train_dataset), training_args.generation_batch_size // training_args.num_generations, where
+    )
+    if error is not None:
+        raise ValueError(error)
+    return PreparedRun(
+        reward_funcs,
+        model_path,
+        train_dataset,
+        test_dataset,
+        eval_dataset,
+        benchmark_callback,
+        time.perf_counter() - start,
+    )
+
+
+def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_funcs):
+    """(train, test, before/after eval) prompt datasets, the last two `None` when not needed; every column a reward
+    function reads is checked here ([`~stapo_trl.reward_columns.check_reward_columns`])."""
     load_kwargs = prompt_dataset_kwargs(script_args)
     train_dataset = load_prompt_dataset(
         script_args.dataset_name,
@@ -191,13 +216,15 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         check_reward_columns(
             reward_funcs, test_dataset, f"{script_args.dataset_name} [{script_args.dataset_test_split}]"
         )
+    return train_dataset, test_dataset, eval_dataset
 
-    benchmark_callback = _benchmark_callback(script_args, training_args)
 
-    # Last: a `builtin:` model is built (about 30 s, once) when it is not cached yet.
-    model_path = resolve_model_path(model_args.model_name_or_path)
-    # Prompts longer than max_prompt_tokens or than the model's positions minus max_completion_length are dropped
-    # with one warning line (the rule stapo-eval applies too: stapo_trl.prompt_length).
+def _drop_long_prompts(train_dataset, model_path: str, script_args, training_args, model_args):
+    """(the training prompts within the prompt-token budget, where they were counted: for the too-few message).
+
+    Prompts longer than `max_prompt_tokens` or than the model's positions minus `max_completion_length` are dropped
+    with one warning line (the rule `stapo-eval` applies too: [`stapo_trl.prompt_length`]).
+    """
     max_positions = model_max_positions(
         AutoConfig.from_pretrained(
             model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
@@ -205,37 +232,24 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     )
     budget = prompt_token_budget(max_positions, training_args.max_completion_length, script_args.max_prompt_tokens)
     where = "in the train split" if script_args.max_train_samples is None else "with max_train_samples"
-    if budget is not None:
-        tokenizer = AutoTokenizer.from_pretrained(
-            model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
-        )
-        total = len(train_dataset)
-        train_dataset = filter_long_prompts(train_dataset, tokenizer, budget, training_args.chat_template_kwargs)
-        report_dropped(
-            total,
-            len(train_dataset),
-            budget,
-            what="training prompts",
-            max_positions=max_positions,
-            max_new_tokens=training_args.max_completion_length,
-        )
-        if len(train_dataset) < total:
-            where = f"after filtering (of {total}; prompt budget {budget} tokens)"
-    # TRL's sampler yields whole rollout batches only: fewer prompts than one needs would train 0 steps.
-    error = too_few_prompts(
-        len(train_dataset), training_args.generation_batch_size // training_args.num_generations, where
+    if budget is None:
+        return train_dataset, where
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
     )
-    if error is not None:
-        raise ValueError(error)
-    return PreparedRun(
-        reward_funcs,
-        model_path,
-        train_dataset,
-        test_dataset,
-        eval_dataset,
-        benchmark_callback,
-        time.perf_counter() - start,
+    total = len(train_dataset)
+    train_dataset = filter_long_prompts(train_dataset, tokenizer, budget, training_args.chat_template_kwargs)
+    report_dropped(
+        total,
+        len(train_dataset),
+        budget,
+        what="training prompts",
+        max_positions=max_positions,
+        max_new_tokens=training_args.max_completion_length,
     )
+    if len(train_dataset) < total:
+        where = f"after filtering (of {total}; prompt budget {budget} tokens)"
+    return train_dataset, where
 
 
 def _checkpoint_step(checkpoint: str) -> int | None:
@@ -527,6 +541,35 @@ def _print_summary(script_args, output_dir, step, s2t_summary, eval_record, max_
     print("Wall time (s): " + ", ".join(f"{name} {value:.0f}" for name, value in timings.items()))
 
 
+def _write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step: int) -> str:
+    """Write the before/after record to `eval.json`, or beside an earlier run's (never over it); return the path."""
+    path = eval_results_path(output_dir, global_step)
+    if os.path.basename(path) != EVAL_FILENAME:
+        logger.warning(
+            f"{output_dir} already holds {EVAL_FILENAME} from an earlier run: kept unchanged; these results "
+            f"are written beside it, to {os.path.basename(path)}."
+        )
+    with open(path, "w") as f:
+        json.dump(eval_record, f, indent=2)
+    return path
+
+
+def _push_to_hub(trainer, script_args, training_args, eval_record: dict[str, Any] | None) -> None:
+    """Push the model and its card; a failure (network, auth, quota) prints how to push later and keeps every local
+    file. No local path, no `builtin:` name, no "[None]" link in the uploaded card; the accuracy in its procedure."""
+    output_dir = training_args.output_dir
+    try:
+        with hub_card(trainer, eval_record):
+            trainer.push_to_hub(dataset_name=script_args.dataset_name, tags=["stapo_trl", script_args.trainer])
+        trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}.")
+    except Exception as e:  # noqa: BLE001 (network, auth, quota: the local results stay either way)
+        repo = trainer.hub_model_id or training_args.hub_model_id
+        trainer.accelerator.print(
+            f"Push to hub_model_id={repo!r} failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            f"the model, card and results are in {output_dir}: push them later with `hf upload {repo} {output_dir}`."
+        )
+
+
 def _train(
     script_args, training_args, model_args, prepared: PreparedRun | None, end_training: bool, quiet
 ) -> dict[str, Any]:
@@ -582,14 +625,7 @@ def _train(
         timings["eval_after"] = time.perf_counter() - start
         eval_record = _eval_record(script_args, training_args, trainer, before, after, eval_max_new_tokens)
         if is_main:
-            path = eval_path = eval_results_path(output_dir, trainer.state.global_step)
-            if os.path.basename(path) != EVAL_FILENAME:
-                logger.warning(
-                    f"{output_dir} already holds {EVAL_FILENAME} from an earlier run: kept unchanged; these results "
-                    f"are written beside it, to {os.path.basename(path)}."
-                )
-            with open(path, "w") as f:
-                json.dump(eval_record, f, indent=2)
+            eval_path = _write_eval_record(eval_record, output_dir, trainer.state.global_step)
             add_stapo_section(trainer, eval_record=eval_record)  # the card's procedure gets the accuracy too
 
     if is_main:
@@ -597,17 +633,7 @@ def _train(
         _print_summary(script_args, output_dir, step, s2t_summary, eval_record, eval_max_new_tokens, timings)
 
     if training_args.push_to_hub:
-        try:
-            # No local path, no builtin: name, no "[None]" link in the uploaded card; the accuracy in its procedure.
-            with hub_card(trainer, eval_record):
-                trainer.push_to_hub(dataset_name=script_args.dataset_name, tags=["stapo_trl", script_args.trainer])
-            trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}.")
-        except Exception as e:  # noqa: BLE001 (network, auth, quota: the local results stay either way)
-            repo = trainer.hub_model_id or training_args.hub_model_id
-            trainer.accelerator.print(
-                f"Push to hub_model_id={repo!r} failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                f"the model, card and results are in {output_dir}: push them later with `hf upload {repo} {output_dir}`."
-            )
+        _push_to_hub(trainer, script_args, training_args, eval_record)
 
     # Finish the trackers and destroy the process group (nothing may communicate after this)
     if end_training:
