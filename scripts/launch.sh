@@ -195,6 +195,11 @@ echo "launch.sh: vLLM server on GPUs $VLLM_GPUS: CUDA_VISIBLE_DEVICES=$VLLM_GPUS
 echo "launch.sh: training on GPUs $TRAIN_GPUS: CUDA_VISIBLE_DEVICES=$TRAIN_GPUS ${TRAIN_CMD[*]}"
 ((PRINT_ONLY)) && exit 0
 
+# Ctrl-C: torch's launcher forwards SIGINT to the training processes, which save a checkpoint at the next step
+# boundary, and kills them after TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (torch's default, 30, is shorter than one
+# step plus a checkpoint of these models): allow an hour unless the caller set it.
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-3600}"
+
 # ------------------------------------------------------------------ start the server, wait for /health
 mkdir -p "$LOG_DIR"
 SERVER_LOG="$LOG_DIR/vllm_server.log"

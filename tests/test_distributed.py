@@ -663,3 +663,56 @@ def test_paper_geometry_on_two_ranks_tau_h_per_update_and_like_for_like_baseline
         assert update_0["tau"] == update_1["tau"]
         if union:
             assert update_0["tau"] == pytest.approx(float(np.quantile(np.array(union), 0.75)), abs=1e-12)
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_two_processes_saves_one_checkpoint_on_every_rank_and_resumes(tiny_math_model_path, tmp_path):
+    """Ctrl-C in a terminal signals the launcher's process group; torch's launcher forwards SIGINT to each worker
+    (they run in their own sessions) and kills them after TORCH_ELASTIC_SHUTDOWN_TIMEOUT. The workers agree on the
+    step through the all-reduced flag, save one checkpoint together (both ranks' RNG states), and the main process
+    prints one message with the launch-aware resume command; rerunning the same launch line finishes the run."""
+    out = tmp_path / "run"
+    train_args = [
+        "-m", "stapo_trl.cli.train", "--config", str(DEMO_RECIPE), "--model_name_or_path", tiny_math_model_path,
+        "--output_dir", str(out), "--per_device_train_batch_size", "8", "--logging_steps", "1",
+        "--save_strategy", "no", "--eval_before_after", "false", "--report_to", "none", "--disable_tqdm", "true",
+    ]  # fmt: skip
+    port = _free_port()
+    env = _env(TORCH_ELASTIC_SHUTDOWN_TIMEOUT="300")
+    proc = subprocess.Popen(
+        _accelerate_cmd("cpu_2proc.yaml", port) + train_args + ["--max_steps", "5000"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    lines, losses = [], 0
+    try:
+        for line in proc.stdout:  # two optimizer steps logged: training is under way on both ranks
+            lines.append(line)
+            losses += line.startswith("{'loss'")
+            if losses == 2:
+                break
+        assert losses == 2, "".join(lines)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does: the launcher's process group
+        output = "".join(lines) + proc.communicate(timeout=300)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    interrupted = [line for line in output.splitlines() if line.startswith("Interrupted at step")]
+    assert len(interrupted) == 1, output[-5000:]  # one message per run, from the main process
+    step = int(interrupted[0].split()[3].rstrip(":"))
+    assert 2 <= step < 5000
+    assert "Resume with the same command: the same launch command, i.e. accelerate launch" in interrupted[0]
+    assert interrupted[0].endswith(" ".join(train_args[1:] + ["--max_steps", "5000"]))
+    checkpoint = out / f"checkpoint-{step}"
+    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= set(
+        p.name for p in checkpoint.iterdir()
+    )
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == step
+    assert not (out / "model.safetensors").exists()  # the run is not finished
+    # The same launch line (a near end, to keep the test short) resumes from that checkpoint and finishes.
+    resumed = run_distributed(
+        lambda port: _accelerate_cmd("cpu_2proc.yaml", port) + train_args + ["--max_steps", str(step + 2)],
+        timeout=600,
+    )
+    assert f"resuming training from {checkpoint}" in resumed, resumed[-3000:]
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == step + 2
+    assert (out / "model.safetensors").exists()

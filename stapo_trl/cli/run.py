@@ -92,9 +92,13 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 def resume_command(argv: list[str] | None = None) -> str:
-    """The `stapo-train` command line of this process (`sys.argv[1:]`), to rerun after an interrupt: a run whose
-    `output_dir` holds a checkpoint resumes from the last one."""
-    return "stapo-train " + shlex.join(sys.argv[1:] if argv is None else argv)
+    """The command to rerun after an interrupt (a run whose `output_dir` holds a checkpoint resumes from the last one):
+    `stapo-train ARGS` for one process; under a multi-process launcher (`WORLD_SIZE` > 1, set by `accelerate launch` /
+    `torchrun`) the same launch line, whose options a process cannot see, with this process's training arguments."""
+    args = shlex.join(sys.argv[1:] if argv is None else argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return f"the same launch command, i.e. accelerate launch [your launch options] -m stapo_trl.cli.train {args}"
+    return f"stapo-train {args}"
 
 
 @dataclass

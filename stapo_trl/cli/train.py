@@ -32,6 +32,7 @@ The two trainers (`trainer:`):
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -51,7 +52,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         _main(argv)
     except KeyboardInterrupt as e:  # stapo_trl.cli.run.TrainingInterrupted (checkpoint saved) or a bare Ctrl-C
-        print(str(e) or "stapo-train: interrupted (outside training: nothing to save).", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # one message per run, not one per process
+            print(str(e) or "stapo-train: interrupted (outside training: nothing to save).", file=sys.stderr)
         raise SystemExit(130) from None
 
 
