@@ -215,6 +215,10 @@ class STAPOConfig(GRPOConfig):
                 "machine; set them explicitly to override.",
                 ", ".join(changed),
             )
+        if getattr(self, "activation_checkpointing", False) is None:
+            # transformers >= 5.24 renamed the field and warns on the old name, which GRPOConfig sets by default (True):
+            # carry the value over as transformers would, without its FutureWarning at every config a user builds.
+            self.activation_checkpointing = self.gradient_checkpointing
         super().__post_init__()
         if self.max_steps == 0 or self.max_steps < -1:  # transformers reads any max_steps <= 0 as "use epochs"
             raise ValueError(

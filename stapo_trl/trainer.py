@@ -21,6 +21,7 @@ from .config import STAPOConfig, untested_combination_warnings
 from .diagnostics import CollisionProbabilityRecorder, s2t_diagnostic_metrics
 from .reward_columns import check_reward_columns
 from .s2t import S2TBatch, S2TResult, s2t_mask
+from .upstream_warnings import QuietKnownUpstreamWarnings
 from .vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
 
 
@@ -177,12 +178,15 @@ class STAPOTrainer(GRPOTrainer):
     def train(self, *args, **kwargs):
         """`Trainer.train`, writing `metrics.jsonl` and `spurious_tokens.jsonl` into `output_dir` unless
         `args.s2t_write_run_files` is off ([`~stapo_trl.callbacks.add_run_file_callbacks`]: a callback of the same
-        class added by the caller is kept instead)."""
+        class added by the caller is kept instead), without the known-harmless upstream warnings
+        ([`~stapo_trl.upstream_warnings.QuietKnownUpstreamWarnings`])."""
         if self.args.s2t_write_run_files:
             from .callbacks import add_run_file_callbacks
 
             add_run_file_callbacks(self)
-        return super().train(*args, **kwargs)
+        with QuietKnownUpstreamWarnings() as quiet:  # TRL's deprecated checkpointing calls; a tied head's resume
+            quiet.watch_model(self.model)
+            return super().train(*args, **kwargs)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """TRL's card (names STAPO, links the paper, its BibTeX) plus the `s2t_*` values and the base model."""

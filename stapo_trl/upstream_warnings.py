@@ -1,8 +1,9 @@
 """Known-harmless upstream warnings, silenced precisely: each by its exact message and category (and, for log lines,
 its logger), never by a broad category, so that every other warning still shows.
 
-- transformers 5.24's `FutureWarning` "`is_gradient_checkpointing` is deprecated" (TRL 1.16 and PEFT read the old
-  property when they unwrap the model for generation: several times a run, nothing for the user to change);
+- transformers 5.24's `FutureWarning`s "`is_gradient_checkpointing` / `gradient_checkpointing_enable` /
+  `gradient_checkpointing_disable` is deprecated" (TRL 1.16 and PEFT call the old names when they unwrap the model
+  for generation: several times a run, nothing for the user to change);
 - `Trainer`'s "There were missing keys in the checkpoint model loaded: ['lm_head.weight']" on every resume of a model
   whose LM head is tied to its input embeddings (the head is not saved because it *is* the embedding matrix, which
   is loaded), only when the model is tied.
@@ -16,7 +17,10 @@ import warnings
 from typing import Any
 
 
-GRADIENT_CHECKPOINTING_MESSAGE = r"`is_gradient_checkpointing` is deprecated and will be removed in v6\."
+GRADIENT_CHECKPOINTING_MESSAGE = (
+    r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)` is deprecated and "
+    r"will be removed in v6\."
+)
 TRAINER_LOGGER = "transformers.trainer"
 TIED_HEAD_MISSING = "There were missing keys in the checkpoint model loaded: ['lm_head.weight']."
 
@@ -36,7 +40,8 @@ class _DropTiedHeadMissingKeys(logging.Filter):
 
 
 class QuietKnownUpstreamWarnings:
-    """Context manager: silence, inside the block, the two known-harmless upstream messages of this module's docstring.
+    """Context manager: silence, inside the block, the known-harmless run-time upstream messages of this module's
+    docstring (the deprecated checkpointing names, the tied head's missing keys).
 
     The warnings filter matches the message, the `FutureWarning` category and the `transformers.modeling_utils`
     module; the log filter matches the whole message on the `transformers.trainer` logger and is added only for a

@@ -341,6 +341,8 @@ def test_gradient_checkpointing_future_warning_is_silenced_precisely(tiny_math_m
         model.is_gradient_checkpointing  # noqa: B018 (the property warns)
         with QuietKnownUpstreamWarnings():
             model.is_gradient_checkpointing  # noqa: B018
+            model.gradient_checkpointing_enable()  # TRL's generation unwrap calls the old names too
+            model.gradient_checkpointing_disable()
             warnings.warn("another FutureWarning", FutureWarning, stacklevel=1)  # other messages still show
             message = "`is_gradient_checkpointing` is deprecated and will be removed in v6. Use X."
             warnings.warn_explicit(message, FutureWarning, "mylib.py", 1, module="mylib")  # other modules too
