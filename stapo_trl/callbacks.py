@@ -187,11 +187,13 @@ class SpuriousTokenLogger(JsonlLogCallback):
         self.silenced_counts: Counter[str] = Counter()
         self.kept_candidate_counts: Counter[str] = Counter()
         self._token_bytes: dict[int, bytes] | None = None  # token id -> bytes, read from the tokenizer when needed
+        self._pending: list[S2TBatch] = []  # training masks not written yet (since the last logging step)
         self._last_batch = None
 
     # -- file ----------------------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
         self._last_batch = None
+        self._pending = []
         if not state.is_world_process_zero:
             return
         # Resuming keeps the records up to the checkpoint; a fresh run starts an empty file.
@@ -215,16 +217,32 @@ class SpuriousTokenLogger(JsonlLogCallback):
 
     # -- logging steps -------------------------------------------------------------------------------------------
     def on_step_end(self, args, state, control, **kwargs):
-        if not control.should_log:
-            return
-        # The training masks of the current pass over the rollout batch that are not logged yet (one per optimizer
-        # update, or one per rollout batch). The same decision on every process: each builds its masks at the same
-        # steps. Evaluation masks are kept apart by the trainer and never reach this list.
+        self._collect()
+        if control.should_log:
+            self._log_pending(args, state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        # The masks after the last logging step (max_steps not a multiple of logging_steps), as metrics.jsonl writes
+        # their counts in the final row. Every process ends training, so the gather runs on all of them.
+        self._collect()
+        self._log_pending(args, state.global_step)
+        super().on_train_end(args, state, control, **kwargs)
+
+    def _collect(self) -> None:
+        # The trainer keeps the training masks of the current pass over the rollout batch only (one per optimizer
+        # update, or one per rollout batch) and starts a new list at the next pass: take the new ones at every step,
+        # so that none is lost when logging_steps spans several passes. The same on every process: each builds its
+        # masks at the same steps. Evaluation masks are kept apart by the trainer and never reach this list.
         batches = self.trainer.s2t_train_batches
-        logged = next((i + 1 for i in reversed(range(len(batches))) if batches[i] is self._last_batch), 0)
-        if batches[logged:]:
+        new = next((i + 1 for i in reversed(range(len(batches))) if batches[i] is self._last_batch), 0)
+        if batches[new:]:
+            self._pending.extend(batches[new:])
             self._last_batch = batches[-1]
-            self.log_batch(*batches[logged:], step=state.global_step, args=args)
+
+    def _log_pending(self, args, step: int) -> None:
+        if self._pending:
+            batches, self._pending = self._pending, []
+            self.log_batch(*batches, step=step, args=args)
 
     def log_batch(self, *batches: S2TBatch, step: int, args) -> list[dict[str, Any]]:
         """Gather the records of one or more masks from every process, cap them once for the logging step and append

@@ -466,3 +466,30 @@ def test_real_run_writes_records_metrics_and_figures(tiny_math_model_path, tmp_p
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Two runs overlay on the same figures.
     assert len(plot_diagnostics([run_dir, run_dir], tmp_path / "overlay", labels=["a", "b"])) == 4
+
+
+@pytest.mark.parametrize("max_steps, logging_steps", [(3, 2), (1, 4), (5, 2)])
+def test_masks_after_the_last_logging_step_still_reach_the_token_file(
+    tiny_math_model_path, tmp_path, max_steps, logging_steps
+):
+    """max_steps not a multiple of logging_steps: the final row of metrics.jsonl counts the last masks' silenced
+    tokens, and spurious_tokens.jsonl records every one of them too (it used to stop at the last logging step)."""
+    from stapo_trl.callbacks import MetricsLogCallback
+    from stapo_trl.metrics_log import read_metrics
+    from stapo_trl.rewards import math_accuracy_reward
+
+    trainer = _make_trainer(
+        tiny_math_model_path, tmp_path, _tiny_math_dataset(), math_accuracy_reward, max_steps=max_steps,
+        per_device_train_batch_size=16, num_generations=8, logging_steps=logging_steps,
+        s2t_prob_threshold=1.0,  # why: every positive-advantage token is a candidate, so every mask silences some
+        max_completion_length=40,  # why: room for the answer, so that some rewards (advantages) are positive
+    )  # fmt: skip
+    trainer.add_callback(MetricsLogCallback())
+    trainer.add_callback(SpuriousTokenLogger(trainer, max_silenced=100_000))
+    trainer.train()
+    rows = [row for row in read_metrics(str(tmp_path / "run")) if "s2t/num_silenced" in row]
+    silenced = round(sum(row["s2t/num_silenced"] for row in rows))
+    assert rows[-1]["step"] == max_steps and silenced > 0
+    records = read_token_records(tmp_path / "run" / SPURIOUS_TOKENS_FILENAME)
+    assert sum(r["kind"] == "silenced" for r in records) == silenced
+    assert max(r["step"] for r in records) == max_steps
