@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -23,6 +24,8 @@ S2T_SCOPES = ("optimizer_step", "generation_batch", "micro_batch")
 S2T_POLICIES = ("rollout", "current")
 # Loss types without a token-count denominator: the mask removes tokens from the numerator only.
 CONSTANT_DENOMINATOR_LOSSES = ("dr_grpo", "luspo")
+# TRL 1.16's loss types whose normalisation stapo_trl knows (the mask renormalises or, above, cannot).
+KNOWN_LOSS_TYPES = ("dapo", "cispo", "vespo", "grpo", "sapo", "bnpo", "dr_grpo", "luspo")
 
 
 @dataclass
@@ -219,7 +222,25 @@ class STAPOConfig(GRPOConfig):
             # transformers >= 5.24 renamed the field and warns on the old name, which GRPOConfig sets by default (True):
             # carry the value over as transformers would, without its FutureWarning at every config a user builds.
             self.activation_checkpointing = self.gradient_checkpointing
+        _check_value_types(self)
+        if self.output_dir is not None and os.path.isfile(os.path.expanduser(self.output_dir)):
+            raise ValueError(f"output_dir={self.output_dir!r} is a file: give a folder (it is created if missing).")
         super().__post_init__()
+        if self.loss_type not in KNOWN_LOSS_TYPES:
+            raise ValueError(
+                f"loss_type={self.loss_type!r} is not supported by STAPOTrainer: its normalisation is unknown to "
+                f"stapo_trl, so the S2T mask could not be applied to it. Supported: {list(KNOWN_LOSS_TYPES)}."
+            )
+        if not self.temperature > 0:
+            raise ValueError(
+                f"temperature={self.temperature!r} must be > 0: GRPO samples its rollouts (0 would be greedy, and "
+                "generation refuses it); the S2T thresholds are calibrated at 1.0, the paper's value."
+            )
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            raise ValueError(
+                f"max_completion_length={self.max_completion_length!r} must be >= 1 (response tokens per rollout; "
+                "the paper uses 20480 for Qwen3, the CPU demo 48)."
+            )
         if self.max_steps == 0 or self.max_steps < -1:  # transformers reads any max_steps <= 0 as "use epochs"
             raise ValueError(
                 f"max_steps={self.max_steps!r} is not a number of optimizer steps: give a positive number, or -1 (the "
@@ -251,6 +272,19 @@ class STAPOConfig(GRPOConfig):
                 "s2t_policy='current' needs s2t_scope='optimizer_step': with 'generation_batch' one mask covers "
                 "several optimizer updates, so there is no single current policy. Use s2t_scope: optimizer_step."
             )
+
+
+def _check_value_types(args: STAPOConfig) -> None:
+    """The `s2t_*` values a Python caller may pass with the wrong type: a string such as "false" would read as true,
+    and a string threshold would fail later with a bare `TypeError`."""
+    for name in ("s2t_diagnostics", "s2t_write_run_files"):
+        value = getattr(args, name)
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}={value!r} must be a bool (True or False), got {type(value).__name__}.")
+    for name in ("s2t_prob_threshold", "s2t_entropy_quantile"):
+        value = getattr(args, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name}={value!r} must be a number, got {type(value).__name__}.")
 
 
 def has_accelerator() -> bool:

@@ -17,7 +17,7 @@ from accelerate.utils import is_peft_model
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 
-from .config import STAPOConfig, untested_combination_warnings
+from .config import KNOWN_LOSS_TYPES, STAPOConfig, untested_combination_warnings
 from .diagnostics import CollisionProbabilityRecorder, s2t_diagnostic_metrics
 from .reward_columns import check_reward_columns
 from .s2t import S2TBatch, S2TResult, s2t_mask
@@ -25,7 +25,6 @@ from .upstream_warnings import QuietKnownUpstreamWarnings
 from .vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
 
 
-_KNOWN_LOSSES = ("dapo", "cispo", "vespo", "grpo", "sapo", "bnpo", "dr_grpo", "luspo")
 # Extra model inputs the parent forwards to `_get_per_token_logps_and_entropies` (multimodal models).
 _FORWARD_INPUT_KEYS = (
     "pixel_values",
@@ -140,10 +139,10 @@ class STAPOTrainer(GRPOTrainer):
                 f"STAPOTrainer needs `args` to be a stapo_trl.STAPOConfig, got {type(args).__name__}. "
                 "Build it with STAPOConfig(...) (it accepts every GRPOConfig field)."
             )
-        if args.loss_type not in _KNOWN_LOSSES:
+        if args.loss_type not in KNOWN_LOSS_TYPES:  # STAPOConfig refuses it; a field changed after construction
             raise ValueError(
                 f"loss_type={args.loss_type!r} is not supported by STAPOTrainer: its normalisation is unknown to "
-                f"stapo_trl, so the S2T mask could not be applied to it. Supported: {list(_KNOWN_LOSSES)}."
+                f"stapo_trl, so the S2T mask could not be applied to it. Supported: {list(KNOWN_LOSS_TYPES)}."
             )
         for message in untested_combination_warnings(args):
             warnings.warn(message, stacklevel=2)

@@ -54,6 +54,15 @@ def test_every_s2t_field_has_help_and_is_documented():
         # transformers reads every max_steps <= 0 as "train num_train_epochs epochs": -5 would silently run 3 epochs
         ("max_steps", -5, r"max_steps=-5 is not a number of optimizer steps: .*positive number, or -1"),
         ("max_steps", 0, r"max_steps=0 is not a number of optimizer steps"),
+        # values that passed config time and failed after the model was built (new-user pass)
+        ("loss_type", "ppo", r"loss_type='ppo' is not supported by STAPOTrainer: .*Supported: \['dapo'"),
+        ("temperature", 0.0, r"temperature=0\.0 must be > 0: GRPO samples its rollouts"),
+        ("max_completion_length", 0, r"max_completion_length=0 must be >= 1"),
+        # a Python caller's wrong types: "false" read as true, a string threshold failing with a bare TypeError
+        ("s2t_write_run_files", "false", r"s2t_write_run_files='false' must be a bool \(True or False\), got str"),
+        ("s2t_diagnostics", "no", r"s2t_diagnostics='no' must be a bool"),
+        ("s2t_prob_threshold", "0.002", r"s2t_prob_threshold='0.002' must be a number, got str"),
+        ("s2t_entropy_quantile", True, r"s2t_entropy_quantile=True must be a number, got bool"),
         (
             "s2t_mode",
             False,

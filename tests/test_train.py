@@ -184,6 +184,8 @@ def test_num_generations_not_dividing_the_generation_batch_lists_valid_values():
         (["--num_generations", "6"], r"num_generations=6 .*\[2, 4, 8, 16, 32, 64\]"),
         (["--max_steps", "0"], r"max_steps=0 is not a number of optimizer steps"),
         (["--max_steps", "-5"], r"max_steps=-5 is not a number of optimizer steps"),
+        (["--torch_num_threads", "0"], r"torch_num_threads=0 must be >= 1"),
+        (["--output_dir", __file__], r"output_dir='.*test_train.py' is a file: give a folder"),
         (["--s2t_scop", "micro_batch"], r"s2t_scop: did you mean s2t_scope"),  # no argparse prefix matching
         (["--learning_rat", "1e-5"], r"learning_rat: did you mean learning_rate"),
         (["--benchmark_eval", "aime99"], r"Unknown benchmark 'aime99'.*aime24"),
@@ -198,6 +200,8 @@ def test_num_generations_not_dividing_the_generation_batch_lists_valid_values():
         "num-generations",
         "max-steps-0",
         "max-steps-negative",
+        "torch-num-threads-0",
+        "output-dir-is-a-file",
         "abbreviated-flag",
         "abbreviated-flag-2",
         "unknown-benchmark",

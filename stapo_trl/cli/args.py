@@ -267,6 +267,11 @@ class RecipeParser(TrlParser):
         if flags and not kwargs.get("return_remaining_strings"):
             raise ValueError(self._unknown_keys_message(flags, "the command line"))
         check_generation_batch(namespace)
+        threads = getattr(namespace, "torch_num_threads", None)
+        if threads is not None and threads < 1:
+            raise ValueError(
+                f"torch_num_threads={threads} must be >= 1 (the CPU demo uses 1), or unset for torch's default."
+            )
         max_steps = getattr(namespace, "max_steps", None)
         if max_steps is not None and (max_steps == 0 or max_steps < -1):  # transformers reads <= 0 as "use epochs"
             raise ValueError(
