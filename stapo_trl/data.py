@@ -230,13 +230,30 @@ def is_local_dataset_file(dataset_name: str) -> bool:
     return os.path.splitext(dataset_name)[1].lower() in _LOCAL_FILE_BUILDERS
 
 
+def evaluation_split(dataset_name: str, test_split: str) -> tuple[str, str | None]:
+    """(the label of the prompts `stapo-train`'s before/after evaluation reads, a warning or `None`).
+
+    A local file has a single split: `dataset_test_split` does not apply to it, so the evaluation reads the first
+    prompts of the training file, which are also trained on. The label says so (in `eval.json` and the model card)
+    and the warning tells the user before the run (`stapo-train` and its dry run).
+    """
+    if not is_local_dataset_file(dataset_name):
+        return test_split, None
+    return "training file (not held out)", (
+        f"dataset_name={dataset_name!r} is one local file, so the before/after evaluation reads its first prompts, "
+        "which are also trained on: the accuracy is not held out. For a held-out measure run stapo-eval on another "
+        "file (--data-dir), or set eval_before_after: false."
+    )
+
+
 def load_local_dataset_file(path: str) -> datasets.Dataset:
     """A local `.json` / `.jsonl` / `.parquet` file as one [`~datasets.Dataset`].
 
     Raises:
         FileNotFoundError: If the file does not exist.
         ValueError: If the file holds no rows (0 bytes, only whitespace, or an empty JSON list): "dataset file X is
-            empty", instead of the `StopIteration` / `ArrowInvalid` that `datasets` raises.
+            empty", instead of the `StopIteration` / `ArrowInvalid` that `datasets` raises; if a line does not parse
+            (malformed JSON): "dataset file X could not be parsed as json: <the parser's message>".
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Dataset file {path!r} does not exist.")
@@ -252,6 +269,10 @@ def load_local_dataset_file(path: str) -> datasets.Dataset:
         if "corresponds to no data" in str(e):
             raise empty from e
         raise
+    except datasets.exceptions.DatasetGenerationError as e:  # a malformed line: the parser's cause, in one line
+        cause = e.__cause__ or e
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise ValueError(f"dataset file {path!r} could not be parsed as {builder}: {first}") from e
 
 
 def check_prompt_columns(dataset: datasets.Dataset, dataset_name: str, prompt_column: str, solution_column: str):

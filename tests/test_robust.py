@@ -119,6 +119,49 @@ def test_empty_dataset_file_gets_one_line(no_model_built, tmp_path, capsys, name
     ]
 
 
+@pytest.mark.parametrize(
+    "name, content, cause",
+    [
+        ("cut.jsonl", '{"problem": "1+1", "answer": "2"}\n{"problem": "2+2", "answer": \n', "JSON parse error"),
+        ("braces.jsonl", '{"problem": "1+1", "answer": "2"}\n{problem: 3}\n', "JSON parse error"),
+        ("trailing.json", '[{"problem": "1+1", "answer": "2"},]', ""),
+    ],
+    ids=["jsonl-cut-line", "jsonl-unquoted-key", "json-trailing-comma"],
+)
+def test_malformed_dataset_file_gets_one_line(no_model_built, tmp_path, name, content, cause):
+    """A line that does not parse: one line naming the file and the parser's cause, not datasets' 70-line trace."""
+    from stapo_trl.cli.train import main
+
+    path = tmp_path / name
+    path.write_text(content)
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--dataset_name", str(path)]
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv)
+    message = str(excinfo.value.code)
+    assert message.startswith(f"stapo-train: error: dataset file '{path}' could not be parsed as json: "), message
+    assert cause in message and "\n" not in message, message
+
+
+def test_local_file_evaluation_is_labelled_not_held_out(tmp_path, tiny_math_model_path, capsys, caplog):
+    """A local file has one split: the before/after evaluation reads training prompts. The run and its dry run warn,
+    and eval.json and the card say "training file (not held out)" instead of "test"."""
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main
+
+    data = _jsonl(tmp_path / "sums.jsonl", _sums(8))
+    out = tmp_path / "out"
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", data]
+    argv += ["--output_dir", str(out), "--max_steps", "1", "--eval_num_problems", "4", "--eval_num_samples", "1"]
+    argv += ["--disable_tqdm", "true", "--save_strategy", "no"]
+    assert dry_run_main(argv) == 0
+    assert f"dataset_name={data!r} is one local file, so the before/after evaluation reads" in capsys.readouterr().out
+    main(argv)
+    assert "the accuracy is not held out" in caplog.text
+    record = json.loads((out / "eval.json").read_text())
+    assert record["split"] == "training file (not held out)" and record["num_problems"] == 4
+    assert "problems of the `training file (not held out)` split" in (out / "README.md").read_text()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 5. Extra dataset columns reach a dotted-path reward
 # ---------------------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from ..config import STAPOConfig, untested_combination_warnings
 from ..data import (
     BUILTIN_DATASETS,
     check_prompt_columns,
+    evaluation_split,
     filter_long_prompts,
     is_local_dataset_file,
     load_local_dataset_file,
@@ -148,6 +149,9 @@ def check_data(f: Findings, script_args, max_prompt_tokens: int | None) -> int |
                 f.errors.append(f"{column} is empty: name the dataset column that holds the {column.split('_')[0]}.")
         opened = "named, not opened (a Hub dataset)"
         if is_local_dataset_file(dataset):
+            _, warning = evaluation_split(dataset, script_args.dataset_test_split)
+            if script_args.eval_before_after and warning is not None:
+                f.warnings.append(warning)
             # A local file is cheap to open: check its columns as stapo-train will.
             try:
                 local = load_local_dataset_file(dataset)

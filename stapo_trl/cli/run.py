@@ -28,7 +28,7 @@ from trl.models.utils import unwrap_model_for_generation
 
 from ..builtin import check_model_available, resolve_model_path
 from ..callbacks import BenchmarkEvalCallback, GracefulInterrupt, MetricsLogCallback, add_run_file_callbacks
-from ..data import filter_long_prompts, load_prompt_dataset
+from ..data import evaluation_split, filter_long_prompts, load_prompt_dataset
 from ..diagnostic_plots import plot_diagnostics
 from ..evaluation.generation import evaluate_avg_at_k
 from ..hub import check_hub_access
@@ -214,6 +214,9 @@ def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_func
         )
         if script_args.eval_before_after:
             eval_dataset = test_dataset.select(range(min(script_args.eval_num_problems, len(test_dataset))))
+            _, warning = evaluation_split(script_args.dataset_name, script_args.dataset_test_split)
+            if warning is not None:
+                logger.warning(warning)
     # Every reward argument filled by a column: the trainer's own check, run here before a `builtin:` model build.
     check_reward_columns(reward_funcs, train_dataset, script_args.dataset_name)
     if training_args.eval_strategy != "no":
@@ -484,7 +487,7 @@ def _eval_record(script_args, training_args, trainer, before, after, max_new_tok
         "max_new_tokens": max_new_tokens,
         "num_problems": before["num_problems"],
         "dataset": script_args.dataset_name,
-        "split": script_args.dataset_test_split,
+        "split": evaluation_split(script_args.dataset_name, script_args.dataset_test_split)[0],
         "seed": training_args.seed,
         "trainer": script_args.trainer,
         "global_step": trainer.state.global_step,
