@@ -302,6 +302,35 @@ def _read_until(proc, prefix: str) -> list[str]:
     raise AssertionError(f"no line starting with {prefix!r} (rc {proc.wait()}):\n{''.join(lines)}")
 
 
+@pytest.mark.parametrize(
+    "changed, expected",
+    [
+        (["--s2t_prob_threshold", "0.01"], "s2t_prob_threshold 0.002 -> 0.01"),
+        (["--learning_rate", "5e-4", "--s2t_mode", "all_low_prob"], "s2t_mode 'low_entropy' -> 'all_low_prob'"),
+        (["--temperature", "0.7"], "temperature 1.0 -> 0.7"),
+    ],
+    ids=["tau_p", "lr-and-mode", "temperature"],
+)
+def test_resume_with_other_settings_is_refused_before_the_model(tmp_path, tiny_math_model_path, changed, expected):
+    """A checkpoint trained with other S2T or objective settings is not resumed (the run would mix them and the card
+    would state the new values only); more steps and the same settings resume."""
+    from stapo_trl.cli.train import main
+
+    out = tmp_path / "run"
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
+    argv += ["--max_steps", "1", "--save_steps", "1", "--eval_before_after", "false", "--disable_tqdm", "true"]
+    main(argv)
+    card = (out / "README.md").read_text()
+    with pytest.raises(SystemExit) as excinfo:
+        main([*argv, "--max_steps", "2", *changed])
+    message = str(excinfo.value.code)
+    assert message.startswith(f"stapo-train: error: {out} holds checkpoint-1, trained with other settings (")
+    assert expected in message and "Use another output_dir" in message and "\n" not in message, message
+    assert (out / "README.md").read_text() == card and not (out / "checkpoint-2").exists()
+    main([*argv, "--max_steps", "2"])  # the same settings: resumes
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
+
+
 def test_first_sigint_saves_a_checkpoint_and_prints_the_resume_command(tmp_path, tiny_math_model_path):
     import os
     import signal

@@ -21,6 +21,7 @@ import datasets
 import torch
 import transformers
 from transformers import AutoConfig, AutoTokenizer, set_seed
+from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
@@ -40,7 +41,13 @@ from ..metrics_log import (
     read_token_records,
     s2t_totals,
 )
-from ..model_card import add_stapo_section, make_card_public, public_dataset_name, write_quick_start
+from ..model_card import (
+    RESUME_FIXED_FIELDS,
+    add_stapo_section,
+    make_card_public,
+    public_dataset_name,
+    write_quick_start,
+)
 from ..plots import plot_training_curves
 from ..prompt_length import model_max_positions, prompt_token_budget, report_dropped
 from ..reward_columns import check_reward_columns
@@ -156,7 +163,8 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         ValueError: Unknown reward name, no `dataset_name`, `dataset_streaming`, missing column (the prompt or solution
             column, or one a reward function reads: [`~stapo_trl.reward_columns.check_reward_columns`]), unknown
             `builtin:`, fewer training prompts (after the length filter) than one rollout step takes,
-            `benchmark_eval` under DeepSpeed ZeRO-3 or FSDP (its evaluation generates on rank 0 alone).
+            `benchmark_eval` under DeepSpeed ZeRO-3 or FSDP (its evaluation generates on rank 0 alone), a checkpoint
+            in `output_dir` trained with other S2T or objective settings ([`_check_resume_settings`]).
         FileNotFoundError: A model or dataset path that does not exist.
         ConnectionError: `push_to_hub` set but the Hub cannot be used (offline, no token, unreachable): one line
             naming `hub_model_id` ([`~stapo_trl.hub.check_hub_access`]).
@@ -169,6 +177,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     check_model_available(model_args.model_name_or_path)  # a wrong path fails here, before any data is loaded
     if training_args.push_to_hub:  # offline, no token, Hub unreachable: now, not after training
         check_hub_access(training_args.hub_model_id, training_args.output_dir, training_args.hub_token)
+    _check_resume_settings(training_args)  # a checkpoint in output_dir trained with other settings: now
     if script_args.dataset_name is None:
         raise ValueError(
             "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet file or a Hub dataset id."
@@ -348,6 +357,41 @@ def _setup_logging(training_args) -> None:
     transformers.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.enable_default_handler()
     transformers.utils.logging.enable_explicit_format()
+
+
+def _check_resume_settings(training_args) -> None:
+    """Refuse to resume the checkpoint `stapo-train` would resume (`resume_from_checkpoint`, else the last one in
+    `output_dir`) with other S2T or objective settings than it was trained with
+    ([`~stapo_trl.model_card.RESUME_FIXED_FIELDS`], read from its `training_args.bin`): the run would mix them, and the
+    model card states one value of each. `max_steps` and the batch geometry may change.
+
+    Raises:
+        ValueError: naming each changed field with its old and new value.
+    """
+    checkpoint = training_args.resume_from_checkpoint
+    if not isinstance(checkpoint, str) and os.path.isdir(training_args.output_dir):
+        checkpoint = get_last_checkpoint(training_args.output_dir)
+    if not isinstance(checkpoint, str):
+        return
+    path = os.path.join(checkpoint, TRAINING_ARGS_NAME)
+    try:
+        saved = torch.load(path, weights_only=False)  # the run's own pickled config, written by Trainer
+    except Exception:  # noqa: BLE001 (missing, or from another version: nothing to compare against)
+        return
+    changed = [
+        f"{name} {getattr(saved, name)!r} -> {getattr(training_args, name)!r}"
+        for name in RESUME_FIXED_FIELDS
+        if hasattr(saved, name)
+        and hasattr(training_args, name)
+        and getattr(saved, name) != getattr(training_args, name)
+    ]
+    if changed:
+        raise ValueError(
+            f"{training_args.output_dir} holds {os.path.basename(checkpoint)}, trained with other settings ("
+            + ", ".join(changed)
+            + "): resuming would mix them and the model card could state only one. Use another output_dir (with "
+            f"model_name_or_path {checkpoint} to start from it), or the checkpoint's values."
+        )
 
 
 def _resolve_checkpoint(training_args) -> tuple[str | None, str | None]:
