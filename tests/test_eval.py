@@ -468,3 +468,15 @@ def test_vllm_max_lora_rank_is_the_smallest_supported_rank_holding_the_adapter(t
     assert vllm_max_lora_rank(adapter("pattern", r=8, rank_pattern={"q_proj": 40})) == 64  # a per-module rank
     with pytest.raises(ValueError, match="LoRA rank 1024 is above vLLM's largest max_lora_rank 512"):
         vllm_max_lora_rank(adapter("huge", r=1024))
+
+
+def test_generation_budget_beyond_the_models_positions_is_one_line(tiny_math_model_path, tmp_path, capsys):
+    """The paper's 20,480 new tokens on a 512-position model (`make evaluate` without --max-new-tokens): one line
+    naming the flag, not a traceback from inside the first benchmark."""
+    argv = ["--model", tiny_math_model_path, "--benchmarks", "tiny-math", "--backend", "hf", "--limit", "1"]
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--samples", "1", "--max-new-tokens", "600", "--output", str(tmp_path / "r.json")])
+    assert info.value.code == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "error" in line]  # after the load bar
+    assert line.startswith("stapo-eval: error: --max-new-tokens 600: max_new_tokens=600 leaves no room for a prompt:")
+    assert "the model has 512 positions" in line

@@ -70,7 +70,7 @@ from ..evaluation.tasks import (
     get_benchmark_spec,
     load_benchmark,
 )
-from ..prompt_length import model_max_positions
+from ..prompt_length import model_max_positions, prompt_token_budget
 
 
 logger = logging.getLogger(__name__)
@@ -286,8 +286,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             model_path = resolve_model_path(args.model) if args.model.startswith("builtin:") else args.model
             try:
                 generator = _make_generator(args, model_path)
+                prompt_token_budget(model_max_positions(generator), args.max_new_tokens)  # room left for a prompt
             except RuntimeError as e:
                 fail(str(e))
+            except ValueError as e:  # --max-new-tokens at or above the model's positions (a small model)
+                fail(f"--max-new-tokens {args.max_new_tokens}: {e}")
             data["model"] = describe_model(model_path, args.revision) | {"name_or_path": args.model}
         _evaluate_pair(args, generator, data, problems[bench], bench, decoding_name, samples[bench], data_dir)
         write_json_atomic(output, data)
