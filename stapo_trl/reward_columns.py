@@ -101,3 +101,16 @@ def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "t
                         f"{get_callable_name(func)!r} needs it: TRL passes each dataset column to the reward argument "
                         "of the same name. Add the column to the dataset, or give the argument a default."
                     )
+
+
+def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset") -> None:
+    """Raise a `ValueError` if `dataset` (or one of a dict of datasets) has column names but no `prompt` column, which
+    TRL reads the prompts from (a `KeyError` inside TRL at the first step otherwise). Unknown columns pass."""
+    for name, data in _named_datasets(dataset, dataset_name):
+        columns = getattr(data, "column_names", None)
+        if columns is not None and "prompt" not in columns:
+            raise ValueError(
+                f"{missing_column_message('prompt', name, columns)} TRL reads each prompt from a column named "
+                "'prompt' (a string or a list of chat messages): rename yours, e.g. dataset.rename_column('question', "
+                "'prompt')."
+            )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -153,6 +154,23 @@ REWARDS: dict[str, Callable[..., list]] = {
     "format": format_reward,
 }
 """The single reward registry: name -> function (`--reward_funcs` values)."""
+
+
+def resolve_reward_names(reward_funcs: Any) -> Any:
+    """`reward_funcs` as given to `STAPOTrainer`, with each string that names a stapo_trl reward ([`REWARDS`], e.g.
+    `"math_accuracy"`) replaced by its function. Other strings stay Hub reward-model ids, as in TRL; a string
+    without "/" that is not a local path and not a registered name raises, since TRL would take it for a Hub id and
+    retry the network for a minute.
+
+    Raises:
+        ValueError: an unregistered name that is not a Hub id (no "/") nor a local folder; the message lists
+            `sorted(REWARDS)`.
+    """
+    if isinstance(reward_funcs, list):
+        return [resolve_reward_names(func) for func in reward_funcs]
+    if not isinstance(reward_funcs, str) or "/" in reward_funcs or os.path.isdir(reward_funcs):
+        return reward_funcs
+    return get_reward_funcs([reward_funcs])[0]
 
 
 def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:

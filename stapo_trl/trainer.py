@@ -19,7 +19,8 @@ from trl.models.utils import disable_gradient_checkpointing
 
 from .config import KNOWN_LOSS_TYPES, STAPOConfig, untested_combination_warnings
 from .diagnostics import CollisionProbabilityRecorder, s2t_diagnostic_metrics
-from .reward_columns import check_reward_columns
+from .reward_columns import check_prompt_column, check_reward_columns
+from .rewards import resolve_reward_names
 from .s2t import S2TBatch, S2TResult, s2t_mask
 from .upstream_warnings import QuietKnownUpstreamWarnings
 from .vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
@@ -147,9 +148,11 @@ class STAPOTrainer(GRPOTrainer):
         for message in untested_combination_warnings(args):
             warnings.warn(message, stacklevel=2)
         check_vllm_args(args)  # vllm_mode='server' on a CPU-only run: refused before TRL waits for a server
+        reward_funcs = resolve_reward_names(reward_funcs)  # "math_accuracy" is stapo_trl's, not a Hub reward model
         if kwargs.get("rollout_func") is None:  # a rollout function may add the fields a reward reads
             for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-                check_reward_columns(reward_funcs, dataset, name)  # now, not at the first step, after a model build
+                check_prompt_column(dataset, name)  # now, not at the first step, after a model build
+                check_reward_columns(reward_funcs, dataset, name)
         self._s2t_captured: list[tuple[torch.Tensor, ...]] | None = None
         self._s2t_forward_cache: tuple | None = None
         self._s2t_log_collision: torch.Tensor | None = None  # log Σ π² of the last policy forward (diagnostics)

@@ -73,6 +73,27 @@ def _config(tmp_path, **overrides) -> STAPOConfig:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def test_missing_prompt_column_and_reward_names_are_resolved_at_construction(no_model_loaded, tmp_path):
+    """A dataset without `prompt` fails at construction (was a KeyError inside TRL at the first step); a reward given
+    by its stapo_trl name is that function (was taken for a Hub reward model: a minute of network retries)."""
+    from stapo_trl.rewards import resolve_reward_names
+
+    args = _config(tmp_path)
+    no_prompt = Dataset.from_list([{"question": "12+34=", "solution": "46"}])
+    with pytest.raises(
+        ValueError, match=r"^Column 'prompt' not found in dataset 'train_dataset'\. Available columns: "
+    ):
+        STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs=math_accuracy_reward, args=args, train_dataset=no_prompt)
+    assert resolve_reward_names("math_accuracy") is math_accuracy_reward
+    assert resolve_reward_names(["format", "org/reward-model"]) == [format_reward, "org/reward-model"]
+    with pytest.raises(ValueError, match=r"Unknown reward 'math_acc'\. Valid names: \['format', 'math_accuracy'\]"):
+        STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs="math_acc", args=args, train_dataset=no_prompt)
+    # By name, the function's own required column is checked too.
+    no_solution = Dataset.from_list([{"prompt": "12+34=", "answer": "46"}])
+    with pytest.raises(ValueError, match=r"Column 'solution' not found .* 'math_accuracy_reward' needs it"):
+        STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs="math_accuracy", args=args, train_dataset=no_solution)
+
+
 def test_missing_reward_column_fails_at_construction_naming_function_column_and_columns(no_model_loaded, tmp_path):
     no_solution = Dataset.from_list([{"prompt": "12+34=", "answer": "46"}])
     args = _config(tmp_path)

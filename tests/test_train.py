@@ -185,6 +185,7 @@ def test_num_generations_not_dividing_the_generation_batch_lists_valid_values():
         (["--max_steps", "0"], r"max_steps=0 is not a number of optimizer steps"),
         (["--max_steps", "-5"], r"max_steps=-5 is not a number of optimizer steps"),
         (["--torch_num_threads", "0"], r"torch_num_threads=0 must be >= 1"),
+        (["--eval_num_problems", "0"], r"eval_num_problems=0 must be >= 1"),  # eval.json held NaN
         (["--output_dir", __file__], r"output_dir='.*test_train.py' is a file: give a folder"),
         (["--s2t_scop", "micro_batch"], r"s2t_scop: did you mean s2t_scope"),  # no argparse prefix matching
         (["--learning_rat", "1e-5"], r"learning_rat: did you mean learning_rate"),
@@ -201,6 +202,7 @@ def test_num_generations_not_dividing_the_generation_batch_lists_valid_values():
         "max-steps-0",
         "max-steps-negative",
         "torch-num-threads-0",
+        "eval-num-problems-0",
         "output-dir-is-a-file",
         "abbreviated-flag",
         "abbreviated-flag-2",

@@ -267,6 +267,12 @@ class RecipeParser(TrlParser):
         if flags and not kwargs.get("return_remaining_strings"):
             raise ValueError(self._unknown_keys_message(flags, "the command line"))
         check_generation_batch(namespace)
+        for name in ("eval_num_problems", "eval_num_samples"):
+            value = getattr(namespace, name, None)
+            if value is not None and value < 1:
+                raise ValueError(
+                    f"{name}={value} must be >= 1 (or set eval_before_after: false to skip the evaluation)."
+                )
         threads = getattr(namespace, "torch_num_threads", None)
         if threads is not None and threads < 1:
             raise ValueError(
