@@ -13,10 +13,13 @@ The file is flushed after every line, so an interrupted run keeps the curve up t
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from typing import Any, TextIO
 
+
+logger = logging.getLogger(__name__)
 
 METRICS_FILENAME = "metrics.jsonl"
 SPURIOUS_TOKENS_FILENAME = "spurious_tokens.jsonl"
@@ -50,8 +53,9 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
 def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[str, Any]]]:
     """Open a JSON-lines log for appending when training (re)starts at `global_step`.
 
-    A fresh run (step 0) empties the file; a resumed run keeps the rows with `step <= global_step` (later rows belong
-    to the steps being redone) and drops a line cut short by a killed run.
+    A fresh run (step 0) starts an empty file: an earlier run's non-empty file is first moved aside to
+    `<name>.<n>.jsonl` (the first free n, with a warning), never replaced. A resumed run keeps the rows with
+    `step <= global_step` (later rows belong to the steps being redone) and drops a line cut short by a killed run.
 
     Returns:
         `tuple`: the file, open for appending (the caller closes it), and the rows kept.
@@ -60,6 +64,13 @@ def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[s
     kept = []
     if os.path.exists(path) and global_step > 0:
         kept = [row for row in read_jsonl(path) if row.get("step", math.inf) <= global_step]
+    elif os.path.exists(path) and os.path.getsize(path) > 0:
+        stem, ext = os.path.splitext(path)
+        aside = next(f"{stem}.{n}{ext}" for n in range(1, 10_000) if not os.path.exists(f"{stem}.{n}{ext}"))
+        os.replace(path, aside)
+        logger.warning(
+            f"{path} held an earlier run's records: kept as {os.path.basename(aside)}; this run starts anew."
+        )
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in kept)
     return open(path, "a", encoding="utf-8"), kept  # noqa: SIM115 (held open across steps)

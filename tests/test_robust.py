@@ -578,3 +578,24 @@ def test_push_to_hub_with_an_unreachable_hub_or_no_token_fails_in_one_line(tmp_p
     assert "--push_to_hub false" in message and "\n" not in message
     # The dry run asks nothing over the network: a token is enough there.
     check_hub_access("me/x", str(tmp_path), token="hf_not_a_real_token", endpoint=endpoint, network=False)
+
+
+def test_fresh_run_keeps_an_earlier_runs_metrics_aside(tmp_path, tiny_math_model_path, caplog):
+    """A run without checkpoints (save_strategy no) started again in its folder: the earlier metrics.jsonl and
+    spurious_tokens.jsonl are moved aside (metrics.1.jsonl, then .2), never overwritten."""
+    from stapo_trl.cli.train import main
+    from stapo_trl.metrics_log import read_jsonl
+
+    out = tmp_path / "run"
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
+    argv += ["--max_steps", "2", "--logging_steps", "1", "--save_strategy", "no", "--eval_before_after", "false"]
+    argv += ["--disable_tqdm", "true"]
+    main(argv)
+    first = (out / "metrics.jsonl").read_text()
+    assert [row["step"] for row in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+    main([*argv, "--max_steps", "1"])
+    assert (out / "metrics.1.jsonl").read_text() == first
+    assert [row["step"] for row in read_jsonl(out / "metrics.jsonl")] == [1]
+    assert "metrics.jsonl held an earlier run's records: kept as metrics.1.jsonl" in caplog.text
+    main([*argv, "--max_steps", "1"])
+    assert (out / "metrics.1.jsonl").read_text() == first and (out / "metrics.2.jsonl").exists()
