@@ -343,6 +343,9 @@ def test_stapo_plot_draws_single_runs_and_seed_folders(tmp_path):
     assert (tmp_path / "curves.svg").is_file() and (tmp_path / "curves.svg").read_text().lstrip().startswith("<?xml")
     with pytest.raises(SystemExit, match="stapo-plot: error: No metrics.jsonl"):
         plot_main([str(tmp_path)])
+    with pytest.raises(SystemExit) as excinfo:  # a window of -3 steps was accepted
+        plot_main([str(tmp_path / "cmp" / "stapo" / "seed0"), "--smoothing", "-3"])
+    assert excinfo.value.code == 2
 
 
 # ---------------------------------------------------------------------------------------------------------------

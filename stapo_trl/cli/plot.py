@@ -52,7 +52,10 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None) -> argpars
 
 def main(argv: Sequence[str] | None = None) -> None:
     """`stapo-plot OUTPUT_DIR [OUTPUT_DIR ...] [--out FILE.png|FOLDER] [--labels ...] [--title ...] [--smoothing N]`."""
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if args.smoothing is not None and args.smoothing < 1:
+        parser.error(f"--smoothing {args.smoothing}: the moving-average window must be >= 1 logged step.")
     try:
         out = plot_output_dirs(
             args.output_dirs, args.out, labels=args.labels, title=args.title, smoothing=args.smoothing
@@ -61,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (ValueError, OSError) as e:
         raise SystemExit(f"stapo-plot: error: {e}") from e
     for figure in [out, *figures]:
-        print(f"Wrote {figure}")
+        print(f"Wrote {os.path.abspath(figure)}")
 
 
 if __name__ == "__main__":
