@@ -396,6 +396,9 @@ def top_tokens_figure(
         )
         for ax, kind, color, title, xlabel in panels:
             counts = top_token_labels(recs, kind, k, token_bytes.get(label))
+            distinct = len({r.get("token_id", r["token"]) for r in recs if r["kind"] == kind})
+            if distinct > len(counts):  # say that the bars are the top of a longer list
+                title = f"{title} ({len(counts)} of {distinct} distinct)"
             if counts:
                 ax.barh(range(len(counts)), [c for _, c in counts], color=color, alpha=0.8)
                 ax.set_yticks(range(len(counts)), [name for name, _ in counts], fontsize=8)

@@ -85,6 +85,11 @@ def test_top_tokens_figure_has_readable_labels_and_integer_count_ticks(tiny_rand
     assert silenced_ax.get_xlabel() == "silenced occurrences over the run"
     assert "occurrences" in kept_ax.get_xlabel()
     assert any("byte 0xE2 = a byte-level BPE fragment" in text.get_text() for text in fig.texts)  # the label key
+    assert silenced_ax.get_title() == "run: most frequent silenced tokens"  # all 3 shown: no "of N"
+    # k smaller than the distinct tokens: the title says how many of how many are shown.
+    fig = top_tokens_figure({"run": records}, k=2)
+    assert fig.axes[0].get_title() == "run: most frequent silenced tokens (2 of 3 distinct)"
+    assert fig.axes[1].get_title() == "run: most frequent kept candidates"
     # Without a tokenizer, fragments stay apart by id.
     fig = top_tokens_figure({"run": records})
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()][0] == f"� id {ids[0]}"
