@@ -49,7 +49,7 @@ def _accuracy_table(results: dict[str, list[dict[str, Any]]]) -> tuple[str, str]
         befores, afters = [], []
         for r in label_results:
             ev, s2t = r["eval"] or {}, r["s2t"]
-            ratio = f"{s2t['mean_silenced_ratio']:.2e}" if s2t else "-"
+            ratio = f"{s2t['silenced_ratio']:.2e}" if s2t else "-"  # pooled: Σ silenced / Σ loss tokens
             before, after = ev.get("accuracy_before"), ev.get("accuracy_after")
             if before is not None:
                 befores.append(before)
