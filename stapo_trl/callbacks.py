@@ -138,7 +138,9 @@ class SpuriousTokenLogger(JsonlLogCallback):
     processes with `accelerate.utils.gather_object` (every process calls it at the same steps, also with no record,
     so nothing hangs) and appended by the main process, flushed per write. A mask already written is skipped;
     evaluation masks are kept apart by the trainer (`s2t_last_eval_batch`) and never reach this file. Caps are per
-    logging step over all processes.
+    logging step over all processes. The masks wait here until their logging step (and the last ones until the end of
+    training), so their tensors stay in memory for `logging_steps` updates: the recipes log once per rollout batch,
+    which holds no more than the trainer keeps anyway.
 
     When wandb (or trackio) is in `report_to` and active, the `top_k` most frequent silenced tokens so far (labelled
     as in `s2t_top_tokens.png`), with
