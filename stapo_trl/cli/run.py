@@ -368,9 +368,7 @@ def _check_resume_settings(training_args) -> None:
     Raises:
         ValueError: naming each changed field with its old and new value.
     """
-    checkpoint = training_args.resume_from_checkpoint
-    if not isinstance(checkpoint, str) and os.path.isdir(training_args.output_dir):
-        checkpoint = get_last_checkpoint(training_args.output_dir)
+    checkpoint = _checkpoint_to_resume(training_args)
     if not isinstance(checkpoint, str):
         return
     path = os.path.join(checkpoint, TRAINING_ARGS_NAME)
@@ -394,14 +392,20 @@ def _check_resume_settings(training_args) -> None:
         )
 
 
-def _resolve_checkpoint(training_args) -> tuple[str | None, str | None]:
-    """(the checkpoint to resume from, the same checkpoint when it already reached `max_steps`, else `None`)."""
+def _checkpoint_to_resume(training_args) -> str | None:
+    """`resume_from_checkpoint`, else the last checkpoint in `output_dir`, else `None`: the one rule of [`prepare`]'s
+    settings check and of [`_resolve_checkpoint`]."""
     last_checkpoint = None
     if os.path.isdir(training_args.output_dir):
         last_checkpoint = get_last_checkpoint(training_args.output_dir)
-    checkpoint = training_args.resume_from_checkpoint or last_checkpoint
-    if last_checkpoint is not None and training_args.resume_from_checkpoint is None:
-        logger.warning(f"Checkpoint found in {training_args.output_dir}: resuming training from {last_checkpoint}.")
+    return training_args.resume_from_checkpoint or last_checkpoint
+
+
+def _resolve_checkpoint(training_args) -> tuple[str | None, str | None]:
+    """(the checkpoint to resume from, the same checkpoint when it already reached `max_steps`, else `None`)."""
+    checkpoint = _checkpoint_to_resume(training_args)
+    if checkpoint is not None and training_args.resume_from_checkpoint is None:
+        logger.warning(f"Checkpoint found in {training_args.output_dir}: resuming training from {checkpoint}.")
     # A checkpoint already at max_steps: `Trainer.train` would run one step past it (transformers 5.24), so training
     # is skipped and the checkpoint is what gets saved and evaluated (this also finishes a run that stopped after its
     # last checkpoint but before saving the final model).
