@@ -7,7 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import stapo_trl.builtin as builtin
+import stapo_trl.builtin.cache as builtin_cache
+from stapo_trl.builtin.build import one_torch_thread as build_on_one_thread
+from stapo_trl.builtin.warmup import measure_accuracy
 from stapo_trl.builtin import (
     BUILTIN_MODELS,
     INFO_FILE,
@@ -22,8 +24,8 @@ from stapo_trl.data import INSTRUCTION, format_prompt, make_tiny_math_dataset
 @pytest.fixture
 def one_torch_thread():
     # Generation and training of a 144k-parameter model are dominated by thread hand-offs: one thread is ~3x faster
-    # than two on a busy 2-core machine (see `stapo_trl.builtin._one_torch_thread`).
-    with builtin._one_torch_thread():
+    # than two on a busy 2-core machine (see `stapo_trl.builtin.build.one_torch_thread`).
+    with build_on_one_thread():
         yield
 
 
@@ -63,7 +65,7 @@ def test_tiny_math_reloaded_model_solves_held_out_problems(tiny_math_model_path,
     model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
     tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
     test = make_tiny_math_dataset()["test"].select(range(50))
-    accuracy, completions = builtin.measure_accuracy(
+    accuracy, completions = measure_accuracy(
         model, tokenizer, test["prompt"], test["solution"], do_sample=False
     )
     assert accuracy >= 0.7, completions[:5]
@@ -168,13 +170,13 @@ def test_chat_template(tokenizer):
 
 def test_resolve_builds_once_then_reuses_the_cache(tmp_path, monkeypatch):
     builds = []
-    real_build = builtin.build_builtin_model
+    real_build = builtin_cache.build_builtin_model
 
     def counting_build(name, output_dir):
         builds.append(name)
         return real_build(name, output_dir)
 
-    monkeypatch.setattr(builtin, "build_builtin_model", counting_build)
+    monkeypatch.setattr(builtin_cache, "build_builtin_model", counting_build)
     target = builtin_model_dir("tiny-random", tmp_path)
     target.mkdir(parents=True)
     (target / "junk.txt").write_text("an incomplete folder (no info file) is replaced, not trusted")
@@ -230,10 +232,10 @@ def test_cache_dir_from_env(tmp_path, monkeypatch):
 
 def test_launched_processes_build_in_a_child(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert builtin._is_launched_process()
+    assert builtin_cache._is_launched_process()
     monkeypatch.delenv("LOCAL_RANK")
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    assert builtin._is_launched_process()
+    assert builtin_cache._is_launched_process()
 
 
 def test_in_process_build_leaves_accelerate_state_and_rngs_alone():
@@ -241,7 +243,7 @@ def test_in_process_build_leaves_accelerate_state_and_rngs_alone():
 
     before = (dict(PartialState._shared_state), dict(AcceleratorState._shared_state))
     torch_state, py_state = torch.get_rng_state(), random.getstate()
-    with builtin._preserved_process_state():
+    with builtin_cache._preserved_process_state():
         AcceleratorState._reset_state(reset_partial_state=True)  # what TrainingArguments does
         torch.manual_seed(123)  # what Trainer does
         random.seed(123)

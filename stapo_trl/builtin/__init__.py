@@ -1,0 +1,52 @@
+"""Built-in models addressed by reserved `builtin:` names, built offline and cached.
+
+`builtin:tiny-math` is a 144k-parameter [`~transformers.Qwen3ForCausalLM`] with a 329-token byte-level BPE
+tokenizer, warmed up with TRL's [`~trl.SFTTrainer`] on the built-in tiny-math task (see `stapo_trl.data`), so that
+it solves roughly 45 % of held-out problems when sampled at temperature 1.0: a starting point on which GRPO and STAPO
+have something to learn, built in about 30 s on two CPU cores and without any download. `builtin:tiny-random` is the
+same tokenizer and architecture with random weights (no warm-up), for fast tests.
+
+```python
+from stapo_trl.builtin import resolve_model_path
+
+model_path = resolve_model_path("builtin:tiny-math")  # builds once, then reads the cache
+trainer = STAPOTrainer(model=model_path, ...)
+```
+
+The directory holds a standard transformers checkpoint (it reloads with `AutoModelForCausalLM` and `AutoTokenizer`
+under `HF_HUB_OFFLINE=1`) plus `stapo_builtin.json`, which records the build settings, the library versions and the
+measured held-out accuracy.
+
+Modules: `names` (the registry and the checks of a model argument; builds nothing), `cache` (`resolve_model_path`:
+build once under a lock, atomically), `build` (one model into a folder), `tiny` (the tiny-math recipe), `warmup`
+(SFT warm-up and the held-out accuracy check).
+"""
+
+from .build import build_builtin_model
+from .cache import resolve_model_path
+from .names import (
+    BUILTIN_MODELS,
+    BUILTIN_PREFIX,
+    CACHE_ENV_VAR,
+    INFO_FILE,
+    builtin_model_dir,
+    check_model_available,
+    check_model_name_or_path,
+    default_cache_dir,
+    read_builtin_info,
+)
+
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "BUILTIN_PREFIX",
+    "CACHE_ENV_VAR",
+    "INFO_FILE",
+    "build_builtin_model",
+    "builtin_model_dir",
+    "check_model_available",
+    "check_model_name_or_path",
+    "default_cache_dir",
+    "read_builtin_info",
+    "resolve_model_path",
+]
