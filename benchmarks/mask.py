@@ -57,7 +57,7 @@ def _timed(fn, reps: int) -> tuple[list[float], Any]:
 
 
 def run_mask(args) -> dict:
-    from stapo_trl.s2t import linear_quantile, s2t_mask
+    from stapo_trl.core.s2t import linear_quantile, s2t_mask
 
     cases = [(n, f) for n in args.mask_sizes for f in args.mask_fractions]
     cases.append((args.mask_sizes[-1], args.mask_overflow_fraction))  # past 2**24 candidates

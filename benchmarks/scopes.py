@@ -33,7 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402 (after the environment variables above)
 
-from stapo_trl.s2t import s2t_mask  # noqa: E402
+from stapo_trl.core.s2t import s2t_mask  # noqa: E402
 
 
 REPO = Path(__file__).resolve().parent.parent

@@ -65,9 +65,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from stapo_trl.core.s2t import linear_quantile  # noqa: E402
 from stapo_trl.grading import is_correct  # noqa: E402
 from stapo_trl.grading.extract import _find_boxes  # noqa: E402
-from stapo_trl.s2t import linear_quantile  # noqa: E402
 from stapo_trl.trainer import STAPOTrainer  # noqa: E402
 
 

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .diagnostics import ENTROPY_QUANTILES
+from .core.s2t_metrics import ENTROPY_QUANTILES
 from .metrics_log import SPURIOUS_TOKENS_FILENAME, load_run, read_token_records
 from .plots import set_log_y_axis, set_step_x_axis
 

@@ -162,7 +162,7 @@ def candidate_facts(records: list[dict[str, Any]], entropy_below: float = 0.3) -
     A mask is told apart by its logging step and its τ_h (`entropy_threshold`): the masks of one logging step (one
     per optimizer update in the `optimizer_step` scope) have distinct τ_h unless two of them hold one candidate each
     with the same entropy. A mask with a single candidate never silences it: τ_h is then that candidate's entropy and
-    the rule is the strict `H < τ_h` (`stapo_trl.s2t.s2t_mask`).
+    the rule is the strict `H < τ_h` (`stapo_trl.core.s2t.s2t_mask`).
 
     Args:
         records (`list[dict]`): the run's token records ([`read_token_records`]).

@@ -22,7 +22,7 @@ import os
 import re
 from typing import Any
 
-from .config import STAPOConfig
+from .core import STAPOConfig
 from .metrics_log import s2t_totals
 
 

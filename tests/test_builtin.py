@@ -8,8 +8,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import stapo_trl.builtin.cache as builtin_cache
-from stapo_trl.builtin.build import one_torch_thread as build_on_one_thread
-from stapo_trl.builtin.warmup import measure_accuracy
 from stapo_trl.builtin import (
     BUILTIN_MODELS,
     INFO_FILE,
@@ -18,6 +16,8 @@ from stapo_trl.builtin import (
     read_builtin_info,
     resolve_model_path,
 )
+from stapo_trl.builtin.build import one_torch_thread as build_on_one_thread
+from stapo_trl.builtin.warmup import measure_accuracy
 from stapo_trl.data import INSTRUCTION, format_prompt, make_tiny_math_dataset
 
 
@@ -65,9 +65,7 @@ def test_tiny_math_reloaded_model_solves_held_out_problems(tiny_math_model_path,
     model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
     tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
     test = make_tiny_math_dataset()["test"].select(range(50))
-    accuracy, completions = measure_accuracy(
-        model, tokenizer, test["prompt"], test["solution"], do_sample=False
-    )
+    accuracy, completions = measure_accuracy(model, tokenizer, test["prompt"], test["solution"], do_sample=False)
     assert accuracy >= 0.7, completions[:5]
     assert accuracy == pytest.approx(read_builtin_info(tiny_math_model_path)["eval"]["greedy_accuracy"], abs=0.2)
     # The worked-steps format is learnt, not just the answer.

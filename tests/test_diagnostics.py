@@ -14,8 +14,8 @@ from datasets import Dataset
 
 from stapo_trl import STAPOConfig, STAPOTrainer, s2t_mask
 from stapo_trl.callbacks import SpuriousTokenLogger
-from stapo_trl.diagnostic_plots import plot_diagnostics
-from stapo_trl.diagnostics import (
+from stapo_trl.core.s2t import S2TBatch, S2TResult, linear_quantile
+from stapo_trl.core.s2t_metrics import (
     ENTROPY_MIN,
     HISTOGRAM_QUANTILE_REL_ERROR,
     entropy_histogram,
@@ -24,10 +24,10 @@ from stapo_trl.diagnostics import (
     logit_grad_norm_sq,
     policy_gradient_weight,
     s2t_diagnostic_metrics,
-    spurious_token_records,
 )
+from stapo_trl.diagnostic_plots import plot_diagnostics
 from stapo_trl.metrics_log import SPURIOUS_TOKENS_FILENAME, read_token_records
-from stapo_trl.s2t import S2TBatch, S2TResult, linear_quantile
+from stapo_trl.token_records import spurious_token_records
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -285,7 +285,7 @@ def test_compare_cli(tmp_path, capsys):
 def test_benchmark_eval_callback_logs(tiny_math_model_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerState
 
-    from stapo_trl.callbacks import BenchmarkEvalCallback
+    from stapo_trl.evaluation.callback import BenchmarkEvalCallback
 
     model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
     model.train()
@@ -310,7 +310,7 @@ def test_benchmark_eval_callback_logs(tiny_math_model_path):
 def test_benchmark_eval_callback_refuses_sharded_params():
     from transformers import TrainerState
 
-    from stapo_trl.callbacks import BenchmarkEvalCallback
+    from stapo_trl.evaluation.callback import BenchmarkEvalCallback
 
     callback = BenchmarkEvalCallback("aime24", data_dir="unused")
     args = SimpleNamespace(eval_steps=None, logging_steps=1, fsdp="full_shard", eval_on_start=False)
@@ -323,8 +323,8 @@ def test_benchmark_eval_callback_in_grpo_trainer(tiny_math_model_path, tmp_path)
     # that step disappeared from log_history. Both must be there, at every step.
     from trl import GRPOConfig, GRPOTrainer
 
-    from stapo_trl.callbacks import BenchmarkEvalCallback
     from stapo_trl.data import make_tiny_math_dataset
+    from stapo_trl.evaluation.callback import BenchmarkEvalCallback
     from stapo_trl.rewards import math_accuracy_reward
 
     args = GRPOConfig(

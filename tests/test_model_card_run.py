@@ -105,7 +105,6 @@ def test_uploaded_card_fills_the_training_procedure_without_local_names(stapo_ru
 
     from stapo_trl import STAPOTrainer
     from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.run import hub_card
 
     out, argv = stapo_run
     run = tmp_path / "uploaded" / "demo-stapo"
@@ -120,8 +119,11 @@ def test_uploaded_card_fills_the_training_procedure_without_local_names(stapo_ru
     )
     trainer.state = TrainerState.load_from_json(str(run / "trainer_state.json"))
     evaluation = json.loads((run / "eval.json").read_text())
-    with hub_card(trainer, evaluation):  # what push_to_hub's create_model_card writes before the upload
-        trainer.create_model_card(model_name="stapo-demo", dataset_name="builtin:tiny-math", tags=["stapo_trl"])
+    trainer.eval_record = evaluation  # as stapo-train sets it after its evaluation
+    # What push_to_hub's create_model_card writes before the upload.
+    trainer.create_model_card(
+        model_name="stapo-demo", dataset_name="builtin:tiny-math", tags=["stapo_trl"], public=True
+    )
     card = (run / "README.md").read_text()
     _assert_procedure_matches_the_run(_procedure(card), run, argv)
     for leak in (str(tmp_path), str(out), tiny_math_model_path, "builtin:", "/tmp"):

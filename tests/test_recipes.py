@@ -291,7 +291,7 @@ def test_dry_run_prints_exactly_the_trainers_construction_warnings(flags):
     # One source (issue 10): the dry run used to repeat one of the trainer's warnings, so a dr_grpo recipe passed
     # it quietly. Every message the trainer warns at construction is in the dry run's report.
     from stapo_trl.cli.dry_run import validate_recipe
-    from stapo_trl.config import untested_combination_warnings
+    from stapo_trl.core.stapo_config import untested_combination_warnings
 
     script, args, model = _demo_args(*flags)
     expected = untested_combination_warnings(args)

@@ -356,7 +356,7 @@ def test_second_sigint_quits_at_once(tmp_path, tiny_math_model_path):
     import signal
     import time
 
-    from stapo_trl.callbacks import GracefulInterrupt
+    from stapo_trl.cli.interrupt import GracefulInterrupt
 
     # why: long random completions (T = 3, 400 tokens) make each step last about a second, so that the second signal,
     # sent as soon as the first is acknowledged, lands before the step boundary
@@ -479,11 +479,14 @@ def test_tied_lm_head_missing_keys_is_dropped_only_for_tied_models(tiny_math_mod
 
 def _card_trainer(trainer_name: str, model_path: str, output_dir: Path):
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     from stapo_trl import STAPOConfig, STAPOTrainer
+    from stapo_trl.trainer import GRPOBaselineTrainer
 
-    config_class, trainer_class = (STAPOConfig, STAPOTrainer) if trainer_name == "stapo" else (GRPOConfig, GRPOTrainer)
+    config_class, trainer_class = (
+        (STAPOConfig, STAPOTrainer) if trainer_name == "stapo" else (GRPOConfig, GRPOBaselineTrainer)
+    )
     args = config_class(
         output_dir=str(output_dir), use_cpu=True, bf16=False, report_to="none", activation_checkpointing=False,
         per_device_train_batch_size=8, num_generations=8, max_completion_length=8, hub_model_id="me/stapo-demo",
@@ -500,7 +503,6 @@ def _card_trainer(trainer_name: str, model_path: str, output_dir: Path):
 def test_uploaded_card_has_no_local_path_or_builtin_name(
     tmp_path, tiny_random_model_path, trainer_name, dataset_name, hub_dataset
 ):
-    from stapo_trl.cli.run import hub_card
     from stapo_trl.model_card import SECTION_START
 
     out = tmp_path / "outputs" / "demo-run"
@@ -508,8 +510,9 @@ def test_uploaded_card_has_no_local_path_or_builtin_name(
     dataset_name = data if dataset_name == "local" else dataset_name
     trainer = _card_trainer(trainer_name, tiny_random_model_path, out)
     # What push_to_hub does right before its upload: create_model_card(model_name=..., **push_to_hub's kwargs).
-    with hub_card(trainer):
-        trainer.create_model_card(model_name="stapo-demo", dataset_name=dataset_name, tags=["stapo_trl", trainer_name])
+    trainer.create_model_card(
+        model_name="stapo-demo", dataset_name=dataset_name, tags=["stapo_trl", trainer_name], public=True
+    )
     card = (out / "README.md").read_text()
     for leak in (str(tmp_path), data, "builtin:", "[None]", "huggingface.co/None", tiny_random_model_path):
         assert leak not in card, (leak, card)
@@ -519,7 +522,6 @@ def test_uploaded_card_has_no_local_path_or_builtin_name(
     assert ("datasets:" in front_matter) == (hub_dataset is not None)
     if hub_dataset is not None:
         assert hub_dataset in front_matter
-    assert "create_model_card" not in vars(trainer)  # the class's method again after the block
 
 
 # ---------------------------------------------------------------------------------------------------------------

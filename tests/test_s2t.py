@@ -1,4 +1,4 @@
-"""The pure S2T rule (`stapo_trl.s2t`) on hand-built tensors: STAPO Sec. 3."""
+"""The pure S2T rule (`stapo_trl.core.s2t`) on hand-built tensors: STAPO Sec. 3."""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from stapo_trl import S2TResult, s2t_mask
-from stapo_trl.s2t import linear_quantile
+from stapo_trl.core.s2t import linear_quantile
 
 
 def logp(p):

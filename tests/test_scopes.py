@@ -12,7 +12,7 @@ from test_trainer import PROMPTS, ForwardCounter, hand_inputs, length_reward, ma
 from trl import GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.config import untested_combination_warnings
+from stapo_trl.core.stapo_config import untested_combination_warnings
 
 
 class HandScoredRollouts(GRPOTrainer):

@@ -12,7 +12,7 @@ from trl import GRPOTrainer
 from trl.models import utils as trl_model_utils
 from trl.trainer import utils as trl_trainer_utils
 
-from stapo_trl import trainer as stapo_trainer
+from stapo_trl.core import stapo_trainer
 
 
 # (method of GRPOTrainer, parameter names stapo_trl passes or relies on, where stapo_trl uses it)
@@ -84,10 +84,10 @@ def test_old_logps_forward_runs_under_vllm_importance_sampling():
 def test_helper_functions():
     fused = inspect.signature(trl_trainer_utils.add_fused_lm_head)
     assert {"model", "temperature", "cast_lm_head_to_fp32", "outputs"} <= set(fused.parameters), (
-        f"TRL changed add_fused_lm_head{fused} (stapo_trl.diagnostics.CollisionProbabilityRecorder)."
+        f"TRL changed add_fused_lm_head{fused} (stapo_trl.core.s2t_metrics.CollisionProbabilityRecorder)."
     )
     assert "log_sum_sq_probs" in inspect.getsource(trl_trainer_utils), (
-        "TRL's fused LM head no longer offers 'log_sum_sq_probs' (stapo_trl.diagnostics.CollisionProbabilityRecorder)."
+        "TRL's fused LM head no longer offers 'log_sum_sq_probs' (stapo_trl.core.s2t_metrics.CollisionProbabilityRecorder)."
     )
     disable = inspect.signature(trl_model_utils.disable_gradient_checkpointing)
     assert list(disable.parameters)[:2] == ["model", "gradient_checkpointing_kwargs"], (

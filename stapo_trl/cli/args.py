@@ -92,7 +92,7 @@ class STAPOScriptArguments(ScriptArguments):
         eval_batch_size (`int`, *optional*, defaults to `64`):
             Problems per `generate` call (each yields k completions).
         benchmark_eval (`str`, *optional*):
-            A benchmark evaluated periodically during training by [`~stapo_trl.callbacks.BenchmarkEvalCallback`] (a
+            A benchmark evaluated periodically during training by [`~stapo_trl.evaluation.callback.BenchmarkEvalCallback`] (a
             `stapo_trl.evaluation.tasks.BENCHMARKS` name: `aime24`, `math500`, ..., or `tiny-math`), logged as
             `eval/<benchmark>/avg@k` and `pass@k` into the log history and `metrics.jsonl`. Sampling as the
             before/after evaluation (`eval_temperature`, `eval_top_p`, `eval_max_new_tokens`). `None`: off. Not with

@@ -17,7 +17,8 @@ from trl import GRPOConfig
 
 from ..builtin import BUILTIN_PREFIX as MODEL_PREFIX
 from ..builtin import builtin_model_dir, check_model_name_or_path
-from ..config import STAPOConfig, untested_combination_warnings
+from ..config import STAPOConfig
+from ..core.stapo_config import untested_combination_warnings
 from ..data import (
     BUILTIN_DATASETS,
     check_prompt_columns,
@@ -499,7 +500,7 @@ def parameter_sharding(training_args, accelerate_config: str | None = None) -> s
 def sharding_error(script_args, sharding: str | None) -> str | None:
     """The one-line refusal of a setting that cannot run with sharded parameters, or `None`.
 
-    `benchmark_eval` ([`~stapo_trl.callbacks.BenchmarkEvalCallback`]) generates on rank 0 alone; with sharded
+    `benchmark_eval` ([`~stapo_trl.evaluation.callback.BenchmarkEvalCallback`]) generates on rank 0 alone; with sharded
     parameters every rank must take part in each forward of `generate`, so it would hang or fail.
 
     Args:

@@ -28,9 +28,9 @@ from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_conf
 from trl.models.utils import unwrap_model_for_generation
 
 from ..builtin import check_model_available, resolve_model_path
-from ..callbacks import BenchmarkEvalCallback, GracefulInterrupt, MetricsLogCallback, add_run_file_callbacks
 from ..data import evaluation_split, filter_long_prompts, load_prompt_dataset
 from ..diagnostic_plots import plot_diagnostics
+from ..evaluation.callback import BenchmarkEvalCallback
 from ..evaluation.generation import evaluate_avg_at_k
 from ..hub import check_hub_access
 from ..metrics_log import (
@@ -43,19 +43,16 @@ from ..metrics_log import (
 )
 from ..model_card import (
     RESUME_FIXED_FIELDS,
-    add_stapo_section,
-    make_card_public,
-    public_dataset_name,
-    write_quick_start,
 )
 from ..plots import plot_training_curves
 from ..prompt_length import model_max_positions, prompt_token_budget, report_dropped
 from ..reward_columns import check_reward_columns
 from ..rewards import get_reward_funcs
-from ..trainer import STAPOTrainer
+from ..trainer import GRPOBaselineTrainer, STAPOTrainer
 from ..upstream_warnings import QuietKnownUpstreamWarnings
 from .args import STAPOScriptArguments, prompt_dataset_kwargs
 from .geometry import too_few_prompts
+from .interrupt import GracefulInterrupt
 from .recipe_checks import parameter_sharding, sharding_error
 
 
@@ -117,7 +114,9 @@ class PreparedRun:
     train_dataset: Any
     test_dataset: Any | None
     eval_dataset: Any | None  # the before/after evaluation problems (first eval_num_problems of the test split)
-    benchmark_callback: Any | None  # a stapo_trl.callbacks.BenchmarkEvalCallback, when `benchmark_eval` is set
+    benchmark_callback: (
+        Any | None
+    )  # a stapo_trl.evaluation.callback.BenchmarkEvalCallback, when `benchmark_eval` is set
     seconds: float = 0.0  # wall time of `prepare` (a first `builtin:` model build included)
 
 
@@ -423,8 +422,8 @@ def _resolve_checkpoint(training_args) -> tuple[str | None, str | None]:
 
 
 def _build_trainer(script_args, training_args, model_args: ModelConfig, run: PreparedRun) -> GRPOTrainer:
-    """The `STAPOTrainer` or `GRPOTrainer`, with the run files (`metrics.jsonl`; `spurious_tokens.jsonl` for STAPO)
-    and the benchmark evaluation callbacks."""
+    """The `STAPOTrainer` or `GRPOBaselineTrainer` (their `train()` writes the run files: `metrics.jsonl`, and
+    `spurious_tokens.jsonl` for STAPO), with the benchmark evaluation callback."""
     model_init_kwargs = {
         "revision": model_args.model_revision,
         "attn_implementation": model_args.attn_implementation,
@@ -433,20 +432,16 @@ def _build_trainer(script_args, training_args, model_args: ModelConfig, run: Pre
     model_init_kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = model_init_kwargs
 
-    trainer_class = STAPOTrainer if script_args.trainer == "stapo" else GRPOTrainer
+    trainer_class = STAPOTrainer if script_args.trainer == "stapo" else GRPOBaselineTrainer
     trainer = trainer_class(
         model=run.model_path,
         reward_funcs=run.reward_funcs,
         args=training_args,
         train_dataset=run.train_dataset,
         eval_dataset=run.test_dataset if training_args.eval_strategy != "no" else None,
-        callbacks=[MetricsLogCallback()] if script_args.trainer == "grpo" else None,
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
     )
-    if script_args.trainer == "stapo" and training_args.s2t_write_run_files:
-        # What `STAPOTrainer.train` adds (it then adds nothing), added here to run before the benchmark evaluation.
-        add_run_file_callbacks(trainer)  # metrics.jsonl, spurious_tokens.jsonl (+ a wandb/trackio table)
     if run.benchmark_callback is not None:
         run.benchmark_callback.attach(trainer)  # registers it and logs eval/<benchmark>/* through the trainer
     return trainer
@@ -472,39 +467,20 @@ def _save_model_and_card(trainer, script_args, output_dir: str) -> None:
     trainer.save_model(output_dir)
     trainer.accelerator.print(f"Model and tokenizer saved to {output_dir}.")
     if trainer.accelerator.is_main_process:
-        card_dataset = None if _is_builtin_or_local(script_args.dataset_name) else script_args.dataset_name
-        trainer.create_model_card(
-            model_name=os.path.basename(os.path.normpath(output_dir)),
-            dataset_name=card_dataset,
-            tags=["stapo_trl", script_args.trainer],
-        )
-        if script_args.trainer == "grpo":  # STAPOTrainer's own card has it: settings, base model, no "[None]" link
-            add_stapo_section(trainer)
-        # A quick start that asks a training prompt in the run's format and loads a LoRA adapter onto its base.
-        write_quick_start(trainer, trainer.train_dataset[0]["prompt"], model_ref=output_dir)
+        _write_card(trainer, script_args, output_dir)
         # Restore the KV cache for fast inference (training turns it off).
         trainer.model.config.use_cache = True
         trainer.model.config.save_pretrained(output_dir)
 
 
-@contextlib.contextmanager
-def hub_card(trainer, eval_record: dict[str, Any] | None = None):
-    """While active, `trainer.create_model_card` (which `push_to_hub` calls right before it uploads) writes the card
-    as uploaded: a local or `builtin:` dataset is left out of its metadata ([`public_dataset_name`]), and the card
-    gets the STAPO section with public names only ([`make_card_public`]), for `STAPOTrainer` and `GRPOTrainer` alike,
-    with the held-out accuracy of `eval_record` (the run's `eval.json` content; `None`: not measured).
-    """
-    create = trainer.create_model_card
-
-    def create_model_card(model_name=None, dataset_name=None, tags=None, **kwargs):
-        create(model_name=model_name, dataset_name=public_dataset_name(dataset_name), tags=tags, **kwargs)
-        make_card_public(trainer, eval_record=eval_record)
-
-    trainer.create_model_card = create_model_card
-    try:
-        yield
-    finally:
-        del trainer.create_model_card  # the class's method again
+def _write_card(trainer, script_args, output_dir: str) -> None:
+    """The run's model card in `output_dir` (the trainer's `create_model_card`: settings, results, quick start)."""
+    card_dataset = None if _is_builtin_or_local(script_args.dataset_name) else script_args.dataset_name
+    trainer.create_model_card(
+        model_name=os.path.basename(os.path.normpath(output_dir)),
+        dataset_name=card_dataset,
+        tags=["stapo_trl", script_args.trainer],
+    )
 
 
 def _write_figures(script_args, training_args, output_dir: str) -> list[dict[str, Any]]:
@@ -614,8 +590,8 @@ def _push_to_hub(trainer, script_args, training_args, eval_record: dict[str, Any
     file. No local path, no `builtin:` name, no "[None]" link in the uploaded card; the accuracy in its procedure."""
     output_dir = training_args.output_dir
     try:
-        with hub_card(trainer, eval_record):
-            trainer.push_to_hub(dataset_name=script_args.dataset_name, tags=["stapo_trl", script_args.trainer])
+        trainer.eval_record = eval_record  # every process (each calls push_to_hub); the main one writes the card
+        trainer.push_to_hub(dataset_name=script_args.dataset_name, tags=["stapo_trl", script_args.trainer])
         trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}.")
     except Exception as e:  # noqa: BLE001 (network, auth, quota: the local results stay either way)
         repo = trainer.hub_model_id or training_args.hub_model_id
@@ -681,7 +657,8 @@ def _train(
         eval_record = _eval_record(script_args, training_args, trainer, before, after, eval_max_new_tokens)
         if is_main:
             eval_path = _write_eval_record(eval_record, output_dir, trainer.state.global_step)
-            add_stapo_section(trainer, eval_record=eval_record)  # the card's procedure gets the accuracy too
+            trainer.eval_record = eval_record  # the card's procedure gets the accuracy too
+            _write_card(trainer, script_args, output_dir)
 
     if is_main:
         step = trainer.state.global_step

@@ -3,7 +3,7 @@
 - [`hf_generate`] samples n completions per prompt with transformers `generate` (top-k off, as vLLM); [`HFGenerator`]
   and [`VLLMGenerator`] are the two `stapo-eval` backends with the same `generate` signature.
 - [`evaluate_problems`] builds the prompts as training does, samples, grades ([`stapo_trl.grading.grade`]) and
-  scores one benchmark under one decoding (`stapo-eval`, [`~stapo_trl.callbacks.BenchmarkEvalCallback`]).
+  scores one benchmark under one decoding (`stapo-eval`, [`~stapo_trl.evaluation.callback.BenchmarkEvalCallback`]).
 - [`evaluate_avg_at_k`] is the held-out before/after evaluation of `stapo-train` (`eval_before_after`): the same
   [`hf_generate`] loop over conversational prompts, split across processes.
 
