@@ -13,13 +13,13 @@ from stapo_trl.cli.eval import main, parse_decoding_list
 from stapo_trl.evaluation.generation import (
     DECODINGS,
     GeneratedSample,
-    VLLMGenerator,
     build_prompt_text,
     hf_generate,
 )
 from stapo_trl.evaluation.metrics import benchmark_metrics, pass_at_k, pass_k_values
 from stapo_trl.evaluation.results import format_comparison, format_results_table, load_results
 from stapo_trl.evaluation.tasks import BenchmarkProblem
+from stapo_trl.evaluation.vllm_generation import VLLMGenerator
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -455,7 +455,7 @@ def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_pa
 def test_vllm_max_lora_rank_is_the_smallest_supported_rank_holding_the_adapter(tmp_path):
     import json
 
-    from stapo_trl.evaluation.generation import vllm_max_lora_rank
+    from stapo_trl.evaluation.vllm_generation import vllm_max_lora_rank
 
     def adapter(name, **config):
         folder = tmp_path / name

@@ -331,7 +331,7 @@ def test_dry_run_numbers_for_the_demo():
 
 def test_dry_run_refuses_what_cannot_run_under_the_launch_lines_zero3():
     from stapo_trl.cli.dry_run import dry_run_recipe
-    from stapo_trl.cli.recipe_checks import ACCELERATE_CONFIGS_DIR, parameter_sharding
+    from stapo_trl.cli.launch_checks import ACCELERATE_CONFIGS_DIR, parameter_sharding
 
     # The sharding each accelerate config gives (by name, as a launch: line names it, or by path).
     args = _demo_args()[1]  # parsed outside `accelerate launch`: no DeepSpeed plugin, no fsdp

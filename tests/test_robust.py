@@ -213,7 +213,7 @@ def test_extra_columns_reach_a_dotted_path_reward(tmp_path, tiny_math_model_path
 
 
 def test_eval_results_path_never_replaces_existing_results(tmp_path):
-    from stapo_trl.cli.run import eval_results_path
+    from stapo_trl.cli.outputs import eval_results_path
 
     assert eval_results_path(str(tmp_path), 8) == str(tmp_path / "eval.json")
     (tmp_path / "eval.json").write_text("{}")

@@ -461,13 +461,13 @@ def test_compare_table_reports_the_pooled_silenced_ratio():
     """`make compare`'s table: Σ silenced / Σ loss tokens over the run (the README's definition), not the mean of the
     rows' ratios (which weighs a short row like a long one)."""
     from stapo_trl.cli.compare import _accuracy_table
-    from stapo_trl.cli.run import _summarize_s2t
+    from stapo_trl.cli.outputs import summarize_s2t
 
     rows = [
         {"step": 4, "s2t/silenced_ratio": 0.01, "s2t/num_silenced": 1, "s2t/num_candidates": 3, "s2t/num_loss_tokens": 100},
         {"step": 8, "s2t/silenced_ratio": 0.0, "s2t/num_silenced": 0, "s2t/num_candidates": 0, "s2t/num_loss_tokens": 300},
     ]  # fmt: skip
-    s2t = _summarize_s2t(rows)
+    s2t = summarize_s2t(rows)
     assert s2t["mean_silenced_ratio"] == pytest.approx(5e-3) and s2t["silenced_ratio"] == pytest.approx(2.5e-3)
     evaluation = {"metric": "avg@4", "accuracy_before": 0.4, "accuracy_after": 0.6}
     table, _ = _accuracy_table({"stapo": [{"seed": 0, "eval": evaluation, "s2t": s2t}]})

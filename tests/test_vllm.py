@@ -131,8 +131,9 @@ def test_vllm_eval_serves_a_lora_adapter_folder_like_hf_does(tiny_math_h64_model
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from stapo_trl.evaluation.generation import DECODINGS, HFGenerator, VLLMGenerator, evaluate_problems
+    from stapo_trl.evaluation.generation import DECODINGS, HFGenerator, evaluate_problems
     from stapo_trl.evaluation.tasks import load_benchmark
+    from stapo_trl.evaluation.vllm_generation import VLLMGenerator
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_math_h64_model_path, dtype=torch.float32)

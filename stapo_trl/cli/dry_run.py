@@ -174,19 +174,16 @@ def validate_recipe(
         raise ValueError(
             f"num_processes={num_processes!r} must be a positive integer (training processes, one per GPU)."
         )
-    from .recipe_checks import (  # TRL and the config: see the note at the top
+    from .launch_checks import batch_lines, check_batch, check_generation, check_sharding  # TRL: see the top note
+    from .recipe_checks import (
         Findings,
-        batch_lines,
-        check_batch,
         check_data,
-        check_generation,
         check_model,
         check_optimisation,
         check_output,
         check_prompt_count,
         check_prompt_lengths,
         check_rewards,
-        check_sharding,
         check_trainer,
     )
 

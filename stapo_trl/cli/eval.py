@@ -47,7 +47,6 @@ from ..evaluation.generation import (
     DECODINGS,
     DEFAULT_MAX_NEW_TOKENS,
     HFGenerator,
-    VLLMGenerator,
     evaluate_problems,
 )
 from ..evaluation.results import (
@@ -70,6 +69,7 @@ from ..evaluation.tasks import (
     get_benchmark_spec,
     load_benchmark,
 )
+from ..evaluation.vllm_generation import VLLMGenerator
 from ..prompt_length import model_max_positions, prompt_token_budget
 
 

@@ -1,0 +1,171 @@
+"""What a `stapo-train` run leaves besides the model: the before/after evaluation record (`eval.json`), the figures,
+the S2T summary of the run files, and the summary printed at the end."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from trl.models.utils import unwrap_model_for_generation
+
+from ..data import evaluation_split
+from ..diagnostic_plots import plot_diagnostics
+from ..evaluation.generation import evaluate_avg_at_k
+from ..metrics_log import (
+    METRICS_FILENAME,
+    SPURIOUS_TOKENS_FILENAME,
+    candidate_facts,
+    read_metrics,
+    read_token_records,
+    s2t_totals,
+)
+from ..plots import plot_training_curves
+
+
+logger = logging.getLogger(__name__)
+
+
+EVAL_FILENAME = "eval.json"
+
+
+CURVES_FILENAME = "training_curves.png"
+
+
+def evaluate_trainer_model(trainer, script_args, eval_dataset, max_new_tokens: int) -> dict[str, float]:
+    with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
+        return evaluate_avg_at_k(
+            model,
+            trainer.processing_class,
+            eval_dataset["prompt"],
+            eval_dataset["solution"],
+            k=script_args.eval_num_samples,
+            temperature=script_args.eval_temperature,
+            top_p=script_args.eval_top_p,
+            max_new_tokens=max_new_tokens,
+            batch_size=script_args.eval_batch_size,
+            seed=trainer.args.seed,
+            accelerator=trainer.accelerator,
+            chat_template_kwargs=trainer.args.chat_template_kwargs,
+        )
+
+
+def summarize_s2t(rows: list[dict[str, Any]], output_dir: str | None = None) -> dict[str, Any]:
+    """The S2T summary of a run's `metrics.jsonl` rows: the mean of the rows' silenced ratios, the pooled ratio of the
+    run ([`~stapo_trl.metrics_log.s2t_totals`]) and, with `output_dir`, what its candidates were
+    ([`~stapo_trl.metrics_log.candidate_facts`] of `spurious_tokens.jsonl`). Empty without `s2t/` metrics."""
+    ratios = [r["s2t/silenced_ratio"] for r in rows if r.get("s2t/silenced_ratio") is not None]
+    totals = s2t_totals(rows)
+    if not ratios or totals is None:
+        return {}
+    summary = {
+        "mean_silenced_ratio": sum(ratios) / len(ratios),
+        "fraction_of_logging_steps_with_silencing": sum(r > 0 for r in ratios) / len(ratios),
+        **totals,
+    }
+    if output_dir is not None and os.path.isfile(os.path.join(output_dir, SPURIOUS_TOKENS_FILENAME)):
+        summary["candidates"] = candidate_facts(read_token_records(output_dir))
+    return summary
+
+
+def write_figures(script_args, training_args, output_dir: str) -> list[dict[str, Any]]:
+    """`training_curves.png` and the diagnostics figures of the run (main process); returns the metrics rows."""
+    if not os.path.isfile(os.path.join(output_dir, METRICS_FILENAME)):
+        return []
+    rows = read_metrics(output_dir)
+    if rows:
+        label = f"{script_args.trainer} (seed {training_args.seed})"
+        plot_training_curves({label: [rows]}, os.path.join(output_dir, CURVES_FILENAME), title=output_dir)
+        plot_diagnostics([output_dir], output_dir, labels=[label])
+    return rows
+
+
+def make_eval_record(script_args, training_args, trainer, before, after, max_new_tokens: int) -> dict[str, Any]:
+    """The content of `eval.json`: held-out avg@k and pass@k before and after training, with the settings."""
+    k = script_args.eval_num_samples
+    return {
+        "metric": f"avg@{k}",
+        "accuracy_before": before[f"avg@{k}"],
+        "accuracy_after": after[f"avg@{k}"],
+        f"pass@{k}_before": before[f"pass@{k}"],
+        f"pass@{k}_after": after[f"pass@{k}"],
+        "k": k,
+        "temperature": script_args.eval_temperature,
+        "top_p": script_args.eval_top_p,
+        "top_k": None,
+        "max_new_tokens": max_new_tokens,
+        "num_problems": before["num_problems"],
+        "dataset": script_args.dataset_name,
+        "split": evaluation_split(script_args.dataset_name, script_args.dataset_test_split)[0],
+        "seed": training_args.seed,
+        "trainer": script_args.trainer,
+        "global_step": trainer.state.global_step,
+    }
+
+
+def eval_results_path(output_dir: str, global_step: int) -> str:
+    """Where this run's before/after results go: `eval.json`, or beside it when `output_dir` already holds one.
+
+    An earlier run's `eval.json` is never replaced (a rerun into a finished run's folder, with another `max_steps` or
+    process count, would otherwise overwrite its results silently): the new results go to `eval-step{N}.json`, or
+    `eval-step{N}-2.json`, `-3`, ... when that exists too. Continuing a run (raising `max_steps`) stays possible and
+    keeps every evaluation.
+
+    Args:
+        output_dir (`str`): the run's folder.
+        global_step (`int`): the optimizer step the results are for.
+
+    Returns:
+        `str`: the path to write.
+    """
+    path = os.path.join(output_dir, EVAL_FILENAME)
+    if not os.path.exists(path):
+        return path
+    stem = os.path.join(output_dir, f"eval-step{global_step}")
+    candidate, n = f"{stem}.json", 1
+    while os.path.exists(candidate):
+        n += 1
+        candidate = f"{stem}-{n}.json"
+    return candidate
+
+
+def print_summary(script_args, output_dir, step, s2t_summary, eval_record, max_new_tokens, timings) -> None:
+    print(f"\n=== {script_args.trainer} run finished: {output_dir} (step {step}) ===")
+    if s2t_summary:
+        print(
+            f"S2T: {s2t_summary['num_silenced']} of {s2t_summary['num_loss_tokens']} loss tokens silenced, pooled "
+            f"silenced ratio {s2t_summary['silenced_ratio']:.3g} (mean over logging steps "
+            f"{s2t_summary['mean_silenced_ratio']:.3g}); the mask fired at {s2t_summary['rows_with_silencing']} of "
+            f"{s2t_summary['num_rows']} logging steps; {s2t_summary['num_candidates']} candidates."
+        )
+        facts = s2t_summary.get("candidates")
+        if facts:
+            logged = facts["silenced"] + facts["kept"]
+            sample = "all" if logged == s2t_summary["num_candidates"] else f"a sample of {logged}"
+            print(
+                f"Candidates in spurious_tokens.jsonl ({sample}): {facts['silenced']} silenced, {facts['kept']} kept "
+                f"({facts['kept_below']} of them with H < {facts['entropy_below']:g} nats); "
+                f"{facts['masks_with_candidates']} masks had a candidate, {facts['masks_with_one_candidate']} exactly "
+                f"one (a lone candidate is never silenced: strict H < tau_h)."
+            )
+    if eval_record is not None:
+        print(
+            f"Held-out {eval_record['metric']} on {eval_record['num_problems']} problems (T={eval_record['temperature']}, "
+            f"top_p={eval_record['top_p']}, {max_new_tokens} new tokens): "
+            f"before {100 * eval_record['accuracy_before']:.1f} % -> after {100 * eval_record['accuracy_after']:.1f} %"
+        )
+    print("Wall time (s): " + ", ".join(f"{name} {value:.0f}" for name, value in timings.items()))
+
+
+def write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step: int) -> str:
+    """Write the before/after record to `eval.json`, or beside an earlier run's (never over it); return the path."""
+    path = eval_results_path(output_dir, global_step)
+    if os.path.basename(path) != EVAL_FILENAME:
+        logger.warning(
+            f"{output_dir} already holds {EVAL_FILENAME} from an earlier run: kept unchanged; these results "
+            f"are written beside it, to {os.path.basename(path)}."
+        )
+    with open(path, "w") as f:
+        json.dump(eval_record, f, indent=2)
+    return path

@@ -1,0 +1,190 @@
+"""[`prepare`]: everything a `stapo-train` run can fail on before a model is built (datasets, rewards, the model
+argument, the checkpoint settings, the Hub), as a [`PreparedRun`]; the dry run reads the same prompts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import AutoConfig, AutoTokenizer
+from trl import ModelConfig
+
+from ..builtin import check_model_available, resolve_model_path
+from ..data import evaluation_split, filter_long_prompts, load_prompt_dataset
+from ..evaluation.callback import BenchmarkEvalCallback
+from ..hub import check_hub_access
+from ..prompt_length import model_max_positions, prompt_token_budget, report_dropped
+from ..reward_columns import check_reward_columns
+from ..rewards import get_reward_funcs
+from .args import STAPOScriptArguments, prompt_dataset_kwargs
+from .checkpoints import check_resume_settings
+from .geometry import too_few_prompts
+from .launch_checks import parameter_sharding, sharding_error
+
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PreparedRun:
+    """Everything `train` needs that can be checked without building a model (see [`prepare`])."""
+
+    reward_funcs: list
+    model_path: str
+    train_dataset: Any
+    test_dataset: Any | None
+    eval_dataset: Any | None  # the before/after evaluation problems (first eval_num_problems of the test split)
+    benchmark_callback: (
+        Any | None
+    )  # a stapo_trl.evaluation.callback.BenchmarkEvalCallback, when `benchmark_eval` is set
+    seconds: float = 0.0  # wall time of `prepare` (a first `builtin:` model build included)
+
+
+def is_builtin_or_local(name: str | None) -> bool:
+    return bool(name) and (name.startswith("builtin:") or os.path.exists(name))
+
+
+def _benchmark_callback(script_args: STAPOScriptArguments, training_args) -> BenchmarkEvalCallback | None:
+    """The in-training benchmark evaluation of `benchmark_eval` (its name is checked here), or `None`.
+
+    Raises:
+        ValueError: an unknown benchmark, or `benchmark_eval` with sharded parameters (DeepSpeed ZeRO-3, FSDP).
+    """
+    if script_args.benchmark_eval is None:
+        return None
+    error = sharding_error(script_args, parameter_sharding(training_args))  # before the model is built
+    if error:
+        raise ValueError(error)
+    return BenchmarkEvalCallback(  # checks the benchmark name; the problems load at the first eval
+        script_args.benchmark_eval,
+        data_dir=script_args.benchmark_eval_data_dir,
+        samples=script_args.benchmark_eval_samples,
+        every_n_steps=script_args.benchmark_eval_steps,
+        limit=script_args.benchmark_eval_limit,
+        max_new_tokens=script_args.eval_max_new_tokens or training_args.max_completion_length,
+        temperature=script_args.eval_temperature,
+        top_p=script_args.eval_top_p,
+        batch_size=script_args.eval_batch_size,
+        seed=training_args.seed,
+    )
+
+
+def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelConfig) -> PreparedRun:
+    """Validate the run and load what is cheap to load, before any model is built.
+
+    In order: the reward names, the model argument (checked, not loaded), the dataset (train split, and the test
+    split when it is needed: before/after evaluation or `eval_strategy`), its columns, the in-training benchmark name,
+    the model path (a `builtin:` model is built into its cache here on first use), then the `max_prompt_tokens`
+    filter (with the model's tokenizer).
+    Every failure is one exception with one message.
+
+    Raises:
+        ValueError: Unknown reward name, no `dataset_name`, `dataset_streaming`, missing column (the prompt or solution
+            column, or one a reward function reads: [`~stapo_trl.reward_columns.check_reward_columns`]), unknown
+            `builtin:`, fewer training prompts (after the length filter) than one rollout step takes,
+            `benchmark_eval` under DeepSpeed ZeRO-3 or FSDP (its evaluation generates on rank 0 alone), a checkpoint
+            in `output_dir` trained with other S2T or objective settings ([`check_resume_settings`]).
+        FileNotFoundError: A model or dataset path that does not exist.
+        ConnectionError: `push_to_hub` set but the Hub cannot be used (offline, no token, unreachable): one line
+            naming `hub_model_id` ([`~stapo_trl.hub.check_hub_access`]).
+    """
+    start = time.perf_counter()
+    reward_funcs = get_reward_funcs(script_args.reward_funcs)
+
+    if not model_args.model_name_or_path:
+        raise ValueError("model_name_or_path is not set: give a Hub id, a local model directory or builtin:tiny-math.")
+    check_model_available(model_args.model_name_or_path)  # a wrong path fails here, before any data is loaded
+    if training_args.push_to_hub:  # offline, no token, Hub unreachable: now, not after training
+        check_hub_access(training_args.hub_model_id, training_args.output_dir, training_args.hub_token)
+    check_resume_settings(training_args)  # a checkpoint in output_dir trained with other settings: now
+    if script_args.dataset_name is None:
+        raise ValueError(
+            "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet file or a Hub dataset id."
+        )
+    if script_args.dataset_streaming:
+        raise ValueError("dataset_streaming=True is not supported by stapo-train: set it to false.")
+    train_dataset, test_dataset, eval_dataset = _load_datasets(script_args, training_args, reward_funcs)
+    benchmark_callback = _benchmark_callback(script_args, training_args)
+    # Last: a `builtin:` model is built (about 30 s, once) when it is not cached yet.
+    model_path = resolve_model_path(model_args.model_name_or_path)
+    train_dataset, where = _drop_long_prompts(train_dataset, model_path, script_args, training_args, model_args)
+    # TRL's sampler yields whole rollout batches only: fewer prompts than one needs would train 0 steps.
+    error = too_few_prompts(
+        len(train_dataset), training_args.generation_batch_size // training_args.num_generations, where
+    )
+    if error is not None:
+        raise ValueError(error)
+    return PreparedRun(
+        reward_funcs,
+        model_path,
+        train_dataset,
+        test_dataset,
+        eval_dataset,
+        benchmark_callback,
+        time.perf_counter() - start,
+    )
+
+
+def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_funcs):
+    """(train, test, before/after eval) prompt datasets, the last two `None` when not needed; every column a reward
+    function reads is checked here ([`~stapo_trl.reward_columns.check_reward_columns`])."""
+    load_kwargs = prompt_dataset_kwargs(script_args)
+    train_dataset = load_prompt_dataset(
+        script_args.dataset_name,
+        split=script_args.dataset_train_split,
+        limit=script_args.max_train_samples,
+        **load_kwargs,
+    )
+    test_dataset = eval_dataset = None
+    if script_args.eval_before_after or training_args.eval_strategy != "no":
+        test_dataset = load_prompt_dataset(
+            script_args.dataset_name, split=script_args.dataset_test_split, **load_kwargs
+        )
+        if script_args.eval_before_after:
+            eval_dataset = test_dataset.select(range(min(script_args.eval_num_problems, len(test_dataset))))
+            _, warning = evaluation_split(script_args.dataset_name, script_args.dataset_test_split)
+            if warning is not None:
+                logger.warning(warning)
+    # Every reward argument filled by a column: the trainer's own check, run here before a `builtin:` model build.
+    check_reward_columns(reward_funcs, train_dataset, script_args.dataset_name)
+    if training_args.eval_strategy != "no":
+        check_reward_columns(
+            reward_funcs, test_dataset, f"{script_args.dataset_name} [{script_args.dataset_test_split}]"
+        )
+    return train_dataset, test_dataset, eval_dataset
+
+
+def _drop_long_prompts(train_dataset, model_path: str, script_args, training_args, model_args):
+    """(the training prompts within the prompt-token budget, where they were counted: for the too-few message).
+
+    Prompts longer than `max_prompt_tokens` or than the model's positions minus `max_completion_length` are dropped
+    with one warning line (the rule `stapo-eval` applies too: [`stapo_trl.prompt_length`]).
+    """
+    max_positions = model_max_positions(
+        AutoConfig.from_pretrained(
+            model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
+        )
+    )
+    budget = prompt_token_budget(max_positions, training_args.max_completion_length, script_args.max_prompt_tokens)
+    where = "in the train split" if script_args.max_train_samples is None else "with max_train_samples"
+    if budget is None:
+        return train_dataset, where
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
+    )
+    total = len(train_dataset)
+    train_dataset = filter_long_prompts(train_dataset, tokenizer, budget, training_args.chat_template_kwargs)
+    report_dropped(
+        total,
+        len(train_dataset),
+        budget,
+        what="training prompts",
+        max_positions=max_positions,
+        max_new_tokens=training_args.max_completion_length,
+    )
+    if len(train_dataset) < total:
+        where = f"after filtering (of {total}; prompt budget {budget} tokens)"
+    return train_dataset, where
