@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .grading import grade
-from .grading.extract import _find_boxes
+from .grading.extract import find_boxes
 
 
 logger = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def format_reward(completions: Sequence[Any], **kwargs) -> list[float]:
     rewards = []
     for completion in completions:
         text = completion_text(completion)
-        boxes = _find_boxes(text)
+        boxes = find_boxes(text)
         ok = bool(boxes) and boxes[-1][0] is not None and boxes[-1][0].strip() != ""
         ok = ok and _FORMAT_TAIL_RE.match(text[boxes[-1][2] :]) is not None
         rewards.append(1.0 if ok else 0.0)

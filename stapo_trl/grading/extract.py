@@ -28,7 +28,7 @@ def _match_braces(text: str, start: int) -> int | None:
     return None
 
 
-def _find_boxes(text: str) -> list[tuple[str | None, int, int]]:
+def find_boxes(text: str) -> list[tuple[str | None, int, int]]:
     """All `\\boxed`/`\\fbox` occurrences as (content or None when unterminated, start, end)."""
     boxes = []
     for m in _BOX_RE.finditer(text):
@@ -63,7 +63,7 @@ def extract_boxed_answer(text: str | None) -> str | None:
     """
     if not text:
         return None
-    boxes = _find_boxes(text)
+    boxes = find_boxes(text)
     if not boxes or boxes[-1][0] is None:
         return None
     content = boxes[-1][0].strip()
@@ -72,7 +72,7 @@ def extract_boxed_answer(text: str | None) -> str | None:
 
 def _last_boxes(text: str, k: int) -> list[str] | None:
     """Contents of the last `k` boxes when all are complete, else None."""
-    boxes = _find_boxes(text)
+    boxes = find_boxes(text)
     if len(boxes) < k or any(b[0] is None for b in boxes[-k:]):
         return None
     return [b[0].strip() for b in boxes[-k:]]
