@@ -20,7 +20,9 @@ _SPEC = importlib.util.spec_from_file_location(
     "stress", Path(__file__).resolve().parent.parent / "benchmarks" / "stress.py"
 )
 stress = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(stress)
+_SPEC.loader.exec_module(stress)  # puts benchmarks/ on sys.path, where its parts live
+import stress_stats  # noqa: E402
+import stress_trainer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -31,21 +33,21 @@ def model_and_tokenizer(tiny_random_model_path):
 
 
 def test_closed_box_end_and_text_after_last_box():
-    assert stress.closed_box_end(r"so \boxed{74}") == 13
-    assert stress.text_after_last_box(r"so \boxed{74}}") == "}"
-    assert stress.text_after_last_box(r"\boxed{1} then \boxed{2} x") == " x"
-    assert stress.text_after_last_box(r"\boxed{7") is None  # unterminated: not closed
-    assert stress.text_after_last_box(r"\boxed{\frac{1}{3}}.") == "."  # nested braces
+    assert stress_trainer.closed_box_end(r"so \boxed{74}") == 13
+    assert stress_trainer.text_after_last_box(r"so \boxed{74}}") == "}"
+    assert stress_trainer.text_after_last_box(r"\boxed{1} then \boxed{2} x") == " x"
+    assert stress_trainer.text_after_last_box(r"\boxed{7") is None  # unterminated: not closed
+    assert stress_trainer.text_after_last_box(r"\boxed{\frac{1}{3}}.") == "."  # nested braces
 
 
 def test_first_closed_step_counts_tokens_up_to_the_closing_brace(model_and_tokenizer):
     _, tokenizer = model_and_tokenizer
     ids = tokenizer(r"; \boxed{85}}x", add_special_tokens=False)["input_ids"]
     # "; " and "\" "boxed" "{" "8" "5" "}": the box closes at the 7th token whatever the exact split of "; \"
-    close = stress.first_closed_step(tokenizer, ids)
+    close = stress_trainer.first_closed_step(tokenizer, ids)
     assert tokenizer.decode(ids[:close]).endswith(r"\boxed{85}")
     assert not tokenizer.decode(ids[: close - 1]).endswith("}")
-    assert stress.first_closed_step(tokenizer, ids[: close - 1]) is None
+    assert stress_trainer.first_closed_step(tokenizer, ids[: close - 1]) is None
 
 
 def _prompt_with_box(tokenizer):
@@ -79,7 +81,7 @@ def test_eps_one_after_a_box_injects_every_post_box_position_and_nothing_before(
     # Row 0 holds the closed box, row 1 only its opening (never closed by these 12 random tokens unless sampled).
     rows = [prompt_ids + box_ids, prompt_ids + box_ids[:-1] + [tokenizer.convert_tokens_to_ids("x")]]
     input_ids = torch.tensor(rows)
-    processor = stress.UniformNoiseProcessor(
+    processor = stress_trainer.UniformNoiseProcessor(
         tokenizer, len(prompt_ids), eps=1.0, design="post_answer", generator=torch.Generator().manual_seed(0)
     )
     out = _generate(model, tokenizer, input_ids, processor)
@@ -87,7 +89,7 @@ def test_eps_one_after_a_box_injects_every_post_box_position_and_nothing_before(
     assert processor.injected[0] == [True] * 12  # one entry per new position: all of row 0's are post-box
     # Row 1: injected exactly from the step at which its own text closes a box (if ever), never before.
     generated = out[1, len(prompt_ids) :].tolist()  # the forced tokens, then the 12 new ones
-    close = stress.first_closed_step(tokenizer, generated)
+    close = stress_trainer.first_closed_step(tokenizer, generated)
     expected = [close is not None and t >= close for t in range(len(box_ids), len(generated))]
     assert processor.injected[1] == expected
     assert processor.closed_at[1] == close
@@ -98,7 +100,7 @@ def test_eps_one_samples_uniformly_over_the_vocabulary(model_and_tokenizer):
     prompt_ids, box_ids = _prompt_with_box(tokenizer)
     scores = torch.randn(3, model.config.vocab_size)
     input_ids = torch.tensor([prompt_ids + box_ids] * 3)
-    processor = stress.UniformNoiseProcessor(
+    processor = stress_trainer.UniformNoiseProcessor(
         tokenizer, len(prompt_ids), eps=1.0, design="post_answer", generator=torch.Generator().manual_seed(0)
     )
     out = processor(input_ids, scores)
@@ -110,7 +112,7 @@ def test_eps_zero_leaves_generation_unchanged(model_and_tokenizer):
     model, tokenizer = model_and_tokenizer
     prompt_ids, box_ids = _prompt_with_box(tokenizer)
     input_ids = torch.tensor([prompt_ids + box_ids] * 4)
-    processor = stress.UniformNoiseProcessor(
+    processor = stress_trainer.UniformNoiseProcessor(
         tokenizer, len(prompt_ids), eps=0.0, design="everywhere", generator=torch.Generator().manual_seed(0)
     )
     with_processor = _generate(model, tokenizer, input_ids, processor, seed=3)
@@ -122,9 +124,9 @@ def test_eps_zero_leaves_generation_unchanged(model_and_tokenizer):
 def test_processor_rejects_bad_settings(model_and_tokenizer):
     _, tokenizer = model_and_tokenizer
     with pytest.raises(ValueError, match="eps=1.5"):
-        stress.UniformNoiseProcessor(tokenizer, 3, eps=1.5, design="everywhere", generator=torch.Generator())
+        stress_trainer.UniformNoiseProcessor(tokenizer, 3, eps=1.5, design="everywhere", generator=torch.Generator())
     with pytest.raises(ValueError, match="design='x'"):
-        stress.UniformNoiseProcessor(tokenizer, 3, eps=0.1, design="x", generator=torch.Generator())
+        stress_trainer.UniformNoiseProcessor(tokenizer, 3, eps=0.1, design="x", generator=torch.Generator())
 
 
 def _binary_reward(completions, **kwargs):
@@ -147,14 +149,14 @@ def test_noise_reaches_rollouts_only(tiny_random_model_path, tmp_path, monkeypat
             save_strategy="no",
             seed=0,
         )
-        trainer = stress.StressTrainer(
+        trainer = stress_trainer.StressTrainer(
             tiny_random_model_path, reward_funcs=_binary_reward, args=args, train_dataset=prompts
         )
     trainer.setup_stress(eps=1.0, design="everywhere", seed=0)
     calls = []
-    original_call = stress.UniformNoiseProcessor.__call__
+    original_call = stress_trainer.UniformNoiseProcessor.__call__
     monkeypatch.setattr(
-        stress.UniformNoiseProcessor, "__call__", lambda self, i, s: calls.append(1) or original_call(self, i, s)
+        stress_trainer.UniformNoiseProcessor, "__call__", lambda self, i, s: calls.append(1) or original_call(self, i, s)
     )
     trainer.train()
     rollout_calls = len(calls)
@@ -164,7 +166,7 @@ def test_noise_reaches_rollouts_only(tiny_random_model_path, tmp_path, monkeypat
     assert trainer.mask_stats["injected/tokens"] > 0 and trainer.mask_stats["policy/tokens"] == 0
     assert "generate" not in vars(trainer.model)  # the hook is gone after the rollout
     tokenizer = trainer.processing_class
-    result = stress.evaluate_junk(
+    result = stress_trainer.evaluate_junk(
         trainer.model, tokenizer, [[{"role": "user", "content": "1+2"}]], ["3"], k=2, max_new_tokens=4, seed=0
     )
     assert result["num_completions"] == 2
@@ -172,11 +174,11 @@ def test_noise_reaches_rollouts_only(tiny_random_model_path, tmp_path, monkeypat
 
 
 def test_exact_paired_tests():
-    assert stress.sign_test([1.0] * 8) == pytest.approx(2 / 256)  # 8 of 8 positive: 2 * (1/2)^8
-    assert stress.sign_test([1.0, -1.0, 0.0]) == 1.0  # zeros dropped, 1 vs 1
-    assert stress.sign_test([1.0, 2.0, 3.0, -1.0]) == pytest.approx(2 * 5 / 16)  # k = 1 of n = 4
-    assert stress.paired_permutation_test([1.0, 2.0, 3.0]) == pytest.approx(2 / 8)  # only all-same-sign flips reach 6
-    assert stress.paired_permutation_test([1.0, -1.0]) == 1.0
+    assert stress_stats.sign_test([1.0] * 8) == pytest.approx(2 / 256)  # 8 of 8 positive: 2 * (1/2)^8
+    assert stress_stats.sign_test([1.0, -1.0, 0.0]) == 1.0  # zeros dropped, 1 vs 1
+    assert stress_stats.sign_test([1.0, 2.0, 3.0, -1.0]) == pytest.approx(2 * 5 / 16)  # k = 1 of n = 4
+    assert stress_stats.paired_permutation_test([1.0, 2.0, 3.0]) == pytest.approx(2 / 8)  # only all-same-sign flips reach 6
+    assert stress_stats.paired_permutation_test([1.0, -1.0]) == 1.0
 
 
 def test_attribution_shares_match_one_backward_pass_per_token_kind(tiny_random_model_path, tmp_path):
@@ -192,11 +194,11 @@ def test_attribution_shares_match_one_backward_pass_per_token_kind(tiny_random_m
             num_generations=2, max_completion_length=5, learning_rate=1e-3, s2t_mode="off",
         )  # fmt: skip
         prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": "1+2"}]}] * 4)
-        trainer = stress.StressTrainer(
+        trainer = stress_trainer.StressTrainer(
             tiny_random_model_path, reward_funcs=_binary_reward, args=args, train_dataset=prompts
         )
     tokenizer = trainer.processing_class
-    probe = stress.BracketProbe(
+    probe = stress_trainer.BracketProbe(
         tokenizer, [[{"role": "user", "content": "47+38"}]] * 2, [r"\boxed{85}", r"; \boxed{9}"]
     )
     trainer.setup_stress(eps=0.2, design="post_answer", seed=0, attribution=True, probe=probe)
@@ -222,7 +224,7 @@ def test_attribution_shares_match_one_backward_pass_per_token_kind(tiny_random_m
     params = [p for p in trainer.model.parameters() if p.requires_grad]
     probe_grad = torch.autograd.grad(probe.log_prob_close(trainer.model), params)
     total = 0.0
-    for k, name in enumerate(stress.KINDS):
+    for k, name in enumerate(stress_trainer.KINDS):
         for sign, adv in (("pos", inputs["advantages"] > 0), ("neg", inputs["advantages"] < 0)):
             select = ((inputs["stress_kind"] == k) & adv[:, None]).long()
             if not (select * completion_mask).any():
@@ -237,5 +239,5 @@ def test_attribution_shares_match_one_backward_pass_per_token_kind(tiny_random_m
     explicit_whole = -1e-3 * sum(float((g * pg).sum()) for g, pg in zip(whole, probe_grad) if g is not None)
     assert total == pytest.approx(explicit_whole, rel=1e-4, abs=1e-9)  # the kinds add up to the whole batch
     assert abs(explicit_whole) > 0
-    shares = [row[f"{name}/{sign}"] for name in stress.KINDS for sign in ("pos", "neg")]
+    shares = [row[f"{name}/{sign}"] for name in stress_trainer.KINDS for sign in ("pos", "neg")]
     assert sum(shares) == pytest.approx(explicit_whole, rel=0.02)
