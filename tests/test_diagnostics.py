@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 from datasets import Dataset
+from testing_utils import tiny_stapo_config
 
 from stapo_trl import STAPOConfig, STAPOTrainer, s2t_mask
 from stapo_trl.callbacks import SpuriousTokenLogger
@@ -326,21 +327,9 @@ def test_fused_head_collision_probability_equals_the_softmax_of_the_logits(
 
 
 def test_diagnostics_can_be_switched_off(tiny_random_model_path, tmp_path):
+    args = tiny_stapo_config(tmp_path, max_steps=1, logging_steps=1, s2t_diagnostics=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = STAPOConfig(
-            output_dir=str(tmp_path),
-            use_cpu=True,
-            bf16=False,
-            report_to=[],
-            per_device_train_batch_size=4,
-            num_generations=2,
-            max_completion_length=8,
-            max_steps=1,
-            logging_steps=1,
-            save_strategy="no",
-            s2t_diagnostics=False,
-        )
         trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=_zero_reward, args=args, train_dataset=PROMPTS)
     trainer.train()
     logged = next(h for h in trainer.state.log_history if "loss" in h)

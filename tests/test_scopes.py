@@ -8,7 +8,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from test_trainer import PROMPTS, ForwardCounter, hand_inputs, length_reward, make_trainer
+from test_trainer import PROMPTS, hand_inputs, length_reward, make_trainer
+from testing_utils import ForwardCounter
 from trl import GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer

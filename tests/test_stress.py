@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
+from testing_utils import tiny_stapo_config
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
 
 from stapo_trl import STAPOConfig
@@ -135,20 +136,9 @@ def _binary_reward(completions, **kwargs):
 
 def test_noise_reaches_rollouts_only(tiny_random_model_path, tmp_path, monkeypatch):
     prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(16)])
+    args = tiny_stapo_config(tmp_path, max_completion_length=6, max_steps=1, seed=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = STAPOConfig(
-            output_dir=str(tmp_path),
-            use_cpu=True,
-            bf16=False,
-            report_to=[],
-            per_device_train_batch_size=4,
-            num_generations=2,
-            max_completion_length=6,
-            max_steps=1,
-            save_strategy="no",
-            seed=0,
-        )
         trainer = stress_trainer.StressTrainer(
             tiny_random_model_path, reward_funcs=_binary_reward, args=args, train_dataset=prompts
         )
@@ -156,7 +146,9 @@ def test_noise_reaches_rollouts_only(tiny_random_model_path, tmp_path, monkeypat
     calls = []
     original_call = stress_trainer.UniformNoiseProcessor.__call__
     monkeypatch.setattr(
-        stress_trainer.UniformNoiseProcessor, "__call__", lambda self, i, s: calls.append(1) or original_call(self, i, s)
+        stress_trainer.UniformNoiseProcessor,
+        "__call__",
+        lambda self, i, s: calls.append(1) or original_call(self, i, s),
     )
     trainer.train()
     rollout_calls = len(calls)
@@ -177,7 +169,9 @@ def test_exact_paired_tests():
     assert stress_stats.sign_test([1.0] * 8) == pytest.approx(2 / 256)  # 8 of 8 positive: 2 * (1/2)^8
     assert stress_stats.sign_test([1.0, -1.0, 0.0]) == 1.0  # zeros dropped, 1 vs 1
     assert stress_stats.sign_test([1.0, 2.0, 3.0, -1.0]) == pytest.approx(2 * 5 / 16)  # k = 1 of n = 4
-    assert stress_stats.paired_permutation_test([1.0, 2.0, 3.0]) == pytest.approx(2 / 8)  # only all-same-sign flips reach 6
+    assert stress_stats.paired_permutation_test([1.0, 2.0, 3.0]) == pytest.approx(
+        2 / 8
+    )  # only all-same-sign flips reach 6
     assert stress_stats.paired_permutation_test([1.0, -1.0]) == 1.0
 
 

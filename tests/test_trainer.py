@@ -6,6 +6,7 @@ import warnings
 import pytest
 import torch
 from datasets import Dataset
+from testing_utils import ForwardCounter
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import split_tensor_dict
 
@@ -208,18 +209,6 @@ def test_each_optimizer_step_of_a_generation_batch_gets_its_own_exact_count(tiny
 
     assert losses[0] + losses[1] == pytest.approx(token_mean(batches[:2]), abs=1e-6)
     assert losses[2] + losses[3] == pytest.approx(token_mean(batches[2:]), abs=1e-6)
-
-
-class ForwardCounter:
-    """Counts the no-grad scoring forwards (fused LM head, not generation) of a model."""
-
-    def __init__(self, model):
-        self.count = 0
-        model.register_forward_pre_hook(self.hook, with_kwargs=True)
-
-    def hook(self, module, args, kwargs):
-        if kwargs.get("fused_lm_head") and not torch.is_grad_enabled():
-            self.count += 1
 
 
 @pytest.mark.parametrize("steps_per_generation, extra_forwards", [(1, 1), (2, 0)])

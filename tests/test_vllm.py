@@ -12,6 +12,7 @@ import warnings
 import pytest
 import torch
 from datasets import Dataset
+from testing_utils import ForwardCounter
 from trl import GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
@@ -168,18 +169,6 @@ def test_vllm_eval_serves_a_lora_adapter_folder_like_hf_does(tiny_math_h64_model
 # ----------------------------------------------------------------------------------------------------------------
 # Colocate rollouts in training
 # ----------------------------------------------------------------------------------------------------------------
-class ForwardCounter:
-    """Counts the no-grad scoring forwards (fused LM head, not generation) of a model."""
-
-    def __init__(self, model):
-        self.count = 0
-        model.register_forward_pre_hook(self.hook, with_kwargs=True)
-
-    def hook(self, module, args, kwargs):
-        if kwargs.get("fused_lm_head") and not torch.is_grad_enabled():
-            self.count += 1
-
-
 @pytest.fixture(scope="module")
 def vllm_trainer(tiny_math_h64_model_path, tmp_path_factory):
     args = STAPOConfig(

@@ -125,11 +125,6 @@ class DryRunReport:
                 out += [f"  - {item}" for item in items]
         return "\n".join(out)
 
-    def raise_for_errors(self) -> None:
-        """Raise `ValueError` with every error message when the recipe fails."""
-        if self.errors:
-            raise ValueError("The recipe fails its dry run:\n" + "\n".join(f"  - {e}" for e in self.errors))
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # The checks
