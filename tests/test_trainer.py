@@ -211,12 +211,22 @@ def test_each_optimizer_step_of_a_generation_batch_gets_its_own_exact_count(tiny
     assert losses[2] + losses[3] == pytest.approx(token_mean(batches[2:]), abs=1e-6)
 
 
-@pytest.mark.parametrize("steps_per_generation, extra_forwards", [(1, 1), (2, 0)])
+@pytest.mark.parametrize(
+    "grad_accum, steps_per_generation, extra_forwards",
+    [
+        (1, 1, 0),  # TRL's default geometry: the mask comes from the training forward (test_default_geometry.py)
+        (1, 2, 0),  # steps_per_generation > GA: TRL computes old log-probs; the mask reuses that forward's entropies
+        (
+            2,
+            2,
+            2 * 2,
+        ),  # GA > 1 with steps_per_generation = GA: 2 rollout batches of 8 rows, each scored once more in 2 chunks
+    ],
+)
 def test_generation_batch_scope_runs_one_extra_forward_only_when_trl_runs_none(
-    tiny_random_model_path, tmp_path, steps_per_generation, extra_forwards
+    tiny_random_model_path, tmp_path, grad_accum, steps_per_generation, extra_forwards
 ):
-    # steps_per_generation > GA makes TRL compute old log-probs: the mask reuses that forward's entropies.
-    # per_device_train_batch_size 4 -> each generation batch is scored in one chunk.
+    # per_device_train_batch_size 4 -> the scoring forward runs in chunks of 4 rows.
     def scoring_forwards(trainer_cls):
         trainer = make_trainer(
             tiny_random_model_path,
@@ -224,14 +234,14 @@ def test_generation_batch_scope_runs_one_extra_forward_only_when_trl_runs_none(
             trainer_cls,
             reward=length_reward,
             max_steps=2,
+            gradient_accumulation_steps=grad_accum,
             steps_per_generation=steps_per_generation,
         )
         counter = ForwardCounter(trainer.model)
         trainer.train()
         return counter.count
 
-    generations = 2 // steps_per_generation
-    assert scoring_forwards(STAPOTrainer) - scoring_forwards(GRPOTrainer) == extra_forwards * generations
+    assert scoring_forwards(STAPOTrainer) - scoring_forwards(GRPOTrainer) == extra_forwards
 
 
 @pytest.mark.parametrize("scope", ["generation_batch", "micro_batch"])

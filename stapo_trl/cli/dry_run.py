@@ -169,7 +169,13 @@ def validate_recipe(
         raise ValueError(
             f"num_processes={num_processes!r} must be a positive integer (training processes, one per GPU)."
         )
-    from .launch_checks import batch_lines, check_batch, check_generation, check_sharding  # TRL: see the top note
+    from .launch_checks import (  # TRL and the config: see the note at the top
+        batch_lines,
+        check_batch,
+        check_generation,
+        check_sharding,
+        s2t_values_line,
+    )
     from .recipe_checks import (
         Findings,
         check_data,
@@ -193,6 +199,8 @@ def validate_recipe(
     check_prompt_count(f, script_args, num_train_prompts, geometry)
     check_prompt_lengths(f, script_args, training_args, model_args, num_train_prompts)
     max_tokens = batch_lines(f, geometry, training_args.max_completion_length, max_prompt_tokens)
+    if is_stapo:
+        s2t_values_line(f, training_args, geometry)
     check_optimisation(f, training_args)
     check_generation(f, training_args, num_processes, is_stapo, max_prompt_tokens, cpu_forced)
     check_output(f, script_args, training_args, cpu_forced, geometry)

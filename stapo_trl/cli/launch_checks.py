@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from ..core.stapo_config import untested_combination_warnings
+from ..core.stapo_config import S2T_VALUES_SOURCES, s2t_values_source, untested_combination_warnings
 from .geometry import BatchGeometry, divisors
 from .recipe_checks import Findings, fmt_int
 
@@ -125,6 +125,20 @@ def batch_lines(f: Findings, geometry: BatchGeometry, max_completion_length: int
         )
     f.lines.append(("max tokens", tokens))
     return max_tokens
+
+
+def s2t_values_line(f: Findings, training_args, geometry: BatchGeometry) -> None:
+    """The row saying where the S2T mask's p and H come from and what that costs ([`s2t_values_source`], the rule
+    the trainer follows), and the free alternative where an extra forward runs."""
+    source = s2t_values_source(training_args, steps_per_generation=geometry.micro_steps_per_generation)
+    value = f"{S2T_VALUES_SOURCES[source]} [{source}]"
+    if source == "scoring_forward":
+        # GA > 1 with steps_per_generation = GA: tau_h needs every micro-batch's entropies before the first backward.
+        value += (
+            "; s2t_scope: micro_batch takes them from the training forward instead (tau_h per micro-step, "
+            "normalised by the update's loss-token count)"
+        )
+    f.lines.append(("S2T p and H", value))
 
 
 def check_generation(

@@ -72,7 +72,10 @@ class STAPOConfig(GRPOConfig):
             otherwise one no-grad forward per rollout batch), i.e. the policy that sampled the completions, as
             veRL's old-log-prob pass. `"current"`: recomputed under the current weights at the start of each
             optimizer update (one no-grad forward of the update's micro-batches), so updates 2..k of a rollout use
-            the policy they update; needs `s2t_scope="optimizer_step"`. The paper does not say which it used.
+            the policy they update; needs `s2t_scope="optimizer_step"`. The paper does not say which it used. In
+            TRL's default geometry (`steps_per_generation` = GA = `num_iterations` = 1) the two policies are the same
+            weights, and p and H come from the training forward itself, with no extra forward
+            ([`s2t_values_source`]).
             `"micro_batch"` always uses the current policy (the training forward).
         s2t_diagnostics (`bool`, *optional*, defaults to `True`):
             Log the extra `s2t/` diagnostics (entropy quantiles of the loss tokens, mean probability and entropy of
@@ -172,6 +175,53 @@ class STAPOConfig(GRPOConfig):
                 "s2t_policy='current' needs s2t_scope='optimizer_step': with 'generation_batch' one mask covers "
                 "several optimizer updates, so there is no single current policy. Use s2t_scope: optimizer_step."
             )
+
+
+# Where the S2T mask's p and H come from in training (`s2t_values_source`), with what each costs.
+S2T_VALUES_SOURCES = {
+    "training_forward": "the loss's own forward (no extra forward)",
+    "old_logps_forward": "TRL's no-grad old-log-prob forward of the rollout batch (no extra forward)",
+    "scoring_forward": "one extra no-grad forward per rollout batch",
+    "current_forward": "one extra no-grad forward per optimizer update (s2t_policy='current')",
+}
+
+
+def s2t_values_source(args: STAPOConfig, steps_per_generation: int | None = None) -> str:
+    """Where [`STAPOTrainer`] takes the p and H of the S2T mask from in training: a key of `S2T_VALUES_SOURCES`.
+
+    - `"training_forward"`: the loss's own forward, detached, with no extra forward: always for `s2t_scope=
+      "micro_batch"`, and in TRL's default geometry (`steps_per_generation` = `gradient_accumulation_steps` =
+      `num_iterations` = 1) for every scope and policy. There the optimizer update is one micro-batch scored under
+      the weights that sampled it, so the training forward's values *are* the rollout policy's (and the current
+      policy's): the mask is the one a scoring forward would give, bit for bit.
+    - `"current_forward"`: `s2t_policy="current"` otherwise: one no-grad forward of each update's micro-batches.
+    - `"old_logps_forward"`: TRL runs its own no-grad old-log-prob forward of the rollout batch (when
+      `gradient_accumulation_steps` is not a multiple of `steps_per_generation * num_iterations`, e.g. the paper's
+      `steps_per_generation` = 4 x GA, or with vLLM importance-sampling correction): its entropies are reused.
+    - `"scoring_forward"`: otherwise (GA > 1 with `steps_per_generation` = GA): τ_h of an update needs the entropies
+      of all its micro-batches before the first backward, so one extra no-grad forward per rollout batch runs.
+      `s2t_scope="micro_batch"` avoids it (τ_h per micro-step, from the training forward).
+
+    Args:
+        args ([`STAPOConfig`]): the configuration.
+        steps_per_generation (`int`, *optional*): overrides `args.steps_per_generation` (the dry run recomputes it
+            for another number of processes when the recipe fixes `generation_batch_size`).
+
+    Returns:
+        `str`: the source.
+    """
+    steps_per_generation = steps_per_generation or args.steps_per_generation
+    single_update = steps_per_generation == args.gradient_accumulation_steps == args.num_iterations == 1
+    if args.s2t_scope == "micro_batch" or single_update:
+        return "training_forward"
+    if args.s2t_policy == "current":
+        return "current_forward"
+    generate_every = steps_per_generation * args.num_iterations
+    if args.gradient_accumulation_steps % generate_every != 0 or (
+        args.use_vllm and args.vllm_importance_sampling_correction
+    ):
+        return "old_logps_forward"
+    return "scoring_forward"
 
 
 def check_loss_type(loss_type: str) -> None:

@@ -19,7 +19,7 @@ from trl.trainer.utils import get_config_model_id
 
 from .s2t import S2TBatch, S2TResult, s2t_mask
 from .s2t_metrics import CollisionProbabilityRecorder, s2t_diagnostic_metrics
-from .stapo_config import STAPOConfig, check_loss_type, untested_combination_warnings
+from .stapo_config import STAPOConfig, check_loss_type, s2t_values_source, untested_combination_warnings
 
 
 # Extra model inputs the parent forwards to `_get_per_token_logps_and_entropies` (multimodal models).
@@ -64,7 +64,10 @@ class STAPOTrainer(GRPOTrainer):
     | `micro_batch` | one micro-step, all processes | the training forward (current policy) | the update's global loss-token count (the kept count when GA = 1) |
 
     The rollout forward is TRL's old-log-prob forward when TRL runs one (vLLM importance sampling,
-    `steps_per_generation` > GA, `num_iterations` > 1), otherwise one extra no-grad forward per rollout batch. When
+    `steps_per_generation` > GA, `num_iterations` > 1), otherwise one extra no-grad forward per rollout batch, except
+    in TRL's default geometry (`steps_per_generation` = GA = `num_iterations` = 1): there the update is one
+    micro-batch scored under the weights that sampled it, so the mask is built from the training forward's own
+    detached values, the same mask bit for bit with no extra forward ([`s2t_values_source`] says which). When
     `steps_per_generation` is not a multiple of GA, the first two scopes fall back to `generation_batch` with TRL's
     estimated normaliser (a warning says so). With `s2t_mode="off"` every scope gives the same loss and gradients:
     the like-for-like baseline of the paper's comparisons. The per-loss-type normalisation is in `docs/stapo.md`.
@@ -280,7 +283,7 @@ class STAPOTrainer(GRPOTrainer):
     # Scopes "optimizer_step" and "generation_batch": p and H from a no-grad forward, the mask per update / rollout
     # ------------------------------------------------------------------------------------------------------------
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        # Scope "micro_batch": the loss's training forward was already run by `_compute_loss` below; hand it over.
+        # The mask is built in the loss (`_mask_in_loss`): its training forward was already run by `_compute_loss` below.
         if self._s2t_forward_cache is not None:
             cached, self._s2t_forward_cache = self._s2t_forward_cache, None
             return cached
@@ -333,8 +336,14 @@ class STAPOTrainer(GRPOTrainer):
         """Whether p and H are recomputed at the start of each optimizer update (`s2t_policy="current"`, training)."""
         return self.args.s2t_policy == "current" and self.model.training
 
+    @property
+    def _mask_in_loss(self) -> bool:
+        """Whether the mask is built inside `_compute_loss` from the loss's own forward ([`s2t_values_source`]:
+        scope "micro_batch", or TRL's default geometry, where that forward runs under the rollout's weights)."""
+        return s2t_values_source(self.args) == "training_forward"
+
     def _generate_and_score_completions(self, inputs):
-        if self.args.s2t_scope == "micro_batch":
+        if self._mask_in_loss:
             return super()._generate_and_score_completions(inputs)
         rollout_values = not self._uses_current_policy
         self._s2t_captured = [] if rollout_values else None
@@ -428,7 +437,7 @@ class STAPOTrainer(GRPOTrainer):
     def _prepare_inputs(self, generation_batch):
         if not self.model.training:  # evaluation: one batch, no buffering, no accumulation
             inputs = super()._prepare_inputs(generation_batch)
-            return inputs if self.args.s2t_scope == "micro_batch" else self._apply_s2t(inputs)
+            return inputs if self._mask_in_loss else self._apply_s2t(inputs)
         buffered_before = self._buffered_inputs
         inputs = super()._prepare_inputs(generation_batch)
         micro_batches = self._buffered_inputs
@@ -438,7 +447,7 @@ class STAPOTrainer(GRPOTrainer):
         if micro_batches is not buffered_before or index == 0:  # a new rollout batch, or a new pass over it
             self._s2t_built_windows = set()
             self.s2t_train_batches = []  # the record of one pass: bounded memory in every scope
-        if self.args.s2t_scope == "micro_batch":
+        if self._mask_in_loss:
             if micro_batches is not buffered_before and exact:
                 self._set_optimizer_step_normalisers(micro_batches)  # loss-token counts: the mask is built later
             return inputs
@@ -479,11 +488,12 @@ class STAPOTrainer(GRPOTrainer):
     # The loss
     # ------------------------------------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
-        if self.args.s2t_scope != "micro_batch":
+        if not self._mask_in_loss:
             return super()._compute_loss(model, inputs)
 
-        # Scope "micro_batch": run the training forward here, build the mask from its detached values, then hand
-        # the same forward to the parent's loss (see `_get_per_token_logps_and_entropies`): no extra forward.
+        # Scope "micro_batch", or TRL's default geometry (one micro-batch per update, scored under the rollout's
+        # weights): run the training forward here, build the mask from its detached values, then hand the same
+        # forward to the parent's loss (see `_get_per_token_logps_and_entropies`): no extra forward.
         prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
         forward = self._get_per_token_logps_and_entropies(
             model,
