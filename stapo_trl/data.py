@@ -27,7 +27,7 @@ from typing import Any
 
 import datasets
 
-from .reward_columns import missing_column_message
+from .dataset_checks import missing_column_message
 
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ package and of `stapo-train` rely on:
 - `model="builtin:<name>"`: the built-in offline models ([`~stapo_trl.builtin.resolve_model_path`]).
 - `reward_funcs="math_accuracy"`: rewards by their `stapo_trl` name ([`~stapo_trl.rewards.resolve_reward_names`]).
 - Checks at construction, before a model is built: the `prompt` column and every reward argument filled by a
-  dataset column ([`~stapo_trl.reward_columns`]), `vllm_mode="server"` on a CPU-only run ([`~stapo_trl.vllm_support`]).
+  dataset column ([`~stapo_trl.dataset_checks`]), `vllm_mode="server"` on a CPU-only run ([`~stapo_trl.vllm_support`]).
 - vLLM colocate on the CPU backend: weights synced through vLLM's reload path.
 - `train()`: the run files `metrics.jsonl` (and, for STAPO, `spurious_tokens.jsonl`; [`~stapo_trl.callbacks`]),
   without the known-harmless upstream warnings ([`~stapo_trl.upstream_warnings`]).
@@ -21,13 +21,14 @@ from typing import Any
 
 import datasets
 import trl
+from trl.trainer.utils import get_config_model_id
 
 from . import core
 from .builtin import resolve_model_path
 from .callbacks import add_run_file_callbacks
 from .config import STAPOConfig
+from .dataset_checks import check_chat_template, check_prompt_column, check_reward_columns
 from .model_card import add_stapo_section, make_card_public, public_dataset_name, write_quick_start
-from .reward_columns import check_prompt_column, check_reward_columns
 from .rewards import resolve_reward_names
 from .upstream_warnings import QuietKnownUpstreamWarnings
 from .vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
@@ -54,6 +55,10 @@ class ProductTrainerMixin:
                 check_prompt_column(dataset, name)  # now, not at the first step, after a model build
                 check_reward_columns(reward_funcs, dataset, name)
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
+        # Chat-message prompts need a template (TRL fails at the first step otherwise): now, before any run file.
+        model_name = get_config_model_id(self.model.config)
+        for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+            check_chat_template(self.processing_class, dataset, model_name, name)
         install_cpu_colocate_weight_sync(self)  # vLLM's CPU backend repacks weights: sync through its reload path
 
     def train(self, *args, **kwargs):
@@ -109,7 +114,7 @@ class STAPOTrainer(ProductTrainerMixin, core.STAPOTrainer):
         TypeError: if `args` is not a [`~stapo_trl.STAPOConfig`].
         ValueError: the errors of the core trainer; a dataset without a `prompt` column; a reward function with an
             argument that no column of `train_dataset` / `eval_dataset` fills
-            ([`~stapo_trl.reward_columns.check_reward_columns`]; not checked with a `rollout_func`); an unknown
+            ([`~stapo_trl.dataset_checks.check_reward_columns`]; not checked with a `rollout_func`); an unknown
             reward name; `vllm_mode="server"` without an accelerator.
     """
 

@@ -178,6 +178,7 @@ def validate_recipe(
     )
     from .recipe_checks import (
         Findings,
+        check_chat_template_of_model,
         check_data,
         check_model,
         check_optimisation,
@@ -197,7 +198,8 @@ def validate_recipe(
     check_rewards(f, script_args, training_args)
     geometry = check_batch(f, training_args, num_processes, generation_batch_size, is_stapo)
     check_prompt_count(f, script_args, num_train_prompts, geometry)
-    check_prompt_lengths(f, script_args, training_args, model_args, num_train_prompts)
+    if check_chat_template_of_model(f, model_args):  # the prompts can be formatted, so counted
+        check_prompt_lengths(f, script_args, training_args, model_args, num_train_prompts)
     max_tokens = batch_lines(f, geometry, training_args.max_completion_length, max_prompt_tokens)
     if is_stapo:
         s2t_values_line(f, training_args, geometry)

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..builtin import check_model_available, resolve_model_path
+from ..dataset_checks import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
 from ..evaluation.generation import (
     DECODING_ALIASES,
     DECODINGS,
@@ -291,6 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fail(str(e))
             except ValueError as e:  # --max-new-tokens at or above the model's positions (a small model)
                 fail(f"--max-new-tokens {args.max_new_tokens}: {e}")
+            if not args.no_chat_template and not has_chat_template(generator.tokenizer):  # as training refuses
+                fail(chat_template_message(args.model, "stapo-eval's prompts are", EVAL_CHAT_TEMPLATE_FIX))
             data["model"] = describe_model(model_path, args.revision) | {"name_or_path": args.model}
         _evaluate_pair(args, generator, data, problems[bench], bench, decoding_name, samples[bench], data_dir)
         write_json_atomic(output, data)

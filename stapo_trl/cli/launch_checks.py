@@ -8,7 +8,12 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from ..core.stapo_config import S2T_VALUES_SOURCES, s2t_values_source, untested_combination_warnings
+from ..core.stapo_config import (
+    S2T_VALUES_SOURCES,
+    partial_prompt_group_message,
+    s2t_values_source,
+    untested_combination_warnings,
+)
 from .geometry import BatchGeometry, divisors
 from .recipe_checks import Findings, fmt_int
 
@@ -51,16 +56,14 @@ def check_batch(
             f"{geometry.valid_num_generations()}. Or choose per_device_train_batch_size x steps_per_generation as a "
             f"multiple of {num_generations}."
         )
-    completions_per_step = geometry.completions_per_optimizer_step
-    if completions_per_step % num_generations != 0:
-        f.warnings.append(
-            f"An optimizer update holds {completions_per_step} completions (per_device_train_batch_size {per_device} "
-            f"x {n} processes x gradient_accumulation_steps {grad_accum}), not a whole number of prompt groups of "
-            f"{num_generations}: the paper's mini-batches are whole prompts (64 prompts x 8)."
-        )
     if is_stapo:  # the trainer's own construction warnings, from the one function that makes them
-        f.warnings += untested_combination_warnings(training_args, steps_per_generation=steps_per_generation)
-    elif steps_per_generation % grad_accum != 0:
+        f.warnings += untested_combination_warnings(
+            training_args, steps_per_generation=steps_per_generation, num_processes=n
+        )
+    else:
+        partial = partial_prompt_group_message(per_device, n, grad_accum, num_generations)
+        f.warnings += [partial] if partial is not None else []
+    if not is_stapo and steps_per_generation % grad_accum != 0:
         f.warnings.append(
             f"steps_per_generation={steps_per_generation} is not a multiple of gradient_accumulation_steps="
             f"{grad_accum}: an optimizer update spans two rollout batches."

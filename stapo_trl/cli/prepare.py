@@ -14,10 +14,10 @@ from trl import ModelConfig
 
 from ..builtin import check_model_available, resolve_model_path
 from ..data import evaluation_split, filter_long_prompts, load_prompt_dataset
+from ..dataset_checks import CLI_CHAT_TEMPLATE_FIX, check_chat_template, check_reward_columns
 from ..evaluation.callback import BenchmarkEvalCallback
 from ..hub import check_hub_access
 from ..prompt_length import model_max_positions, prompt_token_budget, report_dropped
-from ..reward_columns import check_reward_columns
 from ..rewards import get_reward_funcs
 from .args import STAPOScriptArguments, prompt_dataset_kwargs
 from .checkpoints import check_resume_settings
@@ -77,16 +77,17 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
 
     In order: the reward names, the model argument (checked, not loaded), the dataset (train split, and the test
     split when it is needed: before/after evaluation or `eval_strategy`), its columns, the in-training benchmark name,
-    the model path (a `builtin:` model is built into its cache here on first use), then the `max_prompt_tokens`
-    filter (with the model's tokenizer).
+    the model path (a `builtin:` model is built into its cache here on first use), then, with the model's tokenizer,
+    its chat template and the `max_prompt_tokens` filter.
     Every failure is one exception with one message.
 
     Raises:
         ValueError: Unknown reward name, no `dataset_name`, `dataset_streaming`, missing column (the prompt or solution
-            column, or one a reward function reads: [`~stapo_trl.reward_columns.check_reward_columns`]), unknown
+            column, or one a reward function reads: [`~stapo_trl.dataset_checks.check_reward_columns`]), unknown
             `builtin:`, fewer training prompts (after the length filter) than one rollout step takes,
             `benchmark_eval` under DeepSpeed ZeRO-3 or FSDP (its evaluation generates on rank 0 alone), a checkpoint
-            in `output_dir` trained with other S2T or objective settings ([`check_resume_settings`]).
+            in `output_dir` trained with other S2T or objective settings ([`check_resume_settings`]), a tokenizer
+            without a chat template ([`~stapo_trl.dataset_checks.check_chat_template`]).
         FileNotFoundError: A model or dataset path that does not exist.
         ConnectionError: `push_to_hub` set but the Hub cannot be used (offline, no token, unreachable): one line
             naming `hub_model_id` ([`~stapo_trl.hub.check_hub_access`]).
@@ -110,7 +111,16 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     benchmark_callback = _benchmark_callback(script_args, training_args)
     # Last: a `builtin:` model is built (about 30 s, once) when it is not cached yet.
     model_path = resolve_model_path(model_args.model_name_or_path)
-    train_dataset, where = _drop_long_prompts(train_dataset, model_path, script_args, training_args, model_args)
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
+    )
+    # stapo-train's prompts are chat messages: a model without a chat template fails at TRL's first step otherwise.
+    check_chat_template(
+        tokenizer, train_dataset, model_args.model_name_or_path, script_args.dataset_name, CLI_CHAT_TEMPLATE_FIX
+    )
+    train_dataset, where = _drop_long_prompts(
+        train_dataset, tokenizer, model_path, script_args, training_args, model_args
+    )
     # TRL's sampler yields whole rollout batches only: fewer prompts than one needs would train 0 steps.
     error = too_few_prompts(
         len(train_dataset), training_args.generation_batch_size // training_args.num_generations, where
@@ -130,7 +140,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
 
 def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_funcs):
     """(train, test, before/after eval) prompt datasets, the last two `None` when not needed; every column a reward
-    function reads is checked here ([`~stapo_trl.reward_columns.check_reward_columns`])."""
+    function reads is checked here ([`~stapo_trl.dataset_checks.check_reward_columns`])."""
     load_kwargs = prompt_dataset_kwargs(script_args)
     train_dataset = load_prompt_dataset(
         script_args.dataset_name,
@@ -157,7 +167,7 @@ def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_func
     return train_dataset, test_dataset, eval_dataset
 
 
-def _drop_long_prompts(train_dataset, model_path: str, script_args, training_args, model_args):
+def _drop_long_prompts(train_dataset, tokenizer, model_path: str, script_args, training_args, model_args):
     """(the training prompts within the prompt-token budget, where they were counted: for the too-few message).
 
     Prompts longer than `max_prompt_tokens` or than the model's positions minus `max_completion_length` are dropped
@@ -172,9 +182,6 @@ def _drop_long_prompts(train_dataset, model_path: str, script_args, training_arg
     where = "in the train split" if script_args.max_train_samples is None else "with max_train_samples"
     if budget is None:
         return train_dataset, where
-    tokenizer = AutoTokenizer.from_pretrained(
-        model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
-    )
     total = len(train_dataset)
     train_dataset = filter_long_prompts(train_dataset, tokenizer, budget, training_args.chat_template_kwargs)
     report_dropped(

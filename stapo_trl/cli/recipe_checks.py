@@ -28,6 +28,7 @@ from ..data import (
     load_prompt_dataset,
 )
 from ..data import BUILTIN_PREFIX as DATA_PREFIX
+from ..dataset_checks import CLI_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
 from ..hub import check_hub_access
 from ..prompt_length import model_max_positions, prompt_token_budget
 from ..rewards import REWARDS, get_reward_funcs
@@ -289,9 +290,8 @@ def check_prompt_lengths(f: Findings, script_args, training_args, model_args, nu
     """
     if num_train_prompts is None:
         return  # a Hub dataset, or one that could not be opened: nothing to count here
-    name = str(model_args.model_name_or_path or "")
-    path = builtin_model_dir(name[len(MODEL_PREFIX) :]) if name.startswith(MODEL_PREFIX) else Path(name)
-    if not (path / "config.json").is_file():
+    path = _local_model_path(model_args)
+    if path is None:
         f.lines.append(
             ("prompt length", "not counted: the model is not here (a Hub id, or a builtin: model not built)")
         )
@@ -323,4 +323,27 @@ def check_prompt_lengths(f: Findings, script_args, training_args, model_args, nu
         f.errors.append(
             f"every training prompt exceeds {budget} tokens (max_prompt_tokens, or the model's positions minus "
             f"max_completion_length={training_args.max_completion_length}): nothing would be left to train on."
+        )
+
+
+def _local_model_path(model_args) -> Path | None:
+    """The model's folder when it is here (a local folder, or a `builtin:` model already built), else `None`."""
+    name = str(model_args.model_name_or_path or "")
+    path = builtin_model_dir(name[len(MODEL_PREFIX) :]) if name.startswith(MODEL_PREFIX) else Path(name)
+    return path if (path / "config.json").is_file() else None
+
+
+def check_chat_template_of_model(f: Findings, model_args) -> None:
+    """`stapo-train`'s prompts are chat messages: refuse a model whose tokenizer has no chat template, as
+    `stapo-train` itself does ([`~stapo_trl.dataset_checks.check_chat_template`]), when the model is here."""
+    path = _local_model_path(model_args)
+    if path is None:
+        return  # a Hub id (not downloaded by a dry run) or a builtin: model not built yet (all have a template)
+    from transformers import AutoTokenizer  # heavy: only for a model that is here
+
+    if not has_chat_template(AutoTokenizer.from_pretrained(path)):
+        f.errors.append(
+            chat_template_message(
+                str(model_args.model_name_or_path), "stapo-train's prompts are", CLI_CHAT_TEMPLATE_FIX
+            )
         )

@@ -255,7 +255,29 @@ def check_s2t_value_types(args: STAPOConfig) -> None:
             raise ValueError(f"{name}={value!r} must be a number, got {type(value).__name__}.")
 
 
-def untested_combination_warnings(args: STAPOConfig, steps_per_generation: int | None = None) -> list[str]:
+def partial_prompt_group_message(
+    per_device_train_batch_size: int, num_processes: int, gradient_accumulation_steps: int, num_generations: int
+) -> str | None:
+    """The warning for an optimizer update that holds part of a prompt group (`None` when it holds whole groups).
+
+    TRL only needs whole groups per rollout batch, but the paper's mini-batch (the set τ_h is taken over and the
+    loss normalised by) is whole prompts: 64 prompts x 8 rollouts.
+    """
+    completions = per_device_train_batch_size * num_processes * gradient_accumulation_steps
+    if completions % num_generations == 0:
+        return None
+    return (
+        f"An optimizer update holds {completions} completions (per_device_train_batch_size "
+        f"{per_device_train_batch_size} x {num_processes} processes x gradient_accumulation_steps "
+        f"{gradient_accumulation_steps}), not a whole number of prompt groups of num_generations={num_generations}: "
+        "the paper's mini-batches are whole prompts (64 prompts x 8). Make per_device_train_batch_size x processes x "
+        f"gradient_accumulation_steps a multiple of {num_generations}."
+    )
+
+
+def untested_combination_warnings(
+    args: STAPOConfig, steps_per_generation: int | None = None, num_processes: int | None = None
+) -> list[str]:
     """The warnings for settings the paper never ran or where the mask cannot renormalise, one message each.
 
     The one source of these messages: [`STAPOTrainer`] warns each at construction and the dry run prints the same
@@ -265,6 +287,8 @@ def untested_combination_warnings(args: STAPOConfig, steps_per_generation: int |
         args ([`STAPOConfig`]): the configuration to check.
         steps_per_generation (`int`, *optional*): overrides `args.steps_per_generation` (the dry run recomputes it
             for another number of processes when the recipe fixes `generation_batch_size`).
+        num_processes (`int`, *optional*): training processes; defaults to `args.world_size` (the dry run plans
+            for other counts).
 
     Returns:
         `list[str]`: the messages, empty when there is nothing to say.
@@ -306,6 +330,14 @@ def untested_combination_warnings(args: STAPOConfig, steps_per_generation: int |
             "calibrated at temperature 1.0, and probabilities and entropies are taken from the temperature-scaled "
             "logits, so the silenced set changes. The paper trains at 1.0."
         )
+    partial = partial_prompt_group_message(
+        args.per_device_train_batch_size,
+        num_processes or args.world_size,
+        args.gradient_accumulation_steps,
+        args.num_generations,
+    )
+    if partial is not None:
+        messages.append(partial)
     steps_per_generation = steps_per_generation or args.steps_per_generation
     if args.s2t_scope != "micro_batch" and steps_per_generation % args.gradient_accumulation_steps != 0:
         messages.append(

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..dataset_checks import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
 from ..grading import grade
 from ..prompt_length import count_prompt_tokens, keep_short_prompts, prompt_token_budget
 from .metrics import benchmark_metrics
@@ -87,18 +88,26 @@ def build_prompt_text(
         problem (`str`): the problem statement.
         instruction (`str` or `None`): appended by [`stapo_trl.data.format_prompt`]; defaults to
             [`stapo_trl.data.INSTRUCTION`], the training prompt's.
-        use_chat_template (`bool`): apply the tokenizer's chat template (with the generation prompt) when it has
-            one; otherwise the user message content is used as plain text.
+        use_chat_template (`bool`): apply the tokenizer's chat template (with the generation prompt), as training
+            does; `False`: the user message content as plain text.
 
     Returns:
         `str`: the text to tokenize (without extra special tokens).
+
+    Raises:
+        ValueError: `use_chat_template` and the tokenizer has no chat template (training refuses chat prompts without
+            one too: [`~stapo_trl.dataset_checks.check_chat_template`]).
     """
     from ..data import INSTRUCTION, format_prompt  # datasets is slow to import: kept out of `stapo-eval --help`
 
     messages = format_prompt(problem, INSTRUCTION if instruction == _DEFAULT_INSTRUCTION else instruction)
-    if use_chat_template and tokenizer.chat_template:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return messages[-1]["content"]
+    if not use_chat_template:
+        return messages[-1]["content"]
+    if not has_chat_template(tokenizer):
+        raise ValueError(
+            chat_template_message(tokenizer.name_or_path, "The evaluation prompts are", EVAL_CHAT_TEMPLATE_FIX)
+        )
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

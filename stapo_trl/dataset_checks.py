@@ -1,11 +1,15 @@
-"""The dataset columns a reward function needs, checked before training: one rule for `stapo-train` and the trainer.
+"""The datasets of a run, checked when the trainer is built, before any model: one rule for `stapo-train`, its dry run,
+the trainer and (for chat templates) `stapo-eval`.
+
+- [`check_prompt_column`]: a dataset is not empty, and has the `prompt` column TRL reads.
+- [`check_reward_columns`]: every reward argument is filled by a column or by TRL.
+- [`check_chat_template`]: chat-message prompts need a tokenizer with a chat template.
 
 TRL's `GRPOTrainer` calls a reward function as `f(prompts=..., completions=..., completion_ids=..., **columns)`,
 where `columns` are every dataset column but `prompt`, `completion` and `completion_ids`, plus `trainer_state`,
 `log_extra`, `log_metric` (and `environments` with `environment_factory`). A reward argument without a default that
 none of these fills raises a `TypeError` at the first training step, after the model is built and the first batch is
-generated. [`check_reward_columns`] finds it at construction instead. It imports no other `stapo_trl` module, so the
-trainer that calls it stays liftable.
+generated. [`check_reward_columns`] finds it at construction instead.
 """
 
 from __future__ import annotations
@@ -104,9 +108,16 @@ def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "t
 
 
 def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset") -> None:
-    """Raise a `ValueError` if `dataset` (or one of a dict of datasets) has column names but no `prompt` column, which
-    TRL reads the prompts from (a `KeyError` inside TRL at the first step otherwise). Unknown columns pass."""
+    """Raise a `ValueError` if `dataset` (or one of a dict of datasets) is empty, or has column names but no `prompt`
+    column, which TRL reads the prompts from (a `KeyError` inside TRL at the first step otherwise). Datasets without
+    a length or a column list (streamed ones) pass what cannot be known."""
     for name, data in _named_datasets(dataset, dataset_name):
+        length = len(data) if hasattr(data, "__len__") else None
+        if length == 0:
+            raise ValueError(
+                f"Dataset {name!r} is empty (0 rows): give it prompts, one row each with a 'prompt' column (a string "
+                "or a list of chat messages) and the columns the reward functions read."
+            )
         columns = getattr(data, "column_names", None)
         if columns is not None and "prompt" not in columns:
             raise ValueError(
@@ -114,3 +125,68 @@ def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset") -> No
                 "'prompt' (a string or a list of chat messages): rename yours, e.g. dataset.rename_column('question', "
                 "'prompt')."
             )
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether `tokenizer` (a tokenizer or a processor) has a chat template to format chat messages with."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def chat_template_message(model_name: str, what: str, fix: str) -> str:
+    """The one line every command prints for chat messages without a chat template: what, which model, the fix."""
+    return (
+        f"{what} chat messages, but the tokenizer of {model_name!r} has no chat template to format them with "
+        f"(tokenizer.chat_template is not set). {fix}"
+    )
+
+
+# The fix each caller names: from Python (training from code), `stapo-train` (its prompts are always chat messages),
+# `stapo-eval` (which can also feed the plain text).
+CHAT_TEMPLATE_FIX = (
+    "Give the tokenizer a template (tokenizer.chat_template = '...', then pass processing_class=tokenizer or save it "
+    "into the model folder), or pass prompts as plain strings. The built-in builtin:gemma3-270m adds Gemma's."
+)
+CLI_CHAT_TEMPLATE_FIX = (
+    "Use a model whose tokenizer has one (builtin:gemma3-270m adds Gemma's to google/gemma-3-270m), or set "
+    "tokenizer.chat_template and save_pretrained it into the model folder."
+)
+EVAL_CHAT_TEMPLATE_FIX = CLI_CHAT_TEMPLATE_FIX[:-1] + "; or pass --no-chat-template to feed the plain problem text."
+
+
+def first_example(dataset: Any) -> Any:
+    """The first example of a dataset (map-style or iterable), or `None` when there is none or it cannot be read."""
+    if dataset is None:
+        return None
+    try:
+        return dataset[0] if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") else next(iter(dataset))
+    except (IndexError, KeyError, StopIteration, TypeError):
+        return None
+
+
+def check_chat_template(tokenizer: Any, dataset: Any, model_name: str, dataset_name: str = "train_dataset",
+                        fix: str = CHAT_TEMPLATE_FIX) -> None:  # fmt: skip
+    """Raise a `ValueError` if `dataset`'s prompts are chat messages and `tokenizer` has no chat template.
+
+    TRL formats chat-message prompts with `apply_chat_template`; without a template it fails at the first training
+    step ("tokenizer.chat_template is not set"), after the model is built and the run files are opened. A base model
+    such as google/gemma-3-270m has none.
+
+    Args:
+        tokenizer: the tokenizer (or processor) the trainer will use.
+        dataset ([`~datasets.Dataset`], a `dict` of datasets, or `None`): the prompts; the first example of each
+            tells whether they are chat messages ([`~trl.data_utils.is_conversational`]).
+        model_name (`str`): how the message names the model.
+        dataset_name (`str`, *optional*, defaults to `"train_dataset"`): how the message names the dataset.
+        fix (`str`, *optional*): the last sentence of the message: what to do (the CLI names its own fix).
+
+    Raises:
+        ValueError: one line, [`chat_template_message`].
+    """
+    from trl.data_utils import is_conversational
+
+    if has_chat_template(tokenizer):
+        return
+    for name, data in _named_datasets(dataset, dataset_name):
+        example = first_example(data)
+        if isinstance(example, dict) and "prompt" in example and is_conversational(example):
+            raise ValueError(chat_template_message(model_name, f"The prompts of {name!r} are", fix))

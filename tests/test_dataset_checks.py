@@ -1,0 +1,190 @@
+"""The datasets of a run, checked when the trainer is built (`stapo_trl.dataset_checks`): chat messages need a chat
+template (issue 20, item 5: Gemma-3 has none and TRL failed at step 1), empty datasets say they are empty (issue 23,
+item 6), and an optimizer update of partial prompt groups is warned by the run as by the dry run (issue 23, item 5).
+"""
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+from test_robust import no_model_built  # noqa: F401 (fixture)
+from testing_utils import tiny_stapo_config
+
+from stapo_trl import STAPOTrainer
+
+
+REPO = Path(__file__).resolve().parents[1]
+STAPO_RECIPE = str(REPO / "recipes" / "demo" / "stapo.yaml")
+CHAT = [{"prompt": [{"role": "user", "content": f"{i}+{i}"}], "solution": str(2 * i)} for i in range(8)]
+TEXT = [{"prompt": f"{i}+{i}=", "solution": str(2 * i)} for i in range(8)]
+
+
+def zero_reward(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+@pytest.fixture(scope="module")
+def model_without_chat_template(tiny_random_model_path, tmp_path_factory) -> str:
+    """The tiny random model with its chat template removed, as a base model such as google/gemma-3-270m ships."""
+    folder = tmp_path_factory.mktemp("no-template") / "model"
+    shutil.copytree(tiny_random_model_path, folder)
+    (folder / "chat_template.jinja").unlink()
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+def build(model, tmp_path, train, eval_rows=None, record=None, **overrides):
+    """The trainer; with `record` (a list), the construction's warnings are appended to it instead of ignored."""
+    args = tiny_stapo_config(tmp_path / "out", max_steps=1, **overrides)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always" if record is not None else "ignore")
+        trainer = STAPOTrainer(
+            model,
+            reward_funcs=zero_reward,
+            args=args,
+            train_dataset=train if isinstance(train, Dataset) else Dataset.from_list(train),
+            eval_dataset=None if eval_rows is None else Dataset.from_list(eval_rows),
+        )
+    if record is not None:
+        record += [str(w.message) for w in caught]
+    return trainer
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Chat messages without a chat template
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "train, eval_rows, name",
+    [(CHAT, None, "train_dataset"), (TEXT, CHAT, "eval_dataset")],
+    ids=["chat-train", "chat-eval-only"],
+)
+def test_python_api_refuses_chat_prompts_without_a_template_when_the_trainer_is_built(
+    model_without_chat_template, tmp_path, train, eval_rows, name
+):
+    # Was: built, then TRL failed at the first step ("tokenizer.chat_template is not set"), after the run files.
+    with pytest.raises(ValueError) as info:
+        build(model_without_chat_template, tmp_path, train, eval_rows, eval_strategy="no")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"The prompts of {name!r} are chat messages, but the tokenizer of ")
+    assert "has no chat template" in message and "processing_class=tokenizer" in message
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # no run file left behind
+
+
+def test_plain_text_prompts_train_without_a_template(model_without_chat_template, tmp_path):
+    trainer = build(model_without_chat_template, tmp_path, TEXT)
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_stapo_train_and_its_dry_run_refuse_a_model_without_a_template(
+    no_model_built,  # noqa: F811 (fixture)
+    model_without_chat_template,
+    tmp_path,
+    capsys,
+):
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main
+
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--model_name_or_path",
+            model_without_chat_template]  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    message = str(info.value.code)
+    assert message.startswith("stapo-train: error: The prompts of 'builtin:tiny-math' are chat messages") and (
+        "\n" not in message
+    ), message
+    assert "builtin:gemma3-270m adds Gemma's" in message
+    capsys.readouterr()
+    assert dry_run_main(argv) == 1
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "no chat template" in line]
+    assert line.startswith("  - stapo-train's prompts are chat messages, but the tokenizer of ")
+
+
+def test_stapo_eval_refuses_a_model_without_a_template_unless_told_to_feed_text(
+    model_without_chat_template, tmp_path, capsys
+):
+    from stapo_trl.cli.eval import main
+
+    argv = ["--model", model_without_chat_template, "--benchmarks", "tiny-math", "--backend", "hf", "--limit", "2",
+            "--samples", "1", "--max-new-tokens", "8"]  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--output", str(tmp_path / "a.json")])
+    assert info.value.code == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "no chat template" in line]
+    assert "stapo-eval's prompts are chat messages" in line and "--no-chat-template" in line
+    assert main([*argv, "--no-chat-template", "--output", str(tmp_path / "b.json")]) == 0  # was: silently this
+
+
+def test_evaluation_prompts_follow_the_same_rule(model_without_chat_template):
+    from transformers import AutoTokenizer
+
+    from stapo_trl.evaluation.generation import build_prompt_text
+
+    tokenizer = AutoTokenizer.from_pretrained(model_without_chat_template)
+    with pytest.raises(ValueError, match="^The evaluation prompts are chat messages, but the tokenizer of "):
+        build_prompt_text(tokenizer, "1+1")
+    assert build_prompt_text(tokenizer, "1+1", use_chat_template=False).startswith("1+1\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Empty datasets
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "train, eval_rows, name",
+    [
+        (Dataset.from_list([]), None, "train_dataset"),  # the reported case: got "Column 'prompt' not found"
+        (Dataset.from_dict({"prompt": [], "solution": []}), None, "train_dataset"),  # columns but no rows
+        (CHAT, [], "eval_dataset"),
+    ],
+    ids=["no-columns", "columns-no-rows", "empty-eval"],
+)
+def test_an_empty_dataset_is_called_empty(tiny_random_model_path, tmp_path, train, eval_rows, name):
+    from stapo_trl.dataset_checks import check_prompt_column
+
+    with pytest.raises(ValueError, match=rf"^Dataset '{name}' is empty \(0 rows\): give it prompts"):
+        build(tiny_random_model_path, tmp_path, train, eval_rows)
+    with pytest.raises(ValueError, match=r"^Dataset \"eval_dataset\['b'\]\" is empty"):
+        check_prompt_column({"a": Dataset.from_list(CHAT), "b": Dataset.from_list([])}, "eval_dataset")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Partial prompt groups in an optimizer update
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "per_device, grad_accum, steps_per_generation, warned",
+    [(4, 1, 2, True), (4, 2, 2, False), (6, 1, 4, True)],
+    ids=["half-group", "whole-group-over-2-micro-steps", "one-and-a-half-groups"],
+)
+def test_the_run_warns_of_partial_prompt_groups_as_its_dry_run_does(
+    tiny_random_model_path, tmp_path, per_device, grad_accum, steps_per_generation, warned
+):
+    from stapo_trl.cli.dry_run import dry_run_recipe
+
+    # num_generations 8: the rollout batch holds whole groups in every case (TRL's own rule: 8, 8 and 24
+    # completions), an optimizer update may not (4, 8 and 6 completions).
+    geometry = dict(
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=grad_accum,
+        steps_per_generation=steps_per_generation,
+        num_generations=8,
+    )
+    caught = []
+    build(tiny_random_model_path, tmp_path, CHAT * 2, record=caught, **geometry)
+    run = [message for message in caught if "not a whole number of prompt groups" in message]
+    overrides = [f"--{key}={value}" for key, value in geometry.items()]
+    report = dry_run_recipe(["--config", STAPO_RECIPE, *overrides], 1)
+    planned = [w for w in report.warnings if "not a whole number of prompt groups" in w]
+    assert run == planned
+    assert bool(run) == warned
