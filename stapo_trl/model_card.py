@@ -30,6 +30,7 @@ SECTION_START = "<!-- stapo_trl:settings -->"
 SECTION_END = "<!-- /stapo_trl:settings -->"
 PAPER_URL = "https://huggingface.co/papers/2602.15620"
 BUILTIN_INFO_FILE = "stapo_builtin.json"  # written by stapo_trl.builtin next to a built-in model
+LOCAL_MODEL = "a local model"  # how a card names a base model loaded from a local folder
 
 # (field, what it is in the paper) of the rows of the settings table, in order.
 _S2T_FIELDS = (
@@ -68,19 +69,27 @@ RESUME_FIXED_FIELDS = tuple(
 
 
 def base_model_name(model_name_or_path: str) -> str:
-    """A readable name for the base model: the `builtin:` name of a built-in model directory, else the id or path.
+    """How a card names the base model: a Hub id as is, a built-in model's folder by its `builtin:` name, any other
+    local folder as `LOCAL_MODEL` (its path means nothing to a reader, and may say more than the user wants).
 
     Args:
         model_name_or_path (`str`): what the model was loaded from (a Hub id, a directory, a `builtin:` cache folder).
 
     Returns:
-        `str`: e.g. `"Qwen/Qwen3-1.7B-Base"`, `"builtin:tiny-math"` or the directory path.
+        `str`: e.g. `"Qwen/Qwen3-1.7B-Base"`, `"builtin:tiny-math"` or `"a local model"`.
     """
     info_path = os.path.join(model_name_or_path, BUILTIN_INFO_FILE)
     if os.path.isfile(info_path):
         with open(info_path, encoding="utf-8") as f:
-            return json.load(f).get("name", model_name_or_path)
+            return json.load(f).get("name", LOCAL_MODEL)
+    if os.path.isabs(model_name_or_path) or os.path.exists(model_name_or_path):
+        return LOCAL_MODEL
     return model_name_or_path
+
+
+def _named(base_model: str) -> str:
+    """The base model as the card writes it: a name in code font, `LOCAL_MODEL` as words."""
+    return base_model if base_model == LOCAL_MODEL else f"`{base_model}`"
 
 
 def _value(args: Any, name: str) -> str:
@@ -178,20 +187,20 @@ def stapo_card_section(
     lines = [SECTION_START, "", "### STAPO run: settings and results", ""]
     if is_stapo and args.s2t_mode == "off":
         lines.append(
-            f"Base model: `{base_model}`, trained with `stapo_trl.STAPOTrainer` with the S2T mask off "
+            f"Base model: {_named(base_model)}, trained with `stapo_trl.STAPOTrainer` with the S2T mask off "
             f"(`s2t_mode: off`): the GRPO objective below without the mask, the like-for-like baseline of "
             f"[STAPO]({PAPER_URL}) (arXiv:2602.15620)."
         )
     elif is_stapo:
         lines.append(
-            f'Base model: `{base_model}`, trained with [STAPO]({PAPER_URL}) (Liu et al., 2026, "STAPO: Stabilizing '
+            f'Base model: {_named(base_model)}, trained with [STAPO]({PAPER_URL}) (Liu et al., 2026, "STAPO: Stabilizing '
             'Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens", arXiv:2602.15620) using '
             "`stapo_trl.STAPOTrainer`: positive-advantage tokens sampled with a low probability at low-entropy "
             "positions (spurious tokens) are removed from the numerator and the denominator of the loss."
         )
     else:
         lines.append(
-            f"Base model: `{base_model}`, trained with the GRPO objective below and no S2T mask (the baseline of "
+            f"Base model: {_named(base_model)}, trained with the GRPO objective below and no S2T mask (the baseline of "
             f"[STAPO]({PAPER_URL}), arXiv:2602.15620)."
         )
     lines += [""] + run_summary_lines(args, global_step=global_step, log_rows=log_rows, eval_record=eval_record)
@@ -320,7 +329,7 @@ def add_stapo_section(trainer, base_model: str | None = None, eval_record: dict[
     if SECTION_START in card and SECTION_END in card:
         head, rest = card.split(SECTION_START, 1)
         card = head.rstrip("\n") + "\n" + rest.split(SECTION_END, 1)[1].lstrip("\n")
-    card = card.replace("[None](https://huggingface.co/None)", f"`{base_model}`")
+    card = card.replace("[None](https://huggingface.co/None)", _named(base_model))
     card = card.replace('model="None"', f"model={json.dumps(trainer.args.output_dir)}")  # a quoted Python string
     card = card.replace("licence: license\n", "")
     # TRL's tracker-badge lines are blank without a tracker: one empty line under the heading instead of four.
@@ -356,7 +365,7 @@ def public_base_model_name(base_model: str) -> str:
     if base_model.startswith("builtin:"):
         return f"the {base_model[len('builtin:') :]} demo model built by stapo_trl"
     if os.path.isabs(base_model) or os.path.exists(base_model):
-        return "a local model"
+        return LOCAL_MODEL
     return base_model
 
 
@@ -392,7 +401,7 @@ def make_card_public(trainer, base_model: str | None = None, eval_record: dict[s
     with open(path, encoding="utf-8") as f:
         card = f.read()
     public = public_base_model_name(base_model)
-    card = card.replace(f"`{base_model}`", public if public != base_model else f"`{base_model}`")
+    card = card.replace(_named(base_model), public if public != base_model else _named(base_model))
     output_dir = trainer.args.output_dir
     target = trainer.args.hub_model_id or os.path.basename(os.path.normpath(output_dir))
     card = card.replace(f"model={json.dumps(output_dir)}", f"model={json.dumps(target)}")

@@ -184,3 +184,35 @@ def test_failed_push_at_the_end_keeps_the_local_results_and_says_how_to_push_lat
     for name in ("model.safetensors", "eval.json", "metrics.jsonl"):
         assert (run / name).read_bytes() == before[name], name
     assert "## Training procedure" in (run / "README.md").read_text()
+
+
+@pytest.mark.parametrize("where", ["local-folder", "absolute-folder", "builtin"])
+def test_python_api_card_names_no_local_path_and_asks_a_training_prompt(
+    tiny_random_model_path, tmp_path, monkeypatch, where
+):
+    # Issue 20, item 5: the card written from the Python API named the base model by its local path and kept TRL's
+    # generic quick start ("If you had a time machine...").
+    from datasets import Dataset
+
+    from stapo_trl import STAPOConfig, STAPOTrainer
+
+    model = tiny_random_model_path
+    if where != "builtin":  # a model folder of the user's own (not a built-in: no stapo_builtin.json)
+        shutil.copytree(tiny_random_model_path, tmp_path / "my-sft-model", ignore=shutil.ignore_patterns("stapo_*"))
+        model = str(tmp_path / "my-sft-model")
+        if where == "local-folder":
+            monkeypatch.chdir(tmp_path)
+            model = "my-sft-model"
+    args = STAPOConfig(output_dir=str(tmp_path / "run"), report_to="none", per_device_train_batch_size=8,
+                       num_generations=8, max_completion_length=8, max_steps=1)  # fmt: skip
+    prompt = [{"role": "user", "content": "47+38\nPlease reason step by step."}]
+    trainer = STAPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+                           train_dataset=Dataset.from_dict({"prompt": [prompt] * 8}))  # fmt: skip
+    trainer.create_model_card()
+    card = (tmp_path / "run" / "README.md").read_text()
+    for leak in (str(tmp_path / "my-sft-model"), "my-sft-model", tiny_random_model_path, "[None]"):
+        assert leak not in card, leak
+    expected = "Base model: `builtin:tiny-random`" if where == "builtin" else "Base model: a local model"
+    assert expected in card
+    assert json.dumps(prompt) in card.split("## Quick start", 1)[1]  # the run's own prompt, not TRL's question
+    assert "time machine" not in card
