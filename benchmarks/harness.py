@@ -36,16 +36,16 @@ GRPO_RECIPE = "recipes/demo/grpo.yaml"
 STAPO_RECIPE = "recipes/demo/stapo.yaml"
 
 
-def _plain_grpo_recipe() -> str:
-    """`recipes/demo/grpo.yaml` as plain `trl.GRPOTrainer` runs it: `trainer: grpo` and no `s2t_*` keys (a temporary
-    file, so the comparison with TRL needs no recipe of its own in the repository)."""
-    text = (REPO / GRPO_RECIPE).read_text().replace("trainer: stapo ", "trainer: grpo ")
+def plain_grpo_recipe(recipe: str = GRPO_RECIPE) -> str:
+    """A recipe (default `recipes/demo/grpo.yaml`) as plain `trl.GRPOTrainer` runs it: `trainer: grpo` and no `s2t_*`
+    keys (a temporary file, so the comparison with TRL needs no recipe of its own in the repository)."""
+    text = (REPO / recipe).read_text().replace("trainer: stapo ", "trainer: grpo ")
     path = Path(tempfile.mkdtemp(prefix="stapo-bench-")) / "grpo_plain_trl.yaml"
     path.write_text("\n".join(line for line in text.splitlines() if not line.startswith("s2t_")) + "\n")
     return str(path)
 
 
-PLAIN_GRPO_RECIPE = _plain_grpo_recipe()
+PLAIN_GRPO_RECIPE = plain_grpo_recipe()
 QUANTILE_LIMIT = 2**24  # torch.quantile raises above this many elements (pytorch#64947)
 
 # Targets from the benchmark issue: time ratios against GRPOTrainer, peak-memory ratio.
