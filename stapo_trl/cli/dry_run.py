@@ -169,44 +169,27 @@ def validate_recipe(
         raise ValueError(
             f"num_processes={num_processes!r} must be a positive integer (training processes, one per GPU)."
         )
-    from .launch_checks import (  # TRL and the config: see the note at the top
-        batch_lines,
-        check_batch,
-        check_generation,
-        check_sharding,
-        s2t_values_line,
-    )
-    from .recipe_checks import (
-        Findings,
-        check_chat_template_of_model,
-        check_data,
-        check_model,
-        check_optimisation,
-        check_output,
-        check_prompt_count,
-        check_prompt_lengths,
-        check_rewards,
-        check_trainer,
-    )
+    from . import launch_checks as launch  # TRL and the config: see the note at the top
+    from . import recipe_checks as checks
 
-    f = Findings()
-    is_stapo = check_trainer(f, script_args, training_args)
-    check_model(f, model_args)
+    f = checks.Findings()
+    is_stapo = checks.check_trainer(f, script_args, training_args)
+    checks.check_model(f, model_args)
     # Fields that plain TRL ScriptArguments lack (other scripts' argument classes): absent means "not set".
     max_prompt_tokens = getattr(script_args, "max_prompt_tokens", None)
-    num_train_prompts = check_data(f, script_args, max_prompt_tokens)
-    check_rewards(f, script_args, training_args)
-    geometry = check_batch(f, training_args, num_processes, generation_batch_size, is_stapo)
-    check_prompt_count(f, script_args, num_train_prompts, geometry)
-    if check_chat_template_of_model(f, model_args):  # the prompts can be formatted, so counted
-        check_prompt_lengths(f, script_args, training_args, model_args, num_train_prompts)
-    max_tokens = batch_lines(f, geometry, training_args.max_completion_length, max_prompt_tokens)
+    num_train_prompts = checks.check_data(f, script_args, max_prompt_tokens)
+    checks.check_rewards(f, script_args, training_args)
+    geometry = launch.check_batch(f, training_args, num_processes, generation_batch_size, is_stapo)
+    checks.check_prompt_count(f, script_args, num_train_prompts, geometry)
+    if checks.check_chat_template_of_model(f, model_args):  # the prompts can be formatted, so counted
+        checks.check_prompt_lengths(f, script_args, training_args, model_args, num_train_prompts)
+    max_tokens = launch.batch_lines(f, geometry, training_args.max_completion_length, max_prompt_tokens)
     if is_stapo:
-        s2t_values_line(f, training_args, geometry)
-    check_optimisation(f, training_args)
-    check_generation(f, training_args, num_processes, is_stapo, max_prompt_tokens, cpu_forced)
-    check_output(f, script_args, training_args, cpu_forced, geometry)
-    check_sharding(f, script_args, training_args, accelerate_config)
+        launch.s2t_values_line(f, training_args, geometry)
+    checks.check_optimisation(f, training_args)
+    launch.check_generation(f, training_args, num_processes, is_stapo, max_prompt_tokens, cpu_forced)
+    checks.check_output(f, script_args, training_args, cpu_forced, geometry)
+    launch.check_sharding(f, script_args, training_args, accelerate_config)
     return DryRunReport(
         trainer=script_args.trainer,
         num_processes=num_processes,
