@@ -204,6 +204,29 @@ def test_demo_recipe_trains_on_two_cpu_processes(tiny_math_model_path, tmp_path)
     assert "STAPO" in card and "2602.15620" in card and "| `s2t_prob_threshold` |" in card
 
 
+def test_an_input_error_under_accelerate_ends_each_process_with_status_2(tmp_path):
+    """Issue 23, item 1: `python -m stapo_trl.cli.train` on every rank exits 2 on a range error (it exited 1) with one
+    line; the launcher's own status is accelerate's (1, with torch's summary naming the ranks' exit codes)."""
+    for _ in range(2):  # a second port when another job took the first meanwhile
+        cmd = _accelerate_cmd("cpu_2proc.yaml", _free_port()) + [
+            "-m", "stapo_trl.cli.train", "--config", str(DEMO_RECIPE), "--output_dir", str(tmp_path / "out"),
+            "--s2t_entropy_quantile", "1.5",
+        ]  # fmt: skip
+        result = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+        output = result.stdout + result.stderr
+        if not any(marker in output for marker in PORT_TAKEN):
+            break
+    assert result.returncode != 0, output[-3000:]
+    assert "exitcode  : 2 (pid:" in output, output[-3000:]  # the root cause: a rank that exited with status 2
+    assert "exitcode  : 1 (pid:" not in output, output[-3000:]
+    message = (
+        "stapo-train: error: s2t_entropy_quantile=1.5 is out of range: it is the quantile q and must be in [0, 1]. "
+        "The paper uses 0.75 (0.80 in v1)."
+    )
+    assert message in output.splitlines(), output[-3000:]
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_demo_recipe_trains_with_deepspeed_zero2_on_two_cpu_processes(tiny_math_model_path, tmp_path):
     pytest.importorskip("deepspeed")

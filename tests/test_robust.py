@@ -64,7 +64,7 @@ def test_too_few_prompts_fail_before_the_model_and_in_the_dry_run(
     with pytest.raises(SystemExit, match=r"^stapo-train: error: " + match):
         main(argv)
     assert not (tmp_path / "out").exists()
-    assert dry_run_main(argv) == 1
+    assert dry_run_main(argv) == 2  # a failed check is an input error (issue 23)
     assert len([line for line in capsys.readouterr().out.splitlines() if "one rollout step needs" in line]) == 1
 
 
@@ -108,10 +108,10 @@ def test_empty_dataset_file_gets_one_line(no_model_built, tmp_path, capsys, name
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--dataset_name", str(path)]
     with pytest.raises(SystemExit) as excinfo:
         main(argv)
-    message = str(excinfo.value.code)
+    message = str(excinfo.value)
     assert message.startswith(f"stapo-train: error: {expected}") and "\n" not in message, message
     capsys.readouterr()
-    assert dry_run_main(argv) == 1
+    assert dry_run_main(argv) == 2  # a failed check is an input error (issue 23)
     out = capsys.readouterr().out
     assert "StopIteration" not in out and "ArrowInvalid" not in out
     assert [line for line in out.splitlines() if "is empty" in line] == [
@@ -137,7 +137,7 @@ def test_malformed_dataset_file_gets_one_line(no_model_built, tmp_path, name, co
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--dataset_name", str(path)]
     with pytest.raises(SystemExit) as excinfo:
         main(argv)
-    message = str(excinfo.value.code)
+    message = str(excinfo.value)
     assert message.startswith(f"stapo-train: error: dataset file '{path}' could not be parsed as json: "), message
     assert cause in message and "\n" not in message, message
 
@@ -323,7 +323,7 @@ def test_resume_with_other_settings_is_refused_before_the_model(tmp_path, tiny_m
     card = (out / "README.md").read_text()
     with pytest.raises(SystemExit) as excinfo:
         main([*argv, "--max_steps", "2", *changed])
-    message = str(excinfo.value.code)
+    message = str(excinfo.value)
     assert message.startswith(f"stapo-train: error: {out} holds checkpoint-1, trained with other settings (")
     assert expected in message and "Use another output_dir" in message and "\n" not in message, message
     assert (out / "README.md").read_text() == card and not (out / "checkpoint-2").exists()
@@ -539,7 +539,7 @@ def test_push_to_hub_offline_fails_before_the_model_in_one_line(no_model_built, 
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--push_to_hub", "true"]
     with pytest.raises(SystemExit) as excinfo:
         main([*argv, "--hub_model_id", "me/stapo-demo"])
-    message = str(excinfo.value.code)
+    message = str(excinfo.value)
     assert message.startswith(
         "stapo-train: error: push_to_hub: cannot push to hub_model_id='me/stapo-demo': offline mode is on "
         "(HF_HUB_OFFLINE=1). Fix that, or pass --push_to_hub false"
@@ -549,7 +549,7 @@ def test_push_to_hub_offline_fails_before_the_model_in_one_line(no_model_built, 
     with pytest.raises(SystemExit, match=r"hub_model_id='out': offline mode"):
         main(argv)
     capsys.readouterr()
-    assert dry_run_main([*argv, "--hub_model_id", "me/stapo-demo"]) == 1
+    assert dry_run_main([*argv, "--hub_model_id", "me/stapo-demo"]) == 2
     assert "  - push_to_hub: cannot push to hub_model_id='me/stapo-demo': offline mode" in capsys.readouterr().out
 
 

@@ -24,6 +24,7 @@ import yaml
 from trl import GRPOConfig, ModelConfig, ScriptArguments, TrlParser
 
 from ..config import STAPOConfig
+from .errors import EXIT_STATUS_HELP, InputError
 from .geometry import BatchGeometry
 
 
@@ -249,12 +250,12 @@ class RecipeParser(TrlParser):
             else:
                 close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
                 hint = f"did you mean {', '.join(close)}?" if close else "no similar field"
-            lines.append(f"  {key}: {hint}")
+            lines.append(f"{key}: {hint}")
         return (
-            f"Unknown key(s) in {where}:\n"
-            + "\n".join(lines)
-            + "\nEvery key must be a field of STAPOScriptArguments, "
-            "STAPOConfig (GRPOConfig + s2t_*) or ModelConfig; see `stapo-train --help`."
+            f"Unknown key(s) in {where}: "
+            + "; ".join(lines)
+            + ". Every key must be a field of STAPOScriptArguments, STAPOConfig (GRPOConfig + s2t_*) or ModelConfig: "
+            "correct or remove it (`stapo-train --help` lists the fields)."
         )
 
     def parse_args_into_dataclasses(self, args=None, **kwargs):
@@ -287,8 +288,8 @@ class RecipeParser(TrlParser):
         return super().parse_args_into_dataclasses(args=args, **kwargs)
 
     def error(self, message):
-        # argparse prints the whole usage (hundreds of GRPOConfig fields) before the message; print only the message.
-        self.exit(2, f"stapo-train: error: {message}\nSee `stapo-train --help` for every field.\n")
+        # argparse prints the whole usage (hundreds of GRPOConfig fields) before the message; one line instead.
+        raise InputError("stapo-train", f"{message}. See `stapo-train --help` for every field.")
 
 
 USAGE = """
@@ -381,6 +382,7 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None, *, trainer
             usage=USAGE,
             allow_abbrev=False,  # `--s2t_scop` must not pass for `--s2t_scope`: a typo gets "did you mean" instead
             description=DESCRIPTION + "\n\n" + textwrap.fill(HELP_FIELDS_INTRO, width=100),
+            epilog=textwrap.fill(EXIT_STATUS_HELP, width=100),
             formatter_class=_HelpFormatter,
         )
     if trainer == "grpo":

@@ -4,7 +4,6 @@ with both runs' curves (reward, entropy, silenced ratio) and a before/after held
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -16,6 +15,7 @@ from ..diagnostic_plots import plot_diagnostics
 from ..metrics_log import read_metrics
 from ..plots import TRAINING_CURVES, plot_training_curves
 from .args import parse_args
+from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser
 from .run import train
 
 
@@ -78,11 +78,12 @@ def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if "--" in argv:
         overrides = argv[argv.index("--") + 1 :]
         argv = argv[: argv.index("--")]
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="stapo-train compare",
         allow_abbrev=False,
         description="Train two recipes on the same seeds; plot both runs' curves in one PNG and print held-out "
         "accuracy before/after. Arguments after `--` override keys of both recipes (e.g. -- --max_steps 100).",
+        epilog=EXIT_STATUS_HELP,
     )
     parser.add_argument(
         "recipes", nargs=2, metavar="RECIPE", help="Two recipe YAML files (e.g. grpo.yaml stapo.yaml)."
@@ -90,6 +91,13 @@ def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="Seeds to run each recipe on.")
     parser.add_argument("--output-dir", default="outputs/compare", help="Root folder of the runs and the figure.")
     args = parser.parse_args(argv)
+    repeated = sorted({seed for seed in args.seeds if args.seeds.count(seed) > 1})
+    if repeated:
+        raise InputError(
+            parser.prog,
+            f"--seeds {' '.join(map(str, args.seeds))}: seed(s) {', '.join(map(str, repeated))} given twice; each "
+            "seed is one run folder per recipe, so give distinct seeds.",
+        )
 
     labels: dict[str, str] = {}
     for recipe in args.recipes:
@@ -112,7 +120,7 @@ def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 ]
                 planned.append((labels[recipe], seed, parse_args(run_argv + overrides)))
     except (ValueError, OSError) as e:
-        raise SystemExit(f"stapo-train compare: error: {e}") from e
+        raise InputError(parser.prog, str(e)) from e
     results: dict[str, list[dict[str, Any]]] = {label: [] for label in labels.values()}
     for i, (label, seed, parsed) in enumerate(planned):
         print(f"\n### compare: {label} seed {seed} -> {parsed[1].output_dir}")

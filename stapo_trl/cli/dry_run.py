@@ -9,7 +9,8 @@ answers "will this recipe start, and what will one step be?" before a multi-node
 runs it over every recipe against the pinned TRL and transformers, so a renamed upstream field fails in CI rather
 than on the cluster.
 
-What it checks (failed checks make the exit status 1, a recipe that does not parse 2; warnings are printed):
+What it checks (warnings are printed; a recipe that fails a check or does not parse is an input error, exit status
+2, as `stapo-train` gives for the same recipe; see `stapo_trl.cli.errors`):
 
 - every key resolves into `STAPOScriptArguments`, `STAPOConfig` / `GRPOConfig` and `ModelConfig` (unknown keys fail,
   with the closest field names), and the config classes' own `__post_init__` checks pass;
@@ -35,7 +36,6 @@ A recipe's intended process count is read from its `# launch: ... num_processes=
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
@@ -327,25 +327,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`python -m stapo_trl.cli.dry_run --config RECIPE.yaml [--num-processes N] [--key value ...]`.
 
     Also what `stapo-train ... --dry-run` calls (with its whole argument list; `--dry-run` is dropped here).
-    Prints the plan and returns the exit status: 0 when the recipe passes, 1 when it fails its checks, 2 when it does
-    not even parse.
+    Prints the plan and returns the exit status: 0 when the recipe passes, 2 (an input error, as everywhere:
+    `stapo_trl.cli.errors`) when it fails its checks (the plan lists them) or does not parse (one
+    `stapo-train: error: ...` line on stderr).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    from .errors import EXIT_INPUT_ERROR, EXIT_STATUS_HELP, InputError, OneLineErrorParser
+
+    pre = OneLineErrorParser(prog="stapo-train --dry-run", add_help=False, allow_abbrev=False)
     pre.add_argument("--dry-run", action="store_true")
     pre.add_argument("--num-processes", "--num_processes", dest="num_processes", type=int, default=None)
     pre.add_argument("-h", "--help", action="store_true")
-    known, rest = pre.parse_known_args(argv)
-    if known.help:
-        print(__doc__)
-        return 0
     try:
-        report = dry_run_recipe(rest, known.num_processes)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"Dry run: the recipe does not parse.\n{e}", file=sys.stderr)
-        return 2
+        known, rest = pre.parse_known_args(argv)
+        if known.help:
+            print(__doc__ + "\n" + EXIT_STATUS_HELP)
+            return 0
+        try:
+            report = dry_run_recipe(rest, known.num_processes)
+        except (ValueError, OSError) as e:
+            raise InputError("stapo-train --dry-run", f"the recipe does not parse: {e}") from e
+    except InputError as e:
+        print(e.message, file=sys.stderr)
+        return EXIT_INPUT_ERROR
     print(report.summary())
-    return 0 if report.ok else 1
+    return 0 if report.ok else EXIT_INPUT_ERROR
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ Avg = mean of avg@N over the six paper benchmarks present in the file (marked `*
 from __future__ import annotations
 
 import argparse
-import difflib
 import logging
 import sys
 import zlib
@@ -72,6 +71,7 @@ from ..evaluation.tasks import (
 )
 from ..evaluation.vllm_generation import VLLMGenerator
 from ..prompt_length import model_max_positions, prompt_token_budget
+from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_input_errors
 
 
 logger = logging.getLogger(__name__)
@@ -88,19 +88,6 @@ class _DefaultsHelpFormatter(argparse.HelpFormatter):
         return help_text
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line (no usage block), with the closest flags for an unknown one."""
-
-    def error(self, message: str) -> NoReturn:
-        if message.startswith("unrecognized arguments:"):
-            flags = [option for action in self._actions for option in action.option_strings]
-            for word in message.split(":", 1)[1].split():
-                close = difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.6)
-                if word.startswith("-") and close:
-                    message += f"; did you mean {' or '.join(close)} for {word}?"
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
-
-
 def make_parser(subparsers=None) -> argparse.ArgumentParser:
     """The `stapo-eval` argument parser (standalone, or as a sub-command when `subparsers` is given)."""
     description = (
@@ -111,11 +98,12 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
             "eval", description=description, help=description, formatter_class=_DefaultsHelpFormatter
         )
     else:
-        parser = _OneLineErrorParser(
+        parser = OneLineErrorParser(
             prog="stapo-eval",
             description=description,
             formatter_class=_DefaultsHelpFormatter,
             allow_abbrev=False,  # --num_sample must not silently mean --num_samples
+            epilog=EXIT_STATUS_HELP,
         )
     parser.add_argument("--model", help="Local path, Hub id or builtin:<name> (e.g. builtin:tiny-math).")
     parser.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model.")
@@ -239,14 +227,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv (`Sequence[str]` or `None`): arguments without the program name; `None` reads `sys.argv`.
 
     Returns:
-        `int`: 0 on success. Bad arguments exit with status 2 and one `stapo-eval: error: ...` line (with the valid
-        values where there is a list of them).
+        `int`: 0 on success. An input error (an argument, benchmark file, results file or model that cannot work)
+        raises [`~stapo_trl.cli.errors.InputError`]: exit status 2 and one `stapo-eval: error: ...` line (with the
+        valid values where there is a list of them), before any model is loaded; a failure during the evaluation
+        keeps its traceback (status 1).
     """
+    with report_input_errors():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
 
     def fail(message: str) -> NoReturn:
-        parser.exit(2, f"{parser.prog}: error: {message}\n")  # one line, no usage block
+        raise InputError(parser.prog, message)  # one line, no usage block
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -317,9 +312,18 @@ def _validate(args) -> tuple[list[str], list[str], dict[str, int], str | None]:
         ("--samples", args.samples),
         ("--limit", args.limit),
         ("--max-new-tokens", args.max_new_tokens),
+        ("--batch-size", args.batch_size),
+        ("--tensor-parallel-size", args.tensor_parallel_size),
+        ("--max-model-len", args.max_model_len),
     ):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1, got {value}.")
+    share = args.gpu_memory_utilization
+    if share is not None and not 0 < share <= 1:
+        raise ValueError(
+            f"--gpu-memory-utilization must be in (0, 1] (the share of the device's memory vLLM may use), got "
+            f"{share}; leave it unset for 0.9 on a GPU, 0.2 on CPU."
+        )
     samples = {b: args.samples or BENCHMARKS[b].default_samples for b in benchmarks}
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
     if data_dir is not None and not Path(data_dir).exists():

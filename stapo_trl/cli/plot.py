@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from ..diagnostic_plots import plot_diagnostics
 from ..plots import plot_output_dirs
+from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_input_errors
 
 
 def make_parser(subparsers: argparse._SubParsersAction | None = None) -> argparse.ArgumentParser:
@@ -23,7 +24,9 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None) -> argpars
     if subparsers is not None:
         parser = subparsers.add_parser("plot", help=description, description=description)
     else:
-        parser = argparse.ArgumentParser(prog="stapo-plot", description=description, allow_abbrev=False)
+        parser = OneLineErrorParser(
+            prog="stapo-plot", description=description, allow_abbrev=False, epilog=EXIT_STATUS_HELP
+        )
     parser.add_argument(
         "output_dirs",
         nargs="+",
@@ -51,18 +54,29 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None) -> argpars
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`stapo-plot OUTPUT_DIR [OUTPUT_DIR ...] [--out FILE.png|FOLDER] [--labels ...] [--title ...] [--smoothing N]`."""
+    """`stapo-plot OUTPUT_DIR [OUTPUT_DIR ...] [--out FILE.png|FOLDER] [--labels ...] [--title ...] [--smoothing N]`.
+
+    A folder without a run, or an argument that cannot work, raises [`~stapo_trl.cli.errors.InputError`]: one
+    `stapo-plot: error: ...` line and exit status 2.
+    """
+    with report_input_errors():
+        _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> None:
     parser = make_parser()
     args = parser.parse_args(argv)
     if args.smoothing is not None and args.smoothing < 1:
-        parser.error(f"--smoothing {args.smoothing}: the moving-average window must be >= 1 logged step.")
+        raise InputError(
+            parser.prog, f"--smoothing {args.smoothing}: the moving-average window must be >= 1 logged step."
+        )
     try:
         out = plot_output_dirs(
             args.output_dirs, args.out, labels=args.labels, title=args.title, smoothing=args.smoothing
         )
         figures = plot_diagnostics(args.output_dirs, os.path.dirname(os.path.abspath(out)), labels=args.labels)
     except (ValueError, OSError) as e:
-        raise SystemExit(f"stapo-plot: error: {e}") from e
+        raise InputError(parser.prog, str(e)) from e
     for figure in [out, *figures]:
         print(f"Wrote {os.path.abspath(figure)}")
 

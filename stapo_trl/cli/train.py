@@ -38,19 +38,23 @@ from collections.abc import Sequence
 
 from .args import parse_args
 from .dry_run import main as dry_run_main
+from .errors import InputError, report_input_errors
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """`stapo-train [--config RECIPE.yaml] [--key value ...]`, `stapo-train compare ...` or `... --dry-run`.
 
-    A recipe, data or model argument that cannot work (unknown key, reward, column, model path, `builtin:` name,
-    `num_generations`, ...) ends the command with one `stapo-train: error: ...` message (exit status 1) before any
-    model is built; errors during training keep their traceback. Ctrl-C during training saves a checkpoint at the
-    next step boundary and prints the resume command (a second Ctrl-C quits at once); both exit with status 130.
+    A recipe, data or model argument that cannot work (unknown key, a value of the wrong type, out of range or not
+    one of the choices, reward, column, model path, `builtin:` name, `num_generations`, ...) ends the command with
+    one `stapo-train: error: ...` line and exit status 2 ([`~stapo_trl.cli.errors.InputError`]) before any model
+    is built, on every process under `accelerate launch`; a failure during training keeps its traceback (status 1).
+    Ctrl-C during training saves a checkpoint at the next step boundary and prints the resume command (a second
+    Ctrl-C quits at once); both exit with status 130.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        _main(argv)
+        with report_input_errors():
+            _main(argv)
     except KeyboardInterrupt as e:  # stapo_trl.cli.run.TrainingInterrupted (checkpoint saved) or a bare Ctrl-C
         if os.environ.get("RANK", "0") == "0":  # one message per run, not one per process
             print(str(e) or "stapo-train: interrupted (outside training: nothing to save).", file=sys.stderr)
@@ -74,7 +78,7 @@ def _main(argv: list[str]) -> None:
         with torch_threads(script_args.torch_num_threads):
             prepared = prepare(script_args, training_args, model_args)
     except (ValueError, OSError) as e:
-        raise SystemExit(f"stapo-train: error: {e}") from e
+        raise InputError("stapo-train", str(e)) from e
     train(script_args, training_args, model_args, prepared)
 
 

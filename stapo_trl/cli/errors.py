@@ -1,0 +1,75 @@
+"""The exit status of every command, and the one-line error that ends a command on bad input.
+
+One convention for `stapo-train` (also its `--dry-run`, `compare`, and `python -m stapo_trl.cli.train` on every
+process under `accelerate launch`), `stapo-eval` and `stapo-plot`, argparse's own:
+
+- 0: done.
+- 2 ([`EXIT_INPUT_ERROR`]): an input error, found before anything runs: an argument, a recipe key or value, a model,
+  dataset or results file, or a run folder that cannot work. One `PROG: error: ...` line on stderr that names what
+  the user wrote, the allowed values, and the fix.
+- 1: a failure during a run (training, evaluation, drawing), with its traceback (Python's status for an uncaught
+  exception).
+- 130: Ctrl-C (`stapo-train` first saves a checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import sys
+from collections.abc import Iterator
+from typing import NoReturn
+
+
+EXIT_INPUT_ERROR = 2  # argparse's status for a usage error
+
+EXIT_STATUS_HELP = (
+    "Exit status: 0 on success; 2 on an input error (an argument, recipe value, file or folder that cannot work: "
+    "one 'PROG: error: ...' line, before anything runs); 1 when a run fails after it started; 130 on Ctrl-C."
+)
+
+
+class InputError(SystemExit):
+    """End a command on bad input: exit status 2, and `PROG: error: MESSAGE` as the text of the exception.
+
+    [`report_input_errors`] prints that line on stderr at the command's entry point (the interpreter prints nothing
+    for an integer exit status). Being a `SystemExit`, it passes through `except Exception` and ends the process with
+    status 2 wherever it is raised.
+
+    Args:
+        prog (`str`): the command as the user typed it (`stapo-train`, `stapo-train compare`, `stapo-eval`, ...).
+        message (`str`): one line: what is wrong, the allowed values, the fix.
+    """
+
+    def __init__(self, prog: str, message: str):
+        self.message = f"{prog}: error: {message}"
+        super().__init__(self.message)
+        self.code = EXIT_INPUT_ERROR
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@contextlib.contextmanager
+def report_input_errors() -> Iterator[None]:
+    """Print an [`InputError`] raised in the block as its one line on stderr, then let it end the command."""
+    try:
+        yield
+    except InputError as e:
+        print(e.message, file=sys.stderr)
+        raise
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An argument parser whose errors are an [`InputError`] (status 2, one line, no usage block), with the closest
+    flags for an unknown one and a pointer to `--help`."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            flags = [option for action in self._actions for option in action.option_strings]
+            for word in message.split(":", 1)[1].split():
+                close = difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.6)
+                if word.startswith("-") and close:
+                    message += f"; did you mean {' or '.join(close)} for {word}?"
+        raise InputError(self.prog, f"{message} (see `{self.prog} --help`)")

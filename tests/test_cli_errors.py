@@ -1,0 +1,181 @@
+"""Input errors of every command (issue 23): one convention for the exit status (2, argparse's, for every input error;
+1 for a failure during a run), one line that names what the user wrote, the allowed values and the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+REPO = Path(__file__).resolve().parents[1]
+STAPO_RECIPE = str(REPO / "recipes" / "demo" / "stapo.yaml")
+GRPO_RECIPE = str(REPO / "recipes" / "demo" / "grpo.yaml")
+
+
+@pytest.fixture
+def no_model_built(monkeypatch):
+    """Fail the test if a trainer (and so a model) is constructed: input errors must come before that."""
+    import trl
+
+    def guard(self, *args, **kwargs):
+        raise AssertionError("a trainer was constructed: the error should have been raised before any model is built")
+
+    monkeypatch.setattr(trl.GRPOTrainer, "__init__", guard)
+
+
+def _error_line(capsys, prog: str) -> str:
+    """The one `PROG: error: ...` line the command printed on stderr (and that it is the only error line)."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"{prog}: error: "), err
+    assert err.rstrip("\n").endswith(lines[0]), err  # the last thing printed: nothing after it
+    return lines[0]
+
+
+def _metrics_run(folder: Path) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"step": s, "reward": 0.1 * s, "entropy": 0.5} for s in (1, 2, 3)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(folder)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Item 1: exit status 2 for every input error, in every command
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _train(argv):
+    from stapo_trl.cli.train import main
+
+    main(argv)
+
+
+def _compare(argv):
+    from stapo_trl.cli.train import main
+
+    main(["compare", *argv])
+
+
+def _dry_run(argv):
+    from stapo_trl.cli.train import main
+
+    main([*argv, "--dry-run"])
+
+
+def _eval(argv):
+    from stapo_trl.cli.eval import main
+
+    main(argv)
+
+
+def _plot(argv):
+    from stapo_trl.cli.plot import main
+
+    main(argv)
+
+
+@pytest.mark.parametrize(
+    "command, prog, argv, expected",
+    [
+        # The reported case: a range error exited 1 while type and choice errors exit 2.
+        (_train, "stapo-train", ["--s2t_entropy_quantile", "1.5"], "s2t_entropy_quantile=1.5 is out of range"),
+        (_train, "stapo-train", ["--s2t_entropy_quantile", "abc"], "invalid float value: 'abc'"),
+        (_train, "stapo-train", ["--lerning_rate", "1e-4"], "lerning_rate: did you mean learning_rate"),
+        (_train, "stapo-train", ["--max_steps", "0"], "max_steps=0 is not a number of optimizer steps"),
+        (_dry_run, "stapo-train --dry-run", ["--s2t_entropy_quantile", "1.5"], "s2t_entropy_quantile=1.5"),
+        (_compare, "stapo-train compare", [GRPO_RECIPE, "--", "--max_steps", "0"], "max_steps=0 is not a number"),
+        (_compare, "stapo-train compare", [GRPO_RECIPE, "--seeds", "0", "0"], "seed(s) 0 given twice"),
+        (_eval, "stapo-eval", ["--model", "m", "--samples", "0"], "--samples must be >= 1"),
+        (_eval, "stapo-eval", ["--model", "m", "--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
+        (_plot, "stapo-plot", ["{tmp}/no-run"], "No metrics.jsonl in"),
+        (_plot, "stapo-plot", ["{run}", "--labels", "a", "b"], "2 labels for 1 output folders"),
+        (_plot, "stapo-plot", ["{run}", "--smoothing", "0"], "--smoothing 0: the moving-average window"),
+    ],
+    ids=[
+        "train-range",
+        "train-type",
+        "train-unknown-key",
+        "train-max-steps",
+        "dry-run-range",
+        "compare-override-range",
+        "compare-repeated-seed",
+        "eval-samples",
+        "eval-memory-share",
+        "plot-no-run",
+        "plot-labels",
+        "plot-smoothing",
+    ],
+)
+def test_every_input_error_exits_2_with_one_line(no_model_built, tmp_path, capsys, command, prog, argv, expected):
+    run = _metrics_run(tmp_path / "run")
+    argv = [a.format(tmp=tmp_path, run=run) for a in argv]
+    if command in (_train, _dry_run):
+        argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *argv]
+    if command is _compare:
+        argv = [argv[0], STAPO_RECIPE, "--output-dir", str(tmp_path / "cmp"), *argv[1:]]
+    with pytest.raises(SystemExit) as excinfo:
+        command(argv)
+    assert excinfo.value.code == 2
+    assert expected in _error_line(capsys, prog)
+
+
+def test_a_recipe_that_fails_its_dry_run_checks_exits_2(no_model_built, capsys):
+    """The dry run's failed checks are input errors too (they exited 1, the same recipe's parse errors 2); stapo-train
+    exits 2 on the same recipe."""
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main
+
+    argv = ["--config", STAPO_RECIPE, "--max_train_samples", "3"]
+    assert dry_run_main(argv) == 2
+    assert "3 prompts with max_train_samples; one rollout step needs 8" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv)
+    assert excinfo.value.code == 2
+
+
+def test_eval_range_errors_stop_before_the_model_is_loaded(tiny_math_model_path, tmp_path, capsys):
+    """`--batch-size 0` reached `generate` and failed there with a traceback (status 1)."""
+    from stapo_trl.cli.eval import main
+
+    base = ["--model", tiny_math_model_path, "--benchmarks", "tiny-math", "--backend", "hf", "--limit", "1"]
+    base += ["--samples", "1", "--max-new-tokens", "8", "--output", str(tmp_path / "r.json")]
+    for flag in ("--batch-size", "--max-model-len", "--tensor-parallel-size"):
+        with pytest.raises(SystemExit) as excinfo:
+            main([*base, flag, "0"])
+        assert excinfo.value.code == 2
+        assert _error_line(capsys, "stapo-eval") == f"stapo-eval: error: {flag} must be >= 1, got 0."
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_help_of_every_command_states_the_exit_status(capsys):
+    from stapo_trl.cli.dry_run import main as dry_run_main
+
+    expected = "Exit status: 0 on success; 2 on an input error"
+    for command, argv in ((_train, ["--help"]), (_compare, ["--help"]), (_eval, ["--help"]), (_plot, ["--help"])):
+        with pytest.raises(SystemExit) as excinfo:
+            command(argv)
+        assert excinfo.value.code == 0
+        assert expected in " ".join(capsys.readouterr().out.split()), command.__name__
+    assert dry_run_main(["--help"]) == 0
+    assert expected in " ".join(capsys.readouterr().out.split())
+
+
+def test_python_m_train_exits_2_with_one_line(tmp_path):
+    """What `accelerate launch` runs on every process: `python -m stapo_trl.cli.train`."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--s2t_entropy_quantile", "1.5"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "stapo_trl.cli.train", *argv], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        "stapo-train: error: s2t_entropy_quantile=1.5 is out of range: it is the quantile q and must be in [0, 1]. "
+        "The paper uses 0.75 (0.80 in v1)."
+    )
+    assert "Traceback" not in proc.stderr
