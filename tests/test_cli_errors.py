@@ -179,3 +179,127 @@ def test_python_m_train_exits_2_with_one_line(tmp_path):
         "The paper uses 0.75 (0.80 in v1)."
     )
     assert "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Item 4: an error about a recipe value names the recipe key and the file
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _recipe(tmp_path: Path, text: str) -> str:
+    """The demo recipe with `text` appended (a repeated key: the last one wins, as PyYAML reads it)."""
+    path = tmp_path / "my-recipe.yaml"
+    path.write_text(Path(STAPO_RECIPE).read_text() + "\n" + text + "\n")
+    return str(path)
+
+
+FIX = "Fix the value in the recipe, or override it on the command line with --{key}."
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        # The reported case: argparse converts the recipe's string and reported `--s2t_entropy_quantile`.
+        (
+            "s2t_entropy_quantile: abc",
+            "recipe key s2t_entropy_quantile in {recipe}: invalid float value: 'abc' (s2t_entropy_quantile takes a "
+            "number). " + FIX.format(key="s2t_entropy_quantile"),
+        ),
+        (
+            "s2t_entropy_quantile: 1.5",
+            "recipe key s2t_entropy_quantile in {recipe}: s2t_entropy_quantile=1.5 is out of range: it is the "
+            "quantile q and must be in [0, 1]. The paper uses 0.75 (0.80 in v1). "
+            + FIX.format(key="s2t_entropy_quantile"),
+        ),
+        (
+            # a choice argparse never checked for a recipe value: transformers' "cosinus is not a valid SchedulerType"
+            "lr_scheduler_type: cosinus",
+            "recipe key lr_scheduler_type in {recipe}: lr_scheduler_type='cosinus' is not one of the choices: "
+            "lr_scheduler_type takes one of 'linear', 'cosine', ",
+        ),
+        (
+            "lerning_rate: 1.0e-4",
+            "Unknown key(s) in recipe {recipe}: lerning_rate: did you mean learning_rate, logging_strategy? Every "
+            "key must be a field of STAPOScriptArguments, STAPOConfig (GRPOConfig + s2t_*) or ModelConfig",
+        ),
+        (
+            # a YAML float for an integer field reached the divisibility check: "num_generations=8.5 does not divide"
+            "num_generations: 8.5",
+            "recipe key num_generations in {recipe}: num_generations=8.5 is not an integer: num_generations takes an "
+            "integer. " + FIX.format(key="num_generations"),
+        ),
+        (
+            # YAML reads an unquoted `off` as false
+            "s2t_mode: off",
+            "recipe key s2t_mode in {recipe}: s2t_mode=False is not one of the choices (YAML reads an unquoted "
+            "off/on/no/yes as false/true: quote the value): s2t_mode takes one of 'low_entropy', 'high_entropy', "
+            "'all_low_prob', 'off'. " + FIX.format(key="s2t_mode"),
+        ),
+        (
+            # failed only when the trainer was built, after the model: "tensorbord is not supported, only ..."
+            "report_to: tensorbord",
+            "recipe key report_to in {recipe}: report_to='tensorbord': 'tensorbord' is not one of ['none', 'all', ",
+        ),
+        (
+            # failed only in the optimizer, after the model and the first evaluation: "Invalid learning rate: -1"
+            "learning_rate: -1",
+            "recipe key learning_rate in {recipe}: learning_rate=-1 must be >= 0",
+        ),
+        (
+            # a YAML mapping for an integer field: "TypeError: '<' not supported between 'dict' and 'int'"
+            "max_steps: {steps: 10}",
+            "recipe key max_steps in {recipe}: max_steps={{'steps': 10}} is a YAML mapping: max_steps takes an "
+            "integer. " + FIX.format(key="max_steps"),
+        ),
+        (
+            "trainer: stapoo",
+            "recipe key trainer in {recipe}: trainer='stapoo' is not one of ['stapo', 'grpo']. "
+            + FIX.format(key="trainer"),
+        ),
+    ],
+    ids=[
+        "type",
+        "range",
+        "choice",
+        "unknown-key",
+        "float-for-int",
+        "unquoted-off",
+        "report-to",
+        "negative-learning-rate",
+        "mapping-for-int",
+        "trainer",
+    ],
+)
+def test_recipe_value_errors_name_the_recipe_key_and_the_file(no_model_built, tmp_path, capsys, line, expected):
+    from stapo_trl.cli.train import main
+
+    recipe = _recipe(tmp_path, line)
+    with pytest.raises(SystemExit) as excinfo:
+        main(["--config", recipe, "--output_dir", str(tmp_path / "out")])
+    assert excinfo.value.code == 2
+    assert _error_line(capsys, "stapo-train").startswith("stapo-train: error: " + expected.format(recipe=recipe))
+
+
+def test_a_command_line_value_is_named_as_the_flag_not_the_recipe(no_model_built, tmp_path, capsys):
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.train import main
+
+    # The command line wins: its value is the one reported, with its flag, and the recipe is not blamed.
+    recipe = _recipe(tmp_path, "s2t_entropy_quantile: 0.5")
+    with pytest.raises(SystemExit):
+        main(["--config", recipe, "--s2t_entropy_quantile", "1.5"])
+    assert _error_line(capsys, "stapo-train").startswith(
+        "stapo-train: error: s2t_entropy_quantile=1.5 is out of range"
+    )
+    with pytest.raises(SystemExit):
+        main(["--config", recipe, "--s2t_entropy_quantile", "abc"])
+    assert _error_line(capsys, "stapo-train") == (
+        "stapo-train: error: --s2t_entropy_quantile: invalid float value: 'abc' (s2t_entropy_quantile takes a "
+        "number). See `stapo-train --help` for every field."
+    )
+    # A bad recipe value that the command line overrides is never read.
+    bad = _recipe(tmp_path, "s2t_entropy_quantile: abc\nnum_generations: 8.5")
+    _, training_args, _ = parse_args(
+        ["--config", bad, "--s2t_entropy_quantile", "0.5", "--num_generations", "8", "--output_dir", str(tmp_path)]
+    )
+    assert training_args.s2t_entropy_quantile == 0.5 and training_args.num_generations == 8

@@ -11,9 +11,11 @@ field of [`STAPOScriptArguments`] here.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
 import os
+import re
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -217,7 +219,120 @@ class STAPOScriptArguments(ScriptArguments):
 class RecipeParser(TrlParser):
     """[`~trl.TrlParser`] whose errors say what to do: an unknown recipe key gets its closest field names (or the
     field that replaced it), and a `num_generations` that does not divide the generation batch gets the valid values.
+
+    An error about a value the recipe set (and the command line did not override) names the recipe key and the
+    file, `recipe key s2t_entropy_quantile in recipes/x.yaml: ...`, whatever found it: argparse's conversion (a wrong
+    type), the checks here (a recipe value argparse does not convert or check: a YAML number, list or boolean of the
+    wrong type, a value outside the field's choices; ranges), or the config classes' `__post_init__` (ranges). A
+    value from the command line keeps its `--flag` / `field=value` wording.
     """
+
+    _recipe_path: str | None = None
+    _recipe_keys: frozenset[str] = frozenset()  # every key of the recipe file (after the checkpointing rename)
+    _cli_keys: frozenset[str] = frozenset()  # fields given on the command line (they win over the recipe)
+
+    def parse_args_and_config(self, args=None, *pargs, **kwargs):
+        args = list(sys.argv[1:] if args is None else args)
+        self._recipe_path, self._recipe_keys = None, frozenset()
+        if "--config" in args and args.index("--config") + 1 < len(args):
+            self._recipe_path = args[args.index("--config") + 1]
+            with contextlib.suppress(OSError, yaml.YAMLError):  # TrlParser reports a broken file
+                with open(self._recipe_path, encoding="utf-8") as f:
+                    recipe = yaml.safe_load(f)
+                if isinstance(recipe, dict):
+                    self._recipe_keys = frozenset(self._checkpointing_key(str(key)) for key in recipe)
+        self._cli_keys = frozenset(
+            self._checkpointing_key(a[2:].split("=", 1)[0].replace("-", "_")) for a in args if a.startswith("--")
+        )
+        try:
+            return super().parse_args_and_config(args, *pargs, **kwargs)
+        except (ValueError, TypeError) as e:
+            message = self._name_the_recipe_key(str(e))
+            if message is None:
+                raise
+            raise ValueError(message) from e
+
+    def _from_recipe(self, key: str) -> bool:
+        """Whether the value of field `key` is the recipe's (set there and not overridden on the command line)."""
+        return self._recipe_path is not None and key in self._recipe_keys and key not in self._cli_keys
+
+    def _name_the_recipe_key(self, message: str) -> str | None:
+        """`message` (an error about a field) with the recipe key and the file when the value came from the recipe;
+        `None` when it did not (or when the message already names the file)."""
+        if self._recipe_path is None or self._recipe_path in message:
+            return None
+        fix = "Fix the value in the recipe, or override it on the command line with --{key}."
+        match = re.match(r"^(\w+)=", message)
+        if match:  # the stapo_trl convention: the message starts with `field=value`
+            key = match.group(1)
+            if not self._from_recipe(key):
+                return None
+            return f"recipe key {key} in {self._recipe_path}: {message} " + fix.format(key=key)
+        fields = {action.dest for action in self._actions}
+        mentioned = [
+            key
+            for key in sorted(self._recipe_keys)
+            if (key in fields or key == "env")
+            and self._from_recipe(key)
+            and re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", message)
+        ]
+        if not mentioned:
+            return None
+        return f"{message} (recipe key(s) {', '.join(mentioned)} in {self._recipe_path})"
+
+    def _action(self, dest: str) -> argparse.Action | None:
+        """The `--dest` option of a field (not its `--no_dest` complement)."""
+        return self._option_string_actions.get(f"--{dest}")
+
+    @staticmethod
+    def _value_type(action: argparse.Action) -> type | None:
+        """`int`, `float` or `bool` for a field of that type (argparse's converter, or TRL's wrappers of it: they keep
+        its `__name__`), else `None`."""
+        return {"int": int, "float": float, "string_to_bool": bool}.get(getattr(action.type, "__name__", None))
+
+    @classmethod
+    def _expects(cls, action: argparse.Action) -> str:
+        """What a field takes, in words: its choices, or its type."""
+        kind = cls._value_type(action)
+        if action.choices:
+            what = "one of " + ", ".join(repr(c) for c in action.choices)
+        else:
+            what = {int: "an integer", float: "a number", bool: "true or false"}.get(kind, "a string")
+        return f"a list of {what.removeprefix('a ').removeprefix('an ')}s" if action.nargs in ("+", "*") else what
+
+    def _check_recipe_values(self, namespace: argparse.Namespace) -> None:
+        """The type and choices of every value the recipe set: argparse converts and checks only command-line values
+        (a recipe string is converted, never checked against the choices; a YAML number, list or boolean reaches the
+        config classes as it is).
+
+        Raises:
+            ValueError: `field=value is ...`, with what the field takes.
+        """
+        for key in sorted(self._recipe_keys):
+            action = self._action(key)
+            if action is None or not self._from_recipe(key) or not hasattr(namespace, key):
+                continue
+            value = getattr(namespace, key)
+            if value is None:
+                continue
+            values = value if isinstance(value, list) and action.nargs in ("+", "*") else [value]
+            for item in values:
+                problem, kind = None, self._value_type(action)
+                if isinstance(item, (list, dict)):
+                    if kind is not None or action.choices:
+                        problem = f"is a YAML {'list' if isinstance(item, list) else 'mapping'}"
+                elif action.choices and item not in action.choices:
+                    problem = "is not one of the choices"
+                    if isinstance(item, bool):  # `s2t_mode: off` reads as False
+                        problem += " (YAML reads an unquoted off/on/no/yes as false/true: quote the value)"
+                elif kind is int and (isinstance(item, bool) or not isinstance(item, int)):
+                    problem = "is not an integer"
+                elif kind is float and (isinstance(item, bool) or not isinstance(item, (int, float))):
+                    problem = "is not a number"
+                elif kind is bool and not isinstance(item, bool):
+                    problem = "is not true or false"
+                if problem is not None:
+                    raise ValueError(f"{key}={value!r} {problem}: {key} takes {self._expects(action)}.")
 
     def _checkpointing_key(self, key: str) -> str:
         """`activation_checkpointing` (transformers >= 5.24's name, used by the recipes) as `gradient_checkpointing`
@@ -232,7 +347,7 @@ class RecipeParser(TrlParser):
         remaining = super().set_defaults_with_config(**kwargs)
         unknown = [item[2:] for item in remaining[::2]]  # TrlParser returns ["--key", "value", ...]
         if unknown:
-            raise ValueError(self._unknown_keys_message(unknown, "the recipe"))
+            raise ValueError(self._unknown_keys_message(unknown, f"recipe {self._recipe_path}"))
         return remaining
 
     def _unknown_keys_message(self, keys: list[str], where: str) -> str:
@@ -251,11 +366,11 @@ class RecipeParser(TrlParser):
                 close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
                 hint = f"did you mean {', '.join(close)}?" if close else "no similar field"
             lines.append(f"{key}: {hint}")
+        body = "; ".join(lines)
         return (
-            f"Unknown key(s) in {where}: "
-            + "; ".join(lines)
-            + ". Every key must be a field of STAPOScriptArguments, STAPOConfig (GRPOConfig + s2t_*) or ModelConfig: "
-            "correct or remove it (`stapo-train --help` lists the fields)."
+            f"Unknown key(s) in {where}: {body}{'' if body.endswith('?') else '.'} Every key must be a field of "
+            "STAPOScriptArguments, STAPOConfig (GRPOConfig + s2t_*) or ModelConfig: correct or remove it "
+            "(`stapo-train --help` lists the fields)."
         )
 
     def parse_args_into_dataclasses(self, args=None, **kwargs):
@@ -267,6 +382,8 @@ class RecipeParser(TrlParser):
         flags = [item[2:] for item in extra if item.startswith("--")]
         if flags and not kwargs.get("return_remaining_strings"):
             raise ValueError(self._unknown_keys_message(flags, "the command line"))
+        self._check_recipe_values(namespace)
+        check_counts(namespace)
         check_generation_batch(namespace)
         for name in ("eval_num_problems", "eval_num_samples"):
             value = getattr(namespace, name, None)
@@ -289,7 +406,23 @@ class RecipeParser(TrlParser):
 
     def error(self, message):
         # argparse prints the whole usage (hundreds of GRPOConfig fields) before the message; one line instead.
-        raise InputError("stapo-train", f"{message}. See `stapo-train --help` for every field.")
+        match = re.match(r"^argument (--[\w-]+)(?:/--[\w-]+)*: (.*)$", message)
+        action = self._option_string_actions.get(match.group(1)) if match else None
+        if action is None:
+            raise InputError("stapo-train", f"{message}. See `stapo-train --help` for every field.")
+        key, problem = action.dest, match.group(2).rstrip(".")
+        takes = (
+            ""
+            if "choose from" in problem or "expected one of" in problem
+            else f" ({key} takes {self._expects(action)})"
+        )
+        if self._from_recipe(key):  # argparse converts recipe strings too, and reports them as `--key`
+            raise InputError(
+                "stapo-train",
+                f"recipe key {key} in {self._recipe_path}: {problem}{takes}. Fix the value in the recipe, or "
+                f"override it on the command line with --{key}.",
+            )
+        raise InputError("stapo-train", f"--{key}: {problem}{takes}. See `stapo-train --help` for every field.")
 
 
 USAGE = """
@@ -307,6 +440,43 @@ HELP_FIELDS_INTRO = (
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Field defaults in the help, and the description's examples kept as written."""
+
+
+def check_counts(namespace: argparse.Namespace) -> None:
+    """Fail on counts and settings that upstream checks only once the model is built (or never): batch sizes and
+    accumulation below 1, fewer than 2 generations per prompt, a negative learning rate, an unknown `report_to`.
+
+    Raises:
+        ValueError: `field=value ...`, with the allowed values and the paper's setting.
+    """
+    for name, what in (
+        ("per_device_train_batch_size", "completions per process per micro-step; the CPU demo uses 16"),
+        ("gradient_accumulation_steps", "micro-steps per optimizer update; the CPU demo uses 1"),
+    ):
+        value = getattr(namespace, name, None)
+        if value is not None and value < 1:
+            raise ValueError(f"{name}={value} must be >= 1 ({what}).")
+    for name in ("steps_per_generation", "generation_batch_size"):
+        value = getattr(namespace, name, None)
+        if value is not None and value < 1:
+            raise ValueError(f"{name}={value} must be >= 1, or unset (None) for TRL's default.")
+    num_generations = getattr(namespace, "num_generations", None)
+    if num_generations is not None and num_generations < 2:
+        raise ValueError(
+            f"num_generations={num_generations} must be >= 2: GRPO's advantage compares the completions of one prompt "
+            "(the paper uses 8)."
+        )
+    learning_rate = getattr(namespace, "learning_rate", None)
+    if learning_rate is not None and learning_rate < 0:
+        raise ValueError(f"learning_rate={learning_rate} must be >= 0 (the paper uses 1e-6, the CPU demo 1e-4).")
+    report_to = getattr(namespace, "report_to", None)
+    if report_to is not None:
+        from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+        allowed = ["none", "all", *INTEGRATION_TO_CALLBACK]
+        unknown = [name for name in ([report_to] if isinstance(report_to, str) else report_to) if name not in allowed]
+        if unknown:
+            raise ValueError(f"report_to={report_to!r}: {', '.join(map(repr, unknown))} is not one of {allowed}.")
 
 
 def check_generation_batch(namespace: argparse.Namespace) -> None:
@@ -449,7 +619,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[STAPOScriptArguments,
             raise FileNotFoundError(f"Recipe {config_path!r} does not exist.")
     trainer = _peek_trainer(argv)
     if trainer not in TRAINERS:
-        raise ValueError(f"trainer={trainer!r} is not one of {list(TRAINERS)}.")
+        message = f"trainer={trainer!r} is not one of {list(TRAINERS)}."
+        if "--config" in argv and "--trainer" not in argv and not any(a.startswith("--trainer=") for a in argv):
+            message = (
+                f"recipe key trainer in {config_path}: {message} Fix the value in the recipe, or override it on the "
+                "command line with --trainer."
+            )
+        raise ValueError(message)
     parser = make_parser(trainer=trainer)
     if trainer == "grpo":
         s2t_flags = [a.split("=")[0][2:] for a in argv if a.startswith("--s2t_")]
