@@ -25,6 +25,7 @@ pooled on the token figures. A figure whose data no run has is not written.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -37,6 +38,8 @@ from .core.s2t_metrics import ENTROPY_QUANTILES
 from .metrics_log import SPURIOUS_TOKENS_FILENAME, load_run, read_token_records
 from .plots import set_log_y_axis, set_step_x_axis
 
+
+logger = logging.getLogger(__name__)
 
 Rows = Sequence[dict[str, Any]]
 
@@ -64,16 +67,36 @@ def _run_labels(run_dirs: Sequence[os.PathLike | str]) -> list[str]:
 
 
 def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
-    """Records of `run_dir/spurious_tokens.jsonl`, or of every `run_dir/*/spurious_tokens.jsonl` (seeds), or `[]`."""
+    """Records of `run_dir/spurious_tokens.jsonl`, or of every `run_dir/*/spurious_tokens.jsonl` (seeds), or `[]`.
+
+    Lines that are not token records are skipped with a warning ([`~stapo_trl.metrics_log.read_token_records`]); a
+    file that holds none is warned about once (the token figures of the run are then not drawn).
+    """
     run_dir = os.fspath(run_dir)
     if os.path.isfile(os.path.join(run_dir, SPURIOUS_TOKENS_FILENAME)):
-        return read_token_records(run_dir)
+        files = [os.path.join(run_dir, SPURIOUS_TOKENS_FILENAME)]
+    elif os.path.isdir(run_dir):
+        files = [
+            os.path.join(run_dir, name, SPURIOUS_TOKENS_FILENAME)
+            for name in sorted(os.listdir(run_dir))
+            if os.path.isfile(os.path.join(run_dir, name, SPURIOUS_TOKENS_FILENAME))
+        ]
+    else:
+        files = []
     records = []
-    if os.path.isdir(run_dir):
-        for name in sorted(os.listdir(run_dir)):
-            if os.path.isfile(os.path.join(run_dir, name, SPURIOUS_TOKENS_FILENAME)):
-                records += read_token_records(os.path.join(run_dir, name))
+    for file in files:
+        file_records = read_token_records(file)
+        if not file_records and file not in _WARNED_EMPTY:
+            _WARNED_EMPTY.add(file)
+            logger.warning(
+                f"{file} holds no token record: no s2t_prob_entropy.png or s2t_top_tokens.png from it (the run logged "
+                "no positive-advantage token, or the file was cut)."
+            )
+        records += file_records
     return records
+
+
+_WARNED_EMPTY: set[str] = set()  # spurious_tokens.jsonl files already said to hold no record
 
 
 def _mean_series(seeds: Sequence[Rows], key: str) -> tuple[list[int], list[float]]:

@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable
 from typing import Any, TextIO
 
 
@@ -40,14 +41,46 @@ TRAIN_SUMMARY_KEYS = frozenset(
 )
 
 
+def is_metrics_row(row: Any) -> bool:
+    """Whether a parsed line is a `metrics.jsonl` row: a JSON object with an integer `step` whose values are numbers
+    or `null` (what [`~stapo_trl.callbacks.MetricsLogCallback`] writes; [`jsonable`] turns NaN into `null`)."""
+    if not isinstance(row, dict) or not _is_number(row.get("step")) or row["step"] != int(row["step"]):
+        return False
+    return all(value is None or _is_number(value) for value in row.values())
+
+
+TOKEN_RECORD_KINDS = ("silenced", "kept_candidate", "reference")
+
+
+def is_token_record(record: Any) -> bool:
+    """Whether a parsed line is a `spurious_tokens.jsonl` record the figures and summaries can read: a JSON object
+    with a `kind` of [`TOKEN_RECORD_KINDS`], an integer `step`, numbers `prob` and `entropy`, and a string `token`
+    ([`~stapo_trl.diagnostics.spurious_token_records`] writes them)."""
+    return (
+        isinstance(record, dict)
+        and record.get("kind") in TOKEN_RECORD_KINDS
+        and _is_number(record.get("step"))
+        and _is_number(record.get("prob"))
+        and _is_number(record.get("entropy"))
+        and isinstance(record.get("token"), str)
+    )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def read_metrics(path: str) -> list[dict[str, Any]]:
     """Rows of a `metrics.jsonl` file (or of `<dir>/metrics.jsonl` when `path` is a directory), in file order.
 
-    A truncated last line (a run killed mid-write) is skipped.
+    Lines that are not metrics rows ([`is_metrics_row`]: a line cut short by a killed run, an edited or corrupted
+    line) are skipped, with one warning per file that gives their line numbers.
     """
     if os.path.isdir(path):
         path = os.path.join(path, METRICS_FILENAME)
-    return read_jsonl(path)
+    return read_jsonl(
+        path, valid=is_metrics_row, what="a metrics row (a JSON object with an integer step and numbers)"
+    )
 
 
 def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[str, Any]]]:
@@ -76,50 +109,110 @@ def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[s
     return open(path, "a", encoding="utf-8"), kept  # noqa: SIM115 (held open across steps)
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file, in file order; blank lines and a line cut short by a killed run (not
-    valid JSON) are skipped."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
+def read_jsonl(
+    path: str | os.PathLike, *, valid: Callable[[Any], bool] | None = None, what: str = "a JSON object"
+) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, in file order; blank lines are skipped.
+
+    A line that is not a JSON object (a line cut short by a killed run, an edited or corrupted line, bytes that are
+    not UTF-8), or that `valid` refuses, is skipped too, and said once per file and set of lines: one warning with the
+    line numbers ([`logger`], `stapo_trl.metrics_log`).
+
+    Args:
+        path (`str` or `os.PathLike`): the file.
+        valid (`Callable[[Any], bool]`, *optional*): which parsed objects to keep (default: every JSON object).
+        what (`str`, *optional*): what a kept line is, for the warning ("a metrics row ...").
+    """
+    rows, bad = [], []
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+                row = json.loads(line)
+            except ValueError:  # JSONDecodeError, UnicodeDecodeError
+                row = None
+            if isinstance(row, dict) and (valid is None or valid(row)):
+                rows.append(row)
+            else:
+                bad.append(number)
+    if bad:
+        _warn_skipped_lines(os.fspath(path), bad, what)
     return rows
 
 
+_WARNED: set[tuple[str, tuple[int, ...]]] = set()  # (file, skipped lines) already said in this process
+
+
+def _warn_skipped_lines(path: str, lines: list[int], what: str) -> None:
+    key = (os.path.abspath(path), tuple(lines))
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    shown = ", ".join(map(str, lines[:20])) + (f", ... ({len(lines) - 20} more)" if len(lines) > 20 else "")
+    many = len(lines) > 1
+    logger.warning(
+        f"{path}: skipped line{'s' * many} {shown}, not {what}: a run killed mid-write cuts its last line short; "
+        f"other lines were edited or corrupted. The figures leave {'them' if many else 'it'} out."
+    )
+
+
 def read_token_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Records of a `spurious_tokens.jsonl` file (or `<dir>/spurious_tokens.jsonl`); a truncated line is skipped."""
+    """Records of a `spurious_tokens.jsonl` file (or `<dir>/spurious_tokens.jsonl`); lines that are not token records
+    ([`is_token_record`]) are skipped, with one warning per file that gives their line numbers."""
     path = os.fspath(path)
     if os.path.isdir(path):
         path = os.path.join(path, SPURIOUS_TOKENS_FILENAME)
-    return read_jsonl(path)
+    return read_jsonl(
+        path, valid=is_token_record, what="a token record (a JSON object with kind, step, prob, entropy and token)"
+    )
 
 
-def load_run(path: str) -> list[list[dict[str, Any]]]:
+def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, Any]]]:
     """The metrics of one run: `[rows]` for a folder with `metrics.jsonl`, one list per seed for a folder of seeds.
+
+    Args:
+        path (`str`): a run folder, a folder of per-seed run folders, or a `metrics.jsonl` file.
+        require_steps (`bool`, *optional*, defaults to `False`): fail when a `metrics.jsonl` holds no logged step
+            (an empty file, or no line that is a metrics row), instead of returning its empty rows (what figures of
+            it would draw: blank panels).
 
     Raises:
         FileNotFoundError: If neither `path/metrics.jsonl` nor any `path/*/metrics.jsonl` exists.
+        ValueError: With `require_steps`, naming the `metrics.jsonl` without a logged step and why.
     """
     if os.path.isfile(os.path.join(path, METRICS_FILENAME)):
-        return [read_metrics(path)]
-    if os.path.isfile(path) and path.endswith(".jsonl"):
-        return [read_metrics(path)]
-    seeds = []
-    if os.path.isdir(path):
-        for name in sorted(os.listdir(path)):
-            if os.path.isfile(os.path.join(path, name, METRICS_FILENAME)):
-                seeds.append(read_metrics(os.path.join(path, name)))
-    if not seeds:
+        files = [os.path.join(path, METRICS_FILENAME)]
+    elif os.path.isfile(path) and path.endswith(".jsonl"):
+        files = [path]
+    else:
+        files = []
+        if os.path.isdir(path):
+            for name in sorted(os.listdir(path)):
+                if os.path.isfile(os.path.join(path, name, METRICS_FILENAME)):
+                    files.append(os.path.join(path, name, METRICS_FILENAME))
+    if not files:
         raise FileNotFoundError(
             f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a `stapo-train` run "
             "(or of one `stapo-train compare` arm)."
         )
+    seeds = []
+    for file in files:
+        rows = read_metrics(file)
+        if require_steps and not any(set(row) - {"step", "epoch"} for row in rows):
+            with open(file, "rb") as f:
+                blank = not any(line.strip() for line in f)
+            if blank:
+                why = "is empty: the run has not reached its first logging step (logging_steps) yet, or stopped before it"
+            elif rows:
+                why = "holds no logged metric, only steps"
+            else:
+                why = "holds no metrics row (see the warning above for its lines)"
+            raise ValueError(
+                f"{file} {why}. Nothing to draw: plot a run folder that logged at least one step, or leave this one "
+                "out."
+            )
+        seeds.append(rows)
     return seeds
 
 

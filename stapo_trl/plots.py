@@ -31,8 +31,27 @@ TRAINING_CURVES: tuple[tuple[str, str, str], ...] = (
 Run = Sequence[Sequence[dict[str, Any]]]  # one list of metrics.jsonl rows per seed
 
 
-# `--out` with one of these suffixes is a figure file (matplotlib writes the format); anything else is a folder.
+# `--out` with one of these suffixes is a figure file (matplotlib writes the format); a path without a suffix (or an
+# existing folder) is a folder; any other suffix is refused ([`figure_out_kind`]).
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def figure_out_kind(out: str) -> str:
+    """`"file"` or `"folder"`: what an `out` path of [`plot_output_dirs`] names.
+
+    Raises:
+        ValueError: when `out` ends in a suffix that is not a figure format (`curves.xyz`): it would otherwise
+            become a folder named like a file.
+    """
+    suffix = os.path.splitext(out)[1]
+    if os.path.isdir(out) or not suffix:
+        return "folder"
+    if suffix.lower() in FIGURE_SUFFIXES:
+        return "file"
+    raise ValueError(
+        f"--out {out}: {suffix!r} is not a figure format ({', '.join(FIGURE_SUFFIXES)}): name a file with one of "
+        "these extensions, or a folder (a path without an extension) for every figure."
+    )
 
 
 def set_log_y_axis(ax) -> None:
@@ -179,27 +198,33 @@ def plot_output_dirs(
 
     Args:
         output_dirs (`Sequence[str]`): Folders with `metrics.jsonl`, or folders of per-seed folders.
-        out (`str`, *optional*): The figure file (a path ending in one of `FIGURE_SUFFIXES`), or a folder (created
-            if needed) that gets
-            `training_curves.png`; default `OUTPUT_DIR/training_curves.png` for one folder, `./training_curves.png`
-            for several.
+        out (`str`, *optional*): The figure file (a path ending in one of `FIGURE_SUFFIXES`), or a folder (a path
+            without a suffix, or an existing folder; created if needed) that gets `training_curves.png`; default
+            `OUTPUT_DIR/training_curves.png` for one folder, `./training_curves.png` for several. Another suffix is
+            refused ([`figure_out_kind`]).
         labels (`Sequence[str]`, *optional*): Legend labels, one per folder; default the folder names.
         title (`str`, *optional*): Figure title.
         smoothing (`int`, *optional*): Moving-average window in logged steps.
 
     Returns:
         `str`: The path of the PNG.
+
+    Raises:
+        FileNotFoundError: a folder without `metrics.jsonl` ([`~stapo_trl.metrics_log.load_run`]).
+        ValueError: a `metrics.jsonl` without a logged step, an `out` with an unknown suffix, a label count that does
+            not match.
     """
     if labels is not None and len(labels) != len(output_dirs):
         raise ValueError(f"Got {len(labels)} labels for {len(output_dirs)} output folders.")
     labels = list(labels or [os.path.basename(os.path.normpath(d)) for d in output_dirs])
     if len(set(labels)) < len(labels):  # the same folder name twice: use the paths as given
         labels = [os.path.normpath(d) for d in output_dirs]
-    runs = {label: load_run(d) for label, d in zip(labels, output_dirs)}
+    kind = None if out is None else figure_out_kind(out)
+    runs = {label: load_run(d, require_steps=True) for label, d in zip(labels, output_dirs)}
     if out is None:
         one_folder = len(output_dirs) == 1 and os.path.isdir(output_dirs[0])
         out = os.path.join(output_dirs[0], "training_curves.png") if one_folder else "training_curves.png"
-    elif os.path.splitext(out)[1].lower() not in FIGURE_SUFFIXES:
+    elif kind == "folder":
         os.makedirs(out, exist_ok=True)
         out = os.path.join(out, "training_curves.png")
     elif os.path.dirname(out):
