@@ -480,3 +480,81 @@ def test_generation_budget_beyond_the_models_positions_is_one_line(tiny_math_mod
     (line,) = [line for line in capsys.readouterr().err.splitlines() if "error" in line]  # after the load bar
     assert line.startswith("stapo-eval: error: --max-new-tokens 600: max_new_tokens=600 leaves no room for a prompt:")
     assert "the model has 512 positions" in line
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Where the results go without --output (issue 23, item 3): a place that belongs to the run, printed
+# ----------------------------------------------------------------------------------------------------------------
+
+# why: the smallest real evaluation (one tiny-math problem, one sample, 8 tokens): only where the file goes matters
+ONE_PROBLEM = [
+    "--benchmarks",
+    "tiny-math",
+    "--backend",
+    "hf",
+    "--decoding",
+    "greedy",
+    "--limit",
+    "1",
+    "--samples",
+    "1",
+]
+ONE_PROBLEM += ["--max-new-tokens", "8"]
+
+
+def test_default_results_go_next_to_a_local_model_and_the_path_is_printed(
+    tiny_math_model_path, tmp_path, monkeypatch, capsys
+):
+    import shutil
+
+    model = tmp_path / "runs" / "demo-stapo"  # a copy: the session's model folder is shared by other tests
+    shutil.copytree(tiny_math_model_path, model)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert main(["--model", str(model), *ONE_PROBLEM]) == 0
+    results = model / "stapo_eval.json"
+    assert load_results(results)["results"]["greedy"]["tiny-math"]["num_problems"] == 1
+    assert list(work.iterdir()) == []  # nothing in the current folder (it was stapo_eval_demo-stapo.json)
+    out = capsys.readouterr().out
+    assert f"Results file: {results} (the default; --output to choose another)" in out.splitlines()
+    assert out.splitlines()[-1] == f"Results file: {results}"
+
+
+def test_default_results_of_a_builtin_model_go_under_outputs(tiny_math_model_path, tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    # builtin:tiny-math resolves to the session's copy; its folder is a shared cache, not the run's place.
+    monkeypatch.setenv("STAPO_TRL_CACHE", str(Path(tiny_math_model_path).parent))
+    monkeypatch.chdir(tmp_path)
+    assert main(["--model", "builtin:tiny-math", *ONE_PROBLEM]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
+    results = Path("outputs") / "stapo-eval" / "builtin-tiny-math.json"
+    assert load_results(tmp_path / results)["model"]["name_or_path"] == "builtin:tiny-math"
+    assert capsys.readouterr().out.splitlines()[-1] == f"Results file: {results}"
+
+
+def test_default_results_path_of_a_hub_id_keeps_its_organisation_and_revision():
+    from pathlib import Path
+
+    from stapo_trl.cli.eval import default_output
+
+    # Two organisations' models of the same name no longer share stapo_eval_Qwen3-1.7B-Base.json in the current folder.
+    assert default_output("Qwen/Qwen3-1.7B-Base") == Path("outputs/stapo-eval/Qwen--Qwen3-1.7B-Base.json")
+    assert default_output("me/Qwen3-1.7B-Base", "v2") == Path("outputs/stapo-eval/me--Qwen3-1.7B-Base@v2.json")
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(stapo_eval, "_make_generator", lambda *a, **k: pytest.fail("model loaded"))
+    (tmp_path / "a-file").write_text("")
+    for output, expected in (
+        (tmp_path, f"--output {tmp_path} is a folder: give a file, e.g. {tmp_path / 'stapo_eval.json'}."),
+        (
+            tmp_path / "a-file" / "r.json",
+            f"--output {tmp_path / 'a-file' / 'r.json'}: {tmp_path / 'a-file'} is a file",
+        ),
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(["--model", str(tmp_path), *ONE_PROBLEM, "--output", str(output)])
+        assert info.value.code == 2
+        assert capsys.readouterr().err.startswith(f"stapo-eval: error: {expected}")

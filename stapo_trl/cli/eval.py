@@ -16,9 +16,11 @@ What the command does, in order:
 
 1. Validates the arguments (unknown benchmark or decoding: the error lists the valid ones) and loads every
    benchmark through [`stapo_trl.evaluation.tasks.load_benchmark`] before any model is loaded.
-2. Reads `--output` when it exists: finished (benchmark, decoding) pairs are skipped; a file written with different
-   settings (model, backend, samples, max new tokens, limit, data dir, seed, prompt) is refused with the list of
-   differences. Adding benchmarks or decodings to an existing file is allowed.
+2. Reads `--output` when it exists (default: `MODEL_DIR/stapo_eval.json` for a local model folder, else
+   `outputs/stapo-eval/<model>.json`, [`default_output`]; the path is printed at the start and at the end):
+   finished (benchmark, decoding) pairs are skipped; a file written with different settings (model, backend,
+   samples, max new tokens, limit, data dir, seed, prompt) is refused with the list of differences. Adding
+   benchmarks or decodings to an existing file is allowed. A path that cannot be written is refused here.
 3. For each remaining pair: builds the prompts exactly as training does ([`stapo_trl.data.format_prompt`] through the
    tokenizer's chat template when it has one, tokenized without extra special tokens, as TRL does), samples N
    completions per problem, grades each with [`stapo_trl.grading.grade`], and rewrites the results file atomically
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import zlib
 from collections.abc import Sequence
@@ -135,7 +138,12 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
         default=None,
         help="Local benchmark files <dir>/<name>/test.{jsonl,parquet,json}. Default: the Hub datasets.",
     )
-    parser.add_argument("--output", default=None, help="Results JSON (resumed when it exists).")
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="Results JSON (resumed when it exists). Default: MODEL_DIR/stapo_eval.json for a local model folder, "
+        "else outputs/stapo-eval/<model>.json (a Hub id's '/' written as '--'); the path is printed.",
+    )
     parser.add_argument("--limit", type=int, default=None, help="Only the first K problems of each benchmark.")
     parser.add_argument("--compare", nargs=2, metavar=("A_JSON", "B_JSON"), help="Compare two results files.")
     parser.add_argument("--seed", type=int, default=0, help="Base seed (offset per benchmark and decoding).")
@@ -215,9 +223,51 @@ def _pair_seed(seed: int, benchmark: str, decoding: str) -> int:
     return (seed + zlib.crc32(f"{benchmark}/{decoding}".encode())) % (2**31 - 1)
 
 
-def _default_output(model: str) -> str:
-    label = model.replace("builtin:", "builtin-").rstrip("/").split("/")[-1] or "model"
-    return f"stapo_eval_{label}.json"
+DEFAULT_RESULTS_NAME = "stapo_eval.json"  # next to a local model
+DEFAULT_RESULTS_DIR = (
+    Path("outputs") / "stapo-eval"
+)  # for a Hub id or a builtin: name (or a model folder not writable)
+
+
+def default_output(model: str, revision: str | None = None) -> Path:
+    """Where `stapo-eval` writes its results without `--output`: a place that belongs to the model.
+
+    - a local model folder (a `stapo-train` output folder, a checkpoint) that can be written to:
+      `MODEL_DIR/stapo_eval.json`, beside the run's own `eval.json`;
+    - a Hub id, a `builtin:` name (its folder is a shared cache) or a folder that cannot be written to:
+      `outputs/stapo-eval/<model>.json` in the current folder, `/` written as `--` as in the Hugging Face cache
+      (`Qwen/Qwen3-1.7B-Base` -> `outputs/stapo-eval/Qwen--Qwen3-1.7B-Base.json`), with `@<revision>` when given.
+
+    Args:
+        model (`str`): `--model` as given.
+        revision (`str`, *optional*): `--revision`.
+
+    Returns:
+        `Path`: the results file.
+    """
+    if os.path.isdir(model) and not model.startswith("builtin:") and os.access(model, os.W_OK):
+        return Path(model) / DEFAULT_RESULTS_NAME
+    label = model.replace("builtin:", "builtin-").strip("/").replace("/", "--") or "model"
+    if revision:
+        label += "@" + revision.replace("/", "--")
+    return DEFAULT_RESULTS_DIR / f"{label}.json"
+
+
+def _check_output(output: Path) -> None:
+    """Refuse a results path that cannot be written, before any model is loaded (the file is written after the first
+    benchmark).
+
+    Raises:
+        ValueError: `output` is a folder, or its folder cannot be created or written to.
+    """
+    if output.is_dir():
+        raise ValueError(f"--output {output} is a folder: give a file, e.g. {output / DEFAULT_RESULTS_NAME}.")
+    folder = output.parent
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--output {output}: {existing} is a file, not a folder: give another path.")
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"--output {output}: {existing} cannot be written to: give a path you can write.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -258,11 +308,13 @@ def _main(argv: Sequence[str] | None) -> int:
         benchmarks, decodings, samples, data_dir = _validate(args)
     except (ValueError, OSError) as e:
         fail(str(e))
-    output = Path(args.output or _default_output(args.model))
+    output = Path(args.output) if args.output else default_output(args.model, args.revision)
     try:
+        _check_output(output)
         data = _open_results(args, output, data_dir, benchmarks)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         fail(str(e))
+    print(f"Results file: {output}" + ("" if args.output else " (the default; --output to choose another)"))
 
     todo = [(d, b) for d in decodings for b in benchmarks if b not in data["results"].get(d, {})]
     for d, b in [(d, b) for d in decodings for b in benchmarks if (d, b) not in todo]:
@@ -295,6 +347,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if not todo:
         logger.info("Nothing to do: every (benchmark, decoding) pair is already in %s", output)
     print(format_results_table([data]))
+    print(f"Results file: {output}")
     return 0
 
 
