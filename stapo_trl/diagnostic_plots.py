@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .core.s2t_metrics import ENTROPY_QUANTILES
-from .metrics_log import SPURIOUS_TOKENS_FILENAME, load_run, read_token_records
+from .metrics_log import SPURIOUS_TOKENS_FILENAME, load_run, pooled_ratio_series, read_token_records
 from .plots import set_log_y_axis, set_step_x_axis
 
 
@@ -100,7 +100,13 @@ _WARNED_EMPTY: set[str] = set()  # spurious_tokens.jsonl files already said to h
 
 
 def _mean_series(seeds: Sequence[Rows], key: str) -> tuple[list[int], list[float]]:
-    """Steps logged by every seed and the mean of `key` over seeds there (None / NaN rows skipped)."""
+    """Steps logged by every seed and the mean of `key` over seeds there (None / NaN rows skipped); a ratio of counts
+    (`s2t/silenced_ratio`, `s2t/candidate_ratio`) over several seeds is pooled instead, Σ numerator / Σ denominator
+    ([`~stapo_trl.metrics_log.pooled_ratio_series`])."""
+    pooled = pooled_ratio_series([list(rows) for rows in seeds], key) if len(seeds) > 1 else None
+    if pooled:
+        steps = sorted(pooled)
+        return steps, [pooled[step] for step in steps]
     per_seed = []
     for rows in seeds:
         series = {}

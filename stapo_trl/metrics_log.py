@@ -216,6 +216,53 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, A
     return seeds
 
 
+# Ratios logged per row as Σ numerator / Σ denominator (README, "Logged metrics"): over seeds they are pooled the
+# same way, from the counts, never averaged ([`pooled_ratio_series`]).
+POOLED_RATIOS = {
+    "s2t/silenced_ratio": ("s2t/num_silenced", "s2t/num_loss_tokens"),
+    "s2t/candidate_ratio": ("s2t/num_candidates", "s2t/num_loss_tokens"),
+}
+
+
+def pooled_ratio_series(seeds: list[list[dict[str, Any]]], key: str) -> dict[int, float] | None:
+    """A pooled ratio of [`POOLED_RATIOS`] over seeds, step by step: Σ numerator / Σ denominator over the seeds.
+
+    `stapo-train compare` and `stapo-plot` on a folder of seeds draw this instead of the mean of the seeds' ratios,
+    which weighs a seed with few loss tokens as much as one with many (and a seed where nothing was silenced pulls
+    the mean down by its share of seeds, not of tokens). The accuracy table's ratio ([`s2t_totals`]) is pooled the
+    same way over the whole run.
+
+    Args:
+        seeds (`list[list[dict]]`): one list of `metrics.jsonl` rows per seed.
+        key (`str`): a key of [`POOLED_RATIOS`] (`s2t/silenced_ratio`, `s2t/candidate_ratio`).
+
+    Returns:
+        `dict[int, float]` or `None`: `{step: ratio}` at the steps where every seed logged both counts and the
+        pooled denominator is > 0; `None` when `key` is not a pooled ratio or a seed logged no count of it (a run
+        written before the counts were logged: its ratio can only be averaged).
+    """
+    if key not in POOLED_RATIOS:
+        return None
+    numerator, denominator = POOLED_RATIOS[key]
+    per_seed = []
+    for rows in seeds:
+        counts = {
+            int(row["step"]): (row[numerator], row[denominator])
+            for row in rows
+            if "step" in row and row.get(numerator) is not None and row.get(denominator) is not None
+        }
+        if not counts:
+            return None
+        per_seed.append(counts)
+    steps = sorted(set.intersection(*(set(counts) for counts in per_seed)))
+    pooled = {}
+    for step in steps:
+        total = sum(counts[step][1] for counts in per_seed)
+        if total > 0:
+            pooled[step] = sum(counts[step][0] for counts in per_seed) / total
+    return pooled
+
+
 def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The S2T counts of a whole run, pooled over its log rows (`metrics.jsonl` rows or `trainer.state.log_history`).
 

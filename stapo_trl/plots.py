@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .metrics_log import load_run
+from .metrics_log import load_run, pooled_ratio_series
 
 
 # (log key, panel title, y scale). Reward and entropy are smoothed; the silenced ratio is drawn raw on a log scale
@@ -89,12 +89,18 @@ def _moving_average(values, window: int):
     return (cumsum[idx] - cumsum[start]) / (idx - start)
 
 
-def _draw_run(ax, x, values, label: str, color: str, scale: str, smoothing: int | None) -> bool:
+def _draw_run(
+    ax, x, values, label: str, color: str, scale: str, smoothing: int | None, pooled_over: int | None = None
+) -> bool:
     """Draw one run (its (num_seeds, num_steps) `values` over the steps `x`) on a panel; returns whether a curve
-    was drawn (a log panel whose mean is 0 everywhere gets a legend entry only)."""
+    was drawn (a log panel whose mean is 0 everywhere gets a legend entry only). `pooled_over`: `values` is one row
+    pooled over that many seeds ([`~stapo_trl.metrics_log.pooled_ratio_series`])."""
     import numpy as np  # comes with matplotlib, only for figures
 
-    seed_note = f" ({len(values)} seeds)" if len(values) > 1 else ""
+    if pooled_over is not None:
+        seed_note = f" ({pooled_over} seeds, pooled)" if pooled_over > 1 else ""
+    else:
+        seed_note = f" ({len(values)} seeds)" if len(values) > 1 else ""
     if scale == "log":
         mean = values.mean(axis=0)
         positive = mean > 0
@@ -125,15 +131,40 @@ def plot_training_curves(
     title: str | None = None,
     smoothing: int | None = None,
 ) -> str:
-    """Draw one panel per metric with every run overlaid, and save a PNG.
+    """Draw one panel per metric with every run overlaid ([`training_curves_figure`]), and save a PNG.
+
+    Args:
+        runs, curves, title, smoothing: as [`training_curves_figure`].
+        out (`str`): Path of the PNG to write (folders are created).
+
+    Returns:
+        `str`: `out`.
+    """
+    fig = training_curves_figure(runs, curves=curves, title=title, smoothing=smoothing)  # selects the Agg backend
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def training_curves_figure(
+    runs: Mapping[str, Run],
+    *,
+    curves: Sequence[tuple[str, str, str]] = TRAINING_CURVES,
+    title: str | None = None,
+    smoothing: int | None = None,
+):
+    """The figure of [`plot_training_curves`] (a matplotlib `Figure`, not saved): one panel per metric, runs overlaid.
 
     Args:
         runs (`Mapping[str, Sequence[Sequence[dict]]]`):
             Label -> one list of `metrics.jsonl` rows per seed. One seed: the raw curve (thin) and its moving
             average (bold). Several seeds: the mean of the per-seed moving averages over the steps all seeds logged,
-            with a min/max band (log panels: the per-step mean over seeds, as points).
-        out (`str`):
-            Path of the PNG to write (folders are created).
+            with a min/max band (log panels: the per-step mean over seeds, as points); a ratio of counts
+            (`s2t/silenced_ratio`, `s2t/candidate_ratio`) is pooled instead, Σ silenced / Σ loss tokens over the
+            seeds at each step ([`~stapo_trl.metrics_log.pooled_ratio_series`]), as the accuracy table pools it.
         curves (`Sequence[tuple[str, str, str]]`, *optional*, defaults to `TRAINING_CURVES`):
             `(log key, panel title, "linear" | "log")` per panel. On a log panel, zeros are not drawn; the legend says
             at how many logged steps the value was 0.
@@ -141,9 +172,6 @@ def plot_training_curves(
             Figure title.
         smoothing (`int`, *optional*):
             Moving-average window in logged steps for the linear panels; `None` picks ~1/20 of the run's length.
-
-    Returns:
-        `str`: `out`.
     """
     import matplotlib
 
@@ -159,6 +187,12 @@ def plot_training_curves(
         drawn = False
         for i, (label, seeds) in enumerate(runs.items()):
             color = colors[i % len(colors)]
+            pooled = pooled_ratio_series(seeds, key) if len(seeds) > 1 else None
+            if pooled:  # a ratio of counts: Σ numerator / Σ denominator over the seeds, as the accuracy table
+                steps = sorted(pooled)
+                values = np.array([[pooled[step] for step in steps]])  # (1, num_steps)
+                drawn = _draw_run(ax, np.array(steps), values, label, color, scale, smoothing, len(seeds)) or drawn
+                continue
             series = [_series(rows, key) for rows in seeds]
             series = [s for s in series if s]
             if not series:
@@ -180,10 +214,7 @@ def plot_training_curves(
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def plot_output_dirs(

@@ -482,3 +482,85 @@ def test_masks_after_the_last_logging_step_still_reach_the_token_file(
     records = read_token_records(tmp_path / "run" / SPURIOUS_TOKENS_FILENAME)
     assert sum(r["kind"] == "silenced" for r in records) == silenced
     assert max(r["step"] for r in records) == max_steps
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Ratios over seeds are pooled from the counts, as the accuracy table pools them (issue 23, item 7)
+# ----------------------------------------------------------------------------------------------------------------
+
+# Two seeds, two logging steps. Step 4: seed 0 silences 1 of 100 loss tokens (ratio 0.01), seed 1 none of 900 (0):
+# pooled 1 / 1000 = 0.001, where the mean of the two ratios was 0.005. Step 8: 0 of 100 and 3 of 300 (0.01): pooled
+# 3 / 400 = 0.0075 (mean 0.005). Candidates: step 4, 2 + 0 of 1000 = 0.002 (mean 0.01); step 8, 0 + 6 of 400 = 0.015
+# (mean 0.01).
+SEED_ROWS = [
+    [
+        {"step": 4, "reward": 0.5, "entropy": 0.3, "s2t/silenced_ratio": 0.01, "s2t/num_silenced": 1,
+         "s2t/candidate_ratio": 0.02, "s2t/num_candidates": 2, "s2t/num_loss_tokens": 100},
+        {"step": 8, "reward": 0.6, "entropy": 0.2, "s2t/silenced_ratio": 0.0, "s2t/num_silenced": 0,
+         "s2t/candidate_ratio": 0.0, "s2t/num_candidates": 0, "s2t/num_loss_tokens": 100},
+    ],
+    [
+        {"step": 4, "reward": 0.4, "entropy": 0.4, "s2t/silenced_ratio": 0.0, "s2t/num_silenced": 0,
+         "s2t/candidate_ratio": 0.0, "s2t/num_candidates": 0, "s2t/num_loss_tokens": 900},
+        {"step": 8, "reward": 0.7, "entropy": 0.1, "s2t/silenced_ratio": 0.01, "s2t/num_silenced": 3,
+         "s2t/candidate_ratio": 0.02, "s2t/num_candidates": 6, "s2t/num_loss_tokens": 300},
+    ],
+]  # fmt: skip
+
+
+def _panel_points(fig, title_start: str):
+    import numpy as np
+
+    ax = next(ax for ax in fig.axes if ax.get_title().startswith(title_start))
+    return [(list(np.asarray(line.get_xdata())), list(np.asarray(line.get_ydata()))) for line in ax.lines], ax
+
+
+def test_compare_figure_pools_the_silenced_ratio_over_seeds():
+    """`stapo-train compare` draws compare.png with `plot_training_curves` (this figure): the silenced-ratio points
+    averaged the seeds' ratios, zeros included (0.005 and 0.005 here)."""
+    import matplotlib.pyplot as plt
+
+    from stapo_trl.plots import TRAINING_CURVES, training_curves_figure
+
+    fig = training_curves_figure({"stapo": SEED_ROWS}, curves=TRAINING_CURVES)
+    try:
+        points, ax = _panel_points(fig, "S2T silenced-token ratio")
+        assert points == [([4, 8], [pytest.approx(0.001), pytest.approx(0.0075)])]
+        assert ax.get_legend_handles_labels()[1] == ["stapo (2 seeds, pooled), 0 at 0/2 logged steps"]
+        # The linear panels keep the mean over seeds (reward: (0.5 + 0.4) / 2 and (0.6 + 0.7) / 2, no smoothing).
+        reward, _ = _panel_points(fig, "reward")
+        assert reward[0][1] == [pytest.approx(0.45), pytest.approx(0.65)]
+    finally:
+        plt.close(fig)
+
+
+def test_stapo_plot_pools_ratios_of_a_folder_of_seeds(tmp_path):
+    """`stapo-plot ARM_FOLDER` (the compare layout) reads the seeds and draws the same pooled points; the diagnostics'
+    ratio panel (silenced and candidate ratios) pools both ratios too."""
+    from stapo_trl.diagnostic_plots import _mean_series
+    from stapo_trl.metrics_log import load_run
+
+    for seed, rows in enumerate(SEED_ROWS):
+        (tmp_path / "arm" / f"seed{seed}").mkdir(parents=True)
+        (tmp_path / "arm" / f"seed{seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    seeds = load_run(str(tmp_path / "arm"))
+    assert _mean_series(seeds, "s2t/silenced_ratio") == ([4, 8], [pytest.approx(0.001), pytest.approx(0.0075)])
+    assert _mean_series(seeds, "s2t/candidate_ratio") == ([4, 8], [pytest.approx(0.002), pytest.approx(0.015)])
+    # Not a ratio of counts: the mean over seeds (entropy (0.3 + 0.4) / 2, (0.2 + 0.1) / 2).
+    assert _mean_series(seeds, "entropy") == ([4, 8], [pytest.approx(0.35), pytest.approx(0.15)])
+
+
+def test_pooled_ratio_skips_steps_without_counts_and_zero_denominators():
+    from stapo_trl.metrics_log import pooled_ratio_series
+
+    seeds = [
+        [{"step": 1, "s2t/num_silenced": 0, "s2t/num_loss_tokens": 0}, {"step": 2, "s2t/num_silenced": 2,
+         "s2t/num_loss_tokens": 10}, {"step": 3, "s2t/num_silenced": 1, "s2t/num_loss_tokens": 10}],
+        [{"step": 1, "s2t/num_silenced": 0, "s2t/num_loss_tokens": 0}, {"step": 2, "s2t/num_silenced": 0,
+         "s2t/num_loss_tokens": 30}],
+    ]  # fmt: skip
+    # Step 1: no loss token in either seed (undefined, left out); step 2: 2 / 40; step 3: seed 1 did not log it.
+    assert pooled_ratio_series(seeds, "s2t/silenced_ratio") == {2: pytest.approx(0.05)}
+    assert pooled_ratio_series(seeds, "reward") is None
+    # A seed without the counts (a file from before they were logged): no pooled series, the mean is drawn.
+    assert pooled_ratio_series([seeds[0], [{"step": 2, "s2t/silenced_ratio": 0.1}]], "s2t/silenced_ratio") is None

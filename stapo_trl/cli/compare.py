@@ -63,9 +63,9 @@ def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """`stapo-train compare RECIPE_A RECIPE_B [--seeds ...] [--output-dir DIR] [-- OVERRIDES]`.
 
     Trains both recipes on every seed (in this process, one after the other; `OVERRIDES` go to every run), with the
-    before/after evaluation on, into `DIR/<recipe name>/seed<N>`. Writes `DIR/compare.png` (reward, entropy and
-    silenced ratio over steps: mean over seeds with a min/max band) and `DIR/compare.json`, and prints the
-    accuracy table. Finished runs are not redone (each run resumes from its last checkpoint).
+    before/after evaluation on, into `DIR/<recipe name>/seed<N>`. Writes `DIR/compare.png` (reward and entropy over
+    steps: mean over seeds with a min/max band; the silenced ratio pooled over seeds, Σ silenced / Σ loss tokens at
+    each step, as the table pools it over the run) and `DIR/compare.json`, and prints the accuracy table. Finished runs are not redone (each run resumes from its last checkpoint).
 
     Args:
         argv (`Sequence[str]`, *optional*): the arguments after `compare`; `None` reads `sys.argv[2:]`.
