@@ -97,13 +97,14 @@ def test_stapo_train_and_its_dry_run_refuse_a_model_without_a_template(
             model_without_chat_template]  # fmt: skip
     with pytest.raises(SystemExit) as info:
         main(argv)
-    message = str(info.value.code)
+    message = str(info.value)
+    assert info.value.code == 2  # an input error (stapo_trl.cli.errors)
     assert message.startswith("stapo-train: error: The prompts of 'builtin:tiny-math' are chat messages") and (
         "\n" not in message
     ), message
     assert "builtin:gemma3-270m adds Gemma's" in message
     capsys.readouterr()
-    assert dry_run_main(argv) == 1
+    assert dry_run_main(argv) == 2
     (line,) = [line for line in capsys.readouterr().out.splitlines() if "no chat template" in line]
     assert line.startswith("  - stapo-train's prompts are chat messages, but the tokenizer of ")
 
