@@ -170,9 +170,9 @@ def test_resolve_builds_once_then_reuses_the_cache(tmp_path, monkeypatch):
     builds = []
     real_build = builtin_cache.build_builtin_model
 
-    def counting_build(name, output_dir):
+    def counting_build(name, output_dir, **kwargs):
         builds.append(name)
-        return real_build(name, output_dir)
+        return real_build(name, output_dir, **kwargs)
 
     monkeypatch.setattr(builtin_cache, "build_builtin_model", counting_build)
     target = builtin_model_dir("tiny-random", tmp_path)

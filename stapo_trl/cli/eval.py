@@ -331,7 +331,10 @@ def _main(argv: Sequence[str] | None) -> int:
     generator = None
     for decoding_name, bench in todo:
         if generator is None:
-            model_path = resolve_model_path(args.model) if args.model.startswith("builtin:") else args.model
+            try:  # a real built-in model is converted here on first use; its GGUF checksum is verified first
+                model_path = resolve_model_path(args.model) if args.model.startswith("builtin:") else args.model
+            except (ValueError, OSError) as e:
+                fail(str(e))
             try:
                 generator = _make_generator(args, model_path)
                 prompt_token_budget(model_max_positions(generator), args.max_new_tokens)  # room left for a prompt
