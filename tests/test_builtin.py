@@ -258,3 +258,82 @@ def test_build_in_a_child_process_under_a_launcher(tmp_path, monkeypatch):
     path = resolve_model_path("builtin:tiny-random", cache_dir=tmp_path)
     assert read_builtin_info(path)["name"] == "builtin:tiny-random"
     AutoModelForCausalLM.from_pretrained(path)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The sampled-token statistics of the warm-up check (entropy, probability of the drawn token)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_recorded_token_statistics_match_a_forward_pass(tiny_math_model_path, one_torch_thread):
+    # The recorder must see the distribution each token was drawn from: at T = 1, top-p 1, top-k 0 that is the
+    # softmax of the logits, which a teacher-forced forward pass over prompt + completion reproduces.
+    from transformers import LogitsProcessorList
+
+    from stapo_trl.builtin.warmup import _TokenStatisticsRecorder
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
+    prompts = make_tiny_math_dataset()["test"]["prompt"][:4]
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    recorder = _TokenStatisticsRecorder()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = model.generate(
+            **batch,
+            max_new_tokens=40,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            logits_processor=LogitsProcessorList([recorder]),
+        )
+    prompt_len = batch["input_ids"].shape[1]
+    completion_ids = out[:, prompt_len:]  # (B, T)
+    entropy, prob = recorder.finish(completion_ids)  # (B, T) each
+    assert entropy.shape == prob.shape == completion_ids.shape
+
+    attention_mask = torch.cat([batch["attention_mask"], torch.ones_like(completion_ids)], dim=1)  # (B, P + T)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=out, attention_mask=attention_mask, position_ids=position_ids).logits
+    logps = torch.log_softmax(logits[:, prompt_len - 1 : -1].float(), dim=-1)  # (B, T, V): predicts completion token t
+    expected_prob = logps.gather(2, completion_ids.unsqueeze(2)).squeeze(2).exp()
+    expected_entropy = -(logps.exp() * logps).sum(dim=-1)
+    for row in range(len(prompts)):
+        ends = (completion_ids[row] == tokenizer.eos_token_id).nonzero()
+        n = int(ends[0]) + 1 if len(ends) else completion_ids.shape[1]  # up to and including the first eos
+        torch.testing.assert_close(prob[row, :n], expected_prob[row, :n], atol=1e-4, rtol=1e-3)
+        torch.testing.assert_close(entropy[row, :n], expected_entropy[row, :n], atol=1e-4, rtol=1e-3)
+
+
+def test_token_statistics_summary_on_hand_values():
+    from stapo_trl.builtin.warmup import summarize_token_statistics
+
+    # Entropies 0..4 nats: linear-interpolated p10 = 0.4, p50 = 2, p90 = 3.6, mean 2. Probabilities: 2 of 5 below 0.002
+    # (0.002 itself is not below).
+    summary = summarize_token_statistics({"entropy": [0, 1, 2, 3, 4], "prob": [0.001, 0.0019, 0.002, 0.5, 1.0]})
+    assert summary["num_tokens"] == 5
+    assert summary["entropy_nats"] == {"p10": 0.4, "p50": 2.0, "p90": 3.6, "mean": 2.0}
+    assert summary["frac_prob_below_tau_p"] == 0.4 and summary["tau_p"] == 0.002
+
+
+def test_measure_accuracy_counts_tokens_up_to_eos_and_keeps_the_train_mode(tiny_math_model_path, one_torch_thread):
+    model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
+    test = make_tiny_math_dataset()["test"].select(range(8))
+    model.train()
+    stats = {}
+    _, completions = measure_accuracy(
+        model, tokenizer, test["prompt"], test["solution"], do_sample=False, token_statistics=stats
+    )
+    assert model.training  # restored: the callback of a running SFT evaluates mid-training
+    # One entry per completion token plus its eos (greedy completions are the canonical worked steps, which re-tokenize
+    # to the same tokens; they end well before 48 tokens). A sampled stray token may not re-tokenize the same way.
+    lengths = [len(tokenizer(c, add_special_tokens=False)["input_ids"]) + 1 for c in completions]
+    assert len(stats["entropy"]) == len(stats["prob"]) == sum(lengths)
+    assert all(h >= 0 for h in stats["entropy"]) and all(0 < p <= 1 for p in stats["prob"])
+    # The statistics are a side record: the accuracy and completions are those of a call without them.
+    sampled = measure_accuracy(model, tokenizer, test["prompt"], test["solution"], do_sample=True, token_statistics={})
+    assert measure_accuracy(model, tokenizer, test["prompt"], test["solution"], do_sample=True) == sampled
