@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_BUILD_OPS ?= 0
 
-.PHONY: install install-vllm install-real-models test test-slow test-vllm test-real quality style demo compare bench bench-vllm evaluate clean
+.PHONY: install install-vllm install-real-models test test-slow test-vllm test-real quality style demo demo-real compare bench bench-vllm evaluate clean
 
 install: $(VENV)/.installed
 
@@ -80,6 +80,17 @@ demo: install
 
 compare: install
 	$(VENV)/bin/stapo-train compare recipes/demo/grpo.yaml recipes/demo/stapo.yaml
+
+# STAPO and its s2t_mode: off twin on SmolLM2-135M (builtin:smollm2-135m-math, built once: ~11 min), side by side, one
+# core each (the recipes use one torch thread), then one set of figures of both runs in outputs/smollm2-figures.
+demo-real: install-real-models
+	mkdir -p outputs
+	$(VENV)/bin/python -c "from stapo_trl.builtin import resolve_model_path; resolve_model_path('builtin:smollm2-135m-math')"
+	$(VENV)/bin/stapo-train --config recipes/SmolLM2-135M/grpo.yaml > outputs/smollm2-grpo.log 2>&1 & pid=$$!; \
+	$(VENV)/bin/stapo-train --config recipes/SmolLM2-135M/stapo.yaml; status=$$?; wait $$pid || status=1; \
+	echo "--- the s2t_mode: off twin (whole log: outputs/smollm2-grpo.log):"; tail -n 6 outputs/smollm2-grpo.log; \
+	exit $$status
+	$(VENV)/bin/stapo-plot outputs/smollm2-grpo outputs/smollm2-stapo --out outputs/smollm2-figures
 
 # The sections of benchmarks/bench.py (overhead vs the off twin and GRPOTrainer, mask scaling, learning, gpu), then
 # the per-update scope table, the stapo-train demo wall time against its off twin, grading throughput, and the

