@@ -32,7 +32,6 @@ import argparse
 import datetime
 import json
 import math
-import os
 import random
 import re
 import shlex
@@ -43,19 +42,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
+import script_env  # noqa: I001 (first: the environment and sys.path)
 import torch  # noqa: E402
-
-
-REPO = Path(__file__).resolve().parent.parent
-for path in (REPO, REPO / "benchmarks"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
-
 from harness import build_trainer, machine_info, versions  # noqa: E402
 
 from stapo_trl import s2t_mask  # noqa: E402
@@ -64,7 +52,7 @@ from stapo_trl.diagnostic_plots import plot_prob_entropy_scatter, readable_token
 from stapo_trl.token_records import spurious_token_records  # noqa: E402
 
 
-RESULTS_DIR = REPO / "benchmarks" / "results"
+RESULTS_DIR = script_env.REPO / "benchmarks" / "results"
 PAPER_TOKENS = 512 * 2048  # 64 prompts x 8 rollouts x a mean response of 2,048 tokens (max 15,360 in the paper)
 # The paper's three categories of spurious tokens (its Sec. 5 analysis), as far as this task's tokens allow.
 FORMAT_CHARS = set("\\{}$,;.:=+ \n\t()[]")
@@ -295,7 +283,10 @@ def write_report(
                 for tok, n, cat, ctx in rows
             ] or ["| - | 0 | - | - |"]
     if figure is not None:
-        lines += ["", f"Figure: `{figure.relative_to(REPO) if figure.is_relative_to(REPO) else figure}`."]
+        lines += [
+            "",
+            f"Figure: `{figure.relative_to(script_env.REPO) if figure.is_relative_to(script_env.REPO) else figure}`.",
+        ]
     lines += ["", f"Machine: {json.dumps(machine_info())}", f"Versions: {json.dumps(versions())}", ""]
     path.write_text("\n".join(lines))
 

@@ -34,15 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+import script_env  # noqa: I001 (first: the environment and sys.path)
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-REPO = Path(__file__).resolve().parent.parent
-for path in (REPO, REPO / "benchmarks"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
 
 STAPO_RECIPE = "recipes/SmolLM2-135M/stapo.yaml"
 OFF_RECIPE = "recipes/SmolLM2-135M/grpo.yaml"
@@ -98,7 +91,7 @@ def run_one(config: dict) -> dict:
 
 def run_in_child(config: dict) -> dict:
     done = subprocess.run(
-        [sys.executable, __file__, "--run", json.dumps(config)], capture_output=True, text=True, cwd=REPO
+        [sys.executable, __file__, "--run", json.dumps(config)], capture_output=True, text=True, cwd=script_env.REPO
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
@@ -196,7 +189,11 @@ def main(argv=None) -> None:
 
     from stapo_trl.builtin import resolve_model_path
 
-    out = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"{datetime.date.today()}-real-cost.md"
+    out = (
+        Path(args.out)
+        if args.out
+        else script_env.REPO / "benchmarks" / "results" / f"{datetime.date.today()}-real-cost.md"
+    )
     command = "python benchmarks/real_cost.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     for model in args.models:  # built (or converted) once, outside any timed run
         resolve_model_path(model)

@@ -48,23 +48,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
+import script_env  # noqa: I001 (first: the environment and sys.path, also when a test loads this file by path)
 import torch  # noqa: E402
-
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-
-# The sibling modules of this experiment (also when a test loads this file by path).
-if str(REPO / "benchmarks") not in sys.path:
-    sys.path.insert(0, str(REPO / "benchmarks"))
-
 from stress_report import fill_brace_rate, write_report  # noqa: E402
 from stress_trainer import (  # noqa: E402
     ARMS,
@@ -77,7 +62,7 @@ from stress_trainer import (  # noqa: E402
 )
 
 
-RESULTS_DIR = REPO / "benchmarks" / "results"
+RESULTS_DIR = script_env.REPO / "benchmarks" / "results"
 
 
 # ---------------------------------------------------------------------------------------------------------------

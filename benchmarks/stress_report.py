@@ -5,24 +5,12 @@ from __future__ import annotations
 
 import datetime
 import math
-import os
 import statistics
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from stress_stats import paired_permutation_test, sign_test  # noqa: E402
-from stress_trainer import ARMS, KINDS, RECIPE  # noqa: E402
+from stress_stats import paired_permutation_test, sign_test
+from stress_trainer import ARMS, KINDS, RECIPE
 
 
 METRICS = (

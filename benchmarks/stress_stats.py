@@ -4,19 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import sys
-from pathlib import Path
-
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 
 def sign_test(differences: list[float]) -> float:

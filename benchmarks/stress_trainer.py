@@ -5,31 +5,18 @@ noise-free held-out measurement."""
 from __future__ import annotations
 
 import functools
-import os
 import statistics
-import sys
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Any
 
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers import LogitsProcessor, LogitsProcessorList
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import torch  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
-from transformers import LogitsProcessor, LogitsProcessorList  # noqa: E402
-
-
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from stapo_trl.core.s2t import linear_quantile  # noqa: E402
-from stapo_trl.grading import is_correct  # noqa: E402
-from stapo_trl.grading.extract import find_boxes  # noqa: E402
-from stapo_trl.trainer import STAPOTrainer  # noqa: E402
+from stapo_trl.core.s2t import linear_quantile
+from stapo_trl.grading import is_correct
+from stapo_trl.grading.extract import find_boxes
+from stapo_trl.trainer import STAPOTrainer
 
 
 RECIPE = "recipes/demo/stapo.yaml"

@@ -4,7 +4,7 @@ With eps = 1 after a box every post-box position is injected, with eps = 0 gener
 trainer's evaluation path nor a plain `generate` after training sees the noise.
 """
 
-import importlib.util
+import sys
 import warnings
 from pathlib import Path
 
@@ -17,11 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorLis
 from stapo_trl import STAPOConfig
 
 
-_SPEC = importlib.util.spec_from_file_location(
-    "stress", Path(__file__).resolve().parent.parent / "benchmarks" / "stress.py"
-)
-stress = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(stress)  # puts benchmarks/ on sys.path, where its parts live
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))  # the experiment's modules
 import stress_stats  # noqa: E402
 import stress_trainer  # noqa: E402
 
@@ -235,3 +231,10 @@ def test_attribution_shares_match_one_backward_pass_per_token_kind(tiny_random_m
     assert abs(explicit_whole) > 0
     shares = [row[f"{name}/{sign}"] for name in stress_trainer.KINDS for sign in ("pos", "neg")]
     assert sum(shares) == pytest.approx(explicit_whole, rel=0.02)
+
+
+def test_the_entry_script_loads_and_parses_its_defaults():
+    import stress
+
+    args = stress.parse_args([])
+    assert args.design == "post_answer" and args.eps == 0.2 and args.steps == 400 and args.arms == list(stress.ARMS)
