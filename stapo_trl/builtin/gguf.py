@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .names import BUILTIN_MODELS, BUILTIN_PREFIX, GGUF_READER
+from .names import BUILTIN_MODELS, BUILTIN_PREFIX, GGUF_READER, build_record_header
 
 
 logger = logging.getLogger(__name__)
@@ -332,11 +332,7 @@ def convert_gguf_model(
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     return {
-        "name": BUILTIN_PREFIX + name,
-        "version": recipe["version"],
-        "kind": recipe["kind"],
-        "description": recipe["description"],
-        "license": recipe["license"],
+        **build_record_header(name),
         "source": {
             "wheels": source.wheels,
             "files": [relative for _, relative in recipe["gguf"]["files"]],

@@ -252,3 +252,18 @@ def read_builtin_info(model_path: str | os.PathLike) -> dict[str, Any]:
     """The build record (`stapo_builtin.json`) of a built-in model directory."""
     with open(Path(model_path) / INFO_FILE, encoding="utf-8") as f:
         return json.load(f)
+
+
+def build_record_header(name: str) -> dict[str, Any]:
+    """The fields every build record (`stapo_builtin.json`) opens with: the `builtin:` name, the recipe's version,
+    kind and description, and a real model's license.
+
+    Args:
+        name (`str`): a key of `BUILTIN_MODELS` (without the `builtin:` prefix).
+
+    Returns:
+        `dict[str, Any]`: the fields, in this order.
+    """
+    recipe = BUILTIN_MODELS[name]
+    header = {k: recipe[k] for k in ("version", "kind", "description")}
+    return {"name": BUILTIN_PREFIX + name, **header, **({"license": recipe["license"]} if "license" in recipe else {})}

@@ -27,7 +27,7 @@ import os
 import time
 from typing import Any
 
-from .names import BUILTIN_PREFIX, read_builtin_info
+from .names import BUILTIN_PREFIX, build_record_header, read_builtin_info
 from .warmup import SEED, evaluate_tiny_math, sft_warm_up
 
 
@@ -104,11 +104,7 @@ def build_sft_math_model(
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     return {
-        "name": BUILTIN_PREFIX + name,
-        "version": recipe["version"],
-        "kind": recipe["kind"],
-        "description": recipe["description"],
-        "license": recipe["license"],
+        **build_record_header(name),
         "base": {
             "name": base_info["name"],
             "version": base_info["version"],

@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from .names import BUILTIN_PREFIX
+from .names import build_record_header
 from .warmup import EVAL_TEMPERATURE, SEED, evaluate_tiny_math, sft_warm_up
 
 
@@ -159,9 +159,7 @@ def build_tiny_model(name: str, recipe: dict[str, Any], output_dir: str | os.Pat
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     return {
-        "name": BUILTIN_PREFIX + name,
-        "version": recipe["version"],
-        "description": recipe["description"],
+        **build_record_header(name),
         "seed": SEED,
         "torch_threads": torch.get_num_threads(),
         "tokenizer": {"type": "byte-level BPE, single-digit tokens", "vocab_size": len(tokenizer)},
