@@ -221,8 +221,14 @@ class StressTrainer(STAPOTrainer):
         """The trainer's mask, then the ground-truth check and the candidate classes on exactly the rows it covered
         (one optimizer update, or the rollout batch in the `generation_batch` scope)."""
         result = super()._apply_s2t_to_micro_batches(micro_batches)
-        if "stress_injected" not in micro_batches[0]:  # an evaluation batch: no noise, nothing to check
-            return result
+        if "stress_injected" in micro_batches[0]:  # not an evaluation batch (no noise there, nothing to check)
+            self._observe_mask(micro_batches)
+        return result
+
+    def _observe_mask(self, micro_batches: list[dict]) -> None:
+        """The ground-truth check and the candidate classes (written into each batch's `stress_candidate`) on the rows
+        the trainer's last mask covered: from `_apply_s2t_to_micro_batches`, or from `_compute_loss` when the mask is
+        built in the loss (scope `micro_batch`, or TRL's default geometry: `s2t_values_source` "training_forward")."""
         rows = {"completion_ids": torch.cat([b["completion_ids"] for b in micro_batches])}  # (ΣB, T)
         injected = torch.cat([b["stress_injected"] for b in micro_batches]).cpu()
         kind = torch.cat([b["stress_kind"] for b in micro_batches]).cpu()
@@ -230,7 +236,6 @@ class StressTrainer(STAPOTrainer):
         for batch, cls in zip(micro_batches, classes, strict=True):
             batch["stress_candidate"] = cls.to(batch["completion_ids"].device)
         self._check_mask(rows, injected, kind)
-        return result
 
     def _candidate_classes(self, output: dict) -> torch.Tensor:
         """(B, T) long: 0 = not a candidate, 1 = candidate below the q-quantile of candidate entropies (what
@@ -307,6 +312,8 @@ class StressTrainer(STAPOTrainer):
     def _compute_loss(self, model, inputs):
         self._attribution_logps = None
         loss = super()._compute_loss(model, inputs)
+        if self._mask_in_loss and model.training and "stress_injected" in inputs:
+            self._observe_mask([inputs])  # the mask of this micro-batch was just built from the loss's forward
         if self.attribution and self.probe is not None and model.training and "stress_kind" in inputs:
             if self._attribution_logps is not None:
                 self._attribute(model, inputs, loss, self._attribution_logps)

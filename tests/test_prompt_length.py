@@ -124,3 +124,19 @@ def test_dry_run_counts_the_prompts_the_rule_will_drop(tiny_math_model_path, tmp
     argv[argv.index("--dataset_name") + 1] = str(data)
     report = validate_recipe(*parse_args(argv), 1)
     assert any("every training prompt exceeds 464 tokens" in e for e in report.errors), report.errors
+
+
+def test_the_printed_dry_run_counts_the_prompts_the_rule_will_drop(tiny_math_model_path, tmp_path, capsys):
+    # The kind of the bug the test above caught (a check that gates the count returned None, so the count was never
+    # made): the printed plan of `stapo-train --dry_run` and of `python -m stapo_trl.cli.dry_run` carries the count.
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main as train_main
+
+    data = _rows(tmp_path, ["12+34", "1+" * 400 + "1", "5+6"])
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", str(data)]
+    argv += ["--eval_before_after", "false", "--output_dir", str(tmp_path / "out")]
+    dry_run_main(argv)  # exit status 2: 3 prompts cannot fill the recipe's rollout step (another row)
+    assert "1 of 3 training prompts exceed 464 tokens and will be dropped" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        train_main([*argv, "--dry-run"])
+    assert "1 of 3 training prompts exceed 464 tokens and will be dropped" in capsys.readouterr().out

@@ -130,9 +130,14 @@ def _binary_reward(completions, **kwargs):
     return [float(i % 2) for i in range(len(completions))]  # varies in every group: non-zero advantages
 
 
-def test_noise_reaches_rollouts_only(tiny_random_model_path, tmp_path, monkeypatch):
+# steps_per_generation 1: TRL's default geometry, where the mask is built in the loss from the training forward (the
+# experiment's hooks must see it there too); 2: the mask is built per update from the rollout's values (the recipe's).
+@pytest.mark.parametrize("steps_per_generation", [1, 2])
+def test_noise_reaches_rollouts_only(tiny_random_model_path, tmp_path, monkeypatch, steps_per_generation):
     prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(16)])
-    args = tiny_stapo_config(tmp_path, max_completion_length=6, max_steps=1, seed=0)
+    args = tiny_stapo_config(
+        tmp_path, max_completion_length=6, max_steps=1, seed=0, steps_per_generation=steps_per_generation
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = stress_trainer.StressTrainer(
@@ -152,6 +157,9 @@ def test_noise_reaches_rollouts_only(tiny_random_model_path, tmp_path, monkeypat
     # eps = 1 everywhere: every generated position of every rollout was drawn uniformly.
     assert all(all(row) for record in trainer._noise_records for row in record.injected)
     assert trainer.mask_stats["injected/tokens"] > 0 and trainer.mask_stats["policy/tokens"] == 0
+    # The ground-truth check ran on the one update's mask and agreed with the rule recomputed from its inputs.
+    assert trainer.mask_stats["batches"] == 1
+    assert trainer.mask_stats["injected/candidate_mismatch"] == trainer.mask_stats["injected/silenced_mismatch"] == 0
     assert "generate" not in vars(trainer.model)  # the hook is gone after the rollout
     tokenizer = trainer.processing_class
     result = stress_trainer.evaluate_junk(
@@ -182,6 +190,7 @@ def test_attribution_shares_match_one_backward_pass_per_token_kind(tiny_random_m
         args = STAPOConfig(
             output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
             num_generations=2, max_completion_length=5, learning_rate=1e-3, s2t_mode="off",
+            steps_per_generation=2,  # the experiment's geometry: the mask per update from stored values, not in the loss
         )  # fmt: skip
         prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": "1+2"}]}] * 4)
         trainer = stress_trainer.StressTrainer(

