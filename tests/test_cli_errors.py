@@ -175,8 +175,8 @@ def test_python_m_train_exits_2_with_one_line(tmp_path):
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines()[-1] == (
-        "stapo-train: error: s2t_entropy_quantile=1.5 is out of range: it is the quantile q and must be in [0, 1]. "
-        "The paper uses 0.75 (0.80 in v1)."
+        "stapo-train: error: --s2t_entropy_quantile: s2t_entropy_quantile=1.5 is out of range: it is the quantile q "
+        "and must be in [0, 1]. The paper uses 0.75 (0.80 in v1)."
     )
     assert "Traceback" not in proc.stderr
 
@@ -289,7 +289,7 @@ def test_a_command_line_value_is_named_as_the_flag_not_the_recipe(no_model_built
     with pytest.raises(SystemExit):
         main(["--config", recipe, "--s2t_entropy_quantile", "1.5"])
     assert _error_line(capsys, "stapo-train").startswith(
-        "stapo-train: error: s2t_entropy_quantile=1.5 is out of range"
+        "stapo-train: error: --s2t_entropy_quantile: s2t_entropy_quantile=1.5 is out of range"
     )
     with pytest.raises(SystemExit):
         main(["--config", recipe, "--s2t_entropy_quantile", "abc"])
@@ -303,6 +303,100 @@ def test_a_command_line_value_is_named_as_the_flag_not_the_recipe(no_model_built
         ["--config", bad, "--s2t_entropy_quantile", "0.5", "--num_generations", "8", "--output_dir", str(tmp_path)]
     )
     assert training_args.s2t_entropy_quantile == 0.5 and training_args.num_generations == 8
+
+
+# The new-user pass after issue 23: a range error in a command-line value read "the recipe does not parse: X=..." in
+# the dry run and named no flag in either; the README says a command-line value is named by its flag.
+@pytest.mark.parametrize(
+    "flag, value",
+    [("s2t_entropy_quantile", "1.5"), ("max_steps", "0"), ("num_generations", "1"), ("temperature", "-1")],
+)
+@pytest.mark.parametrize("command, prog", [(_train, "stapo-train"), (_dry_run, "stapo-train --dry-run")])
+def test_a_range_error_in_a_flag_names_the_flag(no_model_built, tmp_path, capsys, command, prog, flag, value):
+    with pytest.raises(SystemExit) as excinfo:
+        command(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), f"--{flag}", value])
+    assert excinfo.value.code == 2
+    line = _error_line(capsys, prog)
+    assert line.startswith(f"{prog}: error: --{flag}: {flag}="), line
+    assert "recipe" not in line.split(":", 3)[2], line  # not "the recipe does not parse", not "recipe key"
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--dataset_name", "{empty}"], "dataset file '{empty}' is empty"),
+        (["--model_name_or_path", "{tmp}/no-model"], "Model directory '{tmp}/no-model' does not exist"),
+        (["--reward_funcs", "math_acuracy"], "Unknown reward 'math_acuracy'"),
+    ],
+    ids=["empty-dataset", "missing-model", "unknown-reward"],
+)
+def test_a_dry_run_that_fails_its_checks_ends_with_one_error_line(no_model_built, tmp_path, capsys, argv, expected):
+    # The plan listed the failed checks on stdout only: no `PROG: error:` line, unlike every other input error.
+    from stapo_trl.cli.dry_run import main as dry_run_main
+
+    (tmp_path / "empty.jsonl").write_text("")
+    fill = {"tmp": tmp_path, "empty": tmp_path / "empty.jsonl"}
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *(a.format(**fill) for a in argv)]
+    assert dry_run_main(argv) == 2
+    line = _error_line(capsys, "stapo-train --dry-run")
+    assert "check(s) failed (the plan above lists them)" in line and expected.format(**fill) in line, line
+
+
+@pytest.mark.parametrize("where", ["nowhere", "a-file", "the-run-folder"])
+def test_resume_from_checkpoint_must_be_a_checkpoint(no_model_built, tmp_path, capsys, where):
+    # Reported: a path that does not exist passed the dry run, and the run raised transformers' ValueError with a
+    # traceback (exit 1) after building the model and evaluating it.
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main
+
+    run = tmp_path / "run"
+    (run / "checkpoint-4").mkdir(parents=True)
+    (run / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4}')
+    (tmp_path / "a-file").write_text("not a checkpoint")
+    path = {"nowhere": tmp_path / "nowhere", "a-file": tmp_path / "a-file", "the-run-folder": run}[where]
+    expected = {"nowhere": "does not exist", "a-file": "is a file", "the-run-folder": "give one of its checkpoints"}
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", str(path)]
+    assert dry_run_main(argv) == 2
+    assert expected[where] in _error_line(capsys, "stapo-train --dry-run")
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv)
+    assert excinfo.value.code == 2
+    line = _error_line(capsys, "stapo-train")
+    assert line.startswith(f"stapo-train: error: resume_from_checkpoint='{path}' ") and expected[where] in line, line
+    if where == "the-run-folder":
+        assert "(checkpoint-4)" in line
+    # A checkpoint folder passes this check (the run then resumes it).
+    from stapo_trl.cli.checkpoints import check_resume_from_checkpoint
+
+    check_resume_from_checkpoint(type("Args", (), {"resume_from_checkpoint": str(run / "checkpoint-4")})())
+
+
+@pytest.mark.parametrize(
+    "command, prog, argv, expected",
+    [
+        (_train, "stapo-train", ["--config", "{tmp}"], "is a folder: give the path of a recipe YAML file in it"),
+        (_dry_run, "stapo-train --dry-run", ["--config", "{tmp}"], "is a folder"),
+        (_compare, "stapo-train compare", [STAPO_RECIPE], "compare trains two recipes on the same seeds"),
+        (_compare, "stapo-train compare", [], "0 given (none)"),
+        (_compare, "stapo-train compare", [STAPO_RECIPE, GRPO_RECIPE, STAPO_RECIPE], "3 given"),
+    ],
+    ids=["config-folder", "dry-run-config-folder", "compare-one-recipe", "compare-none", "compare-three"],
+)
+def test_what_the_user_gave_is_what_the_message_names(no_model_built, tmp_path, capsys, command, prog, argv, expected):
+    # `--config /tmp` said "does not exist"; `compare` with one recipe said "the following arguments are required".
+    with pytest.raises(SystemExit) as excinfo:
+        command([a.format(tmp=tmp_path) for a in argv])
+    assert excinfo.value.code == 2
+    assert expected in _error_line(capsys, prog)
+
+
+def test_dry_run_refuses_zero_processes_by_its_flag(capsys):
+    from stapo_trl.cli.dry_run import main as dry_run_main
+
+    assert dry_run_main(["--config", STAPO_RECIPE, "--num-processes", "0"]) == 2
+    assert _error_line(capsys, "stapo-train --dry-run").startswith(
+        "stapo-train --dry-run: error: --num-processes: 0 is not a number of training processes"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -220,8 +220,8 @@ def test_an_input_error_under_accelerate_ends_each_process_with_status_2(tmp_pat
     assert "exitcode  : 2 (pid:" in output, output[-3000:]  # the root cause: a rank that exited with status 2
     assert "exitcode  : 1 (pid:" not in output, output[-3000:]
     message = (
-        "stapo-train: error: s2t_entropy_quantile=1.5 is out of range: it is the quantile q and must be in [0, 1]. "
-        "The paper uses 0.75 (0.80 in v1)."
+        "stapo-train: error: --s2t_entropy_quantile: s2t_entropy_quantile=1.5 is out of range: it is the quantile q "
+        "and must be in [0, 1]. The paper uses 0.75 (0.80 in v1)."
     )
     assert message in output.splitlines(), output[-3000:]
     assert not (tmp_path / "out").exists()

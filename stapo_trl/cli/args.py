@@ -257,13 +257,16 @@ class RecipeParser(TrlParser):
         return self._recipe_path is not None and key in self._recipe_keys and key not in self._cli_keys
 
     def _name_the_recipe_key(self, message: str) -> str | None:
-        """`message` (an error about a field) with the recipe key and the file when the value came from the recipe;
-        `None` when it did not (or when the message already names the file)."""
+        """`message` (an error about a field) with the recipe key and the file when the value came from the recipe,
+        with its `--flag` when it came from the command line; `None` when neither applies (or when the message already
+        names the file)."""
+        match = re.match(r"^(\w+)=", message)
+        if match and match.group(1) in self._cli_keys:  # the stapo_trl convention: `field=value ...`; a flag's value
+            return f"--{match.group(1)}: {message}"
         if self._recipe_path is None or self._recipe_path in message:
             return None
         fix = "Fix the value in the recipe, or override it on the command line with --{key}."
-        match = re.match(r"^(\w+)=", message)
-        if match:  # the stapo_trl convention: the message starts with `field=value`
+        if match:
             key = match.group(1)
             if not self._from_recipe(key):
                 return None
@@ -592,6 +595,18 @@ def _peek_trainer(argv: Sequence[str]) -> str:
     return "stapo"
 
 
+def check_recipe_path(path: str) -> None:
+    """Refuse a `--config` path that is not a file.
+
+    Raises:
+        IsADirectoryError: the path is a folder. FileNotFoundError: nothing is there.
+    """
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"Recipe {path!r} is a folder: give the path of a recipe YAML file in it.")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Recipe {path!r} does not exist.")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> tuple[STAPOScriptArguments, Any, ModelConfig]:
     """Parse `--config RECIPE.yaml` and command-line overrides into (script_args, training_args, model_args).
 
@@ -615,8 +630,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[STAPOScriptArguments,
         if argv.index("--config") + 1 == len(argv):
             raise ValueError("--config needs the path of a recipe YAML file.")
         config_path = argv[argv.index("--config") + 1]
-        if not os.path.isfile(config_path):
-            raise FileNotFoundError(f"Recipe {config_path!r} does not exist.")
+        check_recipe_path(config_path)
     trainer = _peek_trainer(argv)
     if trainer not in TRAINERS:
         message = f"trainer={trainer!r} is not one of {list(TRAINERS)}."

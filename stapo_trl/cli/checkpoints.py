@@ -27,6 +27,39 @@ def _checkpoint_step(checkpoint: str) -> int | None:
         return None
 
 
+def check_resume_from_checkpoint(training_args) -> None:
+    """Refuse a `resume_from_checkpoint` that is not a checkpoint folder (one holding `trainer_state.json`), before any
+    model is built: `Trainer.train` would only find out after the model was built and evaluated.
+
+    Raises:
+        ValueError: naming the field, the path, what it is instead (missing, a file, a folder without a checkpoint,
+            a run folder with its checkpoints listed) and what to give.
+    """
+    path = training_args.resume_from_checkpoint
+    if not isinstance(path, str) or not path:
+        return
+    if os.path.isfile(os.path.join(path, "trainer_state.json")):
+        return
+    if not os.path.exists(path):
+        problem = "does not exist"
+    elif not os.path.isdir(path):
+        problem = "is a file"
+    else:
+        checkpoints = sorted(
+            (name for name in os.listdir(path) if _checkpoint_step(os.path.join(path, name)) is not None),
+            key=lambda name: _checkpoint_step(os.path.join(path, name)),
+        )
+        problem = (
+            f"is a run folder, not a checkpoint: give one of its checkpoints ({', '.join(checkpoints)})"
+            if checkpoints
+            else "is a folder without trainer_state.json, so not a checkpoint"
+        )
+    raise ValueError(
+        f"resume_from_checkpoint={path!r} {problem}. Give a checkpoint folder (<output_dir>/checkpoint-<step>), or "
+        "leave it unset: a run resumes from the last checkpoint in its output_dir by itself."
+    )
+
+
 def check_resume_settings(training_args) -> None:
     """Refuse to resume the checkpoint `stapo-train` would resume (`resume_from_checkpoint`, else the last one in
     `output_dir`) with other S2T or objective settings than it was trained with
@@ -34,8 +67,10 @@ def check_resume_settings(training_args) -> None:
     model card states one value of each. `max_steps` and the batch geometry may change.
 
     Raises:
-        ValueError: naming each changed field with its old and new value.
+        ValueError: naming each changed field with its old and new value; or a `resume_from_checkpoint` that is not a
+            checkpoint ([`check_resume_from_checkpoint`]).
     """
+    check_resume_from_checkpoint(training_args)
     checkpoint = _checkpoint_to_resume(training_args)
     if not isinstance(checkpoint, str):
         return

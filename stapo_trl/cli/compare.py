@@ -86,11 +86,18 @@ def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
         epilog=EXIT_STATUS_HELP,
     )
     parser.add_argument(
-        "recipes", nargs=2, metavar="RECIPE", help="Two recipe YAML files (e.g. grpo.yaml stapo.yaml)."
+        "recipes", nargs="*", metavar="RECIPE", help="Two recipe YAML files (e.g. grpo.yaml stapo.yaml)."
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="Seeds to run each recipe on.")
     parser.add_argument("--output-dir", default="outputs/compare", help="Root folder of the runs and the figure.")
     args = parser.parse_args(argv)
+    if len(args.recipes) != 2:
+        given = ", ".join(args.recipes) if args.recipes else "none"
+        raise InputError(
+            parser.prog,
+            f"RECIPE: compare trains two recipes on the same seeds (e.g. recipes/demo/grpo.yaml "
+            f"recipes/demo/stapo.yaml); {len(args.recipes)} given ({given}).",
+        )
     repeated = sorted({seed for seed in args.seeds if args.seeds.count(seed) > 1})
     if repeated:
         raise InputError(

@@ -36,7 +36,6 @@ A recipe's intended process count is read from its `# launch: ... num_processes=
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from collections.abc import Sequence
@@ -269,12 +268,12 @@ def dry_run_recipe(
     """
     import torch  # torch, TRL and the config: see the note at the top
 
-    from .args import parse_args
+    from .args import check_recipe_path, parse_args
 
     argv = list(argv)
     recipe = _recipe_path(argv)
-    if recipe is not None and not os.path.isfile(recipe):
-        raise FileNotFoundError(f"Recipe {recipe!r} does not exist.")
+    if recipe is not None:
+        check_recipe_path(recipe)
     source = "--num-processes"
     launch = read_launch_settings(recipe) if recipe else {}
     if num_processes is None:
@@ -328,8 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Also what `stapo-train ... --dry-run` calls (with its whole argument list; `--dry-run` is dropped here).
     Prints the plan and returns the exit status: 0 when the recipe passes, 2 (an input error, as everywhere:
-    `stapo_trl.cli.errors`) when it fails its checks (the plan lists them) or does not parse (one
-    `stapo-train: error: ...` line on stderr).
+    `stapo_trl.cli.errors`) when it fails its checks (the plan lists them, and one `stapo-train --dry-run: error: ...`
+    line on stderr names the first) or does not parse (that line alone).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     from .errors import EXIT_INPUT_ERROR, EXIT_STATUS_HELP, InputError, OneLineErrorParser
@@ -343,15 +342,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if known.help:
             print(__doc__ + "\n" + EXIT_STATUS_HELP)
             return 0
+        if known.num_processes is not None and known.num_processes < 1:
+            raise InputError(
+                "stapo-train --dry-run",
+                f"--num-processes: {known.num_processes} is not a number of training processes: give a positive "
+                "integer (one per GPU, vLLM server GPUs excluded).",
+            )
         try:
             report = dry_run_recipe(rest, known.num_processes)
-        except (ValueError, OSError) as e:
-            raise InputError("stapo-train --dry-run", f"the recipe does not parse: {e}") from e
+        except (ValueError, OSError) as e:  # the message names the recipe key and file, or the flag
+            raise InputError("stapo-train --dry-run", str(e)) from e
     except InputError as e:
         print(e.message, file=sys.stderr)
         return EXIT_INPUT_ERROR
     print(report.summary())
-    return 0 if report.ok else EXIT_INPUT_ERROR
+    if report.ok:
+        return 0
+    first = f"; the first: {report.errors[0]}" if len(report.errors) > 1 else f": {report.errors[0]}"
+    print(f"stapo-train --dry-run: error: {len(report.errors)} check(s) failed (the plan above lists them){first}",
+          file=sys.stderr)  # fmt: skip
+    return EXIT_INPUT_ERROR
 
 
 if __name__ == "__main__":

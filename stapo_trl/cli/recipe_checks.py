@@ -33,6 +33,7 @@ from ..hub import check_hub_access
 from ..prompt_length import model_max_positions, prompt_token_budget
 from ..rewards import REWARDS, get_reward_funcs
 from .args import TRAINERS, prompt_dataset_kwargs
+from .checkpoints import check_resume_from_checkpoint
 from .geometry import BatchGeometry, too_few_prompts
 
 
@@ -262,6 +263,10 @@ def check_output(f: Findings, script_args, training_args, cpu_forced: bool, geom
             ),
         )
     )
+    try:
+        check_resume_from_checkpoint(training_args)
+    except ValueError as e:
+        f.errors.append(str(e))
     if training_args.push_to_hub:  # offline mode or no token (no request is made here)
         try:
             check_hub_access(
