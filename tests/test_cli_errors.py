@@ -322,6 +322,24 @@ def test_a_range_error_in_a_flag_names_the_flag(no_model_built, tmp_path, capsys
 
 
 @pytest.mark.parametrize(
+    "flag, value, expected",
+    [
+        ("learning_rate", "-1e-4", "learning_rate=-0.0001 must be >= 0"),  # the reported case
+        ("temperature", "-5E-1", "temperature=-0.5 must be > 0"),
+        ("s2t_entropy_quantile", "-2.5e+0", "s2t_entropy_quantile=-2.5 is out of range"),
+    ],
+)
+def test_a_negative_number_in_exponent_form_is_read_as_a_value(
+    no_model_built, tmp_path, capsys, flag, value, expected
+):
+    # argparse took `-1e-4` for an option: "--learning_rate: expected one argument", though a number was given.
+    with pytest.raises(SystemExit) as excinfo:
+        _train(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), f"--{flag}", value])
+    assert excinfo.value.code == 2
+    assert _error_line(capsys, "stapo-train").startswith(f"stapo-train: error: --{flag}: {expected}")
+
+
+@pytest.mark.parametrize(
     "argv, expected",
     [
         (["--dataset_name", "{empty}"], "dataset file '{empty}' is empty"),
