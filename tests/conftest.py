@@ -65,6 +65,17 @@ def tiny_math_h64_model_path(builtin_cache_dir) -> str:
     return resolve_model_path("builtin:tiny-math-h64", cache_dir=builtin_cache_dir)
 
 
+@pytest.fixture
+def no_model_built(monkeypatch):
+    """Fail the test if a trainer (and so a model) is constructed: input errors must come before that."""
+    import trl
+
+    def guard(self, *args, **kwargs):
+        raise AssertionError("a trainer was constructed: the error should have been raised before any model is built")
+
+    monkeypatch.setattr(trl.GRPOTrainer, "__init__", guard)
+
+
 @pytest.fixture(scope="session")
 def smollm2_path(builtin_cache_dir) -> str:
     """`builtin:smollm2-135m` converted into the session's cache (~1-2 min on 2 busy cores). Needs its wheel

@@ -17,17 +17,6 @@ STAPO_RECIPE = str(REPO / "recipes" / "demo" / "stapo.yaml")
 GRPO_RECIPE = str(REPO / "recipes" / "demo" / "grpo.yaml")
 
 
-@pytest.fixture
-def no_model_built(monkeypatch):
-    """Fail the test if a trainer (and so a model) is constructed: input errors must come before that."""
-    import trl
-
-    def guard(self, *args, **kwargs):
-        raise AssertionError("a trainer was constructed: the error should have been raised before any model is built")
-
-    monkeypatch.setattr(trl.GRPOTrainer, "__init__", guard)
-
-
 def _error_line(capsys, prog: str) -> str:
     """The one `PROG: error: ...` line the command printed on stderr (and that it is the only error line)."""
     err = capsys.readouterr().err

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from datasets import Dataset
-from test_robust import no_model_built  # noqa: F401 (fixture)
 from testing_utils import tiny_stapo_config
 
 from stapo_trl import STAPOTrainer
@@ -85,7 +84,7 @@ def test_plain_text_prompts_train_without_a_template(model_without_chat_template
 
 
 def test_stapo_train_and_its_dry_run_refuse_a_model_without_a_template(
-    no_model_built,  # noqa: F811 (fixture)
+    no_model_built,
     model_without_chat_template,
     tmp_path,
     capsys,

@@ -270,17 +270,6 @@ def test_child_build_entry_prints_one_line(gguf_reader, tmp_path):
     assert "Traceback" not in result.stderr
 
 
-@pytest.fixture
-def no_model_built(monkeypatch):
-    """Fail the test if a trainer (and so a model) is constructed: errors must come before that."""
-    import trl
-
-    def guard(self, *args, **kwargs):
-        raise AssertionError("a trainer was constructed: the error should have been raised before any model is built")
-
-    monkeypatch.setattr(trl.GRPOTrainer, "__init__", guard)
-
-
 @pytest.mark.parametrize("name", ["smollm2-135m", "smollm2-135m-math"])
 def test_stapo_train_and_dry_run_report_the_missing_wheel_in_one_line(
     no_wheels, no_model_built, tmp_path, capsys, name

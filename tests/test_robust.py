@@ -16,17 +16,6 @@ REPO = Path(__file__).resolve().parents[1]
 STAPO_RECIPE = str(REPO / "recipes" / "demo" / "stapo.yaml")
 
 
-@pytest.fixture
-def no_model_built(monkeypatch):
-    """Fail the test if a trainer (and so a model) is constructed: errors must come before that."""
-    import trl
-
-    def guard(self, *args, **kwargs):
-        raise AssertionError("a trainer was constructed: the error should have been raised before any model is built")
-
-    monkeypatch.setattr(trl.GRPOTrainer, "__init__", guard)
-
-
 def _jsonl(path: Path, rows: list[dict]) -> str:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return str(path)

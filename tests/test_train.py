@@ -36,17 +36,6 @@ SMALL_RUN = [
 ]  # fmt: skip
 
 
-@pytest.fixture
-def no_model_built(monkeypatch):
-    """Fail the test if a trainer (and so a model) is constructed: errors must come before that."""
-    import trl
-
-    def guard(self, *args, **kwargs):
-        raise AssertionError("a trainer was constructed: the error should have been raised before any model is built")
-
-    monkeypatch.setattr(trl.GRPOTrainer, "__init__", guard)
-
-
 def _write_recipe(tmp_path, text: str, base: str = STAPO_RECIPE) -> str:
     path = tmp_path / "recipe.yaml"
     path.write_text(Path(base).read_text() + "\n" + text)

