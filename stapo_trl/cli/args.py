@@ -229,14 +229,13 @@ class RecipeParser(TrlParser):
 
     _recipe_path: str | None = None
     _recipe_keys: frozenset[str] = frozenset()  # every key of the recipe file (after the checkpointing rename)
+    _cli_keys: frozenset[str] = frozenset()  # fields given on the command line (they win over the recipe)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # A value such as `-1e-4` is a number, not an option (argparse's own pattern misses the exponent, so
         # `--learning_rate -1e-4` read "expected one argument"). No field's flag looks like a number.
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
-
-    _cli_keys: frozenset[str] = frozenset()  # fields given on the command line (they win over the recipe)
 
     def parse_args_and_config(self, args=None, *pargs, **kwargs):
         args = list(sys.argv[1:] if args is None else args)
