@@ -22,7 +22,7 @@ The directory holds a standard transformers checkpoint (it reloads with `AutoMod
 under `HF_HUB_OFFLINE=1`) plus `stapo_builtin.json`, which records the build settings, the library versions and the
 measured held-out accuracy.
 
-Modules: `names` (the registry and the checks of a model argument; builds nothing), `cache` (`resolve_model_path`:
+Modules: `names` (the registry; builds nothing), `checks` (the checks of a model argument, before any data is loaded), `cache` (`resolve_model_path`:
 build once under a lock, atomically), `build` (one model into a folder, by the registry's `kind`), `tiny` (the tiny-math
 recipe), `gguf` (a real model from its wheel's GGUF file: lookup, checks, fp32 conversion), `sft_math` (a converted
 model SFT-warmed on tiny-math), `warmup` (SFT warm-up, held-out accuracy and sampled-token entropy).
@@ -30,15 +30,13 @@ model SFT-warmed on tiny-math), `warmup` (SFT warm-up, held-out accuracy and sam
 
 from .build import build_builtin_model
 from .cache import resolve_model_path
+from .checks import check_builtin_buildable, check_model_available, check_model_name_or_path
 from .names import (
     BUILTIN_MODELS,
     BUILTIN_PREFIX,
     CACHE_ENV_VAR,
     INFO_FILE,
     builtin_model_dir,
-    check_builtin_buildable,
-    check_model_available,
-    check_model_name_or_path,
     default_cache_dir,
     read_builtin_info,
 )

@@ -18,13 +18,13 @@ from pathlib import Path
 from filelock import FileLock
 
 from .build import build_builtin_model
+from .checks import check_model_name_or_path
 from .names import (
     BUILTIN_MODELS,
     BUILTIN_PREFIX,
     INFO_FILE,
     builtin_model_dir,
     check_builtin_name,
-    check_model_name_or_path,
 )
 
 

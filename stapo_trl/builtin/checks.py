@@ -1,0 +1,106 @@
+"""The checks of a model argument, run before any data is loaded: a `builtin:` name that is cached or can be built
+(its wheels and GGUF file are here, `gguf.py`), a local directory that exists, and, offline, a Hub id that is cached.
+Cheap: metadata and file existence only; nothing is built or loaded.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .gguf import locate_gguf  # standard library only at import
+from .names import BUILTIN_MODELS, BUILTIN_PREFIX, INFO_FILE, builtin_model_dir, check_builtin_name
+
+
+def check_builtin_buildable(name: str, cache_dir: str | os.PathLike | None = None) -> None:
+    """Check, cheaply, that `builtin:<name>` is in the cache or can be built: for a real model (`kind` `gguf`, or the
+    `base` of a `gguf+sft` one), that its pinned wheels and the `gguf` reader are installed and its GGUF file or
+    chunks exist. Only metadata and file existence are read: the checksum is verified when the model is built.
+
+    Args:
+        name (`str`): A key of `BUILTIN_MODELS` (without the `builtin:` prefix).
+        cache_dir (`str`, `os.PathLike` or `None`, *optional*, defaults to `None`): Cache root, as in
+            [`builtin_model_dir`].
+
+    Raises:
+        stapo_trl.builtin.gguf.ModelWheelNotInstalledError: A wheel (or `gguf`) is missing or at another version; the
+            message names the install command.
+        stapo_trl.builtin.gguf.GGUFFileMissingError: A wheel is installed but its GGUF file or a chunk is missing.
+    """
+    if (builtin_model_dir(name, cache_dir) / INFO_FILE).is_file():
+        return  # built: the wheels are no longer needed
+    recipe = BUILTIN_MODELS[name]
+    if recipe["kind"] == "gguf+sft":
+        check_builtin_buildable(recipe["base"], cache_dir)
+    elif recipe["kind"] == "gguf":
+        locate_gguf(name)
+
+
+def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
+    """Validate a model argument without loading or building anything (cheap: run it before loading data).
+
+    Args:
+        name_or_path (`str` or `os.PathLike`): `builtin:<name>`, a local model directory or a Hub id.
+        cache_dir (`str`, `os.PathLike` or `None`, *optional*, defaults to `None`): Cache root of built-in models
+            (`None`: `$STAPO_TRL_CACHE`, else `~/.cache/stapo_trl`); a built real model needs no wheel.
+
+    Returns:
+        `str`: `builtin:<name>` unchanged, an existing local directory (`~` expanded), or a Hub id unchanged.
+
+    Raises:
+        ValueError: If a `builtin:` name is unknown (the message lists the known names).
+        FileNotFoundError: If a local-looking path (`./x`, `../x`, `/x`, `~/x`) does not exist, or a real built-in
+            model is neither cached nor buildable (its wheel is not installed, or its GGUF file is missing; see
+            [`check_builtin_buildable`]: the message names the install command).
+        NotADirectoryError: If the path exists but is a file.
+    """
+    name_or_path = os.fspath(name_or_path)
+    if name_or_path.startswith(BUILTIN_PREFIX):
+        check_builtin_buildable(check_builtin_name(name_or_path), cache_dir)
+        return name_or_path
+    if os.path.isdir(name_or_path):
+        return name_or_path
+    if name_or_path.startswith("~") and os.path.isdir(os.path.expanduser(name_or_path)):
+        return os.path.expanduser(name_or_path)  # transformers does not expand `~`
+    if os.path.exists(name_or_path):
+        raise NotADirectoryError(f"Model path {name_or_path!r} is a file; pass the directory that holds the model.")
+    if name_or_path.startswith(("/", "./", "../", "~", ".\\", "..\\")) or name_or_path in (".", ".."):
+        raise FileNotFoundError(
+            f"Model directory {name_or_path!r} does not exist. Pass an existing local directory, a Hub id "
+            "(e.g. 'Qwen/Qwen3-1.7B-Base') or a built-in name ("
+            + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
+            + ")."
+        )
+    return name_or_path
+
+
+def check_model_available(name_or_path: str | os.PathLike) -> str:
+    """[`check_model_name_or_path`], and, when the Hub is offline (`HF_HUB_OFFLINE=1`), that a name which is not a
+    local directory is a Hub id already in the local Hugging Face cache (otherwise transformers fails later with a
+    long "couldn't connect" traceback; a relative path such as `outputs/no-such` reads as a Hub id too).
+
+    Returns:
+        `str`: as [`check_model_name_or_path`].
+
+    Raises:
+        FileNotFoundError: the name is neither a local directory nor, offline, a cached Hub id; plus the errors of
+            [`check_model_name_or_path`].
+    """
+    name = check_model_name_or_path(name_or_path)
+    if name.startswith(BUILTIN_PREFIX) or os.path.isdir(name):
+        return name
+    from huggingface_hub import constants, try_to_load_from_cache  # only for a Hub id
+
+    if constants.HF_HUB_OFFLINE:
+        try:
+            cached = try_to_load_from_cache(name, "config.json")
+        except Exception:  # noqa: BLE001 (an invalid repo id: not cached either)
+            cached = None
+        if not isinstance(cached, str):
+            raise FileNotFoundError(
+                f"Model {name!r} is not a local directory, and as a Hub id it is not in the local Hugging Face cache "
+                "while HF_HUB_OFFLINE=1 (no download). Pass an existing directory (e.g. outputs/demo-stapo after "
+                "`make demo`), a cached Hub id, or a built-in name ("
+                + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
+                + ")."
+            )
+    return name
