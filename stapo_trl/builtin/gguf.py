@@ -269,6 +269,26 @@ def state_dict_sha256(model) -> str:
     return digest.hexdigest()
 
 
+def _set_chat_template(name: str, tokenizer, model) -> str:
+    """Give the tokenizer the chat template the registry adds (and stop generation at its end-of-turn token), or keep
+    the GGUF file's; return how the build record states it.
+
+    Raises:
+        ValueError: the GGUF file has no chat template and the registry adds none.
+    """
+    added = BUILTIN_MODELS[name].get("added_chat_template")
+    if added is None:
+        if not tokenizer.chat_template:
+            raise ValueError(f"{BUILTIN_PREFIX}{name}: the GGUF file has no chat template and the registry adds none.")
+        return "from the GGUF file"
+    template, end_of_turn = ADDED_CHAT_TEMPLATES[added]
+    tokenizer.chat_template = template
+    eos_ids = model.generation_config.eos_token_id
+    eos_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids or [])
+    model.generation_config.eos_token_id = [*eos_ids, tokenizer.convert_tokens_to_ids(end_of_turn)]
+    return f"ADDED: {added} (the instruct models' template; the GGUF has none); generation also stops at {end_of_turn}"
+
+
 def convert_gguf_model(
     name: str, output_dir: str | os.PathLike, search_path: list[str | os.PathLike] | None = None
 ) -> dict[str, Any]:
@@ -315,19 +335,7 @@ def convert_gguf_model(
     model.generation_config = quantized.generation_config
     del quantized
 
-    chat_template = "from the GGUF file"
-    if "added_chat_template" in recipe:
-        template, end_of_turn = ADDED_CHAT_TEMPLATES[recipe["added_chat_template"]]
-        tokenizer.chat_template = template
-        eos_ids = model.generation_config.eos_token_id
-        eos_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids or [])
-        model.generation_config.eos_token_id = [*eos_ids, tokenizer.convert_tokens_to_ids(end_of_turn)]
-        chat_template = (
-            f"ADDED: {recipe['added_chat_template']} (the instruct models' template; the GGUF has none); "
-            f"generation also stops at {end_of_turn}"
-        )
-    elif not tokenizer.chat_template:
-        raise ValueError(f"{BUILTIN_PREFIX}{name}: the GGUF file has no chat template and the registry adds none.")
+    chat_template = _set_chat_template(name, tokenizer, model)
     model.eval()
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
