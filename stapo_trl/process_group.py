@@ -1,11 +1,15 @@
-"""Import, before any process group exists, the modules that capture the default process group at import time.
+"""Keep nothing holding the process group when it is destroyed, so that gloo's threads stop and the process exits.
 
-A module that writes `def f(group=dist.group.WORLD)` evaluates `group.WORLD` once, when it is imported. Imported
-before `init_process_group`, the default is `None` (the default group, looked up at call time). Imported after, the
-default *is* the group object, so `destroy_process_group()` can never free it: its gloo threads outlive the run and
-about one process exit in 15 aborts in C++ teardown ("terminate called without an active exception", SIGABRT)
-after everything was written. transformers, accelerate and TRL import these modules lazily while a trainer is built,
-which in a training script is after the group exists (creating a `STAPOConfig` / `GRPOConfig` creates it).
+Held through `destroy_process_group()`, a gloo group's threads outlive the run and about one process exit in 15
+aborts in C++ teardown ("terminate called without an active exception", SIGABRT) after everything was written. Two
+holders are known and handled here:
+
+- A module that writes `def f(group=dist.group.WORLD)` evaluates `group.WORLD` once, when it is imported. Imported
+  before `init_process_group`, the default is `None` (the default group, looked up at call time); imported after, the
+  default *is* the group object. transformers, accelerate and TRL import such modules lazily while a trainer is built,
+  which in a training script is after the group exists (creating a `STAPOConfig` / `GRPOConfig` creates it):
+  [`import_group_capturing_modules`] imports them first.
+- A trained trainer's DDP wrapper: [`release_process_group`], which the product trainers' `end()` calls.
 """
 
 from __future__ import annotations
@@ -30,3 +34,26 @@ def import_group_capturing_modules() -> None:
     for name in GROUP_CAPTURING_MODULES:
         if importlib.util.find_spec(name.split(".")[0]) is not None:
             importlib.import_module(name)
+
+
+def release_process_group(trainer) -> None:
+    """Drop a trained `Trainer`'s DDP wrapper, then end training (finish the trackers, destroy the process group).
+
+    A DDP wrapper holds the process group (its reducer). Kept by the trainer (`model_wrapped`) through
+    `destroy_process_group()`, it keeps the group alive: gloo's threads outlive the run and about one process exit in
+    15 aborts in C++ teardown ("terminate called without an active exception", SIGABRT) after everything was written.
+    Afterwards `trainer.model` is the plain model, usable for inference and saving on each process; nothing may
+    communicate. A DeepSpeed engine or an FSDP model is left as it is: DeepSpeed's own parameter attributes and hooks
+    hold its groups whatever the trainer drops (measured on ZeRO-2 and ZeRO-3, 2 CPU ranks), and an FSDP model is its
+    own wrapper.
+
+    Args:
+        trainer (`transformers.Trainer`): a trainer, trained or not; its `accelerator` ends training here
+            (`Accelerator.end_training`).
+    """
+    import gc
+
+    if not (getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False)):
+        trainer.model_wrapped = trainer.model
+        gc.collect()  # the wrapper sits in reference cycles
+    trainer.accelerator.end_training()

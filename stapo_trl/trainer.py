@@ -11,6 +11,8 @@ package and of `stapo-train` rely on:
 - vLLM colocate on the CPU backend: weights synced through vLLM's reload path.
 - `train()`: the run files `metrics.jsonl` (and, for STAPO, `spurious_tokens.jsonl`; [`~stapo_trl.callbacks`]),
   without the known-harmless upstream warnings ([`~stapo_trl.upstream_warnings`]).
+- `end()`: the DDP wrapper dropped before the process group is destroyed, so that gloo's threads stop and
+  the process exits cleanly ([`~stapo_trl.process_group.release_process_group`]).
 - The model card: TRL's, plus the run's settings and results ([`~stapo_trl.model_card`]), a quick start in the run's
   prompt format, and public names only in the card `push_to_hub` uploads.
 """
@@ -29,6 +31,7 @@ from .callbacks import add_run_file_callbacks
 from .config import STAPOConfig
 from .dataset_checks import check_chat_template, check_prompt_column, check_reward_columns
 from .model_card import add_stapo_section, make_card_public, public_dataset_name, write_quick_start
+from .process_group import release_process_group
 from .rewards import resolve_reward_names
 from .upstream_warnings import QuietKnownUpstreamWarnings
 from .vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
@@ -94,6 +97,12 @@ class ProductTrainerMixin:
     def push_to_hub(self, *args, **kwargs):
         """`Trainer.push_to_hub`, uploading the public card (`create_model_card(public=True)`)."""
         return super().push_to_hub(*args, public=True, **kwargs)
+
+    def end(self):
+        """`Trainer.end` (finish the trackers, destroy the process group), after dropping the DDP wrapper that would
+        keep the group alive and abort the process exit ([`~stapo_trl.process_group.release_process_group`]).
+        Call it once, last: `trainer.model` stays usable on each process, nothing may communicate afterwards."""
+        release_process_group(self)
 
 
 class STAPOTrainer(ProductTrainerMixin, core.STAPOTrainer):

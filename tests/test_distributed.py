@@ -477,54 +477,92 @@ S2T_WORKER = textwrap.dedent(
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
         json.dump(seen, f)
     print(f"rank {rank} of {world} done", flush=True)
-    trainer.accelerator.end_training()
+    trainer.end()
     '''
 )
 
 
-# A real STAPOTrainer built in a 1-process torchrun job: afterwards no function default may hold the default process
-# group, and destroy_process_group() must stop gloo's threads (they used to survive and abort ~1 exit in 15; see
-# stapo_trl/process_group.py).
+# A product trainer trained on two ranks (DDP), then `trainer.end()`: afterwards no function default may hold the
+# default process group, destroy_process_group() must have stopped gloo's threads (they used to survive, held by a
+# function default or by the DDP wrapper, and abort ~1 exit in 15; see stapo_trl/process_group.py), and the model
+# must still generate on each process.
 GROUP_RELEASE_WORKER = textwrap.dedent(
     r"""
     import gc, os, sys, types
+    import torch
     import torch.distributed as dist
     from datasets import Dataset
     from stapo_trl import STAPOConfig, STAPOTrainer
+    from stapo_trl.trainer import GRPOBaselineTrainer
 
     def gloo_threads():
         names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
         return sorted(n for n in names if "gloo" in n)
 
-    args = STAPOConfig(output_dir=sys.argv[2], use_cpu=True, bf16=False, report_to="none", max_completion_length=8,
-                       per_device_train_batch_size=4, num_generations=4)
-    trainer = STAPOTrainer(model=sys.argv[1], reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
-                           args=args, train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 8}))
+    model_path, out, which = sys.argv[1:4]
+    args = STAPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to="none", max_completion_length=8,
+                       per_device_train_batch_size=4, num_generations=4, max_steps=1, save_strategy="no",
+                       beta=0.04 if which == "grpo" else 0.0)  # with beta, GRPOTrainer prepares a reference model
+    trainer_class = GRPOBaselineTrainer if which == "grpo" else STAPOTrainer
+    trainer = trainer_class(model=model_path, reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+                            args=args, train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 16}))
+    trainer.train()
+    print("wrapper during training:", type(trainer.model_wrapped).__name__, flush=True)
     group = dist.distributed_c10d._get_default_group()
     holders = [f"{f.__module__}.{f.__qualname__}" for f in gc.get_objects() if isinstance(f, types.FunctionType)
                and any(d is group for d in (f.__defaults__ or ()) + tuple((f.__kwdefaults__ or {}).values()))]
     print("functions holding the group in a default:", holders, flush=True)
     assert gloo_threads(), "no gloo threads while the group exists: the check below would prove nothing"
     del group
-    trainer.accelerator.end_training()
-    gc.collect()
-    print("gloo threads after destroy_process_group:", gloo_threads(), flush=True)
+    trainer.end()
+    print("gloo threads after trainer.end():", gloo_threads(), flush=True)
+    ids = trainer.processing_class("1+1=", return_tensors="pt").input_ids
+    with torch.no_grad():
+        print("generated after end:", trainer.model.generate(ids, max_new_tokens=2, do_sample=False).shape[1] - ids.shape[1], flush=True)
     """
 )
 
 
+def _check_group_released(output: str) -> None:
+    assert "wrapper during training: DistributedDataParallel" in output, output[-3000:]
+    assert output.count("functions holding the group in a default: []") == 2, output[-3000:]
+    assert output.count("gloo threads after trainer.end(): []") == 2, output[-3000:]
+    assert output.count("generated after end: 2") == 2, output[-3000:]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
-def test_destroy_process_group_releases_gloo_after_building_a_trainer(tiny_random_model_path, tmp_path):
-    output = run_torchrun(
-        GROUP_RELEASE_WORKER,
-        tmp_path / "group_release_worker.py",
-        tiny_random_model_path,
-        str(tmp_path),
-        nproc=1,
-        timeout=300,
-    )
-    assert "functions holding the group in a default: []" in output, output[-3000:]
-    assert "gloo threads after destroy_process_group: []" in output, output[-3000:]
+@pytest.mark.parametrize("which", ["stapo", pytest.param("grpo", marks=pytest.mark.slow)])
+def test_trainer_end_after_two_rank_training_releases_gloo(tiny_random_model_path, tmp_path, which):
+    script = tmp_path / "group_release_worker.py"
+    output = run_torchrun(GROUP_RELEASE_WORKER, script, tiny_random_model_path, str(tmp_path), which, nproc=2)
+    _check_group_released(output)
+
+
+# `stapo-train`'s run, in process on two ranks: the process group it ends must be released too.
+CLI_GROUP_RELEASE_WORKER = textwrap.dedent(
+    r"""
+    import os, sys
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import train
+
+    def gloo_threads():
+        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+        return sorted(n for n in names if "gloo" in n)
+
+    train(*parse_args(sys.argv[1:]))
+    print("gloo threads after stapo-train:", gloo_threads(), flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
+def test_stapo_train_on_two_ranks_releases_gloo(tiny_math_model_path, tmp_path):
+    out = tmp_path / "run"
+    argv = ["--config", str(DEMO_RECIPE), "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
+    output = run_torchrun(CLI_GROUP_RELEASE_WORKER, tmp_path / "cli_worker.py", *argv, *SMALL_DEMO, nproc=2)
+    assert output.count("gloo threads after stapo-train: []") == 2, output[-3000:]
+    assert (out / "model.safetensors").exists()
 
 
 def test_s2t_collectives_on_two_ranks(tiny_random_model_path, tmp_path):
@@ -580,7 +618,7 @@ DIAGNOSTICS_WORKER = textwrap.dedent(
     logged = [{k: v for k, v in h.items() if k.startswith("s2t/")} for h in trainer.state.log_history if "loss" in h]
     with open(os.path.join(sys.argv[2], f"rank{trainer.accelerator.process_index}.json"), "w") as f:
         json.dump(logged, f)
-    trainer.accelerator.end_training()
+    trainer.end()
     """
 )
 
@@ -650,7 +688,7 @@ PAPER_GEOMETRY_WORKER = textwrap.dedent(
         result[name] = {"rows": rows, "params": params, "updates": updates}
     with open(os.path.join(out, f"rank{trainer.accelerator.process_index}.json"), "w") as f:
         json.dump(result, f)
-    trainer.accelerator.end_training()
+    trainer.end()
     """
 )
 
