@@ -10,12 +10,15 @@ holders are known and handled here:
   which in a training script is after the group exists (creating a `STAPOConfig` / `GRPOConfig` creates it):
   [`import_group_capturing_modules`] imports them first.
 - A trained trainer's DDP wrapper: [`release_process_group`], which the product trainers' `end()` calls.
+
+And a process that ends early, on an input error, still has its group: [`destroy_process_group_if_any`].
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 
 
 # Modules whose import evaluates the default process group in a default argument (torch 2.13, DeepSpeed 0.19).
@@ -57,3 +60,18 @@ def release_process_group(trainer) -> None:
         trainer.model_wrapped = trainer.model
         gc.collect()  # the wrapper sits in reference cycles
     trainer.accelerator.end_training()
+
+
+def destroy_process_group_if_any() -> None:
+    """Destroy this process's default process group, if it has one; `stapo-train` calls it when an input error ends
+    the command (the group exists once a config does: an error found after that leaves gloo's threads running).
+
+    A local call, no collective: every rank that stops on the error calls it by itself. Does not import torch when
+    nothing has (a command that stopped at its arguments).
+    """
+    if "torch" not in sys.modules:
+        return
+    import torch.distributed
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -114,6 +114,56 @@ def test_every_input_error_exits_2_with_one_line(no_model_built, tmp_path, capsy
     assert expected in _error_line(capsys, prog)
 
 
+class _WriteRecorder:
+    """A text stream that keeps each `write` call apart: what another process sharing the pipe could cut between."""
+
+    def __init__(self):
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _ctrl_c(argv):
+    from stapo_trl.cli.interrupt import GracefulInterrupt
+
+    GracefulInterrupt()._handle(None, None)
+
+
+@pytest.mark.parametrize(
+    "command, argv, expected",
+    [
+        # The reported case (CI, two ranks under accelerate launch): the ranks' error lines ran into each other.
+        (_train, ["--s2t_entropy_quantile", "1.5"], "stapo-train: error: --s2t_entropy_quantile:"),
+        (_dry_run, ["--max_train_samples", "3"], "stapo-train --dry-run: error: 1 check(s) failed"),
+        (_plot, ["{tmp}/no-run"], "stapo-plot: error: No metrics.jsonl in"),
+        (_ctrl_c, [], "Ctrl-C: saving a checkpoint at the end of this step"),
+    ],
+    ids=["train-range", "dry-run-checks", "plot-no-run", "ctrl-c"],
+)
+def test_a_message_line_is_one_write_so_processes_cannot_interleave_it(
+    no_model_built, tmp_path, monkeypatch, command, argv, expected
+):
+    """Every process under `accelerate launch` writes its error line to the same pipe: written as text then newline
+    (`print`), two ranks' lines came out as `...error: A.stapo-train: error: A.`; one write is never split."""
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    if command in (_train, _dry_run):
+        argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *argv]
+    stderr = _WriteRecorder()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    try:
+        command(argv)
+    except SystemExit as e:
+        assert e.code == 2
+    lines = [w for w in stderr.writes if expected in w]
+    assert len(lines) == 1, stderr.writes
+    assert lines[0].endswith("\n") and lines[0].count("\n") == 1, stderr.writes
+
+
 def test_a_recipe_that_fails_its_dry_run_checks_exits_2(no_model_built, capsys):
     """The dry run's failed checks are input errors too (they exited 1, the same recipe's parse errors 2); stapo-train
     exits 2 on the same recipe."""

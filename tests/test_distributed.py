@@ -227,6 +227,42 @@ def test_an_input_error_under_accelerate_ends_each_process_with_status_2(tmp_pat
     assert not (tmp_path / "out").exists()
 
 
+# stapo-train stopped by an input error on two ranks: the process group it created (with the config) must be gone
+# with gloo's threads when the error ends the command, or the exit can abort (SIGABRT instead of status 2).
+INPUT_ERROR_WORKER = textwrap.dedent(
+    r"""
+    import os, sys
+    import torch.distributed as dist
+    from stapo_trl.cli.train import main
+
+    def gloo_threads():
+        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+        return sorted(n for n in names if "gloo" in n)
+
+    try:
+        main(sys.argv[1:])
+    except SystemExit as e:
+        print(f"exit {e.code}; group: {dist.is_initialized()}; gloo threads left: {gloo_threads()}", flush=True)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--s2t_entropy_quantile", "1.5"],  # at config time (the group exists once the config does)
+        pytest.param(["--reward_funcs", "math_acuracy"], marks=pytest.mark.slow),  # when the run is prepared
+        pytest.param(["--dataset_name", "/nonexistent/train.jsonl"], marks=pytest.mark.slow),  # the data
+    ],
+    ids=["range", "reward-name", "dataset"],
+)
+def test_an_input_error_on_two_ranks_leaves_no_process_group(tmp_path, argv):
+    base = ["--config", str(DEMO_RECIPE), "--output_dir", str(tmp_path / "out")]
+    output = run_torchrun(INPUT_ERROR_WORKER, tmp_path / "worker.py", *base, *argv, nproc=2, timeout=300)
+    assert output.count("exit 2; group: False; gloo threads left: []") == 2, output[-3000:]
+
+
 @pytest.mark.slow
 def test_demo_recipe_trains_with_deepspeed_zero2_on_two_cpu_processes(tiny_math_model_path, tmp_path):
     pytest.importorskip("deepspeed")

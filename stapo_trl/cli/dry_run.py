@@ -331,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     line on stderr names the first) or does not parse (that line alone).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    from .errors import EXIT_INPUT_ERROR, EXIT_STATUS_HELP, InputError, OneLineErrorParser
+    from .errors import EXIT_INPUT_ERROR, EXIT_STATUS_HELP, InputError, OneLineErrorParser, print_line
 
     pre = OneLineErrorParser(prog="stapo-train --dry-run", add_help=False, allow_abbrev=False)
     pre.add_argument("--dry-run", action="store_true")
@@ -353,14 +353,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, OSError) as e:  # the message names the recipe key and file, or the flag
             raise InputError("stapo-train --dry-run", str(e)) from e
     except InputError as e:
-        print(e.message, file=sys.stderr)
+        print_line(e.message)
         return EXIT_INPUT_ERROR
     print(report.summary())
     if report.ok:
         return 0
     first = f"; the first: {report.errors[0]}" if len(report.errors) > 1 else f": {report.errors[0]}"
-    print(f"stapo-train --dry-run: error: {len(report.errors)} check(s) failed (the plan above lists them){first}",
-          file=sys.stderr)  # fmt: skip
+    print_line(
+        f"stapo-train --dry-run: error: {len(report.errors)} check(s) failed (the plan above lists them){first}"
+    )
     return EXIT_INPUT_ERROR
 
 

@@ -19,7 +19,7 @@ import contextlib
 import difflib
 import sys
 from collections.abc import Iterator
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 
 EXIT_INPUT_ERROR = 2  # argparse's status for a usage error
@@ -51,13 +51,25 @@ class InputError(SystemExit):
         return self.message
 
 
+def print_line(message: str, file: TextIO | None = None) -> None:
+    """Write `message` and its newline to `file` (default: stderr) in one `write` call, then flush.
+
+    `print` writes the text and the newline separately: under `accelerate launch` every process writes to the same
+    pipe, and two processes' lines interleave (`...error: A.stapo-train: error: A.` then two newlines). One write
+    below the pipe's atomic size (4 KiB on Linux) is never split.
+    """
+    file = sys.stderr if file is None else file
+    file.write(message + "\n")
+    file.flush()
+
+
 @contextlib.contextmanager
 def report_input_errors() -> Iterator[None]:
     """Print an [`InputError`] raised in the block as its one line on stderr, then let it end the command."""
     try:
         yield
     except InputError as e:
-        print(e.message, file=sys.stderr)
+        print_line(e.message)
         raise
 
 

@@ -10,6 +10,8 @@ import threading
 import torch
 from transformers import TrainerCallback
 
+from .errors import print_line
+
 
 class GracefulInterrupt(TrainerCallback):
     """Ctrl-C during training: the first SIGINT saves a checkpoint at the next step boundary and stops training; a
@@ -31,14 +33,12 @@ class GracefulInterrupt(TrainerCallback):
 
     def _handle(self, signum, frame) -> None:
         if self.requested:
-            print("Second Ctrl-C: quitting now, without saving.", file=sys.stderr, flush=True)
+            print_line("Second Ctrl-C: quitting now, without saving.")
             sys.stdout.flush()
             os._exit(130)
         self.requested = True
-        print(
-            "Ctrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again to quit at once).",
-            file=sys.stderr,
-            flush=True,
+        print_line(
+            "Ctrl-C: saving a checkpoint at the end of this step, then stopping (Ctrl-C again to quit at once)."
         )
 
     def __enter__(self) -> GracefulInterrupt:

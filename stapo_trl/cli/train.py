@@ -36,9 +36,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ..process_group import destroy_process_group_if_any
 from .args import parse_args
 from .dry_run import main as dry_run_main
-from .errors import InputError, report_input_errors
+from .errors import InputError, print_line, report_input_errors
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -55,9 +56,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         with report_input_errors():
             _main(argv)
+    except InputError:
+        destroy_process_group_if_any()  # stopped before any trainer: gloo's threads must not outlive the process
+        raise
     except KeyboardInterrupt as e:  # stapo_trl.cli.run.TrainingInterrupted (checkpoint saved) or a bare Ctrl-C
         if os.environ.get("RANK", "0") == "0":  # one message per run, not one per process
-            print(str(e) or "stapo-train: interrupted (outside training: nothing to save).", file=sys.stderr)
+            print_line(str(e) or "stapo-train: interrupted (outside training: nothing to save).")
         raise SystemExit(130) from None
 
 
