@@ -16,6 +16,7 @@ And a process that ends early, on an input error, still has its group: [`destroy
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import sys
@@ -54,8 +55,6 @@ def release_process_group(trainer) -> None:
         trainer (`transformers.Trainer`): a trainer, trained or not; its `accelerator` ends training here
             (`Accelerator.end_training`).
     """
-    import gc
-
     if not (getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False)):
         trainer.model_wrapped = trainer.model
         gc.collect()  # the wrapper sits in reference cycles
@@ -63,8 +62,9 @@ def release_process_group(trainer) -> None:
 
 
 def destroy_process_group_if_any() -> None:
-    """Destroy this process's default process group, if it has one; `stapo-train` calls it when an input error ends
-    the command (the group exists once a config does: an error found after that leaves gloo's threads running).
+    """Destroy this process's default process group, if it has one; called when an input error ends a command
+    ([`~stapo_trl.cli.errors.report_input_errors`]; the group exists once a config does: an error found after that
+    leaves gloo's threads running).
 
     A local call, no collective: every rank that stops on the error calls it by itself. Does not import torch when
     nothing has (a command that stopped at its arguments).

@@ -139,6 +139,18 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+# Worker source: the names of this process's gloo threads (Linux), to see whether a process group is still alive.
+GLOO_THREADS = textwrap.dedent(
+    r"""
+    import os
+
+    def gloo_threads():
+        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+        return sorted(n for n in names if "gloo" in n)
+    """
+)
+
+
 def _check_two_rank_demo_run(output: str, out: Path) -> None:
     # 8 completions per device x 2 processes x gradient_accumulation_steps 1: only two ranks make it 16.
     assert "Total train batch size (w. parallel, distributed & accumulation) = 16" in output, output[-3000:]
@@ -229,15 +241,11 @@ def test_an_input_error_under_accelerate_ends_each_process_with_status_2(tmp_pat
 
 # stapo-train stopped by an input error on two ranks: the process group it created (with the config) must be gone
 # with gloo's threads when the error ends the command, or the exit can abort (SIGABRT instead of status 2).
-INPUT_ERROR_WORKER = textwrap.dedent(
+INPUT_ERROR_WORKER = GLOO_THREADS + textwrap.dedent(
     r"""
     import os, sys
     import torch.distributed as dist
     from stapo_trl.cli.train import main
-
-    def gloo_threads():
-        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-        return sorted(n for n in names if "gloo" in n)
 
     try:
         main(sys.argv[1:])
@@ -522,7 +530,7 @@ S2T_WORKER = textwrap.dedent(
 # default process group, destroy_process_group() must have stopped gloo's threads (they used to survive, held by a
 # function default or by the DDP wrapper, and abort ~1 exit in 15; see stapo_trl/process_group.py), and the model
 # must still generate on each process.
-GROUP_RELEASE_WORKER = textwrap.dedent(
+GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
     r"""
     import gc, os, sys, types
     import torch
@@ -530,10 +538,6 @@ GROUP_RELEASE_WORKER = textwrap.dedent(
     from datasets import Dataset
     from stapo_trl import STAPOConfig, STAPOTrainer
     from stapo_trl.trainer import GRPOBaselineTrainer
-
-    def gloo_threads():
-        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-        return sorted(n for n in names if "gloo" in n)
 
     model_path, out, which = sys.argv[1:4]
     args = STAPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to="none", max_completion_length=8,
@@ -575,15 +579,11 @@ def test_trainer_end_after_two_rank_training_releases_gloo(tiny_random_model_pat
 
 
 # `stapo-train`'s run, in process on two ranks: the process group it ends must be released too.
-CLI_GROUP_RELEASE_WORKER = textwrap.dedent(
+CLI_GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
     r"""
     import os, sys
     from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.run import train
-
-    def gloo_threads():
-        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-        return sorted(n for n in names if "gloo" in n)
 
     train(*parse_args(sys.argv[1:]))
     print("gloo threads after stapo-train:", gloo_threads(), flush=True)

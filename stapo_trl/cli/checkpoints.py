@@ -45,10 +45,8 @@ def check_resume_from_checkpoint(training_args) -> None:
     elif not os.path.isdir(path):
         problem = "is a file"
     else:
-        checkpoints = sorted(
-            (name for name in os.listdir(path) if _checkpoint_step(os.path.join(path, name)) is not None),
-            key=lambda name: _checkpoint_step(os.path.join(path, name)),
-        )
+        steps = {name: _checkpoint_step(os.path.join(path, name)) for name in os.listdir(path)}
+        checkpoints = sorted((name for name, step in steps.items() if step is not None), key=steps.__getitem__)
         problem = (
             f"is a run folder, not a checkpoint: give one of its checkpoints ({', '.join(checkpoints)})"
             if checkpoints

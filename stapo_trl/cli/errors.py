@@ -19,7 +19,9 @@ import contextlib
 import difflib
 import sys
 from collections.abc import Iterator
-from typing import NoReturn, TextIO
+from typing import NoReturn
+
+from ..process_group import destroy_process_group_if_any
 
 
 EXIT_INPUT_ERROR = 2  # argparse's status for a usage error
@@ -51,25 +53,27 @@ class InputError(SystemExit):
         return self.message
 
 
-def print_line(message: str, file: TextIO | None = None) -> None:
-    """Write `message` and its newline to `file` (default: stderr) in one `write` call, then flush.
+def print_line(message: str) -> None:
+    """Write `message` and its newline to stderr in one `write` call, then flush.
 
     `print` writes the text and the newline separately: under `accelerate launch` every process writes to the same
     pipe, and two processes' lines interleave (`...error: A.stapo-train: error: A.` then two newlines). One write
     below the pipe's atomic size (4 KiB on Linux) is never split.
     """
-    file = sys.stderr if file is None else file
-    file.write(message + "\n")
-    file.flush()
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
 
 
 @contextlib.contextmanager
 def report_input_errors() -> Iterator[None]:
-    """Print an [`InputError`] raised in the block as its one line on stderr, then let it end the command."""
+    """Print an [`InputError`] raised in the block as its one line on stderr, then let it end the command, with no
+    process group left (under `accelerate launch` the group exists once a config does; left alive, gloo's threads can
+    abort the exit: [`~stapo_trl.process_group.destroy_process_group_if_any`])."""
     try:
         yield
     except InputError as e:
         print_line(e.message)
+        destroy_process_group_if_any()
         raise
 
 

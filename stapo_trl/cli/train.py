@@ -36,7 +36,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ..process_group import destroy_process_group_if_any
 from .args import parse_args
 from .dry_run import main as dry_run_main
 from .errors import InputError, print_line, report_input_errors
@@ -56,9 +55,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         with report_input_errors():
             _main(argv)
-    except InputError:
-        destroy_process_group_if_any()  # stopped before any trainer: gloo's threads must not outlive the process
-        raise
     except KeyboardInterrupt as e:  # stapo_trl.cli.run.TrainingInterrupted (checkpoint saved) or a bare Ctrl-C
         if os.environ.get("RANK", "0") == "0":  # one message per run, not one per process
             print_line(str(e) or "stapo-train: interrupted (outside training: nothing to save).")
