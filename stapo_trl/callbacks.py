@@ -19,9 +19,9 @@ from typing import Any, TextIO
 from accelerate.utils import gather_object
 from transformers import DefaultFlowCallback, TrainerCallback
 
-from .core import STAPOTrainer
-from .core.s2t import S2TBatch
+from .core import S2TResult, STAPOTrainer
 from .diagnostic_plots import readable_token, tokenizer_token_bytes
+from .diagnostics.token_records import spurious_token_records
 from .metrics_log import (
     METRICS_FILENAME,
     SPURIOUS_TOKENS_FILENAME,
@@ -29,7 +29,6 @@ from .metrics_log import (
     jsonable,
     open_jsonl_for_run,
 )
-from .token_records import spurious_token_records
 
 
 logger = logging.getLogger(__name__)
@@ -118,23 +117,19 @@ class MetricsLogCallback(JsonlLogCallback):
 
 
 class SpuriousTokenLogger(JsonlLogCallback):
-    r"""Write the silenced tokens of the current S2T batch to `spurious_tokens.jsonl` at every logging step.
+    r"""Write the silenced tokens of the training masks to `spurious_tokens.jsonl` at every logging step.
 
-    At each step where the trainer logs (`control.should_log`, set by transformers' flow callback on every
-    process), the records of the training masks built since the last logging step (`trainer.s2t_train_batches`:
-    one mask per optimizer update, or per rollout batch in the `generation_batch` scope; [`spurious_token_records`]:
-    every silenced token, a sample of kept candidates and of other positive-advantage tokens) are gathered from all
-    processes with `accelerate.utils.gather_object` (every process calls it at the same steps, also with no record,
-    so nothing hangs) and appended by the main process, flushed per write. A mask already written is skipped;
-    evaluation masks are kept apart by the trainer (`s2t_last_eval_batch`) and never reach this file. Caps are per
-    logging step over all processes. The masks wait here until their logging step (and the last ones until the end of
-    training), so their tensors stay in memory for `logging_steps` updates: the recipes log once per rollout batch,
-    which holds no more than the trainer keeps anyway.
+    The product's [`~stapo_trl.STAPOTrainer`] hands every training mask to [`record`] when it is built
+    ([`spurious_token_records`]: every silenced token, a sample of kept candidates and of other positive-advantage
+    tokens, decoded in context), so what waits for the logging step is at most the caps per mask, not the batch. At
+    each step where the trainer logs (`control.should_log`, set on every process), the records since the last logging
+    step are gathered from all processes with `accelerate.utils.gather_object` (every process calls it at the same
+    steps, also with no record, so nothing hangs), capped once over all processes, stamped with the logging step and
+    appended by the main process, flushed per write. Evaluation masks are not recorded.
 
     When wandb (or trackio) is in `report_to` and active, the `top_k` most frequent silenced tokens so far (labelled
-    as in `s2t_top_tokens.png`), with
-    their kept-candidate counts (of the sample), are logged as a table `s2t/top_silenced_tokens`; otherwise the
-    file is the record.
+    as in `s2t_top_tokens.png`), with their kept-candidate counts (of the sample), are logged as a table
+    `s2t/top_silenced_tokens`; otherwise the file is the record.
 
     [`~stapo_trl.STAPOTrainer`] adds one itself at `train()` (`args.s2t_write_run_files`); one added before, e.g. with
     other caps, replaces it:
@@ -145,12 +140,12 @@ class SpuriousTokenLogger(JsonlLogCallback):
     ```
 
     Args:
-        trainer ([`~stapo_trl.STAPOTrainer`]): the trainer whose `s2t_train_batches` are read.
+        trainer ([`~stapo_trl.STAPOTrainer`]): the trainer whose masks are recorded.
         path (`str`, *optional*): file to write; `None` = `<output_dir>/spurious_tokens.jsonl`.
-        max_silenced (`int`, *optional*, defaults to `256`): silenced tokens written per logging step (a uniform
-            sample when there are more; at the paper's ~1e-4 rate a batch has a handful).
-        max_kept_candidates (`int`, *optional*, defaults to `64`): kept candidates sampled per logging step.
-        max_reference (`int`, *optional*, defaults to `64`): other positive-advantage tokens sampled per logging step.
+        max_silenced (`int`, *optional*, defaults to `256`): silenced tokens per mask and per logging step (a uniform
+            sample when there are more; at the paper's ~1e-4 rate a mask has a handful).
+        max_kept_candidates (`int`, *optional*, defaults to `64`): kept candidates sampled per mask and logging step.
+        max_reference (`int`, *optional*, defaults to `64`): other positive-advantage tokens sampled, the same way.
         context_tokens (`int`, *optional*, defaults to `8`): tokens of context on each side.
         top_k (`int`, *optional*, defaults to `20`): rows of the tracker table.
     """
@@ -178,12 +173,10 @@ class SpuriousTokenLogger(JsonlLogCallback):
         self.silenced_counts: Counter[str] = Counter()
         self.kept_candidate_counts: Counter[str] = Counter()
         self._token_bytes: dict[int, bytes] | None = None  # token id -> bytes, read from the tokenizer when needed
-        self._pending: list[S2TBatch] = []  # training masks not written yet (since the last logging step)
-        self._last_batch = None
+        self._pending: list[dict[str, Any]] = []  # records of the masks since the last logging step
 
     # -- file ----------------------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
-        self._last_batch = None
         self._pending = []
         if not state.is_world_process_zero:
             return
@@ -206,60 +199,56 @@ class SpuriousTokenLogger(JsonlLogCallback):
         token_id = record.get("token_id")
         return readable_token(record["token"], self._token_bytes.get(token_id), token_id)
 
-    # -- logging steps -------------------------------------------------------------------------------------------
+    # -- masks and logging steps -----------------------------------------------------------------------------------
+    def record(
+        self,
+        result: S2TResult,
+        per_token_logps,
+        entropies,
+        advantages,
+        loss_mask,
+        completion_ids,
+    ) -> None:
+        """Keep the records of one training mask (the arguments of the trainer's `_compute_s2t_mask`, and its result)
+        until the next logging step; sampled with the update's step in the seed."""
+        self._pending += spurious_token_records(
+            result,
+            per_token_logps,
+            entropies,
+            advantages,
+            loss_mask,
+            completion_ids,
+            self.trainer.processing_class,
+            step=self.trainer.state.global_step,
+            prob_threshold=self.trainer.args.s2t_prob_threshold,
+            max_silenced=self.max_silenced,
+            max_kept_candidates=self.max_kept_candidates,
+            max_reference=self.max_reference,
+            context_tokens=self.context_tokens,
+            seed=self.trainer.args.seed,
+            process_index=self.trainer.accelerator.process_index,
+        )
+
     def on_step_end(self, args, state, control, **kwargs):
-        self._collect()
         if control.should_log:
-            self._log_pending(args, state.global_step)
+            self.write_pending(args, state.global_step)
 
     def on_train_end(self, args, state, control, **kwargs):
         # The masks after the last logging step (max_steps not a multiple of logging_steps), as metrics.jsonl writes
         # their counts in the final row. Every process ends training, so the gather runs on all of them.
-        self._collect()
-        self._log_pending(args, state.global_step)
+        self.write_pending(args, state.global_step)
         super().on_train_end(args, state, control, **kwargs)
 
-    def _collect(self) -> None:
-        # The trainer keeps the training masks of the current pass over the rollout batch only (one per optimizer
-        # update, or one per rollout batch) and starts a new list at the next pass: take the new ones at every step,
-        # so that none is lost when logging_steps spans several passes. The same on every process: each builds its
-        # masks at the same steps. Evaluation masks are kept apart by the trainer and never reach this list.
-        batches = self.trainer.s2t_train_batches
-        new = next((i + 1 for i in reversed(range(len(batches))) if batches[i] is self._last_batch), 0)
-        if batches[new:]:
-            self._pending.extend(batches[new:])
-            self._last_batch = batches[-1]
-
-    def _log_pending(self, args, step: int) -> None:
-        if self._pending:
-            batches, self._pending = self._pending, []
-            self.log_batch(*batches, step=step, args=args)
-
-    def log_batch(self, *batches: S2TBatch, step: int, args) -> list[dict[str, Any]]:
-        """Gather the records of one or more masks from every process, cap them once for the logging step and append
-        them (main process). A collective."""
+    def write_pending(self, args, step: int) -> list[dict[str, Any]]:
+        """Gather the pending records from every process, cap them once for the logging step, stamp them with `step`
+        and append them (main process). A collective: every process calls it at the same steps."""
+        records, self._pending = self._pending, []
         accelerator = self.trainer.accelerator
-        records = [
-            record
-            for batch in batches
-            for record in spurious_token_records(
-                batch,
-                self.trainer.processing_class,
-                step=step,
-                prob_threshold=self.trainer.args.s2t_prob_threshold,
-                max_silenced=self.max_silenced,
-                max_kept_candidates=self.max_kept_candidates,
-                max_reference=self.max_reference,
-                context_tokens=self.context_tokens,
-                seed=args.seed,
-                process_index=accelerator.process_index,
-            )
-        ]
         if accelerator.num_processes > 1:
             records = gather_object(records)  # every process, every logging step: never skipped
-        if not accelerator.is_main_process:
+        if not accelerator.is_main_process or not records:
             return []
-        records = self._cap(records, step, args.seed)
+        records = [record | {"step": step} for record in self._cap(records, step, args.seed)]
         self.write_rows(args, records)
         for record in records:
             self._count(record)

@@ -7,8 +7,7 @@ writes, for every run given (several runs share each figure):
 
 - `s2t_entropy_quantiles.png`: the entropy quantiles of all loss tokens over steps (`s2t/entropy_p10` to `p95`):
   a p10-p95 band, p50 solid and p80 dashed, one colour per run, log scale.
-- `s2t_ratios.png`: silenced and candidate ratios (log scale; zeros are counted in the legend, not drawn) and the
-  share of the squared logit-gradient norm carried by candidates and by silenced tokens.
+- `s2t_ratios.png`: silenced and candidate ratios (log scale; zeros are counted in the legend, not drawn).
 - `s2t_prob_entropy.png` (needs `spurious_tokens.jsonl`): the paper's four-quadrant picture, one panel per run:
   probability (log) vs entropy of positive-advantage tokens; silenced tokens in red, kept candidates in blue,
   other positive-advantage tokens (p >= τ_p, a sample) in grey; τ_p and the median τ_h as lines.
@@ -34,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .core.s2t_metrics import ENTROPY_QUANTILES
+from .diagnostics.metrics import ENTROPY_QUANTILES
 from .metrics_log import SPURIOUS_TOKENS_FILENAME, load_run, pooled_ratio_series, read_token_records
 from .plots import set_log_y_axis, set_step_x_axis
 
@@ -163,44 +162,33 @@ def plot_entropy_quantiles(runs: Mapping[str, Sequence[Rows]], out: Path) -> Pat
     return _save(fig, out)
 
 
-_RATIO_PANELS = (
-    (("s2t/silenced_ratio", "silenced"), ("s2t/candidate_ratio", "candidates")),
-    (("s2t/grad_norm_share_silenced", "silenced"), ("s2t/grad_norm_share_candidates", "candidates")),
-)
-_RATIO_TITLES = (
-    "S2T token ratios (of loss tokens, log)",
-    "Share of ||dL/dlogits||² before masking (log)",
-)
+_RATIO_SERIES = (("s2t/silenced_ratio", "silenced"), ("s2t/candidate_ratio", "candidates"))
 
 
 def plot_s2t_ratios(runs: Mapping[str, Sequence[Rows]], out: Path) -> Path | None:
-    """Silenced / candidate ratios and gradient-norm shares over steps, log scale; `None` if nothing was logged.
+    """Silenced and candidate ratios over steps, log scale; `None` if nothing was logged.
 
     Zeros cannot sit on a log axis: each legend entry says at how many logged steps the value was 0.
     """
     if not any(_mean_series(seeds, "s2t/silenced_ratio")[0] for seeds in runs.values()):
         return None
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.0))
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, panel, title in zip(axes, _RATIO_PANELS, _RATIO_TITLES, strict=True):
-        for i, (label, seeds) in enumerate(runs.items()):
-            color = colors[i % len(colors)]
-            for (key, what), marker in zip(panel, ("o", "x"), strict=True):
-                steps, values = _mean_series(seeds, key)
-                if not steps:
-                    continue
-                positive = [(s, v) for s, v in zip(steps, values, strict=True) if v > 0]
-                note = f"{label}: {what} (0 at {len(steps) - len(positive)}/{len(steps)} logged steps)"
-                ax.plot([s for s, _ in positive], [v for _, v in positive], marker, ms=3.5, color=color, label=note)
-        set_log_y_axis(ax)
-        set_step_x_axis(ax)
-        ax.set_title(title, fontsize=10)
-        ax.grid(alpha=0.3, which="both")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-        else:
-            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+    for i, (label, seeds) in enumerate(runs.items()):
+        color = colors[i % len(colors)]
+        for (key, what), marker in zip(_RATIO_SERIES, ("o", "x"), strict=True):
+            steps, values = _mean_series(seeds, key)
+            if not steps:
+                continue
+            positive = [(s, v) for s, v in zip(steps, values, strict=True) if v > 0]
+            note = f"{label}: {what} (0 at {len(steps) - len(positive)}/{len(steps)} logged steps)"
+            ax.plot([s for s, _ in positive], [v for _, v in positive], marker, ms=3.5, color=color, label=note)
+    set_log_y_axis(ax)
+    set_step_x_axis(ax)
+    ax.set_title("S2T token ratios (of loss tokens, log)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
     return _save(fig, out)
 
 

@@ -55,7 +55,7 @@ TOKEN_RECORD_KINDS = ("silenced", "kept_candidate", "reference")
 def is_token_record(record: Any) -> bool:
     """Whether a parsed line is a `spurious_tokens.jsonl` record the figures and summaries can read: a JSON object
     with a `kind` of [`TOKEN_RECORD_KINDS`], an integer `step`, numbers `prob` and `entropy`, and a string `token`
-    ([`~stapo_trl.diagnostics.spurious_token_records`] writes them)."""
+    ([`~stapo_trl.diagnostics.token_records.spurious_token_records`] writes them)."""
     return (
         isinstance(record, dict)
         and record.get("kind") in TOKEN_RECORD_KINDS

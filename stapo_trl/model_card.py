@@ -38,11 +38,6 @@ _S2T_FIELDS = (
     ("s2t_prob_threshold", "τ_p: positive-advantage tokens sampled with probability below it are candidates"),
     ("s2t_entropy_quantile", "q: candidates below the q-quantile τ_h of the candidates' entropies are silenced"),
     ("s2t_mode", "which candidates are silenced (`low_entropy` is the paper's rule)"),
-    (
-        "s2t_scope",
-        "the tokens over which τ_h and the kept-token normaliser are taken (`optimizer_step`: the paper's mini-batch)",
-    ),
-    ("s2t_policy", "the weights p and H are taken under (`rollout`: the rollout batch's scoring forward)"),
 )
 _OBJECTIVE_FIELDS = (
     ("loss_type", "loss normalisation (`dapo`: token mean over the optimizer step)"),

@@ -19,6 +19,7 @@ package and of `stapo-train` rely on:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import datasets
@@ -27,9 +28,11 @@ from trl.trainer.utils import get_config_model_id
 
 from . import core
 from .builtin import resolve_model_path
-from .callbacks import add_run_file_callbacks
-from .config import STAPOConfig
+from .callbacks import SpuriousTokenLogger, add_run_file_callbacks
+from .config import STAPOConfig, untested_combination_warnings
 from .dataset_checks import check_chat_template, check_prompt_column, check_reward_columns
+from .diagnostics.ablations import ABLATION_MODES, ablation_mask
+from .diagnostics.metrics import diagnostic_metrics
 from .model_card import add_stapo_section, make_card_public, public_dataset_name, write_quick_start
 from .process_group import release_process_group
 from .rewards import resolve_reward_names
@@ -108,8 +111,15 @@ class ProductTrainerMixin:
 class STAPOTrainer(ProductTrainerMixin, core.STAPOTrainer):
     r"""
     [`stapo_trl.core.STAPOTrainer`] (STAPO: GRPO whose loss silences rare spurious tokens), with the package's
-    additions ([`ProductTrainerMixin`]): built-in model names, reward names, construction-time checks of the
-    datasets, the run files and the model card.
+    additions ([`ProductTrainerMixin`]) and what it measures around each mask, through the core's
+    `_compute_s2t_mask` hook:
+
+    - the paper's ablation modes `s2t_mode="high_entropy"` and `"all_low_prob"` ([`~stapo_trl.diagnostics.ablations`]);
+    - the diagnostics `s2t/entropy_p10` ... `p95`, `s2t/silenced_prob_mean`, `s2t/silenced_entropy_mean`
+      ([`~stapo_trl.diagnostics.metrics`]), and one warning when a loss token has a non-finite p or H;
+    - the per-token records of `spurious_tokens.jsonl` ([`~stapo_trl.callbacks.SpuriousTokenLogger`]);
+    - log rows whose `s2t/` counts are summed and ratios pooled over the row (Σ silenced / Σ loss tokens, not a mean
+      of per-mask ratios), with undefined keys left out instead of TRL's `None`.
 
     Args:
         model: as [`~trl.GRPOTrainer`], or a built-in name (`"builtin:tiny-math"`, `"builtin:tiny-random"`, ...),
@@ -121,10 +131,9 @@ class STAPOTrainer(ProductTrainerMixin, core.STAPOTrainer):
 
     Raises:
         TypeError: if `args` is not a [`~stapo_trl.STAPOConfig`].
-        ValueError: the errors of the core trainer; a dataset without a `prompt` column; a reward function with an
-            argument that no column of `train_dataset` / `eval_dataset` fills
-            ([`~stapo_trl.dataset_checks.check_reward_columns`]; not checked with a `rollout_func`); an unknown
-            reward name; `vllm_mode="server"` without an accelerator.
+        ValueError: a dataset without a `prompt` column; a reward function with an argument that no column of
+            `train_dataset` / `eval_dataset` fills ([`~stapo_trl.dataset_checks.check_reward_columns`]; not checked
+            with a `rollout_func`); an unknown reward name; `vllm_mode="server"` without an accelerator.
     """
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *pargs, **kwargs):
@@ -136,7 +145,61 @@ class STAPOTrainer(ProductTrainerMixin, core.STAPOTrainer):
                 f"STAPOTrainer needs `args` to be a stapo_trl.STAPOConfig, got {type(args).__name__}. "
                 "Build it with STAPOConfig(...) (it accepts every GRPOConfig field)."
             )
+        for message in untested_combination_warnings(args):
+            warnings.warn(message, stacklevel=2)
+        self._nonfinite_warned = False
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
+
+    def _compute_s2t_mask(self, per_token_logps, entropies, advantages, loss_mask, completion_ids):
+        if self.args.s2t_mode in ABLATION_MODES:
+            result = ablation_mask(
+                per_token_logps,
+                entropies,
+                advantages,
+                loss_mask,
+                mode=self.args.s2t_mode,
+                prob_threshold=self.args.s2t_prob_threshold,
+                entropy_quantile=self.args.s2t_entropy_quantile,
+                gather=self._gather,
+            )
+        else:
+            result = super()._compute_s2t_mask(per_token_logps, entropies, advantages, loss_mask, completion_ids)
+        mode = "train" if self.model.training else "eval"
+        reduce = lambda t: self.accelerator.reduce(t, reduction="sum")  # noqa: E731
+        for name, value in diagnostic_metrics(result, per_token_logps, entropies, loss_mask, reduce).items():
+            self._metrics[mode][name].append(value)
+        if result.num_nonfinite and not self._nonfinite_warned:
+            self._nonfinite_warned = True
+            warnings.warn(
+                f"{result.num_nonfinite} loss tokens have a non-finite log-probability or entropy (NaN or inf): they "
+                "are never S2T candidates, but this means numerical trouble upstream (logits, dtype, LM head). "
+                "Counted in s2t/num_nonfinite; this warning is shown once per run.",
+                stacklevel=2,
+            )
+        if mode == "train":
+            for callback in self.callback_handler.callbacks:
+                if isinstance(callback, SpuriousTokenLogger):
+                    callback.record(result, per_token_logps, entropies, advantages, loss_mask, completion_ids)
+        return result
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's `log`, with the `s2t/` counts summed and the ratios pooled over the row, and undefined keys left out.
+
+        Each mask appends its global counts; a row reports Σ counts and Σ silenced / Σ loss tokens, so every logging
+        interval gives the same numbers for the same tokens. TRL turns an all-NaN metric into `None` (not a number
+        for trackers): `s2t/entropy_threshold` is NaN without candidates and `s2t/silenced_*_mean` when nothing is
+        silenced, so such keys are left out instead. The values are global, so every process does the same.
+        """
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        if metrics.get("s2t/num_loss_tokens"):
+            for key in ("s2t/num_silenced", "s2t/num_candidates", "s2t/num_loss_tokens", "s2t/num_nonfinite"):
+                metrics[key] = [sum(metrics[key])]
+            num_loss_tokens = max(metrics["s2t/num_loss_tokens"][0], 1.0)
+            metrics["s2t/silenced_ratio"] = [metrics["s2t/num_silenced"][0] / num_loss_tokens]
+            metrics["s2t/candidate_ratio"] = [metrics["s2t/num_candidates"][0] / num_loss_tokens]
+        for key in [k for k, values in metrics.items() if k.startswith("s2t/") and all(v != v for v in values)]:
+            del metrics[key]  # v != v: NaN
+        super().log(logs, start_time)
 
 
 class GRPOBaselineTrainer(ProductTrainerMixin, trl.GRPOTrainer):

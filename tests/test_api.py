@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from datasets import Dataset
-from test_distributed import _check_two_rank_demo_run, _env, run_distributed, run_subprocess
+from testing_utils import check_two_rank_demo_run, run_distributed, run_subprocess, subprocess_env
 
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.builtin import builtin_model_dir
@@ -271,7 +271,9 @@ def test_python_api_example_runs_as_printed_and_stapo_plot_reads_its_folder(tiny
     from stapo_trl.cli.plot import main as plot_main
 
     # The file as printed, in a fresh folder; `builtin:tiny-math` resolves to the session's model (no rebuild).
-    env = _env(STAPO_TRL_CACHE=str(_cache_root(tiny_math_model_path)), PYTHONPATH=str(REPO), MPLBACKEND="Agg")
+    env = subprocess_env(
+        STAPO_TRL_CACHE=str(_cache_root(tiny_math_model_path)), PYTHONPATH=str(REPO), MPLBACKEND="Agg"
+    )
     output = run_subprocess([sys.executable, str(EXAMPLE)], timeout=300, env=env, cwd=tmp_path)
     # Neither transformers' deprecation of TRL's default `gradient_checkpointing` at config time nor of the
     # `*gradient_checkpointing*` methods TRL calls while training reaches a Python-API user (issue 12, item 12).
@@ -310,7 +312,7 @@ def test_readme_cpu_two_process_command_trains_on_two_ranks(tiny_math_model_path
         "--log_level", "info",  # why: the main process logs the total train batch size, which shows two ranks
         "--output_dir", str(out),  # why: not into the checkout's outputs/
     ]  # fmt: skip
-    env = _env(STAPO_TRL_CACHE=str(_cache_root(tiny_math_model_path)))
+    env = subprocess_env(STAPO_TRL_CACHE=str(_cache_root(tiny_math_model_path)))
     output = run_distributed(
         lambda port: (
             [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(port)]
@@ -320,5 +322,5 @@ def test_readme_cpu_two_process_command_trains_on_two_ranks(tiny_math_model_path
         timeout=900,
         env=env,
     )
-    _check_two_rank_demo_run(output, out)  # 8 completions per rank x 2 ranks = 16 per step, metrics of both steps
+    check_two_rank_demo_run(output, out)  # 8 completions per rank x 2 ranks = 16 per step, metrics of both steps
     assert (out / "spurious_tokens.jsonl").is_file()

@@ -1,48 +1,67 @@
-"""`STAPOConfig`: paper defaults, documentation of every S2T field, and early validation."""
+"""The product's `STAPOConfig` (`stapo_trl.STAPOConfig`): the paper's defaults, every S2T field documented where it is
+declared, the ablation modes beside the core's, early refusals, and one warning per untested combination."""
 
 import dataclasses
 import re
+import typing
 import warnings
 
 import pytest
 
-from stapo_trl import STAPOConfig
-from stapo_trl.core.s2t import S2T_MODES
-from stapo_trl.core.stapo_config import S2T_POLICIES, S2T_SCOPES, untested_combination_warnings
+from stapo_trl import STAPOConfig, core
+from stapo_trl.config import partial_prompt_group_message, untested_combination_warnings
+from stapo_trl.core.stapo_config import s2t_warnings
+from stapo_trl.diagnostics.ablations import ABLATION_MODES
 
 
 def make_config(**overrides):
+    settings = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[])
+    settings.update(overrides)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return STAPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to=[], **overrides)
+        return STAPOConfig(**settings)
 
 
 def test_defaults_are_the_papers():
     # STAPO Sec. 4.1: tau_p = 0.002, q = 0.75 (v4/v5), DAPO objective: clip 0.2 / 0.28, token mean, no KL.
     config = make_config()
-    assert config.s2t_prob_threshold == 0.002
-    assert config.s2t_entropy_quantile == 0.75
-    assert config.s2t_mode == "low_entropy"
-    # tau_h over one optimizer update ("in each mini-batch"), p and H from the rollout-time scoring forward.
-    assert config.s2t_scope == "optimizer_step" and config.s2t_policy == "rollout"
+    assert (config.s2t_prob_threshold, config.s2t_entropy_quantile, config.s2t_mode) == (0.002, 0.75, "low_entropy")
     assert (config.loss_type, config.epsilon, config.epsilon_high, config.beta) == ("dapo", 0.2, 0.28, 0.0)
     assert config.top_entropy_quantile == 1.0 and config.entropy_coef == 0.0  # no entropy mask, no bonus
+    assert config.s2t_write_run_files is True
+    assert isinstance(config, core.STAPOConfig)  # the core's trainer accepts it
 
 
-def test_every_s2t_field_has_help_and_is_documented():
-    s2t_fields = [f for f in dataclasses.fields(STAPOConfig) if f.name.startswith("s2t_")]
-    expected = {"s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode", "s2t_scope", "s2t_policy", "s2t_diagnostics"}
-    expected.add("s2t_write_run_files")
-    assert {f.name for f in s2t_fields} == expected
-    for f in s2t_fields:
+def test_the_s2t_fields_are_the_cores_and_the_run_files_switch():
+    # One exact path: no scope, policy or diagnostics switch any more (the ablations are values of s2t_mode).
+    names = {f.name for f in dataclasses.fields(STAPOConfig) if f.name.startswith("s2t_")}
+    assert names == {"s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode", "s2t_write_run_files"}
+
+
+def test_every_s2t_field_has_help_and_is_documented_by_the_class_that_declares_it():
+    for f in dataclasses.fields(STAPOConfig):
+        if not f.name.startswith("s2t_"):
+            continue
         assert len(f.metadata.get("help", "")) > 40, f.name
-        # Documented by the class that declares it: the core's S2T fields in core.STAPOConfig, the product's own
-        # (s2t_write_run_files) in stapo_trl.STAPOConfig.
+        # The core's fields in core.STAPOConfig; the product's own (s2t_write_run_files) and the one it redeclares
+        # (s2t_mode, with the ablations) in stapo_trl.STAPOConfig.
         declaring = next(c for c in STAPOConfig.__mro__ if f.name in c.__dict__.get("__annotations__", {}))
         assert f"{f.name} (`" in declaring.__doc__, f"{f.name} missing from the docstring of {declaring.__qualname__}"
-    choices = {f.name: f.metadata.get("choices") for f in s2t_fields}
-    assert choices["s2t_mode"] == list(S2T_MODES) and choices["s2t_scope"] == list(S2T_SCOPES)
-    assert choices["s2t_policy"] == list(S2T_POLICIES)
+        if f.name == "s2t_mode":
+            assert declaring is STAPOConfig
+            for mode in ABLATION_MODES:
+                assert f'"{mode}"' in declaring.__doc__ and mode in f.metadata["help"], mode
+
+
+def test_s2t_mode_choices_are_the_cores_and_the_ablations():
+    (field,) = [f for f in dataclasses.fields(STAPOConfig) if f.name == "s2t_mode"]
+    assert field.metadata["choices"] == ["low_entropy", "off", "high_entropy", "all_low_prob"]
+    assert field.metadata["choices"] == list(core.STAPOConfig._s2t_modes) + list(ABLATION_MODES)
+    # The type the command line parses (HfArgumentParser reads the Literal) allows the same values.
+    literal = typing.get_type_hints(STAPOConfig)["s2t_mode"]
+    assert set(typing.get_args(literal)) == set(field.metadata["choices"])
+    for mode in field.metadata["choices"]:
+        assert make_config(s2t_mode=mode).s2t_mode == mode
 
 
 @pytest.mark.parametrize(
@@ -51,65 +70,83 @@ def test_every_s2t_field_has_help_and_is_documented():
         ("s2t_prob_threshold", 0.0, r"s2t_prob_threshold=0\.0 .*\(0, 1\]"),
         ("s2t_prob_threshold", 1.5, r"s2t_prob_threshold=1\.5"),
         ("s2t_entropy_quantile", -0.1, r"s2t_entropy_quantile=-0\.1 .*\[0, 1\]"),
-        ("s2t_mode", "low", r"s2t_mode='low' .*'low_entropy', 'high_entropy', 'all_low_prob', 'off'"),
-        ("s2t_scope", "batch", r"s2t_scope='batch' .*'optimizer_step', 'generation_batch', 'micro_batch'"),
-        ("s2t_policy", "old", r"s2t_policy='old' .*'rollout', 'current'"),
+        ("s2t_mode", "low", r"s2t_mode='low' .*'high_entropy', 'all_low_prob'"),
         # transformers reads every max_steps <= 0 as "train num_train_epochs epochs": -5 would silently run 3 epochs
-        ("max_steps", -5, r"max_steps=-5 is not a number of optimizer steps: .*positive number, or -1"),
-        ("max_steps", 0, r"max_steps=0 is not a number of optimizer steps"),
-        # values that passed config time and failed after the model was built (new-user pass)
-        ("loss_type", "ppo", r"loss_type='ppo' is not supported by STAPOTrainer: .*Supported: \['dapo'"),
-        ("temperature", 0.0, r"temperature=0\.0 must be > 0: GRPO samples its rollouts"),
+        ("max_steps", -5, r"max_steps=-5 is not a number of optimizer steps"),
+        ("max_steps", 0, r"max_steps=0"),
+        # values that passed config time and failed after the model was built
+        ("temperature", 0.0, r"temperature=0\.0 must be > 0"),
         ("max_completion_length", 0, r"max_completion_length=0 must be >= 1"),
         # a Python caller's wrong types: "false" read as true, a string threshold failing with a bare TypeError
-        ("s2t_write_run_files", "false", r"s2t_write_run_files='false' must be a bool \(True or False\), got str"),
-        ("s2t_diagnostics", "no", r"s2t_diagnostics='no' must be a bool"),
-        ("s2t_prob_threshold", "0.002", r"s2t_prob_threshold='0.002' must be a number, got str"),
-        ("s2t_entropy_quantile", True, r"s2t_entropy_quantile=True must be a number, got bool"),
-        (
-            "s2t_mode",
-            False,
-            r"YAML reads an unquoted `off` \(or `no`, `false`\) as the boolean false. Write s2t_mode: \"off\"",
-        ),
+        ("s2t_write_run_files", "false", r"s2t_write_run_files='false' must be a bool"),
+        ("s2t_prob_threshold", "0.002", r"s2t_prob_threshold='0\.002' must be a number"),
+        ("s2t_entropy_quantile", True, r"s2t_entropy_quantile=True must be a number"),
+        # YAML's unquoted `off`
+        ("s2t_mode", False, r"s2t_mode=False: YAML reads an unquoted `off`"),
+        # a loss TRL does not have: GRPOTrainer fails only at its first loss step, after the model and a generation
+        ("loss_type", "ppo", r"loss_type='ppo' is not one of TRL's loss types"),
+        ("loss_type", "DAPO", r"loss_type='DAPO'"),
+        ("loss_type", "dapo ", r"loss_type='dapo '"),
     ],
 )
-def test_bad_values_fail_at_config_time_naming_field_and_allowed_values(field, value, message):
+def test_bad_values_are_refused_at_construction_naming_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         make_config(**{field: value})
 
 
+def test_an_output_dir_that_is_a_file_is_refused(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("")
+    with pytest.raises(ValueError, match="is a file"):
+        make_config(output_dir=str(path))
+
+
 def test_accepts_v1_quantile_and_boundaries():
     assert make_config(s2t_entropy_quantile=0.8).s2t_entropy_quantile == 0.8
-    assert make_config(s2t_prob_threshold=1.0, s2t_entropy_quantile=0.0).s2t_prob_threshold == 1.0
-
-
-def test_current_policy_needs_the_optimizer_step_scope():
-    with pytest.raises(ValueError, match=r"s2t_policy='current' needs s2t_scope='optimizer_step'"):
-        make_config(s2t_policy="current", s2t_scope="generation_batch")
-    assert make_config(s2t_policy="current").s2t_scope == "optimizer_step"
+    config = make_config(s2t_prob_threshold=1.0, s2t_entropy_quantile=0.0)
+    assert (config.s2t_prob_threshold, config.s2t_entropy_quantile) == (1.0, 0.0)
+    assert make_config(s2t_prob_threshold=1).s2t_prob_threshold == 1  # an int is a number
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
         ({"temperature": 0.7}, r"temperature=0\.7: the S2T thresholds .* calibrated at temperature 1\.0"),
-        ({"loss_type": "dr_grpo"}, "constant denominator"),
-        ({"loss_type": "luspo"}, "constant denominator"),
         ({"loss_type": "vespo"}, "phi weight of their whole completion"),
         ({"entropy_coef": 0.01}, r"entropy_coef=0\.01 .* averaged over kept tokens"),
-        ({"top_entropy_quantile": 0.2}, "top_entropy_quantile=0.2"),
+        ({"use_adaptive_entropy": True}, r"no entropy bonus"),
+        ({"top_entropy_quantile": 0.2}, r"top_entropy_quantile=0\.2"),
         ({"importance_sampling_level": "sequence"}, "importance_sampling_level='sequence'"),
-        (
-            {"gradient_accumulation_steps": 2, "steps_per_generation": 3},
-            r"steps_per_generation=3 is not a multiple .* falls back to tau_h over each rollout batch",
-        ),
+        # why: 4 completions per update with groups of 8 (steps_per_generation 2 keeps the rollout batch whole)
+        ({"per_device_train_batch_size": 4, "steps_per_generation": 2}, "not a whole number of prompt groups"),
+        # the core's: where the loss cannot be the paper's exact objective
+        ({"loss_type": "dr_grpo"}, "constant denominator"),
+        ({"loss_type": "luspo"}, "constant denominator"),
+        ({"gradient_accumulation_steps": 2, "steps_per_generation": 3}, r"steps_per_generation=3 is not a multiple"),
     ],
 )
 def test_untested_combinations_give_one_message_each(overrides, message):
-    messages = untested_combination_warnings(make_config(**overrides))
+    config = make_config(**overrides)
+    messages = s2t_warnings(config) + untested_combination_warnings(config)
     assert len(messages) == 1 and re.search(message, messages[0]), messages
-    assert untested_combination_warnings(make_config(s2t_mode="off", **overrides)) == []  # nothing is silenced
+    off = make_config(s2t_mode="off", **overrides)
+    assert s2t_warnings(off) == untested_combination_warnings(off) == []  # nothing is silenced
 
 
 def test_paper_settings_give_no_warning():
-    assert untested_combination_warnings(make_config(steps_per_generation=4, gradient_accumulation_steps=1)) == []
+    # The recipes' geometry: 4 optimizer updates per rollout batch, whole prompt groups per update.
+    config = make_config(steps_per_generation=4, gradient_accumulation_steps=1)
+    assert s2t_warnings(config) == untested_combination_warnings(config) == []
+    config = make_config(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=8)
+    assert s2t_warnings(config) == untested_combination_warnings(config) == []
+
+
+def test_an_update_of_whole_prompt_groups_counts_every_process():
+    assert partial_prompt_group_message(8, 1, 1, 8) is None
+    assert partial_prompt_group_message(4, 2, 1, 8) is None  # 4 completions x 2 processes
+    assert partial_prompt_group_message(2, 2, 2, 8) is None
+    message = partial_prompt_group_message(4, 1, 1, 8)
+    assert "holds 4 completions" in message and "multiple of 8" in message
+    config = make_config(per_device_train_batch_size=4, steps_per_generation=2)
+    assert untested_combination_warnings(config, num_processes=2) == []
+    assert len(untested_combination_warnings(config, num_processes=1)) == 1

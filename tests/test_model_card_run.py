@@ -22,7 +22,7 @@ KEY_FIELDS = (
     "learning_rate", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
     "steps_per_generation", "temperature", "max_completion_length", "beta", "loss_type",
 )  # fmt: skip
-S2T_FIELDS = ("s2t_mode", "s2t_prob_threshold", "s2t_entropy_quantile", "s2t_scope", "s2t_policy")
+S2T_FIELDS = ("s2t_mode", "s2t_prob_threshold", "s2t_entropy_quantile")
 
 
 def _argv(recipe: str, model_path: str, out: Path, *extra: str) -> list[str]:

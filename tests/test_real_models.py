@@ -422,16 +422,22 @@ class LogitsRecomputation:
     of the temperature-scaled logits, under the same weights (the update comes after the loss)."""
 
     def __init__(self, trainer):
-        self.trainer, self.checks = trainer, []
-        loss = trainer._compute_loss
+        self.trainer, self.checks, self.last = trainer, [], None
+        loss, mask = trainer._compute_loss, trainer._compute_s2t_mask
         trainer._compute_loss = lambda model, inputs: self.check(model, inputs, loss(model, inputs))
+
+        def record(*values):  # the core's hook: the mask with the values it was built from
+            self.last = (values, mask(*values))
+            return self.last[1]
+
+        trainer._compute_s2t_mask = record
 
     def check(self, model, inputs, loss):
         import torch
 
         from stapo_trl import s2t_mask
 
-        trainer, built = self.trainer, self.trainer.s2t_last_batch
+        trainer, ((built_logps, built_entropies, *_), built) = self.trainer, self.last
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)  # (B, P+T)
         mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)  # (B, P+T)
         length = inputs["completion_ids"].size(1)
@@ -446,11 +452,11 @@ class LogitsRecomputation:
                               entropy_quantile=trainer.args.s2t_entropy_quantile)  # fmt: skip
         self.checks.append(
             {
-                "logp_error": float((built.per_token_logps - logps)[loss_mask].abs().max()),
-                "entropy_error": float((built.entropies - entropies)[loss_mask].abs().max()),
-                "same_silenced": bool(torch.equal(built.result.silenced, recomputed.silenced)),
-                "silenced": built.result.num_silenced,
-                "candidates": built.result.num_candidates,
+                "logp_error": float((built_logps - logps)[loss_mask].abs().max()),
+                "entropy_error": float((built_entropies - entropies)[loss_mask].abs().max()),
+                "same_silenced": bool(torch.equal(built.silenced, recomputed.silenced)),
+                "silenced": built.num_silenced,
+                "candidates": built.num_candidates,
             }
         )
         return loss

@@ -190,8 +190,7 @@ def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
     assert args.use_vllm and args.vllm_mode == "server" and args.vllm_server_host == "127.0.0.1"
     # S2T.
     assert args.s2t_prob_threshold == 0.002 and args.s2t_entropy_quantile == 0.75
-    # tau_h per mini-batch (one optimizer update), p and H from the rollout's scoring forward.
-    assert args.s2t_mode == "low_entropy" and args.s2t_scope == "optimizer_step" and args.s2t_policy == "rollout"
+    assert args.s2t_mode == "low_entropy"  # tau_h per mini-batch (one optimizer update): the core's only path
     # Engineering: bf16, activation checkpointing (transformers 5 name), checkpoints, tracker, no push.
     assert args.bf16 and args.activation_checkpointing
     assert args.save_strategy.value == "steps" and args.save_steps > 0 and args.save_total_limit
@@ -213,7 +212,7 @@ def test_gradient_checkpointing_uses_the_transformers_5_name_without_warning():
 
 # Keys each method may change relative to justrl.yaml (the STAPO recipe without the mask); everything else is shared.
 ALLOWED_DIFFERENCES = {
-    "stapo": {"output_dir", "run_name", "s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode", "s2t_policy"},
+    "stapo": {"output_dir", "run_name", "s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode"},
     "entropy20": {"output_dir", "run_name", "top_entropy_quantile"},
     "grpo": {"output_dir", "run_name", "loss_type", "epsilon_high"},
 }
@@ -226,9 +225,9 @@ PER_MODEL_KEYS = {
 
 @pytest.mark.parametrize("model", QWEN3_MODELS)
 def test_baselines_differ_from_each_other_only_where_they_should(model):
-    # Like for like: every arm runs STAPOTrainer with the same scope; the baselines silence nothing.
+    # Like for like: every arm runs STAPOTrainer (the same per-update normalizer); the baselines silence nothing.
     justrl = _raw(RECIPES_DIR / model / "justrl.yaml")
-    assert justrl["trainer"] == "stapo" and justrl["s2t_mode"] == "off" and justrl["s2t_scope"] == "optimizer_step"
+    assert justrl["trainer"] == "stapo" and justrl["s2t_mode"] == "off"
     for method, allowed in ALLOWED_DIFFERENCES.items():
         other = _raw(RECIPES_DIR / model / f"{method}.yaml")
         differing = {k for k in set(justrl) | set(other) if justrl.get(k) != other.get(k)}
@@ -243,7 +242,7 @@ def test_cpu_twins_differ_by_the_mask_alone(folder):
     # The like-for-like baseline of each CPU demo: its stapo.yaml line for line, with s2t_mode off.
     stapo, off = _raw(RECIPES_DIR / folder / "stapo.yaml"), _raw(RECIPES_DIR / folder / "grpo.yaml")
     differing = {k for k in set(stapo) | set(off) if stapo.get(k) != off.get(k)}
-    assert differing <= {"output_dir", "s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode", "s2t_policy"}
+    assert differing <= {"output_dir", "s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode"}
     assert off["trainer"] == "stapo" and off["s2t_mode"] == "off" and stapo["s2t_mode"] == "low_entropy"
 
 
@@ -315,13 +314,14 @@ def test_dry_run_reports_bad_rewards_trainer_and_temperature():
     ],
 )
 def test_dry_run_prints_exactly_the_trainers_construction_warnings(flags):
-    # One source (issue 10): the dry run used to repeat one of the trainer's warnings, so a dr_grpo recipe passed
-    # it quietly. Every message the trainer warns at construction is in the dry run's report.
+    # One source: the dry run used to repeat one of the trainer's warnings, so a dr_grpo recipe passed it quietly.
+    # Every message the trainer warns at construction (the core's and the product's) is in the dry run's report.
     from stapo_trl.cli.dry_run import validate_recipe
-    from stapo_trl.core.stapo_config import untested_combination_warnings
+    from stapo_trl.config import untested_combination_warnings
+    from stapo_trl.core.stapo_config import s2t_warnings
 
     script, args, model = _demo_args(*flags)
-    expected = untested_combination_warnings(args)
+    expected = s2t_warnings(args) + untested_combination_warnings(args)
     assert expected  # each of these settings has something to say
     report = validate_recipe(script, args, model, 1)
     assert [w for w in report.warnings if w in expected] == expected, report.warnings
@@ -568,7 +568,7 @@ def test_model_card_names_stapo_cites_the_paper_and_lists_the_s2t_values(tiny_ra
     # Ours: the S2T values, the objective and the base model (a builtin: model is named, not a broken Hub link).
     assert card.count(SECTION_START) == 1
     for row in ("| `s2t_prob_threshold` |", "`0.003`", "| `s2t_entropy_quantile` |", "`0.8`", "`low_entropy`",
-                "`optimizer_step`", "| `s2t_policy` |", "`rollout`", "| `loss_type` |", "`dapo`", "| `epsilon_high` |", "`0.28`"):  # fmt: skip
+                "| `loss_type` |", "`dapo`", "| `epsilon_high` |", "`0.28`"):  # fmt: skip
         assert row in card, row
     assert "Base model: `builtin:tiny-random`" in card
     assert "[None](https://huggingface.co/None)" not in card

@@ -25,8 +25,7 @@ GRPO_RECIPE = str(REPO / "recipes" / "demo" / "grpo.yaml")
 SMALL_RUN = [
     # why: 8 optimizer steps = two rollout batches of 64 completions (steps_per_generation 4)
     "--max_steps", "8",
-    # why: as in the recipe, one line per rollout batch: with s2t_scope generation_batch the mask (and its
-    # s2t/* metrics) is built once per rollout batch, so every logging step then carries them
+    # why: as in the recipe, one line per rollout batch (the masks of its 4 optimizer updates pooled)
     "--logging_steps", "4",
     "--save_steps", "4",
     # why: 16 held-out problems x 2 samples keep the before/after evaluation to ~1 s
@@ -176,7 +175,7 @@ def test_num_generations_not_dividing_the_generation_batch_lists_valid_values():
         (["--torch_num_threads", "0"], r"torch_num_threads=0 must be >= 1"),
         (["--eval_num_problems", "0"], r"eval_num_problems=0 must be >= 1"),  # eval.json held NaN
         (["--output_dir", __file__], r"output_dir='.*test_train.py' is a file: give a folder"),
-        (["--s2t_scop", "micro_batch"], r"s2t_scop: did you mean s2t_scope"),  # no argparse prefix matching
+        (["--s2t_mod", "off"], r"s2t_mod: did you mean s2t_mode"),  # no argparse prefix matching
         (["--learning_rat", "1e-5"], r"learning_rat: did you mean learning_rate"),
         (["--benchmark_eval", "aime99"], r"Unknown benchmark 'aime99'.*aime24"),
     ],

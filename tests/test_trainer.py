@@ -1,62 +1,66 @@
-"""`STAPOTrainer`: the S2T mask in TRL's loss, hand-computed losses, exact zero gradients, parity with
-`GRPOTrainer`, gradient-accumulation normalisation and end-to-end training in both scopes."""
+"""The product's `STAPOTrainer` (`stapo_trl.STAPOTrainer`): the paper's ablation modes in the loss and in training,
+log rows that pool the `s2t/` counts over their masks and leave undefined metrics out, the non-finite warning, the
+construction warnings, `builtin:` model names, and a spurious-token logger whose memory is bounded by its caps.
 
+The core's maths (the rule's losses, the per-update normalizer, parity with `GRPOTrainer`, where p and H come from) is
+tested in `tests/core/`."""
+
+import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from datasets import Dataset
-from testing_utils import ForwardCounter
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import split_tensor_dict
 
-from stapo_trl import STAPOConfig, STAPOTrainer, s2t_mask
+from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.callbacks import SpuriousTokenLogger
+from stapo_trl.config import untested_combination_warnings
 
 
 def zero_reward(completions, **kwargs):
     return [0.0] * len(completions)
 
 
-def length_reward(completions, **kwargs):
-    """Varies within a group, so advantages are non-zero and the policy gets a gradient."""
-    return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]
+def text_reward(completions, **kwargs):
+    """Varies within a group (the random model's completions often all have the same length), so advantages are
+    non-zero and the policy gets a gradient."""
+    return [float(sum(map(ord, c[0]["content"])) % 5) for c in completions]
 
 
 PROMPTS = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
 
 
 def make_trainer(model_path, tmp_path, trainer_cls=STAPOTrainer, reward=zero_reward, **overrides):
-    config_cls = STAPOConfig if issubclass(trainer_cls, STAPOTrainer) else GRPOConfig
     settings = dict(
-        output_dir=str(tmp_path / trainer_cls.__name__),
+        output_dir=str(tmp_path / "run"),
         use_cpu=True,
-        bf16=False,  # bf16 on CPU is slow and not what the maths is checked in
+        bf16=False,  # bf16 on a CPU is slow and not what the maths is checked in
         report_to=[],
         per_device_train_batch_size=4,
         num_generations=2,
-        max_completion_length=8,  # tiny model, short completions: keeps each step ~0.1 s
+        max_completion_length=8,  # why: a tiny random model; short completions keep a step at ~0.1 s
         logging_steps=1,
         save_strategy="no",
         seed=0,
     )
     settings.update(overrides)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        args = config_cls(**settings)
-        trainer = trainer_cls(model_path, reward_funcs=reward, args=args, train_dataset=PROMPTS)
+        warnings.simplefilter("ignore")  # construction warnings are tested on their own below
+        trainer = trainer_cls(model_path, reward_funcs=reward, args=STAPOConfig(**settings), train_dataset=PROMPTS)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps  # set by train() only
     return trainer
 
 
 def hand_inputs(vocab_size, seed=0):
-    """A scored batch of 4 completions (3 prompt tokens, up to 5 completion tokens).
+    """A scored micro-batch of 4 completions (3 prompt tokens, up to 5 completion tokens).
 
-    Advantages [+1, -0.5, +2, 0]; completion lengths [5, 3, 4, 2] -> 14 loss tokens.
+    Advantages [+1, -0.5, +2, 0]; completion lengths [5, 3, 4, 2] -> 14 loss tokens, 9 of them with A > 0.
     """
     generator = torch.Generator().manual_seed(seed)
-    lengths = torch.tensor([5, 3, 4, 2])
-    completion_mask = (torch.arange(5).unsqueeze(0) < lengths.unsqueeze(1)).long()  # (4, 5)
+    completion_mask = (torch.arange(5)[None] < torch.tensor([5, 3, 4, 2])[:, None]).long()  # (4, 5)
     return {
         "prompt_ids": torch.randint(3, vocab_size, (4, 3), generator=generator),
         "prompt_mask": torch.ones(4, 3, dtype=torch.long),
@@ -67,237 +71,401 @@ def hand_inputs(vocab_size, seed=0):
     }
 
 
+def policy_forward(trainer, batch):
+    """(B, T) log-probs and entropies of the policy: TRL's own forward, run apart from the trainer under test."""
+    with torch.no_grad():
+        logps, entropies, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+            trainer,
+            trainer.model,
+            torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
+            torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
+            batch["completion_ids"].size(1),
+            compute_entropy=True,
+        )
+    return logps, entropies
+
+
 class LogpProbe(STAPOTrainer):
-    """Keeps the training forward's per-token log-probs so a test can read their gradient."""
+    """Keeps the training forward's per-token log-probs, so that a test reads their gradient."""
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        logps, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        forward = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         if torch.is_grad_enabled():
-            logps.retain_grad()
-            self.probe_logps = logps
-        return logps, entropies, aux
+            forward[0].retain_grad()
+            self.probe_logps = forward[0]
+        return forward
 
 
-@pytest.mark.parametrize("scope", ["generation_batch", "micro_batch"])
-def test_dapo_loss_is_mean_over_kept_tokens_and_silenced_tokens_get_zero_gradient(
-    tiny_random_model_path, tmp_path, scope
+# ----------------------------------------------------------------------------------------------------------------
+# The ablation modes in the loss
+# ----------------------------------------------------------------------------------------------------------------
+def test_all_low_prob_keeps_the_non_positive_advantage_tokens_and_silenced_tokens_get_zero_gradient(
+    tiny_random_model_path, tmp_path
 ):
-    # tau_p = 1 and mode all_low_prob: every positive-advantage token is silenced, so the kept tokens are those of
-    # rows 1 (A = -0.5, 3 tokens) and 3 (A = 0, 2 tokens). On-policy the ratio is 1, so each token's clipped
-    # surrogate is -A: loss = (3 * 0.5 + 2 * 0) / 5 = 0.3, not (3 * 0.5 - 5 * 1 - 4 * 2) / 14 as GRPO would give.
+    # TRL's default geometry: the mask comes from the loss's own forward. tau_p = 1 and all_low_prob: every
+    # positive-advantage token is silenced, so the kept tokens are those of rows 1 (A = -0.5, 3 tokens) and 3 (A = 0,
+    # 2 tokens). On-policy the ratio is 1 and each token's clipped surrogate is -A: the dapo loss is
+    # (3 * 0.5 + 2 * 0) / 5 = 0.3, where GRPO's would be (3 * 0.5 - 5 * 1 - 4 * 2) / 14.
     trainer = make_trainer(
-        tiny_random_model_path, tmp_path, LogpProbe, s2t_prob_threshold=1.0, s2t_mode="all_low_prob", s2t_scope=scope
+        tiny_random_model_path, tmp_path, LogpProbe, s2t_prob_threshold=1.0, s2t_mode="all_low_prob"
     )
     inputs = hand_inputs(trainer.model.config.vocab_size)
-    if scope == "generation_batch":
-        inputs = trainer._apply_s2t(inputs)
-        assert inputs["num_items_in_batch"].item() == 5
+    logps, _ = policy_forward(trainer, inputs)
     loss = trainer._compute_loss(trainer.model, inputs)
     assert loss.item() == pytest.approx(0.3, abs=1e-6)
     loss.backward()
-    grad = trainer.probe_logps.grad  # (4, 5): d loss / d log p = -A / K on kept tokens
+    grad = trainer.probe_logps.grad  # (4, 5): d loss / d log p = -A / K on kept tokens, exactly 0 elsewhere
+    assert torch.equal(grad[0], torch.zeros(5)) and torch.equal(grad[2], torch.zeros(5))
     expected = torch.zeros(4, 5)
     expected[1, :3] = 0.5 / 5
-    assert torch.equal(grad[0], torch.zeros(5)) and torch.equal(grad[2], torch.zeros(5))  # exactly zero
     torch.testing.assert_close(grad, expected)
+    metrics = trainer._metrics["train"]
+    assert (metrics["s2t/num_silenced"], metrics["s2t/num_candidates"]) == ([9.0], [9.0])
+    assert metrics["s2t/num_loss_tokens"] == [14.0]
+    # The product's diagnostics of the same mask: the mean p of the 9 silenced tokens.
+    silenced = (inputs["advantages"][:, None] > 0) & inputs["completion_mask"].bool()
+    assert metrics["s2t/silenced_prob_mean"] == [pytest.approx(logps[silenced].exp().mean().item(), rel=1e-5)]
 
 
-def test_all_tokens_silenced_gives_finite_zero_loss_that_backpropagates(tiny_random_model_path, tmp_path):
+def test_all_tokens_silenced_gives_a_finite_zero_loss_that_backpropagates(tiny_random_model_path, tmp_path):
     trainer = make_trainer(tiny_random_model_path, tmp_path, s2t_prob_threshold=1.0, s2t_mode="all_low_prob")
     inputs = hand_inputs(trainer.model.config.vocab_size)
     inputs["advantages"] = torch.tensor([1.0, 0.5, 2.0, 3.0])
-    inputs = trainer._apply_s2t(inputs)
-    assert inputs["num_items_in_batch"].item() == 0
     loss = trainer._compute_loss(trainer.model, inputs)
     assert torch.isfinite(loss) and loss.item() == 0.0
     assert loss.requires_grad  # still connected to the graph
     loss.backward()
     grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
     assert grads and all(torch.count_nonzero(g) == 0 for g in grads)
+    assert trainer._metrics["train"]["s2t/num_silenced"] == [14.0]
 
 
-def test_low_entropy_mask_is_built_from_the_policy_forward(tiny_random_model_path, tmp_path):
-    trainer = make_trainer(tiny_random_model_path, tmp_path, s2t_prob_threshold=1.0, s2t_entropy_quantile=0.5)
-    inputs = hand_inputs(trainer.model.config.vocab_size)
-    masked = trainer._apply_s2t(inputs)
-    logps, entropies = trainer._policy_logps_and_entropies(inputs)
-    reference = s2t_mask(
-        logps, entropies, inputs["advantages"], inputs["completion_mask"], prob_threshold=1.0, entropy_quantile=0.5
-    )
-    # 9 positive-advantage tokens (rows 0 and 2); the median splits them: 4 silenced, 5 kept.
-    assert reference.num_candidates == 9 and reference.num_silenced == 4
-    assert torch.equal(masked["tool_mask"].bool(), reference.keep)
-    assert masked["num_items_in_batch"].item() == 14 - 4
-    assert torch.equal(masked["completion_mask"], inputs["completion_mask"])  # the attention mask is never edited
-    log = trainer._metrics["train"]
-    assert log["s2t/num_silenced"][-1] == 4 and log["s2t/silenced_ratio"][-1] == pytest.approx(4 / 14)
-    assert log["s2t/candidate_ratio"][-1] == pytest.approx(9 / 14)
-    assert log["s2t/entropy_threshold"][-1] == pytest.approx(reference.entropy_threshold)
-
-
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
-@pytest.mark.parametrize("how", ["mode_off", "threshold_never_fires"])
-def test_parity_with_grpo_trainer_when_nothing_is_silenced(tiny_random_model_path, tmp_path, loss_type, how):
-    """Guards against TRL changing under us: with no token silenced, loss and gradients are GRPOTrainer's."""
-    s2t = {"s2t_mode": "off"} if how == "mode_off" else {"s2t_prob_threshold": 1e-30}
-    shared = dict(loss_type=loss_type, epsilon=0.2, epsilon_high=0.28, beta=0.0)
-    grpo = make_trainer(tiny_random_model_path, tmp_path, GRPOTrainer, **shared)
-    stapo = make_trainer(tiny_random_model_path, tmp_path, STAPOTrainer, **shared, **s2t)
-    inputs = hand_inputs(grpo.model.config.vocab_size)
-    # Off-policy old log-probs so that the ratio differs from 1 and clipping acts on some tokens.
-    logps, _ = stapo._policy_logps_and_entropies(inputs)
-    noise = torch.randn(logps.shape, generator=torch.Generator().manual_seed(1)) * 0.3
-    inputs["old_per_token_logps"] = logps + noise
-
-    grpo_loss = grpo._compute_loss(grpo.model, dict(inputs))
-    stapo_inputs = stapo._apply_s2t(dict(inputs))
-    assert not stapo_inputs["tool_mask"].eq(0).any()
-    stapo_loss = stapo._compute_loss(stapo.model, stapo_inputs)
-    assert stapo_loss.item() == pytest.approx(grpo_loss.item(), rel=1e-6, abs=1e-7)
-    assert grpo._metrics["train"]["clip_ratio/region_mean"][-1] > 0  # the comparison covers clipped tokens
-    grpo_loss.backward()
-    stapo_loss.backward()
-    for (name, p_grpo), p_stapo in zip(grpo.model.named_parameters(), stapo.model.parameters(), strict=True):
-        torch.testing.assert_close(p_stapo.grad, p_grpo.grad, msg=f"gradient of {name} differs")
-
-
-def test_gradient_accumulation_normalises_by_kept_tokens_of_the_optimizer_step(tiny_random_model_path, tmp_path):
-    # GA = 2 micro-batches of different token counts, one optimizer step per generation batch.
+def test_high_entropy_in_the_papers_geometry_silences_above_each_updates_quantile(tiny_random_model_path, tmp_path):
+    # A rollout batch of 4 micro-batches, GA 2: 2 optimizer updates. num_iterations = 2 lets the test hand TRL a
+    # buffered rollout batch (steps 4-7, the second pass: no generation) whose entropies are hand-made, so every
+    # threshold, silenced set and loss below is computed independently of the trainer. tau_p = 1: every
+    # positive-advantage token is a candidate; q = 0.75: high_entropy silences those above the 0.25-quantile.
     trainer = make_trainer(
         tiny_random_model_path,
         tmp_path,
-        gradient_accumulation_steps=2,
-        s2t_prob_threshold=1.0,
-        s2t_mode="all_low_prob",
-    )
-    first, second = hand_inputs(trainer.model.config.vocab_size, 0), hand_inputs(trainer.model.config.vocab_size, 1)
-    second["completion_mask"][:, 1:] = 0  # 4 loss tokens instead of 14
-    second["advantages"] = torch.tensor([-1.0, -2.0, 0.5, -4.0])
-    generation_batch = {key: torch.cat([first[key], second[key]]) for key in first if key != "num_items_in_batch"}
-    generation_batch["num_items_in_batch"] = generation_batch["completion_mask"].sum()
-    micro_batches = split_tensor_dict(trainer._apply_s2t(generation_batch), 2)
-    trainer._set_optimizer_step_normalisers(micro_batches)
-    total = sum(trainer._compute_loss(trainer.model, batch).item() for batch in micro_batches)
-    # Kept (A <= 0) tokens: first batch rows 1 (3 x 0.5) and 3 (2 x 0); second batch rows 0, 1, 3 (1 token each,
-    # -A = 1, 2, 4). Token mean over the step: (1.5 + 0 + 1 + 2 + 4) / (5 + 3) = 8.5 / 8.
-    assert total == pytest.approx(8.5 / 8, abs=1e-6)
-
-
-def test_each_optimizer_step_of_a_generation_batch_gets_its_own_exact_count(tiny_random_model_path, tmp_path):
-    # steps_per_generation = 4, GA = 2: two optimizer steps per generation batch; TRL would divide both by half of
-    # the generation batch's count, STAPO divides each by its own kept count.
-    trainer = make_trainer(
-        tiny_random_model_path,
-        tmp_path,
-        gradient_accumulation_steps=2,
         steps_per_generation=4,
-        s2t_mode="off",
+        gradient_accumulation_steps=2,
+        num_iterations=2,
+        s2t_prob_threshold=1.0,
+        s2t_mode="high_entropy",
     )
-    vocab = trainer.model.config.vocab_size
-    batches = [hand_inputs(vocab, seed) for seed in range(4)]
-    batches[2]["completion_mask"][:, 2:] = 0  # optimizer step 1 has fewer tokens
-    batches[3]["completion_mask"][:, 1:] = 0
+    vocab_size = trainer.model.config.vocab_size
+    batches = [hand_inputs(vocab_size, seed) for seed in range(4)]
+    generator = torch.Generator().manual_seed(7)
     for batch in batches:
-        batch["old_per_token_logps"] = trainer._policy_logps_and_entropies(batch)[0]
-        batch["tool_mask"] = torch.ones_like(batch["completion_mask"])
-    trainer._set_optimizer_step_normalisers(batches)
-    losses = [trainer._compute_loss(trainer.model, batch).item() for batch in batches]
-
-    def token_mean(step_batches):
-        num = sum((-b["advantages"].unsqueeze(1) * b["completion_mask"]).sum() for b in step_batches)
-        return (num / sum(b["completion_mask"].sum() for b in step_batches)).item()
-
-    assert losses[0] + losses[1] == pytest.approx(token_mean(batches[:2]), abs=1e-6)
-    assert losses[2] + losses[3] == pytest.approx(token_mean(batches[2:]), abs=1e-6)
+        batch["old_per_token_logps"], _ = policy_forward(trainer, batch)  # on-policy: ratio 1
+        batch["s2t_entropies"] = torch.rand(4, 5, generator=generator)  # distinct hand entropies (nats)
+    trainer._buffered_inputs = batches
+    losses, normalizers = [], []
+    for step in range(4, 8):
+        trainer._step = step
+        inputs = trainer._prepare_inputs(None)
+        losses.append(trainer._compute_loss(trainer.model, inputs).item())
+        normalizers.append(inputs["num_items_in_batch"].item() * 2 / 4)  # TRL: num_items x GA / steps_per_generation
+    for update in (0, 1):
+        micro = batches[2 * update : 2 * update + 2]
+        loss_mask = torch.cat([b["completion_mask"] for b in micro]).bool()  # (8, 5)
+        advantages = torch.cat([b["advantages"] for b in micro])[:, None]  # (8, 1)
+        entropies = torch.cat([b["s2t_entropies"] for b in micro]).double()
+        candidate = loss_mask & (advantages > 0)  # 18 candidates
+        tau_h = np.quantile(entropies[candidate].numpy(), 0.25)  # over this update's candidates only
+        silenced = candidate & (entropies > tau_h)
+        kept = loss_mask & ~silenced
+        assert silenced.sum() == 13  # 18 candidates, h = 17 * 0.25 = 4.25: the 5 lowest are kept
+        expected = ((-advantages * kept).sum() / kept.sum()).item()
+        assert losses[2 * update] + losses[2 * update + 1] == pytest.approx(expected, abs=1e-6)
+        assert normalizers[2 * update] == normalizers[2 * update + 1] == kept.sum().item()
+    assert trainer._metrics["train"]["s2t/num_silenced"] == [13.0, 13.0]
 
 
 @pytest.mark.parametrize(
-    "grad_accum, steps_per_generation, extra_forwards",
+    "mode, steps_per_generation",
     [
-        (1, 1, 0),  # TRL's default geometry: the mask comes from the training forward (test_default_geometry.py)
-        (1, 2, 0),  # steps_per_generation > GA: TRL computes old log-probs; the mask reuses that forward's entropies
-        (
-            2,
-            2,
-            2 * 2,
-        ),  # GA > 1 with steps_per_generation = GA: 2 rollout batches of 8 rows, each scored once more in 2 chunks
+        ("all_low_prob", 1),  # TRL's default geometry: the mask from the loss's forward
+        ("high_entropy", 4),  # the paper's: 4 updates per rollout batch, p and H from TRL's old-log-prob forward
     ],
 )
-def test_generation_batch_scope_runs_one_extra_forward_only_when_trl_runs_none(
-    tiny_random_model_path, tmp_path, grad_accum, steps_per_generation, extra_forwards
+def test_an_ablation_mode_trains_end_to_end_and_logs_its_diagnostics(
+    tiny_random_model_path, tmp_path, mode, steps_per_generation
 ):
-    # per_device_train_batch_size 4 -> the scoring forward runs in chunks of 4 rows.
-    def scoring_forwards(trainer_cls):
-        trainer = make_trainer(
-            tiny_random_model_path,
-            tmp_path,
-            trainer_cls,
-            reward=length_reward,
-            max_steps=2,
-            gradient_accumulation_steps=grad_accum,
-            steps_per_generation=steps_per_generation,
-        )
-        counter = ForwardCounter(trainer.model)
-        trainer.train()
-        return counter.count
-
-    assert scoring_forwards(STAPOTrainer) - scoring_forwards(GRPOTrainer) == extra_forwards
-
-
-@pytest.mark.parametrize("scope", ["generation_batch", "micro_batch"])
-def test_train_end_to_end_changes_weights_and_logs_s2t_metrics(tiny_random_model_path, tmp_path, scope):
-    # tau_p = 0.05: the random-init model spreads probability over ~50 tokens, so many tokens are candidates.
     trainer = make_trainer(
         tiny_random_model_path,
         tmp_path,
-        reward=length_reward,
-        max_steps=3,
-        learning_rate=1e-2,
-        s2t_prob_threshold=0.05,
-        s2t_scope=scope,
+        reward=text_reward,
+        max_steps=4,
+        learning_rate=1e-2,  # why: a tiny random model; the weights must move visibly in a few steps
+        steps_per_generation=steps_per_generation,
+        s2t_prob_threshold=0.05,  # why: the random model spreads p over ~300 tokens: most are candidates
+        s2t_mode=mode,
     )
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainer.train()
     for name, p in trainer.model.named_parameters():
         assert not torch.equal(before[name], p), f"{name} did not change"
-    logged = [h for h in trainer.state.log_history if "loss" in h]
-    assert len(logged) == 3
-    for entry in logged:
-        for key in ("s2t/silenced_ratio", "s2t/candidate_ratio", "s2t/num_candidates", "s2t/num_silenced"):
-            assert key in entry, key
-        # tau_h is defined (and logged) exactly when there was a candidate
-        assert ("s2t/entropy_threshold" in entry) == (entry["s2t/num_candidates"] > 0), entry
-        assert 0.0 <= entry["s2t/silenced_ratio"] <= entry["s2t/candidate_ratio"] <= 1.0
-    assert sum(entry["s2t/num_silenced"] for entry in logged) > 0
+    rows = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(rows) == 4
+    for row in rows:
+        quantiles = [row[f"s2t/entropy_p{q}"] for q in (10, 50, 80, 95)]
+        assert quantiles == sorted(quantiles) and 0 < quantiles[0] <= math.log(trainer.model.config.vocab_size)
+        assert row["s2t/num_silenced"] <= row["s2t/num_candidates"] <= row["s2t/num_loss_tokens"]
+        if mode == "all_low_prob":
+            assert row["s2t/num_silenced"] == row["s2t/num_candidates"]
+        if row["s2t/num_silenced"]:
+            assert 0 < row["s2t/silenced_prob_mean"] < 0.05
+    silenced = sum(row["s2t/num_silenced"] for row in rows)
+    assert 0 < silenced and (mode == "all_low_prob" or silenced < sum(row["s2t/num_candidates"] for row in rows))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Log rows: counts summed and ratios pooled over the row's masks, undefined metrics left out, non-finite values
+# ----------------------------------------------------------------------------------------------------------------
+def hand_micro_batch(advantages, lengths, entropies=None, logps=None):
+    """A buffered micro-batch of 2 completions (2 prompt tokens, up to 3 completion tokens) whose rollout p (0.001,
+    below the default tau_p) and entropies are hand-made: `_prepare_inputs` builds its update's mask from them alone."""
+    completion_mask = (torch.arange(3)[None] < torch.tensor(lengths)[:, None]).long()  # (2, 3)
+    return {
+        "prompt_ids": torch.full((2, 2), 5),
+        "prompt_mask": torch.ones(2, 2, dtype=torch.long),
+        "completion_ids": torch.full((2, 3), 7),
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor(advantages),
+        "num_items_in_batch": completion_mask.sum(),
+        "old_per_token_logps": torch.full((2, 3), math.log(0.001)) if logps is None else logps,
+        "s2t_entropies": torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]]) if entropies is None else entropies,
+    }
+
+
+def prepare_two_updates(trainer, batches):
+    """The second pass over a buffered rollout batch of 4 micro-batches (GA 2: two updates), as `training_step` calls
+    `_prepare_inputs`: one mask per update, built at its first micro-step."""
+    trainer._buffered_inputs = batches
+    for step in range(4, 8):
+        trainer._step = step
+        trainer._prepare_inputs(None)
+
+
+def hand_geometry_trainer(model_path, tmp_path, **overrides):
+    # steps_per_generation 4, GA 2, num_iterations 2: steps 4-7 reuse the buffered (hand) rollout batch.
+    return make_trainer(
+        model_path, tmp_path, steps_per_generation=4, gradient_accumulation_steps=2, num_iterations=2, **overrides
+    )
+
+
+def test_a_log_row_sums_the_counts_and_pools_the_ratios_of_its_masks(tiny_random_model_path, tmp_path):
+    trainer = hand_geometry_trainer(tiny_random_model_path, tmp_path, s2t_mode="all_low_prob")
+    prepare_two_updates(
+        trainer,
+        [
+            # Update 1: 12 loss tokens, the 6 of the A > 0 rows silenced (ratio 0.5).
+            hand_micro_batch([1.0, -1.0], [3, 3]),
+            hand_micro_batch([1.0, -1.0], [3, 3]),
+            # Update 2: 4 loss tokens, 1 silenced (ratio 0.25).
+            hand_micro_batch([1.0, -1.0], [1, 1]),
+            hand_micro_batch([-1.0, -1.0], [1, 1]),
+        ],
+    )
+    trainer.log({})
+    row = trainer.state.log_history[-1]
+    assert (row["s2t/num_silenced"], row["s2t/num_candidates"], row["s2t/num_loss_tokens"]) == (7, 7, 16)
+    assert row["s2t/silenced_ratio"] == pytest.approx(7 / 16)  # the mean of the two ratios would be 0.375
+    assert row["s2t/candidate_ratio"] == pytest.approx(7 / 16)
+    assert row["s2t/num_nonfinite"] == 0
+    assert row["s2t/silenced_prob_mean"] == pytest.approx(0.001)
+    # The next row starts afresh: its counts are its own masks'.
+    prepare_two_updates(trainer, [hand_micro_batch([-1.0, 1.0], [2, 2]) for _ in range(4)])
+    trainer.log({})
+    row = trainer.state.log_history[-1]
+    assert (row["s2t/num_silenced"], row["s2t/num_loss_tokens"]) == (8, 16)
+    assert row["s2t/silenced_ratio"] == pytest.approx(0.5)
+
+
+def test_non_finite_p_or_h_is_warned_once_and_counted(tiny_random_model_path, tmp_path):
+    trainer = hand_geometry_trainer(tiny_random_model_path, tmp_path)
+    entropies = [torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]]) for _ in range(4)]
+    logps = [torch.full((2, 3), math.log(0.001)) for _ in range(4)]
+    entropies[0][0, 0] = float("nan")  # a candidate's position (A > 0)
+    entropies[1][1, 2] = float("nan")  # a loss token with A < 0: counted too
+    entropies[2][0, 1] = float("inf")
+    logps[3][0, 2] = float("-inf")
+    entropies[3][1, 2] = float("nan")  # padding (length 2): not a loss token, not counted
+    lengths = [[3, 3], [3, 3], [3, 3], [3, 2]]
+    batches = [hand_micro_batch([1.0, -1.0], lengths[i], entropies[i], logps[i]) for i in range(4)]
+    with pytest.warns(UserWarning, match="non-finite") as record:
+        prepare_two_updates(trainer, batches)  # two masks with non-finite values: one warning
+    assert sum("non-finite" in str(w.message) for w in record) == 1
+    trainer.log({})
+    row = trainer.state.log_history[-1]
+    assert row["s2t/num_nonfinite"] == 4 and row["s2t/num_loss_tokens"] == 23
+    assert row["s2t/num_candidates"] == 12 - 3  # the A > 0 rows' 12 tokens, less the 3 non-finite ones
+    assert math.isfinite(row["s2t/entropy_p50"])  # non-finite values stay out of the quantiles too
 
 
 def test_undefined_s2t_metrics_are_left_out_of_the_logs(tiny_random_model_path, tmp_path):
     # tau_p = 1e-30: no token is ever a candidate, so tau_h and the silenced-token means are undefined (NaN) at every
     # step. 3 steps with logging_steps 2: step 3 is logged only by the end-of-training summary (train_result.metrics).
     trainer = make_trainer(
-        tiny_random_model_path, tmp_path, reward=length_reward, max_steps=3, logging_steps=2, s2t_prob_threshold=1e-30
+        tiny_random_model_path, tmp_path, reward=text_reward, max_steps=3, logging_steps=2, s2t_prob_threshold=1e-30
     )
     result = trainer.train()
     logged = [h for h in trainer.state.log_history if "s2t/silenced_ratio" in h]
     assert len(logged) == 2  # step 2, and step 3 inside the summary
     for entry in logged:
         assert entry["s2t/num_candidates"] == 0 and entry["s2t/silenced_ratio"] == 0
-        assert "s2t/entropy_threshold" not in entry and "s2t/silenced_prob_mean" not in entry
+        for key in ("s2t/entropy_threshold", "s2t/silenced_prob_mean", "s2t/silenced_entropy_mean"):
+            assert key not in entry, key
+        assert entry["s2t/entropy_p50"] > 0  # defined: every loss token has an entropy
         assert None not in entry.values()
     assert None not in result.metrics.values()
     trainer.log_metrics("train", result.metrics)  # formats every value: fails on a None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The spurious-token logger: training masks only, bounded by its caps, no batch tensor kept
+# ----------------------------------------------------------------------------------------------------------------
+def test_training_masks_reach_the_logger_and_evaluation_masks_do_not(tiny_random_model_path, tmp_path):
+    trainer = make_trainer(tiny_random_model_path, tmp_path, s2t_prob_threshold=1.0, s2t_mode="all_low_prob")
+    logger = SpuriousTokenLogger(trainer)
+    trainer.add_callback(logger)
+    inputs = hand_inputs(trainer.model.config.vocab_size)
+    trainer.model.eval()
+    with torch.no_grad():
+        trainer._compute_loss(trainer.model, dict(inputs))
+    assert logger._pending == [] and "s2t/num_silenced" not in trainer._metrics["train"]
+    assert trainer._metrics["eval"]["s2t/num_silenced"] == [9.0]
+    trainer.model.train()
+    trainer._compute_loss(trainer.model, dict(inputs))
+    # The 9 silenced tokens (rows 0 and 2: 5 + 4); no kept candidate; no reference (tau_p = 1).
+    assert [(r["completion_index"], r["position"]) for r in logger._pending] == [(0, t) for t in range(5)] + [
+        (2, t) for t in range(4)
+    ]
+    assert {r["kind"] for r in logger._pending} == {"silenced"}
+
+
+class WatchedLogger(SpuriousTokenLogger):
+    """Checks, at every mask handed to it, that it keeps exactly the capped records of that mask, no more."""
+
+    def __init__(self, trainer, **caps):
+        super().__init__(trainer, **caps)
+        self.masks, self.capped_masks, self.largest_pending = 0, 0, 0
+
+    def record(self, result, per_token_logps, entropies, advantages, loss_mask, completion_ids):
+        before = len(self._pending)
+        super().record(result, per_token_logps, entropies, advantages, loss_mask, completion_ids)
+        in_loss = loss_mask.bool()
+        positive = in_loss & (advantages[:, None] > 0)
+        available = {
+            "silenced": int((result.silenced & in_loss).sum()),
+            "kept_candidate": int((result.candidate & ~result.silenced & in_loss).sum()),
+            "reference": int((positive & ~result.candidate).sum()),
+        }
+        caps = {"silenced": self.max_silenced, "kept_candidate": self.max_kept_candidates}
+        caps["reference"] = self.max_reference
+        assert len(self._pending) - before == sum(min(caps[k], available[k]) for k in caps), available
+        self.masks += 1
+        self.capped_masks += any(available[k] > caps[k] for k in caps)
+        self.largest_pending = max(self.largest_pending, len(self._pending))
+
+
+def test_the_logger_keeps_at_most_its_caps_per_mask_and_no_batch_tensor_is_retained(tiny_random_model_path, tmp_path):
+    # 8 steps, 4 updates per rollout batch, a logging step every 4 updates: at most 4 masks' records wait.
+    # tau_p = 1, q = 0.5: every positive-advantage token is a candidate and half are silenced, so the caps bind.
+    trainer = make_trainer(
+        tiny_random_model_path,
+        tmp_path,
+        reward=text_reward,
+        max_steps=8,
+        steps_per_generation=4,
+        logging_steps=4,
+        s2t_prob_threshold=1.0,
+        s2t_entropy_quantile=0.5,
+    )
+    logger = WatchedLogger(trainer, max_silenced=3, max_kept_candidates=2, max_reference=2)
+    trainer.add_callback(logger)
+    trainer.train()
+    assert logger.masks == 8  # one mask per optimizer update, each handed over once
+    assert logger.capped_masks > 0  # the caps were needed
+    assert 0 < logger.largest_pending <= 4 * (3 + 2 + 2)
+    assert logger._pending == []  # written at the logging steps
+    # No tensor of the batch (2-D) is kept by the trainer, apart from TRL's own rollout buffer, nor by the logger.
+    assert held_tensors(trainer, skip={"_buffered_inputs"}) == []
+    for callback in trainer.callback_handler.callbacks:
+        assert held_tensors(callback, skip={"trainer"}) == [], type(callback).__name__
+
+
+def held_tensors(obj, skip=(), path="", seen=None):
+    """The paths of the tensors of 2 or more dimensions reachable from `obj`'s attributes, through containers,
+    dataclasses and `stapo_trl` objects (not modules, optimizers or other libraries' objects)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if torch.is_tensor(obj):
+        return [path] if obj.dim() >= 2 else []
+    if isinstance(obj, dict):
+        children = [(f"{path}[{key!r}]", value) for key, value in obj.items()]
+    elif isinstance(obj, (list, tuple, set, frozenset)) or type(obj).__name__ == "deque":
+        children = [(f"{path}[{i}]", value) for i, value in enumerate(obj)]
+    elif path == "" or type(obj).__module__.startswith("stapo_trl") or hasattr(type(obj), "__dataclass_fields__"):
+        children = [(f"{path}.{key}", value) for key, value in vars(obj).items() if key not in skip]
+    else:
+        return []
+    return [found for child_path, child in children for found in held_tensors(child, (), child_path, seen)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Construction
+# ----------------------------------------------------------------------------------------------------------------
+def build(model_path, tmp_path, **overrides):
+    """A trainer built with its construction warnings shown (the config's own are silenced: not under test)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = STAPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], **overrides)
+    STAPOTrainer(model_path, reward_funcs=zero_reward, args=args, train_dataset=PROMPTS)
+    return args
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"loss_type": "vespo"}, "phi weight"),
+        ({"entropy_coef": 0.01}, "entropy bonus"),
+        ({"temperature": 0.7}, "temperature=0.7"),
+        # why: 4 completions per update with groups of 8 (steps_per_generation 2 keeps the rollout batch whole)
+        ({"per_device_train_batch_size": 4, "steps_per_generation": 2}, "whole number of prompt groups"),
+    ],
+)
+def test_untested_combinations_are_warned_at_construction(tiny_random_model_path, tmp_path, overrides, message):
+    with pytest.warns(UserWarning, match=message) as record:
+        args = build(tiny_random_model_path, tmp_path, **overrides)
+    expected = untested_combination_warnings(args)
+    assert len(expected) == 1
+    assert [str(w.message) for w in record if str(w.message) in expected] == expected  # once
+
+
+def test_the_cores_warnings_are_given_once_and_none_with_the_mask_off(tiny_random_model_path, tmp_path):
+    with pytest.warns(UserWarning, match="constant denominator") as record:
+        build(tiny_random_model_path, tmp_path, loss_type="dr_grpo")
+    assert sum("constant denominator" in str(w.message) for w in record) == 1
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        build(tiny_random_model_path, tmp_path, loss_type="vespo", temperature=0.7, s2t_mode="off")
+    assert not [w for w in record if "never run in the paper" in str(w.message) or "temperature=0.7" in str(w.message)]
+
+
+def test_a_grpo_config_is_refused_naming_the_products_config(tiny_random_model_path, tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' notices about its own fields
+        args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
+    with pytest.raises(TypeError, match="stapo_trl.STAPOConfig"):
+        STAPOTrainer(tiny_random_model_path, reward_funcs=zero_reward, args=args, train_dataset=PROMPTS)
 
 
 def test_builtin_model_names_work_in_the_python_api(tiny_random_model_path, builtin_cache_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("STAPO_TRL_CACHE", str(builtin_cache_dir))  # where the fixture built it
     trainer = make_trainer("builtin:tiny-random", tmp_path)
     assert trainer.model.config._name_or_path == tiny_random_model_path
-
-
-def test_trainer_rejects_grpo_config_and_warns_on_constant_denominator(tiny_random_model_path, tmp_path):
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
-    with pytest.raises(TypeError, match="STAPOConfig"):
-        STAPOTrainer(tiny_random_model_path, reward_funcs=zero_reward, args=args, train_dataset=PROMPTS)
-    args = STAPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], loss_type="dr_grpo")
-    with pytest.warns(UserWarning, match="constant denominator"):
-        STAPOTrainer(tiny_random_model_path, reward_funcs=zero_reward, args=args, train_dataset=PROMPTS)

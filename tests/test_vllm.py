@@ -192,7 +192,7 @@ def vllm_trainer(tiny_math_h64_model_path, tmp_path_factory):
 
 
 @pytest.mark.vllm
-def test_colocate_training_with_vllm_rollouts_reuses_trl_old_logps_forward_and_logs_s2t(vllm_trainer):
+def test_colocate_training_with_vllm_rollouts_runs_no_extra_forward_and_logs_s2t(vllm_trainer):
     trainer = vllm_trainer
     trainer.args.max_steps = 3
     counter = ForwardCounter(trainer.model)
@@ -201,7 +201,8 @@ def test_colocate_training_with_vllm_rollouts_reuses_trl_old_logps_forward_and_l
     for name, p in trainer.model.named_parameters():
         assert not torch.equal(before[name], p), f"{name} did not change"
     # One generation batch per step (steps_per_generation = GA = 1), 4 completions scored in one chunk: the only
-    # no-grad forward is TRL's old-log-prob forward for the importance-sampling correction; the mask reuses it.
+    # no-grad forward is TRL's old-log-prob forward for the importance-sampling correction; the mask comes from the
+    # loss's own forward.
     assert counter.count == 3
     logged = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logged) == 3
@@ -223,11 +224,10 @@ def test_loss_under_vllm_is_correction_equals_trl_when_the_threshold_never_fires
     threshold = trainer.args.s2t_prob_threshold
     trainer.args.s2t_prob_threshold = 1e-30  # no token is that improbable: nothing is a candidate
     try:
-        masked = trainer._apply_s2t(dict(batch))
+        stapo_loss = trainer._compute_loss(trainer.model, dict(batch))  # the fixture's geometry: the mask in the loss
     finally:
         trainer.args.s2t_prob_threshold = threshold
-    assert trainer.s2t_last_batch.result.num_candidates == 0
-    stapo_loss = trainer._compute_loss(trainer.model, masked)
+    assert trainer._metrics["train"]["s2t/num_candidates"][-1] == 0
     trl_loss = GRPOTrainer._compute_loss(trainer, trainer.model, dict(batch))
     assert stapo_loss.item() == pytest.approx(trl_loss.item(), rel=1e-6, abs=1e-7)
 

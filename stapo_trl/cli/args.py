@@ -559,7 +559,7 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None, *, trainer
             dataclass_types,
             prog="stapo-train",
             usage=USAGE,
-            allow_abbrev=False,  # `--s2t_scop` must not pass for `--s2t_scope`: a typo gets "did you mean" instead
+            allow_abbrev=False,  # `--s2t_mod` must not pass for `--s2t_mode`: a typo gets "did you mean" instead
             description=DESCRIPTION + "\n\n" + textwrap.fill(HELP_FIELDS_INTRO, width=100),
             epilog=textwrap.fill(EXIT_STATUS_HELP, width=100),
             formatter_class=_HelpFormatter,

@@ -8,12 +8,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from ..core.stapo_config import (
-    S2T_VALUES_SOURCES,
-    partial_prompt_group_message,
-    s2t_values_source,
-    untested_combination_warnings,
-)
+from ..config import partial_prompt_group_message, untested_combination_warnings
+from ..core.stapo_config import s2t_warnings
 from .geometry import BatchGeometry, divisors
 from .recipe_checks import Findings, fmt_int
 
@@ -57,9 +53,8 @@ def check_batch(
             f"multiple of {num_generations}."
         )
     if is_stapo:  # the trainer's own construction warnings, from the one function that makes them
-        f.warnings += untested_combination_warnings(
-            training_args, steps_per_generation=steps_per_generation, num_processes=n
-        )
+        f.warnings += s2t_warnings(training_args, steps_per_generation)
+        f.warnings += untested_combination_warnings(training_args, num_processes=n)
     else:
         partial = partial_prompt_group_message(per_device, n, grad_accum, num_generations)
         f.warnings += [partial] if partial is not None else []
@@ -131,16 +126,16 @@ def batch_lines(f: Findings, geometry: BatchGeometry, max_completion_length: int
 
 
 def s2t_values_line(f: Findings, training_args, geometry: BatchGeometry) -> None:
-    """The row saying where the S2T mask's p and H come from and what that costs ([`s2t_values_source`], the rule
-    the trainer follows), and the free alternative where an extra forward runs."""
-    source = s2t_values_source(training_args, steps_per_generation=geometry.micro_steps_per_generation)
-    value = f"{S2T_VALUES_SOURCES[source]} [{source}]"
-    if source == "scoring_forward":
-        # GA > 1 with steps_per_generation = GA: tau_h needs every micro-batch's entropies before the first backward.
-        value += (
-            "; s2t_scope: micro_batch takes them from the training forward instead (tau_h per micro-step, "
-            "normalised by the update's loss-token count)"
-        )
+    """The row saying where the S2T mask's p and H come from and what that costs (the path `STAPOTrainer` takes)."""
+    steps_per_generation, num_iterations = geometry.micro_steps_per_generation, training_args.num_iterations
+    if steps_per_generation == num_iterations == 1:
+        value = "the loss's own forward, detached (no extra forward)"
+    elif training_args.gradient_accumulation_steps % (steps_per_generation * num_iterations) or (
+        training_args.use_vllm and training_args.vllm_importance_sampling_correction
+    ):
+        value = "TRL's no-grad old-log-prob forward of the rollout batch (no extra forward)"
+    else:  # GA > 1 with steps_per_generation = GA: tau_h needs every micro-batch's entropies before the first backward
+        value = "one extra no-grad forward per rollout batch"
     f.lines.append(("S2T p and H", value))
 
 

@@ -82,7 +82,7 @@ def check_trainer(f: Findings, script_args, training_args) -> bool:
                 "trainer",
                 (
                     f"stapo: STAPOTrainer, S2T mask tau_p={a.s2t_prob_threshold}, q={a.s2t_entropy_quantile}, "
-                    f"mode={a.s2t_mode}, scope={a.s2t_scope}, policy={a.s2t_policy}"
+                    f"mode={a.s2t_mode}, tau_h per optimizer update"
                 ),
             )
         )

@@ -1,17 +1,21 @@
-"""STAPO as TRL would ship it (`trl/experimental/stapo/`): the S2T rule, its config and trainer, nothing else.
+# Copyright 2026 The stapo_trl Authors. All rights reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
 
-[STAPO](https://huggingface.co/papers/2602.15620) is GRPO whose loss silences rare spurious tokens: positive-advantage
-tokens sampled with a low probability at low-entropy positions leave the numerator and the denominator of the loss.
+"""[STAPO](https://huggingface.co/papers/2602.15620) for TRL: GRPO whose loss silences rare spurious tokens.
 
-- `s2t.py`: the rule as pure tensor maths ([`s2t_mask`], [`S2TResult`]); torch only.
-- `s2t_metrics.py`: the method's own diagnostics (entropy quantiles, logit-gradient-norm shares from the collision
-  probability).
-- `stapo_config.py`: [`STAPOConfig`], `trl.GRPOConfig` plus the `s2t_*` fields with the paper's defaults.
-- `stapo_trainer.py`: [`STAPOTrainer`], `trl.GRPOTrainer` with the mask in the parent's loss.
-
-This folder imports torch, transformers, accelerate and trl only, with relative imports inside it, and writes no
-files of its own. `stapo_trl` builds its product on it (`stapo_trl.STAPOTrainer` subclasses this trainer);
-`tests/test_core_standalone.py` copies this folder out under another name, with `stapo_trl` blocked, and trains.
+`s2t.py` holds the rule as tensor maths, `stapo_config.py` the config and `stapo_trainer.py` the trainer. This folder
+imports torch, accelerate and trl only and writes no files.
 """
 
 from .s2t import S2TResult, s2t_mask

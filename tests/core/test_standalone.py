@@ -1,4 +1,4 @@
-"""`stapo_trl/core/` stands alone: what TRL would merge as `trl/experimental/stapo/` (issue 21).
+"""`stapo_trl/core/` stands alone: what TRL would merge as `trl/experimental/stapo/`.
 
 The folder is copied out of the package under another name (`stapo`, as `trl/experimental/stapo/` would be), every
 import of `stapo_trl` is blocked, and a child process trains with the copy (shape of TRL's
@@ -7,8 +7,8 @@ import of `stapo_trl` is blocked, and a child process trains with the copy (shap
 - `s2t_mode="off"` equals `GRPOTrainer` when `steps_per_generation` equals GA;
 - no product file (`metrics.jsonl`, `spurious_tokens.jsonl`, `eval.json`) is written, and no `stapo_trl` module is
   imported.
-A child process, because this pytest process has imported `stapo_trl` already; the model is the tiny random Qwen3 the
-session fixture built (a directory: the copy cannot resolve `builtin:` names, a product feature).
+A child process, because this pytest process has imported `stapo_trl` already; the model is the tiny random Qwen3 of
+`tests/core/conftest.py` (built with transformers alone).
 """
 
 import json
@@ -49,11 +49,19 @@ from trl import GRPOConfig, GRPOTrainer
 from stapo import STAPOConfig, STAPOTrainer, s2t_mask  # the copy of stapo_trl/core/
 
 model_path, out = sys.argv[1], sys.argv[2]
-prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(32)])
+prompts = Dataset.from_list([{"prompt": f"{i}+{i % 7}="} for i in range(32)])
 
 
 def length_reward(completions, **kwargs):  # varies within a group: non-zero advantages
-    return [float(len(c[0]["content"]) % 4) for c in completions]
+    return [float(len(c) % 4) for c in completions]
+
+
+class Recorder(STAPOTrainer):
+    """Keeps the inputs and result of the last mask, through the core's hook for subclasses."""
+
+    def _compute_s2t_mask(self, *values):
+        self.last = (values, super()._compute_s2t_mask(*values))
+        return self.last[1]
 
 
 def train(trainer_cls, config_cls, name, **overrides):
@@ -75,15 +83,12 @@ def train(trainer_cls, config_cls, name, **overrides):
 
 
 # 1. The threshold fires: tau_p = 1.0 makes every positive-advantage token a candidate; the bottom q are silenced.
-trainer, rows, before, after = train(STAPOTrainer, STAPOConfig, "stapo", s2t_prob_threshold=1.0)
+trainer, rows, before, after = train(Recorder, STAPOConfig, "stapo", s2t_prob_threshold=1.0)
 unchanged = [n for n in before if torch.equal(before[n], after[n])]
 silenced = sum(r["s2t/num_silenced"] for r in rows)
 candidates = sum(r["s2t/num_candidates"] for r in rows)
-last = trainer.s2t_last_batch.result
-expected = s2t_mask(
-    trainer.s2t_last_batch.per_token_logps, trainer.s2t_last_batch.entropies, trainer.s2t_last_batch.advantages,
-    trainer.s2t_last_batch.loss_mask, prob_threshold=1.0, entropy_quantile=0.75,
-)
+(logps, entropies, advantages, loss_mask, _), last = trainer.last
+expected = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=1.0, entropy_quantile=0.75)
 
 # 2. s2t_mode="off" against GRPOTrainer, steps_per_generation = GA = 2.
 _, off_rows, _, off_params = train(STAPOTrainer, STAPOConfig, "off", s2t_mode="off", gradient_accumulation_steps=2)
@@ -108,7 +113,7 @@ print(json.dumps({
 '''
 
 
-def test_the_core_copied_out_of_the_package_trains_alone(tiny_random_model_path, tmp_path):
+def test_the_core_copied_out_of_the_package_trains_alone(tiny_model_path, tmp_path):
     lifted = tmp_path / "lifted"
     shutil.copytree(CORE_DIR, lifted / "stapo", ignore=shutil.ignore_patterns("__pycache__"))
     script = tmp_path / "train_with_the_copy.py"
@@ -116,7 +121,7 @@ def test_the_core_copied_out_of_the_package_trains_alone(tiny_random_model_path,
     # Only the copy on the path: not the checkout (where stapo_trl lives) nor its editable install (blocked anyway).
     env = {**os.environ, "PYTHONPATH": str(lifted), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, str(script), tiny_random_model_path, str(tmp_path / "runs")],
+        [sys.executable, str(script), tiny_model_path, str(tmp_path / "runs")],
         cwd=tmp_path,
         env=env,
         capture_output=True,

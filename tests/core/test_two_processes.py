@@ -1,0 +1,96 @@
+"""The core's collectives on two processes (torchrun, gloo on the CPU): tau_h over the union of both ranks'
+candidates, every rank in every collective (also with no candidate), and the per-update kept-token normalizer."""
+
+import json
+import textwrap
+
+import pytest
+from testing_utils import run_torchrun
+
+
+WORKER = textwrap.dedent(
+    r"""
+    import json, math, sys
+    import torch
+    from datasets import Dataset
+    from stapo_trl.core import STAPOConfig, STAPOTrainer
+
+    model_path, out_dir = sys.argv[1], sys.argv[2]
+    args = STAPOConfig(
+        output_dir=out_dir, use_cpu=True, bf16=False, report_to="none", per_device_train_batch_size=2,
+        num_generations=2, gradient_accumulation_steps=2, steps_per_generation=4, num_iterations=2,
+        max_completion_length=8, s2t_entropy_quantile=0.5,
+    )
+    trainer = STAPOTrainer(
+        model=model_path, reward_funcs=lambda completions, **kwargs: [0.0] * len(completions), args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 16}),
+    )
+    rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
+    assert world == 2, world
+    low, high = math.log(0.001), math.log(0.5)  # below / above tau_p = 0.002
+
+    def batch(candidate_entropies, num_rows=2, length=4):
+        # (B, T): the first len(candidate_entropies) tokens of row 0 are candidates with these entropies.
+        logps, entropies = torch.full((num_rows, length), high), torch.full((num_rows, length), 2.0)
+        for i, h in enumerate(candidate_entropies):
+            logps[0, i], entropies[0, i] = low, h
+        advantages = torch.tensor([1.0] + [-1.0] * (num_rows - 1))
+        return logps, entropies, advantages, torch.ones(num_rows, length, dtype=torch.long), torch.zeros(2, 4).long()
+
+    def facts(result):
+        threshold = None if math.isnan(result.entropy_threshold) else result.entropy_threshold
+        return [threshold, result.num_candidates, result.num_silenced, result.num_loss_tokens, int(result.silenced.sum())]
+
+    seen = {}
+    seen["A"] = facts(trainer._s2t_result(*batch([0.1, 0.2, 0.3, 0.4] if rank == 0 else [])))
+    seen["B"] = facts(trainer._s2t_result(*batch([0.1, 0.5] if rank == 0 else [0.3, 0.7, 0.9])))
+    seen["C"] = facts(trainer._s2t_result(*batch([])))
+    seen["D"] = trainer._gather(torch.tensor([1.0, 2.0, 3.0]) if rank == 0 else torch.tensor([])).tolist()
+    seen["empty"] = trainer._gather(torch.tensor([], dtype=torch.float64)).tolist()
+    # E. The normalizer: 2 updates of GA 2 micro-batches, rank-dependent token counts, no candidates (A <= 0).
+    trainer.model.train()
+    kept = [3, 5, 2, 4] if rank == 0 else [1, 1, 1, 1]
+    micro_batches = []
+    for k in kept:
+        completion_mask = torch.zeros(2, 4, dtype=torch.long)
+        completion_mask.view(-1)[:k] = 1
+        micro_batches.append({
+            "prompt_ids": torch.ones(2, 2, dtype=torch.long), "prompt_mask": torch.ones(2, 2, dtype=torch.long),
+            "completion_ids": torch.ones(2, 4, dtype=torch.long), "completion_mask": completion_mask,
+            "advantages": torch.zeros(2), "old_per_token_logps": torch.zeros(2, 4), "s2t_entropies": torch.ones(2, 4),
+        })
+    trainer._buffered_inputs = micro_batches
+    seen["E"] = []
+    for step in range(4, 8):  # the second pass over a rollout batch (num_iterations 2): no generation
+        trainer._step = step
+        seen["E"].append(float(trainer._prepare_inputs(None)["num_items_in_batch"]))
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump(seen, f)
+    print(f"rank {rank} of {world} done", flush=True)
+    """
+)
+
+
+def test_s2t_collectives_and_normalizer_on_two_ranks(tiny_model_path, tmp_path):
+    output = run_torchrun(WORKER, tmp_path / "worker.py", tiny_model_path, str(tmp_path), nproc=2)
+    assert "rank 0 of 2 done" in output and "rank 1 of 2 done" in output, output[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    # A: the candidates are rank 0's {0.1, 0.2, 0.3, 0.4}; the 0.5-quantile is 0.25, so 0.1 and 0.2 are silenced,
+    # both on rank 0. Loss tokens: 2 x 4 per rank, 16 in all. Every rank sees the same global values.
+    for seen in ranks:
+        assert seen["A"][:4] == pytest.approx([0.25, 4, 2, 16])
+    assert [seen["A"][4] for seen in ranks] == [2, 0]
+    # B: the union {0.1, 0.3, 0.5, 0.7, 0.9} has median 0.5 (rank 0 alone: 0.3; rank 1 alone: 0.7); silenced: 0.1 on
+    # rank 0 and 0.3 on rank 1.
+    for seen in ranks:
+        assert seen["B"][:3] == pytest.approx([0.5, 5, 2])
+    assert [seen["B"][4] for seen in ranks] == [1, 1]
+    # C: no candidate anywhere: tau_h undefined, nothing silenced, no hang.
+    assert [seen["C"][:3] for seen in ranks] == [[None, 0, 0]] * 2
+    # D: the gather concatenates in rank order, whatever the lengths, also when every rank is empty.
+    assert [seen["D"] for seen in ranks] == [[1.0, 2.0, 3.0]] * 2
+    assert [seen["empty"] for seen in ranks] == [[], []]
+    # E: update 0 = micro-batches 0-1: 3 + 5 on rank 0, 1 + 1 on rank 1 -> 10; update 1: 2 + 4 + 1 + 1 -> 8. The
+    # parent divides by num_items x GA / steps_per_generation, so num_items = count x 4 / 2.
+    for seen in ranks:
+        assert seen["E"] == pytest.approx([20.0, 20.0, 16.0, 16.0])

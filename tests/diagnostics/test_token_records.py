@@ -1,0 +1,260 @@
+"""Per-token records of the S2T mask (`stapo_trl.diagnostics.token_records`) on a hand-built batch, and the
+`SpuriousTokenLogger` that takes them when a training mask is built and writes them at logging steps."""
+
+import json
+import math
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+from datasets import Dataset
+
+from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.callbacks import SpuriousTokenLogger
+from stapo_trl.core.s2t import s2t_mask
+from stapo_trl.diagnostics.token_records import spurious_token_records
+from stapo_trl.metrics_log import SPURIOUS_TOKENS_FILENAME, read_metrics, read_token_records
+
+
+VOCAB = ["<pad>", "1", "+", "2", "=", "3", "<eos>"]
+
+
+class CharTokenizer:
+    """decode(ids) = the concatenated vocabulary strings."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(VOCAB[i] for i in ids)
+
+
+def hand_batch(prob_threshold=0.01):
+    """Two completions, tau_p = 0.01, q = 0.5: the arguments of `spurious_token_records` before the tokenizer.
+
+    Row 0 ("1+2=3", A = +1, 5 loss tokens): p = [0.5, 0.001, 0.002, 0.9, 0.005], H = [0.1, 0.2, 0.9, 0.3, 0.5].
+      Candidates (p < 0.01): positions 1, 2, 4 with H = 0.2, 0.9, 0.5 -> tau_h = median = 0.5.
+      Silenced (H < 0.5): position 1 ("+"). Kept candidates: positions 2 ("2") and 4 ("3").
+      Other positive-advantage tokens: positions 0 ("1") and 3 ("=").
+    Row 1 (A = -1, 3 loss tokens + 2 padding): never recorded.
+    """
+    probs = torch.tensor([[0.5, 0.001, 0.002, 0.9, 0.005], [0.2, 0.0005, 0.3, 1e-9, 1e-9]])
+    entropies = torch.tensor([[0.1, 0.2, 0.9, 0.3, 0.5], [0.4, 0.05, 0.6, 99.0, 99.0]])
+    loss_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    advantages = torch.tensor([1.0, -1.0])
+    completion_ids = torch.tensor([[1, 2, 3, 4, 5], [5, 4, 3, 0, 0]])
+    logps = torch.log(probs)
+    result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
+    return result, logps, entropies, advantages, loss_mask, completion_ids
+
+
+def test_hand_batch_records():
+    records = spurious_token_records(
+        *hand_batch(),
+        CharTokenizer(),
+        step=7,
+        prob_threshold=0.01,
+        context_tokens=2,
+        max_silenced=10,
+        max_kept_candidates=10,
+        max_reference=10,
+    )
+    got = [(r["kind"], r["token"], r["position"], r["context"]) for r in records]
+    # Context: up to 2 completion tokens each side, never past the last loss token.
+    assert got == [
+        ("silenced", "+", 1, "1⟦+⟧2="),
+        ("kept_candidate", "2", 2, "1+⟦2⟧=3"),
+        ("kept_candidate", "3", 4, "2=⟦3⟧"),
+        ("reference", "1", 0, "⟦1⟧+2"),
+        ("reference", "=", 3, "+2⟦=⟧3"),
+    ]
+    silenced = records[0]
+    assert silenced["silenced"] is True and silenced["candidate"] is True
+    assert all(r["silenced"] is False for r in records[1:])
+    assert [r["candidate"] for r in records[1:]] == [True, True, False, False]
+    assert silenced["prob"] == pytest.approx(0.001) and silenced["logprob"] == pytest.approx(math.log(0.001))
+    assert silenced["entropy"] == pytest.approx(0.2) and silenced["advantage"] == 1.0
+    assert silenced["entropy_threshold"] == pytest.approx(0.5) and silenced["prob_threshold"] == 0.01
+    assert silenced["step"] == 7 and silenced["token_id"] == 2 and silenced["completion_index"] == 0
+    assert silenced["process_index"] == 0
+    assert "logit_grad_norm" not in silenced  # the gradient-norm metrics are no longer recorded
+    assert json.loads(json.dumps(records)) == records  # JSON-serialisable as is
+
+
+def test_no_positive_advantage_token_gives_no_record():
+    result, logps, entropies, advantages, loss_mask, completion_ids = hand_batch()
+    negative = -advantages.abs()
+    result = s2t_mask(logps, entropies, negative, loss_mask, prob_threshold=0.01)
+    assert (
+        spurious_token_records(result, logps, entropies, negative, loss_mask, completion_ids, CharTokenizer(), step=1)
+        == []
+    )
+
+
+def test_without_candidates_the_threshold_is_written_as_none():
+    # tau_p = 1e-6: no candidate (tau_h NaN, not JSON), but the 5 positive-advantage tokens are references.
+    records = spurious_token_records(*hand_batch(prob_threshold=1e-6), CharTokenizer(), step=1)
+    assert [r["kind"] for r in records] == ["reference"] * 5
+    assert all(r["entropy_threshold"] is None for r in records)
+    json.dumps(records, allow_nan=False)
+
+
+def test_records_are_capped_per_kind_sampled_in_order_and_deterministic():
+    # 12 positive-advantage rows of 5 tokens, every token a candidate (tau_p = 1), q = 0.5: 30 silenced, 30 kept.
+    generator = torch.Generator().manual_seed(0)
+    entropies = torch.rand(12, 5, generator=generator)
+    logps = torch.log(torch.rand(12, 5, generator=generator) * 0.5 + 0.1)
+    advantages, loss_mask = torch.ones(12), torch.ones(12, 5)
+    completion_ids = torch.randint(1, 6, (12, 5), generator=generator)
+    result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=1.0, entropy_quantile=0.5)
+    assert (result.num_candidates, result.num_silenced) == (60, 30)
+    args = (result, logps, entropies, advantages, loss_mask, completion_ids, CharTokenizer())
+    caps = {"max_silenced": 4, "max_kept_candidates": 3, "max_reference": 2}
+    first = spurious_token_records(*args, step=3, **caps)
+    assert [r["kind"] for r in first] == ["silenced"] * 4 + ["kept_candidate"] * 3  # no reference: all candidates
+    for kind in ("silenced", "kept_candidate"):
+        where = [(r["completion_index"], r["position"]) for r in first if r["kind"] == kind]
+        assert where == sorted(where)  # (completion, position) order
+        assert all(result.silenced[row, pos] == (kind == "silenced") for row, pos in where)
+    assert first == spurious_token_records(*args, step=3, **caps)  # the same sample when rerun
+    # Another step (or process) seeds another sample: over 10 steps, more than 4 distinct silenced tokens are drawn.
+    drawn = {
+        (r["completion_index"], r["position"])
+        for step in range(10)
+        for r in spurious_token_records(*args, step=step, **caps)
+        if r["kind"] == "silenced"
+    }
+    assert len(drawn) > 4
+    assert spurious_token_records(*args, step=3, max_silenced=0, max_kept_candidates=0, max_reference=0) == []
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SpuriousTokenLogger, on masks handed to it as the product trainer does
+# ----------------------------------------------------------------------------------------------------------------
+def stand_in_trainer(tmp_path):
+    """What the logger reads of its trainer (the tokenizer, the step, tau_p, the seed, the process), on one process."""
+    return types.SimpleNamespace(
+        processing_class=CharTokenizer(),
+        state=types.SimpleNamespace(global_step=0),
+        args=types.SimpleNamespace(s2t_prob_threshold=0.01, seed=0),
+        accelerator=types.SimpleNamespace(num_processes=1, process_index=0, is_main_process=True),
+    )
+
+
+def test_each_training_mask_is_written_once_at_the_next_logging_step(tmp_path):
+    trainer = stand_in_trainer(tmp_path)
+    args = types.SimpleNamespace(output_dir=str(tmp_path), seed=0, report_to=[])
+    state = types.SimpleNamespace(is_world_process_zero=True, global_step=0)
+    log, no_log = types.SimpleNamespace(should_log=True), types.SimpleNamespace(should_log=False)
+    logger = SpuriousTokenLogger(trainer, context_tokens=2)
+    logger.on_train_begin(args, state, None)
+    logger.on_step_end(args, state, log)  # no mask yet: nothing written
+    logger.record(*hand_batch())  # update 1's mask, built at global step 0
+    state.global_step = trainer.state.global_step = 1
+    logger.on_step_end(args, state, no_log)  # not a logging step
+    logger.record(*hand_batch())  # update 2's mask
+    state.global_step = trainer.state.global_step = 2
+    logger.on_step_end(args, state, log)  # both masks: 5 records each, stamped with the logging step
+    state.global_step = 3
+    logger.on_step_end(args, state, log)  # nothing new
+    logger.on_train_end(args, state, None)
+    records = read_token_records(tmp_path)
+    assert [r["step"] for r in records] == [2] * 10
+    assert [r["kind"] for r in records] == [
+        "silenced",
+        "kept_candidate",
+        "kept_candidate",
+        "reference",
+        "reference",
+    ] * 2
+    assert logger.silenced_counts == {"+": 2} and logger.kept_candidate_counts == {"2": 2, "3": 2}
+
+
+def test_masks_after_the_last_logging_step_are_written_at_the_end_of_training(tmp_path):
+    trainer = stand_in_trainer(tmp_path)
+    args = types.SimpleNamespace(output_dir=str(tmp_path), seed=0, report_to=[])
+    state = types.SimpleNamespace(is_world_process_zero=True, global_step=0)
+    logger = SpuriousTokenLogger(trainer)
+    logger.on_train_begin(args, state, None)
+    logger.record(*hand_batch())
+    state.global_step = 1
+    logger.on_step_end(args, state, types.SimpleNamespace(should_log=True))
+    logger.record(*hand_batch())  # after the last logging step
+    state.global_step = 3
+    logger.on_train_end(args, state, None)
+    assert [r["step"] for r in read_token_records(tmp_path)] == [1] * 5 + [3] * 5
+
+
+def test_the_logging_step_caps_the_records_of_all_its_masks_once(tmp_path):
+    # Three masks of one logging step, each with one silenced token and two kept candidates: capped to 2 and 1.
+    trainer = stand_in_trainer(tmp_path)
+    args = types.SimpleNamespace(output_dir=str(tmp_path), seed=0, report_to=[])
+    logger = SpuriousTokenLogger(trainer, max_silenced=2, max_kept_candidates=1, max_reference=0)
+    for _ in range(3):
+        logger.record(*hand_batch())
+    assert [r["kind"] for r in logger._pending] == ["silenced", "kept_candidate"] * 3  # capped per mask already
+    written = logger.write_pending(args, step=5)
+    logger.close()
+    assert sorted(r["kind"] for r in written) == ["kept_candidate", "silenced", "silenced"]
+    assert all(r["step"] == 5 for r in written)
+    assert read_token_records(tmp_path) == written and logger._pending == []
+
+
+def test_tracker_table_of_top_silenced_tokens(tmp_path, monkeypatch):
+    logged = []
+
+    class Table:
+        def __init__(self, dataframe):
+            self.dataframe = dataframe
+
+    # A stand-in for wandb (the tracker, not the logger under test): an active run, `Table` and `log`.
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=object(), Table=Table, log=logged.append))
+    logger = SpuriousTokenLogger(stand_in_trainer(tmp_path), path=str(tmp_path / "tokens.jsonl"))
+    logger.record(*hand_batch())
+    logger.record(*hand_batch())
+    logger.write_pending(types.SimpleNamespace(output_dir=str(tmp_path), seed=0, report_to=["wandb"]), step=1)
+    logger.close()
+    (entry,) = logged
+    table = entry["s2t/top_silenced_tokens"].dataframe
+    assert table.to_dict("list") == {"token": ["+"], "silenced": [2], "kept_candidate_sampled": [0]}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A real run: the file holds every silenced token the metrics count, also after the last logging step
+# ----------------------------------------------------------------------------------------------------------------
+PROMPTS = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
+
+
+def text_reward(completions, **kwargs):
+    """Varies within a group (the random model's completions all have the same length), so some advantages are
+    positive."""
+    return [float(sum(map(ord, c[0]["content"])) % 5) for c in completions]
+
+
+@pytest.mark.parametrize("max_steps, logging_steps", [(3, 2), (1, 4)])
+def test_a_real_run_records_every_silenced_token_of_its_metrics(
+    tiny_random_model_path, tmp_path, max_steps, logging_steps
+):
+    """max_steps not a multiple of logging_steps: the final row of metrics.jsonl counts the last masks' silenced
+    tokens, and spurious_tokens.jsonl records every one of them too."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = STAPOConfig(
+            output_dir=str(tmp_path / "run"), use_cpu=True, bf16=False, report_to=[], save_strategy="no", seed=0,
+            per_device_train_batch_size=4, num_generations=2,
+            max_completion_length=8,  # why: a tiny random model; short completions keep a step at ~0.1 s
+            max_steps=max_steps, logging_steps=logging_steps,
+            s2t_prob_threshold=0.05,  # why: the random model spreads p over ~300 tokens: most are candidates
+        )  # fmt: skip
+        trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=PROMPTS)
+    trainer.add_callback(SpuriousTokenLogger(trainer, max_silenced=100_000))  # replaces the built-in one
+    trainer.train()
+    run_dir = tmp_path / "run"
+    rows = [row for row in read_metrics(str(run_dir)) if "s2t/num_silenced" in row]
+    silenced = round(sum(row["s2t/num_silenced"] for row in rows))
+    assert rows[-1]["step"] == max_steps and silenced > 0
+    records = read_token_records(run_dir / SPURIOUS_TOKENS_FILENAME)
+    assert sum(r["kind"] == "silenced" for r in records) == silenced
+    assert max(r["step"] for r in records) == max_steps
+    for r in records:
+        assert r["silenced"] == (r["kind"] == "silenced") and "⟦" in r["context"] and r["advantage"] > 0
+        assert r["candidate"] == (r["prob"] < 0.05)

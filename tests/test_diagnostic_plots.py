@@ -1,0 +1,141 @@
+"""The diagnostic figures (`stapo_trl.diagnostic_plots`) of a real short run, and ratios over seeds pooled from the
+counts (`stapo_trl.metrics_log`), as the accuracy table pools them."""
+
+import json
+import warnings
+
+import pytest
+from datasets import Dataset
+
+from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.diagnostic_plots import _mean_series, plot_diagnostics
+from stapo_trl.metrics_log import load_run, pooled_ratio_series, read_metrics, read_token_records
+from stapo_trl.plots import TRAINING_CURVES, training_curves_figure
+
+
+FIGURES = {"s2t_entropy_quantiles.png", "s2t_ratios.png", "s2t_prob_entropy.png", "s2t_top_tokens.png"}
+
+
+def text_reward(completions, **kwargs):
+    """Varies within a group (the random model's completions often all have the same length), so some advantages
+    are positive."""
+    return [float(sum(map(ord, c[0]["content"])) % 5) for c in completions]
+
+
+def test_a_real_run_writes_the_files_the_figures_are_drawn_from(tiny_random_model_path, tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = STAPOConfig(
+            output_dir=str(tmp_path / "run"), use_cpu=True, bf16=False, report_to=[], save_strategy="no", seed=0,
+            per_device_train_batch_size=4, num_generations=2,
+            max_completion_length=8,  # why: a tiny random model; short completions keep a step at ~0.1 s
+            max_steps=4, logging_steps=2, steps_per_generation=2,
+            s2t_prob_threshold=0.05,  # why: the random model spreads p over ~300 tokens: most are candidates
+        )  # fmt: skip
+        prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(16)])
+        trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=prompts)
+    trainer.train()  # writes metrics.jsonl and spurious_tokens.jsonl (s2t_write_run_files, the default)
+    run_dir = tmp_path / "run"
+    rows = [row for row in read_metrics(str(run_dir)) if "loss" in row]
+    assert [row["step"] for row in rows] == [2, 4]
+    for row in rows:
+        quantiles = [row[f"s2t/entropy_p{q}"] for q in (10, 50, 80, 95)]
+        assert quantiles == sorted(quantiles) and quantiles[0] > 0
+    records = read_token_records(run_dir)
+    assert {r["step"] for r in records} == {2, 4} and any(r["kind"] == "silenced" for r in records)
+
+    figures = plot_diagnostics([run_dir], tmp_path / "figures")
+    assert {path.name for path in figures} == FIGURES
+    for path in figures:
+        assert path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Two runs overlay on the same figures.
+    assert len(plot_diagnostics([run_dir, run_dir], tmp_path / "overlay", labels=["a", "b"])) == len(FIGURES)
+
+
+def test_without_token_records_only_the_metric_figures_are_drawn(tmp_path):
+    rows = [
+        {"step": s, "s2t/silenced_ratio": r, "s2t/candidate_ratio": 2 * r, "s2t/entropy_p10": 0.1,
+         "s2t/entropy_p50": 0.5, "s2t/entropy_p80": 0.8, "s2t/entropy_p95": 0.95}
+        for s, r in [(1, 0.0), (2, 0.01)]
+    ]  # fmt: skip
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the note that there is no token file
+        figures = plot_diagnostics([tmp_path / "run"], tmp_path / "figures")
+    assert {path.name for path in figures} == {"s2t_entropy_quantiles.png", "s2t_ratios.png"}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Ratios over seeds are pooled from the counts
+# ----------------------------------------------------------------------------------------------------------------
+
+# Two seeds, two logging steps. Step 4: seed 0 silences 1 of 100 loss tokens (ratio 0.01), seed 1 none of 900 (0):
+# pooled 1 / 1000 = 0.001, where the mean of the two ratios is 0.005. Step 8: 0 of 100 and 3 of 300 (0.01): pooled
+# 3 / 400 = 0.0075 (mean 0.005). Candidates: step 4, 2 + 0 of 1000 = 0.002 (mean 0.01); step 8, 0 + 6 of 400 = 0.015
+# (mean 0.01).
+SEED_ROWS = [
+    [
+        {"step": 4, "reward": 0.5, "entropy": 0.3, "s2t/silenced_ratio": 0.01, "s2t/num_silenced": 1,
+         "s2t/candidate_ratio": 0.02, "s2t/num_candidates": 2, "s2t/num_loss_tokens": 100},
+        {"step": 8, "reward": 0.6, "entropy": 0.2, "s2t/silenced_ratio": 0.0, "s2t/num_silenced": 0,
+         "s2t/candidate_ratio": 0.0, "s2t/num_candidates": 0, "s2t/num_loss_tokens": 100},
+    ],
+    [
+        {"step": 4, "reward": 0.4, "entropy": 0.4, "s2t/silenced_ratio": 0.0, "s2t/num_silenced": 0,
+         "s2t/candidate_ratio": 0.0, "s2t/num_candidates": 0, "s2t/num_loss_tokens": 900},
+        {"step": 8, "reward": 0.7, "entropy": 0.1, "s2t/silenced_ratio": 0.01, "s2t/num_silenced": 3,
+         "s2t/candidate_ratio": 0.02, "s2t/num_candidates": 6, "s2t/num_loss_tokens": 300},
+    ],
+]  # fmt: skip
+
+
+def _panel_points(fig, title_start: str):
+    import numpy as np
+
+    ax = next(ax for ax in fig.axes if ax.get_title().startswith(title_start))
+    return [(list(np.asarray(line.get_xdata())), list(np.asarray(line.get_ydata()))) for line in ax.lines], ax
+
+
+def test_compare_figure_pools_the_silenced_ratio_over_seeds():
+    """`stapo-train compare` draws compare.png with this figure: the silenced-ratio points are Σ silenced / Σ loss
+    tokens over the seeds, not the mean of the seeds' ratios (0.005 and 0.005 here)."""
+    import matplotlib.pyplot as plt
+
+    fig = training_curves_figure({"stapo": SEED_ROWS}, curves=TRAINING_CURVES)
+    try:
+        points, ax = _panel_points(fig, "S2T silenced-token ratio")
+        assert points == [([4, 8], [pytest.approx(0.001), pytest.approx(0.0075)])]
+        assert ax.get_legend_handles_labels()[1] == ["stapo (2 seeds, pooled), 0 at 0/2 logged steps"]
+        # The linear panels keep the mean over seeds (reward: (0.5 + 0.4) / 2 and (0.6 + 0.7) / 2, no smoothing).
+        reward, _ = _panel_points(fig, "reward")
+        assert reward[0][1] == [pytest.approx(0.45), pytest.approx(0.65)]
+    finally:
+        plt.close(fig)
+
+
+def test_stapo_plot_pools_ratios_of_a_folder_of_seeds(tmp_path):
+    """`stapo-plot ARM_FOLDER` (the compare layout) reads the seeds and draws the same pooled points; the diagnostics'
+    ratio figure (silenced and candidate ratios) pools both ratios."""
+    for seed, rows in enumerate(SEED_ROWS):
+        (tmp_path / "arm" / f"seed{seed}").mkdir(parents=True)
+        (tmp_path / "arm" / f"seed{seed}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    seeds = load_run(str(tmp_path / "arm"))
+    assert _mean_series(seeds, "s2t/silenced_ratio") == ([4, 8], [pytest.approx(0.001), pytest.approx(0.0075)])
+    assert _mean_series(seeds, "s2t/candidate_ratio") == ([4, 8], [pytest.approx(0.002), pytest.approx(0.015)])
+    # Not a ratio of counts: the mean over seeds (entropy (0.3 + 0.4) / 2, (0.2 + 0.1) / 2).
+    assert _mean_series(seeds, "entropy") == ([4, 8], [pytest.approx(0.35), pytest.approx(0.15)])
+
+
+def test_pooled_ratio_skips_steps_without_counts_and_zero_denominators():
+    seeds = [
+        [{"step": 1, "s2t/num_silenced": 0, "s2t/num_loss_tokens": 0}, {"step": 2, "s2t/num_silenced": 2,
+         "s2t/num_loss_tokens": 10}, {"step": 3, "s2t/num_silenced": 1, "s2t/num_loss_tokens": 10}],
+        [{"step": 1, "s2t/num_silenced": 0, "s2t/num_loss_tokens": 0}, {"step": 2, "s2t/num_silenced": 0,
+         "s2t/num_loss_tokens": 30}],
+    ]  # fmt: skip
+    # Step 1: no loss token in either seed (undefined, left out); step 2: 2 / 40; step 3: seed 1 did not log it.
+    assert pooled_ratio_series(seeds, "s2t/silenced_ratio") == {2: pytest.approx(0.05)}
+    assert pooled_ratio_series(seeds, "reward") is None
+    # A seed without the counts (a file from before they were logged): no pooled series, the mean is drawn.
+    assert pooled_ratio_series([seeds[0], [{"step": 2, "s2t/silenced_ratio": 0.1}]], "s2t/silenced_ratio") is None
