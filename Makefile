@@ -93,11 +93,10 @@ demo-real: install-real-models
 	$(VENV)/bin/stapo-plot outputs/smollm2-grpo outputs/smollm2-stapo --out outputs/smollm2-figures
 
 # The sections of benchmarks/bench.py (overhead vs the off twin and GRPOTrainer, mask scaling, learning, gpu), then
-# the per-update scope table, the stapo-train demo wall time against its off twin, grading throughput, and the
+# the stapo-train demo wall time against its off twin, grading throughput, and the
 # spurious-token stress experiment (8 seeds x 4 arms x 400 steps: the longest part, ~40 min on 2 cores).
 bench: install
 	$(PY) benchmarks/bench.py
-	$(PY) benchmarks/scopes.py
 	$(PY) benchmarks/demo_wall.py
 	$(PY) benchmarks/grading_throughput.py
 	$(PY) benchmarks/stress.py --seeds 0 1 2 3 4 5 6 7

@@ -9,9 +9,9 @@ Sections (each writes one Markdown table; all tables go to stdout and to `benchm
 numbers to `<date>.json`; `--quick` writes `<date>-quick.*`):
 
 1. `overhead`: [`~stapo_trl.STAPOTrainer`] against a plain [`~trl.GRPOTrainer`] on the CPU demo
-   (`recipes/demo/{grpo,stapo}.yaml`, builtin:tiny-math), same seed and batch geometry, for both `s2t_scope`
-   values, `steps_per_generation` equal to and 4x `gradient_accumulation_steps`, with and without
-   `STAPOConfig.s2t_diagnostics`. Every configuration gets a freshly built trainer (build not timed) and runs the
+   (`recipes/demo/{grpo,stapo}.yaml`, builtin:tiny-math) and its `s2t_mode: off` twin, same seed and batch geometry,
+   `steps_per_generation` equal to and 4x `gradient_accumulation_steps`. Every configuration gets a freshly built
+   trainer (build not timed) and runs the
    same number of optimizer steps; configurations are interleaved within each repetition (the order rotates), and
    each STAPO time is divided by the GRPO time of the same repetition; the table gives the median ratio over
    repetitions and its range. Times: CPU time (`time.process_time`, the targets' measure: the cores are shared)

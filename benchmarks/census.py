@@ -47,9 +47,8 @@ import torch  # noqa: E402
 from harness import build_trainer, machine_info, versions  # noqa: E402
 
 from stapo_trl import s2t_mask  # noqa: E402
-from stapo_trl.core.s2t import S2TBatch  # noqa: E402
 from stapo_trl.diagnostic_plots import plot_prob_entropy_scatter, readable_token, tokenizer_token_bytes  # noqa: E402
-from stapo_trl.token_records import spurious_token_records  # noqa: E402
+from stapo_trl.diagnostics.token_records import spurious_token_records  # noqa: E402
 
 
 RESULTS_DIR = script_env.REPO / "benchmarks" / "results"
@@ -62,6 +61,27 @@ EQUATION = re.compile(r"(\d+)\+(\d+)(?:\+(\d+))?=(\d+)")
 # ---------------------------------------------------------------------------------------------------------------
 # Sampling, as training samples
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def policy_logps_and_entropies(trainer, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One no-grad forward of the trainer's policy over a scored batch: (B, T) log-probs and entropies (nats) of the
+    completion tokens, from TRL's own forward at the loss's temperature (what the S2T mask is built from)."""
+    from trl import GRPOTrainer
+    from trl.models.utils import disable_gradient_checkpointing
+
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # (B, P+T)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, P+T)
+    with torch.no_grad(), disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
+        logps, entropies, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+            trainer,
+            trainer.model,
+            input_ids,
+            attention_mask,
+            batch["completion_ids"].size(1),
+            batch_size=trainer.args.per_device_train_batch_size,
+            compute_entropy=True,
+        )
+    return logps, entropies
 
 
 def sample_rollouts(trainer, target_tokens: int, seed: int) -> dict[str, Any]:
@@ -84,7 +104,7 @@ def sample_rollouts(trainer, target_tokens: int, seed: int) -> dict[str, Any]:
         cursor += prompts_per_batch
         rows = [trainer.train_dataset[i] for i in picked for _ in range(args.num_generations)]  # RepeatSampler order
         batch = trainer._generate_and_score_completions(rows)
-        logps, entropies = trainer._policy_logps_and_entropies(batch)  # (B, T) each, no grad
+        logps, entropies = policy_logps_and_entropies(trainer, batch)  # (B, T) each, no grad
         mask = batch["completion_mask"].bool()
         if "tool_mask" in batch:
             mask &= batch["tool_mask"].bool()
@@ -177,12 +197,11 @@ def census(
 
 def pool_records(sample, pool_rows, pool, tokenizer, step: int, tau_p: float) -> list[dict[str, Any]]:
     """`spurious_tokens.jsonl`-style records of the pool: every silenced token and kept candidate, a sample of the
-    other positive-advantage tokens ([`~stapo_trl.token_records.spurious_token_records`])."""
+    other positive-advantage tokens ([`~stapo_trl.diagnostics.token_records.spurious_token_records`])."""
     logps, entropies, advantages, loss_mask, ids = as_batch(sample, pool_rows)
-    batch = S2TBatch(pool, logps, entropies, advantages, loss_mask, ids, mode="census")
     return spurious_token_records(
-        batch, tokenizer, step=step, prob_threshold=tau_p, max_silenced=10**6, max_kept_candidates=10**6,
-        max_reference=3000, context_tokens=10,
+        pool, logps, entropies, advantages, loss_mask, ids, tokenizer, step=step, prob_threshold=tau_p,
+        max_silenced=10**6, max_kept_candidates=10**6, max_reference=3000, context_tokens=10,
     )  # fmt: skip
 
 

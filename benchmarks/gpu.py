@@ -79,8 +79,7 @@ def run_gpu(args, workdir: str, on_cpu: bool = False) -> dict:
         common += ["--use_cpu", "false", "--bf16", "true", "--dtype", "bfloat16"]
     arms = [
         ("GRPO", GRPO_RECIPE, []),
-        ("STAPO generation_batch", STAPO_RECIPE, ["--s2t_scope", "generation_batch"]),
-        ("STAPO micro_batch", STAPO_RECIPE, ["--s2t_scope", "micro_batch"]),
+        ("STAPO", STAPO_RECIPE, []),
     ]
     results: dict[str, list[dict]] = {label: [] for label, _, _ in arms}
     for rep in range(1 if on_cpu else args.gpu_reps):
@@ -160,6 +159,6 @@ def section_text(args, r) -> str:
         "tokens/s = completion tokens generated / `train()` wall time; peak = `torch.cuda.max_memory_allocated`."
         if gpu
         else "Code path: `run_gpu` (Qwen3-0.6B shape from `transformers.Qwen3Config`, random weights, bf16, "
-        "GRPO and STAPO with both scopes); it runs only when `torch.cuda.is_available()`."
+        "GRPO and STAPO); it runs only when `torch.cuda.is_available()`."
     )
     return "## 4. GPU\n\n" + note + "\n\n" + gpu_table(gpu)

@@ -7,8 +7,7 @@ twin, in TRL's default geometry and beyond (issue 20, item 4).
 Arms (the same recipe, `recipes/SmolLM2-135M/*.yaml`, with the model, batch and geometry below):
 - `GRPO`: plain `trl.GRPOTrainer` (the twin recipe with `trainer: grpo` and no `s2t_*` keys), what a user runs now;
 - `off`: `STAPOTrainer` with `s2t_mode: off`, the like-for-like twin;
-- `STAPO`: the recipe as shipped (diagnostics on, the default);
-- `STAPO-nodiag`: `s2t_diagnostics: false` (the fused LM head then computes no collision probability).
+- `STAPO`: the recipe as shipped;
 Geometries: `steps_per_generation` = GA = 1 (TRL's default: p and H from the training forward, no extra forward),
 = GA = 2 (one extra no-grad forward per rollout batch: tau_h needs both micro-batches before the first backward), and
 = 4 x GA (the paper's: TRL's own old-log-prob forward is reused).
@@ -39,7 +38,7 @@ import script_env  # noqa: I001 (first: the environment and sys.path)
 
 STAPO_RECIPE = "recipes/SmolLM2-135M/stapo.yaml"
 OFF_RECIPE = "recipes/SmolLM2-135M/grpo.yaml"
-ARMS = ("GRPO", "off", "STAPO", "STAPO-nodiag")
+ARMS = ("GRPO", "off", "STAPO")
 GEOMETRIES = {"spg=GA=1": (1, 1), "spg=GA=2": (2, 2), "spg=4xGA": (4, 1)}  # name -> (steps_per_generation, GA)
 TIME_TARGET, MEMORY_TARGET = 1.02, 1.03
 
@@ -68,7 +67,7 @@ def run_one(config: dict) -> dict:
     recipe = {"GRPO": plain_grpo_recipe(config["off_recipe"]), "off": config["off_recipe"]}.get(
         arm, config["stapo_recipe"]
     )
-    trainer, _ = build_trainer(recipe, overrides, diagnostics=arm != "STAPO-nodiag", workdir=config["workdir"])
+    trainer, _ = build_trainer(recipe, overrides, workdir=config["workdir"])
     probe = Probe(trainer)
     rss_before = _vm_kb("VmRSS")
     wall, cpu = time.perf_counter(), time.process_time()
@@ -83,7 +82,6 @@ def run_one(config: dict) -> dict:
         "nograd_rows": probe.nograd_rows,
         "grad_rows": probe.grad_rows,
         "mask_cpu_seconds": probe.mask_seconds,
-        "s2t_forward_cpu_seconds": probe.extra_forward_seconds,
         "steps": trainer.state.global_step,
         "silenced": sum(h.get("s2t/num_silenced", 0) for h in trainer.state.log_history),
     }
@@ -130,7 +128,7 @@ def write_report(path: Path, args, runs: list[dict], command: str, seconds: floa
     for model in args.models:
         for geometry in args.geometries:
             rows = {r["arm"]: r["nograd_rows"] for r in runs if r["model"] == model and r["geometry"] == geometry}
-            for arm, base in (("STAPO", "GRPO"), ("STAPO", "off"), ("STAPO-nodiag", "GRPO"), ("off", "GRPO")):
+            for arm, base in (("STAPO", "GRPO"), ("STAPO", "off"), ("off", "GRPO")):
                 cells = [_fmt(ratios(runs, model, geometry, arm, base, k)) for k in ("cpu_seconds", "wall_seconds")]
                 memory = _fmt(ratios(runs, model, geometry, arm, base, "peak_rss_bytes"))
                 lines.append(
@@ -138,7 +136,7 @@ def write_report(path: Path, args, runs: list[dict], command: str, seconds: floa
                     f"{rows.get(arm, '-')} vs {rows.get(base, '-')} |"
                 )
     lines += ["", "Absolute values (median over repetitions):", "", "| model | geometry | arm | CPU s | wall s | "
-              "peak RSS GB | mask CPU s | STAPO's own forward CPU s | silenced |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "peak RSS GB | mask CPU s | silenced |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for model in args.models:
         for geometry in args.geometries:
             for arm in args.arms:
@@ -146,12 +144,10 @@ def write_report(path: Path, args, runs: list[dict], command: str, seconds: floa
                 if not chosen:
                     continue
                 med = {k: statistics.median(r[k] for r in chosen) for k in (
-                    "cpu_seconds", "wall_seconds", "peak_rss_bytes", "mask_cpu_seconds", "s2t_forward_cpu_seconds",
-                    "silenced")}  # fmt: skip
+                    "cpu_seconds", "wall_seconds", "peak_rss_bytes", "mask_cpu_seconds", "silenced")}  # fmt: skip
                 lines.append(
                     f"| {model} | {geometry} | {arm} | {med['cpu_seconds']:.1f} | {med['wall_seconds']:.1f} | "
-                    f"{med['peak_rss_bytes'] / 1e9:.2f} | {med['mask_cpu_seconds']:.2f} | "
-                    f"{med['s2t_forward_cpu_seconds']:.2f} | {med['silenced']:.0f} |"
+                    f"{med['peak_rss_bytes'] / 1e9:.2f} | {med['mask_cpu_seconds']:.2f} | {med['silenced']:.0f} |"
                 )
     load = os.getloadavg()
     lines += ["", f"Load average at the end: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}.",

@@ -72,13 +72,11 @@ RESULTS_DIR = script_env.REPO / "benchmarks" / "results"
 _PREPARED: dict[str, Any] = {}
 
 
-def build_stress_trainer(arm: str, seed: int, steps: int, scope: str | None, workdir: str) -> tuple:
+def build_stress_trainer(arm: str, seed: int, steps: int, workdir: str) -> tuple:
     """A [`StressTrainer`] of the demo recipe with `s2t_mode=arm`, `seed` and `steps` (no checkpoints, no printing)."""
     from harness import build_trainer  # the benchmarks' one recipe-to-trainer path
 
     overrides = ["--max_steps", str(steps), "--seed", str(seed), "--s2t_mode", arm, "--eval_before_after", "false"]
-    if scope is not None:
-        overrides += ["--s2t_scope", scope]
     return build_trainer(RECIPE, overrides, workdir=workdir, trainer_class=StressTrainer)
 
 
@@ -118,7 +116,7 @@ def evaluate_start(args) -> dict[str, Any]:
 
 
 def run_one(args, design: str, arm: str, seed: int, workdir: str) -> dict[str, Any]:
-    trainer, _ = build_stress_trainer(arm, seed, args.steps, args.scope, workdir)
+    trainer, _ = build_stress_trainer(arm, seed, args.steps, workdir)
     probe = make_probe(trainer.processing_class)
     attribution = args.attribution or seed in args.attribution_seeds
     trainer.setup_stress(args.eps, design, seed, attribution=attribution, probe=probe)
@@ -144,7 +142,6 @@ def run_one(args, design: str, arm: str, seed: int, workdir: str) -> dict[str, A
         seed=seed,
         steps=args.steps,
         eps=args.eps,
-        scope=trainer.args.s2t_scope,
         train_seconds=wall,
         silenced_ratio_mean=statistics.mean(silenced) if silenced else float("nan"),
         reward_mean=statistics.mean(h["reward"] for h in trainer.state.log_history if "reward" in h),
@@ -171,12 +168,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     parser.add_argument("--seeds", nargs="+", type=int, default=list(range(8)))
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps (default 400 / 300)")
-    parser.add_argument(
-        "--scope",
-        choices=["generation_batch", "optimizer_step", "micro_batch"],
-        default=None,
-        help="s2t_scope (default: the recipe's)",
-    )
     parser.add_argument("--eval-problems", type=int, default=200)
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--attribution", action="store_true", help="per-step attribution of the `}` probe (~2x time)")

@@ -202,7 +202,7 @@ def write_report(path: Path, args, runs: list[dict], command: str, start: dict |
         "",
         *[f"    {c}" for c in command.split("\n")],
         "",
-        f"Demo recipe `{RECIPE}` on STAPOTrainer, {args.steps} steps, s2t_scope `{runs[0]['scope'] if runs else '?'}`;"
+        f"Demo recipe `{RECIPE}` on STAPOTrainer, {args.steps} steps, tau_h per optimizer update;"
         f" noise in rollouts only; held-out measurement without noise: {args.eval_problems} test problems x "
         f"{args.eval_samples} samples, T = 1, 48 new tokens. Junk = any non-blank text after the last closed box.",
         "Runs marked in the JSON with `brace_junk_rate_from_top10` counted the `}`-junk from their 10 most common junk",

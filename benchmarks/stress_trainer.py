@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import statistics
 from collections import Counter, defaultdict
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -142,6 +143,7 @@ class StressTrainer(STAPOTrainer):
     noise_design: str = "post_answer"
     attribution: bool = False
     probe = None
+    last_mask = None  # the last mask with its inputs (SimpleNamespace: result, per_token_logps, entropies, ...)
 
     def setup_stress(self, eps: float, design: str, seed: int, attribution: bool = False, probe=None) -> None:
         """Set the noise (eps, design, seed of its own random stream) and the evidence collectors."""
@@ -210,25 +212,44 @@ class StressTrainer(STAPOTrainer):
         device = completion_ids.device
         output["stress_injected"] = injected.to(device)
         output["stress_kind"] = kind.to(device)
-        # Filled in by `_apply_s2t_to_micro_batches` once the mask of these rows exists (TRL shuffles and splits the
+        # Filled in by `_observe_mask` once the mask of these rows exists (TRL shuffles and splits the
         # rollout batch first; these per-row tensors travel with their rows).
         output["stress_candidate"] = torch.zeros_like(kind).to(device)
         if self.probe is not None:
             self.probe.record(self, self.state.global_step)
         return output
 
-    def _apply_s2t_to_micro_batches(self, micro_batches: list[dict]):
-        """The trainer's mask, then the ground-truth check and the candidate classes on exactly the rows it covered
-        (one optimizer update, or the rollout batch in the `generation_batch` scope)."""
-        result = super()._apply_s2t_to_micro_batches(micro_batches)
-        if "stress_injected" in micro_batches[0]:  # not an evaluation batch (no noise there, nothing to check)
-            self._observe_mask(micro_batches)
+    def _compute_s2t_mask(self, per_token_logps, entropies, advantages, loss_mask, completion_ids):
+        """The trainer's mask (the core's hook), kept with its inputs for the checks below."""
+        result = super()._compute_s2t_mask(per_token_logps, entropies, advantages, loss_mask, completion_ids)
+        self.last_mask = SimpleNamespace(
+            result=result,
+            per_token_logps=per_token_logps,
+            entropies=entropies,
+            advantages=advantages,
+            loss_mask=loss_mask,
+            completion_ids=completion_ids,
+        )
         return result
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's micro-batch; when an optimizer update's mask was just built, the ground-truth check and the candidate
+        classes on exactly the rows it covered (one optimizer update: the core's window of micro-batches)."""
+        last = self.last_mask
+        inputs = super()._prepare_inputs(generation_batch)
+        if self.model.training and self.last_mask is not last and "stress_injected" in inputs:
+            micro_batches = self._buffered_inputs
+            steps_per_generation, grad_accum = len(micro_batches), self.args.gradient_accumulation_steps
+            window = grad_accum if steps_per_generation % grad_accum == 0 else steps_per_generation
+            index = self._step % steps_per_generation
+            start = index - index % window
+            self._observe_mask(micro_batches[start : start + window])
+        return inputs
 
     def _observe_mask(self, micro_batches: list[dict]) -> None:
         """The ground-truth check and the candidate classes (written into each batch's `stress_candidate`) on the rows
-        the trainer's last mask covered: from `_apply_s2t_to_micro_batches`, or from `_compute_loss` when the mask is
-        built in the loss (scope `micro_batch`, or TRL's default geometry: `s2t_values_source` "training_forward")."""
+        the trainer's last mask covered: one optimizer update (`_prepare_inputs`), or the micro-batch whose loss
+        built it (`_compute_loss`, TRL's default geometry)."""
         rows = {"completion_ids": torch.cat([b["completion_ids"] for b in micro_batches])}  # (ΣB, T)
         injected = torch.cat([b["stress_injected"] for b in micro_batches]).cpu()
         kind = torch.cat([b["stress_kind"] for b in micro_batches]).cpu()
@@ -240,7 +261,7 @@ class StressTrainer(STAPOTrainer):
     def _candidate_classes(self, output: dict) -> torch.Tensor:
         """(B, T) long: 0 = not a candidate, 1 = candidate below the q-quantile of candidate entropies (what
         `low_entropy` silences), 2 = candidate at or above it. The same classes in every arm (`off` included)."""
-        batch = self.s2t_last_batch
+        batch = self.last_mask
         classes = torch.zeros(output["completion_ids"].shape, dtype=torch.long)
         if batch is None or not torch.equal(batch.completion_ids.cpu(), output["completion_ids"].cpu()):
             return classes
@@ -255,11 +276,11 @@ class StressTrainer(STAPOTrainer):
     # ---- ground truth: the mask at injected positions
     def _check_mask(self, output: dict, injected: torch.Tensor, kind: torch.Tensor) -> None:
         """Recompute the S2T rule from the mask's own inputs and count agreement at injected / other positions."""
-        batch = self.s2t_last_batch
+        batch = self.last_mask
         if batch is None or batch.completion_ids.shape != output["completion_ids"].shape:
             return
         if not torch.equal(batch.completion_ids.cpu(), output["completion_ids"].cpu()):
-            return  # the last mask was not built on this batch (another scope): nothing to check
+            return  # the last mask was not built on this batch: nothing to check
         logps = batch.per_token_logps.double().cpu()
         entropies = batch.entropies.double().cpu()
         advantages = batch.advantages.reshape(-1, 1).double().cpu()
@@ -312,7 +333,7 @@ class StressTrainer(STAPOTrainer):
     def _compute_loss(self, model, inputs):
         self._attribution_logps = None
         loss = super()._compute_loss(model, inputs)
-        if self._mask_in_loss and model.training and "stress_injected" in inputs:
+        if self._s2t_mask_in_loss and model.training and "stress_injected" in inputs:
             self._observe_mask([inputs])  # the mask of this micro-batch was just built from the loss's forward
         if self.attribution and self.probe is not None and model.training and "stress_kind" in inputs:
             if self._attribution_logps is not None:
