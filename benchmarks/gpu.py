@@ -51,7 +51,7 @@ def run_gpu(args, workdir: str, on_cpu: bool = False) -> dict:
     """Tokens per second and peak GPU memory of GRPO / STAPO on a Qwen3-0.6B-shaped random model."""
     from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
-    from stapo_trl.builtin import resolve_model_path
+    from stapo_trl.models import resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("builtin:tiny-math"))  # ids past it decode to ""
     shape = QWEN3_CPU_SMOKE if on_cpu else QWEN3_0_6B

@@ -304,8 +304,8 @@ def builtin_info() -> dict:
     The cache folder is keyed by name and version only, so a cache filled by another checkout (or by an earlier
     recipe under the same version) is reused silently; the bench says so instead of benchmarking a different model.
     """
-    from stapo_trl.builtin import BUILTIN_MODELS, read_builtin_info, resolve_model_path
-    from stapo_trl.builtin.tiny import SFT_CONFIG
+    from stapo_trl.models import BUILTIN_MODELS, read_builtin_info, resolve_model_path
+    from stapo_trl.models.tiny import SFT_CONFIG
 
     path = resolve_model_path("builtin:tiny-math")
     info = read_builtin_info(path)
@@ -315,7 +315,7 @@ def builtin_info() -> dict:
     if mismatches:
         print(
             f"WARNING: the cached builtin:tiny-math at {path} was built with other settings than this checkout's "
-            f"stapo_trl/builtin/ (cached, expected): {mismatches}. Use --model-cache DIR for a fresh build.",
+            f"stapo_trl/models/ (cached, expected): {mismatches}. Use --model-cache DIR for a fresh build.",
             flush=True,
         )
     return dict(

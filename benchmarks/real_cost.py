@@ -183,7 +183,7 @@ def main(argv=None) -> None:
         return
     import tempfile
 
-    from stapo_trl.builtin import resolve_model_path
+    from stapo_trl.models import resolve_model_path
 
     out = (
         Path(args.out)

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/real_models.py                                  # both models, twice each, ~10 min
     .venv/bin/python benchmarks/real_models.py --models gemma3-270m --repeats 1
 
-Needs `make install-real-models`. Each conversion is a fresh child process, `python -m stapo_trl.builtin NAME
+Needs `make install-real-models`. Each conversion is a fresh child process, `python -m stapo_trl.models NAME
 --output-dir DIR` (what a launched job runs; one torch thread), timed by wall clock, with the child's peak resident
 memory from `os.wait4`. Then the checkpoint is reloaded here with the Auto classes under `HF_HUB_OFFLINE=1`: its
 state-dict checksum must equal the build record's, and every repeat's checksum must agree (determinism); the chat
@@ -36,7 +36,7 @@ def convert_in_child(name: str, output_dir: Path) -> dict:
     """Run one conversion in a child process; returns its build record plus `wall_seconds` and `peak_rss_gb`."""
     start = time.perf_counter()
     child = subprocess.Popen(
-        [sys.executable, "-m", "stapo_trl.builtin", name, "--output-dir", str(output_dir)],
+        [sys.executable, "-m", "stapo_trl.models", name, "--output-dir", str(output_dir)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -54,7 +54,7 @@ def check_reload(path: Path, record: dict) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from stapo_trl.builtin.gguf import state_dict_sha256
+    from stapo_trl.models.gguf import state_dict_sha256
 
     model = AutoModelForCausalLM.from_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)

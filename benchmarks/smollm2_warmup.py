@@ -44,10 +44,10 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
-    from stapo_trl.builtin import resolve_model_path
-    from stapo_trl.builtin.sft_math import EVAL_MAX_NEW_TOKENS, SFT_CONFIG
-    from stapo_trl.builtin.warmup import SEED, measure_accuracy, sft_warm_up, summarize_token_statistics
     from stapo_trl.data import make_tiny_math_dataset
+    from stapo_trl.models import resolve_model_path
+    from stapo_trl.models.sft_math import EVAL_MAX_NEW_TOKENS, SFT_CONFIG
+    from stapo_trl.models.warmup import SEED, measure_accuracy, sft_warm_up, summarize_token_statistics
 
     torch.set_num_threads(1)
     base_path = resolve_model_path("builtin:smollm2-135m", cache_dir=args.cache_dir)

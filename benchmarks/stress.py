@@ -105,7 +105,7 @@ def evaluate_start(args) -> dict[str, Any]:
     """The held-out measurement of the SFT start (`builtin:tiny-math` before RL), with the seed of run 0."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from stapo_trl.builtin import resolve_model_path
+    from stapo_trl.models import resolve_model_path
 
     path = resolve_model_path("builtin:tiny-math")
     test = test_split().select(range(args.eval_problems))

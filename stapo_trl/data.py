@@ -27,7 +27,7 @@ from typing import Any
 
 import datasets
 
-from .dataset_checks import missing_column_message
+from .checks.dataset import missing_column_message
 
 
 logger = logging.getLogger(__name__)

@@ -4,16 +4,16 @@ Thin subclasses, as TRL's own trainers subclass `GRPOTrainer`: the maths, the ma
 are [`stapo_trl.core.STAPOTrainer`]'s (or TRL's, for the baseline). [`ProductTrainerMixin`] adds what users of the
 package and of `stapo-train` rely on:
 
-- `model="builtin:<name>"`: the built-in offline models ([`~stapo_trl.builtin.resolve_model_path`]).
+- `model="builtin:<name>"`: the built-in offline models ([`~stapo_trl.models.resolve_model_path`]).
 - `reward_funcs="math_accuracy"`: rewards by their `stapo_trl` name ([`~stapo_trl.rewards.resolve_reward_names`]).
 - Checks at construction, before a model is built: the `prompt` column and every reward argument filled by a
-  dataset column ([`~stapo_trl.dataset_checks`]), `vllm_mode="server"` on a CPU-only run ([`~stapo_trl.vllm_support`]).
+  dataset column ([`~stapo_trl.checks.dataset`]), `vllm_mode="server"` on a CPU-only run ([`~stapo_trl.integrations.vllm_support`]).
 - vLLM colocate on the CPU backend: weights synced through vLLM's reload path.
-- `train()`: the run files `metrics.jsonl` (and, for STAPO, `spurious_tokens.jsonl`; [`~stapo_trl.callbacks`]),
-  without the known-harmless upstream warnings ([`~stapo_trl.upstream_warnings`]).
+- `train()`: the run files `metrics.jsonl` (and, for STAPO, `spurious_tokens.jsonl`; [`~stapo_trl.runfiles.callbacks`]),
+  without the known-harmless upstream warnings ([`~stapo_trl.integrations.upstream_warnings`]).
 - `end()`: the DDP wrapper dropped before the process group is destroyed, so that gloo's threads stop and
-  the process exits cleanly ([`~stapo_trl.process_group.release_process_group`]).
-- The model card: TRL's, plus the run's settings and results ([`~stapo_trl.model_card`]), a quick start in the run's
+  the process exits cleanly ([`~stapo_trl.integrations.process_group.release_process_group`]).
+- The model card: TRL's, plus the run's settings and results ([`~stapo_trl.runfiles.model_card`]), a quick start in the run's
   prompt format, and public names only in the card `push_to_hub` uploads.
 """
 
@@ -27,17 +27,17 @@ import trl
 from trl.trainer.utils import get_config_model_id
 
 from . import core
-from .builtin import resolve_model_path
-from .callbacks import SpuriousTokenLogger, add_run_file_callbacks
+from .checks.dataset import check_chat_template, check_prompt_column, check_reward_columns
 from .config import STAPOConfig, untested_combination_warnings
-from .dataset_checks import check_chat_template, check_prompt_column, check_reward_columns
 from .diagnostics.ablations import ABLATION_MODES, ablation_mask
 from .diagnostics.metrics import diagnostic_metrics
-from .model_card import add_stapo_section, make_card_public, public_dataset_name, write_quick_start
-from .process_group import release_process_group
+from .integrations.process_group import release_process_group
+from .integrations.upstream_warnings import QuietKnownUpstreamWarnings
+from .integrations.vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
+from .models import resolve_model_path
 from .rewards import resolve_reward_names
-from .upstream_warnings import QuietKnownUpstreamWarnings
-from .vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
+from .runfiles.callbacks import SpuriousTokenLogger, add_run_file_callbacks
+from .runfiles.model_card import add_stapo_section, make_card_public, public_dataset_name, write_quick_start
 
 
 class ProductTrainerMixin:
@@ -69,9 +69,9 @@ class ProductTrainerMixin:
 
     def train(self, *args, **kwargs):
         """`Trainer.train`, writing the run files into `output_dir` unless `args.s2t_write_run_files` is off
-        ([`~stapo_trl.callbacks.add_run_file_callbacks`]: a callback of the same class added by the caller is kept
+        ([`~stapo_trl.runfiles.callbacks.add_run_file_callbacks`]: a callback of the same class added by the caller is kept
         instead), without the known-harmless upstream warnings
-        ([`~stapo_trl.upstream_warnings.QuietKnownUpstreamWarnings`])."""
+        ([`~stapo_trl.integrations.upstream_warnings.QuietKnownUpstreamWarnings`])."""
         if not isinstance(self.args, STAPOConfig) or self.args.s2t_write_run_files:
             add_run_file_callbacks(self)
         with QuietKnownUpstreamWarnings() as quiet:  # TRL's deprecated checkpointing calls; a tied head's resume
@@ -85,7 +85,7 @@ class ProductTrainerMixin:
         Args:
             model_name, dataset_name, tags: as [`~trl.GRPOTrainer.create_model_card`].
             public (`bool`, *optional*, defaults to `False`): the card as uploaded (`push_to_hub` sets it): no local
-                path, `builtin:` model or local dataset in it ([`~stapo_trl.model_card.make_card_public`]).
+                path, `builtin:` model or local dataset in it ([`~stapo_trl.runfiles.model_card.make_card_public`]).
         """
         if public:
             dataset_name = public_dataset_name(dataset_name)
@@ -103,7 +103,7 @@ class ProductTrainerMixin:
 
     def end(self):
         """`Trainer.end` (finish the trackers, destroy the process group), after dropping the DDP wrapper that would
-        keep the group alive and abort the process exit ([`~stapo_trl.process_group.release_process_group`]).
+        keep the group alive and abort the process exit ([`~stapo_trl.integrations.process_group.release_process_group`]).
         Call it once, last: `trainer.model` stays usable on each process, nothing may communicate afterwards."""
         release_process_group(self)
 
@@ -117,7 +117,7 @@ class STAPOTrainer(ProductTrainerMixin, core.STAPOTrainer):
     - the paper's ablation modes `s2t_mode="high_entropy"` and `"all_low_prob"` ([`~stapo_trl.diagnostics.ablations`]);
     - the diagnostics `s2t/entropy_p10` ... `p95`, `s2t/silenced_prob_mean`, `s2t/silenced_entropy_mean`
       ([`~stapo_trl.diagnostics.metrics`]), and one warning when a loss token has a non-finite p or H;
-    - the per-token records of `spurious_tokens.jsonl` ([`~stapo_trl.callbacks.SpuriousTokenLogger`]);
+    - the per-token records of `spurious_tokens.jsonl` ([`~stapo_trl.runfiles.callbacks.SpuriousTokenLogger`]);
     - log rows whose `s2t/` counts are summed and ratios pooled over the row (Σ silenced / Σ loss tokens, not a mean
       of per-mask ratios), with undefined keys left out instead of TRL's `None`.
 
@@ -132,7 +132,7 @@ class STAPOTrainer(ProductTrainerMixin, core.STAPOTrainer):
     Raises:
         TypeError: if `args` is not a [`~stapo_trl.STAPOConfig`].
         ValueError: a dataset without a `prompt` column; a reward function with an argument that no column of
-            `train_dataset` / `eval_dataset` fills ([`~stapo_trl.dataset_checks.check_reward_columns`]; not checked
+            `train_dataset` / `eval_dataset` fills ([`~stapo_trl.checks.dataset.check_reward_columns`]; not checked
             with a `rollout_func`); an unknown reward name; `vllm_mode="server"` without an accelerator.
     """
 

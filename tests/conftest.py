@@ -17,7 +17,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from stapo_trl.builtin import resolve_model_path  # noqa: E402
+from stapo_trl.models import resolve_model_path  # noqa: E402
 
 
 # The project's CPU machines have 2 cores; more threads than cores only adds contention.
@@ -87,7 +87,7 @@ def smollm2_path(builtin_cache_dir) -> str:
 def pytest_collection_modifyitems(config, items):
     """Skip the `vllm`-marked tests where vLLM is not installed (they run in .venv-vllm: `make test-vllm`), and the
     `real_model(*names)`-marked ones where a named model's wheels are missing (the reason names the install command)."""
-    from stapo_trl.builtin.gguf import locate_gguf
+    from stapo_trl.models.gguf import locate_gguf
 
     missing: dict[str, str | None] = {}
     vllm_skip = pytest.mark.skip(reason="vllm is not installed here: `make test-vllm` runs these in .venv-vllm")

@@ -18,12 +18,12 @@ from datasets import Dataset
 from testing_utils import check_two_rank_demo_run, run_distributed, run_subprocess, subprocess_env
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.builtin import builtin_model_dir
-from stapo_trl.callbacks import MetricsLogCallback, SpuriousTokenLogger, add_run_file_callbacks
 from stapo_trl.config import has_accelerator
 from stapo_trl.data import INSTRUCTION
-from stapo_trl.metrics_log import read_metrics, read_token_records
+from stapo_trl.models import builtin_model_dir
 from stapo_trl.rewards import REWARDS, format_reward, math_accuracy_reward
+from stapo_trl.runfiles.callbacks import MetricsLogCallback, SpuriousTokenLogger, add_run_file_callbacks
+from stapo_trl.runfiles.metrics_log import read_metrics, read_token_records
 
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,8 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import stapo_trl.builtin.cache as builtin_cache
-from stapo_trl.builtin import (
+import stapo_trl.models.cache as builtin_cache
+from stapo_trl.data import INSTRUCTION, format_prompt, make_tiny_math_dataset
+from stapo_trl.models import (
     BUILTIN_MODELS,
     INFO_FILE,
     builtin_model_dir,
@@ -16,15 +17,14 @@ from stapo_trl.builtin import (
     read_builtin_info,
     resolve_model_path,
 )
-from stapo_trl.builtin.build import one_torch_thread as build_on_one_thread
-from stapo_trl.builtin.warmup import measure_accuracy
-from stapo_trl.data import INSTRUCTION, format_prompt, make_tiny_math_dataset
+from stapo_trl.models.build import one_torch_thread as build_on_one_thread
+from stapo_trl.models.warmup import measure_accuracy
 
 
 @pytest.fixture
 def one_torch_thread():
     # Generation and training of a 144k-parameter model are dominated by thread hand-offs: one thread is ~3x faster
-    # than two on a busy 2-core machine (see `stapo_trl.builtin.build.one_torch_thread`).
+    # than two on a busy 2-core machine (see `stapo_trl.models.build.one_torch_thread`).
     with build_on_one_thread():
         yield
 
@@ -270,7 +270,7 @@ def test_recorded_token_statistics_match_a_forward_pass(tiny_math_model_path, on
     # softmax of the logits, which a teacher-forced forward pass over prompt + completion reproduces.
     from transformers import LogitsProcessorList
 
-    from stapo_trl.builtin.warmup import _TokenStatisticsRecorder
+    from stapo_trl.models.warmup import _TokenStatisticsRecorder
 
     model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
     tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
@@ -309,7 +309,7 @@ def test_recorded_token_statistics_match_a_forward_pass(tiny_math_model_path, on
 
 
 def test_token_statistics_summary_on_hand_values():
-    from stapo_trl.builtin.warmup import summarize_token_statistics
+    from stapo_trl.models.warmup import summarize_token_statistics
 
     # Entropies 0..4 nats: linear-interpolated p10 = 0.4, p50 = 2, p90 = 3.6, mean 2. Probabilities: 2 of 5 below 0.002
     # (0.002 itself is not below).

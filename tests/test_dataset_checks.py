@@ -1,4 +1,4 @@
-"""The datasets of a run, checked when the trainer is built (`stapo_trl.dataset_checks`): chat messages need a chat
+"""The datasets of a run, checked when the trainer is built (`stapo_trl.checks.dataset`): chat messages need a chat
 template (issue 20, item 5: Gemma-3 has none and TRL failed at step 1), empty datasets say they are empty (issue 23,
 item 6), and an optimizer update of partial prompt groups is warned by the run as by the dry run (issue 23, item 5).
 """
@@ -149,7 +149,7 @@ def test_evaluation_prompts_follow_the_same_rule(model_without_chat_template):
     ids=["no-columns", "columns-no-rows", "empty-eval"],
 )
 def test_an_empty_dataset_is_called_empty(tiny_random_model_path, tmp_path, train, eval_rows, name):
-    from stapo_trl.dataset_checks import check_prompt_column
+    from stapo_trl.checks.dataset import check_prompt_column
 
     with pytest.raises(ValueError, match=rf"^Dataset '{name}' is empty \(0 rows\): give it prompts"):
         build(tiny_random_model_path, tmp_path, train, eval_rows)

@@ -1,5 +1,5 @@
-"""The diagnostic figures (`stapo_trl.diagnostic_plots`) of a real short run, and ratios over seeds pooled from the
-counts (`stapo_trl.metrics_log`), as the accuracy table pools them."""
+"""The diagnostic figures (`stapo_trl.runfiles.diagnostic_plots`) of a real short run, and ratios over seeds pooled from the
+counts (`stapo_trl.runfiles.metrics_log`), as the accuracy table pools them."""
 
 import json
 import warnings
@@ -8,9 +8,9 @@ import pytest
 from datasets import Dataset
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.diagnostic_plots import _mean_series, plot_diagnostics
-from stapo_trl.metrics_log import load_run, pooled_ratio_series, read_metrics, read_token_records
-from stapo_trl.plots import TRAINING_CURVES, training_curves_figure
+from stapo_trl.runfiles.diagnostic_plots import _mean_series, plot_diagnostics
+from stapo_trl.runfiles.metrics_log import load_run, pooled_ratio_series, read_metrics, read_token_records
+from stapo_trl.runfiles.plots import TRAINING_CURVES, training_curves_figure
 
 
 FIGURES = {"s2t_entropy_quantiles.png", "s2t_ratios.png", "s2t_prob_entropy.png", "s2t_top_tokens.png"}

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from testing_utils import PORT_TAKEN, check_two_rank_demo_run, free_port, run_distributed, run_torchrun, subprocess_env
 
-from stapo_trl.metrics_log import read_token_records
+from stapo_trl.runfiles.metrics_log import read_token_records
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -356,7 +356,7 @@ def test_benchmark_eval_is_refused_under_zero3_before_the_model_is_built(tiny_ma
 
 # A product trainer trained on two ranks (DDP), then `trainer.end()`: afterwards no function default may hold the
 # default process group, destroy_process_group() must have stopped gloo's threads (they used to survive, held by a
-# function default or by the DDP wrapper, and abort ~1 exit in 15; see stapo_trl/process_group.py), and the model
+# function default or by the DDP wrapper, and abort ~1 exit in 15; see stapo_trl/integrations/process_group.py), and the model
 # must still generate on each process.
 GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
     r"""
@@ -438,7 +438,7 @@ DIAGNOSTICS_WORKER = textwrap.dedent(
     import json, os, sys, warnings
     from datasets import Dataset
     from stapo_trl import STAPOConfig, STAPOTrainer
-    from stapo_trl.callbacks import SpuriousTokenLogger
+    from stapo_trl.runfiles.callbacks import SpuriousTokenLogger
 
     def length_reward(completions, **kwargs):
         return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from stapo_trl.cli import eval as stapo_eval
-from stapo_trl.cli.eval import main, parse_decoding_list
+from stapo_trl.cli.eval import main
+from stapo_trl.cli.eval_args import parse_decoding_list
 from stapo_trl.evaluation.generation import (
     DECODINGS,
     GeneratedSample,

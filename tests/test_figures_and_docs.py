@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_readable_token_labels_of_hand_made_byte_tokens():
-    from stapo_trl.diagnostic_plots import readable_token, vocab_token_bytes
+    from stapo_trl.runfiles.token_labels import readable_token, vocab_token_bytes
 
     # Byte-level BPE vocabulary entries (GPT-2's byte alphabet) and SentencePiece byte-fallback pieces -> bytes.
     assert vocab_token_bytes("Ġcarry") == b" carry" and vocab_token_bytes("Ċ") == b"\n"
@@ -43,7 +43,7 @@ def test_tracker_table_labels_tokens_like_the_figure(tiny_random_model_path, tmp
 
     from transformers import AutoTokenizer
 
-    from stapo_trl.callbacks import SpuriousTokenLogger
+    from stapo_trl.runfiles.callbacks import SpuriousTokenLogger
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     lead, other, newline = tokenizer.convert_tokens_to_ids(["â", "Ý", "Ċ"])
@@ -59,7 +59,8 @@ def test_top_tokens_figure_has_readable_labels_and_integer_count_ticks(tiny_rand
     from matplotlib.ticker import MaxNLocator
     from transformers import AutoTokenizer
 
-    from stapo_trl.diagnostic_plots import load_token_bytes, plot_top_tokens, top_tokens_figure
+    from stapo_trl.runfiles.diagnostic_plots import plot_top_tokens, top_tokens_figure
+    from stapo_trl.runfiles.token_labels import load_token_bytes
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     ids = tokenizer.convert_tokens_to_ids(["â", "Ċ", "Ġcarry", "Ė", "Ý"])  # real byte-level BPE entries

@@ -232,7 +232,7 @@ def test_cards_name_a_real_builtin_by_its_hub_origin_and_carry_its_license(tmp_p
     # A model trained from google/gemma-3-270m must carry Gemma's terms wherever its card goes; and an uploaded card
     # names the Hub model the built-in was made from (no builtin: name, which means nothing on the Hub).
     from stapo_trl import STAPOConfig
-    from stapo_trl.model_card import public_base_model_name, stapo_card_section
+    from stapo_trl.runfiles.model_card import public_base_model_name, stapo_card_section
 
     assert public_base_model_name(name) == public
     section = stapo_card_section(STAPOConfig(output_dir=str(tmp_path), report_to="none"), name)

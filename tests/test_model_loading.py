@@ -1,4 +1,4 @@
-"""`stapo_trl.model_loading`: a LoRA adapter folder (a `--use_peft` run's output) loads onto its base model."""
+"""`stapo_trl.models.loading`: a LoRA adapter folder (a `--use_peft` run's output) loads onto its base model."""
 
 import json
 import shutil
@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from stapo_trl.model_loading import ModelSource, load_causal_lm, resolve_model_source
+from stapo_trl.models.loading import ModelSource, load_causal_lm, resolve_model_source
 
 
 @pytest.fixture(scope="module")

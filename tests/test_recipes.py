@@ -555,7 +555,7 @@ def _tiny_trainer(model_path: str, output_dir: Path, **config):
 
 
 def test_model_card_names_stapo_cites_the_paper_and_lists_the_s2t_values(tiny_random_model_path, tmp_path):
-    from stapo_trl.model_card import SECTION_START, add_stapo_section
+    from stapo_trl.runfiles.model_card import SECTION_START, add_stapo_section
 
     trainer = _tiny_trainer(tiny_random_model_path, tmp_path, s2t_prob_threshold=0.003, s2t_entropy_quantile=0.8)
     trainer.create_model_card(dataset_name=None, tags=["stapo_trl"])
@@ -579,7 +579,7 @@ def test_model_card_names_stapo_cites_the_paper_and_lists_the_s2t_values(tiny_ra
 
 @pytest.mark.parametrize("name,expected", [("Qwen/Qwen3-1.7B-Base", "Qwen/Qwen3-1.7B-Base")])
 def test_base_model_name_of_hub_ids_is_unchanged(name, expected):
-    from stapo_trl.model_card import base_model_name
+    from stapo_trl.runfiles.model_card import base_model_name
 
     assert base_model_name(name) == expected
 
@@ -591,7 +591,7 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
     from stapo_trl import STAPOTrainer
     from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.run import prepare
-    from stapo_trl.model_card import write_quick_start
+    from stapo_trl.runfiles.model_card import write_quick_start
 
     script, args, model_args = parse_args([
         "--config", str(RECIPES_DIR / "demo" / "stapo_lora.yaml"),
@@ -651,7 +651,7 @@ def _run_quick_start(card_path, expect: str) -> None:
 def test_full_model_card_quick_start_asks_a_training_prompt(tiny_math_model_path, tmp_path):
     # Issue 12, item 10: the built-in model's card used to ask it a chat question it was never trained on.
     from stapo_trl.data import INSTRUCTION
-    from stapo_trl.model_card import quick_start_code
+    from stapo_trl.runfiles.model_card import quick_start_code
 
     prompt = [{"role": "user", "content": f"47+38\n{INSTRUCTION}"}]
     card = tmp_path / "README.md"

@@ -397,7 +397,7 @@ def test_gradient_checkpointing_future_warning_is_silenced_precisely(tiny_math_m
 
     from transformers import AutoModelForCausalLM
 
-    from stapo_trl.upstream_warnings import QuietKnownUpstreamWarnings
+    from stapo_trl.integrations.upstream_warnings import QuietKnownUpstreamWarnings
 
     model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
     with warnings.catch_warnings(record=True) as caught:
@@ -429,7 +429,7 @@ def test_tied_lm_head_missing_keys_is_dropped_only_for_tied_models(tiny_math_mod
 
     from transformers import AutoConfig, AutoModelForCausalLM, Trainer
 
-    from stapo_trl.upstream_warnings import QuietKnownUpstreamWarnings, has_tied_lm_head
+    from stapo_trl.integrations.upstream_warnings import QuietKnownUpstreamWarnings, has_tied_lm_head
 
     tied = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
     config = AutoConfig.from_pretrained(tiny_math_model_path, tie_word_embeddings=False)
@@ -495,7 +495,7 @@ def _card_trainer(trainer_name: str, model_path: str, output_dir: Path):
 def test_uploaded_card_has_no_local_path_or_builtin_name(
     tmp_path, tiny_random_model_path, trainer_name, dataset_name, hub_dataset
 ):
-    from stapo_trl.model_card import SECTION_START
+    from stapo_trl.runfiles.model_card import SECTION_START
 
     out = tmp_path / "outputs" / "demo-run"
     data = _jsonl(tmp_path / "train.jsonl", _sums(8))
@@ -550,7 +550,7 @@ def test_push_to_hub_with_an_unreachable_hub_or_no_token_fails_in_one_line(tmp_p
 
     from huggingface_hub import constants
 
-    from stapo_trl.hub import check_hub_access
+    from stapo_trl.checks.hub import check_hub_access
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -578,7 +578,7 @@ def test_fresh_run_keeps_an_earlier_runs_metrics_aside(tmp_path, tiny_math_model
     """A run without checkpoints (save_strategy no) started again in its folder: the earlier metrics.jsonl and
     spurious_tokens.jsonl are moved aside (metrics.1.jsonl, then .2), never overwritten."""
     from stapo_trl.cli.train import main
-    from stapo_trl.metrics_log import read_jsonl
+    from stapo_trl.runfiles.metrics_log import read_jsonl
 
     out = tmp_path / "run"
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]

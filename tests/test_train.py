@@ -1,4 +1,4 @@
-"""Tests of `stapo-train` (stapo_trl.cli.train), its metrics file (stapo_trl.metrics_log) and `stapo-plot`.
+"""Tests of `stapo-train` (stapo_trl.cli.train), its metrics file (stapo_trl.runfiles.metrics_log) and `stapo-plot`.
 
 Parser and fail-fast checks run without building a model (a guard fails the test if one is built). The end-to-end
 test runs the real demo recipe in-process at a reduced size on the session's tiny-math model, then resumes it.
@@ -50,7 +50,8 @@ def test_demo_recipes_parse_into_the_right_classes():
     from trl import ModelConfig
 
     from stapo_trl import STAPOConfig
-    from stapo_trl.cli.args import STAPOScriptArguments, parse_args
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.script_args import STAPOScriptArguments
 
     script_args, stapo_args, model_args = parse_args(["--config", STAPO_RECIPE])
     assert isinstance(script_args, STAPOScriptArguments) and isinstance(model_args, ModelConfig)
@@ -84,7 +85,7 @@ def test_demo_recipes_parse_into_the_right_classes():
 def test_every_script_argument_has_help_text_and_a_docstring_entry():
     import dataclasses
 
-    from stapo_trl.cli.args import STAPOScriptArguments
+    from stapo_trl.cli.script_args import STAPOScriptArguments
 
     own = {f.name for f in dataclasses.fields(STAPOScriptArguments)} - {
         f.name for f in dataclasses.fields(STAPOScriptArguments.__mro__[1])
@@ -280,8 +281,8 @@ def _state(step: int):
 
 
 def test_metrics_callback_writes_strict_json_and_drops_redone_steps_on_resume(tmp_path):
-    from stapo_trl.callbacks import MetricsLogCallback
-    from stapo_trl.metrics_log import read_metrics
+    from stapo_trl.runfiles.callbacks import MetricsLogCallback
+    from stapo_trl.runfiles.metrics_log import read_metrics
 
     args = types.SimpleNamespace(output_dir=str(tmp_path))
     callback = MetricsLogCallback()
@@ -346,7 +347,7 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from stapo_trl.cli.train import main
-    from stapo_trl.metrics_log import read_metrics
+    from stapo_trl.runfiles.metrics_log import read_metrics
 
     resumed_from = []
     original_train = transformers.Trainer.train

@@ -15,8 +15,8 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.callbacks import SpuriousTokenLogger
 from stapo_trl.config import untested_combination_warnings
+from stapo_trl.runfiles.callbacks import SpuriousTokenLogger
 
 
 def zero_reward(completions, **kwargs):

@@ -16,7 +16,7 @@ from testing_utils import ForwardCounter
 from trl import GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.vllm_support import check_vllm_args
+from stapo_trl.integrations.vllm_support import check_vllm_args
 
 
 def length_reward(completions, **kwargs):
@@ -252,7 +252,7 @@ def _hf_logprobs(model, token_ids):
 
 @pytest.mark.vllm
 def test_vllm_generates_with_the_new_weights_after_a_sync(vllm_trainer):
-    from stapo_trl.vllm_support import sync_weights_by_reload
+    from stapo_trl.integrations.vllm_support import sync_weights_by_reload
 
     trainer = vllm_trainer
     generation = trainer.vllm_generation

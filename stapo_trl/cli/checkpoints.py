@@ -10,7 +10,7 @@ import torch
 from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import get_last_checkpoint
 
-from ..model_card import (
+from ..runfiles.model_card import (
     RESUME_FIXED_FIELDS,
 )
 
@@ -61,7 +61,7 @@ def check_resume_from_checkpoint(training_args) -> None:
 def check_resume_settings(training_args) -> None:
     """Refuse to resume the checkpoint `stapo-train` would resume (`resume_from_checkpoint`, else the last one in
     `output_dir`) with other S2T or objective settings than it was trained with
-    ([`~stapo_trl.model_card.RESUME_FIXED_FIELDS`], read from its `training_args.bin`): the run would mix them, and the
+    ([`~stapo_trl.runfiles.model_card.RESUME_FIXED_FIELDS`], read from its `training_args.bin`): the run would mix them, and the
     model card states one value of each. `max_steps` and the batch geometry may change.
 
     Raises:

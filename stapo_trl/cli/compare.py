@@ -11,9 +11,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..diagnostic_plots import plot_diagnostics
-from ..metrics_log import read_metrics
-from ..plots import TRAINING_CURVES, plot_training_curves
+from ..runfiles.diagnostic_plots import plot_diagnostics
+from ..runfiles.metrics_log import read_metrics
+from ..runfiles.plots import TRAINING_CURVES, plot_training_curves
 from .args import parse_args
 from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser
 from .run import train
@@ -59,6 +59,40 @@ def _accuracy_table(results: dict[str, list[dict[str, Any]]]) -> tuple[str, str]
     return "\n".join(lines), k_metric
 
 
+def _parser() -> OneLineErrorParser:
+    parser = OneLineErrorParser(
+        prog="stapo-train compare",
+        allow_abbrev=False,
+        description="Train two recipes on the same seeds; plot both runs' curves in one PNG and print held-out "
+        "accuracy before/after. Arguments after `--` override keys of both recipes (e.g. -- --max_steps 100).",
+        epilog=EXIT_STATUS_HELP,
+    )
+    parser.add_argument(
+        "recipes", nargs="*", metavar="RECIPE", help="Two recipe YAML files (e.g. grpo.yaml stapo.yaml)."
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="Seeds to run each recipe on.")
+    parser.add_argument("--output-dir", default="outputs/compare", help="Root folder of the runs and the figure.")
+    return parser
+
+
+def _check_recipes_and_seeds(prog: str, args) -> None:
+    """Two recipes, distinct seeds; else an `InputError` naming the argument."""
+    if len(args.recipes) != 2:
+        given = ", ".join(args.recipes) if args.recipes else "none"
+        raise InputError(
+            prog,
+            f"RECIPE: compare trains two recipes on the same seeds (e.g. recipes/demo/grpo.yaml "
+            f"recipes/demo/stapo.yaml); {len(args.recipes)} given ({given}).",
+        )
+    repeated = sorted({seed for seed in args.seeds if args.seeds.count(seed) > 1})
+    if repeated:
+        raise InputError(
+            prog,
+            f"--seeds {' '.join(map(str, args.seeds))}: seed(s) {', '.join(map(str, repeated))} given twice; each "
+            "seed is one run folder per recipe, so give distinct seeds.",
+        )
+
+
 def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """`stapo-train compare RECIPE_A RECIPE_B [--seeds ...] [--output-dir DIR] [-- OVERRIDES]`.
 
@@ -78,33 +112,9 @@ def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if "--" in argv:
         overrides = argv[argv.index("--") + 1 :]
         argv = argv[: argv.index("--")]
-    parser = OneLineErrorParser(
-        prog="stapo-train compare",
-        allow_abbrev=False,
-        description="Train two recipes on the same seeds; plot both runs' curves in one PNG and print held-out "
-        "accuracy before/after. Arguments after `--` override keys of both recipes (e.g. -- --max_steps 100).",
-        epilog=EXIT_STATUS_HELP,
-    )
-    parser.add_argument(
-        "recipes", nargs="*", metavar="RECIPE", help="Two recipe YAML files (e.g. grpo.yaml stapo.yaml)."
-    )
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="Seeds to run each recipe on.")
-    parser.add_argument("--output-dir", default="outputs/compare", help="Root folder of the runs and the figure.")
+    parser = _parser()
     args = parser.parse_args(argv)
-    if len(args.recipes) != 2:
-        given = ", ".join(args.recipes) if args.recipes else "none"
-        raise InputError(
-            parser.prog,
-            f"RECIPE: compare trains two recipes on the same seeds (e.g. recipes/demo/grpo.yaml "
-            f"recipes/demo/stapo.yaml); {len(args.recipes)} given ({given}).",
-        )
-    repeated = sorted({seed for seed in args.seeds if args.seeds.count(seed) > 1})
-    if repeated:
-        raise InputError(
-            parser.prog,
-            f"--seeds {' '.join(map(str, args.seeds))}: seed(s) {', '.join(map(str, repeated))} given twice; each "
-            "seed is one run folder per recipe, so give distinct seeds.",
-        )
+    _check_recipes_and_seeds(parser.prog, args)
 
     labels: dict[str, str] = {}
     for recipe in args.recipes:
@@ -115,17 +125,8 @@ def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
         for recipe in args.recipes:
             for seed in args.seeds:
                 run_dir = os.path.join(args.output_dir, labels[recipe], f"seed{seed}")
-                run_argv = [
-                    "--config",
-                    recipe,
-                    "--eval_before_after",
-                    "true",
-                    "--seed",
-                    str(seed),
-                    "--output_dir",
-                    run_dir,
-                ]
-                planned.append((labels[recipe], seed, parse_args(run_argv + overrides)))
+                run_argv = ["--config", recipe, "--eval_before_after", "true", "--seed", str(seed)]
+                planned.append((labels[recipe], seed, parse_args([*run_argv, "--output_dir", run_dir, *overrides])))
     except (ValueError, OSError) as e:
         raise InputError(parser.prog, str(e)) from e
     results: dict[str, list[dict[str, Any]]] = {label: [] for label in labels.values()}

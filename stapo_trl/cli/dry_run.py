@@ -147,7 +147,7 @@ def validate_recipe(
     `generation_batch_size` is that of one process; the arithmetic here is redone for `num_processes`).
 
     Args:
-        script_args ([`~stapo_trl.cli.args.STAPOScriptArguments`]): trainer, rewards, data.
+        script_args ([`~stapo_trl.cli.script_args.STAPOScriptArguments`]): trainer, rewards, data.
         training_args ([`~stapo_trl.STAPOConfig`] or [`~trl.GRPOConfig`]): the optimisation settings.
         model_args ([`~trl.ModelConfig`]): model name, dtype, PEFT.
         num_processes (`int`): training processes (GPUs) the recipe will run on, vLLM server GPUs excluded.

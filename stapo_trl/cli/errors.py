@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterator
 from typing import NoReturn
 
-from ..process_group import destroy_process_group_if_any
+from ..integrations.process_group import destroy_process_group_if_any
 
 
 EXIT_INPUT_ERROR = 2  # argparse's status for a usage error
@@ -68,7 +68,7 @@ def print_line(message: str) -> None:
 def report_input_errors() -> Iterator[None]:
     """Print an [`InputError`] raised in the block as its one line on stderr, then let it end the command, with no
     process group left (under `accelerate launch` the group exists once a config does; left alive, gloo's threads can
-    abort the exit: [`~stapo_trl.process_group.destroy_process_group_if_any`])."""
+    abort the exit: [`~stapo_trl.integrations.process_group.destroy_process_group_if_any`])."""
     try:
         yield
     except InputError as e:

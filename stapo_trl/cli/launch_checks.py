@@ -250,7 +250,7 @@ def sharding_error(script_args, sharding: str | None) -> str | None:
     parameters every rank must take part in each forward of `generate`, so it would hang or fail.
 
     Args:
-        script_args ([`~stapo_trl.cli.args.STAPOScriptArguments`]): reads `benchmark_eval` (absent: not set).
+        script_args ([`~stapo_trl.cli.script_args.STAPOScriptArguments`]): reads `benchmark_eval` (absent: not set).
         sharding (`str` or `None`): what [`parameter_sharding`] returns.
     """
     benchmark = getattr(script_args, "benchmark_eval", None)

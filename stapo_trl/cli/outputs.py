@@ -11,9 +11,9 @@ from typing import Any
 from trl.models.utils import unwrap_model_for_generation
 
 from ..data import evaluation_split
-from ..diagnostic_plots import plot_diagnostics
 from ..evaluation.generation import evaluate_avg_at_k
-from ..metrics_log import (
+from ..runfiles.diagnostic_plots import plot_diagnostics
+from ..runfiles.metrics_log import (
     METRICS_FILENAME,
     SPURIOUS_TOKENS_FILENAME,
     candidate_facts,
@@ -21,7 +21,7 @@ from ..metrics_log import (
     read_token_records,
     s2t_totals,
 )
-from ..plots import plot_training_curves
+from ..runfiles.plots import plot_training_curves
 
 
 logger = logging.getLogger(__name__)
@@ -53,8 +53,8 @@ def evaluate_trainer_model(trainer, script_args, eval_dataset, max_new_tokens: i
 
 def summarize_s2t(rows: list[dict[str, Any]], output_dir: str | None = None) -> dict[str, Any]:
     """The S2T summary of a run's `metrics.jsonl` rows: the mean of the rows' silenced ratios, the pooled ratio of the
-    run ([`~stapo_trl.metrics_log.s2t_totals`]) and, with `output_dir`, what its candidates were
-    ([`~stapo_trl.metrics_log.candidate_facts`] of `spurious_tokens.jsonl`). Empty without `s2t/` metrics."""
+    run ([`~stapo_trl.runfiles.metrics_log.s2t_totals`]) and, with `output_dir`, what its candidates were
+    ([`~stapo_trl.runfiles.metrics_log.candidate_facts`] of `spurious_tokens.jsonl`). Empty without `s2t/` metrics."""
     ratios = [r["s2t/silenced_ratio"] for r in rows if r.get("s2t/silenced_ratio") is not None]
     totals = s2t_totals(rows)
     if not ratios or totals is None:

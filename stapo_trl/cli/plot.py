@@ -4,7 +4,7 @@
     stapo-plot outputs/demo-grpo outputs/demo-stapo --out cmp.png  # runs overlaid
     stapo-plot outputs/compare/grpo outputs/compare/stapo          # folders of seeds: mean with a min/max band
 
-The figures are drawn by [`stapo_trl.plots.plot_output_dirs`] and [`stapo_trl.diagnostic_plots.plot_diagnostics`].
+The figures are drawn by [`stapo_trl.runfiles.plots.plot_output_dirs`] and [`stapo_trl.runfiles.diagnostic_plots.plot_diagnostics`].
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import logging
 import os
 from collections.abc import Sequence
 
-from ..diagnostic_plots import load_token_records, plot_diagnostics
-from ..metrics_log import load_run
-from ..plots import figure_out_kind, plot_output_dirs
+from ..runfiles.diagnostic_plots import load_token_records, plot_diagnostics
+from ..runfiles.metrics_log import load_run
+from ..runfiles.plots import figure_out_kind, plot_output_dirs
 from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_input_errors
 
 
@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _main(argv: Sequence[str] | None) -> None:
     parser = make_parser()
     args = parser.parse_args(argv)
-    if not logging.getLogger().handlers:  # the run files' warnings (stapo_trl.metrics_log), one line each
+    if not logging.getLogger().handlers:  # the run files' warnings (stapo_trl.runfiles.metrics_log), one line each
         logging.basicConfig(level=logging.WARNING, format=f"{parser.prog}: warning: %(message)s")
     if args.smoothing is not None and args.smoothing < 1:
         raise InputError(

@@ -12,17 +12,18 @@ from typing import Any
 from transformers import AutoConfig, AutoTokenizer
 from trl import ModelConfig
 
-from ..builtin import check_model_available, resolve_model_path
+from ..checks.dataset import CLI_CHAT_TEMPLATE_FIX, check_chat_template, check_reward_columns
+from ..checks.hub import check_hub_access
+from ..checks.prompt_length import model_max_positions, prompt_token_budget, report_dropped
 from ..data import evaluation_split, filter_long_prompts, load_prompt_dataset
-from ..dataset_checks import CLI_CHAT_TEMPLATE_FIX, check_chat_template, check_reward_columns
 from ..evaluation.callback import BenchmarkEvalCallback
-from ..hub import check_hub_access
-from ..prompt_length import model_max_positions, prompt_token_budget, report_dropped
+from ..models import check_model_available, resolve_model_path
 from ..rewards import get_reward_funcs
-from .args import STAPOScriptArguments, prompt_dataset_kwargs
+from .args import prompt_dataset_kwargs
 from .checkpoints import check_resume_settings
 from .geometry import too_few_prompts
 from .launch_checks import parameter_sharding, sharding_error
+from .script_args import STAPOScriptArguments
 
 
 logger = logging.getLogger(__name__)
@@ -83,14 +84,14 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
 
     Raises:
         ValueError: Unknown reward name, no `dataset_name`, `dataset_streaming`, missing column (the prompt or solution
-            column, or one a reward function reads: [`~stapo_trl.dataset_checks.check_reward_columns`]), unknown
+            column, or one a reward function reads: [`~stapo_trl.checks.dataset.check_reward_columns`]), unknown
             `builtin:`, fewer training prompts (after the length filter) than one rollout step takes,
             `benchmark_eval` under DeepSpeed ZeRO-3 or FSDP (its evaluation generates on rank 0 alone), a checkpoint
             in `output_dir` trained with other S2T or objective settings ([`check_resume_settings`]), a tokenizer
-            without a chat template ([`~stapo_trl.dataset_checks.check_chat_template`]).
+            without a chat template ([`~stapo_trl.checks.dataset.check_chat_template`]).
         FileNotFoundError: A model or dataset path that does not exist.
         ConnectionError: `push_to_hub` set but the Hub cannot be used (offline, no token, unreachable): one line
-            naming `hub_model_id` ([`~stapo_trl.hub.check_hub_access`]).
+            naming `hub_model_id` ([`~stapo_trl.checks.hub.check_hub_access`]).
     """
     start = time.perf_counter()
     reward_funcs = get_reward_funcs(script_args.reward_funcs)
@@ -140,7 +141,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
 
 def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_funcs):
     """(train, test, before/after eval) prompt datasets, the last two `None` when not needed; every column a reward
-    function reads is checked here ([`~stapo_trl.dataset_checks.check_reward_columns`])."""
+    function reads is checked here ([`~stapo_trl.checks.dataset.check_reward_columns`])."""
     load_kwargs = prompt_dataset_kwargs(script_args)
     train_dataset = load_prompt_dataset(
         script_args.dataset_name,
@@ -171,7 +172,7 @@ def _drop_long_prompts(train_dataset, tokenizer, model_path: str, script_args, t
     """(the training prompts within the prompt-token budget, where they were counted: for the too-few message).
 
     Prompts longer than `max_prompt_tokens` or than the model's positions minus `max_completion_length` are dropped
-    with one warning line (the rule `stapo-eval` applies too: [`stapo_trl.prompt_length`]).
+    with one warning line (the rule `stapo-eval` applies too: [`stapo_trl.checks.prompt_length`]).
     """
     max_positions = model_max_positions(
         AutoConfig.from_pretrained(

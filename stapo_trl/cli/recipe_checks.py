@@ -15,8 +15,9 @@ from pathlib import Path
 
 from trl import GRPOConfig
 
-from ..builtin import BUILTIN_PREFIX as MODEL_PREFIX
-from ..builtin import builtin_model_dir, check_model_name_or_path
+from ..checks.dataset import CLI_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
+from ..checks.hub import check_hub_access
+from ..checks.prompt_length import model_max_positions, prompt_token_budget
 from ..config import STAPOConfig
 from ..data import (
     BUILTIN_DATASETS,
@@ -28,13 +29,13 @@ from ..data import (
     load_prompt_dataset,
 )
 from ..data import BUILTIN_PREFIX as DATA_PREFIX
-from ..dataset_checks import CLI_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
-from ..hub import check_hub_access
-from ..prompt_length import model_max_positions, prompt_token_budget
+from ..models import BUILTIN_PREFIX as MODEL_PREFIX
+from ..models import builtin_model_dir, check_model_name_or_path
 from ..rewards import REWARDS, get_reward_funcs
-from .args import TRAINERS, prompt_dataset_kwargs
+from .args import prompt_dataset_kwargs
 from .checkpoints import check_resume_from_checkpoint
 from .geometry import BatchGeometry, too_few_prompts
+from .script_args import TRAINERS
 
 
 # Trackers `report_to` may name, with the module that must be importable for them.
@@ -289,7 +290,7 @@ def check_output(f: Findings, script_args, training_args, cpu_forced: bool, geom
 def check_prompt_lengths(f: Findings, script_args, training_args, model_args, num_train_prompts: int | None) -> None:
     """How many training prompts the prompt-length rule will drop, when the data and the model's tokenizer are here.
 
-    The rule is `stapo-train`'s ([`stapo_trl.prompt_length`]): a prompt longer than `max_prompt_tokens` or than the
+    The rule is `stapo-train`'s ([`stapo_trl.checks.prompt_length`]): a prompt longer than `max_prompt_tokens` or than the
     model's positions minus `max_completion_length` is dropped. Counted only for a built-in or local dataset and a
     local (or already built `builtin:`) model; otherwise the row says why it was not counted.
     """
@@ -340,7 +341,7 @@ def _local_model_path(model_args) -> Path | None:
 
 def check_chat_template_of_model(f: Findings, model_args) -> bool:
     """`stapo-train`'s prompts are chat messages: refuse a model whose tokenizer has no chat template, as
-    `stapo-train` itself does ([`~stapo_trl.dataset_checks.check_chat_template`]), when the model is here.
+    `stapo-train` itself does ([`~stapo_trl.checks.dataset.check_chat_template`]), when the model is here.
 
     Returns:
         `bool`: False when the model was refused (its prompts cannot be formatted, so not counted), else True (a Hub id

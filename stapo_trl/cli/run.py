@@ -23,9 +23,8 @@ from transformers import set_seed
 from transformers.trainer_callback import TrainerState
 from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
 
+from ..integrations.upstream_warnings import QuietKnownUpstreamWarnings
 from ..trainer import GRPOBaselineTrainer, STAPOTrainer
-from ..upstream_warnings import QuietKnownUpstreamWarnings
-from .args import STAPOScriptArguments
 from .checkpoints import resolve_checkpoint
 from .interrupt import GracefulInterrupt
 from .outputs import (
@@ -37,6 +36,7 @@ from .outputs import (
     write_figures,
 )
 from .prepare import PreparedRun, is_builtin_or_local, prepare
+from .script_args import STAPOScriptArguments
 
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def train(
         (where it was written, see [`eval_results_path`]; `None` off the main process or without evaluation) and `s2t`
         (mean silenced ratio and friends over the logging steps; empty for `trainer: grpo`).
     """
-    # Known-harmless upstream warnings, silenced by message and category (stapo_trl.upstream_warnings).
+    # Known-harmless upstream warnings, silenced by message and category (stapo_trl.integrations.upstream_warnings).
     with torch_threads(script_args.torch_num_threads), QuietKnownUpstreamWarnings() as quiet:
         return _train(script_args, training_args, model_args, prepared, end_training, quiet)
 

@@ -1,9 +1,20 @@
 r"""Per-token records of the S2T mask: the silenced tokens of a mask in context, with samples of kept candidates and
-of other positive-advantage tokens (what [`~stapo_trl.runlog.callbacks.SpuriousTokenLogger`] writes to
+of other positive-advantage tokens (what [`~stapo_trl.runfiles.callbacks.SpuriousTokenLogger`] writes to
 `spurious_tokens.jsonl`: the paper's word clouds and probability-entropy plane as data).
 
 The records are taken when the mask is built, so what waits for the logging step is bounded by the caps (a few
 hundred small dicts per mask), not by the batch.
+
+Each record:
+
+    {"step": 12, "kind": "silenced", "silenced": true, "candidate": true, "token": "9", "token_id": 40,
+     "prob": 0.0011, "logprob": -6.81, "entropy": 0.052, "advantage": 1.2, "position": 17,
+     "context": "carry 1; 4+3+1=⟦9⟧; \\boxed{", "entropy_threshold": 0.31, "prob_threshold": 0.002,
+     "completion_index": 3, "process_index": 0}
+
+`token` is the decoded token (special tokens kept, so an `<|im_end|>` shows), `position` its 0-based index in
+the completion, `context` up to `context_tokens` completion tokens on each side with the token in ⟦ ⟧,
+`entropy` in nats, `entropy_threshold` the mask's tau_h (`None` when it had no candidate).
 """
 
 from __future__ import annotations
@@ -70,27 +81,14 @@ def spurious_token_records(
     uniform sample of at most `max_reference`: the other half of the paper's probability-entropy plane). Samples
     use `random.Random(f"{seed}-{step}-{process_index}")`, so a rerun writes the same records.
 
-    Each record:
-
-        {"step": 12, "kind": "silenced", "silenced": true, "candidate": true, "token": "9", "token_id": 40,
-         "prob": 0.0011, "logprob": -6.81, "entropy": 0.052, "advantage": 1.2, "position": 17,
-         "context": "carry 1; 4+3+1=⟦9⟧; \\boxed{", "entropy_threshold": 0.31, "prob_threshold": 0.002,
-         "completion_index": 3, "process_index": 0}
-
-    `token` is the decoded token (special tokens kept, so an `<|im_end|>` shows), `position` its 0-based index in
-    the completion, `context` up to `context_tokens` completion tokens on each side with the token in ⟦ ⟧,
-    `entropy` in nats, `entropy_threshold` the mask's tau_h (`None` when it had no candidate).
-
     Args:
         result ([`~stapo_trl.core.S2TResult`]): the mask.
         per_token_logps, entropies (`torch.Tensor`): float, (B, T), the values the mask was built from (nats).
         advantages (`torch.Tensor`): float, (B,), (B, 1) or (B, T).
-        loss_mask (`torch.Tensor`): (B, T), 1 for loss tokens before silencing.
-        completion_ids (`torch.Tensor`): long, (B, T).
+        loss_mask, completion_ids (`torch.Tensor`): (B, T), 1 for loss tokens before silencing; long token ids.
         tokenizer: anything with `decode(list[int], skip_special_tokens=...)`.
         step (`int`): the step written into each record and used in the sampling seed.
-        prob_threshold (`float`, *optional*): tau_p, written as is.
-        max_silenced, max_kept_candidates, max_reference (`int`): caps per kind.
+        prob_threshold (`float`, *optional*), max_silenced, max_kept_candidates, max_reference (`int`): tau_p, caps.
         context_tokens (`int`, *optional*, defaults to `8`): tokens of context on each side.
         seed (`int`, *optional*, defaults to `0`), process_index (`int`, *optional*, defaults to `0`).
 

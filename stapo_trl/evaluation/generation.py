@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..dataset_checks import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
+from ..checks.dataset import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
+from ..checks.prompt_length import count_prompt_tokens, keep_short_prompts, prompt_token_budget
 from ..grading import grade
-from ..prompt_length import count_prompt_tokens, keep_short_prompts, prompt_token_budget
 from .metrics import benchmark_metrics
 from .tasks import BenchmarkProblem
 
@@ -96,7 +96,7 @@ def build_prompt_text(
 
     Raises:
         ValueError: `use_chat_template` and the tokenizer has no chat template (training refuses chat prompts without
-            one too: [`~stapo_trl.dataset_checks.check_chat_template`]).
+            one too: [`~stapo_trl.checks.dataset.check_chat_template`]).
     """
     from ..data import INSTRUCTION, format_prompt  # datasets is slow to import: kept out of `stapo-eval --help`
 
@@ -212,7 +212,7 @@ class HFGenerator:
     def __init__(self, model: str, revision: str | None = None, dtype: str = "auto", device=None, batch_size=64):
         import torch  # slow to import: kept out of `stapo-eval --help` and `--compare`
 
-        from ..model_loading import load_causal_lm  # transformers + peft: kept out of `--help` too
+        from ..models.loading import load_causal_lm  # transformers + peft: kept out of `--help` too
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if dtype == "auto":
@@ -294,7 +294,7 @@ def evaluate_problems(
         use_chat_template (`bool`): see [`build_prompt_text`].
         save_completions (`bool`): keep the completion text in the records.
         max_positions (`int`, *optional*): the model's positions; prompts longer than `max_positions -
-            max_new_tokens` tokens are dropped with a warning ([`stapo_trl.prompt_length`]).
+            max_new_tokens` tokens are dropped with a warning ([`stapo_trl.checks.prompt_length`]).
 
     Returns:
         `tuple[dict, list[dict]]`: the benchmark table ([`benchmark_metrics`] plus `num_grader_errors`,

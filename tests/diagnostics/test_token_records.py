@@ -12,10 +12,10 @@ import torch
 from datasets import Dataset
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.callbacks import SpuriousTokenLogger
 from stapo_trl.core.s2t import s2t_mask
 from stapo_trl.diagnostics.token_records import spurious_token_records
-from stapo_trl.metrics_log import SPURIOUS_TOKENS_FILENAME, read_metrics, read_token_records
+from stapo_trl.runfiles.callbacks import SpuriousTokenLogger
+from stapo_trl.runfiles.metrics_log import SPURIOUS_TOKENS_FILENAME, read_metrics, read_token_records
 
 
 VOCAB = ["<pad>", "1", "+", "2", "=", "3", "<eos>"]

@@ -39,7 +39,7 @@ def sft_warm_up(
         train_dataset ([`~datasets.Dataset`]): Tiny-math rows (conversational `prompt`, string `completion`).
         max_steps (`int`): Optimizer steps of `sft_config["per_device_train_batch_size"]` examples.
         sft_config (`dict[str, Any]`): `SFTConfig` fields of the recipe (batch size, learning rate, schedule,
-            label smoothing), e.g. `stapo_trl.builtin.tiny.SFT_CONFIG`.
+            label smoothing), e.g. `stapo_trl.models.tiny.SFT_CONFIG`.
         seed (`int`, *optional*, defaults to `SEED`): Seed of the data order.
         callbacks (`list[transformers.TrainerCallback]` or `None`, *optional*, defaults to `None`): Extra trainer
             callbacks (e.g. an accuracy check at given steps, `benchmarks/smollm2_warmup.py`).

@@ -112,7 +112,7 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
         "base": "smollm2-135m",
         "description": (
             "builtin:smollm2-135m SFT-warmed on tiny-math for 20 steps (TRL SFTTrainer, label smoothing 0.01) to ~40 % "
-            "sampled accuracy, with a low-probability tail left (see stapo_trl/builtin/sft_math.py)"
+            "sampled accuracy, with a low-probability tail left (see stapo_trl/models/sft_math.py)"
         ),
         "license": "Apache-2.0",
         "origin": "HuggingFaceTB/SmolLM2-135M-Instruct",

@@ -22,9 +22,9 @@ def check_builtin_buildable(name: str, cache_dir: str | os.PathLike | None = Non
             [`builtin_model_dir`].
 
     Raises:
-        stapo_trl.builtin.gguf.ModelWheelNotInstalledError: A wheel (or `gguf`) is missing or at another version; the
+        stapo_trl.models.gguf.ModelWheelNotInstalledError: A wheel (or `gguf`) is missing or at another version; the
             message names the install command.
-        stapo_trl.builtin.gguf.GGUFFileMissingError: A wheel is installed but its GGUF file or a chunk is missing.
+        stapo_trl.models.gguf.GGUFFileMissingError: A wheel is installed but its GGUF file or a chunk is missing.
     """
     if (builtin_model_dir(name, cache_dir) / INFO_FILE).is_file():
         return  # built: the wheels are no longer needed

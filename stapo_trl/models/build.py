@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 def build_builtin_model(
-    name: str, output_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None
+    name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None = None
 ) -> dict[str, Any]:
     """Build `builtin:<name>` into `output_dir` (no lock, no cache: `resolve_model_path` handles those).
 
@@ -28,7 +28,7 @@ def build_builtin_model(
       when the recipe asks for it and measures held-out accuracy (`tiny.py`);
     - `gguf`: converts a real model from the GGUF file of its pinned wheel to fp32, after checking the file's SHA-256
       (`gguf.py`);
-    - `gguf+sft`: SFT-warms the converted `base` model (read from the cache, converted there first if needed) on
+    - `gguf+sft`: SFT-warms the converted `base` model (at `base_path`: `resolve_model_path` builds it first) on
       tiny-math and measures held-out accuracy and token entropy (`sft_math.py`);
     then saves the model, the tokenizer and, last, `stapo_builtin.json`.
 
@@ -37,16 +37,15 @@ def build_builtin_model(
             A key of `BUILTIN_MODELS` (without the `builtin:` prefix).
         output_dir (`str` or `os.PathLike`):
             Existing directory to write into.
-        cache_dir (`str`, `os.PathLike` or `None`, *optional*, defaults to `None`):
-            Cache root where a `gguf+sft` model finds (or builds) its base; `None`: `$STAPO_TRL_CACHE`, else
-            `~/.cache/stapo_trl`.
+        base_path (`str`, `os.PathLike` or `None`, *optional*, defaults to `None`):
+            The folder of a `gguf+sft` model's built base (required for that kind).
 
     Returns:
         `dict[str, Any]`: The build record, as written to `stapo_builtin.json`.
 
     Raises:
         FileNotFoundError, ValueError: A real model's wheel is not installed, its GGUF file is missing or its checksum
-            differs from the pin (one line each, raised before any long work; see `stapo_trl.builtin.gguf`).
+            differs from the pin (one line each, raised before any long work; see `stapo_trl.models.gguf`).
     """
     recipe = BUILTIN_MODELS[name]
     start = time.perf_counter()
@@ -61,7 +60,9 @@ def build_builtin_model(
         elif recipe["kind"] == "gguf+sft":
             from .sft_math import build_sft_math_model
 
-            info = build_sft_math_model(name, recipe, output_dir, cache_dir)
+            if base_path is None:
+                raise ValueError(f"builtin:{name} is SFT-warmed from builtin:{recipe['base']}: give its folder.")
+            info = build_sft_math_model(name, recipe, output_dir, base_path)
         else:
             raise ValueError(f"builtin:{name}: unknown kind {recipe['kind']!r} in BUILTIN_MODELS.")
     info["build_seconds"] = round(time.perf_counter() - start, 1)
@@ -91,16 +92,16 @@ def one_torch_thread():
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m stapo_trl.builtin NAME --output-dir DIR [--cache-dir DIR]`: the child-process entry of
-    `stapo_trl.builtin.cache`."""
+    """`python -m stapo_trl.models NAME --output-dir DIR [--base-path DIR]`: the child-process entry of
+    `stapo_trl.models.cache`."""
     parser = argparse.ArgumentParser(description="Build a stapo_trl built-in model into a directory (no cache).")
     parser.add_argument("name", choices=sorted(BUILTIN_MODELS))
     parser.add_argument("--output-dir", required=True)
-    parser.add_argument("--cache-dir", default=None, help="cache root where a gguf+sft model finds its base")
+    parser.add_argument("--base-path", default=None, help="the built base model of a gguf+sft model")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     os.makedirs(args.output_dir, exist_ok=True)
     try:
-        build_builtin_model(args.name, args.output_dir, args.cache_dir)
+        build_builtin_model(args.name, args.output_dir, args.base_path)
     except (FileNotFoundError, ValueError) as e:  # a missing wheel or file, a checksum: one line, no traceback
-        raise SystemExit(f"python -m stapo_trl.builtin: error: {e}") from e
+        raise SystemExit(f"python -m stapo_trl.models: error: {e}") from e

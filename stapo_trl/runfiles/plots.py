@@ -94,7 +94,7 @@ def _draw_run(
 ) -> bool:
     """Draw one run (its (num_seeds, num_steps) `values` over the steps `x`) on a panel; returns whether a curve
     was drawn (a log panel whose mean is 0 everywhere gets a legend entry only). `pooled_over`: `values` is one row
-    pooled over that many seeds ([`~stapo_trl.metrics_log.pooled_ratio_series`])."""
+    pooled over that many seeds ([`~stapo_trl.runfiles.metrics_log.pooled_ratio_series`])."""
     import numpy as np  # comes with matplotlib, only for figures
 
     if pooled_over is not None:
@@ -164,7 +164,7 @@ def training_curves_figure(
             average (bold). Several seeds: the mean of the per-seed moving averages over the steps all seeds logged,
             with a min/max band (log panels: the per-step mean over seeds, as points); a ratio of counts
             (`s2t/silenced_ratio`, `s2t/candidate_ratio`) is pooled instead, Σ silenced / Σ loss tokens over the
-            seeds at each step ([`~stapo_trl.metrics_log.pooled_ratio_series`]), as the accuracy table pools it.
+            seeds at each step ([`~stapo_trl.runfiles.metrics_log.pooled_ratio_series`]), as the accuracy table pools it.
         curves (`Sequence[tuple[str, str, str]]`, *optional*, defaults to `TRAINING_CURVES`):
             `(log key, panel title, "linear" | "log")` per panel. On a log panel, zeros are not drawn; the legend says
             at how many logged steps the value was 0.
@@ -241,7 +241,7 @@ def plot_output_dirs(
         `str`: The path of the PNG.
 
     Raises:
-        FileNotFoundError: a folder without `metrics.jsonl` ([`~stapo_trl.metrics_log.load_run`]).
+        FileNotFoundError: a folder without `metrics.jsonl` ([`~stapo_trl.runfiles.metrics_log.load_run`]).
         ValueError: a `metrics.jsonl` without a logged step, an `out` with an unknown suffix, a label count that does
             not match.
     """

@@ -4,7 +4,7 @@
 - [`SpuriousTokenLogger`]: the silenced tokens of each logging step in `<output_dir>/spurious_tokens.jsonl`.
 - [`add_run_file_callbacks`]: the two above, as `STAPOTrainer.train` adds them (`s2t_write_run_files`).
 
-The files they write are read back by [`stapo_trl.metrics_log`] (no transformers needed there).
+The files they write are read back by [`stapo_trl.runfiles.metrics_log`] (no transformers needed there).
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from typing import Any, TextIO
 from accelerate.utils import gather_object
 from transformers import DefaultFlowCallback, TrainerCallback
 
-from .core import S2TResult, STAPOTrainer
-from .diagnostic_plots import readable_token, tokenizer_token_bytes
-from .diagnostics.token_records import spurious_token_records
+from ..core import S2TResult, STAPOTrainer
+from ..diagnostics.token_records import spurious_token_records
 from .metrics_log import (
     METRICS_FILENAME,
     SPURIOUS_TOKENS_FILENAME,
@@ -29,6 +28,7 @@ from .metrics_log import (
     jsonable,
     open_jsonl_for_run,
 )
+from .token_labels import readable_token, tokenizer_token_bytes
 
 
 logger = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
             self.kept_candidate_counts[self._label(record)] += 1
 
     def _label(self, record: dict[str, Any]) -> str:
-        """The token as `s2t_top_tokens.png` labels it ([`~stapo_trl.diagnostic_plots.readable_token`]): byte-level
+        """The token as `s2t_top_tokens.png` labels it ([`~stapo_trl.runfiles.token_labels.readable_token`]): byte-level
         fragments by their bytes, from the trainer's tokenizer vocabulary."""
         if self._token_bytes is None:
             backend = getattr(self.trainer.processing_class, "backend_tokenizer", None)  # a fast tokenizer

@@ -1,6 +1,6 @@
 r"""Figures of the S2T diagnostics: what `stapo-plot` adds from `metrics.jsonl` and `spurious_tokens.jsonl`.
 
-    from stapo_trl.diagnostic_plots import plot_diagnostics
+    from .diagnostic_plots import plot_diagnostics
     plot_diagnostics([Path("outputs/demo-grpo"), Path("outputs/demo-stapo")], Path("outputs/figures"))
 
 writes, for every run given (several runs share each figure):
@@ -16,26 +16,24 @@ writes, for every run given (several runs share each figure):
   are labelled by their bytes (`byte 0xE2`, read from the run's `tokenizer.json`), control characters by their code,
   and the label scheme is written under the figure ([`readable_token`]).
 
-A run is a folder with `metrics.jsonl` (and `spurious_tokens.jsonl` when [`~stapo_trl.callbacks.SpuriousTokenLogger`]
+A run is a folder with `metrics.jsonl` (and `spurious_tokens.jsonl` when [`~stapo_trl.runfiles.callbacks.SpuriousTokenLogger`]
 ran), or a folder of per-seed folders (the layout of `stapo-train compare`): seeds are averaged on the curves and
 pooled on the token figures. A figure whose data no run has is not written.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import re
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .diagnostics.metrics import ENTROPY_QUANTILES
+from ..diagnostics.metrics import ENTROPY_QUANTILES
 from .metrics_log import SPURIOUS_TOKENS_FILENAME, load_run, pooled_ratio_series, read_token_records
 from .plots import set_log_y_axis, set_step_x_axis
+from .token_labels import TOKEN_LABEL_KEY, load_token_bytes, top_token_labels
 
 
 logger = logging.getLogger(__name__)
@@ -68,7 +66,7 @@ def _run_labels(run_dirs: Sequence[os.PathLike | str]) -> list[str]:
 def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
     """Records of `run_dir/spurious_tokens.jsonl`, or of every `run_dir/*/spurious_tokens.jsonl` (seeds), or `[]`.
 
-    Lines that are not token records are skipped with a warning ([`~stapo_trl.metrics_log.read_token_records`]); a
+    Lines that are not token records are skipped with a warning ([`~stapo_trl.runfiles.metrics_log.read_token_records`]); a
     file that holds none is warned about once (the token figures of the run are then not drawn).
     """
     run_dir = os.fspath(run_dir)
@@ -101,7 +99,7 @@ _WARNED_EMPTY: set[str] = set()  # spurious_tokens.jsonl files already said to h
 def _mean_series(seeds: Sequence[Rows], key: str) -> tuple[list[int], list[float]]:
     """Steps logged by every seed and the mean of `key` over seeds there (None / NaN rows skipped); a ratio of counts
     (`s2t/silenced_ratio`, `s2t/candidate_ratio`) over several seeds is pooled instead, Σ numerator / Σ denominator
-    ([`~stapo_trl.metrics_log.pooled_ratio_series`])."""
+    ([`~stapo_trl.runfiles.metrics_log.pooled_ratio_series`])."""
     pooled = pooled_ratio_series([list(rows) for rows in seeds], key) if len(seeds) > 1 else None
     if pooled:
         steps = sorted(pooled)
@@ -237,147 +235,6 @@ def plot_prob_entropy_scatter(records: Mapping[str, Sequence[dict[str, Any]]], o
     return _save(fig, out)
 
 
-def _byte_level_decoder() -> dict[str, int]:
-    """The inverse of GPT-2's byte-level alphabet (`bytes_to_unicode`): the character a byte-level BPE vocabulary
-    writes for each byte -> that byte (printable Latin-1 bytes stand for themselves, the others are shifted by 256)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = {byte: byte for byte in printable}
-    shift = 0
-    for byte in range(256):
-        if byte not in chars:
-            chars[byte] = 256 + shift
-            shift += 1
-    return {chr(char): byte for byte, char in chars.items()}
-
-
-_BYTE_DECODER = _byte_level_decoder()
-_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")  # SentencePiece byte-fallback pieces, e.g. <0x0A>
-
-
-def vocab_token_bytes(vocab_token: str, byte_level: bool = True) -> bytes | None:
-    r"""The bytes a vocabulary entry stands for: a byte-fallback piece `<0xA1>` -> `b"\xa1"`; with `byte_level`, a
-    byte-level BPE entry (`"Ġcarry"`, `"Ċ"`, `"â"`) through the byte decoder -> `b" carry"`, `b"\n"`, `b"\xe2"`.
-
-    Returns:
-        `bytes` or `None` when the entry is neither (e.g. a SentencePiece `"▁the"` or a special token with characters
-        outside the byte alphabet).
-    """
-    match = _BYTE_FALLBACK.match(vocab_token)
-    if match:
-        return bytes([int(match.group(1), 16)])
-    if byte_level and vocab_token and all(char in _BYTE_DECODER for char in vocab_token):
-        return bytes(_BYTE_DECODER[char] for char in vocab_token)
-    return None
-
-
-def load_token_bytes(run_dir: os.PathLike | str) -> dict[int, bytes]:
-    """`token id -> bytes` for the vocabulary of the tokenizer saved in `run_dir` (`tokenizer.json`, or the first
-    per-seed sub-folder that has one); `{}` when there is none ([`tokenizer_token_bytes`])."""
-    run_dir = os.fspath(run_dir)
-    candidates = [os.path.join(run_dir, "tokenizer.json")]
-    if os.path.isdir(run_dir):
-        candidates += [os.path.join(run_dir, name, "tokenizer.json") for name in sorted(os.listdir(run_dir))]
-    path = next((c for c in candidates if os.path.isfile(c)), None)
-    if path is None:
-        return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            return tokenizer_token_bytes(json.load(f))
-    except (OSError, ValueError):
-        return {}
-
-
-def tokenizer_token_bytes(spec: Mapping[str, Any]) -> dict[int, bytes]:
-    """`token id -> bytes` from a `tokenizers` JSON spec (`tokenizer.json`, or a fast tokenizer's
-    `backend_tokenizer.to_str()`). Byte-level entries are decoded only when the tokenizer's decoder or pre-tokenizer
-    is `ByteLevel`; byte-fallback pieces (`<0x0A>`) always."""
-    byte_level = '"ByteLevel"' in json.dumps([spec.get("decoder"), spec.get("pre_tokenizer")])
-    vocab = (spec.get("model") or {}).get("vocab") or {}
-    if not isinstance(vocab, dict):  # Unigram: a list of [piece, score]
-        vocab = {piece: i for i, (piece, _) in enumerate(vocab)}
-    vocab = dict(vocab)
-    vocab.update({t["content"]: t["id"] for t in spec.get("added_tokens", [])})
-    table = {}
-    for token, token_id in vocab.items():
-        raw = vocab_token_bytes(token, byte_level)
-        if raw is not None:
-            table[int(token_id)] = raw
-    return table
-
-
-def _escape(text: str) -> str:
-    r"""Visible, mathtext-safe text: `\n` `\t` `\r` as escapes, a space as `␣`, other non-printables as `<0x16>`."""
-    out = []
-    for char in text:
-        if char in "\n\t\r":
-            out.append(json.dumps(char)[1:-1])
-        elif char == " ":
-            out.append("␣")
-        elif not char.isprintable():
-            out.append(f"<0x{ord(char):02X}>" if ord(char) < 0x100 else f"<U+{ord(char):04X}>")
-        else:
-            out.append(char)
-    return "".join(out).replace("$", r"\$") or "''"
-
-
-def readable_token(token: str, token_bytes: bytes | None = None, token_id: int | None = None) -> str:
-    r"""A token as a readable figure label (the scheme [`TOKEN_LABEL_KEY`] explains under the figure).
-
-    - text: as decoded, with a space shown as `␣`, `\n`, `\t`, `\r` as escapes and other non-printable characters
-      as their code, e.g. `<0x16>`;
-    - a byte-level BPE fragment that is not valid UTF-8 on its own (part of a multi-byte character; the tokenizer
-      decodes it to `�`): its bytes, `byte 0xE2` or `bytes 0xE2 0x9F`;
-    - such a fragment whose bytes are unknown (no tokenizer): `� id 161`.
-
-    Args:
-        token (`str`): the decoded token (`tokenizer.decode([id])`, the `token` of a `spurious_tokens.jsonl` record).
-        token_bytes (`bytes`, *optional*): the bytes of its vocabulary entry ([`vocab_token_bytes`]).
-        token_id (`int`, *optional*): its id, to tell unknown fragments apart.
-
-    Returns:
-        `str`: the label.
-    """
-    if token_bytes is not None:
-        try:
-            return _escape(token_bytes.decode("utf-8"))
-        except UnicodeDecodeError:
-            hex_bytes = " ".join(f"0x{b:02X}" for b in token_bytes)
-            return f"byte {hex_bytes}" if len(token_bytes) == 1 else f"bytes {hex_bytes}"
-    if "\ufffd" in token:
-        return f"� id {token_id}" if token_id is not None else "�"
-    return _escape(token)
-
-
-TOKEN_LABEL_KEY = (
-    "Labels: the decoded token; ␣ = space, \\n = newline, <0x16> = a control character by its code, "
-    "byte 0xE2 = a byte-level BPE fragment that is not a character on its own (one byte of a multi-byte "
-    "UTF-8 character, shown by its value)."
-)
-
-
-def top_token_labels(
-    records: Sequence[dict[str, Any]], kind: str, k: int = 15, token_bytes: Mapping[int, bytes] | None = None
-) -> list[tuple[str, int]]:
-    """The k most frequent tokens of one record kind as ([`readable_token`] label, count), most frequent first.
-
-    Counted by token id (records without one by their text), so different byte fragments stay apart.
-    """
-    token_bytes = token_bytes or {}
-    counts: Counter = Counter()
-    text: dict[Any, tuple[str, int | None]] = {}
-    for record in records:
-        if record["kind"] != kind:
-            continue
-        token_id = record.get("token_id")
-        key = token_id if token_id is not None else record["token"]
-        counts[key] += 1
-        text.setdefault(key, (record["token"], token_id))
-    return [
-        (readable_token(text[key][0], token_bytes.get(text[key][1]), text[key][1]), count)
-        for key, count in counts.most_common(k)
-    ]
-
-
 def top_tokens_figure(
     records: Mapping[str, Sequence[dict[str, Any]]],
     k: int = 15,
@@ -469,7 +326,7 @@ def plot_diagnostics(
         `list[Path]`: the PNGs written, in the order of the module docstring; figures without data are skipped.
 
     Raises:
-        FileNotFoundError: if a run folder has no `metrics.jsonl` (from [`~stapo_trl.metrics_log.load_run`]).
+        FileNotFoundError: if a run folder has no `metrics.jsonl` (from [`~stapo_trl.runfiles.metrics_log.load_run`]).
     """
     labels = list(labels) if labels is not None else _run_labels(run_dirs)
     if len(labels) != len(run_dirs):

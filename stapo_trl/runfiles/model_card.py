@@ -22,15 +22,15 @@ import os
 import re
 from typing import Any
 
-from .builtin.names import BUILTIN_MODELS
-from .core import STAPOConfig
+from ..core import STAPOConfig
+from ..models.names import BUILTIN_MODELS
 from .metrics_log import s2t_totals
 
 
 SECTION_START = "<!-- stapo_trl:settings -->"
 SECTION_END = "<!-- /stapo_trl:settings -->"
 PAPER_URL = "https://huggingface.co/papers/2602.15620"
-BUILTIN_INFO_FILE = "stapo_builtin.json"  # written by stapo_trl.builtin next to a built-in model
+BUILTIN_INFO_FILE = "stapo_builtin.json"  # written by stapo_trl.models next to a built-in model
 LOCAL_MODEL = "a local model"  # how a card names a base model loaded from a local folder
 
 # (field, what it is in the paper) of the rows of the settings table, in order.
@@ -111,7 +111,7 @@ def run_summary_lines(
         args ([`~stapo_trl.STAPOConfig`] or [`~trl.GRPOConfig`]): the training arguments.
         global_step (`int`, *optional*): optimizer steps trained; `None` leaves the line out.
         log_rows (`list[dict]`, *optional*): the run's log rows (`trainer.state.log_history`, the rows `metrics.jsonl`
-            is written from); the silenced ratio is pooled over them ([`~stapo_trl.metrics_log.s2t_totals`]).
+            is written from); the silenced ratio is pooled over them ([`~stapo_trl.runfiles.metrics_log.s2t_totals`]).
         eval_record (`dict`, *optional*): the content of `eval.json` (held-out accuracy before and after training);
             `None`: "not measured".
 

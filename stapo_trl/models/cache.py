@@ -1,6 +1,6 @@
 """Building `builtin:` models into their cache folder once: a file lock, a temporary folder, an atomic rename.
 
-A process of a `torchrun` / `accelerate launch` job builds in a clean child process (`python -m stapo_trl.builtin`);
+A process of a `torchrun` / `accelerate launch` job builds in a clean child process (`python -m stapo_trl.models`);
 any other builds in-process with its global state (accelerate, random generators) restored afterwards.
 """
 
@@ -67,9 +67,9 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, cache_dir: str | os.P
 
     Raises:
         ValueError: If a `builtin:` name is unknown (the message lists the known names), or a real model's GGUF file
-            differs from the registry's checksum (`stapo_trl.builtin.gguf.GGUFChecksumError`, before conversion).
+            differs from the registry's checksum (`stapo_trl.models.gguf.GGUFChecksumError`, before conversion).
         FileNotFoundError: If a local-looking path does not exist, or a real built-in model's wheel or GGUF file is
-            missing (`stapo_trl.builtin.gguf`: the message names the install command).
+            missing (`stapo_trl.models.gguf`: the message names the install command).
         NotADirectoryError: If the path exists but is a file.
     """
     name_or_path = check_model_name_or_path(name_or_path, cache_dir)
@@ -82,6 +82,8 @@ def _build_or_load(name: str, cache_dir: str | os.PathLike | None) -> Path:
     target = builtin_model_dir(name, cache_dir)
     if (target / INFO_FILE).is_file():
         return target
+    base = BUILTIN_MODELS[name].get("base")  # a model SFT-warmed from another one: that one first
+    base_path = _build_or_load(base, cache_dir) if base else None
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
         # Another process may have finished the build while this one waited for the lock.
@@ -93,11 +95,11 @@ def _build_or_load(name: str, cache_dir: str | os.PathLike | None) -> Path:
         os.chmod(tmp_dir, 0o777 & ~umask)  # mkdtemp makes it private; the cache may be shared
         try:
             if _is_launched_process():
-                _check_source_before_child(name, cache_dir)
-                _build_in_subprocess(name, tmp_dir, cache_dir)
+                _check_source_before_child(name)
+                _build_in_subprocess(name, tmp_dir, base_path)
             else:
                 with _preserved_process_state():
-                    build_builtin_model(name, tmp_dir, cache_dir=cache_dir)
+                    build_builtin_model(name, tmp_dir, base_path=base_path)
             for path in tmp_dir.rglob("*"):  # transformers writes weight shards 0600; the cache may be shared
                 if path.is_file():
                     os.chmod(path, 0o666 & ~umask)
@@ -154,27 +156,24 @@ def _preserved_process_state():
         torch.set_rng_state(rng[2])
 
 
-def _check_source_before_child(name: str, cache_dir: str | os.PathLike | None) -> None:
-    """Verify the GGUF checksum of a real model (or of the base of a `gguf+sft` one, unless that is cached) in this
-    process before a child converts it: the child's errors reach the caller only as an exit status, while this is a
-    one-line `GGUFChecksumError` (hashing takes about a second)."""
-    recipe = BUILTIN_MODELS[name]
-    if recipe["kind"] == "gguf+sft" and not (builtin_model_dir(recipe["base"], cache_dir) / INFO_FILE).is_file():
-        name, recipe = recipe["base"], BUILTIN_MODELS[recipe["base"]]
-    if recipe["kind"] == "gguf":
+def _check_source_before_child(name: str) -> None:
+    """Verify the GGUF checksum of a real model in this process before a child converts it: the child's errors reach
+    the caller only as an exit status, while this is a one-line `GGUFChecksumError` (hashing takes about a second).
+    (The base of a `gguf+sft` model is built, and so checked, before it.)"""
+    if BUILTIN_MODELS[name]["kind"] == "gguf":
         from .gguf import locate_gguf, verify_gguf
 
         verify_gguf(locate_gguf(name))
 
 
-def _build_in_subprocess(name: str, output_dir: Path, cache_dir: str | os.PathLike | None) -> None:
+def _build_in_subprocess(name: str, output_dir: Path, base_path: Path | None) -> None:
     env = {
         k: v for k, v in os.environ.items() if k not in _LAUNCHER_ENV_VARS and not k.startswith(_LAUNCHER_ENV_PREFIXES)
     }
     env["HF_HUB_OFFLINE"] = "1"
     env["CUDA_VISIBLE_DEVICES"] = ""  # the recipe is CPU-only; keep the child off the caller's GPUs
-    cmd = [sys.executable, "-m", "stapo_trl.builtin", name, "--output-dir", str(output_dir)]
-    if cache_dir is not None:
-        cmd += ["--cache-dir", os.fspath(cache_dir)]
+    cmd = [sys.executable, "-m", "stapo_trl.models", name, "--output-dir", str(output_dir)]
+    if base_path is not None:
+        cmd += ["--base-path", os.fspath(base_path)]
     logger.info("Building builtin:%s in a child process: %s", name, " ".join(cmd))
     subprocess.run(cmd, env=env, check=True)

@@ -1,6 +1,0 @@
-"""`python -m stapo_trl.builtin NAME --output-dir DIR`: build one built-in model (the child process of a launched job)."""
-
-from .build import main
-
-
-main()
