@@ -3,7 +3,9 @@
 - `s2t_write_run_files`: `train()` writes `metrics.jsonl` and `spurious_tokens.jsonl` (the files `stapo-plot` reads).
 - CPU defaults: on a machine without an accelerator, `use_cpu=True` and `bf16=False` unless set.
 - Early refusals of values TRL would accept and fail on later (an `output_dir` that is a file, `temperature <= 0`,
-  `max_completion_length < 1`, `max_steps <= 0` but -1), and YAML's unquoted `off` for `s2t_mode`.
+  `max_completion_length < 1`), and YAML's unquoted `off` for `s2t_mode`; before TRL's own checks, the counts, the
+  learning rate, `report_to`, `max_steps` and the generation batch ([`~stapo_trl.checks.training_values`], the
+  same checks and messages as `stapo-train`).
 - The process-group side effect of [`~stapo_trl.integrations.process_group`] (before any config can exist).
 """
 
@@ -18,6 +20,7 @@ import torch
 from transformers.utils import is_torch_hpu_available, is_torch_neuron_available, is_torch_xla_available
 
 from . import core
+from .checks.training_values import check_training_values
 from .diagnostics.ablations import ABLATION_MODES
 from .integrations.process_group import import_group_capturing_modules
 
@@ -62,6 +65,12 @@ class STAPOConfig(core.STAPOConfig):
             As in [`~trl.GRPOConfig`] (not set: `True` unless `fp16`), except that on a machine without an
             accelerator it defaults to `False`: transformers refuses bf16 there without `use_cpu`, and bf16 on a CPU
             is ~2.3x slower than float32. An explicit value wins. Either default change is logged on one info line.
+
+    Raises:
+        ValueError: a value TRL would accept and fail on later, or refuse with a message that hides the cause, on one
+            line naming the field and the allowed values: see the module docstring, and
+            [`~stapo_trl.checks.training_values.check_training_values`] (a
+            [`~stapo_trl.checks.training_values.TrainingValueError`]), whose checks and messages `stapo-train` shares.
     """
 
     _s2t_modes: ClassVar[tuple[str, ...]] = core.STAPOConfig._s2t_modes + ABLATION_MODES
@@ -140,6 +149,9 @@ class STAPOConfig(core.STAPOConfig):
                 's2t_mode=False: YAML reads an unquoted `off` (or `no`, `false`) as the boolean false. Write s2t_mode: "off" (quoted); '
                 f"allowed values: {list(self._s2t_modes)}."
             )
+        # Counts, learning rate, report_to, max_steps, the generation batch: before TRL's own checks, whose messages
+        # hide the cause; the same set (and messages) as stapo-train's.
+        check_training_values(self)
         super().__post_init__()
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type={self.loss_type!r} is not one of TRL's loss types: {list(LOSS_TYPES)}.")
@@ -152,11 +164,6 @@ class STAPOConfig(core.STAPOConfig):
             raise ValueError(
                 f"max_completion_length={self.max_completion_length!r} must be >= 1 (response tokens per rollout; "
                 "the paper uses 20480 for Qwen3, the CPU demo 48)."
-            )
-        if self.max_steps == 0 or self.max_steps < -1:  # transformers reads any max_steps <= 0 as "use epochs"
-            raise ValueError(
-                f"max_steps={self.max_steps!r} is not a number of optimizer steps: give a positive number, or -1 (the "
-                "default) to train for num_train_epochs epochs."
             )
 
 

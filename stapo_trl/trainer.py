@@ -10,7 +10,11 @@ package and of `stapo-train` rely on:
   dataset column ([`~stapo_trl.checks.dataset`]), `vllm_mode="server"` on a CPU-only run ([`~stapo_trl.integrations.vllm_support`]).
 - vLLM colocate on the CPU backend: weights synced through vLLM's reload path.
 - `train()`: the run files `metrics.jsonl` (and, for STAPO, `spurious_tokens.jsonl`; [`~stapo_trl.runfiles.callbacks`]),
-  without the known-harmless upstream warnings ([`~stapo_trl.integrations.upstream_warnings`]).
+  a compact console line per logging step and the files at the end ([`~stapo_trl.runfiles.console`]), one warning
+  when the first logging steps had no learning signal ([`~stapo_trl.runfiles.learning_signal`]), a checkpoint on
+  Ctrl-C ([`~stapo_trl.runfiles.interrupt`]), one torch thread for the built-in tiny models
+  ([`~stapo_trl.integrations.torch_threads`]), without the known-harmless upstream warnings
+  ([`~stapo_trl.integrations.upstream_warnings`]).
 - `end()`: the DDP wrapper dropped before the process group is destroyed, so that gloo's threads stop and
   the process exits cleanly ([`~stapo_trl.integrations.process_group.release_process_group`]).
 - The model card: TRL's, plus the run's settings and results ([`~stapo_trl.runfiles.model_card`]), a quick start in the run's
@@ -19,6 +23,7 @@ package and of `stapo-train` rely on:
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any
 
@@ -28,15 +33,20 @@ from trl.trainer.utils import get_config_model_id
 
 from . import core
 from .checks.dataset import check_chat_template, check_prompt_column, check_reward_columns
+from .checks.hub import check_hub_model
 from .config import STAPOConfig, untested_combination_warnings
 from .diagnostics.ablations import ABLATION_MODES, ablation_mask
 from .diagnostics.metrics import diagnostic_metrics
 from .integrations.process_group import release_process_group
+from .integrations.torch_threads import default_num_threads, torch_threads
 from .integrations.upstream_warnings import QuietKnownUpstreamWarnings
 from .integrations.vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
 from .models import resolve_model_path
 from .rewards import resolve_reward_names
 from .runfiles.callbacks import SpuriousTokenLogger, add_run_file_callbacks
+from .runfiles.console import use_compact_console
+from .runfiles.interrupt import SCRIPT_RESUME_HINT, GracefulInterrupt, training_interrupted
+from .runfiles.learning_signal import NoLearningSignalCallback
 from .runfiles.model_card import add_stapo_section, make_card_public, public_dataset_name, write_quick_start
 
 
@@ -46,9 +56,12 @@ class ProductTrainerMixin:
     Attributes:
         eval_record (`dict` or `None`): held-out accuracy before and after training (the content of `stapo-train`'s
             `eval.json`), stated by the model card; `None`: the card says it was not measured.
+        resume_hint (`str`): how the Ctrl-C message says to resume (`trainer.train(resume_from_checkpoint=True)`;
+            `stapo-train` sets its own command line).
     """
 
     eval_record: dict[str, Any] | None = None
+    resume_hint: str = SCRIPT_RESUME_HINT  # the end of the Ctrl-C message; `stapo-train` gives its command
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *pargs, **kwargs):
         if isinstance(model, str):
@@ -56,27 +69,65 @@ class ProductTrainerMixin:
         if args is not None:
             check_vllm_args(args)  # vllm_mode='server' on a CPU-only run: refused before TRL waits for a server
         reward_funcs = resolve_reward_names(reward_funcs)  # "math_accuracy" is stapo_trl's, not a Hub reward model
-        if kwargs.get("rollout_func") is None:  # a rollout function may add the fields a reward reads
-            for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-                check_prompt_column(dataset, name)  # now, not at the first step, after a model build
+        # Checked now, not at the first step after a model build; and only what GRPOTrainer would fail on. Its later
+        # arguments may come by position too.
+        later = inspect.signature(trl.GRPOTrainer.__init__).bind_partial(None, None, None, None, None, None, *pargs)
+        later = {**later.arguments, **kwargs}
+        for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+            # With an environment, `reset()` supplies the prompt: TRL reads `prompt` only when a row has one.
+            check_prompt_column(dataset, name, prompt_optional=later.get("environment_factory") is not None)
+            if later.get("rollout_func") is None:  # a rollout function may add the fields a reward reads
                 check_reward_columns(reward_funcs, dataset, name)
+        # A Hub id neither cached nor reachable: refused in seconds, not after transformers' retries (~50 s).
+        revision = ((args.model_init_kwargs if args is not None else None) or {}).get("revision")
+        if isinstance(model, str):
+            check_hub_model(model, revision=revision)
+        for reward_model in reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]:
+            if isinstance(reward_model, str):
+                check_hub_model(reward_model, revision=revision, what="Reward model")
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
         # Chat-message prompts need a template (TRL fails at the first step otherwise): now, before any run file.
         model_name = get_config_model_id(self.model.config)
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             check_chat_template(self.processing_class, dataset, model_name, name)
         install_cpu_colocate_weight_sync(self)  # vLLM's CPU backend repacks weights: sync through its reload path
+        use_compact_console(self)  # one short line per logging step instead of each row's dict (runfiles.console)
 
     def train(self, *args, **kwargs):
-        """`Trainer.train`, writing the run files into `output_dir` unless `args.s2t_write_run_files` is off
-        ([`~stapo_trl.runfiles.callbacks.add_run_file_callbacks`]: a callback of the same class added by the caller is kept
-        instead), without the known-harmless upstream warnings
-        ([`~stapo_trl.integrations.upstream_warnings.QuietKnownUpstreamWarnings`])."""
+        """`Trainer.train`, as `stapo-train` runs it, in a script too:
+
+        - the run files in `output_dir` unless `args.s2t_write_run_files` is off
+          ([`~stapo_trl.runfiles.callbacks.add_run_file_callbacks`]: a callback of the same class added by the caller
+          is kept instead);
+        - one warning when the first logging steps had no learning signal (every group with zero reward spread, or a
+          reward that never changed), with the likely causes ([`~stapo_trl.runfiles.learning_signal`]);
+        - Ctrl-C saves a checkpoint at the next step boundary and raises a `KeyboardInterrupt` that says where and how
+          to resume (`trainer.train(resume_from_checkpoint=True)`, or [`resume_hint`];
+          [`~stapo_trl.runfiles.interrupt.training_interrupted`]); a second Ctrl-C quits at once;
+        - a built-in tiny model trains on one torch thread unless the caller chose a count (`torch.set_num_threads`,
+          `OMP_NUM_THREADS`): torch's one thread per core was up to 21x slower on 2 shared cores
+          ([`~stapo_trl.integrations.torch_threads`]); the count is restored afterwards;
+        - without the known-harmless upstream warnings ([`~stapo_trl.integrations.upstream_warnings`]).
+
+        Raises:
+            KeyboardInterrupt: on the first Ctrl-C (SIGINT), after the checkpoint of the step it came in (attributes
+                `step` and `checkpoint`).
+        """
         if not isinstance(self.args, STAPOConfig) or self.args.s2t_write_run_files:
             add_run_file_callbacks(self)
-        with QuietKnownUpstreamWarnings() as quiet:  # TRL's deprecated checkpointing calls; a tied head's resume
-            quiet.watch_model(self.model)
-            return super().train(*args, **kwargs)
+        if not any(isinstance(callback, NoLearningSignalCallback) for callback in self.callback_handler.callbacks):
+            self.add_callback(NoLearningSignalCallback(self))
+        interrupt = GracefulInterrupt(self)  # Ctrl-C: checkpoint at the next step boundary; twice: quit at once
+        self.add_callback(interrupt)
+        try:
+            with torch_threads(default_num_threads(self.model)), interrupt, QuietKnownUpstreamWarnings() as quiet:
+                quiet.watch_model(self.model)  # TRL's deprecated checkpointing calls; a tied head's resume
+                output = super().train(*args, **kwargs)
+        finally:
+            self.remove_callback(interrupt)  # a later train() (the resume) gets a fresh one
+        if interrupt.requested:
+            raise training_interrupted(self.args.output_dir, self.state.global_step, self.resume_hint)
+        return output
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, public: bool = False):
         """TRL's card (for STAPO: names it, links the paper, its BibTeX), plus the run's settings and results
@@ -90,8 +141,9 @@ class ProductTrainerMixin:
         if public:
             dataset_name = public_dataset_name(dataset_name)
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-        if isinstance(self.train_dataset, datasets.Dataset) and len(self.train_dataset) > 0:
-            write_quick_start(self, self.train_dataset[0]["prompt"])
+        dataset = self.train_dataset
+        if isinstance(dataset, datasets.Dataset) and len(dataset) > 0 and "prompt" in dataset.column_names:
+            write_quick_start(self, dataset[0]["prompt"])  # no `prompt` column: an environment's reset() makes them
         if public:
             make_card_public(self, eval_record=self.eval_record)
         else:
@@ -131,9 +183,13 @@ class STAPOTrainer(ProductTrainerMixin, core.STAPOTrainer):
 
     Raises:
         TypeError: if `args` is not a [`~stapo_trl.STAPOConfig`].
-        ValueError: a dataset without a `prompt` column; a reward function with an argument that no column of
+        ValueError: an empty dataset, or one without a `prompt` column (unless an `environment_factory`, whose
+            `reset()` supplies the prompt, is given); a reward function with an argument that no column of
             `train_dataset` / `eval_dataset` fills ([`~stapo_trl.checks.dataset.check_reward_columns`]; not checked
             with a `rollout_func`); an unknown reward name; `vllm_mode="server"` without an accelerator.
+        FileNotFoundError, ConnectionError: a model (or reward model) given as a Hub id that is not in the local
+            cache while `HF_HUB_OFFLINE=1`, or while the Hub does not answer
+            ([`~stapo_trl.checks.hub.check_hub_model`]; in seconds, before any download is tried).
     """
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *pargs, **kwargs):

@@ -107,10 +107,22 @@ def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "t
                     )
 
 
-def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset") -> None:
+def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset", *, prompt_optional: bool = False) -> None:
     """Raise a `ValueError` if `dataset` (or one of a dict of datasets) is empty, or has column names but no `prompt`
     column, which TRL reads the prompts from (a `KeyError` inside TRL at the first step otherwise). Datasets without
-    a length or a column list (streamed ones) pass what cannot be known."""
+    a length or a column list (streamed ones) pass what cannot be known.
+
+    Args:
+        dataset ([`~datasets.Dataset`], [`~datasets.IterableDataset`], a `dict` of them, or `None`): the prompts;
+            `None` checks nothing.
+        dataset_name (`str`, *optional*, defaults to `"train_dataset"`): how the message names the dataset.
+        prompt_optional (`bool`, *optional*, defaults to `False`): the `prompt` column may be missing, as with an
+            `environment_factory`: TRL 1.16 then starts from an empty user message that the environment's `reset`
+            fills (a dataset may carry only the `environment` column that routes each row). Only emptiness is checked.
+
+    Raises:
+        ValueError: the dataset is empty, or (unless `prompt_optional`) it has no `prompt` column.
+    """
     for name, data in _named_datasets(dataset, dataset_name):
         length = len(data) if hasattr(data, "__len__") else None
         if length == 0:
@@ -119,11 +131,11 @@ def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset") -> No
                 "or a list of chat messages) and the columns the reward functions read."
             )
         columns = getattr(data, "column_names", None)
-        if columns is not None and "prompt" not in columns:
+        if columns is not None and "prompt" not in columns and not prompt_optional:
             raise ValueError(
                 f"{missing_column_message('prompt', name, columns)} TRL reads each prompt from a column named "
                 "'prompt' (a string or a list of chat messages): rename yours, e.g. dataset.rename_column('question', "
-                "'prompt')."
+                "'prompt'); or pass an environment_factory whose reset() supplies the prompt."
             )
 
 

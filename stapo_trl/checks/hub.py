@@ -1,13 +1,100 @@
-"""Before a run that pushes to the Hub builds anything: can it reach the Hub, with a token, for `hub_model_id`?
+"""Before anything is built: can a run reach the Hub for what it needs from there?
 
-`push_to_hub: true` without network used to fail only while the trainer was built (a 60-line traceback, after the
-data and the model were loaded), or at the very end. [`check_hub_access`] answers first, in one line that names
-`hub_model_id`, the cause and the way out (`--push_to_hub false`).
+- [`check_hub_model`]: a model given as a Hub id must be in the local Hugging Face cache, or the Hub must answer.
+  Without either, transformers retried `config.json` for ~50 s (after the dataset was prepared) and ended on a
+  two-line message; this answers in seconds, in one line that names `HF_HUB_OFFLINE` and local paths.
+- [`check_hub_access`]: `push_to_hub: true` without network used to fail only while the trainer was built (a 60-line
+  traceback, after the data and the model were loaded), or at the very end. It answers first, in one line that names
+  `hub_model_id`, the cause and the way out (`--push_to_hub false`).
 """
 
 from __future__ import annotations
 
 import os
+
+
+# Seconds to wait for the Hub's answer about a model that is not cached; `HF_HUB_ETAG_TIMEOUT` (huggingface_hub's
+# timeout for metadata requests) overrides it when set.
+HUB_PROBE_TIMEOUT = 5.0
+# The files that make a cached model: a full model, or a PEFT adapter on its base.
+_MODEL_FILES = ("config.json", "adapter_config.json")
+
+
+def is_in_hub_cache(repo_id: str, revision: str | None = None) -> bool:
+    """Whether the local Hugging Face cache holds `repo_id` (its `config.json`, or an adapter's `adapter_config.json`)
+    at `revision` (`None`: the default branch); an invalid repo id is not cached."""
+    from huggingface_hub import try_to_load_from_cache
+
+    for filename in _MODEL_FILES:
+        try:
+            if isinstance(try_to_load_from_cache(repo_id, filename, revision=revision), str):
+                return True
+        except Exception:  # noqa: BLE001 (an invalid repo id: not cached)
+            return False
+    return False
+
+
+def check_hub_model(
+    name_or_path: str,
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    what: str = "Model",
+    timeout: float | None = None,
+) -> None:
+    """Refuse a model that would have to come from the Hub when the Hub cannot be used, before any data is loaded.
+
+    A name that is a local directory or a `builtin:` name passes, as does a Hub id in the local Hugging Face cache.
+    Any other name is a Hub id that transformers would download: refused with `HF_HUB_OFFLINE=1`, else the Hub is
+    asked once about its `config.json` (one `HEAD` request, no retries, `timeout` seconds); any HTTP answer passes (a
+    missing or private repository is transformers' to report), no answer is refused.
+
+    Args:
+        name_or_path (`str`): a model argument (after `builtin:` names are resolved, or not).
+        revision (`str`, *optional*): the Hub revision (branch, tag or commit).
+        token (`str` or `bool`, *optional*): as `huggingface_hub` takes it (`None`: the stored login or `HF_TOKEN`).
+        what (`str`, *optional*, defaults to `"Model"`): how the message names the model (`"Reward model"`).
+        timeout (`float`, *optional*): seconds to wait for the Hub; defaults to `HF_HUB_ETAG_TIMEOUT` when set, else
+            [`HUB_PROBE_TIMEOUT`] (5 s).
+
+    Raises:
+        FileNotFoundError: offline (`HF_HUB_OFFLINE=1`) and not cached.
+        ConnectionError: not cached and the Hub does not answer (no network, an unreachable `HF_ENDPOINT`, a
+            timeout). Both are one line naming the model, `HF_HUB_OFFLINE`, and what to pass instead.
+    """
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    from ..models.names import BUILTIN_MODELS, BUILTIN_PREFIX
+
+    name = os.fspath(name_or_path)
+    if name.startswith(BUILTIN_PREFIX) or os.path.isdir(os.path.expanduser(name)) or os.path.isfile(name):
+        return
+    if is_in_hub_cache(name, revision):
+        return
+    instead = (
+        "Pass an existing directory (e.g. outputs/demo-stapo after `make demo`), a cached Hub id, or a built-in name ("
+        + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
+        + ")"
+    )
+    if constants.HF_HUB_OFFLINE:
+        raise FileNotFoundError(
+            f"{what} {name!r} is not a local directory, and as a Hub id it is not in the local Hugging Face cache "
+            f"while HF_HUB_OFFLINE=1 (no download). {instead}."
+        )
+    if timeout is None:
+        timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or HUB_PROBE_TIMEOUT)
+    url = hf_hub_url(name, "config.json", revision=revision, endpoint=constants.ENDPOINT)
+    try:
+        get_session().head(url, headers=build_hf_headers(token=token), timeout=timeout, follow_redirects=True)
+    except Exception as e:  # noqa: BLE001 (httpx's connection, DNS, proxy and timeout errors: no answer)
+        cause = str(e).splitlines()[0] if str(e) else ""
+        raise ConnectionError(
+            f"{what} {name!r} is not a local directory nor in the local Hugging Face cache, and the Hub at "
+            f"{constants.ENDPOINT} does not answer ({type(e).__name__}: {cause or f'no answer in {timeout:g} s'}). "
+            f"{instead}; or download it where the Hub is reachable (`hf download {name}`) and set HF_HUB_OFFLINE=1 "
+            "to use the cache without asking the Hub."
+        ) from None
 
 
 def default_hub_model_id(output_dir: str) -> str:
@@ -65,4 +152,4 @@ def check_hub_access(
         raise fail(f"the Hub at {endpoint} cannot be reached ({type(e).__name__}: {e})") from e
 
 
-__all__ = ["check_hub_access", "default_hub_model_id"]
+__all__ = ["check_hub_access", "check_hub_model", "default_hub_model_id", "is_in_hub_cache"]

@@ -43,6 +43,47 @@ def model_max_positions(model_or_config: Any) -> int | None:
     return None
 
 
+def config_max_positions(name_or_path: str, revision: str | None = None) -> int | None:
+    """The positions of a model read from its `config.json` without loading it ([`model_max_positions`]): a local
+    model folder, a built `builtin:` model, or a Hub id in the local Hugging Face cache.
+
+    Args:
+        name_or_path (`str`): a model argument.
+        revision (`str`, *optional*): the Hub revision of a Hub id.
+
+    Returns:
+        `int` or `None`: the positions; `None` when no `config.json` can be read here (a `builtin:` model not yet
+        built, a Hub id not cached, an adapter folder) or it names none.
+    """
+    import json
+    import os
+
+    path = None
+    if name_or_path.startswith("builtin:"):
+        from ..models.names import builtin_model_dir
+
+        try:
+            path = builtin_model_dir(name_or_path.removeprefix("builtin:")) / "config.json"
+        except (KeyError, ValueError):
+            return None
+    elif os.path.isdir(os.path.expanduser(name_or_path)):
+        path = os.path.join(os.path.expanduser(name_or_path), "config.json")
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            cached = try_to_load_from_cache(name_or_path, "config.json", revision=revision)
+        except Exception:  # noqa: BLE001 (an invalid repo id: nothing cached)
+            cached = None
+        path = cached if isinstance(cached, str) else None
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, TypeError, ValueError):
+        return None
+    return model_max_positions(config) if isinstance(config, dict) else None
+
+
 def prompt_token_budget(
     max_positions: int | None, max_new_tokens: int, max_prompt_tokens: int | None = None
 ) -> int | None:
@@ -67,7 +108,7 @@ def prompt_token_budget(
         if max_new_tokens >= max_positions:
             raise ValueError(
                 f"max_new_tokens={max_new_tokens} leaves no room for a prompt: the model has {max_positions} "
-                "positions (prompt + completion); lower the generation budget."
+                f"positions (prompt + completion); lower the generation budget below {max_positions}."
             )
         budgets.append(max_positions - max_new_tokens)
     return min(budgets) if budgets else None
@@ -158,4 +199,11 @@ def report_dropped(
     )
 
 
-__all__ = ["count_prompt_tokens", "keep_short_prompts", "model_max_positions", "prompt_token_budget", "report_dropped"]
+__all__ = [
+    "config_max_positions",
+    "count_prompt_tokens",
+    "keep_short_prompts",
+    "model_max_positions",
+    "prompt_token_budget",
+    "report_dropped",
+]

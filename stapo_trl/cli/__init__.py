@@ -1,4 +1,40 @@
 """The command-line tools of `stapo_trl`: `stapo-train` (`train`, the entry point; `run`, one training; `compare`;
 `dry_run` with its `recipe_checks`), `stapo-eval` (`eval`) and `stapo-plot` (`plot`), with the recipe arguments
 (`args`) and the batch geometry (`geometry`). The library (`stapo_trl.*`) never imports this package.
+Every command answers `--help`, `--version` and the input errors that need neither a model nor TRL's config classes
+(a missing or broken recipe, a bad `stapo-eval` / `stapo-plot` argument, a folder without a run) without importing
+torch or TRL (seconds): the modules that need them are imported inside the functions that use them.
 """
+
+from __future__ import annotations
+
+import argparse
+
+
+def version_text(prog: str) -> str:
+    """`PROG (stapo_trl X; trl Y, transformers Z, torch W)`, what every command's `--version` prints: the installed
+    versions, read from the package metadata (nothing is imported)."""
+    from importlib import metadata
+
+    from .. import __version__
+
+    found = []
+    for name in ("trl", "transformers", "torch"):
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{name} not installed")
+    return f"{prog} (stapo_trl {__version__}; {', '.join(found)})"
+
+
+class VersionAction(argparse.Action):
+    """`--version`: print [`version_text`] on one line (argparse's own version action wraps it at the terminal width)
+    and exit with status 0."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        help = help or "Print the versions of stapo_trl, TRL, transformers and torch, and exit."
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text(parser.prog))
+        parser.exit()

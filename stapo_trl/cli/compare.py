@@ -11,12 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..runfiles.diagnostic_plots import plot_diagnostics
-from ..runfiles.metrics_log import read_metrics
-from ..runfiles.plots import TRAINING_CURVES, plot_training_curves
 from .args import parse_args
 from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser
-from .run import train
 
 
 def _run_label(recipe: str, taken: set[str]) -> str:
@@ -129,6 +125,12 @@ def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 planned.append((labels[recipe], seed, parse_args([*run_argv, "--output_dir", run_dir, *overrides])))
     except (ValueError, OSError) as e:
         raise InputError(parser.prog, str(e)) from e
+    # The training stack and the figures (seconds to import): after the arguments, so that --help and errors are fast.
+    from ..runfiles.diagnostic_plots import plot_diagnostics
+    from ..runfiles.metrics_log import read_metrics
+    from ..runfiles.plots import TRAINING_CURVES, plot_training_curves
+    from .run import train
+
     results: dict[str, list[dict[str, Any]]] = {label: [] for label in labels.values()}
     for i, (label, seed, parsed) in enumerate(planned):
         print(f"\n### compare: {label} seed {seed} -> {parsed[1].output_dir}")

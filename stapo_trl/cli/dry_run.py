@@ -266,14 +266,11 @@ def dry_run_recipe(
     Raises:
         ValueError, FileNotFoundError: what parsing raises (unknown keys, invalid values, missing recipe).
     """
-    import torch  # torch, TRL and the config: see the note at the top
-
-    from .args import check_recipe_path, parse_args
+    from .args import check_recipe_argv, parse_args
 
     argv = list(argv)
     recipe = _recipe_path(argv)
-    if recipe is not None:
-        check_recipe_path(recipe)
+    check_recipe_argv(argv)  # a missing or broken recipe: before torch and TRL are imported (seconds)
     source = "--num-processes"
     launch = read_launch_settings(recipe) if recipe else {}
     if num_processes is None:
@@ -283,6 +280,8 @@ def dry_run_recipe(
             num_processes, source = 1, "default (no launch: line in the recipe)"
     notes = [f"process count {num_processes} from {source}."]
     if force_cpu is None:
+        import torch  # torch, TRL and the config: see the note at the top
+
         force_cpu = not torch.cuda.is_available()
     if force_cpu:
         argv += ["--use_cpu", "true"]

@@ -14,8 +14,9 @@ stapo-eval --compare results/grpo.json results/stapo.json                 # side
 
 What the command does, in order:
 
-1. Validates the arguments (unknown benchmark or decoding: the error lists the valid ones) and loads every
-   benchmark through [`stapo_trl.evaluation.tasks.load_benchmark`] before any model is loaded.
+1. Validates the arguments (unknown benchmark or decoding: the error lists the valid ones; a `--max-new-tokens` that
+   leaves the model, per its `config.json`, no position for a prompt) and loads every benchmark through
+   [`stapo_trl.evaluation.tasks.load_benchmark`] before any model is loaded.
 2. Reads `--output` when it exists (default: `MODEL_DIR/stapo_eval.json` for a local model folder, else
    `outputs/stapo-eval/<model>.json`, [`default_output`]; the path is printed at the start and at the end):
    finished (benchmark, decoding) pairs are skipped; a file written with different settings (model, backend,
@@ -25,7 +26,8 @@ What the command does, in order:
    tokenizer's chat template when it has one, tokenized without extra special tokens, as TRL does), samples N
    completions per problem, grades each with [`stapo_trl.grading.grade`], and rewrites the results file atomically
    (temporary file + rename).
-4. Prints a Markdown table laid out like the paper's (rows: model/decoding; columns: benchmarks + Avg).
+4. Prints a Markdown table laid out like the paper's (rows: model/decoding; columns: benchmarks + Avg); a cell that
+   averages fewer problems than the benchmark has (prompts too long for the model dropped) says `(n/N)`.
 
 Decoding details: sampling with `top_k` disabled (vLLM's default; transformers would otherwise apply its default
 `top_k=50`), no repetition penalty. The HF backend is seeded per (benchmark, decoding) pair, so re-runs reproduce.
@@ -43,7 +45,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..checks.dataset import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
-from ..checks.prompt_length import model_max_positions, prompt_token_budget
+from ..checks.prompt_length import config_max_positions, model_max_positions, prompt_token_budget
 from ..evaluation.generation import (
     DECODINGS,
     HFGenerator,
@@ -196,6 +198,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if generator is None:
             try:  # a real built-in model is converted here on first use; its GGUF checksum is verified first
                 model_path = resolve_model_path(args.model) if args.model.startswith("builtin:") else args.model
+                check_generation_budget(args, model_path)  # a built-in model built just now: before it is loaded
             except (ValueError, OSError) as e:
                 fail(str(e))
             try:
@@ -247,8 +250,27 @@ def _validate(args) -> tuple[list[str], list[str], dict[str, int], str | None]:
     data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
     if data_dir is not None and not Path(data_dir).exists():
         raise ValueError(f"--data-dir {args.data_dir} does not exist.")
-    check_model_available(args.model)  # a missing local directory fails here, before data or model loading
+    # A missing local directory, or a Hub id neither cached nor reachable, fails here: before data or model loading.
+    check_model_available(args.model, args.revision)
+    check_generation_budget(args, args.model)
     return benchmarks, decodings, samples, data_dir
+
+
+def check_generation_budget(args, model_path: str) -> None:
+    """Refuse a `--max-new-tokens` that leaves no position for a prompt, from the model's `config.json` (and vLLM's
+    `--max-model-len`), before the model is loaded; nothing is refused when the positions cannot be read yet (a
+    `builtin:` model not built: checked again once it is).
+
+    Raises:
+        ValueError: "--max-new-tokens N: max_new_tokens=N leaves no room for a prompt: the model has P positions ...".
+    """
+    positions = config_max_positions(model_path, args.revision)
+    if args.backend == "vllm" and args.max_model_len is not None:
+        positions = min(positions or args.max_model_len, args.max_model_len)
+    try:
+        prompt_token_budget(positions, args.max_new_tokens)
+    except ValueError as e:
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: {e}") from None
 
 
 def _open_results(args, output: Path, data_dir: str | None, benchmarks: list[str]) -> dict[str, Any]:
@@ -309,6 +331,7 @@ def _evaluate_pair(args, generator, data, problems, bench, decoding_name, n, dat
         max_positions=model_max_positions(generator),
     )
     table["data_source"] = _data_source(bench, data_dir)
+    table["num_problems_loaded"] = len(problems)  # before prompts too long for the model are dropped
     table["finished_at"] = now()
     data["decodings"][decoding_name] = {"temperature": decoding.temperature, "top_p": decoding.top_p, "top_k": None}
     data["results"].setdefault(decoding_name, {})[bench] = table

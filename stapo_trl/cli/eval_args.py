@@ -14,6 +14,7 @@ from ..evaluation.tasks import (
     PAPER_BENCHMARKS,
     get_benchmark_spec,
 )
+from . import VersionAction
 from .errors import EXIT_STATUS_HELP, OneLineErrorParser
 
 
@@ -47,6 +48,7 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
         )
     parser.add_argument("--model", help="Local path, Hub id or builtin:<name> (e.g. builtin:tiny-math).")
     parser.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit) of --model.")
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument(
         "--benchmarks",
         default=",".join(PAPER_BENCHMARKS),

@@ -1,8 +1,7 @@
 """The batch geometry of a GRPO/STAPO run: how completions group into micro-steps, rollout steps and updates.
 
-One object for the three places that reason about it: the parser's `num_generations` check
-([`stapo_trl.cli.recipe_parser.check_generation_batch`]), the dry run ([`stapo_trl.cli.dry_run.validate_recipe`]) and the
-per-process-count tables of `recipes/README.md` ([`BatchGeometry.readme_row`]).
+One object for the dry run ([`stapo_trl.cli.dry_run.validate_recipe`]) and the per-process-count tables of
+`recipes/README.md` ([`BatchGeometry.readme_row`]).
 
 Batch sizes count completions, as TRL does (`per_device_train_batch_size` counts completions, not prompts). The
 generation batch (completions generated at once, all processes) is `generation_batch_size` when a recipe sets it,

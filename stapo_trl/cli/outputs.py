@@ -12,6 +12,7 @@ from trl.models.utils import unwrap_model_for_generation
 
 from ..data import evaluation_split
 from ..evaluation.generation import evaluate_avg_at_k
+from ..runfiles.console import files_summary
 from ..runfiles.diagnostic_plots import plot_diagnostics
 from ..runfiles.metrics_log import (
     METRICS_FILENAME,
@@ -131,6 +132,8 @@ def eval_results_path(output_dir: str, global_step: int) -> str:
 
 
 def print_summary(script_args, output_dir, step, s2t_summary, eval_record, max_new_tokens, timings) -> None:
+    """The end of a run on the console: the S2T counts, the held-out accuracy, the wall times, and the files written
+    ([`~stapo_trl.runfiles.console.files_summary`]: every metric is in `metrics.jsonl`, the figures beside it)."""
     print(f"\n=== {script_args.trainer} run finished: {output_dir} (step {step}) ===")
     if s2t_summary:
         print(
@@ -156,6 +159,9 @@ def print_summary(script_args, output_dir, step, s2t_summary, eval_record, max_n
             f"before {100 * eval_record['accuracy_before']:.1f} % -> after {100 * eval_record['accuracy_after']:.1f} %"
         )
     print("Wall time (s): " + ", ".join(f"{name} {value:.0f}" for name, value in timings.items()))
+    files = files_summary(output_dir)
+    if files:
+        print(files)
 
 
 def write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step: int) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from ..runfiles.diagnostic_plots import load_token_records, plot_diagnostics
 from ..runfiles.metrics_log import load_run
 from ..runfiles.plots import figure_out_kind, plot_output_dirs
+from . import VersionAction
 from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_input_errors
 
 
@@ -46,6 +47,7 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None) -> argpars
         "--labels", nargs="+", default=None, help="Legend labels, one per OUTPUT_DIR (default: folder names)."
     )
     parser.add_argument("--title", default=None, help="Figure title.")
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument(
         "--smoothing",
         type=int,

@@ -98,7 +98,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
 
     if not model_args.model_name_or_path:
         raise ValueError("model_name_or_path is not set: give a Hub id, a local model directory or builtin:tiny-math.")
-    check_model_available(model_args.model_name_or_path)  # a wrong path fails here, before any data is loaded
+    check_model_available(model_args.model_name_or_path, model_args.model_revision)  # before any data is loaded
     if training_args.push_to_hub:  # offline, no token, Hub unreachable: now, not after training
         check_hub_access(training_args.hub_model_id, training_args.output_dir, training_args.hub_token)
     check_resume_settings(training_args)  # a checkpoint in output_dir trained with other settings: now

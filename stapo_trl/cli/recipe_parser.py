@@ -6,15 +6,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
-import os
 import re
 import sys
+from collections.abc import Sequence
 
 import yaml
 from trl import TrlParser
 
+from ..checks.training_values import check_training_values
+from ..config import STAPOConfig
 from .errors import InputError
-from .geometry import BatchGeometry
 
 
 # Recipe keys that older TRL / transformers versions accepted, with what to write instead (the pins of setup.cfg).
@@ -29,6 +30,11 @@ RENAMED_KEYS = {
 }
 
 
+class UnknownKeysError(ValueError):
+    """Keys of the recipe, or flags of the command line, that are no field: the message names each with its closest
+    fields; it is never attributed to a recipe key."""
+
+
 class RecipeParser(TrlParser):
     """[`~trl.TrlParser`] whose errors say what to do: an unknown recipe key gets its closest field names (or the
     field that replaced it), and a `num_generations` that does not divide the generation batch gets the valid values.
@@ -36,8 +42,11 @@ class RecipeParser(TrlParser):
     An error about a value the recipe set (and the command line did not override) names the recipe key and the
     file, `recipe key s2t_entropy_quantile in recipes/x.yaml: ...`, whatever found it: argparse's conversion (a wrong
     type), the checks here (a recipe value argparse does not convert or check: a YAML number, list or boolean of the
-    wrong type, a value outside the field's choices; ranges), or the config classes' `__post_init__` (ranges). A
-    value from the command line keeps its `--flag` / `field=value` wording.
+    wrong type, a value outside the field's choices), or the config classes' `__post_init__` (ranges, the counts and
+    the generation batch of [`~stapo_trl.checks.training_values.check_training_values`], the same checks and messages
+    as `STAPOConfig(...)` from Python). A value from the command line keeps its `field=value` wording behind its
+    `--flag`. An error made by several fields (the generation batch) names the flags and the recipe keys that set
+    them.
     """
 
     _recipe_path: str | None = None
@@ -65,8 +74,10 @@ class RecipeParser(TrlParser):
         )
         try:
             return super().parse_args_and_config(args, *pargs, **kwargs)
+        except UnknownKeysError:
+            raise  # names the flag or key itself; a recipe key it resembles is not its cause
         except (ValueError, TypeError) as e:
-            message = self._name_the_recipe_key(str(e))
+            message = self._name_the_recipe_key(str(e), getattr(e, "fields", None))
             if message is None:
                 raise
             raise ValueError(message) from e
@@ -75,11 +86,22 @@ class RecipeParser(TrlParser):
         """Whether the value of field `key` is the recipe's (set there and not overridden on the command line)."""
         return self._recipe_path is not None and key in self._recipe_keys and key not in self._cli_keys
 
-    def _name_the_recipe_key(self, message: str) -> str | None:
+    def _name_the_recipe_key(self, message: str, fields: Sequence[str] | None = None) -> str | None:
         """`message` (an error about a field) with the recipe key and the file when the value came from the recipe,
         with its `--flag` when it came from the command line; `None` when neither applies (or when the message already
-        names the file)."""
+        names the file).
+
+        Args:
+            message (`str`): the error.
+            fields (`Sequence[str]`, *optional*): the fields whose values make the error (a
+                [`~stapo_trl.checks.training_values.TrainingValueError`]'s), the reported one first; `None`: the field
+                of a message that starts with `field=`.
+        """
         match = re.match(r"^(\w+)=", message)
+        if fields is None and match:
+            fields = (match.group(1),)
+        if fields and len(fields) > 1:
+            return self._name_the_causes(message, fields)
         if match and match.group(1) in self._cli_keys:  # the stapo_trl convention: `field=value ...`; a flag's value
             return f"--{match.group(1)}: {message}"
         if self._recipe_path is None or self._recipe_path in message:
@@ -101,6 +123,19 @@ class RecipeParser(TrlParser):
         if not mentioned:
             return None
         return f"{message} (recipe key(s) {', '.join(mentioned)} in {self._recipe_path})"
+
+    def _name_the_causes(self, message: str, fields: Sequence[str]) -> str | None:
+        """`message`, an error made by several fields' values together, behind the flags and recipe keys that set them
+        (`--a and --b (with recipe key c in R): ...`); `None` when every value is a default."""
+        flags = [f"--{field}" for field in fields if field in self._cli_keys]
+        keys = [field for field in fields if self._from_recipe(field)]
+        in_recipe = f"recipe key{'s' * (len(keys) > 1)} {', '.join(keys)} in {self._recipe_path}"
+        if flags:
+            named = " and ".join([", ".join(flags[:-1]), flags[-1]] if len(flags) > 1 else flags)
+            return f"{named}{f' (with {in_recipe})' if keys else ''}: {message}"
+        if keys:
+            return f"{in_recipe}: {message} Fix the values in the recipe, or override them on the command line."
+        return None
 
     def _action(self, dest: str) -> argparse.Action | None:
         """The `--dest` option of a field (not its `--no_dest` complement)."""
@@ -169,12 +204,16 @@ class RecipeParser(TrlParser):
         remaining = super().set_defaults_with_config(**kwargs)
         unknown = [item[2:] for item in remaining[::2]]  # TrlParser returns ["--key", "value", ...]
         if unknown:
-            raise ValueError(self._unknown_keys_message(unknown, f"recipe {self._recipe_path}"))
+            raise UnknownKeysError(self._unknown_keys_message(unknown, f"recipe {self._recipe_path}"))
         return remaining
 
     def _unknown_keys_message(self, keys: list[str], where: str) -> str:
+        """The one line for keys that are no field, each with its closest fields: for the command line (`where` is
+        `"the command line"`), the unknown flag as typed, and whether a field it resembles is also set by the recipe
+        (whose value the right flag would override)."""
         known = [action.dest for action in self._actions if action.dest != "help"]
         known += ["config", "dry-run", "num-processes"]  # read before this parser runs (TrlParser, main)
+        on_command_line = where == "the command line"
         lines = []
         for key in keys:
             if key.startswith("s2t_") and "s2t_prob_threshold" not in known:
@@ -186,8 +225,15 @@ class RecipeParser(TrlParser):
                 hint = f"use {RENAMED_KEYS[key]}"
             else:
                 close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-                hint = f"did you mean {', '.join(close)}?" if close else "no similar field"
-            lines.append(f"{key}: {hint}")
+                in_recipe = [field for field in close if self._from_recipe(field)] if on_command_line else []
+                also = (
+                    f" ({in_recipe[0]} is a key of the recipe {self._recipe_path} too: the flag --{in_recipe[0]} "
+                    "overrides it)"
+                    if in_recipe
+                    else ""
+                )
+                hint = f"did you mean {', '.join(close)}{also}?" if close else "no similar field"
+            lines.append(f"--{key}: {hint}" if on_command_line else f"{key}: {hint}")
         body = "; ".join(lines)
         return (
             f"Unknown key(s) in {where}: {body}{'' if body.endswith('?') else '.'} Every key must be a field of "
@@ -203,10 +249,11 @@ class RecipeParser(TrlParser):
         namespace, extra = self.parse_known_args(args=args)
         flags = [item[2:] for item in extra if item.startswith("--")]
         if flags and not kwargs.get("return_remaining_strings"):
-            raise ValueError(self._unknown_keys_message(flags, "the command line"))
+            raise UnknownKeysError(self._unknown_keys_message(flags, "the command line"))
         self._check_recipe_values(namespace)
-        check_counts(namespace)
-        check_generation_batch(namespace)
+        if not any(isinstance(t, type) and issubclass(t, STAPOConfig) for t in self.dataclass_types):
+            # A plain GRPOConfig (trainer: grpo) has TRL's checks only: STAPOConfig's own, on the raw values.
+            check_training_values(namespace)
         for name in ("eval_num_problems", "eval_num_samples"):
             value = getattr(namespace, name, None)
             if value is not None and value < 1:
@@ -218,12 +265,6 @@ class RecipeParser(TrlParser):
             raise ValueError(
                 f"torch_num_threads={threads} must be >= 1 (the CPU demo uses 1), or unset for torch's default."
             )
-        max_steps = getattr(namespace, "max_steps", None)
-        if max_steps is not None and (max_steps == 0 or max_steps < -1):  # transformers reads <= 0 as "use epochs"
-            raise ValueError(
-                f"max_steps={max_steps} is not a number of optimizer steps: give a positive number, or -1 (the "
-                "default) to train for num_train_epochs epochs."
-            )
         return super().parse_args_into_dataclasses(args=args, **kwargs)
 
     def error(self, message):
@@ -231,7 +272,7 @@ class RecipeParser(TrlParser):
         match = re.match(r"^argument (--[\w-]+)(?:/--[\w-]+)*: (.*)$", message)
         action = self._option_string_actions.get(match.group(1)) if match else None
         if action is None:
-            raise InputError("stapo-train", f"{message}. See `stapo-train --help` for every field.")
+            raise InputError("stapo-train", f"{message}. See `stapo-train --help-fields` for every field.")
         key, problem = action.dest, match.group(2).rstrip(".")
         takes = (
             ""
@@ -244,81 +285,4 @@ class RecipeParser(TrlParser):
                 f"recipe key {key} in {self._recipe_path}: {problem}{takes}. Fix the value in the recipe, or "
                 f"override it on the command line with --{key}.",
             )
-        raise InputError("stapo-train", f"--{key}: {problem}{takes}. See `stapo-train --help` for every field.")
-
-
-def check_counts(namespace: argparse.Namespace) -> None:
-    """Fail on counts and settings that upstream checks only once the model is built (or never): batch sizes and
-    accumulation below 1, fewer than 2 generations per prompt, a negative learning rate, an unknown `report_to`.
-
-    Raises:
-        ValueError: `field=value ...`, with the allowed values and the paper's setting.
-    """
-    for name, what in (
-        ("per_device_train_batch_size", "completions per process per micro-step; the CPU demo uses 16"),
-        ("gradient_accumulation_steps", "micro-steps per optimizer update; the CPU demo uses 1"),
-    ):
-        value = getattr(namespace, name, None)
-        if value is not None and value < 1:
-            raise ValueError(f"{name}={value} must be >= 1 ({what}).")
-    for name in ("steps_per_generation", "generation_batch_size"):
-        value = getattr(namespace, name, None)
-        if value is not None and value < 1:
-            raise ValueError(f"{name}={value} must be >= 1, or unset (None) for TRL's default.")
-    num_generations = getattr(namespace, "num_generations", None)
-    if num_generations is not None and num_generations < 2:
-        raise ValueError(
-            f"num_generations={num_generations} must be >= 2: GRPO's advantage compares the completions of one prompt "
-            "(the paper uses 8)."
-        )
-    learning_rate = getattr(namespace, "learning_rate", None)
-    if learning_rate is not None and learning_rate < 0:
-        raise ValueError(f"learning_rate={learning_rate} must be >= 0 (the paper uses 1e-6, the CPU demo 1e-4).")
-    report_to = getattr(namespace, "report_to", None)
-    if report_to is not None:
-        from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
-
-        allowed = ["none", "all", *INTEGRATION_TO_CALLBACK]
-        unknown = [name for name in ([report_to] if isinstance(report_to, str) else report_to) if name not in allowed]
-        if unknown:
-            raise ValueError(f"report_to={report_to!r}: {', '.join(map(repr, unknown))} is not one of {allowed}.")
-
-
-def check_generation_batch(namespace: argparse.Namespace) -> None:
-    """Fail with the valid `num_generations` values when it does not divide the generation batch.
-
-    The generation batch (completions generated at once) is `generation_batch_size` if set, else
-    `per_device_train_batch_size x processes x steps_per_generation` (`steps_per_generation` defaults to
-    `gradient_accumulation_steps`); it must hold whole groups of `num_generations` completions per prompt
-    ([`~stapo_trl.cli.geometry.BatchGeometry`]).
-
-    Raises:
-        ValueError: naming the batch, its arithmetic and the valid `num_generations`.
-    """
-    num_generations = namespace.num_generations
-    if num_generations is None or num_generations < 2:  # None: TRL's default; < 2: TRL's own message is clear
-        return
-    geometry = BatchGeometry(
-        per_device_train_batch_size=namespace.per_device_train_batch_size,
-        num_processes=int(os.environ.get("WORLD_SIZE", "1")),
-        gradient_accumulation_steps=namespace.gradient_accumulation_steps,
-        num_generations=num_generations,
-        steps_per_generation=namespace.steps_per_generation,
-        generation_batch_size=namespace.generation_batch_size,
-    )
-    if geometry.holds_whole_groups:
-        return
-    if namespace.generation_batch_size is not None:
-        how = f"generation_batch_size = {geometry.generation_batch}"
-    else:
-        how = (
-            f"per_device_train_batch_size {geometry.per_device_train_batch_size} x {geometry.num_processes} "
-            f"process(es) x steps_per_generation {geometry.micro_steps_per_generation} = {geometry.generation_batch} "
-            "completions"
-        )
-    raise ValueError(
-        f"num_generations={num_generations} does not divide the generation batch ({how}): each prompt needs a "
-        f"whole group of num_generations completions. Valid num_generations for this batch: "
-        f"{geometry.valid_num_generations()}. Or change per_device_train_batch_size / steps_per_generation so that "
-        "the generation batch is a multiple of num_generations."
-    )
+        raise InputError("stapo-train", f"--{key}: {problem}{takes}. See `stapo-train --help-fields` for every field.")

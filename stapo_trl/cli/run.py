@@ -8,7 +8,6 @@ after parsing, so that `stapo-train --help` and `--dry-run` stay fast.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shlex
@@ -17,16 +16,16 @@ import time
 from typing import Any
 
 import datasets
-import torch
 import transformers
 from transformers import set_seed
 from transformers.trainer_callback import TrainerState
 from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
 
+from ..integrations.torch_threads import default_num_threads, torch_threads
 from ..integrations.upstream_warnings import QuietKnownUpstreamWarnings
+from ..runfiles.console import set_console_summary
 from ..trainer import GRPOBaselineTrainer, STAPOTrainer
 from .checkpoints import resolve_checkpoint
-from .interrupt import GracefulInterrupt
 from .outputs import (
     evaluate_trainer_model,
     make_eval_record,
@@ -42,9 +41,7 @@ from .script_args import STAPOScriptArguments
 logger = logging.getLogger(__name__)
 
 
-class TrainingInterrupted(KeyboardInterrupt):
-    """Training stopped on Ctrl-C after saving a checkpoint (the message says where, and how to resume); a
-    `KeyboardInterrupt`, so that callers that handle Ctrl-C handle it too."""
+__all__ = ["prepare", "resume_command", "torch_threads", "train"]
 
 
 def resume_command(argv: list[str] | None = None) -> str:
@@ -74,37 +71,20 @@ def train(
             the end (`Trainer.end`); `False` when more trainings follow in this process (`stapo-train compare`).
 
     Raises:
-        TrainingInterrupted: on Ctrl-C (SIGINT) during training, after the checkpoint of the step it came in; the
-            final model, figures and evaluation are skipped. A second Ctrl-C exits the process at once (status 130).
+        KeyboardInterrupt: on Ctrl-C (SIGINT) during training, after the checkpoint of the step it came in (its
+            message says where, and the command to resume); the final model, figures and evaluation are skipped. A second Ctrl-C exits the process at once (status 130).
 
     Returns:
         `dict[str, Any]`: `output_dir`, `global_step`, `eval` (the content of `eval.json`, or `None`), `eval_path`
         (where it was written, see [`eval_results_path`]; `None` off the main process or without evaluation) and `s2t`
         (mean silenced ratio and friends over the logging steps; empty for `trainer: grpo`).
     """
+    num_threads = script_args.torch_num_threads
+    if num_threads is None and prepared is not None:  # the trainer's default, for the evaluations around training too
+        num_threads = default_num_threads(prepared.model_path)
     # Known-harmless upstream warnings, silenced by message and category (stapo_trl.integrations.upstream_warnings).
-    with torch_threads(script_args.torch_num_threads), QuietKnownUpstreamWarnings() as quiet:
+    with torch_threads(num_threads), QuietKnownUpstreamWarnings() as quiet:
         return _train(script_args, training_args, model_args, prepared, end_training, quiet)
-
-
-@contextlib.contextmanager
-def torch_threads(num_threads: int | None):
-    """Run the block with `torch.set_num_threads(num_threads)` and `OMP_NUM_THREADS` set (a `builtin:` model is
-    built in a child process), restoring both after, for in-process callers; `None` changes nothing."""
-    if num_threads is None:
-        yield
-        return
-    previous = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(num_threads)
-    os.environ["OMP_NUM_THREADS"] = str(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous[0])
-        if previous[1] is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = previous[1]
 
 
 def _setup_logging(training_args) -> None:
@@ -144,6 +124,7 @@ def _build_trainer(script_args, training_args, model_args: ModelConfig, run: Pre
     )
     if run.benchmark_callback is not None:
         run.benchmark_callback.attach(trainer)  # registers it and logs eval/<benchmark>/* through the trainer
+    set_console_summary(trainer, False)  # the files are listed once, by print_summary at the end of the run
     return trainer
 
 
@@ -155,8 +136,7 @@ def _fit(trainer, checkpoint: str | None, already_trained: str | None, num_train
         # `None`: a metric with no defined value (TRL's mean of all-NaN values) since the last logging step.
         metrics = {key: value for key, value in train_result.metrics.items() if value is not None}
         metrics["train_samples"] = num_train_samples
-        trainer.log_metrics("train", metrics)
-        trainer.save_metrics("train", metrics)
+        trainer.save_metrics("train", metrics)  # train_results.json; the console had its line (runfiles.console)
     else:
         trainer._load_from_checkpoint(already_trained)  # weights (or adapter) only; no optimizer step
         trainer.state = TrainerState.load_from_json(os.path.join(already_trained, "trainer_state.json"))
@@ -228,18 +208,15 @@ def _train(
 
     # Training loop, then the model, its card and the figures
     start = time.perf_counter()
-    interrupt = GracefulInterrupt(trainer)  # Ctrl-C: checkpoint at the next step boundary; twice: quit at once
-    trainer.add_callback(interrupt)
-    with interrupt:
+    # Ctrl-C: the trainer's train() saves a checkpoint at the next step boundary, then raises a KeyboardInterrupt
+    # that ends with this hint (stapo_trl.runfiles.interrupt); a second Ctrl-C quits at once.
+    trainer.resume_hint = f"Resume with the same command: {resume_command()}"
+    try:
         _fit(trainer, checkpoint, already_trained, len(run.train_dataset))
-    if interrupt.requested:
-        step = trainer.state.global_step
+    except KeyboardInterrupt:
         if end_training:
             trainer.end()
-        raise TrainingInterrupted(
-            f"Interrupted at step {step}: checkpoint saved to {os.path.join(output_dir, f'checkpoint-{step}')}. "
-            f"Resume with the same command: {resume_command()}"
-        )
+        raise
     if already_trained is None:
         timings["train"] = time.perf_counter() - start
     _save_model_and_card(trainer, script_args, output_dir)

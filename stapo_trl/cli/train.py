@@ -8,6 +8,9 @@ r"""`stapo-train`: train with STAPO (or the GRPO baseline without the mask) from
     accelerate launch --config_file recipes/accelerate_configs/zero2.yaml -m stapo_trl.cli.train --config RECIPE.yaml
     # Both arms of a comparison on the same seeds: one PNG with both runs' curves and a before/after table.
     stapo-train compare recipes/demo/grpo.yaml recipes/demo/stapo.yaml --seeds 0 1 2 [-- --max_steps 100]
+    # The common recipe fields (at once); every field with its default and help, or those whose name holds a word.
+    stapo-train --help
+    stapo-train --help-fields [s2t]
 
 A recipe is a YAML file whose keys are the fields of three argument groups, parsed by [`~trl.TrlParser`]:
 [`STAPOScriptArguments`] (trainer, rewards, data, before/after evaluation), [`~stapo_trl.STAPOConfig`] (every
@@ -36,13 +39,17 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .args import parse_args
-from .dry_run import main as dry_run_main
 from .errors import InputError, print_line, report_input_errors
 
 
+# Only light modules above: `--help`, `--version` and the input errors found before parsing the recipe's fields answer
+# in well under a second. TRL's config classes (and through them torch and DeepSpeed) are imported by `parse_args` once
+# the recipe file has passed its checks, the training stack after parsing.
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """`stapo-train [--config RECIPE.yaml] [--key value ...]`, `stapo-train compare ...` or `... --dry-run`.
+    """`stapo-train [--config RECIPE.yaml] [--key value ...]`, `stapo-train compare ...` or `... --dry-run`; `--help`
+    (the common fields), `--help-fields [WORD]` (every field, or those whose name contains WORD) and `--version`.
 
     A recipe, data or model argument that cannot work (unknown key, a value of the wrong type, out of range or not
     one of the choices, reward, column, model path, `builtin:` name, `num_generations`, ...) ends the command with
@@ -52,10 +59,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     Ctrl-C quits at once); both exit with status 130.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--version" in argv:
+        from . import version_text
+
+        print(version_text("stapo-train"))
+        raise SystemExit(0)
     try:
         with report_input_errors():
             _main(argv)
-    except KeyboardInterrupt as e:  # stapo_trl.cli.run.TrainingInterrupted (checkpoint saved) or a bare Ctrl-C
+    except KeyboardInterrupt as e:  # after the checkpoint (stapo_trl.runfiles.interrupt), or a bare Ctrl-C
         if os.environ.get("RANK", "0") == "0":  # one message per run, not one per process
             print_line(str(e) or "stapo-train: interrupted (outside training: nothing to save).")
         raise SystemExit(130) from None
@@ -68,8 +80,20 @@ def _main(argv: list[str]) -> None:
         compare(argv[1:])
         return
     if "--dry-run" in argv or "--dry_run" in argv:
+        from .dry_run import main as dry_run_main
+
         # Parse and check the recipe for a process count, print the plan, build nothing (stapo_trl.cli.dry_run).
         raise SystemExit(dry_run_main([a for a in argv if a not in ("--dry-run", "--dry_run")]))
+    from .args import fields_help, parse_args, short_help
+
+    if "-h" in argv or "--help" in argv:
+        print(short_help())  # the common fields; every field needs TRL's config classes: --help-fields
+        raise SystemExit(0)
+    if "--help-fields" in argv or "--help_fields" in argv:
+        flag = "--help-fields" if "--help-fields" in argv else "--help_fields"
+        word = argv[argv.index(flag) + 1] if argv.index(flag) + 1 < len(argv) else None
+        print(fields_help(None if word is None or word.startswith("-") else word))
+        raise SystemExit(0)
     try:
         script_args, training_args, model_args = parse_args(argv)
         # TRL's trainer, datasets and math-verify (seconds): imported after parsing, so that --help stays fast.

@@ -130,22 +130,93 @@ def load_results(path: str | Path) -> dict[str, Any]:
     return data
 
 
+# How each resume setting is given to `stapo-eval`, and what its unset value (`None`) means.
+_RESUME_FLAGS = {
+    "model": ("--model", None),
+    "revision": ("--revision", "the default branch"),
+    "backend": ("--backend", None),
+    "samples": ("--samples", "each benchmark's default"),
+    "max_new_tokens": ("--max-new-tokens", None),
+    "limit": ("--limit", "every problem"),
+    "data_dir": ("--data-dir", "the Hub datasets"),
+    "seed": ("--seed", None),
+}
+
+
+def _same_setting(key: str, old: Any, new: Any, benchmarks: Sequence[str]) -> bool:
+    """Whether two values of a resume setting give the same numbers: the same local model folder written two ways
+    (`outputs/x`, `outputs/x/`); `--samples` unset and the default of every benchmark of the file."""
+    if key == "model" and isinstance(old, str) and isinstance(new, str) and os.path.isdir(new):
+        return os.path.abspath(os.path.expanduser(old)) == os.path.abspath(os.path.expanduser(new))
+    if key == "samples" and benchmarks and all(b in BENCHMARKS for b in benchmarks):
+        return all(
+            (old or BENCHMARKS[b].default_samples) == (new or BENCHMARKS[b].default_samples) for b in benchmarks
+        )
+    return old == new
+
+
+def _describe(key: str, value: Any) -> str:
+    """A resume setting's value in words: `unset (what that means)` for `None`; the chat template by its flag."""
+    if key == "chat_template":
+        return "the chat template" if value else "--no-chat-template"
+    unset = _RESUME_FLAGS[key][1]
+    return f"unset ({unset})" if value is None and unset else str(value)
+
+
+def _restore(key: str, value: Any) -> tuple[str, str]:
+    """(flag to give, flag to leave out) that sets a resume setting back to `value`; `""` for none."""
+    if key == "chat_template":
+        return ("", "--no-chat-template") if value else ("--no-chat-template", "")
+    flag = _RESUME_FLAGS[key][0]
+    return ("", flag) if value is None else (f"{flag} {value}", "")
+
+
+def resume_differences(existing: dict[str, Any], config: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The settings (`_RESUME_KEYS`) that differ between a results file and this run, each as (what differs, the flag
+    to give, the flag to leave out to resume the file), e.g. `("--max-new-tokens 48 in the file, 64 now",
+    "--max-new-tokens 48", "")`; the flags are `""` where there is none (the prompt instruction is stapo_trl's own).
+
+    A setting the file does not record (written by an older version) is not a difference, nor are two values that
+    give the same numbers: the same local model folder written two ways (`outputs/x`, `outputs/x/`), `--samples` unset
+    and the default of every benchmark in the file.
+    """
+    old = existing.get("config", {})
+    benchmarks = old.get("benchmarks") or []
+    differences = []
+    for key in _RESUME_KEYS:
+        if key not in old or _same_setting(key, old[key], config.get(key), benchmarks):
+            continue
+        if key == "instruction":
+            differences.append(("the prompt instruction (stapo_trl's own: another version wrote the file)", "", ""))
+            continue
+        what = f"{_describe(key, old[key])} in the file, {_describe(key, config.get(key))} now"
+        differences.append(
+            (what if key == "chat_template" else f"{_RESUME_FLAGS[key][0]} {what}", *_restore(key, old[key]))
+        )
+    return differences
+
+
 def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path) -> None:
     """Refuse to resume a results file written with other settings (`_RESUME_KEYS`: model, backend, samples, ...).
 
     Raises:
-        ValueError: listing every differing setting, with the file's and the new value.
+        ValueError: one line listing only the settings that differ ([`resume_differences`]), with the file's value,
+            this run's, and the flags that would resume the file, e.g. "results.json holds results of other settings,
+            so it cannot be resumed: --max-new-tokens 48 in the file, 64 now. Rerun with --max-new-tokens 48 to add
+            to it, or choose another --output."
     """
-    old = existing.get("config", {})
-    diffs = [
-        f"{k}: file has {old.get(k)!r}, now {config.get(k)!r}" for k in _RESUME_KEYS if old.get(k) != config.get(k)
-    ]
-    if diffs:
-        raise ValueError(
-            f"{path} was written with different settings, so its results cannot be resumed:\n  "
-            + "\n  ".join(diffs)
-            + "\nRe-run with the same arguments, or choose another --output."
-        )
+    differences = resume_differences(existing, config)
+    if not differences:
+        return
+    give = " ".join(flag for _, flag, _ in differences if flag)
+    leave_out = ", ".join(flag for _, _, flag in differences if flag)
+    rerun = " and ".join(filter(None, [f"with {give}" if give else "", f"without {leave_out}" if leave_out else ""]))
+    rerun = f"Rerun {rerun} to add to it" if rerun else "Rerun with the stapo_trl version that wrote it"
+    raise ValueError(
+        f"{path} holds results of other settings, so it cannot be resumed: "
+        + "; ".join(what for what, _, _ in differences)
+        + f". {rerun}, or choose another --output."
+    )
 
 
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
@@ -191,6 +262,28 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}"
 
 
+def problems_note(table: dict[str, Any] | None) -> str:
+    """`" (n/N)"` for a benchmark table that averages `n` of the `N` problems loaded (the others dropped, their prompts
+    being too long for the model's positions), else `""` (also for files written before `N` was recorded)."""
+    n, total = (table or {}).get("num_problems"), (table or {}).get("num_problems_loaded")
+    if isinstance(n, int) and isinstance(total, int) and n < total:
+        return f" ({n}/{total})"
+    return ""
+
+
+PROBLEMS_FOOTNOTE = (
+    "(n/N): the cell averages n of the benchmark's N problems; the others' prompts were too long for the model's "
+    "positions with this generation budget (the results file's num_problems)."
+)
+
+
+def _limit_note(result_sets: Sequence[dict[str, Any]]) -> str | None:
+    limits = sorted({data.get("config", {}).get("limit") for data in result_sets} - {None})
+    if not limits:
+        return None
+    return f"Only the first {', '.join(map(str, limits))} problems of each benchmark (--limit)."
+
+
 def _model_label(data: dict[str, Any]) -> str:
     name = data["model"]["name_or_path"]
     return name.rstrip("/").split("/")[-1] if data["model"].get("source") == "local" else name
@@ -203,22 +296,27 @@ def format_results_table(result_sets: Sequence[dict[str, Any]]) -> str:
         result_sets (`Sequence[dict]`): results files (as loaded by [`load_results`]).
 
     Returns:
-        `str`: the Markdown table (avg@N per cell; `*` on Avg when fewer than the six paper benchmarks are present).
+        `str`: the Markdown table (avg@N per cell, with `(n/N)` when it averages n of the benchmark's N problems
+        ([`problems_note`]); `*` on Avg when fewer than the six paper benchmarks are present), and its footnotes.
     """
     columns = _columns(result_sets)
     header = ["Model"] + [BENCHMARKS[b].display_name for b in columns] + ["Avg"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    incomplete = False
+    incomplete = dropped = False
     for data in result_sets:
         for decoding, tables in data["results"].items():
             values, avg, complete = _row_values(tables, columns)
             incomplete |= not complete and avg is not None
-            cells = [f"{_model_label(data)}/{decoding}"] + [_fmt(v) for v in values]
+            notes = [problems_note(tables.get(b)) for b in columns]
+            dropped |= any(notes)
+            cells = [f"{_model_label(data)}/{decoding}"] + [_fmt(v) + note for v, note in zip(values, notes)]
             cells.append(_fmt(avg) + ("" if complete or avg is None else "*"))
             lines.append("| " + " | ".join(cells) + " |")
-    if incomplete:
-        lines.append("")
-        lines.append("\\* Avg over the paper benchmarks present (fewer than six).")
+    footnotes = ["\\* Avg over the paper benchmarks present (fewer than six)."] if incomplete else []
+    footnotes += [PROBLEMS_FOOTNOTE] if dropped else []
+    footnotes += [note for note in [_limit_note(result_sets)] if note]
+    if footnotes:
+        lines += ["", *footnotes]
     return "\n".join(lines)
 
 
@@ -284,7 +382,11 @@ def format_comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
             rows.append(values + [avg])
             label = f"{_model_label(data)}/{decoding}" + (f" ({tag})" if same_name else "")
             mark = "" if len(both) == len(PAPER_BENCHMARKS) or avg is None else "*"
-            lines.append("| " + " | ".join([label] + [_fmt(v) for v in values] + [_fmt(avg) + mark]) + " |")
+            notes = [problems_note(tables.get(c)) for c in columns]
+            if any(notes) and PROBLEMS_FOOTNOTE not in footnotes:
+                footnotes.append(PROBLEMS_FOOTNOTE)
+            cells = [_fmt(v) + note for v, note in zip(values, notes)]
+            lines.append("| " + " | ".join([label] + cells + [_fmt(avg) + mark]) + " |")
         if both and len(both) < len(PAPER_BENCHMARKS):
             note = f"\\* Avg over the {len(both)} paper benchmark(s) both files have: {', '.join(both)}."
             if note not in footnotes:

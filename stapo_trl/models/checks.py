@@ -73,10 +73,15 @@ def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | o
     return name_or_path
 
 
-def check_model_available(name_or_path: str | os.PathLike) -> str:
-    """[`check_model_name_or_path`], and, when the Hub is offline (`HF_HUB_OFFLINE=1`), that a name which is not a
-    local directory is a Hub id already in the local Hugging Face cache (otherwise transformers fails later with a
-    long "couldn't connect" traceback; a relative path such as `outputs/no-such` reads as a Hub id too).
+def check_model_available(name_or_path: str | os.PathLike, revision: str | None = None) -> str:
+    """[`check_model_name_or_path`], and that a name which is not a local directory is a Hub id that can be loaded:
+    in the local Hugging Face cache, or else the Hub answers (offline, `HF_HUB_OFFLINE=1`, it must be cached).
+    Otherwise transformers retries for ~50 s and fails with a "couldn't connect" message; a relative path such as
+    `outputs/no-such` reads as a Hub id too ([`~stapo_trl.checks.hub.check_hub_model`]).
+
+    Args:
+        name_or_path (`str` or `os.PathLike`): `builtin:<name>`, a local model directory or a Hub id.
+        revision (`str`, *optional*): the Hub revision of a Hub id.
 
     Returns:
         `str`: as [`check_model_name_or_path`].
@@ -84,23 +89,10 @@ def check_model_available(name_or_path: str | os.PathLike) -> str:
     Raises:
         FileNotFoundError: the name is neither a local directory nor, offline, a cached Hub id; plus the errors of
             [`check_model_name_or_path`].
+        ConnectionError: a Hub id that is not cached while the Hub does not answer.
     """
-    name = check_model_name_or_path(name_or_path)
-    if name.startswith(BUILTIN_PREFIX) or os.path.isdir(name):
-        return name
-    from huggingface_hub import constants, try_to_load_from_cache  # only for a Hub id
+    from ..checks.hub import check_hub_model
 
-    if constants.HF_HUB_OFFLINE:
-        try:
-            cached = try_to_load_from_cache(name, "config.json")
-        except Exception:  # noqa: BLE001 (an invalid repo id: not cached either)
-            cached = None
-        if not isinstance(cached, str):
-            raise FileNotFoundError(
-                f"Model {name!r} is not a local directory, and as a Hub id it is not in the local Hugging Face cache "
-                "while HF_HUB_OFFLINE=1 (no download). Pass an existing directory (e.g. outputs/demo-stapo after "
-                "`make demo`), a cached Hub id, or a built-in name ("
-                + ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
-                + ")."
-            )
+    name = check_model_name_or_path(name_or_path)
+    check_hub_model(name, revision=revision)
     return name

@@ -30,7 +30,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..diagnostics.metrics import ENTROPY_QUANTILES
 from .metrics_log import SPURIOUS_TOKENS_FILENAME, load_run, pooled_ratio_series, read_token_records
 from .plots import set_log_y_axis, set_step_x_axis
 from .token_labels import TOKEN_LABEL_KEY, load_token_bytes, top_token_labels
@@ -135,6 +134,8 @@ def plot_entropy_quantiles(runs: Mapping[str, Sequence[Rows]], out: Path) -> Pat
         runs (`Mapping[str, Sequence[Sequence[dict]]]`): label -> one list of `metrics.jsonl` rows per seed.
         out (`Path`): PNG to write.
     """
+    from ..diagnostics.metrics import ENTROPY_QUANTILES  # imports torch (seconds): not for `stapo-plot --help`
+
     keys = [f"s2t/entropy_p{round(100 * q)}" for q in ENTROPY_QUANTILES]  # p10, p50, p80, p95
     series = {label: {key: _mean_series(seeds, key) for key in keys} for label, seeds in runs.items()}
     if not any(s[key][0] for s in series.values() for key in keys):

@@ -1,0 +1,96 @@
+"""torch's CPU thread count for a run: the caller's when they chose one, else the measured best for the built-in tiny
+models (1 thread), restored when the run ends.
+
+torch starts one intra-op thread per available core. The built-in tiny models (`builtin:tiny-math`, `tiny-random`,
+`tiny-math-h64`: 144k parameters) gain nothing from a second thread, and on shared cores two threads thrash: the
+`examples/python_api.py` run took 96 s of training at torch's default on 2 loaded cores and 3.1 s with one thread
+(`benchmarks/threads.py`, results in `benchmarks/results/2026-12-02-threads.md`). The product trainers' `train()`
+therefore runs such a model on [`TINY_MODEL_THREADS`] threads unless the caller chose a count
+([`threads_set_by_user`]); every other model keeps torch's default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import torch
+
+from ..models.names import INFO_FILE, read_builtin_info
+
+
+# The fastest count for the built-in tiny models, on 1 and 2 cores, idle and loaded (benchmarks/threads.py).
+TINY_MODEL_THREADS = 1
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _threads_per_core() -> int:
+    """Hardware threads per physical core (2 with hyper-threading), from sysfs; 1 when it cannot be read."""
+    try:
+        with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
+            siblings = f.read().strip()
+    except OSError:
+        return 1
+    count = 0
+    for part in siblings.split(","):
+        low, _, high = part.partition("-")
+        count += int(high) - int(low) + 1 if high else 1
+    return max(count, 1)
+
+
+def torch_default_threads() -> set[int]:
+    """The counts torch starts with when nobody sets one: one per available core, logical or physical (torch picks the
+    physical count where hyper-threading doubles them)."""
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    counts = {available, os.cpu_count() or available}
+    return counts | {max(n // _threads_per_core(), 1) for n in counts}
+
+
+def threads_set_by_user() -> bool:
+    """Whether the caller chose the thread count: `OMP_NUM_THREADS` or `MKL_NUM_THREADS` in the environment, or a
+    `torch.set_num_threads` to a count that is not torch's default. (A count set to exactly the default cannot be told
+    apart from it, and counts as not set.)"""
+    return (
+        any(os.environ.get(name) for name in THREAD_ENV_VARS) or torch.get_num_threads() not in torch_default_threads()
+    )
+
+
+def is_tiny_builtin(model) -> bool:
+    """Whether `model` (a model, or its folder) is one of the built-in tiny models (build record kind `tiny`)."""
+    config = getattr(model, "config", None)
+    path = model if isinstance(model, (str, os.PathLike)) else getattr(config, "_name_or_path", None)
+    if not path or not os.path.isfile(os.path.join(path, INFO_FILE)):
+        return False
+    try:
+        return read_builtin_info(path).get("kind") == "tiny"
+    except (OSError, ValueError):
+        return False
+
+
+def default_num_threads(model) -> int | None:
+    """The thread count a run of `model` uses when the caller set none: [`TINY_MODEL_THREADS`] for a built-in tiny
+    model, else `None` (torch's default). `None` too when the caller set one ([`threads_set_by_user`])."""
+    if threads_set_by_user() or not is_tiny_builtin(model):
+        return None
+    return TINY_MODEL_THREADS
+
+
+@contextlib.contextmanager
+def torch_threads(num_threads: int | None) -> Iterator[None]:
+    """Run the block with `torch.set_num_threads(num_threads)` and `OMP_NUM_THREADS` set (a `builtin:` model is
+    built in a child process), restoring both after, for in-process callers; `None` changes nothing."""
+    if num_threads is None:
+        yield
+        return
+    previous = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(num_threads)
+    os.environ["OMP_NUM_THREADS"] = str(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous[0])
+        if previous[1] is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = previous[1]

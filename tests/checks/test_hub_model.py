@@ -1,0 +1,166 @@
+"""A Hub model id that is neither cached nor reachable is refused in seconds, before the dataset is touched, in one line
+that names HF_HUB_OFFLINE and local paths: by `stapo-train`, `stapo-eval` and `STAPOTrainer(model="org/name")`. A
+cached id passes, offline or not; offline, an uncached id is refused without asking the Hub."""
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from huggingface_hub import constants
+
+
+HUB_ID = "Qwen/Qwen3-0.6B"
+UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """An online Hub client (the suite runs with HF_HUB_OFFLINE=1) whose endpoint is unreachable, with an empty cache;
+    `hub.cache(repo)` puts a repository's `config.json` into that cache, as `hf download` does."""
+    cache = tmp_path / "hub-cache"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.delenv("HF_HUB_ETAG_TIMEOUT", raising=False)
+
+    class Hub:
+        @staticmethod
+        def cache(repo: str, filename: str = "config.json") -> None:
+            folder = cache / f"models--{repo.replace('/', '--')}"
+            commit = "0" * 40
+            (folder / "refs").mkdir(parents=True)
+            (folder / "refs" / "main").write_text(commit)
+            (folder / "snapshots" / commit).mkdir(parents=True)
+            (folder / "snapshots" / commit / filename).write_text('{"model_type": "qwen3"}')
+
+    return Hub()
+
+
+def check_hub_model(*args, **kwargs):
+    from stapo_trl.checks.hub import check_hub_model
+
+    return check_hub_model(*args, **kwargs)
+
+
+def _one_line_refusal(message: str, offline: bool) -> None:
+    assert "\n" not in message, message
+    assert HUB_ID in message and "HF_HUB_OFFLINE" in message and "outputs/demo-stapo" in message, message
+    assert ("HF_HUB_OFFLINE=1 (no download)" in message) == offline, message
+
+
+def test_an_unreachable_hub_is_refused_in_seconds(hub):
+    start = time.perf_counter()
+    with pytest.raises(ConnectionError) as excinfo:
+        check_hub_model(HUB_ID)
+    assert time.perf_counter() - start < 5
+    _one_line_refusal(str(excinfo.value), offline=False)
+    assert UNREACHABLE in str(excinfo.value)
+
+
+def test_a_hub_that_does_not_answer_is_refused_after_the_timeout(hub, monkeypatch):
+    # A server that accepts the connection and never answers: refused after `timeout`, not after retries.
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+    threading.Thread(target=lambda: server.accept(), daemon=True).start()
+    start = time.perf_counter()
+    try:
+        with pytest.raises(ConnectionError, match="does not answer") as excinfo:
+            check_hub_model(HUB_ID, timeout=1.0)
+    finally:
+        server.close()
+    assert time.perf_counter() - start < 4
+    _one_line_refusal(str(excinfo.value), offline=False)
+
+
+def test_offline_an_uncached_id_is_refused_without_asking_the_hub(hub, monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(FileNotFoundError) as excinfo:
+        check_hub_model(HUB_ID)
+    _one_line_refusal(str(excinfo.value), offline=True)
+
+
+@pytest.mark.parametrize("offline", [False, True], ids=["online-unreachable", "offline"])
+@pytest.mark.parametrize("filename", ["config.json", "adapter_config.json"], ids=["model", "adapter"])
+def test_a_cached_id_passes(hub, monkeypatch, offline, filename):
+    hub.cache(HUB_ID, filename)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    check_hub_model(HUB_ID)  # no request: the unreachable endpoint is never asked
+    with pytest.raises((ConnectionError, FileNotFoundError)):
+        check_hub_model("Qwen/Qwen3-1.7B")  # another id is not cached
+
+
+def test_local_folders_and_builtin_names_are_never_sent_to_the_hub(hub, tmp_path):
+    check_hub_model(str(tmp_path))
+    check_hub_model("builtin:tiny-math")
+
+
+# The commands and the Python API, end to end: refused before the dataset is touched, in seconds.
+
+
+@pytest.fixture
+def no_dataset_loaded(monkeypatch):
+    from stapo_trl.cli import prepare
+
+    def guard(*args, **kwargs):
+        raise AssertionError("the dataset was loaded before the model argument was checked")
+
+    monkeypatch.setattr(prepare, "load_prompt_dataset", guard)
+
+
+@pytest.mark.parametrize("offline", [False, True], ids=["unreachable", "offline"])
+def test_stapo_train_refuses_the_hub_id_before_the_dataset(hub, monkeypatch, capsys, tmp_path, no_dataset_loaded,
+                                                           no_model_built, offline):  # fmt: skip
+    from stapo_trl.cli.train import main
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    argv = [
+        "--config",
+        str(Path(__file__).resolve().parents[2] / "recipes" / "demo" / "stapo.yaml"),
+        "--output_dir",
+        str(tmp_path / "out"),
+    ]
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv + ["--model_name_or_path", HUB_ID])
+    assert excinfo.value.code == 2
+    assert time.perf_counter() - start < 10
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"stapo-train: error: Model {HUB_ID!r} is not a local directory"), line
+    _one_line_refusal(line, offline)
+
+
+def test_stapo_eval_refuses_the_hub_id_before_loading_anything(hub, capsys, tmp_path):
+    from stapo_trl.cli.eval import main
+
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as excinfo:
+        main(["--model", HUB_ID, "--benchmarks", "tiny-math", "--backend", "hf", "--output", str(tmp_path / "r.json")])
+    assert excinfo.value.code == 2
+    assert time.perf_counter() - start < 10
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("stapo-eval: error: ") and "does not answer" in line, line
+    _one_line_refusal(line, offline=False)
+
+
+@pytest.mark.parametrize("where", ["model", "reward-model"])
+def test_the_python_api_refuses_a_string_hub_id_in_seconds(
+    hub, no_model_built, tmp_path, tiny_random_model_path, where
+):
+    from datasets import Dataset
+
+    from stapo_trl import STAPOConfig, STAPOTrainer
+
+    args = STAPOConfig(output_dir=str(tmp_path), report_to=[], per_device_train_batch_size=8)
+    model, reward = (HUB_ID, "math_accuracy") if where == "model" else (tiny_random_model_path, HUB_ID)
+    dataset = Dataset.from_dict({"prompt": ["1+1"] * 8, "solution": ["2"] * 8})
+    start = time.perf_counter()
+    with pytest.raises(ConnectionError) as excinfo:
+        STAPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset)
+    assert time.perf_counter() - start < 10
+    _one_line_refusal(str(excinfo.value), offline=False)
+    assert str(excinfo.value).startswith("Model" if where == "model" else "Reward model")

@@ -1,0 +1,156 @@
+"""`--help`, `--version` and the input errors that need no model answer at once, with nothing but their own output.
+
+Each command runs in a fresh process, as a user types it (what the reported case measured: `stapo-train --config
+/nonexistent.yaml` took 10.4 s and printed DeepSpeed's "Setting accelerator to CPU" line before its one-line error).
+The bound is generous (3 s, where importing the training stack takes ~10 s on the project's shared 2-core machines)
+and the stderr line count exact.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+FAST_SECONDS = 3.0
+
+MODULES = {
+    "stapo-train": "stapo_trl.cli.train",
+    "stapo-eval": "stapo_trl.cli.eval",
+    "stapo-plot": "stapo_trl.cli.plot",
+}
+
+
+def _run(command: str, *args: str, cwd=None) -> tuple[subprocess.CompletedProcess, float]:
+    """`python -m <the command's module> ARGS` in a fresh process (what the console script runs); its wall time."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", MODULES[command], *args],
+        cwd=cwd or REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return proc, time.perf_counter() - start
+
+
+def _lines(text: str) -> list[str]:
+    return text.splitlines()
+
+
+def test_missing_recipe_is_one_line_at_once():
+    """The reported case: one error line on stderr, nothing on stdout (no DeepSpeed line), well under 10 s."""
+    proc, seconds = _run("stapo-train", "--config", "/nonexistent.yaml")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert _lines(proc.stderr) == ["stapo-train: error: Recipe '/nonexistent.yaml' does not exist."]
+    assert seconds < FAST_SECONDS, f"{seconds:.1f} s"
+
+
+@pytest.mark.parametrize(
+    "command, args, first_line",
+    [
+        ("stapo-train", ["--help"], "usage:"),
+        ("stapo-train", ["--version"], "stapo-train (stapo_trl "),
+        ("stapo-train", ["compare", "--help"], "usage: stapo-train compare"),
+        ("stapo-train", ["--dry-run", "--help"], "Dry run of a recipe"),
+        ("stapo-eval", ["--version"], "stapo-eval (stapo_trl "),
+        ("stapo-plot", ["--help"], "usage: stapo-plot"),
+        ("stapo-plot", ["--version"], "stapo-plot (stapo_trl "),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
+)
+def test_help_and_version_answer_at_once_on_stdout_only(command, args, first_line):
+    proc, seconds = _run(command, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert proc.stdout.lstrip().startswith(first_line), proc.stdout[:500]
+    assert seconds < FAST_SECONDS, f"{command} {' '.join(args)}: {seconds:.1f} s"
+
+
+def test_version_names_the_package_and_its_stack():
+    import stapo_trl
+
+    proc, _ = _run("stapo-train", "--version")
+    (line,) = _lines(proc.stdout)
+    assert line.startswith(f"stapo-train (stapo_trl {stapo_trl.__version__}; trl ")
+    assert "transformers " in line and "torch " in line
+
+
+@pytest.mark.parametrize(
+    "command, args, error",
+    [
+        ("stapo-train", [], "stapo-train: error: no recipe: give --config RECIPE.yaml"),
+        ("stapo-train", ["--config", "recipes"], "stapo-train: error: Recipe 'recipes' is a folder"),
+        ("stapo-train", ["--config", "BROKEN"], "stapo-train: error: Recipe 'BROKEN' is not valid YAML (line 2"),
+        ("stapo-train", ["--config", "LIST"], "stapo-train: error: Recipe 'LIST' is a YAML list, not a mapping"),
+        ("stapo-train", ["--config", "/nonexistent.yaml", "--dry-run"], "stapo-train --dry-run: error: Recipe"),
+        ("stapo-train", ["compare", "only-one.yaml"], "stapo-train compare: error: RECIPE: compare trains two"),
+        ("stapo-train", ["compare", "/no/a.yaml", "/no/b.yaml"], "stapo-train compare: error: Recipe '/no/a.yaml'"),
+        ("stapo-plot", ["/nonexistent"], "stapo-plot: error: No metrics.jsonl in '/nonexistent'"),
+        ("stapo-plot", ["RUN", "--smoothing", "0"], "stapo-plot: error: --smoothing 0"),
+        ("stapo-eval", ["--model", "/nonexistent"], "stapo-eval: error: Model directory '/nonexistent' does not"),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
+)
+def test_input_errors_before_any_model_are_one_line_at_once(tmp_path, command, args, error):
+    (tmp_path / "BROKEN").write_text("learning_rate: 1e-4\n  max_steps: [\n")
+    (tmp_path / "LIST").write_text("- learning_rate: 1e-4\n")
+    (tmp_path / "RUN").mkdir()
+    (tmp_path / "RUN" / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
+    (tmp_path / "recipes").mkdir()
+    proc, seconds = _run(command, *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert len(_lines(proc.stderr)) == 1, proc.stderr
+    assert proc.stderr.startswith(error), proc.stderr
+    assert seconds < FAST_SECONDS, f"{command} {' '.join(args)}: {seconds:.1f} s"
+
+
+def test_value_error_prints_only_its_line():
+    """An error that needs the config classes imports TRL (seconds), but prints nothing else: no DeepSpeed line."""
+    proc, _ = _run("stapo-train", "--config", "recipes/demo/stapo.yaml", "--s2t_entropy_quantile", "1.5")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert _lines(proc.stderr) == [
+        "stapo-train: error: --s2t_entropy_quantile: s2t_entropy_quantile=1.5 must be in [0, 1]; the paper: 0.75."
+    ]
+
+
+def test_short_help_names_fields_that_exist_and_points_at_every_field():
+    """The short `--help` lists the common fields without TRL; each must be a real field of the parser that
+    `--help-fields` prints, so that the short list cannot drift from the recipe."""
+    from stapo_trl.cli.args import COMMON_FIELDS, make_parser, short_help
+
+    text = short_help()
+    assert "--help-fields" in text and "Exit status: 0 on success" in " ".join(text.split())
+    options = {option for action in make_parser()._actions for option in action.option_strings}
+    for _, fields in COMMON_FIELDS:
+        for names, _ in fields:
+            for name in names.split(", "):
+                assert f"--{name}" in options, name
+                assert name in text
+
+
+def test_help_fields_lists_every_field_or_those_matching(capsys):
+    from stapo_trl.cli.train import main
+
+    with pytest.raises(SystemExit) as excinfo:
+        main(["--help-fields"])
+    assert excinfo.value.code == 0
+    every = capsys.readouterr().out
+    for field in ("--s2t_prob_threshold", "--learning_rate", "--model_name_or_path", "--torch_num_threads"):
+        assert field in every
+    with pytest.raises(SystemExit):
+        main(["--help-fields", "s2t_"])
+    matching = capsys.readouterr().out
+    assert "--s2t_prob_threshold" in matching and "--s2t_mode" in matching
+    assert "--learning_rate" not in matching and len(matching) < len(every) / 5

@@ -1,0 +1,130 @@
+"""The Python API trains the built-in tiny models on one torch thread unless the caller chose a count.
+
+The reported case: `examples/python_api.py` as printed took 1 min 44 s (`train_runtime` 96 s) on 2 shared cores at
+torch's default of one thread per core, and 9.7 s (3.1 s) with `OMP_NUM_THREADS=1`; the recipes set
+`torch_num_threads: 1`, the API did not. Measured in fresh processes: the test process itself pins torch to one thread
+(tests/conftest.py).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import json
+import shutil
+import sys
+
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+
+from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.data import format_prompt
+from stapo_trl.rewards import math_accuracy_reward
+
+model_path, output_dir, scenarios = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{a}"), "solution": str(2 * a)} for a in range(10, 30)])
+
+
+class Record(TrainerCallback):
+    def __init__(self):
+        self.seen = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seen.append(torch.get_num_threads())
+
+
+def run(model):
+    record = Record()
+    config = STAPOConfig(
+        output_dir=output_dir, max_steps=1, per_device_train_batch_size=4, num_generations=4,
+        max_completion_length=8, save_strategy="no", report_to="none", disable_tqdm=True,
+    )
+    before = torch.get_num_threads()
+    STAPOTrainer(model, math_accuracy_reward, args=config, train_dataset=dataset, callbacks=[record]).train()
+    return {"before": before, "during": record.seen[0], "after": torch.get_num_threads()}
+
+
+results = {}
+for scenario in scenarios:
+    if scenario == "default":
+        results[scenario] = run(model_path)
+    elif scenario == "set_num_threads_3":
+        torch.set_num_threads(3)
+        results[scenario] = run(model_path)
+    elif scenario == "not_builtin":  # the same weights in a folder without the build record: torch's default
+        torch.set_num_threads(results["default"]["before"])
+        copy = shutil.copytree(model_path, output_dir + "-model", ignore=shutil.ignore_patterns("stapo_builtin.json"))
+        results[scenario] = run(copy)
+print(json.dumps(results))
+"""
+
+
+def _threads_in_fresh_process(tmp_path, model_path: str, scenarios: list[str], **env) -> dict:
+    script = tmp_path / "threads_script.py"
+    script.write_text(SCRIPT)
+    environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", **env}
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if name not in env:
+            environment.pop(name, None)
+    proc = subprocess.run(
+        [sys.executable, str(script), model_path, str(tmp_path / "out"), ",".join(scenarios)],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+needs_two_cores = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="torch's default is already one thread on one core"
+)
+
+
+@needs_two_cores
+def test_api_defaults_to_one_thread_for_tiny_models_and_keeps_explicit_counts(tmp_path, tiny_math_model_path):
+    results = _threads_in_fresh_process(
+        tmp_path, tiny_math_model_path, ["default", "set_num_threads_3", "not_builtin"]
+    )
+    default = results["default"]
+    assert default["before"] == len(os.sched_getaffinity(0))  # torch's default: one thread per available core
+    assert default["during"] == 1  # the reported case: the example ran at torch's default
+    assert default["after"] == default["before"]  # restored after train()
+    assert results["set_num_threads_3"] == {"before": 3, "during": 3, "after": 3}  # torch.set_num_threads wins
+    assert results["not_builtin"]["during"] == default["before"]  # another model keeps torch's default
+
+
+@needs_two_cores
+def test_omp_num_threads_wins(tmp_path, tiny_math_model_path):
+    results = _threads_in_fresh_process(tmp_path, tiny_math_model_path, ["default"], OMP_NUM_THREADS="2")
+    assert results["default"]["during"] == 2
+
+
+def test_user_choice_detection(monkeypatch):
+    import torch
+
+    from stapo_trl.integrations.torch_threads import threads_set_by_user, torch_default_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(max(torch_default_threads()) + 5)
+        assert threads_set_by_user()
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        assert not threads_set_by_user()  # the default itself cannot be told apart from torch's own choice
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        assert threads_set_by_user()
+    finally:
+        torch.set_num_threads(previous)
