@@ -1,4 +1,6 @@
-"""Session fixtures shared by every test file: tiny offline models and the shared benchmark data.
+"""Fixtures shared by every test file: tiny offline models, the shared benchmark data, one torch thread, and a guard
+that fails a test that builds a model where an input error should have stopped first. Helper functions live in
+`testing_utils.py`.
 
 All tests run offline in one process (each new process spends ~7 s importing torch/transformers/trl).
 Local reruns can skip the ~30 s warm-up build: `STAPO_TRL_TEST_MODEL=builtin:tiny-math` reuses the model cached under
@@ -16,6 +18,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from testing_utils import REPO  # noqa: E402
 
 from stapo_trl.models import resolve_model_path  # noqa: E402
 
@@ -23,7 +26,13 @@ from stapo_trl.models import resolve_model_path  # noqa: E402
 # The project's CPU machines have 2 cores; more threads than cores only adds contention.
 torch.set_num_threads(1)  # tiny models gain nothing from threads; with 2-process tests running beside, 2 thrash
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+
+@pytest.fixture(autouse=True)
+def single_torch_thread():
+    """Every test starts on one torch thread, whatever an earlier test set: generation and training of a
+    ~140k-parameter model are dominated by thread hand-offs, and two OpenMP threads on a busy 2-core machine make them
+    ~10x slower."""
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -113,7 +122,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def shared_data_dir() -> Path:
     """`../shared/data` next to the repository (benchmark files, see its SOURCES.md); skips when absent."""
-    path = (REPO_ROOT.parent / "shared" / "data").resolve()
+    path = (REPO.parent / "shared" / "data").resolve()
     if not path.is_dir():
         pytest.skip(f"shared benchmark data not found at {path}")
     return path

@@ -1,15 +1,19 @@
 """The product's `STAPOConfig` (`stapo_trl.STAPOConfig`): the paper's defaults, every S2T field documented where it is
-declared, the ablation modes beside the core's, early refusals, and one warning per untested combination."""
+declared, the ablation modes beside the core's, early refusals, one warning per untested combination, and the CPU
+defaults (`use_cpu`, no bf16) on a machine without an accelerator."""
 
 import dataclasses
+import logging
 import re
 import typing
 import warnings
+from pathlib import Path
 
 import pytest
+from testing_utils import STAPO_RECIPE
 
 from stapo_trl import STAPOConfig, core
-from stapo_trl.config import partial_prompt_group_message, untested_combination_warnings
+from stapo_trl.config import has_accelerator, partial_prompt_group_message, untested_combination_warnings
 from stapo_trl.core.stapo_config import s2t_warnings
 from stapo_trl.diagnostics.ablations import ABLATION_MODES
 
@@ -150,3 +154,50 @@ def test_an_update_of_whole_prompt_groups_counts_every_process():
     config = make_config(per_device_train_batch_size=4, steps_per_generation=2)
     assert untested_combination_warnings(config, num_processes=2) == []
     assert len(untested_combination_warnings(config, num_processes=1)) == 1
+
+
+@pytest.mark.skipif(has_accelerator(), reason="the CPU defaults apply only on a machine without an accelerator")
+def test_cpu_only_machine_defaults_to_use_cpu_without_bf16_and_explicit_values_win(tmp_path, caplog):
+    from stapo_trl.cli.args import parse_args
+
+    def config(**settings):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return STAPOConfig(output_dir=str(tmp_path), report_to=[], **settings)
+
+    with caplog.at_level(logging.INFO, logger="stapo_trl.config"):
+        args = config()  # TRL's bf16 default is refused by transformers here: this raised before
+    assert (args.use_cpu, args.bf16) == (True, False)
+    lines = [record.getMessage() for record in caplog.records if record.name == "stapo_trl.config"]
+    assert len(lines) == 1 and "use_cpu=True, bf16=False" in lines[0], lines
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="stapo_trl.config"):
+        explicit = config(use_cpu=True, bf16=True)  # bf16 on a CPU: slow, but the user asked for it
+    assert (explicit.use_cpu, explicit.bf16) == (True, True) and not caplog.records
+    assert (config(use_cpu=False).use_cpu, config(use_cpu=False).bf16) == (False, False)
+    assert config(fp16=False, bf16=False).bf16 is False
+
+    # stapo-train: a recipe without the two keys gets the same defaults; the demo recipe's explicit values stay;
+    # a bare `--use_cpu` still means true.
+    recipe = tmp_path / "recipe.yaml"
+    lines = Path(STAPO_RECIPE).read_text().splitlines()
+    recipe.write_text("\n".join(line for line in lines if not line.startswith(("use_cpu:", "bf16:"))))
+    for argv, expected in (
+        (["--config", str(recipe)], (True, False)),
+        (["--config", str(recipe), "--use_cpu", "false"], (False, False)),
+        (["--config", str(recipe), "--use_cpu"], (True, False)),
+        (["--config", str(recipe), "--bf16", "true"], (True, True)),
+        (["--config", STAPO_RECIPE], (True, False)),
+    ):
+        _, training_args, _ = parse_args(argv)
+        assert (training_args.use_cpu, training_args.bf16) == expected, argv
+
+
+def test_with_an_accelerator_the_defaults_stay_trls(monkeypatch, tmp_path, caplog):
+    # Where an accelerator is visible (simulated here: the probe answers yes), use_cpu stays transformers' False and
+    # nothing is logged; bf16 is given, since this CPU machine could not honour TRL's True.
+    monkeypatch.setattr("stapo_trl.config.has_accelerator", lambda: True)
+    with caplog.at_level(logging.INFO, logger="stapo_trl.config"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = STAPOConfig(output_dir=str(tmp_path), report_to=[], bf16=False)
+    assert args.use_cpu is False and not [r for r in caplog.records if r.name == "stapo_trl.config"]

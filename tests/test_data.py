@@ -1,9 +1,12 @@
-"""The built-in tiny-math task and `load_prompt_dataset`."""
+"""The built-in tiny-math task and `load_prompt_dataset` (`stapo_trl.data`): local files, nested columns, Hub ids, the
+DAPO instruction stripped, and empty, malformed or single-split files each met with one line (in `stapo-train` and its
+dry run) or a label saying the evaluation is not held out."""
 
 import json
 import re
 
 import pytest
+from testing_utils import STAPO_RECIPE, addition_rows, write_jsonl
 
 from stapo_trl.data import (
     BUILTIN_DATASETS,
@@ -181,3 +184,97 @@ def test_hub_ids_go_to_load_dataset(monkeypatch):
     assert ds.to_list() == [
         {"question": "1+1?", "final_answer": ["2"], "prompt": format_prompt("1+1?"), "solution": "2"}
     ]
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [("empty.jsonl", ""), ("empty.json", ""), ("empty.parquet", ""), ("blank.jsonl", "\n  \n"), ("list.json", "[]")],
+    ids=["jsonl-0-bytes", "json-0-bytes", "parquet-0-bytes", "jsonl-whitespace", "json-empty-list"],
+)
+def test_empty_dataset_file_gets_one_line(no_model_built, tmp_path, capsys, name, content):
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main
+    from stapo_trl.data import load_prompt_dataset
+
+    path = tmp_path / name
+    path.write_text(content)
+    expected = f"dataset file '{path}' is empty"
+    with pytest.raises(ValueError, match=f"^{expected}"):
+        load_prompt_dataset(str(path))
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--dataset_name", str(path)]
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv)
+    message = str(excinfo.value)
+    assert message.startswith(f"stapo-train: error: {expected}") and "\n" not in message, message
+    capsys.readouterr()
+    assert dry_run_main(argv) == 2  # a failed check is an input error: status 2
+    out = capsys.readouterr().out
+    assert "StopIteration" not in out and "ArrowInvalid" not in out
+    (line,) = [line for line in out.splitlines() if "is empty" in line]
+    assert line.startswith(f"  - dataset_name={str(path)!r}: {expected}"), line
+
+
+@pytest.mark.parametrize(
+    "name, content, cause",
+    [
+        ("cut.jsonl", '{"problem": "1+1", "answer": "2"}\n{"problem": "2+2", "answer": \n', "JSON parse error"),
+        ("braces.jsonl", '{"problem": "1+1", "answer": "2"}\n{problem: 3}\n', "JSON parse error"),
+        ("trailing.json", '[{"problem": "1+1", "answer": "2"},]', ""),
+    ],
+    ids=["jsonl-cut-line", "jsonl-unquoted-key", "json-trailing-comma"],
+)
+def test_malformed_dataset_file_gets_one_line(no_model_built, tmp_path, name, content, cause):
+    """A line that does not parse: one line naming the file and the parser's cause, not datasets' 70-line trace."""
+    from stapo_trl.cli.train import main
+
+    path = tmp_path / name
+    path.write_text(content)
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--dataset_name", str(path)]
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv)
+    message = str(excinfo.value)
+    assert message.startswith(f"stapo-train: error: dataset file '{path}' could not be parsed as json: "), message
+    assert cause in message and "\n" not in message, message
+
+
+def test_local_file_evaluation_is_labelled_not_held_out(tmp_path, tiny_math_model_path, capsys, caplog):
+    """A local file has one split: the before/after evaluation reads training prompts. The run and its dry run warn,
+    and eval.json and the card say "training file (not held out)" instead of "test"."""
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main
+
+    data = write_jsonl(tmp_path / "sums.jsonl", addition_rows(8))
+    out = tmp_path / "out"
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", data]
+    argv += ["--output_dir", str(out), "--max_steps", "1", "--eval_num_problems", "4", "--eval_num_samples", "1"]
+    argv += ["--disable_tqdm", "true", "--save_strategy", "no"]
+    assert dry_run_main(argv) == 0
+    assert f"dataset_name={data!r} is one local file, so the before/after evaluation reads" in capsys.readouterr().out
+    main(argv)
+    assert "the accuracy is not held out" in caplog.text
+    record = json.loads((out / "eval.json").read_text())
+    assert record["split"] == "training file (not held out)" and record["num_problems"] == 4
+    assert "problems of the `training file (not held out)` split" in (out / "README.md").read_text()
+
+
+def test_dapo_prompts_are_stripped_and_long_prompts_dropped(tmp_path, tiny_math_model_path):
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import prepare
+
+    # A DAPO-style file: the problem wrapped in its own "Answer:" instruction; one prompt far over the budget.
+    dapo = "Solve the following math problem step by step. The last line of your response should be of the form "
+    dapo += "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\n"
+    dapo += 'Remember to put your answer on its own line after "Answer:".'
+    rows = [
+        {"prompt": dapo.format("12+34"), "solution": "46"},
+        {"prompt": dapo.format("1+" * 400 + "1"), "solution": "401"},
+    ]
+    data = tmp_path / "dapo.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", str(data)]
+    argv += ["--prompt_column", "prompt", "--solution_column", "solution", "--eval_before_after", "false"]
+    argv += ["--strip_dapo_instruction", "true", "--max_prompt_tokens", "128"]
+    # why: a one-prompt rollout step (8 completions), so that the one kept prompt fills it (fewer are refused)
+    argv += ["--per_device_train_batch_size", "8", "--steps_per_generation", "1"]
+    run = prepare(*parse_args(argv))
+    assert run.train_dataset["prompt"] == [[{"role": "user", "content": "12+34\n" + INSTRUCTION}]]

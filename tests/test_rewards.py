@@ -1,8 +1,11 @@
-"""TRL-convention rewards (`stapo_trl.rewards`): accuracy, format, the registry and its resolver."""
+"""TRL-convention rewards (`stapo_trl.rewards`): accuracy, format, the registry and its resolver, and a user's reward
+named by its dotted path that reads extra dataset columns in a real `stapo-train` run."""
 
+import json
 import logging
 
 import pytest
+from testing_utils import STAPO_RECIPE, addition_rows, write_jsonl
 
 from stapo_trl.rewards import REWARDS, completion_text, format_reward, get_reward_funcs, math_accuracy_reward
 
@@ -105,14 +108,14 @@ def test_unknown_reward_lists_registry(name):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Issue 11: upright-constant golds score, pathological answers are timeouts (0.0) within the bound
+# Upright-constant golds score, pathological answers are timeouts (0.0) within the bound
 # ----------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "completion, gold, expected",
     [
-        (r"\boxed{1-\frac{1}{e}}", r"1 - \frac{1}{\mathrm{e}}", 1.0),  # the issue's gold, once "unparseable" (None)
+        (r"\boxed{1-\frac{1}{e}}", r"1 - \frac{1}{\mathrm{e}}", 1.0),  # the reported gold, once "unparseable" (None)
         (r"\boxed{1+\frac{1}{e}}", r"1 - \frac{1}{\mathrm{e}}", 0.0),
         (r"\boxed{\frac{\pi}{6}}", r"\operatorname{arcsin}\frac{1}{2}", 1.0),
         (r"\boxed{e^{-2}}", r"{\rm e}^{-2}", 1.0),
@@ -143,3 +146,45 @@ def test_batch_of_512_with_pathological_answers_is_bounded():
     assert sum(rewards) == 512 - 5
     assert logged["grading/timeout_ratio"] == pytest.approx(5 / 512)
     assert elapsed < 5 * grading.bound.GRADE_TIMEOUT_S + 0.2 * 507, elapsed  # each answer within its bound
+
+
+# A user's reward module, written to a temporary folder on sys.path and named by its dotted path.
+REWARD_MODULE = '''
+CALLS = []
+
+
+def difficulty_reward(completions, solution, difficulty, source, **kwargs):
+    """A user reward that reads two extra dataset columns: harder problems weigh more."""
+    CALLS.append(list(zip(kwargs["prompts"], solution, difficulty, source)))
+    return [float(d) for d in difficulty]
+'''
+
+
+def test_extra_columns_reach_a_dotted_path_reward(tmp_path, tiny_math_model_path, monkeypatch):
+    import importlib
+
+    from stapo_trl.cli.train import main
+
+    module = f"user_rewards_{tmp_path.name}"
+    (tmp_path / f"{module}.py").write_text(REWARD_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # 8 problems (one rollout step) with two extra columns; `problem` -> prompt and `answer` -> solution are mapped.
+    rows = [{**row, "difficulty": i / 10, "source": f"set-{i % 3}"} for i, row in enumerate(addition_rows(8))]
+    data = write_jsonl(tmp_path / "graded.jsonl", rows)
+    out = tmp_path / "out"
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", data]
+    argv += ["--output_dir", str(out), "--reward_funcs", f"{module}.difficulty_reward", "--max_steps", "1"]
+    argv += ["--eval_before_after", "false", "--disable_tqdm", "true", "--logging_steps", "1", "--save_steps", "100"]
+    main(argv)
+    calls = importlib.import_module(module).CALLS
+    # One rollout step of 64 completions: 8 prompts x 8, each completion with its own prompt's row.
+    seen = [item for call in calls for item in call]
+    assert len(seen) == 64
+    by_problem = {row["problem"]: (row["answer"], row["difficulty"], row["source"]) for row in rows}
+    for prompt, solution, difficulty, source in seen:
+        problem = prompt[0]["content"].split("\n")[0]
+        assert (solution, difficulty, source) == by_problem[problem], prompt
+    assert sorted({item[2] for item in seen}) == [i / 10 for i in range(8)]
+    # TRL logs the reward's mean: the mean difficulty over the 8 prompts (each 8 times) = 0.35
+    log = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert log[0]["rewards/difficulty_reward/mean"] == pytest.approx(0.35)

@@ -11,25 +11,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from datasets import Dataset
-from trl import GRPOConfig, GRPOTrainer
+from testing_utils import PROMPTS, KeepsLogpGrad, hand_scored_batch, policy_forward, text_reward, zero_reward
+from trl import GRPOConfig
 
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.config import untested_combination_warnings
 from stapo_trl.runfiles.callbacks import SpuriousTokenLogger
-
-
-def zero_reward(completions, **kwargs):
-    return [0.0] * len(completions)
-
-
-def text_reward(completions, **kwargs):
-    """Varies within a group (the random model's completions often all have the same length), so advantages are
-    non-zero and the policy gets a gradient."""
-    return [float(sum(map(ord, c[0]["content"])) % 5) for c in completions]
-
-
-PROMPTS = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
 
 
 def make_trainer(model_path, tmp_path, trainer_cls=STAPOTrainer, reward=zero_reward, **overrides):
@@ -54,46 +41,8 @@ def make_trainer(model_path, tmp_path, trainer_cls=STAPOTrainer, reward=zero_rew
     return trainer
 
 
-def hand_inputs(vocab_size, seed=0):
-    """A scored micro-batch of 4 completions (3 prompt tokens, up to 5 completion tokens).
-
-    Advantages [+1, -0.5, +2, 0]; completion lengths [5, 3, 4, 2] -> 14 loss tokens, 9 of them with A > 0.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    completion_mask = (torch.arange(5)[None] < torch.tensor([5, 3, 4, 2])[:, None]).long()  # (4, 5)
-    return {
-        "prompt_ids": torch.randint(3, vocab_size, (4, 3), generator=generator),
-        "prompt_mask": torch.ones(4, 3, dtype=torch.long),
-        "completion_ids": torch.randint(3, vocab_size, (4, 5), generator=generator),
-        "completion_mask": completion_mask,
-        "advantages": torch.tensor([1.0, -0.5, 2.0, 0.0]),
-        "num_items_in_batch": completion_mask.sum(),
-    }
-
-
-def policy_forward(trainer, batch):
-    """(B, T) log-probs and entropies of the policy: TRL's own forward, run apart from the trainer under test."""
-    with torch.no_grad():
-        logps, entropies, _ = GRPOTrainer._get_per_token_logps_and_entropies(
-            trainer,
-            trainer.model,
-            torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
-            torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
-            batch["completion_ids"].size(1),
-            compute_entropy=True,
-        )
-    return logps, entropies
-
-
-class LogpProbe(STAPOTrainer):
-    """Keeps the training forward's per-token log-probs, so that a test reads their gradient."""
-
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        forward = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        if torch.is_grad_enabled():
-            forward[0].retain_grad()
-            self.probe_logps = forward[0]
-        return forward
+class LogpProbe(KeepsLogpGrad, STAPOTrainer):
+    """The product's trainer, keeping the training forward's per-token log-probs (`probe_logps`)."""
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -109,7 +58,7 @@ def test_all_low_prob_keeps_the_non_positive_advantage_tokens_and_silenced_token
     trainer = make_trainer(
         tiny_random_model_path, tmp_path, LogpProbe, s2t_prob_threshold=1.0, s2t_mode="all_low_prob"
     )
-    inputs = hand_inputs(trainer.model.config.vocab_size)
+    inputs = hand_scored_batch(trainer.model.config.vocab_size)
     logps, _ = policy_forward(trainer, inputs)
     loss = trainer._compute_loss(trainer.model, inputs)
     assert loss.item() == pytest.approx(0.3, abs=1e-6)
@@ -129,7 +78,7 @@ def test_all_low_prob_keeps_the_non_positive_advantage_tokens_and_silenced_token
 
 def test_all_tokens_silenced_gives_a_finite_zero_loss_that_backpropagates(tiny_random_model_path, tmp_path):
     trainer = make_trainer(tiny_random_model_path, tmp_path, s2t_prob_threshold=1.0, s2t_mode="all_low_prob")
-    inputs = hand_inputs(trainer.model.config.vocab_size)
+    inputs = hand_scored_batch(trainer.model.config.vocab_size)
     inputs["advantages"] = torch.tensor([1.0, 0.5, 2.0, 3.0])
     loss = trainer._compute_loss(trainer.model, inputs)
     assert torch.isfinite(loss) and loss.item() == 0.0
@@ -155,7 +104,7 @@ def test_high_entropy_in_the_papers_geometry_silences_above_each_updates_quantil
         s2t_mode="high_entropy",
     )
     vocab_size = trainer.model.config.vocab_size
-    batches = [hand_inputs(vocab_size, seed) for seed in range(4)]
+    batches = [hand_scored_batch(vocab_size, seed) for seed in range(4)]
     generator = torch.Generator().manual_seed(7)
     for batch in batches:
         batch["old_per_token_logps"], _ = policy_forward(trainer, batch)  # on-policy: ratio 1
@@ -331,7 +280,7 @@ def test_training_masks_reach_the_logger_and_evaluation_masks_do_not(tiny_random
     trainer = make_trainer(tiny_random_model_path, tmp_path, s2t_prob_threshold=1.0, s2t_mode="all_low_prob")
     logger = SpuriousTokenLogger(trainer)
     trainer.add_callback(logger)
-    inputs = hand_inputs(trainer.model.config.vocab_size)
+    inputs = hand_scored_batch(trainer.model.config.vocab_size)
     trainer.model.eval()
     with torch.no_grad():
         trainer._compute_loss(trainer.model, dict(inputs))

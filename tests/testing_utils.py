@@ -1,7 +1,15 @@
-"""Helpers shared by several test files (TRL's `tests/testing_utils.py` is the pattern)."""
+"""Helpers shared by several test files (TRL's `tests/testing_utils.py` is the pattern): paths, rewards and prompts,
+hand-built batches, files a run reads, and subprocess / multi-process runners. Fixtures live in `conftest.py`.
 
+Nothing of the product is imported at module level: `tests/core/` uses these helpers too.
+"""
+
+import contextlib
+import io
 import json
+import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -11,11 +19,113 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from stapo_trl import STAPOConfig
+from datasets import Dataset
 
 
 REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+RECIPES_DIR = REPO / "recipes"
+STAPO_RECIPE = str(RECIPES_DIR / "demo" / "stapo.yaml")
+GRPO_RECIPE = str(RECIPES_DIR / "demo" / "grpo.yaml")  # STAPOTrainer with s2t_mode: off, the like-for-like baseline
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rewards and prompts
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def zero_reward(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+def length_reward(completions, **kwargs):
+    """Varies within a group, so advantages are non-zero and the policy gets a gradient (plain-text or chat
+    completions)."""
+    return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]
+
+
+def text_reward(completions, **kwargs):
+    """Varies within a group (a random model's chat completions often all have the same length), so some advantages
+    are positive and the policy gets a gradient."""
+    return [float(sum(map(ord, c[0]["content"])) % 5) for c in completions]
+
+
+# 64 chat prompts: a rollout batch of any test geometry finds enough of them.
+PROMPTS = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hand-built batches
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def hand_s2t_batch():
+    """Two completions of 5 tokens; completion 0 has A = +1, completion 1 has A = -1.
+
+    Probabilities [0.001, 0.001, 0.5, 0.0005, 0.001] and entropies [0.1, 0.4, 0.2, 0.3, 2.0] in both rows; the last
+    token is padding. With tau_p = 0.002 the candidates are row-0 tokens 0, 1, 3 (H = 0.1, 0.4, 0.3; token 2 has
+    p = 0.5, token 4 is padding); row 1 has a negative advantage and no candidate.
+
+    Returns (per_token_logps, entropies, advantages, loss_mask), the arguments of `s2t_mask` and `ablation_mask`.
+    """
+    probs = torch.tensor([[0.001, 0.001, 0.5, 0.0005, 0.001]] * 2)
+    entropies = torch.tensor([[0.1, 0.4, 0.2, 0.3, 2.0]] * 2)
+    loss_mask = torch.tensor([[1, 1, 1, 1, 0]] * 2)
+    return probs.log(), entropies, torch.tensor([1.0, -1.0]), loss_mask
+
+
+def candidates_batch(entropies, logps=None):
+    """One positive-advantage completion whose every token is a candidate (p = 0.001 < tau_p = 0.002)."""
+    entropies = torch.as_tensor(entropies)
+    per_token_logps = torch.full(entropies.shape, math.log(0.001)) if logps is None else torch.as_tensor(logps)
+    return per_token_logps[None], entropies[None], torch.tensor([1.0]), torch.ones(1, entropies.numel())
+
+
+def hand_scored_batch(vocab_size, seed=0, lengths=(5, 3, 4, 2), advantages=(1.0, -0.5, 2.0, 0.0)):
+    """A scored micro-batch of 4 completions (3 prompt tokens, up to 5 completion tokens), as TRL hands it to the loss.
+
+    With the defaults: advantages [+1, -0.5, +2, 0], completion lengths [5, 3, 4, 2] -> 14 loss tokens, 9 of them with
+    A > 0.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    completion_mask = (torch.arange(5)[None] < torch.tensor(lengths)[:, None]).long()  # (4, 5)
+    return {
+        "prompt_ids": torch.randint(3, vocab_size, (4, 3), generator=generator),
+        "prompt_mask": torch.ones(4, 3, dtype=torch.long),
+        "completion_ids": torch.randint(3, vocab_size, (4, 5), generator=generator),
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor(advantages),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+
+
+def policy_forward(trainer, batch):
+    """(B, T) log-probs and entropies (nats) of the policy at the loss's temperature: TRL's own forward, run apart from
+    the trainer under test."""
+    from trl import GRPOTrainer
+
+    with torch.no_grad():
+        logps, entropies, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+            trainer,
+            trainer.model,
+            torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
+            torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
+            batch["completion_ids"].size(1),
+            compute_entropy=True,
+        )
+    return logps, entropies
+
+
+class KeepsLogpGrad:
+    """Mixin for a trainer class: keeps the training forward's per-token log-probs (`probe_logps`), so that a test
+    reads their gradient. Use as `class LogpProbe(KeepsLogpGrad, STAPOTrainer)`."""
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        forward = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if torch.is_grad_enabled():
+            forward[0].retain_grad()
+            self.probe_logps = forward[0]
+        return forward
 
 
 class ForwardCounter:
@@ -30,9 +140,12 @@ class ForwardCounter:
             self.count += 1
 
 
-def tiny_stapo_config(output_dir, **overrides) -> STAPOConfig:
-    """A `STAPOConfig` for a few CPU steps of a tiny model: 4 completions per step (2 prompts x 2), no checkpoints,
-    no trackers; `overrides` win. Built with warnings silenced (the tests check values, not TRL's notices)."""
+def tiny_stapo_config(output_dir, **overrides):
+    """The product's `STAPOConfig` for a few CPU steps of a tiny model: 4 completions per step (2 prompts x 2), no
+    checkpoints, no trackers; `overrides` win. Built with warnings silenced (the tests check values, not TRL's
+    notices)."""
+    from stapo_trl import STAPOConfig
+
     settings = dict(
         output_dir=str(output_dir),
         use_cpu=True,
@@ -40,13 +153,105 @@ def tiny_stapo_config(output_dir, **overrides) -> STAPOConfig:
         report_to=[],
         per_device_train_batch_size=4,
         num_generations=2,
-        max_completion_length=8,  # tiny model, short completions
+        max_completion_length=8,  # why: a tiny model; short completions keep a step at ~0.1 s
         save_strategy="no",
     )
     settings.update(overrides)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return STAPOConfig(**settings)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Files a run reads or writes, and what a command printed
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def addition_rows(n: int) -> list[dict]:
+    """`n` rows in the demo recipe's columns (`problem` -> prompt, `answer` -> solution): 10+20=30, 11+21=32, ..."""
+    return [{"problem": f"{10 + i}+{20 + i}", "answer": str(30 + 2 * i)} for i in range(n)]
+
+
+def write_recipe(tmp_path: Path, text: str, base: str = STAPO_RECIPE) -> str:
+    """`base` (the demo recipe) with `text` appended as `tmp_path/recipe.yaml` (a repeated key: the last one wins, as
+    PyYAML reads it)."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text(Path(base).read_text() + "\n" + text + "\n")
+    return str(path)
+
+
+def write_metrics_run(folder: Path) -> str:
+    """A run folder whose metrics.jsonl logged steps 1-3 (reward and entropy): enough for `stapo-plot`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_jsonl(folder / "metrics.jsonl", [{"step": s, "reward": 0.1 * s, "entropy": 0.5} for s in (1, 2, 3)])
+    return str(folder)
+
+
+def fake_eval_results(name: str, values: dict[str, float]) -> dict:
+    """A `stapo-eval` results record of model `name`: avg@4 per benchmark at the paper's T 1.0 decoding."""
+    tables = {b: {"avg@4": v, "n_samples": 4, "pass@k": {}} for b, v in values.items()}
+    return {"model": {"name_or_path": name, "source": "hub"}, "results": {"t1.0-p1.0": tables}}
+
+
+def error_line(capsys, prog: str) -> str:
+    """The one `PROG: error: ...` line the command printed on stderr (and that it is the only error line)."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"{prog}: error: "), err
+    assert err.rstrip("\n").endswith(lines[0]), err  # the last thing printed: nothing after it
+    return lines[0]
+
+
+class LogRecords(list):
+    """A logging handler's records, as a list of messages."""
+
+    def handler(self):
+        import logging
+
+        records = self
+
+        class Handler(logging.Handler):
+            def emit(self, record):
+                records.append(record.getMessage())
+
+        return Handler(level=logging.DEBUG)
+
+
+def readme_code_blocks(language: str, doc: Path = README) -> list[str]:
+    """The fenced code blocks of `doc` (README.md by default) in `language`, each without its fences."""
+    return re.findall(rf"^```{language}\n(.*?)^```$", doc.read_text(), flags=re.M | re.S)
+
+
+def builtin_cache_root(model_path: str) -> Path:
+    """The `STAPO_TRL_CACHE` under which `builtin:tiny-math` resolves to `model_path` (the session's built model), so
+    that a subprocess naming `builtin:tiny-math` loads it instead of building it (~50 s)."""
+    from stapo_trl.models import builtin_model_dir
+
+    root = Path(model_path).parent
+    if builtin_model_dir("tiny-math", root) != Path(model_path):
+        pytest.skip(f"{model_path} is not a builtin:tiny-math cache entry (STAPO_TRL_TEST_MODEL names another folder)")
+    return root
+
+
+def run_card_quick_start(card_path: Path, expect: str) -> None:
+    """Execute a model card's quick-start block as a reader would, and check it printed a completion."""
+    card = card_path.read_text()
+    code = card.split("## Quick start", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    assert expect in code and "device_map" not in code, code
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, str(card_path), "exec"), {})  # noqa: S102 (the card's own code, as a reader runs it)
+    assert printed.getvalue().strip(), "the quick start printed nothing"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -134,8 +339,22 @@ def run_torchrun(source: str, script: Path, *args: str, nproc: int, timeout: flo
     )  # fmt: skip
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+# The demo recipe, shrunk for a 2-process CPU run.
+SMALL_TWO_RANK_DEMO = [
+    # why: 2 optimizer steps are enough to see a generation batch scored, masked and trained on by both ranks
+    "--max_steps", "2",
+    # why: 8 completions per rank x 2 ranks x steps_per_generation 4 = 64 completions, 8 prompt groups of 8
+    "--per_device_train_batch_size", "8",
+    # why: one log row for both steps, pooling the s2t/* counts of both updates' masks (one mask per optimizer
+    # update)
+    "--logging_steps", "2",
+    "--eval_before_after", "false",
+    "--save_strategy", "no",
+    "--report_to", "none",
+    "--disable_tqdm", "true",
+    # why: the main process logs "Total train batch size (w. parallel, distributed & accumulation)" at info level
+    "--log_level", "info",
+]  # fmt: skip
 
 
 def check_two_rank_demo_run(output: str, out: Path) -> None:
@@ -150,3 +369,17 @@ def check_two_rank_demo_run(output: str, out: Path) -> None:
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 2
     assert any("s2t/silenced_ratio" in entry for entry in state["log_history"])
+
+
+def timed_grades(cases: list[tuple[str, str]]) -> list[tuple[float, object]]:
+    """(seconds, `GradeResult`) of `grade(completion, gold)` for each case, timed one by one."""
+    import time
+
+    from stapo_trl.grading import grade
+
+    out = []
+    for completion, gold in cases:
+        start = time.monotonic()
+        result = grade(completion, gold)
+        out.append((time.monotonic() - start, result))
+    return out

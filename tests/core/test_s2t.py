@@ -5,32 +5,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from testing_utils import candidates_batch, hand_s2t_batch
 
 from stapo_trl.core.s2t import S2TResult, linear_quantile, s2t_mask
 
 
-def hand_batch():
-    """Two completions of 5 tokens; completion 0 has A = +1, completion 1 has A = -1.
-
-    Probabilities [0.001, 0.001, 0.5, 0.0005, 0.001] and entropies [0.1, 0.4, 0.2, 0.3, 2.0] in both rows; the last
-    token is padding. With tau_p = 0.002 the candidates are row-0 tokens 0, 1, 3 (token 2 has p = 0.5, token 4 is
-    padding); row 1 has a negative advantage and no candidate.
-    """
-    probs = torch.tensor([[0.001, 0.001, 0.5, 0.0005, 0.001]] * 2)
-    entropies = torch.tensor([[0.1, 0.4, 0.2, 0.3, 2.0]] * 2)
-    loss_mask = torch.tensor([[1, 1, 1, 1, 0]] * 2)
-    return probs.log(), entropies, torch.tensor([1.0, -1.0]), loss_mask
-
-
-def candidates_batch(entropies, logps=None):
-    """One positive-advantage completion whose every token is a candidate (p = 0.001 < tau_p = 0.002)."""
-    entropies = torch.as_tensor(entropies)
-    per_token_logps = torch.full(entropies.shape, math.log(0.001)) if logps is None else torch.as_tensor(logps)
-    return per_token_logps[None], entropies[None], torch.tensor([1.0]), torch.ones(1, entropies.numel())
-
-
 def test_candidates_threshold_and_silenced_tokens():
-    result = s2t_mask(*hand_batch(), prob_threshold=0.002, entropy_quantile=0.75)
+    result = s2t_mask(*hand_s2t_batch(), prob_threshold=0.002, entropy_quantile=0.75)
     assert isinstance(result, S2TResult)
     assert torch.equal(result.candidate, torch.tensor([[True, True, False, True, False], [False] * 5]))
     # Candidate entropies sorted [0.1, 0.3, 0.4]; h = (3 - 1) * 0.75 = 1.5 -> 0.3 + 0.5 * (0.4 - 0.3) = 0.35.
@@ -43,21 +24,21 @@ def test_candidates_threshold_and_silenced_tokens():
 
 
 def test_off_mode_silences_nothing_but_counts_and_reports_tau_h():
-    off = s2t_mask(*hand_batch(), mode="off")
+    off = s2t_mask(*hand_s2t_batch(), mode="off")
     assert not off.silenced.any() and off.keep.all()
     assert off.num_candidates == 3 and off.num_silenced == 0
     assert off.entropy_threshold == pytest.approx(0.35)  # the tau_h "low_entropy" would use: logs stay comparable
 
 
 def test_no_candidate_silences_nothing_and_tau_h_is_nan():
-    per_token_logps, entropies, advantages, loss_mask = hand_batch()
+    per_token_logps, entropies, advantages, loss_mask = hand_s2t_batch()
     result = s2t_mask(per_token_logps, entropies, -advantages.abs(), loss_mask)
     assert result.num_candidates == 0 and result.num_silenced == 0 and result.keep.all()
     assert math.isnan(result.entropy_threshold)
 
 
 def test_a_lone_candidate_is_never_silenced():
-    per_token_logps, entropies, advantages, _ = hand_batch()
+    per_token_logps, entropies, advantages, _ = hand_s2t_batch()
     loss_mask = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 1, 1, 0]])  # only row-0 token 0 can be a candidate
     result = s2t_mask(per_token_logps, entropies, advantages, loss_mask, entropy_quantile=1.0)
     assert result.num_candidates == 1
@@ -66,7 +47,7 @@ def test_a_lone_candidate_is_never_silenced():
 
 
 def test_tied_candidate_entropies_silence_nothing():
-    per_token_logps, _, advantages, loss_mask = hand_batch()
+    per_token_logps, _, advantages, loss_mask = hand_s2t_batch()
     result = s2t_mask(per_token_logps, torch.full((2, 5), 0.7), advantages, loss_mask)
     assert result.num_candidates == 3 and result.num_silenced == 0
 
@@ -81,7 +62,7 @@ def test_zero_and_negative_advantages_and_masked_tokens_are_never_candidates():
 
 
 def test_inputs_are_untouched_and_the_mask_carries_no_gradient():
-    tensors = hand_batch()
+    tensors = hand_s2t_batch()
     tensors[0].requires_grad_(True)
     copies = [t.detach().clone() for t in tensors]
     result = s2t_mask(*tensors)
@@ -99,7 +80,7 @@ def test_gather_serves_the_quantile_and_the_counts_in_exactly_two_calls():
         other = torch.tensor([0.0, 0.05]) if len(calls) == 1 else torch.tensor([2.0, 10.0, 1.0])
         return torch.cat([tensor, other.to(tensor.dtype)])
 
-    result = s2t_mask(*hand_batch(), gather=gather)
+    result = s2t_mask(*hand_s2t_batch(), gather=gather)
     assert len(calls) == 2
     # All candidates [0.0, 0.05, 0.1, 0.3, 0.4]: h = 4 * 0.75 = 3 -> 0.3. Here H < 0.3: token 0 only.
     assert result.entropy_threshold == pytest.approx(0.3) and result.num_candidates == 5
@@ -117,11 +98,11 @@ def test_gather_serves_the_quantile_and_the_counts_in_exactly_two_calls():
 )
 def test_bad_arguments_name_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        s2t_mask(*hand_batch(), **kwargs)
+        s2t_mask(*hand_s2t_batch(), **kwargs)
 
 
 def test_mismatched_shapes_are_refused():
-    per_token_logps, entropies, advantages, loss_mask = hand_batch()
+    per_token_logps, entropies, advantages, loss_mask = hand_s2t_batch()
     with pytest.raises(ValueError, match="shape"):
         s2t_mask(per_token_logps, entropies[:, :3], advantages, loss_mask)
     with pytest.raises(ValueError, match="advantages"):
@@ -136,7 +117,7 @@ def test_linear_quantile_matches_numpy(n, q):
 
 
 def test_more_candidates_than_torch_quantile_takes():
-    # torch.quantile raises above 2**24 elements (pytorch#64947); the selection-based quantile does not.
+    # torch.quantile raises above 2**24 elements ("input tensor is too large"); the selection-based quantile does not.
     n = 17_000_000
     entropies = torch.rand(1, n, generator=torch.Generator().manual_seed(0)) * 5.0  # (1, n) nats
     result = s2t_mask(torch.full((1, n), math.log(1e-3)), entropies, torch.ones(1), torch.ones(1, n, dtype=torch.bool))

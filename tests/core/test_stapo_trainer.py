@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from testing_utils import KeepsLogpGrad, hand_scored_batch, policy_forward
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl.core import STAPOConfig, STAPOTrainer
@@ -33,44 +34,8 @@ def make_trainer(model_path, dataset, reward, output_dir, trainer_cls=STAPOTrain
         return trainer_cls(model_path, reward_funcs=reward, args=config_cls(**settings), train_dataset=dataset)
 
 
-def hand_batch(trainer, seed, lengths=(5, 3, 4, 2), advantages=(1.0, -0.5, 2.0, 0.0)):
-    """A scored micro-batch of 4 completions (3 prompt tokens, up to 5 completion tokens)."""
-    generator = torch.Generator().manual_seed(seed)
-    vocab_size = trainer.model.config.vocab_size
-    completion_mask = (torch.arange(5)[None] < torch.tensor(lengths)[:, None]).long()  # (4, 5)
-    return {
-        "prompt_ids": torch.randint(3, vocab_size, (4, 3), generator=generator),
-        "prompt_mask": torch.ones(4, 3, dtype=torch.long),
-        "completion_ids": torch.randint(3, vocab_size, (4, 5), generator=generator),
-        "completion_mask": completion_mask,
-        "advantages": torch.tensor(advantages),
-        "num_items_in_batch": completion_mask.sum(),
-    }
-
-
-def policy_forward(trainer, batch):
-    """(B, T) log-probs and entropies (nats) of the policy at the loss's temperature: TRL's own forward."""
-    with torch.no_grad():
-        logps, entropies, _ = GRPOTrainer._get_per_token_logps_and_entropies(
-            trainer,
-            trainer.model,
-            torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1),
-            torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1),
-            batch["completion_ids"].size(1),
-            compute_entropy=True,
-        )
-    return logps, entropies
-
-
-class LogpProbe(STAPOTrainer):
-    """Keeps the training forward's per-token log-probs, so that a test reads their gradient."""
-
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        forward = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        if torch.is_grad_enabled():
-            forward[0].retain_grad()
-            self.probe_logps = forward[0]
-        return forward
+class LogpProbe(KeepsLogpGrad, STAPOTrainer):
+    """The core's trainer, keeping the training forward's per-token log-probs (`probe_logps`)."""
 
 
 @pytest.mark.parametrize(
@@ -113,7 +78,7 @@ def test_in_the_default_geometry_the_loss_is_the_mean_over_kept_tokens_and_silen
     )
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by train() only
-    batch = hand_batch(trainer, seed=0)
+    batch = hand_scored_batch(trainer.model.config.vocab_size, seed=0)
     batch["tool_mask"] = torch.ones_like(batch["completion_mask"])
     batch["tool_mask"][0, 4] = 0  # a tool-output token: never in the loss, never a candidate
     _, entropies = policy_forward(trainer, batch)
@@ -157,7 +122,10 @@ def test_each_optimizer_update_gets_its_own_tau_h_and_kept_token_count(
     )
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 2
-    batches = [hand_batch(trainer, seed, lengths=(5, 3, 4 - seed % 2, 2 + seed % 3)) for seed in range(4)]
+    batches = [
+        hand_scored_batch(trainer.model.config.vocab_size, seed, lengths=(5, 3, 4 - seed % 2, 2 + seed % 3))
+        for seed in range(4)
+    ]
     generator = torch.Generator().manual_seed(7)
     for batch in batches:
         batch["old_per_token_logps"], _ = policy_forward(trainer, batch)  # on-policy: ratio 1

@@ -7,29 +7,10 @@ import threading
 import numpy as np
 import pytest
 import torch
+from testing_utils import candidates_batch, hand_s2t_batch
 
 from stapo_trl.core.s2t import s2t_mask
 from stapo_trl.diagnostics.ablations import ABLATION_MODES, ablation_mask
-
-
-def hand_batch():
-    """Two completions of 5 tokens; completion 0 has A = +1, completion 1 has A = -1.
-
-    Probabilities [0.001, 0.001, 0.5, 0.0005, 0.001] and entropies [0.1, 0.4, 0.2, 0.3, 2.0] in both rows; the last
-    token is padding. With tau_p = 0.002 the candidates are row-0 tokens 0, 1, 3 (H = 0.1, 0.4, 0.3); row 1 has a
-    negative advantage and no candidate.
-    """
-    probs = torch.tensor([[0.001, 0.001, 0.5, 0.0005, 0.001]] * 2)
-    entropies = torch.tensor([[0.1, 0.4, 0.2, 0.3, 2.0]] * 2)
-    loss_mask = torch.tensor([[1, 1, 1, 1, 0]] * 2)
-    return probs.log(), entropies, torch.tensor([1.0, -1.0]), loss_mask
-
-
-def candidates_batch(entropies, logps=None):
-    """One positive-advantage completion whose every token is a candidate (p = 0.001 < tau_p = 0.002)."""
-    entropies = torch.as_tensor(entropies)
-    per_token_logps = torch.full(entropies.shape, math.log(0.001)) if logps is None else torch.as_tensor(logps)
-    return per_token_logps[None], entropies[None], torch.tensor([1.0]), torch.ones(1, entropies.numel())
 
 
 def test_the_modes_are_the_papers_two_ablations():
@@ -37,7 +18,7 @@ def test_the_modes_are_the_papers_two_ablations():
 
 
 def test_high_entropy_silences_the_candidates_above_the_complementary_quantile():
-    result = ablation_mask(*hand_batch(), mode="high_entropy", entropy_quantile=0.75)
+    result = ablation_mask(*hand_s2t_batch(), mode="high_entropy", entropy_quantile=0.75)
     # The (1 - 0.75) = 0.25-quantile of [0.1, 0.3, 0.4]: h = 2 * 0.25 = 0.5 -> 0.1 + 0.5 * (0.3 - 0.1) = 0.2.
     assert result.entropy_threshold == pytest.approx(0.2)
     # H > 0.2: tokens 1 (0.4) and 3 (0.3); token 0 (0.1, the one the rule would silence first) is kept.
@@ -79,7 +60,7 @@ def test_high_entropy_threshold_is_exact_for_bf16_entropies():
 
 
 def test_all_low_prob_silences_every_candidate_and_reports_the_rules_tau_h():
-    result = ablation_mask(*hand_batch(), mode="all_low_prob")
+    result = ablation_mask(*hand_s2t_batch(), mode="all_low_prob")
     assert torch.equal(result.silenced, result.candidate) and torch.equal(result.keep, ~result.candidate)
     assert result.silenced is not result.candidate  # two tensors: editing one must not edit the other
     assert (result.num_candidates, result.num_silenced, result.num_loss_tokens, result.num_kept) == (3, 3, 8, 5)
@@ -101,7 +82,7 @@ def test_all_low_prob_with_tau_p_one_silences_every_positive_advantage_loss_toke
 
 @pytest.mark.parametrize("mode", ABLATION_MODES)
 def test_without_candidates_nothing_is_silenced_and_tau_h_is_nan(mode):
-    per_token_logps, entropies, advantages, loss_mask = hand_batch()
+    per_token_logps, entropies, advantages, loss_mask = hand_s2t_batch()
     result = ablation_mask(per_token_logps, entropies, -advantages.abs(), loss_mask, mode=mode)
     assert result.num_candidates == result.num_silenced == 0 and result.keep.all()
     assert math.isnan(result.entropy_threshold)
@@ -121,7 +102,7 @@ def test_non_finite_values_are_never_silenced(mode):
 @pytest.mark.parametrize("mode", ["low_entropy", "off", "bogus"])
 def test_modes_other_than_the_ablations_are_refused(mode):
     with pytest.raises(ValueError, match=f"mode='{mode}'"):
-        ablation_mask(*hand_batch(), mode=mode)
+        ablation_mask(*hand_s2t_batch(), mode=mode)
 
 
 @pytest.mark.parametrize(
@@ -129,11 +110,11 @@ def test_modes_other_than_the_ablations_are_refused(mode):
 )
 def test_the_rules_argument_checks_apply(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        ablation_mask(*hand_batch(), mode="high_entropy", **kwargs)
+        ablation_mask(*hand_s2t_batch(), mode="high_entropy", **kwargs)
 
 
 def test_inputs_are_untouched():
-    tensors = hand_batch()
+    tensors = hand_s2t_batch()
     copies = [t.clone() for t in tensors]
     for mode in ABLATION_MODES:
         ablation_mask(*tensors, mode=mode)

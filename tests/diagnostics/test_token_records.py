@@ -9,9 +9,9 @@ import warnings
 
 import pytest
 import torch
-from datasets import Dataset
+from testing_utils import PROMPTS, text_reward, tiny_stapo_config
 
-from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl import STAPOTrainer
 from stapo_trl.core.s2t import s2t_mask
 from stapo_trl.diagnostics.token_records import spurious_token_records
 from stapo_trl.runfiles.callbacks import SpuriousTokenLogger
@@ -221,30 +221,18 @@ def test_tracker_table_of_top_silenced_tokens(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------------------------------------
 # A real run: the file holds every silenced token the metrics count, also after the last logging step
 # ----------------------------------------------------------------------------------------------------------------
-PROMPTS = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
-
-
-def text_reward(completions, **kwargs):
-    """Varies within a group (the random model's completions all have the same length), so some advantages are
-    positive."""
-    return [float(sum(map(ord, c[0]["content"])) % 5) for c in completions]
-
-
 @pytest.mark.parametrize("max_steps, logging_steps", [(3, 2), (1, 4)])
 def test_a_real_run_records_every_silenced_token_of_its_metrics(
     tiny_random_model_path, tmp_path, max_steps, logging_steps
 ):
     """max_steps not a multiple of logging_steps: the final row of metrics.jsonl counts the last masks' silenced
     tokens, and spurious_tokens.jsonl records every one of them too."""
+    args = tiny_stapo_config(
+        tmp_path / "run", seed=0, max_steps=max_steps, logging_steps=logging_steps,
+        s2t_prob_threshold=0.05,  # why: the random model spreads p over ~300 tokens: most are candidates
+    )  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = STAPOConfig(
-            output_dir=str(tmp_path / "run"), use_cpu=True, bf16=False, report_to=[], save_strategy="no", seed=0,
-            per_device_train_batch_size=4, num_generations=2,
-            max_completion_length=8,  # why: a tiny random model; short completions keep a step at ~0.1 s
-            max_steps=max_steps, logging_steps=logging_steps,
-            s2t_prob_threshold=0.05,  # why: the random model spreads p over ~300 tokens: most are candidates
-        )  # fmt: skip
         trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=PROMPTS)
     trainer.add_callback(SpuriousTokenLogger(trainer, max_silenced=100_000))  # replaces the built-in one
     trainer.train()

@@ -1,15 +1,15 @@
 """`notebooks/s2t_exploration.ipynb` executes top to bottom (offline, CPU) and is committed without outputs."""
 
 import time
-from pathlib import Path
 
 import pytest
+from testing_utils import REPO
 
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "s2t_exploration.ipynb"
+NOTEBOOK = REPO / "notebooks" / "s2t_exploration.ipynb"
 
 
 def test_notebook_is_committed_without_outputs():
@@ -21,7 +21,7 @@ def test_notebook_is_committed_without_outputs():
 
 @pytest.mark.parametrize("by_hand", ["MetricsLogCallback", "SpuriousTokenLogger", "callbacks="])
 def test_notebook_leaves_the_run_file_callbacks_to_train(by_hand):
-    """Issue 23, item 9: `STAPOTrainer.train()` adds both run-file callbacks itself (`s2t_write_run_files`), so the
+    """`STAPOTrainer.train()` adds both run-file callbacks itself (`s2t_write_run_files`), so the
     notebook passed `callbacks=[MetricsLogCallback()]` and added a `SpuriousTokenLogger` for nothing."""
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     code = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
@@ -55,6 +55,7 @@ def _text(outputs) -> str:
     return "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
 
 
+@pytest.mark.slow  # the notebook trains a short run and draws its figures: 15-90 s on 2 cores, with the load
 def test_notebook_executes(tiny_math_model_path, tmp_path, monkeypatch):
     # Without the real model's wheel (an empty wheel search path), its section says how to install it and skips.
     monkeypatch.setenv("STAPO_TRL_WHEELS_PATH", str(tmp_path / "no-wheels"))

@@ -1,18 +1,15 @@
-"""`stapo_trl.checks.prompt_length`: prompts longer than the model's positions minus the generation budget are dropped with
-one warning line naming `max_prompt_tokens` (stapo-eval and stapo-train), or fail when none is left."""
+"""`stapo_trl.checks.prompt_length`: prompts longer than the model's positions minus the generation budget are
+dropped with one warning line naming `max_prompt_tokens` (stapo-eval and stapo-train), or fail when none is left or
+too few are left for one rollout step."""
 
 import json
 import logging
 import types
-from pathlib import Path
 
 import pytest
+from testing_utils import STAPO_RECIPE, addition_rows, write_jsonl
 
 from stapo_trl.checks.prompt_length import keep_short_prompts, model_max_positions, prompt_token_budget
-
-
-REPO = Path(__file__).resolve().parent.parent
-STAPO_RECIPE = str(REPO / "recipes" / "demo" / "stapo.yaml")
 
 
 def test_model_max_positions_sources():
@@ -97,7 +94,7 @@ def test_train_drops_prompts_over_the_models_positions(tiny_math_model_path, tmp
 
     data = _rows(tmp_path, ["12+34", "1+" * 400 + "1", "5+6"])  # no max_prompt_tokens: the model's 512 positions
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", str(data)]
-    # why: a 16-completion rollout step (2 prompts x 8), so that the 2 kept prompts fill one (issue 12, item 1)
+    # why: a 16-completion rollout step (2 prompts x 8), so that the 2 kept prompts fill one (fewer are refused)
     argv += ["--eval_before_after", "false", "--per_device_train_batch_size", "8", "--steps_per_generation", "2"]
     with caplog.at_level(logging.WARNING, logger="stapo_trl.checks.prompt_length"):
         run = prepare(*parse_args(argv))
@@ -110,7 +107,8 @@ def test_train_drops_prompts_over_the_models_positions(tiny_math_model_path, tmp
 
 
 def test_dry_run_counts_the_prompts_the_rule_will_drop(tiny_math_model_path, tmp_path):
-    # Issue 11, item 7: the dry run reports the count when the data and the model are local (same rule as training).
+    # The dry run said nothing of the prompts training would drop: it reports the count when the data and the model
+    # are local (same rule as training).
     from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.dry_run import validate_recipe
 
@@ -140,3 +138,20 @@ def test_the_printed_dry_run_counts_the_prompts_the_rule_will_drop(tiny_math_mod
     with pytest.raises(SystemExit):
         train_main([*argv, "--dry-run"])
     assert "1 of 3 training prompts exceed 464 tokens and will be dropped" in capsys.readouterr().out
+
+
+def test_prompt_length_filter_leaving_too_few_prompts_fails_with_the_counts(tmp_path, tiny_math_model_path):
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import prepare
+
+    # 9 prompts, 8 of them far over a 64-token budget: 1 left after filtering, 8 needed.
+    rows = addition_rows(1) + [{"problem": "1+" * 100 + "1", "answer": "101"}] * 8
+    data = write_jsonl(tmp_path / "long.jsonl", rows)
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", data]
+    argv += ["--eval_before_after", "false", "--max_prompt_tokens", "64"]
+    with pytest.raises(ValueError, match=r"^1 prompt after filtering \(of 9; .*\); one rollout step needs 8 "):
+        prepare(*parse_args(argv))
+    # 8 short prompts pass (exactly one rollout step)
+    data = write_jsonl(tmp_path / "enough.jsonl", addition_rows(8) + rows[1:])
+    argv[argv.index("--dataset_name") + 1] = data
+    assert len(prepare(*parse_args(argv)).train_dataset) == 8

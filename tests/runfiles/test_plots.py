@@ -1,37 +1,30 @@
-"""The diagnostic figures (`stapo_trl.runfiles.diagnostic_plots`) of a real short run, and ratios over seeds pooled from the
-counts (`stapo_trl.runfiles.metrics_log`), as the accuracy table pools them."""
+"""The figures (`stapo_trl.runfiles.plots`, `stapo_trl.runfiles.diagnostic_plots`): the diagnostic figures of a real
+short run, ratios over seeds pooled from the counts as the accuracy table pools them, and readable token labels
+(`stapo_trl.runfiles.token_labels`) with integer count ticks."""
 
 import json
 import warnings
 
 import pytest
 from datasets import Dataset
+from testing_utils import text_reward, tiny_stapo_config
 
-from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl import STAPOTrainer
 from stapo_trl.runfiles.diagnostic_plots import _mean_series, plot_diagnostics
-from stapo_trl.runfiles.metrics_log import load_run, pooled_ratio_series, read_metrics, read_token_records
+from stapo_trl.runfiles.metrics_log import load_run, read_metrics, read_token_records
 from stapo_trl.runfiles.plots import TRAINING_CURVES, training_curves_figure
 
 
 FIGURES = {"s2t_entropy_quantiles.png", "s2t_ratios.png", "s2t_prob_entropy.png", "s2t_top_tokens.png"}
 
 
-def text_reward(completions, **kwargs):
-    """Varies within a group (the random model's completions often all have the same length), so some advantages
-    are positive."""
-    return [float(sum(map(ord, c[0]["content"])) % 5) for c in completions]
-
-
 def test_a_real_run_writes_the_files_the_figures_are_drawn_from(tiny_random_model_path, tmp_path):
+    args = tiny_stapo_config(
+        tmp_path / "run", seed=0, max_steps=4, logging_steps=2, steps_per_generation=2,
+        s2t_prob_threshold=0.05,  # why: the random model spreads p over ~300 tokens: most are candidates
+    )  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = STAPOConfig(
-            output_dir=str(tmp_path / "run"), use_cpu=True, bf16=False, report_to=[], save_strategy="no", seed=0,
-            per_device_train_batch_size=4, num_generations=2,
-            max_completion_length=8,  # why: a tiny random model; short completions keep a step at ~0.1 s
-            max_steps=4, logging_steps=2, steps_per_generation=2,
-            s2t_prob_threshold=0.05,  # why: the random model spreads p over ~300 tokens: most are candidates
-        )  # fmt: skip
         prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(16)])
         trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=prompts)
     trainer.train()  # writes metrics.jsonl and spurious_tokens.jsonl (s2t_write_run_files, the default)
@@ -127,15 +120,67 @@ def test_stapo_plot_pools_ratios_of_a_folder_of_seeds(tmp_path):
     assert _mean_series(seeds, "entropy") == ([4, 8], [pytest.approx(0.35), pytest.approx(0.15)])
 
 
-def test_pooled_ratio_skips_steps_without_counts_and_zero_denominators():
-    seeds = [
-        [{"step": 1, "s2t/num_silenced": 0, "s2t/num_loss_tokens": 0}, {"step": 2, "s2t/num_silenced": 2,
-         "s2t/num_loss_tokens": 10}, {"step": 3, "s2t/num_silenced": 1, "s2t/num_loss_tokens": 10}],
-        [{"step": 1, "s2t/num_silenced": 0, "s2t/num_loss_tokens": 0}, {"step": 2, "s2t/num_silenced": 0,
-         "s2t/num_loss_tokens": 30}],
-    ]  # fmt: skip
-    # Step 1: no loss token in either seed (undefined, left out); step 2: 2 / 40; step 3: seed 1 did not log it.
-    assert pooled_ratio_series(seeds, "s2t/silenced_ratio") == {2: pytest.approx(0.05)}
-    assert pooled_ratio_series(seeds, "reward") is None
-    # A seed without the counts (a file from before they were logged): no pooled series, the mean is drawn.
-    assert pooled_ratio_series([seeds[0], [{"step": 2, "s2t/silenced_ratio": 0.1}]], "s2t/silenced_ratio") is None
+# ----------------------------------------------------------------------------------------------------------------
+# Readable token labels, integer counts
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_readable_token_labels_of_hand_made_byte_tokens():
+    from stapo_trl.runfiles.token_labels import readable_token, vocab_token_bytes
+
+    # Byte-level BPE vocabulary entries (GPT-2's byte alphabet) and SentencePiece byte-fallback pieces -> bytes.
+    assert vocab_token_bytes("Ġcarry") == b" carry" and vocab_token_bytes("Ċ") == b"\n"
+    assert vocab_token_bytes("â") == b"\xe2" and vocab_token_bytes("Ė") == b"\x16"
+    assert vocab_token_bytes("<0x0A>") == b"\n" and vocab_token_bytes("<0xa1>", byte_level=False) == b"\xa1"
+    assert vocab_token_bytes("▁the") is None and vocab_token_bytes("Ġx", byte_level=False) is None
+    # Labels: fragments by their bytes, control characters escaped or by code, spaces visible, `$` safe.
+    assert readable_token("\ufffd", b"\xe2", 161) == "byte 0xE2"
+    assert readable_token("\ufffd", b"\xe2\x9f", 7) == "bytes 0xE2 0x9F"
+    assert readable_token("⟦", "⟦".encode()) == "⟦"
+    assert readable_token("\n", b"\n") == "\\n" and readable_token("\t") == "\\t"
+    assert readable_token("\x16", b"\x16") == "<0x16>" and readable_token("\u200b") == "<U+200B>"
+    assert readable_token(" carry", b" carry") == "␣carry"
+    assert readable_token("\ufffd", None, 161) == "� id 161"
+    assert readable_token("$x$") == r"\$x\$" and readable_token("") == "''"
+
+
+def test_top_tokens_figure_has_readable_labels_and_integer_count_ticks(tiny_random_model_path, tmp_path):
+    from matplotlib.ticker import MaxNLocator
+    from transformers import AutoTokenizer
+
+    from stapo_trl.runfiles.diagnostic_plots import plot_top_tokens, top_tokens_figure
+    from stapo_trl.runfiles.token_labels import load_token_bytes
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
+    ids = tokenizer.convert_tokens_to_ids(["â", "Ċ", "Ġcarry", "Ė", "Ý"])  # real byte-level BPE entries
+    assert tokenizer.unk_token_id not in ids
+
+    def record(kind: str, token_id: int) -> dict:
+        return {"kind": kind, "token_id": token_id, "token": tokenizer.decode([token_id]), "step": 4}
+
+    counts = {"silenced": [(ids[0], 3), (ids[1], 2), (ids[2], 1)], "kept_candidate": [(ids[3], 2), (ids[4], 1)]}
+    records = [record(kind, token_id) for kind, pairs in counts.items() for token_id, n in pairs for _ in range(n)]
+    assert "\ufffd" in records[0]["token"]  # the tokenizer itself decodes a lone lead byte to the replacement char
+    fig = top_tokens_figure({"run": records}, token_bytes={"run": load_token_bytes(tiny_random_model_path)})
+    silenced_ax, kept_ax = fig.axes[:2]
+    assert [t.get_text() for t in silenced_ax.get_yticklabels()] == ["byte 0xE2", "\\n", "␣carry"]
+    assert [t.get_text() for t in kept_ax.get_yticklabels()] == ["<0x16>", "byte 0xDD"]
+    for ax in (silenced_ax, kept_ax):
+        locator = ax.xaxis.get_major_locator()
+        assert isinstance(locator, MaxNLocator) and locator._integer
+        fig.canvas.draw()
+        low, high = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if low <= t <= high]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    assert silenced_ax.get_xlabel() == "silenced occurrences over the run"
+    assert "occurrences" in kept_ax.get_xlabel()
+    assert any("byte 0xE2 = a byte-level BPE fragment" in text.get_text() for text in fig.texts)  # the label key
+    assert silenced_ax.get_title() == "run: most frequent silenced tokens"  # all 3 shown: no "of N"
+    # k smaller than the distinct tokens: the title says how many of how many are shown.
+    fig = top_tokens_figure({"run": records}, k=2)
+    assert fig.axes[0].get_title() == "run: most frequent silenced tokens (2 of 3 distinct)"
+    assert fig.axes[1].get_title() == "run: most frequent kept candidates"
+    # Without a tokenizer, fragments stay apart by id.
+    fig = top_tokens_figure({"run": records})
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()][0] == f"� id {ids[0]}"
+    assert plot_top_tokens({"run": records}, tmp_path / "top.png").stat().st_size > 1000

@@ -1,6 +1,8 @@
-"""The model card's "Training procedure" from real short runs (issue 12, item 10).
+"""The model card (`stapo_trl.runfiles.model_card`): the STAPO section with the paper and the S2T values, the
+"Training procedure" of real short runs, the card `push_to_hub` uploads (no local path, no `builtin:` name), a quick
+start that asks a training prompt, and the base model's Hub origin and license.
 
-The tests run `stapo-train` in-process on the demo recipe at a reduced size and check the card against the run's
+The run tests run `stapo-train` in-process on the demo recipe at a reduced size and check the card against the run's
 own files: the recipe values as parsed, the pooled silenced ratio recomputed here from `metrics.jsonl`, `eval.json`.
 """
 
@@ -11,13 +13,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from testing_utils import GRPO_RECIPE, STAPO_RECIPE, addition_rows, run_card_quick_start, write_jsonl
 
 
-REPO = Path(__file__).resolve().parents[1]
-STAPO_RECIPE = str(REPO / "recipes" / "demo" / "stapo.yaml")
-BASELINE_RECIPE = str(REPO / "recipes" / "demo" / "grpo.yaml")  # STAPOTrainer with s2t_mode: off
-
-# The card must give these recipe values (issue 12, item 10).
+# The card must give these recipe values (it gave none of the run's settings).
 KEY_FIELDS = (
     "learning_rate", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
     "steps_per_generation", "temperature", "max_completion_length", "beta", "loss_type",
@@ -90,6 +89,26 @@ def _assert_procedure_matches_the_run(procedure: str, out: Path, argv: list[str]
     assert f"{evaluation['metric']} over {evaluation['num_problems']} problems" in procedure
 
 
+def _trainer_after_the_run(run: Path, argv: list[str], model_path: str):
+    """The trainer `push_to_hub` would hold after the run in `run`: the run's arguments (with `run` as its output_dir),
+    its base model, and the run's trainer state. Returns (trainer, script arguments)."""
+    from datasets import Dataset
+    from transformers.trainer_callback import TrainerState
+
+    from stapo_trl import STAPOTrainer
+    from stapo_trl.cli.args import parse_args
+
+    script_args, args, _ = parse_args([*argv, "--output_dir", str(run)])
+    trainer = STAPOTrainer(
+        model=model_path,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["1+1"] * 16}),
+    )
+    trainer.state = TrainerState.load_from_json(str(run / "trainer_state.json"))
+    return trainer, script_args
+
+
 def test_end_of_run_card_fills_the_training_procedure(stapo_run):
     out, argv = stapo_run
     card = (out / "README.md").read_text()
@@ -100,24 +119,11 @@ def test_end_of_run_card_fills_the_training_procedure(stapo_run):
 
 
 def test_uploaded_card_fills_the_training_procedure_without_local_names(stapo_run, tmp_path, tiny_math_model_path):
-    from datasets import Dataset
-    from transformers.trainer_callback import TrainerState
-
-    from stapo_trl import STAPOTrainer
-    from stapo_trl.cli.args import parse_args
 
     out, argv = stapo_run
     run = tmp_path / "uploaded" / "demo-stapo"
     shutil.copytree(out, run)  # the fixture's card stays as the end of the run wrote it
-    _, args, _ = parse_args([*argv, "--output_dir", str(run)])
-    # The trainer push_to_hub would hold after that run: same arguments, base model, and the run's trainer state.
-    trainer = STAPOTrainer(
-        model=tiny_math_model_path,
-        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": ["1+1"] * 16}),
-    )
-    trainer.state = TrainerState.load_from_json(str(run / "trainer_state.json"))
+    trainer, _ = _trainer_after_the_run(run, argv, tiny_math_model_path)
     evaluation = json.loads((run / "eval.json").read_text())
     trainer.eval_record = evaluation  # as stapo-train sets it after its evaluation
     # What push_to_hub's create_model_card writes before the upload.
@@ -136,7 +142,7 @@ def test_baseline_card_says_the_s2t_mask_was_off(tmp_path, tiny_math_model_path)
     from stapo_trl.cli.train import main
 
     out = tmp_path / "demo-grpo"
-    argv = _argv(BASELINE_RECIPE, tiny_math_model_path, out, "--max_steps", "4", "--eval_before_after", "false")
+    argv = _argv(GRPO_RECIPE, tiny_math_model_path, out, "--max_steps", "4", "--eval_before_after", "false")
     main(argv)
     _, args, _ = parse_args(argv)
     assert args.s2t_mode == "off"
@@ -156,26 +162,16 @@ def test_failed_push_at_the_end_keeps_the_local_results_and_says_how_to_push_lat
     stapo_run, tmp_path, tiny_math_model_path, capsys
 ):
     """A push that fails after training (here: the Hub is unreachable, HF_HUB_OFFLINE) is one message with the
-    `hf upload` command; the model, the card and eval.json stay as the run wrote them (issue 12, item 8)."""
-    from datasets import Dataset
-    from transformers.trainer_callback import TrainerState
+    `hf upload` command; the model, the card and eval.json stay as the run wrote them."""
 
-    from stapo_trl import STAPOTrainer
-    from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.run import _push_to_hub
 
     out, argv = stapo_run
     run = tmp_path / "demo-stapo"
     shutil.copytree(out, run)
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
-    script_args, args, _ = parse_args([*argv, "--output_dir", str(run)])
-    trainer = STAPOTrainer(
-        model=tiny_math_model_path,
-        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": ["1+1"] * 16}),
-    )
-    trainer.state = TrainerState.load_from_json(str(run / "trainer_state.json"))
+    trainer, script_args = _trainer_after_the_run(run, argv, tiny_math_model_path)
+    args = trainer.args
     args.push_to_hub, args.hub_model_id = True, "me/stapo-demo"  # as if the Hub had been reachable at the start
     _push_to_hub(trainer, script_args, args, json.loads((run / "eval.json").read_text()))
     printed = capsys.readouterr().out.strip().splitlines()
@@ -190,8 +186,8 @@ def test_failed_push_at_the_end_keeps_the_local_results_and_says_how_to_push_lat
 def test_python_api_card_names_no_local_path_and_asks_a_training_prompt(
     tiny_random_model_path, tmp_path, monkeypatch, where
 ):
-    # Issue 20, item 5: the card written from the Python API named the base model by its local path and kept TRL's
-    # generic quick start ("If you had a time machine...").
+    # The card written from the Python API named the base model by its local path and kept TRL's generic quick start
+    # ("If you had a time machine...").
     from datasets import Dataset
 
     from stapo_trl import STAPOConfig, STAPOTrainer
@@ -238,3 +234,95 @@ def test_cards_name_a_real_builtin_by_its_hub_origin_and_carry_its_license(tmp_p
     section = stapo_card_section(STAPOConfig(output_dir=str(tmp_path), report_to="none"), name)
     line = "The base model's license applies to this model too"
     assert (f"{line}: {license_text}" in section) if license_text else (line not in section)
+
+
+def _card_trainer(model_path: str, output_dir: Path, trainer_name: str = "stapo", **config):
+    """A trainer whose card is written: `STAPOTrainer`, or the plain-TRL baseline (`trainer_name="grpo"`)."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from stapo_trl import STAPOConfig, STAPOTrainer
+    from stapo_trl.trainer import GRPOBaselineTrainer
+
+    config_class, trainer_class = (
+        (STAPOConfig, STAPOTrainer) if trainer_name == "stapo" else (GRPOConfig, GRPOBaselineTrainer)
+    )
+    args = config_class(
+        output_dir=str(output_dir), use_cpu=True, bf16=False, report_to="none", activation_checkpointing=False,
+        per_device_train_batch_size=8, num_generations=8, max_completion_length=8, **config,
+    )  # fmt: skip
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": "1+1"}]] * 8})
+    return trainer_class(model=model_path, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
+                         train_dataset=dataset)  # fmt: skip
+
+
+@pytest.mark.parametrize("trainer_name", ["stapo", "grpo"])
+@pytest.mark.parametrize(
+    "dataset_name, hub_dataset", [("local", None), ("builtin:tiny-math", None), ("org/math-17k", "org/math-17k")]
+)
+def test_uploaded_card_has_no_local_path_or_builtin_name(
+    tmp_path, tiny_random_model_path, trainer_name, dataset_name, hub_dataset
+):
+    from stapo_trl.runfiles.model_card import SECTION_START
+
+    out = tmp_path / "outputs" / "demo-run"
+    data = write_jsonl(tmp_path / "train.jsonl", addition_rows(8))
+    dataset_name = data if dataset_name == "local" else dataset_name
+    trainer = _card_trainer(tiny_random_model_path, out, trainer_name, hub_model_id="me/stapo-demo")
+    # What push_to_hub does right before its upload: create_model_card(model_name=..., **push_to_hub's kwargs).
+    trainer.create_model_card(
+        model_name="stapo-demo", dataset_name=dataset_name, tags=["stapo_trl", trainer_name], public=True
+    )
+    card = (out / "README.md").read_text()
+    for leak in (str(tmp_path), data, "builtin:", "[None]", "huggingface.co/None", tiny_random_model_path):
+        assert leak not in card, (leak, card)
+    assert "the tiny-random demo model built by stapo_trl" in card and card.count(SECTION_START) == 1
+    assert 'model="me/stapo-demo"' in card
+    front_matter = card.split("---")[1]
+    assert ("datasets:" in front_matter) == (hub_dataset is not None)
+    if hub_dataset is not None:
+        assert hub_dataset in front_matter
+
+
+def test_model_card_names_stapo_cites_the_paper_and_lists_the_s2t_values(tiny_random_model_path, tmp_path):
+    from stapo_trl.runfiles.model_card import SECTION_START, add_stapo_section
+
+    trainer = _card_trainer(tiny_random_model_path, tmp_path, s2t_prob_threshold=0.003, s2t_entropy_quantile=0.8)
+    trainer.create_model_card(dataset_name=None, tags=["stapo_trl"])
+    add_stapo_section(trainer)
+    add_stapo_section(trainer)  # idempotent: one section, not two
+    card = (tmp_path / "README.md").read_text()
+    # TRL's part, from _name / _paper / _tag_names.
+    assert "trained with STAPO" in card and "huggingface.co/papers/2602.15620" in card
+    assert "@article{liu2026stapo" in card and "- stapo" in card
+    # Ours: the S2T values, the objective and the base model (a builtin: model is named, not a broken Hub link).
+    assert card.count(SECTION_START) == 1
+    for row in ("| `s2t_prob_threshold` |", "`0.003`", "| `s2t_entropy_quantile` |", "`0.8`", "`low_entropy`",
+                "| `loss_type` |", "`dapo`", "| `epsilon_high` |", "`0.28`"):  # fmt: skip
+        assert row in card, row
+    assert "Base model: `builtin:tiny-random`" in card
+    assert "[None](https://huggingface.co/None)" not in card
+    # No hub_model_id (push_to_hub off): the quick start loads the saved model from output_dir, not "None".
+    assert 'model="None"' not in card and f'model="{tmp_path}"' in card and "licence: license" not in card
+    assert card.index(SECTION_START) < card.index("### Framework versions")
+
+
+@pytest.mark.parametrize("name,expected", [("Qwen/Qwen3-1.7B-Base", "Qwen/Qwen3-1.7B-Base")])
+def test_base_model_name_of_hub_ids_is_unchanged(name, expected):
+    from stapo_trl.runfiles.model_card import base_model_name
+
+    assert base_model_name(name) == expected
+
+
+def test_full_model_card_quick_start_asks_a_training_prompt(tiny_math_model_path, tmp_path):
+    # The built-in model's card used to ask it a chat question it was never trained on.
+    from stapo_trl.data import INSTRUCTION
+    from stapo_trl.runfiles.model_card import quick_start_code
+
+    prompt = [{"role": "user", "content": f"47+38\n{INSTRUCTION}"}]
+    card = tmp_path / "README.md"
+    card.write_text(
+        "## Quick start\n\n" + quick_start_code(tiny_math_model_path, prompt, adapter=False, max_new_tokens=48)
+    )
+    run_card_quick_start(card, expect="pipeline(")
+    assert INSTRUCTION.splitlines()[0][:20] in card.read_text()

@@ -1,8 +1,9 @@
-"""Tests of the recipes (recipes/**.yaml), their dry run (stapo_trl.cli.dry_run), scripts/launch.sh and the model card.
+"""The recipes (recipes/**.yaml, recipes/accelerate_configs/) and scripts/launch.sh.
 
 Every recipe is dry-run against the pinned TRL and transformers for the process count it is laid out for, so an
 upstream rename fails here and not on the cluster. Nothing is downloaded: the Qwen3 recipes name Hub models and
-datasets, and the dry run stops before loading either. The LoRA demo and the model card use the session's tiny models.
+datasets, and the dry run stops before loading either. The LoRA demo trains on the session's tiny model. The dry run's
+own checks are tested in `tests/cli/test_dry_run.py`.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from testing_utils import GRPO_RECIPE, RECIPES_DIR, REPO, STAPO_RECIPE, run_card_quick_start
 
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPES_DIR = REPO / "recipes"
 RECIPES = sorted(p for p in RECIPES_DIR.rglob("*.yaml") if "accelerate_configs" not in p.parts)
 QWEN3_MODELS = ("Qwen3-1.7B", "Qwen3-8B", "Qwen3-14B")
 METHODS = ("stapo", "grpo", "entropy20", "justrl")
@@ -265,152 +265,6 @@ def test_lora_demo_is_the_demo_recipe_plus_peft():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The dry run's own checks and CLI
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _demo_args(*overrides: str):
-    from stapo_trl.cli.args import parse_args
-
-    return parse_args(["--config", str(RECIPES_DIR / "demo" / "stapo.yaml"), *overrides])
-
-
-def test_dry_run_lists_valid_values_when_the_generation_batch_does_not_fit(tmp_path):
-    from stapo_trl.cli.dry_run import dry_run_recipe
-
-    # A recipe that fixes generation_batch_size = 64 with 16 completions per device: 3 processes give a global
-    # micro-batch of 48, which does not divide 64; 1, 2 or 4 processes would.
-    recipe = tmp_path / "fixed_generation_batch.yaml"
-    text = (RECIPES_DIR / "demo" / "stapo.yaml").read_text()
-    text = "\n".join(line for line in text.splitlines() if not line.startswith(("steps_per_generation", "   ")))
-    recipe.write_text(text + "\ngeneration_batch_size: 64\n")
-    assert dry_run_recipe(["--config", str(recipe)], 2).ok
-    report = dry_run_recipe(["--config", str(recipe)], 3)
-    assert not report.ok
-    assert "Valid process counts for this batch: [1, 2, 4]" in report.errors[0], report.errors
-
-
-def test_dry_run_reports_bad_rewards_trainer_and_temperature():
-    from stapo_trl.cli.dry_run import validate_recipe
-    from stapo_trl.rewards import REWARDS
-
-    script, args, model = _demo_args("--temperature", "0.7")
-    script.reward_funcs = ["math_accuracy", "no_such_reward"]
-    report = validate_recipe(script, args, model, 1)
-    assert not report.ok
-    assert any("no_such_reward" in e and str(sorted(REWARDS)) in e for e in report.errors), report.errors
-    assert any("temperature=0.7" in w and "1.0" in w for w in report.warnings), report.warnings
-    script.reward_funcs, script.trainer = ["math_accuracy"], "ppo"
-    assert any("trainer='ppo'" in e for e in validate_recipe(script, args, model, 1).errors)
-
-
-@pytest.mark.parametrize(
-    "flags",
-    [
-        ("--loss_type", "dr_grpo"),
-        ("--loss_type", "vespo"),
-        ("--entropy_coef", "0.01"),
-        ("--temperature", "0.7", "--top_entropy_quantile", "0.2"),
-    ],
-)
-def test_dry_run_prints_exactly_the_trainers_construction_warnings(flags):
-    # One source: the dry run used to repeat one of the trainer's warnings, so a dr_grpo recipe passed it quietly.
-    # Every message the trainer warns at construction (the core's and the product's) is in the dry run's report.
-    from stapo_trl.cli.dry_run import validate_recipe
-    from stapo_trl.config import untested_combination_warnings
-    from stapo_trl.core.stapo_config import s2t_warnings
-
-    script, args, model = _demo_args(*flags)
-    expected = s2t_warnings(args) + untested_combination_warnings(args)
-    assert expected  # each of these settings has something to say
-    report = validate_recipe(script, args, model, 1)
-    assert [w for w in report.warnings if w in expected] == expected, report.warnings
-
-
-def test_dry_run_opens_a_local_dataset_file_and_checks_its_columns(tmp_path):
-    from stapo_trl.cli.dry_run import validate_recipe
-
-    data = tmp_path / "train.jsonl"
-    # 8 rows: one rollout step of the demo (64 completions / 8 per prompt)
-    data.write_text("".join(f'{{"question": "{i}+1", "answer": "{i + 1}"}}\n' for i in range(8)))
-    script, args, model = _demo_args("--dataset_name", str(data))  # the demo's columns: problem -> solution
-    report = validate_recipe(script, args, model, 1)
-    assert not report.ok
-    assert any("Column 'problem' not found" in e and "['question', 'answer']" in e for e in report.errors)
-    script.prompt_column, script.solution_column = "question", "answer"
-    report = validate_recipe(script, args, model, 1)
-    assert report.ok, report.errors
-    assert "checked: 8 rows" in report.summary()
-
-
-def test_dry_run_numbers_for_the_demo():
-    from stapo_trl.cli.dry_run import validate_recipe
-
-    report = validate_recipe(*_demo_args(), 2)
-    # 16 completions per device x 2 processes x steps_per_generation 4 = 128 completions = 16 prompts of 8.
-    assert report.generation_batch_size == 128 and report.prompts_per_rollout_step == 16
-    assert report.completions_per_optimizer_step == 32 and report.optimizer_steps_per_rollout_step == 4
-    assert report.max_prompt_tokens is None and report.max_tokens_per_optimizer_step is None
-    summary = report.summary()
-    for text in ("rollout step", "optimizer update", "updates / rollout", "max tokens", "2 training process(es): OK"):
-        assert text in summary, summary
-
-
-def test_dry_run_refuses_what_cannot_run_under_the_launch_lines_zero3():
-    from stapo_trl.cli.dry_run import dry_run_recipe
-    from stapo_trl.cli.launch_checks import ACCELERATE_CONFIGS_DIR, parameter_sharding
-
-    # The sharding each accelerate config gives (by name, as a launch: line names it, or by path).
-    args = _demo_args()[1]  # parsed outside `accelerate launch`: no DeepSpeed plugin, no fsdp
-    shardings = {path.stem: parameter_sharding(args, path.stem) for path in ACCELERATE_CONFIGS_DIR.glob("*.yaml")}
-    assert shardings == {
-        "cpu_2proc": None,
-        "ddp": None,
-        "zero2": None,
-        "zero2_cpu_2proc": None,
-        "zero3": "DeepSpeed ZeRO-3",
-        "zero3_cpu_2proc": "DeepSpeed ZeRO-3",
-    }
-    assert parameter_sharding(args, str(ACCELERATE_CONFIGS_DIR / "zero3.yaml")) == "DeepSpeed ZeRO-3"
-    assert parameter_sharding(args, None) is None and parameter_sharding(args, "no-such-config") is None
-    # The in-training benchmark evaluation generates on rank 0 alone: an error under the 8B recipe's ZeRO-3, one line
-    # naming the field and the fix; fine under the 1.7B recipe's ZeRO-2.
-    for model, launch in (("Qwen3-8B", "zero3"), ("Qwen3-14B", "zero3"), ("Qwen3-1.7B", "zero2")):
-        recipe = RECIPES_DIR / model / "stapo.yaml"
-        assert f"accelerate_config={launch} " in recipe.read_text()
-        assert dry_run_recipe(["--config", str(recipe)]).ok
-        report = dry_run_recipe(["--config", str(recipe), "--benchmark_eval", "aime24"])
-        if launch == "zero3":
-            assert report.errors == [
-                "benchmark_eval='aime24' cannot run under DeepSpeed ZeRO-3: its in-training evaluation generates on "
-                "rank 0 alone, and sharded parameters need every rank in generate. Unset benchmark_eval and evaluate "
-                "the saved checkpoints with stapo-eval (or train under ZeRO-2 / DDP)."
-            ]
-        else:
-            assert report.ok, report.errors
-
-
-def test_dry_run_cli_paths(capsys):
-    from stapo_trl.cli.dry_run import main as dry_run_main
-    from stapo_trl.cli.train import main as train_main
-
-    recipe = str(RECIPES_DIR / "Qwen3-8B" / "stapo.yaml")
-    assert dry_run_main(["--config", recipe, "--num-processes", "16", "--gradient_accumulation_steps", "32",
-                         "--steps_per_generation", "128"]) == 0  # fmt: skip
-    out = capsys.readouterr().out
-    assert "for 16 training process(es): OK" in out and "256 prompts x 8 generations" in out
-    assert "8,388,608 per optimizer update" in out  # 512 x (1024 + 15360)
-    # stapo-train --dry-run goes to the same function and exits with its status.
-    with pytest.raises(SystemExit) as exit_info:
-        train_main(["--config", recipe, "--dry-run"])
-    assert exit_info.value.code == 0
-    assert "for 8 training process(es): OK" in capsys.readouterr().out
-    # An unknown key does not parse: status 2 with the parser's message.
-    assert dry_run_main(["--config", recipe, "--no_such_key", "1"]) == 2
-    assert "no_such_key" in capsys.readouterr().err
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # scripts/launch.sh (no GPU: --print-only, and a stub server + stub accelerate)
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -536,52 +390,8 @@ def test_launch_fails_clearly_when_the_server_dies(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Model card and LoRA
+# The demo recipes: LoRA trains only the adapter; parsed into the right classes
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def _tiny_trainer(model_path: str, output_dir: Path, **config):
-    from datasets import Dataset
-
-    from stapo_trl import STAPOConfig, STAPOTrainer
-
-    args = STAPOConfig(
-        output_dir=str(output_dir), use_cpu=True, bf16=False, report_to="none", activation_checkpointing=False,
-        per_device_train_batch_size=8, num_generations=8, max_completion_length=8, **config,
-    )  # fmt: skip
-    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": "1+1"}]] * 8})
-    return STAPOTrainer(model=model_path, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
-                        train_dataset=dataset)  # fmt: skip
-
-
-def test_model_card_names_stapo_cites_the_paper_and_lists_the_s2t_values(tiny_random_model_path, tmp_path):
-    from stapo_trl.runfiles.model_card import SECTION_START, add_stapo_section
-
-    trainer = _tiny_trainer(tiny_random_model_path, tmp_path, s2t_prob_threshold=0.003, s2t_entropy_quantile=0.8)
-    trainer.create_model_card(dataset_name=None, tags=["stapo_trl"])
-    add_stapo_section(trainer)
-    add_stapo_section(trainer)  # idempotent: one section, not two
-    card = (tmp_path / "README.md").read_text()
-    # TRL's part, from _name / _paper / _tag_names.
-    assert "trained with STAPO" in card and "huggingface.co/papers/2602.15620" in card
-    assert "@article{liu2026stapo" in card and "- stapo" in card
-    # Ours: the S2T values, the objective and the base model (a builtin: model is named, not a broken Hub link).
-    assert card.count(SECTION_START) == 1
-    for row in ("| `s2t_prob_threshold` |", "`0.003`", "| `s2t_entropy_quantile` |", "`0.8`", "`low_entropy`",
-                "| `loss_type` |", "`dapo`", "| `epsilon_high` |", "`0.28`"):  # fmt: skip
-        assert row in card, row
-    assert "Base model: `builtin:tiny-random`" in card
-    assert "[None](https://huggingface.co/None)" not in card
-    # No hub_model_id (push_to_hub off): the quick start loads the saved model from output_dir, not "None".
-    assert 'model="None"' not in card and f'model="{tmp_path}"' in card and "licence: license" not in card
-    assert card.index(SECTION_START) < card.index("### Framework versions")
-
-
-@pytest.mark.parametrize("name,expected", [("Qwen/Qwen3-1.7B-Base", "Qwen/Qwen3-1.7B-Base")])
-def test_base_model_name_of_hub_ids_is_unchanged(name, expected):
-    from stapo_trl.runfiles.model_card import base_model_name
-
-    assert base_model_name(name) == expected
 
 
 def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path):
@@ -617,7 +427,7 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
         trainer.train()
     finally:
         torch.set_num_threads(threads)
-    changed = {name for name, p in trainer.model.named_parameters() if not torch_equal(p, before[name])}
+    changed = {name for name, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[name])}
     assert changed, "no parameter changed"
     assert changed <= trainable, sorted(changed - trainable)[:5]  # the base weights never move
     assert any("lora_B" in name for name in changed)  # lora_B starts at zero: the adapter learned something
@@ -626,43 +436,79 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
     saved = set(os.listdir(tmp_path / "lora"))
     assert {"adapter_config.json", "adapter_model.safetensors"} <= saved and "model.safetensors" not in saved
     assert math.isfinite(trainer.state.log_history[-1].get("train_loss", 0.0))
-    # The card's quick start runs as printed (issue 11, item 6): TRL's pipeline(model=folder) looks for full weights
+    # The card's quick start runs as printed: TRL's pipeline(model=folder) looks for full weights
     # in an adapter folder and fails; ours loads the adapter onto its base, and asks a training prompt.
     trainer.args.output_dir = str(tmp_path / "lora")
     trainer.create_model_card(model_name="lora")
     write_quick_start(trainer, run.train_dataset[0]["prompt"])
-    _run_quick_start(tmp_path / "lora" / "README.md", expect="AutoPeftModelForCausalLM")
+    run_card_quick_start(tmp_path / "lora" / "README.md", expect="AutoPeftModelForCausalLM")
 
 
-def _run_quick_start(card_path, expect: str) -> None:
-    """Execute the card's quick-start block as a reader would, and check it printed a completion."""
-    import contextlib
-    import io
+def test_demo_recipes_parse_into_the_right_classes():
+    from trl import ModelConfig
 
-    card = card_path.read_text()
-    code = card.split("## Quick start", 1)[1].split("```python", 1)[1].split("```", 1)[0]
-    assert expect in code and "device_map" not in code, code
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        exec(compile(code, str(card_path), "exec"), {})  # noqa: S102 (the card's own code, as a reader runs it)
-    assert printed.getvalue().strip(), "the quick start printed nothing"
+    from stapo_trl import STAPOConfig
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.script_args import STAPOScriptArguments
 
-
-def test_full_model_card_quick_start_asks_a_training_prompt(tiny_math_model_path, tmp_path):
-    # Issue 12, item 10: the built-in model's card used to ask it a chat question it was never trained on.
-    from stapo_trl.data import INSTRUCTION
-    from stapo_trl.runfiles.model_card import quick_start_code
-
-    prompt = [{"role": "user", "content": f"47+38\n{INSTRUCTION}"}]
-    card = tmp_path / "README.md"
-    card.write_text(
-        "## Quick start\n\n" + quick_start_code(tiny_math_model_path, prompt, adapter=False, max_new_tokens=48)
+    script_args, stapo_args, model_args = parse_args(["--config", STAPO_RECIPE])
+    assert isinstance(script_args, STAPOScriptArguments) and isinstance(model_args, ModelConfig)
+    assert type(stapo_args) is STAPOConfig
+    assert script_args.trainer == "stapo"
+    assert script_args.reward_funcs == ["math_accuracy"]
+    assert script_args.eval_before_after is True
+    assert model_args.model_name_or_path == "builtin:tiny-math"
+    # ENVIRONMENT.md's measured tiny-model RL settings (lr 1e-4: 3e-4 breaks the current builtin's arithmetic).
+    assert stapo_args.learning_rate == 1e-4 and stapo_args.lr_scheduler_type == "constant"
+    assert stapo_args.per_device_train_batch_size == 16 and stapo_args.num_generations == 8
+    assert stapo_args.steps_per_generation == 4 and stapo_args.generation_batch_size == 64
+    assert (stapo_args.loss_type, stapo_args.epsilon, stapo_args.epsilon_high, stapo_args.beta) == (
+        "dapo",
+        0.2,
+        0.28,
+        0.0,
     )
-    _run_quick_start(card, expect="pipeline(")
-    assert INSTRUCTION.splitlines()[0][:20] in card.read_text()
+    assert stapo_args.temperature == 1.0 and stapo_args.use_cpu and not stapo_args.bf16 and stapo_args.report_to == []
+    assert (stapo_args.s2t_prob_threshold, stapo_args.s2t_entropy_quantile) == (0.002, 0.75)
+
+    script_args, grpo_args, _ = parse_args(["--config", GRPO_RECIPE])
+    # The like-for-like baseline: the same trainer and normaliser with the mask off.
+    assert script_args.trainer == "stapo" and type(grpo_args) is STAPOConfig and grpo_args.s2t_mode == "off"
+    # The same run without the mask: every field equal except the output folder and the mode.
+    stapo_dict, grpo_dict = stapo_args.to_dict(), grpo_args.to_dict()
+    differing = {k for k in grpo_dict if grpo_dict[k] != stapo_dict[k]}
+    assert differing <= {"output_dir", "run_name", "hub_model_id", "s2t_mode"}, differing
 
 
-def torch_equal(a, b) -> bool:
-    import torch
+# ---------------------------------------------------------------------------------------------------------------
+# The accelerate configs
+# ---------------------------------------------------------------------------------------------------------------
 
-    return torch.equal(a.detach(), b)
+
+def test_accelerate_configs_are_what_they_claim():
+    import yaml
+
+    configs = {
+        path.stem: yaml.safe_load(path.read_text()) for path in (RECIPES_DIR / "accelerate_configs").glob("*.yaml")
+    }
+    assert set(configs) >= {"ddp", "zero2", "zero3", "cpu_2proc", "zero2_cpu_2proc", "zero3_cpu_2proc"}
+    for name in ("ddp", "zero2", "zero3"):
+        assert configs[name]["num_processes"] == 8 and configs[name]["mixed_precision"] == "bf16"
+        assert configs[name]["use_cpu"] is False
+    assert configs["ddp"]["distributed_type"] == "MULTI_GPU"
+    assert configs["zero2"]["distributed_type"] == configs["zero3"]["distributed_type"] == "DEEPSPEED"
+    assert configs["zero2"]["deepspeed_config"]["zero_stage"] == 2
+    assert configs["zero3"]["deepspeed_config"]["zero_stage"] == 3
+    # The CPU forms that really start two ranks (MULTI_CPU or --cpu would start one).
+    for name in ("cpu_2proc", "zero2_cpu_2proc", "zero3_cpu_2proc"):
+        assert configs[name]["use_cpu"] is True and configs[name]["num_processes"] == 2
+        assert configs[name]["mixed_precision"] == "no"
+    assert configs["cpu_2proc"]["distributed_type"] == "MULTI_GPU"
+    assert (
+        configs["zero2_cpu_2proc"]["distributed_type"] == configs["zero3_cpu_2proc"]["distributed_type"] == "DEEPSPEED"
+    )
+    assert configs["zero2_cpu_2proc"]["deepspeed_config"]["zero_stage"] == 2
+    # The CPU ZeRO-3 test config takes the GPU config's ZeRO-3 path: same stage, partitioned init, 16-bit final save.
+    for key in ("zero_stage", "zero3_init_flag", "zero3_save_16bit_model", "offload_param_device"):
+        assert configs["zero3_cpu_2proc"]["deepspeed_config"][key] == configs["zero3"]["deepspeed_config"][key], key
+    assert configs["zero3"]["deepspeed_config"]["zero3_init_flag"] is True

@@ -1,4 +1,4 @@
-"""Real built-in models from PyPI wheels (issue 20): pins, bad inputs (one line each, before any long work), and, with
+"""Real built-in models from PyPI wheels: pins, bad inputs (one line each, before any long work), and, with
 the wheels installed (`real_model`, `make test-real`), the SmolLM2 conversion, its determinism and offline reload.
 
 The bad-input tests need no wheel: they point the wheel lookup at a hand-made folder laid out like `site-packages`
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from testing_utils import REPO, STAPO_RECIPE
 
 from stapo_trl.models import (
     BUILTIN_MODELS,
@@ -38,8 +39,6 @@ from stapo_trl.models.gguf import (
 from stapo_trl.models.names import GGUF_READER
 
 
-REPO = Path(__file__).resolve().parents[1]
-STAPO_RECIPE = str(REPO / "recipes" / "demo" / "stapo.yaml")
 REAL_MODELS = [name for name, recipe in BUILTIN_MODELS.items() if recipe["kind"] != "tiny"]
 # A GGUF header and nothing else: what a download cut short, or another file, looks like to the checksum.
 TRUNCATED_GGUF = b"GGUF\x03\x00\x00\x00" + bytes(1000)
@@ -505,7 +504,7 @@ def torch_equal(a, b) -> bool:
 
 @pytest.mark.real_model("smollm2-135m")
 def test_default_geometry_on_smollm2_runs_the_forwards_of_grpo_trainer(smollm2_path, tmp_path):
-    # Issue 20, item 4, on a real model: STAPO in TRL's default geometry scores nothing more than GRPOTrainer (the
+    # On a real model: STAPO in TRL's default geometry scores nothing more than GRPOTrainer (the
     # mask comes from the training forward); one step each, counting no-grad fused-LM-head forwards.
     import warnings
 

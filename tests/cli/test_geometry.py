@@ -1,12 +1,14 @@
-"""The batch geometry (`stapo_trl.cli.geometry.BatchGeometry`): hand-computed sizes, the num_generations rule, and
-the rows of the recipes/README.md tables."""
+"""The batch geometry (`stapo_trl.cli.geometry.BatchGeometry`): hand-computed sizes, the num_generations rule, the
+rows of the recipes/README.md tables, and a dataset too small for one rollout step, refused before any model is
+built."""
 
-from pathlib import Path
+import pytest
+from testing_utils import RECIPES_DIR, STAPO_RECIPE, addition_rows, write_jsonl
 
 from stapo_trl.cli.geometry import BatchGeometry
 
 
-RECIPES_README = Path(__file__).resolve().parent.parent / "recipes" / "README.md"
+RECIPES_README = RECIPES_DIR / "README.md"
 
 
 def test_paper_geometry_of_the_1_7b_recipe_on_4_processes():
@@ -50,3 +52,32 @@ def test_a_fixed_generation_batch_size_wins_over_steps_per_generation():
     assert not five.holds_whole_groups
     assert five.valid_num_generations() == [2, 3, 4, 6, 8, 12, 16, 24, 48]
     assert five.optimizer_steps_per_rollout_step == 2  # 6 micro-steps / 3 accumulation steps
+
+
+# The demo recipe: 16 completions per micro-step x steps_per_generation 4 = 64 completions per rollout step, 8 per
+# prompt, so one rollout step takes 64 / 8 = 8 prompts; TRL's sampler drops a partial rollout batch (0 steps).
+@pytest.mark.parametrize(
+    "num_rows, extra, match",
+    [
+        (1, [], r"1 prompt in the train split; one rollout step needs 8 "),
+        (7, [], r"7 prompts in the train split; one rollout step needs 8 "),
+        # 20 rows, 3 kept: max_train_samples counts
+        (20, ["--max_train_samples", "3"], r"3 prompts with max_train_samples; one rollout step needs 8 "),
+        # 2 processes' worth of rollout: per_device 16 x steps_per_generation 8 = 128 completions = 16 prompts
+        (10, ["--steps_per_generation", "8"], r"10 prompts in the train split; one rollout step needs 16 "),
+    ],
+    ids=["one-row", "seven-rows", "max-train-samples", "bigger-rollout"],
+)
+def test_too_few_prompts_fail_before_the_model_and_in_the_dry_run(
+    no_model_built, tmp_path, num_rows, extra, match, capsys
+):
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main
+
+    data = write_jsonl(tmp_path / "few.jsonl", addition_rows(num_rows))
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--dataset_name", data, *extra]
+    with pytest.raises(SystemExit, match=r"^stapo-train: error: " + match):
+        main(argv)
+    assert not (tmp_path / "out").exists()
+    assert dry_run_main(argv) == 2  # a failed check is an input error: status 2
+    assert len([line for line in capsys.readouterr().out.splitlines() if "one rollout step needs" in line]) == 1

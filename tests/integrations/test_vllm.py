@@ -11,20 +11,11 @@ import warnings
 
 import pytest
 import torch
-from datasets import Dataset
-from testing_utils import ForwardCounter
+from testing_utils import PROMPTS, REPO, ForwardCounter, length_reward
 from trl import GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.integrations.vllm_support import check_vllm_args
-
-
-def length_reward(completions, **kwargs):
-    """Varies within a group, so advantages are non-zero and the policy gets a gradient."""
-    return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]
-
-
-PROMPTS = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -328,9 +319,8 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
     import subprocess
     import sys
     import time
-    from pathlib import Path
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = REPO
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

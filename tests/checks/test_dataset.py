@@ -1,28 +1,24 @@
 """The datasets of a run, checked when the trainer is built (`stapo_trl.checks.dataset`): chat messages need a chat
-template (issue 20, item 5: Gemma-3 has none and TRL failed at step 1), empty datasets say they are empty (issue 23,
-item 6), and an optimizer update of partial prompt groups is warned by the run as by the dry run (issue 23, item 5).
+template (Gemma-3's base model has none, and TRL failed at the first step), empty datasets say they are empty (they
+got "Column 'prompt' not found"), an optimizer update of partial prompt groups is warned by the run as by the dry run,
+and every column a reward function reads is checked at construction, before the model loads.
 """
 
+import functools
 import json
 import shutil
 import warnings
-from pathlib import Path
 
 import pytest
 from datasets import Dataset
-from testing_utils import tiny_stapo_config
+from testing_utils import STAPO_RECIPE, tiny_stapo_config, zero_reward
 
 from stapo_trl import STAPOTrainer
+from stapo_trl.rewards import REWARDS, format_reward, math_accuracy_reward
 
 
-REPO = Path(__file__).resolve().parents[1]
-STAPO_RECIPE = str(REPO / "recipes" / "demo" / "stapo.yaml")
 CHAT = [{"prompt": [{"role": "user", "content": f"{i}+{i}"}], "solution": str(2 * i)} for i in range(8)]
 TEXT = [{"prompt": f"{i}+{i}=", "solution": str(2 * i)} for i in range(8)]
-
-
-def zero_reward(completions, **kwargs):
-    return [0.0] * len(completions)
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +184,80 @@ def test_the_run_warns_of_partial_prompt_groups_as_its_dry_run_does(
     planned = [w for w in report.warnings if "not a whole number of prompt groups" in w]
     assert run == planned
     assert bool(run) == warned
+
+
+def difficulty_reward(completions, difficulty, **kwargs):
+    """A reward that reads a `difficulty` column (the tiny-math data has none)."""
+    return [float(d) for d in difficulty]
+
+
+def test_missing_prompt_column_and_reward_names_are_resolved_at_construction(no_model_built, tmp_path):
+    """A dataset without `prompt` fails at construction (was a KeyError inside TRL at the first step); a reward given
+    by its stapo_trl name is that function (was taken for a Hub reward model: a minute of network retries)."""
+    from stapo_trl.rewards import resolve_reward_names
+
+    args = tiny_stapo_config(tmp_path / "out")
+    no_prompt = Dataset.from_list([{"question": "12+34=", "solution": "46"}])
+    with pytest.raises(
+        ValueError, match=r"^Column 'prompt' not found in dataset 'train_dataset'\. Available columns: "
+    ):
+        STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs=math_accuracy_reward, args=args, train_dataset=no_prompt)
+    assert resolve_reward_names("math_accuracy") is math_accuracy_reward
+    assert resolve_reward_names(["format", "org/reward-model"]) == [format_reward, "org/reward-model"]
+    with pytest.raises(ValueError, match=r"Unknown reward 'math_acc'\. Valid names: \['format', 'math_accuracy'\]"):
+        STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs="math_acc", args=args, train_dataset=no_prompt)
+    # By name, the function's own required column is checked too.
+    no_solution = Dataset.from_list([{"prompt": "12+34=", "answer": "46"}])
+    with pytest.raises(ValueError, match=r"Column 'solution' not found .* 'math_accuracy_reward' needs it"):
+        STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs="math_accuracy", args=args, train_dataset=no_solution)
+
+
+def test_missing_reward_column_fails_at_construction_naming_function_column_and_columns(
+    no_model_built, tiny_random_model_path, tmp_path
+):
+    no_solution = Dataset.from_list([{"prompt": "12+34=", "answer": "46"}])
+    args = tiny_stapo_config(tmp_path / "out")
+    # A Hub id that is never fetched: the check comes before TRL loads anything.
+    expected = r"^Column 'solution' not found in dataset 'train_dataset'"
+    expected += r".*\['prompt', 'answer'\].*'math_accuracy_reward' needs it"
+    with pytest.raises(ValueError, match=expected):
+        STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs=math_accuracy_reward, args=args, train_dataset=no_solution)
+
+    # Several rewards and several eval datasets: the first function with a missing argument, the dataset by key.
+    with_solution = Dataset.from_list([{"prompt": "12+34=", "solution": "46"}])
+    with pytest.raises(ValueError, match=r"Column 'solution' not found in dataset \"eval_dataset\['held_out'\]\""):
+        STAPOTrainer(
+            "Qwen/Qwen3-1.7B-Base",
+            reward_funcs=[format_reward, math_accuracy_reward],
+            args=args,
+            train_dataset=with_solution,
+            eval_dataset={"held_out": no_solution},
+        )
+    with pytest.raises(ValueError, match=r"Column 'difficulty' not found .* 'difficulty_reward' needs it"):
+        STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs=[difficulty_reward], args=args, train_dataset=with_solution)
+    # `prompt` is a column, but TRL passes it as `prompts`: an argument named `prompt` is never filled.
+    with pytest.raises(ValueError, match=r"takes an argument 'prompt', which TRL never fills.*`prompts`"):
+        STAPOTrainer(
+            "Qwen/Qwen3-1.7B-Base", reward_funcs=lambda prompt, completions: [], args=args, train_dataset=with_solution
+        )
+
+    # Filled arguments pass the check and construction goes on (to the guard): a column, a default, a bound
+    # partial argument, TRL's own arguments and **kwargs.
+    for reward in (
+        math_accuracy_reward,
+        functools.partial(difficulty_reward, difficulty=[1]),
+        lambda completions, difficulty=0, **kwargs: [],
+        lambda prompts, completions, completion_ids, trainer_state, log_metric, log_extra: [],
+    ):
+        with pytest.raises(AssertionError, match="a trainer was constructed"):  # a local model: no Hub check
+            STAPOTrainer(tiny_random_model_path, reward_funcs=reward, args=args, train_dataset=with_solution)
+
+
+def test_stapo_train_refuses_a_missing_reward_column_before_building_a_model(no_model_built, monkeypatch, tmp_path):
+    from stapo_trl.cli.train import main
+
+    monkeypatch.setitem(REWARDS, "difficulty", difficulty_reward)  # a registered reward reading a `difficulty` column
+    expected = r"^stapo-train: error: Column 'difficulty' not found in dataset 'builtin:tiny-math'"
+    expected += r".*\['prompt', 'solution'\].*'difficulty_reward' needs it"
+    with pytest.raises(SystemExit, match=expected):
+        main(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--reward_funcs", "difficulty"])

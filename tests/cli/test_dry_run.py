@@ -1,0 +1,156 @@
+"""`stapo-train --dry-run` (`stapo_trl.cli.dry_run`): the batch numbers it prints, the valid values it lists when the
+geometry does not fit, the trainer's own construction warnings, a local dataset's columns, what cannot run under a
+launch line's ZeRO-3, and its command line. The recipes' own dry runs are in `tests/recipes/`."""
+
+from __future__ import annotations
+
+import pytest
+from testing_utils import RECIPES_DIR, STAPO_RECIPE, error_line
+
+
+def test_dry_run_refuses_zero_processes_by_its_flag(capsys):
+    from stapo_trl.cli.dry_run import main as dry_run_main
+
+    assert dry_run_main(["--config", STAPO_RECIPE, "--num-processes", "0"]) == 2
+    assert error_line(capsys, "stapo-train --dry-run").startswith(
+        "stapo-train --dry-run: error: --num-processes: 0 is not a number of training processes"
+    )
+
+
+def _demo_args(*overrides: str):
+    from stapo_trl.cli.args import parse_args
+
+    return parse_args(["--config", str(RECIPES_DIR / "demo" / "stapo.yaml"), *overrides])
+
+
+def test_dry_run_lists_valid_values_when_the_generation_batch_does_not_fit(tmp_path):
+    from stapo_trl.cli.dry_run import dry_run_recipe
+
+    # A recipe that fixes generation_batch_size = 64 with 16 completions per device: 3 processes give a global
+    # micro-batch of 48, which does not divide 64; 1, 2 or 4 processes would.
+    recipe = tmp_path / "fixed_generation_batch.yaml"
+    text = (RECIPES_DIR / "demo" / "stapo.yaml").read_text()
+    text = "\n".join(line for line in text.splitlines() if not line.startswith(("steps_per_generation", "   ")))
+    recipe.write_text(text + "\ngeneration_batch_size: 64\n")
+    assert dry_run_recipe(["--config", str(recipe)], 2).ok
+    report = dry_run_recipe(["--config", str(recipe)], 3)
+    assert not report.ok
+    assert "Valid process counts for this batch: [1, 2, 4]" in report.errors[0], report.errors
+
+
+def test_dry_run_reports_bad_rewards_trainer_and_temperature():
+    from stapo_trl.cli.dry_run import validate_recipe
+    from stapo_trl.rewards import REWARDS
+
+    script, args, model = _demo_args("--temperature", "0.7")
+    script.reward_funcs = ["math_accuracy", "no_such_reward"]
+    report = validate_recipe(script, args, model, 1)
+    assert not report.ok
+    assert any("no_such_reward" in e and str(sorted(REWARDS)) in e for e in report.errors), report.errors
+    assert any("temperature=0.7" in w and "1.0" in w for w in report.warnings), report.warnings
+    script.reward_funcs, script.trainer = ["math_accuracy"], "ppo"
+    assert any("trainer='ppo'" in e for e in validate_recipe(script, args, model, 1).errors)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--loss_type", "dr_grpo"),
+        ("--loss_type", "vespo"),
+        ("--entropy_coef", "0.01"),
+        ("--temperature", "0.7", "--top_entropy_quantile", "0.2"),
+    ],
+)
+def test_dry_run_prints_exactly_the_trainers_construction_warnings(flags):
+    # One source: the dry run used to repeat one of the trainer's warnings, so a dr_grpo recipe passed it quietly.
+    # Every message the trainer warns at construction (the core's and the product's) is in the dry run's report.
+    from stapo_trl.cli.dry_run import validate_recipe
+    from stapo_trl.config import untested_combination_warnings
+    from stapo_trl.core.stapo_config import s2t_warnings
+
+    script, args, model = _demo_args(*flags)
+    expected = s2t_warnings(args) + untested_combination_warnings(args)
+    assert expected  # each of these settings has something to say
+    report = validate_recipe(script, args, model, 1)
+    assert [w for w in report.warnings if w in expected] == expected, report.warnings
+
+
+def test_dry_run_opens_a_local_dataset_file_and_checks_its_columns(tmp_path):
+    from stapo_trl.cli.dry_run import validate_recipe
+
+    data = tmp_path / "train.jsonl"
+    # 8 rows: one rollout step of the demo (64 completions / 8 per prompt)
+    data.write_text("".join(f'{{"question": "{i}+1", "answer": "{i + 1}"}}\n' for i in range(8)))
+    script, args, model = _demo_args("--dataset_name", str(data))  # the demo's columns: problem -> solution
+    report = validate_recipe(script, args, model, 1)
+    assert not report.ok
+    assert any("Column 'problem' not found" in e and "['question', 'answer']" in e for e in report.errors)
+    script.prompt_column, script.solution_column = "question", "answer"
+    report = validate_recipe(script, args, model, 1)
+    assert report.ok, report.errors
+    assert "checked: 8 rows" in report.summary()
+
+
+def test_dry_run_numbers_for_the_demo():
+    from stapo_trl.cli.dry_run import validate_recipe
+
+    report = validate_recipe(*_demo_args(), 2)
+    # 16 completions per device x 2 processes x steps_per_generation 4 = 128 completions = 16 prompts of 8.
+    assert report.generation_batch_size == 128 and report.prompts_per_rollout_step == 16
+    assert report.completions_per_optimizer_step == 32 and report.optimizer_steps_per_rollout_step == 4
+    assert report.max_prompt_tokens is None and report.max_tokens_per_optimizer_step is None
+    summary = report.summary()
+    for text in ("rollout step", "optimizer update", "updates / rollout", "max tokens", "2 training process(es): OK"):
+        assert text in summary, summary
+
+
+def test_dry_run_refuses_what_cannot_run_under_the_launch_lines_zero3():
+    from stapo_trl.cli.dry_run import dry_run_recipe
+    from stapo_trl.cli.launch_checks import ACCELERATE_CONFIGS_DIR, parameter_sharding
+
+    # The sharding each accelerate config gives (by name, as a launch: line names it, or by path).
+    args = _demo_args()[1]  # parsed outside `accelerate launch`: no DeepSpeed plugin, no fsdp
+    shardings = {path.stem: parameter_sharding(args, path.stem) for path in ACCELERATE_CONFIGS_DIR.glob("*.yaml")}
+    assert shardings == {
+        "cpu_2proc": None,
+        "ddp": None,
+        "zero2": None,
+        "zero2_cpu_2proc": None,
+        "zero3": "DeepSpeed ZeRO-3",
+        "zero3_cpu_2proc": "DeepSpeed ZeRO-3",
+    }
+    assert parameter_sharding(args, str(ACCELERATE_CONFIGS_DIR / "zero3.yaml")) == "DeepSpeed ZeRO-3"
+    assert parameter_sharding(args, None) is None and parameter_sharding(args, "no-such-config") is None
+    # The in-training benchmark evaluation generates on rank 0 alone: an error under the 8B recipe's ZeRO-3, one line
+    # naming the field and the fix; fine under the 1.7B recipe's ZeRO-2.
+    for model, launch in (("Qwen3-8B", "zero3"), ("Qwen3-14B", "zero3"), ("Qwen3-1.7B", "zero2")):
+        recipe = RECIPES_DIR / model / "stapo.yaml"
+        assert f"accelerate_config={launch} " in recipe.read_text()
+        assert dry_run_recipe(["--config", str(recipe)]).ok
+        report = dry_run_recipe(["--config", str(recipe), "--benchmark_eval", "aime24"])
+        if launch == "zero3":
+            (error,) = report.errors
+            assert error.startswith("benchmark_eval='aime24' cannot run under DeepSpeed ZeRO-3: "), error
+            assert "rank 0 alone" in error and "stapo-eval" in error and "\n" not in error, error
+        else:
+            assert report.ok, report.errors
+
+
+def test_dry_run_cli_paths(capsys):
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main as train_main
+
+    recipe = str(RECIPES_DIR / "Qwen3-8B" / "stapo.yaml")
+    assert dry_run_main(["--config", recipe, "--num-processes", "16", "--gradient_accumulation_steps", "32",
+                         "--steps_per_generation", "128"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "for 16 training process(es): OK" in out and "256 prompts x 8 generations" in out
+    assert "8,388,608 per optimizer update" in out  # 512 x (1024 + 15360)
+    # stapo-train --dry-run goes to the same function and exits with its status.
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["--config", recipe, "--dry-run"])
+    assert exit_info.value.code == 0
+    assert "for 8 training process(es): OK" in capsys.readouterr().out
+    # An unknown key does not parse: status 2 with the parser's message.
+    assert dry_run_main(["--config", recipe, "--no_such_key", "1"]) == 2
+    assert "no_such_key" in capsys.readouterr().err

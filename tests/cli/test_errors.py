@@ -1,0 +1,345 @@
+"""Input errors of every command (`stapo_trl.cli.errors`): one convention for the exit status (2, argparse's, for every
+input error; 1 for a failure during a run), one line that names what the user wrote, the allowed values and the fix,
+written in one piece so that two processes' lines cannot interleave."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from testing_utils import GRPO_RECIPE, REPO, STAPO_RECIPE, error_line, write_metrics_run, write_recipe
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Exit status 2 for every input error, in every command
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _train(argv):
+    from stapo_trl.cli.train import main
+
+    main(argv)
+
+
+def _compare(argv):
+    from stapo_trl.cli.train import main
+
+    main(["compare", *argv])
+
+
+def _dry_run(argv):
+    from stapo_trl.cli.train import main
+
+    main([*argv, "--dry-run"])
+
+
+def _eval(argv):
+    from stapo_trl.cli.eval import main
+
+    main(argv)
+
+
+def _plot(argv):
+    from stapo_trl.cli.plot import main
+
+    main(argv)
+
+
+@pytest.mark.parametrize(
+    "command, prog, argv, expected",
+    [
+        # The reported case: a range error exited 1 while type and choice errors exit 2.
+        (_train, "stapo-train", ["--s2t_entropy_quantile", "1.5"], "s2t_entropy_quantile=1.5 must be in [0, 1]"),
+        (_train, "stapo-train", ["--s2t_entropy_quantile", "abc"], "invalid float value: 'abc'"),
+        (_train, "stapo-train", ["--lerning_rate", "1e-4"], "lerning_rate: did you mean learning_rate"),
+        (_train, "stapo-train", ["--max_steps", "0"], "max_steps=0 is not a number of optimizer steps"),
+        (_dry_run, "stapo-train --dry-run", ["--s2t_entropy_quantile", "1.5"], "s2t_entropy_quantile=1.5"),
+        (_compare, "stapo-train compare", [GRPO_RECIPE, "--", "--max_steps", "0"], "max_steps=0 is not a number"),
+        (_compare, "stapo-train compare", [GRPO_RECIPE, "--seeds", "0", "0"], "seed(s) 0 given twice"),
+        (_eval, "stapo-eval", ["--model", "m", "--samples", "0"], "--samples must be >= 1"),
+        (_eval, "stapo-eval", ["--model", "m", "--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
+        (_plot, "stapo-plot", ["{tmp}/no-run"], "No metrics.jsonl in"),
+        (_plot, "stapo-plot", ["{run}", "--labels", "a", "b"], "--labels: got 2 label(s) for 1 OUTPUT_DIR(s)"),
+        (_plot, "stapo-plot", ["{run}", "--smoothing", "0"], "--smoothing 0: the moving-average window"),
+    ],
+    ids=[
+        "train-range",
+        "train-type",
+        "train-unknown-key",
+        "train-max-steps",
+        "dry-run-range",
+        "compare-override-range",
+        "compare-repeated-seed",
+        "eval-samples",
+        "eval-memory-share",
+        "plot-no-run",
+        "plot-labels",
+        "plot-smoothing",
+    ],
+)
+def test_every_input_error_exits_2_with_one_line(no_model_built, tmp_path, capsys, command, prog, argv, expected):
+    run = write_metrics_run(tmp_path / "run")
+    argv = [a.format(tmp=tmp_path, run=run) for a in argv]
+    if command in (_train, _dry_run):
+        argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *argv]
+    if command is _compare:
+        argv = [argv[0], STAPO_RECIPE, "--output-dir", str(tmp_path / "cmp"), *argv[1:]]
+    with pytest.raises(SystemExit) as excinfo:
+        command(argv)
+    assert excinfo.value.code == 2
+    assert expected in error_line(capsys, prog)
+
+
+class _WriteRecorder:
+    """A text stream that keeps each `write` call apart: what another process sharing the pipe could cut between."""
+
+    def __init__(self):
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _ctrl_c(argv):
+    from stapo_trl.runfiles.interrupt import GracefulInterrupt
+
+    GracefulInterrupt()._handle(None, None)
+
+
+@pytest.mark.parametrize(
+    "command, argv, expected",
+    [
+        # The reported case (CI, two ranks under accelerate launch): the ranks' error lines ran into each other.
+        (_train, ["--s2t_entropy_quantile", "1.5"], "stapo-train: error: --s2t_entropy_quantile:"),
+        (_dry_run, ["--max_train_samples", "3"], "stapo-train --dry-run: error: 1 check(s) failed"),
+        (_plot, ["{tmp}/no-run"], "stapo-plot: error: No metrics.jsonl in"),
+        (_ctrl_c, [], "Ctrl-C: saving a checkpoint at the end of this step"),
+    ],
+    ids=["train-range", "dry-run-checks", "plot-no-run", "ctrl-c"],
+)
+def test_a_message_line_is_one_write_so_processes_cannot_interleave_it(
+    no_model_built, tmp_path, monkeypatch, command, argv, expected
+):
+    """Every process under `accelerate launch` writes its error line to the same pipe: written as text then newline
+    (`print`), two ranks' lines came out as `...error: A.stapo-train: error: A.`; one write is never split."""
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    if command in (_train, _dry_run):
+        argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *argv]
+    stderr = _WriteRecorder()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    try:
+        command(argv)
+    except SystemExit as e:
+        assert e.code == 2
+    lines = [w for w in stderr.writes if expected in w]
+    assert len(lines) == 1, stderr.writes
+    assert lines[0].endswith("\n") and lines[0].count("\n") == 1, stderr.writes
+
+
+def test_a_recipe_that_fails_its_dry_run_checks_exits_2(no_model_built, capsys):
+    """The dry run's failed checks are input errors too (they exited 1, the same recipe's parse errors 2); stapo-train
+    exits 2 on the same recipe."""
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main
+
+    argv = ["--config", STAPO_RECIPE, "--max_train_samples", "3"]
+    assert dry_run_main(argv) == 2
+    assert "3 prompts with max_train_samples; one rollout step needs 8" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv)
+    assert excinfo.value.code == 2
+
+
+def test_help_of_every_command_states_the_exit_status(capsys):
+    from stapo_trl.cli.dry_run import main as dry_run_main
+
+    expected = "Exit status: 0 on success; 2 on an input error"
+    for command, argv in ((_train, ["--help"]), (_compare, ["--help"]), (_eval, ["--help"]), (_plot, ["--help"])):
+        with pytest.raises(SystemExit) as excinfo:
+            command(argv)
+        assert excinfo.value.code == 0
+        assert expected in " ".join(capsys.readouterr().out.split()), command.__name__
+    assert dry_run_main(["--help"]) == 0
+    assert expected in " ".join(capsys.readouterr().out.split())
+
+
+def test_python_m_train_exits_2_with_one_line(tmp_path):
+    """What `accelerate launch` runs on every process: `python -m stapo_trl.cli.train`."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--s2t_entropy_quantile", "1.5"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "stapo_trl.cli.train", *argv], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith(
+        "stapo-train: error: --s2t_entropy_quantile: s2t_entropy_quantile=1.5 must be in [0, 1]"
+    ), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# An error about a recipe value names the recipe key and the file
+# ---------------------------------------------------------------------------------------------------------------
+
+
+FIX = "override it on the command line with --{key}"
+KEY = "recipe key {key} in {recipe}: "
+
+
+@pytest.mark.parametrize(
+    "line, prefix, fragment, fix",
+    [
+        # The reported case: argparse converts the recipe's string and reported `--s2t_entropy_quantile`.
+        ("s2t_entropy_quantile: abc", KEY, "invalid float value: 'abc' (s2t_entropy_quantile takes a number)", True),
+        ("s2t_entropy_quantile: 1.5", KEY, "s2t_entropy_quantile=1.5 must be in [0, 1]", True),
+        # a choice argparse never checked for a recipe value: transformers' "cosinus is not a valid SchedulerType"
+        ("lr_scheduler_type: cosinus", KEY, "lr_scheduler_type='cosinus' is not one of the choices", False),
+        (
+            "lerning_rate: 1.0e-4",
+            "Unknown key(s) in recipe {recipe}: ",
+            "lerning_rate: did you mean learning_rate",
+            False,
+        ),
+        # a YAML float for an integer field reached the divisibility check: "num_generations=8.5 does not divide"
+        ("num_generations: 8.5", KEY, "num_generations=8.5 is not an integer", True),
+        # YAML reads an unquoted `off` as false
+        ("s2t_mode: off", KEY, "s2t_mode=False is not one of the choices (YAML reads an unquoted off/on/no/yes", True),
+        # failed only when the trainer was built, after the model: "tensorbord is not supported, only ..."
+        ("report_to: tensorbord", KEY, "report_to='tensorbord': 'tensorbord' is not one of ['none', 'all', ", False),
+        # failed only in the optimizer, after the model and the first evaluation: "Invalid learning rate: -1"
+        ("learning_rate: -1", KEY, "learning_rate=-1 must be >= 0", False),
+        # a YAML mapping for an integer field: "TypeError: '<' not supported between 'dict' and 'int'"
+        ("max_steps: {steps: 10}", KEY, "max_steps={'steps': 10} is a YAML mapping: max_steps takes an integer", True),
+        ("trainer: stapoo", KEY, "trainer='stapoo' is not one of ['stapo', 'grpo']", True),
+    ],
+    ids=[
+        "type",
+        "range",
+        "choice",
+        "unknown-key",
+        "float-for-int",
+        "unquoted-off",
+        "report-to",
+        "negative-learning-rate",
+        "mapping-for-int",
+        "trainer",
+    ],
+)
+def test_recipe_value_errors_name_the_recipe_key_and_the_file(
+    no_model_built, tmp_path, capsys, line, prefix, fragment, fix
+):
+    from stapo_trl.cli.train import main
+
+    recipe = write_recipe(tmp_path, line)
+    with pytest.raises(SystemExit) as excinfo:
+        main(["--config", recipe, "--output_dir", str(tmp_path / "out")])
+    assert excinfo.value.code == 2
+    key = line.split(":")[0]
+    message = error_line(capsys, "stapo-train")
+    assert message.startswith("stapo-train: error: " + prefix.format(key=key, recipe=recipe) + fragment), message
+    if fix:
+        assert FIX.format(key=key) in message, message
+
+
+def test_a_command_line_value_is_named_as_the_flag_not_the_recipe(no_model_built, tmp_path, capsys):
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.train import main
+
+    # The command line wins: its value is the one reported, with its flag, and the recipe is not blamed.
+    recipe = write_recipe(tmp_path, "s2t_entropy_quantile: 0.5")
+    with pytest.raises(SystemExit):
+        main(["--config", recipe, "--s2t_entropy_quantile", "1.5"])
+    assert error_line(capsys, "stapo-train").startswith(
+        "stapo-train: error: --s2t_entropy_quantile: s2t_entropy_quantile=1.5 must be in [0, 1]"
+    )
+    with pytest.raises(SystemExit):
+        main(["--config", recipe, "--s2t_entropy_quantile", "abc"])
+    message = error_line(capsys, "stapo-train")
+    assert message.startswith("stapo-train: error: --s2t_entropy_quantile: invalid float value: 'abc'"), message
+    assert "stapo-train --help" in message and "recipe" not in message, message
+    # A bad recipe value that the command line overrides is never read.
+    bad = write_recipe(tmp_path, "s2t_entropy_quantile: abc\nnum_generations: 8.5")
+    _, training_args, _ = parse_args(
+        ["--config", bad, "--s2t_entropy_quantile", "0.5", "--num_generations", "8", "--output_dir", str(tmp_path)]
+    )
+    assert training_args.s2t_entropy_quantile == 0.5 and training_args.num_generations == 8
+
+
+# A range error in a command-line value read "the recipe does not parse: X=..." in the dry run and named no flag in
+# either; the README says a command-line value is named by its flag.
+@pytest.mark.parametrize(
+    "flag, value",
+    [("s2t_entropy_quantile", "1.5"), ("max_steps", "0"), ("num_generations", "1"), ("temperature", "-1")],
+)
+@pytest.mark.parametrize("command, prog", [(_train, "stapo-train"), (_dry_run, "stapo-train --dry-run")])
+def test_a_range_error_in_a_flag_names_the_flag(no_model_built, tmp_path, capsys, command, prog, flag, value):
+    with pytest.raises(SystemExit) as excinfo:
+        command(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), f"--{flag}", value])
+    assert excinfo.value.code == 2
+    line = error_line(capsys, prog)
+    assert line.startswith(f"{prog}: error: --{flag}: {flag}="), line
+    assert "recipe" not in line.split(":", 3)[2], line  # not "the recipe does not parse", not "recipe key"
+
+
+@pytest.mark.parametrize(
+    "flag, value, expected",
+    [
+        ("learning_rate", "-1e-4", "learning_rate=-0.0001 must be >= 0"),  # the reported case
+        ("temperature", "-5E-1", "temperature=-0.5 must be > 0"),
+        ("s2t_entropy_quantile", "-2.5e+0", "s2t_entropy_quantile=-2.5 must be in [0, 1]"),
+    ],
+)
+def test_a_negative_number_in_exponent_form_is_read_as_a_value(
+    no_model_built, tmp_path, capsys, flag, value, expected
+):
+    # argparse took `-1e-4` for an option: "--learning_rate: expected one argument", though a number was given.
+    with pytest.raises(SystemExit) as excinfo:
+        _train(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), f"--{flag}", value])
+    assert excinfo.value.code == 2
+    assert error_line(capsys, "stapo-train").startswith(f"stapo-train: error: --{flag}: {expected}")
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--dataset_name", "{empty}"], "dataset file '{empty}' is empty"),
+        (["--model_name_or_path", "{tmp}/no-model"], "Model directory '{tmp}/no-model' does not exist"),
+        (["--reward_funcs", "math_acuracy"], "Unknown reward 'math_acuracy'"),
+    ],
+    ids=["empty-dataset", "missing-model", "unknown-reward"],
+)
+def test_a_dry_run_that_fails_its_checks_ends_with_one_error_line(no_model_built, tmp_path, capsys, argv, expected):
+    # The plan listed the failed checks on stdout only: no `PROG: error:` line, unlike every other input error.
+    from stapo_trl.cli.dry_run import main as dry_run_main
+
+    (tmp_path / "empty.jsonl").write_text("")
+    fill = {"tmp": tmp_path, "empty": tmp_path / "empty.jsonl"}
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *(a.format(**fill) for a in argv)]
+    assert dry_run_main(argv) == 2
+    line = error_line(capsys, "stapo-train --dry-run")
+    assert "check(s) failed (the plan above lists them)" in line and expected.format(**fill) in line, line
+
+
+@pytest.mark.parametrize(
+    "command, prog, argv, expected",
+    [
+        (_train, "stapo-train", ["--config", "{tmp}"], "is a folder: give the path of a recipe YAML file in it"),
+        (_dry_run, "stapo-train --dry-run", ["--config", "{tmp}"], "is a folder"),
+        (_compare, "stapo-train compare", [STAPO_RECIPE], "compare trains two recipes on the same seeds"),
+        (_compare, "stapo-train compare", [], "0 given (none)"),
+        (_compare, "stapo-train compare", [STAPO_RECIPE, GRPO_RECIPE, STAPO_RECIPE], "3 given"),
+    ],
+    ids=["config-folder", "dry-run-config-folder", "compare-one-recipe", "compare-none", "compare-three"],
+)
+def test_what_the_user_gave_is_what_the_message_names(no_model_built, tmp_path, capsys, command, prog, argv, expected):
+    # `--config /tmp` said "does not exist"; `compare` with one recipe said "the following arguments are required".
+    with pytest.raises(SystemExit) as excinfo:
+        command([a.format(tmp=tmp_path) for a in argv])
+    assert excinfo.value.code == 2
+    assert expected in error_line(capsys, prog)

@@ -1,0 +1,180 @@
+"""`stapo-train` (`stapo_trl.cli.train`, `stapo_trl.cli.run`): its help, one-line input errors before any model is
+built (a guard fails the test if one is built), and the demo recipe end to end.
+
+The end-to-end test runs the real demo recipe in-process at a reduced size on the session's tiny-math model, then
+resumes it. Parsing is tested in `test_args.py`, the dry run in `test_dry_run.py`, `stapo-plot` in `test_plot.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from testing_utils import STAPO_RECIPE
+
+
+# Reduced demo for tests: the real recipe, shrunk by command-line overrides (which also checks that they win).
+SMALL_RUN = [
+    # why: 8 optimizer steps = two rollout batches of 64 completions (steps_per_generation 4)
+    "--max_steps", "8",
+    # why: as in the recipe, one line per rollout batch (the masks of its 4 optimizer updates pooled)
+    "--logging_steps", "4",
+    "--save_steps", "4",
+    # why: 16 held-out problems x 2 samples keep the before/after evaluation to ~1 s
+    "--eval_num_problems", "16",
+    "--eval_num_samples", "2",
+    "--disable_tqdm", "true",
+]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Input errors (no model)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["--reward_funcs", "math_acuracy"], r"Unknown reward 'math_acuracy'.*math_accuracy"),
+        (["--model_name_or_path", "./no/such/model"], r"'./no/such/model' does not exist"),
+        # the model argument is checked before the dataset is loaded
+        (["--model_name_or_path", "./no/model", "--dataset_name", "./no/data.jsonl"], r"'./no/model' does not exist"),
+        (["--model_name_or_path", "outputs/no-such"], r"'outputs/no-such' is not a local directory.*HF_HUB_OFFLINE"),
+        (["--model_name_or_path", "builtin:huge-math"], r"'builtin:huge-math'.*builtin:tiny-math"),
+        (["--dataset_name", "builtin:huge-math"], r"'builtin:huge-math'.*builtin:tiny-math"),
+        (["--num_generations", "6"], r"num_generations=6 .*\[2, 4, 8, 16, 32, 64\]"),
+        (["--max_steps", "0"], r"max_steps=0 is not a number of optimizer steps"),
+        (["--max_steps", "-5"], r"max_steps=-5 is not a number of optimizer steps"),
+        (["--torch_num_threads", "0"], r"torch_num_threads=0 must be >= 1"),
+        (["--eval_num_problems", "0"], r"eval_num_problems=0 must be >= 1"),  # eval.json held NaN
+        (["--output_dir", __file__], r"output_dir='.*test_train.py' is a file: give a folder"),
+        (["--s2t_mod", "off"], r"s2t_mod: did you mean s2t_mode"),  # no argparse prefix matching
+        (["--learning_rat", "1e-5"], r"learning_rat: did you mean learning_rate"),
+        (["--benchmark_eval", "aime99"], r"Unknown benchmark 'aime99'.*aime24"),
+    ],
+    ids=[
+        "unknown-reward",
+        "missing-model-path",
+        "missing-model-path-before-missing-data",
+        "hub-id-looking-path-offline",
+        "unknown-builtin-model",
+        "unknown-builtin-dataset",
+        "num-generations",
+        "max-steps-0",
+        "max-steps-negative",
+        "torch-num-threads-0",
+        "eval-num-problems-0",
+        "output-dir-is-a-file",
+        "abbreviated-flag",
+        "abbreviated-flag-2",
+        "unknown-benchmark",
+    ],
+)
+def test_cli_fails_fast_with_one_message_before_building_a_model(no_model_built, tmp_path, overrides, match):
+    from stapo_trl.cli.train import main
+
+    # The command ends with one "stapo-train: error: ..." line (SystemExit carries it), not a traceback.
+    with pytest.raises(SystemExit, match=r"(?s)^stapo-train: error: .*" + match):
+        main(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *overrides])
+
+
+def test_help_names_the_recipe_flag_and_the_other_commands(capsys):
+    from stapo_trl.cli.train import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    usage = capsys.readouterr().out.split("options:")[0]
+    for text in ("--config RECIPE.yaml", "--dry-run", "compare RECIPE_A.yaml", "accelerate launch"):
+        assert text in usage, text
+
+
+def test_missing_dataset_column_fails_before_building_a_model(no_model_built, tmp_path):
+    from stapo_trl.cli.train import main
+
+    data = tmp_path / "math.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(4)))
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--dataset_name", str(data)]
+    with pytest.raises(SystemExit, match=r"Column 'problem' not found.*question"):
+        main(argv)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# End to end: the demo recipe at reduced size, then a resume
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch):
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stapo_trl.cli.train import main
+    from stapo_trl.runfiles.metrics_log import read_metrics
+
+    resumed_from = []
+    original_train = transformers.Trainer.train
+
+    def spy_train(self, *args, **kwargs):
+        resumed_from.append(kwargs.get("resume_from_checkpoint"))
+        return original_train(self, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.Trainer, "train", spy_train)
+    out = tmp_path / "demo"
+    argv = [
+        "--config",
+        STAPO_RECIPE,
+        "--model_name_or_path",
+        tiny_math_model_path,
+        "--output_dir",
+        str(out),
+        *SMALL_RUN,
+    ]
+
+    # First run: 8 steps, checkpoints at steps 4 and 8, everything written; the in-training benchmark evaluation
+    # (BenchmarkEvalCallback on the built-in task) at step 8.
+    benchmark = ["--benchmark_eval", "tiny-math", "--benchmark_eval_steps", "8", "--benchmark_eval_limit", "8"]
+    main([*argv, *benchmark, "--benchmark_eval_samples", "2"])
+    assert resumed_from == [None]
+    rows = [r for r in read_metrics(str(out)) if "reward" in r]
+    assert [r["step"] for r in rows] == [4, 8]
+    eval_rows = [r for r in read_metrics(str(out)) if "eval/tiny-math/avg@2" in r]
+    assert [r["step"] for r in eval_rows] == [8] and 0.0 <= eval_rows[0]["eval/tiny-math/avg@2"] <= 1.0
+    for row in rows:  # the S2T metrics are logged at every logging step (next to TRL's own)
+        for key in ("s2t/silenced_ratio", "s2t/candidate_ratio", "s2t/num_silenced", "reward", "entropy", "loss"):
+            assert key in row, (key, row)
+        assert 0.0 <= row["s2t/silenced_ratio"] <= row["s2t/candidate_ratio"] <= 1.0
+    assert os.path.getsize(out / "training_curves.png") > 10_000
+    evaluation = json.loads((out / "eval.json").read_text())
+    for key in ("accuracy_before", "accuracy_after", "k", "temperature", "top_p", "max_new_tokens", "num_problems"):
+        assert key in evaluation, key
+    assert evaluation["k"] == 2 and evaluation["num_problems"] == 16 and evaluation["temperature"] == 1.0
+    assert 0.0 <= evaluation["accuracy_before"] <= 1.0 and 0.0 <= evaluation["accuracy_after"] <= 1.0
+    assert (out / "checkpoint-8").is_dir() and (out / "README.md").is_file()
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    logits = model(**tokenizer(["12+34"], return_tensors="pt")).logits  # (1, T, V)
+    assert logits.shape[-1] == model.config.vocab_size
+
+    # Second run, same folder, more steps: it resumes from the last checkpoint and the global step continues. 14 is
+    # not a multiple of logging_steps: steps 13-14 (a new rollout batch, so a new mask) are logged by the end-of-run
+    # summary, and become step 14's row.
+    main([*argv, "--max_steps", "14", "--eval_before_after", "false"])
+    assert resumed_from[-1] is not None and resumed_from[-1].endswith("checkpoint-8")
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 14
+    rows = [r for r in read_metrics(str(out)) if "reward" in r]
+    assert [r["step"] for r in rows] == [4, 8, 12, 14]
+    assert "s2t/silenced_ratio" in rows[-1] and "train_runtime" not in rows[-1]
+    summary = json.loads((out / "train_results.json").read_text())
+    assert None not in summary.values() and "train_runtime" in summary
+
+    # Third run, same folder, same max_steps, as if the last run had stopped after its final checkpoint: nothing
+    # left to train; the checkpoint is saved as the final model and the run ends normally at step 14.
+    (out / "model.safetensors").unlink()
+    main([*argv, "--max_steps", "14", "--eval_before_after", "false"])
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 14
+    final = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    for name, tensor in AutoModelForCausalLM.from_pretrained(out / "checkpoint-14").state_dict().items():
+        assert torch.equal(final[name], tensor), name
+    assert [r["step"] for r in read_metrics(str(out)) if "reward" in r] == [4, 8, 12, 14]

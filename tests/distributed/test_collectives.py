@@ -1,0 +1,141 @@
+"""The S2T collectives in real training on two ranks (torchrun on CPU): the metrics all-reduce and the token-record
+gather, and the paper's geometry (tau_h per optimizer update over both ranks' candidates; a threshold that never fires
+equals `s2t_mode: off` step by step). All `slow`."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from testing_utils import run_torchrun
+
+from stapo_trl.runfiles.metrics_log import read_token_records
+
+
+pytestmark = pytest.mark.slow  # two processes each: 10-60 s on 2 cores, with the load
+
+
+DIAGNOSTICS_WORKER = textwrap.dedent(
+    r"""
+    import json, os, sys, warnings
+    from datasets import Dataset
+    from stapo_trl import STAPOConfig, STAPOTrainer
+    from stapo_trl.runfiles.callbacks import SpuriousTokenLogger
+
+    def length_reward(completions, **kwargs):
+        return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]
+
+    prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = STAPOConfig(
+            output_dir=sys.argv[2], use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
+            num_generations=4, max_completion_length=8, max_steps=4, logging_steps=1, save_strategy="no", seed=0,
+            s2t_prob_threshold=0.05, steps_per_generation=2,
+        )
+        trainer = STAPOTrainer(sys.argv[1], reward_funcs=length_reward, args=args, train_dataset=prompts)
+    trainer.add_callback(SpuriousTokenLogger(trainer, max_silenced=1000, max_kept_candidates=1000, max_reference=0))
+    trainer.train()
+    logged = [{k: v for k, v in h.items() if k.startswith("s2t/")} for h in trainer.state.log_history if "loss" in h]
+    with open(os.path.join(sys.argv[2], f"rank{trainer.accelerator.process_index}.json"), "w") as f:
+        json.dump(logged, f)
+    trainer.end()
+    """
+)
+
+
+def test_two_processes_gather_records_from_both_and_agree_on_metrics(tiny_random_model_path, tmp_path):
+    """Every rank takes part in every collective (metrics all-reduce, records gather): no hang, one file."""
+    out = tmp_path / "out"
+    out.mkdir()
+    run_torchrun(DIAGNOSTICS_WORKER, tmp_path / "run.py", tiny_random_model_path, str(out), nproc=2)
+    rank0, rank1 = (json.loads((out / f"rank{i}.json").read_text()) for i in range(2))
+    assert rank0 == rank1  # reduced metrics are the same on every process
+    records = read_token_records(out)
+    # Scope optimizer_step, GA 1: one mask per step; each logged once with the silenced tokens of both processes.
+    for entry, step in zip(rank0, [1, 2, 3, 4], strict=True):
+        silenced = [r for r in records if r["step"] == step and r["silenced"]]
+        assert len(silenced) == entry["s2t/num_silenced"]
+    assert {r["process_index"] for r in records} == {0, 1}
+    assert {r["step"] for r in records} <= {1, 2, 3, 4} and sum(e["s2t/num_silenced"] for e in rank0) > 0
+
+
+PAPER_GEOMETRY_WORKER = textwrap.dedent(
+    r"""
+    import json, os, sys, warnings
+    import torch
+    from datasets import Dataset
+    from stapo_trl import STAPOConfig, STAPOTrainer
+
+    def length_reward(completions, **kwargs):
+        return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]
+
+    prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
+    model_path, out = sys.argv[1], sys.argv[2]
+    result = {}
+    # steps_per_generation = 4 x GA: one rollout batch feeds 4 optimizer updates of GA 2 micro-batches each.
+    for name, s2t in [("off", {"s2t_mode": "off"}), ("never", {"s2t_prob_threshold": 1e-30}),
+                      ("stapo", {"s2t_prob_threshold": 0.05})]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args = STAPOConfig(
+                output_dir=os.path.join(out, name), use_cpu=True, bf16=False, report_to=[], logging_steps=1,
+                per_device_train_batch_size=4, num_generations=4, max_completion_length=8, max_steps=4,
+                gradient_accumulation_steps=2, steps_per_generation=8, learning_rate=1e-2, save_strategy="no",
+                seed=0, **s2t,
+            )
+            trainer = STAPOTrainer(model_path, reward_funcs=length_reward, args=args, train_dataset=prompts)
+        updates = []
+        original = trainer._compute_s2t_mask
+
+        def record(logps, entropies, advantages, loss_mask, completion_ids, original=original, updates=updates):
+            built = original(logps, entropies, advantages, loss_mask, completion_ids)
+            updates.append({"tau": built.entropy_threshold if built.num_candidates else None,
+                            "local": entropies[built.candidate].double().tolist(),
+                            "silenced": int(built.silenced.sum())})
+            return built
+
+        trainer._compute_s2t_mask = record
+        trainer.train()
+        rows = [{k: v for k, v in h.items() if isinstance(v, float)} for h in trainer.state.log_history if "loss" in h]
+        params = [float(p.double().sum()) for p in trainer.model.parameters()]
+        result[name] = {"rows": rows, "params": params, "updates": updates}
+    with open(os.path.join(out, f"rank{trainer.accelerator.process_index}.json"), "w") as f:
+        json.dump(result, f)
+    trainer.end()
+    """
+)
+
+
+def test_paper_geometry_on_two_ranks_tau_h_per_update_and_like_for_like_baseline(tiny_random_model_path, tmp_path):
+    import numpy as np
+
+    out = tmp_path / "out"
+    out.mkdir()
+    run_torchrun(PAPER_GEOMETRY_WORKER, tmp_path / "run.py", tiny_random_model_path, str(out), nproc=2)
+    ranks = [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
+    # The baseline and its never-firing twin: the same losses, gradient norms, TRL metrics and weights, step by step.
+    for seen in ranks:
+        off, never = seen["off"], seen["never"]
+        assert len(off["rows"]) == len(never["rows"]) == 4
+        for row_off, row_never in zip(off["rows"], never["rows"], strict=True):
+            shared = {
+                k for k in row_off if not k.startswith("s2t/") or k in ("s2t/num_loss_tokens", "s2t/num_silenced")
+            }
+            shared -= {"step_time", "epoch"}  # wall-clock, not the objective
+            assert {"loss", "grad_norm", "entropy", "clip_ratio/region_mean"} <= shared
+            for key in shared:  # every TRL metric of the row (reward only on rows that generated)
+                assert row_never[key] == pytest.approx(row_off[key], rel=1e-5, abs=1e-7), key
+            assert row_never["s2t/num_silenced"] == row_off["s2t/num_silenced"] == 0
+        assert never["params"] == pytest.approx(off["params"], rel=1e-6, abs=1e-6)
+    # STAPO: one mask per optimizer update; tau_h = the 0.75-quantile of the union of both ranks' candidates of that
+    # update (numpy's linear interpolation as the independent reference), identical on both ranks.
+    stapo = [seen["stapo"]["updates"] for seen in ranks]
+    assert len(stapo[0]) == len(stapo[1]) == 4
+    assert sum(update["silenced"] for rank in stapo for update in rank) > 0
+    for update_0, update_1 in zip(*stapo, strict=True):
+        union = update_0["local"] + update_1["local"]
+        assert update_0["tau"] == update_1["tau"]
+        if union:
+            assert update_0["tau"] == pytest.approx(float(np.quantile(np.array(union), 0.75)), abs=1e-12)

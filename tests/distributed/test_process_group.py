@@ -1,0 +1,132 @@
+"""The process group on two ranks (`stapo_trl.integrations.process_group`, torchrun on CPU): after an input error,
+after `trainer.end()` and after `stapo-train`, no function default holds the group and gloo's threads are gone (they
+survived, held by a function default or the DDP wrapper, and aborted about one exit in 15). All `slow`."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+from testing_utils import SMALL_TWO_RANK_DEMO, STAPO_RECIPE, run_torchrun
+
+
+pytestmark = pytest.mark.slow  # two processes each: 10-60 s on 2 cores, with the load
+
+
+# Worker source: the names of this process's gloo threads (Linux), to see whether a process group is still alive.
+GLOO_THREADS = textwrap.dedent(
+    r"""
+    import os
+
+    def gloo_threads():
+        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+        return sorted(n for n in names if "gloo" in n)
+    """
+)
+
+
+# stapo-train stopped by an input error on two ranks: the process group it created (with the config) must be gone
+# with gloo's threads when the error ends the command, or the exit can abort (SIGABRT instead of status 2).
+INPUT_ERROR_WORKER = GLOO_THREADS + textwrap.dedent(
+    r"""
+    import os, sys
+    import torch.distributed as dist
+    from stapo_trl.cli.train import main
+
+    try:
+        main(sys.argv[1:])
+    except SystemExit as e:
+        print(f"exit {e.code}; group: {dist.is_initialized()}; gloo threads left: {gloo_threads()}", flush=True)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--s2t_entropy_quantile", "1.5"],  # at config time (the group exists once the config does)
+        ["--reward_funcs", "math_acuracy"],  # when the run is prepared
+        ["--dataset_name", "/nonexistent/train.jsonl"],  # the data
+    ],
+    ids=["range", "reward-name", "dataset"],
+)
+def test_an_input_error_on_two_ranks_leaves_no_process_group(tmp_path, argv):
+    base = ["--config", str(STAPO_RECIPE), "--output_dir", str(tmp_path / "out")]
+    output = run_torchrun(INPUT_ERROR_WORKER, tmp_path / "worker.py", *base, *argv, nproc=2, timeout=300)
+    assert output.count("exit 2; group: False; gloo threads left: []") == 2, output[-3000:]
+
+
+# A product trainer trained on two ranks (DDP), then `trainer.end()`: afterwards no function default may hold the
+# default process group, destroy_process_group() must have stopped gloo's threads (they used to survive, held by a
+# function default or by the DDP wrapper, and abort ~1 exit in 15; see stapo_trl/integrations/process_group.py), and
+# the model must still generate on each process.
+GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
+    r"""
+    import gc, os, sys, types
+    import torch
+    import torch.distributed as dist
+    from datasets import Dataset
+    from stapo_trl import STAPOConfig, STAPOTrainer
+    from stapo_trl.trainer import GRPOBaselineTrainer
+
+    model_path, out, which = sys.argv[1:4]
+    args = STAPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to="none", max_completion_length=8,
+                       per_device_train_batch_size=4, num_generations=4, max_steps=1, save_strategy="no",
+                       beta=0.04 if which == "grpo" else 0.0)  # with beta, GRPOTrainer prepares a reference model
+    trainer_class = GRPOBaselineTrainer if which == "grpo" else STAPOTrainer
+    trainer = trainer_class(model=model_path, reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
+                            args=args, train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 16}))
+    trainer.train()
+    print("wrapper during training:", type(trainer.model_wrapped).__name__, flush=True)
+    group = dist.distributed_c10d._get_default_group()
+    holders = [f"{f.__module__}.{f.__qualname__}" for f in gc.get_objects() if isinstance(f, types.FunctionType)
+               and any(d is group for d in (f.__defaults__ or ()) + tuple((f.__kwdefaults__ or {}).values()))]
+    print("functions holding the group in a default:", holders, flush=True)
+    assert gloo_threads(), "no gloo threads while the group exists: the check below would prove nothing"
+    del group
+    trainer.end()
+    print("gloo threads after trainer.end():", gloo_threads(), flush=True)
+    ids = trainer.processing_class("1+1=", return_tensors="pt").input_ids
+    with torch.no_grad():
+        print("generated after end:", trainer.model.generate(ids, max_new_tokens=2, do_sample=False).shape[1] - ids.shape[1], flush=True)
+    """
+)
+
+
+def _check_group_released(output: str) -> None:
+    assert "wrapper during training: DistributedDataParallel" in output, output[-3000:]
+    assert output.count("functions holding the group in a default: []") == 2, output[-3000:]
+    assert output.count("gloo threads after trainer.end(): []") == 2, output[-3000:]
+    assert output.count("generated after end: 2") == 2, output[-3000:]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
+@pytest.mark.parametrize("which", ["stapo", "grpo"])
+def test_trainer_end_after_two_rank_training_releases_gloo(tiny_random_model_path, tmp_path, which):
+    script = tmp_path / "group_release_worker.py"
+    output = run_torchrun(GROUP_RELEASE_WORKER, script, tiny_random_model_path, str(tmp_path), which, nproc=2)
+    _check_group_released(output)
+
+
+# `stapo-train`'s run, in process on two ranks: the process group it ends must be released too.
+CLI_GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
+    r"""
+    import os, sys
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import train
+
+    train(*parse_args(sys.argv[1:]))
+    print("gloo threads after stapo-train:", gloo_threads(), flush=True)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
+def test_stapo_train_on_two_ranks_releases_gloo(tiny_math_model_path, tmp_path):
+    out = tmp_path / "run"
+    argv = ["--config", str(STAPO_RECIPE), "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
+    output = run_torchrun(CLI_GROUP_RELEASE_WORKER, tmp_path / "cli_worker.py", *argv, *SMALL_TWO_RANK_DEMO, nproc=2)
+    assert output.count("gloo threads after stapo-train: []") == 2, output[-3000:]
+    assert (out / "model.safetensors").exists()

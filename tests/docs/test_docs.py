@@ -1,0 +1,81 @@
+"""The shipped docs (README.md, docs/, recipes/): links and paths that point only inside the repository (they named
+files outside it, under shared/ or ../), and the README's Python example, which is `examples/python_api.py` verbatim
+and runs as printed."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+
+import pytest
+from testing_utils import REPO, builtin_cache_root, readme_code_blocks, run_subprocess, subprocess_env
+
+from stapo_trl.data import INSTRUCTION
+from stapo_trl.runfiles.metrics_log import read_metrics, read_token_records
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shipped docs point only inside the repository
+# ---------------------------------------------------------------------------------------------------------------
+
+SHIPPED_DOCS = ["README.md", "recipes/README.md", *(str(p.relative_to(REPO)) for p in sorted(REPO.glob("docs/*.md")))]
+SHIPPED_DOCS += [str(p.relative_to(REPO)) for p in sorted(REPO.glob("recipes/**/*.yaml"))]
+OUTSIDE = re.compile(r"(?<![\w.])/(?:work|home|tmp|root|Users)/|\bshared/|\bSTAPO\.md\b|\bENVIRONMENT\.md\b")
+
+
+@pytest.mark.parametrize("doc", SHIPPED_DOCS)
+def test_shipped_docs_point_only_inside_the_repository(doc):
+    text = (REPO / doc).read_text()
+    outside = [m.group(0) for m in OUTSIDE.finditer(text)]
+    assert not outside, f"{doc} points outside the repository: {outside}"
+    # Relative Markdown links and images resolve, from the page's folder, to a file inside the repository; backticked
+    # repository paths exist.
+    folder = (REPO / doc).parent
+    for target in re.findall(r"\]\(([^)\s#]+)", text):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        resolved = (folder / target).resolve()
+        assert resolved.is_relative_to(REPO) and resolved.exists(), f"{doc} links to a missing file: {target}"
+    for target in re.findall(
+        r"`((?:benchmarks|docs|recipes|scripts|slurm|stapo_trl|tests|notebooks)/[\w./-]+)`", text
+    ):
+        assert (REPO / target).exists(), f"{doc} names a missing file: {target}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The README's Python example
+# ---------------------------------------------------------------------------------------------------------------
+
+EXAMPLE = REPO / "examples" / "python_api.py"
+
+
+def test_readme_python_snippet_is_the_example_file():
+    source = EXAMPLE.read_text()
+    assert source in readme_code_blocks("python"), "README.md must show examples/python_api.py verbatim"
+    # The one-import switch, and the instruction the built-in model was trained with (or every reward is 0).
+    assert "from stapo_trl import STAPOTrainer as GRPOTrainer" in source
+    assigned = {node.targets[0].id: node.value for node in ast.parse(source).body if isinstance(node, ast.Assign)}
+    assert ast.literal_eval(assigned["INSTRUCTION"]) == INSTRUCTION
+
+
+def test_python_api_example_runs_as_printed_and_stapo_plot_reads_its_folder(tiny_math_model_path, tmp_path):
+    from stapo_trl.cli.plot import main as plot_main
+
+    # The file as printed, in a fresh folder; `builtin:tiny-math` resolves to the session's model (no rebuild).
+    env = subprocess_env(
+        STAPO_TRL_CACHE=str(builtin_cache_root(tiny_math_model_path)), PYTHONPATH=str(REPO), MPLBACKEND="Agg"
+    )
+    output = run_subprocess([sys.executable, str(EXAMPLE)], timeout=300, env=env, cwd=tmp_path)
+    # Neither transformers' deprecation of TRL's default `gradient_checkpointing` at config time nor of the
+    # `*gradient_checkpointing*` methods TRL calls while training reaches a Python-API user (both were printed on every
+    # run).
+    assert "FutureWarning" not in output and "is deprecated" not in output, output[-3000:]
+    out = tmp_path / "outputs" / "python-api"
+    rows = [row for row in read_metrics(str(out)) if "reward" in row]
+    assert [row["step"] for row in rows] == list(range(2, 21, 2))
+    assert max(row["reward"] for row in rows) > 0.0  # the prompts carry the model's instruction
+    assert all("s2t/silenced_ratio" in row for row in rows)
+    assert read_token_records(str(out)), "spurious_tokens.jsonl is empty"
+    plot_main([str(out)])  # stapo-plot outputs/python-api
+    assert (out / "training_curves.png").stat().st_size > 10_000

