@@ -388,7 +388,7 @@ def test_smollm2_round_trips_through_the_cache(smollm2_path, smollm2_cache):
     assert time.perf_counter() - start < 5 and info_file.stat().st_mtime == mtime  # read, not rebuilt
 
 
-@pytest.mark.slow  # SFT and two 200-problem checks: ~11 min on 2 cores
+@pytest.mark.build  # SFT and two 200-problem checks: ~11 min on 2 cores (make test-build)
 @pytest.mark.real_model("smollm2-135m")
 def test_smollm2_math_builds_on_the_cached_base_and_starts_rl_where_intended(smollm2_path, smollm2_cache):
     from transformers import AutoModelForCausalLM

@@ -65,7 +65,7 @@ def test_notebook_executes(tiny_math_model_path, tmp_path, monkeypatch):
     assert len(skipped) == 1 and "make install-real-models" in skipped[0], skipped
 
 
-@pytest.mark.slow  # the notebook builds builtin:smollm2-135m-math in the session's cache (~11 min on 2 cores)
+@pytest.mark.build  # the notebook builds builtin:smollm2-135m-math in the session's cache (~11 min on 2 cores)
 @pytest.mark.real_model("smollm2-135m")
 def test_notebook_real_model_section_draws_the_census(
     tiny_math_model_path, smollm2_path, builtin_cache_dir, tmp_path, monkeypatch
