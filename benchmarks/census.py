@@ -242,7 +242,7 @@ def _rate(x: float) -> str:
 
 def top_tokens(records, kind: str, token_bytes: dict[int, bytes], k: int = 12) -> list[tuple[str, int, str, str]]:
     """(readable token, count, category, one context) of the `k` most frequent tokens of a record kind; byte-level
-    fragments are labelled by their bytes ([`~stapo_trl.runfiles.diagnostic_plots.readable_token`])."""
+    fragments are labelled by their bytes ([`~stapo_trl.runfiles.token_labels.readable_token`])."""
     chosen = [r for r in records if r["kind"] == kind]
     counts = Counter(r["token_id"] for r in chosen)
     out = []

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """What STAPO costs on real models: step time and peak memory against plain `GRPOTrainer` and the `s2t_mode: off`
-twin, in TRL's default geometry and beyond (issue 20, item 4).
+twin, in TRL's default geometry and beyond.
 
     python benchmarks/real_cost.py --models builtin:smollm2-135m builtin:gemma3-270m --reps 3
 
@@ -17,7 +17,7 @@ model was built once into the cache. Runs are interleaved: each repetition runs 
 order, and each ratio is taken within a repetition, then the median over repetitions. Time is the `train()` call of
 `--rollouts` rollout batches (construction and model loading not timed): CPU time of the process (`time.process_time`,
 one torch thread; the measure the targets use, less sensitive to other jobs on shared cores) and wall time. Targets
-(issue 20): <= 1.02x `GRPOTrainer` where no extra forward is needed, peak memory <= 1.03x.
+the project sets: <= 1.02x `GRPOTrainer` where no extra forward is needed, peak memory <= 1.03x.
 """
 
 from __future__ import annotations

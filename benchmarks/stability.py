@@ -595,11 +595,8 @@ def run_one(spec: RunSpec, out: Path) -> dict[str, Any]:
 
 def _silenced_count(rows: list[dict[str, Any]]) -> float | None:
     """Silenced tokens over the run, from the logged per-row counts when the trainer logs them."""
-    for key in ("s2t/num_silenced", "s2t/silenced_tokens"):
-        values = [r[key] for r in rows if _finite(r.get(key))]
-        if values:
-            return float(sum(values))
-    return None
+    values = [r["s2t/num_silenced"] for r in rows if _finite(r.get("s2t/num_silenced"))]
+    return float(sum(values)) if values else None
 
 
 def load_run(folder: Path) -> dict[str, Any]:
@@ -869,6 +866,10 @@ DESIGN_TEXT = """\
   dead-run stop were added; no criterion was changed after any pilot run had been looked at. The budget counts CPU
   time. The pilot's process was restarted twice, keeping every finished run: after its 1st run (budget from wall to
   CPU time) and after its 18th (report-only changes: figure medians, strict JSON); the run in progress restarted.
+- The pilot stopped at 30 runs, 1.8 of its 3 CPU-hours, when a machine restart ended its process: seed 3 at 3e-4
+  and 6e-4 and tier 2 (FullMask, 20-Entropy) were not run. No later run could move the regime (lr 1e-4 had all 4
+  seeds of every tier-1 arm stable; JustRL at 3e-4 had 3 of 3 late-unstable), so the session's remaining hours went
+  to the confirm phase: two processes, one per core, on disjoint seeds (100-107 and 108-115, each in seed order).
 - stapo_trl was being rewritten in the checkout during the runs (behaviour-preserving), so every run uses a clean
   snapshot of one commit (`git archive`, see the commands and the versions line).
 """

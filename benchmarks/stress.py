@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-r"""A controlled spurious-token stress experiment for the S2T mask of STAPO (issue 16).
+r"""A controlled spurious-token stress experiment for the S2T mask of STAPO.
 
     python benchmarks/stress.py                                   # design 1, 4 arms x 8 seeds x 400 steps
     python benchmarks/stress.py --design everywhere --arms low_entropy off --seeds 0 1 2 --steps 300

@@ -37,7 +37,7 @@ def logit_grad_norm_sq(
         ||∂ℓ/∂z||² = w² (1 - 2 p + Σ_v π_v²)
 
     ([STAPO](https://huggingface.co/papers/2602.15620), Sec. 3, the gradient-norm analysis). In GRPO-style losses
-    w = ratio · A inside the clip region and 0 outside (on-policy, ratio = 1); see [`policy_gradient_weight`].
+    w = ratio · A inside the clip region and 0 outside (on-policy, ratio = 1: w = A).
 
     Args:
         probs_sampled (`torch.Tensor`): float, any shape, p = π_a, probability of the sampled token in [0, 1].
@@ -78,37 +78,6 @@ def logit_grad_norm_bounds(
     lower = w_sq * (1.0 - 2.0 * probs_sampled + torch.exp(-entropy))
     upper = w_sq * (2.0 - 2.0 * probs_sampled - c_v * entropy.square())
     return lower, upper
-
-
-def policy_gradient_weight(
-    advantages: torch.Tensor,
-    log_ratio: torch.Tensor | None = None,
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.28,
-) -> torch.Tensor:
-    r"""The per-token weight w = -∂ℓ/∂ log π_a of the clipped surrogate min(r A, clip(r, 1 - ε_low, 1 + ε_high) A).
-
-    w = r A where the unclipped term is active, 0 where the clip acts (A > 0 and r > 1 + ε_high, or A < 0 and
-    r < 1 - ε_low). On-policy (`log_ratio=None`) r = 1 and w = A. This is the token-level PPO clip of the `dapo`,
-    `grpo`, `bnpo` and `dr_grpo` losses; the per-sequence 1/|o_i| of `grpo`, TRL's `delta` and the `cispo`/`sapo`/
-    `vespo` weights are not modelled.
-
-    Args:
-        advantages (`torch.Tensor`): float, (B,), (B, 1) or (B, T).
-        log_ratio (`torch.Tensor`, *optional*): float, (B, T), log π_θ(a) - log π_old(a) (nats).
-        epsilon_low (`float`, *optional*, defaults to `0.2`): ε_low.
-        epsilon_high (`float`, *optional*, defaults to `0.28`): ε_high.
-
-    Returns:
-        `torch.Tensor`: float, (B, T) when `log_ratio` is given, else the advantages as (B, 1) or (B, T).
-    """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)  # (B,) -> (B, 1)
-    if log_ratio is None:
-        return advantages
-    ratio = torch.exp(log_ratio)  # (B, T)
-    clipped = ((advantages > 0) & (ratio > 1 + epsilon_high)) | ((advantages < 0) & (ratio < 1 - epsilon_low))
-    return torch.where(clipped, torch.zeros_like(ratio), ratio * advantages)
 
 
 class SoftmaxStatistics(NamedTuple):
@@ -201,7 +170,7 @@ def entropy_change_first_order(
         entropy (`torch.Tensor`): float, same shape, H in nats.
         collision_prob (`torch.Tensor`): float, same shape, Σ_v π_v².
         collision_logp (`torch.Tensor`): float, same shape, Σ_v π_v² log π_v (nats).
-        weight (`torch.Tensor` or `float`): broadcastable, w (the advantage on-policy; [`policy_gradient_weight`]).
+        weight (`torch.Tensor` or `float`): broadcastable, w (the advantage on-policy).
         step_size (`float`, *optional*, defaults to `1.0`): η, the step size in logit space.
 
     Returns:

@@ -96,7 +96,8 @@ def spurious_token_records(
         `list[dict]`: JSON-serializable records.
     """
     caps = {"silenced": max_silenced, "kept_candidate": max_kept_candidates, "reference": max_reference}
-    in_loss = loss_mask.bool()  # (B, T)
+    # Loss tokens with finite values only: the mask never uses a non-finite p or H, and JSON has no NaN.
+    in_loss = loss_mask.bool() & per_token_logps.isfinite() & entropies.isfinite()  # (B, T)
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)  # (B,) -> (B, 1)
     advantages = advantages.expand_as(per_token_logps)  # (B, T)

@@ -219,7 +219,7 @@ class HFGenerator:
             torch_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         else:
             torch_dtype = getattr(torch, dtype)
-        # A LoRA adapter folder is loaded onto its base model through PEFT (issue 11).
+        # A LoRA adapter folder is loaded onto its base model through PEFT.
         self.model, self.tokenizer = load_causal_lm(model, revision=revision, dtype=torch_dtype)
         self.model = self.model.to(device)
         self.batch_size = batch_size

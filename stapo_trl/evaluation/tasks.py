@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -110,9 +110,6 @@ class BenchmarkProblem:
     problem: str
     gold: str | list[str]
     benchmark: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def get_benchmark_spec(name: str) -> BenchmarkSpec:

@@ -47,6 +47,31 @@ def hand_batch(prob_threshold=0.01):
     return result, logps, entropies, advantages, loss_mask, completion_ids
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ("logps", 0, float("nan")),  # a positive-advantage "reference" token with a NaN log-prob
+        ("entropies", 3, float("inf")),  # an infinite entropy at a high-p token
+        ("logps", 3, float("-inf")),  # p = 0 in float32: log-prob -inf
+    ],
+)
+def test_a_loss_token_with_a_non_finite_value_is_never_recorded(bad):
+    # Before: the "reference" kind sampled every positive-advantage non-candidate, so a non-finite value reached
+    # spurious_tokens.jsonl as NaN or Infinity, which strict JSON readers refuse.
+    name, position, value = bad
+    result, logps, entropies, advantages, loss_mask, completion_ids = hand_batch()
+    tensors = {"logps": logps.clone(), "entropies": entropies.clone()}
+    tensors[name][0, position] = value
+    records = spurious_token_records(
+        result, tensors["logps"], tensors["entropies"], advantages, loss_mask, completion_ids, CharTokenizer(),
+        step=0, prob_threshold=0.01, max_silenced=10, max_kept_candidates=10, max_reference=10,
+    )  # fmt: skip
+    assert position not in [r["position"] for r in records if r["completion_index"] == 0]
+    assert len(records) == 4  # the other four records of row 0 are kept
+    assert all(math.isfinite(r["logprob"]) and math.isfinite(r["entropy"]) for r in records)
+    json.dumps(records, allow_nan=False)
+
+
 def test_hand_batch_records():
     records = spurious_token_records(
         *hand_batch(),

@@ -1,7 +1,7 @@
 """Ctrl-C in a user's script saves a checkpoint too, as under `stapo-train` (one implementation for both).
 
 The reported case: `trainer.train()` in a script ended on a bare `KeyboardInterrupt` traceback with no checkpoint. Now
-the first SIGINT saves at the next step boundary and `train()` raises `TrainingInterrupted` whose message says where
+the first SIGINT saves at the next step boundary and `train()` raises a `KeyboardInterrupt` whose message says where
 the checkpoint is and to resume with `trainer.train(resume_from_checkpoint=True)`; a second SIGINT quits at once.
 """
 
