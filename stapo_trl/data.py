@@ -230,6 +230,10 @@ def is_local_dataset_file(dataset_name: str) -> bool:
     return os.path.splitext(dataset_name)[1].lower() in _LOCAL_FILE_BUILDERS
 
 
+# The split label of a before/after evaluation that reads training prompts (a local file has one split).
+NOT_HELD_OUT = "training file (not held out)"
+
+
 def evaluation_split(dataset_name: str, test_split: str) -> tuple[str, str | None]:
     """(the label of the prompts `stapo-train`'s before/after evaluation reads, a warning or `None`).
 
@@ -239,7 +243,7 @@ def evaluation_split(dataset_name: str, test_split: str) -> tuple[str, str | Non
     """
     if not is_local_dataset_file(dataset_name):
         return test_split, None
-    return "training file (not held out)", (
+    return NOT_HELD_OUT, (
         f"dataset_name={dataset_name!r} is one local file, so the before/after evaluation reads its first prompts, "
         "which are also trained on: the accuracy is not held out. For a held-out measure run stapo-eval on another "
         "file (--data-dir), or set eval_before_after: false."

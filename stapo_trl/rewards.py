@@ -17,6 +17,7 @@ import importlib
 import logging
 import os
 import re
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -173,13 +174,26 @@ def resolve_reward_names(reward_funcs: Any) -> Any:
     return get_reward_funcs([reward_funcs])[0]
 
 
+def _import_from_here(module_name: str):
+    """`importlib.import_module(module_name)`, also from the current folder, as `python script.py` and `python -m` find
+    a module there (an installed command such as `stapo-train` does not have the folder on `sys.path`)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        here = os.getcwd()
+        if e.name != module_name.split(".")[0] or here in sys.path:
+            raise
+        sys.path.append(here)
+        return importlib.import_module(module_name)
+
+
 def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:
     """Resolve reward names into callables.
 
     Args:
         names (`Sequence[str]` or `str`): registry keys of [`REWARDS`] (a function's own name, e.g.
-            `math_accuracy_reward`, works too), or dotted import paths `pkg.module.function`; a single string may
-            be comma-separated.
+            `math_accuracy_reward`, works too), or dotted import paths `pkg.module.function`, found on `sys.path` or
+            in the current folder; a single string may be comma-separated.
 
     Returns:
         `list[Callable]`: in the order given.
@@ -201,11 +215,11 @@ def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:
         elif "." in name:
             module_name, _, attr = name.rpartition(".")
             try:
-                func = getattr(importlib.import_module(module_name), attr)
+                func = getattr(_import_from_here(module_name), attr)
             except (ImportError, AttributeError) as e:
                 raise ValueError(
-                    f"Reward {name!r} could not be imported ({e}). Use a dotted path `pkg.module.function` or one "
-                    f"of {sorted(REWARDS)}."
+                    f"Reward {name!r} could not be imported ({e}). Use a dotted path `module.function` importable "
+                    f"from the current folder ({os.getcwd()}) or PYTHONPATH, or one of {sorted(REWARDS)}."
                 ) from e
             if not callable(func):
                 raise ValueError(f"Reward {name!r} is not callable. Valid names: {sorted(REWARDS)}.")

@@ -188,3 +188,42 @@ def test_extra_columns_reach_a_dotted_path_reward(tmp_path, tiny_math_model_path
     # TRL logs the reward's mean: the mean difficulty over the 8 prompts (each 8 times) = 0.35
     log = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert log[0]["rewards/difficulty_reward/mean"] == pytest.approx(0.35)
+
+
+# A dotted reward path names a module in the folder the command runs from, as `python script.py` would find it: the
+# README's `stapo-train ... --reward_funcs my_rewards.exact_match` failed as printed ("No module named 'my_rewards'")
+# because an installed command does not have that folder on sys.path.
+
+
+@pytest.fixture
+def user_folder(tmp_path, monkeypatch):
+    """The current folder is a fresh one that is not on sys.path; sys.path and sys.modules are restored after."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    return tmp_path
+
+
+def test_a_module_in_the_current_folder_is_imported(user_folder):
+    (user_folder / "my_rewards.py").write_text("def exact_match(completions, solution, **kwargs):\n    return [1.0]\n")
+    (func,) = get_reward_funcs(["my_rewards.exact_match"])
+    assert func.__name__ == "exact_match" and func([["x"]], ["1"]) == [1.0]
+
+
+def test_a_package_in_the_current_folder_is_imported(user_folder):
+    (user_folder / "lab" / "rl").mkdir(parents=True)
+    (user_folder / "lab" / "__init__.py").write_text("")
+    (user_folder / "lab" / "rl" / "__init__.py").write_text("")
+    (user_folder / "lab" / "rl" / "rewards.py").write_text("def brevity(completions, **kwargs):\n    return [0.5]\n")
+    (func,) = get_reward_funcs("lab.rl.rewards.brevity")
+    assert func([["x"]]) == [0.5]
+
+
+def test_a_missing_module_names_the_current_folder_and_pythonpath(user_folder):
+    with pytest.raises(ValueError) as excinfo:
+        get_reward_funcs(["nowhere_rewards.exact_match"])
+    message = str(excinfo.value)
+    assert "No module named 'nowhere_rewards'" in message and str(user_folder) in message and "PYTHONPATH" in message
+    assert "\n" not in message

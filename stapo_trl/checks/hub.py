@@ -3,6 +3,8 @@
 - [`check_hub_model`]: a model given as a Hub id must be in the local Hugging Face cache, or the Hub must answer.
   Without either, transformers retried `config.json` for ~50 s (after the dataset was prepared) and ended on a
   two-line message; this answers in seconds, in one line that names `HF_HUB_OFFLINE` and local paths.
+- [`check_hub_dataset`]: the same for `dataset_name` given as a Hub id (`datasets` retried for ~35 s, then named
+  neither the field nor a way out).
 - [`check_hub_access`]: `push_to_hub: true` without network used to fail only while the trainer was built (a 60-line
   traceback, after the data and the model were loaded), or at the very end. It answers first, in one line that names
   `hub_model_id`, the cause and the way out (`--push_to_hub false`).
@@ -97,6 +99,61 @@ def check_hub_model(
         ) from None
 
 
+def _is_dataset_cached(repo_id: str) -> bool:
+    """Whether `repo_id` was downloaded before: its folder in the Hugging Face Hub cache or in the `datasets` cache."""
+    from datasets import config
+    from huggingface_hub import constants
+
+    hub_folder = os.path.join(constants.HF_HUB_CACHE, "datasets--" + repo_id.replace("/", "--"))
+    datasets_folder = os.path.join(config.HF_DATASETS_CACHE, repo_id.replace("/", "___"))
+    return os.path.isdir(hub_folder) or os.path.isdir(datasets_folder)
+
+
+def check_hub_dataset(name: str, *, token: str | bool | None = None, timeout: float | None = None) -> None:
+    """Refuse a `dataset_name` that would have to come from the Hub when the Hub cannot be used, before any download.
+
+    A local path, a `datasets` packaged builder (`json`, `parquet`, ... with `data_files`) and a Hub id found in the
+    Hub or `datasets` cache pass. Any other name is a Hub id: refused with `HF_HUB_OFFLINE=1` (or
+    `HF_DATASETS_OFFLINE=1`), else the Hub is asked once about it (one `HEAD` request, no retries, `timeout` seconds);
+    any HTTP answer passes (a missing or private dataset is `datasets`' to report), no answer is refused.
+
+    Args:
+        name (`str`): the `dataset_name` argument (not `builtin:` and not a local `.json`/`.jsonl`/`.parquet` file).
+        token (`str` or `bool`, *optional*): as `huggingface_hub` takes it (`None`: the stored login or `HF_TOKEN`).
+        timeout (`float`, *optional*): seconds to wait for the Hub; defaults to `HF_HUB_ETAG_TIMEOUT` when set, else
+            [`HUB_PROBE_TIMEOUT`] (5 s).
+
+    Raises:
+        FileNotFoundError: offline and not cached.
+        ConnectionError: not cached and the Hub does not answer. Both are one line naming `dataset_name`.
+    """
+    from datasets import config
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+    from huggingface_hub import constants
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    if name in _PACKAGED_DATASETS_MODULES or os.path.exists(os.path.expanduser(name)) or _is_dataset_cached(name):
+        return
+    instead = "Pass a local .json/.jsonl/.parquet file or folder, or builtin:tiny-math"
+    if constants.HF_HUB_OFFLINE or config.HF_DATASETS_OFFLINE:
+        raise FileNotFoundError(
+            f"dataset_name={name!r} is not a local path, and as a Hub dataset it is not in the local cache while "
+            f"offline (HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1: no download). {instead}."
+        )
+    if timeout is None:
+        timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or HUB_PROBE_TIMEOUT)
+    url = f"{constants.ENDPOINT}/api/datasets/{name}"
+    try:
+        get_session().head(url, headers=build_hf_headers(token=token), timeout=timeout, follow_redirects=True)
+    except Exception as e:  # noqa: BLE001 (httpx's connection, DNS, proxy and timeout errors: no answer)
+        cause = str(e).splitlines()[0] if str(e) else ""
+        raise ConnectionError(
+            f"dataset_name={name!r} is not a local path nor in the local cache, and the Hub at {constants.ENDPOINT} "
+            f"does not answer ({type(e).__name__}: {cause or f'no answer in {timeout:g} s'}). {instead}; or download "
+            f"it where the Hub is reachable (`hf download --repo-type dataset {name}`) and set HF_HUB_OFFLINE=1."
+        ) from None
+
+
 def default_hub_model_id(output_dir: str) -> str:
     """The repository `Trainer` pushes to when `hub_model_id` is not set: the name of `output_dir`."""
     return os.path.basename(os.path.abspath(output_dir))
@@ -152,4 +209,4 @@ def check_hub_access(
         raise fail(f"the Hub at {endpoint} cannot be reached ({type(e).__name__}: {e})") from e
 
 
-__all__ = ["check_hub_access", "check_hub_model", "default_hub_model_id", "is_in_hub_cache"]
+__all__ = ["check_hub_access", "check_hub_dataset", "check_hub_model", "default_hub_model_id", "is_in_hub_cache"]

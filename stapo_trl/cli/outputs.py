@@ -10,7 +10,7 @@ from typing import Any
 
 from trl.models.utils import unwrap_model_for_generation
 
-from ..data import evaluation_split
+from ..data import NOT_HELD_OUT, evaluation_split
 from ..evaluation.generation import evaluate_avg_at_k
 from ..runfiles.console import files_summary
 from ..runfiles.diagnostic_plots import plot_diagnostics
@@ -80,6 +80,12 @@ def write_figures(script_args, training_args, output_dir: str) -> list[dict[str,
         plot_training_curves({label: [rows]}, os.path.join(output_dir, CURVES_FILENAME), title=output_dir)
         plot_diagnostics([output_dir], output_dir, labels=[label])
     return rows
+
+
+def evaluation_kind(split: str) -> str:
+    """How the console names a before/after evaluation on `split` (its label in `eval.json`): "held-out", or
+    "training (not held-out)" when it read the training prompts."""
+    return "training (not held-out)" if split == NOT_HELD_OUT else "held-out"
 
 
 def make_eval_record(script_args, training_args, trainer, before, after, max_new_tokens: int) -> dict[str, Any]:
@@ -154,7 +160,8 @@ def print_summary(script_args, output_dir, step, s2t_summary, eval_record, max_n
             )
     if eval_record is not None:
         print(
-            f"Held-out {eval_record['metric']} on {eval_record['num_problems']} problems (T={eval_record['temperature']}, "
+            f"{evaluation_kind(eval_record.get('split', '')).capitalize()} {eval_record['metric']} on "
+            f"{eval_record['num_problems']} problems (T={eval_record['temperature']}, "
             f"top_p={eval_record['top_p']}, {max_new_tokens} new tokens): "
             f"before {100 * eval_record['accuracy_before']:.1f} % -> after {100 * eval_record['accuracy_after']:.1f} %"
         )

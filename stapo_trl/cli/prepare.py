@@ -13,9 +13,9 @@ from transformers import AutoConfig, AutoTokenizer
 from trl import ModelConfig
 
 from ..checks.dataset import CLI_CHAT_TEMPLATE_FIX, check_chat_template, check_reward_columns
-from ..checks.hub import check_hub_access
+from ..checks.hub import check_hub_access, check_hub_dataset
 from ..checks.prompt_length import model_max_positions, prompt_token_budget, report_dropped
-from ..data import evaluation_split, filter_long_prompts, load_prompt_dataset
+from ..data import evaluation_split, filter_long_prompts, is_local_dataset_file, load_prompt_dataset
 from ..evaluation.callback import BenchmarkEvalCallback
 from ..models import check_model_available, resolve_model_path
 from ..rewards import get_reward_funcs
@@ -89,8 +89,9 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
             `benchmark_eval` under DeepSpeed ZeRO-3 or FSDP (its evaluation generates on rank 0 alone), a checkpoint
             in `output_dir` trained with other S2T or objective settings ([`check_resume_settings`]), a tokenizer
             without a chat template ([`~stapo_trl.checks.dataset.check_chat_template`]).
-        FileNotFoundError: A model or dataset path that does not exist.
-        ConnectionError: `push_to_hub` set but the Hub cannot be used (offline, no token, unreachable): one line
+        FileNotFoundError: A model or dataset path that does not exist; offline, a Hub model or dataset id not cached.
+        ConnectionError: a Hub model or dataset id neither cached nor reachable ([`~stapo_trl.checks.hub`]);
+            `push_to_hub` set but the Hub cannot be used (offline, no token, unreachable): one line
             naming `hub_model_id` ([`~stapo_trl.checks.hub.check_hub_access`]).
     """
     start = time.perf_counter()
@@ -108,6 +109,8 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         )
     if script_args.dataset_streaming:
         raise ValueError("dataset_streaming=True is not supported by stapo-train: set it to false.")
+    if not is_builtin_or_local(script_args.dataset_name) and not is_local_dataset_file(script_args.dataset_name):
+        check_hub_dataset(script_args.dataset_name)  # a Hub id nobody can download: now, in one line
     train_dataset, test_dataset, eval_dataset = _load_datasets(script_args, training_args, reward_funcs)
     benchmark_callback = _benchmark_callback(script_args, training_args)
     # Last: a `builtin:` model is built (about 30 s, once) when it is not cached yet.

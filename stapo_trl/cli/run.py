@@ -21,6 +21,7 @@ from transformers import set_seed
 from transformers.trainer_callback import TrainerState
 from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
 
+from ..data import evaluation_split
 from ..integrations.torch_threads import default_num_threads, torch_threads
 from ..integrations.upstream_warnings import QuietKnownUpstreamWarnings
 from ..runfiles.console import set_console_summary
@@ -28,6 +29,7 @@ from ..trainer import GRPOBaselineTrainer, STAPOTrainer
 from .checkpoints import resolve_checkpoint
 from .outputs import (
     evaluate_trainer_model,
+    evaluation_kind,
     make_eval_record,
     print_summary,
     summarize_s2t,
@@ -201,7 +203,8 @@ def _train(
     # Evaluate before training
     eval_record = eval_path = None
     if script_args.eval_before_after:
-        trainer.accelerator.print(f"Evaluating the initial model on {len(run.eval_dataset)} held-out problems ...")
+        kind = evaluation_kind(evaluation_split(script_args.dataset_name, script_args.dataset_test_split)[0])
+        trainer.accelerator.print(f"Evaluating the initial model on {len(run.eval_dataset)} {kind} problems ...")
         start = time.perf_counter()
         before = evaluate_trainer_model(trainer, script_args, run.eval_dataset, eval_max_new_tokens)
         timings["eval_before"] = time.perf_counter() - start

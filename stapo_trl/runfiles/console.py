@@ -89,12 +89,16 @@ TRAIN_LINE_KEYS = (("reward", "reward"), ("entropy", "entropy"), ("s2t/silenced_
 def format_log_line(logs: dict[str, Any], step: int, max_steps: int | None = None) -> str:
     """One line for a log row: a training row as `step N/M  reward R  entropy H  silenced S` (the keys present); an
     evaluation row (`eval_*`, `eval/*` keys) as `step N  eval  k v ...`; the end-of-training row as `training done
-    at step N (T s, train_loss L)`; any other row (the caller's own `trainer.log`) as `step N  k v ...`, every key."""
+    at step N (T s, train_loss L)`, or `training stopped at step N of M (...)` before `max_steps` (Ctrl-C, a callback
+    that stops training); any other row (the caller's own `trainer.log`) as `step N  k v ...`, every key."""
     where = f"step {step}/{max_steps}" if max_steps and max_steps > 0 else f"step {step}"
     logs = {k: v for k, v in logs.items() if k != "total_flos"}
     if "train_runtime" in logs:
         loss = f", train_loss {_fmt(logs['train_loss'], 4)}" if isinstance(logs.get("train_loss"), float) else ""
-        return f"training done at step {step} ({_fmt(logs['train_runtime'], 1)} s{loss})"
+        timing = f"({_fmt(logs['train_runtime'], 1)} s{loss})"
+        if max_steps and max_steps > 0 and step < max_steps:
+            return f"training stopped at step {step} of {max_steps} {timing}"
+        return f"training done at step {step} {timing}"
     if any(key in logs for key, _ in TRAIN_LINE_KEYS):
         parts = [f"{label} {_fmt(logs[key])}" for key, label in TRAIN_LINE_KEYS if logs.get(key) is not None]
         return "  ".join([where, *parts])

@@ -125,13 +125,38 @@ def test_grpo_baseline_line_has_no_silenced_ratio_and_the_dicts_can_come_back(tm
         ({**STAPO_ROW, "s2t/silenced_ratio": 0.0}, 4, "step 4/500  reward 0.359  entropy 0.330  silenced 0"),
         ({"train_runtime": 96.123, "train_loss": 0.0074, "epoch": 0.1, "reward": 0.4}, 500,
          "training done at step 500 (96.1 s, train_loss 0.0074)"),
+        ({"train_runtime": 12.0, "train_loss": 0.01}, 30, "training stopped at step 30 of 500 (12.0 s, train_loss 0.0100)"),
+        ({"train_runtime": 5.0}, 0, "training stopped at step 0 of 500 (5.0 s)"),
         ({"eval/tiny-math/avg@4": 0.4125, "eval/tiny-math/pass@4": 0.8, "epoch": 0.1}, 100,
          "step 100/500  eval  eval/tiny-math/avg@4 0.412  eval/tiny-math/pass@4 0.800"),
         ({"my_metric": 3, "epoch": 0.2}, 7, "step 7/500  my_metric 3"),
     ],
-    ids=["stapo", "nothing-silenced", "end", "benchmark-eval", "caller-log"],
+    ids=["stapo", "nothing-silenced", "end", "stopped-early", "stopped-before-a-step", "benchmark-eval", "caller-log"],
 )  # fmt: skip
 def test_format_log_line(logs, step, expected):
     from stapo_trl.runfiles.console import format_log_line
 
     assert format_log_line(logs, step, 500) == expected
+
+
+def test_a_run_stopped_before_max_steps_does_not_say_done(tmp_path, tiny_math_model_path, capsys):
+    """The reported case: after Ctrl-C the console said `training done at step 30` just before `Interrupted at step
+    30`. Here a callback stops a 4-step run after step 2 (as Ctrl-C and early stopping do)."""
+    from transformers import TrainerCallback
+
+    from stapo_trl import STAPOConfig, STAPOTrainer
+
+    class StopAfterTwo(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step >= 2
+
+    config = STAPOConfig(
+        output_dir=str(tmp_path / "stopped"), max_steps=4, logging_steps=1, per_device_train_batch_size=8,
+        num_generations=4, max_completion_length=8, save_strategy="no", report_to="none", disable_tqdm=True,
+    )  # fmt: skip
+    trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=_dataset())
+    trainer.add_callback(StopAfterTwo())
+    trainer.train()
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("training stopped at step 2 of 4 (") for line in lines), lines
+    assert not any(line.startswith("training done") for line in lines)
