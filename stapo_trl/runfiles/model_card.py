@@ -23,6 +23,7 @@ import re
 from typing import Any
 
 from ..core import STAPOConfig
+from ..data import NOT_HELD_OUT
 from ..models.names import BUILTIN_MODELS
 from .metrics_log import s2t_totals
 
@@ -144,9 +145,11 @@ def run_summary_lines(
     else:
         lines.append(f"- **S2T mask** (`s2t_mode: {mode}`): no S2T counts logged yet.")
     if eval_record is not None:
+        split = eval_record.get("split", "test")
+        kind = "Accuracy on training prompts (not held out)" if split == NOT_HELD_OUT else "Held-out accuracy"
         lines.append(
-            f"- **Held-out accuracy** ({eval_record['metric']} over {eval_record['num_problems']} problems of the "
-            f"`{eval_record.get('split', 'test')}` split, T = {eval_record['temperature']}, top-p "
+            f"- **{kind}** ({eval_record['metric']} over {eval_record['num_problems']} problems of the "
+            f"`{split}` split, T = {eval_record['temperature']}, top-p "
             f"{eval_record['top_p']}, up to {eval_record['max_new_tokens']} new tokens): "
             f"{_percent(eval_record['accuracy_before'])} before training, "
             f"{_percent(eval_record['accuracy_after'])} after."
