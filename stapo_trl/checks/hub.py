@@ -22,6 +22,21 @@ HUB_PROBE_TIMEOUT = 5.0
 _MODEL_FILES = ("config.json", "adapter_config.json")
 
 
+def _no_answer(url: str, token: str | bool | None, timeout: float | None) -> str | None:
+    """Ask the Hub about `url` once (`HEAD`, no retries): `None` on any HTTP answer, else the cause in a few words.
+    `timeout` defaults to `HF_HUB_ETAG_TIMEOUT` when set, else [`HUB_PROBE_TIMEOUT`]."""
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    if timeout is None:
+        timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or HUB_PROBE_TIMEOUT)
+    try:
+        get_session().head(url, headers=build_hf_headers(token=token), timeout=timeout, follow_redirects=True)
+    except Exception as e:  # noqa: BLE001 (httpx's connection, DNS, proxy and timeout errors: no answer)
+        cause = str(e).splitlines()[0] if str(e) else ""
+        return f"{type(e).__name__}: {cause or f'no answer in {timeout:g} s'}"
+    return None
+
+
 def is_in_hub_cache(repo_id: str, revision: str | None = None) -> bool:
     """Whether the local Hugging Face cache holds `repo_id` (its `config.json`, or an adapter's `adapter_config.json`)
     at `revision` (`None`: the default branch); an invalid repo id is not cached."""
@@ -65,7 +80,6 @@ def check_hub_model(
             timeout). Both are one line naming the model, `HF_HUB_OFFLINE`, and what to pass instead.
     """
     from huggingface_hub import constants, hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, get_session
 
     from ..models.names import BUILTIN_MODELS, BUILTIN_PREFIX
 
@@ -84,19 +98,13 @@ def check_hub_model(
             f"{what} {name!r} is not a local directory, and as a Hub id it is not in the local Hugging Face cache "
             f"while HF_HUB_OFFLINE=1 (no download). {instead}."
         )
-    if timeout is None:
-        timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or HUB_PROBE_TIMEOUT)
     url = hf_hub_url(name, "config.json", revision=revision, endpoint=constants.ENDPOINT)
-    try:
-        get_session().head(url, headers=build_hf_headers(token=token), timeout=timeout, follow_redirects=True)
-    except Exception as e:  # noqa: BLE001 (httpx's connection, DNS, proxy and timeout errors: no answer)
-        cause = str(e).splitlines()[0] if str(e) else ""
+    if cause := _no_answer(url, token, timeout):
         raise ConnectionError(
             f"{what} {name!r} is not a local directory nor in the local Hugging Face cache, and the Hub at "
-            f"{constants.ENDPOINT} does not answer ({type(e).__name__}: {cause or f'no answer in {timeout:g} s'}). "
-            f"{instead}; or download it where the Hub is reachable (`hf download {name}`) and set HF_HUB_OFFLINE=1 "
-            "to use the cache without asking the Hub."
-        ) from None
+            f"{constants.ENDPOINT} does not answer ({cause}). {instead}; or download it where the Hub is reachable "
+            f"(`hf download {name}`) and set HF_HUB_OFFLINE=1 to use the cache without asking the Hub."
+        )
 
 
 def _is_dataset_cached(repo_id: str) -> bool:
@@ -130,7 +138,6 @@ def check_hub_dataset(name: str, *, token: str | bool | None = None, timeout: fl
     from datasets import config
     from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
     from huggingface_hub import constants
-    from huggingface_hub.utils import build_hf_headers, get_session
 
     if name in _PACKAGED_DATASETS_MODULES or os.path.exists(os.path.expanduser(name)) or _is_dataset_cached(name):
         return
@@ -140,18 +147,12 @@ def check_hub_dataset(name: str, *, token: str | bool | None = None, timeout: fl
             f"dataset_name={name!r} is not a local path, and as a Hub dataset it is not in the local cache while "
             f"offline (HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1: no download). {instead}."
         )
-    if timeout is None:
-        timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or HUB_PROBE_TIMEOUT)
-    url = f"{constants.ENDPOINT}/api/datasets/{name}"
-    try:
-        get_session().head(url, headers=build_hf_headers(token=token), timeout=timeout, follow_redirects=True)
-    except Exception as e:  # noqa: BLE001 (httpx's connection, DNS, proxy and timeout errors: no answer)
-        cause = str(e).splitlines()[0] if str(e) else ""
+    if cause := _no_answer(f"{constants.ENDPOINT}/api/datasets/{name}", token, timeout):
         raise ConnectionError(
             f"dataset_name={name!r} is not a local path nor in the local cache, and the Hub at {constants.ENDPOINT} "
-            f"does not answer ({type(e).__name__}: {cause or f'no answer in {timeout:g} s'}). {instead}; or download "
-            f"it where the Hub is reachable (`hf download --repo-type dataset {name}`) and set HF_HUB_OFFLINE=1."
-        ) from None
+            f"does not answer ({cause}). {instead}; or download it where the Hub is reachable "
+            f"(`hf download --repo-type dataset {name}`) and set HF_HUB_OFFLINE=1."
+        )
 
 
 def default_hub_model_id(output_dir: str) -> str:
