@@ -644,7 +644,7 @@ def phase_specs(args) -> list[RunSpec]:
 
 def spent_hours(out: Path, phase: str) -> float:
     """CPU time of the finished runs of `phase` under `out` (training and evaluation, as `time.process_time` counted
-    it in the session that finished each run), in hours: the budget's measure. On shared cores the wall time is
+    it in the process that finished each run), in hours: the budget's measure. On shared cores the wall time is
     longer (the report gives both)."""
     total = 0.0
     for done in (out / phase).glob(f"lr*/*/seed*/{DONE}"):
@@ -868,7 +868,7 @@ DESIGN_TEXT = """\
   CPU time) and after its 18th (report-only changes: figure medians, strict JSON); the run in progress restarted.
 - The pilot stopped at 30 runs, 1.8 of its 3 CPU-hours, when a machine restart ended its process: seed 3 at 3e-4
   and 6e-4 and tier 2 (FullMask, 20-Entropy) were not run. No later run could move the regime (lr 1e-4 had all 4
-  seeds of every tier-1 arm stable; JustRL at 3e-4 had 3 of 3 late-unstable), so the session's remaining hours went
+  seeds of every tier-1 arm stable; JustRL at 3e-4 had 3 of 3 late-unstable), so the remaining hours went
   to the confirm phase: two processes, one per core, on disjoint seeds (100-107 and 108-115, each in seed order).
 - stapo_trl was being rewritten in the checkout during the runs (behaviour-preserving), so every run uses a clean
   snapshot of one commit (`git archive`, see the commands and the versions line).
