@@ -866,10 +866,12 @@ DESIGN_TEXT = """\
   dead-run stop were added; no criterion was changed after any pilot run had been looked at. The budget counts CPU
   time. The pilot's process was restarted twice, keeping every finished run: after its 1st run (budget from wall to
   CPU time) and after its 18th (report-only changes: figure medians, strict JSON); the run in progress restarted.
-- The pilot stopped at 30 runs, 1.8 of its 3 CPU-hours, when a machine restart ended its process: seed 3 at 3e-4
-  and 6e-4 and tier 2 (FullMask, 20-Entropy) were not run. No later run could move the regime (lr 1e-4 had all 4
-  seeds of every tier-1 arm stable; JustRL at 3e-4 had 3 of 3 late-unstable), so the remaining hours went
-  to the confirm phase: two processes, one per core, on disjoint seeds (100-107 and 108-115, each in seed order).
+- The pilot stopped at 30 runs, 1.8 of its 3 CPU-hours, when a machine restart ended its process, before seed 3 at
+  3e-4 and 6e-4 and before tier 2 (FullMask, 20-Entropy). No later run could move the regime (lr 1e-4 had all 4
+  seeds of every tier-1 arm stable; JustRL at 3e-4 had 3 of 3 late-unstable), so the confirm phase ran next: two
+  processes, one per core, on disjoint seeds (100-107 and 108-115, each in seed order). Tier 1's seed 3 ran after it
+  (`--arms justrl stapo grpo --seeds 3`, one process per lr; the run that was under way resumed from its
+  checkpoint). Tier 2 was not run.
 - stapo_trl was being rewritten in the checkout during the runs (behaviour-preserving), so every run uses a clean
   snapshot of one commit (`git archive`, see the commands and the versions line).
 """
