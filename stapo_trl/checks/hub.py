@@ -135,11 +135,11 @@ def check_hub_dataset(name: str, *, token: str | bool | None = None, timeout: fl
         FileNotFoundError: offline and not cached.
         ConnectionError: not cached and the Hub does not answer. Both are one line naming `dataset_name`.
     """
-    from datasets import config
-    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+    from datasets import config, packaged_modules
     from huggingface_hub import constants
 
-    if name in _PACKAGED_DATASETS_MODULES or os.path.exists(os.path.expanduser(name)) or _is_dataset_cached(name):
+    builders = getattr(packaged_modules, "_PACKAGED_DATASETS_MODULES", {})  # json, csv, parquet, ... (datasets 5.2)
+    if name in builders or os.path.exists(os.path.expanduser(name)) or _is_dataset_cached(name):
         return
     instead = "Pass a local .json/.jsonl/.parquet file or folder, or builtin:tiny-math"
     if constants.HF_HUB_OFFLINE or config.HF_DATASETS_OFFLINE:
