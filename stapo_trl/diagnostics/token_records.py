@@ -41,14 +41,21 @@ def _decode(tokenizer, token_ids: Sequence[int]) -> str:
 
 
 def _select_tokens(
-    result: S2TResult, in_loss: torch.Tensor, advantages: torch.Tensor, caps: dict[str, int], rng: random.Random
+    result: S2TResult,
+    in_loss: torch.Tensor,
+    finite: torch.Tensor,
+    advantages: torch.Tensor,
+    caps: dict[str, int],
+    rng: random.Random,
 ) -> dict[str, list[tuple[int, int]]]:
-    """The (completion, position) pairs of each record kind: a uniform sample of at most `caps[kind]`, in order."""
+    """The (completion, position) pairs of each record kind: a uniform sample of at most `caps[kind]`, in order.
+    Candidates have finite p and H by construction; the reference sample skips the other non-finite tokens too (JSON
+    has no NaN)."""
     positive = in_loss & (advantages > 0)  # (B, T)
     kinds = {
         "silenced": result.silenced & in_loss,
         "kept_candidate": result.candidate & ~result.silenced & in_loss,
-        "reference": positive & ~result.candidate,
+        "reference": positive & ~result.candidate & finite,
     }
     return {
         kind: _sample([tuple(ix) for ix in mask.nonzero().tolist()], caps[kind], rng) for kind, mask in kinds.items()
@@ -96,12 +103,11 @@ def spurious_token_records(
         `list[dict]`: JSON-serializable records.
     """
     caps = {"silenced": max_silenced, "kept_candidate": max_kept_candidates, "reference": max_reference}
-    # Loss tokens with finite values only: the mask never uses a non-finite p or H, and JSON has no NaN.
-    in_loss = loss_mask.bool() & per_token_logps.isfinite() & entropies.isfinite()  # (B, T)
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)  # (B,) -> (B, 1)
-    advantages = advantages.expand_as(per_token_logps)  # (B, T)
-    selected = _select_tokens(result, in_loss, advantages, caps, random.Random(f"{seed}-{step}-{process_index}"))
+    in_loss = loss_mask.bool()  # (B, T)
+    advantages = advantages.reshape(advantages.size(0), -1).expand_as(per_token_logps)  # (B,), (B, 1) -> (B, T)
+    rng = random.Random(f"{seed}-{step}-{process_index}")
+    finite = per_token_logps.isfinite() & entropies.isfinite()  # (B, T)
+    selected = _select_tokens(result, in_loss, finite, advantages, caps, rng)
     if not any(selected.values()):
         return []
     # A completion ends after its last loss token: context never runs into padding.
