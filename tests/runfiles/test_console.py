@@ -8,6 +8,7 @@ import json
 
 import pytest
 from datasets import Dataset
+from testing_utils import tiny_stapo_config
 
 from stapo_trl.data import format_prompt
 from stapo_trl.rewards import math_accuracy_reward
@@ -63,17 +64,15 @@ def test_stapo_train_prints_a_line_per_logging_step_and_lists_the_files(tmp_path
 
 
 def test_api_progress_bar_gets_compact_lines_and_the_files(tmp_path, tiny_math_model_path, capsys):
-    from stapo_trl import STAPOConfig, STAPOTrainer
+    from stapo_trl import STAPOTrainer
 
-    config = STAPOConfig(
-        output_dir=str(tmp_path / "api"),
+    config = tiny_stapo_config(
+        tmp_path / "api",
         max_steps=4,
         logging_steps=2,
         per_device_train_batch_size=8,
         num_generations=4,
         max_completion_length=16,
-        save_strategy="no",
-        report_to="none",
         disable_tqdm=False,
     )
     trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=_dataset())
@@ -144,15 +143,15 @@ def test_a_run_stopped_before_max_steps_does_not_say_done(tmp_path, tiny_math_mo
     30`. Here a callback stops a 4-step run after step 2 (as Ctrl-C and early stopping do)."""
     from transformers import TrainerCallback
 
-    from stapo_trl import STAPOConfig, STAPOTrainer
+    from stapo_trl import STAPOTrainer
 
     class StopAfterTwo(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             control.should_training_stop = state.global_step >= 2
 
-    config = STAPOConfig(
-        output_dir=str(tmp_path / "stopped"), max_steps=4, logging_steps=1, per_device_train_batch_size=8,
-        num_generations=4, max_completion_length=8, save_strategy="no", report_to="none", disable_tqdm=True,
+    config = tiny_stapo_config(
+        tmp_path / "stopped", max_steps=4, logging_steps=1, per_device_train_batch_size=8, num_generations=4,
+        disable_tqdm=True,
     )  # fmt: skip
     trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=_dataset())
     trainer.add_callback(StopAfterTwo())

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from testing_utils import tiny_stapo_config
 from transformers import TrainerCallback
 
 
@@ -131,20 +132,18 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
     """A notebook: the interrupt is caught, and the same trainer object resumes from its checkpoint to the end."""
     from datasets import Dataset
 
-    from stapo_trl import STAPOConfig, STAPOTrainer
+    from stapo_trl import STAPOTrainer
     from stapo_trl.data import format_prompt
     from stapo_trl.rewards import math_accuracy_reward
 
     dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{a}"), "solution": str(2 * a)} for a in range(10, 60)])
-    config = STAPOConfig(
-        output_dir=str(tmp_path / "out"),
+    config = tiny_stapo_config(
+        tmp_path / "out",
         max_steps=4,
         logging_steps=1,
         per_device_train_batch_size=8,
         num_generations=4,
         max_completion_length=16,
-        save_strategy="no",
-        report_to="none",
         disable_tqdm=True,
     )
     trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=dataset)
