@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -326,10 +327,23 @@ def run_subprocess(
     return output
 
 
+# Prepended to every torchrun worker: `report(*parts)` prints one result line with a single write(2). The ranks
+# share one unbuffered pipe (PYTHONUNBUFFERED), where `print("label:", value)` is several writes that another rank's
+# can split ("label:label: [] [] "); one write of under PIPE_BUF (4096) bytes arrives whole.
+WORKER_REPORT = textwrap.dedent(
+    r"""
+    import os as _os
+
+    def report(*parts):
+        _os.write(1, (" ".join(map(str, parts)) + "\n").encode())
+    """
+)
+
+
 def run_torchrun(source: str, script: Path, *args: str, nproc: int, timeout: float = 600) -> str:
-    """Write `source` to `script` and run it on `nproc` local ranks under torchrun (`run_distributed`: free port,
-    timeout, output on failure)."""
-    script.write_text(source)
+    """Write `source` (with `WORKER_REPORT` before it: workers print their results with `report`) to `script` and
+    run it on `nproc` local ranks under torchrun (`run_distributed`: free port, timeout, output on failure)."""
+    script.write_text(WORKER_REPORT + source)
     return run_distributed(
         lambda port: [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),

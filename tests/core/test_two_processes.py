@@ -66,7 +66,7 @@ WORKER = textwrap.dedent(
         seen["E"].append(float(trainer._prepare_inputs(None)["num_items_in_batch"]))
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
         json.dump(seen, f)
-    print(f"rank {rank} of {world} done", flush=True)
+    report(f"rank {rank} of {world} done")
     """
 )
 

@@ -37,7 +37,7 @@ INPUT_ERROR_WORKER = GLOO_THREADS + textwrap.dedent(
     try:
         main(sys.argv[1:])
     except SystemExit as e:
-        print(f"exit {e.code}; group: {dist.is_initialized()}; gloo threads left: {gloo_threads()}", flush=True)
+        report(f"exit {e.code}; group: {dist.is_initialized()}; gloo threads left: {gloo_threads()}")
     """
 )
 
@@ -79,18 +79,18 @@ GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
     trainer = trainer_class(model=model_path, reward_funcs=lambda completions, **kwargs: [0.0] * len(completions),
                             args=args, train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 16}))
     trainer.train()
-    print("wrapper during training:", type(trainer.model_wrapped).__name__, flush=True)
+    report("wrapper during training:", type(trainer.model_wrapped).__name__)
     group = dist.distributed_c10d._get_default_group()
     holders = [f"{f.__module__}.{f.__qualname__}" for f in gc.get_objects() if isinstance(f, types.FunctionType)
                and any(d is group for d in (f.__defaults__ or ()) + tuple((f.__kwdefaults__ or {}).values()))]
-    print("functions holding the group in a default:", holders, flush=True)
+    report("functions holding the group in a default:", holders)
     assert gloo_threads(), "no gloo threads while the group exists: the check below would prove nothing"
     del group
     trainer.end()
-    print("gloo threads after trainer.end():", gloo_threads(), flush=True)
+    report("gloo threads after trainer.end():", gloo_threads())
     ids = trainer.processing_class("1+1=", return_tensors="pt").input_ids
     with torch.no_grad():
-        print("generated after end:", trainer.model.generate(ids, max_new_tokens=2, do_sample=False).shape[1] - ids.shape[1], flush=True)
+        report("generated after end:", trainer.model.generate(ids, max_new_tokens=2, do_sample=False).shape[1] - ids.shape[1])
     """
 )
 
@@ -118,7 +118,7 @@ CLI_GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
     from stapo_trl.cli.run import train
 
     train(*parse_args(sys.argv[1:]))
-    print("gloo threads after stapo-train:", gloo_threads(), flush=True)
+    report("gloo threads after stapo-train:", gloo_threads())
     """
 )
 
