@@ -303,10 +303,18 @@ ids = tokenizer(
 out = client.generate(prompts=[ids], n=3, max_tokens=16, temperature=1.0)
 print("GENERATED", len(out["completion_ids"]), [len(c) for c in out["completion_ids"]])
 PY
-echo "training started" >> "$STUB_RECORD"
-[[ "$STUB_MODE" == sleep ]] && sleep 300
-[[ "$STUB_MODE" == fail ]] && exit 1
-exit 0
+# Training itself: a Python process, which takes SIGINT as KeyboardInterrupt from its first line and, uncaught, ends by
+# SIGINT as training does. It writes the marker the test waits for, so a Ctrl-C sent after the marker always finds it
+# (a bash `echo` marker then `sleep` could take the Ctrl-C between the two, and the step then exited 0).
+exec "$PYTHON" - "$STUB_RECORD" "$STUB_MODE" <<'PY'
+import sys, time
+record, mode = sys.argv[1:]
+with open(record, "a") as f:
+    print("training started", file=f)
+if mode == "sleep":
+    time.sleep(300)
+sys.exit(1 if mode == "fail" else 0)
+PY
 """
 
 
