@@ -871,7 +871,10 @@ DESIGN_TEXT = """\
   seeds of every tier-1 arm stable; JustRL at 3e-4 had 3 of 3 late-unstable), so the confirm phase ran next: two
   processes, one per core, on disjoint seeds (100-107 and 108-115, each in seed order). Tier 1's seed 3 ran after it
   (`--arms justrl stapo grpo --seeds 3`, one process per lr; the run that was under way resumed from its
-  checkpoint). Tier 2 was not run.
+  checkpoint). Tier 2 ran last, in the one cell where it could inform (lr 3e-4, seeds 0-3: at 1e-4 every tier-1 run
+  was stable and at 6e-4 every one blew up early), two processes on seeds 0-1 and 2-3 (`--arms fullmask entropy20
+  --lrs 3e-4`; their `--budget-hours 4.5` never bound): the pilot then stood at 44 runs and 2.6 of its 3 CPU-hours.
+  Tier 2 at 1e-4 and 6e-4 was not run.
 - stapo_trl was being rewritten in the checkout during the runs (behaviour-preserving), so every run uses a clean
   snapshot of one commit (`git archive`, see the commands and the versions line).
 """
