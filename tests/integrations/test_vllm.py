@@ -304,8 +304,7 @@ out = client.generate(prompts=[ids], n=3, max_tokens=16, temperature=1.0)
 print("GENERATED", len(out["completion_ids"]), [len(c) for c in out["completion_ids"]])
 PY
 # Training itself: a Python process, which takes SIGINT as KeyboardInterrupt from its first line and, uncaught, ends by
-# SIGINT as training does. It writes the marker the test waits for, so a Ctrl-C sent after the marker always finds it
-# (a bash `echo` marker then `sleep` could take the Ctrl-C between the two, and the step then exited 0).
+# SIGINT as training does. It writes the marker the test waits for, so a Ctrl-C sent after the marker finds it.
 exec "$PYTHON" - "$STUB_RECORD" "$STUB_MODE" <<'PY'
 import sys, time
 record, mode = sys.argv[1:]
@@ -368,8 +367,24 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
         "--log-dir", str(tmp_path), "--serve-args", "--gpu_memory_utilization 0.15 --enforce_eager true",
         "--", "--model_name_or_path", tiny_math_h64_model_path,
     ]  # fmt: skip
+
+    def as_from_a_terminal():
+        # A terminal's shell starts a command with SIGINT at its default and unblocked. pytest run in the background
+        # of a non-interactive shell (`cmd &`) has SIGINT ignored, and a child inherits that: bash's
+        # `trap ... INT` and Python's KeyboardInterrupt then never fire, the Ctrl-C below was lost and the run ended
+        # 0 after 300 s.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     launcher = subprocess.Popen(
-        command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        command,
+        cwd=repo,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=as_from_a_terminal,
     )
     if mode == "sleep":  # Ctrl-C while training runs: SIGINT to the launcher's whole foreground group
         deadline = time.time() + 500
