@@ -455,13 +455,14 @@ def run_arm(arm: str, geometry: str, rep: int, args, shared: dict, meter: Meter)
 
 
 def unit_rows(run: dict, warmup_units: int) -> list[dict]:
-    """The timed units of a run: per unit, step / generation / mask / records seconds and forward counts summed; the
-    step time without the meter's own bookkeeping (`meter_seconds`)."""
+    """The timed units of a run: per unit, step / generation / mask / records seconds and forward counts summed; step
+    and mask time without the meter's own bookkeeping (`meter_seconds`)."""
     spu, rows = run["steps_per_unit"], []
     for unit in range(warmup_units, run["units"]):
         steps = [run["by_step"].get(s, run["by_step"].get(str(s), {})) for s in range(unit * spu, (unit + 1) * spu)]
         row = {k: sum(s.get(k, 0) for s in steps) for k in {k for s in steps for k in s}} | {"steps": spu}
-        row["step_seconds"] = row.get("step_seconds", 0) - row.get("meter_seconds", 0)  # less the meter's bookkeeping
+        for key in ("step_seconds", "mask_seconds"):  # both hold the meter's bookkeeping of the token records
+            row[key] = row.get(key, 0) - row.get("meter_seconds", 0)
         rows.append(row)
     return rows
 

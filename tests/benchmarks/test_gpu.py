@@ -45,8 +45,9 @@ def _run(arm, geometry, rep, steps, peak):
 def test_summarize_pairs_the_units_of_one_repetition_and_drops_the_warm_up():
     warm = {"step_seconds": 99.0, "generate_seconds": 98.0, "mask_seconds": 50.0}  # discarded
     grpo = {"step_seconds": 2.0, "generate_seconds": 1.0, "grad_forwards": 1, "grad_rows": 4}
-    # STAPO: 0.1 s of the meter's own bookkeeping inside the step, taken out: 2.2 s, of which 1.2 s train-side.
-    stapo = dict(grpo, step_seconds=2.3, meter_seconds=0.1, mask_seconds=0.11)
+    # STAPO: 0.1 s of the meter's own bookkeeping inside the step and the mask, taken out: 2.2 s, of which 1.2 s
+    # train-side, and 0.11 s of mask.
+    stapo = dict(grpo, step_seconds=2.3, meter_seconds=0.1, mask_seconds=0.21)
     slow_grpo = dict(grpo, step_seconds=4.0, generate_seconds=3.0)  # repetition 1 ran slower: its own pairs
     runs = [
         _run("GRPO", "spg=GA=1", 0, [warm, grpo, grpo], 1000),
@@ -71,7 +72,8 @@ def test_summarize_sums_the_steps_of_a_rollout_batch_in_the_papers_geometry():
     first = {"step_seconds": 3.0, "generate_seconds": 2.0, "nograd_forwards": 4, "nograd_rows": 16, "grad_rows": 4}
     later = {"step_seconds": 1.0, "grad_rows": 4}
     runs = [_run(arm, "spg=4xGA", 0, [first, later, later, later] * 2, 10) for arm in ("GRPO", "off")]
-    arm = gpu.summarize({"settings": {"warmup_units": 1, "completions": 4}, "runs": runs})["spg=4xGA"]["per_arm"]["off"]
+    summary = gpu.summarize({"settings": {"warmup_units": 1, "completions": 4}, "runs": runs})
+    arm = summary["spg=4xGA"]["per_arm"]["off"]
     assert arm["step_seconds"] == pytest.approx(6.0 / 4) and arm["train_side_seconds"] == pytest.approx(4.0 / 4)
     assert arm["nograd_forwards"] == 1 and arm["nograd_passes"] == 1 and arm["grad_passes"] == 1
 
