@@ -78,7 +78,9 @@ CPU_SMOKE_SHAPE = dict(QWEN3_1_7B, hidden_size=64, intermediate_size=128, num_hi
 CPU_SMOKE_SHAPE.update(num_attention_heads=4, num_key_value_heads=2)
 PAD_TOKEN, CHAT_START_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 PAD_ID = 151643  # Qwen's ids for its first special tokens
-ARMS = ("GRPO", "off", "STAPO")  # plain trl.GRPOTrainer; STAPOTrainer with s2t_mode "off"; STAPOTrainer
+# STAPOTrainer; plain trl.GRPOTrainer; STAPOTrainer with s2t_mode "off". Rotated per repetition from this order, so
+# a budget that stops the first repetition early keeps STAPO and GRPOTrainer.
+ARMS = ("STAPO", "GRPO", "off")
 GEOMETRIES = {"spg=GA=1": 1, "spg=4xGA": 4}  # name -> steps_per_generation (gradient_accumulation_steps = 1)
 PAIRS = (("STAPO", "GRPO"), ("STAPO", "off"), ("off", "GRPO"))
 MASK_FRACTIONS = (0.001, 0.5)  # 0.1 % candidates (a trained model, the paper's order); 50 % (this random model)
@@ -392,8 +394,9 @@ def reset_model(model, saved: list[torch.Tensor]) -> None:
         torch.cuda.synchronize()
 
 
-def run_arm(arm: str, geometry: str, rep: int, args, shared: dict, meter: Meter) -> dict:
-    """One `train()` of `arm` in `geometry`: warm-up unit(s) + timed units; returns its record."""
+def run_arm(arm: str, geometry: str, rep: int, args, shared: dict, meter: Meter) -> tuple[dict, dict]:
+    """One `train()` of `arm` in `geometry`: warm-up unit(s) + timed units; returns its record and its trainer's
+    `GRPOConfig` fields."""
     spg = GEOMETRIES[geometry]
     units = args.warmup_units + args.timed_units
     output_dir = tempfile.mkdtemp(prefix=f"{arm}-{geometry}-", dir=shared["workdir"])
@@ -692,6 +695,8 @@ def summarize(result: dict) -> dict:
                 candidate_ratio=_median_logged(mine, "s2t/candidate_ratio", warmup),
                 silenced_ratio=_median_logged(mine, "s2t/silenced_ratio", warmup),
                 entropy=_median_logged(mine, "entropy", warmup),
+                reward_std=_median_logged(mine, "reward_std", warmup),
+                completion_length=_median_logged(mine, "completions/mean_length", warmup),
                 token_records=[r["token_records"] for r in mine if r["token_records"]],
             )
         ratios = {}
@@ -724,6 +729,10 @@ def _median_logged(runs: list[dict], key: str, warmup_units: int) -> float | Non
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.2f} %"
+
+
+def _num(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
 
 
 def report_text(result: dict) -> str:
@@ -777,8 +786,9 @@ def report_text(result: dict) -> str:
         "",
         "| geometry | arm | s / step | train-side s / step | `generate` share | mask share | token records share "
         "| grad forwards / step (passes over the step's completions) | no-grad forwards / step (passes) | peak GPU "
-        "memory | allocated before `train()` | candidates / loss tokens | silenced / loss tokens | entropy (nats) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "memory | allocated before `train()` | candidates / loss tokens | silenced / loss tokens | entropy (nats) | "
+        "reward std | completion tokens |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for geometry, g in summary.items():
         for arm, a in g["per_arm"].items():
@@ -789,7 +799,7 @@ def report_text(result: dict) -> str:
                 f"{a['grad_forwards']:.2f} ({a['grad_passes']:.2f}) | {a['nograd_forwards']:.2f} "
                 f"({a['nograd_passes']:.2f}) | {fmt_bytes(a['peak_bytes'])} | {fmt_bytes(a['start_bytes'])} | "
                 f"{_pct(a['candidate_ratio'])} | {_pct(a['silenced_ratio'])} | "
-                f"{'-' if a['entropy'] is None else format(a['entropy'], '.3f')} |"
+                f"{_num(a['entropy'], '.3f')} | {_num(a['reward_std'], '.3f')} | {_num(a['completion_length'], '.1f')} |"
             )
     lines += [
         "",
