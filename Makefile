@@ -97,7 +97,7 @@ demo-real: install-real-models
 	exit $$status
 	$(VENV)/bin/stapo-plot outputs/smollm2-grpo outputs/smollm2-stapo --out outputs/smollm2-figures
 
-# The sections of benchmarks/bench.py (overhead vs the off twin and GRPOTrainer, mask scaling, learning, gpu), then
+# The sections of benchmarks/bench.py (overhead vs the off twin and GRPOTrainer, mask scaling, learning), then
 # the stapo-train demo wall time against its off twin, grading throughput, and the
 # spurious-token stress experiment (8 seeds x 4 arms x 400 steps: the longest part, ~40 min on 2 cores).
 bench: install

@@ -3,7 +3,7 @@
 
     make bench                                            # every section, ~8-15 min on 2 shared CPU cores
     .venv/bin/python benchmarks/bench.py --quick          # smoke run of every section at toy sizes, ~3 min
-    .venv/bin/python benchmarks/bench.py --sections mask  # one or more of: overhead, mask, learning, gpu
+    .venv/bin/python benchmarks/bench.py --sections mask  # one or more of: overhead, mask, learning
 
 Sections (each writes one Markdown table; all tables go to stdout and to `benchmarks/results/<date>.md`, the raw
 numbers to `<date>.json`; `--quick` writes `<date>-quick.*`):
@@ -23,12 +23,11 @@ numbers to `<date>.json`; `--quick` writes `<date>-quick.*`):
 3. `learning`: GRPO vs STAPO on the demo task over seeds, at the demo learning rate and at a destabilising one:
    held-out avg@k after training and the standard deviation of the logged policy entropy over the second half.
    Shrunk for time (fewer steps and held-out problems than `make demo`; the table says how much).
-4. `gpu`: a Qwen3-0.6B-shaped model (random weights from `transformers.Qwen3Config`, no download) with and
-   without STAPO: completion tokens per second and peak GPU memory. Runs only when `torch.cuda.is_available()`.
 
 The code: `harness.py` (environment, measurement helpers, trainers from the demo recipes, the report file; the
-memory measurement is described there), one module per section (`overhead.py`, `mask.py`, `learning.py`, `gpu.py`,
-each with `run_*`, its table and its `section_text`), and this entry point.
+memory measurement is described there), one module per section (`overhead.py`, `mask.py`, `learning.py`, each
+with `run_*`, its table and its `section_text`), and this entry point. The GPU check is its own script,
+`gpu.py` (`scripts/gpu_check.sh`).
 """
 
 from __future__ import annotations
@@ -51,8 +50,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import gpu  # noqa: E402 (the sections import torch: after the environment variables above)
-import harness  # noqa: E402
+import harness  # noqa: E402 (the sections import torch: after the environment variables above)
 import learning  # noqa: E402
 import mask  # noqa: E402
 import overhead  # noqa: E402
@@ -60,13 +58,11 @@ import torch  # noqa: E402
 
 
 def section_texts(args, results: dict) -> dict[str, str]:
-    """The Markdown section of every section that ran (the GPU one also when it was asked for and could not run)."""
+    """The Markdown section of every section that ran."""
     texts = {}
     for name, module in (("overhead", overhead), ("mask", mask), ("learning", learning)):
         if name in results:
             texts[name] = module.section_text(args, results[name])
-    if "gpu" in results or "gpu" in args.sections:
-        texts["gpu"] = gpu.section_text(args, results.get("gpu"))
     return texts
 
 
@@ -74,7 +70,7 @@ def section_texts(args, results: dict) -> dict[str, str]:
 # Entry point
 # ---------------------------------------------------------------------------------------------------------------
 
-SECTIONS = ("overhead", "mask", "learning", "gpu")
+SECTIONS = ("overhead", "mask", "learning")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -114,13 +110,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--eval-problems", type=int, help="learning: held-out problems (default 200; quick 20)")
     parser.add_argument("--eval-samples", type=int, default=4, help="learning: samples per problem (avg@k)")
-    # gpu
-    parser.add_argument("--gpu-steps", type=int, default=8, help="gpu: optimizer steps per run")
-    parser.add_argument("--gpu-reps", type=int, default=2, help="gpu: interleaved repetitions")
-    parser.add_argument("--gpu-completion-length", type=int, default=256, help="gpu: max_completion_length")
-    parser.add_argument(
-        "--gpu-on-cpu", action="store_true", help="gpu: run the GPU code path on the CPU with a 2-layer model (a test)"
-    )
     args = parser.parse_args(argv)
 
     args.sections = [s.strip() for s in args.sections.split(",") if s.strip()]
@@ -190,15 +179,6 @@ def main(argv=None) -> None:
         if "learning" in args.sections:
             print("== learning", flush=True)
             results["learning"] = learning.run_learning(args, workdir)
-        if "gpu" in args.sections:
-            if args.gpu_on_cpu:
-                print("== gpu code path on the CPU (smoke test)", flush=True)
-                results["gpu"] = gpu.run_gpu(args, workdir, on_cpu=True)
-            elif torch.cuda.is_available():
-                print("== gpu", flush=True)
-                results["gpu"] = gpu.run_gpu(args, workdir)
-            else:
-                print("== gpu: not run (no GPU)", flush=True)
     header["load_average_end"] = os.getloadavg()
     header["elapsed_s"] = time.perf_counter() - started
     output = Path(args.output) if args.output else harness.RESULTS_DIR / f"{date}{'-quick' if args.quick else ''}.md"
