@@ -16,63 +16,75 @@
 
 from __future__ import annotations
 
+import copy
+import inspect
+import math
 import textwrap
 import warnings
 
 import torch
+import trl
+from packaging.specifiers import SpecifierSet
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id
 
-from .s2t import S2TResult, s2t_mask
-from .stapo_config import STAPOConfig, s2t_warnings
+from .s2t import S2T_MODES, S2TResult, s2t_mask
+from .stapo_config import NUM_ITEMS_LOSSES, STAPOConfig, s2t_path, s2t_settings, s2t_settings_line, s2t_warnings
 
 
-# The multimodal inputs that GRPOTrainer._compute_loss forwards to `_get_per_token_logps_and_entropies`.
-_FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes")
-_FORWARD_KEYS += ("num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+SUPPORTED_TRL = ">=1.16.0,<1.17"  # the TRL versions the tests ran; another one is warned at construction
+# The multimodal inputs of TRL's forward, which its `_compute_loss` passes from the batch: read from its signature.
+_FORWARD_KEYS = tuple(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)
+_FORWARD_KEYS = _FORWARD_KEYS[_FORWARD_KEYS.index("compute_aux_loss") + 1 :]
 
 
 class STAPOTrainer(GRPOTrainer):
     r"""
     Trainer for [STAPO](https://huggingface.co/papers/2602.15620): GRPO whose loss silences rare spurious tokens.
 
-    A token is silenced when its completion has a positive advantage, its sampled probability is below tau_p and its
-    entropy is below tau_h, the q-quantile of such candidates' entropies over one optimizer update (the paper's
-    mini-batch: `gradient_accumulation_steps` micro-batches on all processes), taken before the update's first
-    backward. Silenced tokens leave the numerator and the denominator: each update is divided by its global kept-token
-    count (`dapo`, `cispo`, `vespo`; per sequence or micro-batch for `grpo`, `sapo`, `bnpo`). Only the loss differs
-    from [`~trl.GRPOTrainer`], whose `_compute_loss` is called, not copied.
+    STAPO's S2T rule (Sec. 3) silences the tokens of a positive-advantage completion that were sampled with a
+    probability below tau_p at a position whose entropy is below tau_h, the q-quantile of such candidates' entropies
+    over the optimizer update on all processes; the loss is averaged over the remaining tokens (Sec. 3.3). p and H
+    are the rollout policy's.
 
-    p and H are the rollout policy's (the weights that sampled the completions): TRL's no-grad old-log-prob forward
-    where TRL runs one (`steps_per_generation` > GA, `num_iterations` > 1, vLLM importance sampling); the loss's own
-    forward, detached, where each micro-step trains on a fresh rollout (`steps_per_generation` = `num_iterations` = 1,
-    TRL's default); otherwise one no-grad forward per rollout batch. When `steps_per_generation` is not a multiple of
-    GA an update spans rollout batches: tau_h is then taken per rollout batch with TRL's normalizer (warned).
-
-    Overrides, each needed by the exact path (TRL 1.16 private names used, all in this class: these four methods,
-    `_buffered_inputs`, `_step`, `_metrics`, `aux_loss_enabled`, and the batch keys below):
-    - `_generate_and_score_completions` keeps the rollout's entropies (and log-probs) with the batch, so that TRL's
-      shuffle and split carry them with their rows.
-    - `_get_per_token_logps_and_entropies` asks TRL's old-log-prob forward for entropies too, and hands the loss's
-      forward back to the parent when `_compute_loss` already ran it.
-    - `_prepare_inputs` builds each update's mask at its first micro-step. The mask reaches the parent's loss as
-      `tool_mask` (a loss mask only; `completion_mask` is also the attention mask), the normalizer as
-      `num_items_in_batch`, set so that TRL's `num_items / num_processes * GA / steps_per_generation` is the update's
-      kept-token count / num_processes.
-    - `_compute_loss` builds the mask from the loss's own forward where that forward is the rollout policy's, and in
-      evaluation. `_compute_s2t_mask` is the hook for subclasses (token records, other rules).
+    The only change w.r.t. [`~trl.GRPOTrainer`] is which tokens count in the loss and its denominator: TRL's
+    `_compute_loss` is called, not copied, and everything else (generation, rewards, vLLM, PEFT, metric logging) is
+    inherited. The design, the deviations and what the mask does with each GRPO feature: `docs/stapo.md`.
 
     Args:
         model, reward_funcs, train_dataset, eval_dataset, ...: as [`~trl.GRPOTrainer`].
-        args ([`STAPOConfig`], *optional*): defaults to `STAPOConfig("<model>-STAPO")`.
+        args ([`~trl.GRPOConfig`], *optional*): any `GRPOConfig`, a subclass of your own too. The S2T fields are read
+            from it where it has them, else the paper's values: `s2t_prob_threshold` (tau_p, 0.002),
+            `s2t_entropy_quantile` (q, 0.75), `s2t_mode` (`"low_entropy"`; `"off"`: the same trainer and normalizer,
+            nothing silenced). Defaults to [`STAPOConfig`]`("<model>-STAPO")`, the paper's objective. At construction
+            one line says the S2T values in effect and what differs from the paper's objective, and each GRPO feature
+            whose loss the mask changes is warned.
+
+    Logged under `s2t/`, over all processes: `silenced_ratio`, `candidate_ratio`, `entropy_threshold` (tau_h, nats),
+    `num_silenced`, `num_candidates`, `num_loss_tokens`, `num_nonfinite`.
 
     Raises:
-        TypeError: `args` is not a [`STAPOConfig`].
+        ValueError: an S2T value out of range, on one line naming the field and the allowed values.
+        RuntimeError: a TRL whose loss normalizer is not the one STAPO sets (at construction), or that scores a
+            rollout where STAPO did not expect it (at the first rollout): never a loss at a wrong scale.
+
+    Example:
+
+    ```python
+    from trl import GRPOConfig
+    from trl.rewards import accuracy_reward
+    from stapo_trl.core import STAPOTrainer
+
+    args = GRPOConfig(epsilon_high=0.28, gradient_accumulation_steps=4, steps_per_generation=16)  # the paper's
+    trainer = STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs=accuracy_reward, args=args, train_dataset=dataset)
+    trainer.train()
+    ```
     """
 
     _tag_names = ["trl", "grpo", "stapo"]
     _name = "STAPO"
+    _s2t_modes = S2T_MODES
     _paper = {
         "title": "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens",
         "id": "2602.15620",
@@ -86,22 +98,70 @@ class STAPOTrainer(GRPOTrainer):
             }"""),
     }
 
-    def __init__(self, model, reward_funcs=None, args: STAPOConfig | None = None, *pargs, **kwargs):
+    def __init__(self, model, reward_funcs=None, args=None, *pargs, **kwargs):
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = STAPOConfig(f"{model_name.split('/')[-1]}-STAPO")
-        if not isinstance(args, STAPOConfig):
-            raise TypeError(f"STAPOTrainer needs `args` to be a STAPOConfig, got {type(args).__name__}.")
-        self._s2t_rollout_forwards: list | None = None  # TRL's no-grad policy forwards while a rollout is scored
-        self._s2t_loss_forward: tuple | None = None  # the loss's forward, run by `_compute_loss` for the parent
-        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
-        for message in s2t_warnings(self.args):
+        self.s2t = s2t_settings(args, self._s2t_modes)  # the config's S2T fields or the paper's, validated
+        if not SpecifierSet(SUPPORTED_TRL).contains(trl.__version__, prereleases=True):
+            warnings.warn(f"trl {trl.__version__} is outside the tested trl{SUPPORTED_TRL}.", stacklevel=2)
+        for message in filter(None, [s2t_settings_line(args, self.s2t), *s2t_warnings(args, self.s2t)]):
             warnings.warn(message, stacklevel=2)
+        self._s2t_path = s2t_path(args)
+        self._s2t_rollout_forwards: list | None = None  # TRL's no-grad policy forwards while a rollout is scored
+        self._s2t_loss_forward: tuple | None = None  # (model, input_ids, logits_to_keep, forward) for the loss
+        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        self._check_loss_normalizer()
 
     @property
     def _s2t_mask_in_loss(self) -> bool:
         """Whether the mask comes from the loss's own forward (evaluation; `steps_per_generation` = iterations = 1)."""
-        return not self.model.training or self.args.steps_per_generation == self.num_iterations == 1
+        return not self.model.training or self._s2t_path == "loss"
+
+    @property
+    def _s2t_window(self) -> int:
+        """Micro-steps one training mask spans: an optimizer update, or a rollout batch where updates span two."""
+        steps_per_generation, grad_accum = self.args.steps_per_generation, self.args.gradient_accumulation_steps
+        return grad_accum if steps_per_generation % grad_accum == 0 else steps_per_generation
+
+    def _check_loss_normalizer(self):
+        """Refuse a TRL whose `num_items_in_batch` normalizer is not the one STAPO sets: TRL's `_compute_loss` on a
+        one-row batch (its forward handed in: no model forward) must give the loss STAPO's normalizer means."""
+        if self.loss_type not in NUM_ITEMS_LOSSES:
+            return  # the other loss types normalize by the loss mask, which carries the keep mask
+        spg, ga, device = (
+            self.args.steps_per_generation,
+            self.args.gradient_accumulation_steps,
+            self.accelerator.device,
+        )
+        ones, ids = torch.ones(1, 4, device=device), torch.zeros(1, 5, dtype=torch.long, device=device)
+        logps, keep = -ones, torch.tensor([[1.0, 1.0, 1.0, 0.0]], device=device)  # ratio 1, 3 kept tokens
+        batch = dict(prompt_ids=ids[:, :1], prompt_mask=ids[:, :1] + 1, completion_ids=ids[:, 1:], tool_mask=keep)
+        batch.update(
+            completion_mask=ones, advantages=ones[0, :1], old_per_token_logps=logps, ref_per_token_logps=logps
+        )
+        batch.update(importance_sampling_ratio=ones, num_items_in_batch=torch.tensor(3.0 * spg / self._s2t_window))
+        saved, metrics, training = dict(vars(self)), copy.deepcopy(self._metrics), self.model.training
+        try:
+            aux = torch.zeros((), device=device) if self.aux_loss_enabled else None
+            self._s2t_loss_forward = (self.model, ids, 4, (logps, ones * 0, aux))  # entropy 0: no bonus
+            self.model.train()
+            self.current_gradient_accumulation_steps = ga
+            with torch.no_grad():
+                loss = super()._compute_loss(self.model, batch).item()
+        finally:  # nothing of the check stays: no metric, no state
+            self.model.train(training)
+            vars(self).clear()
+            vars(self).update(saved, _metrics=metrics)
+        per_token = {"dapo": -1.0, "cispo": min(1.0, self.epsilon_high), "vespo": 1.0}[self.loss_type]
+        expected = 3 * per_token / (3 / self.accelerator.num_processes * ga / self._s2t_window)
+        if not math.isclose(loss, expected, rel_tol=1e-5):
+            raise RuntimeError(
+                f"trl {trl.__version__}'s GRPOTrainer._compute_loss gave {loss:.6g} where STAPO's normalizer means "
+                f"{expected:.6g} (loss_type={self.loss_type!r}, steps_per_generation={spg}, GA={ga}): TRL no longer "
+                f"divides by num_items / num_processes x GA / steps_per_generation; STAPO would train at a wrong "
+                f"scale. Use trl{SUPPORTED_TRL}."
+            )
 
     def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Concatenate a 1-D tensor of finite floats over processes (a collective): NaN pads, then is dropped."""
@@ -120,9 +180,9 @@ class STAPOTrainer(GRPOTrainer):
             entropies,
             advantages,
             loss_mask,
-            prob_threshold=self.args.s2t_prob_threshold,
-            entropy_quantile=self.args.s2t_entropy_quantile,
-            mode=self.args.s2t_mode,
+            prob_threshold=self.s2t.prob_threshold,
+            entropy_quantile=self.s2t.entropy_quantile,
+            mode=self.s2t.mode,
             gather=self._gather,
         )
 
@@ -151,14 +211,18 @@ class STAPOTrainer(GRPOTrainer):
         tool_mask = inputs.get("tool_mask")
         return {**inputs, "tool_mask": keep if tool_mask is None else tool_mask * keep}
 
-    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
-        if self._s2t_loss_forward is not None:  # `_compute_loss` ran the loss's forward already
-            forward, self._s2t_loss_forward = self._s2t_loss_forward, None
-            return forward
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        stashed, self._s2t_loss_forward = self._s2t_loss_forward, None
+        if stashed is not None and stashed[0] is model and stashed[2] == logits_to_keep:
+            if torch.equal(stashed[1], input_ids):  # the call `_compute_loss` ran the forward for
+                return stashed[3]
+        self._s2t_loss_forward = stashed  # any other call gets its own forward
         scoring = self._s2t_rollout_forwards is not None and model is self.model and not torch.is_grad_enabled()
         if scoring:
             kwargs["compute_entropy"] = True
-        forward = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        forward = super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+        )
         if scoring:
             self._s2t_rollout_forwards.append(forward)
         return forward
@@ -173,31 +237,37 @@ class STAPOTrainer(GRPOTrainer):
         finally:
             self._s2t_rollout_forwards = None
         old_logps = batch.get("old_per_token_logps")
-        entropies = next((forward[1] for forward in forwards if forward[0] is old_logps), None)
-        if entropies is None:  # TRL ran no old-log-prob forward: one no-grad forward of the rollout batch
-            input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # (B, P+T)
-            attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, P+T)
-            with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-                batch["s2t_logps"], entropies, _ = super()._get_per_token_logps_and_entropies(
-                    self.model,
-                    input_ids,
-                    attention_mask,
-                    batch["completion_ids"].size(1),
-                    batch_size=self.args.per_device_train_batch_size,
-                    compute_entropy=True,
-                    **{key: batch.get(key) for key in _FORWARD_KEYS},
-                )
-        batch["s2t_entropies"] = entropies
+        if (old_logps is not None) != (self._s2t_path == "old_logps"):  # TRL changed when it scores a rollout
+            raise RuntimeError(
+                f"trl {trl.__version__} ran {'an' if old_logps is not None else 'no'} old-log-prob forward where "
+                f"stapo_trl.core.stapo_config.s2t_path says {self._s2t_path!r}: the two decisions must agree."
+            )
+        if old_logps is not None:  # TRL's old-log-prob forward, which was asked for entropies too
+            same = [f[1] for f in forwards if f[0].shape == old_logps.shape and torch.equal(f[0], old_logps)]
+            if not same:
+                raise RuntimeError(f"trl {trl.__version__}'s old_per_token_logps come from no forward STAPO saw.")
+            batch["s2t_entropies"] = same[0]
+            return batch
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # (B, P+T)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, P+T)
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            batch["s2t_logps"], batch["s2t_entropies"], _ = super()._get_per_token_logps_and_entropies(
+                self.model,
+                input_ids,
+                attention_mask,
+                batch["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size,
+                compute_entropy=True,
+                **{key: batch.get(key) for key in _FORWARD_KEYS},
+            )
         return batch
 
     def _prepare_inputs(self, generation_batch):
         inputs = super()._prepare_inputs(generation_batch)
         if self._s2t_mask_in_loss:
             return inputs
-        micro_batches = self._buffered_inputs  # the rollout batch, shuffled and split into steps_per_generation
-        steps_per_generation, grad_accum = len(micro_batches), self.args.gradient_accumulation_steps
-        window = grad_accum if steps_per_generation % grad_accum == 0 else steps_per_generation
-        index = self._step % steps_per_generation
+        micro_batches, window = self._buffered_inputs, self._s2t_window  # the rollout batch, shuffled and split
+        index = self._step % len(micro_batches)
         start = index - index % window
         if index == start or "s2t_keep" not in inputs:  # the update's first micro-step (or a resume inside one)
             update = micro_batches[start : start + window]
@@ -208,7 +278,9 @@ class STAPOTrainer(GRPOTrainer):
                 torch.cat([self._loss_mask(b) for b in update]),  # (ΣB, T)
                 torch.cat([b["completion_ids"] for b in update]),  # (ΣB, T)
             )
-            num_items = torch.tensor(result.num_kept * steps_per_generation / window, dtype=torch.float32)
+            # TRL's normalizer num_items / num_processes x GA / steps_per_generation (checked at construction) is then
+            # the update's kept-token count / num_processes
+            num_items = torch.tensor(result.num_kept * len(micro_batches) / window, dtype=torch.float32)
             for batch, keep in zip(update, result.keep.split([b["advantages"].size(0) for b in update]), strict=True):
                 batch["s2t_keep"], batch["num_items_in_batch"] = keep, num_items.to(keep.device)
         return self._with_keep(inputs, inputs["s2t_keep"])
@@ -217,9 +289,10 @@ class STAPOTrainer(GRPOTrainer):
         if not self._s2t_mask_in_loss:
             return super()._compute_loss(model, inputs)
         completion_ids = inputs["completion_ids"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)  # (B, P+T)
         forward = self._get_per_token_logps_and_entropies(
             model,
-            torch.cat([inputs["prompt_ids"], completion_ids], dim=1),  # (B, P+T)
+            input_ids,
             torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),  # (B, P+T)
             completion_ids.size(1),
             compute_entropy=True,
@@ -231,7 +304,7 @@ class STAPOTrainer(GRPOTrainer):
         )
         inputs = self._with_keep(inputs, result.keep)
         inputs["num_items_in_batch"] = torch.tensor(float(result.num_kept), device=completion_ids.device)
-        self._s2t_loss_forward = forward
+        self._s2t_loss_forward = (model, input_ids, completion_ids.size(1), forward)  # for the parent's call only
         try:
             return super()._compute_loss(model, inputs)
         finally:
