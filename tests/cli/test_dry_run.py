@@ -167,7 +167,8 @@ def test_dry_run_cli_paths(capsys):
 )
 def test_dry_run_says_where_p_and_h_come_from_as_the_trainer_decides(flags, path):
     from stapo_trl.cli.dry_run import validate_recipe
-    from stapo_trl.core.stapo_config import S2T_PATHS, s2t_path
+    from stapo_trl.cli.launch_checks import S2T_PATHS
+    from stapo_trl.core.stapo_config import s2t_path
 
     script, args, model = _demo_args(*flags)
     assert s2t_path(args) == path  # the trainer's decision (`STAPOTrainer._s2t_path`)

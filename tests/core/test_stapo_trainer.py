@@ -503,8 +503,8 @@ def test_the_stashed_loss_forward_goes_only_to_the_call_it_was_made_for(
 @pytest.mark.parametrize(
     "change, error",
     [
-        (lambda logps: logps + 1e-3, r"old_per_token_logps come from no forward STAPO saw"),  # other values
-        (lambda logps: None, r"ran no old-log-prob forward where .*s2t_path says 'old_logps'"),  # no forward
+        (lambda logps: logps + 1e-3, r"old_per_token_logps from no forward it saw, where s2t_path is 'old_logps'"),  # other values
+        (lambda logps: None, r"old_per_token_logps missing, where s2t_path is 'old_logps'"),  # no forward
     ],
 )
 def test_a_change_in_trls_rollout_scoring_fails_loudly(
