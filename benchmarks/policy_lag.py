@@ -51,7 +51,6 @@ def answer_closeness(completions, solution, **kwargs):
 def lag_probe_class():
     """The product's `STAPOTrainer`, recording at each update's first micro-step the mask under the current weights."""
     import torch
-    from trl import GRPOTrainer
 
     from stapo_trl import STAPOTrainer
     from stapo_trl.core import s2t_mask
@@ -70,19 +69,9 @@ def lag_probe_class():
                 return inputs
             update = self._buffered_inputs[index : index + self._s2t_window]
             rollout = self.last_rollout_mask  # built just now, from the rollout-time p and H
-            logps, entropies = [], []
-            with torch.no_grad():
-                for b in update:
-                    forward = GRPOTrainer._get_per_token_logps_and_entropies(
-                        self,
-                        self.model,
-                        torch.cat([b["prompt_ids"], b["completion_ids"]], dim=1),
-                        torch.cat([b["prompt_mask"], b["completion_mask"]], dim=1),
-                        b["completion_ids"].size(1),
-                        compute_entropy=True,
-                    )
-                    logps.append(forward[0])
-                    entropies.append(forward[1])
+            with torch.no_grad():  # TRL's forward under the current weights, as the loss calls it
+                forwards = [self._s2t_forward(self.model, b)[1] for b in update]
+            logps, entropies = [f[0] for f in forwards], [f[1] for f in forwards]
             logps, entropies = torch.cat(logps), torch.cat(entropies)  # (ΣB, T) under the current weights
             rollout_logps = torch.cat([b["old_per_token_logps"] for b in update])
             rollout_entropies = torch.cat([b["s2t_entropies"] for b in update])

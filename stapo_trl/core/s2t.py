@@ -30,7 +30,7 @@ class S2TSettings:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"s2t_{f.name}={value!r} must be a number in {allowed}, got {type(value).__name__}.")
             if not (0.0 < value <= 1.0 if allowed[0] == "(" else 0.0 <= value <= 1.0):
-                raise ValueError(f"s2t_{f.name}={value} must be in {allowed}; the paper uses {f.default}.")
+                raise ValueError(f"s2t_{f.name}={value} must be in {allowed}; the paper: {f.default}.")
 
 
 @dataclass

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import trl
-from testing_utils import KeepsLogpGrad, hand_scored_batch, policy_forward
+from testing_utils import ForwardCounter, KeepsLogpGrad, hand_scored_batch, policy_forward
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl.core import STAPOConfig, STAPOTrainer, s2t_mask
@@ -500,16 +500,9 @@ def test_the_stashed_loss_forward_goes_only_to_the_call_it_was_made_for(
     torch.testing.assert_close(forward(trainer.model, ids, mask, 5)[0], policy_forward(trainer, batch)[0])
 
 
-@pytest.mark.parametrize(
-    "change, error",
-    [
-        (lambda logps: logps + 1e-3, r"old_per_token_logps from no forward it saw, where s2t_path is 'old_logps'"),  # other values
-        (lambda logps: None, r"old_per_token_logps missing, where s2t_path is 'old_logps'"),  # no forward
-    ],
-)
-def test_a_change_in_trls_rollout_scoring_fails_loudly(
-    tiny_model_path, prompts, length_reward, tmp_path, monkeypatch, change, error
-):
+def scored_otherwise(change, monkeypatch, model_path, prompts, reward, tmp_path):
+    """A trainer in the paper's geometry (TRL's old-log-prob forward) whose PARENT changes `old_per_token_logps` by
+    `change` after scoring a rollout; STAPO's code is not touched."""
     original = GRPOTrainer._generate_and_score_completions
 
     def generate_and_score(self, inputs):
@@ -518,15 +511,21 @@ def test_a_change_in_trls_rollout_scoring_fails_loudly(
         return batch
 
     monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", generate_and_score)
-    trainer = make_trainer(
-        tiny_model_path,
-        prompts,
-        length_reward,
-        tmp_path,
-        max_steps=1,
-        steps_per_generation=4,
-        gradient_accumulation_steps=2,
-    )
+    geometry = dict(max_steps=1, steps_per_generation=4, gradient_accumulation_steps=2)
+    return make_trainer(model_path, prompts, reward, tmp_path, **geometry)
+
+
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        (lambda logps: logps + 1e-3, r"old_per_token_logps from no forward it saw, where s2t_path is 'old_logps'"),
+        (lambda logps: None, r"old_per_token_logps missing, where s2t_path is 'old_logps'"),  # TRL ran no forward
+    ],
+)
+def test_a_change_in_trls_rollout_scoring_fails_loudly(
+    tiny_model_path, prompts, length_reward, tmp_path, monkeypatch, change, error
+):
+    trainer = scored_otherwise(change, monkeypatch, tiny_model_path, prompts, length_reward, tmp_path)
     with pytest.raises(RuntimeError, match=error):
         trainer.train()
 
@@ -536,32 +535,11 @@ def test_trls_old_log_probs_are_found_by_value_not_identity(
 ):
     # A TRL that copies its old log-probs (a dtype cast, a `.clone()`) must still give STAPO their entropies, without
     # an extra forward: with identity matching, the copy cost one silent extra forward per rollout.
-    original = GRPOTrainer._generate_and_score_completions
-
-    def generate_and_score(self, inputs):
-        batch = original(self, inputs)
-        batch["old_per_token_logps"] = batch["old_per_token_logps"].clone()
-        return batch
-
-    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", generate_and_score)
-    trainer = make_trainer(
-        tiny_model_path,
-        prompts,
-        length_reward,
-        tmp_path,
-        max_steps=1,
-        steps_per_generation=4,
-        gradient_accumulation_steps=2,
-    )
-    count = [0]
-    trainer.model.register_forward_pre_hook(
-        lambda m, a, kw: count.__setitem__(
-            0, count[0] + bool(kw.get("fused_lm_head") and not torch.is_grad_enabled())
-        ),
-        with_kwargs=True,
-    )
+    clone = lambda logps: logps.clone()  # noqa: E731
+    trainer = scored_otherwise(clone, monkeypatch, tiny_model_path, prompts, length_reward, tmp_path)
+    counter = ForwardCounter(trainer.model)
     trainer.train()
-    assert count[0] == 4  # TRL's old-log-prob forward of 16 rows in chunks of 4, and nothing else
+    assert counter.count == 4  # TRL's old-log-prob forward of 16 rows in chunks of 4, and nothing else
 
 
 def test_the_multimodal_forward_keys_are_the_ones_trls_loss_passes():
