@@ -379,14 +379,14 @@ def held_tensors(obj, skip=(), path="", seen=None):
 # ----------------------------------------------------------------------------------------------------------------
 # Construction
 # ----------------------------------------------------------------------------------------------------------------
-def build(model_path, tmp_path, config_cls=STAPOConfig, **overrides):
+def build(model_path, tmp_path, config_cls=STAPOConfig, reward=zero_reward, **overrides):
     """A trainer built with its construction warnings recorded (the config's own are silenced: not under test)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         args = config_cls(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], **overrides)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        trainer = STAPOTrainer(model_path, reward_funcs=zero_reward, args=args, train_dataset=PROMPTS)
+        trainer = STAPOTrainer(model_path, reward_funcs=reward, args=args, train_dataset=PROMPTS)
     return trainer, [str(w.message) for w in record if issubclass(w.category, UserWarning)]
 
 
@@ -425,14 +425,21 @@ class OpenR1StyleConfig(GRPOConfig):
 
     system_prompt: str | None = None
     s2t_mode: str = "all_low_prob"
+    s2t_write_run_files: bool = True
 
 
 def test_the_products_extras_come_from_any_grpo_config(tiny_random_model_path, tmp_path):
     trainer, messages = build(tiny_random_model_path, tmp_path, config_cls=GRPOConfig)
     assert trainer.s2t == core.stapo_config.S2TSettings() and write_run_files(trainer.args) is True
     assert sum(m.startswith("STAPO with") for m in messages) == 1
-    trainer, _ = build(tiny_random_model_path, tmp_path, config_cls=OpenR1StyleConfig)
+    trainer, _ = build(tiny_random_model_path, tmp_path, config_cls=OpenR1StyleConfig, max_steps=2,
+                       per_device_train_batch_size=4, num_generations=2, max_completion_length=8, save_strategy="no",
+                       s2t_write_run_files=False, logging_steps=1, reward=text_reward)  # fmt: skip
     assert trainer.s2t.mode == "all_low_prob"  # the product's ablations, where the config has them
+    trainer.train()  # trains, silencing every candidate
+    rows = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(rows) == 2 and sum(r["s2t/num_silenced"] for r in rows) == sum(r["s2t/num_candidates"] for r in rows)
+    assert not (tmp_path / "metrics.jsonl").exists()  # the config's own s2t_write_run_files=False
     with pytest.raises(ValueError, match=r"s2t_mode='all_low_prob' is not one of \['low_entropy', 'off'\]"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
