@@ -581,17 +581,8 @@ def test_with_several_iterations_every_pass_uses_the_same_rollout_time_mask(
 ):
     # num_iterations = 2: the rollout batch is trained on twice; p and H stay the rollout's, so each update's mask
     # (tau_h, silenced and kept counts) is the same on both passes even though the weights moved in between.
-    trainer = make_trainer(
-        tiny_model_path,
-        prompts,
-        length_reward,
-        tmp_path,
-        max_steps=4,
-        steps_per_generation=4,
-        gradient_accumulation_steps=2,
-        num_iterations=2,
-        s2t_prob_threshold=0.05,
-    )
+    geometry = dict(max_steps=4, steps_per_generation=4, gradient_accumulation_steps=2, num_iterations=2)
+    trainer = make_trainer(tiny_model_path, prompts, length_reward, tmp_path, s2t_prob_threshold=0.05, **geometry)
     trainer.train()
     metrics = [row for row in trainer.state.log_history if "loss" in row]
     assert len(metrics) == 4
