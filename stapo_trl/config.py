@@ -133,15 +133,7 @@ class STAPOConfig(core.STAPOConfig):
             # transformers >= 5.24 renamed the field and warns on the old name, which GRPOConfig sets by default (True):
             # carry the value over as transformers would, without its FutureWarning at every config a user builds.
             self.activation_checkpointing = self.gradient_checkpointing
-        if not isinstance(self.s2t_write_run_files, bool):
-            raise ValueError(
-                f"s2t_write_run_files={self.s2t_write_run_files!r} must be a bool (True or False), got "
-                f"{type(self.s2t_write_run_files).__name__}."
-            )
-        for name in ("s2t_prob_threshold", "s2t_entropy_quantile"):  # a string would fail with a bare TypeError
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{name}={value!r} must be a number, got {type(value).__name__}.")
+        write_run_files(self)
         if self.output_dir is not None and os.path.isfile(os.path.expanduser(self.output_dir)):
             raise ValueError(f"output_dir={self.output_dir!r} is a file: give a folder (it is created if missing).")
         if self.s2t_mode is False:
@@ -179,75 +171,13 @@ def has_accelerator() -> bool:
     )
 
 
-def partial_prompt_group_message(
-    per_device_train_batch_size: int, num_processes: int, gradient_accumulation_steps: int, num_generations: int
-) -> str | None:
-    """The warning for an optimizer update that holds part of a prompt group (`None` when it holds whole groups).
+def write_run_files(args) -> bool:
+    """`s2t_write_run_files` of any `GRPOConfig` (`True` where it has none): whether `train()` writes the run files.
 
-    TRL only needs whole groups per rollout batch, but the paper's mini-batch (the set tau_h is taken over and the
-    loss normalized by) is whole prompts: 64 prompts x 8 rollouts.
+    Raises:
+        ValueError: the value is not a bool.
     """
-    completions = per_device_train_batch_size * num_processes * gradient_accumulation_steps
-    if completions % num_generations == 0:
-        return None
-    return (
-        f"An optimizer update holds {completions} completions (per_device_train_batch_size "
-        f"{per_device_train_batch_size} x {num_processes} processes x gradient_accumulation_steps "
-        f"{gradient_accumulation_steps}), not a whole number of prompt groups of num_generations={num_generations}: "
-        "the paper's mini-batches are whole prompts (64 prompts x 8). Make per_device_train_batch_size x processes x "
-        f"gradient_accumulation_steps a multiple of {num_generations}."
-    )
-
-
-def untested_combination_warnings(args: STAPOConfig, num_processes: int | None = None) -> list[str]:
-    """The warnings for settings the paper never ran, one message each, beside the core's
-    ([`~stapo_trl.core.stapo_config.s2t_warnings`]: where the mask cannot renormalize). The product's trainer warns
-    each at construction and the dry run prints both lists; with `s2t_mode="off"` there is nothing to say.
-
-    Args:
-        args ([`STAPOConfig`]): the configuration to check.
-        num_processes (`int`, *optional*): training processes; defaults to `args.world_size`.
-
-    Returns:
-        `list[str]`: the messages, empty when there is nothing to say.
-    """
-    if args.s2t_mode == "off":
-        return []
-    messages = []
-    if args.loss_type == "vespo":
-        messages.append(
-            "loss_type='vespo' with the S2T mask was never run in the paper: each completion's gamma weight phi is "
-            "computed from its sequence log-ratio over the loss mask, so silencing tokens also changes the phi "
-            "weight of their whole completion."
-        )
-    if args.top_entropy_quantile < 1.0:
-        messages.append(
-            f"top_entropy_quantile={args.top_entropy_quantile} together with the S2T mask was never run in the "
-            "paper: both masks apply (the high-entropy quantile is taken over kept tokens) and TRL keeps its own "
-            "denominator for the entropy mask."
-        )
-    if args.importance_sampling_level == "sequence":
-        messages.append(
-            "importance_sampling_level='sequence' with the S2T mask was never run in the paper: the sequence-level "
-            "log-ratio is then averaged over kept tokens only."
-        )
-    if args.entropy_coef != 0.0 or args.use_adaptive_entropy:
-        messages.append(
-            f"entropy_coef={args.entropy_coef} with the S2T mask was never run in the paper (no entropy bonus): the "
-            "entropy bonus is then averaged over kept tokens only, so silenced tokens get no entropy gradient either."
-        )
-    if args.temperature != 1.0:
-        messages.append(
-            f"temperature={args.temperature}: the S2T thresholds (s2t_prob_threshold, s2t_entropy_quantile) are "
-            "calibrated at temperature 1.0, and probabilities and entropies are taken from the temperature-scaled "
-            "logits, so the silenced set changes. The paper trains at 1.0."
-        )
-    partial = partial_prompt_group_message(
-        args.per_device_train_batch_size,
-        num_processes or args.world_size,
-        args.gradient_accumulation_steps,
-        args.num_generations,
-    )
-    if partial is not None:
-        messages.append(partial)
-    return messages
+    value = getattr(args, "s2t_write_run_files", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"s2t_write_run_files={value!r} must be a bool (True or False), got {type(value).__name__}.")
+    return value

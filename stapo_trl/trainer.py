@@ -34,7 +34,7 @@ from trl.trainer.utils import get_config_model_id
 from . import core
 from .checks.dataset import check_chat_template, check_prompt_column, check_reward_columns
 from .checks.hub import check_hub_model
-from .config import STAPOConfig, untested_combination_warnings
+from .config import STAPOConfig, write_run_files
 from .diagnostics.ablations import ABLATION_MODES, ablation_mask
 from .diagnostics.metrics import diagnostic_metrics
 from .integrations.process_group import release_process_group
@@ -68,6 +68,7 @@ class ProductTrainerMixin:
             model = resolve_model_path(model)  # builtin:<name>, built into its cache on first use
         if args is not None:
             check_vllm_args(args)  # vllm_mode='server' on a CPU-only run: refused before TRL waits for a server
+            write_run_files(args)  # a bool, where the config has the field
         reward_funcs = resolve_reward_names(reward_funcs)  # "math_accuracy" is stapo_trl's, not a Hub reward model
         # Checked now, not at the first step after a model build; and only what GRPOTrainer would fail on. Its later
         # arguments may come by position too.
@@ -113,7 +114,7 @@ class ProductTrainerMixin:
             KeyboardInterrupt: on the first Ctrl-C (SIGINT), after the checkpoint of the step it came in (attributes
                 `step` and `checkpoint`).
         """
-        if not isinstance(self.args, STAPOConfig) or self.args.s2t_write_run_files:
+        if write_run_files(self.args):
             add_run_file_callbacks(self)
         if not any(isinstance(callback, NoLearningSignalCallback) for callback in self.callback_handler.callbacks):
             self.add_callback(NoLearningSignalCallback(self))
@@ -178,44 +179,40 @@ class STAPOTrainer(ProductTrainerMixin, core.STAPOTrainer):
             built into its cache on first use.
         reward_funcs: as [`~trl.GRPOTrainer`]; a string may also name a reward of `stapo_trl.rewards.REWARDS`
             (`"math_accuracy"`).
-        args ([`~stapo_trl.STAPOConfig`], *optional*): defaults to `STAPOConfig("<model>-STAPO")`.
+        args ([`~trl.GRPOConfig`], *optional*): any `GRPOConfig` (the S2T fields and `s2t_write_run_files` where it
+            has them, else the paper's values and `True`); defaults to [`~stapo_trl.STAPOConfig`]`("<model>-STAPO")`.
         train_dataset, eval_dataset, ...: as [`~trl.GRPOTrainer`].
 
     Raises:
-        TypeError: if `args` is not a [`~stapo_trl.STAPOConfig`].
         ValueError: an empty dataset, or one without a `prompt` column (unless an `environment_factory`, whose
             `reset()` supplies the prompt, is given); a reward function with an argument that no column of
             `train_dataset` / `eval_dataset` fills ([`~stapo_trl.checks.dataset.check_reward_columns`]; not checked
-            with a `rollout_func`); an unknown reward name; `vllm_mode="server"` without an accelerator.
+            with a `rollout_func`); an unknown reward name; `vllm_mode="server"` without an accelerator; an S2T value
+            out of range or `s2t_write_run_files` not a bool, from a config of any class.
         FileNotFoundError, ConnectionError: a model (or reward model) given as a Hub id that is not in the local
             cache while `HF_HUB_OFFLINE=1`, or while the Hub does not answer
             ([`~stapo_trl.checks.hub.check_hub_model`]; in seconds, before any download is tried).
     """
 
+    _s2t_modes = STAPOConfig._s2t_modes  # the core's modes and the paper's ablations
+
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *pargs, **kwargs):
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             args = STAPOConfig(f"{str(model_name).split('/')[-1]}-STAPO")
-        if not isinstance(args, STAPOConfig):
-            raise TypeError(
-                f"STAPOTrainer needs `args` to be a stapo_trl.STAPOConfig, got {type(args).__name__}. "
-                "Build it with STAPOConfig(...) (it accepts every GRPOConfig field)."
-            )
-        for message in untested_combination_warnings(args):
-            warnings.warn(message, stacklevel=2)
         self._nonfinite_warned = False
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
 
     def _compute_s2t_mask(self, per_token_logps, entropies, advantages, loss_mask, completion_ids):
-        if self.args.s2t_mode in ABLATION_MODES:
+        if self.s2t.mode in ABLATION_MODES:
             result = ablation_mask(
                 per_token_logps,
                 entropies,
                 advantages,
                 loss_mask,
-                mode=self.args.s2t_mode,
-                prob_threshold=self.args.s2t_prob_threshold,
-                entropy_quantile=self.args.s2t_entropy_quantile,
+                mode=self.s2t.mode,
+                prob_threshold=self.s2t.prob_threshold,
+                entropy_quantile=self.s2t.entropy_quantile,
                 gather=self._gather,
             )
         else:

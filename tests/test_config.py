@@ -1,10 +1,9 @@
 """The product's `STAPOConfig` (`stapo_trl.STAPOConfig`): the paper's defaults, every S2T field documented where it is
-declared, the ablation modes beside the core's, early refusals, one warning per untested combination, and the CPU
-defaults (`use_cpu`, no bf16) on a machine without an accelerator."""
+declared, the ablation modes beside the core's, early refusals (the S2T values by the core's one definition), and the
+CPU defaults (`use_cpu`, no bf16) on a machine without an accelerator."""
 
 import dataclasses
 import logging
-import re
 import typing
 import warnings
 from pathlib import Path
@@ -13,8 +12,7 @@ import pytest
 from testing_utils import STAPO_RECIPE
 
 from stapo_trl import STAPOConfig, core
-from stapo_trl.config import has_accelerator, partial_prompt_group_message, untested_combination_warnings
-from stapo_trl.core.stapo_config import s2t_warnings
+from stapo_trl.config import has_accelerator
 from stapo_trl.diagnostics.ablations import ABLATION_MODES
 
 
@@ -110,50 +108,6 @@ def test_accepts_v1_quantile_and_boundaries():
     config = make_config(s2t_prob_threshold=1.0, s2t_entropy_quantile=0.0)
     assert (config.s2t_prob_threshold, config.s2t_entropy_quantile) == (1.0, 0.0)
     assert make_config(s2t_prob_threshold=1).s2t_prob_threshold == 1  # an int is a number
-
-
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        ({"temperature": 0.7}, r"temperature=0\.7: the S2T thresholds .* calibrated at temperature 1\.0"),
-        ({"loss_type": "vespo"}, "phi weight of their whole completion"),
-        ({"entropy_coef": 0.01}, r"entropy_coef=0\.01 .* averaged over kept tokens"),
-        ({"use_adaptive_entropy": True}, r"no entropy bonus"),
-        ({"top_entropy_quantile": 0.2}, r"top_entropy_quantile=0\.2"),
-        ({"importance_sampling_level": "sequence"}, "importance_sampling_level='sequence'"),
-        # why: 4 completions per update with groups of 8 (steps_per_generation 2 keeps the rollout batch whole)
-        ({"per_device_train_batch_size": 4, "steps_per_generation": 2}, "not a whole number of prompt groups"),
-        # the core's: where the loss cannot be the paper's exact objective
-        ({"loss_type": "dr_grpo"}, "constant denominator"),
-        ({"loss_type": "luspo"}, "constant denominator"),
-        ({"gradient_accumulation_steps": 2, "steps_per_generation": 3}, r"steps_per_generation=3 is not a multiple"),
-    ],
-)
-def test_untested_combinations_give_one_message_each(overrides, message):
-    config = make_config(**overrides)
-    messages = s2t_warnings(config) + untested_combination_warnings(config)
-    assert len(messages) == 1 and re.search(message, messages[0]), messages
-    off = make_config(s2t_mode="off", **overrides)
-    assert s2t_warnings(off) == untested_combination_warnings(off) == []  # nothing is silenced
-
-
-def test_paper_settings_give_no_warning():
-    # The recipes' geometry: 4 optimizer updates per rollout batch, whole prompt groups per update.
-    config = make_config(steps_per_generation=4, gradient_accumulation_steps=1)
-    assert s2t_warnings(config) == untested_combination_warnings(config) == []
-    config = make_config(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=8)
-    assert s2t_warnings(config) == untested_combination_warnings(config) == []
-
-
-def test_an_update_of_whole_prompt_groups_counts_every_process():
-    assert partial_prompt_group_message(8, 1, 1, 8) is None
-    assert partial_prompt_group_message(4, 2, 1, 8) is None  # 4 completions x 2 processes
-    assert partial_prompt_group_message(2, 2, 2, 8) is None
-    message = partial_prompt_group_message(4, 1, 1, 8)
-    assert "holds 4 completions" in message and "multiple of 8" in message
-    config = make_config(per_device_train_batch_size=4, steps_per_generation=2)
-    assert untested_combination_warnings(config, num_processes=2) == []
-    assert len(untested_combination_warnings(config, num_processes=1)) == 1
 
 
 @pytest.mark.skipif(has_accelerator(), reason="the CPU defaults apply only on a machine without an accelerator")

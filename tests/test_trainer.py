@@ -5,17 +5,27 @@ construction warnings, `builtin:` model names, and a spurious-token logger whose
 The core's maths (the rule's losses, the per-update normalizer, parity with `GRPOTrainer`, where p and H come from) is
 tested in `tests/core/`."""
 
+import dataclasses
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from testing_utils import PROMPTS, KeepsLogpGrad, hand_scored_batch, policy_forward, text_reward, zero_reward
+import trl
+from testing_utils import PROMPTS, REPO, KeepsLogpGrad, hand_scored_batch, policy_forward, text_reward, zero_reward
+from transformers import TrainerCallback
 from trl import GRPOConfig
 
-from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.config import untested_combination_warnings
+from stapo_trl import STAPOConfig, STAPOTrainer, core
+from stapo_trl.config import write_run_files
+from stapo_trl.core.stapo_config import s2t_warnings
 from stapo_trl.runfiles.callbacks import SpuriousTokenLogger
 
 
@@ -369,49 +379,169 @@ def held_tensors(obj, skip=(), path="", seen=None):
 # ----------------------------------------------------------------------------------------------------------------
 # Construction
 # ----------------------------------------------------------------------------------------------------------------
-def build(model_path, tmp_path, **overrides):
-    """A trainer built with its construction warnings shown (the config's own are silenced: not under test)."""
+def build(model_path, tmp_path, config_cls=STAPOConfig, reward=zero_reward, **overrides):
+    """A trainer built with its construction warnings recorded (the config's own are silenced: not under test)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = STAPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], **overrides)
-    STAPOTrainer(model_path, reward_funcs=zero_reward, args=args, train_dataset=PROMPTS)
-    return args
+        args = config_cls(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], **overrides)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer = STAPOTrainer(model_path, reward_funcs=reward, args=args, train_dataset=PROMPTS)
+    return trainer, [str(w.message) for w in record if issubclass(w.category, UserWarning)]
 
 
 @pytest.mark.parametrize(
-    "overrides, message",
+    "overrides",
     [
-        ({"loss_type": "vespo"}, "phi weight"),
-        ({"entropy_coef": 0.01}, "entropy bonus"),
-        ({"temperature": 0.7}, "temperature=0.7"),
-        # why: 4 completions per update with groups of 8 (steps_per_generation 2 keeps the rollout batch whole)
-        ({"per_device_train_batch_size": 4, "steps_per_generation": 2}, "whole number of prompt groups"),
+        {"beta": 0.04},
+        {"importance_sampling_level": "sequence"},
+        {"loss_type": "vespo"},
+        {"top_entropy_quantile": 0.2},
+        {"entropy_coef": 0.01},
+        {"temperature": 0.7},
+        {"loss_type": "dr_grpo"},
+        {"gradient_accumulation_steps": 2, "steps_per_generation": 3},
+        {"per_device_train_batch_size": 4, "steps_per_generation": 2},  # 4 completions: half a group of 8
     ],
 )
-def test_untested_combinations_are_warned_at_construction(tiny_random_model_path, tmp_path, overrides, message):
-    with pytest.warns(UserWarning, match=message) as record:
-        args = build(tiny_random_model_path, tmp_path, **overrides)
-    expected = untested_combination_warnings(args)
-    assert len(expected) == 1
-    assert [str(w.message) for w in record if str(w.message) in expected] == expected  # once
+def test_the_cores_warnings_are_given_once_at_construction(tiny_random_model_path, tmp_path, overrides):
+    trainer, messages = build(tiny_random_model_path, tmp_path, **overrides)
+    (expected,) = s2t_warnings(trainer.args, trainer.s2t)  # the core's one list
+    assert messages.count(expected) == 1
 
 
-def test_the_cores_warnings_are_given_once_and_none_with_the_mask_off(tiny_random_model_path, tmp_path):
-    with pytest.warns(UserWarning, match="constant denominator") as record:
-        build(tiny_random_model_path, tmp_path, loss_type="dr_grpo")
-    assert sum("constant denominator" in str(w.message) for w in record) == 1
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        build(tiny_random_model_path, tmp_path, loss_type="vespo", temperature=0.7, s2t_mode="off")
-    assert not [w for w in record if "never run in the paper" in str(w.message) or "temperature=0.7" in str(w.message)]
+def test_with_the_mask_off_nothing_about_the_mask_is_warned(tiny_random_model_path, tmp_path):
+    _, messages = build(tiny_random_model_path, tmp_path, loss_type="vespo", temperature=0.7, s2t_mode="off")
+    assert not [m for m in messages if m.startswith("S2T mask")]
+    assert [m for m in messages if m.startswith("STAPO with")] == [
+        "STAPO with s2t_prob_threshold=0.002, s2t_entropy_quantile=0.75, s2t_mode='off'; differs from the paper's "
+        "objective: s2t_mode='off' (paper 'low_entropy'), loss_type='vespo' (paper 'dapo')."
+    ]
 
 
-def test_a_grpo_config_is_refused_naming_the_products_config(tiny_random_model_path, tmp_path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # transformers' notices about its own fields
-        args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
-    with pytest.raises(TypeError, match="stapo_trl.STAPOConfig"):
+@dataclasses.dataclass
+class OpenR1StyleConfig(GRPOConfig):
+    """A user's config as open-r1 writes one: `trl.GRPOConfig` plus fields of its own, one of them an ablation mode."""
+
+    system_prompt: str | None = None
+    s2t_mode: str = "all_low_prob"
+    s2t_write_run_files: bool = True
+
+
+def test_the_products_extras_come_from_any_grpo_config(tiny_random_model_path, tmp_path):
+    trainer, messages = build(tiny_random_model_path, tmp_path, config_cls=GRPOConfig)
+    assert trainer.s2t == core.stapo_config.S2TSettings() and write_run_files(trainer.args) is True
+    assert sum(m.startswith("STAPO with") for m in messages) == 1
+    trainer, _ = build(tiny_random_model_path, tmp_path, config_cls=OpenR1StyleConfig, max_steps=2,
+                       per_device_train_batch_size=4, num_generations=2, max_completion_length=8, save_strategy="no",
+                       s2t_write_run_files=False, logging_steps=1, reward=text_reward)  # fmt: skip
+    assert trainer.s2t.mode == "all_low_prob"  # the product's ablations, where the config has them
+    trainer.train()  # trains, silencing every candidate
+    rows = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(rows) == 2 and sum(r["s2t/num_silenced"] for r in rows) == sum(r["s2t/num_candidates"] for r in rows)
+    assert not (tmp_path / "metrics.jsonl").exists()  # the config's own s2t_write_run_files=False
+    with pytest.raises(ValueError, match=r"s2t_mode='all_low_prob' is not one of \['low_entropy', 'off'\]"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            core.STAPOTrainer(tiny_random_model_path, zero_reward, args=trainer.args, train_dataset=PROMPTS)
+    args = trainer.args
+    args.s2t_write_run_files = "no"  # a field of the user's class, of the wrong type: refused at construction
+    with pytest.raises(ValueError, match=r"^s2t_write_run_files='no' must be a bool"):
         STAPOTrainer(tiny_random_model_path, reward_funcs=zero_reward, args=args, train_dataset=PROMPTS)
+
+
+def test_a_plain_grpo_config_writes_the_run_files_and_keeps_the_construction_checks(tiny_math_model_path, tmp_path):
+    from stapo_trl.rewards import math_accuracy_reward
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = GRPOConfig(
+            output_dir=str(tmp_path / "run"), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=8,
+            num_generations=4, max_completion_length=48, max_steps=2, logging_steps=1, save_strategy="no", seed=0,
+        )  # fmt: skip
+    dataset = math_prompts(24)
+    with pytest.raises(ValueError, match="prompt"):  # the product's construction checks, with a GRPOConfig too
+        STAPOTrainer(
+            tiny_math_model_path, math_accuracy_reward, args=args, train_dataset=dataset.remove_columns("prompt")
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=args, train_dataset=dataset)
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "s2t/num_loss_tokens" in row] == [1, 2]
+    records = [json.loads(line) for line in (tmp_path / "run" / "spurious_tokens.jsonl").read_text().splitlines()]
+    assert records  # the per-token records, with the paper's tau_p (the config has none)
+
+
+class CtrlCAtStep(TrainerCallback):
+    """Send SIGINT to this process once, at the end of `step` (what Ctrl-C in a terminal or a notebook does)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_with_a_plain_grpo_config_saves_a_checkpoint(tiny_random_model_path, tmp_path):
+    # As tests/runfiles/test_interrupt.py does in a notebook, with the config a TRL script passes.
+    trainer, _ = build(tiny_random_model_path, tmp_path, config_cls=GRPOConfig, max_steps=4, save_strategy="no",
+                       per_device_train_batch_size=4, num_generations=2, max_completion_length=8)  # fmt: skip
+    trainer.add_callback(CtrlCAtStep(2))
+    with pytest.raises(KeyboardInterrupt) as excinfo:
+        trainer.train()
+    assert excinfo.value.step == 2 and (tmp_path / "checkpoint-2" / "trainer_state.json").is_file()
+    assert (tmp_path / "metrics.jsonl").is_file()
+
+
+def math_prompts(n):
+    from datasets import Dataset
+
+    from stapo_trl.data import format_prompt
+
+    return Dataset.from_list(
+        [{"prompt": format_prompt(f"{a}+{a + 3}"), "solution": str(2 * a + 3)} for a in range(10, 10 + n)]
+    )
+
+
+# What TRL's own script (`trl/scripts/grpo.py`) becomes with its trainer import changed, and nothing else.
+def trl_grpo_script() -> str:
+    source = (Path(trl.__file__).parent / "scripts" / "grpo.py").read_text()
+    original = "from trl import GRPOTrainer, get_dataset, get_peft_config, get_quantization_config"
+    assert source.count(original) == 1
+    return source.replace(
+        original,
+        "from stapo_trl import STAPOTrainer as GRPOTrainer\n    from trl import get_dataset, get_peft_config, get_quantization_config",
+    )
+
+
+def test_trls_own_grpo_script_trains_with_the_trainer_import_changed(tiny_math_model_path, tmp_path):
+    # The reported case: TRL's scripts/grpo.py and open-r1's grpo.py pass a plain GRPOConfig (or their own subclass),
+    # which STAPOTrainer refused. The script from the installed wheel, with only its trainer import changed, trains
+    # builtin:tiny-math from a local dataset folder and logs the s2t/ metrics.
+    (tmp_path / "data").mkdir()
+    math_prompts(24).to_json(tmp_path / "data" / "train.jsonl")
+    (tmp_path / "script.py").write_text(trl_grpo_script())
+    (tmp_path / "rewards.py").write_text(
+        "from stapo_trl.rewards import math_accuracy_reward\n\n\ndef accuracy(completions, solution, **kwargs):\n"
+        "    return math_accuracy_reward(completions, solution=solution, **kwargs)\n"
+    )
+    argv = ["--model_name_or_path", tiny_math_model_path, "--dataset_name", str(tmp_path / "data")]
+    argv += ["--reward_funcs", "rewards.accuracy", "--output_dir", str(tmp_path / "out"), "--use_cpu", "true"]
+    argv += ["--bf16", "false", "--report_to", "none", "--max_steps", "2", "--logging_steps", "1"]
+    argv += ["--per_device_train_batch_size", "8", "--num_generations", "4", "--max_completion_length", "48"]
+    argv += ["--save_strategy", "no", "--steps_per_generation", "4", "--gradient_accumulation_steps", "2"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run(
+        [sys.executable, "script.py", *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "STAPO with s2t_prob_threshold=0.002" in result.stderr  # the one line: GRPOConfig has no S2T field
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "s2t/num_loss_tokens" in row] == [1, 2]
+    assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
 def test_builtin_model_names_work_in_the_python_api(tiny_random_model_path, builtin_cache_dir, tmp_path, monkeypatch):

@@ -8,13 +8,18 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from ..config import partial_prompt_group_message, untested_combination_warnings
-from ..core.stapo_config import s2t_warnings
+from ..config import STAPOConfig
+from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
 from .geometry import BatchGeometry, divisors
 from .recipe_checks import Findings, fmt_int
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+S2T_PATHS = {  # the core's `s2t_path`, in words, with its cost
+    "loss": "the loss's own forward, detached (no extra forward)",
+    "old_logps": "TRL's no-grad old-log-prob forward of the rollout batch (no extra forward)",
+    "extra_forward": "one extra no-grad forward per rollout batch",
+}
 
 
 def check_batch(
@@ -53,12 +58,9 @@ def check_batch(
             f"multiple of {num_generations}."
         )
     if is_stapo:  # the trainer's own construction warnings, from the one function that makes them
-        f.warnings += s2t_warnings(training_args, steps_per_generation)
-        f.warnings += untested_combination_warnings(training_args, num_processes=n)
-    else:
-        partial = partial_prompt_group_message(per_device, n, grad_accum, num_generations)
-        f.warnings += [partial] if partial is not None else []
-    if not is_stapo and steps_per_generation % grad_accum != 0:
+        s2t = s2t_settings(training_args, STAPOConfig._s2t_modes)
+        f.warnings += s2t_warnings(training_args, s2t, steps_per_generation, num_processes=n)
+    elif steps_per_generation % grad_accum != 0:
         f.warnings.append(
             f"steps_per_generation={steps_per_generation} is not a multiple of gradient_accumulation_steps="
             f"{grad_accum}: an optimizer update spans two rollout batches."
@@ -127,16 +129,7 @@ def batch_lines(f: Findings, geometry: BatchGeometry, max_completion_length: int
 
 def s2t_values_line(f: Findings, training_args, geometry: BatchGeometry) -> None:
     """The row saying where the S2T mask's p and H come from and what that costs (the path `STAPOTrainer` takes)."""
-    steps_per_generation, num_iterations = geometry.micro_steps_per_generation, training_args.num_iterations
-    if steps_per_generation == num_iterations == 1:
-        value = "the loss's own forward, detached (no extra forward)"
-    elif training_args.gradient_accumulation_steps % (steps_per_generation * num_iterations) or (
-        training_args.use_vllm and training_args.vllm_importance_sampling_correction
-    ):
-        value = "TRL's no-grad old-log-prob forward of the rollout batch (no extra forward)"
-    else:  # GA > 1 with steps_per_generation = GA: tau_h needs every micro-batch's entropies before the first backward
-        value = "one extra no-grad forward per rollout batch"
-    f.lines.append(("S2T p and H", value))
+    f.lines.append(("S2T p and H", S2T_PATHS[s2t_path(training_args, geometry.micro_steps_per_generation)]))
 
 
 def check_generation(

@@ -19,6 +19,7 @@ from ..checks.dataset import CLI_CHAT_TEMPLATE_FIX, chat_template_message, has_c
 from ..checks.hub import check_hub_access
 from ..checks.prompt_length import model_max_positions, prompt_token_budget
 from ..config import STAPOConfig
+from ..core.stapo_config import s2t_settings
 from ..data import (
     BUILTIN_DATASETS,
     check_prompt_columns,
@@ -77,13 +78,13 @@ def check_trainer(f: Findings, script_args, training_args) -> bool:
     if trainer == "grpo" and (is_stapo or not isinstance(training_args, GRPOConfig)):
         f.errors.append(f"trainer='grpo' needs a plain GRPOConfig, got {type(training_args).__name__}.")
     if is_stapo:
-        a = training_args
+        s2t = s2t_settings(training_args, STAPOConfig._s2t_modes)
         f.lines.append(
             (
                 "trainer",
                 (
-                    f"stapo: STAPOTrainer, S2T mask tau_p={a.s2t_prob_threshold}, q={a.s2t_entropy_quantile}, "
-                    f"mode={a.s2t_mode}, tau_h per optimizer update"
+                    f"stapo: STAPOTrainer, S2T mask tau_p={s2t.prob_threshold}, q={s2t.entropy_quantile}, "
+                    f"mode={s2t.mode}, tau_h per optimizer update"
                 ),
             )
         )

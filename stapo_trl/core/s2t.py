@@ -1,16 +1,5 @@
 # Copyright 2026 The stapo_trl Authors. All rights reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
+# SPDX-License-Identifier: Apache-2.0
 
 """The S2T rule of [STAPO](https://huggingface.co/papers/2602.15620) (Sec. 3) as pure tensor maths; torch only."""
 
@@ -18,12 +7,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 
 S2T_MODES = ("low_entropy", "off")
+
+
+@dataclass(frozen=True)
+class S2TSettings:
+    """The S2T values (defaults: the paper's, Sec. 4.1): tau_p in (0, 1], q in [0, 1] and the mode. Raises `ValueError`
+    for tau_p or q not a number or out of range, naming the config field (`s2t_<name>`)."""
+
+    prob_threshold: float = 0.002
+    entropy_quantile: float = 0.75
+    mode: str = "low_entropy"
+
+    def __post_init__(self):
+        for f, allowed in zip(fields(self)[:2], ("(0, 1]", "[0, 1]"), strict=True):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"s2t_{f.name}={value!r} must be a number in {allowed}, got {type(value).__name__}.")
+            if not (0.0 < value <= 1.0 if allowed[0] == "(" else 0.0 <= value <= 1.0):
+                raise ValueError(f"s2t_{f.name}={value} must be in {allowed}; the paper: {f.default}.")
 
 
 @dataclass
@@ -103,12 +110,8 @@ def s2t_mask(
     Raises:
         ValueError: an unknown `mode`, a threshold out of range, or shapes that do not match.
     """
-    if mode not in S2T_MODES:
+    if S2TSettings(prob_threshold, entropy_quantile, mode).mode not in S2T_MODES:  # the thresholds are checked there
         raise ValueError(f"mode={mode!r} is not one of {list(S2T_MODES)}")
-    if not (0.0 < prob_threshold <= 1.0 and 0.0 <= entropy_quantile <= 1.0):
-        raise ValueError(
-            f"prob_threshold={prob_threshold} must be in (0, 1], entropy_quantile={entropy_quantile} in [0, 1]"
-        )
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)  # (B,) -> (B, 1)
     shapes = [tuple(t.shape) for t in (per_token_logps, entropies, loss_mask)]

@@ -1,38 +1,34 @@
 # Copyright 2026 The stapo_trl Authors. All rights reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
+# SPDX-License-Identifier: Apache-2.0
 
-"""`STAPOConfig`: `trl.GRPOConfig` with the S2T fields of STAPO and the paper's objective as defaults."""
+"""`STAPOConfig` (`GRPOConfig` with the S2T fields and the paper's objective) and what any `GRPOConfig` means for STAPO:
+its S2T settings, where p and H come from, and what the mask changes in its features."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar, Literal
 
 from trl import GRPOConfig
 
-from .s2t import S2T_MODES
+from .s2t import S2T_MODES, S2TSettings
+
+
+# The paper's objective (Sec. 4.1, DAPO / JustRL); trl 1.16's GRPOConfig defaults differ from it in epsilon_high only.
+PAPER_OBJECTIVE = {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0}
+NUM_ITEMS_LOSSES = ("dapo", "cispo", "vespo")  # TRL's loss types divided by `num_items_in_batch`
 
 
 @dataclass
 class STAPOConfig(GRPOConfig):
     r"""
-    Configuration class for the [`STAPOTrainer`].
+    Configuration class for the [`STAPOTrainer`]: [`~trl.GRPOConfig`] with the S2T fields and the paper's objective.
 
     [STAPO](https://huggingface.co/papers/2602.15620) only changes which tokens count in the GRPO loss: tokens of a
     positive-advantage completion sampled with a low probability at a low-entropy position are silenced, and the loss
-    is averaged over the remaining tokens. Four inherited defaults change to the paper's objective (Sec. 4.1, the
-    DAPO/JustRL objective): `loss_type="dapo"`, `epsilon=0.2`, `epsilon_high=0.28`, `beta=0.0`.
+    is averaged over the remaining tokens. The defaults are the paper's objective (Sec. 4.1, DAPO/JustRL's):
+    `loss_type="dapo"`, `epsilon=0.2`, `epsilon_high=0.28`, `beta=0.0`; of these, trl 1.16's `GRPOConfig` differs only
+    in `epsilon_high` (`None`: `epsilon`). [`STAPOTrainer`] takes a plain `GRPOConfig` too (the paper's S2T values).
 
     Parameters:
         > Parameters that control the S2T mask
@@ -72,28 +68,70 @@ class STAPOConfig(GRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if not 0.0 < self.s2t_prob_threshold <= 1.0:
-            raise ValueError(f"s2t_prob_threshold={self.s2t_prob_threshold} must be in (0, 1]; the paper uses 0.002.")
-        if not 0.0 <= self.s2t_entropy_quantile <= 1.0:
-            raise ValueError(f"s2t_entropy_quantile={self.s2t_entropy_quantile} must be in [0, 1]; the paper: 0.75.")
-        if self.s2t_mode not in self._s2t_modes:
-            raise ValueError(f"s2t_mode={self.s2t_mode!r} is not one of {list(self._s2t_modes)}.")
+        s2t_settings(self, self._s2t_modes)
 
 
-def s2t_warnings(args: STAPOConfig, steps_per_generation: int | None = None) -> list[str]:
-    """Where the S2T loss cannot be the paper's exact objective: `list[str]`, one message each (none when the mask is
-    off). `steps_per_generation` overrides `args.steps_per_generation` (a dry run for another process count)."""
-    steps_per_generation = steps_per_generation or args.steps_per_generation
-    messages = []
-    if args.s2t_mode != "off" and args.loss_type in ("dr_grpo", "luspo"):
-        messages.append(
-            f"loss_type={args.loss_type!r} has a constant denominator: silenced tokens leave the numerator only. "
-            "STAPO's kept-token average needs 'dapo' (the paper's), 'bnpo', 'grpo', 'cispo' or 'vespo'."
-        )
-    if args.s2t_mode != "off" and steps_per_generation % args.gradient_accumulation_steps:
-        messages.append(
-            f"steps_per_generation={steps_per_generation} is not a multiple of gradient_accumulation_steps="
-            f"{args.gradient_accumulation_steps}: an optimizer update spans rollout batches, so tau_h is taken over each "
-            "rollout batch and the loss keeps TRL's estimated normalizer instead of the update's kept-token count."
-        )
-    return messages
+def s2t_settings(args: GRPOConfig, modes: tuple[str, ...] = S2T_MODES) -> S2TSettings:
+    """The S2T settings of any `GRPOConfig`: its `s2t_*` fields where it has them, else the paper's values.
+
+    Raises:
+        ValueError: a value of the wrong type or out of range, or a mode not in `modes`, naming the field.
+    """
+    settings = S2TSettings(**{f.name: getattr(args, f"s2t_{f.name}", f.default) for f in fields(S2TSettings)})
+    if settings.mode not in modes:
+        raise ValueError(f"s2t_mode={settings.mode!r} is not one of {list(modes)}.")
+    return settings
+
+
+def s2t_settings_line(args: GRPOConfig, settings: S2TSettings) -> str | None:
+    """The S2T values in effect and what differs from the paper's objective, one line (`None`: the paper's config)."""
+    missing = [f"s2t_{f.name}" for f in fields(settings) if not hasattr(args, f"s2t_{f.name}")]
+    values = [(f"s2t_{f.name}", getattr(settings, f.name), f.default) for f in fields(settings)]
+    values += [(name, getattr(args, name), paper) for name, paper in PAPER_OBJECTIVE.items()]
+    differs = ", ".join(f"{name}={value!r} (paper {paper!r})" for name, value, paper in values if value != paper)
+    if not missing and not differs:
+        return None
+    source = f" (the paper's: {type(args).__name__} has no {', '.join(missing)})" if missing else ""
+    s2t = ", ".join(f"{name}={value!r}" for name, value, _ in values[:3])
+    return f"STAPO with {s2t}{source}; differs from the paper's objective: {differs or 'nothing'}."
+
+
+def s2t_path(args: GRPOConfig, steps_per_generation: int | None = None) -> str:
+    """Where the mask's p and H come from in training: `"loss"` (the loss's own forward, detached), `"old_logps"` (TRL's
+    no-grad old-log-prob forward) or `"extra_forward"` (one no-grad forward per rollout batch: the only extra cost).
+    When TRL runs its forward is TRL 1.16's decision, mirrored here: the trainer fails if TRL decides otherwise."""
+    spg, iterations = steps_per_generation or args.steps_per_generation, args.num_iterations
+    if spg == iterations == 1:
+        return "loss"
+    importance_sampling = args.use_vllm and args.vllm_importance_sampling_correction
+    return (
+        "old_logps"
+        if args.gradient_accumulation_steps % (spg * iterations) or importance_sampling
+        else "extra_forward"
+    )
+
+
+def s2t_warnings(args: GRPOConfig, settings: S2TSettings, steps_per_generation=None, num_processes=None) -> list[str]:
+    """What the S2T mask changes in a GRPO feature the paper did not run, one message each naming the field (the
+    table "What the mask does with each GRPO feature" of docs/stapo.md); none for the paper's configuration.
+    `steps_per_generation` and `num_processes` replace the config's (a dry run for another process count)."""
+    spg, ga, a = steps_per_generation or args.steps_per_generation, args.gradient_accumulation_steps, args
+    lt = a.loss_type
+    if settings.mode == "off":  # nothing is silenced; only the per-update normalizer differs from GRPOTrainer's
+        off = f"s2t_mode='off' with steps_per_generation={spg} > gradient_accumulation_steps={ga} is not plain "
+        off += "GRPOTrainer: each update is divided by its own loss-token count, GRPOTrainer's by the rollout batch's."
+        return [off] if lt in NUM_ITEMS_LOSSES and spg > ga and spg % ga == 0 else []
+    groups = a.per_device_train_batch_size * (num_processes or a.world_size) * ga  # completions per update
+    checks = [
+        ("loss_type", lt in ("dr_grpo", "luspo"), "a constant denominator: silenced tokens leave the numerator only"),
+        ("steps_per_generation", spg % ga, f"not a multiple of GA={ga}: tau_h per rollout batch, TRL's normalizer"),
+        ("beta", a.beta, "silenced tokens lose their KL penalty too (part of each token's loss)"),
+        ("importance_sampling_level", a.importance_sampling_level == "sequence", "each ratio averages kept tokens"),
+        ("loss_type", lt == "vespo", "each completion's weight phi sums its kept tokens' log-ratios only"),
+        ("top_entropy_quantile", a.top_entropy_quantile < 1, "its entropy quantile is taken over kept tokens only"),
+        ("entropy_coef", a.entropy_coef or a.use_adaptive_entropy, "the bonus averages kept tokens only"),
+        ("temperature", a.temperature != 1, "p and H are temperature-scaled; tau_p and q are calibrated at 1.0"),
+        ("num_generations", groups % a.num_generations, f"an update of {groups} completions splits prompt groups"),
+    ]
+    values = {"steps_per_generation": spg}
+    return [f"S2T mask with {name}={values.get(name, getattr(a, name))!r}: {what}." for name, on, what in checks if on]

@@ -1,78 +1,66 @@
 # Copyright 2026 The stapo_trl Authors. All rights reserved.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
+# SPDX-License-Identifier: Apache-2.0
 
 """`STAPOTrainer`: TRL's `GRPOTrainer` with the S2T mask of STAPO in the loss."""
 
 from __future__ import annotations
 
+import copy
+import inspect
+import math
 import textwrap
 import warnings
+from dataclasses import asdict
 
 import torch
+import trl
+from packaging.specifiers import SpecifierSet
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id
 
-from .s2t import S2TResult, s2t_mask
-from .stapo_config import STAPOConfig, s2t_warnings
+from .s2t import S2T_MODES, S2TResult, s2t_mask
+from .stapo_config import NUM_ITEMS_LOSSES, STAPOConfig, s2t_path, s2t_settings, s2t_settings_line, s2t_warnings
 
 
-# The multimodal inputs that GRPOTrainer._compute_loss forwards to `_get_per_token_logps_and_entropies`.
-_FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes")
-_FORWARD_KEYS += ("num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+SUPPORTED_TRL = ">=1.16.0,<1.17"  # the TRL versions the tests ran; another one is warned at construction
+# The multimodal inputs of TRL's forward, which its `_compute_loss` passes from the batch: read from its signature.
+_FORWARD_KEYS = tuple(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)
+_FORWARD_KEYS = _FORWARD_KEYS[_FORWARD_KEYS.index("compute_aux_loss") + 1 :]
 
 
 class STAPOTrainer(GRPOTrainer):
     r"""
     Trainer for [STAPO](https://huggingface.co/papers/2602.15620): GRPO whose loss silences rare spurious tokens.
 
-    A token is silenced when its completion has a positive advantage, its sampled probability is below tau_p and its
-    entropy is below tau_h, the q-quantile of such candidates' entropies over one optimizer update (the paper's
-    mini-batch: `gradient_accumulation_steps` micro-batches on all processes), taken before the update's first
-    backward. Silenced tokens leave the numerator and the denominator: each update is divided by its global kept-token
-    count (`dapo`, `cispo`, `vespo`; per sequence or micro-batch for `grpo`, `sapo`, `bnpo`). Only the loss differs
-    from [`~trl.GRPOTrainer`], whose `_compute_loss` is called, not copied.
+    The S2T rule (Sec. 3) silences the tokens of a positive-advantage completion sampled with a probability below tau_p
+    at a position whose entropy is below tau_h, the q-quantile of such candidates' entropies over the optimizer update
+    (all processes); the loss is averaged over the other tokens. p and H are the rollout policy's. The only change
+    w.r.t. [`~trl.GRPOTrainer`] is the loss, whose `_compute_loss` is called, not copied; the design and what the mask
+    does with each GRPO feature: `docs/stapo.md`.
 
-    p and H are the rollout policy's (the weights that sampled the completions): TRL's no-grad old-log-prob forward
-    where TRL runs one (`steps_per_generation` > GA, `num_iterations` > 1, vLLM importance sampling); the loss's own
-    forward, detached, where each micro-step trains on a fresh rollout (`steps_per_generation` = `num_iterations` = 1,
-    TRL's default); otherwise one no-grad forward per rollout batch. When `steps_per_generation` is not a multiple of
-    GA an update spans rollout batches: tau_h is then taken per rollout batch with TRL's normalizer (warned).
+    `args` may be any `GRPOConfig` (your own subclass too): its S2T fields where it has them (a [`STAPOConfig`]),
+    else the paper's `s2t_prob_threshold=0.002` (tau_p), `s2t_entropy_quantile=0.75` (q), `s2t_mode="low_entropy"`
+    (`"off"`: nothing silenced, same normalizer). One line at construction gives the values in effect and what differs
+    from the paper's objective; a bad value is a `ValueError` naming the field; each GRPO feature the mask changes is
+    warned; a TRL whose loss normalizer or rollout scoring is not the one STAPO is built on is a `RuntimeError`. Logs
+    `s2t/silenced_ratio`, `s2t/candidate_ratio`, `s2t/entropy_threshold` (tau_h, nats) and the global counts
+    `s2t/num_silenced`, `s2t/num_candidates`, `s2t/num_loss_tokens`, `s2t/num_nonfinite`.
 
-    Overrides, each needed by the exact path (TRL 1.16 private names used, all in this class: these four methods,
-    `_buffered_inputs`, `_step`, `_metrics`, `aux_loss_enabled`, and the batch keys below):
-    - `_generate_and_score_completions` keeps the rollout's entropies (and log-probs) with the batch, so that TRL's
-      shuffle and split carry them with their rows.
-    - `_get_per_token_logps_and_entropies` asks TRL's old-log-prob forward for entropies too, and hands the loss's
-      forward back to the parent when `_compute_loss` already ran it.
-    - `_prepare_inputs` builds each update's mask at its first micro-step. The mask reaches the parent's loss as
-      `tool_mask` (a loss mask only; `completion_mask` is also the attention mask), the normalizer as
-      `num_items_in_batch`, set so that TRL's `num_items / num_processes * GA / steps_per_generation` is the update's
-      kept-token count / num_processes.
-    - `_compute_loss` builds the mask from the loss's own forward where that forward is the rollout policy's, and in
-      evaluation. `_compute_s2t_mask` is the hook for subclasses (token records, other rules).
+    ```python
+    from trl import GRPOConfig
+    from trl.rewards import accuracy_reward
+    from stapo_trl.core import STAPOTrainer
 
-    Args:
-        model, reward_funcs, train_dataset, eval_dataset, ...: as [`~trl.GRPOTrainer`].
-        args ([`STAPOConfig`], *optional*): defaults to `STAPOConfig("<model>-STAPO")`.
-
-    Raises:
-        TypeError: `args` is not a [`STAPOConfig`].
+    args = GRPOConfig(epsilon_high=0.28, gradient_accumulation_steps=4, steps_per_generation=16)  # the paper's
+    trainer = STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs=accuracy_reward, args=args, train_dataset=dataset)
+    trainer.train()
+    ```
     """
 
     _tag_names = ["trl", "grpo", "stapo"]
     _name = "STAPO"
+    _s2t_modes = S2T_MODES
     _paper = {
         "title": "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens",
         "id": "2602.15620",
@@ -86,22 +74,69 @@ class STAPOTrainer(GRPOTrainer):
             }"""),
     }
 
-    def __init__(self, model, reward_funcs=None, args: STAPOConfig | None = None, *pargs, **kwargs):
+    def __init__(self, model, reward_funcs=None, args=None, *pargs, **kwargs):
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = STAPOConfig(f"{model_name.split('/')[-1]}-STAPO")
-        if not isinstance(args, STAPOConfig):
-            raise TypeError(f"STAPOTrainer needs `args` to be a STAPOConfig, got {type(args).__name__}.")
-        self._s2t_rollout_forwards: list | None = None  # TRL's no-grad policy forwards while a rollout is scored
-        self._s2t_loss_forward: tuple | None = None  # the loss's forward, run by `_compute_loss` for the parent
-        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
-        for message in s2t_warnings(self.args):
+        self.s2t = s2t_settings(args, self._s2t_modes)  # the config's S2T fields or the paper's, validated
+        if not SpecifierSet(SUPPORTED_TRL).contains(trl.__version__, prereleases=True):
+            warnings.warn(f"trl {trl.__version__} is outside the tested trl{SUPPORTED_TRL}.", stacklevel=2)
+        for message in filter(None, [s2t_settings_line(args, self.s2t), *s2t_warnings(args, self.s2t)]):
             warnings.warn(message, stacklevel=2)
+        self._s2t_path = s2t_path(args)
+        self._s2t_rollout_forwards: list | None = None  # TRL's no-grad policy forwards while a rollout is scored
+        self._s2t_loss_forward: tuple | None = None  # (model, input_ids, logits_to_keep, forward) for the loss
+        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        self._check_loss_normalizer()
 
     @property
     def _s2t_mask_in_loss(self) -> bool:
         """Whether the mask comes from the loss's own forward (evaluation; `steps_per_generation` = iterations = 1)."""
-        return not self.model.training or self.args.steps_per_generation == self.num_iterations == 1
+        return not self.model.training or self._s2t_path == "loss"
+
+    @property
+    def _s2t_window(self) -> int:
+        """Micro-steps one training mask spans: an optimizer update, or a rollout batch where updates span two."""
+        steps_per_generation, grad_accum = self.args.steps_per_generation, self.args.gradient_accumulation_steps
+        return grad_accum if steps_per_generation % grad_accum == 0 else steps_per_generation
+
+    def _check_loss_normalizer(self):
+        """Refuse a TRL whose `num_items_in_batch` normalizer is not the one STAPO sets: TRL's `_compute_loss` on one
+        synthetic row (its forward handed in: no model forward) must give the loss STAPO's normalizer means."""
+        if self.loss_type not in NUM_ITEMS_LOSSES:
+            return  # the other loss types normalize by the loss mask, which carries the keep mask
+        spg, ga, device = (
+            self.args.steps_per_generation,
+            self.args.gradient_accumulation_steps,
+            self.accelerator.device,
+        )
+        ones, ids = torch.ones(1, 4, device=device), torch.zeros(1, 5, dtype=torch.long, device=device)
+        batch = dict(
+            prompt_ids=ids[:, :1], prompt_mask=ids[:, :1] + 1, completion_ids=ids[:, 1:], completion_mask=ones
+        )
+        batch.update(advantages=ones[0, :1], old_per_token_logps=-ones, ref_per_token_logps=-ones)  # ratio 1, no KL
+        batch.update(tool_mask=torch.tensor([[1.0, 1, 1, 0]], device=device), importance_sampling_ratio=ones)
+        batch["num_items_in_batch"] = torch.tensor(3.0 * spg / self._s2t_window)  # 3 kept tokens, as STAPO sets it
+        saved, metrics, training = dict(vars(self)), copy.deepcopy(self._metrics), self.model.training
+        try:  # entropy 0: no entropy bonus
+            aux = torch.zeros((), device=device) if self.aux_loss_enabled else None
+            self._s2t_loss_forward = (self.model, ids, 4, (-ones, 0 * ones, aux))
+            self.model.train()
+            self.current_gradient_accumulation_steps = ga
+            with torch.no_grad():
+                loss = super()._compute_loss(self.model, batch).item()
+        finally:  # nothing of the check stays: no metric, no state
+            self.model.train(training)
+            vars(self).clear()
+            vars(self).update(saved, _metrics=metrics)
+        per_token = {"dapo": -1.0, "cispo": min(1.0, self.epsilon_high), "vespo": 1.0}[self.loss_type]
+        expected = per_token * self.accelerator.num_processes * self._s2t_window / ga
+        if not math.isclose(loss, expected, rel_tol=1e-5):
+            raise RuntimeError(
+                f"trl {trl.__version__}'s GRPOTrainer._compute_loss gave {loss:.6g} where STAPO's normalizer means "
+                f"{expected:.6g} ({self.loss_type}, steps_per_generation {spg}, GA {ga}): its num_items_in_batch "
+                f"normalizer is not TRL 1.16's, so STAPO would train at a wrong scale. Use trl{SUPPORTED_TRL}."
+            )
 
     def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Concatenate a 1-D tensor of finite floats over processes (a collective): NaN pads, then is dropped."""
@@ -115,16 +150,7 @@ class STAPOTrainer(GRPOTrainer):
         Each process passes its rows: (B, T) detached log-probs and entropies (nats), (B,) advantages, the (B, T) loss
         mask and completion ids. Every process must run the same collectives.
         """
-        return s2t_mask(
-            per_token_logps,
-            entropies,
-            advantages,
-            loss_mask,
-            prob_threshold=self.args.s2t_prob_threshold,
-            entropy_quantile=self.args.s2t_entropy_quantile,
-            mode=self.args.s2t_mode,
-            gather=self._gather,
-        )
+        return s2t_mask(per_token_logps, entropies, advantages, loss_mask, gather=self._gather, **asdict(self.s2t))
 
     def _s2t_result(self, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> S2TResult:
         """[`_compute_s2t_mask`], and its global counts logged under `s2t/`."""
@@ -147,18 +173,20 @@ class STAPOTrainer(GRPOTrainer):
     @staticmethod
     def _with_keep(inputs: dict, keep: torch.Tensor) -> dict:
         """A shallow copy of `inputs` whose `tool_mask` also holds the (B, T) bool keep mask."""
-        keep = keep.to(inputs["completion_mask"].dtype)
-        tool_mask = inputs.get("tool_mask")
+        keep, tool_mask = keep.to(inputs["completion_mask"].dtype), inputs.get("tool_mask")
         return {**inputs, "tool_mask": keep if tool_mask is None else tool_mask * keep}
 
-    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
-        if self._s2t_loss_forward is not None:  # `_compute_loss` ran the loss's forward already
-            forward, self._s2t_loss_forward = self._s2t_loss_forward, None
-            return forward
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        stashed = self._s2t_loss_forward  # the loss's forward, for the call `_compute_loss` ran it for only
+        if stashed and stashed[0] is model and stashed[2] == logits_to_keep and torch.equal(stashed[1], input_ids):
+            self._s2t_loss_forward = None
+            return stashed[3]
         scoring = self._s2t_rollout_forwards is not None and model is self.model and not torch.is_grad_enabled()
         if scoring:
             kwargs["compute_entropy"] = True
-        forward = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        forward = super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+        )
         if scoring:
             self._s2t_rollout_forwards.append(forward)
         return forward
@@ -173,31 +201,29 @@ class STAPOTrainer(GRPOTrainer):
         finally:
             self._s2t_rollout_forwards = None
         old_logps = batch.get("old_per_token_logps")
-        entropies = next((forward[1] for forward in forwards if forward[0] is old_logps), None)
-        if entropies is None:  # TRL ran no old-log-prob forward: one no-grad forward of the rollout batch
-            input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)  # (B, P+T)
-            attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)  # (B, P+T)
-            with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-                batch["s2t_logps"], entropies, _ = super()._get_per_token_logps_and_entropies(
-                    self.model,
-                    input_ids,
-                    attention_mask,
-                    batch["completion_ids"].size(1),
-                    batch_size=self.args.per_device_train_batch_size,
-                    compute_entropy=True,
-                    **{key: batch.get(key) for key in _FORWARD_KEYS},
-                )
-        batch["s2t_entropies"] = entropies
+        same = [f[1] for f in forwards if old_logps is not None and torch.equal(f[0], old_logps)]  # TRL's, H asked
+        if (old_logps is not None, bool(same)) != (self._s2t_path == "old_logps",) * 2:  # TRL scored otherwise
+            found = (
+                "missing" if old_logps is None else "from a forward STAPO saw" if same else "from no forward it saw"
+            )
+            raise RuntimeError(
+                f"trl {trl.__version__}: old_per_token_logps {found}, where s2t_path is {self._s2t_path!r}."
+            )
+        if same:
+            batch["s2t_entropies"] = same[0]
+            return batch
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            _, (batch["s2t_logps"], batch["s2t_entropies"], _) = self._s2t_forward(
+                self.model, batch, batch_size=self.args.per_device_train_batch_size
+            )
         return batch
 
     def _prepare_inputs(self, generation_batch):
         inputs = super()._prepare_inputs(generation_batch)
         if self._s2t_mask_in_loss:
             return inputs
-        micro_batches = self._buffered_inputs  # the rollout batch, shuffled and split into steps_per_generation
-        steps_per_generation, grad_accum = len(micro_batches), self.args.gradient_accumulation_steps
-        window = grad_accum if steps_per_generation % grad_accum == 0 else steps_per_generation
-        index = self._step % steps_per_generation
+        micro_batches, window = self._buffered_inputs, self._s2t_window  # the rollout batch, shuffled and split
+        index = self._step % len(micro_batches)
         start = index - index % window
         if index == start or "s2t_keep" not in inputs:  # the update's first micro-step (or a resume inside one)
             update = micro_batches[start : start + window]
@@ -208,30 +234,34 @@ class STAPOTrainer(GRPOTrainer):
                 torch.cat([self._loss_mask(b) for b in update]),  # (ΣB, T)
                 torch.cat([b["completion_ids"] for b in update]),  # (ΣB, T)
             )
-            num_items = torch.tensor(result.num_kept * steps_per_generation / window, dtype=torch.float32)
+            # TRL's normalizer num_items / num_processes x GA / steps_per_generation (checked at construction) is then
+            # the update's kept-token count / num_processes
+            num_items = torch.tensor(result.num_kept * len(micro_batches) / window, dtype=torch.float32)
             for batch, keep in zip(update, result.keep.split([b["advantages"].size(0) for b in update]), strict=True):
                 batch["s2t_keep"], batch["num_items_in_batch"] = keep, num_items.to(keep.device)
         return self._with_keep(inputs, inputs["s2t_keep"])
 
+    def _s2t_forward(self, model, inputs: dict, **kwargs) -> tuple:
+        """(input_ids, TRL's forward (log-probs, entropies, aux loss)) of a batch, called as TRL's `_compute_loss` calls it."""
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)  # (B, P+T)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)  # (B, P+T)
+        kwargs |= {key: inputs.get(key) for key in _FORWARD_KEYS}
+        logits_to_keep = inputs["completion_ids"].size(1)
+        return input_ids, self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, compute_entropy=True, **kwargs
+        )
+
     def _compute_loss(self, model, inputs):
         if not self._s2t_mask_in_loss:
             return super()._compute_loss(model, inputs)
+        input_ids, forward = self._s2t_forward(model, inputs, compute_aux_loss=self.aux_loss_enabled)
         completion_ids = inputs["completion_ids"]
-        forward = self._get_per_token_logps_and_entropies(
-            model,
-            torch.cat([inputs["prompt_ids"], completion_ids], dim=1),  # (B, P+T)
-            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1),  # (B, P+T)
-            completion_ids.size(1),
-            compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
-            **{key: inputs.get(key) for key in _FORWARD_KEYS},
-        )
         result = self._s2t_result(
             forward[0].detach(), forward[1].detach(), inputs["advantages"], self._loss_mask(inputs), completion_ids
         )
         inputs = self._with_keep(inputs, result.keep)
         inputs["num_items_in_batch"] = torch.tensor(float(result.num_kept), device=completion_ids.device)
-        self._s2t_loss_forward = forward
+        self._s2t_loss_forward = (model, input_ids, completion_ids.size(1), forward)  # for the parent's call only
         try:
             return super()._compute_loss(model, inputs)
         finally:

@@ -220,7 +220,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
             completion_ids,
             self.trainer.processing_class,
             step=self.trainer.state.global_step,
-            prob_threshold=self.trainer.args.s2t_prob_threshold,
+            prob_threshold=self.trainer.s2t.prob_threshold,
             max_silenced=self.max_silenced,
             max_kept_candidates=self.max_kept_candidates,
             max_reference=self.max_reference,

@@ -178,10 +178,10 @@ def test_the_run_warns_of_partial_prompt_groups_as_its_dry_run_does(
     )
     caught = []
     build(tiny_random_model_path, tmp_path, CHAT * 2, record=caught, **geometry)
-    run = [message for message in caught if "not a whole number of prompt groups" in message]
+    run = [message for message in caught if "splits prompt groups" in message]
     overrides = [f"--{key}={value}" for key, value in geometry.items()]
     report = dry_run_recipe(["--config", STAPO_RECIPE, *overrides], 1)
-    planned = [w for w in report.warnings if "not a whole number of prompt groups" in w]
+    planned = [w for w in report.warnings if "splits prompt groups" in w]
     assert run == planned
     assert bool(run) == warned
 

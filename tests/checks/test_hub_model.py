@@ -15,6 +15,15 @@ HUB_ID = "Qwen/Qwen3-0.6B"
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
 
 
+def point_hub_at(endpoint: str, monkeypatch) -> None:
+    """Make huggingface_hub ask `endpoint`: its endpoint and the file URL template, which is built from the endpoint
+    when huggingface_hub is imported (with the endpoint alone the probe asked the real Hub's name, which fails at once
+    without a network, and never reached the endpoint under test)."""
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    template = constants.HUGGINGFACE_CO_URL_TEMPLATE
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template.replace(template.split("/{")[0], endpoint))
+
+
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
     """An online Hub client (the suite runs with HF_HUB_OFFLINE=1) whose endpoint is unreachable, with an empty cache;
@@ -22,7 +31,7 @@ def hub(monkeypatch, tmp_path):
     cache = tmp_path / "hub-cache"
     cache.mkdir()
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE)
+    point_hub_at(UNREACHABLE, monkeypatch)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.delenv("HF_HUB_ETAG_TIMEOUT", raising=False)
 
@@ -51,29 +60,61 @@ def _one_line_refusal(message: str, offline: bool) -> None:
     assert ("HF_HUB_OFFLINE=1 (no download)" in message) == offline, message
 
 
-def test_an_unreachable_hub_is_refused_in_seconds(hub):
-    start = time.perf_counter()
+def requests_sent(monkeypatch) -> list:
+    """The HTTP requests huggingface_hub's client sends from now on (a spy: each is still sent)."""
+    from huggingface_hub.utils import get_session
+
+    client = type(get_session())
+    sent, send = [], client.send
+
+    def spy(session, request, *args, **kwargs):
+        sent.append(request)
+        return send(session, request, *args, **kwargs)
+
+    monkeypatch.setattr(client, "send", spy)
+    return sent
+
+
+def test_an_unreachable_hub_is_refused_after_one_request(hub, monkeypatch):
+    # In seconds, not after huggingface_hub's retries: one HEAD request to the endpoint, refused, and the refusal.
+    sent = requests_sent(monkeypatch)
     with pytest.raises(ConnectionError) as excinfo:
         check_hub_model(HUB_ID)
-    assert time.perf_counter() - start < 5
+    asked = [(r.method, str(r.url)) for r in sent if HUB_ID in str(r.url)]  # huggingface_hub asks other things
+    assert asked == [("HEAD", f"{UNREACHABLE}/{HUB_ID}/resolve/main/config.json")]
     _one_line_refusal(str(excinfo.value), offline=False)
     assert UNREACHABLE in str(excinfo.value)
 
 
-def test_a_hub_that_does_not_answer_is_refused_after_the_timeout(hub, monkeypatch):
-    # A server that accepts the connection and never answers: refused after `timeout`, not after retries.
+def test_a_hub_that_does_not_answer_is_refused_by_the_timeout_after_one_request(hub, monkeypatch):
+    # A server that accepts connections and never answers: the probe gives up by itself (its timeout), while the server
+    # still holds the connection open, and it asked once (no retries).
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(4)
-    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
-    threading.Thread(target=lambda: server.accept(), daemon=True).start()
-    start = time.perf_counter()
+    point_hub_at(f"http://127.0.0.1:{server.getsockname()[1]}", monkeypatch)
+    accepted, sent = [], requests_sent(monkeypatch)
+
+    def serve():
+        while True:
+            try:
+                accepted.append(server.accept()[0])
+            except OSError:  # closed by the test
+                return
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
     try:
         with pytest.raises(ConnectionError, match="does not answer") as excinfo:
             check_hub_model(HUB_ID, timeout=1.0)
+        assert [r.method for r in sent if HUB_ID in str(r.url)] == ["HEAD"]  # one request about the model
+        assert accepted and all(c.fileno() != -1 for c in accepted)  # the server closed nothing: the probe gave up
     finally:
         server.close()
-    assert time.perf_counter() - start < 4
+        for connection in accepted:
+            connection.close()
+        thread.join(10)
+    assert "Timeout" in str(excinfo.value)
     _one_line_refusal(str(excinfo.value), offline=False)
 
 

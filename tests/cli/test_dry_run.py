@@ -64,12 +64,12 @@ def test_dry_run_reports_bad_rewards_trainer_and_temperature():
 def test_dry_run_prints_exactly_the_trainers_construction_warnings(flags):
     # One source: the dry run used to repeat one of the trainer's warnings, so a dr_grpo recipe passed it quietly.
     # Every message the trainer warns at construction (the core's and the product's) is in the dry run's report.
+    from stapo_trl import STAPOConfig
     from stapo_trl.cli.dry_run import validate_recipe
-    from stapo_trl.config import untested_combination_warnings
-    from stapo_trl.core.stapo_config import s2t_warnings
+    from stapo_trl.core.stapo_config import s2t_settings, s2t_warnings
 
     script, args, model = _demo_args(*flags)
-    expected = s2t_warnings(args) + untested_combination_warnings(args)
+    expected = s2t_warnings(args, s2t_settings(args, STAPOConfig._s2t_modes))
     assert expected  # each of these settings has something to say
     report = validate_recipe(script, args, model, 1)
     assert [w for w in report.warnings if w in expected] == expected, report.warnings
@@ -154,3 +154,23 @@ def test_dry_run_cli_paths(capsys):
     # An unknown key does not parse: status 2 with the parser's message.
     assert dry_run_main(["--config", recipe, "--no_such_key", "1"]) == 2
     assert "no_such_key" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags, path",
+    [
+        (("--steps_per_generation", "1", "--gradient_accumulation_steps", "1"), "loss"),
+        (("--steps_per_generation", "2", "--gradient_accumulation_steps", "2"), "extra_forward"),
+        (("--steps_per_generation", "4", "--gradient_accumulation_steps", "1"), "old_logps"),
+        (("--steps_per_generation", "2", "--gradient_accumulation_steps", "2", "--num_iterations", "2"), "old_logps"),
+    ],
+)
+def test_dry_run_says_where_p_and_h_come_from_as_the_trainer_decides(flags, path):
+    from stapo_trl.cli.dry_run import validate_recipe
+    from stapo_trl.cli.launch_checks import S2T_PATHS
+    from stapo_trl.core.stapo_config import s2t_path
+
+    script, args, model = _demo_args(*flags)
+    assert s2t_path(args) == path  # the trainer's decision (`STAPOTrainer._s2t_path`)
+    report = validate_recipe(script, args, model, 1)
+    assert dict(report.lines)["S2T p and H"] == S2T_PATHS[path]

@@ -1,46 +1,88 @@
-"""The core's `STAPOConfig`: the paper's defaults, its fields, early validation and its warnings."""
+"""The core's `STAPOConfig` and what any `GRPOConfig` means for STAPO: the paper's defaults, the S2T settings read from
+any config, the line said at construction, the path p and H take, and one warning per GRPO feature the mask changes."""
 
 import dataclasses
+import re
+import warnings
 
 import pytest
+from trl import GRPOConfig
 
 from stapo_trl.core import STAPOConfig
-from stapo_trl.core.stapo_config import s2t_warnings
+from stapo_trl.core.stapo_config import (
+    PAPER_OBJECTIVE,
+    S2TSettings,
+    s2t_path,
+    s2t_settings,
+    s2t_settings_line,
+    s2t_warnings,
+)
 
 
-def make_config(**overrides):
-    return STAPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to=[], **overrides)
+def make_config(config_cls=STAPOConfig, **overrides):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TRL's own notices
+        return config_cls(output_dir="unused", use_cpu=True, bf16=False, report_to=[], **overrides)
+
+
+@dataclasses.dataclass
+class OpenR1StyleConfig(GRPOConfig):
+    """A user's config as open-r1 writes one (`src/open_r1/configs.py`): GRPOConfig plus fields of its own."""
+
+    benchmarks: list[str] = dataclasses.field(default_factory=list)
+    system_prompt: str | None = None
+    s2t_entropy_quantile: float = 0.8  # one S2T field of its own (the paper's v1 value)
 
 
 def test_defaults_are_the_papers():
     # STAPO Sec. 4.1: tau_p = 0.002, q = 0.75 (v4/v5); the DAPO/JustRL objective: clip 0.2 / 0.28, token mean, no KL.
     config = make_config()
     assert (config.s2t_prob_threshold, config.s2t_entropy_quantile, config.s2t_mode) == (0.002, 0.75, "low_entropy")
-    assert (config.loss_type, config.epsilon, config.epsilon_high, config.beta) == ("dapo", 0.2, 0.28, 0.0)
+    assert {name: getattr(config, name) for name in PAPER_OBJECTIVE} == PAPER_OBJECTIVE
+    assert PAPER_OBJECTIVE == {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0}
     assert config.top_entropy_quantile == 1.0 and config.entropy_coef == 0.0  # no entropy mask, no bonus
+    assert s2t_settings(config) == S2TSettings() == S2TSettings(0.002, 0.75, "low_entropy")
+
+
+def test_the_docstring_names_exactly_the_defaults_that_differ_from_the_installed_grpo_config():
+    # The docs once said "four inherited defaults change"; in trl 1.16 only epsilon_high does. Checked against the
+    # GRPOConfig installed, not asserted by hand: a TRL that changes a default fails here.
+    grpo = make_config(GRPOConfig)
+    differ = sorted(name for name, paper in PAPER_OBJECTIVE.items() if getattr(grpo, name) != paper)
+    assert differ == ["epsilon_high"]
+    doc = " ".join(STAPOConfig.__doc__.split())
+    assert f"`GRPOConfig` differs only in `epsilon_high` (`{grpo.epsilon_high}`" in doc
 
 
 def test_every_s2t_field_has_help_choices_where_closed_and_a_docstring_entry():
     fields = {f.name: f for f in dataclasses.fields(STAPOConfig) if f.name.startswith("s2t_")}
-    assert set(fields) == {"s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode"}
+    assert set(fields) == {f"s2t_{f.name}" for f in dataclasses.fields(S2TSettings)}
     for name, f in fields.items():
         assert len(f.metadata["help"]) > 30, name
         assert f"{name} (`" in STAPOConfig.__doc__, name
+        assert f.default == getattr(S2TSettings(), name.removeprefix("s2t_")), name  # one set of paper values
     assert list(fields["s2t_mode"].metadata["choices"]) == ["low_entropy", "off"]
 
 
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("s2t_prob_threshold", 0.0, r"s2t_prob_threshold=0\.0 must be in \(0, 1\]"),
+        ("s2t_prob_threshold", 0.0, r"^s2t_prob_threshold=0\.0 must be in \(0, 1\]; the paper: 0\.002\.$"),
         ("s2t_prob_threshold", 1.5, r"s2t_prob_threshold=1\.5"),
+        ("s2t_prob_threshold", float("nan"), r"s2t_prob_threshold=nan must be in \(0, 1\]"),
+        ("s2t_prob_threshold", "0.002", r"^s2t_prob_threshold='0\.002' must be a number in \(0, 1\], got str\.$"),
         ("s2t_entropy_quantile", -0.1, r"s2t_entropy_quantile=-0\.1 must be in \[0, 1\]"),
-        ("s2t_mode", "all_low_prob", r"s2t_mode='all_low_prob' is not one of \['low_entropy', 'off'\]"),
+        ("s2t_entropy_quantile", True, r"s2t_entropy_quantile=True must be a number"),
+        ("s2t_mode", "all_low_prob", r"^s2t_mode='all_low_prob' is not one of \['low_entropy', 'off'\]\.$"),
     ],
 )
-def test_bad_values_are_refused_at_construction_naming_the_field(field, value, message):
+def test_bad_values_are_refused_on_one_line_naming_the_field_from_any_config(field, value, message):
     with pytest.raises(ValueError, match=message):
         make_config(**{field: value})
+    config = make_config(OpenR1StyleConfig)  # a user's own class: the same check where the trainer reads it
+    setattr(config, field, value)
+    with pytest.raises(ValueError, match=message):
+        s2t_settings(config)
 
 
 @pytest.mark.parametrize("boundary", [{"s2t_prob_threshold": 1.0}, {"s2t_entropy_quantile": 0.0}, {"s2t_mode": "off"}])
@@ -48,11 +90,115 @@ def test_boundary_values_are_accepted(boundary):
     assert make_config(**boundary)
 
 
-def test_warnings_where_the_loss_cannot_be_the_papers_exact_objective():
-    assert s2t_warnings(make_config()) == []
-    (constant,) = s2t_warnings(make_config(loss_type="dr_grpo"))
-    assert "constant denominator" in constant
-    (spans,) = s2t_warnings(make_config(gradient_accumulation_steps=2, steps_per_generation=3))
-    assert "not a multiple of gradient_accumulation_steps=2" in spans
-    assert s2t_warnings(make_config(gradient_accumulation_steps=2, steps_per_generation=4)) == []
-    assert s2t_warnings(make_config(loss_type="dr_grpo", s2t_mode="off")) == []  # nothing is silenced
+def test_the_settings_come_from_the_config_where_it_has_them_else_from_the_paper():
+    assert s2t_settings(make_config(GRPOConfig)) == S2TSettings()  # no S2T field at all
+    assert s2t_settings(make_config(OpenR1StyleConfig)) == S2TSettings(entropy_quantile=0.8)
+    config = make_config(s2t_prob_threshold=0.01, s2t_mode="off")
+    assert s2t_settings(config) == S2TSettings(prob_threshold=0.01, mode="off")
+    # the modes a trainer implements decide, not the config's class
+    assert s2t_settings(config, modes=("off",)).mode == "off"
+    with pytest.raises(ValueError, match=r"is not one of \['low_entropy'\]"):
+        s2t_settings(config, modes=("low_entropy",))
+
+
+def test_the_construction_line_says_the_values_in_effect_and_what_differs_and_nothing_for_the_papers_config():
+    assert s2t_settings_line(make_config(), S2TSettings()) is None
+    grpo = make_config(GRPOConfig)
+    assert s2t_settings_line(grpo, s2t_settings(grpo)) == (
+        "STAPO with s2t_prob_threshold=0.002, s2t_entropy_quantile=0.75, s2t_mode='low_entropy' (the paper's: "
+        "GRPOConfig has no s2t_prob_threshold, s2t_entropy_quantile, s2t_mode); differs from the paper's objective: "
+        "epsilon_high=None (paper 0.28)."
+    )
+    own = make_config(OpenR1StyleConfig, epsilon_high=0.28, beta=0.04)
+    line = s2t_settings_line(own, s2t_settings(own))
+    assert "s2t_entropy_quantile=0.8, " in line and "has no s2t_prob_threshold, s2t_mode)" in line
+    assert line.endswith(
+        "differs from the paper's objective: s2t_entropy_quantile=0.8 (paper 0.75), beta=0.04 (paper 0.0)."
+    )
+    off = make_config(s2t_mode="off")
+    assert s2t_settings_line(off, s2t_settings(off)).endswith("objective: s2t_mode='off' (paper 'low_entropy').")
+
+
+@pytest.mark.parametrize(
+    "geometry, path",
+    [
+        (dict(), "loss"),  # TRL's default: one micro-batch per rollout, on-policy
+        (dict(steps_per_generation=2, gradient_accumulation_steps=2), "extra_forward"),
+        (dict(steps_per_generation=8, gradient_accumulation_steps=2), "old_logps"),  # the paper's geometry
+        (dict(steps_per_generation=2, gradient_accumulation_steps=2, num_iterations=2), "old_logps"),
+        (dict(num_iterations=2), "old_logps"),
+        (dict(steps_per_generation=2, gradient_accumulation_steps=2, use_vllm=True), "old_logps"),  # vLLM IS
+        (
+            dict(
+                steps_per_generation=2,
+                gradient_accumulation_steps=2,
+                use_vllm=True,
+                vllm_importance_sampling_correction=False,
+            ),
+            "extra_forward",
+        ),  # fmt: skip
+    ],
+)
+def test_the_path_of_p_and_h(geometry, path):
+    assert s2t_path(make_config(**geometry)) == path
+
+
+# One row per GRPO feature of docs/stapo.md's table "What the mask does with each GRPO feature" that is warned.
+FEATURE_WARNINGS = [
+    ({"beta": 0.04}, r"^S2T mask with beta=0\.04: silenced tokens lose their KL penalty too"),
+    ({"importance_sampling_level": "sequence"}, r"importance_sampling_level='sequence': each ratio averages kept"),
+    ({"loss_type": "vespo"}, r"loss_type='vespo': each completion's weight phi sums its kept tokens"),
+    ({"top_entropy_quantile": 0.2}, r"top_entropy_quantile=0\.2: its entropy quantile is taken over kept tokens"),
+    ({"entropy_coef": 0.01}, r"entropy_coef=0\.01: the bonus averages kept tokens only"),
+    ({"use_adaptive_entropy": True}, r"entropy_coef=0\.0: the bonus averages kept tokens only"),
+    ({"temperature": 0.7}, r"temperature=0\.7: p and H are temperature-scaled; tau_p and q are calibrated at 1\.0"),
+    ({"loss_type": "dr_grpo"}, r"loss_type='dr_grpo': a constant denominator"),
+    ({"loss_type": "luspo"}, r"loss_type='luspo': a constant denominator"),
+    ({"gradient_accumulation_steps": 2, "steps_per_generation": 3}, r"steps_per_generation=3: not a multiple of GA=2"),
+    # why: 4 completions per update with groups of 8 (steps_per_generation 2 keeps the rollout batch whole)
+    ({"per_device_train_batch_size": 4, "steps_per_generation": 2}, r"an update of 4 completions splits prompt"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", FEATURE_WARNINGS)
+def test_each_feature_the_mask_changes_gives_one_message_naming_the_field(overrides, message):
+    config = make_config(**overrides)
+    messages = s2t_warnings(config, s2t_settings(config))
+    assert len(messages) == 1 and re.search(message, messages[0]), messages
+    assert "\n" not in messages[0]
+    off = make_config(s2t_mode="off", **overrides)
+    assert not [m for m in s2t_warnings(off, s2t_settings(off)) if m.startswith("S2T mask")]  # nothing is silenced
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(),
+        dict(steps_per_generation=4, gradient_accumulation_steps=1),  # the recipes' geometry
+        dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=8),
+        dict(off_policy_mask_threshold=0.5),  # defined: OPSM drops only A < 0 sequences, which have no silenced token
+        dict(num_iterations=2),  # defined: the same rollout-time mask on every pass
+        dict(use_vllm=True, steps_per_generation=4),  # defined: p and H from TRL's old-log-prob forward
+    ],
+)
+def test_the_papers_configuration_and_the_defined_behaviours_are_silent(overrides):
+    config = make_config(**overrides)
+    assert s2t_warnings(config, s2t_settings(config)) == []
+
+
+def test_the_process_count_and_steps_per_generation_of_a_dry_run_replace_the_configs():
+    config = make_config(per_device_train_batch_size=4, steps_per_generation=2)
+    assert s2t_warnings(config, S2TSettings(), num_processes=2) == []  # 4 completions x 2 processes: one group
+    assert len(s2t_warnings(config, S2TSettings(), num_processes=1)) == 1
+    config = make_config(gradient_accumulation_steps=2, steps_per_generation=4)
+    assert len(s2t_warnings(config, S2TSettings(), steps_per_generation=3)) == 1
+
+
+def test_the_mask_off_in_the_papers_geometry_says_it_is_not_plain_grpo_trainer():
+    config = make_config(s2t_mode="off", steps_per_generation=8, gradient_accumulation_steps=2)
+    (message,) = s2t_warnings(config, s2t_settings(config))
+    assert message.startswith("s2t_mode='off' with steps_per_generation=8 > gradient_accumulation_steps=2 is not plain "
+                              "GRPOTrainer: each update is divided by its own loss-token count")  # fmt: skip
+    for same in (dict(steps_per_generation=2, gradient_accumulation_steps=2), dict(loss_type="bnpo")):
+        config = make_config(s2t_mode="off", **{"steps_per_generation": 8, "gradient_accumulation_steps": 2, **same})
+        assert s2t_warnings(config, s2t_settings(config)) == []  # GRPOTrainer's objective exactly

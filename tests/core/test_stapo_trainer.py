@@ -2,19 +2,26 @@
 tokens, the per-update normalizer, parity with `GRPOTrainer`, and where p and H come from (TRL's
 `tests/experimental/test_gmpo_trainer.py` is the shape)."""
 
+import copy
+import dataclasses
+import inspect
+import math
+import re
 import warnings
 
 import numpy as np
 import pytest
 import torch
-from testing_utils import KeepsLogpGrad, hand_scored_batch, policy_forward
+import trl
+from testing_utils import ForwardCounter, KeepsLogpGrad, hand_scored_batch, policy_forward
 from trl import GRPOConfig, GRPOTrainer
 
-from stapo_trl.core import STAPOConfig, STAPOTrainer
+from stapo_trl.core import STAPOConfig, STAPOTrainer, s2t_mask
+from stapo_trl.core.stapo_trainer import _FORWARD_KEYS, SUPPORTED_TRL
 
 
-def make_trainer(model_path, dataset, reward, output_dir, trainer_cls=STAPOTrainer, **overrides):
-    config_cls = STAPOConfig if issubclass(trainer_cls, STAPOTrainer) else GRPOConfig
+def make_trainer(model_path, dataset, reward, output_dir, trainer_cls=STAPOTrainer, config_cls=None, **overrides):
+    config_cls = config_cls or (STAPOConfig if issubclass(trainer_cls, STAPOTrainer) else GRPOConfig)
     settings = dict(
         output_dir=str(output_dir),
         use_cpu=True,
@@ -198,13 +205,15 @@ def test_with_the_mask_off_training_equals_grpo_trainer(
 
 
 class RolloutValuesCheck(STAPOTrainer):
-    """After each rollout is scored, compares the p and H kept for the mask with a fresh no-grad forward under the
-    same (sampling) weights."""
+    """Counts the rollouts and, after each is scored, compares the p and H kept for the mask with a fresh no-grad forward
+    under the same (sampling) weights."""
 
     checking = False
+    rollouts = 0
 
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
+        self.rollouts += 1
         if "s2t_entropies" in batch:
             self.checking = True  # the check's own forward is not the trainer's
             logps, entropies = policy_forward(self, batch)
@@ -221,15 +230,25 @@ class RolloutValuesCheck(STAPOTrainer):
 
 
 @pytest.mark.parametrize(
-    "steps_per_generation, grad_accum, source, extra_forwards",
+    "steps_per_generation, grad_accum, num_iterations, source, stapo_forwards, grpo_forwards",
     [
-        (1, 1, None, 0),  # TRL's default geometry: the loss's own forward
-        (4, 2, "old_per_token_logps", 0),  # the paper's geometry: TRL's old-log-prob forward, entropies added
-        (2, 2, "s2t_logps", 2 * 2),  # 2 rollout batches of 8 rows, each scored once in 2 chunks of 4
+        (1, 1, 1, None, 0, 0),  # TRL's default geometry: the loss's own forward
+        (4, 2, 1, "old_per_token_logps", 4, 4),  # the paper's: TRL's old-log-prob forward (16 rows in 4 chunks)
+        (2, 2, 2, "old_per_token_logps", 2, 2),  # several passes: TRL's old-log-prob forward too
+        (2, 2, 1, "s2t_logps", 2, 0),  # TRL scores nothing: STAPO's one forward per rollout (8 rows in 2 chunks)
     ],
 )
 def test_p_and_h_are_the_rollout_policys_with_an_extra_forward_only_where_trl_runs_none(
-    tiny_model_path, prompts, length_reward, tmp_path, steps_per_generation, grad_accum, source, extra_forwards
+    tiny_model_path,
+    prompts,
+    length_reward,
+    tmp_path,
+    steps_per_generation,
+    grad_accum,
+    num_iterations,
+    source,
+    stapo_forwards,
+    grpo_forwards,
 ):
     def scoring_forwards(trainer_cls):
         trainer = make_trainer(
@@ -238,9 +257,10 @@ def test_p_and_h_are_the_rollout_policys_with_an_extra_forward_only_where_trl_ru
             length_reward,
             tmp_path / trainer_cls.__name__,
             trainer_cls,
-            max_steps=2,
+            max_steps=4,
             steps_per_generation=steps_per_generation,
             gradient_accumulation_steps=grad_accum,
+            num_iterations=num_iterations,
         )
         trainer.checks, trainer.checking, count = [], False, [0]
 
@@ -254,7 +274,9 @@ def test_p_and_h_are_the_rollout_policys_with_an_extra_forward_only_where_trl_ru
 
     stapo, stapo_count = scoring_forwards(RolloutValuesCheck)
     _, grpo_count = scoring_forwards(GRPOTrainer)
-    assert stapo_count - grpo_count == extra_forwards
+    rollouts = 4 * grad_accum // (steps_per_generation * num_iterations)
+    assert stapo.rollouts == rollouts
+    assert (stapo_count, grpo_count) == (stapo_forwards * rollouts, grpo_forwards * rollouts)  # per rollout
     if source is None:
         assert stapo.checks == []
     else:
@@ -306,7 +328,7 @@ def test_when_an_update_spans_rollout_batches_the_window_can_shorten_and_it_is_w
 ):
     # steps_per_generation 3, GA 2: an epoch (6 prompts x 2 = 12 completions = one rollout batch) has 3 micro-steps,
     # so its second update is shortened to 1 micro-step. The core then keeps TRL's estimated normalizer, and says so.
-    with pytest.warns(UserWarning, match="not a multiple of gradient_accumulation_steps"):
+    with pytest.warns(UserWarning, match="steps_per_generation=3: not a multiple of GA=2"):
         trainer = AccumulationRecorder(
             tiny_model_path,
             reward_funcs=length_reward,
@@ -330,14 +352,325 @@ def test_when_an_update_spans_rollout_batches_the_window_can_shorten_and_it_is_w
     assert [window for window, _, _ in trainer.seen] == [2, 2, 1]
 
 
-def test_a_grpo_config_is_refused(tiny_model_path, prompts, length_reward, tmp_path):
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
-    with pytest.raises(TypeError, match="STAPOConfig"):
-        STAPOTrainer(tiny_model_path, reward_funcs=length_reward, args=args, train_dataset=prompts)
-
-
 def test_the_model_card_cites_the_paper(tiny_model_path, prompts, length_reward, tmp_path):
     trainer = make_trainer(tiny_model_path, prompts, length_reward, tmp_path)
     trainer.create_model_card(model_name="tiny-stapo")
     card = (tmp_path / "README.md").read_text()
     assert "2602.15620" in card and "liu2026stapo" in card and "stapo" in card
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Any GRPOConfig, and a TRL outside the tested range
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class OpenR1StyleConfig(GRPOConfig):
+    """A user's config as open-r1 writes one (`src/open_r1/grpo.py` subclasses `trl.GRPOConfig`): fields of its own, and
+    one S2T field."""
+
+    benchmarks: list[str] = dataclasses.field(default_factory=list)
+    callbacks: list[str] = dataclasses.field(default_factory=list)
+    s2t_prob_threshold: float = 0.05  # why: the random model spreads probability over ~50 tokens
+
+
+def constructed(model_path, dataset, reward, output_dir, trainer_cls=STAPOTrainer, config_cls=STAPOConfig, **settings):
+    """A trainer and the warnings its construction gave (the config's own, and TRL's notices, are not counted)."""
+    settings = dict(output_dir=str(output_dir), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
+                    num_generations=2, max_completion_length=8, logging_steps=1, save_strategy="no", seed=0,
+                    learning_rate=1e-2, **settings)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = config_cls(**settings)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = trainer_cls(model_path, reward_funcs=reward, args=args, train_dataset=dataset)
+    ours = [str(w.message) for w in caught if w.filename == __file__ and issubclass(w.category, UserWarning)]
+    return trainer, ours
+
+
+@pytest.mark.parametrize("config_cls", [GRPOConfig, OpenR1StyleConfig])
+def test_any_grpo_config_trains_with_its_s2t_values_or_the_papers(
+    tiny_model_path, prompts, length_reward, tmp_path, config_cls
+):
+    # A plain GRPOConfig was refused with a TypeError; swapping open-r1's trainer import failed the same way.
+    trainer, messages = constructed(
+        tiny_model_path, prompts, length_reward, tmp_path, config_cls=config_cls, max_steps=2
+    )
+    tau_p = 0.05 if config_cls is OpenR1StyleConfig else 0.002
+    assert (trainer.s2t.prob_threshold, trainer.s2t.entropy_quantile, trainer.s2t.mode) == (tau_p, 0.75, "low_entropy")
+    (line,) = messages  # the one line: the values in effect, and what differs from the paper's objective
+    assert line.startswith(f"STAPO with s2t_prob_threshold={tau_p}, s2t_entropy_quantile=0.75, s2t_mode='low_entropy'")
+    assert f" {config_cls.__name__} has no s2t_" in line and "epsilon_high=None (paper 0.28)" in line
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert all(not torch.equal(before[name], p) for name, p in trainer.model.named_parameters())
+    rows = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(rows) == 2 and all(row["s2t/num_loss_tokens"] > 0 for row in rows)
+    if config_cls is OpenR1StyleConfig:  # its tau_p makes the random model's tokens candidates
+        assert sum(row["s2t/num_candidates"] for row in rows) > 0
+
+
+def test_the_papers_configuration_is_silent_at_construction(tiny_model_path, prompts, length_reward, tmp_path):
+    _, messages = constructed(tiny_model_path, prompts, length_reward, tmp_path)
+    assert messages == []
+    _, messages = constructed(
+        tiny_model_path, prompts, length_reward, tmp_path, steps_per_generation=8, gradient_accumulation_steps=2
+    )
+    assert messages == []
+
+
+def test_a_trl_outside_the_tested_range_is_warned_on_one_line(
+    tiny_model_path, prompts, length_reward, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    _, messages = constructed(tiny_model_path, prompts, length_reward, tmp_path)
+    assert messages == [f"trl 1.17.0 is outside the tested trl{SUPPORTED_TRL}."]
+    monkeypatch.setattr(trl, "__version__", "1.16.0")
+    assert constructed(tiny_model_path, prompts, length_reward, tmp_path)[1] == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# TRL's normalizer is checked, not trusted
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def per_rollout_normalizer(monkeypatch):
+    """Make the PARENT's `_compute_loss` divide the num_items losses by `num_items_in_batch / num_processes`, as TRL
+    main did in July 2026 (without 1.16's x GA / steps_per_generation): STAPO's loss would be 4x too small in the
+    paper's geometry. STAPO's code is not touched."""
+    original = GRPOTrainer._compute_loss
+
+    def compute_loss(self, model, inputs):
+        if self.model.training:
+            factor = self.current_gradient_accumulation_steps / self.args.steps_per_generation
+            inputs = {**inputs, "num_items_in_batch": inputs["num_items_in_batch"] * factor}
+        return original(self, model, inputs)
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "cispo", "vespo"])
+def test_a_trl_whose_normalizer_differs_is_refused_at_construction(
+    tiny_model_path, prompts, length_reward, tmp_path, monkeypatch, loss_type
+):
+    paper = dict(loss_type=loss_type, steps_per_generation=8, gradient_accumulation_steps=2)
+    trainer, _ = constructed(tiny_model_path, prompts, length_reward, tmp_path, **paper)
+    assert trainer._metrics == {"train": {}, "eval": {}}  # the check left no metric behind
+    per_rollout_normalizer(monkeypatch)
+    with pytest.raises(RuntimeError, match=r"STAPO would train at a wrong scale\. Use trl"):
+        constructed(tiny_model_path, prompts, length_reward, tmp_path, **paper)
+    # steps_per_generation = GA: both formulas give the update's kept count, so the scale is right and nothing is refused
+    same = dict(loss_type=loss_type, steps_per_generation=2, gradient_accumulation_steps=2)
+    constructed(tiny_model_path, prompts, length_reward, tmp_path, **same)
+
+
+def test_the_normalizer_check_leaves_no_state(tiny_model_path, prompts, length_reward, tmp_path):
+    # The adaptive entropy bonus updates its coefficient inside TRL's loss; the check must not move it.
+    trainer, _ = constructed(
+        tiny_model_path, prompts, length_reward, tmp_path, entropy_coef=0.01, use_adaptive_entropy=True
+    )
+    assert trainer.entropy_coef == 0.01 and trainer._s2t_loss_forward is None and not trainer.model.training
+    assert trainer._metrics == {"train": {}, "eval": {}}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hand-offs that do not trust TRL's call order
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_the_stashed_loss_forward_goes_only_to_the_call_it_was_made_for(
+    tiny_model_path, prompts, length_reward, tmp_path
+):
+    trainer = make_trainer(tiny_model_path, prompts, length_reward, tmp_path)
+    batch = hand_scored_batch(trainer.model.config.vocab_size)
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    stashed = (torch.zeros(4, 5), torch.zeros(4, 5), None)  # not what the model computes
+    trainer._s2t_loss_forward = (trainer.model, ids, 5, stashed)
+    forward = trainer._get_per_token_logps_and_entropies
+    flipped = {key: batch[key].flip(0) for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
+    other = forward(trainer.model, ids.flip(0), mask.flip(0), 5, compute_entropy=True)  # other input ids
+    torch.testing.assert_close(other[0], policy_forward(trainer, flipped)[0])
+    assert forward(trainer.model, ids, mask, 3)[0].shape == (4, 3)  # other logits_to_keep
+    twin = copy.deepcopy(trainer.model)  # another model with the same weights (as a reference model may be)
+    assert not torch.equal(forward(twin, ids, mask, 5)[0], stashed[0])
+    assert forward(trainer.model, ids, mask, 5) is stashed  # the call it was made for, once
+    assert trainer._s2t_loss_forward is None
+    torch.testing.assert_close(forward(trainer.model, ids, mask, 5)[0], policy_forward(trainer, batch)[0])
+
+
+def scored_otherwise(change, monkeypatch, model_path, prompts, reward, tmp_path):
+    """A trainer in the paper's geometry (TRL's old-log-prob forward) whose PARENT changes `old_per_token_logps` by
+    `change` after scoring a rollout; STAPO's code is not touched."""
+    original = GRPOTrainer._generate_and_score_completions
+
+    def generate_and_score(self, inputs):
+        batch = original(self, inputs)
+        batch["old_per_token_logps"] = change(batch["old_per_token_logps"])
+        return batch
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", generate_and_score)
+    geometry = dict(max_steps=1, steps_per_generation=4, gradient_accumulation_steps=2)
+    return make_trainer(model_path, prompts, reward, tmp_path, **geometry)
+
+
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        (lambda logps: logps + 1e-3, r"old_per_token_logps from no forward it saw, where s2t_path is 'old_logps'"),
+        (lambda logps: None, r"old_per_token_logps missing, where s2t_path is 'old_logps'"),  # TRL ran no forward
+    ],
+)
+def test_a_change_in_trls_rollout_scoring_fails_loudly(
+    tiny_model_path, prompts, length_reward, tmp_path, monkeypatch, change, error
+):
+    trainer = scored_otherwise(change, monkeypatch, tiny_model_path, prompts, length_reward, tmp_path)
+    with pytest.raises(RuntimeError, match=error):
+        trainer.train()
+
+
+def test_trls_old_log_probs_are_found_by_value_not_identity(
+    tiny_model_path, prompts, length_reward, tmp_path, monkeypatch
+):
+    # A TRL that copies its old log-probs (a dtype cast, a `.clone()`) must still give STAPO their entropies, without
+    # an extra forward: with identity matching, the copy cost one silent extra forward per rollout.
+    clone = lambda logps: logps.clone()  # noqa: E731
+    trainer = scored_otherwise(clone, monkeypatch, tiny_model_path, prompts, length_reward, tmp_path)
+    counter = ForwardCounter(trainer.model)
+    trainer.train()
+    assert counter.count == 4  # TRL's old-log-prob forward of 16 rows in chunks of 4, and nothing else
+
+
+def test_the_multimodal_forward_keys_are_the_ones_trls_loss_passes():
+    # STAPO's own loss forward must pass what TRL's `_compute_loss` passes: derived from TRL's signature, and checked
+    # against the call in TRL's source, so a TRL that adds or drops one fails here.
+    call = inspect.getsource(GRPOTrainer._compute_loss).split("self._get_per_token_logps_and_entropies(")[1]
+    passed = re.findall(r"(\w+)=inputs\.get\(\"\1\"\)", call.split("\n        )")[0])
+    assert set(passed) == set(_FORWARD_KEYS) and len(passed) == len(_FORWARD_KEYS) == 10
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the mask does with each GRPO feature (docs/stapo.md): the defined behaviours, measured
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_opsm_judges_only_sequences_the_mask_never_touches():
+    # OPSM (off_policy_mask_threshold) drops negative-advantage sequences whose mean KL over the loss mask is high;
+    # S2T silences tokens of positive-advantage sequences only, so OPSM's decision is the same with the keep mask.
+    generator = torch.Generator().manual_seed(0)
+    logps = torch.rand(6, 7, generator=generator).log() * 4  # many tokens with p < tau_p
+    entropies = torch.rand(6, 7, generator=generator)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])[:, None]
+    loss_mask = torch.ones(6, 7)
+    result = s2t_mask(logps, entropies, advantages[:, 0], loss_mask, prob_threshold=0.1, entropy_quantile=0.5)
+    assert result.num_silenced > 0
+    sampling = logps + torch.rand(6, 7, generator=generator)  # off-policy by up to 1 nat per token
+    kept = loss_mask * result.keep
+    dropped = 0
+    for threshold in (0.1, 0.4, 0.6):
+        with_mask = GRPOTrainer.get_off_policy_mask(advantages, logps, sampling, kept, threshold)
+        without = GRPOTrainer.get_off_policy_mask(advantages, logps, sampling, loss_mask, threshold)
+        assert torch.equal(with_mask, without)
+        dropped += int((without == 0).sum())
+    assert dropped > 0  # some sequences are dropped: the comparison is not vacuous
+
+
+def test_with_several_iterations_every_pass_uses_the_same_rollout_time_mask(
+    tiny_model_path, prompts, length_reward, tmp_path
+):
+    # num_iterations = 2: the rollout batch is trained on twice; p and H stay the rollout's, so each update's mask
+    # (tau_h, silenced and kept counts) is the same on both passes even though the weights moved in between.
+    geometry = dict(max_steps=4, steps_per_generation=4, gradient_accumulation_steps=2, num_iterations=2)
+    trainer = make_trainer(tiny_model_path, prompts, length_reward, tmp_path, s2t_prob_threshold=0.05, **geometry)
+    trainer.train()
+    metrics = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(metrics) == 4
+    for key in ("s2t/num_silenced", "s2t/num_candidates", "s2t/num_loss_tokens", "s2t/entropy_threshold"):
+        assert [row[key] for row in metrics[:2]] == [row[key] for row in metrics[2:]], key
+    assert sum(row["s2t/num_silenced"] for row in metrics) > 0
+    assert metrics[0]["loss"] != metrics[2]["loss"]  # the weights (and so the ratios) did move
+
+
+def test_with_a_kl_term_silenced_tokens_lose_their_kl_penalty_too(tiny_model_path, prompts, length_reward, tmp_path):
+    # beta > 0 (warned): TRL adds beta x KL to each token's loss before the loss mask, so a silenced token leaves the
+    # KL term too; measured on TRL's default geometry with a reference that differs from the policy.
+    trainer = make_trainer(
+        tiny_model_path, prompts, length_reward, tmp_path, LogpProbe, beta=0.5, s2t_prob_threshold=1.0,
+        s2t_entropy_quantile=0.5,
+    )  # fmt: skip
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    batch = hand_scored_batch(trainer.model.config.vocab_size, seed=3)
+    logps, entropies = policy_forward(trainer, batch)
+    batch["ref_per_token_logps"] = logps - 0.3  # KL per token: exp(-0.3) + 0.3 - 1
+    loss_mask = batch["completion_mask"].bool()
+    candidate = loss_mask & (batch["advantages"][:, None] > 0)
+    tau_h = np.quantile(entropies[candidate].double().numpy(), 0.5)
+    kept = loss_mask & ~(candidate & (entropies.double() < tau_h))
+    kl = math.exp(-0.3) + 0.3 - 1
+    loss = trainer._compute_loss(trainer.model, batch)
+    expected = ((-batch["advantages"][:, None] + 0.5 * kl) * kept).sum() / kept.sum()
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
+    loss.backward()
+    grad = trainer.probe_logps.grad
+    assert torch.equal(grad[~kept], torch.zeros(int((~kept).sum())))  # no policy gradient and no KL gradient
+    assert (grad[kept] != 0).all()
+
+
+def test_vllm_importance_sampling_weights_kept_tokens_and_silenced_tokens_stay_out(
+    tiny_model_path, prompts, length_reward, tmp_path
+):
+    # With vLLM's importance sampling correction TRL runs its old-log-prob forward (the trainer's weights: p and H
+    # come from it, not from vLLM's sampling log-probs) and multiplies each token's loss by its ratio; the mask and
+    # the kept-token normalizer are unchanged. Measured on hand batches in the paper's geometry.
+    trainer = make_trainer(
+        tiny_model_path, prompts, length_reward, tmp_path, steps_per_generation=2, gradient_accumulation_steps=2,
+        num_iterations=2, s2t_prob_threshold=1.0, s2t_entropy_quantile=0.5,
+    )  # fmt: skip
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True  # what use_vllm=True sets
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 2
+    generator = torch.Generator().manual_seed(5)
+    batches = [hand_scored_batch(trainer.model.config.vocab_size, seed) for seed in range(2)]
+    for batch in batches:
+        batch["old_per_token_logps"], _ = policy_forward(trainer, batch)  # ratio 1
+        batch["s2t_entropies"] = torch.rand(4, 5, generator=generator)
+        batch["importance_sampling_ratio"] = 0.5 + torch.rand(4, 5, generator=generator)
+    trainer._buffered_inputs = batches
+    total = 0.0
+    for step in (2, 3):  # the second pass over the rollout batch: no generation
+        trainer._step = step
+        total += trainer._compute_loss(trainer.model, trainer._prepare_inputs(None)).item()
+    loss_mask = torch.cat([b["completion_mask"] for b in batches]).bool()
+    advantages = torch.cat([b["advantages"] for b in batches])[:, None]
+    entropies = torch.cat([b["s2t_entropies"] for b in batches]).double()
+    candidate = loss_mask & (advantages > 0)
+    kept = loss_mask & ~(candidate & (entropies < np.quantile(entropies[candidate].numpy(), 0.5)))
+    ratio = torch.cat([b["importance_sampling_ratio"] for b in batches])
+    assert total == pytest.approx(((-advantages * ratio * kept).sum() / kept.sum()).item(), abs=1e-6)
+
+
+def test_lora_trains_with_the_mask_of_the_adapter_policy(tiny_model_path, prompts, length_reward, tmp_path):
+    # PEFT: the policy forward (and so p and H) is the model with its adapter; only the adapter's weights train.
+    from peft import LoraConfig
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = STAPOConfig(
+            output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
+            num_generations=2, max_completion_length=8, save_strategy="no", max_steps=2, logging_steps=1,
+            learning_rate=1e-2, s2t_prob_threshold=0.05, steps_per_generation=4, gradient_accumulation_steps=2,
+        )  # fmt: skip
+        trainer = STAPOTrainer(
+            tiny_model_path,
+            reward_funcs=length_reward,
+            args=args,
+            train_dataset=prompts,
+            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        )
+    lora = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if "lora_B" in name}
+    trainer.train()
+    assert lora and all(not torch.equal(lora[n], p) for n, p in trainer.model.named_parameters() if n in lora)
+    rows = [row for row in trainer.state.log_history if "loss" in row]
+    assert sum(row["s2t/num_silenced"] for row in rows) > 0

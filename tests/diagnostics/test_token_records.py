@@ -12,7 +12,7 @@ import torch
 from testing_utils import PROMPTS, text_reward, tiny_stapo_config
 
 from stapo_trl import STAPOTrainer
-from stapo_trl.core.s2t import s2t_mask
+from stapo_trl.core.s2t import S2TSettings, s2t_mask
 from stapo_trl.diagnostics.token_records import spurious_token_records
 from stapo_trl.runfiles.callbacks import SpuriousTokenLogger
 from stapo_trl.runfiles.metrics_log import SPURIOUS_TOKENS_FILENAME, read_metrics, read_token_records
@@ -160,7 +160,8 @@ def stand_in_trainer(tmp_path):
     return types.SimpleNamespace(
         processing_class=CharTokenizer(),
         state=types.SimpleNamespace(global_step=0),
-        args=types.SimpleNamespace(s2t_prob_threshold=0.01, seed=0),
+        args=types.SimpleNamespace(seed=0),
+        s2t=S2TSettings(prob_threshold=0.01),  # the trainer's S2T values (any config's)
         accelerator=types.SimpleNamespace(num_processes=1, process_index=0, is_main_process=True),
     )
 
