@@ -8,7 +8,7 @@ process under `accelerate launch`), `stapo-eval` and `stapo-plot`, argparse's ow
   dataset or results file, or a run folder that cannot work. One `PROG: error: ...` line on stderr that names what
   the user wrote, the allowed values, and the fix.
 - 1: a failure during a run (training, evaluation, drawing), with its traceback (Python's status for an uncaught
-  exception).
+  exception); a full disk ends a `stapo-train` run with one line instead ([`full_disk_in_one_line`]).
 - 130: Ctrl-C (`stapo-train` first saves a checkpoint).
 """
 
@@ -17,11 +17,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import errno
+import os
+import shutil
 import sys
 from collections.abc import Iterator
 from typing import NoReturn
 
 from ..integrations.process_group import destroy_process_group_if_any
+from ..runfiles.run_folder import newest_complete_checkpoint
 
 
 EXIT_INPUT_ERROR = 2  # argparse's status for a usage error
@@ -42,12 +46,14 @@ class InputError(SystemExit):
     Args:
         prog (`str`): the command as the user typed it (`stapo-train`, `stapo-train compare`, `stapo-eval`, ...).
         message (`str`): one line: what is wrong, the allowed values, the fix.
+        code (`int`, *optional*, defaults to `EXIT_INPUT_ERROR`): the exit status (1: a run that failed after it
+            started, told in one line).
     """
 
-    def __init__(self, prog: str, message: str):
+    def __init__(self, prog: str, message: str, code: int = EXIT_INPUT_ERROR):
         self.message = f"{prog}: error: {message}"
         super().__init__(self.message)
-        self.code = EXIT_INPUT_ERROR
+        self.code = code
 
     def __str__(self) -> str:
         return self.message
@@ -75,6 +81,35 @@ def report_input_errors() -> Iterator[None]:
         print_line(e.message)
         destroy_process_group_if_any()
         raise
+
+
+@contextlib.contextmanager
+def full_disk_in_one_line(prog: str, output_dir: str) -> Iterator[None]:
+    """End a run that failed because the disk of `output_dir` is full with one [`InputError`] line and status 1:
+    the folder, the error, the checkpoint a rerun resumes (one cut short by the full disk is skipped), instead of a
+    traceback. Full: an `OSError` ENOSPC / EDQUOT in the exception's chain, or under 1 MiB left (`torch.save` says
+    neither, only "file write failed" or "unexpected pos")."""
+    try:
+        yield
+    except Exception as e:
+        chain = [e]
+        while (chain[-1].__cause__ or chain[-1].__context__) and len(chain) < 10:
+            chain.append(chain[-1].__cause__ or chain[-1].__context__)
+        full = any(getattr(c, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in str(c) for c in chain)
+        if not full and (not os.path.isdir(output_dir) or shutil.disk_usage(output_dir).free >= 2**20):
+            raise
+        checkpoint = newest_complete_checkpoint(output_dir)[0]
+        raise InputError(
+            prog,
+            f"no space left on the disk of output_dir={output_dir!r} ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}). Free some "
+            "space, then rerun the same command: it resumes from "
+            + (
+                f"{checkpoint}, the newest complete checkpoint."
+                if checkpoint
+                else "the start (no complete checkpoint)."
+            ),
+            code=1,
+        ) from e
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

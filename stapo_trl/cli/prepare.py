@@ -19,6 +19,7 @@ from ..data import evaluation_split, filter_long_prompts, is_local_dataset_file,
 from ..evaluation.callback import BenchmarkEvalCallback
 from ..models import check_model_available, resolve_model_path
 from ..rewards import get_reward_funcs
+from ..runfiles.run_folder import lock_run_folder
 from .args import prompt_dataset_kwargs
 from .checkpoints import check_resume_settings
 from .geometry import too_few_prompts
@@ -78,7 +79,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
 
     In order: the reward names, the model argument (checked, not loaded), the dataset (train split, and the test
     split when it is needed: before/after evaluation or `eval_strategy`), its columns, the in-training benchmark name,
-    the model path (a `builtin:` model is built into its cache here on first use), then, with the model's tokenizer,
+    the hold on `output_dir` as its one writer, the model path (a `builtin:` model is built into its cache here on first use), then, with the model's tokenizer,
     its chat template and the `max_prompt_tokens` filter.
     Every failure is one exception with one message.
 
@@ -87,7 +88,9 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
             column, or one a reward function reads: [`~stapo_trl.checks.dataset.check_reward_columns`]), unknown
             `builtin:`, fewer training prompts (after the length filter) than one rollout step takes,
             `benchmark_eval` under DeepSpeed ZeRO-3 or FSDP (its evaluation generates on rank 0 alone), a checkpoint
-            in `output_dir` trained with other S2T or objective settings ([`check_resume_settings`]), a tokenizer
+            in `output_dir` trained with other settings, model, data or rewards ([`check_resume_settings`]), an
+            `output_dir` that another run writes or that cannot be written
+            ([`~stapo_trl.runfiles.run_folder.lock_run_folder`]), a tokenizer
             without a chat template ([`~stapo_trl.checks.dataset.check_chat_template`]).
         FileNotFoundError: A model or dataset path that does not exist; offline, a Hub model or dataset id not cached.
         ConnectionError: a Hub model or dataset id neither cached nor reachable ([`~stapo_trl.checks.hub`]);
@@ -102,7 +105,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     check_model_available(model_args.model_name_or_path, model_args.model_revision)  # before any data is loaded
     if training_args.push_to_hub:  # offline, no token, Hub unreachable: now, not after training
         check_hub_access(training_args.hub_model_id, training_args.output_dir, training_args.hub_token)
-    check_resume_settings(training_args)  # a checkpoint in output_dir trained with other settings: now
+    check_resume_settings(training_args, script_args, model_args)  # a checkpoint trained on other settings: now
     if script_args.dataset_name is None:
         raise ValueError(
             "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet file or a Hub dataset id."
@@ -113,6 +116,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         check_hub_dataset(script_args.dataset_name)  # a Hub id nobody can download: now, in one line
     train_dataset, test_dataset, eval_dataset = _load_datasets(script_args, training_args, reward_funcs)
     benchmark_callback = _benchmark_callback(script_args, training_args)
+    lock_run_folder(training_args)  # this run is the folder's one writer (another run's: refused), until it ends
     # Last: a `builtin:` model is built (about 30 s, once) when it is not cached yet.
     model_path = resolve_model_path(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(

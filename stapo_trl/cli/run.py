@@ -26,7 +26,8 @@ from ..integrations.torch_threads import default_num_threads, torch_threads
 from ..integrations.upstream_warnings import QuietKnownUpstreamWarnings
 from ..runfiles.console import set_console_summary
 from ..trainer import GRPOBaselineTrainer, STAPOTrainer
-from .checkpoints import resolve_checkpoint
+from .checkpoints import RunSettings, resolve_checkpoint
+from .errors import full_disk_in_one_line
 from .outputs import (
     evaluate_trainer_model,
     evaluation_kind,
@@ -86,7 +87,8 @@ def train(
         num_threads = default_num_threads(prepared.model_path)
     # Known-harmless upstream warnings, silenced by message and category (stapo_trl.integrations.upstream_warnings).
     with torch_threads(num_threads), QuietKnownUpstreamWarnings() as quiet:
-        return _train(script_args, training_args, model_args, prepared, end_training, quiet)
+        with full_disk_in_one_line("stapo-train", training_args.output_dir):  # one line, not a traceback
+            return _train(script_args, training_args, model_args, prepared, end_training, quiet)
 
 
 def _setup_logging(training_args) -> None:
@@ -127,6 +129,7 @@ def _build_trainer(script_args, training_args, model_args: ModelConfig, run: Pre
     if run.benchmark_callback is not None:
         run.benchmark_callback.attach(trainer)  # registers it and logs eval/<benchmark>/* through the trainer
     set_console_summary(trainer, False)  # the files are listed once, by print_summary at the end of the run
+    trainer.add_callback(RunSettings(script_args, model_args))  # model, data, rewards: into each checkpoint
     return trainer
 
 

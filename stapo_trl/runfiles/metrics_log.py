@@ -88,7 +88,9 @@ def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[s
 
     A fresh run (step 0) starts an empty file: an earlier run's non-empty file is first moved aside to
     `<name>.<n>.jsonl` (the first free n, with a warning), never replaced. A resumed run keeps the rows with
-    `step <= global_step` (later rows belong to the steps being redone) and drops a line cut short by a killed run.
+    `step <= global_step` (later rows belong to the steps being redone) and drops a line cut short by a killed run:
+    written to `<name>.tmp` in the same folder, synced, then renamed over the file (`os.replace`), so that a kill at
+    any moment leaves either every old row or the kept ones.
 
     Returns:
         `tuple`: the file, open for appending (the caller closes it), and the rows kept.
@@ -97,6 +99,11 @@ def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[s
     kept = []
     if os.path.exists(path) and global_step > 0:
         kept = [row for row in read_jsonl(path) if row.get("step", math.inf) <= global_step]
+        with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(f"{path}.tmp", path)
     elif os.path.exists(path) and os.path.getsize(path) > 0:
         stem, ext = os.path.splitext(path)
         aside = next(f"{stem}.{n}{ext}" for n in range(1, 10_000) if not os.path.exists(f"{stem}.{n}{ext}"))
@@ -104,8 +111,6 @@ def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[s
         logger.warning(
             f"{path} held an earlier run's records: kept as {os.path.basename(aside)}; this run starts anew."
         )
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in kept)
     return open(path, "a", encoding="utf-8"), kept  # noqa: SIM115 (held open across steps)
 
 
