@@ -18,6 +18,7 @@ The built-in task (`builtin:tiny-math`) is two-digit addition written out column
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -195,7 +196,7 @@ BUILTIN_DATASETS: dict[str, Callable[[], datasets.DatasetDict]] = {
 }
 BUILTIN_PREFIX = "builtin:"
 
-_LOCAL_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+_LOCAL_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -226,7 +227,7 @@ def _has_column(features: datasets.Features, column: str) -> bool:
 
 
 def is_local_dataset_file(dataset_name: str) -> bool:
-    """Whether `dataset_name` names a local `.json` / `.jsonl` / `.parquet` file (existing or not)."""
+    """Whether `dataset_name` names a local `.json` / `.jsonl` / `.parquet` / `.csv` file (existing or not)."""
     return os.path.splitext(dataset_name)[1].lower() in _LOCAL_FILE_BUILDERS
 
 
@@ -251,13 +252,14 @@ def evaluation_split(dataset_name: str, test_split: str) -> tuple[str, str | Non
 
 
 def load_local_dataset_file(path: str) -> datasets.Dataset:
-    """A local `.json` / `.jsonl` / `.parquet` file as one [`~datasets.Dataset`].
+    """A local `.json` / `.jsonl` / `.parquet` / `.csv` file as one [`~datasets.Dataset`].
 
     Raises:
         FileNotFoundError: If the file does not exist.
         ValueError: If the file holds no rows (0 bytes, only whitespace, or an empty JSON list): "dataset file X is
-            empty", instead of the `StopIteration` / `ArrowInvalid` that `datasets` raises; if a line does not parse
-            (malformed JSON): "dataset file X could not be parsed as json: <the parser's message>".
+            empty", instead of the `StopIteration` / `ArrowInvalid` that `datasets` raises; if it does not parse:
+            "dataset file X could not be parsed as json: line N: <what>" (the first line that is not a JSON object,
+            counted from 1 as an editor does; the parser's message alone for other formats).
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Dataset file {path!r} does not exist.")
@@ -269,20 +271,49 @@ def load_local_dataset_file(path: str) -> datasets.Dataset:
         return datasets.load_dataset(builder, data_files=path, split="train")
     except StopIteration as e:  # the json builder on a file without a single row
         raise empty from e
-    except ValueError as e:  # whitespace only, or `[]`: the split "corresponds to no data"
+    except (ValueError, datasets.exceptions.DatasetGenerationError) as e:  # whitespace only, `[]`, or a bad line
         if "corresponds to no data" in str(e):
             raise empty from e
-        raise
-    except datasets.exceptions.DatasetGenerationError as e:  # a malformed line: the parser's cause, in one line
-        cause = e.__cause__ or e
-        first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        raise ValueError(f"dataset file {path!r} could not be parsed as {builder}: {first}") from e
+        cause = (builder == "json" and _first_bad_json_line(path)) or str(e.__cause__ or e).strip()
+        raise ValueError(f"dataset file {path!r} could not be parsed as {builder}: {cause.splitlines()[0]}") from e
 
 
-def check_prompt_columns(dataset: datasets.Dataset, dataset_name: str, prompt_column: str, solution_column: str):
-    """Raise a `ValueError` naming the missing column, the dataset and its columns, if either column is absent.
+def _first_bad_json_line(path: str) -> str | None:
+    """Where a JSON (an array) or JSON Lines file first fails to parse: "line N: <the parser's message>"."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    if text.lstrip().startswith("["):
+        try:
+            json.loads(text)
+        except ValueError as e:
+            return f"line {e.lineno}, column {e.colno}: {e.msg}"
+        return None
+    for number, line in enumerate(text.splitlines(), start=1):
+        try:
+            row = json.loads(line) if line.strip() else {}
+        except ValueError as e:
+            return f"line {number}, column {e.colno}: {e.msg}"
+        if not isinstance(row, dict):
+            return f"line {number}: a JSON {type(row).__name__}, not an object"
+    return None
 
-    Dotted names (`reward_model.ground_truth`) reach into struct columns.
+
+def check_prompt_columns(
+    dataset: datasets.Dataset, dataset_name: str, prompt_column: str, solution_column: str
+) -> list[str]:
+    """Check a dataset's prompt and solution columns, and each row's values, before any model is built.
+
+    GRPOTrainer trains on an empty prompt (the instruction alone) and on a row without an answer (the reward of its
+    completions is `None`), so those are warnings; a prompt that is not a string or a chat (`null`, a number) is an
+    error. Each names the file, the lines (a local JSON Lines file: its line numbers, counted from 1; else the rows,
+    counted from 1) and the column, once per kind.
+
+    Returns:
+        `list[str]`: one warning line per kind of questionable row (empty prompts, missing answers).
+
+    Raises:
+        ValueError: a missing column (naming it, the dataset and its columns; dotted names reach into struct
+            columns), or rows whose prompt is neither a string nor a list of chat messages.
     """
     for column in (prompt_column, solution_column):
         if not _has_column(dataset.features, column):
@@ -290,6 +321,44 @@ def check_prompt_columns(dataset: datasets.Dataset, dataset_name: str, prompt_co
                 f"{missing_column_message(column, dataset_name, dataset.column_names)} Set prompt_column / "
                 "solution_column (dotted names reach into struct columns, e.g. 'reward_model.ground_truth')."
             )
+    bad, empty, unanswered = [], [], []
+    for index, row in enumerate(dataset.select_columns([c.split(".")[0] for c in (prompt_column, solution_column)])):
+        prompt = _get_field(row, prompt_column)
+        if not isinstance(prompt, str) and not _is_chat(prompt):
+            bad.append(index)
+        elif not (prompt.strip() if isinstance(prompt, str) else any(str(m["content"]).strip() for m in prompt)):
+            empty.append(index)
+        if not _solution_to_str(_get_field(row, solution_column)).strip():
+            unanswered.append(index)
+    if bad:
+        raise ValueError(
+            f"{_where(dataset_name, bad)} (column {prompt_column!r}): a prompt must be a string or a list of chat "
+            f"messages with 'role' and 'content', got {_get_field(dataset[bad[0]], prompt_column)!r:.100}. Fix or "
+            "remove those rows."
+        )
+    return [
+        f"{_where(dataset_name, rows)} (column {column!r}): {what}"
+        for rows, column, what in (
+            (empty, prompt_column, "empty prompt: trained on, the model sees the instruction alone."),
+            (unanswered, solution_column, "no answer: math_accuracy gives their completions no reward (None)."),
+        )
+        if rows
+    ]
+
+
+def _where(dataset_name: str, indices: list[int]) -> str:
+    """`dataset file 'x.jsonl': lines 4, 9` for a JSON Lines file (counted from 1, blank lines too, which `datasets`
+    skips), else `dataset 'x': rows 4, 9` (counted from 1); at most 10 listed."""
+    numbers, kind, what = [index + 1 for index in indices], "row", "dataset"
+    if os.path.isfile(dataset_name):
+        what = "dataset file"
+        with open(dataset_name, encoding="utf-8", errors="replace") as f:
+            text = f.read() if dataset_name.lower().endswith((".jsonl", ".json")) else "["
+        if not text.lstrip().startswith("["):  # JSON Lines: one row per non-blank line
+            lines = [number for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+            numbers, kind = [lines[index] for index in indices], "line"
+    shown = ", ".join(map(str, numbers[:10])) + (f" and {len(numbers) - 10} more" if len(numbers) > 10 else "")
+    return f"{what} {dataset_name!r}: {kind}{'s' * (len(numbers) > 1)} {shown}"
 
 
 def _solution_to_str(value: Any) -> str:
@@ -305,22 +374,26 @@ def _solution_to_str(value: Any) -> str:
     return str(value)
 
 
-def _to_prompt(value: Any, instruction: str | None) -> list[dict[str, str]]:
-    """Conversational prompt from a raw problem string, or from an existing chat (verl layout: a list of messages),
-    whose last user turn gets the instruction appended as [`format_prompt`] would."""
+def _is_chat(value: Any) -> bool:
+    """Whether `value` is a chat: a non-empty list of messages with a `role` and a `content`."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in value)
+    )
+
+
+def _to_prompt(value: str | list[dict[str, str]], instruction: str | None) -> list[dict[str, str]]:
+    """Conversational prompt from a raw problem string, or from a chat (verl layout: a list of messages), whose last
+    user turn gets the instruction appended as [`format_prompt`] would ([`check_prompt_columns`] refuses the rest)."""
     if isinstance(value, str):
         return format_prompt(value, instruction)
-    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m for m in value):
-        messages = [{"role": m["role"], "content": m["content"]} for m in value]
-        user_turns = [i for i, m in enumerate(messages) if m["role"] == "user"]
-        if instruction and user_turns:
-            last = user_turns[-1]
-            messages[last]["content"] = format_prompt(messages[last]["content"], instruction)[0]["content"]
-        return messages
-    raise ValueError(
-        f"A prompt must be a string or a list of chat messages with 'role' and 'content', got {type(value).__name__}: "
-        f"{value!r:.200}"
-    )
+    messages = [{"role": m["role"], "content": m["content"]} for m in value]
+    user_turns = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    if instruction and user_turns:
+        last = user_turns[-1]
+        messages[last]["content"] = format_prompt(messages[last]["content"], instruction)[0]["content"]
+    return messages
 
 
 def _load_builtin_split(dataset_name: str, split: str) -> datasets.Dataset:
@@ -413,10 +486,10 @@ def load_prompt_dataset(
         else:
             dataset = datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=data_files)
 
-    check_prompt_columns(dataset, dataset_name, prompt_column, solution_column)
-
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
+    for warning in check_prompt_columns(dataset, dataset_name, prompt_column, solution_column):
+        logger.warning(warning)
 
     builtin = dataset_name.startswith(BUILTIN_PREFIX)
     strip = strip_dapo_instruction and not builtin

@@ -45,7 +45,7 @@ HELP_FIELDS_INTRO = (
 COMMON_FIELDS = (
     ("model", (
         ("model_name_or_path", "a local folder, a Hub id, or builtin:tiny-math (offline)"),
-        ("dataset_name", "builtin:tiny-math, a Hub dataset, or a .json/.jsonl/.parquet file"),
+        ("dataset_name", "builtin:tiny-math, a Hub dataset, or a .json/.jsonl/.parquet/.csv file"),
         ("prompt_column, solution_column", "the problem and gold-answer columns of a file or Hub dataset"),
         ("reward_funcs", "reward names (math_accuracy) or dotted import paths"),
     )),

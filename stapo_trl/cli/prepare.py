@@ -108,7 +108,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     check_resume_settings(training_args, script_args, model_args)  # a checkpoint trained on other settings: now
     if script_args.dataset_name is None:
         raise ValueError(
-            "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet file or a Hub dataset id."
+            "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet/.csv file or a Hub dataset id."
         )
     if script_args.dataset_streaming:
         raise ValueError("dataset_streaming=True is not supported by stapo-train: set it to false.")
