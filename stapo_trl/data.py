@@ -18,7 +18,6 @@ The built-in task (`builtin:tiny-math`) is two-digit addition written out column
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -29,6 +28,7 @@ from typing import Any
 import datasets
 
 from .checks.dataset import missing_column_message
+from .runfiles.metrics_log import json_lines
 
 
 logger = logging.getLogger(__name__)
@@ -119,20 +119,10 @@ def tiny_math_problem(a: int, b: int) -> str:
 
 
 def tiny_math_completion(a: int, b: int) -> str:
-    """Worked column addition of two two-digit numbers, ending in the boxed sum.
-
-    The format is the same for every problem (the carry is always written, `carry 0` included), so a tiny model
-    learns it quickly: `tiny_math_completion(47, 38) == "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"` and
+    """The worked column addition of `a` and `b` (`int`s in [10, 99]), ending in the boxed sum, as a `str` (no
+    end-of-sequence token). The format is the same for every problem (`carry 0` included), so a tiny model learns it
+    quickly: `tiny_math_completion(47, 38) == "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"` and
     `tiny_math_completion(21, 34) == "1+4=5, write 5 carry 0; 2+3+0=5; \\boxed{55}"`.
-
-    Args:
-        a (`int`):
-            First operand, in [10, 99].
-        b (`int`):
-            Second operand, in [10, 99].
-
-    Returns:
-        `str`: The target completion (no trailing end-of-sequence token).
     """
     units = a % 10 + b % 10
     carry = units // 10
@@ -150,12 +140,9 @@ def make_tiny_math_dataset(num_train: int = 7800, num_test: int = 300, seed: int
     problem and the same seed always gives the same datasets.
 
     Args:
-        num_train (`int`, *optional*, defaults to `7800`):
-            Number of training problems.
-        num_test (`int`, *optional*, defaults to `300`):
-            Number of held-out problems.
-        seed (`int`, *optional*, defaults to `0`):
-            Seed of the shuffle that picks and orders the problems.
+        num_train (`int`, *optional*, defaults to `7800`): number of training problems.
+        num_test (`int`, *optional*, defaults to `300`): number of held-out problems.
+        seed (`int`, *optional*, defaults to `0`): seed of the shuffle that picks and orders the problems.
 
     Returns:
         [`~datasets.DatasetDict`]: Splits `"train"` and `"test"`, each with the columns `prompt` (conversational,
@@ -274,28 +261,19 @@ def load_local_dataset_file(path: str) -> datasets.Dataset:
     except (ValueError, datasets.exceptions.DatasetGenerationError) as e:  # whitespace only, `[]`, or a bad line
         if "corresponds to no data" in str(e):
             raise empty from e
-        cause = (builder == "json" and _first_bad_json_line(path)) or str(e.__cause__ or e).strip()
-        raise ValueError(f"dataset file {path!r} could not be parsed as {builder}: {cause.splitlines()[0]}") from e
+        bad = (
+            next((n for n, row in json_lines(path) if not isinstance(row, dict)), None) if _is_json_lines(path) else 0
+        )
+        cause = f"line {bad} is not a JSON object" if bad else (str(e.__cause__ or e).strip().splitlines() or [""])[0]
+        raise ValueError(f"dataset file {path!r} could not be parsed as {builder}: {cause}") from e
 
 
-def _first_bad_json_line(path: str) -> str | None:
-    """Where a JSON (an array) or JSON Lines file first fails to parse: "line N: <the parser's message>"."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        text = f.read()
-    if text.lstrip().startswith("["):
-        try:
-            json.loads(text)
-        except ValueError as e:
-            return f"line {e.lineno}, column {e.colno}: {e.msg}"
-        return None
-    for number, line in enumerate(text.splitlines(), start=1):
-        try:
-            row = json.loads(line) if line.strip() else {}
-        except ValueError as e:
-            return f"line {number}, column {e.colno}: {e.msg}"
-        if not isinstance(row, dict):
-            return f"line {number}: a JSON {type(row).__name__}, not an object"
-    return None
+def _is_json_lines(path: str) -> bool:
+    """Whether a local `.json` / `.jsonl` file holds JSON Lines (a row per non-blank line), not an array."""
+    if not path.lower().endswith((".json", ".jsonl")):
+        return False
+    with open(path, "rb") as f:
+        return not f.read(4096).lstrip().startswith(b"[")
 
 
 def check_prompt_columns(
@@ -322,11 +300,14 @@ def check_prompt_columns(
                 "solution_column (dotted names reach into struct columns, e.g. 'reward_model.ground_truth')."
             )
     bad, empty, unanswered = [], [], []
-    for index, row in enumerate(dataset.select_columns([c.split(".")[0] for c in (prompt_column, solution_column)])):
+    for index, row in enumerate(
+        dataset.select_columns(list({c.split(".")[0] for c in (prompt_column, solution_column)}))
+    ):
         prompt = _get_field(row, prompt_column)
-        if not isinstance(prompt, str) and not _is_chat(prompt):
+        chat = isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt)
+        if not isinstance(prompt, str) and not chat:
             bad.append(index)
-        elif not (prompt.strip() if isinstance(prompt, str) else any(str(m["content"]).strip() for m in prompt)):
+        elif not (prompt if isinstance(prompt, str) else "".join(str(m["content"]) for m in prompt)).strip():
             empty.append(index)
         if not _solution_to_str(_get_field(row, solution_column)).strip():
             unanswered.append(index)
@@ -349,15 +330,12 @@ def check_prompt_columns(
 def _where(dataset_name: str, indices: list[int]) -> str:
     """`dataset file 'x.jsonl': lines 4, 9` for a JSON Lines file (counted from 1, blank lines too, which `datasets`
     skips), else `dataset 'x': rows 4, 9` (counted from 1); at most 10 listed."""
-    numbers, kind, what = [index + 1 for index in indices], "row", "dataset"
-    if os.path.isfile(dataset_name):
-        what = "dataset file"
-        with open(dataset_name, encoding="utf-8", errors="replace") as f:
-            text = f.read() if dataset_name.lower().endswith((".jsonl", ".json")) else "["
-        if not text.lstrip().startswith("["):  # JSON Lines: one row per non-blank line
-            lines = [number for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
-            numbers, kind = [lines[index] for index in indices], "line"
+    numbers, kind = [index + 1 for index in indices], "row"
+    if os.path.isfile(dataset_name) and _is_json_lines(dataset_name):
+        lines = [number for number, _ in json_lines(dataset_name)]
+        numbers, kind = [lines[index] for index in indices], "line"
     shown = ", ".join(map(str, numbers[:10])) + (f" and {len(numbers) - 10} more" if len(numbers) > 10 else "")
+    what = "dataset file" if os.path.isfile(dataset_name) else "dataset"
     return f"{what} {dataset_name!r}: {kind}{'s' * (len(numbers) > 1)} {shown}"
 
 
@@ -374,15 +352,6 @@ def _solution_to_str(value: Any) -> str:
     return str(value)
 
 
-def _is_chat(value: Any) -> bool:
-    """Whether `value` is a chat: a non-empty list of messages with a `role` and a `content`."""
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in value)
-    )
-
-
 def _to_prompt(value: str | list[dict[str, str]], instruction: str | None) -> list[dict[str, str]]:
     """Conversational prompt from a raw problem string, or from a chat (verl layout: a list of messages), whose last
     user turn gets the instruction appended as [`format_prompt`] would ([`check_prompt_columns`] refuses the rest)."""
@@ -397,11 +366,8 @@ def _to_prompt(value: str | list[dict[str, str]], instruction: str | None) -> li
 
 
 def _load_builtin_split(dataset_name: str, split: str) -> datasets.Dataset:
-    """One split of a `builtin:<name>` task (columns `problem` and `solution`).
-
-    Raises:
-        ValueError: an unknown name (the known ones listed) or split (the available ones listed).
-    """
+    """One split of a `builtin:<name>` task (columns `problem` and `solution`); raises a `ValueError` on an unknown
+    name or split (the known ones listed)."""
     name = dataset_name[len(BUILTIN_PREFIX) :]
     if name not in BUILTIN_DATASETS:
         known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_DATASETS)
@@ -428,40 +394,30 @@ def load_prompt_dataset(
 ) -> datasets.Dataset:
     """Load a math dataset as conversational prompts with gold answers, ready for [`~trl.GRPOTrainer`].
 
-    Three kinds of `dataset_name` are accepted:
-
-    - `builtin:<name>`, a built-in task (`builtin:tiny-math`, splits `"train"` and `"test"`); it defines its own
-      columns, so `prompt_column`, `solution_column` and `data_files` are ignored;
-    - a local `.json`, `.jsonl` or `.parquet` file, read with `datasets.load_dataset("json" | "parquet")`; the file is
-      the split, so `split` is ignored;
-    - anything else goes to `datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=...)`: a
+    `dataset_name` is a built-in task (`builtin:tiny-math`, splits `"train"` and `"test"`, its own columns); a local
+    `.json`, `.jsonl`, `.parquet` or `.csv` file ([`load_local_dataset_file`]; the file is the split); or else goes to `datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=...)`: a
       Hub id such as `"HuggingFaceH4/MATH-500"`, a local dataset folder, or a builder name (`"json"`) with
       `data_files`.
 
     A prompt cell may be a raw problem string or already a chat (a list of `{"role", "content"}` messages, as in
-    verl parquet files); the instruction is appended to its last user turn either way. Column names may be
-    dotted to reach into struct columns, e.g. `solution_column="reward_model.ground_truth"`.
+    verl parquet files); the instruction is appended to its last user turn either way. Column names may be dotted
+    to reach into struct columns (`reward_model.ground_truth`). The rows are checked ([`check_prompt_columns`]): a
+    warning line per kind of questionable row.
 
     Args:
-        dataset_name (`str`):
-            `builtin:<name>`, a path to a local file, or a name for `datasets.load_dataset`.
-        dataset_config (`str` or `None`, *optional*, defaults to `None`):
-            Dataset configuration (subset) name, for Hub datasets.
-        split (`str`, *optional*, defaults to `"train"`):
-            Split to load.
-        prompt_column (`str`, *optional*, defaults to `"problem"`):
-            Column with the problem text (or the chat).
-        solution_column (`str`, *optional*, defaults to `"answer"`):
-            Column with the gold answer; converted to `str` (integral floats such as `27.0` become `"27"`).
-        instruction (`str` or `None`, *optional*, defaults to `INSTRUCTION`):
-            Text appended to the problem on a new line; `None` or `""` appends nothing.
-        data_files (`str`, `list[str]`, `dict` or `None`, *optional*, defaults to `None`):
-            Passed to `datasets.load_dataset` for non-builtin, non-file names.
-        limit (`int` or `None`, *optional*, defaults to `None`):
-            Keep only the first `limit` rows.
-        strip_dapo_instruction (`bool`, *optional*, defaults to `False`):
-            Remove DAPO-Math-17k's own answer-format instruction from every problem ([`remove_dapo_instruction`])
-            before appending `instruction`; ignored for `builtin:` datasets.
+        dataset_name (`str`): `builtin:<name>`, a path to a local file, or a name for `datasets.load_dataset`.
+        dataset_config (`str`, *optional*): dataset configuration (subset) name, for Hub datasets.
+        split (`str`, *optional*, defaults to `"train"`): split to load.
+        prompt_column (`str`, *optional*, defaults to `"problem"`): column with the problem text (or the chat).
+        solution_column (`str`, *optional*, defaults to `"answer"`): column with the gold answer; converted to `str`
+            (integral floats such as `27.0` become `"27"`).
+        instruction (`str`, *optional*, defaults to `INSTRUCTION`): appended to the problem on a new line; `None` or
+            `""` appends nothing.
+        data_files (`str`, `list[str]` or `dict`, *optional*): for `datasets.load_dataset` (not builtin, not a file).
+        limit (`int`, *optional*): keep only the first `limit` rows.
+        strip_dapo_instruction (`bool`, *optional*, defaults to `False`): remove DAPO-Math-17k's own answer-format
+            instruction from every problem ([`remove_dapo_instruction`]) before appending `instruction`; ignored for
+            `builtin:` datasets.
 
     Returns:
         [`~datasets.Dataset`]: Columns `prompt` (`list[dict[str, str]]`, conversational) and `solution` (`str`), then
@@ -469,29 +425,25 @@ def load_prompt_dataset(
         name); a `builtin:` task has only `prompt` and `solution`.
 
     Raises:
-        ValueError: If a `builtin:` name is unknown (the message lists the known ones), if the split does not exist
-            for a built-in task, or if a column is missing (the message names it, the dataset and the available
-            columns).
-        FileNotFoundError: If `dataset_name` ends in `.json`, `.jsonl` or `.parquet` but no such file exists.
+        ValueError: an unknown `builtin:` name or split (the known ones listed), a file that does not parse, a column
+            missing or a prompt that is neither text nor chat ([`check_prompt_columns`]).
+        FileNotFoundError: If `dataset_name` names a local file that does not exist.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit}.")
 
-    if dataset_name.startswith(BUILTIN_PREFIX):
+    builtin = dataset_name.startswith(BUILTIN_PREFIX)
+    if builtin:
         dataset = _load_builtin_split(dataset_name, split)
         prompt_column, solution_column = "problem", "solution"
+    elif is_local_dataset_file(dataset_name):
+        dataset = load_local_dataset_file(dataset_name)
     else:
-        if is_local_dataset_file(dataset_name):
-            dataset = load_local_dataset_file(dataset_name)
-        else:
-            dataset = datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=data_files)
-
+        dataset = datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=data_files)
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
     for warning in check_prompt_columns(dataset, dataset_name, prompt_column, solution_column):
         logger.warning(warning)
-
-    builtin = dataset_name.startswith(BUILTIN_PREFIX)
     strip = strip_dapo_instruction and not builtin
     return _to_prompts_and_solutions(dataset, prompt_column, solution_column, instruction, strip, keep=not builtin)
 

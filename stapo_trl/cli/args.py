@@ -131,17 +131,12 @@ def _stapo_objective_defaults() -> dict[str, Any]:
     }
 
 
-def make_parser(
-    subparsers: argparse._SubParsersAction | None = None, *, trainer: str = "stapo"
-) -> argparse.ArgumentParser:
+def make_parser(*, trainer: str = "stapo") -> argparse.ArgumentParser:
     """The `stapo-train` parser: (STAPOScriptArguments, STAPOConfig or GRPOConfig, ModelConfig).
 
     Args:
-        subparsers (`argparse._SubParsersAction`, *optional*):
-            Register as the `stapo` sub-command of a parent CLI instead of building a standalone parser.
-        trainer (`str`, *optional*, defaults to `"stapo"`):
-            `"stapo"` parses into [`~stapo_trl.STAPOConfig`]; `"grpo"` into [`~trl.GRPOConfig`] with STAPOConfig's
-            objective defaults and no `s2t_*` fields.
+        trainer (`str`, *optional*, defaults to `"stapo"`): `"stapo"` parses into [`~stapo_trl.STAPOConfig`];
+            `"grpo"` into [`~trl.GRPOConfig`] with STAPOConfig's objective defaults and no `s2t_*` fields.
     """
     from trl import GRPOConfig, ModelConfig
 
@@ -152,19 +147,15 @@ def make_parser(
     if trainer not in TRAINERS:
         raise ValueError(f"trainer={trainer!r} is not one of {list(TRAINERS)}.")
     config_class = STAPOConfig if trainer == "stapo" else GRPOConfig
-    dataclass_types = (STAPOScriptArguments, config_class, ModelConfig)
-    if subparsers is not None:
-        parser = subparsers.add_parser("stapo", help="Train with STAPO from a recipe", dataclass_types=dataclass_types)
-    else:
-        parser = RecipeParser(
-            dataclass_types,
-            prog="stapo-train",
-            usage=USAGE,
-            allow_abbrev=False,  # `--s2t_mod` must not pass for `--s2t_mode`: a typo gets "did you mean" instead
-            description=DESCRIPTION + "\n\n" + textwrap.fill(HELP_FIELDS_INTRO, width=100),
-            epilog=textwrap.fill(EXIT_STATUS_HELP, width=100),
-            formatter_class=_HelpFormatter,
-        )
+    parser = RecipeParser(
+        (STAPOScriptArguments, config_class, ModelConfig),
+        prog="stapo-train",
+        usage=USAGE,
+        allow_abbrev=False,  # `--s2t_mod` must not pass for `--s2t_mode`: a typo gets "did you mean" instead
+        description=DESCRIPTION + "\n\n" + textwrap.fill(HELP_FIELDS_INTRO, width=100),
+        epilog=textwrap.fill(EXIT_STATUS_HELP, width=100),
+        formatter_class=_HelpFormatter,
+    )
     if trainer == "grpo":
         parser.set_defaults(**_stapo_objective_defaults())
     return parser

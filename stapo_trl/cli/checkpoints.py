@@ -20,75 +20,63 @@ SETTINGS_KEY = "stapo_train"  # the entry of trainer_state.json's `stateful_call
 
 
 def _checkpoint_state(checkpoint: str) -> dict:
-    """A checkpoint's `trainer_state.json` (complete: [`checkpoint_problem`] is `None`)."""
     with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
         return json.load(f)
 
 
 def check_resume_from_checkpoint(training_args) -> None:
-    """Refuse a `resume_from_checkpoint` that is not a complete checkpoint folder
-    ([`~stapo_trl.runfiles.run_folder.checkpoint_problem`]), before any model is built.
+    """Refuse a `resume_from_checkpoint` that is not a complete checkpoint folder, before any model is built
+    ([`~stapo_trl.runfiles.run_folder.checkpoint_problem`]).
 
     Raises:
         ValueError: naming the field, the path, what it is instead (missing, a file, a run folder, a checkpoint whose
             save did not finish) and what to give.
     """
     path = training_args.resume_from_checkpoint
-    if not isinstance(path, str) or not path:
-        return
-    problem = checkpoint_problem(path, training_args.save_only_model)
+    problem = checkpoint_problem(path, training_args.save_only_model) if isinstance(path, str) and path else None
     if problem is None:
         return
-    newest = newest_complete_checkpoint(path)[0] if os.path.isdir(path) else None
-    if newest is not None:
+    if problem == "not a folder":
+        problem = "is a file" if os.path.exists(path) else "does not exist"
+    elif newest := newest_complete_checkpoint(path)[0]:
         problem = f"is a run folder, not a checkpoint: give one of its checkpoints ({os.path.basename(newest)})"
+    else:
+        problem = f"is not a complete checkpoint ({problem})"
     raise ValueError(
-        f"resume_from_checkpoint={path!r} {'does not exist' if not os.path.exists(path) else problem}. Give a "
-        "complete checkpoint folder (<output_dir>/checkpoint-<step>), or leave it unset: a run resumes from the "
-        "newest complete checkpoint in its output_dir by itself."
+        f"resume_from_checkpoint={path!r} {problem}. Give a complete checkpoint folder (<output_dir>/checkpoint-<step>),"
+        " or leave it unset: a run resumes from the newest complete checkpoint in its output_dir by itself."
     )
 
 
-def run_settings(script_args, model_args) -> dict:
-    """What a run trains on beyond its `training_args.bin`: trainer, model, dataset and rewards (local paths made
-    absolute, so that the same file given another way compares equal)."""
-
-    def where(name):
-        return os.path.abspath(name) if isinstance(name, str) and os.path.exists(name) else name
-
-    return {
-        "trainer": script_args.trainer,
-        "model_name_or_path": where(model_args.model_name_or_path),
-        "dataset_name": where(script_args.dataset_name),
-        "dataset_config": script_args.dataset_config,
-        "reward_funcs": list(script_args.reward_funcs),
-    }
-
-
 class RunSettings(TrainerCallback):
-    """Record [`run_settings`] in every checkpoint's `trainer_state.json` (an entry of its `stateful_callbacks`, which
-    transformers saves as is), for [`check_resume_settings`] to compare on resume."""
+    """Record what a run trains on beyond its `training_args.bin` (trainer, model, dataset, rewards; local paths made
+    absolute) in each checkpoint's `trainer_state.json`, as an entry of the `stateful_callbacks` that transformers
+    saves as is, for [`check_resume_settings`] to compare on resume."""
 
     def __init__(self, script_args, model_args):
-        self.settings = run_settings(script_args, model_args)
+        names = (model_args.model_name_or_path, script_args.dataset_name)
+        model, dataset = (os.path.abspath(name) if name and os.path.exists(name) else name for name in names)
+        self.settings = {"trainer": script_args.trainer, "model_name_or_path": model, "dataset_name": dataset}
+        self.settings |= {"dataset_config": script_args.dataset_config, "reward_funcs": list(script_args.reward_funcs)}
 
     def on_train_begin(self, args, state, control, **kwargs):
         state.stateful_callbacks[SETTINGS_KEY] = self.settings
 
 
-def check_resume_settings(training_args, script_args=None, model_args=None) -> None:
-    """Refuse to resume the checkpoint `stapo-train` would resume ([`resolve_checkpoint`]) with other S2T or
-    objective settings than it was trained with ([`~stapo_trl.runfiles.model_card.RESUME_FIXED_FIELDS`], read from its
-    `training_args.bin`; the model card states one value of each), or another model, dataset, rewards or trainer
-    ([`RunSettings`], given `script_args` and `model_args`). `max_steps` and the batch geometry may change. A
-    `training_args.bin` that cannot be read (another version's) is said in one warning.
+def check_resume_settings(training_args, script_args, model_args) -> None:
+    """Refuse to resume the checkpoint `stapo-train` would resume (`resume_from_checkpoint`, else the newest complete
+    one) with other S2T or objective settings ([`~stapo_trl.runfiles.model_card.RESUME_FIXED_FIELDS`], from its
+    `training_args.bin`: the model card states one value of each), or another trainer, model, dataset or rewards
+    ([`RunSettings`]). `max_steps` and the batch geometry may change. An unreadable `training_args.bin` (another
+    version's) is said in one warning line.
 
     Raises:
         ValueError: naming each changed field with its old and new value; or a `resume_from_checkpoint` that is not a
             complete checkpoint ([`check_resume_from_checkpoint`]).
     """
     check_resume_from_checkpoint(training_args)
-    checkpoint = _checkpoint_to_resume(training_args)
+    checkpoint = training_args.resume_from_checkpoint
+    checkpoint = checkpoint or newest_complete_checkpoint(training_args.output_dir, training_args.save_only_model)[0]
     if checkpoint is None:
         return
     changed = []
@@ -103,12 +91,11 @@ def check_resume_settings(training_args, script_args=None, model_args=None) -> N
             f"{checkpoint}/{TRAINING_ARGS_NAME} cannot be read ({type(e).__name__}: {str(e)[:100]}): the S2T and "
             "objective settings of this run are not compared with those it was trained with."
         )
-    recorded = _checkpoint_state(checkpoint).get("stateful_callbacks", {}).get(SETTINGS_KEY)
-    if recorded and script_args is not None and model_args is not None:
-        current = run_settings(script_args, model_args)
-        changed += [
-            f"{key} {recorded[key]!r} -> {current[key]!r}" for key in current if recorded.get(key) != current[key]
-        ]
+    recorded = _checkpoint_state(checkpoint).get("stateful_callbacks", {}).get(SETTINGS_KEY) or {}
+    current = RunSettings(script_args, model_args).settings
+    changed += [
+        f"{key} {recorded[key]!r} -> {value!r}" for key, value in current.items() if recorded.get(key, value) != value
+    ]
     if changed:
         raise ValueError(
             f"{training_args.output_dir} holds {os.path.basename(checkpoint)}, trained with other settings ("
@@ -116,14 +103,6 @@ def check_resume_settings(training_args, script_args=None, model_args=None) -> N
             + "): resuming would mix them and the model card could state only one. Use another output_dir (with "
             f"model_name_or_path {checkpoint} to start from it), or the checkpoint's values."
         )
-
-
-def _checkpoint_to_resume(training_args) -> str | None:
-    """`resume_from_checkpoint`, else the newest complete checkpoint in `output_dir`, else `None`: the rule of
-    [`check_resume_settings`] and of [`resolve_checkpoint`]."""
-    if training_args.resume_from_checkpoint:
-        return training_args.resume_from_checkpoint
-    return newest_complete_checkpoint(training_args.output_dir, training_args.save_only_model)[0]
 
 
 def resolve_checkpoint(training_args) -> tuple[str | None, str | None]:

@@ -85,29 +85,26 @@ def report_input_errors() -> Iterator[None]:
 
 @contextlib.contextmanager
 def full_disk_in_one_line(prog: str, output_dir: str) -> Iterator[None]:
-    """End a run that failed because the disk of `output_dir` is full with one [`InputError`] line and status 1:
-    the folder, the error, the checkpoint a rerun resumes (one cut short by the full disk is skipped), instead of a
-    traceback. Full: an `OSError` ENOSPC / EDQUOT in the exception's chain, or under 1 MiB left (`torch.save` says
-    neither, only "file write failed" or "unexpected pos")."""
+    """End a run that failed on a full disk with one [`InputError`] line (status 1) naming `output_dir` and the
+    checkpoint a rerun resumes, not a traceback. Full: ENOSPC / EDQUOT in the exception's chain, or under 1 MiB free
+    (`torch.save` names no cause: "unexpected pos")."""
     try:
         yield
     except Exception as e:
-        chain = [e]
-        while (chain[-1].__cause__ or chain[-1].__context__) and len(chain) < 10:
-            chain.append(chain[-1].__cause__ or chain[-1].__context__)
-        full = any(getattr(c, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in str(c) for c in chain)
-        if not full and (not os.path.isdir(output_dir) or shutil.disk_usage(output_dir).free >= 2**20):
-            raise
-        checkpoint = newest_complete_checkpoint(output_dir)[0]
+        chain, cause = [], e
+        while cause is not None and len(chain) < 10:
+            chain, cause = [*chain, cause], cause.__cause__ or cause.__context__
+        if not any(
+            getattr(c, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in str(c) for c in chain
+        ):
+            if not os.path.isdir(output_dir) or shutil.disk_usage(output_dir).free >= 2**20:
+                raise
+        checkpoint = newest_complete_checkpoint(output_dir)[0] or "the start (no complete checkpoint)"
+        first_line = (str(e).splitlines() or [""])[0][:200]
         raise InputError(
             prog,
-            f"no space left on the disk of output_dir={output_dir!r} ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}). Free some "
-            "space, then rerun the same command: it resumes from "
-            + (
-                f"{checkpoint}, the newest complete checkpoint."
-                if checkpoint
-                else "the start (no complete checkpoint)."
-            ),
+            f"no space left on the disk of output_dir={output_dir!r} ({type(e).__name__}: {first_line}). Free some "
+            f"space, then rerun the same command: it resumes from {checkpoint}.",
             code=1,
         ) from e
 

@@ -35,15 +35,9 @@ logger = logging.getLogger(__name__)
 
 
 class JsonlLogCallback(TrainerCallback):
-    """Base of the callbacks that append JSON lines to `<output_dir>/<filename>` on the main process.
-
-    The file is opened by [`open_for_run`] when training (re)starts (a resumed run keeps the rows up to its step, see
-    [`open_jsonl_for_run`]), opened for appending by [`write_rows`] when rows come outside `train()`, flushed after
-    every write and closed when training ends.
-
-    Args:
-        path (`str` or `None`, *optional*, defaults to `None`):
-            File to write. `None` means `<args.output_dir>/<filename>`, resolved when it is opened.
+    """Base of the callbacks that append JSON lines to `path` (default `<output_dir>/<filename>`) on the main process:
+    opened by [`open_for_run`] when training (re)starts (a resumed run keeps the rows up to its step:
+    [`open_jsonl_for_run`]), for appending by [`write_rows`] outside `train()`, flushed per write, closed at the end.
     """
 
     filename: str = ""
@@ -89,11 +83,8 @@ class MetricsLogCallback(JsonlLogCallback):
     are written as their own lines.
 
     When training resumes from a checkpoint, the lines of steps after the checkpoint's step (logged by the
-    interrupted run, about to be redone) are dropped before appending, so every step appears once.
-
-    Args:
-        path (`str` or `None`, *optional*, defaults to `None`):
-            File to write. `None` means `<args.output_dir>/metrics.jsonl`, resolved when training begins.
+    interrupted run, about to be redone) are dropped before appending, so every step appears once. `path`: the file
+    (default `<output_dir>/metrics.jsonl`).
     """
 
     filename = METRICS_FILENAME

@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 
@@ -114,6 +114,18 @@ def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[s
     return open(path, "a", encoding="utf-8"), kept  # noqa: SIM115 (held open across steps)
 
 
+def json_lines(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
+    """(its number counted from 1, its JSON value or `None` when it does not parse) of each non-blank line of a file."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    value = json.loads(line)
+                except ValueError:  # JSONDecodeError, UnicodeDecodeError
+                    value = None
+                yield number, value
+
+
 def read_jsonl(
     path: str | os.PathLike, *, valid: Callable[[Any], bool] | None = None, what: str = "a JSON object"
 ) -> list[dict[str, Any]]:
@@ -129,18 +141,11 @@ def read_jsonl(
         what (`str`, *optional*): what a kept line is, for the warning ("a metrics row ...").
     """
     rows, bad = [], []
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:  # JSONDecodeError, UnicodeDecodeError
-                row = None
-            if isinstance(row, dict) and (valid is None or valid(row)):
-                rows.append(row)
-            else:
-                bad.append(number)
+    for number, row in json_lines(path):
+        if isinstance(row, dict) and (valid is None or valid(row)):
+            rows.append(row)
+        else:
+            bad.append(number)
     if bad:
         _warn_skipped_lines(os.fspath(path), bad, what)
     return rows

@@ -1,12 +1,9 @@
 """The run folder (`output_dir`) as kills, full disks and a second writer leave it.
 
-- [`checkpoint_problem`], [`newest_complete_checkpoint`]: which checkpoint a resume may take. transformers 5.24's
-  `Trainer._save_checkpoint` writes a checkpoint's files in place, `trainer_state.json` last (no temporary folder, no
-  rename), and `get_last_checkpoint` takes the highest-numbered `checkpoint-N` folder whatever it holds: a kill or a
-  full disk during a save left a folder every resume failed on. A checkpoint is complete when its `trainer_state.json`
-  parses and the weights, optimizer and RNG state saved before it are there.
-- [`lock_run_folder`]: one writer per run folder, a `filelock.FileLock` on `output_dir/_writer.lock` (the OS releases
-  it when its process dies, a kill included), taken by the processes that write the folder (`args.should_save`).
+- [`newest_complete_checkpoint`]: transformers 5.24's `Trainer._save_checkpoint` writes a checkpoint in place, its
+  `trainer_state.json` last (no temporary folder, no rename), and `get_last_checkpoint` takes the highest-numbered
+  `checkpoint-N` whatever it holds: a save cut short left a folder that every resume failed on.
+- [`lock_run_folder`]: one writer per folder, a `filelock.FileLock` that the OS releases when its process dies.
 """
 
 from __future__ import annotations
@@ -26,9 +23,8 @@ from filelock import FileLock, Timeout
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FOLDER = re.compile(r"^checkpoint-(\d+)$")  # transformers' `PREFIX_CHECKPOINT_DIR`-<global_step>
-# What a checkpoint holds before its trainer_state.json (`Trainer._save_checkpoint`), by name prefix: weights (full,
-# sharded, adapter, FSDP, DeepSpeed), optimizer state (`optimizer.pt`, FSDP's `optimizer_0/`, DeepSpeed's
-# `global_step<N>/`) and RNG state (`rng_state.pth`, `rng_state_<rank>.pth`). `save_only_model` saves the first only.
+# What `Trainer._save_checkpoint` writes before trainer_state.json, by name prefix (full, sharded, adapter, FSDP and
+# DeepSpeed layouts); `save_only_model` writes the weights only.
 _SAVED_BEFORE_STATE = {
     "model weights": ("model", "pytorch_model", "adapter_model", "global_step"),
     "optimizer state (optimizer.pt)": ("optimizer", "global_step"),
@@ -37,24 +33,18 @@ _SAVED_BEFORE_STATE = {
 
 
 def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
-    """Why the folder `path` is not a complete checkpoint (a few words: "no trainer_state.json"), or `None`.
-
-    Args:
-        path (`str`): a `checkpoint-<step>` folder.
-        save_only_model (`bool`, *optional*, defaults to `False`): the run saves weights only (`save_only_model`), so
-            no optimizer or RNG state is expected.
-    """
-    if not os.path.isdir(path):
-        return "not a folder"
-    names = os.listdir(path)
+    """Why the folder `path` is not a complete checkpoint, in a few words, or `None`: complete means its
+    `trainer_state.json` parses and what is saved before it is there (the optimizer and RNG state unless
+    `save_only_model`)."""
+    names = os.listdir(path) if os.path.isdir(path) else None
     if not names:
-        return "empty"
-    if "trainer_state.json" not in names:
-        return "no trainer_state.json: its save did not finish"
+        return "not a folder" if names is None else "empty"
     try:
         with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as f:
             int(json.load(f)["global_step"])
-    except (OSError, ValueError, KeyError, TypeError) as e:  # cut short (JSONDecodeError), not a trainer state
+    except FileNotFoundError:
+        return "no trainer_state.json: its save did not finish"
+    except (OSError, ValueError, KeyError, TypeError) as e:  # cut short: JSONDecodeError
         return f"trainer_state.json unreadable ({type(e).__name__}): its save did not finish"
     for what, prefixes in list(_SAVED_BEFORE_STATE.items())[: 1 if save_only_model else None]:
         if not any(name.startswith(prefixes) for name in names):
@@ -63,13 +53,11 @@ def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
 
 
 def newest_complete_checkpoint(output_dir: str, save_only_model: bool = False) -> tuple[str | None, list[str]]:
-    """(the complete `checkpoint-<step>` folder of `output_dir` with the highest step or `None`, a "checkpoint-N (why)"
-    for each incomplete one above it, highest first): the checkpoint a resume takes ([`checkpoint_problem`])."""
-    steps = {}
-    if os.path.isdir(output_dir):
-        steps = {name: int(m[1]) for name in os.listdir(output_dir) if (m := CHECKPOINT_FOLDER.match(name))}
+    """(the complete checkpoint of `output_dir` with the highest step, or `None`; "checkpoint-N (why)" for each
+    incomplete one above it, highest first): what a resume takes ([`checkpoint_problem`])."""
+    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
     skipped = []
-    for name in sorted(steps, key=steps.__getitem__, reverse=True):
+    for name in sorted(filter(CHECKPOINT_FOLDER.match, names), key=lambda n: -int(n.split("-")[1])):
         problem = checkpoint_problem(os.path.join(output_dir, name), save_only_model)
         if problem is None:
             return os.path.join(output_dir, name), skipped
@@ -78,57 +66,47 @@ def newest_complete_checkpoint(output_dir: str, save_only_model: bool = False) -
 
 
 def resume_checkpoint(output_dir: str, save_only_model: bool = False) -> str | None:
-    """[`newest_complete_checkpoint`], said in one warning line: the checkpoint resumed and those skipped, and why."""
+    """[`newest_complete_checkpoint`], said in one warning line with the checkpoints skipped and why."""
     checkpoint, skipped = newest_complete_checkpoint(output_dir, save_only_model)
-    skipped_text = f"; skipped {', '.join(skipped)}" if skipped else ""
-    if checkpoint is not None:
-        logger.warning(f"Resuming training from {checkpoint}, the newest complete checkpoint{skipped_text}.")
-    elif skipped:
-        logger.warning(f"No complete checkpoint in {output_dir} to resume from{skipped_text}.")
+    skipped = f"; skipped {', '.join(skipped)}" if skipped else ""
+    if checkpoint or skipped:
+        found = f"Resuming training from {checkpoint}, the newest complete checkpoint" if checkpoint else output_dir
+        logger.warning(found + (skipped or "") + ("." if checkpoint else ": no complete checkpoint to resume."))
     return checkpoint
 
 
-LOCK_FILENAME, OWNER_FILENAME = "_writer.lock", "_writer.json"  # "_*": not uploaded by `Trainer.push_to_hub`
-_LOCKS: dict[str, FileLock] = {}  # one lock object per folder in this process: taking it again nests
+_LOCKS: dict[str, FileLock] = {}  # one per folder in this process, so that holds nest
 
 
 def lock_run_folder(args, acquire: bool = True) -> None:
-    """Take (or, `acquire=False`, give back once) this process's hold on `args.output_dir` as its one writer.
+    """Take (`acquire=False`: give back) this process's hold on `args.output_dir` as its one writer: a `FileLock` on
+    `_writer.lock`, the holder's pid, host, start and command in `_writer.json` ("_*": not pushed to the Hub).
 
-    Only processes with `args.should_save` (the main process; each node's first with `save_on_each_node`) take it:
-    the other ranks of a launch write no run file, and a second launch's other ranks end with its main process (the
-    launcher stops them). Holds nest within a process (`stapo-train` holds the folder for the whole run, its trainer's
-    `train()` again). A killed holder leaves `_writer.lock` behind but no hold: the next run takes it.
+    Only the processes that write the folder (`args.should_save`) take it; another launch's other ranks end with its
+    main process (the launcher stops them). Holds nest in a process (`stapo-train`, then its trainer's `train()`).
 
     Raises:
-        ValueError: one line, when another process holds the folder (naming the folder, that process's pid, host,
-            command and start time from `_writer.json`), or when `output_dir` cannot be created or written (a
-            read-only file system, a file in the way).
+        ValueError: one line: another process holds the folder (naming it), or `output_dir` cannot be created or
+            written (a read-only file system, a file in the way).
     """
     if not args.should_save:
         return
     folder = os.path.abspath(args.output_dir)
-    lock = _LOCKS.setdefault(folder, FileLock(os.path.join(folder, LOCK_FILENAME)))
+    lock = _LOCKS.setdefault(folder, FileLock(os.path.join(folder, "_writer.lock")))
     if not acquire:
-        lock.release()
-        return
-    held = lock.is_locked
+        return lock.release()
+    owner_file, held = os.path.join(folder, "_writer.json"), lock.is_locked
     try:
         os.makedirs(folder, exist_ok=True)
         lock.acquire(timeout=0)
-        if not held:  # who writes the folder, for a second writer's message (the lock file's contents are not kept)
-            owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-            with open(os.path.join(folder, OWNER_FILENAME), "w", encoding="utf-8") as f:
-                json.dump(owner | {"command": shlex.join(sys.argv)}, f)
+        if not held:  # a contender can read it (filelock may truncate the lock file when it opens it)
+            with open(owner_file, "w", encoding="utf-8") as f:
+                since = time.strftime("%Y-%m-%d %H:%M:%S")
+                f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {since}: {shlex.join(sys.argv)}")
     except Timeout:
-        try:
-            with open(os.path.join(folder, OWNER_FILENAME), encoding="utf-8") as f:
-                owner = json.load(f)
-            who = f"pid {owner['pid']} on {owner['host']}, since {owner['since']}: {owner['command']}"
-        except (OSError, ValueError, KeyError, TypeError):
-            who = "its pid not yet recorded"
+        owner = open(owner_file, encoding="utf-8").read(2000) if os.path.isfile(owner_file) else "starting"
         raise ValueError(
-            f"output_dir={args.output_dir!r} is in use by another run ({who}). Two runs in one folder mix their "
+            f"output_dir={args.output_dir!r} is in use by another run ({owner}). Two runs in one folder mix their "
             "metrics, checkpoints and model: wait for that run to end, or give another output_dir."
         ) from None
     except OSError as e:
