@@ -1,12 +1,7 @@
-"""Prompt datasets: the built-in tiny-math task and Hub / local files, mapped to conversational prompts.
-
-Every loader returns the two columns TRL's `GRPOTrainer` and the rewards of this package read:
-
-- `prompt`: a conversational prompt, `[{"role": "user", "content": problem + "\\n" + instruction}]` (see
-  [`format_prompt`]);
-- `solution`: the gold answer as a string (e.g. `"85"`), passed to the reward functions as `solution=`;
-
-and a file's or Hub dataset's other columns, unchanged (TRL passes every column to the reward functions by name).
+"""Prompt datasets: the built-in tiny-math task and Hub / local files, mapped to the two columns TRL's `GRPOTrainer`
+and this package's rewards read, `prompt` (`[{"role": "user", "content": problem + "\\n" + instruction}]`,
+[`format_prompt`]) and `solution` (the gold answer as a string, e.g. `"85"`), plus a file's or Hub dataset's other
+columns, unchanged (TRL passes every column to the reward functions by name).
 
 The built-in task (`builtin:tiny-math`) is two-digit addition written out column by column, small enough for a
 140k-parameter model on a CPU to learn in seconds while keeping the paper's output format (a final `\\boxed{}`):
@@ -39,10 +34,8 @@ INSTRUCTION = "Please reason step by step, and put your final answer within \\bo
 
 
 def format_prompt(problem: str, instruction: str | None = INSTRUCTION) -> list[dict[str, str]]:
-    """One user turn: the problem followed by the instruction (None or "" = no instruction).
-
-    Used for training prompts and evaluation prompts alike, so both see the same format.
-    """
+    """One user turn: the problem followed by the instruction (None or "" = no instruction); training and evaluation
+    prompts alike, so both see the same format."""
     content = problem if not instruction else f"{problem}\n{instruction}"
     return [{"role": "user", "content": content}]
 
@@ -72,10 +65,8 @@ def filter_long_prompts(
     max_prompt_tokens: int,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> datasets.Dataset:
-    """Drop the rows whose prompt, rendered with the chat template and the generation prompt, exceeds a token budget.
-
-    The paper caps prompts at 1,024 tokens (veRL's `filter_overlong_prompts`); TRL 1.x no longer truncates prompts,
-    so long ones are removed here, before training, and the count is logged.
+    """Drop the rows whose prompt, rendered with the chat template and the generation prompt, exceeds a token budget
+    (the paper caps prompts at 1,024 tokens, veRL's `filter_overlong_prompts`; TRL 1.x no longer truncates prompts).
 
     Args:
         dataset ([`~datasets.Dataset`]): with a conversational `prompt` column (as [`load_prompt_dataset`] returns).
@@ -133,9 +124,7 @@ def tiny_math_completion(a: int, b: int) -> str:
 
 
 def make_tiny_math_dataset(num_train: int = 7800, num_test: int = 300, seed: int = 0) -> datasets.DatasetDict:
-    """Build the built-in tiny-math task: two-digit addition with the carry written out as worked steps.
-
-    All 8,100 ordered pairs `(a, b)` with `10 <= a, b <= 99` are shuffled with `random.Random(seed)`; the first
+    """The built-in tiny-math task: two-digit addition with the carry written out as worked steps. All 8,100 pairs `(a, b)` with `10 <= a, b <= 99` are shuffled with `random.Random(seed)`; the first
     `num_test` become the test split and the next `num_train` the train split, so the splits never share a
     problem and the same seed always gives the same datasets.
 
@@ -223,12 +212,9 @@ NOT_HELD_OUT = "training file (not held out)"
 
 
 def evaluation_split(dataset_name: str, test_split: str) -> tuple[str, str | None]:
-    """(the label of the prompts `stapo-train`'s before/after evaluation reads, a warning or `None`).
-
-    A local file has a single split: `dataset_test_split` does not apply to it, so the evaluation reads the first
-    prompts of the training file, which are also trained on. The label says so (in `eval.json` and the model card)
-    and the warning tells the user before the run (`stapo-train` and its dry run).
-    """
+    """(the label of the prompts `stapo-train`'s before/after evaluation reads, a warning or `None`): a local file has
+    one split, so the evaluation reads the first training prompts; the label says so (`eval.json`, the model card) and
+    the warning tells the user before the run (`stapo-train` and its dry run)."""
     if not is_local_dataset_file(dataset_name):
         return test_split, None
     return NOT_HELD_OUT, (
@@ -243,10 +229,9 @@ def load_local_dataset_file(path: str) -> datasets.Dataset:
 
     Raises:
         FileNotFoundError: If the file does not exist.
-        ValueError: If the file holds no rows (0 bytes, only whitespace, or an empty JSON list): "dataset file X is
-            empty", instead of the `StopIteration` / `ArrowInvalid` that `datasets` raises; if it does not parse:
-            "dataset file X could not be parsed as json: line N: <what>" (the first line that is not a JSON object,
-            counted from 1 as an editor does; the parser's message alone for other formats).
+        ValueError: one line: "dataset file X is empty" (0 bytes, only whitespace, `[]`: not `datasets`'
+            `StopIteration` / `ArrowInvalid`), or "... could not be parsed as json: line N is not a JSON object" (counted
+            from 1 as an editor does; the parser's first line for other formats).
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Dataset file {path!r} does not exist.")
@@ -256,10 +241,8 @@ def load_local_dataset_file(path: str) -> datasets.Dataset:
     builder = _LOCAL_FILE_BUILDERS[os.path.splitext(path)[1].lower()]
     try:
         return datasets.load_dataset(builder, data_files=path, split="train")
-    except StopIteration as e:  # the json builder on a file without a single row
-        raise empty from e
-    except (ValueError, datasets.exceptions.DatasetGenerationError) as e:  # whitespace only, `[]`, or a bad line
-        if "corresponds to no data" in str(e):
+    except (StopIteration, ValueError, datasets.exceptions.DatasetGenerationError) as e:
+        if isinstance(e, StopIteration) or "corresponds to no data" in str(e):  # no row: whitespace only, or `[]`
             raise empty from e
         bad = (
             next((n for n, row in json_lines(path) if not isinstance(row, dict)), None) if _is_json_lines(path) else 0

@@ -110,9 +110,8 @@ class ProductTrainerMixin:
           `OMP_NUM_THREADS`): torch's one thread per core was up to 21x slower on 2 shared cores
           ([`~stapo_trl.integrations.torch_threads`]); the count is restored afterwards;
         - without the known-harmless upstream warnings ([`~stapo_trl.integrations.upstream_warnings`]);
-        - `resume_from_checkpoint=True` resumes the newest complete checkpoint, in one line with those skipped (a save
-          cut short by a kill or a full disk: [`~stapo_trl.runfiles.run_folder.newest_complete_checkpoint`]);
-        - one writer per `output_dir` ([`~stapo_trl.runfiles.run_folder.lock_run_folder`]).
+        - one writer per `output_dir`, and `resume_from_checkpoint=True` takes the newest complete checkpoint
+          ([`~stapo_trl.runfiles.run_folder`]).
 
         Raises:
             KeyboardInterrupt: on the first Ctrl-C (SIGINT), after the checkpoint of the step it came in (attributes
@@ -142,8 +141,7 @@ class ProductTrainerMixin:
         return output
 
     def _save_checkpoint(self, model, trial):
-        # transformers rewrites checkpoint-N in place and its trainer_state.json last: an older run's left there would
-        # mark a folder half rewritten by a killed save complete (stapo_trl.runfiles.run_folder.checkpoint_problem).
+        # An older trainer_state.json left in checkpoint-N would mark a rewrite of it cut short as complete.
         stale = os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}", "trainer_state.json")
         if self.args.should_save and os.path.isfile(stale):
             os.remove(stale)

@@ -34,17 +34,13 @@ _PASSED_AS = {"prompt": "prompts", "completion": "completions"}
 
 
 def missing_column_message(column: str, dataset_name: str, columns: Iterable[str]) -> str:
-    """The first sentences of every missing-column error: `Column 'x' not found in dataset 'y'. Available columns:
-    [...].` (the caller appends what to do)."""
+    """The start of every missing-column error: `Column 'x' not found in dataset 'y'. Available columns: [...].`"""
     return f"Column {column!r} not found in dataset {dataset_name!r}. Available columns: {list(columns)}."
 
 
 def required_reward_arguments(reward_func: Callable[..., Any]) -> list[str]:
-    """The arguments of `reward_func` that have no default and are not `*args` / `**kwargs`, in order.
-
-    Works for functions, `functools.partial` (bound arguments are not required) and callable instances. Returns `[]`
-    when the signature cannot be read (some builtins and C extensions), so such a function is never refused.
-    """
+    """The arguments of `reward_func` (a function, `functools.partial` or callable instance) that have no default and
+    are not `*args` / `**kwargs`, in order; `[]` when the signature cannot be read (never refused then)."""
     try:
         parameters = inspect.signature(reward_func).parameters.values()
     except (TypeError, ValueError):
@@ -167,8 +163,6 @@ EVAL_CHAT_TEMPLATE_FIX = CLI_CHAT_TEMPLATE_FIX[:-1] + "; or pass --no-chat-templ
 
 def first_example(dataset: Any) -> Any:
     """The first example of a dataset (map-style or iterable), or `None` when there is none or it cannot be read."""
-    if dataset is None:
-        return None
     try:
         return dataset[0] if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") else next(iter(dataset))
     except (IndexError, KeyError, StopIteration, TypeError):

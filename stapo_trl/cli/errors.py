@@ -37,17 +37,14 @@ EXIT_STATUS_HELP = (
 
 
 class InputError(SystemExit):
-    """End a command on bad input: exit status 2, and `PROG: error: MESSAGE` as the text of the exception.
-
-    [`report_input_errors`] prints that line on stderr at the command's entry point (the interpreter prints nothing
-    for an integer exit status). Being a `SystemExit`, it passes through `except Exception` and ends the process with
-    status 2 wherever it is raised.
+    """End a command on bad input: exit status `code` (2; 1 for a run that failed after it started, told in one line)
+    and `PROG: error: MESSAGE` as the text of the exception, which [`report_input_errors`] prints on stderr at the
+    command's entry point (the interpreter prints nothing for an integer exit status). Being a `SystemExit`, it passes
+    through `except Exception` and ends the process wherever it is raised.
 
     Args:
         prog (`str`): the command as the user typed it (`stapo-train`, `stapo-train compare`, `stapo-eval`, ...).
         message (`str`): one line: what is wrong, the allowed values, the fix.
-        code (`int`, *optional*, defaults to `EXIT_INPUT_ERROR`): the exit status (1: a run that failed after it
-            started, told in one line).
     """
 
     def __init__(self, prog: str, message: str, code: int = EXIT_INPUT_ERROR):
@@ -86,17 +83,12 @@ def report_input_errors() -> Iterator[None]:
 @contextlib.contextmanager
 def full_disk_in_one_line(prog: str, output_dir: str) -> Iterator[None]:
     """End a run that failed on a full disk with one [`InputError`] line (status 1) naming `output_dir` and the
-    checkpoint a rerun resumes, not a traceback. Full: ENOSPC / EDQUOT in the exception's chain, or under 1 MiB free
-    (`torch.save` names no cause: "unexpected pos")."""
+    checkpoint a rerun resumes, not a traceback. Full: ENOSPC / EDQUOT (an `OSError`'s or safetensors' "os error
+    28"), or under 1 MiB free (`torch.save` names no cause: "unexpected pos")."""
     try:
         yield
     except Exception as e:
-        chain, cause = [], e
-        while cause is not None and len(chain) < 10:
-            chain, cause = [*chain, cause], cause.__cause__ or cause.__context__
-        if not any(
-            getattr(c, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "os error 28" in str(c) for c in chain
-        ):
+        if getattr(e, "errno", None) not in (errno.ENOSPC, errno.EDQUOT) and "os error 28" not in str(e):
             if not os.path.isdir(output_dir) or shutil.disk_usage(output_dir).free >= 2**20:
                 raise
         checkpoint = newest_complete_checkpoint(output_dir)[0] or "the start (no complete checkpoint)"

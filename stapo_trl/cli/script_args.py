@@ -14,10 +14,8 @@ TRAINERS = ("stapo", "grpo")
 
 @dataclass
 class STAPOScriptArguments(ScriptArguments):
-    """
-    Script arguments of `stapo-train`: which trainer, which rewards, which data, and the before/after evaluation.
-
-    The inherited `dataset_name`, `dataset_config`, `dataset_train_split` and `dataset_test_split` select the data;
+    """Script arguments of `stapo-train`: which trainer, which rewards, which data, and the before/after evaluation. The
+    inherited `dataset_name`, `dataset_config`, `dataset_train_split` and `dataset_test_split` select the data;
     `dataset_streaming` is not supported. Everything about the optimisation is in [`~stapo_trl.STAPOConfig`].
 
     Args:
@@ -30,8 +28,8 @@ class STAPOScriptArguments(ScriptArguments):
             Reward functions: names of `stapo_trl.rewards.REWARDS` or dotted import paths (`my_pkg.rewards.fn`).
             The default is the paper's binary rule-based reward alone (last `\\boxed{}` verified against the gold
             answer, STAPO Sec. 4.1); the paper uses no format reward. Weights: `reward_weights`.
-        prompt_column (`str`, *optional*, defaults to `"problem"`):
-            Column holding the problem text (or a chat). Ignored for `builtin:` datasets.
+        prompt_column (`str`, *optional*, defaults to `"problem"`): column holding the problem text (or a chat).
+            Ignored for `builtin:` datasets.
         solution_column (`str`, *optional*, defaults to `"answer"`):
             Column holding the gold answer; dotted names reach into struct columns (`reward_model.ground_truth`).
             Ignored for `builtin:` datasets.
@@ -44,23 +42,17 @@ class STAPOScriptArguments(ScriptArguments):
         max_prompt_tokens (`int`, *optional*):
             Drop the training prompts longer than this many tokens (chat template included); the paper caps prompts
             at 1,024. TRL 1.x no longer truncates prompts. `None`: no limit.
-        max_train_samples (`int`, *optional*):
-            Keep only the first N training problems (before `max_prompt_tokens` filtering).
+        max_train_samples (`int`, *optional*): keep only the first N training problems (before `max_prompt_tokens`).
         eval_before_after (`bool`, *optional*, defaults to `False`):
             Measure held-out avg@k on `dataset_test_split` before and after training (transformers `generate`,
             sampled) and write `eval.json`. For benchmark numbers use `stapo-eval`.
-        eval_num_problems (`int`, *optional*, defaults to `200`):
-            Number of held-out problems (the first N of the test split).
-        eval_num_samples (`int`, *optional*, defaults to `4`):
-            k: completions sampled per problem; avg@k is the mean accuracy over all of them.
-        eval_temperature (`float`, *optional*, defaults to `1.0`):
-            Sampling temperature of the evaluation (the paper's first decoding setting is 1.0 / top-p 1.0).
-        eval_top_p (`float`, *optional*, defaults to `1.0`):
-            Top-p of the evaluation sampling.
-        eval_max_new_tokens (`int`, *optional*):
-            Generation budget of the evaluation; `None` means `max_completion_length`.
-        eval_batch_size (`int`, *optional*, defaults to `64`):
-            Problems per `generate` call (each yields k completions).
+        eval_num_problems (`int`, *optional*, defaults to `200`): held-out problems (the first N of the test split).
+        eval_num_samples (`int`, *optional*, defaults to `4`): k, completions sampled per problem (avg@k: their mean).
+        eval_temperature (`float`, *optional*, defaults to `1.0`): sampling temperature of the evaluation (the paper's
+            first decoding setting is 1.0 / top-p 1.0).
+        eval_top_p (`float`, *optional*, defaults to `1.0`): top-p of the evaluation sampling.
+        eval_max_new_tokens (`int`, *optional*): generation budget of the evaluation; `None`: `max_completion_length`.
+        eval_batch_size (`int`, *optional*, defaults to `64`): problems per `generate` call (each yields k).
         benchmark_eval (`str`, *optional*):
             A benchmark evaluated periodically during training by [`~stapo_trl.evaluation.callback.BenchmarkEvalCallback`] (a
             `stapo_trl.evaluation.tasks.BENCHMARKS` name: `aime24`, `math500`, ..., or `tiny-math`), logged as
@@ -68,14 +60,10 @@ class STAPOScriptArguments(ScriptArguments):
             before/after evaluation (`eval_temperature`, `eval_top_p`, `eval_max_new_tokens`). `None`: off. Not with
             DeepSpeed ZeRO-3 or FSDP (the callback generates on rank 0): refused before the model is built, and by the
             dry run of a recipe whose `# launch:` line names such an accelerate config.
-        benchmark_eval_data_dir (`str`, *optional*):
-            Folder with local benchmark files (`None`: the Hub, or the built-in task).
-        benchmark_eval_steps (`int`, *optional*):
-            Evaluation period in optimizer steps; `None`: `eval_steps`, else `logging_steps`.
-        benchmark_eval_samples (`int`, *optional*, defaults to `4`):
-            k: samples per problem.
-        benchmark_eval_limit (`int`, *optional*, defaults to `32`):
-            Only the first N problems of the benchmark.
+        benchmark_eval_data_dir (`str`, *optional*): folder with local benchmark files (`None`: the Hub, or built in).
+        benchmark_eval_steps (`int`, *optional*): period in optimizer steps; `None`: `eval_steps`, else `logging_steps`.
+        benchmark_eval_samples (`int`, *optional*, defaults to `4`): k, samples per problem.
+        benchmark_eval_limit (`int`, *optional*, defaults to `32`): only the first N problems of the benchmark.
         torch_num_threads (`int`, *optional*):
             CPU threads of torch (`torch.set_num_threads`, also exported as `OMP_NUM_THREADS` to child processes);
             `None` keeps torch's default. The CPU demo uses 1: a tiny model's operations are too small to gain from
