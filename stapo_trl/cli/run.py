@@ -25,6 +25,7 @@ from ..data import evaluation_split
 from ..integrations.torch_threads import default_num_threads, torch_threads
 from ..integrations.upstream_warnings import QuietKnownUpstreamWarnings
 from ..runfiles.console import set_console_summary
+from ..runfiles.run_folder import lock_run_folder
 from ..trainer import GRPOBaselineTrainer, STAPOTrainer
 from .checkpoints import RunSettings, resolve_checkpoint
 from .errors import full_disk_in_one_line
@@ -87,8 +88,11 @@ def train(
         num_threads = default_num_threads(prepared.model_path)
     # Known-harmless upstream warnings, silenced by message and category (stapo_trl.integrations.upstream_warnings).
     with torch_threads(num_threads), QuietKnownUpstreamWarnings() as quiet:
-        with full_disk_in_one_line("stapo-train", training_args.output_dir):  # one line, not a traceback
-            return _train(script_args, training_args, model_args, prepared, end_training, quiet)
+        try:  # the run folder: a full disk said in one line; the hold `prepare` took on it given back at the end
+            with full_disk_in_one_line("stapo-train", training_args.output_dir):
+                return _train(script_args, training_args, model_args, prepared, end_training, quiet)
+        finally:
+            lock_run_folder(training_args, acquire=False)
 
 
 def _setup_logging(training_args) -> None:
