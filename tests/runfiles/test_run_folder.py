@@ -24,6 +24,7 @@ from testing_utils import (
     STAPO_RECIPE,
     builtin_cache_root,
     error_line,
+    free_port,
     read_jsonl,
     subprocess_env,
     tiny_stapo_config,
@@ -321,3 +322,23 @@ def test_kills_inside_checkpoint_and_run_file_writes(tmp_path, tiny_math_model_p
     assert rerun.returncode == 0, rerun.stderr.decode()[-3000:]
     assert [row["step"] for row in read_jsonl(out / "metrics.jsonl")] == list(range(1, 9))
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
+
+
+@pytest.mark.slow  # two processes under accelerate launch (~20 s of imports on 2 cores)
+def test_a_two_process_launch_on_a_folder_another_run_writes_stops_with_one_line(holder, tmp_path):
+    """The main process holds the lock for a launch (the demo's two-process tests run with it held); a second launch's
+    main process refuses with one line, and the launcher stops the other process instead of leaving it waiting."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
+    cmd += [str(REPO / "recipes" / "accelerate_configs" / "cpu_2proc.yaml"), "--main_process_port", str(free_port())]
+    cmd += ["-m", "stapo_trl.cli.train", "--config", STAPO_RECIPE, "--output_dir", str(run)]
+    cmd += ["--eval_before_after", "false", "--max_steps", "2"]
+    result = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "exitcode  : 2 (pid:" in output, output[-3000:]
+    lines = [line for line in output.splitlines() if line.startswith("stapo-train: error: ")]
+    assert len(lines) == 1, output[-3000:]  # the main process's; the other is stopped by the launcher
+    assert lines[0].startswith(
+        f"stapo-train: error: output_dir={str(run)!r} is in use by another run (pid {holder.pid} on "
+    )
+    assert not (run / "metrics.jsonl").exists()
