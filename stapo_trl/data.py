@@ -13,7 +13,9 @@ The built-in task (`builtin:tiny-math`) is two-digit addition written out column
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 import os
 import random
 import re
@@ -81,23 +83,20 @@ def filter_long_prompts(
         raise ValueError(f"max_prompt_tokens={max_prompt_tokens!r} must be a positive number of tokens.")
 
     def short_enough(batch: dict[str, list]) -> list[bool]:
-        ids = tokenizer.apply_chat_template(
-            batch["prompt"],
-            tokenize=True,
-            add_generation_prompt=True,
-            return_dict=False,
+        kwargs = {
+            "tokenize": True,
+            "add_generation_prompt": True,
+            "return_dict": False,
             **(chat_template_kwargs or {}),
-        )
-        return [len(row) <= max_prompt_tokens for row in ids]
+        }
+        return [len(row) <= max_prompt_tokens for row in tokenizer.apply_chat_template(batch["prompt"], **kwargs)]
 
     kept = dataset.filter(short_enough, batched=True, desc=f"Dropping prompts longer than {max_prompt_tokens} tokens")
     logger.info("max_prompt_tokens=%d: kept %d of %d prompts.", max_prompt_tokens, len(kept), len(dataset))
     return kept
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The built-in tiny-math task
-# ---------------------------------------------------------------------------------------------------------------
+# -- The built-in tiny-math task ---------------------------------------------------------------------------------
 
 # Operands are two-digit numbers, so there are 90 * 90 = 8,100 ordered problems; the default split uses them all.
 _OPERANDS = range(10, 100)
@@ -124,9 +123,10 @@ def tiny_math_completion(a: int, b: int) -> str:
 
 
 def make_tiny_math_dataset(num_train: int = 7800, num_test: int = 300, seed: int = 0) -> datasets.DatasetDict:
-    """The built-in tiny-math task: two-digit addition with the carry written out as worked steps. All 8,100 pairs `(a, b)` with `10 <= a, b <= 99` are shuffled with `random.Random(seed)`; the first
-    `num_test` become the test split and the next `num_train` the train split, so the splits never share a
-    problem and the same seed always gives the same datasets.
+    """The built-in tiny-math task: two-digit addition with the carry written out as worked steps. All 8,100 pairs
+    `(a, b)` with `10 <= a, b <= 99` are shuffled with `random.Random(seed)`; the first `num_test` become the test
+    split and the next `num_train` the train split, so the splits never share a problem and the same seed always gives
+    the same datasets.
 
     Args:
         num_train (`int`, *optional*, defaults to `7800`): number of training problems.
@@ -152,16 +152,12 @@ def make_tiny_math_dataset(num_train: int = 7800, num_test: int = 300, seed: int
     random.Random(seed).shuffle(pairs)
     splits = {"test": pairs[:num_test], "train": pairs[num_test : num_test + num_train]}
 
-    def to_dataset(split_pairs: list[tuple[int, int]]) -> datasets.Dataset:
-        problems = [tiny_math_problem(a, b) for a, b in split_pairs]
-        return datasets.Dataset.from_dict(
-            {
-                "prompt": [format_prompt(problem) for problem in problems],
-                "solution": [str(a + b) for a, b in split_pairs],
-                "completion": [tiny_math_completion(a, b) for a, b in split_pairs],
-                "problem": problems,
-            }
-        )
+    def to_dataset(pairs: list[tuple[int, int]]) -> datasets.Dataset:
+        problems = [tiny_math_problem(a, b) for a, b in pairs]
+        solutions = [str(a + b) for a, b in pairs]
+        columns = {"prompt": [format_prompt(problem) for problem in problems], "solution": solutions}
+        columns |= {"completion": [tiny_math_completion(a, b) for a, b in pairs], "problem": problems}
+        return datasets.Dataset.from_dict(columns)
 
     return datasets.DatasetDict({"train": to_dataset(splits["train"]), "test": to_dataset(splits["test"])})
 
@@ -175,27 +171,18 @@ BUILTIN_PREFIX = "builtin:"
 _LOCAL_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Loading any prompt dataset
-# ---------------------------------------------------------------------------------------------------------------
+# -- Loading any prompt dataset ----------------------------------------------------------------------------------
 
 
 def _get_field(example: dict[str, Any], column: str) -> Any:
     """Value of `column` in one row; a dotted name (`reward_model.ground_truth`) walks into nested dicts."""
-    if column in example:
-        return example[column]
-    value: Any = example
-    for key in column.split("."):
-        value = value[key]
-    return value
+    return example[column] if column in example else functools.reduce(operator.getitem, column.split("."), example)
 
 
 def _has_column(features: datasets.Features, column: str) -> bool:
     """Whether `column` exists, a dotted name (`reward_model.ground_truth`) meaning a field of a struct column."""
-    if column in features:
-        return True
     feature: Any = features
-    for key in column.split("."):
+    for key in [column] if column in features else column.split("."):
         if not isinstance(feature, (dict, datasets.Features)) or key not in feature:
             return False
         feature = feature[key]
@@ -230,8 +217,8 @@ def load_local_dataset_file(path: str) -> datasets.Dataset:
     Raises:
         FileNotFoundError: If the file does not exist.
         ValueError: one line: "dataset file X is empty" (0 bytes, only whitespace, `[]`: not `datasets`'
-            `StopIteration` / `ArrowInvalid`), or "... could not be parsed as json: line N is not a JSON object" (counted
-            from 1 as an editor does; the parser's first line for other formats).
+            `StopIteration` / `ArrowInvalid`), or "... could not be parsed as json: line N is not a JSON object"
+            (counted from 1 as an editor does; the parser's first line for other formats).
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Dataset file {path!r} does not exist.")
@@ -378,9 +365,9 @@ def load_prompt_dataset(
     """Load a math dataset as conversational prompts with gold answers, ready for [`~trl.GRPOTrainer`].
 
     `dataset_name` is a built-in task (`builtin:tiny-math`, splits `"train"` and `"test"`, its own columns); a local
-    `.json`, `.jsonl`, `.parquet` or `.csv` file ([`load_local_dataset_file`]; the file is the split); or else goes to `datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=...)`: a
-      Hub id such as `"HuggingFaceH4/MATH-500"`, a local dataset folder, or a builder name (`"json"`) with
-      `data_files`.
+    `.json`, `.jsonl`, `.parquet` or `.csv` file ([`load_local_dataset_file`]; the file is the split); or else goes to
+    `datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=...)`: a Hub id such as
+    `"HuggingFaceH4/MATH-500"`, a local dataset folder, or a builder name (`"json"`) with `data_files`.
 
     A prompt cell may be a raw problem string or already a chat (a list of `{"role", "content"}` messages, as in
     verl parquet files); the instruction is appended to its last user turn either way. Column names may be dotted
@@ -431,14 +418,8 @@ def load_prompt_dataset(
     return _to_prompts_and_solutions(dataset, prompt_column, solution_column, instruction, strip, keep=not builtin)
 
 
-def _to_prompts_and_solutions(
-    dataset: datasets.Dataset,
-    prompt_column: str,
-    solution_column: str,
-    instruction: str | None,
-    strip: bool,
-    keep: bool = True,
-) -> datasets.Dataset:
+def _to_prompts_and_solutions(dataset: datasets.Dataset, prompt_column: str, solution_column: str,
+                              instruction: str | None, strip: bool, keep: bool = True):  # fmt: skip
     """The `prompt` (chat, instruction appended) and `solution` (`str`) columns, written over any input column of
     that name; `keep`: every other input column stays (TRL passes each column to the reward functions, e.g. a
     `difficulty` column to a reward with a `difficulty` argument), else only the two remain; `strip`: remove DAPO's
@@ -452,10 +433,8 @@ def _to_prompts_and_solutions(
         return [{**m, "content": remove_dapo_instruction(m["content"])} if m["role"] == "user" else m for m in value]
 
     def to_prompt_solution(example: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "prompt": _to_prompt(_strip(_get_field(example, prompt_column)), instruction),
-            "solution": _solution_to_str(_get_field(example, solution_column)),
-        }
+        prompt = _to_prompt(_strip(_get_field(example, prompt_column)), instruction)
+        return {"prompt": prompt, "solution": _solution_to_str(_get_field(example, solution_column))}
 
     # Both output columns are rebuilt from scratch (an input `prompt` or `solution` column is read before it is
     # replaced, and removed first so that its old type does not constrain the new values).

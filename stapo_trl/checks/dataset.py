@@ -120,8 +120,7 @@ def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset", *, pr
         ValueError: the dataset is empty, or (unless `prompt_optional`) it has no `prompt` column.
     """
     for name, data in _named_datasets(dataset, dataset_name):
-        length = len(data) if hasattr(data, "__len__") else None
-        if length == 0:
+        if hasattr(data, "__len__") and len(data) == 0:
             raise ValueError(
                 f"Dataset {name!r} is empty (0 rows): give it prompts, one row each with a 'prompt' column (a string "
                 "or a list of chat messages) and the columns the reward functions read."

@@ -178,27 +178,17 @@ def _peek_trainer(argv: Sequence[str]) -> str:
                 where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
                 problem = getattr(e, "problem", None) or str(e).splitlines()[0]
                 raise ValueError(f"Recipe {known.config!r} is not valid YAML{where}: {problem}.") from None
-        if recipe is None:
-            raise ValueError(
-                f"Recipe {known.config!r} is empty: write one `field: value` per line (recipes/demo/stapo.yaml is an "
-                "example)."
-            )
         if not isinstance(recipe, dict):
-            raise ValueError(
-                f"Recipe {known.config!r} is a YAML {type(recipe).__name__}, not a mapping: write one `field: value` "
-                "per line (recipes/demo/stapo.yaml is an example)."
-            )
+            what = "empty" if recipe is None else f"a YAML {type(recipe).__name__}, not a mapping"
+            example = "write one `field: value` per line (recipes/demo/stapo.yaml is an example)"
+            raise ValueError(f"Recipe {known.config!r} is {what}: {example}.")
         if recipe.get("trainer") is not None:
             return str(recipe["trainer"])
     return "stapo"
 
 
 def check_recipe_path(path: str) -> None:
-    """Refuse a `--config` path that is not a file.
-
-    Raises:
-        IsADirectoryError: the path is a folder. FileNotFoundError: nothing is there.
-    """
+    """Refuse a `--config` path that is not a file: `IsADirectoryError` (a folder), `FileNotFoundError` (nothing)."""
     if os.path.isdir(path):
         raise IsADirectoryError(f"Recipe {path!r} is a folder: give the path of a recipe YAML file in it.")
     if not os.path.isfile(path):

@@ -43,8 +43,8 @@ def check_resume_from_checkpoint(training_args) -> None:
     else:
         problem = f"is not a complete checkpoint ({problem})"
     raise ValueError(
-        f"resume_from_checkpoint={path!r} {problem}. Give a complete checkpoint folder (<output_dir>/checkpoint-<step>),"
-        " or leave it unset: a run resumes from the newest complete checkpoint in its output_dir by itself."
+        f"resume_from_checkpoint={path!r} {problem}. Give a complete checkpoint folder (<output_dir>/checkpoint-"
+        "<step>), or leave it unset: a run resumes from the newest complete checkpoint in its output_dir by itself."
     )
 
 

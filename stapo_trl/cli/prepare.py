@@ -58,18 +58,12 @@ def _benchmark_callback(script_args: STAPOScriptArguments, training_args) -> Ben
     error = sharding_error(script_args, parameter_sharding(training_args))  # before the model is built
     if error:
         raise ValueError(error)
-    return BenchmarkEvalCallback(  # checks the benchmark name; the problems load at the first eval
-        script_args.benchmark_eval,
-        data_dir=script_args.benchmark_eval_data_dir,
-        samples=script_args.benchmark_eval_samples,
-        every_n_steps=script_args.benchmark_eval_steps,
-        limit=script_args.benchmark_eval_limit,
-        max_new_tokens=script_args.eval_max_new_tokens or training_args.max_completion_length,
-        temperature=script_args.eval_temperature,
-        top_p=script_args.eval_top_p,
-        batch_size=script_args.eval_batch_size,
-        seed=training_args.seed,
-    )
+    a = script_args  # the benchmark's settings, then the before/after evaluation's sampling
+    settings = {"data_dir": a.benchmark_eval_data_dir, "samples": a.benchmark_eval_samples, "seed": training_args.seed}
+    settings |= {"every_n_steps": a.benchmark_eval_steps, "limit": a.benchmark_eval_limit, "top_p": a.eval_top_p}
+    settings |= {"temperature": a.eval_temperature, "batch_size": a.eval_batch_size}
+    settings["max_new_tokens"] = a.eval_max_new_tokens or training_args.max_completion_length
+    return BenchmarkEvalCallback(a.benchmark_eval, **settings)  # checks the name; the problems load at the first eval
 
 
 def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelConfig) -> PreparedRun:

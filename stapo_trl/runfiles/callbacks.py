@@ -143,24 +143,11 @@ class SpuriousTokenLogger(JsonlLogCallback):
 
     filename = SPURIOUS_TOKENS_FILENAME
 
-    def __init__(
-        self,
-        trainer,
-        path: str | None = None,
-        *,
-        max_silenced: int = 256,
-        max_kept_candidates: int = 64,
-        max_reference: int = 64,
-        context_tokens: int = 8,
-        top_k: int = 20,
-    ):
+    def __init__(self, trainer, path: str | None = None, *, max_silenced: int = 256, max_kept_candidates: int = 64,
+                 max_reference: int = 64, context_tokens: int = 8, top_k: int = 20):  # fmt: skip
         super().__init__(path)
-        self.trainer = trainer
-        self.max_silenced = max_silenced
-        self.max_kept_candidates = max_kept_candidates
-        self.max_reference = max_reference
-        self.context_tokens = context_tokens
-        self.top_k = top_k
+        self.trainer, self.max_silenced, self.max_kept_candidates = trainer, max_silenced, max_kept_candidates
+        self.max_reference, self.context_tokens, self.top_k = max_reference, context_tokens, top_k
         self.silenced_counts: Counter[str] = Counter()
         self.kept_candidate_counts: Counter[str] = Counter()
         self._token_bytes: dict[int, bytes] | None = None  # token id -> bytes, read from the tokenizer when needed
@@ -191,33 +178,18 @@ class SpuriousTokenLogger(JsonlLogCallback):
         return readable_token(record["token"], self._token_bytes.get(token_id), token_id)
 
     # -- masks and logging steps -----------------------------------------------------------------------------------
-    def record(
-        self,
-        result: S2TResult,
-        per_token_logps,
-        entropies,
-        advantages,
-        loss_mask,
-        completion_ids,
-    ) -> None:
+    def record(self, result: S2TResult, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> None:
         """Keep the records of one training mask (the arguments of the trainer's `_compute_s2t_mask`, and its result)
         until the next logging step; sampled with the update's step in the seed."""
+        trainer, caps = self.trainer, ("max_silenced", "max_kept_candidates", "max_reference", "context_tokens")
+        tensors = (per_token_logps, entropies, advantages, loss_mask, completion_ids)
+        where = {"step": trainer.state.global_step, "seed": trainer.args.seed}
+        where |= {
+            "process_index": trainer.accelerator.process_index,
+            "prob_threshold": trainer.args.s2t_prob_threshold,
+        }
         self._pending += spurious_token_records(
-            result,
-            per_token_logps,
-            entropies,
-            advantages,
-            loss_mask,
-            completion_ids,
-            self.trainer.processing_class,
-            step=self.trainer.state.global_step,
-            prob_threshold=self.trainer.args.s2t_prob_threshold,
-            max_silenced=self.max_silenced,
-            max_kept_candidates=self.max_kept_candidates,
-            max_reference=self.max_reference,
-            context_tokens=self.context_tokens,
-            seed=self.trainer.args.seed,
-            process_index=self.trainer.accelerator.process_index,
+            result, *tensors, trainer.processing_class, **where, **{cap: getattr(self, cap) for cap in caps}
         )
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -274,13 +246,8 @@ class SpuriousTokenLogger(JsonlLogCallback):
         import pandas as pd  # only for a tracker table
 
         top = self.silenced_counts.most_common(self.top_k)
-        table = pd.DataFrame(
-            {
-                "token": [token for token, _ in top],
-                "silenced": [count for _, count in top],
-                "kept_candidate_sampled": [self.kept_candidate_counts.get(token, 0) for token, _ in top],
-            }
-        )
+        table = pd.DataFrame(top, columns=["token", "silenced"])
+        table["kept_candidate_sampled"] = [self.kept_candidate_counts.get(token, 0) for token, _ in top]
         for backend in backends:
             backend.log({"s2t/top_silenced_tokens": backend.Table(dataframe=table)})
 

@@ -115,7 +115,7 @@ def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[s
 
 
 def json_lines(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
-    """(its number counted from 1, its JSON value or `None` when it does not parse) of each non-blank line of a file."""
+    """(its number counted from 1, its JSON value or `None` when it does not parse) of each non-blank line."""
     with open(path, "rb") as f:
         for number, line in enumerate(f, start=1):
             if line.strip():
@@ -196,11 +196,8 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, A
     elif os.path.isfile(path) and path.endswith(".jsonl"):
         files = [path]
     else:
-        files = []
-        if os.path.isdir(path):
-            for name in sorted(os.listdir(path)):
-                if os.path.isfile(os.path.join(path, name, METRICS_FILENAME)):
-                    files.append(os.path.join(path, name, METRICS_FILENAME))
+        names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+        files = [file for name in names if os.path.isfile(file := os.path.join(path, name, METRICS_FILENAME))]
     if not files:
         raise FileNotFoundError(
             f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a `stapo-train` run "

@@ -16,6 +16,7 @@ import shlex
 import socket
 import sys
 import time
+from pathlib import Path
 
 from filelock import FileLock, Timeout
 
@@ -80,7 +81,7 @@ _LOCKS: dict[str, FileLock] = {}  # one per folder in this process, so that hold
 
 def lock_run_folder(args, acquire: bool = True) -> None:
     """Take (`acquire=False`: give back) this process's hold on `args.output_dir` as its one writer: a `FileLock` on
-    `_writer.lock`, the holder's pid, host, start and command in `_writer.json` ("_*": not pushed to the Hub).
+    `_writer.lock`, the holder's pid, host, start and command in `_writer.txt` ("_*": not pushed to the Hub).
 
     Only the processes that write the folder (`args.should_save`) take it; another launch's other ranks end with its
     main process (the launcher stops them). Holds nest in a process (`stapo-train`, then its trainer's `train()`).
@@ -95,16 +96,15 @@ def lock_run_folder(args, acquire: bool = True) -> None:
     lock = _LOCKS.setdefault(folder, FileLock(os.path.join(folder, "_writer.lock")))
     if not acquire:
         return lock.release()
-    owner_file, held = os.path.join(folder, "_writer.json"), lock.is_locked
+    owner, held = Path(folder, "_writer.txt"), lock.is_locked
     try:
         os.makedirs(folder, exist_ok=True)
         lock.acquire(timeout=0)
-        if not held:  # a contender can read it (filelock may truncate the lock file when it opens it)
-            with open(owner_file, "w", encoding="utf-8") as f:
-                since = time.strftime("%Y-%m-%d %H:%M:%S")
-                f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {since}: {shlex.join(sys.argv)}")
+        if not held:  # read by a contender (filelock 3 empties the lock file itself when it opens it)
+            since = time.strftime("%Y-%m-%d %H:%M:%S")
+            owner.write_text(f"pid {os.getpid()} on {socket.gethostname()}, since {since}: {shlex.join(sys.argv)}")
     except Timeout:
-        owner = open(owner_file, encoding="utf-8").read(2000) if os.path.isfile(owner_file) else "starting"
+        owner = owner.read_text()[:2000] if owner.is_file() else "starting"
         raise ValueError(
             f"output_dir={args.output_dir!r} is in use by another run ({owner}). Two runs in one folder mix their "
             "metrics, checkpoints and model: wait for that run to end, or give another output_dir."

@@ -1,5 +1,5 @@
-"""Resuming a run (`stapo_trl.cli.checkpoints`): a checkpoint trained with other S2T or objective settings, or on another
-model, dataset or reward, is refused before the model is built; `resume_from_checkpoint` must name a complete
+"""Resuming a run (`stapo_trl.cli.checkpoints`): a checkpoint trained with other S2T or objective settings, or on
+another model, dataset or reward, is refused before the model is built; `resume_from_checkpoint` must name a complete
 checkpoint; the newest complete checkpoint is resumed, in one line that names those skipped, before any model."""
 
 from __future__ import annotations

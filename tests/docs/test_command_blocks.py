@@ -26,7 +26,7 @@ def test_every_bash_block_pastes(doc, block):
     checked = subprocess.run(["bash", "-n"], input=block, capture_output=True, text=True)
     assert checked.returncode == 0, f"{doc.name}: {checked.stderr}\n{block}"
     for line in block.splitlines():
-        assert not re.search(r"\\[ \t]+(#.*)?$", line), f"{doc.name}: a line continuation followed by something: {line}"
+        assert not re.search(r"\\[ \t]+(#.*)?$", line), f"{doc.name}: a continuation followed by something: {line}"
     for command in re.sub(r"\\\n", " ", block).splitlines():
         command = command.split(" #")[0]
         if re.search(r"\bstapo-train (?!compare)", command) and "--dataset_name" in command:

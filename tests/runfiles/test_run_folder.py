@@ -76,8 +76,8 @@ CUT_SHORT = [
 def test_the_python_api_resumes_the_newest_complete_checkpoint(
     tiny_random_model_path, tmp_path, monkeypatch, caplog, where, skipped
 ):
-    # Reported: a kill inside a checkpoint's save left a folder that `train(resume_from_checkpoint=True)` (transformers'
-    # get_last_checkpoint: the highest number) failed on, every time, with a complete checkpoint beside it.
+    # Reported: a kill inside a checkpoint's save left a folder that `train(resume_from_checkpoint=True)`
+    # (transformers' get_last_checkpoint: the highest number) failed on, every time, with a complete one beside it.
     out = tmp_path / "run"
     _trainer(tiny_random_model_path, out, max_steps=1).train()
     if where == "stray-folder":
@@ -249,8 +249,8 @@ def test_an_unwritable_output_dir_is_one_line_before_anything_runs(tmp_path, no_
 # ---------------------------------------------------------------------------------------------------------------
 
 # Runs stapo-train in a child that SIGKILLs itself at the N-th call of `target`: `trainer_state.json` (transformers'
-# `TrainerState.save_to_json`, after writing half of the file), `rng_state` (`Trainer._save_rng_state`, before it writes)
-# or `metrics-rewrite` (the N-th row written by `open_jsonl_for_run` when a resumed run rewrites metrics.jsonl).
+# `TrainerState.save_to_json`, after writing half of the file), `rng_state` (`Trainer._save_rng_state`, before it
+# writes) or `metrics-rewrite` (the N-th row written by `open_jsonl_for_run` when a resumed run rewrites metrics.jsonl).
 KILLER = r"""
 import dataclasses, json, os, signal, sys
 from transformers import Trainer, TrainerState
