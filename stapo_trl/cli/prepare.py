@@ -70,8 +70,8 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     """Validate the run and load what is cheap to load, before any model is built, in order: the reward names, the
     model argument (checked, not loaded), the checkpoint's settings, the dataset (the train split; the test split for
     the before/after evaluation or `eval_strategy`) with its columns and rows, the in-training benchmark name, the
-    hold on `output_dir`, the model path (a `builtin:` model is built into its cache on first use), then, with its
-    tokenizer, the chat template and the `max_prompt_tokens` filter. Every failure is one exception, one line.
+    model path (a `builtin:` model is built into its cache on first use), with its tokenizer the chat template and
+    the `max_prompt_tokens` filter, last the hold on `output_dir`. Every failure is one exception, one line.
 
     Raises:
         ValueError: an unknown reward, benchmark or `builtin:` name; no `dataset_name`; `dataset_streaming`; a missing
@@ -103,7 +103,6 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         check_hub_dataset(script_args.dataset_name)  # a Hub id nobody can download: now, in one line
     train_dataset, test_dataset, eval_dataset = _load_datasets(script_args, training_args, reward_funcs)
     benchmark_callback = _benchmark_callback(script_args, training_args)
-    lock_run_folder(training_args)  # this run is the folder's one writer (another run's: refused), until it ends
     # Last: a `builtin:` model is built (about 30 s, once) when it is not cached yet.
     model_path = resolve_model_path(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(
@@ -122,6 +121,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     )
     if error is not None:
         raise ValueError(error)
+    lock_run_folder(training_args)  # last: this run is the folder's one writer (another's refused) until it ends
     datasets = (train_dataset, test_dataset, eval_dataset)
     return PreparedRun(reward_funcs, model_path, *datasets, benchmark_callback, time.perf_counter() - start)
 

@@ -162,6 +162,10 @@ def holder(tmp_path):
     proc.wait()
 
 
+def _recipe(model_path):
+    return ["--config", STAPO_RECIPE, "--model_name_or_path", model_path, "--eval_before_after", "false"]
+
+
 def _args(folder, should_save=True):
     return SimpleNamespace(output_dir=str(folder), should_save=should_save)
 
@@ -198,13 +202,15 @@ def test_holds_nest_within_a_process(tmp_path):
     assert probe.returncode == 0 and probe.stdout == "held\n", probe.stderr
 
 
-def test_stapo_train_refuses_a_folder_another_run_writes(holder, tmp_path, no_model_built, capsys):
+def test_stapo_train_refuses_a_folder_another_run_writes(
+    holder, tmp_path, no_model_built, capsys, tiny_math_model_path
+):
     # Reported: two stapo-train on one output_dir both exited 0, every step twice in metrics.jsonl.
     from stapo_trl.cli.train import main
 
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as excinfo:
-        main(["--config", STAPO_RECIPE, "--output_dir", str(run), "--eval_before_after", "false"])
+        main([*_recipe(tiny_math_model_path), "--output_dir", str(run)])
     assert excinfo.value.code == 2
     line = error_line(capsys, "stapo-train")
     assert line.startswith(f"stapo-train: error: output_dir={str(run)!r} is in use by another run (pid {holder.pid}")
@@ -219,7 +225,9 @@ def test_the_python_api_refuses_a_folder_another_run_writes(holder, tmp_path, ti
 
 
 @pytest.mark.parametrize("where", ["under-a-file", "read-only-mount", "read-only-folder"])
-def test_an_unwritable_output_dir_is_one_line_before_anything_runs(tmp_path, no_model_built, capsys, where):
+def test_an_unwritable_output_dir_is_one_line_before_anything_runs(
+    tmp_path, no_model_built, capsys, tiny_math_model_path, where
+):
     # Reported: a read-only output_dir failed with exit 1 and a 46-line traceback after the initial evaluation.
     from stapo_trl.cli.train import main
 
@@ -232,7 +240,7 @@ def test_an_unwritable_output_dir_is_one_line_before_anything_runs(tmp_path, no_
     output_dir = {"under-a-file": tmp_path / "a-file" / "run", "read-only-mount": mount / "run"}.get(where, mount)
     try:
         with pytest.raises(SystemExit) as excinfo:
-            main(["--config", STAPO_RECIPE, "--output_dir", str(output_dir), "--eval_before_after", "false"])
+            main([*_recipe(tiny_math_model_path), "--output_dir", str(output_dir)])
     finally:
         if where != "under-a-file":
             subprocess.run(["umount", str(mount)], check=True)
@@ -325,14 +333,15 @@ def test_kills_inside_checkpoint_and_run_file_writes(tmp_path, tiny_math_model_p
 
 
 @pytest.mark.slow  # two processes under accelerate launch (~20 s of imports on 2 cores)
-def test_a_two_process_launch_on_a_folder_another_run_writes_stops_with_one_line(holder, tmp_path):
+def test_a_two_process_launch_on_a_folder_another_run_writes_stops_with_one_line(
+    holder, tmp_path, tiny_math_model_path
+):
     """The main process holds the lock for a launch (the demo's two-process tests run with it held); a second launch's
     main process refuses with one line, and the launcher stops the other process instead of leaving it waiting."""
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
     cmd += [str(REPO / "recipes" / "accelerate_configs" / "cpu_2proc.yaml"), "--main_process_port", str(free_port())]
-    cmd += ["-m", "stapo_trl.cli.train", "--config", STAPO_RECIPE, "--output_dir", str(run)]
-    cmd += ["--eval_before_after", "false", "--max_steps", "2"]
+    cmd += ["-m", "stapo_trl.cli.train", *_recipe(tiny_math_model_path), "--output_dir", str(run), "--max_steps", "2"]
     result = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode != 0 and "exitcode  : 2 (pid:" in output, output[-3000:]
