@@ -401,5 +401,5 @@ def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_resumes(
         if where == "full-tmpfs":  # the failed run's open files go with its traceback's frames
             excinfo = None
             gc.collect()
-            subprocess.run(["umount", str(tmp_path / "disk")], check=True)
+            subprocess.run(["umount", "-l", str(tmp_path / "disk")], check=True)
     assert f"Resuming training from {out / 'checkpoint-1'}, the newest complete checkpoint" in caplog.text

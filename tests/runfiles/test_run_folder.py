@@ -243,7 +243,7 @@ def test_an_unwritable_output_dir_is_one_line_before_anything_runs(
             main([*_recipe(tiny_math_model_path), "--output_dir", str(output_dir)])
     finally:
         if where != "under-a-file":
-            subprocess.run(["umount", str(mount)], check=True)
+            subprocess.run(["umount", "-l", str(mount)], check=True)
     assert excinfo.value.code == 2
     cause = "Not a directory" if where == "under-a-file" else "Read-only file system"
     assert error_line(capsys, "stapo-train") == (
