@@ -1,12 +1,7 @@
-"""Prompt datasets: the built-in tiny-math task and Hub / local files, mapped to conversational prompts.
-
-Every loader returns the two columns TRL's `GRPOTrainer` and the rewards of this package read:
-
-- `prompt`: a conversational prompt, `[{"role": "user", "content": problem + "\\n" + instruction}]` (see
-  [`format_prompt`]);
-- `solution`: the gold answer as a string (e.g. `"85"`), passed to the reward functions as `solution=`;
-
-and a file's or Hub dataset's other columns, unchanged (TRL passes every column to the reward functions by name).
+"""Prompt datasets: the built-in tiny-math task and Hub / local files, mapped to the two columns TRL's `GRPOTrainer`
+and this package's rewards read, `prompt` (`[{"role": "user", "content": problem + "\\n" + instruction}]`,
+[`format_prompt`]) and `solution` (the gold answer as a string, e.g. `"85"`), plus a file's or Hub dataset's other
+columns, unchanged (TRL passes every column to the reward functions by name).
 
 The built-in task (`builtin:tiny-math`) is two-digit addition written out column by column, small enough for a
 140k-parameter model on a CPU to learn in seconds while keeping the paper's output format (a final `\\boxed{}`):
@@ -18,7 +13,9 @@ The built-in task (`builtin:tiny-math`) is two-digit addition written out column
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 import os
 import random
 import re
@@ -28,6 +25,7 @@ from typing import Any
 import datasets
 
 from .checks.dataset import missing_column_message
+from .runfiles.metrics_log import json_lines
 
 
 logger = logging.getLogger(__name__)
@@ -38,10 +36,8 @@ INSTRUCTION = "Please reason step by step, and put your final answer within \\bo
 
 
 def format_prompt(problem: str, instruction: str | None = INSTRUCTION) -> list[dict[str, str]]:
-    """One user turn: the problem followed by the instruction (None or "" = no instruction).
-
-    Used for training prompts and evaluation prompts alike, so both see the same format.
-    """
+    """One user turn: the problem followed by the instruction (None or "" = no instruction); training and evaluation
+    prompts alike, so both see the same format."""
     content = problem if not instruction else f"{problem}\n{instruction}"
     return [{"role": "user", "content": content}]
 
@@ -71,10 +67,8 @@ def filter_long_prompts(
     max_prompt_tokens: int,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> datasets.Dataset:
-    """Drop the rows whose prompt, rendered with the chat template and the generation prompt, exceeds a token budget.
-
-    The paper caps prompts at 1,024 tokens (veRL's `filter_overlong_prompts`); TRL 1.x no longer truncates prompts,
-    so long ones are removed here, before training, and the count is logged.
+    """Drop the rows whose prompt, rendered with the chat template and the generation prompt, exceeds a token budget
+    (the paper caps prompts at 1,024 tokens, veRL's `filter_overlong_prompts`; TRL 1.x no longer truncates prompts).
 
     Args:
         dataset ([`~datasets.Dataset`]): with a conversational `prompt` column (as [`load_prompt_dataset`] returns).
@@ -89,23 +83,20 @@ def filter_long_prompts(
         raise ValueError(f"max_prompt_tokens={max_prompt_tokens!r} must be a positive number of tokens.")
 
     def short_enough(batch: dict[str, list]) -> list[bool]:
-        ids = tokenizer.apply_chat_template(
-            batch["prompt"],
-            tokenize=True,
-            add_generation_prompt=True,
-            return_dict=False,
+        kwargs = {
+            "tokenize": True,
+            "add_generation_prompt": True,
+            "return_dict": False,
             **(chat_template_kwargs or {}),
-        )
-        return [len(row) <= max_prompt_tokens for row in ids]
+        }
+        return [len(row) <= max_prompt_tokens for row in tokenizer.apply_chat_template(batch["prompt"], **kwargs)]
 
     kept = dataset.filter(short_enough, batched=True, desc=f"Dropping prompts longer than {max_prompt_tokens} tokens")
     logger.info("max_prompt_tokens=%d: kept %d of %d prompts.", max_prompt_tokens, len(kept), len(dataset))
     return kept
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The built-in tiny-math task
-# ---------------------------------------------------------------------------------------------------------------
+# -- The built-in tiny-math task ---------------------------------------------------------------------------------
 
 # Operands are two-digit numbers, so there are 90 * 90 = 8,100 ordered problems; the default split uses them all.
 _OPERANDS = range(10, 100)
@@ -118,20 +109,10 @@ def tiny_math_problem(a: int, b: int) -> str:
 
 
 def tiny_math_completion(a: int, b: int) -> str:
-    """Worked column addition of two two-digit numbers, ending in the boxed sum.
-
-    The format is the same for every problem (the carry is always written, `carry 0` included), so a tiny model
-    learns it quickly: `tiny_math_completion(47, 38) == "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"` and
+    """The worked column addition of `a` and `b` (`int`s in [10, 99]), ending in the boxed sum, as a `str` (no
+    end-of-sequence token). The format is the same for every problem (`carry 0` included), so a tiny model learns it
+    quickly: `tiny_math_completion(47, 38) == "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"` and
     `tiny_math_completion(21, 34) == "1+4=5, write 5 carry 0; 2+3+0=5; \\boxed{55}"`.
-
-    Args:
-        a (`int`):
-            First operand, in [10, 99].
-        b (`int`):
-            Second operand, in [10, 99].
-
-    Returns:
-        `str`: The target completion (no trailing end-of-sequence token).
     """
     units = a % 10 + b % 10
     carry = units // 10
@@ -142,19 +123,15 @@ def tiny_math_completion(a: int, b: int) -> str:
 
 
 def make_tiny_math_dataset(num_train: int = 7800, num_test: int = 300, seed: int = 0) -> datasets.DatasetDict:
-    """Build the built-in tiny-math task: two-digit addition with the carry written out as worked steps.
-
-    All 8,100 ordered pairs `(a, b)` with `10 <= a, b <= 99` are shuffled with `random.Random(seed)`; the first
-    `num_test` become the test split and the next `num_train` the train split, so the splits never share a
-    problem and the same seed always gives the same datasets.
+    """The built-in tiny-math task: two-digit addition with the carry written out as worked steps. All 8,100 pairs
+    `(a, b)` with `10 <= a, b <= 99` are shuffled with `random.Random(seed)`; the first `num_test` become the test
+    split and the next `num_train` the train split, so the splits never share a problem and the same seed always gives
+    the same datasets.
 
     Args:
-        num_train (`int`, *optional*, defaults to `7800`):
-            Number of training problems.
-        num_test (`int`, *optional*, defaults to `300`):
-            Number of held-out problems.
-        seed (`int`, *optional*, defaults to `0`):
-            Seed of the shuffle that picks and orders the problems.
+        num_train (`int`, *optional*, defaults to `7800`): number of training problems.
+        num_test (`int`, *optional*, defaults to `300`): number of held-out problems.
+        seed (`int`, *optional*, defaults to `0`): seed of the shuffle that picks and orders the problems.
 
     Returns:
         [`~datasets.DatasetDict`]: Splits `"train"` and `"test"`, each with the columns `prompt` (conversational,
@@ -175,16 +152,12 @@ def make_tiny_math_dataset(num_train: int = 7800, num_test: int = 300, seed: int
     random.Random(seed).shuffle(pairs)
     splits = {"test": pairs[:num_test], "train": pairs[num_test : num_test + num_train]}
 
-    def to_dataset(split_pairs: list[tuple[int, int]]) -> datasets.Dataset:
-        problems = [tiny_math_problem(a, b) for a, b in split_pairs]
-        return datasets.Dataset.from_dict(
-            {
-                "prompt": [format_prompt(problem) for problem in problems],
-                "solution": [str(a + b) for a, b in split_pairs],
-                "completion": [tiny_math_completion(a, b) for a, b in split_pairs],
-                "problem": problems,
-            }
-        )
+    def to_dataset(pairs: list[tuple[int, int]]) -> datasets.Dataset:
+        problems = [tiny_math_problem(a, b) for a, b in pairs]
+        solutions = [str(a + b) for a, b in pairs]
+        columns = {"prompt": [format_prompt(problem) for problem in problems], "solution": solutions}
+        columns |= {"completion": [tiny_math_completion(a, b) for a, b in pairs], "problem": problems}
+        return datasets.Dataset.from_dict(columns)
 
     return datasets.DatasetDict({"train": to_dataset(splits["train"]), "test": to_dataset(splits["test"])})
 
@@ -195,30 +168,21 @@ BUILTIN_DATASETS: dict[str, Callable[[], datasets.DatasetDict]] = {
 }
 BUILTIN_PREFIX = "builtin:"
 
-_LOCAL_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+_LOCAL_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Loading any prompt dataset
-# ---------------------------------------------------------------------------------------------------------------
+# -- Loading any prompt dataset ----------------------------------------------------------------------------------
 
 
 def _get_field(example: dict[str, Any], column: str) -> Any:
     """Value of `column` in one row; a dotted name (`reward_model.ground_truth`) walks into nested dicts."""
-    if column in example:
-        return example[column]
-    value: Any = example
-    for key in column.split("."):
-        value = value[key]
-    return value
+    return example[column] if column in example else functools.reduce(operator.getitem, column.split("."), example)
 
 
 def _has_column(features: datasets.Features, column: str) -> bool:
     """Whether `column` exists, a dotted name (`reward_model.ground_truth`) meaning a field of a struct column."""
-    if column in features:
-        return True
     feature: Any = features
-    for key in column.split("."):
+    for key in [column] if column in features else column.split("."):
         if not isinstance(feature, (dict, datasets.Features)) or key not in feature:
             return False
         feature = feature[key]
@@ -226,7 +190,7 @@ def _has_column(features: datasets.Features, column: str) -> bool:
 
 
 def is_local_dataset_file(dataset_name: str) -> bool:
-    """Whether `dataset_name` names a local `.json` / `.jsonl` / `.parquet` file (existing or not)."""
+    """Whether `dataset_name` names a local `.json` / `.jsonl` / `.parquet` / `.csv` file (existing or not)."""
     return os.path.splitext(dataset_name)[1].lower() in _LOCAL_FILE_BUILDERS
 
 
@@ -235,12 +199,9 @@ NOT_HELD_OUT = "training file (not held out)"
 
 
 def evaluation_split(dataset_name: str, test_split: str) -> tuple[str, str | None]:
-    """(the label of the prompts `stapo-train`'s before/after evaluation reads, a warning or `None`).
-
-    A local file has a single split: `dataset_test_split` does not apply to it, so the evaluation reads the first
-    prompts of the training file, which are also trained on. The label says so (in `eval.json` and the model card)
-    and the warning tells the user before the run (`stapo-train` and its dry run).
-    """
+    """(the label of the prompts `stapo-train`'s before/after evaluation reads, a warning or `None`): a local file has
+    one split, so the evaluation reads the first training prompts; the label says so (`eval.json`, the model card) and
+    the warning tells the user before the run (`stapo-train` and its dry run)."""
     if not is_local_dataset_file(dataset_name):
         return test_split, None
     return NOT_HELD_OUT, (
@@ -251,13 +212,13 @@ def evaluation_split(dataset_name: str, test_split: str) -> tuple[str, str | Non
 
 
 def load_local_dataset_file(path: str) -> datasets.Dataset:
-    """A local `.json` / `.jsonl` / `.parquet` file as one [`~datasets.Dataset`].
+    """A local `.json` / `.jsonl` / `.parquet` / `.csv` file as one [`~datasets.Dataset`].
 
     Raises:
         FileNotFoundError: If the file does not exist.
-        ValueError: If the file holds no rows (0 bytes, only whitespace, or an empty JSON list): "dataset file X is
-            empty", instead of the `StopIteration` / `ArrowInvalid` that `datasets` raises; if a line does not parse
-            (malformed JSON): "dataset file X could not be parsed as json: <the parser's message>".
+        ValueError: one line: "dataset file X is empty" (0 bytes, only whitespace, `[]`: not `datasets`'
+            `StopIteration` / `ArrowInvalid`), or "... could not be parsed as json: line N is not a JSON object"
+            (counted from 1 as an editor does; the parser's first line for other formats).
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Dataset file {path!r} does not exist.")
@@ -267,22 +228,40 @@ def load_local_dataset_file(path: str) -> datasets.Dataset:
     builder = _LOCAL_FILE_BUILDERS[os.path.splitext(path)[1].lower()]
     try:
         return datasets.load_dataset(builder, data_files=path, split="train")
-    except StopIteration as e:  # the json builder on a file without a single row
-        raise empty from e
-    except ValueError as e:  # whitespace only, or `[]`: the split "corresponds to no data"
-        if "corresponds to no data" in str(e):
+    except (StopIteration, ValueError, datasets.exceptions.DatasetGenerationError) as e:
+        if isinstance(e, StopIteration) or "corresponds to no data" in str(e):  # no row: whitespace only, or `[]`
             raise empty from e
-        raise
-    except datasets.exceptions.DatasetGenerationError as e:  # a malformed line: the parser's cause, in one line
-        cause = e.__cause__ or e
-        first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        raise ValueError(f"dataset file {path!r} could not be parsed as {builder}: {first}") from e
+        bad = (
+            next((n for n, row in json_lines(path) if not isinstance(row, dict)), None) if _is_json_lines(path) else 0
+        )
+        cause = f"line {bad} is not a JSON object" if bad else (str(e.__cause__ or e).strip().splitlines() or [""])[0]
+        raise ValueError(f"dataset file {path!r} could not be parsed as {builder}: {cause}") from e
 
 
-def check_prompt_columns(dataset: datasets.Dataset, dataset_name: str, prompt_column: str, solution_column: str):
-    """Raise a `ValueError` naming the missing column, the dataset and its columns, if either column is absent.
+def _is_json_lines(path: str) -> bool:
+    """Whether a local `.json` / `.jsonl` file holds JSON Lines (a row per non-blank line), not an array."""
+    if not path.lower().endswith((".json", ".jsonl")):
+        return False
+    with open(path, "rb") as f:
+        return not f.read(4096).lstrip().startswith(b"[")
 
-    Dotted names (`reward_model.ground_truth`) reach into struct columns.
+
+def check_prompt_columns(
+    dataset: datasets.Dataset, dataset_name: str, prompt_column: str, solution_column: str
+) -> list[str]:
+    """Check a dataset's prompt and solution columns, and each row's values, before any model is built.
+
+    GRPOTrainer trains on an empty prompt (the instruction alone) and on a row without an answer (the reward of its
+    completions is `None`), so those are warnings; a prompt that is not a string or a chat (`null`, a number) is an
+    error. Each names the file, the lines (a local JSON Lines file: its line numbers, counted from 1; else the rows,
+    counted from 1) and the column, once per kind.
+
+    Returns:
+        `list[str]`: one warning line per kind of questionable row (empty prompts, missing answers).
+
+    Raises:
+        ValueError: a missing column (naming it, the dataset and its columns; dotted names reach into struct
+            columns), or rows whose prompt is neither a string nor a list of chat messages.
     """
     for column in (prompt_column, solution_column):
         if not _has_column(dataset.features, column):
@@ -290,6 +269,44 @@ def check_prompt_columns(dataset: datasets.Dataset, dataset_name: str, prompt_co
                 f"{missing_column_message(column, dataset_name, dataset.column_names)} Set prompt_column / "
                 "solution_column (dotted names reach into struct columns, e.g. 'reward_model.ground_truth')."
             )
+    bad, empty, unanswered = [], [], []
+    for index, row in enumerate(
+        dataset.select_columns(list({c.split(".")[0] for c in (prompt_column, solution_column)}))
+    ):
+        prompt = _get_field(row, prompt_column)
+        chat = isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt)
+        if not isinstance(prompt, str) and not chat:
+            bad.append(index)
+        elif not (prompt if isinstance(prompt, str) else "".join(str(m["content"]) for m in prompt)).strip():
+            empty.append(index)
+        if not _solution_to_str(_get_field(row, solution_column)).strip():
+            unanswered.append(index)
+    if bad:
+        raise ValueError(
+            f"{_where(dataset_name, bad)} (column {prompt_column!r}): a prompt must be a string or a list of chat "
+            f"messages with 'role' and 'content', got {_get_field(dataset[bad[0]], prompt_column)!r:.100}. Fix or "
+            "remove those rows."
+        )
+    return [
+        f"{_where(dataset_name, rows)} (column {column!r}): {what}"
+        for rows, column, what in (
+            (empty, prompt_column, "empty prompt: trained on, the model sees the instruction alone."),
+            (unanswered, solution_column, "no answer: math_accuracy gives their completions no reward (None)."),
+        )
+        if rows
+    ]
+
+
+def _where(dataset_name: str, indices: list[int]) -> str:
+    """`dataset file 'x.jsonl': lines 4, 9` for a JSON Lines file (counted from 1, blank lines too, which `datasets`
+    skips), else `dataset 'x': rows 4, 9` (counted from 1); at most 10 listed."""
+    numbers, kind = [index + 1 for index in indices], "row"
+    if os.path.isfile(dataset_name) and _is_json_lines(dataset_name):
+        lines = [number for number, _ in json_lines(dataset_name)]
+        numbers, kind = [lines[index] for index in indices], "line"
+    shown = ", ".join(map(str, numbers[:10])) + (f" and {len(numbers) - 10} more" if len(numbers) > 10 else "")
+    what = "dataset file" if os.path.isfile(dataset_name) else "dataset"
+    return f"{what} {dataset_name!r}: {kind}{'s' * (len(numbers) > 1)} {shown}"
 
 
 def _solution_to_str(value: Any) -> str:
@@ -305,30 +322,22 @@ def _solution_to_str(value: Any) -> str:
     return str(value)
 
 
-def _to_prompt(value: Any, instruction: str | None) -> list[dict[str, str]]:
-    """Conversational prompt from a raw problem string, or from an existing chat (verl layout: a list of messages),
-    whose last user turn gets the instruction appended as [`format_prompt`] would."""
+def _to_prompt(value: str | list[dict[str, str]], instruction: str | None) -> list[dict[str, str]]:
+    """Conversational prompt from a raw problem string, or from a chat (verl layout: a list of messages), whose last
+    user turn gets the instruction appended as [`format_prompt`] would ([`check_prompt_columns`] refuses the rest)."""
     if isinstance(value, str):
         return format_prompt(value, instruction)
-    if isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m for m in value):
-        messages = [{"role": m["role"], "content": m["content"]} for m in value]
-        user_turns = [i for i, m in enumerate(messages) if m["role"] == "user"]
-        if instruction and user_turns:
-            last = user_turns[-1]
-            messages[last]["content"] = format_prompt(messages[last]["content"], instruction)[0]["content"]
-        return messages
-    raise ValueError(
-        f"A prompt must be a string or a list of chat messages with 'role' and 'content', got {type(value).__name__}: "
-        f"{value!r:.200}"
-    )
+    messages = [{"role": m["role"], "content": m["content"]} for m in value]
+    user_turns = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    if instruction and user_turns:
+        last = user_turns[-1]
+        messages[last]["content"] = format_prompt(messages[last]["content"], instruction)[0]["content"]
+    return messages
 
 
 def _load_builtin_split(dataset_name: str, split: str) -> datasets.Dataset:
-    """One split of a `builtin:<name>` task (columns `problem` and `solution`).
-
-    Raises:
-        ValueError: an unknown name (the known ones listed) or split (the available ones listed).
-    """
+    """One split of a `builtin:<name>` task (columns `problem` and `solution`); raises a `ValueError` on an unknown
+    name or split (the known ones listed)."""
     name = dataset_name[len(BUILTIN_PREFIX) :]
     if name not in BUILTIN_DATASETS:
         known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_DATASETS)
@@ -355,40 +364,30 @@ def load_prompt_dataset(
 ) -> datasets.Dataset:
     """Load a math dataset as conversational prompts with gold answers, ready for [`~trl.GRPOTrainer`].
 
-    Three kinds of `dataset_name` are accepted:
-
-    - `builtin:<name>`, a built-in task (`builtin:tiny-math`, splits `"train"` and `"test"`); it defines its own
-      columns, so `prompt_column`, `solution_column` and `data_files` are ignored;
-    - a local `.json`, `.jsonl` or `.parquet` file, read with `datasets.load_dataset("json" | "parquet")`; the file is
-      the split, so `split` is ignored;
-    - anything else goes to `datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=...)`: a
-      Hub id such as `"HuggingFaceH4/MATH-500"`, a local dataset folder, or a builder name (`"json"`) with
-      `data_files`.
+    `dataset_name` is a built-in task (`builtin:tiny-math`, splits `"train"` and `"test"`, its own columns); a local
+    `.json`, `.jsonl`, `.parquet` or `.csv` file ([`load_local_dataset_file`]; the file is the split); or else goes to
+    `datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=...)`: a Hub id such as
+    `"HuggingFaceH4/MATH-500"`, a local dataset folder, or a builder name (`"json"`) with `data_files`.
 
     A prompt cell may be a raw problem string or already a chat (a list of `{"role", "content"}` messages, as in
-    verl parquet files); the instruction is appended to its last user turn either way. Column names may be
-    dotted to reach into struct columns, e.g. `solution_column="reward_model.ground_truth"`.
+    verl parquet files); the instruction is appended to its last user turn either way. Column names may be dotted
+    to reach into struct columns (`reward_model.ground_truth`). The rows are checked ([`check_prompt_columns`]): a
+    warning line per kind of questionable row.
 
     Args:
-        dataset_name (`str`):
-            `builtin:<name>`, a path to a local file, or a name for `datasets.load_dataset`.
-        dataset_config (`str` or `None`, *optional*, defaults to `None`):
-            Dataset configuration (subset) name, for Hub datasets.
-        split (`str`, *optional*, defaults to `"train"`):
-            Split to load.
-        prompt_column (`str`, *optional*, defaults to `"problem"`):
-            Column with the problem text (or the chat).
-        solution_column (`str`, *optional*, defaults to `"answer"`):
-            Column with the gold answer; converted to `str` (integral floats such as `27.0` become `"27"`).
-        instruction (`str` or `None`, *optional*, defaults to `INSTRUCTION`):
-            Text appended to the problem on a new line; `None` or `""` appends nothing.
-        data_files (`str`, `list[str]`, `dict` or `None`, *optional*, defaults to `None`):
-            Passed to `datasets.load_dataset` for non-builtin, non-file names.
-        limit (`int` or `None`, *optional*, defaults to `None`):
-            Keep only the first `limit` rows.
-        strip_dapo_instruction (`bool`, *optional*, defaults to `False`):
-            Remove DAPO-Math-17k's own answer-format instruction from every problem ([`remove_dapo_instruction`])
-            before appending `instruction`; ignored for `builtin:` datasets.
+        dataset_name (`str`): `builtin:<name>`, a path to a local file, or a name for `datasets.load_dataset`.
+        dataset_config (`str`, *optional*): dataset configuration (subset) name, for Hub datasets.
+        split (`str`, *optional*, defaults to `"train"`): split to load.
+        prompt_column (`str`, *optional*, defaults to `"problem"`): column with the problem text (or the chat).
+        solution_column (`str`, *optional*, defaults to `"answer"`): column with the gold answer; converted to `str`
+            (integral floats such as `27.0` become `"27"`).
+        instruction (`str`, *optional*, defaults to `INSTRUCTION`): appended to the problem on a new line; `None` or
+            `""` appends nothing.
+        data_files (`str`, `list[str]` or `dict`, *optional*): for `datasets.load_dataset` (not builtin, not a file).
+        limit (`int`, *optional*): keep only the first `limit` rows.
+        strip_dapo_instruction (`bool`, *optional*, defaults to `False`): remove DAPO-Math-17k's own answer-format
+            instruction from every problem ([`remove_dapo_instruction`]) before appending `instruction`; ignored for
+            `builtin:` datasets.
 
     Returns:
         [`~datasets.Dataset`]: Columns `prompt` (`list[dict[str, str]]`, conversational) and `solution` (`str`), then
@@ -396,41 +395,31 @@ def load_prompt_dataset(
         name); a `builtin:` task has only `prompt` and `solution`.
 
     Raises:
-        ValueError: If a `builtin:` name is unknown (the message lists the known ones), if the split does not exist
-            for a built-in task, or if a column is missing (the message names it, the dataset and the available
-            columns).
-        FileNotFoundError: If `dataset_name` ends in `.json`, `.jsonl` or `.parquet` but no such file exists.
+        ValueError: an unknown `builtin:` name or split (the known ones listed), a file that does not parse, a column
+            missing or a prompt that is neither text nor chat ([`check_prompt_columns`]).
+        FileNotFoundError: If `dataset_name` names a local file that does not exist.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit}.")
 
-    if dataset_name.startswith(BUILTIN_PREFIX):
+    builtin = dataset_name.startswith(BUILTIN_PREFIX)
+    if builtin:
         dataset = _load_builtin_split(dataset_name, split)
         prompt_column, solution_column = "problem", "solution"
+    elif is_local_dataset_file(dataset_name):
+        dataset = load_local_dataset_file(dataset_name)
     else:
-        if is_local_dataset_file(dataset_name):
-            dataset = load_local_dataset_file(dataset_name)
-        else:
-            dataset = datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=data_files)
-
-    check_prompt_columns(dataset, dataset_name, prompt_column, solution_column)
-
+        dataset = datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=data_files)
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
-
-    builtin = dataset_name.startswith(BUILTIN_PREFIX)
+    for warning in check_prompt_columns(dataset, dataset_name, prompt_column, solution_column):
+        logger.warning(warning)
     strip = strip_dapo_instruction and not builtin
     return _to_prompts_and_solutions(dataset, prompt_column, solution_column, instruction, strip, keep=not builtin)
 
 
-def _to_prompts_and_solutions(
-    dataset: datasets.Dataset,
-    prompt_column: str,
-    solution_column: str,
-    instruction: str | None,
-    strip: bool,
-    keep: bool = True,
-) -> datasets.Dataset:
+def _to_prompts_and_solutions(dataset: datasets.Dataset, prompt_column: str, solution_column: str,
+                              instruction: str | None, strip: bool, keep: bool = True):  # fmt: skip
     """The `prompt` (chat, instruction appended) and `solution` (`str`) columns, written over any input column of
     that name; `keep`: every other input column stays (TRL passes each column to the reward functions, e.g. a
     `difficulty` column to a reward with a `difficulty` argument), else only the two remain; `strip`: remove DAPO's
@@ -444,10 +433,8 @@ def _to_prompts_and_solutions(
         return [{**m, "content": remove_dapo_instruction(m["content"])} if m["role"] == "user" else m for m in value]
 
     def to_prompt_solution(example: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "prompt": _to_prompt(_strip(_get_field(example, prompt_column)), instruction),
-            "solution": _solution_to_str(_get_field(example, solution_column)),
-        }
+        prompt = _to_prompt(_strip(_get_field(example, prompt_column)), instruction)
+        return {"prompt": prompt, "solution": _solution_to_str(_get_field(example, solution_column))}
 
     # Both output columns are rebuilt from scratch (an input `prompt` or `solution` column is read before it is
     # replaced, and removed first so that its old type does not constrain the new values).

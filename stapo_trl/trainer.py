@@ -24,6 +24,7 @@ package and of `stapo-train` rely on:
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 from typing import Any
 
@@ -48,6 +49,7 @@ from .runfiles.console import use_compact_console
 from .runfiles.interrupt import SCRIPT_RESUME_HINT, GracefulInterrupt, training_interrupted
 from .runfiles.learning_signal import NoLearningSignalCallback
 from .runfiles.model_card import add_stapo_section, make_card_public, public_dataset_name, write_quick_start
+from .runfiles.run_folder import lock_run_folder, resume_checkpoint
 
 
 class ProductTrainerMixin:
@@ -94,7 +96,7 @@ class ProductTrainerMixin:
         install_cpu_colocate_weight_sync(self)  # vLLM's CPU backend repacks weights: sync through its reload path
         use_compact_console(self)  # one short line per logging step instead of each row's dict (runfiles.console)
 
-    def train(self, *args, **kwargs):
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train`, as `stapo-train` runs it, in a script too:
 
         - the run files in `output_dir` unless `args.s2t_write_run_files` is off
@@ -108,12 +110,20 @@ class ProductTrainerMixin:
         - a built-in tiny model trains on one torch thread unless the caller chose a count (`torch.set_num_threads`,
           `OMP_NUM_THREADS`): torch's one thread per core was up to 21x slower on 2 shared cores
           ([`~stapo_trl.integrations.torch_threads`]); the count is restored afterwards;
-        - without the known-harmless upstream warnings ([`~stapo_trl.integrations.upstream_warnings`]).
+        - without the known-harmless upstream warnings ([`~stapo_trl.integrations.upstream_warnings`]);
+        - one writer per `output_dir`, and `resume_from_checkpoint=True` takes the newest complete checkpoint
+          ([`~stapo_trl.runfiles.run_folder`]).
 
         Raises:
             KeyboardInterrupt: on the first Ctrl-C (SIGINT), after the checkpoint of the step it came in (attributes
                 `step` and `checkpoint`).
+            ValueError: another process writes `output_dir`; `resume_from_checkpoint=True` and no complete checkpoint.
         """
+        if resume_from_checkpoint is True:  # transformers takes the highest-numbered folder, complete or not
+            resume_from_checkpoint = resume_checkpoint(self.args.output_dir, self.args.save_only_model)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"No complete checkpoint to resume from in output_dir={self.args.output_dir!r}.")
+        lock_run_folder(self.args)  # one writer per output_dir; held until the end of train()
         if write_run_files(self.args):
             add_run_file_callbacks(self)
         if not any(isinstance(callback, NoLearningSignalCallback) for callback in self.callback_handler.callbacks):
@@ -123,12 +133,20 @@ class ProductTrainerMixin:
         try:
             with torch_threads(default_num_threads(self.model)), interrupt, QuietKnownUpstreamWarnings() as quiet:
                 quiet.watch_model(self.model)  # TRL's deprecated checkpointing calls; a tied head's resume
-                output = super().train(*args, **kwargs)
+                output = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self.remove_callback(interrupt)  # a later train() (the resume) gets a fresh one
+            lock_run_folder(self.args, acquire=False)
         if interrupt.requested:
             raise training_interrupted(self.args.output_dir, self.state.global_step, self.resume_hint)
         return output
+
+    def _save_checkpoint(self, model, trial):
+        # An older trainer_state.json left in checkpoint-N would mark a rewrite of it cut short as complete.
+        stale = os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}", "trainer_state.json")
+        if self.args.should_save and os.path.isfile(stale):
+            os.remove(stale)
+        super()._save_checkpoint(model, trial)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, public: bool = False):
         """TRL's card (for STAPO: names it, links the paper, its BibTeX), plus the run's settings and results

@@ -214,17 +214,23 @@ def test_empty_dataset_file_gets_one_line(no_model_built, tmp_path, capsys, name
     assert line.startswith(f"  - dataset_name={str(path)!r}: {expected}"), line
 
 
+ROW = '{"problem": "1+1", "answer": "2"}\n'
+
+
 @pytest.mark.parametrize(
     "name, content, cause",
     [
-        ("cut.jsonl", '{"problem": "1+1", "answer": "2"}\n{"problem": "2+2", "answer": \n', "JSON parse error"),
-        ("braces.jsonl", '{"problem": "1+1", "answer": "2"}\n{problem: 3}\n', "JSON parse error"),
+        ("cut.jsonl", ROW * 20 + '{"problem": "2+2", "answer": \n' + ROW * 19, "line 21 is not a JSON object"),
+        ("braces.jsonl", ROW + "\n\n" + "{problem: 3}\n", "line 4 is not a JSON object"),  # blank lines counted
+        ("list.jsonl", ROW + "[1, 2]\n" + ROW, "line 2 is not a JSON object"),
+        ("extra-brace.json", ROW * 5 + '{"problem": "1", "answer": "1"}}\n', "line 6 is not a JSON object"),
         ("trailing.json", '[{"problem": "1+1", "answer": "2"},]', ""),
     ],
-    ids=["jsonl-cut-line", "jsonl-unquoted-key", "json-trailing-comma"],
+    ids=["jsonl-cut-line", "jsonl-unquoted-key", "jsonl-a-list", "json-lines-extra-brace", "json-trailing-comma"],
 )
 def test_malformed_dataset_file_gets_one_line(no_model_built, tmp_path, name, content, cause):
-    """A line that does not parse: one line naming the file and the parser's cause, not datasets' 70-line trace."""
+    """A line that does not parse: one line naming the file and the line as an editor counts it, not datasets' 70-line
+    trace. Reported: a cut line 21 was "row 20" (pyarrow counts rows from 0), or no row at all (an extra brace)."""
     from stapo_trl.cli.train import main
 
     path = tmp_path / name
@@ -273,8 +279,87 @@ def test_dapo_prompts_are_stripped_and_long_prompts_dropped(tmp_path, tiny_math_
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", str(data)]
     argv += ["--prompt_column", "prompt", "--solution_column", "solution", "--eval_before_after", "false"]
-    argv += ["--strip_dapo_instruction", "true", "--max_prompt_tokens", "128"]
+    argv += ["--strip_dapo_instruction", "true", "--max_prompt_tokens", "128", "--output_dir", str(tmp_path / "out")]
     # why: a one-prompt rollout step (8 completions), so that the one kept prompt fills it (fewer are refused)
     argv += ["--per_device_train_batch_size", "8", "--steps_per_generation", "1"]
     run = prepare(*parse_args(argv))
     assert run.train_dataset["prompt"] == [[{"role": "user", "content": "12+34\n" + INSTRUCTION}]]
+
+
+QUESTIONABLE_ROWS = [{"problem": f"{i}+1", "answer": str(i + 1)} for i in range(40)]
+QUESTIONABLE_ROWS[3] = {"problem": "", "answer": "1"}  # line 5 (after the blank line 3)
+QUESTIONABLE_ROWS[5] = {"problem": "2+2"}  # no answer: line 7
+QUESTIONABLE_ROWS[9] = {"problem": "3+3", "answer": None}  # line 11
+QUESTIONABLE_ROWS[12] = {"problem": "   ", "answer": "4"}  # line 14
+
+
+def _questionable_file(tmp_path, null_prompt: bool = False):
+    rows = [dict(row) for row in QUESTIONABLE_ROWS]
+    if null_prompt:
+        rows[7]["problem"] = None  # line 9
+        rows[20]["problem"] = None  # line 22
+    lines = [json.dumps(row) for row in rows]
+    lines.insert(2, "")
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_questionable_rows_are_named_by_file_line_and_column_at_load_time(tmp_path, caplog, capsys):
+    # Reported: an empty prompt was trained on silently, a missing answer surfaced as a warning at the step it was
+    # sampled, and the dry run reported "checked: 40 rows" and flagged none of it. GRPOTrainer trains on both, so
+    # they are warnings, never refusals.
+    from stapo_trl.cli.dry_run import main as dry_run_main
+
+    path = _questionable_file(tmp_path)
+    dataset = load_prompt_dataset(path)
+    assert len(dataset) == 40 and dataset[3]["prompt"] == format_prompt("")
+    empty = f"dataset file {path!r}: lines 5, 14 (column 'problem'): empty prompt: trained on, the model sees the "
+    empty += "instruction alone."
+    missing = f"dataset file {path!r}: lines 7, 11 (column 'answer'): no answer: math_accuracy gives their "
+    missing += "completions no reward (None)."
+    assert [r.getMessage() for r in caplog.records if r.name == "stapo_trl.data"] == [empty, missing]
+    argv = ["--config", STAPO_RECIPE, "--dataset_name", path, "--output_dir", str(tmp_path / "out")]
+    assert dry_run_main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"  - {empty}" in out and f"  - {missing}" in out
+
+
+def test_a_prompt_that_is_not_text_or_chat_is_one_line_naming_file_lines_and_column(no_model_built, tmp_path, capsys):
+    # Reported: a null prompt's error named no file, row or column.
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main
+
+    path = _questionable_file(tmp_path, null_prompt=True)
+    expected = f"dataset file {path!r}: lines 9, 22 (column 'problem'): a prompt must be a string or a list of chat "
+    expected += "messages with 'role' and 'content', got None. Fix or remove those rows."
+    with pytest.raises(ValueError) as excinfo:
+        load_prompt_dataset(path)
+    assert str(excinfo.value) == expected
+    argv = ["--config", STAPO_RECIPE, "--dataset_name", path, "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv)
+    assert excinfo.value.code == 2 and str(excinfo.value) == f"stapo-train: error: {expected}"
+    capsys.readouterr()
+    assert dry_run_main(argv) == 2
+    assert f"  - dataset_name={path!r}: {expected}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("where", ["relative", "absolute", "dry-run"])
+def test_a_local_csv_file_is_read_as_json_and_parquet_files_are(tmp_path, monkeypatch, capsys, where):
+    # Reported: "Couldn't reach 'x.csv' on the Hub" (relative path), "Couldn't find any data file at /abs/x.csv".
+    from stapo_trl.cli.dry_run import main as dry_run_main
+
+    (tmp_path / "sums.csv").write_text(
+        "problem,answer\n" + "".join(f"{r['problem']},{r['answer']}\n" for r in addition_rows(5))
+    )
+    monkeypatch.chdir(tmp_path)
+    name = "sums.csv" if where == "relative" else str(tmp_path / "sums.csv")
+    if where == "dry-run":
+        argv = ["--config", STAPO_RECIPE, "--dataset_name", name, "--output_dir", str(tmp_path / "out")]
+        assert dry_run_main(argv) == 2  # 5 prompts are fewer than one rollout step takes
+        assert f"{name} split train, columns 'problem' -> 'answer' (checked: 5 rows)" in capsys.readouterr().out
+        return
+    dataset = load_prompt_dataset(name)
+    assert dataset["solution"] == ["30", "32", "34", "36", "38"]
+    assert dataset["prompt"][1] == format_prompt("11+21")

@@ -34,17 +34,13 @@ _PASSED_AS = {"prompt": "prompts", "completion": "completions"}
 
 
 def missing_column_message(column: str, dataset_name: str, columns: Iterable[str]) -> str:
-    """The first sentences of every missing-column error: `Column 'x' not found in dataset 'y'. Available columns:
-    [...].` (the caller appends what to do)."""
+    """The start of every missing-column error: `Column 'x' not found in dataset 'y'. Available columns: [...].`"""
     return f"Column {column!r} not found in dataset {dataset_name!r}. Available columns: {list(columns)}."
 
 
 def required_reward_arguments(reward_func: Callable[..., Any]) -> list[str]:
-    """The arguments of `reward_func` that have no default and are not `*args` / `**kwargs`, in order.
-
-    Works for functions, `functools.partial` (bound arguments are not required) and callable instances. Returns `[]`
-    when the signature cannot be read (some builtins and C extensions), so such a function is never refused.
-    """
+    """The arguments of `reward_func` (a function, `functools.partial` or callable instance) that have no default and
+    are not `*args` / `**kwargs`, in order; `[]` when the signature cannot be read (never refused then)."""
     try:
         parameters = inspect.signature(reward_func).parameters.values()
     except (TypeError, ValueError):
@@ -124,8 +120,7 @@ def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset", *, pr
         ValueError: the dataset is empty, or (unless `prompt_optional`) it has no `prompt` column.
     """
     for name, data in _named_datasets(dataset, dataset_name):
-        length = len(data) if hasattr(data, "__len__") else None
-        if length == 0:
+        if hasattr(data, "__len__") and len(data) == 0:
             raise ValueError(
                 f"Dataset {name!r} is empty (0 rows): give it prompts, one row each with a 'prompt' column (a string "
                 "or a list of chat messages) and the columns the reward functions read."
@@ -167,8 +162,6 @@ EVAL_CHAT_TEMPLATE_FIX = CLI_CHAT_TEMPLATE_FIX[:-1] + "; or pass --no-chat-templ
 
 def first_example(dataset: Any) -> Any:
     """The first example of a dataset (map-style or iterable), or `None` when there is none or it cannot be read."""
-    if dataset is None:
-        return None
     try:
         return dataset[0] if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__") else next(iter(dataset))
     except (IndexError, KeyError, StopIteration, TypeError):

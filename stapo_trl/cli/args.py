@@ -45,7 +45,7 @@ HELP_FIELDS_INTRO = (
 COMMON_FIELDS = (
     ("model", (
         ("model_name_or_path", "a local folder, a Hub id, or builtin:tiny-math (offline)"),
-        ("dataset_name", "builtin:tiny-math, a Hub dataset, or a .json/.jsonl/.parquet file"),
+        ("dataset_name", "builtin:tiny-math, a Hub dataset, or a .json/.jsonl/.parquet/.csv file"),
         ("prompt_column, solution_column", "the problem and gold-answer columns of a file or Hub dataset"),
         ("reward_funcs", "reward names (math_accuracy) or dotted import paths"),
     )),
@@ -131,17 +131,12 @@ def _stapo_objective_defaults() -> dict[str, Any]:
     }
 
 
-def make_parser(
-    subparsers: argparse._SubParsersAction | None = None, *, trainer: str = "stapo"
-) -> argparse.ArgumentParser:
+def make_parser(*, trainer: str = "stapo") -> argparse.ArgumentParser:
     """The `stapo-train` parser: (STAPOScriptArguments, STAPOConfig or GRPOConfig, ModelConfig).
 
     Args:
-        subparsers (`argparse._SubParsersAction`, *optional*):
-            Register as the `stapo` sub-command of a parent CLI instead of building a standalone parser.
-        trainer (`str`, *optional*, defaults to `"stapo"`):
-            `"stapo"` parses into [`~stapo_trl.STAPOConfig`]; `"grpo"` into [`~trl.GRPOConfig`] with STAPOConfig's
-            objective defaults and no `s2t_*` fields.
+        trainer (`str`, *optional*, defaults to `"stapo"`): `"stapo"` parses into [`~stapo_trl.STAPOConfig`];
+            `"grpo"` into [`~trl.GRPOConfig`] with STAPOConfig's objective defaults and no `s2t_*` fields.
     """
     from trl import GRPOConfig, ModelConfig
 
@@ -152,19 +147,15 @@ def make_parser(
     if trainer not in TRAINERS:
         raise ValueError(f"trainer={trainer!r} is not one of {list(TRAINERS)}.")
     config_class = STAPOConfig if trainer == "stapo" else GRPOConfig
-    dataclass_types = (STAPOScriptArguments, config_class, ModelConfig)
-    if subparsers is not None:
-        parser = subparsers.add_parser("stapo", help="Train with STAPO from a recipe", dataclass_types=dataclass_types)
-    else:
-        parser = RecipeParser(
-            dataclass_types,
-            prog="stapo-train",
-            usage=USAGE,
-            allow_abbrev=False,  # `--s2t_mod` must not pass for `--s2t_mode`: a typo gets "did you mean" instead
-            description=DESCRIPTION + "\n\n" + textwrap.fill(HELP_FIELDS_INTRO, width=100),
-            epilog=textwrap.fill(EXIT_STATUS_HELP, width=100),
-            formatter_class=_HelpFormatter,
-        )
+    parser = RecipeParser(
+        (STAPOScriptArguments, config_class, ModelConfig),
+        prog="stapo-train",
+        usage=USAGE,
+        allow_abbrev=False,  # `--s2t_mod` must not pass for `--s2t_mode`: a typo gets "did you mean" instead
+        description=DESCRIPTION + "\n\n" + textwrap.fill(HELP_FIELDS_INTRO, width=100),
+        epilog=textwrap.fill(EXIT_STATUS_HELP, width=100),
+        formatter_class=_HelpFormatter,
+    )
     if trainer == "grpo":
         parser.set_defaults(**_stapo_objective_defaults())
     return parser
@@ -187,27 +178,17 @@ def _peek_trainer(argv: Sequence[str]) -> str:
                 where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
                 problem = getattr(e, "problem", None) or str(e).splitlines()[0]
                 raise ValueError(f"Recipe {known.config!r} is not valid YAML{where}: {problem}.") from None
-        if recipe is None:
-            raise ValueError(
-                f"Recipe {known.config!r} is empty: write one `field: value` per line (recipes/demo/stapo.yaml is an "
-                "example)."
-            )
         if not isinstance(recipe, dict):
-            raise ValueError(
-                f"Recipe {known.config!r} is a YAML {type(recipe).__name__}, not a mapping: write one `field: value` "
-                "per line (recipes/demo/stapo.yaml is an example)."
-            )
+            what = "empty" if recipe is None else f"a YAML {type(recipe).__name__}, not a mapping"
+            example = "write one `field: value` per line (recipes/demo/stapo.yaml is an example)"
+            raise ValueError(f"Recipe {known.config!r} is {what}: {example}.")
         if recipe.get("trainer") is not None:
             return str(recipe["trainer"])
     return "stapo"
 
 
 def check_recipe_path(path: str) -> None:
-    """Refuse a `--config` path that is not a file.
-
-    Raises:
-        IsADirectoryError: the path is a folder. FileNotFoundError: nothing is there.
-    """
+    """Refuse a `--config` path that is not a file: `IsADirectoryError` (a folder), `FileNotFoundError` (nothing)."""
     if os.path.isdir(path):
         raise IsADirectoryError(f"Recipe {path!r} is a folder: give the path of a recipe YAML file in it.")
     if not os.path.isfile(path):

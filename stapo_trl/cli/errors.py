@@ -8,7 +8,7 @@ process under `accelerate launch`), `stapo-eval` and `stapo-plot`, argparse's ow
   dataset or results file, or a run folder that cannot work. One `PROG: error: ...` line on stderr that names what
   the user wrote, the allowed values, and the fix.
 - 1: a failure during a run (training, evaluation, drawing), with its traceback (Python's status for an uncaught
-  exception).
+  exception); a full disk ends a `stapo-train` run with one line instead ([`full_disk_in_one_line`]).
 - 130: Ctrl-C (`stapo-train` first saves a checkpoint).
 """
 
@@ -17,11 +17,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import errno
+import os
+import shutil
 import sys
 from collections.abc import Iterator
 from typing import NoReturn
 
 from ..integrations.process_group import destroy_process_group_if_any
+from ..runfiles.run_folder import newest_complete_checkpoint
 
 
 EXIT_INPUT_ERROR = 2  # argparse's status for a usage error
@@ -33,21 +37,20 @@ EXIT_STATUS_HELP = (
 
 
 class InputError(SystemExit):
-    """End a command on bad input: exit status 2, and `PROG: error: MESSAGE` as the text of the exception.
-
-    [`report_input_errors`] prints that line on stderr at the command's entry point (the interpreter prints nothing
-    for an integer exit status). Being a `SystemExit`, it passes through `except Exception` and ends the process with
-    status 2 wherever it is raised.
+    """End a command on bad input: exit status `code` (2; 1 for a run that failed after it started, told in one line)
+    and `PROG: error: MESSAGE` as the text of the exception, which [`report_input_errors`] prints on stderr at the
+    command's entry point (the interpreter prints nothing for an integer exit status). Being a `SystemExit`, it passes
+    through `except Exception` and ends the process wherever it is raised.
 
     Args:
         prog (`str`): the command as the user typed it (`stapo-train`, `stapo-train compare`, `stapo-eval`, ...).
         message (`str`): one line: what is wrong, the allowed values, the fix.
     """
 
-    def __init__(self, prog: str, message: str):
+    def __init__(self, prog: str, message: str, code: int = EXIT_INPUT_ERROR):
         self.message = f"{prog}: error: {message}"
         super().__init__(self.message)
-        self.code = EXIT_INPUT_ERROR
+        self.code = code
 
     def __str__(self) -> str:
         return self.message
@@ -75,6 +78,27 @@ def report_input_errors() -> Iterator[None]:
         print_line(e.message)
         destroy_process_group_if_any()
         raise
+
+
+@contextlib.contextmanager
+def full_disk_in_one_line(prog: str, output_dir: str) -> Iterator[None]:
+    """End a run that failed on a full disk with one [`InputError`] line (status 1) naming `output_dir` and the
+    checkpoint a rerun resumes, not a traceback. Full: ENOSPC / EDQUOT (an `OSError`'s or safetensors' "os error
+    28"), or under 1 MiB free (`torch.save` names no cause: "unexpected pos")."""
+    try:
+        yield
+    except Exception as e:
+        if getattr(e, "errno", None) not in (errno.ENOSPC, errno.EDQUOT) and "os error 28" not in str(e):
+            if not os.path.isdir(output_dir) or shutil.disk_usage(output_dir).free >= 2**20:
+                raise
+        checkpoint = newest_complete_checkpoint(output_dir)[0] or "the start (no complete checkpoint)"
+        first_line = (str(e).splitlines() or [""])[0][:200]
+        raise InputError(
+            prog,
+            f"no space left on the disk of output_dir={output_dir!r} ({type(e).__name__}: {first_line}). Free some "
+            f"space, then rerun the same command: it resumes from {checkpoint}.",
+            code=1,
+        ) from e
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

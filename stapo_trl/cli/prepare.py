@@ -19,6 +19,7 @@ from ..data import evaluation_split, filter_long_prompts, is_local_dataset_file,
 from ..evaluation.callback import BenchmarkEvalCallback
 from ..models import check_model_available, resolve_model_path
 from ..rewards import get_reward_funcs
+from ..runfiles.run_folder import lock_run_folder
 from .args import prompt_dataset_kwargs
 from .checkpoints import check_resume_settings
 from .geometry import too_few_prompts
@@ -38,9 +39,7 @@ class PreparedRun:
     train_dataset: Any
     test_dataset: Any | None
     eval_dataset: Any | None  # the before/after evaluation problems (first eval_num_problems of the test split)
-    benchmark_callback: (
-        Any | None
-    )  # a stapo_trl.evaluation.callback.BenchmarkEvalCallback, when `benchmark_eval` is set
+    benchmark_callback: Any | None  # a BenchmarkEvalCallback (stapo_trl.evaluation.callback) with `benchmark_eval`
     seconds: float = 0.0  # wall time of `prepare` (a first `builtin:` model build included)
 
 
@@ -59,40 +58,31 @@ def _benchmark_callback(script_args: STAPOScriptArguments, training_args) -> Ben
     error = sharding_error(script_args, parameter_sharding(training_args))  # before the model is built
     if error:
         raise ValueError(error)
-    return BenchmarkEvalCallback(  # checks the benchmark name; the problems load at the first eval
-        script_args.benchmark_eval,
-        data_dir=script_args.benchmark_eval_data_dir,
-        samples=script_args.benchmark_eval_samples,
-        every_n_steps=script_args.benchmark_eval_steps,
-        limit=script_args.benchmark_eval_limit,
-        max_new_tokens=script_args.eval_max_new_tokens or training_args.max_completion_length,
-        temperature=script_args.eval_temperature,
-        top_p=script_args.eval_top_p,
-        batch_size=script_args.eval_batch_size,
-        seed=training_args.seed,
-    )
+    a = script_args  # the benchmark's settings, then the before/after evaluation's sampling
+    settings = {"data_dir": a.benchmark_eval_data_dir, "samples": a.benchmark_eval_samples, "seed": training_args.seed}
+    settings |= {"every_n_steps": a.benchmark_eval_steps, "limit": a.benchmark_eval_limit, "top_p": a.eval_top_p}
+    settings |= {"temperature": a.eval_temperature, "batch_size": a.eval_batch_size}
+    settings["max_new_tokens"] = a.eval_max_new_tokens or training_args.max_completion_length
+    return BenchmarkEvalCallback(a.benchmark_eval, **settings)  # checks the name; the problems load at the first eval
 
 
 def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelConfig) -> PreparedRun:
-    """Validate the run and load what is cheap to load, before any model is built.
-
-    In order: the reward names, the model argument (checked, not loaded), the dataset (train split, and the test
-    split when it is needed: before/after evaluation or `eval_strategy`), its columns, the in-training benchmark name,
-    the model path (a `builtin:` model is built into its cache here on first use), then, with the model's tokenizer,
-    its chat template and the `max_prompt_tokens` filter.
-    Every failure is one exception with one message.
+    """Validate the run and load what is cheap to load, before any model is built, in order: the reward names, the
+    model argument (checked, not loaded), the checkpoint's settings, the dataset (the train split; the test split for
+    the before/after evaluation or `eval_strategy`) with its columns and rows, the in-training benchmark name, the
+    model path (a `builtin:` model is built into its cache on first use), with its tokenizer the chat template and
+    the `max_prompt_tokens` filter, last the hold on `output_dir`. Every failure is one exception, one line.
 
     Raises:
-        ValueError: Unknown reward name, no `dataset_name`, `dataset_streaming`, missing column (the prompt or solution
-            column, or one a reward function reads: [`~stapo_trl.checks.dataset.check_reward_columns`]), unknown
-            `builtin:`, fewer training prompts (after the length filter) than one rollout step takes,
-            `benchmark_eval` under DeepSpeed ZeRO-3 or FSDP (its evaluation generates on rank 0 alone), a checkpoint
-            in `output_dir` trained with other S2T or objective settings ([`check_resume_settings`]), a tokenizer
-            without a chat template ([`~stapo_trl.checks.dataset.check_chat_template`]).
-        FileNotFoundError: A model or dataset path that does not exist; offline, a Hub model or dataset id not cached.
-        ConnectionError: a Hub model or dataset id neither cached nor reachable ([`~stapo_trl.checks.hub`]);
-            `push_to_hub` set but the Hub cannot be used (offline, no token, unreachable): one line
-            naming `hub_model_id` ([`~stapo_trl.checks.hub.check_hub_access`]).
+        ValueError: an unknown reward, benchmark or `builtin:` name; no `dataset_name`; `dataset_streaming`; a missing
+            column, or one a reward function reads ([`~stapo_trl.checks.dataset.check_reward_columns`]); fewer
+            training prompts than one rollout step takes; `benchmark_eval` under ZeRO-3 or FSDP; a checkpoint trained
+            with other settings, model, data or rewards ([`check_resume_settings`]); an `output_dir` that another run
+            writes or that cannot be written ([`~stapo_trl.runfiles.run_folder.lock_run_folder`]); a tokenizer
+            without a chat template.
+        FileNotFoundError: a model or dataset path that does not exist; offline, a Hub id not cached.
+        ConnectionError: a Hub model or dataset id neither cached nor reachable; `push_to_hub` without Hub access
+            ([`~stapo_trl.checks.hub`]).
     """
     start = time.perf_counter()
     reward_funcs = get_reward_funcs(script_args.reward_funcs)
@@ -102,10 +92,10 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     check_model_available(model_args.model_name_or_path, model_args.model_revision)  # before any data is loaded
     if training_args.push_to_hub:  # offline, no token, Hub unreachable: now, not after training
         check_hub_access(training_args.hub_model_id, training_args.output_dir, training_args.hub_token)
-    check_resume_settings(training_args)  # a checkpoint in output_dir trained with other settings: now
+    check_resume_settings(training_args, script_args, model_args)  # a checkpoint trained on other settings: now
     if script_args.dataset_name is None:
         raise ValueError(
-            "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet file or a Hub dataset id."
+            "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet/.csv file or a Hub id."
         )
     if script_args.dataset_streaming:
         raise ValueError("dataset_streaming=True is not supported by stapo-train: set it to false.")
@@ -131,27 +121,17 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     )
     if error is not None:
         raise ValueError(error)
-    return PreparedRun(
-        reward_funcs,
-        model_path,
-        train_dataset,
-        test_dataset,
-        eval_dataset,
-        benchmark_callback,
-        time.perf_counter() - start,
-    )
+    lock_run_folder(training_args)  # last: this run is the folder's one writer (another's refused) until it ends
+    datasets = (train_dataset, test_dataset, eval_dataset)
+    return PreparedRun(reward_funcs, model_path, *datasets, benchmark_callback, time.perf_counter() - start)
 
 
 def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_funcs):
     """(train, test, before/after eval) prompt datasets, the last two `None` when not needed; every column a reward
     function reads is checked here ([`~stapo_trl.checks.dataset.check_reward_columns`])."""
     load_kwargs = prompt_dataset_kwargs(script_args)
-    train_dataset = load_prompt_dataset(
-        script_args.dataset_name,
-        split=script_args.dataset_train_split,
-        limit=script_args.max_train_samples,
-        **load_kwargs,
-    )
+    name, limit = script_args.dataset_name, script_args.max_train_samples
+    train_dataset = load_prompt_dataset(name, split=script_args.dataset_train_split, limit=limit, **load_kwargs)
     test_dataset = eval_dataset = None
     if script_args.eval_before_after or training_args.eval_strategy != "no":
         test_dataset = load_prompt_dataset(
@@ -188,14 +168,8 @@ def _drop_long_prompts(train_dataset, tokenizer, model_path: str, script_args, t
         return train_dataset, where
     total = len(train_dataset)
     train_dataset = filter_long_prompts(train_dataset, tokenizer, budget, training_args.chat_template_kwargs)
-    report_dropped(
-        total,
-        len(train_dataset),
-        budget,
-        what="training prompts",
-        max_positions=max_positions,
-        max_new_tokens=training_args.max_completion_length,
-    )
+    lengths = {"max_positions": max_positions, "max_new_tokens": training_args.max_completion_length}
+    report_dropped(total, len(train_dataset), budget, what="training prompts", **lengths)
     if len(train_dataset) < total:
         where = f"after filtering (of {total}; prompt budget {budget} tokens)"
     return train_dataset, where

@@ -158,7 +158,8 @@ def check_data(f: Findings, script_args, max_prompt_tokens: int | None) -> int |
             # A local file is cheap to open: check its columns as stapo-train will.
             try:
                 local = load_local_dataset_file(dataset)
-                check_prompt_columns(local, dataset, script_args.prompt_column, script_args.solution_column)
+                columns = (script_args.prompt_column, script_args.solution_column)
+                f.warnings += check_prompt_columns(local, dataset, *columns)  # rows trained on as they are: warned
                 opened = f"checked: {len(local)} rows"
                 num_rows = len(local)
             except FileNotFoundError:

@@ -25,8 +25,10 @@ from ..data import evaluation_split
 from ..integrations.torch_threads import default_num_threads, torch_threads
 from ..integrations.upstream_warnings import QuietKnownUpstreamWarnings
 from ..runfiles.console import set_console_summary
+from ..runfiles.run_folder import lock_run_folder
 from ..trainer import GRPOBaselineTrainer, STAPOTrainer
-from .checkpoints import resolve_checkpoint
+from .checkpoints import RunSettings, resolve_checkpoint
+from .errors import full_disk_in_one_line
 from .outputs import (
     evaluate_trainer_model,
     evaluation_kind,
@@ -86,7 +88,11 @@ def train(
         num_threads = default_num_threads(prepared.model_path)
     # Known-harmless upstream warnings, silenced by message and category (stapo_trl.integrations.upstream_warnings).
     with torch_threads(num_threads), QuietKnownUpstreamWarnings() as quiet:
-        return _train(script_args, training_args, model_args, prepared, end_training, quiet)
+        try:  # the run folder: a full disk said in one line; the hold `prepare` took on it given back at the end
+            with full_disk_in_one_line("stapo-train", training_args.output_dir):
+                return _train(script_args, training_args, model_args, prepared, end_training, quiet)
+        finally:
+            lock_run_folder(training_args, acquire=False)
 
 
 def _setup_logging(training_args) -> None:
@@ -127,6 +133,7 @@ def _build_trainer(script_args, training_args, model_args: ModelConfig, run: Pre
     if run.benchmark_callback is not None:
         run.benchmark_callback.attach(trainer)  # registers it and logs eval/<benchmark>/* through the trainer
     set_console_summary(trainer, False)  # the files are listed once, by print_summary at the end of the run
+    trainer.add_callback(RunSettings(script_args, model_args))  # model, data, rewards: into each checkpoint
     return trainer
 
 

@@ -35,15 +35,9 @@ logger = logging.getLogger(__name__)
 
 
 class JsonlLogCallback(TrainerCallback):
-    """Base of the callbacks that append JSON lines to `<output_dir>/<filename>` on the main process.
-
-    The file is opened by [`open_for_run`] when training (re)starts (a resumed run keeps the rows up to its step, see
-    [`open_jsonl_for_run`]), opened for appending by [`write_rows`] when rows come outside `train()`, flushed after
-    every write and closed when training ends.
-
-    Args:
-        path (`str` or `None`, *optional*, defaults to `None`):
-            File to write. `None` means `<args.output_dir>/<filename>`, resolved when it is opened.
+    """Base of the callbacks that append JSON lines to `path` (default `<output_dir>/<filename>`) on the main process:
+    opened by [`open_for_run`] when training (re)starts (a resumed run keeps the rows up to its step:
+    [`open_jsonl_for_run`]), for appending by [`write_rows`] outside `train()`, flushed per write, closed at the end.
     """
 
     filename: str = ""
@@ -89,11 +83,8 @@ class MetricsLogCallback(JsonlLogCallback):
     are written as their own lines.
 
     When training resumes from a checkpoint, the lines of steps after the checkpoint's step (logged by the
-    interrupted run, about to be redone) are dropped before appending, so every step appears once.
-
-    Args:
-        path (`str` or `None`, *optional*, defaults to `None`):
-            File to write. `None` means `<args.output_dir>/metrics.jsonl`, resolved when training begins.
+    interrupted run, about to be redone) are dropped before appending, so every step appears once. `path`: the file
+    (default `<output_dir>/metrics.jsonl`).
     """
 
     filename = METRICS_FILENAME
@@ -152,24 +143,11 @@ class SpuriousTokenLogger(JsonlLogCallback):
 
     filename = SPURIOUS_TOKENS_FILENAME
 
-    def __init__(
-        self,
-        trainer,
-        path: str | None = None,
-        *,
-        max_silenced: int = 256,
-        max_kept_candidates: int = 64,
-        max_reference: int = 64,
-        context_tokens: int = 8,
-        top_k: int = 20,
-    ):
+    def __init__(self, trainer, path: str | None = None, *, max_silenced: int = 256, max_kept_candidates: int = 64,
+                 max_reference: int = 64, context_tokens: int = 8, top_k: int = 20):  # fmt: skip
         super().__init__(path)
-        self.trainer = trainer
-        self.max_silenced = max_silenced
-        self.max_kept_candidates = max_kept_candidates
-        self.max_reference = max_reference
-        self.context_tokens = context_tokens
-        self.top_k = top_k
+        self.trainer, self.max_silenced, self.max_kept_candidates = trainer, max_silenced, max_kept_candidates
+        self.max_reference, self.context_tokens, self.top_k = max_reference, context_tokens, top_k
         self.silenced_counts: Counter[str] = Counter()
         self.kept_candidate_counts: Counter[str] = Counter()
         self._token_bytes: dict[int, bytes] | None = None  # token id -> bytes, read from the tokenizer when needed
@@ -200,33 +178,15 @@ class SpuriousTokenLogger(JsonlLogCallback):
         return readable_token(record["token"], self._token_bytes.get(token_id), token_id)
 
     # -- masks and logging steps -----------------------------------------------------------------------------------
-    def record(
-        self,
-        result: S2TResult,
-        per_token_logps,
-        entropies,
-        advantages,
-        loss_mask,
-        completion_ids,
-    ) -> None:
+    def record(self, result: S2TResult, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> None:
         """Keep the records of one training mask (the arguments of the trainer's `_compute_s2t_mask`, and its result)
         until the next logging step; sampled with the update's step in the seed."""
+        trainer, caps = self.trainer, ("max_silenced", "max_kept_candidates", "max_reference", "context_tokens")
+        tensors = (per_token_logps, entropies, advantages, loss_mask, completion_ids)
+        where = {"step": trainer.state.global_step, "seed": trainer.args.seed, "prob_threshold": trainer.s2t.prob_threshold}
+        where["process_index"] = trainer.accelerator.process_index
         self._pending += spurious_token_records(
-            result,
-            per_token_logps,
-            entropies,
-            advantages,
-            loss_mask,
-            completion_ids,
-            self.trainer.processing_class,
-            step=self.trainer.state.global_step,
-            prob_threshold=self.trainer.s2t.prob_threshold,
-            max_silenced=self.max_silenced,
-            max_kept_candidates=self.max_kept_candidates,
-            max_reference=self.max_reference,
-            context_tokens=self.context_tokens,
-            seed=self.trainer.args.seed,
-            process_index=self.trainer.accelerator.process_index,
+            result, *tensors, trainer.processing_class, **where, **{cap: getattr(self, cap) for cap in caps}
         )
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -283,13 +243,8 @@ class SpuriousTokenLogger(JsonlLogCallback):
         import pandas as pd  # only for a tracker table
 
         top = self.silenced_counts.most_common(self.top_k)
-        table = pd.DataFrame(
-            {
-                "token": [token for token, _ in top],
-                "silenced": [count for _, count in top],
-                "kept_candidate_sampled": [self.kept_candidate_counts.get(token, 0) for token, _ in top],
-            }
-        )
+        table = pd.DataFrame(top, columns=["token", "silenced"])
+        table["kept_candidate_sampled"] = [self.kept_candidate_counts.get(token, 0) for token, _ in top]
         for backend in backends:
             backend.log({"s2t/top_silenced_tokens": backend.Table(dataframe=table)})
 

@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 
@@ -88,7 +88,9 @@ def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[s
 
     A fresh run (step 0) starts an empty file: an earlier run's non-empty file is first moved aside to
     `<name>.<n>.jsonl` (the first free n, with a warning), never replaced. A resumed run keeps the rows with
-    `step <= global_step` (later rows belong to the steps being redone) and drops a line cut short by a killed run.
+    `step <= global_step` (later rows belong to the steps being redone) and drops a line cut short by a killed run:
+    written to `<name>.tmp` in the same folder, synced, then renamed over the file (`os.replace`), so that a kill at
+    any moment leaves either every old row or the kept ones.
 
     Returns:
         `tuple`: the file, open for appending (the caller closes it), and the rows kept.
@@ -97,6 +99,11 @@ def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[s
     kept = []
     if os.path.exists(path) and global_step > 0:
         kept = [row for row in read_jsonl(path) if row.get("step", math.inf) <= global_step]
+        with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(f"{path}.tmp", path)
     elif os.path.exists(path) and os.path.getsize(path) > 0:
         stem, ext = os.path.splitext(path)
         aside = next(f"{stem}.{n}{ext}" for n in range(1, 10_000) if not os.path.exists(f"{stem}.{n}{ext}"))
@@ -104,9 +111,19 @@ def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[s
         logger.warning(
             f"{path} held an earlier run's records: kept as {os.path.basename(aside)}; this run starts anew."
         )
-    with open(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in kept)
     return open(path, "a", encoding="utf-8"), kept  # noqa: SIM115 (held open across steps)
+
+
+def json_lines(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
+    """(its number counted from 1, its JSON value or `None` when it does not parse) of each non-blank line."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    value = json.loads(line)
+                except ValueError:  # JSONDecodeError, UnicodeDecodeError
+                    value = None
+                yield number, value
 
 
 def read_jsonl(
@@ -124,18 +141,11 @@ def read_jsonl(
         what (`str`, *optional*): what a kept line is, for the warning ("a metrics row ...").
     """
     rows, bad = [], []
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:  # JSONDecodeError, UnicodeDecodeError
-                row = None
-            if isinstance(row, dict) and (valid is None or valid(row)):
-                rows.append(row)
-            else:
-                bad.append(number)
+    for number, row in json_lines(path):
+        if isinstance(row, dict) and (valid is None or valid(row)):
+            rows.append(row)
+        else:
+            bad.append(number)
     if bad:
         _warn_skipped_lines(os.fspath(path), bad, what)
     return rows
@@ -186,11 +196,8 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, A
     elif os.path.isfile(path) and path.endswith(".jsonl"):
         files = [path]
     else:
-        files = []
-        if os.path.isdir(path):
-            for name in sorted(os.listdir(path)):
-                if os.path.isfile(os.path.join(path, name, METRICS_FILENAME)):
-                    files.append(os.path.join(path, name, METRICS_FILENAME))
+        names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+        files = [file for name in names if os.path.isfile(file := os.path.join(path, name, METRICS_FILENAME))]
     if not files:
         raise FileNotFoundError(
             f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a `stapo-train` run "

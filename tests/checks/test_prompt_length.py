@@ -96,6 +96,7 @@ def test_train_drops_prompts_over_the_models_positions(tiny_math_model_path, tmp
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", str(data)]
     # why: a 16-completion rollout step (2 prompts x 8), so that the 2 kept prompts fill one (fewer are refused)
     argv += ["--eval_before_after", "false", "--per_device_train_batch_size", "8", "--steps_per_generation", "2"]
+    argv += ["--output_dir", str(tmp_path / "out")]  # prepare() takes the folder as its run's one writer
     with caplog.at_level(logging.WARNING, logger="stapo_trl.checks.prompt_length"):
         run = prepare(*parse_args(argv))
     assert len(run.train_dataset) == 2
@@ -148,7 +149,7 @@ def test_prompt_length_filter_leaving_too_few_prompts_fails_with_the_counts(tmp_
     rows = addition_rows(1) + [{"problem": "1+" * 100 + "1", "answer": "101"}] * 8
     data = write_jsonl(tmp_path / "long.jsonl", rows)
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", data]
-    argv += ["--eval_before_after", "false", "--max_prompt_tokens", "64"]
+    argv += ["--eval_before_after", "false", "--max_prompt_tokens", "64", "--output_dir", str(tmp_path / "out")]
     with pytest.raises(ValueError, match=r"^1 prompt after filtering \(of 9; .*\); one rollout step needs 8 "):
         prepare(*parse_args(argv))
     # 8 short prompts pass (exactly one rollout step)

@@ -343,3 +343,63 @@ def test_what_the_user_gave_is_what_the_message_names(no_model_built, tmp_path, 
         command([a.format(tmp=tmp_path) for a in argv])
     assert excinfo.value.code == 2
     assert expected in error_line(capsys, prog)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A full disk: one line naming the folder and the checkpoint a rerun resumes (status 1)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["metrics-write", "safetensors-save", "full-tmpfs"])
+def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_resumes(
+    tmp_path, tiny_math_model_path, monkeypatch, capsys, caplog, where
+):
+    # Reported: a 38-line traceback ending in `OSError: [Errno 28]`, and no line naming the folder.
+    import errno
+    import gc
+
+    from safetensors import SafetensorError
+    from transformers import Trainer
+
+    from stapo_trl.cli.train import main
+    from stapo_trl.runfiles.callbacks import MetricsLogCallback
+
+    out = tmp_path / "disk" / "run"
+    (tmp_path / "disk").mkdir()
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
+    argv += ["--max_steps", "3", "--save_steps", "1", "--logging_steps", "1", "--eval_before_after", "false"]
+    argv += ["--disable_tqdm", "true", "--save_total_limit", "5"]
+    if where == "full-tmpfs":  # checkpoint-1 (1.8 MB) fits, checkpoint-2 does not: torch.save's own error
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(tmp_path / "disk")]).returncode:
+            pytest.skip("mounting a small tmpfs needs root")
+    else:
+        full = OSError(errno.ENOSPC, "No space left on device")
+        if where == "safetensors-save":
+            full = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        method, owner = ("write_rows", MetricsLogCallback) if where == "metrics-write" else ("save_model", Trainer)
+        original, calls = getattr(owner, method), []
+
+        def full_at_the_second(self, *args, **kwargs):
+            calls.append(args)
+            if len(calls) == 2:
+                raise full
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(owner, method, full_at_the_second)
+    try:
+        with pytest.raises(SystemExit) as excinfo:
+            main(argv)
+        assert excinfo.value.code == 1
+        line = error_line(capsys, "stapo-train")
+        assert line.startswith(f"stapo-train: error: no space left on the disk of output_dir={str(out)!r} ("), line
+        assert line.endswith(f"rerun the same command: it resumes from {out / 'checkpoint-1'}."), line
+        monkeypatch.undo()
+        if where == "full-tmpfs":  # free space
+            subprocess.run(["mount", "-o", "remount,size=64m", str(tmp_path / "disk")], check=True)
+        main(argv)
+    finally:
+        if where == "full-tmpfs":  # the failed run's open files go with its traceback's frames
+            excinfo = None
+            gc.collect()
+            subprocess.run(["umount", "-l", str(tmp_path / "disk")], check=True)
+    assert f"Resuming training from {out / 'checkpoint-1'}, the newest complete checkpoint" in caplog.text

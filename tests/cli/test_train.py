@@ -116,7 +116,7 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
     original_train = transformers.Trainer.train
 
     def spy_train(self, *args, **kwargs):
-        resumed_from.append(kwargs.get("resume_from_checkpoint"))
+        resumed_from.append(args[0] if args else kwargs.get("resume_from_checkpoint"))
         return original_train(self, *args, **kwargs)
 
     monkeypatch.setattr(transformers.Trainer, "train", spy_train)

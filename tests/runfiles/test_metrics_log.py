@@ -43,3 +43,39 @@ def test_pooled_ratio_skips_steps_without_counts_and_zero_denominators():
     assert pooled_ratio_series(seeds, "reward") is None
     # A seed without the counts (a file from before they were logged): no pooled series, the mean is drawn.
     assert pooled_ratio_series([seeds[0], [{"step": 2, "s2t/silenced_ratio": 0.1}]], "s2t/silenced_ratio") is None
+
+
+class Killed(Exception):
+    """Stands for the SIGKILL that stops the rewrite at one of its rows."""
+
+
+@pytest.mark.parametrize("row", [1, 3, 6])
+def test_a_resume_killed_while_it_rewrites_the_file_loses_no_row(tmp_path, monkeypatch, row):
+    # Reported: a kill while a resumed run rewrote metrics.jsonl (open(path, "w")) left it empty; the next run exited 0
+    # with the rows after the checkpoint only.
+    import json
+
+    from stapo_trl.runfiles import metrics_log
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": step, "reward": step / 10} for step in range(1, 9)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 9, "rew')  # a last line cut short
+    written = path.read_text()
+    dumps, calls = json.dumps, []
+
+    def dumps_until_killed(obj, **kwargs):
+        calls.append(obj)
+        if len(calls) == row:
+            raise Killed(obj)
+        return dumps(obj, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(metrics_log.json, "dumps", dumps_until_killed)
+        with pytest.raises(Killed):
+            metrics_log.open_jsonl_for_run(str(path), global_step=6)  # resuming from checkpoint-6
+    assert path.read_text() == written  # every row written so far is still there
+    file, kept = metrics_log.open_jsonl_for_run(str(path), global_step=6)
+    file.write(json.dumps({"step": 7, "reward": 0.7}) + "\n")
+    file.close()
+    # The rows after the checkpoint's step (to be redone) and the cut line are gone; the new row is whole.
+    assert [r["step"] for r in metrics_log.read_jsonl(path)] == [1, 2, 3, 4, 5, 6, 7] and len(kept) == 6
