@@ -183,7 +183,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
         until the next logging step; sampled with the update's step in the seed."""
         trainer, caps = self.trainer, ("max_silenced", "max_kept_candidates", "max_reference", "context_tokens")
         tensors = (per_token_logps, entropies, advantages, loss_mask, completion_ids)
-        where = {"step": trainer.state.global_step, "seed": trainer.args.seed, "prob_threshold": trainer.s2t.prob_threshold}
+        where = dict(step=trainer.state.global_step, seed=trainer.args.seed, prob_threshold=trainer.s2t.prob_threshold)
         where["process_index"] = trainer.accelerator.process_index
         self._pending += spurious_token_records(
             result, *tensors, trainer.processing_class, **where, **{cap: getattr(self, cap) for cap in caps}
