@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from testing_utils import KeepsLogpGrad, hand_scored_batch, policy_forward
+from testing_utils import KeepsLogpGrad, hand_scored_batch, is_scoring_forward, policy_forward
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl.core import STAPOConfig, STAPOTrainer
@@ -245,7 +245,7 @@ def test_p_and_h_are_the_rollout_policys_with_an_extra_forward_only_where_trl_ru
         trainer.checks, trainer.checking, count = [], False, [0]
 
         def hook(module, args, kwargs):
-            scoring = kwargs.get("fused_lm_head") and not torch.is_grad_enabled() and not trainer.checking
+            scoring = is_scoring_forward(kwargs) and not trainer.checking
             count[0] += bool(scoring)
 
         trainer.model.register_forward_pre_hook(hook, with_kwargs=True)
