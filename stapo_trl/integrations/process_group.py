@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import importlib
 import importlib.util
+import os
 import sys
 
 
@@ -29,15 +30,24 @@ GROUP_CAPTURING_MODULES = ("torch.distributed.nn.functional", "deepspeed.comm.to
 def import_group_capturing_modules() -> None:
     """Import [`GROUP_CAPTURING_MODULES`] (the installed ones) if no process group exists yet; else do nothing.
 
-    Called when `stapo_trl.config` is imported, i.e. before any `STAPOConfig` can exist.
+    Called when `stapo_trl.config` is imported, i.e. before any `STAPOConfig` can exist. The environment is left as it
+    was (DeepSpeed's import sets `PYTORCH_NVML_BASED_CUDA_CHECK`), and so are the warnings filters and loggers
+    ([`~stapo_trl.integrations.upstream_warnings.quiet_upstream_imports`]: DeepSpeed's CPU-fallback line is dropped).
     """
     import torch.distributed
 
+    from .upstream_warnings import quiet_upstream_imports
+
     if not torch.distributed.is_available() or torch.distributed.is_initialized():
         return
-    for name in GROUP_CAPTURING_MODULES:
-        if importlib.util.find_spec(name.split(".")[0]) is not None:
-            importlib.import_module(name)
+    environ = dict(os.environ)
+    with quiet_upstream_imports():
+        for name in GROUP_CAPTURING_MODULES:
+            if importlib.util.find_spec(name.split(".")[0]) is not None:
+                importlib.import_module(name)
+    for key in os.environ.keys() - environ.keys():
+        del os.environ[key]
+    os.environ.update(environ)
 
 
 def release_process_group(trainer) -> None:

