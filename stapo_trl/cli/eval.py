@@ -193,6 +193,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except (OSError, ValueError, RuntimeError) as e:
         fail(str(e))
 
+    from ..integrations.torch_threads import default_num_threads, torch_threads  # torch: not for --help and errors
+
     generator = None
     for decoding_name, bench in todo:
         if generator is None:
@@ -211,7 +213,8 @@ def _main(argv: Sequence[str] | None) -> int:
             if not args.no_chat_template and not has_chat_template(generator.tokenizer):  # as training refuses
                 fail(chat_template_message(args.model, "stapo-eval's prompts are", EVAL_CHAT_TEMPLATE_FIX))
             data["model"] = describe_model(model_path, args.revision) | {"name_or_path": args.model}
-        _evaluate_pair(args, generator, data, problems[bench], bench, decoding_name, samples[bench], data_dir)
+        with torch_threads(default_num_threads(model_path)):  # one thread for a built-in tiny model, as training
+            _evaluate_pair(args, generator, data, problems[bench], bench, decoding_name, samples[bench], data_dir)
         write_json_atomic(output, data)
     if not todo:
         logger.info("Nothing to do: every (benchmark, decoding) pair is already in %s", output)
