@@ -13,12 +13,14 @@ The [STAPO](https://huggingface.co/papers/2602.15620) recipe (Sec. 4.1) trains o
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .grading import grade
@@ -157,21 +159,75 @@ REWARDS: dict[str, Callable[..., list]] = {
 """The single reward registry: name -> function (`--reward_funcs` values)."""
 
 
+def checked_reward(func: Callable) -> Callable:
+    """`func` (a reward function, sync or async) with what it returns checked at every call; TRL names the result as
+    it names `func`, and reads its signature through it.
+
+    Returning `None`, or a single number, instead of one reward per completion raises at once with the function's name
+    (TRL's own error is `TypeError: 'NoneType' object is not iterable` from inside `GRPOTrainer`). Returning `None` for
+    every completion is legal in TRL but teaches nothing (TRL drops `None` rewards): a one-line warning, the first time,
+    names the function. `None` for some completions is a function that cannot judge those: unchanged, as in TRL.
+
+    Raises (when the returned function is called):
+        TypeError: `func` returned something that is not a sequence (`None`, a float, ...).
+    """
+    from trl.trainer.utils import get_callable_name
+
+    name, warned = get_callable_name(func), False
+
+    def check(rewards: Any, kwargs: dict) -> Any:
+        nonlocal warned
+        count, step = len(kwargs.get("completions") or ()), getattr(kwargs.get("trainer_state"), "global_step", "?")
+        if rewards is None or isinstance(rewards, (str, bytes)) or not isinstance(rewards, Iterable):
+            raise TypeError(
+                f"Reward function {name} returned {rewards!r} at step {step}: it must return one reward per completion, "
+                f"a list of {count} floats (None for a completion it cannot judge)."
+            )
+        if not warned and isinstance(rewards, (list, tuple)) and rewards and all(r is None for r in rewards):
+            warned = True
+            logger.warning(
+                "Reward function %s returned None for all %d completions at step %s: TRL drops None rewards, so it "
+                "adds nothing to the advantages (shown once).",
+                name,
+                len(rewards),
+                step,
+            )
+        return rewards
+
+    if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
+
+        async def checked(*args, **kwargs):
+            return check(await func(*args, **kwargs), kwargs)
+
+    else:
+
+        def checked(*args, **kwargs):
+            return check(func(*args, **kwargs), kwargs)
+
+    functools.update_wrapper(checked, func)
+    checked.__name__ = name
+    return checked
+
+
 def resolve_reward_names(reward_funcs: Any) -> Any:
     """`reward_funcs` as given to `STAPOTrainer`, with each string that names a stapo_trl reward ([`REWARDS`], e.g.
-    `"math_accuracy"`) replaced by its function. Other strings stay Hub reward-model ids, as in TRL; a string
-    without "/" that is not a local path and not a registered name raises, since TRL would take it for a Hub id and
-    retry the network for a minute.
+    `"math_accuracy"`) replaced by its function, and each function checked ([`checked_reward`]). Other strings stay
+    Hub reward-model ids, as in TRL; a string without "/" that is not a local path and not a registered name raises,
+    since TRL would take it for a Hub id and retry the network for a minute.
 
     Raises:
         ValueError: an unregistered name that is not a Hub id (no "/") nor a local folder; the message lists
             `sorted(REWARDS)`.
     """
+    import torch
+
     if isinstance(reward_funcs, list):
         return [resolve_reward_names(func) for func in reward_funcs]
-    if not isinstance(reward_funcs, str) or "/" in reward_funcs or os.path.isdir(reward_funcs):
+    if isinstance(reward_funcs, str) and "/" not in reward_funcs and not os.path.isdir(reward_funcs):
+        reward_funcs = get_reward_funcs([reward_funcs])[0]
+    if not callable(reward_funcs) or isinstance(reward_funcs, torch.nn.Module):  # None, a Hub id, a reward model
         return reward_funcs
-    return get_reward_funcs([reward_funcs])[0]
+    return checked_reward(reward_funcs)
 
 
 def _import_from_here(module_name: str):
@@ -231,4 +287,4 @@ def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:
     return funcs
 
 
-__all__ = ["REWARDS", "completion_text", "format_reward", "get_reward_funcs", "math_accuracy_reward"]
+__all__ = ["REWARDS", "checked_reward", "completion_text", "format_reward", "get_reward_funcs", "math_accuracy_reward"]
