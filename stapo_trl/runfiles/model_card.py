@@ -22,6 +22,8 @@ import os
 import re
 from typing import Any
 
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
 from ..core import STAPOConfig
 from ..data import NOT_HELD_OUT
 from ..models.names import BUILTIN_MODELS
@@ -266,6 +268,18 @@ def _replace_quick_start(card: str, code: str) -> str:
     return head + heading + tail[:start] + code + tail[end + 3 :]
 
 
+def saved_model_path(trainer) -> str:
+    """Where the card's quick start finds the run's model: `output_dir` once `save_model` wrote it there (`stapo-train`,
+    `push_to_hub`), before training, or without checkpoints; else the checkpoint of the current step,
+    `output_dir/checkpoint-<global_step>` (TRL writes the card just before it saves that checkpoint; a Python-API run
+    never calls `save_model`, so `output_dir` then holds only checkpoints)."""
+    output_dir, step = trainer.args.output_dir, trainer.state.global_step
+    saved = any(os.path.isfile(os.path.join(output_dir, name)) for name in ("config.json", "adapter_config.json"))
+    if saved or step == 0 or trainer.args.save_strategy == "no":
+        return output_dir
+    return os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+
+
 def write_quick_start(trainer, example_prompt: Any, model_ref: str | None = None) -> str | None:
     """Replace the quick start of the card in `trainer.args.output_dir/README.md` (main process only).
 
@@ -276,7 +290,7 @@ def write_quick_start(trainer, example_prompt: Any, model_ref: str | None = None
     Args:
         trainer ([`~stapo_trl.STAPOTrainer`] or [`~trl.GRPOTrainer`]): after `create_model_card`.
         example_prompt (`str` or `list[dict]`): a training prompt as the run saw it.
-        model_ref (`str`, *optional*): what the quick start loads; defaults to the output directory.
+        model_ref (`str`, *optional*): what the quick start loads; defaults to [`saved_model_path`].
 
     Returns:
         `str` or `None`: the card's path, or `None` on other processes or when there is no card.
@@ -285,7 +299,7 @@ def write_quick_start(trainer, example_prompt: Any, model_ref: str | None = None
     if not trainer.is_world_process_zero() or not os.path.isfile(path):
         return None
     code = quick_start_code(
-        model_ref or trainer.args.output_dir,
+        model_ref or saved_model_path(trainer),
         example_prompt,
         adapter=hasattr(trainer.accelerator.unwrap_model(trainer.model), "peft_config"),
         max_new_tokens=trainer.args.max_completion_length,
@@ -305,7 +319,7 @@ def add_stapo_section(trainer, base_model: str | None = None, eval_record: dict[
     `trainer.state.log_history`, the rows `metrics.jsonl` is written from), the held-out accuracy of `eval_record`,
     and the recipe's key values. Replaces an earlier section (idempotent). Where TRL had no Hub id it wrote "None": its broken
     `[None](https://huggingface.co/None)` base-model link becomes the base model's name, and the quick start's
-    `model="None"` (no `hub_model_id` without `push_to_hub`) becomes the output directory, where the model is saved.
+    `model="None"` (no `hub_model_id` without `push_to_hub`) becomes where the model is saved ([`saved_model_path`]).
     TRL's placeholder `licence: license` front-matter line is dropped.
 
     Args:
@@ -332,7 +346,7 @@ def add_stapo_section(trainer, base_model: str | None = None, eval_record: dict[
         head, rest = card.split(SECTION_START, 1)
         card = head.rstrip("\n") + "\n" + rest.split(SECTION_END, 1)[1].lstrip("\n")
     card = card.replace("[None](https://huggingface.co/None)", _named(base_model))
-    card = card.replace('model="None"', f"model={json.dumps(trainer.args.output_dir)}")  # a quoted Python string
+    card = card.replace('model="None"', f"model={json.dumps(saved_model_path(trainer))}")  # a quoted Python string
     card = card.replace("licence: license\n", "")
     # TRL's tracker-badge lines are blank without a tracker: one empty line under the heading instead of four.
     card = re.sub(r"(## Training procedure\n)(?:[ \t]*\n)+", r"\1\n", card)
