@@ -4,8 +4,7 @@ Two layers. `stapo_trl.core` is STAPO as TRL would ship it (the S2T rule, `STAPO
 `STAPOTrainer(GRPOTrainer)`; it imports torch, transformers, accelerate and trl only). The names exported here are
 the product built on it: `STAPOConfig` and `STAPOTrainer` subclass the core's and add built-in model and reward
 names, construction-time dataset checks, CPU defaults, the run files and the model card. Every name is imported
-lazily, so `import stapo_trl` does not import TRL (seconds); importing changes no process-wide state (warnings
-filters, logging, torch threads, environment).
+lazily (`import stapo_trl` does not import TRL: seconds); no import changes filters, loggers, threads or environment.
 """
 
 import importlib

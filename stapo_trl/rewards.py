@@ -152,59 +152,40 @@ def format_reward(completions: Sequence[Any], **kwargs) -> list[float]:
     return rewards
 
 
-REWARDS: dict[str, Callable[..., list]] = {
-    "math_accuracy": math_accuracy_reward,
-    "format": format_reward,
-}
+REWARDS: dict[str, Callable[..., list]] = {"math_accuracy": math_accuracy_reward, "format": format_reward}
 """The single reward registry: name -> function (`--reward_funcs` values)."""
 
 
 def checked_reward(func: Callable) -> Callable:
-    """`func` (a reward function, sync or async) with what it returns checked at every call; TRL names the result as
-    it names `func`, and reads its signature through it.
+    """`func` (a sync reward function; an async one is returned as is) checking what it returns, named as TRL names
+    `func`: no sequence (`None`, a number; TRL: `'NoneType' object is not iterable`) raises; `None` for every
+    completion (legal, teaches nothing) is warned once; `None` for some completions stays valid, as in TRL.
 
-    Returning `None`, or a single number, instead of one reward per completion raises at once with the function's name
-    (TRL's own error is `TypeError: 'NoneType' object is not iterable` from inside `GRPOTrainer`). Returning `None` for
-    every completion is legal in TRL but teaches nothing (TRL drops `None` rewards): a one-line warning, the first time,
-    names the function. `None` for some completions is a function that cannot judge those: unchanged, as in TRL.
-
-    Raises (when the returned function is called):
-        TypeError: `func` returned something that is not a sequence (`None`, a float, ...).
+    Raises (when the result is called):
+        TypeError: `func` returned no sequence.
     """
     from trl.trainer.utils import get_callable_name
 
-    name, warned = get_callable_name(func), False
+    if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
+        return func
+    name, warned = get_callable_name(func), []
 
-    def check(rewards: Any, kwargs: dict) -> Any:
-        nonlocal warned
-        count, step = len(kwargs.get("completions") or ()), getattr(kwargs.get("trainer_state"), "global_step", "?")
-        if rewards is None or isinstance(rewards, (str, bytes)) or not isinstance(rewards, Iterable):
+    @functools.wraps(func)
+    def checked(*args, **kwargs):
+        rewards, step = func(*args, **kwargs), getattr(kwargs.get("trainer_state"), "global_step", "?")
+        if rewards is None or isinstance(rewards, str) or not isinstance(rewards, Iterable):
             raise TypeError(
-                f"Reward function {name} returned {rewards!r} at step {step}: it must return one reward per completion, "
-                f"a list of {count} floats (None for a completion it cannot judge)."
+                f"Reward function {name} returned {rewards!r} at step {step}: it must return one reward per "
+                f"completion, a list of {len(kwargs['completions'])} floats (None for a completion it cannot judge)."
             )
-        if not warned and isinstance(rewards, (list, tuple)) and rewards and all(r is None for r in rewards):
-            warned = True
+        if not warned and isinstance(rewards, list) and rewards and all(r is None for r in rewards):
+            warned.append(step)
             logger.warning(
-                "Reward function %s returned None for all %d completions at step %s: TRL drops None rewards, so it "
-                "adds nothing to the advantages (shown once).",
-                name,
-                len(rewards),
-                step,
+                f"Reward function {name} returned None for all {len(rewards)} completions at step {step}: TRL drops "
+                "None rewards, so it adds nothing to the advantages (shown once)."
             )
         return rewards
 
-    if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
-
-        async def checked(*args, **kwargs):
-            return check(await func(*args, **kwargs), kwargs)
-
-    else:
-
-        def checked(*args, **kwargs):
-            return check(func(*args, **kwargs), kwargs)
-
-    functools.update_wrapper(checked, func)
     checked.__name__ = name
     return checked
 

@@ -130,9 +130,8 @@ class ProductTrainerMixin:
         return output
 
     def evaluate(self, *args, **kwargs):
-        """`Trainer.evaluate` on the thread count of `train()` (one thread for a built-in tiny model, unless the caller
-        chose a count): after training, on 2 shared cores, median 9.1 s instead of 95 s on torch's two
-        (`benchmarks/results/2026-12-04-evaluate-threads.md`)."""
+        """`Trainer.evaluate` on the thread count of `train()` (one for a built-in tiny model unless the caller chose
+        one): 9.1 s instead of 95 s on 2 shared cores (`benchmarks/results/2026-12-04-evaluate-threads.md`)."""
         with torch_threads(default_num_threads(self.model)):
             return super().evaluate(*args, **kwargs)
 

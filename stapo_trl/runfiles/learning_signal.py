@@ -15,13 +15,13 @@ module's logger (stderr by default).
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from transformers import TrainerCallback
 
-from ..models.names import BUILTIN_PREFIX, INFO_FILE, read_builtin_info
+from ..models.names import BUILTIN_PREFIX
 from .metrics_log import TRAIN_SUMMARY_KEYS
+from .model_card import base_model_name
 
 
 logger = logging.getLogger(__name__)
@@ -44,16 +44,6 @@ BUILTIN_PROMPT_FORMATS = {
     "gemma3-270m": "builtin:gemma3-270m is a base model: its chat template was added and it was never trained on it; "
     "it rarely ends with a \\boxed{} answer.",
 }
-
-
-def builtin_name(model_path: str | None) -> str | None:
-    """The `builtin:` name (without the prefix) of a model folder built by `stapo_trl`, else `None`."""
-    if not model_path or not os.path.isfile(os.path.join(model_path, INFO_FILE)):
-        return None
-    try:
-        return str(read_builtin_info(model_path).get("name", "")).removeprefix(BUILTIN_PREFIX) or None
-    except (OSError, ValueError):
-        return None
 
 
 def _number(value: Any) -> float | None:
@@ -129,16 +119,12 @@ class NoLearningSignalCallback(TrainerCallback):
         )
         values = ", ".join(f"{name} gave {value}" for name, value in constant.items())
         if all_zero_spread or set(constant) == set(self.trainer.reward_func_names):
-            spread = (
-                "every prompt group had zero reward spread (frac_reward_zero_std = 1: all completions of a prompt got "
-                "the same reward)"
-                if all_zero_spread
-                else "no reward function gave two completions different values"
-            )
-            text = (
-                f"No learning signal. In {where}, {spread}, so every advantage was 0 and the loss and gradient were 0: "
-                "nothing was learned"
-            )
+            spread = "no reward function gave two completions different values"
+            if all_zero_spread:
+                spread = "every prompt group had zero reward spread (frac_reward_zero_std = 1: all completions of a "
+                spread += "prompt got the same reward)"
+            text = f"No learning signal. In {where}, {spread}, so every advantage was 0 and the loss and gradient "
+            text += "were 0: nothing was learned"
             text += f"; the reward functions gave every completion the same value ({values})." if constant else "."
         else:
             text = (
@@ -164,7 +150,7 @@ class NoLearningSignalCallback(TrainerCallback):
                 "[{'role': 'user', 'content': ...}] messages."
             )
         model_path = getattr(getattr(self.trainer.model, "config", None), "_name_or_path", None)
-        name = builtin_name(model_path)
+        name = base_model_name(model_path).removeprefix(BUILTIN_PREFIX) if model_path else None
         if name in BUILTIN_PROMPT_FORMATS:
             text += " " + BUILTIN_PROMPT_FORMATS[name].replace("{name}", BUILTIN_PREFIX + name)
         return text

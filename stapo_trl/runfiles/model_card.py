@@ -4,15 +4,9 @@ TRL writes the card (`README.md` in `output_dir`) from the trainer's `_name`, `_
 STAPO, links the paper and carries its BibTeX, but its "Training procedure" is empty (tracker badges only), it says
 nothing about the S2T thresholds, and for a local or `builtin:` base model it prints a broken link ("fine-tuned
 version of [None](https://huggingface.co/None)"). [`add_stapo_section`] fills the procedure (steps trained, the S2T
-mask over the run, held-out accuracy, the recipe's key values) and fixes the link. It is idempotent (a marked section is replaced, never duplicated), so it can run
-after every `create_model_card`, including the one `push_to_hub` makes:
-
-```python
-class STAPOTrainer(GRPOTrainer):
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-        add_stapo_section(self)
-```
+mask over the run, held-out accuracy, the recipe's key values) and fixes the link. It is idempotent (a marked section
+is replaced, never duplicated), so the product trainers' `create_model_card` runs it after TRL's every time, including
+the one `push_to_hub` makes.
 """
 
 from __future__ import annotations
@@ -26,14 +20,13 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..core import STAPOConfig
 from ..data import NOT_HELD_OUT
-from ..models.names import BUILTIN_MODELS
+from ..models.names import BUILTIN_MODELS, INFO_FILE, read_builtin_info
 from .metrics_log import s2t_totals
 
 
 SECTION_START = "<!-- stapo_trl:settings -->"
 SECTION_END = "<!-- /stapo_trl:settings -->"
 PAPER_URL = "https://huggingface.co/papers/2602.15620"
-BUILTIN_INFO_FILE = "stapo_builtin.json"  # written by stapo_trl.models next to a built-in model
 LOCAL_MODEL = "a local model"  # how a card names a base model loaded from a local folder
 
 # (field, what it is in the paper) of the rows of the settings table, in order.
@@ -77,10 +70,8 @@ def base_model_name(model_name_or_path: str) -> str:
     Returns:
         `str`: e.g. `"Qwen/Qwen3-1.7B-Base"`, `"builtin:tiny-math"` or `"a local model"`.
     """
-    info_path = os.path.join(model_name_or_path, BUILTIN_INFO_FILE)
-    if os.path.isfile(info_path):
-        with open(info_path, encoding="utf-8") as f:
-            return json.load(f).get("name", LOCAL_MODEL)
+    if os.path.isfile(os.path.join(model_name_or_path, INFO_FILE)):
+        return read_builtin_info(model_name_or_path).get("name", LOCAL_MODEL)
     if os.path.isabs(model_name_or_path) or os.path.exists(model_name_or_path):
         return LOCAL_MODEL
     return model_name_or_path
@@ -269,10 +260,9 @@ def _replace_quick_start(card: str, code: str) -> str:
 
 
 def saved_model_path(trainer) -> str:
-    """Where the card's quick start finds the run's model: `output_dir` once `save_model` wrote it there (`stapo-train`,
-    `push_to_hub`), before training, or without checkpoints; else the checkpoint of the current step,
-    `output_dir/checkpoint-<global_step>` (TRL writes the card just before it saves that checkpoint; a Python-API run
-    never calls `save_model`, so `output_dir` then holds only checkpoints)."""
+    """Where the card's quick start finds the model: `output_dir` once `save_model` wrote it there, before training or
+    without checkpoints; else `checkpoint-<global_step>` in it, which TRL saves right after writing the card (a
+    Python-API run never calls `save_model`)."""
     output_dir, step = trainer.args.output_dir, trainer.state.global_step
     saved = any(os.path.isfile(os.path.join(output_dir, name)) for name in ("config.json", "adapter_config.json"))
     if saved or step == 0 or trainer.args.save_strategy == "no":
