@@ -127,8 +127,7 @@ _RESUME_FLAGS = {
     "data_dir": ("--data-dir", "the Hub datasets"),
     "seed": ("--seed", None),
 }
-# Settings that change the numbers of a (benchmark, decoding) pair: they must match to resume a file.
-_RESUME_KEYS = (*_RESUME_FLAGS, "instruction", "chat_template")
+_RESUME_KEYS = (*_RESUME_FLAGS, "instruction", "chat_template")  # they change the numbers: equal to resume a file
 
 
 def _same_setting(key: str, old: Any, new: Any, benchmarks: Sequence[str]) -> bool:
