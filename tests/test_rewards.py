@@ -242,8 +242,8 @@ def returns_one_number(completions, **kwargs):
     return 1.0
 
 
-async def returns_none_async(completions, **kwargs):
-    return None
+def returns_text(completions, **kwargs):
+    return "0.5"
 
 
 @pytest.mark.parametrize(
@@ -251,7 +251,7 @@ async def returns_none_async(completions, **kwargs):
     [
         (returns_none, "None"),  # the reported case: TRL's `TypeError: 'NoneType' object is not iterable`
         (returns_one_number, "1.0"),  # a batch score instead of one per completion
-        (returns_none_async, "None"),  # an async reward (TRL gathers those on its own event loop)
+        (returns_text, "'0.5'"),  # a score left as text (TRL would take its characters for 3 rewards)
     ],
 )
 def test_a_reward_that_returns_no_list_is_one_line_naming_it_at_the_first_step(
