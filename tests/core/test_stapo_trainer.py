@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from testing_utils import KeepsLogpGrad, hand_scored_batch, is_scoring_forward, policy_forward
+from testing_utils import KeepsLogpGrad, hand_scored_batch, policy_forward
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl.core import STAPOConfig, STAPOTrainer
@@ -243,6 +243,8 @@ def test_p_and_h_are_the_rollout_policys_with_an_extra_forward_only_where_trl_ru
             gradient_accumulation_steps=grad_accum,
         )
         trainer.checks, trainer.checking, count = [], False, [0]
+
+        from testing_utils import is_scoring_forward  # the fused-LM-head forward of TRL >= 1.15, no-cache before
 
         def hook(module, args, kwargs):
             scoring = is_scoring_forward(kwargs) and not trainer.checking
