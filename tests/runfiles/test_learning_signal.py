@@ -135,7 +135,9 @@ def test_a_reward_that_returns_none_for_every_completion_is_named(alongside, tmp
             "(_unjudged gave None): it adds nothing" in message and "length_reward" not in message.split("Likely")[0]
         )
     else:
-        assert message.startswith("No learning signal. In the first 3 logging steps (steps 1-3), no reward function gave ")
+        assert message.startswith(
+            "No learning signal. In the first 3 logging steps (steps 1-3), no reward function gave "
+        )
         assert "the reward functions gave every completion the same value (_unjudged gave None)." in message
 
 
