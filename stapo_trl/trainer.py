@@ -109,7 +109,7 @@ class ProductTrainerMixin:
           [`~stapo_trl.runfiles.interrupt.training_interrupted`]); a second Ctrl-C quits at once;
         - a built-in tiny model trains on one torch thread unless the caller chose a count (`torch.set_num_threads`,
           `OMP_NUM_THREADS`): torch's one thread per core was up to 21x slower on 2 shared cores
-          ([`~stapo_trl.integrations.torch_threads`]); the count is restored afterwards;
+          ([`~stapo_trl.integrations.torch_threads`]); the count is restored afterwards (so do `evaluate`, `predict`);
         - without the known-harmless upstream warnings ([`~stapo_trl.integrations.upstream_warnings`]);
         - one writer per `output_dir`, and `resume_from_checkpoint=True` takes the newest complete checkpoint
           ([`~stapo_trl.runfiles.run_folder`]).
@@ -147,6 +147,17 @@ class ProductTrainerMixin:
         if self.args.should_save and os.path.isfile(stale):
             os.remove(stale)
         super()._save_checkpoint(model, trial)
+
+    def evaluate(self, *args, **kwargs):
+        """`Trainer.evaluate` on the thread count of `train()` (one for a built-in tiny model unless the caller chose
+        one): 9.1 s instead of 95 s on 2 shared cores (`benchmarks/results/2026-12-04-evaluate-threads.md`)."""
+        with torch_threads(default_num_threads(self.model)):
+            return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        """`Trainer.predict` on the thread count of `train()`, as [`evaluate`]."""
+        with torch_threads(default_num_threads(self.model)):
+            return super().predict(*args, **kwargs)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, public: bool = False):
         """TRL's card (for STAPO: names it, links the paper, its BibTeX), plus the run's settings and results

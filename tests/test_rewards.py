@@ -227,3 +227,73 @@ def test_a_missing_module_names_the_current_folder_and_pythonpath(user_folder):
     message = str(excinfo.value)
     assert "No module named 'nowhere_rewards'" in message and str(user_folder) in message and "PYTHONPATH" in message
     assert "\n" not in message
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What a reward function returns, checked where the product trainer resolves it (`checked_reward`)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def returns_none(completions, **kwargs):
+    return None
+
+
+def returns_one_number(completions, **kwargs):
+    return 1.0
+
+
+def returns_text(completions, **kwargs):
+    return "0.5"
+
+
+@pytest.mark.parametrize(
+    "reward, returned",
+    [
+        (returns_none, "None"),  # the reported case: TRL's `TypeError: 'NoneType' object is not iterable`
+        (returns_one_number, "1.0"),  # a batch score instead of one per completion
+        (returns_text, "'0.5'"),  # a score left as text (TRL would take its characters for 3 rewards)
+    ],
+)
+def test_a_reward_that_returns_no_list_is_one_line_naming_it_at_the_first_step(
+    reward, returned, tmp_path, tiny_random_model_path
+):
+    from testing_utils import PROMPTS, tiny_stapo_config
+
+    from stapo_trl import STAPOTrainer
+
+    trainer = STAPOTrainer(tiny_random_model_path, reward, args=tiny_stapo_config(tmp_path), train_dataset=PROMPTS)
+    with pytest.raises(TypeError) as raised:
+        trainer.train()
+    assert str(raised.value) == (
+        f"Reward function {reward.__name__} returned {returned} at step 0: it must return one reward per completion, "
+        "a list of 4 floats (None for a completion it cannot judge)."
+    )
+
+
+def test_reward_names_signatures_and_per_completion_none_are_as_in_trl(tmp_path, tiny_random_model_path, caplog):
+    """The checked function keeps TRL's metric name and the signature the column check reads; `None` for some
+    completions (a reward that cannot judge them) trains without a word, as in TRL."""
+    import inspect
+
+    from testing_utils import PROMPTS, tiny_stapo_config
+
+    from stapo_trl import STAPOTrainer
+    from stapo_trl.rewards import resolve_reward_names
+
+    def half_judged(completions, prompts, **kwargs):
+        return [None if i % 2 else 1.0 + i for i in range(len(completions))]
+
+    (checked,) = resolve_reward_names([half_judged])
+    assert checked.__name__ == "half_judged" and list(inspect.signature(checked).parameters)[:2] == [
+        "completions",
+        "prompts",
+    ]
+    trainer = STAPOTrainer(
+        tiny_random_model_path, half_judged, args=tiny_stapo_config(tmp_path, max_steps=2, logging_steps=1),
+        train_dataset=PROMPTS,
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"):
+        trainer.train()
+    assert trainer.reward_func_names == ["half_judged"]
+    assert [row["rewards/half_judged/mean"] for row in trainer.state.log_history[:2]] == [2.0, 2.0]  # (1 + 3) / 2
+    assert [r.getMessage() for r in caplog.records if r.name == "stapo_trl.rewards"] == []

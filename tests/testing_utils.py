@@ -129,15 +129,22 @@ class KeepsLogpGrad:
         return forward
 
 
+def is_scoring_forward(kwargs: dict) -> bool:
+    """Whether a model forward with these keyword arguments is one of TRL's no-grad scoring forwards (log-probs of
+    given completions), not a generation step: TRL >= 1.15 asks for its fused LM head (`fused_lm_head=True`), TRL
+    1.9-1.14 for no cache (`use_cache=False`); generation steps use the cache."""
+    return bool(kwargs.get("fused_lm_head") or kwargs.get("use_cache") is False) and not torch.is_grad_enabled()
+
+
 class ForwardCounter:
-    """Counts the no-grad scoring forwards (fused LM head, not generation) of a model."""
+    """Counts the no-grad scoring forwards ([`is_scoring_forward`]) of a model."""
 
     def __init__(self, model):
         self.count = 0
         model.register_forward_pre_hook(self.hook, with_kwargs=True)
 
     def hook(self, module, args, kwargs):
-        if kwargs.get("fused_lm_head") and not torch.is_grad_enabled():
+        if is_scoring_forward(kwargs):
             self.count += 1
 
 

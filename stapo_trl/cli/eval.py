@@ -17,11 +17,10 @@ What the command does, in order:
 1. Validates the arguments (unknown benchmark or decoding: the error lists the valid ones; a `--max-new-tokens` that
    leaves the model, per its `config.json`, no position for a prompt) and loads every benchmark through
    [`stapo_trl.evaluation.tasks.load_benchmark`] before any model is loaded.
-2. Reads `--output` when it exists (default: `MODEL_DIR/stapo_eval.json` for a local model folder, else
-   `outputs/stapo-eval/<model>.json`, [`default_output`]; the path is printed at the start and at the end):
-   finished (benchmark, decoding) pairs are skipped; a file written with different settings (model, backend,
-   samples, max new tokens, limit, data dir, seed, prompt) is refused with the list of differences. Adding
-   benchmarks or decodings to an existing file is allowed. A path that cannot be written is refused here.
+2. Reads `--output` when it exists ([`default_output`] otherwise; the path is printed first and last): finished
+   (benchmark, decoding) pairs are skipped, other benchmarks or decodings added; a file written with other settings
+   (model, backend, samples, max new tokens, limit, data dir, seed, prompt) is refused with the differences, and so is
+   a path that cannot be written.
 3. For each remaining pair: builds the prompts exactly as training does ([`stapo_trl.data.format_prompt`] through the
    tokenizer's chat template when it has one, tokenized without extra special tokens, as TRL does), samples N
    completions per problem, grades each with [`stapo_trl.grading.grade`], and rewrites the results file atomically
@@ -46,11 +45,7 @@ from typing import Any, NoReturn
 
 from ..checks.dataset import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
 from ..checks.prompt_length import config_max_positions, model_max_positions, prompt_token_budget
-from ..evaluation.generation import (
-    DECODINGS,
-    HFGenerator,
-    evaluate_problems,
-)
+from ..evaluation.generation import DECODINGS, HFGenerator, evaluate_problems
 from ..evaluation.results import (
     RESULTS_FORMAT_VERSION,
     check_resumable,
@@ -63,12 +58,7 @@ from ..evaluation.results import (
     summarize,
     write_json_atomic,
 )
-from ..evaluation.tasks import (
-    BENCHMARKS,
-    BenchmarkProblem,
-    find_benchmark_file,
-    load_benchmark,
-)
+from ..evaluation.tasks import BENCHMARKS, BenchmarkProblem, find_benchmark_file, load_benchmark
 from ..evaluation.vllm_generation import VLLMGenerator
 from ..models import check_model_available, resolve_model_path
 from .errors import InputError, report_input_errors
@@ -193,6 +183,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except (OSError, ValueError, RuntimeError) as e:
         fail(str(e))
 
+    from ..integrations.torch_threads import default_num_threads, torch_threads  # torch: not for --help and errors
+
     generator = None
     for decoding_name, bench in todo:
         if generator is None:
@@ -211,7 +203,8 @@ def _main(argv: Sequence[str] | None) -> int:
             if not args.no_chat_template and not has_chat_template(generator.tokenizer):  # as training refuses
                 fail(chat_template_message(args.model, "stapo-eval's prompts are", EVAL_CHAT_TEMPLATE_FIX))
             data["model"] = describe_model(model_path, args.revision) | {"name_or_path": args.model}
-        _evaluate_pair(args, generator, data, problems[bench], bench, decoding_name, samples[bench], data_dir)
+        with torch_threads(default_num_threads(model_path)):  # one thread for a built-in tiny model, as training
+            _evaluate_pair(args, generator, data, problems[bench], bench, decoding_name, samples[bench], data_dir)
         write_json_atomic(output, data)
     if not todo:
         logger.info("Nothing to do: every (benchmark, decoding) pair is already in %s", output)

@@ -23,7 +23,7 @@ from .s2t import S2T_MODES, S2TResult, s2t_mask
 from .stapo_config import NUM_ITEMS_LOSSES, STAPOConfig, s2t_path, s2t_settings, s2t_settings_line, s2t_warnings
 
 
-SUPPORTED_TRL = ">=1.16.0,<1.17"  # the TRL versions the tests ran; another one is warned at construction
+SUPPORTED_TRL = ">=1.9.1,!=1.15.0,<=1.16.0"  # the TRL versions the tests ran; another one is warned at construction
 # The multimodal inputs of TRL's forward, which its `_compute_loss` passes from the batch: read from its signature.
 _FORWARD_KEYS = tuple(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)
 _FORWARD_KEYS = _FORWARD_KEYS[_FORWARD_KEYS.index("compute_aux_loss") + 1 :]

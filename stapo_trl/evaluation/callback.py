@@ -38,14 +38,8 @@ class BenchmarkEvalCallback(TrainerCallback):
     Logging: with a trainer attached ([`attach`] or `trainer=`), the metrics go through the base
     [`~transformers.Trainer.log`] (into `state.log_history` and to every reporter, without flushing TRL's pending
     training metrics, and keeping the step's own training log); without one they are appended to
-    `state.log_history` only.
-
-    ```python
-    callback = BenchmarkEvalCallback("aime24", data_dir="../shared/data", samples=4, limit=8, max_new_tokens=4096)
-    trainer = STAPOTrainer(model=..., args=..., train_dataset=..., reward_funcs=[math_accuracy_reward])
-    callback.attach(trainer)  # registers the callback and logs through the trainer
-    trainer.train()  # log_history gets {"eval/aime24/avg@4": ..., "eval/aime24/pass@4": ..., "step": ...}
-    ```
+    `state.log_history` only. `BenchmarkEvalCallback("aime24", samples=4).attach(trainer)`, then `trainer.train()`:
+    `log_history` gets `{"eval/aime24/avg@4": ..., "eval/aime24/pass@4": ..., "step": ...}`.
 
     Args:
         benchmark (`str`): a [`stapo_trl.evaluation.tasks.BENCHMARKS`] name (`tiny-math` = the built-in task's test

@@ -215,28 +215,16 @@ class HFGenerator:
         from ..models.loading import load_causal_lm  # transformers + peft: kept out of `--help` too
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if dtype == "auto":
-            torch_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-        else:
-            torch_dtype = getattr(torch, dtype)
+        auto = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        torch_dtype = auto if dtype == "auto" else getattr(torch, dtype)
         # A LoRA adapter folder is loaded onto its base model through PEFT.
         self.model, self.tokenizer = load_causal_lm(model, revision=revision, dtype=torch_dtype)
         self.model = self.model.to(device)
         self.batch_size = batch_size
 
-    def generate(self, prompt_texts, *, n, temperature, top_p, max_new_tokens, seed=None):
-        """See [`hf_generate`]."""
-        return hf_generate(
-            self.model,
-            self.tokenizer,
-            prompt_texts,
-            n=n,
-            temperature=temperature,
-            top_p=top_p,
-            max_new_tokens=max_new_tokens,
-            batch_size=self.batch_size,
-            seed=seed,
-        )
+    def generate(self, prompt_texts, **sampling):
+        """[`hf_generate`] with this model: keywords `n`, `temperature`, `top_p`, `max_new_tokens`, `seed`."""
+        return hf_generate(self.model, self.tokenizer, prompt_texts, batch_size=self.batch_size, **sampling)
 
 
 def _grade_generations(problems, generations, decoding_name: str, save_completions: bool):

@@ -72,20 +72,6 @@ def library_versions(backend: str) -> dict[str, str | None]:
 # Results file
 # ----------------------------------------------------------------------------------------------------------------
 
-# Settings that change the numbers of a (benchmark, decoding) pair: they must match to resume a file.
-_RESUME_KEYS = (
-    "model",
-    "revision",
-    "backend",
-    "samples",
-    "max_new_tokens",
-    "limit",
-    "data_dir",
-    "seed",
-    "instruction",
-    "chat_template",
-)
-
 
 def now() -> str:
     """The current UTC time as ISO 8601 to the second (`2026-11-30T15:44:21+00:00`), for the results file."""
@@ -141,6 +127,7 @@ _RESUME_FLAGS = {
     "data_dir": ("--data-dir", "the Hub datasets"),
     "seed": ("--seed", None),
 }
+_RESUME_KEYS = (*_RESUME_FLAGS, "instruction", "chat_template")  # they change the numbers: equal to resume a file
 
 
 def _same_setting(key: str, old: Any, new: Any, benchmarks: Sequence[str]) -> bool:

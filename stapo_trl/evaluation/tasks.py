@@ -88,11 +88,10 @@ PAPER_BENCHMARKS: tuple[str, ...] = tuple(name for name, spec in BENCHMARKS.item
 """The six benchmarks of the paper's average, in the paper's column order."""
 
 DATA_FILE_PREFERENCE: tuple[str, ...] = ("test.jsonl", "test.parquet", "test.json")
-"""File names looked up in `<data_dir>/<name>/`, first match wins. With a folder holding both the Qwen2.5-Math and the JustRL copies that picks the
-Qwen2.5-Math jsonl copies for AIME24, AMC23, MATH-500, Minerva, OlympiadBench and GSM8K, and the JustRL verl parquet
-for AIME25 (no jsonl). The jsonl copies come first because they keep the original row sets (OlympiadBench: 675
-problems; the JustRL copy has 674) and ids; every copy grades its own golds at >= 99 % (tests/grading/test_benchmark_golds.py). Pass
-the file itself as `data_dir` to evaluate another copy."""
+"""File names looked up in `<data_dir>/<name>/`, first match wins: beside JustRL's verl parquet copies, the
+Qwen2.5-Math jsonl copies (AIME24, AMC23, MATH-500, Minerva, OlympiadBench, GSM8K; AIME25 has only the parquet), which
+keep the original rows (OlympiadBench: 675 problems, JustRL's 674) and ids; every copy grades its own golds at >= 99 %
+(tests/grading/test_benchmark_golds.py). Pass the file itself as `data_dir` to evaluate another copy."""
 
 
 @dataclass(frozen=True)
@@ -141,14 +140,12 @@ def get_benchmark_spec(name: str) -> BenchmarkSpec:
 # Sentence openers of instructions that ask for the answer in an empty \boxed{} (verl/SimpleRL/JustRL/ours).
 _BOXED_INSTRUCTION_OPENERS = ("Let's", "Let us", "Please", "You should", "Think", "Put", "Output", "Return")
 _BOXED_INSTRUCTION_TAIL_RE = re.compile(r"\\boxed\{\}[^\n]*$")
-_INSTRUCTION_SUFFIX_RES = [
-    re.compile(r"\s*Remember to put your answer on its own line after \"Answer:\"\.?\s*$"),
-]
+_INSTRUCTION_SUFFIX_RES = [re.compile(r"\s*Remember to put your answer on its own line after \"Answer:\"\.?\s*$")]
 _INSTRUCTION_PREFIX_RES = [
     re.compile(
         r"^\s*Solve the following math problem step by step\. The last line of your response should be of the "
         r"form Answer: \$Answer \(without quotes\) where \$Answer is the answer to the problem\.\s*"
-    ),
+    )
 ]
 
 

@@ -19,7 +19,10 @@ from __future__ import annotations
 import gc
 import importlib
 import importlib.util
+import os
 import sys
+
+from .upstream_warnings import quiet_upstream_imports
 
 
 # Modules whose import evaluates the default process group in a default argument (torch 2.13, DeepSpeed 0.19).
@@ -29,15 +32,19 @@ GROUP_CAPTURING_MODULES = ("torch.distributed.nn.functional", "deepspeed.comm.to
 def import_group_capturing_modules() -> None:
     """Import [`GROUP_CAPTURING_MODULES`] (the installed ones) if no process group exists yet; else do nothing.
 
-    Called when `stapo_trl.config` is imported, i.e. before any `STAPOConfig` can exist.
+    Called when `stapo_trl.config` is imported, before any `STAPOConfig` can exist; the environment (DeepSpeed sets
+    `PYTORCH_NVML_BASED_CUDA_CHECK`), warnings filters and loggers stay as they were ([`quiet_upstream_imports`]).
     """
     import torch.distributed
 
     if not torch.distributed.is_available() or torch.distributed.is_initialized():
         return
-    for name in GROUP_CAPTURING_MODULES:
-        if importlib.util.find_spec(name.split(".")[0]) is not None:
+    environ = dict(os.environ)
+    with quiet_upstream_imports():
+        for name in [n for n in GROUP_CAPTURING_MODULES if importlib.util.find_spec(n.split(".")[0]) is not None]:
             importlib.import_module(name)
+    for key in os.environ.keys() - environ.keys():
+        del os.environ[key]
 
 
 def release_process_group(trainer) -> None:

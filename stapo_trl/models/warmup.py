@@ -65,6 +65,7 @@ def sft_warm_up(
             save_strategy="no",
             logging_steps=min(50, max(1, max_steps // 5)),  # 50 for the tiny recipe's 320 steps; a loss to report
             disable_tqdm=True,
+            loss_type="nll",  # TRL 1.15's default; 1.9-1.14 default to chunked_nll, which fails with label smoothing
             # TRL turns it on by default; a 144k-parameter model needs no memory saving.
             **{_checkpointing_field(SFTConfig): False},
             **sft_config,

@@ -15,13 +15,13 @@ module's logger (stderr by default).
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from transformers import TrainerCallback
 
-from ..models.names import BUILTIN_PREFIX, INFO_FILE, read_builtin_info
+from ..models.names import BUILTIN_PREFIX
 from .metrics_log import TRAIN_SUMMARY_KEYS
+from .model_card import base_model_name
 
 
 logger = logging.getLogger(__name__)
@@ -46,16 +46,6 @@ BUILTIN_PROMPT_FORMATS = {
 }
 
 
-def builtin_name(model_path: str | None) -> str | None:
-    """The `builtin:` name (without the prefix) of a model folder built by `stapo_trl`, else `None`."""
-    if not model_path or not os.path.isfile(os.path.join(model_path, INFO_FILE)):
-        return None
-    try:
-        return str(read_builtin_info(model_path).get("name", "")).removeprefix(BUILTIN_PREFIX) or None
-    except (OSError, ValueError):
-        return None
-
-
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value else None
 
@@ -67,7 +57,7 @@ class NoLearningSignalCallback(TrainerCallback):
 
     - every prompt group had zero reward spread in every row (`frac_reward_zero_std` = 1), so every advantage was 0;
     - a reward function gave every completion the same value (`rewards/<name>/std` = 0 in every row, the same
-      `rewards/<name>/mean`): it never fired, or always did.
+      `rewards/<name>/mean`): it never fired, or always did; or only `None` (TRL logs no mean: NaN or `None`).
 
     The decision is taken at the `num_rows`-th training row, or when training ends with fewer rows (the end-of-training
     row carries the metrics of the steps since the last logging step). The message names what was seen and the likely
@@ -109,29 +99,32 @@ class NoLearningSignalCallback(TrainerCallback):
         self.decided = True
         rows = self.rows
         all_zero_spread = all(_number(r.get("frac_reward_zero_std")) == 1.0 for r in rows)
-        constant = {}  # reward name -> the one value it gave
+        constant = {}  # reward name -> the one value it gave ("None": TRL logged no mean, it returned only None)
         for name in getattr(self.trainer, "reward_func_names", []):
             means = [_number(r.get(f"rewards/{name}/mean")) for r in rows]
             stds = [_number(r.get(f"rewards/{name}/std")) for r in rows]
             if None not in means and all(s == 0.0 for s in stds) and len(set(means)) == 1:
-                constant[name] = means[0]
+                constant[name] = f"{means[0]:g}"
+            elif all(f"rewards/{name}/mean" in r and m is None for r, m in zip(rows, means)):
+                constant[name] = "None"
         if not all_zero_spread and not constant:
             return
         self.message = self._message(rows, all_zero_spread, constant)
         logger.warning(self.message)
 
-    def _message(self, rows: list[dict[str, Any]], all_zero_spread: bool, constant: dict[str, float]) -> str:
+    def _message(self, rows: list[dict[str, Any]], all_zero_spread: bool, constant: dict[str, str]) -> str:
         steps = f"step {rows[0]['step']}" if len(rows) == 1 else f"steps {rows[0]['step']}-{rows[-1]['step']}"
         where = (
             f"the first {len(rows)} logging steps ({steps})" if len(rows) > 1 else f"the first logging step ({steps})"
         )
-        values = ", ".join(f"{name} gave {value:g}" for name, value in constant.items())
-        if all_zero_spread:
-            text = (
-                f"No learning signal. In {where}, every prompt group had zero reward spread (frac_reward_zero_std = 1: "
-                "all completions of a prompt got the same reward), so every advantage was 0 and the loss and "
-                "gradient were 0: nothing was learned"
-            )
+        values = ", ".join(f"{name} gave {value}" for name, value in constant.items())
+        if all_zero_spread or set(constant) == set(self.trainer.reward_func_names):
+            spread = "no reward function gave two completions different values"
+            if all_zero_spread:
+                spread = "every prompt group had zero reward spread (frac_reward_zero_std = 1: all completions of a "
+                spread += "prompt got the same reward)"
+            text = f"No learning signal. In {where}, {spread}, so every advantage was 0 and the loss and gradient "
+            text += "were 0: nothing was learned"
             text += f"; the reward functions gave every completion the same value ({values})." if constant else "."
         else:
             text = (
@@ -157,13 +150,13 @@ class NoLearningSignalCallback(TrainerCallback):
                 "[{'role': 'user', 'content': ...}] messages."
             )
         model_path = getattr(getattr(self.trainer.model, "config", None), "_name_or_path", None)
-        name = builtin_name(model_path)
+        name = base_model_name(model_path).removeprefix(BUILTIN_PREFIX) if model_path else None
         if name in BUILTIN_PROMPT_FORMATS:
             text += " " + BUILTIN_PROMPT_FORMATS[name].replace("{name}", BUILTIN_PREFIX + name)
         return text
 
     @staticmethod
-    def _reward_cause(constant: dict[str, float]) -> str:
+    def _reward_cause(constant: dict[str, str]) -> str:
         names = ", ".join(constant) if constant else "the reward function"
         return (
             f"The reward: check that {names} can give different values, by calling it on a few completions of your "

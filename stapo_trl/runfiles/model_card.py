@@ -4,15 +4,9 @@ TRL writes the card (`README.md` in `output_dir`) from the trainer's `_name`, `_
 STAPO, links the paper and carries its BibTeX, but its "Training procedure" is empty (tracker badges only), it says
 nothing about the S2T thresholds, and for a local or `builtin:` base model it prints a broken link ("fine-tuned
 version of [None](https://huggingface.co/None)"). [`add_stapo_section`] fills the procedure (steps trained, the S2T
-mask over the run, held-out accuracy, the recipe's key values) and fixes the link. It is idempotent (a marked section is replaced, never duplicated), so it can run
-after every `create_model_card`, including the one `push_to_hub` makes:
-
-```python
-class STAPOTrainer(GRPOTrainer):
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-        add_stapo_section(self)
-```
+mask over the run, held-out accuracy, the recipe's key values) and fixes the link. It is idempotent (a marked section
+is replaced, never duplicated), so the product trainers' `create_model_card` runs it after TRL's every time, including
+the one `push_to_hub` makes.
 """
 
 from __future__ import annotations
@@ -22,16 +16,17 @@ import os
 import re
 from typing import Any
 
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
 from ..core import STAPOConfig
 from ..data import NOT_HELD_OUT
-from ..models.names import BUILTIN_MODELS
+from ..models.names import BUILTIN_MODELS, INFO_FILE, read_builtin_info
 from .metrics_log import s2t_totals
 
 
 SECTION_START = "<!-- stapo_trl:settings -->"
 SECTION_END = "<!-- /stapo_trl:settings -->"
 PAPER_URL = "https://huggingface.co/papers/2602.15620"
-BUILTIN_INFO_FILE = "stapo_builtin.json"  # written by stapo_trl.models next to a built-in model
 LOCAL_MODEL = "a local model"  # how a card names a base model loaded from a local folder
 
 # (field, what it is in the paper) of the rows of the settings table, in order.
@@ -75,10 +70,8 @@ def base_model_name(model_name_or_path: str) -> str:
     Returns:
         `str`: e.g. `"Qwen/Qwen3-1.7B-Base"`, `"builtin:tiny-math"` or `"a local model"`.
     """
-    info_path = os.path.join(model_name_or_path, BUILTIN_INFO_FILE)
-    if os.path.isfile(info_path):
-        with open(info_path, encoding="utf-8") as f:
-            return json.load(f).get("name", LOCAL_MODEL)
+    if os.path.isfile(os.path.join(model_name_or_path, INFO_FILE)):
+        return read_builtin_info(model_name_or_path).get("name", LOCAL_MODEL)
     if os.path.isabs(model_name_or_path) or os.path.exists(model_name_or_path):
         return LOCAL_MODEL
     return model_name_or_path
@@ -266,6 +259,17 @@ def _replace_quick_start(card: str, code: str) -> str:
     return head + heading + tail[:start] + code + tail[end + 3 :]
 
 
+def saved_model_path(trainer) -> str:
+    """Where the card's quick start finds the model: `output_dir` once `save_model` wrote it there, before training or
+    without checkpoints; else `checkpoint-<global_step>` in it, which TRL saves right after writing the card (a
+    Python-API run never calls `save_model`)."""
+    output_dir, step = trainer.args.output_dir, trainer.state.global_step
+    saved = any(os.path.isfile(os.path.join(output_dir, name)) for name in ("config.json", "adapter_config.json"))
+    if saved or step == 0 or trainer.args.save_strategy == "no":
+        return output_dir
+    return os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+
+
 def write_quick_start(trainer, example_prompt: Any, model_ref: str | None = None) -> str | None:
     """Replace the quick start of the card in `trainer.args.output_dir/README.md` (main process only).
 
@@ -276,7 +280,7 @@ def write_quick_start(trainer, example_prompt: Any, model_ref: str | None = None
     Args:
         trainer ([`~stapo_trl.STAPOTrainer`] or [`~trl.GRPOTrainer`]): after `create_model_card`.
         example_prompt (`str` or `list[dict]`): a training prompt as the run saw it.
-        model_ref (`str`, *optional*): what the quick start loads; defaults to the output directory.
+        model_ref (`str`, *optional*): what the quick start loads; defaults to [`saved_model_path`].
 
     Returns:
         `str` or `None`: the card's path, or `None` on other processes or when there is no card.
@@ -285,7 +289,7 @@ def write_quick_start(trainer, example_prompt: Any, model_ref: str | None = None
     if not trainer.is_world_process_zero() or not os.path.isfile(path):
         return None
     code = quick_start_code(
-        model_ref or trainer.args.output_dir,
+        model_ref or saved_model_path(trainer),
         example_prompt,
         adapter=hasattr(trainer.accelerator.unwrap_model(trainer.model), "peft_config"),
         max_new_tokens=trainer.args.max_completion_length,
@@ -305,7 +309,7 @@ def add_stapo_section(trainer, base_model: str | None = None, eval_record: dict[
     `trainer.state.log_history`, the rows `metrics.jsonl` is written from), the held-out accuracy of `eval_record`,
     and the recipe's key values. Replaces an earlier section (idempotent). Where TRL had no Hub id it wrote "None": its broken
     `[None](https://huggingface.co/None)` base-model link becomes the base model's name, and the quick start's
-    `model="None"` (no `hub_model_id` without `push_to_hub`) becomes the output directory, where the model is saved.
+    `model="None"` (no `hub_model_id` without `push_to_hub`) becomes where the model is saved ([`saved_model_path`]).
     TRL's placeholder `licence: license` front-matter line is dropped.
 
     Args:
@@ -332,7 +336,7 @@ def add_stapo_section(trainer, base_model: str | None = None, eval_record: dict[
         head, rest = card.split(SECTION_START, 1)
         card = head.rstrip("\n") + "\n" + rest.split(SECTION_END, 1)[1].lstrip("\n")
     card = card.replace("[None](https://huggingface.co/None)", _named(base_model))
-    card = card.replace('model="None"', f"model={json.dumps(trainer.args.output_dir)}")  # a quoted Python string
+    card = card.replace('model="None"', f"model={json.dumps(saved_model_path(trainer))}")  # a quoted Python string
     card = card.replace("licence: license\n", "")
     # TRL's tracker-badge lines are blank without a tracker: one empty line under the heading instead of four.
     card = re.sub(r"(## Training procedure\n)(?:[ \t]*\n)+", r"\1\n", card)

@@ -202,8 +202,11 @@ def test_missing_prompt_column_and_reward_names_are_resolved_at_construction(no_
         ValueError, match=r"^Column 'prompt' not found in dataset 'train_dataset'\. Available columns: "
     ):
         STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs=math_accuracy_reward, args=args, train_dataset=no_prompt)
-    assert resolve_reward_names("math_accuracy") is math_accuracy_reward
-    assert resolve_reward_names(["format", "org/reward-model"]) == [format_reward, "org/reward-model"]
+    assert (
+        resolve_reward_names("math_accuracy").__wrapped__ is math_accuracy_reward
+    )  # checked (rewards.checked_reward)
+    resolved = resolve_reward_names(["format", "org/reward-model"])
+    assert [resolved[0].__wrapped__, resolved[1]] == [format_reward, "org/reward-model"]
     with pytest.raises(ValueError, match=r"Unknown reward 'math_acc'\. Valid names: \['format', 'math_accuracy'\]"):
         STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs="math_acc", args=args, train_dataset=no_prompt)
     # By name, the function's own required column is checked too.

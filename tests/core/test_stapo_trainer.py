@@ -264,8 +264,10 @@ def test_p_and_h_are_the_rollout_policys_with_an_extra_forward_only_where_trl_ru
         )
         trainer.checks, trainer.checking, count = [], False, [0]
 
+        from testing_utils import is_scoring_forward  # the fused-LM-head forward of TRL >= 1.15, no-cache before
+
         def hook(module, args, kwargs):
-            scoring = kwargs.get("fused_lm_head") and not torch.is_grad_enabled() and not trainer.checking
+            scoring = is_scoring_forward(kwargs) and not trainer.checking
             count[0] += bool(scoring)
 
         trainer.model.register_forward_pre_hook(hook, with_kwargs=True)

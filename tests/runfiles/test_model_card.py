@@ -307,6 +307,23 @@ def test_model_card_names_stapo_cites_the_paper_and_lists_the_s2t_values(tiny_ra
     assert card.index(SECTION_START) < card.index("### Framework versions")
 
 
+def test_python_api_card_loads_the_checkpoint_the_run_saved(tiny_math_model_path, tmp_path):
+    """The reported case: a Python-API run's card said `pipeline(..., model="<output_dir>")`, a folder with only
+    `checkpoint-N/` in it (the Python API never calls `save_model`). With `save_total_limit=1` only the newest checkpoint
+    is left: the card names it. After `save_model`, the card loads `output_dir`."""
+    out = tmp_path / "python-api"
+    trainer = _card_trainer(tiny_math_model_path, out, max_steps=2, save_steps=1, save_total_limit=1)
+    trainer.train()
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-")) == ["checkpoint-2"]
+    card = out / "README.md"
+    assert f'model="{out / "checkpoint-2"}"' in card.read_text()
+    run_card_quick_start(card, expect="pipeline(")  # loads what the card names, and answers
+    trainer.save_model()
+    trainer.create_model_card()
+    assert f'model="{out}"' in card.read_text()
+    run_card_quick_start(card, expect="pipeline(")
+
+
 @pytest.mark.parametrize("name,expected", [("Qwen/Qwen3-1.7B-Base", "Qwen/Qwen3-1.7B-Base")])
 def test_base_model_name_of_hub_ids_is_unchanged(name, expected):
     from stapo_trl.runfiles.model_card import base_model_name

@@ -1,0 +1,68 @@
+"""`benchmarks/harness.py`: every arm of a comparison with plain `GRPOTrainer` trains on one thread count.
+
+The reported case: a plain-GRPOTrainer baseline looked 29x slower than STAPO; STAPOTrainer ran the built-in tiny model
+on one thread, plain TRL on torch's default of one per core. Measured in a fresh process with no thread setting (the
+test process pins torch to one thread, tests/conftest.py), as `python benchmarks/<study>.py` would start.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from testing_utils import REPO, builtin_cache_root
+
+
+SCRIPT = """
+import json, sys, tempfile
+import torch
+from transformers import TrainerCallback
+
+sys.path.insert(0, "benchmarks")
+from harness import PLAIN_GRPO_RECIPE, STAPO_RECIPE, build_trainer
+
+
+class Threads(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seen = torch.get_num_threads()
+
+
+seen = {"default": torch.get_num_threads()}
+for arm, recipe in (("GRPOTrainer", PLAIN_GRPO_RECIPE), ("STAPOTrainer", STAPO_RECIPE)):
+    trainer, _ = build_trainer(recipe, ["--max_steps", "1", *sys.argv[1:]], workdir=tempfile.mkdtemp())
+    threads = Threads()
+    trainer.add_callback(threads)
+    trainer.train()
+    seen[arm] = (type(trainer).__module__.split(".")[0], threads.seen)
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.slow  # a fresh process per case: ~20 s each on 2 cores
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="torch's default is already one thread on one core")
+@pytest.mark.parametrize(
+    "environ, overrides, expected",
+    [
+        ({}, [], 1),  # the recipes' torch_num_threads: 1, in both arms
+        ({}, ["--torch_num_threads", "2"], 2),  # a recipe override, in both arms
+        ({"OMP_NUM_THREADS": "2"}, [], 2),  # the caller's environment wins, in both arms
+    ],
+)
+def test_plain_grpo_and_stapo_arms_train_on_the_same_thread_count(
+    tiny_math_model_path, tmp_path, environ, overrides, expected
+):
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env.update(
+        environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=str(REPO),
+        STAPO_TRL_CACHE=str(builtin_cache_root(tiny_math_model_path)),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, *overrides], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["default"] == len(os.sched_getaffinity(0))  # nothing set before the harness
+    assert seen["GRPOTrainer"] == ["trl", expected] and seen["STAPOTrainer"] == ["stapo_trl", expected]
