@@ -200,12 +200,12 @@ echo "launch.sh: vLLM server on GPUs $VLLM_GPUS: CUDA_VISIBLE_DEVICES=$VLLM_GPUS
 echo "launch.sh: training on GPUs $TRAIN_GPUS: CUDA_VISIBLE_DEVICES=$TRAIN_GPUS ${TRAIN_CMD[*]}"
 ((PRINT_ONLY)) && exit 0
 
-# A stop signal: torch's launcher forwards SIGINT and SIGTERM (and SIGUSR1, once in TORCHELASTIC_SIGNALS_TO_HANDLE;
-# unhandled, it would end the launcher) to the training processes, which save a checkpoint at the next step boundary,
-# and kills them after TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (torch's default, 30, is shorter than one step plus a
-# checkpoint of these models): allow an hour unless the caller set it.
+# A stop signal: torch's launcher forwards SIGINT and SIGTERM (and SIGUSR1, once in PET_SIGNALS_TO_HANDLE, torchrun's
+# --signals_to_handle; unhandled, it would end the launcher) to the training processes, which save a checkpoint at the
+# next step boundary, and kills them after TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (torch's default, 30, is shorter than
+# one step plus a checkpoint of these models): allow an hour unless the caller set it.
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-3600}"
-export TORCHELASTIC_SIGNALS_TO_HANDLE="${TORCHELASTIC_SIGNALS_TO_HANDLE:-SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1}"
+export PET_SIGNALS_TO_HANDLE="${PET_SIGNALS_TO_HANDLE:-SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1}"
 
 # ------------------------------------------------------------------ start the server, wait for /health
 mkdir -p "$LOG_DIR"
