@@ -259,9 +259,18 @@ echo "launch.sh: vLLM server is up after $((SECONDS - START))s."
 ( trap - INT; CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" exec "${TRAIN_CMD[@]}" ) &
 TRAIN_PID=$!
 SIGNAL_STATUS=0
+pass_on() {  # $1: the signal; $2: its exit status
+    SIGNAL_STATUS=$2
+    if [[ "$1" == TERM && -n "${SLURM_JOB_ID:-}" ]]; then
+        echo "launch.sh: SIGTERM in Slurm job $SLURM_JOB_ID, which signals training itself; waiting for training."
+    else
+        echo "launch.sh: SIG$1: passed on to training, which saves a checkpoint at the end of its step."
+        kill "-$1" "$TRAIN_PID" 2>/dev/null || true
+    fi
+}
 trap 'SIGNAL_STATUS=130' INT
-trap 'SIGNAL_STATUS=143; [[ -n "${SLURM_JOB_ID:-}" ]] || kill -TERM "$TRAIN_PID" 2>/dev/null || true' TERM
-trap 'SIGNAL_STATUS=138; kill -USR1 "$TRAIN_PID" 2>/dev/null || true' USR1
+trap 'pass_on TERM 143' TERM
+trap 'pass_on USR1 138' USR1
 while kill -0 "$TRAIN_PID" 2>/dev/null; do wait "$TRAIN_PID" || true; done  # a trap ends `wait` early
 wait "$TRAIN_PID" && STATUS=0 || STATUS=$?  # bash keeps a background process's status
 echo "launch.sh: training exited with status $STATUS."

@@ -9,8 +9,7 @@ process under `accelerate launch`), `stapo-eval` and `stapo-plot`, argparse's ow
   the user wrote, the allowed values, and the fix.
 - 1: a failure during a run (training, evaluation, drawing), with its traceback (Python's status for an uncaught
   exception).
-- 130, 143, 138 (128 + the signal's number): stopped by Ctrl-C, SIGTERM, SIGUSR1 (`stapo-train` first saves a
-  checkpoint).
+- 130, 143, 138 (128 + the signal's number): Ctrl-C, SIGTERM, SIGUSR1 (`stapo-train` saves a checkpoint first).
 """
 
 from __future__ import annotations

@@ -73,9 +73,8 @@ def train(
             the end (`Trainer.end`); `False` when more trainings follow in this process (`stapo-train compare`).
 
     Raises:
-        KeyboardInterrupt: on Ctrl-C, SIGTERM or SIGUSR1 during training, after the checkpoint of the step it came in
-            (its message names the signal, says where, and the command to resume); the final model, card, figures,
-            evaluation and summary are skipped. A second Ctrl-C exits the process at once (status 130).
+        KeyboardInterrupt: on Ctrl-C, SIGTERM or SIGUSR1 during training, after the checkpoint of its step (the message
+            names the signal, the checkpoint, the command to resume); nothing of a finished run follows.
 
     Returns:
         `dict[str, Any]`: `output_dir`, `global_step`, `eval` (the content of `eval.json`, or `None`), `eval_path`

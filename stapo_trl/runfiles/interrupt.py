@@ -1,16 +1,10 @@
-"""A stop signal during `train()`: a checkpoint at the next step boundary, then a `KeyboardInterrupt` naming it.
+"""A stop signal during `train()` ([`STOP_SIGNALS`]: SIGINT from Ctrl-C or a notebook; SIGTERM from preemption,
+`scancel`, a time limit, `kill`, torch's launcher; SIGUSR1, the warning a Slurm job asks for before its time limit):
+a checkpoint at the next step boundary, then a `KeyboardInterrupt` that names the signal and says how to resume.
 
-The product trainers' `train()` installs a [`GracefulInterrupt`] for the run, in a script as under `stapo-train`, for
-the [`STOP_SIGNALS`]: SIGINT (Ctrl-C, a notebook's interrupt), SIGTERM (preemption, `scancel`, a time limit, `kill`,
-torch's launcher) and SIGUSR1 (the warning a Slurm job asks for before its time limit, `--signal=B:USR1@SECONDS`):
-
-- the first asks for a checkpoint at the end of the current optimizer step and stops training there; `train()` then
-  raises a `KeyboardInterrupt` ([`training_interrupted`]) that names the signal, says where the checkpoint is and how
-  to resume: `trainer.train(resume_from_checkpoint=True)` in a script, the same command under `stapo-train` (which
-  exits with 128 + the signal's number: 130, 143, 138). Uncaught in a script, it ends the process as Ctrl-C does (130);
-- a later Ctrl-C quits the process at once (exit status 130), without saving; a later SIGTERM or SIGUSR1 changes
-  nothing: schedulers and launchers deliver them more than once (Slurm signals every process of a job step, and
-  torch's launcher forwards the signal to its workers again).
+The product trainers' `train()` installs a [`GracefulInterrupt`] for the run, in a script as under `stapo-train`
+(which then exits with 128 + the signal's number: 130, 143, 138). A later Ctrl-C quits at once (status 130), without
+saving; a later SIGTERM or SIGUSR1 changes nothing: schedulers and launchers deliver them more than once.
 """
 
 from __future__ import annotations
@@ -43,10 +37,9 @@ def training_interrupted(
 ) -> KeyboardInterrupt:
     """What `train()` raises once a stop signal's checkpoint is saved: a `KeyboardInterrupt` whose message is
     `Interrupted by SIGNAL at step N: checkpoint saved to DIR/checkpoint-N. <resume_hint>`, with the attributes `step`,
-    `checkpoint` and `signal` (a `signal.Signals`).
-
-    A plain `KeyboardInterrupt`, not a subclass: code that handles Ctrl-C handles it, and uncaught it ends the process
-    as Ctrl-C does (Python exits by SIGINT, status 130, for that exact class only; a subclass would exit with 1).
+    `checkpoint` and `signal` (a `signal.Signals`). A plain `KeyboardInterrupt`, not a subclass: code that handles
+    Ctrl-C handles it, and uncaught it ends the process as Ctrl-C does (Python exits by SIGINT, status 130, for that
+    exact class only; a subclass would exit with 1).
 
     Args:
         output_dir (`str`): the run's folder.
@@ -66,11 +59,10 @@ class GracefulInterrupt(TrainerCallback):
     training; a later Ctrl-C quits at once (exit status 130), without saving; a later SIGTERM or SIGUSR1 changes nothing.
 
     Use as a context manager around `trainer.train()` with the callback added to the trainer (the product trainers'
-    `train()` does both); after it, `signal` is the signal that stopped training (0: none, also for a signal that came
-    after the last step boundary). The handlers are installed only in the main thread (Python's `signal` allows no
-    other), over any earlier ones (transformers' `enable_jit_checkpoint` one too), and restored at the end of the block.
-    With several processes the signal number is all-reduced (max) at each step end, so that every rank saves at the same
-    step and names the same signal, even when the signal reaches them a step apart or one rank only.
+    `train()` does both); after it, `signal` is the signal that stopped training (0: none, also for one that came after
+    the last step boundary). The handlers are installed in the main thread only (Python's rule), over any earlier ones
+    (transformers' `enable_jit_checkpoint` one too), and restored after the block. With several processes the signal
+    number is all-reduced (max) at each step end: every rank saves at the same step and names the same signal.
 
     Args:
         trainer ([`~transformers.Trainer`], *optional*): its accelerator reduces the signal across processes.
@@ -107,6 +99,5 @@ class GracefulInterrupt(TrainerCallback):
             signum = int(accelerator.gather(torch.tensor([int(signum)], device=accelerator.device)).max())
         if signum:
             self.signal = signal.Signals(signum)
-            control.should_save = True
-            control.should_training_stop = True
+            control.should_save = control.should_training_stop = True
         return control
