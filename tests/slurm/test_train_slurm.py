@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -37,7 +38,7 @@ def _run(*cmd: str, env: dict[str, str]) -> str:
     return result.stdout
 
 
-def _wait_for(condition, what: str, log: Path | None = None, timeout: float = 600):
+def _wait_for(condition, what: str, log: Path | None = None, timeout: float = 300):
     """Poll `condition()` (a file or a job state: an event) until it returns a true value; the timeout guards against
     a hang and shows the job log."""
     deadline = time.monotonic() + timeout
@@ -103,9 +104,17 @@ PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2
         _wait_for(lambda: "idle" in _run("sinfo", "-h", "-o", "%t", env=env), "idle node", root / "log/slurmd.log", 60)
         yield env
     finally:
-        for pid_file in reversed(pid_files):
-            if pid_file.exists():
-                os.kill(int(pid_file.read_text()), 15)
+        try:  # jobs left by a failed test, killed: a process ignoring SIGTERM would outlive slurmctld's KillWait
+            if jobs := subprocess.run(
+                ["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True
+            ).stdout.split():
+                subprocess.run(["scancel", "--full", "--signal=KILL", *jobs], env=env)
+                subprocess.run(["scancel", *jobs], env=env)
+                _wait_for(lambda: not _run("squeue", "-h", env=env).strip(), "empty queue", timeout=120)
+        finally:
+            for pid_file in reversed(pid_files):
+                if pid_file.exists():
+                    os.kill(int(pid_file.read_text()), signal.SIGTERM)
 
 
 def _job(job_id: str, env: dict[str, str]) -> dict[str, str]:
