@@ -6,8 +6,8 @@ config in a temporary folder, on free ports (`make test-slurm` installs the pack
 The warning is what `#SBATCH --signal=B:USR1@1800` makes Slurm do before the time limit, sent now: `scancel --batch
 --signal=USR1`. The preemption is real: a job in a partition of a higher priority tier takes the node
 (PreemptMode=REQUEUE). Each signal lands inside a step that the run's reward holds (`testing_utils.HELD_REWARD`), and
-the test waits on the job log and the run's files, never on time. Slurm delays a requeued job's start by about two
-minutes (its BeginTime); the test starts it at once (`scontrol update StartTime=now`).
+the test waits on the job log and the run's files, never on time. Slurm starts a requeued job once the credentials of
+its last run have expired (`cred_expire`, 120 s by default, 10 s here).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={socket_path}
+AuthInfo=socket={socket_path},cred_expire=10
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -123,11 +123,9 @@ def _job(job_id: str, env: dict[str, str]) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", text))
 
 
-def _start_when_requeued(job_id: str, env: dict[str, str], run: int) -> bool:
-    """True once run `run` of the job is running; a requeued job waiting for its BeginTime is started at once."""
+def _running(job_id: str, env: dict[str, str], run: int) -> bool:
+    """True once run `run` of the job (after `run - 1` requeues) is running."""
     job = _job(job_id, env)
-    if job.get("JobState") == "PENDING" and job.get("Reason") == "BeginTime":
-        _run("scontrol", "update", f"JobId={job_id}", "StartTime=now", env=env)
     return job.get("JobState") == "RUNNING" and int(job.get("Restarts", 0)) == run - 1
 
 
@@ -166,7 +164,7 @@ def test_a_job_stopped_by_the_warning_and_by_preemption_resumes_each_time(slurm,
         _wait_for(lambda: "SIGUSR1: saving a checkpoint at the end of this step" in log.read_text(), "ack", log)
         hold.unlink()
         # The job requeues itself; run 2 resumes. Preemption by a job of the urgent partition, inside a held step.
-        _wait_for(lambda: _start_when_requeued(job, env, run=2), "run 2", log)
+        _wait_for(lambda: _running(job, env, run=2), "run 2", log)
         _wait_for(lambda: "resuming training from" in log.read_text(), "resume", log)
         hold.touch()
         _wait_for(lambda: log.read_text().count("reward held") == 2, "held step of run 2", log)
@@ -175,7 +173,7 @@ def test_a_job_stopped_by_the_warning_and_by_preemption_resumes_each_time(slurm,
         hold.unlink()
         # Slurm requeues the preempted job; run 3 resumes and finishes.
         _wait_for(lambda: _job(urgent.strip(), env).get("JobState") == "COMPLETED", "urgent job done", log)
-        _wait_for(lambda: _start_when_requeued(job, env, run=3), "run 3", log)
+        _wait_for(lambda: _running(job, env, run=3), "run 3", log)
         _wait_for(lambda: _job(job, env).get("JobState") in ("COMPLETED", "FAILED"), "the end of the job", log)
     finally:
         subprocess.run(["scancel", job], env=slurm)
