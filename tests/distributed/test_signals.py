@@ -109,19 +109,29 @@ def _check_one_checkpoint_on_every_rank(output: str, out: Path, signum: signal.S
     assert "quitting now" not in output, output[-5000:]
 
 
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+
+
 @pytest.mark.parametrize(
-    "signum, env",
-    [(signal.SIGTERM, {}), (signal.SIGUSR1, {"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"})],
-    ids=["SIGTERM", "SIGUSR1-listed"],
+    "signum, env, launcher",
+    [
+        (signal.SIGTERM, {}, "accelerate"),
+        (signal.SIGUSR1, {"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}, "accelerate"),
+        (signal.SIGTERM, {}, "torchrun"),
+    ],
+    ids=["SIGTERM", "SIGUSR1-listed", "SIGTERM-torchrun"],
 )
 def test_a_signal_to_the_launcher_reaches_every_rank_and_saves_one_checkpoint(
-    tiny_math_model_path, tmp_path, signum, env
+    tiny_math_model_path, tmp_path, signum, env, launcher
 ):
-    """What `kill`, a container runtime, a parent process or scripts/launch.sh does: the signal to the launcher alone.
-    Torch's launcher forwards it to both workers, which save one checkpoint together at the same step. SIGUSR1 only
-    once in torchrun's --signals_to_handle (PET_SIGNALS_TO_HANDLE, as scripts/launch.sh sets it): unlisted, it ends
-    the launcher."""
-    proc, out, _ = _start_two_ranks(tmp_path, tiny_math_model_path, **env)
+    """What `kill`, a container runtime, a parent process or scripts/launch.sh does: the signal to the launcher alone
+    (`accelerate launch`, or `torchrun`, whose launcher it runs). It forwards it to both workers, which save one
+    checkpoint together at the same step. SIGUSR1 only once in torchrun's --signals_to_handle (PET_SIGNALS_TO_HANDLE,
+    as scripts/launch.sh sets it): unlisted, it ends the launcher."""
+    launch = None
+    if launcher == "torchrun":
+        launch = [*TORCHRUN, "--master_port", str(free_port()), "-m", "stapo_trl.cli.train"]
+    proc, out, _ = _start_two_ranks(tmp_path, tiny_math_model_path, launch, **env)
     try:
         read_until(proc, "step ", count=2)
         proc.send_signal(signum)
