@@ -23,7 +23,7 @@
 # Stop signals: a terminal's Ctrl-C reaches training directly; SIGUSR1 (Slurm's time-limit warning, see
 # slurm/train.slurm) is passed on to training, and so is SIGTERM outside a Slurm job (inside one, Slurm signals every
 # process itself, and a second SIGTERM to torch's launcher would cut short its wait for the workers). Training saves
-# a checkpoint at the next step boundary and stops (docs/cli.md, "Stopping, resuming, rerunning").
+# a checkpoint at the next step boundary and stops (docs/training_at_scale.md, "Time limits, preemption, requeue").
 #
 # Options:
 #   --accelerate-config NAME|PATH   zero2, zero3, ddp, ... or a path (default: the recipe's accelerate_config)
