@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_BUILD_OPS ?= 0
 
-.PHONY: install install-vllm install-real-models install-compat test test-slow test-vllm test-real test-build test-compat quality style demo demo-real compare bench bench-vllm evaluate clean
+.PHONY: install install-vllm install-real-models install-compat install-slurm test test-slow test-slurm test-vllm test-real test-build test-compat quality style demo demo-real compare bench bench-vllm evaluate clean
 
 install: $(VENV)/.installed
 
@@ -68,9 +68,22 @@ $(VENV)/.installed-real-models: $(VENV)/.installed constraints-real-models.txt s
 test: install
 	$(PY) -m pytest -q -m "not slow and not real_model and not build" tests
 
-# Multi-process runs (torchrun, accelerate launch, DeepSpeed ZeRO-2/3 on 2 CPU processes), Ctrl-C, the notebook.
+# Multi-process runs (torchrun, accelerate launch, DeepSpeed ZeRO-2/3 on 2 CPU processes), stop signals, the notebook.
 test-slow: install
-	$(PY) -m pytest -q -m "slow and not real_model and not build" tests
+	$(PY) -m pytest -q -m "slow and not real_model and not build and not slurm" tests
+
+# slurm/train.slurm under a real one-node Slurm (the tests marked `slurm`; root): the CPU demo stopped by the time-limit
+# warning and by preemption, requeued, resumed. The test starts and stops munged, slurmctld and slurmd itself, their
+# state in a temporary folder. install-slurm: Debian's packages (pinned on Debian 12) where they are missing.
+SLURM_PACKAGES := $(if $(filter bookworm,$(shell . /etc/os-release 2>/dev/null; echo $$VERSION_CODENAME)),\
+	slurmctld=22.05.8-4+deb12u3 slurmd=22.05.8-4+deb12u3 slurm-client=22.05.8-4+deb12u3 munge=0.5.15-2+deb12u1,\
+	slurmctld slurmd slurm-client munge)
+install-slurm:
+	command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null && command -v sbatch >/dev/null \
+		|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(SLURM_PACKAGES); }
+
+test-slurm: install install-slurm
+	$(PY) -m pytest -q -m "slurm" tests
 
 # The real-model tests (marked `real_model`): the installed GGUF files against their pins, converting SmolLM2-135M twice
 # (deterministic), its offline reload and cache round trip, STAPO steps on it against the rule recomputed from its

@@ -18,7 +18,12 @@
 #      with the server's last log lines if it dies or never comes up);
 #   5. runs `accelerate launch --config_file recipes/accelerate_configs/<config>.yaml --num_processes N
 #      -m stapo_trl.cli.train --config RECIPE --vllm_server_host 127.0.0.1 --vllm_server_port PORT [extra args]`;
-#   6. stops the server on exit, whatever the outcome (trap on EXIT, INT and TERM), and returns training's status.
+#   6. stops the server on exit, whatever the outcome (trap on EXIT, INT, TERM and USR1), and returns training's status
+#      (after a stop signal that training saved a checkpoint for: 128 + its number, as stapo-train).
+# Stop signals: a terminal's Ctrl-C reaches training directly; SIGUSR1 (Slurm's time-limit warning, see
+# slurm/train.slurm) is passed on to training, and so is SIGTERM outside a Slurm job (inside one, Slurm signals every
+# process itself, and a second SIGTERM to torch's launcher would cut short its wait for the workers). Training saves
+# a checkpoint at the next step boundary and stops (docs/training_at_scale.md, "Time limits, preemption, requeue").
 #
 # Options:
 #   --accelerate-config NAME|PATH   zero2, zero3, ddp, ... or a path (default: the recipe's accelerate_config)
@@ -195,10 +200,12 @@ echo "launch.sh: vLLM server on GPUs $VLLM_GPUS: CUDA_VISIBLE_DEVICES=$VLLM_GPUS
 echo "launch.sh: training on GPUs $TRAIN_GPUS: CUDA_VISIBLE_DEVICES=$TRAIN_GPUS ${TRAIN_CMD[*]}"
 ((PRINT_ONLY)) && exit 0
 
-# Ctrl-C: torch's launcher forwards SIGINT to the training processes, which save a checkpoint at the next step
-# boundary, and kills them after TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (torch's default, 30, is shorter than one
-# step plus a checkpoint of these models): allow an hour unless the caller set it.
+# A stop signal: torch's launcher forwards SIGINT and SIGTERM (and SIGUSR1, once in PET_SIGNALS_TO_HANDLE, torchrun's
+# --signals_to_handle; unhandled, it would end the launcher) to the training processes, which save a checkpoint at the
+# next step boundary, and kills them after TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds (torch's default, 30, is shorter than
+# one step plus a checkpoint of these models): allow an hour unless the caller set it.
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-3600}"
+export PET_SIGNALS_TO_HANDLE="${PET_SIGNALS_TO_HANDLE:-SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1}"
 
 # ------------------------------------------------------------------ start the server, wait for /health
 mkdir -p "$LOG_DIR"
@@ -215,6 +222,7 @@ stop_server() {
 trap stop_server EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+trap 'exit 138' USR1
 
 # setsid: the server and its workers get their own process group, which stop_server ends as a whole.
 CUDA_VISIBLE_DEVICES="$VLLM_GPUS" setsid "${SERVE_CMD[@]}" >"$SERVER_LOG" 2>&1 &
@@ -245,9 +253,26 @@ done
 echo "launch.sh: vLLM server is up after $((SECONDS - START))s."
 
 # ------------------------------------------------------------------ train
-set +e
-CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" "${TRAIN_CMD[@]}"
-STATUS=$?
-set -e
+# In the background, so that the traps run while training does (bash runs a trap only once a foreground command
+# ends); `trap - INT` undoes the SIGINT-ignore that bash gives background commands, so a terminal's Ctrl-C, which
+# reaches the whole foreground process group, reaches training too.
+( trap - INT; CUDA_VISIBLE_DEVICES="$TRAIN_GPUS" exec "${TRAIN_CMD[@]}" ) &
+TRAIN_PID=$!
+SIGNAL_STATUS=0
+pass_on() {  # $1: the signal; $2: its exit status
+    SIGNAL_STATUS=$2
+    if [[ "$1" == TERM && -n "${SLURM_JOB_ID:-}" ]]; then
+        echo "launch.sh: SIGTERM in Slurm job $SLURM_JOB_ID, which signals training itself; waiting for training."
+    else
+        echo "launch.sh: SIG$1: passed on to training, which saves a checkpoint at the end of its step."
+        kill "-$1" "$TRAIN_PID" 2>/dev/null || true
+    fi
+}
+trap 'SIGNAL_STATUS=130' INT
+trap 'pass_on TERM 143' TERM
+trap 'pass_on USR1 138' USR1
+while kill -0 "$TRAIN_PID" 2>/dev/null; do wait "$TRAIN_PID" || true; done  # a trap ends `wait` early
+wait "$TRAIN_PID" && STATUS=0 || STATUS=$?  # bash keeps a background process's status
 echo "launch.sh: training exited with status $STATUS."
+((STATUS == 0 || SIGNAL_STATUS == 0)) || STATUS=$SIGNAL_STATUS
 exit "$STATUS"

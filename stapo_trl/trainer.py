@@ -12,7 +12,7 @@ package and of `stapo-train` rely on:
 - `train()`: the run files `metrics.jsonl` (and, for STAPO, `spurious_tokens.jsonl`; [`~stapo_trl.runfiles.callbacks`]),
   a compact console line per logging step and the files at the end ([`~stapo_trl.runfiles.console`]), one warning
   when the first logging steps had no learning signal ([`~stapo_trl.runfiles.learning_signal`]), a checkpoint on
-  Ctrl-C ([`~stapo_trl.runfiles.interrupt`]), one torch thread for the built-in tiny models
+  Ctrl-C or SIGTERM ([`~stapo_trl.runfiles.interrupt`]), one torch thread for the built-in tiny models
   ([`~stapo_trl.integrations.torch_threads`]), without the known-harmless upstream warnings
   ([`~stapo_trl.integrations.upstream_warnings`]).
 - `end()`: the DDP wrapper dropped before the process group is destroyed, so that gloo's threads stop and
@@ -58,12 +58,12 @@ class ProductTrainerMixin:
     Attributes:
         eval_record (`dict` or `None`): held-out accuracy before and after training (the content of `stapo-train`'s
             `eval.json`), stated by the model card; `None`: the card says it was not measured.
-        resume_hint (`str`): how the Ctrl-C message says to resume (`trainer.train(resume_from_checkpoint=True)`;
+        resume_hint (`str`): how the stop message says to resume (`trainer.train(resume_from_checkpoint=True)`;
             `stapo-train` sets its own command line).
     """
 
     eval_record: dict[str, Any] | None = None
-    resume_hint: str = SCRIPT_RESUME_HINT  # the end of the Ctrl-C message; `stapo-train` gives its command
+    resume_hint: str = SCRIPT_RESUME_HINT  # the end of the stop message; `stapo-train` gives its command
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *pargs, **kwargs):
         if isinstance(model, str):
@@ -104,9 +104,9 @@ class ProductTrainerMixin:
           is kept instead);
         - one warning when the first logging steps had no learning signal (every group with zero reward spread, or a
           reward that never changed), with the likely causes ([`~stapo_trl.runfiles.learning_signal`]);
-        - Ctrl-C saves a checkpoint at the next step boundary and raises a `KeyboardInterrupt` that says where and how
-          to resume (`trainer.train(resume_from_checkpoint=True)`, or [`resume_hint`];
-          [`~stapo_trl.runfiles.interrupt.training_interrupted`]); a second Ctrl-C quits at once;
+        - Ctrl-C, SIGTERM or SIGUSR1 saves a checkpoint at the next step boundary and raises a `KeyboardInterrupt` that
+          names the signal and says where and how to resume (`trainer.train(resume_from_checkpoint=True)`, or
+          [`resume_hint`]; [`~stapo_trl.runfiles.interrupt.GracefulInterrupt`]); a second Ctrl-C quits at once;
         - a built-in tiny model trains on one torch thread unless the caller chose a count (`torch.set_num_threads`,
           `OMP_NUM_THREADS`): torch's one thread per core was up to 21x slower on 2 shared cores
           ([`~stapo_trl.integrations.torch_threads`]); the count is restored afterwards (so do `evaluate`, `predict`);
@@ -115,8 +115,8 @@ class ProductTrainerMixin:
           ([`~stapo_trl.runfiles.run_folder`]).
 
         Raises:
-            KeyboardInterrupt: on the first Ctrl-C (SIGINT), after the checkpoint of the step it came in (attributes
-                `step` and `checkpoint`).
+            KeyboardInterrupt: on the first SIGINT, SIGTERM or SIGUSR1, after the checkpoint of the step it came in
+                (attributes `step`, `checkpoint` and `signal`).
             ValueError: another process writes `output_dir`; `resume_from_checkpoint=True` and no complete checkpoint.
         """
         if resume_from_checkpoint is True:  # transformers takes the highest-numbered folder, complete or not
@@ -128,17 +128,17 @@ class ProductTrainerMixin:
             add_run_file_callbacks(self)
         if not any(isinstance(callback, NoLearningSignalCallback) for callback in self.callback_handler.callbacks):
             self.add_callback(NoLearningSignalCallback(self))
-        interrupt = GracefulInterrupt(self)  # Ctrl-C: checkpoint at the next step boundary; twice: quit at once
-        self.add_callback(interrupt)
+        stop = GracefulInterrupt(self)  # a stop signal: checkpoint at the next step boundary; a 2nd Ctrl-C: quit
+        self.add_callback(stop)
         try:
-            with torch_threads(default_num_threads(self.model)), interrupt, QuietKnownUpstreamWarnings() as quiet:
+            with torch_threads(default_num_threads(self.model)), stop, QuietKnownUpstreamWarnings() as quiet:
                 quiet.watch_model(self.model)  # TRL's deprecated checkpointing calls; a tied head's resume
                 output = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
-            self.remove_callback(interrupt)  # a later train() (the resume) gets a fresh one
+            self.remove_callback(stop)  # a later train() (the resume) gets a fresh one
             lock_run_folder(self.args, acquire=False)
-        if interrupt.requested:
-            raise training_interrupted(self.args.output_dir, self.state.global_step, self.resume_hint)
+        if stop.signal:
+            raise training_interrupted(self.args.output_dir, self.state.global_step, self.resume_hint, stop.signal)
         return output
 
     def _save_checkpoint(self, model, trial):

@@ -404,3 +404,54 @@ def timed_grades(cases: list[tuple[str, str]]) -> list[tuple[float, object]]:
         result = grade(completion, gold)
         out.append((time.monotonic() - start, result))
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stop signals: a reward that holds a training step while the test signals it
+# ---------------------------------------------------------------------------------------------------------------
+
+HELD_REWARD = textwrap.dedent(
+    '''\
+    """math_accuracy, held while the file HOLD (next to this module) exists: a call that finds it says so on stderr
+    and waits until it is gone. The test's way to land signals inside a step: events, never timing."""
+    import os, sys, time
+
+    from stapo_trl.rewards import math_accuracy_reward
+
+    HOLD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "HOLD")
+
+
+    def held_accuracy(completions, solution, **kwargs):
+        if os.path.exists(HOLD):
+            sys.stderr.write(f"reward held on rank {os.environ.get('RANK', '0')}\\n")
+            sys.stderr.flush()
+            while os.path.exists(HOLD):
+                time.sleep(0.05)
+        return math_accuracy_reward(completions, solution, **kwargs)
+    '''
+)
+
+
+def write_held_reward(folder: Path) -> Path:
+    """`folder/held_reward.py` ([`HELD_REWARD`]; `--reward_funcs held_reward.held_accuracy` from `folder`); returns
+    its HOLD file, which the test creates to hold the next scoring and removes to release it."""
+    (folder / "held_reward.py").write_text(HELD_REWARD)
+    return folder / "HOLD"
+
+
+def read_until(proc: subprocess.Popen, prefix: str, count: int = 1, timeout: float = 300) -> list[str]:
+    """`proc`'s output lines up to the `count`-th that starts with `prefix`. The process is killed and its lines shown
+    when it ends first or no such line came within `timeout` seconds (checked at each line: a guard against a hang,
+    not a bound on how fast the project is)."""
+    import time
+
+    lines, seen, deadline = [], 0, time.monotonic() + timeout
+    for line in proc.stdout:
+        lines.append(line)
+        seen += line.startswith(prefix)
+        if seen == count:
+            return lines
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    raise AssertionError(f"no line starting with {prefix!r} (rc {proc.wait()}):\n{''.join(lines)[-3000:]}")

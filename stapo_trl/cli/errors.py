@@ -9,7 +9,7 @@ process under `accelerate launch`), `stapo-eval` and `stapo-plot`, argparse's ow
   the user wrote, the allowed values, and the fix.
 - 1: a failure during a run (training, evaluation, drawing), with its traceback (Python's status for an uncaught
   exception); a full disk ends a `stapo-train` run with one line instead ([`full_disk_in_one_line`]).
-- 130: Ctrl-C (`stapo-train` first saves a checkpoint).
+- 130, 143, 138 (128 + the signal's number): Ctrl-C, SIGTERM, SIGUSR1 (`stapo-train` saves a checkpoint first).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ EXIT_INPUT_ERROR = 2  # argparse's status for a usage error
 
 EXIT_STATUS_HELP = (
     "Exit status: 0 on success; 2 on an input error (an argument, recipe value, file or folder that cannot work: "
-    "one 'PROG: error: ...' line, before anything runs); 1 when a run fails after it started; 130 on Ctrl-C."
+    "one 'PROG: error: ...' line, before anything runs); 1 when a run fails after it started; 130 on Ctrl-C, 143 on "
+    "SIGTERM, 138 on SIGUSR1 (stapo-train saves a checkpoint first)."
 )
 
 

@@ -75,8 +75,8 @@ def train(
             the end (`Trainer.end`); `False` when more trainings follow in this process (`stapo-train compare`).
 
     Raises:
-        KeyboardInterrupt: on Ctrl-C (SIGINT) during training, after the checkpoint of the step it came in (its
-            message says where, and the command to resume); the final model, figures and evaluation are skipped. A second Ctrl-C exits the process at once (status 130).
+        KeyboardInterrupt: on Ctrl-C, SIGTERM or SIGUSR1 during training, after the checkpoint of its step (the message
+            names the signal, the checkpoint, the command to resume); nothing of a finished run follows.
 
     Returns:
         `dict[str, Any]`: `output_dir`, `global_step`, `eval` (the content of `eval.json`, or `None`), `eval_path`
@@ -218,8 +218,8 @@ def _train(
 
     # Training loop, then the model, its card and the figures
     start = time.perf_counter()
-    # Ctrl-C: the trainer's train() saves a checkpoint at the next step boundary, then raises a KeyboardInterrupt
-    # that ends with this hint (stapo_trl.runfiles.interrupt); a second Ctrl-C quits at once.
+    # A stop signal: the trainer's train() saves a checkpoint at the next step boundary, then raises a
+    # KeyboardInterrupt that ends with this hint (stapo_trl.runfiles.interrupt); a second Ctrl-C quits at once.
     trainer.resume_hint = f"Resume with the same command: {resume_command()}"
     try:
         _fit(trainer, checkpoint, already_trained, len(run.train_dataset))

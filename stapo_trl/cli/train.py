@@ -55,8 +55,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     one of the choices, reward, column, model path, `builtin:` name, `num_generations`, ...) ends the command with
     one `stapo-train: error: ...` line and exit status 2 ([`~stapo_trl.cli.errors.InputError`]) before any model
     is built, on every process under `accelerate launch`; a failure during training keeps its traceback (status 1).
-    Ctrl-C during training saves a checkpoint at the next step boundary and prints the resume command (a second
-    Ctrl-C quits at once); both exit with status 130.
+    Ctrl-C, SIGTERM or SIGUSR1 during training saves a checkpoint at the next step boundary and prints the resume
+    command, then exits with 128 + the signal's number: 130, 143, 138 (a second Ctrl-C quits at once, status 130).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--version" in argv:
@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt as e:  # after the checkpoint (stapo_trl.runfiles.interrupt), or a bare Ctrl-C
         if os.environ.get("RANK", "0") == "0":  # one message per run, not one per process
             print_line(str(e) or "stapo-train: interrupted (outside training: nothing to save).")
-        raise SystemExit(130) from None
+        raise SystemExit(128 + getattr(e, "signal", 2)) from None  # 2: SIGINT
 
 
 def _main(argv: list[str]) -> None:

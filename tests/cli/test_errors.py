@@ -5,6 +5,7 @@ written in one piece so that two processes' lines cannot interleave."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -109,7 +110,7 @@ class _WriteRecorder:
 def _ctrl_c(argv):
     from stapo_trl.runfiles.interrupt import GracefulInterrupt
 
-    GracefulInterrupt()._handle(None, None)
+    GracefulInterrupt()._handle(signal.SIGINT, None)
 
 
 @pytest.mark.parametrize(

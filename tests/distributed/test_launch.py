@@ -296,9 +296,9 @@ def test_ctrl_c_on_two_processes_saves_one_checkpoint_on_every_rank_and_resumes(
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    interrupted = [line for line in output.splitlines() if line.startswith("Interrupted at step")]
+    interrupted = [line for line in output.splitlines() if line.startswith("Interrupted by SIGINT at step")]
     assert len(interrupted) == 1, output[-5000:]  # one message per run, from the main process
-    step = int(interrupted[0].split()[3].rstrip(":"))
+    step = int(interrupted[0].split()[5].rstrip(":"))
     assert 2 <= step < 5000
     assert "Resume with the same command: the same launch command, i.e. accelerate launch" in interrupted[0]
     assert interrupted[0].endswith(" ".join(train_args[1:] + ["--max_steps", "5000"]))

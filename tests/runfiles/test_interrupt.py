@@ -1,8 +1,10 @@
-"""Ctrl-C in a user's script saves a checkpoint too, as under `stapo-train` (one implementation for both).
+"""A stop signal in a user's script saves a checkpoint too, as under `stapo-train` (one implementation for both).
 
-The reported case: `trainer.train()` in a script ended on a bare `KeyboardInterrupt` traceback with no checkpoint. Now
-the first SIGINT saves at the next step boundary and `train()` raises a `KeyboardInterrupt` whose message says where
-the checkpoint is and to resume with `trainer.train(resume_from_checkpoint=True)`; a second SIGINT quits at once.
+The reported cases: `trainer.train()` in a script ended on a bare `KeyboardInterrupt` traceback with no checkpoint on
+Ctrl-C, and died at once on SIGTERM (preemption, `scancel`, a time limit). Now the first SIGINT, SIGTERM or SIGUSR1
+saves at the next step boundary and `train()` raises a `KeyboardInterrupt` that names the signal, says where the
+checkpoint is and to resume with `trainer.train(resume_from_checkpoint=True)`; a second SIGINT quits at once.
+Where a signal must land inside a step, the reward holds the step (`testing_utils.HELD_REWARD`): events, not timing.
 """
 
 import json
@@ -13,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from testing_utils import tiny_stapo_config
+from testing_utils import read_until, tiny_stapo_config, write_held_reward
 from transformers import TrainerCallback
 
 
@@ -24,32 +26,33 @@ import sys
 
 from datasets import Dataset
 
+from held_reward import held_accuracy
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.data import format_prompt
-from stapo_trl.rewards import math_accuracy_reward
 
-model, output_dir, max_steps, resume, temperature, length = sys.argv[1:]
+model, output_dir, max_steps, resume = sys.argv[1:]
 dataset = Dataset.from_list(
     [{"prompt": format_prompt(f"{a}+{b}"), "solution": str(a + b)} for a in range(10, 100, 7) for b in (12, 47, 83)]
 )
 config = STAPOConfig(
     output_dir=output_dir, max_steps=int(max_steps), logging_steps=1, per_device_train_batch_size=8,
-    num_generations=4, max_completion_length=int(length), temperature=float(temperature), save_steps=100000,
+    num_generations=4, max_completion_length=48, save_steps=100000,
     report_to="none", disable_tqdm=True, seed=0,
 )
-trainer = STAPOTrainer(model, math_accuracy_reward, args=config, train_dataset=dataset)
+trainer = STAPOTrainer(model, held_accuracy, args=config, train_dataset=dataset)
 trainer.train(resume_from_checkpoint=True if resume == "resume" else None)
 print("FINISHED at step", trainer.state.global_step)
 """
 
 
-def _start(tmp_path, model_path, *, max_steps=5000, resume=False, temperature=1.0, length=48):
+def _start(tmp_path, model_path, *, max_steps=5000, resume=False):
     script = tmp_path / "train_script.py"
     script.write_text(SCRIPT)
+    write_held_reward(tmp_path)  # next to the script, which imports it
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    args = [model_path, str(tmp_path / "out"), str(max_steps), "resume" if resume else "new", str(temperature)]
+    args = [model_path, str(tmp_path / "out"), str(max_steps), "resume" if resume else "new"]
     return subprocess.Popen(
-        [sys.executable, str(script), *args, str(length)],
+        [sys.executable, str(script), *args],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -58,33 +61,16 @@ def _start(tmp_path, model_path, *, max_steps=5000, resume=False, temperature=1.
     )
 
 
-def _read_until(proc, prefix: str, count: int = 1, timeout: float = 240) -> list[str]:
-    """The output lines up to the `count`-th that starts with `prefix`; the process is killed if it ends first or no
-    such line comes within `timeout` seconds (checked at each line)."""
-    import time
-
-    lines, seen, deadline = [], 0, time.monotonic() + timeout
-    for line in proc.stdout:
-        lines.append(line)
-        seen += line.startswith(prefix)
-        if seen == count:
-            return lines
-        if time.monotonic() > deadline:
-            break
-    proc.kill()
-    raise AssertionError(f"no line starting with {prefix!r} (rc {proc.wait()}):\n{''.join(lines)[-3000:]}")
-
-
 def test_ctrl_c_in_a_script_saves_a_checkpoint_and_resumes(tmp_path, tiny_math_model_path):
     """The reported case, in a subprocess: SIGINT, the checkpoint and the printed hint, then the resume."""
     proc = _start(tmp_path, tiny_math_model_path)
-    _read_until(proc, "step ", count=2)  # two optimizer steps logged: training is under way
+    read_until(proc, "step ", count=2)  # two optimizer steps logged: training is under way
     proc.send_signal(signal.SIGINT)
     output = proc.communicate(timeout=300)[0]
     assert proc.returncode == -signal.SIGINT, output  # ended by SIGINT, as Ctrl-C does (a shell shows status 130)
     assert "Ctrl-C: saving a checkpoint at the end of this step" in output
     last = output.strip().splitlines()[-1]
-    prefix = "KeyboardInterrupt: Interrupted at step "
+    prefix = "KeyboardInterrupt: Interrupted by SIGINT at step "
     assert last.startswith(prefix), output[-3000:]
     step = int(last.removeprefix(prefix).split(":")[0])
     checkpoint = tmp_path / "out" / f"checkpoint-{step}"
@@ -99,42 +85,67 @@ def test_ctrl_c_in_a_script_saves_a_checkpoint_and_resumes(tmp_path, tiny_math_m
     assert f"step {step + 1}/{step + 2}" in output and f"step {step}/" not in output  # resumed, not restarted
 
 
-def test_second_ctrl_c_in_a_script_quits_at_once(tmp_path, tiny_math_model_path):
-    import time
+@pytest.mark.slow  # a training subprocess, then real signals
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_a_scheduler_signal_in_a_script_saves_a_checkpoint(tmp_path, tiny_math_model_path, signum):
+    """SIGTERM (preemption, `scancel`, a time limit) killed the script at once, with nothing saved; now it takes Ctrl-C's
+    path and the exception names it. Uncaught, it ends the script as Ctrl-C does (by SIGINT: a shell shows 130)."""
+    proc = _start(tmp_path, tiny_math_model_path)
+    read_until(proc, "step ", count=2)
+    proc.send_signal(signum)
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == -signal.SIGINT, output[-3000:]
+    assert f"{signum.name}: saving a checkpoint at the end of this step" in output
+    last = output.strip().splitlines()[-1]
+    prefix = f"KeyboardInterrupt: Interrupted by {signum.name} at step "
+    assert last.startswith(prefix), output[-3000:]
+    step = int(last.removeprefix(prefix).split(":")[0])
+    assert (
+        json.loads((tmp_path / "out" / f"checkpoint-{step}" / "trainer_state.json").read_text())["global_step"] == step
+    )
+    assert "FINISHED" not in output
 
-    # why: long random completions (T = 3, 400 tokens) make a step last long enough for the second signal to land
-    proc = _start(tmp_path, tiny_math_model_path, temperature=3.0, length=400)
-    _read_until(proc, "step ")
+
+@pytest.mark.slow  # a training subprocess, then real signals
+def test_second_ctrl_c_in_a_script_quits_at_once(tmp_path, tiny_math_model_path):
+    """Both signals land inside one step, which the reward holds: the second always finds the first's checkpoint
+    pending. (Sent during a long step, as before, the second came too late whenever that step ended first.)"""
+    proc = _start(tmp_path, tiny_math_model_path)
+    read_until(proc, "step ")
+    (tmp_path / "HOLD").touch()
+    read_until(proc, "reward held")
     proc.send_signal(signal.SIGINT)
-    _read_until(proc, "Ctrl-C: saving a checkpoint at the end of this step")
-    start = time.monotonic()
+    read_until(proc, "Ctrl-C: saving a checkpoint at the end of this step")
     proc.send_signal(signal.SIGINT)
-    output = proc.communicate(timeout=120)[0]
+    output = proc.communicate(timeout=300)[0]
     assert proc.returncode == 130, output
-    assert time.monotonic() - start < 10
     assert output.startswith("Second Ctrl-C: quitting now, without saving."), output
     assert not list((tmp_path / "out").glob("checkpoint-*"))
 
 
-class _CtrlCAtStep(TrainerCallback):
-    """Send SIGINT to this process once, at the end of `step` (what Ctrl-C in a terminal or a notebook does)."""
+class _SignalAtStep(TrainerCallback):
+    """Send `signum` to this process once, at the end of `step` (what Ctrl-C in a terminal or a notebook does, or a
+    scheduler's SIGTERM)."""
 
-    def __init__(self, step: int):
-        self.step, self.sent = step, False
+    def __init__(self, step: int, signum: int):
+        self.step, self.signum, self.sent = step, signum, False
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step and not self.sent:
             self.sent = True
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), self.signum)
 
 
-def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_model_path):
-    """A notebook: the interrupt is caught, and the same trainer object resumes from its checkpoint to the end."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1], ids=lambda s: s.name)
+def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_model_path, signum):
+    """A notebook: the interrupt is caught, and the same trainer object resumes from its checkpoint to the end. Before,
+    SIGTERM and SIGUSR1 ended the process at once (here: pytest itself)."""
     from datasets import Dataset
 
     from stapo_trl import STAPOTrainer
     from stapo_trl.data import format_prompt
     from stapo_trl.rewards import math_accuracy_reward
+    from stapo_trl.runfiles.interrupt import STOP_SIGNALS
 
     dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{a}"), "solution": str(2 * a)} for a in range(10, 60)])
     config = tiny_stapo_config(
@@ -147,11 +158,12 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
         disable_tqdm=True,
     )
     trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=dataset)
-    trainer.add_callback(_CtrlCAtStep(2))
-    handler = signal.getsignal(signal.SIGINT)
+    trainer.add_callback(_SignalAtStep(2, signum))
+    handlers = [signal.getsignal(s) for s in STOP_SIGNALS]
     with pytest.raises(KeyboardInterrupt) as excinfo:
         trainer.train()
-    assert signal.getsignal(signal.SIGINT) is handler  # restored
+    assert [signal.getsignal(s) for s in STOP_SIGNALS] == handlers  # restored
+    assert excinfo.value.signal == signum and str(excinfo.value).startswith(f"Interrupted by {signum.name} at step 2:")
     assert excinfo.value.step == 2
     assert excinfo.value.checkpoint == str(tmp_path / "out" / "checkpoint-2")
     assert (tmp_path / "out" / "checkpoint-2" / "trainer_state.json").is_file()  # saved despite save_strategy="no"
@@ -160,28 +172,3 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
     trainer.train(resume_from_checkpoint=True)
     assert trainer.state.global_step == 4
     assert [row["step"] for row in trainer.state.log_history if "reward" in row] == [1, 2, 3, 4]
-
-
-def test_ctrl_c_under_stapo_train_still_prints_the_command(tmp_path, tiny_math_model_path):
-    """The CLI goes through the same trainer code: one line with its own resume command, no traceback."""
-    argv = ["--config", "recipes/demo/stapo.yaml", "--model_name_or_path", tiny_math_model_path]
-    argv += ["--output_dir", str(tmp_path / "run"), "--max_steps", "5000", "--save_steps", "100000"]
-    argv += ["--logging_steps", "1", "--eval_before_after", "false", "--disable_tqdm", "true"]
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stapo_trl.cli.train", *argv],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    _read_until(proc, "step ", count=2)
-    proc.send_signal(signal.SIGINT)
-    output = proc.communicate(timeout=300)[0]
-    assert proc.returncode == 130, output
-    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
-    (line,) = [line for line in output.splitlines() if line.startswith("Interrupted at step")]
-    step = int(line.split()[3].rstrip(":"))
-    assert f"checkpoint saved to {tmp_path / 'run' / f'checkpoint-{step}'}." in line
-    assert line.endswith("Resume with the same command: stapo-train " + " ".join(argv)), line

@@ -1,0 +1,127 @@
+"""scripts/launch.sh passes stop signals on to training: SIGUSR1 (Slurm's time-limit warning, which slurm/train.slurm
+passes to it) always, SIGTERM outside a Slurm job (inside one, Slurm signals every process itself: passing it on
+would deliver it twice). It then exits with 128 + the signal's number.
+
+Stand-ins for the server (a folder served over HTTP, whose file `health` answers GET /health) and for training (a
+Python process that records the signals it gets); the test waits for training's "started" record, never on time.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+from testing_utils import REPO, free_port, read_until
+
+
+pytestmark = pytest.mark.slow  # the recipe's dry run, a server and a training process per test
+
+STUB_SERVER = textwrap.dedent(
+    """\
+    #!/usr/bin/env bash
+    # Stand-in for `trl vllm-serve`: serves a folder that holds a file named health, so GET /health answers 200.
+    while [[ $# -gt 0 && "$1" != --port ]]; do shift; done
+    exec "$PYTHON" -m http.server --bind 127.0.0.1 --directory "$STUB_DIR" "$2"
+    """
+)
+
+STUB_TRAINING = textwrap.dedent(
+    """\
+    import os, signal, sys
+
+    record = os.environ["STUB_RECORD"]
+
+    def stop(signum, frame):
+        with open(record, "a") as f:
+            print("got", signal.Signals(signum).name, file=f)
+        sys.exit(128 + signum)
+
+    for signum in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signum, stop)
+    with open(record, "a") as f:
+        print("training started", file=f)
+    while True:
+        signal.pause()
+    """
+)
+
+
+def _as_from_a_terminal():
+    # A terminal's shell starts a command with SIGINT at its default and unblocked (pytest in the background of a
+    # non-interactive shell has it ignored, which a child would inherit).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _start_launch(tmp_path, **env: str) -> tuple[subprocess.Popen, object]:
+    (tmp_path / "health").write_text("ok")
+    server, training = tmp_path / "stub_trl", tmp_path / "stub_training.py"
+    server.write_text(STUB_SERVER)
+    server.chmod(0o755)
+    training.write_text(STUB_TRAINING)
+    accelerate = tmp_path / "stub_accelerate"
+    accelerate.write_text(f'#!/usr/bin/env bash\nexec "{sys.executable}" "{training}"\n')
+    accelerate.chmod(0o755)
+    record = tmp_path / "record"
+    full_env = dict(
+        os.environ, PYTHON=sys.executable, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRL_BIN=str(server),
+        ACCELERATE_BIN=str(accelerate), STUB_DIR=str(tmp_path), STUB_RECORD=str(record), HEALTH_INTERVAL="0.5", **env,
+    )  # fmt: skip
+    for name in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID"):
+        full_env.pop(name, None)
+    full_env.update(env)
+    proc = subprocess.Popen(
+        ["bash", str(REPO / "scripts" / "launch.sh"), "recipes/Qwen3-1.7B/stapo.yaml", "--gpus", "0,1,2,3,4,5,6,7",
+         "--port", str(free_port()), "--timeout", "120", "--log-dir", str(tmp_path)],
+        cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        preexec_fn=_as_from_a_terminal,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300  # a guard against a hang, not a bound on the launcher's speed
+    while not (record.exists() and "training started" in record.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.2)
+    return proc, record
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGUSR1, 138), (signal.SIGTERM, 143)], ids=["SIGUSR1", "SIGTERM"])
+def test_launch_passes_a_stop_signal_on_to_training(tmp_path, signum, status):
+    """The signal to launch.sh alone (Slurm's `--signal=B:USR1@...` reaches the batch shell only; `kill` or a container
+    runtime signals the main process): training gets it once, launch.sh exits with 128 + its number."""
+    proc, record = _start_launch(tmp_path)
+    proc.send_signal(signum)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == status, output[-3000:]
+    assert record.read_text().splitlines() == ["training started", f"got {signum.name}"]
+    assert f"launch.sh: {signum.name}: passed on to training" in output
+    assert f"training exited with status {status}" in output
+
+
+def test_launch_in_a_slurm_job_leaves_sigterm_to_slurm(tmp_path):
+    """In a Slurm job, scancel and preemption signal every process of the job: launch.sh does not pass SIGTERM on
+    (training would get it twice); training, signalled by Slurm as here, ends, and launch.sh exits 143."""
+    proc, record = _start_launch(tmp_path, SLURM_JOB_ID="1")
+    proc.send_signal(signal.SIGTERM)
+    read_until(proc, "launch.sh: SIGTERM in Slurm job 1, which signals training itself")
+    assert record.read_text().splitlines() == ["training started"]  # nothing passed on
+    (training,) = [p for p in psutil.Process(proc.pid).children() if "stub_training.py" in " ".join(p.cmdline())]
+    training.send_signal(signal.SIGTERM)  # what Slurm sends every process
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 143, output[-3000:]
+    assert record.read_text().splitlines() == ["training started", "got SIGTERM"]
+
+
+def test_ctrl_c_reaches_training_that_runs_in_the_background(tmp_path):
+    """Ctrl-C signals the terminal's foreground process group. launch.sh runs training in the background (so that its
+    traps run while training does), where bash would start it with SIGINT ignored; training, whose SIGINT is Python's
+    default here, ends on it, and launch.sh exits 130."""
+    proc, record = _start_launch(tmp_path)
+    os.killpg(proc.pid, signal.SIGINT)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, output[-3000:]
+    assert "KeyboardInterrupt" in output and record.read_text().splitlines() == ["training started"]
