@@ -19,6 +19,8 @@ from typing import Any
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..core import STAPOConfig
+from ..core.s2t import S2TSettings
+from ..core.stapo_config import s2t_settings
 from ..data import NOT_HELD_OUT
 from ..models.names import BUILTIN_MODELS, INFO_FILE, read_builtin_info
 from .metrics_log import s2t_totals
@@ -82,8 +84,10 @@ def _named(base_model: str) -> str:
     return base_model if base_model == LOCAL_MODEL else f"`{base_model}`"
 
 
-def _value(args: Any, name: str) -> str:
-    value = getattr(args, name)
+def _value(args: Any, name: str, s2t: S2TSettings | None = None) -> str:
+    value = (
+        getattr(s2t, name.removeprefix("s2t_")) if s2t is not None and name.startswith("s2t_") else getattr(args, name)
+    )
     value = getattr(value, "value", value)  # transformers enums (SchedulerType) -> their string
     return f"`{value}`"
 
@@ -95,6 +99,7 @@ def _percent(value: float) -> str:
 def run_summary_lines(
     args: Any,
     *,
+    s2t: S2TSettings | None = None,
     global_step: int | None = None,
     log_rows: list[dict[str, Any]] | None = None,
     eval_record: dict[str, Any] | None = None,
@@ -103,6 +108,8 @@ def run_summary_lines(
 
     Args:
         args ([`~stapo_trl.STAPOConfig`] or [`~trl.GRPOConfig`]): the training arguments.
+        s2t ([`~stapo_trl.core.s2t.S2TSettings`], *optional*): the S2T values the trainer ran with (`trainer.s2t`, also
+            for a plain `GRPOConfig`); `None`: those of a `STAPOConfig`, else a plain GRPO run without the mask.
         global_step (`int`, *optional*): optimizer steps trained; `None` leaves the line out.
         log_rows (`list[dict]`, *optional*): the run's log rows (`trainer.state.log_history`, the rows `metrics.jsonl`
             is written from); the silenced ratio is pooled over them ([`~stapo_trl.runfiles.metrics_log.s2t_totals`]).
@@ -116,7 +123,8 @@ def run_summary_lines(
     if global_step is not None:
         planned = f" (`max_steps` {args.max_steps})" if getattr(args, "max_steps", -1) > 0 else ""
         lines.append(f"- **Steps trained**: {global_step} optimizer steps{planned}.")
-    mode = getattr(args, "s2t_mode", None)
+    s2t = s2t if s2t is not None or not isinstance(args, STAPOConfig) else s2t_settings(args, STAPOConfig._s2t_modes)
+    mode = s2t.mode if s2t is not None else None
     totals = s2t_totals(log_rows) if log_rows else None
     if mode is None:
         lines.append("- **S2T mask**: off (plain GRPO: `trl.GRPOTrainer`, no S2T mask).")
@@ -125,7 +133,7 @@ def run_summary_lines(
         if totals is not None:
             counted = (
                 f"; {totals['num_candidates']:,} of {totals['num_loss_tokens']:,} loss tokens were candidates "
-                f"(A > 0, p < τ_p = {args.s2t_prob_threshold:g}), counted only"
+                f"(A > 0, p < τ_p = {s2t.prob_threshold:g}), counted only"
             )
         lines.append(f"- **S2T mask**: off (`s2t_mode: off`): no token was silenced{counted}.")
     elif totals is not None:
@@ -156,6 +164,7 @@ def stapo_card_section(
     args: Any,
     base_model: str,
     *,
+    s2t: S2TSettings | None = None,
     global_step: int | None = None,
     log_rows: list[dict[str, Any]] | None = None,
     eval_record: dict[str, Any] | None = None,
@@ -167,17 +176,18 @@ def stapo_card_section(
     geometry, rollouts).
 
     Args:
-        args ([`~stapo_trl.STAPOConfig`] or [`~trl.GRPOConfig`]): the training arguments. A `GRPOConfig` gets a
-            "no S2T mask" line instead of the S2T rows.
+        args ([`~stapo_trl.STAPOConfig`] or [`~trl.GRPOConfig`]): the training arguments.
         base_model (`str`): the base model's name.
-        global_step, log_rows, eval_record: as in [`run_summary_lines`].
+        s2t, global_step, log_rows, eval_record: as in [`run_summary_lines`]; without S2T values, a "no S2T mask" line
+            instead of the S2T rows.
 
     Returns:
         `str`: the section, between the markers `SECTION_START` and `SECTION_END`.
     """
-    is_stapo = isinstance(args, STAPOConfig)
+    s2t = s2t if s2t is not None or not isinstance(args, STAPOConfig) else s2t_settings(args, STAPOConfig._s2t_modes)
+    is_stapo = s2t is not None
     lines = [SECTION_START, "", "### STAPO run: settings and results", ""]
-    if is_stapo and args.s2t_mode == "off":
+    if is_stapo and s2t.mode == "off":
         lines.append(
             f"Base model: {_named(base_model)}, trained with `stapo_trl.STAPOTrainer` with the S2T mask off "
             f"(`s2t_mode: off`): the GRPO objective below without the mask, the like-for-like baseline of "
@@ -198,10 +208,12 @@ def stapo_card_section(
     base_license = BUILTIN_MODELS.get(base_model.removeprefix("builtin:"), {}).get("license")
     if base_model.startswith("builtin:") and base_license:
         lines += ["", f"The base model's license applies to this model too: {base_license}."]
-    lines += [""] + run_summary_lines(args, global_step=global_step, log_rows=log_rows, eval_record=eval_record)
+    lines += [""] + run_summary_lines(
+        args, s2t=s2t, global_step=global_step, log_rows=log_rows, eval_record=eval_record
+    )
     lines += ["", "| setting | meaning | value |", "|---|---|---|"]
     rows = (_S2T_FIELDS if is_stapo else ()) + _OBJECTIVE_FIELDS
-    lines += [f"| `{name}` | {meaning} | {_value(args, name)} |" for name, meaning in rows]
+    lines += [f"| `{name}` | {meaning} | {_value(args, name, s2t)} |" for name, meaning in rows]
     lines += ["", SECTION_END, ""]
     return "\n".join(lines)
 
@@ -344,6 +356,7 @@ def add_stapo_section(trainer, base_model: str | None = None, eval_record: dict[
     section = stapo_card_section(
         trainer.args,
         base_model,
+        s2t=getattr(trainer, "s2t", None),  # a STAPOTrainer's, whatever the class of its config
         global_step=trainer.state.global_step,
         log_rows=trainer.state.log_history,
         eval_record=eval_record,

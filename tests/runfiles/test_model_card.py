@@ -244,9 +244,11 @@ def _card_trainer(model_path: str, output_dir: Path, trainer_name: str = "stapo"
     from stapo_trl import STAPOConfig, STAPOTrainer
     from stapo_trl.trainer import GRPOBaselineTrainer
 
-    config_class, trainer_class = (
-        (STAPOConfig, STAPOTrainer) if trainer_name == "stapo" else (GRPOConfig, GRPOBaselineTrainer)
-    )
+    config_class, trainer_class = {
+        "stapo": (STAPOConfig, STAPOTrainer),
+        "stapo-with-grpo-config": (GRPOConfig, STAPOTrainer),
+        "grpo": (GRPOConfig, GRPOBaselineTrainer),
+    }[trainer_name]
     args = config_class(
         output_dir=str(output_dir), use_cpu=True, bf16=False, report_to="none", activation_checkpointing=False,
         per_device_train_batch_size=8, num_generations=8, max_completion_length=8, **config,
@@ -305,6 +307,29 @@ def test_model_card_names_stapo_cites_the_paper_and_lists_the_s2t_values(tiny_ra
     # No hub_model_id (push_to_hub off): the quick start loads the saved model from output_dir, not "None".
     assert 'model="None"' not in card and f'model="{tmp_path}"' in card and "licence: license" not in card
     assert card.index(SECTION_START) < card.index("### Framework versions")
+
+
+@pytest.mark.parametrize(
+    "trainer_name, config, s2t_rows",
+    [
+        # A plain GRPOConfig: the paper's S2T values, which the trainer ran with (the card said "no S2T mask").
+        ("stapo-with-grpo-config", {}, ("`0.002`", "`0.75`", "`low_entropy`")),
+        ("stapo-with-grpo-config", {"epsilon_high": 0.28}, ("`0.002`", "`0.75`", "`low_entropy`")),
+        ("stapo", {"s2t_mode": "off"}, ("`0.002`", "`0.75`", "`off`")),
+    ],
+)
+def test_card_states_the_s2t_values_the_trainer_ran_with_whatever_the_config_class(
+    tiny_random_model_path, tmp_path, trainer_name, config, s2t_rows
+):
+    from stapo_trl.runfiles.model_card import add_stapo_section
+
+    trainer = _card_trainer(tiny_random_model_path, tmp_path, trainer_name, **config)
+    trainer.create_model_card(dataset_name=None, tags=["stapo_trl"])
+    add_stapo_section(trainer)
+    section = (tmp_path / "README.md").read_text().split("### STAPO run")[1]
+    assert "no S2T mask" not in section and "plain GRPO" not in section
+    for row in ("| `s2t_prob_threshold` |", "| `s2t_entropy_quantile` |", "| `s2t_mode` |", *s2t_rows):
+        assert row in section, row
 
 
 def test_python_api_card_loads_the_checkpoint_the_run_saved(tiny_math_model_path, tmp_path):
