@@ -39,6 +39,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ..integrations.upstream_warnings import quiet_upstream_imports
 from .errors import InputError, print_line, report_input_errors
 
 
@@ -65,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(version_text("stapo-train"))
         raise SystemExit(0)
     try:
-        with report_input_errors():
+        with report_input_errors(), quiet_upstream_imports():  # TRL's vLLM-range warning as the trainer loads
             _main(argv)
     except KeyboardInterrupt as e:  # after the checkpoint (stapo_trl.runfiles.interrupt), or a bare Ctrl-C
         if os.environ.get("RANK", "0") == "0":  # one message per run, not one per process
