@@ -398,7 +398,7 @@ def public_dataset_name(dataset_name: str | None) -> str | None:
     `None` for a `builtin:` dataset or a local file or folder."""
     if not dataset_name or dataset_name.startswith("builtin:") or os.path.exists(dataset_name):
         return None
-    if os.path.isabs(dataset_name) or os.path.splitext(dataset_name)[1].lower() in (".json", ".jsonl", ".parquet"):
+    if os.path.isabs(dataset_name) or os.path.splitext(dataset_name)[1].lower() in (".json", ".jsonl", ".parquet", ".csv"):
         return None  # a local path that is not here (the card is written on another machine than the data?)
     return dataset_name
 

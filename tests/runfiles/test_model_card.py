@@ -368,3 +368,15 @@ def test_full_model_card_quick_start_asks_a_training_prompt(tiny_math_model_path
     )
     run_card_quick_start(card, expect="pipeline(")
     assert INSTRUCTION.splitlines()[0][:20] in card.read_text()
+
+
+@pytest.mark.parametrize(
+    "name, public",
+    [("data/train.csv", None), ("train.CSV", None), ("train.jsonl", None), ("org/math-17k", "org/math-17k")],
+)
+def test_uploaded_card_names_a_local_data_file_missing_here_as_no_hub_dataset(name, public):
+    """A local file the run trained on, written on another machine than the data (so not found here), is no Hub id:
+    CSV files load as JSON and Parquet ones do, so a `.csv` name is a local file too."""
+    from stapo_trl.runfiles.model_card import public_dataset_name
+
+    assert public_dataset_name(name) == public
