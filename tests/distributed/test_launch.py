@@ -229,7 +229,7 @@ def test_demo_recipe_trains_and_resumes_with_deepspeed_zero3_on_two_cpu_processe
         timeout=900,
         env=env,
     )
-    assert "resuming training from" in output and "checkpoint-4" in output, output[-3000:]
+    assert "Resuming training from" in output and "checkpoint-4" in output, output[-3000:]
     assert "Resuming training from checkpoint with epoch 0 and global step 4" in output, output[-3000:]
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
     rows = [row for row in read_jsonl(out / "metrics.jsonl") if "loss" in row]
@@ -313,7 +313,7 @@ def test_ctrl_c_on_two_processes_saves_one_checkpoint_on_every_rank_and_resumes(
         lambda port: _accelerate_cmd("cpu_2proc.yaml", port) + train_args + ["--max_steps", str(step + 2)],
         timeout=600,
     )
-    assert f"resuming training from {checkpoint}" in resumed, resumed[-3000:]
+    assert f"Resuming training from {checkpoint}" in resumed, resumed[-3000:]
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == step + 2
     assert (out / "model.safetensors").exists()
 

@@ -165,7 +165,7 @@ def test_a_job_stopped_by_the_warning_and_by_preemption_resumes_each_time(slurm,
         hold.unlink()
         # The job requeues itself; run 2 resumes. Preemption by a job of the urgent partition, inside a held step.
         _wait_for(lambda: _running(job, env, run=2), "run 2", log)
-        _wait_for(lambda: "resuming training from" in log.read_text(), "resume", log)
+        _wait_for(lambda: "Resuming training from" in log.read_text(), "resume", log)
         hold.touch()
         _wait_for(lambda: log.read_text().count("reward held") == 2, "held step of run 2", log)
         urgent = _run("sbatch", "--parsable", "--partition=urgent", "--output=/dev/null", "--wrap=true", env=env)
@@ -195,5 +195,5 @@ def test_a_job_stopped_by_the_warning_and_by_preemption_resumes_each_time(slurm,
     stops = [(match[1], int(match[2])) for match in stops if match]
     assert [name for name, _ in stops] == ["SIGUSR1", "SIGTERM"], text[-5000:]
     for _, step in stops:
-        assert f"resuming training from {out / f'checkpoint-{step}'}" in text
+        assert f"Resuming training from {out / f'checkpoint-{step}'}" in text
     assert (out / "model.safetensors").exists() and "run finished" in text
