@@ -6,6 +6,7 @@ The vLLM tests share one colocated engine (module fixture `vllm_trainer`): a sec
 the distributed state vLLM keeps per process. Tests that change the trainer's weights come last.
 """
 
+import dataclasses
 import math
 import warnings
 
@@ -212,12 +213,12 @@ def test_loss_under_vllm_is_correction_equals_trl_when_the_threshold_never_fires
     # One real vLLM generation batch, scored by TRL (old log-probs, importance-sampling ratio), before STAPO's mask.
     batch = GRPOTrainer._generate_and_score_completions(trainer, [PROMPTS[i] for i in range(4)])
     assert "importance_sampling_ratio" in batch and batch["old_per_token_logps"] is not None
-    threshold = trainer.args.s2t_prob_threshold
-    trainer.args.s2t_prob_threshold = 1e-30  # no token is that improbable: nothing is a candidate
+    settings = trainer.s2t  # the S2T values the trainer reads (from its config, at construction)
+    trainer.s2t = dataclasses.replace(settings, prob_threshold=1e-30)  # no token is that improbable: no candidate
     try:
         stapo_loss = trainer._compute_loss(trainer.model, dict(batch))  # the fixture's geometry: the mask in the loss
     finally:
-        trainer.args.s2t_prob_threshold = threshold
+        trainer.s2t = settings
     assert trainer._metrics["train"]["s2t/num_candidates"][-1] == 0
     trl_loss = GRPOTrainer._compute_loss(trainer, trainer.model, dict(batch))
     assert stapo_loss.item() == pytest.approx(trl_loss.item(), rel=1e-6, abs=1e-7)
