@@ -107,9 +107,10 @@ class ProductTrainerMixin:
         - Ctrl-C, SIGTERM or SIGUSR1 saves a checkpoint at the next step boundary and raises a `KeyboardInterrupt` that
           names the signal and says where and how to resume (`trainer.train(resume_from_checkpoint=True)`, or
           [`resume_hint`]; [`~stapo_trl.runfiles.interrupt.GracefulInterrupt`]); a second Ctrl-C quits at once;
-        - a built-in tiny model trains on one torch thread unless the caller chose a count (`torch.set_num_threads`,
-          `OMP_NUM_THREADS`): torch's one thread per core was up to 21x slower on 2 shared cores
-          ([`~stapo_trl.integrations.torch_threads`]); the count is restored afterwards (so do `evaluate`, `predict`);
+        - a tiny model (built-in, or trained from one) on one torch thread unless the caller chose a count
+          (`torch.set_num_threads`, `OMP_NUM_THREADS`): torch's one thread per core was up to 21x slower on 2 shared
+          cores ([`~stapo_trl.integrations.torch_threads`]); the count is restored afterwards (so do `evaluate`,
+          `predict`);
         - without the known-harmless upstream warnings ([`~stapo_trl.integrations.upstream_warnings`]);
         - one writer per `output_dir`, and `resume_from_checkpoint=True` takes the newest complete checkpoint
           ([`~stapo_trl.runfiles.run_folder`]).
@@ -149,7 +150,7 @@ class ProductTrainerMixin:
         super()._save_checkpoint(model, trial)
 
     def evaluate(self, *args, **kwargs):
-        """`Trainer.evaluate` on the thread count of `train()` (one for a built-in tiny model unless the caller chose
+        """`Trainer.evaluate` on the thread count of `train()` (one for a tiny model unless the caller chose
         one): 9.1 s instead of 95 s on 2 shared cores (`benchmarks/results/2026-12-04-evaluate-threads.md`)."""
         with torch_threads(default_num_threads(self.model)):
             return super().evaluate(*args, **kwargs)
