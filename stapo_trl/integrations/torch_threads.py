@@ -58,9 +58,8 @@ def threads_set_by_user() -> bool:
 
 
 def is_tiny_model(model) -> bool:
-    """Whether `model` (a model, or its folder) was loaded from a folder whose weights (`model*.safetensors`) take at
-    most [`TINY_MODEL_MAX_BYTES`]: a built-in tiny model, or one trained from it. A Hub id, a model without a folder:
-    `False`."""
+    """Whether `model` (a model, or its folder) comes from a folder whose `model*.safetensors` take at most
+    [`TINY_MODEL_MAX_BYTES`]: a built-in tiny model, or one trained from it (a Hub id, no folder: `False`)."""
     config = getattr(model, "config", None)
     path = model if isinstance(model, (str, os.PathLike)) else getattr(config, "_name_or_path", None)
     weights = glob.glob(os.path.join(glob.escape(str(path)), "model*.safetensors")) if path else []
