@@ -71,6 +71,8 @@ class ProductTrainerMixin:
         if args is not None:
             check_vllm_args(args)  # vllm_mode='server' on a CPU-only run: refused before TRL waits for a server
             write_run_files(args)  # a bool, where the config has the field
+            lock_run_folder(args)  # output_dir writable, no other run's: refused now, before a model is built
+            lock_run_folder(args, acquire=False)
         reward_funcs = resolve_reward_names(reward_funcs)  # "math_accuracy" is stapo_trl's, not a Hub reward model
         # Checked now, not at the first step after a model build; and only what GRPOTrainer would fail on. Its later
         # arguments may come by position too.
@@ -218,7 +220,8 @@ class STAPOTrainer(ProductTrainerMixin, core.STAPOTrainer):
             `reset()` supplies the prompt, is given); a reward function with an argument that no column of
             `train_dataset` / `eval_dataset` fills ([`~stapo_trl.checks.dataset.check_reward_columns`]; not checked
             with a `rollout_func`); an unknown reward name; `vllm_mode="server"` without an accelerator; an S2T value
-            out of range or `s2t_write_run_files` not a bool, from a config of any class.
+            out of range or `s2t_write_run_files` not a bool, from a config of any class; an `output_dir` that cannot
+            be written or that another run writes ([`~stapo_trl.runfiles.run_folder.lock_run_folder`]).
         FileNotFoundError, ConnectionError: a model (or reward model) given as a Hub id that is not in the local
             cache while `HF_HUB_OFFLINE=1`, or while the Hub does not answer
             ([`~stapo_trl.checks.hub.check_hub_model`]; in seconds, before any download is tried).

@@ -30,14 +30,10 @@ def _threads_per_core() -> int:
     """Hardware threads per physical core (2 with hyper-threading), from sysfs; 1 when it cannot be read."""
     try:
         with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
-            siblings = f.read().strip()
+            ranges = [part.partition("-") for part in f.read().strip().split(",")]  # "0-1" or "0,16"
     except OSError:
         return 1
-    count = 0
-    for part in siblings.split(","):
-        low, _, high = part.partition("-")
-        count += int(high) - int(low) + 1 if high else 1
-    return max(count, 1)
+    return max(sum(int(high) - int(low) + 1 if high else 1 for low, _, high in ranges), 1)
 
 
 def torch_default_threads() -> set[int]:
