@@ -20,7 +20,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .grading import grade
@@ -158,11 +158,11 @@ REWARDS: dict[str, Callable[..., list]] = {"math_accuracy": math_accuracy_reward
 
 def checked_reward(func: Callable) -> Callable:
     """`func` (a sync reward function; an async one is returned as is) checking what it returns, named as TRL names
-    `func`: no sequence (`None`, a number; TRL: `'NoneType' object is not iterable`) raises; `None` for every
+    `func`: no sequence of numbers (`None`; a str, dict: TRL trains on its characters, keys) raises; `None` for every
     completion (legal, teaches nothing) is warned once; `None` for some completions stays valid, as in TRL.
 
     Raises (when the result is called):
-        TypeError: `func` returned no sequence.
+        TypeError: `func` returned no sequence of numbers and `None`s.
     """
     from trl.trainer.utils import get_callable_name
 
@@ -172,13 +172,14 @@ def checked_reward(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def checked(*args, **kwargs):
-        rewards, step = func(*args, **kwargs), getattr(kwargs.get("trainer_state"), "global_step", "?")
-        if rewards is None or isinstance(rewards, str) or not isinstance(rewards, Iterable):
+        out, step = func(*args, **kwargs), getattr(kwargs.get("trainer_state"), "global_step", "?")
+        rewards = None if isinstance(out, (str, Mapping)) or not isinstance(out, Iterable) else list(out)
+        if rewards is None or not all(r is None or hasattr(r, "__float__") for r in rewards):  # a number, 0-d tensor
             raise TypeError(
-                f"Reward function {name} returned {rewards!r} at step {step}: it must return one reward per "
+                f"Reward function {name} returned {out!r} at step {step}: it must return one reward per "
                 f"completion, a list of {len(kwargs['completions'])} floats (None for a completion it cannot judge)."
             )
-        if not warned and isinstance(rewards, list) and rewards and all(r is None for r in rewards):
+        if not warned and rewards and all(r is None for r in rewards):
             warned.append(step)
             logger.warning(
                 f"Reward function {name} returned None for all {len(rewards)} completions at step {step}: TRL drops "

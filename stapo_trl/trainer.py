@@ -71,6 +71,8 @@ class ProductTrainerMixin:
         if args is not None:
             check_vllm_args(args)  # vllm_mode='server' on a CPU-only run: refused before TRL waits for a server
             write_run_files(args)  # a bool, where the config has the field
+            lock_run_folder(args)  # output_dir writable, no other run's: refused now, before a model is built
+            lock_run_folder(args, acquire=False)
         reward_funcs = resolve_reward_names(reward_funcs)  # "math_accuracy" is stapo_trl's, not a Hub reward model
         # Checked now, not at the first step after a model build; and only what GRPOTrainer would fail on. Its later
         # arguments may come by position too.
@@ -107,9 +109,10 @@ class ProductTrainerMixin:
         - Ctrl-C, SIGTERM or SIGUSR1 saves a checkpoint at the next step boundary and raises a `KeyboardInterrupt` that
           names the signal and says where and how to resume (`trainer.train(resume_from_checkpoint=True)`, or
           [`resume_hint`]; [`~stapo_trl.runfiles.interrupt.GracefulInterrupt`]); a second Ctrl-C quits at once;
-        - a built-in tiny model trains on one torch thread unless the caller chose a count (`torch.set_num_threads`,
-          `OMP_NUM_THREADS`): torch's one thread per core was up to 21x slower on 2 shared cores
-          ([`~stapo_trl.integrations.torch_threads`]); the count is restored afterwards (so do `evaluate`, `predict`);
+        - a tiny model (built-in, or trained from one) on one torch thread unless the caller chose a count
+          (`torch.set_num_threads`, `OMP_NUM_THREADS`): torch's one thread per core was up to 21x slower on 2 shared
+          cores ([`~stapo_trl.integrations.torch_threads`]); the count is restored afterwards (so do `evaluate`,
+          `predict`);
         - without the known-harmless upstream warnings ([`~stapo_trl.integrations.upstream_warnings`]);
         - one writer per `output_dir`, and `resume_from_checkpoint=True` takes the newest complete checkpoint
           ([`~stapo_trl.runfiles.run_folder`]).
@@ -149,7 +152,7 @@ class ProductTrainerMixin:
         super()._save_checkpoint(model, trial)
 
     def evaluate(self, *args, **kwargs):
-        """`Trainer.evaluate` on the thread count of `train()` (one for a built-in tiny model unless the caller chose
+        """`Trainer.evaluate` on the thread count of `train()` (one for a tiny model unless the caller chose
         one): 9.1 s instead of 95 s on 2 shared cores (`benchmarks/results/2026-12-04-evaluate-threads.md`)."""
         with torch_threads(default_num_threads(self.model)):
             return super().evaluate(*args, **kwargs)
@@ -217,7 +220,8 @@ class STAPOTrainer(ProductTrainerMixin, core.STAPOTrainer):
             `reset()` supplies the prompt, is given); a reward function with an argument that no column of
             `train_dataset` / `eval_dataset` fills ([`~stapo_trl.checks.dataset.check_reward_columns`]; not checked
             with a `rollout_func`); an unknown reward name; `vllm_mode="server"` without an accelerator; an S2T value
-            out of range or `s2t_write_run_files` not a bool, from a config of any class.
+            out of range or `s2t_write_run_files` not a bool, from a config of any class; an `output_dir` that cannot
+            be written or that another run writes ([`~stapo_trl.runfiles.run_folder.lock_run_folder`]).
         FileNotFoundError, ConnectionError: a model (or reward model) given as a Hub id that is not in the local
             cache while `HF_HUB_OFFLINE=1`, or while the Hub does not answer
             ([`~stapo_trl.checks.hub.check_hub_model`]; in seconds, before any download is tried).

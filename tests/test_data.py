@@ -258,6 +258,8 @@ def test_local_file_evaluation_is_labelled_not_held_out(tmp_path, tiny_math_mode
     assert f"dataset_name={data!r} is one local file, so the before/after evaluation reads" in capsys.readouterr().out
     main(argv)
     assert "the accuracy is not held out" in caplog.text
+    listed = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("eval.json")]
+    assert listed == [["eval.json", "accuracy", "before", "and", "after", "training"]]  # it said "held-out accuracy"
     record = json.loads((out / "eval.json").read_text())
     assert record["split"] == "training file (not held out)" and record["num_problems"] == 4
     assert "problems of the `training file (not held out)` split" in (out / "README.md").read_text()

@@ -3,8 +3,11 @@ named by its dotted path that reads extra dataset columns in a real `stapo-train
 
 import json
 import logging
+from fractions import Fraction
 
+import numpy as np
 import pytest
+import torch
 from testing_utils import STAPO_RECIPE, addition_rows, write_jsonl
 
 from stapo_trl.rewards import REWARDS, completion_text, format_reward, get_reward_funcs, math_accuracy_reward
@@ -246,15 +249,31 @@ def returns_text(completions, **kwargs):
     return "0.5"
 
 
+def returns_texts(completions, **kwargs):
+    return ["1.0"] * len(completions)
+
+
+def returns_a_dict(completions, **kwargs):
+    return {i: 1.0 for i in range(len(completions))}
+
+
+def returns_lists(completions, **kwargs):
+    return [[1.0] for _ in completions]
+
+
 @pytest.mark.parametrize(
     "reward, returned",
     [
         (returns_none, "None"),  # the reported case: TRL's `TypeError: 'NoneType' object is not iterable`
         (returns_one_number, "1.0"),  # a batch score instead of one per completion
         (returns_text, "'0.5'"),  # a score left as text (TRL would take its characters for 3 rewards)
+        # Reported: scores as text stopped TRL with `ValueError: too many dimensions 'str'`, a traceback into torch.
+        (returns_texts, "['1.0', '1.0', '1.0', '1.0']"),
+        (returns_a_dict, "{0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}"),  # TRL trained on its keys, 0 to 3: silently wrong
+        (returns_lists, "[[1.0], [1.0], [1.0], [1.0]]"),  # TRL: `RuntimeError: expand(torch.FloatTensor{[4, 1]} ...`
     ],
 )
-def test_a_reward_that_returns_no_list_is_one_line_naming_it_at_the_first_step(
+def test_a_reward_that_returns_no_list_of_numbers_is_one_line_naming_it_at_the_first_step(
     reward, returned, tmp_path, tiny_random_model_path
 ):
     from testing_utils import PROMPTS, tiny_stapo_config
@@ -268,6 +287,23 @@ def test_a_reward_that_returns_no_list_is_one_line_naming_it_at_the_first_step(
         f"Reward function {reward.__name__} returned {returned} at step 0: it must return one reward per completion, "
         "a list of 4 floats (None for a completion it cannot judge)."
     )
+
+
+@pytest.mark.parametrize(
+    "returned",
+    [
+        np.array([1.0, 0.0, 0.5]),
+        torch.tensor([1.0, 0.0, 0.5]),
+        [np.True_, np.False_, 0.5],  # a comparison's result
+        (torch.tensor(v) for v in (1.0, 0.0, 0.5)),  # 0-d tensors, from a generator
+        [1, False, Fraction(1, 2)],
+    ],
+)
+def test_every_sequence_of_numbers_trl_trains_on_passes_as_its_values(returned):
+    from stapo_trl.rewards import checked_reward
+
+    rewards = checked_reward(lambda completions, **kwargs: returned)(completions=["a", "b", "c"])
+    assert torch.tensor(rewards, dtype=torch.float32).tolist() == [1.0, 0.0, 0.5]  # as TRL converts them
 
 
 def test_reward_names_signatures_and_per_completion_none_are_as_in_trl(tmp_path, tiny_random_model_path, caplog):

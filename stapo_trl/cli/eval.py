@@ -203,7 +203,7 @@ def _main(argv: Sequence[str] | None) -> int:
             if not args.no_chat_template and not has_chat_template(generator.tokenizer):  # as training refuses
                 fail(chat_template_message(args.model, "stapo-eval's prompts are", EVAL_CHAT_TEMPLATE_FIX))
             data["model"] = describe_model(model_path, args.revision) | {"name_or_path": args.model}
-        with torch_threads(default_num_threads(model_path)):  # one thread for a built-in tiny model, as training
+        with torch_threads(default_num_threads(model_path)):  # one thread for a tiny model, as training
             _evaluate_pair(args, generator, data, problems[bench], bench, decoding_name, samples[bench], data_dir)
         write_json_atomic(output, data)
     if not todo:

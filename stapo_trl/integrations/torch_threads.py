@@ -5,23 +5,24 @@ torch starts one intra-op thread per available core. The built-in tiny models (`
 `tiny-math-h64`: 144k parameters) gain nothing from a second thread, and on shared cores two threads thrash: the
 `examples/python_api.py` run took 96 s of training at torch's default on 2 loaded cores and 3.1 s with one thread
 (`benchmarks/threads.py`, results in `benchmarks/results/2026-12-02-threads.md`). The product trainers' `train()`
-therefore runs such a model on [`TINY_MODEL_THREADS`] threads unless the caller chose a count
-([`threads_set_by_user`]); every other model keeps torch's default.
+therefore runs such a model, and one trained from it (a run's folder, a checkpoint: the same 0.58 MB of weights), on
+[`TINY_MODEL_THREADS`] threads unless the caller chose a count ([`threads_set_by_user`]); every larger model keeps
+torch's default.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 from collections.abc import Iterator
 
 import torch
 
-from ..models.names import INFO_FILE, read_builtin_info
-
 
 # The fastest count for the built-in tiny models, on 1 and 2 cores, idle and loaded (benchmarks/threads.py).
 TINY_MODEL_THREADS = 1
+TINY_MODEL_MAX_BYTES = 4 * 2**20  # weights up to 1M float32 parameters; the built-in tiny models' are 0.58 MB
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -29,14 +30,10 @@ def _threads_per_core() -> int:
     """Hardware threads per physical core (2 with hyper-threading), from sysfs; 1 when it cannot be read."""
     try:
         with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
-            siblings = f.read().strip()
+            ranges = [part.partition("-") for part in f.read().strip().split(",")]  # "0-1" or "0,16"
     except OSError:
         return 1
-    count = 0
-    for part in siblings.split(","):
-        low, _, high = part.partition("-")
-        count += int(high) - int(low) + 1 if high else 1
-    return max(count, 1)
+    return max(sum(int(high) - int(low) + 1 if high else 1 for low, _, high in ranges), 1)
 
 
 def torch_default_threads() -> set[int]:
@@ -56,22 +53,19 @@ def threads_set_by_user() -> bool:
     )
 
 
-def is_tiny_builtin(model) -> bool:
-    """Whether `model` (a model, or its folder) is one of the built-in tiny models (build record kind `tiny`)."""
+def is_tiny_model(model) -> bool:
+    """Whether `model` (a model, or its folder) comes from a folder whose `model*.safetensors` take at most
+    [`TINY_MODEL_MAX_BYTES`]: a built-in tiny model, or one trained from it (a Hub id, no folder: `False`)."""
     config = getattr(model, "config", None)
     path = model if isinstance(model, (str, os.PathLike)) else getattr(config, "_name_or_path", None)
-    if not path or not os.path.isfile(os.path.join(path, INFO_FILE)):
-        return False
-    try:
-        return read_builtin_info(path).get("kind") == "tiny"
-    except (OSError, ValueError):
-        return False
+    weights = glob.glob(os.path.join(glob.escape(str(path)), "model*.safetensors")) if path else []
+    return bool(weights) and sum(os.path.getsize(file) for file in weights) <= TINY_MODEL_MAX_BYTES
 
 
 def default_num_threads(model) -> int | None:
-    """The thread count a run of `model` uses when the caller set none: [`TINY_MODEL_THREADS`] for a built-in tiny
-    model, else `None` (torch's default). `None` too when the caller set one ([`threads_set_by_user`])."""
-    if threads_set_by_user() or not is_tiny_builtin(model):
+    """The thread count a run of `model` uses when the caller set none: [`TINY_MODEL_THREADS`] for a tiny model
+    ([`is_tiny_model`]), else `None` (torch's default). `None` too when the caller set one ([`threads_set_by_user`])."""
+    if threads_set_by_user() or not is_tiny_model(model):
         return None
     return TINY_MODEL_THREADS
 

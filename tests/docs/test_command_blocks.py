@@ -6,6 +6,7 @@ recipe's folder)."""
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 
 import pytest
@@ -35,3 +36,26 @@ def test_every_bash_block_pastes(doc, block):
 
 def test_the_own_data_example_is_in_the_readme():
     assert any("--dataset_name" in block for doc, block in BLOCKS if doc.name == "README.md")
+
+
+def test_every_stapo_eval_command_on_a_tiny_model_fits_its_positions(tiny_math_model_path):
+    # Reported: the README's `stapo-eval --model outputs/demo-stapo --benchmarks tiny-math --backend hf` stopped with
+    # "--max-new-tokens 20480: ... the model has 512 positions" (the default budget is the paper's); so did the
+    # docs' `make evaluate MODEL=outputs/demo-stapo EVAL_ARGS=...`. The demo's folder has the tiny model's shape.
+    from stapo_trl.cli.eval import check_generation_budget
+    from stapo_trl.cli.eval_args import make_parser
+
+    checked = []
+    for doc, block in BLOCKS:
+        for command in re.sub(r"\\\n", " ", block).splitlines():
+            if "stapo-eval --model" not in command and "make evaluate" not in command:
+                continue
+            words = shlex.split(command.split(" #")[0])
+            if "make" in words and "evaluate" in words:  # the Makefile's target: --model $(MODEL) $(EVAL_ARGS)
+                options = dict(word.split("=", 1) for word in words if "=" in word)
+                words = ["stapo-eval", "--model", options["MODEL"], *shlex.split(options.get("EVAL_ARGS", ""))]
+            model = words[words.index("--model") + 1] if "--model" in words else ""
+            if words and words[0].endswith("stapo-eval") and model.startswith(("builtin:tiny-", "outputs/demo-")):
+                check_generation_budget(make_parser().parse_args(words[1:]), tiny_math_model_path)
+                checked.append(f"{doc.name}: {command}")
+    assert len(checked) >= 5, checked  # README, evaluation.md (3), vllm_cpu.md

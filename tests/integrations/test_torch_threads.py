@@ -26,7 +26,7 @@ import sys
 
 import torch
 from datasets import Dataset
-from transformers import TrainerCallback
+from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback
 
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.data import format_prompt
@@ -58,6 +58,19 @@ def run(model):
     return {"before": before, "during": record.seen[0], "after": torch.get_num_threads()}
 
 
+def stapo_eval(model):  # the command, in this process: the threads each generate call runs on
+    from stapo_trl.cli.eval import main
+    from stapo_trl.evaluation.generation import HFGenerator
+
+    seen, generate = [], HFGenerator.generate
+    HFGenerator.generate = lambda self, *a, **k: seen.append(torch.get_num_threads()) or generate(self, *a, **k)
+    before = torch.get_num_threads()
+    argv = ["--model", model, "--benchmarks", "tiny-math", "--backend", "hf", "--decoding", "greedy", "--limit", "2"]
+    main(argv + ["--samples", "1", "--max-new-tokens", "8", "--output", output_dir + f"-{len(results)}.json"])
+    HFGenerator.generate = generate
+    return {"before": before, "during": seen[0], "after": torch.get_num_threads()}
+
+
 results = {}
 for scenario in scenarios:
     if scenario == "default":
@@ -65,10 +78,24 @@ for scenario in scenarios:
     elif scenario == "set_num_threads_3":
         torch.set_num_threads(3)
         results[scenario] = run(model_path)
-    elif scenario == "not_builtin":  # the same weights in a folder without the build record: torch's default
+    elif scenario.startswith(("trained_", "larger_")):  # models other than the built-in folder itself
         torch.set_num_threads(results["default"]["before"])
-        copy = shutil.copytree(model_path, output_dir + "-model", ignore=shutil.ignore_patterns("stapo_builtin.json"))
-        results[scenario] = run(copy)
+        # What a run trained from the built-in model saves (its output folder, a checkpoint): no build record.
+        trained = shutil.copytree(
+            model_path, output_dir + "-trained", ignore=shutil.ignore_patterns("stapo_builtin.json"), dirs_exist_ok=True
+        )
+        if scenario == "trained_folder":
+            results[scenario] = run(trained)
+        elif scenario == "trained_model":  # a model object loaded from it
+            results[scenario] = run(AutoModelForCausalLM.from_pretrained(trained))
+        elif scenario == "trained_stapo_eval":
+            results[scenario] = stapo_eval(trained)
+        else:  # larger_model: the same architecture 8x wider (7.6M parameters, 30 MB): torch's default
+            larger = shutil.copytree(trained, output_dir + "-larger", dirs_exist_ok=True)
+            config = AutoConfig.from_pretrained(larger)
+            config.update({"hidden_size": 512, "intermediate_size": 2048, "num_attention_heads": 8, "head_dim": 64})
+            AutoModelForCausalLM.from_config(config).save_pretrained(larger)
+            results[scenario] = run(larger)
     elif scenario.startswith(("evaluate", "predict")):  # after train(), as open-r1's do_eval; "_3": set to 3 first
         record, config = Record(), STAPOConfig(
             output_dir=output_dir, max_steps=1, per_device_train_batch_size=4, num_generations=4,
@@ -85,16 +112,8 @@ for scenario in scenarios:
         before = torch.get_num_threads()
         trainer.evaluate() if scenario.startswith("evaluate") else trainer.predict(dataset.select(range(4)))
         results[scenario] = {"before": before, "during": record.evaluating[0], "after": torch.get_num_threads()}
-    elif scenario == "stapo_eval":  # the command, in this process: the threads each generate call runs on
-        from stapo_trl.cli.eval import main
-        from stapo_trl.evaluation.generation import HFGenerator
-
-        seen, generate = [], HFGenerator.generate
-        HFGenerator.generate = lambda self, *a, **k: seen.append(torch.get_num_threads()) or generate(self, *a, **k)
-        before = torch.get_num_threads()
-        argv = ["--model", model_path, "--benchmarks", "tiny-math", "--backend", "hf", "--decoding", "greedy"]
-        main(argv + ["--limit", "2", "--samples", "1", "--max-new-tokens", "8", "--output", output_dir + ".json"])
-        results[scenario] = {"before": before, "during": seen[0], "after": torch.get_num_threads()}
+    elif scenario == "stapo_eval":
+        results[scenario] = stapo_eval(model_path)
 print(json.dumps(results))
 """
 
@@ -127,17 +146,20 @@ needs_two_cores = pytest.mark.skipif(
 def test_every_entry_point_defaults_to_one_thread_for_tiny_models_and_keeps_explicit_counts(
     tmp_path, tiny_math_model_path
 ):
-    scenarios = ["default", "set_num_threads_3", "not_builtin", "evaluate", "predict", "stapo_eval", "evaluate_3"]
-    results = _threads_in_fresh_process(tmp_path, tiny_math_model_path, scenarios)
+    trained = ["trained_folder", "trained_model", "trained_stapo_eval"]
+    scenarios = ["default", "set_num_threads_3", "larger_model", *trained, "evaluate", "predict", "stapo_eval"]
+    results = _threads_in_fresh_process(tmp_path, tiny_math_model_path, [*scenarios, "evaluate_3"])
     default = results["default"]
     assert default["before"] == len(os.sched_getaffinity(0))  # torch's default: one thread per available core
     assert default["during"] == 1  # the reported case: the example ran at torch's default
     assert default["after"] == default["before"]  # restored after train()
     assert results["set_num_threads_3"] == {"before": 3, "during": 3, "after": 3}  # torch.set_num_threads wins
-    assert results["not_builtin"]["during"] == default["before"]  # another model keeps torch's default
-    # evaluate() after train() ran on torch's default (the reported case), and so did predict() and stapo-eval.
+    assert results["larger_model"]["during"] == default["before"]  # a larger model keeps torch's default
+    # evaluate() after train() ran on torch's default (the reported case), and so did predict() and stapo-eval; and
+    # so did a model trained from the tiny one (its folder has no build record): `stapo-eval --model
+    # outputs/demo-stapo`, the README's command, took 22-26 s against 5 s for 100 problems on 2 shared cores.
     one_thread = {"before": default["before"], "during": 1, "after": default["before"]}
-    entry_points = ("evaluate", "predict", "stapo_eval")
+    entry_points = [*trained, "evaluate", "predict", "stapo_eval"]
     assert {name: results[name] for name in entry_points} == {name: one_thread for name in entry_points}
     assert results["evaluate_3"] == {"before": 3, "during": 3, "after": 3}
 

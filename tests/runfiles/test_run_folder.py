@@ -218,37 +218,52 @@ def test_stapo_train_refuses_a_folder_another_run_writes(
 
 
 def test_the_python_api_refuses_a_folder_another_run_writes(holder, tmp_path, tiny_random_model_path):
-    trainer = _trainer(tiny_random_model_path, tmp_path / "run", max_steps=1)
     with pytest.raises(ValueError, match=rf"is in use by another run \(pid {holder.pid} on "):
-        trainer.train()
-    assert trainer.state.global_step == 0 and not (tmp_path / "run" / "metrics.jsonl").exists()
+        _trainer(tiny_random_model_path, tmp_path / "run", max_steps=1)  # before a model is built
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-@pytest.mark.parametrize("where", ["under-a-file", "read-only-mount", "read-only-folder"])
+@pytest.fixture(params=["under-a-file", "read-only-mount", "read-only-folder"])
+def unwritable(request, tmp_path):
+    """(output_dir, the reason the OS gives) of a folder no process can write: below a file, in a read-only tmpfs, or
+    that tmpfs itself (unmounted afterwards)."""
+    (tmp_path / "a-file").write_text("")
+    if request.param == "under-a-file":
+        yield tmp_path / "a-file" / "run", "Not a directory"
+        return
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)]).returncode != 0:
+        pytest.skip("mounting a read-only tmpfs needs root")  # as root, permission bits do not stop a write
+    yield (mount / "run" if request.param == "read-only-mount" else mount), "Read-only file system"
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
 def test_an_unwritable_output_dir_is_one_line_before_anything_runs(
-    tmp_path, no_model_built, capsys, tiny_math_model_path, where
+    unwritable, no_model_built, capsys, tiny_math_model_path
 ):
     # Reported: a read-only output_dir failed with exit 1 and a 46-line traceback after the initial evaluation.
     from stapo_trl.cli.train import main
 
-    (tmp_path / "a-file").write_text("")
-    mount = tmp_path / "ro"
-    if where != "under-a-file":
-        mount.mkdir()
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)]).returncode != 0:
-            pytest.skip("mounting a read-only tmpfs needs root")  # as root, permission bits do not stop a write
-    output_dir = {"under-a-file": tmp_path / "a-file" / "run", "read-only-mount": mount / "run"}.get(where, mount)
-    try:
-        with pytest.raises(SystemExit) as excinfo:
-            main([*_recipe(tiny_math_model_path), "--output_dir", str(output_dir)])
-    finally:
-        if where != "under-a-file":
-            subprocess.run(["umount", "-l", str(mount)], check=True)
+    output_dir, cause = unwritable
+    with pytest.raises(SystemExit) as excinfo:
+        main([*_recipe(tiny_math_model_path), "--output_dir", str(output_dir)])
     assert excinfo.value.code == 2
-    cause = "Not a directory" if where == "under-a-file" else "Read-only file system"
     assert error_line(capsys, "stapo-train") == (
         f"stapo-train: error: output_dir={str(output_dir)!r} cannot be written ({cause}): give a folder this process "
         "can create files in."
+    )
+
+
+def test_the_python_api_refuses_an_unwritable_output_dir_at_construction(unwritable, tiny_random_model_path):
+    # Reported: STAPOTrainer(..., args=STAPOConfig(output_dir="ro/run")) on a read-only mount stopped in transformers'
+    # Trainer.__init__ with "OSError: [Errno 30] Read-only file system: 'ro/run'", after the model was built; with
+    # output_dir="ro" itself, construction passed and train() refused the folder.
+    output_dir, cause = unwritable
+    with pytest.raises(ValueError) as excinfo:
+        _trainer(tiny_random_model_path, output_dir, max_steps=1)
+    assert str(excinfo.value) == (
+        f"output_dir={str(output_dir)!r} cannot be written ({cause}): give a folder this process can create files in."
     )
 
 
