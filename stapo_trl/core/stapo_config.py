@@ -93,7 +93,9 @@ def s2t_settings_line(args: GRPOConfig, settings: S2TSettings) -> str | None:
         return None
     source = f" (the paper's: {type(args).__name__} has no {', '.join(missing)})" if missing else ""
     s2t = ", ".join(f"{name}={value!r}" for name, value, _ in values[:3])
-    return f"STAPO with {s2t}{source}; differs from the paper's objective: {differs or 'nothing'}."
+    return f"STAPO with {s2t}{source}; " + (
+        f"differs from the paper's objective: {differs}." if differs else "the rest is the paper's objective."
+    )
 
 
 def s2t_path(args: GRPOConfig, steps_per_generation: int | None = None) -> str:

@@ -141,7 +141,7 @@ def run_summary_lines(
             f"- **S2T mask** (`s2t_mode: {mode}`): {totals['num_silenced']:,} of {totals['num_loss_tokens']:,} loss "
             f"tokens silenced over the run, a silenced ratio of {totals['silenced_ratio']:.3g} (pooled: Σ silenced / "
             f"Σ loss tokens over the {totals['num_rows']} logged rows); the mask fired in "
-            f"{totals['rows_with_silencing']} of them; {totals['num_candidates']:,} candidates (A > 0, p < τ_p)."
+            f"{totals['rows_with_silencing']} of them; candidates (A > 0, p < τ_p): {totals['num_candidates']:,}."
         )
     else:
         lines.append(f"- **S2T mask** (`s2t_mode: {mode}`): no S2T counts logged yet.")
@@ -398,7 +398,12 @@ def public_dataset_name(dataset_name: str | None) -> str | None:
     `None` for a `builtin:` dataset or a local file or folder."""
     if not dataset_name or dataset_name.startswith("builtin:") or os.path.exists(dataset_name):
         return None
-    if os.path.isabs(dataset_name) or os.path.splitext(dataset_name)[1].lower() in (".json", ".jsonl", ".parquet", ".csv"):
+    if os.path.isabs(dataset_name) or os.path.splitext(dataset_name)[1].lower() in (
+        ".json",
+        ".jsonl",
+        ".parquet",
+        ".csv",
+    ):
         return None  # a local path that is not here (the card is written on another machine than the data?)
     return dataset_name
 

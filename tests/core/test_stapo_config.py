@@ -115,6 +115,8 @@ def test_the_construction_line_says_the_values_in_effect_and_what_differs_and_no
     assert line.endswith(
         "differs from the paper's objective: s2t_entropy_quantile=0.8 (paper 0.75), beta=0.04 (paper 0.0)."
     )
+    grpo = make_config(GRPOConfig, epsilon_high=0.28)  # the paper's objective, the paper's S2T values by default
+    assert s2t_settings_line(grpo, s2t_settings(grpo)).endswith("s2t_mode); the rest is the paper's objective.")
     off = make_config(s2t_mode="off")
     assert s2t_settings_line(off, s2t_settings(off)).endswith("objective: s2t_mode='off' (paper 'low_entropy').")
 

@@ -142,6 +142,7 @@ needs_two_cores = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # a fresh process training, evaluating and predicting in several scenarios (~1-3 min)
 @needs_two_cores
 def test_every_entry_point_defaults_to_one_thread_for_tiny_models_and_keeps_explicit_counts(
     tmp_path, tiny_math_model_path
@@ -164,6 +165,7 @@ def test_every_entry_point_defaults_to_one_thread_for_tiny_models_and_keeps_expl
     assert results["evaluate_3"] == {"before": 3, "during": 3, "after": 3}
 
 
+@pytest.mark.slow
 @needs_two_cores
 def test_omp_num_threads_wins(tmp_path, tiny_math_model_path):
     scenarios = ["default", "evaluate", "stapo_eval"]
