@@ -49,7 +49,7 @@ from .runfiles.console import use_compact_console
 from .runfiles.interrupt import SCRIPT_RESUME_HINT, GracefulInterrupt, training_interrupted
 from .runfiles.learning_signal import NoLearningSignalCallback
 from .runfiles.model_card import add_stapo_section, make_card_public, public_dataset_name, write_quick_start
-from .runfiles.run_folder import lock_run_folder, resume_checkpoint
+from .runfiles.run_folder import check_run_folder, lock_run_folder, resume_checkpoint
 
 
 class ProductTrainerMixin:
@@ -71,8 +71,7 @@ class ProductTrainerMixin:
         if args is not None:
             check_vllm_args(args)  # vllm_mode='server' on a CPU-only run: refused before TRL waits for a server
             write_run_files(args)  # a bool, where the config has the field
-            lock_run_folder(args)  # output_dir writable, no other run's: refused now, before a model is built
-            lock_run_folder(args, acquire=False)
+            check_run_folder(args)  # output_dir writable, no other run's: refused now, before a model is built
         reward_funcs = resolve_reward_names(reward_funcs)  # "math_accuracy" is stapo_trl's, not a Hub reward model
         # Checked now, not at the first step after a model build; and only what GRPOTrainer would fail on. Its later
         # arguments may come by position too.

@@ -15,6 +15,7 @@ import re
 import shlex
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -110,7 +111,32 @@ def lock_run_folder(args, acquire: bool = True) -> None:
             "metrics, checkpoints and model: wait for that run to end, or give another output_dir."
         ) from None
     except OSError as e:
-        raise ValueError(
-            f"output_dir={args.output_dir!r} cannot be written ({e.strerror or e}): give a folder this process can "
-            "create files in."
-        ) from None
+        raise _unwritable(args, e) from None
+
+
+def check_run_folder(args) -> None:
+    """Refuse now, at construction, what [`lock_run_folder`] would refuse at `train()`; a folder that does not exist yet
+    is not created (a trainer refused later, on its data, leaves nothing behind): its nearest existing parent must take
+    a file.
+
+    Raises:
+        ValueError: as [`lock_run_folder`].
+    """
+    folder = os.path.abspath(args.output_dir)
+    if not args.should_save or os.path.isdir(folder):
+        lock_run_folder(args)
+        return lock_run_folder(args, acquire=False)
+    parent = os.path.dirname(folder)
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    try:
+        tempfile.TemporaryFile(dir=parent).close()  # "Not a directory" below a file, "Read-only file system"
+    except OSError as e:
+        raise _unwritable(args, e) from None
+
+
+def _unwritable(args, error: OSError) -> ValueError:
+    return ValueError(
+        f"output_dir={args.output_dir!r} cannot be written ({error.strerror or error}): give a folder this process can "
+        "create files in."
+    )

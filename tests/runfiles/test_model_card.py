@@ -82,7 +82,8 @@ def _assert_procedure_matches_the_run(procedure: str, out: Path, argv: list[str]
     silenced, loss_tokens, candidates, ratio = _pooled_from_metrics(out)
     assert silenced > 0, "the test run should silence something"
     assert f"{silenced:,} of {loss_tokens:,} loss tokens silenced over the run" in procedure
-    assert f"a silenced ratio of {ratio:.3g} (pooled" in procedure and f"{candidates:,} candidates" in procedure
+    assert f"a silenced ratio of {ratio:.3g} (pooled" in procedure
+    assert f"candidates (A > 0, p < τ_p): {candidates:,}." in procedure
     evaluation = json.loads((out / "eval.json").read_text())
     before, after = (f"{100 * evaluation[key]:.1f} %" for key in ("accuracy_before", "accuracy_after"))
     assert f"{before} before training, {after} after" in procedure
