@@ -21,7 +21,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ..core import STAPOConfig
 from ..core.s2t import S2TSettings
 from ..core.stapo_config import s2t_settings
-from ..data import NOT_HELD_OUT
+from ..data import NOT_HELD_OUT, is_local_dataset_file
 from ..models.names import BUILTIN_MODELS, INFO_FILE, read_builtin_info
 from .metrics_log import s2t_totals
 
@@ -84,6 +84,11 @@ def _named(base_model: str) -> str:
     return base_model if base_model == LOCAL_MODEL else f"`{base_model}`"
 
 
+def _s2t_of(args: Any, s2t: S2TSettings | None) -> S2TSettings | None:
+    """`s2t` when given (a trainer's), else a `STAPOConfig`'s S2T values; `None` for a plain GRPO run."""
+    return s2t if s2t is not None or not isinstance(args, STAPOConfig) else s2t_settings(args, STAPOConfig._s2t_modes)
+
+
 def _value(args: Any, name: str, s2t: S2TSettings | None = None) -> str:
     value = (
         getattr(s2t, name.removeprefix("s2t_")) if s2t is not None and name.startswith("s2t_") else getattr(args, name)
@@ -123,7 +128,7 @@ def run_summary_lines(
     if global_step is not None:
         planned = f" (`max_steps` {args.max_steps})" if getattr(args, "max_steps", -1) > 0 else ""
         lines.append(f"- **Steps trained**: {global_step} optimizer steps{planned}.")
-    s2t = s2t if s2t is not None or not isinstance(args, STAPOConfig) else s2t_settings(args, STAPOConfig._s2t_modes)
+    s2t = _s2t_of(args, s2t)
     mode = s2t.mode if s2t is not None else None
     totals = s2t_totals(log_rows) if log_rows else None
     if mode is None:
@@ -184,7 +189,7 @@ def stapo_card_section(
     Returns:
         `str`: the section, between the markers `SECTION_START` and `SECTION_END`.
     """
-    s2t = s2t if s2t is not None or not isinstance(args, STAPOConfig) else s2t_settings(args, STAPOConfig._s2t_modes)
+    s2t = _s2t_of(args, s2t)
     is_stapo = s2t is not None
     lines = [SECTION_START, "", "### STAPO run: settings and results", ""]
     if is_stapo and s2t.mode == "off":
@@ -398,12 +403,7 @@ def public_dataset_name(dataset_name: str | None) -> str | None:
     `None` for a `builtin:` dataset or a local file or folder."""
     if not dataset_name or dataset_name.startswith("builtin:") or os.path.exists(dataset_name):
         return None
-    if os.path.isabs(dataset_name) or os.path.splitext(dataset_name)[1].lower() in (
-        ".json",
-        ".jsonl",
-        ".parquet",
-        ".csv",
-    ):
+    if os.path.isabs(dataset_name) or is_local_dataset_file(dataset_name):
         return None  # a local path that is not here (the card is written on another machine than the data?)
     return dataset_name
 
