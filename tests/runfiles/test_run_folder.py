@@ -267,6 +267,30 @@ def test_the_python_api_refuses_an_unwritable_output_dir_at_construction(unwrita
     )
 
 
+def _refused(model_path, out, case):
+    from datasets import Dataset
+
+    from stapo_trl import STAPOTrainer
+
+    args = tiny_stapo_config(out, max_steps=1)
+    if case == "reward-column":  # a reward reading `solution`, which no column fills
+        return STAPOTrainer(model_path, reward_funcs="math_accuracy", args=args, train_dataset=PROMPTS)
+    if case == "prompt-column":
+        return STAPOTrainer(
+            model_path, reward_funcs=zero_reward, args=args, train_dataset=Dataset.from_list([{"q": "1"}])
+        )
+    return STAPOTrainer("not-a-cached-org/model", reward_funcs=zero_reward, args=args, train_dataset=PROMPTS)
+
+
+@pytest.mark.parametrize("case", ["reward-column", "prompt-column", "uncached-hub-model"])
+def test_a_trainer_refused_at_construction_leaves_no_output_dir_behind(tiny_random_model_path, tmp_path, case):
+    # Was: the construction took the run folder's lock first, creating output_dir with _writer.lock and _writer.txt,
+    # then refused the data (or the model): a folder was left behind by a trainer that never ran.
+    with pytest.raises((ValueError, FileNotFoundError, ConnectionError)):
+        _refused(tiny_random_model_path, tmp_path / "new" / "run", case)
+    assert not (tmp_path / "new").exists()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Real kills (SIGKILL) of stapo-train processes
 # ---------------------------------------------------------------------------------------------------------------
