@@ -1,0 +1,202 @@
+"""What `stapo-train` adds to a trainer, as `TrainerCallback`s a script adds in one line too:
+
+    from stapo_trl.callbacks import add_command_callbacks
+    add_command_callbacks(trainer)  # save on Ctrl-C / SIGTERM / SIGUSR1, one writer per folder, one line per log
+
+- [`SaveOnSignal`]: the first SIGINT (Ctrl-C), SIGTERM (preemption, `scancel`, a time limit) or SIGUSR1 (Slurm's
+  warning before the time limit) saves a checkpoint at the next step boundary and stops; `train()` then raises a
+  `KeyboardInterrupt` naming the signal and the checkpoint. A second Ctrl-C quits at once (status 130).
+- [`RunFolderLock`]: one writer per `output_dir` (`_writer.lock`, released by the OS when the process dies).
+- [`CompactProgressCallback`] / [`CompactPrinterCallback`]: `step N/M  reward R  entropy H  silenced S` per logging
+  step instead of each row's dict (every metric stays in `metrics.jsonl` and the log history).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import sys
+import threading
+import time
+
+import torch
+from filelock import FileLock, Timeout
+from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+SCRIPT_RESUME_HINT = "Resume with trainer.train(resume_from_checkpoint=True)."
+
+
+def print_line(message: str) -> None:
+    """`message` on stderr in one write, flushed (processes sharing a pipe do not interleave lines)."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+class SaveOnSignal(TrainerCallback):
+    """Save a checkpoint at the next step boundary on the first of [`STOP_SIGNALS`], then stop training.
+
+    The handlers are installed at `on_train_begin` (main thread only) and the previous ones restored at `on_train_end`,
+    which then raises `KeyboardInterrupt("Interrupted by SIGTERM at step N: checkpoint saved to DIR. <resume_hint>")`
+    with the attributes `signal`, `step` and `checkpoint` (add this callback last: it ends `on_train_end`). With
+    several processes the signal is all-reduced (max) at every step end, so every rank saves at the same step. A later
+    SIGTERM or SIGUSR1 changes nothing (schedulers repeat them); a second Ctrl-C exits at once with status 130.
+
+    Args:
+        resume_hint (`str`, *optional*): the end of the message; `stapo-train` gives its command line.
+    """
+
+    def __init__(self, resume_hint: str = SCRIPT_RESUME_HINT):
+        self.resume_hint, self.signal, self._received, self._previous = resume_hint, 0, 0, {}
+
+    def _handle(self, signum, frame) -> None:
+        if self._received and signum == signal.SIGINT:
+            print_line("Ctrl-C again: quitting now, without saving.")
+            os._exit(128 + signum)
+        if not self._received:
+            self._received = signal.Signals(signum)
+            name = "Ctrl-C" if signum == signal.SIGINT else self._received.name
+            print_line(f"{name}: saving a checkpoint at the end of this step, then stopping (Ctrl-C to quit at once).")
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.signal = self._received = 0
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        signum = torch.tensor([int(self._received)], device=args.device)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():  # every rank, every step
+            torch.distributed.all_reduce(signum, op=torch.distributed.ReduceOp.MAX)
+        if signum.item():
+            self.signal = signal.Signals(int(signum.item()))
+            control.should_save = control.should_training_stop = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
+        if self.signal:
+            checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            interrupt = KeyboardInterrupt(
+                f"Interrupted by {self.signal.name} at step {state.global_step}: checkpoint saved to {checkpoint}. "
+                + self.resume_hint
+            )
+            interrupt.signal, interrupt.step, interrupt.checkpoint = self.signal, state.global_step, checkpoint
+            raise interrupt
+
+
+_LOCKS: dict[str, tuple[FileLock, int]] = {}  # folder -> (its lock, holds taken in this process)
+
+
+def hold_run_folder(output_dir: str, acquire: bool = True) -> None:
+    """Take (`acquire=False`: give back) this process's hold on `output_dir` as its one writer: a `FileLock` on
+    `_writer.lock`, with the holder's pid, host and command in `_writer.txt` (never written through a symlink).
+    Holds nest within a process.
+
+    Raises:
+        ValueError: one line: another process holds the folder (naming it), or the folder cannot be written.
+    """
+    folder = os.path.abspath(output_dir)
+    lock, holds = _LOCKS.get(folder, (FileLock(os.path.join(folder, "_writer.lock")), 0))
+    if not acquire:
+        if holds:
+            lock.release()
+            _LOCKS[folder] = (lock, holds - 1)
+        return
+    owner = os.path.join(folder, "_writer.txt")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        lock.acquire(timeout=0)
+        if not holds:  # the first hold in this process writes who holds the folder
+            fd = os.open(owner, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "w") as f:
+                since = time.strftime("%Y-%m-%d %H:%M:%S")
+                f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {since}: {shlex.join(sys.argv)}")
+    except Timeout:
+        try:
+            with open(owner, encoding="utf-8", errors="replace") as f:
+                holder = f.read(2000)
+        except OSError:
+            holder = "starting"
+        raise ValueError(
+            f"output_dir={output_dir!r} is in use by another run ({holder}): wait for it to end, or give another "
+            "output_dir (two runs in one folder mix their checkpoints and metrics)."
+        ) from None
+    except OSError as e:
+        raise ValueError(f"output_dir={output_dir!r} cannot be written ({e.strerror or e}).") from None
+    _LOCKS[folder] = (lock, holds + 1)
+
+
+class RunFolderLock(TrainerCallback):
+    """One writer per `output_dir`: held from the end of the trainer's construction (another run's folder is refused
+    there, before training) to the end of training, on the processes that save (`args.should_save`)."""
+
+    held = False
+
+    def on_init_end(self, args, state, control, **kwargs):
+        if args.should_save and not self.held:
+            hold_run_folder(args.output_dir)
+            self.held = True
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.on_init_end(args, state, control)  # a second train() holds the folder again
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.held:
+            hold_run_folder(args.output_dir, acquire=False)
+            self.held = False
+
+
+def _fmt(value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:.3f}" if 1e-3 <= abs(value) < 1e4 else f"{value:.3g}"
+
+
+def format_log_line(logs: dict, step: int, max_steps: int | None = None) -> str:
+    """One console line for a log row: `step N/M  reward R  entropy H  silenced S` for a training row, `step N  eval
+    k v ...` for an evaluation row, `training done at step N (T s)` (or `stopped at step N of M`) at the end."""
+    where = f"step {step}/{max_steps}" if max_steps and max_steps > 0 else f"step {step}"
+    if "train_runtime" in logs:
+        stopped = max_steps and 0 < step < max_steps
+        return f"training {'stopped' if stopped else 'done'} at step {step} ({_fmt(logs['train_runtime'])} s)"
+    keys = (("reward", "reward"), ("entropy", "entropy"), ("s2t/silenced_ratio", "silenced"))
+    if any(key in logs for key, _ in keys):
+        return "  ".join([where] + [f"{label} {_fmt(logs[key])}" for key, label in keys if logs.get(key) is not None])
+    evals = {k.removeprefix("eval_"): v for k, v in logs.items() if k.startswith("eval") and "runtime" not in k}
+    return "  ".join([where, "eval" * bool(evals)] + [f"{k} {_fmt(v)}" for k, v in (evals or logs).items()]).strip()
+
+
+class CompactProgressCallback(ProgressCallback):
+    """transformers' progress bar with [`format_log_line`] instead of each row's dict."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None and logs:
+            self.training_bar.write(format_log_line(logs, state.global_step, state.max_steps))
+
+
+class CompactPrinterCallback(PrinterCallback):
+    """transformers' printer (`disable_tqdm`) with [`format_log_line`] instead of each row's dict."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            print(format_log_line(logs, state.global_step, state.max_steps))
+
+
+def add_command_callbacks(trainer, resume_hint: str = SCRIPT_RESUME_HINT) -> SaveOnSignal:
+    """Give `trainer` what `stapo-train` gives it: the compact console in place of transformers' `ProgressCallback` /
+    `PrinterCallback`, a [`RunFolderLock`] (taken now), and a [`SaveOnSignal`] last. Returns the `SaveOnSignal`."""
+    callbacks = trainer.callback_handler.callbacks
+    for i, callback in enumerate(callbacks):
+        if type(callback) in (ProgressCallback, PrinterCallback):
+            callbacks[i] = (CompactProgressCallback if type(callback) is ProgressCallback else CompactPrinterCallback)()
+    lock = RunFolderLock()
+    trainer.add_callback(lock)
+    lock.on_init_end(trainer.args, trainer.state, trainer.control)
+    stop = SaveOnSignal(resume_hint)
+    trainer.add_callback(stop)
+    return stop
