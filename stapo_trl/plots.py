@@ -23,18 +23,12 @@ from .runfiles.metrics_log import METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME, re
 
 logger = logging.getLogger(__name__)
 
-Rows = Sequence[dict[str, Any]]
-Run = Sequence[Rows]  # one list of metrics.jsonl rows per seed
-
 TRAINING_CURVES = (  # (log key, panel title, y scale) of training_curves.png
     ("reward", "reward (mean over completions)", "linear"),
     ("entropy", "policy entropy (nats / token)", "linear"),
     ("s2t/silenced_ratio", "S2T silenced-token ratio (log)", "log"),
 )
-RATIO_CURVES = (  # s2t_ratios.png
-    ("s2t/silenced_ratio", "S2T silenced-token ratio (of loss tokens, log)", "log"),
-    ("s2t/candidate_ratio", "S2T candidate ratio (of loss tokens, log)", "log"),
-)
+RATIO_CURVES = (TRAINING_CURVES[2], ("s2t/candidate_ratio", "S2T candidate ratio (log)", "log"))  # s2t_ratios.png
 POOLED_RATIOS = {  # logged as Σ numerator / Σ denominator: pooled the same way over seeds, never averaged
     "s2t/silenced_ratio": ("s2t/num_silenced", "s2t/num_loss_tokens"),
     "s2t/candidate_ratio": ("s2t/num_candidates", "s2t/num_loss_tokens"),
@@ -42,7 +36,6 @@ POOLED_RATIOS = {  # logged as Σ numerator / Σ denominator: pooled the same wa
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 
 
-# -- reading the run files --------------------------------------------------------------------------------------------
 def _files(path: str, name: str) -> list[str]:
     """`path/name`, else every `path/*/name` (a folder of seeds), else `[]`."""
     if os.path.isfile(os.path.join(path, name)):
@@ -72,7 +65,8 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, A
                 else "holds no metrics row (see the warning above for its lines)"
             )
             raise ValueError(
-                f"{file} {why}. Nothing to draw: plot a run folder that logged at least one step, or leave this one out."
+                f"{file} {why}. Nothing to draw: plot a run folder that logged at least one step, or leave this one "
+                "out."
             )
     return seeds
 
@@ -95,13 +89,13 @@ def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
     return records
 
 
-def seed_values(seeds: Run, key: str):
+def seed_values(seeds: Sequence, key: str):
     """`(steps, values, note)` of `key` over a run's seeds: `values` a `(num_rows, num_steps)` array at the steps all
     rows logged, one row per seed that logged `key`, `note` " (2 seeds)". A ratio of counts ([`POOLED_RATIOS`]) over
     seeds that all logged its counts is one row, Σ numerator / Σ denominator over them (" (2 seeds, pooled)")."""
     import numpy as np
 
-    def _series(rows: Rows, key: str) -> dict[int, float]:  # null and NaN (not equal to itself) left out
+    def _series(rows: Sequence, key: str) -> dict[int, float]:  # null and NaN (not equal to itself) left out
         pairs = ((row.get("step"), row.get(key)) for row in rows)
         return {int(step): float(v) for step, v in pairs if step is not None and v is not None and v == v}
 
@@ -118,7 +112,6 @@ def seed_values(seeds: Run, key: str):
     return steps, np.array([[series[step] for step in steps] for series in per_seed]), note
 
 
-# -- token labels -----------------------------------------------------------------------------------------------------
 def tokenizer_token_bytes(spec: Mapping[str, Any]) -> dict[int, bytes]:
     r"""`token id -> bytes` of a `tokenizers` JSON spec (`tokenizer.json`): byte-fallback pieces (`<0x0A>` ->
     `b"\n"`) and, when its decoder or pre-tokenizer is `ByteLevel`, byte-level BPE entries (`"Ġcarry"` -> `b" carry"`,
@@ -158,7 +151,7 @@ TOKEN_LABEL_KEY = (
 def readable_token(token: str, token_bytes: bytes | None = None, token_id: int | None = None) -> str:
     r"""A decoded token as a figure label ([`TOKEN_LABEL_KEY`]): a space as `␣`, `\n` `\t` `\r` escaped, other
     non-printables by their code (`<0x16>`), `$` escaped for mathtext; a fragment of a multi-byte character by the
-    bytes of its vocabulary entry (`token_bytes`: `byte 0xE2`) or, when they are unknown, by `token_id` (`� id 161`)."""
+    bytes of its vocabulary entry (`token_bytes`: `byte 0xE2`) or, when unknown, by `token_id` (`� id 161`)."""
     if token_bytes is not None:
         try:
             token = token_bytes.decode("utf-8")
@@ -171,15 +164,12 @@ def readable_token(token: str, token_bytes: bytes | None = None, token_id: int |
     return "".join(escapes.get(c) or (c if c.isprintable() else code(c)) for c in token) or "''"
 
 
-# -- figures ----------------------------------------------------------------------------------------------------------
 def _figure(rows: int, cols: int, size: tuple[float, float], **kwargs):
-    """A `Figure` with tight layout, its `(rows, cols)` axes, and the colour cycle."""
-    import matplotlib
+    """A `Figure` with tight layout and its `(rows, cols)` axes."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=size, layout="tight")
-    colors = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"] * 10
-    return fig, fig.subplots(rows, cols, squeeze=False, **kwargs), colors
+    return fig, fig.subplots(rows, cols, squeeze=False, **kwargs)
 
 
 def _save(fig, out: Path | str | None):
@@ -206,35 +196,34 @@ def _axes(ax, log: bool, title: str) -> None:
         ax.legend(fontsize=7)
 
 
-def plot_training_curves(runs: Mapping[str, Run], out=None, *, curves=TRAINING_CURVES, title=None, smoothing=None):
+def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, title=None, smoothing=None):
     """One panel per `(log key, title, "linear" | "log")` of `curves`; `runs`: label -> one list of `metrics.jsonl`
     rows per seed. Linear panels: one seed as its raw curve (thin) and moving average (bold, a window of `smoothing`
     logged steps, default ~1/20 of the run), several as the mean of their moving averages with a min/max band. Log
     panels: the mean over seeds ([`seed_values`]) as points; the legend counts the steps where it is 0."""
     import numpy as np
 
-    fig, axes, colors = _figure(1, len(curves), (5.2 * len(curves), 3.9), sharex=True)
+    fig, axes = _figure(1, len(curves), (5.2 * len(curves), 3.9), sharex=True)
     for ax, (key, panel_title, scale) in zip(axes[0], curves, strict=True):
-        for (label, seeds), color in zip(runs.items(), colors):
+        for i, (label, seeds) in enumerate(runs.items()):  # run i in colour i of matplotlib's cycle
             steps, values, note = seed_values(seeds, key)
             if not steps:
                 continue
             if scale == "log":
                 mean = values.mean(axis=0)
-                zeros = f", 0 at {(mean <= 0).sum()}/{len(mean)} logged steps" if (mean > 0).any() else ": always 0"
-                ax.plot(
-                    np.array(steps)[mean > 0], mean[mean > 0], "o", ms=3.5, color=color, label=label + note + zeros
-                )
+                pos = mean > 0
+                zeros = f", 0 at {(~pos).sum()}/{len(mean)} logged steps" if pos.any() else ": always 0"
+                ax.plot(np.array(steps)[pos], mean[pos], "o", ms=3.5, color=f"C{i}", label=label + note + zeros)
                 continue
             window = smoothing or max(1, len(steps) // 20)  # trailing moving average, shorter at the start
             cumsum = np.cumsum(np.insert(values, 0, 0.0, axis=1), axis=1)
             start = np.maximum(np.arange(1, len(steps) + 1) - window, 0)
             smooth = (cumsum[:, 1:] - cumsum[:, start]) / (np.arange(1, len(steps) + 1) - start)  # (seeds, steps)
             if len(values) == 1:
-                ax.plot(steps, values[0], color=color, alpha=0.25, lw=0.8)
+                ax.plot(steps, values[0], color=f"C{i}", alpha=0.25, lw=0.8)
             else:
-                ax.fill_between(steps, smooth.min(axis=0), smooth.max(axis=0), color=color, alpha=0.2)
-            ax.plot(steps, smooth.mean(axis=0), color=color, lw=1.8, label=label + note)
+                ax.fill_between(steps, smooth.min(axis=0), smooth.max(axis=0), color=f"C{i}", alpha=0.2)
+            ax.plot(steps, smooth.mean(axis=0), color=f"C{i}", lw=1.8, label=label + note)
         if not ax.lines:
             ax.text(0.5, 0.5, f"{key!r} not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
         _axes(ax, scale == "log", panel_title)
@@ -243,20 +232,20 @@ def plot_training_curves(runs: Mapping[str, Run], out=None, *, curves=TRAINING_C
     return _save(fig, out)
 
 
-def plot_entropy_quantiles(runs: Mapping[str, Run], out: Path | None = None):
+def plot_entropy_quantiles(runs: Mapping[str, Sequence], out: Path | None = None):
     """The loss tokens' entropy over steps (`s2t/entropy_p*`, mean over seeds): a p10-p95 band, p50 solid, p80 dashed,
     runs overlaid, log scale."""
-    fig, ((ax,),), colors = _figure(1, 1, (7.5, 4.2))
-    for (label, seeds), color in zip(runs.items(), colors):
+    fig, ((ax,),) = _figure(1, 1, (7.5, 4.2))
+    for i, (label, seeds) in enumerate(runs.items()):
         (s10, p10, _), (s50, p50, _), (s80, p80, _), (s95, p95, _) = (
             seed_values(seeds, f"s2t/entropy_p{q}") for q in (10, 50, 80, 95)
         )
         if s10 and s10 == s95:
-            ax.fill_between(s10, p10.mean(axis=0), p95.mean(axis=0), color=color, alpha=0.15, lw=0)
+            ax.fill_between(s10, p10.mean(axis=0), p95.mean(axis=0), color=f"C{i}", alpha=0.15, lw=0)
         if s50:
-            ax.plot(s50, p50.mean(axis=0), color=color, lw=1.8, label=f"{label}: p50 (band p10-p95)")
+            ax.plot(s50, p50.mean(axis=0), color=f"C{i}", lw=1.8, label=f"{label}: p50 (band p10-p95)")
         if s80:
-            ax.plot(s80, p80.mean(axis=0), color=color, lw=1.2, ls="--", label=f"{label}: p80")
+            ax.plot(s80, p80.mean(axis=0), color=f"C{i}", lw=1.2, ls="--", label=f"{label}: p80")
     if not ax.lines and not ax.collections:
         return None
     ax.set_ylabel("entropy of loss tokens (nats)")
@@ -264,32 +253,26 @@ def plot_entropy_quantiles(runs: Mapping[str, Run], out: Path | None = None):
     return _save(fig, out)
 
 
-_KIND_STYLE = {  # kind -> (colour, label, marker size, z-order)
-    "reference": ("0.6", "other positive-advantage tokens (sample)", 6, 1),
-    "kept_candidate": ("tab:blue", "kept candidates (logged)", 12, 2),
-    "silenced": ("tab:red", "silenced (spurious)", 16, 3),
-}
-
-
-def plot_prob_entropy_scatter(records: Mapping[str, Rows], out: Path | None = None):
+def plot_prob_entropy_scatter(records: Mapping[str, Sequence], out: Path | None = None):
     """The paper's four quadrants: probability (log) vs entropy of positive-advantage tokens, silenced ones in red,
     with τ_p and the median τ_h, one panel per run (label -> `spurious_tokens.jsonl` records)."""
     records = {label: recs for label, recs in records.items() if recs}
     if not records:
         return None
-    fig, axes, _ = _figure(1, len(records), (6.0 * len(records), 4.6))
+    fig, axes = _figure(1, len(records), (6.0 * len(records), 4.6))
     for ax, (label, recs) in zip(axes[0], records.items(), strict=True):
-        for kind, (color, name, size, z) in _KIND_STYLE.items():
+        for kind, color, name, size in (
+            ("reference", "0.6", "other positive-advantage tokens (sample)", 6),
+            ("kept_candidate", "tab:blue", "kept candidates (logged)", 12),
+            ("silenced", "tab:red", "silenced (spurious)", 16),
+        ):  # drawn in this order: silenced on top
             if points := [(r["prob"], r["entropy"]) for r in recs if r["kind"] == kind and r["prob"] > 0]:
-                ax.scatter(
-                    *zip(*points), s=size, color=color, alpha=0.7, zorder=z, label=f"{name}: {len(points)}", lw=0
-                )
+                ax.scatter(*zip(*points), s=size, c=color, alpha=0.7, lw=0, label=f"{name}: {len(points)}")
         if tau_p := [r["prob_threshold"] for r in recs if r.get("prob_threshold")]:
             ax.axvline(tau_p[-1], color="k", ls=":", lw=1, label=f"τ_p = {tau_p[-1]:g}")
         if tau_h := sorted(r["entropy_threshold"] for r in recs if r.get("entropy_threshold") is not None):
-            ax.axhline(
-                median := tau_h[len(tau_h) // 2], color="k", ls="--", lw=1, label=f"median τ_h = {median:.3g} nats"
-            )
+            median = tau_h[len(tau_h) // 2]
+            ax.axhline(median, color="k", ls="--", lw=1, label=f"median τ_h = {median:.3g} nats")
         ax.set(xscale="log", xlabel="probability of the sampled token (log)", ylabel="entropy at the position (nats)")
         ax.set_title(f"{label}: positive-advantage tokens", fontsize=10)
         ax.grid(alpha=0.3, which="both")
@@ -297,16 +280,16 @@ def plot_prob_entropy_scatter(records: Mapping[str, Rows], out: Path | None = No
     return _save(fig, out)
 
 
-def plot_top_tokens(records: Mapping[str, Rows], out=None, k: int = 15, token_bytes: Mapping | None = None):
+def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, token_bytes: Mapping | None = None):
     """Bars of the `k` most frequent silenced tokens and kept candidates (of the logged records), one row per run
-    (label -> records), integer counts; labels by [`readable_token`] with `token_bytes` (label -> [`load_token_bytes`]),
-    their key under the figure."""
+    (label -> records), integer counts; labels by [`readable_token`] with `token_bytes` (label -> token id -> bytes,
+    [`load_token_bytes`]), their key under the figure."""
     from matplotlib.ticker import MaxNLocator
 
     if not (records := {label: recs for label, recs in records.items() if recs}):
         return None
     height = 1.3 + 0.28 * k * len(records)
-    fig, axes, _ = _figure(len(records), 2, (10, height))
+    fig, axes = _figure(len(records), 2, (10, height))
     panels = (
         ("silenced", "tab:red", "most frequent silenced tokens", "silenced occurrences over the run"),
         ("kept_candidate", "tab:blue", "most frequent kept candidates", "kept-candidate occurrences (logged records)"),

@@ -1,8 +1,10 @@
 """`stapo-plot`: the figures of `stapo-train` output folders ([`stapo_trl.plots`]).
 
-stapo-plot outputs/demo-stapo                                  # -> outputs/demo-stapo/training_curves.png
-stapo-plot outputs/demo-grpo outputs/demo-stapo --out cmp.png  # runs overlaid
-stapo-plot outputs/compare/grpo outputs/compare/stapo          # folders of seeds: mean with a min/max band
+    stapo-plot outputs/demo-stapo                                  # -> outputs/demo-stapo/training_curves.png
+    stapo-plot outputs/demo-grpo outputs/demo-stapo --out cmp.png  # runs overlaid
+    stapo-plot outputs/compare/grpo outputs/compare/stapo          # folders of seeds: mean with a min/max band
+
+The S2T figures (`s2t_*.png`) go beside the training curves.
 """
 
 from __future__ import annotations
@@ -19,9 +21,7 @@ from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_inp
 
 def make_parser() -> argparse.ArgumentParser:
     description = "Draw reward, entropy and S2T silenced-ratio curves from stapo-train output folders."
-    parser = OneLineErrorParser(
-        prog="stapo-plot", description=description, allow_abbrev=False, epilog=EXIT_STATUS_HELP
-    )
+    parser = OneLineErrorParser("stapo-plot", description=description, allow_abbrev=False, epilog=EXIT_STATUS_HELP)
     parser.add_argument(
         "output_dirs",
         nargs="+",
@@ -30,17 +30,14 @@ def make_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--out",
-        help="A figure file for the training curves (.png, .pdf, .svg, .jpg, .jpeg), or a "
-        "folder for every figure (a path without an extension; the diagnostic s2t_*.png always go next "
-        "to the curves); another extension is refused. Default: OUTPUT_DIR/training_curves.png for one "
-        "folder, ./training_curves.png for several.",
+        help="A figure file for the training curves (.png, .pdf, .svg, .jpg, .jpeg), or a folder for every figure (a "
+        "path without an extension; the diagnostic s2t_*.png always go next to the curves); another extension is "
+        "refused. Default: OUTPUT_DIR/training_curves.png for one folder, ./training_curves.png for several.",
     )
     parser.add_argument("--labels", nargs="+", help="Legend labels, one per OUTPUT_DIR (default: folder names).")
     parser.add_argument("--title", help="Figure title.")
+    parser.add_argument("--smoothing", type=int, help="Moving-average window in logged steps (default: ~1/20 of run).")
     parser.add_argument("--version", action=VersionAction)
-    parser.add_argument(
-        "--smoothing", type=int, help="Moving-average window in logged steps (default: ~1/20 of the run)."
-    )
     return parser
 
 
