@@ -15,8 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from stapo_trl.core.s2t import linear_quantile
-from stapo_trl.grading import is_correct
-from stapo_trl.grading.extract import find_boxes
+from stapo_trl.grading import find_boxes, is_correct
 from stapo_trl.trainer import STAPOTrainer
 
 
