@@ -102,7 +102,8 @@ def extract_boxed_answer(text: str | None) -> str | None:
         '\\frac{1}{3}'
     """
     boxes = find_boxes(text or "")
-    return (boxes[-1][0] or "").strip() or None if boxes else None
+    content = boxes[-1][0] if boxes else None
+    return (content or "").strip() or None
 
 
 def _clean(s: str) -> str:
@@ -120,7 +121,9 @@ def _gold_text(gold: Any) -> str:
     if isinstance(gold, float) and gold.is_integer():
         return str(int(gold))
     s = str(gold).strip()
-    return _clean(extract_boxed_answer(s) or s if _BOX_RE.search(s) else s)
+    if _BOX_RE.search(s):  # a verl ground truth, `\boxed{204}`
+        s = extract_boxed_answer(s) or s
+    return _clean(s)
 
 
 def _parse(s: str, timeout: int | None) -> list:
