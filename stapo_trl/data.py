@@ -14,6 +14,7 @@ The built-in task (`builtin:tiny-math`) is two-digit addition written out column
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import operator
 import os
@@ -192,6 +193,33 @@ def _has_column(features: datasets.Features, column: str) -> bool:
 def is_local_dataset_file(dataset_name: str) -> bool:
     """Whether `dataset_name` names a local `.json` / `.jsonl` / `.parquet` / `.csv` file (existing or not)."""
     return os.path.splitext(dataset_name)[1].lower() in _LOCAL_FILE_BUILDERS
+
+
+def local_data_digest(dataset_name: str) -> str | None:
+    """The SHA-256 of a local dataset file's bytes, or of a local dataset folder's files (each file's relative path
+    and bytes, in sorted order; hidden files left out); `None` for a `builtin:` task or a Hub id. A file rewritten in
+    place under the same name gets another digest."""
+    if not os.path.exists(dataset_name) or dataset_name.startswith(BUILTIN_PREFIX):
+        return None
+    digest = hashlib.sha256()
+    if os.path.isfile(dataset_name):
+        files = [(os.path.basename(dataset_name), dataset_name)]
+    else:
+        files = sorted(
+            (os.path.relpath(os.path.join(root, name), dataset_name), os.path.join(root, name))
+            for root, dirs, names in os.walk(dataset_name)
+            for name in names
+            if not name.startswith(".")
+            and not any(
+                part.startswith(".") for part in os.path.relpath(root, dataset_name).split(os.sep) if part != "."
+            )
+        )
+    for relative, path in files:
+        digest.update(relative.encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 # The split label of a before/after evaluation that reads training prompts (a local file has one split).

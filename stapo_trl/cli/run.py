@@ -27,7 +27,7 @@ from ..integrations.upstream_warnings import QuietKnownUpstreamWarnings
 from ..runfiles.console import set_console_summary
 from ..runfiles.run_folder import lock_run_folder
 from ..trainer import GRPOBaselineTrainer, STAPOTrainer
-from .checkpoints import RunSettings, resolve_checkpoint
+from .checkpoints import resolve_checkpoint
 from .errors import full_disk_in_one_line
 from .outputs import (
     evaluate_trainer_model,
@@ -133,7 +133,7 @@ def _build_trainer(script_args, training_args, model_args: ModelConfig, run: Pre
     if run.benchmark_callback is not None:
         run.benchmark_callback.attach(trainer)  # registers it and logs eval/<benchmark>/* through the trainer
     set_console_summary(trainer, False)  # the files are listed once, by print_summary at the end of the run
-    trainer.add_callback(RunSettings(script_args, model_args))  # model, data, rewards: into each checkpoint
+    trainer.run_settings = run.settings  # the record of each checkpoint: with the prompt format and data digest
     return trainer
 
 
@@ -200,7 +200,8 @@ def _train(
     # Validate and load data, rewards, model path (no model yet); then the checkpoint, the model and the trainer.
     run = prepared if prepared is not None else prepare(script_args, training_args, model_args)
     timings: dict[str, float] = {"prepare": run.seconds}
-    checkpoint, already_trained = resolve_checkpoint(training_args)
+    checkpoint = run.checkpoint
+    already_trained = resolve_checkpoint(training_args, checkpoint)
     trainer = _build_trainer(script_args, training_args, model_args, run)
     quiet.watch_model(trainer.model)  # a tied LM head: no "missing keys ['lm_head.weight']" on resume
     is_main = trainer.accelerator.is_main_process

@@ -53,15 +53,6 @@ _OBJECTIVE_FIELDS = (
     ("max_completion_length", "max response tokens"),
 )
 
-# The settings a resumed run must share with its checkpoint, so that the card (which states them once) is true: the
-# S2T and objective rows of the table. The batch geometry may change with the number of processes, so it is not here.
-RESUME_FIXED_FIELDS = tuple(
-    name
-    for name, _ in _S2T_FIELDS + _OBJECTIVE_FIELDS
-    if name not in ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation")
-)
-
-
 def base_model_name(model_name_or_path: str) -> str:
     """How a card names the base model: a Hub id as is, a built-in model's folder by its `builtin:` name, any other
     local folder as `LOCAL_MODEL` (its path means nothing to a reader, and may say more than the user wants).
