@@ -266,6 +266,21 @@ def load_local_dataset_file(path: str) -> datasets.Dataset:
         raise ValueError(f"dataset file {path!r} could not be parsed as {builder}: {cause}") from e
 
 
+def _local_folder_error(folder: str, error: Exception) -> str:
+    """One line for a local dataset folder that `datasets` could not read: the first line of one of its JSON Lines
+    files that is not a JSON object (file and line, counted from 1), else the first line of the parser's error."""
+    for root, _, names in sorted(os.walk(folder)):
+        for name in sorted(names):
+            path = os.path.join(root, name)
+            if name.lower().endswith((".json", ".jsonl")) and _is_json_lines(path):
+                bad = next((n for n, row in json_lines(path) if not isinstance(row, dict)), None)
+                if bad is not None:
+                    where = os.path.relpath(path, folder)
+                    return f"dataset folder {folder!r} could not be read: {where} line {bad} is not a JSON object"
+    cause = (str(error.__cause__ or error).strip().splitlines() or [type(error).__name__])[0]
+    return f"dataset folder {folder!r} could not be read: {cause}"
+
+
 def _is_json_lines(path: str) -> bool:
     """Whether a local `.json` / `.jsonl` file holds JSON Lines (a row per non-blank line), not an array."""
     if not path.lower().endswith((".json", ".jsonl")):
@@ -437,7 +452,12 @@ def load_prompt_dataset(
     elif is_local_dataset_file(dataset_name):
         dataset = load_local_dataset_file(dataset_name)
     else:
-        dataset = datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=data_files)
+        try:
+            dataset = datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=data_files)
+        except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
+            if not os.path.isdir(dataset_name):
+                raise
+            raise ValueError(_local_folder_error(dataset_name, e)) from e
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
     for warning in check_prompt_columns(dataset, dataset_name, prompt_column, solution_column):

@@ -24,11 +24,12 @@ from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_conf
 from ..data import evaluation_split
 from ..integrations.torch_threads import default_num_threads, torch_threads
 from ..integrations.upstream_warnings import QuietKnownUpstreamWarnings
+from ..rewards import reward_error_line
 from ..runfiles.console import set_console_summary
 from ..runfiles.run_folder import lock_run_folder
 from ..trainer import GRPOBaselineTrainer, STAPOTrainer
 from .checkpoints import resolve_checkpoint
-from .errors import full_disk_in_one_line
+from .errors import InputError, full_disk_in_one_line
 from .outputs import (
     evaluate_trainer_model,
     evaluation_kind,
@@ -75,6 +76,7 @@ def train(
             the end (`Trainer.end`); `False` when more trainings follow in this process (`stapo-train compare`).
 
     Raises:
+        InputError: (status 1) a reward function raised: one line naming it, the step and where.
         KeyboardInterrupt: on Ctrl-C, SIGTERM or SIGUSR1 during training, after the checkpoint of its step (the message
             names the signal, the checkpoint, the command to resume); nothing of a finished run follows.
 
@@ -91,6 +93,11 @@ def train(
         try:  # the run folder: a full disk said in one line; the hold `prepare` took on it given back at the end
             with full_disk_in_one_line("stapo-train", training_args.output_dir):
                 return _train(script_args, training_args, model_args, prepared, end_training, quiet)
+        except Exception as e:  # a reward function that raised: its name, the step and where, in one line
+            line = reward_error_line(e)
+            if line is None:
+                raise
+            raise InputError("stapo-train", line, code=1) from e
         finally:
             lock_run_folder(training_args, acquire=False)
 

@@ -28,6 +28,10 @@ from .run_record import RUN_RECORD, read_run_record
 
 logger = logging.getLogger(__name__)
 
+RESUME_FIX = (
+    "Give a complete checkpoint folder (<output_dir>/checkpoint-<step>); a run resumes from the newest complete "
+    "checkpoint in its output_dir by itself."
+)
 DAMAGED_PREFIX = "_damaged-"  # "_*": not pushed to the Hub; not "checkpoint-*": neither rotated nor resumed
 # What `Trainer._save_checkpoint` writes before trainer_state.json, by name prefix (full, sharded, adapter, FSDP and
 # DeepSpeed layouts); `save_only_model` writes the weights only.
@@ -204,13 +208,14 @@ def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_as
     return checkpoint
 
 
-def check_checkpoint(path: str, what: str, save_only_model: bool = False) -> None:
+def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: str = RESUME_FIX) -> None:
     """Refuse a checkpoint given by name (`resume_from_checkpoint`, `stapo-eval --model`) that is not complete.
 
     Args:
         path (`str`): the folder.
         what (`str`): how the user gave it, to start the message (`"resume_from_checkpoint='out/checkpoint-4'"`).
         save_only_model (`bool`, *optional*): only the weights are needed.
+        fix (`str`, *optional*): the end of the message, what to do instead.
 
     Raises:
         ValueError: one line: the path is missing, a file, a run folder (naming its newest complete checkpoint), or a
@@ -225,7 +230,4 @@ def check_checkpoint(path: str, what: str, save_only_model: bool = False) -> Non
         problem = f"is a run folder, not a checkpoint: give one of its checkpoints ({os.path.basename(newest)})"
     else:
         problem = f"is not a complete checkpoint ({problem})"
-    raise ValueError(
-        f"{what} {problem}. Give a complete checkpoint folder (<output_dir>/checkpoint-<step>); a run resumes from the "
-        "newest complete checkpoint in its output_dir by itself."
-    )
+    raise ValueError(f"{what} {problem}. {fix}")

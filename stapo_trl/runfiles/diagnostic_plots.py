@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .metrics_log import SPURIOUS_TOKENS_FILENAME, load_run, pooled_ratio_series, read_token_records
-from .plots import set_log_y_axis, set_step_x_axis
+from .plots import save_figure, set_log_y_axis, set_step_x_axis
 from .token_labels import TOKEN_LABEL_KEY, load_token_bytes, top_token_labels
 
 
@@ -122,7 +122,7 @@ def _save(fig, out: Path) -> Path:
     plt = _pyplot()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    save_figure(fig, out)
     plt.close(fig)
     return out
 
@@ -308,7 +308,7 @@ def plot_top_tokens(
         return None
     plt = _pyplot()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    save_figure(fig, out)
     plt.close(fig)
     return out
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .metrics_log import load_run, pooled_ratio_series
+from .run_folder import open_run_file
 
 
 # (log key, panel title, y scale). Reward and entropy are smoothed; the silenced ratio is drawn raw on a log scale
@@ -144,9 +145,16 @@ def plot_training_curves(
     import matplotlib.pyplot as plt
 
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    fig.savefig(out, dpi=110)
+    save_figure(fig, out)
     plt.close(fig)
     return out
+
+
+def save_figure(fig, out: str | os.PathLike) -> None:
+    """`fig.savefig(out)` (dpi 110, the format of `out`'s suffix), never through a symbolic link
+    ([`~stapo_trl.runfiles.run_folder.open_run_file`])."""
+    with open_run_file(out, "wb") as f:
+        fig.savefig(f, dpi=110, format=os.path.splitext(os.fspath(out))[1].lstrip(".").lower() or "png")
 
 
 def training_curves_figure(

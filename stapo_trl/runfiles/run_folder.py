@@ -80,10 +80,14 @@ def check_output_dir_named(args) -> None:
         ValueError: one line naming the field.
     """
     if not str(args.output_dir or "").strip():
-        raise ValueError(
-            f"output_dir={args.output_dir!r} is empty: give the folder the run writes its checkpoints, model and "
-            "files into (e.g. outputs/my-run)."
-        )
+        raise ValueError(empty_output_dir_message(args.output_dir))
+
+
+def empty_output_dir_message(output_dir) -> str:
+    return (
+        f"output_dir={output_dir!r} is empty: give the folder the run writes its checkpoints, model and files into "
+        "(e.g. outputs/my-run)."
+    )
 
 
 _LOCKS: dict[str, FileLock] = {}  # one per folder in this process, so that holds nest
