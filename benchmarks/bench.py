@@ -1,9 +1,10 @@
 #!/usr/bin/env python
-"""Benchmarks of `stapo_trl`: what the S2T mask costs, how it scales, and what it does to learning.
+"""Benchmarks of `stapo_trl`: what the S2T mask costs against `GRPOTrainer` and its `s2t_mode: off` twin, and how
+it scales.
 
-    make bench                                            # every section, ~8-15 min on 2 shared CPU cores
-    .venv/bin/python benchmarks/bench.py --quick          # smoke run of every section at toy sizes, ~3 min
-    .venv/bin/python benchmarks/bench.py --sections mask  # one or more of: overhead, mask, learning
+    .venv/bin/python benchmarks/bench.py                  # both sections (`make bench` runs this first)
+    .venv/bin/python benchmarks/bench.py --quick          # smoke run of both sections at toy sizes
+    .venv/bin/python benchmarks/bench.py --sections mask  # one or more of: overhead, mask
 
 Sections (each writes one Markdown table; all tables go to stdout and to `benchmarks/results/<date>.md`, the raw
 numbers to `<date>.json`; `--quick` writes `<date>-quick.*`):
@@ -11,23 +12,19 @@ numbers to `<date>.json`; `--quick` writes `<date>-quick.*`):
 1. `overhead`: [`~stapo_trl.STAPOTrainer`] against a plain [`~trl.GRPOTrainer`] on the CPU demo
    (`recipes/demo/{grpo,stapo}.yaml`, builtin:tiny-math) and its `s2t_mode: off` twin, same seed and batch geometry,
    `steps_per_generation` equal to and 4x `gradient_accumulation_steps`. Every configuration gets a freshly built
-   trainer (build not timed) and runs the
-   same number of optimizer steps; configurations are interleaved within each repetition (the order rotates), and
-   each STAPO time is divided by the GRPO time of the same repetition; the table gives the median ratio over
-   repetitions and its range. Times: CPU time (`time.process_time`, the targets' measure: the cores are shared)
-   and wall time of `trainer.train()`, and the sum of TRL's own `step_time` metric.
+   trainer (build not timed) and runs the same number of optimizer steps; configurations are interleaved within each
+   repetition (the order rotates), and each STAPO time is divided by the GRPO time of the same repetition; the table
+   gives the median ratio over repetitions and its range. Times: CPU time (`time.process_time`, the targets'
+   measure: the cores are shared) and wall time of `trainer.train()`, and the sum of TRL's own `step_time` metric.
    Memory: one extra, untimed run per configuration under the torch profiler (see "Memory measurement" below).
 2. `mask`: [`~stapo_trl.s2t_mask`] alone on 1M / 16M / 64M tokens with 0.1 % and 5 % candidates, against a naive
    implementation (`probs = logps.exp()`, `torch.quantile` over the candidates' entropies), plus one size past
    2**24 candidates, where `torch.quantile` raises.
-3. `learning`: GRPO vs STAPO on the demo task over seeds, at the demo learning rate and at a destabilising one:
-   held-out avg@k after training and the standard deviation of the logged policy entropy over the second half.
-   Shrunk for time (fewer steps and held-out problems than `make demo`; the table says how much).
 
 The code: `harness.py` (environment, measurement helpers, trainers from the demo recipes, the report file; the
-memory measurement is described there), one module per section (`overhead.py`, `mask.py`, `learning.py`, each
-with `run_*`, its table and its `section_text`), and this entry point. The GPU check is its own script,
-`gpu.py` (`scripts/gpu_check.sh`).
+memory measurement is described there), one module per section (`overhead.py`, `mask.py`, each with `run_*`, its
+table and its `section_text`), and this entry point. The GPU check is its own script, `gpu.py`
+(`scripts/gpu_check.sh`); GRPO against STAPO in learning is `make compare`.
 """
 
 from __future__ import annotations
@@ -51,7 +48,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import harness  # noqa: E402 (the sections import torch: after the environment variables above)
-import learning  # noqa: E402
 import mask  # noqa: E402
 import overhead  # noqa: E402
 import torch  # noqa: E402
@@ -60,7 +56,7 @@ import torch  # noqa: E402
 def section_texts(args, results: dict) -> dict[str, str]:
     """The Markdown section of every section that ran."""
     texts = {}
-    for name, module in (("overhead", overhead), ("mask", mask), ("learning", learning)):
+    for name, module in (("overhead", overhead), ("mask", mask)):
         if name in results:
             texts[name] = module.section_text(args, results[name])
     return texts
@@ -70,7 +66,7 @@ def section_texts(args, results: dict) -> dict[str, str]:
 # Entry point
 # ---------------------------------------------------------------------------------------------------------------
 
-SECTIONS = ("overhead", "mask", "learning")
+SECTIONS = ("overhead", "mask")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -78,7 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         prog="benchmarks/bench.py", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
-    parser.add_argument("--quick", action="store_true", help="toy sizes for every section (a smoke test, ~3 min)")
+    parser.add_argument("--quick", action="store_true", help="toy sizes for every section (a smoke test)")
     parser.add_argument("--output", help="Markdown file (default benchmarks/results/<date>[-quick].md)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the overhead runs")
     parser.add_argument(
@@ -98,18 +94,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         "(default 0.3: 19.2M candidates at 64 Mi tokens, past 2**24; quick 0.001)",
     )
     parser.add_argument("--mask-reps", type=int, help="mask: timed calls per case (default 3; quick 1)")
-    # learning
-    parser.add_argument("--seeds", help="learning: seeds (default 0,1,2; quick 0)")
-    parser.add_argument("--learn-steps", type=int, help="learning: steps at the demo lr (default 300; quick 8)")
-    parser.add_argument("--high-lr-steps", type=int, help="learning: steps at the high lr (default 60; quick 8)")
-    parser.add_argument(
-        "--demo-lr", type=float, default=1e-4, help="learning: the demo learning rate (recipes/demo/stapo.yaml)"
-    )
-    parser.add_argument(
-        "--high-lr", type=float, default=6e-4, help="learning: a destabilising learning rate (lowest documented)"
-    )
-    parser.add_argument("--eval-problems", type=int, help="learning: held-out problems (default 200; quick 20)")
-    parser.add_argument("--eval-samples", type=int, default=4, help="learning: samples per problem (avg@k)")
     args = parser.parse_args(argv)
 
     args.sections = [s.strip() for s in args.sections.split(",") if s.strip()]
@@ -127,13 +111,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     default("mask_sizes", "1,16,64", "1,4")
     default("mask_overflow_fraction", 0.3, 0.001)
     default("mask_reps", 3, 1)
-    default("seeds", "0,1,2", "0")
-    default("learn_steps", 300, 8)
-    default("high_lr_steps", 60, 8)
-    default("eval_problems", 200, 20)
     args.mask_sizes = [int(float(s) * 2**20) for s in str(args.mask_sizes).split(",")]
     args.mask_fractions = [float(f) for f in str(args.mask_fractions).split(",")]
-    args.seeds = [int(s) for s in str(args.seeds).split(",")]
     if args.reps < 1 or args.mask_reps < 1:
         parser.error("--reps and --mask-reps must be >= 1")
     return args
@@ -167,7 +146,7 @@ def main(argv=None) -> None:
     )
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="stapo-bench-") as workdir:
-        if {"overhead", "learning"} & set(args.sections):
+        if "overhead" in args.sections:
             header["builtin"] = harness.builtin_info()
         # Cheapest and least load-sensitive first.
         if "mask" in args.sections:
@@ -176,9 +155,6 @@ def main(argv=None) -> None:
         if "overhead" in args.sections:
             print("== overhead", flush=True)
             results["overhead"] = overhead.run_overhead(args, workdir)
-        if "learning" in args.sections:
-            print("== learning", flush=True)
-            results["learning"] = learning.run_learning(args, workdir)
     header["load_average_end"] = os.getloadavg()
     header["elapsed_s"] = time.perf_counter() - started
     output = Path(args.output) if args.output else harness.RESULTS_DIR / f"{date}{'-quick' if args.quick else ''}.md"

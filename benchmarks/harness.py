@@ -208,21 +208,12 @@ def versions() -> dict[str, str]:
 _PREPARED: dict[str, Any] = {}
 
 
-def build_trainer(
-    recipe: str,
-    overrides: list[str],
-    *,
-    reward_funcs=None,
-    workdir: str,
-    trainer_class=None,
-):
-    """A trainer of `recipe` (a `recipes/demo` YAML) with command-line `overrides`, as `stapo-train` would build it.
+def build_trainer(recipe: str, overrides: list[str], *, workdir: str):
+    """A trainer of `recipe` (a `recipes/` YAML) with command-line `overrides`, as `stapo-train` would build it.
 
     The recipe is parsed by `stapo_trl.cli.args.parse_args` (so the recipe stays the single source of the settings);
     the dataset and model path are prepared once per recipe and reused. Checkpointing, printing and the run files
     (`s2t_write_run_files`) are off.
-    `trainer_class` replaces the recipe's trainer
-    (an instrumented subclass, e.g. the stress experiment's).
 
     Every arm runs on one thread count ([`pin_threads`]): plain `GRPOTrainer` has no thread policy of its own.
     """
@@ -248,11 +239,10 @@ def build_trainer(
         _PREPARED[key] = prepare(script_args, training_args, model_args)
     run = _PREPARED[key]
     training_args.model_init_kwargs = {"dtype": model_args.dtype}
-    if trainer_class is None:
-        trainer_class = GRPOTrainer if script_args.trainer == "grpo" else STAPOTrainer
+    trainer_class = GRPOTrainer if script_args.trainer == "grpo" else STAPOTrainer
     trainer = trainer_class(
         model=run.model_path,
-        reward_funcs=reward_funcs if reward_funcs is not None else run.reward_funcs,
+        reward_funcs=run.reward_funcs,
         args=training_args,
         train_dataset=run.train_dataset,
     )

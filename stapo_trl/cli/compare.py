@@ -126,9 +126,8 @@ def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
     except (ValueError, OSError) as e:
         raise InputError(parser.prog, str(e)) from e
     # The training stack and the figures (seconds to import): after the arguments, so that --help and errors are fast.
-    from ..runfiles.diagnostic_plots import plot_diagnostics
+    from ..plots import TRAINING_CURVES, plot_diagnostics, plot_training_curves
     from ..runfiles.metrics_log import read_metrics
-    from ..runfiles.plots import TRAINING_CURVES, plot_training_curves
     from .run import train
 
     results: dict[str, list[dict[str, Any]]] = {label: [] for label in labels.values()}

@@ -12,8 +12,8 @@ from trl.models.utils import unwrap_model_for_generation
 
 from ..data import NOT_HELD_OUT, evaluation_split
 from ..evaluation.generation import evaluate_avg_at_k
+from ..plots import plot_diagnostics, plot_training_curves
 from ..runfiles.console import files_summary
-from ..runfiles.diagnostic_plots import plot_diagnostics
 from ..runfiles.metrics_log import (
     METRICS_FILENAME,
     SPURIOUS_TOKENS_FILENAME,
@@ -22,7 +22,6 @@ from ..runfiles.metrics_log import (
     read_token_records,
     s2t_totals,
 )
-from ..runfiles.plots import plot_training_curves
 from ..runfiles.run_folder import open_run_file
 
 

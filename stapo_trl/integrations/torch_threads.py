@@ -4,7 +4,7 @@ models (1 thread), restored when the run ends.
 torch starts one intra-op thread per available core. The built-in tiny models (`builtin:tiny-math`, `tiny-random`,
 `tiny-math-h64`: 144k parameters) gain nothing from a second thread, and on shared cores two threads thrash: the
 `examples/python_api.py` run took 96 s of training at torch's default on 2 loaded cores and 3.1 s with one thread
-(`benchmarks/threads.py`, results in `benchmarks/results/2026-12-02-threads.md`). The product trainers' `train()`
+(`benchmarks/results/2026-12-02-threads.md`). The product trainers' `train()`
 therefore runs such a model, and one trained from it (a run's folder, a checkpoint: the same 0.58 MB of weights), on
 [`TINY_MODEL_THREADS`] threads unless the caller chose a count ([`threads_set_by_user`]); every larger model keeps
 torch's default.
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import torch
 
 
-# The fastest count for the built-in tiny models, on 1 and 2 cores, idle and loaded (benchmarks/threads.py).
+# The fastest count for the built-in tiny models, on 1 and 2 cores, idle and loaded (benchmarks/results/2026-12-02-threads.md).
 TINY_MODEL_THREADS = 1
 TINY_MODEL_MAX_BYTES = 4 * 2**20  # weights up to 1M float32 parameters; the built-in tiny models' are 0.58 MB
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")

@@ -9,7 +9,7 @@ Why label smoothing (as the tiny model's warm-up): hard-target SFT makes SmolLM2
 p = 0.002), and the paper's tau_p = 0.002 then finds almost no candidate. Smoothing spreads its mass evenly over all
 49,152 tokens, so a little goes a long way: at 0.02 a fifth of the sampled tokens are below p = 0.002 and completions
 derail into junk (entropy p90 5-8 nats); at 0.005 the tail is thin (0.3-0.9 %). The settings tried are in
-`benchmarks/results/2026-12-01-smollm2-warmup.md` (`benchmarks/smollm2_warmup.py`, 100 held-out problems each).
+`benchmarks/results/2026-12-01-smollm2-warmup.md` (100 held-out problems each).
 
 Chosen: label smoothing 0.01, 20 steps of 8 examples at lr 5e-5 (constant). The build's check, on the first 200 held-out
 problems at T = 1 (top-p 1, no top-k, 64 new tokens, seed 0): 38 % sampled accuracy (77.5 % greedy: the argmax is mostly

@@ -29,7 +29,6 @@ def sft_warm_up(
     max_steps: int,
     sft_config: dict[str, Any],
     seed: int = SEED,
-    callbacks: list | None = None,
 ) -> dict[str, float]:
     """Supervised warm-up with TRL's [`~trl.SFTTrainer`] on prompt/completion pairs (CPU, loss on completions).
 
@@ -41,8 +40,6 @@ def sft_warm_up(
         sft_config (`dict[str, Any]`): `SFTConfig` fields of the recipe (batch size, learning rate, schedule,
             label smoothing), e.g. `stapo_trl.models.tiny.SFT_CONFIG`.
         seed (`int`, *optional*, defaults to `SEED`): Seed of the data order.
-        callbacks (`list[transformers.TrainerCallback]` or `None`, *optional*, defaults to `None`): Extra trainer
-            callbacks (e.g. an accuracy check at given steps, `benchmarks/smollm2_warmup.py`).
 
     Returns:
         `dict[str, float]`: `mean_train_loss` (over all steps) and `last_logged_loss` (label-smoothed cross-entropy,
@@ -74,9 +71,7 @@ def sft_warm_up(
             # TRL deprecates `label_smoothing_factor` in SFTTrainer (it costs an extra forward pass); it is the point
             # of this warm-up, see the module docstring.
             warnings.filterwarnings("ignore", message=".*label_smoothing_factor.*", category=FutureWarning)
-            trainer = SFTTrainer(
-                model=model, args=args, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks
-            )
+            trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
         trainer.train()
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     return {"mean_train_loss": trainer.state.log_history[-1]["train_loss"], "last_logged_loss": losses[-1]}

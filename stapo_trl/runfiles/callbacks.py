@@ -29,7 +29,6 @@ from .metrics_log import (
     open_jsonl_for_run,
 )
 from .run_folder import open_run_file
-from .token_labels import readable_token, tokenizer_token_bytes
 
 
 logger = logging.getLogger(__name__)
@@ -170,8 +169,10 @@ class SpuriousTokenLogger(JsonlLogCallback):
             self.kept_candidate_counts[self._label(record)] += 1
 
     def _label(self, record: dict[str, Any]) -> str:
-        """The token as `s2t_top_tokens.png` labels it ([`~stapo_trl.runfiles.token_labels.readable_token`]): byte-level
-        fragments by their bytes, from the trainer's tokenizer vocabulary."""
+        """The token as `s2t_top_tokens.png` labels it ([`~stapo_trl.plots.readable_token`]): byte-level fragments by
+        their bytes, from the trainer's tokenizer vocabulary."""
+        from ..plots import readable_token, tokenizer_token_bytes  # the figures' module: not loaded with the trainer
+
         if self._token_bytes is None:
             backend = getattr(self.trainer.processing_class, "backend_tokenizer", None)  # a fast tokenizer
             self._token_bytes = tokenizer_token_bytes(json.loads(backend.to_str())) if backend is not None else {}

@@ -7,7 +7,8 @@ rate, ...) plus `step` (the optimizer step) and `epoch`:
 
     {"step": 12, "epoch": 0.02, "loss": 0.0013, "reward": 0.4375, "entropy": 0.21, "s2t/silenced_ratio": 0.0001, ...}
 
-The file is flushed after every line, so an interrupted run keeps the curve up to its last logging step.
+The file is flushed after every line, so an interrupted run keeps the curve up to its last logging step. The
+figures drawn from these files are [`stapo_trl.plots`].
 """
 
 from __future__ import annotations
@@ -178,98 +179,6 @@ def read_token_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     return read_jsonl(
         path, valid=is_token_record, what="a token record (a JSON object with kind, step, prob, entropy and token)"
     )
-
-
-def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, Any]]]:
-    """The metrics of one run: `[rows]` for a folder with `metrics.jsonl`, one list per seed for a folder of seeds.
-
-    Args:
-        path (`str`): a run folder, a folder of per-seed run folders, or a `metrics.jsonl` file.
-        require_steps (`bool`, *optional*, defaults to `False`): fail when a `metrics.jsonl` holds no logged step
-            (an empty file, or no line that is a metrics row), instead of returning its empty rows (what figures of
-            it would draw: blank panels).
-
-    Raises:
-        FileNotFoundError: If neither `path/metrics.jsonl` nor any `path/*/metrics.jsonl` exists.
-        ValueError: With `require_steps`, naming the `metrics.jsonl` without a logged step and why.
-    """
-    if os.path.isfile(os.path.join(path, METRICS_FILENAME)):
-        files = [os.path.join(path, METRICS_FILENAME)]
-    elif os.path.isfile(path) and path.endswith(".jsonl"):
-        files = [path]
-    else:
-        names = sorted(os.listdir(path)) if os.path.isdir(path) else []
-        files = [file for name in names if os.path.isfile(file := os.path.join(path, name, METRICS_FILENAME))]
-    if not files:
-        raise FileNotFoundError(
-            f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a `stapo-train` run "
-            "(or of one `stapo-train compare` arm)."
-        )
-    seeds = []
-    for file in files:
-        rows = read_metrics(file)
-        if require_steps and not any(set(row) - {"step", "epoch"} for row in rows):
-            with open(file, "rb") as f:
-                blank = not any(line.strip() for line in f)
-            if blank:
-                why = "is empty: the run has not reached its first logging step (logging_steps) yet, or stopped before it"
-            elif rows:
-                why = "holds no logged metric, only steps"
-            else:
-                why = "holds no metrics row (see the warning above for its lines)"
-            raise ValueError(
-                f"{file} {why}. Nothing to draw: plot a run folder that logged at least one step, or leave this one "
-                "out."
-            )
-        seeds.append(rows)
-    return seeds
-
-
-# Ratios logged per row as Σ numerator / Σ denominator (README, "Logged metrics"): over seeds they are pooled the
-# same way, from the counts, never averaged ([`pooled_ratio_series`]).
-POOLED_RATIOS = {
-    "s2t/silenced_ratio": ("s2t/num_silenced", "s2t/num_loss_tokens"),
-    "s2t/candidate_ratio": ("s2t/num_candidates", "s2t/num_loss_tokens"),
-}
-
-
-def pooled_ratio_series(seeds: list[list[dict[str, Any]]], key: str) -> dict[int, float] | None:
-    """A pooled ratio of [`POOLED_RATIOS`] over seeds, step by step: Σ numerator / Σ denominator over the seeds.
-
-    `stapo-train compare` and `stapo-plot` on a folder of seeds draw this instead of the mean of the seeds' ratios,
-    which weighs a seed with few loss tokens as much as one with many (and a seed where nothing was silenced pulls
-    the mean down by its share of seeds, not of tokens). The accuracy table's ratio ([`s2t_totals`]) is pooled the
-    same way over the whole run.
-
-    Args:
-        seeds (`list[list[dict]]`): one list of `metrics.jsonl` rows per seed.
-        key (`str`): a key of [`POOLED_RATIOS`] (`s2t/silenced_ratio`, `s2t/candidate_ratio`).
-
-    Returns:
-        `dict[int, float]` or `None`: `{step: ratio}` at the steps where every seed logged both counts and the
-        pooled denominator is > 0; `None` when `key` is not a pooled ratio or a seed logged no count of it (a run
-        written before the counts were logged: its ratio can only be averaged).
-    """
-    if key not in POOLED_RATIOS:
-        return None
-    numerator, denominator = POOLED_RATIOS[key]
-    per_seed = []
-    for rows in seeds:
-        counts = {
-            int(row["step"]): (row[numerator], row[denominator])
-            for row in rows
-            if "step" in row and row.get(numerator) is not None and row.get(denominator) is not None
-        }
-        if not counts:
-            return None
-        per_seed.append(counts)
-    steps = sorted(set.intersection(*(set(counts) for counts in per_seed)))
-    pooled = {}
-    for step in steps:
-        total = sum(counts[step][1] for counts in per_seed)
-        if total > 0:
-            pooled[step] = sum(counts[step][0] for counts in per_seed) / total
-    return pooled
 
 
 def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -1,12 +1,10 @@
 """metrics.jsonl (`stapo_trl.runfiles.metrics_log`): a fresh run in a used folder keeps the earlier run's files aside,
-and ratios over seeds are pooled from the counts (steps without counts or with zero denominators left out)."""
+and a resume killed while it rewrites the file loses no row."""
 
 from __future__ import annotations
 
 import pytest
 from testing_utils import STAPO_RECIPE
-
-from stapo_trl.runfiles.metrics_log import pooled_ratio_series
 
 
 @pytest.mark.slow  # three stapo-train runs: 12-35 s on 2 cores, with the load
@@ -29,20 +27,6 @@ def test_fresh_run_keeps_an_earlier_runs_metrics_aside(tmp_path, tiny_math_model
     assert "metrics.jsonl held an earlier run's records: kept as metrics.1.jsonl" in caplog.text
     main([*argv, "--max_steps", "1"])
     assert (out / "metrics.1.jsonl").read_text() == first and (out / "metrics.2.jsonl").exists()
-
-
-def test_pooled_ratio_skips_steps_without_counts_and_zero_denominators():
-    seeds = [
-        [{"step": 1, "s2t/num_silenced": 0, "s2t/num_loss_tokens": 0}, {"step": 2, "s2t/num_silenced": 2,
-         "s2t/num_loss_tokens": 10}, {"step": 3, "s2t/num_silenced": 1, "s2t/num_loss_tokens": 10}],
-        [{"step": 1, "s2t/num_silenced": 0, "s2t/num_loss_tokens": 0}, {"step": 2, "s2t/num_silenced": 0,
-         "s2t/num_loss_tokens": 30}],
-    ]  # fmt: skip
-    # Step 1: no loss token in either seed (undefined, left out); step 2: 2 / 40; step 3: seed 1 did not log it.
-    assert pooled_ratio_series(seeds, "s2t/silenced_ratio") == {2: pytest.approx(0.05)}
-    assert pooled_ratio_series(seeds, "reward") is None
-    # A seed without the counts (a file from before they were logged): no pooled series, the mean is drawn.
-    assert pooled_ratio_series([seeds[0], [{"step": 2, "s2t/silenced_ratio": 0.1}]], "s2t/silenced_ratio") is None
 
 
 class Killed(Exception):

@@ -1,0 +1,372 @@
+r"""The figures of `stapo-train` runs (`stapo-plot`) from their `metrics.jsonl` and `spurious_tokens.jsonl`:
+`training_curves.png`, `s2t_entropy_quantiles.png`, `s2t_ratios.png`, `s2t_prob_entropy.png`, `s2t_top_tokens.png`.
+
+A run is a folder with `metrics.jsonl`, or a folder of per-seed run folders: seeds are drawn as their mean with a
+min/max band, ratios of counts pooled ([`seed_values`]). Each `plot_*` writes its figure to `out` (folders created)
+and returns `out`, or returns the matplotlib `Figure` when `out` is `None`; `None` when no run has its data.
+matplotlib is imported where a figure is drawn, and used without pyplot (no global state).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .runfiles.metrics_log import METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME, read_metrics, read_token_records
+from .runfiles.run_folder import open_run_file
+
+
+logger = logging.getLogger(__name__)
+
+TRAINING_CURVES = (  # (log key, panel title, y scale) of training_curves.png
+    ("reward", "reward (mean over completions)", "linear"),
+    ("entropy", "policy entropy (nats / token)", "linear"),
+    ("s2t/silenced_ratio", "S2T silenced-token ratio (log)", "log"),
+)
+RATIO_CURVES = (TRAINING_CURVES[2], ("s2t/candidate_ratio", "S2T candidate ratio (log)", "log"))  # s2t_ratios.png
+POOLED_RATIOS = {  # logged as Σ numerator / Σ denominator: pooled the same way over seeds, never averaged
+    "s2t/silenced_ratio": ("s2t/num_silenced", "s2t/num_loss_tokens"),
+    "s2t/candidate_ratio": ("s2t/num_candidates", "s2t/num_loss_tokens"),
+}
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def _files(path: str, name: str) -> list[str]:
+    """`path/name`, else every `path/*/name` (a folder of seeds), else `[]`."""
+    if os.path.isfile(os.path.join(path, name)):
+        return [os.path.join(path, name)]
+    names = sorted(os.listdir(path)) if os.path.isdir(path) else []
+    return [file for n in names if os.path.isfile(file := os.path.join(path, n, name))]
+
+
+def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, Any]]]:
+    """The `metrics.jsonl` rows of a run, one list per seed (`path`: a run folder, a folder of seeds, or the file).
+    Raises `FileNotFoundError` without one, and, with `require_steps`, `ValueError` for one without a logged metric."""
+    path = os.fspath(path)
+    files = [path] if os.path.isfile(path) and path.endswith(".jsonl") else _files(path, METRICS_FILENAME)
+    if not files:
+        raise FileNotFoundError(
+            f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a `stapo-train` run, "
+            "or a folder of them (one per seed)."
+        )
+    seeds = [read_metrics(file) for file in files]
+    for file, rows in zip(files, seeds, strict=True):
+        if require_steps and not any(set(row) - {"step", "epoch"} for row in rows):
+            why = (
+                "is empty: the run has not reached its first logging step (logging_steps) yet, or stopped before it"
+                if not Path(file).read_bytes().strip()
+                else "holds no logged metric, only steps"
+                if rows
+                else "holds no metrics row (see the warning above for its lines)"
+            )
+            raise ValueError(
+                f"{file} {why}. Nothing to draw: plot a run folder that logged at least one step, or leave this one "
+                "out."
+            )
+    return seeds
+
+
+_WARNED_EMPTY: set[str] = set()
+
+
+def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
+    """The records of `run_dir/spurious_tokens.jsonl`, or of every `run_dir/*/spurious_tokens.jsonl` (seeds); a file
+    without a record is warned about once."""
+    records = []
+    for file in _files(os.fspath(run_dir), SPURIOUS_TOKENS_FILENAME):
+        if not (file_records := read_token_records(file)) and file not in _WARNED_EMPTY:
+            _WARNED_EMPTY.add(file)
+            logger.warning(
+                f"{file} holds no token record: no s2t_prob_entropy.png or s2t_top_tokens.png from it (the run logged "
+                "no positive-advantage token, or the file was cut)."
+            )
+        records += file_records
+    return records
+
+
+def seed_values(seeds: Sequence, key: str):
+    """`(steps, values, note)` of `key` over a run's seeds: `values` a `(num_rows, num_steps)` array at the steps all
+    rows logged, one row per seed that logged `key`, `note` " (2 seeds)". A ratio of counts ([`POOLED_RATIOS`]) over
+    seeds that all logged its counts is one row, Σ numerator / Σ denominator over them (" (2 seeds, pooled)")."""
+    import numpy as np
+
+    def _series(rows: Sequence, key: str) -> dict[int, float]:  # null and NaN (not equal to itself) left out
+        pairs = ((row.get("step"), row.get(key)) for row in rows)
+        return {int(step): float(v) for step, v in pairs if step is not None and v is not None and v == v}
+
+    num, den = POOLED_RATIOS.get(key, (None, None))
+    if len(seeds) > 1 and num and all(_series(rows, den) for rows in seeds):
+        counts = [(_series(rows, num), _series(rows, den)) for rows in seeds]
+        steps = sorted(set.intersection(*(set(n) & set(d) for n, d in counts)))
+        pooled = {s: sum(n[s] for n, _ in counts) / total for s in steps if (total := sum(d[s] for _, d in counts))}
+        if pooled:
+            return list(pooled), np.array([list(pooled.values())]), f" ({len(seeds)} seeds, pooled)"
+    per_seed = [series for rows in seeds if (series := _series(rows, key))]
+    steps = sorted(set.intersection(*map(set, per_seed))) if per_seed else []
+    note = f" ({len(per_seed)} seeds)" if len(per_seed) > 1 else ""
+    return steps, np.array([[series[step] for step in steps] for series in per_seed]), note
+
+
+def tokenizer_token_bytes(spec: Mapping[str, Any]) -> dict[int, bytes]:
+    r"""`token id -> bytes` of a `tokenizers` JSON spec (`tokenizer.json`): byte-fallback pieces (`<0x0A>` ->
+    `b"\n"`) and, when its decoder or pre-tokenizer is `ByteLevel`, byte-level BPE entries (`"Ġcarry"` -> `b" carry"`,
+    `"â"` -> `b"\xe2"`); other entries (SentencePiece's `"▁the"`) are left out."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte-level alphabet
+
+    byte_level = '"ByteLevel"' in json.dumps([spec.get("decoder"), spec.get("pre_tokenizer")])
+    decoder = {char: byte for byte, char in bytes_to_unicode().items()} if byte_level else {}
+    vocab = (spec.get("model") or {}).get("vocab") or {}
+    if not isinstance(vocab, dict):  # Unigram: a list of [piece, score]
+        vocab = {piece: i for i, (piece, _) in enumerate(vocab)}
+    table = {}
+    for token, token_id in [*vocab.items(), *((t["content"], t["id"]) for t in spec.get("added_tokens", []))]:
+        if match := re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", token):
+            table[int(token_id)] = bytes([int(match.group(1), 16)])
+        elif token and all(char in decoder for char in token):
+            table[int(token_id)] = bytes(decoder[char] for char in token)
+    return table
+
+
+def load_token_bytes(run_dir: os.PathLike | str) -> dict[int, bytes]:
+    """[`tokenizer_token_bytes`] of the `tokenizer.json` in `run_dir` (or in its first seed folder), or `{}`."""
+    files = _files(os.fspath(run_dir), "tokenizer.json")
+    try:
+        return tokenizer_token_bytes(json.loads(Path(files[0]).read_text(encoding="utf-8"))) if files else {}
+    except (OSError, ValueError):
+        return {}
+
+
+TOKEN_LABEL_KEY = (
+    "Labels: the decoded token; ␣ = space, \\n = newline, <0x16> = a control character by its code, "
+    "byte 0xE2 = a byte-level BPE fragment that is not a character on its own (one byte of a multi-byte "
+    "UTF-8 character, shown by its value)."
+)
+
+
+def readable_token(token: str, token_bytes: bytes | None = None, token_id: int | None = None) -> str:
+    r"""A decoded token as a figure label ([`TOKEN_LABEL_KEY`]): a space as `␣`, `\n` `\t` `\r` escaped, other
+    non-printables by their code (`<0x16>`), `$` escaped for mathtext; a fragment of a multi-byte character by the
+    bytes of its vocabulary entry (`token_bytes`: `byte 0xE2`) or, when unknown, by `token_id` (`� id 161`)."""
+    if token_bytes is not None:
+        try:
+            token = token_bytes.decode("utf-8")
+        except UnicodeDecodeError:
+            return ("byte " if len(token_bytes) == 1 else "bytes ") + " ".join(f"0x{b:02X}" for b in token_bytes)
+    elif "\ufffd" in token:
+        return "�" if token_id is None else f"� id {token_id}"
+    escapes = {"\n": "\\n", "\t": "\\t", "\r": "\\r", " ": "␣", "$": r"\$"}
+    code = lambda c: f"<0x{ord(c):02X}>" if ord(c) < 0x100 else f"<U+{ord(c):04X}>"  # noqa: E731
+    return "".join(escapes.get(c) or (c if c.isprintable() else code(c)) for c in token) or "''"
+
+
+def _figure(rows: int, cols: int, size: tuple[float, float], **kwargs):
+    """A `Figure` with tight layout and its `(rows, cols)` axes."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, layout="tight")
+    return fig, fig.subplots(rows, cols, squeeze=False, **kwargs)
+
+
+def _save(fig, out: Path | str | None):
+    """`fig` when `out` is `None`, else `out` after writing `fig` there (dpi 110, the format of its suffix), never
+    through a symbolic link ([`~stapo_trl.runfiles.run_folder.open_run_file`])."""
+    if out is None:
+        return fig
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open_run_file(out, "wb") as f:
+        fig.savefig(f, dpi=110, format=os.path.splitext(os.fspath(out))[1].lstrip(".").lower() or "png")
+    return out
+
+
+def _axes(ax, log: bool, title: str) -> None:
+    """Title, grid, legend, integer optimizer steps on x; a log y axis labelled at 1, 2 and 5 x 10^k."""
+    from matplotlib.ticker import LogFormatterSciNotation, LogLocator, MaxNLocator
+
+    ax.set_xlabel("optimizer step")
+    ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
+    if log:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(LogFormatterSciNotation(labelOnlyBase=False))
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+
+
+def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, title=None, smoothing=None):
+    """One panel per `(log key, title, "linear" | "log")` of `curves`; `runs`: label -> one list of `metrics.jsonl`
+    rows per seed. Linear panels: one seed as its raw curve (thin) and moving average (bold, a window of `smoothing`
+    logged steps, default ~1/20 of the run), several as the mean of their moving averages with a min/max band. Log
+    panels: the mean over seeds ([`seed_values`]) as points; the legend counts the steps where it is 0."""
+    import numpy as np
+
+    fig, axes = _figure(1, len(curves), (5.2 * len(curves), 3.9), sharex=True)
+    for ax, (key, panel_title, scale) in zip(axes[0], curves, strict=True):
+        for i, (label, seeds) in enumerate(runs.items()):  # run i in colour i of matplotlib's cycle
+            steps, values, note = seed_values(seeds, key)
+            if not steps:
+                continue
+            if scale == "log":
+                mean = values.mean(axis=0)
+                pos = mean > 0
+                zeros = f", 0 at {(~pos).sum()}/{len(mean)} logged steps" if pos.any() else ": always 0"
+                ax.plot(np.array(steps)[pos], mean[pos], "o", ms=3.5, color=f"C{i}", label=label + note + zeros)
+                continue
+            window = smoothing or max(1, len(steps) // 20)  # trailing moving average, shorter at the start
+            cumsum = np.cumsum(np.insert(values, 0, 0.0, axis=1), axis=1)
+            start = np.maximum(np.arange(1, len(steps) + 1) - window, 0)
+            smooth = (cumsum[:, 1:] - cumsum[:, start]) / (np.arange(1, len(steps) + 1) - start)  # (seeds, steps)
+            if len(values) == 1:
+                ax.plot(steps, values[0], color=f"C{i}", alpha=0.25, lw=0.8)
+            else:
+                ax.fill_between(steps, smooth.min(axis=0), smooth.max(axis=0), color=f"C{i}", alpha=0.2)
+            ax.plot(steps, smooth.mean(axis=0), color=f"C{i}", lw=1.8, label=label + note)
+        if not ax.lines:
+            ax.text(0.5, 0.5, f"{key!r} not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+        _axes(ax, scale == "log", panel_title)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return _save(fig, out)
+
+
+def plot_entropy_quantiles(runs: Mapping[str, Sequence], out: Path | None = None):
+    """The loss tokens' entropy over steps (`s2t/entropy_p*`, mean over seeds): a p10-p95 band, p50 solid, p80 dashed,
+    runs overlaid, log scale."""
+    fig, ((ax,),) = _figure(1, 1, (7.5, 4.2))
+    for i, (label, seeds) in enumerate(runs.items()):
+        (s10, p10, _), (s50, p50, _), (s80, p80, _), (s95, p95, _) = (
+            seed_values(seeds, f"s2t/entropy_p{q}") for q in (10, 50, 80, 95)
+        )
+        if s10 and s10 == s95:
+            ax.fill_between(s10, p10.mean(axis=0), p95.mean(axis=0), color=f"C{i}", alpha=0.15, lw=0)
+        if s50:
+            ax.plot(s50, p50.mean(axis=0), color=f"C{i}", lw=1.8, label=f"{label}: p50 (band p10-p95)")
+        if s80:
+            ax.plot(s80, p80.mean(axis=0), color=f"C{i}", lw=1.2, ls="--", label=f"{label}: p80")
+    if not ax.lines and not ax.collections:
+        return None
+    ax.set_ylabel("entropy of loss tokens (nats)")
+    _axes(ax, True, "Policy entropy quantiles (all loss tokens, all processes)")
+    return _save(fig, out)
+
+
+def plot_prob_entropy_scatter(records: Mapping[str, Sequence], out: Path | None = None):
+    """The paper's four quadrants: probability (log) vs entropy of positive-advantage tokens, silenced ones in red,
+    with τ_p and the median τ_h, one panel per run (label -> `spurious_tokens.jsonl` records)."""
+    records = {label: recs for label, recs in records.items() if recs}
+    if not records:
+        return None
+    fig, axes = _figure(1, len(records), (6.0 * len(records), 4.6))
+    for ax, (label, recs) in zip(axes[0], records.items(), strict=True):
+        for kind, color, name, size in (
+            ("reference", "0.6", "other positive-advantage tokens (sample)", 6),
+            ("kept_candidate", "tab:blue", "kept candidates (logged)", 12),
+            ("silenced", "tab:red", "silenced (spurious)", 16),
+        ):  # drawn in this order: silenced on top
+            if points := [(r["prob"], r["entropy"]) for r in recs if r["kind"] == kind and r["prob"] > 0]:
+                ax.scatter(*zip(*points), s=size, c=color, alpha=0.7, lw=0, label=f"{name}: {len(points)}")
+        if tau_p := [r["prob_threshold"] for r in recs if r.get("prob_threshold")]:
+            ax.axvline(tau_p[-1], color="k", ls=":", lw=1, label=f"τ_p = {tau_p[-1]:g}")
+        if tau_h := sorted(r["entropy_threshold"] for r in recs if r.get("entropy_threshold") is not None):
+            median = tau_h[len(tau_h) // 2]
+            ax.axhline(median, color="k", ls="--", lw=1, label=f"median τ_h = {median:.3g} nats")
+        ax.set(xscale="log", xlabel="probability of the sampled token (log)", ylabel="entropy at the position (nats)")
+        ax.set_title(f"{label}: positive-advantage tokens", fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7, loc="upper right")
+    return _save(fig, out)
+
+
+def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, token_bytes: Mapping | None = None):
+    """Bars of the `k` most frequent silenced tokens and kept candidates (of the logged records), one row per run
+    (label -> records), integer counts; labels by [`readable_token`] with `token_bytes` (label -> token id -> bytes,
+    [`load_token_bytes`]), their key under the figure."""
+    from matplotlib.ticker import MaxNLocator
+
+    if not (records := {label: recs for label, recs in records.items() if recs}):
+        return None
+    height = 1.3 + 0.28 * k * len(records)
+    fig, axes = _figure(len(records), 2, (10, height))
+    panels = (
+        ("silenced", "tab:red", "most frequent silenced tokens", "silenced occurrences over the run"),
+        ("kept_candidate", "tab:blue", "most frequent kept candidates", "kept-candidate occurrences (logged records)"),
+    )
+    for row, (label, recs) in zip(axes, records.items(), strict=True):
+        for ax, (kind, color, title, xlabel) in zip(row, panels, strict=True):
+            counts = Counter((r.get("token_id"), r["token"]) for r in recs if r["kind"] == kind)  # ids: bytes apart
+            known, top = (token_bytes or {}).get(label) or {}, counts.most_common(k)
+            names = [readable_token(token, known.get(token_id), token_id) for (token_id, token), _ in top]
+            ax.barh(range(len(top)), [n for _, n in top], color=color, alpha=0.8)
+            ax.set_yticks(range(len(top)), names, fontsize=8)
+            ax.invert_yaxis()
+            if not top:
+                ax.text(0.5, 0.5, "none logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+            ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
+            ax.set_xlabel(xlabel)
+            shown = f" ({len(top)} of {len(counts)} distinct)" if len(counts) > len(top) else ""
+            ax.set_title(f"{label}: {title}{shown}", fontsize=9)
+            ax.grid(alpha=0.3, axis="x")
+    fig.text(0.5, 0.01, TOKEN_LABEL_KEY, ha="center", va="bottom", fontsize=7.5, wrap=True)
+    fig.set_layout_engine("tight", rect=(0, 0.45 / height, 1, 1))
+    return _save(fig, out)
+
+
+def _labels(run_dirs: Sequence[os.PathLike | str], labels: Sequence[str] | None) -> dict[str, os.PathLike | str]:
+    """label -> run folder; the labels default to the folder names (the paths as given when two names are equal)."""
+    if labels is not None and len(labels) != len(run_dirs):
+        raise ValueError(
+            f"--labels: got {len(labels)} label(s) for {len(run_dirs)} OUTPUT_DIR(s): give one label per folder, "
+            "or none (the folder names)."
+        )
+    names = [os.path.basename(os.path.normpath(d)) for d in run_dirs]
+    default = names if len(set(names)) == len(names) else [os.path.normpath(d) for d in run_dirs]
+    return dict(zip(default if labels is None else labels, run_dirs, strict=True))
+
+
+def plot_diagnostics(run_dirs: Sequence[Path | str], out_dir: Path | str, labels: Sequence[str] | None = None):
+    """Write the S2T figures of the runs (overlaid) into `out_dir`; returns the paths written. Raises
+    `FileNotFoundError` for a folder without `metrics.jsonl`."""
+    runs, out_dir = _labels(run_dirs, labels), Path(out_dir)
+    metrics = {label: load_run(d) for label, d in runs.items()}
+    records = {label: load_token_records(d) for label, d in runs.items()}
+    token_bytes = {label: load_token_bytes(d) for label, d in runs.items() if records[label]}
+    ratios = any(seed_values(seeds, "s2t/silenced_ratio")[0] for seeds in metrics.values())
+    written = [
+        plot_entropy_quantiles(metrics, out_dir / "s2t_entropy_quantiles.png"),
+        plot_training_curves(metrics, out_dir / "s2t_ratios.png", curves=RATIO_CURVES) if ratios else None,
+        plot_prob_entropy_scatter(records, out_dir / "s2t_prob_entropy.png"),
+        plot_top_tokens(records, out_dir / "s2t_top_tokens.png", token_bytes=token_bytes),
+    ]
+    return [Path(path) for path in written if path is not None]
+
+
+def plot_output_dirs(output_dirs: Sequence[str], out: str | None = None, *, labels=None, title=None, smoothing=None):
+    """Every figure of `stapo-train` output folders, all read before anything is drawn; returns the paths written.
+    The training curves go to `out`, a figure file (`FIGURE_SUFFIXES`) or a folder (no suffix, or an existing folder;
+    default: the one folder, or `.`), the S2T figures beside them. Raises `FileNotFoundError` or `ValueError` for a
+    folder without a logged step ([`load_run`]), another suffix, a `smoothing` < 1 or a wrong number of labels."""
+    suffix = os.path.splitext(out or "")[1]
+    if out is not None and suffix and not os.path.isdir(out) and suffix.lower() not in FIGURE_SUFFIXES:
+        raise ValueError(
+            f"--out {out}: {suffix!r} is not a figure format ({', '.join(FIGURE_SUFFIXES)}): name a file with one of "
+            "these extensions, or a folder (a path without an extension) for every figure."
+        )
+    if smoothing is not None and smoothing < 1:
+        raise ValueError(f"--smoothing {smoothing}: the moving-average window must be >= 1 logged step.")
+    runs = _labels(output_dirs, labels)
+    metrics = {label: load_run(d, require_steps=True) for label, d in runs.items()}
+    for output_dir in output_dirs:  # the token files' errors, too, before anything is drawn
+        load_token_records(output_dir)
+    if out is None:
+        out = output_dirs[0] if len(output_dirs) == 1 and os.path.isdir(output_dirs[0]) else "."
+    if os.path.isdir(out) or not suffix:
+        out = os.path.join(out, "training_curves.png")
+    out = plot_training_curves(metrics, out, title=title, smoothing=smoothing)
+    return [out, *plot_diagnostics(output_dirs, os.path.dirname(os.path.abspath(out)), list(runs))]
