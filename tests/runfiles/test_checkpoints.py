@@ -85,6 +85,7 @@ DAMAGES = {
     ),
     "config-cut": ("config.json", "config.json unreadable: JSONDecodeError"),
     "no-tokenizer": ("tokenizer.json", "no tokenizer.json, which its save wrote"),
+    "no-config": ("config.json", "no config.json, which its save wrote"),
     "model-grown": ("model.safetensors", "model.safetensors damaged: bytes past its tensors"),
 }
 
