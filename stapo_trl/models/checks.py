@@ -52,15 +52,17 @@ def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | o
             model is neither cached nor buildable (its wheel is not installed, or its GGUF file is missing; see
             [`check_builtin_buildable`]: the message names the install command).
         NotADirectoryError: If the path exists but is a file.
+        ValueError: a local directory that holds no whole model ([`check_model_folder`]).
     """
     name_or_path = os.fspath(name_or_path)
     if name_or_path.startswith(BUILTIN_PREFIX):
         check_builtin_buildable(check_builtin_name(name_or_path), cache_dir)
         return name_or_path
-    if os.path.isdir(name_or_path):
-        return name_or_path
     if name_or_path.startswith("~") and os.path.isdir(os.path.expanduser(name_or_path)):
-        return os.path.expanduser(name_or_path)  # transformers does not expand `~`
+        name_or_path = os.path.expanduser(name_or_path)  # transformers does not expand `~`
+    if os.path.isdir(name_or_path):
+        check_model_folder(name_or_path)
+        return name_or_path
     if os.path.exists(name_or_path):
         raise NotADirectoryError(f"Model path {name_or_path!r} is a file; pass the directory that holds the model.")
     if name_or_path.startswith(("/", "./", "../", "~", ".\\", "..\\")) or name_or_path in (".", ".."):
@@ -96,3 +98,43 @@ def check_model_available(name_or_path: str | os.PathLike, revision: str | None 
     name = check_model_name_or_path(name_or_path)
     check_hub_model(name, revision=revision)
     return name
+
+
+def check_model_folder(path: str) -> None:
+    """Refuse a local model directory that holds no model, or a damaged one: no `config.json` (nor an adapter's
+    `adapter_config.json`) or no weights (a run folder stopped before its final model: its newest complete checkpoint
+    is named), a `checkpoint-N` folder that is not complete (its save cut short, a file damaged: transformers' rotation
+    may be removing it; [`~stapo_trl.runfiles.checkpoints.checkpoint_problem`]), a weights file that is not whole.
+
+    Raises:
+        ValueError: one line naming the folder and what is missing or damaged.
+    """
+    from ..runfiles.checkpoints import check_checkpoint, file_problem, newest_complete_checkpoint
+    from ..runfiles.run_folder import CHECKPOINT_FOLDER
+    from ..runfiles.run_record import RUN_RECORD
+
+    what = f"Model directory {path!r}"
+    if CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path))) or os.path.isfile(
+        os.path.join(path, RUN_RECORD)
+    ):
+        fix = "Give a complete checkpoint (<output_dir>/checkpoint-<step>) or the run's final model (its output_dir)."
+        return check_checkpoint(path, what, save_only_model=True, fix=fix)
+    names = sorted(os.listdir(path))
+    weights = [
+        n for n in names if n.endswith(".safetensors") or (n.startswith("pytorch_model") and n.endswith(".bin"))
+    ]
+    if not {"config.json", "adapter_config.json"} & set(names) or not weights:
+        missing = (
+            "config.json" if not {"config.json", "adapter_config.json"} & set(names) else "weights (*.safetensors)"
+        )
+        newest = newest_complete_checkpoint(path)[0]
+        hint = (
+            f"it is a run folder without its final model: give its newest complete checkpoint, {newest}"
+            if newest
+            else "give a folder saved by save_pretrained: a stapo-train output_dir or one of its checkpoint-N folders"
+        )
+        raise ValueError(f"{what} holds no model (no {missing}): {hint}.")
+    for name in weights:
+        problem = file_problem(os.path.join(path, name))
+        if problem:
+            raise ValueError(f"{what}: {name} {problem}. Give a folder whose save finished.")

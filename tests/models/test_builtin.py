@@ -2,6 +2,7 @@
 
 import os
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -193,9 +194,9 @@ def test_resolve_builds_once_then_reuses_the_cache(tmp_path, monkeypatch):
     AutoModelForCausalLM.from_pretrained(path)
 
 
-def test_resolve_passes_through_directories_and_hub_ids(tmp_path):
-    assert resolve_model_path(str(tmp_path)) == str(tmp_path)
-    assert resolve_model_path(tmp_path) == str(tmp_path)
+def test_resolve_passes_through_directories_and_hub_ids(tmp_path, tiny_random_model_path):
+    assert resolve_model_path(tiny_random_model_path) == tiny_random_model_path
+    assert resolve_model_path(Path(tiny_random_model_path)) == tiny_random_model_path
     assert resolve_model_path("Qwen/Qwen3-1.7B-Base") == "Qwen/Qwen3-1.7B-Base"
     assert resolve_model_path("gpt2") == "gpt2"
 
