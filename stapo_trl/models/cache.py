@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -28,7 +29,8 @@ from .names import BUILTIN_MODELS, BUILTIN_PREFIX, INFO_FILE, builtin_model_dir,
 
 logger = logging.getLogger(__name__)
 
-# The module of each registry `kind`; its `build(name, output_dir, base_path)` returns the build record.
+# The module of each registry `kind`. Its `build(name, output_dir, base_path)` writes the model and tokenizer and
+# returns the build record's fields, `versions` among them (of the libraries beyond stapo_trl, torch, transformers).
 RECIPE_MODULES = {"tiny": "tiny", "gguf": "gguf", "gguf+sft": "sft_math"}
 # The variables through which torchrun / accelerate launch make a process part of a job.
 _LAUNCHER_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "FSDP_", "PET_")
@@ -178,12 +180,19 @@ def build_builtin_model(
         FileNotFoundError, ValueError: a real model's wheel or GGUF file is missing or its checksum differs from the pin
             (one line each, before any long work; see `gguf.py`).
     """
+    import torch
+    import transformers
+
     recipe = BUILTIN_MODELS[name]
     start = time.perf_counter()
     logger.info("Building builtin:%s (%s) into %s", name, recipe["description"], output_dir)
     recipe_module = importlib.import_module(f".{RECIPE_MODULES[recipe['kind']]}", __package__)
     with one_torch_thread():
-        info = recipe_module.build(name, output_dir, base_path)
+        fields = recipe_module.build(name, output_dir, base_path)
+    header = {k: recipe[k] for k in ("version", "kind", "description", "license") if k in recipe}
+    libraries = {"stapo_trl": importlib.metadata.version("stapo_trl"), "torch": torch.__version__}
+    versions = {**libraries, "transformers": transformers.__version__, **fields["versions"]}
+    info = {"name": BUILTIN_PREFIX + name, **header, **fields, "versions": versions}
     info["build_seconds"] = round(time.perf_counter() - start, 1)
     (Path(output_dir) / INFO_FILE).write_text(json.dumps(info, indent=2), encoding="utf-8")
     logger.info("Built builtin:%s in %.1f s.", name, info["build_seconds"])

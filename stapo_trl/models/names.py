@@ -133,21 +133,6 @@ def read_builtin_info(model_path: str | os.PathLike) -> dict[str, Any]:
     return json.loads((Path(model_path) / INFO_FILE).read_text(encoding="utf-8"))
 
 
-def build_record(name: str, fields: dict[str, Any], **versions: str) -> dict[str, Any]:
-    """A build record (`stapo_builtin.json`): the `builtin:` name, the recipe's version, kind, description and license,
-    then `fields`, then `versions` (stapo_trl, torch, transformers, then `versions`)."""
-    import importlib.metadata
-
-    import torch
-    import transformers
-
-    recipe = BUILTIN_MODELS[name]
-    header = {k: recipe[k] for k in ("version", "kind", "description", "license") if k in recipe}
-    libraries = {"stapo_trl": importlib.metadata.version("stapo_trl"), "torch": torch.__version__}
-    versions = {**libraries, "transformers": transformers.__version__, **versions}
-    return {"name": BUILTIN_PREFIX + name, **header, **fields, "versions": versions}
-
-
 def check_builtin_buildable(name: str, cache_dir: str | os.PathLike | None = None) -> None:
     """Check that `builtin:<name>` is cached or can be built: for a real model (or the `base` of a `gguf+sft` one), that
     its pinned wheels and `gguf` are installed and its GGUF file or chunks exist (the checksum is verified at build).

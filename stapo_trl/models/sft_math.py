@@ -12,7 +12,7 @@ import os
 import time
 from typing import Any
 
-from .names import BUILTIN_MODELS, build_record, read_builtin_info
+from .names import BUILTIN_MODELS, read_builtin_info
 from .warmup import SEED, evaluate_tiny_math, sft_warm_up
 
 
@@ -28,7 +28,7 @@ EVAL_MAX_NEW_TOKENS = 64  # SmolLM2 writes a tiny-math completion in 29-32 token
 
 def build(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None) -> dict[str, Any]:
     """SFT-warm the built base at `base_path` for the recipe's `sft_steps`, run the held-out check (with token
-    statistics) and save into `output_dir`. Returns the build record (`build_seconds` set by the caller)."""
+    statistics) and save into `output_dir`. Returns the build record's fields."""
     import torch
     import trl
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -50,7 +50,7 @@ def build(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike
     evaluation = evaluate_tiny_math(model, tokenizer, test, max_new_tokens=EVAL_MAX_NEW_TOKENS, token_statistics=True)
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
-    fields = {
+    return {
         "base": {k: base_info[k] for k in ("name", "version", "source", "state_dict_sha256")},
         **{k: base_info[k] for k in ("chat_template", "tokenizer", "model")},
         "seed": SEED,
@@ -64,5 +64,5 @@ def build(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike
         },
         "eval": evaluation,
         "state_dict_sha256": state_dict_sha256(model),
+        "versions": {"trl": trl.__version__, "gguf": base_info["versions"]["gguf"]},
     }
-    return build_record(name, fields, trl=trl.__version__, gguf=base_info["versions"]["gguf"])

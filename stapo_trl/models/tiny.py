@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .names import BUILTIN_MODELS, build_record
+from .names import BUILTIN_MODELS
 from .warmup import SEED, evaluate_tiny_math, sft_warm_up
 
 
@@ -89,7 +89,7 @@ def build_model(tokenizer, config: dict[str, Any]):
 
 def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> dict[str, Any]:
     """The `tiny` recipe for `builtin:<name>`: tokenizer, model, and the SFT warm-up and held-out check when the
-    recipe's `sft_steps` > 0, saved into `output_dir`. Returns the build record (`build_seconds` set by the caller)."""
+    recipe's `sft_steps` > 0, saved into `output_dir`. Returns the build record's fields."""
     import tokenizers
     import torch
     import trl
@@ -114,13 +114,12 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
         evaluation = evaluate_tiny_math(model, tokenizer, data["test"])
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
-    fields = {
+    return {
         "seed": SEED,
         "torch_threads": torch.get_num_threads(),
         "tokenizer": {"type": "byte-level BPE, single-digit tokens", "vocab_size": len(tokenizer)},
         "model": {"architecture": "Qwen3ForCausalLM", "num_parameters": num_parameters, **config},
         "sft": sft,
         "eval": evaluation,
-        "build_seconds": None,  # set by `build_builtin_model`, which times the whole build
+        "versions": {"trl": trl.__version__, "tokenizers": tokenizers.__version__},
     }
-    return build_record(name, fields, trl=trl.__version__, tokenizers=tokenizers.__version__)

