@@ -155,21 +155,15 @@ def test_resolve_builds_once_then_reuses_the_cache(tmp_path, monkeypatch):
     AutoModelForCausalLM.from_pretrained(path)
 
 
-def test_resolve_passes_through_directories_and_hub_ids(tmp_path, tiny_random_model_path):
-    assert resolve_model_path(tiny_random_model_path) == tiny_random_model_path
-    assert resolve_model_path(Path(tiny_random_model_path)) == tiny_random_model_path
-    assert resolve_model_path("Qwen/Qwen3-1.7B-Base") == "Qwen/Qwen3-1.7B-Base"
-    assert resolve_model_path("gpt2") == "gpt2"
-
-
 def test_two_builds_give_identical_files(tiny_random_model_path, tmp_path):
     build_builtin_model("tiny-random", tmp_path)  # the session's build was another one, through the cache
     for file in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json"):
         assert (tmp_path / file).read_bytes() == open(os.path.join(tiny_random_model_path, file), "rb").read(), file
 
 
-def test_resolve_passes_through_directories_and_hub_ids_and_refuses_bad_paths(tmp_path):
-    assert resolve_model_path(str(tmp_path)) == resolve_model_path(tmp_path) == str(tmp_path)
+def test_resolve_passes_through_directories_and_hub_ids_and_refuses_bad_paths(tmp_path, tiny_random_model_path):
+    model = tiny_random_model_path
+    assert resolve_model_path(model) == resolve_model_path(Path(model)) == model
     assert (
         resolve_model_path("Qwen/Qwen3-1.7B-Base") == "Qwen/Qwen3-1.7B-Base" and resolve_model_path("gpt2") == "gpt2"
     )
