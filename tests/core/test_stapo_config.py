@@ -101,26 +101,31 @@ def test_the_settings_come_from_the_config_where_it_has_them_else_from_the_paper
         s2t_settings(config, modes=("low_entropy",))
 
 
+@pytest.mark.release
 def test_the_construction_line_says_the_values_in_effect_and_what_differs_and_nothing_for_the_papers_config():
     assert s2t_settings_line(make_config(), S2TSettings()) is None
     grpo = make_config(GRPOConfig)
     assert s2t_settings_line(grpo, s2t_settings(grpo)) == (
         "STAPO with s2t_prob_threshold=0.002, s2t_entropy_quantile=0.75, s2t_mode='low_entropy' (the paper's: "
-        "GRPOConfig has no s2t_prob_threshold, s2t_entropy_quantile, s2t_mode); differs from the paper's objective: "
-        "epsilon_high=None (paper 0.28)."
+        "GRPOConfig has no s2t_prob_threshold, s2t_entropy_quantile, s2t_mode, so these, given to a GRPOConfig in a "
+        "YAML file say, are ignored; to set them, parse a STAPOConfig: `from stapo_trl import STAPOConfig as "
+        "GRPOConfig`); differs from the paper's objective: epsilon_high=None (paper 0.28)."
     )
     own = make_config(OpenR1StyleConfig, epsilon_high=0.28, beta=0.04)
     line = s2t_settings_line(own, s2t_settings(own))
-    assert "s2t_entropy_quantile=0.8, " in line and "has no s2t_prob_threshold, s2t_mode)" in line
+    assert (
+        "s2t_entropy_quantile=0.8, " in line and "has no s2t_prob_threshold, s2t_mode, so these, given to a " in line
+    )
     assert line.endswith(
         "differs from the paper's objective: s2t_entropy_quantile=0.8 (paper 0.75), beta=0.04 (paper 0.0)."
     )
     grpo = make_config(GRPOConfig, epsilon_high=0.28)  # the paper's objective, the paper's S2T values by default
-    assert s2t_settings_line(grpo, s2t_settings(grpo)).endswith("s2t_mode); the rest is the paper's objective.")
+    assert s2t_settings_line(grpo, s2t_settings(grpo)).endswith("GRPOConfig`); the rest is the paper's objective.")
     off = make_config(s2t_mode="off")
     assert s2t_settings_line(off, s2t_settings(off)).endswith("objective: s2t_mode='off' (paper 'low_entropy').")
 
 
+@pytest.mark.release
 @pytest.mark.parametrize(
     "geometry, path",
     [
