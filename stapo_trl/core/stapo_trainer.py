@@ -42,8 +42,8 @@ class STAPOTrainer(GRPOTrainer):
     `args` may be any `GRPOConfig` (your own subclass too): its S2T fields where it has them (a [`STAPOConfig`]),
     else the paper's `s2t_prob_threshold=0.002` (tau_p), `s2t_entropy_quantile=0.75` (q), `s2t_mode="low_entropy"`
     (`"off"`: nothing silenced, same normalizer). One line at construction gives the values in effect and what differs
-    from the paper's objective; a bad value is a `ValueError` naming the field; each GRPO feature the mask changes is
-    warned; a TRL whose loss normalizer or rollout scoring is not the one STAPO is built on is a `RuntimeError`. Logs
+    from the paper's objective; a bad value is a `ValueError` naming the field, and so is a setting with which the
+    installed TRL trains past the mask (`docs/stapo.md`); each GRPO feature the mask changes is warned; a TRL whose loss normalizer or rollout scoring is not the one STAPO is built on is a `RuntimeError`. Logs
     `s2t/silenced_ratio`, `s2t/candidate_ratio`, `s2t/entropy_threshold` (tau_h, nats) and the global counts
     `s2t/num_silenced`, `s2t/num_candidates`, `s2t/num_loss_tokens`, `s2t/num_nonfinite`.
 
