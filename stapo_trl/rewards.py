@@ -1,14 +1,9 @@
-r"""Reward functions in TRL's convention, backed by the one grader in [`stapo_trl.grading`].
+r"""Reward functions in TRL's convention, `(completions, solution, **kwargs) -> list[float | None]`, one value per
+completion, as [`~trl.GRPOTrainer`] calls them (its other keywords, dataset columns included, arrive in `**kwargs`).
 
-Every reward is a plain function `(completions, solution, **kwargs) -> list[float | None]`, one value per completion,
-as [`~trl.GRPOTrainer`] calls it (it also passes `prompts`, `completion_ids`, the dataset columns, `trainer_state`,
-`log_extra` and `log_metric`, all accepted through `**kwargs`). TRL names the per-reward metrics after the function's
-`__name__` (`rewards/math_accuracy_reward/mean`).
-
-The [STAPO](https://huggingface.co/papers/2602.15620) recipe (Sec. 4.1) trains on a binary rule-based reward:
-`math_accuracy_reward` alone. `format_reward` is an optional shaping term.
-
-`REWARDS` is the single registry; [`get_reward_funcs`] resolves registry names or dotted import paths.
+The [STAPO](https://huggingface.co/papers/2602.15620) recipe (Sec. 4.1) trains on a binary rule-based reward,
+`math_accuracy_reward`, graded by [`stapo_trl.grading`]; `format_reward` is an optional shaping term. `REWARDS` is
+the registry; [`get_reward_funcs`] resolves its names or dotted import paths.
 """
 
 from __future__ import annotations
@@ -17,14 +12,15 @@ import functools
 import importlib
 import inspect
 import logging
+import math
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .grading import grade
-from .grading.extract import find_boxes
+from .grading import find_boxes, grade
 
 
 logger = logging.getLogger(__name__)
@@ -33,24 +29,12 @@ _warned_golds: set[str] = set()
 
 
 def completion_text(completion: Any) -> str:
-    """The text of one completion in TRL's standard or conversational format.
-
-    Args:
-        completion (`str`, `list[dict]` or `dict`): a string, or chat messages
-            `[{"role": "assistant", "content": ...}]` (content may be a string or a list of `{"type": "text",
-            "text": ...}` parts).
-
-    Returns:
-        `str`: the string itself, or the content of the last assistant message (the last message when none has the
-        assistant role); `""` for `None` or an empty list.
-    """
-    if completion is None:
-        return ""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        completion = [completion]
-    messages = list(completion)
+    """The text of one completion in TRL's standard (`str`) or conversational format (chat messages, a content
+    string or `{"type": "text", "text": ...}` parts): the content of the last assistant message (the last message
+    when none has the assistant role); `""` for `None` or no message."""
+    if completion is None or isinstance(completion, str):
+        return completion or ""
+    messages = [completion] if isinstance(completion, dict) else list(completion)
     if not messages:
         return ""
     assistant = [m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
@@ -62,17 +46,13 @@ def completion_text(completion: Any) -> str:
 
 
 def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **kwargs) -> list[float | None]:
-    r"""Binary correctness of the last `\boxed{}` answer: 1.0 correct, 0.0 otherwise.
+    r"""Binary correctness of the last `\boxed{}` answer, as [`stapo_trl.grading.grade`] decides it: 1.0 or 0.0.
 
-    Grading is [`stapo_trl.grading.grade`]: last box wins, math-verify equivalence, integer fast path (plain
-    integers on both sides are compared as `int`s without math-verify), any grader exception or timeout counts as
-    wrong (0.0) and is logged. A gold answer that does not parse gets `None` (TRL turns it into NaN and drops it
-    from the reward sum), never 0 or 1, and is logged once per gold.
-
-    When TRL passes `log_metric`, the batch's grader error fraction is logged as `grading/error_ratio` (errors
-    other than unparseable golds), `grading/timeout_ratio` (the part of them that ran out of time or was refused
-    as too large to evaluate: scored 0.0, never 1.0) and `grading/gold_unparseable_ratio`, all fractions in [0, 1].
-    Each completion is graded within `stapo_trl.grading.bound.GRADE_TIMEOUT_S` (2 s by default), on any thread.
+    In the shape of TRL's `accuracy_reward`: a gold answer that does not parse gets `None` (TRL drops it from the
+    reward sum), never 0 or 1, and is logged once per gold. A grader error, a timeout or an answer refused as too large
+    to evaluate scores 0.0 and is logged. With TRL's `log_metric`, the batch's fractions in [0, 1] are logged as
+    `grading/error_ratio` (errors other than unparseable golds), `grading/timeout_ratio` (the part of them that ran
+    out of time or was refused) and `grading/gold_unparseable_ratio`.
 
     Args:
         completions (`Sequence`): `B` completions, strings or chat-message lists.
@@ -91,37 +71,23 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
             f"math_accuracy_reward got {len(completions)} completions but {len(solution)} solutions; pass one "
             "`solution` per completion (a dataset column named `solution`)."
         )
-    rewards: list[float | None] = []
-    n_errors = n_gold_bad = n_timeouts = 0
-    first_error = None
-    for completion, gold in zip(completions, solution):
-        result = grade(completion_text(completion), gold)
-        if result.error and result.error.startswith("gold unparseable"):
-            n_gold_bad += 1
-            key = repr(gold)[:200]
-            if key not in _warned_golds:
-                _warned_golds.add(key)
-                logger.warning("math_accuracy_reward: gold answer %s does not parse; reward set to None", key)
-            rewards.append(None)
-            continue
-        if result.error:
-            n_errors += 1
-            n_timeouts += result.error.startswith("timeout")
-            first_error = first_error or result.error
-        rewards.append(1.0 if result.correct else 0.0)
-    if n_errors:
+    results = [grade(completion_text(c), gold) for c, gold in zip(completions, solution)]
+    no_gold = [r.error is not None and r.error.startswith("gold unparseable") for r in results]
+    for key in {repr(gold)[:200] for gold, bad in zip(solution, no_gold) if bad} - _warned_golds:
+        _warned_golds.add(key)
+        logger.warning("math_accuracy_reward: gold answer %s does not parse; reward set to None", key)
+    errors = [r.error for r, bad in zip(results, no_gold) if r.error and not bad]
+    if errors:
         logger.warning(
             "math_accuracy_reward: %d/%d completions hit a grader error (scored 0.0); first: %s",
-            n_errors,
-            len(rewards),
-            first_error,
+            *(len(errors), len(results), errors[0]),
         )
     log_metric = kwargs.get("log_metric")
-    if callable(log_metric) and rewards:
-        log_metric("grading/error_ratio", n_errors / len(rewards))
-        log_metric("grading/timeout_ratio", n_timeouts / len(rewards))
-        log_metric("grading/gold_unparseable_ratio", n_gold_bad / len(rewards))
-    return rewards
+    if callable(log_metric) and results:
+        log_metric("grading/error_ratio", len(errors) / len(results))
+        log_metric("grading/timeout_ratio", sum(e.startswith("timeout") for e in errors) / len(results))
+        log_metric("grading/gold_unparseable_ratio", sum(no_gold) / len(results))
+    return [None if bad else float(r.correct) for r, bad in zip(results, no_gold)]
 
 
 # After the final box only closing math delimiters, punctuation and whitespace may follow.
@@ -129,26 +95,16 @@ _FORMAT_TAIL_RE = re.compile(r"^(?:\s|\$|\\\]|\\\)|[.!)\]])*$")
 
 
 def format_reward(completions: Sequence[Any], **kwargs) -> list[float]:
-    r"""1.0 when the completion ENDS with its final answer in a complete, non-empty `\boxed{...}`, else 0.0.
-
-    The rule: the text has at least one `\boxed`/`\fbox`, the last one is closed and non-empty, and after its closing
-    brace only whitespace, `$`, `\]`, `\)`, `.`, `!`, `)` or `]` follow. Earlier boxes (intermediate results) are
-    allowed; the grader reads the last one. The correctness of the answer is not checked.
-
-    Args:
-        completions (`Sequence`): `B` completions, strings or chat-message lists.
-        **kwargs: ignored.
+    r"""1.0 when a completion ENDS with its answer in a complete, non-empty `\boxed{...}` (the last box; only
+    whitespace, `$`, `\]`, `\)`, `.`, `!`, `)` or `]` after it), else 0.0; the answer's correctness is not checked.
 
     Returns:
-        `list[float]`: length `B`, values in {0.0, 1.0}.
+        `list[float]`: one value in {0.0, 1.0} per completion of `completions` (`B` strings or chat-message lists).
     """
     rewards = []
-    for completion in completions:
-        text = completion_text(completion)
-        boxes = find_boxes(text)
-        ok = bool(boxes) and boxes[-1][0] is not None and boxes[-1][0].strip() != ""
-        ok = ok and _FORMAT_TAIL_RE.match(text[boxes[-1][2] :]) is not None
-        rewards.append(1.0 if ok else 0.0)
+    for text in map(completion_text, completions):
+        last = (find_boxes(text) or [(None, 0, 0)])[-1]
+        rewards.append(float(bool(last[0] and last[0].strip()) and _FORMAT_TAIL_RE.match(text[last[2] :]) is not None))
     return rewards
 
 
@@ -156,10 +112,16 @@ REWARDS: dict[str, Callable[..., list]] = {"math_accuracy": math_accuracy_reward
 """The single reward registry: name -> function (`--reward_funcs` values)."""
 
 
+REWARD_NOTE = "In reward function"  # how `checked_reward` names the function and step in an exception's notes
+
+
 def checked_reward(func: Callable) -> Callable:
     """`func` (a sync reward function; an async one is returned as is) checking what it returns, named as TRL names
     `func`: no sequence of numbers (`None`; a str, dict: TRL trains on its characters, keys) raises; `None` for every
-    completion (legal, teaches nothing) is warned once; `None` for some completions stays valid, as in TRL.
+    completion (legal, teaches nothing) and `inf` or `-inf` for any (its group's advantages are then not numbers: the
+    group teaches nothing) are warned once each; `None` for some completions stays valid, as in TRL. An exception
+    raised in `func` keeps its traceback, with a note naming the function and the step (`stapo-train` prints it as one
+    line: [`reward_error_line`]).
 
     Raises (when the result is called):
         TypeError: `func` returned no sequence of numbers and `None`s.
@@ -168,27 +130,62 @@ def checked_reward(func: Callable) -> Callable:
 
     if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
         return func
-    name, warned = get_callable_name(func), []
+    name, warned = get_callable_name(func), set()
+
+    def warn_once(kind: str, message: str) -> None:
+        if kind not in warned:
+            warned.add(kind)
+            logger.warning(message + " (shown once)")
 
     @functools.wraps(func)
     def checked(*args, **kwargs):
-        out, step = func(*args, **kwargs), getattr(kwargs.get("trainer_state"), "global_step", "?")
-        rewards = None if isinstance(out, (str, Mapping)) or not isinstance(out, Iterable) else list(out)
-        if rewards is None or not all(r is None or hasattr(r, "__float__") for r in rewards):  # a number, 0-d tensor
-            raise TypeError(
-                f"Reward function {name} returned {out!r} at step {step}: it must return one reward per "
-                f"completion, a list of {len(kwargs['completions'])} floats (None for a completion it cannot judge)."
-            )
-        if not warned and rewards and all(r is None for r in rewards):
-            warned.append(step)
-            logger.warning(
+        step = getattr(kwargs.get("trainer_state"), "global_step", "?")
+        try:
+            out = func(*args, **kwargs)
+            rewards = None if isinstance(out, (str, Mapping)) or not isinstance(out, Iterable) else list(out)
+            if rewards is None or not all(r is None or hasattr(r, "__float__") for r in rewards):  # 0-d tensors too
+                raise TypeError(
+                    f"Reward function {name} returned {out!r} at step {step}: it must return one reward per "
+                    f"completion, a list of {len(kwargs['completions'])} floats (None for a completion it cannot "
+                    "judge)."
+                )
+        except Exception as e:
+            e.add_note(f"{REWARD_NOTE} {name} at step {step}.")
+            raise
+        if rewards and all(r is None for r in rewards):
+            warn_once(
+                "none",
                 f"Reward function {name} returned None for all {len(rewards)} completions at step {step}: TRL drops "
-                "None rewards, so it adds nothing to the advantages (shown once)."
+                "None rewards, so it adds nothing to the advantages",
+            )
+        infinite = sum(r is not None and math.isinf(float(r)) for r in rewards)
+        if infinite:
+            warn_once(
+                "inf",
+                f"Reward function {name} returned inf or -inf for {infinite} of {len(rewards)} completions at step "
+                f"{step}: the advantages of their groups are then not numbers, and those groups teach nothing. Return "
+                "a finite number, or None for a completion it cannot judge",
             )
         return rewards
 
     checked.__name__ = name
     return checked
+
+
+def reward_error_line(error: BaseException) -> str | None:
+    """The one line `stapo-train` prints for an exception raised in a reward function ([`checked_reward`]'s note
+    names it and the step), with where it was raised outside stapo_trl; `None` for another exception."""
+    note = next((n for n in getattr(error, "__notes__", []) if n.startswith(REWARD_NOTE)), None)
+    if note is None:
+        return None
+    message = (str(error).splitlines() or [""])[0]
+    if message.startswith("Reward function "):  # checked_reward's own TypeError names the function and step
+        return message
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if os.sep + "stapo_trl" + os.sep not in f.filename]
+    where = f" ({frames[-1].filename}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
+    return (
+        f"reward function{note.removeprefix(REWARD_NOTE).rstrip('.')} raised {type(error).__name__}: {message}{where}"
+    )
 
 
 def resolve_reward_names(reward_funcs: Any) -> Any:
@@ -226,30 +223,27 @@ def _import_from_here(module_name: str):
 
 
 def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:
-    """Resolve reward names into callables.
-
-    Args:
-        names (`Sequence[str]` or `str`): registry keys of [`REWARDS`] (a function's own name, e.g.
-            `math_accuracy_reward`, works too), or dotted import paths `pkg.module.function`, found on `sys.path` or
-            in the current folder; a single string may be comma-separated.
-
-    Returns:
-        `list[Callable]`: in the order given.
+    """Resolve reward names into callables, in the order given: registry keys of [`REWARDS`] (or a function's own
+    name, `math_accuracy_reward`), or dotted import paths `pkg.module.function` found on `sys.path` or in the current
+    folder; a single string may be comma-separated.
 
     Raises:
-        ValueError: an unknown name, or a dotted path that does not import to a callable; the message lists
-            `sorted(REWARDS)`.
+        ValueError: no name (`[]`, `None`), an unknown name, or a dotted path that does not import to a callable; the
+            message lists `sorted(REWARDS)`.
     """
     if isinstance(names, str):
-        names = [n for n in names.split(",")]
+        names = names.split(",")
+    if not names or not any(str(name).strip() for name in names):
+        raise ValueError(
+            f"reward_funcs={names!r} names no reward: give at least one, one of {sorted(REWARDS)} or a dotted path "
+            "`pkg.module.function` (the paper trains on math_accuracy alone)."
+        )
     by_func_name = {f.__name__: f for f in REWARDS.values()}
     funcs = []
     for raw in names:
         name = raw.strip()
-        if name in REWARDS:
-            funcs.append(REWARDS[name])
-        elif name in by_func_name:
-            funcs.append(by_func_name[name])
+        if name in REWARDS or name in by_func_name:
+            funcs.append(REWARDS.get(name) or by_func_name[name])
         elif "." in name:
             module_name, _, attr = name.rpartition(".")
             try:

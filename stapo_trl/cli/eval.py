@@ -14,8 +14,9 @@ stapo-eval --compare results/grpo.json results/stapo.json                 # side
 
 What the command does, in order:
 
-1. Validates the arguments (unknown benchmark or decoding: the error lists the valid ones; a `--max-new-tokens` that
-   leaves the model, per its `config.json`, no position for a prompt) and loads every benchmark through
+1. Validates the arguments (unknown benchmark or decoding: the error lists the valid ones; a model folder that holds
+   no whole model, or a checkpoint that is not complete; a `--max-new-tokens` that leaves the model, per its
+   `config.json`, no position for a prompt) and loads every benchmark through
    [`stapo_trl.evaluation.tasks.load_benchmark`] before any model is loaded.
 2. Reads `--output` when it exists ([`default_output`] otherwise; the path is printed first and last): finished
    (benchmark, decoding) pairs are skipped, other benchmarks or decodings added; a file written with other settings
@@ -42,6 +43,8 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
+
+from safetensors import SafetensorError
 
 from ..checks.dataset import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
 from ..checks.prompt_length import config_max_positions, model_max_positions, prompt_token_budget
@@ -196,6 +199,12 @@ def _main(argv: Sequence[str] | None) -> int:
             try:
                 generator = _make_generator(args, model_path)
                 prompt_token_budget(model_max_positions(generator), args.max_new_tokens)  # room left for a prompt
+            except (OSError, SafetensorError) as e:  # checked whole above: removed or rewritten while loading
+                fail(
+                    f"--model {args.model} could not be loaded ({type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+                    "): its files changed while it loaded (a checkpoint removed by save_total_limit's rotation, or "
+                    "still being written). Evaluate a complete checkpoint, or the run's final model."
+                )
             except RuntimeError as e:
                 fail(str(e))
             except ValueError as e:  # --max-new-tokens at or above the model's positions (a small model)

@@ -91,7 +91,7 @@ DATA_FILE_PREFERENCE: tuple[str, ...] = ("test.jsonl", "test.parquet", "test.jso
 """File names looked up in `<data_dir>/<name>/`, first match wins: beside JustRL's verl parquet copies, the
 Qwen2.5-Math jsonl copies (AIME24, AMC23, MATH-500, Minerva, OlympiadBench, GSM8K; AIME25 has only the parquet), which
 keep the original rows (OlympiadBench: 675 problems, JustRL's 674) and ids; every copy grades its own golds at >= 99 %
-(tests/grading/test_benchmark_golds.py). Pass the file itself as `data_dir` to evaluate another copy."""
+(tests/test_grading_benchmarks.py). Pass the file itself as `data_dir` to evaluate another copy."""
 
 
 @dataclass(frozen=True)
