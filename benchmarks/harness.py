@@ -272,7 +272,7 @@ class Probe:
     """
 
     def __init__(self, trainer):
-        from stapo_trl.runfiles.callbacks import SpuriousTokenLogger
+        from stapo_trl.run_files import SpuriousTokenLogger
         from stapo_trl.trainer import STAPOTrainer
 
         self.nograd_rows = self.grad_rows = 0

@@ -26,6 +26,8 @@ from filelock import FileLock, Timeout
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from .checkpoints import check_output_dir, open_run_file
+
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 SCRIPT_RESUME_HINT = "Resume with trainer.train(resume_from_checkpoint=True)."
@@ -107,27 +109,29 @@ def hold_run_folder(output_dir: str, acquire: bool = True) -> None:
             lock.release()
             _LOCKS[folder] = (lock, holds - 1)
         return
+    check_output_dir(output_dir)  # named, writable, no symbolic link inside
     owner = os.path.join(folder, "_writer.txt")
     try:
         os.makedirs(folder, exist_ok=True)
         lock.acquire(timeout=0)
         if not holds:  # the first hold in this process writes who holds the folder
-            fd = os.open(owner, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-            with os.fdopen(fd, "w") as f:
+            with open_run_file(owner) as f:
                 since = time.strftime("%Y-%m-%d %H:%M:%S")
                 f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {since}: {shlex.join(sys.argv)}")
     except Timeout:
-        try:
+        holder = "starting"
+        if os.path.isfile(owner) and not os.path.islink(owner):
             with open(owner, encoding="utf-8", errors="replace") as f:
                 holder = f.read(2000)
-        except OSError:
-            holder = "starting"
         raise ValueError(
-            f"output_dir={output_dir!r} is in use by another run ({holder}): wait for it to end, or give another "
-            "output_dir (two runs in one folder mix their checkpoints and metrics)."
+            f"output_dir={output_dir!r} is in use by another run ({holder}). Two runs in one folder mix their "
+            "metrics, checkpoints and model: wait for that run to end, or give another output_dir."
         ) from None
     except OSError as e:
-        raise ValueError(f"output_dir={output_dir!r} cannot be written ({e.strerror or e}).") from None
+        raise ValueError(
+            f"output_dir={output_dir!r} cannot be written ({e.strerror or e}): give a folder this process can create "
+            "files in."
+        ) from None
     _LOCKS[folder] = (lock, holds + 1)
 
 

@@ -6,7 +6,7 @@
   `max_completion_length < 1`), and YAML's unquoted `off` for `s2t_mode`; before TRL's own checks, the counts, the
   learning rate, `report_to`, `max_steps` and the generation batch ([`~stapo_trl.checks.training_values`], the
   same checks and messages as `stapo-train`).
-- The process-group side effect of [`~stapo_trl.integrations.process_group`] (before any config can exist).
+- In a launched process, the process-group workaround of [`~stapo_trl.integrations.process_group`].
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ from . import core
 from .checks.training_values import check_training_values
 from .diagnostics.ablations import ABLATION_MODES
 from .integrations.process_group import import_group_capturing_modules
-
-
-import_group_capturing_modules()  # before a config (and so the process group) can exist; see process_group.py
 
 
 logger = logging.getLogger(__name__)
@@ -112,6 +109,9 @@ class STAPOConfig(core.STAPOConfig):
     )
 
     def __post_init__(self):
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched process, before its process group exists
+            uses_deepspeed = bool(self.deepspeed) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+            import_group_capturing_modules(deepspeed=uses_deepspeed)
         # Before the parent's: TRL turns an unset bf16 on, and transformers then refuses it on a CPU without use_cpu.
         changed = []
         if (self.use_cpu is None or self.bf16 is None) and not has_accelerator():

@@ -26,7 +26,7 @@ from typing import Any
 import datasets
 
 from .checks.dataset import missing_column_message
-from .runfiles.metrics_log import json_lines
+from .run_files import json_lines
 
 
 logger = logging.getLogger(__name__)

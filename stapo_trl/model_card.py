@@ -121,9 +121,11 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     base = base_model_name(getattr(model.config, "_name_or_path", None))
     is_hub_id = base is not None and not base.startswith("builtin:")
     base_text = f"[{base}](https://huggingface.co/{base})" if is_hub_id else f"`{base}`" if base else "a local model"
-    prompt = "What is 47+38?"
-    if "prompt" in (getattr(trainer.train_dataset, "column_names", None) or []) and len(trainer.train_dataset):
+    try:
         prompt = trainer.train_dataset[0]["prompt"]
+    except (KeyError, IndexError, TypeError, NotImplementedError):  # no prompt column, or an iterable dataset
+        prompt = None
+    prompt = prompt if isinstance(prompt, (str, list)) else "What is 47+38?"
     reference = (trainer.hub_model_id or model_name) if public else _saved_model(trainer)
     method = (
         f"This model was trained with STAPO, introduced in [STAPO: Stabilizing Reinforcement Learning for LLMs by "

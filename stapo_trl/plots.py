@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .runfiles.metrics_log import METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME, read_metrics, read_token_records
-from .runfiles.run_folder import open_run_file
+from .checkpoints import open_run_file
+from .run_files import METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME, read_metrics, read_token_records
 
 
 logger = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ def _figure(rows: int, cols: int, size: tuple[float, float], **kwargs):
 
 def _save(fig, out: Path | str | None):
     """`fig` when `out` is `None`, else `out` after writing `fig` there (dpi 110, the format of its suffix), never
-    through a symbolic link ([`~stapo_trl.runfiles.run_folder.open_run_file`])."""
+    through a symbolic link ([`~stapo_trl.checkpoints.open_run_file`])."""
     if out is None:
         return fig
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

@@ -152,18 +152,50 @@ def prompt_token_budget(max_positions: int | None, max_new_tokens: int, max_prom
     return min(budgets) if budgets else None
 
 
-def keep_short_prompts(lengths: list[int], budget: int | None, what: str = "prompts") -> list[int]:
-    """The indices of the prompts of at most `budget` tokens; one warning line when some are dropped.
+def config_max_positions(name_or_path: str, revision: str | None = None) -> int | None:
+    """[`model_max_positions`] of a model argument without loading it: a local folder, a built `builtin:` model or a
+    Hub id in the local cache; `None` when no `config.json` is here."""
+    if name_or_path.startswith("builtin:"):
+        from .models.names import builtin_model_dir
+
+        try:
+            return model_max_positions(builtin_model_dir(name_or_path))
+        except (KeyError, ValueError):
+            return None
+    if os.path.isdir(os.path.expanduser(name_or_path)):
+        return model_max_positions(os.path.expanduser(name_or_path))
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name_or_path, "config.json", revision=revision)
+    except Exception:  # noqa: BLE001 (not a valid repo id: nothing cached)
+        return None
+    return model_max_positions(os.path.dirname(cached)) if isinstance(cached, str) else None
+
+
+def count_prompt_tokens(prompt_texts: list[str], tokenizer) -> list[int]:
+    """Token counts of rendered prompt texts (chat template applied), without special tokens."""
+    return [len(ids) for ids in tokenizer(list(prompt_texts), add_special_tokens=False)["input_ids"]]
+
+
+def report_dropped(total: int, kept: int, budget: int | None, what: str = "prompts") -> None:
+    """One warning line when prompts longer than `budget` tokens were dropped.
 
     Raises:
-        ValueError: every prompt is longer than `budget`.
+        ValueError: every prompt was dropped.
     """
+    if kept == total:
+        return
+    if not kept:
+        raise ValueError(
+            f"All {total} {what} are longer than {budget} tokens: raise max_prompt_tokens, lower the generation "
+            "budget, or use a model with more positions."
+        )
+    logger.warning("Dropped %d of %d %s longer than %d tokens (max_prompt_tokens).", total - kept, total, what, budget)
+
+
+def keep_short_prompts(lengths: list[int], budget: int | None, what: str = "prompts") -> list[int]:
+    """The indices of the prompts of at most `budget` tokens ([`report_dropped`] says what was dropped)."""
     keep = list(range(len(lengths))) if budget is None else [i for i, n in enumerate(lengths) if n <= budget]
-    if len(keep) < len(lengths):
-        if not keep:
-            raise ValueError(
-                f"All {len(lengths)} {what} are longer than {budget} tokens: raise max_prompt_tokens, lower the "
-                "generation budget, or use a model with more positions."
-            )
-        logger.warning("Dropped %d of %d %s longer than %d tokens.", len(lengths) - len(keep), len(lengths), what, budget)
+    report_dropped(len(lengths), len(keep), budget, what)
     return keep

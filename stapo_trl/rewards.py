@@ -20,8 +20,6 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .grading import find_boxes, grade
-
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +69,8 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
             f"math_accuracy_reward got {len(completions)} completions but {len(solution)} solutions; pass one "
             "`solution` per completion (a dataset column named `solution`)."
         )
+    from .grading import grade  # math-verify and SymPy: imported by the first reward call
+
     results = [grade(completion_text(c), gold) for c, gold in zip(completions, solution)]
     no_gold = [r.error is not None and r.error.startswith("gold unparseable") for r in results]
     for key in {repr(gold)[:200] for gold, bad in zip(solution, no_gold) if bad} - _warned_golds:
@@ -101,6 +101,8 @@ def format_reward(completions: Sequence[Any], **kwargs) -> list[float]:
     Returns:
         `list[float]`: one value in {0.0, 1.0} per completion of `completions` (`B` strings or chat-message lists).
     """
+    from .grading import find_boxes
+
     rewards = []
     for text in map(completion_text, completions):
         last = (find_boxes(text) or [(None, 0, 0)])[-1]

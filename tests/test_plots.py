@@ -20,7 +20,7 @@ from stapo_trl.plots import (
     seed_values,
     tokenizer_token_bytes,
 )
-from stapo_trl.runfiles.metrics_log import read_metrics, read_token_records
+from stapo_trl.run_files import read_metrics, read_token_records
 
 
 FIGURES = {"s2t_entropy_quantiles.png", "s2t_ratios.png", "s2t_prob_entropy.png", "s2t_top_tokens.png"}

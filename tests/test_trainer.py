@@ -28,7 +28,7 @@ from stapo_trl import STAPOConfig, STAPOTrainer, core
 from stapo_trl.config import write_run_files
 from stapo_trl.core.stapo_config import s2t_warnings
 from stapo_trl.diagnostics.token_records import token_records
-from stapo_trl.runfiles.callbacks import SpuriousTokenLogger
+from stapo_trl.run_files import SpuriousTokenLogger
 
 
 def make_trainer(model_path, tmp_path, trainer_cls=STAPOTrainer, reward=zero_reward, **overrides):

@@ -8,8 +8,7 @@ import json
 import logging
 import os
 
-from ..runfiles.checkpoints import check_checkpoint
-from ..runfiles.run_record import plain, run_settings
+from ..checkpoints import check_checkpoint, plain, run_settings
 
 
 logger = logging.getLogger(__name__)
@@ -19,7 +18,7 @@ TRAINER_CLASSES = {"stapo": "STAPOTrainer", "grpo": "GRPOBaselineTrainer"}  # th
 
 def check_resume_from_checkpoint(training_args) -> None:
     """Refuse a `resume_from_checkpoint` that is not a complete checkpoint folder, before any model is built
-    ([`~stapo_trl.runfiles.checkpoints.check_checkpoint`]).
+    ([`~stapo_trl.checkpoints.check_checkpoint`]).
 
     Raises:
         ValueError: naming the field, the path, what it is instead (missing, a file, a run folder, a checkpoint whose
@@ -31,7 +30,7 @@ def check_resume_from_checkpoint(training_args) -> None:
 
 
 def cli_run_settings(script_args, training_args, model_args, reward_funcs) -> dict:
-    """The run record of a `stapo-train` run ([`~stapo_trl.runfiles.run_record.run_settings`]), with its data named
+    """The run record of a `stapo-train` run ([`~stapo_trl.checkpoints.run_settings`]), with its data named
     as the command gives it: the dataset (a local path made absolute), configuration and split, the prompt format
     (instruction, prompt and solution columns, DAPO stripping, the prompt filters) and the SHA-256 of the local data
     files ([`~stapo_trl.data.local_data_digest`]) instead of the fingerprint of the prepared dataset."""

@@ -127,7 +127,7 @@ def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
         raise InputError(parser.prog, str(e)) from e
     # The training stack and the figures (seconds to import): after the arguments, so that --help and errors are fast.
     from ..plots import TRAINING_CURVES, plot_diagnostics, plot_training_curves
-    from ..runfiles.metrics_log import read_metrics
+    from ..run_files import read_metrics
     from .run import train
 
     results: dict[str, list[dict[str, Any]]] = {label: [] for label in labels.values()}
@@ -152,7 +152,7 @@ def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for r in label_results
         ]
     print(f"\nHeld-out accuracy (%), {k_metric}, mean ± std over seeds:\n{table}\nFigure: {out}")
-    from ..runfiles.run_folder import open_run_file
+    from ..checkpoints import open_run_file
 
     with open_run_file(os.path.join(args.output_dir, "compare.json")) as f:
         json.dump(summary, f, indent=2)

@@ -24,8 +24,8 @@ import sys
 from collections.abc import Iterator
 from typing import NoReturn
 
+from ..checkpoints import newest_complete_checkpoint
 from ..integrations.process_group import destroy_process_group_if_any
-from ..runfiles.checkpoints import newest_complete_checkpoint
 
 
 EXIT_INPUT_ERROR = 2  # argparse's status for a usage error

@@ -47,7 +47,6 @@ from typing import Any, NoReturn
 from safetensors import SafetensorError
 
 from ..checks.dataset import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
-from ..checks.prompt_length import config_max_positions, model_max_positions, prompt_token_budget
 from ..evaluation.generation import DECODINGS, HFGenerator, evaluate_problems
 from ..evaluation.results import (
     RESULTS_FORMAT_VERSION,
@@ -64,6 +63,7 @@ from ..evaluation.results import (
 from ..evaluation.tasks import BENCHMARKS, BenchmarkProblem, find_benchmark_file, load_benchmark
 from ..evaluation.vllm_generation import VLLMGenerator
 from ..models import check_model_available, resolve_model_path
+from ..preflight import config_max_positions, model_max_positions, prompt_token_budget
 from .errors import InputError, report_input_errors
 from .eval_args import make_parser, parse_benchmark_list, parse_decoding_list
 
@@ -186,7 +186,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except (OSError, ValueError, RuntimeError) as e:
         fail(str(e))
 
-    from ..integrations.torch_threads import default_num_threads, torch_threads  # torch: not for --help and errors
+    from ..trainer import tiny_model_threads  # torch: not for --help and errors
 
     generator = None
     for decoding_name, bench in todo:
@@ -212,7 +212,7 @@ def _main(argv: Sequence[str] | None) -> int:
             if not args.no_chat_template and not has_chat_template(generator.tokenizer):  # as training refuses
                 fail(chat_template_message(args.model, "stapo-eval's prompts are", EVAL_CHAT_TEMPLATE_FIX))
             data["model"] = describe_model(model_path, args.revision) | {"name_or_path": args.model}
-        with torch_threads(default_num_threads(model_path)):  # one thread for a tiny model, as training
+        with tiny_model_threads(model_path):  # one thread for a tiny model, as training
             _evaluate_pair(args, generator, data, problems[bench], bench, decoding_name, samples[bench], data_dir)
         write_json_atomic(output, data)
     if not todo:

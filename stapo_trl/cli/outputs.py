@@ -10,19 +10,11 @@ from typing import Any
 
 from trl.models.utils import unwrap_model_for_generation
 
+from ..checkpoints import open_run_file
 from ..data import NOT_HELD_OUT, evaluation_split
 from ..evaluation.generation import evaluate_avg_at_k
 from ..plots import plot_diagnostics, plot_training_curves
-from ..runfiles.console import files_summary
-from ..runfiles.metrics_log import (
-    METRICS_FILENAME,
-    SPURIOUS_TOKENS_FILENAME,
-    candidate_facts,
-    read_metrics,
-    read_token_records,
-    s2t_totals,
-)
-from ..runfiles.run_folder import open_run_file
+from ..run_files import METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME, read_metrics, read_token_records, s2t_totals
 
 
 logger = logging.getLogger(__name__)
@@ -54,8 +46,8 @@ def evaluate_trainer_model(trainer, script_args, eval_dataset, max_new_tokens: i
 
 def summarize_s2t(rows: list[dict[str, Any]], output_dir: str | None = None) -> dict[str, Any]:
     """The S2T summary of a run's `metrics.jsonl` rows: the mean of the rows' silenced ratios, the pooled ratio of the
-    run ([`~stapo_trl.runfiles.metrics_log.s2t_totals`]) and, with `output_dir`, what its candidates were
-    ([`~stapo_trl.runfiles.metrics_log.candidate_facts`] of `spurious_tokens.jsonl`). Empty without `s2t/` metrics."""
+    run ([`~stapo_trl.run_files.s2t_totals`]) and, with `output_dir`, what its candidates were
+    ([`candidate_facts`] of `spurious_tokens.jsonl`). Empty without `s2t/` metrics."""
     ratios = [r["s2t/silenced_ratio"] for r in rows if r.get("s2t/silenced_ratio") is not None]
     totals = s2t_totals(rows)
     if not ratios or totals is None:
@@ -139,7 +131,7 @@ def eval_results_path(output_dir: str, global_step: int) -> str:
 
 def print_summary(script_args, output_dir, step, s2t_summary, eval_record, max_new_tokens, timings) -> None:
     """The end of a run on the console: the S2T counts, the held-out accuracy, the wall times, and the files written
-    ([`~stapo_trl.runfiles.console.files_summary`]: every metric is in `metrics.jsonl`, the figures beside it)."""
+    ([`files_summary`]: every metric is in `metrics.jsonl`, the figures beside it)."""
     print(f"\n=== {script_args.trainer} run finished: {output_dir} (step {step}) ===")
     if s2t_summary:
         print(
@@ -182,3 +174,51 @@ def write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step:
     with open_run_file(path) as f:
         json.dump(eval_record, f, indent=2)
     return path
+
+
+RUN_FILES = (  # the files a run can leave in output_dir, with what each holds
+    ("metrics.jsonl", "every metric of every logging step"),
+    ("spurious_tokens.jsonl", "the silenced tokens in context"),
+    ("*.png", "the figures (stapo-plot draws them again)"),
+    ("eval*.json", "accuracy before and after training"),
+    ("train_results.json", "runtime and final loss"),
+    ("README.md", "the model card"),
+    ("model.safetensors", "the trained model, with its tokenizer and config"),
+    ("adapter_model.safetensors", "the trained adapter"),
+    ("checkpoint-*", "checkpoints: the same command resumes the newest complete one"),
+)
+
+
+def files_summary(output_dir: str) -> str:
+    """`Files in DIR:` and a line per file (or pattern, with its count) of [`RUN_FILES`] present; empty when none."""
+    import fnmatch
+
+    present = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
+    lines = []
+    for pattern, what in RUN_FILES:
+        names = sorted(fnmatch.filter(present, pattern), key=lambda n: (len(n), n))
+        if names:
+            shown = ", ".join(names) if len(names) <= 2 else f"{names[0]} ... {names[-1]} ({len(names)})"
+            lines.append(f"  {shown:<40}  {what}")
+    return "\n".join([f"Files in {output_dir}:", *lines]) if lines else ""
+
+
+def candidate_facts(records: list[dict[str, Any]], entropy_below: float = 0.3) -> dict[str, Any]:
+    """What the candidates of a run's `spurious_tokens.jsonl` records were: `silenced`, `kept` (a sample) and
+    `kept_below` (kept with H < `entropy_below` nats); `masks_with_candidates` and `masks_with_one_candidate` (a mask is
+    told apart by its update and tau_h; a lone candidate is never silenced: strict H < tau_h), `kept_alone`."""
+    candidates = [r for r in records if r["kind"] in ("silenced", "kept_candidate")]
+    kept = [r for r in candidates if r["kind"] == "kept_candidate"]
+    masks: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for record in candidates:
+        masks.setdefault((record.get("update", record["step"]), record.get("entropy_threshold")), []).append(record)
+    alone = [group[0] for group in masks.values() if len(group) == 1]
+    return {
+        "silenced": len(candidates) - len(kept),
+        "kept": len(kept),
+        "kept_below": sum(1 for r in kept if r["entropy"] < entropy_below),
+        "entropy_below": entropy_below,
+        "masks_with_candidates": len(masks),
+        "masks_with_one_candidate": len(alone),
+        "kept_alone": sum(1 for r in alone if r["kind"] == "kept_candidate"),
+    }

@@ -12,16 +12,14 @@ from typing import Any
 from transformers import AutoConfig, AutoTokenizer
 from trl import ModelConfig
 
+from ..callbacks import hold_run_folder
+from ..checkpoints import check_run_settings, resume_checkpoint
 from ..checks.dataset import CLI_CHAT_TEMPLATE_FIX, check_chat_template, check_reward_columns
-from ..checks.hub import check_hub_access, check_hub_dataset
-from ..checks.prompt_length import model_max_positions, prompt_token_budget, report_dropped
 from ..data import evaluation_split, filter_long_prompts, is_local_dataset_file, load_prompt_dataset
 from ..evaluation.callback import BenchmarkEvalCallback
 from ..models import check_model_available, resolve_model_path
+from ..preflight import check_hub_access, check_hub_dataset, model_max_positions, prompt_token_budget, report_dropped
 from ..rewards import get_reward_funcs
-from ..runfiles.checkpoints import resume_checkpoint
-from ..runfiles.run_folder import lock_run_folder
-from ..runfiles.run_record import check_run_settings
 from .args import prompt_dataset_kwargs
 from .checkpoints import check_resume_from_checkpoint, cli_run_settings
 from .geometry import too_few_prompts
@@ -83,12 +81,12 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
             column, or one a reward function reads ([`~stapo_trl.checks.dataset.check_reward_columns`]); fewer
             training prompts than one rollout step takes; `benchmark_eval` under ZeRO-3 or FSDP; a
             `resume_from_checkpoint` that is not a complete checkpoint; a checkpoint trained with other settings
-            ([`~stapo_trl.runfiles.run_record.check_run_settings`]); an `output_dir` that another run
-            writes or that cannot be written ([`~stapo_trl.runfiles.run_folder.lock_run_folder`]); a tokenizer
+            ([`~stapo_trl.checkpoints.check_run_settings`]); an `output_dir` that another run
+            writes or that cannot be written ([`~stapo_trl.callbacks.hold_run_folder`]); a tokenizer
             without a chat template.
         FileNotFoundError: a model or dataset path that does not exist; offline, a Hub id not cached.
         ConnectionError: a Hub model or dataset id neither cached nor reachable; `push_to_hub` without Hub access
-            ([`~stapo_trl.checks.hub`]).
+            ([`~stapo_trl.preflight`]).
     """
     start = time.perf_counter()
     reward_funcs = get_reward_funcs(script_args.reward_funcs)
@@ -128,7 +126,8 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     if error is not None:
         raise ValueError(error)
     settings = cli_run_settings(script_args, training_args, model_args, reward_funcs)
-    lock_run_folder(training_args)  # this run is the folder's one writer (another's refused) until it ends
+    if training_args.should_save:
+        hold_run_folder(training_args.output_dir)  # this run is the folder's one writer (another's refused) until it ends
     # Holding the folder: the checkpoint to resume (damaged ones moved aside by the writer), then its settings.
     try:
         checkpoint = training_args.resume_from_checkpoint or resume_checkpoint(
@@ -137,7 +136,8 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         if checkpoint is not None:
             check_run_settings(checkpoint, settings)
     except BaseException:
-        lock_run_folder(training_args, acquire=False)
+        if training_args.should_save:
+            hold_run_folder(training_args.output_dir, acquire=False)
         raise
     datasets = (train_dataset, test_dataset, eval_dataset)
     return PreparedRun(
@@ -174,7 +174,7 @@ def _drop_long_prompts(train_dataset, tokenizer, model_path: str, script_args, t
     """(the training prompts within the prompt-token budget, where they were counted: for the too-few message).
 
     Prompts longer than `max_prompt_tokens` or than the model's positions minus `max_completion_length` are dropped
-    with one warning line (the rule `stapo-eval` applies too: [`stapo_trl.checks.prompt_length`]).
+    with one warning line (the rule `stapo-eval` applies too: [`stapo_trl.preflight`]).
     """
     max_positions = model_max_positions(
         AutoConfig.from_pretrained(
@@ -187,8 +187,7 @@ def _drop_long_prompts(train_dataset, tokenizer, model_path: str, script_args, t
         return train_dataset, where
     total = len(train_dataset)
     train_dataset = filter_long_prompts(train_dataset, tokenizer, budget, training_args.chat_template_kwargs)
-    lengths = {"max_positions": max_positions, "max_new_tokens": training_args.max_completion_length}
-    report_dropped(total, len(train_dataset), budget, what="training prompts", **lengths)
+    report_dropped(total, len(train_dataset), budget, what="training prompts")
     if len(train_dataset) < total:
         where = f"after filtering (of {total}; prompt budget {budget} tokens)"
     return train_dataset, where

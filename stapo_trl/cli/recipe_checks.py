@@ -16,8 +16,6 @@ from pathlib import Path
 from trl import GRPOConfig
 
 from ..checks.dataset import CLI_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
-from ..checks.hub import check_hub_access
-from ..checks.prompt_length import model_max_positions, prompt_token_budget
 from ..config import STAPOConfig
 from ..core.stapo_config import s2t_settings
 from ..data import (
@@ -32,6 +30,7 @@ from ..data import (
 from ..data import BUILTIN_PREFIX as DATA_PREFIX
 from ..models import BUILTIN_PREFIX as MODEL_PREFIX
 from ..models import builtin_model_dir, check_model_name_or_path
+from ..preflight import check_hub_access, model_max_positions, prompt_token_budget
 from ..rewards import REWARDS, get_reward_funcs
 from .args import prompt_dataset_kwargs
 from .checkpoints import check_resume_from_checkpoint
@@ -292,7 +291,7 @@ def check_output(f: Findings, script_args, training_args, cpu_forced: bool, geom
 def check_prompt_lengths(f: Findings, script_args, training_args, model_args, num_train_prompts: int | None) -> None:
     """How many training prompts the prompt-length rule will drop, when the data and the model's tokenizer are here.
 
-    The rule is `stapo-train`'s ([`stapo_trl.checks.prompt_length`]): a prompt longer than `max_prompt_tokens` or than the
+    The rule is `stapo-train`'s ([`stapo_trl.preflight`]): a prompt longer than `max_prompt_tokens` or than the
     model's positions minus `max_completion_length` is dropped. Counted only for a built-in or local dataset and a
     local (or already built `builtin:`) model; otherwise the row says why it was not counted.
     """

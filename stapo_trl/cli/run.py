@@ -8,6 +8,7 @@ after parsing, so that `stapo-train --help` and `--dry-run` stay fast.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -16,18 +17,16 @@ import time
 from typing import Any
 
 import datasets
+import torch
 import transformers
 from transformers import set_seed
 from transformers.trainer_callback import TrainerState
 from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
 
+from ..callbacks import add_command_callbacks, hold_run_folder
 from ..data import evaluation_split
-from ..integrations.torch_threads import default_num_threads, torch_threads
-from ..integrations.upstream_warnings import QuietKnownUpstreamWarnings
 from ..rewards import reward_error_line
-from ..runfiles.console import set_console_summary
-from ..runfiles.run_folder import lock_run_folder
-from ..trainer import GRPOBaselineTrainer, STAPOTrainer
+from ..trainer import GRPOBaselineTrainer, STAPOTrainer, tiny_model_threads
 from .checkpoints import resolve_checkpoint
 from .errors import InputError, full_disk_in_one_line
 from .outputs import (
@@ -40,6 +39,7 @@ from .outputs import (
     write_figures,
 )
 from .prepare import PreparedRun, is_builtin_or_local, prepare
+from .quiet import quiet_upstream
 from .script_args import STAPOScriptArguments
 
 
@@ -47,6 +47,23 @@ logger = logging.getLogger(__name__)
 
 
 __all__ = ["prepare", "resume_command", "torch_threads", "train"]
+
+
+@contextlib.contextmanager
+def torch_threads(num_threads: int | None):
+    """Run the block on `num_threads` torch threads (`OMP_NUM_THREADS` too, for child processes), restoring both after;
+    `None` changes nothing."""
+    if num_threads is None:
+        yield
+        return
+    previous = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(num_threads)
+    os.environ["OMP_NUM_THREADS"] = str(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous[0])
+        os.environ.pop("OMP_NUM_THREADS") if previous[1] is None else os.environ.update(OMP_NUM_THREADS=previous[1])
 
 
 def resume_command(argv: list[str] | None = None) -> str:
@@ -85,21 +102,20 @@ def train(
         (where it was written, see [`eval_results_path`]; `None` off the main process or without evaluation) and `s2t`
         (mean silenced ratio and friends over the logging steps; empty for `trainer: grpo`).
     """
-    num_threads = script_args.torch_num_threads
-    if num_threads is None and prepared is not None:  # the trainer's default, for the evaluations around training too
-        num_threads = default_num_threads(prepared.model_path)
-    # Known-harmless upstream warnings, silenced by message and category (stapo_trl.integrations.upstream_warnings).
-    with torch_threads(num_threads), QuietKnownUpstreamWarnings() as quiet:
+    threads = script_args.torch_num_threads  # else the tiny-model rule, for the evaluations around training too
+    threads = torch_threads(threads) if threads else tiny_model_threads(prepared.model_path if prepared else None)
+    with threads, quiet_upstream():  # known-harmless upstream messages (cli/quiet.py)
         try:  # the run folder: a full disk said in one line; the hold `prepare` took on it given back at the end
             with full_disk_in_one_line("stapo-train", training_args.output_dir):
-                return _train(script_args, training_args, model_args, prepared, end_training, quiet)
+                return _train(script_args, training_args, model_args, prepared, end_training)
         except Exception as e:  # a reward function that raised: its name, the step and where, in one line
             line = reward_error_line(e)
             if line is None:
                 raise
             raise InputError("stapo-train", line, code=1) from e
         finally:
-            lock_run_folder(training_args, acquire=False)
+            if training_args.should_save:
+                hold_run_folder(training_args.output_dir, acquire=False)
 
 
 def _setup_logging(training_args) -> None:
@@ -139,7 +155,8 @@ def _build_trainer(script_args, training_args, model_args: ModelConfig, run: Pre
     )
     if run.benchmark_callback is not None:
         run.benchmark_callback.attach(trainer)  # registers it and logs eval/<benchmark>/* through the trainer
-    set_console_summary(trainer, False)  # the files are listed once, by print_summary at the end of the run
+    # Save on Ctrl-C / SIGTERM / SIGUSR1 (then the resume command), one writer per folder, one line per log row.
+    add_command_callbacks(trainer, resume_hint=f"Resume with the same command: {resume_command()}")
     trainer.run_settings = run.settings  # the record of each checkpoint: with the prompt format and data digest
     return trainer
 
@@ -152,7 +169,7 @@ def _fit(trainer, checkpoint: str | None, already_trained: str | None, num_train
         # `None`: a metric with no defined value (TRL's mean of all-NaN values) since the last logging step.
         metrics = {key: value for key, value in train_result.metrics.items() if value is not None}
         metrics["train_samples"] = num_train_samples
-        trainer.save_metrics("train", metrics)  # train_results.json; the console had its line (runfiles.console)
+        trainer.save_metrics("train", metrics)  # train_results.json
     else:
         trainer._load_from_checkpoint(already_trained)  # weights (or adapter) only; no optimizer step
         trainer.state = TrainerState.load_from_json(os.path.join(already_trained, "trainer_state.json"))
@@ -195,9 +212,7 @@ def _push_to_hub(trainer, script_args, training_args, eval_record: dict[str, Any
         )
 
 
-def _train(
-    script_args, training_args, model_args, prepared: PreparedRun | None, end_training: bool, quiet
-) -> dict[str, Any]:
+def _train(script_args, training_args, model_args, prepared: PreparedRun | None, end_training: bool) -> dict[str, Any]:
     _setup_logging(training_args)
     set_seed(training_args.seed)  # for reproducibility
     logger.info(f"Script parameters {script_args}")
@@ -210,7 +225,6 @@ def _train(
     checkpoint = run.checkpoint
     already_trained = resolve_checkpoint(training_args, checkpoint)
     trainer = _build_trainer(script_args, training_args, model_args, run)
-    quiet.watch_model(trainer.model)  # a tied LM head: no "missing keys ['lm_head.weight']" on resume
     is_main = trainer.accelerator.is_main_process
     output_dir = training_args.output_dir
     eval_max_new_tokens = script_args.eval_max_new_tokens or training_args.max_completion_length
@@ -226,11 +240,11 @@ def _train(
 
     # Training loop, then the model, its card and the figures
     start = time.perf_counter()
-    # A stop signal: the trainer's train() saves a checkpoint at the next step boundary, then raises a
-    # KeyboardInterrupt that ends with this hint (stapo_trl.runfiles.interrupt); a second Ctrl-C quits at once.
-    trainer.resume_hint = f"Resume with the same command: {resume_command()}"
+    # A stop signal: a checkpoint at the next step boundary, then a KeyboardInterrupt ending with the resume command
+    # (stapo_trl.callbacks.SaveOnSignal); a second Ctrl-C quits at once.
     try:
-        _fit(trainer, checkpoint, already_trained, len(run.train_dataset))
+        with quiet_upstream(trainer.model):  # a tied LM head: no "missing keys ['lm_head.weight']" on resume
+            _fit(trainer, checkpoint, already_trained, len(run.train_dataset))
     except KeyboardInterrupt:
         if end_training:
             trainer.end()

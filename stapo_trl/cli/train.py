@@ -39,8 +39,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ..integrations.upstream_warnings import quiet_upstream_imports
 from .errors import InputError, print_line, report_input_errors
+from .quiet import quiet_upstream as quiet_upstream_imports
 
 
 # Only light modules above: `--help`, `--version` and the input errors found before parsing the recipe's fields answer
@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         with report_input_errors(), quiet_upstream_imports():  # TRL's vLLM-range warning as the trainer loads
             _main(argv)
-    except KeyboardInterrupt as e:  # after the checkpoint (stapo_trl.runfiles.interrupt), or a bare Ctrl-C
+    except KeyboardInterrupt as e:  # after the checkpoint (stapo_trl.callbacks.SaveOnSignal), or a bare Ctrl-C
         if os.environ.get("RANK", "0") == "0":  # one message per run, not one per process
             print_line(str(e) or "stapo-train: interrupted (outside training: nothing to save).")
         raise SystemExit(128 + getattr(e, "signal", 2)) from None  # 2: SIGINT

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import textwrap
 import warnings
 from dataclasses import asdict
@@ -18,7 +19,7 @@ from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id
 
-from .s2t import S2T_MODES, S2TResult, s2t_mask
+from .s2t import S2TResult, s2t_mask
 from .stapo_config import NUM_ITEMS_LOSSES, STAPOConfig, s2t_path, s2t_settings, s2t_settings_line, s2t_warnings
 
 
@@ -60,7 +61,7 @@ class STAPOTrainer(GRPOTrainer):
 
     _tag_names = ["trl", "grpo", "stapo"]
     _name = "STAPO"
-    _s2t_modes = S2T_MODES
+    _s2t_modes = STAPOConfig._s2t_modes  # the modes this trainer runs: its config's
     _paper = {
         "title": "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens",
         "id": "2602.15620",
@@ -77,7 +78,7 @@ class STAPOTrainer(GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args=None, *pargs, **kwargs):
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
-            args = STAPOConfig(f"{model_name.split('/')[-1]}-STAPO")
+            args = STAPOConfig(f"{os.path.basename(os.path.normpath(model_name))}-STAPO")
         self.s2t = s2t_settings(args, self._s2t_modes)  # the config's S2T fields or the paper's, validated
         if not SpecifierSet(SUPPORTED_TRL).contains(trl.__version__, prereleases=True):
             warnings.warn(f"trl {trl.__version__} is outside the tested trl{SUPPORTED_TRL}.", stacklevel=2)
@@ -153,16 +154,28 @@ class STAPOTrainer(GRPOTrainer):
         return s2t_mask(per_token_logps, entropies, advantages, loss_mask, gather=self._gather, **asdict(self.s2t))
 
     def _s2t_result(self, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> S2TResult:
-        """[`_compute_s2t_mask`], and its global counts logged under `s2t/`."""
+        """[`_compute_s2t_mask`], and its global counts and tau_h logged under `s2t/` (pooled in [`log`])."""
         result = self._compute_s2t_mask(per_token_logps, entropies, advantages, loss_mask, completion_ids)
         metrics = self._metrics["train" if self.model.training else "eval"]
-        num_loss_tokens = max(result.num_loss_tokens, 1)
-        metrics["s2t/silenced_ratio"].append(result.num_silenced / num_loss_tokens)
-        metrics["s2t/candidate_ratio"].append(result.num_candidates / num_loss_tokens)
-        metrics["s2t/entropy_threshold"].append(result.entropy_threshold)  # NaN without candidates: TRL skips it
+        metrics["s2t/entropy_threshold"].append(result.entropy_threshold)  # NaN without candidates
         for name in ("num_silenced", "num_candidates", "num_loss_tokens", "num_nonfinite"):
             metrics[f"s2t/{name}"].append(float(getattr(result, name)))
         return result
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's `log`, with the `s2t/` counts summed over the row and the ratios pooled from them
+        (`s2t/silenced_ratio` = Σ silenced / Σ loss tokens of the row's masks); an `s2t/` key without a defined value
+        (tau_h of masks without candidates) is left out rather than logged as `None`."""
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        if metrics.get("s2t/num_loss_tokens"):
+            for key in ("s2t/num_silenced", "s2t/num_candidates", "s2t/num_loss_tokens", "s2t/num_nonfinite"):
+                metrics[key] = [sum(metrics[key])]
+            num_loss_tokens = max(metrics["s2t/num_loss_tokens"][0], 1.0)
+            metrics["s2t/silenced_ratio"] = [metrics["s2t/num_silenced"][0] / num_loss_tokens]
+            metrics["s2t/candidate_ratio"] = [metrics["s2t/num_candidates"][0] / num_loss_tokens]
+        for key in [k for k, values in metrics.items() if k.startswith("s2t/") and all(v != v for v in values)]:
+            del metrics[key]  # v != v: NaN
+        super().log(logs, start_time)
 
     @staticmethod
     def _loss_mask(inputs: dict) -> torch.Tensor:

@@ -1,5 +1,5 @@
 r"""Per-token records of the S2T mask: the silenced tokens of a mask in context, with samples of kept candidates and
-of other positive-advantage tokens (what [`~stapo_trl.runfiles.callbacks.SpuriousTokenLogger`] writes to
+of other positive-advantage tokens (what [`~stapo_trl.run_files.SpuriousTokenLogger`] writes to
 `spurious_tokens.jsonl`: the paper's word clouds and probability-entropy plane as data).
 
 Two steps, so that training never waits for the host: [`select_token_records`] picks the records of a mask on the

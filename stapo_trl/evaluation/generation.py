@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checks.dataset import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
-from ..checks.prompt_length import count_prompt_tokens, keep_short_prompts, prompt_token_budget
 from ..grading import grade
+from ..preflight import count_prompt_tokens, keep_short_prompts, prompt_token_budget
 from .metrics import benchmark_metrics
 from .tasks import BenchmarkProblem
 
@@ -282,7 +282,7 @@ def evaluate_problems(
         use_chat_template (`bool`): see [`build_prompt_text`].
         save_completions (`bool`): keep the completion text in the records.
         max_positions (`int`, *optional*): the model's positions; prompts longer than `max_positions -
-            max_new_tokens` tokens are dropped with a warning ([`stapo_trl.checks.prompt_length`]).
+            max_new_tokens` tokens are dropped with a warning ([`stapo_trl.preflight`]).
 
     Returns:
         `tuple[dict, list[dict]]`: the benchmark table ([`benchmark_metrics`] plus `num_grader_errors`,

@@ -190,7 +190,7 @@ def check_model_available(name_or_path: str | os.PathLike, revision: str | None 
         FileNotFoundError: offline and not cached; plus the errors of [`check_model_name_or_path`].
         ConnectionError: not cached and the Hub does not answer.
     """
-    from ..checks.hub import check_hub_model
+    from ..preflight import check_hub_model
 
     name = check_model_name_or_path(name_or_path)
     check_hub_model(name, revision=revision)
@@ -200,15 +200,13 @@ def check_model_available(name_or_path: str | os.PathLike, revision: str | None 
 def check_model_folder(path: str) -> None:
     """Refuse a local model directory that holds no model, or a damaged one: no `config.json` (nor an adapter's
     `adapter_config.json`) or no weights (a run folder stopped before its final model: its newest complete checkpoint
-    is named), a `checkpoint-N` folder that is not complete ([`~stapo_trl.runfiles.checkpoints.check_checkpoint`]),
+    is named), a `checkpoint-N` folder that is not complete ([`~stapo_trl.checkpoints.check_checkpoint`]),
     a weights file that is not whole.
 
     Raises:
         ValueError: one line naming the folder and what is missing or damaged.
     """
-    from ..runfiles.checkpoints import check_checkpoint, file_problem, newest_complete_checkpoint
-    from ..runfiles.run_folder import CHECKPOINT_FOLDER
-    from ..runfiles.run_record import RUN_RECORD
+    from ..checkpoints import CHECKPOINT_FOLDER, RUN_RECORD, check_checkpoint, file_problem, newest_complete_checkpoint
 
     what = f"Model directory {path!r}"
     if CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path))) or os.path.isfile(

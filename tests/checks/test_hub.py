@@ -1,4 +1,4 @@
-"""`stapo_trl.checks.hub`: `push_to_hub` without a usable Hub (offline, no token, unreachable) stops with one line
+"""`stapo_trl.preflight`: `push_to_hub` without a usable Hub (offline, no token, unreachable) stops with one line
 naming `hub_model_id` and the fix, before any model is built; the dry run reports the same."""
 
 import pytest
@@ -32,7 +32,7 @@ def test_push_to_hub_offline_fails_before_the_model_in_one_line(no_model_built, 
 def test_push_to_hub_with_an_unreachable_hub_or_no_token_fails_in_one_line(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from stapo_trl.checks.hub import check_hub_access
+    from stapo_trl.preflight import check_hub_access
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_TOKEN", raising=False)

@@ -32,7 +32,7 @@ def hub(monkeypatch, tmp_path):
 
 
 def check_hub_dataset(name):
-    from stapo_trl.checks.hub import check_hub_dataset
+    from stapo_trl.preflight import check_hub_dataset
 
     return check_hub_dataset(name)
 

@@ -49,7 +49,7 @@ def hub(monkeypatch, tmp_path):
 
 
 def check_hub_model(*args, **kwargs):
-    from stapo_trl.checks.hub import check_hub_model
+    from stapo_trl.preflight import check_hub_model
 
     return check_hub_model(*args, **kwargs)
 

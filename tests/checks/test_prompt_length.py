@@ -1,4 +1,4 @@
-"""`stapo_trl.checks.prompt_length`: prompts longer than the model's positions minus the generation budget are
+"""`stapo_trl.preflight`: prompts longer than the model's positions minus the generation budget are
 dropped with one warning line naming `max_prompt_tokens` (stapo-eval and stapo-train), or fail when none is left or
 too few are left for one rollout step."""
 
@@ -9,7 +9,7 @@ import types
 import pytest
 from testing_utils import STAPO_RECIPE, addition_rows, write_jsonl
 
-from stapo_trl.checks.prompt_length import keep_short_prompts, model_max_positions, prompt_token_budget
+from stapo_trl.preflight import keep_short_prompts, model_max_positions, prompt_token_budget
 
 
 def test_model_max_positions_sources():
@@ -36,18 +36,18 @@ def test_prompt_token_budget():
 
 
 def test_keep_short_prompts_warns_once_and_fails_when_none_left(caplog):
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.checks.prompt_length"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.preflight"):
         assert keep_short_prompts([10, 724, 30, 256, 257], 256, what="math500 prompts") == [0, 2, 3]
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "Dropped 2 of 5 math500 prompts longer than 256 tokens" in lines[0]
     assert "max_prompt_tokens" in lines[0]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.checks.prompt_length"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.preflight"):
         assert keep_short_prompts([1, 2], 256) == [0, 1]
         assert keep_short_prompts([1000], None) == [0]
     assert not caplog.records  # nothing dropped: silent
     with pytest.raises(ValueError, match="All 2 prompts are longer than 8 tokens.*max_prompt_tokens"):
-        keep_short_prompts([9, 700], 8, max_positions=512, max_new_tokens=504)
+        keep_short_prompts([9, 700], 8)
 
 
 def test_eval_drops_prompts_over_the_models_positions(tiny_random_model_path, caplog):
@@ -69,7 +69,7 @@ def test_eval_drops_prompts_over_the_models_positions(tiny_random_model_path, ca
         return [[GeneratedSample(r"\boxed{46}", 3, True)] * n for _ in prompt_texts]
 
     decoding = DECODINGS["t1.0-p1.0"]
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.checks.prompt_length"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.preflight"):
         table, records = evaluate_problems(
             generate_fn, tokenizer, problems, n=2, decoding=decoding, max_new_tokens=256, max_positions=512
         )
@@ -97,7 +97,7 @@ def test_train_drops_prompts_over_the_models_positions(tiny_math_model_path, tmp
     # why: a 16-completion rollout step (2 prompts x 8), so that the 2 kept prompts fill one (fewer are refused)
     argv += ["--eval_before_after", "false", "--per_device_train_batch_size", "8", "--steps_per_generation", "2"]
     argv += ["--output_dir", str(tmp_path / "out")]  # prepare() takes the folder as its run's one writer
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.checks.prompt_length"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.preflight"):
         run = prepare(*parse_args(argv))
     assert len(run.train_dataset) == 2
     assert any("Dropped 1 of 3 training prompts" in r.getMessage() for r in caplog.records)

@@ -108,7 +108,7 @@ class _WriteRecorder:
 
 
 def _ctrl_c(argv):
-    from stapo_trl.runfiles.interrupt import GracefulInterrupt
+    from stapo_trl.callbacks import GracefulInterrupt
 
     GracefulInterrupt()._handle(signal.SIGINT, None)
 
@@ -363,7 +363,7 @@ def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_resumes(
     from transformers import Trainer
 
     from stapo_trl.cli.train import main
-    from stapo_trl.runfiles.callbacks import MetricsLogCallback
+    from stapo_trl.run_files import MetricsLogCallback
 
     out = tmp_path / "disk" / "run"
     (tmp_path / "disk").mkdir()

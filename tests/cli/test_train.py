@@ -110,7 +110,7 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from stapo_trl.cli.train import main
-    from stapo_trl.runfiles.metrics_log import read_metrics
+    from stapo_trl.run_files import read_metrics
 
     resumed_from = []
     original_train = transformers.Trainer.train

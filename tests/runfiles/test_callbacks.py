@@ -1,4 +1,4 @@
-"""The run-file callbacks (`stapo_trl.runfiles.callbacks`): `STAPOTrainer.train()` adds each writer once (a caller's
+"""The run-file callbacks (`stapo_trl.run_files`): `STAPOTrainer.train()` adds each writer once (a caller's
 own logger replaces the built-in one; `s2t_write_run_files=False` adds none), `MetricsLogCallback` writes strict JSON
 and drops the steps a resume redoes, and the tracker table labels tokens as the figures do."""
 
@@ -14,8 +14,8 @@ from testing_utils import tiny_stapo_config
 from stapo_trl import STAPOTrainer
 from stapo_trl.data import INSTRUCTION
 from stapo_trl.rewards import math_accuracy_reward
-from stapo_trl.runfiles.callbacks import MetricsLogCallback, SpuriousTokenLogger, add_run_file_callbacks
-from stapo_trl.runfiles.metrics_log import read_metrics
+from stapo_trl.run_files import MetricsLogCallback, SpuriousTokenLogger, add_run_file_callbacks
+from stapo_trl.run_files import read_metrics
 
 
 def _small_trainer(model_path, tmp_path, **overrides) -> STAPOTrainer:
@@ -72,8 +72,8 @@ def _state(step: int):
 
 
 def test_metrics_callback_writes_strict_json_and_drops_redone_steps_on_resume(tmp_path):
-    from stapo_trl.runfiles.callbacks import MetricsLogCallback
-    from stapo_trl.runfiles.metrics_log import read_metrics
+    from stapo_trl.run_files import MetricsLogCallback
+    from stapo_trl.run_files import read_metrics
 
     args = types.SimpleNamespace(output_dir=str(tmp_path))
     callback = MetricsLogCallback()
@@ -101,7 +101,7 @@ def test_tracker_table_labels_tokens_like_the_figure(tiny_random_model_path, tmp
 
     from transformers import AutoTokenizer
 
-    from stapo_trl.runfiles.callbacks import SpuriousTokenLogger
+    from stapo_trl.run_files import SpuriousTokenLogger
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     lead, other, newline = tokenizer.convert_tokens_to_ids(["â", "Ý", "Ċ"])

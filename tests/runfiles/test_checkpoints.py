@@ -1,5 +1,5 @@
-"""Which checkpoint a run resumes (`stapo_trl.runfiles.checkpoints`) and with which settings
-(`stapo_trl.runfiles.run_record`): a checkpoint is complete when every file its save wrote is there and whole; a
+"""Which checkpoint a run resumes (`stapo_trl.checkpoints`) and with which settings
+(`stapo_trl.checkpoints`): a checkpoint is complete when every file its save wrote is there and whole; a
 damaged newest one is skipped for the newest whole one, named in one line and moved aside; nothing in a checkpoint is
 unpickled unsafely; a resume that changes what the run optimizes is refused in one line, from the Python API too.
 
@@ -109,7 +109,7 @@ def _damage(folder, case, marker):
 
 @pytest.mark.parametrize("case", list(DAMAGES))
 def test_what_makes_a_checkpoint_incomplete_names_the_file_and_the_damage(run, tmp_path, case):
-    from stapo_trl.runfiles.checkpoints import checkpoint_problem, newest_complete_checkpoint
+    from stapo_trl.checkpoints import checkpoint_problem, newest_complete_checkpoint
 
     marker = tmp_path / "code-ran"
     assert checkpoint_problem(str(run / "checkpoint-2")) is None

@@ -89,7 +89,7 @@ def test_grpo_baseline_line_has_no_silenced_ratio_and_the_dicts_can_come_back(tm
     from transformers import PrinterCallback
     from trl import GRPOConfig
 
-    from stapo_trl.runfiles.console import CompactPrinterCallback
+    from stapo_trl.callbacks import CompactPrinterCallback
     from stapo_trl.trainer import GRPOBaselineTrainer
 
     config = GRPOConfig(
@@ -133,7 +133,7 @@ def test_grpo_baseline_line_has_no_silenced_ratio_and_the_dicts_can_come_back(tm
     ids=["stapo", "nothing-silenced", "end", "stopped-early", "stopped-before-a-step", "benchmark-eval", "caller-log"],
 )  # fmt: skip
 def test_format_log_line(logs, step, expected):
-    from stapo_trl.runfiles.console import format_log_line
+    from stapo_trl.callbacks import format_log_line
 
     assert format_log_line(logs, step, 500) == expected
 

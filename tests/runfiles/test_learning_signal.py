@@ -14,7 +14,7 @@ from stapo_trl.data import format_prompt
 from stapo_trl.rewards import math_accuracy_reward
 
 
-LOGGER = "stapo_trl.runfiles.learning_signal"
+LOGGER = "stapo_trl.run_files"
 PAIRS = [(a, b) for a in range(10, 100, 11) for b in range(12, 100, 13)]
 
 
@@ -156,7 +156,7 @@ def test_a_reward_that_returns_none_for_every_completion_is_named(alongside, tmp
 def test_decision_on_the_first_rows(rows, expected, caplog):
     from types import SimpleNamespace
 
-    from stapo_trl.runfiles.learning_signal import NoLearningSignalCallback
+    from stapo_trl.run_files import NoLearningSignalCallback
 
     trainer = SimpleNamespace(reward_func_names=["r"], train_dataset=None, model=None, processing_class=None)
     callback = NoLearningSignalCallback(trainer)

@@ -1,4 +1,4 @@
-"""metrics.jsonl (`stapo_trl.runfiles.metrics_log`): a fresh run in a used folder keeps the earlier run's files aside,
+"""metrics.jsonl (`stapo_trl.run_files`): a fresh run in a used folder keeps the earlier run's files aside,
 and a resume killed while it rewrites the file loses no row."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ def test_fresh_run_keeps_an_earlier_runs_metrics_aside(tmp_path, tiny_math_model
     """A run without checkpoints (save_strategy no) started again in its folder: the earlier metrics.jsonl and
     spurious_tokens.jsonl are moved aside (metrics.1.jsonl, then .2), never overwritten."""
     from stapo_trl.cli.train import main
-    from stapo_trl.runfiles.metrics_log import read_jsonl
+    from stapo_trl.run_files import read_jsonl
 
     out = tmp_path / "run"
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
@@ -39,7 +39,7 @@ def test_a_resume_killed_while_it_rewrites_the_file_loses_no_row(tmp_path, monke
     # with the rows after the checkpoint only.
     import json
 
-    from stapo_trl.runfiles import metrics_log
+    from stapo_trl import run_files as metrics_log
 
     path = tmp_path / "metrics.jsonl"
     rows = [{"step": step, "reward": step / 10} for step in range(1, 9)]

@@ -1,4 +1,4 @@
-"""The model card (`stapo_trl.runfiles.model_card`): the STAPO section with the paper and the S2T values, the
+"""The model card (`stapo_trl.model_card`): the STAPO section with the paper and the S2T values, the
 "Training procedure" of real short runs, the card `push_to_hub` uploads (no local path, no `builtin:` name), a quick
 start that asks a training prompt, and the base model's Hub origin and license.
 
@@ -229,7 +229,7 @@ def test_cards_name_a_real_builtin_by_its_hub_origin_and_carry_its_license(tmp_p
     # A model trained from google/gemma-3-270m must carry Gemma's terms wherever its card goes; and an uploaded card
     # names the Hub model the built-in was made from (no builtin: name, which means nothing on the Hub).
     from stapo_trl import STAPOConfig
-    from stapo_trl.runfiles.model_card import public_base_model_name, stapo_card_section
+    from stapo_trl.model_card import public_base_model_name, stapo_card_section
 
     assert public_base_model_name(name) == public
     section = stapo_card_section(STAPOConfig(output_dir=str(tmp_path), report_to="none"), name)
@@ -266,7 +266,7 @@ def _card_trainer(model_path: str, output_dir: Path, trainer_name: str = "stapo"
 def test_uploaded_card_has_no_local_path_or_builtin_name(
     tmp_path, tiny_random_model_path, trainer_name, dataset_name, hub_dataset
 ):
-    from stapo_trl.runfiles.model_card import SECTION_START
+    from stapo_trl.model_card import SECTION_START
 
     out = tmp_path / "outputs" / "demo-run"
     data = write_jsonl(tmp_path / "train.jsonl", addition_rows(8))
@@ -288,7 +288,7 @@ def test_uploaded_card_has_no_local_path_or_builtin_name(
 
 
 def test_model_card_names_stapo_cites_the_paper_and_lists_the_s2t_values(tiny_random_model_path, tmp_path):
-    from stapo_trl.runfiles.model_card import SECTION_START, add_stapo_section
+    from stapo_trl.model_card import SECTION_START, add_stapo_section
 
     trainer = _card_trainer(tiny_random_model_path, tmp_path, s2t_prob_threshold=0.003, s2t_entropy_quantile=0.8)
     trainer.create_model_card(dataset_name=None, tags=["stapo_trl"])
@@ -322,7 +322,7 @@ def test_model_card_names_stapo_cites_the_paper_and_lists_the_s2t_values(tiny_ra
 def test_card_states_the_s2t_values_the_trainer_ran_with_whatever_the_config_class(
     tiny_random_model_path, tmp_path, trainer_name, config, s2t_rows
 ):
-    from stapo_trl.runfiles.model_card import add_stapo_section
+    from stapo_trl.model_card import add_stapo_section
 
     trainer = _card_trainer(tiny_random_model_path, tmp_path, trainer_name, **config)
     trainer.create_model_card(dataset_name=None, tags=["stapo_trl"])
@@ -352,7 +352,7 @@ def test_python_api_card_loads_the_checkpoint_the_run_saved(tiny_math_model_path
 
 @pytest.mark.parametrize("name,expected", [("Qwen/Qwen3-1.7B-Base", "Qwen/Qwen3-1.7B-Base")])
 def test_base_model_name_of_hub_ids_is_unchanged(name, expected):
-    from stapo_trl.runfiles.model_card import base_model_name
+    from stapo_trl.model_card import base_model_name
 
     assert base_model_name(name) == expected
 
@@ -360,7 +360,7 @@ def test_base_model_name_of_hub_ids_is_unchanged(name, expected):
 def test_full_model_card_quick_start_asks_a_training_prompt(tiny_math_model_path, tmp_path):
     # The built-in model's card used to ask it a chat question it was never trained on.
     from stapo_trl.data import INSTRUCTION
-    from stapo_trl.runfiles.model_card import quick_start_code
+    from stapo_trl.model_card import quick_start_code
 
     prompt = [{"role": "user", "content": f"47+38\n{INSTRUCTION}"}]
     card = tmp_path / "README.md"
@@ -378,6 +378,6 @@ def test_full_model_card_quick_start_asks_a_training_prompt(tiny_math_model_path
 def test_uploaded_card_names_a_local_data_file_missing_here_as_no_hub_dataset(name, public):
     """A local file the run trained on, written on another machine than the data (so not found here), is no Hub id:
     CSV files load as JSON and Parquet ones do, so a `.csv` name is a local file too."""
-    from stapo_trl.runfiles.model_card import public_dataset_name
+    from stapo_trl.model_card import public_dataset_name
 
     assert public_dataset_name(name) == public

@@ -1,4 +1,4 @@
-"""The run folder (`stapo_trl.runfiles.run_folder`, `stapo_trl.runfiles.checkpoints`): a checkpoint whose save was cut
+"""The run folder (`stapo_trl.checkpoints`, `stapo_trl.checkpoints`): a checkpoint whose save was cut
 short (a kill, a full disk) is never resumed and is named in one line with why, the newest complete one is; one writer
 per `output_dir`, through a lock that a killed writer does not leave held; no file is written through a symbolic
 link.
@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from testing_utils import (
@@ -105,7 +104,7 @@ def test_the_python_api_resumes_the_newest_complete_checkpoint(
 def test_a_checkpoint_rewritten_in_place_is_incomplete_until_its_new_state(tiny_random_model_path, tmp_path):
     """A run started again in its folder (no resume) saves checkpoint-1 over the earlier run's: cut short, the earlier
     trainer_state.json would mark new weights with old optimizer state complete."""
-    from stapo_trl.runfiles.checkpoints import newest_complete_checkpoint
+    from stapo_trl.checkpoints import newest_complete_checkpoint
 
     out = tmp_path / "run"
     _trainer(tiny_random_model_path, out, max_steps=1).train()
@@ -125,7 +124,7 @@ def test_a_checkpoint_rewritten_in_place_is_incomplete_until_its_new_state(tiny_
 def test_what_a_complete_checkpoint_holds_without_a_run_record(tmp_path, tiny_random_model_path):
     """A checkpoint saved before the run record: complete by rule (the weights, and unless `save_only_model` the
     optimizer, scheduler and RNG state), each file whole."""
-    from stapo_trl.runfiles.checkpoints import checkpoint_problem
+    from stapo_trl.checkpoints import checkpoint_problem
 
     out = tmp_path / "run"
     _trainer(tiny_random_model_path, out, max_steps=1).train()
@@ -149,9 +148,8 @@ def test_what_a_complete_checkpoint_holds_without_a_run_record(tmp_path, tiny_ra
 # ---------------------------------------------------------------------------------------------------------------
 
 HOLDER = (
-    "import sys; from types import SimpleNamespace; from stapo_trl.runfiles.run_folder import lock_run_folder; "
-    "lock_run_folder(SimpleNamespace(output_dir=sys.argv[1], should_save=True)); print('held', flush=True); "
-    "sys.stdin.read()"
+    "import sys; from stapo_trl.callbacks import hold_run_folder; "
+    "hold_run_folder(sys.argv[1]); print('held', flush=True); sys.stdin.read()"
 )
 
 
@@ -171,38 +169,33 @@ def _recipe(model_path):
     return ["--config", STAPO_RECIPE, "--model_name_or_path", model_path, "--eval_before_after", "false"]
 
 
-def _args(folder, should_save=True):
-    return SimpleNamespace(output_dir=str(folder), should_save=should_save)
-
-
 def test_a_second_writer_is_refused_naming_the_folder_and_the_other_process(holder, tmp_path):
-    from stapo_trl.runfiles.run_folder import lock_run_folder
+    from stapo_trl.callbacks import hold_run_folder
 
     run = tmp_path / "run"
     with pytest.raises(ValueError) as excinfo:
-        lock_run_folder(_args(run))
+        hold_run_folder(str(run))
     message = str(excinfo.value)
     assert message.startswith(f"output_dir={str(run)!r} is in use by another run (pid {holder.pid} on ")
     assert f" on {socket.gethostname()}, since " in message and "\n" not in message, message
-    lock_run_folder(_args(run, should_save=False))  # a rank that writes no run file does not take it
     # Killed (SIGKILL), the holder leaves its lock file but no hold: the next run takes the folder.
     holder.kill()
     holder.wait()
     assert (run / "_writer.lock").exists()
-    lock_run_folder(_args(run))
-    lock_run_folder(_args(run), acquire=False)
+    hold_run_folder(str(run))
+    hold_run_folder(str(run), acquire=False)
 
 
 def test_holds_nest_within_a_process(tmp_path):
-    from stapo_trl.runfiles.run_folder import lock_run_folder
+    from stapo_trl.callbacks import hold_run_folder
 
     run = tmp_path / "run"
-    lock_run_folder(_args(run))  # stapo-train's
-    lock_run_folder(_args(run))  # its trainer's train()
-    lock_run_folder(_args(run), acquire=False)
+    hold_run_folder(str(run))  # stapo-train's
+    hold_run_folder(str(run))  # its trainer's train()
+    hold_run_folder(str(run), acquire=False)
     probe = subprocess.run([sys.executable, "-c", HOLDER, str(run)], input="", capture_output=True, text=True)
     assert probe.returncode == 1 and "is in use by another run" in probe.stderr, probe.stderr
-    lock_run_folder(_args(run), acquire=False)
+    hold_run_folder(str(run), acquire=False)
     probe = subprocess.run([sys.executable, "-c", HOLDER, str(run)], input="", capture_output=True, text=True)
     assert probe.returncode == 0 and probe.stdout == "held\n", probe.stderr
 
@@ -210,7 +203,7 @@ def test_holds_nest_within_a_process(tmp_path):
 @pytest.mark.parametrize("name", ["_writer.txt", "_writer.lock", "metrics.jsonl", "checkpoint-1/optimizer.pt"])
 def test_a_symbolic_link_in_the_run_folder_is_refused_and_its_target_left_alone(tmp_path, name):
     # Measured: a _writer.txt that was a symbolic link was followed, and its target overwritten.
-    from stapo_trl.runfiles.run_folder import lock_run_folder
+    from stapo_trl.callbacks import hold_run_folder
 
     target = tmp_path / "elsewhere.txt"
     target.write_text("precious")
@@ -218,7 +211,7 @@ def test_a_symbolic_link_in_the_run_folder_is_refused_and_its_target_left_alone(
     (run / "checkpoint-1").mkdir(parents=True)
     (run / name).symlink_to(target)
     with pytest.raises(ValueError) as raised:
-        lock_run_folder(_args(run))
+        hold_run_folder(str(run))
     assert str(raised.value) == (
         f"{run / name} is a symbolic link (to {str(target)!r}): a run writes its files in its folder, never through a "
         "link (it would overwrite the link's target). Remove the link, or give another output_dir."
@@ -230,7 +223,7 @@ def test_a_symbolic_link_in_the_run_folder_is_refused_and_its_target_left_alone(
 def test_a_link_planted_while_a_run_holds_its_folder_is_not_written_through(tmp_path, mode):
     """Every run file stapo_trl writes is opened by `open_run_file` (O_NOFOLLOW): a link made after the run took its
     folder is refused too."""
-    from stapo_trl.runfiles.run_folder import open_run_file
+    from stapo_trl.checkpoints import open_run_file
 
     target = tmp_path / "elsewhere.txt"
     target.write_text("precious")
@@ -242,12 +235,12 @@ def test_a_link_planted_while_a_run_holds_its_folder_is_not_written_through(tmp_
 
 def test_a_symlinked_output_dir_itself_is_a_run_folder(tmp_path):
     """Clusters link a scratch disk as the run folder: the link is the folder, its files are plain files."""
-    from stapo_trl.runfiles.run_folder import lock_run_folder
+    from stapo_trl.callbacks import hold_run_folder
 
     (tmp_path / "scratch").mkdir()
     (tmp_path / "run").symlink_to(tmp_path / "scratch")
-    lock_run_folder(_args(tmp_path / "run"))
-    lock_run_folder(_args(tmp_path / "run"), acquire=False)
+    hold_run_folder(str(tmp_path / "run"))
+    hold_run_folder(str(tmp_path / "run"), acquire=False)
     assert (tmp_path / "scratch" / "_writer.txt").read_text().startswith(f"pid {os.getpid()} on ")
 
 
@@ -266,9 +259,14 @@ def test_stapo_train_refuses_a_folder_another_run_writes(
     assert not (run / "metrics.jsonl").exists()
 
 
-def test_the_python_api_refuses_a_folder_another_run_writes(holder, tmp_path, tiny_random_model_path):
+def test_a_script_with_the_command_callbacks_refuses_a_folder_another_run_writes(
+    holder, tmp_path, tiny_random_model_path
+):
+    from stapo_trl.callbacks import add_command_callbacks
+
+    trainer = _trainer(tiny_random_model_path, tmp_path / "run", max_steps=1)  # the library itself takes no lock
     with pytest.raises(ValueError, match=rf"is in use by another run \(pid {holder.pid} on "):
-        _trainer(tiny_random_model_path, tmp_path / "run", max_steps=1)  # before a model is built
+        add_command_callbacks(trainer)  # before training
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
@@ -335,7 +333,7 @@ def _refused(model_path, out, case):
 def test_a_trainer_refused_at_construction_leaves_no_output_dir_behind(tiny_random_model_path, tmp_path, case):
     # Was: the construction took the run folder's lock first, creating output_dir with _writer.lock and _writer.txt,
     # then refused the data (or the model): a folder was left behind by a trainer that never ran.
-    with pytest.raises((ValueError, FileNotFoundError, ConnectionError)):
+    with pytest.raises((ValueError, OSError)):  # an uncached Hub id: huggingface_hub's own error, offline
         _refused(tiny_random_model_path, tmp_path / "new" / "run", case)
     assert not (tmp_path / "new").exists()
 
@@ -350,7 +348,7 @@ def test_a_trainer_refused_at_construction_leaves_no_output_dir_behind(tiny_rand
 KILLER = r"""
 import dataclasses, json, os, signal, sys
 from transformers import Trainer, TrainerState
-from stapo_trl.runfiles import callbacks, metrics_log
+from stapo_trl import run_files as callbacks, run_files as metrics_log
 target, n, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 calls, inside, dumps, opening = [0], [False], json.dumps, metrics_log.open_jsonl_for_run
 def count(counts=True):

@@ -1,0 +1,365 @@
+"""The run folder a resume trusts: which checkpoint is whole, what the run optimizes, and files never written through a
+symbolic link. Nothing here unpickles a file but with `torch.load(weights_only=True)`: a checkpoint from elsewhere is
+untrusted input.
+
+- [`checkpoint_problem`]: complete means every file the save wrote (named by its run record; by rule for a checkpoint
+  saved before it had one) is there and whole: a safetensors file's header and length, a torch file's zip directory,
+  and what transformers unpickles on resume loaded the same safe way. transformers writes a checkpoint in place and
+  resumes the highest-numbered one whatever it holds.
+- [`resume_checkpoint`]: the newest complete one, in one line with those skipped and why; the skipped ones are moved
+  aside (`_damaged-checkpoint-N`), out of reach of `save_total_limit`'s rotation and of `get_last_checkpoint`.
+- [`run_settings`] / [`check_run_settings`]: what the run optimizes, as plain JSON in each checkpoint
+  (`stapo_run.json`), and the refusal of a resume that would change it.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import json
+import logging
+import os
+import re
+import tempfile
+import zipfile
+from typing import IO, Any
+
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FOLDER = re.compile(r"^checkpoint-(\d+)$")  # transformers' `PREFIX_CHECKPOINT_DIR`-<global_step>
+RUN_RECORD = "stapo_run.json"
+DAMAGED_PREFIX = "_damaged-"  # "_*": not pushed to the Hub; not "checkpoint-*": neither rotated nor resumed
+RESUME_FIX = "Give a complete checkpoint folder (<output_dir>/checkpoint-<step>), or let a run take its newest one."
+# What `Trainer._save_checkpoint` writes before trainer_state.json, by name prefix (full, adapter, DeepSpeed layouts).
+_REQUIRED = {
+    "model weights": ("model", "pytorch_model", "adapter_model", "global_step"),
+    "optimizer state (optimizer.pt)": ("optimizer", "global_step"),
+    "RNG state (rng_state.pth)": ("rng_state",),
+}
+_UNPICKLED_ON_RESUME = ("optimizer", "scheduler", "scaler", "rng_state", "pytorch_model")  # by transformers
+# The config fields a resume must keep. Free to change: threads, logging, saving, evaluation, max_steps and the batch
+# layout (another number of processes changes it).
+RESUME_FIELDS = (
+    "loss_type", "epsilon", "epsilon_high", "delta", "beta", "scale_rewards", "reward_weights",
+    "importance_sampling_level", "top_entropy_quantile", "mask_truncated_completions", "num_generations",
+    "num_iterations", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_completion_length",
+    "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio", "optim",
+    "optim_args", "optim_target_modules", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
+)  # fmt: skip
+
+
+# -- the run folder ----------------------------------------------------------------------------------------------------
+def _link_message(path: str) -> str:
+    return (
+        f"{path} is a symbolic link (to {os.readlink(path)!r}): a run writes its files in its folder, never through a "
+        "link (it would overwrite the link's target). Remove the link, or give another output_dir."
+    )
+
+
+def open_run_file(path: str | os.PathLike, mode: str = "w") -> IO:
+    """`open(path, mode)` (`"w"`, `"a"`, `"wb"`, `"ab"`; text in UTF-8) for a file of the run folder, refusing a
+    symbolic link in its place (`O_NOFOLLOW`) instead of writing its target.
+
+    Raises:
+        ValueError: `path` is a symbolic link (one line naming it).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError(_link_message(os.fspath(path))) from None
+        raise
+    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+
+
+def check_output_dir(output_dir: str) -> None:
+    """Refuse, before a model is built and without creating anything, an `output_dir` that is empty, cannot be written
+    (its nearest existing parent must take a file) or whose top level or `checkpoint-N` folders hold a symbolic link
+    (`output_dir` itself may be a link: clusters link a scratch disk).
+
+    Raises:
+        ValueError: one line naming the field or the link.
+    """
+    if not str(output_dir or "").strip():
+        raise ValueError(
+            f"output_dir={output_dir!r} is empty: give the folder the run writes its checkpoints, model and files into "
+            "(e.g. outputs/my-run)."
+        )
+    folder = os.path.abspath(output_dir)
+    existing = folder
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    try:
+        tempfile.TemporaryFile(dir=existing).close()  # "Not a directory" below a file, "Read-only file system"
+    except OSError as e:
+        raise ValueError(
+            f"output_dir={output_dir!r} cannot be written ({e.strerror or e}): give a folder this process can create "
+            "files in."
+        ) from None
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
+        inner = sorted(os.listdir(path)) if CHECKPOINT_FOLDER.match(name) and os.path.isdir(path) else []
+        for link in [path, *(os.path.join(path, n) for n in inner)]:
+            if os.path.islink(link):
+                raise ValueError(_link_message(link))
+
+
+# -- whole checkpoints -------------------------------------------------------------------------------------------------
+def _safetensors_problem(path: str) -> str | None:
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else None
+        if length is None or length > size - 8:
+            return f"cut short: {size} bytes, less than its header"
+        try:
+            header = json.loads(f.read(length))
+            end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return "damaged: its header does not parse"
+    expected = 8 + length + end
+    if size != expected:
+        return f"cut short: {size} of {expected} bytes" if size < expected else "damaged: bytes past its tensors"
+    return None
+
+
+def _torch_file_problem(path: str, load: bool) -> str | None:
+    """A torch file: its zip directory, then (`load`) a safe load, its tensors mapped, not read."""
+    size = os.path.getsize(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if any(info.header_offset + info.compress_size > size for info in archive.infolist()):
+                return "cut short: its zip directory points past its end"
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return "damaged: no zip directory (cut short, or overwritten)"
+    if not load:
+        return None
+    import torch
+    from transformers.trainer_pt_utils import safe_globals
+
+    try:
+        with safe_globals():  # numpy's RNG state, as transformers loads it
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 (UnpicklingError, RuntimeError: what transformers would raise)
+        paragraphs = [p.strip() for p in str(e).split("\n\n") if p.strip()]
+        detail = next((p for p in paragraphs[1:] if not p.startswith("Check the documentation")), None)
+        detail = (detail or (paragraphs or [type(e).__name__])[0]).splitlines()[0][:160].rstrip(".")
+        return f"refused by a safe load: {detail}"
+    is_rng = os.path.basename(path).startswith("rng_state")
+    if is_rng and not (isinstance(state, dict) and {"python", "numpy", "cpu"} <= set(state)):
+        return "holds no RNG state"
+    return None
+
+
+def file_problem(path: str) -> str | None:
+    """Why the checkpoint file `path` cannot be loaded whole, in a few words, or `None`."""
+    name = os.path.basename(path)
+    if not os.path.isfile(path):
+        return "not a file"
+    if name.endswith(".safetensors"):
+        return _safetensors_problem(path)
+    if name.endswith((".pt", ".pth", ".bin")):
+        return _torch_file_problem(path, load=name.startswith(_UNPICKLED_ON_RESUME))
+    if name.endswith(".json"):
+        try:
+            with open(path, encoding="utf-8") as f:
+                json.load(f)
+        except (ValueError, UnicodeDecodeError) as e:
+            return f"unreadable: {type(e).__name__}"
+    return None
+
+
+def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
+    """Why the folder `path` is not a complete checkpoint, in a few words naming the file, or `None`: its
+    `trainer_state.json` parses (written last), its run record says the save finished, every file it names (without a
+    record: the weights and, unless `save_only_model`, the optimizer, scheduler and RNG state) is there and whole."""
+    names = sorted(os.listdir(path)) if os.path.isdir(path) else None
+    if not names:
+        return "not a folder" if names is None else "empty"
+    try:
+        with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as f:
+            int(json.load(f)["global_step"])
+    except FileNotFoundError:
+        return "no trainer_state.json: its save did not finish"
+    except (OSError, ValueError, KeyError, TypeError) as e:  # cut short: JSONDecodeError
+        return f"trainer_state.json unreadable ({type(e).__name__}): its save did not finish"
+    try:
+        record = read_run_record(path)
+    except (OSError, ValueError) as e:
+        return f"{RUN_RECORD} unreadable: {type(e).__name__}"
+    if record is not None:
+        if record.get("files") is None:
+            return f"{RUN_RECORD} says its save did not finish"
+        save_only_model = bool(record.get("save_only_model", save_only_model))
+    for what, prefixes in list(_REQUIRED.items())[: 1 if save_only_model else None]:
+        if not any(name.startswith(prefixes) for name in names):
+            return f"no {what}"
+    if not save_only_model and {"optimizer.pt", "optimizer.bin"} & set(names) and "scheduler.pt" not in names:
+        return "no scheduler.pt: without it transformers resumes with a fresh optimizer"
+    if missing := [name for name in (record or {}).get("files", []) if name not in names]:
+        return f"no {missing[0]}, which its save wrote"
+    for name in names:
+        full = os.path.join(path, name)
+        if not os.path.isdir(full):
+            problem = file_problem(full)
+        elif name.startswith("global_step"):  # DeepSpeed's files: their zip directory only (DeepSpeed unpickles them)
+            pt_files = [n for n in sorted(os.listdir(full)) if n.endswith(".pt")]
+            problems = [f"/{n} {p}" for n in pt_files if (p := _torch_file_problem(os.path.join(full, n), False))]
+            problem = problems[0] if problems else None
+        else:
+            problem = None
+        if problem:
+            return f"{name}{'' if problem.startswith('/') else ' '}{problem}"
+    return None
+
+
+def newest_complete_checkpoint(output_dir: str, save_only_model: bool = False) -> tuple[str | None, list]:
+    """(the complete checkpoint of `output_dir` with the highest step or `None`, [(name, why) of each incomplete one
+    above it, highest first])."""
+    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
+    skipped = []
+    for name in sorted(filter(CHECKPOINT_FOLDER.match, names), key=lambda n: -int(n.split("-")[1])):
+        if (problem := checkpoint_problem(os.path.join(output_dir, name), save_only_model)) is None:
+            return os.path.join(output_dir, name), skipped
+        skipped.append((name, problem))
+    return None, skipped
+
+
+def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_aside: bool = False) -> str | None:
+    """[`newest_complete_checkpoint`], said in one warning line with those skipped and why; with `move_aside` (the
+    folder's writer only) each skipped one is renamed `_damaged-checkpoint-N[-k]`."""
+    checkpoint, skipped = newest_complete_checkpoint(output_dir, save_only_model)
+    if not checkpoint and not skipped:
+        return None
+    words = []
+    for name, problem in skipped:
+        aside = ""
+        if move_aside:
+            target, k = DAMAGED_PREFIX + name, 1
+            while os.path.lexists(os.path.join(output_dir, target)):
+                k, target = k + 1, f"{DAMAGED_PREFIX}{name}-{k + 1}"
+            os.replace(os.path.join(output_dir, name), os.path.join(output_dir, target))
+            aside = f" and moved it aside to {target}"
+        words.append(f"{name} ({problem}){aside}")
+    found = f"Resuming training from {checkpoint}, the newest complete checkpoint" if checkpoint else output_dir
+    skipped_words = f"; skipped {', '.join(words)}" if words else ""
+    logger.warning(found + skipped_words + ("." if checkpoint else ": no complete checkpoint to resume."))
+    return checkpoint
+
+
+def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: str = RESUME_FIX) -> None:
+    """Refuse a checkpoint given by name (`resume_from_checkpoint`, `stapo-eval --model`) that is not complete.
+
+    Raises:
+        ValueError: `<what> <problem>. <fix>`: missing, a file, a run folder (naming its newest complete checkpoint), or
+            not complete (naming the file and the damage).
+    """
+    if (problem := checkpoint_problem(path, save_only_model)) is None:
+        return
+    if problem == "not a folder":
+        problem = "is a file" if os.path.exists(path) else "does not exist"
+    elif newest := newest_complete_checkpoint(path)[0]:
+        problem = f"is a run folder, not a checkpoint: give one of its checkpoints ({os.path.basename(newest)})"
+    else:
+        problem = f"is not a complete checkpoint ({problem})"
+    raise ValueError(f"{what} {problem}. {fix}")
+
+
+# -- what the run optimizes --------------------------------------------------------------------------------------------
+def plain(value: Any) -> Any:
+    """`value` as JSON data that compares equal across processes: enums by value, tuples as lists, sets sorted,
+    objects with `to_dict` as dicts, any other object by its type's name (never a `repr` with an address)."""
+    value = value.value if isinstance(value, enum.Enum) else value
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return sorted(plain(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return plain(value.to_dict()) if hasattr(value, "to_dict") else type(value).__name__
+
+
+def _local(path: Any) -> Any:
+    return os.path.abspath(path) if isinstance(path, str) and os.path.exists(path) else path
+
+
+def run_settings(args, *, trainer: str, model, reward_funcs, s2t=None, peft_config=None, train_dataset=None) -> dict:
+    """What a resume must keep, as plain data: the trainer class, the model, the rewards (a function by its name, a
+    reward model by its id), the S2T values, the objective and optimizer fields of `args` ([`RESUME_FIELDS`]), the
+    PEFT settings and the training data's `datasets` fingerprint."""
+    from trl.trainer.utils import get_callable_name
+
+    if not isinstance(model, str):
+        model = getattr(getattr(model, "config", None), "_name_or_path", None)
+    funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs] if reward_funcs is not None else []
+    names = [getattr(getattr(f, "config", None), "_name_or_path", None) for f in funcs]  # a reward model's id
+    rewards = [_local(f) if isinstance(f, str) else name or get_callable_name(f) for f, name in zip(funcs, names)]
+    settings = {"trainer": trainer, "model": _local(model), "reward_funcs": rewards}
+    if s2t is not None:
+        settings |= {f"s2t_{name}": getattr(s2t, name) for name in ("prob_threshold", "entropy_quantile", "mode")}
+    settings |= {name: getattr(args, name) for name in RESUME_FIELDS if hasattr(args, name)}
+    settings["peft"] = peft_config
+    is_dataset = type(train_dataset).__name__ == "Dataset"
+    settings["train_dataset"] = getattr(train_dataset, "_fingerprint", None) if is_dataset else None
+    return plain(settings)
+
+
+def write_run_record(checkpoint: str, settings: dict, *, save_only_model: bool, files: list[str] | None) -> None:
+    """Write `checkpoint/stapo_run.json`: `files` `None` while the save runs, then the files it wrote (a temporary file
+    and a rename, never through a symbolic link)."""
+    os.makedirs(checkpoint, exist_ok=True)
+    record = {"format": 1, "files": files, "save_only_model": save_only_model, "settings": settings}
+    path = os.path.join(checkpoint, RUN_RECORD)
+    with open_run_file(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def read_run_record(checkpoint: str) -> dict | None:
+    """The record of `checkpoint`, `None` when it has none. Raises `ValueError` for a file that holds no settings."""
+    path = os.path.join(checkpoint, RUN_RECORD)
+    if not os.path.lexists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        record = json.load(f)
+    if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
+        raise ValueError(f"{RUN_RECORD} holds no settings")
+    return record
+
+
+def changed_settings(recorded: dict, current: dict) -> list[str]:
+    """`"name old -> new"` for each field both hold with other values (one only one of them holds was added by another
+    stapo_trl version: not compared); a dict's changed keys one by one (`peft.r 8 -> 16`)."""
+    changes = []
+    for name in [key for key in current if key in recorded]:
+        old, new = recorded[name], current[name]
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes += [f"{name}.{change}" for change in changed_settings(old, new)]
+        elif old != new:
+            changes.append(f"{name} {repr(old)[:120]} -> {repr(new)[:120]}")
+    return changes
+
+
+def check_run_settings(checkpoint: str, settings: dict) -> None:
+    """Refuse to resume `checkpoint` with other `settings` than it was trained with; a checkpoint without a record
+    (saved before stapo_trl wrote one) resumes with one warning.
+
+    Raises:
+        ValueError: one line naming each changed field with its old and new value.
+    """
+    record = read_run_record(checkpoint)
+    if record is None:
+        logger.warning(
+            f"{checkpoint} has no {RUN_RECORD} (saved before stapo_trl recorded a run's settings): resumed without "
+            "comparing the settings it was trained with to this run's."
+        )
+    elif changes := changed_settings(record["settings"], settings):
+        raise ValueError(
+            f"{checkpoint} was trained with other settings ({', '.join(changes)}): resuming would mix two runs in one "
+            "model, and its card could state only one. Resume with the checkpoint's values, or train in another "
+            f"output_dir (model_name_or_path / model {checkpoint} starts from its weights)."
+        )

@@ -1,0 +1,419 @@
+"""The run files, written during `train()` by callbacks and read back by the commands and figures:
+
+- `metrics.jsonl`: every log row, `{"step": 12, "epoch": 0.02, "reward": 0.44, "s2t/silenced_ratio": 1e-4, ...}`
+  ([`MetricsLogCallback`]);
+- `spurious_tokens.jsonl`: the silenced tokens in context, with samples of kept candidates and other positive-advantage
+  tokens ([`SpuriousTokenLogger`]; one record per line, see [`~stapo_trl.diagnostics.token_records`]).
+
+Both are flushed per line, so a killed run keeps its rows; a resumed run drops the rows of the steps it redoes.
+[`NoLearningSignalCallback`] warns once when the first logging steps had nothing to learn from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+from collections import Counter
+from typing import Any, TextIO
+
+from accelerate.utils import gather_object
+from transformers import DefaultFlowCallback, TrainerCallback
+
+from .checkpoints import open_run_file
+from .diagnostics.token_records import merge_token_records, select_token_records, token_records
+
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILENAME = "metrics.jsonl"
+SPURIOUS_TOKENS_FILENAME = "spurious_tokens.jsonl"
+TOKEN_RECORD_KINDS = ("silenced", "kept_candidate", "reference")
+# Keys of the end-of-training summary log (`Trainer.train`), not per-step metrics.
+TRAIN_SUMMARY_KEYS = frozenset(
+    {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "train_loss", "epoch"}
+)
+
+
+# -- reading -----------------------------------------------------------------------------------------------------------
+def jsonable(value: Any) -> Any:
+    """A log value as strict JSON: NaN and infinities become `null`, 0-d tensors numbers."""
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_metrics_row(row: Any) -> bool:
+    """A JSON object with an integer `step` whose values are numbers or `null`."""
+    if not isinstance(row, dict) or not _is_number(row.get("step")) or row["step"] != int(row["step"]):
+        return False
+    return all(value is None or _is_number(value) for value in row.values())
+
+
+def is_token_record(record: Any) -> bool:
+    """A JSON object with a `kind` of `TOKEN_RECORD_KINDS`, an integer `step`, numbers `prob`, `entropy`, a `token`."""
+    return (
+        isinstance(record, dict)
+        and record.get("kind") in TOKEN_RECORD_KINDS
+        and all(_is_number(record.get(key)) for key in ("step", "prob", "entropy"))
+        and isinstance(record.get("token"), str)
+    )
+
+
+def json_lines(path: str | os.PathLike):
+    """(its number from 1, its JSON value or `None` when it does not parse) of each non-blank line of `path`."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    yield number, json.loads(line)
+                except ValueError:  # JSONDecodeError, UnicodeDecodeError
+                    yield number, None
+
+
+_WARNED: set = set()  # (file, skipped lines) already said in this process
+
+
+def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object") -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file that `valid` accepts, in order; the other lines (cut short by a kill,
+    edited) are skipped with one warning per file naming their numbers."""
+    rows, bad = [], []
+    for number, row in json_lines(path):
+        (rows.append(row) if isinstance(row, dict) and (valid is None or valid(row)) else bad.append(number))
+    if bad and (key := (os.path.abspath(path), tuple(bad))) not in _WARNED:
+        _WARNED.add(key)
+        shown = ", ".join(map(str, bad[:20])) + (f", ... ({len(bad) - 20} more)" if len(bad) > 20 else "")
+        logger.warning(f"{path}: skipped line(s) {shown}, not {what} (cut short by a killed run, or edited).")
+    return rows
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    """The rows of `metrics.jsonl` (or of `<dir>/metrics.jsonl`), in order ([`read_jsonl`], [`is_metrics_row`])."""
+    path = os.path.join(path, METRICS_FILENAME) if os.path.isdir(path) else path
+    return read_jsonl(path, is_metrics_row, "a metrics row (a JSON object with an integer step and numbers)")
+
+
+def read_token_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of `spurious_tokens.jsonl` (or of `<dir>/spurious_tokens.jsonl`), in order."""
+    path = os.path.join(path, SPURIOUS_TOKENS_FILENAME) if os.path.isdir(path) else os.fspath(path)
+    return read_jsonl(path, is_token_record, "a token record (a JSON object with kind, step, prob, entropy, token)")
+
+
+def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The S2T counts of a run pooled over its log rows (`metrics.jsonl` or `trainer.state.log_history`): `num_rows`,
+    `rows_with_silencing`, `num_silenced`, `num_candidates`, `num_loss_tokens` and the pooled `silenced_ratio` and
+    `candidate_ratio` (Σ counts / Σ loss tokens, not a mean of ratios); `None` without S2T counts."""
+    counted = [row for row in rows if row.get("s2t/num_loss_tokens") is not None]
+    if not counted:
+        return None
+    silenced, candidates, tokens = (
+        round(sum(row.get(f"s2t/num_{name}") or 0 for row in counted)) for name in ("silenced", "candidates", "loss_tokens")
+    )  # fmt: skip
+    return {
+        "num_rows": len(counted),
+        "rows_with_silencing": sum(1 for row in counted if (row.get("s2t/num_silenced") or 0) > 0),
+        "num_silenced": silenced,
+        "num_candidates": candidates,
+        "num_loss_tokens": tokens,
+        "silenced_ratio": silenced / tokens if tokens else 0.0,
+        "candidate_ratio": candidates / tokens if tokens else 0.0,
+    }
+
+
+def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[str, Any]]]:
+    """Open a JSON-lines run file for appending when training (re)starts at `global_step`: a resumed run keeps the rows
+    with `step <= global_step` (rewritten through a synced temporary file and a rename: a kill leaves the old rows or
+    the kept ones); a fresh run moves an earlier run's file aside to `<name>.<n>.jsonl` (with a warning). Returns the
+    file and the kept rows."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    kept = []
+    if os.path.exists(path) and global_step > 0:
+        kept = [row for row in read_jsonl(path) if row.get("step", math.inf) <= global_step]
+        with open_run_file(f"{path}.tmp", "w") as f:
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(f"{path}.tmp", path)
+    elif os.path.exists(path) and os.path.getsize(path) > 0:
+        stem, ext = os.path.splitext(path)
+        aside = next(f"{stem}.{n}{ext}" for n in range(1, 10_000) if not os.path.exists(f"{stem}.{n}{ext}"))
+        os.replace(path, aside)
+        logger.warning(f"{path} held an earlier run's records: kept as {os.path.basename(aside)}.")
+    return open_run_file(path, "a"), kept
+
+
+# -- writing -----------------------------------------------------------------------------------------------------------
+class JsonlLogCallback(TrainerCallback):
+    """Appends JSON lines to `path` (default `<output_dir>/<filename>`) on the main process, flushed per write."""
+
+    filename = ""
+
+    def __init__(self, path: str | None = None):
+        self.path, self._file = path, None
+
+    def open_for_run(self, args, state) -> list[dict[str, Any]]:
+        self.close()
+        self._file, kept = open_jsonl_for_run(self.path or os.path.join(args.output_dir, self.filename), state.global_step)
+        return kept
+
+    def write_rows(self, args, rows: list[dict[str, Any]]) -> None:
+        if self._file is None:  # written outside `train()`
+            self._file = open_run_file(self.path or os.path.join(args.output_dir, self.filename), "a")
+        self._file.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+        self._file.flush()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.close()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class MetricsLogCallback(JsonlLogCallback):
+    """One line per log row in `metrics.jsonl`: `step`, `epoch` and every logged value (the end-of-training summary's
+    per-step metrics become the last step's row; evaluation rows are their own lines)."""
+
+    filename = METRICS_FILENAME
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.open_for_run(args, state)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = {k: v for k, v in (logs or {}).items() if "train_runtime" not in logs or k not in TRAIN_SUMMARY_KEYS}
+        if state.is_world_process_zero and logs:
+            self.write_rows(args, [{"step": state.global_step, "epoch": state.epoch} | {k: jsonable(v) for k, v in logs.items()}])  # fmt: skip
+
+
+class SpuriousTokenLogger(JsonlLogCallback):
+    """The silenced tokens of the training masks, with samples of kept candidates and of other positive-advantage
+    tokens, in `spurious_tokens.jsonl` at every logging step.
+
+    The trainer hands each training mask to [`record`]: the records are selected and merged on the device within the
+    caps ([`~stapo_trl.diagnostics.token_records.select_token_records`]), so training never waits for the host. At each
+    logging step they come to the host in one transfer, are decoded in one batch, gathered from every process (a
+    collective: every process calls it at the same steps, with or without records), capped once and appended by the
+    main process. With wandb or trackio in `report_to`, the most frequent silenced tokens are logged as a table.
+    A logger added before `train()` (other caps, another path) replaces the trainer's own:
+    `trainer.add_callback(SpuriousTokenLogger(trainer, max_silenced=1000))`.
+
+    Args:
+        trainer ([`~stapo_trl.STAPOTrainer`]): the trainer whose masks are recorded.
+        path (`str`, *optional*): the file; defaults to `<output_dir>/spurious_tokens.jsonl`.
+        max_silenced, max_kept_candidates, max_reference (`int`, *optional*, defaults to 256, 64, 64): records of each
+            kind per logging step (a uniform sample beyond).
+        context_tokens (`int`, *optional*, defaults to 8): completion tokens of context on each side.
+        top_k (`int`, *optional*, defaults to 20): rows of the tracker table.
+    """
+
+    filename = SPURIOUS_TOKENS_FILENAME
+
+    def __init__(self, trainer, path=None, *, max_silenced=256, max_kept_candidates=64, max_reference=64,
+                 context_tokens=8, top_k=20):  # fmt: skip
+        super().__init__(path)
+        self.trainer, self.context_tokens, self.top_k = trainer, context_tokens, top_k
+        self.caps = {"silenced": max_silenced, "kept_candidate": max_kept_candidates, "reference": max_reference}
+        self.silenced_counts, self.kept_candidate_counts = Counter(), Counter()  # by token label, for the table
+        self._token_bytes = None  # token id -> bytes, from the tokenizer when a label is first needed
+        self._pending = None  # the masks' sample since the last logging step, on the device
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._pending = None
+        if state.is_world_process_zero:
+            for record in self.open_for_run(args, state):  # a resumed run keeps its records up to the checkpoint
+                self._count(record)
+
+    def _count(self, record: dict[str, Any]) -> None:
+        """Count a record's token under the label the figures give it (a byte fragment by its bytes)."""
+        if record["kind"] in ("silenced", "kept_candidate"):
+            from .plots import readable_token, tokenizer_token_bytes  # labels only: matplotlib is not imported
+
+            if self._token_bytes is None:
+                backend = getattr(self.trainer.processing_class, "backend_tokenizer", None)  # a fast tokenizer
+                self._token_bytes = tokenizer_token_bytes(json.loads(backend.to_str())) if backend else {}
+            label = readable_token(record["token"], self._token_bytes.get(record.get("token_id")), record.get("token_id"))
+            (self.silenced_counts if record["kind"] == "silenced" else self.kept_candidate_counts)[label] += 1
+
+    def record(self, result, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> None:
+        """Merge the records of one training mask (the arguments of the trainer's `_compute_s2t_mask` and its result)
+        into the sample kept on the device until the next logging step."""
+        trainer, caps = self.trainer, tuple(self.caps.values())
+        update = trainer.state.global_step + 1
+        selected = select_token_records(
+            result, per_token_logps, entropies, advantages, loss_mask, completion_ids, caps=caps,
+            context_tokens=self.context_tokens, seed=f"{trainer.args.seed}-{update}-{trainer.accelerator.process_index}",
+            update=update,
+        )  # fmt: skip
+        self._pending = selected if self._pending is None else merge_token_records(self._pending, selected, caps)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_log:
+            self.write_pending(args, state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.write_pending(args, state.global_step)  # the masks after the last logging step; on every process
+        super().on_train_end(args, state, control, **kwargs)
+
+    def write_pending(self, args, step: int) -> list[dict[str, Any]]:
+        """Gather the pending records of every process, cap them, stamp them with `step` and append them (main
+        process). A collective: every process calls it at the same steps."""
+        selected, self._pending, trainer = self._pending, None, self.trainer
+        records = [] if selected is None else token_records(
+            selected, trainer.processing_class, prob_threshold=trainer.s2t.prob_threshold,
+            process_index=trainer.accelerator.process_index,
+        )  # fmt: skip
+        if trainer.accelerator.num_processes > 1:
+            records = gather_object(records)  # every process, every logging step: never skipped
+        if not trainer.accelerator.is_main_process or not records:
+            return []
+        rng, keep = random.Random(f"{args.seed}-{step}-all"), []
+        for kind, cap in self.caps.items():
+            of_kind = [i for i, r in enumerate(records) if r["kind"] == kind]
+            keep += of_kind if len(of_kind) <= cap else rng.sample(of_kind, cap)
+        records = [records[i] | {"step": step} for i in sorted(keep)]
+        self.write_rows(args, records)
+        for record in records:
+            self._count(record)
+        self._log_table(args)
+        return records
+
+    def _log_table(self, args) -> None:
+        backends = [__import__(name) for name in ("wandb", "trackio") if name in (args.report_to or [])]
+        backends = [b for b in backends if getattr(b, "run", True) is not None]  # wandb without a run: no table
+        if backends and self.silenced_counts:
+            import pandas as pd  # only for a tracker table
+
+            top = self.silenced_counts.most_common(self.top_k)
+            table = pd.DataFrame(top, columns=["token", "silenced"])
+            table["kept_candidate_sampled"] = [self.kept_candidate_counts[token] for token, _ in top]
+            for backend in backends:
+                backend.log({"s2t/top_silenced_tokens": backend.Table(dataframe=table)})
+
+
+def add_run_file_callbacks(trainer) -> list[TrainerCallback]:
+    """Add a [`MetricsLogCallback`] and, to a trainer with S2T masks, a [`SpuriousTokenLogger`], each unless one of its
+    class is there, right after transformers' `DefaultFlowCallback` (they see the step's `should_log`). Returns the
+    callbacks added."""
+    callbacks = trainer.callback_handler.callbacks
+    wanted = [MetricsLogCallback] + [SpuriousTokenLogger] * hasattr(trainer, "s2t")
+    added = [cls(trainer) if cls is SpuriousTokenLogger else cls() for cls in wanted if not any(isinstance(c, cls) for c in callbacks)]  # fmt: skip
+    position = next((i + 1 for i, cb in enumerate(callbacks) if isinstance(cb, DefaultFlowCallback)), 0)
+    callbacks[position:position] = added
+    return added
+
+
+# -- a warning ---------------------------------------------------------------------------------------------------------
+_TINY_MATH = (
+    "{name} was trained on one prompt format only: a two-digit addition asked as one chat message, "
+    "[{'role': 'user', 'content': '47+38\\nPlease reason step by step, and put your final answer within "
+    "\\\\boxed{}.'}] (stapo_trl.data.format_prompt('47+38')), answered as '7+8=15, write 5 carry 1; 4+3+1=8; "
+    "\\\\boxed{85}'. Plain-text prompts, other wordings or other problems get no correct answer from it."
+)
+BUILTIN_PROMPT_FORMATS = {  # what each `builtin:` model was trained on: the likeliest cause when it earns nothing
+    "tiny-math": _TINY_MATH,
+    "tiny-math-h64": _TINY_MATH,
+    "smollm2-135m-math": _TINY_MATH,
+    "tiny-random": "builtin:tiny-random has random weights: it answers nothing correctly, whatever the prompt.",
+    "smollm2-135m": "builtin:smollm2-135m, as shipped, solves almost no two-digit addition at temperature 1.",
+    "gemma3-270m": "builtin:gemma3-270m is a base model: it rarely ends with a \\boxed{} answer.",
+}
+
+
+class NoLearningSignalCallback(TrainerCallback):
+    """Warn once (this module's logger) when the first `num_rows` training log rows had no learning signal: every
+    prompt group had zero reward spread (`frac_reward_zero_std` = 1: every advantage 0), or a reward function gave every
+    completion the same value (or only `None`). The message names the likely causes: the prompt format (plain text to a
+    chat model, the instruction given twice, a `builtin:` model's one format), the reward, the columns. Main process."""
+
+    def __init__(self, trainer, num_rows: int = 3):
+        self.trainer, self.num_rows, self.rows, self.message = trainer, num_rows, [], None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.rows, self.message = [], None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        zero_spread = (logs or {}).get("frac_reward_zero_std")
+        if self.rows is None or not state.is_world_process_zero or not _is_number(zero_spread) or zero_spread != zero_spread:  # fmt: skip
+            return
+        self.rows.append(dict(logs, step=state.global_step))
+        if len(self.rows) >= self.num_rows or "train_runtime" in logs:
+            self._decide()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.rows and state.is_world_process_zero:
+            self._decide()
+
+    def _decide(self) -> None:
+        rows, self.rows = self.rows, None  # decided: never again this run
+        all_zero_spread = all(r.get("frac_reward_zero_std") == 1.0 for r in rows)
+        constant = {}  # reward name -> the one value it gave
+        for name in getattr(self.trainer, "reward_func_names", []):
+            means = [r.get(f"rewards/{name}/mean") for r in rows]
+            if all(map(_is_number, means)) and all(r.get(f"rewards/{name}/std") == 0 for r in rows) and len(set(means)) == 1:  # fmt: skip
+                constant[name] = f"{means[0]:g}"
+            elif all(f"rewards/{name}/mean" in r and (m is None or m != m) for r, m in zip(rows, means)):
+                constant[name] = "None"
+        if not all_zero_spread and not constant:
+            return
+        steps = f"step {rows[0]['step']}" if len(rows) == 1 else f"steps {rows[0]['step']}-{rows[-1]['step']}"
+        where = f"the first {len(rows)} logging steps ({steps})" if len(rows) > 1 else f"the first logging step ({steps})"
+        values = ", ".join(f"{name} gave {value}" for name, value in constant.items())
+        if all_zero_spread or set(constant) == set(self.trainer.reward_func_names):
+            spread = "no reward function gave two completions different values"
+            if all_zero_spread:
+                spread = "every prompt group had zero reward spread (frac_reward_zero_std = 1: all completions of a "
+                spread += "prompt got the same reward)"
+            text = f"No learning signal. In {where}, {spread}, so every advantage was 0 and the loss and gradient "
+            text += "were 0: nothing was learned"
+            text += f"; the reward functions gave every completion the same value ({values})." if constant else "."
+        else:
+            text = f"A reward function gave every completion the same value in {where} ({values}): it adds nothing to "
+            text += "the advantages, only the other reward functions are learned from."
+        causes = [self._prompt_cause(), self._reward_cause(constant), self._column_cause()]
+        self.message = f"{text} Likely causes: " + " ".join(f"({i}) {c}" for i, c in enumerate(causes, 1))
+        logger.warning(self.message)
+
+    def _prompt_cause(self) -> str:
+        text = "The prompt format: prompts the model was not trained on (another wording or template) get no correct answer."
+        try:
+            prompt = self.trainer.train_dataset[0]["prompt"]
+        except (KeyError, IndexError, TypeError, NotImplementedError):
+            prompt = None
+        if isinstance(prompt, str) and getattr(self.trainer.processing_class, "chat_template", None):
+            text += (
+                " Your prompts are plain text, so TRL does not apply the model's chat template; a chat model expects "
+                "[{'role': 'user', 'content': ...}] messages."
+            )
+        contents = [m.get("content") for m in prompt if isinstance(m, dict)] if isinstance(prompt, list) else [prompt]
+        for content in [c for c in contents if isinstance(c, str)]:
+            tail = content.strip()[-40:]
+            if len(tail) >= 20 and content.count(tail) > 1:
+                text += f" Your prompts hold their instruction twice ({tail!r} repeated)."
+        model_path = getattr(getattr(self.trainer.model, "config", None), "_name_or_path", None)
+        from .model_card import base_model_name
+
+        name = (base_model_name(model_path) or "").removeprefix("builtin:") if model_path else None
+        if name in BUILTIN_PROMPT_FORMATS:
+            text += " " + BUILTIN_PROMPT_FORMATS[name].replace("{name}", f"builtin:{name}")
+        return text
+
+    @staticmethod
+    def _reward_cause(constant: dict[str, str]) -> str:
+        names = ", ".join(constant) if constant else "the reward function"
+        return f"The reward: check that {names} can give different values, by calling it on a right and a wrong completion."
+
+    def _column_cause(self) -> str:
+        columns = [c for c in (getattr(self.trainer.train_dataset, "column_names", None) or []) if c != "prompt"]
+        passed = f" (here: {', '.join(columns)})" if columns else ""
+        return (
+            f"The columns: TRL passes every dataset column but `prompt` to the reward functions by name{passed}; check "
+            "that the one your reward reads (e.g. `solution`) holds the answers of the same rows."
+        )
