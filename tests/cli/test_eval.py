@@ -1,8 +1,6 @@
-"""`stapo-eval` (`stapo_trl.cli.eval`, `stapo_trl.cli.eval_args`): argument validation before any model is loaded, the
-end-to-end command on the tiny model and its resume, `--compare`, decoding settings, and where the results go.
-
-The evaluation library itself (metrics, tables, generation, the in-training callback) is tested in
-`tests/evaluation/`."""
+"""`stapo-eval` (`stapo_trl.cli.eval`): argument validation before any model is loaded, the end-to-end command on the
+tiny model and its resume, `--compare`, decoding settings, and where the results go. The evaluation library itself
+(metrics, tables, generation, the benchmark evaluation during training) is tested in `tests/evaluation/`."""
 
 import importlib.util
 import json
@@ -11,8 +9,7 @@ import pytest
 from testing_utils import error_line, fake_eval_results
 
 from stapo_trl.cli import eval as stapo_eval
-from stapo_trl.cli.eval import main
-from stapo_trl.cli.eval_args import parse_decoding_list
+from stapo_trl.cli.eval import main, parse_decoding_list
 from stapo_trl.evaluation.generation import DECODINGS
 from stapo_trl.evaluation.results import load_results
 
@@ -57,7 +54,7 @@ def test_bad_arguments_fail_early(argv, expected, capsys):
 
 
 def test_missing_data_file_fails_before_model_load(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(stapo_eval, "_make_generator", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(stapo_eval, "_load_generator", lambda *a, **k: pytest.fail("model loaded"))
     (tmp_path / "aime24").mkdir()
     with pytest.raises(SystemExit):
         main(
@@ -137,7 +134,7 @@ def test_e2e_results_file(e2e_run, tiny_math_model_path, capsys):
 def test_e2e_resume_skips_finished_pairs(e2e_run, monkeypatch, capsys):
     argv, output = e2e_run
     before = output.read_text()
-    monkeypatch.setattr(stapo_eval, "_make_generator", lambda *a, **k: pytest.fail("regenerated a finished pair"))
+    monkeypatch.setattr(stapo_eval, "_load_generator", lambda *a, **k: pytest.fail("regenerated a finished pair"))
     assert main(argv) == 0
     assert output.read_text() == before  # nothing rewritten
     table = capsys.readouterr().out
@@ -262,7 +259,7 @@ def test_default_results_path_of_a_hub_id_keeps_its_organisation_and_revision():
 
 
 def test_an_output_path_that_cannot_be_written_is_refused_before_the_model(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(stapo_eval, "_make_generator", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(stapo_eval, "_load_generator", lambda *a, **k: pytest.fail("model loaded"))
     (tmp_path / "a-file").write_text("")
     for output, expected in (
         (tmp_path, f"--output {tmp_path} is a folder: give a file, e.g. {tmp_path / 'stapo_eval.json'}."),

@@ -67,7 +67,7 @@ def test_dry_run_says_server_weight_sync_is_cuda_only():
 def test_vllm_eval_agrees_with_hf_generate(tiny_math_h64_model_path):
     from stapo_trl.evaluation.generation import DECODINGS, HFGenerator, build_prompt_text, evaluate_problems
     from stapo_trl.evaluation.tasks import load_benchmark
-    from stapo_trl.evaluation.vllm_generation import VLLMGenerator
+    from stapo_trl.evaluation.generation import VLLMGenerator
     from stapo_trl.grading import extract_boxed_answer
 
     problems = load_benchmark("tiny-math", limit=100)
@@ -121,7 +121,7 @@ def test_vllm_eval_serves_a_lora_adapter_folder_like_hf_does(tiny_math_h64_model
 
     from stapo_trl.evaluation.generation import DECODINGS, HFGenerator, evaluate_problems
     from stapo_trl.evaluation.tasks import load_benchmark
-    from stapo_trl.evaluation.vllm_generation import VLLMGenerator
+    from stapo_trl.evaluation.generation import VLLMGenerator
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_math_h64_model_path, dtype=torch.float32)
