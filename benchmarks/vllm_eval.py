@@ -82,9 +82,8 @@ def main() -> None:
     import transformers
     import vllm
 
-    from stapo_trl.evaluation.generation import DECODINGS, HFGenerator
+    from stapo_trl.evaluation.generation import DECODINGS, HFGenerator, VLLMGenerator
     from stapo_trl.evaluation.tasks import load_benchmark
-    from stapo_trl.evaluation.generation import VLLMGenerator
     from stapo_trl.grading import extract_boxed_answer
     from stapo_trl.models import resolve_model_path
 

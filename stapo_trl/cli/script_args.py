@@ -69,7 +69,7 @@ class STAPOScriptArguments(ScriptArguments):
             `"steps"` unless set. The log history and `metrics.jsonl` get `eval_rewards/<reward>/mean` (with
             `math_accuracy`: avg@k) and `eval_reward`. Sampling and length are training's (`temperature`, `top_p`,
             `top_k`, `max_completion_length`); `eval_temperature` and the other `eval_*` fields are the before/after
-            evaluation's. Works on every rank, under ZeRO-3 and FSDP too. `None`: off.
+            evaluation's. TRL generates on every rank: ZeRO-3 works. `None`: off.
         benchmark_eval_data_dir (`str`, *optional*): folder with local benchmark files (`None`: the Hub, or built in).
         benchmark_eval_steps (`int`, *optional*): `eval_steps`, in optimizer steps (`None`: `eval_steps`, else
             `logging_steps`); not with `eval_strategy: epoch`.

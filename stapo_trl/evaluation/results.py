@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -19,23 +18,18 @@ RESULTS_FORMAT_VERSION = 1
 
 
 def describe_model(model: str, revision: str | None = None) -> dict[str, Any]:
-    """`name_or_path`, `source` (`local` or `hub`) and `revision`: a local folder's absolute path, or a Hub model's
-    commit (from the cache, else online unless `HF_HUB_OFFLINE`; the requested revision when neither answers)."""
-    path = Path(model).expanduser()
-    if path.exists():
-        return {"name_or_path": model, "source": "local", "revision": str(path.resolve())}
-    commit = None
-    try:
-        from huggingface_hub import HfApi, try_to_load_from_cache
+    """`name_or_path`, `source` (`local` or `hub`) and `revision`: a local folder's absolute path, or the commit of a
+    Hub model in the local cache (where loading it put it), else the requested revision."""
+    if Path(model).expanduser().exists():
+        return {"name_or_path": model, "source": "local", "revision": str(Path(model).expanduser().resolve())}
+    from huggingface_hub import try_to_load_from_cache
 
+    try:
         cached = try_to_load_from_cache(model, "config.json", revision=revision)
-        if isinstance(cached, str):
-            commit = Path(cached).parent.name  # .../snapshots/<commit>/config.json
-        elif os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True"):
-            commit = HfApi().model_info(model, revision=revision).sha
     except Exception:  # noqa: BLE001 - identification is best effort, never fatal
-        pass
-    return {"name_or_path": model, "source": "hub", "revision": commit or revision, "requested_revision": revision}
+        cached = None
+    commit = Path(cached).parent.name if isinstance(cached, str) else revision  # .../snapshots/<commit>/config.json
+    return {"name_or_path": model, "source": "hub", "revision": commit, "requested_revision": revision}
 
 
 def library_versions(backend: str) -> dict[str, str | None]:
@@ -56,19 +50,15 @@ def now() -> str:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write `data` as JSON through a temporary file in the same folder and `os.replace` (a reader never sees half)."""
+    """Write `data` as JSON to a temporary file beside `path`, synced, then renamed over it: never half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, ensure_ascii=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, ensure_ascii=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def load_results(path: str | Path) -> dict[str, Any]:
