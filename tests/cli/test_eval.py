@@ -235,17 +235,26 @@ def test_default_results_go_next_to_a_local_model_and_the_path_is_printed(
     assert out.splitlines()[-1] == f"Results file: {results}"
 
 
-def test_default_results_of_a_builtin_model_go_under_outputs(tiny_math_model_path, tmp_path, monkeypatch, capsys):
+def test_builtin_model_results_go_under_outputs_with_its_accuracy(tiny_math_model_path, tmp_path, monkeypatch, capsys):
     from pathlib import Path
 
     # builtin:tiny-math resolves to the session's copy; its folder is a shared cache, not the run's place.
     monkeypatch.setenv("STAPO_TRL_CACHE", str(Path(tiny_math_model_path).parent))
     monkeypatch.chdir(tmp_path)
-    assert main(["--model", "builtin:tiny-math", *ONE_PROBLEM]) == 0
+    argv = ["--benchmarks", "tiny-math", "--backend", "hf", "--decoding", "t1.0-p1.0", "--limit", "32"]
+    assert main(["--model", "builtin:tiny-math", *argv, "--samples", "4", "--max-new-tokens", "48"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
     results = Path("outputs") / "stapo-eval" / "builtin-tiny-math.json"
-    assert load_results(tmp_path / results)["model"]["name_or_path"] == "builtin:tiny-math"
-    assert capsys.readouterr().out.splitlines()[-1] == f"Results file: {results}"
+    data = load_results(tmp_path / results)
+    assert data["model"]["name_or_path"] == "builtin:tiny-math"
+    # The tiny model solves ~45 % of the additions at T = 1: avg@4 over 128 samples is well inside [0.2, 0.75]; pass@1
+    # is avg@4, pass@4 at least as high; the table prints it in %.
+    table = data["results"]["t1.0-p1.0"]["tiny-math"]
+    assert 0.2 <= table["avg@4"] <= 0.75 and table["pass@k"]["1"] == pytest.approx(table["avg@4"])
+    assert table["avg@4"] < table["pass@k"]["2"] <= table["pass@k"]["4"] <= 1.0
+    out = capsys.readouterr().out
+    assert f"| builtin:tiny-math/t1.0-p1.0 | {100 * table['avg@4']:.1f} |" in out
+    assert out.splitlines()[-1] == f"Results file: {results}"
 
 
 def test_default_results_path_of_a_hub_id_keeps_its_organisation_and_revision():
