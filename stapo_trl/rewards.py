@@ -1,14 +1,9 @@
-r"""Reward functions in TRL's convention, backed by the one grader in [`stapo_trl.grading`].
+r"""Reward functions in TRL's convention, `(completions, solution, **kwargs) -> list[float | None]`, one value per
+completion, as [`~trl.GRPOTrainer`] calls them (its other keywords, dataset columns included, arrive in `**kwargs`).
 
-Every reward is a plain function `(completions, solution, **kwargs) -> list[float | None]`, one value per completion,
-as [`~trl.GRPOTrainer`] calls it (it also passes `prompts`, `completion_ids`, the dataset columns, `trainer_state`,
-`log_extra` and `log_metric`, all accepted through `**kwargs`). TRL names the per-reward metrics after the function's
-`__name__` (`rewards/math_accuracy_reward/mean`).
-
-The [STAPO](https://huggingface.co/papers/2602.15620) recipe (Sec. 4.1) trains on a binary rule-based reward:
-`math_accuracy_reward` alone. `format_reward` is an optional shaping term.
-
-`REWARDS` is the single registry; [`get_reward_funcs`] resolves registry names or dotted import paths.
+The [STAPO](https://huggingface.co/papers/2602.15620) recipe (Sec. 4.1) trains on a binary rule-based reward,
+`math_accuracy_reward`, graded by [`stapo_trl.grading`]; `format_reward` is an optional shaping term. `REWARDS` is
+the registry; [`get_reward_funcs`] resolves its names or dotted import paths.
 """
 
 from __future__ import annotations
@@ -23,8 +18,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .grading import grade
-from .grading.extract import find_boxes
+from .grading import find_boxes, grade
 
 
 logger = logging.getLogger(__name__)
@@ -33,24 +27,12 @@ _warned_golds: set[str] = set()
 
 
 def completion_text(completion: Any) -> str:
-    """The text of one completion in TRL's standard or conversational format.
-
-    Args:
-        completion (`str`, `list[dict]` or `dict`): a string, or chat messages
-            `[{"role": "assistant", "content": ...}]` (content may be a string or a list of `{"type": "text",
-            "text": ...}` parts).
-
-    Returns:
-        `str`: the string itself, or the content of the last assistant message (the last message when none has the
-        assistant role); `""` for `None` or an empty list.
-    """
-    if completion is None:
-        return ""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        completion = [completion]
-    messages = list(completion)
+    """The text of one completion in TRL's standard (`str`) or conversational format (chat messages, a content
+    string or `{"type": "text", "text": ...}` parts): the content of the last assistant message (the last message
+    when none has the assistant role); `""` for `None` or no message."""
+    if completion is None or isinstance(completion, str):
+        return completion or ""
+    messages = [completion] if isinstance(completion, dict) else list(completion)
     if not messages:
         return ""
     assistant = [m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
@@ -62,17 +44,13 @@ def completion_text(completion: Any) -> str:
 
 
 def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **kwargs) -> list[float | None]:
-    r"""Binary correctness of the last `\boxed{}` answer: 1.0 correct, 0.0 otherwise.
+    r"""Binary correctness of the last `\boxed{}` answer, as [`stapo_trl.grading.grade`] decides it: 1.0 or 0.0.
 
-    Grading is [`stapo_trl.grading.grade`]: last box wins, math-verify equivalence, integer fast path (plain
-    integers on both sides are compared as `int`s without math-verify), any grader exception or timeout counts as
-    wrong (0.0) and is logged. A gold answer that does not parse gets `None` (TRL turns it into NaN and drops it
-    from the reward sum), never 0 or 1, and is logged once per gold.
-
-    When TRL passes `log_metric`, the batch's grader error fraction is logged as `grading/error_ratio` (errors
-    other than unparseable golds), `grading/timeout_ratio` (the part of them that ran out of time or was refused
-    as too large to evaluate: scored 0.0, never 1.0) and `grading/gold_unparseable_ratio`, all fractions in [0, 1].
-    Each completion is graded within `stapo_trl.grading.bound.GRADE_TIMEOUT_S` (2 s by default), on any thread.
+    In the shape of TRL's `accuracy_reward`: a gold answer that does not parse gets `None` (TRL drops it from the
+    reward sum), never 0 or 1, and is logged once per gold. A grader error, a timeout or an answer refused as too large
+    to evaluate scores 0.0 and is logged. With TRL's `log_metric`, the batch's fractions in [0, 1] are logged as
+    `grading/error_ratio` (errors other than unparseable golds), `grading/timeout_ratio` (the part of them that ran
+    out of time or was refused) and `grading/gold_unparseable_ratio`.
 
     Args:
         completions (`Sequence`): `B` completions, strings or chat-message lists.
@@ -91,37 +69,23 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
             f"math_accuracy_reward got {len(completions)} completions but {len(solution)} solutions; pass one "
             "`solution` per completion (a dataset column named `solution`)."
         )
-    rewards: list[float | None] = []
-    n_errors = n_gold_bad = n_timeouts = 0
-    first_error = None
-    for completion, gold in zip(completions, solution):
-        result = grade(completion_text(completion), gold)
-        if result.error and result.error.startswith("gold unparseable"):
-            n_gold_bad += 1
-            key = repr(gold)[:200]
-            if key not in _warned_golds:
-                _warned_golds.add(key)
-                logger.warning("math_accuracy_reward: gold answer %s does not parse; reward set to None", key)
-            rewards.append(None)
-            continue
-        if result.error:
-            n_errors += 1
-            n_timeouts += result.error.startswith("timeout")
-            first_error = first_error or result.error
-        rewards.append(1.0 if result.correct else 0.0)
-    if n_errors:
+    results = [grade(completion_text(c), gold) for c, gold in zip(completions, solution)]
+    no_gold = [r.error is not None and r.error.startswith("gold unparseable") for r in results]
+    for key in {repr(gold)[:200] for gold, bad in zip(solution, no_gold) if bad} - _warned_golds:
+        _warned_golds.add(key)
+        logger.warning("math_accuracy_reward: gold answer %s does not parse; reward set to None", key)
+    errors = [r.error for r, bad in zip(results, no_gold) if r.error and not bad]
+    if errors:
         logger.warning(
             "math_accuracy_reward: %d/%d completions hit a grader error (scored 0.0); first: %s",
-            n_errors,
-            len(rewards),
-            first_error,
+            *(len(errors), len(results), errors[0]),
         )
     log_metric = kwargs.get("log_metric")
-    if callable(log_metric) and rewards:
-        log_metric("grading/error_ratio", n_errors / len(rewards))
-        log_metric("grading/timeout_ratio", n_timeouts / len(rewards))
-        log_metric("grading/gold_unparseable_ratio", n_gold_bad / len(rewards))
-    return rewards
+    if callable(log_metric) and results:
+        log_metric("grading/error_ratio", len(errors) / len(results))
+        log_metric("grading/timeout_ratio", sum(e.startswith("timeout") for e in errors) / len(results))
+        log_metric("grading/gold_unparseable_ratio", sum(no_gold) / len(results))
+    return [None if bad else float(r.correct) for r, bad in zip(results, no_gold)]
 
 
 # After the final box only closing math delimiters, punctuation and whitespace may follow.
@@ -129,26 +93,16 @@ _FORMAT_TAIL_RE = re.compile(r"^(?:\s|\$|\\\]|\\\)|[.!)\]])*$")
 
 
 def format_reward(completions: Sequence[Any], **kwargs) -> list[float]:
-    r"""1.0 when the completion ENDS with its final answer in a complete, non-empty `\boxed{...}`, else 0.0.
-
-    The rule: the text has at least one `\boxed`/`\fbox`, the last one is closed and non-empty, and after its closing
-    brace only whitespace, `$`, `\]`, `\)`, `.`, `!`, `)` or `]` follow. Earlier boxes (intermediate results) are
-    allowed; the grader reads the last one. The correctness of the answer is not checked.
-
-    Args:
-        completions (`Sequence`): `B` completions, strings or chat-message lists.
-        **kwargs: ignored.
+    r"""1.0 when a completion ENDS with its answer in a complete, non-empty `\boxed{...}` (the last box; only
+    whitespace, `$`, `\]`, `\)`, `.`, `!`, `)` or `]` after it), else 0.0; the answer's correctness is not checked.
 
     Returns:
-        `list[float]`: length `B`, values in {0.0, 1.0}.
+        `list[float]`: one value in {0.0, 1.0} per completion of `completions` (`B` strings or chat-message lists).
     """
     rewards = []
-    for completion in completions:
-        text = completion_text(completion)
-        boxes = find_boxes(text)
-        ok = bool(boxes) and boxes[-1][0] is not None and boxes[-1][0].strip() != ""
-        ok = ok and _FORMAT_TAIL_RE.match(text[boxes[-1][2] :]) is not None
-        rewards.append(1.0 if ok else 0.0)
+    for text in map(completion_text, completions):
+        last = (find_boxes(text) or [(None, 0, 0)])[-1]
+        rewards.append(float(bool(last[0] and last[0].strip()) and _FORMAT_TAIL_RE.match(text[last[2] :]) is not None))
     return rewards
 
 
@@ -226,30 +180,22 @@ def _import_from_here(module_name: str):
 
 
 def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:
-    """Resolve reward names into callables.
-
-    Args:
-        names (`Sequence[str]` or `str`): registry keys of [`REWARDS`] (a function's own name, e.g.
-            `math_accuracy_reward`, works too), or dotted import paths `pkg.module.function`, found on `sys.path` or
-            in the current folder; a single string may be comma-separated.
-
-    Returns:
-        `list[Callable]`: in the order given.
+    """Resolve reward names into callables, in the order given: registry keys of [`REWARDS`] (or a function's own
+    name, `math_accuracy_reward`), or dotted import paths `pkg.module.function` found on `sys.path` or in the current
+    folder; a single string may be comma-separated.
 
     Raises:
         ValueError: an unknown name, or a dotted path that does not import to a callable; the message lists
             `sorted(REWARDS)`.
     """
     if isinstance(names, str):
-        names = [n for n in names.split(",")]
+        names = names.split(",")
     by_func_name = {f.__name__: f for f in REWARDS.values()}
     funcs = []
     for raw in names:
         name = raw.strip()
-        if name in REWARDS:
-            funcs.append(REWARDS[name])
-        elif name in by_func_name:
-            funcs.append(by_func_name[name])
+        if name in REWARDS or name in by_func_name:
+            funcs.append(REWARDS.get(name) or by_func_name[name])
         elif "." in name:
             module_name, _, attr = name.rpartition(".")
             try:

@@ -36,17 +36,25 @@ def test_unparseable_gold_gives_none_and_logs(caplog):
 
 
 def test_grader_error_scores_zero_and_is_logged(monkeypatch, caplog):
-    from stapo_trl import grading
+    import math_verify.grader
 
-    monkeypatch.setattr(grading.verify, "_verify", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(
+        math_verify.grader, "sympy_expr_eq", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom"))
+    )
     logged = {}
     with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"):
         rewards = math_accuracy_reward(
-            [r"\boxed{x+1}", r"\boxed{7}"], ["1+x", "7"], log_metric=lambda k, v: logged.__setitem__(k, v)
+            [r"\boxed{x+1}", r"\boxed{7}", r"\boxed{10^{10^{10}}}", r"\boxed{1}"],
+            ["1+x", "7", "7", r"\frac{zz"],
+            log_metric=lambda k, v: logged.__setitem__(k, v),
         )
-    assert rewards == [0.0, 1.0]  # the integer fast path does not need math-verify
-    assert logged == {"grading/error_ratio": 0.5, "grading/timeout_ratio": 0.0, "grading/gold_unparseable_ratio": 0.0}
-    assert any("grader error" in r.message for r in caplog.records)
+    assert rewards == [0.0, 1.0, 0.0, None]  # the integer path does not need math-verify; a refusal is a timeout
+    assert logged == {
+        "grading/error_ratio": 0.5,
+        "grading/timeout_ratio": 0.25,
+        "grading/gold_unparseable_ratio": 0.25,
+    }
+    assert any("2/4 completions hit a grader error" in r.message for r in caplog.records)
 
 
 def test_length_mismatch_raises():
@@ -111,7 +119,7 @@ def test_unknown_reward_lists_registry(name):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Upright-constant golds score, pathological answers are timeouts (0.0) within the bound
+# Upright-constant golds score, pathological answers are refused (0.0)
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -129,10 +137,7 @@ def test_upright_gold_is_scored(completion, gold, expected):
 
 
 def test_batch_of_512_with_pathological_answers_is_bounded():
-    import time
-
-    from stapo_trl import grading
-
+    # Five answers that would run for minutes if evaluated: refused (0.0, counted as timeouts), the rest graded.
     golds = [r"\frac{1}{3}", r"2\sqrt{2}", "17", r"\frac{\pi}{4}"]
     answers = [r"\frac{2}{6}", r"\sqrt{8}", "17", r"\frac{\pi}{4}"]
     completions = [rf"so \boxed{{{answers[i % 4]}}}" for i in range(512)]
@@ -141,14 +146,10 @@ def test_batch_of_512_with_pathological_answers_is_bounded():
     for i, text in bad.items():
         completions[i] = rf"\boxed{{{text}}}"
     logged = {}
-    grading.grade(r"\boxed{1}", "1")  # one-time import outside the timing
-    start = time.monotonic()
     rewards = math_accuracy_reward(completions, solution, log_metric=lambda k, v: logged.__setitem__(k, v))
-    elapsed = time.monotonic() - start
     assert [rewards[i] for i in bad] == [0.0] * 5  # never correct
     assert sum(rewards) == 512 - 5
     assert logged["grading/timeout_ratio"] == pytest.approx(5 / 512)
-    assert elapsed < 5 * grading.bound.GRADE_TIMEOUT_S + 0.2 * 507, elapsed  # each answer within its bound
 
 
 # A user's reward module, written to a temporary folder on sys.path and named by its dotted path.

@@ -392,20 +392,6 @@ def check_two_rank_demo_run(output: str, out: Path) -> None:
     assert any("s2t/silenced_ratio" in entry for entry in state["log_history"])
 
 
-def timed_grades(cases: list[tuple[str, str]]) -> list[tuple[float, object]]:
-    """(seconds, `GradeResult`) of `grade(completion, gold)` for each case, timed one by one."""
-    import time
-
-    from stapo_trl.grading import grade
-
-    out = []
-    for completion, gold in cases:
-        start = time.monotonic()
-        result = grade(completion, gold)
-        out.append((time.monotonic() - start, result))
-    return out
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Stop signals: a reward that holds a training step while the test signals it
 # ---------------------------------------------------------------------------------------------------------------
