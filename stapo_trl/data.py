@@ -14,6 +14,7 @@ The built-in task (`builtin:tiny-math`) is two-digit addition written out column
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import operator
 import os
@@ -194,6 +195,33 @@ def is_local_dataset_file(dataset_name: str) -> bool:
     return os.path.splitext(dataset_name)[1].lower() in _LOCAL_FILE_BUILDERS
 
 
+def local_data_digest(dataset_name: str) -> str | None:
+    """The SHA-256 of a local dataset file's bytes, or of a local dataset folder's files (each file's relative path
+    and bytes, in sorted order; hidden files left out); `None` for a `builtin:` task or a Hub id. A file rewritten in
+    place under the same name gets another digest."""
+    if not os.path.exists(dataset_name) or dataset_name.startswith(BUILTIN_PREFIX):
+        return None
+    digest = hashlib.sha256()
+    if os.path.isfile(dataset_name):
+        files = [(os.path.basename(dataset_name), dataset_name)]
+    else:
+        files = sorted(
+            (os.path.relpath(os.path.join(root, name), dataset_name), os.path.join(root, name))
+            for root, dirs, names in os.walk(dataset_name)
+            for name in names
+            if not name.startswith(".")
+            and not any(
+                part.startswith(".") for part in os.path.relpath(root, dataset_name).split(os.sep) if part != "."
+            )
+        )
+    for relative, path in files:
+        digest.update(relative.encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
 # The split label of a before/after evaluation that reads training prompts (a local file has one split).
 NOT_HELD_OUT = "training file (not held out)"
 
@@ -236,6 +264,21 @@ def load_local_dataset_file(path: str) -> datasets.Dataset:
         )
         cause = f"line {bad} is not a JSON object" if bad else (str(e.__cause__ or e).strip().splitlines() or [""])[0]
         raise ValueError(f"dataset file {path!r} could not be parsed as {builder}: {cause}") from e
+
+
+def _local_folder_error(folder: str, error: Exception) -> str:
+    """One line for a local dataset folder that `datasets` could not read: the first line of one of its JSON Lines
+    files that is not a JSON object (file and line, counted from 1), else the first line of the parser's error."""
+    for root, _, names in sorted(os.walk(folder)):
+        for name in sorted(names):
+            path = os.path.join(root, name)
+            if name.lower().endswith((".json", ".jsonl")) and _is_json_lines(path):
+                bad = next((n for n, row in json_lines(path) if not isinstance(row, dict)), None)
+                if bad is not None:
+                    where = os.path.relpath(path, folder)
+                    return f"dataset folder {folder!r} could not be read: {where} line {bad} is not a JSON object"
+    cause = (str(error.__cause__ or error).strip().splitlines() or [type(error).__name__])[0]
+    return f"dataset folder {folder!r} could not be read: {cause}"
 
 
 def _is_json_lines(path: str) -> bool:
@@ -409,7 +452,12 @@ def load_prompt_dataset(
     elif is_local_dataset_file(dataset_name):
         dataset = load_local_dataset_file(dataset_name)
     else:
-        dataset = datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=data_files)
+        try:
+            dataset = datasets.load_dataset(dataset_name, dataset_config, split=split, data_files=data_files)
+        except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
+            if not os.path.isdir(dataset_name):
+                raise
+            raise ValueError(_local_folder_error(dataset_name, e)) from e
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
     for warning in check_prompt_columns(dataset, dataset_name, prompt_column, solution_column):

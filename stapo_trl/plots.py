@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .runfiles.metrics_log import METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME, read_metrics, read_token_records
+from .runfiles.run_folder import open_run_file
 
 
 logger = logging.getLogger(__name__)
@@ -173,10 +174,13 @@ def _figure(rows: int, cols: int, size: tuple[float, float], **kwargs):
 
 
 def _save(fig, out: Path | str | None):
+    """`fig` when `out` is `None`, else `out` after writing `fig` there (dpi 110, the format of its suffix), never
+    through a symbolic link ([`~stapo_trl.runfiles.run_folder.open_run_file`])."""
     if out is None:
         return fig
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    fig.savefig(out, dpi=110)
+    with open_run_file(out, "wb") as f:
+        fig.savefig(f, dpi=110, format=os.path.splitext(os.fspath(out))[1].lstrip(".").lower() or "png")
     return out
 
 

@@ -12,9 +12,11 @@ import functools
 import importlib
 import inspect
 import logging
+import math
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -110,10 +112,16 @@ REWARDS: dict[str, Callable[..., list]] = {"math_accuracy": math_accuracy_reward
 """The single reward registry: name -> function (`--reward_funcs` values)."""
 
 
+REWARD_NOTE = "In reward function"  # how `checked_reward` names the function and step in an exception's notes
+
+
 def checked_reward(func: Callable) -> Callable:
     """`func` (a sync reward function; an async one is returned as is) checking what it returns, named as TRL names
     `func`: no sequence of numbers (`None`; a str, dict: TRL trains on its characters, keys) raises; `None` for every
-    completion (legal, teaches nothing) is warned once; `None` for some completions stays valid, as in TRL.
+    completion (legal, teaches nothing) and `inf` or `-inf` for any (its group's advantages are then not numbers: the
+    group teaches nothing) are warned once each; `None` for some completions stays valid, as in TRL. An exception
+    raised in `func` keeps its traceback, with a note naming the function and the step (`stapo-train` prints it as one
+    line: [`reward_error_line`]).
 
     Raises (when the result is called):
         TypeError: `func` returned no sequence of numbers and `None`s.
@@ -122,27 +130,62 @@ def checked_reward(func: Callable) -> Callable:
 
     if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
         return func
-    name, warned = get_callable_name(func), []
+    name, warned = get_callable_name(func), set()
+
+    def warn_once(kind: str, message: str) -> None:
+        if kind not in warned:
+            warned.add(kind)
+            logger.warning(message + " (shown once)")
 
     @functools.wraps(func)
     def checked(*args, **kwargs):
-        out, step = func(*args, **kwargs), getattr(kwargs.get("trainer_state"), "global_step", "?")
-        rewards = None if isinstance(out, (str, Mapping)) or not isinstance(out, Iterable) else list(out)
-        if rewards is None or not all(r is None or hasattr(r, "__float__") for r in rewards):  # a number, 0-d tensor
-            raise TypeError(
-                f"Reward function {name} returned {out!r} at step {step}: it must return one reward per "
-                f"completion, a list of {len(kwargs['completions'])} floats (None for a completion it cannot judge)."
-            )
-        if not warned and rewards and all(r is None for r in rewards):
-            warned.append(step)
-            logger.warning(
+        step = getattr(kwargs.get("trainer_state"), "global_step", "?")
+        try:
+            out = func(*args, **kwargs)
+            rewards = None if isinstance(out, (str, Mapping)) or not isinstance(out, Iterable) else list(out)
+            if rewards is None or not all(r is None or hasattr(r, "__float__") for r in rewards):  # 0-d tensors too
+                raise TypeError(
+                    f"Reward function {name} returned {out!r} at step {step}: it must return one reward per "
+                    f"completion, a list of {len(kwargs['completions'])} floats (None for a completion it cannot "
+                    "judge)."
+                )
+        except Exception as e:
+            e.add_note(f"{REWARD_NOTE} {name} at step {step}.")
+            raise
+        if rewards and all(r is None for r in rewards):
+            warn_once(
+                "none",
                 f"Reward function {name} returned None for all {len(rewards)} completions at step {step}: TRL drops "
-                "None rewards, so it adds nothing to the advantages (shown once)."
+                "None rewards, so it adds nothing to the advantages",
+            )
+        infinite = sum(r is not None and math.isinf(float(r)) for r in rewards)
+        if infinite:
+            warn_once(
+                "inf",
+                f"Reward function {name} returned inf or -inf for {infinite} of {len(rewards)} completions at step "
+                f"{step}: the advantages of their groups are then not numbers, and those groups teach nothing. Return "
+                "a finite number, or None for a completion it cannot judge",
             )
         return rewards
 
     checked.__name__ = name
     return checked
+
+
+def reward_error_line(error: BaseException) -> str | None:
+    """The one line `stapo-train` prints for an exception raised in a reward function ([`checked_reward`]'s note
+    names it and the step), with where it was raised outside stapo_trl; `None` for another exception."""
+    note = next((n for n in getattr(error, "__notes__", []) if n.startswith(REWARD_NOTE)), None)
+    if note is None:
+        return None
+    message = (str(error).splitlines() or [""])[0]
+    if message.startswith("Reward function "):  # checked_reward's own TypeError names the function and step
+        return message
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if os.sep + "stapo_trl" + os.sep not in f.filename]
+    where = f" ({frames[-1].filename}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
+    return (
+        f"reward function{note.removeprefix(REWARD_NOTE).rstrip('.')} raised {type(error).__name__}: {message}{where}"
+    )
 
 
 def resolve_reward_names(reward_funcs: Any) -> Any:
@@ -185,11 +228,16 @@ def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:
     folder; a single string may be comma-separated.
 
     Raises:
-        ValueError: an unknown name, or a dotted path that does not import to a callable; the message lists
-            `sorted(REWARDS)`.
+        ValueError: no name (`[]`, `None`), an unknown name, or a dotted path that does not import to a callable; the
+            message lists `sorted(REWARDS)`.
     """
     if isinstance(names, str):
         names = names.split(",")
+    if not names or not any(str(name).strip() for name in names):
+        raise ValueError(
+            f"reward_funcs={names!r} names no reward: give at least one, one of {sorted(REWARDS)} or a dotted path "
+            "`pkg.module.function` (the paper trains on math_accuracy alone)."
+        )
     by_func_name = {f.__name__: f for f in REWARDS.values()}
     funcs = []
     for raw in names:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import warnings
 from typing import Any
 
@@ -45,11 +46,13 @@ from .integrations.vllm_support import check_vllm_args, install_cpu_colocate_wei
 from .models import resolve_model_path
 from .rewards import resolve_reward_names
 from .runfiles.callbacks import SpuriousTokenLogger, add_run_file_callbacks
+from .runfiles.checkpoints import check_checkpoint, resume_checkpoint
 from .runfiles.console import use_compact_console
 from .runfiles.interrupt import SCRIPT_RESUME_HINT, GracefulInterrupt, training_interrupted
 from .runfiles.learning_signal import NoLearningSignalCallback
 from .runfiles.model_card import add_stapo_section, make_card_public, public_dataset_name, write_quick_start
-from .runfiles.run_folder import check_run_folder, lock_run_folder, resume_checkpoint
+from .runfiles.run_folder import check_run_folder, lock_run_folder
+from .runfiles.run_record import RUN_RECORD, check_run_settings, plain, run_settings, write_run_record
 
 
 class ProductTrainerMixin:
@@ -60,12 +63,16 @@ class ProductTrainerMixin:
             `eval.json`), stated by the model card; `None`: the card says it was not measured.
         resume_hint (`str`): how the stop message says to resume (`trainer.train(resume_from_checkpoint=True)`;
             `stapo-train` sets its own command line).
+        run_settings (`dict`): what the run optimizes, as plain data
+            ([`~stapo_trl.runfiles.run_record.run_settings`], taken at construction): written into each checkpoint
+            (`stapo_run.json`) and compared on resume. `stapo-train` adds its prompt format and data digest.
     """
 
     eval_record: dict[str, Any] | None = None
     resume_hint: str = SCRIPT_RESUME_HINT  # the end of the stop message; `stapo-train` gives its command
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *pargs, **kwargs):
+        given_model = model
         if isinstance(model, str):
             model = resolve_model_path(model)  # builtin:<name>, built into its cache on first use
         if args is not None:
@@ -77,6 +84,12 @@ class ProductTrainerMixin:
         # arguments may come by position too.
         later = inspect.signature(trl.GRPOTrainer.__init__).bind_partial(None, None, None, None, None, None, *pargs)
         later = {**later.arguments, **kwargs}
+        if not reward_funcs and later.get("environment_factory") is None:
+            raise ValueError(
+                f"reward_funcs={reward_funcs!r} gives no reward: pass at least one reward function (e.g. "
+                '"math_accuracy"), a reward model id, or an environment_factory whose environment defines get_reward.'
+            )
+        peft_settings = plain(later.get("peft_config"))  # before PEFT fills in the wrapped model's name
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
             # With an environment, `reset()` supplies the prompt: TRL reads `prompt` only when a row has one.
             check_prompt_column(dataset, name, prompt_optional=later.get("environment_factory") is not None)
@@ -96,6 +109,15 @@ class ProductTrainerMixin:
             check_chat_template(self.processing_class, dataset, model_name, name)
         install_cpu_colocate_weight_sync(self)  # vLLM's CPU backend repacks weights: sync through its reload path
         use_compact_console(self)  # one short line per logging step instead of each row's dict (runfiles.console)
+        self.run_settings = run_settings(
+            self.args,
+            trainer=type(self).__name__,
+            model=given_model,
+            reward_funcs=self.reward_funcs,
+            s2t=getattr(self, "s2t", None),
+            peft_config=peft_settings,
+            train_dataset=train_dataset,
+        )
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train`, as `stapo-train` runs it, in a script too:
@@ -113,19 +135,38 @@ class ProductTrainerMixin:
           cores ([`~stapo_trl.integrations.torch_threads`]); the count is restored afterwards (so do `evaluate`,
           `predict`);
         - without the known-harmless upstream warnings ([`~stapo_trl.integrations.upstream_warnings`]);
-        - one writer per `output_dir`, and `resume_from_checkpoint=True` takes the newest complete checkpoint
-          ([`~stapo_trl.runfiles.run_folder`]).
+        - one writer per `output_dir` ([`~stapo_trl.runfiles.run_folder`]); `resume_from_checkpoint=True` takes the
+          newest complete checkpoint, every file of it whole, and moves the incomplete or damaged ones above it aside
+          (one line names each file and its damage; [`~stapo_trl.runfiles.checkpoints`]);
+        - a resume that changes what the run optimizes ([`run_settings`]: S2T values, objective, optimizer, model,
+          PEFT, rewards, data) is refused; a checkpoint saved before stapo_trl recorded its settings resumes with one
+          warning ([`~stapo_trl.runfiles.run_record`]).
 
         Raises:
             KeyboardInterrupt: on the first SIGINT, SIGTERM or SIGUSR1, after the checkpoint of the step it came in
                 (attributes `step`, `checkpoint` and `signal`).
-            ValueError: another process writes `output_dir`; `resume_from_checkpoint=True` and no complete checkpoint.
+            ValueError: another process writes `output_dir`; `resume_from_checkpoint=True` and no complete checkpoint;
+                a `resume_from_checkpoint` folder that is not a complete checkpoint; a checkpoint trained with other
+                settings (one line naming each changed field, old -> new).
         """
-        if resume_from_checkpoint is True:  # transformers takes the highest-numbered folder, complete or not
-            resume_from_checkpoint = resume_checkpoint(self.args.output_dir, self.args.save_only_model)
-            if resume_from_checkpoint is None:
-                raise ValueError(f"No complete checkpoint to resume from in output_dir={self.args.output_dir!r}.")
         lock_run_folder(self.args)  # one writer per output_dir; held until the end of train()
+        try:
+            if resume_from_checkpoint is True:  # transformers takes the highest-numbered folder, complete or not
+                resume_from_checkpoint = resume_checkpoint(
+                    self.args.output_dir, self.args.save_only_model, move_aside=self.args.should_save
+                )
+                if resume_from_checkpoint is None:
+                    raise ValueError(f"No complete checkpoint to resume from in output_dir={self.args.output_dir!r}.")
+            elif isinstance(resume_from_checkpoint, (str, os.PathLike)):
+                resume_from_checkpoint = os.fspath(resume_from_checkpoint)
+                check_checkpoint(resume_from_checkpoint, f"resume_from_checkpoint={resume_from_checkpoint!r}")
+            if resume_from_checkpoint:
+                check_run_settings(resume_from_checkpoint, self.run_settings)
+            return self._train_in_folder(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            lock_run_folder(self.args, acquire=False)
+
+    def _train_in_folder(self, resume_from_checkpoint, *args, **kwargs):
         if write_run_files(self.args):
             add_run_file_callbacks(self)
         if not any(isinstance(callback, NoLearningSignalCallback) for callback in self.callback_handler.callbacks):
@@ -138,17 +179,30 @@ class ProductTrainerMixin:
                 output = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self.remove_callback(stop)  # a later train() (the resume) gets a fresh one
-            lock_run_folder(self.args, acquire=False)
         if stop.signal:
             raise training_interrupted(self.args.output_dir, self.state.global_step, self.resume_hint, stop.signal)
         return output
 
     def _save_checkpoint(self, model, trial):
-        # An older trainer_state.json left in checkpoint-N would mark a rewrite of it cut short as complete.
-        stale = os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}", "trainer_state.json")
-        if self.args.should_save and os.path.isfile(stale):
-            os.remove(stale)
+        """`Trainer._save_checkpoint`, between two writes of the run record (`stapo_run.json`): first the settings with
+        no file list (the save is under way; an older `trainer_state.json` left by a rewrite of the same step is
+        removed), last the names of the files the save wrote, which mark it complete
+        ([`~stapo_trl.runfiles.checkpoints.checkpoint_problem`])."""
+        folder = os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}")
+        record = {"settings": self.run_settings, "save_only_model": self.args.save_only_model}
+        if self.args.should_save:
+            if os.path.isfile(os.path.join(folder, "trainer_state.json")):
+                os.remove(os.path.join(folder, "trainer_state.json"))
+            write_run_record(folder, **record, files=None)
         super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            names = [
+                n
+                for n in os.listdir(folder)
+                if os.path.isfile(os.path.join(folder, n)) and not n.startswith(RUN_RECORD)
+            ]
+            files = sorted(n for n in names if not re.match(r"rng_state_\d+\.pth$", n))  # other processes write theirs
+            write_run_record(folder, **record, files=files)
 
     def evaluate(self, *args, **kwargs):
         """`Trainer.evaluate` on the thread count of `train()` (one for a tiny model unless the caller chose

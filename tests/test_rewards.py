@@ -3,6 +3,7 @@ named by its dotted path that reads extra dataset columns in a real `stapo-train
 
 import json
 import logging
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -334,3 +335,72 @@ def test_reward_names_signatures_and_per_completion_none_are_as_in_trl(tmp_path,
     assert trainer.reward_func_names == ["half_judged"]
     assert [row["rewards/half_judged/mean"] for row in trainer.state.log_history[:2]] == [2.0, 2.0]  # (1 + 3) / 2
     assert [r.getMessage() for r in caplog.records if r.name == "stapo_trl.rewards"] == []
+
+
+def divides_by_zero(completions, **kwargs):
+    return [1 / 0] * len(completions)
+
+
+def reads_a_missing_column(completions, **kwargs):
+    return [float(kwargs["difficulty"])] * len(completions)
+
+
+@pytest.mark.parametrize(
+    "reward, kind",
+    [(divides_by_zero, ZeroDivisionError), (reads_a_missing_column, KeyError), (returns_text, TypeError)],
+)
+def test_a_reward_that_raises_keeps_its_traceback_with_its_name_and_step(
+    reward, kind, tmp_path, tiny_random_model_path
+):
+    # Measured: a 60-line traceback that named no step. In Python the exception is the reward's own, with a note.
+    import traceback
+
+    from testing_utils import PROMPTS, tiny_stapo_config
+
+    from stapo_trl import STAPOTrainer
+
+    trainer = STAPOTrainer(tiny_random_model_path, reward, args=tiny_stapo_config(tmp_path), train_dataset=PROMPTS)
+    with pytest.raises(kind) as raised:
+        trainer.train()
+    assert raised.value.__notes__ == [f"In reward function {reward.__name__} at step 0."]
+    frames = traceback.extract_tb(raised.value.__traceback__)
+    assert kind is TypeError or frames[-1].name == reward.__name__  # the reward's own line is in the traceback
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, np.float32("inf")], ids=["inf", "minus-inf", "numpy-inf"])
+def test_a_reward_returning_inf_is_warned_once_naming_it(value, caplog):
+    # Measured: a reward returning inf trained on without a word (its group then teaches nothing).
+    from types import SimpleNamespace
+
+    from stapo_trl.rewards import checked_reward
+
+    def overflowing(completions, **kwargs):
+        return [value, 1.0, None]
+
+    checked = checked_reward(overflowing)
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"):
+        for step in (3, 4):
+            assert checked(completions=["a", "b", "c"], trainer_state=SimpleNamespace(global_step=step))[1:] == [
+                1.0,
+                None,
+            ]
+    assert [r.getMessage() for r in caplog.records if r.name == "stapo_trl.rewards"] == [
+        "Reward function overflowing returned inf or -inf for 1 of 3 completions at step 3: the advantages of their "
+        "groups are then not numbers, and those groups teach nothing. Return a finite number, or None for a completion "
+        "it cannot judge (shown once)"
+    ]
+
+
+def test_a_reward_returning_inf_in_training_is_warned_once(tmp_path, tiny_random_model_path, caplog):
+    from testing_utils import PROMPTS, tiny_stapo_config
+
+    from stapo_trl import STAPOTrainer
+
+    def sometimes_inf(completions, **kwargs):
+        return [math.inf if i == 0 else 0.0 for i in range(len(completions))]
+
+    args = tiny_stapo_config(tmp_path, max_steps=2, logging_steps=1)
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"):
+        STAPOTrainer(tiny_random_model_path, sometimes_inf, args=args, train_dataset=PROMPTS).train()
+    lines = [r.getMessage() for r in caplog.records if r.name == "stapo_trl.rewards"]
+    assert len(lines) == 1 and lines[0].startswith("Reward function sometimes_inf returned inf or -inf for 1 of 4 ")

@@ -190,11 +190,28 @@ def addition_rows(n: int) -> list[dict]:
 
 
 def write_recipe(tmp_path: Path, text: str, base: str = STAPO_RECIPE) -> str:
-    """`base` (the demo recipe) with `text` appended as `tmp_path/recipe.yaml` (a repeated key: the last one wins, as
-    PyYAML reads it)."""
+    """`base` (the demo recipe) with `text` appended as `tmp_path/recipe.yaml`, the lines of `base` that set a key of
+    `text` left out (a recipe that gives a key twice is refused)."""
+    keys = {line.split(":")[0] for line in text.splitlines() if re.match(r"^\w+:", line)}
+    kept = [line for line in Path(base).read_text().splitlines() if line.split(":")[0] not in keys]
     path = tmp_path / "recipe.yaml"
-    path.write_text(Path(base).read_text() + "\n" + text + "\n")
+    path.write_text("\n".join(kept) + "\n" + text + "\n")
     return str(path)
+
+
+class Hostile:
+    """Unpickled, it runs `touch MARKER`: what a hostile `training_args.bin` or `optimizer.pt` holds."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def write_hostile_pickle(path: Path, marker: Path) -> None:
+    """`path` replaced by a torch file (a whole zip archive) whose pickle would create `marker` if loaded unsafely."""
+    torch.save({"state": Hostile(marker)}, path)
 
 
 def write_metrics_run(folder: Path) -> str:

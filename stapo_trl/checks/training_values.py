@@ -40,8 +40,8 @@ def _divisors(n: int, minimum: int = 1) -> list[int]:
 def check_training_values(args: Any, num_processes: int | None = None) -> None:
     """Refuse the counts and settings that upstream checks only once the model is built, with a message that hides
     the cause, or never: batch sizes and accumulation below 1, fewer than 2 generations per prompt, a negative
-    learning rate, an unknown `report_to`, a `max_steps` that is not a number of steps, and a `num_generations` that
-    does not divide the generation batch.
+    learning rate, a seed outside numpy's range, an empty `output_dir`, an unknown `report_to`, a `max_steps` that is
+    not a number of steps, and a `num_generations` that does not divide the generation batch.
 
     Args:
         args: a [`~trl.GRPOConfig`] before its own `__post_init__` (as [`~stapo_trl.STAPOConfig`] calls it), or any
@@ -76,6 +76,14 @@ def check_training_values(args: Any, num_processes: int | None = None) -> None:
             f"learning_rate={value('learning_rate')} must be >= 0 (the paper uses 1e-6, the CPU demo 1e-4).",
             ("learning_rate",),
         )
+    for name in ("seed", "data_seed"):  # numpy's seeds: transformers' set_seed fails on others after the model build
+        seed = value(name)
+        if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed <= 2**32 - 1:
+            raise TrainingValueError(f"{name}={seed} must be in [0, 2**32 - 1] (numpy's seed range).", (name,))
+    if value("output_dir") is not None and not str(value("output_dir")).strip():
+        from ..runfiles.run_folder import empty_output_dir_message
+
+        raise TrainingValueError(empty_output_dir_message(value("output_dir")), ("output_dir",))
     _check_report_to(value("report_to"))
     max_steps = value("max_steps")
     if isinstance(max_steps, int) and (max_steps == 0 or max_steps < -1):  # transformers reads <= 0 as "use epochs"

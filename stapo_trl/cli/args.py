@@ -162,29 +162,65 @@ def make_parser(*, trainer: str = "stapo") -> argparse.ArgumentParser:
 
 
 def _peek_trainer(argv: Sequence[str]) -> str:
-    """`trainer` as the command line or else the recipe sets it (needed to pick the config class before parsing)."""
+    """`trainer` as the command line or else the recipe sets it (needed to pick the config class before parsing); the
+    recipe is read and checked either way ([`load_recipe`])."""
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config")
     pre.add_argument("--trainer")
     known, _ = pre.parse_known_args(list(argv))
+    recipe = load_recipe(known.config) if known.config is not None and os.path.isfile(known.config) else {}
     if known.trainer is not None:
         return known.trainer
-    if known.config is not None and os.path.isfile(known.config):
-        with open(known.config) as f:
-            try:
-                recipe = yaml.safe_load(f)
-            except yaml.YAMLError as e:
-                mark = getattr(e, "problem_mark", None)
-                where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-                problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-                raise ValueError(f"Recipe {known.config!r} is not valid YAML{where}: {problem}.") from None
-        if not isinstance(recipe, dict):
-            what = "empty" if recipe is None else f"a YAML {type(recipe).__name__}, not a mapping"
-            example = "write one `field: value` per line (recipes/demo/stapo.yaml is an example)"
-            raise ValueError(f"Recipe {known.config!r} is {what}: {example}.")
-        if recipe.get("trainer") is not None:
-            return str(recipe["trainer"])
-    return "stapo"
+    return str(recipe["trainer"]) if recipe.get("trainer") is not None else "stapo"
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that gives a key twice (PyYAML keeps the last value, silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` merges, it does not repeat a key
+                continue
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            if isinstance(key, (str, int, float, bool)) and key in lines:
+                raise ValueError(f"key {key} is given twice (lines {lines[key]} and {line}): keep one of them")
+            lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_recipe(path: str) -> dict[str, Any]:
+    """The recipe file `path` as a mapping: UTF-8 text, valid YAML, each key given once.
+
+    Raises:
+        ValueError: one line naming the file and, where there is one, the line: a byte that is not UTF-8, YAML that
+            does not parse, a key given twice, a recipe that is empty or not a mapping.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ValueError(
+            f"Recipe {path!r} is not UTF-8 text: byte 0x{data[e.start]:02x} at line {line}, column {column}. Save "
+            "it as UTF-8 (an editor's 'encoding' setting)."
+        ) from None
+    try:
+        recipe = yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"Recipe {path!r} is not valid YAML{where}: {problem}.") from None
+    except ValueError as e:
+        raise ValueError(f"Recipe {path!r}: {e}.") from None
+    if not isinstance(recipe, dict):
+        what = "empty" if recipe is None else f"a YAML {type(recipe).__name__}, not a mapping"
+        example = "write one `field: value` per line (recipes/demo/stapo.yaml is an example)"
+        raise ValueError(f"Recipe {path!r} is {what}: {example}.")
+    return recipe
 
 
 def check_recipe_path(path: str) -> None:

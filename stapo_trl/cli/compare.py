@@ -152,6 +152,8 @@ def compare(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for r in label_results
         ]
     print(f"\nHeld-out accuracy (%), {k_metric}, mean ± std over seeds:\n{table}\nFigure: {out}")
-    with open(os.path.join(args.output_dir, "compare.json"), "w") as f:
+    from ..runfiles.run_folder import open_run_file
+
+    with open_run_file(os.path.join(args.output_dir, "compare.json")) as f:
         json.dump(summary, f, indent=2)
     return summary

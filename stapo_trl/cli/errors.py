@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import NoReturn
 
 from ..integrations.process_group import destroy_process_group_if_any
-from ..runfiles.run_folder import newest_complete_checkpoint
+from ..runfiles.checkpoints import newest_complete_checkpoint
 
 
 EXIT_INPUT_ERROR = 2  # argparse's status for a usage error

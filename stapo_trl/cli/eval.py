@@ -5,8 +5,8 @@ Math, OlympiadBench at avg@4, up to 20,480 new tokens, at T 1.0 / top-p 1.0 and 
     stapo-eval --model builtin:tiny-math --benchmarks tiny-math --backend hf --max-new-tokens 48       # CPU, seconds
     stapo-eval --compare results/grpo.json results/stapo.json    # side by side, relative gains (b - a) / a
 
-Every argument, benchmark file and the results file are checked before the model is loaded (one `stapo-eval: error:`
-line, exit status 2). The results file is resumed: finished (benchmark, decoding) pairs are skipped, and one written
+Every argument (a model folder must hold a whole model, a checkpoint be complete), benchmark file and the results
+file are checked before the model is loaded (one `stapo-eval: error:` line, exit status 2). The results file is resumed: finished (benchmark, decoding) pairs are skipped, and one written
 with other settings is refused with the differences. Each pair's prompts are built as training builds them, N samples
 are drawn per problem (`top_k` off) and graded, and the file is rewritten atomically; a paper-style table ends the run.
 """
@@ -245,16 +245,26 @@ def _load_generator(parser, args):
     Raises:
         InputError: the model cannot be loaded, leaves no room for a prompt, or has no chat template to use.
     """
-    try:
+    from safetensors import SafetensorError
+
+    try:  # a real built-in model is converted here on first use
         model_path = resolve_model_path(args.model) if args.model.startswith("builtin:") else args.model
         check_generation_budget(args, model_path)  # a built-in model built just now
+    except (OSError, ValueError) as e:
+        raise InputError(parser.prog, str(e)) from None
+    try:
         if args.backend == "vllm":
             generator = VLLMGenerator(model_path, args.revision, args.dtype, args.seed, args.tensor_parallel_size,
                                       args.gpu_memory_utilization, args.max_model_len)  # fmt: skip
         else:
             generator = HFGenerator(model_path, args.revision, args.dtype, batch_size=args.batch_size)
         check_generation_budget(args, model_path, model_max_positions(generator))
-    except (OSError, RuntimeError, ValueError) as e:
+    except (OSError, SafetensorError) as e:  # checked whole before: removed or rewritten while it loaded
+        raise InputError(parser.prog, f"--model {args.model} could not be loaded ({type(e).__name__}: "
+                         f"{(str(e).splitlines() or [''])[0]}): its files changed while it loaded (a checkpoint "
+                         "removed by save_total_limit's rotation, or still being written). Evaluate a complete "
+                         "checkpoint, or the run's final model.") from None  # fmt: skip
+    except (RuntimeError, ValueError) as e:
         raise InputError(parser.prog, str(e)) from None
     if not args.no_chat_template and not has_chat_template(generator.tokenizer):  # as training refuses it
         message = chat_template_message(args.model, "stapo-eval's prompts are", EVAL_CHAT_TEMPLATE_FIX)

@@ -22,6 +22,7 @@ from ..runfiles.metrics_log import (
     read_token_records,
     s2t_totals,
 )
+from ..runfiles.run_folder import open_run_file
 
 
 logger = logging.getLogger(__name__)
@@ -168,6 +169,6 @@ def write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step:
             f"{output_dir} already holds {EVAL_FILENAME} from an earlier run: kept unchanged; these results "
             f"are written beside it, to {os.path.basename(path)}."
         )
-    with open(path, "w") as f:
+    with open_run_file(path) as f:
         json.dump(eval_record, f, indent=2)
     return path

@@ -18,9 +18,11 @@ from ..checks.prompt_length import model_max_positions, prompt_token_budget, rep
 from ..data import evaluation_split, filter_long_prompts, is_local_dataset_file, load_prompt_dataset
 from ..models import check_model_available, resolve_model_path
 from ..rewards import get_reward_funcs
+from ..runfiles.checkpoints import resume_checkpoint
 from ..runfiles.run_folder import lock_run_folder
+from ..runfiles.run_record import check_run_settings
 from .args import prompt_dataset_kwargs
-from .checkpoints import check_resume_settings
+from .checkpoints import check_resume_from_checkpoint, cli_run_settings
 from .geometry import too_few_prompts
 from .launch_checks import benchmark_eval_error
 from .script_args import STAPOScriptArguments
@@ -36,10 +38,10 @@ class PreparedRun:
     reward_funcs: list
     model_path: str
     train_dataset: Any
-    test_dataset: (
-        Any | None
-    )  # what the trainer's eval_strategy evaluates: the test split, or benchmark_eval's problems
+    test_dataset: Any | None  # what eval_strategy evaluates: the test split, or benchmark_eval's problems
     eval_dataset: Any | None  # the before/after evaluation problems (first eval_num_problems of the test split)
+    settings: dict[str, Any]  # what the run optimizes: its record in each checkpoint (cli_run_settings)
+    checkpoint: str | None = None  # the checkpoint to resume (the newest complete one, or resume_from_checkpoint)
     seconds: float = 0.0  # wall time of `prepare` (a first `builtin:` model build included)
 
 
@@ -84,14 +86,16 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     model argument (checked, not loaded), the checkpoint's settings, the dataset (the train split; the test split for
     the before/after evaluation or `eval_strategy`) with its columns and rows, the in-training benchmark name, the
     model path (a `builtin:` model is built into its cache on first use), with its tokenizer the chat template and
-    the `max_prompt_tokens` filter, last the hold on `output_dir`. Every failure is one exception, one line.
+    the `max_prompt_tokens` filter, last the hold on `output_dir` and, holding it, the checkpoint to resume (the newest
+    complete one, the damaged ones above it moved aside) and its settings. Every failure is one exception, one line.
     With `benchmark_eval`, the benchmark's problems are what `eval_strategy` evaluates ([`_benchmark_eval_dataset`]).
 
     Raises:
         ValueError: an unknown reward, benchmark or `builtin:` name; no `dataset_name`; `dataset_streaming`; a missing
             column, or one a reward function reads ([`~stapo_trl.checks.dataset.check_reward_columns`]); fewer
-            training prompts than one rollout step takes; a `benchmark_eval*` setting TRL cannot honour; a checkpoint trained
-            with other settings, model, data or rewards ([`check_resume_settings`]); an `output_dir` that another run
+            training prompts than one rollout step takes; a `benchmark_eval*` setting TRL cannot honour; a
+            `resume_from_checkpoint` that is not a complete checkpoint; a checkpoint trained with other settings
+            ([`~stapo_trl.runfiles.run_record.check_run_settings`]); an `output_dir` that another run
             writes or that cannot be written ([`~stapo_trl.runfiles.run_folder.lock_run_folder`]); a tokenizer
             without a chat template.
         FileNotFoundError: a model or dataset path that does not exist; offline, a Hub id not cached.
@@ -106,7 +110,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     check_model_available(model_args.model_name_or_path, model_args.model_revision)  # before any data is loaded
     if training_args.push_to_hub:  # offline, no token, Hub unreachable: now, not after training
         check_hub_access(training_args.hub_model_id, training_args.output_dir, training_args.hub_token)
-    check_resume_settings(training_args, script_args, model_args)  # a checkpoint trained on other settings: now
+    check_resume_from_checkpoint(training_args)  # a folder that is not a complete checkpoint: now
     if script_args.dataset_name is None:
         raise ValueError(
             "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet/.csv file or a Hub id."
@@ -136,9 +140,20 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     )
     if error is not None:
         raise ValueError(error)
-    lock_run_folder(training_args)  # last: this run is the folder's one writer (another's refused) until it ends
+    settings = cli_run_settings(script_args, training_args, model_args, reward_funcs)
+    lock_run_folder(training_args)  # this run is the folder's one writer (another's refused) until it ends
+    # Holding the folder: the checkpoint to resume (damaged ones moved aside by the writer), then its settings.
+    try:
+        checkpoint = training_args.resume_from_checkpoint or resume_checkpoint(
+            training_args.output_dir, training_args.save_only_model, move_aside=training_args.should_save
+        )
+        if checkpoint is not None:
+            check_run_settings(checkpoint, settings)
+    except BaseException:
+        lock_run_folder(training_args, acquire=False)
+        raise
     datasets = (train_dataset, test_dataset, eval_dataset)
-    return PreparedRun(reward_funcs, model_path, *datasets, time.perf_counter() - start)
+    return PreparedRun(reward_funcs, model_path, *datasets, settings, checkpoint, time.perf_counter() - start)
 
 
 def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_funcs):

@@ -24,11 +24,12 @@ from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_conf
 from ..data import evaluation_split
 from ..integrations.torch_threads import default_num_threads, torch_threads
 from ..integrations.upstream_warnings import QuietKnownUpstreamWarnings
+from ..rewards import reward_error_line
 from ..runfiles.console import set_console_summary
 from ..runfiles.run_folder import lock_run_folder
 from ..trainer import GRPOBaselineTrainer, STAPOTrainer
-from .checkpoints import RunSettings, resolve_checkpoint
-from .errors import full_disk_in_one_line
+from .checkpoints import resolve_checkpoint
+from .errors import InputError, full_disk_in_one_line
 from .outputs import (
     evaluate_trainer_model,
     evaluation_kind,
@@ -75,6 +76,7 @@ def train(
             the end (`Trainer.end`); `False` when more trainings follow in this process (`stapo-train compare`).
 
     Raises:
+        InputError: (status 1) a reward function raised: one line naming it, the step and where.
         KeyboardInterrupt: on Ctrl-C, SIGTERM or SIGUSR1 during training, after the checkpoint of its step (the message
             names the signal, the checkpoint, the command to resume); nothing of a finished run follows.
 
@@ -91,6 +93,11 @@ def train(
         try:  # the run folder: a full disk said in one line; the hold `prepare` took on it given back at the end
             with full_disk_in_one_line("stapo-train", training_args.output_dir):
                 return _train(script_args, training_args, model_args, prepared, end_training, quiet)
+        except Exception as e:  # a reward function that raised: its name, the step and where, in one line
+            line = reward_error_line(e)
+            if line is None:
+                raise
+            raise InputError("stapo-train", line, code=1) from e
         finally:
             lock_run_folder(training_args, acquire=False)
 
@@ -131,7 +138,7 @@ def _build_trainer(script_args, training_args, model_args: ModelConfig, run: Pre
         peft_config=get_peft_config(model_args),
     )
     set_console_summary(trainer, False)  # the files are listed once, by print_summary at the end of the run
-    trainer.add_callback(RunSettings(script_args, model_args))  # model, data, rewards: into each checkpoint
+    trainer.run_settings = run.settings  # the record of each checkpoint: with the prompt format and data digest
     return trainer
 
 
@@ -198,7 +205,8 @@ def _train(
     # Validate and load data, rewards, model path (no model yet); then the checkpoint, the model and the trainer.
     run = prepared if prepared is not None else prepare(script_args, training_args, model_args)
     timings: dict[str, float] = {"prepare": run.seconds}
-    checkpoint, already_trained = resolve_checkpoint(training_args)
+    checkpoint = run.checkpoint
+    already_trained = resolve_checkpoint(training_args, checkpoint)
     trainer = _build_trainer(script_args, training_args, model_args, run)
     quiet.watch_model(trainer.model)  # a tied LM head: no "missing keys ['lm_head.weight']" on resume
     is_main = trainer.accelerator.is_main_process

@@ -1,6 +1,22 @@
-"""`python -m stapo_trl.models NAME --output-dir DIR`: build one built-in model (the child process of a launched job)."""
+"""`python -m stapo_trl.models NAME --output-dir DIR [--base-path DIR]`: build one built-in model into a folder, without
+the cache (the child process of a launched job's build)."""
 
-from .build import main
+import argparse
+import logging
+import os
+
+from .cache import build_builtin_model
+from .names import BUILTIN_MODELS
 
 
-main()
+parser = argparse.ArgumentParser(prog="python -m stapo_trl.models", description=__doc__)
+parser.add_argument("name", choices=sorted(BUILTIN_MODELS))
+parser.add_argument("--output-dir", required=True)
+parser.add_argument("--base-path", default=None, help="the built base model of a gguf+sft model")
+args = parser.parse_args()
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+os.makedirs(args.output_dir, exist_ok=True)
+try:
+    build_builtin_model(args.name, args.output_dir, args.base_path)
+except (FileNotFoundError, ValueError) as e:  # a missing wheel or file, a checksum: one line, no traceback
+    raise SystemExit(f"python -m stapo_trl.models: error: {e}") from e

@@ -1,38 +1,40 @@
-"""Building `builtin:` models into their cache folder once: a file lock, a temporary folder, an atomic rename.
+"""`resolve_model_path`: a `builtin:` model built once into its cache folder (a file lock, a temporary folder, an atomic
+rename), and `build_builtin_model`, which builds one into a folder by its registry `kind`.
 
-A process of a `torchrun` / `accelerate launch` job builds in a clean child process (`python -m stapo_trl.models`);
-any other builds in-process with its global state (accelerate, random generators) restored afterwards.
+A process of a `torchrun` / `accelerate launch` job builds in a clean child process (`python -m stapo_trl.models`):
+the warm-up's `SFTTrainer` would otherwise join the job's process group or take its DeepSpeed / FSDP settings. Any other
+process builds in-process, its accelerate state and random generators restored afterwards.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.metadata
+import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
-from .build import build_builtin_model
-from .checks import check_model_name_or_path
-from .names import (
-    BUILTIN_MODELS,
-    BUILTIN_PREFIX,
-    INFO_FILE,
-    builtin_model_dir,
-    check_builtin_name,
-)
+from .names import BUILTIN_MODELS, BUILTIN_PREFIX, INFO_FILE, builtin_model_dir, check_model_name_or_path
 
 
 logger = logging.getLogger(__name__)
 
-# Variables through which torchrun / accelerate launch make a process part of a distributed job.
-_LAUNCHER_ENV_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "FSDP_", "PET_")
-_LAUNCHER_ENV_VARS = (
+# The module of each registry `kind`. Its `build(name, output_dir, base_path)` writes the model and tokenizer and
+# returns the build record's fields, `versions` among them (of the libraries beyond stapo_trl, torch, transformers).
+RECIPE_MODULES = {"tiny": "tiny", "gguf": "gguf", "gguf+sft": "sft_math"}
+# The variables through which torchrun / accelerate launch make a process part of a job.
+_LAUNCHER_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "FSDP_", "PET_")
+_LAUNCHER_VARS = {
     "RANK",
     "LOCAL_RANK",
     "WORLD_SIZE",
@@ -44,37 +46,29 @@ _LAUNCHER_ENV_VARS = (
     "ROLE_NAME",
     "MASTER_ADDR",
     "MASTER_PORT",
-)
+}
 
 
 def resolve_model_path(name_or_path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> str:
-    """Turn a model argument into something `from_pretrained` can load, building `builtin:` models on first use.
-
-    - `builtin:<name>`: built into the cache on first use (under a file lock, so the processes of an
-      `accelerate launch` / `torchrun` job build it once), then read from it; returns the local directory.
-    - An existing local directory: returned unchanged (`~` expanded).
-    - A path that looks local (`./x`, `../x`, `/x`, `~/x`) but does not exist: `FileNotFoundError`.
-    - Anything else (a Hub id such as `Qwen/Qwen3-1.7B-Base`): returned unchanged for transformers to load.
+    """Turn a model argument into what `from_pretrained` loads, building a `builtin:` model on first use.
 
     Args:
-        name_or_path (`str` or `os.PathLike`):
-            `builtin:<name>`, a local model directory or a Hub id.
-        cache_dir (`str`, `os.PathLike` or `None`, *optional*, defaults to `None`):
-            Cache root for built-in models; `None` means `$STAPO_TRL_CACHE`, else `~/.cache/stapo_trl`.
-
-    Returns:
-        `str`: A local directory path, or the Hub id unchanged.
+        name_or_path (`str` or `os.PathLike`): `builtin:<name>` (returns its cache folder, built once under a file
+            lock, so the processes of a launched job build it once), a local model folder (returned, `~` expanded), or a
+            Hub id (returned unchanged).
+        cache_dir (`str`, `os.PathLike` or `None`, *optional*): cache root; `None`: `$STAPO_TRL_CACHE`, else
+            `~/.cache/stapo_trl`.
 
     Raises:
-        ValueError: If a `builtin:` name is unknown (the message lists the known names), or a real model's GGUF file
-            differs from the registry's checksum (`stapo_trl.models.gguf.GGUFChecksumError`, before conversion).
-        FileNotFoundError: If a local-looking path does not exist, or a real built-in model's wheel or GGUF file is
-            missing (`stapo_trl.models.gguf`: the message names the install command).
-        NotADirectoryError: If the path exists but is a file.
+        ValueError: an unknown `builtin:` name (the message lists the known ones), or a real model's GGUF file differs
+            from its pinned SHA-256 (`gguf.GGUFChecksumError`, before conversion).
+        FileNotFoundError: a local-looking path (`./x`, `/x`, `~/x`) does not exist, or a real model's wheel or GGUF
+            file is missing (the message names the install command).
+        NotADirectoryError: the path is a file.
     """
     name_or_path = check_model_name_or_path(name_or_path, cache_dir)
     if name_or_path.startswith(BUILTIN_PREFIX):
-        return str(_build_or_load(check_builtin_name(name_or_path), cache_dir))
+        return str(_build_or_load(name_or_path.removeprefix(BUILTIN_PREFIX), cache_dir))
     return name_or_path
 
 
@@ -85,25 +79,28 @@ def _build_or_load(name: str, cache_dir: str | os.PathLike | None) -> Path:
     base = BUILTIN_MODELS[name].get("base")  # a model SFT-warmed from another one: that one first
     base_path = _build_or_load(base, cache_dir) if base else None
     target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        # Another process may have finished the build while this one waited for the lock.
-        if (target / INFO_FILE).is_file():
+    with FileLock(f"{target}.lock"):
+        if (target / INFO_FILE).is_file():  # another process built it while this one waited
             return target
         tmp_dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp_dir, 0o777 & ~umask)  # mkdtemp makes it private; the cache may be shared
         try:
             if _is_launched_process():
-                _check_source_before_child(name)
-                _build_in_subprocess(name, tmp_dir, base_path)
+                if BUILTIN_MODELS[name]["kind"] == "gguf":  # a checksum error as one line here, not a child's status
+                    from .gguf import locate_gguf, verify_gguf
+
+                    verify_gguf(locate_gguf(name))
+                _build_in_child(name, tmp_dir, base_path)
             else:
                 with _preserved_process_state():
                     build_builtin_model(name, tmp_dir, base_path=base_path)
-            for path in tmp_dir.rglob("*"):  # transformers writes weight shards 0600; the cache may be shared
-                if path.is_file():
-                    os.chmod(path, 0o666 & ~umask)
-            if target.exists():  # an incomplete folder (no info file), e.g. copied by hand: replace it
+            for path in [
+                tmp_dir,
+                *tmp_dir.rglob("*"),
+            ]:  # mkdtemp and safetensors make them private; the cache is shared
+                os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
+            if target.exists():  # an incomplete folder (no build record), e.g. copied by hand: replace it
                 shutil.rmtree(target)
             os.rename(tmp_dir, target)  # atomic on one file system: readers see nothing or a complete model
         finally:
@@ -112,31 +109,17 @@ def _build_or_load(name: str, cache_dir: str | os.PathLike | None) -> Path:
 
 
 def _is_launched_process() -> bool:
-    """Whether this process belongs to a `torchrun` / `accelerate launch` job (or has a process group).
-
-    The warm-up runs a [`~trl.SFTTrainer`], which would join the caller's process group and hang (the other ranks
-    wait on the lock), or pick up the launcher's DeepSpeed / FSDP settings. Such processes build in a clean child.
-    """
-    if any(var in os.environ for var in _LAUNCHER_ENV_VARS):
+    """Whether this process belongs to a `torchrun` / `accelerate launch` job or has a process group."""
+    if any(var in _LAUNCHER_VARS or var.startswith(_LAUNCHER_PREFIXES) for var in os.environ):
         return True
-    if any(var.startswith(_LAUNCHER_ENV_PREFIXES) for var in os.environ):
-        return True
-    if "torch" in sys.modules:
-        import torch.distributed
-
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return True
-    return False
+    torch = sys.modules.get("torch")
+    return bool(torch and torch.distributed.is_available() and torch.distributed.is_initialized())
 
 
 @contextlib.contextmanager
 def _preserved_process_state():
-    """Restore what an in-process warm-up changes globally: the accelerate state and the random generators.
-
-    `TrainingArguments` resets accelerate's process-wide (Borg) state and configures it for the CPU, and the
-    `Trainer` reseeds every generator. A caller that already built its own `GRPOConfig` (say, for a GPU) would
-    otherwise train with the warm-up's CPU state, and a seeded caller would see its random stream change.
-    """
+    """Restore what an in-process warm-up changes globally: accelerate's shared state (`TrainingArguments` resets it
+    for the CPU) and the random generators (`Trainer` reseeds them)."""
     import random
 
     import numpy as np
@@ -156,24 +139,61 @@ def _preserved_process_state():
         torch.set_rng_state(rng[2])
 
 
-def _check_source_before_child(name: str) -> None:
-    """Verify the GGUF checksum of a real model in this process before a child converts it: the child's errors reach
-    the caller only as an exit status, while this is a one-line `GGUFChecksumError` (hashing takes about a second).
-    (The base of a `gguf+sft` model is built, and so checked, before it.)"""
-    if BUILTIN_MODELS[name]["kind"] == "gguf":
-        from .gguf import locate_gguf, verify_gguf
-
-        verify_gguf(locate_gguf(name))
-
-
-def _build_in_subprocess(name: str, output_dir: Path, base_path: Path | None) -> None:
-    env = {
-        k: v for k, v in os.environ.items() if k not in _LAUNCHER_ENV_VARS and not k.startswith(_LAUNCHER_ENV_PREFIXES)
-    }
-    env["HF_HUB_OFFLINE"] = "1"
-    env["CUDA_VISIBLE_DEVICES"] = ""  # the recipe is CPU-only; keep the child off the caller's GPUs
+def _build_in_child(name: str, output_dir: Path, base_path: Path | None) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith(_LAUNCHER_PREFIXES)}
+    env.update(HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")  # a CPU-only recipe: off the caller's GPUs
     cmd = [sys.executable, "-m", "stapo_trl.models", name, "--output-dir", str(output_dir)]
-    if base_path is not None:
-        cmd += ["--base-path", os.fspath(base_path)]
+    cmd += ["--base-path", str(base_path)] if base_path is not None else []
     logger.info("Building builtin:%s in a child process: %s", name, " ".join(cmd))
     subprocess.run(cmd, env=env, check=True)
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """Run on one intra-op torch thread, then restore the caller's count: a tiny model's matrices are too small for
+    thread hand-offs to pay, and one thread makes the reduction order, hence the built weights, machine-independent."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def build_builtin_model(
+    name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None = None
+) -> dict[str, Any]:
+    """Build `builtin:<name>` into the existing folder `output_dir` (no lock, no cache) with its `kind`'s recipe, on one
+    torch thread: the model, its tokenizer and, last, the build record `stapo_builtin.json`.
+
+    Args:
+        name (`str`): a key of `BUILTIN_MODELS`.
+        output_dir (`str` or `os.PathLike`): existing folder to write into.
+        base_path (`str`, `os.PathLike` or `None`): the built `base` of a `gguf+sft` model (required for that kind).
+
+    Returns:
+        `dict[str, Any]`: the build record, as written.
+
+    Raises:
+        FileNotFoundError, ValueError: a real model's wheel or GGUF file is missing or its checksum differs from the pin
+            (one line each, before any long work; see `gguf.py`).
+    """
+    import torch
+    import transformers
+
+    recipe = BUILTIN_MODELS[name]
+    start = time.perf_counter()
+    logger.info("Building builtin:%s (%s) into %s", name, recipe["description"], output_dir)
+    recipe_module = importlib.import_module(f".{RECIPE_MODULES[recipe['kind']]}", __package__)
+    with one_torch_thread():
+        fields = recipe_module.build(name, output_dir, base_path)
+    header = {k: recipe[k] for k in ("version", "kind", "description", "license") if k in recipe}
+    libraries = {"stapo_trl": importlib.metadata.version("stapo_trl"), "torch": torch.__version__}
+    versions = {**libraries, "transformers": transformers.__version__, **fields["versions"]}
+    info = {"name": BUILTIN_PREFIX + name, **header, **fields, "versions": versions}
+    info["build_seconds"] = round(time.perf_counter() - start, 1)
+    (Path(output_dir) / INFO_FILE).write_text(json.dumps(info, indent=2), encoding="utf-8")
+    logger.info("Built builtin:%s in %.1f s.", name, info["build_seconds"])
+    return info

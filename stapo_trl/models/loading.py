@@ -1,122 +1,70 @@
-"""Load a causal LM from a full model folder, a Hub id, or a LoRA adapter folder (a `--use_peft` run's output).
-
-A LoRA run's output folder holds `adapter_config.json` and `adapter_model.safetensors`, and often a `config.json`
-too, so `AutoModelForCausalLM.from_pretrained(folder)` looks for a `model.safetensors` that is not there. Here an
-adapter folder is recognised by its `adapter_config.json`, its base model (`base_model_name_or_path`, or the one
-given) is loaded, and the adapter is applied with PEFT and merged (generation then runs at the base model's speed).
+"""Loading a causal LM for evaluation from a full model (a folder or a Hub id) or a LoRA adapter folder (a `--use_peft`
+run's output: `adapter_config.json` beside the adapter weights, often a `config.json` too, so that
+`AutoModelForCausalLM.from_pretrained(folder)` looks for weights that are not there). `trust_remote_code` is never set.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
 logger = logging.getLogger(__name__)
 
-ADAPTER_CONFIG = "adapter_config.json"
 
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where the weights come from.
-
-    Args:
-        base (`str`): the full model to load (a folder or a Hub id).
-        adapter (`str` or `None`): the PEFT adapter folder applied on top, `None` for a full model.
-    """
+class ModelSource(NamedTuple):
+    """`base`: the full model to load (a folder or a Hub id); `adapter`: the PEFT adapter folder on top, or `None`."""
 
     base: str
     adapter: str | None = None
 
 
-def resolve_model_source(model: str, base_model: str | None = None) -> ModelSource:
-    """Tell a full model from a PEFT adapter folder, and find the adapter's base model.
-
-    Args:
-        model (`str`): a local folder or a Hub id.
-        base_model (`str`, *optional*): the base model to put the adapter on, overriding the adapter's own
-            `base_model_name_or_path` (e.g. when the base was trained from a local folder that has moved).
-
-    Returns:
-        [`ModelSource`]: `ModelSource(model)` for a full model; `ModelSource(base, adapter=model)` for an adapter.
+def resolve_model_source(model: str) -> ModelSource:
+    """`ModelSource(model)` for a full model, `ModelSource(base, adapter=model)` for a folder with `adapter_config.json`
+    (its `base_model_name_or_path`).
 
     Raises:
-        ValueError: `model` is an adapter folder whose `adapter_config.json` names no `base_model_name_or_path`
-            and no `base_model` is given, or the file is not valid JSON.
+        ValueError: the adapter config cannot be read or names no base model.
     """
-    config_path = os.path.join(model, ADAPTER_CONFIG)
-    if not os.path.isfile(config_path):
+    if not os.path.isfile(os.path.join(model, "adapter_config.json")):
         return ModelSource(model)
-    try:
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{config_path}: cannot read the adapter config ({e}).") from e
-    base = base_model or config.get("base_model_name_or_path")
+    from peft import PeftConfig
+
+    base = PeftConfig.from_pretrained(model).base_model_name_or_path
     if not base:
-        raise ValueError(
-            f"{config_path} names no base_model_name_or_path; pass the base model explicitly (base_model=...)."
-        )
+        raise ValueError(f"{model}/adapter_config.json names no base_model_name_or_path: its base model is unknown.")
     return ModelSource(base, adapter=model)
 
 
-def load_causal_lm(
-    model: str,
-    *,
-    revision: str | None = None,
-    dtype=None,
-    base_model: str | None = None,
-    merge: bool = True,
-):
-    """Load `(model, tokenizer)` from a full model or a LoRA adapter folder, and say which base was used.
+def load_causal_lm(model: str, *, revision: str | None = None, dtype=None):
+    """`(model, tokenizer)`, the model in eval mode, from a full model or a LoRA adapter folder.
+
+    An adapter is loaded onto its base with peft's `AutoPeftModelForCausalLM` and merged (`merge_and_unload`), so
+    generation runs at the base model's speed; its base revision is the adapter config's, and the tokenizer is the
+    adapter folder's when it holds one (a training run saves it there), else the base model's.
 
     Args:
-        model (`str`): a local folder or a Hub id; a folder with `adapter_config.json` is a PEFT adapter.
-        revision (`str`, *optional*): Hub revision of the full model (of the base model for an adapter).
-        dtype (`torch.dtype` or `str`, *optional*): weights dtype, passed to `from_pretrained`.
-        base_model (`str`, *optional*): see [`resolve_model_source`].
-        merge (`bool`): merge the adapter into the base weights (`merge_and_unload`) after loading.
-
-    Returns:
-        `tuple`: the `transformers` causal LM (in eval mode) and its tokenizer. For an adapter the tokenizer is read
-        from the adapter folder when it holds one (a training run saves it there), else from the base model.
+        model (`str`): a local folder or a Hub id.
+        revision (`str`, *optional*): the Hub revision of a full model.
+        dtype (`torch.dtype` or `str`, *optional*): the weights' dtype, passed to `from_pretrained`.
 
     Raises:
         ValueError: see [`resolve_model_source`].
-        ImportError: an adapter folder without `peft` installed.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = resolve_model_source(model, base_model)
-    kwargs = {"revision": revision} if revision else {}
-    if dtype is not None:
-        kwargs["dtype"] = dtype
+    source = resolve_model_source(model)
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    hub = {"revision": revision} if revision else {}
     if source.adapter is None:
-        lm = AutoModelForCausalLM.from_pretrained(source.base, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(source.base, **({"revision": revision} if revision else {}))
-        return lm.eval(), tokenizer
-    try:
-        from peft import PeftModel
-    except ImportError as e:
-        raise ImportError(f"{model} is a PEFT adapter folder; loading it needs `pip install peft`.") from e
-    message = f"Loading the LoRA adapter {source.adapter} onto its base model {source.base}"
+        lm = AutoModelForCausalLM.from_pretrained(model, **hub, **kwargs)
+        return lm.eval(), AutoTokenizer.from_pretrained(model, **hub)
+    from peft import AutoPeftModelForCausalLM
+
+    message = f"Loading the LoRA adapter {model} onto its base model {source.base}"
     logger.info(message)
-    print(message, flush=True)
-    base = AutoModelForCausalLM.from_pretrained(source.base, **kwargs)
-    lm = PeftModel.from_pretrained(base, source.adapter)
-    if merge:
-        lm = lm.merge_and_unload()
-    has_tokenizer = any(
-        os.path.isfile(os.path.join(source.adapter, f)) for f in ("tokenizer.json", "tokenizer_config.json")
-    )
-    tokenizer = AutoTokenizer.from_pretrained(
-        source.adapter if has_tokenizer else source.base,
-        **({"revision": revision} if revision and not has_tokenizer else {}),
-    )
-    return lm.eval(), tokenizer
-
-
-__all__ = ["ModelSource", "load_causal_lm", "resolve_model_source"]
+    print(message, flush=True)  # stapo-eval's console says which base it evaluates
+    lm = AutoPeftModelForCausalLM.from_pretrained(model, **kwargs).merge_and_unload()
+    has_tokenizer = any(os.path.isfile(os.path.join(model, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
+    return lm.eval(), AutoTokenizer.from_pretrained(model if has_tokenizer else source.base)

@@ -28,6 +28,7 @@ from .metrics_log import (
     jsonable,
     open_jsonl_for_run,
 )
+from .run_folder import open_run_file
 
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class JsonlLogCallback(TrainerCallback):
     def write_rows(self, args, rows: list[dict[str, Any]]) -> None:
         """Append `rows`, one JSON line each, and flush."""
         if self._file is None:  # written outside `train()`
-            self._file = open(self.resolved_path(args), "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+            self._file = open_run_file(self.resolved_path(args), "a")  # closed by close()
         for row in rows:
             self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
         self._file.flush()

@@ -20,6 +20,8 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
+from .run_folder import open_run_file
+
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[s
     kept = []
     if os.path.exists(path) and global_step > 0:
         kept = [row for row in read_jsonl(path) if row.get("step", math.inf) <= global_step]
-        with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+        with open_run_file(f"{path}.tmp", "w") as f:
             f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in kept)
             f.flush()
             os.fsync(f.fileno())
@@ -112,7 +114,7 @@ def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[s
         logger.warning(
             f"{path} held an earlier run's records: kept as {os.path.basename(aside)}; this run starts anew."
         )
-    return open(path, "a", encoding="utf-8"), kept  # noqa: SIM115 (held open across steps)
+    return open_run_file(path, "a"), kept  # held open across steps
 
 
 def json_lines(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:

@@ -24,6 +24,7 @@ from ..core.stapo_config import s2t_settings
 from ..data import NOT_HELD_OUT, is_local_dataset_file
 from ..models.names import BUILTIN_MODELS, INFO_FILE, read_builtin_info
 from .metrics_log import s2t_totals
+from .run_folder import open_run_file
 
 
 SECTION_START = "<!-- stapo_trl:settings -->"
@@ -51,14 +52,6 @@ _OBJECTIVE_FIELDS = (
     ("temperature", "rollout temperature (the S2T thresholds are calibrated at 1.0)"),
     ("top_p", "rollout top-p"),
     ("max_completion_length", "max response tokens"),
-)
-
-# The settings a resumed run must share with its checkpoint, so that the card (which states them once) is true: the
-# S2T and objective rows of the table. The batch geometry may change with the number of processes, so it is not here.
-RESUME_FIXED_FIELDS = tuple(
-    name
-    for name, _ in _S2T_FIELDS + _OBJECTIVE_FIELDS
-    if name not in ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation")
 )
 
 
@@ -313,7 +306,7 @@ def write_quick_start(trainer, example_prompt: Any, model_ref: str | None = None
     )
     with open(path, encoding="utf-8") as f:
         card = _replace_quick_start(f.read(), code)
-    with open(path, "w", encoding="utf-8") as f:
+    with open_run_file(path) as f:
         f.write(card)
     return path
 
@@ -373,7 +366,7 @@ def add_stapo_section(trainer, base_model: str | None = None, eval_record: dict[
         card = head.rstrip("\n") + "\n\n" + section + "\n" + anchor + tail
     else:
         card = card.rstrip("\n") + "\n\n" + section
-    with open(path, "w", encoding="utf-8") as f:
+    with open_run_file(path) as f:
         f.write(card)
     return path
 
@@ -436,6 +429,6 @@ def make_card_public(trainer, base_model: str | None = None, eval_record: dict[s
     card = card.replace(f"model={json.dumps(output_dir)}", f"model={json.dumps(target)}")
     for local in {output_dir, os.path.abspath(output_dir)}:
         card = card.replace(local, target)
-    with open(path, "w", encoding="utf-8") as f:
+    with open_run_file(path) as f:
         f.write(card)
     return path

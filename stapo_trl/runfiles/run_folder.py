@@ -1,14 +1,17 @@
-"""The run folder (`output_dir`) as kills, full disks and a second writer leave it.
+"""The run folder (`output_dir`) as kills, a second writer and a folder from elsewhere leave it.
 
-- [`newest_complete_checkpoint`]: transformers 5.24's `Trainer._save_checkpoint` writes a checkpoint in place, its
-  `trainer_state.json` last (no temporary folder, no rename), and `get_last_checkpoint` takes the highest-numbered
-  `checkpoint-N` whatever it holds: a save cut short left a folder that every resume failed on.
 - [`lock_run_folder`]: one writer per folder, a `filelock.FileLock` that the OS releases when its process dies.
+- [`open_run_file`]: the files stapo_trl writes there are never opened through a symbolic link, and a run does not
+  start in a folder whose top level or checkpoints hold one ([`check_no_links`]): a link planted in a folder copied from
+  elsewhere would have a run overwrite its target, anywhere the user can write. A symlinked `output_dir` itself is
+  fine (clusters link a scratch disk).
+
+Which checkpoint a run resumes is [`~stapo_trl.runfiles.checkpoints`].
 """
 
 from __future__ import annotations
 
-import json
+import errno
 import logging
 import os
 import re
@@ -17,7 +20,7 @@ import socket
 import sys
 import tempfile
 import time
-from pathlib import Path
+from typing import IO
 
 from filelock import FileLock, Timeout
 
@@ -25,56 +28,66 @@ from filelock import FileLock, Timeout
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FOLDER = re.compile(r"^checkpoint-(\d+)$")  # transformers' `PREFIX_CHECKPOINT_DIR`-<global_step>
-# What `Trainer._save_checkpoint` writes before trainer_state.json, by name prefix (full, sharded, adapter, FSDP and
-# DeepSpeed layouts); `save_only_model` writes the weights only.
-_SAVED_BEFORE_STATE = {
-    "model weights": ("model", "pytorch_model", "adapter_model", "global_step"),
-    "optimizer state (optimizer.pt)": ("optimizer", "global_step"),
-    "RNG state (rng_state.pth)": ("rng_state",),
-}
 
 
-def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
-    """Why the folder `path` is not a complete checkpoint, in a few words, or `None`: complete means its
-    `trainer_state.json` parses and what is saved before it is there (the optimizer and RNG state unless
-    `save_only_model`)."""
-    names = os.listdir(path) if os.path.isdir(path) else None
-    if not names:
-        return "not a folder" if names is None else "empty"
+def open_run_file(path: str | os.PathLike, mode: str = "w") -> IO:
+    """`open(path, mode)` for a file of the run folder (`"w"`, `"a"`, `"wb"`, `"ab"`; text in UTF-8), refusing a
+    symbolic link in its place (`O_NOFOLLOW`) instead of writing its target.
+
+    Raises:
+        ValueError: `path` is a symbolic link (one line naming it).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_APPEND if "a" in mode else os.O_TRUNC)
     try:
-        with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as f:
-            int(json.load(f)["global_step"])
-    except FileNotFoundError:
-        return "no trainer_state.json: its save did not finish"
-    except (OSError, ValueError, KeyError, TypeError) as e:  # cut short: JSONDecodeError
-        return f"trainer_state.json unreadable ({type(e).__name__}): its save did not finish"
-    for what, prefixes in list(_SAVED_BEFORE_STATE.items())[: 1 if save_only_model else None]:
-        if not any(name.startswith(prefixes) for name in names):
-            return f"no {what}"
-    return None
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ValueError(_link_message(os.fspath(path))) from None
+        raise
+    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
 
 
-def newest_complete_checkpoint(output_dir: str, save_only_model: bool = False) -> tuple[str | None, list[str]]:
-    """(the complete checkpoint of `output_dir` with the highest step, or `None`; "checkpoint-N (why)" for each
-    incomplete one above it, highest first): what a resume takes ([`checkpoint_problem`])."""
-    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
-    skipped = []
-    for name in sorted(filter(CHECKPOINT_FOLDER.match, names), key=lambda n: -int(n.split("-")[1])):
-        problem = checkpoint_problem(os.path.join(output_dir, name), save_only_model)
-        if problem is None:
-            return os.path.join(output_dir, name), skipped
-        skipped.append(f"{name} ({problem})")
-    return None, skipped
+def _link_message(path: str) -> str:
+    return (
+        f"{path} is a symbolic link (to {os.readlink(path)!r}): a run writes its files in its folder, never through a "
+        "link (it would overwrite the link's target). Remove the link, or give another output_dir."
+    )
 
 
-def resume_checkpoint(output_dir: str, save_only_model: bool = False) -> str | None:
-    """[`newest_complete_checkpoint`], said in one warning line with the checkpoints skipped and why."""
-    checkpoint, skipped = newest_complete_checkpoint(output_dir, save_only_model)
-    skipped = f"; skipped {', '.join(skipped)}" if skipped else ""
-    if checkpoint or skipped:
-        found = f"Resuming training from {checkpoint}, the newest complete checkpoint" if checkpoint else output_dir
-        logger.warning(found + (skipped or "") + ("." if checkpoint else ": no complete checkpoint to resume."))
-    return checkpoint
+def check_no_links(output_dir: str) -> None:
+    """Refuse a folder whose top level or `checkpoint-N` folders hold a symbolic link: a run, or transformers' saves
+    for it, would write through it. `output_dir` itself may be a link.
+
+    Raises:
+        ValueError: one line naming the first link found.
+    """
+    if not os.path.isdir(output_dir):
+        return
+    for name in sorted(os.listdir(output_dir)):
+        path = os.path.join(output_dir, name)
+        if os.path.islink(path):
+            raise ValueError(_link_message(path))
+        if CHECKPOINT_FOLDER.match(name) and os.path.isdir(path):
+            for inner in sorted(os.listdir(path)):
+                if os.path.islink(os.path.join(path, inner)):
+                    raise ValueError(_link_message(os.path.join(path, inner)))
+
+
+def check_output_dir_named(args) -> None:
+    """Refuse an empty `output_dir` (`''`: the current folder would become the run folder).
+
+    Raises:
+        ValueError: one line naming the field.
+    """
+    if not str(args.output_dir or "").strip():
+        raise ValueError(empty_output_dir_message(args.output_dir))
+
+
+def empty_output_dir_message(output_dir) -> str:
+    return (
+        f"output_dir={output_dir!r} is empty: give the folder the run writes its checkpoints, model and files into "
+        "(e.g. outputs/my-run)."
+    )
 
 
 _LOCKS: dict[str, FileLock] = {}  # one per folder in this process, so that holds nest
@@ -88,8 +101,8 @@ def lock_run_folder(args, acquire: bool = True) -> None:
     main process (the launcher stops them). Holds nest in a process (`stapo-train`, then its trainer's `train()`).
 
     Raises:
-        ValueError: one line: another process holds the folder (naming it), or `output_dir` cannot be created or
-            written (a read-only file system, a file in the way).
+        ValueError: one line: another process holds the folder (naming it), `output_dir` is empty, cannot be created or
+            written (a read-only file system, a file in the way), or holds a symbolic link ([`check_no_links`]).
     """
     if not args.should_save:
         return
@@ -97,17 +110,23 @@ def lock_run_folder(args, acquire: bool = True) -> None:
     lock = _LOCKS.setdefault(folder, FileLock(os.path.join(folder, "_writer.lock")))
     if not acquire:
         return lock.release()
-    owner, held = Path(folder, "_writer.txt"), lock.is_locked
+    check_output_dir_named(args)
+    check_no_links(folder)
+    owner, held = os.path.join(folder, "_writer.txt"), lock.is_locked
     try:
         os.makedirs(folder, exist_ok=True)
         lock.acquire(timeout=0)
         if not held:  # read by a contender (filelock 3 empties the lock file itself when it opens it)
             since = time.strftime("%Y-%m-%d %H:%M:%S")
-            owner.write_text(f"pid {os.getpid()} on {socket.gethostname()}, since {since}: {shlex.join(sys.argv)}")
+            with open_run_file(owner) as f:
+                f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {since}: {shlex.join(sys.argv)}")
     except Timeout:
-        owner = owner.read_text()[:2000] if owner.is_file() else "starting"
+        holder = "starting"
+        if os.path.isfile(owner) and not os.path.islink(owner):
+            with open(owner, encoding="utf-8", errors="replace") as f:
+                holder = f.read(2000)
         raise ValueError(
-            f"output_dir={args.output_dir!r} is in use by another run ({owner}). Two runs in one folder mix their "
+            f"output_dir={args.output_dir!r} is in use by another run ({holder}). Two runs in one folder mix their "
             "metrics, checkpoints and model: wait for that run to end, or give another output_dir."
         ) from None
     except OSError as e:
@@ -122,6 +141,7 @@ def check_run_folder(args) -> None:
     Raises:
         ValueError: as [`lock_run_folder`].
     """
+    check_output_dir_named(args)
     folder = os.path.abspath(args.output_dir)
     if not args.should_save or os.path.isdir(folder):
         lock_run_folder(args)

@@ -7,12 +7,10 @@ import warnings
 from pathlib import Path
 
 import pytest
+from testing_utils import STAPO_RECIPE, write_recipe
 
 from stapo_trl import STAPOConfig
 
-
-REPO = Path(__file__).resolve().parents[2]
-STAPO_RECIPE = str(REPO / "recipes" / "demo" / "stapo.yaml")
 
 # (field, command-line value, Python value, the message both give)
 CASES = [
@@ -80,8 +78,7 @@ def test_the_api_and_the_cli_give_the_same_message(tmp_path, field, flag_value, 
 
 @pytest.mark.parametrize("field, flag_value, value, message", CASES[:3], ids=IDS[:3])
 def test_a_recipe_value_gets_the_same_message_behind_its_key(tmp_path, field, flag_value, value, message):
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(Path(STAPO_RECIPE).read_text() + f"\n{field}: {flag_value}\n")
+    recipe = Path(write_recipe(tmp_path, f"{field}: {flag_value}"))
     cli = _cli_error(["--config", str(recipe), "--output_dir", str(tmp_path)])
     assert cli.startswith(f"recipe key {field} in {recipe}: {message}"), cli
 
@@ -133,8 +130,7 @@ def test_a_generation_batch_error_names_the_accumulation_flag_when_it_sets_the_b
 
 
 def test_a_generation_batch_error_from_the_recipe_names_its_keys(tmp_path):
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(Path(STAPO_RECIPE).read_text() + "\nper_device_train_batch_size: 12\nsteps_per_generation: 1\n")
+    recipe = Path(write_recipe(tmp_path, "per_device_train_batch_size: 12\nsteps_per_generation: 1"))
     cli = _cli_error(["--config", str(recipe), "--output_dir", str(tmp_path)])
     assert cli.startswith(
         f"recipe keys per_device_train_batch_size, num_generations, steps_per_generation in {recipe}: "
@@ -164,8 +160,7 @@ def test_a_flag_typo_names_the_flag_and_the_recipe_key_it_resembles(tmp_path, ty
 
 
 def test_an_unknown_recipe_key_gets_no_note_about_the_recipe_keys_it_mentions(tmp_path):
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(Path(STAPO_RECIPE).read_text() + "\nlogging_strategy: steps\nlerning_rate: 1.0e-4\n")
+    recipe = Path(write_recipe(tmp_path, "logging_strategy: steps\nlerning_rate: 1.0e-4"))
     cli = _cli_error(["--config", str(recipe), "--output_dir", str(tmp_path)])
     assert cli.startswith(f"Unknown key(s) in recipe {recipe}: lerning_rate: did you mean learning_rate"), cli
     assert "(recipe key(s)" not in cli, cli

@@ -1,15 +1,17 @@
-"""Resuming a run (`stapo_trl.cli.checkpoints`): a checkpoint trained with other S2T or objective settings, or on
-another model, dataset or reward, is refused before the model is built; `resume_from_checkpoint` must name a complete
-checkpoint; the newest complete checkpoint is resumed, in one line that names those skipped, before any model."""
+"""Resuming a `stapo-train` run (`stapo_trl.cli.checkpoints`): a checkpoint trained with other settings (S2T values,
+objective, optimizer, PEFT, model, rewards, prompt format, data) is refused before the model is built, while the way a
+run is executed may change; `resume_from_checkpoint` must name a complete checkpoint; the newest complete checkpoint is
+resumed, in one line that names those skipped and the damage, before any model; no file of a checkpoint runs code."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from testing_utils import STAPO_RECIPE, addition_rows, error_line, write_jsonl
+from testing_utils import STAPO_RECIPE, addition_rows, error_line, write_hostile_pickle, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,21 @@ def two_step_run(tmp_path_factory, tiny_math_model_path):
     return out, argv
 
 
+@pytest.fixture(scope="module")
+def local_file_run(tmp_path_factory, tiny_math_model_path):
+    """A one-step run on a local JSON Lines file whose rows have a second answer column: (its folder, its argv without
+    `--output_dir`)."""
+    from stapo_trl.cli.train import main
+
+    folder = tmp_path_factory.mktemp("local")
+    rows = [row | {"answer2": "0"} for row in addition_rows(8)]
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name"]
+    argv += [write_jsonl(folder / "data.jsonl", rows), "--max_steps", "1", "--save_steps", "1"]
+    argv += ["--eval_before_after", "false", "--disable_tqdm", "true"]
+    main([*argv, "--output_dir", str(folder / "run")])
+    return folder / "run", argv
+
+
 def _copy_of(run, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(run, out)
@@ -57,17 +74,27 @@ def _copy_of(run, tmp_path):
         (["--dataset_name", "DATA"], "dataset_name 'builtin:tiny-math' -> 'DATA'"),
         (
             ["--reward_funcs", "math_accuracy", "format"],
-            "reward_funcs ['math_accuracy'] -> ['math_accuracy', 'format']",
+            "reward_funcs ['math_accuracy_reward'] -> ['math_accuracy_reward', 'format_reward']",
         ),
-        (["--model_name_or_path", "OTHER_MODEL"], "model_name_or_path 'MODEL' -> 'OTHER_MODEL'"),
+        (["--model_name_or_path", "OTHER_MODEL"], "model 'MODEL' -> 'OTHER_MODEL'"),
+        # Measured: accepted (a reward of another scale, other advantages), or a traceback after the model was built
+        # (`KeyError: 'momentum'`, a parameter group mismatch).
+        (["--reward_weights", "3.0"], "reward_weights None -> [3.0]"),
+        (["--scale_rewards", "none"], "scale_rewards 'group' -> 'none'"),
+        (["--optim", "sgd"], "optim 'adamw_torch_fused' -> 'sgd'"),
+        (["--use_peft", "true"], "peft None -> {"),
+        (["--weight_decay", "0.0", "--adam_beta2", "0.99"], "weight_decay 0.1 -> 0.0, adam_beta2 0.999 -> 0.99"),
     ],
-    ids=["tau_p", "lr-and-mode", "temperature", "dataset", "reward", "model"],
-)
+    ids=[
+        "tau_p", "lr-and-mode", "temperature", "dataset", "reward", "model", "reward-weights", "scale-rewards", "optim",
+        "peft", "optimizer-values",
+    ],
+)  # fmt: skip
 def test_resume_with_other_settings_is_refused_before_the_model(
     one_step_run, tmp_path, no_model_built, tiny_math_model_path, tiny_random_model_path, changed, expected
 ):
-    """A checkpoint trained with other S2T or objective settings, or on another model, dataset or reward, is not
-    resumed (the run would mix them and the card would state the new values only)."""
+    """A checkpoint trained with other settings is not resumed (the run would mix them, the card would state the new
+    values only, or transformers would fail on another optimizer's state)."""
     from stapo_trl.cli.train import main
 
     run, argv = one_step_run
@@ -77,27 +104,68 @@ def test_resume_with_other_settings_is_refused_before_the_model(
     changed = [names.get(word, word) for word in changed]
     for word, name in names.items():
         expected = expected.replace(f"'{word}'", repr(name))
+    _assert_refused(main, [*argv, "--output_dir", str(out), "--max_steps", "2", *changed], out, expected)
+
+
+def _assert_refused(main, argv, out, expected):
     card = (out / "README.md").read_text()
     with pytest.raises(SystemExit) as excinfo:
-        main([*argv, "--output_dir", str(out), "--max_steps", "2", *changed])
+        main(argv)
     message = str(excinfo.value)
-    assert message.startswith(f"stapo-train: error: {out} holds checkpoint-1, trained with other settings ("), message
-    assert expected in message and "Use another output_dir" in message and "\n" not in message, message
+    assert message.startswith(f"stapo-train: error: {out / 'checkpoint-1'} was trained with other settings ("), message
+    assert expected in message and "Resume with the checkpoint's values" in message and "\n" not in message, message
     assert (out / "README.md").read_text() == card and not (out / "checkpoint-2").exists()
 
 
-def test_resume_with_the_same_settings_trains_on(one_step_run, tmp_path):
-    """More steps and the same settings resume from the checkpoint (what the refusals above must not catch)."""
+@pytest.mark.parametrize(
+    "changed, expected",
+    [
+        # Measured: `--instruction ""` resumed, and the reward fell to 0 from the resumed step; another solution column
+        # and a data file rewritten under the same path resumed without a word.
+        (["--instruction", ""], "instruction 'Please reason step by step, and put your final answer within "),
+        (["--solution_column", "answer2"], "solution_column 'answer' -> 'answer2'"),
+        ("rewrite", "dataset_sha256 '"),
+        (["--prompt_column", "answer"], "prompt_column 'problem' -> 'answer'"),
+        (["--max_train_samples", "8"], "max_train_samples None -> 8"),
+    ],
+    ids=["instruction", "solution-column", "file-rewritten", "prompt-column", "max-train-samples"],
+)
+def test_resume_with_another_prompt_format_or_data_is_refused_before_the_model(
+    local_file_run, tmp_path, no_model_built, changed, expected
+):
+    from stapo_trl.cli.train import main
+
+    run, argv = local_file_run
+    out = _copy_of(run, tmp_path)
+    data = Path(argv[argv.index("--dataset_name") + 1])
+    original = data.read_bytes()
+    if changed == "rewrite":  # the run's own file, other rows under the same path (put back afterwards)
+        write_jsonl(data, [row | {"answer2": "1"} for row in addition_rows(8)])
+        changed = []
+    try:
+        _assert_refused(main, [*argv, "--output_dir", str(out), "--max_steps", "2", *changed], out, expected)
+    finally:
+        data.write_bytes(original)
+
+
+def test_resume_with_other_execution_settings_trains_on(one_step_run, tmp_path):
+    """More steps, other logging, saving and threads, and another batch layout (as on another GPU count: the same
+    16 completions per update, 64 per rollout batch) resume from the checkpoint: how a run is executed, not what it
+    optimizes."""
     from stapo_trl.cli.train import main
 
     run, argv = one_step_run
     out = _copy_of(run, tmp_path)
-    main([*argv, "--output_dir", str(out), "--max_steps", "2"])
+    main(
+        [*argv, "--output_dir", str(out), "--max_steps", "2", "--logging_steps", "2", "--save_steps", "5",
+         "--torch_num_threads", "1", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2",
+         "--steps_per_generation", "8"]
+    )  # fmt: skip
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
 
 
 def _checkpoint(folder, step, *, without=()):
-    """A checkpoint folder with the files `Trainer._save_checkpoint` writes (`without` some of them)."""
+    """A checkpoint folder with the names `Trainer._save_checkpoint` writes (`without` some of them), empty."""
     folder.mkdir(parents=True)
     for name in {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"} - set(without):
         (folder / name).write_bytes(b"")
@@ -106,24 +174,36 @@ def _checkpoint(folder, step, *, without=()):
     return folder
 
 
-@pytest.mark.parametrize("where", ["nowhere", "a-file", "the-run-folder", "cut-short", "no-optimizer"])
-def test_resume_from_checkpoint_must_be_a_complete_checkpoint(no_model_built, tmp_path, capsys, where):
+@pytest.mark.parametrize(
+    "where", ["nowhere", "a-file", "the-run-folder", "cut-short", "no-optimizer", "model-cut", "hostile-rng"]
+)
+def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_model_built, tmp_path, capsys, where):
     # Reported: a path that does not exist passed the dry run, and the run raised transformers' ValueError with a
     # traceback (exit 1) after building the model and evaluating it; a checkpoint without optimizer.pt resumed with a
-    # fresh optimizer, silently.
+    # fresh optimizer, silently; a cut model file stopped in safetensors, after the model was built.
+    from stapo_trl.cli.checkpoints import check_resume_from_checkpoint
     from stapo_trl.cli.dry_run import main as dry_run_main
     from stapo_trl.cli.train import main
 
     run = tmp_path / "run"
-    _checkpoint(run / "checkpoint-4", 4)
+    shutil.copytree(one_step_run[0] / "checkpoint-1", run / "checkpoint-4")
     _checkpoint(run / "checkpoint-8", 8, without=["trainer_state.json"])
     _checkpoint(run / "checkpoint-12", 12, without=["optimizer.pt"])
+    shutil.copytree(one_step_run[0] / "checkpoint-1", run / "checkpoint-16")
+    model = run / "checkpoint-16" / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:50_000])
+    shutil.copytree(one_step_run[0] / "checkpoint-1", run / "checkpoint-20")
+    marker = tmp_path / "code-ran"
+    write_hostile_pickle(run / "checkpoint-20" / "rng_state.pth", marker)
     (tmp_path / "a-file").write_text("not a checkpoint")
     path = {"nowhere": tmp_path / "nowhere", "a-file": tmp_path / "a-file", "the-run-folder": run}.get(where)
-    path = path or run / {"cut-short": "checkpoint-8", "no-optimizer": "checkpoint-12"}[where]
+    folders = {"cut-short": "checkpoint-8", "no-optimizer": "checkpoint-12", "model-cut": "checkpoint-16"}
+    path = path or run / (folders | {"hostile-rng": "checkpoint-20"})[where]
     expected = {"nowhere": "does not exist", "a-file": "is a file", "the-run-folder": "give one of its checkpoints"}
     expected |= {"cut-short": "is not a complete checkpoint (no trainer_state.json: its save did not finish)"}
     expected |= {"no-optimizer": "is not a complete checkpoint (no optimizer state (optimizer.pt))"}
+    expected |= {"model-cut": "is not a complete checkpoint (model.safetensors cut short: 50000 of "}
+    expected |= {"hostile-rng": "is not a complete checkpoint (rng_state.pth refused by a safe load: Trying to load "}
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", str(path)]
     assert dry_run_main(argv) == 2
     assert expected[where] in error_line(capsys, "stapo-train --dry-run")
@@ -134,54 +214,83 @@ def test_resume_from_checkpoint_must_be_a_complete_checkpoint(no_model_built, tm
     assert line.startswith(f"stapo-train: error: resume_from_checkpoint='{path}' ") and expected[where] in line, line
     if where == "the-run-folder":
         assert "(checkpoint-4)" in line
+    assert not marker.exists() and (path.is_dir() or not path.exists() or path.is_file())  # named: left in place
     # A complete checkpoint passes this check (the run then resumes it).
-    from stapo_trl.cli.checkpoints import check_resume_from_checkpoint
-
     check_resume_from_checkpoint(
         SimpleNamespace(resume_from_checkpoint=str(run / "checkpoint-4"), save_only_model=False)
     )
 
 
-@pytest.mark.parametrize("damage", ["no-trainer-state", "empty-stray", "no-rng-state"])
+# The damages measured on main (each rerun: "Resuming from checkpoint-20, the newest complete checkpoint", then a
+# traceback in transformers, every time; or a fresh optimizer without scheduler.pt), and the cut-short saves and
+# strays found before.
+RERUN_DAMAGES = {
+    "no-trainer-state": ("trainer_state.json", "no trainer_state.json: its save did not finish"),
+    "empty-stray": (None, "empty"),
+    "no-rng-state": ("rng_state.pth", "no RNG state (rng_state.pth)"),
+    "model-cut": ("model.safetensors", "model.safetensors cut short: "),
+    "optimizer-cut": ("optimizer.pt", "optimizer.pt damaged: no zip directory (cut short, or overwritten)"),
+    "rng-overwritten": ("rng_state.pth", "rng_state.pth damaged: no zip directory (cut short, or overwritten)"),
+    "no-scheduler": ("scheduler.pt", "no scheduler.pt: without it transformers resumes with a fresh optimizer"),
+}
+
+
+@pytest.mark.parametrize("damage", list(RERUN_DAMAGES))
 def test_stapo_train_resumes_the_newest_complete_checkpoint_in_one_line_before_the_model(
     two_step_run, tmp_path, no_model_built, caplog, damage
 ):
     # Reported: each rerun took the highest-numbered folder (a save cut short by a kill or a full disk, an empty
-    # checkpoint-999/) and died after the model was built and evaluated; the complete checkpoint beside it was unused.
+    # checkpoint-999/, a file cut or overwritten) and died after the model was built and evaluated; the complete
+    # checkpoint beside it was unused.
     from stapo_trl.cli.train import main
 
     run, argv = two_step_run
     out = _copy_of(run, tmp_path)
+    name, problem = RERUN_DAMAGES[damage]
+    folder = "checkpoint-999" if damage == "empty-stray" else "checkpoint-2"
     if damage == "empty-stray":
-        (out / "checkpoint-999").mkdir()
-        skipped = "checkpoint-999 (empty)"
+        (out / folder).mkdir()
+    elif damage.startswith("no-"):
+        (out / folder / name).unlink()
+    elif damage.endswith("-cut"):
+        (out / folder / name).write_bytes((out / folder / name).read_bytes()[:50_000])
     else:
-        (out / "checkpoint-2" / ("trainer_state.json" if damage == "no-trainer-state" else "rng_state.pth")).unlink()
-        skipped = (
-            "checkpoint-2 ("
-            + (
-                "no trainer_state.json: its save did not finish"
-                if damage == "no-trainer-state"
-                else "no RNG state (rng_state.pth)"
-            )
-            + ")"
-        )
+        (out / folder / name).write_bytes(b"overwritten by hand\n")
     newest = out / ("checkpoint-2" if damage == "empty-stray" else "checkpoint-1")
     with pytest.raises(AssertionError, match="a trainer was constructed"):  # the line comes before any model
         main([*argv, "--output_dir", str(out), "--max_steps", "3"])
-    lines = [r.getMessage() for r in caplog.records if "Resuming training" in r.getMessage()]
-    assert lines == [f"Resuming training from {newest}, the newest complete checkpoint; skipped {skipped}."]
+    (line,) = [r.getMessage() for r in caplog.records if "Resuming training" in r.getMessage()]
+    prefix = f"Resuming training from {newest}, the newest complete checkpoint; skipped {folder} ({problem}"
+    assert line.startswith(prefix) and line.endswith(f") and moved it aside to _damaged-{folder}."), line
+    assert (out / f"_damaged-{folder}").is_dir() and not (out / folder).exists()
 
 
-def test_an_unreadable_training_args_bin_is_said_in_one_line(one_step_run, tmp_path, no_model_built, caplog):
-    # Reported: an unreadable training_args.bin silently turned off the check against other S2T settings.
+def test_no_file_of_a_checkpoint_runs_code_on_a_rerun(two_step_run, tmp_path, caplog):
+    """Measured: a training_args.bin whose pickle calls os.system ran its command on a rerun (and on
+    --resume_from_checkpoint), and the run trained on. Now nothing of a checkpoint is unpickled but by safe loads: the
+    file nobody reads is left alone, a file transformers would load is refused and its checkpoint skipped."""
+    from stapo_trl.cli.train import main
+
+    run, argv = two_step_run
+    out = _copy_of(run, tmp_path)
+    marker = tmp_path / "code-ran"
+    for name in ("checkpoint-1/training_args.bin", "checkpoint-2/training_args.bin", "checkpoint-2/optimizer.pt"):
+        write_hostile_pickle(out / name, marker)
+    main([*argv, "--output_dir", str(out), "--max_steps", "3"])
+    (line,) = [r.getMessage() for r in caplog.records if "Resuming training" in r.getMessage()]
+    assert "skipped checkpoint-2 (optimizer.pt refused by a safe load: Trying to load unsupported GLOBAL" in line
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 3 and not marker.exists()
+
+
+def test_a_hostile_training_args_bin_runs_no_code_on_resume_from_checkpoint(one_step_run, tmp_path, no_model_built):
+    # Measured: `stapo-train --resume_from_checkpoint <folder>` ran the command of its training_args.bin, then trained.
     from stapo_trl.cli.train import main
 
     run, argv = one_step_run
     out = _copy_of(run, tmp_path)
-    (out / "checkpoint-1" / "training_args.bin").write_bytes(b"not a pickle")
+    marker = tmp_path / "code-ran"
+    write_hostile_pickle(out / "checkpoint-1" / "training_args.bin", marker)
+    argv = [*argv, "--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", str(out / "checkpoint-1")]
     with pytest.raises(AssertionError, match="a trainer was constructed"):
-        main([*argv, "--output_dir", str(out), "--max_steps", "2"])
-    (line,) = [r.getMessage() for r in caplog.records if "training_args.bin cannot be read" in r.getMessage()]
-    assert line.startswith(f"{out / 'checkpoint-1'}/training_args.bin cannot be read (UnpicklingError: ")
-    assert line.endswith("the S2T and objective settings of this run are not compared with those it was trained with.")
+        main([*argv, "--max_steps", "2"])
+    assert not marker.exists()

@@ -53,14 +53,16 @@ def test_bad_arguments_fail_early(argv, expected, capsys):
     assert err.startswith("stapo-eval: error: ") and err.count("\n") == 1  # one line, no usage block
 
 
-def test_missing_data_file_fails_before_model_load(tmp_path, capsys, monkeypatch):
+def test_missing_data_file_fails_before_model_load(tiny_math_model_path, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(stapo_eval, "_load_generator", lambda *a, **k: pytest.fail("model loaded"))
     (tmp_path / "aime24").mkdir()
     with pytest.raises(SystemExit):
         main(
             [
                 "--model",
-                str(tmp_path),  # an existing folder (never loaded: the data check comes first)
+                tiny_math_model_path,  # never loaded: the data check comes first
+                "--max-new-tokens",
+                "48",
                 "--benchmarks",
                 "aime24",
                 "--data-dir",
@@ -73,10 +75,11 @@ def test_missing_data_file_fails_before_model_load(tmp_path, capsys, monkeypatch
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
-def test_vllm_backend_missing_is_a_clear_error(shared_data_dir, tmp_path, capsys):
+def test_vllm_backend_missing_is_a_clear_error(shared_data_dir, tiny_math_model_path, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(
-            ["--model", str(tmp_path), "--backend", "vllm", "--benchmarks", "aime24", "--limit", "1"]
+            ["--model", tiny_math_model_path, "--backend", "vllm", "--benchmarks", "aime24", "--limit", "1"]
+            + ["--max-new-tokens", "48"]
             + ["--data-dir", str(shared_data_dir), "--output", str(tmp_path / "r.json")]
         )
     assert "pip install" in capsys.readouterr().err
@@ -267,7 +270,9 @@ def test_default_results_path_of_a_hub_id_keeps_its_organisation_and_revision():
     assert default_output("me/Qwen3-1.7B-Base", "v2") == Path("outputs/stapo-eval/me--Qwen3-1.7B-Base@v2.json")
 
 
-def test_an_output_path_that_cannot_be_written_is_refused_before_the_model(tmp_path, capsys, monkeypatch):
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_model(
+    tiny_math_model_path, tmp_path, capsys, monkeypatch
+):
     monkeypatch.setattr(stapo_eval, "_load_generator", lambda *a, **k: pytest.fail("model loaded"))
     (tmp_path / "a-file").write_text("")
     for output, expected in (
@@ -278,7 +283,7 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_model(tmp_p
         ),
     ):
         with pytest.raises(SystemExit) as info:
-            main(["--model", str(tmp_path), *ONE_PROBLEM, "--output", str(output)])
+            main(["--model", tiny_math_model_path, *ONE_PROBLEM, "--output", str(output)])
         assert info.value.code == 2
         assert capsys.readouterr().err.startswith(f"stapo-eval: error: {expected}")
 

@@ -2,9 +2,13 @@
 
 import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from testing_utils import subprocess_env
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import stapo_trl.models.cache as builtin_cache
@@ -12,83 +16,61 @@ from stapo_trl.data import INSTRUCTION, format_prompt, make_tiny_math_dataset
 from stapo_trl.models import (
     BUILTIN_MODELS,
     INFO_FILE,
+    build_builtin_model,
     builtin_model_dir,
     default_cache_dir,
     read_builtin_info,
     resolve_model_path,
 )
-from stapo_trl.models.build import one_torch_thread as build_on_one_thread
-from stapo_trl.models.warmup import measure_accuracy
+from stapo_trl.models.warmup import _TokenStatisticsRecorder, measure_accuracy, summarize_token_statistics
 
 
-@pytest.fixture
-def one_torch_thread():
-    # Generation and training of a 144k-parameter model are dominated by thread hand-offs: one thread is ~3x faster
-    # than two on a busy 2-core machine (see `stapo_trl.models.build.one_torch_thread`).
-    with build_on_one_thread():
-        yield
+def load(path):
+    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
 
-# ----------------------------------------------------------------------------------------------------------------
 # The SFT-warmed model
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def test_tiny_math_reloads_offline_and_records_its_accuracy(tiny_math_model_path):
     assert os.environ["HF_HUB_OFFLINE"] == "1"
-    model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
+    model, tokenizer = load(tiny_math_model_path)
     assert type(model).__name__ == "Qwen3ForCausalLM"
-    assert model.config.hidden_size == 64 and model.config.num_hidden_layers == 2
-    assert model.config.num_attention_heads == 4
-    assert 130_000 <= model.num_parameters() <= 160_000
-    assert model.config.vocab_size == len(tokenizer)
-
+    assert (model.config.hidden_size, model.config.num_hidden_layers, model.config.num_attention_heads) == (64, 2, 4)
+    assert 130_000 <= model.num_parameters() <= 160_000 and model.config.vocab_size == len(tokenizer)
     info = read_builtin_info(tiny_math_model_path)
-    assert info["name"] == "builtin:tiny-math"
-    assert info["version"] == BUILTIN_MODELS["tiny-math"]["version"]
+    assert info["name"] == "builtin:tiny-math" and info["version"] == BUILTIN_MODELS["tiny-math"]["version"]
     assert info["model"]["num_parameters"] == model.num_parameters()
     assert info["sft"]["steps"] == BUILTIN_MODELS["tiny-math"]["sft_steps"]
     assert info["sft"]["label_smoothing_factor"] == 0.02
-    # The warm start the RL demo needs: some but not all sampled answers right (T = 1.0).
-    evaluation = info["eval"]
-    assert evaluation["temperature"] == 1.0 and evaluation["num_problems"] == 300
-    assert 0.2 <= evaluation["sampled_accuracy"] <= 0.8
-    # Label smoothing leaves a low-probability tail that sampling hits; the argmax is nearly always right.
-    assert evaluation["greedy_accuracy"] > evaluation["sampled_accuracy"]
-    assert len(evaluation["samples"]) == 5
     assert info["sft"]["last_logged_loss"] < info["sft"]["mean_train_loss"]
+    # The warm start the RL demo needs: some but not all sampled answers right (T = 1.0); label smoothing leaves a
+    # low-probability tail that sampling hits, while the argmax is nearly always right.
+    evaluation = info["eval"]
+    assert evaluation["temperature"] == 1.0 and evaluation["num_problems"] == 300 and len(evaluation["samples"]) == 5
+    assert 0.2 <= evaluation["sampled_accuracy"] <= 0.8 < evaluation["greedy_accuracy"]
 
 
-def test_tiny_math_reloaded_model_solves_held_out_problems(tiny_math_model_path, one_torch_thread):
-    # Re-measure on the reloaded weights (greedy, 50 held-out problems): the saved model is the trained one.
-    model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
+def test_tiny_math_reloaded_model_solves_held_out_problems(tiny_math_model_path):
+    model, tokenizer = load(tiny_math_model_path)
     test = make_tiny_math_dataset()["test"].select(range(50))
     accuracy, completions = measure_accuracy(model, tokenizer, test["prompt"], test["solution"], do_sample=False)
     assert accuracy >= 0.7, completions[:5]
     assert accuracy == pytest.approx(read_builtin_info(tiny_math_model_path)["eval"]["greedy_accuracy"], abs=0.2)
-    # The worked-steps format is learnt, not just the answer.
-    assert sum(c.startswith(t) for c, t in zip(completions, test["completion"])) >= 30
+    assert sum(c.startswith(t) for c, t in zip(completions, test["completion"])) >= 30  # the worked steps are learnt
 
 
 def test_both_builtins_share_the_tokenizer(tiny_math_model_path, tiny_random_model_path):
-    math_tok = AutoTokenizer.from_pretrained(tiny_math_model_path)
-    random_tok = AutoTokenizer.from_pretrained(tiny_random_model_path)
-    assert math_tok.get_vocab() == random_tok.get_vocab()
+    assert load(tiny_math_model_path)[1].get_vocab() == load(tiny_random_model_path)[1].get_vocab()
     info = read_builtin_info(tiny_random_model_path)
     assert info["sft"]["steps"] == 0 and info["eval"] is None
 
 
-def test_grpo_trainer_accepts_the_builtin_path(tiny_math_model_path, tmp_path, one_torch_thread):
+def test_grpo_trainer_accepts_the_builtin_path(tiny_math_model_path, tmp_path):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     prompts = make_tiny_math_dataset()["train"].select(range(16))
-
-    def length_reward(completions, **kwargs):  # varies across samples at T = 1.0, so advantages are non-zero
-        return [len(c[0]["content"]) / 40 for c in completions]
-
     args = GRPOConfig(
         output_dir=str(tmp_path),
         max_steps=3,
@@ -106,24 +88,18 @@ def test_grpo_trainer_accepts_the_builtin_path(tiny_math_model_path, tmp_path, o
     )
     trainer = GRPOTrainer(
         model=tiny_math_model_path,
-        reward_funcs=length_reward,
+        reward_funcs=lambda completions, **kw: [len(c[0]["content"]) / 40 for c in completions],  # varies at T = 1
         args=args,
         train_dataset=Dataset.from_dict({"prompt": prompts["prompt"], "solution": prompts["solution"]}),
     )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
-    assert trainer.state.global_step == 3
     logs = [log for log in trainer.state.log_history if "reward" in log]
-    assert len(logs) == 3
-    # The SFT model ends most completions with eos well before the 40-token limit.
-    assert all(log["completions/mean_length"] < 40 for log in logs)
-    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])]
-    assert len(changed) == len(before)
+    assert len(logs) == 3 and all(log["completions/mean_length"] < 40 for log in logs)  # eos before the limit
+    assert all(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
 
 
-# ----------------------------------------------------------------------------------------------------------------
 # The tokenizer
-# ----------------------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -131,21 +107,14 @@ def tokenizer(tiny_random_model_path):
     return AutoTokenizer.from_pretrained(tiny_random_model_path)
 
 
-def test_tokenizer_size_and_special_tokens(tokenizer):
+def test_tokenizer_size_special_tokens_and_digits(tokenizer):
     assert 280 <= len(tokenizer) <= 400
-    assert tokenizer.eos_token == "<|im_end|>"
-    assert tokenizer.pad_token == "<|endoftext|>"
-    assert tokenizer.pad_token_id != tokenizer.eos_token_id
-
-
-def test_tokenizer_round_trips_digits_and_boxed(tokenizer):
+    assert (tokenizer.eos_token, tokenizer.pad_token) == ("<|im_end|>", "<|endoftext|>")
     for text in ["0123456789", "\\boxed{85}", "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}", "47+38"]:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        assert tokenizer.decode(ids) == text
+        assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
     # Every digit is its own token, never merged with a neighbour (as in Qwen).
     assert tokenizer.tokenize("0123456789") == list("0123456789")
-    pieces = tokenizer.tokenize("\\boxed{85}")
-    assert pieces[-3:] == ["8", "5", "}"]
+    assert tokenizer.tokenize("\\boxed{85}")[-3:] == ["8", "5", "}"]
     assert all(not any(ch.isdigit() for ch in p) or len(p) == 1 for p in tokenizer.get_vocab())
 
 
@@ -157,67 +126,56 @@ def test_chat_template(tokenizer):
     full = tokenizer.apply_chat_template(format_prompt("47+38") + completion, tokenize=False)
     assert full == text + completion[0]["content"] + "<|im_end|>\n"
     prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    full_ids = tokenizer(full, add_special_tokens=False)["input_ids"]
-    assert full_ids[: len(prompt_ids)] == prompt_ids
+    assert tokenizer(full, add_special_tokens=False)["input_ids"][: len(prompt_ids)] == prompt_ids
 
 
-# ----------------------------------------------------------------------------------------------------------------
 # resolve_model_path and the cache
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def test_resolve_builds_once_then_reuses_the_cache(tmp_path, monkeypatch):
     builds = []
     real_build = builtin_cache.build_builtin_model
 
-    def counting_build(name, output_dir, **kwargs):
+    def counting_build(name, *args, **kwargs):
         builds.append(name)
-        return real_build(name, output_dir, **kwargs)
+        return real_build(name, *args, **kwargs)
 
     monkeypatch.setattr(builtin_cache, "build_builtin_model", counting_build)
     target = builtin_model_dir("tiny-random", tmp_path)
     target.mkdir(parents=True)
-    (target / "junk.txt").write_text("an incomplete folder (no info file) is replaced, not trusted")
-
+    (target / "junk.txt").write_text("an incomplete folder (no build record) is replaced, not trusted")
     path = resolve_model_path("builtin:tiny-random", cache_dir=tmp_path)
     assert path == str(target) == str(tmp_path / f"tiny-random-{BUILTIN_MODELS['tiny-random']['version']}")
-    assert builds == ["tiny-random"]
-    assert not (target / "junk.txt").exists()
+    assert builds == ["tiny-random"] and not (target / "junk.txt").exists()
     mtime = os.path.getmtime(target / INFO_FILE)
-
     assert resolve_model_path("builtin:tiny-random", cache_dir=tmp_path) == path
-    assert builds == ["tiny-random"]  # second call: no rebuild
-    assert os.path.getmtime(target / INFO_FILE) == mtime
+    assert builds == ["tiny-random"] and os.path.getmtime(target / INFO_FILE) == mtime  # read, not rebuilt
     # Only the model folder and its lock file are left (the temporary build folder was renamed away).
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, target.name + ".lock"])
     AutoModelForCausalLM.from_pretrained(path)
 
 
-def test_resolve_passes_through_directories_and_hub_ids(tmp_path):
-    assert resolve_model_path(str(tmp_path)) == str(tmp_path)
-    assert resolve_model_path(tmp_path) == str(tmp_path)
-    assert resolve_model_path("Qwen/Qwen3-1.7B-Base") == "Qwen/Qwen3-1.7B-Base"
-    assert resolve_model_path("gpt2") == "gpt2"
+def test_two_builds_give_identical_files(tiny_random_model_path, tmp_path):
+    build_builtin_model("tiny-random", tmp_path)  # the session's build was another one, through the cache
+    for file in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json"):
+        assert (tmp_path / file).read_bytes() == open(os.path.join(tiny_random_model_path, file), "rb").read(), file
 
 
-@pytest.mark.parametrize("path", ["./no-such-model", "../no/such/model", "/no/such/model", "~/no-such-model-xyz"])
-def test_resolve_missing_local_path(path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        resolve_model_path(path)
-
-
-def test_resolve_file_is_not_a_model_dir(tmp_path):
-    file = tmp_path / "model.safetensors"
-    file.write_bytes(b"")
+def test_resolve_passes_through_directories_and_hub_ids_and_refuses_bad_paths(tmp_path, tiny_random_model_path):
+    model = tiny_random_model_path
+    assert resolve_model_path(model) == resolve_model_path(Path(model)) == model
+    assert (
+        resolve_model_path("Qwen/Qwen3-1.7B-Base") == "Qwen/Qwen3-1.7B-Base" and resolve_model_path("gpt2") == "gpt2"
+    )
+    for path in ["./no-such-model", "../no/such/model", "/no/such/model", "~/no-such-model-xyz"]:
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            resolve_model_path(path)
+    (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(NotADirectoryError, match="model.safetensors"):
-        resolve_model_path(str(file))
-
-
-def test_resolve_unknown_builtin_lists_the_known_names():
+        resolve_model_path(str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="builtin:nope") as excinfo:
         resolve_model_path("builtin:nope")
-    for name in BUILTIN_MODELS:
-        assert f"builtin:{name}" in str(excinfo.value)
+    assert all(f"builtin:{name}" in str(excinfo.value) for name in BUILTIN_MODELS)
 
 
 def test_cache_dir_from_env(tmp_path, monkeypatch):
@@ -229,6 +187,7 @@ def test_cache_dir_from_env(tmp_path, monkeypatch):
 
 
 def test_launched_processes_build_in_a_child(monkeypatch):
+    assert not builtin_cache._is_launched_process()
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert builtin_cache._is_launched_process()
     monkeypatch.delenv("LOCAL_RANK")
@@ -246,8 +205,7 @@ def test_in_process_build_leaves_accelerate_state_and_rngs_alone():
         torch.manual_seed(123)  # what Trainer does
         random.seed(123)
     assert (dict(PartialState._shared_state), dict(AcceleratorState._shared_state)) == before
-    assert torch.equal(torch.get_rng_state(), torch_state)
-    assert random.getstate() == py_state
+    assert torch.equal(torch.get_rng_state(), torch_state) and random.getstate() == py_state
 
 
 @pytest.mark.slow
@@ -260,20 +218,37 @@ def test_build_in_a_child_process_under_a_launcher(tmp_path, monkeypatch):
     AutoModelForCausalLM.from_pretrained(path)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_killed_build_leaves_no_model_and_two_processes_build_once(tmp_path):
+    code = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO); from stapo_trl.models import resolve_model_path;"
+        " print(resolve_model_path('builtin:tiny-random', cache_dir=sys.argv[1]))"
+    )
+    command, env = [sys.executable, "-c", code, str(tmp_path)], subprocess_env()
+    target = builtin_model_dir("tiny-random", tmp_path)
+    killed = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while not list(tmp_path.glob(f".{target.name}.tmp-*")):  # the event: the build has started
+        assert killed.poll() is None, "the process ended before it started the build"
+    killed.kill()
+    killed.wait()
+    assert not target.exists()  # a build cut short leaves a hidden temporary folder, never a model folder
+    runs = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"
+    ]
+    outputs = [run.communicate(timeout=600) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    assert [out.strip().splitlines()[-1] for out, _ in outputs] == [str(target)] * 2
+    assert sum("Building builtin:tiny-random" in err for _, err in outputs) == 1  # the other one waited, then read
+    AutoModelForCausalLM.from_pretrained(target)
+
+
 # The sampled-token statistics of the warm-up check (entropy, probability of the drawn token)
-# ----------------------------------------------------------------------------------------------------------------
 
 
-def test_recorded_token_statistics_match_a_forward_pass(tiny_math_model_path, one_torch_thread):
+def test_recorded_token_statistics_match_a_forward_pass(tiny_math_model_path):
     # The recorder must see the distribution each token was drawn from: at T = 1, top-p 1, top-k 0 that is the
     # softmax of the logits, which a teacher-forced forward pass over prompt + completion reproduces.
-    from transformers import LogitsProcessorList
-
-    from stapo_trl.models.warmup import _TokenStatisticsRecorder
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
+    model, tokenizer = load(tiny_math_model_path)
     prompts = make_tiny_math_dataset()["test"]["prompt"][:4]
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
     batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
@@ -287,13 +262,12 @@ def test_recorded_token_statistics_match_a_forward_pass(tiny_math_model_path, on
             temperature=1.0,
             top_p=1.0,
             top_k=0,
-            logits_processor=LogitsProcessorList([recorder]),
+            logits_processor=[recorder],
         )
     prompt_len = batch["input_ids"].shape[1]
     completion_ids = out[:, prompt_len:]  # (B, T)
     entropy, prob = recorder.finish(completion_ids)  # (B, T) each
     assert entropy.shape == prob.shape == completion_ids.shape
-
     attention_mask = torch.cat([batch["attention_mask"], torch.ones_like(completion_ids)], dim=1)  # (B, P + T)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     with torch.no_grad():
@@ -309,8 +283,6 @@ def test_recorded_token_statistics_match_a_forward_pass(tiny_math_model_path, on
 
 
 def test_token_statistics_summary_on_hand_values():
-    from stapo_trl.models.warmup import summarize_token_statistics
-
     # Entropies 0..4 nats: linear-interpolated p10 = 0.4, p50 = 2, p90 = 3.6, mean 2. Probabilities: 2 of 5 below 0.002
     # (0.002 itself is not below).
     summary = summarize_token_statistics({"entropy": [0, 1, 2, 3, 4], "prob": [0.001, 0.0019, 0.002, 0.5, 1.0]})
@@ -319,9 +291,8 @@ def test_token_statistics_summary_on_hand_values():
     assert summary["frac_prob_below_tau_p"] == 0.4 and summary["tau_p"] == 0.002
 
 
-def test_measure_accuracy_counts_tokens_up_to_eos_and_keeps_the_train_mode(tiny_math_model_path, one_torch_thread):
-    model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
+def test_measure_accuracy_counts_tokens_up_to_eos_and_keeps_the_train_mode(tiny_math_model_path):
+    model, tokenizer = load(tiny_math_model_path)
     test = make_tiny_math_dataset()["test"].select(range(8))
     model.train()
     stats = {}
@@ -330,7 +301,7 @@ def test_measure_accuracy_counts_tokens_up_to_eos_and_keeps_the_train_mode(tiny_
     )
     assert model.training  # restored: the callback of a running SFT evaluates mid-training
     # One entry per completion token plus its eos (greedy completions are the canonical worked steps, which re-tokenize
-    # to the same tokens; they end well before 48 tokens). A sampled stray token may not re-tokenize the same way.
+    # to the same tokens; they end well before 48 tokens).
     lengths = [len(tokenizer(c, add_special_tokens=False)["input_ids"]) + 1 for c in completions]
     assert len(stats["entropy"]) == len(stats["prob"]) == sum(lengths)
     assert all(h >= 0 for h in stats["entropy"]) and all(0 < p <= 1 for p in stats["prob"])

@@ -1,10 +1,12 @@
-"""`stapo_trl.models.loading`: a LoRA adapter folder (a `--use_peft` run's output) loads onto its base model."""
+"""`stapo_trl.models.loading`: a full model, a LoRA adapter folder (a `--use_peft` run's output) merged onto its base
+model, and no remote code."""
 
 import json
 import shutil
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from stapo_trl.models.loading import ModelSource, load_causal_lm, resolve_model_source
 
@@ -13,7 +15,7 @@ from stapo_trl.models.loading import ModelSource, load_causal_lm, resolve_model_
 def lora_dir(tiny_random_model_path, tmp_path_factory):
     """An adapter folder as a LoRA run leaves it: adapter weights (non-zero B), the tokenizer and a config.json."""
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     base = AutoModelForCausalLM.from_pretrained(tiny_random_model_path)
     peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
@@ -34,19 +36,18 @@ def lora_dir(tiny_random_model_path, tmp_path_factory):
 
 def test_full_model_is_not_an_adapter(tiny_random_model_path):
     assert resolve_model_source(tiny_random_model_path) == ModelSource(tiny_random_model_path)
-    model, tokenizer = load_causal_lm(tiny_random_model_path)
-    assert not model.training and tokenizer is not None
+    model, tokenizer = load_causal_lm(tiny_random_model_path, dtype=torch.float64)
+    assert not model.training and model.dtype == torch.float64 and tokenizer("12+34")["input_ids"]
 
 
-def test_adapter_folder_loads_onto_its_base(lora_dir, tiny_random_model_path, capsys):
-    from transformers import AutoModelForCausalLM
-
+def test_adapter_folder_loads_merged_onto_its_base(lora_dir, tiny_random_model_path, capsys):
     folder, ids, expected = lora_dir
     with pytest.raises(OSError):  # what stapo-eval hit before
         AutoModelForCausalLM.from_pretrained(folder)
     assert resolve_model_source(str(folder)) == ModelSource(tiny_random_model_path, adapter=str(folder))
     model, tokenizer = load_causal_lm(str(folder))
     assert f"onto its base model {tiny_random_model_path}" in capsys.readouterr().out
+    assert type(model).__name__ == "Qwen3ForCausalLM" and not model.training  # merged: no PEFT wrapper left
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
         base_logits = AutoModelForCausalLM.from_pretrained(tiny_random_model_path)(ids).logits
@@ -54,14 +55,29 @@ def test_adapter_folder_loads_onto_its_base(lora_dir, tiny_random_model_path, ca
     assert tokenizer("12+34")["input_ids"]
 
 
-def test_adapter_base_override_and_missing_base(lora_dir, tiny_random_model_path, tmp_path):
-    folder, _, _ = lora_dir
-    assert resolve_model_source(str(folder), base_model="/elsewhere/base").base == "/elsewhere/base"
+def test_adapter_without_a_base_is_refused(lora_dir, tmp_path):
     broken = tmp_path / "adapter"
-    shutil.copytree(folder, broken)
+    shutil.copytree(lora_dir[0], broken)
     config = json.loads((broken / "adapter_config.json").read_text())
     config["base_model_name_or_path"] = None
     (broken / "adapter_config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="base_model_name_or_path"):
-        resolve_model_source(str(broken))
-    assert resolve_model_source(str(broken), base_model=tiny_random_model_path).base == tiny_random_model_path
+        load_causal_lm(str(broken))
+
+
+def test_model_code_in_a_folder_is_never_run(tiny_random_model_path, tmp_path):
+    # A folder whose config points at its own modelling code: transformers refuses it without trust_remote_code, which
+    # loading never sets, so the code never runs.
+    folder = tmp_path / "remote-code"
+    shutil.copytree(tiny_random_model_path, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(
+        model_type="evil",
+        auto_map={"AutoConfig": "modeling_evil.EvilConfig", "AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"},
+    )
+    (folder / "config.json").write_text(json.dumps(config))
+    ran = tmp_path / "ran"
+    (folder / "modeling_evil.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        load_causal_lm(str(folder))
+    assert not ran.exists()

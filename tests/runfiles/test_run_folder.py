@@ -1,6 +1,7 @@
-"""The run folder (`stapo_trl.runfiles.run_folder`): a checkpoint whose save was cut short (a kill, a full disk) is
-never resumed and is named in one line with why, the newest complete one is; one writer per `output_dir`, through a
-lock that a killed writer does not leave held.
+"""The run folder (`stapo_trl.runfiles.run_folder`, `stapo_trl.runfiles.checkpoints`): a checkpoint whose save was cut
+short (a kill, a full disk) is never resumed and is named in one line with why, the newest complete one is; one writer
+per `output_dir`, through a lock that a killed writer does not leave held; no file is written through a symbolic
+link.
 
 A cut-short save is made by transformers' own `Trainer._save_checkpoint`, stopped at one of its writes by an exception
 (the files on disk are what a SIGKILL at that point leaves); `test_kills_inside_checkpoint_and_run_file_writes` kills
@@ -10,6 +11,7 @@ real `stapo-train` processes there instead.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -90,8 +92,10 @@ def test_the_python_api_resumes_the_newest_complete_checkpoint(
         assert (out / "checkpoint-2").is_dir()
     trainer = _trainer(tiny_random_model_path, out, max_steps=3)
     trainer.train(resume_from_checkpoint=True)
-    assert f"Resuming training from {out / 'checkpoint-1'}, the newest complete checkpoint; skipped {skipped}." in (
-        caplog.text
+    folder = skipped.split()[0]
+    assert (
+        f"Resuming training from {out / 'checkpoint-1'}, the newest complete checkpoint; skipped {skipped} and moved it "
+        f"aside to _damaged-{folder}." in caplog.text
     )
     assert trainer.state.global_step == 3
     # Every step's metrics row once: the rows of the steps redone after the resume are not doubled.
@@ -101,7 +105,7 @@ def test_the_python_api_resumes_the_newest_complete_checkpoint(
 def test_a_checkpoint_rewritten_in_place_is_incomplete_until_its_new_state(tiny_random_model_path, tmp_path):
     """A run started again in its folder (no resume) saves checkpoint-1 over the earlier run's: cut short, the earlier
     trainer_state.json would mark new weights with old optimizer state complete."""
-    from stapo_trl.runfiles.run_folder import newest_complete_checkpoint
+    from stapo_trl.runfiles.checkpoints import newest_complete_checkpoint
 
     out = tmp_path / "run"
     _trainer(tiny_random_model_path, out, max_steps=1).train()
@@ -112,20 +116,21 @@ def test_a_checkpoint_rewritten_in_place_is_incomplete_until_its_new_state(tiny_
             _trainer(tiny_random_model_path, out, max_steps=1).train()
     assert newest_complete_checkpoint(str(out)) == (
         None,
-        ["checkpoint-1 (no trainer_state.json: its save did not finish)"],
+        [("checkpoint-1", "no trainer_state.json: its save did not finish")],
     )
     with pytest.raises(ValueError, match="^No complete checkpoint to resume from in output_dir="):
         _trainer(tiny_random_model_path, out, max_steps=2).train(resume_from_checkpoint=True)
 
 
-def test_what_a_complete_checkpoint_holds(tmp_path):
-    from stapo_trl.runfiles.run_folder import checkpoint_problem
+def test_what_a_complete_checkpoint_holds_without_a_run_record(tmp_path, tiny_random_model_path):
+    """A checkpoint saved before the run record: complete by rule (the weights, and unless `save_only_model` the
+    optimizer, scheduler and RNG state), each file whole."""
+    from stapo_trl.runfiles.checkpoints import checkpoint_problem
 
-    folder = tmp_path / "checkpoint-3"
-    folder.mkdir()
-    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"):
-        (folder / name).write_bytes(b"x")
-    (folder / "trainer_state.json").write_text('{"global_step": 3}')
+    out = tmp_path / "run"
+    _trainer(tiny_random_model_path, out, max_steps=1).train()
+    folder = out / "checkpoint-1"
+    (folder / "stapo_run.json").unlink()
     assert checkpoint_problem(str(folder)) is None
     (folder / "rng_state.pth").unlink()  # a checkpoint resumed with fresh RNG state would differ silently
     assert checkpoint_problem(str(folder)) == "no RNG state (rng_state.pth)"
@@ -200,6 +205,50 @@ def test_holds_nest_within_a_process(tmp_path):
     lock_run_folder(_args(run), acquire=False)
     probe = subprocess.run([sys.executable, "-c", HOLDER, str(run)], input="", capture_output=True, text=True)
     assert probe.returncode == 0 and probe.stdout == "held\n", probe.stderr
+
+
+@pytest.mark.parametrize("name", ["_writer.txt", "_writer.lock", "metrics.jsonl", "checkpoint-1/optimizer.pt"])
+def test_a_symbolic_link_in_the_run_folder_is_refused_and_its_target_left_alone(tmp_path, name):
+    # Measured: a _writer.txt that was a symbolic link was followed, and its target overwritten.
+    from stapo_trl.runfiles.run_folder import lock_run_folder
+
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("precious")
+    run = tmp_path / "run"
+    (run / "checkpoint-1").mkdir(parents=True)
+    (run / name).symlink_to(target)
+    with pytest.raises(ValueError) as raised:
+        lock_run_folder(_args(run))
+    assert str(raised.value) == (
+        f"{run / name} is a symbolic link (to {str(target)!r}): a run writes its files in its folder, never through a "
+        "link (it would overwrite the link's target). Remove the link, or give another output_dir."
+    )
+    assert target.read_text() == "precious"
+
+
+@pytest.mark.parametrize("mode", ["w", "a", "wb"])
+def test_a_link_planted_while_a_run_holds_its_folder_is_not_written_through(tmp_path, mode):
+    """Every run file stapo_trl writes is opened by `open_run_file` (O_NOFOLLOW): a link made after the run took its
+    folder is refused too."""
+    from stapo_trl.runfiles.run_folder import open_run_file
+
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("precious")
+    (tmp_path / "eval.json").symlink_to(target)
+    with pytest.raises(ValueError, match=r"eval.json is a symbolic link \(to "):
+        open_run_file(tmp_path / "eval.json", mode)
+    assert target.read_text() == "precious"
+
+
+def test_a_symlinked_output_dir_itself_is_a_run_folder(tmp_path):
+    """Clusters link a scratch disk as the run folder: the link is the folder, its files are plain files."""
+    from stapo_trl.runfiles.run_folder import lock_run_folder
+
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "run").symlink_to(tmp_path / "scratch")
+    lock_run_folder(_args(tmp_path / "run"))
+    lock_run_folder(_args(tmp_path / "run"), acquire=False)
+    assert (tmp_path / "scratch" / "_writer.txt").read_text().startswith(f"pid {os.getpid()} on ")
 
 
 def test_stapo_train_refuses_a_folder_another_run_writes(

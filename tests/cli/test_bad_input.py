@@ -1,0 +1,295 @@
+"""Input that ended `stapo-train` or `stapo-eval` with a traceback, or was taken silently, found by a probe of a user's
+mistakes; each is now one line naming the key, file, line, function or step. For each kind: the measured case, then
+two more."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from testing_utils import STAPO_RECIPE, addition_rows, error_line, write_jsonl, write_recipe
+
+
+def _train(argv):
+    from stapo_trl.cli.train import main
+
+    main(argv)
+
+
+def _refused(capsys, argv, prog="stapo-train", command=_train, code=2):
+    with pytest.raises(SystemExit) as excinfo:
+        command(argv)
+    assert excinfo.value.code == code
+    return error_line(capsys, prog)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The recipe file: a key given twice, bytes that are not UTF-8
+# ---------------------------------------------------------------------------------------------------------------
+
+DEMO = Path(STAPO_RECIPE).read_text().splitlines()
+
+
+def _line_of(key):
+    return next(n for n, line in enumerate(DEMO, start=1) if line.startswith(f"{key}:"))
+
+
+END = len(DEMO) + 2  # the line of a text appended after the demo recipe and a blank line
+
+
+@pytest.mark.parametrize(
+    "added, key, lines",
+    [
+        ("learning_rate: 3.0e-4", "learning_rate", (_line_of("learning_rate"), END)),  # measured: the last one won
+        ("env:\n  OMP_NUM_THREADS: '1'\n  OMP_NUM_THREADS: '2'", "OMP_NUM_THREADS", (END + 1, END + 2)),
+        ("model_init_kwargs: {revision: main, revision: v2}", "revision", (END, END)),
+    ],
+    ids=["top-level", "env-block", "flow-mapping"],
+)
+def test_a_recipe_key_given_twice_is_one_line(tmp_path, capsys, no_model_built, added, key, lines):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("\n".join(DEMO) + "\n\n" + added + "\n")
+    line = _refused(capsys, ["--config", str(recipe), "--output_dir", str(tmp_path / "out")])
+    assert line == (
+        f"stapo-train: error: Recipe {str(recipe)!r}: key {key} is given twice (lines {lines[0]} and {lines[1]}): keep "
+        "one of them."
+    )
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "where, old, new",
+    [
+        ("comment", b"why: no download", b"why: no d\xffownload"),  # measured: no file named
+        ("value", b"output_dir: outputs/demo-stapo", b"output_dir: outputs/d\xe9mo-stapo"),  # Latin-1
+        ("key", b"seed: 0", b"s\xc3eed: 0"),  # a cut multi-byte character
+    ],
+)
+def test_a_recipe_that_is_not_utf8_is_one_line_naming_the_file_and_line(
+    tmp_path, capsys, no_model_built, where, old, new
+):
+    data = Path(STAPO_RECIPE).read_bytes()
+    assert old in data
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_bytes(data.replace(old, new))
+    start = data.index(old) + next(i for i, (a, b) in enumerate(zip(old, new)) if a != b)
+    line_number = data[:start].count(b"\n") + 1
+    column = start - data.rfind(b"\n", 0, start)
+    line = _refused(capsys, ["--config", str(recipe)])
+    assert line == (
+        f"stapo-train: error: Recipe {str(recipe)!r} is not UTF-8 text: byte 0x{new[start - data.index(old)]:02x} at "
+        f"line {line_number}, column {column}. Save it as UTF-8 (an editor's 'encoding' setting)."
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Values that failed after the model was built: seeds, no reward, an empty output_dir
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["--seed", str(2**32)],
+            "--seed: seed=4294967296 must be in [0, 2**32 - 1] (numpy's seed range).",
+        ),  # measured
+        (["--seed", "-1"], "--seed: seed=-1 must be in [0, 2**32 - 1] (numpy's seed range)."),
+        (["--data_seed", str(2**32)], "--data_seed: data_seed=4294967296 must be in [0, 2**32 - 1]"),
+        # Measured: `--output_dir ''` wrote _writer.lock and _writer.txt into the current folder, after a traceback.
+        (["--output_dir", ""], "--output_dir: output_dir='' is empty: give the folder the run writes its"),
+    ],
+    ids=["seed-too-large", "seed-negative", "data-seed", "empty-output-dir"],
+)
+def test_a_seed_out_of_numpys_range_or_an_empty_output_dir_is_one_line(
+    tmp_path, capsys, no_model_built, monkeypatch, argv, expected
+):
+    monkeypatch.chdir(tmp_path)
+    line = _refused(capsys, ["--config", STAPO_RECIPE, "--output_dir", "out", *argv])
+    assert line.startswith(f"stapo-train: error: {expected}"), line
+    assert list(tmp_path.iterdir()) == []  # nothing written, in the current folder either
+
+
+@pytest.mark.parametrize(
+    "recipe_line, argv",
+    [("reward_funcs: []", []), ("reward_funcs: null", []), ("", ["--reward_funcs", ""])],  # measured: the first
+    ids=["empty-list", "null", "empty-name"],
+)
+def test_no_reward_is_one_line(tmp_path, capsys, no_model_built, recipe_line, argv):
+    recipe = write_recipe(tmp_path, recipe_line)
+    line = _refused(capsys, ["--config", recipe, "--output_dir", str(tmp_path / "out"), *argv])
+    assert "names no reward: give at least one, one of ['format', 'math_accuracy']" in line, line
+
+
+def test_the_python_api_refuses_no_reward_at_construction(tmp_path, tiny_random_model_path, no_model_built):
+    from testing_utils import PROMPTS, tiny_stapo_config
+
+    from stapo_trl import STAPOTrainer
+
+    with pytest.raises(ValueError, match=r"^reward_funcs=\[\] gives no reward: pass at least one reward function"):
+        STAPOTrainer(tiny_random_model_path, [], args=tiny_stapo_config(tmp_path / "run"), train_dataset=PROMPTS)
+
+
+def test_the_python_api_refuses_an_empty_output_dir_before_writing(tmp_path, tiny_random_model_path, monkeypatch):
+    import trl
+    from testing_utils import PROMPTS, zero_reward
+
+    from stapo_trl import STAPOConfig, STAPOTrainer
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"^output_dir='' is empty: give the folder the run writes"):
+        STAPOConfig(output_dir="")
+    args = trl.GRPOConfig(output_dir="", use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=2)
+    with pytest.raises(ValueError, match=r"^output_dir='' is empty: give the folder the run writes"):
+        STAPOTrainer(tiny_random_model_path, zero_reward, args=args, train_dataset=PROMPTS)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A local dataset folder with one bad line
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "second_file, expected",
+    [
+        ('{rows3}\n{{"problem": "1+1", "answer": "2"\n{rows1}\n', "b.jsonl line 4 is not a JSON object"),  # measured
+        ('{rows3}\n{{"problem": "1+1"', "b.jsonl line 4 is not a JSON object"),  # cut short by a copy
+        ("{rows3}\nnot json at all\n", "b.jsonl line 4 is not a JSON object"),
+    ],
+    ids=["unclosed-object", "cut-last-line", "text-line"],
+)
+def test_a_dataset_folder_with_one_bad_line_is_one_line(tmp_path, capsys, no_model_built, second_file, expected):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = [json.dumps(row) for row in addition_rows(8)]
+    write_jsonl(folder / "a.jsonl", addition_rows(8))
+    (folder / "b.jsonl").write_text(second_file.format(rows3="\n".join(rows[:3]), rows1=rows[4]))
+    line = _refused(
+        capsys, ["--config", STAPO_RECIPE, "--dataset_name", str(folder), "--output_dir", str(tmp_path / "o")]
+    )
+    assert line == f"stapo-train: error: dataset folder {str(folder)!r} could not be read: {expected}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# stapo-eval on a folder without a model, a checkpoint half written or removed while it loads
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _eval(argv):
+    from stapo_trl.cli.eval import main
+
+    main(argv)
+
+
+EVAL = ["--benchmarks", "tiny-math", "--backend", "hf", "--limit", "2", "--samples", "1", "--max-new-tokens", "48"]
+
+
+@pytest.fixture(scope="module")
+def checkpointed_run(tmp_path_factory, tiny_math_model_path):
+    """A one-step stapo-train run with checkpoint-1 (each test copies it)."""
+    out = tmp_path_factory.mktemp("eval-run") / "run"
+    _train(
+        ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--max_steps", "1", "--save_steps",
+         "1", "--eval_before_after", "false", "--disable_tqdm", "true", "--output_dir", str(out)]
+    )  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("case", ["empty-folder", "run-without-final-model", "config-without-weights"])
+def test_stapo_eval_on_a_folder_without_a_model_is_one_line(checkpointed_run, tmp_path, capsys, case):
+    # Measured: an empty folder blamed --max-new-tokens ("Unrecognized model in emptyfolder").
+    folder = tmp_path / "model"
+    if case == "empty-folder":
+        folder.mkdir()
+        expected = "holds no model (no config.json): give a folder saved by save_pretrained"
+    elif case == "run-without-final-model":  # a run stopped before its final save: checkpoints only
+        folder.mkdir()
+        shutil.copytree(checkpointed_run / "checkpoint-1", folder / "checkpoint-1")
+        expected = "holds no model (no config.json): it is a run folder without its final model: give its newest "
+        expected += f"complete checkpoint, {folder / 'checkpoint-1'}."
+    else:
+        folder.mkdir()
+        shutil.copy(checkpointed_run / "config.json", folder / "config.json")
+        expected = "holds no model (no weights (*.safetensors)): "
+    line = _refused(capsys, ["--model", str(folder), *EVAL], prog="stapo-eval", command=_eval)
+    assert line.startswith(f"stapo-eval: error: Model directory {str(folder)!r} {expected}"), line
+
+
+@pytest.mark.parametrize("case", ["half-written", "model-cut", "removed-while-loading"])
+def test_stapo_eval_on_a_checkpoint_half_written_or_rotated_away_is_one_line(
+    checkpointed_run, tmp_path, capsys, monkeypatch, case
+):
+    # Measured: a traceback for a checkpoint being rotated away (save_total_limit) or still being written.
+    run = tmp_path / "run"
+    shutil.copytree(checkpointed_run, run)
+    checkpoint = run / "checkpoint-1"
+    if case == "half-written":
+        (checkpoint / "trainer_state.json").unlink()
+        expected = f"Model directory {str(checkpoint)!r} is not a complete checkpoint (no trainer_state.json: its save"
+    elif case == "model-cut":
+        (checkpoint / "model.safetensors").write_bytes((checkpoint / "model.safetensors").read_bytes()[:50_000])
+        expected = f"Model directory {str(checkpoint)!r} is not a complete checkpoint (model.safetensors cut short: "
+    else:  # the rotation removes it after the checks, as the model loads
+        import transformers
+
+        load = transformers.AutoModelForCausalLM.from_pretrained.__func__
+
+        def rotated_away(cls, path, *args, **kwargs):
+            shutil.rmtree(checkpoint)
+            return load(cls, path, *args, **kwargs)
+
+        monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(rotated_away))
+        expected = f"--model {checkpoint} could not be loaded ("
+    line = _refused(capsys, ["--model", str(checkpoint), *EVAL], prog="stapo-eval", command=_eval)
+    assert line.startswith(f"stapo-eval: error: {expected}"), line
+
+
+def test_stapo_eval_reads_no_pickle_of_a_checkpoint(checkpointed_run, tmp_path, capsys):
+    """The files a checkpoint holds beside its model are never unpickled by stapo-eval: a hostile training_args.bin
+    is left alone (the model is evaluated), a hostile optimizer.pt makes the checkpoint incomplete."""
+    from testing_utils import write_hostile_pickle
+
+    run = tmp_path / "run"
+    shutil.copytree(checkpointed_run, run)
+    marker = tmp_path / "code-ran"
+    write_hostile_pickle(run / "checkpoint-1" / "training_args.bin", marker)
+    _eval(["--model", str(run / "checkpoint-1"), *EVAL])
+    assert json.loads((run / "checkpoint-1" / "stapo_eval.json").read_text())["results"]
+    write_hostile_pickle(run / "checkpoint-1" / "optimizer.pt", marker)
+    line = _refused(capsys, ["--model", str(run / "checkpoint-1"), *EVAL], prog="stapo-eval", command=_eval)
+    assert "(optimizer.pt refused by a safe load: Trying to load unsupported GLOBAL posix.system" in line
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A reward function that raises, in stapo-train
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("return [1 / 0] * len(completions)", "raised ZeroDivisionError: division by zero"),  # measured: 60 lines
+        ("return [float(kwargs['difficulty'])] * len(completions)", "raised KeyError: 'difficulty'"),
+        ("return 'not a list'", None),  # what it returned, checked by stapo_trl: its own message
+    ],
+    ids=["zero-division", "missing-column", "wrong-return"],
+)
+def test_a_reward_that_raises_is_one_line_naming_it_and_the_step(
+    tmp_path, capsys, monkeypatch, tiny_math_model_path, body, expected
+):
+    monkeypatch.chdir(tmp_path)
+    module = f"rewards_{tmp_path.name}"  # one module per test: an imported one stays in sys.modules
+    (tmp_path / f"{module}.py").write_text(f"def fragile(completions, **kwargs):\n    {body}\n")
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--reward_funcs"]
+    argv += [f"{module}.fragile", "--max_steps", "1", "--eval_before_after", "false", "--output_dir", "out"]
+    argv += ["--disable_tqdm", "true"]
+    line = _refused(capsys, argv, code=1)
+    if expected is None:
+        assert line.startswith("stapo-train: error: Reward function fragile returned 'not a list' at step 0: "), line
+    else:
+        where = f"({tmp_path / module}.py:2, in fragile)"
+        assert line == f"stapo-train: error: reward function fragile at step 0 {expected} {where}", line
