@@ -267,8 +267,7 @@ def add_run_file_callbacks(trainer) -> list[TrainerCallback]:
     callback of either class that the caller passed or added before `train()` (other caps, another path) is kept
     instead, so each file has one writer. Calling it again adds nothing. The callbacks go right after transformers'
     `DefaultFlowCallback`, ahead of the caller's: they see the step's `should_log` decision, and their files are open
-    before another callback logs at `on_train_begin` (a [`~stapo_trl.evaluation.callback.BenchmarkEvalCallback`]
-    with `eval_on_start`).
+    before another callback logs at `on_train_begin`.
 
     Args:
         trainer ([`~transformers.Trainer`]): the trainer; the spurious-token logger is added only to a
