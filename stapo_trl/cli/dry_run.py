@@ -20,8 +20,8 @@ What it checks (warnings are printed; a recipe that fails a check or does not pa
 - the reward names (`stapo_trl.rewards.REWARDS` or dotted paths), the trainer (`stapo` | `grpo`), the dataset and its
   columns (a local .json/.jsonl/.parquet file is opened and its columns checked; a Hub dataset is named, not
   fetched), the model name (`builtin:` names are checked, Hub ids are not fetched);
-- settings that cannot run with the sharded parameters of the recipe's `# launch:` accelerate config (ZeRO-3,
-  FSDP): `benchmark_eval`, whose evaluation generates on rank 0 alone;
+- the `benchmark_eval*` settings TRL's evaluation cannot honour for `num_processes` (samples per problem against the
+  eval batch and `num_generations_eval`, the schedule against `eval_strategy`);
 - warnings for settings the paper did not run: a rollout temperature other than 1.0 (the S2T thresholds are
   calibrated at T = 1), optimizer steps that hold partial prompt groups, `steps_per_generation` not a multiple of
   `gradient_accumulation_steps` (the kept-token normaliser is then estimated), trackers or vLLM not installed here.
@@ -139,7 +139,6 @@ def validate_recipe(
     generation_batch_size: int | None = None,
     recipe: str | None = None,
     cpu_forced: bool = False,
-    accelerate_config: str | None = None,
 ) -> DryRunReport:
     """Check a parsed recipe for `num_processes` training processes, without downloading or building anything.
 
@@ -157,9 +156,6 @@ def validate_recipe(
         recipe (`str`, *optional*): the recipe path, for the summary.
         cpu_forced (`bool`, *optional*, defaults to `False`): `use_cpu` was forced on for the parse (no GPU here),
             so CPU-only warnings do not apply.
-        accelerate_config (`str`, *optional*): the accelerate config the recipe will be launched with (a name under
-            `recipes/accelerate_configs`, or a path): settings that cannot run with its sharded parameters (ZeRO-3,
-            FSDP) are errors.
 
     Returns:
         [`DryRunReport`]: the plan; `report.ok` is False when the recipe would fail, `report.summary()` prints it.
@@ -188,7 +184,7 @@ def validate_recipe(
     checks.check_optimisation(f, training_args)
     launch.check_generation(f, training_args, num_processes, is_stapo, max_prompt_tokens, cpu_forced)
     checks.check_output(f, script_args, training_args, cpu_forced, geometry)
-    launch.check_sharding(f, script_args, training_args, accelerate_config)
+    launch.check_benchmark_eval(f, script_args, training_args, num_processes)
     return DryRunReport(
         trainer=script_args.trainer,
         num_processes=num_processes,
@@ -300,7 +296,6 @@ def dry_run_recipe(
         generation_batch_size=None if generation_batch_size in (None, "None", "null") else int(generation_batch_size),
         recipe=recipe,
         cpu_forced=force_cpu,
-        accelerate_config=launch.get("accelerate_config"),
     )
     # Only visible in the raw keys: after parsing, both names mirror each other.
     if "gradient_checkpointing" in keys:

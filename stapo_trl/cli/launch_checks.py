@@ -1,12 +1,12 @@
 """The dry run's sections about scale ([`stapo_trl.cli.dry_run.validate_recipe`]): the batch geometry with its summary
-rows, generation (vLLM server or colocate), and what the launch's parameter sharding (ZeRO-3, FSDP) cannot run. Each
+rows, generation (vLLM server or colocate), and the `benchmark_eval*` settings TRL's evaluation cannot honour. Each
 adds its rows, errors and warnings to the same [`~stapo_trl.cli.recipe_checks.Findings`] as `recipe_checks.py`.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
+from math import gcd
 
 from ..config import STAPOConfig
 from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
@@ -196,68 +196,56 @@ def check_generation(
         f.lines.append(("generation", f"transformers generate (no vLLM); {sampling}"))
 
 
-ACCELERATE_CONFIGS_DIR = Path(__file__).resolve().parents[2] / "recipes" / "accelerate_configs"
+def benchmark_eval_error(
+    script_args, training_args, num_processes: int, num_problems: int | None = None
+) -> str | None:
+    """The one-line refusal of a `benchmark_eval*` setting that TRL's evaluation cannot honour exactly, or `None`.
 
-
-def parameter_sharding(training_args, accelerate_config: str | None = None) -> str | None:
-    """Whether a run's parameters are sharded across processes: `"DeepSpeed ZeRO-3"`, `"FSDP"` or `None`.
-
-    Read from the parsed config when this process runs under `accelerate launch` (its DeepSpeed plugin's stage, or
-    `fsdp`), else from `accelerate_config`: a name under `recipes/accelerate_configs` (as a recipe's `# launch:` line
-    gives it to scripts/launch.sh and slurm/train.slurm) or a path to an accelerate config YAML.
+    `benchmark_eval` is TRL's own evaluation (`eval_strategy`) on the benchmark's problems: `benchmark_eval_samples`
+    becomes `num_generations_eval` and `benchmark_eval_steps` the `eval_steps` of a `"steps"` schedule. TRL takes the
+    eval batches in whole groups of `num_generations_eval` and logs the mean of the batches' mean rewards, which is
+    avg@k only when every batch is full.
 
     Args:
-        training_args ([`~trl.GRPOConfig`]): the parsed config.
-        accelerate_config (`str`, *optional*): the accelerate config the run will be launched with; `None`, or a name
-            whose file is not in this checkout: only the parsed config counts.
-
-    Returns:
-        `str` or `None`: the sharding, `None` for ZeRO-0/1/2, DDP or one process.
+        script_args ([`~stapo_trl.cli.script_args.STAPOScriptArguments`]): the `benchmark_eval*` fields.
+        training_args ([`~trl.GRPOConfig`]): `num_generations_eval`, `eval_strategy`, `per_device_eval_batch_size`.
+        num_processes (`int`): training processes.
+        num_problems (`int`, *optional*): the benchmark's problems (after `benchmark_eval_limit`), once loaded.
     """
-    plugin = getattr(training_args, "deepspeed_plugin", None)
-    if plugin is not None and plugin.zero_stage == 3:
-        return "DeepSpeed ZeRO-3"
-    if getattr(training_args, "fsdp", None):
-        return "FSDP"
-    if not accelerate_config:
+    name, k = getattr(script_args, "benchmark_eval", None), getattr(script_args, "benchmark_eval_samples", 1)
+    if name is None:
         return None
-    path = Path(accelerate_config)
-    if path.suffix not in (".yaml", ".yml") and "/" not in accelerate_config:
-        path = ACCELERATE_CONFIGS_DIR / f"{accelerate_config}.yaml"
-    if not path.is_file():
-        return None
-    import yaml
-
-    config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if config.get("distributed_type") == "DEEPSPEED" and (config.get("deepspeed_config") or {}).get("zero_stage") == 3:
-        return "DeepSpeed ZeRO-3"
-    if config.get("distributed_type") == "FSDP":
-        return "FSDP"
+    if training_args.num_generations_eval not in (None, k):
+        return (
+            f"benchmark_eval_samples={k} and num_generations_eval={training_args.num_generations_eval} disagree (TRL's "
+            f"evaluation samples num_generations_eval completions per problem): set benchmark_eval_samples: "
+            f"{training_args.num_generations_eval} and remove num_generations_eval."
+        )
+    if script_args.benchmark_eval_steps is not None and training_args.eval_strategy == "epoch":
+        return (
+            f"benchmark_eval_steps={script_args.benchmark_eval_steps} evaluates every N steps, but eval_strategy is "
+            "'epoch': remove one of them."
+        )
+    batch = training_args.per_device_eval_batch_size * num_processes
+    in_batch = f"per_device_eval_batch_size {training_args.per_device_eval_batch_size} x {num_processes} process(es)"
+    if batch % k:
+        return (
+            f"benchmark_eval_samples={k} must divide the global eval batch ({in_batch} = {batch} completions: TRL "
+            f"evaluates whole groups of k): set per_device_eval_batch_size to a multiple of {k // gcd(k, num_processes)}."
+        )
+    if num_problems is not None and num_problems * k % batch:
+        step = batch // gcd(batch, k)
+        return (
+            f"benchmark_eval={name!r}: {num_problems} problems x {k} samples do not fill whole eval batches of {batch} "
+            f"completions ({in_batch}), and TRL would average a partial last batch as a full one: set "
+            f"benchmark_eval_limit to a multiple of {step} (e.g. {max(step, num_problems // step * step)})."
+        )
     return None
 
 
-def sharding_error(script_args, sharding: str | None) -> str | None:
-    """The one-line refusal of a setting that cannot run with sharded parameters, or `None`.
-
-    `benchmark_eval` ([`~stapo_trl.evaluation.callback.BenchmarkEvalCallback`]) generates on rank 0 alone; with sharded
-    parameters every rank must take part in each forward of `generate`, so it would hang or fail.
-
-    Args:
-        script_args ([`~stapo_trl.cli.script_args.STAPOScriptArguments`]): reads `benchmark_eval` (absent: not set).
-        sharding (`str` or `None`): what [`parameter_sharding`] returns.
-    """
-    benchmark = getattr(script_args, "benchmark_eval", None)
-    if sharding is None or benchmark is None:
-        return None
-    return (
-        f"benchmark_eval={benchmark!r} cannot run under {sharding}: its in-training evaluation generates on rank 0 "
-        "alone, and sharded parameters need every rank in generate. Unset benchmark_eval and evaluate the saved "
-        "checkpoints with stapo-eval (or train under ZeRO-2 / DDP)."
-    )
-
-
-def check_sharding(f: Findings, script_args, training_args, accelerate_config: str | None) -> None:
-    """Settings that cannot run with the launch's sharded parameters ([`sharding_error`])."""
-    error = sharding_error(script_args, parameter_sharding(training_args, accelerate_config))
+def check_benchmark_eval(f: Findings, script_args, training_args, num_processes: int) -> None:
+    """The `benchmark_eval*` settings TRL's evaluation cannot honour ([`benchmark_eval_error`]; the problem count is
+    checked when `stapo-train` loads the benchmark)."""
+    error = benchmark_eval_error(script_args, training_args, num_processes)
     if error:
         f.errors.append(error)

@@ -134,7 +134,7 @@ def _setup_logging(training_args) -> None:
 
 def _build_trainer(script_args, training_args, model_args: ModelConfig, run: PreparedRun) -> GRPOTrainer:
     """The `STAPOTrainer` or `GRPOBaselineTrainer` (their `train()` writes the run files: `metrics.jsonl`, and
-    `spurious_tokens.jsonl` for STAPO), with the benchmark evaluation callback."""
+    `spurious_tokens.jsonl` for STAPO), evaluating `run.test_dataset` on `eval_strategy`'s schedule."""
     model_init_kwargs = {
         "revision": model_args.model_revision,
         "attn_implementation": model_args.attn_implementation,
@@ -153,8 +153,6 @@ def _build_trainer(script_args, training_args, model_args: ModelConfig, run: Pre
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
     )
-    if run.benchmark_callback is not None:
-        run.benchmark_callback.attach(trainer)  # registers it and logs eval/<benchmark>/* through the trainer
     # Save on Ctrl-C / SIGTERM / SIGUSR1 (then the resume command), one writer per folder, one line per log row.
     add_command_callbacks(trainer, resume_hint=f"Resume with the same command: {resume_command()}")
     trainer.run_settings = run.settings  # the record of each checkpoint: with the prompt format and data digest
