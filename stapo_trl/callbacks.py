@@ -197,7 +197,9 @@ def add_command_callbacks(trainer, resume_hint: str = SCRIPT_RESUME_HINT) -> Sav
     callbacks = trainer.callback_handler.callbacks
     for i, callback in enumerate(callbacks):
         if type(callback) in (ProgressCallback, PrinterCallback):
-            callbacks[i] = (CompactProgressCallback if type(callback) is ProgressCallback else CompactPrinterCallback)()
+            callbacks[i] = (
+                CompactProgressCallback if type(callback) is ProgressCallback else CompactPrinterCallback
+            )()
     lock = RunFolderLock()
     trainer.add_callback(lock)
     lock.on_init_end(trainer.args, trainer.state, trainer.control)

@@ -46,7 +46,9 @@ def check_hub_model(name: str, revision: str | None = None, token=None, what: st
             break
     instead = "Pass a local model folder, a cached Hub id or a builtin: name (builtin:tiny-math)"
     if constants.HF_HUB_OFFLINE:
-        raise FileNotFoundError(f"{what} {name!r} is neither a local folder nor cached while HF_HUB_OFFLINE=1. {instead}.")
+        raise FileNotFoundError(
+            f"{what} {name!r} is neither a local folder nor cached while HF_HUB_OFFLINE=1. {instead}."
+        )
     if cause := _no_answer(hf_hub_url(name, "config.json", revision=revision, endpoint=constants.ENDPOINT), token):
         raise ConnectionError(
             f"{what} {name!r} is neither a local folder nor cached, and the Hub at {constants.ENDPOINT} does not "

@@ -159,7 +159,9 @@ class JsonlLogCallback(TrainerCallback):
 
     def open_for_run(self, args, state) -> list[dict[str, Any]]:
         self.close()
-        self._file, kept = open_jsonl_for_run(self.path or os.path.join(args.output_dir, self.filename), state.global_step)
+        self._file, kept = open_jsonl_for_run(
+            self.path or os.path.join(args.output_dir, self.filename), state.global_step
+        )
         return kept
 
     def write_rows(self, args, rows: list[dict[str, Any]]) -> None:
@@ -239,7 +241,9 @@ class SpuriousTokenLogger(JsonlLogCallback):
             if self._token_bytes is None:
                 backend = getattr(self.trainer.processing_class, "backend_tokenizer", None)  # a fast tokenizer
                 self._token_bytes = tokenizer_token_bytes(json.loads(backend.to_str())) if backend else {}
-            label = readable_token(record["token"], self._token_bytes.get(record.get("token_id")), record.get("token_id"))
+            label = readable_token(
+                record["token"], self._token_bytes.get(record.get("token_id")), record.get("token_id")
+            )
             (self.silenced_counts if record["kind"] == "silenced" else self.kept_candidate_counts)[label] += 1
 
     def record(self, result, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> None:
@@ -364,7 +368,9 @@ class NoLearningSignalCallback(TrainerCallback):
         if not all_zero_spread and not constant:
             return
         steps = f"step {rows[0]['step']}" if len(rows) == 1 else f"steps {rows[0]['step']}-{rows[-1]['step']}"
-        where = f"the first {len(rows)} logging steps ({steps})" if len(rows) > 1 else f"the first logging step ({steps})"
+        where = (
+            f"the first {len(rows)} logging steps ({steps})" if len(rows) > 1 else f"the first logging step ({steps})"
+        )
         values = ", ".join(f"{name} gave {value}" for name, value in constant.items())
         if all_zero_spread or set(constant) == set(self.trainer.reward_func_names):
             spread = "no reward function gave two completions different values"

@@ -109,7 +109,7 @@ class _Additions:
         later = {**later.arguments, **kwargs}
         if not reward_funcs and later.get("environment_factory") is None:
             raise ValueError(
-                f"reward_funcs={reward_funcs!r} gives no reward: pass a reward function (e.g. \"math_accuracy\"), a "
+                f'reward_funcs={reward_funcs!r} gives no reward: pass a reward function (e.g. "math_accuracy"), a '
                 "reward model id, or an environment_factory whose environment defines get_reward."
             )
         peft_settings = plain(later.get("peft_config"))  # before PEFT fills in the wrapped model's name
@@ -165,7 +165,9 @@ class _Additions:
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
             names = [n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n))]
-            skip = re.compile(rf"^{re.escape(RUN_RECORD)}|rng_state_\d+\.pth$")  # other processes write their RNG state
+            skip = re.compile(
+                rf"^{re.escape(RUN_RECORD)}|rng_state_\d+\.pth$"
+            )  # other processes write their RNG state
             write_run_record(folder, **record, files=sorted(n for n in names if not skip.match(n)))
 
     def evaluate(self, *args, **kwargs):

@@ -71,7 +71,9 @@ def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset", *, pr
     (unless `prompt_optional`: an `environment_factory`'s `reset()` supplies the prompt)."""
     for name, data in _named(dataset, dataset_name):
         if hasattr(data, "__len__") and len(data) == 0:
-            raise ValueError(f"Dataset {name!r} is empty (0 rows): give it prompts, one row each with a 'prompt' column.")
+            raise ValueError(
+                f"Dataset {name!r} is empty (0 rows): give it prompts, one row each with a 'prompt' column."
+            )
         columns = getattr(data, "column_names", None)
         if columns is not None and "prompt" not in columns and not prompt_optional:
             raise ValueError(

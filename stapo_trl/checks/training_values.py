@@ -81,7 +81,10 @@ def check_training_values(args: Any, num_processes: int | None = None) -> None:
         if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed <= 2**32 - 1:
             raise TrainingValueError(f"{name}={seed} must be in [0, 2**32 - 1] (numpy's seed range).", (name,))
     if value("output_dir") is not None and not str(value("output_dir")).strip():
-        raise TrainingValueError(f"output_dir={value('output_dir')!r} is empty: give the folder the run writes into (outputs/my-run).", ("output_dir",))
+        raise TrainingValueError(
+            f"output_dir={value('output_dir')!r} is empty: give the folder the run writes into (outputs/my-run).",
+            ("output_dir",),
+        )
     _check_report_to(value("report_to"))
     max_steps = value("max_steps")
     if isinstance(max_steps, int) and (max_steps == 0 or max_steps < -1):  # transformers reads <= 0 as "use epochs"

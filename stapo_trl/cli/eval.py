@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from ..checks.dataset import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
-from ..preflight import model_max_positions, prompt_token_budget
 from ..evaluation import results
 from ..evaluation.generation import (
     DECODING_ALIASES,
@@ -35,6 +34,7 @@ from ..evaluation.generation import (
 )
 from ..evaluation.tasks import BENCHMARKS, PAPER_BENCHMARKS, find_benchmark_file, get_benchmark_spec, load_benchmark
 from ..models import check_model_available, resolve_model_path
+from ..preflight import model_max_positions, prompt_token_budget
 from . import VersionAction
 from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_input_errors
 

@@ -140,7 +140,9 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         raise ValueError(error)
     settings = cli_run_settings(script_args, training_args, model_args, reward_funcs)
     if training_args.should_save:
-        hold_run_folder(training_args.output_dir)  # this run is the folder's one writer (another's refused) until it ends
+        hold_run_folder(
+            training_args.output_dir
+        )  # this run is the folder's one writer (another's refused) until it ends
     # Holding the folder: the checkpoint to resume (damaged ones moved aside by the writer), then its settings.
     try:
         checkpoint = training_args.resume_from_checkpoint or resume_checkpoint(

@@ -15,9 +15,13 @@ import logging
 import warnings
 
 
-CHECKPOINTING = r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)` is deprecated"
+CHECKPOINTING = (
+    r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)` is deprecated"
+)
 TIED_HEAD_MISSING = "There were missing keys in the checkpoint model loaded: ['lm_head.weight']."
-VLLM_RANGE = r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You have version 0\.32\.0(\+[\w.]+)? installed"
+VLLM_RANGE = (
+    r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You have version 0\.32\.0(\+[\w.]+)? installed"
+)
 DEEPSPEED_CPU = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
 
 

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checks.dataset import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
-from ..preflight import keep_short_prompts, prompt_token_budget
 from ..grading import grade
-from ..preflight import count_prompt_tokens, keep_short_prompts, prompt_token_budget
+from ..preflight import keep_short_prompts, prompt_token_budget
 from .metrics import benchmark_metrics
 from .tasks import BenchmarkProblem
 

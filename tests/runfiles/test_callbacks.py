@@ -14,8 +14,7 @@ from testing_utils import tiny_stapo_config
 from stapo_trl import STAPOTrainer
 from stapo_trl.data import INSTRUCTION
 from stapo_trl.rewards import math_accuracy_reward
-from stapo_trl.run_files import MetricsLogCallback, SpuriousTokenLogger, add_run_file_callbacks
-from stapo_trl.run_files import read_metrics
+from stapo_trl.run_files import MetricsLogCallback, SpuriousTokenLogger, add_run_file_callbacks, read_metrics
 
 
 def _small_trainer(model_path, tmp_path, **overrides) -> STAPOTrainer:
@@ -72,8 +71,7 @@ def _state(step: int):
 
 
 def test_metrics_callback_writes_strict_json_and_drops_redone_steps_on_resume(tmp_path):
-    from stapo_trl.run_files import MetricsLogCallback
-    from stapo_trl.run_files import read_metrics
+    from stapo_trl.run_files import MetricsLogCallback, read_metrics
 
     args = types.SimpleNamespace(output_dir=str(tmp_path))
     callback = MetricsLogCallback()

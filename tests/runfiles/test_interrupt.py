@@ -143,9 +143,9 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
     from datasets import Dataset
 
     from stapo_trl import STAPOTrainer
+    from stapo_trl.callbacks import STOP_SIGNALS
     from stapo_trl.data import format_prompt
     from stapo_trl.rewards import math_accuracy_reward
-    from stapo_trl.callbacks import STOP_SIGNALS
 
     dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{a}"), "solution": str(2 * a)} for a in range(10, 60)])
     config = tiny_stapo_config(
