@@ -30,7 +30,10 @@ from .checkpoints import check_output_dir, open_run_file
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-SCRIPT_RESUME_HINT = "Resume with trainer.train(resume_from_checkpoint=True)."
+SCRIPT_RESUME_HINT = (
+    "Resume with trainer.train(resume_from_checkpoint=True): a trainer built with the same arguments continues from "
+    "the last checkpoint of its output_dir."
+)
 
 
 def print_line(message: str) -> None:
@@ -57,7 +60,7 @@ class SaveOnSignal(TrainerCallback):
 
     def _handle(self, signum, frame) -> None:
         if self._received and signum == signal.SIGINT:
-            print_line("Ctrl-C again: quitting now, without saving.")
+            print_line("Second Ctrl-C: quitting now, without saving.")
             os._exit(128 + signum)
         if not self._received:
             self._received = signal.Signals(signum)
@@ -155,24 +158,33 @@ class RunFolderLock(TrainerCallback):
             self.held = False
 
 
-def _fmt(value) -> str:
+def _fmt(value, digits: int = 3) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
-    return f"{value:.3f}" if 1e-3 <= abs(value) < 1e4 else f"{value:.3g}"
+    if value == 0 or isinstance(value, int):
+        return str(int(value)) if value == 0 else str(value)
+    return f"{value:.{digits}f}" if 1e-3 <= abs(value) < 1e4 else f"{value:.3g}" if abs(value) < 1e-3 else f"{value:.4g}"
 
 
 def format_log_line(logs: dict, step: int, max_steps: int | None = None) -> str:
-    """One console line for a log row: `step N/M  reward R  entropy H  silenced S` for a training row, `step N  eval
-    k v ...` for an evaluation row, `training done at step N (T s)` (or `stopped at step N of M`) at the end."""
+    """One console line for a log row: a training row as `step N/M  reward R  entropy H  silenced S` (the keys
+    present), an evaluation row as `step N  eval k v ...`, the end of training as `training done at step N (T s,
+    train_loss L)` (or `training stopped at step N of M (...)` before `max_steps`), any other row with every key."""
     where = f"step {step}/{max_steps}" if max_steps and max_steps > 0 else f"step {step}"
+    logs = {k: v for k, v in logs.items() if k != "total_flos"}
     if "train_runtime" in logs:
-        stopped = max_steps and 0 < step < max_steps
-        return f"training {'stopped' if stopped else 'done'} at step {step} ({_fmt(logs['train_runtime'])} s)"
+        loss = f", train_loss {_fmt(logs['train_loss'], 4)}" if isinstance(logs.get("train_loss"), float) else ""
+        timing = f"({_fmt(logs['train_runtime'], 1)} s{loss})"
+        stopped = max_steps and max_steps > 0 and step < max_steps
+        return f"training stopped at step {step} of {max_steps} {timing}" if stopped else f"training done at step {step} {timing}"  # fmt: skip
     keys = (("reward", "reward"), ("entropy", "entropy"), ("s2t/silenced_ratio", "silenced"))
     if any(key in logs for key, _ in keys):
         return "  ".join([where] + [f"{label} {_fmt(logs[key])}" for key, label in keys if logs.get(key) is not None])
-    evals = {k.removeprefix("eval_"): v for k, v in logs.items() if k.startswith("eval") and "runtime" not in k}
-    return "  ".join([where, "eval" * bool(evals)] + [f"{k} {_fmt(v)}" for k, v in (evals or logs).items()]).strip()
+    evals = {k.removeprefix("eval_"): v for k, v in logs.items() if k.startswith("eval_")}
+    if evals:
+        shown = [k for k in evals if not k.endswith(("runtime", "per_second")) and k != "epoch"]
+        return "  ".join([where, "eval", *(f"{k} {_fmt(evals[k])}" for k in shown)])
+    return "  ".join([where, *(f"{k} {_fmt(v)}" for k, v in logs.items() if k != "epoch")])
 
 
 class CompactProgressCallback(ProgressCallback):

@@ -1,5 +1,5 @@
-"""The model card of a run (`README.md` in `output_dir`): TRL's card with the run's S2T values, silenced counts and
-accuracy, built with `huggingface_hub.ModelCard` from `templates/model_card.md`."""
+"""The model card of a run (`README.md` in `output_dir`): TRL's card with the paper, the run's S2T values and
+objective, its silenced counts and accuracy, built with `huggingface_hub.ModelCard` from `templates/model_card.md`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
@@ -18,8 +17,8 @@ from .run_files import s2t_totals
 
 TEMPLATE = Path(__file__).parent / "templates" / "model_card.md"
 PAPER_URL = "https://huggingface.co/papers/2602.15620"
-BUILD_RECORD = "stapo_builtin.json"  # what a `builtin:` model's folder records about its build (stapo_trl.models)
-ROWS = (  # (field, meaning) of the settings table; the S2T rows only for a STAPO run
+LOCAL_MODEL = "a local model"
+ROWS = (  # (field, meaning) of the settings table; the S2T rows for a run with S2T values
     ("s2t_prob_threshold", "τ_p: positive-advantage tokens sampled with a probability below it are candidates"),
     ("s2t_entropy_quantile", "q: candidates below the q-quantile τ_h of their entropies are silenced"),
     ("s2t_mode", "which candidates are silenced (`low_entropy`: the paper's rule)"),
@@ -37,19 +36,41 @@ ROWS = (  # (field, meaning) of the settings table; the S2T rows only for a STAP
 )
 
 
-def base_model_name(path: str | None) -> str | None:
-    """The base model as a card names it: a Hub id as is, a built-in model's folder as its `builtin:` name, `None` for
-    any other local folder (its path means nothing to a reader)."""
-    record = os.path.join(str(path), BUILD_RECORD)
+def base_model_name(path: str | None) -> str:
+    """How a card names a base model: a Hub id as is, a built-in model's folder by its `builtin:` name (its build
+    record, `stapo_builtin.json`), any other local folder as "a local model"."""
+    record = os.path.join(str(path), "stapo_builtin.json")
     if path and os.path.isfile(record):
         with open(record, encoding="utf-8") as f:
-            return json.load(f).get("name")
-    return None if not path or os.path.isabs(path) or os.path.exists(path) else path
+            return json.load(f).get("name", LOCAL_MODEL)
+    return LOCAL_MODEL if not path or os.path.isabs(path) or os.path.exists(path) else path
+
+
+def public_base_model_name(base: str) -> str:
+    """How an uploaded card names the base model: a Hub id as is; a `builtin:` model by the Hub model it was made from
+    (or as this package's demo model), never by a name or path that means nothing on the Hub."""
+    from .models.names import BUILTIN_MODELS
+
+    if not base.startswith("builtin:"):
+        return base
+    name = base.removeprefix("builtin:")
+    recipe = BUILTIN_MODELS.get(name, {})
+    if "origin" not in recipe:
+        return f"the {name} demo model built by stapo_trl"
+    warmed = ", then SFT-warmed on two-digit addition" if recipe["kind"] == "gguf+sft" else ""
+    return f"{recipe['origin']} (dequantized from a GGUF file{warmed} by stapo_trl: {name})"
+
+
+def public_dataset_name(name: str | None) -> str | None:
+    """A Hub dataset id as is (the card links it); `None` for a `builtin:` dataset or a local file or folder."""
+    local = name and (name.startswith("builtin:") or os.path.exists(name) or os.path.isabs(name))
+    local = local or (name or "").lower().endswith((".json", ".jsonl", ".csv", ".parquet"))
+    return None if not name or local else name
 
 
 def _saved_model(trainer) -> str:
     """Where the model of this card is: `output_dir` once the model is saved there (or nothing was trained), else the
-    checkpoint of the last step."""
+    checkpoint of the last step (a script run saves checkpoints only)."""
     output_dir, step = trainer.args.output_dir, trainer.state.global_step
     saved = any(os.path.isfile(os.path.join(output_dir, name)) for name in ("config.json", "adapter_config.json"))
     if saved or step == 0 or trainer.args.save_strategy == "no":
@@ -57,88 +78,104 @@ def _saved_model(trainer) -> str:
     return os.path.join(output_dir, f"checkpoint-{step}")
 
 
-def _quick_start(model: str, prompt: Any, adapter: bool, max_new_tokens: int) -> str:
-    """Python that loads `model` (a LoRA adapter onto its base with peft) and asks it a training prompt."""
+def quick_start_code(model: str, prompt, adapter: bool, max_new_tokens: int) -> str:
+    """Python that loads `model` (a LoRA adapter onto its base, with peft) and asks it a prompt in the run's format."""
     load = ["from transformers import pipeline", ""]
+    model_arg = f"model={json.dumps(model)}"
     if adapter:
         load = ["from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer, pipeline", ""]
         load.append(f"model = AutoPeftModelForCausalLM.from_pretrained({json.dumps(model)}).merge_and_unload()")
-        model_arg = f"model, tokenizer=AutoTokenizer.from_pretrained({json.dumps(model)})"
-    else:
-        model_arg = f"model={json.dumps(model)}"
+        model_arg = f"model=model, tokenizer=AutoTokenizer.from_pretrained({json.dumps(model)})"
     return "\n".join([
         *load,
         f'generator = pipeline("text-generation", {model_arg})',
         f"prompt = {json.dumps(prompt, ensure_ascii=False)}  # a training prompt, in the run's format",
-        f'print(generator(prompt, max_new_tokens={max_new_tokens}, return_full_text=False)[0]["generated_text"])',
+        f'output = generator(prompt, max_new_tokens={max_new_tokens}, return_full_text=False)[0]',
+        'print(output["generated_text"])',
     ])  # fmt: skip
 
 
-def _summary(trainer, s2t, eval_record: dict[str, Any] | None) -> list[str]:
-    """Bullet lines: steps trained, the S2T mask over the run (pooled from the log history), accuracy before/after."""
-    args, lines = trainer.args, [f"- **Steps trained**: {trainer.state.global_step} optimizer steps."]
+def _summary(trainer, s2t, eval_record) -> list[str]:
+    """Bullets: steps trained, the S2T mask over the run (pooled from the log history), accuracy before and after."""
+    lines = [f"- **Steps trained**: {trainer.state.global_step} optimizer steps."]
     totals = s2t_totals(trainer.state.log_history)
     if s2t is None:
-        lines.append("- **S2T mask**: none (plain `trl.GRPOTrainer`).")
+        lines.append("- **S2T mask**: none (plain GRPO: `trl.GRPOTrainer`).")
     elif totals is None:
         lines.append(f"- **S2T mask** (`s2t_mode: {s2t.mode}`): no S2T counts logged yet.")
-    else:
-        silenced = "counted only, none silenced" if s2t.mode == "off" else f"{totals['num_silenced']:,} silenced"
+    elif s2t.mode == "off":
         lines.append(
-            f"- **S2T mask** (`s2t_mode: {s2t.mode}`): of {totals['num_loss_tokens']:,} loss tokens, "
-            f"{totals['num_candidates']:,} candidates (A > 0, p < τ_p), {silenced} (silenced ratio "
-            f"{totals['silenced_ratio']:.3g}, Σ silenced / Σ loss tokens over {totals['num_rows']} logged rows)."
+            f"- **S2T mask**: off (`s2t_mode: off`): no token was silenced; {totals['num_candidates']:,} of "
+            f"{totals['num_loss_tokens']:,} loss tokens were candidates (A > 0, p < τ_p), counted only."
+        )
+    else:
+        lines.append(
+            f"- **S2T mask** (`s2t_mode: {s2t.mode}`): {totals['num_silenced']:,} of {totals['num_loss_tokens']:,} "
+            f"loss tokens silenced over the run, a silenced ratio of {totals['silenced_ratio']:.3g} (pooled: Σ "
+            f"silenced / Σ loss tokens over {totals['num_rows']} logged rows); candidates (A > 0, p < τ_p): "
+            f"{totals['num_candidates']:,}."
         )
     if eval_record:
         r = eval_record
         lines.append(
-            f"- **Accuracy** ({r['metric']} over {r['num_problems']} problems of the `{r['split']}` split, "
+            f"- **Held-out accuracy** ({r['metric']} over {r['num_problems']} problems of the `{r['split']}` split, "
             f"T = {r['temperature']}, top-p {r['top_p']}): {100 * r['accuracy_before']:.1f} % before training, "
             f"{100 * r['accuracy_after']:.1f} % after."
         )
-    return lines + [f"- **Planned steps** (`max_steps`): {args.max_steps}."] * (args.max_steps > 0)
+    else:
+        lines.append("- **Held-out accuracy**: not measured (`eval_before_after` off, or not finished yet).")
+    return lines
 
 
 def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_record=None, public=False) -> ModelCard:
-    """The card of `trainer`'s run: TRL's sections (base model, quick start, framework versions, citations) with the
-    paper, the S2T values and objective, the silenced counts over the run and `eval_record`'s accuracy.
+    """The card of `trainer`'s run: TRL's sections (base model, quick start, framework versions, citations), the paper,
+    the S2T values and objective, the silenced counts over the run and `eval_record`'s accuracy.
 
     Args:
         trainer ([`~trl.GRPOTrainer`]): a STAPO trainer (its `s2t` values) or a plain GRPO one.
         model_name (`str`, *optional*): the card's title; defaults to `output_dir`'s name.
-        dataset_name (`str`, *optional*): a Hub dataset id (linked); `None` for local or built-in data.
+        dataset_name (`str`, *optional*): a Hub dataset id is linked; a local or built-in one is not named.
         tags (`list[str]`, *optional*): added to the trainer's `_tag_names`.
         eval_record (`dict`, *optional*): accuracy before and after training (`stapo-train`'s `eval.json`).
         public (`bool`, *optional*, defaults to `False`): the card as uploaded: the quick start loads `hub_model_id`
-            (or `model_name`), and no local path is named.
+            (or `model_name`), a built-in base model is named by its Hub origin, and no local path appears.
 
     Returns:
         [`~huggingface_hub.ModelCard`]: `card.save(path)` writes it; `ModelCard.load(path)` reads it back.
     """
+    from .models.names import BUILTIN_MODELS
+
     args, s2t = trainer.args, getattr(trainer, "s2t", None)
     model_name = model_name or os.path.basename(os.path.normpath(args.output_dir))
     model = trainer.accelerator.unwrap_model(trainer.model)
     base = base_model_name(getattr(model.config, "_name_or_path", None))
-    is_hub_id = base is not None and not base.startswith("builtin:")
-    base_text = f"[{base}](https://huggingface.co/{base})" if is_hub_id else f"`{base}`" if base else "a local model"
+    is_hub_id = base != LOCAL_MODEL and not base.startswith("builtin:")
+    named = public_base_model_name(base) if public else base if base == LOCAL_MODEL else f"`{base}`"
+    license_text = BUILTIN_MODELS.get(base.removeprefix("builtin:"), {}).get("license") if base.startswith("builtin:") else None  # fmt: skip
     try:
         prompt = trainer.train_dataset[0]["prompt"]
     except (KeyError, IndexError, TypeError, NotImplementedError):  # no prompt column, or an iterable dataset
         prompt = None
     prompt = prompt if isinstance(prompt, (str, list)) else "What is 47+38?"
     reference = (trainer.hub_model_id or model_name) if public else _saved_model(trainer)
-    method = (
-        f"This model was trained with STAPO, introduced in [STAPO: Stabilizing Reinforcement Learning for LLMs by "
-        f"Silencing Rare Spurious Tokens]({PAPER_URL}): positive-advantage tokens sampled with a low probability at "
-        "low-entropy positions are silenced, and the loss is averaged over the remaining tokens."
-    )
-    if s2t is None or s2t.mode == "off":
-        method = f"This model was trained with the GRPO objective below without the S2T mask of [STAPO]({PAPER_URL})."
+    if s2t is None:
+        method = f"Base model: {named}, trained with the GRPO objective below and no S2T mask (the baseline of [STAPO]({PAPER_URL}))."  # fmt: skip
+    elif s2t.mode == "off":
+        method = f"Base model: {named}, trained with `stapo_trl.STAPOTrainer` with the S2T mask off (`s2t_mode: off`): the like-for-like baseline of [STAPO]({PAPER_URL})."  # fmt: skip
+    else:
+        method = (
+            f'Base model: {named}, trained with [STAPO]({PAPER_URL}) (Liu et al., 2026, "STAPO: Stabilizing '
+            'Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens", arXiv:2602.15620): positive-advantage '
+            "tokens sampled with a low probability at low-entropy positions are removed from the numerator and the "
+            "denominator of the loss."
+        )
+    if license_text:
+        method += f" The base model's license applies to this model too: {license_text}."
     values = {name: getattr(s2t, name[4:]) for name, _ in ROWS[:3]} if s2t is not None else {}
     rows = [(n, meaning, values.get(n, getattr(args, n, None))) for n, meaning in ROWS[0 if s2t else 3 :]]
     card_data = ModelCardData(
         base_model=base if is_hub_id else None,
-        datasets=dataset_name,
+        datasets=public_dataset_name(dataset_name),
         library_name="transformers",
         model_name=model_name,
         tags=sorted({"generated_from_trainer", *trainer._tag_names, *(tags or [])}),
@@ -149,14 +186,15 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
             versions.append((name, version(name)))
         except PackageNotFoundError:
             continue
+    wandb = sys.modules.get("wandb")
     return ModelCard.from_template(
         card_data,
         template_path=str(TEMPLATE),
         model_name=model_name,
-        base_model_text=base_text,
-        dataset_name=dataset_name,
-        quick_start=_quick_start(reference, prompt, hasattr(model, "peft_config"), args.max_completion_length),
-        wandb_url=wandb.run.url if (wandb := sys.modules.get("wandb")) and getattr(wandb, "run", None) else None,
+        base_model_text=f"[{base}](https://huggingface.co/{base})" if is_hub_id else named,
+        dataset_name=public_dataset_name(dataset_name),
+        quick_start=quick_start_code(reference, prompt, hasattr(model, "peft_config"), args.max_completion_length),
+        wandb_url=wandb.run.url if wandb is not None and getattr(wandb, "run", None) else None,
         method_text=method,
         summary=_summary(trainer, s2t, eval_record),
         settings=[(name, meaning, getattr(value, "value", value)) for name, meaning, value in rows],

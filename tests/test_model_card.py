@@ -1,6 +1,7 @@
-"""The model card (`stapo_trl.model_card`): the STAPO section with the paper and the S2T values, the
-"Training procedure" of real short runs, the card `push_to_hub` uploads (no local path, no `builtin:` name), a quick
-start that asks a training prompt, and the base model's Hub origin and license.
+"""The model card (`stapo_trl.model_card`, through `huggingface_hub.ModelCard`): the paper and the S2T values, the
+"Training procedure" of real short runs, the card `push_to_hub` uploads (no local path, no `builtin:` name, never
+"Model Card for None" nor a checkpoint folder as the Hub id), a quick start that asks a training prompt, and the base
+model's Hub origin and license.
 
 The run tests run `stapo-train` in-process on the demo recipe at a reduced size and check the card against the run's
 own files: the recipe values as parsed, the pooled silenced ratio recomputed here from `metrics.jsonl`, `eval.json`.
@@ -45,6 +46,16 @@ def stapo_run(tmp_path_factory, tiny_math_model_path):
     argv = _argv(STAPO_RECIPE, tiny_math_model_path, out, *STAPO_EXTRA)
     main(argv)
     return out, argv
+
+
+def _assert_loads(path: Path, title: str) -> None:
+    """The card loads with huggingface_hub, names its model, and never says "None" where a name belongs."""
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(path)
+    assert card.data.model_name == title and f"# Model Card for {title}" in card.text
+    for broken in ("Model Card for None", "[None]", "huggingface.co/None", 'model="None"'):
+        assert broken not in card.content, broken
 
 
 def _procedure(card: str) -> str:
@@ -114,9 +125,9 @@ def test_end_of_run_card_fills_the_training_procedure(stapo_run):
     out, argv = stapo_run
     card = (out / "README.md").read_text()
     procedure = _procedure(card)
-    assert procedure.lstrip("\n").startswith("This model was trained with STAPO")  # no blank badge lines left
+    assert procedure.lstrip("\n").startswith("### STAPO run")  # no blank badge lines left
     _assert_procedure_matches_the_run(procedure, out, argv)
-    assert card.count("<!-- stapo_trl:settings -->") == 1
+    _assert_loads(out / "README.md", "demo-stapo")
 
 
 def test_uploaded_card_fills_the_training_procedure_without_local_names(stapo_run, tmp_path, tiny_math_model_path):
@@ -136,6 +147,7 @@ def test_uploaded_card_fills_the_training_procedure_without_local_names(stapo_ru
     for leak in (str(tmp_path), str(out), tiny_math_model_path, "builtin:", "/tmp"):
         assert leak not in card, (leak, card)
     assert "the tiny-math demo model built by stapo_trl" in card
+    _assert_loads(run / "README.md", "stapo-demo")
 
 
 def test_baseline_card_says_the_s2t_mask_was_off(tmp_path, tiny_math_model_path):
@@ -228,13 +240,12 @@ def test_python_api_card_names_no_local_path_and_asks_a_training_prompt(
 def test_cards_name_a_real_builtin_by_its_hub_origin_and_carry_its_license(tmp_path, name, public, license_text):
     # A model trained from google/gemma-3-270m must carry Gemma's terms wherever its card goes; and an uploaded card
     # names the Hub model the built-in was made from (no builtin: name, which means nothing on the Hub).
-    from stapo_trl import STAPOConfig
-    from stapo_trl.model_card import public_base_model_name, stapo_card_section
+    from stapo_trl.model_card import public_base_model_name
+    from stapo_trl.models.names import BUILTIN_MODELS
 
     assert public_base_model_name(name) == public
-    section = stapo_card_section(STAPOConfig(output_dir=str(tmp_path), report_to="none"), name)
-    line = "The base model's license applies to this model too"
-    assert (f"{line}: {license_text}" in section) if license_text else (line not in section)
+    license_ = BUILTIN_MODELS[name.removeprefix("builtin:")].get("license")
+    assert (license_text in license_) if license_text else license_ is None
 
 
 def _card_trainer(model_path: str, output_dir: Path, trainer_name: str = "stapo", **config):
@@ -266,8 +277,6 @@ def _card_trainer(model_path: str, output_dir: Path, trainer_name: str = "stapo"
 def test_uploaded_card_has_no_local_path_or_builtin_name(
     tmp_path, tiny_random_model_path, trainer_name, dataset_name, hub_dataset
 ):
-    from stapo_trl.model_card import SECTION_START
-
     out = tmp_path / "outputs" / "demo-run"
     data = write_jsonl(tmp_path / "train.jsonl", addition_rows(8))
     dataset_name = data if dataset_name == "local" else dataset_name
@@ -279,7 +288,7 @@ def test_uploaded_card_has_no_local_path_or_builtin_name(
     card = (out / "README.md").read_text()
     for leak in (str(tmp_path), data, "builtin:", "[None]", "huggingface.co/None", tiny_random_model_path):
         assert leak not in card, (leak, card)
-    assert "the tiny-random demo model built by stapo_trl" in card and card.count(SECTION_START) == 1
+    assert "the tiny-random demo model built by stapo_trl" in card
     assert 'model="me/stapo-demo"' in card
     front_matter = card.split("---")[1]
     assert ("datasets:" in front_matter) == (hub_dataset is not None)
@@ -288,18 +297,15 @@ def test_uploaded_card_has_no_local_path_or_builtin_name(
 
 
 def test_model_card_names_stapo_cites_the_paper_and_lists_the_s2t_values(tiny_random_model_path, tmp_path):
-    from stapo_trl.model_card import SECTION_START, add_stapo_section
-
     trainer = _card_trainer(tiny_random_model_path, tmp_path, s2t_prob_threshold=0.003, s2t_entropy_quantile=0.8)
     trainer.create_model_card(dataset_name=None, tags=["stapo_trl"])
-    add_stapo_section(trainer)
-    add_stapo_section(trainer)  # idempotent: one section, not two
+    trainer.create_model_card(dataset_name=None, tags=["stapo_trl"])  # written anew: one section, not two
     card = (tmp_path / "README.md").read_text()
     # TRL's part, from _name / _paper / _tag_names.
     assert "trained with STAPO" in card and "huggingface.co/papers/2602.15620" in card
     assert "@article{liu2026stapo" in card and "- stapo" in card
     # Ours: the S2T values, the objective and the base model (a builtin: model is named, not a broken Hub link).
-    assert card.count(SECTION_START) == 1
+    assert card.count("### STAPO run") == 1
     for row in ("| `s2t_prob_threshold` |", "`0.003`", "| `s2t_entropy_quantile` |", "`0.8`", "`low_entropy`",
                 "| `loss_type` |", "`dapo`", "| `epsilon_high` |", "`0.28`"):  # fmt: skip
         assert row in card, row
@@ -307,7 +313,8 @@ def test_model_card_names_stapo_cites_the_paper_and_lists_the_s2t_values(tiny_ra
     assert "[None](https://huggingface.co/None)" not in card
     # No hub_model_id (push_to_hub off): the quick start loads the saved model from output_dir, not "None".
     assert 'model="None"' not in card and f'model="{tmp_path}"' in card and "licence: license" not in card
-    assert card.index(SECTION_START) < card.index("### Framework versions")
+    assert card.index("### STAPO run") < card.index("### Framework versions")
+    _assert_loads(tmp_path / "README.md", tmp_path.name)
 
 
 @pytest.mark.parametrize(
@@ -322,11 +329,8 @@ def test_model_card_names_stapo_cites_the_paper_and_lists_the_s2t_values(tiny_ra
 def test_card_states_the_s2t_values_the_trainer_ran_with_whatever_the_config_class(
     tiny_random_model_path, tmp_path, trainer_name, config, s2t_rows
 ):
-    from stapo_trl.model_card import add_stapo_section
-
     trainer = _card_trainer(tiny_random_model_path, tmp_path, trainer_name, **config)
     trainer.create_model_card(dataset_name=None, tags=["stapo_trl"])
-    add_stapo_section(trainer)
     section = (tmp_path / "README.md").read_text().split("### STAPO run")[1]
     assert "no S2T mask" not in section and "plain GRPO" not in section
     for row in ("| `s2t_prob_threshold` |", "| `s2t_entropy_quantile` |", "| `s2t_mode` |", *s2t_rows):
@@ -348,6 +352,9 @@ def test_python_api_card_loads_the_checkpoint_the_run_saved(tiny_math_model_path
     trainer.create_model_card()
     assert f'model="{out}"' in card.read_text()
     run_card_quick_start(card, expect="pipeline(")
+    trainer.create_model_card(public=True)  # what push_to_hub uploads: no hub_model_id, so the model's name
+    text = card.read_text()
+    assert "# Model Card for python-api" in text and 'model="python-api"' in text and str(out) not in text
 
 
 @pytest.mark.parametrize("name,expected", [("Qwen/Qwen3-1.7B-Base", "Qwen/Qwen3-1.7B-Base")])
@@ -365,7 +372,9 @@ def test_full_model_card_quick_start_asks_a_training_prompt(tiny_math_model_path
     prompt = [{"role": "user", "content": f"47+38\n{INSTRUCTION}"}]
     card = tmp_path / "README.md"
     card.write_text(
-        "## Quick start\n\n" + quick_start_code(tiny_math_model_path, prompt, adapter=False, max_new_tokens=48)
+        "## Quick start\n\n```python\n"
+        + quick_start_code(tiny_math_model_path, prompt, adapter=False, max_new_tokens=48)
+        + "\n```\n"
     )
     run_card_quick_start(card, expect="pipeline(")
     assert INSTRUCTION.splitlines()[0][:20] in card.read_text()

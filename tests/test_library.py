@@ -1,0 +1,94 @@
+"""`STAPOTrainer` in a user's script, beside TRL's own `GRPOConfig`, behaves as `GRPOTrainer` plus the mask: the same
+console callbacks, signal handlers and warning filters while it trains, no connection of its own at construction, and
+an import that loads neither deepspeed nor matplotlib. What `stapo-train` adds is one line in a script
+(`stapo_trl.callbacks.add_command_callbacks`)."""
+
+import signal
+import socket
+import subprocess
+import sys
+import warnings
+
+import pytest
+import trl
+from testing_utils import PROMPTS, length_reward, subprocess_env
+from transformers import TrainerCallback
+
+from stapo_trl import STAPOTrainer
+
+
+def _config(tmp_path, name, **overrides):
+    settings = dict(
+        output_dir=str(tmp_path / name), max_steps=2, logging_steps=1, per_device_train_batch_size=8,
+        num_generations=4, max_completion_length=8, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+    )  # fmt: skip
+    return trl.GRPOConfig(**(settings | overrides))
+
+
+class _Observer(TrainerCallback):
+    """What the process looks like while a trainer trains: its signal handlers and warning filters at a step end."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+        self.filters = list(warnings.filters)
+
+
+def _train(trainer_class, model, tmp_path, name):
+    observer = _Observer()
+    trainer = trainer_class(
+        model, length_reward, args=_config(tmp_path, name), train_dataset=PROMPTS, callbacks=[observer]
+    )
+    console = [type(callback) for callback in trainer.callback_handler.callbacks]
+    trainer.train()
+    return trainer, console, observer
+
+
+def test_the_trainer_keeps_grpo_trainers_console_signal_handlers_and_warning_filters(tiny_random_model_path, tmp_path):
+    filters = list(warnings.filters)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    grpo, grpo_console, grpo_seen = _train(trl.GRPOTrainer, tiny_random_model_path, tmp_path, "grpo")
+    stapo, stapo_console, stapo_seen = _train(STAPOTrainer, tiny_random_model_path, tmp_path, "stapo")
+    assert stapo_console == grpo_console  # transformers' ProgressCallback / PrinterCallback, nothing swapped
+    assert stapo_seen.handlers == grpo_seen.handlers == handlers  # no handler of ours while training
+    assert stapo_seen.filters == grpo_seen.filters  # no warning filter of ours while training
+    assert warnings.filters == filters and {s: signal.getsignal(s) for s in handlers} == handlers
+    assert (tmp_path / "stapo" / "metrics.jsonl").is_file()  # the run files are the library's
+    assert any("s2t/num_loss_tokens" in row for row in stapo.state.log_history)
+
+
+def test_construction_opens_no_connection_of_its_own(tiny_random_model_path, tmp_path, monkeypatch):
+    """An uncached Hub id with the Hub unreachable: the same attempts and huggingface_hub's own error as GRPOTrainer
+    (the library probes nothing; `stapo-train`'s up-front check is `stapo_trl.preflight`)."""
+    import huggingface_hub.constants
+
+    attempts = []
+
+    def refuse(self, address):
+        attempts.append(address)
+        raise ConnectionRefusedError("no network in this test")
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    errors = []
+    for trainer_class in (trl.GRPOTrainer, STAPOTrainer):
+        attempts.clear()
+        with pytest.raises(OSError) as raised:
+            trainer_class(
+                "not-a-cached-org/no-model", length_reward, args=_config(tmp_path, "hub"), train_dataset=PROMPTS
+            )
+        errors.append((type(raised.value), len(attempts)))
+    assert errors[0] == errors[1], errors
+
+
+def test_importing_the_trainer_loads_no_deepspeed_and_at_most_3000_lines_of_the_package():
+    code = (
+        "import sys\nfrom stapo_trl import STAPOConfig, STAPOTrainer\n"
+        "mods = [m for n, m in sys.modules.items() if n.startswith('stapo_trl') and getattr(m, '__file__', None)]\n"
+        "print(sum(len(open(m.__file__).read().splitlines()) for m in mods), 'deepspeed' in sys.modules, "
+        "'matplotlib' in sys.modules, 'math_verify' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(), check=True
+    )
+    lines, *loaded = out.stdout.split()
+    assert loaded == ["False", "False", "False"] and int(lines) <= 3000, out.stdout
