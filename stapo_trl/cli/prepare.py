@@ -24,8 +24,7 @@ from ..runfiles.run_folder import lock_run_folder
 from ..runfiles.run_record import check_run_settings
 from .args import prompt_dataset_kwargs
 from .checkpoints import check_resume_from_checkpoint, cli_run_settings
-from .geometry import too_few_prompts
-from .launch_checks import parameter_sharding, sharding_error
+from .dry_run import parameter_sharding, sharding_error, too_few_prompts
 from .script_args import STAPOScriptArguments
 
 

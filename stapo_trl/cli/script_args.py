@@ -101,3 +101,25 @@ class STAPOScriptArguments(ScriptArguments):
     benchmark_eval_samples: int = 4
     benchmark_eval_limit: int | None = 32
     torch_num_threads: int | None = None
+
+    def __post_init__(self):
+        """Refuse, in one line naming the field, a value no run can use.
+
+        Raises:
+            ValueError: an unknown `trainer`, `dataset_streaming`, an empty column name (a file or Hub dataset), a count
+                below 1 (`eval_num_problems`, `eval_num_samples`, `torch_num_threads`).
+        """
+        if self.trainer not in TRAINERS:
+            raise ValueError(f"trainer={self.trainer!r} is not one of {list(TRAINERS)}.")
+        if self.dataset_streaming:
+            raise ValueError("dataset_streaming=True is not supported by stapo-train: set it to false.")
+        for column, what in (("prompt_column", "problem"), ("solution_column", "gold answer")):
+            if not getattr(self, column) and not str(self.dataset_name).startswith("builtin:"):
+                raise ValueError(f"{column}='' is empty: name the dataset column that holds the {what}.")
+        for name, fix in (
+            ("eval_num_problems", "or set eval_before_after: false to skip the evaluation"),
+            ("eval_num_samples", "or set eval_before_after: false to skip the evaluation"),
+            ("torch_num_threads", "the CPU demo uses 1; unset: torch's default"),
+        ):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1 ({fix}).")
