@@ -54,9 +54,10 @@ class DryRunReport:
     `steps_per_generation` (micro-steps per rollout batch; `None`: `gradient_accumulation_steps`, TRL's default) and
     `generation_batch_size` (completions per rollout step, all processes; `None`: the global micro-batch x
     `steps_per_generation`) are resolved at construction: a fixed `generation_batch_size` sets `steps_per_generation`.
-    `max_tokens_per_optimizer_step`: completions per update x (max prompt + max completion) tokens, `None` when prompts
-    are unbounded. `lines`: the plan's (label, value) rows; `errors` make the recipe fail; `warnings` deserve a look;
-    `notes` say how the dry run differs from a launch.
+    Derived there: `global_micro_batch`, `completions_per_optimizer_step`, `prompts_per_rollout_step`,
+    `prompts_per_optimizer_step`, `optimizer_steps_per_rollout_step`. `max_tokens_per_optimizer_step`: completions per
+    update x (max prompt + max completion) tokens, `None` when prompts are unbounded. `lines`: the plan's (label,
+    value) rows; `errors` make the recipe fail; `warnings` deserve a look; `notes` say how the dry run differs.
     """
 
     per_device_train_batch_size: int
@@ -65,9 +66,7 @@ class DryRunReport:
     num_generations: int
     steps_per_generation: int | None = None
     generation_batch_size: int | None = None
-    trainer: str = "stapo"
     max_prompt_tokens: int | None = None
-    max_completion_length: int = 0
     max_tokens_per_optimizer_step: int | None = None
     lines: list[tuple[str, str]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -76,35 +75,16 @@ class DryRunReport:
     recipe: str | None = None
 
     def __post_init__(self):
+        self.global_micro_batch = self.per_device_train_batch_size * self.num_processes
         if self.generation_batch_size is None:
             self.steps_per_generation = self.steps_per_generation or self.gradient_accumulation_steps
             self.generation_batch_size = self.global_micro_batch * self.steps_per_generation
         else:
             self.steps_per_generation = self.generation_batch_size // self.global_micro_batch
-
-    @property
-    def global_micro_batch(self) -> int:
-        return self.per_device_train_batch_size * self.num_processes
-
-    @property
-    def completions_per_optimizer_step(self) -> int:
-        return self.global_micro_batch * self.gradient_accumulation_steps
-
-    @property
-    def prompts_per_rollout_step(self) -> float:
-        return self.generation_batch_size / self.num_generations
-
-    @property
-    def prompts_per_optimizer_step(self) -> float:
-        return self.completions_per_optimizer_step / self.num_generations
-
-    @property
-    def optimizer_steps_per_rollout_step(self) -> float:
-        return self.steps_per_generation / self.gradient_accumulation_steps
-
-    def is_paper_geometry(self) -> bool:
-        """256 prompts x 8 rollouts per rollout step and 64-prompt updates (STAPO Sec. 4.1)."""
-        return (self.prompts_per_rollout_step, self.prompts_per_optimizer_step, self.num_generations) == PAPER_GEOMETRY
+        self.completions_per_optimizer_step = self.global_micro_batch * self.gradient_accumulation_steps
+        self.prompts_per_rollout_step = self.generation_batch_size / self.num_generations
+        self.prompts_per_optimizer_step = self.completions_per_optimizer_step / self.num_generations
+        self.optimizer_steps_per_rollout_step = self.steps_per_generation / self.gradient_accumulation_steps
 
     @property
     def ok(self) -> bool:
@@ -194,6 +174,7 @@ def validate_recipe(
         [`DryRunReport`]: `report.ok` is False when the recipe would fail; `report.summary()` is the plan.
     """
     from ..checks.dataset import CLI_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
+    from ..checks.hub import check_hub_access
     from ..config import STAPOConfig
     from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
     from ..data import (
@@ -209,13 +190,13 @@ def validate_recipe(
 
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(
-            f"num_processes={num_processes!r} must be a positive integer (training processes, one per GPU)."
+            f"--num-processes: {num_processes} is not a number of training processes: give a positive integer (one "
+            "per GPU, vLLM server GPUs excluded)."
         )
     s, a, n = script_args, training_args, num_processes
     r = DryRunReport(
         a.per_device_train_batch_size, n, a.gradient_accumulation_steps, a.num_generations, a.steps_per_generation,
-        generation_batch_size, trainer=s.trainer, max_prompt_tokens=s.max_prompt_tokens,
-        max_completion_length=a.max_completion_length, recipe=recipe,
+        generation_batch_size, max_prompt_tokens=s.max_prompt_tokens, recipe=recipe,
     )  # fmt: skip
     row, error, warn = (lambda label, text: r.lines.append((label, text))), r.errors.append, r.warnings.append
 
@@ -309,10 +290,6 @@ def validate_recipe(
     elif r.steps_per_generation % r.gradient_accumulation_steps:
         warn(f"steps_per_generation={r.steps_per_generation} is not a multiple of gradient_accumulation_steps="
              f"{r.gradient_accumulation_steps}: an optimizer update spans two rollout batches.")  # fmt: skip
-    eval_generations = a.num_generations_eval or a.num_generations
-    if a.eval_strategy != "no" and (a.per_device_eval_batch_size * n) % eval_generations:
-        error(f"per_device_eval_batch_size {a.per_device_eval_batch_size} x {n} processes = "
-              f"{a.per_device_eval_batch_size * n} is not a multiple of the evaluation's num_generations {eval_generations}.")  # fmt: skip
     if num_rows is not None:
         where = "in the train split" if s.max_train_samples is None else "with max_train_samples"
         if message := too_few_prompts(num_rows, batch // r.num_generations, where):
@@ -390,14 +367,19 @@ def validate_recipe(
     keep = f"every {a.save_steps} optimizer steps (keep {a.save_total_limit or 'all'})"
     save = keep if a.save_strategy == "steps" else a.save_strategy.value
     row("output", f"{a.output_dir}; checkpoints {save}; report_to {a.report_to}; push_to_hub={a.push_to_hub}")
-    for check in (check_resume_from_checkpoint, _check_hub_offline):
-        try:
-            check(a)
-        except (ValueError, ConnectionError) as e:
-            error(str(e))
+    try:
+        check_resume_from_checkpoint(a)
+    except ValueError as e:
+        error(str(e))
+    try:
+        if a.push_to_hub:  # offline mode or no token (no request is made here)
+            check_hub_access(a.hub_model_id, a.output_dir, a.hub_token, network=False)
+    except ConnectionError as e:
+        error(str(e))
     if a.use_cpu and a.bf16 and not cpu_forced:
         warn("bf16=True on CPU is about 2.3x slower than float32: set bf16: false for CPU runs.")
-    if "dapo-math" in str(dataset).lower() and not r.is_paper_geometry():
+    paper = (r.prompts_per_rollout_step, r.prompts_per_optimizer_step, r.num_generations) == PAPER_GEOMETRY
+    if "dapo-math" in str(dataset).lower() and not paper:
         warn(
             f"the paper's data (DAPO-Math) with another batch geometry: {r.prompts_per_rollout_step:g} prompts x "
             f"{r.num_generations} rollouts per rollout step and {r.prompts_per_optimizer_step:g}-prompt updates for {n} "
@@ -407,14 +389,6 @@ def validate_recipe(
     if message := sharding_error(s, parameter_sharding(a, accelerate_config)):
         error(message)
     return r
-
-
-def _check_hub_offline(args) -> None:
-    """`push_to_hub` in offline mode or without a token (no request is made)."""
-    from ..checks.hub import check_hub_access
-
-    if args.push_to_hub:
-        check_hub_access(args.hub_model_id, args.output_dir, args.hub_token, network=False)
 
 
 def _local_model_path(name) -> Path | None:
@@ -535,9 +509,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if known.help:
             print(__doc__ + "\n" + EXIT_STATUS_HELP)
             return 0
-        if known.num_processes is not None and known.num_processes < 1:
-            raise InputError(prog, f"--num-processes: {known.num_processes} is not a number of training processes: "
-                                   "give a positive integer (one per GPU, vLLM server GPUs excluded).")  # fmt: skip
         try:
             report = dry_run_recipe(rest, known.num_processes)
         except (ValueError, OSError) as e:

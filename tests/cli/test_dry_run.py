@@ -20,7 +20,7 @@ def test_paper_geometry_of_the_1_7b_recipe_on_4_processes():
     assert geometry.global_micro_batch == 8
     assert geometry.generation_batch_size == 2048 and geometry.prompts_per_rollout_step == 256
     assert geometry.completions_per_optimizer_step == 512 and geometry.prompts_per_optimizer_step == 64
-    assert geometry.optimizer_steps_per_rollout_step == 4 and geometry.is_paper_geometry()
+    assert geometry.optimizer_steps_per_rollout_step == 4
     assert "| 4 | 2 | 64 | 256 |" in (RECIPES_DIR / "README.md").read_text()
 
 
@@ -28,9 +28,7 @@ def test_steps_per_generation_defaults_to_gradient_accumulation_and_a_fixed_batc
     # 3 x 1 process x 2 steps (steps_per_generation unset -> gradient_accumulation_steps) = 6 completions: groups of
     # 4 do not fit; the config's check lists the divisors of 6 from 2.
     geometry = DryRunReport(3, 1, 2, 4)
-    assert (
-        geometry.steps_per_generation == 2 and geometry.generation_batch_size == 6 and not geometry.is_paper_geometry()
-    )
+    assert geometry.steps_per_generation == 2 and geometry.generation_batch_size == 6
     from stapo_trl.config import check_training_values
 
     with pytest.raises(ValueError, match=r"Valid num_generations for this batch: \[2, 3, 6\]"):
