@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_BUILD_OPS ?= 0
 
-.PHONY: install install-vllm install-real-models install-compat install-slurm test test-slow test-slurm test-vllm test-real test-build test-compat quality style demo demo-real compare bench bench-vllm evaluate clean
+.PHONY: install install-vllm install-real-models install-compat install-releases install-slurm test test-slow test-slurm test-vllm test-real test-build test-compat test-releases quality style demo demo-real compare bench bench-vllm evaluate clean
 
 install: $(VENV)/.installed
 
@@ -103,6 +103,44 @@ COMPAT_TESTS ?= tests/core tests/test_trainer.py tests/test_config.py tests/test
 test-compat: install-compat
 	$(COMPAT_PY) -m pytest -q -m "not slow and not real_model and not build" $(COMPAT_TESTS)
 
+# Every TRL release setup.cfg admits, each checked in .venv-releases (the top pins) with only trl swapped (`pip install
+# --no-deps`, then `pip check`): beside each of them pip picks the same transformers and accelerate. Where it picks
+# others, that combination is checked too: accelerate < 1.10.1 admits no trl above 1.14, so `pip install .
+# accelerate==1.4.0` gets trl 1.14.2 beside transformers 5.25; and at the compat env's transformers 5.19. One pytest
+# process per check, the tests marked `release`: construction and two steps of the README example in TRL's default
+# layout and with steps_per_generation = 4 x GA, the refusals of the paths that train past the mask, the construction
+# line of a plain GRPOConfig, and the core's hand-computed mask and loss tests (not the 2**24-candidate quantile: torch
+# alone, 7 s, run by `make test`). The README example's model is built once, into .venv-releases/cache.
+RELEASES_VENV ?= .venv-releases
+RELEASES_PY := $(RELEASES_VENV)/bin/python
+TRL_RELEASES ?= 1.9.1 1.9.2 1.10.0 1.11.0 1.12.0 1.13.0 1.14.0 1.14.1 1.14.2 1.16.0
+LOW_NEIGHBOURS ?= "trl==1.14.2 accelerate==1.4.0" "trl==1.14.2 accelerate==1.4.0 transformers==5.19.0"
+RELEASE_SWAP := $(RELEASES_PY) -m pip install -q --no-deps --no-index -f $(RELEASES_VENV)/wheels
+install-releases: $(RELEASES_VENV)/.installed
+
+$(RELEASES_VENV)/.installed: setup.cfg constraints-cpu.txt
+	test -x $(RELEASES_PY) || $(PYTHON) -m venv $(RELEASES_VENV)
+	$(RELEASES_PY) -m pip install -q --upgrade pip
+	$(RELEASES_PY) -m pip install -q -c constraints-cpu.txt torch==2.13.0
+	$(RELEASES_PY) -m pip install -q -c constraints-cpu.txt -e ".[test]"
+	for pin in $(addprefix trl==,$(TRL_RELEASES)) $(sort $(subst ",,$(LOW_NEIGHBOURS))) \
+		$$(grep -E '^(transformers|accelerate)==' constraints-cpu.txt); do \
+		$(RELEASES_PY) -m pip download -q --no-deps -d $(RELEASES_VENV)/wheels $$pin || exit 1; done
+	STAPO_TRL_CACHE=$(RELEASES_VENV)/cache $(RELEASES_PY) -c \
+		"from stapo_trl.models import resolve_model_path; resolve_model_path('builtin:tiny-math')"
+	touch $@
+
+test-releases: install-releases
+	@set -e; for pins in $(addprefix trl==,$(TRL_RELEASES)) $(LOW_NEIGHBOURS); do \
+		echo "--- $$pins"; \
+		$(RELEASE_SWAP) -c constraints-cpu.txt trl transformers accelerate; \
+		$(RELEASE_SWAP) $$pins; \
+		$(RELEASES_PY) -m pip check; \
+		STAPO_TRL_CACHE=$(RELEASES_VENV)/cache STAPO_TRL_TEST_MODEL=builtin:tiny-math \
+			$(RELEASES_PY) -m pytest -q -p no:cacheprovider -m release -k "not 2_pow_24" tests/test_releases.py tests/core; \
+	done; \
+	$(RELEASE_SWAP) -c constraints-cpu.txt trl transformers accelerate
+
 # The vLLM tests (marked `vllm`) in the vLLM venv: real engines on CPU, so they are slow.
 test-vllm: install-vllm
 	$(VLLM_PY) -m pytest -q -m vllm tests
@@ -156,4 +194,4 @@ evaluate: install
 	$(VENV)/bin/stapo-eval --model $(MODEL) --benchmarks $(BENCHMARKS) $(EVAL_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(COMPAT_VENV) outputs build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(COMPAT_VENV) $(RELEASES_VENV) outputs build *.egg-info

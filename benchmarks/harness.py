@@ -267,17 +267,23 @@ class Probe:
 
     `nograd_rows` / `grad_rows`: completions scored without / with gradient (generation forwards are not counted:
     they do not use the fused head). `mask_seconds`: time in `STAPOTrainer._s2t_result` (the mask, its metrics, and
-    the product's diagnostics and token records).
+    the product's diagnostics and token records). `records_seconds`: time in the token records' `record` (per mask,
+    inside the mask's time) and `write_pending` (per logging step), of a `SpuriousTokenLogger` added here.
     """
 
     def __init__(self, trainer):
+        from stapo_trl.runfiles.callbacks import SpuriousTokenLogger
         from stapo_trl.trainer import STAPOTrainer
 
         self.nograd_rows = self.grad_rows = 0
-        self.mask_seconds = 0.0
+        self.mask_seconds = self.records_seconds = 0.0
         trainer.model.register_forward_hook(self._hook, with_kwargs=True)
         if isinstance(trainer, STAPOTrainer):
             self._time(trainer, "_s2t_result", "mask_seconds")
+            logger = SpuriousTokenLogger(trainer)  # used by train() instead of the built-in one
+            trainer.add_callback(logger)
+            self._time(logger, "record", "records_seconds")
+            self._time(logger, "write_pending", "records_seconds")
 
     def _hook(self, module, args, kwargs, output):
         if kwargs.get("fused_lm_head"):
@@ -297,7 +303,7 @@ class Probe:
             finally:
                 setattr(self, counter, getattr(self, counter) + time.process_time() - start)
 
-        setattr(trainer, method, timed)  # instance attribute: the trainer's own calls go through it
+        setattr(trainer, method, timed)  # instance attribute: the owner's own calls go through it
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -101,6 +101,7 @@ def _timed_runs(args, workdir: str, configs: list[dict]) -> dict[str, list[dict]
                     step_time_sum=sum(step_times),
                     nograd_passes=probe.nograd_rows / (generation_batch * num_generations),
                     mask_seconds=probe.mask_seconds,
+                    records_seconds=probe.records_seconds,
                 )
             )
             print(
@@ -153,6 +154,7 @@ def _ratio_rows(configs: list[dict], runs: dict[str, list[dict]], memory: dict[s
         base_wall = statistics.median(b["wall"] for b in base)
         base_cpu = statistics.median(b["cpu"] for b in base)
         mask_share = statistics.median(o["mask_seconds"] / b["cpu"] for o, b in zip(own, base, strict=True))
+        records = [o.get("records_seconds", 0) / b["cpu"] for o, b in zip(own, base, strict=True)]
         mem, base_mem = memory[config["key"]], memory[base_key]
         rows.append(
             dict(
@@ -166,6 +168,7 @@ def _ratio_rows(configs: list[dict], runs: dict[str, list[dict]], memory: dict[s
                 grpo_wall_median_s=base_wall,
                 nograd_passes=statistics.median(o["nograd_passes"] for o in own),
                 mask_share=mask_share,
+                records_share=statistics.median(records),
                 torch_peak_bytes=mem["torch_peak_bytes"],
                 torch_peak_ratio=mem["torch_peak_bytes"] / base_mem["torch_peak_bytes"],
                 torch_peak_diff_bytes=mem["torch_peak_bytes"] - base_mem["torch_peak_bytes"],
@@ -193,16 +196,17 @@ def _overhead_target(row: dict) -> tuple[str, bool | None]:
 def overhead_table(result: dict) -> str:
     lines = [
         "| spg / GA | trainer | CPU-time ratio vs off twin | CPU-time ratio vs GRPOTrainer, median [range] | "
-        "wall ratio | step_time ratio | no-grad passes / gen. batch | mask share | target (CPU time) | met | "
+        "wall ratio | step_time ratio | no-grad passes / gen. batch | mask share | token records share | "
+        "target (CPU time) | met | "
         "torch peak | peak ratio (<= 1.03) | peak diff | largest alloc | RSS growth |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         c = row["config"]
         target, ok = _overhead_target(row)
         is_base = c["label"] == "GRPO"
         lines.append(
-            "| {spg}/{ga} | {label} | {vs_off} | {cpu} | {wall} | {step} | {passes:.2f} | {mask} | {target} | "
+            "| {spg}/{ga} | {label} | {vs_off} | {cpu} | {wall} | {step} | {passes:.2f} | {mask} | {records} | {target} | "
             "{ok} | {peak} | {pratio} | {pdiff} | {largest} | {rss} |".format(
                 spg=c["spg"],
                 ga=c["grad_accum"],
@@ -213,6 +217,7 @@ def overhead_table(result: dict) -> str:
                 step="1" if is_base else fmt_ratio(row["step_time_ratios"]),
                 passes=row["nograd_passes"],
                 mask="-" if is_base else f"{100 * row['mask_share']:.1f} %",
+                records="-" if is_base else f"{100 * row.get('records_share', 0):.2f} %",
                 target=target,
                 ok="" if ok is None else ("yes" if ok else "no"),
                 peak=fmt_bytes(row["torch_peak_bytes"]),
@@ -238,7 +243,8 @@ def section_text(args, r) -> str:
         "*wall*: wall time of the same call; *step_time*: sum of TRL's `step_time` metric (wall; generation "
         "included, optimizer step excluded). *no-grad passes*: no-grad scoring forwards over each generation "
         "batch (TRL's old log-probs + S2T's own). *mask share*: CPU time inside `_s2t_result` (the mask, its "
-        "metrics and the product's diagnostics and token records), as a share of GRPO's CPU time. Targets: "
+        "metrics and the product's diagnostics and token records), as a share of GRPO's CPU time; *token records "
+        "share*: CPU time in `SpuriousTokenLogger.record` (inside the mask share) and `write_pending`, likewise. Targets: "
         f"<= {DEFAULT_GEOMETRY_TARGET} against GRPOTrainer in TRL's default geometry (spg = GA), <= {TIME_TARGET} "
         "against the off twin in the paper's (spg = 4 x GA). "
         "Memory: one extra run of "

@@ -6,7 +6,7 @@ Runs in the vLLM environment (`make install-vllm`):
     .venv-vllm/bin/python benchmarks/vllm_eval.py                       # builtin:tiny-math-h64, 300 problems, ~3 min
     .venv-vllm/bin/python benchmarks/vllm_eval.py --samples 4 --limit 100  # quicker
 
-Both backends run through `stapo_trl.evaluation.generation` (`HFGenerator`, `vllm_generation.VLLMGenerator`, `evaluate_problems`: the same prompts,
+Both backends run through `stapo_trl.evaluation.generation` (`HFGenerator`, `VLLMGenerator`, `evaluate_problems`: the same prompts,
 grading and metrics as `stapo-eval`) on the built-in tiny-math test split, in float32:
 
 1. greedy decoding (temperature 0, one sample): the extracted answers must agree on >= 95 % of problems; the
@@ -82,9 +82,8 @@ def main() -> None:
     import transformers
     import vllm
 
-    from stapo_trl.evaluation.generation import DECODINGS, HFGenerator
+    from stapo_trl.evaluation.generation import DECODINGS, HFGenerator, VLLMGenerator
     from stapo_trl.evaluation.tasks import load_benchmark
-    from stapo_trl.evaluation.vllm_generation import VLLMGenerator
     from stapo_trl.grading import extract_boxed_answer
     from stapo_trl.models import resolve_model_path
 

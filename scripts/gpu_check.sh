@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# STAPO's cost and memory on one GPU at vocabulary 151,936 (benchmarks/gpu.py; its docstring says what is measured).
+# STAPO's cost and memory on one GPU at vocabulary 151,936, on a random-weight and a trained-like model (silencing
+# ~1e-4 of loss tokens), in three layouts (benchmarks/gpu.py; its docstring says what is measured).
 #
 #   bash scripts/gpu_check.sh               # on the GPU machine, from the repository root, with .whl/ carried
 #   bash scripts/gpu_check.sh --cpu-smoke   # here: the same path at toy size on the CPU, with .venv/bin/python
 #
-# Further arguments go to benchmarks/gpu.py (--reps, --max-seconds, ...). Writes into $OUT (default
-# outputs/gpu-check): env.txt (nvidia-smi, versions), gpu_check.log, gpu.json, gpu.md. Afterwards, here:
+# One run is meant to fit 6 minutes on an H200: benchmarks/gpu.py starts no trainer run that would end past
+# --max-seconds (300 s of its own; the wheels and imports come on top). Further arguments go to benchmarks/gpu.py
+# (--reps, --max-seconds, --trained-silenced, ...); a second run on the same warm machine adds repetitions. Writes into
+# $OUT (default outputs/gpu-check): env.txt (nvidia-smi, versions), gpu_check.log, gpu.json, gpu.md. Afterwards, here:
 #   .venv/bin/python benchmarks/gpu.py --report <OUT>/gpu.json    # -> benchmarks/results/<run date>-gpu.md (+ .json)
 # On the GPU machine the packages its Python lacks come from .whl/ (scripts/gpu_wheels.txt lists them and how to fetch
 # them), installed into /tmp/site; stapo_trl runs from this checkout (PYTHONPATH), not installed.

@@ -286,6 +286,7 @@ class STAPOTrainer(ProductTrainerMixin, core.STAPOTrainer):
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             args = STAPOConfig(f"{str(model_name).split('/')[-1]}-STAPO")
+        core.stapo_config.refuse_paths_around_the_mask(args)  # before a model is built
         self._nonfinite_warned = False
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
 

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from trl import GRPOConfig
 from stapo_trl import STAPOConfig, STAPOTrainer, core
 from stapo_trl.config import write_run_files
 from stapo_trl.core.stapo_config import s2t_warnings
+from stapo_trl.diagnostics.token_records import token_records
 from stapo_trl.runfiles.callbacks import SpuriousTokenLogger
 
 
@@ -294,26 +296,32 @@ def test_training_masks_reach_the_logger_and_evaluation_masks_do_not(tiny_random
     trainer.model.eval()
     with torch.no_grad():
         trainer._compute_loss(trainer.model, dict(inputs))
-    assert logger._pending == [] and "s2t/num_silenced" not in trainer._metrics["train"]
+    assert logger._pending is None and "s2t/num_silenced" not in trainer._metrics["train"]
     assert trainer._metrics["eval"]["s2t/num_silenced"] == [9.0]
     trainer.model.train()
     trainer._compute_loss(trainer.model, dict(inputs))
     # The 9 silenced tokens (rows 0 and 2: 5 + 4); no kept candidate; no reference (tau_p = 1).
-    assert [(r["completion_index"], r["position"]) for r in logger._pending] == [(0, t) for t in range(5)] + [
+    pending = token_records(logger._pending, trainer.processing_class)
+    assert [(r["completion_index"], r["position"]) for r in pending] == [(0, t) for t in range(5)] + [
         (2, t) for t in range(4)
     ]
-    assert {r["kind"] for r in logger._pending} == {"silenced"}
+    assert {r["kind"] for r in pending} == {"silenced"}
 
 
 class WatchedLogger(SpuriousTokenLogger):
-    """Checks, at every mask handed to it, that it keeps exactly the capped records of that mask, no more."""
+    """Checks, at every mask handed to it, that it keeps exactly the capped sample of the masks since the last logging
+    step, no more."""
 
     def __init__(self, trainer, **caps):
         super().__init__(trainer, **caps)
         self.masks, self.capped_masks, self.largest_pending = 0, 0, 0
+        self.available = Counter()  # tokens of each kind since the last logging step
+
+    def write_pending(self, args, step):
+        self.available = Counter()
+        return super().write_pending(args, step)
 
     def record(self, result, per_token_logps, entropies, advantages, loss_mask, completion_ids):
-        before = len(self._pending)
         super().record(result, per_token_logps, entropies, advantages, loss_mask, completion_ids)
         in_loss = loss_mask.bool()
         positive = in_loss & (advantages[:, None] > 0)
@@ -324,14 +332,16 @@ class WatchedLogger(SpuriousTokenLogger):
         }
         caps = {"silenced": self.max_silenced, "kept_candidate": self.max_kept_candidates}
         caps["reference"] = self.max_reference
-        assert len(self._pending) - before == sum(min(caps[k], available[k]) for k in caps), available
+        self.available.update(available)
+        pending = (self._pending[..., 0] >= 0).sum(dim=1).tolist()  # the sample's size of each kind
+        assert pending == [min(caps[k], self.available[k]) for k in caps], (pending, self.available)
         self.masks += 1
         self.capped_masks += any(available[k] > caps[k] for k in caps)
-        self.largest_pending = max(self.largest_pending, len(self._pending))
+        self.largest_pending = max(self.largest_pending, sum(pending))
 
 
 def test_the_logger_keeps_at_most_its_caps_per_mask_and_no_batch_tensor_is_retained(tiny_random_model_path, tmp_path):
-    # 8 steps, 4 updates per rollout batch, a logging step every 4 updates: at most 4 masks' records wait.
+    # 8 steps, 4 updates per rollout batch, a logging step every 4 updates: one sample of 4 masks' records waits.
     # tau_p = 1, q = 0.5: every positive-advantage token is a candidate and half are silenced, so the caps bind.
     trainer = make_trainer(
         tiny_random_model_path,
@@ -348,8 +358,8 @@ def test_the_logger_keeps_at_most_its_caps_per_mask_and_no_batch_tensor_is_retai
     trainer.train()
     assert logger.masks == 8  # one mask per optimizer update, each handed over once
     assert logger.capped_masks > 0  # the caps were needed
-    assert 0 < logger.largest_pending <= 4 * (3 + 2 + 2)
-    assert logger._pending == []  # written at the logging steps
+    assert 0 < logger.largest_pending <= 3 + 2 + 2  # one sample of the logging step's masks, within the caps
+    assert logger._pending is None  # written at the logging steps
     # No tensor of the batch (2-D) is kept by the trainer, apart from TRL's own rollout buffer, nor by the logger.
     assert held_tensors(trainer, skip={"_buffered_inputs"}) == []
     for callback in trainer.callback_handler.callbacks:

@@ -8,8 +8,8 @@ The plan: trainer and objective, model, data (a built-in or local dataset is ope
 too long for the model counted when the model is here; a Hub dataset or model is named, not fetched), rewards, the
 batch geometry (completions per micro-step, rollout step and optimizer update, which must hold whole groups of
 `num_generations`; the valid values when they do not), where the mask's p and H come from, optimizer, generation
-(vLLM server or colocate), output (trackers, checkpoint to resume, Hub access), and what the sharded parameters of the
-recipe's `# launch:` accelerate config (ZeRO-3, FSDP) cannot run. It warns about settings the paper did not run: the
+(vLLM server or colocate), output (trackers, checkpoint to resume, Hub access), and the `benchmark_eval*` settings
+TRL's evaluation cannot honour on that many processes. It warns about settings the paper did not run: the
 trainer's own construction warnings. The process count is `--num-processes`, else the recipe's `# launch: ...
 num_processes=N` line, else 1. On a machine without a GPU the recipe is parsed with `use_cpu` (transformers refuses
 bf16 there), which changes no batch arithmetic. A recipe that does not parse or fails a check is an input error.
@@ -22,12 +22,12 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from math import gcd
 from pathlib import Path
 
 
 # scripts/launch.sh and slurm/train.slurm read `read_launch_settings` before a job starts: this module imports nothing
 # heavy at the top (torch, TRL and the config are imported by the functions that need them).
-ACCELERATE_CONFIGS_DIR = Path(__file__).resolve().parents[2] / "recipes" / "accelerate_configs"
 PAPER_GEOMETRY = (256, 64, 8)  # prompts per rollout step, prompts per update, rollouts per prompt (STAPO Sec. 4.1)
 S2T_PATHS = {  # the core's `s2t_path`, in words, with its cost
     "loss": "the loss's own forward, detached (no extra forward)",
@@ -114,39 +114,51 @@ def too_few_prompts(num_prompts: int, prompts_per_rollout_step: int, where: str)
     )
 
 
-def parameter_sharding(training_args, accelerate_config: str | None = None) -> str | None:
-    """`"DeepSpeed ZeRO-3"`, `"FSDP"` or `None`: whether a run's parameters are sharded across processes, read from
-    the parsed config under `accelerate launch`, else from `accelerate_config` (a name under
-    `recipes/accelerate_configs`, as a `# launch:` line gives it, or a path; a file not here counts as `None`)."""
-    plugin = getattr(training_args, "deepspeed_plugin", None)
-    if plugin is not None and plugin.zero_stage == 3:
-        return "DeepSpeed ZeRO-3"
-    if getattr(training_args, "fsdp", None):
-        return "FSDP"
-    path = Path(accelerate_config or "")
-    if accelerate_config and path.suffix not in (".yaml", ".yml") and "/" not in accelerate_config:
-        path = ACCELERATE_CONFIGS_DIR / f"{accelerate_config}.yaml"
-    if not accelerate_config or not path.is_file():
+def benchmark_eval_error(
+    script_args, training_args, num_processes: int, num_problems: int | None = None
+) -> str | None:
+    """The one-line refusal of a `benchmark_eval*` setting that TRL's evaluation cannot honour exactly, or `None`.
+
+    `benchmark_eval` is TRL's own evaluation (`eval_strategy`) on the benchmark's problems: `benchmark_eval_samples`
+    becomes `num_generations_eval` and `benchmark_eval_steps` the `eval_steps` of a `"steps"` schedule. TRL takes the
+    eval batches in whole groups of `num_generations_eval` and logs the mean of the batches' mean rewards, which is
+    avg@k only when every batch is full.
+
+    Args:
+        script_args ([`~stapo_trl.cli.script_args.STAPOScriptArguments`]): the `benchmark_eval*` fields.
+        training_args ([`~trl.GRPOConfig`]): `num_generations_eval`, `eval_strategy`, `per_device_eval_batch_size`.
+        num_processes (`int`): training processes.
+        num_problems (`int`, *optional*): the benchmark's problems (after `benchmark_eval_limit`), once loaded.
+    """
+    name, k = getattr(script_args, "benchmark_eval", None), getattr(script_args, "benchmark_eval_samples", 1)
+    if name is None:
         return None
-    import yaml
-
-    config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if config.get("distributed_type") == "DEEPSPEED" and (config.get("deepspeed_config") or {}).get("zero_stage") == 3:
-        return "DeepSpeed ZeRO-3"
-    return "FSDP" if config.get("distributed_type") == "FSDP" else None
-
-
-def sharding_error(script_args, sharding: str | None) -> str | None:
-    """The one-line refusal of `benchmark_eval` with sharded parameters (it generates on rank 0 alone, and sharded
-    parameters need every rank in each forward of `generate`), or `None`."""
-    benchmark = getattr(script_args, "benchmark_eval", None)
-    if sharding is None or benchmark is None:
-        return None
-    return (
-        f"benchmark_eval={benchmark!r} cannot run under {sharding}: its in-training evaluation generates on rank 0 "
-        "alone, and sharded parameters need every rank in generate. Unset benchmark_eval and evaluate the saved "
-        "checkpoints with stapo-eval (or train under ZeRO-2 / DDP)."
-    )
+    if training_args.num_generations_eval not in (None, k):
+        return (
+            f"benchmark_eval_samples={k} and num_generations_eval={training_args.num_generations_eval} disagree (TRL's "
+            f"evaluation samples num_generations_eval completions per problem): set benchmark_eval_samples: "
+            f"{training_args.num_generations_eval} and remove num_generations_eval."
+        )
+    if script_args.benchmark_eval_steps is not None and training_args.eval_strategy == "epoch":
+        return (
+            f"benchmark_eval_steps={script_args.benchmark_eval_steps} evaluates every N steps, but eval_strategy is "
+            "'epoch': remove one of them."
+        )
+    batch = training_args.per_device_eval_batch_size * num_processes
+    in_batch = f"per_device_eval_batch_size {training_args.per_device_eval_batch_size} x {num_processes} process(es)"
+    if batch % k:
+        return (
+            f"benchmark_eval_samples={k} must divide the global eval batch ({in_batch} = {batch} completions: TRL "
+            f"evaluates whole groups of k): set per_device_eval_batch_size to a multiple of {k // gcd(k, num_processes)}."
+        )
+    if num_problems is not None and num_problems * k % batch:
+        step = batch // gcd(batch, k)
+        return (
+            f"benchmark_eval={name!r}: {num_problems} problems x {k} samples do not fill whole eval batches of {batch} "
+            f"completions ({in_batch}), and TRL would average a partial last batch as a full one: set "
+            f"benchmark_eval_limit to a multiple of {step} (e.g. {max(step, num_problems // step * step)})."
+        )
+    return None
 
 
 def validate_recipe(
@@ -158,7 +170,6 @@ def validate_recipe(
     generation_batch_size: int | None = None,
     recipe: str | None = None,
     cpu_forced: bool = False,
-    accelerate_config: str | None = None,
 ) -> DryRunReport:
     """Check a parsed recipe ([`~stapo_trl.cli.args.parse_args`]) for `num_processes` training processes, downloading
     and building nothing.
@@ -168,7 +179,6 @@ def validate_recipe(
             count; `None`: derived from `steps_per_generation`.
         recipe (`str`, *optional*): the recipe path, for the summary.
         cpu_forced (`bool`): `use_cpu` was forced on for the parse (no GPU here): CPU-only findings do not apply.
-        accelerate_config (`str`, *optional*): the launch's accelerate config ([`parameter_sharding`]).
 
     Returns:
         [`DryRunReport`]: `report.ok` is False when the recipe would fail; `report.summary()` is the plan.
@@ -386,7 +396,7 @@ def validate_recipe(
             "process(es), vs the paper's 256 x 8 and 64. recipes/README.md gives per_device_train_batch_size / "
             "gradient_accumulation_steps / steps_per_generation that keep the paper's for 4, 8, 16 and 32 processes."
         )
-    if message := sharding_error(s, parameter_sharding(a, accelerate_config)):
+    if message := benchmark_eval_error(s, a, n):  # the problem count is checked when stapo-train loads the benchmark
         error(message)
     return r
 
@@ -476,7 +486,6 @@ def dry_run_recipe(
     report = validate_recipe(
         script_args, training_args, model_args, num_processes, recipe=parser.path, cpu_forced=force_cpu,
         generation_batch_size=training_args.generation_batch_size if fixed else None,
-        accelerate_config=launch.get("accelerate_config"),
     )  # fmt: skip
     if "gradient_checkpointing" in given and "activation_checkpointing" in parser._option_string_actions:
         report.warnings.append("gradient_checkpointing is the deprecated transformers 5 alias (removed in v6): write "

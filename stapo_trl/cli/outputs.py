@@ -35,6 +35,8 @@ CURVES_FILENAME = "training_curves.png"
 
 
 def evaluate_trainer_model(trainer, script_args, eval_dataset, max_new_tokens: int) -> dict[str, float]:
+    """avg@k, pass@k and `num_problems` of the trainer's model on `eval_dataset` (`prompt`, `solution`), sampled with
+    the `eval_*` settings on every process ([`~stapo_trl.evaluation.generation.evaluate_avg_at_k`])."""
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
         return evaluate_avg_at_k(
             model,
@@ -112,20 +114,8 @@ def make_eval_record(script_args, training_args, trainer, before, after, max_new
 
 
 def eval_results_path(output_dir: str, global_step: int) -> str:
-    """Where this run's before/after results go: `eval.json`, or beside it when `output_dir` already holds one.
-
-    An earlier run's `eval.json` is never replaced (a rerun into a finished run's folder, with another `max_steps` or
-    process count, would otherwise overwrite its results silently): the new results go to `eval-step{N}.json`, or
-    `eval-step{N}-2.json`, `-3`, ... when that exists too. Continuing a run (raising `max_steps`) stays possible and
-    keeps every evaluation.
-
-    Args:
-        output_dir (`str`): the run's folder.
-        global_step (`int`): the optimizer step the results are for.
-
-    Returns:
-        `str`: the path to write.
-    """
+    """Where this run's before/after results go: `eval.json`, else (an earlier run's is there: a rerun or a continued
+    run, whose results are never replaced) `eval-step{global_step}.json`, then `eval-step{global_step}-2.json`, ..."""
     path = os.path.join(output_dir, EVAL_FILENAME)
     if not os.path.exists(path):
         return path

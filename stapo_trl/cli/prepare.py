@@ -16,7 +16,6 @@ from ..checks.dataset import CLI_CHAT_TEMPLATE_FIX, check_chat_template, check_r
 from ..checks.hub import check_hub_access, check_hub_dataset
 from ..checks.prompt_length import model_max_positions, prompt_token_budget, report_dropped
 from ..data import evaluation_split, filter_long_prompts, is_local_dataset_file, load_prompt_dataset
-from ..evaluation.callback import BenchmarkEvalCallback
 from ..models import check_model_available, resolve_model_path
 from ..rewards import get_reward_funcs
 from ..runfiles.checkpoints import resume_checkpoint
@@ -24,7 +23,7 @@ from ..runfiles.run_folder import lock_run_folder
 from ..runfiles.run_record import check_run_settings
 from .args import prompt_dataset_kwargs
 from .checkpoints import check_resume_from_checkpoint, cli_run_settings
-from .dry_run import parameter_sharding, sharding_error, too_few_prompts
+from .dry_run import benchmark_eval_error, too_few_prompts
 from .script_args import STAPOScriptArguments
 
 
@@ -38,9 +37,8 @@ class PreparedRun:
     reward_funcs: list
     model_path: str
     train_dataset: Any
-    test_dataset: Any | None
+    test_dataset: Any | None  # what eval_strategy evaluates: the test split, or benchmark_eval's problems
     eval_dataset: Any | None  # the before/after evaluation problems (first eval_num_problems of the test split)
-    benchmark_callback: Any | None  # a BenchmarkEvalCallback (stapo_trl.evaluation.callback) with `benchmark_eval`
     settings: dict[str, Any]  # what the run optimizes: its record in each checkpoint (cli_run_settings)
     checkpoint: str | None = None  # the checkpoint to resume (the newest complete one, or resume_from_checkpoint)
     seconds: float = 0.0  # wall time of `prepare` (a first `builtin:` model build included)
@@ -50,23 +48,36 @@ def is_builtin_or_local(name: str | None) -> bool:
     return bool(name) and (name.startswith("builtin:") or os.path.exists(name))
 
 
-def _benchmark_callback(script_args: STAPOScriptArguments, training_args) -> BenchmarkEvalCallback | None:
-    """The in-training benchmark evaluation of `benchmark_eval` (its name is checked here), or `None`.
+def _benchmark_eval_dataset(script_args: STAPOScriptArguments, training_args, reward_funcs):
+    """The problems of `benchmark_eval` as the trainer's `eval_dataset` (`prompt`, `solution`), with TRL's evaluation
+    set on `training_args`: `eval_strategy` `"steps"` (unless set), `eval_steps` (`benchmark_eval_steps`, else
+    `eval_steps`, else `logging_steps`), `num_generations_eval` (`benchmark_eval_samples`); `None` without it.
 
     Raises:
-        ValueError: an unknown benchmark, or `benchmark_eval` with sharded parameters (DeepSpeed ZeRO-3, FSDP).
+        ValueError: a setting TRL's evaluation cannot honour ([`benchmark_eval_error`]), a benchmark that cannot be
+            loaded, or a column a reward function reads that the benchmark lacks.
     """
-    if script_args.benchmark_eval is None:
+    from transformers.trainer_utils import IntervalStrategy
+
+    from ..evaluation.tasks import benchmark_dataset, load_benchmark
+
+    a = script_args
+    if a.benchmark_eval is None:
         return None
-    error = sharding_error(script_args, parameter_sharding(training_args))  # before the model is built
+    try:
+        problems = load_benchmark(a.benchmark_eval, a.benchmark_eval_data_dir, a.benchmark_eval_limit)
+    except RuntimeError as e:  # the Hub copy cannot be loaded
+        raise ValueError(f"benchmark_eval={a.benchmark_eval!r}: {e}") from e
+    error = benchmark_eval_error(a, training_args, training_args.world_size, len(problems))
     if error:
         raise ValueError(error)
-    a = script_args  # the benchmark's settings, then the before/after evaluation's sampling
-    settings = {"data_dir": a.benchmark_eval_data_dir, "samples": a.benchmark_eval_samples, "seed": training_args.seed}
-    settings |= {"every_n_steps": a.benchmark_eval_steps, "limit": a.benchmark_eval_limit, "top_p": a.eval_top_p}
-    settings |= {"temperature": a.eval_temperature, "batch_size": a.eval_batch_size}
-    settings["max_new_tokens"] = a.eval_max_new_tokens or training_args.max_completion_length
-    return BenchmarkEvalCallback(a.benchmark_eval, **settings)  # checks the name; the problems load at the first eval
+    dataset = benchmark_dataset(problems, prompt_dataset_kwargs(a)["instruction"])
+    check_reward_columns(reward_funcs, dataset, f"benchmark_eval={a.benchmark_eval!r}")
+    if training_args.eval_strategy == "no" or a.benchmark_eval_steps is not None:
+        training_args.eval_strategy, training_args.do_eval = IntervalStrategy.STEPS, True
+        training_args.eval_steps = a.benchmark_eval_steps or training_args.eval_steps or training_args.logging_steps
+    training_args.num_generations_eval = a.benchmark_eval_samples
+    return dataset
 
 
 def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelConfig) -> PreparedRun:
@@ -76,11 +87,12 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     model path (a `builtin:` model is built into its cache on first use), with its tokenizer the chat template and
     the `max_prompt_tokens` filter, last the hold on `output_dir` and, holding it, the checkpoint to resume (the newest
     complete one, the damaged ones above it moved aside) and its settings. Every failure is one exception, one line.
+    With `benchmark_eval`, the benchmark's problems are what `eval_strategy` evaluates ([`_benchmark_eval_dataset`]).
 
     Raises:
         ValueError: an unknown reward, benchmark or `builtin:` name; no `dataset_name`; `dataset_streaming`; a missing
             column, or one a reward function reads ([`~stapo_trl.checks.dataset.check_reward_columns`]); fewer
-            training prompts than one rollout step takes; `benchmark_eval` under ZeRO-3 or FSDP; a
+            training prompts than one rollout step takes; a `benchmark_eval*` setting TRL cannot honour; a
             `resume_from_checkpoint` that is not a complete checkpoint; a checkpoint trained with other settings
             ([`~stapo_trl.runfiles.run_record.check_run_settings`]); an `output_dir` that another run
             writes or that cannot be written ([`~stapo_trl.runfiles.run_folder.lock_run_folder`]); a tokenizer
@@ -107,7 +119,8 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     if not is_builtin_or_local(script_args.dataset_name) and not is_local_dataset_file(script_args.dataset_name):
         check_hub_dataset(script_args.dataset_name)  # a Hub id nobody can download: now, in one line
     train_dataset, test_dataset, eval_dataset = _load_datasets(script_args, training_args, reward_funcs)
-    benchmark_callback = _benchmark_callback(script_args, training_args)
+    benchmark = _benchmark_eval_dataset(script_args, training_args, reward_funcs)
+    test_dataset = test_dataset if benchmark is None else benchmark
     # Last: a `builtin:` model is built (about 30 s, once) when it is not cached yet.
     model_path = resolve_model_path(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(
@@ -139,9 +152,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         lock_run_folder(training_args, acquire=False)
         raise
     datasets = (train_dataset, test_dataset, eval_dataset)
-    return PreparedRun(
-        reward_funcs, model_path, *datasets, benchmark_callback, settings, checkpoint, time.perf_counter() - start
-    )
+    return PreparedRun(reward_funcs, model_path, *datasets, settings, checkpoint, time.perf_counter() - start)
 
 
 def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_funcs):
@@ -151,7 +162,8 @@ def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_func
     name, limit = script_args.dataset_name, script_args.max_train_samples
     train_dataset = load_prompt_dataset(name, split=script_args.dataset_train_split, limit=limit, **load_kwargs)
     test_dataset = eval_dataset = None
-    if script_args.eval_before_after or training_args.eval_strategy != "no":
+    periodic = training_args.eval_strategy != "no" and script_args.benchmark_eval is None  # else the benchmark's
+    if script_args.eval_before_after or periodic:
         test_dataset = load_prompt_dataset(
             script_args.dataset_name, split=script_args.dataset_test_split, **load_kwargs
         )
@@ -162,7 +174,7 @@ def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_func
                 logger.warning(warning)
     # Every reward argument filled by a column: the trainer's own check, run here before a `builtin:` model build.
     check_reward_columns(reward_funcs, train_dataset, script_args.dataset_name)
-    if training_args.eval_strategy != "no":
+    if periodic:
         check_reward_columns(
             reward_funcs, test_dataset, f"{script_args.dataset_name} [{script_args.dataset_test_split}]"
         )

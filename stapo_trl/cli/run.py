@@ -118,7 +118,7 @@ def _setup_logging(training_args) -> None:
 
 def _build_trainer(script_args, training_args, model_args: ModelConfig, run: PreparedRun) -> GRPOTrainer:
     """The `STAPOTrainer` or `GRPOBaselineTrainer` (their `train()` writes the run files: `metrics.jsonl`, and
-    `spurious_tokens.jsonl` for STAPO), with the benchmark evaluation callback."""
+    `spurious_tokens.jsonl` for STAPO), evaluating `run.test_dataset` on `eval_strategy`'s schedule."""
     model_init_kwargs = {
         "revision": model_args.model_revision,
         "attn_implementation": model_args.attn_implementation,
@@ -137,8 +137,6 @@ def _build_trainer(script_args, training_args, model_args: ModelConfig, run: Pre
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
     )
-    if run.benchmark_callback is not None:
-        run.benchmark_callback.attach(trainer)  # registers it and logs eval/<benchmark>/* through the trainer
     set_console_summary(trainer, False)  # the files are listed once, by print_summary at the end of the run
     trainer.run_settings = run.settings  # the record of each checkpoint: with the prompt format and data digest
     return trainer

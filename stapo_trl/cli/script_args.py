@@ -63,17 +63,20 @@ class STAPOScriptArguments(ScriptArguments):
         eval_top_p (`float`, *optional*, defaults to `1.0`): top-p of the evaluation sampling.
         eval_max_new_tokens (`int`, *optional*): generation budget of the evaluation; `None`: `max_completion_length`.
         eval_batch_size (`int`, *optional*, defaults to `64`): problems per `generate` call (each yields k).
-        benchmark_eval (`str`, *optional*): A benchmark evaluated periodically during training by
-            [`~stapo_trl.evaluation.callback.BenchmarkEvalCallback`] (a `stapo_trl.evaluation.tasks.BENCHMARKS` name:
-            `aime24`, `math500`, ..., or `tiny-math`), logged as `eval/<benchmark>/avg@k` and `pass@k` into the log
-            history and `metrics.jsonl`. Sampling as the before/after evaluation (`eval_temperature`, `eval_top_p`,
-            `eval_max_new_tokens`). `None`: off. Not with DeepSpeed ZeRO-3 or FSDP (the callback generates on rank 0):
-            refused before the model is built, and by the dry run of a recipe whose `# launch:` line names such an
-            accelerate config.
+        benchmark_eval (`str`, *optional*): A benchmark (`aime24`, `math500`, ..., `tiny-math`: a
+            `stapo_trl.evaluation.tasks.BENCHMARKS` name) that TRL's own evaluation samples during training: its
+            problems become the trainer's `eval_dataset` (prompts as training formats them) and `eval_strategy` is
+            `"steps"` unless set. The log history and `metrics.jsonl` get `eval_rewards/<reward>/mean` (with
+            `math_accuracy`: avg@k) and `eval_reward`. Sampling and length are training's (`temperature`, `top_p`,
+            `top_k`, `max_completion_length`); `eval_temperature` and the other `eval_*` fields are the before/after
+            evaluation's. TRL generates on every rank: ZeRO-3 works. `None`: off.
         benchmark_eval_data_dir (`str`, *optional*): folder with local benchmark files (`None`: the Hub, or built in).
-        benchmark_eval_steps (`int`, *optional*): period in optimizer steps (`None`: `eval_steps`, or `logging_steps`).
-        benchmark_eval_samples (`int`, *optional*, defaults to `4`): k, samples per problem.
-        benchmark_eval_limit (`int`, *optional*, defaults to `32`): only the first N problems of the benchmark.
+        benchmark_eval_steps (`int`, *optional*): `eval_steps`, in optimizer steps (`None`: `eval_steps`, else
+            `logging_steps`); not with `eval_strategy: epoch`.
+        benchmark_eval_samples (`int`, *optional*, defaults to `4`): k, samples per problem: TRL's
+            `num_generations_eval`, which must divide the global eval batch (`per_device_eval_batch_size` x processes).
+        benchmark_eval_limit (`int`, *optional*, defaults to `32`): only the first N problems of the benchmark; N x k
+            must fill whole eval batches.
         torch_num_threads (`int`, *optional*): CPU threads of torch (`torch.set_num_threads`, also exported as
             `OMP_NUM_THREADS` to child processes); `None` keeps torch's default. The CPU demo uses 1: a tiny model's
             operations are too small to gain from threads, and when other processes share the cores, OpenMP threads
@@ -106,8 +109,8 @@ class STAPOScriptArguments(ScriptArguments):
         """Refuse, in one line naming the field, a value no run can use.
 
         Raises:
-            ValueError: an unknown `trainer`, `dataset_streaming`, an empty column name (a file or Hub dataset), a count
-                below 1 (`eval_num_problems`, `eval_num_samples`, `torch_num_threads`).
+            ValueError: an unknown `trainer` or `benchmark_eval` (with the valid names), `dataset_streaming`, an empty
+                column name (a file or Hub dataset), a count below 1.
         """
         if self.trainer not in TRAINERS:
             raise ValueError(f"trainer={self.trainer!r} is not one of {list(TRAINERS)}.")
@@ -116,10 +119,18 @@ class STAPOScriptArguments(ScriptArguments):
         for column, what in (("prompt_column", "problem"), ("solution_column", "gold answer")):
             if not getattr(self, column) and not str(self.dataset_name).startswith("builtin:"):
                 raise ValueError(f"{column}='' is empty: name the dataset column that holds the {what}.")
+        if self.benchmark_eval is not None:
+            from ..evaluation.tasks import get_benchmark_spec
+
+            self.benchmark_eval = get_benchmark_spec(self.benchmark_eval).name  # an unknown name lists the valid ones
+        skip = "or set eval_before_after: false to skip the evaluation"
         for name, fix in (
-            ("eval_num_problems", "or set eval_before_after: false to skip the evaluation"),
-            ("eval_num_samples", "or set eval_before_after: false to skip the evaluation"),
+            ("eval_num_problems", skip),
+            ("eval_num_samples", skip),
             ("torch_num_threads", "the CPU demo uses 1; unset: torch's default"),
+            ("benchmark_eval_steps", "or unset"),
+            ("benchmark_eval_samples", "samples per problem"),
+            ("benchmark_eval_limit", "or unset"),
         ):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1 ({fix}).")

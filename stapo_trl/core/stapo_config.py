@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import ClassVar, Literal
 
+import trl
+from packaging.version import Version
 from trl import GRPOConfig
 
 from .s2t import S2T_MODES, S2TSettings
@@ -75,12 +77,31 @@ def s2t_settings(args: GRPOConfig, modes: tuple[str, ...] = S2T_MODES) -> S2TSet
     """The S2T settings of any `GRPOConfig`: its `s2t_*` fields where it has them, else the paper's values.
 
     Raises:
-        ValueError: a value of the wrong type or out of range, or a mode not in `modes`, naming the field.
+        ValueError: a value of the wrong type or out of range, or a mode not in `modes`, naming the field; a setting
+            with which the installed TRL trains without the mask ([`refuse_paths_around_the_mask`]).
     """
     settings = S2TSettings(**{f.name: getattr(args, f"s2t_{f.name}", f.default) for f in fields(S2TSettings)})
     if settings.mode not in modes:
         raise ValueError(f"s2t_mode={settings.mode!r} is not one of {list(modes)}.")
+    refuse_paths_around_the_mask(args)
     return settings
+
+
+def refuse_paths_around_the_mask(args: GRPOConfig) -> None:
+    """Refuse, in one line naming the field and the TRL version, a setting with which the installed TRL trains past the
+    mask: on trl < 1.14 `use_liger_kernel=True` sends `compute_loss` to Liger's loss, never to `_compute_loss`; on trl
+    < 1.10 `loss_type="luspo"` with token-level ratios weights every token's loss, masked or not (docs/stapo.md)."""
+    version = Version(trl.__version__)
+    if getattr(args, "use_liger_kernel", False) and version < Version("1.14.0"):
+        raise ValueError(
+            f"use_liger_kernel=True: trl {trl.__version__} computes the loss in Liger's kernel, not in "
+            "GRPOTrainer._compute_loss, so the S2T mask would not apply. Set use_liger_kernel=False, or use trl>=1.14."
+        )
+    if args.loss_type == "luspo" and args.importance_sampling_level == "token" and version < Version("1.10.0"):
+        raise ValueError(
+            f"loss_type='luspo' with importance_sampling_level='token': trl {trl.__version__} sums every token's loss, "
+            "masked or not, so silenced tokens stay in the loss. Use importance_sampling_level='sequence', or trl>=1.10."
+        )
 
 
 def s2t_settings_line(args: GRPOConfig, settings: S2TSettings) -> str | None:
@@ -91,9 +112,11 @@ def s2t_settings_line(args: GRPOConfig, settings: S2TSettings) -> str | None:
     differs = ", ".join(f"{name}={value!r} (paper {paper!r})" for name, value, paper in values if value != paper)
     if not missing and not differs:
         return None
-    source = f" (the paper's: {type(args).__name__} has no {', '.join(missing)})" if missing else ""
+    name = type(args).__name__
+    source = f" (the paper's: {name} has no {', '.join(missing)}, so these, given to a {name} in a YAML file say, are "
+    source += "ignored; to set them, parse a STAPOConfig: `from stapo_trl import STAPOConfig as GRPOConfig`)"
     s2t = ", ".join(f"{name}={value!r}" for name, value, _ in values[:3])
-    return f"STAPO with {s2t}{source}; " + (
+    return f"STAPO with {s2t}{source if missing else ''}; " + (
         f"differs from the paper's objective: {differs}." if differs else "the rest is the paper's objective."
     )
 

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 import textwrap
 import warnings
@@ -24,9 +23,10 @@ from .stapo_config import NUM_ITEMS_LOSSES, STAPOConfig, s2t_path, s2t_settings,
 
 
 SUPPORTED_TRL = ">=1.9.1,!=1.15.0,<=1.16.0"  # the TRL versions the tests ran; another one is warned at construction
-# The multimodal inputs of TRL's forward, which its `_compute_loss` passes from the batch: read from its signature.
-_FORWARD_KEYS = tuple(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)
-_FORWARD_KEYS = _FORWARD_KEYS[_FORWARD_KEYS.index("compute_aux_loss") + 1 :]
+# The multimodal inputs that TRL's `_compute_loss` passes from the batch to its forward, the same in every release in
+# SUPPORTED_TRL (1.14's forward takes them as **kwargs: its signature does not name them).
+_FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+                 "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")  # fmt: skip
 
 
 class STAPOTrainer(GRPOTrainer):
@@ -42,8 +42,8 @@ class STAPOTrainer(GRPOTrainer):
     `args` may be any `GRPOConfig` (your own subclass too): its S2T fields where it has them (a [`STAPOConfig`]),
     else the paper's `s2t_prob_threshold=0.002` (tau_p), `s2t_entropy_quantile=0.75` (q), `s2t_mode="low_entropy"`
     (`"off"`: nothing silenced, same normalizer). One line at construction gives the values in effect and what differs
-    from the paper's objective; a bad value is a `ValueError` naming the field; each GRPO feature the mask changes is
-    warned; a TRL whose loss normalizer or rollout scoring is not the one STAPO is built on is a `RuntimeError`. Logs
+    from the paper's objective; a bad value is a `ValueError` naming the field, and so is a setting with which the
+    installed TRL trains past the mask (`docs/stapo.md`); each GRPO feature the mask changes is warned; a TRL whose loss normalizer or rollout scoring is not the one STAPO is built on is a `RuntimeError`. Logs
     `s2t/silenced_ratio`, `s2t/candidate_ratio`, `s2t/entropy_threshold` (tau_h, nats) and the global counts
     `s2t/num_silenced`, `s2t/num_candidates`, `s2t/num_loss_tokens`, `s2t/num_nonfinite`.
 

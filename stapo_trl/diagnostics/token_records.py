@@ -2,26 +2,28 @@ r"""Per-token records of the S2T mask: the silenced tokens of a mask in context,
 of other positive-advantage tokens (what [`~stapo_trl.runfiles.callbacks.SpuriousTokenLogger`] writes to
 `spurious_tokens.jsonl`: the paper's word clouds and probability-entropy plane as data).
 
-The records are taken when the mask is built, so what waits for the logging step is bounded by the caps (a few
-hundred small dicts per mask), not by the batch.
+Two steps, so that training never waits for the host: [`select_token_records`] picks the records of a mask on the
+tensors' device, values and context included, with no device-to-host transfer; [`token_records`] brings a selection
+to the host in one transfer and decodes it in one batch. [`merge_token_records`] keeps a uniform sample of several
+masks' selections within the caps, on the device, so the logger transfers once per logging step.
 
 Each record:
 
-    {"step": 12, "kind": "silenced", "silenced": true, "candidate": true, "token": "9", "token_id": 40,
+    {"step": 12, "update": 11, "kind": "silenced", "silenced": true, "candidate": true, "token": "9", "token_id": 40,
      "prob": 0.0011, "logprob": -6.81, "entropy": 0.052, "advantage": 1.2, "position": 17,
      "context": "carry 1; 4+3+1=⟦9⟧; \\boxed{", "entropy_threshold": 0.31, "prob_threshold": 0.002,
      "completion_index": 3, "process_index": 0}
 
-`token` is the decoded token (special tokens kept, so an `<|im_end|>` shows), `position` its 0-based index in
-the completion, `context` up to `context_tokens` completion tokens on each side with the token in ⟦ ⟧,
-`entropy` in nats, `entropy_threshold` the mask's tau_h (`None` when it had no candidate).
+`update` is the optimizer step (1-based) whose mask it is (the logger sets `step`, the logging step, when it writes);
+`token` the decoded token (special tokens kept, so an `<|im_end|>` shows), `position` its 0-based index in the
+completion, `completion_index` its row in the mask's batch, `context` up to `context_tokens` completion tokens on each
+side with the token in ⟦ ⟧, `entropy` in nats, `entropy_threshold` the mask's tau_h (`None` when it had no candidate).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -29,37 +31,130 @@ import torch
 from ..core.s2t import S2TResult
 
 
-def _sample(indices: list[tuple[int, int]], k: int, rng: random.Random) -> list[tuple[int, int]]:
-    """At most k of `indices`, uniformly without replacement, returned in (row, position) order."""
-    if len(indices) <= k:
-        return indices
-    return sorted(rng.sample(indices, k))
+KINDS = ("silenced", "kept_candidate", "reference")
+# Columns of a selection (float64: token ids and positions are exact below 2**53); then the 2c+1 context token ids.
+_KEY, _KIND, _UPDATE, _ROW, _POS, _LOGP, _ENTROPY, _ADVANTAGE, _TAU_H, _IDS = range(10)
 
 
-def _decode(tokenizer, token_ids: Sequence[int]) -> str:
-    return tokenizer.decode(list(token_ids), skip_special_tokens=False) if token_ids else ""
-
-
-def _select_tokens(
+def select_token_records(
     result: S2TResult,
-    in_loss: torch.Tensor,
-    finite: torch.Tensor,
+    per_token_logps: torch.Tensor,
+    entropies: torch.Tensor,
     advantages: torch.Tensor,
-    caps: dict[str, int],
-    rng: random.Random,
-) -> dict[str, list[tuple[int, int]]]:
-    """The (completion, position) pairs of each record kind: a uniform sample of at most `caps[kind]`, in order.
-    Candidates have finite p and H by construction; the reference sample skips the other non-finite tokens too (JSON
-    has no NaN)."""
-    positive = in_loss & (advantages > 0)  # (B, T)
-    kinds = {
-        "silenced": result.silenced & in_loss,
-        "kept_candidate": result.candidate & ~result.silenced & in_loss,
-        "reference": positive & ~result.candidate & finite,
-    }
-    return {
-        kind: _sample([tuple(ix) for ix in mask.nonzero().tolist()], caps[kind], rng) for kind, mask in kinds.items()
-    }
+    loss_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    *,
+    caps: tuple[int, int, int] = (256, 64, 64),
+    context_tokens: int = 8,
+    seed: str = "0",
+    update: int = 0,
+) -> torch.Tensor:
+    """The records of one S2T mask, selected on the tensors' device without a device-to-host transfer.
+
+    Of each kind of loss token with a positive advantage (`KINDS`: silenced; candidates the mask kept; the other tokens,
+    p >= tau_p, with a finite p and H: JSON has no NaN), a uniform sample of at most `caps[kind]`: the tokens with the
+    largest keys drawn uniformly from a generator seeded by `seed` (the same selection when rerun on the same device).
+
+    Args:
+        result ([`~stapo_trl.core.S2TResult`]): the mask.
+        per_token_logps, entropies (`torch.Tensor`): float, (B, T), the values the mask was built from (nats).
+        advantages (`torch.Tensor`): float, (B,), (B, 1) or (B, T).
+        loss_mask, completion_ids (`torch.Tensor`): (B, T), 1 for loss tokens before silencing; long token ids.
+        caps (`tuple[int, int, int]`): records per kind at most. context_tokens (`int`): context on each side.
+        seed (`str`): seeds the sample. update (`int`): the optimizer step written into each record.
+
+    Returns:
+        `torch.Tensor`: float64, (3, K, 10 + 2 * context_tokens + 1), K = min(max(caps), B * T): per kind, rows of
+        (key, kind, update, completion, position, log p, H, advantage, tau_h, context token ids); key -1 (and token id
+        -1 outside the completion) where there is none. [`token_records`] turns it into records.
+    """
+    (batch, length), device = per_token_logps.shape, per_token_logps.device
+    in_loss = loss_mask.bool()  # (B, T)
+    advantages = advantages.reshape(batch, -1).expand(batch, length)  # (B,), (B, 1) -> (B, T)
+    finite = per_token_logps.isfinite() & entropies.isfinite()  # (B, T)
+    members = torch.stack([  # (3, B*T)
+        result.silenced & in_loss,
+        result.candidate & ~result.silenced & in_loss,
+        in_loss & (advantages > 0) & ~result.candidate & finite,
+    ]).view(3, -1)  # fmt: skip
+    generator = torch.Generator(device=device).manual_seed(random.Random(seed).getrandbits(63))
+    keys = torch.rand(members.shape, generator=generator, device=device, dtype=torch.float64).masked_fill(~members, -1)
+    keys, flat = keys.topk(min(max(caps), batch * length), dim=1)  # (3, K): the largest keys of each kind
+    capped = torch.arange(keys.size(1), device=device) >= torch.tensor(caps, device=device).unsqueeze(1)  # (3, K)
+    keys = keys.masked_fill(capped, -1)
+    row, pos = flat // length, flat % length  # (3, K)
+    # Context: tokens from pos - c to pos + c, never past the completion's last loss token (padding).
+    ends = (in_loss * torch.arange(1, length + 1, device=device)).amax(dim=1)  # (B,)
+    offsets = torch.arange(-context_tokens, context_tokens + 1, device=device)  # (2c+1,)
+    columns = pos.unsqueeze(-1) + offsets  # (3, K, 2c+1)
+    inside = (columns >= 0) & ((offsets <= 0) | (columns < ends[row].unsqueeze(-1)))
+    ids = completion_ids[row.unsqueeze(-1), columns.clamp(0, length - 1)].masked_fill(~inside, -1)  # (3, K, 2c+1)
+    kind = torch.arange(3, device=device).unsqueeze(1).expand_as(row)
+    values = [keys, kind, torch.full_like(keys, update), row, pos]
+    values += [t[row, pos] for t in (per_token_logps, entropies, advantages)]
+    values.append(torch.full_like(keys, result.entropy_threshold))
+    return torch.cat([torch.stack([v.double() for v in values], dim=-1), ids.double()], dim=-1)
+
+
+def merge_token_records(selected: torch.Tensor, new: torch.Tensor, caps: tuple[int, int, int]) -> torch.Tensor:
+    """Two selections of [`select_token_records`] as one, on their device: per kind, the rows with the largest keys,
+    at most `caps[kind]` (a uniform sample of both masks' tokens, as each was of its own mask)."""
+    both = torch.cat([selected, new], dim=1)  # (3, K1 + K2, F)
+    keys, order = both[..., _KEY].topk(min(max(caps), both.size(1)), dim=1)
+    merged = both.gather(1, order.unsqueeze(-1).expand(-1, -1, both.size(-1)))
+    capped = torch.arange(keys.size(1), device=keys.device) >= torch.tensor(caps, device=keys.device).unsqueeze(1)
+    merged[..., _KEY] = keys.masked_fill(capped, -1)
+    return merged
+
+
+def token_records(
+    selected: torch.Tensor, tokenizer, *, prob_threshold: float | None = None, process_index: int = 0
+) -> list[dict[str, Any]]:
+    """The records of a selection ([`select_token_records`], [`merge_token_records`]): one device-to-host transfer
+    and one `tokenizer.batch_decode` call (special tokens kept), in (update, kind, completion, position) order.
+
+    Args:
+        selected (`torch.Tensor`): float64, (3, K, F), a selection.
+        tokenizer: anything with `batch_decode(list[list[int]], skip_special_tokens=...)`.
+        prob_threshold (`float`, *optional*): tau_p, written into each record. process_index (`int`): likewise.
+
+    Returns:
+        `list[dict]`: JSON-serializable records.
+    """
+    rows = sorted(
+        (r[_UPDATE], r[_KIND], r[_ROW], r[_POS], r) for kind in selected.tolist() for r in kind if r[_KEY] >= 0
+    )  # the one transfer
+    center = (selected.size(-1) - _IDS) // 2 + _IDS  # the token's column
+    texts = []
+    for *_, r in rows:
+        before = [int(t) for t in r[_IDS:center] if t >= 0]
+        texts += [[int(r[center])], before, [int(t) for t in r[center + 1 :] if t >= 0]]
+    decoded = tokenizer.batch_decode(texts, skip_special_tokens=False) if texts else []
+    records = []
+    for i, (update, kind, row, pos, r) in enumerate(rows):
+        token, before, after = decoded[3 * i : 3 * i + 3]
+        records.append(
+            {
+                "step": int(update),
+                "update": int(update),
+                "kind": KINDS[int(kind)],
+                "silenced": kind == 0,
+                "candidate": kind != 2,
+                "token": token,
+                "token_id": int(r[center]),
+                "prob": math.exp(r[_LOGP]),
+                "logprob": r[_LOGP],
+                "entropy": r[_ENTROPY],
+                "advantage": r[_ADVANTAGE],
+                "position": int(pos),
+                "context": f"{before}⟦{token}⟧{after}",
+                "entropy_threshold": None if math.isnan(r[_TAU_H]) else r[_TAU_H],
+                "prob_threshold": prob_threshold,
+                "completion_index": int(row),
+                "process_index": int(process_index),
+            }
+        )
+    return records
 
 
 def spurious_token_records(
@@ -80,65 +175,24 @@ def spurious_token_records(
     seed: int = 0,
     process_index: int = 0,
 ) -> list[dict[str, Any]]:
-    r"""Per-token records of one S2T mask: its silenced tokens, a sample of kept candidates and of other tokens.
-
-    Three kinds of loss tokens with a positive advantage, in this order, each in (completion, position) order:
-    `"silenced"` (every silenced token, up to `max_silenced`), `"kept_candidate"` (candidates the mask kept, a
-    uniform sample of at most `max_kept_candidates`) and `"reference"` (positive-advantage tokens with p >= tau_p, a
-    uniform sample of at most `max_reference`: the other half of the paper's probability-entropy plane). Samples
-    use `random.Random(f"{seed}-{step}-{process_index}")`, so a rerun writes the same records.
+    r"""Per-token records of one S2T mask ([`select_token_records`], then [`token_records`]): every silenced token up
+    to `max_silenced`, a uniform sample of at most `max_kept_candidates` kept candidates and of `max_reference` other
+    positive-advantage tokens (the other half of the paper's probability-entropy plane), sampled with the seed
+    `f"{seed}-{step}-{process_index}"` (a rerun on the same device writes the same records); `step` is written as the
+    records' `step` and `update`. One device-to-host transfer and one batch decode, whatever the number of records.
 
     Args:
-        result ([`~stapo_trl.core.S2TResult`]): the mask.
-        per_token_logps, entropies (`torch.Tensor`): float, (B, T), the values the mask was built from (nats).
-        advantages (`torch.Tensor`): float, (B,), (B, 1) or (B, T).
-        loss_mask, completion_ids (`torch.Tensor`): (B, T), 1 for loss tokens before silencing; long token ids.
-        tokenizer: anything with `decode(list[int], skip_special_tokens=...)`.
-        step (`int`): the step written into each record and used in the sampling seed.
-        prob_threshold (`float`, *optional*), max_silenced, max_kept_candidates, max_reference (`int`): tau_p, caps.
-        context_tokens (`int`, *optional*, defaults to `8`): tokens of context on each side.
-        seed (`int`, *optional*, defaults to `0`), process_index (`int`, *optional*, defaults to `0`).
+        result, per_token_logps, entropies, advantages, loss_mask, completion_ids: as [`select_token_records`].
+        tokenizer: anything with `batch_decode(list[list[int]], skip_special_tokens=...)`.
+        step (`int`), prob_threshold (`float`, *optional*), max_silenced, max_kept_candidates, max_reference,
+        context_tokens, seed, process_index (`int`): as above.
 
     Returns:
         `list[dict]`: JSON-serializable records.
     """
-    caps = {"silenced": max_silenced, "kept_candidate": max_kept_candidates, "reference": max_reference}
-    in_loss = loss_mask.bool()  # (B, T)
-    advantages = advantages.reshape(advantages.size(0), -1).expand_as(per_token_logps)  # (B,), (B, 1) -> (B, T)
-    rng = random.Random(f"{seed}-{step}-{process_index}")
-    finite = per_token_logps.isfinite() & entropies.isfinite()  # (B, T)
-    selected = _select_tokens(result, in_loss, finite, advantages, caps, rng)
-    if not any(selected.values()):
-        return []
-    # A completion ends after its last loss token: context never runs into padding.
-    lengths = (in_loss.long().cpu() * torch.arange(1, in_loss.size(1) + 1)).amax(dim=1).tolist()  # (B,)
-    threshold = None if math.isnan(result.entropy_threshold) else float(result.entropy_threshold)
-    records = []
-    for kind, indices in selected.items():
-        for row, pos in indices:
-            ids = completion_ids[row].tolist()
-            token = _decode(tokenizer, [ids[pos]])
-            before = _decode(tokenizer, ids[max(0, pos - context_tokens) : pos])
-            after = _decode(tokenizer, ids[pos + 1 : min(lengths[row], pos + 1 + context_tokens)])
-            logprob = per_token_logps[row, pos].float().item()
-            records.append(
-                {
-                    "step": int(step),
-                    "kind": kind,
-                    "silenced": kind == "silenced",
-                    "candidate": kind != "reference",
-                    "token": token,
-                    "token_id": int(ids[pos]),
-                    "prob": math.exp(logprob),
-                    "logprob": logprob,
-                    "entropy": entropies[row, pos].float().item(),
-                    "advantage": advantages[row, pos].float().item(),
-                    "position": int(pos),
-                    "context": f"{before}⟦{token}⟧{after}",
-                    "entropy_threshold": threshold,
-                    "prob_threshold": prob_threshold,
-                    "completion_index": int(row),
-                    "process_index": int(process_index),
-                }
-            )
-    return records
+    selected = select_token_records(
+        result, per_token_logps, entropies, advantages, loss_mask, completion_ids,
+        caps=(max_silenced, max_kept_candidates, max_reference), context_tokens=context_tokens,
+        seed=f"{seed}-{step}-{process_index}", update=step,
+    )  # fmt: skip
+    return token_records(selected, tokenizer, prob_threshold=prob_threshold, process_index=process_index)

@@ -1,20 +1,16 @@
-"""The `stapo-eval` results file and its tables: model identity, versions, resuming, the paper-style table and
-`--compare` (relative gains (b - a) / a, STAPO Sec. 4).
-"""
+"""The `stapo-eval` results file (model identity, versions, resuming) and its tables: the paper-style table and
+`--compare` with the relative gains (b - a) / a (STAPO Sec. 4)."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
-import tempfile
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from .metrics import avg_key
 from .tasks import BENCHMARKS, PAPER_BENCHMARKS
 
 
@@ -22,45 +18,25 @@ RESULTS_FORMAT_VERSION = 1
 
 
 def describe_model(model: str, revision: str | None = None) -> dict[str, Any]:
-    """Identify the evaluated model for the results file.
+    """`name_or_path`, `source` (`local` or `hub`) and `revision`: a local folder's absolute path, or the commit of a
+    Hub model in the local cache (where loading it put it), else the requested revision."""
+    if Path(model).expanduser().exists():
+        return {"name_or_path": model, "source": "local", "revision": str(Path(model).expanduser().resolve())}
+    from huggingface_hub import try_to_load_from_cache
 
-    Args:
-        model (`str`): local path, Hub id, or `builtin:<name>`.
-        revision (`str` or `None`): requested Hub revision.
-
-    Returns:
-        `dict`: `name_or_path`, `source` (`local`/`hub`), `revision` (the commit hash of a Hub model when it can be
-        resolved from the local cache or the Hub, else the requested revision; the absolute path of a local model).
-    """
-    path = Path(model).expanduser()
-    if path.exists():
-        return {"name_or_path": model, "source": "local", "revision": str(path.resolve())}
-    commit = None
     try:
-        from huggingface_hub import try_to_load_from_cache  # only for a Hub model: kept out of `--compare`
-
         cached = try_to_load_from_cache(model, "config.json", revision=revision)
-        if isinstance(cached, str):
-            commit = Path(cached).parent.name  # .../snapshots/<commit>/config.json
     except Exception:  # noqa: BLE001 - identification is best effort, never fatal
-        commit = None
-    if commit is None and os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True"):
-        try:
-            from huggingface_hub import HfApi  # only online, for a Hub model
-
-            commit = HfApi().model_info(model, revision=revision).sha
-        except Exception:  # noqa: BLE001
-            commit = None
-    return {"name_or_path": model, "source": "hub", "revision": commit or revision, "requested_revision": revision}
+        cached = None
+    commit = Path(cached).parent.name if isinstance(cached, str) else revision  # .../snapshots/<commit>/config.json
+    return {"name_or_path": model, "source": "hub", "revision": commit, "requested_revision": revision}
 
 
 def library_versions(backend: str) -> dict[str, str | None]:
-    """Versions of Python and the libraries that shape the numbers."""
-    out: dict[str, str | None] = {"python": platform.python_version()}
+    """The versions of Python and of the libraries that shape the numbers."""
     names = ["stapo_trl", "torch", "transformers", "trl", "math-verify", "latex2sympy2_extended", "datasets"]
-    if backend == "vllm":
-        names.append("vllm")
-    for name in names:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in names + (["vllm"] if backend == "vllm" else []):
         try:
             out[name] = version(name)
         except PackageNotFoundError:
@@ -68,43 +44,28 @@ def library_versions(backend: str) -> dict[str, str | None]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Results file
-# ----------------------------------------------------------------------------------------------------------------
-
-
 def now() -> str:
-    """The current UTC time as ISO 8601 to the second (`2026-11-30T15:44:21+00:00`), for the results file."""
+    """The UTC time in ISO 8601, to the second."""
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write `data` as JSON to `path` through a temporary file in the same folder and `os.replace`.
-
-    Args:
-        path (`str` or `Path`): destination (its folder is created).
-        data (`Any`): JSON-serialisable object.
-    """
+    """Write `data` as JSON to a temporary file beside `path`, synced, then renamed over it: never half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, ensure_ascii=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, ensure_ascii=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def load_results(path: str | Path) -> dict[str, Any]:
-    """Read a `stapo-eval` results file.
+    """A results file's content.
 
     Raises:
-        ValueError: not a results file of this format.
+        ValueError: not JSON, or not a results file of this format.
     """
     with open(path, encoding="utf-8") as f:
         try:
@@ -116,23 +77,16 @@ def load_results(path: str | Path) -> dict[str, Any]:
     return data
 
 
-# How each resume setting is given to `stapo-eval`, and what its unset value (`None`) means.
-_RESUME_FLAGS = {
-    "model": ("--model", None),
-    "revision": ("--revision", "the default branch"),
-    "backend": ("--backend", None),
-    "samples": ("--samples", "each benchmark's default"),
-    "max_new_tokens": ("--max-new-tokens", None),
-    "limit": ("--limit", "every problem"),
-    "data_dir": ("--data-dir", "the Hub datasets"),
-    "seed": ("--seed", None),
-}
-_RESUME_KEYS = (*_RESUME_FLAGS, "instruction", "chat_template")  # they change the numbers: equal to resume a file
+# The settings that change the numbers (a file resumes only with equal ones): their flag and what unset means.
+_RESUME_FLAGS = {"model": ("--model", None), "revision": ("--revision", "the default branch"),
+                 "backend": ("--backend", None), "samples": ("--samples", "each benchmark's default"),
+                 "max_new_tokens": ("--max-new-tokens", None), "limit": ("--limit", "every problem"),
+                 "data_dir": ("--data-dir", "the Hub datasets"), "seed": ("--seed", None),
+                 "instruction": ("", None), "chat_template": ("--no-chat-template", None)}  # fmt: skip
 
 
-def _same_setting(key: str, old: Any, new: Any, benchmarks: Sequence[str]) -> bool:
-    """Whether two values of a resume setting give the same numbers: the same local model folder written two ways
-    (`outputs/x`, `outputs/x/`); `--samples` unset and the default of every benchmark of the file."""
+def _same(key: str, old: Any, new: Any, benchmarks: list[str]) -> bool:
+    """Equal, or the same numbers: one model folder written two ways; `--samples` unset and each benchmark's default."""
     if key == "model" and isinstance(old, str) and isinstance(new, str) and os.path.isdir(new):
         return os.path.abspath(os.path.expanduser(old)) == os.path.abspath(os.path.expanduser(new))
     if key == "samples" and benchmarks and all(b in BENCHMARKS for b in benchmarks):
@@ -142,120 +96,55 @@ def _same_setting(key: str, old: Any, new: Any, benchmarks: Sequence[str]) -> bo
     return old == new
 
 
-def _describe(key: str, value: Any) -> str:
-    """A resume setting's value in words: `unset (what that means)` for `None`; the chat template by its flag."""
-    if key == "chat_template":
-        return "the chat template" if value else "--no-chat-template"
-    unset = _RESUME_FLAGS[key][1]
-    return f"unset ({unset})" if value is None and unset else str(value)
-
-
-def _restore(key: str, value: Any) -> tuple[str, str]:
-    """(flag to give, flag to leave out) that sets a resume setting back to `value`; `""` for none."""
-    if key == "chat_template":
-        return ("", "--no-chat-template") if value else ("--no-chat-template", "")
-    flag = _RESUME_FLAGS[key][0]
-    return ("", flag) if value is None else (f"{flag} {value}", "")
-
-
-def resume_differences(existing: dict[str, Any], config: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """The settings (`_RESUME_KEYS`) that differ between a results file and this run, each as (what differs, the flag
-    to give, the flag to leave out to resume the file), e.g. `("--max-new-tokens 48 in the file, 64 now",
-    "--max-new-tokens 48", "")`; the flags are `""` where there is none (the prompt instruction is stapo_trl's own).
-
-    A setting the file does not record (written by an older version) is not a difference, nor are two values that
-    give the same numbers: the same local model folder written two ways (`outputs/x`, `outputs/x/`), `--samples` unset
-    and the default of every benchmark in the file.
-    """
-    old = existing.get("config", {})
-    benchmarks = old.get("benchmarks") or []
-    differences = []
-    for key in _RESUME_KEYS:
-        if key not in old or _same_setting(key, old[key], config.get(key), benchmarks):
-            continue
-        if key == "instruction":
-            differences.append(("the prompt instruction (stapo_trl's own: another version wrote the file)", "", ""))
-            continue
-        what = f"{_describe(key, old[key])} in the file, {_describe(key, config.get(key))} now"
-        differences.append(
-            (what if key == "chat_template" else f"{_RESUME_FLAGS[key][0]} {what}", *_restore(key, old[key]))
-        )
-    return differences
-
-
 def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path) -> None:
-    """Refuse to resume a results file written with other settings (`_RESUME_KEYS`: model, backend, samples, ...).
+    """Refuse to resume a results file written with other settings (a setting the file lacks is not a difference).
 
     Raises:
-        ValueError: one line listing only the settings that differ ([`resume_differences`]), with the file's value,
-            this run's, and the flags that would resume the file, e.g. "results.json holds results of other settings,
-            so it cannot be resumed: --max-new-tokens 48 in the file, 64 now. Rerun with --max-new-tokens 48 to add
-            to it, or choose another --output."
+        ValueError: one line with each setting that differs (the file's value, this run's) and the flags that would
+            resume the file, e.g. "r.json holds results of other settings, so it cannot be resumed: --max-new-tokens
+            48 in the file, 64 now. Rerun with --max-new-tokens 48 to add to it, or choose another --output."
     """
-    differences = resume_differences(existing, config)
-    if not differences:
+    old = existing.get("config", {})
+    whats, give, leave_out = [], [], []
+    for key, (flag, unset) in _RESUME_FLAGS.items():
+        if key not in old or _same(key, old[key], config.get(key), old.get("benchmarks") or []):
+            continue
+        if key == "instruction":
+            whats.append("the prompt instruction (stapo_trl's own: another version wrote the file)")
+        elif key == "chat_template":
+            describe = {True: "the chat template", False: "--no-chat-template"}
+            whats.append(f"{describe[bool(old[key])]} in the file, {describe[bool(config.get(key))]} now")
+            (leave_out if old[key] else give).append(flag)
+        else:
+            value = [f"unset ({unset})" if v is None and unset else str(v) for v in (old[key], config.get(key))]
+            whats.append(f"{flag} {value[0]} in the file, {value[1]} now")
+            if old[key] is None:
+                leave_out.append(flag)
+            else:
+                give.append(f"{flag} {old[key]}")
+    if not whats:
         return
-    give = " ".join(flag for _, flag, _ in differences if flag)
-    leave_out = ", ".join(flag for _, _, flag in differences if flag)
-    rerun = " and ".join(filter(None, [f"with {give}" if give else "", f"without {leave_out}" if leave_out else ""]))
-    rerun = f"Rerun {rerun} to add to it" if rerun else "Rerun with the stapo_trl version that wrote it"
-    raise ValueError(
-        f"{path} holds results of other settings, so it cannot be resumed: "
-        + "; ".join(what for what, _, _ in differences)
-        + f". {rerun}, or choose another --output."
+    rerun = " and ".join(
+        [f"with {' '.join(give)}"] * bool(give) + [f"without {', '.join(leave_out)}"] * bool(leave_out)
     )
+    rerun = f"Rerun {rerun} to add to it" if rerun else "Rerun with the stapo_trl version that wrote it"
+    raise ValueError(f"{path} holds results of other settings, so it cannot be resumed: {'; '.join(whats)}. {rerun}, "
+                     "or choose another --output.")  # fmt: skip
+
+
+def _avg(table: dict[str, Any]) -> float:
+    return table[f"avg@{table['n_samples']}"]
 
 
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
-    """Six-benchmark averages per decoding.
-
-    Args:
-        results (`dict`): the `results` section, `{decoding: {benchmark: table}}`.
-
-    Returns:
-        `dict`: `{decoding: {"avg": mean avg@N over the paper benchmarks present (fraction), "benchmarks": [...],
-        "complete": all six present}}`.
-    """
+    """Per decoding: `avg` (mean avg@N over the paper benchmarks present), `benchmarks`, `complete` (all six)."""
     summary = {}
     for decoding, tables in results.items():
         present = [b for b in PAPER_BENCHMARKS if b in tables]
-        values = [tables[b][avg_key(tables[b])] for b in present]
-        summary[decoding] = {
-            "avg": sum(values) / len(values) if values else None,
-            "benchmarks": present,
-            "complete": len(present) == len(PAPER_BENCHMARKS),
-        }
+        values = [_avg(tables[b]) for b in present]
+        summary[decoding] = {"avg": sum(values) / len(values) if values else None, "benchmarks": present,
+                             "complete": len(present) == len(PAPER_BENCHMARKS)}  # fmt: skip
     return summary
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Tables
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _columns(result_sets: Sequence[dict[str, Any]]) -> list[str]:
-    present = {b for data in result_sets for tables in data["results"].values() for b in tables}
-    return [b for b in BENCHMARKS if b in present]
-
-
-def _row_values(tables: dict[str, Any], columns: list[str]) -> tuple[list[float | None], float | None, bool]:
-    values = [tables[b][avg_key(tables[b])] if b in tables else None for b in columns]
-    paper = [tables[b][avg_key(tables[b])] for b in PAPER_BENCHMARKS if b in tables]
-    avg = sum(paper) / len(paper) if paper else None
-    return values, avg, len(paper) == len(PAPER_BENCHMARKS)
-
-
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}"
-
-
-def problems_note(table: dict[str, Any] | None) -> str:
-    """`" (n/N)"` for a benchmark table that averages `n` of the `N` problems loaded (the others dropped, their prompts
-    being too long for the model's positions), else `""` (also for files written before `N` was recorded)."""
-    n, total = (table or {}).get("num_problems"), (table or {}).get("num_problems_loaded")
-    if isinstance(n, int) and isinstance(total, int) and n < total:
-        return f" ({n}/{total})"
-    return ""
 
 
 PROBLEMS_FOOTNOTE = (
@@ -264,129 +153,97 @@ PROBLEMS_FOOTNOTE = (
 )
 
 
-def _limit_note(result_sets: Sequence[dict[str, Any]]) -> str | None:
-    limits = sorted({data.get("config", {}).get("limit") for data in result_sets} - {None})
-    if not limits:
-        return None
-    return f"Only the first {', '.join(map(str, limits))} problems of each benchmark (--limit)."
+def _dropped(table: dict[str, Any] | None) -> str:
+    """`" (n/N)"` for a table that averages n of the N problems loaded (long prompts dropped), else `""`."""
+    n, total = (table or {}).get("num_problems"), (table or {}).get("num_problems_loaded")
+    return f" ({n}/{total})" if isinstance(n, int) and isinstance(total, int) and n < total else ""
 
 
-def _model_label(data: dict[str, Any]) -> str:
+def _label(data: dict[str, Any]) -> str:
     name = data["model"]["name_or_path"]
     return name.rstrip("/").split("/")[-1] if data["model"].get("source") == "local" else name
 
 
-def format_results_table(result_sets: Sequence[dict[str, Any]]) -> str:
-    """Markdown table laid out like the paper's: rows model/decoding, columns benchmarks + Avg, in %.
+class _Table:
+    """Markdown lines of benchmark `columns` and Avg (mean avg@N over the paper benchmarks averaged, `*` when fewer
+    than six), in %, with the footnotes its rows need."""
 
-    Args:
-        result_sets (`Sequence[dict]`): results files (as loaded by [`load_results`]).
+    def __init__(self, columns: list[str]):
+        names = ["Model", *(BENCHMARKS[b].display_name for b in columns), "Avg"]
+        self.columns, self.lines = columns, ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+        self.partial_avg = self.dropped = False
 
-    Returns:
-        `str`: the Markdown table (avg@N per cell, with `(n/N)` when it averages n of the benchmark's N problems
-        ([`problems_note`]); `*` on Avg when fewer than the six paper benchmarks are present), and its footnotes.
-    """
-    columns = _columns(result_sets)
-    header = ["Model"] + [BENCHMARKS[b].display_name for b in columns] + ["Avg"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    incomplete = dropped = False
+    def row(self, label: str, tables: dict[str, Any], averaged: list[str]) -> list[float | None]:
+        """Add a row; return its values (avg@N per column, then Avg; `None` where missing)."""
+        values = [_avg(tables[b]) if b in tables else None for b in self.columns]
+        values.append(sum(_avg(tables[b]) for b in averaged) / len(averaged) if averaged else None)
+        notes = [_dropped(tables.get(b)) for b in self.columns] + [""]
+        self.dropped |= any(notes)
+        if values[-1] is not None and len(averaged) < len(PAPER_BENCHMARKS):
+            self.partial_avg, notes[-1] = True, "*"
+        cells = ["-" if v is None else f"{100 * v:.1f}{note}" for v, note in zip(values, notes)]
+        self.lines.append("| " + " | ".join([label, *cells]) + " |")
+        return values
+
+    def footnotes(self, partial_avg: str, result_sets: list[dict[str, Any]]) -> list[str]:
+        notes = [partial_avg] * self.partial_avg + [PROBLEMS_FOOTNOTE] * self.dropped
+        limits = sorted({data.get("config", {}).get("limit") for data in result_sets} - {None})
+        if limits:
+            notes.append(f"Only the first {', '.join(map(str, limits))} problems of each benchmark (--limit).")
+        return notes
+
+
+def format_results_table(result_sets: list[dict[str, Any]]) -> str:
+    """Markdown table laid out like the paper's: a row per model and decoding, a column per benchmark present, then
+    Avg (over the paper benchmarks present), in %; footnotes for `*`, `(n/N)` and `--limit`."""
+    present = {b for data in result_sets for tables in data["results"].values() for b in tables}
+    table = _Table([b for b in BENCHMARKS if b in present])
     for data in result_sets:
         for decoding, tables in data["results"].items():
-            values, avg, complete = _row_values(tables, columns)
-            incomplete |= not complete and avg is not None
-            notes = [problems_note(tables.get(b)) for b in columns]
-            dropped |= any(notes)
-            cells = [f"{_model_label(data)}/{decoding}"] + [_fmt(v) + note for v, note in zip(values, notes)]
-            cells.append(_fmt(avg) + ("" if complete or avg is None else "*"))
-            lines.append("| " + " | ".join(cells) + " |")
-    footnotes = ["\\* Avg over the paper benchmarks present (fewer than six)."] if incomplete else []
-    footnotes += [PROBLEMS_FOOTNOTE] if dropped else []
-    footnotes += [note for note in [_limit_note(result_sets)] if note]
-    if footnotes:
-        lines += ["", *footnotes]
-    return "\n".join(lines)
+            table.row(f"{_label(data)}/{decoding}", tables, [b for b in PAPER_BENCHMARKS if b in tables])
+    notes = table.footnotes("\\* Avg over the paper benchmarks present (fewer than six).", result_sets)
+    return "\n".join(table.lines + ([""] + notes if notes else []))
 
 
-# Settings that must match for two results files to be compared like for like (the backend may differ).
 COMPARABLE_SETTINGS = ("max_new_tokens", "limit", "instruction", "chat_template", "data_dir")
 
 
 def comparison_caveats(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """What differs between two results files beyond the model: run settings and per-benchmark sample counts.
-
-    Returns:
-        `list[str]`: one line per difference (empty when the files are like for like).
-    """
-    caveats = []
-    config_a, config_b = a.get("config", {}), b.get("config", {})
-    for key in COMPARABLE_SETTINGS:
-        if key in config_a and key in config_b and config_a[key] != config_b[key]:
-            caveats.append(f"{key}: {config_a[key]!r} vs {config_b[key]!r}")
+    """What differs between two results files beyond the model (the backend may): settings, samples, problems."""
+    ca, cb = a.get("config", {}), b.get("config", {})
+    caveats = [f"{k}: {ca[k]!r} vs {cb[k]!r}" for k in COMPARABLE_SETTINGS if k in ca and k in cb and ca[k] != cb[k]]
     for decoding in [d for d in a["results"] if d in b["results"]]:
-        tables_a, tables_b = a["results"][decoding], b["results"][decoding]
-        for bench in [x for x in BENCHMARKS if x in tables_a and x in tables_b]:
-            n_a, n_b = tables_a[bench].get("n_samples"), tables_b[bench].get("n_samples")
-            if n_a != n_b:
-                caveats.append(f"{bench} / {decoding}: {n_a} vs {n_b} samples per problem")
-            p_a, p_b = tables_a[bench].get("num_problems"), tables_b[bench].get("num_problems")
-            if p_a != p_b:
-                caveats.append(f"{bench} / {decoding}: {p_a} vs {p_b} problems")
+        ta, tb = a["results"][decoding], b["results"][decoding]
+        for bench in [x for x in BENCHMARKS if x in ta and x in tb]:
+            for key, what in (("n_samples", "samples per problem"), ("num_problems", "problems")):
+                if ta[bench].get(key) != tb[bench].get(key):
+                    caveats.append(f"{bench} / {decoding}: {ta[bench].get(key)} vs {tb[bench].get(key)} {what}")
     return caveats
 
 
 def format_comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
-    """Side-by-side table of two results files with the relative gain (b - a) / a per column, as the paper reports.
-
-    Avg is taken over the paper benchmarks that both files have (marked `*`, with a footnote, when fewer than six),
-    so the two Avg values and their gain cover the same benchmarks. Settings that differ between the files
-    ([`comparison_caveats`]) are listed under the tables.
-
-    Args:
-        a (`dict`): the baseline results file.
-        b (`dict`): the compared results file.
-
-    Returns:
-        `str`: a Markdown table per decoding present in both files, then the footnote and caveats.
+    """A Markdown table per decoding both results files hold: their rows, Avg over the paper benchmarks both have
+    (`*` when fewer than six), and the relative gain (b - a) / a per column; then the settings that differ.
 
     Raises:
-        ValueError: the files share no decoding setting.
+        ValueError: the files share no decoding.
     """
     shared = [d for d in a["results"] if d in b["results"]]
     if not shared:
         raise ValueError(f"No common decoding: {sorted(a['results'])} vs {sorted(b['results'])}.")
-    out, footnotes = [], []
+    out, notes = [], []
     for decoding in shared:
-        tables_a, tables_b = a["results"][decoding], b["results"][decoding]
-        columns = [c for c in BENCHMARKS if c in tables_a or c in tables_b]
-        both = [c for c in PAPER_BENCHMARKS if c in tables_a and c in tables_b]
-        header = ["Model"] + [BENCHMARKS[c].display_name for c in columns] + ["Avg"]
-        lines = [f"Decoding {decoding}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        rows = []
-        same_name = _model_label(a) == _model_label(b)
-        for tag, data, tables in (("a", a, tables_a), ("b", b, tables_b)):
-            values, _, _ = _row_values(tables, columns)
-            avg = sum(tables[c][avg_key(tables[c])] for c in both) / len(both) if both else None
-            rows.append(values + [avg])
-            label = f"{_model_label(data)}/{decoding}" + (f" ({tag})" if same_name else "")
-            mark = "" if len(both) == len(PAPER_BENCHMARKS) or avg is None else "*"
-            notes = [problems_note(tables.get(c)) for c in columns]
-            if any(notes) and PROBLEMS_FOOTNOTE not in footnotes:
-                footnotes.append(PROBLEMS_FOOTNOTE)
-            cells = [_fmt(v) + note for v, note in zip(values, notes)]
-            lines.append("| " + " | ".join([label] + cells + [_fmt(avg) + mark]) + " |")
-        if both and len(both) < len(PAPER_BENCHMARKS):
-            note = f"\\* Avg over the {len(both)} paper benchmark(s) both files have: {', '.join(both)}."
-            if note not in footnotes:
-                footnotes.append(note)
-        gains = []
-        for va, vb in zip(*rows):
-            if va is None or vb is None or va == 0:
-                gains.append("n/a")
-            else:
-                gains.append(f"{100 * (vb - va) / va:+.1f}%")
-        lines.append("| " + " | ".join(["rel. gain (b-a)/a"] + gains) + " |")
-        out.append("\n".join(lines))
-    caveats = comparison_caveats(a, b)
-    if caveats:
-        footnotes.append("Not like for like (the files differ in): " + "; ".join(caveats) + ".")
-    return "\n\n".join(out + footnotes)
+        ta, tb = a["results"][decoding], b["results"][decoding]
+        both = [c for c in PAPER_BENCHMARKS if c in ta and c in tb]
+        table = _Table([c for c in BENCHMARKS if c in ta or c in tb])
+        suffixes = (" (a)", " (b)") if _label(a) == _label(b) else ("", "")
+        va, vb = (table.row(f"{_label(d)}/{decoding}{s}", t, both) for d, t, s in zip((a, b), (ta, tb), suffixes))
+        gains = ["n/a" if not x or y is None else f"{100 * (y - x) / x:+.1f}%" for x, y in zip(va, vb)]
+        out.append(
+            "\n".join([f"Decoding {decoding}", "", *table.lines, "| rel. gain (b-a)/a | " + " | ".join(gains) + " |"])
+        )
+        note = f"\\* Avg over the {len(both)} paper benchmark(s) both files have: {', '.join(both)}."
+        notes += [n for n in table.footnotes(note, []) if n not in notes]
+    if caveats := comparison_caveats(a, b):
+        notes.append("Not like for like (the files differ in): " + "; ".join(caveats) + ".")
+    return "\n\n".join(out + notes)

@@ -217,9 +217,13 @@ def check_model_folder(path: str) -> None:
         fix = "Give a complete checkpoint (<output_dir>/checkpoint-<step>) or the run's final model (its output_dir)."
         return check_checkpoint(path, what, save_only_model=True, fix=fix)
     names = sorted(os.listdir(path))
-    weights = [n for n in names if n.endswith(".safetensors") or (n.startswith("pytorch_model") and n.endswith(".bin"))]
+    weights = [
+        n for n in names if n.endswith(".safetensors") or (n.startswith("pytorch_model") and n.endswith(".bin"))
+    ]
     if not {"config.json", "adapter_config.json"} & set(names) or not weights:
-        missing = "config.json" if not {"config.json", "adapter_config.json"} & set(names) else "weights (*.safetensors)"
+        missing = (
+            "config.json" if not {"config.json", "adapter_config.json"} & set(names) else "weights (*.safetensors)"
+        )
         newest = newest_complete_checkpoint(path)[0]
         hint = (
             f"it is a run folder without its final model: give its newest complete checkpoint, {newest}"

@@ -16,11 +16,12 @@ import random
 from collections import Counter
 from typing import Any, TextIO
 
+import torch
 from accelerate.utils import gather_object
 from transformers import DefaultFlowCallback, TrainerCallback
 
 from ..core import S2TResult, STAPOTrainer
-from ..diagnostics.token_records import spurious_token_records
+from ..diagnostics.token_records import merge_token_records, select_token_records, token_records
 from .metrics_log import (
     METRICS_FILENAME,
     SPURIOUS_TOKENS_FILENAME,
@@ -110,13 +111,15 @@ class MetricsLogCallback(JsonlLogCallback):
 class SpuriousTokenLogger(JsonlLogCallback):
     r"""Write the silenced tokens of the training masks to `spurious_tokens.jsonl` at every logging step.
 
-    The product's [`~stapo_trl.STAPOTrainer`] hands every training mask to [`record`] when it is built
-    ([`spurious_token_records`]: every silenced token, a sample of kept candidates and of other positive-advantage
-    tokens, decoded in context), so what waits for the logging step is at most the caps per mask, not the batch. At
-    each step where the trainer logs (`control.should_log`, set on every process), the records since the last logging
-    step are gathered from all processes with `accelerate.utils.gather_object` (every process calls it at the same
-    steps, also with no record, so nothing hangs), capped once over all processes, stamped with the logging step and
-    appended by the main process, flushed per write. Evaluation masks are not recorded.
+    The product's [`~stapo_trl.STAPOTrainer`] hands every training mask to [`record`] when it is built: its silenced
+    tokens, a sample of kept candidates and of other positive-advantage tokens, with their context, are selected on the
+    device and merged into one uniform sample per kind of the masks since the last logging step, within the caps
+    ([`~stapo_trl.diagnostics.token_records.select_token_records`]): no device-to-host transfer, and what waits for the
+    logging step is the caps, not the batch. At each step where the trainer logs (`control.should_log`, set on every
+    process), that sample comes to the host in one transfer and is decoded in one batch, the records of all processes
+    are gathered with `accelerate.utils.gather_object` (every process calls it at the same steps, also with no record,
+    so nothing hangs), capped once over all processes, stamped with the logging step and appended by the main process,
+    flushed per write. Each record names the optimizer step of its mask (`update`). Evaluation masks are not recorded.
 
     When wandb (or trackio) is in `report_to` and active, the `top_k` most frequent silenced tokens so far (labelled
     as in `s2t_top_tokens.png`), with their kept-candidate counts (of the sample), are logged as a table
@@ -133,9 +136,9 @@ class SpuriousTokenLogger(JsonlLogCallback):
     Args:
         trainer ([`~stapo_trl.STAPOTrainer`]): the trainer whose masks are recorded.
         path (`str`, *optional*): file to write; `None` = `<output_dir>/spurious_tokens.jsonl`.
-        max_silenced (`int`, *optional*, defaults to `256`): silenced tokens per mask and per logging step (a uniform
-            sample when there are more; at the paper's ~1e-4 rate a mask has a handful).
-        max_kept_candidates (`int`, *optional*, defaults to `64`): kept candidates sampled per mask and logging step.
+        max_silenced (`int`, *optional*, defaults to `256`): silenced tokens per logging step (a uniform sample when
+            there are more; at the paper's ~1e-4 rate a mask has a handful).
+        max_kept_candidates (`int`, *optional*, defaults to `64`): kept candidates sampled per logging step.
         max_reference (`int`, *optional*, defaults to `64`): other positive-advantage tokens sampled, the same way.
         context_tokens (`int`, *optional*, defaults to `8`): tokens of context on each side.
         top_k (`int`, *optional*, defaults to `20`): rows of the tracker table.
@@ -151,11 +154,11 @@ class SpuriousTokenLogger(JsonlLogCallback):
         self.silenced_counts: Counter[str] = Counter()
         self.kept_candidate_counts: Counter[str] = Counter()
         self._token_bytes: dict[int, bytes] | None = None  # token id -> bytes, read from the tokenizer when needed
-        self._pending: list[dict[str, Any]] = []  # records of the masks since the last logging step
+        self._pending: torch.Tensor | None = None  # the masks' sample since the last logging step, on the device
 
     # -- file ----------------------------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
-        self._pending = []
+        self._pending = None
         if not state.is_world_process_zero:
             return
         # Resuming keeps the records up to the checkpoint; a fresh run starts an empty file.
@@ -181,15 +184,15 @@ class SpuriousTokenLogger(JsonlLogCallback):
 
     # -- masks and logging steps -----------------------------------------------------------------------------------
     def record(self, result: S2TResult, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> None:
-        """Keep the records of one training mask (the arguments of the trainer's `_compute_s2t_mask`, and its result)
-        until the next logging step; sampled with the update's step in the seed."""
-        trainer, caps = self.trainer, ("max_silenced", "max_kept_candidates", "max_reference", "context_tokens")
-        tensors = (per_token_logps, entropies, advantages, loss_mask, completion_ids)
-        where = dict(step=trainer.state.global_step, seed=trainer.args.seed, prob_threshold=trainer.s2t.prob_threshold)
-        where["process_index"] = trainer.accelerator.process_index
-        self._pending += spurious_token_records(
-            result, *tensors, trainer.processing_class, **where, **{cap: getattr(self, cap) for cap in caps}
-        )
+        """Merge the records of one training mask (the arguments of the trainer's `_compute_s2t_mask`, and its result)
+        into the sample kept on the device until the next logging step; sampled with the update's step in the seed."""
+        trainer, caps = self.trainer, (self.max_silenced, self.max_kept_candidates, self.max_reference)
+        update, process = trainer.state.global_step + 1, trainer.accelerator.process_index
+        selected = select_token_records(
+            result, per_token_logps, entropies, advantages, loss_mask, completion_ids, caps=caps,
+            context_tokens=self.context_tokens, seed=f"{trainer.args.seed}-{update}-{process}", update=update,
+        )  # fmt: skip
+        self._pending = selected if self._pending is None else merge_token_records(self._pending, selected, caps)
 
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_log:
@@ -204,8 +207,12 @@ class SpuriousTokenLogger(JsonlLogCallback):
     def write_pending(self, args, step: int) -> list[dict[str, Any]]:
         """Gather the pending records from every process, cap them once for the logging step, stamp them with `step`
         and append them (main process). A collective: every process calls it at the same steps."""
-        records, self._pending = self._pending, []
-        accelerator = self.trainer.accelerator
+        selected, self._pending, trainer = self._pending, None, self.trainer
+        accelerator = trainer.accelerator
+        records = [] if selected is None else token_records(
+            selected, trainer.processing_class, prob_threshold=trainer.s2t.prob_threshold,
+            process_index=accelerator.process_index,
+        )  # fmt: skip
         if accelerator.num_processes > 1:
             records = gather_object(records)  # every process, every logging step: never skipped
         if not accelerator.is_main_process or not records:
@@ -260,8 +267,7 @@ def add_run_file_callbacks(trainer) -> list[TrainerCallback]:
     callback of either class that the caller passed or added before `train()` (other caps, another path) is kept
     instead, so each file has one writer. Calling it again adds nothing. The callbacks go right after transformers'
     `DefaultFlowCallback`, ahead of the caller's: they see the step's `should_log` decision, and their files are open
-    before another callback logs at `on_train_begin` (a [`~stapo_trl.evaluation.callback.BenchmarkEvalCallback`]
-    with `eval_on_start`).
+    before another callback logs at `on_train_begin`.
 
     Args:
         trainer ([`~transformers.Trainer`]): the trainer; the spurious-token logger is added only to a

@@ -1,7 +1,9 @@
-"""`benchmarks/gpu.py`: the tokenizer of the 151,936-token model, the reward, the pairing and shares of the report on
-hand-made runs, the shared model's reset between trainers, and (slow) the CPU smoke run end to end."""
+"""`benchmarks/gpu.py`: the tokenizer of the 151,936-token model, the reward, the trained-like model's candidate share,
+the pairing and shares of the report on hand-made runs, the shared model's reset between trainers, and (slow) the CPU
+smoke run end to end."""
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -23,9 +25,12 @@ def test_the_tokenizer_decodes_every_id_of_the_model_and_encodes_text_byte_by_by
     assert len(ids) == 4 and max(ids) < 256 and tokenizer.decode(ids) == "ab c"  # one byte, one token: no merges
 
 
-def test_the_reward_is_the_crc32_parity_of_the_completion():
-    # CRC-32 check value of "123456789" is 0xCBF43926 (even); CRC-32 of "a" is 0xE8B7BE43 (odd).
-    assert gpu.hashed_binary_reward(["123456789", "a", "a"]) == [0.0, 1.0, 1.0]
+def test_the_reward_is_the_crc32_parity_of_index_and_completion():
+    # CRC-32 of "0:a" is 0xC436B335 (odd), of "1:a" 0xC5F4D902 (even): equal completions of a group get reward spread.
+    assert gpu.hashed_binary_reward(["a", "a"]) == [1.0, 0.0]
+    assert gpu.hashed_binary_reward(["a", "a"]) == gpu.hashed_binary_reward(
+        ["a", "a"]
+    )  # the same rollout, same rewards
 
 
 def test_field_differences_name_the_fields_that_differ():
@@ -34,29 +39,39 @@ def test_field_differences_name_the_fields_that_differ():
     assert gpu.field_differences({"GRPO|g": {"lr": 1}, "off|g": {"lr": 1}}) == []
 
 
+def test_the_candidate_share_is_the_expected_mass_of_sampled_tokens_below_tau_p():
+    # Row 0: two tokens at p = 1/2 (none below tau_p = 0.002). Row 1: logits [0, -10] -> p = [1 / (1 + e^-10), ...]:
+    # the second, p = 4.54e-5, is below tau_p and is sampled with that probability.
+    logits = torch.tensor([[0.0, 0.0], [0.0, -10.0]])
+    share, entropy = gpu.candidate_mass(logits, 1.0)
+    p = 1 / (1 + math.exp(10))
+    assert share == pytest.approx(p / 2, rel=1e-4)
+    assert entropy == pytest.approx((math.log(2) - p * math.log(p) - (1 - p) * math.log(1 - p)) / 2, rel=1e-4)
+    assert gpu.candidate_mass(logits, 0.5)[0] == 0.0  # logits x 0.5: p = 6.7e-3 >= tau_p
+
+
 def _run(arm, geometry, rep, steps, peak):
-    spu = gpu.GEOMETRIES[geometry]
+    spg, grad_accum = gpu.GEOMETRIES[geometry]
+    spu = spg // grad_accum
     return dict(
-        arm=arm, geometry=geometry, rep=rep, steps_per_unit=spu, units=len(steps) // spu, peak_bytes=peak,
-        start_bytes=100, by_step=dict(enumerate(steps)), logged={}, token_records=None,
+        model="random", arm=arm, geometry=geometry, rep=rep, steps_per_unit=spu, units=len(steps) // spu,
+        peak_bytes=peak, by_step=dict(enumerate(steps)), logged={},
     )  # fmt: skip
 
 
 def test_summarize_pairs_the_units_of_one_repetition_and_drops_the_warm_up():
     warm = {"step_seconds": 99.0, "generate_seconds": 98.0, "mask_seconds": 50.0}  # discarded
     grpo = {"step_seconds": 2.0, "generate_seconds": 1.0, "grad_forwards": 1, "grad_rows": 4}
-    # STAPO: 0.1 s of the meter's own bookkeeping inside the step and the mask, taken out: 2.2 s, of which 1.2 s
-    # train-side, and 0.11 s of mask.
-    stapo = dict(grpo, step_seconds=2.3, meter_seconds=0.1, mask_seconds=0.21)
+    stapo = dict(grpo, step_seconds=2.2, mask_seconds=0.11, records_seconds=0.01)  # 1.2 s train-side
     slow_grpo = dict(grpo, step_seconds=4.0, generate_seconds=3.0)  # repetition 1 ran slower: its own pairs
     runs = [
         _run("GRPO", "spg=GA=1", 0, [warm, grpo, grpo], 1000),
         _run("STAPO", "spg=GA=1", 0, [warm, stapo, stapo], 1100),
         _run("GRPO", "spg=GA=1", 1, [warm, slow_grpo], 1000),
-        _run("STAPO", "spg=GA=1", 1, [warm, dict(stapo, step_seconds=4.5, generate_seconds=3.0)], 1200),
+        _run("STAPO", "spg=GA=1", 1, [warm, dict(stapo, step_seconds=4.4, generate_seconds=3.0)], 1200),
     ]
     result = {"settings": {"warmup_units": 1, "completions": 4}, "runs": runs}
-    summary = gpu.summarize(result)["spg=GA=1"]
+    summary = gpu.summarize(result)["random spg=GA=1"]
     ratios = summary["ratios"]["STAPO/GRPO"]
     assert ratios["step"] == pytest.approx([1.1, 1.1, 4.4 / 4.0])
     assert ratios["train_side"] == pytest.approx([1.2, 1.2, 1.4])
@@ -65,6 +80,7 @@ def test_summarize_pairs_the_units_of_one_repetition_and_drops_the_warm_up():
     stapo_arm = summary["per_arm"]["STAPO"]
     assert stapo_arm["step_seconds"] == pytest.approx(2.2)  # median of 2.2, 2.2, 4.4
     assert stapo_arm["mask_share"] == pytest.approx(3 * 0.11 / (2.2 + 2.2 + 4.4))
+    assert stapo_arm["records_share"] == pytest.approx(3 * 0.01 / (2.2 + 2.2 + 4.4))
     assert stapo_arm["grad_forwards"] == 1 and stapo_arm["grad_passes"] == 1 and stapo_arm["nograd_passes"] == 0
 
 
@@ -73,7 +89,7 @@ def test_summarize_sums_the_steps_of_a_rollout_batch_in_the_papers_geometry():
     later = {"step_seconds": 1.0, "grad_rows": 4}
     runs = [_run(arm, "spg=4xGA", 0, [first, later, later, later] * 2, 10) for arm in ("GRPO", "off")]
     summary = gpu.summarize({"settings": {"warmup_units": 1, "completions": 4}, "runs": runs})
-    arm = summary["spg=4xGA"]["per_arm"]["off"]
+    arm = summary["random spg=4xGA"]["per_arm"]["off"]
     assert arm["step_seconds"] == pytest.approx(6.0 / 4) and arm["train_side_seconds"] == pytest.approx(4.0 / 4)
     assert arm["nograd_forwards"] == 1 and arm["nograd_passes"] == 1 and arm["grad_passes"] == 1
 
@@ -97,20 +113,42 @@ def test_reset_model_restores_the_weights_and_the_class_forward():
 
 @pytest.mark.slow
 def test_the_cpu_smoke_run_measures_every_arm_and_writes_its_report(tmp_path):
-    args = gpu.parse_args(["--cpu-smoke", "--out", str(tmp_path), "--mask-sizes", "0.0625"])
-    result = gpu.run(args)
+    # Smaller than the script's own smoke size (no warm-up unit, 4 completions of 4 per prompt): 18 runs on 2 cores.
+    args = [
+        "--cpu-smoke",
+        "--out",
+        str(tmp_path),
+        "--warmup-units",
+        "0",
+        "--completions",
+        "4",
+        "--num-generations",
+        "4",
+    ]
+    result = gpu.run(gpu.parse_args(args))
     assert result["complete"] and result["field_differences"] == []
-    assert {(r["arm"], r["geometry"]) for r in result["runs"]} == {(a, g) for a in gpu.ARMS for g in gpu.GEOMETRIES}
+    runs = {(r["model"], r["arm"], r["geometry"]) for r in result["runs"]}
+    assert runs == {(m, a, g) for m in gpu.MODELS for a in gpu.ARMS for g in gpu.GEOMETRIES}
     assert all(r["activation_checkpointing"] for r in result["runs"])
+    sharp = result["model"]["trained_like"]  # the candidate share that gives ~1e-4 silenced: 1e-4 / (0.5 x 0.75)
+    assert sharp["norm_scale"] > 1 and sharp["candidate_share"] == pytest.approx(1e-4 / 0.375, rel=0.01)
     summary = gpu.summarize(result)
-    for geometry, extra in (("spg=GA=1", 0), ("spg=4xGA", 1)):  # TRL's old-log-prob forward only where spg > GA
-        for arm, a in summary[geometry]["per_arm"].items():
-            assert (a["grad_passes"], a["nograd_passes"]) == (1, extra), (geometry, arm)
-        stapo, off = summary[geometry]["per_arm"]["STAPO"], summary[geometry]["per_arm"]["off"]
-        assert stapo["candidate_ratio"] > 0 and stapo["silenced_ratio"] > 0 and off["silenced_ratio"] == 0
-        assert stapo["token_records"][0]["token_bytes_table_entries"] == 151936
-        assert stapo["token_records"][0]["file_bytes"] > 0 and stapo["mask_share"] > 0
-    assert [row["num_tokens"] for row in result["mask"]] == [2**16] * len(gpu.MASK_FRACTIONS)
+    for model in gpu.MODELS:
+        # No-grad passes: TRL's old-log-prob forward where spg > GA (every arm), the core's own where GA = spg > 1.
+        for geometry, extra in (
+            ("spg=GA=1", {}),
+            ("spg=4xGA", dict.fromkeys(gpu.ARMS, 1)),
+            ("GA=spg=4", {"STAPO": 1, "off": 1}),
+        ):
+            per_arm = summary[f"{model} {geometry}"]["per_arm"]
+            for arm, a in per_arm.items():
+                assert (a["grad_passes"], a["nograd_passes"]) == (1, extra.get(arm, 0)), (model, geometry, arm)
+            assert per_arm["off"]["silenced_ratio"] == 0 and per_arm["STAPO"]["records_share"] > 0
+        random = summary[f"{model} spg=GA=1"]["per_arm"]["STAPO"]
+        if model == "random":
+            assert random["silenced_ratio"] > 0.1 and random["entropy"] > 5
+    trained = [summary[f"trained-like {g}"]["per_arm"]["STAPO"] for g in gpu.GEOMETRIES]
+    assert all(a["silenced_ratio"] < 0.01 and a["entropy"] < 1 for a in trained)
     assert json.loads((tmp_path / "gpu.json").read_text())["complete"]
     page = gpu.write_report(str(tmp_path / "gpu.json"), str(tmp_path / "page.md"))
-    assert "| spg=4xGA | STAPO/off |" in page.read_text() and (tmp_path / "page.json").exists()
+    assert "| trained-like GA=spg=4 | STAPO/off |" in page.read_text() and (tmp_path / "page.json").exists()

@@ -165,35 +165,20 @@ def test_dry_run_numbers_for_the_demo():
         assert text in summary, summary
 
 
-def test_dry_run_refuses_what_cannot_run_under_the_launch_lines_zero3():
-    from stapo_trl.cli.dry_run import ACCELERATE_CONFIGS_DIR, dry_run_recipe, parameter_sharding
+def test_dry_run_checks_benchmark_eval_for_the_launch_lines_processes():
+    from stapo_trl.cli.dry_run import dry_run_recipe
 
-    # The sharding each accelerate config gives (by name, as a launch: line names it, or by path).
-    args = _demo_args()[1]  # parsed outside `accelerate launch`: no DeepSpeed plugin, no fsdp
-    shardings = {path.stem: parameter_sharding(args, path.stem) for path in ACCELERATE_CONFIGS_DIR.glob("*.yaml")}
-    assert shardings == {
-        "cpu_2proc": None,
-        "ddp": None,
-        "zero2": None,
-        "zero2_cpu_2proc": None,
-        "zero3": "DeepSpeed ZeRO-3",
-        "zero3_cpu_2proc": "DeepSpeed ZeRO-3",
-    }
-    assert parameter_sharding(args, str(ACCELERATE_CONFIGS_DIR / "zero3.yaml")) == "DeepSpeed ZeRO-3"
-    assert parameter_sharding(args, None) is None and parameter_sharding(args, "no-such-config") is None
-    # The in-training benchmark evaluation generates on rank 0 alone: an error under the 8B recipe's ZeRO-3, one line
-    # naming the field and the fix; fine under the 1.7B recipe's ZeRO-2.
-    for model, launch in (("Qwen3-8B", "zero3"), ("Qwen3-14B", "zero3"), ("Qwen3-1.7B", "zero2")):
+    # TRL's evaluation generates on every rank: benchmark_eval runs under the 8B recipe's ZeRO-3 as under ZeRO-2. Its
+    # samples per problem must divide the global eval batch of the launch line's processes (8 x 8 = 64 completions).
+    for model, launch in (("Qwen3-8B", "zero3"), ("Qwen3-1.7B", "zero2")):
         recipe = RECIPES_DIR / model / "stapo.yaml"
         assert f"accelerate_config={launch} " in recipe.read_text()
-        assert dry_run_recipe(["--config", str(recipe)]).ok
-        report = dry_run_recipe(["--config", str(recipe), "--benchmark_eval", "aime24"])
-        if launch == "zero3":
-            (error,) = report.errors
-            assert error.startswith("benchmark_eval='aime24' cannot run under DeepSpeed ZeRO-3: "), error
-            assert "rank 0 alone" in error and "stapo-eval" in error and "\n" not in error, error
-        else:
-            assert report.ok, report.errors
+        assert dry_run_recipe(["--config", str(recipe), "--benchmark_eval", "aime24"]).ok
+    recipe = str(RECIPES_DIR / "Qwen3-8B" / "stapo.yaml")
+    report = dry_run_recipe(["--config", recipe, "--benchmark_eval", "aime24", "--benchmark_eval_samples", "3"])
+    (error,) = report.errors
+    assert error.startswith("benchmark_eval_samples=3 must divide the global eval batch (per_device_eval_batch_size ")
+    assert "set per_device_eval_batch_size to a multiple of 3." in error and "\n" not in error, error
 
 
 def test_dry_run_cli_paths(capsys):

@@ -1,8 +1,6 @@
-"""`stapo-eval` (`stapo_trl.cli.eval`, `stapo_trl.cli.eval_args`): argument validation before any model is loaded, the
-end-to-end command on the tiny model and its resume, `--compare`, decoding settings, and where the results go.
-
-The evaluation library itself (metrics, tables, generation, the in-training callback) is tested in
-`tests/evaluation/`."""
+"""`stapo-eval` (`stapo_trl.cli.eval`): argument validation before any model is loaded, the end-to-end command on the
+tiny model and its resume, `--compare`, decoding settings, and where the results go. The evaluation library itself
+(metrics, tables, generation, the benchmark evaluation during training) is tested in `tests/evaluation/`."""
 
 import importlib.util
 import json
@@ -11,8 +9,7 @@ import pytest
 from testing_utils import error_line, fake_eval_results
 
 from stapo_trl.cli import eval as stapo_eval
-from stapo_trl.cli.eval import main
-from stapo_trl.cli.eval_args import parse_decoding_list
+from stapo_trl.cli.eval import main, parse_decoding_list
 from stapo_trl.evaluation.generation import DECODINGS
 from stapo_trl.evaluation.results import load_results
 
@@ -57,7 +54,7 @@ def test_bad_arguments_fail_early(argv, expected, capsys):
 
 
 def test_missing_data_file_fails_before_model_load(tiny_math_model_path, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(stapo_eval, "_make_generator", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(stapo_eval, "_load_generator", lambda *a, **k: pytest.fail("model loaded"))
     (tmp_path / "aime24").mkdir()
     with pytest.raises(SystemExit):
         main(
@@ -140,7 +137,7 @@ def test_e2e_results_file(e2e_run, tiny_math_model_path, capsys):
 def test_e2e_resume_skips_finished_pairs(e2e_run, monkeypatch, capsys):
     argv, output = e2e_run
     before = output.read_text()
-    monkeypatch.setattr(stapo_eval, "_make_generator", lambda *a, **k: pytest.fail("regenerated a finished pair"))
+    monkeypatch.setattr(stapo_eval, "_load_generator", lambda *a, **k: pytest.fail("regenerated a finished pair"))
     assert main(argv) == 0
     assert output.read_text() == before  # nothing rewritten
     table = capsys.readouterr().out
@@ -241,17 +238,26 @@ def test_default_results_go_next_to_a_local_model_and_the_path_is_printed(
     assert out.splitlines()[-1] == f"Results file: {results}"
 
 
-def test_default_results_of_a_builtin_model_go_under_outputs(tiny_math_model_path, tmp_path, monkeypatch, capsys):
+def test_builtin_model_results_go_under_outputs_with_its_accuracy(tiny_math_model_path, tmp_path, monkeypatch, capsys):
     from pathlib import Path
 
     # builtin:tiny-math resolves to the session's copy; its folder is a shared cache, not the run's place.
     monkeypatch.setenv("STAPO_TRL_CACHE", str(Path(tiny_math_model_path).parent))
     monkeypatch.chdir(tmp_path)
-    assert main(["--model", "builtin:tiny-math", *ONE_PROBLEM]) == 0
+    argv = ["--benchmarks", "tiny-math", "--backend", "hf", "--decoding", "t1.0-p1.0", "--limit", "32"]
+    assert main(["--model", "builtin:tiny-math", *argv, "--samples", "4", "--max-new-tokens", "48"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
     results = Path("outputs") / "stapo-eval" / "builtin-tiny-math.json"
-    assert load_results(tmp_path / results)["model"]["name_or_path"] == "builtin:tiny-math"
-    assert capsys.readouterr().out.splitlines()[-1] == f"Results file: {results}"
+    data = load_results(tmp_path / results)
+    assert data["model"]["name_or_path"] == "builtin:tiny-math"
+    # The tiny model solves ~45 % of the additions at T = 1: avg@4 over 128 samples is well inside [0.2, 0.75]; pass@1
+    # is avg@4, pass@4 at least as high; the table prints it in %.
+    table = data["results"]["t1.0-p1.0"]["tiny-math"]
+    assert 0.2 <= table["avg@4"] <= 0.75 and table["pass@k"]["1"] == pytest.approx(table["avg@4"])
+    assert table["avg@4"] < table["pass@k"]["2"] <= table["pass@k"]["4"] <= 1.0
+    out = capsys.readouterr().out
+    assert f"| builtin:tiny-math/t1.0-p1.0 | {100 * table['avg@4']:.1f} |" in out
+    assert out.splitlines()[-1] == f"Results file: {results}"
 
 
 def test_default_results_path_of_a_hub_id_keeps_its_organisation_and_revision():
@@ -267,7 +273,7 @@ def test_default_results_path_of_a_hub_id_keeps_its_organisation_and_revision():
 def test_an_output_path_that_cannot_be_written_is_refused_before_the_model(
     tiny_math_model_path, tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setattr(stapo_eval, "_make_generator", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(stapo_eval, "_load_generator", lambda *a, **k: pytest.fail("model loaded"))
     (tmp_path / "a-file").write_text("")
     for output, expected in (
         (tmp_path, f"--output {tmp_path} is a folder: give a file, e.g. {tmp_path / 'stapo_eval.json'}."),

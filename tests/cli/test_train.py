@@ -132,14 +132,15 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
     ]
 
     # First run: 8 steps, checkpoints at steps 4 and 8, everything written; the in-training benchmark evaluation
-    # (BenchmarkEvalCallback on the built-in task) at step 8.
+    # (TRL's evaluation on the built-in task's problems) at step 8.
     benchmark = ["--benchmark_eval", "tiny-math", "--benchmark_eval_steps", "8", "--benchmark_eval_limit", "8"]
     main([*argv, *benchmark, "--benchmark_eval_samples", "2"])
     assert resumed_from == [None]
     rows = [r for r in read_metrics(str(out)) if "reward" in r]
     assert [r["step"] for r in rows] == [4, 8]
-    eval_rows = [r for r in read_metrics(str(out)) if "eval/tiny-math/avg@2" in r]
-    assert [r["step"] for r in eval_rows] == [8] and 0.0 <= eval_rows[0]["eval/tiny-math/avg@2"] <= 1.0
+    accuracy = "eval_rewards/math_accuracy_reward/mean"  # avg@2 of the 8 problems
+    eval_rows = [r for r in read_metrics(str(out)) if accuracy in r]
+    assert [r["step"] for r in eval_rows] == [8] and 0.0 <= eval_rows[0][accuracy] <= 1.0
     for row in rows:  # the S2T metrics are logged at every logging step (next to TRL's own)
         for key in ("s2t/silenced_ratio", "s2t/candidate_ratio", "s2t/num_silenced", "reward", "entropy", "loss"):
             assert key in row, (key, row)

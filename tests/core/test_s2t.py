@@ -10,6 +10,9 @@ from testing_utils import candidates_batch, hand_s2t_batch
 from stapo_trl.core.s2t import S2TResult, linear_quantile, s2t_mask
 
 
+pytestmark = pytest.mark.release  # checked on every TRL release (`make test-releases`)
+
+
 def test_candidates_threshold_and_silenced_tokens():
     result = s2t_mask(*hand_s2t_batch(), prob_threshold=0.002, entropy_quantile=0.75)
     assert isinstance(result, S2TResult)

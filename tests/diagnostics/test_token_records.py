@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 from testing_utils import PROMPTS, text_reward, tiny_stapo_config
+from torch.overrides import TorchFunctionMode
 
 from stapo_trl import STAPOTrainer
 from stapo_trl.core.s2t import S2TSettings, s2t_mask
@@ -22,10 +23,35 @@ VOCAB = ["<pad>", "1", "+", "2", "=", "3", "<eos>"]
 
 
 class CharTokenizer:
-    """decode(ids) = the concatenated vocabulary strings."""
+    """decode(ids) = the concatenated vocabulary strings; `batch_decode` counts its calls."""
+
+    batch_calls = 0
 
     def decode(self, ids, skip_special_tokens=False):
         return "".join(VOCAB[i] for i in ids)
+
+    def batch_decode(self, sequences, skip_special_tokens=False):
+        self.batch_calls += 1
+        return [self.decode(ids) for ids in sequences]
+
+
+HOST_TRANSFERS = {"item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__"}
+
+
+class HostTransfers(TorchFunctionMode):
+    """Counts the calls that bring a tensor's values to the host (`.item()`, `.tolist()`, `.cpu()`, `.numpy()`,
+    `.to("cpu")`, `float()`, `int()`, `bool()`, indexing with a tensor): each is a device sync on an accelerator."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        to_cpu = name == "to" and "cpu" in [str(a) for a in (*args[1:], kwargs.get("device"))]
+        self.count += name in HOST_TRANSFERS or to_cpu
+        return func(*args, **kwargs)
 
 
 def hand_batch(prob_threshold=0.01):
@@ -152,6 +178,64 @@ def test_records_are_capped_per_kind_sampled_in_order_and_deterministic():
     assert spurious_token_records(*args, step=3, max_silenced=0, max_kept_candidates=0, max_reference=0) == []
 
 
+def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.0):
+    """`rows` positive-advantage completions of random tokens with p uniform in [0.1, 0.6], q = 0.5 (S2T's
+    arguments, seeded): with tau_p = 1 every token is a candidate and half are silenced."""
+    generator = torch.Generator().manual_seed(rows)
+    entropies = torch.rand(rows, length, generator=generator)
+    logps = torch.log(torch.rand(rows, length, generator=generator) * 0.5 + 0.1)
+    advantages, loss_mask = torch.ones(rows), torch.ones(rows, length)
+    completion_ids = torch.randint(1, len(VOCAB), (rows, length), generator=generator)
+    result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
+    return result, logps, entropies, advantages, loss_mask, completion_ids
+
+
+@pytest.mark.parametrize("rows, caps, expected", [(128, (8, 4, 4), 16), (128, (256, 64, 64), 384)])
+def test_the_records_of_a_mask_cost_one_host_transfer_and_one_batch_decode_however_many(rows, caps, expected):
+    # Before: each record made one .tolist() and three .item() and three decodes (69 transfers for 16 records, 1,541
+    # for 384): on an accelerator, a device sync per transfer. tau_p = 0.35: about half the tokens are candidates.
+    batch, tokenizer = all_candidates_batch(rows, prob_threshold=0.35), CharTokenizer()
+    caps = dict(zip(("max_silenced", "max_kept_candidates", "max_reference"), caps, strict=True))
+    with HostTransfers() as transfers:
+        records = spurious_token_records(*batch, tokenizer, step=1, context_tokens=3, **caps)
+    assert len(records) == expected
+    assert transfers.count == 1 and tokenizer.batch_calls == 1
+
+
+@pytest.mark.parametrize("masks", [1, 6])
+def test_the_logger_transfers_nothing_per_mask_and_once_per_logging_step(tmp_path, masks):
+    trainer = stand_in_trainer(tmp_path)
+    logger = SpuriousTokenLogger(trainer, path=str(tmp_path / "tokens.jsonl"))
+    batch = all_candidates_batch(64)  # the mask's own transfers are not the records'
+    with HostTransfers() as at_masks:
+        for update in range(masks):
+            trainer.state.global_step = update
+            logger.record(*batch)
+    with HostTransfers() as at_logging_step:
+        written = logger.write_pending(types.SimpleNamespace(output_dir=str(tmp_path), seed=0, report_to=[]), step=6)
+    logger.close()
+    assert at_masks.count == 0 and at_logging_step.count == 1
+    assert [sum(r["kind"] == kind for r in written) for kind in ("silenced", "kept_candidate")] == [256, 64]
+    assert {r["update"] for r in written} == set(range(1, masks + 1))  # a sample of every mask's tokens
+
+
+def test_the_merged_sample_of_several_masks_is_uniform_over_their_tokens(tmp_path):
+    # Four masks of 12 silenced tokens each, a cap of 12: each mask's share of the sample is ~3 of 12 on average.
+    trainer = stand_in_trainer(tmp_path)
+    counts = torch.zeros(4)
+    for seed in range(50):
+        trainer.args.seed = seed
+        logger = SpuriousTokenLogger(trainer, max_silenced=12, max_kept_candidates=0, max_reference=0)
+        for update in range(4):
+            trainer.state.global_step = update
+            logger.record(*all_candidates_batch(2))
+        records = logger.write_pending(types.SimpleNamespace(output_dir=str(tmp_path), seed=seed, report_to=[]), 4)
+        logger.close()
+        assert len(records) == 12
+        counts += torch.bincount(torch.tensor([r["update"] - 1 for r in records]), minlength=4)
+    assert (counts / 50 - 3).abs().max() < 0.6  # the standard error of each mean is ~0.2
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # SpuriousTokenLogger, on masks handed to it as the product trainer does
 # ----------------------------------------------------------------------------------------------------------------
@@ -193,6 +277,11 @@ def test_each_training_mask_is_written_once_at_the_next_logging_step(tmp_path):
         "reference",
     ] * 2
     assert logger.silenced_counts == {"+": 2} and logger.kept_candidate_counts == {"2": 2, "3": 2}
+    # The same tokens in two updates' masks (identical completions, as a near-deterministic model samples) are two
+    # records, told apart by the update whose mask they are: the file held exact-duplicate lines.
+    lines = (tmp_path / SPURIOUS_TOKENS_FILENAME).read_text().splitlines()
+    assert len(set(lines)) == len(lines) == 10
+    assert [r["update"] for r in records] == [1] * 5 + [2] * 5
 
 
 def test_masks_after_the_last_logging_step_are_written_at_the_end_of_training(tmp_path):
@@ -215,14 +304,15 @@ def test_the_logging_step_caps_the_records_of_all_its_masks_once(tmp_path):
     trainer = stand_in_trainer(tmp_path)
     args = types.SimpleNamespace(output_dir=str(tmp_path), seed=0, report_to=[])
     logger = SpuriousTokenLogger(trainer, max_silenced=2, max_kept_candidates=1, max_reference=0)
-    for _ in range(3):
+    for update in range(3):
+        trainer.state.global_step = update
         logger.record(*hand_batch())
-    assert [r["kind"] for r in logger._pending] == ["silenced", "kept_candidate"] * 3  # capped per mask already
+    assert logger._pending.shape[:2] == (3, 2)  # per kind, at most the largest cap waits for the logging step
     written = logger.write_pending(args, step=5)
     logger.close()
     assert sorted(r["kind"] for r in written) == ["kept_candidate", "silenced", "silenced"]
-    assert all(r["step"] == 5 for r in written)
-    assert read_token_records(tmp_path) == written and logger._pending == []
+    assert all(r["step"] == 5 for r in written) and {r["update"] for r in written} <= {1, 2, 3}
+    assert read_token_records(tmp_path) == written and logger._pending is None
 
 
 def test_tracker_table_of_top_silenced_tokens(tmp_path, monkeypatch):
@@ -247,14 +337,16 @@ def test_tracker_table_of_top_silenced_tokens(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------------------------------------
 # A real run: the file holds every silenced token the metrics count, also after the last logging step
 # ----------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("max_steps, logging_steps", [(3, 2), (1, 4)])
+@pytest.mark.parametrize("max_steps, logging_steps, num_iterations", [(3, 2, 1), (1, 4, 1), (4, 4, 2)])
 def test_a_real_run_records_every_silenced_token_of_its_metrics(
-    tiny_random_model_path, tmp_path, max_steps, logging_steps
+    tiny_random_model_path, tmp_path, max_steps, logging_steps, num_iterations
 ):
     """max_steps not a multiple of logging_steps: the final row of metrics.jsonl counts the last masks' silenced
-    tokens, and spurious_tokens.jsonl records every one of them too."""
+    tokens, and spurious_tokens.jsonl records every one of them too. With two iterations, each rollout's mask is
+    built again on its second pass (the same tokens, counted again): its records name their update, so no line of
+    the file is an exact duplicate of another."""
     args = tiny_stapo_config(
-        tmp_path / "run", seed=0, max_steps=max_steps, logging_steps=logging_steps,
+        tmp_path / "run", seed=0, max_steps=max_steps, logging_steps=logging_steps, num_iterations=num_iterations,
         s2t_prob_threshold=0.05,  # why: the random model spreads p over ~300 tokens: most are candidates
     )  # fmt: skip
     with warnings.catch_warnings():
@@ -272,3 +364,5 @@ def test_a_real_run_records_every_silenced_token_of_its_metrics(
     for r in records:
         assert r["silenced"] == (r["kind"] == "silenced") and "⟦" in r["context"] and r["advantage"] > 0
         assert r["candidate"] == (r["prob"] < 0.05)
+    lines = (run_dir / SPURIOUS_TOKENS_FILENAME).read_text().splitlines()
+    assert len(set(lines)) == len(lines)

@@ -42,8 +42,7 @@ def test_every_stapo_eval_command_on_a_tiny_model_fits_its_positions(tiny_math_m
     # Reported: the README's `stapo-eval --model outputs/demo-stapo --benchmarks tiny-math --backend hf` stopped with
     # "--max-new-tokens 20480: ... the model has 512 positions" (the default budget is the paper's); so did the
     # docs' `make evaluate MODEL=outputs/demo-stapo EVAL_ARGS=...`. The demo's folder has the tiny model's shape.
-    from stapo_trl.cli.eval import check_generation_budget
-    from stapo_trl.cli.eval_args import make_parser
+    from stapo_trl.cli.eval import check_generation_budget, make_parser
 
     checked = []
     for doc, block in BLOCKS:

@@ -85,36 +85,18 @@ def test_unknown_benchmark_lists_valid_names():
 def test_paper_defaults():
     # STAPO Sec. 4: avg@32 on AIME24/AIME25/AMC23, avg@4 on MATH-500/Minerva/OlympiadBench.
     assert PAPER_BENCHMARKS == ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
-    assert {b: BENCHMARKS[b].default_samples for b in PAPER_BENCHMARKS} == {
-        "aime24": 32,
-        "aime25": 32,
-        "amc23": 32,
-        "math500": 4,
-        "minerva": 4,
-        "olympiadbench": 4,
-    }
+    samples = {b: BENCHMARKS[b].default_samples for b in PAPER_BENCHMARKS}
+    assert samples == {"aime24": 32, "aime25": 32, "amc23": 32, "math500": 4, "minerva": 4, "olympiadbench": 4}
 
 
 # (relative path, rows) from shared/data/SOURCES.md.
 REAL_FILES = [
-    ("aime24/test.parquet", 30),
-    ("aime24/test.json", 30),
-    ("aime24/test.jsonl", 30),
-    ("aime25/test.parquet", 30),
-    ("aime25/test.json", 30),
-    ("amc23/test.parquet", 40),
-    ("amc23/test.json", 40),
-    ("amc23/test.jsonl", 40),
-    ("math500/test.parquet", 500),
-    ("math500/test.jsonl", 500),
-    ("minerva/test.parquet", 272),
-    ("minerva/test.jsonl", 272),
-    ("olympiadbench/test.parquet", 674),
-    ("olympiadbench/test.jsonl", 675),
-    ("gsm8k/test.jsonl", 1319),
-    ("mixed/math_benchmarks.jsonl", 560),
-    ("dapo_math_17k/dapo_math_17k.head28.jsonl", 28),
-]
+    ("aime24/test.parquet", 30), ("aime24/test.json", 30), ("aime24/test.jsonl", 30), ("aime25/test.parquet", 30),
+    ("aime25/test.json", 30), ("amc23/test.parquet", 40), ("amc23/test.json", 40), ("amc23/test.jsonl", 40),
+    ("math500/test.parquet", 500), ("math500/test.jsonl", 500), ("minerva/test.parquet", 272),
+    ("minerva/test.jsonl", 272), ("olympiadbench/test.parquet", 674), ("olympiadbench/test.jsonl", 675),
+    ("gsm8k/test.jsonl", 1319), ("mixed/math_benchmarks.jsonl", 560), ("dapo_math_17k/dapo_math_17k.head28.jsonl", 28),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("relpath, rows", REAL_FILES, ids=[p for p, _ in REAL_FILES])

@@ -65,9 +65,14 @@ def test_dry_run_says_server_weight_sync_is_cuda_only():
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.vllm
 def test_vllm_eval_agrees_with_hf_generate(tiny_math_h64_model_path):
-    from stapo_trl.evaluation.generation import DECODINGS, HFGenerator, build_prompt_text, evaluate_problems
+    from stapo_trl.evaluation.generation import (
+        DECODINGS,
+        HFGenerator,
+        VLLMGenerator,
+        build_prompt_text,
+        evaluate_problems,
+    )
     from stapo_trl.evaluation.tasks import load_benchmark
-    from stapo_trl.evaluation.vllm_generation import VLLMGenerator
     from stapo_trl.grading import extract_boxed_answer
 
     problems = load_benchmark("tiny-math", limit=100)
@@ -119,9 +124,8 @@ def test_vllm_eval_serves_a_lora_adapter_folder_like_hf_does(tiny_math_h64_model
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from stapo_trl.evaluation.generation import DECODINGS, HFGenerator, evaluate_problems
+    from stapo_trl.evaluation.generation import DECODINGS, HFGenerator, VLLMGenerator, evaluate_problems
     from stapo_trl.evaluation.tasks import load_benchmark
-    from stapo_trl.evaluation.vllm_generation import VLLMGenerator
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_math_h64_model_path, dtype=torch.float32)

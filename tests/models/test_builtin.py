@@ -2,9 +2,9 @@
 
 import os
 import random
-from pathlib import Path
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch

@@ -1,0 +1,168 @@
+"""What `make test-releases` checks on every TRL release setup.cfg admits (marked `release`; the default suite runs them
+at the top pins): the README example constructs and trains in TRL's default layout and with steps_per_generation =
+4 x GA, each path on which the installed TRL would train past the mask is refused at construction, and S2T settings a
+plain `GRPOConfig` drops are named. The core's hand-computed mask and loss tests are marked `release` in tests/core."""
+
+import ast
+import warnings
+
+import pytest
+import torch
+import trl
+from packaging.version import Version
+from testing_utils import PROMPTS, REPO, length_reward
+from trl import GRPOConfig
+
+from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.core import STAPOConfig as CoreSTAPOConfig
+from stapo_trl.core import STAPOTrainer as CoreSTAPOTrainer
+from stapo_trl.core.stapo_config import refuse_paths_around_the_mask
+
+
+pytestmark = pytest.mark.release
+TRL = Version(trl.__version__)
+LAYOUTS = {  # TRL's default (the mask from the loss's forward); 4 updates per rollout (TRL's old-log-prob forward)
+    "default": {},
+    "steps_per_generation=4xGA": {"steps_per_generation": 4, "gradient_accumulation_steps": 1},
+}
+
+
+def readme_example(model_path: str, output_dir, **overrides):
+    """`examples/python_api.py` (the README's example, exactly as printed) up to its `trainer.train()`, with the model
+    path, output_dir and `overrides` in its `GRPOConfig(...)` call; returns the trainer and the warnings of its
+    construction."""
+    tree = ast.parse((REPO / "examples" / "python_api.py").read_text())
+    *body, last = tree.body
+    assert ast.unparse(last) == "trainer.train()"
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and ast.unparse(call.func) == "GRPOTrainer":
+            call.keywords[0].value = ast.Constant(model_path)
+        if isinstance(call, ast.Call) and ast.unparse(call.func) == "GRPOConfig":
+            settings = {**{k.arg: k.value for k in call.keywords}, "output_dir": ast.Constant(str(output_dir))}
+            settings |= {key: ast.Constant(value) for key, value in overrides.items()}
+            call.keywords = [ast.keyword(key, value) for key, value in settings.items()]
+    namespace = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exec(compile(ast.fix_missing_locations(ast.Module(body, [])), "python_api.py", "exec"), namespace)
+    return namespace["trainer"], [
+        str(w.message) for w in caught if "STAPO" in str(w.message) or "trl " in str(w.message)
+    ]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_readme_example_constructs_silently_and_trains_two_steps(tiny_math_model_path, tmp_path, layout):
+    # trl 1.14.x (what pip picks beside accelerate < 1.10.1) crashed at the first step: the forward's keywords were
+    # read from its signature, which in 1.14 is (*args, **kwargs), and STAPO passed `kwargs=None`.
+    trainer, messages = readme_example(tiny_math_model_path, tmp_path, max_steps=2, **LAYOUTS[layout])
+    assert messages == []  # the paper's configuration, a TRL in range: nothing to say
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.train()
+    rows = [row for row in trainer.state.log_history if "loss" in row]
+    assert [row["step"] for row in rows] == [2] and all(torch.isfinite(torch.tensor(row["loss"])) for row in rows)
+    assert rows[0]["s2t/num_loss_tokens"] > 0
+    assert any(not torch.equal(before[name], p) for name, p in trainer.model.named_parameters())
+    assert trainer._s2t_path == ("loss" if layout == "default" else "old_logps")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Paths on which the installed TRL trains past the mask: refused at construction, before TRL's own checks
+# ---------------------------------------------------------------------------------------------------------------
+TRAINERS = {"core": (CoreSTAPOTrainer, CoreSTAPOConfig), "product": (STAPOTrainer, STAPOConfig)}
+
+
+def refused(model_path, output_dir, trainer: str, config: str, **settings):
+    """The one-line error of constructing `trainer` ("core" or "product") with a `config` ("GRPOConfig", or the
+    trainer's "STAPOConfig", which refuses at its own construction) of `settings`."""
+    trainer_cls, config_cls = TRAINERS[trainer]
+    base = dict(output_dir=str(output_dir), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
+                num_generations=2, max_completion_length=8)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = GRPOConfig(**base, **settings) if config == "GRPOConfig" else None
+        with pytest.raises(ValueError) as error:
+            args = args or config_cls(**base, **settings)
+            trainer_cls(model_path, reward_funcs=length_reward, args=args, train_dataset=PROMPTS)
+    (line,) = str(error.value).splitlines()
+    return line
+
+
+@pytest.mark.skipif(TRL >= Version("1.14.0"), reason="trl >= 1.14 computes the Liger loss in _compute_loss")
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("trainer", TRAINERS)
+@pytest.mark.parametrize("config", ["GRPOConfig", "STAPOConfig"])
+def test_liger_before_trl_1_14_is_refused_at_construction(tiny_random_model_path, tmp_path, no_model_built,
+                                                         layout, trainer, config):  # fmt: skip
+    # trl 1.9-1.13 send compute_loss to compute_liger_loss, which never calls _compute_loss: the run trained as plain
+    # GRPO (TRL's default layout) or with Liger's own normalizer (the mask as tool_mask), silently. Liger itself
+    # need not be installed: the refusal comes before TRL's check that it is.
+    line = refused(tiny_random_model_path, tmp_path, trainer, config, use_liger_kernel=True, **LAYOUTS[layout])
+    assert line.startswith(f"use_liger_kernel=True: trl {trl.__version__} computes the loss in Liger's kernel")
+    assert "Set use_liger_kernel=False, or use trl>=1.14." in line
+
+
+@pytest.mark.skipif(TRL >= Version("1.10.0"), reason="trl >= 1.10 masks luspo's token losses")
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_token_level_luspo_before_trl_1_10_is_refused_at_construction(tiny_random_model_path, tmp_path,
+                                                                      no_model_built, layout, trainer):  # fmt: skip
+    # trl 1.9's luspo loss is mean(per_token_loss x tokens per completion): with token-level ratios every token's loss
+    # counts, masked or not, so silenced tokens (and padding) stayed in the loss.
+    settings = dict(loss_type="luspo", importance_sampling_level="token", **LAYOUTS[layout])
+    line = refused(tiny_random_model_path, tmp_path, trainer, "GRPOConfig", **settings)
+    assert line.startswith(f"loss_type='luspo' with importance_sampling_level='token': trl {trl.__version__} sums")
+
+
+def test_no_setting_is_refused_where_the_installed_trl_applies_the_mask():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        liger = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, use_liger_kernel=True)
+        luspo = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, loss_type="luspo")
+        gspo = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, loss_type="luspo",
+                          importance_sampling_level="sequence")  # fmt: skip
+    for args, refused_below in ((liger, "1.14.0"), (luspo, "1.10.0"), (gspo, None)):
+        if refused_below is None or TRL >= Version(refused_below):
+            assert refuse_paths_around_the_mask(args) is None
+        else:
+            with pytest.raises(ValueError, match=f"trl {trl.__version__}"):
+                refuse_paths_around_the_mask(args)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# S2T settings a plain GRPOConfig drops: TRL's own `trl/scripts/grpo.py` flow
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("switch", ["trainer import only", "two imports"])
+def test_s2t_settings_in_trls_grpo_script_yaml_take_effect_or_are_said_to_be_ignored(
+    tiny_random_model_path, tmp_path, switch
+):
+    # TRL's grpo.py parses its own GRPOConfig with fail_with_unknown_args=False: `s2t_prob_threshold: 0.01` in its
+    # YAML was dropped, and the construction line called 0.002 "the paper's" without saying the YAML's was ignored.
+    from trl import TrlParser
+    from trl.scripts.grpo import make_parser
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"output_dir: {tmp_path / 'run'}\nuse_cpu: true\nbf16: false\nreport_to: none\n"
+                      "per_device_train_batch_size: 4\nnum_generations: 2\nmax_completion_length: 8\n"
+                      "s2t_prob_threshold: 0.01\n")  # fmt: skip
+    parser = make_parser()  # TRL's own: (GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig)
+    if switch == "two imports":  # a copy of the script with `from stapo_trl import STAPOConfig as GRPOConfig`
+        from stapo_trl import STAPOConfig
+
+        parser = TrlParser([STAPOConfig if t is GRPOConfig else t for t in parser.dataclass_types])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, training_args, *_ = parser.parse_args_and_config(["--config", str(recipe)], fail_with_unknown_args=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = CoreSTAPOTrainer(tiny_random_model_path, reward_funcs=length_reward, args=training_args,
+                                   train_dataset=PROMPTS)  # fmt: skip
+    lines = [str(w.message) for w in caught if str(w.message).startswith("STAPO with ")]
+    if switch == "two imports":
+        assert trainer.s2t.prob_threshold == 0.01 and "ignored" not in " ".join(lines)
+    else:
+        assert trainer.s2t.prob_threshold == 0.002
+        (line,) = lines
+        assert "GRPOConfig has no s2t_prob_threshold, s2t_entropy_quantile, s2t_mode, so these, given to a " in line
+        assert (
+            "are ignored; to set them, parse a STAPOConfig: `from stapo_trl import STAPOConfig as GRPOConfig`" in line
+        )
