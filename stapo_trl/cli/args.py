@@ -14,6 +14,7 @@ import difflib
 import os
 import re
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,13 +50,12 @@ Common fields (`--help-fields` lists every field with its default and help, `--h
   --eval_before_after              held-out avg@k before and after training, into eval.json
 
 options:
-  -h, --help                  this help, and exit
-  --help-fields [WORD]        every recipe field (or those whose name contains WORD), and exit
-  --version                   the versions of stapo_trl, TRL, transformers and torch, and exit
+  -h, --help, --version       this help; the versions of stapo_trl, TRL, transformers and torch
+  --help-fields [WORD]        every recipe field (or those whose name contains WORD)
   --config RECIPE.yaml        the recipe (recipes/demo/stapo.yaml: the CPU demo)
   --dry-run                   check the recipe and print its plan (`stapo-train --dry-run --help`)
 
-{EXIT_STATUS_HELP}"""
+{textwrap.fill(EXIT_STATUS_HELP, width=100)}"""
 
 # Recipe keys of older TRL / transformers versions, with what to write instead.
 RENAMED_KEYS = {
@@ -333,12 +333,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
 
 def fields_help(word: str | None = None) -> str:
     """`stapo-train --help-fields [WORD]`: every field with its default and help, or those whose name contains `word`."""
-    import argparse
+    from argparse import ArgumentDefaultsHelpFormatter as Formatter
 
     from ..config import STAPOConfig
-
-    class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-        pass
 
     parser = RecipeParser(
         STAPOConfig, prog="stapo-train", usage=USAGE, formatter_class=Formatter, epilog=EXIT_STATUS_HELP

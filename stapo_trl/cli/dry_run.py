@@ -4,15 +4,14 @@ r"""Dry run of a recipe: parse it as `stapo-train` does, check it for a process 
     stapo-train --config recipes/Qwen3-8B/stapo.yaml --dry-run --num-processes 16 # what if: 2 training nodes
     python -m stapo_trl.cli.dry_run --config recipes/Qwen3-8B/stapo.yaml --num-processes 8 --steps_per_generation 64
 
-The plan: trainer and objective, model, data (a built-in or local dataset is opened and its columns checked, prompts
-too long for the model counted when the model is here; a Hub dataset or model is named, not fetched), rewards, the
-batch geometry (completions per micro-step, rollout step and optimizer update, which must hold whole groups of
-`num_generations`; the valid values when they do not), where the mask's p and H come from, optimizer, generation
-(vLLM server or colocate), output (trackers, checkpoint to resume, Hub access), and the `benchmark_eval*` settings
-TRL's evaluation cannot honour on that many processes. It warns about settings the paper did not run: the
-trainer's own construction warnings. The process count is `--num-processes`, else the recipe's `# launch: ...
-num_processes=N` line, else 1. On a machine without a GPU the recipe is parsed with `use_cpu` (transformers refuses
-bf16 there), which changes no batch arithmetic. A recipe that does not parse or fails a check is an input error.
+The plan: trainer, objective, model, data (a built-in or local dataset is opened, its columns checked and, when the model
+is here, its long prompts counted; a Hub dataset or model is named, not fetched), rewards, the batch geometry
+(completions per micro-step, rollout step and optimizer update), where the mask's p and H come from, optimizer,
+generation (vLLM server or colocate), output (trackers, checkpoint to resume, Hub access) and `benchmark_eval`, each
+failed check with the valid values, and the trainer's own warnings about settings the paper did not run. The process
+count is `--num-processes`, else the recipe's `# launch: ... num_processes=N` line, else 1. Without a GPU the recipe is
+parsed with `use_cpu` (transformers refuses bf16 there), which changes no batch arithmetic. A recipe that does not
+parse or fails a check is an input error.
 """
 
 from __future__ import annotations
