@@ -1,5 +1,6 @@
 """`STAPOScriptArguments`: the fields of a `stapo-train` recipe that are neither `STAPOConfig` nor `ModelConfig` fields
-(trainer, rewards, data, before/after evaluation). A new command-line flag of `stapo-train` is a field here."""
+(trainer, rewards, data, evaluation). A new one is a field with its docstring entry (its help), checked in
+`__post_init__`."""
 
 from __future__ import annotations
 
