@@ -512,6 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pre = OneLineErrorParser(prog=prog, add_help=False, allow_abbrev=False)
     pre.add_argument("--num-processes", "--num_processes", dest="num_processes", type=int, default=None)
     pre.add_argument("-h", "--help", action="store_true")
+    pre.add_argument("--dry-run", "--dry_run", action="store_true")  # stapo-train's flag, harmless here
     try:
         known, rest = pre.parse_known_args(list(sys.argv[1:] if argv is None else argv))
         if known.help:
