@@ -156,8 +156,15 @@ style: install
 demo: install
 	$(VENV)/bin/stapo-train --config recipes/demo/stapo.yaml
 
+# Both demo arms (the s2t_mode: off twin and STAPO) on the same seeds, a finished run (its eval.json) kept; then one
+# figure of both (mean and min/max band over the seeds) and each run's held-out avg@4 before and after.
+COMPARE_SEEDS ?= 0 1 2
 compare: install
-	$(VENV)/bin/stapo-train compare recipes/demo/grpo.yaml recipes/demo/stapo.yaml
+	for seed in $(COMPARE_SEEDS); do for arm in grpo stapo; do out=outputs/compare/$$arm/seed$$seed; \
+		test -f $$out/eval.json || $(VENV)/bin/stapo-train --config recipes/demo/$$arm.yaml --seed $$seed \
+			--output_dir $$out || exit 1; done; done
+	$(VENV)/bin/stapo-plot outputs/compare/grpo outputs/compare/stapo --out outputs/compare
+	grep -o '"accuracy_[a-z]*": [0-9.]*' outputs/compare/*/seed*/eval.json
 
 # STAPO and its s2t_mode: off twin on SmolLM2-135M (builtin:smollm2-135m-math, built once: ~11 min), side by side, one
 # core each (the recipes use one torch thread), then one set of figures of both runs in outputs/smollm2-figures.

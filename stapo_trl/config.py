@@ -2,10 +2,8 @@
 
 - `s2t_write_run_files`: `train()` writes `metrics.jsonl` and `spurious_tokens.jsonl` (the files `stapo-plot` reads).
 - CPU defaults: on a machine without an accelerator, `use_cpu=True` and `bf16=False` unless set.
-- Early refusals of values TRL would accept and fail on later (an `output_dir` that is a file, `temperature <= 0`,
-  `max_completion_length < 1`), and YAML's unquoted `off` for `s2t_mode`; before TRL's own checks, the counts, the
-  learning rate, `report_to`, `max_steps` and the generation batch ([`~stapo_trl.checks.training_values`], the
-  same checks and messages as `stapo-train`).
+- Every value check, in `__post_init__` before TRL's own ([`check_training_values`], which `stapo-train` also runs
+  for a plain `GRPOConfig`), and YAML's unquoted `off` for `s2t_mode`.
 - In a launched process, the process-group workaround of [`~stapo_trl.integrations.process_group`].
 """
 
@@ -20,7 +18,6 @@ import torch
 from transformers.utils import is_torch_hpu_available, is_torch_neuron_available, is_torch_xla_available
 
 from . import core
-from .checks.training_values import check_training_values
 from .diagnostics.ablations import ABLATION_MODES
 from .integrations.process_group import import_group_capturing_modules
 
@@ -65,9 +62,7 @@ class STAPOConfig(core.STAPOConfig):
 
     Raises:
         ValueError: a value TRL would accept and fail on later, or refuse with a message that hides the cause, on one
-            line naming the field and the allowed values: see the module docstring, and
-            [`~stapo_trl.checks.training_values.check_training_values`] (a
-            [`~stapo_trl.checks.training_values.TrainingValueError`]), whose checks and messages `stapo-train` shares.
+            line naming the field and the allowed values ([`check_training_values`]).
     """
 
     _s2t_modes: ClassVar[tuple[str, ...]] = core.STAPOConfig._s2t_modes + ABLATION_MODES
@@ -134,29 +129,13 @@ class STAPOConfig(core.STAPOConfig):
             # carry the value over as transformers would, without its FutureWarning at every config a user builds.
             self.activation_checkpointing = self.gradient_checkpointing
         write_run_files(self)
-        if self.output_dir is not None and os.path.isfile(os.path.expanduser(self.output_dir)):
-            raise ValueError(f"output_dir={self.output_dir!r} is a file: give a folder (it is created if missing).")
         if self.s2t_mode is False:
             raise ValueError(
                 's2t_mode=False: YAML reads an unquoted `off` (or `no`, `false`) as the boolean false. Write s2t_mode: "off" (quoted); '
                 f"allowed values: {list(self._s2t_modes)}."
             )
-        # Counts, learning rate, report_to, max_steps, the generation batch: before TRL's own checks, whose messages
-        # hide the cause; the same set (and messages) as stapo-train's.
-        check_training_values(self)
+        check_training_values(self)  # before TRL's own checks, whose messages hide the cause
         super().__post_init__()
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type={self.loss_type!r} is not one of TRL's loss types: {list(LOSS_TYPES)}.")
-        if not self.temperature > 0:
-            raise ValueError(
-                f"temperature={self.temperature!r} must be > 0: GRPO samples its rollouts (0 would be greedy, and "
-                "generation refuses it); the S2T thresholds are calibrated at 1.0, the paper's value."
-            )
-        if self.max_completion_length is not None and self.max_completion_length < 1:
-            raise ValueError(
-                f"max_completion_length={self.max_completion_length!r} must be >= 1 (response tokens per rollout; "
-                "the paper uses 20480 for Qwen3, the CPU demo 48)."
-            )
 
 
 def has_accelerator() -> bool:
@@ -181,3 +160,118 @@ def write_run_files(args) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"s2t_write_run_files={value!r} must be a bool (True or False), got {type(value).__name__}.")
     return value
+
+
+class TrainingValueError(ValueError):
+    """A `ValueError` about config values; `fields`: the fields whose values make it, the reported one first."""
+
+    def __init__(self, message: str, *fields: str):
+        super().__init__(message)
+        self.fields = fields
+
+
+MINIMUMS = {  # field: (smallest value, what it is)
+    "per_device_train_batch_size": (1, "completions per process per micro-step; the CPU demo uses 16"),
+    "gradient_accumulation_steps": (1, "micro-steps per optimizer update; the CPU demo uses 1"),
+    "steps_per_generation": (1, "or unset (None) for TRL's default"),
+    "generation_batch_size": (1, "or unset (None) for TRL's default"),
+    "num_generations": (2, "GRPO's advantage compares the completions of one prompt; the paper uses 8"),
+    "learning_rate": (0, "the paper uses 1e-6, the CPU demo 1e-4"),
+    "max_completion_length": (1, "response tokens per rollout; the paper uses 20480 for Qwen3, the CPU demo 48"),
+}
+
+
+def check_training_values(args, num_processes: int | None = None) -> None:
+    """Refuse the values of a `GRPOConfig` that TRL accepts and fails on later (after the model is built, or with a
+    message that hides the cause) or never: the counts and the learning rate below their minimum, a seed outside
+    numpy's range, an empty `output_dir` or one that is a file, an unknown `report_to` or `loss_type`, `temperature
+    <= 0`, a `max_steps` that is not a number of steps, and a `num_generations` that does not divide the generation
+    batch. Runs on the raw values (before `GRPOConfig.__post_init__`); a missing attribute, or one that is not a number
+    where a number is due, is left to the config's own checks.
+
+    Args:
+        args: a `GRPOConfig` being built, or any object with its attributes (`stapo-train`'s parsed namespace).
+        num_processes (`int`, *optional*): training processes, for the generation batch; `None`: `WORLD_SIZE`, else 1.
+
+    Raises:
+        TrainingValueError: one line, `field=value ...` with the allowed values, e.g. "num_generations=1 must be >= 2
+            (GRPO's advantage compares the completions of one prompt; the paper uses 8)."
+    """
+
+    def get(name: str, kind=(int, float)):
+        value = getattr(args, name, None)
+        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+    for name, (minimum, what) in MINIMUMS.items():
+        if get(name) is not None and get(name) < minimum:
+            raise TrainingValueError(f"{name}={get(name)} must be >= {minimum} ({what}).", name)
+    for name in ("seed", "data_seed"):  # numpy's seeds: transformers' set_seed fails on others after the model build
+        if get(name, int) is not None and not 0 <= get(name, int) <= 2**32 - 1:
+            raise TrainingValueError(f"{name}={get(name)} must be in [0, 2**32 - 1] (numpy's seed range).", name)
+    output_dir = getattr(args, "output_dir", None)
+    if output_dir is not None and not str(output_dir).strip():
+        from .runfiles.run_folder import empty_output_dir_message
+
+        raise TrainingValueError(empty_output_dir_message(output_dir), "output_dir")
+    if output_dir is not None and os.path.isfile(os.path.expanduser(output_dir)):
+        raise TrainingValueError(
+            f"output_dir={output_dir!r} is a file: give a folder (it is created if missing).", "output_dir"
+        )
+    report_to = getattr(args, "report_to", None)
+    if report_to not in (None, "none", "all", []):
+        from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+        allowed = ["none", "all", *INTEGRATION_TO_CALLBACK]
+        unknown = [name for name in ([report_to] if isinstance(report_to, str) else report_to) if name not in allowed]
+        if unknown:
+            message = f"report_to={report_to!r}: {', '.join(map(repr, unknown))} is not one of {allowed}."
+            raise TrainingValueError(message, "report_to")
+    if getattr(args, "loss_type", None) not in (None, *LOSS_TYPES):
+        raise TrainingValueError(
+            f"loss_type={args.loss_type!r} is not one of TRL's loss types: {list(LOSS_TYPES)}.", "loss_type"
+        )
+    if get("temperature") is not None and not get("temperature") > 0:
+        raise TrainingValueError(
+            f"temperature={get('temperature')} must be > 0: GRPO samples its rollouts (0 would be greedy, and "
+            "generation refuses it); the S2T thresholds are calibrated at 1.0, the paper's value.",
+            "temperature",
+        )
+    if get("max_steps", int) is not None and (args.max_steps == 0 or args.max_steps < -1):  # <= 0 reads as epochs
+        raise TrainingValueError(
+            f"max_steps={args.max_steps} is not a number of optimizer steps: give a positive number, or -1 (the default) "
+            "to train for num_train_epochs epochs.",
+            "max_steps",
+        )
+    _check_generation_batch(args, num_processes)
+
+
+def _check_generation_batch(args, num_processes: int | None) -> None:
+    """The generation batch (completions generated at once, all processes: `generation_batch_size`, else
+    `per_device_train_batch_size x processes x steps_per_generation`, which defaults to `gradient_accumulation_steps`)
+    must hold whole groups of `num_generations` completions."""
+    names = ("num_generations", "per_device_train_batch_size", "steps_per_generation", "generation_batch_size")
+    num_generations, per_device, steps, fixed = (getattr(args, name, None) for name in names)
+    grad_accum = getattr(args, "gradient_accumulation_steps", 1)
+    counts = (num_generations, per_device, steps, fixed, grad_accum)
+    if any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in counts):
+        return  # not integers: the parser or the config names the type
+    if num_generations is None or per_device is None or (steps is not None and fixed is not None):
+        return  # TRL's defaults; both set: TRL's own "can not be both configured"
+    if fixed is not None:
+        batch, fields, how = fixed, ("num_generations", "generation_batch_size"), f"generation_batch_size = {fixed}"
+    else:
+        steps_name = "steps_per_generation" if steps is not None else "gradient_accumulation_steps"
+        processes, micro_steps = num_processes or int(os.environ.get("WORLD_SIZE", "1")), steps or grad_accum
+        batch, fields = (
+            per_device * processes * micro_steps,
+            ("num_generations", "per_device_train_batch_size", steps_name),
+        )
+        how = f"per_device_train_batch_size {per_device} x {processes} process(es) x {steps_name} {micro_steps} = {batch} completions"
+    if batch % num_generations:
+        valid = [d for d in range(2, batch + 1) if batch % d == 0]
+        raise TrainingValueError(
+            f"num_generations={num_generations} does not divide the generation batch ({how}): each prompt needs a whole "
+            f"group of num_generations completions. Valid num_generations for this batch: {valid}. Or change "
+            f"per_device_train_batch_size / {fields[-1]} so that the generation batch is a multiple of num_generations.",
+            *fields,
+        )

@@ -11,7 +11,7 @@ default suite: `make test-slow`, `test-real`, `test-vllm`, `test-slurm`, `test-b
 | the README's Python example and its plain-`GRPOTrainer` baseline, run as printed | `tests/docs/test_docs.py` (the baseline `slow`) |
 | importing the package changes no process-wide state | `tests/test_init.py` |
 | `stapo-train`, `stapo-eval`, `stapo-plot`: installed, every flag accepted today, `--help`, `--version` | here; `tests/cli/test_fast_commands.py` (one-line errors, at once) |
-| their behaviour, exit statuses and messages | `tests/cli/test_train.py`, `test_args.py`, `test_errors.py`, `test_eval.py`, `test_eval_messages.py`, `test_plot.py`, `test_outputs.py`, `test_geometry.py` |
+| their behaviour, exit statuses and messages | `tests/cli/test_train.py`, `test_args.py`, `test_errors.py`, `test_eval.py`, `test_eval_messages.py`, `test_plot.py`, `test_outputs.py` |
 | `stapo-train --dry-run` | `tests/cli/test_dry_run.py`; here (the documented overrides) |
 | every recipe and its dry run | `tests/recipes/test_recipes.py::test_recipe_passes_its_dry_run` (SmolLM2's: `real_model`); every recipe key is a flag: here |
 | `accelerate launch -m stapo_trl.cli.train` (DDP, ZeRO-2, ZeRO-3, the documented two-process command) | `tests/distributed/test_launch.py` (`slow`) |

@@ -1,9 +1,7 @@
-"""The command-line tools of `stapo_trl`: `stapo-train` (`train`, the entry point; `run`, one training; `compare`;
-`dry_run` with its `recipe_checks`), `stapo-eval` (`eval`) and `stapo-plot` (`plot`), with the recipe arguments
-(`args`) and the batch geometry (`geometry`). The library (`stapo_trl.*`) never imports this package.
-Every command answers `--help`, `--version` and the input errors that need neither a model nor TRL's config classes
-(a missing or broken recipe, a bad `stapo-eval` / `stapo-plot` argument, a folder without a run) without importing
-torch or TRL (seconds): the modules that need them are imported inside the functions that use them.
+"""The commands of `stapo_trl`: `stapo-train` (`train`; its arguments: `args`, `script_args`; its plan: `dry_run`;
+one training: `run`), `stapo-eval` (`eval`) and `stapo-plot` (`plot`), with one exit-status convention (`errors`).
+The library never imports this package. `--help`, `--version` and the errors found before a recipe's fields are parsed
+answer without importing torch (the modules that need it are imported by the functions that use them).
 """
 
 from __future__ import annotations

@@ -1,177 +1,72 @@
-"""The arguments of `stapo-train`: `parse_args` (a recipe YAML plus command-line overrides into three dataclasses:
-[`~stapo_trl.cli.script_args.STAPOScriptArguments`], [`~stapo_trl.STAPOConfig`], [`~trl.ModelConfig`]) and its parser
-([`~stapo_trl.cli.recipe_parser.RecipeParser`]). An unknown key is an error (a typo would otherwise silently leave a
-default in place).
+"""The arguments of `stapo-train`: a recipe YAML, read once by [`load_recipe`], and command-line overrides, parsed by
+TRL's [`~trl.TrlParser`] into ([`~stapo_trl.cli.script_args.STAPOScriptArguments`], [`~stapo_trl.STAPOConfig`] or
+[`~trl.GRPOConfig`], [`~trl.ModelConfig`]). The recipe's values become the parser's defaults (TRL's
+`set_defaults_with_config`), so the command line wins; the config classes' `__post_init__` check every value. An
+error names the flag, or the recipe key and file, that set the value; an unknown key or flag gets its closest fields.
+
+torch and the config classes are imported after the recipe file is read, so that `--help`, `--version` and a missing
+or broken recipe answer at once.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
+import difflib
 import os
+import re
 import sys
 import textwrap
 from collections.abc import Sequence
 from typing import Any
 
 import yaml
+from trl import TrlParser
 
 from .errors import EXIT_STATUS_HELP
 
 
-# TRL's config classes (and through them transformers, torch, DeepSpeed: seconds) are imported by the functions that
-# need them, after the checks that need no field list, so that `stapo-train --help`, `--version` and a missing or
-# broken recipe answer at once.
-
-
-DESCRIPTION = "`stapo-train`: train with STAPO (or the GRPO baseline without the mask) from a YAML recipe."
-
-
 USAGE = """
-  stapo-train --config RECIPE.yaml [--FIELD VALUE ...]         train (the command line overrides the recipe)
+  stapo-train --config RECIPE.yaml [--FIELD VALUE ...]            train (the command line overrides the recipe)
   stapo-train --config RECIPE.yaml --dry-run [--num-processes N]  check a recipe and print its plan, build nothing
-  stapo-train compare RECIPE_A.yaml RECIPE_B.yaml [--seeds S ...] [-- --FIELD VALUE ...]
   accelerate launch --config_file ACCELERATE.yaml -m stapo_trl.cli.train --config RECIPE.yaml"""
 
-HELP_FIELDS_INTRO = (
-    "--config RECIPE.yaml: a YAML file whose keys are the fields below (recipes/ has the demo and the paper's runs). "
-    "Every field can also be given as --FIELD VALUE. `stapo-train --dry-run --help` and `stapo-train compare --help` "
-    "describe the other two commands."
-)
+SHORT_HELP = f"""usage:{USAGE}
 
+Train with STAPO (or the GRPO baseline without the mask) from a YAML recipe: a file of `field: value` lines (recipes/
+has the demo and the paper's runs). Every field can also be given as --FIELD VALUE (or --FIELD-NAME VALUE), which wins.
 
-# The fields most recipes set, for the short `--help` (TRL's config classes are not imported for it; a test checks that
-# each is a field). `--help-fields` prints every field with its default and help.
-COMMON_FIELDS = (
-    ("model", (
-        ("model_name_or_path", "a local folder, a Hub id, or builtin:tiny-math (offline)"),
-        ("dataset_name", "builtin:tiny-math, a Hub dataset, or a .json/.jsonl/.parquet/.csv file"),
-        ("prompt_column, solution_column", "the problem and gold-answer columns of a file or Hub dataset"),
-        ("reward_funcs", "reward names (math_accuracy) or dotted import paths"),
-    )),
-    ("training", (
-        ("trainer", "stapo (the S2T mask in the loss) or grpo (the same run without it)"),
-        ("output_dir", "checkpoints, metrics.jsonl, figures, the model and its card"),
-        ("max_steps, learning_rate, seed", "optimizer steps, step size, seed"),
-        ("per_device_train_batch_size", "completions (not prompts) per process and micro-step"),
-        ("num_generations, max_completion_length", "completions per prompt, and their length in tokens"),
-        ("logging_steps, save_steps, report_to", "metrics.jsonl rows, checkpoints, trackers"),
-        ("use_cpu, bf16, torch_num_threads", "device, precision, CPU threads"),
-    )),
-    ("STAPO", (
-        ("s2t_prob_threshold", "tau_p: positive-advantage tokens with p below it are candidates"),
-        ("s2t_entropy_quantile", "q: candidates below this entropy quantile are silenced"),
-        ("s2t_mode", "low_entropy (STAPO), off, high_entropy, all_low_prob (ablations)"),
-    )),
-    ("evaluation", (
-        ("eval_before_after", "held-out avg@k before and after training, into eval.json"),
-    )),
-)  # fmt: skip
+Common fields (`--help-fields` lists every field with its default and help, `--help-fields WORD` those with WORD):
+  --model_name_or_path             a local folder, a Hub id, or builtin:tiny-math (offline)
+  --dataset_name                   builtin:tiny-math, a Hub dataset, or a .json/.jsonl/.parquet/.csv file
+  --prompt_column --solution_column  the problem and gold-answer columns of a file or Hub dataset
+  --reward_funcs                   reward names (math_accuracy) or dotted import paths
+  --trainer                        stapo (the S2T mask in the loss) or grpo (plain GRPOTrainer, no mask)
+  --output_dir                     checkpoints, metrics.jsonl, figures, the model and its card
+  --max_steps --learning_rate --seed  optimizer steps, step size, seed
+  --per_device_train_batch_size    completions (not prompts) per process and micro-step
+  --num_generations --max_completion_length  completions per prompt, and their length in tokens
+  --use_cpu --bf16 --torch_num_threads  device, precision, CPU threads
+  --s2t_prob_threshold --s2t_entropy_quantile  tau_p and q of the S2T mask (the paper: 0.002, 0.75)
+  --s2t_mode                       low_entropy (STAPO), off, high_entropy, all_low_prob (ablations)
+  --eval_before_after              held-out avg@k before and after training, into eval.json
 
+options:
+  -h, --help, --version       this help; the versions of stapo_trl, TRL, transformers and torch
+  --help-fields [WORD]        every recipe field (or those whose name contains WORD)
+  --config RECIPE.yaml        the recipe (recipes/demo/stapo.yaml: the CPU demo)
+  --dry-run                   check the recipe and print its plan (`stapo-train --dry-run --help`)
 
-def short_help() -> str:
-    """`stapo-train --help`: the commands, the common recipe fields and the options, without importing TRL (whose config
-    classes `--help-fields` needs to list every field: seconds)."""
-    intro = (
-        "--config RECIPE.yaml: a YAML file of `field: value` lines (recipes/ has the demo and the paper's runs). Every "
-        "field can also be given as --FIELD VALUE, which wins over the recipe."
-    )
-    lines = [f"usage:{USAGE}", "", DESCRIPTION, "", textwrap.fill(intro, width=100)]
-    lines += ["", "Common fields (`stapo-train --help-fields` lists all of them, with their defaults and help;"]
-    lines += ["`stapo-train --help-fields WORD` those whose name contains WORD):"]
-    for group, fields in COMMON_FIELDS:
-        lines.append(f"  {group}:")
-        lines += [f"    {names:<40} {text}" for names, text in fields]
-    lines += [
-        "",
-        "options:",
-        "  -h, --help                 this help, and exit",
-        "  --help-fields [WORD]       every recipe field (or those whose name contains WORD), and exit",
-        "  --version                  the versions of stapo_trl, TRL, transformers and torch, and exit",
-        "  --config RECIPE.yaml       the recipe (recipes/demo/stapo.yaml: the CPU demo)",
-        "  --dry-run                  check the recipe and print its plan (`stapo-train --dry-run --help`)",
-        "",
-        textwrap.fill(EXIT_STATUS_HELP, width=100),
-    ]
-    return "\n".join(lines)
+{textwrap.fill(EXIT_STATUS_HELP, width=100)}"""
 
-
-def fields_help(word: str | None = None, trainer: str = "stapo") -> str:
-    """`stapo-train --help-fields [WORD]`: the full parser help (every field of the three argument groups, with its
-    default), or only the fields whose name contains `word` (case-insensitive). Imports TRL's config classes."""
-    parser = make_parser(trainer=trainer)
-    if word:
-        word = word.lower().lstrip("-")
-        for group in parser._action_groups:
-            group._group_actions = [
-                action
-                for action in group._group_actions
-                if any(word in option.lower() for option in action.option_strings if option.startswith("--"))
-            ]
-        parser._action_groups = [group for group in parser._action_groups if group._group_actions]
-        parser.usage = f"stapo-train --help-fields {word}"
-    return parser.format_help()
-
-
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Field defaults in the help, and the description's examples kept as written."""
-
-
-def _stapo_objective_defaults() -> dict[str, Any]:
-    """The GRPOConfig fields whose default STAPOConfig changes (the paper's objective), with STAPOConfig's values."""
-    from trl import GRPOConfig
-
-    from ..config import STAPOConfig
-
-    grpo_fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
-    return {
-        f.name: f.default
-        for f in dataclasses.fields(STAPOConfig)
-        if f.name in grpo_fields and f.default is not dataclasses.MISSING and f.default != grpo_fields[f.name].default
-    }
-
-
-def make_parser(*, trainer: str = "stapo") -> argparse.ArgumentParser:
-    """The `stapo-train` parser: (STAPOScriptArguments, STAPOConfig or GRPOConfig, ModelConfig).
-
-    Args:
-        trainer (`str`, *optional*, defaults to `"stapo"`): `"stapo"` parses into [`~stapo_trl.STAPOConfig`];
-            `"grpo"` into [`~trl.GRPOConfig`] with STAPOConfig's objective defaults and no `s2t_*` fields.
-    """
-    from trl import GRPOConfig, ModelConfig
-
-    from ..config import STAPOConfig
-    from .recipe_parser import RecipeParser
-    from .script_args import TRAINERS, STAPOScriptArguments
-
-    if trainer not in TRAINERS:
-        raise ValueError(f"trainer={trainer!r} is not one of {list(TRAINERS)}.")
-    config_class = STAPOConfig if trainer == "stapo" else GRPOConfig
-    parser = RecipeParser(
-        (STAPOScriptArguments, config_class, ModelConfig),
-        prog="stapo-train",
-        usage=USAGE,
-        allow_abbrev=False,  # `--s2t_mod` must not pass for `--s2t_mode`: a typo gets "did you mean" instead
-        description=DESCRIPTION + "\n\n" + textwrap.fill(HELP_FIELDS_INTRO, width=100),
-        epilog=textwrap.fill(EXIT_STATUS_HELP, width=100),
-        formatter_class=_HelpFormatter,
-    )
-    if trainer == "grpo":
-        parser.set_defaults(**_stapo_objective_defaults())
-    return parser
-
-
-def _peek_trainer(argv: Sequence[str]) -> str:
-    """`trainer` as the command line or else the recipe sets it (needed to pick the config class before parsing); the
-    recipe is read and checked either way ([`load_recipe`])."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--config")
-    pre.add_argument("--trainer")
-    known, _ = pre.parse_known_args(list(argv))
-    recipe = load_recipe(known.config) if known.config is not None and os.path.isfile(known.config) else {}
-    if known.trainer is not None:
-        return known.trainer
-    return str(recipe["trainer"]) if recipe.get("trainer") is not None else "stapo"
+# Recipe keys of older TRL / transformers versions, with what to write instead.
+RENAMED_KEYS = {
+    "torch_dtype": "`dtype` (transformers 5 renamed it)",
+    "no_cuda": "`use_cpu`",
+    "evaluation_strategy": "`eval_strategy`",
+    "max_prompt_length": "nothing: TRL 1.x no longer truncates prompts; filter long prompts out of the dataset",
+    "overwrite_output_dir": "nothing: transformers 5 removed it; stapo-train resumes from the last checkpoint in "
+    "`output_dir`, so use a fresh `output_dir` to start over",
+    "logging_dir": "nothing: transformers 5 removed it; logs go under `output_dir`",
+}
 
 
 class _RecipeLoader(yaml.SafeLoader):
@@ -193,16 +88,20 @@ def load_recipe(path: str) -> dict[str, Any]:
     """The recipe file `path` as a mapping: UTF-8 text, valid YAML, each key given once.
 
     Raises:
+        FileNotFoundError, IsADirectoryError: `path` is not a file.
         ValueError: one line naming the file and, where there is one, the line: a byte that is not UTF-8, YAML that
             does not parse, a key given twice, a recipe that is empty or not a mapping.
     """
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"Recipe {path!r} is a folder: give the path of a recipe YAML file in it.")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Recipe {path!r} does not exist.")
     with open(path, "rb") as f:
         data = f.read()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        line, column = data[: e.start].count(b"\n") + 1, e.start - data.rfind(b"\n", 0, e.start)
         raise ValueError(
             f"Recipe {path!r} is not UTF-8 text: byte 0x{data[e.start]:02x} at line {line}, column {column}. Save "
             "it as UTF-8 (an editor's 'encoding' setting)."
@@ -218,27 +117,182 @@ def load_recipe(path: str) -> dict[str, Any]:
         raise ValueError(f"Recipe {path!r}: {e}.") from None
     if not isinstance(recipe, dict):
         what = "empty" if recipe is None else f"a YAML {type(recipe).__name__}, not a mapping"
-        example = "write one `field: value` per line (recipes/demo/stapo.yaml is an example)"
-        raise ValueError(f"Recipe {path!r} is {what}: {example}.")
+        raise ValueError(f"Recipe {path!r} is {what}: write one `field: value` per line (recipes/demo/stapo.yaml).")
     return recipe
 
 
-def check_recipe_path(path: str) -> None:
-    """Refuse a `--config` path that is not a file: `IsADirectoryError` (a folder), `FileNotFoundError` (nothing)."""
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"Recipe {path!r} is a folder: give the path of a recipe YAML file in it.")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"Recipe {path!r} does not exist.")
+class RecipeParser(TrlParser):
+    """[`~trl.TrlParser`] over one recipe mapping and a command line ([`parse`]), whose errors say what to do.
+
+    Args:
+        config_class: [`~stapo_trl.STAPOConfig`], or [`~trl.GRPOConfig`] for `trainer: grpo` (with STAPOConfig's
+            objective defaults, and no `s2t_*` fields).
+        recipe (`dict`): the recipe's keys and values (empty without `--config`); path (`str`): its file.
+    """
+
+    def __init__(self, config_class, recipe: dict[str, Any] | None = None, path: str | None = None, **kwargs):
+        from trl import GRPOConfig, ModelConfig
+
+        from .script_args import STAPOScriptArguments
+
+        super().__init__((STAPOScriptArguments, config_class, ModelConfig), allow_abbrev=False, **kwargs)
+        # A value such as `-1e-4` is a number, not an option (argparse's own pattern misses the exponent).
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+        if config_class is GRPOConfig:  # the paper's objective, so that `grpo` differs from `stapo` by the mask
+            from ..config import STAPOConfig
+
+            grpo = {f.name: f.default for f in GRPOConfig.__dataclass_fields__.values()}
+            ours = STAPOConfig.__dataclass_fields__.values()
+            self.set_defaults(**{f.name: f.default for f in ours if f.name in grpo and f.default != grpo[f.name]})
+        self.recipe = {self._renamed(str(key)): value for key, value in (recipe or {}).items()}
+        self.path, self.flags = path, set()
+
+    def _renamed(self, key: str) -> str:
+        """`activation_checkpointing` (transformers >= 5.24) as `gradient_checkpointing` on an older transformers."""
+        if key == "activation_checkpointing" and "--activation_checkpointing" not in self._option_string_actions:
+            return "gradient_checkpointing"
+        return key
+
+    def parse(self, argv: Sequence[str]) -> tuple[Any, Any, Any]:
+        """(script_args, training_args, model_args) from the recipe and `argv` (the command line without `--config`).
+
+        Raises:
+            ValueError: one line: an unknown key or flag, a value of the wrong type or not one of the choices, and every
+                check of the config classes' `__post_init__`, behind the flag or the recipe key and file that set it.
+        """
+        from ..config import STAPOConfig, check_training_values
+
+        argv = ["--" + self._renamed(a[2:]) if a.startswith("--") else a for a in argv]
+        self.flags = {self._renamed(a[2:].split("=")[0].replace("-", "_")) for a in argv if a.startswith("--")}
+        env = self.recipe.pop("env", None) or {}  # as TrlParser: the recipe's environment variables
+        if not isinstance(env, dict):
+            raise ValueError(f"recipe key env in {self.path}: give a mapping of environment variables.")
+        os.environ.update({str(key): str(value) for key, value in env.items()})
+        unknown = self.set_defaults_with_config(**self.recipe)[::2]
+        if unknown:
+            raise ValueError(self._unknown([key[2:] for key in unknown], f"recipe {self.path}"))
+        namespace, extra = self.parse_known_args(argv)
+        if [a for a in extra if a.startswith("--")]:
+            raise ValueError(
+                self._unknown([a[2:].split("=")[0] for a in extra if a.startswith("--")], "the command line")
+            )
+        try:
+            for key, value in self.recipe.items():
+                self._check_recipe_value(key, value)
+            if STAPOConfig not in self.dataclass_types:  # a plain GRPOConfig: STAPOConfig's checks, on the raw values
+                check_training_values(namespace)
+            return tuple(self.parse_args_into_dataclasses(argv))
+        except (ValueError, TypeError) as e:
+            raise ValueError(self._where(str(e), getattr(e, "fields", None))) from e
+
+    def _from_recipe(self, key: str) -> bool:
+        return key in self.recipe and key not in self.flags
+
+    def _where(self, message: str, fields: Sequence[str] | None = None) -> str:
+        """`message` behind the flags or recipe keys that set `fields` (default: the `field=` it starts with, else the
+        fields it names); unchanged when none was set."""
+        match = re.match(r"(\w+)=", message)
+        if not fields:
+            fields = (
+                [match.group(1)]
+                if match
+                else [k for k in sorted({*self.recipe, *self.flags}) if re.search(rf"\b{re.escape(k)}\b", message)]
+            )
+        flags = [f"--{field}" for field in fields if field in self.flags]
+        keys = [field for field in fields if self._from_recipe(field)]
+        in_recipe = f"recipe key{'s' * (len(keys) > 1)} {', '.join(keys)} in {self.path}"
+        if flags:
+            return f"{' and '.join(flags)}{f' (with {in_recipe})' if keys else ''}: {message}"
+        if len(keys) == 1:
+            return f"{in_recipe}: {message} Fix the value in the recipe, or override it on the command line with --{keys[0]}."
+        if keys:
+            return f"{in_recipe}: {message} Fix the values in the recipe, or override them on the command line."
+        return message
+
+    def _expects(self, action) -> str:
+        """What a field takes, in words: its choices, or its type."""
+        if action.choices is not None:
+            return "one of " + ", ".join(map(repr, action.choices))
+        kinds = {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}
+        return kinds.get(getattr(action.type, "__name__", None), "a string")
+
+    def _check_recipe_value(self, key: str, value: Any) -> None:
+        """Refuse a recipe value that is not what its field takes. argparse converts the recipe's strings as it converts
+        the command line, but never checks a default against the field's choices, nor a YAML number, boolean, list or
+        mapping against its type."""
+        action = self._option_string_actions.get(f"--{key}")
+        if action is None or value is None or key in self.flags:
+            return
+        expects = self._expects(action)
+        for item in value if isinstance(value, list) and action.nargs in ("+", "*") else [value]:
+            if action.choices is not None:
+                fits = item in action.choices
+            elif isinstance(item, str):
+                fits = True
+            elif expects == "true or false":
+                fits = isinstance(item, bool)
+            else:
+                number = isinstance(item, int if expects == "an integer" else (int, float))
+                fits = expects == "a string" or (number and not isinstance(item, bool))
+            if not fits:
+                quote = " (YAML reads an unquoted off/on/no/yes as false/true: quote it)"
+                raise ValueError(
+                    f"{key}={value!r} is not {expects}{quote * (action.choices is not None and isinstance(item, bool))}."
+                )
+
+    def _unknown(self, keys: list[str], where: str) -> str:
+        """The one line for keys that are no field, each with its closest fields."""
+        known = [action.dest for action in self._actions if action.dest != "help"] + [
+            "config",
+            "dry-run",
+            "num-processes",
+        ]
+        hints = []
+        for key in keys:
+            close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+            overrides = [f for f in close if where == "the command line" and self._from_recipe(f)][:1]
+            if key.startswith("s2t_") and "s2t_mode" not in known:
+                hint = (
+                    "it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer without the S2T mask: remove "
+                    "it, or use trainer: stapo (s2t_mode: off keeps the mask's statistics without silencing)"
+                )
+            elif key in RENAMED_KEYS:
+                hint = f"use {RENAMED_KEYS[key]}"
+            elif close:
+                also = "".join(
+                    f" ({f} is a key of the recipe {self.path} too: the flag --{f} overrides it)" for f in overrides
+                )
+                hint = f"did you mean {', '.join(close)}{also}?"
+            else:
+                hint = "no similar field"
+            hints.append(f"{'--' * (where == 'the command line')}{key}: {hint}")
+        body = "; ".join(hints)
+        return (
+            f"Unknown key(s) in {where}: {body}{'' if body.endswith('?') else '.'} Every key must be a field of "
+            "STAPOScriptArguments, STAPOConfig (GRPOConfig + s2t_*) or ModelConfig: correct or remove it "
+            "(`stapo-train --help-fields` lists the fields)."
+        )
+
+    def error(self, message):
+        # argparse prints the whole usage (hundreds of fields) and exits; one line naming the flag or recipe key.
+        match = re.match(r"argument (--[\w-]+)(?:/--[\w-]+)*: (.*)$", message)
+        action = self._option_string_actions.get(match.group(1)) if match else None
+        if action is None:
+            raise ValueError(f"{message}. See `stapo-train --help-fields` for every field.")
+        problem = match.group(2).rstrip(".")
+        if "choose from" not in problem and "expected one of" not in problem:
+            problem += f" ({action.dest} takes {self._expects(action)})"
+        named = self._where(f"{problem}.", [action.dest])
+        raise ValueError(named + " See `stapo-train --help-fields` for every field." * (action.dest in self.flags))
 
 
-def check_recipe_argv(argv: Sequence[str]) -> str:
-    """The checks of [`parse_args`] that need no field list, so no TRL import: arguments given, `--config` with a path
-    to a file that holds a YAML mapping, and a known `trainer`. Returns the trainer (`"stapo"` unless the command line
-    or the recipe sets it).
+def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
+    """The parser of a `stapo-train` command line, holding the recipe `--config` names (read and checked here), and the
+    rest of the command line. The trainer (the command line's, else the recipe's, else `"stapo"`) picks the config
+    class.
 
     Raises:
-        ValueError: no arguments, `--config` without a path, a recipe that is not valid YAML (with the line) or not a
-            mapping, an unknown trainer.
+        ValueError: no arguments, `--config` without a path, a recipe [`load_recipe`] refuses.
         FileNotFoundError, IsADirectoryError: the recipe path is not a file.
     """
     argv = list(argv)
@@ -247,47 +301,54 @@ def check_recipe_argv(argv: Sequence[str]) -> str:
             "no recipe: give --config RECIPE.yaml (the CPU demo: recipes/demo/stapo.yaml), or every field as "
             "--FIELD VALUE. `stapo-train --help-fields` lists the fields."
         )
+    path, recipe = None, {}
     if "--config" in argv:
-        if argv.index("--config") + 1 == len(argv):
+        i = argv.index("--config")
+        if i + 1 == len(argv):
             raise ValueError("--config needs the path of a recipe YAML file.")
-        config_path = argv[argv.index("--config") + 1]
-        check_recipe_path(config_path)
-    trainer = _peek_trainer(argv)
-    from .script_args import TRAINERS  # TRL's ScriptArguments: about a second, and no torch
+        path, argv = argv[i + 1], argv[:i] + argv[i + 2 :]
+        recipe = load_recipe(path)
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("--trainer=")]
+    given += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--trainer"]
+    trainer = given[-1] if given else recipe.get("trainer", "stapo")
+    from trl import GRPOConfig
 
-    if trainer not in TRAINERS:
-        message = f"trainer={trainer!r} is not one of {list(TRAINERS)}."
-        if "--config" in argv and "--trainer" not in argv and not any(a.startswith("--trainer=") for a in argv):
-            message = (
-                f"recipe key trainer in {config_path}: {message} Fix the value in the recipe, or override it on the "
-                "command line with --trainer."
-            )
-        raise ValueError(message)
-    return trainer
+    from ..config import STAPOConfig
+
+    config_class = GRPOConfig if trainer == "grpo" else STAPOConfig
+    return RecipeParser(config_class, recipe, path, prog="stapo-train", usage=USAGE), argv
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
-    """Parse `--config RECIPE.yaml` and command-line overrides into (script_args, training_args, model_args).
-
-    `script_args` is a [`~stapo_trl.cli.script_args.STAPOScriptArguments`], `training_args` an
-    [`~stapo_trl.STAPOConfig`] for `trainer: stapo` and a [`~trl.GRPOConfig`] for `trainer: grpo`, `model_args` a
-    [`~trl.ModelConfig`]. The checks that need no field list ([`check_recipe_argv`]) come before TRL is imported.
+    """Parse `--config RECIPE.yaml` and command-line overrides into (script_args, training_args, model_args): a
+    [`~stapo_trl.cli.script_args.STAPOScriptArguments`], a [`~stapo_trl.STAPOConfig`] (`trainer: stapo`) or
+    [`~trl.GRPOConfig`] (`trainer: grpo`), a [`~trl.ModelConfig`].
 
     Raises:
-        ValueError: On a recipe that is not valid YAML (with the line), an unknown recipe key (with the closest field
-            names), an `s2t_*` key with `trainer: grpo`,
-            a `num_generations` that does not divide the generation batch (with the valid values), and every
-            check of the config classes' `__post_init__`.
-        FileNotFoundError: If the recipe file does not exist.
+        ValueError, FileNotFoundError, IsADirectoryError: one line (see [`recipe_parser`], [`RecipeParser.parse`]).
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    trainer = check_recipe_argv(argv)
-    parser = make_parser(trainer=trainer)
-    if trainer == "grpo":
-        s2t_flags = [a.split("=")[0][2:] for a in argv if a.startswith("--s2t_")]
-        if s2t_flags:
-            raise ValueError(parser._unknown_keys_message(s2t_flags, "the command line"))
-    return parser.parse_args_and_config(argv)
+    parser, argv = recipe_parser(sys.argv[1:] if argv is None else argv)
+    return parser.parse(argv)
+
+
+def fields_help(word: str | None = None) -> str:
+    """`stapo-train --help-fields [WORD]`: every field with its default and help, or those whose name contains `word`."""
+    from argparse import ArgumentDefaultsHelpFormatter as Formatter
+
+    from ..config import STAPOConfig
+
+    parser = RecipeParser(
+        STAPOConfig, prog="stapo-train", usage=USAGE, formatter_class=Formatter, epilog=EXIT_STATUS_HELP
+    )
+    if word:
+        word = word.lower().lstrip("-")
+        for group in parser._action_groups:
+            group._group_actions = [
+                a for a in group._group_actions if any(word in o.lower() for o in a.option_strings)
+            ]
+        parser._action_groups = [group for group in parser._action_groups if group._group_actions]
+        parser.usage = f"stapo-train --help-fields {word}"
+    return parser.format_help()
 
 
 def prompt_dataset_kwargs(script_args) -> dict[str, Any]:

@@ -1,114 +1,92 @@
-r"""Dry run of a recipe: parse it, resolve every key, check the batch arithmetic for a process count, print the plan.
+r"""Dry run of a recipe: parse it as `stapo-train` does, check it for a process count, print the plan; build nothing.
 
-    stapo-train --config recipes/Qwen3-1.7B/stapo.yaml --dry-run                      # process count from the recipe
-    stapo-train --config recipes/Qwen3-8B/stapo.yaml --dry-run --num-processes 16     # what if: 2 training nodes
-    python -m stapo_trl.cli.dry_run --config recipes/Qwen3-8B/stapo.yaml --num-processes 8 --gradient_accumulation_steps 32
+    stapo-train --config recipes/Qwen3-1.7B/stapo.yaml --dry-run                  # process count from the recipe
+    stapo-train --config recipes/Qwen3-8B/stapo.yaml --dry-run --num-processes 16 # what if: 2 training nodes
+    python -m stapo_trl.cli.dry_run --config recipes/Qwen3-8B/stapo.yaml --num-processes 8 --steps_per_generation 64
 
-Nothing is downloaded and no model is built: the dry run stops where `stapo-train` would start loading data. It
-answers "will this recipe start, and what will one step be?" before a multi-node job is queued, and the test suite
-runs it over every recipe against the pinned TRL and transformers, so a renamed upstream field fails in CI rather
-than on the cluster.
-
-What it checks (warnings are printed; a recipe that fails a check or does not parse is an input error, exit status
-2, as `stapo-train` gives for the same recipe; see `stapo_trl.cli.errors`):
-
-- every key resolves into `STAPOScriptArguments`, `STAPOConfig` / `GRPOConfig` and `ModelConfig` (unknown keys fail,
-  with the closest field names), and the config classes' own `__post_init__` checks pass;
-- the batch geometry for `num_processes` training processes: the generation batch
-  (`per_device_train_batch_size x num_processes x steps_per_generation`, completions generated at once) holds whole
-  groups of `num_generations` and whole global micro-batches; the valid values are listed when it does not;
-- the reward names (`stapo_trl.rewards.REWARDS` or dotted paths), the trainer (`stapo` | `grpo`), the dataset and its
-  columns (a local .json/.jsonl/.parquet file is opened and its columns checked; a Hub dataset is named, not
-  fetched), the model name (`builtin:` names are checked, Hub ids are not fetched);
-- the `benchmark_eval*` settings TRL's evaluation cannot honour for `num_processes` (samples per problem against the
-  eval batch and `num_generations_eval`, the schedule against `eval_strategy`);
-- warnings for settings the paper did not run: a rollout temperature other than 1.0 (the S2T thresholds are
-  calibrated at T = 1), optimizer steps that hold partial prompt groups, `steps_per_generation` not a multiple of
-  `gradient_accumulation_steps` (the kept-token normaliser is then estimated), trackers or vLLM not installed here.
-
-The recipe is parsed in this one process, as `stapo-train` parses it on every rank. On a machine without a GPU,
-`use_cpu` is forced on for the parse (transformers refuses `bf16: true` on a CPU-only machine); this changes no batch
-arithmetic and is stated in the summary.
-
-A recipe's intended process count is read from its `# launch: ... num_processes=N ...` comment line (see
-`recipes/README.md`); `--num-processes` overrides it; without either it is 1.
+The plan: trainer, objective, model, data (a built-in or local dataset is opened, its columns checked and, when the model
+is here, its long prompts counted; a Hub dataset or model is named, not fetched), rewards, the batch geometry
+(completions per micro-step, rollout step and optimizer update), where the mask's p and H come from, optimizer,
+generation (vLLM server or colocate), output (trackers, checkpoint to resume, Hub access) and `benchmark_eval`, each
+failed check with the valid values, and the trainer's own warnings about settings the paper did not run. The process
+count is `--num-processes`, else the recipe's `# launch: ... num_processes=N` line, else 1. Without a GPU the recipe is
+parsed with `use_cpu` (transformers refuses bf16 there), which changes no batch arithmetic. A recipe that does not
+parse or fails a check is an input error.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import yaml
-
-
-# `read_launch_settings` is read by scripts/launch.sh and slurm/train.slurm before a job starts and must print nothing
-# else: torch, TRL and the config (which imports DeepSpeed, whose import logs to stdout) are imported by the
-# functions that need them.
-
-LAUNCH_LINE = re.compile(r"^#\s*launch:\s*(?P<settings>.*)$")
+from math import gcd
+from pathlib import Path
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The report
-# ---------------------------------------------------------------------------------------------------------------
+# scripts/launch.sh and slurm/train.slurm read `read_launch_settings` before a job starts: this module imports nothing
+# heavy at the top (torch, TRL and the config are imported by the functions that need them).
+PAPER_GEOMETRY = (256, 64, 8)  # prompts per rollout step, prompts per update, rollouts per prompt (STAPO Sec. 4.1)
+S2T_PATHS = {  # the core's `s2t_path`, in words, with its cost
+    "loss": "the loss's own forward, detached (no extra forward)",
+    "old_logps": "TRL's no-grad old-log-prob forward of the rollout batch (no extra forward)",
+    "extra_forward": "one extra no-grad forward per rollout batch",
+}
+TRACKERS = ("wandb", "tensorboard", "trackio", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")
+
+
+def divisors(n: int, minimum: int = 1) -> list[int]:
+    return [d for d in range(minimum, n + 1) if n % d == 0]
+
+
+def fmt(n: float) -> str:
+    """`2,048`; `0.25`."""
+    return f"{int(n):,}" if float(n).is_integer() else f"{n:,.2f}"
 
 
 @dataclass
 class DryRunReport:
-    """What one step of a recipe will be on `num_processes` training processes, and what is wrong with it.
+    """One step of a recipe on `num_processes` training processes, in completions (as TRL counts them), and what is
+    wrong with it.
 
-    Batch sizes count completions, as TRL does (`per_device_train_batch_size` counts completions, not prompts).
-
-    Attributes:
-        trainer (`str`): `"stapo"` or `"grpo"`.
-        num_processes (`int`): training processes (GPUs) the arithmetic is for.
-        per_device_train_batch_size (`int`): completions per process per micro-step.
-        gradient_accumulation_steps (`int`): micro-steps per optimizer update.
-        steps_per_generation (`int`): micro-steps per rollout (generation) batch on `num_processes` processes.
-        num_generations (`int`): completions per prompt.
-        generation_batch_size (`int`): completions per rollout step, all processes.
-        completions_per_optimizer_step (`int`): completions per optimizer update, all processes.
-        prompts_per_rollout_step (`float`): `generation_batch_size / num_generations`.
-        prompts_per_optimizer_step (`float`): `completions_per_optimizer_step / num_generations`.
-        optimizer_steps_per_rollout_step (`float`): `steps_per_generation / gradient_accumulation_steps`.
-        max_prompt_tokens (`int` or `None`): prompts longer than this are dropped (`None`: no limit).
-        max_completion_length (`int`): generation budget per completion (tokens).
-        max_tokens_per_optimizer_step (`int` or `None`): completions per update x (max prompt + max completion)
-            tokens; `None` when the prompt length is unbounded.
-        lines (`list[tuple[str, str]]`): (label, value) rows of the printable summary.
-        errors (`list[str]`): what makes the recipe fail; empty when it passes.
-        warnings (`list[str]`): settings worth a second look.
-        notes (`list[str]`): how the dry run itself deviated from a real launch (e.g. `use_cpu` forced on).
-        recipe (`str` or `None`): the recipe path, when known.
+    `steps_per_generation` (micro-steps per rollout batch; `None`: `gradient_accumulation_steps`, TRL's default) and
+    `generation_batch_size` (completions per rollout step, all processes; `None`: the global micro-batch x
+    `steps_per_generation`) are resolved at construction: a fixed `generation_batch_size` sets `steps_per_generation`.
+    Derived there: `global_micro_batch`, `completions_per_optimizer_step`, `prompts_per_rollout_step`,
+    `prompts_per_optimizer_step`, `optimizer_steps_per_rollout_step`. `max_tokens_per_optimizer_step`: completions per
+    update x (max prompt + max completion) tokens, `None` when prompts are unbounded. `lines`: the plan's (label,
+    value) rows; `errors` make the recipe fail; `warnings` deserve a look; `notes` say how the dry run differs.
     """
 
-    trainer: str
-    num_processes: int
     per_device_train_batch_size: int
+    num_processes: int
     gradient_accumulation_steps: int
-    steps_per_generation: int
     num_generations: int
-    generation_batch_size: int
-    completions_per_optimizer_step: int
-    prompts_per_rollout_step: float
-    prompts_per_optimizer_step: float
-    optimizer_steps_per_rollout_step: float
-    max_prompt_tokens: int | None
-    max_completion_length: int
-    max_tokens_per_optimizer_step: int | None
+    steps_per_generation: int | None = None
+    generation_batch_size: int | None = None
+    max_prompt_tokens: int | None = None
+    max_tokens_per_optimizer_step: int | None = None
     lines: list[tuple[str, str]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     recipe: str | None = None
 
+    def __post_init__(self):
+        self.global_micro_batch = self.per_device_train_batch_size * self.num_processes
+        if self.generation_batch_size is None:
+            self.steps_per_generation = self.steps_per_generation or self.gradient_accumulation_steps
+            self.generation_batch_size = self.global_micro_batch * self.steps_per_generation
+        else:
+            self.steps_per_generation = self.generation_batch_size // self.global_micro_batch
+        self.completions_per_optimizer_step = self.global_micro_batch * self.gradient_accumulation_steps
+        self.prompts_per_rollout_step = self.generation_batch_size / self.num_generations
+        self.prompts_per_optimizer_step = self.completions_per_optimizer_step / self.num_generations
+        self.optimizer_steps_per_rollout_step = self.steps_per_generation / self.gradient_accumulation_steps
+
     @property
     def ok(self) -> bool:
-        """Whether the recipe passes (no errors; warnings allowed)."""
         return not self.errors
 
     def summary(self) -> str:
@@ -116,18 +94,70 @@ class DryRunReport:
         where = f" {self.recipe}" if self.recipe else " the command-line arguments (no --config)"
         status = "OK" if self.ok else f"FAILED ({len(self.errors)} error{'s' * (len(self.errors) != 1)})"
         out = [f"Dry run of{where} for {self.num_processes} training process(es): {status}"]
-        width = max(len(label) for label, _ in self.lines) if self.lines else 0
+        width = max((len(label) for label, _ in self.lines), default=0)
         out += [f"  {label.ljust(width)}  {value}" for label, value in self.lines]
         for title, items in (("Errors", self.errors), ("Warnings", self.warnings), ("Notes", self.notes)):
-            if items:
-                out.append(f"{title}:")
-                out += [f"  - {item}" for item in items]
+            out += [f"{title}:", *(f"  - {item}" for item in items)] if items else []
         return "\n".join(out)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The checks
-# ---------------------------------------------------------------------------------------------------------------
+def too_few_prompts(num_prompts: int, prompts_per_rollout_step: int, where: str) -> str | None:
+    """The error when the training prompts cannot fill one rollout step (TRL's sampler drops a partial rollout batch, so
+    training would run zero steps and save the untouched model), else `None`. `where`: how the count was reached."""
+    if num_prompts >= prompts_per_rollout_step:
+        return None
+    return (
+        f"{num_prompts} prompt{'s' * (num_prompts != 1)} {where}; one rollout step needs {prompts_per_rollout_step} "
+        "(generation batch / num_generations), so nothing would be trained: give more prompts (max_train_samples, "
+        "max_prompt_tokens) or lower per_device_train_batch_size, steps_per_generation or generation_batch_size."
+    )
+
+
+def benchmark_eval_error(
+    script_args, training_args, num_processes: int, num_problems: int | None = None
+) -> str | None:
+    """The one-line refusal of a `benchmark_eval*` setting that TRL's evaluation cannot honour exactly, or `None`.
+
+    `benchmark_eval` is TRL's own evaluation (`eval_strategy`) on the benchmark's problems: `benchmark_eval_samples`
+    becomes `num_generations_eval` and `benchmark_eval_steps` the `eval_steps` of a `"steps"` schedule. TRL takes the
+    eval batches in whole groups of `num_generations_eval` and logs the mean of the batches' mean rewards, which is
+    avg@k only when every batch is full.
+
+    Args:
+        script_args ([`~stapo_trl.cli.script_args.STAPOScriptArguments`]): the `benchmark_eval*` fields.
+        training_args ([`~trl.GRPOConfig`]): `num_generations_eval`, `eval_strategy`, `per_device_eval_batch_size`.
+        num_processes (`int`): training processes.
+        num_problems (`int`, *optional*): the benchmark's problems (after `benchmark_eval_limit`), once loaded.
+    """
+    name, k = getattr(script_args, "benchmark_eval", None), getattr(script_args, "benchmark_eval_samples", 1)
+    if name is None:
+        return None
+    if training_args.num_generations_eval not in (None, k):
+        return (
+            f"benchmark_eval_samples={k} and num_generations_eval={training_args.num_generations_eval} disagree (TRL's "
+            f"evaluation samples num_generations_eval completions per problem): set benchmark_eval_samples: "
+            f"{training_args.num_generations_eval} and remove num_generations_eval."
+        )
+    if script_args.benchmark_eval_steps is not None and training_args.eval_strategy == "epoch":
+        return (
+            f"benchmark_eval_steps={script_args.benchmark_eval_steps} evaluates every N steps, but eval_strategy is "
+            "'epoch': remove one of them."
+        )
+    batch = training_args.per_device_eval_batch_size * num_processes
+    in_batch = f"per_device_eval_batch_size {training_args.per_device_eval_batch_size} x {num_processes} process(es)"
+    if batch % k:
+        return (
+            f"benchmark_eval_samples={k} must divide the global eval batch ({in_batch} = {batch} completions: TRL "
+            f"evaluates whole groups of k): set per_device_eval_batch_size to a multiple of {k // gcd(k, num_processes)}."
+        )
+    if num_problems is not None and num_problems * k % batch:
+        step = batch // gcd(batch, k)
+        return (
+            f"benchmark_eval={name!r}: {num_problems} problems x {k} samples do not fill whole eval batches of {batch} "
+            f"completions ({in_batch}), and TRL would average a partial last batch as a full one: set "
+            f"benchmark_eval_limit to a multiple of {step} (e.g. {max(step, num_problems // step * step)})."
+        )
+    return None
 
 
 def validate_recipe(
@@ -140,175 +170,331 @@ def validate_recipe(
     recipe: str | None = None,
     cpu_forced: bool = False,
 ) -> DryRunReport:
-    """Check a parsed recipe for `num_processes` training processes, without downloading or building anything.
-
-    The arguments are what `stapo_trl.cli.args.parse_args` returns (parsed in one process, so the config's derived
-    `generation_batch_size` is that of one process; the arithmetic here is redone for `num_processes`).
+    """Check a parsed recipe ([`~stapo_trl.cli.args.parse_args`]) for `num_processes` training processes, downloading
+    and building nothing.
 
     Args:
-        script_args ([`~stapo_trl.cli.script_args.STAPOScriptArguments`]): trainer, rewards, data.
-        training_args ([`~stapo_trl.STAPOConfig`] or [`~trl.GRPOConfig`]): the optimisation settings.
-        model_args ([`~trl.ModelConfig`]): model name, dtype, PEFT.
-        num_processes (`int`): training processes (GPUs) the recipe will run on, vLLM server GPUs excluded.
-        generation_batch_size (`int`, *optional*): the recipe's own `generation_batch_size` when it sets one
-            instead of `steps_per_generation` (it then stays fixed when the process count changes). `None`: the
-            recipe sets `steps_per_generation` (or leaves it to default to `gradient_accumulation_steps`).
+        generation_batch_size (`int`, *optional*): the recipe's own `generation_batch_size`, fixed whatever the process
+            count; `None`: derived from `steps_per_generation`.
         recipe (`str`, *optional*): the recipe path, for the summary.
-        cpu_forced (`bool`, *optional*, defaults to `False`): `use_cpu` was forced on for the parse (no GPU here),
-            so CPU-only warnings do not apply.
+        cpu_forced (`bool`): `use_cpu` was forced on for the parse (no GPU here): CPU-only findings do not apply.
 
     Returns:
-        [`DryRunReport`]: the plan; `report.ok` is False when the recipe would fail, `report.summary()` prints it.
+        [`DryRunReport`]: `report.ok` is False when the recipe would fail; `report.summary()` is the plan.
     """
+    from ..checks.dataset import CLI_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
+    from ..checks.hub import check_hub_access
+    from ..config import STAPOConfig
+    from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
+    from ..data import (
+        BUILTIN_DATASETS,
+        check_prompt_columns,
+        evaluation_split,
+        is_local_dataset_file,
+        load_local_dataset_file,
+    )
+    from ..models import check_model_name_or_path
+    from ..rewards import REWARDS, get_reward_funcs
+    from .checkpoints import check_resume_from_checkpoint
+
     if not isinstance(num_processes, int) or num_processes < 1:
         raise ValueError(
-            f"num_processes={num_processes!r} must be a positive integer (training processes, one per GPU)."
+            f"--num-processes: {num_processes} is not a number of training processes: give a positive integer (one "
+            "per GPU, vLLM server GPUs excluded)."
         )
-    from . import launch_checks as launch  # TRL and the config: see the note at the top
-    from . import recipe_checks as checks
+    s, a, n = script_args, training_args, num_processes
+    r = DryRunReport(
+        a.per_device_train_batch_size, n, a.gradient_accumulation_steps, a.num_generations, a.steps_per_generation,
+        generation_batch_size, max_prompt_tokens=s.max_prompt_tokens, recipe=recipe,
+    )  # fmt: skip
+    row, error, warn = (lambda label, text: r.lines.append((label, text))), r.errors.append, r.warnings.append
 
-    f = checks.Findings()
-    is_stapo = checks.check_trainer(f, script_args, training_args)
-    checks.check_model(f, model_args)
-    # Fields that plain TRL ScriptArguments lack (other scripts' argument classes): absent means "not set".
-    max_prompt_tokens = getattr(script_args, "max_prompt_tokens", None)
-    num_train_prompts = checks.check_data(f, script_args, max_prompt_tokens)
-    checks.check_rewards(f, script_args, training_args)
-    geometry = launch.check_batch(f, training_args, num_processes, generation_batch_size, is_stapo)
-    checks.check_prompt_count(f, script_args, num_train_prompts, geometry)
-    if checks.check_chat_template_of_model(f, model_args):  # the prompts can be formatted, so counted
-        checks.check_prompt_lengths(f, script_args, training_args, model_args, num_train_prompts)
-    max_tokens = launch.batch_lines(f, geometry, training_args.max_completion_length, max_prompt_tokens)
+    is_stapo = isinstance(a, STAPOConfig)
     if is_stapo:
-        launch.s2t_values_line(f, training_args, geometry)
-    checks.check_optimisation(f, training_args)
-    launch.check_generation(f, training_args, num_processes, is_stapo, max_prompt_tokens, cpu_forced)
-    checks.check_output(f, script_args, training_args, cpu_forced, geometry)
-    launch.check_benchmark_eval(f, script_args, training_args, num_processes)
-    return DryRunReport(
-        trainer=script_args.trainer,
-        num_processes=num_processes,
-        per_device_train_batch_size=geometry.per_device_train_batch_size,
-        gradient_accumulation_steps=geometry.gradient_accumulation_steps,
-        steps_per_generation=geometry.micro_steps_per_generation,
-        num_generations=geometry.num_generations,
-        generation_batch_size=geometry.generation_batch,
-        completions_per_optimizer_step=geometry.completions_per_optimizer_step,
-        prompts_per_rollout_step=geometry.prompts_per_rollout_step,
-        prompts_per_optimizer_step=geometry.prompts_per_optimizer_step,
-        optimizer_steps_per_rollout_step=geometry.optimizer_steps_per_rollout_step,
-        max_prompt_tokens=max_prompt_tokens,
-        max_completion_length=training_args.max_completion_length,
-        max_tokens_per_optimizer_step=max_tokens,
-        lines=f.lines,
-        errors=f.errors,
-        warnings=f.warnings,
-        recipe=recipe,
+        s2t = s2t_settings(a, STAPOConfig._s2t_modes)
+        row("trainer", f"stapo: STAPOTrainer, S2T mask tau_p={s2t.prob_threshold}, q={s2t.entropy_quantile}, "
+                       f"mode={s2t.mode}, tau_h per optimizer update")  # fmt: skip
+    else:
+        extra = f", top_entropy_quantile={a.top_entropy_quantile}" if a.top_entropy_quantile < 1.0 else ""
+        row("trainer", f"{s.trainer}: GRPOTrainer, no S2T mask{extra}")
+    epsilon_high = a.epsilon if a.epsilon_high is None else a.epsilon_high
+    row("objective", f"loss_type={a.loss_type}, epsilon={a.epsilon}/{epsilon_high}, beta={a.beta}, "
+                     f"entropy_coef={a.entropy_coef}, scale_rewards={a.scale_rewards}")  # fmt: skip
+
+    model = model_args.model_name_or_path
+    if not model:
+        error("model_name_or_path is not set: give a Hub id, a local model directory or builtin:tiny-math.")
+    else:
+        try:
+            check_model_name_or_path(model)
+        except (ValueError, OSError) as e:
+            error(f"model_name_or_path: {e}")
+    peft = f"LoRA r={model_args.lora_r}, alpha={model_args.lora_alpha}, targets={model_args.lora_target_modules}"
+    row("model", f"{model} (dtype {model_args.dtype}, PEFT {peft if model_args.use_peft else 'off'})")
+
+    # Data: a built-in or local dataset is opened (its rows counted, a file's columns checked); a Hub one is named.
+    dataset, num_rows = s.dataset_name, None
+    if not dataset:
+        error("dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet file or a Hub id.")
+        data = "(none)"
+    elif dataset.startswith("builtin:"):
+        if dataset[8:] not in BUILTIN_DATASETS:
+            error(
+                f"dataset_name={dataset!r} is not a built-in dataset; known: {', '.join(f'builtin:{k}' for k in BUILTIN_DATASETS)}."
+            )
+        elif s.dataset_train_split in (splits := BUILTIN_DATASETS[dataset[8:]]()):
+            num_rows = len(splits[s.dataset_train_split])
+        data = f"{dataset} (built in: its own prompt/solution columns)"
+    else:
+        opened = "named, not opened (a Hub dataset)"
+        if is_local_dataset_file(dataset):
+            if s.eval_before_after and (warning := evaluation_split(dataset, s.dataset_test_split)[1]):
+                warn(warning)
+            try:
+                local = load_local_dataset_file(dataset)
+                r.warnings += check_prompt_columns(local, dataset, s.prompt_column, s.solution_column)
+                num_rows, opened = len(local), f"checked: {len(local)} rows"
+            except FileNotFoundError:
+                error(f"dataset_name={dataset!r} looks like a local file but does not exist.")
+                opened = "missing"
+            except ValueError as e:  # a missing column, an empty file, a bad line
+                error(f"dataset_name={dataset!r}: {e}")
+                opened = "failed"
+            except Exception as e:  # noqa: BLE001 (datasets raises many types for an unreadable file)
+                error(f"dataset_name={dataset!r} could not be read: {type(e).__name__}: {e}")
+                opened = "unreadable"
+        config = f" [{s.dataset_config}]" if s.dataset_config else ""
+        data = f"{dataset}{config} split {s.dataset_train_split}, columns {s.prompt_column!r} -> {s.solution_column!r} ({opened})"
+    data += "; DAPO 'Answer:' instruction stripped" * s.strip_dapo_instruction
+    row(
+        "data",
+        data
+        + (f"; prompts > {s.max_prompt_tokens} tokens dropped" if s.max_prompt_tokens else "; no max_prompt_tokens"),
     )
+    instruction = {None: "(default) the paper's step-by-step / \\boxed{} suffix", "": "(none)"}
+    row("instruction", instruction.get(s.instruction, f'"{s.instruction}"'))
+    if num_rows is not None and s.max_train_samples is not None:
+        num_rows = min(num_rows, s.max_train_samples)
+
+    try:
+        get_reward_funcs(s.reward_funcs)
+    except ValueError as e:
+        error(f"reward_funcs={s.reward_funcs!r}: {e} (registry: {sorted(REWARDS)})")
+    weights = f", weights {a.reward_weights}" if a.reward_weights else ""
+    row("rewards", ", ".join(s.reward_funcs or []) + weights)
+
+    # The batch geometry on n processes (the parse checked that the generation batch holds whole prompt groups).
+    batch, micro = r.generation_batch_size, r.global_micro_batch
+    if generation_batch_size is not None and batch % micro:
+        per_device = r.per_device_train_batch_size
+        error(
+            f"generation_batch_size={batch} is not a multiple of the global micro-batch (per_device_train_batch_size "
+            f"{per_device} x {n} processes = {micro}). Valid process counts for this batch: "
+            f"{[p for p in divisors(batch) if batch % (per_device * p) == 0]}; valid per_device_train_batch_size on "
+            f"{n} processes: {[d for d in divisors(batch) if batch % (d * n) == 0]}. Or set steps_per_generation "
+            "instead of generation_batch_size."
+        )
+    if is_stapo:  # the trainer's own construction warnings
+        r.warnings += s2t_warnings(a, s2t, r.steps_per_generation, num_processes=n)
+    elif r.steps_per_generation % r.gradient_accumulation_steps:
+        warn(f"steps_per_generation={r.steps_per_generation} is not a multiple of gradient_accumulation_steps="
+             f"{r.gradient_accumulation_steps}: an optimizer update spans two rollout batches.")  # fmt: skip
+    if num_rows is not None:
+        where = "in the train split" if s.max_train_samples is None else "with max_train_samples"
+        if message := too_few_prompts(num_rows, batch // r.num_generations, where):
+            error(message)
+
+    # A model that is here (a local folder, or a built-in already built): its chat template, the prompts it drops.
+    path = _local_model_path(model)
+    if path is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if not has_chat_template(tokenizer):
+            error(chat_template_message(str(model), "stapo-train's prompts are", CLI_CHAT_TEMPLATE_FIX))
+        elif num_rows is not None:
+            _count_long_prompts(r, s, a, path, tokenizer)
+    elif num_rows is not None:
+        row("prompt length", "not counted: the model is not here (a Hub id, or a builtin: model not built)")
+
+    updates, prompt_budget = r.optimizer_steps_per_rollout_step, s.max_prompt_tokens
+    completions = r.completions_per_optimizer_step
+    row(
+        "micro-step",
+        f"per_device_train_batch_size {r.per_device_train_batch_size} x {n} processes = {micro} completions",
+    )
+    row("rollout step", f"{fmt(batch)} completions = {fmt(r.prompts_per_rollout_step)} prompts x {r.num_generations} "
+                        f"generations (steps_per_generation {r.steps_per_generation})")  # fmt: skip
+    row("optimizer update", f"{fmt(completions)} completions = {fmt(r.prompts_per_optimizer_step)} prompts "
+                            f"(gradient_accumulation_steps {r.gradient_accumulation_steps})")  # fmt: skip
+    row("updates / rollout", f"{fmt(updates)} (steps_per_generation / gradient_accumulation_steps)")
+    if prompt_budget:
+        tokens = r.max_tokens_per_optimizer_step = completions * (prompt_budget + a.max_completion_length)
+        row("max tokens", f"{fmt(tokens)} per optimizer update = {completions} x ({prompt_budget} prompt + "
+                          f"{a.max_completion_length} completion); {fmt(tokens * updates)} per rollout step")  # fmt: skip
+    else:
+        row("max tokens", f"unbounded prompts; completions alone up to {fmt(completions * a.max_completion_length)} "
+                          "per optimizer update")  # fmt: skip
+    if is_stapo:
+        row("S2T p and H", S2T_PATHS[s2t_path(a, r.steps_per_generation)])
+    horizon = f"max_steps {a.max_steps}" if a.max_steps > 0 else f"num_train_epochs {a.num_train_epochs}"
+    row("optimizer", f"{a.optim.value} lr {a.learning_rate:g} {a.lr_scheduler_type.value} (warmup_steps "
+                     f"{a.warmup_steps}), weight_decay {a.weight_decay}, max_grad_norm {a.max_grad_norm}, {horizon}")  # fmt: skip
+    checkpointing = getattr(a, "activation_checkpointing", a.gradient_checkpointing)  # transformers < 5.24: old name
+    row("precision", f"bf16={a.bf16}, activation_checkpointing={checkpointing}")
+
+    sampling = f"T={a.temperature}, top_p={a.top_p}, top_k={a.top_k}, max_completion_length {a.max_completion_length}"
+    if not a.use_vllm:
+        row("generation", f"transformers generate (no vLLM); {sampling}")
+    elif a.vllm_mode == "server":
+        where = a.vllm_server_base_url or f"{a.vllm_server_host}:{a.vllm_server_port}"
+        row("generation", f"vLLM server at {where} (weight sync port {a.vllm_group_port}); {sampling}")
+        if a.use_cpu and not cpu_forced:
+            error("vllm_mode='server' with use_cpu=True: TRL 1.16 syncs weights to the server over NCCL (CUDA only), "
+                  "so STAPOTrainer refuses it at construction. On CPU use vllm_mode='colocate' (make install-vllm).")  # fmt: skip
+        elif cpu_forced:
+            warn("vllm_mode='server': the weight sync to the server is CUDA-only (NCCL); this recipe needs GPUs.")
+        if a.vllm_server_base_url is None and a.vllm_server_host not in ("127.0.0.1", "localhost", "::1"):
+            warn(f"vllm_server_host={a.vllm_server_host!r} is not a loopback address: the trainer expects a vLLM server "
+                 "there (scripts/launch.sh serves on 127.0.0.1; slurm/train.slurm sets the vLLM node's address).")  # fmt: skip
+    else:
+        tp, max_len = a.vllm_tensor_parallel_size, a.vllm_max_model_length
+        row("generation", f"vLLM colocated in every training process (tensor parallel {tp}, gpu_memory_utilization "
+                          f"{a.vllm_gpu_memory_utilization}); {sampling}")  # fmt: skip
+        if n % tp:
+            error(f"vllm_tensor_parallel_size={tp} does not divide the {n} training processes (colocate mode groups "
+                  f"processes into tensor-parallel blocks). Valid values: {divisors(n)}.")  # fmt: skip
+        if max_len is not None and prompt_budget and max_len < prompt_budget + a.max_completion_length:
+            error(f"vllm_max_model_length={max_len} < max_prompt_tokens {prompt_budget} + max_completion_length "
+                  f"{a.max_completion_length}: long rollouts would be cut by vLLM.")  # fmt: skip
+    if a.use_vllm and importlib.util.find_spec("vllm") is None:
+        warn("use_vllm=True but vllm is not installed here: install the `vllm` extra on the GPU machine.")
+
+    missing = [t for t in a.report_to or [] if t in TRACKERS and importlib.util.find_spec(t) is None]
+    if missing:
+        warn(f"report_to names {missing}, not installed here: install it where the job runs.")
+    keep = f"every {a.save_steps} optimizer steps (keep {a.save_total_limit or 'all'})"
+    save = keep if a.save_strategy == "steps" else a.save_strategy.value
+    row("output", f"{a.output_dir}; checkpoints {save}; report_to {a.report_to}; push_to_hub={a.push_to_hub}")
+    try:
+        check_resume_from_checkpoint(a)
+    except ValueError as e:
+        error(str(e))
+    try:
+        if a.push_to_hub:  # offline mode or no token (no request is made here)
+            check_hub_access(a.hub_model_id, a.output_dir, a.hub_token, network=False)
+    except ConnectionError as e:
+        error(str(e))
+    if a.use_cpu and a.bf16 and not cpu_forced:
+        warn("bf16=True on CPU is about 2.3x slower than float32: set bf16: false for CPU runs.")
+    paper = (r.prompts_per_rollout_step, r.prompts_per_optimizer_step, r.num_generations) == PAPER_GEOMETRY
+    if "dapo-math" in str(dataset).lower() and not paper:
+        warn(
+            f"the paper's data (DAPO-Math) with another batch geometry: {r.prompts_per_rollout_step:g} prompts x "
+            f"{r.num_generations} rollouts per rollout step and {r.prompts_per_optimizer_step:g}-prompt updates for {n} "
+            "process(es), vs the paper's 256 x 8 and 64. recipes/README.md gives per_device_train_batch_size / "
+            "gradient_accumulation_steps / steps_per_generation that keep the paper's for 4, 8, 16 and 32 processes."
+        )
+    if message := benchmark_eval_error(s, a, n):  # the problem count is checked when stapo-train loads the benchmark
+        error(message)
+    return r
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# From a recipe file
-# ---------------------------------------------------------------------------------------------------------------
+def _local_model_path(name) -> Path | None:
+    """The model's folder when it is here (a local folder, or a `builtin:` model already built), else `None`."""
+    from ..models import builtin_model_dir
+
+    name = str(name or "")
+    path = builtin_model_dir(name[8:]) if name.startswith("builtin:") else Path(name)
+    return path if (path / "config.json").is_file() else None
+
+
+def _count_long_prompts(r: DryRunReport, script_args, training_args, path: Path, tokenizer) -> None:
+    """The row counting the training prompts `stapo-train`'s prompt-length rule drops ([`stapo_trl.checks.prompt_length`])."""
+    from transformers import AutoConfig
+
+    from ..checks.prompt_length import model_max_positions, prompt_token_budget
+    from ..data import filter_long_prompts, load_prompt_dataset
+    from .args import prompt_dataset_kwargs
+
+    s, a = script_args, training_args
+    budget = prompt_token_budget(
+        model_max_positions(AutoConfig.from_pretrained(path)), a.max_completion_length, s.max_prompt_tokens
+    )
+    if budget is None:
+        r.lines.append(("prompt length", "unbounded (no max_prompt_tokens, no position limit)"))
+        return
+    dataset = load_prompt_dataset(
+        s.dataset_name, split=s.dataset_train_split, limit=s.max_train_samples, **prompt_dataset_kwargs(s)
+    )
+    dropped = len(dataset) - len(filter_long_prompts(dataset, tokenizer, budget, a.chat_template_kwargs))
+    r.lines.append(
+        ("prompt length", f"{dropped} of {len(dataset)} training prompts exceed {budget} tokens and will be dropped")
+    )
+    if dropped and dropped == len(dataset):
+        r.errors.append(
+            f"every training prompt exceeds {budget} tokens (max_prompt_tokens, or the model's positions minus "
+            f"max_completion_length={a.max_completion_length}): nothing would be left to train on."
+        )
 
 
 def read_launch_settings(recipe: str) -> dict[str, str]:
-    """The `# launch: key=value ...` comment line of a recipe as a dict (empty when the recipe has none).
-
-    Example: `# launch: accelerate_config=zero2 num_processes=4 vllm_gpus=4 nodes=1` ->
-    `{"accelerate_config": "zero2", "num_processes": "4", "vllm_gpus": "4", "nodes": "1"}`.
-    """
+    """The `# launch: key=value ...` comment line of a recipe as a dict (empty without one), e.g.
+    `# launch: accelerate_config=zero2 num_processes=4` -> `{"accelerate_config": "zero2", "num_processes": "4"}`."""
     with open(recipe, encoding="utf-8") as f:
         for line in f:
-            match = LAUNCH_LINE.match(line.strip())
-            if match:
-                pairs = [item.split("=", 1) for item in match.group("settings").split() if "=" in item]
-                return {key: value for key, value in pairs}
+            if match := re.match(r"^#\s*launch:\s*(.*)$", line.strip()):
+                return dict(item.split("=", 1) for item in match.group(1).split() if "=" in item)
     return {}
-
-
-def _recipe_path(argv: Sequence[str]) -> str | None:
-    argv = list(argv)
-    return argv[argv.index("--config") + 1] if "--config" in argv and argv.index("--config") + 1 < len(argv) else None
-
-
-def _set_keys(argv: Sequence[str], recipe: str | None) -> dict[str, Any]:
-    """The keys the recipe or the command line sets explicitly, with their raw values (the command line wins)."""
-    keys: dict[str, Any] = {}
-    if recipe is not None:
-        with open(recipe, encoding="utf-8") as f:
-            keys.update(yaml.safe_load(f) or {})
-    argv = list(argv)
-    for i, arg in enumerate(argv):
-        if arg.startswith("--") and arg != "--config":
-            name, _, value = arg[2:].partition("=")
-            keys[name] = value if value else (argv[i + 1] if i + 1 < len(argv) else None)
-    return keys
 
 
 def dry_run_recipe(
     argv: Sequence[str], num_processes: int | None = None, *, force_cpu: bool | None = None
 ) -> DryRunReport:
-    """Parse `argv` (`--config RECIPE.yaml [--key value ...]`) as `stapo-train` does and validate it.
+    """Parse `argv` (`--config RECIPE.yaml [--FIELD VALUE ...]`) as `stapo-train` does, and [`validate_recipe`] it.
 
     Args:
-        argv (`Sequence[str]`): the `stapo-train` arguments, without `--dry-run` / `--num-processes`.
-        num_processes (`int`, *optional*): training processes; `None` = the recipe's `# launch:` value, else 1.
-        force_cpu (`bool`, *optional*): parse with `use_cpu=True`; `None` = when no CUDA device is visible.
-
-    Returns:
-        [`DryRunReport`].
+        num_processes (`int`, *optional*): training processes; `None`: the recipe's `# launch:` value, else 1.
+        force_cpu (`bool`, *optional*): parse with `use_cpu=True`; `None`: when no CUDA device is visible.
 
     Raises:
-        ValueError, FileNotFoundError: what parsing raises (unknown keys, invalid values, missing recipe).
+        ValueError, OSError: what parsing raises (one line).
     """
-    from .args import check_recipe_argv, parse_args
+    from .args import recipe_parser
 
-    argv = list(argv)
-    recipe = _recipe_path(argv)
-    check_recipe_argv(argv)  # a missing or broken recipe: before torch and TRL are imported (seconds)
+    parser, rest = recipe_parser(argv)  # the recipe is read and checked before torch is imported
+    launch = read_launch_settings(parser.path) if parser.path else {}
     source = "--num-processes"
-    launch = read_launch_settings(recipe) if recipe else {}
     if num_processes is None:
-        if "num_processes" in launch:
-            num_processes, source = int(launch["num_processes"]), "the recipe's launch: line"
-        else:
-            num_processes, source = 1, "default (no launch: line in the recipe)"
+        source = (
+            "the recipe's launch: line" if "num_processes" in launch else "default (no launch: line in the recipe)"
+        )
+        num_processes = int(launch.get("num_processes", 1))
     notes = [f"process count {num_processes} from {source}."]
     if force_cpu is None:
-        import torch  # torch, TRL and the config: see the note at the top
+        import torch
 
         force_cpu = not torch.cuda.is_available()
     if force_cpu:
-        argv += ["--use_cpu", "true"]
-        notes.append(
-            "parsed with use_cpu=True: this machine has no GPU and transformers refuses bf16 without one; the batch "
-            "arithmetic does not depend on it."
-        )
-    script_args, training_args, model_args = parse_args(argv)
-    keys = _set_keys(argv, recipe)
-    generation_batch_size = keys.get("generation_batch_size")
+        rest += ["--use_cpu", "true"]
+        notes.append("parsed with use_cpu=True: this machine has no GPU and transformers refuses bf16 without one; the "
+                     "batch arithmetic does not depend on it.")  # fmt: skip
+    script_args, training_args, model_args = parser.parse(rest)
+    given = set(parser.recipe) | parser.flags
+    fixed = "generation_batch_size" in given and parser.recipe.get("generation_batch_size", 0) is not None
     report = validate_recipe(
-        script_args,
-        training_args,
-        model_args,
-        num_processes,
-        generation_batch_size=None if generation_batch_size in (None, "None", "null") else int(generation_batch_size),
-        recipe=recipe,
-        cpu_forced=force_cpu,
-    )
-    # Only visible in the raw keys: after parsing, both names mirror each other.
-    if "gradient_checkpointing" in keys:
-        report.warnings.append(
-            "gradient_checkpointing is the deprecated transformers 5 alias (removed in v6): write "
-            "activation_checkpointing."
-        )
-    elif "activation_checkpointing" not in keys:
+        script_args, training_args, model_args, num_processes, recipe=parser.path, cpu_forced=force_cpu,
+        generation_batch_size=training_args.generation_batch_size if fixed else None,
+    )  # fmt: skip
+    if "gradient_checkpointing" in given and "activation_checkpointing" in parser._option_string_actions:
+        report.warnings.append("gradient_checkpointing is the deprecated transformers 5 alias (removed in v6): write "
+                               "activation_checkpointing.")  # fmt: skip
+    elif not {"gradient_checkpointing", "activation_checkpointing"} & given:
         report.warnings.append(
             "activation_checkpointing is not set: GRPOConfig then turns gradient checkpointing ON through its "
             "deprecated alias (with a FutureWarning). Set activation_checkpointing: true or false explicitly."
         )
-    if force_cpu and "bf16" not in keys and training_args.bf16 is False:
+    if force_cpu and "bf16" not in given and training_args.bf16 is False:
         notes.append(
             "bf16 is not set: False here (STAPOConfig's default without an accelerator); on a GPU it is True (TRL's)."
         )
@@ -317,35 +503,25 @@ def dry_run_recipe(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m stapo_trl.cli.dry_run --config RECIPE.yaml [--num-processes N] [--key value ...]`.
-
-    Also what `stapo-train ... --dry-run` calls (with its whole argument list; `--dry-run` is dropped here).
-    Prints the plan and returns the exit status: 0 when the recipe passes, 2 (an input error, as everywhere:
-    `stapo_trl.cli.errors`) when it fails its checks (the plan lists them, and one `stapo-train --dry-run: error: ...`
-    line on stderr names the first) or does not parse (that line alone).
-    """
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """`python -m stapo_trl.cli.dry_run --config RECIPE.yaml [--num-processes N] [--FIELD VALUE ...]`, also
+    `stapo-train ... --dry-run`: print the plan; return 0 when the recipe passes, else 2 with one
+    `stapo-train --dry-run: error: ...` line on stderr (the first failed check, or why the recipe does not parse)."""
     from .errors import EXIT_INPUT_ERROR, EXIT_STATUS_HELP, InputError, OneLineErrorParser, print_line
 
-    pre = OneLineErrorParser(prog="stapo-train --dry-run", add_help=False, allow_abbrev=False)
-    pre.add_argument("--dry-run", action="store_true")
+    prog = "stapo-train --dry-run"
+    pre = OneLineErrorParser(prog=prog, add_help=False, allow_abbrev=False)
     pre.add_argument("--num-processes", "--num_processes", dest="num_processes", type=int, default=None)
     pre.add_argument("-h", "--help", action="store_true")
+    pre.add_argument("--dry-run", "--dry_run", action="store_true")  # stapo-train's flag, harmless here
     try:
-        known, rest = pre.parse_known_args(argv)
+        known, rest = pre.parse_known_args(list(sys.argv[1:] if argv is None else argv))
         if known.help:
             print(__doc__ + "\n" + EXIT_STATUS_HELP)
             return 0
-        if known.num_processes is not None and known.num_processes < 1:
-            raise InputError(
-                "stapo-train --dry-run",
-                f"--num-processes: {known.num_processes} is not a number of training processes: give a positive "
-                "integer (one per GPU, vLLM server GPUs excluded).",
-            )
         try:
             report = dry_run_recipe(rest, known.num_processes)
-        except (ValueError, OSError) as e:  # the message names the recipe key and file, or the flag
-            raise InputError("stapo-train --dry-run", str(e)) from e
+        except (ValueError, OSError) as e:
+            raise InputError(prog, str(e)) from e
     except InputError as e:
         print_line(e.message)
         return EXIT_INPUT_ERROR
@@ -353,9 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if report.ok:
         return 0
     first = f"; the first: {report.errors[0]}" if len(report.errors) > 1 else f": {report.errors[0]}"
-    print_line(
-        f"stapo-train --dry-run: error: {len(report.errors)} check(s) failed (the plan above lists them){first}"
-    )
+    print_line(f"{prog}: error: {len(report.errors)} check(s) failed (the plan above lists them){first}")
     return EXIT_INPUT_ERROR
 
 

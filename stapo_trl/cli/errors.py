@@ -1,14 +1,10 @@
 """The exit status of every command, and the one-line error that ends a command on bad input.
 
-One convention for `stapo-train` (also its `--dry-run`, `compare`, and `python -m stapo_trl.cli.train` on every
-process under `accelerate launch`), `stapo-eval` and `stapo-plot`, argparse's own:
-
 - 0: done.
-- 2 ([`EXIT_INPUT_ERROR`]): an input error, found before anything runs: an argument, a recipe key or value, a model,
-  dataset or results file, or a run folder that cannot work. One `PROG: error: ...` line on stderr that names what
-  the user wrote, the allowed values, and the fix.
-- 1: a failure during a run (training, evaluation, drawing), with its traceback (Python's status for an uncaught
-  exception); a full disk ends a `stapo-train` run with one line instead ([`full_disk_in_one_line`]).
+- 2 ([`EXIT_INPUT_ERROR`], argparse's): an input error found before anything runs (an argument, a recipe key or value,
+  a model, dataset or results file, a run folder that cannot work): one `PROG: error: ...` line on stderr naming what
+  the user wrote, the allowed values and the fix. On every process under `accelerate launch` alike.
+- 1: a failure during a run, with its traceback; a full disk ends a `stapo-train` run with one line.
 - 130, 143, 138 (128 + the signal's number): Ctrl-C, SIGTERM, SIGUSR1 (`stapo-train` saves a checkpoint first).
 """
 
@@ -28,7 +24,7 @@ from ..checkpoints import newest_complete_checkpoint
 from ..integrations.process_group import destroy_process_group_if_any
 
 
-EXIT_INPUT_ERROR = 2  # argparse's status for a usage error
+EXIT_INPUT_ERROR = 2
 
 EXIT_STATUS_HELP = (
     "Exit status: 0 on success; 2 on an input error (an argument, recipe value, file or folder that cannot work: "
@@ -38,13 +34,11 @@ EXIT_STATUS_HELP = (
 
 
 class InputError(SystemExit):
-    """End a command on bad input: exit status `code` (2; 1 for a run that failed after it started, told in one line)
-    and `PROG: error: MESSAGE` as the text of the exception, which [`report_input_errors`] prints on stderr at the
-    command's entry point (the interpreter prints nothing for an integer exit status). Being a `SystemExit`, it passes
-    through `except Exception` and ends the process wherever it is raised.
+    """End a command with exit status `code` (2: an input error; 1: a run that failed, told in one line) and the text
+    `PROG: error: MESSAGE`, which [`report_input_errors`] prints on stderr. A `SystemExit`: it passes `except Exception`.
 
     Args:
-        prog (`str`): the command as the user typed it (`stapo-train`, `stapo-train compare`, `stapo-eval`, ...).
+        prog (`str`): the command as typed (`stapo-train`, `stapo-eval`, ...).
         message (`str`): one line: what is wrong, the allowed values, the fix.
     """
 
@@ -58,21 +52,16 @@ class InputError(SystemExit):
 
 
 def print_line(message: str) -> None:
-    """Write `message` and its newline to stderr in one `write` call, then flush.
-
-    `print` writes the text and the newline separately: under `accelerate launch` every process writes to the same
-    pipe, and two processes' lines interleave (`...error: A.stapo-train: error: A.` then two newlines). One write
-    below the pipe's atomic size (4 KiB on Linux) is never split.
-    """
+    """Write `message` and its newline to stderr in one `write` (under 4 KiB: never split), so that the lines of
+    processes sharing a pipe under `accelerate launch` cannot interleave (`print` writes the newline apart)."""
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
 
 
 @contextlib.contextmanager
 def report_input_errors() -> Iterator[None]:
-    """Print an [`InputError`] raised in the block as its one line on stderr, then let it end the command, with no
-    process group left (under `accelerate launch` the group exists once a config does; left alive, gloo's threads can
-    abort the exit: [`~stapo_trl.integrations.process_group.destroy_process_group_if_any`])."""
+    """Print an [`InputError`] raised in the block as its line on stderr, then let it end the command, with no process
+    group left (gloo's threads can abort the exit: [`~stapo_trl.integrations.process_group`])."""
     try:
         yield
     except InputError as e:
@@ -84,8 +73,8 @@ def report_input_errors() -> Iterator[None]:
 @contextlib.contextmanager
 def full_disk_in_one_line(prog: str, output_dir: str) -> Iterator[None]:
     """End a run that failed on a full disk with one [`InputError`] line (status 1) naming `output_dir` and the
-    checkpoint a rerun resumes, not a traceback. Full: ENOSPC / EDQUOT (an `OSError`'s or safetensors' "os error
-    28"), or under 1 MiB free (`torch.save` names no cause: "unexpected pos")."""
+    checkpoint a rerun resumes. Full: ENOSPC / EDQUOT (an `OSError`'s or safetensors' "os error 28"), or under 1 MiB
+    free (`torch.save` names no cause: "unexpected pos")."""
     try:
         yield
     except Exception as e:

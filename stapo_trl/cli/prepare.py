@@ -21,8 +21,7 @@ from ..preflight import check_hub_access, check_hub_dataset, model_max_positions
 from ..rewards import get_reward_funcs
 from .args import prompt_dataset_kwargs
 from .checkpoints import check_resume_from_checkpoint, cli_run_settings
-from .geometry import too_few_prompts
-from .launch_checks import benchmark_eval_error
+from .dry_run import benchmark_eval_error, too_few_prompts
 from .script_args import STAPOScriptArguments
 
 

@@ -1,5 +1,6 @@
 """`STAPOScriptArguments`: the fields of a `stapo-train` recipe that are neither `STAPOConfig` nor `ModelConfig` fields
-(trainer, rewards, data, before/after evaluation). A new command-line flag of `stapo-train` is a field here."""
+(trainer, rewards, data, evaluation). A new one is a field with its docstring entry (its help), checked in
+`__post_init__`."""
 
 from __future__ import annotations
 
@@ -106,11 +107,31 @@ class STAPOScriptArguments(ScriptArguments):
     torch_num_threads: int | None = None
 
     def __post_init__(self):
+        """Refuse, in one line naming the field, a value no run can use.
+
+        Raises:
+            ValueError: an unknown `trainer` or `benchmark_eval` (with the valid names), `dataset_streaming`, an empty
+                column name (a file or Hub dataset), a count below 1.
+        """
+        if self.trainer not in TRAINERS:
+            raise ValueError(f"trainer={self.trainer!r} is not one of {list(TRAINERS)}.")
+        if self.dataset_streaming:
+            raise ValueError("dataset_streaming=True is not supported by stapo-train: set it to false.")
+        for column, what in (("prompt_column", "problem"), ("solution_column", "gold answer")):
+            if not getattr(self, column) and not str(self.dataset_name).startswith("builtin:"):
+                raise ValueError(f"{column}='' is empty: name the dataset column that holds the {what}.")
         if self.benchmark_eval is not None:
             from ..evaluation.tasks import get_benchmark_spec
 
             self.benchmark_eval = get_benchmark_spec(self.benchmark_eval).name  # an unknown name lists the valid ones
-        for name in ("benchmark_eval_steps", "benchmark_eval_samples", "benchmark_eval_limit"):
-            if (value := getattr(self, name)) is not None and value < 1:
-                raise ValueError(f"{name}={value} must be >= 1" + ("." if name == "benchmark_eval_samples" else
-                                                                    " (or unset)."))  # fmt: skip
+        skip = "or set eval_before_after: false to skip the evaluation"
+        for name, fix in (
+            ("eval_num_problems", skip),
+            ("eval_num_samples", skip),
+            ("torch_num_threads", "the CPU demo uses 1; unset: torch's default"),
+            ("benchmark_eval_steps", "or unset"),
+            ("benchmark_eval_samples", "samples per problem"),
+            ("benchmark_eval_limit", "or unset"),
+        ):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1 ({fix}).")

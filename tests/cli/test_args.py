@@ -1,14 +1,26 @@
-"""Parsing a `stapo-train` command line (`stapo_trl.cli.args`, `stapo_trl.cli.script_args`,
-`stapo_trl.cli.recipe_parser`): the recipe and the flags that override it, the script arguments' help, the defaults a
-`trainer: grpo` recipe gets, and one-line errors for unknown keys, misspelt flags and malformed recipes. No model is
-built."""
+"""Parsing a `stapo-train` command line (`stapo_trl.cli.args`, `stapo_trl.cli.script_args`): the recipe, read once,
+and the flags that override it; the defaults a `trainer: grpo` recipe gets; one set of value checks with the Python
+API (the configs' `__post_init__`), behind the flag or the recipe key and file that set the value; unknown keys and
+flags with their closest fields. No model is built."""
 
 from __future__ import annotations
 
+import builtins
+import warnings
 from pathlib import Path
 
 import pytest
 from testing_utils import GRPO_RECIPE, STAPO_RECIPE, write_recipe
+
+from stapo_trl import STAPOConfig
+
+
+def _cli_error(argv) -> str:
+    from stapo_trl.cli.args import parse_args
+
+    with pytest.raises(ValueError) as excinfo:
+        parse_args(argv)
+    return str(excinfo.value)
 
 
 def test_every_script_argument_has_help_text_and_a_docstring_entry():
@@ -25,11 +37,24 @@ def test_every_script_argument_has_help_text_and_a_docstring_entry():
             assert f"        {f.name} (`" in STAPOScriptArguments.__doc__, f.name
 
 
-def test_command_line_overrides_the_recipe():
+def test_the_recipe_is_read_once_and_the_command_line_wins(monkeypatch):
     from stapo_trl.cli.args import parse_args
 
+    opened, real_open = [], builtins.open
+    monkeypatch.setattr(builtins, "open", lambda file, *a, **k: opened.append(str(file)) or real_open(file, *a, **k))
     _, training_args, _ = parse_args(["--config", STAPO_RECIPE, "--max_steps", "7", "--trainer", "stapo"])
-    assert training_args.max_steps == 7
+    assert training_args.max_steps == 7 and training_args.learning_rate == 1e-4  # the flag, and the recipe's value
+    assert opened.count(STAPO_RECIPE) == 1, opened
+
+
+def test_the_recipes_env_block_sets_environment_variables(tmp_path, monkeypatch):
+    from stapo_trl.cli.args import parse_args
+
+    monkeypatch.delenv("STAPO_TEST_VARIABLE", raising=False)
+    parse_args(["--config", write_recipe(tmp_path, "env:\n  STAPO_TEST_VARIABLE: 3")])
+    import os
+
+    assert os.environ["STAPO_TEST_VARIABLE"] == "3"
 
 
 def test_grpo_gets_the_paper_objective_defaults_not_trl_defaults(tmp_path):
@@ -40,6 +65,7 @@ def test_grpo_gets_the_paper_objective_defaults_not_trl_defaults(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("trainer: grpo\nuse_cpu: true\nbf16: false\nreport_to: none\n")
     _, training_args, _ = parse_args(["--config", str(recipe), "--output_dir", str(tmp_path)])
+    assert type(training_args).__name__ == "GRPOConfig"
     assert training_args.epsilon_high == 0.28 and training_args.loss_type == "dapo" and training_args.beta == 0.0
 
 
@@ -52,44 +78,137 @@ def test_grpo_gets_the_paper_objective_defaults_not_trl_defaults(tmp_path):
     ],
 )
 def test_unknown_recipe_key_fails_with_a_clear_message(tmp_path, key, expected):
-    from stapo_trl.cli.args import parse_args
+    recipe = write_recipe(tmp_path, key)
+    message = _cli_error(["--config", recipe])
+    assert message.startswith(f"Unknown key(s) in recipe {recipe}: {key.split(':')[0]}: "), message
+    assert expected in message and "(recipe key" not in message, message
 
-    with pytest.raises(ValueError, match="Unknown key") as excinfo:
-        parse_args(["--config", write_recipe(tmp_path, key)])
-    assert key.split(":")[0] in str(excinfo.value) and expected in str(excinfo.value)
 
-
-def test_unknown_command_line_flag_gets_the_same_message(tmp_path):
-    from stapo_trl.cli.args import parse_args
-
-    with pytest.raises(ValueError, match="Unknown key.*the command line") as excinfo:
-        parse_args(["--config", write_recipe(tmp_path, "seed: 1"), "--s2t_prob_treshold", "0.1"])
-    assert "did you mean s2t_prob_threshold" in str(excinfo.value)
+@pytest.mark.parametrize(
+    "typo, field", [("learning_rat", "learning_rate"), ("num_generation", "num_generations"),
+                    ("s2t_prob_treshold", "s2t_prob_threshold")],
+)  # fmt: skip
+def test_a_flag_typo_names_the_flag_and_the_recipe_key_it_resembles(tmp_path, typo, field):
+    message = _cli_error(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path), f"--{typo}", "1"])
+    assert message.startswith(f"Unknown key(s) in the command line: --{typo}: did you mean {field}"), message
+    assert f"{field} is a key of the recipe {STAPO_RECIPE} too: the flag --{field} overrides it" in message
 
 
 def test_s2t_keys_are_rejected_with_trainer_grpo(tmp_path):
-    from stapo_trl.cli.args import parse_args
-
     # The demo baseline with plain TRL (`trainer: grpo`) instead of STAPOTrainer with the mask off.
     plain = tmp_path / "plain.yaml"
     lines = Path(GRPO_RECIPE).read_text().replace("trainer: stapo ", "trainer: grpo ").splitlines()
     plain.write_text("\n".join(line for line in lines if not line.startswith("s2t_")))
-    with pytest.raises(ValueError, match="s2t_mode: .*plain GRPOTrainer"):
-        parse_args(["--config", write_recipe(tmp_path, 's2t_mode: "off"', base=str(plain))])
-    with pytest.raises(ValueError, match="s2t_prob_threshold: .*plain GRPOTrainer"):
-        parse_args(["--config", str(plain), "--s2t_prob_threshold", "0.01"])
+    assert "s2t_mode: it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer" in _cli_error(
+        ["--config", write_recipe(tmp_path, 's2t_mode: "off"', base=str(plain))]
+    )
+    message = _cli_error(["--config", str(plain), "--s2t_prob_threshold", "0.01"])
+    assert "--s2t_prob_threshold: it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer" in message
 
 
-def test_num_generations_not_dividing_the_generation_batch_lists_valid_values():
-    from stapo_trl.cli.args import parse_args
+# ---------------------------------------------------------------------------------------------------------------
+# One set of value checks: `STAPOConfig(...)` refuses what the command line refuses, with the same message
+# ---------------------------------------------------------------------------------------------------------------
 
-    # Generation batch = 16 completions x 1 process x 4 steps = 64; 7 does not divide it.
-    with pytest.raises(ValueError, match="num_generations=7") as excinfo:
-        parse_args(["--config", STAPO_RECIPE, "--num_generations", "7"])
-    assert "[2, 4, 8, 16, 32, 64]" in str(excinfo.value)
+# (field, command-line value, Python value, the message both give)
+CASES = [
+    ("per_device_train_batch_size", "-4", -4,
+     "per_device_train_batch_size=-4 must be >= 1 (completions per process per micro-step; the CPU demo uses 16)."),
+    ("gradient_accumulation_steps", "0", 0,
+     "gradient_accumulation_steps=0 must be >= 1 (micro-steps per optimizer update; the CPU demo uses 1)."),
+    ("steps_per_generation", "0", 0, "steps_per_generation=0 must be >= 1 (or unset (None) for TRL's default)."),
+    ("num_generations", "1", 1, "num_generations=1 must be >= 2 (GRPO's advantage compares the completions of one "
+     "prompt; the paper uses 8)."),
+    ("learning_rate", "-1e-4", -1e-4, "learning_rate=-0.0001 must be >= 0 (the paper uses 1e-6, the CPU demo 1e-4)."),
+    ("report_to", "tensorbord", "tensorbord", "report_to='tensorbord': 'tensorbord' is not one of ['none', 'all', "),
+    ("max_steps", "-5", -5, "max_steps=-5 is not a number of optimizer steps: give a positive number, or -1"),
+    ("temperature", "0", 0.0, "temperature=0.0 must be > 0: GRPO samples its rollouts"),
+    ("seed", str(2**32), 2**32, "seed=4294967296 must be in [0, 2**32 - 1] (numpy's seed range)."),
+    ("num_generations", "7", 7,
+     "num_generations=7 does not divide the generation batch (per_device_train_batch_size 16 x 1 process(es) x "
+     "steps_per_generation 4 = 64 completions): each prompt needs a whole group of num_generations completions. "
+     "Valid num_generations for this batch: [2, 4, 8, 16, 32, 64]."),
+]  # fmt: skip
+IDS = ["batch-size", "accumulation", "steps-per-generation", "one-generation", "learning-rate", "report-to",
+       "max-steps", "temperature", "seed", "generation-batch"]  # fmt: skip
 
 
-def test_malformed_recipe_and_misspelt_config_flag_get_one_line_errors(no_model_built, tmp_path, capsys):
+def _config_error(**settings) -> str:
+    # The demo recipe's geometry, so that the generation batch reads the same as on the command line.
+    base = dict(output_dir="unused", report_to=[], per_device_train_batch_size=16, steps_per_generation=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError) as excinfo:
+            STAPOConfig(**{**base, **settings})
+    return str(excinfo.value)
+
+
+@pytest.mark.parametrize("field, flag_value, value, message", CASES, ids=IDS)
+def test_the_api_and_the_cli_give_the_same_message_behind_the_flag(tmp_path, field, flag_value, value, message):
+    api = _config_error(**{field: value})
+    assert api.startswith(message), api
+    cli = _cli_error(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path), f"--{field}", flag_value])
+    # the flag, then the same message (an error of several values also names the recipe keys of the others)
+    assert cli.startswith(f"--{field}") and cli.endswith(f": {api}"), cli
+
+
+@pytest.mark.parametrize("field, flag_value, value, message", CASES[:3], ids=IDS[:3])
+def test_a_recipe_value_gets_the_same_message_behind_its_key(tmp_path, field, flag_value, value, message):
+    recipe = write_recipe(tmp_path, f"{field}: {flag_value}")
+    assert _cli_error(["--config", recipe, "--output_dir", str(tmp_path)]) == (
+        f"recipe key {field} in {recipe}: {message} Fix the value in the recipe, or override it on the command line "
+        f"with --{field}."
+    )
+
+
+def test_trainer_grpo_gets_the_same_checks(tmp_path):
+    # A plain GRPOConfig has none of STAPOConfig's checks: the parser runs the same function on its raw values.
+    plain = tmp_path / "plain.yaml"
+    lines = Path(STAPO_RECIPE).read_text().splitlines()
+    plain.write_text(
+        "\n".join(line for line in lines if not line.startswith(("s2t_", "trainer"))) + "\ntrainer: grpo\n"
+    )
+    for field, flag_value, _value, message in CASES:
+        cli = _cli_error(["--config", str(plain), "--output_dir", str(tmp_path), f"--{field}", flag_value])
+        assert cli.startswith(f"--{field}") and f": {message}" in cli, cli
+
+
+# An error made by several values names the flags that set them, and the recipe keys of the others.
+
+
+def test_a_generation_batch_error_names_the_flags_that_caused_it(tmp_path):
+    # The reported case: read "recipe key num_generations in recipes/demo/stapo.yaml: ..." (the recipe's 8 is fine).
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path)]
+    cli = _cli_error(argv + ["--per_device_train_batch_size", "12", "--steps_per_generation", "1"])
+    assert cli.startswith(
+        f"--per_device_train_batch_size and --steps_per_generation (with recipe key num_generations in "
+        f"{STAPO_RECIPE}): num_generations=8 does not divide the generation batch (per_device_train_batch_size 12 x 1 "
+        "process(es) x steps_per_generation 1 = 12 completions)"
+    ), cli
+    recipe = tmp_path / "recipe.yaml"  # no steps_per_generation: TRL takes gradient_accumulation_steps
+    recipe.write_text("".join(f"{line}\n" for line in Path(STAPO_RECIPE).read_text().splitlines()
+                              if not line.startswith("steps_per_generation")))  # fmt: skip
+    cli = _cli_error(
+        ["--config", str(recipe), "--gradient_accumulation_steps", "3", "--per_device_train_batch_size", "4"]
+    )
+    assert cli.startswith(
+        f"--per_device_train_batch_size and --gradient_accumulation_steps (with recipe key num_generations in "
+        f"{recipe}): num_generations=8 does not divide the generation batch (per_device_train_batch_size 4 x 1 "
+        "process(es) x gradient_accumulation_steps 3 = 12 completions)"
+    ), cli
+
+
+def test_a_generation_batch_error_from_the_recipe_names_its_keys(tmp_path):
+    recipe = write_recipe(tmp_path, "per_device_train_batch_size: 12\nsteps_per_generation: 1")
+    cli = _cli_error(["--config", recipe, "--output_dir", str(tmp_path)])
+    assert cli.startswith(
+        f"recipe keys num_generations, per_device_train_batch_size, steps_per_generation in {recipe}: "
+        "num_generations=8 does not divide"
+    ), cli
+    assert cli.endswith("Fix the values in the recipe, or override them on the command line."), cli
+
+
+def test_malformed_recipe_and_misspelt_config_flag_get_one_line_errors(no_model_built, tmp_path):
     from stapo_trl.cli.train import main
 
     broken = write_recipe(tmp_path, "learning_rate: [1e-4\n")  # an unclosed list at the end of the demo recipe
@@ -101,9 +220,7 @@ def test_malformed_recipe_and_misspelt_config_flag_get_one_line_errors(no_model_
         main([])
     empty = tmp_path / "empty.yaml"
     empty.write_text("# only a comment\n")
-    with pytest.raises(
-        SystemExit, match=r"^stapo-train: error: Recipe '.*empty.yaml' is empty: write one `field: value`"
-    ):
+    with pytest.raises(SystemExit, match=r"^stapo-train: error: Recipe '.*empty.yaml' is empty: write one `field: "):
         main(["--config", str(empty)])
     listed = tmp_path / "list.yaml"
     listed.write_text("- learning_rate: 1e-4\n")

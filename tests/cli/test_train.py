@@ -86,7 +86,7 @@ def test_help_names_the_recipe_flag_and_the_other_commands(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     usage = capsys.readouterr().out.split("options:")[0]
-    for text in ("--config RECIPE.yaml", "--dry-run", "compare RECIPE_A.yaml", "accelerate launch"):
+    for text in ("--config RECIPE.yaml", "--dry-run", "--num-processes", "accelerate launch"):
         assert text in usage, text
 
 

@@ -66,7 +66,7 @@ def test_what_trls_evaluation_cannot_honour_is_one_line_before_a_model(no_model_
 def test_the_limit_refusal_names_a_limit_that_fills_the_batches():
     from types import SimpleNamespace
 
-    from stapo_trl.cli.launch_checks import benchmark_eval_error
+    from stapo_trl.cli.dry_run import benchmark_eval_error
 
     script = SimpleNamespace(benchmark_eval="olympiadbench", benchmark_eval_samples=4, benchmark_eval_steps=None)
     config = SimpleNamespace(num_generations_eval=None, eval_strategy="no", per_device_eval_batch_size=8)
