@@ -210,9 +210,11 @@ def check_training_values(args, num_processes: int | None = None) -> None:
             raise TrainingValueError(f"{name}={get(name)} must be in [0, 2**32 - 1] (numpy's seed range).", name)
     output_dir = getattr(args, "output_dir", None)
     if output_dir is not None and not str(output_dir).strip():
-        from .runfiles.run_folder import empty_output_dir_message
-
-        raise TrainingValueError(empty_output_dir_message(output_dir), "output_dir")
+        raise TrainingValueError(
+            f"output_dir={output_dir!r} is empty: give the folder the run writes its checkpoints, model and files into "
+            "(e.g. outputs/my-run).",
+            "output_dir",
+        )
     if output_dir is not None and os.path.isfile(os.path.expanduser(output_dir)):
         raise TrainingValueError(
             f"output_dir={output_dir!r} is a file: give a folder (it is created if missing).", "output_dir"

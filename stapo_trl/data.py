@@ -25,7 +25,7 @@ from typing import Any
 
 import datasets
 
-from .checks.dataset import missing_column_message
+from .checks import missing_column_message
 from .run_files import json_lines
 
 

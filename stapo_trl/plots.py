@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoints import open_run_file
-from .run_files import METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME, read_metrics, read_token_records
+
+
+METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME = "metrics.jsonl", "spurious_tokens.jsonl"  # the run files (run_files.py)
 
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,8 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, A
             f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a `stapo-train` run, "
             "or a folder of them (one per seed)."
         )
+    from .run_files import read_metrics  # transformers and torch: not for `stapo-plot --help` or a missing folder
+
     seeds = [read_metrics(file) for file in files]
     for file, rows in zip(files, seeds, strict=True):
         if require_steps and not any(set(row) - {"step", "epoch"} for row in rows):
@@ -79,6 +83,8 @@ def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
     """The records of `run_dir/spurious_tokens.jsonl`, or of every `run_dir/*/spurious_tokens.jsonl` (seeds); a file
     without a record is warned about once."""
     records = []
+    from .run_files import read_token_records
+
     for file in _files(os.fspath(run_dir), SPURIOUS_TOKENS_FILENAME):
         if not (file_records := read_token_records(file)) and file not in _WARNED_EMPTY:
             _WARNED_EMPTY.add(file)

@@ -78,7 +78,8 @@ def check_hub_dataset(name: str, token=None) -> None:
     if cause := _no_answer(f"{constants.ENDPOINT}/api/datasets/{name}", token):
         raise ConnectionError(
             f"dataset_name={name!r} is neither a local path nor cached, and the Hub at {constants.ENDPOINT} does "
-            f"not answer ({cause}). {instead}."
+            f"not answer ({cause}). {instead}, or download it (`hf download --repo-type dataset {name}`) and set "
+            "HF_HUB_OFFLINE=1."
         )
 
 

@@ -37,7 +37,7 @@ from .checkpoints import (
     run_settings,
     write_run_record,
 )
-from .checks.dataset import check_chat_template, check_prompt_column, check_reward_columns
+from .checks import check_chat_template, check_prompt_column, check_reward_columns
 from .config import STAPOConfig, write_run_files
 from .diagnostics.ablations import ABLATION_MODES, ablation_mask
 from .diagnostics.metrics import diagnostic_metrics

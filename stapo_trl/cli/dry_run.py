@@ -182,8 +182,8 @@ def validate_recipe(
     Returns:
         [`DryRunReport`]: `report.ok` is False when the recipe would fail; `report.summary()` is the plan.
     """
-    from ..checks.dataset import CLI_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
-    from ..checks.hub import check_hub_access
+    from ..checks import CLI_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
+    from ..preflight import check_hub_access
     from ..config import STAPOConfig
     from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
     from ..data import (
@@ -410,10 +410,10 @@ def _local_model_path(name) -> Path | None:
 
 
 def _count_long_prompts(r: DryRunReport, script_args, training_args, path: Path, tokenizer) -> None:
-    """The row counting the training prompts `stapo-train`'s prompt-length rule drops ([`stapo_trl.checks.prompt_length`])."""
+    """The row counting the training prompts `stapo-train`'s prompt-length rule drops ([`stapo_trl.preflight`])."""
     from transformers import AutoConfig
 
-    from ..checks.prompt_length import model_max_positions, prompt_token_budget
+    from ..preflight import model_max_positions, prompt_token_budget
     from ..data import filter_long_prompts, load_prompt_dataset
     from .args import prompt_dataset_kwargs
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..checks.dataset import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
+from ..checks import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
 from ..evaluation import results
 from ..evaluation.generation import (
     DECODING_ALIASES,

@@ -14,7 +14,7 @@ from trl import ModelConfig
 
 from ..callbacks import hold_run_folder
 from ..checkpoints import check_run_settings, resume_checkpoint
-from ..checks.dataset import CLI_CHAT_TEMPLATE_FIX, check_chat_template, check_reward_columns
+from ..checks import CLI_CHAT_TEMPLATE_FIX, check_chat_template, check_reward_columns
 from ..data import evaluation_split, filter_long_prompts, is_local_dataset_file, load_prompt_dataset
 from ..models import check_model_available, resolve_model_path
 from ..preflight import check_hub_access, check_hub_dataset, model_max_positions, prompt_token_budget, report_dropped
@@ -89,7 +89,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
 
     Raises:
         ValueError: an unknown reward, benchmark or `builtin:` name; no `dataset_name`; `dataset_streaming`; a missing
-            column, or one a reward function reads ([`~stapo_trl.checks.dataset.check_reward_columns`]); fewer
+            column, or one a reward function reads ([`~stapo_trl.checks.check_reward_columns`]); fewer
             training prompts than one rollout step takes; a `benchmark_eval*` setting TRL cannot honour; a
             `resume_from_checkpoint` that is not a complete checkpoint; a checkpoint trained with other settings
             ([`~stapo_trl.checkpoints.check_run_settings`]); an `output_dir` that another run
@@ -159,7 +159,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
 
 def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_funcs):
     """(train, test, before/after eval) prompt datasets, the last two `None` when not needed; every column a reward
-    function reads is checked here ([`~stapo_trl.checks.dataset.check_reward_columns`])."""
+    function reads is checked here ([`~stapo_trl.checks.check_reward_columns`])."""
     load_kwargs = prompt_dataset_kwargs(script_args)
     name, limit = script_args.dataset_name, script_args.max_train_samples
     train_dataset = load_prompt_dataset(name, split=script_args.dataset_train_split, limit=limit, **load_kwargs)

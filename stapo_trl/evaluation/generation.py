@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..checks.dataset import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
+from ..checks import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
 from ..grading import grade
 from ..preflight import keep_short_prompts, prompt_token_budget
 from .metrics import benchmark_metrics
