@@ -117,8 +117,9 @@ def _summary(trainer, s2t, eval_record) -> list[str]:
         )
     if eval_record:
         r = eval_record
+        kind = "Accuracy on training prompts (not held out)" if "not held out" in r["split"] else "Held-out accuracy"
         lines.append(
-            f"- **Held-out accuracy** ({r['metric']} over {r['num_problems']} problems of the `{r['split']}` split, "
+            f"- **{kind}** ({r['metric']} over {r['num_problems']} problems of the `{r['split']}` split, "
             f"T = {r['temperature']}, top-p {r['top_p']}): {100 * r['accuracy_before']:.1f} % before training, "
             f"{100 * r['accuracy_after']:.1f} % after."
         )
@@ -157,7 +158,7 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     except (KeyError, IndexError, TypeError, NotImplementedError):  # no prompt column, or an iterable dataset
         prompt = None
     prompt = prompt if isinstance(prompt, (str, list)) else "What is 47+38?"
-    reference = (trainer.hub_model_id or model_name) if public else _saved_model(trainer)
+    reference = (args.hub_model_id or trainer.hub_model_id or model_name) if public else _saved_model(trainer)
     if s2t is None:
         method = f"Base model: {named}, trained with the GRPO objective below and no S2T mask (the baseline of [STAPO]({PAPER_URL}))."  # fmt: skip
     elif s2t.mode == "off":
@@ -196,6 +197,8 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
         quick_start=quick_start_code(reference, prompt, hasattr(model, "peft_config"), args.max_completion_length),
         wandb_url=wandb.run.url if wandb is not None and getattr(wandb, "run", None) else None,
         method_text=method,
+        trainer_name=getattr(trainer, "_name", "GRPO"),
+        paper=getattr(trainer, "_paper", None),
         summary=_summary(trainer, s2t, eval_record),
         settings=[(name, meaning, getattr(value, "value", value)) for name, meaning, value in rows],
         versions=versions,

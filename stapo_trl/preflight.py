@@ -15,19 +15,21 @@ HUB_PROBE_TIMEOUT = 5.0  # seconds; `HF_HUB_ETAG_TIMEOUT` overrides it
 _POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
-def _no_answer(url: str, token=None) -> str | None:
+def _no_answer(url: str, token=None, timeout: float | None = None) -> str | None:
     """One `HEAD` request to the Hub (no retries): `None` on any HTTP answer, else the cause in a few words."""
     from huggingface_hub.utils import build_hf_headers, get_session
 
-    timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or HUB_PROBE_TIMEOUT)
+    if timeout is None:
+        timeout = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or HUB_PROBE_TIMEOUT)
     try:
         get_session().head(url, headers=build_hf_headers(token=token), timeout=timeout, follow_redirects=True)
     except Exception as e:  # noqa: BLE001 (connection, DNS, proxy, timeout: no answer)
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else f'no answer in {timeout:g} s'}"
+        cause = str(e).splitlines()[0] if str(e) else ""
+        return f"{type(e).__name__}: {cause or f'no answer in {timeout:g} s'}"
     return None
 
 
-def check_hub_model(name: str, revision: str | None = None, token=None, what: str = "Model") -> None:
+def check_hub_model(name: str, *, revision=None, token=None, what: str = "Model", timeout=None) -> None:
     """Refuse a model that must come from the Hub when the Hub cannot be used: a local path, a `builtin:` name or a Hub
     id in the local cache passes; otherwise `HF_HUB_OFFLINE=1` is refused, and else the Hub is asked once.
 
@@ -36,7 +38,10 @@ def check_hub_model(name: str, revision: str | None = None, token=None, what: st
     """
     from huggingface_hub import constants, hf_hub_url, try_to_load_from_cache
 
-    if name.startswith("builtin:") or os.path.exists(os.path.expanduser(name)):
+    from .models.names import BUILTIN_MODELS
+
+    name = os.fspath(name)
+    if name.startswith("builtin:") or os.path.isdir(os.path.expanduser(name)) or os.path.isfile(name):
         return
     for filename in ("config.json", "adapter_config.json"):
         try:
@@ -44,19 +49,26 @@ def check_hub_model(name: str, revision: str | None = None, token=None, what: st
                 return
         except Exception:  # noqa: BLE001 (not a valid repo id: not cached)
             break
-    instead = "Pass a local model folder, a cached Hub id or a builtin: name (builtin:tiny-math)"
+    instead = (
+        "Pass an existing directory (e.g. outputs/demo-stapo after `make demo`), a cached Hub id, or a built-in name ("
+        + ", ".join("builtin:" + n for n in BUILTIN_MODELS)
+        + ")"
+    )
     if constants.HF_HUB_OFFLINE:
         raise FileNotFoundError(
-            f"{what} {name!r} is neither a local folder nor cached while HF_HUB_OFFLINE=1. {instead}."
+            f"{what} {name!r} is not a local directory, and as a Hub id it is not in the local Hugging Face cache "
+            f"while HF_HUB_OFFLINE=1 (no download). {instead}."
         )
-    if cause := _no_answer(hf_hub_url(name, "config.json", revision=revision, endpoint=constants.ENDPOINT), token):
+    url = hf_hub_url(name, "config.json", revision=revision, endpoint=constants.ENDPOINT)
+    if cause := _no_answer(url, token, timeout):
         raise ConnectionError(
-            f"{what} {name!r} is neither a local folder nor cached, and the Hub at {constants.ENDPOINT} does not "
-            f"answer ({cause}). {instead}, or download it (`hf download {name}`) and set HF_HUB_OFFLINE=1."
+            f"{what} {name!r} is not a local directory nor in the local Hugging Face cache, and the Hub at "
+            f"{constants.ENDPOINT} does not answer ({cause}). {instead}; or download it where the Hub is reachable "
+            f"(`hf download {name}`) and set HF_HUB_OFFLINE=1 to use the cache without asking the Hub."
         )
 
 
-def check_hub_dataset(name: str, token=None) -> None:
+def check_hub_dataset(name: str, *, token=None, timeout=None) -> None:
     """[`check_hub_model`] for `dataset_name`: a local path, a `datasets` builder name (`json`, `parquet`, ...) or a
     cached Hub dataset passes.
 
@@ -70,20 +82,24 @@ def check_hub_dataset(name: str, token=None) -> None:
         os.path.join(constants.HF_HUB_CACHE, "datasets--" + name.replace("/", "--")),
         os.path.join(config.HF_DATASETS_CACHE, name.replace("/", "___")),
     )
-    if name in packaged_modules._PACKAGED_DATASETS_MODULES or any(map(os.path.exists, (name, *cached))):
+    builders = getattr(packaged_modules, "_PACKAGED_DATASETS_MODULES", {})
+    if name in builders or os.path.exists(os.path.expanduser(name)) or any(map(os.path.isdir, cached)):
         return
-    instead = "Pass a local .json/.jsonl/.parquet/.csv file or builtin:tiny-math"
+    instead = "Pass a local .json/.jsonl/.parquet file or folder, or builtin:tiny-math"
     if constants.HF_HUB_OFFLINE or config.HF_DATASETS_OFFLINE:
-        raise FileNotFoundError(f"dataset_name={name!r} is neither a local path nor cached while offline. {instead}.")
-    if cause := _no_answer(f"{constants.ENDPOINT}/api/datasets/{name}", token):
+        raise FileNotFoundError(
+            f"dataset_name={name!r} is not a local path, and as a Hub dataset it is not in the local cache while "
+            f"offline (HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1: no download). {instead}."
+        )
+    if cause := _no_answer(f"{constants.ENDPOINT}/api/datasets/{name}", token, timeout):
         raise ConnectionError(
-            f"dataset_name={name!r} is neither a local path nor cached, and the Hub at {constants.ENDPOINT} does "
-            f"not answer ({cause}). {instead}, or download it (`hf download --repo-type dataset {name}`) and set "
-            "HF_HUB_OFFLINE=1."
+            f"dataset_name={name!r} is not a local path nor in the local cache, and the Hub at {constants.ENDPOINT} "
+            f"does not answer ({cause}). {instead}; or download it where the Hub is reachable "
+            f"(`hf download --repo-type dataset {name}`) and set HF_HUB_OFFLINE=1."
         )
 
 
-def check_hub_access(hub_model_id: str | None, output_dir: str, token=None, network: bool = True) -> None:
+def check_hub_access(hub_model_id, output_dir: str, token=None, *, endpoint=None, network: bool = True) -> None:
     """Refuse a push that cannot work: offline mode, no token, or (`network`) a Hub that does not answer or refuses
     the token (`whoami`). Nothing is created or uploaded.
 
@@ -96,8 +112,9 @@ def check_hub_access(hub_model_id: str | None, output_dir: str, token=None, netw
 
     def fail(cause: str) -> ConnectionError:
         return ConnectionError(
-            f"push_to_hub: cannot push to hub_model_id={repo!r}: {cause}. Fix that, or pass --push_to_hub false "
-            f"(upload later with `hf upload {repo} {output_dir}`)."
+            f"push_to_hub: cannot push to hub_model_id={repo!r}: {cause}. Fix that, or pass --push_to_hub false to "
+            "train without pushing (the model, card and results stay in output_dir; upload them later with "
+            f"`hf upload {repo} {output_dir}`)."
         )
 
     if constants.HF_HUB_OFFLINE:
@@ -105,12 +122,14 @@ def check_hub_access(hub_model_id: str | None, output_dir: str, token=None, netw
     if not (token := token or get_token()):
         raise fail("no Hub token (run `hf auth login`, or set HF_TOKEN or hub_token)")
     if network:
+        endpoint = endpoint or constants.ENDPOINT
         try:
-            HfApi().whoami(token=token)
+            HfApi(endpoint=endpoint).whoami(token=token)
         except Exception as e:  # noqa: BLE001 (the cause is what matters)
             status = getattr(getattr(e, "response", None), "status_code", None)
-            cause = f"the Hub refuses the token (HTTP {status})" if status in (401, 403) else f"no answer ({e})"
-            raise fail(cause) from e
+            if status in (401, 403):
+                raise fail(f"the Hub at {endpoint} refuses the token (HTTP {status})") from e
+            raise fail(f"the Hub at {endpoint} cannot be reached ({type(e).__name__}: {e})") from e
 
 
 def model_max_positions(config) -> int | None:

@@ -89,7 +89,11 @@ def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object")
     if bad and (key := (os.path.abspath(path), tuple(bad))) not in _WARNED:
         _WARNED.add(key)
         shown = ", ".join(map(str, bad[:20])) + (f", ... ({len(bad) - 20} more)" if len(bad) > 20 else "")
-        logger.warning(f"{path}: skipped line(s) {shown}, not {what} (cut short by a killed run, or edited).")
+        many = len(bad) > 1
+        logger.warning(
+            f"{path}: skipped line{'s' * many} {shown}, not {what}: a run killed mid-write cuts its last line short; "
+            f"other lines were edited or corrupted. The figures leave {'them' if many else 'it'} out."
+        )
     return rows
 
 
@@ -222,6 +226,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
                  context_tokens=8, top_k=20):  # fmt: skip
         super().__init__(path)
         self.trainer, self.context_tokens, self.top_k = trainer, context_tokens, top_k
+        self.max_silenced, self.max_kept_candidates, self.max_reference = max_silenced, max_kept_candidates, max_reference
         self.caps = {"silenced": max_silenced, "kept_candidate": max_kept_candidates, "reference": max_reference}
         self.silenced_counts, self.kept_candidate_counts = Counter(), Counter()  # by token label, for the table
         self._token_bytes = None  # token id -> bytes, from the tokenizer when a label is first needed

@@ -109,8 +109,8 @@ class _Additions:
         later = {**later.arguments, **kwargs}
         if not reward_funcs and later.get("environment_factory") is None:
             raise ValueError(
-                f'reward_funcs={reward_funcs!r} gives no reward: pass a reward function (e.g. "math_accuracy"), a '
-                "reward model id, or an environment_factory whose environment defines get_reward."
+                f"reward_funcs={reward_funcs!r} gives no reward: pass at least one reward function (e.g. "
+                '"math_accuracy"), a reward model id, or an environment_factory whose environment defines get_reward.'
             )
         peft_settings = plain(later.get("peft_config"))  # before PEFT fills in the wrapped model's name
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):

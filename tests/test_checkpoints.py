@@ -260,7 +260,7 @@ def _stop_at(monkeypatch, where: str) -> None:
         monkeypatch.setattr(Trainer, where, killed)
 
 
-def _trainer(model_path, out, max_steps):
+def _small_trainer(model_path, out, max_steps):
     from stapo_trl import STAPOTrainer
 
     args = tiny_stapo_config(out, max_steps=max_steps, save_strategy="steps", save_steps=1, logging_steps=1)
@@ -282,16 +282,16 @@ def test_the_python_api_resumes_the_newest_complete_checkpoint(
     # Reported: a kill inside a checkpoint's save left a folder that `train(resume_from_checkpoint=True)`
     # (transformers' get_last_checkpoint: the highest number) failed on, every time, with a complete one beside it.
     out = tmp_path / "run"
-    _trainer(tiny_random_model_path, out, max_steps=1).train()
+    _small_trainer(tiny_random_model_path, out, max_steps=1).train()
     if where == "stray-folder":
         (out / "checkpoint-999").mkdir()
     else:
         with monkeypatch.context() as patch:
             _stop_at(patch, where)
             with pytest.raises(Killed):
-                _trainer(tiny_random_model_path, out, max_steps=2).train(resume_from_checkpoint=True)
+                _small_trainer(tiny_random_model_path, out, max_steps=2).train(resume_from_checkpoint=True)
         assert (out / "checkpoint-2").is_dir()
-    trainer = _trainer(tiny_random_model_path, out, max_steps=3)
+    trainer = _small_trainer(tiny_random_model_path, out, max_steps=3)
     trainer.train(resume_from_checkpoint=True)
     folder = skipped.split()[0]
     assert (
@@ -309,18 +309,18 @@ def test_a_checkpoint_rewritten_in_place_is_incomplete_until_its_new_state(tiny_
     from stapo_trl.checkpoints import newest_complete_checkpoint
 
     out = tmp_path / "run"
-    _trainer(tiny_random_model_path, out, max_steps=1).train()
+    _small_trainer(tiny_random_model_path, out, max_steps=1).train()
     assert newest_complete_checkpoint(str(out))[0] == str(out / "checkpoint-1")
     with pytest.MonkeyPatch.context() as patch:
         _stop_at(patch, "_save_rng_state")
         with pytest.raises(Killed):
-            _trainer(tiny_random_model_path, out, max_steps=1).train()
+            _small_trainer(tiny_random_model_path, out, max_steps=1).train()
     assert newest_complete_checkpoint(str(out)) == (
         None,
         [("checkpoint-1", "no trainer_state.json: its save did not finish")],
     )
     with pytest.raises(ValueError, match="^No complete checkpoint to resume from in output_dir="):
-        _trainer(tiny_random_model_path, out, max_steps=2).train(resume_from_checkpoint=True)
+        _small_trainer(tiny_random_model_path, out, max_steps=2).train(resume_from_checkpoint=True)
 
 
 def test_what_a_complete_checkpoint_holds_without_a_run_record(tmp_path, tiny_random_model_path):
@@ -329,7 +329,7 @@ def test_what_a_complete_checkpoint_holds_without_a_run_record(tmp_path, tiny_ra
     from stapo_trl.checkpoints import checkpoint_problem
 
     out = tmp_path / "run"
-    _trainer(tiny_random_model_path, out, max_steps=1).train()
+    _small_trainer(tiny_random_model_path, out, max_steps=1).train()
     folder = out / "checkpoint-1"
     (folder / "stapo_run.json").unlink()
     assert checkpoint_problem(str(folder)) is None
@@ -466,7 +466,7 @@ def test_a_script_with_the_command_callbacks_refuses_a_folder_another_run_writes
 ):
     from stapo_trl.callbacks import add_command_callbacks
 
-    trainer = _trainer(tiny_random_model_path, tmp_path / "run", max_steps=1)  # the library itself takes no lock
+    trainer = _small_trainer(tiny_random_model_path, tmp_path / "run", max_steps=1)  # the library itself takes no lock
     with pytest.raises(ValueError, match=rf"is in use by another run \(pid {holder.pid} on "):
         add_command_callbacks(trainer)  # before training
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -510,7 +510,7 @@ def test_the_python_api_refuses_an_unwritable_output_dir_at_construction(unwrita
     # output_dir="ro" itself, construction passed and train() refused the folder.
     output_dir, cause = unwritable
     with pytest.raises(ValueError) as excinfo:
-        _trainer(tiny_random_model_path, output_dir, max_steps=1)
+        _small_trainer(tiny_random_model_path, output_dir, max_steps=1)
     assert str(excinfo.value) == (
         f"output_dir={str(output_dir)!r} cannot be written ({cause}): give a folder this process can create files in."
     )

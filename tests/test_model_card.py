@@ -125,7 +125,7 @@ def test_end_of_run_card_fills_the_training_procedure(stapo_run):
     out, argv = stapo_run
     card = (out / "README.md").read_text()
     procedure = _procedure(card)
-    assert procedure.lstrip("\n").startswith("### STAPO run")  # no blank badge lines left
+    assert procedure.lstrip("\n").startswith("This model was trained with STAPO")  # no blank badge lines left
     _assert_procedure_matches_the_run(procedure, out, argv)
     _assert_loads(out / "README.md", "demo-stapo")
 

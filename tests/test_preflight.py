@@ -236,23 +236,6 @@ def test_stapo_eval_refuses_the_hub_id_before_loading_anything(hub, capsys, tmp_
     _one_line_refusal(line, offline=False)
 
 
-@pytest.mark.parametrize("where", ["model", "reward-model"])
-def test_the_python_api_refuses_a_string_hub_id_in_seconds(
-    hub, no_model_built, tmp_path, tiny_random_model_path, where
-):
-    from datasets import Dataset
-
-    from stapo_trl import STAPOConfig, STAPOTrainer
-
-    args = STAPOConfig(output_dir=str(tmp_path), report_to=[], per_device_train_batch_size=8)
-    model, reward = (HUB_ID, "math_accuracy") if where == "model" else (tiny_random_model_path, HUB_ID)
-    dataset = Dataset.from_dict({"prompt": ["1+1"] * 8, "solution": ["2"] * 8})
-    with pytest.raises(ConnectionError) as excinfo:
-        STAPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset)
-    _one_line_refusal(str(excinfo.value), offline=False)
-    assert str(excinfo.value).startswith("Model" if where == "model" else "Reward model")
-
-
 DATASET_ID = "some-org/some-dataset"
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "demo" / "stapo.yaml"

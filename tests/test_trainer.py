@@ -496,10 +496,13 @@ class CtrlCAtStep(TrainerCallback):
 
 
 def test_ctrl_c_with_a_plain_grpo_config_saves_a_checkpoint(tiny_random_model_path, tmp_path):
-    # As tests/runfiles/test_interrupt.py does in a notebook, with the config a TRL script passes.
+    # As tests/test_callbacks.py does in a notebook, with the config a TRL script passes.
+    from stapo_trl.callbacks import add_command_callbacks
+
     trainer, _ = build(tiny_random_model_path, tmp_path, config_cls=GRPOConfig, max_steps=4, save_strategy="no",
                        per_device_train_batch_size=4, num_generations=2, max_completion_length=8)  # fmt: skip
     trainer.add_callback(CtrlCAtStep(2))
+    add_command_callbacks(trainer)  # the one line that gives a script stapo-train's stop signals
     with pytest.raises(KeyboardInterrupt) as excinfo:
         trainer.train()
     assert excinfo.value.step == 2 and (tmp_path / "checkpoint-2" / "trainer_state.json").is_file()

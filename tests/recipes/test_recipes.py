@@ -401,7 +401,6 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
     from stapo_trl import STAPOTrainer
     from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.run import prepare
-    from stapo_trl.model_card import write_quick_start
 
     script, args, model_args = parse_args([
         "--config", str(RECIPES_DIR / "demo" / "stapo_lora.yaml"),
@@ -439,8 +438,7 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
     # The card's quick start runs as printed: TRL's pipeline(model=folder) looks for full weights
     # in an adapter folder and fails; ours loads the adapter onto its base, and asks a training prompt.
     trainer.args.output_dir = str(tmp_path / "lora")
-    trainer.create_model_card(model_name="lora")
-    write_quick_start(trainer, run.train_dataset[0]["prompt"])
+    trainer.create_model_card(model_name="lora")  # its quick start asks a training prompt of the run's dataset
     run_card_quick_start(tmp_path / "lora" / "README.md", expect="AutoPeftModelForCausalLM")
 
 

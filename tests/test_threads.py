@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import json
@@ -173,20 +173,29 @@ def test_omp_num_threads_wins(tmp_path, tiny_math_model_path):
     assert [results[scenario]["during"] for scenario in scenarios] == [2, 2, 2]
 
 
-def test_user_choice_detection(monkeypatch):
+def test_the_rule_applies_to_tiny_models_only_and_gives_way_to_the_callers_count(
+    monkeypatch, tiny_math_model_path, tmp_path
+):
     import torch
 
-    from stapo_trl.integrations.torch_threads import threads_set_by_user, torch_default_threads
+    from stapo_trl.trainer import _torch_default_threads, tiny_model_threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * (5 * 2**20))  # a larger model's weights
     previous = torch.get_num_threads()
+    default = max(_torch_default_threads())
     try:
-        torch.set_num_threads(max(torch_default_threads()) + 5)
-        assert threads_set_by_user()
-        torch.set_num_threads(len(os.sched_getaffinity(0)))
-        assert not threads_set_by_user()  # the default itself cannot be told apart from torch's own choice
-        monkeypatch.setenv("OMP_NUM_THREADS", "1")
-        assert threads_set_by_user()
+        torch.set_num_threads(default)  # as torch starts
+        for model, inside in ((tiny_math_model_path, 1), (str(tmp_path), default), ("Qwen/Qwen3-1.7B", default)):
+            with tiny_model_threads(model):
+                assert torch.get_num_threads() == inside, model
+            assert torch.get_num_threads() == default  # restored
+        torch.set_num_threads(default + 5)  # the caller's own count wins
+        with tiny_model_threads(tiny_math_model_path):
+            assert torch.get_num_threads() == default + 5
+        torch.set_num_threads(default)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # and so does OMP_NUM_THREADS
+        with tiny_model_threads(tiny_math_model_path):
+            assert torch.get_num_threads() == default
     finally:
         torch.set_num_threads(previous)
