@@ -109,11 +109,7 @@ def install_command(name: str) -> str:
 
 def locate_gguf(name: str) -> GGUFSource:
     """Find the GGUF file (or chunks) of the `gguf` model `name` in its installed wheels (nothing hashed or imported).
-
-    Raises:
-        ModelWheelNotInstalledError: a wheel is not installed or at another version, or `gguf` is not installed.
-        GGUFFileMissingError: a wheel is installed but the file or a chunk is missing.
-    """
+    Raises ModelWheelNotInstalledError (a wheel or `gguf` not installed at its pin) or GGUFFileMissingError."""
     recipe = BUILTIN_MODELS[name]
     env = os.environ.get(WHEELS_PATH_ENV_VAR)
     path = env.split(os.pathsep) if env else sys.path
@@ -148,11 +144,8 @@ def locate_gguf(name: str) -> GGUFSource:
 
 
 def verify_gguf(source: GGUFSource, join_into: str | os.PathLike | None = None) -> str:
-    """The SHA-256 of the GGUF file (of its chunks joined in order, also written to `join_into` when given).
-
-    Raises:
-        GGUFChecksumError: it differs from the pin; the message gives both values and the reinstall command.
-    """
+    """The SHA-256 of the GGUF file (of its chunks joined in order, also written to `join_into` when given). Raises
+    GGUFChecksumError, naming both values and the reinstall command, when it differs from the pin."""
     digest = hashlib.sha256()
     with open(join_into, "wb") if join_into is not None else contextlib.nullcontext() as out:
         for file in source.files:
@@ -187,12 +180,8 @@ def state_dict_sha256(model) -> str:
 
 def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> dict[str, Any]:
     """Convert the `gguf` model `name` into `output_dir` (fp32 safetensors and the tokenizer) with transformers' GGUF
-    loader, adding the registry's chat template if any. Returns the build record's fields.
-
-    Raises:
-        ModelWheelNotInstalledError, GGUFFileMissingError, GGUFChecksumError: before the conversion starts.
-        ValueError: the GGUF file has no chat template and the registry adds none.
-    """
+    loader, adding the registry's chat template if any. Returns the build record's fields. Raises the errors above
+    before the conversion, and ValueError when the GGUF file has no chat template and the registry adds none."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
