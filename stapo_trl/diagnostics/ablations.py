@@ -1,11 +1,7 @@
-r"""The paper's ablations of the S2T rule, outside the core: which candidates are silenced instead.
-
-- `"high_entropy"`: silence the candidates above the (1 - q)-quantile of their entropies (the exploratory ones the
-  rule keeps);
-- `"all_low_prob"`: silence every candidate (JustRL-FullMask: all low-probability positive-advantage tokens).
-
-Both keep the core's candidates, loss-mask handling and normalization ([`~stapo_trl.core.s2t_mask`] with
-`mode="off"`); the product's `STAPOTrainer` applies them when `s2t_mode` names one.
+r"""The paper's ablations of the S2T rule: which candidates are silenced instead. `"high_entropy"` silences those above
+the (1 - q)-quantile of their entropies (the exploratory ones the rule keeps), `"all_low_prob"` every candidate
+(JustRL-FullMask). Both keep the core's candidates, loss mask and normalization ([`~stapo_trl.core.s2t_mask`] with
+`mode="off"`).
 """
 
 from __future__ import annotations
@@ -32,14 +28,9 @@ def ablation_mask(
     entropy_quantile: float = 0.75,
     gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> S2TResult:
-    """The keep mask of an ablation `mode`, with the arguments and result of [`~stapo_trl.core.s2t_mask`].
-
-    `entropy_threshold` is the threshold the mode used: the (1 - q)-quantile for `"high_entropy"`, the rule's
-    q-quantile for `"all_low_prob"` (so logs stay comparable). Every process runs the same collectives.
-
-    Raises:
-        ValueError: `mode` is not one of `ABLATION_MODES`, or as [`~stapo_trl.core.s2t_mask`].
-    """
+    """The keep mask of an ablation `mode`, with the arguments and result of [`~stapo_trl.core.s2t_mask`]; its
+    `entropy_threshold` is the (1 - q)-quantile for `"high_entropy"`, the rule's q-quantile for `"all_low_prob"`. Every
+    process runs the same collectives. Raises ValueError for a `mode` not in `ABLATION_MODES`, or as `s2t_mask`."""
     if mode not in ABLATION_MODES:
         raise ValueError(f"mode={mode!r} is not one of {list(ABLATION_MODES)}")
     gather = gather or (lambda t: t)

@@ -1,23 +1,25 @@
+<<<<<<< HEAD
 r"""Per-token records of the S2T mask: the silenced tokens of a mask in context, with samples of kept candidates and
 of other positive-advantage tokens (what [`~stapo_trl.run_files.SpuriousTokenLogger`] writes to
 `spurious_tokens.jsonl`: the paper's word clouds and probability-entropy plane as data).
+=======
+r"""Per-token records of the S2T mask: its silenced tokens in context, with samples of kept candidates and of other
+positive-advantage tokens (`spurious_tokens.jsonl`: the paper's word clouds and probability-entropy plane as data).
+>>>>>>> compact-models
 
-Two steps, so that training never waits for the host: [`select_token_records`] picks the records of a mask on the
-tensors' device, values and context included, with no device-to-host transfer; [`token_records`] brings a selection
-to the host in one transfer and decodes it in one batch. [`merge_token_records`] keeps a uniform sample of several
-masks' selections within the caps, on the device, so the logger transfers once per logging step.
-
-Each record:
+So that training never waits for the host, [`select_token_records`] picks a mask's records on the tensors' device,
+[`merge_token_records`] keeps a uniform sample of several masks' selections within the caps, on the device, and
+[`token_records`] brings a selection to the host in one transfer and decodes it in one batch. Each record:
 
     {"step": 12, "update": 11, "kind": "silenced", "silenced": true, "candidate": true, "token": "9", "token_id": 40,
      "prob": 0.0011, "logprob": -6.81, "entropy": 0.052, "advantage": 1.2, "position": 17,
      "context": "carry 1; 4+3+1=⟦9⟧; \\boxed{", "entropy_threshold": 0.31, "prob_threshold": 0.002,
      "completion_index": 3, "process_index": 0}
 
-`update` is the optimizer step (1-based) whose mask it is (the logger sets `step`, the logging step, when it writes);
-`token` the decoded token (special tokens kept, so an `<|im_end|>` shows), `position` its 0-based index in the
-completion, `completion_index` its row in the mask's batch, `context` up to `context_tokens` completion tokens on each
-side with the token in ⟦ ⟧, `entropy` in nats, `entropy_threshold` the mask's tau_h (`None` when it had no candidate).
+`update`: the optimizer step (1-based) of the mask (the logger sets `step`, the logging step); `token`: decoded with
+special tokens kept; `position`: 0-based in the completion; `completion_index`: the row in the mask's batch;
+`context`: up to `context_tokens` completion tokens on each side, the token in ⟦ ⟧; `entropy` in nats;
+`entropy_threshold`: the mask's tau_h (`None` when it had no candidate).
 """
 
 from __future__ import annotations
@@ -49,24 +51,20 @@ def select_token_records(
     seed: str = "0",
     update: int = 0,
 ) -> torch.Tensor:
-    """The records of one S2T mask, selected on the tensors' device without a device-to-host transfer.
-
-    Of each kind of loss token with a positive advantage (`KINDS`: silenced; candidates the mask kept; the other tokens,
-    p >= tau_p, with a finite p and H: JSON has no NaN), a uniform sample of at most `caps[kind]`: the tokens with the
-    largest keys drawn uniformly from a generator seeded by `seed` (the same selection when rerun on the same device).
+    """The records of one S2T mask, selected on the tensors' device without a device-to-host transfer: of each kind of
+    loss token with a positive advantage (`KINDS`: silenced; kept candidates; the others, with finite p and H), a
+    uniform sample of at most `caps[kind]`, drawn from a generator seeded by `seed` (the same sample when rerun on the
+    same device). `update`: the optimizer step written into each record.
 
     Args:
-        result ([`~stapo_trl.core.S2TResult`]): the mask.
         per_token_logps, entropies (`torch.Tensor`): float, (B, T), the values the mask was built from (nats).
         advantages (`torch.Tensor`): float, (B,), (B, 1) or (B, T).
         loss_mask, completion_ids (`torch.Tensor`): (B, T), 1 for loss tokens before silencing; long token ids.
-        caps (`tuple[int, int, int]`): records per kind at most. context_tokens (`int`): context on each side.
-        seed (`str`): seeds the sample. update (`int`): the optimizer step written into each record.
 
     Returns:
         `torch.Tensor`: float64, (3, K, 10 + 2 * context_tokens + 1), K = min(max(caps), B * T): per kind, rows of
         (key, kind, update, completion, position, log p, H, advantage, tau_h, context token ids); key -1 (and token id
-        -1 outside the completion) where there is none. [`token_records`] turns it into records.
+        -1 outside the completion) where there is none.
     """
     (batch, length), device = per_token_logps.shape, per_token_logps.device
     in_loss = loss_mask.bool()  # (B, T)
@@ -107,20 +105,10 @@ def merge_token_records(selected: torch.Tensor, new: torch.Tensor, caps: tuple[i
     return merged
 
 
-def token_records(
-    selected: torch.Tensor, tokenizer, *, prob_threshold: float | None = None, process_index: int = 0
-) -> list[dict[str, Any]]:
-    """The records of a selection ([`select_token_records`], [`merge_token_records`]): one device-to-host transfer
-    and one `tokenizer.batch_decode` call (special tokens kept), in (update, kind, completion, position) order.
-
-    Args:
-        selected (`torch.Tensor`): float64, (3, K, F), a selection.
-        tokenizer: anything with `batch_decode(list[list[int]], skip_special_tokens=...)`.
-        prob_threshold (`float`, *optional*): tau_p, written into each record. process_index (`int`): likewise.
-
-    Returns:
-        `list[dict]`: JSON-serializable records.
-    """
+def token_records(selected: torch.Tensor, tokenizer, *, prob_threshold=None, process_index=0) -> list[dict[str, Any]]:
+    """The JSON-serializable records of a selection (float64, (3, K, F)) in (update, kind, completion, position) order,
+    after one device-to-host transfer and one `tokenizer.batch_decode` call; `prob_threshold` (tau_p) and
+    `process_index` are written into each record."""
     rows = sorted(
         (r[_UPDATE], r[_KIND], r[_ROW], r[_POS], r) for kind in selected.tolist() for r in kind if r[_KEY] >= 0
     )  # the one transfer
@@ -175,21 +163,10 @@ def spurious_token_records(
     seed: int = 0,
     process_index: int = 0,
 ) -> list[dict[str, Any]]:
-    r"""Per-token records of one S2T mask ([`select_token_records`], then [`token_records`]): every silenced token up
-    to `max_silenced`, a uniform sample of at most `max_kept_candidates` kept candidates and of `max_reference` other
-    positive-advantage tokens (the other half of the paper's probability-entropy plane), sampled with the seed
-    `f"{seed}-{step}-{process_index}"` (a rerun on the same device writes the same records); `step` is written as the
-    records' `step` and `update`. One device-to-host transfer and one batch decode, whatever the number of records.
-
-    Args:
-        result, per_token_logps, entropies, advantages, loss_mask, completion_ids: as [`select_token_records`].
-        tokenizer: anything with `batch_decode(list[list[int]], skip_special_tokens=...)`.
-        step (`int`), prob_threshold (`float`, *optional*), max_silenced, max_kept_candidates, max_reference,
-        context_tokens, seed, process_index (`int`): as above.
-
-    Returns:
-        `list[dict]`: JSON-serializable records.
-    """
+    """The records of one S2T mask ([`select_token_records`], then [`token_records`]): at most `max_silenced` silenced
+    tokens, `max_kept_candidates` kept candidates and `max_reference` other positive-advantage tokens, sampled with
+    the seed `f"{seed}-{step}-{process_index}"`; `step` is written as the records' `step` and `update`. One host
+    transfer and one batch decode, however many records."""
     selected = select_token_records(
         result, per_token_logps, entropies, advantages, loss_mask, completion_ids,
         caps=(max_silenced, max_kept_candidates, max_reference), context_tokens=context_tokens,

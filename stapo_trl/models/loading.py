@@ -1,7 +1,6 @@
-"""Loading a causal LM for evaluation from a full model (a folder or a Hub id) or a LoRA adapter folder (a `--use_peft`
-run's output: `adapter_config.json` beside the adapter weights, often a `config.json` too, so that
-`AutoModelForCausalLM.from_pretrained(folder)` looks for weights that are not there). `trust_remote_code` is never set.
-"""
+"""A causal LM for evaluation from a full model (a folder or a Hub id) or a LoRA adapter folder, a `--use_peft` run's
+output (`adapter_config.json`, often beside a `config.json` that sends `from_pretrained` looking for absent weights).
+`trust_remote_code` is never set."""
 
 from __future__ import annotations
 
@@ -21,11 +20,10 @@ class ModelSource(NamedTuple):
 
 
 def resolve_model_source(model: str) -> ModelSource:
-    """`ModelSource(model)` for a full model, `ModelSource(base, adapter=model)` for a folder with `adapter_config.json`
-    (its `base_model_name_or_path`).
+    """`ModelSource(model)` for a full model, `ModelSource(base, adapter=model)` for an adapter folder.
 
     Raises:
-        ValueError: the adapter config cannot be read or names no base model.
+        ValueError: the adapter config names no base model.
     """
     if not os.path.isfile(os.path.join(model, "adapter_config.json")):
         return ModelSource(model)
@@ -38,20 +36,10 @@ def resolve_model_source(model: str) -> ModelSource:
 
 
 def load_causal_lm(model: str, *, revision: str | None = None, dtype=None):
-    """`(model, tokenizer)`, the model in eval mode, from a full model or a LoRA adapter folder.
-
-    An adapter is loaded onto its base with peft's `AutoPeftModelForCausalLM` and merged (`merge_and_unload`), so
-    generation runs at the base model's speed; its base revision is the adapter config's, and the tokenizer is the
-    adapter folder's when it holds one (a training run saves it there), else the base model's.
-
-    Args:
-        model (`str`): a local folder or a Hub id.
-        revision (`str`, *optional*): the Hub revision of a full model.
-        dtype (`torch.dtype` or `str`, *optional*): the weights' dtype, passed to `from_pretrained`.
-
-    Raises:
-        ValueError: see [`resolve_model_source`].
-    """
+    """`(model, tokenizer)`, the model in eval mode. An adapter is loaded onto its base (at the adapter config's
+    revision) with peft's `AutoPeftModelForCausalLM` and merged, so that generation runs at the base model's speed;
+    the tokenizer is the adapter folder's when it holds one, else the base model's. `revision`: a full model's Hub
+    revision. Raises ValueError as [`resolve_model_source`]."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = resolve_model_source(model)

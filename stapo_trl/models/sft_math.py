@@ -1,8 +1,6 @@
 """The `gguf+sft` recipe: a converted real model (its `base`, built first) SFT-warmed on tiny-math, so that RL starts
-right often but not always at temperature 1, with probability left on other tokens.
-
-Hard-target SFT makes SmolLM2 near-deterministic on this task within 20-30 steps, and the paper's tau_p = 0.002 then
-finds almost no candidate; label smoothing leaves a tail. The settings tried are in
+right often but not always at temperature 1. Label smoothing keeps the low-probability tail that hard-target SFT
+removes (the paper's tau_p = 0.002 would find almost no candidate); settings tried:
 `benchmarks/results/2026-12-01-smollm2-warmup.md`.
 """
 
@@ -16,19 +14,18 @@ from .names import BUILTIN_MODELS, read_builtin_info
 from .warmup import SEED, evaluate_tiny_math, sft_warm_up
 
 
+# A constant learning rate: a run stopped at step k is the k-step model, so one sweep measures every length.
 SFT_CONFIG: dict[str, Any] = {
-    "per_device_train_batch_size": 8,
-    "learning_rate": 5e-5,
-    "lr_scheduler_type": "constant",  # a run stopped at step k is the k-step model: one sweep measures every length
+    "per_device_train_batch_size": 8, "learning_rate": 5e-5, "lr_scheduler_type": "constant",
     "label_smoothing_factor": 0.01,
-}
+}  # fmt: skip
 EVAL_NUM_PROBLEMS = 200  # the first 200 of the 300 held-out problems
 EVAL_MAX_NEW_TOKENS = 64  # SmolLM2 writes a tiny-math completion in 29-32 tokens + eos
 
 
 def build(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None) -> dict[str, Any]:
-    """SFT-warm the built base at `base_path` for the recipe's `sft_steps`, run the held-out check (with token
-    statistics) and save into `output_dir`. Returns the build record's fields."""
+    """SFT-warm the built base at `base_path`, run the held-out check (with token statistics) and save into
+    `output_dir`. Returns the build record's fields."""
     import torch
     import trl
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -54,7 +51,6 @@ def build(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike
         "base": {k: base_info[k] for k in ("name", "version", "source", "state_dict_sha256")},
         **{k: base_info[k] for k in ("chat_template", "tokenizer", "model")},
         "seed": SEED,
-        "torch_threads": torch.get_num_threads(),
         "sft": {
             "steps": recipe["sft_steps"],
             "train_examples": len(data["train"]),

@@ -1,7 +1,7 @@
 """The `tiny` recipe: a byte-level BPE tokenizer and a tiny Qwen3 built from scratch, then SFT-warmed on tiny-math.
 
-The vocabulary is tiny, so hard-target SFT would make the model far more peaked than an LLM and the paper's
-tau_p = 0.002 would find almost no candidate: the warm-up uses label smoothing (0.02), which leaves an LLM-like tail.
+With so small a vocabulary, hard-target SFT would leave the paper's tau_p = 0.002 almost no candidate: label smoothing
+(0.02) leaves an LLM-like low-probability tail.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from .names import BUILTIN_MODELS
 from .warmup import SEED, evaluate_tiny_math, sft_warm_up
 
 
-# An upper bound: BPE stops at 329 tokens (256 bytes, 3 special tokens, 70 merges), every word of the task one token.
+# An upper bound: BPE stops earlier, once every word of the task is one token.
 TOKENIZER_VOCAB_SIZE = 400
 PAD_TOKEN, CHAT_START_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 # ChatML, as Qwen uses; `{% generation %}` marks assistant text so `assistant_only_loss=True` also works.
@@ -30,27 +30,18 @@ CHAT_TEMPLATE = (
 )
 # hidden 64 / 2 layers / 4 query heads (2 key-value heads) / MLP 256 / tied embeddings: 144k parameters.
 MODEL_CONFIG: dict[str, Any] = {
-    "hidden_size": 64,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": True,
-}
+    "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "tie_word_embeddings": True,
+}  # fmt: skip
 SFT_CONFIG: dict[str, Any] = {
-    "per_device_train_batch_size": 32,
-    "learning_rate": 6e-3,
-    "lr_scheduler_type": "linear",
-    "warmup_steps": 20,
+    "per_device_train_batch_size": 32, "learning_rate": 6e-3, "lr_scheduler_type": "linear", "warmup_steps": 20,
     "label_smoothing_factor": 0.02,
-}
+}  # fmt: skip
 
 
 def build_tokenizer(corpus: list[str]):
-    """A byte-level BPE [`~transformers.PreTrainedTokenizerFast`] trained on `corpus`: digits are split before BPE, so
-    `"85"` is always `["8", "5"]` (as in Qwen); pad `<|endoftext|>`, eos `<|im_end|>`, a ChatML chat template."""
+    """A byte-level BPE [`~transformers.PreTrainedTokenizerFast`] trained on `corpus`, digits split (`"85"` is always
+    `["8", "5"]`, as in Qwen), with pad `<|endoftext|>`, eos `<|im_end|>` and a ChatML chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -75,8 +66,7 @@ def build_tokenizer(corpus: list[str]):
 
 
 def build_model(tokenizer, config: dict[str, Any]):
-    """A [`~transformers.Qwen3ForCausalLM`] of `config` (e.g. `MODEL_CONFIG`) sized to `tokenizer`, its weights drawn
-    after `torch.manual_seed(SEED)`."""
+    """A [`~transformers.Qwen3ForCausalLM`] of `config` sized to `tokenizer`, initialised after `manual_seed(SEED)`."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -88,10 +78,9 @@ def build_model(tokenizer, config: dict[str, Any]):
 
 
 def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> dict[str, Any]:
-    """The `tiny` recipe for `builtin:<name>`: tokenizer, model, and the SFT warm-up and held-out check when the
-    recipe's `sft_steps` > 0, saved into `output_dir`. Returns the build record's fields."""
+    """Build `builtin:<name>` into `output_dir`: tokenizer, model and, when `sft_steps` > 0, the SFT warm-up and the
+    held-out check. Returns the build record's fields."""
     import tokenizers
-    import torch
     import trl
 
     from ..data import make_tiny_math_dataset
@@ -116,7 +105,6 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     tokenizer.save_pretrained(output_dir)
     return {
         "seed": SEED,
-        "torch_threads": torch.get_num_threads(),
         "tokenizer": {"type": "byte-level BPE, single-digit tokens", "vocab_size": len(tokenizer)},
         "model": {"architecture": "Qwen3ForCausalLM", "num_parameters": num_parameters, **config},
         "sft": sft,

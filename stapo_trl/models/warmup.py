@@ -1,6 +1,5 @@
-"""The SFT warm-up of a built-in model (TRL's `SFTTrainer`) and its held-out check on tiny-math: accuracy, sampled and
-greedy, and the entropy and probability of the sampled tokens. Any model with a chat template: `tiny.py`, `sft_math.py`.
-"""
+"""The SFT warm-up of a built-in model (TRL's `SFTTrainer`) and its held-out check on tiny-math: sampled and greedy
+accuracy, and the entropy and probability of the sampled tokens."""
 
 from __future__ import annotations
 
@@ -21,26 +20,17 @@ EVAL_MAX_NEW_TOKENS = 48  # the tiny tokenizer writes a tiny-math completion in 
 TAU_P = 0.002  # the paper's tau_p: the token statistics count the sampled tokens below it
 
 
-def sft_warm_up(
-    model,
-    tokenizer,
-    train_dataset,
-    max_steps: int,
-    sft_config: dict[str, Any],
-) -> dict[str, float]:
-    """Train `model` in place with TRL's [`~trl.SFTTrainer`] on tiny-math rows (conversational `prompt`, string
-    `completion`; loss on completions), on the CPU, for `max_steps` steps of the `SFTConfig` fields in `sft_config`.
-
-    Returns:
-        `dict[str, float]`: `mean_train_loss` (all steps) and `last_logged_loss`, in nats per completion token.
-    """
+def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, sft_config: dict[str, Any]) -> dict[str, float]:
+    """Train `model` in place with TRL's [`~trl.SFTTrainer`] on tiny-math rows (loss on the completions), on the CPU,
+    for `max_steps` steps of the `SFTConfig` fields in `sft_config`. Returns `mean_train_loss` (all steps) and
+    `last_logged_loss`, in nats per completion token."""
     from trl import SFTConfig, SFTTrainer
 
     dataset = train_dataset.map(
         lambda ex: {"completion": [{"role": "assistant", "content": ex["completion"]}]},
         remove_columns=[c for c in train_dataset.column_names if c not in ("prompt", "completion")],
     )
-    # transformers 5.24 renames `gradient_checkpointing` (the vLLM CPU environment's 5.19 has only the old name).
+    # transformers 5.24 renamed `gradient_checkpointing` (the vLLM CPU environment's 5.19 has only the old name).
     fields = {field.name for field in dataclasses.fields(SFTConfig)}
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     with tempfile.TemporaryDirectory() as output_dir:
@@ -67,25 +57,12 @@ def sft_warm_up(
 
 
 def measure_accuracy(
-    model,
-    tokenizer,
-    prompts: list,
-    solutions: list[str],
-    *,
-    do_sample: bool,
-    max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
-    token_statistics: dict[str, list] | None = None,
+    model, tokenizer, prompts, solutions, *, do_sample: bool, max_new_tokens=EVAL_MAX_NEW_TOKENS, token_statistics=None
 ) -> tuple[float, list[str]]:
-    """The fraction of `prompts` (conversational) whose completion's last `\\boxed{}` equals the gold string exactly.
-
-    Sampling is at `EVAL_TEMPERATURE`, top-p 1, no top-k, after `torch.manual_seed(SEED)` (`do_sample=False`: greedy),
-    100 prompts per `generate` call.
-    The model (on CPU) is left in the train/eval mode it came in. A `token_statistics` dict gets the lists `entropy`
-    (nats) and `prob` (of the drawn token) of every completion token up to and including the first eos, from the
-    distribution it was drawn from.
-
-    Returns:
-        `tuple[float, list[str]]`: the accuracy in [0, 1] and the decoded completions.
+    """The fraction in [0, 1] of `prompts` (conversational) whose completion's last `\\boxed{}` equals the gold string,
+    and the decoded completions: sampled at `EVAL_TEMPERATURE`, top-p 1, no top-k after `torch.manual_seed(SEED)`, or
+    greedy, 100 prompts per `generate` call; the model's train/eval mode is restored. A `token_statistics` dict gets
+    the lists `entropy` (nats) and `prob` (of the drawn token) of every completion token up to the first eos included.
     """
     import torch
 
@@ -98,19 +75,13 @@ def measure_accuracy(
     sampling = {"temperature": EVAL_TEMPERATURE, "top_p": 1.0, "top_k": 0} if do_sample else {}
     completions: list[str] = []
     for start in range(0, len(prompts), 100):
-        texts = [
-            tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-            for p in prompts[start : start + 100]
-        ]
+        texts = tokenizer.apply_chat_template(prompts[start : start + 100], tokenize=False, add_generation_prompt=True)
         batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
         recorder = _TokenStatisticsRecorder()
+        processors = [recorder] if token_statistics is not None else None
         with torch.no_grad():
             out = model.generate(
-                **batch,
-                max_new_tokens=max_new_tokens,
-                do_sample=do_sample,
-                **sampling,
-                logits_processor=[recorder] if token_statistics is not None else None,
+                **batch, max_new_tokens=max_new_tokens, do_sample=do_sample, **sampling, logits_processor=processors
             )
         completion_ids = out[:, batch["input_ids"].shape[1] :]  # (B, T)
         if token_statistics is not None:
@@ -125,9 +96,9 @@ def measure_accuracy(
 
 
 class _TokenStatisticsRecorder:
-    """A logits processor recording at each decoding step the entropy (nats) of the next-token distribution, and the
-    log-probability of the token drawn from the previous one (the next step's last input id). At temperature 1, top-p 1
-    and top-k 0 no warper is added, so these are the scores the token is drawn from."""
+    """A logits processor recording at each decoding step the entropy (nats) of the next-token distribution and the
+    log-probability of the token drawn from the previous one. At temperature 1, top-p 1 and top-k 0 no warper is
+    added, so these are the scores the token is drawn from."""
 
     def __init__(self):
         self.entropies, self.chosen_logps, self._logps = [], [], None  # per step (B,), (B,), the last step's (B, V)
@@ -150,9 +121,8 @@ class _TokenStatisticsRecorder:
 
 
 def summarize_token_statistics(token_statistics: dict[str, list]) -> dict[str, Any]:
-    """`num_tokens`; `entropy_nats` `p10`, `p50`, `p90` (linear-interpolated quantiles) and `mean`; the fraction of
-    tokens whose probability is below `tau_p` (`frac_prob_below_tau_p`), and `tau_p`, from [`measure_accuracy`]'s
-    `token_statistics`."""
+    """From [`measure_accuracy`]'s `token_statistics`: `num_tokens`, `entropy_nats` (`p10`, `p50`, `p90`, `mean`) and
+    `frac_prob_below_tau_p`, the fraction of tokens whose probability is below `tau_p`."""
     import torch
 
     entropy = torch.tensor(token_statistics["entropy"], dtype=torch.float64)
@@ -170,9 +140,8 @@ def summarize_token_statistics(token_statistics: dict[str, list]) -> dict[str, A
 def evaluate_tiny_math(
     model, tokenizer, test_dataset, *, max_new_tokens: int = EVAL_MAX_NEW_TOKENS, token_statistics: bool = False
 ) -> dict[str, Any]:
-    """The held-out check on tiny-math rows (`prompt`, `solution`, `problem`): `sampled_accuracy` and `greedy_accuracy`
-    (fractions), the settings, five sampled completions and, with `token_statistics`, `sampled_tokens`
-    ([`summarize_token_statistics`])."""
+    """The held-out check on tiny-math rows: `sampled_accuracy` and `greedy_accuracy`, the settings, five sampled
+    completions and, with `token_statistics`, `sampled_tokens` ([`summarize_token_statistics`])."""
     prompts, solutions = test_dataset["prompt"], test_dataset["solution"]
     stats = {} if token_statistics else None
     sampled_accuracy, sampled = measure_accuracy(
@@ -196,12 +165,5 @@ def evaluate_tiny_math(
     }
     if stats is not None:
         evaluation["sampled_tokens"] = summarize_token_statistics(stats)
-    logger.info(
-        "Held-out accuracy on %d problems: %.1f %% sampled (T=%g), %.1f %% greedy; sampled tokens: %s",
-        len(prompts),
-        100 * sampled_accuracy,
-        EVAL_TEMPERATURE,
-        100 * greedy_accuracy,
-        evaluation.get("sampled_tokens"),
-    )
+    logger.info("Held-out accuracy: %.1f %% sampled, %.1f %% greedy", 100 * sampled_accuracy, 100 * greedy_accuracy)
     return evaluation
