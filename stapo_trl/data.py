@@ -172,9 +172,11 @@ def _read_error(root: str, error: Exception) -> str:
 def _json_lines(path: str) -> list[tuple[int, Any]]:
     """(number from 1, JSON value or `None`) of each non-blank line of a JSON Lines file, a `.json` or `.jsonl` file
     that is not one array; `[]` for another file."""
+    if not path.lower().endswith((".json", ".jsonl")):
+        return []
     with open(path, "rb") as f:
         array = f.read(4096).lstrip().startswith(b"[")
-    return [] if array or not path.lower().endswith((".json", ".jsonl")) else list(json_lines(path))
+    return [] if array else list(json_lines(path))
 
 
 def check_prompt_columns(dataset, dataset_name: str, prompt_column: str, solution_column: str) -> list[str]:

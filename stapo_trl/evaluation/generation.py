@@ -59,15 +59,16 @@ def hf_generate(model, tokenizer, prompt_texts, *, n, temperature, top_p, max_ne
     eos = model.generation_config.eos_token_id if model.generation_config is not None else None
     eos = tokenizer.eos_token_id if eos is None else eos
     eos = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
-    sampled = temperature != 0.0
+    sampling = {"temperature": temperature, "top_p": top_p, "top_k": 0}  # top_k off
+    if temperature == 0.0:  # argmax decoding: no sampling setting
+        sampling = dict.fromkeys(sampling)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or [0])[0]
     config = GenerationConfig(
-        do_sample=sampled,
-        temperature=temperature if sampled else None,
-        top_p=top_p if sampled else None,
-        top_k=0 if sampled else None,
+        do_sample=temperature != 0.0,
         max_new_tokens=max_new_tokens,
         eos_token_id=eos or None,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or [0])[0],
+        pad_token_id=pad,
+        **sampling,
     )
     flat = [(i, j) for i in range(len(prompt_texts)) for j in range(n)]
     out: list[list[Any]] = [[None] * n for _ in prompt_texts]

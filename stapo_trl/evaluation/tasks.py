@@ -72,7 +72,7 @@ def clean_problem_text(text: str) -> str:
 
 
 def _user_content(messages: Any) -> str | None:
-    """The last user turn of a chat (a list of messages, one message, or their JSON text)."""
+    """The last user turn of a chat (a list of messages, one message, or their JSON text), else `None`."""
     if isinstance(messages, str):
         try:
             messages = json.loads(messages)
@@ -103,17 +103,9 @@ def normalize_record(row: Mapping[str, Any], index: int = 0, benchmark: str = ""
     `question`, a string `prompt` or a chat's last user turn (`prompt`, `messages`); the gold from `answer`,
     `final_answer`, `reward_model.ground_truth`, `ground_truth` or `solution`'s box. `ValueError` naming the row's keys
     when it has no problem or no gold."""
-    problem = None
-    for key in ("problem", "question", "prompt"):
-        value = row.get(key)
-        if isinstance(value, str) and value.strip():
-            problem = value
-            break
-        if key == "prompt" and value is not None and not isinstance(value, str):
-            problem = _user_content(list(value))
-    if not problem and row.get("messages") is not None:
-        problem = _user_content(row["messages"])
-    if not problem:
+    texts = (row.get(key) for key in ("problem", "question", "prompt"))
+    problem = next((text for text in texts if isinstance(text, str) and text.strip()), None)
+    if not (problem := problem or _user_content(row.get("prompt")) or _user_content(row.get("messages"))):
         raise ValueError(f"Row {index}: no problem field (problem/question/prompt/messages); keys: {sorted(row)}")
 
     verl = row.get("reward_model") if isinstance(row.get("reward_model"), Mapping) else {}
@@ -128,11 +120,11 @@ def normalize_record(row: Mapping[str, Any], index: int = 0, benchmark: str = ""
             f"Row {index}: no gold answer (answer/final_answer/reward_model.ground_truth/ground_truth/boxed "
             f"solution); keys: {sorted(row)}"
         )
-    extra = row.get("extra_info")
-    ids = [row.get(key) for key in ("id", "unique_id", "idx")]
-    ids.append(extra.get("index") if isinstance(extra, Mapping) else None)
-    rid = next((i for i in ids if i is not None), index)
-    return BenchmarkProblem(str(rid), clean_problem_text(problem), gold, benchmark)
+    extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
+    ids = (row.get("id"), row.get("unique_id"), row.get("idx"), extra.get("index"))
+    return BenchmarkProblem(
+        str(next((i for i in ids if i is not None), index)), clean_problem_text(problem), gold, benchmark
+    )
 
 
 def normalize_records(rows: Iterable[Mapping[str, Any]], benchmark: str = "") -> list[BenchmarkProblem]:
