@@ -183,15 +183,9 @@ def check_prompt_columns(dataset, dataset_name: str, prompt_column: str, solutio
     """Warnings, one line per kind, for rows GRPOTrainer trains on anyway (empty prompts, no answer), naming the rows
     (a JSON Lines file's lines) and the column. Raises `ValueError` for a missing column (dotted names reach into
     struct columns) or a prompt that is neither a string nor a list of chat messages."""
-    flat = dataset.flatten()  # struct fields as dotted columns (`reward_model.ground_truth`)
-    for column in (prompt_column, solution_column):
-        if column not in flat.column_names:
-            raise ValueError(
-                f"{missing_column_message(column, dataset_name, dataset.column_names)} Set prompt_column / "
-                "solution_column (dotted names reach into struct columns, e.g. 'reward_model.ground_truth')."
-            )
-    prompts, bad, empty, unanswered = flat[prompt_column], [], [], []
-    for index, (prompt, solution) in enumerate(zip(prompts, flat[solution_column])):
+    prompts, solutions = _columns(dataset, dataset_name, prompt_column, solution_column)
+    bad, empty, unanswered = [], [], []
+    for index, (prompt, solution) in enumerate(zip(prompts, solutions)):
         chat = isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt)
         if not isinstance(prompt, str) and not chat:
             bad.append(index)
@@ -212,6 +206,20 @@ def check_prompt_columns(dataset, dataset_name: str, prompt_column: str, solutio
         )
         if rows
     ]
+
+
+def _columns(dataset, dataset_name: str, *columns: str) -> list:
+    """The values of `columns`, a dotted name reaching into struct columns (`reward_model.ground_truth`); `ValueError`
+    naming a missing one, the dataset and its columns."""
+    flat, values = dataset.flatten(), []
+    for column in columns:
+        if column not in (source := dataset if column in dataset.column_names else flat).column_names:
+            raise ValueError(
+                f"{missing_column_message(column, dataset_name, dataset.column_names)} Set prompt_column / "
+                "solution_column (dotted names reach into struct columns, e.g. 'reward_model.ground_truth')."
+            )
+        values.append(source[column])
+    return values
 
 
 def _where(dataset_name: str, indices: list[int]) -> str:
@@ -302,9 +310,10 @@ def load_prompt_dataset(
         dataset = dataset.select(range(min(limit, len(dataset))))
     for warning in check_prompt_columns(dataset, dataset_name, prompt_column, solution_column):
         logger.warning(warning)
-    flat, strip = dataset.flatten(), strip_dapo_instruction and not builtin
-    columns = {"prompt": [_to_prompt(p, instruction, strip) for p in flat[prompt_column]]}
-    columns["solution"] = [_solution_to_str(s) for s in flat[solution_column]]
+    prompts, solutions = _columns(dataset, dataset_name, prompt_column, solution_column)
+    strip = strip_dapo_instruction and not builtin
+    columns = {"prompt": [_to_prompt(p, instruction, strip) for p in prompts]}
+    columns["solution"] = [_solution_to_str(s) for s in solutions]
     if not (kept := [c for c in dataset.column_names if c not in columns and not builtin]):
         return datasets.Dataset.from_dict(columns)
     dataset = dataset.select_columns(kept)
