@@ -365,3 +365,43 @@ def test_a_local_csv_file_is_read_as_json_and_parquet_files_are(tmp_path, monkey
     dataset = load_prompt_dataset(name)
     assert dataset["solution"] == ["30", "32", "34", "36", "38"]
     assert dataset["prompt"][1] == format_prompt("11+21")
+
+
+# A prompt that already ends with the instruction (whitespace aside) does not get it a second time: twice, the model
+# answers a prompt unlike training's, and a tiny model's reward is 0 for the whole run.
+def _once(content: str, instruction: str = INSTRUCTION) -> bool:
+    return "".join(content.split()).count("".join(instruction.split())) == 1
+
+
+def test_a_chat_prompt_that_ends_with_the_instruction_gets_it_once(tmp_path):
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"1+1?\n{INSTRUCTION}"}]
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"prompt": chat, "solution": "2"}])
+    ds = load_prompt_dataset(path, prompt_column="prompt", solution_column="solution")
+    assert ds[0]["prompt"] == chat
+
+
+def test_a_problem_that_ends_with_the_instruction_in_other_whitespace_gets_it_once(monkeypatch):
+    import datasets
+
+    instruction = "Think it through.  Box the answer."
+    problems = ["2+2?\n\nThink it through. Box the answer.\n", "3+3? Think it\nthrough. Box the answer.", "4+4?"]
+    hub = datasets.Dataset.from_dict({"problem": problems, "answer": ["4", "6", "8"]})
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: hub)
+    ds = load_prompt_dataset("org/math", instruction=instruction)
+    assert [turn["content"] for (turn,) in ds["prompt"]] == [*problems[:2], f"4+4?\n{instruction}"]
+    assert format_prompt(f"5+5? {INSTRUCTION}  ") == [{"role": "user", "content": f"5+5? {INSTRUCTION}  "}]
+
+
+def test_an_evaluation_prompt_that_ends_with_the_instruction_gets_it_once(tmp_path, tiny_random_model_path):
+    from transformers import AutoTokenizer
+
+    from stapo_trl.evaluation.generation import build_prompt_text
+    from stapo_trl.evaluation.tasks import benchmark_dataset, load_benchmark
+
+    wrapped = INSTRUCTION.replace(", and", ",\nand")  # over two lines: not a one-line sentence the loader removes
+    (tmp_path / "aime24").mkdir()
+    write_jsonl(tmp_path / "aime24" / "test.jsonl", [{"problem": f"Find $x$.\n{wrapped}", "answer": "1"}])
+    (problem,) = load_benchmark("aime24", data_dir=tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
+    assert _once(build_prompt_text(tokenizer, problem.problem))
+    assert _once(benchmark_dataset([problem], INSTRUCTION)[0]["prompt"][0]["content"])

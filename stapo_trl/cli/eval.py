@@ -5,10 +5,9 @@ Math, OlympiadBench at avg@4, up to 20,480 new tokens, at T 1.0 / top-p 1.0 and 
     stapo-eval --model builtin:tiny-math --benchmarks tiny-math --backend hf --max-new-tokens 48       # CPU, seconds
     stapo-eval --compare results/grpo.json results/stapo.json    # side by side, relative gains (b - a) / a
 
-Every argument (a model folder must hold a whole model, a checkpoint be complete), benchmark file and the results
-file are checked before the model is loaded (one `stapo-eval: error:` line, exit status 2). The results file is resumed: finished (benchmark, decoding) pairs are skipped, and one written
-with other settings is refused with the differences. Each pair's prompts are built as training builds them, N samples
-are drawn per problem (`top_k` off) and graded, and the file is rewritten atomically; a paper-style table ends the run.
+Arguments, benchmark files and the results file are checked before the model is loaded (one `stapo-eval: error:`
+line, exit status 2). A results file is resumed (finished (benchmark, decoding) pairs skipped; one of other settings
+refused) and rewritten atomically after each pair; a paper-style table ends the run.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
+from ..data import INSTRUCTION
 from ..evaluation import results
 from ..evaluation.generation import (
     DECODING_ALIASES,
@@ -34,7 +34,7 @@ from ..evaluation.generation import (
 )
 from ..evaluation.tasks import BENCHMARKS, PAPER_BENCHMARKS, find_benchmark_file, get_benchmark_spec, load_benchmark
 from ..models import check_model_available, resolve_model_path
-from ..preflight import model_max_positions, prompt_token_budget
+from ..preflight import config_max_positions, model_max_positions, prompt_token_budget
 from . import VersionAction
 from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_input_errors
 
@@ -55,31 +55,34 @@ class _Defaults(argparse.HelpFormatter):
 def make_parser() -> argparse.ArgumentParser:
     """The `stapo-eval` argument parser (no prefix matching: `--sample` is an error, not `--samples`)."""
     parser = OneLineErrorParser(
-        prog="stapo-eval", formatter_class=_Defaults, allow_abbrev=False, epilog=EXIT_STATUS_HELP,
+        prog="stapo-eval",
+        formatter_class=_Defaults,
+        allow_abbrev=False,
+        epilog=EXIT_STATUS_HELP,
         description="Evaluate a model on the STAPO paper's math benchmarks (avg@N, pass@k), or compare two results.",
-    )  # fmt: skip
+    )
     add = parser.add_argument
     add("--model", help="Local path, Hub id or builtin:<name> (e.g. builtin:tiny-math).")
     add("--revision", help="Hub revision (branch, tag or commit) of --model.")
     add("--version", action=VersionAction)
     add("--benchmarks", default=",".join(PAPER_BENCHMARKS), help=f"Comma-separated. Valid: {', '.join(BENCHMARKS)}.")
-    add("--decoding", default="paper", help=f"Comma-separated: {_DECODING_NAMES} ('paper' = T=1.0/top-p 1.0 and "
-        "T=0.7/top-p 0.9).")  # fmt: skip
+    paper = "'paper' = T=1.0/top-p 1.0 and T=0.7/top-p 0.9"
+    add("--decoding", default="paper", help=f"Comma-separated: {_DECODING_NAMES} ({paper}).")
     paper_samples = ", ".join(f"{n} {s.default_samples}" for n, s in BENCHMARKS.items() if s.in_paper)
     add("--samples", type=int, help=f"Samples per problem (N of avg@N). Default: the paper's, {paper_samples}.")
     add("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="Generation budget per sample (tokens).")
     add("--backend", choices=["vllm", "hf"], default="vllm", help="Generation backend.")
     add("--data-dir", help="Local benchmark files <dir>/<name>/test.{jsonl,parquet,json}. Default: the Hub datasets.")
-    add("--output", help="Results JSON, resumed when it exists. Default: MODEL_DIR/stapo_eval.json for a local model "
-        "folder, else outputs/stapo-eval/<model>.json (a Hub id's '/' written as '--'); the path is printed.")  # fmt: skip
+    output = "Default: MODEL_DIR/stapo_eval.json for a local model folder, else outputs/stapo-eval/<model>.json"
+    add("--output", help=f"Results JSON, resumed when it exists. {output} (a Hub id's '/' as '--'); it is printed.")
     add("--limit", type=int, help="Only the first K problems of each benchmark.")
     add("--compare", nargs=2, metavar=("A_JSON", "B_JSON"), help="Compare two results files.")
     add("--seed", type=int, default=0, help="Base seed (offset per benchmark and decoding).")
     add("--batch-size", type=int, default=64, help="HF backend: sequences per generate call.")
     add("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="Weights dtype.")
     add("--tensor-parallel-size", type=int, default=1, help="vLLM backend: GPUs per model.")
-    add("--gpu-memory-utilization", type=float, help="vLLM backend: GPU memory share (CPU backend: CPU memory "
-        "share). Default: 0.9 on a GPU, 0.2 on CPU.")  # fmt: skip
+    share = "vLLM backend: GPU memory share (CPU backend: CPU memory share). Default: 0.9 on a GPU, 0.2 on CPU."
+    add("--gpu-memory-utilization", type=float, help=share)
     add("--max-model-len", type=int, help="vLLM backend: context length cap.")
     add("--no-chat-template", action="store_true", help="Feed the user message as plain text, even with a template.")
     add("--save-completions", action="store_true", help="Store each completion's text in the per-sample records.")
@@ -87,11 +90,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def parse_decoding_list(value: str) -> list[str]:
-    """Comma-separated decodings (`paper`: both of the paper's) as [`DECODINGS`] keys.
-
-    Raises:
-        ValueError: an unknown or no decoding; the message lists the valid ones.
-    """
+    """Comma-separated decodings (`paper`: both of the paper's) as [`DECODINGS`] keys; `ValueError` listing the
+    valid ones for an unknown or no decoding."""
     names = []
     for raw in filter(None, (part.strip() for part in value.split(","))):
         if raw not in DECODING_ALIASES and raw not in DECODINGS:
@@ -115,49 +115,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`stapo-eval` (module docstring). Returns 0; an input error is one line and exit status 2 (before the model is
     loaded); a failure during the evaluation keeps its traceback (status 1)."""
     with report_input_errors():
-        return _main(argv)
+        parser = make_parser()
+        args = parser.parse_args(argv)
+        if not logging.getLogger().handlers:
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        try:
+            if args.compare:
+                print(results.format_comparison(*(results.load_results(path) for path in args.compare)))
+                return 0
+            benchmarks, decodings, data_dir = _validate(args)  # everything before a model is loaded
+            output = Path(args.output) if args.output else default_output(args.model, args.revision)
+            data = _open_results(args, output, data_dir, benchmarks)
+            todo = [(d, b) for d in decodings for b in benchmarks if b not in data["results"].get(d, {})]
+            problems = {b: load_benchmark(b, data_dir, args.limit) for b in dict.fromkeys(b for _, b in todo)}
+        except (OSError, ValueError, RuntimeError) as e:
+            raise InputError(parser.prog, str(e)) from None
+        print(f"Results file: {output}" + ("" if args.output else " (the default; --output to choose another)"))
+        if len(todo) < len(decodings) * len(benchmarks):
+            logger.info("Skipping the pairs already in %s", output)
+        from ..trainer import tiny_model_threads  # torch: not for --help and errors
 
-
-def _main(argv: Sequence[str] | None) -> int:
-    parser = make_parser()
-    args = parser.parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        if args.compare:
-            print(results.format_comparison(*(results.load_results(path) for path in args.compare)))
-            return 0
-        benchmarks, decodings, data_dir = _validate(args)  # everything before a model is loaded
-        output = Path(args.output) if args.output else default_output(args.model, args.revision)
-        data = _open_results(args, output, data_dir, benchmarks)
-        todo = [(d, b) for d in decodings for b in benchmarks if b not in data["results"].get(d, {})]
-        problems = {b: load_benchmark(b, data_dir, args.limit) for b in benchmarks if any(b == t for _, t in todo)}
-    except (OSError, ValueError, RuntimeError) as e:
-        raise InputError(parser.prog, str(e)) from None
-    print(f"Results file: {output}" + ("" if args.output else " (the default; --output to choose another)"))
-    if len(todo) < len(decodings) * len(benchmarks):
-        logger.info("Skipping the pairs already in %s", output)
-    from ..trainer import tiny_model_threads  # torch: not for --help and errors
-
-    generator = None
-    for decoding, bench in todo:
-        if generator is None:
-            generator, model_path = _load_generator(parser, args)
-            data["model"] = results.describe_model(model_path, args.revision) | {"name_or_path": args.model}
-        with tiny_model_threads(model_path):  # one thread for a tiny model, as training
-            _evaluate_pair(args, generator, data, problems[bench], bench, decoding, data_dir)
-        results.write_json_atomic(output, data)
-    print(results.format_results_table([data]))
-    print(f"Results file: {output}")
-    return 0
+        generator = None
+        for decoding, bench in todo:
+            if generator is None:
+                generator, model_path = _load_generator(parser, args)
+                data["model"] = results.describe_model(model_path, args.revision) | {"name_or_path": args.model}
+            with tiny_model_threads(model_path):  # one thread for a tiny model, as training
+                _evaluate_pair(args, generator, data, problems[bench], bench, decoding, data_dir)
+            results.write_json_atomic(output, data)
+        print(results.format_results_table([data]))
+        print(f"Results file: {output}")
+        return 0
 
 
 def _validate(args) -> tuple[list[str], list[str], str | None]:
-    """(benchmarks, decodings, the absolute data folder) of valid arguments, the model checked to exist.
-
-    Raises:
-        ValueError, OSError: one message naming the argument (and the valid values where there is a list).
-    """
+    """(benchmarks, decodings, the absolute data folder) of valid arguments, the model checked to exist; else
+    `ValueError` or `OSError`, one line naming the argument and its valid values."""
     if not args.model:
         raise ValueError("--model is required (unless --compare A_JSON B_JSON).")
     benchmarks = list(dict.fromkeys(get_benchmark_spec(b).name for b in args.benchmarks.split(",") if b.strip()))
@@ -168,8 +161,10 @@ def _validate(args) -> tuple[list[str], list[str], str | None]:
         if (value := getattr(args, flag)) is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}.")
     if (share := args.gpu_memory_utilization) is not None and not 0 < share <= 1:
-        raise ValueError(f"--gpu-memory-utilization must be in (0, 1] (the share of the device's memory vLLM may "
-                         f"use), got {share}; leave it unset for 0.9 on a GPU, 0.2 on CPU.")  # fmt: skip
+        raise ValueError(
+            f"--gpu-memory-utilization must be in (0, 1] (the share of the device's memory vLLM may use), got {share}; "
+            "leave it unset for 0.9 on a GPU, 0.2 on CPU."
+        )
     if args.data_dir and not Path(args.data_dir).exists():
         raise ValueError(f"--data-dir {args.data_dir} does not exist.")
     check_model_available(args.model, args.revision)  # a missing folder, a Hub id neither cached nor reachable
@@ -178,29 +173,10 @@ def _validate(args) -> tuple[list[str], list[str], str | None]:
 
 
 def check_generation_budget(args, model_path: str, positions: int | None = None) -> None:
-    """Refuse a `--max-new-tokens` that leaves no position for a prompt: the model's `positions`, else those of its
-    `config.json` (a local or built folder, or a cached Hub id), capped by vLLM's `--max-model-len`; silent when they
-    are unknown (a `builtin:` model not built yet).
-
-    Raises:
-        ValueError: "--max-new-tokens N: max_new_tokens=N leaves no room for a prompt: the model has P positions ...".
-    """
-    import json
-
-    folder = None if model_path.startswith("builtin:") or positions is not None else model_path
-    if folder and not os.path.isdir(folder):  # a Hub id: its cached config.json, if any
-        from huggingface_hub import try_to_load_from_cache
-
-        try:
-            cached = try_to_load_from_cache(folder, "config.json", revision=args.revision)
-        except Exception:  # noqa: BLE001 (not a valid repo id: nothing cached)
-            cached = None
-        folder = os.path.dirname(cached) if isinstance(cached, str) else None
-    try:
-        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-            positions = model_max_positions(json.load(f))
-    except (OSError, TypeError, ValueError, AttributeError):  # no folder, or no readable config.json
-        pass
+    """`ValueError` ("--max-new-tokens N: max_new_tokens=N leaves no room for a prompt: the model has P positions
+    ...") for a budget that leaves no position for a prompt: the model's `positions`, else those of its `config.json`
+    ([`config_max_positions`]), capped by vLLM's `--max-model-len`; silent when they are unknown."""
+    positions = positions or config_max_positions(model_path, args.revision)
     if args.backend == "vllm" and args.max_model_len is not None:
         positions = min(positions or args.max_model_len, args.max_model_len)
     try:
@@ -210,11 +186,8 @@ def check_generation_budget(args, model_path: str, positions: int | None = None)
 
 
 def _open_results(args, output: Path, data_dir: str | None, benchmarks: list[str]) -> dict[str, Any]:
-    """The results file to fill: `output` when it was written with the same settings, else a new one.
-
-    Raises:
-        ValueError: `output` is a folder, cannot be written, is not a results file, or holds other settings.
-    """
+    """The results file to fill: `output` when it was written with the same settings, else a new one; `ValueError`
+    when `output` is a folder, cannot be written, is not a results file, or holds other settings."""
     if output.is_dir():
         raise ValueError(f"--output {output} is a folder: give a file, e.g. {output / DEFAULT_RESULTS_NAME}.")
     existing = next(p for p in (output.parent, *output.parent.parents) if p.exists())
@@ -222,48 +195,43 @@ def _open_results(args, output: Path, data_dir: str | None, benchmarks: list[str
         raise ValueError(f"--output {output}: {existing} is a file, not a folder: give another path.")
     if not os.access(existing, os.W_OK):
         raise ValueError(f"--output {output}: {existing} cannot be written to: give a path you can write.")
-    from ..data import INSTRUCTION  # datasets: slow to import
-
-    config = {"model": args.model, "revision": args.revision, "backend": args.backend, "samples": args.samples,
-              "max_new_tokens": args.max_new_tokens, "limit": args.limit, "data_dir": data_dir, "seed": args.seed,
-              "instruction": INSTRUCTION, "chat_template": not args.no_chat_template}  # fmt: skip
+    config = {"model": args.model, "revision": args.revision, "backend": args.backend, "samples": args.samples}
+    config |= {"max_new_tokens": args.max_new_tokens, "limit": args.limit, "data_dir": data_dir, "seed": args.seed}
+    config |= {"instruction": INSTRUCTION, "chat_template": not args.no_chat_template}
     if output.exists():
         data = results.load_results(output)
         results.check_resumable(data, config, output)
         logger.info("Resuming %s", output)
     else:
-        data = {"format_version": results.RESULTS_FORMAT_VERSION, "created_at": results.now(), "config": config, "model": None,
-                "versions": results.library_versions(args.backend), "decodings": {}, "results": {}, "summary": {},
-                "samples": []}  # fmt: skip
+        data = {"format_version": results.RESULTS_FORMAT_VERSION, "created_at": results.now(), "config": config}
+        data |= {"model": None, "versions": results.library_versions(args.backend), "decodings": {}, "results": {}}
+        data |= {"summary": {}, "samples": []}
     data["config"]["benchmarks"] = [b for b in BENCHMARKS if b in {*data["config"].get("benchmarks", []), *benchmarks}]
     return data
 
 
 def _load_generator(parser, args):
-    """(the generator, the model's path); a `builtin:` model is built here on first use.
-
-    Raises:
-        InputError: the model cannot be loaded, leaves no room for a prompt, or has no chat template to use.
-    """
+    """(the generator, the model's path), a `builtin:` model built on first use; [`InputError`] when the model cannot
+    be loaded, leaves no room for a prompt, or has no chat template to use."""
     from safetensors import SafetensorError
 
-    try:  # a real built-in model is converted here on first use
-        model_path = resolve_model_path(args.model) if args.model.startswith("builtin:") else args.model
-        check_generation_budget(args, model_path)  # a built-in model built just now
-    except (OSError, ValueError) as e:
-        raise InputError(parser.prog, str(e)) from None
     try:
+        model_path = resolve_model_path(args.model) if args.model.startswith("builtin:") else args.model
         if args.backend == "vllm":
-            generator = VLLMGenerator(model_path, args.revision, args.dtype, args.seed, args.tensor_parallel_size,
-                                      args.gpu_memory_utilization, args.max_model_len)  # fmt: skip
+            vllm = {"revision": args.revision, "dtype": args.dtype, "seed": args.seed}
+            vllm |= {"tensor_parallel_size": args.tensor_parallel_size, "max_model_len": args.max_model_len}
+            generator = VLLMGenerator(model_path, args.gpu_memory_utilization, **vllm)
         else:
             generator = HFGenerator(model_path, args.revision, args.dtype, batch_size=args.batch_size)
         check_generation_budget(args, model_path, model_max_positions(generator))
     except (OSError, SafetensorError) as e:  # checked whole before: removed or rewritten while it loaded
-        raise InputError(parser.prog, f"--model {args.model} could not be loaded ({type(e).__name__}: "
-                         f"{(str(e).splitlines() or [''])[0]}): its files changed while it loaded (a checkpoint "
-                         "removed by save_total_limit's rotation, or still being written). Evaluate a complete "
-                         "checkpoint, or the run's final model.") from None  # fmt: skip
+        cause = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        raise InputError(
+            parser.prog,
+            f"--model {args.model} could not be loaded ({cause}): its files changed while it loaded (a checkpoint "
+            "removed by save_total_limit's rotation, or still being written). Evaluate a complete checkpoint, or the "
+            "run's final model.",
+        ) from None
     except (RuntimeError, ValueError) as e:
         raise InputError(parser.prog, str(e)) from None
     if not args.no_chat_template and not has_chat_template(generator.tokenizer):  # as training refuses it
@@ -274,25 +242,37 @@ def _load_generator(parser, args):
 
 def _evaluate_pair(args, generator, data, problems, bench: str, decoding: str, data_dir: str | None) -> None:
     """Evaluate one (benchmark, decoding) pair into `data` (its table, samples and the summary)."""
-    setting, n = DECODINGS[decoding], args.samples or BENCHMARKS[bench].default_samples
+    setting, n, spec = DECODINGS[decoding], args.samples or BENCHMARKS[bench].default_samples, BENCHMARKS[bench]
     logger.info("Evaluating %s / %s: %d problems x %d samples", bench, decoding, len(problems), n)
     table, records = evaluate_problems(
-        generator.generate, generator.tokenizer, problems, n=n, decoding=setting, max_new_tokens=args.max_new_tokens,
+        generator.generate,
+        generator.tokenizer,
+        problems,
+        n=n,
+        decoding=setting,
+        max_new_tokens=args.max_new_tokens,
         seed=(args.seed + zlib.crc32(f"{bench}/{decoding}".encode())) % (2**31 - 1),
-        use_chat_template=not args.no_chat_template, save_completions=args.save_completions,
+        use_chat_template=not args.no_chat_template,
+        save_completions=args.save_completions,
         max_positions=model_max_positions(generator),
-    )  # fmt: skip
-    spec = BENCHMARKS[bench]
+    )
     hub = f"hub:{spec.hub_id}" + (f"/{spec.hub_config}" if spec.hub_config else "") + f":{spec.hub_split}"
-    source = spec.hub_id if spec.hub_id.startswith("builtin:") else hub if data_dir is None else find_benchmark_file(
-        bench, data_dir)  # fmt: skip
+    source = (
+        spec.hub_id
+        if spec.hub_id.startswith("builtin:")
+        else find_benchmark_file(bench, data_dir)
+        if data_dir
+        else hub
+    )
     table |= {"data_source": str(source), "num_problems_loaded": len(problems), "finished_at": results.now()}
     data["decodings"][decoding] = {"temperature": setting.temperature, "top_p": setting.top_p, "top_k": None}
     data["results"].setdefault(decoding, {})[bench] = table
     data["samples"].extend(records)
     data["summary"], data["updated_at"] = results.summarize(data["results"]), results.now()
-    logger.info("%s / %s: avg@%d = %.1f %%, %d grader errors", bench, decoding, n, 100 * table[f"avg@{n}"],
-                table["num_grader_errors"])  # fmt: skip
+    accuracy = 100 * table[f"avg@{n}"]
+    logger.info(
+        "%s / %s: avg@%d = %.1f %%, %d grader errors", bench, decoding, n, accuracy, table["num_grader_errors"]
+    )
 
 
 if __name__ == "__main__":

@@ -1,11 +1,5 @@
-<<<<<<< HEAD
-r"""Per-token records of the S2T mask: the silenced tokens of a mask in context, with samples of kept candidates and
-of other positive-advantage tokens (what [`~stapo_trl.run_files.SpuriousTokenLogger`] writes to
-`spurious_tokens.jsonl`: the paper's word clouds and probability-entropy plane as data).
-=======
 r"""Per-token records of the S2T mask: its silenced tokens in context, with samples of kept candidates and of other
 positive-advantage tokens (`spurious_tokens.jsonl`: the paper's word clouds and probability-entropy plane as data).
->>>>>>> compact-models
 
 So that training never waits for the host, [`select_token_records`] picks a mask's records on the tensors' device,
 [`merge_token_records`] keeps a uniform sample of several masks' selections within the caps, on the device, and

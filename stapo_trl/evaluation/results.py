@@ -62,11 +62,7 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
 
 
 def load_results(path: str | Path) -> dict[str, Any]:
-    """A results file's content.
-
-    Raises:
-        ValueError: not JSON, or not a results file of this format.
-    """
+    """A results file's content; `ValueError` for a file that is not JSON or not a results file of this format."""
     with open(path, encoding="utf-8") as f:
         try:
             data = json.load(f)
@@ -78,11 +74,12 @@ def load_results(path: str | Path) -> dict[str, Any]:
 
 
 # The settings that change the numbers (a file resumes only with equal ones): their flag and what unset means.
-_RESUME_FLAGS = {"model": ("--model", None), "revision": ("--revision", "the default branch"),
-                 "backend": ("--backend", None), "samples": ("--samples", "each benchmark's default"),
-                 "max_new_tokens": ("--max-new-tokens", None), "limit": ("--limit", "every problem"),
-                 "data_dir": ("--data-dir", "the Hub datasets"), "seed": ("--seed", None),
-                 "instruction": ("", None), "chat_template": ("--no-chat-template", None)}  # fmt: skip
+_RESUME_FLAGS = {
+    "model": ("--model", None), "revision": ("--revision", "the default branch"), "backend": ("--backend", None),
+    "samples": ("--samples", "each benchmark's default"), "max_new_tokens": ("--max-new-tokens", None),
+    "limit": ("--limit", "every problem"), "data_dir": ("--data-dir", "the Hub datasets"), "seed": ("--seed", None),
+    "instruction": ("", None), "chat_template": ("--no-chat-template", None),
+}  # fmt: skip
 
 
 def _same(key: str, old: Any, new: Any, benchmarks: list[str]) -> bool:
@@ -97,13 +94,10 @@ def _same(key: str, old: Any, new: Any, benchmarks: list[str]) -> bool:
 
 
 def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path) -> None:
-    """Refuse to resume a results file written with other settings (a setting the file lacks is not a difference).
-
-    Raises:
-        ValueError: one line with each setting that differs (the file's value, this run's) and the flags that would
-            resume the file, e.g. "r.json holds results of other settings, so it cannot be resumed: --max-new-tokens
-            48 in the file, 64 now. Rerun with --max-new-tokens 48 to add to it, or choose another --output."
-    """
+    """Refuse to resume a results file written with other settings (a setting the file lacks is not a difference):
+    one `ValueError` line with each setting that differs and the flags that would resume the file, e.g. "r.json holds
+    results of other settings, so it cannot be resumed: --max-new-tokens 48 in the file, 64 now. Rerun with
+    --max-new-tokens 48 to add to it, or choose another --output."."""
     old = existing.get("config", {})
     whats, give, leave_out = [], [], []
     for key, (flag, unset) in _RESUME_FLAGS.items():
@@ -128,8 +122,10 @@ def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path
         [f"with {' '.join(give)}"] * bool(give) + [f"without {', '.join(leave_out)}"] * bool(leave_out)
     )
     rerun = f"Rerun {rerun} to add to it" if rerun else "Rerun with the stapo_trl version that wrote it"
-    raise ValueError(f"{path} holds results of other settings, so it cannot be resumed: {'; '.join(whats)}. {rerun}, "
-                     "or choose another --output.")  # fmt: skip
+    raise ValueError(
+        f"{path} holds results of other settings, so it cannot be resumed: {'; '.join(whats)}. {rerun}, or choose "
+        "another --output."
+    )
 
 
 def _avg(table: dict[str, Any]) -> float:
@@ -142,8 +138,8 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     for decoding, tables in results.items():
         present = [b for b in PAPER_BENCHMARKS if b in tables]
         values = [_avg(tables[b]) for b in present]
-        summary[decoding] = {"avg": sum(values) / len(values) if values else None, "benchmarks": present,
-                             "complete": len(present) == len(PAPER_BENCHMARKS)}  # fmt: skip
+        avg = sum(values) / len(values) if values else None
+        summary[decoding] = {"avg": avg, "benchmarks": present, "complete": len(present) == len(PAPER_BENCHMARKS)}
     return summary
 
 
@@ -222,12 +218,9 @@ def comparison_caveats(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def format_comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
-    """A Markdown table per decoding both results files hold: their rows, Avg over the paper benchmarks both have
-    (`*` when fewer than six), and the relative gain (b - a) / a per column; then the settings that differ.
-
-    Raises:
-        ValueError: the files share no decoding.
-    """
+    """A Markdown table per decoding both results files hold (`ValueError` when they share none): their rows, Avg
+    over the paper benchmarks both have (`*` when fewer than six), the relative gain (b - a) / a per column; then the
+    settings that differ."""
     shared = [d for d in a["results"] if d in b["results"]]
     if not shared:
         raise ValueError(f"No common decoding: {sorted(a['results'])} vs {sorted(b['results'])}.")
