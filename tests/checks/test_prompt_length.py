@@ -110,18 +110,17 @@ def test_train_drops_prompts_over_the_models_positions(tiny_math_model_path, tmp
 def test_dry_run_counts_the_prompts_the_rule_will_drop(tiny_math_model_path, tmp_path):
     # The dry run said nothing of the prompts training would drop: it reports the count when the data and the model
     # are local (same rule as training).
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.dry_run import validate_recipe
+    from stapo_trl.cli.dry_run import dry_run_recipe
 
     data = _rows(tmp_path, ["12+34", "1+" * 400 + "1", "5+6"])  # one prompt over the model's 512 positions
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", str(data)]
     argv += ["--eval_before_after", "false"]
-    report = validate_recipe(*parse_args(argv), 1)
+    report = dry_run_recipe(argv, 1)
     rows = dict(report.lines)
     assert rows["prompt length"] == "1 of 3 training prompts exceed 464 tokens and will be dropped"  # 512 - 48
     data = _rows(tmp_path, ["1+" * 400 + "1"])
     argv[argv.index("--dataset_name") + 1] = str(data)
-    report = validate_recipe(*parse_args(argv), 1)
+    report = dry_run_recipe(argv, 1)
     assert any("every training prompt exceeds 464 tokens" in e for e in report.errors), report.errors
 
 
