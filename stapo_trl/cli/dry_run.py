@@ -4,12 +4,10 @@ r"""Dry run of a recipe: parse it as `stapo-train` does, check it for a process 
     stapo-train --config recipes/Qwen3-8B/stapo.yaml --dry-run --num-processes 16 # what if: 2 training nodes
     python -m stapo_trl.cli.dry_run --config recipes/Qwen3-8B/stapo.yaml --num-processes 8 --steps_per_generation 64
 
-The plan: trainer, objective, model, data (a built-in or local dataset is read and checked, and with the model here its
-long prompts counted; a Hub dataset or model is named, not fetched), rewards, the batch geometry, where the mask's p and
-H come from, optimizer, generation, output; each failed check with the valid values, and warnings about settings the
-paper did not run. The process count is `--num-processes`, else the recipe's `# launch: ... num_processes=N` line, else
-1. Without a GPU the recipe is parsed with `use_cpu`, which changes no batch arithmetic. A recipe that does not parse or
-fails a check is an input error.
+The plan: trainer, objective, model, data (a built-in or local dataset is read and checked, its long prompts counted
+when the model is here; Hub ids are named, not fetched), rewards, batch geometry, where the mask's p and H come from,
+optimizer, generation, output; each failed check (an input error) with the valid values, and warnings about settings
+the paper did not run. Processes: `--num-processes`, else the recipe's `# launch: ... num_processes=N` line, else 1.
 """
 
 from __future__ import annotations
@@ -179,11 +177,9 @@ def dry_run_recipe(
         a.per_device_train_batch_size, n, a.gradient_accumulation_steps, a.num_generations, a.steps_per_generation,
         a.generation_batch_size if fixed else None, parser.path, notes=[f"process count {n} from {source}."],
     )  # fmt: skip
-    if force_cpu:
-        r.notes.append("parsed with use_cpu=True: this machine has no GPU and transformers refuses bf16 without one; "
-                       "the batch arithmetic does not depend on it.")  # fmt: skip
-    if force_cpu and "bf16" not in given and a.bf16 is False:
-        r.notes.append("bf16 is not set: False here (STAPOConfig's default without an accelerator), True on a GPU.")
+    if force_cpu:  # bf16 is refused without a GPU; no batch arithmetic depends on use_cpu
+        unset = "; bf16 is not set: False here, True on a GPU" if "bf16" not in given and a.bf16 is False else ""
+        r.notes.append(f"parsed with use_cpu=True: this machine has no GPU{unset}.")
     _check(r, s, a, model_args, cpu_forced=force_cpu)
     if "gradient_checkpointing" in given and "activation_checkpointing" in parser._option_string_actions:
         r.warnings.append("gradient_checkpointing is the deprecated transformers 5 alias (removed in v6): write "

@@ -12,9 +12,6 @@ from typing import Literal
 from trl import ScriptArguments
 
 
-TRAINERS = ("stapo", "grpo")
-
-
 def _help_from_docstring(cls):
     """Give each field the text of its docstring entry (after its type) as its `--help-fields` text: written once."""
     for entry in re.split(r"\n {8}(?=\w+ \(`)", cls.__doc__.split("    Args:")[1])[1:]:
@@ -95,10 +92,8 @@ class STAPOScriptArguments(ScriptArguments):
     torch_num_threads: int | None = None
 
     def __post_init__(self):
-        """Refuse, in one line naming the field, a value no run can use (an unknown `trainer` or `benchmark_eval` with
-        the valid names, `dataset_streaming`, an empty column name, a count below 1): `ValueError`."""
-        if self.trainer not in TRAINERS:
-            raise ValueError(f"trainer={self.trainer!r} is not one of {list(TRAINERS)}.")
+        """Refuse, in one line naming the field, a value no run can use (an unknown `benchmark_eval` with the valid
+        names, `dataset_streaming`, an empty column name, a count below 1): `ValueError`. The parser checks `trainer`."""
         if self.dataset_streaming:
             raise ValueError("dataset_streaming=True is not supported by stapo-train: set it to false.")
         for column, what in (("prompt_column", "problem"), ("solution_column", "gold answer")):
