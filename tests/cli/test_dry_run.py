@@ -214,3 +214,21 @@ def test_dry_run_says_where_p_and_h_come_from_as_the_trainer_decides(flags, path
     assert s2t_path(args) == path  # the trainer's decision (`STAPOTrainer._s2t_path`)
     report = dry_run_recipe([*DEMO, *flags], 1)
     assert dict(report.lines)["S2T p and H"] == S2T_PATHS[path]
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--dataset_name", "builtin:no-such-task"], "Unknown built-in dataset 'builtin:no-such-task'. Known built-in"),
+        (["--dataset_train_split", "validation"], "has no split 'validation'; available splits: ['test', 'train']"),
+    ],
+    ids=["unknown-task", "unknown-split"],
+)
+def test_dry_run_reads_a_builtin_dataset_as_stapo_train_does(flags, expected):
+    # The dry run loads the training prompts with stapo-train's own loader: an unknown split of a built-in task is
+    # refused (it was counted as no rows and passed), with the loader's message behind the field.
+    from stapo_trl.cli.dry_run import dry_run_recipe
+
+    report = dry_run_recipe([*DEMO, *flags], 1)
+    (error,) = report.errors
+    assert error.startswith("dataset_name='builtin:") and expected in error, error
