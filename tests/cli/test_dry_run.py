@@ -219,7 +219,10 @@ def test_dry_run_says_where_p_and_h_come_from_as_the_trainer_decides(flags, path
 @pytest.mark.parametrize(
     "flags, expected",
     [
-        (["--dataset_name", "builtin:no-such-task"], "Unknown built-in dataset 'builtin:no-such-task'. Known built-in"),
+        (
+            ["--dataset_name", "builtin:no-such-task"],
+            "Unknown built-in dataset 'builtin:no-such-task'. Known built-in",
+        ),
         (["--dataset_train_split", "validation"], "has no split 'validation'; available splits: ['test', 'train']"),
     ],
     ids=["unknown-task", "unknown-split"],
