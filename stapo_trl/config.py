@@ -181,33 +181,27 @@ MINIMUMS = {  # field: (smallest value, what it is)
 }
 
 
-def check_training_values(args, num_processes: int | None = None) -> None:
+def check_training_values(args) -> None:
     """Refuse the values of a `GRPOConfig` that TRL accepts and fails on later (after the model is built, or with a
-    message that hides the cause) or never: the counts and the learning rate below their minimum, a seed outside
-    numpy's range, an empty `output_dir` or one that is a file, an unknown `report_to` or `loss_type`, `temperature
-    <= 0`, a `max_steps` that is not a number of steps, and a `num_generations` that does not divide the generation
-    batch. Runs on the raw values (before `GRPOConfig.__post_init__`); a missing attribute, or one that is not a number
-    where a number is due, is left to the config's own checks.
-
-    Args:
-        args: a `GRPOConfig` being built, or any object with its attributes (`stapo-train`'s parsed namespace).
-        num_processes (`int`, *optional*): training processes, for the generation batch; `None`: `WORLD_SIZE`, else 1.
+    message that hides the cause): a count or the learning rate below its minimum, a seed outside numpy's range, an
+    empty `output_dir` or one that is a file, an unknown `report_to` or `loss_type`, `temperature <= 0`, a `max_steps`
+    of 0 or below -1, and a `num_generations` that does not divide the generation batch (on `WORLD_SIZE` processes).
+    Runs on the raw values of a config or namespace; a value of the wrong type is left to the config's own checks.
 
     Raises:
-        TrainingValueError: one line, `field=value ...` with the allowed values, e.g. "num_generations=1 must be >= 2
-            (GRPO's advantage compares the completions of one prompt; the paper uses 8)."
+        TrainingValueError: one line, `field=value ...` with the allowed values.
     """
 
-    def get(name: str, kind=(int, float)):
+    def number(name: str, kind=(int, float)):
         value = getattr(args, name, None)
         return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
     for name, (minimum, what) in MINIMUMS.items():
-        if get(name) is not None and get(name) < minimum:
-            raise TrainingValueError(f"{name}={get(name)} must be >= {minimum} ({what}).", name)
+        if number(name) is not None and number(name) < minimum:
+            raise TrainingValueError(f"{name}={number(name)} must be >= {minimum} ({what}).", name)
     for name in ("seed", "data_seed"):  # numpy's seeds: transformers' set_seed fails on others after the model build
-        if get(name, int) is not None and not 0 <= get(name, int) <= 2**32 - 1:
-            raise TrainingValueError(f"{name}={get(name)} must be in [0, 2**32 - 1] (numpy's seed range).", name)
+        if number(name, int) is not None and not 0 <= number(name, int) <= 2**32 - 1:
+            raise TrainingValueError(f"{name}={number(name)} must be in [0, 2**32 - 1] (numpy's seed range).", name)
     output_dir = getattr(args, "output_dir", None)
     if output_dir is not None and not str(output_dir).strip():
         raise TrainingValueError(
@@ -229,51 +223,42 @@ def check_training_values(args, num_processes: int | None = None) -> None:
             message = f"report_to={report_to!r}: {', '.join(map(repr, unknown))} is not one of {allowed}."
             raise TrainingValueError(message, "report_to")
     if getattr(args, "loss_type", None) not in (None, *LOSS_TYPES):
+        message = f"loss_type={args.loss_type!r} is not one of TRL's loss types: {list(LOSS_TYPES)}."
+        raise TrainingValueError(message, "loss_type")
+    if number("temperature") is not None and not number("temperature") > 0:
         raise TrainingValueError(
-            f"loss_type={args.loss_type!r} is not one of TRL's loss types: {list(LOSS_TYPES)}.", "loss_type"
-        )
-    if get("temperature") is not None and not get("temperature") > 0:
-        raise TrainingValueError(
-            f"temperature={get('temperature')} must be > 0: GRPO samples its rollouts (0 would be greedy, and "
+            f"temperature={number('temperature')} must be > 0: GRPO samples its rollouts (0 would be greedy, and "
             "generation refuses it); the S2T thresholds are calibrated at 1.0, the paper's value.",
             "temperature",
         )
-    if get("max_steps", int) is not None and (args.max_steps == 0 or args.max_steps < -1):  # <= 0 reads as epochs
+    if number("max_steps", int) is not None and (args.max_steps == 0 or args.max_steps < -1):  # <= 0 reads as epochs
         raise TrainingValueError(
             f"max_steps={args.max_steps} is not a number of optimizer steps: give a positive number, or -1 (the default) "
             "to train for num_train_epochs epochs.",
             "max_steps",
         )
-    _check_generation_batch(args, num_processes)
-
-
-def _check_generation_batch(args, num_processes: int | None) -> None:
-    """The generation batch (completions generated at once, all processes: `generation_batch_size`, else
-    `per_device_train_batch_size x processes x steps_per_generation`, which defaults to `gradient_accumulation_steps`)
-    must hold whole groups of `num_generations` completions."""
+    # The generation batch (all processes) must hold whole groups of num_generations completions.
     names = ("num_generations", "per_device_train_batch_size", "steps_per_generation", "generation_batch_size")
-    num_generations, per_device, steps, fixed = (getattr(args, name, None) for name in names)
-    grad_accum = getattr(args, "gradient_accumulation_steps", 1)
+    num_generations, per_device, steps, fixed, grad_accum = (
+        getattr(args, name, None) for name in (*names, "gradient_accumulation_steps")
+    )
     counts = (num_generations, per_device, steps, fixed, grad_accum)
-    if any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in counts):
+    if any(value is not None and type(value) is not int for value in counts):
         return  # not integers: the parser or the config names the type
     if num_generations is None or per_device is None or (steps is not None and fixed is not None):
         return  # TRL's defaults; both set: TRL's own "can not be both configured"
     if fixed is not None:
-        batch, fields, how = fixed, ("num_generations", "generation_batch_size"), f"generation_batch_size = {fixed}"
+        batch, fields, how = fixed, names[::3], f"generation_batch_size = {fixed}"
     else:
         steps_name = "steps_per_generation" if steps is not None else "gradient_accumulation_steps"
-        processes, micro_steps = num_processes or int(os.environ.get("WORLD_SIZE", "1")), steps or grad_accum
-        batch, fields = (
-            per_device * processes * micro_steps,
-            ("num_generations", "per_device_train_batch_size", steps_name),
-        )
+        processes, micro_steps = int(os.environ.get("WORLD_SIZE", "1")), steps or grad_accum or 1
+        batch, fields = per_device * processes * micro_steps, (*names[:2], steps_name)
         how = f"per_device_train_batch_size {per_device} x {processes} process(es) x {steps_name} {micro_steps} = {batch} completions"
     if batch % num_generations:
-        valid = [d for d in range(2, batch + 1) if batch % d == 0]
         raise TrainingValueError(
             f"num_generations={num_generations} does not divide the generation batch ({how}): each prompt needs a whole "
-            f"group of num_generations completions. Valid num_generations for this batch: {valid}. Or change "
-            f"per_device_train_batch_size / {fields[-1]} so that the generation batch is a multiple of num_generations.",
+            f"group of num_generations completions. Valid num_generations for this batch: "
+            f"{[d for d in range(2, batch + 1) if batch % d == 0]}. Or change per_device_train_batch_size / "
+            f"{fields[-1]} so that the generation batch is a multiple of num_generations.",
             *fields,
         )

@@ -1,11 +1,8 @@
-"""The arguments of `stapo-train`: a recipe YAML, read once by [`load_recipe`], and command-line overrides, parsed by
-TRL's [`~trl.TrlParser`] into ([`~stapo_trl.cli.script_args.STAPOScriptArguments`], [`~stapo_trl.STAPOConfig`] or
-[`~trl.GRPOConfig`], [`~trl.ModelConfig`]). The recipe's values become the parser's defaults (TRL's
-`set_defaults_with_config`), so the command line wins; the config classes' `__post_init__` check every value. An
-error names the flag, or the recipe key and file, that set the value; an unknown key or flag gets its closest fields.
-
-torch and the config classes are imported after the recipe file is read, so that `--help`, `--version` and a missing
-or broken recipe answer at once.
+"""The arguments of `stapo-train`: a recipe YAML, read once ([`load_recipe`]), and command-line overrides, parsed by
+TRL's [`~trl.TrlParser`] into (`STAPOScriptArguments`, `STAPOConfig` or `GRPOConfig`, `ModelConfig`). The recipe's
+values are the parser's defaults, so the command line wins; the config classes' `__post_init__` check every value. An
+error names the flag, or the recipe key and file, that set the value. torch and the config classes are imported after
+the recipe is read, so that `--help`, `--version` and a missing or broken recipe answer at once.
 """
 
 from __future__ import annotations
@@ -89,8 +86,8 @@ def load_recipe(path: str) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError, IsADirectoryError: `path` is not a file.
-        ValueError: one line naming the file and, where there is one, the line: a byte that is not UTF-8, YAML that
-            does not parse, a key given twice, a recipe that is empty or not a mapping.
+        ValueError: one line naming the file and, where known, the line: not UTF-8, not YAML, a key given twice, a
+            recipe that is empty or not a mapping.
     """
     if os.path.isdir(path):
         raise IsADirectoryError(f"Recipe {path!r} is a folder: give the path of a recipe YAML file in it.")
@@ -99,21 +96,19 @@ def load_recipe(path: str) -> dict[str, Any]:
     with open(path, "rb") as f:
         data = f.read()
     try:
-        text = data.decode("utf-8")
+        recipe = yaml.load(data.decode("utf-8"), Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader)
     except UnicodeDecodeError as e:
         line, column = data[: e.start].count(b"\n") + 1, e.start - data.rfind(b"\n", 0, e.start)
         raise ValueError(
             f"Recipe {path!r} is not UTF-8 text: byte 0x{data[e.start]:02x} at line {line}, column {column}. Save "
             "it as UTF-8 (an editor's 'encoding' setting)."
         ) from None
-    try:
-        recipe = yaml.load(text, Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ValueError(f"Recipe {path!r} is not valid YAML{where}: {problem}.") from None
-    except ValueError as e:
+    except ValueError as e:  # a key given twice
         raise ValueError(f"Recipe {path!r}: {e}.") from None
     if not isinstance(recipe, dict):
         what = "empty" if recipe is None else f"a YAML {type(recipe).__name__}, not a mapping"
@@ -122,25 +117,20 @@ def load_recipe(path: str) -> dict[str, Any]:
 
 
 class RecipeParser(TrlParser):
-    """[`~trl.TrlParser`] over one recipe mapping and a command line ([`parse`]), whose errors say what to do.
-
-    Args:
-        config_class: [`~stapo_trl.STAPOConfig`], or [`~trl.GRPOConfig`] for `trainer: grpo` (with STAPOConfig's
-            objective defaults, and no `s2t_*` fields).
-        recipe (`dict`): the recipe's keys and values (empty without `--config`); path (`str`): its file.
-    """
+    """[`~trl.TrlParser`] over one recipe mapping (`recipe`, read from `path`) and a command line ([`parse`]), whose
+    errors say what to do. `config_class`: `STAPOConfig`, or `GRPOConfig` for `trainer: grpo` (with STAPOConfig's
+    objective defaults, and no `s2t_*` fields)."""
 
     def __init__(self, config_class, recipe: dict[str, Any] | None = None, path: str | None = None, **kwargs):
         from trl import GRPOConfig, ModelConfig
 
+        from ..config import STAPOConfig
         from .script_args import STAPOScriptArguments
 
         super().__init__((STAPOScriptArguments, config_class, ModelConfig), allow_abbrev=False, **kwargs)
         # A value such as `-1e-4` is a number, not an option (argparse's own pattern misses the exponent).
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
         if config_class is GRPOConfig:  # the paper's objective, so that `grpo` differs from `stapo` by the mask
-            from ..config import STAPOConfig
-
             grpo = {f.name: f.default for f in GRPOConfig.__dataclass_fields__.values()}
             ours = STAPOConfig.__dataclass_fields__.values()
             self.set_defaults(**{f.name: f.default for f in ours if f.name in grpo and f.default != grpo[f.name]})
@@ -168,14 +158,11 @@ class RecipeParser(TrlParser):
         if not isinstance(env, dict):
             raise ValueError(f"recipe key env in {self.path}: give a mapping of environment variables.")
         os.environ.update({str(key): str(value) for key, value in env.items()})
-        unknown = self.set_defaults_with_config(**self.recipe)[::2]
-        if unknown:
+        if unknown := self.set_defaults_with_config(**self.recipe)[::2]:
             raise ValueError(self._unknown([key[2:] for key in unknown], f"recipe {self.path}"))
         namespace, extra = self.parse_known_args(argv)
-        if [a for a in extra if a.startswith("--")]:
-            raise ValueError(
-                self._unknown([a[2:].split("=")[0] for a in extra if a.startswith("--")], "the command line")
-            )
+        if unknown := [a[2:].split("=")[0] for a in extra if a.startswith("--")]:
+            raise ValueError(self._unknown(unknown, "the command line"))
         try:
             for key, value in self.recipe.items():
                 self._check_recipe_value(key, value)
@@ -191,13 +178,10 @@ class RecipeParser(TrlParser):
     def _where(self, message: str, fields: Sequence[str] | None = None) -> str:
         """`message` behind the flags or recipe keys that set `fields` (default: the `field=` it starts with, else the
         fields it names); unchanged when none was set."""
-        match = re.match(r"(\w+)=", message)
         if not fields:
-            fields = (
-                [match.group(1)]
-                if match
-                else [k for k in sorted({*self.recipe, *self.flags}) if re.search(rf"\b{re.escape(k)}\b", message)]
-            )
+            match = re.match(r"(\w+)=", message)
+            known = sorted({*self.recipe, *self.flags})
+            fields = [match.group(1)] if match else [k for k in known if re.search(rf"\b{re.escape(k)}\b", message)]
         flags = [f"--{field}" for field in fields if field in self.flags]
         keys = [field for field in fields if self._from_recipe(field)]
         in_recipe = f"recipe key{'s' * (len(keys) > 1)} {', '.join(keys)} in {self.path}"
@@ -217,9 +201,9 @@ class RecipeParser(TrlParser):
         return kinds.get(getattr(action.type, "__name__", None), "a string")
 
     def _check_recipe_value(self, key: str, value: Any) -> None:
-        """Refuse a recipe value that is not what its field takes. argparse converts the recipe's strings as it converts
-        the command line, but never checks a default against the field's choices, nor a YAML number, boolean, list or
-        mapping against its type."""
+        """Refuse a recipe value that is not what its field takes: argparse converts a recipe's string as it converts
+        the command line, but never checks a default against the choices, nor a YAML number, boolean, list or mapping
+        against the type."""
         action = self._option_string_actions.get(f"--{key}")
         if action is None or value is None or key in self.flags:
             return
@@ -227,13 +211,14 @@ class RecipeParser(TrlParser):
         for item in value if isinstance(value, list) and action.nargs in ("+", "*") else [value]:
             if action.choices is not None:
                 fits = item in action.choices
-            elif isinstance(item, str):
+            elif isinstance(item, str) or expects == "a string":
                 fits = True
             elif expects == "true or false":
                 fits = isinstance(item, bool)
             else:
-                number = isinstance(item, int if expects == "an integer" else (int, float))
-                fits = expects == "a string" or (number and not isinstance(item, bool))
+                fits = isinstance(item, int if expects == "an integer" else (int, float)) and not isinstance(
+                    item, bool
+                )
             if not fits:
                 quote = " (YAML reads an unquoted off/on/no/yes as false/true: quote it)"
                 raise ValueError(
@@ -250,7 +235,6 @@ class RecipeParser(TrlParser):
         hints = []
         for key in keys:
             close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-            overrides = [f for f in close if where == "the command line" and self._from_recipe(f)][:1]
             if key.startswith("s2t_") and "s2t_mode" not in known:
                 hint = (
                     "it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer without the S2T mask: remove "
@@ -259,8 +243,9 @@ class RecipeParser(TrlParser):
             elif key in RENAMED_KEYS:
                 hint = f"use {RENAMED_KEYS[key]}"
             elif close:
+                also = [f for f in close if where == "the command line" and self._from_recipe(f)][:1]
                 also = "".join(
-                    f" ({f} is a key of the recipe {self.path} too: the flag --{f} overrides it)" for f in overrides
+                    f" ({f} is a key of the recipe {self.path} too: the flag --{f} overrides it)" for f in also
                 )
                 hint = f"did you mean {', '.join(close)}{also}?"
             else:
@@ -310,23 +295,18 @@ def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
         recipe = load_recipe(path)
     given = [a.split("=", 1)[1] for a in argv if a.startswith("--trainer=")]
     given += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--trainer"]
-    trainer = given[-1] if given else recipe.get("trainer", "stapo")
     from trl import GRPOConfig
 
     from ..config import STAPOConfig
 
-    config_class = GRPOConfig if trainer == "grpo" else STAPOConfig
+    config_class = GRPOConfig if (given[-1] if given else recipe.get("trainer", "stapo")) == "grpo" else STAPOConfig
     return RecipeParser(config_class, recipe, path, prog="stapo-train", usage=USAGE), argv
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
-    """Parse `--config RECIPE.yaml` and command-line overrides into (script_args, training_args, model_args): a
-    [`~stapo_trl.cli.script_args.STAPOScriptArguments`], a [`~stapo_trl.STAPOConfig`] (`trainer: stapo`) or
-    [`~trl.GRPOConfig`] (`trainer: grpo`), a [`~trl.ModelConfig`].
-
-    Raises:
-        ValueError, FileNotFoundError, IsADirectoryError: one line (see [`recipe_parser`], [`RecipeParser.parse`]).
-    """
+    """Parse `--config RECIPE.yaml` and command-line overrides (default: `sys.argv[1:]`) into (script_args,
+    training_args, model_args): `STAPOScriptArguments`, `STAPOConfig` (`trainer: stapo`) or `GRPOConfig` (`trainer:
+    grpo`), `ModelConfig`. Raises what [`recipe_parser`] and [`RecipeParser.parse`] raise (one line)."""
     from ..integrations.process_group import import_group_capturing_modules
 
     parser, argv = recipe_parser(sys.argv[1:] if argv is None else argv)
@@ -356,14 +336,14 @@ def fields_help(word: str | None = None) -> str:
 
 
 def prompt_dataset_kwargs(script_args) -> dict[str, Any]:
-    """The arguments of [`~stapo_trl.data.load_prompt_dataset`] a recipe sets (its columns, instruction and DAPO
-    stripping), shared by `stapo-train` and the dry run so that both read the same prompts."""
+    """The arguments of [`~stapo_trl.data.load_prompt_dataset`] a recipe sets, shared by `stapo-train` and its dry run."""
     from ..data import INSTRUCTION  # datasets: kept out of `--help`
 
+    s = script_args
     return {
-        "dataset_config": script_args.dataset_config,
-        "prompt_column": script_args.prompt_column,
-        "solution_column": script_args.solution_column,
-        "instruction": INSTRUCTION if script_args.instruction is None else script_args.instruction,
-        "strip_dapo_instruction": script_args.strip_dapo_instruction,
+        "dataset_config": s.dataset_config,
+        "prompt_column": s.prompt_column,
+        "solution_column": s.solution_column,
+        "instruction": INSTRUCTION if s.instruction is None else s.instruction,
+        "strip_dapo_instruction": s.strip_dapo_instruction,
     }

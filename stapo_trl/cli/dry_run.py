@@ -4,19 +4,16 @@ r"""Dry run of a recipe: parse it as `stapo-train` does, check it for a process 
     stapo-train --config recipes/Qwen3-8B/stapo.yaml --dry-run --num-processes 16 # what if: 2 training nodes
     python -m stapo_trl.cli.dry_run --config recipes/Qwen3-8B/stapo.yaml --num-processes 8 --steps_per_generation 64
 
-The plan: trainer, objective, model, data (a built-in or local dataset is opened, its columns checked and, when the model
-is here, its long prompts counted; a Hub dataset or model is named, not fetched), rewards, the batch geometry
-(completions per micro-step, rollout step and optimizer update), where the mask's p and H come from, optimizer,
-generation (vLLM server or colocate), output (trackers, checkpoint to resume, Hub access) and `benchmark_eval`, each
-failed check with the valid values, and the trainer's own warnings about settings the paper did not run. The process
-count is `--num-processes`, else the recipe's `# launch: ... num_processes=N` line, else 1. Without a GPU the recipe is
-parsed with `use_cpu` (transformers refuses bf16 there), which changes no batch arithmetic. A recipe that does not
-parse or fails a check is an input error.
+The plan: trainer, objective, model, data (a built-in or local dataset is read and checked, its long prompts counted
+when the model is here; Hub ids are named, not fetched), rewards, batch geometry, where the mask's p and H come from,
+optimizer, generation, output; each failed check (an input error) with the valid values, and warnings about settings
+the paper did not run. Processes: `--num-processes`, else the recipe's `# launch: ... num_processes=N` line, else 1.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
 import sys
 from collections.abc import Sequence
@@ -25,19 +22,23 @@ from math import gcd
 from pathlib import Path
 
 
-# scripts/launch.sh and slurm/train.slurm read `read_launch_settings` before a job starts: this module imports nothing
-# heavy at the top (torch, TRL and the config are imported by the functions that need them).
+# scripts/launch.sh and slurm/train.slurm import `read_launch_settings` before a job starts: nothing heavy at the top.
 PAPER_GEOMETRY = (256, 64, 8)  # prompts per rollout step, prompts per update, rollouts per prompt (STAPO Sec. 4.1)
 S2T_PATHS = {  # the core's `s2t_path`, in words, with its cost
     "loss": "the loss's own forward, detached (no extra forward)",
     "old_logps": "TRL's no-grad old-log-prob forward of the rollout batch (no extra forward)",
     "extra_forward": "one extra no-grad forward per rollout batch",
 }
-TRACKERS = ("wandb", "tensorboard", "trackio", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")
 
 
-def divisors(n: int, minimum: int = 1) -> list[int]:
-    return [d for d in range(minimum, n + 1) if n % d == 0]
+def read_launch_settings(recipe: str) -> dict[str, str]:
+    """The recipe's `# launch: key=value ...` comment line as a dict (empty without one), e.g.
+    `# launch: accelerate_config=zero2 num_processes=4` -> `{"accelerate_config": "zero2", "num_processes": "4"}`."""
+    with open(recipe, encoding="utf-8") as f:
+        for line in f:
+            if match := re.match(r"^#\s*launch:\s*(.*)$", line.strip()):
+                return dict(item.split("=", 1) for item in match.group(1).split() if "=" in item)
+    return {}
 
 
 def fmt(n: float) -> str:
@@ -47,16 +48,11 @@ def fmt(n: float) -> str:
 
 @dataclass
 class DryRunReport:
-    """One step of a recipe on `num_processes` training processes, in completions (as TRL counts them), and what is
-    wrong with it.
+    """One step of a recipe on `num_processes` processes, in completions (as TRL counts them), and what is wrong with it.
 
-    `steps_per_generation` (micro-steps per rollout batch; `None`: `gradient_accumulation_steps`, TRL's default) and
-    `generation_batch_size` (completions per rollout step, all processes; `None`: the global micro-batch x
-    `steps_per_generation`) are resolved at construction: a fixed `generation_batch_size` sets `steps_per_generation`.
-    Derived there: `global_micro_batch`, `completions_per_optimizer_step`, `prompts_per_rollout_step`,
-    `prompts_per_optimizer_step`, `optimizer_steps_per_rollout_step`. `max_tokens_per_optimizer_step`: completions per
-    update x (max prompt + max completion) tokens, `None` when prompts are unbounded. `lines`: the plan's (label,
-    value) rows; `errors` make the recipe fail; `warnings` deserve a look; `notes` say how the dry run differs.
+    A fixed `generation_batch_size` (completions per rollout step, all processes) sets `steps_per_generation`; else
+    `steps_per_generation` (`None`: `gradient_accumulation_steps`) sets it. `lines`: the plan's (label, value) rows;
+    `errors` fail the recipe; `warnings` deserve a look; `notes` say how the dry run differs from a run.
     """
 
     per_device_train_batch_size: int
@@ -65,13 +61,11 @@ class DryRunReport:
     num_generations: int
     steps_per_generation: int | None = None
     generation_batch_size: int | None = None
-    max_prompt_tokens: int | None = None
-    max_tokens_per_optimizer_step: int | None = None
+    recipe: str | None = None
     lines: list[tuple[str, str]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    recipe: str | None = None
 
     def __post_init__(self):
         self.global_micro_batch = self.per_device_train_batch_size * self.num_processes
@@ -91,9 +85,9 @@ class DryRunReport:
 
     def summary(self) -> str:
         """The printable plan: a header, one row per aspect, then errors, warnings and notes."""
-        where = f" {self.recipe}" if self.recipe else " the command-line arguments (no --config)"
+        where = self.recipe or "the command-line arguments (no --config)"
         status = "OK" if self.ok else f"FAILED ({len(self.errors)} error{'s' * (len(self.errors) != 1)})"
-        out = [f"Dry run of{where} for {self.num_processes} training process(es): {status}"]
+        out = [f"Dry run of {where} for {self.num_processes} training process(es): {status}"]
         width = max((len(label) for label, _ in self.lines), default=0)
         out += [f"  {label.ljust(width)}  {value}" for label, value in self.lines]
         for title, items in (("Errors", self.errors), ("Warnings", self.warnings), ("Notes", self.notes)):
@@ -102,8 +96,8 @@ class DryRunReport:
 
 
 def too_few_prompts(num_prompts: int, prompts_per_rollout_step: int, where: str) -> str | None:
-    """The error when the training prompts cannot fill one rollout step (TRL's sampler drops a partial rollout batch, so
-    training would run zero steps and save the untouched model), else `None`. `where`: how the count was reached."""
+    """The error when the training prompts cannot fill one rollout step (TRL's sampler drops a partial rollout batch:
+    zero steps would run), else `None`. `where`: how the count was reached."""
     if num_prompts >= prompts_per_rollout_step:
         return None
     return (
@@ -116,35 +110,28 @@ def too_few_prompts(num_prompts: int, prompts_per_rollout_step: int, where: str)
 def benchmark_eval_error(
     script_args, training_args, num_processes: int, num_problems: int | None = None
 ) -> str | None:
-    """The one-line refusal of a `benchmark_eval*` setting that TRL's evaluation cannot honour exactly, or `None`.
+    """The one-line refusal of a `benchmark_eval*` setting TRL's evaluation cannot honour exactly, or `None`.
 
-    `benchmark_eval` is TRL's own evaluation (`eval_strategy`) on the benchmark's problems: `benchmark_eval_samples`
-    becomes `num_generations_eval` and `benchmark_eval_steps` the `eval_steps` of a `"steps"` schedule. TRL takes the
-    eval batches in whole groups of `num_generations_eval` and logs the mean of the batches' mean rewards, which is
-    avg@k only when every batch is full.
-
-    Args:
-        script_args ([`~stapo_trl.cli.script_args.STAPOScriptArguments`]): the `benchmark_eval*` fields.
-        training_args ([`~trl.GRPOConfig`]): `num_generations_eval`, `eval_strategy`, `per_device_eval_batch_size`.
-        num_processes (`int`): training processes.
-        num_problems (`int`, *optional*): the benchmark's problems (after `benchmark_eval_limit`), once loaded.
+    TRL evaluates `num_generations_eval` (= `benchmark_eval_samples`, k) completions per problem in whole groups and logs
+    the mean of the eval batches' mean rewards: avg@k only when every batch is full. `num_problems`: the benchmark's
+    problems once loaded (after `benchmark_eval_limit`).
     """
-    name, k = getattr(script_args, "benchmark_eval", None), getattr(script_args, "benchmark_eval_samples", 1)
-    if name is None:
+    s, a, k = script_args, training_args, script_args.benchmark_eval_samples
+    if s.benchmark_eval is None:
         return None
-    if training_args.num_generations_eval not in (None, k):
+    if a.num_generations_eval not in (None, k):
         return (
-            f"benchmark_eval_samples={k} and num_generations_eval={training_args.num_generations_eval} disagree (TRL's "
-            f"evaluation samples num_generations_eval completions per problem): set benchmark_eval_samples: "
-            f"{training_args.num_generations_eval} and remove num_generations_eval."
+            f"benchmark_eval_samples={k} and num_generations_eval={a.num_generations_eval} disagree (TRL's evaluation "
+            f"samples num_generations_eval completions per problem): set benchmark_eval_samples: "
+            f"{a.num_generations_eval} and remove num_generations_eval."
         )
-    if script_args.benchmark_eval_steps is not None and training_args.eval_strategy == "epoch":
+    if s.benchmark_eval_steps is not None and a.eval_strategy == "epoch":
         return (
-            f"benchmark_eval_steps={script_args.benchmark_eval_steps} evaluates every N steps, but eval_strategy is "
-            "'epoch': remove one of them."
+            f"benchmark_eval_steps={s.benchmark_eval_steps} evaluates every N steps, but eval_strategy is 'epoch': "
+            "remove one of them."
         )
-    batch = training_args.per_device_eval_batch_size * num_processes
-    in_batch = f"per_device_eval_batch_size {training_args.per_device_eval_batch_size} x {num_processes} process(es)"
+    batch = a.per_device_eval_batch_size * num_processes
+    in_batch = f"per_device_eval_batch_size {a.per_device_eval_batch_size} x {num_processes} process(es)"
     if batch % k:
         return (
             f"benchmark_eval_samples={k} must divide the global eval batch ({in_batch} = {batch} completions: TRL "
@@ -153,61 +140,80 @@ def benchmark_eval_error(
     if num_problems is not None and num_problems * k % batch:
         step = batch // gcd(batch, k)
         return (
-            f"benchmark_eval={name!r}: {num_problems} problems x {k} samples do not fill whole eval batches of {batch} "
-            f"completions ({in_batch}), and TRL would average a partial last batch as a full one: set "
+            f"benchmark_eval={s.benchmark_eval!r}: {num_problems} problems x {k} samples do not fill whole eval batches "
+            f"of {batch} completions ({in_batch}), and TRL would average a partial last batch as a full one: set "
             f"benchmark_eval_limit to a multiple of {step} (e.g. {max(step, num_problems // step * step)})."
         )
     return None
 
 
-def validate_recipe(
-    script_args,
-    training_args,
-    model_args,
-    num_processes: int,
-    *,
-    generation_batch_size: int | None = None,
-    recipe: str | None = None,
-    cpu_forced: bool = False,
+def dry_run_recipe(
+    argv: Sequence[str], num_processes: int | None = None, *, force_cpu: bool | None = None
 ) -> DryRunReport:
-    """Check a parsed recipe ([`~stapo_trl.cli.args.parse_args`]) for `num_processes` training processes, downloading
-    and building nothing.
-
-    Args:
-        generation_batch_size (`int`, *optional*): the recipe's own `generation_batch_size`, fixed whatever the process
-            count; `None`: derived from `steps_per_generation`.
-        recipe (`str`, *optional*): the recipe path, for the summary.
-        cpu_forced (`bool`): `use_cpu` was forced on for the parse (no GPU here): CPU-only findings do not apply.
+    """Parse `argv` (`--config RECIPE.yaml [--FIELD VALUE ...]`) as `stapo-train` does, with `use_cpu` when `force_cpu`
+    (`None`: when no CUDA device is visible), and check it for `num_processes` training processes (`None`: the recipe's
+    `# launch:` value, else 1), downloading and building nothing.
 
     Returns:
         [`DryRunReport`]: `report.ok` is False when the recipe would fail; `report.summary()` is the plan.
+
+    Raises:
+        ValueError, OSError: what parsing raises (one line).
     """
+    from .args import recipe_parser
+
+    parser, rest = recipe_parser(argv)  # the recipe is read and checked before torch is imported
+    launch = read_launch_settings(parser.path) if parser.path else {}
+    source = "the recipe's launch: line" if "num_processes" in launch else "default (no launch: line in the recipe)"
+    source, n = ("--num-processes", num_processes) if num_processes else (source, int(launch.get("num_processes", 1)))
+    if force_cpu is None:
+        import torch
+
+        force_cpu = not torch.cuda.is_available()
+    s, a, model_args = parser.parse(rest + ["--use_cpu", "true"] * force_cpu)
+    given = set(parser.recipe) | parser.flags
+    fixed = "generation_batch_size" in given and parser.recipe.get("generation_batch_size", 0) is not None
+    r = DryRunReport(
+        a.per_device_train_batch_size, n, a.gradient_accumulation_steps, a.num_generations, a.steps_per_generation,
+        a.generation_batch_size if fixed else None, parser.path, notes=[f"process count {n} from {source}."],
+    )  # fmt: skip
+    if force_cpu:  # bf16 is refused without a GPU; no batch arithmetic depends on use_cpu
+        unset = "; bf16 is not set: False here, True on a GPU" if "bf16" not in given and a.bf16 is False else ""
+        r.notes.append(f"parsed with use_cpu=True: this machine has no GPU{unset}.")
+    _check(r, s, a, model_args, cpu_forced=force_cpu)
+    if "gradient_checkpointing" in given and "activation_checkpointing" in parser._option_string_actions:
+        r.warnings.append("gradient_checkpointing is the deprecated transformers 5 alias (removed in v6): write "
+                          "activation_checkpointing.")  # fmt: skip
+    return r
+
+
+def _check(r: DryRunReport, s, a, model_args, cpu_forced: bool) -> None:
+    """Fill `r` with the plan of a parsed recipe (script, training and model arguments) and its failed checks."""
     from ..checks import CLI_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
     from ..preflight import check_hub_access
     from ..config import STAPOConfig
     from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
-    from ..data import (
-        BUILTIN_DATASETS,
-        check_prompt_columns,
-        evaluation_split,
-        is_local_dataset_file,
-        load_local_dataset_file,
-    )
-    from ..models import check_model_name_or_path
-    from ..rewards import REWARDS, get_reward_funcs
+    from ..data import evaluation_split, is_local_dataset_file, load_prompt_dataset
+    from ..integrations.vllm_support import check_vllm_args
+    from ..models import builtin_model_dir, check_model_name_or_path
+    from ..rewards import get_reward_funcs
+    from .args import prompt_dataset_kwargs
     from .checkpoints import check_resume_from_checkpoint
 
-    if not isinstance(num_processes, int) or num_processes < 1:
-        raise ValueError(
-            f"--num-processes: {num_processes} is not a number of training processes: give a positive integer (one "
-            "per GPU, vLLM server GPUs excluded)."
-        )
-    s, a, n = script_args, training_args, num_processes
-    r = DryRunReport(
-        a.per_device_train_batch_size, n, a.gradient_accumulation_steps, a.num_generations, a.steps_per_generation,
-        generation_batch_size, max_prompt_tokens=s.max_prompt_tokens, recipe=recipe,
-    )  # fmt: skip
-    row, error, warn = (lambda label, text: r.lines.append((label, text))), r.errors.append, r.warnings.append
+    n, row, error, warn = (
+        r.num_processes,
+        (lambda label, text: r.lines.append((label, text))),
+        r.errors.append,
+        r.warnings.append,
+    )
+
+    def check(call, *args, prefix: str = "") -> bool:
+        try:
+            call(*args)
+            return True
+        except (ValueError, OSError) as e:  # ConnectionError included
+            error(f"{prefix}{e}")
+            return False
 
     is_stapo = isinstance(a, STAPOConfig)
     if is_stapo:
@@ -221,120 +227,100 @@ def validate_recipe(
     row("objective", f"loss_type={a.loss_type}, epsilon={a.epsilon}/{epsilon_high}, beta={a.beta}, "
                      f"entropy_coef={a.entropy_coef}, scale_rewards={a.scale_rewards}")  # fmt: skip
 
-    model = model_args.model_name_or_path
+    model, path = model_args.model_name_or_path, None
     if not model:
         error("model_name_or_path is not set: give a Hub id, a local model directory or builtin:tiny-math.")
-    else:
-        try:
-            check_model_name_or_path(model)
-        except (ValueError, OSError) as e:
-            error(f"model_name_or_path: {e}")
+    elif check(check_model_name_or_path, model, prefix="model_name_or_path: "):
+        path = builtin_model_dir(model) if model.startswith("builtin:") else Path(model)
+        path = path if (path / "config.json").is_file() else None  # here: a local folder, or a built model
     peft = f"LoRA r={model_args.lora_r}, alpha={model_args.lora_alpha}, targets={model_args.lora_target_modules}"
     row("model", f"{model} (dtype {model_args.dtype}, PEFT {peft if model_args.use_peft else 'off'})")
 
-    # Data: a built-in or local dataset is opened (its rows counted, a file's columns checked); a Hub one is named.
-    dataset, num_rows = s.dataset_name, None
+    # Data: a built-in or local dataset is read as stapo-train reads it (its row warnings into the plan); a Hub one named.
+    dataset, prompts, opened = s.dataset_name, None, "not opened: a Hub dataset"
     if not dataset:
         error("dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet file or a Hub id.")
-        data = "(none)"
-    elif dataset.startswith("builtin:"):
-        if dataset[8:] not in BUILTIN_DATASETS:
-            error(
-                f"dataset_name={dataset!r} is not a built-in dataset; known: {', '.join(f'builtin:{k}' for k in BUILTIN_DATASETS)}."
-            )
-        elif s.dataset_train_split in (splits := BUILTIN_DATASETS[dataset[8:]]()):
-            num_rows = len(splits[s.dataset_train_split])
-        data = f"{dataset} (built in: its own prompt/solution columns)"
-    else:
-        opened = "named, not opened (a Hub dataset)"
-        if is_local_dataset_file(dataset):
-            if s.eval_before_after and (warning := evaluation_split(dataset, s.dataset_test_split)[1]):
-                warn(warning)
-            try:
-                local = load_local_dataset_file(dataset)
-                r.warnings += check_prompt_columns(local, dataset, s.prompt_column, s.solution_column)
-                num_rows, opened = len(local), f"checked: {len(local)} rows"
-            except FileNotFoundError:
-                error(f"dataset_name={dataset!r} looks like a local file but does not exist.")
-                opened = "missing"
-            except ValueError as e:  # a missing column, an empty file, a bad line
-                error(f"dataset_name={dataset!r}: {e}")
-                opened = "failed"
-            except Exception as e:  # noqa: BLE001 (datasets raises many types for an unreadable file)
-                error(f"dataset_name={dataset!r} could not be read: {type(e).__name__}: {e}")
-                opened = "unreadable"
-        config = f" [{s.dataset_config}]" if s.dataset_config else ""
-        data = f"{dataset}{config} split {s.dataset_train_split}, columns {s.prompt_column!r} -> {s.solution_column!r} ({opened})"
-    data += "; DAPO 'Answer:' instruction stripped" * s.strip_dapo_instruction
-    row(
-        "data",
-        data
-        + (f"; prompts > {s.max_prompt_tokens} tokens dropped" if s.max_prompt_tokens else "; no max_prompt_tokens"),
-    )
+    elif dataset.startswith("builtin:") or is_local_dataset_file(dataset):
+        if s.eval_before_after and (warning := evaluation_split(dataset, s.dataset_test_split)[1]):
+            warn(warning)
+        handler = logging.Handler()
+        handler.emit = lambda record: warn(record.getMessage())
+        logging.getLogger("stapo_trl.data").addHandler(handler)
+        try:
+            kwargs = prompt_dataset_kwargs(s)
+            prompts = load_prompt_dataset(dataset, split=s.dataset_train_split, limit=s.max_train_samples, **kwargs)
+            opened = f"checked: {len(prompts)} rows"
+        except Exception as e:  # noqa: BLE001 (datasets raises many types for an unreadable file)
+            error(f"dataset_name={dataset!r}: {e}")
+            opened = "failed"
+        finally:
+            logging.getLogger("stapo_trl.data").removeHandler(handler)
+    config = f" [{s.dataset_config}]" if s.dataset_config else ""
+    data = f"{dataset}{config} split {s.dataset_train_split}, columns {s.prompt_column!r} -> {s.solution_column!r}"
+    data += f" ({opened})" + "; DAPO 'Answer:' instruction stripped" * s.strip_dapo_instruction
+    row("data", data + (f"; prompts > {s.max_prompt_tokens} tokens dropped" if s.max_prompt_tokens else ""))
     instruction = {None: "(default) the paper's step-by-step / \\boxed{} suffix", "": "(none)"}
     row("instruction", instruction.get(s.instruction, f'"{s.instruction}"'))
-    if num_rows is not None and s.max_train_samples is not None:
-        num_rows = min(num_rows, s.max_train_samples)
-
-    try:
-        get_reward_funcs(s.reward_funcs)
-    except ValueError as e:
-        error(f"reward_funcs={s.reward_funcs!r}: {e} (registry: {sorted(REWARDS)})")
-    weights = f", weights {a.reward_weights}" if a.reward_weights else ""
-    row("rewards", ", ".join(s.reward_funcs or []) + weights)
+    check(get_reward_funcs, s.reward_funcs)
+    row("rewards", ", ".join(s.reward_funcs or []) + (f", weights {a.reward_weights}" if a.reward_weights else ""))
 
     # The batch geometry on n processes (the parse checked that the generation batch holds whole prompt groups).
-    batch, micro = r.generation_batch_size, r.global_micro_batch
-    if generation_batch_size is not None and batch % micro:
-        per_device = r.per_device_train_batch_size
+    batch, micro, per_device = r.generation_batch_size, r.global_micro_batch, r.per_device_train_batch_size
+    if batch % micro:  # a fixed generation_batch_size
         error(
             f"generation_batch_size={batch} is not a multiple of the global micro-batch (per_device_train_batch_size "
             f"{per_device} x {n} processes = {micro}). Valid process counts for this batch: "
-            f"{[p for p in divisors(batch) if batch % (per_device * p) == 0]}; valid per_device_train_batch_size on "
-            f"{n} processes: {[d for d in divisors(batch) if batch % (d * n) == 0]}. Or set steps_per_generation "
-            "instead of generation_batch_size."
+            f"{[k for k in range(1, batch + 1) if batch % (per_device * k) == 0]}; valid per_device_train_batch_size "
+            f"on {n} processes: {[d for d in range(1, batch + 1) if batch % (d * n) == 0]}. Or set "
+            "steps_per_generation instead of generation_batch_size."
         )
     if is_stapo:  # the trainer's own construction warnings
         r.warnings += s2t_warnings(a, s2t, r.steps_per_generation, num_processes=n)
     elif r.steps_per_generation % r.gradient_accumulation_steps:
         warn(f"steps_per_generation={r.steps_per_generation} is not a multiple of gradient_accumulation_steps="
              f"{r.gradient_accumulation_steps}: an optimizer update spans two rollout batches.")  # fmt: skip
-    if num_rows is not None:
+    if prompts is not None:
         where = "in the train split" if s.max_train_samples is None else "with max_train_samples"
-        if message := too_few_prompts(num_rows, batch // r.num_generations, where):
+        if message := too_few_prompts(len(prompts), batch // r.num_generations, where):
             error(message)
 
-    # A model that is here (a local folder, or a built-in already built): its chat template, the prompts it drops.
-    path = _local_model_path(model)
-    if path is not None:
-        from transformers import AutoTokenizer
+    if path is not None:  # a model that is here: its chat template, the training prompts it drops
+        from transformers import AutoConfig, AutoTokenizer
+
+        from ..preflight import model_max_positions, prompt_token_budget
+        from ..data import filter_long_prompts
 
         tokenizer = AutoTokenizer.from_pretrained(path)
+        positions = model_max_positions(AutoConfig.from_pretrained(path))
+        budget = prompt_token_budget(positions, a.max_completion_length, s.max_prompt_tokens)
         if not has_chat_template(tokenizer):
             error(chat_template_message(str(model), "stapo-train's prompts are", CLI_CHAT_TEMPLATE_FIX))
-        elif num_rows is not None:
-            _count_long_prompts(r, s, a, path, tokenizer)
-    elif num_rows is not None:
+        elif prompts is not None and budget is None:
+            row("prompt length", "unbounded (no max_prompt_tokens, no position limit)")
+        elif prompts is not None:
+            kept = len(filter_long_prompts(prompts, tokenizer, budget, a.chat_template_kwargs))
+            row("prompt length", f"{len(prompts) - kept} of {len(prompts)} training prompts exceed {budget} tokens "
+                                 "and will be dropped")  # fmt: skip
+            if not kept:
+                error(f"every training prompt exceeds {budget} tokens (max_prompt_tokens, or the model's positions "
+                      f"minus max_completion_length={a.max_completion_length}): nothing would be left to train on.")  # fmt: skip
+    elif prompts is not None:
         row("prompt length", "not counted: the model is not here (a Hub id, or a builtin: model not built)")
 
-    updates, prompt_budget = r.optimizer_steps_per_rollout_step, s.max_prompt_tokens
-    completions = r.completions_per_optimizer_step
-    row(
-        "micro-step",
-        f"per_device_train_batch_size {r.per_device_train_batch_size} x {n} processes = {micro} completions",
-    )
+    completions, updates = r.completions_per_optimizer_step, r.optimizer_steps_per_rollout_step
+    length, new_tokens = s.max_prompt_tokens, a.max_completion_length
+    row("micro-step", f"per_device_train_batch_size {per_device} x {n} processes = {micro} completions")
     row("rollout step", f"{fmt(batch)} completions = {fmt(r.prompts_per_rollout_step)} prompts x {r.num_generations} "
                         f"generations (steps_per_generation {r.steps_per_generation})")  # fmt: skip
     row("optimizer update", f"{fmt(completions)} completions = {fmt(r.prompts_per_optimizer_step)} prompts "
                             f"(gradient_accumulation_steps {r.gradient_accumulation_steps})")  # fmt: skip
     row("updates / rollout", f"{fmt(updates)} (steps_per_generation / gradient_accumulation_steps)")
-    if prompt_budget:
-        tokens = r.max_tokens_per_optimizer_step = completions * (prompt_budget + a.max_completion_length)
-        row("max tokens", f"{fmt(tokens)} per optimizer update = {completions} x ({prompt_budget} prompt + "
-                          f"{a.max_completion_length} completion); {fmt(tokens * updates)} per rollout step")  # fmt: skip
+    if length:
+        tokens = completions * (length + new_tokens)
+        row("max tokens", f"{fmt(tokens)} per optimizer update = {completions} x ({length} prompt + {new_tokens} "
+                          f"completion); {fmt(tokens * updates)} per rollout step")  # fmt: skip
     else:
-        row("max tokens", f"unbounded prompts; completions alone up to {fmt(completions * a.max_completion_length)} "
-                          "per optimizer update")  # fmt: skip
+        row("max tokens", f"unbounded prompts; completions alone up to {fmt(completions * new_tokens)} per update")
     if is_stapo:
         row("S2T p and H", S2T_PATHS[s2t_path(a, r.steps_per_generation)])
     horizon = f"max_steps {a.max_steps}" if a.max_steps > 0 else f"num_train_epochs {a.num_train_epochs}"
@@ -343,17 +329,12 @@ def validate_recipe(
     checkpointing = getattr(a, "activation_checkpointing", a.gradient_checkpointing)  # transformers < 5.24: old name
     row("precision", f"bf16={a.bf16}, activation_checkpointing={checkpointing}")
 
-    sampling = f"T={a.temperature}, top_p={a.top_p}, top_k={a.top_k}, max_completion_length {a.max_completion_length}"
+    sampling = f"T={a.temperature}, top_p={a.top_p}, top_k={a.top_k}, max_completion_length {new_tokens}"
     if not a.use_vllm:
         row("generation", f"transformers generate (no vLLM); {sampling}")
     elif a.vllm_mode == "server":
         where = a.vllm_server_base_url or f"{a.vllm_server_host}:{a.vllm_server_port}"
         row("generation", f"vLLM server at {where} (weight sync port {a.vllm_group_port}); {sampling}")
-        if a.use_cpu and not cpu_forced:
-            error("vllm_mode='server' with use_cpu=True: TRL 1.16 syncs weights to the server over NCCL (CUDA only), "
-                  "so STAPOTrainer refuses it at construction. On CPU use vllm_mode='colocate' (make install-vllm).")  # fmt: skip
-        elif cpu_forced:
-            warn("vllm_mode='server': the weight sync to the server is CUDA-only (NCCL); this recipe needs GPUs.")
         if a.vllm_server_base_url is None and a.vllm_server_host not in ("127.0.0.1", "localhost", "::1"):
             warn(f"vllm_server_host={a.vllm_server_host!r} is not a loopback address: the trainer expects a vLLM server "
                  "there (scripts/launch.sh serves on 127.0.0.1; slurm/train.slurm sets the vLLM node's address).")  # fmt: skip
@@ -363,28 +344,25 @@ def validate_recipe(
                           f"{a.vllm_gpu_memory_utilization}); {sampling}")  # fmt: skip
         if n % tp:
             error(f"vllm_tensor_parallel_size={tp} does not divide the {n} training processes (colocate mode groups "
-                  f"processes into tensor-parallel blocks). Valid values: {divisors(n)}.")  # fmt: skip
-        if max_len is not None and prompt_budget and max_len < prompt_budget + a.max_completion_length:
-            error(f"vllm_max_model_length={max_len} < max_prompt_tokens {prompt_budget} + max_completion_length "
-                  f"{a.max_completion_length}: long rollouts would be cut by vLLM.")  # fmt: skip
-    if a.use_vllm and importlib.util.find_spec("vllm") is None:
-        warn("use_vllm=True but vllm is not installed here: install the `vllm` extra on the GPU machine.")
+                  f"them into tensor-parallel blocks). Valid values: {[d for d in range(1, n + 1) if n % d == 0]}.")  # fmt: skip
+        if max_len is not None and length and max_len < length + new_tokens:
+            error(f"vllm_max_model_length={max_len} < max_prompt_tokens {length} + max_completion_length "
+                  f"{new_tokens}: long rollouts would be cut by vLLM.")  # fmt: skip
+    if a.use_vllm and a.vllm_mode == "server" and cpu_forced:
+        warn("vllm_mode='server': the weight sync to the server is CUDA-only (NCCL); this recipe needs GPUs.")
+    elif not cpu_forced:
+        check(check_vllm_args, a)  # the trainer's own refusal: a vLLM server on a CPU-only run
+    trackers = ("wandb", "tensorboard", "trackio", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")
+    missing = ["vllm"] * a.use_vllm + [t for t in a.report_to or [] if t in trackers]
+    if missing := [name for name in missing if importlib.util.find_spec(name) is None]:
+        warn(f"{missing} named by use_vllm or report_to but not installed here: install where the job runs.")
 
-    missing = [t for t in a.report_to or [] if t in TRACKERS and importlib.util.find_spec(t) is None]
-    if missing:
-        warn(f"report_to names {missing}, not installed here: install it where the job runs.")
     keep = f"every {a.save_steps} optimizer steps (keep {a.save_total_limit or 'all'})"
     save = keep if a.save_strategy == "steps" else a.save_strategy.value
     row("output", f"{a.output_dir}; checkpoints {save}; report_to {a.report_to}; push_to_hub={a.push_to_hub}")
-    try:
-        check_resume_from_checkpoint(a)
-    except ValueError as e:
-        error(str(e))
-    try:
-        if a.push_to_hub:  # offline mode or no token (no request is made here)
-            check_hub_access(a.hub_model_id, a.output_dir, a.hub_token, network=False)
-    except ConnectionError as e:
-        error(str(e))
+    check(check_resume_from_checkpoint, a)
+    if a.push_to_hub:  # offline mode or no token (no request is made here)
+        check(lambda: check_hub_access(a.hub_model_id, a.output_dir, a.hub_token, network=False))
     if a.use_cpu and a.bf16 and not cpu_forced:
         warn("bf16=True on CPU is about 2.3x slower than float32: set bf16: false for CPU runs.")
     paper = (r.prompts_per_rollout_step, r.prompts_per_optimizer_step, r.num_generations) == PAPER_GEOMETRY
@@ -397,109 +375,6 @@ def validate_recipe(
         )
     if message := benchmark_eval_error(s, a, n):  # the problem count is checked when stapo-train loads the benchmark
         error(message)
-    return r
-
-
-def _local_model_path(name) -> Path | None:
-    """The model's folder when it is here (a local folder, or a `builtin:` model already built), else `None`."""
-    from ..models import builtin_model_dir
-
-    name = str(name or "")
-    path = builtin_model_dir(name[8:]) if name.startswith("builtin:") else Path(name)
-    return path if (path / "config.json").is_file() else None
-
-
-def _count_long_prompts(r: DryRunReport, script_args, training_args, path: Path, tokenizer) -> None:
-    """The row counting the training prompts `stapo-train`'s prompt-length rule drops ([`stapo_trl.preflight`])."""
-    from transformers import AutoConfig
-
-    from ..preflight import model_max_positions, prompt_token_budget
-    from ..data import filter_long_prompts, load_prompt_dataset
-    from .args import prompt_dataset_kwargs
-
-    s, a = script_args, training_args
-    budget = prompt_token_budget(
-        model_max_positions(AutoConfig.from_pretrained(path)), a.max_completion_length, s.max_prompt_tokens
-    )
-    if budget is None:
-        r.lines.append(("prompt length", "unbounded (no max_prompt_tokens, no position limit)"))
-        return
-    dataset = load_prompt_dataset(
-        s.dataset_name, split=s.dataset_train_split, limit=s.max_train_samples, **prompt_dataset_kwargs(s)
-    )
-    dropped = len(dataset) - len(filter_long_prompts(dataset, tokenizer, budget, a.chat_template_kwargs))
-    r.lines.append(
-        ("prompt length", f"{dropped} of {len(dataset)} training prompts exceed {budget} tokens and will be dropped")
-    )
-    if dropped and dropped == len(dataset):
-        r.errors.append(
-            f"every training prompt exceeds {budget} tokens (max_prompt_tokens, or the model's positions minus "
-            f"max_completion_length={a.max_completion_length}): nothing would be left to train on."
-        )
-
-
-def read_launch_settings(recipe: str) -> dict[str, str]:
-    """The `# launch: key=value ...` comment line of a recipe as a dict (empty without one), e.g.
-    `# launch: accelerate_config=zero2 num_processes=4` -> `{"accelerate_config": "zero2", "num_processes": "4"}`."""
-    with open(recipe, encoding="utf-8") as f:
-        for line in f:
-            if match := re.match(r"^#\s*launch:\s*(.*)$", line.strip()):
-                return dict(item.split("=", 1) for item in match.group(1).split() if "=" in item)
-    return {}
-
-
-def dry_run_recipe(
-    argv: Sequence[str], num_processes: int | None = None, *, force_cpu: bool | None = None
-) -> DryRunReport:
-    """Parse `argv` (`--config RECIPE.yaml [--FIELD VALUE ...]`) as `stapo-train` does, and [`validate_recipe`] it.
-
-    Args:
-        num_processes (`int`, *optional*): training processes; `None`: the recipe's `# launch:` value, else 1.
-        force_cpu (`bool`, *optional*): parse with `use_cpu=True`; `None`: when no CUDA device is visible.
-
-    Raises:
-        ValueError, OSError: what parsing raises (one line).
-    """
-    from .args import recipe_parser
-
-    parser, rest = recipe_parser(argv)  # the recipe is read and checked before torch is imported
-    launch = read_launch_settings(parser.path) if parser.path else {}
-    source = "--num-processes"
-    if num_processes is None:
-        source = (
-            "the recipe's launch: line" if "num_processes" in launch else "default (no launch: line in the recipe)"
-        )
-        num_processes = int(launch.get("num_processes", 1))
-    notes = [f"process count {num_processes} from {source}."]
-    if force_cpu is None:
-        import torch
-
-        force_cpu = not torch.cuda.is_available()
-    if force_cpu:
-        rest += ["--use_cpu", "true"]
-        notes.append("parsed with use_cpu=True: this machine has no GPU and transformers refuses bf16 without one; the "
-                     "batch arithmetic does not depend on it.")  # fmt: skip
-    script_args, training_args, model_args = parser.parse(rest)
-    given = set(parser.recipe) | parser.flags
-    fixed = "generation_batch_size" in given and parser.recipe.get("generation_batch_size", 0) is not None
-    report = validate_recipe(
-        script_args, training_args, model_args, num_processes, recipe=parser.path, cpu_forced=force_cpu,
-        generation_batch_size=training_args.generation_batch_size if fixed else None,
-    )  # fmt: skip
-    if "gradient_checkpointing" in given and "activation_checkpointing" in parser._option_string_actions:
-        report.warnings.append("gradient_checkpointing is the deprecated transformers 5 alias (removed in v6): write "
-                               "activation_checkpointing.")  # fmt: skip
-    elif not {"gradient_checkpointing", "activation_checkpointing"} & given:
-        report.warnings.append(
-            "activation_checkpointing is not set: GRPOConfig then turns gradient checkpointing ON through its "
-            "deprecated alias (with a FutureWarning). Set activation_checkpointing: true or false explicitly."
-        )
-    if force_cpu and "bf16" not in given and training_args.bf16 is False:
-        notes.append(
-            "bf16 is not set: False here (STAPOConfig's default without an accelerator); on a GPU it is True (TRL's)."
-        )
-    report.notes += notes
-    return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -518,6 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if known.help:
             print(__doc__ + "\n" + EXIT_STATUS_HELP)
             return 0
+        if known.num_processes is not None and known.num_processes < 1:
+            raise InputError(prog, f"--num-processes: {known.num_processes} is not a number of training processes: "
+                                   "give a positive integer (one per GPU, vLLM server GPUs excluded).")  # fmt: skip
         try:
             report = dry_run_recipe(rest, known.num_processes)
         except (ValueError, OSError) as e:

@@ -1,12 +1,6 @@
-"""The exit status of every command, and the one-line error that ends a command on bad input.
-
-- 0: done.
-- 2 ([`EXIT_INPUT_ERROR`], argparse's): an input error found before anything runs (an argument, a recipe key or value,
-  a model, dataset or results file, a run folder that cannot work): one `PROG: error: ...` line on stderr naming what
-  the user wrote, the allowed values and the fix. On every process under `accelerate launch` alike.
-- 1: a failure during a run, with its traceback; a full disk ends a `stapo-train` run with one line.
-- 130, 143, 138 (128 + the signal's number): Ctrl-C, SIGTERM, SIGUSR1 (`stapo-train` saves a checkpoint first).
-"""
+"""The exit status of every command ([`EXIT_STATUS_HELP`]: 2, argparse's, for an input error found before anything
+runs; 1 for a run that failed; 128 + the signal's number), and the one-line `PROG: error: ...` that ends a command on
+bad input, on every process under `accelerate launch` alike."""
 
 from __future__ import annotations
 
@@ -34,26 +28,18 @@ EXIT_STATUS_HELP = (
 
 
 class InputError(SystemExit):
-    """End a command with exit status `code` (2: an input error; 1: a run that failed, told in one line) and the text
-    `PROG: error: MESSAGE`, which [`report_input_errors`] prints on stderr. A `SystemExit`: it passes `except Exception`.
-
-    Args:
-        prog (`str`): the command as typed (`stapo-train`, `stapo-eval`, ...).
-        message (`str`): one line: what is wrong, the allowed values, the fix.
-    """
+    """End a command with status `code` (2: an input error; 1: a failed run told in one line) and the line
+    `PROG: error: MESSAGE` ([`report_input_errors`] prints it). A `SystemExit`: it passes `except Exception`."""
 
     def __init__(self, prog: str, message: str, code: int = EXIT_INPUT_ERROR):
         self.message = f"{prog}: error: {message}"
         super().__init__(self.message)
         self.code = code
 
-    def __str__(self) -> str:
-        return self.message
-
 
 def print_line(message: str) -> None:
-    """Write `message` and its newline to stderr in one `write` (under 4 KiB: never split), so that the lines of
-    processes sharing a pipe under `accelerate launch` cannot interleave (`print` writes the newline apart)."""
+    """Write `message` and its newline to stderr in one `write`, so that the lines of processes sharing a pipe under
+    `accelerate launch` cannot interleave (`print` writes the newline apart)."""
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
 
@@ -72,15 +58,17 @@ def report_input_errors() -> Iterator[None]:
 
 @contextlib.contextmanager
 def full_disk_in_one_line(prog: str, output_dir: str) -> Iterator[None]:
-    """End a run that failed on a full disk with one [`InputError`] line (status 1) naming `output_dir` and the
-    checkpoint a rerun resumes. Full: ENOSPC / EDQUOT (an `OSError`'s or safetensors' "os error 28"), or under 1 MiB
-    free (`torch.save` names no cause: "unexpected pos")."""
+    """Turn a failure on a full disk into one [`InputError`] line (status 1) naming `output_dir` and the checkpoint a
+    rerun resumes. Full: ENOSPC / EDQUOT (an `OSError`'s or safetensors' "os error 28"), or under 1 MiB free
+    (`torch.save` names no cause)."""
     try:
         yield
     except Exception as e:
         if getattr(e, "errno", None) not in (errno.ENOSPC, errno.EDQUOT) and "os error 28" not in str(e):
             if not os.path.isdir(output_dir) or shutil.disk_usage(output_dir).free >= 2**20:
                 raise
+        from ..checkpoints import newest_complete_checkpoint
+
         checkpoint = newest_complete_checkpoint(output_dir)[0] or "the start (no complete checkpoint)"
         first_line = (str(e).splitlines() or [""])[0][:200]
         raise InputError(
@@ -92,8 +80,8 @@ def full_disk_in_one_line(prog: str, output_dir: str) -> Iterator[None]:
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """An argument parser whose errors are an [`InputError`] (status 2, one line, no usage block), with the closest
-    flags for an unknown one and a pointer to `--help`."""
+    """An argument parser whose errors are an [`InputError`] (one line, no usage block), with the closest flags for an
+    unknown one and a pointer to `--help`."""
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments:"):

@@ -12,9 +12,6 @@ from typing import Literal
 from trl import ScriptArguments
 
 
-TRAINERS = ("stapo", "grpo")
-
-
 def _help_from_docstring(cls):
     """Give each field the text of its docstring entry (after its type) as its `--help-fields` text: written once."""
     for entry in re.split(r"\n {8}(?=\w+ \(`)", cls.__doc__.split("    Args:")[1])[1:]:
@@ -27,64 +24,52 @@ def _help_from_docstring(cls):
 @_help_from_docstring
 @dataclass
 class STAPOScriptArguments(ScriptArguments):
-    """Script arguments of `stapo-train`: which trainer, which rewards, which data, the before/after evaluation. The
-    inherited `dataset_name`, `dataset_config`, `dataset_train_split` and `dataset_test_split` select the data;
-    `dataset_streaming` is not supported. Everything about the optimisation is in [`~stapo_trl.STAPOConfig`].
+    """Script arguments of `stapo-train`: trainer, rewards, data, evaluation. The inherited `dataset_name`,
+    `dataset_config`, `dataset_train_split` and `dataset_test_split` select the data (no `dataset_streaming`).
 
     Args:
         trainer (`str`, *optional*, defaults to `"stapo"`): `"stapo"` ([`~stapo_trl.STAPOTrainer`]) or `"grpo"` (a
             plain [`~trl.GRPOTrainer`]; `s2t_*` keys are then an error). The paper's baselines use `"stapo"` with
-            `s2t_mode: "off"`: plain GRPOTrainer equals it only when `steps_per_generation ==
-            gradient_accumulation_steps` (otherwise TRL's `dapo` divides each update by the rollout batch's average
-            token count).
-        reward_funcs (`list[str]`, *optional*, defaults to `["math_accuracy"]`): Reward functions: names of
-            `stapo_trl.rewards.REWARDS` or dotted import paths (`my_pkg.rewards.fn`). The default is the paper's binary
-            rule-based reward alone (last `\\boxed{}` verified against the gold answer, STAPO Sec. 4.1); the paper uses
-            no format reward. Weights: `reward_weights`.
+            `s2t_mode: "off"`, which equals plain GRPOTrainer only when `steps_per_generation ==
+            gradient_accumulation_steps` (else TRL's `dapo` divides each update by the rollout batch's token count).
+        reward_funcs (`list[str]`, *optional*, defaults to `["math_accuracy"]`): names of `stapo_trl.rewards.REWARDS`
+            or dotted import paths (`my_pkg.rewards.fn`). The default is the paper's binary reward alone (last
+            `\\boxed{}` verified against the gold answer, STAPO Sec. 4.1). Weights: `reward_weights`.
         prompt_column (`str`, *optional*, defaults to `"problem"`): column holding the problem text (or a chat).
             Ignored for `builtin:` datasets.
-        solution_column (`str`, *optional*, defaults to `"answer"`): Column holding the gold answer; dotted names reach
+        solution_column (`str`, *optional*, defaults to `"answer"`): column holding the gold answer; dotted names reach
             into struct columns (`reward_model.ground_truth`). Ignored for `builtin:` datasets.
-        instruction (`str`, *optional*): Text appended to every problem (training and evaluation). `None`: the paper's
-            suffix asking for step-by-step reasoning and the final answer in `\\boxed{}`
-            (`stapo_trl.data.INSTRUCTION`); `""`: none.
-        strip_dapo_instruction (`bool`, *optional*, defaults to `False`): Remove DAPO-Math-17k's own "Answer: $Answer"
-            instruction from every problem before appending `instruction` (`stapo_trl.data.remove_dapo_instruction`; a
-            no-op on problems without it).
-        max_prompt_tokens (`int`, *optional*): Drop the training prompts longer than this many tokens (chat template
-            included); the paper caps prompts at 1,024. TRL 1.x no longer truncates prompts. `None`: no limit.
+        instruction (`str`, *optional*): text appended to every problem (training and evaluation). `None`: the paper's
+            step-by-step / `\\boxed{}` suffix (`stapo_trl.data.INSTRUCTION`); `""`: none.
+        strip_dapo_instruction (`bool`, *optional*, defaults to `False`): remove DAPO-Math-17k's own "Answer: $Answer"
+            instruction from every problem before appending `instruction`.
+        max_prompt_tokens (`int`, *optional*): drop the training prompts longer than this many tokens (chat template
+            included; the paper caps prompts at 1,024). `None`: no limit.
         max_train_samples (`int`, *optional*): keep only the first N training problems (before `max_prompt_tokens`).
-        eval_before_after (`bool`, *optional*, defaults to `False`): Measure held-out avg@k on `dataset_test_split`
-            before and after training (transformers `generate`, sampled) and write `eval.json`. For benchmark numbers
-            use `stapo-eval`.
+        eval_before_after (`bool`, *optional*, defaults to `False`): held-out avg@k on `dataset_test_split` before and
+            after training (transformers `generate`, sampled), into `eval.json`. Benchmark numbers: `stapo-eval`.
         eval_num_problems (`int`, *optional*, defaults to `200`): held-out problems (the first N of the test split).
         eval_num_samples (`int`, *optional*, defaults to `4`): k, completions sampled per problem (avg@k: their mean).
-        eval_temperature (`float`, *optional*, defaults to `1.0`): sampling temperature of the evaluation (the paper's
-            first decoding setting is 1.0 / top-p 1.0).
+        eval_temperature (`float`, *optional*, defaults to `1.0`): sampling temperature of the evaluation.
         eval_top_p (`float`, *optional*, defaults to `1.0`): top-p of the evaluation sampling.
         eval_max_new_tokens (`int`, *optional*): generation budget of the evaluation; `None`: `max_completion_length`.
         eval_batch_size (`int`, *optional*, defaults to `64`): problems per `generate` call (each yields k).
-        benchmark_eval (`str`, *optional*): A benchmark (`aime24`, `math500`, ..., `tiny-math`: a
-            `stapo_trl.evaluation.tasks.BENCHMARKS` name) that TRL's own evaluation samples during training: its
-            problems become the trainer's `eval_dataset` (prompts as training formats them) and `eval_strategy` is
-            `"steps"` unless set. The log history and `metrics.jsonl` get `eval_rewards/<reward>/mean` (with
-            `math_accuracy`: avg@k) and `eval_reward`. Sampling and length are training's (`temperature`, `top_p`,
-            `top_k`, `max_completion_length`); `eval_temperature` and the other `eval_*` fields are the before/after
-            evaluation's. TRL generates on every rank: ZeRO-3 works. `None`: off.
+        benchmark_eval (`str`, *optional*): a benchmark (`aime24`, `math500`, ..., `tiny-math`) that TRL's own
+            evaluation samples during training (its `eval_dataset`; `eval_strategy` `"steps"` unless set), logged as
+            `eval_rewards/<reward>/mean` (with `math_accuracy`: avg@k). Sampling and length are training's. `None`: off.
         benchmark_eval_data_dir (`str`, *optional*): folder with local benchmark files (`None`: the Hub, or built in).
         benchmark_eval_steps (`int`, *optional*): `eval_steps`, in optimizer steps (`None`: `eval_steps`, else
             `logging_steps`); not with `eval_strategy: epoch`.
-        benchmark_eval_samples (`int`, *optional*, defaults to `4`): k, samples per problem: TRL's
-            `num_generations_eval`, which must divide the global eval batch (`per_device_eval_batch_size` x processes).
-        benchmark_eval_limit (`int`, *optional*, defaults to `32`): only the first N problems of the benchmark; N x k
-            must fill whole eval batches.
-        torch_num_threads (`int`, *optional*): CPU threads of torch (`torch.set_num_threads`, also exported as
-            `OMP_NUM_THREADS` to child processes); `None` keeps torch's default. The CPU demo uses 1: a tiny model's
-            operations are too small to gain from threads, and when other processes share the cores, OpenMP threads
-            waiting on each other make 2 threads up to 20x slower than 1.
+        benchmark_eval_samples (`int`, *optional*, defaults to `4`): k, samples per problem (TRL's
+            `num_generations_eval`); it must divide the global eval batch (`per_device_eval_batch_size` x processes).
+        benchmark_eval_limit (`int`, *optional*, defaults to `32`): only the first N problems; N x k must fill whole
+            eval batches.
+        torch_num_threads (`int`, *optional*): CPU threads of torch (also `OMP_NUM_THREADS` for child processes);
+            `None`: torch's default. The CPU demo uses 1: a tiny model gains nothing from threads, and threads that
+            wait on each other on shared cores make 2 up to 20x slower than 1.
     """
 
-    trainer: Literal["stapo", "grpo"] = field(default="stapo", metadata={"choices": list(TRAINERS)})
+    trainer: Literal["stapo", "grpo"] = "stapo"
     reward_funcs: list[str] = field(default_factory=lambda: ["math_accuracy"])
     prompt_column: str = "problem"
     solution_column: str = "answer"
@@ -107,14 +92,8 @@ class STAPOScriptArguments(ScriptArguments):
     torch_num_threads: int | None = None
 
     def __post_init__(self):
-        """Refuse, in one line naming the field, a value no run can use.
-
-        Raises:
-            ValueError: an unknown `trainer` or `benchmark_eval` (with the valid names), `dataset_streaming`, an empty
-                column name (a file or Hub dataset), a count below 1.
-        """
-        if self.trainer not in TRAINERS:
-            raise ValueError(f"trainer={self.trainer!r} is not one of {list(TRAINERS)}.")
+        """Refuse, in one line naming the field, a value no run can use (an unknown `benchmark_eval` with the valid
+        names, `dataset_streaming`, an empty column name, a count below 1): `ValueError`. The parser checks `trainer`."""
         if self.dataset_streaming:
             raise ValueError("dataset_streaming=True is not supported by stapo-train: set it to false.")
         for column, what in (("prompt_column", "problem"), ("solution_column", "gold answer")):

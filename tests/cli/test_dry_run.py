@@ -80,10 +80,7 @@ def test_dry_run_refuses_zero_processes_by_its_flag(capsys):
     )
 
 
-def _demo_args(*overrides: str):
-    from stapo_trl.cli.args import parse_args
-
-    return parse_args(["--config", str(RECIPES_DIR / "demo" / "stapo.yaml"), *overrides])
+DEMO = ["--config", str(RECIPES_DIR / "demo" / "stapo.yaml")]
 
 
 def test_dry_run_lists_valid_values_when_the_generation_batch_does_not_fit(tmp_path):
@@ -102,12 +99,10 @@ def test_dry_run_lists_valid_values_when_the_generation_batch_does_not_fit(tmp_p
 
 
 def test_dry_run_reports_bad_rewards_and_temperature():
-    from stapo_trl.cli.dry_run import validate_recipe
+    from stapo_trl.cli.dry_run import dry_run_recipe
     from stapo_trl.rewards import REWARDS
 
-    script, args, model = _demo_args("--temperature", "0.7")
-    script.reward_funcs = ["math_accuracy", "no_such_reward"]
-    report = validate_recipe(script, args, model, 1)
+    report = dry_run_recipe([*DEMO, "--temperature", "0.7", "--reward_funcs", "math_accuracy", "no_such_reward"], 1)
     assert not report.ok
     assert any("no_such_reward" in e and str(sorted(REWARDS)) in e for e in report.errors), report.errors
     assert any("temperature=0.7" in w and "1.0" in w for w in report.warnings), report.warnings
@@ -126,40 +121,40 @@ def test_dry_run_prints_exactly_the_trainers_construction_warnings(flags):
     # One source: the dry run used to repeat one of the trainer's warnings, so a dr_grpo recipe passed it quietly.
     # Every message the trainer warns at construction (the core's and the product's) is in the dry run's report.
     from stapo_trl import STAPOConfig
-    from stapo_trl.cli.dry_run import validate_recipe
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.dry_run import dry_run_recipe
     from stapo_trl.core.stapo_config import s2t_settings, s2t_warnings
 
-    script, args, model = _demo_args(*flags)
+    _, args, _ = parse_args([*DEMO, *flags])
     expected = s2t_warnings(args, s2t_settings(args, STAPOConfig._s2t_modes))
     assert expected  # each of these settings has something to say
-    report = validate_recipe(script, args, model, 1)
+    report = dry_run_recipe([*DEMO, *flags], 1)
     assert [w for w in report.warnings if w in expected] == expected, report.warnings
 
 
 def test_dry_run_opens_a_local_dataset_file_and_checks_its_columns(tmp_path):
-    from stapo_trl.cli.dry_run import validate_recipe
+    from stapo_trl.cli.dry_run import dry_run_recipe
 
     data = tmp_path / "train.jsonl"
     # 8 rows: one rollout step of the demo (64 completions / 8 per prompt)
     data.write_text("".join(f'{{"question": "{i}+1", "answer": "{i + 1}"}}\n' for i in range(8)))
-    script, args, model = _demo_args("--dataset_name", str(data))  # the demo's columns: problem -> solution
-    report = validate_recipe(script, args, model, 1)
+    report = dry_run_recipe([*DEMO, "--dataset_name", str(data)], 1)  # the demo's columns: problem -> solution
     assert not report.ok
     assert any("Column 'problem' not found" in e and "['question', 'answer']" in e for e in report.errors)
-    script.prompt_column, script.solution_column = "question", "answer"
-    report = validate_recipe(script, args, model, 1)
+    report = dry_run_recipe([*DEMO, "--dataset_name", str(data), "--prompt_column", "question"], 1)
     assert report.ok, report.errors
     assert "checked: 8 rows" in report.summary()
 
 
 def test_dry_run_numbers_for_the_demo():
-    from stapo_trl.cli.dry_run import validate_recipe
+    from stapo_trl.cli.dry_run import dry_run_recipe
 
-    report = validate_recipe(*_demo_args(), 2)
+    report = dry_run_recipe(DEMO, 2)
     # 16 completions per device x 2 processes x steps_per_generation 4 = 128 completions = 16 prompts of 8.
     assert report.generation_batch_size == 128 and report.prompts_per_rollout_step == 16
     assert report.completions_per_optimizer_step == 32 and report.optimizer_steps_per_rollout_step == 4
-    assert report.max_prompt_tokens is None and report.max_tokens_per_optimizer_step is None
+    # no max_prompt_tokens: 32 completions x max_completion_length 48 tokens per update
+    assert dict(report.lines)["max tokens"] == "unbounded prompts; completions alone up to 1,536 per update"
     summary = report.summary()
     for text in ("rollout step", "optimizer update", "updates / rollout", "max tokens", "2 training process(es): OK"):
         assert text in summary, summary
@@ -211,10 +206,32 @@ def test_dry_run_cli_paths(capsys):
     ],
 )
 def test_dry_run_says_where_p_and_h_come_from_as_the_trainer_decides(flags, path):
-    from stapo_trl.cli.dry_run import S2T_PATHS, validate_recipe
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.dry_run import S2T_PATHS, dry_run_recipe
     from stapo_trl.core.stapo_config import s2t_path
 
-    script, args, model = _demo_args(*flags)
+    _, args, _ = parse_args([*DEMO, *flags])
     assert s2t_path(args) == path  # the trainer's decision (`STAPOTrainer._s2t_path`)
-    report = validate_recipe(script, args, model, 1)
+    report = dry_run_recipe([*DEMO, *flags], 1)
     assert dict(report.lines)["S2T p and H"] == S2T_PATHS[path]
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (
+            ["--dataset_name", "builtin:no-such-task"],
+            "Unknown built-in dataset 'builtin:no-such-task'. Known built-in",
+        ),
+        (["--dataset_train_split", "validation"], "has no split 'validation'; available splits: ['test', 'train']"),
+    ],
+    ids=["unknown-task", "unknown-split"],
+)
+def test_dry_run_reads_a_builtin_dataset_as_stapo_train_does(flags, expected):
+    # The dry run loads the training prompts with stapo-train's own loader: an unknown split of a built-in task is
+    # refused (it was counted as no rows and passed), with the loader's message behind the field.
+    from stapo_trl.cli.dry_run import dry_run_recipe
+
+    report = dry_run_recipe([*DEMO, *flags], 1)
+    (error,) = report.errors
+    assert error.startswith("dataset_name='builtin:") and expected in error, error

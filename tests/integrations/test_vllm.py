@@ -55,7 +55,7 @@ def test_dry_run_says_server_weight_sync_is_cuda_only():
     # (use_cpu forced for the parse): a warning that it needs GPUs for the weight sync.
     argv = ["--config", "recipes/demo/stapo.yaml", "--use_vllm", "true", "--vllm_mode", "server"]
     report = dry_run_recipe(argv, 1, force_cpu=False)
-    assert not report.ok and any("CUDA only" in e for e in report.errors), report.summary()
+    assert not report.ok and any("needs a CUDA GPU on a CPU-only run" in e for e in report.errors), report.summary()
     report = dry_run_recipe(["--config", "recipes/Qwen3-1.7B/stapo.yaml"], 4, force_cpu=True)
     assert report.ok and any("CUDA-only" in w for w in report.warnings), report.summary()
 
