@@ -163,7 +163,9 @@ def _fmt(value, digits: int = 3) -> str:
         return str(value)
     if value == 0 or isinstance(value, int):
         return str(int(value)) if value == 0 else str(value)
-    return f"{value:.{digits}f}" if 1e-3 <= abs(value) < 1e4 else f"{value:.3g}" if abs(value) < 1e-3 else f"{value:.4g}"
+    return (
+        f"{value:.{digits}f}" if 1e-3 <= abs(value) < 1e4 else f"{value:.3g}" if abs(value) < 1e-3 else f"{value:.4g}"
+    )
 
 
 def format_log_line(logs: dict, step: int, max_steps: int | None = None) -> str:

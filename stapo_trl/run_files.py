@@ -226,7 +226,11 @@ class SpuriousTokenLogger(JsonlLogCallback):
                  context_tokens=8, top_k=20):  # fmt: skip
         super().__init__(path)
         self.trainer, self.context_tokens, self.top_k = trainer, context_tokens, top_k
-        self.max_silenced, self.max_kept_candidates, self.max_reference = max_silenced, max_kept_candidates, max_reference
+        self.max_silenced, self.max_kept_candidates, self.max_reference = (
+            max_silenced,
+            max_kept_candidates,
+            max_reference,
+        )
         self.caps = {"silenced": max_silenced, "kept_candidate": max_kept_candidates, "reference": max_reference}
         self.silenced_counts, self.kept_candidate_counts = Counter(), Counter()  # by token label, for the table
         self._token_bytes = None  # token id -> bytes, from the tokenizer when a label is first needed

@@ -190,12 +190,12 @@ def dry_run_recipe(
 def _check(r: DryRunReport, s, a, model_args, cpu_forced: bool) -> None:
     """Fill `r` with the plan of a parsed recipe (script, training and model arguments) and its failed checks."""
     from ..checks import CLI_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
-    from ..preflight import check_hub_access
     from ..config import STAPOConfig
     from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
     from ..data import evaluation_split, is_local_dataset_file, load_prompt_dataset
     from ..integrations.vllm_support import check_vllm_args
     from ..models import builtin_model_dir, check_model_name_or_path
+    from ..preflight import check_hub_access
     from ..rewards import get_reward_funcs
     from .args import prompt_dataset_kwargs
     from .checkpoints import check_resume_from_checkpoint
@@ -287,8 +287,8 @@ def _check(r: DryRunReport, s, a, model_args, cpu_forced: bool) -> None:
     if path is not None:  # a model that is here: its chat template, the training prompts it drops
         from transformers import AutoConfig, AutoTokenizer
 
-        from ..preflight import model_max_positions, prompt_token_budget
         from ..data import filter_long_prompts
+        from ..preflight import model_max_positions, prompt_token_budget
 
         tokenizer = AutoTokenizer.from_pretrained(path)
         positions = model_max_positions(AutoConfig.from_pretrained(path))

@@ -67,8 +67,6 @@ def full_disk_in_one_line(prog: str, output_dir: str) -> Iterator[None]:
         if getattr(e, "errno", None) not in (errno.ENOSPC, errno.EDQUOT) and "os error 28" not in str(e):
             if not os.path.isdir(output_dir) or shutil.disk_usage(output_dir).free >= 2**20:
                 raise
-        from ..checkpoints import newest_complete_checkpoint
-
         checkpoint = newest_complete_checkpoint(output_dir)[0] or "the start (no complete checkpoint)"
         first_line = (str(e).splitlines() or [""])[0][:200]
         raise InputError(
