@@ -99,7 +99,7 @@ test-build: install-real-models
 # The core, the trainers, the config, import hygiene, rewards, diagnostics and the built-in model's build at the bottom of
 # the tested ranges (.venv-compat); `make test` runs the whole suite at the top.
 COMPAT_TESTS ?= tests/core tests/test_trainer.py tests/test_config.py tests/test_init.py tests/test_rewards.py \
-	tests/test_data.py tests/diagnostics tests/runfiles/test_learning_signal.py tests/integrations/test_torch_threads.py
+	tests/test_data.py tests/diagnostics tests/test_run_files.py tests/test_threads.py
 test-compat: install-compat
 	$(COMPAT_PY) -m pytest -q -m "not slow and not real_model and not build" $(COMPAT_TESTS)
 

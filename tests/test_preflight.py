@@ -263,7 +263,7 @@ def check_hub_dataset(name):
     return check_hub_dataset(name)
 
 
-def _one_line_refusal(message: str) -> None:
+def _one_line_dataset_refusal(message: str) -> None:
     assert "\n" not in message, message
     assert f"dataset_name={DATASET_ID!r}" in message and "builtin:tiny-math" in message, message
 
@@ -271,7 +271,7 @@ def _one_line_refusal(message: str) -> None:
 def test_an_unreachable_hub_is_refused_in_seconds(dataset_hub):
     with pytest.raises(ConnectionError) as excinfo:
         check_hub_dataset(DATASET_ID)
-    _one_line_refusal(str(excinfo.value))
+    _one_line_dataset_refusal(str(excinfo.value))
     assert UNREACHABLE in str(excinfo.value) and "hf download --repo-type dataset" in str(excinfo.value)
 
 
@@ -280,7 +280,7 @@ def test_offline_an_uncached_dataset_is_refused_without_asking_the_hub(dataset_h
     monkeypatch.setattr(constants if flag == "hub" else config, f"HF_{flag.upper()}_OFFLINE", True)
     with pytest.raises(FileNotFoundError) as excinfo:
         check_hub_dataset(DATASET_ID)
-    _one_line_refusal(str(excinfo.value))
+    _one_line_dataset_refusal(str(excinfo.value))
     assert "offline" in str(excinfo.value)
 
 
@@ -313,7 +313,7 @@ def test_stapo_train_refuses_the_hub_dataset_before_loading_it(dataset_hub, monk
     assert excinfo.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith(f"stapo-train: error: dataset_name={DATASET_ID!r} is not a local path"), line
-    _one_line_refusal(line)
+    _one_line_dataset_refusal(line)
 
 
 def test_model_max_positions_sources():
@@ -414,18 +414,17 @@ def test_train_drops_prompts_over_the_models_positions(tiny_math_model_path, tmp
 def test_dry_run_counts_the_prompts_the_rule_will_drop(tiny_math_model_path, tmp_path):
     # The dry run said nothing of the prompts training would drop: it reports the count when the data and the model
     # are local (same rule as training).
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.dry_run import validate_recipe
+    from stapo_trl.cli.dry_run import dry_run_recipe
 
     data = _rows(tmp_path, ["12+34", "1+" * 400 + "1", "5+6"])  # one prompt over the model's 512 positions
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", str(data)]
     argv += ["--eval_before_after", "false"]
-    report = validate_recipe(*parse_args(argv), 1)
+    report = dry_run_recipe(argv, 1)
     rows = dict(report.lines)
     assert rows["prompt length"] == "1 of 3 training prompts exceed 464 tokens and will be dropped"  # 512 - 48
     data = _rows(tmp_path, ["1+" * 400 + "1"])
     argv[argv.index("--dataset_name") + 1] = str(data)
-    report = validate_recipe(*parse_args(argv), 1)
+    report = dry_run_recipe(argv, 1)
     assert any("every training prompt exceeds 464 tokens" in e for e in report.errors), report.errors
 
 

@@ -1,6 +1,7 @@
 """The shipped docs (README.md, docs/, recipes/): links and paths that point only inside the repository (they named
 files outside it, under shared/ or ../), the README's Python example, which is `examples/python_api.py` verbatim
-and runs as printed, and its plain-TRL baseline and headless notebook commands, which run as printed."""
+and runs as printed, the plain-TRL baseline of docs/development.md and the README's headless notebook command, which
+run as printed."""
 
 from __future__ import annotations
 
@@ -82,15 +83,16 @@ def test_python_api_example_runs_as_printed_and_stapo_plot_reads_its_folder(tiny
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The README's other commands: the plain-TRL baseline and the headless notebook
+# The docs' other commands: the plain-TRL baseline (docs/development.md) and the README's headless notebook
 # ---------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.slow  # a fresh process (imports ~7 s) and 20 GRPO steps
 def test_readme_grpo_baseline_on_a_builtin_model_runs_as_printed(tiny_math_model_path, tmp_path):
-    """A new user found no way to run plain `GRPOTrainer` on a `builtin:` model for a baseline: the README's snippet
-    (`resolve_model_path` gives the folder TRL loads), run as printed, trains plain TRL on it."""
-    (snippet,) = [block for block in readme_code_blocks("python") if "resolve_model_path(" in block]
+    """A new user found no way to run plain `GRPOTrainer` on a `builtin:` model for a baseline: the snippet the README
+    links to (docs/development.md; `resolve_model_path` gives the folder TRL loads), run as printed, trains plain TRL."""
+    blocks = readme_code_blocks("python", REPO / "docs" / "development.md")
+    (snippet,) = [block for block in blocks if "resolve_model_path(" in block]
     assert "from trl import GRPOConfig, GRPOTrainer" in snippet and "torch.set_num_threads(1)" in snippet
     (tmp_path / "baseline.py").write_text(snippet)
     env = subprocess_env(STAPO_TRL_CACHE=str(builtin_cache_root(tiny_math_model_path)), PYTHONPATH=str(REPO))
