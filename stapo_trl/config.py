@@ -105,8 +105,7 @@ class STAPOConfig(core.STAPOConfig):
 
     def __post_init__(self):
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched process, before its process group exists
-            uses_deepspeed = bool(self.deepspeed) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
-            import_group_capturing_modules(deepspeed=uses_deepspeed)
+            import_group_capturing_modules()
         # Before the parent's: TRL turns an unset bf16 on, and transformers then refuses it on a CPU without use_cpu.
         changed = []
         if (self.use_cpu is None or self.bf16 is None) and not has_accelerator():

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from .checks import missing_column_message
-from .run_files import json_lines
 
 
 logger = logging.getLogger(__name__)
@@ -172,6 +171,8 @@ def _read_error(root: str, error: Exception) -> str:
 def _json_lines(path: str) -> list[tuple[int, Any]]:
     """(number from 1, JSON value or `None`) of each non-blank line of a JSON Lines file, a `.json` or `.jsonl` file
     that is not one array; `[]` for another file."""
+    from .run_files import json_lines  # torch: not for the commands' --help
+
     if not path.lower().endswith((".json", ".jsonl")):
         return []
     with open(path, "rb") as f:

@@ -165,9 +165,8 @@ class _Additions:
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
             names = [n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n))]
-            skip = re.compile(
-                rf"^{re.escape(RUN_RECORD)}|rng_state_\d+\.pth$"
-            )  # other processes write their RNG state
+            # the record itself, and the RNG states other processes write
+            skip = re.compile(rf"^{re.escape(RUN_RECORD)}|rng_state_\d+\.pth$")
             write_run_record(folder, **record, files=sorted(n for n in names if not skip.match(n)))
 
     def evaluate(self, *args, **kwargs):

@@ -311,7 +311,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
 
     parser, argv = recipe_parser(sys.argv[1:] if argv is None else argv)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched process: before a config creates the process group
-        import_group_capturing_modules(deepspeed=os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true")
+        import_group_capturing_modules()
     return parser.parse(argv)
 
 

@@ -1,4 +1,4 @@
-"""Known-harmless upstream messages that `stapo-train` and `stapo-eval` silence around a run (the library never does),
+"""Known-harmless upstream messages that `stapo-train` silences around a run (the library never does),
 each by its exact message and category or logger, so that every other warning still shows:
 
 - transformers 5.24's `FutureWarning` "`gradient_checkpointing_enable` ... is deprecated" (TRL and PEFT call the old

@@ -15,16 +15,20 @@ import os
 import sys
 
 
-def import_group_capturing_modules(deepspeed: bool = False) -> None:
-    """Import torch's (and with `deepspeed`, DeepSpeed's) modules that capture the default group in a default argument,
-    if no process group exists yet; the environment is left as it was (DeepSpeed sets variables)."""
+def import_group_capturing_modules() -> None:
+    """Import torch's and DeepSpeed's modules that capture the default group in a default argument (those installed),
+    if no process group exists yet: TRL imports DeepSpeed's while a trainer is built, in a DDP run too. The environment
+    is left as it was (DeepSpeed sets variables)."""
     import torch.distributed
 
     if not torch.distributed.is_available() or torch.distributed.is_initialized():
         return
     environ = dict(os.environ)
-    names = ["torch.distributed.nn.functional"] + ["deepspeed.comm.torch"] * deepspeed
-    for name in [n for n in names if importlib.util.find_spec(n.split(".")[0]) is not None]:
+    for name in [
+        n
+        for n in ("torch.distributed.nn.functional", "deepspeed.comm.torch")
+        if importlib.util.find_spec(n.split(".")[0]) is not None
+    ]:
         importlib.import_module(name)
     for key in os.environ.keys() - environ.keys():
         del os.environ[key]

@@ -221,9 +221,9 @@ def test_dry_run_says_where_p_and_h_come_from_as_the_trainer_decides(flags, path
     [
         (
             ["--dataset_name", "builtin:no-such-task"],
-            "Unknown built-in dataset 'builtin:no-such-task'. Known built-in",
+            "No built-in dataset 'builtin:no-such-task' with a split 'train'; built-in datasets: builtin:tiny-math",
         ),
-        (["--dataset_train_split", "validation"], "has no split 'validation'; available splits: ['test', 'train']"),
+        (["--dataset_train_split", "validation"], "No built-in dataset 'builtin:tiny-math' with a split 'validation'"),
     ],
     ids=["unknown-task", "unknown-split"],
 )

@@ -14,7 +14,9 @@ WORKER = textwrap.dedent(
     import torch
     from datasets import Dataset
     from stapo_trl.core import STAPOConfig, STAPOTrainer
+    from stapo_trl.integrations.process_group import import_group_capturing_modules
 
+    import_group_capturing_modules()  # before the config creates the group: TRL imports DeepSpeed's comm module later
     model_path, out_dir = sys.argv[1], sys.argv[2]
     args = STAPOConfig(
         output_dir=out_dir, use_cpu=True, bf16=False, report_to="none", per_device_train_batch_size=2,

@@ -1,6 +1,5 @@
 """`notebooks/s2t_exploration.ipynb` executes top to bottom (offline, CPU) and is committed without outputs."""
 
-
 import pytest
 from testing_utils import REPO
 
