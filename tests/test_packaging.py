@@ -1,0 +1,69 @@
+"""What `pip install .` installs: a wheel built from the tracked files holds every file of the package (a file the
+code reads at run time and no `.py` file missing from the wheel would fail only outside an editable install)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tracked(*paths: str) -> list[str]:
+    out = subprocess.run(["git", "ls-files", *paths], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout")
+    return out.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> zipfile.ZipFile:
+    """The names inside a wheel built from a copy of the tracked package and build files (no build folder is left in
+    the checkout)."""
+    source = tmp_path_factory.mktemp("source")
+    for name in _tracked("stapo_trl", "setup.cfg", "pyproject.toml", "README.md", "LICENSE"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, source / name)
+    out = tmp_path_factory.mktemp("wheel")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        str(out),
+        str(source),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True)
+    (path,) = out.glob("*.whl")
+    return zipfile.ZipFile(path)
+
+
+def test_the_wheel_holds_the_files_the_package_reads(wheel):
+    data = [name for name in _tracked("stapo_trl") if not name.endswith(".py")]
+    assert "stapo_trl/templates/model_card.md" in data
+    assert [name for name in data if name not in wheel.namelist()] == []
+
+
+def test_the_wheel_holds_every_module(wheel):
+    modules = [name for name in _tracked("stapo_trl") if name.endswith(".py")]
+    assert len(modules) > 40
+    assert [name for name in modules if name not in wheel.namelist()] == []
+
+
+def test_the_wheel_holds_no_tests_and_declares_the_three_commands(wheel):
+    assert not [name for name in wheel.namelist() if name.startswith("tests/")]
+    (entry_points,) = [name for name in wheel.namelist() if name.endswith(".dist-info/entry_points.txt")]
+    scripts = wheel.read(entry_points).decode()
+    for command, target in [("stapo-train", "stapo_trl.cli.train:main"), ("stapo-eval", "stapo_trl.cli.eval:main"),
+                            ("stapo-plot", "stapo_trl.cli.plot:main")]:  # fmt: skip
+        assert f"{command} = {target}" in scripts, scripts
