@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from datasets import Dataset
-from testing_utils import read_until, tiny_stapo_config, write_held_reward
+from testing_utils import no_activation_checkpointing, read_until, tiny_stapo_config, write_held_reward
 from transformers import TrainerCallback
 
 from stapo_trl.data import format_prompt
@@ -115,7 +115,7 @@ def test_grpo_baseline_line_has_no_silenced_ratio_and_the_dicts_can_come_back(tm
         disable_tqdm=True,
         use_cpu=True,
         bf16=False,
-        activation_checkpointing=False,
+        **no_activation_checkpointing(),
     )
     trainer = GRPOBaselineTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=_dataset())
     add_command_callbacks(trainer)

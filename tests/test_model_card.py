@@ -14,7 +14,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from testing_utils import GRPO_RECIPE, STAPO_RECIPE, addition_rows, run_card_quick_start, write_jsonl
+from testing_utils import (
+    GRPO_RECIPE,
+    STAPO_RECIPE,
+    addition_rows,
+    no_activation_checkpointing,
+    run_card_quick_start,
+    write_jsonl,
+)
 
 
 # The card must give these recipe values (it gave none of the run's settings).
@@ -262,7 +269,7 @@ def _card_trainer(model_path: str, output_dir: Path, trainer_name: str = "stapo"
         "grpo": (GRPOConfig, GRPOBaselineTrainer),
     }[trainer_name]
     args = config_class(
-        output_dir=str(output_dir), use_cpu=True, bf16=False, report_to="none", activation_checkpointing=False,
+        output_dir=str(output_dir), use_cpu=True, bf16=False, report_to="none", **no_activation_checkpointing(),
         per_device_train_batch_size=8, num_generations=8, max_completion_length=8, **config,
     )  # fmt: skip
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": "1+1"}]] * 8})

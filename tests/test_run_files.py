@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from datasets import Dataset
-from testing_utils import STAPO_RECIPE, tiny_stapo_config
+from testing_utils import STAPO_RECIPE, no_activation_checkpointing, tiny_stapo_config
 
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.data import INSTRUCTION, format_prompt
@@ -30,7 +30,7 @@ def _small_trainer(model_path, tmp_path, **overrides) -> STAPOTrainer:
     args = tiny_stapo_config(
         tmp_path / "out",
         max_steps=2,  # why: enough for two log rows
-        activation_checkpointing=False,  # why: nothing to save on a tiny model; recomputing only costs time
+        **no_activation_checkpointing(),  # why: nothing to save on a tiny model; recomputing only costs time
         logging_steps=1,
         per_device_train_batch_size=4,  # why: 2 prompts x 2 completions keep a step ~0.1 s
         num_generations=2,

@@ -148,6 +148,17 @@ class ForwardCounter:
             self.count += 1
 
 
+def no_activation_checkpointing() -> dict:
+    """`{field: False}` for transformers' activation checkpointing under the name the installed release has
+    (`activation_checkpointing` from 5.24; `gradient_checkpointing` before, and a deprecated alias after)."""
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in fields(TrainingArguments)}
+    return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": False}
+
+
 def tiny_stapo_config(output_dir, **overrides):
     """The product's `STAPOConfig` for a few CPU steps of a tiny model: 4 completions per step (2 prompts x 2), no
     checkpoints, no trackers; `overrides` win. Built with warnings silenced (the tests check values, not TRL's
