@@ -243,9 +243,11 @@ def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_as
             os.replace(os.path.join(output_dir, name), os.path.join(output_dir, target))
             aside = f" and moved it aside to {target}"
         words.append(f"{name} ({problem}){aside}")
-    found = f"Resuming training from {checkpoint}, the newest complete checkpoint" if checkpoint else output_dir
-    skipped_words = f"; skipped {', '.join(words)}" if words else ""
-    logger.warning(found + skipped_words + ("." if checkpoint else ": no complete checkpoint to resume."))
+    if checkpoint:
+        logger.warning(f"Resuming training from {checkpoint}, the newest complete checkpoint; skipped {', '.join(words)}."
+                       if words else f"Resuming training from {checkpoint}, the newest complete checkpoint.")  # fmt: skip
+    else:
+        logger.warning(f"No complete checkpoint to resume in {output_dir}: skipped {', '.join(words)}.")
     return checkpoint
 
 

@@ -138,10 +138,8 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     if error is not None:
         raise ValueError(error)
     settings = cli_run_settings(script_args, training_args, model_args, reward_funcs)
-    if training_args.should_save:
-        hold_run_folder(
-            training_args.output_dir
-        )  # this run is the folder's one writer (another's refused) until it ends
+    if training_args.should_save:  # this run is the folder's one writer (another's refused) until it ends
+        hold_run_folder(training_args.output_dir)
     # Holding the folder: the checkpoint to resume (damaged ones moved aside by the writer), then its settings.
     try:
         checkpoint = training_args.resume_from_checkpoint or resume_checkpoint(
@@ -149,12 +147,25 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         )
         if checkpoint is not None:
             check_run_settings(checkpoint, settings)
+        elif model := _trained_model(training_args.output_dir):
+            raise ValueError(
+                f"output_dir={training_args.output_dir!r} holds a trained model ({model}) but no complete checkpoint "
+                "to resume: this run would train from the start and overwrite it. Give another output_dir, or move "
+                "the model away to train again."
+            )
     except BaseException:
         if training_args.should_save:
             hold_run_folder(training_args.output_dir, acquire=False)
         raise
     datasets = (train_dataset, test_dataset, eval_dataset)
     return PreparedRun(reward_funcs, model_path, *datasets, settings, checkpoint, time.perf_counter() - start)
+
+
+def _trained_model(output_dir: str) -> str | None:
+    """The weights file of a model saved in `output_dir` itself (a finished run's), or `None`."""
+    names = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
+    weights = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
+    return next((name for name in names if name in weights), None)
 
 
 def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_funcs):

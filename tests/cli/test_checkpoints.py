@@ -294,3 +294,37 @@ def test_a_hostile_training_args_bin_runs_no_code_on_resume_from_checkpoint(one_
     with pytest.raises(AssertionError, match="a trainer was constructed"):
         main([*argv, "--max_steps", "2"])
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("case", ["only-checkpoint-damaged", "no-checkpoint", "adapter"])
+def test_a_finished_run_without_a_complete_checkpoint_is_refused_not_retrained(
+    one_step_run, tmp_path, no_model_built, caplog, case
+):
+    # Reported: a finished run whose only checkpoint was damaged, rerun with more steps, trained from the base model
+    # again, exited 0 and overwrote the run's final model. Without a checkpoint to resume (none saved, or none whole), a
+    # folder holding a trained model is refused in one line and keeps its files.
+    from stapo_trl.cli.train import main
+
+    run, argv = one_step_run
+    out = _copy_of(run, tmp_path)
+    weights = "model.safetensors"
+    if case == "only-checkpoint-damaged":
+        (out / "checkpoint-1" / weights).write_bytes((out / "checkpoint-1" / weights).read_bytes()[:20_000])
+    else:
+        shutil.rmtree(out / "checkpoint-1")
+    if case == "adapter":  # a LoRA run's folder holds its adapter
+        weights = "adapter_model.safetensors"
+        (out / "model.safetensors").rename(out / weights)
+    saved = (out / weights).read_bytes()
+    with pytest.raises(SystemExit) as excinfo:
+        main([*argv, "--output_dir", str(out), "--max_steps", "2"])
+    message = str(excinfo.value)
+    assert excinfo.value.code == 2 and "\n" not in message, message
+    assert message.startswith(f"stapo-train: error: output_dir={str(out)!r} holds a trained model ({weights}) but "
+                              "no complete checkpoint to resume"), message  # fmt: skip
+    assert (out / weights).read_bytes() == saved
+    if case == "only-checkpoint-damaged":
+        (line,) = [r.getMessage() for r in caplog.records if "No complete checkpoint" in r.getMessage()]
+        assert line.startswith(
+            f"No complete checkpoint to resume in {out}: skipped checkpoint-1 (model.safetensors"
+        ), line
