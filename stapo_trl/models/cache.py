@@ -122,7 +122,9 @@ def _build_in_child(name: str, output_dir: Path, base_path: Path | None) -> None
     env.update(HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")  # a CPU-only recipe: off the caller's GPUs
     cmd = [sys.executable, "-m", "stapo_trl.models", name, "--output-dir", str(output_dir)]
     cmd += ["--base-path", str(base_path)] if base_path is not None else []
-    logger.info("Building builtin:%s in a child process: %s", name, " ".join(cmd))
+    logger.warning(
+        "Building builtin:%s on its first use, once, into %s (its output follows).", name, output_dir.parent
+    )
     subprocess.run(cmd, env=env, check=True)
 
 
