@@ -92,3 +92,25 @@ def test_importing_the_trainer_loads_no_deepspeed_and_at_most_3000_lines_of_the_
     )
     lines, *loaded = out.stdout.split()
     assert loaded == ["False", "False", "False"] and int(lines) <= 3000, out.stdout
+
+
+@pytest.mark.parametrize(
+    "trainer, overrides, words",
+    [
+        ("product", {}, "GRPOConfig has no s2t_prob_threshold"),  # the construction line of a plain GRPOConfig
+        ("core", {}, "GRPOConfig has no s2t_prob_threshold"),
+        ("product", {"beta": 0.04}, "lose their KL penalty"),  # a GRPO feature the mask changes
+    ],
+    ids=["product", "core", "feature-warning"],
+)
+def test_construction_warnings_name_the_users_line(tiny_random_model_path, tmp_path, trainer, overrides, words):
+    # Reported: the construction line pointed at stapo_trl/trainer.py (`super().__init__(...)`), not the user's script.
+    import stapo_trl.core
+
+    trainer_class = STAPOTrainer if trainer == "product" else stapo_trl.core.STAPOTrainer
+    args = _config(tmp_path, "warn", **overrides)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer_class(tiny_random_model_path, length_reward, args=args, train_dataset=PROMPTS)
+    (warning,) = [w for w in caught if words in str(w.message)]
+    assert warning.filename == __file__, (warning.filename, str(warning.message))

@@ -113,12 +113,12 @@ def s2t_settings_line(args: GRPOConfig, settings: S2TSettings) -> str | None:
     if not missing and not differs:
         return None
     name = type(args).__name__
-    source = f" (the paper's: {name} has no {', '.join(missing)}, so these, given to a {name} in a YAML file say, are "
-    source += "ignored; to set them, parse a STAPOConfig: `from stapo_trl import STAPOConfig as GRPOConfig`)"
+    source = f" (the paper's values: {name} has no {', '.join(missing)} field{'s' * (len(missing) > 1)}, and such "
+    source += "values given to it, in a YAML file say, are ignored; to set them, use `from stapo_trl import "
+    source += "STAPOConfig as GRPOConfig`)"
     s2t = ", ".join(f"{name}={value!r}" for name, value, _ in values[:3])
-    return f"STAPO with {s2t}{source if missing else ''}; " + (
-        f"differs from the paper's objective: {differs}." if differs else "the rest is the paper's objective."
-    )
+    end = f"differs from the paper's objective: {differs}." if differs else "the rest is the paper's objective."
+    return f"STAPO with {s2t}{source if missing else ''}; {end}"
 
 
 def s2t_path(args: GRPOConfig, steps_per_generation: int | None = None) -> str:

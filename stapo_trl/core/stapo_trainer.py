@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import sys
 import textwrap
 import warnings
 from dataclasses import asdict
@@ -24,6 +25,9 @@ from .stapo_config import NUM_ITEMS_LOSSES, STAPOConfig, s2t_path, s2t_settings,
 
 
 SUPPORTED_TRL = ">=1.9.1,!=1.15.0,<=1.16.0"  # the TRL versions the tests ran; another one is warned at construction
+_PACKAGE = (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+)  # construction warnings skip its frames
 # The multimodal inputs that TRL's `_compute_loss` passes from the batch to its forward, the same in every release in
 # SUPPORTED_TRL (1.14's forward takes them as **kwargs: its signature does not name them).
 _FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
@@ -80,10 +84,13 @@ class STAPOTrainer(GRPOTrainer):
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = STAPOConfig(f"{os.path.basename(os.path.normpath(model_name))}-STAPO")
         self.s2t = s2t_settings(args, self._s2t_modes)  # the config's S2T fields or the paper's, validated
+        frame, level = sys._getframe(1), 2  # the warnings below name the first line outside this package: the user's
+        while frame.f_back and frame.f_code.co_filename.startswith(_PACKAGE):
+            frame, level = frame.f_back, level + 1
         if not SpecifierSet(SUPPORTED_TRL).contains(trl.__version__, prereleases=True):
-            warnings.warn(f"trl {trl.__version__} is outside the tested trl{SUPPORTED_TRL}.", stacklevel=2)
+            warnings.warn(f"trl {trl.__version__} is outside the tested trl{SUPPORTED_TRL}.", stacklevel=level)
         for message in filter(None, [s2t_settings_line(args, self.s2t), *s2t_warnings(args, self.s2t)]):
-            warnings.warn(message, stacklevel=2)
+            warnings.warn(message, stacklevel=level)
         self._s2t_path = s2t_path(args)
         self._s2t_rollout_forwards: list | None = None  # TRL's no-grad policy forwards while a rollout is scored
         self._s2t_loss_forward: tuple | None = None  # (model, input_ids, logits_to_keep, forward) for the loss

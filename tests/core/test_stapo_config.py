@@ -108,15 +108,16 @@ def test_the_construction_line_says_the_values_in_effect_and_what_differs_and_no
     assert s2t_settings_line(make_config(), S2TSettings()) is None
     grpo = make_config(GRPOConfig)
     assert s2t_settings_line(grpo, s2t_settings(grpo)) == (
-        "STAPO with s2t_prob_threshold=0.002, s2t_entropy_quantile=0.75, s2t_mode='low_entropy' (the paper's: "
-        "GRPOConfig has no s2t_prob_threshold, s2t_entropy_quantile, s2t_mode, so these, given to a GRPOConfig in a "
-        "YAML file say, are ignored; to set them, parse a STAPOConfig: `from stapo_trl import STAPOConfig as "
-        "GRPOConfig`); differs from the paper's objective: epsilon_high=None (paper 0.28)."
+        "STAPO with s2t_prob_threshold=0.002, s2t_entropy_quantile=0.75, s2t_mode='low_entropy' (the paper's values: "
+        "GRPOConfig has no s2t_prob_threshold, s2t_entropy_quantile, s2t_mode fields, and such values given to it, in a "
+        "YAML file say, are ignored; to set them, use `from stapo_trl import STAPOConfig as GRPOConfig`); differs from "
+        "the paper's objective: epsilon_high=None (paper 0.28)."
     )
     own = make_config(OpenR1StyleConfig, epsilon_high=0.28, beta=0.04)
     line = s2t_settings_line(own, s2t_settings(own))
     assert (
-        "s2t_entropy_quantile=0.8, " in line and "has no s2t_prob_threshold, s2t_mode, so these, given to a " in line
+        "s2t_entropy_quantile=0.8, " in line
+        and "has no s2t_prob_threshold, s2t_mode fields, and such values given to it" in line
     )
     assert line.endswith(
         "differs from the paper's objective: s2t_entropy_quantile=0.8 (paper 0.75), beta=0.04 (paper 0.0)."
