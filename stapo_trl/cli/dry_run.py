@@ -284,6 +284,7 @@ def _check(r: DryRunReport, s, a, model_args, cpu_forced: bool) -> None:
         if message := too_few_prompts(len(prompts), batch // r.num_generations, where):
             error(message)
 
+    budget = None  # the prompt-token budget, where the model is here
     if path is not None:  # a model that is here: its chat template, the training prompts it drops
         from transformers import AutoConfig, AutoTokenizer
 
@@ -308,7 +309,7 @@ def _check(r: DryRunReport, s, a, model_args, cpu_forced: bool) -> None:
         row("prompt length", "not counted: the model is not here (a Hub id, or a builtin: model not built)")
 
     completions, updates = r.completions_per_optimizer_step, r.optimizer_steps_per_rollout_step
-    length, new_tokens = s.max_prompt_tokens, a.max_completion_length
+    length, new_tokens = s.max_prompt_tokens or budget, a.max_completion_length  # longer prompts are dropped
     row("micro-step", f"per_device_train_batch_size {per_device} x {n} processes = {micro} completions")
     row("rollout step", f"{fmt(batch)} completions = {fmt(r.prompts_per_rollout_step)} prompts x {r.num_generations} "
                         f"generations (steps_per_generation {r.steps_per_generation})")  # fmt: skip

@@ -153,7 +153,13 @@ def test_dry_run_numbers_for_the_demo():
     # 16 completions per device x 2 processes x steps_per_generation 4 = 128 completions = 16 prompts of 8.
     assert report.generation_batch_size == 128 and report.prompts_per_rollout_step == 16
     assert report.completions_per_optimizer_step == 32 and report.optimizer_steps_per_rollout_step == 4
-    # no max_prompt_tokens: 32 completions x max_completion_length 48 tokens per update
+    # no max_prompt_tokens: the model's 512 positions less max_completion_length 48 bound a prompt (longer ones are
+    # dropped), so 32 completions x (464 + 48) tokens per update
+    assert dict(report.lines)["prompt length"].endswith("exceed 464 tokens and will be dropped")
+    assert dict(report.lines)["max tokens"].startswith(
+        "16,384 per optimizer update = 32 x (464 prompt + 48 completion)"
+    )
+    report = dry_run_recipe([*DEMO, "--model_name_or_path", "Qwen/Qwen3-1.7B-Base"], 2)  # a Hub id: not counted here
     assert dict(report.lines)["max tokens"] == "unbounded prompts; completions alone up to 1,536 per update"
     summary = report.summary()
     for text in ("rollout step", "optimizer update", "updates / rollout", "max tokens", "2 training process(es): OK"):
