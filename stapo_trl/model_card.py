@@ -124,7 +124,8 @@ def _summary(trainer, s2t, eval_record) -> list[str]:
             f"{100 * r['accuracy_after']:.1f} % after."
         )
     else:
-        lines.append("- **Held-out accuracy**: not measured (`eval_before_after` off, or not finished yet).")
+        lines.append("- **Held-out accuracy**: not measured (`stapo-train` measures it before and after training with "
+                     "`eval_before_after`).")  # fmt: skip
     return lines
 
 
@@ -158,7 +159,8 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     except (KeyError, IndexError, TypeError, NotImplementedError):  # no prompt column, or an iterable dataset
         prompt = None
     prompt = prompt if isinstance(prompt, (str, list)) else "What is 47+38?"
-    reference = (args.hub_model_id or trainer.hub_model_id or model_name) if public else _saved_model(trainer)
+    local = os.path.abspath(_saved_model(trainer))  # the quick start loads it from any working directory
+    reference = (args.hub_model_id or trainer.hub_model_id or model_name) if public else local
     if s2t is None:
         method = f"Base model: {named}, trained with the GRPO objective below and no S2T mask (the baseline of [STAPO]({PAPER_URL}))."  # fmt: skip
     elif s2t.mode == "off":
