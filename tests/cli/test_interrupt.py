@@ -83,7 +83,7 @@ def test_second_sigint_quits_at_once(tmp_path, tiny_math_model_path):
     """Both signals land inside one step (the reward holds it), so the second always finds the first's checkpoint
     still pending: it quits with 130 and nothing saved. (Sent after a long step had started, as before, the second
     came too late whenever that step ended first.)"""
-    from stapo_trl.callbacks import STOP_SIGNALS, GracefulInterrupt
+    from stapo_trl.callbacks import STOP_SIGNALS, SaveOnSignal
 
     proc, out, _, hold = _start_long_run(tmp_path, tiny_math_model_path)
     read_until(proc, "step ")
@@ -96,10 +96,12 @@ def test_second_sigint_quits_at_once(tmp_path, tiny_math_model_path):
     assert proc.returncode == 130, output
     assert output.startswith("Second Ctrl-C: quitting now, without saving."), output
     assert not list(out.glob("checkpoint-*"))
-    # The handlers are installed for the block and restored after it.
+    # The handlers are installed for training and restored after it.
     handlers = [signal.getsignal(signum) for signum in STOP_SIGNALS]
-    with GracefulInterrupt() as interrupt:
-        assert all(signal.getsignal(signum) == interrupt._handle for signum in STOP_SIGNALS)
+    stop = SaveOnSignal()
+    stop.on_train_begin(None, None, None)
+    assert all(signal.getsignal(signum) == stop._handle for signum in STOP_SIGNALS)
+    stop.on_train_end(None, None, None)
     assert [signal.getsignal(signum) for signum in STOP_SIGNALS] == handlers
 
 
