@@ -116,8 +116,9 @@ def test_tracker_table_labels_tokens_like_the_figure(tiny_random_model_path, tmp
 
 @pytest.mark.slow  # three stapo-train runs: 12-35 s on 2 cores, with the load
 def test_fresh_run_keeps_an_earlier_runs_metrics_aside(tmp_path, tiny_math_model_path, caplog):
-    """A run without checkpoints (save_strategy no) started again in its folder: the earlier metrics.jsonl and
-    spurious_tokens.jsonl are moved aside (metrics.1.jsonl, then .2), never overwritten."""
+    """A run that saved no checkpoint and no model (save_strategy no, stopped before its final save) started again in
+    its folder: the earlier metrics.jsonl and spurious_tokens.jsonl are moved aside (metrics.1.jsonl, then .2), never
+    overwritten. (A folder holding a trained model and no checkpoint is refused: tests/cli/test_checkpoints.py.)"""
     from stapo_trl.cli.train import main
     from stapo_trl.run_files import read_jsonl
 
@@ -128,10 +129,12 @@ def test_fresh_run_keeps_an_earlier_runs_metrics_aside(tmp_path, tiny_math_model
     main(argv)
     first = (out / "metrics.jsonl").read_text()
     assert [row["step"] for row in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+    (out / "model.safetensors").unlink()  # as a run stopped before its final save leaves the folder
     main([*argv, "--max_steps", "1"])
     assert (out / "metrics.1.jsonl").read_text() == first
     assert [row["step"] for row in read_jsonl(out / "metrics.jsonl")] == [1]
     assert "metrics.jsonl held an earlier run's records: kept as metrics.1.jsonl" in caplog.text
+    (out / "model.safetensors").unlink()
     main([*argv, "--max_steps", "1"])
     assert (out / "metrics.1.jsonl").read_text() == first and (out / "metrics.2.jsonl").exists()
 
