@@ -1,6 +1,7 @@
 """`stapo_trl.preflight`: Hub access for a model, a dataset or a push answered in one line before anything is built, and
 the prompt-token budget (prompts longer than the model's positions minus the generation budget are dropped)."""
 
+import contextlib
 import json
 import logging
 import socket
@@ -162,10 +163,13 @@ def test_a_hub_that_does_not_answer_is_refused_by_the_timeout_after_one_request(
         assert [r.method for r in sent if HUB_ID in str(r.url)] == ["HEAD"]  # one request about the model
         assert accepted and all(c.fileno() != -1 for c in accepted)  # the server closed nothing: the probe gave up
     finally:
+        with contextlib.suppress(OSError):
+            server.shutdown(socket.SHUT_RDWR)  # wakes the accept() that close() alone leaves blocked
         server.close()
         for connection in accepted:
             connection.close()
         thread.join(10)
+        assert not thread.is_alive()
     assert "Timeout" in str(excinfo.value)
     _one_line_refusal(str(excinfo.value), offline=False)
 
