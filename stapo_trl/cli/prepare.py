@@ -17,6 +17,7 @@ from ..checkpoints import check_run_settings, resume_checkpoint
 from ..checks import CLI_CHAT_TEMPLATE_FIX, check_chat_template, check_reward_columns
 from ..data import evaluation_split, filter_long_prompts, is_local_dataset_file, load_prompt_dataset
 from ..models import check_model_available, resolve_model_path
+from ..models.names import weight_files
 from ..preflight import check_hub_access, check_hub_dataset, model_max_positions, prompt_token_budget, report_dropped
 from ..rewards import get_reward_funcs
 from .args import prompt_dataset_kwargs
@@ -163,9 +164,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
 
 def _trained_model(output_dir: str) -> str | None:
     """The weights file of a model saved in `output_dir` itself (a finished run's), or `None`."""
-    names = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
-    weights = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
-    return next((name for name in names if name in weights), None)
+    return next(iter(weight_files(sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else [])), None)
 
 
 def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_funcs):

@@ -164,6 +164,12 @@ def check_model_available(name_or_path: str | os.PathLike, revision: str | None 
     return name
 
 
+def weight_files(names: list[str]) -> list[str]:
+    """The names among `names` (a folder's files) that hold a saved model's weights: `*.safetensors`,
+    `pytorch_model*.bin`."""
+    return [n for n in names if n.endswith(".safetensors") or re.fullmatch(r"pytorch_model.*\.bin", n)]
+
+
 def check_model_folder(path: str) -> None:
     """Refuse a local folder without `config.json` (or `adapter_config.json`) or weights (for a run folder, naming its
     newest complete checkpoint), an incomplete `checkpoint-N` folder, or a weights file that is not whole.
@@ -178,7 +184,7 @@ def check_model_folder(path: str) -> None:
         fix = "Give a complete checkpoint (<output_dir>/checkpoint-<step>) or the run's final model (its output_dir)."
         return check_checkpoint(path, what, save_only_model=True, fix=fix)
     names = sorted(os.listdir(path))
-    weights = [n for n in names if n.endswith(".safetensors") or re.fullmatch(r"pytorch_model.*\.bin", n)]
+    weights = weight_files(names)
     has_config = bool({"config.json", "adapter_config.json"} & set(names))
     if not (has_config and weights):
         newest = newest_complete_checkpoint(path)[0]
