@@ -39,10 +39,10 @@ ROWS = (  # (field, meaning) of the settings table; the S2T rows for a run with 
 def base_model_name(path: str | None) -> str:
     """How a card names a base model: a Hub id as is, a built-in model's folder by its `builtin:` name (its build
     record, `stapo_builtin.json`), any other local folder as "a local model"."""
-    record = os.path.join(str(path), "stapo_builtin.json")
-    if path and os.path.isfile(record):
-        with open(record, encoding="utf-8") as f:
-            return json.load(f).get("name", LOCAL_MODEL)
+    from .models.names import INFO_FILE, read_builtin_info
+
+    if path and os.path.isfile(os.path.join(str(path), INFO_FILE)):
+        return read_builtin_info(path).get("name", LOCAL_MODEL)
     return LOCAL_MODEL if not path or os.path.isabs(path) or os.path.exists(path) else path
 
 

@@ -413,9 +413,10 @@ class NoLearningSignalCallback(TrainerCallback):
             if len(tail) >= 20 and content.count(tail) > 1:
                 text += f" Your prompts hold their instruction twice ({tail!r} repeated)."
         model_path = getattr(getattr(self.trainer.model, "config", None), "_name_or_path", None)
-        from .model_card import base_model_name
+        from .models.names import INFO_FILE, read_builtin_info
 
-        name = (base_model_name(model_path) or "").removeprefix("builtin:") if model_path else None
+        built = model_path and os.path.isfile(os.path.join(model_path, INFO_FILE))  # a built-in model's folder
+        name = read_builtin_info(model_path).get("name", "").removeprefix("builtin:") if built else None
         if name in BUILTIN_PROMPT_FORMATS:
             text += " " + BUILTIN_PROMPT_FORMATS[name].replace("{name}", f"builtin:{name}")
         return text
