@@ -397,3 +397,18 @@ def test_uploaded_card_names_a_local_data_file_missing_here_as_no_hub_dataset(na
     from stapo_trl.model_card import public_dataset_name
 
     assert public_dataset_name(name) == public
+
+
+@pytest.mark.parametrize("output_dir", ["relative-run", "./nested/relative-run", "../up/relative-run"])
+def test_a_local_cards_quick_start_loads_from_any_working_directory(
+    tiny_math_model_path, tmp_path, monkeypatch, output_dir
+):
+    # Reported: a run with a relative output_dir wrote `model="outputs/python-api/checkpoint-30"`, which loads only from
+    # the folder the run started in. The local card names the model by its absolute path.
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    trainer = _card_trainer(tiny_math_model_path, output_dir, max_steps=1, save_steps=1)
+    trainer.train()
+    out = (workdir / output_dir).resolve()
+    assert f'model="{out / "checkpoint-1"}"' in (out / "README.md").read_text()
