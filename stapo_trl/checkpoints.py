@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_FOLDER = re.compile(r"^checkpoint-(\d+)$")  # transformers' `PREFIX_CHECKPOINT_DIR`-<global_step>
 RUN_RECORD = "stapo_run.json"
+ROLLOUT_MANIFEST = re.compile(r"^rollout_state_\d+\.json$")  # stapo_trl.rollout_state's, beside its .safetensors
 DAMAGED_PREFIX = "_damaged-"  # "_*": not pushed to the Hub; not "checkpoint-*": neither rotated nor resumed
 RESUME_FIX = "Give a complete checkpoint folder (<output_dir>/checkpoint-<step>), or let a run take its newest one."
 # What `Trainer._save_checkpoint` writes before trainer_state.json, by name prefix (full, adapter, DeepSpeed layouts).
@@ -153,6 +154,28 @@ def _torch_file_problem(path: str, load: bool) -> str | None:
     return None
 
 
+def tensor_specs(path: str) -> dict:
+    """`{name: {"dtype": "F32", "shape": [16, 48]}}` of the safetensors file `path` (safetensors' dtype names)."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        return {name: {"dtype": f.get_slice(name).get_dtype(), "shape": f.get_slice(name).get_shape()} for name in f.keys()}  # fmt: skip
+
+
+def _manifest_problem(path: str, manifest: Any) -> str | None:
+    """A rollout manifest ([`~stapo_trl.rollout_state`]) must name its tensors file's tensors, dtypes and shapes."""
+    tensors = path.removesuffix(".json") + ".safetensors"
+    if os.path.isfile(tensors) and _safetensors_problem(tensors):
+        return None  # named as the tensors file's own damage
+    try:
+        specs = tensor_specs(tensors)
+    except Exception:  # noqa: BLE001 (missing, or safetensors' SafetensorError)
+        specs = None
+    if not isinstance(manifest, dict) or manifest.get("tensors") != specs:
+        return f"does not match {os.path.basename(tensors)} (its tensors' names, dtypes or shapes)"
+    return None
+
+
 def file_problem(path: str) -> str | None:
     """Why the checkpoint file `path` cannot be loaded whole, in a few words, or `None`."""
     name = os.path.basename(path)
@@ -165,9 +188,11 @@ def file_problem(path: str) -> str | None:
     if name.endswith(".json"):
         try:
             with open(path, encoding="utf-8") as f:
-                json.load(f)
+                data = json.load(f)
         except (ValueError, UnicodeDecodeError) as e:
             return f"unreadable: {type(e).__name__}"
+        if ROLLOUT_MANIFEST.match(name):
+            return _manifest_problem(path, data)
     return None
 
 

@@ -130,15 +130,21 @@ def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-def open_jsonl_for_run(path: str, global_step: int) -> tuple[TextIO, list[dict[str, Any]]]:
+def open_jsonl_for_run(
+    path: str, global_step: int, redone_after: int | None = None
+) -> tuple[TextIO, list[dict[str, Any]]]:
     """Open a JSON-lines run file for appending when training (re)starts at `global_step`: a resumed run keeps the rows
-    with `step <= global_step` (rewritten through a synced temporary file and a rename: a kill leaves the old rows or
-    the kept ones); a fresh run moves an earlier run's file aside to `<name>.<n>.jsonl` (with a warning). Returns the
-    file and the kept rows."""
+    with `step <= global_step`, and of those after `redone_after` (the last log row before a restored logging window:
+    a stopped run's partial last row, logged again whole) only evaluation rows; rewritten through a synced temporary
+    file and a rename (a kill leaves the old rows or the kept ones). A fresh run moves an earlier run's file aside to
+    `<name>.<n>.jsonl` (with a warning). Returns the file and the kept rows."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     kept = []
     if os.path.exists(path) and global_step > 0:
-        kept = [row for row in read_jsonl(path) if row.get("step", math.inf) <= global_step]
+        kept = [
+            row for row in read_jsonl(path) if row.get("step", math.inf) <= global_step
+            and (redone_after is None or row["step"] <= redone_after or any(k.startswith("eval_") for k in row))
+        ]  # fmt: skip
         with open_run_file(f"{path}.tmp", "w") as f:
             f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in kept)
             f.flush()
@@ -157,6 +163,7 @@ class JsonlLogCallback(TrainerCallback):
     """Appends JSON lines to `path` (default `<output_dir>/<filename>`) on the main process, flushed per write."""
 
     filename = ""
+    redone_after = None  # set by the trainer on a resume that restores a logging window ([`open_jsonl_for_run`])
 
     def __init__(self, path: str | None = None):
         self.path, self._file = path, None
@@ -164,7 +171,7 @@ class JsonlLogCallback(TrainerCallback):
     def open_for_run(self, args, state) -> list[dict[str, Any]]:
         self.close()
         self._file, kept = open_jsonl_for_run(
-            self.path or os.path.join(args.output_dir, self.filename), state.global_step
+            self.path or os.path.join(args.output_dir, self.filename), state.global_step, self.redone_after
         )
         return kept
 

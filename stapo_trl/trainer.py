@@ -44,7 +44,8 @@ from .diagnostics.metrics import diagnostic_metrics
 from .integrations.process_group import release_process_group
 from .integrations.vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
 from .rewards import resolve_reward_names
-from .run_files import NoLearningSignalCallback, SpuriousTokenLogger, add_run_file_callbacks
+from .rollout_state import RolloutStateCallback, load_rollout_state, save_rollout_state
+from .run_files import JsonlLogCallback, NoLearningSignalCallback, SpuriousTokenLogger, add_run_file_callbacks
 
 
 TINY_MODEL_MAX_BYTES = 4 * 2**20  # the built-in tiny models' weights are 0.58 MB
@@ -128,9 +129,10 @@ class _Additions:
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train` with the run files (unless `s2t_write_run_files` is off), the no-learning-signal warning,
-        the tiny-model thread rule ([`tiny_model_threads`]) and a safe resume: `resume_from_checkpoint=True` takes the
-        newest complete checkpoint (incomplete or damaged ones above it are said in one line and moved aside), a
-        folder given by name must be complete, and a checkpoint trained with other settings is refused.
+        the tiny-model thread rule ([`tiny_model_threads`]) and a safe, exact resume: `resume_from_checkpoint=True`
+        takes the newest complete checkpoint (incomplete or damaged ones above it are said in one line and moved
+        aside), a folder given by name must be complete, a checkpoint trained with other settings is refused, and the
+        rest of its rollout batch and logging window is restored ([`~stapo_trl.rollout_state`]).
 
         Raises:
             ValueError: no complete checkpoint to resume; a checkpoint that is not complete; a checkpoint trained with
@@ -148,14 +150,23 @@ class _Additions:
             check_run_settings(resume_from_checkpoint, self.run_settings)
         if write_run_files(self.args):
             add_run_file_callbacks(self)
-        if not any(isinstance(callback, NoLearningSignalCallback) for callback in self.callback_handler.callbacks):
+        callbacks = self.callback_handler.callbacks
+        if not any(isinstance(callback, NoLearningSignalCallback) for callback in callbacks):
             self.add_callback(NoLearningSignalCallback(self))
+        rollout = next((c for c in callbacks if isinstance(c, RolloutStateCallback)), None)
+        if rollout is None:
+            self.add_callback(rollout := RolloutStateCallback(self))  # after the run files' callbacks
+        rollout.state = load_rollout_state(self, resume_from_checkpoint) if resume_from_checkpoint else None
+        for callback in callbacks:  # a stopped run's partial last row is logged again, whole, by the restored window
+            if isinstance(callback, JsonlLogCallback):
+                callback.redone_after = rollout.state["last_logged"] if rollout.state else None
         with tiny_model_threads(self.model):
             return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial):
-        """`Trainer._save_checkpoint` between two writes of the run record: the settings with no file list first (an
-        older `trainer_state.json` of the same step removed), the files the save wrote last, which mark it complete."""
+        """`Trainer._save_checkpoint` and the rollout state ([`~stapo_trl.rollout_state.save_rollout_state`]) between
+        two writes of the run record: the settings with no file list first (an older `trainer_state.json` of the same
+        step removed), the files the save wrote last, which mark it complete."""
         folder = os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}")
         record = {"settings": self.run_settings, "save_only_model": self.args.save_only_model}
         if self.args.should_save:
@@ -163,10 +174,13 @@ class _Additions:
                 os.remove(os.path.join(folder, "trainer_state.json"))
             write_run_record(folder, **record, files=None)
         super()._save_checkpoint(model, trial)
+        if not self.args.save_only_model:  # a model-only checkpoint does not resume
+            save_rollout_state(self, folder)
         if self.args.should_save:
             names = [n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n))]
-            # the record itself, and the RNG states other processes write
-            skip = re.compile(rf"^{re.escape(RUN_RECORD)}|rng_state_\d+\.pth$")
+            # the record itself, and the RNG and rollout states other processes write
+            other = rf"^rollout_state_(?!{self.accelerator.process_index}\.)"
+            skip = re.compile(rf"^{re.escape(RUN_RECORD)}|rng_state_\d+\.pth$|{other}")
             write_run_record(folder, **record, files=sorted(n for n in names if not skip.match(n)))
 
     def evaluate(self, *args, **kwargs):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from datasets import Dataset
-from testing_utils import no_activation_checkpointing, read_until, tiny_stapo_config, write_held_reward
+from testing_utils import SignalAtStep, no_activation_checkpointing, read_until, tiny_stapo_config, write_held_reward
 from transformers import TrainerCallback
 
 from stapo_trl.data import format_prompt
@@ -277,19 +277,6 @@ def test_second_ctrl_c_in_a_script_quits_at_once(tmp_path, tiny_math_model_path)
     assert not list((tmp_path / "out").glob("checkpoint-*"))
 
 
-class _SignalAtStep(TrainerCallback):
-    """Send `signum` to this process once, at the end of `step` (what Ctrl-C in a terminal or a notebook does, or a
-    scheduler's SIGTERM)."""
-
-    def __init__(self, step: int, signum: int):
-        self.step, self.signum, self.sent = step, signum, False
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step and not self.sent:
-            self.sent = True
-            os.kill(os.getpid(), self.signum)
-
-
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1], ids=lambda s: s.name)
 def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_model_path, signum):
     """A notebook: the interrupt is caught, and the same trainer object resumes from its checkpoint to the end. Before,
@@ -310,7 +297,7 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
         disable_tqdm=True,
     )
     trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=dataset)
-    trainer.add_callback(_SignalAtStep(2, signum))
+    trainer.add_callback(SignalAtStep(2, signum))
     add_command_callbacks(trainer)
     handlers = [signal.getsignal(s) for s in STOP_SIGNALS]
     with pytest.raises(KeyboardInterrupt) as excinfo:

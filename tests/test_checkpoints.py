@@ -103,6 +103,16 @@ DAMAGES = {
     "no-tokenizer": ("tokenizer.json", "no tokenizer.json, which its save wrote"),
     "no-config": ("config.json", "no config.json, which its save wrote"),
     "model-grown": ("model.safetensors", "model.safetensors damaged: bytes past its tensors"),
+    # The rest of a rollout batch and the logging window (stapo_trl.rollout_state): damaged, not resumed from.
+    "rollout-cut": (
+        "rollout_state_0.safetensors",
+        "rollout_state_0.safetensors cut short: {size} bytes, less than its header",
+    ),
+    "no-rollout": ("rollout_state_0.safetensors", "no rollout_state_0.safetensors, which its save wrote"),
+    "rollout-lies": (
+        "rollout_state_0.json",
+        "rollout_state_0.json does not match rollout_state_0.safetensors (its tensors' names, dtypes or shapes)",
+    ),
 }
 
 
@@ -120,6 +130,10 @@ def _damage(folder, case, marker):
         write_hostile_pickle(path, marker)
     elif case == "model-grown":
         path.write_bytes(path.read_bytes() + b"\0" * 16)
+    elif case == "rollout-lies":  # a shape the tensors file does not hold: no traceback on resume
+        manifest = json.loads(path.read_text())
+        manifest["tensors"]["loss"]["shape"] = [2]
+        path.write_text(json.dumps(manifest))
     return DAMAGES[case][1].format(size=full // 2, full=full)
 
 
@@ -135,7 +149,9 @@ def test_what_makes_a_checkpoint_incomplete_names_the_file_and_the_damage(run, t
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("case", ["model-cut", "optimizer-cut", "rng-overwritten", "no-scheduler"])
+@pytest.mark.parametrize(
+    "case", ["model-cut", "optimizer-cut", "rng-overwritten", "no-scheduler", "rollout-cut", "rollout-lies"]
+)
 def test_the_python_api_resumes_the_newest_whole_checkpoint_and_moves_the_damaged_one_aside(
     run, tmp_path, tiny_random_model_path, caplog, case
 ):

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,6 +180,19 @@ def tiny_stapo_config(output_dir, **overrides):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return STAPOConfig(**settings)
+
+
+class SignalAtStep(TrainerCallback):
+    """Send `signum` to this process once, at the end of `step` (what Ctrl-C in a terminal or a notebook does, or a
+    scheduler's SIGTERM)."""
+
+    def __init__(self, step: int, signum: int):
+        self.step, self.signum, self.sent = step, signum, False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), self.signum)
 
 
 # ---------------------------------------------------------------------------------------------------------------

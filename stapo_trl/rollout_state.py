@@ -1,0 +1,172 @@
+"""The rest of a rollout batch in each checkpoint, so that a resume from any checkpoint trains as the uninterrupted run.
+
+TRL generates a rollout batch every `steps_per_generation x num_iterations` micro-steps and keeps it in memory only
+(`GRPOTrainer._buffered_inputs`, read at `_step % steps_per_generation`; `_step` starts at 0 in a new trainer), so a
+resume inside one generated another. Each process writes into each checkpoint `rollout_state_<process>.safetensors`
+and `rollout_state_<process>.json` (plain JSON: the steps, the batch layout, the micro-batches' non-tensor values, each
+tensor's dtype and shape; never a pickle): the micro-batches the batch still uses (with the S2T inputs, and the keep
+mask and `num_items_in_batch` of an update already begun), and the open logging window: TRL's pending `_metrics`, the
+loss transformers summed since its last log row, the pending records of `spurious_tokens.jsonl`. A checkpoint at the
+end of a rollout batch holds no micro-batch. A resume restores them; one from a checkpoint saved before them, at
+another world size or batch layout, or whose batch held objects neither safetensors nor JSON holds, generates its
+rollout again, said in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import torch
+from safetensors.torch import load, save
+from transformers import TrainerCallback
+
+from .checkpoints import open_run_file, tensor_specs
+from .run_files import SpuriousTokenLogger
+
+
+logger = logging.getLogger(__name__)
+
+FILES = "rollout_state_{}.json", "rollout_state_{}.safetensors"  # manifest, tensors; by process index
+
+
+def _layout(trainer) -> dict:
+    args = trainer.args
+    return {
+        "world_size": trainer.accelerator.num_processes, "per_device_train_batch_size": args.per_device_train_batch_size,
+        "steps_per_generation": args.steps_per_generation, "num_iterations": trainer.num_iterations,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+    }  # fmt: skip
+
+
+def _is_json(value) -> bool:
+    try:
+        return json.loads(json.dumps(value, allow_nan=False)) == value
+    except (TypeError, ValueError):
+        return False
+
+
+def save_rollout_state(trainer, folder: str) -> list[str]:
+    """Write this process's rollout state into the checkpoint `folder` (its micro-step `trainer._step`, the
+    micro-batches of `trainer._buffered_inputs` still to be used, the logging window); returns the names written."""
+    spg = trainer.args.steps_per_generation
+    every, offset = spg * trainer.num_iterations, trainer._step % (spg * trainer.num_iterations)
+    tensors, batches, why = {}, {}, None
+    if offset and trainer._buffered_inputs is not None:  # inside a rollout batch: the micro-batches still to be used
+        for i in range(spg) if every - offset >= spg else range(offset % spg, spg):
+            batches[str(i)] = {"size": trainer._buffered_inputs[i]["advantages"].size(0), "values": {}}
+            for key, value in trainer._buffered_inputs[i].items():
+                if isinstance(value, torch.Tensor):
+                    tensors[f"batch.{i}.{key}"] = value
+                elif _is_json(value):
+                    batches[str(i)]["values"][key] = value
+                else:
+                    why = (
+                        why
+                        or f"its micro-batch {i} holds {key!r}, a {type(value).__name__}, which is not saved (no pickle)"
+                    )
+    for key, values in trainer._metrics["train"].items():
+        tensors[f"metrics.{key}"] = torch.tensor(values, dtype=torch.float64)
+    if getattr(trainer, "_tr_loss", None) is not None:
+        tensors["loss"] = trainer._tr_loss
+    logger_ = next((c for c in trainer.callback_handler.callbacks if isinstance(c, SpuriousTokenLogger)), None)
+    if logger_ is not None and logger_._pending is not None:
+        tensors["token_records"] = logger_._pending
+    if why:
+        tensors, batches = {}, {}
+    names = [name.format(trainer.accelerator.process_index) for name in FILES]
+    with open_run_file(os.path.join(folder, names[1]), "wb") as f:  # copies: views of one batch share memory
+        f.write(save({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}))
+    manifest = {
+        "format": 1, "global_step": trainer.state.global_step, "micro_step": trainer._step,
+        "process_index": trainer.accelerator.process_index, **_layout(trainer),
+        "last_logged_step": getattr(trainer, "_globalstep_last_logged", trainer.state.global_step),
+        "not_saved": why, "micro_batches": batches,
+        "tensors": tensor_specs(os.path.join(folder, names[1])),
+    }  # fmt: skip
+    with open_run_file(os.path.join(folder, names[0]), "w") as f:
+        json.dump(manifest, f)
+    return names
+
+
+def _read(trainer, checkpoint: str) -> tuple[dict | None, str | None]:
+    """(this process's saved state, `None`) or (`None`, why it cannot be restored)."""
+    manifest_path, tensors_path = (
+        os.path.join(checkpoint, n.format(trainer.accelerator.process_index)) for n in FILES
+    )
+    if not os.path.isfile(manifest_path):
+        return None, f"it holds no {os.path.basename(manifest_path)} (saved before checkpoints held the rollout)"
+    try:
+        with open(manifest_path, encoding="utf-8") as f:
+            manifest = json.load(f)
+        if manifest["not_saved"]:
+            return None, manifest["not_saved"]
+        if changed := [f"{k} {manifest.get(k)} -> {v}" for k, v in _layout(trainer).items() if manifest.get(k) != v]:
+            return None, f"it was saved with another batch layout ({', '.join(changed)})"
+        with open(tensors_path, "rb") as f:
+            tensors = load(f.read())
+        device, spg = trainer.accelerator.device, trainer.args.steps_per_generation
+        batches = [None] * spg
+        for i, batch in manifest["micro_batches"].items():
+            batches[int(i)] = dict(batch["values"])
+        for name, tensor in tensors.items():
+            if name.startswith("batch."):
+                _, i, key = name.split(".", 2)
+                batches[int(i)][key] = tensor.to(device)
+        state = {"micro_step": int(manifest["micro_step"]), "last_logged": int(manifest["last_logged_step"])}
+        state |= {"batches": batches if any(b is not None for b in batches) else None, "tensors": tensors}
+        return state, None
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        return None, f"its {os.path.basename(manifest_path)} is unreadable ({type(e).__name__})"
+
+
+def load_rollout_state(trainer, checkpoint: str) -> dict | None:
+    """This process's rollout state saved in `checkpoint`, or `None` where any process has none to restore (a
+    collective: every process calls it), said in one line (main process) when a rollout batch is generated again.
+
+    Returns:
+        `dict` or `None`: `micro_step`, `last_logged` (the step of the last log row before the checkpoint), `batches`
+        (the micro-batches on the device, `None` for those used up; `None` at the end of a rollout batch) and
+        `tensors` (the saved tensors on the CPU).
+    """
+    state, why = _read(trainer, checkpoint)
+    restorable = trainer.accelerator.gather(torch.tensor([why is None], device=trainer.accelerator.device)).all()
+    if restorable:
+        return state
+    with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
+        step = int(json.load(f)["global_step"])  # whole: checked before the resume
+    every = trainer.args.steps_per_generation * trainer.num_iterations
+    offset = step * trainer.args.gradient_accumulation_steps % every
+    if offset and trainer.accelerator.is_main_process:
+        logger.warning(
+            f"Resuming from {checkpoint}, {offset} of the {every} micro-steps of a rollout batch in, with a new rollout: "
+            f"{why or 'another process has no rollout state to restore'}; the rest of this batch trains on other "
+            "completions than the uninterrupted run's."
+        )
+    return None
+
+
+class RolloutStateCallback(TrainerCallback):
+    """Restores a [`load_rollout_state`] state at `on_train_begin`, after transformers has reset its logging state
+    and after the run files' callbacks: `trainer._step`, `_buffered_inputs`, `_metrics["train"]`, `_tr_loss`,
+    `_globalstep_last_logged` and the pending records of the [`SpuriousTokenLogger`]."""
+
+    def __init__(self, trainer):
+        self.trainer, self.state = trainer, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        trainer, restored, self.state = self.trainer, self.state, None
+        if restored is None:
+            return
+        trainer._step, trainer._globalstep_last_logged = restored["micro_step"], restored["last_logged"]
+        trainer._buffered_inputs = restored["batches"]
+        tensors = restored["tensors"]
+        trainer._metrics["train"].clear()
+        trainer._metrics["train"].update({k[8:]: v.tolist() for k, v in tensors.items() if k.startswith("metrics.")})
+        if "loss" in tensors:
+            trainer._tr_loss = tensors["loss"].to(trainer._tr_loss.device)
+        for callback in trainer.callback_handler.callbacks:
+            if isinstance(callback, SpuriousTokenLogger) and "token_records" in tensors:
+                callback._pending = tensors["token_records"].to(trainer.accelerator.device)
+                break

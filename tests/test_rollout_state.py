@@ -1,0 +1,248 @@
+"""`stapo_trl.rollout_state`: a resume from any checkpoint, inside a rollout batch or at its end, after `save_steps` or
+a stop signal, ends with the uninterrupted run's weights (bitwise: CPU, HF generation, a fixed seed), metrics rows
+(timing aside) and token records; a checkpoint whose rollout cannot be restored generates it again, in one line.
+
+Measured before: the demo's geometry (4 updates per rollout batch) resumed from checkpoint-4 or -8 (a batch's end) as
+the uninterrupted run, but from checkpoint-2, -6 or -10, or after a SIGTERM at step 5, with other weights and rows:
+TRL keeps the rest of a rollout batch in memory only and generated a new one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import signal
+import textwrap
+
+import pytest
+import torch
+from datasets import Dataset
+from testing_utils import SignalAtStep, read_jsonl, run_torchrun, tiny_stapo_config
+
+from stapo_trl.data import format_prompt
+
+
+DATASET = Dataset.from_list(
+    [{"prompt": format_prompt(f"{a}+{b}"), "solution": str(a + b)} for a in range(10, 100, 7) for b in (12, 47, 83)]
+)
+TIMING = re.compile(r"step_time|runtime|_per_second")
+
+
+def _trainer(model_path, out, cls=None, **overrides):
+    """The demo recipe's geometry: 16 completions per update (2 prompts x 8), 4 updates per rollout batch, GA 1, up to
+    48 tokens, one log row per rollout batch; 12 steps, a checkpoint every 2."""
+    from stapo_trl import STAPOTrainer
+
+    settings = dict(
+        max_steps=12, per_device_train_batch_size=16, num_generations=8, steps_per_generation=4,
+        max_completion_length=48, learning_rate=1e-4, logging_steps=4, save_strategy="steps", save_steps=2,
+        disable_tqdm=True,
+    ) | overrides  # fmt: skip
+    return (cls or STAPOTrainer)(
+        model_path, reward_funcs="math_accuracy", args=tiny_stapo_config(out, **settings), train_dataset=DATASET
+    )
+
+
+def _outcome(trainer, out) -> dict:
+    rows = [{k: v for k, v in row.items() if not TIMING.search(k)} for row in read_jsonl(out / "metrics.jsonl")]
+    return {"weights": dict(trainer.model.state_dict()), "rows": rows, "records": read_jsonl(out / "spurious_tokens.jsonl")}  # fmt: skip
+
+
+def _assert_same(outcome: dict, expected: dict) -> None:
+    assert outcome["rows"] == expected["rows"]
+    assert outcome["records"] == expected["records"]
+    different = [name for name, w in expected["weights"].items() if not torch.equal(w, outcome["weights"][name])]
+    assert not different, different
+
+
+def _copy_until(run, out, step: int) -> None:
+    """`run`'s folder with its checkpoints up to `step`: a run stopped after that checkpoint (its later rows too)."""
+    later = lambda _, names: [n for n in names if n.startswith("checkpoint-") and int(n.split("-")[1]) > step]  # noqa: E731
+    shutil.copytree(run, out, ignore=later)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_math_model_path):
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    trainer = _trainer(tiny_math_model_path, out)
+    trainer.train()
+    assert trainer.state.log_history[0]["reward"] > 0  # a learning signal: the weights depend on the completions
+    return out, _outcome(trainer, out)
+
+
+@pytest.mark.parametrize("step", [2, 4, 6])
+def test_a_resume_from_any_checkpoint_ends_as_the_uninterrupted_run(
+    uninterrupted, tiny_math_model_path, tmp_path, step
+):
+    run, expected = uninterrupted
+    _copy_until(run, tmp_path / "run", step)
+    trainer = _trainer(tiny_math_model_path, tmp_path / "run")
+    trainer.train(resume_from_checkpoint=True)
+    _assert_same(_outcome(trainer, tmp_path / "run"), expected)
+
+
+def test_a_stop_signal_inside_a_rollout_batch_resumes_as_the_uninterrupted_run(
+    uninterrupted, tiny_math_model_path, tmp_path
+):
+    """SIGTERM at step 5: one update into a rollout batch and a logging window; the stopped run's partial last row and
+    token records are written again, whole, by the resumed run."""
+    from stapo_trl.callbacks import add_command_callbacks
+
+    out = tmp_path / "run"
+    trainer = _trainer(tiny_math_model_path, out)
+    trainer.add_callback(SignalAtStep(5, signal.SIGTERM))
+    add_command_callbacks(trainer)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert [row["step"] for row in read_jsonl(out / "metrics.jsonl")] == [4, 5]
+    trainer = _trainer(tiny_math_model_path, out)
+    trainer.train(resume_from_checkpoint=str(out / "checkpoint-5"))
+    _assert_same(_outcome(trainer, out), uninterrupted[1])
+
+
+@pytest.mark.slow  # a run of 6 steps and two resumes, three times
+@pytest.mark.parametrize(
+    "layout",
+    [dict(gradient_accumulation_steps=2), dict(num_iterations=2), dict(steps_per_generation=6, gradient_accumulation_steps=4)],
+    ids=["GA2", "iterations2", "mask-over-two-updates"],
+)  # fmt: skip
+def test_a_resume_is_exact_with_accumulation_and_iterations(tiny_math_model_path, tmp_path, layout):
+    """Checkpoint-1: inside a rollout batch (with a mask spanning two updates, its keep mask and normalizer already
+    computed: steps_per_generation 6 is no multiple of GA 4); checkpoint-4: the end of a rollout batch (GA 2), the
+    end of a first iteration over one (all its micro-batches still needed), inside one (6 x 4 updates)."""
+    settings = dict(layout, max_steps=6, per_device_train_batch_size=8, save_steps=1, logging_steps=3)
+    trainer = _trainer(tiny_math_model_path, tmp_path / "run", **settings)
+    trainer.train()
+    expected = _outcome(trainer, tmp_path / "run")
+    saved = json.loads((tmp_path / "run" / "checkpoint-1" / "rollout_state_0.json").read_text())["tensors"]
+    assert ("batch.4.s2t_keep" in saved) == (layout.get("steps_per_generation") == 6)
+    for step in (1, 4):
+        out = tmp_path / f"resumed-{step}"
+        _copy_until(tmp_path / "run", out, step)
+        trainer = _trainer(tiny_math_model_path, out, **settings)
+        trainer.train(resume_from_checkpoint=True)
+        _assert_same(_outcome(trainer, out), expected)
+
+
+def _edit_manifest(checkpoint, **changes) -> None:
+    path = checkpoint / "rollout_state_0.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+
+def _drop_rollout_files(checkpoint) -> None:
+    """What a checkpoint saved before the rollout state holds: no rollout files, none in its record."""
+    record = json.loads((checkpoint / "stapo_run.json").read_text())
+    record["files"] = [name for name in record["files"] if not name.startswith("rollout_state_")]
+    (checkpoint / "stapo_run.json").write_text(json.dumps(record))
+    for path in checkpoint.glob("rollout_state_*"):
+        path.unlink()
+
+
+def _fallback_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "with a new rollout" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (_drop_rollout_files, "it holds no rollout_state_0.json (saved before checkpoints held the rollout)"),
+        (lambda c: _edit_manifest(c, world_size=2), "it was saved with another batch layout (world_size 2 -> 1)"),
+        (
+            lambda c: _edit_manifest(c, steps_per_generation=8),
+            "it was saved with another batch layout (steps_per_generation 8 -> 4)",
+        ),
+    ],
+    ids=["before-rollout-files", "another-world-size", "another-layout"],
+)
+def test_a_rollout_that_cannot_be_restored_is_generated_again_in_one_line(
+    uninterrupted, tiny_math_model_path, tmp_path, caplog, damage, why
+):
+    run, _ = uninterrupted
+    _copy_until(run, tmp_path / "run", 6)
+    damage(tmp_path / "run" / "checkpoint-6")
+    trainer = _trainer(tiny_math_model_path, tmp_path / "run", max_steps=7)
+    with caplog.at_level(logging.WARNING):
+        trainer.train(resume_from_checkpoint=True)
+    assert _fallback_lines(caplog) == [
+        f"Resuming from {tmp_path / 'run' / 'checkpoint-6'}, 2 of the 4 micro-steps of a rollout batch in, with a new "
+        f"rollout: {why}; the rest of this batch trains on other completions than the uninterrupted run's."
+    ]
+    assert trainer.state.global_step == 7
+
+
+def test_a_batch_holding_objects_is_not_pickled_and_its_rollout_is_generated_again(
+    tiny_math_model_path, tmp_path, caplog
+):
+    """A subclass's own objects in the rollout batch: neither safetensors nor JSON holds them, and nothing is pickled."""
+    from stapo_trl import STAPOTrainer
+
+    class Note:
+        pass
+
+    class WithNotes(STAPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            batch = super()._generate_and_score_completions(inputs)
+            return batch | {"notes": [Note() for _ in range(batch["advantages"].size(0))]}
+
+    _trainer(tiny_math_model_path, tmp_path / "run", WithNotes, max_steps=2).train()
+    manifest = json.loads((tmp_path / "run" / "checkpoint-2" / "rollout_state_0.json").read_text())
+    assert manifest["micro_batches"] == {} and manifest["tensors"] == {}
+    trainer = _trainer(tiny_math_model_path, tmp_path / "run", WithNotes, max_steps=3)
+    with caplog.at_level(logging.WARNING):
+        trainer.train(resume_from_checkpoint=True)
+    assert _fallback_lines(caplog) == [
+        f"Resuming from {tmp_path / 'run' / 'checkpoint-2'}, 2 of the 4 micro-steps of a rollout batch in, with a new "
+        "rollout: its micro-batch 2 holds 'notes', a list, which is not saved (no pickle); the rest of this batch "
+        "trains on other completions than the uninterrupted run's."
+    ]
+
+
+WORKER = textwrap.dedent(
+    r"""
+    import sys
+    from datasets import Dataset
+    from safetensors.torch import save_file
+    from stapo_trl import STAPOConfig, STAPOTrainer
+    from stapo_trl.data import format_prompt
+    from stapo_trl.integrations.process_group import import_group_capturing_modules
+
+    import_group_capturing_modules()
+    model_path, out_dir, resume = sys.argv[1], sys.argv[2], sys.argv[3] == "resume"
+    dataset = Dataset.from_list(
+        [{"prompt": format_prompt(f"{a}+{b}"), "solution": str(a + b)} for a in range(10, 100, 7) for b in (12, 47, 83)]
+    )
+    args = STAPOConfig(
+        output_dir=out_dir, use_cpu=True, bf16=False, report_to="none", per_device_train_batch_size=8,
+        num_generations=8, steps_per_generation=4, max_completion_length=48, learning_rate=1e-4, max_steps=6,
+        logging_steps=4, save_strategy="steps", save_steps=2, disable_tqdm=True,
+    )
+    trainer = STAPOTrainer(model_path, reward_funcs="math_accuracy", args=args, train_dataset=dataset)
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    save_file(weights, f"{out_dir}/weights_{trainer.accelerator.process_index}.safetensors")
+    trainer.end()
+    report(f"rank {trainer.accelerator.process_index} done")
+    """
+)
+
+
+@pytest.mark.slow  # two torchrun launches of 2 processes
+def test_a_resume_inside_a_rollout_batch_is_exact_on_two_processes(tiny_math_model_path, tmp_path):
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    output = run_torchrun(WORKER, tmp_path / "worker.py", tiny_math_model_path, str(run), "full", nproc=2)
+    assert "rank 1 done" in output, output[-3000:]
+    assert {p.name for p in (run / "checkpoint-2").glob("rollout_state_*")} == {
+        f"rollout_state_{rank}.{ext}" for rank in (0, 1) for ext in ("json", "safetensors")
+    }
+    _copy_until(run, tmp_path / "resumed", 2)
+    output = run_torchrun(WORKER, tmp_path / "worker.py", tiny_math_model_path, str(tmp_path / "resumed"), "resume", nproc=2)  # fmt: skip
+    assert "rank 1 done" in output and "with a new rollout" not in output, output[-3000:]
+    for rank in (0, 1):
+        expected, resumed = (load_file(f / f"weights_{rank}.safetensors") for f in (run, tmp_path / "resumed"))
+        assert all(torch.equal(expected[k], resumed[k]) for k in expected)
+    strip = lambda rows: [{k: v for k, v in row.items() if not TIMING.search(k)} for row in rows]  # noqa: E731
+    assert strip(read_jsonl(tmp_path / "resumed" / "metrics.jsonl")) == strip(read_jsonl(run / "metrics.jsonl"))
