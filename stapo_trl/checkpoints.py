@@ -159,7 +159,8 @@ def tensor_specs(path: str) -> dict:
     from safetensors import safe_open
 
     with safe_open(path, framework="pt") as f:
-        return {name: {"dtype": f.get_slice(name).get_dtype(), "shape": f.get_slice(name).get_shape()} for name in f.keys()}  # fmt: skip
+        slices = {name: f.get_slice(name) for name in f.keys()}
+        return {name: {"dtype": s.get_dtype(), "shape": s.get_shape()} for name, s in slices.items()}
 
 
 def _manifest_problem(path: str, manifest: Any) -> str | None:

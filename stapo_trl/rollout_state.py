@@ -1,4 +1,4 @@
-"""The rest of a rollout batch in each checkpoint, so that a resume from any checkpoint trains as the uninterrupted run.
+"""The rest of a rollout batch in each checkpoint, so that a resume from any checkpoint trains as an uninterrupted run.
 
 TRL generates a rollout batch every `steps_per_generation x num_iterations` micro-steps and keeps it in memory only
 (`GRPOTrainer._buffered_inputs`, read at `_step % steps_per_generation`; `_step` starts at 0 in a new trainer), so a
@@ -33,11 +33,9 @@ FILES = "rollout_state_{}.json", "rollout_state_{}.safetensors"  # manifest, ten
 
 def _layout(trainer) -> dict:
     args = trainer.args
-    return {
-        "world_size": trainer.accelerator.num_processes, "per_device_train_batch_size": args.per_device_train_batch_size,
-        "steps_per_generation": args.steps_per_generation, "num_iterations": trainer.num_iterations,
-        "gradient_accumulation_steps": args.gradient_accumulation_steps,
-    }  # fmt: skip
+    names = ("per_device_train_batch_size", "steps_per_generation", "gradient_accumulation_steps")
+    layout = {"world_size": trainer.accelerator.num_processes, "num_iterations": trainer.num_iterations}
+    return layout | {name: getattr(args, name) for name in names}
 
 
 def _is_json(value) -> bool:
@@ -55,17 +53,13 @@ def save_rollout_state(trainer, folder: str) -> list[str]:
     tensors, batches, why = {}, {}, None
     if offset and trainer._buffered_inputs is not None:  # inside a rollout batch: the micro-batches still to be used
         for i in range(spg) if every - offset >= spg else range(offset % spg, spg):
-            batches[str(i)] = {"size": trainer._buffered_inputs[i]["advantages"].size(0), "values": {}}
-            for key, value in trainer._buffered_inputs[i].items():
-                if isinstance(value, torch.Tensor):
-                    tensors[f"batch.{i}.{key}"] = value
-                elif _is_json(value):
-                    batches[str(i)]["values"][key] = value
-                else:
-                    why = (
-                        why
-                        or f"its micro-batch {i} holds {key!r}, a {type(value).__name__}, which is not saved (no pickle)"
-                    )
+            batch = trainer._buffered_inputs[i]
+            tensors |= {f"batch.{i}.{k}": v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+            values = {k: v for k, v in batch.items() if not isinstance(v, torch.Tensor)}
+            batches[str(i)] = {"size": len(batch["advantages"]), "values": values}
+            if why is None and (key := next((k for k, v in values.items() if not _is_json(v)), None)):
+                kind = type(values[key]).__name__
+                why = f"its micro-batch {i} holds {key!r}, a {kind}, which is not saved (no pickle)"
     for key, values in trainer._metrics["train"].items():
         tensors[f"metrics.{key}"] = torch.tensor(values, dtype=torch.float64)
     if getattr(trainer, "_tr_loss", None) is not None:
@@ -140,9 +134,9 @@ def load_rollout_state(trainer, checkpoint: str) -> dict | None:
     offset = step * trainer.args.gradient_accumulation_steps % every
     if offset and trainer.accelerator.is_main_process:
         logger.warning(
-            f"Resuming from {checkpoint}, {offset} of the {every} micro-steps of a rollout batch in, with a new rollout: "
-            f"{why or 'another process has no rollout state to restore'}; the rest of this batch trains on other "
-            "completions than the uninterrupted run's."
+            f"Resuming from {checkpoint}, {offset} of the {every} micro-steps of a rollout batch in, with a new "
+            f"rollout: {why or 'another process has no rollout state to restore'}; the rest of this batch trains on "
+            "other completions than the uninterrupted run's."
         )
     return None
 

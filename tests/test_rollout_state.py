@@ -28,6 +28,7 @@ DATASET = Dataset.from_list(
     [{"prompt": format_prompt(f"{a}+{b}"), "solution": str(a + b)} for a in range(10, 100, 7) for b in (12, 47, 83)]
 )
 TIMING = re.compile(r"step_time|runtime|_per_second")
+LATER = {f"checkpoint-{n}" for n in range(1, 13)}
 
 
 def _trainer(model_path, out, cls=None, **overrides):
@@ -47,7 +48,8 @@ def _trainer(model_path, out, cls=None, **overrides):
 
 def _outcome(trainer, out) -> dict:
     rows = [{k: v for k, v in row.items() if not TIMING.search(k)} for row in read_jsonl(out / "metrics.jsonl")]
-    return {"weights": dict(trainer.model.state_dict()), "rows": rows, "records": read_jsonl(out / "spurious_tokens.jsonl")}  # fmt: skip
+    records = read_jsonl(out / "spurious_tokens.jsonl") if hasattr(trainer, "s2t") else None
+    return {"weights": dict(trainer.model.state_dict()), "rows": rows, "records": records}
 
 
 def _assert_same(outcome: dict, expected: dict) -> None:
@@ -59,8 +61,7 @@ def _assert_same(outcome: dict, expected: dict) -> None:
 
 def _copy_until(run, out, step: int) -> None:
     """`run`'s folder with its checkpoints up to `step`: a run stopped after that checkpoint (its later rows too)."""
-    later = lambda _, names: [n for n in names if n.startswith("checkpoint-") and int(n.split("-")[1]) > step]  # noqa: E731
-    shutil.copytree(run, out, ignore=later)
+    shutil.copytree(run, out, ignore=lambda _, names: [n for n in names if n in LATER and int(n[11:]) > step])
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,18 @@ def test_a_resume_from_any_checkpoint_ends_as_the_uninterrupted_run(
     trainer = _trainer(tiny_math_model_path, tmp_path / "run")
     trainer.train(resume_from_checkpoint=True)
     _assert_same(_outcome(trainer, tmp_path / "run"), expected)
+
+
+def test_the_grpo_baseline_resumes_inside_a_rollout_batch_as_its_uninterrupted_run(tiny_math_model_path, tmp_path):
+    from stapo_trl.trainer import GRPOBaselineTrainer
+
+    trainer = _trainer(tiny_math_model_path, tmp_path / "run", GRPOBaselineTrainer, max_steps=3)
+    trainer.train()
+    expected = _outcome(trainer, tmp_path / "run")
+    _copy_until(tmp_path / "run", tmp_path / "resumed", 2)
+    trainer = _trainer(tiny_math_model_path, tmp_path / "resumed", GRPOBaselineTrainer, max_steps=3)
+    trainer.train(resume_from_checkpoint=True)
+    _assert_same(_outcome(trainer, tmp_path / "resumed"), expected)
 
 
 def test_a_stop_signal_inside_a_rollout_batch_resumes_as_the_uninterrupted_run(
@@ -105,9 +118,13 @@ def test_a_stop_signal_inside_a_rollout_batch_resumes_as_the_uninterrupted_run(
 @pytest.mark.slow  # a run of 6 steps and two resumes, three times
 @pytest.mark.parametrize(
     "layout",
-    [dict(gradient_accumulation_steps=2), dict(num_iterations=2), dict(steps_per_generation=6, gradient_accumulation_steps=4)],
+    [
+        dict(gradient_accumulation_steps=2),
+        dict(num_iterations=2),
+        dict(steps_per_generation=6, gradient_accumulation_steps=4),
+    ],
     ids=["GA2", "iterations2", "mask-over-two-updates"],
-)  # fmt: skip
+)
 def test_a_resume_is_exact_with_accumulation_and_iterations(tiny_math_model_path, tmp_path, layout):
     """Checkpoint-1: inside a rollout batch (with a mask spanning two updates, its keep mask and normalizer already
     computed: steps_per_generation 6 is no multiple of GA 4); checkpoint-4: the end of a rollout batch (GA 2), the
@@ -175,7 +192,7 @@ def test_a_rollout_that_cannot_be_restored_is_generated_again_in_one_line(
 def test_a_batch_holding_objects_is_not_pickled_and_its_rollout_is_generated_again(
     tiny_math_model_path, tmp_path, caplog
 ):
-    """A subclass's own objects in the rollout batch: neither safetensors nor JSON holds them, and nothing is pickled."""
+    """A subclass's own objects in the rollout batch: neither safetensors nor JSON holds them; nothing is pickled."""
     from stapo_trl import STAPOTrainer
 
     class Note:
@@ -210,9 +227,8 @@ WORKER = textwrap.dedent(
 
     import_group_capturing_modules()
     model_path, out_dir, resume = sys.argv[1], sys.argv[2], sys.argv[3] == "resume"
-    dataset = Dataset.from_list(
-        [{"prompt": format_prompt(f"{a}+{b}"), "solution": str(a + b)} for a in range(10, 100, 7) for b in (12, 47, 83)]
-    )
+    problems = [(a, b) for a in range(10, 100, 7) for b in (12, 47, 83)]
+    dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{b}"), "solution": str(a + b)} for a, b in problems])
     args = STAPOConfig(
         output_dir=out_dir, use_cpu=True, bf16=False, report_to="none", per_device_train_batch_size=8,
         num_generations=8, steps_per_generation=4, max_completion_length=48, learning_rate=1e-4, max_steps=6,
@@ -239,7 +255,8 @@ def test_a_resume_inside_a_rollout_batch_is_exact_on_two_processes(tiny_math_mod
         f"rollout_state_{rank}.{ext}" for rank in (0, 1) for ext in ("json", "safetensors")
     }
     _copy_until(run, tmp_path / "resumed", 2)
-    output = run_torchrun(WORKER, tmp_path / "worker.py", tiny_math_model_path, str(tmp_path / "resumed"), "resume", nproc=2)  # fmt: skip
+    resumed = str(tmp_path / "resumed")
+    output = run_torchrun(WORKER, tmp_path / "worker.py", tiny_math_model_path, resumed, "resume", nproc=2)
     assert "rank 1 done" in output and "with a new rollout" not in output, output[-3000:]
     for rank in (0, 1):
         expected, resumed = (load_file(f / f"weights_{rank}.safetensors") for f in (run, tmp_path / "resumed"))

@@ -179,3 +179,31 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
     for name, tensor in AutoModelForCausalLM.from_pretrained(out / "checkpoint-14").state_dict().items():
         assert torch.equal(final[name], tensor), name
     assert [r["step"] for r in read_metrics(str(out)) if "reward" in r] == [4, 8, 12, 14]
+
+
+@pytest.mark.slow  # two stapo-train runs of 6 steps, with the command's files and figures (~20 s on 2 cores)
+def test_a_resume_inside_a_rollout_batch_ends_as_the_uninterrupted_run(tmp_path, tiny_math_model_path):
+    """Checkpoint-2 is 2 of the demo's 4 updates into a rollout batch: the resumed run trains on the same completions
+    (the rollout saved with the checkpoint) and ends with the same weights and rows. Before, it generated a new
+    rollout batch and ended with other weights."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from stapo_trl.cli.train import main
+    from stapo_trl.run_files import read_metrics
+
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, *SMALL_RUN]
+    argv += ["--max_steps", "6", "--save_steps", "2", "--save_total_limit", "3", "--eval_before_after", "false"]
+    main([*argv, "--output_dir", str(tmp_path / "run")])
+    stopped = tmp_path / "stopped"  # what a run stopped after checkpoint-2 leaves
+    shutil.copytree(tmp_path / "run" / "checkpoint-2", stopped / "checkpoint-2")
+    for name in ("metrics.jsonl", "spurious_tokens.jsonl"):
+        shutil.copy(tmp_path / "run" / name, stopped / name)
+    main([*argv, "--output_dir", str(stopped)])
+    expected, resumed = (load_file(folder / "model.safetensors") for folder in (tmp_path / "run", stopped))
+    assert expected.keys() == resumed.keys() and all(torch.equal(expected[k], resumed[k]) for k in expected)
+    timing = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+    folders = (tmp_path / "run", stopped)
+    rows = [[{k: v for k, v in r.items() if k not in timing} for r in read_metrics(str(f))] for f in folders]
+    assert rows[0] == rows[1] and [r["step"] for r in rows[0]] == [4, 6]
