@@ -51,6 +51,8 @@ def save_rollout_state(trainer, folder: str) -> list[str]:
     spg = trainer.args.steps_per_generation
     every, offset = spg * trainer.num_iterations, trainer._step % (spg * trainer.num_iterations)
     tensors, batches, why = {}, {}, None
+    if not trainer.control.should_save:  # not the training loop's save: transformers' JIT checkpoint, inside an update
+        why = "it was saved inside an optimizer update (transformers' JIT checkpoint)"
     if offset and trainer._buffered_inputs is not None:  # inside a rollout batch: the micro-batches still to be used
         for i in range(spg) if every - offset >= spg else range(offset % spg, spg):
             batch = trainer._buffered_inputs[i]

@@ -20,6 +20,7 @@ import pytest
 import torch
 from datasets import Dataset
 from testing_utils import SignalAtStep, read_jsonl, run_torchrun, tiny_stapo_config
+from transformers import TrainerCallback
 
 from stapo_trl.data import format_prompt
 
@@ -212,6 +213,31 @@ def test_a_batch_holding_objects_is_not_pickled_and_its_rollout_is_generated_aga
     assert _fallback_lines(caplog) == [
         f"Resuming from {tmp_path / 'run' / 'checkpoint-2'}, 2 of the 4 micro-steps of a rollout batch in, with a new "
         "rollout: its micro-batch 2 holds 'notes', a list, which is not saved (no pickle); the rest of this batch "
+        "trains on other completions than the uninterrupted run's."
+    ]
+
+
+def test_a_checkpoint_saved_inside_an_optimizer_update_generates_its_rollout_again(
+    tiny_math_model_path, tmp_path, caplog
+):
+    """transformers' JIT checkpoint (`enable_jit_checkpoint`, on SIGTERM) saves before the optimizer step: the resume
+    redoes that update, which the micro-step count saved with it has already passed."""
+
+    class JITCheckpoint(TrainerCallback):  # what transformers' JITCheckpointCallback does, without its timer
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                trainer._save_checkpoint(trainer.model, trial=None)
+                control.should_training_stop = True
+
+    trainer = _trainer(tiny_math_model_path, tmp_path / "run", max_steps=3)
+    trainer.add_callback(JITCheckpoint())
+    trainer.train()
+    trainer = _trainer(tiny_math_model_path, tmp_path / "run", max_steps=2)
+    with caplog.at_level(logging.WARNING):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-1"))
+    assert _fallback_lines(caplog) == [
+        f"Resuming from {tmp_path / 'run' / 'checkpoint-1'}, 1 of the 4 micro-steps of a rollout batch in, with a new "
+        "rollout: it was saved inside an optimizer update (transformers' JIT checkpoint); the rest of this batch "
         "trains on other completions than the uninterrupted run's."
     ]
 
