@@ -45,9 +45,9 @@ def _is_json(value) -> bool:
         return False
 
 
-def save_rollout_state(trainer, folder: str) -> list[str]:
-    """Write this process's rollout state into the checkpoint `folder` (its micro-step `trainer._step`, the
-    micro-batches of `trainer._buffered_inputs` still to be used, the logging window); returns the names written."""
+def save_rollout_state(trainer, folder: str) -> None:
+    """Write this process's rollout state into the checkpoint `folder`: its micro-step `trainer._step`, the
+    micro-batches of `trainer._buffered_inputs` still to be used, the logging window."""
     spg = trainer.args.steps_per_generation
     every, offset = spg * trainer.num_iterations, trainer._step % (spg * trainer.num_iterations)
     tensors, batches, why = {}, {}, None
@@ -83,7 +83,6 @@ def save_rollout_state(trainer, folder: str) -> list[str]:
     }  # fmt: skip
     with open_run_file(os.path.join(folder, names[0]), "w") as f:
         json.dump(manifest, f)
-    return names
 
 
 def _read(trainer, checkpoint: str) -> tuple[dict | None, str | None]:
