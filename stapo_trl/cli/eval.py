@@ -16,7 +16,6 @@ import argparse
 import logging
 import os
 import sys
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from ..evaluation.generation import (
     DEFAULT_MAX_NEW_TOKENS,
     HFGenerator,
     VLLMGenerator,
+    decoding_setting,
     evaluate_problems,
 )
 from ..evaluation.tasks import BENCHMARKS, PAPER_BENCHMARKS, find_benchmark_file, get_benchmark_spec, load_benchmark
@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_RESULTS_NAME = "stapo_eval.json"  # beside a local model
 DEFAULT_RESULTS_DIR = Path("outputs") / "stapo-eval"  # a Hub id, a builtin: name, a folder not writable
-_DECODING_NAMES = ", ".join([*DECODING_ALIASES, *DECODINGS])
+_DECODING_NAMES = ", ".join([*DECODING_ALIASES, *DECODINGS, "t<temperature>-p<top_p>"])
 
 
 class _Defaults(argparse.HelpFormatter):
@@ -77,8 +77,9 @@ def make_parser() -> argparse.ArgumentParser:
     add("--output", help=f"Results JSON, resumed when it exists. {output} (a Hub id's '/' as '--'); it is printed.")
     add("--limit", type=int, help="Only the first K problems of each benchmark.")
     add("--compare", nargs=2, metavar=("A_JSON", "B_JSON"), help="Compare two results files.")
-    add("--seed", type=int, default=0, help="Base seed (offset per benchmark and decoding).")
+    add("--seed", type=int, default=0, help="Sample j of problem i is seeded SEED + i * N + j.")
     add("--batch-size", type=int, default=64, help="HF backend: sequences per generate call.")
+    add("--threads", type=int, help="torch CPU threads. Default: torch's, one for a built-in tiny model.")
     add("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="Weights dtype.")
     add("--tensor-parallel-size", type=int, default=1, help="vLLM backend: GPUs per model.")
     share = "vLLM backend: GPU memory share (CPU backend: CPU memory share). Default: 0.9 on a GPU, 0.2 on CPU."
@@ -94,9 +95,7 @@ def parse_decoding_list(value: str) -> list[str]:
     valid ones for an unknown or no decoding."""
     names = []
     for raw in filter(None, (part.strip() for part in value.split(","))):
-        if raw not in DECODING_ALIASES and raw not in DECODINGS:
-            raise ValueError(f"Unknown decoding {raw!r}. Valid decodings: {_DECODING_NAMES}.")
-        names += [d for d in DECODING_ALIASES.get(raw, (raw,)) if d not in names]
+        names += [d for d in DECODING_ALIASES.get(raw, (decoding_setting(raw).name,)) if d not in names]
     if not names:
         raise ValueError(f"No decoding given. Valid decodings: {_DECODING_NAMES}.")
     return names
@@ -134,13 +133,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(todo) < len(decodings) * len(benchmarks):
             logger.info("Skipping the pairs already in %s", output)
         from ..trainer import tiny_model_threads  # torch: not for --help and errors
+        from .run import torch_threads
 
         generator = None
         for decoding, bench in todo:
             if generator is None:
                 generator, model_path = _load_generator(parser, args)
                 data["model"] = results.describe_model(model_path, args.revision) | {"name_or_path": args.model}
-            with tiny_model_threads(model_path):  # one thread for a tiny model, as training
+            # --threads, else one thread for a tiny model (a LoRA adapter's merged one too), as training
+            threads = (
+                torch_threads(args.threads)
+                if args.threads
+                else tiny_model_threads(getattr(generator, "model", model_path))
+            )
+            with threads:
                 _evaluate_pair(args, generator, data, problems[bench], bench, decoding, data_dir)
             results.write_json_atomic(output, data)
         print(results.format_results_table([data]))
@@ -157,7 +163,15 @@ def _validate(args) -> tuple[list[str], list[str], str | None]:
     if not benchmarks:
         raise ValueError(f"No benchmark given. Valid benchmarks: {', '.join(BENCHMARKS)}.")
     decodings = parse_decoding_list(args.decoding)
-    for flag in ("samples", "limit", "max_new_tokens", "batch_size", "tensor_parallel_size", "max_model_len"):
+    for flag in (
+        "samples",
+        "limit",
+        "max_new_tokens",
+        "batch_size",
+        "threads",
+        "tensor_parallel_size",
+        "max_model_len",
+    ):
         if (value := getattr(args, flag)) is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}.")
     if (share := args.gpu_memory_utilization) is not None and not 0 < share <= 1:
@@ -197,7 +211,8 @@ def _open_results(args, output: Path, data_dir: str | None, benchmarks: list[str
         raise ValueError(f"--output {output}: {existing} cannot be written to: give a path you can write.")
     config = {"model": args.model, "revision": args.revision, "backend": args.backend, "samples": args.samples}
     config |= {"max_new_tokens": args.max_new_tokens, "limit": args.limit, "data_dir": data_dir, "seed": args.seed}
-    config |= {"instruction": INSTRUCTION, "chat_template": not args.no_chat_template}
+    config |= {"instruction": INSTRUCTION, "chat_template": not args.no_chat_template, "dtype": args.dtype}
+    config |= {"batch_size": args.batch_size, "threads": args.threads}
     if output.exists():
         data = results.load_results(output)
         results.check_resumable(data, config, output)
@@ -242,7 +257,9 @@ def _load_generator(parser, args):
 
 def _evaluate_pair(args, generator, data, problems, bench: str, decoding: str, data_dir: str | None) -> None:
     """Evaluate one (benchmark, decoding) pair into `data` (its table, samples and the summary)."""
-    setting, n, spec = DECODINGS[decoding], args.samples or BENCHMARKS[bench].default_samples, BENCHMARKS[bench]
+    import torch
+
+    setting, n, spec = decoding_setting(decoding), args.samples or BENCHMARKS[bench].default_samples, BENCHMARKS[bench]
     logger.info("Evaluating %s / %s: %d problems x %d samples", bench, decoding, len(problems), n)
     table, records = evaluate_problems(
         generator.generate,
@@ -251,7 +268,7 @@ def _evaluate_pair(args, generator, data, problems, bench: str, decoding: str, d
         n=n,
         decoding=setting,
         max_new_tokens=args.max_new_tokens,
-        seed=(args.seed + zlib.crc32(f"{bench}/{decoding}".encode())) % (2**31 - 1),
+        seed=args.seed,
         use_chat_template=not args.no_chat_template,
         save_completions=args.save_completions,
         max_positions=model_max_positions(generator),
@@ -265,6 +282,7 @@ def _evaluate_pair(args, generator, data, problems, bench: str, decoding: str, d
         else hub
     )
     table |= {"data_source": str(source), "num_problems_loaded": len(problems), "finished_at": results.now()}
+    table |= {"threads": torch.get_num_threads(), "dtype": getattr(generator, "dtype", args.dtype)}
     data["decodings"][decoding] = {"temperature": setting.temperature, "top_p": setting.top_p, "top_k": None}
     data["results"].setdefault(decoding, {})[bench] = table
     data["samples"].extend(records)

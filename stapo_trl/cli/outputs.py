@@ -6,44 +6,78 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
+from functools import partial
 from typing import Any
 
 from trl.models.utils import unwrap_model_for_generation
 
 from ..checkpoints import open_run_file
-from ..data import NOT_HELD_OUT, evaluation_split
-from ..evaluation.generation import evaluate_avg_at_k
+from ..data import INSTRUCTION, NOT_HELD_OUT, evaluation_split
+from ..evaluation.generation import decoding_setting, evaluate_problems, hf_generate
+from ..evaluation.tasks import BenchmarkProblem
 from ..plots import plot_diagnostics, plot_training_curves
+from ..preflight import model_max_positions
 from ..run_files import METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME, read_metrics, read_token_records, s2t_totals
+from .args import prompt_dataset_kwargs
 
 
 logger = logging.getLogger(__name__)
 
 
 EVAL_FILENAME = "eval.json"
+TINY_MATH_TEST = ("builtin:tiny-math", "test")  # the dataset and split of stapo-eval's tiny-math benchmark
 
 
 CURVES_FILENAME = "training_curves.png"
 
 
-def evaluate_trainer_model(trainer, script_args, eval_dataset, max_new_tokens: int) -> dict[str, float]:
-    """avg@k, pass@k and `num_problems` of the trainer's model on `eval_dataset` (`prompt`, `solution`), sampled with
-    the `eval_*` settings on every process ([`~stapo_trl.evaluation.generation.evaluate_avg_at_k`])."""
+def evaluate_trainer_model(trainer, script_args, eval_dataset, max_new_tokens: int) -> dict[str, Any]:
+    """The table of [`~stapo_trl.evaluation.generation.evaluate_problems`] (avg@k, pass@k, `num_problems`, ...) of the
+    trainer's model on `eval_dataset` (`prompt`, `solution`), `stapo-eval`'s loop with the `eval_*` settings, the
+    run's seed and `eval_batch_size` x k sequences per `generate` call, on every process; with `dtype` and `threads`."""
+    import torch
+
+    k, tokenizer = script_args.eval_num_samples, trainer.processing_class
+    rows = zip(eval_dataset["prompt"], eval_dataset["solution"])
+    problems = [
+        BenchmarkProblem(str(i), prompt, gold, script_args.dataset_name) for i, (prompt, gold) in enumerate(rows)
+    ]
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
-        return evaluate_avg_at_k(
-            model,
-            trainer.processing_class,
-            eval_dataset["prompt"],
-            eval_dataset["solution"],
-            k=script_args.eval_num_samples,
-            temperature=script_args.eval_temperature,
-            top_p=script_args.eval_top_p,
+        table, _ = evaluate_problems(
+            partial(hf_generate, model, tokenizer, batch_size=script_args.eval_batch_size * k),
+            tokenizer,
+            problems,
+            n=k,
+            decoding=decoding_setting(eval_decoding_name(script_args)),
             max_new_tokens=max_new_tokens,
-            batch_size=script_args.eval_batch_size,
             seed=trainer.args.seed,
-            accelerator=trainer.accelerator,
             chat_template_kwargs=trainer.args.chat_template_kwargs,
+            max_positions=model_max_positions(model),
+            accelerator=trainer.accelerator,
         )
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return table | {"dtype": dtype, "threads": torch.get_num_threads()}
+
+
+def eval_decoding_name(script_args) -> str:
+    """The `stapo-eval --decoding` name of the `eval_*` sampling: `greedy` at temperature 0, else `t<T>-p<top_p>`."""
+    t, p = float(script_args.eval_temperature), float(script_args.eval_top_p)
+    return "greedy" if t == 0 else f"t{t}-p{p}"
+
+
+def stapo_eval_command(record: dict[str, Any], model: str) -> str | None:
+    """The `stapo-eval` command that gives the numbers of `record` (an `eval.json`) for `model`: the same problems,
+    prompts, decoding, samples, budget, seed, backend, dtype, batch size and threads; `None` where `stapo-eval` cannot
+    build the same prompts (a dataset other than `builtin:tiny-math`'s test split, another instruction, a
+    `chat_template_kwargs`)."""
+    r = record
+    if (r["dataset"], r["split"], r["instruction"], r["chat_template_kwargs"]) != (*TINY_MATH_TEST, INSTRUCTION, None):
+        return None
+    argv = ["stapo-eval", "--model", model, "--benchmarks", "tiny-math", "--limit", r["limit"]]
+    argv += ["--decoding", r["decoding"], "--samples", r["k"], "--max-new-tokens", r["max_new_tokens"]]
+    argv += ["--seed", r["seed"], "--backend", "hf", "--dtype", r["dtype"], "--batch-size", r["batch_size"]]
+    return shlex.join(map(str, [*argv, "--threads", r["threads"]]))
 
 
 def summarize_s2t(rows: list[dict[str, Any]], output_dir: str | None = None) -> dict[str, Any]:
@@ -82,27 +116,41 @@ def evaluation_kind(split: str) -> str:
     return "training (not held-out)" if split == NOT_HELD_OUT else "held-out"
 
 
-def make_eval_record(script_args, training_args, trainer, before, after, max_new_tokens: int) -> dict[str, Any]:
-    """The content of `eval.json`: held-out avg@k and pass@k before and after training, with the settings."""
-    k = script_args.eval_num_samples
-    return {
+def make_eval_record(script_args, training_args, trainer, before, after, max_new_tokens: int, model: str):
+    """The content of `eval.json`: held-out avg@k and pass@k before and after training, every setting that gives
+    them, and the `stapo-eval` commands that reproduce them for `model` (the initial one) and `output_dir`
+    ([`stapo_eval_command`]; `None`: none can)."""
+    a, k = script_args, script_args.eval_num_samples
+    record = {
         "metric": f"avg@{k}",
         "accuracy_before": before[f"avg@{k}"],
         "accuracy_after": after[f"avg@{k}"],
-        f"pass@{k}_before": before[f"pass@{k}"],
-        f"pass@{k}_after": after[f"pass@{k}"],
+        f"pass@{k}_before": before["pass@k"][str(k)],
+        f"pass@{k}_after": after["pass@k"][str(k)],
         "k": k,
-        "temperature": script_args.eval_temperature,
-        "top_p": script_args.eval_top_p,
+        "decoding": eval_decoding_name(a),
+        "temperature": a.eval_temperature,
+        "top_p": a.eval_top_p,
         "top_k": None,
         "max_new_tokens": max_new_tokens,
         "num_problems": before["num_problems"],
-        "dataset": script_args.dataset_name,
-        "split": evaluation_split(script_args.dataset_name, script_args.dataset_test_split)[0],
+        "limit": a.eval_num_problems,
+        "dataset": a.dataset_name,
+        "split": evaluation_split(a.dataset_name, a.dataset_test_split)[0],
+        "instruction": prompt_dataset_kwargs(a)["instruction"],
+        "chat_template_kwargs": training_args.chat_template_kwargs,
         "seed": training_args.seed,
-        "trainer": script_args.trainer,
+        "backend": "hf",
+        "dtype": after["dtype"],
+        "batch_size": a.eval_batch_size * k,  # sequences per generate call
+        "threads": after["threads"],
+        "num_processes": trainer.accelerator.num_processes,
+        "trainer": a.trainer,
         "global_step": trainer.state.global_step,
     }
+    models = {"before": model, "after": training_args.output_dir}
+    commands = {when: stapo_eval_command(record, model) for when, model in models.items()}
+    return record | {"stapo_eval_command": commands if all(commands.values()) else None}
 
 
 def eval_results_path(output_dir: str, global_step: int) -> str:
@@ -147,6 +195,8 @@ def print_summary(script_args, output_dir, step, s2t_summary, eval_record, max_n
             f"top_p={eval_record['top_p']}, {max_new_tokens} new tokens): "
             f"before {100 * eval_record['accuracy_before']:.1f} % -> after {100 * eval_record['accuracy_after']:.1f} %"
         )
+        if eval_record.get("stapo_eval_command"):
+            print(f"The same numbers from stapo-eval: {eval_record['stapo_eval_command']['after']}")
     print("Wall time (s): " + ", ".join(f"{name} {value:.0f}" for name, value in timings.items()))
     files = files_summary(output_dir)
     if files:

@@ -259,7 +259,9 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
         start = time.perf_counter()
         after = evaluate_trainer_model(trainer, script_args, run.eval_dataset, eval_max_new_tokens)
         timings["eval_after"] = time.perf_counter() - start
-        eval_record = make_eval_record(script_args, training_args, trainer, before, after, eval_max_new_tokens)
+        eval_record = make_eval_record(
+            script_args, training_args, trainer, before, after, eval_max_new_tokens, model_args.model_name_or_path
+        )
         if is_main:
             eval_path = write_eval_record(eval_record, output_dir, trainer.state.global_step)
             trainer.eval_record = eval_record  # the card's procedure gets the accuracy too

@@ -1,5 +1,5 @@
-"""Prompts, sampling and grading: `stapo-eval`'s loop ([`evaluate_problems`] with [`HFGenerator`] or
-[`VLLMGenerator`], one `generate` signature) and `stapo-train`'s before/after evaluation ([`evaluate_avg_at_k`]).
+"""Prompts, sampling and grading: one loop ([`evaluate_problems`]) for `stapo-eval` ([`HFGenerator`] or
+[`VLLMGenerator`], one `generate` signature) and `stapo-train`'s before/after evaluation ([`hf_generate`]).
 torch, transformers and vllm are imported where they are used, so that `stapo-eval --help` and `--compare` stay fast."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from collections import namedtuple
 from collections.abc import Sequence
@@ -29,46 +30,76 @@ DECODINGS = {
     for name, temperature, top_p in (("t1.0-p1.0", 1.0, 1.0), ("t0.7-p0.9", 0.7, 0.9), ("greedy", 0.0, 1.0))
 }
 DECODING_ALIASES = {"paper": ("t1.0-p1.0", "t0.7-p0.9")}
+
+
+def decoding_setting(name: str) -> DecodingSetting:
+    """A [`DECODINGS`] name, or `t<temperature>-p<top_p>` (e.g. `t0.6-p0.95`: temperature >= 0, top-p in (0, 1]);
+    `ValueError` naming the valid ones for another."""
+    if name in DECODINGS:
+        return DECODINGS[name]
+    match = re.fullmatch(r"t(\d+(?:\.\d+)?)-p(\d+(?:\.\d+)?)", name)
+    if match is None or not 0 < float(match[2]) <= 1:
+        valid = ", ".join([*DECODING_ALIASES, *DECODINGS])
+        raise ValueError(
+            f"Unknown decoding {name!r}. Valid decodings: {valid}, or t<temperature>-p<top_p> (e.g. t0.6-p0.95)."
+        )
+    return DecodingSetting(name, float(match[1]), float(match[2]))
+
+
 DEFAULT_MAX_NEW_TOKENS = 20480  # the paper's generation budget
 # A completion: its text (special tokens removed), its tokens (end-of-sequence included), whether it ended (False: cut).
 GeneratedSample = namedtuple("GeneratedSample", "text num_tokens finished")
 
 
-def build_prompt_text(tokenizer, problem: str, use_chat_template: bool = True) -> str:
-    """The prompt of a problem as training renders it: [`stapo_trl.data.format_prompt`] through the tokenizer's chat
-    template with the generation prompt (`ValueError` when it has none, as training refuses it), or the user message
-    as plain text (`use_chat_template=False`)."""
-    messages = format_prompt(problem)
+def build_prompt_text(tokenizer, problem, use_chat_template: bool = True, chat_template_kwargs=None) -> str:
+    """The prompt of a problem as training renders it: a problem text through [`stapo_trl.data.format_prompt`] (a
+    chat, a list of messages, as it is), rendered by the tokenizer's chat template with the generation prompt and
+    `chat_template_kwargs` (`ValueError` when it has none, as training refuses it), or the last message as plain text
+    (`use_chat_template=False`)."""
+    messages = format_prompt(problem) if isinstance(problem, str) else problem
     if not use_chat_template:
         return messages[-1]["content"]
     if not has_chat_template(tokenizer):
         fix = EVAL_CHAT_TEMPLATE_FIX
         raise ValueError(chat_template_message(tokenizer.name_or_path, "The evaluation prompts are", fix))
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
+    )
 
 
-def hf_generate(model, tokenizer, prompt_texts, *, n, temperature, top_p, max_new_tokens, batch_size=64, seed=None):
+def _seeded_sampler(temperature: float, top_p: float, seeds: list[int]):
+    """A logits processor for greedy `generate` that samples row r at `temperature` / `top_p` from its own stream
+    (seeded `seeds[r]`, one uniform draw per token, inverse CDF in float64) and returns -inf but at the drawn token."""
+    import torch
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+    warp = LogitsProcessorList([TemperatureLogitsWarper(temperature)] + [TopPLogitsWarper(top_p)] * (top_p < 1.0))
+    streams = [torch.Generator().manual_seed(seed) for seed in seeds]
+
+    def sample(input_ids, scores):  # scores: (B, V) float32 logits
+        cdf = warp(input_ids, scores).double().softmax(-1).cumsum(-1)  # (B, V)
+        u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in streams]).to(cdf.device)  # (B,)
+        token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).clamp_(max=cdf.shape[1] - 1)
+        return torch.full_like(scores, -torch.inf).scatter_(1, token, 0.0)
+
+    return sample
+
+
+def hf_generate(model, tokenizer, prompt_texts, *, n, temperature, top_p, max_new_tokens, seeds, batch_size=64):
     """(P, n) [`GeneratedSample`]s of P prompt texts from transformers' `generate`, `batch_size` sequences per call:
     the temperature / top-p distribution alone (`top_k` off, as vLLM samples), temperature 0 argmax decoding, at most
-    `max_new_tokens` each. `seed` (an `int`) seeds torch first. The model's train mode is restored."""
+    `max_new_tokens` each. Sample j of prompt i draws from its own stream, seeded `seeds[i] + j` (as vLLM seeds it):
+    the samples do not depend on `batch_size` or on the other prompts (but for a float rounding that a batch's shape
+    changes), and torch's global RNG is not used. The model's train mode is restored."""
     import torch
     from transformers import GenerationConfig
 
-    if seed is not None:
-        torch.manual_seed(seed)
     eos = model.generation_config.eos_token_id if model.generation_config is not None else None
     eos = tokenizer.eos_token_id if eos is None else eos
     eos = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
-    sampling = {"temperature": temperature, "top_p": top_p, "top_k": 0}  # top_k off
-    if temperature == 0.0:  # argmax decoding: no sampling setting
-        sampling = dict.fromkeys(sampling)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or [0])[0]
     config = GenerationConfig(
-        do_sample=temperature != 0.0,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=eos or None,
-        pad_token_id=pad,
-        **sampling,
+        do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos or None, pad_token_id=pad
     )
     flat = [(i, j) for i in range(len(prompt_texts)) for j in range(n)]
     out: list[list[Any]] = [[None] * n for _ in prompt_texts]
@@ -80,9 +111,10 @@ def hf_generate(model, tokenizer, prompt_texts, *, n, temperature, top_p, max_ne
             texts = [prompt_texts[i] for i, _ in chunk]
             enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
             enc = enc.to(model.device)
+            sampler = [_seeded_sampler(temperature, top_p, [seeds[i] + j for i, j in chunk])] if temperature else []
             with torch.no_grad():
-                generated = model.generate(**enc, generation_config=config)[:, enc["input_ids"].shape[1] :]
-            for row, (i, j) in zip(generated.tolist(), chunk):
+                generated = model.generate(**enc, generation_config=config, logits_processor=sampler)
+            for row, (i, j) in zip(generated[:, enc["input_ids"].shape[1] :].tolist(), chunk):
                 end = next((t + 1 for t, token in enumerate(row) if token in eos), None)
                 text = tokenizer.decode(row[: end or len(row)], skip_special_tokens=True)
                 out[i][j] = GeneratedSample(text, end or len(row), end is not None)
@@ -105,10 +137,10 @@ class HFGenerator:
         auto = torch.bfloat16 if device.startswith("cuda") else torch.float32
         torch_dtype = auto if dtype == "auto" else getattr(torch, dtype)
         self.model, self.tokenizer = load_causal_lm(model, revision=revision, dtype=torch_dtype)
-        self.model, self.batch_size = self.model.to(device), batch_size
+        self.model, self.batch_size, self.dtype = self.model.to(device), batch_size, str(torch_dtype)[len("torch.") :]
 
     def generate(self, prompt_texts, **sampling):
-        """[`hf_generate`] with this model: keywords `n`, `temperature`, `top_p`, `max_new_tokens`, `seed`."""
+        """[`hf_generate`] with this model: keywords `n`, `temperature`, `top_p`, `max_new_tokens`, `seeds`."""
         return hf_generate(self.model, self.tokenizer, prompt_texts, batch_size=self.batch_size, **sampling)
 
 
@@ -159,12 +191,11 @@ class VLLMGenerator:
         self.llm = LLM(model=source.base, **kwargs, **llm_kwargs)
         self.tokenizer = self.llm.get_tokenizer()
 
-    def generate(self, prompt_texts, *, n, temperature, top_p, max_new_tokens, seed=None):
-        """(P, n) [`GeneratedSample`]s. Prompt i is seeded `seed + i * n` (vLLM seeds sample j of a request with its
-        seed + j), so that no two samples share a random stream."""
+    def generate(self, prompt_texts, *, n, temperature, top_p, max_new_tokens, seeds):
+        """(P, n) [`GeneratedSample`]s. Prompt i is seeded `seeds[i]` (vLLM seeds sample j of a request with its
+        seed + j, as [`hf_generate`] does)."""
         sampling = {"n": n, "temperature": temperature, "top_p": top_p, "max_tokens": max_new_tokens}
-        seeds = [None if seed is None else seed + i * n for i in range(len(prompt_texts))]
-        params = [self._sampling_params(**sampling, seed=s) for s in seeds]
+        params = [self._sampling_params(**sampling, seed=seed) for seed in seeds]
         prompts = [
             {"prompt_token_ids": self.tokenizer(t, add_special_tokens=False)["input_ids"]} for t in prompt_texts
         ]
@@ -182,37 +213,56 @@ def evaluate_problems(
     n: int,
     decoding: DecodingSetting,
     max_new_tokens: int,
-    seed: int | None = None,
+    seed: int = 0,
     use_chat_template: bool = True,
+    chat_template_kwargs: dict | None = None,
     save_completions: bool = False,
     max_positions: int | None = None,
+    accelerator=None,
 ):
     """(the benchmark's table, its P * n per-sample records): `n` samples per problem from `generate_fn` (a
     generator's `generate`), graded by [`stapo_trl.grading.grade`]; the table is [`benchmark_metrics`] plus
-    `num_grader_errors`, `num_truncated`, `mean_completion_tokens`, `generation_time_s` and `grading_time_s`. With
-    `max_positions`, prompts over `max_positions - max_new_tokens` tokens are dropped with one warning (as
-    `stapo-train` drops them); `ValueError` when none is left."""
-    texts = [build_prompt_text(tokenizer, p.problem, use_chat_template) for p in problems]
+    `num_grader_errors`, `num_truncated`, `mean_completion_tokens`, `generation_time_s` and `grading_time_s`. The
+    prompts are [`build_prompt_text`]'s (a problem is a text or a chat). Sample j of problem i (its index in
+    `problems`) is seeded `seed + i * n + j`. With `max_positions`, prompts over `max_positions - max_new_tokens`
+    tokens are dropped with one warning (as `stapo-train` drops them); `ValueError` when none is left.
+
+    With `accelerator`, every process must call it: the problems are split across its processes (padded, so that
+    each makes the same `generate` calls, which a sharded model needs) and the records gathered, so every process
+    returns the same table, and the seeds make the samples those of one process (but for float rounding).
+    """
+    texts = [build_prompt_text(tokenizer, p.problem, use_chat_template, chat_template_kwargs) for p in problems]
+    keep = list(range(len(problems)))
     if max_positions is not None:
         lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
         budget = prompt_token_budget(max_positions, max_new_tokens)
         keep = keep_short_prompts(lengths, budget, what=f"{problems[0].benchmark} prompts")
-        problems, texts = [problems[i] for i in keep], [texts[i] for i in keep]
+    local = keep
+    if accelerator is not None and accelerator.num_processes > 1:
+        with accelerator.split_between_processes(keep, apply_padding=True) as shard:
+            local = list(shard)
     start = time.perf_counter()
     sampling = {"temperature": decoding.temperature, "top_p": decoding.top_p, "max_new_tokens": max_new_tokens}
-    generations = generate_fn(texts, n=n, seed=seed, **sampling)
+    generations = generate_fn([texts[i] for i in local], n=n, seeds=[seed + i * n for i in local], **sampling)
     generated = time.perf_counter()
-    records, correct = [], []
-    for problem, samples in zip(problems, generations):
-        correct.append([])
+    graded = []
+    for i, samples in zip(local, generations):
+        problem, rows = problems[i], []
         for j, sample in enumerate(samples):
             result = grade(sample.text, problem.gold)
-            correct[-1].append(result.correct)
             record = {"benchmark": problem.benchmark, "decoding": decoding.name, "id": problem.id, "sample": j}
             record |= {"extracted": result.extracted, "correct": result.correct, "grader_error": result.error}
             record |= {"num_tokens": sample.num_tokens, "finished": sample.finished}
-            records.append(record | ({"completion": sample.text} if save_completions else {}))
-    table = benchmark_metrics(correct, n, problems[0].benchmark if problems else None, [p.id for p in problems])
+            rows.append(record | ({"completion": sample.text} if save_completions else {}))
+        graded.append((i, rows))
+    if local is not keep:
+        from accelerate.utils import gather_object
+
+        graded = gather_object(graded)
+    by_index = dict(graded)  # the padding's duplicates dropped
+    records = [record for i in keep for record in by_index[i]]
+    correct = [[r["correct"] for r in by_index[i]] for i in keep]
+    table = benchmark_metrics(correct, n, problems[0].benchmark if problems else None, [problems[i].id for i in keep])
     table.update(
         num_grader_errors=sum(r["grader_error"] is not None for r in records),
         num_truncated=sum(not r["finished"] for r in records),
@@ -221,41 +271,3 @@ def evaluate_problems(
         grading_time_s=round(time.perf_counter() - generated, 3),
     )
     return table, records
-
-
-def evaluate_avg_at_k(model, tokenizer, prompts, solutions, *, k, batch_size=64, seed=0, accelerator=None, **options):
-    """avg@k (mean accuracy of all k * P completions, in [0, 1]), pass@k (the share of problems with a correct one)
-    and `num_problems` of an unwrapped model on P conversational prompts and their gold `solutions`, sampling with
-    [`hf_generate`] (`temperature`, `top_p`, `max_new_tokens`; `batch_size` problems per call; the prompts rendered
-    with `chat_template_kwargs`) and grading with [`stapo_trl.grading.grade`], the training reward's grader.
-
-    Every process must call it: the problems are split across `accelerator`'s processes (padded, so that each makes
-    the same `generate` calls, which a sharded model needs) and the counts gathered, so every process returns the same
-    numbers. Sampling runs on a forked RNG seeded `seed + process index`: training's random numbers are unchanged.
-    """
-    import torch
-
-    indices, rank = list(range(len(prompts))), 0
-    distributed = accelerator is not None and accelerator.num_processes > 1
-    if distributed:
-        rank = accelerator.process_index
-        with accelerator.split_between_processes(indices, apply_padding=True) as local:
-            indices = list(local)
-    template = {"tokenize": False, "add_generation_prompt": True, **(options.pop("chat_template_kwargs", None) or {})}
-    texts = [tokenizer.apply_chat_template(prompts[i], **template) for i in indices]
-    device = next(model.parameters()).device
-    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-        torch.manual_seed(seed + rank)
-        samples = hf_generate(model, tokenizer, texts, n=k, batch_size=batch_size * k, **options)
-    counts = [(i, sum(grade(s.text, solutions[i]).correct for s in row)) for i, row in zip(indices, samples)]
-    if distributed:
-        from accelerate.utils import gather_object
-
-        counts = gather_object(counts)
-    correct, p = list(dict(counts).values()), len(prompts)  # the dict drops the padding's duplicates
-    nan = float("nan")
-    return {
-        f"avg@{k}": sum(correct) / (k * p) if p else nan,
-        f"pass@{k}": sum(c > 0 for c in correct) / p if p else nan,
-        "num_problems": p,
-    }

@@ -14,7 +14,7 @@ from typing import Any
 from .tasks import BENCHMARKS, PAPER_BENCHMARKS
 
 
-RESULTS_FORMAT_VERSION = 1
+RESULTS_FORMAT_VERSION = 2  # 2: a seed per sample (seed + i * N + j); 1: a seed per benchmark and decoding
 
 
 def describe_model(model: str, revision: str | None = None) -> dict[str, Any]:
@@ -68,7 +68,11 @@ def load_results(path: str | Path) -> dict[str, Any]:
             data = json.load(f)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not a stapo-eval results file: not JSON ({e}).") from None
-    if not isinstance(data, dict) or data.get("format_version") != RESULTS_FORMAT_VERSION or "results" not in data:
+    if (
+        not isinstance(data, dict)
+        or data.get("format_version") not in (1, RESULTS_FORMAT_VERSION)
+        or "results" not in data
+    ):
         raise ValueError(f"{path} is not a stapo-eval results file (format_version {RESULTS_FORMAT_VERSION}).")
     return data
 
@@ -78,7 +82,8 @@ _RESUME_FLAGS = {
     "model": ("--model", None), "revision": ("--revision", "the default branch"), "backend": ("--backend", None),
     "samples": ("--samples", "each benchmark's default"), "max_new_tokens": ("--max-new-tokens", None),
     "limit": ("--limit", "every problem"), "data_dir": ("--data-dir", "the Hub datasets"), "seed": ("--seed", None),
-    "instruction": ("", None), "chat_template": ("--no-chat-template", None),
+    "instruction": ("", None), "chat_template": ("--no-chat-template", None), "dtype": ("--dtype", None),
+    "batch_size": ("--batch-size", None), "threads": ("--threads", "torch's default, one for a tiny model"),
 }  # fmt: skip
 
 
@@ -98,6 +103,11 @@ def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path
     one `ValueError` line with each setting that differs and the flags that would resume the file, e.g. "r.json holds
     results of other settings, so it cannot be resumed: --max-new-tokens 48 in the file, 64 now. Rerun with
     --max-new-tokens 48 to add to it, or choose another --output."."""
+    if existing["format_version"] != RESULTS_FORMAT_VERSION:
+        raise ValueError(
+            f"{path} was written by an older stapo-eval, which seeded each benchmark and decoding, not each sample as "
+            "now (so also stapo-train's evaluation), so it cannot be resumed: choose another --output, or delete it."
+        )
     old = existing.get("config", {})
     whats, give, leave_out = [], [], []
     for key, (flag, unset) in _RESUME_FLAGS.items():

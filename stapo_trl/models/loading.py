@@ -50,9 +50,7 @@ def load_causal_lm(model: str, *, revision: str | None = None, dtype=None):
         return lm.eval(), AutoTokenizer.from_pretrained(model, **hub)
     from peft import AutoPeftModelForCausalLM
 
-    message = f"Loading the LoRA adapter {model} onto its base model {source.base}"
-    logger.info(message)
-    print(message, flush=True)  # stapo-eval's console says which base it evaluates
+    logger.info("Loading the LoRA adapter %s onto its base model %s, merged", model, source.base)
     lm = AutoPeftModelForCausalLM.from_pretrained(model, **kwargs).merge_and_unload()
     has_tokenizer = any(os.path.isfile(os.path.join(model, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
     return lm.eval(), AutoTokenizer.from_pretrained(model if has_tokenizer else source.base)
