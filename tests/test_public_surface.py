@@ -145,6 +145,7 @@ EVAL_FLAGS = {
     "--limit": "3",
     "--seed": "1",
     "--batch-size": "4",
+    "--threads": "1",
     "--dtype": "float32",
     "--tensor-parallel-size": "1",
     "--gpu-memory-utilization": "0.5",

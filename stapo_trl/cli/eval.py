@@ -95,7 +95,8 @@ def parse_decoding_list(value: str) -> list[str]:
     valid ones for an unknown or no decoding."""
     names = []
     for raw in filter(None, (part.strip() for part in value.split(","))):
-        names += [d for d in DECODING_ALIASES.get(raw, (decoding_setting(raw).name,)) if d not in names]
+        given = DECODING_ALIASES[raw] if raw in DECODING_ALIASES else [decoding_setting(raw).name]
+        names += [d for d in given if d not in names]
     if not names:
         raise ValueError(f"No decoding given. Valid decodings: {_DECODING_NAMES}.")
     return names

@@ -103,10 +103,10 @@ def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path
     one `ValueError` line with each setting that differs and the flags that would resume the file, e.g. "r.json holds
     results of other settings, so it cannot be resumed: --max-new-tokens 48 in the file, 64 now. Rerun with
     --max-new-tokens 48 to add to it, or choose another --output."."""
-    if existing["format_version"] != RESULTS_FORMAT_VERSION:
+    if existing.get("format_version") == 1:
         raise ValueError(
-            f"{path} was written by an older stapo-eval, which seeded each benchmark and decoding, not each sample as "
-            "now (so also stapo-train's evaluation), so it cannot be resumed: choose another --output, or delete it."
+            f"{path} holds results of the old seeding (a seed per benchmark and decoding, now one per sample, as in "
+            "stapo-train's evaluation), so it cannot be resumed: choose another --output, or delete it to rerun."
         )
     old = existing.get("config", {})
     whats, give, leave_out = [], [], []

@@ -32,7 +32,7 @@ def test_decoding_aliases():
     "argv, expected",
     [
         (["--model", "m", "--benchmarks", "aime24,aime26"], "aime25"),  # lists the valid names
-        (["--model", "m", "--decoding", "t0.5-p1.0"], "t0.7-p0.9"),
+        (["--model", "m", "--decoding", "t0.5"], "t0.7-p0.9, greedy, or t<temperature>-p<top_p> (e.g. t0.6-p0.95)"),
         (["--benchmarks", "aime24"], "--model is required"),
         (["--model", "m", "--samples", "0"], "--samples must be >= 1"),
         # no argparse prefix matching: an abbreviation is an unknown flag, with the full one suggested
@@ -153,6 +153,68 @@ def test_e2e_resume_with_other_settings_is_refused(e2e_run, capsys):
         main(changed)
     err = capsys.readouterr().err
     assert "--max-new-tokens 48 in the file, 64 now" in err and "another --output" in err
+
+
+def test_a_results_file_of_the_old_seeding_is_not_resumed(tiny_math_model_path, tmp_path, capsys):
+    output = tmp_path / "old.json"
+    output.write_text(json.dumps(fake_eval_results("old", {"aime24": 0.2}) | {"format_version": 1, "config": {}}))
+    argv = ["--model", tiny_math_model_path, "--benchmarks", "tiny-math", "--backend", "hf", "--max-new-tokens", "48"]
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--output", str(output)])
+    assert info.value.code == 2
+    assert error_line(capsys, "stapo-eval") == (
+        f"stapo-eval: error: {output} holds results of the old seeding (a seed per benchmark and decoding, now one per "
+        "sample, as in stapo-train's evaluation), so it cannot be resumed: choose another --output, or delete it to rerun."
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One accuracy per model and settings: stapo-eval samples what stapo-train's evaluation samples
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_math_completions(tiny_math_model_path, tmp_path_factory):
+    """The 4 x 2 completions of the first 4 tiny-math problems at seed 3: stapo-eval's at --batch-size 1 and 8, and
+    those of the loop stapo-train's before/after evaluation calls."""
+    from stapo_trl.evaluation.generation import HFGenerator, evaluate_problems
+    from stapo_trl.evaluation.tasks import load_benchmark
+
+    argv = ["--model", tiny_math_model_path, "--benchmarks", "tiny-math", "--backend", "hf", "--limit", "4"]
+    argv += [
+        "--decoding",
+        "t1.0-p1.0",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "48",
+        "--seed",
+        "3",
+        "--save-completions",
+    ]
+    runs = {}
+    for batch_size in ("1", "8"):
+        output = tmp_path_factory.mktemp("eval") / "results.json"
+        assert main([*argv, "--batch-size", batch_size, "--output", str(output)]) == 0
+        runs[batch_size] = [r["completion"] for r in load_results(output)["samples"]]
+    generator = HFGenerator(tiny_math_model_path, dtype="float32", device="cpu")
+    problems = load_benchmark("tiny-math", limit=4)
+    _, records = evaluate_problems(
+        generator.generate, generator.tokenizer, problems, n=2, decoding=DECODINGS["t1.0-p1.0"], max_new_tokens=48,
+        seed=3, save_completions=True,
+    )  # fmt: skip
+    return runs | {"training": [r["completion"] for r in records]}
+
+
+def test_stapo_eval_samples_do_not_depend_on_the_batch_size(tiny_math_completions):
+    # One torch RNG stream per process, drawn batch by batch: --batch-size 1 and 8 gave other samples.
+    assert tiny_math_completions["1"] == tiny_math_completions["8"]
+    assert len(set(tiny_math_completions["1"])) > 4  # sampled, not one completion per problem
+
+
+def test_stapo_eval_seeds_as_the_training_evaluation_does(tiny_math_completions):
+    # stapo-eval added crc32("tiny-math/t1.0-p1.0") to --seed; stapo-train's evaluation seeded with its seed alone.
+    assert tiny_math_completions["8"] == tiny_math_completions["training"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Generation (`stapo_trl.evaluation.generation`): HF temperature 0 is argmax decoding (against a hand-written argmax
-loop over the model's logits); the vLLM backend's calls to a stand-in `vllm` module (vLLM is absent here; real vLLM
+loop over the model's logits); a seed per sample (the distribution it draws from, no dependence on the batch or the
+other prompts); the vLLM backend's calls to a stand-in `vllm` module (vLLM is absent here; real vLLM
 runs are in `tests/integrations/test_vllm.py`) and the LoRA rank it reserves for an adapter."""
 
 import pytest
@@ -30,8 +31,46 @@ def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_pa
                     break
         expected.append(tokenizer.decode(new, skip_special_tokens=True))
     for seed in (0, 1):
-        samples = hf_generate(model, tokenizer, prompts, n=2, temperature=0.0, top_p=1.0, max_new_tokens=6, seed=seed)
+        samples = hf_generate(
+            model, tokenizer, prompts, n=2, temperature=0.0, top_p=1.0, max_new_tokens=6, seeds=[seed] * 2
+        )
         assert [[s.text for s in row] for row in samples] == [[e, e] for e in expected]
+
+
+def test_each_row_samples_the_warped_distribution_from_its_own_seed():
+    # The sampler draws row r's token by inverse CDF from uniform number t of the stream seeded seeds[r]: the hand
+    # computation below, the top-p set alone (p = 0.4, 0.3 of 0.1, 0.2, 0.3, 0.4 at top-p 0.5), at its frequencies.
+    import torch
+
+    from stapo_trl.evaluation.generation import _seeded_sampler
+
+    logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().expand(4000, 4)  # (B, V)
+    sample = _seeded_sampler(1.0, 0.5, list(range(4000)))
+    tokens = [sample(None, logits).argmax(-1) for _ in range(2)]  # two steps: the streams' first two numbers
+    for step, drawn in enumerate(tokens):
+        for r in (0, 1, 2, 3999):
+            u = torch.rand(2, generator=torch.Generator().manual_seed(r), dtype=torch.float64)[step].item()
+            assert drawn[r].item() == (2 if u < 3 / 7 else 3), (step, r)  # the CDF in token order: 0, 0, 3/7, 1
+        assert set(drawn.tolist()) == {2, 3} and abs((drawn == 3).double().mean().item() - 4 / 7) < 0.03
+    assert not torch.equal(tokens[0], tokens[1])
+
+
+def test_a_samples_tokens_do_not_depend_on_the_batch_or_the_other_prompts(tiny_math_model_path):
+    # stapo-train sampled from torch's global RNG seeded once per process (seed + process index), in batches of
+    # eval_batch_size x k, stapo-eval in batches of --batch-size: the same model gave other samples (44.8 % against
+    # 40.4 %). Now a sample's tokens are those of its own seed, whatever the batch or the process holds besides.
+    from stapo_trl.evaluation.generation import HFGenerator, build_prompt_text
+
+    generator = HFGenerator(tiny_math_model_path, dtype="float32", device="cpu")
+    texts = [build_prompt_text(generator.tokenizer, f"{a}+{a + 11}") for a in range(10, 16)]  # 6 prompts
+    sampling = {"n": 3, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 48}
+    runs = []
+    for batch_size, first in ((18, 0), (4, 0), (1, 3)):  # first: a process holding the last 3 problems
+        generator.batch_size = batch_size
+        seeds = [7 + 3 * i for i in range(first, 6)]  # evaluate_problems' seed + i * n
+        runs.append([[s.text for s in row] for row in generator.generate(texts[first:], seeds=seeds, **sampling)])
+    assert runs[0] == runs[1] and runs[0][3:] == runs[2]
+    assert len({text for row in runs[0] for text in row}) > 6  # sampled: not one completion per prompt
 
 
 def test_vllm_generator_with_a_fake_vllm(monkeypatch):
@@ -72,10 +111,9 @@ def test_vllm_generator_with_a_fake_vllm(monkeypatch):
     gpu_platform = types.SimpleNamespace(is_cpu=lambda: False)
     monkeypatch.setitem(sys.modules, "vllm.platforms", types.SimpleNamespace(current_platform=gpu_platform))
     generator = VLLMGenerator("some/model", seed=3, tensor_parallel_size=2)
-    samples = generator.generate(["ab", "c"], n=4, temperature=0.7, top_p=0.9, max_new_tokens=20480, seed=5)
+    samples = generator.generate(["ab", "c"], n=4, temperature=0.7, top_p=0.9, max_new_tokens=20480, seeds=[5, 9])
     assert calls["sampling"] == {"n": 4, "temperature": 0.7, "top_p": 0.9, "max_tokens": 20480, "seed": 9}
-    # vLLM seeds sample j of a request with seed + j: prompt i starts at 5 + 4 i, so no two samples share a seed.
-    assert calls["seeds"] == [5, 9]
+    assert calls["seeds"] == [5, 9]  # vLLM seeds sample j of a request with seed + j
     assert calls["llm"]["model"] == "some/model" and calls["llm"]["tensor_parallel_size"] == 2
     assert calls["llm"]["gpu_memory_utilization"] == 0.9 and "enforce_eager" not in calls["llm"]  # GPU defaults
     assert calls["prompts"] == [{"prompt_token_ids": [97, 98]}, {"prompt_token_ids": [99]}]

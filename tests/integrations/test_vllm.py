@@ -95,7 +95,7 @@ def test_vllm_eval_agrees_with_hf_generate(tiny_math_h64_model_path):
         # The same prompt twice in one seeded call: each prompt has its own seed, so the two rows differ (a seed
         # shared by all prompts gave every problem the same random stream: correlated samples across problems).
         text = build_prompt_text(vllm.tokenizer, problems[0].problem)
-        twice = vllm.generate([text, text], n=8, temperature=1.0, top_p=1.0, max_new_tokens=48, seed=0)
+        twice = vllm.generate([text, text], n=8, temperature=1.0, top_p=1.0, max_new_tokens=48, seeds=[0, 8])
         assert [s.text for s in twice[0]] != [s.text for s in twice[1]]
     finally:
         vllm.llm.llm_engine.engine_core.shutdown()

@@ -2,6 +2,8 @@
 model, and no remote code."""
 
 import json
+import logging
+import os
 import shutil
 
 import pytest
@@ -40,19 +42,64 @@ def test_full_model_is_not_an_adapter(tiny_random_model_path):
     assert not model.training and model.dtype == torch.float64 and tokenizer("12+34")["input_ids"]
 
 
-def test_adapter_folder_loads_merged_onto_its_base(lora_dir, tiny_random_model_path, capsys):
+def test_adapter_folder_loads_merged_onto_its_base(lora_dir, tiny_random_model_path, caplog):
     folder, ids, expected = lora_dir
     with pytest.raises(OSError):  # what stapo-eval hit before
         AutoModelForCausalLM.from_pretrained(folder)
     assert resolve_model_source(str(folder)) == ModelSource(tiny_random_model_path, adapter=str(folder))
-    model, tokenizer = load_causal_lm(str(folder))
-    assert f"onto its base model {tiny_random_model_path}" in capsys.readouterr().out
+    with caplog.at_level(logging.INFO, logger="stapo_trl.models.loading"):
+        model, tokenizer = load_causal_lm(str(folder))
+    assert f"onto its base model {tiny_random_model_path}, merged" in caplog.text
     assert type(model).__name__ == "Qwen3ForCausalLM" and not model.training  # merged: no PEFT wrapper left
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
         base_logits = AutoModelForCausalLM.from_pretrained(tiny_random_model_path)(ids).logits
     assert (base_logits - expected).abs().max() > 1e-3  # the adapter changes the outputs: it was applied
     assert tokenizer("12+34")["input_ids"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="torch's default is already one thread on one core")
+def test_stapo_eval_of_an_adapter_says_so_once_and_runs_on_the_tiny_models_one_thread(
+    lora_dir, tmp_path, monkeypatch, capsys, caplog
+):
+    # A LoRA run's evaluation took 85 s against 21 s for the same model merged, and printed "Loading the LoRA adapter"
+    # twice (a print beside the log line): the thread rule looked for model weights in the adapter folder, found none,
+    # and left torch's thread per core, which is slower for a tiny model on busy cores.
+    from stapo_trl.cli.eval import main
+    from stapo_trl.evaluation.generation import HFGenerator
+    from stapo_trl.trainer import _torch_default_threads
+
+    seen, generate = [], HFGenerator.generate
+    monkeypatch.setattr(
+        HFGenerator, "generate", lambda self, *a, **k: seen.append(torch.get_num_threads()) or generate(self, *a, **k)
+    )
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(max(_torch_default_threads()))  # as torch starts (the test process runs on one)
+    argv = ["--model", str(lora_dir[0]), "--benchmarks", "tiny-math", "--backend", "hf", "--decoding", "greedy"]
+    try:
+        with caplog.at_level(logging.INFO):
+            assert (
+                main(
+                    [
+                        *argv,
+                        "--limit",
+                        "2",
+                        "--samples",
+                        "1",
+                        "--max-new-tokens",
+                        "8",
+                        "--output",
+                        str(tmp_path / "r.json"),
+                    ]
+                )
+                == 0
+            )
+    finally:
+        torch.set_num_threads(previous)
+    out = capsys.readouterr()
+    assert (out.out + out.err + caplog.text).count("Loading the LoRA adapter") == 1
+    assert seen == [1]
 
 
 def test_adapter_without_a_base_is_refused(lora_dir, tmp_path):
