@@ -25,7 +25,7 @@ from ..data import INSTRUCTION
 from ..evaluation import results
 from ..evaluation.generation import (
     DECODING_ALIASES,
-    DECODINGS,
+    DECODING_NAMES,
     DEFAULT_MAX_NEW_TOKENS,
     HFGenerator,
     VLLMGenerator,
@@ -43,7 +43,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_RESULTS_NAME = "stapo_eval.json"  # beside a local model
 DEFAULT_RESULTS_DIR = Path("outputs") / "stapo-eval"  # a Hub id, a builtin: name, a folder not writable
-_DECODING_NAMES = ", ".join([*DECODING_ALIASES, *DECODINGS, "t<temperature>-p<top_p>"])
 
 
 class _Defaults(argparse.HelpFormatter):
@@ -67,7 +66,7 @@ def make_parser() -> argparse.ArgumentParser:
     add("--version", action=VersionAction)
     add("--benchmarks", default=",".join(PAPER_BENCHMARKS), help=f"Comma-separated. Valid: {', '.join(BENCHMARKS)}.")
     paper = "'paper' = T=1.0/top-p 1.0 and T=0.7/top-p 0.9"
-    add("--decoding", default="paper", help=f"Comma-separated: {_DECODING_NAMES} ({paper}).")
+    add("--decoding", default="paper", help=f"Comma-separated: {DECODING_NAMES} ({paper}).")
     paper_samples = ", ".join(f"{n} {s.default_samples}" for n, s in BENCHMARKS.items() if s.in_paper)
     add("--samples", type=int, help=f"Samples per problem (N of avg@N). Default: the paper's, {paper_samples}.")
     add("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="Generation budget per sample (tokens).")
@@ -98,7 +97,7 @@ def parse_decoding_list(value: str) -> list[str]:
         given = DECODING_ALIASES[raw] if raw in DECODING_ALIASES else [decoding_setting(raw).name]
         names += [d for d in given if d not in names]
     if not names:
-        raise ValueError(f"No decoding given. Valid decodings: {_DECODING_NAMES}.")
+        raise ValueError(f"No decoding given. Valid decodings: {DECODING_NAMES}.")
     return names
 
 
@@ -142,12 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 generator, model_path = _load_generator(parser, args)
                 data["model"] = results.describe_model(model_path, args.revision) | {"name_or_path": args.model}
             # --threads, else one thread for a tiny model (a LoRA adapter's merged one too), as training
-            threads = (
-                torch_threads(args.threads)
-                if args.threads
-                else tiny_model_threads(getattr(generator, "model", model_path))
-            )
-            with threads:
+            with torch_threads(args.threads), tiny_model_threads(getattr(generator, "model", model_path)):
                 _evaluate_pair(args, generator, data, problems[bench], bench, decoding, data_dir)
             results.write_json_atomic(output, data)
         print(results.format_results_table([data]))
@@ -164,15 +158,7 @@ def _validate(args) -> tuple[list[str], list[str], str | None]:
     if not benchmarks:
         raise ValueError(f"No benchmark given. Valid benchmarks: {', '.join(BENCHMARKS)}.")
     decodings = parse_decoding_list(args.decoding)
-    for flag in (
-        "samples",
-        "limit",
-        "max_new_tokens",
-        "batch_size",
-        "threads",
-        "tensor_parallel_size",
-        "max_model_len",
-    ):
+    for flag in "samples limit max_new_tokens batch_size threads tensor_parallel_size max_model_len".split():
         if (value := getattr(args, flag)) is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}.")
     if (share := args.gpu_memory_utilization) is not None and not 0 < share <= 1:
@@ -283,7 +269,7 @@ def _evaluate_pair(args, generator, data, problems, bench: str, decoding: str, d
         else hub
     )
     table |= {"data_source": str(source), "num_problems_loaded": len(problems), "finished_at": results.now()}
-    table |= {"threads": torch.get_num_threads(), "dtype": getattr(generator, "dtype", args.dtype)}
+    table["threads"] = torch.get_num_threads()
     data["decodings"][decoding] = {"temperature": setting.temperature, "top_p": setting.top_p, "top_k": None}
     data["results"].setdefault(decoding, {})[bench] = table
     data["samples"].extend(records)

@@ -26,7 +26,6 @@ logger = logging.getLogger(__name__)
 
 
 EVAL_FILENAME = "eval.json"
-TINY_MATH_TEST = ("builtin:tiny-math", "test")  # the dataset and split of stapo-eval's tiny-math benchmark
 
 
 CURVES_FILENAME = "training_curves.png"
@@ -35,21 +34,22 @@ CURVES_FILENAME = "training_curves.png"
 def evaluate_trainer_model(trainer, script_args, eval_dataset, max_new_tokens: int) -> dict[str, Any]:
     """The table of [`~stapo_trl.evaluation.generation.evaluate_problems`] (avg@k, pass@k, `num_problems`, ...) of the
     trainer's model on `eval_dataset` (`prompt`, `solution`), `stapo-eval`'s loop with the `eval_*` settings, the
-    run's seed and `eval_batch_size` x k sequences per `generate` call, on every process; with `dtype` and `threads`."""
+    run's seed and `eval_batch_size` x k sequences per `generate` call, on every process; with the `stapo-eval`
+    name of the `decoding` (`greedy` at temperature 0, else `t<T>-p<top_p>`), `dtype` and `threads`."""
     import torch
 
-    k, tokenizer = script_args.eval_num_samples, trainer.processing_class
+    a, k, tokenizer = script_args, script_args.eval_num_samples, trainer.processing_class
     rows = zip(eval_dataset["prompt"], eval_dataset["solution"])
-    problems = [
-        BenchmarkProblem(str(i), prompt, gold, script_args.dataset_name) for i, (prompt, gold) in enumerate(rows)
-    ]
+    problems = [BenchmarkProblem(str(i), *row, a.dataset_name) for i, row in enumerate(rows)]
+    t, p = float(a.eval_temperature), float(a.eval_top_p)
+    decoding = decoding_setting("greedy" if t == 0 else f"t{t}-p{p}")
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
         table, _ = evaluate_problems(
-            partial(hf_generate, model, tokenizer, batch_size=script_args.eval_batch_size * k),
+            partial(hf_generate, model, tokenizer, batch_size=a.eval_batch_size * k),
             tokenizer,
             problems,
             n=k,
-            decoding=decoding_setting(eval_decoding_name(script_args)),
+            decoding=decoding,
             max_new_tokens=max_new_tokens,
             seed=trainer.args.seed,
             chat_template_kwargs=trainer.args.chat_template_kwargs,
@@ -57,22 +57,15 @@ def evaluate_trainer_model(trainer, script_args, eval_dataset, max_new_tokens: i
             accelerator=trainer.accelerator,
         )
         dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return table | {"dtype": dtype, "threads": torch.get_num_threads()}
-
-
-def eval_decoding_name(script_args) -> str:
-    """The `stapo-eval --decoding` name of the `eval_*` sampling: `greedy` at temperature 0, else `t<T>-p<top_p>`."""
-    t, p = float(script_args.eval_temperature), float(script_args.eval_top_p)
-    return "greedy" if t == 0 else f"t{t}-p{p}"
+    return table | {"decoding": decoding.name, "dtype": dtype, "threads": torch.get_num_threads()}
 
 
 def stapo_eval_command(record: dict[str, Any], model: str) -> str | None:
-    """The `stapo-eval` command that gives the numbers of `record` (an `eval.json`) for `model`: the same problems,
-    prompts, decoding, samples, budget, seed, backend, dtype, batch size and threads; `None` where `stapo-eval` cannot
-    build the same prompts (a dataset other than `builtin:tiny-math`'s test split, another instruction, a
-    `chat_template_kwargs`)."""
+    """The `stapo-eval` command that gives `record`'s (an `eval.json`'s) numbers for `model`; `None` where it cannot
+    build the same prompts (not `builtin:tiny-math`'s test split, another instruction, `chat_template_kwargs`)."""
     r = record
-    if (r["dataset"], r["split"], r["instruction"], r["chat_template_kwargs"]) != (*TINY_MATH_TEST, INSTRUCTION, None):
+    prompts = (r["dataset"], r["split"], r["instruction"], r["chat_template_kwargs"])
+    if prompts != ("builtin:tiny-math", "test", INSTRUCTION, None):
         return None
     argv = ["stapo-eval", "--model", model, "--benchmarks", "tiny-math", "--limit", r["limit"]]
     argv += ["--decoding", r["decoding"], "--samples", r["k"], "--max-new-tokens", r["max_new_tokens"]]
@@ -128,7 +121,7 @@ def make_eval_record(script_args, training_args, trainer, before, after, max_new
         f"pass@{k}_before": before["pass@k"][str(k)],
         f"pass@{k}_after": after["pass@k"][str(k)],
         "k": k,
-        "decoding": eval_decoding_name(a),
+        "decoding": after["decoding"],
         "temperature": a.eval_temperature,
         "top_p": a.eval_top_p,
         "top_k": None,

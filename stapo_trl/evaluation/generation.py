@@ -30,20 +30,15 @@ DECODINGS = {
     for name, temperature, top_p in (("t1.0-p1.0", 1.0, 1.0), ("t0.7-p0.9", 0.7, 0.9), ("greedy", 0.0, 1.0))
 }
 DECODING_ALIASES = {"paper": ("t1.0-p1.0", "t0.7-p0.9")}
+DECODING_NAMES = ", ".join([*DECODING_ALIASES, *DECODINGS, "t<temperature>-p<top_p> (e.g. t0.6-p0.95)"])
 
 
 def decoding_setting(name: str) -> DecodingSetting:
-    """A [`DECODINGS`] name, or `t<temperature>-p<top_p>` (e.g. `t0.6-p0.95`: temperature >= 0, top-p in (0, 1]);
-    `ValueError` naming the valid ones for another."""
-    if name in DECODINGS:
-        return DECODINGS[name]
+    """A [`DECODINGS`] name or `t<temperature>-p<top_p>` (top-p in (0, 1]); else `ValueError` naming the valid ones."""
     match = re.fullmatch(r"t(\d+(?:\.\d+)?)-p(\d+(?:\.\d+)?)", name)
-    if match is None or not 0 < float(match[2]) <= 1:
-        valid = ", ".join([*DECODING_ALIASES, *DECODINGS])
-        raise ValueError(
-            f"Unknown decoding {name!r}. Valid decodings: {valid}, or t<temperature>-p<top_p> (e.g. t0.6-p0.95)."
-        )
-    return DecodingSetting(name, float(match[1]), float(match[2]))
+    if name not in DECODINGS and (match is None or not 0 < float(match[2]) <= 1):
+        raise ValueError(f"Unknown decoding {name!r}. Valid decodings: {DECODING_NAMES}.")
+    return DECODINGS.get(name) or DecodingSetting(name, float(match[1]), float(match[2]))
 
 
 DEFAULT_MAX_NEW_TOKENS = 20480  # the paper's generation budget
@@ -52,10 +47,9 @@ GeneratedSample = namedtuple("GeneratedSample", "text num_tokens finished")
 
 
 def build_prompt_text(tokenizer, problem, use_chat_template: bool = True, chat_template_kwargs=None) -> str:
-    """The prompt of a problem as training renders it: a problem text through [`stapo_trl.data.format_prompt`] (a
-    chat, a list of messages, as it is), rendered by the tokenizer's chat template with the generation prompt and
-    `chat_template_kwargs` (`ValueError` when it has none, as training refuses it), or the last message as plain text
-    (`use_chat_template=False`)."""
+    """The prompt of a problem (a text, through [`stapo_trl.data.format_prompt`], or a chat) as training renders it:
+    the tokenizer's chat template with the generation prompt and `chat_template_kwargs` (`ValueError` when it has
+    none, as training refuses it), or the last message as plain text (`use_chat_template=False`)."""
     messages = format_prompt(problem) if isinstance(problem, str) else problem
     if not use_chat_template:
         return messages[-1]["content"]
@@ -88,9 +82,9 @@ def _seeded_sampler(temperature: float, top_p: float, seeds: list[int]):
 def hf_generate(model, tokenizer, prompt_texts, *, n, temperature, top_p, max_new_tokens, seeds, batch_size=64):
     """(P, n) [`GeneratedSample`]s of P prompt texts from transformers' `generate`, `batch_size` sequences per call:
     the temperature / top-p distribution alone (`top_k` off, as vLLM samples), temperature 0 argmax decoding, at most
-    `max_new_tokens` each. Sample j of prompt i draws from its own stream, seeded `seeds[i] + j` (as vLLM seeds it):
-    the samples do not depend on `batch_size` or on the other prompts (but for a float rounding that a batch's shape
-    changes), and torch's global RNG is not used. The model's train mode is restored."""
+    `max_new_tokens` each. Sample j of prompt i draws from its own stream seeded `seeds[i] + j` (as vLLM seeds it),
+    not from torch's global RNG: it does not depend on `batch_size` or on the other prompts (but for a float rounding
+    that a batch's shape changes). The model's train mode is restored."""
     import torch
     from transformers import GenerationConfig
 
@@ -137,7 +131,7 @@ class HFGenerator:
         auto = torch.bfloat16 if device.startswith("cuda") else torch.float32
         torch_dtype = auto if dtype == "auto" else getattr(torch, dtype)
         self.model, self.tokenizer = load_causal_lm(model, revision=revision, dtype=torch_dtype)
-        self.model, self.batch_size, self.dtype = self.model.to(device), batch_size, str(torch_dtype)[len("torch.") :]
+        self.model, self.batch_size = self.model.to(device), batch_size
 
     def generate(self, prompt_texts, **sampling):
         """[`hf_generate`] with this model: keywords `n`, `temperature`, `top_p`, `max_new_tokens`, `seeds`."""
@@ -223,14 +217,11 @@ def evaluate_problems(
     """(the benchmark's table, its P * n per-sample records): `n` samples per problem from `generate_fn` (a
     generator's `generate`), graded by [`stapo_trl.grading.grade`]; the table is [`benchmark_metrics`] plus
     `num_grader_errors`, `num_truncated`, `mean_completion_tokens`, `generation_time_s` and `grading_time_s`. The
-    prompts are [`build_prompt_text`]'s (a problem is a text or a chat). Sample j of problem i (its index in
-    `problems`) is seeded `seed + i * n + j`. With `max_positions`, prompts over `max_positions - max_new_tokens`
-    tokens are dropped with one warning (as `stapo-train` drops them); `ValueError` when none is left.
-
-    With `accelerator`, every process must call it: the problems are split across its processes (padded, so that
-    each makes the same `generate` calls, which a sharded model needs) and the records gathered, so every process
-    returns the same table, and the seeds make the samples those of one process (but for float rounding).
-    """
+    prompts are [`build_prompt_text`]'s; sample j of problem i (its index in `problems`) is seeded `seed + i * n + j`.
+    With `max_positions`, prompts over `max_positions - max_new_tokens` tokens are dropped with one warning (as
+    `stapo-train` drops them); `ValueError` when none is left. With `accelerator`, every process must call it: the
+    problems are split across its processes (padded: each makes the same `generate` calls, which a sharded model
+    needs) and the records gathered, so that every process returns one process's table (but for float rounding)."""
     texts = [build_prompt_text(tokenizer, p.problem, use_chat_template, chat_template_kwargs) for p in problems]
     keep = list(range(len(problems)))
     if max_positions is not None:

@@ -14,7 +14,7 @@ from typing import Any
 from .tasks import BENCHMARKS, PAPER_BENCHMARKS
 
 
-RESULTS_FORMAT_VERSION = 2  # 2: a seed per sample (seed + i * N + j); 1: a seed per benchmark and decoding
+RESULTS_FORMAT_VERSION = 2  # 2: a seed per sample (seed + i * N + j); 1 (read, not resumed): per benchmark/decoding
 
 
 def describe_model(model: str, revision: str | None = None) -> dict[str, Any]:
@@ -68,11 +68,7 @@ def load_results(path: str | Path) -> dict[str, Any]:
             data = json.load(f)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not a stapo-eval results file: not JSON ({e}).") from None
-    if (
-        not isinstance(data, dict)
-        or data.get("format_version") not in (1, RESULTS_FORMAT_VERSION)
-        or "results" not in data
-    ):
+    if not isinstance(data, dict) or data.get("format_version") not in (1, 2) or "results" not in data:
         raise ValueError(f"{path} is not a stapo-eval results file (format_version {RESULTS_FORMAT_VERSION}).")
     return data
 

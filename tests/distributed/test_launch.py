@@ -61,17 +61,29 @@ def _accelerate_cmd(config: str, port: int) -> list[str]:
 
 
 def test_demo_recipe_trains_on_two_cpu_processes(tiny_math_model_path, tmp_path):
+    from stapo_trl.cli.eval import main as stapo_eval
+
     out = tmp_path / "demo-2proc"
+    # why: 9 problems x 2 samples split unevenly (5 and 4, the last one padded) over the two ranks
+    evaluation = ["--eval_before_after", "true", "--eval_num_problems", "9", "--eval_num_samples", "2"]
     output = run_distributed(
         lambda port: _accelerate_cmd("cpu_2proc.yaml", port) + [
             "-m", "stapo_trl.cli.train", "--config", str(STAPO_RECIPE),
-            "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), *SMALL_TWO_RANK_DEMO,
+            "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), *SMALL_TWO_RANK_DEMO, *evaluation,
         ],
         timeout=900,
     )  # fmt: skip
     check_two_rank_demo_run(output, out)
     card = (out / "README.md").read_text()  # written by the main process only
     assert "STAPO" in card and "2602.15620" in card and "| `s2t_prob_threshold` |" in card
+    # The evaluation split over two processes gives one process's numbers: a seed per sample, not per process.
+    record = json.loads((out / "eval.json").read_text())
+    assert record["num_processes"] == 2 and record["num_problems"] == 9
+    for when in ("before", "after"):
+        results = tmp_path / f"{when}.json"
+        assert stapo_eval([*shlex.split(record["stapo_eval_command"][when])[1:], "--output", str(results)]) == 0
+        table = json.loads(results.read_text())["results"]["t1.0-p1.0"]["tiny-math"]
+        assert (table["avg@2"], table["pass@k"]["2"]) == (record[f"accuracy_{when}"], record[f"pass@2_{when}"])
 
 
 def test_an_input_error_under_accelerate_ends_each_process_with_status_2(tmp_path):
