@@ -32,7 +32,7 @@ def test_decoding_aliases():
     "argv, expected",
     [
         (["--model", "m", "--benchmarks", "aime24,aime26"], "aime25"),  # lists the valid names
-        (["--model", "m", "--decoding", "t0.5"], "t0.7-p0.9, greedy, or t<temperature>-p<top_p> (e.g. t0.6-p0.95)"),
+        (["--model", "m", "--decoding", "t0.5"], "t0.7-p0.9, greedy, t<temperature>-p<top_p> (e.g. t0.6-p0.95)."),
         (["--benchmarks", "aime24"], "--model is required"),
         (["--model", "m", "--samples", "0"], "--samples must be >= 1"),
         # no argparse prefix matching: an abbreviation is an unknown flag, with the full one suggested
