@@ -63,7 +63,7 @@ def build_prompt_text(tokenizer, problem, use_chat_template: bool = True, chat_t
 
 def _seeded_sampler(temperature: float, top_p: float, seeds: list[int]):
     """A logits processor for greedy `generate` that samples row r at `temperature` / `top_p` from its own stream
-    (seeded `seeds[r]`, one uniform draw per token, inverse CDF in float64) and returns -inf but at the drawn token."""
+    (seeded `seeds[r]`, one uniform draw per token, the inverse CDF summed in float64): -inf but at the drawn token."""
     import torch
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
@@ -71,7 +71,7 @@ def _seeded_sampler(temperature: float, top_p: float, seeds: list[int]):
     streams = [torch.Generator().manual_seed(seed) for seed in seeds]
 
     def sample(input_ids, scores):  # scores: (B, V) float32 logits
-        cdf = warp(input_ids, scores).double().softmax(-1).cumsum(-1)  # (B, V)
+        cdf = warp(input_ids, scores).softmax(-1).cumsum(-1, dtype=torch.float64)  # (B, V)
         u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in streams]).to(cdf.device)  # (B,)
         token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).clamp_(max=cdf.shape[1] - 1)
         return torch.full_like(scores, -torch.inf).scatter_(1, token, 0.0)
