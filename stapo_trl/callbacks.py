@@ -1,12 +1,11 @@
 """What `stapo-train` adds to a trainer, as `TrainerCallback`s a script adds in one line too:
 
     from stapo_trl.callbacks import add_command_callbacks
-    add_command_callbacks(trainer)  # save on Ctrl-C / SIGTERM / SIGUSR1, one writer per folder, one line per log
+    add_command_callbacks(trainer)  # save on Ctrl-C / SIGTERM / SIGUSR1, one line per log
 
 - [`SaveOnSignal`]: the first SIGINT (Ctrl-C), SIGTERM (preemption, `scancel`, a time limit) or SIGUSR1 (Slurm's
   warning before the time limit) saves a checkpoint at the next step boundary and stops; `train()` then raises a
   `KeyboardInterrupt` naming the signal and the checkpoint. A second Ctrl-C quits at once (status 130).
-- [`RunFolderLock`]: one writer per `output_dir` (`_writer.lock`, released by the OS when the process dies).
 - [`CompactProgressCallback`] / [`CompactPrinterCallback`]: `step N/M  reward R  entropy H  silenced S` per logging
   step instead of each row's dict (every metric stays in `metrics.jsonl` and the log history).
 """
@@ -14,19 +13,13 @@
 from __future__ import annotations
 
 import os
-import shlex
 import signal
-import socket
 import sys
 import threading
-import time
 
 import torch
-from filelock import FileLock, Timeout
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-from .checkpoints import check_output_dir, open_run_file
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -94,70 +87,6 @@ class SaveOnSignal(TrainerCallback):
             raise interrupt
 
 
-_LOCKS: dict[str, tuple[FileLock, int]] = {}  # folder -> (its lock, holds taken in this process)
-
-
-def hold_run_folder(output_dir: str, acquire: bool = True) -> None:
-    """Take (`acquire=False`: give back) this process's hold on `output_dir` as its one writer: a `FileLock` on
-    `_writer.lock`, with the holder's pid, host and command in `_writer.txt` (never written through a symlink).
-    Holds nest within a process.
-
-    Raises:
-        ValueError: one line: another process holds the folder (naming it), or the folder cannot be written.
-    """
-    folder = os.path.abspath(output_dir)
-    lock, holds = _LOCKS.get(folder, (FileLock(os.path.join(folder, "_writer.lock")), 0))
-    if not acquire:
-        if holds:
-            lock.release()
-            _LOCKS[folder] = (lock, holds - 1)
-        return
-    check_output_dir(output_dir)  # named, writable, no symbolic link inside
-    owner = os.path.join(folder, "_writer.txt")
-    try:
-        os.makedirs(folder, exist_ok=True)
-        lock.acquire(timeout=0)
-        if not holds:  # the first hold in this process writes who holds the folder
-            with open_run_file(owner) as f:
-                since = time.strftime("%Y-%m-%d %H:%M:%S")
-                f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {since}: {shlex.join(sys.argv)}")
-    except Timeout:
-        holder = "starting"
-        if os.path.isfile(owner) and not os.path.islink(owner):
-            with open(owner, encoding="utf-8", errors="replace") as f:
-                holder = f.read(2000)
-        raise ValueError(
-            f"output_dir={output_dir!r} is in use by another run ({holder}). Two runs in one folder mix their "
-            "metrics, checkpoints and model: wait for that run to end, or give another output_dir."
-        ) from None
-    except OSError as e:
-        raise ValueError(
-            f"output_dir={output_dir!r} cannot be written ({e.strerror or e}): give a folder this process can create "
-            "files in."
-        ) from None
-    _LOCKS[folder] = (lock, holds + 1)
-
-
-class RunFolderLock(TrainerCallback):
-    """One writer per `output_dir`: held from the end of the trainer's construction (another run's folder is refused
-    there, before training) to the end of training, on the processes that save (`args.should_save`)."""
-
-    held = False
-
-    def on_init_end(self, args, state, control, **kwargs):
-        if args.should_save and not self.held:
-            hold_run_folder(args.output_dir)
-            self.held = True
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.on_init_end(args, state, control)  # a second train() holds the folder again
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if self.held:
-            hold_run_folder(args.output_dir, acquire=False)
-            self.held = False
-
-
 def _fmt(value, digits: int = 3) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
@@ -207,16 +136,14 @@ class CompactPrinterCallback(PrinterCallback):
 
 def add_command_callbacks(trainer, resume_hint: str = SCRIPT_RESUME_HINT) -> SaveOnSignal:
     """Give `trainer` what `stapo-train` gives it: the compact console in place of transformers' `ProgressCallback` /
-    `PrinterCallback`, a [`RunFolderLock`] (taken now), and a [`SaveOnSignal`] last. Returns the `SaveOnSignal`."""
+    `PrinterCallback`, and a [`SaveOnSignal`] last (one writer per folder is the trainer's own: `train()` holds its
+    `output_dir`). Returns the `SaveOnSignal`."""
     callbacks = trainer.callback_handler.callbacks
     for i, callback in enumerate(callbacks):
         if type(callback) in (ProgressCallback, PrinterCallback):
             callbacks[i] = (
                 CompactProgressCallback if type(callback) is ProgressCallback else CompactPrinterCallback
             )()
-    lock = RunFolderLock()
-    trainer.add_callback(lock)
-    lock.on_init_end(trainer.args, trainer.state, trainer.control)
     stop = SaveOnSignal(resume_hint)
     trainer.add_callback(stop)
     return stop

@@ -10,6 +10,7 @@ untrusted input.
   aside (`_damaged-checkpoint-N`), out of reach of `save_total_limit`'s rotation and of `get_last_checkpoint`.
 - [`run_settings`] / [`check_run_settings`]: what the run optimizes, as plain JSON in each checkpoint
   (`stapo_run.json`), and the refusal of a resume that would change it.
+- [`hold_run_folder`]: one writer per run folder (`_writer.lock`), taken by `train()` and by `stapo-train`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ import json
 import logging
 import os
 import re
+import shlex
+import socket
+import sys
 import tempfile
+import time
+import warnings
 import zipfile
 from typing import IO, Any
 
@@ -45,17 +51,25 @@ RESUME_FIELDS = (
     "loss_type", "epsilon", "epsilon_high", "delta", "beta", "scale_rewards", "reward_weights",
     "importance_sampling_level", "top_entropy_quantile", "mask_truncated_completions", "num_generations",
     "num_iterations", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_completion_length",
-    "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio", "optim",
-    "optim_args", "optim_target_modules", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
+    "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args",
+    "optim_target_modules", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
 )  # fmt: skip
+# What the settings of a record of each format hold: one without them is damaged (`warmup_ratio` is recorded where
+# transformers has it).
+RECORD_FIELDS = {1: ("trainer", "model", "reward_funcs", *RESUME_FIELDS)}
+# Files a scheduler or file system puts in a folder, and a run's own before its first checkpoint: not the user's.
+NOT_USER_FILES = re.compile(r"^(\.nfs.*|slurm-.*\.out|_writer\.(lock|txt)|(metrics|spurious_tokens)(\.\d+)?\.jsonl)$")
 
 
 # -- the run folder ----------------------------------------------------------------------------------------------------
-def _link_message(path: str) -> str:
-    return (
-        f"{path} is a symbolic link (to {os.readlink(path)!r}): a run writes its files in its folder, never through a "
-        "link (it would overwrite the link's target). Remove the link, or give another output_dir."
-    )
+class LinkError(ValueError):
+    """A symbolic link where a run writes a file, in one line naming it and its target."""
+
+    def __init__(self, path: str):
+        super().__init__(
+            f"{path} is a symbolic link (to {os.readlink(path)!r}): a run writes its files in its folder, never "
+            "through a link (it would overwrite the link's target). Remove the link, or give another output_dir."
+        )
 
 
 def open_run_file(path: str | os.PathLike, mode: str = "w") -> IO:
@@ -70,18 +84,45 @@ def open_run_file(path: str | os.PathLike, mode: str = "w") -> IO:
         fd = os.open(path, flags, 0o666)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise ValueError(_link_message(os.fspath(path))) from None
+            raise LinkError(os.fspath(path)) from None
         raise
     return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
 
 
-def check_output_dir(output_dir: str) -> None:
-    """Refuse, before a model is built and without creating anything, an `output_dir` that is empty, cannot be written
-    (its nearest existing parent must take a file) or whose top level or `checkpoint-N` folders hold a symbolic link
-    (`output_dir` itself may be a link: clusters link a scratch disk).
+def refuse_links(output_dir: str) -> None:
+    """Refuse a symbolic link at the top of `output_dir` or in its `checkpoint-N` folders, where a run writes
+    (`output_dir` itself may be a link: clusters link a scratch disk). Run before each save as well as at the start.
 
     Raises:
-        ValueError: one line naming the field or the link.
+        ValueError: one line naming the link and its target.
+    """
+    folder = os.path.abspath(output_dir)
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
+        inner = sorted(os.listdir(path)) if CHECKPOINT_FOLDER.match(name) and os.path.isdir(path) else []
+        for link in [path, *(os.path.join(path, n) for n in inner)]:
+            if os.path.islink(link):
+                raise LinkError(link)
+
+
+def user_files(output_dir: str) -> list[str]:
+    """The names in `output_dir` no run put there, `[]` for a run folder (a `trainer_state.json` at its top or in a
+    `checkpoint-N`, or a checkpoint stapo_trl began or moved aside) or a missing one ([`NOT_USER_FILES`] aside)."""
+    names = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
+    for name in ["", *(n for n in names if CHECKPOINT_FOLDER.match(n.removeprefix(DAMAGED_PREFIX)))]:
+        if any(os.path.isfile(os.path.join(output_dir, name, f)) for f in ("trainer_state.json", RUN_RECORD)):
+            return []
+    return [name for name in names if not NOT_USER_FILES.match(name)]
+
+
+def check_output_dir(output_dir: str, refuse_user_files: bool = False) -> None:
+    """Refuse, before a model is built and without creating anything, an `output_dir` that is empty, cannot be written
+    (its nearest existing parent must take a file) or holds a symbolic link ([`refuse_links`]); a folder of the user's
+    own files ([`user_files`]) is refused with `refuse_user_files` (`stapo-train`), else warned about (the library
+    writes into it as `GRPOTrainer` does).
+
+    Raises:
+        ValueError: one line naming the field, the link or (a few of) the user's files.
     """
     if not str(output_dir or "").strip():
         raise ValueError(
@@ -99,12 +140,93 @@ def check_output_dir(output_dir: str) -> None:
             f"output_dir={output_dir!r} cannot be written ({e.strerror or e}): give a folder this process can create "
             "files in."
         ) from None
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        path = os.path.join(folder, name)
-        inner = sorted(os.listdir(path)) if CHECKPOINT_FOLDER.match(name) and os.path.isdir(path) else []
-        for link in [path, *(os.path.join(path, n) for n in inner)]:
-            if os.path.islink(link):
-                raise ValueError(_link_message(link))
+    refuse_links(folder)
+    if others := user_files(folder):
+        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+        what = f"output_dir={output_dir!r} holds files that are not a run's ({shown})"
+        if refuse_user_files:
+            raise ValueError(
+                f"{what}: a run writes its model, card (README.md), config and checkpoints there, over files of the "
+                "same names. Give a new or empty folder, or a run folder."
+            )
+        warnings.warn(f"{what}: the trainer writes its model, card (README.md), config and checkpoints there, as "
+                      "GRPOTrainer does, over files of the same names.", stacklevel=3)  # fmt: skip
+
+
+# folder -> [its FileLock (None: cannot lock), who holds it in this process: None (a command) or a trainer]
+_HOLDS: dict[str, list] = {}
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """`argv` (default `sys.argv`) as one shell line, the value of a `--*token` / `--*secret` / `--*password` /
+    `--*key` flag and any word like a Hub token (`hf_...`) written `REDACTED`."""
+    words = list(sys.argv if argv is None else argv)
+    for i, word in enumerate(words):
+        name, eq, _ = word.partition("=")
+        if re.fullmatch(r"--?[\w-]*(token|secret|password|key)", name, re.IGNORECASE):
+            words[i : i + 1 + (not eq)] = [f"{name}=REDACTED"] if eq else [word, "REDACTED"][: len(words) - i]
+        words[i] = re.sub(r"hf_[A-Za-z0-9]{8,}", "hf_REDACTED", words[i])
+    return shlex.join(words)
+
+
+def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = None) -> None:
+    """Take (`acquire=False`: give back) a hold on `output_dir` as its one writer: a `FileLock` on `_writer.lock`
+    (released by the OS when the process dies), with the holder's pid, host and command line ([`command_line`]) in
+    `_writer.txt`. Holds nest within a process: a command's (`trainer=None`: `stapo-train`), then one trainer's
+    (`train()`); another trainer, or a command while a trainer trains, is refused. A file system that cannot lock is
+    warned about, and written without the lock.
+
+    Raises:
+        ValueError: one line: another run holds the folder (naming it), it cannot be written, or it holds a link.
+    """
+    folder = os.path.abspath(output_dir)
+    lock, holders = _HOLDS.setdefault(folder, [None, []])
+    if not acquire:
+        if trainer in holders:
+            holders.remove(trainer)
+            if not holders and lock is not None:
+                lock.release()
+        return
+    refuse_links(output_dir)
+    owner = os.path.join(folder, "_writer.txt")
+    in_use = any(holder is not None and holder is not trainer for holder in holders)  # another trainer in this process
+    if not holders and not in_use:
+        from filelock import FileLock, Timeout
+
+        try:
+            os.makedirs(folder, exist_ok=True)
+            lock = FileLock(os.path.join(folder, "_writer.lock"))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                in_use = True
+            except (NotImplementedError, OSError) as e:  # flock refused by the file system (NFS without lockd...)
+                if getattr(e, "errno", errno.ENOSYS) not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                logger.warning(
+                    f"output_dir={output_dir!r} is on a file system that cannot lock files ({e}): this run writes it "
+                    "without the lock, so a second run writing the same folder would not be stopped."
+                )
+                lock = None
+            if not in_use:
+                with open_run_file(owner) as f:
+                    since = time.strftime("%Y-%m-%d %H:%M:%S")
+                    f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {since}: {command_line()}")
+        except OSError as e:
+            raise ValueError(
+                f"output_dir={output_dir!r} cannot be written ({e.strerror or e}): give a folder this process can "
+                "create files in."
+            ) from None
+    if in_use:
+        holder = "starting"
+        if os.path.isfile(owner) and not os.path.islink(owner):
+            with open(owner, encoding="utf-8", errors="replace") as f:
+                holder = f.read(2000)
+        raise ValueError(
+            f"output_dir={output_dir!r} is in use by another run ({holder}). Two runs in one folder mix their "
+            "metrics, checkpoints and model: wait for that run to end, or give another output_dir."
+        )
+    _HOLDS[folder] = [lock, [*holders, trainer]]
 
 
 # -- whole checkpoints -------------------------------------------------------------------------------------------------
@@ -190,7 +312,7 @@ def file_problem(path: str) -> str | None:
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
             return f"unreadable: {type(e).__name__}"
         if ROLLOUT_MANIFEST.match(name):
             return _manifest_problem(path, data)
@@ -206,15 +328,20 @@ def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
         return "not a folder" if names is None else "empty"
     try:
         with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as f:
-            int(json.load(f)["global_step"])
+            step = json.load(f)["global_step"]
     except FileNotFoundError:
         return "no trainer_state.json: its save did not finish"
-    except (OSError, ValueError, KeyError, TypeError) as e:  # cut short: JSONDecodeError
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:  # cut short: JSONDecodeError
         return f"trainer_state.json unreadable ({type(e).__name__}): its save did not finish"
+    number = CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path)))
+    if type(step) is not int or step < 0 or (number and step != int(number[1])):
+        return f"trainer_state.json has global_step {repr(step)[:40]}, not {f'its step {number[1]}' if number else 'a step'}"
     try:
         record = read_run_record(path)
-    except (OSError, ValueError) as e:
+    except OSError as e:
         return f"{RUN_RECORD} unreadable: {type(e).__name__}"
+    except ValueError as e:
+        return str(e)
     if record is not None:
         if record.get("files") is None:
             return f"{RUN_RECORD} says its save did not finish"
@@ -315,10 +442,11 @@ def _local(path: Any) -> Any:
     return os.path.abspath(path) if isinstance(path, str) and os.path.exists(path) else path
 
 
-def run_settings(args, *, trainer: str, model, reward_funcs, s2t=None, peft_config=None, train_dataset=None) -> dict:
-    """What a resume must keep, as plain data: the trainer class, the model, the rewards (a function by its name, a
-    reward model by its id), the S2T values, the objective and optimizer fields of `args` ([`RESUME_FIELDS`]), the
-    PEFT settings and the training data's `datasets` fingerprint."""
+def run_settings(args, *, trainer: str, model, reward_funcs, s2t=None, peft_config=None, train_dataset=None,
+                 dtype=None) -> dict:  # fmt: skip
+    """What a resume must keep, as plain data: the trainer class, the model and its `dtype` (`"float32"`), the rewards
+    (a function by its name, a reward model by its id), the S2T values, the objective and optimizer fields of `args`
+    ([`RESUME_FIELDS`]), the PEFT settings and the training data's `datasets` fingerprint."""
     from trl.trainer.utils import get_callable_name
 
     if not isinstance(model, str):
@@ -326,10 +454,11 @@ def run_settings(args, *, trainer: str, model, reward_funcs, s2t=None, peft_conf
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs] if reward_funcs is not None else []
     names = [getattr(getattr(f, "config", None), "_name_or_path", None) for f in funcs]  # a reward model's id
     rewards = [_local(f) if isinstance(f, str) else name or get_callable_name(f) for f, name in zip(funcs, names)]
-    settings = {"trainer": trainer, "model": _local(model), "reward_funcs": rewards}
+    dtype = None if dtype is None else str(dtype).removeprefix("torch.")
+    settings = {"trainer": trainer, "model": _local(model), "dtype": dtype, "reward_funcs": rewards}
     if s2t is not None:
         settings |= {f"s2t_{name}": getattr(s2t, name) for name in ("prob_threshold", "entropy_quantile", "mode")}
-    settings |= {name: getattr(args, name) for name in RESUME_FIELDS if hasattr(args, name)}
+    settings |= {name: getattr(args, name) for name in (*RESUME_FIELDS, "warmup_ratio") if hasattr(args, name)}
     settings["peft"] = peft_config
     is_dataset = type(train_dataset).__name__ == "Dataset"
     settings["train_dataset"] = getattr(train_dataset, "_fingerprint", None) if is_dataset else None
@@ -348,14 +477,29 @@ def write_run_record(checkpoint: str, settings: dict, *, save_only_model: bool, 
 
 
 def read_run_record(checkpoint: str) -> dict | None:
-    """The record of `checkpoint`, `None` when it has none. Raises `ValueError` for a file that holds no settings."""
+    """The record of `checkpoint`, `None` when it has none.
+
+    Raises:
+        ValueError: `stapo_run.json ...`: it does not parse (or is nested too deep), is of an unknown format, or lacks
+            settings its format holds or the list of files.
+    """
     path = os.path.join(checkpoint, RUN_RECORD)
     if not os.path.lexists(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        record = json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{RUN_RECORD} unreadable: {type(e).__name__}") from None
     if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
         raise ValueError(f"{RUN_RECORD} holds no settings")
+    if type(version := record.get("format")) is not int or version not in RECORD_FIELDS:
+        raise ValueError(f"{RUN_RECORD} is of an unknown format ({repr(version)[:40]}; this stapo_trl reads 1)")
+    if missing := [name for name in RECORD_FIELDS[version] if name not in record["settings"]]:
+        raise ValueError(f"{RUN_RECORD} holds no {missing[0]}, which its format records")
+    files = record.get("files")
+    if files is not None and not (isinstance(files, list) and all(isinstance(name, str) for name in files)):
+        raise ValueError(f"{RUN_RECORD} holds no list of files")
     return record
 
 

@@ -5,18 +5,21 @@ warning filter, no console swap, no network):
 - `model="builtin:<name>"` and `reward_funcs="math_accuracy"`: the built-in offline models and the named rewards;
 - checks at construction, before a model is built: `output_dir`, the dataset's `prompt` column and the columns each
   reward reads, the chat template, vLLM's server mode on a CPU-only run;
-- `train()`: the run files (`metrics.jsonl`, `spurious_tokens.jsonl`), the newest complete checkpoint for
-  `resume_from_checkpoint=True`, the refusal of a resume that changes what the run optimizes, one warning when the
-  first steps have no learning signal, one torch thread for the built-in tiny models;
+- `train()`: one writer per `output_dir` (its lock, [`~stapo_trl.checkpoints.hold_run_folder`]), the run files
+  (`metrics.jsonl`, `spurious_tokens.jsonl`), the newest complete checkpoint for `resume_from_checkpoint=True`, the
+  refusal of a resume that changes what the run optimizes, one warning when the first steps have no learning signal,
+  one torch thread for the built-in tiny models;
+- each save refuses a symbolic link where it writes; no `*_token` field (`hub_token`) in `training_args.bin`;
 - the model card, with the paper, the S2T values and the silenced counts.
 
-What `stapo-train` adds on top (save on Ctrl-C / SIGTERM, one writer per folder, the compact console) is one line in a
-script: [`~stapo_trl.callbacks.add_command_callbacks`].
+What `stapo-train` adds on top (save on Ctrl-C / SIGTERM, the compact console) is one line in a script:
+[`~stapo_trl.callbacks.add_command_callbacks`].
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import inspect
 import os
@@ -32,7 +35,10 @@ from .checkpoints import (
     check_checkpoint,
     check_output_dir,
     check_run_settings,
+    hold_run_folder,
+    open_run_file,
     plain,
+    refuse_links,
     resume_checkpoint,
     run_settings,
     write_run_record,
@@ -83,6 +89,11 @@ def tiny_model_threads(model):
         torch.set_num_threads(previous)
 
 
+def _without_credentials(args) -> dict:
+    """What pickling `args` keeps (transformers' `training_args.bin`, a copy): its fields, `*_token` ones as `None`."""
+    return {name: None if name.endswith("_token") else v for name, v in vars(args).items() if name != "__getstate__"}
+
+
 class _Additions:
     """What this package adds to a GRPO-family trainer (the module docstring); first in the bases.
 
@@ -125,19 +136,32 @@ class _Additions:
         self.run_settings = run_settings(
             self.args, trainer=type(self).__name__, model=given_model, reward_funcs=self.reward_funcs,
             s2t=getattr(self, "s2t", None), peft_config=peft_settings, train_dataset=train_dataset,
+            dtype=getattr(self.model, "dtype", None),
         )  # fmt: skip
+        self.args.__getstate__ = functools.partial(_without_credentials, self.args)  # what training_args.bin holds
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`Trainer.train` with the run files (unless `s2t_write_run_files` is off), the no-learning-signal warning,
-        the tiny-model thread rule ([`tiny_model_threads`]) and a safe, exact resume: `resume_from_checkpoint=True`
-        takes the newest complete checkpoint (incomplete or damaged ones above it are said in one line and moved
-        aside), a folder given by name must be complete, a checkpoint trained with other settings is refused, and the
-        rest of its rollout batch and logging window is restored ([`~stapo_trl.rollout_state`]).
+        """`Trainer.train` holding `output_dir` as its one writer ([`~stapo_trl.checkpoints.hold_run_folder`]), with
+        the run files (unless `s2t_write_run_files` is off), the no-learning-signal warning, the tiny-model thread rule
+        ([`tiny_model_threads`]) and a safe, exact resume: `resume_from_checkpoint=True` takes the newest complete
+        checkpoint (incomplete or damaged ones above it are said in one line and moved aside), a folder given by name
+        must be complete, a checkpoint trained with other settings is refused, and the rest of its rollout batch and
+        logging window is restored ([`~stapo_trl.rollout_state`]).
 
         Raises:
-            ValueError: no complete checkpoint to resume; a checkpoint that is not complete; a checkpoint trained with
-                other settings (one line naming each changed field, old -> new).
+            ValueError: another run (or trainer) writes `output_dir` (one line naming it); no complete checkpoint to
+                resume; a checkpoint that is not complete; a checkpoint trained with other settings (one line naming
+                each changed field, old -> new); a symbolic link where a save writes.
         """
+        if self.args.should_save:  # first: the resume moves damaged checkpoints aside
+            hold_run_folder(self.args.output_dir, trainer=self)
+        try:
+            return self._train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            if self.args.should_save:
+                hold_run_folder(self.args.output_dir, acquire=False, trainer=self)
+
+    def _train(self, resume_from_checkpoint, *args, **kwargs):
         if resume_from_checkpoint is True:  # transformers takes the highest-numbered folder, whole or not
             output_dir = self.args.output_dir
             resume_from_checkpoint = resume_checkpoint(output_dir, self.args.save_only_model, move_aside=self.args.should_save)  # fmt: skip
@@ -170,6 +194,7 @@ class _Additions:
         folder = os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}")
         record = {"settings": self.run_settings, "save_only_model": self.args.save_only_model}
         if self.args.should_save:
+            refuse_links(self.args.output_dir)
             if os.path.isfile(os.path.join(folder, "trainer_state.json")):
                 os.remove(os.path.join(folder, "trainer_state.json"))
             write_run_record(folder, **record, files=None)
@@ -182,6 +207,21 @@ class _Additions:
             other = rf"^rollout_state_(?!{self.accelerator.process_index}\.)"
             skip = re.compile(rf"^{re.escape(RUN_RECORD)}|rng_state_\d+\.pth$|{other}")
             write_run_record(folder, **record, files=sorted(n for n in names if not skip.match(n)))
+
+    def save_model(self, *args, **kwargs):
+        if self.args.should_save:
+            refuse_links(self.args.output_dir)
+        return super().save_model(*args, **kwargs)
+
+    def save_metrics(self, *args, **kwargs):
+        if self.args.should_save:
+            refuse_links(self.args.output_dir)
+        return super().save_metrics(*args, **kwargs)
+
+    def save_state(self):
+        if self.args.should_save:
+            refuse_links(self.args.output_dir)
+        return super().save_state()
 
     def evaluate(self, *args, **kwargs):
         with tiny_model_threads(self.model):
@@ -199,7 +239,8 @@ class _Additions:
 
             os.makedirs(self.args.output_dir, exist_ok=True)
             card = model_card(self, model_name, dataset_name, tags, self.eval_record, public=public)
-            card.save(os.path.join(self.args.output_dir, "README.md"))
+            with open_run_file(os.path.join(self.args.output_dir, "README.md")) as f:  # never through a link
+                f.write(str(card))
 
     def push_to_hub(self, *args, **kwargs):
         """`Trainer.push_to_hub`, with the public card."""

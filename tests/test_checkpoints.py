@@ -29,6 +29,7 @@ from testing_utils import (
     write_hostile_pickle,
     zero_reward,
 )
+from transformers import TrainerCallback
 
 
 def _trainer(model_path, out, reward=zero_reward, dataset=PROMPTS, **overrides):
@@ -113,6 +114,25 @@ DAMAGES = {
         "rollout_state_0.json",
         "rollout_state_0.json does not match rollout_state_0.safetensors (its tensors' names, dtypes or shapes)",
     ),
+    # Measured: global_step -5 resumed and logged steps -4 to 6; "4" was a TypeError traceback; 100 or 10**30 in
+    # checkpoint-4 said "training is already complete" and trained nothing; a record of 100,000 nested brackets was a
+    # RecursionError traceback; "format": 999 and a record without learning_rate were accepted.
+    "step-negative": ("trainer_state.json", "trainer_state.json has global_step -5, not its step 2"),
+    "step-string": ("trainer_state.json", "trainer_state.json has global_step '2', not its step 2"),
+    "step-ahead": ("trainer_state.json", "trainer_state.json has global_step 100, not its step 2"),
+    "step-huge": ("trainer_state.json", f"trainer_state.json has global_step {10**30}, not its step 2"),
+    "state-deep": ("trainer_state.json", "trainer_state.json unreadable (RecursionError): its save did not finish"),
+    "record-deep": ("stapo_run.json", "stapo_run.json unreadable: RecursionError"),
+    "record-format": ("stapo_run.json", "stapo_run.json is of an unknown format (999; this stapo_trl reads 1)"),
+    "record-no-lr": ("stapo_run.json", "stapo_run.json holds no learning_rate, which its format records"),
+}
+EDITS = {
+    "step-negative": lambda state: state.update(global_step=-5),
+    "step-string": lambda state: state.update(global_step="2"),
+    "step-ahead": lambda state: state.update(global_step=100),
+    "step-huge": lambda state: state.update(global_step=10**30),
+    "record-format": lambda record: record.update(format=999),
+    "record-no-lr": lambda record: record["settings"].pop("learning_rate"),
 }
 
 
@@ -134,6 +154,12 @@ def _damage(folder, case, marker):
         manifest = json.loads(path.read_text())
         manifest["tensors"]["loss"]["shape"] = [2]
         path.write_text(json.dumps(manifest))
+    elif case.endswith("-deep"):
+        path.write_text("[" * 100_000)
+    elif case in EDITS:
+        data = json.loads(path.read_text())
+        EDITS[case](data)
+        path.write_text(json.dumps(data))
     return DAMAGES[case][1].format(size=full // 2, full=full)
 
 
@@ -150,7 +176,9 @@ def test_what_makes_a_checkpoint_incomplete_names_the_file_and_the_damage(run, t
 
 
 @pytest.mark.parametrize(
-    "case", ["model-cut", "optimizer-cut", "rng-overwritten", "no-scheduler", "rollout-cut", "rollout-lies"]
+    "case",
+    "model-cut optimizer-cut rng-overwritten no-scheduler rollout-cut rollout-lies step-huge record-deep "
+    "record-no-lr".split(),
 )
 def test_the_python_api_resumes_the_newest_whole_checkpoint_and_moves_the_damaged_one_aside(
     run, tmp_path, tiny_random_model_path, caplog, case
@@ -209,8 +237,10 @@ def test_no_file_of_a_checkpoint_is_unpickled_unsafely(run, tmp_path, tiny_rando
         (dict(optim="sgd", weight_decay=0.1), "optim 'adamw_torch_fused' -> 'sgd', weight_decay 0.0 -> 0.1"),
         (dict(reward=text_reward), "reward_funcs ['zero_reward'] -> ['text_reward']"),
         (dict(dataset=PROMPTS.select(range(32))), "train_dataset '{old}' -> '{new}'"),
+        # Measured: a float32 run resumed in bfloat16 without a word, and saved a bfloat16 model.
+        (dict(model_init_kwargs={"dtype": "bfloat16"}), "dtype 'float32' -> 'bfloat16'"),
     ],
-    ids=["s2t-and-lr", "optimizer", "reward", "dataset"],
+    ids=["s2t-and-lr", "optimizer", "reward", "dataset", "dtype"],
 )
 def test_the_python_api_refuses_a_resume_that_changes_what_the_run_optimizes(
     run, tiny_random_model_path, changes, expected
@@ -366,17 +396,20 @@ def test_what_a_complete_checkpoint_holds_without_a_run_record(tmp_path, tiny_ra
 # ---------------------------------------------------------------------------------------------------------------
 
 HOLDER = (
-    "import sys; from stapo_trl.callbacks import hold_run_folder; "
+    "import sys; from stapo_trl.checkpoints import hold_run_folder; "
     "hold_run_folder(sys.argv[1]); print('held', flush=True); sys.stdin.read()"
 )
+SECRET = "hf_" + "kT9wQ2mZ7xV4" * 3  # a token on the holder's command line, never written into a file
 
 
 @pytest.fixture
 def holder(tmp_path):
-    """Another process holding `tmp_path/run` as its writer (it prints "held" once it does)."""
+    """Another process holding `tmp_path/run` as its writer (it prints "held" once it does), with a token on its
+    command line."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(tmp_path / "run")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-c", HOLDER, str(tmp_path / "run"), "--hub_token", SECRET],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     assert proc.stdout.readline() == "held\n"
     yield proc
     proc.kill()
@@ -388,7 +421,7 @@ def _recipe(model_path):
 
 
 def test_a_second_writer_is_refused_naming_the_folder_and_the_other_process(holder, tmp_path):
-    from stapo_trl.callbacks import hold_run_folder
+    from stapo_trl.checkpoints import hold_run_folder
 
     run = tmp_path / "run"
     with pytest.raises(ValueError) as excinfo:
@@ -405,7 +438,7 @@ def test_a_second_writer_is_refused_naming_the_folder_and_the_other_process(hold
 
 
 def test_holds_nest_within_a_process(tmp_path):
-    from stapo_trl.callbacks import hold_run_folder
+    from stapo_trl.checkpoints import hold_run_folder
 
     run = tmp_path / "run"
     hold_run_folder(str(run))  # stapo-train's
@@ -421,7 +454,7 @@ def test_holds_nest_within_a_process(tmp_path):
 @pytest.mark.parametrize("name", ["_writer.txt", "_writer.lock", "metrics.jsonl", "checkpoint-1/optimizer.pt"])
 def test_a_symbolic_link_in_the_run_folder_is_refused_and_its_target_left_alone(tmp_path, name):
     # Measured: a _writer.txt that was a symbolic link was followed, and its target overwritten.
-    from stapo_trl.callbacks import hold_run_folder
+    from stapo_trl.checkpoints import hold_run_folder
 
     target = tmp_path / "elsewhere.txt"
     target.write_text("precious")
@@ -451,9 +484,78 @@ def test_a_link_planted_while_a_run_holds_its_folder_is_not_written_through(tmp_
     assert target.read_text() == "precious"
 
 
+LINKED = ("README.md", "config.json", "train_results.json", "checkpoint-4")  # what a run writes after checkpoint-2
+
+
+class _PlantLinks(TrainerCallback):
+    """At the first save's end, links where the run writes next, to files and a folder outside the run folder."""
+
+    def __init__(self, out, elsewhere):
+        self.out, self.elsewhere = out, elsewhere
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            for name in LINKED:
+                (self.out / name).unlink(missing_ok=True)
+                (self.out / name).symlink_to(self.elsewhere / name)
+
+
+def _outside(elsewhere):
+    return {p.name: p.read_text() if p.is_file() else sorted(p.iterdir()) for p in elsewhere.iterdir()}
+
+
+def test_links_planted_during_a_run_stop_it_at_its_next_save_in_one_line(
+    tmp_path, tiny_math_model_path, capsys, monkeypatch
+):
+    # Measured: config.json, README.md, train_results.json and a checkpoint-10 planted as links after checkpoint-2 were
+    # written through: three files outside the run folder overwritten, a whole checkpoint written into a folder outside.
+    import stapo_trl.cli.run
+    from stapo_trl.cli.train import main
+
+    out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    (elsewhere / "checkpoint-4").mkdir(parents=True)
+    for name in LINKED[:3]:
+        (elsewhere / name).write_text("precious")
+    add = stapo_trl.cli.run.add_command_callbacks
+    plant = lambda trainer, **kwargs: trainer.add_callback(_PlantLinks(out, elsewhere)) or add(trainer, **kwargs)  # noqa: E731
+    monkeypatch.setattr(stapo_trl.cli.run, "add_command_callbacks", plant)
+    with pytest.raises(SystemExit) as excinfo:
+        main([*_recipe(tiny_math_model_path), "--output_dir", str(out), "--max_steps", "4", "--save_steps", "2",
+              "--disable_tqdm", "true"])  # fmt: skip
+    assert excinfo.value.code == 1
+    assert error_line(capsys, "stapo-train") == (
+        f"stapo-train: error: {out / 'README.md'} is a symbolic link (to {str(elsewhere / 'README.md')!r}): a run "
+        "writes its files in its folder, never through a link (it would overwrite the link's target). Remove the "
+        "link, or give another output_dir."
+    )
+    assert _outside(elsewhere) == {"README.md": "precious", "config.json": "precious",
+                                   "train_results.json": "precious", "checkpoint-4": []}  # fmt: skip
+
+
+def test_each_save_of_the_library_refuses_a_link_where_it_writes(tmp_path, tiny_random_model_path):
+    out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    trainer = _small_trainer(tiny_random_model_path, out, max_steps=1)
+    trainer.train()
+    saves = {
+        "config.json": trainer.save_model,
+        "train_results.json": lambda: trainer.save_metrics("train", {"train_loss": 0.0}),
+        "trainer_state.json": trainer.save_state,
+        "README.md": trainer.create_model_card,
+    }
+    for name, save in saves.items():
+        (elsewhere / name).write_text("precious")
+        (out / name).unlink(missing_ok=True)
+        (out / name).symlink_to(elsewhere / name)
+        with pytest.raises(ValueError, match=rf"^{out / name} is a symbolic link \(to "):
+            save()
+        (out / name).unlink()
+    assert _outside(elsewhere) == dict.fromkeys(saves, "precious")
+
+
 def test_a_symlinked_output_dir_itself_is_a_run_folder(tmp_path):
     """Clusters link a scratch disk as the run folder: the link is the folder, its files are plain files."""
-    from stapo_trl.callbacks import hold_run_folder
+    from stapo_trl.checkpoints import hold_run_folder
 
     (tmp_path / "scratch").mkdir()
     (tmp_path / "run").symlink_to(tmp_path / "scratch")
@@ -477,15 +579,123 @@ def test_stapo_train_refuses_a_folder_another_run_writes(
     assert not (run / "metrics.jsonl").exists()
 
 
-def test_a_script_with_the_command_callbacks_refuses_a_folder_another_run_writes(
-    holder, tmp_path, tiny_random_model_path
-):
-    from stapo_trl.callbacks import add_command_callbacks
-
-    trainer = _small_trainer(tiny_random_model_path, tmp_path / "run", max_steps=1)  # the library itself takes no lock
-    with pytest.raises(ValueError, match=rf"is in use by another run \(pid {holder.pid} on "):
-        add_command_callbacks(trainer)  # before training
+def test_a_script_is_refused_at_once_in_a_folder_another_run_writes(holder, tmp_path, tiny_random_model_path):
+    # Measured: stapo-train and a script with STAPOTrainer on one folder both exited 0, each moving aside, replacing or
+    # deleting the other's metrics and checkpoints. train() takes the lock stapo-train holds (here another process's).
+    trainer = _small_trainer(tiny_random_model_path, tmp_path / "run", max_steps=1)
+    with pytest.raises(ValueError) as raised:
+        trainer.train()
+    message = str(raised.value)
+    assert message.startswith(f"output_dir={str(tmp_path / 'run')!r} is in use by another run (pid {holder.pid} on ")
+    assert "--hub_token REDACTED" in message and SECRET not in message and "\n" not in message, message
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+class _Meanwhile(TrainerCallback):
+    """Runs `action` at the end of the first step of the trainer it is added to, keeping what it raised."""
+
+    def __init__(self, action):
+        self.action, self.raised = action, None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 1:
+            try:
+                self.action()
+            except (ValueError, SystemExit) as e:
+                self.raised = e
+
+
+def test_while_a_script_trains_another_trainer_or_stapo_train_is_refused_at_once(
+    tmp_path, tiny_random_model_path, tiny_math_model_path
+):
+    """In one process: a second trainer's train(), and the checks stapo-train runs before its model (`prepare`, which
+    takes the folder), while a first trainer trains in the folder. Across processes: the tests around."""
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.prepare import prepare
+
+    out = tmp_path / "run"
+    command = parse_args([*_recipe(tiny_math_model_path), "--output_dir", str(out), "--max_steps", "1"])
+    first, second = (_small_trainer(tiny_random_model_path, out, max_steps=n) for n in (2, 1))  # after: one state
+    tries = [_Meanwhile(second.train), _Meanwhile(lambda: prepare(*command))]
+    for callback in tries:
+        first.add_callback(callback)
+    first.train()
+    assert first.state.global_step == 2
+    in_use = f"output_dir={str(out)!r} is in use by another run (pid {os.getpid()} on {socket.gethostname()}, since "
+    assert [str(callback.raised)[: len(in_use)] for callback in tries] == [in_use, in_use]
+
+
+def test_a_file_system_that_cannot_lock_is_warned_about_not_refused(tmp_path, monkeypatch, caplog):
+    # Was: a lock refused by the file system (ENOLCK: NFS without its lock daemon) refused the folder as unwritable.
+    import errno
+    import fcntl
+
+    from stapo_trl.checkpoints import hold_run_folder
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    run = tmp_path / "run"
+    hold_run_folder(str(run))  # stapo-train's
+    hold_run_folder(str(run), trainer="its trainer")  # its train()'s: no second warning
+    hold_run_folder(str(run), acquire=False, trainer="its trainer")
+    hold_run_folder(str(run), acquire=False)
+    assert [r.getMessage() for r in caplog.records if "cannot lock" in r.getMessage()] == [
+        f"output_dir={str(run)!r} is on a file system that cannot lock files ([Errno {errno.ENOLCK}] No locks "
+        "available): this run writes it without the lock, so a second run writing the same folder would not be "
+        "stopped."
+    ]
+    assert (run / "_writer.txt").read_text().startswith(f"pid {os.getpid()} on ")
+
+
+@pytest.mark.parametrize(
+    "names, shown",
+    [
+        (["README.md", "config.json"], "README.md, config.json"),  # measured: both replaced by the run's
+        (["notes.txt", ".nfs0000000001", "slurm-42.out", "_writer.txt"], "notes.txt"),  # the others are not the user's
+        ([f"{c}.py" for c in "abcdef"], "a.py, b.py, c.py, d.py and 2 more"),
+    ],
+    ids=["readme-and-config", "with-scheduler-files", "many"],
+)
+def test_stapo_train_refuses_a_folder_of_the_users_own_files(
+    tmp_path, no_model_built, capsys, tiny_math_model_path, names, shown
+):
+    from stapo_trl.cli.train import main
+
+    run = tmp_path / "myproject"
+    run.mkdir()
+    for name in names:
+        (run / name).write_text(f"the user's {name}")
+    with pytest.raises(SystemExit) as excinfo:
+        main([*_recipe(tiny_math_model_path), "--output_dir", str(run), "--max_steps", "1"])
+    assert excinfo.value.code == 2
+    assert error_line(capsys, "stapo-train") == (
+        f"stapo-train: error: output_dir={str(run)!r} holds files that are not a run's ({shown}): a run writes its "
+        "model, card (README.md), config and checkpoints there, over files of the same names. Give a new or empty "
+        "folder, or a run folder."
+    )
+    assert {p.name: p.read_text() for p in run.iterdir()} == {name: f"the user's {name}" for name in names}
+
+
+def test_what_makes_a_folder_a_run_folder(tmp_path, tiny_random_model_path):
+    """Empty, or a run's (ours, or TRL's and transformers': a checkpoint-N with trainer_state.json, so that a GRPOTrainer
+    run switched to STAPO resumes); the library writes into any other with one warning, as GRPOTrainer does."""
+    from stapo_trl.checkpoints import user_files
+
+    (tmp_path / "slurm-7.out").write_text("")
+    assert user_files(str(tmp_path)) == [] and user_files(str(tmp_path / "missing")) == []
+    (tmp_path / "README.md").write_text("mine")
+    assert user_files(str(tmp_path)) == ["README.md"]
+    with pytest.warns(UserWarning) as caught:
+        _small_trainer(tiny_random_model_path, tmp_path, max_steps=1)
+    assert [str(w.message) for w in caught if "not a run's" in str(w.message)] == [
+        f"output_dir={str(tmp_path)!r} holds files that are not a run's (README.md): the trainer writes its model, "
+        "card (README.md), config and checkpoints there, as GRPOTrainer does, over files of the same names."
+    ]
+    (tmp_path / "checkpoint-5").mkdir()
+    (tmp_path / "checkpoint-5" / "trainer_state.json").write_text("{}")
+    assert user_files(str(tmp_path)) == []
 
 
 @pytest.fixture(params=["under-a-file", "read-only-mount", "read-only-folder"])

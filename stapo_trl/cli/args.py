@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from trl import TrlParser
 
-from .errors import EXIT_STATUS_HELP
+from .errors import EXIT_STATUS_HELP, print_line
 
 
 USAGE = """
@@ -306,10 +306,16 @@ def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
 def parse_args(argv: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
     """Parse `--config RECIPE.yaml` and command-line overrides (default: `sys.argv[1:]`) into (script_args,
     training_args, model_args): `STAPOScriptArguments`, `STAPOConfig` (`trainer: stapo`) or `GRPOConfig` (`trainer:
-    grpo`), `ModelConfig`. Raises what [`recipe_parser`] and [`RecipeParser.parse`] raise (one line)."""
+    grpo`), `ModelConfig`; a `--hub_token` given is warned about in one line. Raises what [`recipe_parser`] and
+    [`RecipeParser.parse`] raise (one line)."""
     from ..integrations.process_group import import_group_capturing_modules
 
     parser, argv = recipe_parser(sys.argv[1:] if argv is None else argv)
+    if any(a.split("=")[0] == "--hub_token" for a in argv) and os.environ.get("RANK", "0") == "0":
+        print_line(
+            "stapo-train: warning: --hub_token on the command line is visible to every user of this machine (ps, "
+            "/proc): set HF_TOKEN or run `hf auth login` instead. The token is written into no file of the run."
+        )
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched process: before a config creates the process group
         import_group_capturing_modules()
     return parser.parse(argv)

@@ -49,6 +49,7 @@ def cli_run_settings(script_args, training_args, model_args, reward_funcs) -> di
         reward_funcs=reward_funcs,
         s2t=s2t,
         peft_config=get_peft_config(model_args),
+        dtype=(training_args.model_init_kwargs or {}).get("dtype", model_args.dtype),  # as the trainer loads it
     )
     del settings["train_dataset"]
     name = script_args.dataset_name

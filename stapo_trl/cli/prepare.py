@@ -12,8 +12,7 @@ from typing import Any
 from transformers import AutoConfig, AutoTokenizer
 from trl import ModelConfig
 
-from ..callbacks import hold_run_folder
-from ..checkpoints import check_run_settings, resume_checkpoint
+from ..checkpoints import check_output_dir, check_run_settings, hold_run_folder, resume_checkpoint
 from ..checks import CLI_CHAT_TEMPLATE_FIX, check_chat_template, check_reward_columns
 from ..data import evaluation_split, filter_long_prompts, is_local_dataset_file, load_prompt_dataset
 from ..models import check_model_available, resolve_model_path
@@ -93,9 +92,9 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
             column, or one a reward function reads ([`~stapo_trl.checks.check_reward_columns`]); fewer
             training prompts than one rollout step takes; a `benchmark_eval*` setting TRL cannot honour; a
             `resume_from_checkpoint` that is not a complete checkpoint; a checkpoint trained with other settings
-            ([`~stapo_trl.checkpoints.check_run_settings`]); an `output_dir` that another run
-            writes or that cannot be written ([`~stapo_trl.callbacks.hold_run_folder`]); a tokenizer
-            without a chat template.
+            ([`~stapo_trl.checkpoints.check_run_settings`]); an `output_dir` that holds the user's own files, another
+            run writes or cannot be written ([`~stapo_trl.checkpoints.hold_run_folder`]); a tokenizer without a chat
+            template.
         FileNotFoundError: a model or dataset path that does not exist; offline, a Hub id not cached.
         ConnectionError: a Hub model or dataset id neither cached nor reachable; `push_to_hub` without Hub access
             ([`~stapo_trl.preflight`]).
@@ -140,6 +139,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         raise ValueError(error)
     settings = cli_run_settings(script_args, training_args, model_args, reward_funcs)
     if training_args.should_save:  # this run is the folder's one writer (another's refused) until it ends
+        check_output_dir(training_args.output_dir, refuse_user_files=True)
         hold_run_folder(training_args.output_dir)
     # Holding the folder: the checkpoint to resume (damaged ones moved aside by the writer), then its settings.
     try:

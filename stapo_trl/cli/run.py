@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shlex
 import sys
 import time
 from typing import Any
@@ -23,7 +22,8 @@ from transformers import set_seed
 from transformers.trainer_callback import TrainerState
 from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
 
-from ..callbacks import add_command_callbacks, hold_run_folder
+from ..callbacks import add_command_callbacks
+from ..checkpoints import LinkError, command_line, hold_run_folder
 from ..data import evaluation_split
 from ..rewards import reward_error_line
 from ..trainer import GRPOBaselineTrainer, STAPOTrainer, tiny_model_threads
@@ -70,7 +70,7 @@ def resume_command(argv: list[str] | None = None) -> str:
     """The command to rerun after an interrupt (a run whose `output_dir` holds a checkpoint resumes from the last one):
     `stapo-train ARGS` for one process; under a multi-process launcher (`WORLD_SIZE` > 1, set by `accelerate launch` /
     `torchrun`) the same launch line, whose options a process cannot see, with this process's training arguments."""
-    args = shlex.join(sys.argv[1:] if argv is None else argv)
+    args = command_line(sys.argv[1:] if argv is None else argv)  # secrets written ***
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return f"the same launch command, i.e. accelerate launch [your launch options] -m stapo_trl.cli.train {args}"
     return f"stapo-train {args}"
@@ -108,6 +108,8 @@ def train(
         try:  # the run folder: a full disk said in one line; the hold `prepare` took on it given back at the end
             with full_disk_in_one_line("stapo-train", training_args.output_dir):
                 return _train(script_args, training_args, model_args, prepared, end_training)
+        except LinkError as e:  # a link planted in the run folder during the run: one line, never followed
+            raise InputError("stapo-train", str(e), code=1) from e
         except Exception as e:  # a reward function that raised: its name, the step and where, in one line
             line = reward_error_line(e)
             if line is None:
@@ -153,7 +155,7 @@ def _build_trainer(script_args, training_args, model_args: ModelConfig, run: Pre
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
     )
-    # Save on Ctrl-C / SIGTERM / SIGUSR1 (then the resume command), one writer per folder, one line per log row.
+    # Save on Ctrl-C / SIGTERM / SIGUSR1 (then the resume command), one line per log row.
     add_command_callbacks(trainer, resume_hint=f"Resume with the same command: {resume_command()}")
     trainer.run_settings = run.settings  # the record of each checkpoint: with the prompt format and data digest
     return trainer

@@ -84,10 +84,12 @@ def _copy_of(run, tmp_path):
         (["--optim", "sgd"], "optim 'adamw_torch_fused' -> 'sgd'"),
         (["--use_peft", "true"], "peft None -> {"),
         (["--weight_decay", "0.0", "--adam_beta2", "0.99"], "weight_decay 0.1 -> 0.0, adam_beta2 0.999 -> 0.99"),
+        # Measured: a float32 run resumed in bfloat16 without a word, and saved a bfloat16 model.
+        (["--dtype", "bfloat16"], "dtype 'float32' -> 'bfloat16'"),
     ],
     ids=[
         "tau_p", "lr-and-mode", "temperature", "dataset", "reward", "model", "reward-weights", "scale-rewards", "optim",
-        "peft", "optimizer-values",
+        "peft", "optimizer-values", "dtype",
     ],
 )  # fmt: skip
 def test_resume_with_other_settings_is_refused_before_the_model(
@@ -195,6 +197,9 @@ def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_m
     shutil.copytree(one_step_run[0] / "checkpoint-1", run / "checkpoint-20")
     marker = tmp_path / "code-ran"
     write_hostile_pickle(run / "checkpoint-20" / "rng_state.pth", marker)
+    for step in (4, 16, 20):  # the copies of checkpoint-1 under other numbers: their state says the same step
+        state = run / f"checkpoint-{step}" / "trainer_state.json"
+        state.write_text(json.dumps(json.loads(state.read_text()) | {"global_step": step}))
     (tmp_path / "a-file").write_text("not a checkpoint")
     path = {"nowhere": tmp_path / "nowhere", "a-file": tmp_path / "a-file", "the-run-folder": run}.get(where)
     folders = {"cut-short": "checkpoint-8", "no-optimizer": "checkpoint-12", "model-cut": "checkpoint-16"}

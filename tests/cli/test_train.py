@@ -13,7 +13,7 @@ import shlex
 
 import pytest
 import torch
-from testing_utils import STAPO_RECIPE
+from testing_utils import STAPO_RECIPE, write_recipe
 
 
 # Reduced demo for tests: the real recipe, shrunk by command-line overrides (which also checks that they win).
@@ -106,7 +106,7 @@ def test_missing_dataset_column_fails_before_building_a_model(no_model_built, tm
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch):
+def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch, capsys):
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -123,15 +123,13 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
 
     monkeypatch.setattr(transformers.Trainer, "train", spy_train)
     out = tmp_path / "demo"
-    argv = [
-        "--config",
-        STAPO_RECIPE,
-        "--model_name_or_path",
-        tiny_math_model_path,
-        "--output_dir",
-        str(out),
-        *SMALL_RUN,
-    ]
+    # Measured: --hub_token was written into _writer.txt (the command line) and training_args.bin (the pickled
+    # arguments, which a push uploads). Tokens on the command line and in the recipe's env: block, in every run.
+    tokens = ["hf_" + "Qm4xT8vW2kZ9" * 3, "hf_" + "Lp7sR3nY6bJ1" * 3]
+    monkeypatch.setenv("HF_TOKEN", "")  # restored after the test: the recipe's env: block sets it in this process
+    recipe = write_recipe(tmp_path, f"env:\n  HF_TOKEN: {tokens[1]}")
+    argv = ["--config", recipe, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), *SMALL_RUN]
+    argv += ["--hub_token", tokens[0]]
 
     # First run: 8 steps, checkpoints at steps 4 and 8, everything written; the in-training benchmark evaluation
     # (TRL's evaluation on the built-in task's problems) at step 8.
@@ -191,6 +189,10 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
     for name, tensor in AutoModelForCausalLM.from_pretrained(out / "checkpoint-14").state_dict().items():
         assert torch.equal(final[name], tensor), name
     assert [r["step"] for r in read_metrics(str(out)) if "reward" in r] == [4, 8, 12, 14]
+    files = [path for path in out.rglob("*") if path.is_file()]
+    assert [str(p.relative_to(out)) for p in files if any(t.encode() in p.read_bytes() for t in tokens)] == []
+    warning = "stapo-train: warning: --hub_token on the command line is visible to every user of this machine (ps, "
+    assert capsys.readouterr().err.count(warning) == 3  # one line per run
 
 
 @pytest.mark.slow  # two stapo-train runs of 6 steps, with the command's files and figures (~20 s on 2 cores)
