@@ -177,7 +177,7 @@ def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = Non
     warned about, and written without the lock.
 
     Raises:
-        ValueError: one line: another run holds the folder (naming it), it cannot be written, or it holds a link.
+        ValueError: one line: another run holds the folder (naming it), or it holds a link.
     """
     folder = os.path.abspath(output_dir)
     lock, holders = _HOLDS.setdefault(folder, [None, []])
@@ -193,30 +193,24 @@ def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = Non
     if not holders and not in_use:
         from filelock import FileLock, Timeout
 
+        os.makedirs(folder, exist_ok=True)
+        lock = FileLock(os.path.join(folder, "_writer.lock"))
         try:
-            os.makedirs(folder, exist_ok=True)
-            lock = FileLock(os.path.join(folder, "_writer.lock"))
-            try:
-                lock.acquire(timeout=0)
-            except Timeout:
-                in_use = True
-            except (NotImplementedError, OSError) as e:  # flock refused by the file system (NFS without lockd...)
-                if getattr(e, "errno", errno.ENOSYS) not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):
-                    raise
-                logger.warning(
-                    f"output_dir={output_dir!r} is on a file system that cannot lock files ({e}): this run writes it "
-                    "without the lock, so a second run writing the same folder would not be stopped."
-                )
-                lock = None
-            if not in_use:
-                with open_run_file(owner) as f:
-                    since = time.strftime("%Y-%m-%d %H:%M:%S")
-                    f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {since}: {command_line()}")
-        except OSError as e:
-            raise ValueError(
-                f"output_dir={output_dir!r} cannot be written ({e.strerror or e}): give a folder this process can "
-                "create files in."
-            ) from None
+            lock.acquire(timeout=0)
+        except Timeout:
+            in_use = True
+        except (NotImplementedError, OSError) as e:  # flock refused by the file system (NFS without lockd...)
+            if getattr(e, "errno", errno.ENOSYS) not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            logger.warning(
+                f"output_dir={output_dir!r} is on a file system that cannot lock files ({e}): this run writes it "
+                "without the lock, so a second run writing the same folder would not be stopped."
+            )
+            lock = None
+        if not in_use:
+            with open_run_file(owner) as f:
+                since = time.strftime("%Y-%m-%d %H:%M:%S")
+                f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {since}: {command_line()}")
     if in_use:
         holder = "starting"
         if os.path.isfile(owner) and not os.path.islink(owner):

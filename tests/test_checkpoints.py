@@ -420,23 +420,6 @@ def _recipe(model_path):
     return ["--config", STAPO_RECIPE, "--model_name_or_path", model_path, "--eval_before_after", "false"]
 
 
-def test_a_second_writer_is_refused_naming_the_folder_and_the_other_process(holder, tmp_path):
-    from stapo_trl.checkpoints import hold_run_folder
-
-    run = tmp_path / "run"
-    with pytest.raises(ValueError) as excinfo:
-        hold_run_folder(str(run))
-    message = str(excinfo.value)
-    assert message.startswith(f"output_dir={str(run)!r} is in use by another run (pid {holder.pid} on ")
-    assert f" on {socket.gethostname()}, since " in message and "\n" not in message, message
-    # Killed (SIGKILL), the holder leaves its lock file but no hold: the next run takes the folder.
-    holder.kill()
-    holder.wait()
-    assert (run / "_writer.lock").exists()
-    hold_run_folder(str(run))
-    hold_run_folder(str(run), acquire=False)
-
-
 def test_holds_nest_within_a_process(tmp_path):
     from stapo_trl.checkpoints import hold_run_folder
 
@@ -579,16 +562,25 @@ def test_stapo_train_refuses_a_folder_another_run_writes(
     assert not (run / "metrics.jsonl").exists()
 
 
-def test_a_script_is_refused_at_once_in_a_folder_another_run_writes(holder, tmp_path, tiny_random_model_path):
+def test_a_script_is_refused_at_once_in_a_folder_another_run_writes_until_it_dies(
+    holder, tmp_path, tiny_random_model_path
+):
     # Measured: stapo-train and a script with STAPOTrainer on one folder both exited 0, each moving aside, replacing or
     # deleting the other's metrics and checkpoints. train() takes the lock stapo-train holds (here another process's).
-    trainer = _small_trainer(tiny_random_model_path, tmp_path / "run", max_steps=1)
+    run = tmp_path / "run"
+    trainer = _small_trainer(tiny_random_model_path, run, max_steps=1)
     with pytest.raises(ValueError) as raised:
         trainer.train()
     message = str(raised.value)
-    assert message.startswith(f"output_dir={str(tmp_path / 'run')!r} is in use by another run (pid {holder.pid} on ")
-    assert "--hub_token REDACTED" in message and SECRET not in message and "\n" not in message, message
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert message.startswith(f"output_dir={str(run)!r} is in use by another run (pid {holder.pid} on ")
+    assert f" on {socket.gethostname()}, since " in message and "--hub_token REDACTED" in message, message
+    assert SECRET not in message and "\n" not in message and not (run / "metrics.jsonl").exists()
+    # Killed (SIGKILL), the holder leaves its lock file but no hold: the next run takes the folder.
+    holder.kill()
+    holder.wait()
+    assert (run / "_writer.lock").exists()
+    trainer.train()
+    assert trainer.state.global_step == 1
 
 
 class _Meanwhile(TrainerCallback):
