@@ -105,21 +105,12 @@ def refuse_links(output_dir: str) -> None:
                 raise LinkError(link)
 
 
-def user_files(output_dir: str) -> list[str]:
-    """The names in `output_dir` no run put there, `[]` for a run folder (a `trainer_state.json` at its top or in a
-    `checkpoint-N`, or a checkpoint stapo_trl began or moved aside) or a missing one ([`NOT_USER_FILES`] aside)."""
-    names = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
-    for name in ["", *(n for n in names if CHECKPOINT_FOLDER.match(n.removeprefix(DAMAGED_PREFIX)))]:
-        if any(os.path.isfile(os.path.join(output_dir, name, f)) for f in ("trainer_state.json", RUN_RECORD)):
-            return []
-    return [name for name in names if not NOT_USER_FILES.match(name)]
-
-
 def check_output_dir(output_dir: str, refuse_user_files: bool = False) -> None:
     """Refuse, before a model is built and without creating anything, an `output_dir` that is empty, cannot be written
     (its nearest existing parent must take a file) or holds a symbolic link ([`refuse_links`]); a folder of the user's
-    own files ([`user_files`]) is refused with `refuse_user_files` (`stapo-train`), else warned about (the library
-    writes into it as `GRPOTrainer` does).
+    own files is refused with `refuse_user_files` (`stapo-train`), else warned about (the library writes into it as
+    `GRPOTrainer` does): a folder other than a run's (a `trainer_state.json` at its top or in a `checkpoint-N`, or a
+    checkpoint stapo_trl began or moved aside) holding files but [`NOT_USER_FILES`].
 
     Raises:
         ValueError: one line naming the field, the link or (a few of) the user's files.
@@ -141,7 +132,13 @@ def check_output_dir(output_dir: str, refuse_user_files: bool = False) -> None:
             "files in."
         ) from None
     refuse_links(folder)
-    if others := user_files(folder):
+    names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    checkpoints = ["", *(n for n in names if CHECKPOINT_FOLDER.match(n.removeprefix(DAMAGED_PREFIX)))]
+    if any(
+        os.path.isfile(os.path.join(folder, n, f)) for n in checkpoints for f in ("trainer_state.json", RUN_RECORD)
+    ):
+        names = []  # a run folder
+    if others := [name for name in names if not NOT_USER_FILES.match(name)]:
         shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
         what = f"output_dir={output_dir!r} holds files that are not a run's ({shown})"
         if refuse_user_files:

@@ -218,11 +218,6 @@ class _Additions:
             refuse_links(self.args.output_dir)
         return super().save_metrics(*args, **kwargs)
 
-    def save_state(self):
-        if self.args.should_save:
-            refuse_links(self.args.output_dir)
-        return super().save_state()
-
     def evaluate(self, *args, **kwargs):
         with tiny_model_threads(self.model):
             return super().evaluate(*args, **kwargs)

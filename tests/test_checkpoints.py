@@ -523,7 +523,6 @@ def test_each_save_of_the_library_refuses_a_link_where_it_writes(tmp_path, tiny_
     saves = {
         "config.json": trainer.save_model,
         "train_results.json": lambda: trainer.save_metrics("train", {"train_loss": 0.0}),
-        "trainer_state.json": trainer.save_state,
         "README.md": trainer.create_model_card,
     }
     for name, save in saves.items():
@@ -673,12 +672,13 @@ def test_stapo_train_refuses_a_folder_of_the_users_own_files(
 def test_what_makes_a_folder_a_run_folder(tmp_path, tiny_random_model_path):
     """Empty, or a run's (ours, or TRL's and transformers': a checkpoint-N with trainer_state.json, so that a GRPOTrainer
     run switched to STAPO resumes); the library writes into any other with one warning, as GRPOTrainer does."""
-    from stapo_trl.checkpoints import user_files
+    from stapo_trl.checkpoints import check_output_dir
 
     (tmp_path / "slurm-7.out").write_text("")
-    assert user_files(str(tmp_path)) == [] and user_files(str(tmp_path / "missing")) == []
+    check_output_dir(str(tmp_path), refuse_user_files=True)
     (tmp_path / "README.md").write_text("mine")
-    assert user_files(str(tmp_path)) == ["README.md"]
+    with pytest.raises(ValueError, match=r"holds files that are not a run's \(README.md\): a run writes"):
+        check_output_dir(str(tmp_path), refuse_user_files=True)
     with pytest.warns(UserWarning) as caught:
         _small_trainer(tiny_random_model_path, tmp_path, max_steps=1)
     assert [str(w.message) for w in caught if "not a run's" in str(w.message)] == [
@@ -687,7 +687,7 @@ def test_what_makes_a_folder_a_run_folder(tmp_path, tiny_random_model_path):
     ]
     (tmp_path / "checkpoint-5").mkdir()
     (tmp_path / "checkpoint-5" / "trainer_state.json").write_text("{}")
-    assert user_files(str(tmp_path)) == []
+    check_output_dir(str(tmp_path), refuse_user_files=True)
 
 
 @pytest.fixture(params=["under-a-file", "read-only-mount", "read-only-folder"])
