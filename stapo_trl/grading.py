@@ -9,6 +9,7 @@ benchmark evaluation both call [`grade`]. What is ours, each for a reason:
 - Gold layouts: a float (`27.0` is `27`), a `\boxed{}` ground truth (verl copies), a list (OlympiadBench
   `final_answer`, read as a set: every part, any order).
 - `_REWRITES`, on both sides, for benchmark and reported golds that math-verify misreads.
+- An option letter with its value (`\textbf{(B)}\ 7`): the letter against a letter gold, else the value.
 - Numbers without a variable ([`_numbers_equal`]): exact values to `EXACT_DIGITS` significant digits, a decimal on
   either side to a relative `DECIMAL_REL_TOL`. math-verify rounds to 6 decimal places: it takes `1/2006!` for
   `1/2004!`, `2^{-100}` for `2^{-101}` and `3e-7` for the Minerva gold `1e-8`. Plain integers on both sides compare
@@ -55,7 +56,14 @@ _REWRITES = [
     # `\operatorname{arcsin}\frac{1}{2}` (1/2).
     (re.compile(r"\{\\rm\s+([ei])\}|\\(?:mathrm|rm|operatorname)\s*\{\s*([ei])\s*\}"), lambda m: m[1] or m[2]),
     (re.compile(r"\\(?:mathrm|operatorname)\s*\{\s*\\?(" + _FUNCTIONS + r")\s*\}"), r"\\\1 "),
+    # A thin space between digit groups, `12\,345` (12 + 345), and the degree sign, `90°` (nothing): MATH-500 golds
+    # `10,\!080` and `90^\circ`.
+    (re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))"), ""),
+    (re.compile("°"), r"^\\circ"),
 ]
+# An option letter with its value, `\textbf{(B)}\ 7`, `(C) 12`, `\text{(D) }5` (AMC solutions end so): the letter is
+# graded against a letter gold, the value against any other (math-verify reads `b` times 7).
+_OPTION_RE = re.compile(r"(?:\\(?:text|textbf|mathrm|mathbf)\s*\{\s*)?\(([A-E])\)\s*\}?(?:\s|\\[ ,;:!]|\\q?quad|~)*")
 
 
 @dataclass(frozen=True)
@@ -240,6 +248,9 @@ def grade(completion: str | None, gold: Any) -> GradeResult:
         if len(extracted) > MAX_ANSWER_CHARS:
             return GradeResult(False, extracted, f"timeout: refused: over {MAX_ANSWER_CHARS} characters")
         answer = _clean(extracted)
+        if (option := _OPTION_RE.match(answer)) and option.end() < len(answer):
+            letter_gold = _OPTION_RE.fullmatch(gold_text) or re.fullmatch("[A-E]", gold_text)
+            answer = f"({option[1]})" if letter_gold else answer[option.end() :]
         if _INT_RE.fullmatch(gold_text) and _INT_RE.fullmatch(answer):
             return GradeResult(int(answer) == int(gold_text), extracted)
         return GradeResult(_bounded(_equivalent, gold_text, answer), extracted)

@@ -73,6 +73,25 @@ def test_the_last_complete_box_is_the_answer(text, expected):
         (r"\text{(C)}", r"\text{(C)}", True),
         ("(C)", r"\text{(C)}", True),
         ("(B)", r"\text{(C)}", False),
+        # An option letter with its value, as AMC solutions end: the letter against a letter gold (MATH-500's
+        # `\text{(B)}`), the value against a value gold. math-verify alone grades each of the first six False.
+        (r"\textbf{(B)}\ 7", "B", True),
+        (r"\textbf{(B)}\ 7", r"\text{(B)}", True),
+        (r"\textbf{(B)}\ 7", "7", True),
+        ("(C) 12", "12", True),
+        (r"\text{(D) }5", "D", True),
+        (r"(E)\ \text{ellipse}", r"\text{ellipse}", True),
+        (r"\textbf{(B)}\ 7", "C", False),
+        (r"\textbf{(B)}\ 7", "8", False),
+        # A thin space between digit groups (12 + 345 for math-verify) against MATH-500's `10,\!080`-style golds.
+        (r"10\,080", r"10,\!080", True),
+        (r"11\,111\,111\,100", r"11,\! 111,\! 111,\! 100", True),
+        (r"10\,081", r"10,\!080", False),
+        (r"1\,2", "12", False),
+        # The degree sign (nothing for math-verify) against MATH-500's `90^\circ` and OlympiadBench's `$45^{\circ}$`.
+        ("90°", r"90^\circ", True),
+        ("45°", r"$45^{\circ}$", True),
+        ("44°", r"$45^{\circ}$", False),
     ],
 )
 def test_kept_rules_give_hand_computed_verdicts(answer, gold, expected):
@@ -84,6 +103,7 @@ def test_kept_rules_give_hand_computed_verdicts(answer, gold, expected):
     "completion, gold, expected",
     [
         (r"\boxed{27}", 27.0, True),  # AMC23's float golds
+        (r"\boxed{\textbf{(C)}\ 27}", 27.0, True),  # an AMC option with its value
         (r"\boxed{204}", r"\boxed{204}", True),  # verl ground truths
         (r"\boxed{2, 1}", ["$1$", "$2$"], True),  # OlympiadBench final_answer: a set, any order
         (r"\boxed{1}", ["$1$", "$2$"], False),
