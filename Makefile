@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export DS_BUILD_OPS ?= 0
 
-.PHONY: install install-vllm install-real-models install-releases install-slurm test test-slow test-slurm test-vllm test-real test-build test-compat test-releases quality style demo demo-real compare bench bench-vllm evaluate clean
+.PHONY: install install-vllm install-real-models install-releases install-slurm test test-slow test-slurm test-vllm test-real test-build test-compat test-releases install-pythons test-pythons quality style demo demo-real compare bench bench-vllm evaluate clean
 
 install: $(VENV)/.installed
 
@@ -72,12 +72,13 @@ test-slurm: install install-slurm
 
 # The real-model tests (marked `real_model`): the installed GGUF files against their pins, converting SmolLM2-135M twice
 # (deterministic), its offline reload and cache round trip, STAPO steps on it against the rule recomputed from its
-# logits. Gemma's conversion (~2.5 min, 3.3 GB) is measured by benchmarks/real_models.py, not here.
+# logits, the notebook with its real-model section on SmolLM2 as shipped. Gemma's conversion (~2.5 min, 3.3 GB) is
+# measured by benchmarks/real_models.py, not here.
 test-real: install-real-models
 	$(PY) -m pytest -q -m "real_model and not build" tests
 
-# The build of builtin:smollm2-135m-math (SFT-warmed SmolLM2, ~11 min on 2 cores) and the notebook's real-model section
-# on it: not in CI (.ci/run), run by hand after a change to stapo_trl/models/.
+# The build of builtin:smollm2-135m-math (SFT-warmed SmolLM2, ~11 min on 2 cores): not in CI (.ci/run), run by hand
+# after a change to stapo_trl/models/.
 test-build: install-real-models
 	$(PY) -m pytest -q -m build tests
 
@@ -129,6 +130,34 @@ test-compat: install-releases
 	$(RELEASES_PY) -m pip check
 	$(RELEASES_PY) -m pytest -q -p no:cacheprovider -m "not slow and not real_model and not build" $(COMPAT_TESTS); \
 		status=$$?; $(RELEASE_SWAP) -c constraints-cpu.txt trl transformers accelerate; exit $$status
+
+# The other Pythons setup.cfg names (3.11 is .venv's: `make test`): a venv each, .venv-py3.12 and .venv-py3.13, with the
+# top pins and the package as `pip install .` installs it (from a copy of its tracked files: a venv built while another
+# target installs the checkout never writes into it), then in each the release check above (construction and two steps
+# of the README example, the refused paths, the core's mask and loss) on the checkout. The README example's model is
+# built once, into .venv-py-cache. No CPU build of torch 2.13.0 for these Pythons is on this machine's disk: pip takes
+# PyPI's (CUDA, ~4 GB with its libraries; it runs on the CPU): 3.5-5.5 min per venv here, which .ci/run overlaps with
+# the default and slow suites. pyenv's shims run python3.12 only with its version named (`pyenv latest`).
+PYTHON_VERSIONS ?= 3.12 3.13
+PYTHONS_CACHE ?= .venv-py-cache
+install-pythons: $(foreach v,$(PYTHON_VERSIONS),.venv-py$(v)/.installed)
+	STAPO_TRL_CACHE=$(PYTHONS_CACHE) .venv-py$(lastword $(PYTHON_VERSIONS))/bin/python -c \
+		"from stapo_trl.models import resolve_model_path; resolve_model_path('builtin:tiny-math')"
+
+.venv-py%/.installed: setup.cfg constraints-cpu.txt
+	test -x .venv-py$*/bin/python || PYENV_VERSION=$$(pyenv latest $* 2>/dev/null) python$* -m venv .venv-py$*
+	.venv-py$*/bin/python -m pip install -q --upgrade pip
+	.venv-py$*/bin/python -m pip install -q -c constraints-cpu.txt torch==2.13.0
+	rm -rf .venv-py$*/src && mkdir .venv-py$*/src
+	git ls-files -z stapo_trl setup.cfg pyproject.toml README.md LICENSE | tar -c --null -T - | tar -x -C .venv-py$*/src
+	.venv-py$*/bin/python -m pip install -q -c constraints-cpu.txt ".venv-py$*/src" "pytest>=8.0"
+	touch $@
+
+test-pythons: install-pythons
+	@set -e; for v in $(PYTHON_VERSIONS); do echo "--- Python $$v"; \
+		STAPO_TRL_CACHE=$(PYTHONS_CACHE) STAPO_TRL_TEST_MODEL=builtin:tiny-math .venv-py$$v/bin/python -m pytest -q \
+			-p no:cacheprovider -m release -k "not 2_pow_24" tests/test_releases.py tests/core; \
+	done
 
 # The vLLM tests (marked `vllm`) in the vLLM venv: real engines on CPU, so they are slow.
 test-vllm: install-vllm
@@ -183,4 +212,4 @@ evaluate: install
 	$(VENV)/bin/stapo-eval --model $(MODEL) --benchmarks $(BENCHMARKS) $(EVAL_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(RELEASES_VENV) outputs build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(RELEASES_VENV) .venv-py* outputs build *.egg-info
