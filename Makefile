@@ -131,13 +131,13 @@ test-compat: install-releases
 	$(RELEASES_PY) -m pytest -q -p no:cacheprovider -m "not slow and not real_model and not build" $(COMPAT_TESTS); \
 		status=$$?; $(RELEASE_SWAP) -c constraints-cpu.txt trl transformers accelerate; exit $$status
 
-# The other Pythons setup.cfg names (3.11 is .venv's: `make test`): a venv each, .venv-py3.12 and .venv-py3.13, with the
-# top pins and the package as `pip install .` installs it (from a copy of its tracked files: a venv built while another
-# target installs the checkout never writes into it), then in each the release check above (construction and two steps
-# of the README example, the refused paths, the core's mask and loss) on the checkout. The README example's model is
-# built once, into .venv-py-cache. No CPU build of torch 2.13.0 for these Pythons is on this machine's disk: pip takes
-# PyPI's (CUDA, ~4 GB with its libraries; it runs on the CPU): 3.5-5.5 min per venv here, which .ci/run overlaps with
-# the default and slow suites. pyenv's shims run python3.12 only with its version named (`pyenv latest`).
+# The other Pythons setup.cfg names (3.11 is .venv's: `make test`): a venv each, .venv-py3.12 and .venv-py3.13, with
+# the top pins and the package as `pip install .` installs it (from a copy of its tracked files: a venv built while
+# another target installs the checkout never writes into it), then in each the release check above (construction and
+# two steps of the README example, the refused paths, the core's mask and loss) on the checkout. The README example's
+# model is built once, into .venv-py-cache. No CPU build of torch 2.13.0 for these Pythons is on this machine's disk:
+# pip takes PyPI's (CUDA, ~4 GB with its libraries; it runs on the CPU), 3.5-5.5 min per venv here, which .ci/run
+# overlaps with the default and slow suites. pyenv's shims run python3.12 only with its version named (`pyenv latest`).
 PYTHON_VERSIONS ?= 3.12 3.13
 PYTHONS_CACHE ?= .venv-py-cache
 install-pythons: $(foreach v,$(PYTHON_VERSIONS),.venv-py$(v)/.installed)

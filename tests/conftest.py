@@ -89,7 +89,7 @@ def no_model_built(monkeypatch):
 def smollm2_path(builtin_cache_dir) -> str:
     """`builtin:smollm2-135m` converted into the session's cache (~1-2 min on 2 busy cores). Needs its wheel
     (`real_model` tests only): `builtin:smollm2-135m-math`, built from it, lands in the same cache when resolved with
-    `cache_dir=builtin_cache_dir` (or with `STAPO_TRL_CACHE` set to it, as the notebook does)."""
+    `cache_dir=builtin_cache_dir` (or with `STAPO_TRL_CACHE` set to it, as the notebook's test does)."""
     return resolve_model_path("builtin:smollm2-135m", cache_dir=builtin_cache_dir)
 
 

@@ -17,7 +17,7 @@ default suite: `make test-slow`, `test-real`, `test-vllm`, `test-slurm`, `test-b
 | `accelerate launch -m stapo_trl.cli.train` (DDP, ZeRO-2, ZeRO-3, the documented two-process command) | `tests/distributed/test_launch.py` (`slow`) |
 | `scripts/launch.sh` | `tests/recipes/test_recipes.py` (GPU split, refusals, server start and stop), `tests/recipes/test_launch_signals.py` (`slow`), `tests/integrations/test_vllm.py::test_launch_serves_the_builtin_model_on_cpu_and_tears_down` (`vllm`) |
 | `slurm/train.slurm` | `tests/slurm/test_train_slurm.py` (`slurm`), `tests/distributed/test_signals.py` (its node launch line, `slow`) |
-| the notebook | `tests/notebooks/test_notebook.py` (`slow`; its real-model section `build`), `tests/docs/test_docs.py` (the README's headless command, `slow`) |
+| the notebook, run by the README's headless command | `tests/notebooks/test_notebook.py` (`slow`; its real-model section `real_model`) |
 | the demo learning as the README says (held-out avg@4 up by at least 15 points) | here (`slow`) |
 | resume under `stapo-train` | `tests/cli/test_train.py::test_demo_end_to_end_then_resume`, `tests/cli/test_checkpoints.py`, `tests/distributed/test_launch.py` (ZeRO-3, `slow`) |
 | stop signals under `stapo-train` (Ctrl-C, SIGTERM, SIGUSR1) | `tests/cli/test_interrupt.py`, `tests/distributed/test_signals.py`, `tests/recipes/test_launch_signals.py` (all `slow`) |

@@ -1,14 +1,13 @@
 """The shipped docs (README.md, docs/, recipes/): links and paths that point only inside the repository (they named
 files outside it, under shared/ or ../), the README's Python example, which is `examples/python_api.py` verbatim
-and runs as printed, the plain-TRL baseline of docs/development.md and the README's headless notebook command, which
-run as printed."""
+and runs as printed, and the plain-TRL baseline of docs/development.md, which runs as printed (the README's headless
+notebook command: tests/notebooks/test_notebook.py)."""
 
 from __future__ import annotations
 
 import ast
 import re
 import sys
-from pathlib import Path
 
 import pytest
 from testing_utils import REPO, builtin_cache_root, readme_code_blocks, run_subprocess, subprocess_env
@@ -83,7 +82,7 @@ def test_python_api_example_runs_as_printed_and_stapo_plot_reads_its_folder(tiny
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The docs' other commands: the plain-TRL baseline (docs/development.md) and the README's headless notebook
+# The docs' other commands: the plain-TRL baseline (docs/development.md)
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -99,24 +98,3 @@ def test_readme_grpo_baseline_on_a_builtin_model_runs_as_printed(tiny_math_model
     output = run_subprocess([sys.executable, "baseline.py"], timeout=600, env=env, cwd=tmp_path)
     assert "train_runtime" in output, output[-3000:]
     assert (tmp_path / "outputs" / "grpo-baseline" / "checkpoint-20" / "model.safetensors").is_file()
-
-
-@pytest.mark.slow  # the notebook's short run: 15-90 s on 2 cores
-def test_readme_headless_notebook_command_keeps_the_outputs(tiny_math_model_path, tmp_path):
-    """`jupyter execute notebooks/s2t_exploration.ipynb`, as the README printed it, ran the notebook and kept no
-    outputs. The printed command, run on a copy, writes a notebook with them."""
-    nbformat = pytest.importorskip("nbformat")
-    (command,) = re.findall(r"`\.venv/bin/(jupyter execute [^`]+)`", (REPO / "README.md").read_text())
-    words = command.split()
-    (output_name,) = [word.removeprefix("--output=") for word in words if word.startswith("--output=")]
-    copy = tmp_path / words[-1]
-    copy.parent.mkdir(parents=True)
-    copy.write_bytes((REPO / words[-1]).read_bytes())
-    env = subprocess_env(
-        STAPO_NOTEBOOK_MODEL=tiny_math_model_path, STAPO_NOTEBOOK_SMALL="1", STAPO_NOTEBOOK_OUTPUT=str(tmp_path / "out"),
-        MPLBACKEND="Agg",
-    )  # fmt: skip
-    run_subprocess([str(Path(sys.executable).parent / words[0]), *words[1:]], timeout=900, env=env, cwd=tmp_path)
-    executed = nbformat.read(copy.parent / f"{output_name}.ipynb", as_version=4)
-    outputs = [output for cell in executed.cells if cell.cell_type == "code" for output in cell.outputs]
-    assert sum("image/png" in output.get("data", {}) for output in outputs) >= 4  # the figures, kept
