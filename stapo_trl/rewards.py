@@ -117,16 +117,23 @@ REWARDS: dict[str, Callable[..., list]] = {"math_accuracy": math_accuracy_reward
 REWARD_NOTE = "In reward function"  # how `checked_reward` names the function and step in an exception's notes
 
 
+class NoRewardWarning(UserWarning):
+    """A training step in which no reward function gave any completion a value (every value `None` or NaN): it has no
+    learning signal. `stapo-train` stops on it (`warnings.simplefilter("error", NoRewardWarning)` does the same)."""
+
+
 def checked_reward(func: Callable) -> Callable:
     """`func` (a sync reward function; an async one is returned as is) checking what it returns, named as TRL names
-    `func`: no sequence of numbers (`None`; a str, dict: TRL trains on its characters, keys) raises; `None` for every
-    completion (legal, teaches nothing) and `inf` or `-inf` for any (its group's advantages are then not numbers: the
-    group teaches nothing) are warned once each; `None` for some completions stays valid, as in TRL. An exception
-    raised in `func` keeps its traceback, with a note naming the function and the step (`stapo-train` prints it as one
-    line: [`reward_error_line`]).
+    `func`: no sequence of numbers (`None`; a str, dict: TRL trains on its characters, keys) or another count than
+    one per completion raises; NaN for any completion (TRL takes it for `None`: no reward) and `inf` or `-inf` (its
+    group's advantages are then not numbers: the group teaches nothing) are warned once each, with their share;
+    `None` for some or all completions stays valid, as in TRL. An exception raised in `func` keeps its traceback, with
+    a note naming the function and the step, counted from 1 (`stapo-train` prints it as one line:
+    [`reward_error_line`]).
 
     Raises (when the result is called):
         TypeError: `func` returned no sequence of numbers and `None`s.
+        ValueError: `func` returned another count than one per completion (TRL's error, with the step).
     """
     from trl.trainer.utils import get_callable_name
 
@@ -134,40 +141,41 @@ def checked_reward(func: Callable) -> Callable:
         return func
     name, warned = get_callable_name(func), set()
 
-    def warn_once(kind: str, message: str) -> None:
-        if kind not in warned:
-            warned.add(kind)
-            logger.warning(message + " (shown once)")
-
     @functools.wraps(func)
     def checked(*args, **kwargs):
-        step = getattr(kwargs.get("trainer_state"), "global_step", "?")
+        state = kwargs.get("trainer_state")
+        step = state.global_step + 1 if hasattr(state, "global_step") else "?"  # the step being trained, from 1
+        expected = len(kwargs["completions"]) if "completions" in kwargs else None
         try:
             out = func(*args, **kwargs)
             rewards = None if isinstance(out, (str, Mapping)) or not isinstance(out, Iterable) else list(out)
             if rewards is None or not all(r is None or hasattr(r, "__float__") for r in rewards):  # 0-d tensors too
                 raise TypeError(
                     f"Reward function {name} returned {out!r} at step {step}: it must return one reward per "
-                    f"completion, a list of {len(kwargs['completions'])} floats (None for a completion it cannot "
-                    "judge)."
+                    f"completion, a list of {expected} floats (None for a completion it cannot judge)."
+                )
+            if expected is not None and len(rewards) != expected:
+                raise ValueError(
+                    f"Reward function {name} returned {len(rewards)} rewards at step {step}, but {expected} were "
+                    "expected (one per prompt-completion pair): return one reward per completion, None for one it "
+                    "cannot judge."
                 )
         except Exception as e:
             e.add_note(f"{REWARD_NOTE} {name} at step {step}.")
             raise
-        if rewards and all(r is None for r in rewards):
-            warn_once(
-                "none",
-                f"Reward function {name} returned None for all {len(rewards)} completions at step {step}: TRL drops "
-                "None rewards, so it adds nothing to the advantages",
-            )
-        infinite = sum(r is not None and math.isinf(float(r)) for r in rewards)
-        if infinite:
-            warn_once(
-                "inf",
-                f"Reward function {name} returned inf or -inf for {infinite} of {len(rewards)} completions at step "
-                f"{step}: the advantages of their groups are then not numbers, and those groups teach nothing. Return "
-                "a finite number, or None for a completion it cannot judge",
-            )
+        values = [float(r) for r in rewards if r is not None]
+        for kind, count, what in (
+            ("NaN", sum(map(math.isnan, values)), "TRL takes NaN for None (no reward), so they teach nothing"),
+            ("inf or -inf", sum(map(math.isinf, values)), "the advantages of their groups are then not numbers, and "
+             "those groups teach nothing"),
+        ):  # fmt: skip
+            if count and kind not in warned:
+                warned.add(kind)
+                logger.warning(
+                    f"Reward function {name} returned {kind} for {count} of {len(rewards)} completions "
+                    f"({count / len(rewards):.0%}) at step {step}: {what}. Return a finite number, or None for a "
+                    "completion it cannot judge (shown once)"
+                )
         return rewards
 
     checked.__name__ = name
@@ -265,4 +273,12 @@ def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:
     return funcs
 
 
-__all__ = ["REWARDS", "checked_reward", "completion_text", "format_reward", "get_reward_funcs", "math_accuracy_reward"]
+__all__ = [
+    "REWARDS",
+    "NoRewardWarning",
+    "checked_reward",
+    "completion_text",
+    "format_reward",
+    "get_reward_funcs",
+    "math_accuracy_reward",
+]

@@ -49,7 +49,7 @@ from .diagnostics.ablations import ABLATION_MODES, ablation_mask
 from .diagnostics.metrics import diagnostic_metrics
 from .integrations.process_group import release_process_group
 from .integrations.vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
-from .rewards import resolve_reward_names
+from .rewards import NoRewardWarning, resolve_reward_names
 from .rollout_state import RolloutStateCallback, load_rollout_state, save_rollout_state
 from .run_files import JsonlLogCallback, NoLearningSignalCallback, SpuriousTokenLogger, add_run_file_callbacks
 
@@ -186,6 +186,20 @@ class _Additions:
                 callback.redone_after = rollout.state["last_logged"] if rollout.state else None
         with tiny_model_threads(self.model):
             return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's rewards ((B, F) float32, all processes' rows), with a [`~stapo_trl.rewards.NoRewardWarning`] naming the
+        reward functions when, in training, none gave any completion a value (TRL's warning names no function)."""
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if self.model.training and rewards.isnan().all():
+            names = ", ".join(self.reward_func_names)
+            warnings.warn(
+                f"No reward at step {self.state.global_step + 1}: no reward function ({names}) gave any of the "
+                f"{len(rewards)} completions a value (every one None or NaN), so the step has no learning signal.",
+                NoRewardWarning,
+                stacklevel=2,
+            )
+        return rewards
 
     def _save_checkpoint(self, model, trial):
         """`Trainer._save_checkpoint` and the rollout state ([`~stapo_trl.rollout_state.save_rollout_state`]) between

@@ -286,7 +286,7 @@ def test_a_reward_that_returns_no_list_of_numbers_is_one_line_naming_it_at_the_f
     with pytest.raises(TypeError) as raised:
         trainer.train()
     assert str(raised.value) == (
-        f"Reward function {reward.__name__} returned {returned} at step 0: it must return one reward per completion, "
+        f"Reward function {reward.__name__} returned {returned} at step 1: it must return one reward per completion, "
         "a list of 4 floats (None for a completion it cannot judge)."
     )
 
@@ -362,7 +362,7 @@ def test_a_reward_that_raises_keeps_its_traceback_with_its_name_and_step(
     trainer = STAPOTrainer(tiny_random_model_path, reward, args=tiny_stapo_config(tmp_path), train_dataset=PROMPTS)
     with pytest.raises(kind) as raised:
         trainer.train()
-    assert raised.value.__notes__ == [f"In reward function {reward.__name__} at step 0."]
+    assert raised.value.__notes__ == [f"In reward function {reward.__name__} at step 1."]  # reported: "step 0"
     frames = traceback.extract_tb(raised.value.__traceback__)
     assert kind is TypeError or frames[-1].name == reward.__name__  # the reward's own line is in the traceback
 
@@ -385,10 +385,67 @@ def test_a_reward_returning_inf_is_warned_once_naming_it(value, caplog):
                 None,
             ]
     assert [r.getMessage() for r in caplog.records if r.name == "stapo_trl.rewards"] == [
-        "Reward function overflowing returned inf or -inf for 1 of 3 completions at step 3: the advantages of their "
-        "groups are then not numbers, and those groups teach nothing. Return a finite number, or None for a completion "
-        "it cannot judge (shown once)"
+        "Reward function overflowing returned inf or -inf for 1 of 3 completions (33%) at step 4: the advantages of "
+        "their groups are then not numbers, and those groups teach nothing. Return a finite number, or None for a "
+        "completion it cannot judge (shown once)"
     ]
+
+
+@pytest.mark.parametrize(
+    "returned, share",
+    [
+        ([math.nan, 1.0, None, 0.0], "1 of 4 completions (25%)"),  # reported: NaN was never named
+        ([np.float32("nan")] * 3 + [1.0], "3 of 4 completions (75%)"),
+        ([torch.tensor(math.nan)] * 4, "4 of 4 completions (100%)"),  # every one: still named, as NaN
+    ],
+    ids=["one", "numpy", "all-tensors"],
+)
+def test_a_reward_returning_nan_is_warned_once_naming_it_and_the_share(returned, share, caplog):
+    from types import SimpleNamespace
+
+    from stapo_trl.rewards import checked_reward
+
+    def unsure(completions, **kwargs):
+        return returned
+
+    checked = checked_reward(unsure)
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"):
+        for step in (0, 1):
+            checked(completions=["a", "b", "c", "d"], trainer_state=SimpleNamespace(global_step=step))
+    assert [r.getMessage() for r in caplog.records if r.name == "stapo_trl.rewards"] == [
+        f"Reward function unsure returned NaN for {share} at step 1: TRL takes NaN for None (no reward), so they "
+        "teach nothing. Return a finite number, or None for a completion it cannot judge (shown once)"
+    ]
+
+
+def short_by_one(completions, **kwargs):
+    return [1.0] * (len(completions) - 1)
+
+
+def one_too_many(completions, **kwargs):
+    return [1.0] * (len(completions) + 1)
+
+
+def empty(completions, **kwargs):
+    return []
+
+
+@pytest.mark.parametrize("reward, count", [(short_by_one, 3), (one_too_many, 5), (empty, 0)])
+def test_a_reward_returning_another_count_is_trls_value_error_naming_it_and_the_step(
+    reward, count, tmp_path, tiny_random_model_path
+):
+    # Reported (63 values for 64 completions): TRL's ValueError, a 19-frame traceback through stapo-train.
+    from testing_utils import PROMPTS, tiny_stapo_config
+
+    from stapo_trl import STAPOTrainer
+
+    trainer = STAPOTrainer(tiny_random_model_path, reward, args=tiny_stapo_config(tmp_path), train_dataset=PROMPTS)
+    with pytest.raises(ValueError, match=r"but 4 were expected \(one per prompt-completion pair\)") as raised:
+        trainer.train()
+    assert str(raised.value) == (
+        f"Reward function {reward.__name__} returned {count} rewards at step 1, but 4 were expected (one per "
+        "prompt-completion pair): return one reward per completion, None for one it cannot judge."
+    )
 
 
 def test_a_reward_returning_inf_in_training_is_warned_once(tmp_path, tiny_random_model_path, caplog):

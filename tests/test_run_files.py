@@ -276,30 +276,52 @@ def _unjudged(completions, **kwargs):
     return [None] * len(completions)
 
 
-@pytest.mark.parametrize("alongside", [None, "length_reward"])
-def test_a_reward_that_returns_none_for_every_completion_is_named(alongside, tmp_path, tiny_random_model_path, caplog):
-    """The reported case (alone): `[None] * n` trained to the end, exit 0, learned nothing, with only TRL's repeated
-    "All reward functions returned None". Beside a reward that varies, it is named alone."""
+def _not_a_number(completions, **kwargs):
+    return [float("nan")] * len(completions)
+
+
+@pytest.mark.parametrize(
+    "rewards, expected",
+    [
+        ([_unjudged], "_unjudged"),  # reported: trained to the end, exit 0; TRL's dump at every step named no reward
+        ([_not_a_number], "_not_a_number"),  # NaN is TRL's None
+        ([_unjudged, _not_a_number], "_unjudged, _not_a_number"),
+        ([_unjudged, "length_reward"], None),  # TRL's "not applicable": the other reward still teaches
+    ],
+    ids=["none", "nan", "none-and-nan", "none-beside-a-value"],
+)
+def test_a_step_without_any_reward_is_warned_naming_the_rewards(
+    rewards, expected, tmp_path, tiny_random_model_path, caplog
+):
+    """The library keeps TRL's warning and trains on (TRL's own test expects both); a `NoRewardWarning` names the
+    reward functions at each such step, counted from 1. A reward that gives nothing beside one that gives values is
+    named by the no-learning-signal warning alone."""
     from testing_utils import PROMPTS, length_reward
 
-    rewards = [_unjudged] + ([length_reward] if alongside else [])
+    from stapo_trl.rewards import NoRewardWarning
+
+    rewards = [length_reward if r == "length_reward" else r for r in rewards]
     args = _config(tmp_path, per_device_train_batch_size=8, max_completion_length=8)
     trainer = STAPOTrainer(tiny_random_model_path, rewards, args=args, train_dataset=PROMPTS)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", NoRewardWarning)
         trainer.train()
-    (first,) = [r.getMessage() for r in caplog.records if r.name == "stapo_trl.rewards"]  # once, at the first step
-    assert first.startswith("Reward function _unjudged returned None for all 8 completions at step 0: ")
+    assert trainer.state.global_step == 3
+    no_reward = [str(w.message) for w in caught if w.category is NoRewardWarning]
+    trl_dumps = [r for r in caplog.records if "All reward functions returned None" in r.getMessage()]
     (message,) = _warnings(caplog)
-    if alongside:
+    if expected is None:
+        assert no_reward == [] and trl_dumps == []
         assert message.startswith("A reward function gave every completion the same value in the first 3 logging ")
-        assert (
-            "(_unjudged gave None): it adds nothing" in message and "length_reward" not in message.split("Likely")[0]
-        )
-    else:
-        assert message.startswith(
-            "No learning signal. In the first 3 logging steps (steps 1-3), no reward function gave "
-        )
-        assert "the reward functions gave every completion the same value (_unjudged gave None)." in message
+        assert "(_unjudged gave None): it adds nothing" in message and "length_reward" not in message.split("Lik")[0]
+        return
+    assert no_reward == [
+        f"No reward at step {step}: no reward function ({expected}) gave any of the 8 completions a value (every one "
+        "None or NaN), so the step has no learning signal."
+        for step in (1, 2, 3)
+    ]
+    assert len(trl_dumps) == 3
+    assert message.startswith("No learning signal. In the first 3 logging steps (steps 1-3), no reward function gave ")
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from typing import Any
 
 import datasets
@@ -25,7 +26,7 @@ from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_conf
 from ..callbacks import add_command_callbacks
 from ..checkpoints import LinkError, command_line, hold_run_folder
 from ..data import evaluation_split
-from ..rewards import reward_error_line
+from ..rewards import NoRewardWarning, reward_error_line
 from ..trainer import GRPOBaselineTrainer, STAPOTrainer, tiny_model_threads
 from .checkpoints import resolve_checkpoint
 from .errors import InputError, full_disk_in_one_line
@@ -104,12 +105,16 @@ def train(
     """
     threads = script_args.torch_num_threads  # else the tiny-model rule, for the evaluations around training too
     threads = torch_threads(threads) if threads else tiny_model_threads(prepared.model_path if prepared else None)
-    with threads, quiet_upstream():  # known-harmless upstream messages (cli/quiet.py)
+    with threads, quiet_upstream(), warnings.catch_warnings():  # known-harmless upstream messages (cli/quiet.py)
+        warnings.simplefilter("error", NoRewardWarning)  # a step without any reward stops the run
         try:  # the run folder: a full disk said in one line; the hold `prepare` took on it given back at the end
             with full_disk_in_one_line("stapo-train", training_args.output_dir):
                 return _train(script_args, training_args, model_args, prepared, end_training)
         except LinkError as e:  # a link planted in the run folder during the run: one line, never followed
             raise InputError("stapo-train", str(e), code=1) from e
+        except NoRewardWarning as e:
+            raise InputError("stapo-train", f"{e} Make the reward functions return a number for the completions "
+                             "they can judge (None only for those they cannot).") from e  # fmt: skip
         except Exception as e:  # a reward function that raised: its name, the step and where, in one line
             line = reward_error_line(e)
             if line is None:

@@ -274,9 +274,11 @@ def test_stapo_eval_reads_no_pickle_of_a_checkpoint(checkpointed_run, tmp_path, 
     [
         ("return [1 / 0] * len(completions)", "raised ZeroDivisionError: division by zero"),  # measured: 60 lines
         ("return [float(kwargs['difficulty'])] * len(completions)", "raised KeyError: 'difficulty'"),
-        ("return 'not a list'", None),  # what it returned, checked by stapo_trl: its own message
+        ("return 'not a list'", "returned 'not a list' at step 1: it must return one reward per completion, a list"),
+        # Reported: TRL's ValueError, a 19-frame traceback through stapo-train.
+        ("return [1.0] * (len(completions) - 1)", "returned 63 rewards at step 1, but 64 were expected (one per "),
     ],
-    ids=["zero-division", "missing-column", "wrong-return"],
+    ids=["zero-division", "missing-column", "wrong-return", "one-short"],
 )
 def test_a_reward_that_raises_is_one_line_naming_it_and_the_step(
     tmp_path, capsys, monkeypatch, tiny_math_model_path, body, expected
@@ -288,8 +290,36 @@ def test_a_reward_that_raises_is_one_line_naming_it_and_the_step(
     argv += [f"{module}.fragile", "--max_steps", "1", "--eval_before_after", "false", "--output_dir", "out"]
     argv += ["--disable_tqdm", "true"]
     line = _refused(capsys, argv, code=1)
-    if expected is None:
-        assert line.startswith("stapo-train: error: Reward function fragile returned 'not a list' at step 0: "), line
+    if expected.startswith("returned"):  # what it returned, checked by stapo_trl: its own message
+        assert line.startswith(f"stapo-train: error: Reward function fragile {expected}"), line
     else:
         where = f"({tmp_path / module}.py:2, in fragile)"
-        assert line == f"stapo-train: error: reward function fragile at step 0 {expected} {where}", line
+        assert line == f"stapo-train: error: reward function fragile at step 1 {expected} {where}", line
+
+
+@pytest.mark.parametrize(
+    "rewards",
+    [
+        {"nothing": "[None] * len(completions)"},  # reported: trained to the end with exit 0
+        {"not_a_number": "[math.nan] * len(completions)"},
+        {"nothing": "[None] * len(completions)", "not_a_number": "[math.nan] * len(completions)"},
+    ],
+    ids=["none", "nan", "none-and-nan"],
+)
+def test_a_step_without_any_reward_stops_in_one_line_naming_the_rewards(
+    tmp_path, capsys, monkeypatch, tiny_math_model_path, rewards
+):
+    monkeypatch.chdir(tmp_path)
+    module = f"rewards_{tmp_path.name}"
+    source = "".join(f"\ndef {name}(completions, **kwargs):\n    return {body}\n" for name, body in rewards.items())
+    (tmp_path / f"{module}.py").write_text("import math\n" + source)
+    names = ", ".join(rewards)
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--reward_funcs"]
+    argv += [*(f"{module}.{name}" for name in rewards), "--max_steps", "3", "--eval_before_after", "false"]
+    argv += ["--output_dir", "out", "--disable_tqdm", "true"]
+    line = _refused(capsys, argv)
+    assert line == (
+        f"stapo-train: error: No reward at step 1: no reward function ({names}) gave any of the 64 completions a value "
+        "(every one None or NaN), so the step has no learning signal. Make the reward functions return a number for "
+        "the completions they can judge (None only for those they cannot)."
+    )
