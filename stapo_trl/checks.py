@@ -5,6 +5,7 @@ with every column but `prompt`, plus `trainer_state`, `log_extra`, `log_metric` 
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -91,16 +92,38 @@ def chat_template_message(model_name: str, what: str, fix: str) -> str:
     return f"{what} chat messages, but the tokenizer of {model_name!r} has no chat template to format them with. {fix}"
 
 
-def check_chat_template(tokenizer, dataset, model_name: str, dataset_name="train_dataset", fix=CHAT_TEMPLATE_FIX):
-    """Raise a `ValueError` when `dataset`'s prompts are chat messages and `tokenizer` has no chat template."""
+def render_chat_template(tokenizer, messages, **template_kwargs) -> str:
+    """`messages` through `tokenizer`'s chat template, with the generation prompt, as text.
+
+    Raises:
+        ValueError: jinja refuses the template (it does not parse, or its sandbox stopped an unsafe access before it
+            ran), naming the template's file.
+    """
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
+    except TemplateError as e:
+        folder = str(getattr(tokenizer, "name_or_path", ""))
+        files = [os.path.join(folder, f) for f in ("chat_template.jinja", "tokenizer_config.json")]
+        where = next(filter(os.path.isfile, files), f"of {folder!r}")
+        reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+        raise ValueError(f"The chat template {where} cannot be applied ({reason}): fix or replace it.") from None
+
+
+def check_chat_template(
+    tokenizer, dataset, model_name: str, dataset_name="train_dataset", fix=CHAT_TEMPLATE_FIX, template_kwargs=None
+):
+    """Raise a `ValueError` when `dataset`'s prompts are chat messages and `tokenizer` has no chat template, or one
+    that jinja refuses on the first prompt ([`render_chat_template`])."""
     from trl.data_utils import is_conversational
 
-    if has_chat_template(tokenizer):
-        return
     for name, data in _named(dataset, dataset_name):
         try:
             example = data[0] if hasattr(data, "__getitem__") and hasattr(data, "__len__") else next(iter(data))
         except (IndexError, KeyError, StopIteration, TypeError):
             continue
         if isinstance(example, dict) and "prompt" in example and is_conversational(example):
-            raise ValueError(chat_template_message(model_name, f"The prompts of {name!r} are", fix))
+            if not has_chat_template(tokenizer):
+                raise ValueError(chat_template_message(model_name, f"The prompts of {name!r} are", fix))
+            render_chat_template(tokenizer, example["prompt"], **(template_kwargs or {}))

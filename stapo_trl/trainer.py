@@ -131,7 +131,10 @@ class _Additions:
                 check_reward_columns(reward_funcs, dataset, name)
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-            check_chat_template(self.processing_class, dataset, self.model.config._name_or_path, name)
+            check_chat_template(
+                self.processing_class, dataset, self.model.config._name_or_path, name,
+                template_kwargs=self.args.chat_template_kwargs,
+            )  # fmt: skip
         install_cpu_colocate_weight_sync(self)
         self.run_settings = run_settings(
             self.args, trainer=type(self).__name__, model=given_model, reward_funcs=self.reward_funcs,

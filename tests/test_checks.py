@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 from datasets import Dataset
-from testing_utils import STAPO_RECIPE, tiny_stapo_config, zero_reward
+from testing_utils import STAPO_RECIPE, error_line, tiny_stapo_config, zero_reward
 
 from stapo_trl import STAPOTrainer
 from stapo_trl.rewards import REWARDS, format_reward, math_accuracy_reward
@@ -128,6 +128,47 @@ def test_evaluation_prompts_follow_the_same_rule(model_without_chat_template):
     with pytest.raises(ValueError, match="^The evaluation prompts are chat messages, but the tokenizer of "):
         build_prompt_text(tokenizer, "1+1")
     assert build_prompt_text(tokenizer, "1+1", use_chat_template=False).startswith("1+1\n")
+
+
+TEMPLATES = {  # what jinja refuses: nothing of the template is applied, no code outside it runs
+    "sandbox": ("chat_template.jinja", "{{ ''.__class__.__mro__[1].__subclasses__() }}", "SecurityError: access to "
+                "attribute '__class__' of 'str' object is unsafe."),  # reported: a traceback in stapo-train and -eval
+    "syntax": ("chat_template.jinja", "{% for m in messages %}{{ m.content }}", "TemplateSyntaxError: Unexpected end "
+               "of template. Jinja was looking for the following tags: 'endfor' or 'else'. The innermost block that "
+               "needs to be closed is 'for'."),
+    "raise": ("tokenizer_config.json", "{{ raise_exception('Only system prompts are supported') }}", "TemplateError: "
+              "Only system prompts are supported"),  # transformers' own way for a template to refuse messages
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(TEMPLATES))
+def test_a_chat_template_jinja_refuses_is_one_line_naming_its_file(
+    kind, tiny_random_model_path, tmp_path, capsys, monkeypatch
+):
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.eval import main as eval_main
+    from stapo_trl.cli.train import main as train_main
+
+    file, text, reason = TEMPLATES[kind]
+    model = tmp_path / "model"
+    shutil.copytree(tiny_random_model_path, model)
+    (model / "chat_template.jinja").unlink()
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / file).write_text(json.dumps(config | {"chat_template": text}) if file.endswith(".json") else text)
+    line = f"The chat template {model / file} cannot be applied ({reason}): fix or replace it."
+    with pytest.raises(ValueError) as raised:  # the library, when the trainer is built
+        build(str(model), tmp_path, CHAT)
+    assert str(raised.value) == line
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", str(model), "--output_dir", str(tmp_path / "o")]
+    with pytest.raises(SystemExit) as raised:
+        train_main(argv)
+    assert (raised.value.code, error_line(capsys, "stapo-train")) == (2, f"stapo-train: error: {line}")
+    assert dry_run_main(argv) == 2 and f"  - {line}" in capsys.readouterr().out.splitlines()
+    eval_argv = ["--model", str(model), "--benchmarks", "tiny-math", "--limit", "2", "--max-new-tokens", "8"]
+    eval_argv += ["--backend", "hf"]
+    with pytest.raises(SystemExit) as raised:
+        eval_main([*eval_argv, "--output", str(tmp_path / "a.json")])
+    assert (raised.value.code, error_line(capsys, "stapo-eval")) == (2, f"stapo-eval: error: {line}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -189,10 +189,10 @@ def dry_run_recipe(
 
 def _check(r: DryRunReport, s, a, model_args, cpu_forced: bool) -> None:
     """Fill `r` with the plan of a parsed recipe (script, training and model arguments) and its failed checks."""
-    from ..checks import CLI_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
+    from ..checks import CLI_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template, render_chat_template
     from ..config import STAPOConfig
     from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
-    from ..data import evaluation_split, is_local_dataset_file, load_prompt_dataset
+    from ..data import evaluation_split, format_prompt, is_local_dataset_file, load_prompt_dataset
     from ..integrations.vllm_support import check_vllm_args
     from ..models import builtin_model_dir, check_model_name_or_path
     from ..preflight import check_hub_access
@@ -294,8 +294,15 @@ def _check(r: DryRunReport, s, a, model_args, cpu_forced: bool) -> None:
         tokenizer = AutoTokenizer.from_pretrained(path)
         positions = model_max_positions(AutoConfig.from_pretrained(path))
         budget = prompt_token_budget(positions, a.max_completion_length, s.max_prompt_tokens)
-        if not has_chat_template(tokenizer):
-            error(chat_template_message(str(model), "stapo-train's prompts are", CLI_CHAT_TEMPLATE_FIX))
+        template = chat_template_message(str(model), "stapo-train's prompts are", CLI_CHAT_TEMPLATE_FIX)
+        try:  # no template, or one jinja refuses (as the run refuses them)
+            if has_chat_template(tokenizer):
+                render_chat_template(tokenizer, format_prompt("1+1"), **(a.chat_template_kwargs or {}))
+                template = None
+        except ValueError as e:
+            template = str(e)
+        if template:
+            error(template)
         elif prompts is not None and budget is None:
             row("prompt length", "unbounded (no max_prompt_tokens, no position limit)")
         elif prompts is not None:

@@ -29,6 +29,7 @@ from ..evaluation.generation import (
     DEFAULT_MAX_NEW_TOKENS,
     HFGenerator,
     VLLMGenerator,
+    build_prompt_text,
     decoding_setting,
     evaluate_problems,
 )
@@ -226,6 +227,8 @@ def _load_generator(parser, args):
         else:
             generator = HFGenerator(model_path, args.revision, args.dtype, batch_size=args.batch_size)
         check_generation_budget(args, model_path, model_max_positions(generator))
+        if not args.no_chat_template and has_chat_template(generator.tokenizer):  # one jinja refuses: now
+            build_prompt_text(generator.tokenizer, "1+1")
     except (OSError, SafetensorError) as e:  # checked whole before: removed or rewritten while it loaded
         cause = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
         raise InputError(

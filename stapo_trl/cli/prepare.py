@@ -126,8 +126,9 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     )
     # stapo-train's prompts are chat messages: a model without a chat template fails at TRL's first step otherwise.
     check_chat_template(
-        tokenizer, train_dataset, model_args.model_name_or_path, script_args.dataset_name, CLI_CHAT_TEMPLATE_FIX
-    )
+        tokenizer, train_dataset, model_args.model_name_or_path, script_args.dataset_name, CLI_CHAT_TEMPLATE_FIX,
+        training_args.chat_template_kwargs,
+    )  # fmt: skip
     train_dataset, where = _drop_long_prompts(
         train_dataset, tokenizer, model_path, script_args, training_args, model_args
     )

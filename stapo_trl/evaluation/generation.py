@@ -13,7 +13,7 @@ from collections import namedtuple
 from collections.abc import Sequence
 from typing import Any
 
-from ..checks import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
+from ..checks import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template, render_chat_template
 from ..data import format_prompt
 from ..grading import grade
 from ..preflight import keep_short_prompts, prompt_token_budget
@@ -56,9 +56,7 @@ def build_prompt_text(tokenizer, problem, use_chat_template: bool = True, chat_t
     if not has_chat_template(tokenizer):
         fix = EVAL_CHAT_TEMPLATE_FIX
         raise ValueError(chat_template_message(tokenizer.name_or_path, "The evaluation prompts are", fix))
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
-    )
+    return render_chat_template(tokenizer, messages, **(chat_template_kwargs or {}))
 
 
 def _seeded_sampler(temperature: float, top_p: float, seeds: list[int]):
