@@ -372,11 +372,10 @@ def newest_complete_checkpoint(output_dir: str, save_only_model: bool = False) -
 
 
 def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_aside: bool = False) -> str | None:
-    """[`newest_complete_checkpoint`], said in one warning line with those skipped and why; with `move_aside` (the
-    folder's writer only) each skipped one is renamed `_damaged-checkpoint-N[-k]`."""
+    """[`newest_complete_checkpoint`]; those skipped above it are said in one warning line with why, and with
+    `move_aside` (the folder's writer only) each is renamed `_damaged-checkpoint-N[-k]`. The resume itself is said by
+    `train()`, once its checks have passed."""
     checkpoint, skipped = newest_complete_checkpoint(output_dir, save_only_model)
-    if not checkpoint and not skipped:
-        return None
     words = []
     for name, problem in skipped:
         aside = ""
@@ -387,10 +386,9 @@ def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_as
             os.replace(os.path.join(output_dir, name), os.path.join(output_dir, target))
             aside = f" and moved it aside to {target}"
         words.append(f"{name} ({problem}){aside}")
-    if checkpoint:
-        logger.warning(f"Resuming training from {checkpoint}, the newest complete checkpoint; skipped {', '.join(words)}."
-                       if words else f"Resuming training from {checkpoint}, the newest complete checkpoint.")  # fmt: skip
-    else:
+    if words and checkpoint:
+        logger.warning(f"The newest complete checkpoint is {checkpoint}: skipped {', '.join(words)}.")
+    elif words:
         logger.warning(f"No complete checkpoint to resume in {output_dir}: skipped {', '.join(words)}.")
     return checkpoint
 

@@ -22,6 +22,7 @@ import contextlib
 import functools
 import glob
 import inspect
+import logging
 import os
 import re
 import warnings
@@ -53,6 +54,8 @@ from .rewards import NoRewardWarning, resolve_reward_names
 from .rollout_state import RolloutStateCallback, load_rollout_state, save_rollout_state
 from .run_files import JsonlLogCallback, NoLearningSignalCallback, SpuriousTokenLogger, add_run_file_callbacks
 
+
+logger = logging.getLogger(__name__)
 
 TINY_MODEL_MAX_BYTES = 4 * 2**20  # the built-in tiny models' weights are 0.58 MB
 
@@ -175,6 +178,7 @@ class _Additions:
             check_checkpoint(resume_from_checkpoint, f"resume_from_checkpoint={resume_from_checkpoint!r}")
         if resume_from_checkpoint:
             check_run_settings(resume_from_checkpoint, self.run_settings)
+            logger.warning(f"Resuming training from {resume_from_checkpoint}.")  # every check passed
         if write_run_files(self.args):
             add_run_file_callbacks(self)
         callbacks = self.callback_handler.callbacks

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -62,7 +63,7 @@ def _cut(path, fraction=0.5):
 
 
 def _resume_lines(caplog):
-    return [r.getMessage() for r in caplog.records if "newest complete checkpoint" in r.getMessage()]
+    return [r.getMessage() for r in caplog.records if re.search("newest complete checkpoint|Resuming", r.getMessage())]
 
 
 def test_each_checkpoint_records_its_files_and_what_the_run_optimizes(run, tiny_random_model_path):
@@ -189,8 +190,9 @@ def test_the_python_api_resumes_the_newest_whole_checkpoint_and_moves_the_damage
     trainer = _trainer(tiny_random_model_path, run, max_steps=3)
     trainer.train(resume_from_checkpoint=True)
     assert _resume_lines(caplog) == [
-        f"Resuming training from {run / 'checkpoint-1'}, the newest complete checkpoint; skipped checkpoint-2 "
-        f"({problem}) and moved it aside to _damaged-checkpoint-2."
+        f"The newest complete checkpoint is {run / 'checkpoint-1'}: skipped checkpoint-2 ({problem}) and moved it "
+        "aside to _damaged-checkpoint-2.",
+        f"Resuming training from {run / 'checkpoint-1'}.",  # once every check passed
     ]
     assert trainer.state.global_step == 3 and (run / "_damaged-checkpoint-2" / "trainer_state.json").exists()
     assert get_last_checkpoint(str(run)) == str(run / "checkpoint-3")  # rotation and transformers see whole ones
@@ -216,7 +218,7 @@ def test_no_file_of_a_checkpoint_is_unpickled_unsafely(run, tmp_path, tiny_rando
         write_hostile_pickle(run / "checkpoint-2" / name, marker)
     trainer = _trainer(tiny_random_model_path, run, max_steps=3)
     trainer.train(resume_from_checkpoint=True)
-    (line,) = _resume_lines(caplog)
+    line, _ = _resume_lines(caplog)
     assert "skipped checkpoint-2 (optimizer.pt refused by a safe load: Trying to load unsupported GLOBAL" in line
     assert trainer.state.global_step == 3 and not marker.exists()
 
@@ -243,7 +245,7 @@ def test_no_file_of_a_checkpoint_is_unpickled_unsafely(run, tmp_path, tiny_rando
     ids=["s2t-and-lr", "optimizer", "reward", "dataset", "dtype"],
 )
 def test_the_python_api_refuses_a_resume_that_changes_what_the_run_optimizes(
-    run, tiny_random_model_path, changes, expected
+    run, tiny_random_model_path, caplog, changes, expected
 ):
     trainer = _trainer(tiny_random_model_path, run, max_steps=3, **changes)
     expected = expected.format(old=PROMPTS._fingerprint, new=trainer.run_settings["train_dataset"])
@@ -255,6 +257,7 @@ def test_the_python_api_refuses_a_resume_that_changes_what_the_run_optimizes(
         f"output_dir (model_name_or_path / model {run / 'checkpoint-2'} starts from its weights)."
     )
     assert not (run / "checkpoint-3").exists()
+    assert _resume_lines(caplog) == []  # measured: "Resuming training from ..." before this refusal
 
 
 def test_execution_settings_may_change_on_resume(run, tiny_random_model_path):
@@ -340,10 +343,11 @@ def test_the_python_api_resumes_the_newest_complete_checkpoint(
     trainer = _small_trainer(tiny_random_model_path, out, max_steps=3)
     trainer.train(resume_from_checkpoint=True)
     folder = skipped.split()[0]
-    assert (
-        f"Resuming training from {out / 'checkpoint-1'}, the newest complete checkpoint; skipped {skipped} and moved it "
-        f"aside to _damaged-{folder}." in caplog.text
-    )
+    assert _resume_lines(caplog)[-2:] == [
+        f"The newest complete checkpoint is {out / 'checkpoint-1'}: skipped {skipped} and moved it aside to "
+        f"_damaged-{folder}.",
+        f"Resuming training from {out / 'checkpoint-1'}.",
+    ]
     assert trainer.state.global_step == 3
     # Every step's metrics row once: the rows of the steps redone after the resume are not doubled.
     assert [row["step"] for row in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]

@@ -80,12 +80,13 @@ def _benchmark_eval_dataset(script_args: STAPOScriptArguments, training_args, re
 
 def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelConfig) -> PreparedRun:
     """Validate the run and load what is cheap to load, before any model is built, in order: the reward names, the
-    model argument (checked, not loaded), the checkpoint's settings, the dataset (the train split; the test split for
-    the before/after evaluation or `eval_strategy`) with its columns and rows, the in-training benchmark name, the
-    model path (a `builtin:` model is built into its cache on first use), with its tokenizer the chat template and
-    the `max_prompt_tokens` filter, last the hold on `output_dir` and, holding it, the checkpoint to resume (the newest
-    complete one, the damaged ones above it moved aside) and its settings. Every failure is one exception, one line.
-    With `benchmark_eval`, the benchmark's problems are what `eval_strategy` evaluates ([`_benchmark_eval_dataset`]).
+    model argument (checked, not loaded), the hold on `output_dir` (its links and write access checked) and, holding
+    it, the checkpoint to resume (the newest complete one, the damaged ones above it moved aside) and its settings;
+    then the dataset (the train split; the test split for the before/after evaluation or `eval_strategy`) with its
+    columns and rows, the in-training benchmark name, the model path (a `builtin:` model is built into its cache on
+    first use), with its tokenizer the chat template and the `max_prompt_tokens` filter. Every failure is one
+    exception, one line (the hold given back). With `benchmark_eval`, the benchmark's problems are what
+    `eval_strategy` evaluates ([`_benchmark_eval_dataset`]).
 
     Raises:
         ValueError: an unknown reward, benchmark or `builtin:` name; no `dataset_name`; `dataset_streaming`; a missing
@@ -114,6 +115,40 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
         )
     if script_args.dataset_streaming:
         raise ValueError("dataset_streaming=True is not supported by stapo-train: set it to false.")
+    settings = cli_run_settings(script_args, training_args, model_args, reward_funcs)
+    # This run is the folder's one writer (another's refused) until it ends. The folder is checked now (links, write
+    # access, the user's own files); one that exists is held now, and its checkpoint and settings checked below, before
+    # the data is read; a new one once the rest has passed (a refused run leaves no folder).
+    output_dir, writer = training_args.output_dir, training_args.should_save
+    held = writer and os.path.isdir(output_dir)
+    if writer:
+        check_output_dir(output_dir, refuse_user_files=True)
+    if held:
+        hold_run_folder(output_dir)
+    try:
+        checkpoint = training_args.resume_from_checkpoint or resume_checkpoint(
+            output_dir, training_args.save_only_model, move_aside=held
+        )
+        if checkpoint is not None:
+            check_run_settings(checkpoint, settings)
+        elif model := _trained_model(output_dir):
+            raise ValueError(
+                f"output_dir={output_dir!r} holds a trained model ({model}) but no complete checkpoint "
+                "to resume: this run would train from the start and overwrite it. Give another output_dir, or move "
+                "the model away to train again."
+            )
+        loaded = _load(script_args, training_args, model_args, reward_funcs)
+        if writer and not held:
+            hold_run_folder(output_dir)
+    except BaseException:
+        if held:
+            hold_run_folder(output_dir, acquire=False)
+        raise
+    return PreparedRun(reward_funcs, *loaded, settings, checkpoint, time.perf_counter() - start)
+
+
+def _load(script_args: STAPOScriptArguments, training_args, model_args: ModelConfig, reward_funcs) -> tuple:
+    """(model path, train, test and before/after eval datasets), as [`prepare`] loads them."""
     if not is_builtin_or_local(script_args.dataset_name) and not is_local_dataset_file(script_args.dataset_name):
         check_hub_dataset(script_args.dataset_name)  # a Hub id nobody can download: now, in one line
     train_dataset, test_dataset, eval_dataset = _load_datasets(script_args, training_args, reward_funcs)
@@ -138,29 +173,7 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
     )
     if error is not None:
         raise ValueError(error)
-    settings = cli_run_settings(script_args, training_args, model_args, reward_funcs)
-    if training_args.should_save:  # this run is the folder's one writer (another's refused) until it ends
-        check_output_dir(training_args.output_dir, refuse_user_files=True)
-        hold_run_folder(training_args.output_dir)
-    # Holding the folder: the checkpoint to resume (damaged ones moved aside by the writer), then its settings.
-    try:
-        checkpoint = training_args.resume_from_checkpoint or resume_checkpoint(
-            training_args.output_dir, training_args.save_only_model, move_aside=training_args.should_save
-        )
-        if checkpoint is not None:
-            check_run_settings(checkpoint, settings)
-        elif model := _trained_model(training_args.output_dir):
-            raise ValueError(
-                f"output_dir={training_args.output_dir!r} holds a trained model ({model}) but no complete checkpoint "
-                "to resume: this run would train from the start and overwrite it. Give another output_dir, or move "
-                "the model away to train again."
-            )
-    except BaseException:
-        if training_args.should_save:
-            hold_run_folder(training_args.output_dir, acquire=False)
-        raise
-    datasets = (train_dataset, test_dataset, eval_dataset)
-    return PreparedRun(reward_funcs, model_path, *datasets, settings, checkpoint, time.perf_counter() - start)
+    return model_path, train_dataset, test_dataset, eval_dataset
 
 
 def _trained_model(output_dir: str) -> str | None:

@@ -57,6 +57,16 @@ def local_file_run(tmp_path_factory, tiny_math_model_path):
     return folder / "run", argv
 
 
+@pytest.fixture
+def no_data_read(monkeypatch):
+    """Fail the test if `stapo-train` reads its dataset: the checks of the folder and of the settings come first."""
+
+    def guard(*args, **kwargs):
+        raise AssertionError("the dataset was read before the run folder and its checkpoint's settings were checked")
+
+    monkeypatch.setattr("stapo_trl.cli.prepare.load_prompt_dataset", guard)
+
+
 def _copy_of(run, tmp_path):
     out = tmp_path / "run"
     shutil.copytree(run, out)
@@ -66,6 +76,9 @@ def _copy_of(run, tmp_path):
 @pytest.mark.parametrize(
     "changed, expected",
     [
+        # Reported: "Resuming training from o7/checkpoint-17, the newest complete checkpoint.", then this refusal,
+        # after the dataset was read and filtered.
+        (["--learning_rate", "2e-4"], "learning_rate 0.0001 -> 0.0002"),
         (["--s2t_prob_threshold", "0.01"], "s2t_prob_threshold 0.002 -> 0.01"),
         (["--learning_rate", "5e-4", "--s2t_mode", "all_low_prob"], "s2t_mode 'low_entropy' -> 'all_low_prob'"),
         (["--temperature", "0.7"], "temperature 1.0 -> 0.7"),
@@ -88,13 +101,14 @@ def _copy_of(run, tmp_path):
         (["--dtype", "bfloat16"], "dtype 'float32' -> 'bfloat16'"),
     ],
     ids=[
-        "tau_p", "lr-and-mode", "temperature", "dataset", "reward", "model", "reward-weights", "scale-rewards", "optim",
-        "peft", "optimizer-values", "dtype",
+        "lr", "tau_p", "lr-and-mode", "temperature", "dataset", "reward", "model", "reward-weights", "scale-rewards",
+        "optim", "peft", "optimizer-values", "dtype",
     ],
 )  # fmt: skip
-def test_resume_with_other_settings_is_refused_before_the_model(
-    one_step_run, tmp_path, no_model_built, tiny_math_model_path, tiny_random_model_path, changed, expected
-):
+def test_resume_with_other_settings_is_refused_before_the_data_and_the_model(
+    one_step_run, tmp_path, no_model_built, no_data_read, caplog, tiny_math_model_path, tiny_random_model_path, changed,
+    expected,
+):  # fmt: skip
     """A checkpoint trained with other settings is not resumed (the run would mix them, the card would state the new
     values only, or transformers would fail on another optimizer's state)."""
     from stapo_trl.cli.train import main
@@ -107,6 +121,7 @@ def test_resume_with_other_settings_is_refused_before_the_model(
     for word, name in names.items():
         expected = expected.replace(f"'{word}'", repr(name))
     _assert_refused(main, [*argv, "--output_dir", str(out), "--max_steps", "2", *changed], out, expected)
+    assert "Resuming" not in caplog.text  # said only once every check has passed
 
 
 def _assert_refused(main, argv, out, expected):
@@ -132,8 +147,8 @@ def _assert_refused(main, argv, out, expected):
     ],
     ids=["instruction", "solution-column", "file-rewritten", "prompt-column", "max-train-samples"],
 )
-def test_resume_with_another_prompt_format_or_data_is_refused_before_the_model(
-    local_file_run, tmp_path, no_model_built, changed, expected
+def test_resume_with_another_prompt_format_or_data_is_refused_before_the_data_and_the_model(
+    local_file_run, tmp_path, no_model_built, no_data_read, changed, expected
 ):
     from stapo_trl.cli.train import main
 
@@ -148,6 +163,39 @@ def test_resume_with_another_prompt_format_or_data_is_refused_before_the_model(
         _assert_refused(main, [*argv, "--output_dir", str(out), "--max_steps", "2", *changed], out, expected)
     finally:
         data.write_bytes(original)
+
+
+@pytest.mark.parametrize("link", ["README.md", "checkpoint-1/config.json"])
+def test_a_link_in_the_run_folder_is_refused_before_the_data_is_read(
+    one_step_run, tmp_path, no_model_built, no_data_read, capsys, caplog, link
+):
+    # Measured: the folder's link check came after the dataset was read and filtered (its progress bars first).
+    from stapo_trl.cli.train import main
+
+    run, argv = one_step_run
+    out = _copy_of(run, tmp_path)
+    (out / link).unlink()
+    (out / link).symlink_to(tmp_path / "a-file-of-the-user")
+    with pytest.raises(SystemExit):
+        main([*argv, "--output_dir", str(out), "--max_steps", "2"])
+    assert error_line(capsys, "stapo-train").startswith(f"stapo-train: error: {out / link} is a symbolic link (to ")
+    assert "Resuming" not in caplog.text
+
+
+def test_a_damaged_newest_checkpoint_and_other_settings_say_no_resume(
+    two_step_run, tmp_path, no_model_built, no_data_read, caplog
+):
+    from stapo_trl.cli.train import main
+
+    run, argv = two_step_run
+    out = _copy_of(run, tmp_path)
+    (out / "checkpoint-2" / "trainer_state.json").unlink()
+    argv = [*argv, "--output_dir", str(out), "--max_steps", "3", "--learning_rate", "2e-4"]
+    _assert_refused(main, argv, out, "learning_rate 0.0001 -> 0.0002")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"The newest complete checkpoint is {out / 'checkpoint-1'}: skipped checkpoint-2 (no trainer_state.json: its "
+        "save did not finish) and moved it aside to _damaged-checkpoint-2."
+    ]
 
 
 def test_resume_with_other_execution_settings_trains_on(one_step_run, tmp_path):
@@ -264,8 +312,8 @@ def test_stapo_train_resumes_the_newest_complete_checkpoint_in_one_line_before_t
     newest = out / ("checkpoint-2" if damage == "empty-stray" else "checkpoint-1")
     with pytest.raises(AssertionError, match="a trainer was constructed"):  # the line comes before any model
         main([*argv, "--output_dir", str(out), "--max_steps", "3"])
-    (line,) = [r.getMessage() for r in caplog.records if "Resuming training" in r.getMessage()]
-    prefix = f"Resuming training from {newest}, the newest complete checkpoint; skipped {folder} ({problem}"
+    (line,) = [r.getMessage() for r in caplog.records if "newest complete checkpoint" in r.getMessage()]
+    prefix = f"The newest complete checkpoint is {newest}: skipped {folder} ({problem}"
     assert line.startswith(prefix) and line.endswith(f") and moved it aside to _damaged-{folder}."), line
     assert (out / f"_damaged-{folder}").is_dir() and not (out / folder).exists()
 
@@ -282,7 +330,7 @@ def test_no_file_of_a_checkpoint_runs_code_on_a_rerun(two_step_run, tmp_path, ca
     for name in ("checkpoint-1/training_args.bin", "checkpoint-2/training_args.bin", "checkpoint-2/optimizer.pt"):
         write_hostile_pickle(out / name, marker)
     main([*argv, "--output_dir", str(out), "--max_steps", "3"])
-    (line,) = [r.getMessage() for r in caplog.records if "Resuming training" in r.getMessage()]
+    (line,) = [r.getMessage() for r in caplog.records if "newest complete checkpoint" in r.getMessage()]
     assert "skipped checkpoint-2 (optimizer.pt refused by a safe load: Trying to load unsupported GLOBAL" in line
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 3 and not marker.exists()
 
