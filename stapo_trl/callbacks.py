@@ -21,6 +21,8 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from .checkpoints import checkpoint_problem
+
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 SCRIPT_RESUME_HINT = (
@@ -42,18 +44,21 @@ class SaveOnSignal(TrainerCallback):
     which then raises `KeyboardInterrupt("Interrupted by SIGTERM at step N: checkpoint saved to DIR. <resume_hint>")`
     with the attributes `signal`, `step` and `checkpoint` (add this callback last: it ends `on_train_end`). With
     several processes the signal is all-reduced (max) at every step end, so every rank saves at the same step. A later
-    SIGTERM or SIGUSR1 changes nothing (schedulers repeat them); a second Ctrl-C exits at once with status 130.
+    SIGTERM or SIGUSR1 changes nothing (schedulers repeat them); a second Ctrl-C exits at once with status 130, naming the
+    checkpoint when its save has finished.
 
     Args:
         resume_hint (`str`, *optional*): the end of the message; `stapo-train` gives its command line.
     """
 
     def __init__(self, resume_hint: str = SCRIPT_RESUME_HINT):
-        self.resume_hint, self.signal, self._received, self._previous = resume_hint, 0, 0, {}
+        self.resume_hint, self.signal, self._received, self._previous, self.checkpoint = resume_hint, 0, 0, {}, None
 
     def _handle(self, signum, frame) -> None:
-        if self._received and signum == signal.SIGINT:
-            print_line("Second Ctrl-C: quitting now, without saving.")
+        if self._received and signum == signal.SIGINT:  # the checkpoint asked for may be saved already
+            saved = self.checkpoint is not None and checkpoint_problem(self.checkpoint) is None
+            end = f"checkpoint saved to {self.checkpoint}. {self.resume_hint}" if saved else "without saving."
+            print_line(f"Second Ctrl-C: quitting now, {end}")
             os._exit(128 + signum)
         if not self._received:
             self._received = signal.Signals(signum)
@@ -61,7 +66,7 @@ class SaveOnSignal(TrainerCallback):
             print_line(f"{name}: saving a checkpoint at the end of this step, then stopping (Ctrl-C to quit at once).")
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.signal = self._received = 0
+        self.signal, self._received, self.checkpoint = 0, 0, None
         if threading.current_thread() is threading.main_thread():
             self._previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
 
@@ -71,6 +76,7 @@ class SaveOnSignal(TrainerCallback):
             torch.distributed.all_reduce(signum, op=torch.distributed.ReduceOp.MAX)
         if signum.item():
             self.signal = signal.Signals(int(signum.item()))
+            self.checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             control.should_save = control.should_training_stop = True
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -78,12 +84,11 @@ class SaveOnSignal(TrainerCallback):
             signal.signal(signum, previous)
         self._previous = {}
         if self.signal:
-            checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             interrupt = KeyboardInterrupt(
-                f"Interrupted by {self.signal.name} at step {state.global_step}: checkpoint saved to {checkpoint}. "
-                + self.resume_hint
+                f"Interrupted by {self.signal.name} at step {state.global_step}: checkpoint saved to "
+                f"{self.checkpoint}. {self.resume_hint}"
             )
-            interrupt.signal, interrupt.step, interrupt.checkpoint = self.signal, state.global_step, checkpoint
+            interrupt.signal, interrupt.step, interrupt.checkpoint = self.signal, state.global_step, self.checkpoint
             raise interrupt
 
 

@@ -312,3 +312,60 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
     trainer.train(resume_from_checkpoint=True)
     assert trainer.state.global_step == 4
     assert [row["step"] for row in trainer.state.log_history if "reward" in row] == [1, 2, 3, 4]
+
+
+class _CtrlCTwice(TrainerCallback):
+    """Ctrl-C twice at step 2: the first at its end, the second right after it (the save still to come) or once the
+    checkpoint is saved."""
+
+    def __init__(self, second: str):
+        self.second = second
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            if self.second == "before-the-save":
+                os.kill(os.getpid(), signal.SIGINT)
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.second == "after-the-save":
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.parametrize("second", ["before-the-save", "after-the-save"])
+def test_a_second_ctrl_c_says_whether_the_checkpoint_is_saved(
+    tmp_path, tiny_math_model_path, monkeypatch, capsys, second
+):
+    # Reported (stapo-train, 0.3 s apart): checkpoint-33 was saved, and the end said nothing was. The second Ctrl-C
+    # quits at once (here: os._exit raises SystemExit) and says what is on disk.
+    from stapo_trl import STAPOTrainer
+    from stapo_trl.callbacks import SCRIPT_RESUME_HINT, STOP_SIGNALS, add_command_callbacks
+
+    config = tiny_stapo_config(
+        tmp_path / "out", max_steps=4, logging_steps=1, per_device_train_batch_size=8, num_generations=4,
+        max_completion_length=16, disable_tqdm=True,
+    )  # fmt: skip
+    trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=_dataset())
+    trainer.add_callback(_CtrlCTwice(second))
+    add_command_callbacks(trainer)
+    handlers = [signal.getsignal(s) for s in STOP_SIGNALS]
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    try:
+        with pytest.raises(SystemExit) as excinfo:
+            trainer.train()
+    finally:
+        for signum, handler in zip(STOP_SIGNALS, handlers):  # quit at once: training's handlers stayed
+            signal.signal(signum, handler)
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    saved = (
+        f"checkpoint saved to {checkpoint}. {SCRIPT_RESUME_HINT}" if second == "after-the-save" else "without saving."
+    )
+    assert (
+        excinfo.value.code == 130
+        and capsys.readouterr().err.splitlines()[-1] == f"Second Ctrl-C: quitting now, {saved}"
+    )
+    assert (checkpoint / "trainer_state.json").is_file() == (second == "after-the-save")

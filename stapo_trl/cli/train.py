@@ -13,6 +13,7 @@ resumes from the newest complete checkpoint in its `output_dir` (docs/cli.md).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -27,16 +28,35 @@ def main(argv: Sequence[str] | None = None) -> None:
     training saves a checkpoint at the next step boundary, then exits with 128 + the signal's number.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    run: dict = {}  # output_dir once parsed, then the checkpoint resumed: what an interrupt's last line is told from
     try:
         with report_input_errors(), quiet_upstream_imports():  # TRL's vLLM-range warning as the trainer loads
-            _main(argv)
+            _main(argv, run)
     except KeyboardInterrupt as e:  # after the checkpoint (stapo_trl.callbacks.SaveOnSignal), or a bare Ctrl-C
+        signal.signal(signal.SIGINT, lambda *_: os._exit(130))  # one more Ctrl-C: gone, this line stays the last
         if os.environ.get("RANK", "0") == "0":  # one message per run, not one per process
-            print_line(str(e) or "stapo-train: interrupted (outside training: nothing to save).")
+            print_line(str(e) if getattr(e, "checkpoint", None) else interrupted_line(argv, **run))
         raise SystemExit(128 + getattr(e, "signal", 2)) from None  # 2: SIGINT
 
 
-def _main(argv: list[str]) -> None:
+def interrupted_line(argv: list[str], output_dir: str | None = None, **resumed) -> str:
+    """The last line of a run interrupted outside a stop signal's save (before or after training, or by a second
+    Ctrl-C as it stops): the checkpoint this run saved, else that it saved none, with the command that resumes the
+    newest one. `resumed`: `{"checkpoint": ...}` once the run has chosen what it resumes (nothing is saved before)."""
+    from ..checkpoints import newest_complete_checkpoint
+    from .run import resume_command
+
+    newest = newest_complete_checkpoint(output_dir)[0] if output_dir else None
+    if newest is None:
+        return "stapo-train: interrupted: nothing saved."
+    saved = "checkpoint" in resumed and os.path.realpath(newest) != os.path.realpath(resumed["checkpoint"] or "")
+    what = (
+        f"checkpoint saved to {newest}" if saved else f"nothing saved by this run; the newest checkpoint is {newest}"
+    )
+    return f"stapo-train: interrupted: {what}. Resume with the same command: {resume_command(argv)}"
+
+
+def _main(argv: list[str], run: dict) -> None:
     if "--version" in argv:
         from . import version_text
 
@@ -63,12 +83,14 @@ def _main(argv: list[str]) -> None:
         from .args import parse_args
 
         script_args, training_args, model_args = parse_args(argv)
+        run["output_dir"] = training_args.output_dir
         from .run import prepare, torch_threads, train  # the training stack (seconds): after parsing
 
         with torch_threads(script_args.torch_num_threads):
             prepared = prepare(script_args, training_args, model_args)
     except (ValueError, OSError) as e:
         raise InputError("stapo-train", str(e)) from e
+    run["checkpoint"] = prepared.checkpoint
     train(script_args, training_args, model_args, prepared)
 
 

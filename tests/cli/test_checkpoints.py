@@ -381,3 +381,22 @@ def test_a_finished_run_without_a_complete_checkpoint_is_refused_not_retrained(
         assert line.startswith(
             f"No complete checkpoint to resume in {out}: skipped checkpoint-1 (model.safetensors"
         ), line
+
+
+def test_an_interrupt_outside_a_stop_signals_save_tells_what_was_saved(two_step_run, tmp_path):
+    # Reported: Ctrl-C twice, 0.3 s apart: checkpoint-33 was saved, and the last line said "interrupted (outside
+    # training: nothing to save)", with no resume command. The line is told from the run folder, not from the moment.
+    from stapo_trl.cli.train import interrupted_line
+
+    run, argv = two_step_run
+    out = _copy_of(run, tmp_path)
+    argv = [*argv, "--output_dir", str(out)]
+    resume = f"Resume with the same command: stapo-train {' '.join(argv)}"
+    saved = f"stapo-train: interrupted: checkpoint saved to {out / 'checkpoint-2'}. {resume}"
+    assert interrupted_line(argv, str(out), checkpoint=None) == saved  # this run saved it (a second Ctrl-C)
+    assert interrupted_line(argv, str(out), checkpoint=str(out / "checkpoint-1")) == saved  # a resumed run saved it
+    before = f"stapo-train: interrupted: nothing saved by this run; the newest checkpoint is {out / 'checkpoint-2'}."
+    assert interrupted_line(argv, str(out), checkpoint=str(out / "checkpoint-2")) == f"{before} {resume}"
+    assert interrupted_line(argv, str(out)) == f"{before} {resume}"  # before the run chose its checkpoint
+    for output_dir in (None, str(tmp_path / "new")):  # before the arguments were read; a new folder
+        assert interrupted_line(argv, output_dir, checkpoint=None) == "stapo-train: interrupted: nothing saved."

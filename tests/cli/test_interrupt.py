@@ -106,6 +106,29 @@ def test_second_sigint_quits_at_once(tmp_path, tiny_math_model_path):
 
 
 @pytest.mark.slow  # a real stapo-train subprocess, then real signals
+def test_a_second_ctrl_c_after_the_save_names_the_checkpoint_and_the_resume_command(tmp_path, tiny_math_model_path):
+    """Reported: Ctrl-C twice, 0.3 s apart: checkpoint-33 was saved, and the last line said "interrupted (outside
+    training: nothing to save)." with no resume command. The second lands once the save is done (after its "training
+    stopped" line), with training's handlers still installed or already given back: the end names the checkpoint and
+    the command either way."""
+    proc, out, argv, hold = _start_long_run(tmp_path, tiny_math_model_path)
+    read_until(proc, "step ")
+    hold.touch()
+    read_until(proc, "reward held")
+    os.kill(proc.pid, signal.SIGINT)
+    read_until(proc, "Ctrl-C: saving a checkpoint at the end of this step")
+    hold.unlink()
+    step = int(read_until(proc, "training stopped at step ")[-1].split()[4])
+    os.kill(proc.pid, signal.SIGINT)
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 130, output[-3000:]
+    last = output.strip().splitlines()[-1]
+    resume = f"Resume with the same command: stapo-train {' '.join(argv)}"
+    assert last.endswith(f"checkpoint saved to {out / f'checkpoint-{step}'}. {resume}"), output[-3000:]
+    assert json.loads((out / f"checkpoint-{step}" / "trainer_state.json").read_text())["global_step"] == step
+
+
+@pytest.mark.slow  # a real stapo-train subprocess, then real signals
 @pytest.mark.parametrize(
     "first, repeats, status",
     [
