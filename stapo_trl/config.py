@@ -174,7 +174,6 @@ MINIMUMS = {  # field: (smallest value, what it is)
     "gradient_accumulation_steps": (1, "micro-steps per optimizer update; the CPU demo uses 1"),
     "steps_per_generation": (1, "or unset (None) for TRL's default"),
     "generation_batch_size": (1, "or unset (None) for TRL's default"),
-    "num_generations": (2, "GRPO's advantage compares the completions of one prompt; the paper uses 8"),
     "learning_rate": (0, "the paper uses 1e-6, the CPU demo 1e-4"),
     "max_completion_length": (1, "response tokens per rollout; the paper uses 20480 for Qwen3, the CPU demo 48"),
 }
@@ -184,8 +183,10 @@ def check_training_values(args) -> None:
     """Refuse the values of a `GRPOConfig` that TRL accepts and fails on later (after the model is built, or with a
     message that hides the cause): a count or the learning rate below its minimum, a seed outside numpy's range, an
     empty `output_dir` or one that is a file, an unknown `report_to` or `loss_type`, `temperature <= 0`, a `max_steps`
-    of 0 or below -1, and a `num_generations` that does not divide the generation batch (on `WORLD_SIZE` processes).
-    Runs on the raw values of a config or namespace; a value of the wrong type is left to the config's own checks.
+    of 0 or below -1. Where TRL (or transformers) refuses the value itself, its words come first, ours after: an
+    unknown `report_to` or `loss_type`, a `num_generations` below 2 or that does not divide the generation batch (on
+    `WORLD_SIZE` processes). Runs on the raw values of a config or namespace; a value of the wrong type is left to the
+    config's own checks.
 
     Raises:
         TrainingValueError: one line, `field=value ...` with the allowed values.
@@ -218,11 +219,13 @@ def check_training_values(args) -> None:
 
         allowed = ["none", "all", *INTEGRATION_TO_CALLBACK]
         unknown = [name for name in ([report_to] if isinstance(report_to, str) else report_to) if name not in allowed]
-        if unknown:
-            message = f"report_to={report_to!r}: {', '.join(map(repr, unknown))} is not one of {allowed}."
+        if unknown:  # transformers' words (it refuses them once the model is built), the field first
+            message = (
+                f"report_to={report_to!r}: {unknown[0]} is not supported, only {', '.join(allowed)} are supported."
+            )
             raise TrainingValueError(message, "report_to")
-    if getattr(args, "loss_type", None) not in (None, *LOSS_TYPES):
-        message = f"loss_type={args.loss_type!r} is not one of TRL's loss types: {list(LOSS_TYPES)}."
+    if getattr(args, "loss_type", None) not in (None, *LOSS_TYPES):  # TRL's words, at its first loss step
+        message = f"Unknown loss type: {args.loss_type} (loss_type={args.loss_type!r}; TRL's are {list(LOSS_TYPES)})."
         raise TrainingValueError(message, "loss_type")
     if number("temperature") is not None and not number("temperature") > 0:
         raise TrainingValueError(
@@ -236,28 +239,34 @@ def check_training_values(args) -> None:
             "to train for num_train_epochs epochs.",
             "max_steps",
         )
-    # The generation batch (all processes) must hold whole groups of num_generations completions.
-    names = ("num_generations", "per_device_train_batch_size", "steps_per_generation", "generation_batch_size")
+    # The generation batch (all processes) must hold whole groups of num_generations completions: TRL's words, then
+    # where the batch comes from (a generation_batch_size set by hand is left to TRL's own checks).
+    names = ("num_generations", "per_device_train_batch_size", "steps_per_generation")
     num_generations, per_device, steps, fixed, grad_accum = (
-        getattr(args, name, None) for name in (*names, "gradient_accumulation_steps")
+        getattr(args, name, None) for name in (*names, "generation_batch_size", "gradient_accumulation_steps")
     )
-    counts = (num_generations, per_device, steps, fixed, grad_accum)
-    if any(value is not None and type(value) is not int for value in counts):
+    if any(value is not None and type(value) is not int for value in (num_generations, per_device, steps, grad_accum)):
         return  # not integers: the parser or the config names the type
-    if num_generations is None or per_device is None or (steps is not None and fixed is not None):
-        return  # TRL's defaults; both set: TRL's own "can not be both configured"
-    if fixed is not None:
-        batch, fields, how = fixed, names[::3], f"generation_batch_size = {fixed}"
-    else:
-        steps_name = "steps_per_generation" if steps is not None else "gradient_accumulation_steps"
-        processes, micro_steps = int(os.environ.get("WORLD_SIZE", "1")), steps or grad_accum or 1
-        batch, fields = per_device * processes * micro_steps, (*names[:2], steps_name)
-        how = f"per_device_train_batch_size {per_device} x {processes} process(es) x {steps_name} {micro_steps} = {batch} completions"
-    if batch % num_generations:
+    if num_generations is None or per_device is None or fixed is not None:
+        return  # TRL's defaults, or its own checks of generation_batch_size
+    steps_name = "steps_per_generation" if steps is not None else "gradient_accumulation_steps"
+    processes, micro_steps = int(os.environ.get("WORLD_SIZE", "1")), steps or grad_accum or 1
+    batch = per_device * processes * micro_steps
+    if num_generations and batch % num_generations:
+        valid = [d for d in range(2, batch + 1) if batch % d == 0]
         raise TrainingValueError(
-            f"num_generations={num_generations} does not divide the generation batch ({how}): each prompt needs a whole "
-            f"group of num_generations completions. Valid num_generations for this batch: "
-            f"{[d for d in range(2, batch + 1) if batch % d == 0]}. Or change per_device_train_batch_size / "
-            f"{fields[-1]} so that the generation batch is a multiple of num_generations.",
-            *fields,
+            f"generation_batch_size ({batch}) must be divisible by num_generations ({num_generations}). The "
+            f"generation batch is per_device_train_batch_size {per_device} x {processes} process(es) x {steps_name} "
+            f"{micro_steps} = {batch} completions, and each prompt needs a whole group of num_generations "
+            f"completions. Valid num_generations for this batch: {valid}. "
+            f"Or change per_device_train_batch_size / {steps_name} so that the generation batch is a multiple of "
+            "num_generations.",
+            *names[:2], steps_name,
+        )  # fmt: skip
+    if num_generations < 2:  # TRL's words (for 0, TRL divides by it first)
+        raise TrainingValueError(
+            "GRPO requires at least 2 generations per prompt to calculate the advantages. You provided "
+            f"{num_generations}, which is less than the minimum required. Set num_generations to 2 or more (the paper "
+            "uses 8).",
+            "num_generations",
         )

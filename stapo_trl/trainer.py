@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
+import importlib.util
 import inspect
 import logging
 import os
@@ -115,17 +116,18 @@ class _Additions:
 
             model = resolve_model_path(model)
         if args is not None:
-            check_vllm_args(args)
+            if importlib.util.find_spec("vllm"):  # else TRL's ImportError ("vLLM is not available") stands
+                check_vllm_args(args)
             write_run_files(args)
             if args.should_save:
                 check_output_dir(args.output_dir)
         reward_funcs = resolve_reward_names(reward_funcs)  # "math_accuracy" named; each function's output checked
         later = inspect.signature(trl.GRPOTrainer.__init__).bind_partial(None, None, None, None, None, None, *pargs)
         later = {**later.arguments, **kwargs}
-        if not reward_funcs and later.get("environment_factory") is None:
+        if not reward_funcs and later.get("environment_factory") is None:  # TRL's words, before the model is built
             raise ValueError(
-                f"reward_funcs={reward_funcs!r} gives no reward: pass at least one reward function (e.g. "
-                '"math_accuracy"), a reward model id, or an environment_factory whose environment defines get_reward.'
+                "No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose environment defines "
+                f'a `get_reward` method (reward_funcs={reward_funcs!r}; e.g. "math_accuracy", a reward model id).'
             )
         peft_settings = plain(later.get("peft_config"))  # before PEFT fills in the wrapped model's name
         for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):

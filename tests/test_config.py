@@ -4,6 +4,7 @@ CPU defaults (`use_cpu`, no bf16) on a machine without an accelerator."""
 
 import dataclasses
 import logging
+import re
 import typing
 import warnings
 from pathlib import Path
@@ -86,7 +87,7 @@ def test_s2t_mode_choices_are_the_cores_and_the_ablations():
         # YAML's unquoted `off`
         ("s2t_mode", False, r"s2t_mode=False: YAML reads an unquoted `off`"),
         # a loss TRL does not have: GRPOTrainer fails only at its first loss step, after the model and a generation
-        ("loss_type", "ppo", r"loss_type='ppo' is not one of TRL's loss types"),
+        ("loss_type", "ppo", r"^Unknown loss type: ppo \(loss_type='ppo'; TRL's are \['grpo'"),  # TRL's words first
         ("loss_type", "DAPO", r"loss_type='DAPO'"),
         ("loss_type", "dapo ", r"loss_type='dapo '"),
     ],
@@ -94,6 +95,28 @@ def test_s2t_mode_choices_are_the_cores_and_the_ablations():
 def test_bad_values_are_refused_at_construction_naming_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         make_config(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "settings, trl_words",
+    [
+        (dict(num_generations=1), "GRPO requires at least 2 generations per prompt to calculate the advantages. You "
+         "provided 1, which is less than the minimum required."),
+        (dict(per_device_train_batch_size=16, steps_per_generation=4, num_generations=7),
+         "generation_batch_size (64) must be divisible by num_generations (7)."),
+        (dict(generation_batch_size=10, per_device_train_batch_size=4, num_generations=8),
+         "generation_batch_size (10) must be divisible by the global batch size (4)."),
+    ],
+    ids=["one-generation", "generation-batch", "global-batch"],
+)  # fmt: skip
+def test_where_grpo_config_refuses_a_value_its_words_stand(settings, trl_words):
+    """Code written against GRPOConfig (`from stapo_trl import STAPOConfig as GRPOConfig`) matches TRL's messages, as
+    TRL's own tests do; ours may follow them, never replace them."""
+    from trl import GRPOConfig
+
+    for config in (GRPOConfig, STAPOConfig):
+        with pytest.raises(ValueError, match=re.escape(trl_words)):
+            config(**dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[]) | settings)
 
 
 def test_an_output_dir_that_is_a_file_is_refused(tmp_path):

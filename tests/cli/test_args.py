@@ -117,17 +117,17 @@ CASES = [
     ("gradient_accumulation_steps", "0", 0,
      "gradient_accumulation_steps=0 must be >= 1 (micro-steps per optimizer update; the CPU demo uses 1)."),
     ("steps_per_generation", "0", 0, "steps_per_generation=0 must be >= 1 (or unset (None) for TRL's default)."),
-    ("num_generations", "1", 1, "num_generations=1 must be >= 2 (GRPO's advantage compares the completions of one "
-     "prompt; the paper uses 8)."),
+    ("num_generations", "1", 1, "GRPO requires at least 2 generations per prompt to calculate the advantages. You "
+     "provided 1, which is less than the minimum required. Set num_generations to 2 or more (the paper uses 8)."),
     ("learning_rate", "-1e-4", -1e-4, "learning_rate=-0.0001 must be >= 0 (the paper uses 1e-6, the CPU demo 1e-4)."),
-    ("report_to", "tensorbord", "tensorbord", "report_to='tensorbord': 'tensorbord' is not one of ['none', 'all', "),
+    ("report_to", "tensorbord", "tensorbord", "report_to='tensorbord': tensorbord is not supported, only none, all, "),
     ("max_steps", "-5", -5, "max_steps=-5 is not a number of optimizer steps: give a positive number, or -1"),
     ("temperature", "0", 0.0, "temperature=0.0 must be > 0: GRPO samples its rollouts"),
     ("seed", str(2**32), 2**32, "seed=4294967296 must be in [0, 2**32 - 1] (numpy's seed range)."),
     ("num_generations", "7", 7,
-     "num_generations=7 does not divide the generation batch (per_device_train_batch_size 16 x 1 process(es) x "
-     "steps_per_generation 4 = 64 completions): each prompt needs a whole group of num_generations completions. "
-     "Valid num_generations for this batch: [2, 4, 8, 16, 32, 64]."),
+     "generation_batch_size (64) must be divisible by num_generations (7). The generation batch is "
+     "per_device_train_batch_size 16 x 1 process(es) x steps_per_generation 4 = 64 completions, and each prompt needs "
+     "a whole group of num_generations completions. Valid num_generations for this batch: [2, 4, 8, 16, 32, 64]."),
 ]  # fmt: skip
 IDS = ["batch-size", "accumulation", "steps-per-generation", "one-generation", "learning-rate", "report-to",
        "max-steps", "temperature", "seed", "generation-batch"]  # fmt: skip
@@ -182,8 +182,8 @@ def test_a_generation_batch_error_names_the_flags_that_caused_it(tmp_path):
     cli = _cli_error(argv + ["--per_device_train_batch_size", "12", "--steps_per_generation", "1"])
     assert cli.startswith(
         f"--per_device_train_batch_size and --steps_per_generation (with recipe key num_generations in "
-        f"{STAPO_RECIPE}): num_generations=8 does not divide the generation batch (per_device_train_batch_size 12 x 1 "
-        "process(es) x steps_per_generation 1 = 12 completions)"
+        f"{STAPO_RECIPE}): generation_batch_size (12) must be divisible by num_generations (8). The generation batch "
+        "is per_device_train_batch_size 12 x 1 process(es) x steps_per_generation 1 = 12 completions"
     ), cli
     recipe = tmp_path / "recipe.yaml"  # no steps_per_generation: TRL takes gradient_accumulation_steps
     recipe.write_text("".join(f"{line}\n" for line in Path(STAPO_RECIPE).read_text().splitlines()
@@ -193,8 +193,8 @@ def test_a_generation_batch_error_names_the_flags_that_caused_it(tmp_path):
     )
     assert cli.startswith(
         f"--per_device_train_batch_size and --gradient_accumulation_steps (with recipe key num_generations in "
-        f"{recipe}): num_generations=8 does not divide the generation batch (per_device_train_batch_size 4 x 1 "
-        "process(es) x gradient_accumulation_steps 3 = 12 completions)"
+        f"{recipe}): generation_batch_size (12) must be divisible by num_generations (8). The generation batch is "
+        "per_device_train_batch_size 4 x 1 process(es) x gradient_accumulation_steps 3 = 12 completions"
     ), cli
 
 
@@ -203,7 +203,7 @@ def test_a_generation_batch_error_from_the_recipe_names_its_keys(tmp_path):
     cli = _cli_error(["--config", recipe, "--output_dir", str(tmp_path)])
     assert cli.startswith(
         f"recipe keys num_generations, per_device_train_batch_size, steps_per_generation in {recipe}: "
-        "num_generations=8 does not divide"
+        "generation_batch_size (12) must be divisible by num_generations (8). The generation batch is"
     ), cli
     assert cli.endswith("Fix the values in the recipe, or override them on the command line."), cli
 

@@ -123,13 +123,22 @@ def test_no_reward_is_one_line(tmp_path, capsys, no_model_built, recipe_line, ar
     assert "names no reward: give at least one, one of ['format', 'math_accuracy']" in line, line
 
 
-def test_the_python_api_refuses_no_reward_at_construction(tmp_path, tiny_random_model_path, no_model_built):
+@pytest.mark.parametrize("reward_funcs", [None, [], ()], ids=["none", "empty-list", "empty-tuple"])
+def test_the_python_api_refuses_no_reward_at_construction_in_trls_words(
+    tmp_path, tiny_random_model_path, no_model_built, reward_funcs
+):
+    # Reported: TRL's own test_no_reward_source_raises matches TRL's "No reward source provided" (reward_funcs=None);
+    # STAPOTrainer raised its own words first. TRL's come first now, before the model is built, and ours follow.
     from testing_utils import PROMPTS, tiny_stapo_config
 
     from stapo_trl import STAPOTrainer
 
-    with pytest.raises(ValueError, match=r"^reward_funcs=\[\] gives no reward: pass at least one reward function"):
-        STAPOTrainer(tiny_random_model_path, [], args=tiny_stapo_config(tmp_path / "run"), train_dataset=PROMPTS)
+    with pytest.raises(ValueError, match="^No reward source provided. Pass `reward_funcs`, or an `environment_factory` "
+                       "whose environment defines a `get_reward` method") as raised:  # fmt: skip
+        STAPOTrainer(
+            tiny_random_model_path, reward_funcs, args=tiny_stapo_config(tmp_path / "run"), train_dataset=PROMPTS
+        )
+    assert str(raised.value).endswith(f'(reward_funcs={reward_funcs!r}; e.g. "math_accuracy", a reward model id).')
 
 
 def test_the_python_api_refuses_an_empty_output_dir_before_writing(tmp_path, tiny_random_model_path, monkeypatch):

@@ -195,7 +195,7 @@ FIX = " Fix the value in the recipe, or override it on the command line with --{
         # YAML reads an unquoted `off` as false
         ("s2t_mode: off", KEY + "s2t_mode=False is not one of 'low_entropy', "),
         # failed only when the trainer was built, after the model: "tensorbord is not supported, only ..."
-        ("report_to: tensorbord", KEY + "report_to='tensorbord': 'tensorbord' is not one of ['none', 'all', "),
+        ("report_to: tensorbord", KEY + "report_to='tensorbord': tensorbord is not supported, only none, all, "),
         # failed only in the optimizer, after the model and the first evaluation: "Invalid learning rate: -1"
         ("learning_rate: -1", KEY + "learning_rate=-1 must be >= 0"),
         # a YAML mapping for an integer field: "TypeError: '<' not supported between 'dict' and 'int'"
@@ -246,7 +246,7 @@ def test_a_command_line_value_is_named_as_the_flag_not_the_recipe(no_model_built
 # either; the README says a command-line value is named by its flag.
 @pytest.mark.parametrize(
     "flag, value",
-    [("s2t_entropy_quantile", "1.5"), ("max_steps", "0"), ("num_generations", "1"), ("temperature", "-1")],
+    [("s2t_entropy_quantile", "1.5"), ("max_steps", "0"), ("steps_per_generation", "0"), ("temperature", "-1")],
 )
 @pytest.mark.parametrize("command, prog", [(_train, "stapo-train"), (_dry_run, "stapo-train --dry-run")])
 def test_a_range_error_in_a_flag_names_the_flag(no_model_built, tmp_path, capsys, command, prog, flag, value):
