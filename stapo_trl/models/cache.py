@@ -66,6 +66,7 @@ def _build_or_load(name: str, cache_dir: str | os.PathLike | None) -> Path:
         umask = os.umask(0)
         os.umask(umask)
         try:
+            logger.warning("Building builtin:%s on its first use, once, into %s.", name, target.parent)
             if _is_launched_process():
                 if BUILTIN_MODELS[name]["kind"] == "gguf":  # a checksum error as one line here, not a child's status
                     from .gguf import locate_gguf, verify_gguf
@@ -122,9 +123,6 @@ def _build_in_child(name: str, output_dir: Path, base_path: Path | None) -> None
     env.update(HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")  # a CPU-only recipe: off the caller's GPUs
     cmd = [sys.executable, "-m", "stapo_trl.models", name, "--output-dir", str(output_dir)]
     cmd += ["--base-path", str(base_path)] if base_path is not None else []
-    logger.warning(
-        "Building builtin:%s on its first use, once, into %s (its output follows).", name, output_dir.parent
-    )
     subprocess.run(cmd, env=env, check=True)
 
 

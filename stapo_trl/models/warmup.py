@@ -24,6 +24,7 @@ def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, sft_config: dic
     """Train `model` in place with TRL's [`~trl.SFTTrainer`] on tiny-math rows (loss on the completions), on the CPU,
     for `max_steps` steps of the `SFTConfig` fields in `sft_config`. Returns `mean_train_loss` (all steps) and
     `last_logged_loss`, in nats per completion token."""
+    from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
     dataset = train_dataset.map(
@@ -51,6 +52,7 @@ def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, sft_config: dic
         with warnings.catch_warnings():  # TRL deprecates label smoothing in SFT; it is the point of this warm-up
             warnings.filterwarnings("ignore", message=".*label_smoothing_factor.*", category=FutureWarning)
             trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+        trainer.remove_callback(PrinterCallback)  # no loss rows amid a command's output: the build record has them
         trainer.train()
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     return {"mean_train_loss": trainer.state.log_history[-1]["train_loss"], "last_logged_loss": losses[-1]}

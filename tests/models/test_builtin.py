@@ -155,6 +155,25 @@ def test_resolve_builds_once_then_reuses_the_cache(tmp_path, monkeypatch):
     AutoModelForCausalLM.from_pretrained(path)
 
 
+def test_a_build_says_what_it_builds_and_prints_no_loss_rows(tiny_random_model_path, tmp_path, capsys, caplog):
+    # Reported: building a built-in model on first use printed SFT loss rows with no heading. A build starts with
+    # one warning line; the warm-up's rows stay in its build record.
+    from stapo_trl.models.tiny import SFT_CONFIG
+    from stapo_trl.models.warmup import sft_warm_up
+
+    with caplog.at_level("WARNING", logger="stapo_trl.models.cache"):
+        path = resolve_model_path("builtin:tiny-random", cache_dir=tmp_path)
+    assert caplog.messages == [f"Building builtin:tiny-random on its first use, once, into {tmp_path}."]
+    model, tokenizer = load(path)
+    rows = make_tiny_math_dataset()["train"].select(range(8))
+    losses = sft_warm_up(
+        model, tokenizer, rows, max_steps=3, sft_config={**SFT_CONFIG, "per_device_train_batch_size": 4}
+    )
+    out = capsys.readouterr().out
+    assert "loss" not in out and "{" not in out, out  # were {'loss': ..., 'grad_norm': ...} rows, one per logging step
+    assert losses["last_logged_loss"] > 0
+
+
 def test_two_builds_give_identical_files(tiny_random_model_path, tmp_path):
     build_builtin_model("tiny-random", tmp_path)  # the session's build was another one, through the cache
     for file in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json"):
