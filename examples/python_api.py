@@ -15,7 +15,7 @@ dataset = Dataset.from_list(
 trainer = GRPOTrainer(
     model="builtin:tiny-math",  # a 144k-parameter Qwen3, built offline on first use; on GPUs "Qwen/Qwen3-1.7B-Base"
     reward_funcs=math_accuracy_reward,
-    args=GRPOConfig(  # paper defaults (τ_p 0.002, q 0.75, DAPO loss); without a GPU: use_cpu=True, bf16=False
+    args=GRPOConfig(  # paper defaults (τ_p 0.002, q 0.75, DAPO loss); sets use_cpu=True, bf16=False without a GPU
         output_dir="outputs/python-api",  # metrics.jsonl, spurious_tokens.jsonl: `stapo-plot outputs/python-api`
         max_steps=20,
         logging_steps=2,

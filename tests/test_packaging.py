@@ -67,3 +67,18 @@ def test_the_wheel_holds_no_tests_and_declares_the_three_commands(wheel):
     for command, target in [("stapo-train", "stapo_trl.cli.train:main"), ("stapo-eval", "stapo_trl.cli.eval:main"),
                             ("stapo-plot", "stapo_trl.cli.plot:main")]:  # fmt: skip
         assert f"{command} = {target}" in scripts, scripts
+
+
+def test_what_stapo_train_names_as_the_demo_recipe_an_install_has(wheel, tmp_path):
+    # Reported: `stapo-train --help` pointed at recipes/demo/stapo.yaml, which a wheel install does not have. The help
+    # and the errors that show a recipe name a copy the package holds, the same bytes.
+    from stapo_trl.cli.args import DEMO_RECIPE, SHORT_HELP, load_recipe, parse_args
+
+    assert Path(DEMO_RECIPE).read_bytes() == (ROOT / "recipes" / "demo" / "stapo.yaml").read_bytes()
+    assert "stapo_trl/templates/demo_stapo.yaml" in wheel.namelist()
+    assert f"the CPU demo's: {DEMO_RECIPE}\n" in SHORT_HELP
+    with pytest.raises(ValueError, match=f"the CPU demo's: {DEMO_RECIPE}"):
+        parse_args([])
+    (tmp_path / "empty.yaml").write_text("")
+    with pytest.raises(ValueError, match=f"per line \\(as {DEMO_RECIPE}\\)"):
+        load_recipe(str(tmp_path / "empty.yaml"))

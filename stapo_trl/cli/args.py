@@ -21,6 +21,9 @@ from trl import TrlParser
 from .errors import EXIT_STATUS_HELP, print_line
 
 
+# The CPU demo recipe as an install has it: a copy of recipes/demo/stapo.yaml (tests/test_packaging.py).
+DEMO_RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates", "demo_stapo.yaml")
+
 USAGE = """
   stapo-train --config RECIPE.yaml [--FIELD VALUE ...]            train (the command line overrides the recipe)
   stapo-train --config RECIPE.yaml --dry-run [--num-processes N]  check a recipe and print its plan, build nothing
@@ -49,7 +52,7 @@ Common fields (`--help-fields` lists every field with its default and help, `--h
 options:
   -h, --help, --version       this help; the versions of stapo_trl, TRL, transformers and torch
   --help-fields [WORD]        every recipe field (or those whose name contains WORD)
-  --config RECIPE.yaml        the recipe (recipes/demo/stapo.yaml: the CPU demo)
+  --config RECIPE.yaml        the recipe; the CPU demo's: {DEMO_RECIPE}
   --dry-run                   check the recipe and print its plan (`stapo-train --dry-run --help`)
 
 {textwrap.fill(EXIT_STATUS_HELP, width=100)}"""
@@ -112,7 +115,7 @@ def load_recipe(path: str) -> dict[str, Any]:
         raise ValueError(f"Recipe {path!r}: {e}.") from None
     if not isinstance(recipe, dict):
         what = "empty" if recipe is None else f"a YAML {type(recipe).__name__}, not a mapping"
-        raise ValueError(f"Recipe {path!r} is {what}: write one `field: value` per line (recipes/demo/stapo.yaml).")
+        raise ValueError(f"Recipe {path!r} is {what}: write one `field: value` per line (as {DEMO_RECIPE}).")
     return recipe
 
 
@@ -283,7 +286,7 @@ def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
     argv = list(argv)
     if not argv:
         raise ValueError(
-            "no recipe: give --config RECIPE.yaml (the CPU demo: recipes/demo/stapo.yaml), or every field as "
+            f"no recipe: give --config RECIPE.yaml (the CPU demo's: {DEMO_RECIPE}), or every field as "
             "--FIELD VALUE. `stapo-train --help-fields` lists the fields."
         )
     path, recipe = None, {}

@@ -12,6 +12,8 @@ import sys
 import pytest
 from testing_utils import REPO, builtin_cache_root, readme_code_blocks, run_subprocess, subprocess_env
 
+from stapo_trl import STAPOConfig
+from stapo_trl.config import has_accelerator
 from stapo_trl.data import INSTRUCTION
 from stapo_trl.run_files import read_metrics, read_token_records
 
@@ -58,6 +60,15 @@ def test_readme_python_snippet_is_the_example_file():
     assert "from stapo_trl import STAPOTrainer as GRPOTrainer" in source
     assigned = {node.targets[0].id: node.value for node in ast.parse(source).body if isinstance(node, ast.Assign)}
     assert ast.literal_eval(assigned["INSTRUCTION"]) == INSTRUCTION
+    # Reported: the comment said "without a GPU: use_cpu=True, bf16=False", which the code sets nowhere: STAPOConfig
+    # sets them itself on a machine without an accelerator, as the comment now says.
+    assert "# paper defaults (τ_p 0.002, q 0.75, DAPO loss); sets use_cpu=True, bf16=False without a GPU" in source
+    (call,) = [
+        n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and ast.unparse(n.func) == "GRPOConfig"
+    ]
+    assert not {"use_cpu", "bf16"} & {keyword.arg for keyword in call.keywords}
+    config = STAPOConfig(output_dir="unused", report_to="none")  # on this machine (no accelerator), as in the example
+    assert not has_accelerator() and (config.use_cpu, config.bf16) == (True, False)
 
 
 def test_python_api_example_runs_as_printed_and_stapo_plot_reads_its_folder(tiny_math_model_path, tmp_path):
