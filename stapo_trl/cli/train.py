@@ -25,7 +25,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     """`stapo-train --config RECIPE.yaml [--FIELD VALUE ...]`, `--dry-run`, `--help`, `--help-fields [WORD]`,
     `--version`. Bad input ends it before any model is built, on every process, with one `stapo-train: error: ...`
     line and status 2; a failure during training keeps its traceback (status 1). Ctrl-C, SIGTERM or SIGUSR1 during
-    training saves a checkpoint at the next step boundary, then exits with 128 + the signal's number.
+    training saves a checkpoint at the next step boundary, then exits with 128 + the signal's number; a Ctrl-C at any
+    other moment ends with what this run saved ([`interrupted_line`]).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     run: dict = {}  # output_dir once parsed, then the checkpoint resumed: what an interrupt's last line is told from
