@@ -45,7 +45,7 @@ SMALL_RUN = [
         (["--model_name_or_path", "outputs/no-such"], r"'outputs/no-such' is not a local directory.*HF_HUB_OFFLINE"),
         (["--model_name_or_path", "builtin:huge-math"], r"'builtin:huge-math'.*builtin:tiny-math"),
         (["--dataset_name", "builtin:huge-math"], r"'builtin:huge-math'.*builtin:tiny-math"),
-        (["--num_generations", "6"], r"num_generations=6 .*\[2, 4, 8, 16, 32, 64\]"),
+        (["--num_generations", "6"], r"num_generations \(6\)\. .*\[2, 4, 8, 16, 32, 64\]"),
         (["--max_steps", "0"], r"max_steps=0 is not a number of optimizer steps"),
         (["--max_steps", "-5"], r"max_steps=-5 is not a number of optimizer steps"),
         (["--torch_num_threads", "0"], r"torch_num_threads=0 must be >= 1"),
