@@ -124,12 +124,10 @@ class NoRewardWarning(UserWarning):
 
 def checked_reward(func: Callable) -> Callable:
     """`func` (a sync reward function; an async one is returned as is) checking what it returns, named as TRL names
-    `func`: no sequence of numbers (`None`; a str, dict: TRL trains on its characters, keys) or another count than
-    one per completion raises; NaN for any completion (TRL takes it for `None`: no reward) and `inf` or `-inf` (its
-    group's advantages are then not numbers: the group teaches nothing) are warned once each, with their share;
-    `None` for some or all completions stays valid, as in TRL. An exception raised in `func` keeps its traceback, with
-    a note naming the function and the step, counted from 1 (`stapo-train` prints it as one line:
-    [`reward_error_line`]).
+    `func`: anything but one number or `None` per completion raises (TRL would train on a str's characters, a dict's
+    keys); NaN (TRL's `None`) and `inf` or `-inf` (its group's advantages are then not numbers) are warned once each,
+    with their share. An exception raised in `func` keeps its traceback, with a note naming the function and the step,
+    counted from 1 (`stapo-train` prints it as one line: [`reward_error_line`]).
 
     Raises (when the result is called):
         TypeError: `func` returned no sequence of numbers and `None`s.
@@ -143,22 +141,17 @@ def checked_reward(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def checked(*args, **kwargs):
-        state = kwargs.get("trainer_state")
+        state, expected = kwargs.get("trainer_state"), len(kwargs["completions"])
         step = state.global_step + 1 if hasattr(state, "global_step") else "?"  # the step being trained, from 1
-        expected = len(kwargs["completions"]) if "completions" in kwargs else None
         try:
             out = func(*args, **kwargs)
             rewards = None if isinstance(out, (str, Mapping)) or not isinstance(out, Iterable) else list(out)
-            if rewards is None or not all(r is None or hasattr(r, "__float__") for r in rewards):  # 0-d tensors too
-                raise TypeError(
-                    f"Reward function {name} returned {out!r} at step {step}: it must return one reward per "
-                    f"completion, a list of {expected} floats (None for a completion it cannot judge)."
-                )
-            if expected is not None and len(rewards) != expected:
-                raise ValueError(
-                    f"Reward function {name} returned {len(rewards)} rewards at step {step}, but {expected} were "
-                    "expected (one per prompt-completion pair): return one reward per completion, None for one it "
-                    "cannot judge."
+            numbers = rewards is not None and all(r is None or hasattr(r, "__float__") for r in rewards)  # 0-d tensors
+            if not numbers or len(rewards) != expected:
+                raise (ValueError if numbers else TypeError)(
+                    f"Reward function {name} returned {f'{len(rewards)} rewards' if numbers else repr(out)} at step "
+                    f"{step}, but {expected} were expected (one per prompt-completion pair): return one float per "
+                    "completion, None for one it cannot judge."
                 )
         except Exception as e:
             e.add_note(f"{REWARD_NOTE} {name} at step {step}.")
@@ -189,7 +182,7 @@ def reward_error_line(error: BaseException) -> str | None:
     if note is None:
         return None
     message = (str(error).splitlines() or [""])[0]
-    if message.startswith("Reward function "):  # checked_reward's own TypeError names the function and step
+    if message.startswith("Reward function "):  # checked_reward's own error names the function and step
         return message
     frames = [f for f in traceback.extract_tb(error.__traceback__) if os.sep + "stapo_trl" + os.sep not in f.filename]
     where = f" ({frames[-1].filename}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""

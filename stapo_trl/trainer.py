@@ -197,16 +197,14 @@ class _Additions:
             return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        """TRL's rewards ((B, F) float32, all processes' rows), with a [`~stapo_trl.rewards.NoRewardWarning`] naming the
-        reward functions when, in training, none gave any completion a value (TRL's warning names no function)."""
+        """TRL's (B, F) rewards of all processes, and a [`~stapo_trl.rewards.NoRewardWarning`] in training when none is
+        a number (TRL's warning names no reward function)."""
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self.model.training and rewards.isnan().all():
-            names = ", ".join(self.reward_func_names)
+            step, names, n = self.state.global_step + 1, ", ".join(self.reward_func_names), len(rewards)
+            message = f"No reward at step {step}: no reward function ({names}) gave any of the {n} completions a "
             warnings.warn(
-                f"No reward at step {self.state.global_step + 1}: no reward function ({names}) gave any of the "
-                f"{len(rewards)} completions a value (every one None or NaN), so the step has no learning signal.",
-                NoRewardWarning,
-                stacklevel=2,
+                message + "value (every one None or NaN), so the step has no learning signal.", NoRewardWarning, 2
             )
         return rewards
 

@@ -286,8 +286,8 @@ def test_a_reward_that_returns_no_list_of_numbers_is_one_line_naming_it_at_the_f
     with pytest.raises(TypeError) as raised:
         trainer.train()
     assert str(raised.value) == (
-        f"Reward function {reward.__name__} returned {returned} at step 1: it must return one reward per completion, "
-        "a list of 4 floats (None for a completion it cannot judge)."
+        f"Reward function {reward.__name__} returned {returned} at step 1, but 4 were expected (one per "
+        "prompt-completion pair): return one float per completion, None for one it cannot judge."
     )
 
 
@@ -444,7 +444,7 @@ def test_a_reward_returning_another_count_is_trls_value_error_naming_it_and_the_
         trainer.train()
     assert str(raised.value) == (
         f"Reward function {reward.__name__} returned {count} rewards at step 1, but 4 were expected (one per "
-        "prompt-completion pair): return one reward per completion, None for one it cannot judge."
+        "prompt-completion pair): return one float per completion, None for one it cannot judge."
     )
 
 

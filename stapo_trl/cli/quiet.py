@@ -23,25 +23,16 @@ VLLM_RANGE = (
 DEEPSPEED_CPU = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
 
 
-class _DropMessage(logging.Filter):
-    def __init__(self, message: str, unless=lambda: False):
-        super().__init__()
-        self.message, self.unless = message, unless
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() != self.message or self.unless()
-
-
-def _has_accelerator() -> bool:
-    import torch
-
-    return torch.accelerator.is_available()
-
-
 @contextlib.contextmanager
 def quiet_upstream():
     """Silence the messages above inside the block; filters and loggers are as before after it."""
-    deepspeed, log_filter = logging.getLogger("DeepSpeed"), _DropMessage(DEEPSPEED_CPU, _has_accelerator)
+
+    def log_filter(record: logging.LogRecord) -> bool:  # DeepSpeed's message where torch sees no accelerator either
+        import torch
+
+        return record.getMessage() != DEEPSPEED_CPU or torch.accelerator.is_available()
+
+    deepspeed = logging.getLogger("DeepSpeed")
     deepspeed.addFilter(log_filter)
     try:
         with warnings.catch_warnings():

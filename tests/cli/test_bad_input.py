@@ -283,7 +283,7 @@ def test_stapo_eval_reads_no_pickle_of_a_checkpoint(checkpointed_run, tmp_path, 
     [
         ("return [1 / 0] * len(completions)", "raised ZeroDivisionError: division by zero"),  # measured: 60 lines
         ("return [float(kwargs['difficulty'])] * len(completions)", "raised KeyError: 'difficulty'"),
-        ("return 'not a list'", "returned 'not a list' at step 1: it must return one reward per completion, a list"),
+        ("return 'not a list'", "returned 'not a list' at step 1, but 64 were expected (one per prompt-completion "),
         # Reported: TRL's ValueError, a 19-frame traceback through stapo-train.
         ("return [1.0] * (len(completions) - 1)", "returned 63 rewards at step 1, but 64 were expected (one per "),
     ],
