@@ -93,12 +93,8 @@ def chat_template_message(model_name: str, what: str, fix: str) -> str:
 
 
 def render_chat_template(tokenizer, messages, **template_kwargs) -> str:
-    """`messages` through `tokenizer`'s chat template, with the generation prompt, as text.
-
-    Raises:
-        ValueError: jinja refuses the template (it does not parse, or its sandbox stopped an unsafe access before it
-            ran), naming the template's file.
-    """
+    """`messages` through `tokenizer`'s chat template, with the generation prompt, as text; a `ValueError` naming the
+    template's file where jinja refuses it (it does not parse, its sandbox stopped an unsafe access, it raised)."""
     from jinja2 import TemplateError
 
     try:

@@ -367,40 +367,25 @@ def test_a_reward_that_raises_keeps_its_traceback_with_its_name_and_step(
     assert kind is TypeError or frames[-1].name == reward.__name__  # the reward's own line is in the traceback
 
 
-@pytest.mark.parametrize("value", [math.inf, -math.inf, np.float32("inf")], ids=["inf", "minus-inf", "numpy-inf"])
-def test_a_reward_returning_inf_is_warned_once_naming_it(value, caplog):
-    # Measured: a reward returning inf trained on without a word (its group then teaches nothing).
-    from types import SimpleNamespace
-
-    from stapo_trl.rewards import checked_reward
-
-    def overflowing(completions, **kwargs):
-        return [value, 1.0, None]
-
-    checked = checked_reward(overflowing)
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"):
-        for step in (3, 4):
-            assert checked(completions=["a", "b", "c"], trainer_state=SimpleNamespace(global_step=step))[1:] == [
-                1.0,
-                None,
-            ]
-    assert [r.getMessage() for r in caplog.records if r.name == "stapo_trl.rewards"] == [
-        "Reward function overflowing returned inf or -inf for 1 of 3 completions (33%) at step 4: the advantages of "
-        "their groups are then not numbers, and those groups teach nothing. Return a finite number, or None for a "
-        "completion it cannot judge (shown once)"
-    ]
+INF = (
+    "inf or -inf for {} at step 1: the advantages of their groups are then not numbers, and those groups teach nothing"
+)
+NAN = "NaN for {} at step 1: TRL takes NaN for None (no reward), so they teach nothing"
 
 
 @pytest.mark.parametrize(
-    "returned, share",
+    "returned, warned",
     [
-        ([math.nan, 1.0, None, 0.0], "1 of 4 completions (25%)"),  # reported: NaN was never named
-        ([np.float32("nan")] * 3 + [1.0], "3 of 4 completions (75%)"),
-        ([torch.tensor(math.nan)] * 4, "4 of 4 completions (100%)"),  # every one: still named, as NaN
+        ([math.inf, 1.0, None, 0.0], INF.format("1 of 4 completions (25%)")),  # measured: trained on without a word
+        ([-math.inf, -math.inf, None, 0.0], INF.format("2 of 4 completions (50%)")),
+        ([np.float32("inf")] * 4, INF.format("4 of 4 completions (100%)")),
+        ([math.nan, 1.0, None, 0.0], NAN.format("1 of 4 completions (25%)")),  # reported: NaN was never named
+        ([np.float32("nan")] * 3 + [1.0], NAN.format("3 of 4 completions (75%)")),
+        ([torch.tensor(math.nan)] * 4, NAN.format("4 of 4 completions (100%)")),  # every one: still named, as NaN
     ],
-    ids=["one", "numpy", "all-tensors"],
+    ids=["inf", "minus-inf", "numpy-inf", "nan", "numpy-nan", "all-nan-tensors"],
 )
-def test_a_reward_returning_nan_is_warned_once_naming_it_and_the_share(returned, share, caplog):
+def test_a_reward_returning_inf_or_nan_is_warned_once_naming_it_and_the_share(returned, warned, caplog):
     from types import SimpleNamespace
 
     from stapo_trl.rewards import checked_reward
@@ -413,8 +398,8 @@ def test_a_reward_returning_nan_is_warned_once_naming_it_and_the_share(returned,
         for step in (0, 1):
             checked(completions=["a", "b", "c", "d"], trainer_state=SimpleNamespace(global_step=step))
     assert [r.getMessage() for r in caplog.records if r.name == "stapo_trl.rewards"] == [
-        f"Reward function unsure returned NaN for {share} at step 1: TRL takes NaN for None (no reward), so they "
-        "teach nothing. Return a finite number, or None for a completion it cannot judge (shown once)"
+        f"Reward function unsure returned {warned}. Return a finite number, or None for a completion it cannot judge "
+        "(shown once)"
     ]
 
 
