@@ -123,8 +123,8 @@ test-releases: install-releases
 # The bottom of setup.cfg's tested ranges (constraints-compat.txt: trl 1.9.1, transformers 5.19.0, accelerate 1.4.0)
 # swapped into .venv-releases: the core, the trainers, the config, import hygiene, rewards, data, diagnostics, run files
 # and the thread rule, and the built-in model's build there (a fresh cache); `make test` runs the whole suite at the top.
-COMPAT_TESTS ?= tests/core tests/test_trainer.py tests/test_config.py tests/test_init.py tests/test_rewards.py \
-	tests/test_data.py tests/diagnostics tests/test_run_files.py tests/test_threads.py
+COMPAT_TESTS ?= tests/core tests/trainer/test_trainers.py tests/trainer/test_config.py tests/test_init.py tests/test_rewards.py \
+	tests/test_data.py tests/diagnostics tests/run_folder/test_logs.py tests/trainer/test_threads.py
 test-compat: install-releases
 	$(RELEASE_SWAP) -c constraints-compat.txt trl transformers accelerate
 	$(RELEASES_PY) -m pip check

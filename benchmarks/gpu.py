@@ -230,7 +230,7 @@ class StepTimer(TrainerCallback):
 def watch_token_records(trainer, meter: Meter) -> None:
     """Add the product's `SpuriousTokenLogger` before `train()` (so it is the one used) and time its `record` (per
     mask) and `write_pending` (per logging step) as `records_seconds`."""
-    from stapo_trl.run_files import SpuriousTokenLogger
+    from stapo_trl.run_folder.logs import SpuriousTokenLogger
 
     logger = SpuriousTokenLogger(trainer)
     trainer.add_callback(logger)

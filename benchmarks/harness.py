@@ -222,8 +222,8 @@ def build_trainer(recipe: str, overrides: list[str], *, workdir: str):
 
     from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.run import prepare
-    from stapo_trl.config import STAPOConfig
-    from stapo_trl.trainer import STAPOTrainer
+    from stapo_trl.trainer.config import STAPOConfig
+    from stapo_trl.trainer.trainers import STAPOTrainer
 
     output_dir = tempfile.mkdtemp(prefix="run-", dir=workdir)
     argv = ["--config", recipe, "--output_dir", output_dir, "--save_strategy", "no", "--report_to", "none"]
@@ -272,8 +272,8 @@ class Probe:
     """
 
     def __init__(self, trainer):
-        from stapo_trl.run_files import SpuriousTokenLogger
-        from stapo_trl.trainer import STAPOTrainer
+        from stapo_trl.run_folder.logs import SpuriousTokenLogger
+        from stapo_trl.trainer.trainers import STAPOTrainer
 
         self.nograd_rows = self.grad_rows = 0
         self.mask_seconds = self.records_seconds = 0.0

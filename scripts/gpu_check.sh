@@ -33,8 +33,8 @@ for name in sys.argv[1:]:
         print(name, m.version(name))
     except m.PackageNotFoundError:
         print(name, "not installed")
-import stapo_trl.trainer, trl, datasets, math_verify  # the imports the run needs, before the run
-print("imports ok: stapo_trl.trainer, trl, datasets, math_verify")
+import stapo_trl.trainer.trainers, trl, datasets, math_verify  # the imports the run needs, before the run
+print("imports ok: stapo_trl.trainer.trainers, trl, datasets, math_verify")
 ' torch triton transformers trl accelerate datasets tokenizers huggingface_hub safetensors peft math-verify \
     latex2sympy2_extended antlr4-python3-runtime numpy pyarrow pandas fsspec regex dill multiprocess xxhash
 } 2>&1 | tee "$OUT/env.txt"

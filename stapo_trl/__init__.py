@@ -6,14 +6,47 @@ the names here add the built-in models and rewards, the run files and the model 
 """
 
 import importlib
+import sys
+import types
+import warnings
 
 
 __version__ = "0.3.0"
 __all__ = ["STAPOConfig", "STAPOTrainer", "S2TResult", "s2t_mask"]
-_MODULES = {"STAPOConfig": ".config", "STAPOTrainer": ".trainer", "S2TResult": ".core.s2t", "s2t_mask": ".core.s2t"}
+_MODULES = {"STAPOConfig": ".trainer", "STAPOTrainer": ".trainer", "S2TResult": ".core.s2t", "s2t_mask": ".core.s2t"}
+# Module paths of 0.3.0 that moved in 0.4.0: each still imports its names (with a DeprecationWarning) until 0.5.0.
+_MOVED = {
+    "callbacks": ".cli.callbacks",
+    "checkpoints": ".run_folder.checkpoints",
+    "checks": ".data",
+    "config": ".trainer.config",
+    "model_card": ".run_folder.card",
+    "plots": ".cli.figures",
+    "preflight": ".integrations.hub",
+    "run_files": ".run_folder.logs",
+}
+
+
+class _MovedModule(types.ModuleType):
+    """A module path that moved: its names come from the new module, each access warned as deprecated."""
+
+    def __getattr__(self, attr):
+        if attr.startswith("_"):  # probes of every module (inspect, pickle): never an import
+            raise AttributeError(attr)
+        home = _MOVED[self.__name__.rpartition(".")[2]]
+        value = getattr(importlib.import_module(home, __name__), attr)
+        warnings.warn(f"{self.__name__} moved to stapo_trl{home} (0.4.0): import {attr} from there.",
+                      DeprecationWarning, stacklevel=2)  # fmt: skip
+        return value
+
+
+for _old in _MOVED:
+    sys.modules.setdefault(f"{__name__}.{_old}", _MovedModule(f"{__name__}.{_old}"))
 
 
 def __getattr__(name):
+    if name in _MOVED:
+        return sys.modules[f"{__name__}.{name}"]
     if name not in _MODULES:
         raise AttributeError(f"module 'stapo_trl' has no attribute {name!r}")
     return getattr(importlib.import_module(_MODULES[name], __name__), name)

@@ -53,8 +53,8 @@ MODULES = [
     "stapo_trl:STAPOConfig",  # the lazy names: `from stapo_trl import STAPOConfig, STAPOTrainer`
     "stapo_trl:STAPOTrainer",
     "stapo_trl.core",
-    "stapo_trl.config",
-    "stapo_trl.trainer",
+    "stapo_trl.trainer.config",
+    "stapo_trl.trainer.trainers",
 ]
 
 

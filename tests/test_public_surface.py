@@ -7,7 +7,7 @@ default suite: `make test-slow`, `test-real`, `test-vllm`, `test-slurm`, `test-b
 
 | surface | tests |
 |---|---|
-| `stapo_trl.STAPOTrainer`, `STAPOConfig`, `s2t_mask`, `S2TResult`; the same four in `stapo_trl.core`; `stapo_trl.rewards.math_accuracy_reward`, `stapo_trl.models.resolve_model_path`, `stapo_trl.data.make_tiny_math_dataset`, `format_prompt`, `INSTRUCTION` | here (names, classes, call shapes); their behaviour: `tests/core/`, `tests/test_trainer.py`, `tests/test_config.py`, `tests/test_rewards.py`, `tests/test_data.py`, `tests/models/test_builtin.py` |
+| `stapo_trl.STAPOTrainer`, `STAPOConfig`, `s2t_mask`, `S2TResult`; the same four in `stapo_trl.core`; `stapo_trl.rewards.math_accuracy_reward`, `stapo_trl.models.resolve_model_path`, `stapo_trl.data.make_tiny_math_dataset`, `format_prompt`, `INSTRUCTION` | here (names, classes, call shapes); their behaviour: `tests/core/`, `tests/trainer/test_trainers.py`, `tests/trainer/test_config.py`, `tests/test_rewards.py`, `tests/test_data.py`, `tests/models/test_builtin.py` |
 | the README's Python example and its plain-`GRPOTrainer` baseline, run as printed | `tests/docs/test_docs.py` (the baseline `slow`) |
 | importing the package changes no process-wide state | `tests/test_init.py` |
 | `stapo-train`, `stapo-eval`, `stapo-plot`: installed, every flag accepted today, `--help`, `--version` | here; `tests/cli/test_fast_commands.py` (one-line errors, at once) |

@@ -127,7 +127,7 @@ class RecipeParser(TrlParser):
     def __init__(self, config_class, recipe: dict[str, Any] | None = None, path: str | None = None, **kwargs):
         from trl import GRPOConfig, ModelConfig
 
-        from ..config import STAPOConfig
+        from ..trainer.config import STAPOConfig
         from .script_args import STAPOScriptArguments
 
         super().__init__((STAPOScriptArguments, config_class, ModelConfig), allow_abbrev=False, **kwargs)
@@ -153,7 +153,7 @@ class RecipeParser(TrlParser):
             ValueError: one line: an unknown key or flag, a value of the wrong type or not one of the choices, and every
                 check of the config classes' `__post_init__`, behind the flag or the recipe key and file that set it.
         """
-        from ..config import STAPOConfig, check_training_values
+        from ..trainer.config import STAPOConfig, check_training_values
 
         argv = ["--" + self._renamed(a[2:]) if a.startswith("--") else a for a in argv]
         self.flags = {self._renamed(a[2:].split("=")[0].replace("-", "_")) for a in argv if a.startswith("--")}
@@ -300,7 +300,7 @@ def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
     given += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--trainer"]
     from trl import GRPOConfig
 
-    from ..config import STAPOConfig
+    from ..trainer.config import STAPOConfig
 
     config_class = GRPOConfig if (given[-1] if given else recipe.get("trainer", "stapo")) == "grpo" else STAPOConfig
     return RecipeParser(config_class, recipe, path, prog="stapo-train", usage=USAGE), argv
@@ -328,7 +328,7 @@ def fields_help(word: str | None = None) -> str:
     """`stapo-train --help-fields [WORD]`: every field with its default and help, or those whose name contains `word`."""
     from argparse import ArgumentDefaultsHelpFormatter as Formatter
 
-    from ..config import STAPOConfig
+    from ..trainer.config import STAPOConfig
 
     parser = RecipeParser(
         STAPOConfig, prog="stapo-train", usage=USAGE, formatter_class=Formatter, epilog=EXIT_STATUS_HELP

@@ -8,7 +8,7 @@ import json
 import logging
 import os
 
-from ..checkpoints import check_checkpoint, plain, run_settings
+from ..run_folder.checkpoints import check_checkpoint, plain, run_settings
 
 
 logger = logging.getLogger(__name__)
@@ -18,7 +18,7 @@ TRAINER_CLASSES = {"stapo": "STAPOTrainer", "grpo": "GRPOBaselineTrainer"}  # th
 
 def check_resume_from_checkpoint(training_args) -> None:
     """Refuse a `resume_from_checkpoint` that is not a complete checkpoint folder, before any model is built
-    ([`~stapo_trl.checkpoints.check_checkpoint`]).
+    ([`~stapo_trl.run_folder.checkpoints.check_checkpoint`]).
 
     Raises:
         ValueError: naming the field, the path, what it is instead (missing, a file, a run folder, a checkpoint whose
@@ -30,15 +30,15 @@ def check_resume_from_checkpoint(training_args) -> None:
 
 
 def cli_run_settings(script_args, training_args, model_args, reward_funcs) -> dict:
-    """The run record of a `stapo-train` run ([`~stapo_trl.checkpoints.run_settings`]), with its data named
+    """The run record of a `stapo-train` run ([`~stapo_trl.run_folder.checkpoints.run_settings`]), with its data named
     as the command gives it: the dataset (a local path made absolute), configuration and split, the prompt format
     (instruction, prompt and solution columns, DAPO stripping, the prompt filters) and the SHA-256 of the local data
     files ([`~stapo_trl.data.local_data_digest`]) instead of the fingerprint of the prepared dataset."""
     from trl import get_peft_config
 
-    from ..config import STAPOConfig
     from ..core.stapo_config import s2t_settings
     from ..data import local_data_digest
+    from ..trainer.config import STAPOConfig
     from .args import prompt_dataset_kwargs
 
     s2t = s2t_settings(training_args, STAPOConfig._s2t_modes) if script_args.trainer == "stapo" else None

@@ -189,14 +189,22 @@ def dry_run_recipe(
 
 def _check(r: DryRunReport, s, a, model_args, cpu_forced: bool) -> None:
     """Fill `r` with the plan of a parsed recipe (script, training and model arguments) and its failed checks."""
-    from ..checks import CLI_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template, render_chat_template
-    from ..config import STAPOConfig
     from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
-    from ..data import evaluation_split, format_prompt, is_local_dataset_file, load_prompt_dataset
+    from ..data import (
+        CLI_CHAT_TEMPLATE_FIX,
+        chat_template_message,
+        evaluation_split,
+        format_prompt,
+        has_chat_template,
+        is_local_dataset_file,
+        load_prompt_dataset,
+        render_chat_template,
+    )
+    from ..integrations.hub import check_hub_access
     from ..integrations.vllm_support import check_vllm_args
     from ..models import builtin_model_dir, check_model_name_or_path
-    from ..preflight import check_hub_access
     from ..rewards import get_reward_funcs
+    from ..trainer.config import STAPOConfig
     from .args import prompt_dataset_kwargs
     from .checkpoints import check_resume_from_checkpoint
 
@@ -289,7 +297,7 @@ def _check(r: DryRunReport, s, a, model_args, cpu_forced: bool) -> None:
         from transformers import AutoConfig, AutoTokenizer
 
         from ..data import filter_long_prompts
-        from ..preflight import model_max_positions, prompt_token_budget
+        from ..integrations.hub import model_max_positions, prompt_token_budget
 
         tokenizer = AutoTokenizer.from_pretrained(path)
         positions = model_max_positions(AutoConfig.from_pretrained(path))

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Iterator
 from typing import NoReturn
 
-from ..checkpoints import newest_complete_checkpoint
 from ..integrations.process_group import destroy_process_group_if_any
+from ..run_folder.checkpoints import newest_complete_checkpoint
 
 
 EXIT_INPUT_ERROR = 2

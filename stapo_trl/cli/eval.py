@@ -20,8 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..checks import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template
-from ..data import INSTRUCTION
+from ..data import EVAL_CHAT_TEMPLATE_FIX, INSTRUCTION, chat_template_message, has_chat_template
 from ..evaluation import results
 from ..evaluation.generation import (
     DECODING_ALIASES,
@@ -34,8 +33,8 @@ from ..evaluation.generation import (
     evaluate_problems,
 )
 from ..evaluation.tasks import BENCHMARKS, PAPER_BENCHMARKS, find_benchmark_file, get_benchmark_spec, load_benchmark
+from ..integrations.hub import config_max_positions, model_max_positions, prompt_token_budget
 from ..models import check_model_available, resolve_model_path
-from ..preflight import config_max_positions, model_max_positions, prompt_token_budget
 from . import VersionAction
 from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_input_errors
 
@@ -133,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Results file: {output}" + ("" if args.output else " (the default; --output to choose another)"))
         if len(todo) < len(decodings) * len(benchmarks):
             logger.info("Skipping the pairs already in %s", output)
-        from ..trainer import tiny_model_threads  # torch: not for --help and errors
+        from ..trainer.trainers import tiny_model_threads  # torch: not for --help and errors
         from .run import torch_threads
 
         generator = None

@@ -12,14 +12,14 @@ from typing import Any
 
 from trl.models.utils import unwrap_model_for_generation
 
-from ..checkpoints import open_run_file
 from ..data import INSTRUCTION, NOT_HELD_OUT, evaluation_split
 from ..evaluation.generation import decoding_setting, evaluate_problems, hf_generate
 from ..evaluation.tasks import BenchmarkProblem
-from ..plots import plot_diagnostics, plot_training_curves
-from ..preflight import model_max_positions
-from ..run_files import METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME, read_metrics, read_token_records, s2t_totals
+from ..integrations.hub import model_max_positions
+from ..run_folder.checkpoints import open_run_file
+from ..run_folder.logs import METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME, read_metrics, read_token_records, s2t_totals
 from .args import prompt_dataset_kwargs
+from .figures import plot_diagnostics, plot_training_curves
 
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def stapo_eval_command(record: dict[str, Any], model: str) -> str | None:
 
 def summarize_s2t(rows: list[dict[str, Any]], output_dir: str | None = None) -> dict[str, Any]:
     """The S2T summary of a run's `metrics.jsonl` rows: the mean of the rows' silenced ratios, the pooled ratio of the
-    run ([`~stapo_trl.run_files.s2t_totals`]) and, with `output_dir`, what its candidates were
+    run ([`~stapo_trl.run_folder.logs.s2t_totals`]) and, with `output_dir`, what its candidates were
     ([`candidate_facts`] of `spurious_tokens.jsonl`). Empty without `s2t/` metrics."""
     ratios = [r["s2t/silenced_ratio"] for r in rows if r.get("s2t/silenced_ratio") is not None]
     totals = s2t_totals(rows)

@@ -1,4 +1,4 @@
-"""`stapo-plot`: the figures of `stapo-train` output folders ([`stapo_trl.plots`]).
+"""`stapo-plot`: the figures of `stapo-train` output folders ([`stapo_trl.cli.figures`]).
 
     stapo-plot outputs/demo-stapo                                  # -> outputs/demo-stapo/training_curves.png
     stapo-plot outputs/demo-grpo outputs/demo-stapo --out cmp.png  # runs overlaid
@@ -14,9 +14,9 @@ import logging
 import os
 from collections.abc import Sequence
 
-from ..plots import plot_output_dirs
 from . import VersionAction
 from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_input_errors
+from .figures import plot_output_dirs
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -12,13 +12,26 @@ from typing import Any
 from transformers import AutoConfig, AutoTokenizer
 from trl import ModelConfig
 
-from ..checkpoints import check_output_dir, check_run_settings, hold_run_folder, resume_checkpoint
-from ..checks import CLI_CHAT_TEMPLATE_FIX, check_chat_template, check_reward_columns
-from ..data import evaluation_split, filter_long_prompts, is_local_dataset_file, load_prompt_dataset
+from ..data import (
+    CLI_CHAT_TEMPLATE_FIX,
+    check_chat_template,
+    check_reward_columns,
+    evaluation_split,
+    filter_long_prompts,
+    is_local_dataset_file,
+    load_prompt_dataset,
+)
+from ..integrations.hub import (
+    check_hub_access,
+    check_hub_dataset,
+    model_max_positions,
+    prompt_token_budget,
+    report_dropped,
+)
 from ..models import check_model_available, resolve_model_path
 from ..models.names import weight_files
-from ..preflight import check_hub_access, check_hub_dataset, model_max_positions, prompt_token_budget, report_dropped
 from ..rewards import get_reward_funcs
+from ..run_folder.checkpoints import check_output_dir, check_run_settings, hold_run_folder, resume_checkpoint
 from .args import prompt_dataset_kwargs
 from .checkpoints import check_resume_from_checkpoint, cli_run_settings
 from .dry_run import benchmark_eval_error, too_few_prompts
@@ -90,15 +103,15 @@ def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelC
 
     Raises:
         ValueError: an unknown reward, benchmark or `builtin:` name; no `dataset_name`; `dataset_streaming`; a missing
-            column, or one a reward function reads ([`~stapo_trl.checks.check_reward_columns`]); fewer
+            column, or one a reward function reads ([`~stapo_trl.data.check_reward_columns`]); fewer
             training prompts than one rollout step takes; a `benchmark_eval*` setting TRL cannot honour; a
             `resume_from_checkpoint` that is not a complete checkpoint; a checkpoint trained with other settings
-            ([`~stapo_trl.checkpoints.check_run_settings`]); an `output_dir` that holds the user's own files, another
-            run writes or cannot be written ([`~stapo_trl.checkpoints.hold_run_folder`]); a tokenizer without a chat
+            ([`~stapo_trl.run_folder.checkpoints.check_run_settings`]); an `output_dir` that holds the user's own files, another
+            run writes or cannot be written ([`~stapo_trl.run_folder.checkpoints.hold_run_folder`]); a tokenizer without a chat
             template.
         FileNotFoundError: a model or dataset path that does not exist; offline, a Hub id not cached.
         ConnectionError: a Hub model or dataset id neither cached nor reachable; `push_to_hub` without Hub access
-            ([`~stapo_trl.preflight`]).
+            ([`~stapo_trl.integrations.hub`]).
     """
     start = time.perf_counter()
     reward_funcs = get_reward_funcs(script_args.reward_funcs)
@@ -183,7 +196,7 @@ def _trained_model(output_dir: str) -> str | None:
 
 def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_funcs):
     """(train, test, before/after eval) prompt datasets, the last two `None` when not needed; every column a reward
-    function reads is checked here ([`~stapo_trl.checks.check_reward_columns`])."""
+    function reads is checked here ([`~stapo_trl.data.check_reward_columns`])."""
     load_kwargs = prompt_dataset_kwargs(script_args)
     name, limit = script_args.dataset_name, script_args.max_train_samples
     train_dataset = load_prompt_dataset(name, split=script_args.dataset_train_split, limit=limit, **load_kwargs)
@@ -211,7 +224,7 @@ def _drop_long_prompts(train_dataset, tokenizer, model_path: str, script_args, t
     """(the training prompts within the prompt-token budget, where they were counted: for the too-few message).
 
     Prompts longer than `max_prompt_tokens` or than the model's positions minus `max_completion_length` are dropped
-    with one warning line (the rule `stapo-eval` applies too: [`stapo_trl.preflight`]).
+    with one warning line (the rule `stapo-eval` applies too: [`stapo_trl.integrations.hub`]).
     """
     max_positions = model_max_positions(
         AutoConfig.from_pretrained(

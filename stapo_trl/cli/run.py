@@ -23,11 +23,11 @@ from transformers import set_seed
 from transformers.trainer_callback import TrainerState
 from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
 
-from ..callbacks import add_command_callbacks
-from ..checkpoints import LinkError, command_line, hold_run_folder
 from ..data import evaluation_split
 from ..rewards import NoRewardWarning, reward_error_line
-from ..trainer import GRPOBaselineTrainer, STAPOTrainer, tiny_model_threads
+from ..run_folder.checkpoints import LinkError, command_line, hold_run_folder
+from ..trainer.trainers import GRPOBaselineTrainer, STAPOTrainer, tiny_model_threads
+from .callbacks import add_command_callbacks
 from .checkpoints import resolve_checkpoint
 from .errors import InputError, full_disk_in_one_line
 from .outputs import (
@@ -246,7 +246,7 @@ def _train(script_args, training_args, model_args, prepared: PreparedRun | None,
     # Training loop, then the model, its card and the figures
     start = time.perf_counter()
     # A stop signal: a checkpoint at the next step boundary, then a KeyboardInterrupt ending with the resume command
-    # (stapo_trl.callbacks.SaveOnSignal); a second Ctrl-C quits at once.
+    # (stapo_trl.cli.callbacks.SaveOnSignal); a second Ctrl-C quits at once.
     try:
         _fit(trainer, checkpoint, already_trained, len(run.train_dataset))
     except KeyboardInterrupt:

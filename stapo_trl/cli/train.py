@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         with report_input_errors(), quiet_upstream_imports():  # TRL's vLLM-range warning as the trainer loads
             _main(argv, run)
-    except KeyboardInterrupt as e:  # after the checkpoint (stapo_trl.callbacks.SaveOnSignal), or a bare Ctrl-C
+    except KeyboardInterrupt as e:  # after the checkpoint (stapo_trl.cli.callbacks.SaveOnSignal), or a bare Ctrl-C
         signal.signal(signal.SIGINT, lambda *_: os._exit(130))  # one more Ctrl-C: gone, this line stays the last
         if os.environ.get("RANK", "0") == "0":  # one message per run, not one per process
             print_line(str(e) if getattr(e, "checkpoint", None) else interrupted_line(argv, **run))
@@ -44,7 +44,7 @@ def interrupted_line(argv: list[str], output_dir: str | None = None, **resumed) 
     """The last line of a run interrupted outside a stop signal's save (before or after training, or by a second
     Ctrl-C as it stops): the checkpoint this run saved, else that it saved none, with the command that resumes the
     newest one. `resumed`: `{"checkpoint": ...}` once the run has chosen what it resumes (nothing is saved before)."""
-    from ..checkpoints import newest_complete_checkpoint
+    from ..run_folder.checkpoints import newest_complete_checkpoint
     from .run import resume_command
 
     newest = newest_complete_checkpoint(output_dir)[0] if output_dir else None

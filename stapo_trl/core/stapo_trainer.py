@@ -55,7 +55,7 @@ class STAPOTrainer(GRPOTrainer):
     ```python
     from trl import GRPOConfig
     from trl.rewards import accuracy_reward
-    from stapo_trl.core import STAPOTrainer
+    from . import STAPOTrainer
 
     args = GRPOConfig(epsilon_high=0.28, gradient_accumulation_steps=4, steps_per_generation=16)  # the paper's
     trainer = STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs=accuracy_reward, args=args, train_dataset=dataset)

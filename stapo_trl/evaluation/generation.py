@@ -13,10 +13,15 @@ from collections import namedtuple
 from collections.abc import Sequence
 from typing import Any
 
-from ..checks import EVAL_CHAT_TEMPLATE_FIX, chat_template_message, has_chat_template, render_chat_template
-from ..data import format_prompt
+from ..data import (
+    EVAL_CHAT_TEMPLATE_FIX,
+    chat_template_message,
+    format_prompt,
+    has_chat_template,
+    render_chat_template,
+)
 from ..grading import grade
-from ..preflight import keep_short_prompts, prompt_token_budget
+from ..integrations.hub import keep_short_prompts, prompt_token_budget
 from .metrics import benchmark_metrics
 from .tasks import BenchmarkProblem
 

@@ -157,7 +157,7 @@ def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | o
 def check_model_available(name_or_path: str | os.PathLike, revision: str | None = None) -> str:
     """[`check_model_name_or_path`], then that a Hub id is cached or the Hub answers, so that a command fails in one
     line rather than after transformers' retries. Raises FileNotFoundError (offline, not cached) or ConnectionError."""
-    from ..preflight import check_hub_model
+    from ..integrations.hub import check_hub_model
 
     name = check_model_name_or_path(name_or_path)
     check_hub_model(name, revision=revision)
@@ -177,7 +177,13 @@ def check_model_folder(path: str) -> None:
     Raises:
         ValueError: one line naming the folder and what is missing or damaged.
     """
-    from ..checkpoints import CHECKPOINT_FOLDER, RUN_RECORD, check_checkpoint, file_problem, newest_complete_checkpoint
+    from ..run_folder.checkpoints import (
+        CHECKPOINT_FOLDER,
+        RUN_RECORD,
+        check_checkpoint,
+        file_problem,
+        newest_complete_checkpoint,
+    )
 
     what = f"Model directory {path!r}"
     if CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path))) or os.path.isfile(f"{path}/{RUN_RECORD}"):

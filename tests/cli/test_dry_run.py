@@ -29,7 +29,7 @@ def test_steps_per_generation_defaults_to_gradient_accumulation_and_a_fixed_batc
     # 4 do not fit; the config's check lists the divisors of 6 from 2.
     geometry = DryRunReport(3, 1, 2, 4)
     assert geometry.steps_per_generation == 2 and geometry.generation_batch_size == 6
-    from stapo_trl.config import check_training_values
+    from stapo_trl.trainer.config import check_training_values
 
     with pytest.raises(ValueError, match=r"Valid num_generations for this batch: \[2, 3, 6\]"):
         check_training_values(

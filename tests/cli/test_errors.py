@@ -96,7 +96,7 @@ class _WriteRecorder:
 
 
 def _ctrl_c(argv):
-    from stapo_trl.callbacks import SaveOnSignal
+    from stapo_trl.cli.callbacks import SaveOnSignal
 
     SaveOnSignal()._handle(signal.SIGINT, None)
 
@@ -331,7 +331,7 @@ def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_resumes(
     from transformers import Trainer
 
     from stapo_trl.cli.train import main
-    from stapo_trl.run_files import MetricsLogCallback
+    from stapo_trl.run_folder.logs import MetricsLogCallback
 
     out = tmp_path / "disk" / "run"
     (tmp_path / "disk").mkdir()

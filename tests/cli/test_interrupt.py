@@ -1,4 +1,4 @@
-"""Stop signals during `stapo-train` (`stapo_trl.callbacks`), real signals to a real run: Ctrl-C, SIGTERM
+"""Stop signals during `stapo-train` (`stapo_trl.cli.callbacks`), real signals to a real run: Ctrl-C, SIGTERM
 (preemption, `scancel`, a time limit, `kill`) and SIGUSR1 (Slurm's time-limit warning) each save a checkpoint at the
 next step boundary, print the resume command and exit with 128 + the signal's number, with no final model, results
 or summary; a second Ctrl-C quits at once, a repeated SIGTERM changes nothing.
@@ -83,7 +83,7 @@ def test_second_sigint_quits_at_once(tmp_path, tiny_math_model_path):
     """Both signals land inside one step (the reward holds it), so the second always finds the first's checkpoint
     still pending: it quits with 130 and nothing saved. (Sent after a long step had started, as before, the second
     came too late whenever that step ended first.)"""
-    from stapo_trl.callbacks import STOP_SIGNALS, SaveOnSignal
+    from stapo_trl.cli.callbacks import STOP_SIGNALS, SaveOnSignal
 
     proc, out, _, hold = _start_long_run(tmp_path, tiny_math_model_path)
     read_until(proc, "step ")

@@ -104,7 +104,7 @@ def test_the_announcement_names_the_kind():
 def test_the_model_card_names_the_kind_of_accuracy(split, kind):
     from types import SimpleNamespace
 
-    from stapo_trl.model_card import _summary
+    from stapo_trl.run_folder.card import _summary
 
     record = {"metric": "avg@4", "num_problems": 40, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 48}
     record |= {"accuracy_before": 0.25, "accuracy_after": 0.5, "split": split}

@@ -81,7 +81,7 @@ def _skipped_warnings(caplog) -> list[str]:
 )
 def test_plot_skips_a_corrupt_metrics_line_with_one_warning(tmp_path, caplog, bad_line, line_text):
     from stapo_trl.cli.plot import main
-    from stapo_trl.run_files import read_metrics
+    from stapo_trl.run_folder.logs import read_metrics
 
     run = tmp_path / "run"
     _write_lines(run / "metrics.jsonl", [GOOD_ROWS[0], bad_line, GOOD_ROWS[2]])

@@ -112,7 +112,7 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
 
     from stapo_trl.cli.eval import main as stapo_eval
     from stapo_trl.cli.train import main
-    from stapo_trl.run_files import read_metrics
+    from stapo_trl.run_folder.logs import read_metrics
 
     resumed_from = []
     original_train = transformers.Trainer.train
@@ -205,7 +205,7 @@ def test_a_resume_inside_a_rollout_batch_ends_as_the_uninterrupted_run(tmp_path,
     from safetensors.torch import load_file
 
     from stapo_trl.cli.train import main
-    from stapo_trl.run_files import read_metrics
+    from stapo_trl.run_folder.logs import read_metrics
 
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, *SMALL_RUN]
     argv += ["--max_steps", "6", "--save_steps", "2", "--save_total_limit", "3", "--eval_before_after", "false"]

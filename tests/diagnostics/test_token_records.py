@@ -15,7 +15,7 @@ from torch.overrides import TorchFunctionMode
 from stapo_trl import STAPOTrainer
 from stapo_trl.core.s2t import S2TSettings, s2t_mask
 from stapo_trl.diagnostics.token_records import spurious_token_records
-from stapo_trl.run_files import SPURIOUS_TOKENS_FILENAME, SpuriousTokenLogger, read_metrics, read_token_records
+from stapo_trl.run_folder.logs import SPURIOUS_TOKENS_FILENAME, SpuriousTokenLogger, read_metrics, read_token_records
 
 
 VOCAB = ["<pad>", "1", "+", "2", "=", "3", "<eos>"]

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 from testing_utils import run_torchrun
 
-from stapo_trl.run_files import read_token_records
+from stapo_trl.run_folder.logs import read_token_records
 
 
 pytestmark = pytest.mark.slow  # two processes each: 10-60 s on 2 cores, with the load
@@ -21,7 +21,7 @@ DIAGNOSTICS_WORKER = textwrap.dedent(
     import json, os, sys, warnings
     from datasets import Dataset
     from stapo_trl import STAPOConfig, STAPOTrainer
-    from stapo_trl.run_files import SpuriousTokenLogger
+    from stapo_trl.run_folder.logs import SpuriousTokenLogger
 
     def length_reward(completions, **kwargs):
         return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]

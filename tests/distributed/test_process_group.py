@@ -69,7 +69,7 @@ GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
     import torch.distributed as dist
     from datasets import Dataset
     from stapo_trl import STAPOConfig, STAPOTrainer
-    from stapo_trl.trainer import GRPOBaselineTrainer
+    from stapo_trl.trainer.trainers import GRPOBaselineTrainer
 
     model_path, out, which = sys.argv[1:4]
     args = STAPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to="none", max_completion_length=8,

@@ -13,9 +13,9 @@ import pytest
 from testing_utils import REPO, builtin_cache_root, readme_code_blocks, run_subprocess, subprocess_env
 
 from stapo_trl import STAPOConfig
-from stapo_trl.config import has_accelerator
 from stapo_trl.data import INSTRUCTION
-from stapo_trl.run_files import read_metrics, read_token_records
+from stapo_trl.run_folder.logs import read_metrics, read_token_records
+from stapo_trl.trainer.config import has_accelerator
 
 
 # ---------------------------------------------------------------------------------------------------------------

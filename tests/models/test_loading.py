@@ -67,7 +67,7 @@ def test_stapo_eval_of_an_adapter_says_so_once_and_runs_on_the_tiny_models_one_t
     # and left torch's thread per core, which is slower for a tiny model on busy cores.
     from stapo_trl.cli.eval import main
     from stapo_trl.evaluation.generation import HFGenerator
-    from stapo_trl.trainer import _torch_default_threads
+    from stapo_trl.trainer.trainers import _torch_default_threads
 
     seen, generate = [], HFGenerator.generate
     monkeypatch.setattr(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import json
@@ -178,7 +178,7 @@ def test_the_rule_applies_to_tiny_models_only_and_gives_way_to_the_callers_count
 ):
     import torch
 
-    from stapo_trl.trainer import _torch_default_threads, tiny_model_threads
+    from stapo_trl.trainer.trainers import _torch_default_threads, tiny_model_threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     (tmp_path / "model.safetensors").write_bytes(b"\0" * (5 * 2**20))  # a larger model's weights

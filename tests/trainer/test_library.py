@@ -1,7 +1,7 @@
 """`STAPOTrainer` in a user's script, beside TRL's own `GRPOConfig`, behaves as `GRPOTrainer` plus the mask: the same
 console callbacks, signal handlers and warning filters while it trains, no connection of its own at construction, and
 an import that loads neither deepspeed nor matplotlib. What `stapo-train` adds is one line in a script
-(`stapo_trl.callbacks.add_command_callbacks`)."""
+(`stapo_trl.cli.callbacks.add_command_callbacks`)."""
 
 import signal
 import socket
@@ -58,7 +58,7 @@ def test_the_trainer_keeps_grpo_trainers_console_signal_handlers_and_warning_fil
 
 def test_construction_opens_no_connection_of_its_own(tiny_random_model_path, tmp_path, monkeypatch):
     """An uncached Hub id with the Hub unreachable: the same attempts and huggingface_hub's own error as GRPOTrainer
-    (the library probes nothing; `stapo-train`'s up-front check is `stapo_trl.preflight`)."""
+    (the library probes nothing; `stapo-train`'s up-front check is `stapo_trl.integrations.hub`)."""
     import huggingface_hub.constants
     import huggingface_hub.utils._http
 
@@ -107,7 +107,7 @@ def test_importing_the_trainer_loads_no_deepspeed_and_at_most_3000_lines_of_the_
     ids=["product", "core", "feature-warning"],
 )
 def test_construction_warnings_name_the_users_line(tiny_random_model_path, tmp_path, trainer, overrides, words):
-    # Reported: the construction line pointed at stapo_trl/trainer.py (`super().__init__(...)`), not the user's script.
+    # Reported: the construction line pointed at stapo_trl/trainer/trainers.py (`super().__init__(...)`), not the user's script.
     import stapo_trl.core
 
     trainer_class = STAPOTrainer if trainer == "product" else stapo_trl.core.STAPOTrainer

@@ -1,4 +1,4 @@
-"""The figures (`stapo_trl.plots`): every figure of a real short run, values drawn from hand-written `metrics.jsonl`
+"""The figures (`stapo_trl.cli.figures`): every figure of a real short run, values drawn from hand-written `metrics.jsonl`
 rows (seeds averaged, ratios of counts pooled as the accuracy table pools them), and readable token labels."""
 
 import warnings
@@ -8,7 +8,7 @@ from datasets import Dataset
 from testing_utils import text_reward, tiny_stapo_config, write_jsonl
 
 from stapo_trl import STAPOTrainer
-from stapo_trl.plots import (
+from stapo_trl.cli.figures import (
     RATIO_CURVES,
     load_run,
     load_token_bytes,
@@ -20,7 +20,7 @@ from stapo_trl.plots import (
     seed_values,
     tokenizer_token_bytes,
 )
-from stapo_trl.run_files import read_metrics, read_token_records
+from stapo_trl.run_folder.logs import read_metrics, read_token_records
 
 
 FIGURES = {"s2t_entropy_quantiles.png", "s2t_ratios.png", "s2t_prob_entropy.png", "s2t_top_tokens.png"}

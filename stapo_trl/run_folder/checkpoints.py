@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_FOLDER = re.compile(r"^checkpoint-(\d+)$")  # transformers' `PREFIX_CHECKPOINT_DIR`-<global_step>
 RUN_RECORD = "stapo_run.json"
-ROLLOUT_MANIFEST = re.compile(r"^rollout_state_\d+\.json$")  # stapo_trl.rollout_state's, beside its .safetensors
+ROLLOUT_MANIFEST = re.compile(r"^rollout_state_\d+\.json$")  # stapo_trl.run_folder.rollout's, beside its .safetensors
 DAMAGED_PREFIX = "_damaged-"  # "_*": not pushed to the Hub; not "checkpoint-*": neither rotated nor resumed
 RESUME_FIX = "Give a complete checkpoint folder (<output_dir>/checkpoint-<step>), or let a run take its newest one."
 # What `Trainer._save_checkpoint` writes before trainer_state.json, by name prefix (full, adapter, DeepSpeed layouts).
@@ -277,7 +277,7 @@ def tensor_specs(path: str) -> dict:
 
 
 def _manifest_problem(path: str, manifest: Any) -> str | None:
-    """A rollout manifest ([`~stapo_trl.rollout_state`]) must name its tensors file's tensors, dtypes and shapes."""
+    """A rollout manifest ([`~stapo_trl.run_folder.rollout`]) must name its tensors file's tensors, dtypes and shapes."""
     tensors = path.removesuffix(".json") + ".safetensors"
     if os.path.isfile(tensors) and _safetensors_problem(tensors):
         return None  # named as the tensors file's own damage

@@ -38,7 +38,7 @@ def check_hub_model(name: str, *, revision=None, token=None, what: str = "Model"
     """
     from huggingface_hub import constants, hf_hub_url, try_to_load_from_cache
 
-    from .models.names import BUILTIN_MODELS
+    from ..models.names import BUILTIN_MODELS
 
     name = os.fspath(name)
     if name.startswith("builtin:") or os.path.isdir(os.path.expanduser(name)) or os.path.isfile(name):
@@ -178,7 +178,7 @@ def config_max_positions(name_or_path: str, revision: str | None = None) -> int 
     """[`model_max_positions`] of a model argument without loading it: a local folder, a built `builtin:` model or a
     Hub id in the local cache; `None` when no `config.json` is here."""
     if name_or_path.startswith("builtin:"):
-        from .models.names import builtin_model_dir
+        from ..models.names import builtin_model_dir
 
         try:
             return model_max_positions(builtin_model_dir(name_or_path))

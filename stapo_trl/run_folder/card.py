@@ -11,11 +11,11 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from .core import STAPOTrainer
-from .run_files import s2t_totals
+from ..core import STAPOTrainer
+from .logs import s2t_totals
 
 
-TEMPLATE = Path(__file__).parent / "templates" / "model_card.md"
+TEMPLATE = Path(__file__).parents[1] / "templates" / "model_card.md"
 PAPER_URL = "https://huggingface.co/papers/2602.15620"
 LOCAL_MODEL = "a local model"
 ROWS = (  # (field, meaning) of the settings table; the S2T rows for a run with S2T values
@@ -39,7 +39,7 @@ ROWS = (  # (field, meaning) of the settings table; the S2T rows for a run with 
 def base_model_name(path: str | None) -> str:
     """How a card names a base model: a Hub id as is, a built-in model's folder by its `builtin:` name (its build
     record, `stapo_builtin.json`), any other local folder as "a local model"."""
-    from .models.names import INFO_FILE, read_builtin_info
+    from ..models.names import INFO_FILE, read_builtin_info
 
     if path and os.path.isfile(os.path.join(str(path), INFO_FILE)):
         return read_builtin_info(path).get("name", LOCAL_MODEL)
@@ -49,7 +49,7 @@ def base_model_name(path: str | None) -> str:
 def public_base_model_name(base: str) -> str:
     """How an uploaded card names the base model: a Hub id as is; a `builtin:` model by the Hub model it was made from
     (or as this package's demo model), never by a name or path that means nothing on the Hub."""
-    from .models.names import BUILTIN_MODELS
+    from ..models.names import BUILTIN_MODELS
 
     if not base.startswith("builtin:"):
         return base
@@ -145,7 +145,7 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     Returns:
         [`~huggingface_hub.ModelCard`]: `card.save(path)` writes it; `ModelCard.load(path)` reads it back.
     """
-    from .models.names import BUILTIN_MODELS
+    from ..models.names import BUILTIN_MODELS
 
     args, s2t = trainer.args, getattr(trainer, "s2t", None)
     model_name = model_name or os.path.basename(os.path.normpath(args.output_dir))

@@ -1,4 +1,4 @@
-"""`stapo_trl.preflight`: Hub access for a model, a dataset or a push answered in one line before anything is built, and
+"""`stapo_trl.integrations.hub`: Hub access for a model, a dataset or a push answered in one line before anything is built, and
 the prompt-token budget (prompts longer than the model's positions minus the generation budget are dropped)."""
 
 import contextlib
@@ -14,7 +14,7 @@ from datasets import config
 from huggingface_hub import constants
 from testing_utils import STAPO_RECIPE, addition_rows, free_port, write_jsonl
 
-from stapo_trl.preflight import keep_short_prompts, model_max_positions, prompt_token_budget
+from stapo_trl.integrations.hub import keep_short_prompts, model_max_positions, prompt_token_budget
 
 
 def test_push_to_hub_offline_fails_before_the_model_in_one_line(no_model_built, tmp_path, capsys):
@@ -44,7 +44,7 @@ def test_push_to_hub_offline_fails_before_the_model_in_one_line(no_model_built, 
 def test_push_to_hub_with_an_unreachable_hub_or_no_token_fails_in_one_line(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from stapo_trl.preflight import check_hub_access
+    from stapo_trl.integrations.hub import check_hub_access
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -102,7 +102,7 @@ def hub(monkeypatch, tmp_path):
 
 
 def check_hub_model(*args, **kwargs):
-    from stapo_trl.preflight import check_hub_model
+    from stapo_trl.integrations.hub import check_hub_model
 
     return check_hub_model(*args, **kwargs)
 
@@ -217,7 +217,7 @@ def test_stapo_train_refuses_the_hub_id_before_the_dataset(hub, monkeypatch, cap
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
     argv = [
         "--config",
-        str(Path(__file__).resolve().parents[1] / "recipes" / "demo" / "stapo.yaml"),
+        str(Path(__file__).resolve().parents[2] / "recipes" / "demo" / "stapo.yaml"),
         "--output_dir",
         str(tmp_path / "out"),
     ]
@@ -242,7 +242,7 @@ def test_stapo_eval_refuses_the_hub_id_before_loading_anything(hub, capsys, tmp_
 
 DATASET_ID = "some-org/some-dataset"
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "demo" / "stapo.yaml"
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "stapo.yaml"
 
 
 @pytest.fixture
@@ -262,7 +262,7 @@ def dataset_hub(monkeypatch, tmp_path):
 
 
 def check_hub_dataset(name):
-    from stapo_trl.preflight import check_hub_dataset
+    from stapo_trl.integrations.hub import check_hub_dataset
 
     return check_hub_dataset(name)
 
@@ -344,13 +344,13 @@ def test_prompt_token_budget():
 
 
 def test_keep_short_prompts_warns_once_and_fails_when_none_left(caplog):
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.preflight"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.integrations.hub"):
         assert keep_short_prompts([10, 724, 30, 256, 257], 256, what="math500 prompts") == [0, 2, 3]
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "Dropped 2 of 5 math500 prompts longer than 256 tokens" in lines[0]
     assert "max_prompt_tokens" in lines[0]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.preflight"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.integrations.hub"):
         assert keep_short_prompts([1, 2], 256) == [0, 1]
         assert keep_short_prompts([1000], None) == [0]
     assert not caplog.records  # nothing dropped: silent
@@ -377,7 +377,7 @@ def test_eval_drops_prompts_over_the_models_positions(tiny_random_model_path, ca
         return [[GeneratedSample(r"\boxed{46}", 3, True)] * n for _ in prompt_texts]
 
     decoding = DECODINGS["t1.0-p1.0"]
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.preflight"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.integrations.hub"):
         table, records = evaluate_problems(
             generate_fn, tokenizer, problems, n=2, decoding=decoding, max_new_tokens=256, max_positions=512
         )
@@ -405,7 +405,7 @@ def test_train_drops_prompts_over_the_models_positions(tiny_math_model_path, tmp
     # why: a 16-completion rollout step (2 prompts x 8), so that the 2 kept prompts fill one (fewer are refused)
     argv += ["--eval_before_after", "false", "--per_device_train_batch_size", "8", "--steps_per_generation", "2"]
     argv += ["--output_dir", str(tmp_path / "out")]  # prepare() takes the folder as its run's one writer
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.preflight"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.integrations.hub"):
         run = prepare(*parse_args(argv))
     assert len(run.train_dataset) == 2
     assert any("Dropped 1 of 3 training prompts" in r.getMessage() for r in caplog.records)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import open_run_file
+from ..run_folder.checkpoints import open_run_file
 
 
 METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME = "metrics.jsonl", "spurious_tokens.jsonl"  # the run files (run_files.py)
@@ -57,7 +57,9 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, A
             f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a `stapo-train` run, "
             "or a folder of them (one per seed)."
         )
-    from .run_files import read_metrics  # transformers and torch: not for `stapo-plot --help` or a missing folder
+    from ..run_folder.logs import (
+        read_metrics,  # transformers and torch: not for `stapo-plot --help` or a missing folder
+    )
 
     seeds = [read_metrics(file) for file in files]
     for file, rows in zip(files, seeds, strict=True):
@@ -83,7 +85,7 @@ def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
     """The records of `run_dir/spurious_tokens.jsonl`, or of every `run_dir/*/spurious_tokens.jsonl` (seeds); a file
     without a record is warned about once."""
     records = []
-    from .run_files import read_token_records
+    from ..run_folder.logs import read_token_records
 
     for file in _files(os.fspath(run_dir), SPURIOUS_TOKENS_FILENAME):
         if not (file_records := read_token_records(file)) and file not in _WARNED_EMPTY:
@@ -181,7 +183,7 @@ def _figure(rows: int, cols: int, size: tuple[float, float], **kwargs):
 
 def _save(fig, out: Path | str | None):
     """`fig` when `out` is `None`, else `out` after writing `fig` there (dpi 110, the format of its suffix), never
-    through a symbolic link ([`~stapo_trl.checkpoints.open_run_file`])."""
+    through a symbolic link ([`~stapo_trl.run_folder.checkpoints.open_run_file`])."""
     if out is None:
         return fig
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)

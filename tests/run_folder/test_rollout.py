@@ -1,4 +1,4 @@
-"""`stapo_trl.rollout_state`: a resume from any checkpoint, inside a rollout batch or at its end, after `save_steps` or
+"""`stapo_trl.run_folder.rollout`: a resume from any checkpoint, inside a rollout batch or at its end, after `save_steps` or
 a stop signal, ends with the uninterrupted run's weights (bitwise: CPU, HF generation, a fixed seed), metrics rows
 (timing aside) and token records; a checkpoint whose rollout cannot be restored generates it again, in one line.
 
@@ -86,7 +86,7 @@ def test_a_resume_from_any_checkpoint_ends_as_the_uninterrupted_run(
 
 
 def test_the_grpo_baseline_resumes_inside_a_rollout_batch_as_its_uninterrupted_run(tiny_math_model_path, tmp_path):
-    from stapo_trl.trainer import GRPOBaselineTrainer
+    from stapo_trl.trainer.trainers import GRPOBaselineTrainer
 
     trainer = _trainer(tiny_math_model_path, tmp_path / "run", GRPOBaselineTrainer, max_steps=3)
     trainer.train()
@@ -102,7 +102,7 @@ def test_a_stop_signal_inside_a_rollout_batch_resumes_as_the_uninterrupted_run(
 ):
     """SIGTERM at step 5: one update into a rollout batch and a logging window; the stopped run's partial last row and
     token records are written again, whole, by the resumed run."""
-    from stapo_trl.callbacks import add_command_callbacks
+    from stapo_trl.cli.callbacks import add_command_callbacks
 
     out = tmp_path / "run"
     trainer = _trainer(tiny_math_model_path, out)

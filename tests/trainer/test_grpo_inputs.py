@@ -1,5 +1,5 @@
 """Every input TRL 1.16's `GRPOTrainer` trains on, given to `STAPOTrainer` as well: each is trained by both or refused
-by both. The product's early checks ([`stapo_trl.checks`], `ProductTrainerMixin.__init__`) must never refuse
+by both. The product's early checks ([`stapo_trl.data`], `ProductTrainerMixin.__init__`) must never refuse
 what `GRPOTrainer` accepts: environments whose `reset` supplies the prompt (datasets without a `prompt` column), tools,
 a `rollout_func`, iterable datasets, multimodal prompts, several eval datasets."""
 
@@ -14,7 +14,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.checks import check_prompt_column, check_reward_columns
+from stapo_trl.data import check_prompt_column, check_reward_columns
 
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory and rollout_func are experimental

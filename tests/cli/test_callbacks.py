@@ -1,4 +1,4 @@
-"""What `stapo-train` adds, as callbacks a script adds in one line (`stapo_trl.callbacks.add_command_callbacks`):
+"""What `stapo-train` adds, as callbacks a script adds in one line (`stapo_trl.cli.callbacks.add_command_callbacks`):
 one compact console line per logging step, a checkpoint at the step boundary on Ctrl-C / SIGTERM / SIGUSR1, one writer
 per folder (the lock itself is tested in `tests/runfiles/test_run_folder.py`).
 
@@ -23,7 +23,7 @@ from stapo_trl.data import format_prompt
 from stapo_trl.rewards import math_accuracy_reward
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 STAPO_ROW = {
@@ -77,7 +77,7 @@ def test_stapo_train_prints_a_line_per_logging_step_and_lists_the_files(tmp_path
 
 def test_a_script_gets_the_compact_lines_in_its_progress_bar_in_one_line(tmp_path, tiny_math_model_path, capsys):
     from stapo_trl import STAPOTrainer
-    from stapo_trl.callbacks import add_command_callbacks
+    from stapo_trl.cli.callbacks import add_command_callbacks
 
     config = tiny_stapo_config(
         tmp_path / "api",
@@ -100,8 +100,8 @@ def test_grpo_baseline_line_has_no_silenced_ratio_and_the_dicts_can_come_back(tm
     from transformers import PrinterCallback
     from trl import GRPOConfig
 
-    from stapo_trl.callbacks import CompactPrinterCallback, add_command_callbacks
-    from stapo_trl.trainer import GRPOBaselineTrainer
+    from stapo_trl.cli.callbacks import CompactPrinterCallback, add_command_callbacks
+    from stapo_trl.trainer.trainers import GRPOBaselineTrainer
 
     config = GRPOConfig(
         output_dir=str(tmp_path / "grpo"),
@@ -145,7 +145,7 @@ def test_grpo_baseline_line_has_no_silenced_ratio_and_the_dicts_can_come_back(tm
     ids=["stapo", "nothing-silenced", "end", "stopped-early", "stopped-before-a-step", "benchmark-eval", "caller-log"],
 )  # fmt: skip
 def test_format_log_line(logs, step, expected):
-    from stapo_trl.callbacks import format_log_line
+    from stapo_trl.cli.callbacks import format_log_line
 
     assert format_log_line(logs, step, 500) == expected
 
@@ -154,7 +154,7 @@ def test_a_run_stopped_before_max_steps_does_not_say_done(tmp_path, tiny_math_mo
     """The reported case: after Ctrl-C the console said `training done at step 30` just before `Interrupted at step
     30`. Here a callback stops a 4-step run after step 2 (as Ctrl-C and early stopping do)."""
     from stapo_trl import STAPOTrainer
-    from stapo_trl.callbacks import add_command_callbacks
+    from stapo_trl.cli.callbacks import add_command_callbacks
 
     class StopAfterTwo(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
@@ -180,7 +180,7 @@ from datasets import Dataset
 
 from held_reward import held_accuracy
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.callbacks import add_command_callbacks
+from stapo_trl.cli.callbacks import add_command_callbacks
 from stapo_trl.data import format_prompt
 
 model, output_dir, max_steps, resume = sys.argv[1:]
@@ -284,7 +284,7 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
     from datasets import Dataset
 
     from stapo_trl import STAPOTrainer
-    from stapo_trl.callbacks import STOP_SIGNALS, add_command_callbacks
+    from stapo_trl.cli.callbacks import STOP_SIGNALS, add_command_callbacks
 
     dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{a}"), "solution": str(2 * a)} for a in range(10, 60)])
     config = tiny_stapo_config(
@@ -339,7 +339,7 @@ def test_a_second_ctrl_c_says_whether_the_checkpoint_is_saved(
     # Reported (stapo-train, 0.3 s apart): checkpoint-33 was saved, and the end said nothing was. The second Ctrl-C
     # quits at once (here: os._exit raises SystemExit) and says what is on disk.
     from stapo_trl import STAPOTrainer
-    from stapo_trl.callbacks import SCRIPT_RESUME_HINT, STOP_SIGNALS, add_command_callbacks
+    from stapo_trl.cli.callbacks import SCRIPT_RESUME_HINT, STOP_SIGNALS, add_command_callbacks
 
     config = tiny_stapo_config(
         tmp_path / "out", max_steps=4, logging_steps=1, per_device_train_batch_size=8, num_generations=4,

@@ -5,7 +5,7 @@ warning filter, no console swap, no network):
 - `model="builtin:<name>"` and `reward_funcs="math_accuracy"`: the built-in offline models and the named rewards;
 - checks at construction, before a model is built: `output_dir`, the dataset's `prompt` column and the columns each
   reward reads, the chat template, vLLM's server mode on a CPU-only run;
-- `train()`: one writer per `output_dir` (its lock, [`~stapo_trl.checkpoints.hold_run_folder`]), the run files
+- `train()`: one writer per `output_dir` (its lock, [`~stapo_trl.run_folder.checkpoints.hold_run_folder`]), the run files
   (`metrics.jsonl`, `spurious_tokens.jsonl`), the newest complete checkpoint for `resume_from_checkpoint=True`, the
   refusal of a resume that changes what the run optimizes, one warning when the first steps have no learning signal,
   one torch thread for the built-in tiny models;
@@ -13,7 +13,7 @@ warning filter, no console swap, no network):
 - the model card, with the paper, the S2T values and the silenced counts.
 
 What `stapo-train` adds on top (save on Ctrl-C / SIGTERM, the compact console) is one line in a script:
-[`~stapo_trl.callbacks.add_command_callbacks`].
+[`~stapo_trl.cli.callbacks.add_command_callbacks`].
 """
 
 from __future__ import annotations
@@ -31,8 +31,14 @@ import warnings
 import torch
 import trl
 
-from . import core
-from .checkpoints import (
+from .. import core
+from ..data import check_chat_template, check_prompt_column, check_reward_columns
+from ..diagnostics.ablations import ABLATION_MODES, ablation_mask
+from ..diagnostics.metrics import diagnostic_metrics
+from ..integrations.process_group import release_process_group
+from ..integrations.vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
+from ..rewards import NoRewardWarning, resolve_reward_names
+from ..run_folder.checkpoints import (
     RUN_RECORD,
     check_checkpoint,
     check_output_dir,
@@ -45,15 +51,9 @@ from .checkpoints import (
     run_settings,
     write_run_record,
 )
-from .checks import check_chat_template, check_prompt_column, check_reward_columns
+from ..run_folder.logs import JsonlLogCallback, NoLearningSignalCallback, SpuriousTokenLogger, add_run_file_callbacks
+from ..run_folder.rollout import RolloutStateCallback, load_rollout_state, save_rollout_state
 from .config import STAPOConfig, write_run_files
-from .diagnostics.ablations import ABLATION_MODES, ablation_mask
-from .diagnostics.metrics import diagnostic_metrics
-from .integrations.process_group import release_process_group
-from .integrations.vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
-from .rewards import NoRewardWarning, resolve_reward_names
-from .rollout_state import RolloutStateCallback, load_rollout_state, save_rollout_state
-from .run_files import JsonlLogCallback, NoLearningSignalCallback, SpuriousTokenLogger, add_run_file_callbacks
 
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class _Additions:
 
     Attributes:
         eval_record (`dict` or `None`): accuracy before and after training (`stapo-train`'s `eval.json`), for the card.
-        run_settings (`dict`): what the run optimizes, as plain data ([`~stapo_trl.checkpoints.run_settings`]), written
+        run_settings (`dict`): what the run optimizes, as plain data ([`~stapo_trl.run_folder.checkpoints.run_settings`]), written
             into each checkpoint (`stapo_run.json`) and compared on resume; `stapo-train` adds its prompt format.
     """
 
@@ -112,7 +112,7 @@ class _Additions:
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *pargs, **kwargs):
         given_model = model
         if isinstance(model, str) and model.startswith("builtin:"):
-            from .models import resolve_model_path  # built into its cache on first use
+            from ..models import resolve_model_path  # built into its cache on first use
 
             model = resolve_model_path(model)
         if args is not None:
@@ -149,12 +149,12 @@ class _Additions:
         self.args.__getstate__ = functools.partial(_without_credentials, self.args)  # what training_args.bin holds
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`Trainer.train` holding `output_dir` as its one writer ([`~stapo_trl.checkpoints.hold_run_folder`]), with
+        """`Trainer.train` holding `output_dir` as its one writer ([`~stapo_trl.run_folder.checkpoints.hold_run_folder`]), with
         the run files (unless `s2t_write_run_files` is off), the no-learning-signal warning, the tiny-model thread rule
         ([`tiny_model_threads`]) and a safe, exact resume: `resume_from_checkpoint=True` takes the newest complete
         checkpoint (incomplete or damaged ones above it are said in one line and moved aside), a folder given by name
         must be complete, a checkpoint trained with other settings is refused, and the rest of its rollout batch and
-        logging window is restored ([`~stapo_trl.rollout_state`]).
+        logging window is restored ([`~stapo_trl.run_folder.rollout`]).
 
         Raises:
             ValueError: another run (or trainer) writes `output_dir` (one line naming it); no complete checkpoint to
@@ -216,7 +216,7 @@ class _Additions:
         super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
     def _save_checkpoint(self, model, trial):
-        """`Trainer._save_checkpoint` and the rollout state ([`~stapo_trl.rollout_state.save_rollout_state`]) between
+        """`Trainer._save_checkpoint` and the rollout state ([`~stapo_trl.run_folder.rollout.save_rollout_state`]) between
         two writes of the run record: the settings with no file list first (an older `trainer_state.json` of the same
         step removed), the files the save wrote last, which mark it complete."""
         folder = os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}")
@@ -255,10 +255,10 @@ class _Additions:
             return super().predict(*args, **kwargs)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, public: bool = False):
-        """Write `output_dir/README.md` ([`~stapo_trl.model_card.model_card`]: TRL's card with the paper, the S2T values,
+        """Write `output_dir/README.md` ([`~stapo_trl.run_folder.card.model_card`]: TRL's card with the paper, the S2T values,
         the silenced counts and [`eval_record`]); `public` (what `push_to_hub` uploads) names no local path."""
         if self.is_world_process_zero():
-            from .model_card import model_card
+            from ..run_folder.card import model_card
 
             os.makedirs(self.args.output_dir, exist_ok=True)
             card = model_card(self, model_name, dataset_name, tags, self.eval_record, public=public)

@@ -1,4 +1,4 @@
-"""The model card (`stapo_trl.model_card`, through `huggingface_hub.ModelCard`): the paper and the S2T values, the
+"""The model card (`stapo_trl.run_folder.card`, through `huggingface_hub.ModelCard`): the paper and the S2T values, the
 "Training procedure" of real short runs, the card `push_to_hub` uploads (no local path, no `builtin:` name, never
 "Model Card for None" nor a checkpoint folder as the Hub id), a quick start that asks a training prompt, and the base
 model's Hub origin and license.
@@ -247,8 +247,8 @@ def test_python_api_card_names_no_local_path_and_asks_a_training_prompt(
 def test_cards_name_a_real_builtin_by_its_hub_origin_and_carry_its_license(tmp_path, name, public, license_text):
     # A model trained from google/gemma-3-270m must carry Gemma's terms wherever its card goes; and an uploaded card
     # names the Hub model the built-in was made from (no builtin: name, which means nothing on the Hub).
-    from stapo_trl.model_card import public_base_model_name
     from stapo_trl.models.names import BUILTIN_MODELS
+    from stapo_trl.run_folder.card import public_base_model_name
 
     assert public_base_model_name(name) == public
     license_ = BUILTIN_MODELS[name.removeprefix("builtin:")].get("license")
@@ -261,7 +261,7 @@ def _card_trainer(model_path: str, output_dir: Path, trainer_name: str = "stapo"
     from trl import GRPOConfig
 
     from stapo_trl import STAPOConfig, STAPOTrainer
-    from stapo_trl.trainer import GRPOBaselineTrainer
+    from stapo_trl.trainer.trainers import GRPOBaselineTrainer
 
     config_class, trainer_class = {
         "stapo": (STAPOConfig, STAPOTrainer),
@@ -366,7 +366,7 @@ def test_python_api_card_loads_the_checkpoint_the_run_saved(tiny_math_model_path
 
 @pytest.mark.parametrize("name,expected", [("Qwen/Qwen3-1.7B-Base", "Qwen/Qwen3-1.7B-Base")])
 def test_base_model_name_of_hub_ids_is_unchanged(name, expected):
-    from stapo_trl.model_card import base_model_name
+    from stapo_trl.run_folder.card import base_model_name
 
     assert base_model_name(name) == expected
 
@@ -374,7 +374,7 @@ def test_base_model_name_of_hub_ids_is_unchanged(name, expected):
 def test_full_model_card_quick_start_asks_a_training_prompt(tiny_math_model_path, tmp_path):
     # The built-in model's card used to ask it a chat question it was never trained on.
     from stapo_trl.data import INSTRUCTION
-    from stapo_trl.model_card import quick_start_code
+    from stapo_trl.run_folder.card import quick_start_code
 
     prompt = [{"role": "user", "content": f"47+38\n{INSTRUCTION}"}]
     card = tmp_path / "README.md"
@@ -394,7 +394,7 @@ def test_full_model_card_quick_start_asks_a_training_prompt(tiny_math_model_path
 def test_uploaded_card_names_a_local_data_file_missing_here_as_no_hub_dataset(name, public):
     """A local file the run trained on, written on another machine than the data (so not found here), is no Hub id:
     CSV files load as JSON and Parquet ones do, so a `.csv` name is a local file too."""
-    from stapo_trl.model_card import public_dataset_name
+    from stapo_trl.run_folder.card import public_dataset_name
 
     assert public_dataset_name(name) == public
 

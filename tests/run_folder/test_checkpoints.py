@@ -1,6 +1,6 @@
-"""`stapo_trl.checkpoints` and the run folder: which checkpoint is whole (nothing unpickled unsafely), the damaged ones
+"""`stapo_trl.run_folder.checkpoints` and the run folder: which checkpoint is whole (nothing unpickled unsafely), the damaged ones
 moved aside, the run record and the refusal of a resume that changes what the run optimizes, files never written
-through a symbolic link, one writer per folder (`stapo_trl.callbacks.hold_run_folder`), and real kills."""
+through a symbolic link, one writer per folder (`stapo_trl.cli.callbacks.hold_run_folder`), and real kills."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ DAMAGES = {
     "no-tokenizer": ("tokenizer.json", "no tokenizer.json, which its save wrote"),
     "no-config": ("config.json", "no config.json, which its save wrote"),
     "model-grown": ("model.safetensors", "model.safetensors damaged: bytes past its tensors"),
-    # The rest of a rollout batch and the logging window (stapo_trl.rollout_state): damaged, not resumed from.
+    # The rest of a rollout batch and the logging window (stapo_trl.run_folder.rollout): damaged, not resumed from.
     "rollout-cut": (
         "rollout_state_0.safetensors",
         "rollout_state_0.safetensors cut short: {size} bytes, less than its header",
@@ -167,7 +167,7 @@ def _damage(folder, case, marker):
 
 @pytest.mark.parametrize("case", list(DAMAGES))
 def test_what_makes_a_checkpoint_incomplete_names_the_file_and_the_damage(run, tmp_path, case):
-    from stapo_trl.checkpoints import checkpoint_problem, newest_complete_checkpoint
+    from stapo_trl.run_folder.checkpoints import checkpoint_problem, newest_complete_checkpoint
 
     marker = tmp_path / "code-ran"
     assert checkpoint_problem(str(run / "checkpoint-2")) is None
@@ -385,7 +385,7 @@ def test_the_python_api_resumes_the_newest_complete_checkpoint(
 def test_a_checkpoint_rewritten_in_place_is_incomplete_until_its_new_state(tiny_random_model_path, tmp_path):
     """A run started again in its folder (no resume) saves checkpoint-1 over the earlier run's: cut short, the earlier
     trainer_state.json would mark new weights with old optimizer state complete."""
-    from stapo_trl.checkpoints import newest_complete_checkpoint
+    from stapo_trl.run_folder.checkpoints import newest_complete_checkpoint
 
     out = tmp_path / "run"
     _small_trainer(tiny_random_model_path, out, max_steps=1).train()
@@ -405,7 +405,7 @@ def test_a_checkpoint_rewritten_in_place_is_incomplete_until_its_new_state(tiny_
 def test_what_a_complete_checkpoint_holds_without_a_run_record(tmp_path, tiny_random_model_path):
     """A checkpoint saved before the run record: complete by rule (the weights, and unless `save_only_model` the
     optimizer, scheduler and RNG state), each file whole."""
-    from stapo_trl.checkpoints import checkpoint_problem
+    from stapo_trl.run_folder.checkpoints import checkpoint_problem
 
     out = tmp_path / "run"
     _small_trainer(tiny_random_model_path, out, max_steps=1).train()
@@ -429,7 +429,7 @@ def test_what_a_complete_checkpoint_holds_without_a_run_record(tmp_path, tiny_ra
 # ---------------------------------------------------------------------------------------------------------------
 
 HOLDER = (
-    "import sys; from stapo_trl.checkpoints import hold_run_folder; "
+    "import sys; from stapo_trl.run_folder.checkpoints import hold_run_folder; "
     "hold_run_folder(sys.argv[1]); print('held', flush=True); sys.stdin.read()"
 )
 SECRET = "hf_" + "kT9wQ2mZ7xV4" * 3  # a token on the holder's command line, never written into a file
@@ -454,7 +454,7 @@ def _recipe(model_path):
 
 
 def test_holds_nest_within_a_process(tmp_path):
-    from stapo_trl.checkpoints import hold_run_folder
+    from stapo_trl.run_folder.checkpoints import hold_run_folder
 
     run = tmp_path / "run"
     hold_run_folder(str(run))  # stapo-train's
@@ -470,7 +470,7 @@ def test_holds_nest_within_a_process(tmp_path):
 @pytest.mark.parametrize("name", ["_writer.txt", "_writer.lock", "metrics.jsonl", "checkpoint-1/optimizer.pt"])
 def test_a_symbolic_link_in_the_run_folder_is_refused_and_its_target_left_alone(tmp_path, name):
     # Measured: a _writer.txt that was a symbolic link was followed, and its target overwritten.
-    from stapo_trl.checkpoints import hold_run_folder
+    from stapo_trl.run_folder.checkpoints import hold_run_folder
 
     target = tmp_path / "elsewhere.txt"
     target.write_text("precious")
@@ -490,7 +490,7 @@ def test_a_symbolic_link_in_the_run_folder_is_refused_and_its_target_left_alone(
 def test_a_link_planted_while_a_run_holds_its_folder_is_not_written_through(tmp_path, mode):
     """Every run file stapo_trl writes is opened by `open_run_file` (O_NOFOLLOW): a link made after the run took its
     folder is refused too."""
-    from stapo_trl.checkpoints import open_run_file
+    from stapo_trl.run_folder.checkpoints import open_run_file
 
     target = tmp_path / "elsewhere.txt"
     target.write_text("precious")
@@ -570,7 +570,7 @@ def test_each_save_of_the_library_refuses_a_link_where_it_writes(tmp_path, tiny_
 
 def test_a_symlinked_output_dir_itself_is_a_run_folder(tmp_path):
     """Clusters link a scratch disk as the run folder: the link is the folder, its files are plain files."""
-    from stapo_trl.checkpoints import hold_run_folder
+    from stapo_trl.run_folder.checkpoints import hold_run_folder
 
     (tmp_path / "scratch").mkdir()
     (tmp_path / "run").symlink_to(tmp_path / "scratch")
@@ -654,7 +654,7 @@ def test_a_file_system_that_cannot_lock_is_warned_about_not_refused(tmp_path, mo
     import errno
     import fcntl
 
-    from stapo_trl.checkpoints import hold_run_folder
+    from stapo_trl.run_folder.checkpoints import hold_run_folder
 
     def no_locks(fd, operation):
         raise OSError(errno.ENOLCK, "No locks available")
@@ -705,7 +705,7 @@ def test_stapo_train_refuses_a_folder_of_the_users_own_files(
 def test_what_makes_a_folder_a_run_folder(tmp_path, tiny_random_model_path):
     """Empty, or a run's (ours, or TRL's and transformers': a checkpoint-N with trainer_state.json, so that a GRPOTrainer
     run switched to STAPO resumes); the library writes into any other with one warning, as GRPOTrainer does."""
-    from stapo_trl.checkpoints import check_output_dir
+    from stapo_trl.run_folder.checkpoints import check_output_dir
 
     (tmp_path / "slurm-7.out").write_text("")
     check_output_dir(str(tmp_path), refuse_user_files=True)

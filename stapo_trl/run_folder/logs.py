@@ -22,8 +22,8 @@ from typing import Any, TextIO
 from accelerate.utils import gather_object
 from transformers import DefaultFlowCallback, TrainerCallback
 
+from ..diagnostics.token_records import merge_token_records, select_token_records, token_records
 from .checkpoints import open_run_file
-from .diagnostics.token_records import merge_token_records, select_token_records, token_records
 
 
 logger = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
     def _count(self, record: dict[str, Any]) -> None:
         """Count a record's token under the label the figures give it (a byte fragment by its bytes)."""
         if record["kind"] in ("silenced", "kept_candidate"):
-            from .plots import readable_token, tokenizer_token_bytes  # labels only: matplotlib is not imported
+            from ..cli.figures import readable_token, tokenizer_token_bytes  # labels only: matplotlib is not imported
 
             if self._token_bytes is None:
                 backend = getattr(self.trainer.processing_class, "backend_tokenizer", None)  # a fast tokenizer
@@ -420,7 +420,7 @@ class NoLearningSignalCallback(TrainerCallback):
             if len(tail) >= 20 and content.count(tail) > 1:
                 text += f" Your prompts hold their instruction twice ({tail!r} repeated)."
         model_path = getattr(getattr(self.trainer.model, "config", None), "_name_or_path", None)
-        from .models.names import INFO_FILE, read_builtin_info
+        from ..models.names import INFO_FILE, read_builtin_info
 
         built = model_path and os.path.isfile(os.path.join(model_path, INFO_FILE))  # a built-in model's folder
         name = read_builtin_info(model_path).get("name", "").removeprefix("builtin:") if built else None

@@ -23,7 +23,7 @@ from safetensors.torch import load, save
 from transformers import TrainerCallback
 
 from .checkpoints import open_run_file, tensor_specs
-from .run_files import SpuriousTokenLogger
+from .logs import SpuriousTokenLogger
 
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""`stapo_trl.run_files`: `metrics.jsonl` and `spurious_tokens.jsonl` as written during `train()` and read back (a resumed
+"""`stapo_trl.run_folder.logs`: `metrics.jsonl` and `spurious_tokens.jsonl` as written during `train()` and read back (a resumed
 run keeps its rows up to the checkpoint, a kill never loses one), and the one warning when the first logging steps had
 no learning signal (the reported case: plain-text prompts in another wording on `builtin:tiny-math` trained with reward
 0 and nothing said why)."""
@@ -17,7 +17,7 @@ from testing_utils import STAPO_RECIPE, no_activation_checkpointing, tiny_stapo_
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.data import INSTRUCTION, format_prompt
 from stapo_trl.rewards import math_accuracy_reward
-from stapo_trl.run_files import MetricsLogCallback, SpuriousTokenLogger, add_run_file_callbacks, read_metrics
+from stapo_trl.run_folder.logs import MetricsLogCallback, SpuriousTokenLogger, add_run_file_callbacks, read_metrics
 
 
 def _small_trainer(model_path, tmp_path, **overrides) -> STAPOTrainer:
@@ -74,7 +74,7 @@ def _state(step: int):
 
 
 def test_metrics_callback_writes_strict_json_and_drops_redone_steps_on_resume(tmp_path):
-    from stapo_trl.run_files import MetricsLogCallback, read_metrics
+    from stapo_trl.run_folder.logs import MetricsLogCallback, read_metrics
 
     args = types.SimpleNamespace(output_dir=str(tmp_path))
     callback = MetricsLogCallback()
@@ -102,7 +102,7 @@ def test_tracker_table_labels_tokens_like_the_figure(tiny_random_model_path, tmp
 
     from transformers import AutoTokenizer
 
-    from stapo_trl.run_files import SpuriousTokenLogger
+    from stapo_trl.run_folder.logs import SpuriousTokenLogger
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     lead, other, newline = tokenizer.convert_tokens_to_ids(["â", "Ý", "Ċ"])
@@ -120,7 +120,7 @@ def test_fresh_run_keeps_an_earlier_runs_metrics_aside(tmp_path, tiny_math_model
     its folder: the earlier metrics.jsonl and spurious_tokens.jsonl are moved aside (metrics.1.jsonl, then .2), never
     overwritten. (A folder holding a trained model and no checkpoint is refused: tests/cli/test_checkpoints.py.)"""
     from stapo_trl.cli.train import main
-    from stapo_trl.run_files import read_jsonl
+    from stapo_trl.run_folder.logs import read_jsonl
 
     out = tmp_path / "run"
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
@@ -175,7 +175,7 @@ def test_a_resume_killed_while_it_rewrites_the_file_loses_no_row(tmp_path, monke
     assert [r["step"] for r in metrics_log.read_jsonl(path)] == [1, 2, 3, 4, 5, 6, 7] and len(kept) == 6
 
 
-LOGGER = "stapo_trl.run_files"
+LOGGER = "stapo_trl.run_folder.logs"
 PAIRS = [(a, b) for a in range(10, 100, 11) for b in range(12, 100, 13)]
 
 
@@ -339,7 +339,7 @@ def test_a_step_without_any_reward_is_warned_naming_the_rewards(
 def test_decision_on_the_first_rows(rows, expected, caplog):
     from types import SimpleNamespace
 
-    from stapo_trl.run_files import NoLearningSignalCallback
+    from stapo_trl.run_folder.logs import NoLearningSignalCallback
 
     trainer = SimpleNamespace(reward_func_names=["r"], train_dataset=None, model=None, processing_class=None)
     callback = NoLearningSignalCallback(trainer)

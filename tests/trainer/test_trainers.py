@@ -25,10 +25,10 @@ from transformers import TrainerCallback
 from trl import GRPOConfig
 
 from stapo_trl import STAPOConfig, STAPOTrainer, core
-from stapo_trl.config import write_run_files
 from stapo_trl.core.stapo_config import s2t_warnings
 from stapo_trl.diagnostics.token_records import token_records
-from stapo_trl.run_files import SpuriousTokenLogger
+from stapo_trl.run_folder.logs import SpuriousTokenLogger
+from stapo_trl.trainer.config import write_run_files
 
 
 def make_trainer(model_path, tmp_path, trainer_cls=STAPOTrainer, reward=zero_reward, **overrides):
@@ -496,8 +496,8 @@ class CtrlCAtStep(TrainerCallback):
 
 
 def test_ctrl_c_with_a_plain_grpo_config_saves_a_checkpoint(tiny_random_model_path, tmp_path):
-    # As tests/test_callbacks.py does in a notebook, with the config a TRL script passes.
-    from stapo_trl.callbacks import add_command_callbacks
+    # As tests/cli/test_callbacks.py does in a notebook, with the config a TRL script passes.
+    from stapo_trl.cli.callbacks import add_command_callbacks
 
     trainer, _ = build(tiny_random_model_path, tmp_path, config_cls=GRPOConfig, max_steps=4, save_strategy="no",
                        per_device_train_batch_size=4, num_generations=2, max_completion_length=8)  # fmt: skip

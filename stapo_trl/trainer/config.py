@@ -17,9 +17,9 @@ from typing import ClassVar, Literal
 import torch
 from transformers.utils import is_torch_hpu_available, is_torch_neuron_available, is_torch_xla_available
 
-from . import core
-from .diagnostics.ablations import ABLATION_MODES
-from .integrations.process_group import import_group_capturing_modules
+from .. import core
+from ..diagnostics.ablations import ABLATION_MODES
+from ..integrations.process_group import import_group_capturing_modules
 
 
 logger = logging.getLogger(__name__)

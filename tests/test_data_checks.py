@@ -1,4 +1,4 @@
-"""The datasets of a run, checked when the trainer is built (`stapo_trl.checks`): chat messages need a chat
+"""The datasets of a run, checked when the trainer is built (`stapo_trl.data`): chat messages need a chat
 template (Gemma-3's base model has none, and TRL failed at the first step), empty datasets say they are empty (they
 got "Column 'prompt' not found"), an optimizer update of partial prompt groups is warned by the run as by the dry run,
 and every column a reward function reads is checked at construction, before the model loads.
@@ -186,7 +186,7 @@ def test_a_chat_template_jinja_refuses_is_one_line_naming_its_file(
     ids=["no-columns", "columns-no-rows", "empty-eval"],
 )
 def test_an_empty_dataset_is_called_empty(tiny_random_model_path, tmp_path, train, eval_rows, name):
-    from stapo_trl.checks import check_prompt_column
+    from stapo_trl.data import check_prompt_column
 
     with pytest.raises(ValueError, match=rf"^Dataset '{name}' is empty \(0 rows\): give it prompts"):
         build(tiny_random_model_path, tmp_path, train, eval_rows)

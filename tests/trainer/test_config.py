@@ -13,8 +13,8 @@ import pytest
 from testing_utils import STAPO_RECIPE
 
 from stapo_trl import STAPOConfig, core
-from stapo_trl.config import has_accelerator
 from stapo_trl.diagnostics.ablations import ABLATION_MODES
+from stapo_trl.trainer.config import has_accelerator
 
 
 def make_config(**overrides):
@@ -142,13 +142,13 @@ def test_cpu_only_machine_defaults_to_use_cpu_without_bf16_and_explicit_values_w
             warnings.simplefilter("ignore")
             return STAPOConfig(output_dir=str(tmp_path), report_to=[], **settings)
 
-    with caplog.at_level(logging.INFO, logger="stapo_trl.config"):
+    with caplog.at_level(logging.INFO, logger="stapo_trl.trainer.config"):
         args = config()  # TRL's bf16 default is refused by transformers here: this raised before
     assert (args.use_cpu, args.bf16) == (True, False)
-    lines = [record.getMessage() for record in caplog.records if record.name == "stapo_trl.config"]
+    lines = [record.getMessage() for record in caplog.records if record.name == "stapo_trl.trainer.config"]
     assert len(lines) == 1 and "use_cpu=True, bf16=False" in lines[0], lines
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="stapo_trl.config"):
+    with caplog.at_level(logging.INFO, logger="stapo_trl.trainer.config"):
         explicit = config(use_cpu=True, bf16=True)  # bf16 on a CPU: slow, but the user asked for it
     assert (explicit.use_cpu, explicit.bf16) == (True, True) and not caplog.records
     assert (config(use_cpu=False).use_cpu, config(use_cpu=False).bf16) == (False, False)
@@ -173,8 +173,8 @@ def test_cpu_only_machine_defaults_to_use_cpu_without_bf16_and_explicit_values_w
 def test_with_an_accelerator_the_defaults_stay_trls(monkeypatch, tmp_path, caplog):
     # Where an accelerator is visible (simulated here: the probe answers yes), use_cpu stays transformers' False and
     # nothing is logged; bf16 is given, since this CPU machine could not honour TRL's True.
-    monkeypatch.setattr("stapo_trl.config.has_accelerator", lambda: True)
-    with caplog.at_level(logging.INFO, logger="stapo_trl.config"), warnings.catch_warnings():
+    monkeypatch.setattr("stapo_trl.trainer.config.has_accelerator", lambda: True)
+    with caplog.at_level(logging.INFO, logger="stapo_trl.trainer.config"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         args = STAPOConfig(output_dir=str(tmp_path), report_to=[], bf16=False)
-    assert args.use_cpu is False and not [r for r in caplog.records if r.name == "stapo_trl.config"]
+    assert args.use_cpu is False and not [r for r in caplog.records if r.name == "stapo_trl.trainer.config"]

@@ -1,6 +1,6 @@
 """What `stapo-train` adds to a trainer, as `TrainerCallback`s a script adds in one line too:
 
-    from stapo_trl.callbacks import add_command_callbacks
+    from .callbacks import add_command_callbacks
     add_command_callbacks(trainer)  # save on Ctrl-C / SIGTERM / SIGUSR1, one line per log
 
 - [`SaveOnSignal`]: the first SIGINT (Ctrl-C), SIGTERM (preemption, `scancel`, a time limit) or SIGUSR1 (Slurm's
@@ -21,7 +21,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from .checkpoints import checkpoint_problem
+from ..run_folder.checkpoints import checkpoint_problem
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
