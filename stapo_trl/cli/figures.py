@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -57,9 +56,7 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, A
             f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a `stapo-train` run, "
             "or a folder of them (one per seed)."
         )
-    from ..run_folder.logs import (
-        read_metrics,  # transformers and torch: not for `stapo-plot --help` or a missing folder
-    )
+    from ..run_folder.logs import read_metrics  # transformers and torch: not for `stapo-plot --help`
 
     seeds = [read_metrics(file) for file in files]
     for file, rows in zip(files, seeds, strict=True):
@@ -121,56 +118,15 @@ def seed_values(seeds: Sequence, key: str):
     return steps, np.array([[series[step] for step in steps] for series in per_seed]), note
 
 
-def tokenizer_token_bytes(spec: Mapping[str, Any]) -> dict[int, bytes]:
-    r"""`token id -> bytes` of a `tokenizers` JSON spec (`tokenizer.json`): byte-fallback pieces (`<0x0A>` ->
-    `b"\n"`) and, when its decoder or pre-tokenizer is `ByteLevel`, byte-level BPE entries (`"Ġcarry"` -> `b" carry"`,
-    `"â"` -> `b"\xe2"`); other entries (SentencePiece's `"▁the"`) are left out."""
-    from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte-level alphabet
-
-    byte_level = '"ByteLevel"' in json.dumps([spec.get("decoder"), spec.get("pre_tokenizer")])
-    decoder = {char: byte for byte, char in bytes_to_unicode().items()} if byte_level else {}
-    vocab = (spec.get("model") or {}).get("vocab") or {}
-    if not isinstance(vocab, dict):  # Unigram: a list of [piece, score]
-        vocab = {piece: i for i, (piece, _) in enumerate(vocab)}
-    table = {}
-    for token, token_id in [*vocab.items(), *((t["content"], t["id"]) for t in spec.get("added_tokens", []))]:
-        if match := re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", token):
-            table[int(token_id)] = bytes([int(match.group(1), 16)])
-        elif token and all(char in decoder for char in token):
-            table[int(token_id)] = bytes(decoder[char] for char in token)
-    return table
-
-
 def load_token_bytes(run_dir: os.PathLike | str) -> dict[int, bytes]:
     """[`tokenizer_token_bytes`] of the `tokenizer.json` in `run_dir` (or in its first seed folder), or `{}`."""
+    from ..diagnostics.token_records import tokenizer_token_bytes
+
     files = _files(os.fspath(run_dir), "tokenizer.json")
     try:
         return tokenizer_token_bytes(json.loads(Path(files[0]).read_text(encoding="utf-8"))) if files else {}
     except (OSError, ValueError):
         return {}
-
-
-TOKEN_LABEL_KEY = (
-    "Labels: the decoded token; ␣ = space, \\n = newline, <0x16> = a control character by its code, "
-    "byte 0xE2 = a byte-level BPE fragment that is not a character on its own (one byte of a multi-byte "
-    "UTF-8 character, shown by its value)."
-)
-
-
-def readable_token(token: str, token_bytes: bytes | None = None, token_id: int | None = None) -> str:
-    r"""A decoded token as a figure label ([`TOKEN_LABEL_KEY`]): a space as `␣`, `\n` `\t` `\r` escaped, other
-    non-printables by their code (`<0x16>`), `$` escaped for mathtext; a fragment of a multi-byte character by the
-    bytes of its vocabulary entry (`token_bytes`: `byte 0xE2`) or, when unknown, by `token_id` (`� id 161`)."""
-    if token_bytes is not None:
-        try:
-            token = token_bytes.decode("utf-8")
-        except UnicodeDecodeError:
-            return ("byte " if len(token_bytes) == 1 else "bytes ") + " ".join(f"0x{b:02X}" for b in token_bytes)
-    elif "\ufffd" in token:
-        return "�" if token_id is None else f"� id {token_id}"
-    escapes = {"\n": "\\n", "\t": "\\t", "\r": "\\r", " ": "␣", "$": r"\$"}
-    code = lambda c: f"<0x{ord(c):02X}>" if ord(c) < 0x100 else f"<U+{ord(c):04X}>"  # noqa: E731
-    return "".join(escapes.get(c) or (c if c.isprintable() else code(c)) for c in token) or "''"
 
 
 def _figure(rows: int, cols: int, size: tuple[float, float], **kwargs):
@@ -297,6 +253,8 @@ def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, toke
     (label -> records), integer counts; labels by [`readable_token`] with `token_bytes` (label -> token id -> bytes,
     [`load_token_bytes`]), their key under the figure."""
     from matplotlib.ticker import MaxNLocator
+
+    from ..diagnostics.token_records import TOKEN_LABEL_KEY, readable_token
 
     if not (records := {label: recs for label, recs in records.items() if recs}):
         return None

@@ -29,7 +29,7 @@ from ..integrations.hub import (
     report_dropped,
 )
 from ..models import check_model_available, resolve_model_path
-from ..models.names import weight_files
+from ..models.cache import weight_files
 from ..rewards import get_reward_funcs
 from ..run_folder.checkpoints import check_output_dir, check_run_settings, hold_run_folder, resume_checkpoint
 from .args import prompt_dataset_kwargs

@@ -18,8 +18,11 @@ special tokens kept; `position`: 0-based in the completion; `completion_index`: 
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import re
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -167,3 +170,46 @@ def spurious_token_records(
         seed=f"{seed}-{step}-{process_index}", update=step,
     )  # fmt: skip
     return token_records(selected, tokenizer, prob_threshold=prob_threshold, process_index=process_index)
+
+
+def tokenizer_token_bytes(spec: Mapping[str, Any]) -> dict[int, bytes]:
+    r"""`token id -> bytes` of a `tokenizers` JSON spec (`tokenizer.json`): byte-fallback pieces (`<0x0A>` ->
+    `b"\n"`) and, when its decoder or pre-tokenizer is `ByteLevel`, byte-level BPE entries (`"Ġcarry"` -> `b" carry"`,
+    `"â"` -> `b"\xe2"`); other entries (SentencePiece's `"▁the"`) are left out."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte-level alphabet
+
+    byte_level = '"ByteLevel"' in json.dumps([spec.get("decoder"), spec.get("pre_tokenizer")])
+    decoder = {char: byte for byte, char in bytes_to_unicode().items()} if byte_level else {}
+    vocab = (spec.get("model") or {}).get("vocab") or {}
+    if not isinstance(vocab, dict):  # Unigram: a list of [piece, score]
+        vocab = {piece: i for i, (piece, _) in enumerate(vocab)}
+    table = {}
+    for token, token_id in [*vocab.items(), *((t["content"], t["id"]) for t in spec.get("added_tokens", []))]:
+        if match := re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", token):
+            table[int(token_id)] = bytes([int(match.group(1), 16)])
+        elif token and all(char in decoder for char in token):
+            table[int(token_id)] = bytes(decoder[char] for char in token)
+    return table
+
+
+TOKEN_LABEL_KEY = (
+    "Labels: the decoded token; ␣ = space, \\n = newline, <0x16> = a control character by its code, "
+    "byte 0xE2 = a byte-level BPE fragment that is not a character on its own (one byte of a multi-byte "
+    "UTF-8 character, shown by its value)."
+)
+
+
+def readable_token(token: str, token_bytes: bytes | None = None, token_id: int | None = None) -> str:
+    r"""A decoded token as a figure label ([`TOKEN_LABEL_KEY`]): a space as `␣`, `\n` `\t` `\r` escaped, other
+    non-printables by their code (`<0x16>`), `$` escaped for mathtext; a fragment of a multi-byte character by the
+    bytes of its vocabulary entry (`token_bytes`: `byte 0xE2`) or, when unknown, by `token_id` (`� id 161`)."""
+    if token_bytes is not None:
+        try:
+            token = token_bytes.decode("utf-8")
+        except UnicodeDecodeError:
+            return ("byte " if len(token_bytes) == 1 else "bytes ") + " ".join(f"0x{b:02X}" for b in token_bytes)
+    elif "\ufffd" in token:
+        return "�" if token_id is None else f"� id {token_id}"
+    escapes = {"\n": "\\n", "\t": "\\t", "\r": "\\r", " ": "␣", "$": r"\$"}
+    code = lambda c: f"<0x{ord(c):02X}>" if ord(c) < 0x100 else f"<U+{ord(c):04X}>"  # noqa: E731
+    return "".join(escapes.get(c) or (c if c.isprintable() else code(c)) for c in token) or "''"

@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from .names import BUILTIN_MODELS, BUILTIN_PREFIX, INFO_FILE, builtin_model_dir, check_model_name_or_path
+from .names import BUILTIN_MODELS, BUILTIN_PREFIX, INFO_FILE, builtin_model_dir, check_builtin_name
 
 
 logger = logging.getLogger(__name__)
@@ -155,3 +156,98 @@ def build_builtin_model(
     (Path(output_dir) / INFO_FILE).write_text(json.dumps(info, indent=2), encoding="utf-8")
     logger.info("Built builtin:%s in %.1f s.", name, info["build_seconds"])
     return info
+
+
+def check_builtin_buildable(name: str, cache_dir: str | os.PathLike | None = None) -> None:
+    """Check that `builtin:<name>` is cached, or that the wheels and GGUF files of the real model it is built from are
+    installed ([`~stapo_trl.models.gguf.locate_gguf`], whose FileNotFoundErrors it raises)."""
+    if (builtin_model_dir(name, cache_dir) / INFO_FILE).is_file():
+        return
+    recipe = BUILTIN_MODELS[name]
+    if recipe["kind"] == "gguf+sft":
+        check_builtin_buildable(recipe["base"], cache_dir)
+    elif recipe["kind"] == "gguf":
+        from .gguf import locate_gguf
+
+        locate_gguf(name)
+
+
+def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
+    """Check a model argument without loading or building anything; returns `builtin:<name>` or a Hub id unchanged,
+    or an existing local folder (`~` expanded).
+
+    Raises:
+        ValueError: an unknown `builtin:` name (the message lists the known ones), or a local folder that holds no
+            whole model ([`check_model_folder`]).
+        FileNotFoundError: a local-looking path (`./x`, `../x`, `/x`, `~/x`) that does not exist, or a real built-in
+            model neither cached nor buildable ([`check_builtin_buildable`]).
+        NotADirectoryError: the path is a file.
+    """
+    name_or_path = os.fspath(name_or_path)
+    if name_or_path.startswith(BUILTIN_PREFIX):
+        check_builtin_buildable(check_builtin_name(name_or_path), cache_dir)
+        return name_or_path
+    expanded = os.path.expanduser(name_or_path)  # transformers does not expand `~`
+    if os.path.isdir(expanded):
+        check_model_folder(expanded)
+        return expanded
+    if os.path.exists(name_or_path):
+        raise NotADirectoryError(f"Model path {name_or_path!r} is a file; pass the directory that holds the model.")
+    if name_or_path.startswith(("/", "./", "../", "~", ".\\", "..\\")) or name_or_path in (".", ".."):
+        raise FileNotFoundError(
+            f"Model directory {name_or_path!r} does not exist. Pass an existing local directory, a Hub id "
+            f"(e.g. 'Qwen/Qwen3-1.7B-Base') or a built-in name ({', '.join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)})."
+        )
+    return name_or_path
+
+
+def check_model_available(name_or_path: str | os.PathLike, revision: str | None = None) -> str:
+    """[`check_model_name_or_path`], then that a Hub id is cached or the Hub answers, so that a command fails in one
+    line rather than after transformers' retries. Raises FileNotFoundError (offline, not cached) or ConnectionError."""
+    from ..integrations.hub import check_hub_model
+
+    name = check_model_name_or_path(name_or_path)
+    check_hub_model(name, revision=revision)
+    return name
+
+
+def weight_files(names: list[str]) -> list[str]:
+    """The names among `names` (a folder's files) that hold a saved model's weights: `*.safetensors`,
+    `pytorch_model*.bin`."""
+    return [n for n in names if n.endswith(".safetensors") or re.fullmatch(r"pytorch_model.*\.bin", n)]
+
+
+def check_model_folder(path: str) -> None:
+    """Refuse a local folder without `config.json` (or `adapter_config.json`) or weights (for a run folder, naming its
+    newest complete checkpoint), an incomplete `checkpoint-N` folder, or a weights file that is not whole.
+
+    Raises:
+        ValueError: one line naming the folder and what is missing or damaged.
+    """
+    from ..run_folder.checkpoints import (
+        CHECKPOINT_FOLDER,
+        RUN_RECORD,
+        check_checkpoint,
+        file_problem,
+        newest_complete_checkpoint,
+    )
+
+    what = f"Model directory {path!r}"
+    if CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path))) or os.path.isfile(f"{path}/{RUN_RECORD}"):
+        fix = "Give a complete checkpoint (<output_dir>/checkpoint-<step>) or the run's final model (its output_dir)."
+        return check_checkpoint(path, what, save_only_model=True, fix=fix)
+    names = sorted(os.listdir(path))
+    weights = weight_files(names)
+    has_config = bool({"config.json", "adapter_config.json"} & set(names))
+    if not (has_config and weights):
+        newest = newest_complete_checkpoint(path)[0]
+        hint = (
+            f"it is a run folder without its final model: give its newest complete checkpoint, {newest}"
+            if newest
+            else "give a folder saved by save_pretrained: a stapo-train output_dir or one of its checkpoint-N folders"
+        )
+        missing = "weights (*.safetensors)" if has_config else "config.json"
+        raise ValueError(f"{what} holds no model (no {missing}): {hint}.")
+    for name in weights:
+        if problem := file_problem(os.path.join(path, name)):
+            raise ValueError(f"{what}: {name} {problem}. Give a folder whose save finished.")

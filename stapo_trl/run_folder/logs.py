@@ -252,7 +252,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
     def _count(self, record: dict[str, Any]) -> None:
         """Count a record's token under the label the figures give it (a byte fragment by its bytes)."""
         if record["kind"] in ("silenced", "kept_candidate"):
-            from ..cli.figures import readable_token, tokenizer_token_bytes  # labels only: matplotlib is not imported
+            from ..diagnostics.token_records import readable_token, tokenizer_token_bytes
 
             if self._token_bytes is None:
                 backend = getattr(self.trainer.processing_class, "backend_tokenizer", None)  # a fast tokenizer

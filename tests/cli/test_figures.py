@@ -16,10 +16,9 @@ from stapo_trl.cli.figures import (
     plot_entropy_quantiles,
     plot_top_tokens,
     plot_training_curves,
-    readable_token,
     seed_values,
-    tokenizer_token_bytes,
 )
+from stapo_trl.diagnostics.token_records import readable_token, tokenizer_token_bytes
 from stapo_trl.run_folder.logs import read_metrics, read_token_records
 
 
