@@ -16,14 +16,14 @@ __all__ = ["STAPOConfig", "STAPOTrainer", "S2TResult", "s2t_mask"]
 _MODULES = {"STAPOConfig": ".trainer", "STAPOTrainer": ".trainer", "S2TResult": ".core.s2t", "s2t_mask": ".core.s2t"}
 # Module paths of 0.3.0 that moved in 0.4.0: each still imports its names (with a DeprecationWarning) until 0.5.0.
 _MOVED = {
-    "callbacks": ".cli.callbacks",
-    "checkpoints": ".run_folder.checkpoints",
-    "checks": ".data",
-    "config": ".trainer.config",
-    "model_card": ".run_folder.card",
-    "plots": ".cli.figures",
-    "preflight": ".integrations.hub",
-    "run_files": ".run_folder.logs",
+    "callbacks": (".cli.callbacks",),
+    "checkpoints": (".run_folder.checkpoints",),
+    "checks": (".data",),
+    "config": (".trainer.config",),
+    "model_card": (".run_folder.card",),
+    "plots": (".cli.figures",),
+    "preflight": (".integrations.hub", ".data"),
+    "run_files": (".run_folder.logs",),
 }
 
 
@@ -33,9 +33,11 @@ class _MovedModule(types.ModuleType):
     def __getattr__(self, attr):
         if attr.startswith("_"):  # probes of every module (inspect, pickle): never an import
             raise AttributeError(attr)
-        home = _MOVED[self.__name__.rpartition(".")[2]]
-        value = getattr(importlib.import_module(home, __name__), attr)
-        warnings.warn(f"{self.__name__} moved to stapo_trl{home} (0.4.0): import {attr} from there.",
+        homes = [importlib.import_module(home, __name__) for home in _MOVED[self.__name__.rpartition(".")[2]]]
+        home, value = next(((h.__name__, getattr(h, attr)) for h in homes if hasattr(h, attr)), (None, None))
+        if home is None:
+            raise AttributeError(f"module {self.__name__!r} has no attribute {attr!r}")
+        warnings.warn(f"{self.__name__} moved in 0.4.0: import {attr} from {home}.",
                       DeprecationWarning, stacklevel=2)  # fmt: skip
         return value
 

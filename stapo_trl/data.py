@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import logging
 import os
 import random
@@ -319,6 +320,96 @@ def load_prompt_dataset(
         return datasets.Dataset.from_dict(columns)
     dataset = dataset.select_columns(kept)
     return dataset.add_column("prompt", columns["prompt"]).add_column("solution", columns["solution"])
+
+
+# -- the prompt-token budget: prompts longer than the model's positions minus the generation budget are dropped
+_POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def model_max_positions(config) -> int | None:
+    """The positions a model attends over: a vLLM engine's `max_model_len`, else the first positive
+    `max_position_embeddings` / `n_positions` / `max_sequence_length` / `seq_length` of a config (object or dict),
+    a model (its `.config`) or a folder (its `config.json`); `None` when unknown."""
+    engine = getattr(getattr(config, "llm", config), "llm_engine", None)
+    if isinstance(length := getattr(getattr(engine, "model_config", None), "max_model_len", None), int):
+        return length
+    if isinstance(config, (str, os.PathLike)):
+        try:
+            with open(os.path.join(config, "config.json"), encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            return None
+    config = getattr(config, "model", config)  # an evaluation generator holds its model
+    config = getattr(config, "config", config)
+    for name in _POSITION_FIELDS:
+        value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def prompt_token_budget(max_positions: int | None, max_new_tokens: int, max_prompt_tokens: int | None = None):
+    """The longest prompt (tokens) that leaves `max_new_tokens` positions: `min(max_positions - max_new_tokens,
+    max_prompt_tokens)` over the known terms, `None` when neither is known.
+
+    Raises:
+        ValueError: `max_new_tokens >= max_positions`, or `max_prompt_tokens < 1`.
+    """
+    if max_prompt_tokens is not None and max_prompt_tokens < 1:
+        raise ValueError(f"max_prompt_tokens={max_prompt_tokens!r} must be a positive number of tokens.")
+    budgets = [] if max_prompt_tokens is None else [max_prompt_tokens]
+    if max_positions is not None:
+        if max_new_tokens >= max_positions:
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} leaves no room for a prompt: the model has {max_positions} "
+                f"positions (prompt + completion); give a budget below {max_positions}."
+            )
+        budgets.append(max_positions - max_new_tokens)
+    return min(budgets) if budgets else None
+
+
+def config_max_positions(name_or_path: str, revision: str | None = None) -> int | None:
+    """[`model_max_positions`] of a model argument without loading it: a local folder, a built `builtin:` model or a
+    Hub id in the local cache; `None` when no `config.json` is here."""
+    if name_or_path.startswith("builtin:"):
+        from .models.names import builtin_model_dir
+
+        try:
+            return model_max_positions(builtin_model_dir(name_or_path))
+        except (KeyError, ValueError):
+            return None
+    if os.path.isdir(os.path.expanduser(name_or_path)):
+        return model_max_positions(os.path.expanduser(name_or_path))
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name_or_path, "config.json", revision=revision)
+    except Exception:  # noqa: BLE001 (not a valid repo id: nothing cached)
+        return None
+    return model_max_positions(os.path.dirname(cached)) if isinstance(cached, str) else None
+
+
+def report_dropped(total: int, kept: int, budget: int | None, what: str = "prompts") -> None:
+    """One warning line when prompts longer than `budget` tokens were dropped.
+
+    Raises:
+        ValueError: every prompt was dropped.
+    """
+    if kept == total:
+        return
+    if not kept:
+        raise ValueError(
+            f"All {total} {what} are longer than {budget} tokens: raise max_prompt_tokens, lower the generation "
+            "budget, or use a model with more positions."
+        )
+    logger.warning("Dropped %d of %d %s longer than %d tokens (max_prompt_tokens).", total - kept, total, what, budget)
+
+
+def keep_short_prompts(lengths: list[int], budget: int | None, what: str = "prompts") -> list[int]:
+    """The indices of the prompts of at most `budget` tokens ([`report_dropped`] says what was dropped)."""
+    keep = list(range(len(lengths))) if budget is None else [i for i, n in enumerate(lengths) if n <= budget]
+    report_dropped(len(lengths), len(keep), budget, what)
+    return keep
 
 
 # -- checks of a run's datasets, before any model: what GRPOTrainer would fail on at its first step ------

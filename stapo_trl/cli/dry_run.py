@@ -296,8 +296,7 @@ def _check(r: DryRunReport, s, a, model_args, cpu_forced: bool) -> None:
     if path is not None:  # a model that is here: its chat template, the training prompts it drops
         from transformers import AutoConfig, AutoTokenizer
 
-        from ..data import filter_long_prompts
-        from ..integrations.hub import model_max_positions, prompt_token_budget
+        from ..data import filter_long_prompts, model_max_positions, prompt_token_budget
 
         tokenizer = AutoTokenizer.from_pretrained(path)
         positions = model_max_positions(AutoConfig.from_pretrained(path))

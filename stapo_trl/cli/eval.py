@@ -20,7 +20,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..data import EVAL_CHAT_TEMPLATE_FIX, INSTRUCTION, chat_template_message, has_chat_template
+from ..data import (
+    EVAL_CHAT_TEMPLATE_FIX,
+    INSTRUCTION,
+    chat_template_message,
+    config_max_positions,
+    has_chat_template,
+    model_max_positions,
+    prompt_token_budget,
+)
 from ..evaluation import results
 from ..evaluation.generation import (
     DECODING_ALIASES,
@@ -33,7 +41,6 @@ from ..evaluation.generation import (
     evaluate_problems,
 )
 from ..evaluation.tasks import BENCHMARKS, PAPER_BENCHMARKS, find_benchmark_file, get_benchmark_spec, load_benchmark
-from ..integrations.hub import config_max_positions, model_max_positions, prompt_token_budget
 from ..models import check_model_available, resolve_model_path
 from . import VersionAction
 from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_input_errors

@@ -12,10 +12,9 @@ from typing import Any
 
 from trl.models.utils import unwrap_model_for_generation
 
-from ..data import INSTRUCTION, NOT_HELD_OUT, evaluation_split
+from ..data import INSTRUCTION, NOT_HELD_OUT, evaluation_split, model_max_positions
 from ..evaluation.generation import decoding_setting, evaluate_problems, hf_generate
 from ..evaluation.tasks import BenchmarkProblem
-from ..integrations.hub import model_max_positions
 from ..run_folder.checkpoints import open_run_file
 from ..run_folder.logs import METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME, read_metrics, read_token_records, s2t_totals
 from .args import prompt_dataset_kwargs

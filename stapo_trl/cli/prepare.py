@@ -20,14 +20,11 @@ from ..data import (
     filter_long_prompts,
     is_local_dataset_file,
     load_prompt_dataset,
-)
-from ..integrations.hub import (
-    check_hub_access,
-    check_hub_dataset,
     model_max_positions,
     prompt_token_budget,
     report_dropped,
 )
+from ..integrations.hub import check_hub_access, check_hub_dataset
 from ..models import check_model_available, resolve_model_path
 from ..models.cache import weight_files
 from ..rewards import get_reward_funcs

@@ -18,10 +18,11 @@ from ..data import (
     chat_template_message,
     format_prompt,
     has_chat_template,
+    keep_short_prompts,
+    prompt_token_budget,
     render_chat_template,
 )
 from ..grading import grade
-from ..integrations.hub import keep_short_prompts, prompt_token_budget
 from .metrics import benchmark_metrics
 from .tasks import BenchmarkProblem
 

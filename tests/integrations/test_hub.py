@@ -14,7 +14,7 @@ from datasets import config
 from huggingface_hub import constants
 from testing_utils import STAPO_RECIPE, addition_rows, free_port, write_jsonl
 
-from stapo_trl.integrations.hub import keep_short_prompts, model_max_positions, prompt_token_budget
+from stapo_trl.data import keep_short_prompts, model_max_positions, prompt_token_budget
 
 
 def test_push_to_hub_offline_fails_before_the_model_in_one_line(no_model_built, tmp_path, capsys):
