@@ -2,9 +2,9 @@
 that fails a test that builds a model where an input error should have stopped first. Helper functions live in
 `testing_utils.py`.
 
-All tests run offline in one process (each new process spends ~7 s importing torch/transformers/trl).
-Local reruns can skip the ~30 s warm-up build: `STAPO_TRL_TEST_MODEL=builtin:tiny-math` reuses the model cached under
-`$STAPO_TRL_CACHE` (else `~/.cache/stapo_trl`), and a directory path uses that directory as is.
+All tests run offline in one process (each new process spends ~7 s importing torch/transformers/trl). The tiny-math
+models come from the user's cache (`$STAPO_TRL_CACHE`, else `~/.cache/stapo_trl`, where `make demo` puts them too):
+built once (~40 s), then reused; `STAPO_TRL_TEST_MODEL` names another `builtin:` model or folder.
 """
 
 import importlib.util
@@ -43,16 +43,10 @@ def builtin_cache_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_math_model_path(builtin_cache_dir) -> str:
-    """Directory of `builtin:tiny-math`: the tiny Qwen3 SFT-warmed to ~45 % sampled accuracy on two-digit addition.
-
-    Built once per session (~30 s on 2 cores), or taken from `STAPO_TRL_TEST_MODEL` (a directory, or a `builtin:`
-    name resolved in the user's cache) when set.
-    """
-    override = os.environ.get("STAPO_TRL_TEST_MODEL")
-    if override:
-        return resolve_model_path(override)
-    return resolve_model_path("builtin:tiny-math", cache_dir=builtin_cache_dir)
+def tiny_math_model_path() -> str:
+    """Directory of `builtin:tiny-math` (the tiny Qwen3 SFT-warmed to ~45 % sampled accuracy on two-digit addition) in
+    the user's cache, or of `STAPO_TRL_TEST_MODEL`."""
+    return resolve_model_path(os.environ.get("STAPO_TRL_TEST_MODEL") or "builtin:tiny-math")
 
 
 @pytest.fixture(scope="session")
@@ -62,16 +56,10 @@ def tiny_random_model_path(builtin_cache_dir) -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_math_h64_model_path(builtin_cache_dir) -> str:
-    """Directory of `builtin:tiny-math-h64` (tiny-math with head_dim 64, which vLLM's CPU attention accepts).
-
-    Built once per session (~1-2 min on 2 cores), or taken from `STAPO_TRL_TEST_VLLM_MODEL` (a directory or a
-    `builtin:` name resolved in the user's cache) when set.
-    """
-    override = os.environ.get("STAPO_TRL_TEST_VLLM_MODEL")
-    if override:
-        return resolve_model_path(override)
-    return resolve_model_path("builtin:tiny-math-h64", cache_dir=builtin_cache_dir)
+def tiny_math_h64_model_path() -> str:
+    """Directory of `builtin:tiny-math-h64` (head_dim 64, which vLLM's CPU attention accepts) in the user's cache, or of
+    `STAPO_TRL_TEST_VLLM_MODEL`."""
+    return resolve_model_path(os.environ.get("STAPO_TRL_TEST_VLLM_MODEL") or "builtin:tiny-math-h64")
 
 
 @pytest.fixture
