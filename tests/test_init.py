@@ -58,6 +58,7 @@ MODULES = [
 ]
 
 
+@pytest.mark.slow  # a fresh interpreter per case
 @pytest.mark.parametrize(
     "user_code",
     [
