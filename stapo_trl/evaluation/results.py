@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from ..run_folder.folder import write_atomic
 from .tasks import BENCHMARKS, PAPER_BENCHMARKS
 
 
@@ -50,15 +51,8 @@ def now() -> str:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write `data` as JSON to a temporary file beside `path`, synced, then renamed over it: never half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, ensure_ascii=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write `data` as JSON ([`~stapo_trl.run_folder.folder.write_atomic`]: never half a file)."""
+    write_atomic(path, json.dumps(data, indent=1, ensure_ascii=False))
 
 
 def load_results(path: str | Path) -> dict[str, Any]:

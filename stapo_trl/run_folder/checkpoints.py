@@ -1,42 +1,43 @@
-"""The run folder a resume trusts: which checkpoint is whole, what the run optimizes, and files never written through a
-symbolic link. Nothing here unpickles a file but with `torch.load(weights_only=True)`: a checkpoint from elsewhere is
-untrusted input.
+"""Whole checkpoints and the run record. Nothing here unpickles a file but with `torch.load(weights_only=True)`: a
+checkpoint from elsewhere is untrusted input.
 
 - [`checkpoint_problem`]: complete means every file the save wrote (named by its run record; by rule for a checkpoint
-  saved before it had one) is there and whole: a safetensors file's header and length, a torch file's zip directory,
-  and what transformers unpickles on resume loaded the same safe way. transformers writes a checkpoint in place and
-  resumes the highest-numbered one whatever it holds.
-- [`resume_checkpoint`]: the newest complete one, in one line with those skipped and why; the skipped ones are moved
-  aside (`_damaged-checkpoint-N`), out of reach of `save_total_limit`'s rotation and of `get_last_checkpoint`.
+  saved before it had one) is there and whole (safetensors' own header and length check, a torch file's zip directory,
+  what transformers unpickles on resume loaded the same safe way): transformers resumes the highest-numbered one
+  whatever it holds.
+- [`resume_checkpoint`]: the newest complete one, those skipped above it said in one line and moved aside
+  (`_damaged-checkpoint-N`), out of reach of `save_total_limit`'s rotation and of `get_last_checkpoint`.
 - [`run_settings`] / [`check_run_settings`]: what the run optimizes, as plain JSON in each checkpoint
   (`stapo_run.json`), and the refusal of a resume that would change it.
-- [`hold_run_folder`]: one writer per run folder (`_writer.lock`), taken by `train()` and by `stapo-train`.
 """
 
 from __future__ import annotations
 
 import enum
-import errno
 import json
 import logging
 import os
 import re
-import shlex
-import socket
-import sys
-import tempfile
-import time
-import warnings
 import zipfile
-from typing import IO, Any
+from typing import Any
+
+from .folder import (  # noqa: F401
+    CHECKPOINT_FOLDER,
+    DAMAGED_PREFIX,
+    RUN_RECORD,
+    LinkError,
+    check_output_dir,
+    command_line,
+    hold_run_folder,
+    open_run_file,
+    refuse_links,
+    write_atomic,
+)
 
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_FOLDER = re.compile(r"^checkpoint-(\d+)$")  # transformers' `PREFIX_CHECKPOINT_DIR`-<global_step>
-RUN_RECORD = "stapo_run.json"
 ROLLOUT_MANIFEST = re.compile(r"^rollout_state_\d+\.json$")  # stapo_trl.run_folder.rollout's, beside its .safetensors
-DAMAGED_PREFIX = "_damaged-"  # "_*": not pushed to the Hub; not "checkpoint-*": neither rotated nor resumed
 RESUME_FIX = "Give a complete checkpoint folder (<output_dir>/checkpoint-<step>), or let a run take its newest one."
 # What `Trainer._save_checkpoint` writes before trainer_state.json, by name prefix (full, adapter, DeepSpeed layouts).
 _REQUIRED = {
@@ -54,191 +55,11 @@ RESUME_FIELDS = (
     "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args",
     "optim_target_modules", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
 )  # fmt: skip
-# What the settings of a record of each format hold: one without them is damaged (`warmup_ratio` is recorded where
-# transformers has it).
+# The settings a record of each format holds: one without them is damaged (`warmup_ratio` where transformers has it).
 RECORD_FIELDS = {1: ("trainer", "model", "reward_funcs", *RESUME_FIELDS)}
-# Files a scheduler or file system puts in a folder, and a run's own before its first checkpoint: not the user's.
-NOT_USER_FILES = re.compile(r"^(\.nfs.*|slurm-.*\.out|_writer\.(lock|txt)|(metrics|spurious_tokens)(\.\d+)?\.jsonl)$")
-
-
-# -- the run folder ----------------------------------------------------------------------------------------------------
-class LinkError(ValueError):
-    """A symbolic link where a run writes a file, in one line naming it and its target."""
-
-    def __init__(self, path: str):
-        super().__init__(
-            f"{path} is a symbolic link (to {os.readlink(path)!r}): a run writes its files in its folder, never "
-            "through a link (it would overwrite the link's target). Remove the link, or give another output_dir."
-        )
-
-
-def open_run_file(path: str | os.PathLike, mode: str = "w") -> IO:
-    """`open(path, mode)` (`"w"`, `"a"`, `"wb"`, `"ab"`; text in UTF-8) for a file of the run folder, refusing a
-    symbolic link in its place (`O_NOFOLLOW`) instead of writing its target.
-
-    Raises:
-        ValueError: `path` is a symbolic link (one line naming it).
-    """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_APPEND if "a" in mode else os.O_TRUNC)
-    try:
-        fd = os.open(path, flags, 0o666)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise LinkError(os.fspath(path)) from None
-        raise
-    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
-
-
-def refuse_links(output_dir: str) -> None:
-    """Refuse a symbolic link at the top of `output_dir` or in its `checkpoint-N` folders, where a run writes
-    (`output_dir` itself may be a link: clusters link a scratch disk). Run before each save as well as at the start.
-
-    Raises:
-        ValueError: one line naming the link and its target.
-    """
-    folder = os.path.abspath(output_dir)
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        path = os.path.join(folder, name)
-        inner = sorted(os.listdir(path)) if CHECKPOINT_FOLDER.match(name) and os.path.isdir(path) else []
-        for link in [path, *(os.path.join(path, n) for n in inner)]:
-            if os.path.islink(link):
-                raise LinkError(link)
-
-
-def check_output_dir(output_dir: str, refuse_user_files: bool = False) -> None:
-    """Refuse, before a model is built and without creating anything, an `output_dir` that is empty, cannot be written
-    (its nearest existing parent must take a file) or holds a symbolic link ([`refuse_links`]); a folder of the user's
-    own files is refused with `refuse_user_files` (`stapo-train`), else warned about (the library writes into it as
-    `GRPOTrainer` does): a folder other than a run's (a `trainer_state.json` at its top or in a `checkpoint-N`, or a
-    checkpoint stapo_trl began or moved aside) holding files but [`NOT_USER_FILES`].
-
-    Raises:
-        ValueError: one line naming the field, the link or (a few of) the user's files.
-    """
-    if not str(output_dir or "").strip():
-        raise ValueError(
-            f"output_dir={output_dir!r} is empty: give the folder the run writes its checkpoints, model and files into "
-            "(e.g. outputs/my-run)."
-        )
-    folder = os.path.abspath(output_dir)
-    existing = folder
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
-    try:
-        tempfile.TemporaryFile(dir=existing).close()  # "Not a directory" below a file, "Read-only file system"
-    except OSError as e:
-        raise ValueError(
-            f"output_dir={output_dir!r} cannot be written ({e.strerror or e}): give a folder this process can create "
-            "files in."
-        ) from None
-    refuse_links(folder)
-    names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-    checkpoints = ["", *(n for n in names if CHECKPOINT_FOLDER.match(n.removeprefix(DAMAGED_PREFIX)))]
-    if any(
-        os.path.isfile(os.path.join(folder, n, f)) for n in checkpoints for f in ("trainer_state.json", RUN_RECORD)
-    ):
-        names = []  # a run folder
-    if others := [name for name in names if not NOT_USER_FILES.match(name)]:
-        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
-        what = f"output_dir={output_dir!r} holds files that are not a run's ({shown})"
-        if refuse_user_files:
-            raise ValueError(
-                f"{what}: a run writes its model, card (README.md), config and checkpoints there, over files of the "
-                "same names. Give a new or empty folder, or a run folder."
-            )
-        warnings.warn(f"{what}: the trainer writes its model, card (README.md), config and checkpoints there, as "
-                      "GRPOTrainer does, over files of the same names.", stacklevel=3)  # fmt: skip
-
-
-# folder -> [its FileLock (None: cannot lock), who holds it in this process: None (a command) or a trainer]
-_HOLDS: dict[str, list] = {}
-
-
-def command_line(argv: list[str] | None = None) -> str:
-    """`argv` (default `sys.argv`) as one shell line, the value of a `--*token` / `--*secret` / `--*password` /
-    `--*key` flag and any word like a Hub token (`hf_...`) written `REDACTED`."""
-    words = list(sys.argv if argv is None else argv)
-    for i, word in enumerate(words):
-        name, eq, _ = word.partition("=")
-        if re.fullmatch(r"--?[\w-]*(token|secret|password|key)", name, re.IGNORECASE):
-            words[i : i + 1 + (not eq)] = [f"{name}=REDACTED"] if eq else [word, "REDACTED"][: len(words) - i]
-        words[i] = re.sub(r"hf_[A-Za-z0-9]{8,}", "hf_REDACTED", words[i])
-    return shlex.join(words)
-
-
-def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = None) -> None:
-    """Take (`acquire=False`: give back) a hold on `output_dir` as its one writer: a `FileLock` on `_writer.lock`
-    (released by the OS when the process dies), with the holder's pid, host and command line ([`command_line`]) in
-    `_writer.txt`. Holds nest within a process: a command's (`trainer=None`: `stapo-train`), then one trainer's
-    (`train()`); another trainer, or a command while a trainer trains, is refused. A file system that cannot lock is
-    warned about, and written without the lock.
-
-    Raises:
-        ValueError: one line: another run holds the folder (naming it), or it holds a link.
-    """
-    folder = os.path.abspath(output_dir)
-    lock, holders = _HOLDS.setdefault(folder, [None, []])
-    if not acquire:
-        if trainer in holders:
-            holders.remove(trainer)
-            if not holders and lock is not None:
-                lock.release()
-        return
-    refuse_links(output_dir)
-    owner = os.path.join(folder, "_writer.txt")
-    in_use = any(holder is not None and holder is not trainer for holder in holders)  # another trainer in this process
-    if not holders and not in_use:
-        from filelock import FileLock, Timeout
-
-        os.makedirs(folder, exist_ok=True)
-        lock = FileLock(os.path.join(folder, "_writer.lock"))
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            in_use = True
-        except (NotImplementedError, OSError) as e:  # flock refused by the file system (NFS without lockd...)
-            if getattr(e, "errno", errno.ENOSYS) not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):
-                raise
-            logger.warning(
-                f"output_dir={output_dir!r} is on a file system that cannot lock files ({e}): this run writes it "
-                "without the lock, so a second run writing the same folder would not be stopped."
-            )
-            lock = None
-        if not in_use:
-            with open_run_file(owner) as f:
-                since = time.strftime("%Y-%m-%d %H:%M:%S")
-                f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {since}: {command_line()}")
-    if in_use:
-        holder = "starting"
-        if os.path.isfile(owner) and not os.path.islink(owner):
-            with open(owner, encoding="utf-8", errors="replace") as f:
-                holder = f.read(2000)
-        raise ValueError(
-            f"output_dir={output_dir!r} is in use by another run ({holder}). Two runs in one folder mix their "
-            "metrics, checkpoints and model: wait for that run to end, or give another output_dir."
-        )
-    _HOLDS[folder] = [lock, [*holders, trainer]]
 
 
 # -- whole checkpoints -------------------------------------------------------------------------------------------------
-def _safetensors_problem(path: str) -> str | None:
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(8)
-        length = int.from_bytes(head, "little") if len(head) == 8 else None
-        if length is None or length > size - 8:
-            return f"cut short: {size} bytes, less than its header"
-        try:
-            header = json.loads(f.read(length))
-            end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-            return "damaged: its header does not parse"
-    expected = 8 + length + end
-    if size != expected:
-        return f"cut short: {size} of {expected} bytes" if size < expected else "damaged: bytes past its tensors"
-    return None
-
-
 def _torch_file_problem(path: str, load: bool) -> str | None:
     """A torch file: its zip directory, then (`load`) a safe load, its tensors mapped, not read."""
     size = os.path.getsize(path)
@@ -268,7 +89,11 @@ def _torch_file_problem(path: str, load: bool) -> str | None:
 
 
 def tensor_specs(path: str) -> dict:
-    """`{name: {"dtype": "F32", "shape": [16, 48]}}` of the safetensors file `path` (safetensors' dtype names)."""
+    """`{name: {"dtype": "F32", "shape": [16, 48]}}` of the safetensors file `path` (safetensors' dtype names).
+
+    Raises:
+        SafetensorError: a header that does not parse, or a file longer or shorter than its header says.
+    """
     from safetensors import safe_open
 
     with safe_open(path, framework="pt") as f:
@@ -276,14 +101,22 @@ def tensor_specs(path: str) -> dict:
         return {name: {"dtype": s.get_dtype(), "shape": s.get_shape()} for name, s in slices.items()}
 
 
+def _safetensors_problem(path: str) -> str | None:
+    try:
+        tensor_specs(path)
+    except Exception as e:  # noqa: BLE001 (safetensors' SafetensorError)
+        return "damaged: " + str(e).removeprefix("Error while deserializing header: ")
+    return None
+
+
 def _manifest_problem(path: str, manifest: Any) -> str | None:
     """A rollout manifest ([`~stapo_trl.run_folder.rollout`]) must name its tensors file's tensors, dtypes and shapes."""
     tensors = path.removesuffix(".json") + ".safetensors"
-    if os.path.isfile(tensors) and _safetensors_problem(tensors):
-        return None  # named as the tensors file's own damage
     try:
         specs = tensor_specs(tensors)
     except Exception:  # noqa: BLE001 (missing, or safetensors' SafetensorError)
+        if os.path.isfile(tensors):
+            return None  # named as the tensors file's own damage
         specs = None
     if not isinstance(manifest, dict) or manifest.get("tensors") != specs:
         return f"does not match {os.path.basename(tensors)} (its tensors' names, dtypes or shapes)"
@@ -455,14 +288,10 @@ def run_settings(args, *, trainer: str, model, reward_funcs, s2t=None, peft_conf
 
 
 def write_run_record(checkpoint: str, settings: dict, *, save_only_model: bool, files: list[str] | None) -> None:
-    """Write `checkpoint/stapo_run.json`: `files` `None` while the save runs, then the files it wrote (a temporary file
-    and a rename, never through a symbolic link)."""
-    os.makedirs(checkpoint, exist_ok=True)
+    """Write `checkpoint/stapo_run.json` ([`write_atomic`]): `files` `None` while the save runs, then the files it
+    wrote."""
     record = {"format": 1, "files": files, "save_only_model": save_only_model, "settings": settings}
-    path = os.path.join(checkpoint, RUN_RECORD)
-    with open_run_file(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=2)
-    os.replace(path + ".tmp", path)
+    write_atomic(os.path.join(checkpoint, RUN_RECORD), json.dumps(record, indent=2))
 
 
 def read_run_record(checkpoint: str) -> dict | None:

@@ -23,7 +23,7 @@ from accelerate.utils import gather_object
 from transformers import DefaultFlowCallback, TrainerCallback
 
 from ..diagnostics.token_records import merge_token_records, select_token_records, token_records
-from .checkpoints import open_run_file
+from .folder import open_run_file, write_atomic
 
 
 logger = logging.getLogger(__name__)
@@ -145,11 +145,7 @@ def open_jsonl_for_run(
             row for row in read_jsonl(path) if row.get("step", math.inf) <= global_step
             and (redone_after is None or row["step"] <= redone_after or any(k.startswith("eval_") for k in row))
         ]  # fmt: skip
-        with open_run_file(f"{path}.tmp", "w") as f:
-            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(f"{path}.tmp", path)
+        write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in kept))
     elif os.path.exists(path) and os.path.getsize(path) > 0:
         stem, ext = os.path.splitext(path)
         aside = next(f"{stem}.{n}{ext}" for n in range(1, 10_000) if not os.path.exists(f"{stem}.{n}{ext}"))

@@ -22,7 +22,8 @@ import torch
 from safetensors.torch import load, save
 from transformers import TrainerCallback
 
-from .checkpoints import open_run_file, tensor_specs
+from .checkpoints import tensor_specs
+from .folder import open_run_file
 from .logs import SpuriousTokenLogger
 
 

@@ -240,7 +240,7 @@ def test_stapo_eval_on_a_checkpoint_half_written_or_rotated_away_is_one_line(
         expected = f"Model directory {str(checkpoint)!r} is not a complete checkpoint (no trainer_state.json: its save"
     elif case == "model-cut":
         (checkpoint / "model.safetensors").write_bytes((checkpoint / "model.safetensors").read_bytes()[:50_000])
-        expected = f"Model directory {str(checkpoint)!r} is not a complete checkpoint (model.safetensors cut short: "
+        expected = f"Model directory {str(checkpoint)!r} is not a complete checkpoint (model.safetensors damaged: "
     else:  # the rotation removes it after the checks, as the model loads
         import transformers
 

@@ -255,7 +255,7 @@ def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_m
     expected = {"nowhere": "does not exist", "a-file": "is a file", "the-run-folder": "give one of its checkpoints"}
     expected |= {"cut-short": "is not a complete checkpoint (no trainer_state.json: its save did not finish)"}
     expected |= {"no-optimizer": "is not a complete checkpoint (no optimizer state (optimizer.pt))"}
-    expected |= {"model-cut": "is not a complete checkpoint (model.safetensors cut short: 50000 of "}
+    expected |= {"model-cut": "is not a complete checkpoint (model.safetensors damaged: incomplete metadata, file not fully covered)"}
     expected |= {"hostile-rng": "is not a complete checkpoint (rng_state.pth refused by a safe load: Trying to load "}
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", str(path)]
     assert dry_run_main(argv) == 2
@@ -281,7 +281,7 @@ RERUN_DAMAGES = {
     "no-trainer-state": ("trainer_state.json", "no trainer_state.json: its save did not finish"),
     "empty-stray": (None, "empty"),
     "no-rng-state": ("rng_state.pth", "no RNG state (rng_state.pth)"),
-    "model-cut": ("model.safetensors", "model.safetensors cut short: "),
+    "model-cut": ("model.safetensors", "model.safetensors damaged: incomplete metadata, file not fully covered"),
     "optimizer-cut": ("optimizer.pt", "optimizer.pt damaged: no zip directory (cut short, or overwritten)"),
     "rng-overwritten": ("rng_state.pth", "rng_state.pth damaged: no zip directory (cut short, or overwritten)"),
     "no-scheduler": ("scheduler.pt", "no scheduler.pt: without it transformers resumes with a fresh optimizer"),

@@ -93,7 +93,7 @@ def test_each_checkpoint_records_its_files_and_what_the_run_optimizes(run, tiny_
 # stopped in transformers (SafetensorError, PytorchStreamReader, UnpicklingError), every time; or resumed checkpoint-2
 # with a fresh optimizer (no scheduler.pt). Then two more of each kind.
 DAMAGES = {
-    "model-cut": ("model.safetensors", "model.safetensors cut short: {size} of {full} bytes"),
+    "model-cut": ("model.safetensors", "model.safetensors damaged: incomplete metadata, file not fully covered"),
     "optimizer-cut": ("optimizer.pt", "optimizer.pt damaged: no zip directory (cut short, or overwritten)"),
     "rng-overwritten": ("rng_state.pth", "rng_state.pth damaged: no zip directory (cut short, or overwritten)"),
     "no-scheduler": ("scheduler.pt", "no scheduler.pt: without it transformers resumes with a fresh optimizer"),
@@ -105,11 +105,11 @@ DAMAGES = {
     "config-cut": ("config.json", "config.json unreadable: JSONDecodeError"),
     "no-tokenizer": ("tokenizer.json", "no tokenizer.json, which its save wrote"),
     "no-config": ("config.json", "no config.json, which its save wrote"),
-    "model-grown": ("model.safetensors", "model.safetensors damaged: bytes past its tensors"),
+    "model-grown": ("model.safetensors", "model.safetensors damaged: incomplete metadata, file not fully covered"),
     # The rest of a rollout batch and the logging window (stapo_trl.run_folder.rollout): damaged, not resumed from.
     "rollout-cut": (
         "rollout_state_0.safetensors",
-        "rollout_state_0.safetensors cut short: {size} bytes, less than its header",
+        "rollout_state_0.safetensors damaged: invalid header length",
     ),
     "no-rollout": ("rollout_state_0.safetensors", "no rollout_state_0.safetensors, which its save wrote"),
     "rollout-lies": (
@@ -204,7 +204,7 @@ def test_a_damaged_checkpoint_named_by_the_python_api_is_one_line(run, tiny_rand
     with pytest.raises(ValueError) as raised:
         _trainer(tiny_random_model_path, run, max_steps=3).train(resume_from_checkpoint=str(run / "checkpoint-2"))
     assert str(raised.value).startswith(
-        f"resume_from_checkpoint='{run / 'checkpoint-2'}' is not a complete checkpoint (model.safetensors cut short: "
+        f"resume_from_checkpoint='{run / 'checkpoint-2'}' is not a complete checkpoint (model.safetensors damaged: "
     )
     assert (run / "checkpoint-2").is_dir()  # named by the user: refused, left in place
 
