@@ -1,21 +1,20 @@
-"""The model card of a run (`README.md` in `output_dir`): TRL's card with the paper, the run's S2T values and
-objective, its silenced counts and accuracy, built with `huggingface_hub.ModelCard` from `templates/model_card.md`."""
+"""The model card of a run (`README.md` in `output_dir`): TRL's card (`trl.trainer.utils.generate_model_card`) with a
+quick start in the run's prompt format and a section of the run's S2T values and objective, its silenced counts over
+the run, its accuracy and the base model's license."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
-from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
-from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub import ModelCard
 
-from ..core import STAPOTrainer
+from .. import __version__
 from .logs import s2t_totals
 
 
-TEMPLATE = Path(__file__).parents[1] / "templates" / "model_card.md"
 PAPER_URL = "https://huggingface.co/papers/2602.15620"
 LOCAL_MODEL = "a local model"
 ROWS = (  # (field, meaning) of the settings table; the S2T rows for a run with S2T values
@@ -129,9 +128,23 @@ def _summary(trainer, s2t, eval_record) -> list[str]:
     return lines
 
 
+def _method(s2t, named: str) -> str:
+    if s2t is None:
+        return f"Base model: {named}, trained with the GRPO objective below and no S2T mask (the baseline of [STAPO]({PAPER_URL}))."  # fmt: skip
+    if s2t.mode == "off":
+        return f"Base model: {named}, trained with `stapo_trl.STAPOTrainer` with the S2T mask off (`s2t_mode: off`): the like-for-like baseline of [STAPO]({PAPER_URL})."  # fmt: skip
+    return (
+        f'Base model: {named}, trained with [STAPO]({PAPER_URL}) (Liu et al., 2026, "STAPO: Stabilizing '
+        'Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens", arXiv:2602.15620): positive-advantage '
+        "tokens sampled with a low probability at low-entropy positions are removed from the numerator and the "
+        "denominator of the loss."
+    )
+
+
 def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_record=None, public=False) -> ModelCard:
-    """The card of `trainer`'s run: TRL's sections (base model, quick start, framework versions, citations), the paper,
-    the S2T values and objective, the silenced counts over the run and `eval_record`'s accuracy.
+    """The card of `trainer`'s run: TRL's (base model, paper, tags, framework versions, citations) with a quick start
+    asking a training prompt and a section of the S2T values and objective, the silenced counts over the run and
+    `eval_record`'s accuracy.
 
     Args:
         trainer ([`~trl.GRPOTrainer`]): a STAPO trainer (its `s2t` values) or a plain GRPO one.
@@ -143,8 +156,10 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
             (or `model_name`), a built-in base model is named by its Hub origin, and no local path appears.
 
     Returns:
-        [`~huggingface_hub.ModelCard`]: `card.save(path)` writes it; `ModelCard.load(path)` reads it back.
+        [`~huggingface_hub.ModelCard`]: `str(card)` is the file; `ModelCard.load(path)` reads it back.
     """
+    from trl.trainer.utils import generate_model_card
+
     from ..models.names import BUILTIN_MODELS
 
     args, s2t = trainer.args, getattr(trainer, "s2t", None)
@@ -153,7 +168,9 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     base = base_model_name(getattr(model.config, "_name_or_path", None))
     is_hub_id = base != LOCAL_MODEL and not base.startswith("builtin:")
     named = public_base_model_name(base) if public else base if base == LOCAL_MODEL else f"`{base}`"
-    license_text = BUILTIN_MODELS.get(base.removeprefix("builtin:"), {}).get("license") if base.startswith("builtin:") else None  # fmt: skip
+    method = _method(s2t, named)
+    if base.startswith("builtin:") and (license_text := BUILTIN_MODELS.get(base[8:], {}).get("license")):
+        method += f" The base model's license applies to this model too: {license_text}."
     try:
         prompt = trainer.train_dataset[0]["prompt"]
     except (KeyError, IndexError, TypeError, NotImplementedError):  # no prompt column, or an iterable dataset
@@ -161,48 +178,29 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     prompt = prompt if isinstance(prompt, (str, list)) else "What is 47+38?"
     local = os.path.abspath(_saved_model(trainer))  # the quick start loads it from any working directory
     reference = (args.hub_model_id or trainer.hub_model_id or model_name) if public else local
-    if s2t is None:
-        method = f"Base model: {named}, trained with the GRPO objective below and no S2T mask (the baseline of [STAPO]({PAPER_URL}))."  # fmt: skip
-    elif s2t.mode == "off":
-        method = f"Base model: {named}, trained with `stapo_trl.STAPOTrainer` with the S2T mask off (`s2t_mode: off`): the like-for-like baseline of [STAPO]({PAPER_URL})."  # fmt: skip
-    else:
-        method = (
-            f'Base model: {named}, trained with [STAPO]({PAPER_URL}) (Liu et al., 2026, "STAPO: Stabilizing '
-            'Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens", arXiv:2602.15620): positive-advantage '
-            "tokens sampled with a low probability at low-entropy positions are removed from the numerator and the "
-            "denominator of the loss."
-        )
-    if license_text:
-        method += f" The base model's license applies to this model too: {license_text}."
+    wandb = sys.modules.get("wandb")
+    card = generate_model_card(
+        base_model=base if is_hub_id else None, model_name=model_name, hub_model_id=reference,
+        dataset_name=public_dataset_name(dataset_name), tags=sorted({*trainer._tag_names, *(tags or [])}),
+        wandb_url=wandb.run.url if wandb is not None and getattr(wandb, "run", None) else None, trackio_url=None,
+        trainer_name=trainer._name, trainer_citation=trainer._paper.get("citation"),
+        paper_title=trainer._paper.get("title"), paper_id=trainer._paper.get("id"),
+    )  # fmt: skip
+    del card.data.licence  # TRL's placeholder
     values = {name: getattr(s2t, name[4:]) for name, _ in ROWS[:3]} if s2t is not None else {}
     rows = [(n, meaning, values.get(n, getattr(args, n, None))) for n, meaning in ROWS[0 if s2t else 3 :]]
-    card_data = ModelCardData(
-        base_model=base if is_hub_id else None,
-        datasets=public_dataset_name(dataset_name),
-        library_name="transformers",
-        model_name=model_name,
-        tags=sorted({"generated_from_trainer", *trainer._tag_names, *(tags or [])}),
+    section = [
+        "### STAPO run: settings and results\n", method, "", *_summary(trainer, s2t, eval_record), "",
+        "| setting | meaning | value |", "|---|---|---|",
+        *(f"| `{name}` | {meaning} | `{getattr(value, 'value', value)}` |" for name, meaning, value in rows), "", "",
+    ]  # fmt: skip
+    code = quick_start_code(reference, prompt, hasattr(model, "peft_config"), args.max_completion_length)
+    text = card.text.replace("[None](https://huggingface.co/None)", named)
+    text = re.sub(
+        r"(## Quick start\s*```python\n).*?(```)", lambda m: f"{m[1]}{code}\n{m[2]}", text, count=1, flags=re.S
     )
-    versions = []
-    for name in ("stapo_trl", "trl", "transformers", "torch", "datasets", "tokenizers"):
-        try:
-            versions.append((name, version(name)))
-        except PackageNotFoundError:
-            continue
-    wandb = sys.modules.get("wandb")
-    return ModelCard.from_template(
-        card_data,
-        template_path=str(TEMPLATE),
-        model_name=model_name,
-        base_model_text=f"[{base}](https://huggingface.co/{base})" if is_hub_id else named,
-        dataset_name=public_dataset_name(dataset_name),
-        quick_start=quick_start_code(reference, prompt, hasattr(model, "peft_config"), args.max_completion_length),
-        wandb_url=wandb.run.url if wandb is not None and getattr(wandb, "run", None) else None,
-        method_text=method,
-        trainer_name=getattr(trainer, "_name", "GRPO"),
-        paper=getattr(trainer, "_paper", None),
-        summary=_summary(trainer, s2t, eval_record),
-        settings=[(name, meaning, getattr(value, "value", value)) for name, meaning, value in rows],
-        versions=versions,
-        citation=STAPOTrainer._paper["citation"],
+    text = text.replace(
+        "### Framework versions\n", "\n".join(section) + f"### Framework versions\n\n- stapo_trl: {__version__}", 1
     )
+    card.text = re.sub(r"\n(?:[ \t]*\n){2,}", "\n\n", text)  # the blank lines of TRL's unused badges
+    return card
