@@ -1,12 +1,8 @@
-"""The run files, written during `train()` by callbacks and read back by the commands and figures:
-
-- `metrics.jsonl`: every log row, `{"step": 12, "epoch": 0.02, "reward": 0.44, "s2t/silenced_ratio": 1e-4, ...}`
-  ([`MetricsLogCallback`]);
-- `spurious_tokens.jsonl`: the silenced tokens in context, with samples of kept candidates and other positive-advantage
-  tokens ([`SpuriousTokenLogger`]; one record per line, see [`~stapo_trl.diagnostics.token_records`]).
-
-Both are flushed per line, so a killed run keeps its rows; a resumed run drops the rows of the steps it redoes.
-[`NoLearningSignalCallback`] warns once when the first logging steps had nothing to learn from.
+"""The run files, written during `train()` by callbacks and read back by the commands and figures: `metrics.jsonl`,
+every log row ([`MetricsLogCallback`]), and `spurious_tokens.jsonl`, the silenced tokens in context with samples of
+kept candidates and other positive-advantage tokens ([`SpuriousTokenLogger`]). Both are flushed per line; a resumed
+run drops the rows of the steps it redoes. [`NoLearningSignalCallback`] warns once when the first logging steps had
+nothing to learn from.
 """
 
 from __future__ import annotations
@@ -22,7 +18,14 @@ from typing import Any, TextIO
 from accelerate.utils import gather_object
 from transformers import DefaultFlowCallback, TrainerCallback
 
-from ..diagnostics.token_records import merge_token_records, select_token_records, token_records
+from ..diagnostics.token_records import (
+    KINDS,
+    merge_token_records,
+    readable_token,
+    select_token_records,
+    token_records,
+    tokenizer_token_bytes,
+)
 from .folder import open_run_file, write_atomic
 
 
@@ -30,7 +33,6 @@ logger = logging.getLogger(__name__)
 
 METRICS_FILENAME = "metrics.jsonl"
 SPURIOUS_TOKENS_FILENAME = "spurious_tokens.jsonl"
-TOKEN_RECORD_KINDS = ("silenced", "kept_candidate", "reference")
 # Keys of the end-of-training summary log (`Trainer.train`), not per-step metrics.
 TRAIN_SUMMARY_KEYS = frozenset(
     {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "train_loss", "epoch"}
@@ -38,32 +40,25 @@ TRAIN_SUMMARY_KEYS = frozenset(
 
 
 # -- reading -----------------------------------------------------------------------------------------------------------
-def jsonable(value: Any) -> Any:
-    """A log value as strict JSON: NaN and infinities become `null`, 0-d tensors numbers."""
-    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
-        value = value.item()
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def _is_number(value: Any) -> bool:
+def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def is_metrics_row(row: Any) -> bool:
-    """A JSON object with an integer `step` whose values are numbers or `null`."""
-    if not isinstance(row, dict) or not _is_number(row.get("step")) or row["step"] != int(row["step"]):
-        return False
-    return all(value is None or _is_number(value) for value in row.values())
+def jsonable(value: Any) -> Any:
+    """A log value as strict JSON: NaN and infinities become `null`, 0-d tensors numbers."""
+    value = value.item() if hasattr(value, "item") and getattr(value, "ndim", 1) == 0 else value
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-def is_token_record(record: Any) -> bool:
-    """A JSON object with a `kind` of `TOKEN_RECORD_KINDS`, an integer `step`, numbers `prob`, `entropy`, a `token`."""
-    return (
-        isinstance(record, dict)
-        and record.get("kind") in TOKEN_RECORD_KINDS
-        and all(_is_number(record.get(key)) for key in ("step", "prob", "entropy"))
-        and isinstance(record.get("token"), str)
-    )
+def _metrics_row(row: dict) -> bool:
+    step = row.get("step")
+    whole = isinstance(step, int) or (isinstance(step, float) and step.is_integer())
+    return _number(step) and whole and all(value is None or _number(value) for value in row.values())
+
+
+def _token_record(row: dict) -> bool:
+    numbers = all(_number(row.get(key)) for key in ("step", "prob", "entropy"))
+    return row.get("kind") in KINDS and numbers and isinstance(row.get("token"), str)
 
 
 def json_lines(path: str | os.PathLike):
@@ -89,24 +84,24 @@ def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object")
     if bad and (key := (os.path.abspath(path), tuple(bad))) not in _WARNED:
         _WARNED.add(key)
         shown = ", ".join(map(str, bad[:20])) + (f", ... ({len(bad) - 20} more)" if len(bad) > 20 else "")
-        many = len(bad) > 1
         logger.warning(
-            f"{path}: skipped line{'s' * many} {shown}, not {what}: a run killed mid-write cuts its last line short; "
-            f"other lines were edited or corrupted. The figures leave {'them' if many else 'it'} out."
+            f"{path}: skipped line{'s' * (len(bad) > 1)} {shown}, not {what}: a run killed mid-write cuts its last "
+            "line short; other lines were edited or corrupted. The figures leave them out."
         )
     return rows
 
 
-def read_metrics(path: str) -> list[dict[str, Any]]:
-    """The rows of `metrics.jsonl` (or of `<dir>/metrics.jsonl`), in order ([`read_jsonl`], [`is_metrics_row`])."""
-    path = os.path.join(path, METRICS_FILENAME) if os.path.isdir(path) else path
-    return read_jsonl(path, is_metrics_row, "a metrics row (a JSON object with an integer step and numbers)")
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of `metrics.jsonl` (or of `<dir>/metrics.jsonl`), in order: JSON objects with an integer `step` and
+    numbers or `null` ([`read_jsonl`])."""
+    path = os.path.join(path, METRICS_FILENAME) if os.path.isdir(path) else os.fspath(path)
+    return read_jsonl(path, _metrics_row, "a metrics row (a JSON object with an integer step and numbers)")
 
 
 def read_token_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of `spurious_tokens.jsonl` (or of `<dir>/spurious_tokens.jsonl`), in order."""
     path = os.path.join(path, SPURIOUS_TOKENS_FILENAME) if os.path.isdir(path) else os.fspath(path)
-    return read_jsonl(path, is_token_record, "a token record (a JSON object with kind, step, prob, entropy, token)")
+    return read_jsonl(path, _token_record, "a token record (a JSON object with kind, step, prob, entropy, token)")
 
 
 def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -130,15 +125,11 @@ def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-def open_jsonl_for_run(
-    path: str, global_step: int, redone_after: int | None = None
-) -> tuple[TextIO, list[dict[str, Any]]]:
+def open_jsonl_for_run(path: str, global_step: int, redone_after: int | None = None) -> tuple[TextIO, list[dict]]:
     """Open a JSON-lines run file for appending when training (re)starts at `global_step`: a resumed run keeps the rows
-    with `step <= global_step`, and of those after `redone_after` (the last log row before a restored logging window:
-    a stopped run's partial last row, logged again whole) only evaluation rows; rewritten through a synced temporary
-    file and a rename (a kill leaves the old rows or the kept ones). A fresh run moves an earlier run's file aside to
+    with `step <= global_step`, and of those after `redone_after` (the last log row before a restored logging window)
+    only evaluation rows, rewritten by [`write_atomic`]; a fresh run moves an earlier run's file aside to
     `<name>.<n>.jsonl` (with a warning). Returns the file and the kept rows."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     kept = []
     if os.path.exists(path) and global_step > 0:
         kept = [
@@ -151,6 +142,7 @@ def open_jsonl_for_run(
         aside = next(f"{stem}.{n}{ext}" for n in range(1, 10_000) if not os.path.exists(f"{stem}.{n}{ext}"))
         os.replace(path, aside)
         logger.warning(f"{path} held an earlier run's records: kept as {os.path.basename(aside)}.")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     return open_run_file(path, "a"), kept
 
 
@@ -204,15 +196,10 @@ class MetricsLogCallback(JsonlLogCallback):
 
 class SpuriousTokenLogger(JsonlLogCallback):
     """The silenced tokens of the training masks, with samples of kept candidates and of other positive-advantage
-    tokens, in `spurious_tokens.jsonl` at every logging step.
-
-    The trainer hands each training mask to [`record`]: the records are selected and merged on the device within the
-    caps ([`~stapo_trl.diagnostics.token_records.select_token_records`]), so training never waits for the host. At each
-    logging step they come to the host in one transfer, are decoded in one batch, gathered from every process (a
-    collective: every process calls it at the same steps, with or without records), capped once and appended by the
-    main process. With wandb or trackio in `report_to`, the most frequent silenced tokens are logged as a table.
-    A logger added before `train()` (other caps, another path) replaces the trainer's own:
-    `trainer.add_callback(SpuriousTokenLogger(trainer, max_silenced=1000))`.
+    tokens, in `spurious_tokens.jsonl` at every logging step: selected on the device at each mask ([`record`]), then
+    at each logging step brought to the host once, gathered from every process (a collective), capped and appended by
+    the main process; with wandb or trackio in `report_to`, the most silenced tokens as a table. One added before
+    `train()` replaces the trainer's own: `trainer.add_callback(SpuriousTokenLogger(trainer, max_silenced=1000))`.
 
     Args:
         trainer ([`~stapo_trl.STAPOTrainer`]): the trainer whose masks are recorded.
@@ -229,14 +216,10 @@ class SpuriousTokenLogger(JsonlLogCallback):
                  context_tokens=8, top_k=20):  # fmt: skip
         super().__init__(path)
         self.trainer, self.context_tokens, self.top_k = trainer, context_tokens, top_k
-        self.max_silenced, self.max_kept_candidates, self.max_reference = (
-            max_silenced,
-            max_kept_candidates,
-            max_reference,
-        )
-        self.caps = {"silenced": max_silenced, "kept_candidate": max_kept_candidates, "reference": max_reference}
+        self.max_silenced, self.max_kept_candidates, self.max_reference = caps = (max_silenced, max_kept_candidates, max_reference)  # fmt: skip
+        self.caps = dict(zip(KINDS, caps))
         self.silenced_counts, self.kept_candidate_counts = Counter(), Counter()  # by token label, for the table
-        self._token_bytes = None  # token id -> bytes, from the tokenizer when a label is first needed
+        self._token_bytes = None  # token id -> bytes, read from the tokenizer when first needed
         self._pending = None  # the masks' sample since the last logging step, on the device
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -245,17 +228,13 @@ class SpuriousTokenLogger(JsonlLogCallback):
             for record in self.open_for_run(args, state):  # a resumed run keeps its records up to the checkpoint
                 self._count(record)
 
-    def _count(self, record: dict[str, Any]) -> None:
-        """Count a record's token under the label the figures give it (a byte fragment by its bytes)."""
+    def _count(self, record: dict[str, Any]) -> None:  # under the figures' label (a byte fragment by its bytes)
         if record["kind"] in ("silenced", "kept_candidate"):
-            from ..diagnostics.token_records import readable_token, tokenizer_token_bytes
-
             if self._token_bytes is None:
                 backend = getattr(self.trainer.processing_class, "backend_tokenizer", None)  # a fast tokenizer
                 self._token_bytes = tokenizer_token_bytes(json.loads(backend.to_str())) if backend else {}
-            label = readable_token(
-                record["token"], self._token_bytes.get(record.get("token_id")), record.get("token_id")
-            )
+            token_id = record.get("token_id")
+            label = readable_token(record["token"], self._token_bytes.get(token_id), token_id)
             (self.silenced_counts if record["kind"] == "silenced" else self.kept_candidate_counts)[label] += 1
 
     def record(self, result, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> None:
@@ -327,16 +306,7 @@ def add_run_file_callbacks(trainer) -> list[TrainerCallback]:
 
 
 # -- a warning ---------------------------------------------------------------------------------------------------------
-_TINY_MATH = (
-    "{name} was trained on one prompt format only: a two-digit addition asked as one chat message, "
-    "[{'role': 'user', 'content': '47+38\\nPlease reason step by step, and put your final answer within "
-    "\\\\boxed{}.'}] (stapo_trl.data.format_prompt('47+38')), answered as '7+8=15, write 5 carry 1; 4+3+1=8; "
-    "\\\\boxed{85}'. Plain-text prompts, other wordings or other problems get no correct answer from it."
-)
 BUILTIN_PROMPT_FORMATS = {  # what each `builtin:` model was trained on: the likeliest cause when it earns nothing
-    "tiny-math": _TINY_MATH,
-    "tiny-math-h64": _TINY_MATH,
-    "smollm2-135m-math": _TINY_MATH,
     "tiny-random": "builtin:tiny-random has random weights: it answers nothing correctly, whatever the prompt.",
     "smollm2-135m": "builtin:smollm2-135m, as shipped, solves almost no two-digit addition at temperature 1.",
     "gemma3-270m": "builtin:gemma3-270m is a base model: it rarely ends with a \\boxed{} answer.",
@@ -344,10 +314,9 @@ BUILTIN_PROMPT_FORMATS = {  # what each `builtin:` model was trained on: the lik
 
 
 class NoLearningSignalCallback(TrainerCallback):
-    """Warn once (this module's logger) when the first `num_rows` training log rows had no learning signal: every
-    prompt group had zero reward spread (`frac_reward_zero_std` = 1: every advantage 0), or a reward function gave every
-    completion the same value (or only `None`). The message names the likely causes: the prompt format (plain text to a
-    chat model, the instruction given twice, a `builtin:` model's one format), the reward, the columns. Main process."""
+    """Warn once (this module's logger, main process) when the first `num_rows` training log rows had no learning
+    signal: every prompt group had zero reward spread (`frac_reward_zero_std` = 1), or a reward function gave every
+    completion the same value (or only `None`); the message names the likely causes (prompt format, reward, columns)."""
 
     def __init__(self, trainer, num_rows: int = 3):
         self.trainer, self.num_rows, self.rows, self.message = trainer, num_rows, [], None
@@ -356,8 +325,8 @@ class NoLearningSignalCallback(TrainerCallback):
         self.rows, self.message = [], None
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        zero_spread = (logs or {}).get("frac_reward_zero_std")
-        if self.rows is None or not state.is_world_process_zero or not _is_number(zero_spread) or zero_spread != zero_spread:  # fmt: skip
+        spread = (logs or {}).get("frac_reward_zero_std")
+        if self.rows is None or not state.is_world_process_zero or not _number(spread) or spread != spread:
             return
         self.rows.append(dict(logs, step=state.global_step))
         if len(self.rows) >= self.num_rows or "train_runtime" in logs:
@@ -369,70 +338,58 @@ class NoLearningSignalCallback(TrainerCallback):
 
     def _decide(self) -> None:
         rows, self.rows = self.rows, None  # decided: never again this run
-        all_zero_spread = all(r.get("frac_reward_zero_std") == 1.0 for r in rows)
-        constant = {}  # reward name -> the one value it gave
+        zero_spread, constant = all(r.get("frac_reward_zero_std") == 1.0 for r in rows), {}  # constant: name -> value
         for name in getattr(self.trainer, "reward_func_names", []):
             means = [r.get(f"rewards/{name}/mean") for r in rows]
-            if all(map(_is_number, means)) and all(r.get(f"rewards/{name}/std") == 0 for r in rows) and len(set(means)) == 1:  # fmt: skip
+            if all(map(_number, means)) and all(r.get(f"rewards/{name}/std") == 0 for r in rows) and len(set(means)) == 1:  # fmt: skip
                 constant[name] = f"{means[0]:g}"
             elif all(f"rewards/{name}/mean" in r and (m is None or m != m) for r, m in zip(rows, means)):
                 constant[name] = "None"
-        if not all_zero_spread and not constant:
+        if not zero_spread and not constant:
             return
-        steps = f"step {rows[0]['step']}" if len(rows) == 1 else f"steps {rows[0]['step']}-{rows[-1]['step']}"
-        where = (
-            f"the first {len(rows)} logging steps ({steps})" if len(rows) > 1 else f"the first logging step ({steps})"
-        )
+        where = f"the first logging step (step {rows[0]['step']})"
+        if len(rows) > 1:
+            where = f"the first {len(rows)} logging steps (steps {rows[0]['step']}-{rows[-1]['step']})"
         values = ", ".join(f"{name} gave {value}" for name, value in constant.items())
-        if all_zero_spread or set(constant) == set(self.trainer.reward_func_names):
+        if zero_spread or set(constant) == set(self.trainer.reward_func_names):
             spread = "no reward function gave two completions different values"
-            if all_zero_spread:
-                spread = "every prompt group had zero reward spread (frac_reward_zero_std = 1: all completions of a "
-                spread += "prompt got the same reward)"
-            text = f"No learning signal. In {where}, {spread}, so every advantage was 0 and the loss and gradient "
-            text += "were 0: nothing was learned"
+            if zero_spread:
+                spread = "every prompt group had zero reward spread (frac_reward_zero_std = 1)"
+            text = f"No learning signal. In {where}, {spread}, so every advantage and the gradient were 0"
             text += f"; the reward functions gave every completion the same value ({values})." if constant else "."
         else:
-            text = f"A reward function gave every completion the same value in {where} ({values}): it adds nothing to "
-            text += "the advantages, only the other reward functions are learned from."
-        causes = [self._prompt_cause(), self._reward_cause(constant), self._column_cause()]
+            text = f"A reward function gave every completion the same value in {where} ({values}): it adds nothing "
+            text += "to the advantages."
+        columns = [c for c in (getattr(self.trainer.train_dataset, "column_names", None) or []) if c != "prompt"]
+        causes = [
+            self._prompt_cause(),
+            f"The reward: call {', '.join(constant) or 'the reward function'} on a right and a wrong completion; they must differ.",
+            "The columns: TRL passes every dataset column but `prompt` to the rewards by name"
+            + (f" (here: {', '.join(columns)})" if columns else "") + "; check the one your reward reads.",
+        ]  # fmt: skip
         self.message = f"{text} Likely causes: " + " ".join(f"({i}) {c}" for i, c in enumerate(causes, 1))
         logger.warning(self.message)
 
     def _prompt_cause(self) -> str:
-        text = "The prompt format: prompts the model was not trained on (another wording or template) get no correct answer."
+        from ..data import format_prompt
+        from ..models.names import BUILTIN_MODELS, INFO_FILE, read_builtin_info
+
+        text = "The prompt format: the model gets no correct answer to prompts unlike those it was trained on."
         try:
             prompt = self.trainer.train_dataset[0]["prompt"]
         except (KeyError, IndexError, TypeError, NotImplementedError):
             prompt = None
         if isinstance(prompt, str) and getattr(self.trainer.processing_class, "chat_template", None):
-            text += (
-                " Your prompts are plain text, so TRL does not apply the model's chat template; a chat model expects "
-                "[{'role': 'user', 'content': ...}] messages."
-            )
+            text += " Your prompts are plain text, so TRL does not apply the model's chat template."
         contents = [m.get("content") for m in prompt if isinstance(m, dict)] if isinstance(prompt, list) else [prompt]
         for content in [c for c in contents if isinstance(c, str)]:
             tail = content.strip()[-40:]
             if len(tail) >= 20 and content.count(tail) > 1:
                 text += f" Your prompts hold their instruction twice ({tail!r} repeated)."
-        model_path = getattr(getattr(self.trainer.model, "config", None), "_name_or_path", None)
-        from ..models.names import INFO_FILE, read_builtin_info
-
-        built = model_path and os.path.isfile(os.path.join(model_path, INFO_FILE))  # a built-in model's folder
-        name = read_builtin_info(model_path).get("name", "").removeprefix("builtin:") if built else None
+        path = getattr(getattr(self.trainer.model, "config", None), "_name_or_path", None)
+        name = read_builtin_info(path)["name"][8:] if path and os.path.isfile(os.path.join(path, INFO_FILE)) else None
         if name in BUILTIN_PROMPT_FORMATS:
-            text += " " + BUILTIN_PROMPT_FORMATS[name].replace("{name}", f"builtin:{name}")
+            text += " " + BUILTIN_PROMPT_FORMATS[name]
+        elif name in BUILTIN_MODELS:  # the models trained on tiny-math
+            text += f" builtin:{name} was trained on one prompt format only: {format_prompt('47+38')}."
         return text
-
-    @staticmethod
-    def _reward_cause(constant: dict[str, str]) -> str:
-        names = ", ".join(constant) if constant else "the reward function"
-        return f"The reward: check that {names} can give different values, by calling it on a right and a wrong completion."
-
-    def _column_cause(self) -> str:
-        columns = [c for c in (getattr(self.trainer.train_dataset, "column_names", None) or []) if c != "prompt"]
-        passed = f" (here: {', '.join(columns)})" if columns else ""
-        return (
-            f"The columns: TRL passes every dataset column but `prompt` to the reward functions by name{passed}; check "
-            "that the one your reward reads (e.g. `solution`) holds the answers of the same rows."
-        )
