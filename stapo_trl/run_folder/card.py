@@ -1,6 +1,5 @@
-"""The model card of a run (`README.md` in `output_dir`): TRL's card (`trl.trainer.utils.generate_model_card`) with a
-quick start in the run's prompt format and a section of the run's S2T values and objective, its silenced counts over
-the run, its accuracy and the base model's license."""
+"""The model card (`README.md` in `output_dir`): TRL's (`trl.trainer.utils.generate_model_card`) with a quick start in
+the run's prompt format and a section of its S2T values and objective, silenced counts, accuracy and base license."""
 
 from __future__ import annotations
 
@@ -17,27 +16,23 @@ from .logs import s2t_totals
 
 PAPER_URL = "https://huggingface.co/papers/2602.15620"
 LOCAL_MODEL = "a local model"
-ROWS = (  # (field, meaning) of the settings table; the S2T rows for a run with S2T values
+ROWS = (  # (field, meaning) of the settings table; the first three for a run with S2T values
     ("s2t_prob_threshold", "τ_p: positive-advantage tokens sampled with a probability below it are candidates"),
     ("s2t_entropy_quantile", "q: candidates below the q-quantile τ_h of their entropies are silenced"),
     ("s2t_mode", "which candidates are silenced (`low_entropy`: the paper's rule)"),
     ("loss_type", "loss normalisation (`dapo`: token mean over the optimizer update)"),
-    ("epsilon", "lower clip ε_low"),
-    ("epsilon_high", "upper clip ε_high"),
-    ("beta", "KL coefficient"),
-    ("learning_rate", "learning rate"),
-    ("num_generations", "rollouts per prompt"),
+    ("epsilon", "lower clip ε_low"), ("epsilon_high", "upper clip ε_high"), ("beta", "KL coefficient"),
+    ("learning_rate", "learning rate"), ("num_generations", "rollouts per prompt"),
     ("per_device_train_batch_size", "completions per micro-step and process"),
     ("gradient_accumulation_steps", "micro-steps per optimizer update"),
     ("steps_per_generation", "micro-steps per rollout batch"),
     ("temperature", "rollout temperature (τ_p and q are calibrated at 1.0)"),
     ("max_completion_length", "max response tokens"),
-)
+)  # fmt: skip
 
 
 def base_model_name(path: str | None) -> str:
-    """How a card names a base model: a Hub id as is, a built-in model's folder by its `builtin:` name (its build
-    record, `stapo_builtin.json`), any other local folder as "a local model"."""
+    """A Hub id as is, a built-in model's folder by its `builtin:` name, any other local folder as "a local model"."""
     from ..models.names import INFO_FILE, read_builtin_info
 
     if path and os.path.isfile(os.path.join(str(path), INFO_FILE)):
@@ -46,48 +41,32 @@ def base_model_name(path: str | None) -> str:
 
 
 def public_base_model_name(base: str) -> str:
-    """How an uploaded card names the base model: a Hub id as is; a `builtin:` model by the Hub model it was made from
-    (or as this package's demo model), never by a name or path that means nothing on the Hub."""
+    """How an uploaded card names a base model: a Hub id as is, a `builtin:` one by the Hub model it was made from (or
+    as this package's demo model)."""
     from ..models.names import BUILTIN_MODELS
 
-    if not base.startswith("builtin:"):
-        return base
     name = base.removeprefix("builtin:")
-    recipe = BUILTIN_MODELS.get(name, {})
-    if "origin" not in recipe:
-        return f"the {name} demo model built by stapo_trl"
+    if name == base or "origin" not in (recipe := BUILTIN_MODELS.get(name, {})):
+        return base if name == base else f"the {name} demo model built by stapo_trl"
     warmed = ", then SFT-warmed on two-digit addition" if recipe["kind"] == "gguf+sft" else ""
     return f"{recipe['origin']} (dequantized from a GGUF file{warmed} by stapo_trl: {name})"
 
 
 def public_dataset_name(name: str | None) -> str | None:
-    """A Hub dataset id as is (the card links it); `None` for a `builtin:` dataset or a local file or folder."""
+    """A Hub dataset id as is; `None` for a `builtin:` dataset or a local file or folder."""
     local = name and (name.startswith("builtin:") or os.path.exists(name) or os.path.isabs(name))
-    local = local or (name or "").lower().endswith((".json", ".jsonl", ".csv", ".parquet"))
-    return None if not name or local else name
-
-
-def _saved_model(trainer) -> str:
-    """Where the model of this card is: `output_dir` once the model is saved there (or nothing was trained), else the
-    checkpoint of the last step (a script run saves checkpoints only)."""
-    output_dir, step = trainer.args.output_dir, trainer.state.global_step
-    saved = any(os.path.isfile(os.path.join(output_dir, name)) for name in ("config.json", "adapter_config.json"))
-    if saved or step == 0 or trainer.args.save_strategy == "no":
-        return output_dir
-    return os.path.join(output_dir, f"checkpoint-{step}")
+    return None if not name or local or name.lower().endswith((".json", ".jsonl", ".csv", ".parquet")) else name
 
 
 def quick_start_code(model: str, prompt, adapter: bool, max_new_tokens: int) -> str:
     """Python that loads `model` (a LoRA adapter onto its base, with peft) and asks it a prompt in the run's format."""
-    load = ["from transformers import pipeline", ""]
-    model_arg = f"model={json.dumps(model)}"
+    load, model_arg = ["from transformers import pipeline", ""], f"model={json.dumps(model)}"
     if adapter:
         load = ["from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer, pipeline", ""]
         load.append(f"model = AutoPeftModelForCausalLM.from_pretrained({json.dumps(model)}).merge_and_unload()")
         model_arg = f"model=model, tokenizer=AutoTokenizer.from_pretrained({json.dumps(model)})"
     return "\n".join([
-        *load,
-        f'generator = pipeline("text-generation", {model_arg})',
+        *load, f'generator = pipeline("text-generation", {model_arg})',
         f"prompt = {json.dumps(prompt, ensure_ascii=False)}  # a training prompt, in the run's format",
         f'output = generator(prompt, max_new_tokens={max_new_tokens}, return_full_text=False)[0]',
         'print(output["generated_text"])',
@@ -96,17 +75,15 @@ def quick_start_code(model: str, prompt, adapter: bool, max_new_tokens: int) -> 
 
 def _summary(trainer, s2t, eval_record) -> list[str]:
     """Bullets: steps trained, the S2T mask over the run (pooled from the log history), accuracy before and after."""
-    lines = [f"- **Steps trained**: {trainer.state.global_step} optimizer steps."]
-    totals = s2t_totals(trainer.state.log_history)
+    lines, totals = [f"- **Steps trained**: {trainer.state.global_step} optimizer steps."], None
     if s2t is None:
         lines.append("- **S2T mask**: none (plain GRPO: `trl.GRPOTrainer`).")
-    elif totals is None:
+    elif (totals := s2t_totals(trainer.state.log_history)) is None:
         lines.append(f"- **S2T mask** (`s2t_mode: {s2t.mode}`): no S2T counts logged yet.")
     elif s2t.mode == "off":
-        lines.append(
-            f"- **S2T mask**: off (`s2t_mode: off`): no token was silenced; {totals['num_candidates']:,} of "
-            f"{totals['num_loss_tokens']:,} loss tokens were candidates (A > 0, p < τ_p), counted only."
-        )
+        lines.append(f"- **S2T mask**: off (`s2t_mode: off`): no token was silenced; {totals['num_candidates']:,} "
+                     f"of {totals['num_loss_tokens']:,} loss tokens were candidates (A > 0, p < τ_p), counted "
+                     "only.")  # fmt: skip
     else:
         lines.append(
             f"- **S2T mask** (`s2t_mode: {s2t.mode}`): {totals['num_silenced']:,} of {totals['num_loss_tokens']:,} "
@@ -114,8 +91,7 @@ def _summary(trainer, s2t, eval_record) -> list[str]:
             f"silenced / Σ loss tokens over {totals['num_rows']} logged rows); candidates (A > 0, p < τ_p): "
             f"{totals['num_candidates']:,}."
         )
-    if eval_record:
-        r = eval_record
+    if r := eval_record:
         kind = "Accuracy on training prompts (not held out)" if "not held out" in r["split"] else "Held-out accuracy"
         lines.append(
             f"- **{kind}** ({r['metric']} over {r['num_problems']} problems of the `{r['split']}` split, "
@@ -129,22 +105,22 @@ def _summary(trainer, s2t, eval_record) -> list[str]:
 
 
 def _method(s2t, named: str) -> str:
+    stapo = f"[STAPO]({PAPER_URL})"
     if s2t is None:
-        return f"Base model: {named}, trained with the GRPO objective below and no S2T mask (the baseline of [STAPO]({PAPER_URL}))."  # fmt: skip
+        return f"Base model: {named}, trained with the GRPO objective below and no S2T mask (the baseline of {stapo})."
     if s2t.mode == "off":
-        return f"Base model: {named}, trained with `stapo_trl.STAPOTrainer` with the S2T mask off (`s2t_mode: off`): the like-for-like baseline of [STAPO]({PAPER_URL})."  # fmt: skip
+        return (f"Base model: {named}, trained with `stapo_trl.STAPOTrainer` with the S2T mask off (`s2t_mode: off`): "
+                f"the like-for-like baseline of {stapo}.")  # fmt: skip
     return (
-        f'Base model: {named}, trained with [STAPO]({PAPER_URL}) (Liu et al., 2026, "STAPO: Stabilizing '
-        'Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens", arXiv:2602.15620): positive-advantage '
-        "tokens sampled with a low probability at low-entropy positions are removed from the numerator and the "
-        "denominator of the loss."
+        f'Base model: {named}, trained with {stapo} (Liu et al., 2026, "STAPO: Stabilizing Reinforcement Learning '
+        'for LLMs by Silencing Rare Spurious Tokens", arXiv:2602.15620): positive-advantage tokens sampled with a low '
+        "probability at low-entropy positions are removed from the numerator and the denominator of the loss."
     )
 
 
 def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_record=None, public=False) -> ModelCard:
-    """The card of `trainer`'s run: TRL's (base model, paper, tags, framework versions, citations) with a quick start
-    asking a training prompt and a section of the S2T values and objective, the silenced counts over the run and
-    `eval_record`'s accuracy.
+    """The card of `trainer`'s run: TRL's (base model, paper, tags, versions, citations) with a quick start asking a
+    training prompt and a section of the S2T values and objective, silenced counts and `eval_record`'s accuracy.
 
     Args:
         trainer ([`~trl.GRPOTrainer`]): a STAPO trainer (its `s2t` values) or a plain GRPO one.
@@ -162,22 +138,24 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
 
     from ..models.names import BUILTIN_MODELS
 
-    args, s2t = trainer.args, getattr(trainer, "s2t", None)
+    args, s2t, step = trainer.args, getattr(trainer, "s2t", None), trainer.state.global_step
     model_name = model_name or os.path.basename(os.path.normpath(args.output_dir))
     model = trainer.accelerator.unwrap_model(trainer.model)
     base = base_model_name(getattr(model.config, "_name_or_path", None))
-    is_hub_id = base != LOCAL_MODEL and not base.startswith("builtin:")
+    builtin, is_hub_id = base.startswith("builtin:"), base != LOCAL_MODEL and not base.startswith("builtin:")
     named = public_base_model_name(base) if public else base if base == LOCAL_MODEL else f"`{base}`"
     method = _method(s2t, named)
-    if base.startswith("builtin:") and (license_text := BUILTIN_MODELS.get(base[8:], {}).get("license")):
+    if builtin and (license_text := BUILTIN_MODELS.get(base[8:], {}).get("license")):
         method += f" The base model's license applies to this model too: {license_text}."
     try:
         prompt = trainer.train_dataset[0]["prompt"]
     except (KeyError, IndexError, TypeError, NotImplementedError):  # no prompt column, or an iterable dataset
         prompt = None
-    prompt = prompt if isinstance(prompt, (str, list)) else "What is 47+38?"
-    local = os.path.abspath(_saved_model(trainer))  # the quick start loads it from any working directory
-    reference = (args.hub_model_id or trainer.hub_model_id or model_name) if public else local
+    # The saved model: output_dir once saved there (or nothing was trained), else the last step's checkpoint.
+    saved = any(os.path.isfile(os.path.join(args.output_dir, n)) for n in ("config.json", "adapter_config.json"))
+    local = f"{args.output_dir}/checkpoint-{step}"
+    local = args.output_dir if saved or step == 0 or args.save_strategy == "no" else local
+    reference = (args.hub_model_id or trainer.hub_model_id or model_name) if public else os.path.abspath(local)
     wandb = sys.modules.get("wandb")
     card = generate_model_card(
         base_model=base if is_hub_id else None, model_name=model_name, hub_model_id=reference,
@@ -194,13 +172,11 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
         "| setting | meaning | value |", "|---|---|---|",
         *(f"| `{name}` | {meaning} | `{getattr(value, 'value', value)}` |" for name, meaning, value in rows), "", "",
     ]  # fmt: skip
+    prompt = prompt if isinstance(prompt, (str, list)) else "What is 47+38?"
     code = quick_start_code(reference, prompt, hasattr(model, "peft_config"), args.max_completion_length)
     text = card.text.replace("[None](https://huggingface.co/None)", named)
-    text = re.sub(
-        r"(## Quick start\s*```python\n).*?(```)", lambda m: f"{m[1]}{code}\n{m[2]}", text, count=1, flags=re.S
-    )
-    text = text.replace(
-        "### Framework versions\n", "\n".join(section) + f"### Framework versions\n\n- stapo_trl: {__version__}", 1
-    )
+    text = re.sub(r"(## Quick start\s*```python\n).*?```", lambda m: f"{m[1]}{code}\n```", text, count=1, flags=re.S)
+    versions = "\n".join(section) + f"### Framework versions\n\n- stapo_trl: {__version__}"
+    text = text.replace("### Framework versions\n", versions, 1)
     card.text = re.sub(r"\n(?:[ \t]*\n){2,}", "\n\n", text)  # the blank lines of TRL's unused badges
     return card

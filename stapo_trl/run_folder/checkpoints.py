@@ -1,15 +1,5 @@
-"""Whole checkpoints and the run record. Nothing here unpickles a file but with `torch.load(weights_only=True)`: a
-checkpoint from elsewhere is untrusted input.
-
-- [`checkpoint_problem`]: complete means every file the save wrote (named by its run record; by rule for a checkpoint
-  saved before it had one) is there and whole (safetensors' own header and length check, a torch file's zip directory,
-  what transformers unpickles on resume loaded the same safe way): transformers resumes the highest-numbered one
-  whatever it holds.
-- [`resume_checkpoint`]: the newest complete one, those skipped above it said in one line and moved aside
-  (`_damaged-checkpoint-N`), out of reach of `save_total_limit`'s rotation and of `get_last_checkpoint`.
-- [`run_settings`] / [`check_run_settings`]: what the run optimizes, as plain JSON in each checkpoint
-  (`stapo_run.json`), and the refusal of a resume that would change it.
-"""
+"""Whole checkpoints and the run record (`stapo_run.json`: what the run optimizes and the files its save wrote).
+Nothing here unpickles a file but with `torch.load(weights_only=True)`: a checkpoint from elsewhere is untrusted."""
 
 from __future__ import annotations
 
@@ -21,21 +11,19 @@ import re
 import zipfile
 from typing import Any
 
-from .folder import (  # noqa: F401
-    CHECKPOINT_FOLDER,
-    DAMAGED_PREFIX,
-    RUN_RECORD,
+from . import folder
+from .folder import (  # noqa: F401 (re-exported)
     LinkError,
     check_output_dir,
     command_line,
     hold_run_folder,
     open_run_file,
     refuse_links,
-    write_atomic,
 )
 
 
 logger = logging.getLogger(__name__)
+CHECKPOINT_FOLDER, RUN_RECORD = folder.CHECKPOINT_FOLDER, folder.RUN_RECORD
 
 ROLLOUT_MANIFEST = re.compile(r"^rollout_state_\d+\.json$")  # stapo_trl.run_folder.rollout's, beside its .safetensors
 RESUME_FIX = "Give a complete checkpoint folder (<output_dir>/checkpoint-<step>), or let a run take its newest one."
@@ -46,8 +34,7 @@ _REQUIRED = {
     "RNG state (rng_state.pth)": ("rng_state",),
 }
 _UNPICKLED_ON_RESUME = ("optimizer", "scheduler", "scaler", "rng_state", "pytorch_model")  # by transformers
-# The config fields a resume must keep. Free to change: threads, logging, saving, evaluation, max_steps and the batch
-# layout (another number of processes changes it).
+# The config fields a resume must keep (free: threads, logging, saving, evaluation, max_steps, the batch layout).
 RESUME_FIELDS = (
     "loss_type", "epsilon", "epsilon_high", "delta", "beta", "scale_rewards", "reward_weights",
     "importance_sampling_level", "top_entropy_quantile", "mask_truncated_completions", "num_generations",
@@ -55,13 +42,10 @@ RESUME_FIELDS = (
     "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args",
     "optim_target_modules", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
 )  # fmt: skip
-# The settings a record of each format holds: one without them is damaged (`warmup_ratio` where transformers has it).
-RECORD_FIELDS = {1: ("trainer", "model", "reward_funcs", *RESUME_FIELDS)}
+RECORD_FIELDS = {1: ("trainer", "model", "reward_funcs", *RESUME_FIELDS)}  # a record without them is damaged
 
 
-# -- whole checkpoints -------------------------------------------------------------------------------------------------
-def _torch_file_problem(path: str, load: bool) -> str | None:
-    """A torch file: its zip directory, then (`load`) a safe load, its tensors mapped, not read."""
+def _torch_file_problem(path: str, load: bool) -> str | None:  # its zip directory, then (`load`) a safe load
     size = os.path.getsize(path)
     try:
         with zipfile.ZipFile(path) as archive:
@@ -82,18 +66,13 @@ def _torch_file_problem(path: str, load: bool) -> str | None:
         detail = next((p for p in paragraphs[1:] if not p.startswith("Check the documentation")), None)
         detail = (detail or (paragraphs or [type(e).__name__])[0]).splitlines()[0][:160].rstrip(".")
         return f"refused by a safe load: {detail}"
-    is_rng = os.path.basename(path).startswith("rng_state")
-    if is_rng and not (isinstance(state, dict) and {"python", "numpy", "cpu"} <= set(state)):
-        return "holds no RNG state"
-    return None
+    rng = isinstance(state, dict) and {"python", "numpy", "cpu"} <= set(state)
+    return "holds no RNG state" if os.path.basename(path).startswith("rng_state") and not rng else None
 
 
 def tensor_specs(path: str) -> dict:
-    """`{name: {"dtype": "F32", "shape": [16, 48]}}` of the safetensors file `path` (safetensors' dtype names).
-
-    Raises:
-        SafetensorError: a header that does not parse, or a file longer or shorter than its header says.
-    """
+    """`{name: {"dtype": "F32", "shape": [16, 48]}}` of the safetensors file `path`; safetensors' `SafetensorError`
+    for a header that does not parse or a file longer or shorter than its header says."""
     from safetensors import safe_open
 
     with safe_open(path, framework="pt") as f:
@@ -109,8 +88,7 @@ def _safetensors_problem(path: str) -> str | None:
     return None
 
 
-def _manifest_problem(path: str, manifest: Any) -> str | None:
-    """A rollout manifest ([`~stapo_trl.run_folder.rollout`]) must name its tensors file's tensors, dtypes and shapes."""
+def _manifest_problem(path: str, manifest: Any) -> str | None:  # a rollout manifest names its tensors file's tensors
     tensors = path.removesuffix(".json") + ".safetensors"
     try:
         specs = tensor_specs(tensors)
@@ -120,7 +98,6 @@ def _manifest_problem(path: str, manifest: Any) -> str | None:
         specs = None
     if not isinstance(manifest, dict) or manifest.get("tensors") != specs:
         return f"does not match {os.path.basename(tensors)} (its tensors' names, dtypes or shapes)"
-    return None
 
 
 def file_problem(path: str) -> str | None:
@@ -145,8 +122,8 @@ def file_problem(path: str) -> str | None:
 
 def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
     """Why the folder `path` is not a complete checkpoint, in a few words naming the file, or `None`: its
-    `trainer_state.json` parses (written last), its run record says the save finished, every file it names (without a
-    record: the weights and, unless `save_only_model`, the optimizer, scheduler and RNG state) is there and whole."""
+    `trainer_state.json` (written last) parses, its run record says the save finished, and every file the record names
+    (without one: the weights and, unless `save_only_model`, the optimizer, scheduler and RNG state) is whole."""
     names = sorted(os.listdir(path)) if os.path.isdir(path) else None
     if not names:
         return "not a folder" if names is None else "empty"
@@ -159,7 +136,8 @@ def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
         return f"trainer_state.json unreadable ({type(e).__name__}): its save did not finish"
     number = CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path)))
     if type(step) is not int or step < 0 or (number and step != int(number[1])):
-        return f"trainer_state.json has global_step {repr(step)[:40]}, not {f'its step {number[1]}' if number else 'a step'}"
+        expected = f"its step {number[1]}" if number else "a step"
+        return f"trainer_state.json has global_step {repr(step)[:40]}, not {expected}"
     try:
         record = read_run_record(path)
     except OSError as e:
@@ -179,24 +157,18 @@ def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
         return f"no {missing[0]}, which its save wrote"
     for name in names:
         full = os.path.join(path, name)
-        if not os.path.isdir(full):
-            problem = file_problem(full)
-        elif name.startswith("global_step"):  # DeepSpeed's files: their zip directory only (DeepSpeed unpickles them)
-            pt_files = [n for n in sorted(os.listdir(full)) if n.endswith(".pt")]
-            problems = [f"/{n} {p}" for n in pt_files if (p := _torch_file_problem(os.path.join(full, n), False))]
-            problem = problems[0] if problems else None
-        else:
-            problem = None
-        if problem:
-            return f"{name}{'' if problem.startswith('/') else ' '}{problem}"
+        if not os.path.isdir(full) and (problem := file_problem(full)):
+            return f"{name} {problem}"
+        for inner in sorted(os.listdir(full)) if name.startswith("global_step") and os.path.isdir(full) else []:
+            if inner.endswith(".pt") and (problem := _torch_file_problem(os.path.join(full, inner), False)):
+                return f"{name}/{inner} {problem}"  # DeepSpeed's files: their zip directory (DeepSpeed unpickles them)
     return None
 
 
 def newest_complete_checkpoint(output_dir: str, save_only_model: bool = False) -> tuple[str | None, list]:
     """(the complete checkpoint of `output_dir` with the highest step or `None`, [(name, why) of each incomplete one
     above it, highest first])."""
-    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
-    skipped = []
+    names, skipped = os.listdir(output_dir) if os.path.isdir(output_dir) else [], []
     for name in sorted(filter(CHECKPOINT_FOLDER.match, names), key=lambda n: -int(n.split("-")[1])):
         if (problem := checkpoint_problem(os.path.join(output_dir, name), save_only_model)) is None:
             return os.path.join(output_dir, name), skipped
@@ -205,17 +177,16 @@ def newest_complete_checkpoint(output_dir: str, save_only_model: bool = False) -
 
 
 def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_aside: bool = False) -> str | None:
-    """[`newest_complete_checkpoint`]; those skipped above it are said in one warning line with why, and with
-    `move_aside` (the folder's writer only) each is renamed `_damaged-checkpoint-N[-k]`. The resume itself is said by
-    `train()`, once its checks have passed."""
+    """[`newest_complete_checkpoint`], those skipped above it said in one warning line and, with `move_aside` (the
+    folder's writer only), renamed `_damaged-checkpoint-N[-k]`: out of reach of the rotation and of transformers."""
     checkpoint, skipped = newest_complete_checkpoint(output_dir, save_only_model)
     words = []
     for name, problem in skipped:
         aside = ""
         if move_aside:
-            target, k = DAMAGED_PREFIX + name, 1
+            target, k = folder.DAMAGED_PREFIX + name, 1
             while os.path.lexists(os.path.join(output_dir, target)):
-                k, target = k + 1, f"{DAMAGED_PREFIX}{name}-{k + 1}"
+                k, target = k + 1, f"{folder.DAMAGED_PREFIX}{name}-{k + 1}"
             os.replace(os.path.join(output_dir, name), os.path.join(output_dir, target))
             aside = f" and moved it aside to {target}"
         words.append(f"{name} ({problem}){aside}")
@@ -227,12 +198,8 @@ def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_as
 
 
 def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: str = RESUME_FIX) -> None:
-    """Refuse a checkpoint given by name (`resume_from_checkpoint`, `stapo-eval --model`) that is not complete.
-
-    Raises:
-        ValueError: `<what> <problem>. <fix>`: missing, a file, a run folder (naming its newest complete checkpoint), or
-            not complete (naming the file and the damage).
-    """
+    """Raise `ValueError("<what> <problem>. <fix>")` for a checkpoint given by name that is missing, a file, a run
+    folder (naming its newest complete checkpoint) or not complete (naming the file and the damage)."""
     if (problem := checkpoint_problem(path, save_only_model)) is None:
         return
     if problem == "not a folder":
@@ -244,7 +211,6 @@ def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: s
     raise ValueError(f"{what} {problem}. {fix}")
 
 
-# -- what the run optimizes --------------------------------------------------------------------------------------------
 def plain(value: Any) -> Any:
     """`value` as JSON data that compares equal across processes: enums by value, tuples as lists, sets sorted,
     objects with `to_dict` as dicts, any other object by its type's name (never a `repr` with an address)."""
@@ -260,16 +226,15 @@ def plain(value: Any) -> Any:
     return plain(value.to_dict()) if hasattr(value, "to_dict") else type(value).__name__
 
 
-def _local(path: Any) -> Any:
-    return os.path.abspath(path) if isinstance(path, str) and os.path.exists(path) else path
-
-
 def run_settings(args, *, trainer: str, model, reward_funcs, s2t=None, peft_config=None, train_dataset=None,
                  dtype=None) -> dict:  # fmt: skip
     """What a resume must keep, as plain data: the trainer class, the model and its `dtype` (`"float32"`), the rewards
-    (a function by its name, a reward model by its id), the S2T values, the objective and optimizer fields of `args`
-    ([`RESUME_FIELDS`]), the PEFT settings and the training data's `datasets` fingerprint."""
+    (a function by its name, a reward model by its id), the S2T values, [`RESUME_FIELDS`] of `args`, the PEFT
+    settings and the training data's `datasets` fingerprint."""
     from trl.trainer.utils import get_callable_name
+
+    def _local(path: Any) -> Any:
+        return os.path.abspath(path) if isinstance(path, str) and os.path.exists(path) else path
 
     if not isinstance(model, str):
         model = getattr(getattr(model, "config", None), "_name_or_path", None)
@@ -288,19 +253,14 @@ def run_settings(args, *, trainer: str, model, reward_funcs, s2t=None, peft_conf
 
 
 def write_run_record(checkpoint: str, settings: dict, *, save_only_model: bool, files: list[str] | None) -> None:
-    """Write `checkpoint/stapo_run.json` ([`write_atomic`]): `files` `None` while the save runs, then the files it
-    wrote."""
+    """Write `checkpoint/stapo_run.json` atomically: `files` `None` while the save runs, then the files it wrote."""
     record = {"format": 1, "files": files, "save_only_model": save_only_model, "settings": settings}
-    write_atomic(os.path.join(checkpoint, RUN_RECORD), json.dumps(record, indent=2))
+    folder.write_atomic(os.path.join(checkpoint, RUN_RECORD), json.dumps(record, indent=2))
 
 
 def read_run_record(checkpoint: str) -> dict | None:
-    """The record of `checkpoint`, `None` when it has none.
-
-    Raises:
-        ValueError: `stapo_run.json ...`: it does not parse (or is nested too deep), is of an unknown format, or lacks
-            settings its format holds or the list of files.
-    """
+    """The record of `checkpoint` (`None` without one); `ValueError("stapo_run.json ...")` for one that does not parse,
+    is of an unknown format, or lacks settings its format holds or the list of files."""
     path = os.path.join(checkpoint, RUN_RECORD)
     if not os.path.lexists(path):
         return None
@@ -322,8 +282,7 @@ def read_run_record(checkpoint: str) -> dict | None:
 
 
 def changed_settings(recorded: dict, current: dict) -> list[str]:
-    """`"name old -> new"` for each field both hold with other values (one only one of them holds was added by another
-    stapo_trl version: not compared); a dict's changed keys one by one (`peft.r 8 -> 16`)."""
+    """`"name old -> new"` for each field both hold with other values, a dict's keys one by one (`peft.r 8 -> 16`)."""
     changes = []
     for name in [key for key in current if key in recorded]:
         old, new = recorded[name], current[name]
@@ -335,12 +294,8 @@ def changed_settings(recorded: dict, current: dict) -> list[str]:
 
 
 def check_run_settings(checkpoint: str, settings: dict) -> None:
-    """Refuse to resume `checkpoint` with other `settings` than it was trained with; a checkpoint without a record
-    (saved before stapo_trl wrote one) resumes with one warning.
-
-    Raises:
-        ValueError: one line naming each changed field with its old and new value.
-    """
+    """Raise `ValueError` (one line naming each changed field, old -> new) to resume `checkpoint` with other
+    `settings` than it was trained with; one without a record resumes with one warning."""
     record = read_run_record(checkpoint)
     if record is None:
         logger.warning(

@@ -1,5 +1,5 @@
-"""The run folder itself: the `output_dir` check, no write through a symbolic link (`open_run_file`, the one atomic
-writer `write_atomic`), and one writer per folder (`hold_run_folder`)."""
+"""The run folder: the `output_dir` check, no write through a symbolic link, the one atomic writer, one writer per
+folder."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ RUN_RECORD = "stapo_run.json"
 DAMAGED_PREFIX = "_damaged-"  # "_*": not pushed to the Hub; not "checkpoint-*": neither rotated nor resumed
 # Files a scheduler or file system puts in a folder, and a run's own before its first checkpoint: not the user's.
 NOT_USER_FILES = re.compile(r"^(\.nfs.*|slurm-.*\.out|_writer\.(lock|txt)|(metrics|spurious_tokens)(\.\d+)?\.jsonl)$")
+_HOLDS: dict[str, list] = {}  # folder -> [its FileLock (None: cannot lock), its holders: None (a command), trainers]
 
 
 class LinkError(ValueError):
@@ -36,11 +37,8 @@ class LinkError(ValueError):
 
 
 def open_run_file(path: str | os.PathLike, mode: str = "w") -> IO:
-    """`open(path, mode)` (`"w"`, `"a"`, `"wb"`, `"ab"`; text in UTF-8), refusing a symbolic link in its place.
-
-    Raises:
-        LinkError (a `ValueError`): `path` is a symbolic link (one line naming it).
-    """
+    """`open(path, mode)` (`"w"`, `"a"`, `"wb"`, `"ab"`; text in UTF-8) that raises [`LinkError`] (a `ValueError`)
+    for a symbolic link at `path` instead of writing its target."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_APPEND if "a" in mode else os.O_TRUNC)
     try:
         fd = os.open(path, flags, 0o666)
@@ -53,7 +51,7 @@ def open_run_file(path: str | os.PathLike, mode: str = "w") -> IO:
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
     """Write `data` to `path` through a synced temporary file beside it and a rename: a kill leaves the old file or
-    the new one, never half of one; a symbolic link at `path` is replaced, its target never written."""
+    the new one; a symbolic link at `path` is replaced, its target never written."""
     folder, name = os.path.split(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
@@ -65,68 +63,54 @@ def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
 
 
 def refuse_links(output_dir: str) -> None:
-    """Refuse a symbolic link at the top of `output_dir` or in its `checkpoint-N` folders (`output_dir` itself may be
-    one: clusters link a scratch disk). Run before each save as well as at the start.
-
-    Raises:
-        LinkError (a `ValueError`): one line naming the link and its target.
-    """
+    """Raise [`LinkError`] for a symbolic link at the top of `output_dir` or in its `checkpoint-N` folders
+    (`output_dir` itself may be one: clusters link a scratch disk)."""
     folder = os.path.abspath(output_dir)
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         path = os.path.join(folder, name)
         inner = sorted(os.listdir(path)) if CHECKPOINT_FOLDER.match(name) and os.path.isdir(path) else []
-        for link in [path, *(os.path.join(path, n) for n in inner)]:
-            if os.path.islink(link):
-                raise LinkError(link)
+        if link := next((p for p in [path, *(os.path.join(path, n) for n in inner)] if os.path.islink(p)), None):
+            raise LinkError(link)
 
 
 def check_output_dir(output_dir: str, refuse_user_files: bool = False) -> None:
-    """Refuse, without creating anything, an `output_dir` that is empty, a file, cannot be written (its nearest
-    existing parent must take a file) or holds a symbolic link ([`refuse_links`]). A folder of the user's own files
-    (not a run's: no `trainer_state.json` or run record at its top or in a checkpoint; files but [`NOT_USER_FILES`]) is
-    refused with `refuse_user_files` (`stapo-train`), else warned about (the library writes into it as `GRPOTrainer`
-    does).
+    """Refuse, creating nothing, an `output_dir` that is empty, a file, not writable or holds a symbolic link. A folder
+    of the user's own files (no `trainer_state.json` or run record at its top or in a checkpoint; files other than
+    `NOT_USER_FILES`) is refused with `refuse_user_files` (`stapo-train`), else warned about, as GRPOTrainer writes it.
 
     Raises:
-        ValueError: one line naming the field and the fix, the link or (a few of) the user's files.
+        ValueError: one line naming `output_dir` (or the link) and the fix.
     """
     if not str(output_dir or "").strip():
-        raise ValueError(
-            f"output_dir={output_dir!r} is empty: give the folder the run writes its checkpoints, model and files into "
-            "(e.g. outputs/my-run)."
-        )
-    folder = os.path.abspath(os.path.expanduser(output_dir))
+        raise ValueError(f"output_dir={output_dir!r} is empty: give the folder the run writes its checkpoints, model "
+                         "and files into (e.g. outputs/my-run).")  # fmt: skip
+    folder = existing = os.path.abspath(os.path.expanduser(output_dir))
     if os.path.isfile(folder):
         raise ValueError(f"output_dir={output_dir!r} is a file: give a folder (it is created if missing).")
-    existing = folder
     while not os.path.lexists(existing):
         existing = os.path.dirname(existing)
     try:
         tempfile.TemporaryFile(dir=existing).close()  # "Not a directory" below a file, "Read-only file system"
     except OSError as e:
-        raise ValueError(
-            f"output_dir={output_dir!r} cannot be written ({e.strerror or e}): give a folder this process can create "
-            "files in."
-        ) from None
+        raise ValueError(f"output_dir={output_dir!r} cannot be written ({e.strerror or e}): give a folder this "
+                         "process can create files in.") from None  # fmt: skip
     refuse_links(folder)
     names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
     runs = ["", *(n for n in names if CHECKPOINT_FOLDER.match(n.removeprefix(DAMAGED_PREFIX)))]
     if any(os.path.isfile(os.path.join(folder, n, f)) for n in runs for f in ("trainer_state.json", RUN_RECORD)):
-        return  # a run folder
+        return
     if others := [name for name in names if not NOT_USER_FILES.match(name)]:
         shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
         what = f"output_dir={output_dir!r} holds files that are not a run's ({shown})"
         if refuse_user_files:
-            raise ValueError(
-                f"{what}: a run writes its model, card (README.md), config and checkpoints there, over files of the "
-                "same names. Give a new or empty folder, or a run folder."
-            )
+            raise ValueError(f"{what}: a run writes its model, card (README.md), config and checkpoints there, over "
+                             "files of the same names. Give a new or empty folder, or a run folder.")  # fmt: skip
         warnings.warn(f"{what}: the trainer writes its model, card (README.md), config and checkpoints there, as "
                       "GRPOTrainer does, over files of the same names.", stacklevel=3)  # fmt: skip
 
 
 def command_line(argv: list[str] | None = None) -> str:
-    """`argv` (default `sys.argv`) as one shell line, the value of a `--*token` / `--*secret` / `--*password` /
+    """`argv` (default `sys.argv`) as one shell line, the value of a `--*token`, `--*secret`, `--*password` or
     `--*key` flag and any word like a Hub token (`hf_...`) written `REDACTED`."""
     words = list(sys.argv if argv is None else argv)
     for i, word in enumerate(words):
@@ -137,14 +121,11 @@ def command_line(argv: list[str] | None = None) -> str:
     return shlex.join(words)
 
 
-_HOLDS: dict[str, list] = {}  # folder -> [its FileLock (None: cannot lock), its holders: None (a command), trainers]
-
-
 def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = None) -> None:
-    """Take (`acquire=False`: give back) a hold on `output_dir` as its one writer: a `FileLock` on `_writer.lock`
-    (released by the OS when the process dies), with the holder's pid, host and [`command_line`] in `_writer.txt`.
-    Holds nest within a process: a command's (`trainer=None`: `stapo-train`), then one trainer's (`train()`); another
-    trainer, or a command while a trainer trains, is refused. A file system that cannot lock is warned about.
+    """Take (`acquire=False`: give back) `output_dir` as its one writer: a `FileLock` on `_writer.lock` (released by
+    the OS when the process dies), the holder's pid, host and [`command_line`] in `_writer.txt`. Holds nest within a
+    process: a command's (`trainer=None`), then one trainer's; another trainer is refused. A file system that cannot
+    lock is warned about.
 
     Raises:
         ValueError: one line: another run holds the folder (naming it), or it holds a link.
@@ -172,10 +153,9 @@ def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = Non
         except (NotImplementedError, OSError) as e:  # flock refused by the file system (NFS without lockd...)
             if getattr(e, "errno", errno.ENOSYS) not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):
                 raise
-            logger.warning(
-                f"output_dir={output_dir!r} is on a file system that cannot lock files ({e}): this run writes it "
-                "without the lock, so a second run writing the same folder would not be stopped."
-            )
+            logger.warning(f"output_dir={output_dir!r} is on a file system that cannot lock files ({e}): this run "
+                           "writes it without the lock, so a second run writing the same folder would not be "
+                           "stopped.")  # fmt: skip
             lock = None
         if not in_use:
             with open_run_file(owner) as f:
@@ -186,8 +166,7 @@ def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = Non
         if os.path.isfile(owner) and not os.path.islink(owner):
             with open(owner, encoding="utf-8", errors="replace") as f:
                 holder = f.read(2000)
-        raise ValueError(
-            f"output_dir={output_dir!r} is in use by another run ({holder}). Two runs in one folder mix their "
-            "metrics, checkpoints and model: wait for that run to end, or give another output_dir."
-        )
+        raise ValueError(f"output_dir={output_dir!r} is in use by another run ({holder}). Two runs in one folder mix "
+                         "their metrics, checkpoints and model: wait for that run to end, or give another "
+                         "output_dir.")  # fmt: skip
     _HOLDS[folder] = [lock, [*holders, trainer]]

@@ -1,9 +1,7 @@
-"""The run files, written during `train()` by callbacks and read back by the commands and figures: `metrics.jsonl`,
-every log row ([`MetricsLogCallback`]), and `spurious_tokens.jsonl`, the silenced tokens in context with samples of
-kept candidates and other positive-advantage tokens ([`SpuriousTokenLogger`]). Both are flushed per line; a resumed
-run drops the rows of the steps it redoes. [`NoLearningSignalCallback`] warns once when the first logging steps had
-nothing to learn from.
-"""
+"""The run files, written by callbacks during `train()` (flushed per line; a resume drops the rows it redoes) and read
+back by the commands and figures: `metrics.jsonl`, every log row ([`MetricsLogCallback`]), and `spurious_tokens.jsonl`,
+the silenced tokens in context with samples of kept candidates and other positive-advantage tokens
+([`SpuriousTokenLogger`]); and the warning when the first logging steps had no learning signal."""
 
 from __future__ import annotations
 
@@ -18,14 +16,7 @@ from typing import Any, TextIO
 from accelerate.utils import gather_object
 from transformers import DefaultFlowCallback, TrainerCallback
 
-from ..diagnostics.token_records import (
-    KINDS,
-    merge_token_records,
-    readable_token,
-    select_token_records,
-    token_records,
-    tokenizer_token_bytes,
-)
+from ..diagnostics import token_records as records_
 from .folder import open_run_file, write_atomic
 
 
@@ -34,18 +25,16 @@ logger = logging.getLogger(__name__)
 METRICS_FILENAME = "metrics.jsonl"
 SPURIOUS_TOKENS_FILENAME = "spurious_tokens.jsonl"
 # Keys of the end-of-training summary log (`Trainer.train`), not per-step metrics.
-TRAIN_SUMMARY_KEYS = frozenset(
-    {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "train_loss", "epoch"}
-)
+TRAIN_SUMMARY_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos"}
+TRAIN_SUMMARY_KEYS |= {"train_loss", "epoch"}
+_WARNED: set = set()  # (file, skipped lines) already said in this process
 
 
-# -- reading -----------------------------------------------------------------------------------------------------------
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def jsonable(value: Any) -> Any:
-    """A log value as strict JSON: NaN and infinities become `null`, 0-d tensors numbers."""
+def _jsonable(value: Any) -> Any:  # NaN and infinities as null, 0-d tensors as numbers
     value = value.item() if hasattr(value, "item") and getattr(value, "ndim", 1) == 0 else value
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
@@ -58,7 +47,7 @@ def _metrics_row(row: dict) -> bool:
 
 def _token_record(row: dict) -> bool:
     numbers = all(_number(row.get(key)) for key in ("step", "prob", "entropy"))
-    return row.get("kind") in KINDS and numbers and isinstance(row.get("token"), str)
+    return row.get("kind") in records_.KINDS and numbers and isinstance(row.get("token"), str)
 
 
 def json_lines(path: str | os.PathLike):
@@ -72,9 +61,6 @@ def json_lines(path: str | os.PathLike):
                     yield number, None
 
 
-_WARNED: set = set()  # (file, skipped lines) already said in this process
-
-
 def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object") -> list[dict[str, Any]]:
     """The JSON objects of a JSON-lines file that `valid` accepts, in order; the other lines (cut short by a kill,
     edited) are skipped with one warning per file naming their numbers."""
@@ -84,16 +70,14 @@ def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object")
     if bad and (key := (os.path.abspath(path), tuple(bad))) not in _WARNED:
         _WARNED.add(key)
         shown = ", ".join(map(str, bad[:20])) + (f", ... ({len(bad) - 20} more)" if len(bad) > 20 else "")
-        logger.warning(
-            f"{path}: skipped line{'s' * (len(bad) > 1)} {shown}, not {what}: a run killed mid-write cuts its last "
-            "line short; other lines were edited or corrupted. The figures leave them out."
-        )
+        lines = f"line{'s' * (len(bad) > 1)} {shown}"
+        logger.warning(f"{path}: skipped {lines}, not {what}: a run killed mid-write cuts its last line short; other "
+                       "lines were edited or corrupted. The figures leave them out.")  # fmt: skip
     return rows
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of `metrics.jsonl` (or of `<dir>/metrics.jsonl`), in order: JSON objects with an integer `step` and
-    numbers or `null` ([`read_jsonl`])."""
+    """The rows of `metrics.jsonl` (or `<dir>/metrics.jsonl`): objects with an integer `step` and numbers or `null`."""
     path = os.path.join(path, METRICS_FILENAME) if os.path.isdir(path) else os.fspath(path)
     return read_jsonl(path, _metrics_row, "a metrics row (a JSON object with an integer step and numbers)")
 
@@ -105,31 +89,26 @@ def read_token_records(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The S2T counts of a run pooled over its log rows (`metrics.jsonl` or `trainer.state.log_history`): `num_rows`,
-    `rows_with_silencing`, `num_silenced`, `num_candidates`, `num_loss_tokens` and the pooled `silenced_ratio` and
-    `candidate_ratio` (Σ counts / Σ loss tokens, not a mean of ratios); `None` without S2T counts."""
+    """The S2T counts pooled over log rows (`metrics.jsonl` or `log_history`): `num_rows`, `rows_with_silencing`,
+    `num_silenced`, `num_candidates`, `num_loss_tokens`, `silenced_ratio` and `candidate_ratio` (Σ counts / Σ loss
+    tokens); `None` without S2T counts."""
     counted = [row for row in rows if row.get("s2t/num_loss_tokens") is not None]
     if not counted:
         return None
-    silenced, candidates, tokens = (
-        round(sum(row.get(f"s2t/num_{name}") or 0 for row in counted)) for name in ("silenced", "candidates", "loss_tokens")
-    )  # fmt: skip
+    keys = ("silenced", "candidates", "loss_tokens")
+    silenced, candidates, tokens = (round(sum(row.get(f"s2t/num_{key}") or 0 for row in counted)) for key in keys)
     return {
-        "num_rows": len(counted),
-        "rows_with_silencing": sum(1 for row in counted if (row.get("s2t/num_silenced") or 0) > 0),
-        "num_silenced": silenced,
-        "num_candidates": candidates,
-        "num_loss_tokens": tokens,
-        "silenced_ratio": silenced / tokens if tokens else 0.0,
-        "candidate_ratio": candidates / tokens if tokens else 0.0,
-    }
+        "num_rows": len(counted), "rows_with_silencing": sum((r.get("s2t/num_silenced") or 0) > 0 for r in counted),
+        "num_silenced": silenced, "num_candidates": candidates, "num_loss_tokens": tokens,
+        "silenced_ratio": silenced / (tokens or 1), "candidate_ratio": candidates / (tokens or 1),
+    }  # fmt: skip
 
 
 def open_jsonl_for_run(path: str, global_step: int, redone_after: int | None = None) -> tuple[TextIO, list[dict]]:
-    """Open a JSON-lines run file for appending when training (re)starts at `global_step`: a resumed run keeps the rows
-    with `step <= global_step`, and of those after `redone_after` (the last log row before a restored logging window)
-    only evaluation rows, rewritten by [`write_atomic`]; a fresh run moves an earlier run's file aside to
-    `<name>.<n>.jsonl` (with a warning). Returns the file and the kept rows."""
+    """Open a JSON-lines run file to append to as training (re)starts at `global_step`: a resume keeps (rewritten
+    atomically) the rows with `step <= global_step`, and after `redone_after` (the last row before a restored logging
+    window) only evaluation rows; a fresh run moves an earlier run's file aside to `<name>.<n>.jsonl`. Returns the file
+    and the kept rows."""
     kept = []
     if os.path.exists(path) and global_step > 0:
         kept = [
@@ -146,7 +125,6 @@ def open_jsonl_for_run(path: str, global_step: int, redone_after: int | None = N
     return open_run_file(path, "a"), kept
 
 
-# -- writing -----------------------------------------------------------------------------------------------------------
 class JsonlLogCallback(TrainerCallback):
     """Appends JSON lines to `path` (default `<output_dir>/<filename>`) on the main process, flushed per write."""
 
@@ -158,9 +136,8 @@ class JsonlLogCallback(TrainerCallback):
 
     def open_for_run(self, args, state) -> list[dict[str, Any]]:
         self.close()
-        self._file, kept = open_jsonl_for_run(
-            self.path or os.path.join(args.output_dir, self.filename), state.global_step, self.redone_after
-        )
+        path = self.path or os.path.join(args.output_dir, self.filename)
+        self._file, kept = open_jsonl_for_run(path, state.global_step, self.redone_after)
         return kept
 
     def write_rows(self, args, rows: list[dict[str, Any]]) -> None:
@@ -179,8 +156,8 @@ class JsonlLogCallback(TrainerCallback):
 
 
 class MetricsLogCallback(JsonlLogCallback):
-    """One line per log row in `metrics.jsonl`: `step`, `epoch` and every logged value (the end-of-training summary's
-    per-step metrics become the last step's row; evaluation rows are their own lines)."""
+    """One line per log row in `metrics.jsonl`: `step`, `epoch` and every logged value, NaN as `null` (the summary at
+    the end of training keeps only its per-step metrics)."""
 
     filename = METRICS_FILENAME
 
@@ -191,7 +168,8 @@ class MetricsLogCallback(JsonlLogCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = {k: v for k, v in (logs or {}).items() if "train_runtime" not in logs or k not in TRAIN_SUMMARY_KEYS}
         if state.is_world_process_zero and logs:
-            self.write_rows(args, [{"step": state.global_step, "epoch": state.epoch} | {k: jsonable(v) for k, v in logs.items()}])  # fmt: skip
+            row = {"step": state.global_step, "epoch": state.epoch} | {k: _jsonable(v) for k, v in logs.items()}
+            self.write_rows(args, [row])
 
 
 class SpuriousTokenLogger(JsonlLogCallback):
@@ -216,8 +194,12 @@ class SpuriousTokenLogger(JsonlLogCallback):
                  context_tokens=8, top_k=20):  # fmt: skip
         super().__init__(path)
         self.trainer, self.context_tokens, self.top_k = trainer, context_tokens, top_k
-        self.max_silenced, self.max_kept_candidates, self.max_reference = caps = (max_silenced, max_kept_candidates, max_reference)  # fmt: skip
-        self.caps = dict(zip(KINDS, caps))
+        self.max_silenced, self.max_kept_candidates, self.max_reference = (
+            max_silenced,
+            max_kept_candidates,
+            max_reference,
+        )
+        self.caps = dict(zip(records_.KINDS, (max_silenced, max_kept_candidates, max_reference)))
         self.silenced_counts, self.kept_candidate_counts = Counter(), Counter()  # by token label, for the table
         self._token_bytes = None  # token id -> bytes, read from the tokenizer when first needed
         self._pending = None  # the masks' sample since the last logging step, on the device
@@ -232,22 +214,23 @@ class SpuriousTokenLogger(JsonlLogCallback):
         if record["kind"] in ("silenced", "kept_candidate"):
             if self._token_bytes is None:
                 backend = getattr(self.trainer.processing_class, "backend_tokenizer", None)  # a fast tokenizer
-                self._token_bytes = tokenizer_token_bytes(json.loads(backend.to_str())) if backend else {}
+                self._token_bytes = records_.tokenizer_token_bytes(json.loads(backend.to_str())) if backend else {}
             token_id = record.get("token_id")
-            label = readable_token(record["token"], self._token_bytes.get(token_id), token_id)
+            label = records_.readable_token(record["token"], self._token_bytes.get(token_id), token_id)
             (self.silenced_counts if record["kind"] == "silenced" else self.kept_candidate_counts)[label] += 1
 
     def record(self, result, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> None:
         """Merge the records of one training mask (the arguments of the trainer's `_compute_s2t_mask` and its result)
         into the sample kept on the device until the next logging step."""
-        trainer, caps = self.trainer, tuple(self.caps.values())
-        update = trainer.state.global_step + 1
-        selected = select_token_records(
+        trainer, caps, update = self.trainer, tuple(self.caps.values()), self.trainer.state.global_step + 1
+        seed = f"{trainer.args.seed}-{update}-{trainer.accelerator.process_index}"
+        selected = records_.select_token_records(
             result, per_token_logps, entropies, advantages, loss_mask, completion_ids, caps=caps,
-            context_tokens=self.context_tokens, seed=f"{trainer.args.seed}-{update}-{trainer.accelerator.process_index}",
-            update=update,
+            context_tokens=self.context_tokens, seed=seed, update=update,
         )  # fmt: skip
-        self._pending = selected if self._pending is None else merge_token_records(self._pending, selected, caps)
+        self._pending = (
+            selected if self._pending is None else records_.merge_token_records(self._pending, selected, caps)
+        )
 
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_log:
@@ -261,7 +244,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
         """Gather the pending records of every process, cap them, stamp them with `step` and append them (main
         process). A collective: every process calls it at the same steps."""
         selected, self._pending, trainer = self._pending, None, self.trainer
-        records = [] if selected is None else token_records(
+        records = [] if selected is None else records_.token_records(
             selected, trainer.processing_class, prob_threshold=trainer.s2t.prob_threshold,
             process_index=trainer.accelerator.process_index,
         )  # fmt: skip
@@ -277,36 +260,31 @@ class SpuriousTokenLogger(JsonlLogCallback):
         self.write_rows(args, records)
         for record in records:
             self._count(record)
-        self._log_table(args)
-        return records
-
-    def _log_table(self, args) -> None:
         backends = [__import__(name) for name in ("wandb", "trackio") if name in (args.report_to or [])]
         backends = [b for b in backends if getattr(b, "run", True) is not None]  # wandb without a run: no table
         if backends and self.silenced_counts:
-            import pandas as pd  # only for a tracker table
+            import pandas as pd
 
-            top = self.silenced_counts.most_common(self.top_k)
-            table = pd.DataFrame(top, columns=["token", "silenced"])
-            table["kept_candidate_sampled"] = [self.kept_candidate_counts[token] for token, _ in top]
+            table = pd.DataFrame(self.silenced_counts.most_common(self.top_k), columns=["token", "silenced"])
+            table["kept_candidate_sampled"] = [self.kept_candidate_counts[token] for token in table["token"]]
             for backend in backends:
                 backend.log({"s2t/top_silenced_tokens": backend.Table(dataframe=table)})
+        return records
 
 
 def add_run_file_callbacks(trainer) -> list[TrainerCallback]:
     """Add a [`MetricsLogCallback`] and, to a trainer with S2T masks, a [`SpuriousTokenLogger`], each unless one of its
-    class is there, right after transformers' `DefaultFlowCallback` (they see the step's `should_log`). Returns the
-    callbacks added."""
+    class is there, right after `DefaultFlowCallback` (they see the step's `should_log`). Returns those added."""
     callbacks = trainer.callback_handler.callbacks
     wanted = [MetricsLogCallback] + [SpuriousTokenLogger] * hasattr(trainer, "s2t")
-    added = [cls(trainer) if cls is SpuriousTokenLogger else cls() for cls in wanted if not any(isinstance(c, cls) for c in callbacks)]  # fmt: skip
+    added = [cls for cls in wanted if not any(isinstance(c, cls) for c in callbacks)]
+    added = [cls(trainer) if cls is SpuriousTokenLogger else cls() for cls in added]
     position = next((i + 1 for i, cb in enumerate(callbacks) if isinstance(cb, DefaultFlowCallback)), 0)
     callbacks[position:position] = added
     return added
 
 
-# -- a warning ---------------------------------------------------------------------------------------------------------
-BUILTIN_PROMPT_FORMATS = {  # what each `builtin:` model was trained on: the likeliest cause when it earns nothing
+BUILTIN_PROMPT_FORMATS = {  # what a `builtin:` model not trained on tiny-math answers: the cause when it earns nothing
     "tiny-random": "builtin:tiny-random has random weights: it answers nothing correctly, whatever the prompt.",
     "smollm2-135m": "builtin:smollm2-135m, as shipped, solves almost no two-digit addition at temperature 1.",
     "gemma3-270m": "builtin:gemma3-270m is a base model: it rarely ends with a \\boxed{} answer.",
@@ -314,9 +292,9 @@ BUILTIN_PROMPT_FORMATS = {  # what each `builtin:` model was trained on: the lik
 
 
 class NoLearningSignalCallback(TrainerCallback):
-    """Warn once (this module's logger, main process) when the first `num_rows` training log rows had no learning
-    signal: every prompt group had zero reward spread (`frac_reward_zero_std` = 1), or a reward function gave every
-    completion the same value (or only `None`); the message names the likely causes (prompt format, reward, columns)."""
+    """Warn once (main process) when the first `num_rows` training log rows had no learning signal: every prompt group
+    had zero reward spread (`frac_reward_zero_std` = 1), or a reward function gave every completion the same value
+    (or only `None`); the message names the likely causes (the prompt format, the reward, the columns)."""
 
     def __init__(self, trainer, num_rows: int = 3):
         self.trainer, self.num_rows, self.rows, self.message = trainer, num_rows, [], None
@@ -337,14 +315,15 @@ class NoLearningSignalCallback(TrainerCallback):
             self._decide()
 
     def _decide(self) -> None:
-        rows, self.rows = self.rows, None  # decided: never again this run
-        zero_spread, constant = all(r.get("frac_reward_zero_std") == 1.0 for r in rows), {}  # constant: name -> value
-        for name in getattr(self.trainer, "reward_func_names", []):
+        rows, self.rows, constant = self.rows, None, {}  # decided: never again this run; reward name -> its one value
+        for name in self.trainer.reward_func_names:
             means = [r.get(f"rewards/{name}/mean") for r in rows]
-            if all(map(_number, means)) and all(r.get(f"rewards/{name}/std") == 0 for r in rows) and len(set(means)) == 1:  # fmt: skip
+            stds = {r.get(f"rewards/{name}/std") for r in rows}
+            if all(map(_number, means)) and stds == {0} and len(set(means)) == 1:
                 constant[name] = f"{means[0]:g}"
             elif all(f"rewards/{name}/mean" in r and (m is None or m != m) for r, m in zip(rows, means)):
                 constant[name] = "None"
+        zero_spread = all(r.get("frac_reward_zero_std") == 1.0 for r in rows)
         if not zero_spread and not constant:
             return
         where = f"the first logging step (step {rows[0]['step']})"
@@ -353,20 +332,19 @@ class NoLearningSignalCallback(TrainerCallback):
         values = ", ".join(f"{name} gave {value}" for name, value in constant.items())
         if zero_spread or set(constant) == set(self.trainer.reward_func_names):
             spread = "no reward function gave two completions different values"
-            if zero_spread:
-                spread = "every prompt group had zero reward spread (frac_reward_zero_std = 1)"
+            spread = "every prompt group had zero reward spread (frac_reward_zero_std = 1)" if zero_spread else spread
             text = f"No learning signal. In {where}, {spread}, so every advantage and the gradient were 0"
             text += f"; the reward functions gave every completion the same value ({values})." if constant else "."
         else:
-            text = f"A reward function gave every completion the same value in {where} ({values}): it adds nothing "
-            text += "to the advantages."
+            text = f"A reward function gave every completion the same value in {where} ({values}): it adds nothing."
         columns = [c for c in (getattr(self.trainer.train_dataset, "column_names", None) or []) if c != "prompt"]
-        causes = [
+        here = f" (here: {', '.join(columns)})" if columns else ""
+        causes = (
             self._prompt_cause(),
-            f"The reward: call {', '.join(constant) or 'the reward function'} on a right and a wrong completion; they must differ.",
-            "The columns: TRL passes every dataset column but `prompt` to the rewards by name"
-            + (f" (here: {', '.join(columns)})" if columns else "") + "; check the one your reward reads.",
-        ]  # fmt: skip
+            f"The reward: call {', '.join(constant) or 'your reward'} on a right and a wrong completion: they must "
+            "differ.",
+            f"The columns: TRL passes each column but `prompt` to the rewards by name{here}; check the one it reads.",
+        )
         self.message = f"{text} Likely causes: " + " ".join(f"({i}) {c}" for i, c in enumerate(causes, 1))
         logger.warning(self.message)
 
@@ -383,13 +361,12 @@ class NoLearningSignalCallback(TrainerCallback):
             text += " Your prompts are plain text, so TRL does not apply the model's chat template."
         contents = [m.get("content") for m in prompt if isinstance(m, dict)] if isinstance(prompt, list) else [prompt]
         for content in [c for c in contents if isinstance(c, str)]:
-            tail = content.strip()[-40:]
-            if len(tail) >= 20 and content.count(tail) > 1:
+            if len(tail := content.strip()[-40:]) >= 20 and content.count(tail) > 1:
                 text += f" Your prompts hold their instruction twice ({tail!r} repeated)."
         path = getattr(getattr(self.trainer.model, "config", None), "_name_or_path", None)
         name = read_builtin_info(path)["name"][8:] if path and os.path.isfile(os.path.join(path, INFO_FILE)) else None
         if name in BUILTIN_PROMPT_FORMATS:
-            text += " " + BUILTIN_PROMPT_FORMATS[name]
-        elif name in BUILTIN_MODELS:  # the models trained on tiny-math
+            return f"{text} {BUILTIN_PROMPT_FORMATS[name]}"
+        if name in BUILTIN_MODELS:  # trained on tiny-math
             text += f" builtin:{name} was trained on one prompt format only: {format_prompt('47+38')}."
         return text

@@ -1,16 +1,7 @@
-"""The rest of a rollout batch in each checkpoint, so that a resume from any checkpoint trains as an uninterrupted run.
-
-TRL generates a rollout batch every `steps_per_generation x num_iterations` micro-steps and keeps it in memory only
-(`GRPOTrainer._buffered_inputs`, read at `_step % steps_per_generation`; `_step` starts at 0 in a new trainer), so a
-resume inside one generated another. Each process writes into each checkpoint `rollout_state_<process>.safetensors`
-and `rollout_state_<process>.json` (plain JSON: the steps, the batch layout, the micro-batches' non-tensor values, each
-tensor's dtype and shape; never a pickle): the micro-batches the batch still uses (with the S2T inputs, and the keep
-mask and `num_items_in_batch` of an update already begun), and the open logging window: TRL's pending `_metrics`, the
-loss transformers summed since its last log row, the pending records of `spurious_tokens.jsonl`. A checkpoint at the
-end of a rollout batch holds no micro-batch. A resume restores them; one from a checkpoint saved before them, at
-another world size or batch layout, or whose batch held objects neither safetensors nor JSON holds, generates its
-rollout again, said in one line.
-"""
+"""The rest of a rollout batch and the open logging window in each checkpoint, so that a resume from any checkpoint
+trains as the uninterrupted run (TRL keeps a rollout batch in memory only, `_buffered_inputs`): each process writes
+`rollout_state_<process>.safetensors` and `.json` (plain JSON, never a pickle). A state that cannot be restored
+(saved before, another batch layout, objects neither format holds) generates the rollout again, said in one line."""
 
 from __future__ import annotations
 
@@ -33,10 +24,9 @@ FILES = "rollout_state_{}.json", "rollout_state_{}.safetensors"  # manifest, ten
 
 
 def _layout(trainer) -> dict:
-    args = trainer.args
     names = ("per_device_train_batch_size", "steps_per_generation", "gradient_accumulation_steps")
     layout = {"world_size": trainer.accelerator.num_processes, "num_iterations": trainer.num_iterations}
-    return layout | {name: getattr(args, name) for name in names}
+    return layout | {name: getattr(trainer.args, name) for name in names}
 
 
 def _is_json(value) -> bool:
@@ -47,8 +37,9 @@ def _is_json(value) -> bool:
 
 
 def save_rollout_state(trainer, folder: str) -> None:
-    """Write this process's rollout state into the checkpoint `folder`: its micro-step `trainer._step`, the
-    micro-batches of `trainer._buffered_inputs` still to be used, the logging window."""
+    """Write this process's rollout state into the checkpoint `folder`: `trainer._step`, the micro-batches of
+    `trainer._buffered_inputs` still to be used (with the S2T inputs), TRL's pending metrics, the summed loss and the
+    pending token records."""
     spg = trainer.args.steps_per_generation
     every, offset = spg * trainer.num_iterations, trainer._step % (spg * trainer.num_iterations)
     tensors, batches, why = {}, {}, None
@@ -67,11 +58,9 @@ def save_rollout_state(trainer, folder: str) -> None:
         tensors[f"metrics.{key}"] = torch.tensor(values, dtype=torch.float64)
     if getattr(trainer, "_tr_loss", None) is not None:
         tensors["loss"] = trainer._tr_loss
-    logger_ = next((c for c in trainer.callback_handler.callbacks if isinstance(c, SpuriousTokenLogger)), None)
-    if logger_ is not None and logger_._pending is not None:
-        tensors["token_records"] = logger_._pending
-    if why:
-        tensors, batches = {}, {}
+    if (pending := getattr(_token_logger(trainer), "_pending", None)) is not None:
+        tensors["token_records"] = pending
+    tensors, batches = ({}, {}) if why else (tensors, batches)
     names = [name.format(trainer.accelerator.process_index) for name in FILES]
     with open_run_file(os.path.join(folder, names[1]), "wb") as f:  # copies: views of one batch share memory
         f.write(save({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}))
@@ -86,8 +75,11 @@ def save_rollout_state(trainer, folder: str) -> None:
         json.dump(manifest, f)
 
 
-def _read(trainer, checkpoint: str) -> tuple[dict | None, str | None]:
-    """(this process's saved state, `None`) or (`None`, why it cannot be restored)."""
+def _token_logger(trainer) -> SpuriousTokenLogger | None:
+    return next((c for c in trainer.callback_handler.callbacks if isinstance(c, SpuriousTokenLogger)), None)
+
+
+def _read(trainer, checkpoint: str) -> tuple[dict | None, str | None]:  # (the state, None) or (None, why not)
     manifest_path, tensors_path = (
         os.path.join(checkpoint, n.format(trainer.accelerator.process_index)) for n in FILES
     )
@@ -102,14 +94,13 @@ def _read(trainer, checkpoint: str) -> tuple[dict | None, str | None]:
             return None, f"it was saved with another batch layout ({', '.join(changed)})"
         with open(tensors_path, "rb") as f:
             tensors = load(f.read())
-        device, spg = trainer.accelerator.device, trainer.args.steps_per_generation
-        batches = [None] * spg
+        batches = [None] * trainer.args.steps_per_generation
         for i, batch in manifest["micro_batches"].items():
             batches[int(i)] = dict(batch["values"])
         for name, tensor in tensors.items():
             if name.startswith("batch."):
                 _, i, key = name.split(".", 2)
-                batches[int(i)][key] = tensor.to(device)
+                batches[int(i)][key] = tensor.to(trainer.accelerator.device)
         state = {"micro_step": int(manifest["micro_step"]), "last_logged": int(manifest["last_logged_step"])}
         state |= {"batches": batches if any(b is not None for b in batches) else None, "tensors": tensors}
         return state, None
@@ -118,14 +109,9 @@ def _read(trainer, checkpoint: str) -> tuple[dict | None, str | None]:
 
 
 def load_rollout_state(trainer, checkpoint: str) -> dict | None:
-    """This process's rollout state saved in `checkpoint`, or `None` where any process has none to restore (a
-    collective: every process calls it), said in one line (main process) when a rollout batch is generated again.
-
-    Returns:
-        `dict` or `None`: `micro_step`, `last_logged` (the step of the last log row before the checkpoint), `batches`
-        (the micro-batches on the device, `None` for those used up; `None` at the end of a rollout batch) and
-        `tensors` (the saved tensors on the CPU).
-    """
+    """This process's rollout state saved in `checkpoint` (`micro_step`, `last_logged`: the step of the last log row,
+    `batches`: the micro-batches on the device, `None` for those used up, and `tensors` on the CPU), or `None` where
+    any process has none to restore, said in one line. A collective: every process calls it."""
     state, why = _read(trainer, checkpoint)
     restorable = trainer.accelerator.gather(torch.tensor([why is None], device=trainer.accelerator.device)).all()
     if restorable:
@@ -144,9 +130,8 @@ def load_rollout_state(trainer, checkpoint: str) -> dict | None:
 
 
 class RolloutStateCallback(TrainerCallback):
-    """Restores a [`load_rollout_state`] state at `on_train_begin`, after transformers has reset its logging state
-    and after the run files' callbacks: `trainer._step`, `_buffered_inputs`, `_metrics["train"]`, `_tr_loss`,
-    `_globalstep_last_logged` and the pending records of the [`SpuriousTokenLogger`]."""
+    """Restores a [`load_rollout_state`] state (`self.state`) at `on_train_begin`, after transformers resets its
+    logging state and after the run files' callbacks."""
 
     def __init__(self, trainer):
         self.trainer, self.state = trainer, None
@@ -162,7 +147,5 @@ class RolloutStateCallback(TrainerCallback):
         trainer._metrics["train"].update({k[8:]: v.tolist() for k, v in tensors.items() if k.startswith("metrics.")})
         if "loss" in tensors:
             trainer._tr_loss = tensors["loss"].to(trainer._tr_loss.device)
-        for callback in trainer.callback_handler.callbacks:
-            if isinstance(callback, SpuriousTokenLogger) and "token_records" in tensors:
-                callback._pending = tensors["token_records"].to(trainer.accelerator.device)
-                break
+        if "token_records" in tensors and (token_logger := _token_logger(trainer)) is not None:
+            token_logger._pending = tensors["token_records"].to(trainer.accelerator.device)
