@@ -80,43 +80,26 @@ def tensor_specs(path: str) -> dict:
         return {name: {"dtype": s.get_dtype(), "shape": s.get_shape()} for name, s in slices.items()}
 
 
-def _safetensors_problem(path: str) -> str | None:
-    try:
-        tensor_specs(path)
-    except Exception as e:  # noqa: BLE001 (safetensors' SafetensorError)
-        return "damaged: " + str(e).removeprefix("Error while deserializing header: ")
-    return None
-
-
-def _manifest_problem(path: str, manifest: Any) -> str | None:  # a rollout manifest names its tensors file's tensors
-    tensors = path.removesuffix(".json") + ".safetensors"
-    try:
-        specs = tensor_specs(tensors)
-    except Exception:  # noqa: BLE001 (missing, or safetensors' SafetensorError)
-        if os.path.isfile(tensors):
-            return None  # named as the tensors file's own damage
-        specs = None
-    if not isinstance(manifest, dict) or manifest.get("tensors") != specs:
-        return f"does not match {os.path.basename(tensors)} (its tensors' names, dtypes or shapes)"
-
-
 def file_problem(path: str) -> str | None:
     """Why the checkpoint file `path` cannot be loaded whole, in a few words, or `None`."""
-    name = os.path.basename(path)
+    name, tensors = os.path.basename(path), re.sub(r"\.json$", ".safetensors", path)
     if not os.path.isfile(path):
         return "not a file"
-    if name.endswith(".safetensors"):
-        return _safetensors_problem(path)
     if name.endswith((".pt", ".pth", ".bin")):
         return _torch_file_problem(path, load=name.startswith(_UNPICKLED_ON_RESUME))
-    if name.endswith(".json"):
-        try:
+    try:
+        if name.endswith(".safetensors"):
+            tensor_specs(path)
+        elif name.endswith(".json"):
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
-        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
-            return f"unreadable: {type(e).__name__}"
-        if ROLLOUT_MANIFEST.match(name):
-            return _manifest_problem(path, data)
+            specs = tensor_specs(tensors) if ROLLOUT_MANIFEST.match(name) and os.path.isfile(tensors) else None
+            if ROLLOUT_MANIFEST.match(name) and (not isinstance(data, dict) or data.get("tensors") != specs):
+                return f"does not match {os.path.basename(tensors)} (its tensors' names, dtypes or shapes)"
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
+        return f"unreadable: {type(e).__name__}"
+    except Exception as e:  # noqa: BLE001 (safetensors' SafetensorError; a manifest's: named as its tensors file's)
+        return "damaged: " + str(e).removeprefix("Error while deserializing header: ") if path == tensors else None
     return None
 
 
@@ -212,18 +195,15 @@ def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: s
 
 
 def plain(value: Any) -> Any:
-    """`value` as JSON data that compares equal across processes: enums by value, tuples as lists, sets sorted,
-    objects with `to_dict` as dicts, any other object by its type's name (never a `repr` with an address)."""
-    value = value.value if isinstance(value, enum.Enum) else value
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (set, frozenset)):
-        return sorted(plain(v) for v in value)
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return plain(value.to_dict()) if hasattr(value, "to_dict") else type(value).__name__
+    """`value` as JSON data that compares equal across processes: enums by value, sets sorted, objects with `to_dict`
+    as dicts, any other object by its type's name (never a `repr` with an address)."""
+
+    def default(v: Any) -> Any:
+        if isinstance(v, (set, frozenset)):
+            return sorted(plain(x) for x in v)
+        return v.value if isinstance(v, enum.Enum) else v.to_dict() if hasattr(v, "to_dict") else type(v).__name__
+
+    return json.loads(json.dumps(value, default=default))
 
 
 def run_settings(args, *, trainer: str, model, reward_funcs, s2t=None, peft_config=None, train_dataset=None,
