@@ -210,8 +210,8 @@ def test_card_names_stapo_cites_the_paper_and_states_the_s2t_values_it_ran_with(
 
 
 def test_python_api_card_loads_the_checkpoint_the_run_saved(tiny_math_model_path, tmp_path):
-    """The reported case: a Python-API run's card said `pipeline(..., model="<output_dir>")`, a folder with only
-    `checkpoint-N/` in it (the Python API never calls `save_model`). After `save_model`, the card loads `output_dir`."""
+    # Reported: a Python-API run's card said `pipeline(..., model="<output_dir>")`, a folder with only checkpoint-N/
+    # in it (the Python API never calls `save_model`). After `save_model`, the card loads `output_dir`.
     out = tmp_path / "python-api"
     trainer = _card_trainer(tiny_math_model_path, out, max_steps=2, save_steps=1, save_total_limit=1)
     trainer.train()
