@@ -1,10 +1,9 @@
-"""`stapo_trl.run_folder.rollout`: a resume from any checkpoint, inside a rollout batch or at its end, after `save_steps` or
-a stop signal, ends with the uninterrupted run's weights (bitwise: CPU, HF generation, a fixed seed), metrics rows
-(timing aside) and token records; a checkpoint whose rollout cannot be restored generates it again, in one line.
+"""`stapo_trl.run_folder.rollout`: a resume from any checkpoint, inside a rollout batch or at its end, after
+`save_steps` or a stop signal, ends with the uninterrupted run's weights (bitwise: CPU, HF generation, a fixed seed),
+metrics rows (timing aside) and token records; a rollout that cannot be restored is generated again, in one line.
 
 Measured before: the demo's geometry (4 updates per rollout batch) resumed from checkpoint-4 or -8 (a batch's end) as
-the uninterrupted run, but from checkpoint-2, -6 or -10, or after a SIGTERM at step 5, with other weights and rows:
-TRL keeps the rest of a rollout batch in memory only and generated a new one.
+the uninterrupted run, but from checkpoint-2, -6 or -10, or after a SIGTERM at step 5, with other weights and rows.
 """
 
 from __future__ import annotations
@@ -30,15 +29,16 @@ DATASET = Dataset.from_list(
 )
 TIMING = re.compile(r"step_time|runtime|_per_second")
 LATER = {f"checkpoint-{n}" for n in range(1, 13)}
+SLOW = pytest.mark.slow  # a run and a resume of several steps
 
 
 def _trainer(model_path, out, cls=None, **overrides):
     """The demo recipe's geometry: 16 completions per update (2 prompts x 8), 4 updates per rollout batch, GA 1, up to
-    48 tokens, one log row per rollout batch; 12 steps, a checkpoint every 2."""
+    48 tokens, one log row per rollout batch; 8 steps, a checkpoint every 2."""
     from stapo_trl import STAPOTrainer
 
     settings = dict(
-        max_steps=12, per_device_train_batch_size=16, num_generations=8, steps_per_generation=4,
+        max_steps=8, per_device_train_batch_size=16, num_generations=8, steps_per_generation=4,
         max_completion_length=48, learning_rate=1e-4, logging_steps=4, save_strategy="steps", save_steps=2,
         disable_tqdm=True,
     ) | overrides  # fmt: skip
@@ -74,7 +74,7 @@ def uninterrupted(tmp_path_factory, tiny_math_model_path):
     return out, _outcome(trainer, out)
 
 
-@pytest.mark.parametrize("step", [2, 4, 6])
+@pytest.mark.parametrize("step", [6, pytest.param(2, marks=SLOW), pytest.param(4, marks=SLOW)])
 def test_a_resume_from_any_checkpoint_ends_as_the_uninterrupted_run(
     uninterrupted, tiny_math_model_path, tmp_path, step
 ):
@@ -85,6 +85,7 @@ def test_a_resume_from_any_checkpoint_ends_as_the_uninterrupted_run(
     _assert_same(_outcome(trainer, tmp_path / "run"), expected)
 
 
+@SLOW
 def test_the_grpo_baseline_resumes_inside_a_rollout_batch_as_its_uninterrupted_run(tiny_math_model_path, tmp_path):
     from stapo_trl.trainer.trainers import GRPOBaselineTrainer
 
@@ -97,6 +98,7 @@ def test_the_grpo_baseline_resumes_inside_a_rollout_batch_as_its_uninterrupted_r
     _assert_same(_outcome(trainer, tmp_path / "resumed"), expected)
 
 
+@SLOW
 def test_a_stop_signal_inside_a_rollout_batch_resumes_as_the_uninterrupted_run(
     uninterrupted, tiny_math_model_path, tmp_path
 ):
@@ -177,19 +179,20 @@ def _fallback_lines(caplog) -> list[str]:
 def test_a_rollout_that_cannot_be_restored_is_generated_again_in_one_line(
     uninterrupted, tiny_math_model_path, tmp_path, caplog, damage, why
 ):
-    run, _ = uninterrupted
-    _copy_until(run, tmp_path / "run", 6)
+    from stapo_trl.run_folder.rollout import load_rollout_state
+
+    _copy_until(uninterrupted[0], tmp_path / "run", 6)
     damage(tmp_path / "run" / "checkpoint-6")
-    trainer = _trainer(tiny_math_model_path, tmp_path / "run", max_steps=7)
+    trainer = _trainer(tiny_math_model_path, tmp_path / "run")
     with caplog.at_level(logging.WARNING):
-        trainer.train(resume_from_checkpoint=True)
+        assert load_rollout_state(trainer, str(tmp_path / "run" / "checkpoint-6")) is None
     assert _fallback_lines(caplog) == [
         f"Resuming from {tmp_path / 'run' / 'checkpoint-6'}, 2 of the 4 micro-steps of a rollout batch in, with a new "
         f"rollout: {why}; the rest of this batch trains on other completions than the uninterrupted run's."
     ]
-    assert trainer.state.global_step == 7
 
 
+@SLOW
 def test_a_batch_holding_objects_is_not_pickled_and_its_rollout_is_generated_again(
     tiny_math_model_path, tmp_path, caplog
 ):
@@ -217,6 +220,7 @@ def test_a_batch_holding_objects_is_not_pickled_and_its_rollout_is_generated_aga
     ]
 
 
+@SLOW
 def test_a_checkpoint_saved_inside_an_optimizer_update_generates_its_rollout_again(
     tiny_math_model_path, tmp_path, caplog
 ):
