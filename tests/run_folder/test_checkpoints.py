@@ -105,6 +105,7 @@ DAMAGES = {
     "step-string": ("trainer_state.json", "trainer_state.json has global_step '2', not its step 2"),
     "step-ahead": ("trainer_state.json", "trainer_state.json has global_step 100, not its step 2"),
     "step-huge": ("trainer_state.json", f"trainer_state.json has global_step {10**30}, not its step 2"),
+    "state-cut": ("trainer_state.json", "trainer_state.json unreadable (JSONDecodeError): its save did not finish"),
     "state-deep": ("trainer_state.json", "trainer_state.json unreadable (RecursionError): its save did not finish"),
     "record-deep": ("stapo_run.json", "stapo_run.json unreadable: RecursionError"),
     "record-format": ("stapo_run.json", "stapo_run.json is of an unknown format (999; this stapo_trl reads 1)"),
@@ -153,10 +154,11 @@ def test_what_makes_a_checkpoint_incomplete_names_the_file_and_the_damage(run, t
     assert not (tmp_path / "code-ran").exists()
 
 
-SLOW = pytest.mark.slow  # another resume of the same path (~0.5 s each)
+SLOW = pytest.mark.slow
 
 
-@pytest.mark.parametrize("case", ["model-cut", "record-no-lr"])  # the other damages: tests/cli/test_checkpoints.py
+# The other damages resume the same way (tests/cli/test_checkpoints.py resumes seven of them with stapo-train).
+@pytest.mark.parametrize("case", ["model-cut", pytest.param("record-no-lr", marks=SLOW)])
 def test_the_python_api_resumes_the_newest_whole_checkpoint_and_moves_the_damaged_one_aside(
     run, tmp_path, tiny_random_model_path, caplog, case
 ):
@@ -184,6 +186,7 @@ def test_a_damaged_checkpoint_named_by_the_python_api_is_one_line(run, tiny_rand
     assert (run / "checkpoint-2").is_dir()  # named by the user: refused, left in place
 
 
+@SLOW  # the detection: DAMAGES["scheduler-hostile"]
 def test_no_file_of_a_checkpoint_is_unpickled_unsafely(run, tmp_path, tiny_random_model_path, caplog):
     """Pickles that would run code: the one nobody reads (training_args.bin) is left alone, those transformers loads
     are refused by the check before it (the checkpoint is skipped); no code runs."""
@@ -321,17 +324,19 @@ def _stop_at(monkeypatch, where: str) -> None:
         monkeypatch.setattr(Trainer, where, killed)
 
 
+@SLOW  # two runs and a resume per case; the damages they leave: DAMAGES["state-cut"], test_what_a_complete_...
 @pytest.mark.parametrize(
     "where, skipped",
     [
-        ("trainer_state.json", "checkpoint-2 (trainer_state.json unreadable (JSONDecodeError): its save did not "
-         "finish)"),
-        pytest.param("_save_optimizer_and_scheduler", "checkpoint-2 (no trainer_state.json: its save did not finish)",
-                     marks=SLOW),
-        pytest.param("_save_rng_state", "checkpoint-2 (no trainer_state.json: its save did not finish)", marks=SLOW),
-        pytest.param("stray-folder", "checkpoint-999 (empty)", marks=SLOW),  # an empty checkpoint-999/ made by hand
+        (
+            "trainer_state.json",
+            "checkpoint-2 (trainer_state.json unreadable (JSONDecodeError): its save did not finish)",
+        ),
+        ("_save_optimizer_and_scheduler", "checkpoint-2 (no trainer_state.json: its save did not finish)"),
+        ("_save_rng_state", "checkpoint-2 (no trainer_state.json: its save did not finish)"),
+        ("stray-folder", "checkpoint-999 (empty)"),  # an empty checkpoint-999/ made by hand
     ],
-)  # fmt: skip
+)
 def test_the_python_api_resumes_the_newest_complete_checkpoint(
     tiny_random_model_path, tmp_path, monkeypatch, caplog, where, skipped
 ):
@@ -357,7 +362,7 @@ def test_the_python_api_resumes_the_newest_complete_checkpoint(
     assert trainer.state.global_step == 3 and [row["step"] for row in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
 
 
-@pytest.mark.slow  # two runs and a resume
+@SLOW  # two runs and a resume
 def test_a_checkpoint_rewritten_in_place_is_incomplete_until_its_new_state(tiny_random_model_path, tmp_path):
     """A run started again in its folder (no resume) saves checkpoint-1 over the earlier run's: cut short, the earlier
     trainer_state.json would mark new weights with old optimizer state complete."""

@@ -185,6 +185,7 @@ def test_a_random_model_warns_when_training_ends_before_a_logging_step(tmp_path,
     assert "builtin:tiny-random has random weights" in message
 
 
+@pytest.mark.slow  # a 3-step run; the decision: test_decision_on_the_first_rows
 def test_a_run_that_learns_gives_no_warning(tmp_path, tiny_math_model_path, caplog):
     args = _config(tmp_path, max_completion_length=40)
     trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=args, train_dataset=_chat_dataset())
