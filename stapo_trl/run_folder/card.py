@@ -164,7 +164,7 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
         trainer_name=trainer._name, trainer_citation=trainer._paper.get("citation"),
         paper_title=trainer._paper.get("title"), paper_id=trainer._paper.get("id"),
     )  # fmt: skip
-    del card.data.licence  # TRL's placeholder
+    vars(card.data).pop("licence", None)  # TRL's placeholder "license"
     values = {name: getattr(s2t, name[4:]) for name, _ in ROWS[:3]} if s2t is not None else {}
     rows = [(n, meaning, values.get(n, getattr(args, n, None))) for n, meaning in ROWS[0 if s2t else 3 :]]
     section = [

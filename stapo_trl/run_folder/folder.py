@@ -141,7 +141,7 @@ def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = Non
     refuse_links(output_dir)
     owner = os.path.join(folder, "_writer.txt")
     in_use = any(holder is not None and holder is not trainer for holder in holders)  # another trainer in this process
-    if not holders and not in_use:
+    if not holders:
         from filelock import FileLock, Timeout
 
         os.makedirs(folder, exist_ok=True)

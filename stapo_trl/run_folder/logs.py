@@ -134,11 +134,11 @@ class JsonlLogCallback(TrainerCallback):
     def __init__(self, path: str | None = None):
         self.path, self._file = path, None
 
-    def open_for_run(self, args, state) -> list[dict[str, Any]]:
+    def on_train_begin(self, args, state, control, **kwargs):
         self.close()
-        path = self.path or os.path.join(args.output_dir, self.filename)
-        self._file, kept = open_jsonl_for_run(path, state.global_step, self.redone_after)
-        return kept
+        if state.is_world_process_zero:  # a resumed run keeps its rows up to the checkpoint
+            path = self.path or os.path.join(args.output_dir, self.filename)
+            self._file, self.kept = open_jsonl_for_run(path, state.global_step, self.redone_after)
 
     def write_rows(self, args, rows: list[dict[str, Any]]) -> None:
         if self._file is None:  # written outside `train()`
@@ -160,10 +160,6 @@ class MetricsLogCallback(JsonlLogCallback):
     the end of training keeps only its per-step metrics)."""
 
     filename = METRICS_FILENAME
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            self.open_for_run(args, state)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = {k: v for k, v in (logs or {}).items() if "train_runtime" not in logs or k not in TRAIN_SUMMARY_KEYS}
@@ -205,10 +201,10 @@ class SpuriousTokenLogger(JsonlLogCallback):
         self._pending = None  # the masks' sample since the last logging step, on the device
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._pending = None
-        if state.is_world_process_zero:
-            for record in self.open_for_run(args, state):  # a resumed run keeps its records up to the checkpoint
-                self._count(record)
+        self._pending, self.kept = None, []
+        super().on_train_begin(args, state, control, **kwargs)
+        for record in self.kept:
+            self._count(record)
 
     def _count(self, record: dict[str, Any]) -> None:  # under the figures' label (a byte fragment by its bytes)
         if record["kind"] in ("silenced", "kept_candidate"):
