@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 
 import torch
@@ -22,6 +21,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ..run_folder.checkpoints import checkpoint_problem
+from .errors import print_line
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -29,12 +29,6 @@ SCRIPT_RESUME_HINT = (
     "Resume with trainer.train(resume_from_checkpoint=True): a trainer built with the same arguments continues from "
     "the last checkpoint of its output_dir."
 )
-
-
-def print_line(message: str) -> None:
-    """`message` on stderr in one write, flushed (processes sharing a pipe do not interleave lines)."""
-    sys.stderr.write(message + "\n")
-    sys.stderr.flush()
 
 
 class SaveOnSignal(TrainerCallback):

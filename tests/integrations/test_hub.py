@@ -134,7 +134,7 @@ def test_an_unreachable_hub_is_refused_after_one_request(hub, monkeypatch):
     with pytest.raises(ConnectionError) as excinfo:
         check_hub_model(HUB_ID)
     asked = [(r.method, str(r.url)) for r in sent if HUB_ID in str(r.url)]  # huggingface_hub asks other things
-    assert asked == [("HEAD", f"{UNREACHABLE}/{HUB_ID}/resolve/main/config.json")]
+    assert asked == [("GET", f"{UNREACHABLE}/api/models/{HUB_ID}")]
     _one_line_refusal(str(excinfo.value), offline=False)
     assert UNREACHABLE in str(excinfo.value)
 
@@ -160,7 +160,7 @@ def test_a_hub_that_does_not_answer_is_refused_by_the_timeout_after_one_request(
     try:
         with pytest.raises(ConnectionError, match="does not answer") as excinfo:
             check_hub_model(HUB_ID, timeout=1.0)
-        assert [r.method for r in sent if HUB_ID in str(r.url)] == ["HEAD"]  # one request about the model
+        assert [r.method for r in sent if HUB_ID in str(r.url)] == ["GET"]  # one request about the model
         assert accepted and all(c.fileno() != -1 for c in accepted)  # the server closed nothing: the probe gave up
     finally:
         with contextlib.suppress(OSError):
