@@ -1,27 +1,8 @@
-r"""Answer grading: the LAST complete `\boxed{}` of a completion against a gold answer, decided by math-verify.
-
-In the shape of TRL's `accuracy_reward` (`trl/rewards/accuracy_rewards.py`): math-verify `parse`s both sides and
-`verify`s them; a gold that does not parse gives no verdict. The training reward ([`stapo_trl.rewards`]) and the
-benchmark evaluation both call [`grade`]. What is ours, each for a reason:
-
-- The box: the last complete `\boxed{...}` / `\fbox{...}` is the answer (STAPO Sec. 4.1); math-verify would read
-  every box. No box, or a last box that never closes (a truncated generation): wrong.
-- Gold layouts: a float (`27.0` is `27`), a `\boxed{}` ground truth (verl copies), a list (OlympiadBench
-  `final_answer`, read as a set: every part, any order).
-- `_REWRITES`, on both sides, for benchmark and reported golds that math-verify misreads.
-- An option letter with its value (`\textbf{(B)}\ 7`): the letter against a letter gold, else the value.
-- Numbers without a variable ([`_numbers_equal`]): exact values to `EXACT_DIGITS` significant digits, a decimal on
-  either side to a relative `DECIMAL_REL_TOL`. math-verify rounds to 6 decimal places: it takes `1/2006!` for
-  `1/2004!`, `2^{-100}` for `2^{-101}` and `3e-7` for the Minerva gold `1e-8`. Plain integers on both sides compare
-  as `int`s, math-verify's verdict without SymPy (AIME, AMC, GSM8K, the built-in task).
-- A bound on any thread: answers over `MAX_ANSWER_CHARS` characters, and answers whose value needs numbers of over
-  `MAX_RESULT_DIGITS` digits (`10^{10^{10}}`, `(10^7)!`, `e^{e^{e^{e^e}}}`), are refused before evaluation; the rest
-  runs under math-verify's own `TIMEOUT_S` timeouts on the main thread and, off it (where its `signal.alarm` cannot
-  work), in a daemon thread that is given up after `TIMEOUT_S` seconds.
-
-Never raises: a refusal, a timeout or an error of math-verify makes the answer wrong, with the reason in
-[`GradeResult`]`.error`. Imports math-verify (and SymPy) on first use, never torch.
-"""
+r"""The one answer grader of the training reward and the evaluation: the LAST complete `\boxed{}` / `\fbox{}` of a
+completion (STAPO Sec. 4.1) against a gold, parsed and verified by math-verify as TRL's `accuracy_reward` does, with
+rules on top, each for a reason given in docs/evaluation.md ("The grader"): gold layouts, `_REWRITES`, option letters,
+integers compared as `int`s, [`_numbers_equal`], and bounds on any thread (`MAX_ANSWER_CHARS`, `MAX_RESULT_DIGITS`,
+`TIMEOUT_S`). Never raises; imports math-verify (and SymPy) on first use."""
 
 from __future__ import annotations
 
@@ -43,40 +24,26 @@ TIMEOUT_S = 5  # bound of one comparison, in whole seconds (signal.alarm); math-
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _INT_RE = re.compile(r"[+-]?\d+")
 _FUNCTIONS = r"arc(?:sin|cos|tan)|(?:sin|cos|tan)h?|cot|sec|csc|ln|log|exp"
-# What `_clean` rewrites on both sides, and what math-verify makes of it otherwise:
-_REWRITES = [
-    # Python's `4.5e33` (4.5 * e * 33), `-1./3` (nothing), `np.arcsin(10/13)` (nothing): Minerva golds.
-    (re.compile(r"(?<![\w.])(\d++(?:\.\d++)?|\.\d++)[eE]([+-]?\d++)(?![\w.])"), r"\1\\times10^{\2}"),
-    (re.compile(r"(\d)\.(?=[/)\s,]|$)"), r"\1"),
-    (re.compile(r"\bnp\.(?=[a-z])"), r"\\"),
-    # `\text{1.25}` (a name), a command as a subscript, `L_{\odot}` or `m_{\max}` (nothing): Minerva, OlympiadBench.
-    (re.compile(r"\\(?:text|textbf|mathrm|mathbf)\{\s*([+-]?[\d.,]+)\s*\}"), r"\1"),
-    (re.compile(r"_\{\s*\\([A-Za-z]+)\s*\}"), r"_{\1}"),
-    # Upright e, i and function names (reported golds): `1-\frac{1}{\mathrm{e}}`, `{\rm e}^{-2}` (nothing),
-    # `\operatorname{arcsin}\frac{1}{2}` (1/2).
+_REWRITES = [  # what math-verify misreads otherwise, in benchmark (Minerva, OlympiadBench, MATH-500) or reported golds
+    (re.compile(r"(?<![\w.])(\d++(?:\.\d++)?|\.\d++)[eE]([+-]?\d++)(?![\w.])"), r"\1\\times10^{\2}"),  # 4.5e33
+    (re.compile(r"(\d)\.(?=[/)\s,]|$)"), r"\1"),  # -1./3
+    (re.compile(r"\bnp\.(?=[a-z])"), r"\\"),  # np.arcsin(10/13)
+    (re.compile(r"\\(?:text|textbf|mathrm|mathbf)\{\s*([+-]?[\d.,]+)\s*\}"), r"\1"),  # \text{1.25}
+    (re.compile(r"_\{\s*\\([A-Za-z]+)\s*\}"), r"_{\1}"),  # L_{\odot}, m_{\max}
     (re.compile(r"\{\\rm\s+([ei])\}|\\(?:mathrm|rm|operatorname)\s*\{\s*([ei])\s*\}"), lambda m: m[1] or m[2]),
-    (re.compile(r"\\(?:mathrm|operatorname)\s*\{\s*\\?(" + _FUNCTIONS + r")\s*\}"), r"\\\1 "),
-    # A thin space between digit groups, `12\,345` (12 + 345), and the degree sign, `90°` (nothing): MATH-500 golds
-    # `10,\!080` and `90^\circ`.
-    (re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))"), ""),
-    (re.compile("°"), r"^\\circ"),
+    (re.compile(r"\\(?:mathrm|operatorname)\s*\{\s*\\?(" + _FUNCTIONS + r")\s*\}"), r"\\\1 "),  # \operatorname{arcsin}
+    (re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))"), ""),  # 12\,345 (12 + 345 for math-verify)
+    (re.compile("°"), r"^\\circ"),  # 90°
 ]
-# An option letter with its value, `\textbf{(B)}\ 7`, `(C) 12`, `\text{(D) }5` (AMC solutions end so): the letter is
-# graded against a letter gold, the value against any other (math-verify reads `b` times 7).
+# An option letter with its value, `\textbf{(B)}\ 7`, `(C) 12`, `\text{(D) }5` (math-verify reads `b` times 7).
 _OPTION_RE = re.compile(r"(?:\\(?:text|textbf|mathrm|mathbf)\s*\{\s*)?\(([A-E])\)\s*\}?(?:\s|\\[ ,;:!]|\\q?quad|~)*")
 
 
 @dataclass(frozen=True)
 class GradeResult:
-    """Outcome of grading one completion.
-
-    Args:
-        correct (`bool`): whether the last boxed answer is equivalent to the gold.
-        extracted (`str` or `None`): the content of the last complete `\\boxed{}`; `None` when there is none.
-        error (`str` or `None`): why no verdict could be reached: `"gold unparseable: ..."`, `"timeout: ..."` (out of
-            time, or refused as too large to evaluate) or `"error: ..."`; `None` otherwise. `correct` is `False`
-            whenever `error` is set.
-    """
+    r"""One completion's grade: `correct` (`bool`), `extracted` (the last complete `\boxed{}`'s content, or `None`) and
+    `error` (`None`, or why there is no verdict: `"gold unparseable: ..."`, `"timeout: ..."` for out of time or refused
+    as too large, `"error: ..."`; `correct` is then `False`)."""
 
     correct: bool
     extracted: str | None
@@ -99,19 +66,10 @@ def find_boxes(text: str) -> list[tuple[str | None, int, int]]:
 
 
 def extract_boxed_answer(text: str | None) -> str | None:
-    r"""The content of the LAST `\boxed{...}` or `\fbox{...}` of `text`, nested braces included, stripped.
-
-    Returns:
-        `str` or `None`: `None` when there is no box, when the last one is empty, or when it never closes (a
-        truncated generation: an earlier box does not count then).
-
-    Example:
-        >>> extract_boxed_answer(r"so \boxed{1} no, \boxed{\frac{1}{3}}.")
-        '\\frac{1}{3}'
-    """
-    boxes = find_boxes(text or "")
-    content = boxes[-1][0] if boxes else None
-    return (content or "").strip() or None
+    r"""The content of the LAST `\boxed{...}` or `\fbox{...}` of `text`, stripped; `None` without a box, for an empty
+    one, or when the last one never closes (a truncated generation). `r"so \boxed{1} no, \boxed{\frac{1}{3}}."` ->
+    `"\frac{1}{3}"`."""
+    return ((find_boxes(text or "") or [(None,)])[-1][0] or "").strip() or None
 
 
 def _clean(s: str) -> str:
@@ -122,16 +80,11 @@ def _clean(s: str) -> str:
 
 
 def _gold_text(gold: Any) -> str:
-    if gold is None:
-        return ""
     if isinstance(gold, (list, tuple)):
-        return ", ".join(_gold_text(g) for g in gold)
-    if isinstance(gold, float) and gold.is_integer():
-        return str(int(gold))
-    s = str(gold).strip()
-    if _BOX_RE.search(s):  # a verl ground truth, `\boxed{204}`
-        s = extract_boxed_answer(s) or s
-    return _clean(s)
+        return ", ".join(map(_gold_text, gold))
+    if gold is None or isinstance(gold, float) and gold.is_integer():
+        return "" if gold is None else str(int(gold))
+    return _clean(extract_boxed_answer(s := str(gold).strip()) or s)  # a verl ground truth, `\boxed{204}`
 
 
 def _parse(s: str, timeout: int | None) -> list:
@@ -158,8 +111,7 @@ def _log10_size(x) -> float:
         return max(int(x.p).bit_length(), int(x.q).bit_length()) * math.log10(2)
     if isinstance(x, sympy.Float):
         return math.log10(abs(float(x)) + 1)
-    sizes = [_log10_size(a) for a in getattr(x, "args", ())]
-    if not sizes:
+    if not (sizes := [_log10_size(a) for a in getattr(x, "args", ())]):
         return 1.0
     if isinstance(x, (sympy.Pow, sympy.exp)) and x.args[-1].is_number:  # the exponent is at most 10^(its digits)
         return sizes[0] * 10 ** min(sizes[-1], 300)
@@ -171,7 +123,8 @@ def _log10_size(x) -> float:
 
 def _numbers_equal(g, p) -> bool | None:
     """Two numbers (no variable): equal within a relative `DECIMAL_REL_TOL` when either has a decimal point, else to
-    `EXACT_DIGITS` significant digits; `None` (math-verify decides) for anything else."""
+    `EXACT_DIGITS` significant digits (math-verify rounds to 6 decimal places: `1/2006!` is `1/2004!` for it); `None`
+    (math-verify decides) for anything else."""
     import sympy
 
     special = (sympy.oo, -sympy.oo, sympy.zoo, sympy.nan, sympy.UnevaluatedExpr)
@@ -185,7 +138,6 @@ def _numbers_equal(g, p) -> bool | None:
 
 
 def _equivalent(gold_text: str, answer: str, timeout: int | None) -> bool:
-    """Parse, refuse what is too large to evaluate, compare (math-verify's `timeout`: called through [`_bounded`])."""
     from math_verify import verify
 
     gold, pred = _parse_gold(gold_text, timeout), _parse(answer, timeout)
@@ -203,9 +155,8 @@ def _equivalent(gold_text: str, answer: str, timeout: int | None) -> bool:
 
 
 def _bounded(fn: Callable, *args):
-    """`fn(*args, timeout)`: on the main thread with math-verify's own timeouts (`TIMEOUT_S`, by `signal.alarm`); on
-    any other thread, where those cannot work, without them in a daemon thread, given up after `TIMEOUT_S` seconds
-    (it finishes in the background; the size refusal keeps out the forms that would not finish)."""
+    """`fn(*args, TIMEOUT_S)` on the main thread (math-verify's `signal.alarm` timeouts); elsewhere `fn(*args, None)`
+    in a daemon thread given up after `TIMEOUT_S` seconds (it finishes in the background)."""
     if threading.current_thread() is threading.main_thread():
         return fn(*args, TIMEOUT_S)
     outcome: list = []
@@ -216,8 +167,7 @@ def _bounded(fn: Callable, *args):
         except BaseException as e:  # noqa: BLE001 - raised again in the calling thread
             outcome.append(e)
 
-    worker = threading.Thread(target=run, daemon=True, name="stapo-grading")
-    worker.start()
+    (worker := threading.Thread(target=run, daemon=True, name="stapo-grading")).start()
     worker.join(TIMEOUT_S)
     if not outcome:
         raise TimeoutError(f"over {TIMEOUT_S} s, off the main thread")
@@ -227,17 +177,10 @@ def _bounded(fn: Callable, *args):
 
 
 def grade(completion: str | None, gold: Any) -> GradeResult:
-    r"""Grade one completion against one gold answer (the rules are in the module docstring).
-
-    Args:
-        completion (`str` or `None`): the model's text; only its last complete `\boxed{}` is read.
-        gold (`str`, `int`, `float`, `list` or `tuple`): the ground truth; a list is a multi-answer gold, matched as
-            a set (every part, in any order).
-
-    Returns:
-        [`GradeResult`]: never raises. A gold that does not parse gives `error="gold unparseable: ..."` whatever the
-        completion; a refusal, a timeout or an error of math-verify gives a wrong answer with the reason.
-    """
+    r"""Grade the last complete `\boxed{}` of `completion` against `gold` (`str`, `int`, `float`, or a list or tuple:
+    a multi-answer gold, matched as a set), by the rules of the module docstring. Never raises: a gold that does not
+    parse gives `error="gold unparseable: ..."`; a refusal, a timeout or an error of math-verify a wrong answer with
+    the reason ([`GradeResult`])."""
     extracted = extract_boxed_answer(completion)
     try:
         gold_text = _gold_text(gold)
@@ -262,5 +205,5 @@ def grade(completion: str | None, gold: Any) -> GradeResult:
 
 
 def is_correct(completion: str | None, gold: Any) -> bool:
-    r"""Whether the last `\boxed{}` of `completion` is equivalent to `gold`: [`grade`]`(completion, gold).correct`."""
+    r"""[`grade`]`(completion, gold).correct`."""
     return grade(completion, gold).correct
