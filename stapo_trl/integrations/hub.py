@@ -3,41 +3,47 @@ or a push that cannot work is one line in seconds, instead of transformers' and 
 
 from __future__ import annotations
 
+import functools
 import os
 
 
 HUB_PROBE_TIMEOUT = 5.0  # seconds; `HF_HUB_ETAG_TIMEOUT` overrides it
 
 
-def _no_answer(info, name: str, token, timeout: float | None) -> str | None:
-    """`None` when `info(name)` (`HfApi.model_info` or `dataset_info`: one request, no retries) gets an HTTP answer
-    (found or not), else the cause in a few words."""
+def _refuse(subject: str, offline: str | None, info, token, timeout, instead: str, download: str) -> None:
+    """Refuse what is neither local nor cached when `offline` (the variable that says so) or when `info`
+    (`HfApi.model_info` or `dataset_info`: one request, no retries) gets no HTTP answer."""
+    from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError
 
+    if offline:
+        raise FileNotFoundError(
+            f"{subject}, and not in the local Hugging Face cache while offline, {offline} (no download). {instead}."
+        )
     timeout = timeout or float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or HUB_PROBE_TIMEOUT)
     try:
-        info(name, token=token, timeout=timeout)
+        info(token=token, timeout=timeout)
     except HfHubHTTPError:  # the Hub answered: loading the repository says what is wrong with it
-        return None
+        pass
     except Exception as e:  # noqa: BLE001 (connection, DNS, proxy, timeout: no answer)
-        return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0] or f'no answer in {timeout:g} s'}"
-    return None
+        cause = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0] or f'no answer in {timeout:g} s'}"
+        raise ConnectionError(
+            f"{subject} nor in the local Hugging Face cache, and the Hub at {constants.ENDPOINT} does not answer "
+            f"({cause}). {instead}; or download it where the Hub is reachable (`{download}`) and set "
+            "HF_HUB_OFFLINE=1 to use the cache without asking the Hub."
+        ) from None
 
 
 def check_hub_model(name: str, *, revision=None, token=None, what: str = "Model", timeout=None) -> None:
     """Refuse a model that must come from the Hub when the Hub cannot be used: a local path, a `builtin:` name or a Hub
-    id in the local cache passes; otherwise `HF_HUB_OFFLINE=1` is refused, and else the Hub is asked once
-    (`HfApi.model_info`, `timeout` seconds).
-
-    Raises:
-        FileNotFoundError: offline and not cached. ConnectionError: not cached and the Hub does not answer.
-    """
+    id in the local cache passes; else `FileNotFoundError` when offline (`HF_HUB_OFFLINE=1`), `ConnectionError` when
+    the Hub, asked once (`HfApi.model_info`, `timeout` seconds), does not answer."""
     from huggingface_hub import HfApi, constants, try_to_load_from_cache
 
     from ..models.names import BUILTIN_MODELS
 
     name = os.fspath(name)
-    if name.startswith("builtin:") or os.path.isdir(os.path.expanduser(name)) or os.path.isfile(name):
+    if name.startswith("builtin:") or os.path.exists(os.path.expanduser(name)):
         return
     for filename in ("config.json", "adapter_config.json"):
         try:
@@ -47,61 +53,34 @@ def check_hub_model(name: str, *, revision=None, token=None, what: str = "Model"
             break
     instead = "Pass an existing directory (e.g. outputs/demo-stapo after `make demo`), a cached Hub id, or a built-in "
     instead += f"name ({', '.join('builtin:' + n for n in BUILTIN_MODELS)})"
-    if constants.HF_HUB_OFFLINE:
-        raise FileNotFoundError(
-            f"{what} {name!r} is not a local directory, and as a Hub id it is not in the local Hugging Face cache "
-            f"while HF_HUB_OFFLINE=1 (no download). {instead}."
-        )
-    if cause := _no_answer(lambda n, **kw: HfApi().model_info(n, revision=revision, **kw), name, token, timeout):
-        raise ConnectionError(
-            f"{what} {name!r} is not a local directory nor in the local Hugging Face cache, and the Hub at "
-            f"{constants.ENDPOINT} does not answer ({cause}). {instead}; or download it where the Hub is reachable "
-            f"(`hf download {name}`) and set HF_HUB_OFFLINE=1 to use the cache without asking the Hub."
-        )
+    info = functools.partial(HfApi().model_info, name, revision=revision)
+    offline = constants.HF_HUB_OFFLINE and "HF_HUB_OFFLINE=1"
+    _refuse(f"{what} {name!r} is not a local directory", offline, info, token, timeout, instead, f"hf download {name}")
 
 
 def check_hub_dataset(name: str, *, token=None, timeout=None) -> None:
     """[`check_hub_model`] for `dataset_name` (`HfApi.dataset_info`): a local path, a `datasets` builder name (`json`,
-    `parquet`, ...) or a cached Hub dataset passes.
-
-    Raises:
-        FileNotFoundError: offline and not cached. ConnectionError: not cached and the Hub does not answer.
-    """
+    `parquet`, ...) or a cached Hub dataset passes."""
     from datasets import config, packaged_modules
     from huggingface_hub import HfApi, constants
 
-    cached = (
-        os.path.join(constants.HF_HUB_CACHE, "datasets--" + name.replace("/", "--")),
-        os.path.join(config.HF_DATASETS_CACHE, name.replace("/", "___")),
-    )
+    cached = [os.path.join(constants.HF_HUB_CACHE, "datasets--" + name.replace("/", "--"))]
+    cached += [os.path.join(config.HF_DATASETS_CACHE, name.replace("/", "___"))]
     builders = getattr(packaged_modules, "_PACKAGED_DATASETS_MODULES", {})
     if name in builders or os.path.exists(os.path.expanduser(name)) or any(map(os.path.isdir, cached)):
         return
+    offline = (constants.HF_HUB_OFFLINE or config.HF_DATASETS_OFFLINE) and "HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1"
     instead = "Pass a local .json/.jsonl/.parquet file or folder, or builtin:tiny-math"
-    if constants.HF_HUB_OFFLINE or config.HF_DATASETS_OFFLINE:
-        raise FileNotFoundError(
-            f"dataset_name={name!r} is not a local path, and as a Hub dataset it is not in the local cache while "
-            f"offline (HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1: no download). {instead}."
-        )
-    if cause := _no_answer(HfApi().dataset_info, name, token, timeout):
-        raise ConnectionError(
-            f"dataset_name={name!r} is not a local path nor in the local cache, and the Hub at {constants.ENDPOINT} "
-            f"does not answer ({cause}). {instead}; or download it where the Hub is reachable "
-            f"(`hf download --repo-type dataset {name}`) and set HF_HUB_OFFLINE=1."
-        )
+    subject, info = f"dataset_name={name!r} is not a local path", functools.partial(HfApi().dataset_info, name)
+    _refuse(subject, offline, info, token, timeout, instead, f"hf download --repo-type dataset {name}")
 
 
 def check_hub_access(hub_model_id, output_dir: str, token=None, *, endpoint=None, network: bool = True) -> None:
     """Refuse a push that cannot work: offline mode, no token, or (`network`) a Hub that does not answer or refuses
-    the token (`HfApi.whoami`). Nothing is created or uploaded.
-
-    Raises:
-        ConnectionError: `push_to_hub: cannot push to hub_model_id=...: <cause>. ... or pass --push_to_hub false`.
-    """
+    the token (`HfApi.whoami`), with a one-line `ConnectionError`. Nothing is created or uploaded."""
     from huggingface_hub import HfApi, constants, get_token
 
-    repo, endpoint = hub_model_id or os.path.basename(os.path.abspath(output_dir)), endpoint or constants.ENDPOINT
-    cause = None
+    repo, endpoint, cause = hub_model_id or os.path.basename(os.path.abspath(output_dir)), endpoint, None
     if constants.HF_HUB_OFFLINE:
         cause = "offline mode is on (HF_HUB_OFFLINE=1)"
     elif not (token := token or get_token()):
@@ -110,11 +89,9 @@ def check_hub_access(hub_model_id, output_dir: str, token=None, *, endpoint=None
         try:
             HfApi(endpoint=endpoint).whoami(token=token)
         except Exception as e:  # noqa: BLE001 (the cause is what matters)
-            status = getattr(getattr(e, "response", None), "status_code", None)
-            refused = f"refuses the token (HTTP {status})" if status in (401, 403) else "cannot be reached"
-            cause = f"the Hub at {endpoint} {refused}" + (
-                "" if status in (401, 403) else f" ({type(e).__name__}: {e})"
-            )
+            status, error = getattr(getattr(e, "response", None), "status_code", None), f"{type(e).__name__}: {e}"
+            why = f"refuses the token (HTTP {status})" if status in (401, 403) else f"cannot be reached ({error})"
+            cause = f"the Hub at {endpoint or constants.ENDPOINT} {why}"
     if cause:
         raise ConnectionError(
             f"push_to_hub: cannot push to hub_model_id={repo!r}: {cause}. Fix that, or pass --push_to_hub false to "
