@@ -1,14 +1,7 @@
-"""What `stapo-train` adds to a trainer, as `TrainerCallback`s a script adds in one line too:
-
-    from .callbacks import add_command_callbacks
-    add_command_callbacks(trainer)  # save on Ctrl-C / SIGTERM / SIGUSR1, one line per log
-
-- [`SaveOnSignal`]: the first SIGINT (Ctrl-C), SIGTERM (preemption, `scancel`, a time limit) or SIGUSR1 (Slurm's
-  warning before the time limit) saves a checkpoint at the next step boundary and stops; `train()` then raises a
-  `KeyboardInterrupt` naming the signal and the checkpoint. A second Ctrl-C quits at once (status 130).
-- [`CompactProgressCallback`] / [`CompactPrinterCallback`]: `step N/M  reward R  entropy H  silenced S` per logging
-  step instead of each row's dict (every metric stays in `metrics.jsonl` and the log history).
-"""
+"""What `stapo-train` adds to a trainer, as `TrainerCallback`s a script adds in one line too,
+`add_command_callbacks(trainer)`: [`SaveOnSignal`] (a checkpoint at the step boundary on Ctrl-C, SIGTERM or SIGUSR1,
+then stop) and the compact console, `step N/M  reward R  entropy H  silenced S` per logging step instead of each row's
+dict (every metric stays in `metrics.jsonl` and the log history)."""
 
 from __future__ import annotations
 
@@ -32,18 +25,13 @@ SCRIPT_RESUME_HINT = (
 
 
 class SaveOnSignal(TrainerCallback):
-    """Save a checkpoint at the next step boundary on the first of [`STOP_SIGNALS`], then stop training.
-
-    The handlers are installed at `on_train_begin` (main thread only) and the previous ones restored at `on_train_end`,
-    which then raises `KeyboardInterrupt("Interrupted by SIGTERM at step N: checkpoint saved to DIR. <resume_hint>")`
-    with the attributes `signal`, `step` and `checkpoint` (add this callback last: it ends `on_train_end`). With
-    several processes the signal is all-reduced (max) at every step end, so every rank saves at the same step. A later
-    SIGTERM or SIGUSR1 changes nothing (schedulers repeat them); a second Ctrl-C exits at once with status 130, naming the
-    checkpoint when its save has finished.
-
-    Args:
-        resume_hint (`str`, *optional*): the end of the message; `stapo-train` gives its command line.
-    """
+    """Save a checkpoint at the next step boundary on the first of [`STOP_SIGNALS`] (SIGUSR1: Slurm's warning before
+    the time limit), then stop training. The handlers are installed at `on_train_begin` (main thread only) and the
+    previous ones restored at `on_train_end`, which then raises `KeyboardInterrupt("Interrupted by SIGTERM at step N:
+    checkpoint saved to DIR. <resume_hint>")` with the attributes `signal`, `step` and `checkpoint` (add this callback
+    last). With several processes the signal is all-reduced (max) at every step end: every rank saves at the same
+    step. A later SIGTERM or SIGUSR1 changes nothing (schedulers repeat them); a second Ctrl-C exits at once with
+    status 130, naming the checkpoint when its save has finished. `resume_hint`: the end of the message."""
 
     def __init__(self, resume_hint: str = SCRIPT_RESUME_HINT):
         self.resume_hint, self.signal, self._received, self._previous, self.checkpoint = resume_hint, 0, 0, {}, None
@@ -87,10 +75,10 @@ class SaveOnSignal(TrainerCallback):
 
 
 def _fmt(value, digits: int = 3) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, (bool, int)) or not isinstance(value, float):
         return str(value)
-    if value == 0 or isinstance(value, int):
-        return str(int(value)) if value == 0 else str(value)
+    if value == 0:
+        return "0"
     return (
         f"{value:.{digits}f}" if 1e-3 <= abs(value) < 1e4 else f"{value:.3g}" if abs(value) < 1e-3 else f"{value:.4g}"
     )
@@ -105,8 +93,9 @@ def format_log_line(logs: dict, step: int, max_steps: int | None = None) -> str:
     if "train_runtime" in logs:
         loss = f", train_loss {_fmt(logs['train_loss'], 4)}" if isinstance(logs.get("train_loss"), float) else ""
         timing = f"({_fmt(logs['train_runtime'], 1)} s{loss})"
-        stopped = max_steps and max_steps > 0 and step < max_steps
-        return f"training stopped at step {step} of {max_steps} {timing}" if stopped else f"training done at step {step} {timing}"  # fmt: skip
+        if max_steps and max_steps > 0 and step < max_steps:
+            return f"training stopped at step {step} of {max_steps} {timing}"
+        return f"training done at step {step} {timing}"
     keys = (("reward", "reward"), ("entropy", "entropy"), ("s2t/silenced_ratio", "silenced"))
     if any(key in logs for key, _ in keys):
         return "  ".join([where] + [f"{label} {_fmt(logs[key])}" for key, label in keys if logs.get(key) is not None])
@@ -137,12 +126,8 @@ def add_command_callbacks(trainer, resume_hint: str = SCRIPT_RESUME_HINT) -> Sav
     """Give `trainer` what `stapo-train` gives it: the compact console in place of transformers' `ProgressCallback` /
     `PrinterCallback`, and a [`SaveOnSignal`] last (one writer per folder is the trainer's own: `train()` holds its
     `output_dir`). Returns the `SaveOnSignal`."""
+    compact = {ProgressCallback: CompactProgressCallback, PrinterCallback: CompactPrinterCallback}
     callbacks = trainer.callback_handler.callbacks
-    for i, callback in enumerate(callbacks):
-        if type(callback) in (ProgressCallback, PrinterCallback):
-            callbacks[i] = (
-                CompactProgressCallback if type(callback) is ProgressCallback else CompactPrinterCallback
-            )()
-    stop = SaveOnSignal(resume_hint)
-    trainer.add_callback(stop)
+    callbacks[:] = [compact[type(c)]() if type(c) in compact else c for c in callbacks]
+    trainer.add_callback(stop := SaveOnSignal(resume_hint))
     return stop

@@ -20,11 +20,9 @@ from typing import Any
 from ..run_folder.checkpoints import open_run_file
 
 
-METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME = "metrics.jsonl", "spurious_tokens.jsonl"  # the run files (run_files.py)
-
-
 logger = logging.getLogger(__name__)
 
+METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME = "metrics.jsonl", "spurious_tokens.jsonl"  # run_folder.logs: no torch here
 TRAINING_CURVES = (  # (log key, panel title, y scale) of training_curves.png
     ("reward", "reward (mean over completions)", "linear"),
     ("entropy", "policy entropy (nats / token)", "linear"),
@@ -36,6 +34,7 @@ POOLED_RATIOS = {  # logged as Σ numerator / Σ denominator: pooled the same wa
     "s2t/candidate_ratio": ("s2t/num_candidates", "s2t/num_loss_tokens"),
 }
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+_WARNED_EMPTY: set[str] = set()
 
 
 def _files(path: str, name: str) -> list[str]:
@@ -50,8 +49,7 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, A
     """The `metrics.jsonl` rows of a run, one list per seed (`path`: a run folder, a folder of seeds, or the file).
     Raises `FileNotFoundError` without one, and, with `require_steps`, `ValueError` for one without a logged metric."""
     path = os.fspath(path)
-    files = [path] if os.path.isfile(path) and path.endswith(".jsonl") else _files(path, METRICS_FILENAME)
-    if not files:
+    if not (files := [path] if os.path.isfile(path) and path.endswith(".jsonl") else _files(path, METRICS_FILENAME)):
         raise FileNotFoundError(
             f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a `stapo-train` run, "
             "or a folder of them (one per seed)."
@@ -75,15 +73,12 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, A
     return seeds
 
 
-_WARNED_EMPTY: set[str] = set()
-
-
 def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
     """The records of `run_dir/spurious_tokens.jsonl`, or of every `run_dir/*/spurious_tokens.jsonl` (seeds); a file
     without a record is warned about once."""
-    records = []
     from ..run_folder.logs import read_token_records
 
+    records = []
     for file in _files(os.fspath(run_dir), SPURIOUS_TOKENS_FILENAME):
         if not (file_records := read_token_records(file)) and file not in _WARNED_EMPTY:
             _WARNED_EMPTY.add(file)
@@ -93,29 +88,6 @@ def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
             )
         records += file_records
     return records
-
-
-def seed_values(seeds: Sequence, key: str):
-    """`(steps, values, note)` of `key` over a run's seeds: `values` a `(num_rows, num_steps)` array at the steps all
-    rows logged, one row per seed that logged `key`, `note` " (2 seeds)". A ratio of counts ([`POOLED_RATIOS`]) over
-    seeds that all logged its counts is one row, Σ numerator / Σ denominator over them (" (2 seeds, pooled)")."""
-    import numpy as np
-
-    def _series(rows: Sequence, key: str) -> dict[int, float]:  # null and NaN (not equal to itself) left out
-        pairs = ((row.get("step"), row.get(key)) for row in rows)
-        return {int(step): float(v) for step, v in pairs if step is not None and v is not None and v == v}
-
-    num, den = POOLED_RATIOS.get(key, (None, None))
-    if len(seeds) > 1 and num and all(_series(rows, den) for rows in seeds):
-        counts = [(_series(rows, num), _series(rows, den)) for rows in seeds]
-        steps = sorted(set.intersection(*(set(n) & set(d) for n, d in counts)))
-        pooled = {s: sum(n[s] for n, _ in counts) / total for s in steps if (total := sum(d[s] for _, d in counts))}
-        if pooled:
-            return list(pooled), np.array([list(pooled.values())]), f" ({len(seeds)} seeds, pooled)"
-    per_seed = [series for rows in seeds if (series := _series(rows, key))]
-    steps = sorted(set.intersection(*map(set, per_seed))) if per_seed else []
-    note = f" ({len(per_seed)} seeds)" if len(per_seed) > 1 else ""
-    return steps, np.array([[series[step] for step in steps] for series in per_seed]), note
 
 
 def load_token_bytes(run_dir: os.PathLike | str) -> dict[int, bytes]:
@@ -129,8 +101,30 @@ def load_token_bytes(run_dir: os.PathLike | str) -> dict[int, bytes]:
         return {}
 
 
+def seed_values(seeds: Sequence, key: str):
+    """`(steps, values, note)` of `key` over a run's seeds: `values` a `(num_rows, num_steps)` array at the steps all
+    rows logged, one row per seed that logged `key`, `note` " (2 seeds)". A ratio of counts ([`POOLED_RATIOS`]) over
+    seeds that all logged its counts is one row, Σ numerator / Σ denominator over them (" (2 seeds, pooled)")."""
+    import numpy as np
+
+    def series(rows: Sequence, key: str) -> dict[int, float]:  # null and NaN (not equal to itself) left out
+        pairs = ((row.get("step"), row.get(key)) for row in rows)
+        return {int(step): float(v) for step, v in pairs if step is not None and v is not None and v == v}
+
+    num, den = POOLED_RATIOS.get(key, (None, None))
+    if len(seeds) > 1 and num and all(series(rows, den) for rows in seeds):
+        counts = [(series(rows, num), series(rows, den)) for rows in seeds]
+        steps = sorted(set.intersection(*(set(n) & set(d) for n, d in counts)))
+        pooled = {s: sum(n[s] for n, _ in counts) / total for s in steps if (total := sum(d[s] for _, d in counts))}
+        if pooled:
+            return list(pooled), np.array([list(pooled.values())]), f" ({len(seeds)} seeds, pooled)"
+    per_seed = [found for rows in seeds if (found := series(rows, key))]
+    steps = sorted(set.intersection(*map(set, per_seed))) if per_seed else []
+    note = f" ({len(per_seed)} seeds)" if len(per_seed) > 1 else ""
+    return steps, np.array([[found[step] for step in steps] for found in per_seed]), note
+
+
 def _figure(rows: int, cols: int, size: tuple[float, float], **kwargs):
-    """A `Figure` with tight layout and its `(rows, cols)` axes."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=size, layout="tight")
@@ -148,20 +142,25 @@ def _save(fig, out: Path | str | None):
     return out
 
 
-def _axes(ax, log: bool, title: str) -> None:
-    """Title, grid, legend, integer optimizer steps on x; a log y axis labelled at 1, 2 and 5 x 10^k."""
+def _axes(ax, title: str, log=False, xlabel="optimizer step", fontsize=10, grid="both", **legend) -> None:
+    """Title, grid, legend, integer counts on x (optimizer steps by default); a log y axis labelled at 1, 2 and 5 x
+    10^k."""
     from matplotlib.ticker import LogFormatterSciNotation, LogLocator, MaxNLocator
 
-    ax.set_xlabel("optimizer step")
+    ax.set_xlabel(xlabel)
     ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
     if log:
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(LogFormatterSciNotation(labelOnlyBase=False))
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3, which="both")
+    ax.set_title(title, fontsize=fontsize)
+    ax.grid(alpha=0.3, which="both", axis=grid)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, **legend)
+
+
+def _note(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
 def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, title=None, smoothing=None):
@@ -175,26 +174,24 @@ def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, tit
     for ax, (key, panel_title, scale) in zip(axes[0], curves, strict=True):
         for i, (label, seeds) in enumerate(runs.items()):  # run i in colour i of matplotlib's cycle
             steps, values, note = seed_values(seeds, key)
-            if not steps:
-                continue
-            if scale == "log":
+            if steps and scale == "log":
                 mean = values.mean(axis=0)
                 pos = mean > 0
                 zeros = f", 0 at {(~pos).sum()}/{len(mean)} logged steps" if pos.any() else ": always 0"
                 ax.plot(np.array(steps)[pos], mean[pos], "o", ms=3.5, color=f"C{i}", label=label + note + zeros)
-                continue
-            window = smoothing or max(1, len(steps) // 20)  # trailing moving average, shorter at the start
-            cumsum = np.cumsum(np.insert(values, 0, 0.0, axis=1), axis=1)
-            start = np.maximum(np.arange(1, len(steps) + 1) - window, 0)
-            smooth = (cumsum[:, 1:] - cumsum[:, start]) / (np.arange(1, len(steps) + 1) - start)  # (seeds, steps)
-            if len(values) == 1:
-                ax.plot(steps, values[0], color=f"C{i}", alpha=0.25, lw=0.8)
-            else:
-                ax.fill_between(steps, smooth.min(axis=0), smooth.max(axis=0), color=f"C{i}", alpha=0.2)
-            ax.plot(steps, smooth.mean(axis=0), color=f"C{i}", lw=1.8, label=label + note)
+            elif steps:
+                window = smoothing or max(1, len(steps) // 20)  # trailing moving average, shorter at the start
+                cumsum = np.cumsum(np.insert(values, 0, 0.0, axis=1), axis=1)
+                start = np.maximum(np.arange(1, len(steps) + 1) - window, 0)
+                smooth = (cumsum[:, 1:] - cumsum[:, start]) / (np.arange(1, len(steps) + 1) - start)  # (seeds, steps)
+                if len(values) == 1:
+                    ax.plot(steps, values[0], color=f"C{i}", alpha=0.25, lw=0.8)
+                else:
+                    ax.fill_between(steps, smooth.min(axis=0), smooth.max(axis=0), color=f"C{i}", alpha=0.2)
+                ax.plot(steps, smooth.mean(axis=0), color=f"C{i}", lw=1.8, label=label + note)
         if not ax.lines:
-            ax.text(0.5, 0.5, f"{key!r} not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
-        _axes(ax, scale == "log", panel_title)
+            _note(ax, f"{key!r} not logged")
+        _axes(ax, panel_title, scale == "log")
     if title:
         fig.suptitle(title, fontsize=11)
     return _save(fig, out)
@@ -217,15 +214,14 @@ def plot_entropy_quantiles(runs: Mapping[str, Sequence], out: Path | None = None
     if not ax.lines and not ax.collections:
         return None
     ax.set_ylabel("entropy of loss tokens (nats)")
-    _axes(ax, True, "Policy entropy quantiles (all loss tokens, all processes)")
+    _axes(ax, "Policy entropy quantiles (all loss tokens, all processes)", log=True)
     return _save(fig, out)
 
 
 def plot_prob_entropy_scatter(records: Mapping[str, Sequence], out: Path | None = None):
     """The paper's four quadrants: probability (log) vs entropy of positive-advantage tokens, silenced ones in red,
     with τ_p and the median τ_h, one panel per run (label -> `spurious_tokens.jsonl` records)."""
-    records = {label: recs for label, recs in records.items() if recs}
-    if not records:
+    if not (records := {label: recs for label, recs in records.items() if recs}):
         return None
     fig, axes = _figure(1, len(records), (6.0 * len(records), 4.6))
     for ax, (label, recs) in zip(axes[0], records.items(), strict=True):
@@ -241,10 +237,13 @@ def plot_prob_entropy_scatter(records: Mapping[str, Sequence], out: Path | None 
         if tau_h := sorted(r["entropy_threshold"] for r in recs if r.get("entropy_threshold") is not None):
             median = tau_h[len(tau_h) // 2]
             ax.axhline(median, color="k", ls="--", lw=1, label=f"median τ_h = {median:.3g} nats")
-        ax.set(xscale="log", xlabel="probability of the sampled token (log)", ylabel="entropy at the position (nats)")
-        ax.set_title(f"{label}: positive-advantage tokens", fontsize=10)
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7, loc="upper right")
+        _axes(
+            ax,
+            f"{label}: positive-advantage tokens",
+            xlabel="probability of the sampled token (log)",
+            loc="upper right",
+        )
+        ax.set(xscale="log", ylabel="entropy at the position (nats)")  # after _axes: a log axis's own ticks
     return _save(fig, out)
 
 
@@ -252,8 +251,6 @@ def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, toke
     """Bars of the `k` most frequent silenced tokens and kept candidates (of the logged records), one row per run
     (label -> records), integer counts; labels by [`readable_token`] with `token_bytes` (label -> token id -> bytes,
     [`load_token_bytes`]), their key under the figure."""
-    from matplotlib.ticker import MaxNLocator
-
     from ..diagnostics.token_records import TOKEN_LABEL_KEY, readable_token
 
     if not (records := {label: recs for label, recs in records.items() if recs}):
@@ -273,19 +270,17 @@ def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, toke
             ax.set_yticks(range(len(top)), names, fontsize=8)
             ax.invert_yaxis()
             if not top:
-                ax.text(0.5, 0.5, "none logged", ha="center", va="center", transform=ax.transAxes, color="gray")
-            ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
-            ax.set_xlabel(xlabel)
+                _note(ax, "none logged")
             shown = f" ({len(top)} of {len(counts)} distinct)" if len(counts) > len(top) else ""
-            ax.set_title(f"{label}: {title}{shown}", fontsize=9)
-            ax.grid(alpha=0.3, axis="x")
+            _axes(ax, f"{label}: {title}{shown}", xlabel=xlabel, fontsize=9, grid="x")
     fig.text(0.5, 0.01, TOKEN_LABEL_KEY, ha="center", va="bottom", fontsize=7.5, wrap=True)
     fig.set_layout_engine("tight", rect=(0, 0.45 / height, 1, 1))
     return _save(fig, out)
 
 
-def _labels(run_dirs: Sequence[os.PathLike | str], labels: Sequence[str] | None) -> dict[str, os.PathLike | str]:
-    """label -> run folder; the labels default to the folder names (the paths as given when two names are equal)."""
+def _load(run_dirs: Sequence, labels: Sequence[str] | None, require_steps: bool = False):
+    """(metrics, token records, token bytes), each label -> its run's, all read before anything is drawn; the labels
+    default to the folder names (the paths as given when two names are equal)."""
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(
             f"--labels: got {len(labels)} label(s) for {len(run_dirs)} OUTPUT_DIR(s): give one label per folder, "
@@ -293,16 +288,13 @@ def _labels(run_dirs: Sequence[os.PathLike | str], labels: Sequence[str] | None)
         )
     names = [os.path.basename(os.path.normpath(d)) for d in run_dirs]
     default = names if len(set(names)) == len(names) else [os.path.normpath(d) for d in run_dirs]
-    return dict(zip(default if labels is None else labels, run_dirs, strict=True))
-
-
-def plot_diagnostics(run_dirs: Sequence[Path | str], out_dir: Path | str, labels: Sequence[str] | None = None):
-    """Write the S2T figures of the runs (overlaid) into `out_dir`; returns the paths written. Raises
-    `FileNotFoundError` for a folder without `metrics.jsonl`."""
-    runs, out_dir = _labels(run_dirs, labels), Path(out_dir)
-    metrics = {label: load_run(d) for label, d in runs.items()}
+    runs = dict(zip(default if labels is None else labels, run_dirs, strict=True))
+    metrics = {label: load_run(d, require_steps=require_steps) for label, d in runs.items()}
     records = {label: load_token_records(d) for label, d in runs.items()}
-    token_bytes = {label: load_token_bytes(d) for label, d in runs.items() if records[label]}
+    return metrics, records, {label: load_token_bytes(d) for label, d in runs.items() if records[label]}
+
+
+def _diagnostics(metrics: Mapping, records: Mapping, token_bytes: Mapping, out_dir: Path) -> list[Path]:
     ratios = any(seed_values(seeds, "s2t/silenced_ratio")[0] for seeds in metrics.values())
     written = [
         plot_entropy_quantiles(metrics, out_dir / "s2t_entropy_quantiles.png"),
@@ -311,6 +303,12 @@ def plot_diagnostics(run_dirs: Sequence[Path | str], out_dir: Path | str, labels
         plot_top_tokens(records, out_dir / "s2t_top_tokens.png", token_bytes=token_bytes),
     ]
     return [Path(path) for path in written if path is not None]
+
+
+def plot_diagnostics(run_dirs: Sequence[Path | str], out_dir: Path | str, labels: Sequence[str] | None = None):
+    """Write the S2T figures of the runs (overlaid) into `out_dir`; returns the paths written. Raises
+    `FileNotFoundError` for a folder without `metrics.jsonl`."""
+    return _diagnostics(*_load(run_dirs, labels), Path(out_dir))
 
 
 def plot_output_dirs(output_dirs: Sequence[str], out: str | None = None, *, labels=None, title=None, smoothing=None):
@@ -326,13 +324,10 @@ def plot_output_dirs(output_dirs: Sequence[str], out: str | None = None, *, labe
         )
     if smoothing is not None and smoothing < 1:
         raise ValueError(f"--smoothing {smoothing}: the moving-average window must be >= 1 logged step.")
-    runs = _labels(output_dirs, labels)
-    metrics = {label: load_run(d, require_steps=True) for label, d in runs.items()}
-    for output_dir in output_dirs:  # the token files' errors, too, before anything is drawn
-        load_token_records(output_dir)
+    metrics, records, token_bytes = _load(output_dirs, labels, require_steps=True)
     if out is None:
         out = output_dirs[0] if len(output_dirs) == 1 and os.path.isdir(output_dirs[0]) else "."
     if os.path.isdir(out) or not suffix:
         out = os.path.join(out, "training_curves.png")
     out = plot_training_curves(metrics, out, title=title, smoothing=smoothing)
-    return [out, *plot_diagnostics(output_dirs, os.path.dirname(os.path.abspath(out)), list(runs))]
+    return [out, *_diagnostics(metrics, records, token_bytes, Path(os.path.abspath(out)).parent)]

@@ -9,7 +9,6 @@ The S2T figures (`s2t_*.png`) go beside the training curves.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 from collections.abc import Sequence
@@ -19,21 +18,15 @@ from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_inp
 from .figures import plot_output_dirs
 
 
-def make_parser() -> argparse.ArgumentParser:
+def make_parser() -> OneLineErrorParser:
     description = "Draw reward, entropy and S2T silenced-ratio curves from stapo-train output folders."
     parser = OneLineErrorParser("stapo-plot", description=description, allow_abbrev=False, epilog=EXIT_STATUS_HELP)
-    parser.add_argument(
-        "output_dirs",
-        nargs="+",
-        metavar="OUTPUT_DIR",
-        help="stapo-train output folders (each with metrics.jsonl), or folders of per-seed output folders.",
-    )
-    parser.add_argument(
-        "--out",
-        help="A figure file for the training curves (.png, .pdf, .svg, .jpg, .jpeg), or a folder for every figure (a "
-        "path without an extension; the diagnostic s2t_*.png always go next to the curves); another extension is "
-        "refused. Default: OUTPUT_DIR/training_curves.png for one folder, ./training_curves.png for several.",
-    )
+    parser.add_argument("output_dirs", nargs="+", metavar="OUTPUT_DIR", help="stapo-train output folders (each with "
+                        "metrics.jsonl), or folders of per-seed output folders.")  # fmt: skip
+    parser.add_argument("--out", help="A figure file for the training curves (.png, .pdf, .svg, .jpg, .jpeg), or a "
+                        "folder for every figure (a path without an extension; the diagnostic s2t_*.png always go next "
+                        "to the curves); another extension is refused. Default: OUTPUT_DIR/training_curves.png for one "
+                        "folder, ./training_curves.png for several.")  # fmt: skip
     parser.add_argument("--labels", nargs="+", help="Legend labels, one per OUTPUT_DIR (default: folder names).")
     parser.add_argument("--title", help="Figure title.")
     parser.add_argument("--smoothing", type=int, help="Moving-average window in logged steps (default: ~1/20 of run).")
@@ -50,13 +43,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         args = parser.parse_args(argv)
         if not logging.getLogger().handlers:  # the run files' warnings, one line each
             logging.basicConfig(level=logging.WARNING, format=f"{parser.prog}: warning: %(message)s")
-        options = dict(labels=args.labels, title=args.title, smoothing=args.smoothing)
         try:
-            figures = plot_output_dirs(args.output_dirs, args.out, **options)
+            figures = plot_output_dirs(args.output_dirs, args.out, labels=args.labels, title=args.title,
+                                       smoothing=args.smoothing)  # fmt: skip
         except (ValueError, OSError) as e:
             raise InputError(parser.prog, str(e)) from e
-        for figure in figures:
-            print(f"Wrote {os.path.abspath(figure)}")
+        print("\n".join(f"Wrote {os.path.abspath(figure)}" for figure in figures))
 
 
 if __name__ == "__main__":
