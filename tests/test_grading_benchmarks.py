@@ -142,6 +142,7 @@ def documented() -> set[tuple]:
     return rows
 
 
+@pytest.mark.slow  # grades ~1,850 golds (~20 s)
 def test_every_benchmark_grades_its_own_golds_correct(golds, own_golds_now):
     assert set(golds) == {"aime24", "aime25", "amc23", "dapo_math_17k", "gsm8k", "math500", "minerva", "mixed",
                           "olympiadbench"}  # fmt: skip
@@ -151,6 +152,7 @@ def test_every_benchmark_grades_its_own_golds_correct(golds, own_golds_now):
     assert wrong == {("minerva", "E_{1},E_{2}"), ("olympiadbench", "$t(0,4]$")}
 
 
+@pytest.mark.slow  # grades ~1,850 golds (~20 s)
 def test_every_gold_grades_as_before(golds, own_golds_now, previous_grader):
     assert disagreements(verdicts(previous_grader, golds, only_self=True), own_golds_now) == set()
 
