@@ -64,39 +64,35 @@ def test_push_to_hub_with_an_unreachable_hub_or_no_token_fails_in_one_line(tmp_p
     check_hub_access("me/x", str(tmp_path), token="hf_not_a_real_token", endpoint=endpoint, network=False)
 
 
-HUB_ID = "Qwen/Qwen3-0.6B"
+HUB_ID, DATASET_ID = "Qwen/Qwen3-0.6B", "some-org/some-dataset"
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
-
-
-def point_hub_at(endpoint: str, monkeypatch) -> None:
-    """Make huggingface_hub ask `endpoint`: its endpoint and the file URL template, which is built from the endpoint
-    when huggingface_hub is imported (with the endpoint alone the probe asked the real Hub's name, which fails at once
-    without a network, and never reached the endpoint under test)."""
-    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
-    template = constants.HUGGINGFACE_CO_URL_TEMPLATE
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template.replace(template.split("/{")[0], endpoint))
+RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "demo" / "stapo.yaml")
 
 
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
-    """An online Hub client (the suite runs with HF_HUB_OFFLINE=1) whose endpoint is unreachable, with an empty cache;
-    `hub.cache(repo)` puts a repository's `config.json` into that cache, as `hf download` does."""
-    cache = tmp_path / "hub-cache"
+    """An online Hub client (the suite runs with HF_HUB_OFFLINE=1) whose endpoint is unreachable, with empty Hub and
+    datasets caches; `hub.cache(repo)` puts a repository's file into the Hub cache, as `hf download` does."""
+    cache, datasets_cache = tmp_path / "hub-cache", tmp_path / "datasets-cache"
     cache.mkdir()
+    datasets_cache.mkdir()
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    point_hub_at(UNREACHABLE, monkeypatch)
+    monkeypatch.setattr(config, "HF_DATASETS_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(config, "HF_DATASETS_CACHE", str(datasets_cache))
     monkeypatch.delenv("HF_HUB_ETAG_TIMEOUT", raising=False)
 
     class Hub:
+        datasets = datasets_cache
+
         @staticmethod
-        def cache(repo: str, filename: str = "config.json") -> None:
-            folder = cache / f"models--{repo.replace('/', '--')}"
-            commit = "0" * 40
-            (folder / "refs").mkdir(parents=True)
-            (folder / "refs" / "main").write_text(commit)
-            (folder / "snapshots" / commit).mkdir(parents=True)
-            (folder / "snapshots" / commit / filename).write_text('{"model_type": "qwen3"}')
+        def cache(repo: str, filename: str = "config.json", kind: str = "models") -> None:
+            snapshot = cache / f"{kind}--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
+            snapshot.mkdir(parents=True)
+            (snapshot.parents[1] / "refs").mkdir()
+            (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+            (snapshot / filename).write_text('{"model_type": "qwen3"}')
 
     return Hub()
 
@@ -107,10 +103,16 @@ def check_hub_model(*args, **kwargs):
     return check_hub_model(*args, **kwargs)
 
 
-def _one_line_refusal(message: str, offline: bool) -> None:
-    assert "\n" not in message, message
-    assert HUB_ID in message and "HF_HUB_OFFLINE" in message and "outputs/demo-stapo" in message, message
-    assert ("HF_HUB_OFFLINE=1 (no download)" in message) == offline, message
+def check_hub_dataset(name):
+    from stapo_trl.integrations.hub import check_hub_dataset
+
+    return check_hub_dataset(name)
+
+
+def _one_line_refusal(message: str, offline: bool, name: str = HUB_ID) -> None:
+    assert "\n" not in message and name in message and "HF_HUB_OFFLINE" in message, message
+    assert ("(no download)" in message) == offline, message
+    assert ("outputs/demo-stapo" if name == HUB_ID else f"dataset_name={name!r}") in message, message
 
 
 def requests_sent(monkeypatch) -> list:
@@ -128,15 +130,17 @@ def requests_sent(monkeypatch) -> list:
     return sent
 
 
-def test_an_unreachable_hub_is_refused_after_one_request(hub, monkeypatch):
-    # In seconds, not after huggingface_hub's retries: one HEAD request to the endpoint, refused, and the refusal.
+@pytest.mark.parametrize("kind", ["models", "datasets"])
+def test_an_unreachable_hub_is_refused_after_one_request(hub, monkeypatch, kind):
+    # In seconds, not after huggingface_hub's retries: one request to the endpoint, refused, and the refusal.
     sent = requests_sent(monkeypatch)
+    name = HUB_ID if kind == "models" else DATASET_ID
     with pytest.raises(ConnectionError) as excinfo:
-        check_hub_model(HUB_ID)
-    asked = [(r.method, str(r.url)) for r in sent if HUB_ID in str(r.url)]  # huggingface_hub asks other things
-    assert asked == [("GET", f"{UNREACHABLE}/api/models/{HUB_ID}")]
-    _one_line_refusal(str(excinfo.value), offline=False)
+        check_hub_model(HUB_ID) if kind == "models" else check_hub_dataset(DATASET_ID)
+    assert [(r.method, str(r.url)) for r in sent] == [("GET", f"{UNREACHABLE}/api/{kind}/{name}")]
+    _one_line_refusal(str(excinfo.value), offline=False, name=name)
     assert UNREACHABLE in str(excinfo.value)
+    assert f"hf download {'--repo-type dataset ' * (kind == 'datasets')}{name}" in str(excinfo.value)
 
 
 def test_a_hub_that_does_not_answer_is_refused_by_the_timeout_after_one_request(hub, monkeypatch):
@@ -145,7 +149,7 @@ def test_a_hub_that_does_not_answer_is_refused_by_the_timeout_after_one_request(
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(4)
-    point_hub_at(f"http://127.0.0.1:{server.getsockname()[1]}", monkeypatch)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
     accepted, sent = [], requests_sent(monkeypatch)
 
     def serve():
@@ -174,11 +178,18 @@ def test_a_hub_that_does_not_answer_is_refused_by_the_timeout_after_one_request(
     _one_line_refusal(str(excinfo.value), offline=False)
 
 
-def test_offline_an_uncached_id_is_refused_without_asking_the_hub(hub, monkeypatch):
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+@pytest.mark.parametrize("flag", ["hub", "datasets"])
+def test_offline_an_uncached_id_is_refused_without_asking_the_hub(hub, monkeypatch, flag):
+    sent = requests_sent(monkeypatch)
+    monkeypatch.setattr(constants if flag == "hub" else config, f"HF_{flag.upper()}_OFFLINE", True)
     with pytest.raises(FileNotFoundError) as excinfo:
-        check_hub_model(HUB_ID)
-    _one_line_refusal(str(excinfo.value), offline=True)
+        check_hub_dataset(DATASET_ID)
+    _one_line_refusal(str(excinfo.value), offline=True, name=DATASET_ID)
+    if flag == "hub":
+        with pytest.raises(FileNotFoundError) as excinfo:
+            check_hub_model(HUB_ID)
+        _one_line_refusal(str(excinfo.value), offline=True)
+    assert sent == []
 
 
 @pytest.mark.parametrize("offline", [False, True], ids=["online-unreachable", "offline"])
@@ -191,42 +202,43 @@ def test_a_cached_id_passes(hub, monkeypatch, offline, filename):
         check_hub_model("Qwen/Qwen3-1.7B")  # another id is not cached
 
 
-def test_local_folders_and_builtin_names_are_never_sent_to_the_hub(hub, tmp_path):
-    check_hub_model(str(tmp_path))
+@pytest.mark.parametrize("cache", ["hub", "datasets"])
+def test_a_cached_dataset_a_local_path_and_a_builder_name_pass(hub, tmp_path, cache):
+    if cache == "hub":
+        (tmp_path / "hub-cache" / f"datasets--{DATASET_ID.replace('/', '--')}").mkdir()
+    else:
+        (hub.datasets / DATASET_ID.replace("/", "___")).mkdir()
+    for name in (DATASET_ID, str(tmp_path), "json"):  # no request: the unreachable endpoint is never asked
+        check_hub_dataset(name)
+    check_hub_model(str(tmp_path))  # local folders and built-in names are never sent to the Hub either
     check_hub_model("builtin:tiny-math")
+    with pytest.raises(ConnectionError):
+        check_hub_dataset("some-org/another-dataset")  # another id is not cached
 
 
-# The commands and the Python API, end to end: refused before the dataset is touched, in seconds.
-
-
-@pytest.fixture
-def no_dataset_loaded(monkeypatch):
-    from stapo_trl.cli import prepare
-
-    def guard(*args, **kwargs):
-        raise AssertionError("the dataset was loaded before the model argument was checked")
-
-    monkeypatch.setattr(prepare, "load_prompt_dataset", guard)
-
-
+# The commands, end to end: refused before the dataset is touched, in seconds.
 @pytest.mark.parametrize("offline", [False, True], ids=["unreachable", "offline"])
-def test_stapo_train_refuses_the_hub_id_before_the_dataset(hub, monkeypatch, capsys, tmp_path, no_dataset_loaded,
-                                                           no_model_built, offline):  # fmt: skip
+@pytest.mark.parametrize("what", ["model", "dataset"])
+def test_stapo_train_refuses_a_hub_id_before_loading_anything(hub, monkeypatch, capsys, tmp_path, no_model_built,
+                                                              offline, what):  # fmt: skip
+    from stapo_trl.cli import prepare
     from stapo_trl.cli.train import main
 
+    def guard(*args, **kwargs):
+        raise AssertionError("the dataset was loaded before the Hub id was checked")
+
+    monkeypatch.setattr(prepare, "load_prompt_dataset", guard)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
-    argv = [
-        "--config",
-        str(Path(__file__).resolve().parents[2] / "recipes" / "demo" / "stapo.yaml"),
-        "--output_dir",
-        str(tmp_path / "out"),
-    ]
+    flag, name, start = {
+        "model": ("--model_name_or_path", HUB_ID, f"Model {HUB_ID!r} is not a local directory"),
+        "dataset": ("--dataset_name", DATASET_ID, f"dataset_name={DATASET_ID!r} is not a local path"),
+    }[what]
     with pytest.raises(SystemExit) as excinfo:
-        main(argv + ["--model_name_or_path", HUB_ID])
+        main(["--config", RECIPE, "--output_dir", str(tmp_path / "out"), flag, name])
     assert excinfo.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith(f"stapo-train: error: Model {HUB_ID!r} is not a local directory"), line
-    _one_line_refusal(line, offline)
+    assert line.startswith(f"stapo-train: error: {start}"), line
+    _one_line_refusal(line, offline, name)
 
 
 def test_stapo_eval_refuses_the_hub_id_before_loading_anything(hub, capsys, tmp_path):
@@ -238,86 +250,6 @@ def test_stapo_eval_refuses_the_hub_id_before_loading_anything(hub, capsys, tmp_
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("stapo-eval: error: ") and "does not answer" in line, line
     _one_line_refusal(line, offline=False)
-
-
-DATASET_ID = "some-org/some-dataset"
-UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "demo" / "stapo.yaml"
-
-
-@pytest.fixture
-def dataset_hub(monkeypatch, tmp_path):
-    """An online Hub client (the suite runs offline) whose endpoint is unreachable, with empty Hub and datasets caches;
-    returns the two cache folders."""
-    hub_cache, datasets_cache = tmp_path / "hub-cache", tmp_path / "datasets-cache"
-    hub_cache.mkdir()
-    datasets_cache.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(config, "HF_DATASETS_OFFLINE", False)
-    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache))
-    monkeypatch.setattr(config, "HF_DATASETS_CACHE", str(datasets_cache))
-    monkeypatch.delenv("HF_HUB_ETAG_TIMEOUT", raising=False)
-    return hub_cache, datasets_cache
-
-
-def check_hub_dataset(name):
-    from stapo_trl.integrations.hub import check_hub_dataset
-
-    return check_hub_dataset(name)
-
-
-def _one_line_dataset_refusal(message: str) -> None:
-    assert "\n" not in message, message
-    assert f"dataset_name={DATASET_ID!r}" in message and "builtin:tiny-math" in message, message
-
-
-def test_an_unreachable_hub_is_refused_in_seconds(dataset_hub):
-    with pytest.raises(ConnectionError) as excinfo:
-        check_hub_dataset(DATASET_ID)
-    _one_line_dataset_refusal(str(excinfo.value))
-    assert UNREACHABLE in str(excinfo.value) and "hf download --repo-type dataset" in str(excinfo.value)
-
-
-@pytest.mark.parametrize("flag", ["hub", "datasets"])
-def test_offline_an_uncached_dataset_is_refused_without_asking_the_hub(dataset_hub, monkeypatch, flag):
-    monkeypatch.setattr(constants if flag == "hub" else config, f"HF_{flag.upper()}_OFFLINE", True)
-    with pytest.raises(FileNotFoundError) as excinfo:
-        check_hub_dataset(DATASET_ID)
-    _one_line_dataset_refusal(str(excinfo.value))
-    assert "offline" in str(excinfo.value)
-
-
-@pytest.mark.parametrize("cache", ["hub", "datasets"])
-def test_a_cached_id_a_local_path_and_a_builder_name_pass(dataset_hub, tmp_path, cache):
-    hub_cache, datasets_cache = dataset_hub
-    if cache == "hub":
-        (hub_cache / f"datasets--{DATASET_ID.replace('/', '--')}").mkdir()
-    else:
-        (datasets_cache / DATASET_ID.replace("/", "___")).mkdir()
-    check_hub_dataset(DATASET_ID)  # no request: the unreachable endpoint is never asked
-    check_hub_dataset(str(tmp_path))  # a local folder
-    check_hub_dataset("json")  # a packaged builder, with data_files
-    with pytest.raises(ConnectionError):
-        check_hub_dataset("some-org/another-dataset")  # another id is not cached
-
-
-@pytest.mark.parametrize("offline", [False, True], ids=["unreachable", "offline"])
-def test_stapo_train_refuses_the_hub_dataset_before_loading_it(dataset_hub, monkeypatch, capsys, tmp_path, offline):
-    from stapo_trl.cli import prepare
-    from stapo_trl.cli.train import main
-
-    def guard(*args, **kwargs):
-        raise AssertionError("the dataset was loaded before its Hub id was checked")
-
-    monkeypatch.setattr(prepare, "load_prompt_dataset", guard)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
-    with pytest.raises(SystemExit) as excinfo:
-        main(["--config", str(RECIPE), "--output_dir", str(tmp_path / "out"), "--dataset_name", DATASET_ID])
-    assert excinfo.value.code == 2
-    line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith(f"stapo-train: error: dataset_name={DATASET_ID!r} is not a local path"), line
-    _one_line_dataset_refusal(line)
 
 
 def test_model_max_positions_sources():
@@ -344,13 +276,13 @@ def test_prompt_token_budget():
 
 
 def test_keep_short_prompts_warns_once_and_fails_when_none_left(caplog):
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.integrations.hub"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
         assert keep_short_prompts([10, 724, 30, 256, 257], 256, what="math500 prompts") == [0, 2, 3]
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "Dropped 2 of 5 math500 prompts longer than 256 tokens" in lines[0]
     assert "max_prompt_tokens" in lines[0]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.integrations.hub"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
         assert keep_short_prompts([1, 2], 256) == [0, 1]
         assert keep_short_prompts([1000], None) == [0]
     assert not caplog.records  # nothing dropped: silent
@@ -377,7 +309,7 @@ def test_eval_drops_prompts_over_the_models_positions(tiny_random_model_path, ca
         return [[GeneratedSample(r"\boxed{46}", 3, True)] * n for _ in prompt_texts]
 
     decoding = DECODINGS["t1.0-p1.0"]
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.integrations.hub"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
         table, records = evaluate_problems(
             generate_fn, tokenizer, problems, n=2, decoding=decoding, max_new_tokens=256, max_positions=512
         )
@@ -405,7 +337,7 @@ def test_train_drops_prompts_over_the_models_positions(tiny_math_model_path, tmp
     # why: a 16-completion rollout step (2 prompts x 8), so that the 2 kept prompts fill one (fewer are refused)
     argv += ["--eval_before_after", "false", "--per_device_train_batch_size", "8", "--steps_per_generation", "2"]
     argv += ["--output_dir", str(tmp_path / "out")]  # prepare() takes the folder as its run's one writer
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.integrations.hub"):
+    with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
         run = prepare(*parse_args(argv))
     assert len(run.train_dataset) == 2
     assert any("Dropped 1 of 3 training prompts" in r.getMessage() for r in caplog.records)
