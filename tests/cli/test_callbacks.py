@@ -54,6 +54,7 @@ def _assert_compact(output: str, steps: list[int], max_steps: int, silenced: boo
     return lines
 
 
+@pytest.mark.slow  # a stapo-train run of 8 steps with its figures
 def test_stapo_train_prints_a_line_per_logging_step_and_lists_the_files(tmp_path, tiny_math_model_path, capsys):
     """The reported case (the CLI, here without a progress bar: transformers' PrinterCallback path)."""
     from stapo_trl.cli.train import main
@@ -73,27 +74,6 @@ def test_stapo_train_prints_a_line_per_logging_step_and_lists_the_files(tmp_path
     assert output.count(f"Files in {out}:") == 1  # listed once, at the end of the run
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and len(rows[0]) > 30  # the full metrics are in the file
-
-
-def test_a_script_gets_the_compact_lines_in_its_progress_bar_in_one_line(tmp_path, tiny_math_model_path, capsys):
-    from stapo_trl import STAPOTrainer
-    from stapo_trl.cli.callbacks import add_command_callbacks
-
-    config = tiny_stapo_config(
-        tmp_path / "api",
-        max_steps=4,
-        logging_steps=2,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=16,
-        disable_tqdm=False,
-    )
-    trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=_dataset())
-    add_command_callbacks(trainer)
-    trainer.train()
-    captured = capsys.readouterr()
-    _assert_compact(captured.out + captured.err, [2, 4], 4)
-    assert [row["step"] for row in trainer.state.log_history if "reward" in row] == [2, 4]  # history untouched
 
 
 def test_grpo_baseline_line_has_no_silenced_ratio_and_the_dicts_can_come_back(tmp_path, tiny_math_model_path, capsys):
@@ -150,29 +130,6 @@ def test_format_log_line(logs, step, expected):
     assert format_log_line(logs, step, 500) == expected
 
 
-def test_a_run_stopped_before_max_steps_does_not_say_done(tmp_path, tiny_math_model_path, capsys):
-    """The reported case: after Ctrl-C the console said `training done at step 30` just before `Interrupted at step
-    30`. Here a callback stops a 4-step run after step 2 (as Ctrl-C and early stopping do)."""
-    from stapo_trl import STAPOTrainer
-    from stapo_trl.cli.callbacks import add_command_callbacks
-
-    class StopAfterTwo(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            control.should_training_stop = state.global_step >= 2
-
-    config = tiny_stapo_config(
-        tmp_path / "stopped", max_steps=4, logging_steps=1, per_device_train_batch_size=8, num_generations=4,
-        disable_tqdm=True,
-    )  # fmt: skip
-    trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=_dataset())
-    trainer.add_callback(StopAfterTwo())
-    add_command_callbacks(trainer)
-    trainer.train()
-    lines = capsys.readouterr().out.splitlines()
-    assert any(line.startswith("training stopped at step 2 of 4 (") for line in lines), lines
-    assert not any(line.startswith("training done") for line in lines)
-
-
 SCRIPT = """
 import sys
 
@@ -215,6 +172,7 @@ def _start(tmp_path, model_path, *, max_steps=5000, resume=False):
     )
 
 
+@pytest.mark.slow  # a training subprocess, then a real signal
 def test_ctrl_c_in_a_script_saves_a_checkpoint_and_resumes(tmp_path, tiny_math_model_path):
     """The reported case, in a subprocess: SIGINT, the checkpoint and the printed hint, then the resume."""
     proc = _start(tmp_path, tiny_math_model_path)
@@ -277,38 +235,40 @@ def test_second_ctrl_c_in_a_script_quits_at_once(tmp_path, tiny_math_model_path)
     assert not list((tmp_path / "out").glob("checkpoint-*"))
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1], ids=lambda s: s.name)
-def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_model_path, signum):
+@pytest.mark.parametrize(
+    "signum, bar",
+    [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGUSR1, True)],
+    ids=["SIGINT", "SIGTERM", "SIGUSR1-progress-bar"],
+)
+def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_model_path, capsys, signum, bar):
     """A notebook: the interrupt is caught, and the same trainer object resumes from its checkpoint to the end. Before,
-    SIGTERM and SIGUSR1 ended the process at once (here: pytest itself)."""
-    from datasets import Dataset
-
+    SIGTERM and SIGUSR1 ended the process at once (here: pytest itself). Reported: after Ctrl-C the console said
+    `training done at step 30` just before `Interrupted at step 30`."""
     from stapo_trl import STAPOTrainer
-    from stapo_trl.cli.callbacks import STOP_SIGNALS, add_command_callbacks
+    from stapo_trl.cli.callbacks import SCRIPT_RESUME_HINT, STOP_SIGNALS, add_command_callbacks
 
-    dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{a}"), "solution": str(2 * a)} for a in range(10, 60)])
     config = tiny_stapo_config(
-        tmp_path / "out",
-        max_steps=4,
-        logging_steps=1,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=16,
-        disable_tqdm=True,
-    )
-    trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=dataset)
+        tmp_path / "out", max_steps=4, logging_steps=1, per_device_train_batch_size=8, num_generations=4,
+        max_completion_length=16, disable_tqdm=not bar,
+    )  # fmt: skip
+    trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=_dataset())
     trainer.add_callback(SignalAtStep(2, signum))
     add_command_callbacks(trainer)
     handlers = [signal.getsignal(s) for s in STOP_SIGNALS]
     with pytest.raises(KeyboardInterrupt) as excinfo:
         trainer.train()
     assert [signal.getsignal(s) for s in STOP_SIGNALS] == handlers  # restored
-    assert excinfo.value.signal == signum and str(excinfo.value).startswith(f"Interrupted by {signum.name} at step 2:")
-    assert excinfo.value.step == 2
+    assert str(excinfo.value) == (
+        f"Interrupted by {signum.name} at step 2: checkpoint saved to {tmp_path / 'out' / 'checkpoint-2'}. "
+        f"{SCRIPT_RESUME_HINT}"
+    )
+    assert (excinfo.value.signal, excinfo.value.step) == (signum, 2)
     assert excinfo.value.checkpoint == str(tmp_path / "out" / "checkpoint-2")
     assert (tmp_path / "out" / "checkpoint-2" / "trainer_state.json").is_file()  # saved despite save_strategy="no"
-    assert str(excinfo.value).endswith("Resume with trainer.train(resume_from_checkpoint=True): a trainer built with "
-                                       "the same arguments continues from the last checkpoint of its output_dir.")  # fmt: skip
+    captured = capsys.readouterr()  # a script's progress bar (or printer) gets the compact lines, one each
+    lines = _assert_compact(captured.out + captured.err, [1, 2], 4)
+    assert any(line.startswith("training stopped at step 2 of 4 (") for line in lines), lines
+    assert not any(line.startswith("training done") for line in lines)
     trainer.train(resume_from_checkpoint=True)
     assert trainer.state.global_step == 4
     assert [row["step"] for row in trainer.state.log_history if "reward" in row] == [1, 2, 3, 4]

@@ -11,40 +11,41 @@ import sys
 from pathlib import Path
 
 import pytest
-from testing_utils import error_line, write_metrics_run
+from testing_utils import error_line, write_jsonl, write_metrics_run
 
 
-def test_stapo_plot_draws_single_runs_and_seed_folders(tmp_path):
+def test_stapo_plot_draws_seed_folders_and_writes_where_out_says(tmp_path, capsys):
     from stapo_trl.cli.plot import main as plot_main
 
-    def write_run(folder: Path, offset: float, with_s2t: bool):
-        folder.mkdir(parents=True)
-        with open(folder / "metrics.jsonl", "w") as f:
-            for step in range(4, 44, 4):
-                row = {"step": step, "reward": offset + step / 100, "entropy": 0.3 - step / 1000}
-                if with_s2t:
-                    row["s2t/silenced_ratio"] = 1e-4 if step % 12 == 0 else 0.0
-                f.write(json.dumps(row) + "\n")
-
-    for seed in (0, 1):
-        write_run(tmp_path / "cmp" / "stapo" / f"seed{seed}", 0.1 * seed, with_s2t=True)
-        write_run(tmp_path / "cmp" / "grpo" / f"seed{seed}", 0.1 * seed, with_s2t=False)
+    for arm, seed in [(arm, seed) for arm in ("grpo", "stapo") for seed in (0, 1)]:
+        rows = [
+            {"step": step, "reward": 0.1 * seed + step / 100, "entropy": 0.3 - step / 1000} for step in range(4, 44, 4)
+        ]
+        for row in rows if arm == "stapo" else []:
+            row["s2t/silenced_ratio"] = 1e-4 if row["step"] % 12 == 0 else 0.0
+        (tmp_path / "cmp" / arm / f"seed{seed}").mkdir(parents=True)
+        write_jsonl(tmp_path / "cmp" / arm / f"seed{seed}" / "metrics.jsonl", rows)
     # Two folders of seeds, overlaid (mean with a min/max band): the stapo-train compare layout.
     plot_main([str(tmp_path / "cmp" / "grpo"), str(tmp_path / "cmp" / "stapo"), "--out", str(tmp_path / "c.png")])
-    assert os.path.getsize(tmp_path / "c.png") > 10_000
-    # One run: the PNG goes next to its metrics.jsonl.
-    plot_main([str(tmp_path / "cmp" / "stapo" / "seed0")])
-    assert os.path.getsize(tmp_path / "cmp" / "stapo" / "seed0" / "training_curves.png") > 10_000
-    # --out FOLDER (not a .png): created, and the curves land inside it as training_curves.png.
-    plot_main([str(tmp_path / "cmp" / "stapo" / "seed0"), "--out", str(tmp_path / "figs" / "run0")])
-    assert os.path.getsize(tmp_path / "figs" / "run0" / "training_curves.png") > 10_000
-    # --out with another figure suffix is a file in that format, not a folder.
-    plot_main([str(tmp_path / "cmp" / "stapo" / "seed0"), "--out", str(tmp_path / "curves.svg")])
-    assert (tmp_path / "curves.svg").is_file() and (tmp_path / "curves.svg").read_text().lstrip().startswith("<?xml")
+    assert os.path.getsize(tmp_path / "c.png") > 10_000 and (tmp_path / "s2t_ratios.png").is_file()
+    assert capsys.readouterr().out.splitlines() == [f"Wrote {tmp_path / name}" for name in ("c.png", "s2t_ratios.png")]
+    run = write_metrics_run(tmp_path / "run")
+    plot_main([run])  # one run: the PNG goes next to its metrics.jsonl
+    assert os.path.getsize(tmp_path / "run" / "training_curves.png") > 10_000
+    for out, written in [
+        ("figs/run0", "figs/run0/training_curves.png"),  # a folder (no suffix): created, the curves inside it
+        ("curves.svg", "curves.svg"),  # another figure suffix: a file in that format, not a folder
+        ("upper.PNG", "upper.PNG"),
+        ("runs.v2", "runs.v2/training_curves.png"),  # an existing folder with a dot in its name is a folder
+    ]:
+        (tmp_path / "runs.v2").mkdir(exist_ok=True)
+        plot_main([run, "--out", str(tmp_path / out)])
+        assert (tmp_path / written).is_file(), out
+    assert (tmp_path / "curves.svg").read_text().lstrip().startswith("<?xml")
     with pytest.raises(SystemExit, match="stapo-plot: error: No metrics.jsonl"):
-        plot_main([str(tmp_path)])
+        plot_main([str(tmp_path / "cmp")])
     with pytest.raises(SystemExit) as excinfo:  # a window of -3 steps was accepted
-        plot_main([str(tmp_path / "cmp" / "stapo" / "seed0"), "--smoothing", "-3"])
+        plot_main([run, "--smoothing", "-3"])
     assert excinfo.value.code == 2
 
 
@@ -71,26 +72,26 @@ def _skipped_warnings(caplog) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "bad_line, line_text",
+    "bad_line, kind",
     [
-        ('{"step": 2, "rew', "line 2"),  # the reported case: a line that is not JSON (cut or edited)
-        (b'{"step": 2, "reward": "\xff\xfe"}', "line 2"),  # bytes that are not UTF-8: the whole file failed
-        ('{"step": 2, "reward": "n/a"}', "line 2"),  # JSON, not a metrics row: float('n/a') failed the drawing
+        ('{"step": 2, "rew', "not-json"),  # the reported case: a line that is not JSON (cut or edited)
+        (b'{"step": 2, "reward": "\xff\xfe"}', "not-utf8"),  # bytes that are not UTF-8: the whole file failed
+        ('{"step": 2, "reward": "n/a"}', "not-a-number"),  # JSON, not a metrics row: float('n/a') failed the drawing
     ],
     ids=["not-json", "not-utf8", "not-a-number"],
 )
-def test_plot_skips_a_corrupt_metrics_line_with_one_warning(tmp_path, caplog, bad_line, line_text):
+def test_plot_skips_a_corrupt_metrics_line_with_one_warning(tmp_path, caplog, bad_line, kind):
+    from stapo_trl.cli.figures import load_run
     from stapo_trl.cli.plot import main
-    from stapo_trl.run_folder.logs import read_metrics
 
     run = tmp_path / "run"
     _write_lines(run / "metrics.jsonl", [GOOD_ROWS[0], bad_line, GOOD_ROWS[2]])
-    main([str(run)])
-    assert (run / "training_curves.png").stat().st_size > 10_000
-    # One warning for the file (it is read three times: curves, diagnostics, check), with the line number.
+    assert [[row["step"] for row in rows] for rows in load_run(str(run), require_steps=True)] == [[1, 3]]
+    if kind == "not-json":  # the command draws the rest, with one warning for the file (read once)
+        main([str(run)])
+        assert (run / "training_curves.png").stat().st_size > 10_000
     (warning,) = _skipped_warnings(caplog)
-    assert warning.startswith(f"{run / 'metrics.jsonl'}: skipped {line_text}, not a metrics row"), warning
-    assert [row["step"] for row in read_metrics(str(run))] == [1, 3]
+    assert warning.startswith(f"{run / 'metrics.jsonl'}: skipped line 2, not a metrics row"), warning
 
 
 @pytest.mark.parametrize(
@@ -149,17 +150,6 @@ def test_plot_refuses_an_out_path_with_an_unknown_extension(tmp_path, capsys, ou
     assert not (tmp_path / out).exists()  # no folder named like a file
 
 
-def test_plot_out_folders_and_figure_files_still_work(tmp_path):
-    from stapo_trl.cli.plot import main
-
-    run = write_metrics_run(tmp_path / "run")
-    main([run, "--out", str(tmp_path / "upper.PNG")])
-    assert (tmp_path / "upper.PNG").is_file()
-    (tmp_path / "runs.v2").mkdir()  # an existing folder with a dot in its name is a folder
-    main([run, "--out", str(tmp_path / "runs.v2")])
-    assert (tmp_path / "runs.v2" / "training_curves.png").is_file()
-
-
 @pytest.mark.parametrize(
     "bad_record",
     [
@@ -170,29 +160,30 @@ def test_plot_out_folders_and_figure_files_still_work(tmp_path):
     ids=["missing-fields", "missing-kind", "cut-short"],
 )
 def test_plot_skips_a_broken_token_record_with_one_warning(tmp_path, caplog, bad_record):
-    from stapo_trl.cli.plot import main
+    from stapo_trl.cli.figures import load_token_records, plot_prob_entropy_scatter, plot_top_tokens
 
     run = Path(write_metrics_run(tmp_path / "run"))
     file = _write_lines(run / "spurious_tokens.jsonl", [TOKEN_RECORD, bad_record, TOKEN_RECORD])
-    main([str(run)])
-    assert (run / "s2t_prob_entropy.png").is_file() and (run / "s2t_top_tokens.png").is_file()
+    records = {"run": load_token_records(run)}
+    assert records["run"] == [TOKEN_RECORD, TOKEN_RECORD]
+    assert plot_prob_entropy_scatter(records) is not None and plot_top_tokens(records) is not None  # drawn
     (warning,) = _skipped_warnings(caplog)
     assert warning.startswith(f"{file}: skipped line 2, not a token record"), warning
 
 
 def test_plot_says_that_an_empty_token_file_draws_no_token_figure(tmp_path, caplog):
-    from stapo_trl.cli.plot import main
+    from stapo_trl.cli.figures import plot_diagnostics
 
     run = Path(write_metrics_run(tmp_path / "run"))
     (run / "spurious_tokens.jsonl").write_text("")
-    main([str(run)])
-    assert not (run / "s2t_prob_entropy.png").exists()
+    assert plot_diagnostics([run], run) == []
     (message,) = [r.getMessage() for r in caplog.records if "holds no token record" in r.getMessage()]
     assert message.startswith(f"{run / 'spurious_tokens.jsonl'} holds no token record: no s2t_prob_entropy.png"), (
         message
     )
 
 
+@pytest.mark.slow  # a new Python process
 def test_stapo_plot_prints_the_warning_once_as_one_line(tmp_path):
     run = tmp_path / "run"
     _write_lines(run / "metrics.jsonl", [GOOD_ROWS[0], '{"step": 2, "rew', GOOD_ROWS[2], "not json"])
