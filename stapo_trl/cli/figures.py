@@ -316,18 +316,22 @@ def plot_output_dirs(output_dirs: Sequence[str], out: str | None = None, *, labe
     The training curves go to `out`, a figure file (`FIGURE_SUFFIXES`) or a folder (no suffix, or an existing folder;
     default: the one folder, or `.`), the S2T figures beside them. Raises `FileNotFoundError` or `ValueError` for a
     folder without a logged step ([`load_run`]), another suffix, a `smoothing` < 1 or a wrong number of labels."""
+    if smoothing is not None and smoothing < 1:
+        raise ValueError(f"--smoothing {smoothing}: the moving-average window must be >= 1 logged step.")
+    out = _curves_file(output_dirs, out)
+    metrics, records, token_bytes = _load(output_dirs, labels, require_steps=True)
+    out = plot_training_curves(metrics, out, title=title, smoothing=smoothing)
+    return [out, *_diagnostics(metrics, records, token_bytes, Path(os.path.abspath(out)).parent)]
+
+
+def _curves_file(output_dirs: Sequence[str], out: str | None) -> str:
+    """Where `--out` puts the training curves: a figure file, or `training_curves.png` in a folder."""
     suffix = os.path.splitext(out or "")[1]
     if out is not None and suffix and not os.path.isdir(out) and suffix.lower() not in FIGURE_SUFFIXES:
         raise ValueError(
             f"--out {out}: {suffix!r} is not a figure format ({', '.join(FIGURE_SUFFIXES)}): name a file with one of "
             "these extensions, or a folder (a path without an extension) for every figure."
         )
-    if smoothing is not None and smoothing < 1:
-        raise ValueError(f"--smoothing {smoothing}: the moving-average window must be >= 1 logged step.")
-    metrics, records, token_bytes = _load(output_dirs, labels, require_steps=True)
     if out is None:
         out = output_dirs[0] if len(output_dirs) == 1 and os.path.isdir(output_dirs[0]) else "."
-    if os.path.isdir(out) or not suffix:
-        out = os.path.join(out, "training_curves.png")
-    out = plot_training_curves(metrics, out, title=title, smoothing=smoothing)
-    return [out, *_diagnostics(metrics, records, token_bytes, Path(os.path.abspath(out)).parent)]
+    return os.path.join(out, "training_curves.png") if os.path.isdir(out) or not suffix else out

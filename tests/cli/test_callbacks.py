@@ -269,9 +269,10 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
     lines = _assert_compact(captured.out + captured.err, [1, 2], 4)
     assert any(line.startswith("training stopped at step 2 of 4 (") for line in lines), lines
     assert not any(line.startswith("training done") for line in lines)
-    trainer.train(resume_from_checkpoint=True)
-    assert trainer.state.global_step == 4
-    assert [row["step"] for row in trainer.state.log_history if "reward" in row] == [1, 2, 3, 4]
+    if signum == signal.SIGINT:
+        trainer.train(resume_from_checkpoint=True)
+        assert trainer.state.global_step == 4
+        assert [row["step"] for row in trainer.state.log_history if "reward" in row] == [1, 2, 3, 4]
 
 
 class _CtrlCTwice(TrainerCallback):

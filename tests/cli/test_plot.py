@@ -15,6 +15,7 @@ from testing_utils import error_line, write_jsonl, write_metrics_run
 
 
 def test_stapo_plot_draws_seed_folders_and_writes_where_out_says(tmp_path, capsys):
+    from stapo_trl.cli.figures import _curves_file
     from stapo_trl.cli.plot import main as plot_main
 
     for arm, seed in [(arm, seed) for arm in ("grpo", "stapo") for seed in (0, 1)]:
@@ -32,16 +33,15 @@ def test_stapo_plot_draws_seed_folders_and_writes_where_out_says(tmp_path, capsy
     run = write_metrics_run(tmp_path / "run")
     plot_main([run])  # one run: the PNG goes next to its metrics.jsonl
     assert os.path.getsize(tmp_path / "run" / "training_curves.png") > 10_000
-    for out, written in [
-        ("figs/run0", "figs/run0/training_curves.png"),  # a folder (no suffix): created, the curves inside it
-        ("curves.svg", "curves.svg"),  # another figure suffix: a file in that format, not a folder
-        ("upper.PNG", "upper.PNG"),
-        ("runs.v2", "runs.v2/training_curves.png"),  # an existing folder with a dot in its name is a folder
-    ]:
-        (tmp_path / "runs.v2").mkdir(exist_ok=True)
-        plot_main([run, "--out", str(tmp_path / out)])
-        assert (tmp_path / written).is_file(), out
+    plot_main([run, "--out", str(tmp_path / "figs" / "run0")])  # a folder (no suffix): created, the curves inside
+    assert (tmp_path / "figs" / "run0" / "training_curves.png").is_file()
+    plot_main([run, "--out", str(tmp_path / "curves.svg")])  # another figure suffix: a file in that format
     assert (tmp_path / "curves.svg").read_text().lstrip().startswith("<?xml")
+    (tmp_path / "runs.v2").mkdir()  # an existing folder with a dot in its name is a folder
+    assert _curves_file([run], str(tmp_path / "runs.v2")) == str(tmp_path / "runs.v2" / "training_curves.png")
+    assert (
+        _curves_file([run], "upper.PNG") == "upper.PNG" and _curves_file([run, run], None) == "./training_curves.png"
+    )
     with pytest.raises(SystemExit, match="stapo-plot: error: No metrics.jsonl"):
         plot_main([str(tmp_path / "cmp")])
     with pytest.raises(SystemExit) as excinfo:  # a window of -3 steps was accepted
