@@ -53,9 +53,7 @@ def filter_long_prompts(dataset, tokenizer, max_prompt_tokens: int, chat_templat
     def short_enough(batch: dict[str, list]) -> list[bool]:
         return [len(ids) <= max_prompt_tokens for ids in tokenizer.apply_chat_template(batch["prompt"], **kwargs)]
 
-    kept = dataset.filter(short_enough, batched=True, desc=f"Dropping prompts longer than {max_prompt_tokens} tokens")
-    logger.info("max_prompt_tokens=%d: kept %d of %d prompts.", max_prompt_tokens, len(kept), len(dataset))
-    return kept
+    return dataset.filter(short_enough, batched=True, desc=f"Dropping prompts longer than {max_prompt_tokens} tokens")
 
 
 def tiny_math_completion(a: int, b: int) -> str:
@@ -205,14 +203,14 @@ def _where(dataset_name: str, indices: list[int]) -> str:
 
 
 def _solution_to_str(value: Any) -> str:
-    """A gold answer as a string: `27.0` -> `"27"`, a list joined with `", "`, `None` -> `""` (never graded correct)."""
+    """A gold answer as a string: `27.0` -> `"27"`, a list joined with `", "`, `None` -> `""` (never correct)."""
     if isinstance(value, (list, tuple)):
         return ", ".join(map(_solution_to_str, value))
     return "" if value is None else str(int(value) if isinstance(value, float) and value.is_integer() else value)
 
 
 def _to_prompt(value: str | list[dict], instruction: str | None, strip_dapo: bool) -> list[dict[str, str]]:
-    """A chat from a problem or a chat: the instruction added to its last user turn, DAPO's removed with `strip_dapo`."""
+    """A chat from a problem or a chat: `instruction` added to its last user turn, DAPO's removed with `strip_dapo`."""
     if isinstance(value, str):
         return format_prompt(remove_dapo_instruction(value) if strip_dapo else value, instruction)
     messages = [{"role": m["role"], "content": m["content"]} for m in value]
@@ -346,7 +344,9 @@ def keep_short_prompts(lengths: list[int], budget: int | None, what: str = "prom
 
 
 # -- checks of a run's datasets, before any model: what GRPOTrainer would fail on at its first step ---------------
-TRL_REWARD_ARGUMENTS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments")  # fmt: skip
+TRL_REWARD_ARGUMENTS = (  # what TRL passes every reward function besides the dataset's columns
+    "prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments",
+)  # fmt: skip
 _PASSED_AS = {"prompt": "prompts", "completion": "completions"}  # columns TRL passes under the plural
 CHAT_TEMPLATE_FIX = (
     "Give the tokenizer a template (tokenizer.chat_template = '...', then pass processing_class=tokenizer or save it "

@@ -21,12 +21,11 @@ from .figures import plot_output_dirs
 def make_parser() -> OneLineErrorParser:
     description = "Draw reward, entropy and S2T silenced-ratio curves from stapo-train output folders."
     parser = OneLineErrorParser("stapo-plot", description=description, allow_abbrev=False, epilog=EXIT_STATUS_HELP)
-    parser.add_argument("output_dirs", nargs="+", metavar="OUTPUT_DIR", help="stapo-train output folders (each with "
-                        "metrics.jsonl), or folders of per-seed output folders.")  # fmt: skip
-    parser.add_argument("--out", help="A figure file for the training curves (.png, .pdf, .svg, .jpg, .jpeg), or a "
-                        "folder for every figure (a path without an extension; the diagnostic s2t_*.png always go next "
-                        "to the curves); another extension is refused. Default: OUTPUT_DIR/training_curves.png for one "
-                        "folder, ./training_curves.png for several.")  # fmt: skip
+    folders = "stapo-train output folders (each with metrics.jsonl), or folders of per-seed output folders."
+    parser.add_argument("output_dirs", nargs="+", metavar="OUTPUT_DIR", help=folders)
+    out = "A figure file for the training curves (.png, .pdf, .svg, .jpg, .jpeg), or a folder for every figure (no "
+    out += "extension); the s2t_*.png go next to the curves. Default: OUTPUT_DIR/training_curves.png for one folder, "
+    parser.add_argument("--out", help=out + "./training_curves.png for several.")
     parser.add_argument("--labels", nargs="+", help="Legend labels, one per OUTPUT_DIR (default: folder names).")
     parser.add_argument("--title", help="Figure title.")
     parser.add_argument("--smoothing", type=int, help="Moving-average window in logged steps (default: ~1/20 of run).")
