@@ -387,20 +387,19 @@ def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "t
                 parameters = inspect.signature(func).parameters.values()
             except (TypeError, ValueError):
                 continue
-            for p in [
-                p for p in parameters if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-            ]:
-                if p.name in _PASSED_AS:
-                    raise ValueError(
-                        f"The reward function {get_callable_name(func)!r} takes an argument {p.name!r}, which TRL "
-                        f"never fills: it passes that column as `{_PASSED_AS[p.name]}`. Rename the argument."
-                    )
-                if p.name not in available:
-                    raise ValueError(
-                        f"{missing_column_message(p.name, name, columns)} The reward function "
-                        f"{get_callable_name(func)!r} needs it (TRL passes each column to the argument of its name): "
-                        "add the column to the dataset, or give the argument a default."
-                    )
+            variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+            required = [p.name for p in parameters if p.default is p.empty and p.kind not in variadic]
+            if (missing := next((a for a in required if a not in available), None)) in _PASSED_AS:
+                raise ValueError(
+                    f"The reward function {get_callable_name(func)!r} takes an argument {missing!r}, which TRL never "
+                    f"fills: it passes that column as `{_PASSED_AS[missing]}`. Rename the argument."
+                )
+            if missing is not None:
+                raise ValueError(
+                    f"{missing_column_message(missing, name, columns)} The reward function "
+                    f"{get_callable_name(func)!r} needs it (TRL passes each column to the argument of its name): add "
+                    "the column to the dataset, or give the argument a default."
+                )
 
 
 def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset", *, prompt_optional: bool = False) -> None:
