@@ -144,13 +144,15 @@ def test_pathological_answers_are_refused_on_the_main_thread_and_off_it():
 
         cases = {PATHOLOGICAL!r}
         def verdicts(where):
-            return [f"{{where}} {{r.correct}} {{r.error.split(':')[0]}} {{'refused' in r.error}}" for r in map(lambda c: grade(*c), cases)]
+            verdict = lambda r: f"{{where}} {{r.correct}} {{r.error.split(':')[0]}} {{'refused' in r.error}}"
+            return [verdict(grade(*c)) for c in cases]
         lines = verdicts("main")
         thread = threading.Thread(target=lambda: lines.extend(verdicts("thread")))
         thread.start()
         thread.join()
         with ThreadPoolExecutor(4) as pool:
-            lines += [f"pool {{r.correct}} {{r.error.split(':')[0]}} {{'refused' in r.error}}" for r in pool.map(lambda c: grade(*c), cases)]
+            results = pool.map(lambda c: grade(*c), cases)
+            lines += [f"pool {{r.correct}} {{r.error.split(':')[0]}} {{'refused' in r.error}}" for r in results]
         print("\\n".join(lines))
         """
     )

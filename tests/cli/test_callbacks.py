@@ -116,7 +116,8 @@ def test_grpo_baseline_line_has_no_silenced_ratio_and_the_dicts_can_come_back(tm
         ({**STAPO_ROW, "s2t/silenced_ratio": 0.0}, 4, "step 4/500  reward 0.359  entropy 0.330  silenced 0"),
         ({"train_runtime": 96.123, "train_loss": 0.0074, "epoch": 0.1, "reward": 0.4}, 500,
          "training done at step 500 (96.1 s, train_loss 0.0074)"),
-        ({"train_runtime": 12.0, "train_loss": 0.01}, 30, "training stopped at step 30 of 500 (12.0 s, train_loss 0.0100)"),
+        ({"train_runtime": 12.0, "train_loss": 0.01}, 30,
+         "training stopped at step 30 of 500 (12.0 s, train_loss 0.0100)"),
         ({"train_runtime": 5.0}, 0, "training stopped at step 0 of 500 (5.0 s)"),
         ({"eval_rewards/math_accuracy_reward/mean": 0.4125, "eval_runtime": 3.2, "epoch": 0.1}, 100,
          "step 100/500  eval  rewards/math_accuracy_reward/mean 0.412"),
@@ -200,8 +201,9 @@ def test_ctrl_c_in_a_script_saves_a_checkpoint_and_resumes(tmp_path, tiny_math_m
 @pytest.mark.slow  # a training subprocess, then real signals
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
 def test_a_scheduler_signal_in_a_script_saves_a_checkpoint(tmp_path, tiny_math_model_path, signum):
-    """SIGTERM (preemption, `scancel`, a time limit) killed the script at once, with nothing saved; now it takes Ctrl-C's
-    path and the exception names it. Uncaught, it ends the script as Ctrl-C does (by SIGINT: a shell shows 130)."""
+    """SIGTERM (preemption, `scancel`, a time limit) killed the script at once, with nothing saved; now it takes
+    Ctrl-C's path and the exception names it. Uncaught, it ends the script as Ctrl-C does (by SIGINT: a shell shows
+    130)."""
     proc = _start(tmp_path, tiny_math_model_path)
     read_until(proc, "step ", count=2)
     proc.send_signal(signum)

@@ -1,5 +1,6 @@
-"""The figures (`stapo_trl.cli.figures`): every figure of a real short run, values drawn from hand-written `metrics.jsonl`
-rows (seeds averaged, ratios of counts pooled as the accuracy table pools them), and readable token labels."""
+"""The figures (`stapo_trl.cli.figures`): every figure of a real short run, values drawn from hand-written
+`metrics.jsonl` rows (seeds averaged, ratios of counts pooled as the accuracy table pools them), and readable token
+labels."""
 
 import warnings
 

@@ -1,5 +1,6 @@
-"""`stapo_trl.integrations.hub`: Hub access for a model, a dataset or a push answered in one line before anything is built, and
-the prompt-token budget (prompts longer than the model's positions minus the generation budget are dropped)."""
+"""`stapo_trl.integrations.hub`: Hub access for a model, a dataset or a push answered in one line before anything is
+built, and the prompt-token budget of `stapo_trl.data` (prompts longer than the model's positions minus the generation
+budget are dropped)."""
 
 import contextlib
 import json
