@@ -17,8 +17,8 @@ S2T_MODES = ("low_entropy", "off")
 
 @dataclass(frozen=True)
 class S2TSettings:
-    """The S2T values (defaults: the paper's, Sec. 4.1): tau_p in (0, 1], q in [0, 1] and the mode. Raises `ValueError`
-    for tau_p or q not a number or out of range, naming the config field (`s2t_<name>`)."""
+    """The S2T values, the paper's by default (Sec. 4.1): tau_p in (0, 1], q in [0, 1] and the mode; the one definition
+    of each default and the one check of tau_p and q (`ValueError` naming the config field `s2t_<name>`)."""
 
     prob_threshold: float = 0.002
     entropy_quantile: float = 0.75
@@ -55,13 +55,8 @@ class S2TResult:
 
 
 def linear_quantile(values: torch.Tensor, q: float) -> float:
-    """The q-quantile (linear interpolation, numpy's default) of a non-empty 1-D float tensor, in float64.
-
-    Selection by `torch.kthvalue`, so unlike `torch.quantile` there is no 2**24-element limit.
-
-    Raises:
-        ValueError: `values` is empty or not 1-D, or `q` is outside [0, 1].
-    """
+    """The q-quantile (numpy's linear interpolation) of a non-empty 1-D float tensor, in float64; selection by
+    `torch.kthvalue`, so no 2**24-element limit as in `torch.quantile`. Raises `ValueError` for another input."""
     if values.dim() != 1 or values.numel() == 0 or not 0.0 <= q <= 1.0:
         raise ValueError(f"linear_quantile needs a non-empty 1-D tensor and q in [0, 1], got {values.shape}, {q}")
     h = (values.numel() - 1) * q
@@ -77,9 +72,9 @@ def s2t_mask(
     advantages: torch.Tensor,
     loss_mask: torch.Tensor,
     *,
-    prob_threshold: float = 0.002,
-    entropy_quantile: float = 0.75,
-    mode: str = "low_entropy",
+    prob_threshold: float = S2TSettings.prob_threshold,
+    entropy_quantile: float = S2TSettings.entropy_quantile,
+    mode: str = S2TSettings.mode,
     gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> S2TResult:
     r"""The keep mask of the S2T rule ([STAPO](https://huggingface.co/papers/2602.15620), Sec. 3).
@@ -89,19 +84,17 @@ def s2t_mask(
         silenced_it  = candidate_it and H_it < tau_h                  (strict: a lone candidate is kept)
         keep_it      = not silenced_it
 
-    `p < tau_p` is evaluated as `log p < log tau_p`; `H < tau_h` is compared in float64, exactly. With `gather`, every
-    call runs the same two collectives on every process, also without candidates. Inputs are not modified.
+    `p < tau_p` is evaluated as `log p < log tau_p`, `H < tau_h` in float64. With `gather`, every call runs the same
+    two collectives on every process, also without candidates. Inputs are not modified.
 
     Args:
-        per_token_logps (`torch.Tensor`): float, shape (B, T), log-probabilities (nats) of the sampled tokens, from
-            the temperature-scaled logits of the loss.
+        per_token_logps (`torch.Tensor`): float, shape (B, T), log-probabilities of the sampled tokens (nats).
         entropies (`torch.Tensor`): float, shape (B, T), entropy (nats) of the next-token distribution.
         advantages (`torch.Tensor`): float, shape (B,), (B, 1) or (B, T).
         loss_mask (`torch.Tensor`): bool, int or float, shape (B, T), 1 where the token is in the loss.
         prob_threshold (`float`, *optional*, defaults to `0.002`): tau_p, in (0, 1].
         entropy_quantile (`float`, *optional*, defaults to `0.75`): q, in [0, 1].
-        mode (`str`, *optional*, defaults to `"low_entropy"`): `"low_entropy"` (the rule) or `"off"` (nothing is
-            silenced; candidates, tau_h and counts are still computed).
+        mode (`str`, *optional*, defaults to `"low_entropy"`): `"low_entropy"` (the rule) or `"off"` (none silenced).
         gather (`Callable`, *optional*): concatenates a 1-D tensor of any length over processes; `None`: one process.
 
     Returns:
@@ -116,9 +109,7 @@ def s2t_mask(
         advantages = advantages.unsqueeze(1)  # (B,) -> (B, 1)
     shapes = [tuple(t.shape) for t in (per_token_logps, entropies, loss_mask)]
     if per_token_logps.dim() != 2 or len(set(shapes)) > 1 or advantages.size(0) != per_token_logps.size(0):
-        raise ValueError(
-            f"per_token_logps, entropies, loss_mask must share one (B, T) shape and advantages be (B,): {shapes}"
-        )
+        raise ValueError(f"per_token_logps, entropies, loss_mask must share a (B, T) shape, advantages (B,): {shapes}")
     gather = gather or (lambda t: t)
     with torch.no_grad():
         in_loss = loss_mask.bool()  # (B, T)

@@ -1,8 +1,8 @@
 # Copyright 2026 The stapo_trl Authors. All rights reserved.
 # SPDX-License-Identifier: Apache-2.0
 
-"""`STAPOConfig` (`GRPOConfig` with the S2T fields and the paper's objective) and what any `GRPOConfig` means for STAPO:
-its S2T settings, where p and H come from, and what the mask changes in its features."""
+"""`STAPOConfig` (`GRPOConfig` with the S2T fields and the paper's objective) and what any `GRPOConfig` means for
+STAPO: its S2T settings, where p and H come from, and what the mask changes in its features."""
 
 from __future__ import annotations
 
@@ -26,11 +26,10 @@ class STAPOConfig(GRPOConfig):
     r"""
     Configuration class for the [`STAPOTrainer`]: [`~trl.GRPOConfig`] with the S2T fields and the paper's objective.
 
-    [STAPO](https://huggingface.co/papers/2602.15620) only changes which tokens count in the GRPO loss: tokens of a
-    positive-advantage completion sampled with a low probability at a low-entropy position are silenced, and the loss
-    is averaged over the remaining tokens. The defaults are the paper's objective (Sec. 4.1, DAPO/JustRL's):
-    `loss_type="dapo"`, `epsilon=0.2`, `epsilon_high=0.28`, `beta=0.0`; of these, trl 1.16's `GRPOConfig` differs only
-    in `epsilon_high` (`None`: `epsilon`). [`STAPOTrainer`] takes a plain `GRPOConfig` too (the paper's S2T values).
+    [STAPO](https://huggingface.co/papers/2602.15620) only changes which tokens count in the GRPO loss. The defaults
+    are the paper's objective (Sec. 4.1, DAPO/JustRL's): `loss_type="dapo"`, `epsilon=0.2`, `epsilon_high=0.28`,
+    `beta=0.0`; trl 1.16's `GRPOConfig` differs only in `epsilon_high` (`None`: `epsilon`). `stapo_trl.STAPOConfig`
+    (what `from stapo_trl import STAPOConfig` gives) subclasses this one.
 
     Parameters:
         > Parameters that control the S2T mask
@@ -49,22 +48,26 @@ class STAPOConfig(GRPOConfig):
     _s2t_modes: ClassVar[tuple[str, ...]] = S2T_MODES
 
     # Paper objective (Sec. 4.1)
-    loss_type: str = field(default="dapo", metadata={"help": "As in GRPOConfig. STAPO: 'dapo' (token mean)."})
-    epsilon: float = field(default=0.2, metadata={"help": "Lower clipping epsilon. Paper: 0.2."})
-    epsilon_high: float | None = field(default=0.28, metadata={"help": "Upper clipping epsilon. Paper: 0.28."})
-    beta: float = field(default=0.0, metadata={"help": "KL coefficient. Paper: 0.0 (no reference model)."})
+    loss_type: str = field(default=PAPER_OBJECTIVE["loss_type"], metadata={"help": "As in GRPOConfig. Paper: 'dapo'."})
+    epsilon: float = field(
+        default=PAPER_OBJECTIVE["epsilon"], metadata={"help": "Lower clipping epsilon. Paper: 0.2."}
+    )
+    epsilon_high: float | None = field(
+        default=PAPER_OBJECTIVE["epsilon_high"], metadata={"help": "Upper clipping epsilon. Paper: 0.28."}
+    )
+    beta: float = field(default=PAPER_OBJECTIVE["beta"], metadata={"help": "KL coefficient. Paper: 0.0 (no KL)."})
 
     # > Parameters that control the S2T mask
     s2t_prob_threshold: float = field(
-        default=0.002,
+        default=S2TSettings.prob_threshold,
         metadata={"help": "tau_p: positive-advantage tokens with probability below it are candidates. (0, 1]."},
     )
     s2t_entropy_quantile: float = field(
-        default=0.75,
+        default=S2TSettings.entropy_quantile,
         metadata={"help": "q: candidates below the q-quantile of their entropies per update are silenced. [0, 1]."},
     )
-    s2t_mode: Literal["low_entropy", "off"] = field(
-        default="low_entropy",
+    s2t_mode: Literal[S2T_MODES] = field(
+        default=S2TSettings.mode,
         metadata={"help": "'low_entropy' (STAPO) or 'off' (nothing silenced, counts logged).", "choices": S2T_MODES},
     )
 
@@ -74,12 +77,8 @@ class STAPOConfig(GRPOConfig):
 
 
 def s2t_settings(args: GRPOConfig, modes: tuple[str, ...] = S2T_MODES) -> S2TSettings:
-    """The S2T settings of any `GRPOConfig`: its `s2t_*` fields where it has them, else the paper's values.
-
-    Raises:
-        ValueError: a value of the wrong type or out of range, or a mode not in `modes`, naming the field; a setting
-            with which the installed TRL trains without the mask ([`refuse_paths_around_the_mask`]).
-    """
+    """The S2T settings of any `GRPOConfig`: its `s2t_*` fields where it has them, else the paper's values. Raises
+    `ValueError` naming the field: a bad value, a mode not in `modes`, or [`refuse_paths_around_the_mask`]."""
     settings = S2TSettings(**{f.name: getattr(args, f"s2t_{f.name}", f.default) for f in fields(S2TSettings)})
     if settings.mode not in modes:
         raise ValueError(f"s2t_mode={settings.mode!r} is not one of {list(modes)}.")
@@ -88,9 +87,9 @@ def s2t_settings(args: GRPOConfig, modes: tuple[str, ...] = S2T_MODES) -> S2TSet
 
 
 def refuse_paths_around_the_mask(args: GRPOConfig) -> None:
-    """Refuse, in one line naming the field and the TRL version, a setting with which the installed TRL trains past the
-    mask: on trl < 1.14 `use_liger_kernel=True` sends `compute_loss` to Liger's loss, never to `_compute_loss`; on trl
-    < 1.10 `loss_type="luspo"` with token-level ratios weights every token's loss, masked or not (docs/stapo.md)."""
+    """Refuse, in one line naming the field and the TRL version, a setting with which the installed TRL trains past
+    the mask: on trl < 1.14 `use_liger_kernel=True` (Liger's loss, never `_compute_loss`); on trl < 1.10
+    `loss_type="luspo"` with token-level ratios (every token's loss counts, masked or not)."""
     version = Version(trl.__version__)
     if getattr(args, "use_liger_kernel", False) and version < Version("1.14.0"):
         raise ValueError(
@@ -99,8 +98,8 @@ def refuse_paths_around_the_mask(args: GRPOConfig) -> None:
         )
     if args.loss_type == "luspo" and args.importance_sampling_level == "token" and version < Version("1.10.0"):
         raise ValueError(
-            f"loss_type='luspo' with importance_sampling_level='token': trl {trl.__version__} sums every token's loss, "
-            "masked or not, so silenced tokens stay in the loss. Use importance_sampling_level='sequence', or trl>=1.10."
+            f"loss_type='luspo' with importance_sampling_level='token': trl {trl.__version__} sums every token's "
+            "loss, masked or not. Use importance_sampling_level='sequence', or trl>=1.10."
         )
 
 
@@ -112,34 +111,28 @@ def s2t_settings_line(args: GRPOConfig, settings: S2TSettings) -> str | None:
     differs = ", ".join(f"{name}={value!r} (paper {paper!r})" for name, value, paper in values if value != paper)
     if not missing and not differs:
         return None
-    name = type(args).__name__
-    source = f" (the paper's values: {name} has no {', '.join(missing)} field{'s' * (len(missing) > 1)}, and such "
-    source += "values given to it, in a YAML file say, are ignored; to set them, use `from stapo_trl import "
-    source += "STAPOConfig as GRPOConfig`)"
-    s2t = ", ".join(f"{name}={value!r}" for name, value, _ in values[:3])
+    source = f" (the paper's values: {type(args).__name__} has no {', '.join(missing)} field{'s' * (len(missing) > 1)}"
+    source += ", and such values given to it, in a YAML file say, are ignored; to set them, use `from stapo_trl"
+    source = f"{source} import STAPOConfig as GRPOConfig`)" if missing else ""
     end = f"differs from the paper's objective: {differs}." if differs else "the rest is the paper's objective."
-    return f"STAPO with {s2t}{source if missing else ''}; {end}"
+    return f"STAPO with {', '.join(f'{name}={value!r}' for name, value, _ in values[:3])}{source}; {end}"
 
 
 def s2t_path(args: GRPOConfig, steps_per_generation: int | None = None) -> str:
-    """Where the mask's p and H come from in training: `"loss"` (the loss's own forward, detached), `"old_logps"` (TRL's
-    no-grad old-log-prob forward) or `"extra_forward"` (one no-grad forward per rollout batch: the only extra cost).
-    When TRL runs its forward is TRL 1.16's decision, mirrored here: the trainer fails if TRL decides otherwise."""
+    """Where the mask's p and H come from in training: `"loss"` (the loss's own forward, detached), `"old_logps"`
+    (TRL's no-grad old-log-prob forward) or `"extra_forward"` (one no-grad forward per rollout batch). TRL 1.16's
+    decision, mirrored: the trainer fails if TRL decides otherwise."""
     spg, iterations = steps_per_generation or args.steps_per_generation, args.num_iterations
     if spg == iterations == 1:
         return "loss"
-    importance_sampling = args.use_vllm and args.vllm_importance_sampling_correction
-    return (
-        "old_logps"
-        if args.gradient_accumulation_steps % (spg * iterations) or importance_sampling
-        else "extra_forward"
-    )
+    vllm_is = args.use_vllm and args.vllm_importance_sampling_correction
+    return "old_logps" if args.gradient_accumulation_steps % (spg * iterations) or vllm_is else "extra_forward"
 
 
 def s2t_warnings(args: GRPOConfig, settings: S2TSettings, steps_per_generation=None, num_processes=None) -> list[str]:
-    """What the S2T mask changes in a GRPO feature the paper did not run, one message each naming the field (the
-    table "What the mask does with each GRPO feature" of docs/stapo.md); none for the paper's configuration.
-    `steps_per_generation` and `num_processes` replace the config's (a dry run for another process count)."""
+    """What the S2T mask changes in a GRPO feature the paper did not run, one message each naming the field
+    (docs/stapo.md); none for the paper's configuration. `steps_per_generation` and `num_processes` replace the
+    config's (a dry run for another process count)."""
     spg, ga, a = steps_per_generation or args.steps_per_generation, args.gradient_accumulation_steps, args
     lt = a.loss_type
     if settings.mode == "off":  # nothing is silenced; only the per-update normalizer differs from GRPOTrainer's

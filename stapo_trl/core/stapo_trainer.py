@@ -9,7 +9,6 @@ import copy
 import math
 import os
 import sys
-import textwrap
 import warnings
 from dataclasses import asdict
 
@@ -25,11 +24,9 @@ from .stapo_config import NUM_ITEMS_LOSSES, STAPOConfig, s2t_path, s2t_settings,
 
 
 SUPPORTED_TRL = ">=1.9.1,!=1.15.0,<=1.16.0"  # the TRL versions the tests ran; another one is warned at construction
-_PACKAGE = (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-)  # construction warnings skip its frames
-# The multimodal inputs that TRL's `_compute_loss` passes from the batch to its forward, the same in every release in
-# SUPPORTED_TRL (1.14's forward takes them as **kwargs: its signature does not name them).
+_COUNTS = ("s2t/num_silenced", "s2t/num_candidates", "s2t/num_loss_tokens", "s2t/num_nonfinite")
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # warnings skip its frames
+# The multimodal inputs TRL's `_compute_loss` passes to its forward in every release of SUPPORTED_TRL
 _FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
                  "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")  # fmt: skip
 
@@ -38,24 +35,23 @@ class STAPOTrainer(GRPOTrainer):
     r"""
     Trainer for [STAPO](https://huggingface.co/papers/2602.15620): GRPO whose loss silences rare spurious tokens.
 
-    The S2T rule (Sec. 3) silences the tokens of a positive-advantage completion sampled with a probability below tau_p
-    at a position whose entropy is below tau_h, the q-quantile of such candidates' entropies over the optimizer update
-    (all processes); the loss is averaged over the other tokens. p and H are the rollout policy's. The only change
-    w.r.t. [`~trl.GRPOTrainer`] is the loss, whose `_compute_loss` is called, not copied; the design and what the mask
-    does with each GRPO feature: `docs/stapo.md`.
+    The S2T rule (Sec. 3) silences the tokens of a positive-advantage completion sampled with a probability below
+    tau_p at a position whose entropy (nats) is below tau_h, the q-quantile of such candidates' entropies over the
+    optimizer update on all processes; p and H are the rollout policy's. Only the loss differs from
+    [`~trl.GRPOTrainer`]: its `_compute_loss` is called, not copied (`docs/stapo.md`). `stapo_trl.STAPOTrainer` (what
+    `from stapo_trl import STAPOTrainer` gives) subclasses this one.
 
-    `args` may be any `GRPOConfig` (your own subclass too): its S2T fields where it has them (a [`STAPOConfig`]),
-    else the paper's `s2t_prob_threshold=0.002` (tau_p), `s2t_entropy_quantile=0.75` (q), `s2t_mode="low_entropy"`
-    (`"off"`: nothing silenced, same normalizer). One line at construction gives the values in effect and what differs
-    from the paper's objective; a bad value is a `ValueError` naming the field, and so is a setting with which the
-    installed TRL trains past the mask (`docs/stapo.md`); each GRPO feature the mask changes is warned; a TRL whose loss normalizer or rollout scoring is not the one STAPO is built on is a `RuntimeError`. Logs
-    `s2t/silenced_ratio`, `s2t/candidate_ratio`, `s2t/entropy_threshold` (tau_h, nats) and the global counts
-    `s2t/num_silenced`, `s2t/num_candidates`, `s2t/num_loss_tokens`, `s2t/num_nonfinite`.
+    `args` may be any `GRPOConfig`: its S2T fields where it has them (a [`STAPOConfig`]), else the paper's values,
+    said in one warning at construction with what differs from the paper's objective; each GRPO feature the mask
+    changes is warned. Raises `ValueError` for a bad S2T value or a setting with which the installed TRL trains past
+    the mask, naming the field; `RuntimeError` for a TRL whose loss normalizer or rollout scoring is not the one STAPO
+    is built on. Logs `s2t/silenced_ratio`, `s2t/candidate_ratio`, `s2t/entropy_threshold` (tau_h, nats) and the
+    global counts `s2t/num_silenced`, `s2t/num_candidates`, `s2t/num_loss_tokens`, `s2t/num_nonfinite`.
 
     ```python
     from trl import GRPOConfig
     from trl.rewards import accuracy_reward
-    from . import STAPOTrainer
+    from stapo_trl.core import STAPOTrainer
 
     args = GRPOConfig(epsilon_high=0.28, gradient_accumulation_steps=4, steps_per_generation=16)  # the paper's
     trainer = STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs=accuracy_reward, args=args, train_dataset=dataset)
@@ -69,14 +65,10 @@ class STAPOTrainer(GRPOTrainer):
     _paper = {
         "title": "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens",
         "id": "2602.15620",
-        # docstyle-ignore
-        "citation": textwrap.dedent("""\
-            @article{liu2026stapo,
-                title        = {{STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens}},
-                author       = {Shiqi Liu and Zeyu He and Guojian Zhan and Letian Tao and Zhilong Zheng and Jiang Wu and Yinuo Wang and Yang Guan and Kehua Sheng and Bo Zhang and Keqiang Li and Jingliang Duan and Shengbo Eben Li},
-                year         = 2026,
-                eprint       = {arXiv:2602.15620},
-            }"""),
+        "citation": "@article{liu2026stapo,\n  title = {{STAPO: Stabilizing Reinforcement Learning for LLMs by "
+        "Silencing Rare Spurious Tokens}},\n  author = {Shiqi Liu and Zeyu He and Guojian Zhan and Letian Tao and "
+        "Zhilong Zheng and Jiang Wu and Yinuo Wang and Yang Guan and Kehua Sheng and Bo Zhang and Keqiang Li and "
+        "Jingliang Duan and Shengbo Eben Li},\n  year = 2026,\n  eprint = {arXiv:2602.15620},\n}",
     }
 
     def __init__(self, model, reward_funcs=None, args=None, *pargs, **kwargs):
@@ -113,18 +105,14 @@ class STAPOTrainer(GRPOTrainer):
         synthetic row (its forward handed in: no model forward) must give the loss STAPO's normalizer means."""
         if self.loss_type not in NUM_ITEMS_LOSSES:
             return  # the other loss types normalize by the loss mask, which carries the keep mask
-        spg, ga, device = (
-            self.args.steps_per_generation,
-            self.args.gradient_accumulation_steps,
-            self.accelerator.device,
-        )
+        spg, ga = self.args.steps_per_generation, self.args.gradient_accumulation_steps
+        device, num_items = self.accelerator.device, torch.tensor(3.0 * spg / self._s2t_window)
+        # One row of 4 completion tokens, the 4th silenced: 3 kept, normalized as STAPO sets it; ratio 1, no KL.
         ones, ids = torch.ones(1, 4, device=device), torch.zeros(1, 5, dtype=torch.long, device=device)
-        batch = dict(
-            prompt_ids=ids[:, :1], prompt_mask=ids[:, :1] + 1, completion_ids=ids[:, 1:], completion_mask=ones
-        )
-        batch.update(advantages=ones[0, :1], old_per_token_logps=-ones, ref_per_token_logps=-ones)  # ratio 1, no KL
-        batch.update(tool_mask=torch.tensor([[1.0, 1, 1, 0]], device=device), importance_sampling_ratio=ones)
-        batch["num_items_in_batch"] = torch.tensor(3.0 * spg / self._s2t_window)  # 3 kept tokens, as STAPO sets it
+        batch = dict(prompt_ids=ids[:, :1], prompt_mask=ids[:, :1] + 1, completion_ids=ids[:, 1:],
+                     completion_mask=ones, advantages=ones[0, :1], old_per_token_logps=-ones,
+                     ref_per_token_logps=-ones, tool_mask=torch.tensor([[1.0, 1, 1, 0]], device=device),
+                     importance_sampling_ratio=ones, num_items_in_batch=num_items)  # fmt: skip
         saved, metrics, training = dict(vars(self)), copy.deepcopy(self._metrics), self.model.training
         try:  # entropy 0: no entropy bonus
             aux = torch.zeros((), device=device) if self.aux_loss_enabled else None
@@ -137,13 +125,13 @@ class STAPOTrainer(GRPOTrainer):
             self.model.train(training)
             vars(self).clear()
             vars(self).update(saved, _metrics=metrics)
-        per_token = {"dapo": -1.0, "cispo": min(1.0, self.epsilon_high), "vespo": 1.0}[self.loss_type]
-        expected = per_token * self.accelerator.num_processes * self._s2t_window / ga
+        expected = {"dapo": -1.0, "cispo": min(1.0, self.epsilon_high), "vespo": 1.0}[self.loss_type]
+        expected *= self.accelerator.num_processes * self._s2t_window / ga
         if not math.isclose(loss, expected, rel_tol=1e-5):
             raise RuntimeError(
                 f"trl {trl.__version__}'s GRPOTrainer._compute_loss gave {loss:.6g} where STAPO's normalizer means "
-                f"{expected:.6g} ({self.loss_type}, steps_per_generation {spg}, GA {ga}): its num_items_in_batch "
-                f"normalizer is not TRL 1.16's, so STAPO would train at a wrong scale. Use trl{SUPPORTED_TRL}."
+                f"{expected:.6g} ({self.loss_type}, steps_per_generation {spg}, GA {ga}): STAPO would train at a "
+                f"wrong scale. Use trl{SUPPORTED_TRL}."
             )
 
     def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -153,11 +141,8 @@ class STAPOTrainer(GRPOTrainer):
         return gathered[~gathered.isnan()]
 
     def _compute_s2t_mask(self, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> S2TResult:
-        """The S2T mask of one optimizer update (or evaluation batch), over all processes: the hook for subclasses.
-
-        Each process passes its rows: (B, T) detached log-probs and entropies (nats), (B,) advantages, the (B, T) loss
-        mask and completion ids. Every process must run the same collectives.
-        """
+        """The S2T mask of one optimizer update (or evaluation batch) over all processes, the hook for subclasses: each
+        process passes its rows ((B, T) detached p and H in nats, (B,) advantages, (B, T) loss mask and ids)."""
         return s2t_mask(per_token_logps, entropies, advantages, loss_mask, gather=self._gather, **asdict(self.s2t))
 
     def _s2t_result(self, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> S2TResult:
@@ -165,17 +150,16 @@ class STAPOTrainer(GRPOTrainer):
         result = self._compute_s2t_mask(per_token_logps, entropies, advantages, loss_mask, completion_ids)
         metrics = self._metrics["train" if self.model.training else "eval"]
         metrics["s2t/entropy_threshold"].append(result.entropy_threshold)  # NaN without candidates
-        for name in ("num_silenced", "num_candidates", "num_loss_tokens", "num_nonfinite"):
-            metrics[f"s2t/{name}"].append(float(getattr(result, name)))
+        for key in _COUNTS:
+            metrics[key].append(float(getattr(result, key.removeprefix("s2t/"))))
         return result
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """TRL's `log`, with the `s2t/` counts summed over the row and the ratios pooled from them
-        (`s2t/silenced_ratio` = Σ silenced / Σ loss tokens of the row's masks); an `s2t/` key without a defined value
-        (tau_h of masks without candidates) is left out rather than logged as `None`."""
+        """TRL's `log`, the `s2t/` counts summed over the row and the ratios pooled from them (Σ silenced / Σ loss
+        tokens); an undefined `s2t/` value (NaN) is left out."""
         metrics = self._metrics["train" if self.model.training else "eval"]
         if metrics.get("s2t/num_loss_tokens"):
-            for key in ("s2t/num_silenced", "s2t/num_candidates", "s2t/num_loss_tokens", "s2t/num_nonfinite"):
+            for key in _COUNTS:
                 metrics[key] = [sum(metrics[key])]
             num_loss_tokens = max(metrics["s2t/num_loss_tokens"][0], 1.0)
             metrics["s2t/silenced_ratio"] = [metrics["s2t/num_silenced"][0] / num_loss_tokens]
@@ -223,9 +207,7 @@ class STAPOTrainer(GRPOTrainer):
         old_logps = batch.get("old_per_token_logps")
         same = [f[1] for f in forwards if old_logps is not None and torch.equal(f[0], old_logps)]  # TRL's, H asked
         if (old_logps is not None, bool(same)) != (self._s2t_path == "old_logps",) * 2:  # TRL scored otherwise
-            found = (
-                "missing" if old_logps is None else "from a forward STAPO saw" if same else "from no forward it saw"
-            )
+            found = "missing" if old_logps is None else f"from {'a' if same else 'no'} forward it saw"
             raise RuntimeError(
                 f"trl {trl.__version__}: old_per_token_logps {found}, where s2t_path is {self._s2t_path!r}."
             )
@@ -254,15 +236,14 @@ class STAPOTrainer(GRPOTrainer):
                 torch.cat([self._loss_mask(b) for b in update]),  # (ΣB, T)
                 torch.cat([b["completion_ids"] for b in update]),  # (ΣB, T)
             )
-            # TRL's normalizer num_items / num_processes x GA / steps_per_generation (checked at construction) is then
-            # the update's kept-token count / num_processes
+            # TRL divides by num_items / processes x GA / steps_per_generation (checked): the kept count / processes
             num_items = torch.tensor(result.num_kept * len(micro_batches) / window, dtype=torch.float32)
             for batch, keep in zip(update, result.keep.split([b["advantages"].size(0) for b in update]), strict=True):
                 batch["s2t_keep"], batch["num_items_in_batch"] = keep, num_items.to(keep.device)
         return self._with_keep(inputs, inputs["s2t_keep"])
 
     def _s2t_forward(self, model, inputs: dict, **kwargs) -> tuple:
-        """(input_ids, TRL's forward (log-probs, entropies, aux loss)) of a batch, called as TRL's `_compute_loss` calls it."""
+        """(input_ids, TRL's forward: log-probs, entropies, aux) of a batch, called as `_compute_loss` calls it."""
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)  # (B, P+T)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)  # (B, P+T)
         kwargs |= {key: inputs.get(key) for key in _FORWARD_KEYS}
