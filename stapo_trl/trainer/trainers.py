@@ -1,20 +1,9 @@
-"""The trainers a user imports: the core's `STAPOTrainer` (TRL's `GRPOTrainer` with the S2T mask) and, for the
-baseline, TRL's `GRPOTrainer`, each with what this package adds without touching the process (no signal handler, no
-warning filter, no console swap, no network):
-
-- `model="builtin:<name>"` and `reward_funcs="math_accuracy"`: the built-in offline models and the named rewards;
-- checks at construction, before a model is built: `output_dir`, the dataset's `prompt` column and the columns each
-  reward reads, the chat template, vLLM's server mode on a CPU-only run;
-- `train()`: one writer per `output_dir` (its lock, [`~stapo_trl.run_folder.checkpoints.hold_run_folder`]), the run files
-  (`metrics.jsonl`, `spurious_tokens.jsonl`), the newest complete checkpoint for `resume_from_checkpoint=True`, the
-  refusal of a resume that changes what the run optimizes, one warning when the first steps have no learning signal,
-  one torch thread for the built-in tiny models;
-- each save refuses a symbolic link where it writes; no `*_token` field (`hub_token`) in `training_args.bin`;
-- the model card, with the paper, the S2T values and the silenced counts.
-
-What `stapo-train` adds on top (save on Ctrl-C / SIGTERM, the compact console) is one line in a script:
-[`~stapo_trl.cli.callbacks.add_command_callbacks`].
-"""
+"""The trainers a user imports: the core's `STAPOTrainer` and, for the baseline, TRL's `GRPOTrainer`, each with what
+this package adds without touching the process (no signal handler, warning filter, console swap or network):
+`builtin:` models and named rewards, checks before a model is built, the run folder under one lock (run files, safe
+and exact resume, checkpoints that refuse links), no `*_token` field in `training_args.bin`, the card, and one torch
+thread for the built-in tiny models. `stapo-train`'s stop signals and console are one line in a script:
+[`~stapo_trl.cli.callbacks.add_command_callbacks`]."""
 
 from __future__ import annotations
 
@@ -27,32 +16,18 @@ import logging
 import os
 import re
 import warnings
+from dataclasses import asdict
 
 import torch
 import trl
 
 from .. import core
 from ..data import check_chat_template, check_prompt_column, check_reward_columns
-from ..diagnostics.ablations import ABLATION_MODES, ablation_mask
+from ..diagnostics.ablations import ABLATIONS, ablation_mask
 from ..diagnostics.metrics import diagnostic_metrics
 from ..integrations.process_group import release_process_group
-from ..integrations.vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
 from ..rewards import NoRewardWarning, resolve_reward_names
-from ..run_folder.checkpoints import (
-    RUN_RECORD,
-    check_checkpoint,
-    check_output_dir,
-    check_run_settings,
-    hold_run_folder,
-    open_run_file,
-    plain,
-    refuse_links,
-    resume_checkpoint,
-    run_settings,
-    write_run_record,
-)
-from ..run_folder.logs import JsonlLogCallback, NoLearningSignalCallback, SpuriousTokenLogger, add_run_file_callbacks
-from ..run_folder.rollout import RolloutStateCallback, load_rollout_state, save_rollout_state
+from ..run_folder import checkpoints
 from .config import STAPOConfig, write_run_files
 
 
@@ -66,7 +41,8 @@ def _torch_default_threads() -> set[int]:
     counts = {len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0, os.cpu_count() or 1}
     try:
         with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
-            per_core = sum(int(b) - int(a) + 1 if b else 1 for a, _, b in (p.partition("-") for p in f.read().strip().split(",")))  # fmt: skip
+            parts = [p.partition("-") for p in f.read().strip().split(",")]
+        per_core = sum(int(b) - int(a) + 1 if b else 1 for a, _, b in parts)
     except OSError:
         per_core = 1
     return counts | {max(n // max(per_core, 1), 1) for n in counts}
@@ -75,14 +51,13 @@ def _torch_default_threads() -> set[int]:
 @contextlib.contextmanager
 def tiny_model_threads(model):
     """Run the block on one torch thread when `model` (a model or its folder) is a built-in tiny model or one trained
-    from it (at most 4 MiB of `model*.safetensors`; torch's thread per core only slows them down) and the caller set no
-    count (`OMP_NUM_THREADS`, or `torch.set_num_threads` to other than torch's default); the count is restored after."""
+    from it (at most 4 MiB of `model*.safetensors`) and the caller set no count (`OMP_NUM_THREADS`, or
+    `torch.set_num_threads` to other than torch's default); the count is restored after."""
     if not isinstance(model, (str, os.PathLike)):
         model = getattr(getattr(model, "config", None), "_name_or_path", None)
     weights = glob.glob(os.path.join(glob.escape(str(model)), "model*.safetensors")) if model else []
     tiny = bool(weights) and sum(map(os.path.getsize, weights)) <= TINY_MODEL_MAX_BYTES
-    chosen = os.environ.get("OMP_NUM_THREADS") or torch.get_num_threads() not in _torch_default_threads()
-    if not tiny or chosen:
+    if not tiny or os.environ.get("OMP_NUM_THREADS") or torch.get_num_threads() not in _torch_default_threads():
         yield
         return
     previous = torch.get_num_threads()
@@ -94,18 +69,14 @@ def tiny_model_threads(model):
 
 
 def _without_credentials(args) -> dict:
-    """What pickling `args` keeps (transformers' `training_args.bin`, a copy): its fields, `*_token` ones as `None`."""
+    """What pickling `args` keeps (transformers' `training_args.bin`): its fields, `*_token` ones as `None`."""
     return {name: None if name.endswith("_token") else v for name, v in vars(args).items() if name != "__getstate__"}
 
 
 class _Additions:
-    """What this package adds to a GRPO-family trainer (the module docstring); first in the bases.
-
-    Attributes:
-        eval_record (`dict` or `None`): accuracy before and after training (`stapo-train`'s `eval.json`), for the card.
-        run_settings (`dict`): what the run optimizes, as plain data ([`~stapo_trl.run_folder.checkpoints.run_settings`]), written
-            into each checkpoint (`stapo_run.json`) and compared on resume; `stapo-train` adds its prompt format.
-    """
+    """What this package adds to a GRPO-family trainer (the module docstring); first in the bases. `eval_record`:
+    accuracy before and after training for the card; `run_settings`: what the run optimizes, written into each
+    checkpoint (`stapo_run.json`) and compared on resume."""
 
     eval_record = None
 
@@ -117,31 +88,36 @@ class _Additions:
             model = resolve_model_path(model)
         if args is not None:
             if importlib.util.find_spec("vllm"):  # else TRL's ImportError ("vLLM is not available") stands
+                from ..integrations.vllm_support import check_vllm_args
+
                 check_vllm_args(args)
             write_run_files(args)
             if args.should_save:
-                check_output_dir(args.output_dir)
+                checkpoints.check_output_dir(args.output_dir)
         reward_funcs = resolve_reward_names(reward_funcs)  # "math_accuracy" named; each function's output checked
         later = inspect.signature(trl.GRPOTrainer.__init__).bind_partial(None, None, None, None, None, None, *pargs)
         later = {**later.arguments, **kwargs}
-        if not reward_funcs and later.get("environment_factory") is None:  # TRL's words, before the model is built
+        environment = later.get("environment_factory") is not None
+        if not reward_funcs and not environment:  # TRL's words, before the model is built
             raise ValueError(
                 "No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose environment defines "
                 f'a `get_reward` method (reward_funcs={reward_funcs!r}; e.g. "math_accuracy", a reward model id).'
             )
-        peft_settings = plain(later.get("peft_config"))  # before PEFT fills in the wrapped model's name
-        for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-            check_prompt_column(dataset, name, prompt_optional=later.get("environment_factory") is not None)
+        peft_settings = checkpoints.plain(later.get("peft_config"))  # before PEFT fills in the wrapped model's name
+        datasets = (("train_dataset", train_dataset), ("eval_dataset", eval_dataset))
+        for name, dataset in datasets:
+            check_prompt_column(dataset, name, prompt_optional=environment)
             if later.get("rollout_func") is None:  # a rollout function may add the fields a reward reads
                 check_reward_columns(reward_funcs, dataset, name)
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
-        for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-            check_chat_template(
-                self.processing_class, dataset, self.model.config._name_or_path, name,
-                template_kwargs=self.args.chat_template_kwargs,
-            )  # fmt: skip
-        install_cpu_colocate_weight_sync(self)
-        self.run_settings = run_settings(
+        for name, dataset in datasets:
+            check_chat_template(self.processing_class, dataset, self.model.config._name_or_path, name,
+                                template_kwargs=self.args.chat_template_kwargs)  # fmt: skip
+        if self.use_vllm:
+            from ..integrations.vllm_support import install_cpu_colocate_weight_sync
+
+            install_cpu_colocate_weight_sync(self)
+        self.run_settings = checkpoints.run_settings(
             self.args, trainer=type(self).__name__, model=given_model, reward_funcs=self.reward_funcs,
             s2t=getattr(self, "s2t", None), peft_config=peft_settings, train_dataset=train_dataset,
             dtype=getattr(self.model, "dtype", None),
@@ -149,37 +125,39 @@ class _Additions:
         self.args.__getstate__ = functools.partial(_without_credentials, self.args)  # what training_args.bin holds
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`Trainer.train` holding `output_dir` as its one writer ([`~stapo_trl.run_folder.checkpoints.hold_run_folder`]), with
-        the run files (unless `s2t_write_run_files` is off), the no-learning-signal warning, the tiny-model thread rule
-        ([`tiny_model_threads`]) and a safe, exact resume: `resume_from_checkpoint=True` takes the newest complete
-        checkpoint (incomplete or damaged ones above it are said in one line and moved aside), a folder given by name
-        must be complete, a checkpoint trained with other settings is refused, and the rest of its rollout batch and
-        logging window is restored ([`~stapo_trl.run_folder.rollout`]).
+        """`Trainer.train` as the one writer of `output_dir` ([`~stapo_trl.run_folder.checkpoints.hold_run_folder`]),
+        with the run files (unless `s2t_write_run_files` is off), the no-learning-signal warning, [`tiny_model_threads`]
+        and a safe, exact resume: `resume_from_checkpoint=True` takes the newest complete checkpoint (damaged ones
+        above it are said in one line and moved aside), a named one must be complete and trained with the same
+        settings, and the rest of its rollout batch and logging window is restored ([`~stapo_trl.run_folder.rollout`]).
 
         Raises:
-            ValueError: another run (or trainer) writes `output_dir` (one line naming it); no complete checkpoint to
-                resume; a checkpoint that is not complete; a checkpoint trained with other settings (one line naming
-                each changed field, old -> new); a symbolic link where a save writes.
+            ValueError: another writer holds `output_dir`; no complete checkpoint to resume; a checkpoint that is not
+                complete, or trained with other settings (each changed field, old -> new); a link where a save writes.
         """
         if self.args.should_save:  # first: the resume moves damaged checkpoints aside
-            hold_run_folder(self.args.output_dir, trainer=self)
+            checkpoints.hold_run_folder(self.args.output_dir, trainer=self)
         try:
             return self._train(resume_from_checkpoint, *args, **kwargs)
         finally:
             if self.args.should_save:
-                hold_run_folder(self.args.output_dir, acquire=False, trainer=self)
+                checkpoints.hold_run_folder(self.args.output_dir, acquire=False, trainer=self)
 
     def _train(self, resume_from_checkpoint, *args, **kwargs):
+        from ..run_folder.logs import JsonlLogCallback, NoLearningSignalCallback, add_run_file_callbacks
+        from ..run_folder.rollout import RolloutStateCallback, load_rollout_state
+
         if resume_from_checkpoint is True:  # transformers takes the highest-numbered folder, whole or not
             output_dir = self.args.output_dir
-            resume_from_checkpoint = resume_checkpoint(output_dir, self.args.save_only_model, move_aside=self.args.should_save)  # fmt: skip
+            resume_from_checkpoint = checkpoints.resume_checkpoint(output_dir, self.args.save_only_model,
+                                                       move_aside=self.args.should_save)  # fmt: skip
             if resume_from_checkpoint is None:
                 raise ValueError(f"No complete checkpoint to resume from in output_dir={output_dir!r}.")
         elif isinstance(resume_from_checkpoint, (str, os.PathLike)):
             resume_from_checkpoint = os.fspath(resume_from_checkpoint)
-            check_checkpoint(resume_from_checkpoint, f"resume_from_checkpoint={resume_from_checkpoint!r}")
+            checkpoints.check_checkpoint(resume_from_checkpoint, f"resume_from_checkpoint={resume_from_checkpoint!r}")
         if resume_from_checkpoint:
-            check_run_settings(resume_from_checkpoint, self.run_settings)
+            checkpoints.check_run_settings(resume_from_checkpoint, self.run_settings)
             logger.warning(f"Resuming training from {resume_from_checkpoint}.")  # every check passed
         if write_run_files(self.args):
             add_run_file_callbacks(self)
@@ -197,8 +175,7 @@ class _Additions:
             return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        """TRL's (B, F) rewards of all processes, and a [`~stapo_trl.rewards.NoRewardWarning`] in training when none is
-        a number (TRL's warning names no reward function)."""
+        """TRL's (B, F) rewards, and a `NoRewardWarning` in training when none is a number (TRL's names no reward)."""
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self.model.training and rewards.isnan().all():
             step, names, n = self.state.global_step + 1, ", ".join(self.reward_func_names), len(rewards)
@@ -209,23 +186,23 @@ class _Additions:
         return rewards
 
     def _issue_warnings_after_load(self, load_result):
-        """`Trainer`'s warnings after a checkpoint's weights are loaded, without the missing keys of weights tied to
-        another (`lm_head.weight` tied to the embeddings is not saved: it is loaded with them)."""
+        """`Trainer`'s warnings after a checkpoint's weights are loaded, without weights tied to another (not saved)."""
         tied = getattr(self.model, "all_tied_weights_keys", None) or {}
         missing = [key for key in load_result.missing_keys if key not in tied]
         super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
     def _save_checkpoint(self, model, trial):
-        """`Trainer._save_checkpoint` and the rollout state ([`~stapo_trl.run_folder.rollout.save_rollout_state`]) between
-        two writes of the run record: the settings with no file list first (an older `trainer_state.json` of the same
-        step removed), the files the save wrote last, which mark it complete."""
+        """`Trainer._save_checkpoint` and the rollout state between two writes of the run record: the settings first
+        (an older `trainer_state.json` of the same step removed), the files the save wrote last, marking it whole."""
+        from ..run_folder.rollout import save_rollout_state
+
         folder = os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}")
         record = {"settings": self.run_settings, "save_only_model": self.args.save_only_model}
         if self.args.should_save:
-            refuse_links(self.args.output_dir)
+            checkpoints.refuse_links(self.args.output_dir)
             if os.path.isfile(os.path.join(folder, "trainer_state.json")):
                 os.remove(os.path.join(folder, "trainer_state.json"))
-            write_run_record(folder, **record, files=None)
+            checkpoints.write_run_record(folder, **record, files=None)
         super()._save_checkpoint(model, trial)
         if not self.args.save_only_model:  # a model-only checkpoint does not resume
             save_rollout_state(self, folder)
@@ -233,17 +210,17 @@ class _Additions:
             names = [n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n))]
             # the record itself, and the RNG and rollout states other processes write
             other = rf"^rollout_state_(?!{self.accelerator.process_index}\.)"
-            skip = re.compile(rf"^{re.escape(RUN_RECORD)}|rng_state_\d+\.pth$|{other}")
-            write_run_record(folder, **record, files=sorted(n for n in names if not skip.match(n)))
+            skip = re.compile(rf"^{re.escape(checkpoints.RUN_RECORD)}|rng_state_\d+\.pth$|{other}")
+            checkpoints.write_run_record(folder, **record, files=sorted(n for n in names if not skip.match(n)))
 
     def save_model(self, *args, **kwargs):
         if self.args.should_save:
-            refuse_links(self.args.output_dir)
+            checkpoints.refuse_links(self.args.output_dir)
         return super().save_model(*args, **kwargs)
 
     def save_metrics(self, *args, **kwargs):
         if self.args.should_save:
-            refuse_links(self.args.output_dir)
+            checkpoints.refuse_links(self.args.output_dir)
         return super().save_metrics(*args, **kwargs)
 
     def evaluate(self, *args, **kwargs):
@@ -255,32 +232,30 @@ class _Additions:
             return super().predict(*args, **kwargs)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, public: bool = False):
-        """Write `output_dir/README.md` ([`~stapo_trl.run_folder.card.model_card`]: TRL's card with the paper, the S2T values,
-        the silenced counts and [`eval_record`]); `public` (what `push_to_hub` uploads) names no local path."""
+        """Write `output_dir/README.md` ([`~stapo_trl.run_folder.card.model_card`]), never through a link; `public`
+        (what `push_to_hub` uploads) names no local path."""
         if self.is_world_process_zero():
             from ..run_folder.card import model_card
 
             os.makedirs(self.args.output_dir, exist_ok=True)
             card = model_card(self, model_name, dataset_name, tags, self.eval_record, public=public)
-            with open_run_file(os.path.join(self.args.output_dir, "README.md")) as f:  # never through a link
+            with checkpoints.open_run_file(os.path.join(self.args.output_dir, "README.md")) as f:
                 f.write(str(card))
 
     def push_to_hub(self, *args, **kwargs):
-        """`Trainer.push_to_hub`, with the public card."""
         return super().push_to_hub(*args, public=True, **kwargs)
 
     def end(self):
-        """`Trainer.end` after dropping the DDP wrapper, which would keep the process group alive and abort the process
-        exit ([`~stapo_trl.integrations.process_group.release_process_group`]). Call it once, last."""
+        """`Trainer.end` after dropping the DDP wrapper, which would keep the process group alive and abort the
+        process exit ([`~stapo_trl.integrations.process_group.release_process_group`]). Call it once, last."""
         release_process_group(self)
 
 
 class STAPOTrainer(_Additions, core.STAPOTrainer):
-    """[`stapo_trl.core.STAPOTrainer`] (STAPO: GRPO whose loss silences rare spurious tokens, arXiv:2602.15620) with
-    this package's additions (module docstring), the paper's ablation modes `s2t_mode="high_entropy"` and
-    `"all_low_prob"`, the diagnostics `s2t/entropy_p10` ... `p95`, `s2t/silenced_prob_mean`,
-    `s2t/silenced_entropy_mean`, one warning when a loss token has a non-finite p or H, and the token records of
-    `spurious_tokens.jsonl`.
+    """[`stapo_trl.core.STAPOTrainer`] (STAPO, arXiv:2602.15620), which it subclasses, with this package's additions
+    (module docstring), the paper's ablation modes, the diagnostics `s2t/entropy_p10` ... `p95`,
+    `s2t/silenced_prob_mean`, `s2t/silenced_entropy_mean`, one warning when a loss token has a non-finite p or H, and
+    the token records of `spurious_tokens.jsonl`.
 
     Args:
         model: as [`~trl.GRPOTrainer`], or a built-in name (`"builtin:tiny-math"`), built into its cache on first use.
@@ -306,23 +281,23 @@ class STAPOTrainer(_Additions, core.STAPOTrainer):
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
 
     def _compute_s2t_mask(self, per_token_logps, entropies, advantages, loss_mask, completion_ids):
-        if self.s2t.mode in ABLATION_MODES:
-            s2t = self.s2t
-            result = ablation_mask(
-                per_token_logps, entropies, advantages, loss_mask, mode=s2t.mode, prob_threshold=s2t.prob_threshold,
-                entropy_quantile=s2t.entropy_quantile, gather=self._gather,
-            )  # fmt: skip
+        from ..run_folder.logs import SpuriousTokenLogger
+
+        if self.s2t.mode in ABLATIONS:
+            result = ablation_mask(per_token_logps, entropies, advantages, loss_mask, **asdict(self.s2t),
+                                   gather=self._gather)  # fmt: skip
         else:
             result = super()._compute_s2t_mask(per_token_logps, entropies, advantages, loss_mask, completion_ids)
         mode = "train" if self.model.training else "eval"
-        reduce = lambda t: self.accelerator.reduce(t, reduction="sum")  # noqa: E731
+        reduce = functools.partial(self.accelerator.reduce, reduction="sum")
         for name, value in diagnostic_metrics(result, per_token_logps, entropies, loss_mask, reduce).items():
             self._metrics[mode][name].append(value)
         if result.num_nonfinite and not self._nonfinite_warned:
             self._nonfinite_warned = True
             warnings.warn(
-                f"{result.num_nonfinite} loss tokens have a non-finite log-probability or entropy: never S2T candidates, "
-                "but a sign of numerical trouble upstream (logits, dtype, LM head); counted in s2t/num_nonfinite.",
+                f"{result.num_nonfinite} loss tokens have a non-finite log-probability or entropy: never S2T "
+                "candidates, but a sign of numerical trouble upstream (logits, dtype, LM head); counted in "
+                "s2t/num_nonfinite.",
                 stacklevel=2,
             )
         if mode == "train":
@@ -333,5 +308,4 @@ class STAPOTrainer(_Additions, core.STAPOTrainer):
 
 
 class GRPOBaselineTrainer(_Additions, trl.GRPOTrainer):
-    """TRL's `GRPOTrainer`, its maths untouched, with this package's additions: `stapo-train`'s `trainer: grpo`, with
-    the same `metrics.jsonl` and card as STAPO."""
+    """TRL's `GRPOTrainer`, its maths untouched, with this package's additions: `stapo-train`'s `trainer: grpo`."""

@@ -5,10 +5,8 @@ The recipes' own dry runs are in `tests/recipes/`."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
-from testing_utils import RECIPES_DIR, STAPO_RECIPE, addition_rows, error_line, write_jsonl
+from testing_utils import RECIPES_DIR, STAPO_RECIPE, addition_rows, error_line, tiny_stapo_config, write_jsonl
 
 from stapo_trl.cli.dry_run import DryRunReport
 
@@ -29,12 +27,8 @@ def test_steps_per_generation_defaults_to_gradient_accumulation_and_a_fixed_batc
     # 4 do not fit; the config's check lists the divisors of 6 from 2.
     geometry = DryRunReport(3, 1, 2, 4)
     assert geometry.steps_per_generation == 2 and geometry.generation_batch_size == 6
-    from stapo_trl.trainer.config import check_training_values
-
     with pytest.raises(ValueError, match=r"Valid num_generations for this batch: \[2, 3, 6\]"):
-        check_training_values(
-            SimpleNamespace(num_generations=4, per_device_train_batch_size=3, gradient_accumulation_steps=2)
-        )
+        tiny_stapo_config("unused", num_generations=4, per_device_train_batch_size=3, gradient_accumulation_steps=2)
     # generation_batch_size 48 on 4 x 2 = 8 completions per micro-step: 6 micro-steps per rollout whatever
     # steps_per_generation says; 48 completions = 8 prompts of 6; 6 micro-steps / 3 accumulation steps = 2 updates.
     fixed = DryRunReport(4, 2, 3, 6, steps_per_generation=9, generation_batch_size=48)

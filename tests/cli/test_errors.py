@@ -195,7 +195,7 @@ FIX = " Fix the value in the recipe, or override it on the command line with --{
         # YAML reads an unquoted `off` as false
         ("s2t_mode: off", KEY + "s2t_mode=False is not one of 'low_entropy', "),
         # failed only when the trainer was built, after the model: "tensorbord is not supported, only ..."
-        ("report_to: tensorbord", KEY + "report_to='tensorbord': tensorbord is not supported, only none, all, "),
+        ("report_to: tensorbord", KEY + "report_to='tensorbord': tensorbord is not supported, only azure_ml, "),
         # failed only in the optimizer, after the model and the first evaluation: "Invalid learning rate: -1"
         ("learning_rate: -1", KEY + "learning_rate=-1 must be >= 0"),
         # a YAML mapping for an integer field: "TypeError: '<' not supported between 'dict' and 'int'"
