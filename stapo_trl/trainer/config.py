@@ -14,7 +14,6 @@ from transformers.utils import is_torch_hpu_available, is_torch_neuron_available
 from .. import core
 from ..diagnostics.ablations import ABLATIONS
 from ..integrations.process_group import import_group_capturing_modules
-from ..run_folder.checkpoints import check_output_dir
 
 
 logger = logging.getLogger(__name__)
@@ -65,8 +64,7 @@ class STAPOConfig(core.STAPOConfig):
 
     Raises:
         ValueError: on one line naming the field and the allowed values, a value TRL accepts and fails on later
-            ([`check_training_values`]) or an `output_dir` a run cannot write
-            ([`~stapo_trl.run_folder.checkpoints.check_output_dir`]).
+            ([`check_training_values`]); `output_dir` is checked by the trainer, before a model is built.
     """
 
     _s2t_modes: ClassVar[tuple[str, ...]] = S2T_MODES
@@ -130,7 +128,6 @@ class STAPOConfig(core.STAPOConfig):
                 f'"off" (quoted); allowed values: {list(self._s2t_modes)}.'
             )
         check_training_values(self)
-        check_output_dir(self.output_dir)
         steps_name = "gradient_accumulation_steps" if self.steps_per_generation is None else "steps_per_generation"
         fixed_batch = self.generation_batch_size is not None
         try:

@@ -99,7 +99,7 @@ def test_a_recipe_that_is_not_utf8_is_one_line_naming_the_file_and_line(
         (["--seed", "-1"], "--seed: seed=-1 must be in [0, 2**32 - 1] (numpy's seed range)."),
         (["--data_seed", str(2**32)], "--data_seed: data_seed=4294967296 must be in [0, 2**32 - 1]"),
         # Measured: `--output_dir ''` wrote _writer.lock and _writer.txt into the current folder, after a traceback.
-        (["--output_dir", ""], "--output_dir: output_dir='' is empty: give the folder the run writes its"),
+        (["--output_dir", ""], "output_dir='' is empty: give the folder the run writes its"),
     ],
     ids=["seed-too-large", "seed-negative", "data-seed", "empty-output-dir"],
 )
@@ -148,11 +148,10 @@ def test_the_python_api_refuses_an_empty_output_dir_before_writing(tmp_path, tin
     from stapo_trl import STAPOConfig, STAPOTrainer
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match=r"^output_dir='' is empty: give the folder the run writes"):
-        STAPOConfig(output_dir="")
-    args = trl.GRPOConfig(output_dir="", use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=2)
-    with pytest.raises(ValueError, match=r"^output_dir='' is empty: give the folder the run writes"):
-        STAPOTrainer(tiny_random_model_path, zero_reward, args=args, train_dataset=PROMPTS)
+    settings = dict(output_dir="", use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=2)
+    for args in (STAPOConfig(**settings), trl.GRPOConfig(**settings)):  # checked where the run writes: the trainer
+        with pytest.raises(ValueError, match=r"^output_dir='' is empty: give the folder the run writes"):
+            STAPOTrainer(tiny_random_model_path, zero_reward, args=args, train_dataset=PROMPTS)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -119,13 +119,6 @@ def test_where_grpo_config_refuses_a_value_its_words_stand(settings, trl_words):
             config(**dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[]) | settings)
 
 
-def test_an_output_dir_that_is_a_file_is_refused(tmp_path):
-    path = tmp_path / "file"
-    path.write_text("")
-    with pytest.raises(ValueError, match=r"^output_dir=.* cannot be written \(Not a directory\)"):
-        make_config(output_dir=str(path))
-
-
 def test_accepts_v1_quantile_and_boundaries():
     assert make_config(s2t_entropy_quantile=0.8).s2t_entropy_quantile == 0.8
     config = make_config(s2t_prob_threshold=1.0, s2t_entropy_quantile=0.0)
