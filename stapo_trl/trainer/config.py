@@ -34,33 +34,22 @@ MINIMUMS = {  # field: (smallest value, what it is)
 @dataclass
 class STAPOConfig(core.STAPOConfig):
     r"""
-    Configuration class for [`~stapo_trl.STAPOTrainer`]: every field of [`stapo_trl.core.STAPOConfig`] (which it
-    subclasses: the S2T fields and the paper's objective), plus the fields below.
+    Configuration class for [`~stapo_trl.STAPOTrainer`]: [`stapo_trl.core.STAPOConfig`], which it subclasses, plus:
 
     Parameters:
-        > Parameters that control the S2T mask
-
         s2t_mode (`str`, *optional*, defaults to `"low_entropy"`):
             The core's `"low_entropy"` (STAPO) and `"off"` (the like-for-like baseline), plus the paper's ablations
             ([`~stapo_trl.diagnostics.ablations`]): `"high_entropy"` (silence the candidates above the
             (1 - q)-quantile) and `"all_low_prob"` (silence every candidate, JustRL-FullMask).
-
-        > Parameters of the run files
-
         s2t_write_run_files (`bool`, *optional*, defaults to `True`):
-            During `train()`, write every log row to `<output_dir>/metrics.jsonl` and the silenced tokens (with
-            samples of kept candidates, in context) to `<output_dir>/spurious_tokens.jsonl`, the files `stapo-plot`
-            draws. A callback of the same class passed or added before `train()` replaces the built-in one. Off: no
-            files (`log_history` still has every metric).
-
-        > Parameters whose defaults change on a CPU-only machine
-
+            During `train()`, write every log row to `<output_dir>/metrics.jsonl` and the silenced tokens in context
+            to `<output_dir>/spurious_tokens.jsonl` (what `stapo-plot` draws); a callback of the same class passed
+            before `train()` replaces the built-in one.
         use_cpu (`bool`, *optional*):
-            As in [`~transformers.TrainingArguments`]; not set: `True` when no accelerator is visible (CUDA, XPU,
-            MPS, NPU, HPU, Neuron, TPU), else `False`.
+            As in [`~transformers.TrainingArguments`]; not set: `True` when no accelerator is visible.
         bf16 (`bool`, *optional*):
-            As in [`~trl.GRPOConfig`] (not set: `True` unless `fp16`), but `False` without an accelerator: bf16 on a
-            CPU is ~2.3x slower than float32. An explicit value wins; a changed default is logged on one info line.
+            As in [`~trl.GRPOConfig`], but not set and without an accelerator, `False` (bf16 on a CPU is ~2.3x slower
+            than float32). A changed default is logged on one info line.
 
     Raises:
         ValueError: on one line naming the field and the allowed values, a value TRL accepts and fails on later
@@ -78,29 +67,13 @@ class STAPOConfig(core.STAPOConfig):
         },
     )
     s2t_write_run_files: bool = field(
-        default=True,
-        metadata={
-            "help": "Write metrics.jsonl (every log row) and spurious_tokens.jsonl (silenced tokens in context) into "
-            "output_dir during train(), the files stapo-plot draws. A callback of the same class that the caller "
-            "passes or adds before train() replaces the built-in one. Off: no files."
-        },
+        default=True, metadata={"help": "Write metrics.jsonl and spurious_tokens.jsonl into output_dir in train()."}
     )
-    use_cpu: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Train on the CPU. Not set: True when no accelerator (CUDA, XPU, MPS, NPU, HPU, Neuron, TPU) is "
-            "visible, else False. An explicit value wins.",
-            # A bare `--use_cpu` still means true (transformers' parser gives `bool | None` fields no bare form).
-            "nargs": "?",
-            "const": True,
-        },
+    use_cpu: bool | None = field(  # a bare `--use_cpu` still means true
+        default=None, metadata={"help": "Train on the CPU; not set: when no accelerator.", "nargs": "?", "const": True}
     )
     bf16: bool | None = field(
-        default=None,
-        metadata={
-            "help": "bf16 mixed precision. Not set: False on a machine without an accelerator (bf16 on a CPU is "
-            "~2.3x slower), else True unless fp16 (TRL's default). An explicit value wins."
-        },
+        default=None, metadata={"help": "bf16 mixed precision; not set: False without an accelerator, else TRL's."}
     )
 
     def __post_init__(self):
@@ -117,15 +90,13 @@ class STAPOConfig(core.STAPOConfig):
         if changed:
             logger.info("No accelerator found (CUDA, XPU, MPS, NPU, HPU, Neuron, TPU): STAPOConfig defaults to %s on "
                         "this machine; set them explicitly to override.", ", ".join(changed))  # fmt: skip
-        if (
-            getattr(self, "activation_checkpointing", False) is None
-        ):  # transformers >= 5.24's name, without its warning
+        if getattr(self, "activation_checkpointing", False) is None:  # transformers >= 5.24's name, no warning
             self.activation_checkpointing = self.gradient_checkpointing
         write_run_files(self)
         if self.s2t_mode is False:
             raise ValueError(
-                "s2t_mode=False: YAML reads an unquoted `off` (or `no`, `false`) as the boolean false. Write s2t_mode: "
-                f'"off" (quoted); allowed values: {list(self._s2t_modes)}.'
+                "s2t_mode=False: YAML reads an unquoted `off` (or `no`, `false`) as the boolean false. Write "
+                f's2t_mode: "off" (quoted); allowed values: {list(self._s2t_modes)}.'
             )
         check_training_values(self)
         steps_name = "gradient_accumulation_steps" if self.steps_per_generation is None else "steps_per_generation"
@@ -139,14 +110,14 @@ class STAPOConfig(core.STAPOConfig):
 
 
 def has_accelerator() -> bool:
-    """Whether training can use a device other than the CPU: `torch.accelerator` (CUDA, ROCm, XPU, MPS, PrivateUse1
-    backends) or what transformers detects apart (TPU through XLA, Gaudi HPU, AWS Neuron)."""
-    return (
-        torch.accelerator.is_available()
-        or is_torch_xla_available()
-        or is_torch_hpu_available()
-        or is_torch_neuron_available()
+    """Whether training can use a device other than the CPU (`torch.accelerator`, XLA, HPU or Neuron)."""
+    probes = (
+        torch.accelerator.is_available,
+        is_torch_xla_available,
+        is_torch_hpu_available,
+        is_torch_neuron_available,
     )
+    return any(probe() for probe in probes)
 
 
 def write_run_files(args) -> bool:
@@ -166,10 +137,9 @@ class TrainingValueError(ValueError):
 
 
 def check_training_values(args) -> None:
-    """Refuse, on the raw values of a `GRPOConfig` or namespace, what TRL accepts and fails on later (after the model
-    is built, or with a message that hides the cause): a count or the learning rate below its minimum, a seed outside
-    numpy's range, an unknown `report_to` (transformers' check, run now) or `loss_type`, `temperature <= 0`, a
-    `max_steps` of 0 or below -1. A value of the wrong type is left to the config. Raises `TrainingValueError`."""
+    """Refuse, on the raw values of a `GRPOConfig` or namespace, what TRL accepts and fails on later: a count or the
+    learning rate below its minimum, a seed outside numpy's range, an unknown `report_to` (transformers' own check,
+    run now) or `loss_type`, `temperature <= 0`, `max_steps` 0 or below -1. Raises `TrainingValueError`."""
 
     def number(name: str, kind=(int, float)):
         value = getattr(args, name, None)
@@ -194,17 +164,11 @@ def check_training_values(args) -> None:
         message = f"Unknown loss type: {args.loss_type} (loss_type={args.loss_type!r}; TRL's are {list(LOSS_TYPES)})."
         raise TrainingValueError(message, "loss_type")
     if number("temperature") is not None and not number("temperature") > 0:
-        raise TrainingValueError(
-            f"temperature={number('temperature')} must be > 0: GRPO samples its rollouts (0 would be greedy, and "
-            "generation refuses it); the S2T thresholds are calibrated at 1.0, the paper's value.",
-            "temperature",
-        )
+        message = f"temperature={number('temperature')} must be > 0: GRPO samples its rollouts (the paper: 1.0)."
+        raise TrainingValueError(message, "temperature")
     if number("max_steps", int) is not None and (args.max_steps == 0 or args.max_steps < -1):  # <= 0 reads as epochs
-        raise TrainingValueError(
-            f"max_steps={args.max_steps} is not a number of optimizer steps: give a positive number, or -1 (the "
-            "default) to train for num_train_epochs epochs.",
-            "max_steps",
-        )
+        message = f"max_steps={args.max_steps} is not a number of optimizer steps: give a positive number, or -1 for "
+        raise TrainingValueError(message + "num_train_epochs epochs.", "max_steps")
 
 
 def _generation_fix(args, error: Exception, steps_name: str, fixed_batch: bool) -> TrainingValueError | None:

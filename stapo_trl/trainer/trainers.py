@@ -1,9 +1,6 @@
-"""The trainers a user imports: the core's `STAPOTrainer` and, for the baseline, TRL's `GRPOTrainer`, each with what
-this package adds without touching the process (no signal handler, warning filter, console swap or network):
-`builtin:` models and named rewards, checks before a model is built, the run folder under one lock (run files, safe
-and exact resume, checkpoints that refuse links), no `*_token` field in `training_args.bin`, the card, and one torch
-thread for the built-in tiny models. `stapo-train`'s stop signals and console are one line in a script:
-[`~stapo_trl.cli.callbacks.add_command_callbacks`]."""
+"""The core's `STAPOTrainer` and TRL's `GRPOTrainer` (the baseline) with what this package adds, leaving the process
+alone: `builtin:` models and named rewards, checks before a model is built, the run folder under one lock (run files,
+exact resume, no write through a link, no `*_token` in `training_args.bin`), the card, one thread for tiny models."""
 
 from __future__ import annotations
 
@@ -37,7 +34,7 @@ TINY_MODEL_MAX_BYTES = 4 * 2**20  # the built-in tiny models' weights are 0.58 M
 
 
 def _torch_default_threads() -> set[int]:
-    """The counts torch starts with: one per available core, logical or physical (hyper-threads halve them)."""
+    """The counts torch starts with: one per available core, logical or physical."""
     counts = {len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0, os.cpu_count() or 1}
     try:
         with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
@@ -50,9 +47,8 @@ def _torch_default_threads() -> set[int]:
 
 @contextlib.contextmanager
 def tiny_model_threads(model):
-    """Run the block on one torch thread when `model` (a model or its folder) is a built-in tiny model or one trained
-    from it (at most 4 MiB of `model*.safetensors`) and the caller set no count (`OMP_NUM_THREADS`, or
-    `torch.set_num_threads` to other than torch's default); the count is restored after."""
+    """Run the block on one torch thread when `model` (a model or its folder) has at most 4 MiB of `model*.safetensors`
+    (a built-in tiny model or one trained from it) and the caller set no count (`OMP_NUM_THREADS`, or another)."""
     if not isinstance(model, (str, os.PathLike)):
         model = getattr(getattr(model, "config", None), "_name_or_path", None)
     weights = glob.glob(os.path.join(glob.escape(str(model)), "model*.safetensors")) if model else []
@@ -74,9 +70,8 @@ def _without_credentials(args) -> dict:
 
 
 class _Additions:
-    """What this package adds to a GRPO-family trainer (the module docstring); first in the bases. `eval_record`:
-    accuracy before and after training for the card; `run_settings`: what the run optimizes, written into each
-    checkpoint (`stapo_run.json`) and compared on resume."""
+    """What this package adds to a GRPO-family trainer, first in the bases. `eval_record`: accuracy before and after
+    training, for the card; `run_settings`: what the run optimizes, kept in each checkpoint and compared on resume."""
 
     eval_record = None
 
@@ -99,10 +94,9 @@ class _Additions:
         later = {**later.arguments, **kwargs}
         environment = later.get("environment_factory") is not None
         if not reward_funcs and not environment:  # TRL's words, before the model is built
-            raise ValueError(
-                "No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose environment defines "
-                f'a `get_reward` method (reward_funcs={reward_funcs!r}; e.g. "math_accuracy", a reward model id).'
-            )
+            words = "No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose environment "
+            words += f"defines a `get_reward` method (reward_funcs={reward_funcs!r}; "
+            raise ValueError(words + 'e.g. "math_accuracy", a reward model id).')
         peft_settings = checkpoints.plain(later.get("peft_config"))  # before PEFT fills in the wrapped model's name
         datasets = (("train_dataset", train_dataset), ("eval_dataset", eval_dataset))
         for name, dataset in datasets:
@@ -125,11 +119,9 @@ class _Additions:
         self.args.__getstate__ = functools.partial(_without_credentials, self.args)  # what training_args.bin holds
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`Trainer.train` as the one writer of `output_dir` ([`~stapo_trl.run_folder.checkpoints.hold_run_folder`]),
-        with the run files (unless `s2t_write_run_files` is off), the no-learning-signal warning, [`tiny_model_threads`]
-        and a safe, exact resume: `resume_from_checkpoint=True` takes the newest complete checkpoint (damaged ones
-        above it are said in one line and moved aside), a named one must be complete and trained with the same
-        settings, and the rest of its rollout batch and logging window is restored ([`~stapo_trl.run_folder.rollout`]).
+        """`Trainer.train` as the one writer of `output_dir`, with the run files, the no-learning-signal warning and an
+        exact resume: `resume_from_checkpoint=True` takes the newest complete checkpoint (damaged ones moved aside),
+        and the rest of its rollout batch and logging window is restored ([`~stapo_trl.run_folder.rollout`]).
 
         Raises:
             ValueError: another writer holds `output_dir`; no complete checkpoint to resume; a checkpoint that is not
@@ -178,15 +170,14 @@ class _Additions:
         """TRL's (B, F) rewards, and a `NoRewardWarning` in training when none is a number (TRL's names no reward)."""
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self.model.training and rewards.isnan().all():
-            step, names, n = self.state.global_step + 1, ", ".join(self.reward_func_names), len(rewards)
-            message = f"No reward at step {step}: no reward function ({names}) gave any of the {n} completions a "
-            warnings.warn(
-                message + "value (every one None or NaN), so the step has no learning signal.", NoRewardWarning, 2
-            )
+            names, n = ", ".join(self.reward_func_names), len(rewards)
+            message = f"No reward at step {self.state.global_step + 1}: no reward function ({names}) gave any of the "
+            message += f"{n} completions a value (every one None or NaN), so the step has no "
+            warnings.warn(message + "learning signal.", NoRewardWarning, 2)
         return rewards
 
     def _issue_warnings_after_load(self, load_result):
-        """`Trainer`'s warnings after a checkpoint's weights are loaded, without weights tied to another (not saved)."""
+        """`Trainer`'s warnings after a checkpoint is loaded, without the weights tied to another (never saved)."""
         tied = getattr(self.model, "all_tied_weights_keys", None) or {}
         missing = [key for key in load_result.missing_keys if key not in tied]
         super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
@@ -242,7 +233,7 @@ class _Additions:
             with checkpoints.open_run_file(os.path.join(self.args.output_dir, "README.md")) as f:
                 f.write(str(card))
 
-    def push_to_hub(self, *args, **kwargs):
+    def push_to_hub(self, *args, **kwargs):  # with the public card
         return super().push_to_hub(*args, public=True, **kwargs)
 
     def end(self):
@@ -254,20 +245,18 @@ class _Additions:
 class STAPOTrainer(_Additions, core.STAPOTrainer):
     """[`stapo_trl.core.STAPOTrainer`] (STAPO, arXiv:2602.15620), which it subclasses, with this package's additions
     (module docstring), the paper's ablation modes, the diagnostics `s2t/entropy_p10` ... `p95`,
-    `s2t/silenced_prob_mean`, `s2t/silenced_entropy_mean`, one warning when a loss token has a non-finite p or H, and
-    the token records of `spurious_tokens.jsonl`.
+    `s2t/silenced_prob_mean`, `s2t/silenced_entropy_mean` (nats), one warning when a loss token has a non-finite p or
+    H, and the token records of `spurious_tokens.jsonl`.
 
     Args:
         model: as [`~trl.GRPOTrainer`], or a built-in name (`"builtin:tiny-math"`), built into its cache on first use.
         reward_funcs: as [`~trl.GRPOTrainer`]; a string may name a reward of `stapo_trl.rewards.REWARDS`.
-        args ([`~trl.GRPOConfig`], *optional*): any `GRPOConfig` (its S2T fields where it has them, else the
-            paper's); defaults to [`~stapo_trl.STAPOConfig`]`("<model>-STAPO")`.
+        args ([`~trl.GRPOConfig`], *optional*): any `GRPOConfig`; defaults to [`~stapo_trl.STAPOConfig`].
 
     Raises:
-        ValueError: at construction, before a model is built: an empty dataset or one without a `prompt` column, a
-            reward argument no column fills, no reward, an unknown reward name, an S2T value out of range, an
-            `output_dir` that is empty or cannot be written, `vllm_mode="server"` without an accelerator, chat prompts
-            without a chat template.
+        ValueError: before a model is built: an empty dataset or one without a `prompt` column, a reward argument no
+            column fills, no or an unknown reward, an S2T value out of range, an `output_dir` that is empty or cannot
+            be written, `vllm_mode="server"` without an accelerator, chat prompts without a chat template.
     """
 
     _s2t_modes = STAPOConfig._s2t_modes  # the core's modes and the paper's ablations
@@ -294,11 +283,9 @@ class STAPOTrainer(_Additions, core.STAPOTrainer):
             self._metrics[mode][name].append(value)
         if result.num_nonfinite and not self._nonfinite_warned:
             self._nonfinite_warned = True
+            message = f"{result.num_nonfinite} loss tokens have a non-finite log-probability or entropy: never S2T "
             warnings.warn(
-                f"{result.num_nonfinite} loss tokens have a non-finite log-probability or entropy: never S2T "
-                "candidates, but a sign of numerical trouble upstream (logits, dtype, LM head); counted in "
-                "s2t/num_nonfinite.",
-                stacklevel=2,
+                message + "candidates, but a sign of trouble upstream (logits, dtype, LM head).", stacklevel=2
             )
         if mode == "train":
             for callback in self.callback_handler.callbacks:
