@@ -1,6 +1,5 @@
-"""The paper's ablations of the S2T rule, one entry of `ABLATIONS` each: which candidates are silenced instead of the
-low-entropy ones. Both keep the core's candidates, loss mask and normalization ([`~stapo_trl.core.s2t_mask`] with
-`mode="off"`)."""
+"""The paper's ablations of the S2T rule: other candidates silenced, with the core's candidates, loss mask and
+normalization ([`~stapo_trl.core.s2t_mask`] with `mode="off"`)."""
 
 from __future__ import annotations
 
@@ -43,10 +42,8 @@ def ablation_mask(
     entropy_quantile: float = S2TSettings.entropy_quantile,
     gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> S2TResult:
-    """The keep mask of an ablation `mode` of `ABLATIONS`, with the arguments and result of
-    [`~stapo_trl.core.s2t_mask`]; `entropy_threshold` is the (1 - q)-quantile for `"high_entropy"`, the rule's
-    q-quantile for `"all_low_prob"`. Every process runs the same collectives. Raises `ValueError` for another `mode`,
-    or as `s2t_mask`."""
+    """The keep mask of an ablation `mode` of `ABLATIONS`, with the arguments, result, collectives and `ValueError`s of
+    [`~stapo_trl.core.s2t_mask`]; `entropy_threshold` is the (1 - q)-quantile for `"high_entropy"`."""
     if mode not in ABLATIONS:
         raise ValueError(f"mode={mode!r} is not one of {list(ABLATIONS)}")
     gather = gather or (lambda t: t)

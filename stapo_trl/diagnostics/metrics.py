@@ -1,9 +1,6 @@
-r"""The S2T diagnostics `stapo_trl` logs beside the core's counts, for every mask, reduced over processes:
-
-- `s2t/entropy_p10`, `p50`, `p80`, `p95` (nats): quantiles of the entropies of all loss tokens, from a log-spaced
-  histogram summed over processes ([`entropy_histogram`], [`histogram_quantile`]);
-- `s2t/silenced_prob_mean` (a probability) and `s2t/silenced_entropy_mean` (nats): means over the silenced tokens.
-"""
+r"""The S2T diagnostics logged beside the core's counts, reduced over processes: `s2t/entropy_p10`, `p50`, `p80`, `p95`
+(nats) from a log-spaced histogram of the loss tokens' entropies, `s2t/silenced_prob_mean` and
+`s2t/silenced_entropy_mean` (nats) over the silenced tokens."""
 
 from __future__ import annotations
 
@@ -15,23 +12,17 @@ import torch
 from ..core.s2t import S2TResult
 
 
-# Entropy quantiles logged as `s2t/entropy_p{100 q}`.
-ENTROPY_QUANTILES = (0.10, 0.50, 0.80, 0.95)
-
-# The histogram's bins: bin 0 is [0, ENTROPY_MIN), bins 1..ENTROPY_BINS split [ENTROPY_MIN, ENTROPY_MAX) into equal
-# ratios r = (ENTROPY_MAX / ENTROPY_MIN) ** (1 / ENTROPY_BINS). 100 nats exceeds ln V for any vocabulary.
-ENTROPY_MIN = 1e-6
-ENTROPY_MAX = 100.0
-ENTROPY_BINS = 4096
+ENTROPY_QUANTILES = (0.10, 0.50, 0.80, 0.95)  # logged as `s2t/entropy_p{100 q}`
+# Bin 0 is [0, ENTROPY_MIN); bins 1..ENTROPY_BINS split [ENTROPY_MIN, ENTROPY_MAX) nats (above ln V of any vocabulary)
+# into equal ratios r = (ENTROPY_MAX / ENTROPY_MIN) ** (1 / ENTROPY_BINS).
+ENTROPY_MIN, ENTROPY_MAX, ENTROPY_BINS = 1e-6, 100.0, 4096
 _LOG_RATIO = (math.log(ENTROPY_MAX) - math.log(ENTROPY_MIN)) / ENTROPY_BINS  # ln r
-# The bound on `histogram_quantile`'s error: relative √r - 1, plus ENTROPY_MIN / 2 absolute below ENTROPY_MIN.
-HISTOGRAM_QUANTILE_REL_ERROR = math.exp(_LOG_RATIO / 2) - 1  # 0.00225
+HISTOGRAM_QUANTILE_REL_ERROR = math.exp(_LOG_RATIO / 2) - 1  # 0.00225: √r - 1, the bound on `histogram_quantile`'s
 
 
 def entropy_histogram(entropies: torch.Tensor) -> torch.Tensor:
-    r"""Counts (float64, (ENTROPY_BINS + 1,)) of entropies (float, (n,), nats) in the log-spaced bins: bin 0 holds
-    [0, `ENTROPY_MIN`) and rounding negatives, bin k in 1..`ENTROPY_BINS` [ENTROPY_MIN r^(k-1), ENTROPY_MIN r^k). The
-    bins are the same on every process, so histograms add up across processes exactly."""
+    r"""Counts (float64, (ENTROPY_BINS + 1,)) of entropies (float, (n,), nats) in the log-spaced bins (bin 0: below
+    `ENTROPY_MIN`, rounding negatives too): the same bins on every process, so histograms add up exactly."""
     values = entropies.detach().double()
     index = torch.floor((torch.log(values.clamp(min=ENTROPY_MIN)) - math.log(ENTROPY_MIN)) / _LOG_RATIO) + 1  # (n,)
     index = torch.where(values < ENTROPY_MIN, torch.zeros_like(index), index).clamp(max=ENTROPY_BINS).long()
@@ -39,13 +30,9 @@ def entropy_histogram(entropies: torch.Tensor) -> torch.Tensor:
 
 
 def histogram_quantile(counts: torch.Tensor, q: float) -> float:
-    r"""The q-quantile (q in [0, 1], linear interpolation as numpy's default) of the values behind an
-    [`entropy_histogram`]'s `counts`, in nats (NaN when empty; ValueError for q outside [0, 1]).
-
-    Each order statistic is replaced by its bin's geometric centre, within a factor √r of it, so for values in
-    [ENTROPY_MIN, ENTROPY_MAX): |estimate - exact| <= HISTOGRAM_QUANTILE_REL_ERROR · exact + ENTROPY_MIN / 2. No
-    element limit, unlike `torch.quantile` (pytorch#64947).
-    """
+    r"""The q-quantile (numpy's linear interpolation) of the values behind an [`entropy_histogram`], in nats (NaN when
+    empty; `ValueError` for q outside [0, 1]), each order statistic replaced by its bin's geometric centre:
+    |estimate - exact| <= HISTOGRAM_QUANTILE_REL_ERROR · exact + ENTROPY_MIN / 2, without an element limit."""
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"q={q!r} must be in [0, 1]")
     cumulative = torch.cumsum(counts.double(), dim=0)  # (ENTROPY_BINS + 1,)
@@ -54,32 +41,24 @@ def histogram_quantile(counts: torch.Tensor, q: float) -> float:
         return float("nan")
     h = (n - 1) * q
     lo, hi = math.floor(h), math.ceil(h)
-    # The k-th smallest value (0-based) lies in the first bin whose cumulative count exceeds k; it stands for its bin's
-    # geometric centre (bin 0: ENTROPY_MIN / 2).
+    # The k-th smallest value lies in the first bin whose cumulative count exceeds k (bin 0 stands for ENTROPY_MIN / 2)
     bins = torch.searchsorted(cumulative, torch.tensor([lo, hi], dtype=torch.float64), right=True).tolist()
     x_lo, x_hi = (math.exp(math.log(ENTROPY_MIN) + (b - 0.5) * _LOG_RATIO) if b else ENTROPY_MIN / 2 for b in bins)
     return x_lo + (h - lo) * (x_hi - x_lo)
 
 
-def diagnostic_metrics(
-    result: S2TResult,
-    per_token_logps: torch.Tensor,
-    entropies: torch.Tensor,
-    loss_mask: torch.Tensor,
-    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> dict[str, float]:
-    r"""The diagnostic `s2t/` scalars of the mask `result`, over all processes (one all-reduce of ENTROPY_BINS + 4
-    float64 values, also on a process without tokens); undefined values are NaN.
+def diagnostic_metrics(result: S2TResult, per_token_logps: torch.Tensor, entropies: torch.Tensor,
+                       loss_mask: torch.Tensor, reduce: Callable | None = None) -> dict[str, float]:  # fmt: skip
+    r"""The diagnostic `s2t/` scalars of the mask `result` over all processes (one all-reduce of ENTROPY_BINS + 4
+    float64 values on every process), NaN where undefined; non-finite p or H stay out, as out of the candidates.
 
     Args:
-        per_token_logps, entropies (`torch.Tensor`): float, (B, T), the sampled tokens' log-probabilities and the
-            entropies (nats).
+        per_token_logps, entropies (`torch.Tensor`): float, (B, T), log-probabilities and entropies (nats).
         loss_mask (`torch.Tensor`): (B, T), 1 for loss tokens.
         reduce (`Callable`, *optional*): sums a 1-D float64 tensor over processes (a collective); `None`: one process.
     """
     reduce = reduce or (lambda t: t)
     with torch.no_grad():
-        # Non-finite values stay out, as they stay out of the candidates (counted in s2t/num_nonfinite).
         in_loss = loss_mask.bool() & torch.isfinite(per_token_logps) & torch.isfinite(entropies)  # (B, T)
         silenced = result.silenced & in_loss  # (B, T)
         ent = entropies.detach().double()  # (B, T)

@@ -1,19 +1,15 @@
-r"""Per-token records of the S2T mask: its silenced tokens in context, with samples of kept candidates and of other
-positive-advantage tokens (`spurious_tokens.jsonl`: the paper's word clouds and probability-entropy plane as data).
-
-So that training never waits for the host, [`select_token_records`] picks a mask's records on the tensors' device,
-[`merge_token_records`] keeps a uniform sample of several masks' selections within the caps, on the device, and
-[`token_records`] brings a selection to the host in one transfer and decodes it in one batch. Each record:
+r"""Per-token records of the S2T mask (`spurious_tokens.jsonl`: the paper's word clouds and probability-entropy plane
+as data): [`select_token_records`] samples a mask's silenced tokens, kept candidates and other positive-advantage
+tokens on the device, [`merge_token_records`] merges several masks' samples within the caps, and [`token_records`]
+decodes a sample after one transfer to the host. A record:
 
     {"step": 12, "update": 11, "kind": "silenced", "silenced": true, "candidate": true, "token": "9", "token_id": 40,
      "prob": 0.0011, "logprob": -6.81, "entropy": 0.052, "advantage": 1.2, "position": 17,
      "context": "carry 1; 4+3+1=⟦9⟧; \\boxed{", "entropy_threshold": 0.31, "prob_threshold": 0.002,
      "completion_index": 3, "process_index": 0}
 
-`update`: the optimizer step (1-based) of the mask (the logger sets `step`, the logging step); `token`: decoded with
-special tokens kept; `position`: 0-based in the completion; `completion_index`: the row in the mask's batch;
-`context`: up to `context_tokens` completion tokens on each side, the token in ⟦ ⟧; `entropy` in nats;
-`entropy_threshold`: the mask's tau_h (`None` when it had no candidate).
+`update`: the mask's optimizer step (`step`: the logging step); `position`: 0-based in the completion; `context`: up to
+`context_tokens` tokens each side; `entropy` in nats; `entropy_threshold`: tau_h (`None` without a candidate).
 """
 
 from __future__ import annotations
@@ -48,20 +44,13 @@ def select_token_records(
     seed: str = "0",
     update: int = 0,
 ) -> torch.Tensor:
-    """The records of one S2T mask, selected on the tensors' device without a device-to-host transfer: of each kind of
-    loss token with a positive advantage (`KINDS`: silenced; kept candidates; the others, with finite p and H), a
-    uniform sample of at most `caps[kind]`, drawn from a generator seeded by `seed` (the same sample when rerun on the
-    same device). `update`: the optimizer step written into each record.
+    """The records of one S2T mask, selected on the tensors' device without a transfer to the host: of each kind
+    (`KINDS`) of positive-advantage loss token with finite p and H, a uniform sample of at most `caps[kind]` drawn
+    from a generator seeded by `seed`; `update` is written into each record.
 
-    Args:
-        per_token_logps, entropies (`torch.Tensor`): float, (B, T), the values the mask was built from (nats).
-        advantages (`torch.Tensor`): float, (B,), (B, 1) or (B, T).
-        loss_mask, completion_ids (`torch.Tensor`): (B, T), 1 for loss tokens before silencing; long token ids.
-
-    Returns:
-        `torch.Tensor`: float64, (3, K, 10 + 2 * context_tokens + 1), K = min(max(caps), B * T): per kind, rows of
-        (key, kind, update, completion, position, log p, H, advantage, tau_h, context token ids); key -1 (and token id
-        -1 outside the completion) where there is none.
+    The arguments are the mask's ((B, T) p and H in nats, (B,) advantages, (B, T) loss mask and ids). Returns float64
+    (3, K, 10 + 2 * context_tokens + 1), K = min(max(caps), B * T): per kind, rows of (key, kind, update, completion,
+    position, log p, H, advantage, tau_h, context token ids); key -1 (and token id -1 outside the completion) if none.
     """
     (batch, length), device = per_token_logps.shape, per_token_logps.device
     in_loss = loss_mask.bool()  # (B, T)
@@ -92,8 +81,7 @@ def select_token_records(
 
 
 def merge_token_records(selected: torch.Tensor, new: torch.Tensor, caps: tuple[int, int, int]) -> torch.Tensor:
-    """Two selections of [`select_token_records`] as one, on their device: per kind, the rows with the largest keys,
-    at most `caps[kind]` (a uniform sample of both masks' tokens, as each was of its own mask)."""
+    """Two selections of [`select_token_records`] as one, on their device: per kind, the largest keys, capped."""
     both = torch.cat([selected, new], dim=1)  # (3, K1 + K2, F)
     keys, order = both[..., _KEY].topk(min(max(caps), both.size(1)), dim=1)
     merged = both.gather(1, order.unsqueeze(-1).expand(-1, -1, both.size(-1)))
@@ -103,9 +91,8 @@ def merge_token_records(selected: torch.Tensor, new: torch.Tensor, caps: tuple[i
 
 
 def token_records(selected: torch.Tensor, tokenizer, *, prob_threshold=None, process_index=0) -> list[dict[str, Any]]:
-    """The JSON-serializable records of a selection (float64, (3, K, F)) in (update, kind, completion, position) order,
-    after one device-to-host transfer and one `tokenizer.batch_decode` call; `prob_threshold` (tau_p) and
-    `process_index` are written into each record."""
+    """The JSON records of a selection (float64, (3, K, F)) in (update, kind, completion, position) order, after one
+    transfer to the host and one `tokenizer.batch_decode`; `prob_threshold` and `process_index` go into each."""
     rows = sorted(
         (r[_UPDATE], r[_KIND], r[_ROW], r[_POS], r) for kind in selected.tolist() for r in kind if r[_KEY] >= 0
     )  # the one transfer
@@ -118,52 +105,23 @@ def token_records(selected: torch.Tensor, tokenizer, *, prob_threshold=None, pro
     records = []
     for i, (update, kind, row, pos, r) in enumerate(rows):
         token, before, after = decoded[3 * i : 3 * i + 3]
-        records.append(
-            {
-                "step": int(update),
-                "update": int(update),
-                "kind": KINDS[int(kind)],
-                "silenced": kind == 0,
-                "candidate": kind != 2,
-                "token": token,
-                "token_id": int(r[center]),
-                "prob": math.exp(r[_LOGP]),
-                "logprob": r[_LOGP],
-                "entropy": r[_ENTROPY],
-                "advantage": r[_ADVANTAGE],
-                "position": int(pos),
-                "context": f"{before}⟦{token}⟧{after}",
-                "entropy_threshold": None if math.isnan(r[_TAU_H]) else r[_TAU_H],
-                "prob_threshold": prob_threshold,
-                "completion_index": int(row),
-                "process_index": int(process_index),
-            }
-        )
+        records.append(dict(
+            step=int(update), update=int(update), kind=KINDS[int(kind)], silenced=kind == 0, candidate=kind != 2,
+            token=token, token_id=int(r[center]), prob=math.exp(r[_LOGP]), logprob=r[_LOGP], entropy=r[_ENTROPY],
+            advantage=r[_ADVANTAGE], position=int(pos), context=f"{before}⟦{token}⟧{after}",
+            entropy_threshold=None if math.isnan(r[_TAU_H]) else r[_TAU_H], prob_threshold=prob_threshold,
+            completion_index=int(row), process_index=int(process_index),
+        ))  # fmt: skip
     return records
 
 
-def spurious_token_records(
-    result: S2TResult,
-    per_token_logps: torch.Tensor,
-    entropies: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    completion_ids: torch.Tensor,
-    tokenizer,
-    *,
-    step: int,
-    prob_threshold: float | None = None,
-    max_silenced: int = 256,
-    max_kept_candidates: int = 64,
-    max_reference: int = 64,
-    context_tokens: int = 8,
-    seed: int = 0,
-    process_index: int = 0,
-) -> list[dict[str, Any]]:
-    """The records of one S2T mask ([`select_token_records`], then [`token_records`]): at most `max_silenced` silenced
-    tokens, `max_kept_candidates` kept candidates and `max_reference` other positive-advantage tokens, sampled with
-    the seed `f"{seed}-{step}-{process_index}"`; `step` is written as the records' `step` and `update`. One host
-    transfer and one batch decode, however many records."""
+def spurious_token_records(result: S2TResult, per_token_logps: torch.Tensor, entropies: torch.Tensor,
+                           advantages: torch.Tensor, loss_mask: torch.Tensor, completion_ids: torch.Tensor, tokenizer,
+                           *, step: int, prob_threshold: float | None = None, max_silenced: int = 256,
+                           max_kept_candidates: int = 64, max_reference: int = 64, context_tokens: int = 8,
+                           seed: int = 0, process_index: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+    """The records of one S2T mask ([`select_token_records`], then [`token_records`]), at most `max_*` of each kind,
+    sampled with the seed `f"{seed}-{step}-{process_index}"`; `step` is written as `step` and `update`."""
     selected = select_token_records(
         result, per_token_logps, entropies, advantages, loss_mask, completion_ids,
         caps=(max_silenced, max_kept_candidates, max_reference), context_tokens=context_tokens,
@@ -173,9 +131,8 @@ def spurious_token_records(
 
 
 def tokenizer_token_bytes(spec: Mapping[str, Any]) -> dict[int, bytes]:
-    r"""`token id -> bytes` of a `tokenizers` JSON spec (`tokenizer.json`): byte-fallback pieces (`<0x0A>` ->
-    `b"\n"`) and, when its decoder or pre-tokenizer is `ByteLevel`, byte-level BPE entries (`"Ġcarry"` -> `b" carry"`,
-    `"â"` -> `b"\xe2"`); other entries (SentencePiece's `"▁the"`) are left out."""
+    r"""`token id -> bytes` of a `tokenizer.json` spec: byte-fallback pieces (`<0x0A>` -> `b"\n"`) and, with a
+    `ByteLevel` decoder or pre-tokenizer, byte-level BPE entries (`"Ġcarry"` -> `b" carry"`); not SentencePiece's."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte-level alphabet
 
     byte_level = '"ByteLevel"' in json.dumps([spec.get("decoder"), spec.get("pre_tokenizer")])
@@ -200,9 +157,8 @@ TOKEN_LABEL_KEY = (
 
 
 def readable_token(token: str, token_bytes: bytes | None = None, token_id: int | None = None) -> str:
-    r"""A decoded token as a figure label ([`TOKEN_LABEL_KEY`]): a space as `␣`, `\n` `\t` `\r` escaped, other
-    non-printables by their code (`<0x16>`), `$` escaped for mathtext; a fragment of a multi-byte character by the
-    bytes of its vocabulary entry (`token_bytes`: `byte 0xE2`) or, when unknown, by `token_id` (`� id 161`)."""
+    r"""A decoded token as a figure label ([`TOKEN_LABEL_KEY`]), `$` escaped for mathtext; a fragment of a multi-byte
+    character by the bytes of its vocabulary entry (`token_bytes`) or, when unknown, by `token_id` (`� id 161`)."""
     if token_bytes is not None:
         try:
             token = token_bytes.decode("utf-8")
