@@ -49,8 +49,7 @@ class S2TResult:
     num_nonfinite: int = 0
 
     @property
-    def num_kept(self) -> int:
-        """Loss tokens that stay in the loss, summed over all processes."""
+    def num_kept(self) -> int:  # loss tokens that stay in the loss, summed over all processes
         return self.num_loss_tokens - self.num_silenced
 
 
@@ -66,17 +65,10 @@ def linear_quantile(values: torch.Tensor, q: float) -> float:
     return x_lo + (h - lo) * (x_hi - x_lo)
 
 
-def s2t_mask(
-    per_token_logps: torch.Tensor,
-    entropies: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    *,
-    prob_threshold: float = S2TSettings.prob_threshold,
-    entropy_quantile: float = S2TSettings.entropy_quantile,
-    mode: str = S2TSettings.mode,
-    gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> S2TResult:
+def s2t_mask(per_token_logps: torch.Tensor, entropies: torch.Tensor, advantages: torch.Tensor, loss_mask: torch.Tensor,
+             *, prob_threshold: float = S2TSettings.prob_threshold,
+             entropy_quantile: float = S2TSettings.entropy_quantile, mode: str = S2TSettings.mode,
+             gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> S2TResult:  # fmt: skip
     r"""The keep mask of the S2T rule ([STAPO](https://huggingface.co/papers/2602.15620), Sec. 3).
 
         candidate_it = loss_mask_it and A_i > 0 and p_it < tau_p       (log p and H finite)

@@ -32,8 +32,6 @@ class STAPOConfig(GRPOConfig):
     (what `from stapo_trl import STAPOConfig` gives) subclasses this one.
 
     Parameters:
-        > Parameters that control the S2T mask
-
         s2t_prob_threshold (`float`, *optional*, defaults to `0.002`):
             tau_p: a positive-advantage token is a candidate when its sampled probability is below this value.
             Range (0, 1]. Calibrated at `temperature=1.0`, the paper's value.
@@ -52,9 +50,7 @@ class STAPOConfig(GRPOConfig):
     epsilon: float = field(
         default=PAPER_OBJECTIVE["epsilon"], metadata={"help": "Lower clipping epsilon. Paper: 0.2."}
     )
-    epsilon_high: float | None = field(
-        default=PAPER_OBJECTIVE["epsilon_high"], metadata={"help": "Upper clipping epsilon. Paper: 0.28."}
-    )
+    epsilon_high: float | None = field(default=PAPER_OBJECTIVE["epsilon_high"], metadata={"help": "Paper: 0.28."})
     beta: float = field(default=PAPER_OBJECTIVE["beta"], metadata={"help": "KL coefficient. Paper: 0.0 (no KL)."})
 
     # > Parameters that control the S2T mask

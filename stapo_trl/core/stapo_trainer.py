@@ -47,16 +47,6 @@ class STAPOTrainer(GRPOTrainer):
     the mask, naming the field; `RuntimeError` for a TRL whose loss normalizer or rollout scoring is not the one STAPO
     is built on. Logs `s2t/silenced_ratio`, `s2t/candidate_ratio`, `s2t/entropy_threshold` (tau_h, nats) and the
     global counts `s2t/num_silenced`, `s2t/num_candidates`, `s2t/num_loss_tokens`, `s2t/num_nonfinite`.
-
-    ```python
-    from trl import GRPOConfig
-    from trl.rewards import accuracy_reward
-    from stapo_trl.core import STAPOTrainer
-
-    args = GRPOConfig(epsilon_high=0.28, gradient_accumulation_steps=4, steps_per_generation=16)  # the paper's
-    trainer = STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs=accuracy_reward, args=args, train_dataset=dataset)
-    trainer.train()
-    ```
     """
 
     _tag_names = ["trl", "grpo", "stapo"]
@@ -141,8 +131,7 @@ class STAPOTrainer(GRPOTrainer):
         return gathered[~gathered.isnan()]
 
     def _compute_s2t_mask(self, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> S2TResult:
-        """The S2T mask of one optimizer update (or evaluation batch) over all processes, the hook for subclasses: each
-        process passes its rows ((B, T) detached p and H in nats, (B,) advantages, (B, T) loss mask and ids)."""
+        """The S2T mask of one update (or evaluation batch) over all processes, from each one's rows: the hook."""
         return s2t_mask(per_token_logps, entropies, advantages, loss_mask, gather=self._gather, **asdict(self.s2t))
 
     def _s2t_result(self, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> S2TResult:
@@ -155,8 +144,7 @@ class STAPOTrainer(GRPOTrainer):
         return result
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """TRL's `log`, the `s2t/` counts summed over the row and the ratios pooled from them (Σ silenced / Σ loss
-        tokens); an undefined `s2t/` value (NaN) is left out."""
+        """TRL's `log`: the `s2t/` counts summed over the row, the ratios pooled from the sums, NaN values left out."""
         metrics = self._metrics["train" if self.model.training else "eval"]
         if metrics.get("s2t/num_loss_tokens"):
             for key in _COUNTS:
@@ -185,9 +173,8 @@ class STAPOTrainer(GRPOTrainer):
         if stashed and stashed[0] is model and stashed[2] == logits_to_keep and torch.equal(stashed[1], input_ids):
             self._s2t_loss_forward = None
             return stashed[3]
-        scoring = self._s2t_rollout_forwards is not None and model is self.model and not torch.is_grad_enabled()
-        if scoring:
-            kwargs["compute_entropy"] = True
+        if scoring := self._s2t_rollout_forwards is not None and model is self.model and not torch.is_grad_enabled():
+            kwargs["compute_entropy"] = True  # TRL's no-grad policy forward while a rollout is scored
         forward = super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
         )
