@@ -23,6 +23,7 @@ from ..data import check_chat_template, check_prompt_column, check_reward_column
 from ..diagnostics.ablations import ABLATIONS, ablation_mask
 from ..diagnostics.metrics import diagnostic_metrics
 from ..integrations.process_group import release_process_group
+from ..integrations.vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
 from ..rewards import NoRewardWarning, resolve_reward_names
 from ..run_folder import checkpoints
 from .config import STAPOConfig, write_run_files
@@ -53,15 +54,14 @@ def tiny_model_threads(model):
         model = getattr(getattr(model, "config", None), "_name_or_path", None)
     weights = glob.glob(os.path.join(glob.escape(str(model)), "model*.safetensors")) if model else []
     tiny = bool(weights) and sum(map(os.path.getsize, weights)) <= TINY_MODEL_MAX_BYTES
-    if not tiny or os.environ.get("OMP_NUM_THREADS") or torch.get_num_threads() not in _torch_default_threads():
-        yield
-        return
     previous = torch.get_num_threads()
-    torch.set_num_threads(1)
+    if one := tiny and not os.environ.get("OMP_NUM_THREADS") and previous in _torch_default_threads():
+        torch.set_num_threads(1)
     try:
         yield
     finally:
-        torch.set_num_threads(previous)
+        if one:
+            torch.set_num_threads(previous)
 
 
 def _without_credentials(args) -> dict:
@@ -83,8 +83,6 @@ class _Additions:
             model = resolve_model_path(model)
         if args is not None:
             if importlib.util.find_spec("vllm"):  # else TRL's ImportError ("vLLM is not available") stands
-                from ..integrations.vllm_support import check_vllm_args
-
                 check_vllm_args(args)
             write_run_files(args)
             if args.should_save:
@@ -107,10 +105,7 @@ class _Additions:
         for name, dataset in datasets:
             check_chat_template(self.processing_class, dataset, self.model.config._name_or_path, name,
                                 template_kwargs=self.args.chat_template_kwargs)  # fmt: skip
-        if self.use_vllm:
-            from ..integrations.vllm_support import install_cpu_colocate_weight_sync
-
-            install_cpu_colocate_weight_sync(self)
+        install_cpu_colocate_weight_sync(self)
         self.run_settings = checkpoints.run_settings(
             self.args, trainer=type(self).__name__, model=given_model, reward_funcs=self.reward_funcs,
             s2t=getattr(self, "s2t", None), peft_config=peft_settings, train_dataset=train_dataset,
