@@ -1,6 +1,5 @@
-"""The core's `STAPOTrainer` on a tiny random Qwen3: training, hand-computed losses, exact zero gradients on silenced
-tokens, the per-update normalizer, parity with `GRPOTrainer`, and where p and H come from (TRL's
-`tests/experimental/test_gmpo_trainer.py` is the shape)."""
+"""The core's `STAPOTrainer` on a tiny random Qwen3: hand-computed losses, exact zero gradients on silenced tokens,
+the per-update normalizer, parity with `GRPOTrainer`, where p and H come from, what the mask does to GRPO features."""
 
 import copy
 import dataclasses
@@ -13,66 +12,36 @@ import numpy as np
 import pytest
 import torch
 import trl
-from testing_utils import ForwardCounter, KeepsLogpGrad, hand_scored_batch, policy_forward
+from testing_utils import ForwardCounter, KeepsLogpGrad, hand_scored_batch, is_scoring_forward, policy_forward
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl.core import STAPOConfig, STAPOTrainer, s2t_mask
 from stapo_trl.core.stapo_trainer import _FORWARD_KEYS, SUPPORTED_TRL
 
 
+SETTINGS = dict(use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4, num_generations=2, seed=0,
+                max_completion_length=8, logging_steps=1, save_strategy="no", learning_rate=1e-2)  # fmt: skip
+# why: a tiny random model; short completions keep a step at ~0.1 s, weights move visibly in a few steps
+
+
 def make_trainer(model_path, dataset, reward, output_dir, trainer_cls=STAPOTrainer, config_cls=None, **overrides):
     config_cls = config_cls or (STAPOConfig if issubclass(trainer_cls, STAPOTrainer) else GRPOConfig)
-    settings = dict(
-        output_dir=str(output_dir),
-        use_cpu=True,
-        bf16=False,  # bf16 on a CPU is slow and not what the maths is checked in
-        report_to=[],
-        per_device_train_batch_size=4,
-        num_generations=2,
-        max_completion_length=8,  # why: a tiny model; short completions keep a step at ~0.1 s
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        learning_rate=1e-2,  # why: a tiny random model; the weights must move visibly in a few steps
-    )
-    settings.update(overrides)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return trainer_cls(model_path, reward_funcs=reward, args=config_cls(**settings), train_dataset=dataset)
+        args = config_cls(output_dir=str(output_dir), **SETTINGS | overrides)
+        return trainer_cls(model_path, reward_funcs=reward, args=args, train_dataset=dataset)
 
 
 class LogpProbe(KeepsLogpGrad, STAPOTrainer):
     """The core's trainer, keeping the training forward's per-token log-probs (`probe_logps`)."""
 
 
-@pytest.mark.parametrize(
-    "steps_per_generation, grad_accum",
-    [(1, 1), (2, 2), (8, 2)],  # TRL's default; one update per rollout batch with GA 2; the paper's 4 updates / rollout
-)
-def test_training_changes_every_parameter_and_logs_the_s2t_metrics(
-    tiny_model_path, prompts, length_reward, tmp_path, steps_per_generation, grad_accum
-):
-    # tau_p = 0.05: the random model spreads probability over ~50 tokens, so many tokens are candidates.
-    trainer = make_trainer(
-        tiny_model_path,
-        prompts,
-        length_reward,
-        tmp_path,
-        max_steps=4,
-        s2t_prob_threshold=0.05,
-        steps_per_generation=steps_per_generation,
-        gradient_accumulation_steps=grad_accum,
-    )
-    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
-    trainer.train()
-    for name, p in trainer.model.named_parameters():
-        assert not torch.equal(before[name], p), f"{name} did not change"
-    rows = [row for row in trainer.state.log_history if "loss" in row]
-    assert len(rows) == 4
-    for row in rows:
-        assert 0.0 <= row["s2t/silenced_ratio"] <= row["s2t/candidate_ratio"] <= 1.0
-        assert row["s2t/num_silenced"] <= row["s2t/num_candidates"] <= row["s2t/num_loss_tokens"]
-    assert sum(row["s2t/num_silenced"] for row in rows) > 0
+def on_policy(trainer, batches, generator):
+    """Hand rollout batches as TRL buffers them: old log-probs from the policy (ratio 1), distinct hand entropies."""
+    for batch in batches:
+        batch["old_per_token_logps"], _ = policy_forward(trainer, batch)
+        batch["s2t_entropies"] = torch.rand(*batch["completion_mask"].shape, generator=generator)
+    trainer._buffered_inputs = batches
 
 
 @pytest.mark.release
@@ -80,7 +49,7 @@ def test_in_the_default_geometry_the_loss_is_the_mean_over_kept_tokens_and_silen
     tiny_model_path, prompts, length_reward, tmp_path
 ):
     # TRL's default geometry: the mask comes from the loss's own forward. tau_p = 1 makes every positive-advantage
-    # token a candidate (rows 0 and 2: 5 + 4 = 9); q = 0.5 silences those below the median of their entropies.
+    # token a candidate; q = 0.5 silences those below the median of their entropies.
     trainer = make_trainer(
         tiny_model_path, prompts, length_reward, tmp_path, LogpProbe, s2t_prob_threshold=1.0, s2t_entropy_quantile=0.5
     )
@@ -93,10 +62,8 @@ def test_in_the_default_geometry_the_loss_is_the_mean_over_kept_tokens_and_silen
     loss_mask = (batch["completion_mask"] * batch["tool_mask"]).bool()  # 13 loss tokens
     candidate = loss_mask & (batch["advantages"][:, None] > 0)  # 4 + 4 = 8
     tau_h = np.quantile(entropies[candidate].double().numpy(), 0.5)  # an independent reference
-    silenced = candidate & (entropies.double() < tau_h)
-    kept = loss_mask & ~silenced
-    assert silenced.sum() == 4 and kept.sum() == 9
-
+    kept = loss_mask & ~(candidate & (entropies.double() < tau_h))
+    assert kept.sum() == 9
     loss = trainer._compute_loss(trainer.model, batch)
     # On-policy the ratio is 1, so each kept token's clipped surrogate is -A; dapo divides by the kept count.
     expected = (-batch["advantages"][:, None] * kept).sum() / kept.sum()
@@ -110,54 +77,49 @@ def test_in_the_default_geometry_the_loss_is_the_mean_over_kept_tokens_and_silen
 
 
 @pytest.mark.release
+@pytest.mark.parametrize("mode, q", [("low_entropy", 0.5), ("high_entropy", 0.75)])
 def test_each_optimizer_update_gets_its_own_tau_h_and_kept_token_count(
-    tiny_model_path, prompts, length_reward, tmp_path
+    tiny_model_path, prompts, length_reward, tmp_path, mode, q
 ):
-    # The paper's geometry: a rollout batch of 4 micro-batches, GA 2, so 2 optimizer updates per rollout batch.
-    # num_iterations = 2 lets the test hand TRL a buffered rollout batch (steps 4-7 of the second pass: no
-    # generation). p and H are the rollout's (`old_per_token_logps` and the entropies kept beside them): here hand
-    # entropies, so every tau_h, silenced set and normalizer below is computed independently of the trainer.
-    trainer = make_trainer(
-        tiny_model_path,
-        prompts,
-        length_reward,
-        tmp_path,
-        LogpProbe,
-        steps_per_generation=4,
-        gradient_accumulation_steps=2,
-        num_iterations=2,
-        s2t_prob_threshold=1.0,
-        s2t_entropy_quantile=0.5,
-    )
+    # The paper's geometry: a rollout batch of 4 micro-batches, GA 2, so 2 updates per rollout batch; num_iterations 2
+    # lets the test hand TRL a buffered rollout batch (steps 4-7, the second pass: no generation) with hand entropies,
+    # so every tau_h, silenced set and normalizer is computed independently. tau_p = 1: every positive-advantage token
+    # is a candidate. "high_entropy", the library trainer's ablation, silences above the (1 - q)-quantile instead.
+    from stapo_trl import STAPOConfig as LibraryConfig
+    from stapo_trl import STAPOTrainer as LibraryTrainer
+
+    classes = (STAPOTrainer, STAPOConfig) if mode == "low_entropy" else (LibraryTrainer, LibraryConfig)
+    trainer = make_trainer(tiny_model_path, prompts, length_reward, tmp_path, *classes, steps_per_generation=4,
+                           gradient_accumulation_steps=2, num_iterations=2, s2t_prob_threshold=1.0,
+                           s2t_entropy_quantile=q, s2t_mode=mode)  # fmt: skip
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 2
-    batches = [
-        hand_scored_batch(trainer.model.config.vocab_size, seed, lengths=(5, 3, 4 - seed % 2, 2 + seed % 3))
-        for seed in range(4)
-    ]
-    generator = torch.Generator().manual_seed(7)
-    for batch in batches:
-        batch["old_per_token_logps"], _ = policy_forward(trainer, batch)  # on-policy: ratio 1
-        batch["s2t_entropies"] = torch.rand(4, 5, generator=generator)  # distinct hand entropies
-    trainer._buffered_inputs = batches
+    vocab = trainer.model.config.vocab_size
+    batches = [hand_scored_batch(vocab, seed, lengths=(5, 3, 4 - seed % 2, 2 + seed % 3)) for seed in range(4)]
+    on_policy(trainer, batches, torch.Generator().manual_seed(7))
     losses, normalizers = [], []
     for step in range(4, 8):
         trainer._step = step
         inputs = trainer._prepare_inputs(None)
         losses.append(trainer._compute_loss(trainer.model, inputs).item())
         normalizers.append(inputs["num_items_in_batch"].item() * 2 / 4)  # TRL: num_items x GA / steps_per_generation
-
+    silenced_counts = []
     for update in (0, 1):
         micro = batches[2 * update : 2 * update + 2]
         loss_mask = torch.cat([b["completion_mask"] for b in micro]).bool()  # (8, 5)
         advantages = torch.cat([b["advantages"] for b in micro])[:, None]  # (8, 1)
         entropies = torch.cat([b["s2t_entropies"] for b in micro]).double()
         candidate = loss_mask & (advantages > 0)
-        tau_h = np.quantile(entropies[candidate].numpy(), 0.5)  # over the update's two micro-batches only
-        kept = loss_mask & ~(candidate & (entropies < tau_h))
+        if mode == "low_entropy":  # over the update's two micro-batches only
+            silenced = candidate & (entropies < np.quantile(entropies[candidate].numpy(), q))
+        else:
+            silenced = candidate & (entropies > np.quantile(entropies[candidate].numpy(), 1 - q))
+        kept = loss_mask & ~silenced
+        silenced_counts.append(float(silenced.sum()))
         expected = ((-advantages * kept).sum() / kept.sum()).item()
         assert losses[2 * update] + losses[2 * update + 1] == pytest.approx(expected, abs=1e-6)
         assert normalizers[2 * update] == normalizers[2 * update + 1] == kept.sum().item()
+    assert trainer._metrics["train"]["s2t/num_silenced"] == silenced_counts and min(silenced_counts) > 0
     assert trainer._metrics["train"]["s2t/num_loss_tokens"] == [
         float(sum(b["completion_mask"].sum() for b in batches[:2])),
         float(sum(b["completion_mask"].sum() for b in batches[2:])),
@@ -169,28 +131,21 @@ def test_each_optimizer_update_gets_its_own_tau_h_and_kept_token_count(
     "steps_per_generation, grad_accum, num_iterations, loss_type",
     [
         (1, 1, 1, "dapo"),  # TRL's default geometry: the mask from the loss's forward
-        (2, 2, 1, "dapo"),  # one extra no-grad forward per rollout batch
+        pytest.param(2, 2, 1, "dapo", marks=pytest.mark.slow),  # one extra no-grad forward per rollout batch
         (2, 2, 2, "dapo"),  # TRL's old-log-prob forward; the second pass is off-policy, so clipping acts
-        (2, 2, 2, "grpo"),
-        (2, 2, 2, "bnpo"),
+        pytest.param(2, 2, 2, "grpo", marks=pytest.mark.slow),  # (each case trains two trainers: ~2 s)
+        pytest.param(2, 2, 2, "bnpo", marks=pytest.mark.slow),
         (2, 2, 2, "dr_grpo"),
     ],
 )
 def test_with_the_mask_off_training_equals_grpo_trainer(
     tiny_model_path, prompts, length_reward, tmp_path, steps_per_generation, grad_accum, num_iterations, loss_type
 ):
-    """When steps_per_generation = GA the kept-token normalizer of an update is TRL's own: `s2t_mode="off"` is then
-    GRPOTrainer, loss for loss and weight for weight."""
-    geometry = dict(
-        max_steps=3,
-        steps_per_generation=steps_per_generation,
-        gradient_accumulation_steps=grad_accum,
-        num_iterations=num_iterations,
-        loss_type=loss_type,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        beta=0.0,
-    )
+    # When steps_per_generation = GA the kept-token normalizer of an update is TRL's own: `s2t_mode="off"` is then
+    # GRPOTrainer, loss for loss and weight for weight.
+    geometry = dict(max_steps=2, steps_per_generation=steps_per_generation, gradient_accumulation_steps=grad_accum,
+                    num_iterations=num_iterations, loss_type=loss_type, epsilon=0.2, epsilon_high=0.28,
+                    beta=0.0)  # fmt: skip
     grpo = make_trainer(tiny_model_path, prompts, length_reward, tmp_path / "grpo", GRPOTrainer, **geometry)
     grpo.train()  # each trainer seeds at construction: build and train one after the other
     stapo = make_trainer(tiny_model_path, prompts, length_reward, tmp_path / "off", s2t_mode="off", **geometry)
@@ -208,11 +163,9 @@ def test_with_the_mask_off_training_equals_grpo_trainer(
 
 
 class RolloutValuesCheck(STAPOTrainer):
-    """Counts the rollouts and, after each is scored, compares the p and H kept for the mask with a fresh no-grad forward
-    under the same (sampling) weights."""
+    """Counts the rollouts and compares the p and H kept for the mask with a fresh forward under the same weights."""
 
-    checking = False
-    rollouts = 0
+    checking, rollouts = False, 0
 
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
@@ -221,14 +174,9 @@ class RolloutValuesCheck(STAPOTrainer):
             self.checking = True  # the check's own forward is not the trainer's
             logps, entropies = policy_forward(self, batch)
             self.checking = False
-            kept_logps = batch.get("s2t_logps", batch.get("old_per_token_logps"))
-            self.checks.append(
-                (
-                    "s2t_logps" if "s2t_logps" in batch else "old_per_token_logps",
-                    (kept_logps - logps).abs().max().item(),
-                    (batch["s2t_entropies"] - entropies).abs().max().item(),
-                )
-            )
+            source = "s2t_logps" if "s2t_logps" in batch else "old_per_token_logps"
+            error = max((batch[source] - logps).abs().max().item(), (batch["s2t_entropies"] - entropies).abs().max())
+            self.checks.append((source, float(error)))
         return batch
 
 
@@ -236,43 +184,24 @@ class RolloutValuesCheck(STAPOTrainer):
 @pytest.mark.parametrize(
     "steps_per_generation, grad_accum, num_iterations, source, stapo_forwards, grpo_forwards",
     [
-        (1, 1, 1, None, 0, 0),  # TRL's default geometry: the loss's own forward
+        pytest.param(1, 1, 1, None, 0, 0, marks=pytest.mark.slow),  # TRL's default geometry: the loss's own forward
         (4, 2, 1, "old_per_token_logps", 4, 4),  # the paper's: TRL's old-log-prob forward (16 rows in 4 chunks)
-        (2, 2, 2, "old_per_token_logps", 2, 2),  # several passes: TRL's old-log-prob forward too
+        pytest.param(2, 2, 2, "old_per_token_logps", 2, 2, marks=pytest.mark.slow),  # several passes: the same
         (2, 2, 1, "s2t_logps", 2, 0),  # TRL scores nothing: STAPO's one forward per rollout (8 rows in 2 chunks)
     ],
 )
 def test_p_and_h_are_the_rollout_policys_with_an_extra_forward_only_where_trl_runs_none(
-    tiny_model_path,
-    prompts,
-    length_reward,
-    tmp_path,
-    steps_per_generation,
-    grad_accum,
-    num_iterations,
-    source,
-    stapo_forwards,
-    grpo_forwards,
-):
+    tiny_model_path, prompts, length_reward, tmp_path, steps_per_generation, grad_accum, num_iterations, source,
+    stapo_forwards, grpo_forwards,
+):  # fmt: skip
     def scoring_forwards(trainer_cls):
-        trainer = make_trainer(
-            tiny_model_path,
-            prompts,
-            length_reward,
-            tmp_path / trainer_cls.__name__,
-            trainer_cls,
-            max_steps=4,
-            steps_per_generation=steps_per_generation,
-            gradient_accumulation_steps=grad_accum,
-            num_iterations=num_iterations,
-        )
-        trainer.checks, trainer.checking, count = [], False, [0]
-
-        from testing_utils import is_scoring_forward  # the fused-LM-head forward of TRL >= 1.15, no-cache before
+        trainer = make_trainer(tiny_model_path, prompts, length_reward, tmp_path / trainer_cls.__name__, trainer_cls,
+                               max_steps=2, steps_per_generation=steps_per_generation,
+                               gradient_accumulation_steps=grad_accum, num_iterations=num_iterations)  # fmt: skip
+        trainer.checks, count = [], [0]
 
         def hook(module, args, kwargs):
-            scoring = is_scoring_forward(kwargs) and not trainer.checking
-            count[0] += bool(scoring)
+            count[0] += is_scoring_forward(kwargs) and not getattr(trainer, "checking", False)
 
         trainer.model.register_forward_pre_hook(hook, with_kwargs=True)
         trainer.train()
@@ -280,119 +209,76 @@ def test_p_and_h_are_the_rollout_policys_with_an_extra_forward_only_where_trl_ru
 
     stapo, stapo_count = scoring_forwards(RolloutValuesCheck)
     _, grpo_count = scoring_forwards(GRPOTrainer)
-    rollouts = 4 * grad_accum // (steps_per_generation * num_iterations)
+    rollouts = 2 * grad_accum // (steps_per_generation * num_iterations)
     assert stapo.rollouts == rollouts
     assert (stapo_count, grpo_count) == (stapo_forwards * rollouts, grpo_forwards * rollouts)  # per rollout
-    if source is None:
-        assert stapo.checks == []
-    else:
-        assert stapo.checks and {check[0] for check in stapo.checks} == {source}
-        assert max(max(check[1:]) for check in stapo.checks) < 1e-6
+    assert {check[0] for check in stapo.checks} == ({source} if source else set())
+    assert max([check[1] for check in stapo.checks], default=0) < 1e-6
 
 
 class AccumulationRecorder(STAPOTrainer):
     """Records, at every micro-step, transformers' accumulation window and the batch the parent's loss receives."""
 
     def _compute_loss(self, model, inputs):
-        self.seen.append(
-            (
-                self.current_gradient_accumulation_steps,
-                inputs["num_items_in_batch"].item(),
-                (inputs["completion_mask"] * inputs["tool_mask"]).sum().item(),
-            )
-        )
+        mask = inputs["completion_mask"] * inputs["tool_mask"]
+        self.seen.append((self.current_gradient_accumulation_steps, inputs["num_items_in_batch"].item(), mask.sum()))
         return super()._compute_loss(model, inputs)
 
 
-def test_an_epoch_never_ends_inside_an_exact_update(tiny_model_path, prompts, length_reward, tmp_path):
-    # TRL's normalizer uses transformers' `current_gradient_accumulation_steps`, which is shortened for the last
-    # window of an epoch when the epoch's micro-steps are not a multiple of GA. An epoch has (rollout batches) x
-    # steps_per_generation x num_iterations micro-steps, so when steps_per_generation is a multiple of GA (the exact
-    # path) no window is shortened. 8 prompts x 2 generations = one rollout batch of 16 = an epoch; 4 updates = 2 epochs.
-    trainer = make_trainer(
-        tiny_model_path,
-        prompts.select(range(8)),
-        length_reward,
-        tmp_path,
-        AccumulationRecorder,
-        max_steps=4,
-        steps_per_generation=4,
-        gradient_accumulation_steps=2,
-        s2t_prob_threshold=0.05,
-    )
-    trainer.seen = []
-    trainer.train()
-    assert trainer.state.epoch == 2.0 and len(trainer.seen) == 8
-    assert {window for window, _, _ in trainer.seen} == {2}
-    for first, second in zip(trainer.seen[::2], trainer.seen[1::2], strict=True):
-        # TRL divides by num_items x GA / steps_per_generation: the update's kept-token count, exactly
-        assert first[1] * 2 / 4 == second[1] * 2 / 4 == first[2] + second[2]
-
-
-def test_when_an_update_spans_rollout_batches_the_window_can_shorten_and_it_is_warned(
-    tiny_model_path, prompts, length_reward, tmp_path
+@pytest.mark.parametrize("steps_per_generation, windows", [(4, [2] * 8), (3, [2, 2, 1])])
+def test_an_epoch_ends_inside_an_update_only_where_updates_span_rollout_batches(
+    tiny_model_path, prompts, length_reward, tmp_path, steps_per_generation, windows
 ):
-    # steps_per_generation 3, GA 2: an epoch (6 prompts x 2 = 12 completions = one rollout batch) has 3 micro-steps,
-    # so its second update is shortened to 1 micro-step. The core then keeps TRL's estimated normalizer, and says so.
-    with pytest.warns(UserWarning, match="steps_per_generation=3: not a multiple of GA=2"):
+    # TRL's normalizer uses transformers' `current_gradient_accumulation_steps`, shortened for the last window of an
+    # epoch when its micro-steps are not a multiple of GA. An epoch has (rollout batches) x steps_per_generation
+    # micro-steps: with steps_per_generation a multiple of GA (the exact path; 8 prompts x 2 = one rollout batch of 16
+    # = an epoch, 4 updates = 2 epochs) no window is shortened; with 3 and GA 2 (12 completions, warned) the second
+    # update is, and the core keeps TRL's estimated normalizer.
+    num_prompts = 8 if steps_per_generation == 4 else 6
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         trainer = AccumulationRecorder(
-            tiny_model_path,
-            reward_funcs=length_reward,
-            args=STAPOConfig(
-                output_dir=str(tmp_path),
-                use_cpu=True,
-                bf16=False,
-                report_to=[],
-                per_device_train_batch_size=4,
-                num_generations=2,
-                max_completion_length=8,
-                save_strategy="no",
-                max_steps=2,
-                steps_per_generation=3,
-                gradient_accumulation_steps=2,
-            ),
-            train_dataset=prompts.select(range(6)),
-        )
+            tiny_model_path, reward_funcs=length_reward, train_dataset=prompts.select(range(num_prompts)),
+            args=STAPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], save_strategy="no",
+                             per_device_train_batch_size=4, num_generations=2, max_completion_length=8,
+                             max_steps=len(windows) // 2 if steps_per_generation == 4 else 2,
+                             steps_per_generation=steps_per_generation, gradient_accumulation_steps=2,
+                             s2t_prob_threshold=0.05),
+        )  # fmt: skip
+    warned = [str(w.message) for w in caught if "not a multiple of GA=2" in str(w.message)]
+    assert len(warned) == (steps_per_generation == 3)
     trainer.seen = []
     trainer.train()
-    assert [window for window, _, _ in trainer.seen] == [2, 2, 1]
-
-
-def test_the_model_card_cites_the_paper(tiny_model_path, prompts, length_reward, tmp_path):
-    trainer = make_trainer(tiny_model_path, prompts, length_reward, tmp_path)
-    trainer.create_model_card(model_name="tiny-stapo")
-    card = (tmp_path / "README.md").read_text()
-    assert "2602.15620" in card and "liu2026stapo" in card and "stapo" in card
+    assert [window for window, _, _ in trainer.seen] == windows
+    if steps_per_generation == 4:
+        assert trainer.state.epoch == 2.0
+        for first, second in zip(trainer.seen[::2], trainer.seen[1::2], strict=True):
+            # TRL divides by num_items x GA / steps_per_generation: the update's kept-token count, exactly
+            assert first[1] * 2 / 4 == second[1] * 2 / 4 == first[2] + second[2]
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Any GRPOConfig, and a TRL outside the tested range
+# Any GRPOConfig, a TRL outside the tested range, and TRL's normalizer checked, not trusted
 # ---------------------------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
 class OpenR1StyleConfig(GRPOConfig):
-    """A user's config as open-r1 writes one (`src/open_r1/grpo.py` subclasses `trl.GRPOConfig`): fields of its own, and
-    one S2T field."""
+    """A user's config as open-r1 writes one: `trl.GRPOConfig` plus fields of its own, and one S2T field."""
 
     benchmarks: list[str] = dataclasses.field(default_factory=list)
-    callbacks: list[str] = dataclasses.field(default_factory=list)
     s2t_prob_threshold: float = 0.05  # why: the random model spreads probability over ~50 tokens
 
 
-def constructed(model_path, dataset, reward, output_dir, trainer_cls=STAPOTrainer, config_cls=STAPOConfig, **settings):
+def constructed(model_path, dataset, reward, output_dir, config_cls=STAPOConfig, **settings):
     """A trainer and the warnings its construction gave (the config's own, and TRL's notices, are not counted)."""
-    settings = dict(output_dir=str(output_dir), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
-                    num_generations=2, max_completion_length=8, logging_steps=1, save_strategy="no", seed=0,
-                    learning_rate=1e-2, **settings)  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = config_cls(**settings)
+        args = config_cls(output_dir=str(output_dir), **SETTINGS | settings)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer = trainer_cls(model_path, reward_funcs=reward, args=args, train_dataset=dataset)
-    ours = [str(w.message) for w in caught if w.filename == __file__ and issubclass(w.category, UserWarning)]
-    return trainer, ours
+        trainer = STAPOTrainer(model_path, reward_funcs=reward, args=args, train_dataset=dataset)
+    return trainer, [str(w.message) for w in caught if w.filename == __file__ and issubclass(w.category, UserWarning)]
 
 
 @pytest.mark.parametrize("config_cls", [GRPOConfig, OpenR1StyleConfig])
@@ -400,9 +286,7 @@ def test_any_grpo_config_trains_with_its_s2t_values_or_the_papers(
     tiny_model_path, prompts, length_reward, tmp_path, config_cls
 ):
     # A plain GRPOConfig was refused with a TypeError; swapping open-r1's trainer import failed the same way.
-    trainer, messages = constructed(
-        tiny_model_path, prompts, length_reward, tmp_path, config_cls=config_cls, max_steps=2
-    )
+    trainer, messages = constructed(tiny_model_path, prompts, length_reward, tmp_path, config_cls, max_steps=2)
     tau_p = 0.05 if config_cls is OpenR1StyleConfig else 0.002
     assert (trainer.s2t.prob_threshold, trainer.s2t.entropy_quantile, trainer.s2t.mode) == (tau_p, 0.75, "low_entropy")
     (line,) = messages  # the one line: the values in effect, and what differs from the paper's objective
@@ -417,28 +301,15 @@ def test_any_grpo_config_trains_with_its_s2t_values_or_the_papers(
         assert sum(row["s2t/num_candidates"] for row in rows) > 0
 
 
-def test_the_papers_configuration_is_silent_at_construction(tiny_model_path, prompts, length_reward, tmp_path):
-    _, messages = constructed(tiny_model_path, prompts, length_reward, tmp_path)
-    assert messages == []
-    _, messages = constructed(
-        tiny_model_path, prompts, length_reward, tmp_path, steps_per_generation=8, gradient_accumulation_steps=2
-    )
-    assert messages == []
-
-
-def test_a_trl_outside_the_tested_range_is_warned_on_one_line(
+def test_the_papers_configuration_is_silent_and_a_trl_outside_the_tested_range_is_warned_once(
     tiny_model_path, prompts, length_reward, tmp_path, monkeypatch
 ):
+    assert constructed(tiny_model_path, prompts, length_reward, tmp_path)[1] == []
+    paper = dict(steps_per_generation=8, gradient_accumulation_steps=2)
+    assert constructed(tiny_model_path, prompts, length_reward, tmp_path, **paper)[1] == []
     monkeypatch.setattr(trl, "__version__", "1.17.0")
     _, messages = constructed(tiny_model_path, prompts, length_reward, tmp_path)
     assert messages == [f"trl 1.17.0 is outside the tested trl{SUPPORTED_TRL}."]
-    monkeypatch.setattr(trl, "__version__", "1.16.0")
-    assert constructed(tiny_model_path, prompts, length_reward, tmp_path)[1] == []
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# TRL's normalizer is checked, not trusted
-# ---------------------------------------------------------------------------------------------------------------
 
 
 def per_rollout_normalizer(monkeypatch):
@@ -467,18 +338,22 @@ def test_a_trl_whose_normalizer_differs_is_refused_at_construction(
     per_rollout_normalizer(monkeypatch)
     with pytest.raises(RuntimeError, match=r"STAPO would train at a wrong scale\. Use trl"):
         constructed(tiny_model_path, prompts, length_reward, tmp_path, **paper)
-    # steps_per_generation = GA: both formulas give the update's kept count, so the scale is right and nothing is refused
+    # steps_per_generation = GA: both formulas give the update's kept count, so nothing is refused
     same = dict(loss_type=loss_type, steps_per_generation=2, gradient_accumulation_steps=2)
     constructed(tiny_model_path, prompts, length_reward, tmp_path, **same)
 
 
-def test_the_normalizer_check_leaves_no_state(tiny_model_path, prompts, length_reward, tmp_path):
+def test_the_normalizer_check_leaves_no_state_and_the_card_cites_the_paper(
+    tiny_model_path, prompts, length_reward, tmp_path
+):
     # The adaptive entropy bonus updates its coefficient inside TRL's loss; the check must not move it.
-    trainer, _ = constructed(
-        tiny_model_path, prompts, length_reward, tmp_path, entropy_coef=0.01, use_adaptive_entropy=True
-    )
+    settings = dict(entropy_coef=0.01, use_adaptive_entropy=True)
+    trainer, _ = constructed(tiny_model_path, prompts, length_reward, tmp_path, **settings)
     assert trainer.entropy_coef == 0.01 and trainer._s2t_loss_forward is None and not trainer.model.training
     assert trainer._metrics == {"train": {}, "eval": {}}
+    trainer.create_model_card(model_name="tiny-stapo")  # TRL's card from `_name`, `_paper`, `_tag_names`
+    card = (tmp_path / "README.md").read_text()
+    assert "2602.15620" in card and "liu2026stapo" in card and "stapo" in card
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -508,10 +383,21 @@ def test_the_stashed_loss_forward_goes_only_to_the_call_it_was_made_for(
     torch.testing.assert_close(forward(trainer.model, ids, mask, 5)[0], policy_forward(trainer, batch)[0])
 
 
-def scored_otherwise(change, monkeypatch, model_path, prompts, reward, tmp_path):
-    """A trainer in the paper's geometry (TRL's old-log-prob forward) whose PARENT changes `old_per_token_logps` by
-    `change` after scoring a rollout; STAPO's code is not touched."""
-    original = GRPOTrainer._generate_and_score_completions
+@pytest.mark.parametrize(
+    "change, error",
+    [
+        (lambda logps: logps + 1e-3, r"old_per_token_logps from no forward it saw, where s2t_path is 'old_logps'"),
+        (lambda logps: None, r"old_per_token_logps missing, where s2t_path is 'old_logps'"),  # TRL ran no forward
+        # A TRL that copies its old log-probs (a cast, a clone) still gives STAPO their entropies, with no extra
+        # forward: with identity matching, the copy cost one silent extra forward per rollout.
+        (lambda logps: logps.clone(), None),
+    ],
+    ids=["changed", "missing", "copied"],
+)
+def test_trls_rollout_scoring_is_checked_by_value(
+    tiny_model_path, prompts, length_reward, tmp_path, monkeypatch, change, error
+):
+    original = GRPOTrainer._generate_and_score_completions  # the PARENT changes its old log-probs; STAPO is untouched
 
     def generate_and_score(self, inputs):
         batch = original(self, inputs)
@@ -519,42 +405,22 @@ def scored_otherwise(change, monkeypatch, model_path, prompts, reward, tmp_path)
         return batch
 
     monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", generate_and_score)
-    geometry = dict(max_steps=1, steps_per_generation=4, gradient_accumulation_steps=2)
-    return make_trainer(model_path, prompts, reward, tmp_path, **geometry)
-
-
-@pytest.mark.parametrize(
-    "change, error",
-    [
-        (lambda logps: logps + 1e-3, r"old_per_token_logps from no forward it saw, where s2t_path is 'old_logps'"),
-        (lambda logps: None, r"old_per_token_logps missing, where s2t_path is 'old_logps'"),  # TRL ran no forward
-    ],
-)
-def test_a_change_in_trls_rollout_scoring_fails_loudly(
-    tiny_model_path, prompts, length_reward, tmp_path, monkeypatch, change, error
-):
-    trainer = scored_otherwise(change, monkeypatch, tiny_model_path, prompts, length_reward, tmp_path)
-    with pytest.raises(RuntimeError, match=error):
+    geometry = dict(max_steps=1, steps_per_generation=4, gradient_accumulation_steps=2)  # TRL's old-log-prob forward
+    trainer = make_trainer(tiny_model_path, prompts, length_reward, tmp_path, **geometry)
+    if error:
+        with pytest.raises(RuntimeError, match=error):
+            trainer.train()
+    else:
+        counter = ForwardCounter(trainer.model)
         trainer.train()
-
-
-def test_trls_old_log_probs_are_found_by_value_not_identity(
-    tiny_model_path, prompts, length_reward, tmp_path, monkeypatch
-):
-    # A TRL that copies its old log-probs (a dtype cast, a `.clone()`) must still give STAPO their entropies, without
-    # an extra forward: with identity matching, the copy cost one silent extra forward per rollout.
-    clone = lambda logps: logps.clone()  # noqa: E731
-    trainer = scored_otherwise(clone, monkeypatch, tiny_model_path, prompts, length_reward, tmp_path)
-    counter = ForwardCounter(trainer.model)
-    trainer.train()
-    assert counter.count == 4  # TRL's old-log-prob forward of 16 rows in chunks of 4, and nothing else
+        assert counter.count == 4  # TRL's old-log-prob forward of 16 rows in chunks of 4, and nothing else
 
 
 @pytest.mark.release
 def test_the_multimodal_forward_keys_are_the_ones_trls_loss_passes():
     # STAPO's own loss forward must pass what TRL's `_compute_loss` passes, checked against the call in the installed
-    # TRL's source, so a TRL that adds or drops one fails here. They were read from the forward's signature, which in
-    # trl 1.14 is (*args, **kwargs): STAPO passed `kwargs=None` and the README example died at its first step.
+    # TRL's source. They were read from the forward's signature, which in trl 1.14 is (*args, **kwargs): STAPO passed
+    # `kwargs=None` and the README example died at its first step.
     call = inspect.getsource(GRPOTrainer._compute_loss).split("self._get_per_token_logps_and_entropies(")[1]
     passed = re.findall(r"(\w+)=inputs\.get\(\"\1\"\)", call.split("\n        )")[0])
     assert set(passed) == set(_FORWARD_KEYS) and len(passed) == len(_FORWARD_KEYS) == 10
@@ -576,10 +442,9 @@ def test_opsm_judges_only_sequences_the_mask_never_touches():
     result = s2t_mask(logps, entropies, advantages[:, 0], loss_mask, prob_threshold=0.1, entropy_quantile=0.5)
     assert result.num_silenced > 0
     sampling = logps + torch.rand(6, 7, generator=generator)  # off-policy by up to 1 nat per token
-    kept = loss_mask * result.keep
     dropped = 0
     for threshold in (0.1, 0.4, 0.6):
-        with_mask = GRPOTrainer.get_off_policy_mask(advantages, logps, sampling, kept, threshold)
+        with_mask = GRPOTrainer.get_off_policy_mask(advantages, logps, sampling, loss_mask * result.keep, threshold)
         without = GRPOTrainer.get_off_policy_mask(advantages, logps, sampling, loss_mask, threshold)
         assert torch.equal(with_mask, without)
         dropped += int((without == 0).sum())
@@ -593,22 +458,25 @@ def test_with_several_iterations_every_pass_uses_the_same_rollout_time_mask(
     # (tau_h, silenced and kept counts) is the same on both passes even though the weights moved in between.
     geometry = dict(max_steps=4, steps_per_generation=4, gradient_accumulation_steps=2, num_iterations=2)
     trainer = make_trainer(tiny_model_path, prompts, length_reward, tmp_path, s2t_prob_threshold=0.05, **geometry)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainer.train()
-    metrics = [row for row in trainer.state.log_history if "loss" in row]
-    assert len(metrics) == 4
+    assert all(not torch.equal(before[name], p) for name, p in trainer.model.named_parameters())
+    rows = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(rows) == 4
     for key in ("s2t/num_silenced", "s2t/num_candidates", "s2t/num_loss_tokens", "s2t/entropy_threshold"):
-        assert [row[key] for row in metrics[:2]] == [row[key] for row in metrics[2:]], key
-    assert sum(row["s2t/num_silenced"] for row in metrics) > 0
-    assert metrics[0]["loss"] != metrics[2]["loss"]  # the weights (and so the ratios) did move
+        assert [row[key] for row in rows[:2]] == [row[key] for row in rows[2:]], key
+    for row in rows:
+        assert 0.0 <= row["s2t/silenced_ratio"] <= row["s2t/candidate_ratio"] <= 1.0
+        assert row["s2t/num_silenced"] <= row["s2t/num_candidates"] <= row["s2t/num_loss_tokens"]
+    assert sum(row["s2t/num_silenced"] for row in rows) > 0
+    assert rows[0]["loss"] != rows[2]["loss"]  # the weights (and so the ratios) did move
 
 
 def test_with_a_kl_term_silenced_tokens_lose_their_kl_penalty_too(tiny_model_path, prompts, length_reward, tmp_path):
     # beta > 0 (warned): TRL adds beta x KL to each token's loss before the loss mask, so a silenced token leaves the
     # KL term too; measured on TRL's default geometry with a reference that differs from the policy.
-    trainer = make_trainer(
-        tiny_model_path, prompts, length_reward, tmp_path, LogpProbe, beta=0.5, s2t_prob_threshold=1.0,
-        s2t_entropy_quantile=0.5,
-    )  # fmt: skip
+    trainer = make_trainer(tiny_model_path, prompts, length_reward, tmp_path, LogpProbe, beta=0.5,
+                           s2t_prob_threshold=1.0, s2t_entropy_quantile=0.5)  # fmt: skip
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     batch = hand_scored_batch(trainer.model.config.vocab_size, seed=3)
@@ -616,11 +484,9 @@ def test_with_a_kl_term_silenced_tokens_lose_their_kl_penalty_too(tiny_model_pat
     batch["ref_per_token_logps"] = logps - 0.3  # KL per token: exp(-0.3) + 0.3 - 1
     loss_mask = batch["completion_mask"].bool()
     candidate = loss_mask & (batch["advantages"][:, None] > 0)
-    tau_h = np.quantile(entropies[candidate].double().numpy(), 0.5)
-    kept = loss_mask & ~(candidate & (entropies.double() < tau_h))
-    kl = math.exp(-0.3) + 0.3 - 1
+    kept = loss_mask & ~(candidate & (entropies.double() < np.quantile(entropies[candidate].double().numpy(), 0.5)))
     loss = trainer._compute_loss(trainer.model, batch)
-    expected = ((-batch["advantages"][:, None] + 0.5 * kl) * kept).sum() / kept.sum()
+    expected = ((-batch["advantages"][:, None] + 0.5 * (math.exp(-0.3) + 0.3 - 1)) * kept).sum() / kept.sum()
     assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
     loss.backward()
     grad = trainer.probe_logps.grad
@@ -631,23 +497,20 @@ def test_with_a_kl_term_silenced_tokens_lose_their_kl_penalty_too(tiny_model_pat
 def test_vllm_importance_sampling_weights_kept_tokens_and_silenced_tokens_stay_out(
     tiny_model_path, prompts, length_reward, tmp_path
 ):
-    # With vLLM's importance sampling correction TRL runs its old-log-prob forward (the trainer's weights: p and H
-    # come from it, not from vLLM's sampling log-probs) and multiplies each token's loss by its ratio; the mask and
-    # the kept-token normalizer are unchanged. Measured on hand batches in the paper's geometry.
-    trainer = make_trainer(
-        tiny_model_path, prompts, length_reward, tmp_path, steps_per_generation=2, gradient_accumulation_steps=2,
-        num_iterations=2, s2t_prob_threshold=1.0, s2t_entropy_quantile=0.5,
-    )  # fmt: skip
+    # With vLLM's importance sampling correction TRL runs its old-log-prob forward (p and H come from it, not from
+    # vLLM's sampling log-probs) and multiplies each token's loss by its ratio; the mask and the kept-token normalizer
+    # are unchanged. Measured on hand batches in the paper's geometry.
+    trainer = make_trainer(tiny_model_path, prompts, length_reward, tmp_path, steps_per_generation=2,
+                           gradient_accumulation_steps=2, num_iterations=2, s2t_prob_threshold=1.0,
+                           s2t_entropy_quantile=0.5)  # fmt: skip
     trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True  # what use_vllm=True sets
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 2
     generator = torch.Generator().manual_seed(5)
     batches = [hand_scored_batch(trainer.model.config.vocab_size, seed) for seed in range(2)]
+    on_policy(trainer, batches, generator)
     for batch in batches:
-        batch["old_per_token_logps"], _ = policy_forward(trainer, batch)  # ratio 1
-        batch["s2t_entropies"] = torch.rand(4, 5, generator=generator)
         batch["importance_sampling_ratio"] = 0.5 + torch.rand(4, 5, generator=generator)
-    trainer._buffered_inputs = batches
     total = 0.0
     for step in (2, 3):  # the second pass over the rollout batch: no generation
         trainer._step = step
@@ -665,22 +528,15 @@ def test_lora_trains_with_the_mask_of_the_adapter_policy(tiny_model_path, prompt
     # PEFT: the policy forward (and so p and H) is the model with its adapter; only the adapter's weights train.
     from peft import LoraConfig
 
+    settings = dict(max_steps=2, s2t_prob_threshold=0.05, steps_per_generation=4, gradient_accumulation_steps=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = STAPOConfig(
-            output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
-            num_generations=2, max_completion_length=8, save_strategy="no", max_steps=2, logging_steps=1,
-            learning_rate=1e-2, s2t_prob_threshold=0.05, steps_per_generation=4, gradient_accumulation_steps=2,
-        )  # fmt: skip
+        args = STAPOConfig(output_dir=str(tmp_path), **SETTINGS | settings)
+        lora_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
         trainer = STAPOTrainer(
-            tiny_model_path,
-            reward_funcs=length_reward,
-            args=args,
-            train_dataset=prompts,
-            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+            tiny_model_path, length_reward, args=args, train_dataset=prompts, peft_config=lora_config
         )
     lora = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if "lora_B" in name}
     trainer.train()
     assert lora and all(not torch.equal(lora[n], p) for n, p in trainer.model.named_parameters() if n in lora)
-    rows = [row for row in trainer.state.log_history if "loss" in row]
-    assert sum(row["s2t/num_silenced"] for row in rows) > 0
+    assert sum(row["s2t/num_silenced"] for row in trainer.state.log_history if "loss" in row) > 0
