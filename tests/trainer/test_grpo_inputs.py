@@ -1,7 +1,6 @@
-"""Every input TRL 1.16's `GRPOTrainer` trains on, given to `STAPOTrainer` as well: each is trained by both or refused
-by both. The product's early checks ([`stapo_trl.data`], `ProductTrainerMixin.__init__`) must never refuse
-what `GRPOTrainer` accepts: environments whose `reset` supplies the prompt (datasets without a `prompt` column), tools,
-a `rollout_func`, iterable datasets, multimodal prompts, several eval datasets."""
+"""Every input TRL 1.16's `GRPOTrainer` trains on, given to `STAPOTrainer` as well, is trained by both or refused by
+both: the library's early checks ([`stapo_trl.data`]) never refuse what `GRPOTrainer` accepts (environments whose
+`reset` supplies the prompt, tools, a `rollout_func`, iterable datasets, multimodal prompts, several eval datasets)."""
 
 import os
 import warnings
@@ -112,154 +111,78 @@ def tool_tokenizer(tiny_random_model_path):
 
 
 def outcome(trainer_class, model, tmp_path, *, config=None, **inputs) -> str:
-    """`"trained"` after two optimizer steps (with a checkpoint at each: TRL writes the model card there), else the
-    refusal as `"refused <type>"`."""
+    """`"trained"` after an optimizer step and a checkpoint (TRL writes the model card there), else `"refused ..."`."""
     config_class = STAPOConfig if trainer_class is STAPOTrainer else trl.GRPOConfig
-    settings = dict(
-        output_dir=str(tmp_path / trainer_class.__name__),
-        use_cpu=True,
-        bf16=False,
-        report_to=[],
-        per_device_train_batch_size=4,
-        num_generations=2,
-        max_completion_length=6,
-        max_steps=2,
-        save_strategy="steps",
-        save_steps=1,
-        logging_steps=1,
-        disable_tqdm=True,
-    )
-    settings.update(config or {})
+    settings = dict(output_dir=str(tmp_path / trainer_class.__name__), use_cpu=True, bf16=False, report_to=[],
+                    per_device_train_batch_size=4, num_generations=2, max_completion_length=6, max_steps=1,
+                    save_strategy="steps", save_steps=1, logging_steps=1, disable_tqdm=True)  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            args = config_class(**settings)
-            trainer = trainer_class(model=model, args=args, **inputs)
+            trainer = trainer_class(model=model, args=config_class(**settings | (config or {})), **inputs)
             trainer.train()
         except Exception as e:  # noqa: BLE001 (the type is the outcome)
             return f"refused {type(e).__name__}: {e}"
-    assert trainer.state.global_step == 2
+    assert trainer.state.global_step == 1
     return "trained"
 
 
-def same_outcome(model, tmp_path, **inputs) -> str:
-    grpo = outcome(trl.GRPOTrainer, model, tmp_path, **inputs)
-    stapo = outcome(STAPOTrainer, model, tmp_path, **inputs)
-    assert grpo.split()[0] == stapo.split()[0], f"GRPOTrainer: {grpo}\nSTAPOTrainer: {stapo}"
-    return grpo
-
-
 MULTI_ENVIRONMENT = {"counter": Counter, "echo": Echo}
+ROUTED = {"environment": ["counter", "echo"] * 4}
+EVALS = {"eval_strategy": "steps", "eval_steps": 1, "per_device_eval_batch_size": 4}
+TOPICS = Dataset.from_dict({"prompt": ["1+1", "2+2"] * 8, "topic": ["a", "b"] * 8})
+# case: (inputs, whether both train it). Without a prompt column (and no environment) both refuse: TRL at its first
+# step, the library at construction.
+CASES = {
+    "environments-dict-no-prompt": (  # TRL's own test_train_with_multiple_environments
+        dict(train_dataset=Dataset.from_dict(ROUTED), environment_factory=MULTI_ENVIRONMENT,
+             reward_funcs=length_reward, chat_tools=True), True),
+    "environments-dict-no-prompt-owned-reward": (  # TRL's test_environment_owned_reward_mixed_environments
+        dict(train_dataset=Dataset.from_dict(ROUTED), environment_factory=MULTI_ENVIRONMENT, chat_tools=True), True),
+    "environment-callable-no-prompt": (
+        dict(train_dataset=Dataset.from_dict({"level": [1, 2] * 4}), environment_factory=Counter,
+             chat_tools=True), True),
+    "environment-callable-column-reward-no-prompt": (
+        dict(train_dataset=Dataset.from_dict({"topic": ["a", "b"] * 4}), environment_factory=Counter,
+             reward_funcs=topic_reward, chat_tools=True), True),
+    "environment-callable-with-prompt": (
+        dict(train_dataset=Dataset.from_dict({"prompt": [CHAT] * 8}), environment_factory=Counter,
+             chat_tools=True), True),
+    "environments-dict-with-prompt": (
+        dict(train_dataset=Dataset.from_dict({"prompt": [CHAT] * 8, **ROUTED}), environment_factory=MULTI_ENVIRONMENT,
+             chat_tools=True), True),
+    "environment-callable-no-dataset": (dict(environment_factory=Counter, chat_tools=True), True),
+    "tools": (dict(train_dataset=Dataset.from_dict({"prompt": [CHAT] * 8}), reward_funcs=length_reward,
+                   tools=[multiply]), True),
+    "tools-no-prompt": (dict(train_dataset=Dataset.from_dict({"question": [CHAT] * 8}), reward_funcs=length_reward,
+                             tools=[multiply]), False),  # tools alone supply no prompts (an environment's reset does)
+    # a reward argument filled by the rollout's extra field, not by a column
+    "rollout-func": (dict(train_dataset=Dataset.from_dict({"prompt": ["1+1"] * 8}), reward_funcs=source_reward,
+                          rollout_func=fixed_rollout), True),
+    "rollout-func-no-prompt": (dict(train_dataset=Dataset.from_dict({"question": ["1+1"] * 8}),
+                                    reward_funcs=source_reward, rollout_func=fixed_rollout), False),
+    "iterable-train": (dict(train_dataset=TOPICS.to_iterable_dataset(), reward_funcs=topic_reward), True),
+    "iterable-eval": (dict(train_dataset=TOPICS, eval_dataset=TOPICS.to_iterable_dataset(), reward_funcs=topic_reward,
+                           config=EVALS), True),
+    "iterable-eval-dict": (dict(train_dataset=TOPICS, eval_dataset={"x": TOPICS.to_iterable_dataset()},
+                                reward_funcs=topic_reward, config=EVALS), True),
+    "eval-dict": (dict(train_dataset=TOPICS, eval_dataset={"easy": TOPICS.select(range(4)),
+                                                           "hard": TOPICS.select(range(4, 8))},
+                       reward_funcs=topic_reward, config=EVALS), True),
+}  # fmt: skip
+FAST = {"environments-dict-no-prompt", "tools", "rollout-func-no-prompt", "iterable-eval-dict"}  # ~2 s each
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "environments-dict-no-prompt",  # TRL's own test_train_with_multiple_environments
-        "environments-dict-no-prompt-owned-reward",  # TRL's test_environment_owned_reward_mixed_environments
-        "environment-callable-no-prompt",
-        "environment-callable-column-reward-no-prompt",
-        "environment-callable-with-prompt",
-        "environments-dict-with-prompt",
-        "environment-callable-no-dataset",
-    ],
-)
-def test_environments_train_as_in_grpo_trainer(tiny_random_model_path, tool_tokenizer, tmp_path, case):
-    routed = {"environment": ["counter", "echo"] * 4}
-    inputs = {
-        "environments-dict-no-prompt": dict(
-            train_dataset=Dataset.from_dict(routed), environment_factory=MULTI_ENVIRONMENT, reward_funcs=length_reward
-        ),
-        "environments-dict-no-prompt-owned-reward": dict(
-            train_dataset=Dataset.from_dict(routed), environment_factory=MULTI_ENVIRONMENT
-        ),
-        "environment-callable-no-prompt": dict(
-            train_dataset=Dataset.from_dict({"level": [1, 2] * 4}), environment_factory=Counter
-        ),
-        "environment-callable-column-reward-no-prompt": dict(
-            train_dataset=Dataset.from_dict({"topic": ["a", "b"] * 4}),
-            environment_factory=Counter,
-            reward_funcs=topic_reward,
-        ),
-        "environment-callable-with-prompt": dict(
-            train_dataset=Dataset.from_dict({"prompt": [CHAT] * 8}), environment_factory=Counter
-        ),
-        "environments-dict-with-prompt": dict(
-            train_dataset=Dataset.from_dict({"prompt": [CHAT] * 8, **routed}), environment_factory=MULTI_ENVIRONMENT
-        ),
-        "environment-callable-no-dataset": dict(environment_factory=Counter),
-    }[case]
-    assert same_outcome(tiny_random_model_path, tmp_path, processing_class=tool_tokenizer, **inputs) == "trained"
-
-
-def test_tools_train_as_in_grpo_trainer(tiny_random_model_path, tool_tokenizer, tmp_path):
-    dataset = Dataset.from_dict({"prompt": [CHAT] * 8})
-    result = same_outcome(
-        tiny_random_model_path,
-        tmp_path,
-        processing_class=tool_tokenizer,
-        train_dataset=dataset,
-        reward_funcs=length_reward,
-        tools=[multiply],
-    )
-    assert result == "trained"
-
-
-@pytest.mark.parametrize("with_prompt", [True, False], ids=["prompt", "no-prompt"])
-def test_rollout_func_as_in_grpo_trainer(tiny_random_model_path, tmp_path, with_prompt):
-    # A reward argument filled by the rollout's extra field, not by a column. Without a `prompt` column (and no
-    # environment) both refuse: TRL at its first step, the product at construction.
-    dataset = Dataset.from_dict({"prompt": ["1+1"] * 8} if with_prompt else {"question": ["1+1"] * 8})
-    result = same_outcome(
-        tiny_random_model_path, tmp_path, train_dataset=dataset, reward_funcs=source_reward, rollout_func=fixed_rollout
-    )
-    assert result == "trained" if with_prompt else result.startswith("refused")
-
-
-@pytest.mark.parametrize("which", ["train", "eval", "eval-dict"])
-def test_iterable_datasets_as_in_grpo_trainer(tiny_random_model_path, tmp_path, which):
-    dataset = Dataset.from_dict({"prompt": ["1+1", "2+2"] * 8, "topic": ["a", "b"] * 8})
-    train = dataset.to_iterable_dataset() if which == "train" else dataset
-    eval_dataset = {"eval": dataset.to_iterable_dataset(), "eval-dict": {"x": dataset.to_iterable_dataset()}}
-    config = {"eval_strategy": "steps", "eval_steps": 1, "per_device_eval_batch_size": 4} if which != "train" else {}
-    result = same_outcome(
-        tiny_random_model_path,
-        tmp_path,
-        config=config,
-        train_dataset=train,
-        eval_dataset=eval_dataset.get(which),
-        reward_funcs=topic_reward,
-    )
-    assert result == "trained"
-
-
-def test_a_dict_of_eval_datasets_as_in_grpo_trainer(tiny_random_model_path, tmp_path):
-    train = Dataset.from_dict({"prompt": ["1+1", "2+2"] * 4, "topic": ["a", "b"] * 4})
-    evals = {"easy": train.select(range(4)), "hard": train.select(range(4, 8))}
-    config = {"eval_strategy": "steps", "eval_steps": 1, "per_device_eval_batch_size": 4}
-    result = same_outcome(
-        tiny_random_model_path,
-        tmp_path,
-        config=config,
-        train_dataset=train,
-        eval_dataset=evals,
-        reward_funcs=topic_reward,
-    )
-    assert result == "trained"
-
-
-def test_tools_without_a_prompt_column_are_refused_by_both(tiny_random_model_path, tool_tokenizer, tmp_path):
-    # Tools alone do not supply prompts (only an environment's reset does): TRL fails at its first step, the product
-    # at construction.
-    result = same_outcome(
-        tiny_random_model_path,
-        tmp_path,
-        processing_class=tool_tokenizer,
-        train_dataset=Dataset.from_dict({"question": [CHAT] * 8}),
-        reward_funcs=length_reward,
-        tools=[multiply],
-    )
-    assert result.startswith("refused")
+@pytest.mark.parametrize("case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
+def test_grpo_trainers_inputs_train_or_are_refused_as_in_grpo_trainer(tiny_random_model_path, request, tmp_path, case):
+    inputs, trains = CASES[case]
+    inputs = dict(inputs)
+    if inputs.pop("chat_tools", False) or "tools" in inputs:  # tools (an environment's too) need a template for them
+        inputs["processing_class"] = request.getfixturevalue("tool_tokenizer")
+    grpo = outcome(trl.GRPOTrainer, tiny_random_model_path, tmp_path, **inputs)
+    stapo = outcome(STAPOTrainer, tiny_random_model_path, tmp_path, **inputs)
+    assert grpo.split()[0] == stapo.split()[0], f"GRPOTrainer: {grpo}\nSTAPOTrainer: {stapo}"
+    assert (grpo == "trained") == trains, grpo
 
 
 @pytest.fixture(scope="module")
@@ -313,19 +236,22 @@ def _images(n: int) -> list:
     return [Image.fromarray(rng.randint(0, 255, (28, 28, 3), dtype=np.uint8)) for _ in range(n)]
 
 
-@pytest.mark.parametrize("case", ["image-column", "images-column", "no-chat-template"])
+@pytest.mark.parametrize("case", ["image-column", pytest.param("images-column", marks=pytest.mark.slow),
+                                  pytest.param("no-chat-template", marks=pytest.mark.slow)])  # fmt: skip
 def test_multimodal_prompts_as_in_grpo_trainer(tiny_vlm, tmp_path, case):
     folder, processor = tiny_vlm
     prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "1+1"}]}]
     images = {"image": _images(8)} if case != "images-column" else {"images": [[image] for image in _images(8)]}
-    if case == "no-chat-template":  # TRL fails at its first step, the product at construction
+    if case == "no-chat-template":  # TRL fails at its first step, the library at construction
         processor = type(processor).from_pretrained(folder)
         processor.chat_template = None
-    dataset = Dataset.from_dict({"prompt": [prompt] * 8, **images})
-    result = same_outcome(
-        folder, tmp_path, processing_class=processor, train_dataset=dataset, reward_funcs=length_reward
+    inputs = dict(
+        processing_class=processor,
+        train_dataset=Dataset.from_dict({"prompt": [prompt] * 8, **images}),
+        reward_funcs=length_reward,
     )
-    assert result == "trained" if case != "no-chat-template" else result.startswith("refused")
+    grpo, stapo = (outcome(cls, folder, tmp_path, **inputs) for cls in (trl.GRPOTrainer, STAPOTrainer))
+    assert grpo.split()[0] == stapo.split()[0] == ("trained" if case != "no-chat-template" else "refused"), stapo
 
 
 # The check functions themselves, for the inputs above.
