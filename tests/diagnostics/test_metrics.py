@@ -18,66 +18,28 @@ from stapo_trl.diagnostics.metrics import (
 )
 
 
-KEYS = {
-    "s2t/entropy_p10",
-    "s2t/entropy_p50",
-    "s2t/entropy_p80",
-    "s2t/entropy_p95",
-    "s2t/silenced_prob_mean",
-    "s2t/silenced_entropy_mean",
-}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Entropy quantiles from the log-spaced histogram
-# ----------------------------------------------------------------------------------------------------------------
-def test_the_stated_error_is_half_a_bin():
-    # r = (ENTROPY_MAX / ENTROPY_MIN) ** (1 / ENTROPY_BINS); the representative value of a bin is within sqrt(r) of
-    # any value in it.
+def test_histogram_quantiles_are_within_the_stated_error_and_histograms_add_up():
+    # r = (ENTROPY_MAX / ENTROPY_MIN) ** (1 / ENTROPY_BINS); a bin's representative value is within sqrt(r) of any.
     r = (ENTROPY_MAX / ENTROPY_MIN) ** (1 / ENTROPY_BINS)
-    assert HISTOGRAM_QUANTILE_REL_ERROR == pytest.approx(math.sqrt(r) - 1, rel=1e-12)
-    assert HISTOGRAM_QUANTILE_REL_ERROR < 0.0025
-
-
-def test_histogram_quantile_is_within_its_stated_error_of_the_exact_quantile():
-    generator = torch.Generator().manual_seed(0)
+    assert HISTOGRAM_QUANTILE_REL_ERROR == pytest.approx(math.sqrt(r) - 1, rel=1e-12) and r < 1.0025**2
     # Entropies spanning 1e-9 .. 20 nats (LLM-like: most tokens near 0), exact zeros and heavy ties.
-    values = torch.exp(torch.randn(20_001, generator=generator) * 4 - 3).clamp(max=20.0)
-    values[:500] = 0.0
-    values[500:1500] = 0.25
+    values = torch.exp(torch.randn(20_001, generator=torch.Generator().manual_seed(0)) * 4 - 3).clamp(max=20.0)
+    values[:500], values[500:1500] = 0.0, 0.25
     histogram = entropy_histogram(values)
     assert histogram.dtype == torch.float64 and histogram.shape == (ENTROPY_BINS + 1,)
     assert histogram.sum().item() == values.numel()
     for q in [0.0, 0.01, 0.1, 0.25, 0.5, 0.8, 0.95, 0.999, 1.0]:
-        exact = linear_quantile(values.double(), q)
-        estimate = histogram_quantile(histogram, q)
+        exact, estimate = linear_quantile(values.double(), q), histogram_quantile(histogram, q)
         assert abs(estimate - exact) <= HISTOGRAM_QUANTILE_REL_ERROR * exact + ENTROPY_MIN / 2 + 1e-12, q
-
-
-def test_histogram_bins_at_their_edges():
-    # Bin 0 holds [0, ENTROPY_MIN) (and rounding negatives); ENTROPY_MIN opens bin 1; values >= ENTROPY_MAX are
-    # clamped into the last bin.
-    histogram = entropy_histogram(
-        torch.tensor([-1e-7, 0.0, ENTROPY_MIN / 2, ENTROPY_MIN * 1.0001, 150.0], dtype=torch.float64)
-    )
-    assert histogram[0] == 3 and histogram[1] == 1 and histogram[ENTROPY_BINS] == 1
-
-
-def test_histograms_of_parts_add_up_to_the_histogram_of_the_whole():
-    values = torch.rand(1000, generator=torch.Generator().manual_seed(1)) * 3
-    parts = entropy_histogram(values[:300]) + entropy_histogram(values[300:])
-    assert torch.equal(parts, entropy_histogram(values))
-
-
-def test_an_empty_histogram_has_no_quantile_and_q_is_checked():
+    assert torch.equal(entropy_histogram(values[:300]) + entropy_histogram(values[300:]), histogram)  # parts add up
+    # Bin 0 holds [0, ENTROPY_MIN) and rounding negatives; ENTROPY_MIN opens bin 1; values >= ENTROPY_MAX are clamped.
+    edges = entropy_histogram(torch.tensor([-1e-7, 0.0, ENTROPY_MIN / 2, ENTROPY_MIN * 1.0001, 150.0]).double())
+    assert edges[0] == 3 and edges[1] == 1 and edges[ENTROPY_BINS] == 1
     assert math.isnan(histogram_quantile(entropy_histogram(torch.empty(0)), 0.5))
     with pytest.raises(ValueError, match="q=1.5"):
-        histogram_quantile(entropy_histogram(torch.ones(3)), 1.5)
+        histogram_quantile(histogram, 1.5)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# A hand-built batch
-# ----------------------------------------------------------------------------------------------------------------
 def hand_batch():
     """Two completions, tau_p = 0.01, q = 0.5.
 
@@ -86,41 +48,31 @@ def hand_batch():
       Silenced (H < 0.5): position 1 (p = 0.001, H = 0.2).
     Row 1 (A = -1, 3 loss tokens + 2 padding): never a candidate. Its padding carries values that must be ignored.
     """
-    probs = torch.tensor([[0.5, 0.001, 0.002, 0.9, 0.005], [0.2, 0.0005, 0.3, 1e-9, 1e-9]])
+    logps = torch.log(torch.tensor([[0.5, 0.001, 0.002, 0.9, 0.005], [0.2, 0.0005, 0.3, 1e-9, 1e-9]]))
     entropies = torch.tensor([[0.1, 0.2, 0.9, 0.3, 0.5], [0.4, 0.05, 0.6, 99.0, 99.0]])
-    loss_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
-    advantages = torch.tensor([1.0, -1.0])
-    logps = torch.log(probs)
+    loss_mask, advantages = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]), torch.tensor([1.0, -1.0])
     result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=0.01, entropy_quantile=0.5)
     return result, logps, entropies, advantages, loss_mask
 
 
 def test_hand_batch_metrics():
-    result, logps, entropies, _, loss_mask = hand_batch()
+    result, logps, entropies, advantages, loss_mask = hand_batch()
     assert result.silenced.nonzero().tolist() == [[0, 1]]
     metrics = diagnostic_metrics(result, logps, entropies, loss_mask)
-    assert set(metrics) == KEYS
+    assert set(metrics) == {f"s2t/entropy_{p}" for p in ("p10", "p50", "p80", "p95")} | {
+        "s2t/silenced_prob_mean", "s2t/silenced_entropy_mean"}  # fmt: skip
     # Loss-token entropies sorted: [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.9] (n = 8, h = 7 q):
     # p10: h = 0.7 -> 0.05 + 0.7 * 0.05 = 0.085; p50: h = 3.5 -> 0.35; p80: h = 5.6 -> 0.56; p95: h = 6.65 -> 0.795.
     for key, exact in [("p10", 0.085), ("p50", 0.35), ("p80", 0.56), ("p95", 0.795)]:
         assert metrics[f"s2t/entropy_{key}"] == pytest.approx(exact, rel=HISTOGRAM_QUANTILE_REL_ERROR)
     assert metrics["s2t/silenced_prob_mean"] == pytest.approx(0.001)
     assert metrics["s2t/silenced_entropy_mean"] == pytest.approx(0.2)
-
-
-def test_silenced_means_average_over_the_silenced_tokens():
     # q = 1.0: tau_h = 0.9 (the largest candidate entropy), so positions 1 (p 0.001, H 0.2) and 4 (p 0.005, H 0.5)
     # are silenced: means (0.001 + 0.005) / 2 = 0.003 and (0.2 + 0.5) / 2 = 0.35.
-    _, logps, entropies, advantages, loss_mask = hand_batch()
     result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=0.01, entropy_quantile=1.0)
     metrics = diagnostic_metrics(result, logps, entropies, loss_mask)
-    assert metrics["s2t/silenced_prob_mean"] == pytest.approx(0.003)
-    assert metrics["s2t/silenced_entropy_mean"] == pytest.approx(0.35)
-
-
-def test_metrics_are_nan_when_undefined():
-    _, logps, entropies, advantages, loss_mask = hand_batch()
-    # All groups all-correct (A = 0): no candidate, nothing silenced; the entropy quantiles are still defined.
+    assert (metrics["s2t/silenced_prob_mean"], metrics["s2t/silenced_entropy_mean"]) == pytest.approx((0.003, 0.35))
+    # All groups all-correct (A = 0): no candidate, nothing silenced (NaN means); the entropy quantiles still defined.
     result = s2t_mask(logps, entropies, torch.zeros(2), loss_mask, prob_threshold=0.01)
     metrics = diagnostic_metrics(result, logps, entropies, loss_mask)
     assert math.isnan(metrics["s2t/silenced_prob_mean"]) and math.isnan(metrics["s2t/silenced_entropy_mean"])

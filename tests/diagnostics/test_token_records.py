@@ -19,6 +19,7 @@ from stapo_trl.run_folder.logs import SPURIOUS_TOKENS_FILENAME, SpuriousTokenLog
 
 
 VOCAB = ["<pad>", "1", "+", "2", "=", "3", "<eos>"]
+ALL = dict(prob_threshold=0.01, max_silenced=10, max_kept_candidates=10, max_reference=10)
 
 
 class CharTokenizer:
@@ -26,160 +27,90 @@ class CharTokenizer:
 
     batch_calls = 0
 
-    def decode(self, ids, skip_special_tokens=False):
-        return "".join(VOCAB[i] for i in ids)
-
     def batch_decode(self, sequences, skip_special_tokens=False):
         self.batch_calls += 1
-        return [self.decode(ids) for ids in sequences]
-
-
-HOST_TRANSFERS = {"item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__"}
+        return ["".join(VOCAB[i] for i in ids) for ids in sequences]
 
 
 class HostTransfers(TorchFunctionMode):
-    """Counts the calls that bring a tensor's values to the host (`.item()`, `.tolist()`, `.cpu()`, `.numpy()`,
-    `.to("cpu")`, `float()`, `int()`, `bool()`, indexing with a tensor): each is a device sync on an accelerator."""
+    """Counts the calls that bring a tensor's values to the host (`.item()`, `.tolist()`, `.cpu()`, `float()`, ...,
+    `.to("cpu")`): each is a device sync on an accelerator."""
 
-    def __init__(self):
-        super().__init__()
-        self.count = 0
+    count = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
+        kwargs, name = kwargs or {}, getattr(func, "__name__", "")
         to_cpu = name == "to" and "cpu" in [str(a) for a in (*args[1:], kwargs.get("device"))]
-        self.count += name in HOST_TRANSFERS or to_cpu
+        self.count += to_cpu or name in {
+            "item",
+            "tolist",
+            "cpu",
+            "numpy",
+            "__float__",
+            "__int__",
+            "__bool__",
+            "__index__",
+        }
         return func(*args, **kwargs)
 
 
 def hand_batch(prob_threshold=0.01):
-    """Two completions, tau_p = 0.01, q = 0.5: the arguments of `spurious_token_records` before the tokenizer.
+    """The arguments of `spurious_token_records` before the tokenizer: two completions, tau_p = 0.01, q = 0.5.
 
     Row 0 ("1+2=3", A = +1, 5 loss tokens): p = [0.5, 0.001, 0.002, 0.9, 0.005], H = [0.1, 0.2, 0.9, 0.3, 0.5].
       Candidates (p < 0.01): positions 1, 2, 4 with H = 0.2, 0.9, 0.5 -> tau_h = median = 0.5.
-      Silenced (H < 0.5): position 1 ("+"). Kept candidates: positions 2 ("2") and 4 ("3").
-      Other positive-advantage tokens: positions 0 ("1") and 3 ("=").
+      Silenced (H < 0.5): position 1 ("+"). Kept candidates: positions 2 ("2") and 4 ("3"). References: 0 and 3.
     Row 1 (A = -1, 3 loss tokens + 2 padding): never recorded.
     """
-    probs = torch.tensor([[0.5, 0.001, 0.002, 0.9, 0.005], [0.2, 0.0005, 0.3, 1e-9, 1e-9]])
+    logps = torch.log(torch.tensor([[0.5, 0.001, 0.002, 0.9, 0.005], [0.2, 0.0005, 0.3, 1e-9, 1e-9]]))
     entropies = torch.tensor([[0.1, 0.2, 0.9, 0.3, 0.5], [0.4, 0.05, 0.6, 99.0, 99.0]])
-    loss_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
-    advantages = torch.tensor([1.0, -1.0])
-    completion_ids = torch.tensor([[1, 2, 3, 4, 5], [5, 4, 3, 0, 0]])
-    logps = torch.log(probs)
+    loss_mask, advantages = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]), torch.tensor([1.0, -1.0])
     result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
-    return result, logps, entropies, advantages, loss_mask, completion_ids
-
-
-@pytest.mark.parametrize(
-    "bad",
-    [
-        ("logps", 0, float("nan")),  # a positive-advantage "reference" token with a NaN log-prob
-        ("entropies", 3, float("inf")),  # an infinite entropy at a high-p token
-        ("logps", 3, float("-inf")),  # p = 0 in float32: log-prob -inf
-    ],
-)
-def test_a_loss_token_with_a_non_finite_value_is_never_recorded(bad):
-    # Before: the "reference" kind sampled every positive-advantage non-candidate, so a non-finite value reached
-    # spurious_tokens.jsonl as NaN or Infinity, which strict JSON readers refuse.
-    name, position, value = bad
-    result, logps, entropies, advantages, loss_mask, completion_ids = hand_batch()
-    tensors = {"logps": logps.clone(), "entropies": entropies.clone()}
-    tensors[name][0, position] = value
-    records = spurious_token_records(
-        result, tensors["logps"], tensors["entropies"], advantages, loss_mask, completion_ids, CharTokenizer(),
-        step=0, prob_threshold=0.01, max_silenced=10, max_kept_candidates=10, max_reference=10,
-    )  # fmt: skip
-    assert position not in [r["position"] for r in records if r["completion_index"] == 0]
-    assert len(records) == 4  # the other four records of row 0 are kept
-    assert all(math.isfinite(r["logprob"]) and math.isfinite(r["entropy"]) for r in records)
-    json.dumps(records, allow_nan=False)
+    return result, logps, entropies, advantages, loss_mask, torch.tensor([[1, 2, 3, 4, 5], [5, 4, 3, 0, 0]])
 
 
 def test_hand_batch_records():
-    records = spurious_token_records(
-        *hand_batch(),
-        CharTokenizer(),
-        step=7,
-        prob_threshold=0.01,
-        context_tokens=2,
-        max_silenced=10,
-        max_kept_candidates=10,
-        max_reference=10,
-    )
-    got = [(r["kind"], r["token"], r["position"], r["context"]) for r in records]
+    records = spurious_token_records(*hand_batch(), CharTokenizer(), step=7, context_tokens=2, **ALL)
     # Context: up to 2 completion tokens each side, never past the last loss token.
-    assert got == [
-        ("silenced", "+", 1, "1⟦+⟧2="),
-        ("kept_candidate", "2", 2, "1+⟦2⟧=3"),
-        ("kept_candidate", "3", 4, "2=⟦3⟧"),
-        ("reference", "1", 0, "⟦1⟧+2"),
-        ("reference", "=", 3, "+2⟦=⟧3"),
-    ]
+    assert [(r["kind"], r["token"], r["position"], r["context"], r["candidate"]) for r in records] == [
+        ("silenced", "+", 1, "1⟦+⟧2=", True), ("kept_candidate", "2", 2, "1+⟦2⟧=3", True),
+        ("kept_candidate", "3", 4, "2=⟦3⟧", True), ("reference", "1", 0, "⟦1⟧+2", False),
+        ("reference", "=", 3, "+2⟦=⟧3", False),
+    ]  # fmt: skip
     silenced = records[0]
-    assert silenced["silenced"] is True and silenced["candidate"] is True
-    assert all(r["silenced"] is False for r in records[1:])
-    assert [r["candidate"] for r in records[1:]] == [True, True, False, False]
+    assert [r["silenced"] for r in records] == [True, False, False, False, False]
     assert silenced["prob"] == pytest.approx(0.001) and silenced["logprob"] == pytest.approx(math.log(0.001))
     assert silenced["entropy"] == pytest.approx(0.2) and silenced["advantage"] == 1.0
     assert silenced["entropy_threshold"] == pytest.approx(0.5) and silenced["prob_threshold"] == 0.01
-    assert silenced["step"] == 7 and silenced["token_id"] == 2 and silenced["completion_index"] == 0
-    assert silenced["process_index"] == 0
-    assert "logit_grad_norm" not in silenced  # the gradient-norm metrics are no longer recorded
+    assert [silenced[key] for key in ("step", "token_id", "completion_index", "process_index")] == [7, 2, 0, 0]
     assert json.loads(json.dumps(records)) == records  # JSON-serialisable as is
-
-
-def test_no_positive_advantage_token_gives_no_record():
-    result, logps, entropies, advantages, loss_mask, completion_ids = hand_batch()
+    # Without candidates (tau_p = 1e-6) the 5 positive-advantage tokens are references, tau_h written as None.
+    records = spurious_token_records(*hand_batch(prob_threshold=1e-6), CharTokenizer(), step=1)
+    assert [r["kind"] for r in records] == ["reference"] * 5 and {r["entropy_threshold"] for r in records} == {None}
+    # No positive-advantage token: no record.
+    _, logps, entropies, advantages, loss_mask, ids = hand_batch()
     negative = -advantages.abs()
     result = s2t_mask(logps, entropies, negative, loss_mask, prob_threshold=0.01)
-    assert (
-        spurious_token_records(result, logps, entropies, negative, loss_mask, completion_ids, CharTokenizer(), step=1)
-        == []
-    )
+    assert spurious_token_records(result, logps, entropies, negative, loss_mask, ids, CharTokenizer(), step=1) == []
 
 
-def test_without_candidates_the_threshold_is_written_as_none():
-    # tau_p = 1e-6: no candidate (tau_h NaN, not JSON), but the 5 positive-advantage tokens are references.
-    records = spurious_token_records(*hand_batch(prob_threshold=1e-6), CharTokenizer(), step=1)
-    assert [r["kind"] for r in records] == ["reference"] * 5
-    assert all(r["entropy_threshold"] is None for r in records)
+@pytest.mark.parametrize("name, position, value", [("logps", 0, float("nan")), ("entropies", 3, float("inf")),
+                                                   ("logps", 3, float("-inf"))])  # fmt: skip
+def test_a_loss_token_with_a_non_finite_value_is_never_recorded(name, position, value):
+    # Before: the "reference" kind sampled every positive-advantage non-candidate, so a non-finite value reached
+    # spurious_tokens.jsonl as NaN or Infinity, which strict JSON readers refuse.
+    result, logps, entropies, advantages, loss_mask, completion_ids = hand_batch()
+    tensors = {"logps": logps.clone(), "entropies": entropies.clone()}
+    tensors[name][0, position] = value
+    records = spurious_token_records(result, tensors["logps"], tensors["entropies"], advantages, loss_mask,
+                                     completion_ids, CharTokenizer(), step=0, **ALL)  # fmt: skip
+    assert len(records) == 4 and position not in [r["position"] for r in records]  # the other four of row 0
     json.dumps(records, allow_nan=False)
 
 
-def test_records_are_capped_per_kind_sampled_in_order_and_deterministic():
-    # 12 positive-advantage rows of 5 tokens, every token a candidate (tau_p = 1), q = 0.5: 30 silenced, 30 kept.
-    generator = torch.Generator().manual_seed(0)
-    entropies = torch.rand(12, 5, generator=generator)
-    logps = torch.log(torch.rand(12, 5, generator=generator) * 0.5 + 0.1)
-    advantages, loss_mask = torch.ones(12), torch.ones(12, 5)
-    completion_ids = torch.randint(1, 6, (12, 5), generator=generator)
-    result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=1.0, entropy_quantile=0.5)
-    assert (result.num_candidates, result.num_silenced) == (60, 30)
-    args = (result, logps, entropies, advantages, loss_mask, completion_ids, CharTokenizer())
-    caps = {"max_silenced": 4, "max_kept_candidates": 3, "max_reference": 2}
-    first = spurious_token_records(*args, step=3, **caps)
-    assert [r["kind"] for r in first] == ["silenced"] * 4 + ["kept_candidate"] * 3  # no reference: all candidates
-    for kind in ("silenced", "kept_candidate"):
-        where = [(r["completion_index"], r["position"]) for r in first if r["kind"] == kind]
-        assert where == sorted(where)  # (completion, position) order
-        assert all(result.silenced[row, pos] == (kind == "silenced") for row, pos in where)
-    assert first == spurious_token_records(*args, step=3, **caps)  # the same sample when rerun
-    # Another step (or process) seeds another sample: over 10 steps, more than 4 distinct silenced tokens are drawn.
-    drawn = {
-        (r["completion_index"], r["position"])
-        for step in range(10)
-        for r in spurious_token_records(*args, step=step, **caps)
-        if r["kind"] == "silenced"
-    }
-    assert len(drawn) > 4
-    assert spurious_token_records(*args, step=3, max_silenced=0, max_kept_candidates=0, max_reference=0) == []
-
-
 def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.0):
-    """`rows` positive-advantage completions of random tokens with p uniform in [0.1, 0.6], q = 0.5 (S2T's
-    arguments, seeded): with tau_p = 1 every token is a candidate and half are silenced."""
+    """`rows` positive-advantage completions of random tokens with p uniform in [0.1, 0.6], q = 0.5 (seeded): with
+    tau_p = 1 every token is a candidate and half are silenced."""
     generator = torch.Generator().manual_seed(rows)
     entropies = torch.rand(rows, length, generator=generator)
     logps = torch.log(torch.rand(rows, length, generator=generator) * 0.5 + 0.1)
@@ -189,21 +120,52 @@ def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.
     return result, logps, entropies, advantages, loss_mask, completion_ids
 
 
-@pytest.mark.parametrize("rows, caps, expected", [(128, (8, 4, 4), 16), (128, (256, 64, 64), 384)])
-def test_the_records_of_a_mask_cost_one_host_transfer_and_one_batch_decode_however_many(rows, caps, expected):
-    # Before: each record made one .tolist() and three .item() and three decodes (69 transfers for 16 records, 1,541
-    # for 384): on an accelerator, a device sync per transfer. tau_p = 0.35: about half the tokens are candidates.
-    batch, tokenizer = all_candidates_batch(rows, prob_threshold=0.35), CharTokenizer()
-    caps = dict(zip(("max_silenced", "max_kept_candidates", "max_reference"), caps, strict=True))
+def test_records_are_capped_per_kind_sampled_in_order_deterministic_and_cost_one_transfer():
+    batch = all_candidates_batch(12, length=5)  # 60 candidates, 30 silenced: no reference
+    caps = {"max_silenced": 4, "max_kept_candidates": 3, "max_reference": 2}
+    first = spurious_token_records(*batch, CharTokenizer(), step=3, **caps)
+    assert [r["kind"] for r in first] == ["silenced"] * 4 + ["kept_candidate"] * 3
+    for kind in ("silenced", "kept_candidate"):
+        where = [(r["completion_index"], r["position"]) for r in first if r["kind"] == kind]
+        assert where == sorted(where) and all(
+            batch[0].silenced[row, pos] == (kind == "silenced") for row, pos in where
+        )
+    assert first == spurious_token_records(*batch, CharTokenizer(), step=3, **caps)  # the same sample when rerun
+    # Another step (or process) seeds another sample: over 10 steps, more than 4 distinct silenced tokens are drawn.
+    drawn = {
+        (r["completion_index"], r["position"])
+        for step in range(10)
+        for r in spurious_token_records(*batch, CharTokenizer(), step=step, **caps)
+        if r["kind"] == "silenced"
+    }
+    assert len(drawn) > 4
+    assert spurious_token_records(*batch, CharTokenizer(), step=3, max_silenced=0, max_kept_candidates=0,
+                                  max_reference=0) == []  # fmt: skip
+    # Before: each record made one .tolist(), three .item() and three decodes (1,541 transfers for 384 records).
+    tokenizer, batch = CharTokenizer(), all_candidates_batch(128, prob_threshold=0.35)
     with HostTransfers() as transfers:
-        records = spurious_token_records(*batch, tokenizer, step=1, context_tokens=3, **caps)
-    assert len(records) == expected
-    assert transfers.count == 1 and tokenizer.batch_calls == 1
+        records = spurious_token_records(*batch, tokenizer, step=1, context_tokens=3)
+    assert len(records) == 384 and transfers.count == 1 and tokenizer.batch_calls == 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SpuriousTokenLogger, on masks handed to it as the library's trainer does
+# ----------------------------------------------------------------------------------------------------------------
+def stand_in_trainer():
+    """What the logger reads of its trainer (the tokenizer, the step, tau_p, the seed, the process), on one process."""
+    accelerator = types.SimpleNamespace(num_processes=1, process_index=0, is_main_process=True)
+    state, args = types.SimpleNamespace(global_step=0), types.SimpleNamespace(seed=0)
+    return types.SimpleNamespace(processing_class=CharTokenizer(), state=state, args=args, accelerator=accelerator,
+                                 s2t=S2TSettings(prob_threshold=0.01))  # fmt: skip
+
+
+def run_args(tmp_path, seed=0, report_to=()):
+    return types.SimpleNamespace(output_dir=str(tmp_path), seed=seed, report_to=list(report_to))
 
 
 @pytest.mark.parametrize("masks", [1, 6])
 def test_the_logger_transfers_nothing_per_mask_and_once_per_logging_step(tmp_path, masks):
-    trainer = stand_in_trainer(tmp_path)
+    trainer = stand_in_trainer()
     logger = SpuriousTokenLogger(trainer, path=str(tmp_path / "tokens.jsonl"))
     batch = all_candidates_batch(64)  # the mask's own transfers are not the records'
     with HostTransfers() as at_masks:
@@ -211,7 +173,7 @@ def test_the_logger_transfers_nothing_per_mask_and_once_per_logging_step(tmp_pat
             trainer.state.global_step = update
             logger.record(*batch)
     with HostTransfers() as at_logging_step:
-        written = logger.write_pending(types.SimpleNamespace(output_dir=str(tmp_path), seed=0, report_to=[]), step=6)
+        written = logger.write_pending(run_args(tmp_path), step=6)
     logger.close()
     assert at_masks.count == 0 and at_logging_step.count == 1
     assert [sum(r["kind"] == kind for r in written) for kind in ("silenced", "kept_candidate")] == [256, 64]
@@ -220,123 +182,74 @@ def test_the_logger_transfers_nothing_per_mask_and_once_per_logging_step(tmp_pat
 
 def test_the_merged_sample_of_several_masks_is_uniform_over_their_tokens(tmp_path):
     # Four masks of 12 silenced tokens each, a cap of 12: each mask's share of the sample is ~3 of 12 on average.
-    trainer = stand_in_trainer(tmp_path)
-    counts = torch.zeros(4)
+    trainer, counts = stand_in_trainer(), torch.zeros(4)
     for seed in range(50):
         trainer.args.seed = seed
         logger = SpuriousTokenLogger(trainer, max_silenced=12, max_kept_candidates=0, max_reference=0)
         for update in range(4):
             trainer.state.global_step = update
             logger.record(*all_candidates_batch(2))
-        records = logger.write_pending(types.SimpleNamespace(output_dir=str(tmp_path), seed=seed, report_to=[]), 4)
+        records = logger.write_pending(run_args(tmp_path, seed), 4)
         logger.close()
         assert len(records) == 12
         counts += torch.bincount(torch.tensor([r["update"] - 1 for r in records]), minlength=4)
     assert (counts / 50 - 3).abs().max() < 0.6  # the standard error of each mean is ~0.2
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# SpuriousTokenLogger, on masks handed to it as the product trainer does
-# ----------------------------------------------------------------------------------------------------------------
-def stand_in_trainer(tmp_path):
-    """What the logger reads of its trainer (the tokenizer, the step, tau_p, the seed, the process), on one process."""
-    return types.SimpleNamespace(
-        processing_class=CharTokenizer(),
-        state=types.SimpleNamespace(global_step=0),
-        args=types.SimpleNamespace(seed=0),
-        s2t=S2TSettings(prob_threshold=0.01),  # the trainer's S2T values (any config's)
-        accelerator=types.SimpleNamespace(num_processes=1, process_index=0, is_main_process=True),
-    )
-
-
-def test_each_training_mask_is_written_once_at_the_next_logging_step(tmp_path):
-    trainer = stand_in_trainer(tmp_path)
-    args = types.SimpleNamespace(output_dir=str(tmp_path), seed=0, report_to=[])
+def test_each_training_mask_is_written_once_at_the_next_logging_step_and_the_rest_at_the_end(tmp_path):
+    trainer, args = stand_in_trainer(), run_args(tmp_path)
     state = types.SimpleNamespace(is_world_process_zero=True, global_step=0)
     log, no_log = types.SimpleNamespace(should_log=True), types.SimpleNamespace(should_log=False)
     logger = SpuriousTokenLogger(trainer, context_tokens=2)
     logger.on_train_begin(args, state, None)
     logger.on_step_end(args, state, log)  # no mask yet: nothing written
-    logger.record(*hand_batch())  # update 1's mask, built at global step 0
-    state.global_step = trainer.state.global_step = 1
-    logger.on_step_end(args, state, no_log)  # not a logging step
-    logger.record(*hand_batch())  # update 2's mask
-    state.global_step = trainer.state.global_step = 2
-    logger.on_step_end(args, state, log)  # both masks: 5 records each, stamped with the logging step
-    state.global_step = 3
-    logger.on_step_end(args, state, log)  # nothing new
+    for step, control in ((1, no_log), (2, log), (3, log)):  # update 1's and 2's masks, at global steps 0 and 1
+        if step < 3:
+            logger.record(*hand_batch())
+        state.global_step = trainer.state.global_step = step
+        logger.on_step_end(args, state, control)  # step 2 writes both masks, 5 records each; step 3 nothing new
+    logger.record(*hand_batch())  # after the last logging step: written at the end of training
+    state.global_step = 4
     logger.on_train_end(args, state, None)
     records = read_token_records(tmp_path)
-    assert [r["step"] for r in records] == [2] * 10
-    assert [r["kind"] for r in records] == [
+    assert [r["step"] for r in records] == [2] * 10 + [4] * 5
+    assert [r["kind"] for r in records[:5]] == [
         "silenced",
         "kept_candidate",
         "kept_candidate",
         "reference",
         "reference",
-    ] * 2
-    assert logger.silenced_counts == {"+": 2} and logger.kept_candidate_counts == {"2": 2, "3": 2}
+    ]
+    assert logger.silenced_counts == {"+": 3} and logger.kept_candidate_counts == {"2": 3, "3": 3}
     # The same tokens in two updates' masks (identical completions, as a near-deterministic model samples) are two
     # records, told apart by the update whose mask they are: the file held exact-duplicate lines.
     lines = (tmp_path / SPURIOUS_TOKENS_FILENAME).read_text().splitlines()
-    assert len(set(lines)) == len(lines) == 10
-    assert [r["update"] for r in records] == [1] * 5 + [2] * 5
+    assert len(set(lines)) == len(lines) == 15 and [r["update"] for r in records[:10]] == [1] * 5 + [2] * 5
 
 
-def test_masks_after_the_last_logging_step_are_written_at_the_end_of_training(tmp_path):
-    trainer = stand_in_trainer(tmp_path)
-    args = types.SimpleNamespace(output_dir=str(tmp_path), seed=0, report_to=[])
-    state = types.SimpleNamespace(is_world_process_zero=True, global_step=0)
-    logger = SpuriousTokenLogger(trainer)
-    logger.on_train_begin(args, state, None)
-    logger.record(*hand_batch())
-    state.global_step = 1
-    logger.on_step_end(args, state, types.SimpleNamespace(should_log=True))
-    logger.record(*hand_batch())  # after the last logging step
-    state.global_step = 3
-    logger.on_train_end(args, state, None)
-    assert [r["step"] for r in read_token_records(tmp_path)] == [1] * 5 + [3] * 5
-
-
-def test_the_logging_step_caps_the_records_of_all_its_masks_once(tmp_path):
+def test_the_logging_step_caps_the_records_of_all_its_masks_once_and_tables_the_top_tokens(tmp_path, monkeypatch):
     # Three masks of one logging step, each with one silenced token and two kept candidates: capped to 2 and 1.
-    trainer = stand_in_trainer(tmp_path)
-    args = types.SimpleNamespace(output_dir=str(tmp_path), seed=0, report_to=[])
+    logged = []
+    table = lambda dataframe: types.SimpleNamespace(dataframe=dataframe)  # noqa: E731
+    # A stand-in for wandb (the tracker, not the logger under test): an active run, `Table` and `log`.
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=object(), Table=table, log=logged.append))
+    trainer = stand_in_trainer()
     logger = SpuriousTokenLogger(trainer, max_silenced=2, max_kept_candidates=1, max_reference=0)
     for update in range(3):
         trainer.state.global_step = update
         logger.record(*hand_batch())
     assert logger._pending.shape[:2] == (3, 2)  # per kind, at most the largest cap waits for the logging step
-    written = logger.write_pending(args, step=5)
+    written = logger.write_pending(run_args(tmp_path, report_to=["wandb"]), step=5)
     logger.close()
     assert sorted(r["kind"] for r in written) == ["kept_candidate", "silenced", "silenced"]
     assert all(r["step"] == 5 for r in written) and {r["update"] for r in written} <= {1, 2, 3}
     assert read_token_records(tmp_path) == written and logger._pending is None
-
-
-def test_tracker_table_of_top_silenced_tokens(tmp_path, monkeypatch):
-    logged = []
-
-    class Table:
-        def __init__(self, dataframe):
-            self.dataframe = dataframe
-
-    # A stand-in for wandb (the tracker, not the logger under test): an active run, `Table` and `log`.
-    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=object(), Table=Table, log=logged.append))
-    logger = SpuriousTokenLogger(stand_in_trainer(tmp_path), path=str(tmp_path / "tokens.jsonl"))
-    logger.record(*hand_batch())
-    logger.record(*hand_batch())
-    logger.write_pending(types.SimpleNamespace(output_dir=str(tmp_path), seed=0, report_to=["wandb"]), step=1)
-    logger.close()
     (entry,) = logged
-    table = entry["s2t/top_silenced_tokens"].dataframe
-    assert table.to_dict("list") == {"token": ["+"], "silenced": [2], "kept_candidate_sampled": [0]}
+    assert entry["s2t/top_silenced_tokens"].dataframe.to_dict("list") == {
+        "token": ["+"], "silenced": [2], "kept_candidate_sampled": [0]}  # fmt: skip
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# A real run: the file holds every silenced token the metrics count, also after the last logging step
-# ----------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("max_steps, logging_steps, num_iterations", [(3, 2, 1), (1, 4, 1), (4, 4, 2)])
+@pytest.mark.parametrize("max_steps, logging_steps, num_iterations", [(3, 2, 1), (4, 4, 2)])
 def test_a_real_run_records_every_silenced_token_of_its_metrics(
     tiny_random_model_path, tmp_path, max_steps, logging_steps, num_iterations
 ):
@@ -344,24 +257,21 @@ def test_a_real_run_records_every_silenced_token_of_its_metrics(
     tokens, and spurious_tokens.jsonl records every one of them too. With two iterations, each rollout's mask is
     built again on its second pass (the same tokens, counted again): its records name their update, so no line of
     the file is an exact duplicate of another."""
-    args = tiny_stapo_config(
-        tmp_path / "run", seed=0, max_steps=max_steps, logging_steps=logging_steps, num_iterations=num_iterations,
-        s2t_prob_threshold=0.05,  # why: the random model spreads p over ~300 tokens: most are candidates
-    )  # fmt: skip
+    args = tiny_stapo_config(tmp_path / "run", seed=0, max_steps=max_steps, logging_steps=logging_steps,
+                             num_iterations=num_iterations, s2t_prob_threshold=0.05)  # fmt: skip
+    # why: the random model spreads p over ~300 tokens, most are candidates at tau_p 0.05
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=PROMPTS)
     trainer.add_callback(SpuriousTokenLogger(trainer, max_silenced=100_000))  # replaces the built-in one
     trainer.train()
-    run_dir = tmp_path / "run"
-    rows = [row for row in read_metrics(str(run_dir)) if "s2t/num_silenced" in row]
+    rows = [row for row in read_metrics(str(tmp_path / "run")) if "s2t/num_silenced" in row]
     silenced = round(sum(row["s2t/num_silenced"] for row in rows))
     assert rows[-1]["step"] == max_steps and silenced > 0
-    records = read_token_records(run_dir / SPURIOUS_TOKENS_FILENAME)
-    assert sum(r["kind"] == "silenced" for r in records) == silenced
-    assert max(r["step"] for r in records) == max_steps
+    records = read_token_records(tmp_path / "run" / SPURIOUS_TOKENS_FILENAME)
+    assert sum(r["kind"] == "silenced" for r in records) == silenced and max(r["step"] for r in records) == max_steps
     for r in records:
         assert r["silenced"] == (r["kind"] == "silenced") and "⟦" in r["context"] and r["advantage"] > 0
         assert r["candidate"] == (r["prob"] < 0.05)
-    lines = (run_dir / SPURIOUS_TOKENS_FILENAME).read_text().splitlines()
+    lines = (tmp_path / "run" / SPURIOUS_TOKENS_FILENAME).read_text().splitlines()
     assert len(set(lines)) == len(lines)
