@@ -65,7 +65,7 @@ def test_zero_and_negative_advantages_and_masked_tokens_are_never_candidates():
 
 
 def test_gather_serves_the_quantile_and_the_counts_in_exactly_two_calls():
-    # Another process contributes candidate entropies [0.0, 0.05] and counts (2 silenced, 10 in the loss, 1 non-finite).
+    # Another process contributes candidate entropies [0.0, 0.05] and counts (2 silenced, 10 in the loss, 1 nonfinite).
     calls = []
 
     def gather(tensor):
