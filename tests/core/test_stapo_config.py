@@ -36,7 +36,7 @@ class OpenR1StyleConfig(GRPOConfig):
     s2t_entropy_quantile: float = 0.8  # one S2T field of its own (the paper's v1 value)
 
 
-def test_defaults_are_the_papers():
+def test_defaults_are_the_papers_documented_by_the_field_and_the_docstring():
     # STAPO Sec. 4.1: tau_p = 0.002, q = 0.75 (v4/v5); the DAPO/JustRL objective: clip 0.2 / 0.28, token mean, no KL.
     config = make_config()
     assert (config.s2t_prob_threshold, config.s2t_entropy_quantile, config.s2t_mode) == (0.002, 0.75, "low_entropy")
@@ -44,26 +44,19 @@ def test_defaults_are_the_papers():
     assert PAPER_OBJECTIVE == {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0}
     assert config.top_entropy_quantile == 1.0 and config.entropy_coef == 0.0  # no entropy mask, no bonus
     assert s2t_settings(config) == S2TSettings() == S2TSettings(0.002, 0.75, "low_entropy")
-
-
-def test_the_docstring_names_exactly_the_defaults_that_differ_from_the_installed_grpo_config():
-    # The docs once said "four inherited defaults change"; in trl 1.16 only epsilon_high does. Checked against the
-    # GRPOConfig installed, not asserted by hand: a TRL that changes a default fails here.
-    grpo = make_config(GRPOConfig)
-    differ = sorted(name for name, paper in PAPER_OBJECTIVE.items() if getattr(grpo, name) != paper)
-    assert differ == ["epsilon_high"]
-    doc = " ".join(STAPOConfig.__doc__.split())
-    assert f"`GRPOConfig` differs only in `epsilon_high` (`{grpo.epsilon_high}`" in doc
-
-
-def test_every_s2t_field_has_help_choices_where_closed_and_a_docstring_entry():
     fields = {f.name: f for f in dataclasses.fields(STAPOConfig) if f.name.startswith("s2t_")}
     assert set(fields) == {f"s2t_{f.name}" for f in dataclasses.fields(S2TSettings)}
     for name, f in fields.items():
-        assert len(f.metadata["help"]) > 30, name
-        assert f"{name} (`" in STAPOConfig.__doc__, name
+        assert len(f.metadata["help"]) > 30 and f"{name} (`" in STAPOConfig.__doc__, name
         assert f.default == getattr(S2TSettings(), name.removeprefix("s2t_")), name  # one set of paper values
     assert list(fields["s2t_mode"].metadata["choices"]) == ["low_entropy", "off"]
+    # The docs once said "four inherited defaults change"; in trl 1.16 only epsilon_high does. Checked against the
+    # GRPOConfig installed: a TRL that changes a default fails here.
+    grpo = make_config(GRPOConfig)
+    assert sorted(name for name, paper in PAPER_OBJECTIVE.items() if getattr(grpo, name) != paper) == ["epsilon_high"]
+    assert f"`GRPOConfig` differs only in `epsilon_high` (`{grpo.epsilon_high}`" in " ".join(
+        STAPOConfig.__doc__.split()
+    )
 
 
 @pytest.mark.parametrize(
@@ -87,12 +80,9 @@ def test_bad_values_are_refused_on_one_line_naming_the_field_from_any_config(fie
         s2t_settings(config)
 
 
-@pytest.mark.parametrize("boundary", [{"s2t_prob_threshold": 1.0}, {"s2t_entropy_quantile": 0.0}, {"s2t_mode": "off"}])
-def test_boundary_values_are_accepted(boundary):
-    assert make_config(**boundary)
-
-
 def test_the_settings_come_from_the_config_where_it_has_them_else_from_the_paper():
+    for boundary in ({"s2t_prob_threshold": 1.0}, {"s2t_entropy_quantile": 0.0}, {"s2t_prob_threshold": 1}):
+        assert s2t_settings(make_config(**boundary))  # accepted (an int is a number)
     assert s2t_settings(make_config(GRPOConfig)) == S2TSettings()  # no S2T field at all
     assert s2t_settings(make_config(OpenR1StyleConfig)) == S2TSettings(entropy_quantile=0.8)
     config = make_config(s2t_prob_threshold=0.01, s2t_mode="off")
@@ -108,10 +98,10 @@ def test_the_construction_line_says_the_values_in_effect_and_what_differs_and_no
     assert s2t_settings_line(make_config(), S2TSettings()) is None
     grpo = make_config(GRPOConfig)
     assert s2t_settings_line(grpo, s2t_settings(grpo)) == (
-        "STAPO with s2t_prob_threshold=0.002, s2t_entropy_quantile=0.75, s2t_mode='low_entropy' (the paper's values: "
-        "GRPOConfig has no s2t_prob_threshold, s2t_entropy_quantile, s2t_mode fields, and such values given to it, in a "
-        "YAML file say, are ignored; to set them, use `from stapo_trl import STAPOConfig as GRPOConfig`); differs from "
-        "the paper's objective: epsilon_high=None (paper 0.28)."
+        "STAPO with s2t_prob_threshold=0.002, s2t_entropy_quantile=0.75, s2t_mode='low_entropy' (the paper's "
+        "values: GRPOConfig has no s2t_prob_threshold, s2t_entropy_quantile, s2t_mode fields, and such values given "
+        "to it, in a YAML file say, are ignored; to set them, use `from stapo_trl import STAPOConfig as GRPOConfig`); "
+        "differs from the paper's objective: epsilon_high=None (paper 0.28)."
     )
     own = make_config(OpenR1StyleConfig, epsilon_high=0.28, beta=0.04)
     line = s2t_settings_line(own, s2t_settings(own))
@@ -138,17 +128,10 @@ def test_the_construction_line_says_the_values_in_effect_and_what_differs_and_no
         (dict(steps_per_generation=2, gradient_accumulation_steps=2, num_iterations=2), "old_logps"),
         (dict(num_iterations=2), "old_logps"),
         (dict(steps_per_generation=2, gradient_accumulation_steps=2, use_vllm=True), "old_logps"),  # vLLM IS
-        (
-            dict(
-                steps_per_generation=2,
-                gradient_accumulation_steps=2,
-                use_vllm=True,
-                vllm_importance_sampling_correction=False,
-            ),
-            "extra_forward",
-        ),  # fmt: skip
+        (dict(steps_per_generation=2, gradient_accumulation_steps=2, use_vllm=True,
+              vllm_importance_sampling_correction=False), "extra_forward"),
     ],
-)
+)  # fmt: skip
 def test_the_path_of_p_and_h(geometry, path):
     assert s2t_path(make_config(**geometry)) == path
 
@@ -200,19 +183,16 @@ def test_the_papers_configuration_and_the_defined_behaviours_are_silent(override
     assert s2t_warnings(config, s2t_settings(config)) == []
 
 
-def test_the_process_count_and_steps_per_generation_of_a_dry_run_replace_the_configs():
+def test_a_dry_runs_process_count_and_the_mask_off_in_the_papers_geometry():
     config = make_config(per_device_train_batch_size=4, steps_per_generation=2)
     assert s2t_warnings(config, S2TSettings(), num_processes=2) == []  # 4 completions x 2 processes: one group
     assert len(s2t_warnings(config, S2TSettings(), num_processes=1)) == 1
     config = make_config(gradient_accumulation_steps=2, steps_per_generation=4)
     assert len(s2t_warnings(config, S2TSettings(), steps_per_generation=3)) == 1
-
-
-def test_the_mask_off_in_the_papers_geometry_says_it_is_not_plain_grpo_trainer():
     config = make_config(s2t_mode="off", steps_per_generation=8, gradient_accumulation_steps=2)
     (message,) = s2t_warnings(config, s2t_settings(config))
-    assert message.startswith("s2t_mode='off' with steps_per_generation=8 > gradient_accumulation_steps=2 is not plain "
-                              "GRPOTrainer: each update is divided by its own loss-token count")  # fmt: skip
+    assert message.startswith("s2t_mode='off' with steps_per_generation=8 > gradient_accumulation_steps=2 is not "
+                              "plain GRPOTrainer: each update is divided by its own loss-token count")  # fmt: skip
     for same in (dict(steps_per_generation=2, gradient_accumulation_steps=2), dict(loss_type="bnpo")):
         config = make_config(s2t_mode="off", **{"steps_per_generation": 8, "gradient_accumulation_steps": 2, **same})
         assert s2t_warnings(config, s2t_settings(config)) == []  # GRPOTrainer's objective exactly
