@@ -1,7 +1,6 @@
 """`STAPOTrainer` in a user's script, beside TRL's own `GRPOConfig`, behaves as `GRPOTrainer` plus the mask: the same
-console callbacks, signal handlers and warning filters while it trains, no connection of its own at construction, and
-an import that loads neither deepspeed nor matplotlib. What `stapo-train` adds is one line in a script
-(`stapo_trl.cli.callbacks.add_command_callbacks`)."""
+console callbacks, signal handlers and warning filters while it trains, no connection of its own at construction,
+warnings that name the user's line, and a light import (what an import changes in the process: tests/test_init.py)."""
 
 import signal
 import socket
@@ -14,51 +13,45 @@ import trl
 from testing_utils import PROMPTS, length_reward, subprocess_env
 from transformers import TrainerCallback
 
+import stapo_trl.core
 from stapo_trl import STAPOTrainer
 
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
 def _config(tmp_path, name, **overrides):
-    settings = dict(
-        output_dir=str(tmp_path / name), max_steps=2, logging_steps=1, per_device_train_batch_size=8,
-        num_generations=4, max_completion_length=8, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-    )  # fmt: skip
+    settings = dict(output_dir=str(tmp_path / name), max_steps=2, logging_steps=1, per_device_train_batch_size=8,
+                    num_generations=4, max_completion_length=8, use_cpu=True, bf16=False, report_to="none",
+                    save_strategy="no")  # fmt: skip
     return trl.GRPOConfig(**(settings | overrides))
 
 
-class _Observer(TrainerCallback):
-    """What the process looks like while a trainer trains: its signal handlers and warning filters at a step end."""
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
-        self.filters = list(warnings.filters)
-
-
-def _train(trainer_class, model, tmp_path, name):
-    observer = _Observer()
-    trainer = trainer_class(
-        model, length_reward, args=_config(tmp_path, name), train_dataset=PROMPTS, callbacks=[observer]
-    )
-    console = [type(callback) for callback in trainer.callback_handler.callbacks]
-    trainer.train()
-    return trainer, console, observer
-
-
 def test_the_trainer_keeps_grpo_trainers_console_signal_handlers_and_warning_filters(tiny_random_model_path, tmp_path):
-    filters = list(warnings.filters)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
-    grpo, grpo_console, grpo_seen = _train(trl.GRPOTrainer, tiny_random_model_path, tmp_path, "grpo")
-    stapo, stapo_console, stapo_seen = _train(STAPOTrainer, tiny_random_model_path, tmp_path, "stapo")
-    assert stapo_console == grpo_console  # transformers' ProgressCallback / PrinterCallback, nothing swapped
-    assert stapo_seen.handlers == grpo_seen.handlers == handlers  # no handler of ours while training
-    assert stapo_seen.filters == grpo_seen.filters  # no warning filter of ours while training
-    assert warnings.filters == filters and {s: signal.getsignal(s) for s in handlers} == handlers
-    assert (tmp_path / "stapo" / "metrics.jsonl").is_file()  # the run files are the library's
-    assert any("s2t/num_loss_tokens" in row for row in stapo.state.log_history)
+    filters, handlers, seen = list(warnings.filters), {s: signal.getsignal(s) for s in SIGNALS}, {}
+
+    class Observer(TrainerCallback):  # what the process looks like at a step end
+        def on_step_end(self, args, state, control, **kwargs):
+            seen[args.output_dir] = ({s: signal.getsignal(s) for s in SIGNALS}, list(warnings.filters))
+
+    consoles = []
+    for trainer_class in (trl.GRPOTrainer, STAPOTrainer):
+        args = _config(tmp_path, trainer_class.__name__)
+        trainer = trainer_class(tiny_random_model_path, length_reward, args=args, train_dataset=PROMPTS,
+                                callbacks=[Observer()])  # fmt: skip
+        consoles.append([type(callback) for callback in trainer.callback_handler.callbacks])
+        trainer.train()
+    assert consoles[0] == consoles[1]  # transformers' ProgressCallback / PrinterCallback, nothing swapped
+    (grpo_handlers, grpo_filters), (stapo_handlers, stapo_filters) = seen.values()
+    assert stapo_handlers == grpo_handlers == handlers and stapo_filters == grpo_filters  # nothing of ours
+    assert warnings.filters == filters and {s: signal.getsignal(s) for s in SIGNALS} == handlers
+    assert (tmp_path / "STAPOTrainer" / "metrics.jsonl").is_file()  # the run files are the library's
+    assert any("s2t/num_loss_tokens" in row for row in trainer.state.log_history)
 
 
 def test_construction_opens_no_connection_of_its_own(tiny_random_model_path, tmp_path, monkeypatch):
-    """An uncached Hub id with the Hub unreachable: the same attempts and huggingface_hub's own error as GRPOTrainer
-    (the library probes nothing; `stapo-train`'s up-front check is `stapo_trl.integrations.hub`)."""
+    # An uncached Hub id with the Hub unreachable: the same attempts and huggingface_hub's own error as GRPOTrainer
+    # (the library probes nothing; `stapo-train`'s up-front check is `stapo_trl.integrations.hub`).
     import huggingface_hub.constants
     import huggingface_hub.utils._http
 
@@ -76,13 +69,13 @@ def test_construction_opens_no_connection_of_its_own(tiny_random_model_path, tmp
     for trainer_class in (trl.GRPOTrainer, trl.GRPOTrainer, STAPOTrainer):
         attempts.clear()
         with pytest.raises(OSError) as raised:
-            trainer_class(
-                "not-a-cached-org/no-model", length_reward, args=_config(tmp_path, "hub"), train_dataset=PROMPTS
-            )
+            trainer_class("not-a-cached-org/no-model", length_reward, args=_config(tmp_path, "hub"),
+                          train_dataset=PROMPTS)  # fmt: skip
         errors.append((type(raised.value), len(attempts)))
     assert errors[1] == errors[2] and errors[2][1] > 0, errors  # both asked the Hub, as often
 
 
+@pytest.mark.slow  # a new Python process: ~10 s of imports
 def test_importing_the_trainer_loads_no_deepspeed_and_at_most_3000_lines_of_the_package():
     code = (
         "import sys\nfrom stapo_trl import STAPOConfig, STAPOTrainer\n"
@@ -98,22 +91,17 @@ def test_importing_the_trainer_loads_no_deepspeed_and_at_most_3000_lines_of_the_
 
 
 @pytest.mark.parametrize(
-    "trainer, overrides, words",
-    [
-        ("product", {}, "GRPOConfig has no s2t_prob_threshold"),  # the construction line of a plain GRPOConfig
-        ("core", {}, "GRPOConfig has no s2t_prob_threshold"),
-        ("product", {"beta": 0.04}, "lose their KL penalty"),  # a GRPO feature the mask changes
-    ],
-    ids=["product", "core", "feature-warning"],
-)
-def test_construction_warnings_name_the_users_line(tiny_random_model_path, tmp_path, trainer, overrides, words):
-    # Reported: the construction line pointed at stapo_trl/trainer/trainers.py (`super().__init__(...)`), not the user's script.
-    import stapo_trl.core
-
-    trainer_class = STAPOTrainer if trainer == "product" else stapo_trl.core.STAPOTrainer
-    args = _config(tmp_path, "warn", **overrides)
+    "trainer_class, overrides, words",
+    [(STAPOTrainer, {}, "GRPOConfig has no s2t_prob_threshold"),  # the construction line of a plain GRPOConfig
+     (stapo_trl.core.STAPOTrainer, {}, "GRPOConfig has no s2t_prob_threshold"),
+     (STAPOTrainer, {"beta": 0.04}, "lose their KL penalty")],  # a GRPO feature the mask changes, said once
+    ids=["library", "core", "feature-warning"],
+)  # fmt: skip
+def test_construction_warnings_name_the_users_line(tiny_random_model_path, tmp_path, trainer_class, overrides, words):
+    # Reported: the construction line pointed at stapo_trl's `super().__init__(...)`, not the user's script.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer_class(tiny_random_model_path, length_reward, args=args, train_dataset=PROMPTS)
+        trainer_class(tiny_random_model_path, length_reward, args=_config(tmp_path, "warn", **overrides),
+                      train_dataset=PROMPTS)  # fmt: skip
     (warning,) = [w for w in caught if words in str(w.message)]
     assert warning.filename == __file__, (warning.filename, str(warning.message))
