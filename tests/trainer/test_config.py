@@ -1,6 +1,5 @@
-"""The product's `STAPOConfig` (`stapo_trl.STAPOConfig`): the paper's defaults, every S2T field documented where it is
-declared, the ablation modes beside the core's, early refusals (the S2T values by the core's one definition), and the
-CPU defaults (`use_cpu`, no bf16) on a machine without an accelerator."""
+"""The library's `STAPOConfig` (`stapo_trl.STAPOConfig`): the ablation modes beside the core's, every S2T field
+documented where it is declared, refusals at config time, and the CPU defaults (`use_cpu`, no bf16)."""
 
 import dataclasses
 import logging
@@ -18,53 +17,30 @@ from stapo_trl.trainer.config import has_accelerator
 
 
 def make_config(**overrides):
-    settings = dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[])
-    settings.update(overrides)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return STAPOConfig(**settings)
+        return STAPOConfig(**dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[]) | overrides)
 
 
-def test_defaults_are_the_papers():
-    # STAPO Sec. 4.1: tau_p = 0.002, q = 0.75 (v4/v5), DAPO objective: clip 0.2 / 0.28, token mean, no KL.
-    config = make_config()
-    assert (config.s2t_prob_threshold, config.s2t_entropy_quantile, config.s2t_mode) == (0.002, 0.75, "low_entropy")
-    assert (config.loss_type, config.epsilon, config.epsilon_high, config.beta) == ("dapo", 0.2, 0.28, 0.0)
-    assert config.top_entropy_quantile == 1.0 and config.entropy_coef == 0.0  # no entropy mask, no bonus
-    assert config.s2t_write_run_files is True
-    assert isinstance(config, core.STAPOConfig)  # the core's trainer accepts it
-
-
-def test_the_s2t_fields_are_the_cores_and_the_run_files_switch():
-    # One exact path: no scope, policy or diagnostics switch any more (the ablations are values of s2t_mode).
+def test_the_s2t_fields_are_the_cores_plus_the_ablations_and_the_run_files_switch_each_documented():
+    config = make_config()  # the core's defaults (tests/core/test_stapo_config.py), which its trainer accepts
+    assert isinstance(config, core.STAPOConfig) and config.s2t_write_run_files is True
     names = {f.name for f in dataclasses.fields(STAPOConfig) if f.name.startswith("s2t_")}
     assert names == {"s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode", "s2t_write_run_files"}
-
-
-def test_every_s2t_field_has_help_and_is_documented_by_the_class_that_declares_it():
     for f in dataclasses.fields(STAPOConfig):
-        if not f.name.startswith("s2t_"):
-            continue
-        assert len(f.metadata.get("help", "")) > 40, f.name
-        # The core's fields in core.STAPOConfig; the product's own (s2t_write_run_files) and the one it redeclares
-        # (s2t_mode, with the ablations) in stapo_trl.STAPOConfig.
-        declaring = next(c for c in STAPOConfig.__mro__ if f.name in c.__dict__.get("__annotations__", {}))
-        assert f"{f.name} (`" in declaring.__doc__, f"{f.name} missing from the docstring of {declaring.__qualname__}"
-        if f.name == "s2t_mode":
-            assert declaring is STAPOConfig
-            for mode in ABLATIONS:
-                assert f'"{mode}"' in declaring.__doc__ and mode in f.metadata["help"], mode
-
-
-def test_s2t_mode_choices_are_the_cores_and_the_ablations():
+        if f.name in names:  # documented by the class that declares it (s2t_mode: redeclared with the ablations)
+            declaring = next(c for c in STAPOConfig.__mro__ if f.name in c.__dict__.get("__annotations__", {}))
+            assert len(f.metadata.get("help", "")) > 40 and f"{f.name} (`" in declaring.__doc__, f.name
     (field,) = [f for f in dataclasses.fields(STAPOConfig) if f.name == "s2t_mode"]
     assert field.metadata["choices"] == ["low_entropy", "off", "high_entropy", "all_low_prob"]
-    assert field.metadata["choices"] == list(core.STAPOConfig._s2t_modes) + list(ABLATIONS)
+    assert field.metadata["choices"] == list(core.STAPOConfig._s2t_modes) + list(ABLATIONS)  # one entry each
+    assert all(f'"{mode}"' in STAPOConfig.__doc__ and mode in field.metadata["help"] for mode in ABLATIONS)
     # The type the command line parses (HfArgumentParser reads the Literal) allows the same values.
-    literal = typing.get_type_hints(STAPOConfig)["s2t_mode"]
-    assert set(typing.get_args(literal)) == set(field.metadata["choices"])
+    assert set(typing.get_args(typing.get_type_hints(STAPOConfig)["s2t_mode"])) == set(field.metadata["choices"])
     for mode in field.metadata["choices"]:
         assert make_config(s2t_mode=mode).s2t_mode == mode
+    for boundary in ({"s2t_entropy_quantile": 0.8}, {"s2t_prob_threshold": 1.0, "s2t_entropy_quantile": 0.0}):
+        assert make_config(**boundary)
 
 
 @pytest.mark.parametrize(
@@ -90,6 +66,8 @@ def test_s2t_mode_choices_are_the_cores_and_the_ablations():
         ("loss_type", "ppo", r"^Unknown loss type: ppo \(loss_type='ppo'; TRL's are \['grpo'"),  # TRL's words first
         ("loss_type", "DAPO", r"loss_type='DAPO'"),
         ("loss_type", "dapo ", r"loss_type='dapo '"),
+        ("report_to", ["tensorbord"], r"^report_to=\['tensorbord'\]: tensorbord is not supported, only azure_ml"),
+        ("num_generations", 0, r"^num_generations=0: set num_generations to 2 or more"),  # TRL divides by it first
     ],
 )
 def test_bad_values_are_refused_at_construction_naming_the_field(field, value, message):
@@ -110,20 +88,13 @@ def test_bad_values_are_refused_at_construction_naming_the_field(field, value, m
     ids=["one-generation", "generation-batch", "global-batch"],
 )  # fmt: skip
 def test_where_grpo_config_refuses_a_value_its_words_stand(settings, trl_words):
-    """Code written against GRPOConfig (`from stapo_trl import STAPOConfig as GRPOConfig`) matches TRL's messages, as
-    TRL's own tests do; ours may follow them, never replace them."""
+    # Code written against GRPOConfig (`from stapo_trl import STAPOConfig as GRPOConfig`) matches TRL's messages, as
+    # TRL's own tests do; ours may follow them (the fix), never replace them.
     from trl import GRPOConfig
 
     for config in (GRPOConfig, STAPOConfig):
         with pytest.raises(ValueError, match=re.escape(trl_words)):
             config(**dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[]) | settings)
-
-
-def test_accepts_v1_quantile_and_boundaries():
-    assert make_config(s2t_entropy_quantile=0.8).s2t_entropy_quantile == 0.8
-    config = make_config(s2t_prob_threshold=1.0, s2t_entropy_quantile=0.0)
-    assert (config.s2t_prob_threshold, config.s2t_entropy_quantile) == (1.0, 0.0)
-    assert make_config(s2t_prob_threshold=1).s2t_prob_threshold == 1  # an int is a number
 
 
 @pytest.mark.skipif(has_accelerator(), reason="the CPU defaults apply only on a machine without an accelerator")
