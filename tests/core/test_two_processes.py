@@ -31,8 +31,7 @@ WORKER = textwrap.dedent(
     assert world == 2, world
     low, high = math.log(0.001), math.log(0.5)  # below / above tau_p = 0.002
 
-    def batch(candidate_entropies, num_rows=2, length=4):
-        # (B, T): the first len(candidate_entropies) tokens of row 0 are candidates with these entropies.
+    def batch(candidate_entropies, num_rows=2, length=4):  # the first tokens of row 0: candidates of these entropies
         logps, entropies = torch.full((num_rows, length), high), torch.full((num_rows, length), 2.0)
         for i, h in enumerate(candidate_entropies):
             logps[0, i], entropies[0, i] = low, h
@@ -41,7 +40,8 @@ WORKER = textwrap.dedent(
 
     def facts(result):
         threshold = None if math.isnan(result.entropy_threshold) else result.entropy_threshold
-        return [threshold, result.num_candidates, result.num_silenced, result.num_loss_tokens, int(result.silenced.sum())]
+        counts = [result.num_candidates, result.num_silenced, result.num_loss_tokens, int(result.silenced.sum())]
+        return [threshold, *counts]
 
     seen = {}
     seen["A"] = facts(trainer._s2t_result(*batch([0.1, 0.2, 0.3, 0.4] if rank == 0 else [])))
@@ -74,6 +74,7 @@ WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # two new processes under torchrun: ~20 s
 def test_s2t_collectives_and_normalizer_on_two_ranks(tiny_model_path, tmp_path):
     output = run_torchrun(WORKER, tmp_path / "worker.py", tiny_model_path, str(tmp_path), nproc=2)
     assert "rank 0 of 2 done" in output and "rank 1 of 2 done" in output, output[-3000:]
