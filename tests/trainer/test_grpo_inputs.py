@@ -170,7 +170,7 @@ CASES = {
                                                            "hard": TOPICS.select(range(4, 8))},
                        reward_funcs=topic_reward, config=EVALS), True),
 }  # fmt: skip
-FAST = {"environments-dict-no-prompt", "tools", "rollout-func-no-prompt", "iterable-eval-dict"}  # ~2 s each
+FAST = {"environments-dict-no-prompt", "tools", "rollout-func-no-prompt"}  # ~2 s each; the rest: slow
 
 
 @pytest.mark.parametrize("case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
