@@ -237,14 +237,11 @@ def test_an_epoch_ends_inside_an_update_only_where_updates_span_rollout_batches(
     num_prompts = 8 if steps_per_generation == 4 else 6
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer = AccumulationRecorder(
-            tiny_model_path, reward_funcs=length_reward, train_dataset=prompts.select(range(num_prompts)),
-            args=STAPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], save_strategy="no",
-                             per_device_train_batch_size=4, num_generations=2, max_completion_length=8,
-                             max_steps=len(windows) // 2 if steps_per_generation == 4 else 2,
-                             steps_per_generation=steps_per_generation, gradient_accumulation_steps=2,
-                             s2t_prob_threshold=0.05),
-        )  # fmt: skip
+        settings = dict(max_steps=len(windows) // 2 if steps_per_generation == 4 else 2, s2t_prob_threshold=0.05,
+                        steps_per_generation=steps_per_generation, gradient_accumulation_steps=2)  # fmt: skip
+        args = STAPOConfig(output_dir=str(tmp_path), **SETTINGS | settings)
+        dataset = prompts.select(range(num_prompts))
+        trainer = AccumulationRecorder(tiny_model_path, reward_funcs=length_reward, args=args, train_dataset=dataset)
     warned = [str(w.message) for w in caught if "not a multiple of GA=2" in str(w.message)]
     assert len(warned) == (steps_per_generation == 3)
     trainer.seen = []
