@@ -178,8 +178,7 @@ class _Additions:
         super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
     def _save_checkpoint(self, model, trial):
-        """`Trainer._save_checkpoint` and the rollout state between two writes of the run record: the settings first
-        (an older `trainer_state.json` of the same step removed), the files the save wrote last, marking it whole."""
+        """`Trainer._save_checkpoint` and the rollout state between two writes of the run record (settings, files)."""
         from ..run_folder.rollout import save_rollout_state
 
         folder = os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}")
@@ -218,8 +217,7 @@ class _Additions:
             return super().predict(*args, **kwargs)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, public: bool = False):
-        """Write `output_dir/README.md` ([`~stapo_trl.run_folder.card.model_card`]), never through a link; `public`
-        (what `push_to_hub` uploads) names no local path."""
+        """Write `output_dir/README.md` never through a link; `public` (what `push_to_hub` uploads): no local path."""
         if self.is_world_process_zero():
             from ..run_folder.card import model_card
 
@@ -232,8 +230,7 @@ class _Additions:
         return super().push_to_hub(*args, public=True, **kwargs)
 
     def end(self):
-        """`Trainer.end` after dropping the DDP wrapper, which would keep the process group alive and abort the
-        process exit ([`~stapo_trl.integrations.process_group.release_process_group`]). Call it once, last."""
+        """`Trainer.end` without the DDP wrapper, which would abort the process exit. Call it once, last."""
         release_process_group(self)
 
 
