@@ -1,7 +1,7 @@
 """What `make test-releases` checks on every TRL release setup.cfg admits (tests marked `release`, which the default
 suite runs at the top pins): the README example constructs and trains in TRL's default layout and with
 steps_per_generation = 4 x GA, each path on which the installed TRL would train past the mask is refused at
-construction, and S2T settings a plain `GRPOConfig` drops are named; the core's hand-computed tests are in tests/core."""
+construction, and S2T settings a plain `GRPOConfig` drops are named; the core's hand-computed tests: tests/core."""
 
 import ast
 import warnings
