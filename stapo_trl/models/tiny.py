@@ -1,7 +1,5 @@
-"""The `tiny` recipe: a byte-level BPE tokenizer and a tiny Qwen3 built from scratch, then SFT-warmed on tiny-math.
-
-With so small a vocabulary, hard-target SFT would leave the paper's tau_p = 0.002 almost no candidate: label smoothing
-(0.02) leaves an LLM-like low-probability tail.
+"""The `tiny` recipe: a byte-level BPE tokenizer and a tiny Qwen3 built from scratch, then SFT-warmed on tiny-math,
+with label smoothing (0.02): hard-target SFT would leave the paper's tau_p almost no candidate in so small a vocabulary.
 """
 
 from __future__ import annotations
@@ -13,8 +11,7 @@ from .names import BUILTIN_MODELS
 from .warmup import SEED, evaluate_tiny_math, sft_warm_up
 
 
-# An upper bound: BPE stops earlier, once every word of the task is one token.
-TOKENIZER_VOCAB_SIZE = 400
+TOKENIZER_VOCAB_SIZE = 400  # an upper bound: BPE stops once every word of the task is one token
 PAD_TOKEN, CHAT_START_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 # ChatML, as Qwen uses; `{% generation %}` marks assistant text so `assistant_only_loss=True` also works.
 CHAT_TEMPLATE = (
@@ -40,8 +37,8 @@ SFT_CONFIG: dict[str, Any] = {
 
 
 def build_tokenizer(corpus: list[str]):
-    """A byte-level BPE [`~transformers.PreTrainedTokenizerFast`] trained on `corpus`, digits split (`"85"` is always
-    `["8", "5"]`, as in Qwen), with pad `<|endoftext|>`, eos `<|im_end|>` and a ChatML chat template."""
+    """A byte-level BPE tokenizer trained on `corpus`, digits split (`"85"` is `["8", "5"]`, as in Qwen), with pad
+    `<|endoftext|>`, eos `<|im_end|>` and a ChatML chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -50,38 +47,24 @@ def build_tokenizer(corpus: list[str]):
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
     tokenizer.decoder = decoders.ByteLevel()
-    special_tokens = [PAD_TOKEN, CHAT_START_TOKEN, EOS_TOKEN]
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
     trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB_SIZE, special_tokens=special_tokens, initial_alphabet=alphabet, show_progress=False
-    )
+        vocab_size=TOKENIZER_VOCAB_SIZE, special_tokens=[PAD_TOKEN, CHAT_START_TOKEN, EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )  # fmt: skip
     tokenizer.train_from_iterator(corpus, trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        pad_token=PAD_TOKEN,
-        eos_token=EOS_TOKEN,
-        chat_template=CHAT_TEMPLATE,
+        tokenizer_object=tokenizer, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN, chat_template=CHAT_TEMPLATE,
         model_max_length=MODEL_CONFIG["max_position_embeddings"],
-    )
-
-
-def build_model(tokenizer, config: dict[str, Any]):
-    """A [`~transformers.Qwen3ForCausalLM`] of `config` sized to `tokenizer`, initialised after `manual_seed(SEED)`."""
-    import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
-
-    special = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None}
-    torch.manual_seed(SEED)
-    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tokenizer), **special, **config))
-    model.generation_config = GenerationConfig(**special)
-    return model
+    )  # fmt: skip
 
 
 def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> dict[str, Any]:
-    """Build `builtin:<name>` into `output_dir`: tokenizer, model and, when `sft_steps` > 0, the SFT warm-up and the
-    held-out check. Returns the build record's fields."""
+    """Build `builtin:<name>` into `output_dir`: the tokenizer, the model (initialised after `manual_seed(SEED)`) and,
+    when `sft_steps` > 0, the SFT warm-up and the held-out check. Returns the build record's fields."""
     import tokenizers
+    import torch
     import trl
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     from ..data import make_tiny_math_dataset
 
@@ -89,18 +72,20 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     config = {**MODEL_CONFIG, **recipe.get("model_config", {})}
     data = make_tiny_math_dataset(seed=SEED)
     # Merges learnt from the rendered chats: the instruction and the chat markup become whole-word tokens.
-    corpus = [
+    tokenizer = build_tokenizer([
         "".join(f"{CHAT_START_TOKEN}{m['role']}\n{m['content']}{EOS_TOKEN}\n" for m in prompt)
         + f"{CHAT_START_TOKEN}assistant\n{completion}{EOS_TOKEN}\n"
         for prompt, completion in zip(data["train"]["prompt"], data["train"]["completion"])
-    ]
-    tokenizer = build_tokenizer(corpus)
-    model = build_model(tokenizer, config)
+    ])  # fmt: skip
+    special = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None}
+    torch.manual_seed(SEED)
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tokenizer), **special, **config))
+    model.generation_config = GenerationConfig(**special)
     num_parameters = sum(p.numel() for p in model.parameters())
     sft, evaluation = {"steps": recipe["sft_steps"], "train_examples": len(data["train"])}, None
     if recipe["sft_steps"] > 0:  # a random model scores 0 %: not worth the generation time either
         sft.update(sft_warm_up(model, tokenizer, data["train"], recipe["sft_steps"], SFT_CONFIG), **SFT_CONFIG)
-        evaluation = evaluate_tiny_math(model, tokenizer, data["test"])
+        evaluation = evaluate_tiny_math(model, tokenizer, len(data["test"]))
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     return {

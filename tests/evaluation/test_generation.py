@@ -3,6 +3,8 @@ loop over the model's logits); a seed per sample (the distribution it draws from
 other prompts); the vLLM backend's calls to a stand-in `vllm` module (vLLM is absent here; real vLLM
 runs are in `tests/integrations/test_vllm.py`) and the LoRA rank it reserves for an adapter."""
 
+import math
+
 import pytest
 
 from stapo_trl.evaluation.generation import GeneratedSample, VLLMGenerator, build_prompt_text, hf_generate
@@ -45,7 +47,8 @@ def test_each_row_samples_the_warped_distribution_from_its_own_seed():
     from stapo_trl.evaluation.generation import _seeded_sampler
 
     logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().expand(4000, 4)  # (B, V)
-    sample = _seeded_sampler(1.0, 0.5, list(range(4000)))
+    steps = []  # per step: the entropy of the distribution sampled from and the drawn token's probability
+    sample = _seeded_sampler(1.0, 0.5, list(range(4000)), steps)
     tokens = [sample(None, logits).argmax(-1) for _ in range(2)]  # two steps: the streams' first two numbers
     for step, drawn in enumerate(tokens):
         for r in (0, 1, 2, 3999):
@@ -53,6 +56,10 @@ def test_each_row_samples_the_warped_distribution_from_its_own_seed():
             assert drawn[r].item() == (2 if u < 3 / 7 else 3), (step, r)  # the CDF in token order: 0, 0, 3/7, 1
         assert set(drawn.tolist()) == {2, 3} and abs((drawn == 3).double().mean().item() - 4 / 7) < 0.03
     assert not torch.equal(tokens[0], tokens[1])
+    entropy = -(3 / 7 * math.log(3 / 7) + 4 / 7 * math.log(4 / 7))
+    for (h, p), drawn in zip(steps, tokens, strict=True):
+        torch.testing.assert_close(h, torch.full((4000,), entropy))
+        torch.testing.assert_close(p, torch.where(drawn == 2, 3 / 7, 4 / 7))
 
 
 def test_a_samples_tokens_do_not_depend_on_the_batch_or_the_other_prompts(tiny_math_model_path):
@@ -71,6 +78,12 @@ def test_a_samples_tokens_do_not_depend_on_the_batch_or_the_other_prompts(tiny_m
         runs.append([[s.text for s in row] for row in generator.generate(texts[first:], seeds=seeds, **sampling)])
     assert runs[0] == runs[1] and runs[0][3:] == runs[2]
     assert len({text for row in runs[0] for text in row}) > 6  # sampled: not one completion per prompt
+    # The token statistics of the built-in models' check: a side record, one entry per token up to the eos.
+    stats = {}
+    samples = generator.generate(texts, seeds=[7 + 3 * i for i in range(6)], stats=stats, **sampling)
+    assert [[s.text for s in row] for row in samples] == runs[0]
+    assert len(stats["entropy"]) == len(stats["prob"]) == sum(s.num_tokens for row in samples for s in row)
+    assert all(h >= 0 for h in stats["entropy"]) and all(0 < p <= 1 for p in stats["prob"])
 
 
 def test_vllm_generator_with_a_fake_vllm(monkeypatch):

@@ -22,7 +22,7 @@ from stapo_trl.models import (
     read_builtin_info,
     resolve_model_path,
 )
-from stapo_trl.models.warmup import _TokenStatisticsRecorder, measure_accuracy, summarize_token_statistics
+from stapo_trl.models.warmup import evaluate_tiny_math, summarize_token_statistics
 
 
 def load(path):
@@ -51,13 +51,25 @@ def test_tiny_math_reloads_offline_and_records_its_accuracy(tiny_math_model_path
     assert 0.2 <= evaluation["sampled_accuracy"] <= 0.8 < evaluation["greedy_accuracy"]
 
 
-def test_tiny_math_reloaded_model_solves_held_out_problems(tiny_math_model_path):
+def test_the_build_check_is_stapo_evals_evaluation(tiny_math_model_path, tmp_path):
+    # The check sampled from torch's global RNG with its own grader (a third loop beside stapo-eval's and
+    # stapo-train's): now it is stapo-eval's evaluation at seed 0, so `stapo-eval` reproduces a build record's numbers.
+    from stapo_trl.cli.eval import main
+    from stapo_trl.evaluation.results import load_results
+
     model, tokenizer = load(tiny_math_model_path)
-    test = make_tiny_math_dataset()["test"].select(range(50))
-    accuracy, completions = measure_accuracy(model, tokenizer, test["prompt"], test["solution"], do_sample=False)
-    assert accuracy >= 0.7, completions[:5]
-    assert accuracy == pytest.approx(read_builtin_info(tiny_math_model_path)["eval"]["greedy_accuracy"], abs=0.2)
-    assert sum(c.startswith(t) for c, t in zip(completions, test["completion"])) >= 30  # the worked steps are learnt
+    model.train()
+    evaluation = evaluate_tiny_math(model, tokenizer, 50)
+    assert model.training  # restored
+    argv = f"--model {tiny_math_model_path} --benchmarks tiny-math --backend hf --decoding t1.0-p1.0,greedy --limit 50"
+    assert main([*argv.split(), "--samples", "1", "--max-new-tokens", "48", "--output", str(tmp_path / "r.json")]) == 0
+    tables = load_results(tmp_path / "r.json")["results"]
+    assert evaluation["sampled_accuracy"] == tables["t1.0-p1.0"]["tiny-math"]["avg@1"]
+    assert evaluation["greedy_accuracy"] == tables["greedy"]["tiny-math"]["avg@1"] >= 0.7
+    assert evaluation["greedy_accuracy"] == pytest.approx(
+        read_builtin_info(tiny_math_model_path)["eval"]["greedy_accuracy"], abs=0.2
+    )
+    assert len(evaluation["samples"]) == 5 and evaluation["samples"][0]["problem"] == "25+60"
 
 
 def test_both_builtins_share_the_tokenizer(tiny_math_model_path, tiny_random_model_path):
@@ -261,44 +273,7 @@ def test_a_killed_build_leaves_no_model_and_two_processes_build_once(tmp_path):
     AutoModelForCausalLM.from_pretrained(target)
 
 
-# The sampled-token statistics of the warm-up check (entropy, probability of the drawn token)
-
-
-def test_recorded_token_statistics_match_a_forward_pass(tiny_math_model_path):
-    # The recorder must see the distribution each token was drawn from: at T = 1, top-p 1, top-k 0 that is the
-    # softmax of the logits, which a teacher-forced forward pass over prompt + completion reproduces.
-    model, tokenizer = load(tiny_math_model_path)
-    prompts = make_tiny_math_dataset()["test"]["prompt"][:4]
-    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
-    batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    recorder = _TokenStatisticsRecorder()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        out = model.generate(
-            **batch,
-            max_new_tokens=40,
-            do_sample=True,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            logits_processor=[recorder],
-        )
-    prompt_len = batch["input_ids"].shape[1]
-    completion_ids = out[:, prompt_len:]  # (B, T)
-    entropy, prob = recorder.finish(completion_ids)  # (B, T) each
-    assert entropy.shape == prob.shape == completion_ids.shape
-    attention_mask = torch.cat([batch["attention_mask"], torch.ones_like(completion_ids)], dim=1)  # (B, P + T)
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    with torch.no_grad():
-        logits = model(input_ids=out, attention_mask=attention_mask, position_ids=position_ids).logits
-    logps = torch.log_softmax(logits[:, prompt_len - 1 : -1].float(), dim=-1)  # (B, T, V): predicts completion token t
-    expected_prob = logps.gather(2, completion_ids.unsqueeze(2)).squeeze(2).exp()
-    expected_entropy = -(logps.exp() * logps).sum(dim=-1)
-    for row in range(len(prompts)):
-        ends = (completion_ids[row] == tokenizer.eos_token_id).nonzero()
-        n = int(ends[0]) + 1 if len(ends) else completion_ids.shape[1]  # up to and including the first eos
-        torch.testing.assert_close(prob[row, :n], expected_prob[row, :n], atol=1e-4, rtol=1e-3)
-        torch.testing.assert_close(entropy[row, :n], expected_entropy[row, :n], atol=1e-4, rtol=1e-3)
+# The sampled-token statistics of the warm-up check
 
 
 def test_token_statistics_summary_on_hand_values():
@@ -308,22 +283,3 @@ def test_token_statistics_summary_on_hand_values():
     assert summary["num_tokens"] == 5
     assert summary["entropy_nats"] == {"p10": 0.4, "p50": 2.0, "p90": 3.6, "mean": 2.0}
     assert summary["frac_prob_below_tau_p"] == 0.4 and summary["tau_p"] == 0.002
-
-
-def test_measure_accuracy_counts_tokens_up_to_eos_and_keeps_the_train_mode(tiny_math_model_path):
-    model, tokenizer = load(tiny_math_model_path)
-    test = make_tiny_math_dataset()["test"].select(range(8))
-    model.train()
-    stats = {}
-    _, completions = measure_accuracy(
-        model, tokenizer, test["prompt"], test["solution"], do_sample=False, token_statistics=stats
-    )
-    assert model.training  # restored: the callback of a running SFT evaluates mid-training
-    # One entry per completion token plus its eos (greedy completions are the canonical worked steps, which re-tokenize
-    # to the same tokens; they end well before 48 tokens).
-    lengths = [len(tokenizer(c, add_special_tokens=False)["input_ids"]) + 1 for c in completions]
-    assert len(stats["entropy"]) == len(stats["prob"]) == sum(lengths)
-    assert all(h >= 0 for h in stats["entropy"]) and all(0 < p <= 1 for p in stats["prob"])
-    # The statistics are a side record: the accuracy and completions are those of a call without them.
-    sampled = measure_accuracy(model, tokenizer, test["prompt"], test["solution"], do_sample=True, token_statistics={})
-    assert measure_accuracy(model, tokenizer, test["prompt"], test["solution"], do_sample=True) == sampled
