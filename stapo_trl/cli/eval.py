@@ -5,9 +5,8 @@ Math, OlympiadBench at avg@4, up to 20,480 new tokens, at T 1.0 / top-p 1.0 and 
     stapo-eval --model builtin:tiny-math --benchmarks tiny-math --backend hf --max-new-tokens 48       # CPU, seconds
     stapo-eval --compare results/grpo.json results/stapo.json    # side by side, relative gains (b - a) / a
 
-Arguments, benchmark files and the results file are checked before the model is loaded (one `stapo-eval: error:`
-line, exit status 2). A results file is resumed (finished (benchmark, decoding) pairs skipped; one of other settings
-refused) and rewritten atomically after each pair; a paper-style table ends the run.
+Everything is checked before the model loads (one `stapo-eval: error:` line, status 2). A results file is resumed
+(finished (benchmark, decoding) pairs skipped; one of other settings refused) and rewritten after each pair.
 """
 
 from __future__ import annotations
@@ -18,29 +17,10 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from ..data import (
-    EVAL_CHAT_TEMPLATE_FIX,
-    INSTRUCTION,
-    chat_template_message,
-    config_max_positions,
-    has_chat_template,
-    model_max_positions,
-    prompt_token_budget,
-)
-from ..evaluation import results
-from ..evaluation.generation import (
-    DECODING_ALIASES,
-    DECODING_NAMES,
-    DEFAULT_MAX_NEW_TOKENS,
-    HFGenerator,
-    VLLMGenerator,
-    build_prompt_text,
-    decoding_setting,
-    evaluate_problems,
-)
-from ..evaluation.tasks import BENCHMARKS, PAPER_BENCHMARKS, find_benchmark_file, get_benchmark_spec, load_benchmark
+from .. import data
+from ..evaluation import generation as gen
+from ..evaluation import results, tasks
 from ..models import check_model_available, resolve_model_path
 from . import VersionAction
 from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_input_errors
@@ -50,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_RESULTS_NAME = "stapo_eval.json"  # beside a local model
 DEFAULT_RESULTS_DIR = Path("outputs") / "stapo-eval"  # a Hub id, a builtin: name, a folder not writable
+POSITIVE_FLAGS = "samples limit max_new_tokens batch_size threads tensor_parallel_size max_model_len".split()
 
 
 class _Defaults(argparse.HelpFormatter):
@@ -61,22 +42,25 @@ class _Defaults(argparse.HelpFormatter):
 def make_parser() -> argparse.ArgumentParser:
     """The `stapo-eval` argument parser (no prefix matching: `--sample` is an error, not `--samples`)."""
     parser = OneLineErrorParser(
-        prog="stapo-eval",
-        formatter_class=_Defaults,
-        allow_abbrev=False,
-        epilog=EXIT_STATUS_HELP,
+        prog="stapo-eval", formatter_class=_Defaults, allow_abbrev=False, epilog=EXIT_STATUS_HELP,
         description="Evaluate a model on the STAPO paper's math benchmarks (avg@N, pass@k), or compare two results.",
-    )
+    )  # fmt: skip
     add = parser.add_argument
     add("--model", help="Local path, Hub id or builtin:<name> (e.g. builtin:tiny-math).")
     add("--revision", help="Hub revision (branch, tag or commit) of --model.")
     add("--version", action=VersionAction)
-    add("--benchmarks", default=",".join(PAPER_BENCHMARKS), help=f"Comma-separated. Valid: {', '.join(BENCHMARKS)}.")
+    add(
+        "--benchmarks",
+        default=",".join(tasks.PAPER_BENCHMARKS),
+        help=f"Comma-separated. Valid: {', '.join(tasks.BENCHMARKS)}.",
+    )
     paper = "'paper' = T=1.0/top-p 1.0 and T=0.7/top-p 0.9"
-    add("--decoding", default="paper", help=f"Comma-separated: {DECODING_NAMES} ({paper}).")
-    paper_samples = ", ".join(f"{n} {s.default_samples}" for n, s in BENCHMARKS.items() if s.in_paper)
+    add("--decoding", default="paper", help=f"Comma-separated: {gen.DECODING_NAMES} ({paper}).")
+    paper_samples = ", ".join(f"{n} {s.default_samples}" for n, s in tasks.BENCHMARKS.items() if s.in_paper)
     add("--samples", type=int, help=f"Samples per problem (N of avg@N). Default: the paper's, {paper_samples}.")
-    add("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="Generation budget per sample (tokens).")
+    add(
+        "--max-new-tokens", type=int, default=gen.DEFAULT_MAX_NEW_TOKENS, help="Generation budget per sample (tokens)."
+    )
     add("--backend", choices=["vllm", "hf"], default="vllm", help="Generation backend.")
     add("--data-dir", help="Local benchmark files <dir>/<name>/test.{jsonl,parquet,json}. Default: the Hub datasets.")
     output = "Default: MODEL_DIR/stapo_eval.json for a local model folder, else outputs/stapo-eval/<model>.json"
@@ -101,10 +85,10 @@ def parse_decoding_list(value: str) -> list[str]:
     valid ones for an unknown or no decoding."""
     names = []
     for raw in filter(None, (part.strip() for part in value.split(","))):
-        given = DECODING_ALIASES[raw] if raw in DECODING_ALIASES else [decoding_setting(raw).name]
+        given = gen.DECODING_ALIASES.get(raw) or [gen.decoding_setting(raw).name]
         names += [d for d in given if d not in names]
     if not names:
-        raise ValueError(f"No decoding given. Valid decodings: {DECODING_NAMES}.")
+        raise ValueError(f"No decoding given. Valid decodings: {gen.DECODING_NAMES}.")
     return names
 
 
@@ -131,9 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             benchmarks, decodings, data_dir = _validate(args)  # everything before a model is loaded
             output = Path(args.output) if args.output else default_output(args.model, args.revision)
-            data = _open_results(args, output, data_dir, benchmarks)
-            todo = [(d, b) for d in decodings for b in benchmarks if b not in data["results"].get(d, {})]
-            problems = {b: load_benchmark(b, data_dir, args.limit) for b in dict.fromkeys(b for _, b in todo)}
+            content = _open_results(args, output, data_dir, benchmarks)
+            todo = [(d, b) for d in decodings for b in benchmarks if b not in content["results"].get(d, {})]
+            problems = {b: tasks.load_benchmark(b, data_dir, args.limit) for b in dict.fromkeys(b for _, b in todo)}
         except (OSError, ValueError, RuntimeError) as e:
             raise InputError(parser.prog, str(e)) from None
         print(f"Results file: {output}" + ("" if args.output else " (the default; --output to choose another)"))
@@ -146,32 +130,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         for decoding, bench in todo:
             if generator is None:
                 generator, model_path = _load_generator(parser, args)
-                data["model"] = results.describe_model(model_path, args.revision) | {"name_or_path": args.model}
+                content["model"] = results.describe_model(model_path, args.revision) | {"name_or_path": args.model}
             # --threads, else one thread for a tiny model (a LoRA adapter's merged one too), as training
             with torch_threads(args.threads), tiny_model_threads(getattr(generator, "model", model_path)):
-                _evaluate_pair(args, generator, data, problems[bench], bench, decoding, data_dir)
-            results.write_json_atomic(output, data)
-        print(results.format_results_table([data]))
+                _evaluate_pair(args, generator, content, problems[bench], bench, decoding, data_dir)
+            results.write_json_atomic(output, content)
+        print(results.format_results_table([content]))
         print(f"Results file: {output}")
         return 0
 
 
 def _validate(args) -> tuple[list[str], list[str], str | None]:
-    """(benchmarks, decodings, the absolute data folder) of valid arguments, the model checked to exist; else
-    `ValueError` or `OSError`, one line naming the argument and its valid values."""
+    """(benchmarks, decodings, the absolute data folder), the model checked to exist; else a one-line error."""
     if not args.model:
         raise ValueError("--model is required (unless --compare A_JSON B_JSON).")
-    benchmarks = list(dict.fromkeys(get_benchmark_spec(b).name for b in args.benchmarks.split(",") if b.strip()))
+    benchmarks = list(dict.fromkeys(tasks.get_benchmark_spec(b).name for b in args.benchmarks.split(",") if b.strip()))
     if not benchmarks:
-        raise ValueError(f"No benchmark given. Valid benchmarks: {', '.join(BENCHMARKS)}.")
+        raise ValueError(f"No benchmark given. Valid benchmarks: {', '.join(tasks.BENCHMARKS)}.")
     decodings = parse_decoding_list(args.decoding)
-    for flag in "samples limit max_new_tokens batch_size threads tensor_parallel_size max_model_len".split():
+    for flag in POSITIVE_FLAGS:
         if (value := getattr(args, flag)) is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}.")
     if (share := args.gpu_memory_utilization) is not None and not 0 < share <= 1:
         raise ValueError(
-            f"--gpu-memory-utilization must be in (0, 1] (the share of the device's memory vLLM may use), got {share}; "
-            "leave it unset for 0.9 on a GPU, 0.2 on CPU."
+            f"--gpu-memory-utilization must be in (0, 1] (the share of the device's memory vLLM may use), got "
+            f"{share}; leave it unset for 0.9 on a GPU, 0.2 on CPU."
         )
     if args.data_dir and not Path(args.data_dir).exists():
         raise ValueError(f"--data-dir {args.data_dir} does not exist.")
@@ -182,20 +165,19 @@ def _validate(args) -> tuple[list[str], list[str], str | None]:
 
 def check_generation_budget(args, model_path: str, positions: int | None = None) -> None:
     """`ValueError` ("--max-new-tokens N: max_new_tokens=N leaves no room for a prompt: the model has P positions
-    ...") for a budget that leaves no position for a prompt: the model's `positions`, else those of its `config.json`
-    ([`config_max_positions`]), capped by vLLM's `--max-model-len`; silent when they are unknown."""
-    positions = positions or config_max_positions(model_path, args.revision)
+    ...") when the model's `positions` (else its `config.json`'s, capped by vLLM's `--max-model-len`) leave no room
+    for a prompt; silent when they are unknown."""
+    positions = positions or data.config_max_positions(model_path, args.revision)
     if args.backend == "vllm" and args.max_model_len is not None:
         positions = min(positions or args.max_model_len, args.max_model_len)
     try:
-        prompt_token_budget(positions, args.max_new_tokens)
+        data.prompt_token_budget(positions, args.max_new_tokens)
     except ValueError as e:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: {e}") from None
 
 
-def _open_results(args, output: Path, data_dir: str | None, benchmarks: list[str]) -> dict[str, Any]:
-    """The results file to fill: `output` when it was written with the same settings, else a new one; `ValueError`
-    when `output` is a folder, cannot be written, is not a results file, or holds other settings."""
+def _open_results(args, output: Path, data_dir: str | None, benchmarks: list[str]) -> dict:
+    """The results file to fill (resumed, or new); `ValueError` for an `output` that cannot be that file."""
     if output.is_dir():
         raise ValueError(f"--output {output} is a folder: give a file, e.g. {output / DEFAULT_RESULTS_NAME}.")
     existing = next(p for p in (output.parent, *output.parent.parents) if p.exists())
@@ -203,25 +185,17 @@ def _open_results(args, output: Path, data_dir: str | None, benchmarks: list[str
         raise ValueError(f"--output {output}: {existing} is a file, not a folder: give another path.")
     if not os.access(existing, os.W_OK):
         raise ValueError(f"--output {output}: {existing} cannot be written to: give a path you can write.")
-    config = {"model": args.model, "revision": args.revision, "backend": args.backend, "samples": args.samples}
-    config |= {"max_new_tokens": args.max_new_tokens, "limit": args.limit, "data_dir": data_dir, "seed": args.seed}
-    config |= {"instruction": INSTRUCTION, "chat_template": not args.no_chat_template, "dtype": args.dtype}
-    config |= {"batch_size": args.batch_size, "threads": args.threads}
-    if output.exists():
-        data = results.load_results(output)
-        results.check_resumable(data, config, output)
-        logger.info("Resuming %s", output)
-    else:
-        data = {"format_version": results.RESULTS_FORMAT_VERSION, "created_at": results.now(), "config": config}
-        data |= {"model": None, "versions": results.library_versions(args.backend), "decodings": {}, "results": {}}
-        data |= {"summary": {}, "samples": []}
-    data["config"]["benchmarks"] = [b for b in BENCHMARKS if b in {*data["config"].get("benchmarks", []), *benchmarks}]
-    return data
+    config = {key: getattr(args, key) for key in ("model", "revision", "backend", "samples", "max_new_tokens")}
+    config |= {"limit": args.limit, "data_dir": data_dir, "seed": args.seed, "instruction": data.INSTRUCTION}
+    config |= {"chat_template": not args.no_chat_template, "dtype": args.dtype, "batch_size": args.batch_size}
+    content = results.open_results(output, config | {"threads": args.threads})
+    known = {*content["config"].get("benchmarks", []), *benchmarks}
+    content["config"]["benchmarks"] = [b for b in tasks.BENCHMARKS if b in known]
+    return content
 
 
 def _load_generator(parser, args):
-    """(the generator, the model's path), a `builtin:` model built on first use; [`InputError`] when the model cannot
-    be loaded, leaves no room for a prompt, or has no chat template to use."""
+    """(the generator, the model's path), a `builtin:` model built on first use; else an [`InputError`]."""
     from safetensors import SafetensorError
 
     try:
@@ -229,12 +203,12 @@ def _load_generator(parser, args):
         if args.backend == "vllm":
             vllm = {"revision": args.revision, "dtype": args.dtype, "seed": args.seed}
             vllm |= {"tensor_parallel_size": args.tensor_parallel_size, "max_model_len": args.max_model_len}
-            generator = VLLMGenerator(model_path, args.gpu_memory_utilization, **vllm)
+            generator = gen.VLLMGenerator(model_path, args.gpu_memory_utilization, **vllm)
         else:
-            generator = HFGenerator(model_path, args.revision, args.dtype, batch_size=args.batch_size)
-        check_generation_budget(args, model_path, model_max_positions(generator))
-        if not args.no_chat_template and has_chat_template(generator.tokenizer):  # one jinja refuses: now
-            build_prompt_text(generator.tokenizer, "1+1")
+            generator = gen.HFGenerator(model_path, args.revision, args.dtype, batch_size=args.batch_size)
+        check_generation_budget(args, model_path, data.model_max_positions(generator))
+        if not args.no_chat_template and data.has_chat_template(generator.tokenizer):  # one jinja refuses: now
+            gen.build_prompt_text(generator.tokenizer, "1+1")
     except (OSError, SafetensorError) as e:  # checked whole before: removed or rewritten while it loaded
         cause = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
         raise InputError(
@@ -245,48 +219,35 @@ def _load_generator(parser, args):
         ) from None
     except (RuntimeError, ValueError) as e:
         raise InputError(parser.prog, str(e)) from None
-    if not args.no_chat_template and not has_chat_template(generator.tokenizer):  # as training refuses it
-        message = chat_template_message(args.model, "stapo-eval's prompts are", EVAL_CHAT_TEMPLATE_FIX)
+    if not args.no_chat_template and not data.has_chat_template(generator.tokenizer):  # as training refuses it
+        message = data.chat_template_message(args.model, "stapo-eval's prompts are", data.EVAL_CHAT_TEMPLATE_FIX)
         raise InputError(parser.prog, message)
     return generator, model_path
 
 
-def _evaluate_pair(args, generator, data, problems, bench: str, decoding: str, data_dir: str | None) -> None:
-    """Evaluate one (benchmark, decoding) pair into `data` (its table, samples and the summary)."""
+def _evaluate_pair(args, generator, content, problems, bench: str, decoding: str, data_dir: str | None) -> None:
     import torch
 
-    setting, n, spec = decoding_setting(decoding), args.samples or BENCHMARKS[bench].default_samples, BENCHMARKS[bench]
+    setting, spec = gen.decoding_setting(decoding), tasks.BENCHMARKS[bench]
+    n = args.samples or spec.default_samples
     logger.info("Evaluating %s / %s: %d problems x %d samples", bench, decoding, len(problems), n)
-    table, records = evaluate_problems(
-        generator.generate,
-        generator.tokenizer,
-        problems,
-        n=n,
-        decoding=setting,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        use_chat_template=not args.no_chat_template,
-        save_completions=args.save_completions,
-        max_positions=model_max_positions(generator),
-    )
+    table, records = gen.evaluate_problems(
+        generator.generate, generator.tokenizer, problems, n=n, decoding=setting, max_new_tokens=args.max_new_tokens,
+        seed=args.seed, use_chat_template=not args.no_chat_template, save_completions=args.save_completions,
+        max_positions=data.model_max_positions(generator),
+    )  # fmt: skip
     hub = f"hub:{spec.hub_id}" + (f"/{spec.hub_config}" if spec.hub_config else "") + f":{spec.hub_split}"
-    source = (
-        spec.hub_id
-        if spec.hub_id.startswith("builtin:")
-        else find_benchmark_file(bench, data_dir)
-        if data_dir
-        else hub
+    local = (
+        spec.hub_id.startswith("builtin:") and spec.hub_id or data_dir and tasks.find_benchmark_file(bench, data_dir)
     )
-    table |= {"data_source": str(source), "num_problems_loaded": len(problems), "finished_at": results.now()}
+    table |= {"data_source": str(local or hub), "num_problems_loaded": len(problems), "finished_at": results.now()}
     table["threads"] = torch.get_num_threads()
-    data["decodings"][decoding] = {"temperature": setting.temperature, "top_p": setting.top_p, "top_k": None}
-    data["results"].setdefault(decoding, {})[bench] = table
-    data["samples"].extend(records)
-    data["summary"], data["updated_at"] = results.summarize(data["results"]), results.now()
-    accuracy = 100 * table[f"avg@{n}"]
-    logger.info(
-        "%s / %s: avg@%d = %.1f %%, %d grader errors", bench, decoding, n, accuracy, table["num_grader_errors"]
-    )
+    content["decodings"][decoding] = {"temperature": setting.temperature, "top_p": setting.top_p, "top_k": None}
+    content["results"].setdefault(decoding, {})[bench] = table
+    content["samples"].extend(records)
+    content["summary"], content["updated_at"] = results.summarize(content["results"]), results.now()
+    logger.info("%s / %s: avg@%d = %.1f %%, %d grader errors", bench, decoding, n, 100 * table[f"avg@{n}"],
+                table["num_grader_errors"])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -10,18 +10,9 @@ import os
 import re
 import time
 from collections import namedtuple
-from collections.abc import Sequence
 from typing import Any
 
-from ..data import (
-    EVAL_CHAT_TEMPLATE_FIX,
-    chat_template_message,
-    format_prompt,
-    has_chat_template,
-    keep_short_prompts,
-    prompt_token_budget,
-    render_chat_template,
-)
+from .. import data
 from ..grading import grade
 from .metrics import benchmark_metrics
 from .tasks import BenchmarkProblem
@@ -38,7 +29,7 @@ DECODINGS = {
 DECODING_ALIASES = {"paper": ("t1.0-p1.0", "t0.7-p0.9")}
 DECODING_NAMES = ", ".join([*DECODING_ALIASES, *DECODINGS, "t<temperature>-p<top_p> (e.g. t0.6-p0.95)"])
 DEFAULT_MAX_NEW_TOKENS = 20480  # the paper's generation budget
-# A completion: its text (special tokens removed), its tokens (end-of-sequence included), whether it ended (False: cut).
+# A completion: its text (special tokens removed), its tokens (eos included), whether it ended (False: cut).
 GeneratedSample = namedtuple("GeneratedSample", "text num_tokens finished")
 
 
@@ -54,19 +45,20 @@ def build_prompt_text(tokenizer, problem, use_chat_template: bool = True, chat_t
     """The prompt of a problem (a text, through [`stapo_trl.data.format_prompt`], or a chat) as training renders it:
     the chat template with the generation prompt (`ValueError` when the tokenizer has none), or with
     `use_chat_template=False` the last message as plain text."""
-    messages = format_prompt(problem) if isinstance(problem, str) else problem
+    messages = data.format_prompt(problem) if isinstance(problem, str) else problem
     if not use_chat_template:
         return messages[-1]["content"]
-    if not has_chat_template(tokenizer):
-        fix = EVAL_CHAT_TEMPLATE_FIX
-        raise ValueError(chat_template_message(tokenizer.name_or_path, "The evaluation prompts are", fix))
-    return render_chat_template(tokenizer, messages, **(chat_template_kwargs or {}))
+    if not data.has_chat_template(tokenizer):
+        fix = data.EVAL_CHAT_TEMPLATE_FIX
+        raise ValueError(data.chat_template_message(tokenizer.name_or_path, "The evaluation prompts are", fix))
+    return data.render_chat_template(tokenizer, messages, **(chat_template_kwargs or {}))
 
 
 def _seeded_sampler(temperature: float, top_p: float, seeds: list[int], steps: list | None = None):
     """A logits processor for greedy `generate` that samples row r at `temperature` / `top_p` from its own stream
     (seeded `seeds[r]`, one uniform draw per token, the inverse CDF summed in float64): -inf but at the drawn token.
-    `steps` gets per step the (B,) entropy (nats) of the distribution sampled from and the drawn token's probability."""
+    `steps` gets per step the (B,) entropy (nats) of the distribution sampled from and the drawn token's probability.
+    """
     import torch
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
@@ -203,21 +195,9 @@ class VLLMGenerator:
         ]
 
 
-def evaluate_problems(
-    generate_fn,
-    tokenizer,
-    problems: Sequence[BenchmarkProblem],
-    *,
-    n: int,
-    decoding: DecodingSetting,
-    max_new_tokens: int,
-    seed: int = 0,
-    use_chat_template: bool = True,
-    chat_template_kwargs: dict | None = None,
-    save_completions: bool = False,
-    max_positions: int | None = None,
-    accelerator=None,
-):
+def evaluate_problems(generate_fn, tokenizer, problems: list[BenchmarkProblem], *, n: int, decoding: DecodingSetting,
+                      max_new_tokens: int, seed: int = 0, use_chat_template: bool = True, chat_template_kwargs=None,
+                      save_completions: bool = False, max_positions: int | None = None, accelerator=None):  # fmt: skip
     """(the benchmark's table, its P * n per-sample records): `n` samples per problem from `generate_fn` (a
     generator's `generate`), graded by [`stapo_trl.grading.grade`]; the table is [`benchmark_metrics`] plus
     `num_grader_errors`, `num_truncated`, `mean_completion_tokens`, `generation_time_s` and `grading_time_s`. The
@@ -229,8 +209,8 @@ def evaluate_problems(
     keep = list(range(len(problems)))
     if max_positions is not None:
         lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        budget = prompt_token_budget(max_positions, max_new_tokens)
-        keep = keep_short_prompts(lengths, budget, what=f"{problems[0].benchmark} prompts")
+        budget = data.prompt_token_budget(max_positions, max_new_tokens)
+        keep = data.keep_short_prompts(lengths, budget, what=f"{problems[0].benchmark} prompts")
     local = keep
     if accelerator is not None and accelerator.num_processes > 1:
         with accelerator.split_between_processes(keep, apply_padding=True) as shard:

@@ -15,10 +15,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
-
-
 def pass_k_values(n: int) -> list[int]:
     """The pass@k budgets reported for n samples: the powers of two up to n (1, 2, 4, ...)."""
     return [2**j for j in range(int(math.log2(n)) + 1)] if n >= 1 else []
@@ -33,6 +29,7 @@ def benchmark_metrics(correct: Sequence[Sequence[bool]], n_samples: int, benchma
             problem = problem_ids[i] if problem_ids is not None and i < len(problem_ids) else f"#{i}"
             raise ValueError(f"benchmark {benchmark or '?'} problem {problem} has no graded sample (empty row).")
     counts = [(len(row), sum(map(bool, row))) for row in correct]
-    passk = {str(k): _mean([pass_at_k(n, c, k) for n, c in counts]) for k in pass_k_values(n_samples)}
-    avg = _mean([c / n for n, c in counts])
-    return {f"avg@{n_samples}": avg, "pass@k": passk, "n_samples": n_samples, "num_problems": len(counts)}
+    mean = lambda values: sum(values) / len(values) if values else float("nan")  # noqa: E731
+    passk = {str(k): mean([pass_at_k(n, c, k) for n, c in counts]) for k in pass_k_values(n_samples)}
+    return {f"avg@{n_samples}": mean([c / n for n, c in counts]), "pass@k": passk, "n_samples": n_samples,
+            "num_problems": len(counts)}  # fmt: skip

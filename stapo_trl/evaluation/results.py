@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 from datetime import UTC, datetime
@@ -15,7 +16,10 @@ from ..run_folder.folder import write_atomic
 from .tasks import BENCHMARKS, PAPER_BENCHMARKS
 
 
+logger = logging.getLogger(__name__)
+
 RESULTS_FORMAT_VERSION = 2  # 2: a seed per sample (seed + i * N + j); 1 (read, not resumed): per benchmark/decoding
+LIBRARIES = ["stapo_trl", "torch", "transformers", "trl", "math-verify", "latex2sympy2_extended", "datasets"]
 
 
 def describe_model(model: str, revision: str | None = None) -> dict[str, Any]:
@@ -34,10 +38,9 @@ def describe_model(model: str, revision: str | None = None) -> dict[str, Any]:
 
 
 def library_versions(backend: str) -> dict[str, str | None]:
-    """The versions of Python and of the libraries that shape the numbers."""
-    names = ["stapo_trl", "torch", "transformers", "trl", "math-verify", "latex2sympy2_extended", "datasets"]
+    """The versions of Python and of the libraries that shape the numbers (`None`: not installed)."""
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for name in names + (["vllm"] if backend == "vllm" else []):
+    for name in LIBRARIES + (["vllm"] if backend == "vllm" else []):
         try:
             out[name] = version(name)
         except PackageNotFoundError:
@@ -46,7 +49,6 @@ def library_versions(backend: str) -> dict[str, str | None]:
 
 
 def now() -> str:
-    """The UTC time in ISO 8601, to the second."""
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
@@ -78,7 +80,7 @@ _RESUME_FLAGS = {
 
 
 def _same(key: str, old: Any, new: Any, benchmarks: list[str]) -> bool:
-    """Equal, or the same numbers: one model folder written two ways; `--samples` unset and each benchmark's default."""
+    """Equal, or the same numbers: one folder written two ways, `--samples` unset and each benchmark's default."""
     if key == "model" and isinstance(old, str) and isinstance(new, str) and os.path.isdir(new):
         return os.path.abspath(os.path.expanduser(old)) == os.path.abspath(os.path.expanduser(new))
     if key == "samples" and benchmarks and all(b in BENCHMARKS for b in benchmarks):
@@ -89,10 +91,8 @@ def _same(key: str, old: Any, new: Any, benchmarks: list[str]) -> bool:
 
 
 def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path) -> None:
-    """Refuse to resume a results file written with other settings (a setting the file lacks is not a difference):
-    one `ValueError` line with each setting that differs and the flags that would resume the file, e.g. "r.json holds
-    results of other settings, so it cannot be resumed: --max-new-tokens 48 in the file, 64 now. Rerun with
-    --max-new-tokens 48 to add to it, or choose another --output."."""
+    """Refuse to resume a results file written with other settings (a setting the file lacks is no difference): one
+    `ValueError` line with each setting that differs and the flags that would resume the file."""
     if existing.get("format_version") == 1:
         raise ValueError(
             f"{path} holds results of the old seeding (a seed per benchmark and decoding, now one per sample, as in "
@@ -112,20 +112,29 @@ def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path
         else:
             value = [f"unset ({unset})" if v is None and unset else str(v) for v in (old[key], config.get(key))]
             whats.append(f"{flag} {value[0]} in the file, {value[1]} now")
-            if old[key] is None:
-                leave_out.append(flag)
-            else:
-                give.append(f"{flag} {old[key]}")
-    if not whats:
-        return
-    rerun = " and ".join(
-        [f"with {' '.join(give)}"] * bool(give) + [f"without {', '.join(leave_out)}"] * bool(leave_out)
-    )
-    rerun = f"Rerun {rerun} to add to it" if rerun else "Rerun with the stapo_trl version that wrote it"
-    raise ValueError(
-        f"{path} holds results of other settings, so it cannot be resumed: {'; '.join(whats)}. {rerun}, or choose "
-        "another --output."
-    )
+            (leave_out.append(flag) if old[key] is None else give.append(f"{flag} {old[key]}"))
+    if whats:
+        rerun = [f"with {' '.join(give)}"] * bool(give) + [f"without {', '.join(leave_out)}"] * bool(leave_out)
+        rerun = (
+            f"Rerun {' and '.join(rerun)} to add to it" if rerun else "Rerun with the stapo_trl version that wrote it"
+        )
+        raise ValueError(
+            f"{path} holds results of other settings, so it cannot be resumed: {'; '.join(whats)}. {rerun}, or "
+            "choose another --output."
+        )
+
+
+def open_results(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The results file at `path` to resume (`ValueError` as [`load_results`] and [`check_resumable`]), else a new
+    one of `config`."""
+    if path.exists():
+        data = load_results(path)
+        check_resumable(data, config, path)
+        logger.info("Resuming %s", path)
+        return data
+    data = {"format_version": RESULTS_FORMAT_VERSION, "created_at": now(), "config": config, "model": None}
+    versions = library_versions(config["backend"])
+    return data | {"versions": versions, "decodings": {}, "results": {}, "summary": {}, "samples": []}
 
 
 def _avg(table: dict[str, Any]) -> float:
@@ -137,8 +146,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     summary = {}
     for decoding, tables in results.items():
         present = [b for b in PAPER_BENCHMARKS if b in tables]
-        values = [_avg(tables[b]) for b in present]
-        avg = sum(values) / len(values) if values else None
+        avg = sum(_avg(tables[b]) for b in present) / len(present) if present else None
         summary[decoding] = {"avg": avg, "benchmarks": present, "complete": len(present) == len(PAPER_BENCHMARKS)}
     return summary
 
@@ -149,9 +157,8 @@ PROBLEMS_FOOTNOTE = (
 )
 
 
-def _dropped(table: dict[str, Any] | None) -> str:
-    """`" (n/N)"` for a table that averages n of the N problems loaded (long prompts dropped), else `""`."""
-    n, total = (table or {}).get("num_problems"), (table or {}).get("num_problems_loaded")
+def _dropped(table: dict[str, Any]) -> str:  # " (n/N)": n of the N problems loaded averaged (long prompts dropped)
+    n, total = table.get("num_problems"), table.get("num_problems_loaded")
     return f" ({n}/{total})" if isinstance(n, int) and isinstance(total, int) and n < total else ""
 
 
@@ -173,7 +180,7 @@ class _Table:
         """Add a row; return its values (avg@N per column, then Avg; `None` where missing)."""
         values = [_avg(tables[b]) if b in tables else None for b in self.columns]
         values.append(sum(_avg(tables[b]) for b in averaged) / len(averaged) if averaged else None)
-        notes = [_dropped(tables.get(b)) for b in self.columns] + [""]
+        notes = [_dropped(tables.get(b) or {}) for b in self.columns] + [""]
         self.dropped |= any(notes)
         if values[-1] is not None and len(averaged) < len(PAPER_BENCHMARKS):
             self.partial_avg, notes[-1] = True, "*"
@@ -183,8 +190,7 @@ class _Table:
 
     def footnotes(self, partial_avg: str, result_sets: list[dict[str, Any]]) -> list[str]:
         notes = [partial_avg] * self.partial_avg + [PROBLEMS_FOOTNOTE] * self.dropped
-        limits = sorted({data.get("config", {}).get("limit") for data in result_sets} - {None})
-        if limits:
+        if limits := sorted({data.get("config", {}).get("limit") for data in result_sets} - {None}):
             notes.append(f"Only the first {', '.join(map(str, limits))} problems of each benchmark (--limit).")
         return notes
 
@@ -233,7 +239,7 @@ def format_comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
         va, vb = (table.row(f"{_label(d)}/{decoding}{s}", t, both) for d, t, s in zip((a, b), (ta, tb), suffixes))
         gains = ["n/a" if not x or y is None else f"{100 * (y - x) / x:+.1f}%" for x, y in zip(va, vb)]
         out.append(
-            "\n".join([f"Decoding {decoding}", "", *table.lines, "| rel. gain (b-a)/a | " + " | ".join(gains) + " |"])
+            "\n".join([f"Decoding {decoding}", "", *table.lines, f"| rel. gain (b-a)/a | {' | '.join(gains)} |"])
         )
         note = f"\\* Avg over the {len(both)} paper benchmark(s) both files have: {', '.join(both)}."
         notes += [n for n in table.footnotes(note, []) if n not in notes]

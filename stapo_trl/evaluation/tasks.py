@@ -1,9 +1,7 @@
 r"""The benchmarks ([STAPO](https://huggingface.co/papers/2602.15620) Sec. 4's six, GSM8K, and `tiny-math`: the
-built-in task's test split) as [`BenchmarkProblem`]s, from `<data_dir>/<name>/test.{jsonl,parquet,json}` (the first
-that exists; `data_dir` may be the file) or the Hub. [`normalize_record`] reads every layout of docs/evaluation.md and
-removes an instruction from the problem (DAPO's "Answer: $Answer" wrapper, a last sentence asking for `\boxed{}`), so
-that the prompt carries [`stapo_trl.data.format_prompt`]'s alone.
-"""
+built-in task's test split) as [`BenchmarkProblem`]s, from `<data_dir>/<name>/test.{jsonl,parquet,json}` or the Hub.
+[`normalize_record`] reads every layout of docs/evaluation.md and removes the problem's own instruction, so that the
+prompt carries [`stapo_trl.data.format_prompt`]'s alone."""
 
 from __future__ import annotations
 
@@ -23,7 +21,6 @@ from ..grading import extract_boxed_answer
 _SPEC_FIELDS = "name display_name default_samples hub_id hub_split hub_config num_problems in_paper"
 BenchmarkSpec = namedtuple("BenchmarkSpec", _SPEC_FIELDS, defaults=("test", None, None, True))
 
-
 BENCHMARKS: dict[str, BenchmarkSpec] = {
     s.name: s
     for s in (
@@ -39,15 +36,12 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
 }
 PAPER_BENCHMARKS: tuple[str, ...] = tuple(name for name, spec in BENCHMARKS.items() if spec.in_paper)
 DATA_FILES: tuple[str, ...] = ("test.jsonl", "test.parquet", "test.json")  # in order of preference
-
-
 # A problem: its id, the statement without instruction, the gold (`list[str]` for several answers), its benchmark.
 BenchmarkProblem = namedtuple("BenchmarkProblem", "id problem gold benchmark", defaults=("",))
 
 
 def get_benchmark_spec(name: str) -> BenchmarkSpec:
-    """The spec of `name` (case, `-` and `_` ignored: `MATH-500` is `math500`); `ValueError` listing the valid names
-    for another."""
+    """The spec of `name` (case, `-` and `_` ignored: `MATH-500` is `math500`); `ValueError` listing the valid ones."""
     key = name.strip().lower().replace("-", "").replace("_", "")
     for spec in BENCHMARKS.values():
         if spec.name.replace("-", "") == key:
@@ -60,8 +54,8 @@ _BOXED_TAIL = re.compile(r"\\boxed\{\}[^\n]*$")
 
 
 def clean_problem_text(text: str) -> str:
-    r"""`text` without DAPO's "Answer:" wrapper and without a last sentence (on the last line, opening with an
-    instruction word) that asks for the answer in `\boxed{}`."""
+    r"""`text` without DAPO's "Answer:" wrapper and a last sentence (opening with an instruction word, on the last
+    line) asking for the answer in `\boxed{}`."""
     text = remove_dapo_instruction(text.strip()).strip()
     if (m := _BOXED_TAIL.search(text)) is not None:
         head = text[: m.start()]
@@ -71,8 +65,7 @@ def clean_problem_text(text: str) -> str:
     return text.strip()
 
 
-def _user_content(messages: Any) -> str | None:
-    """The last user turn of a chat (a list of messages, one message, or their JSON text), else `None`."""
+def _user_content(messages: Any) -> str | None:  # of a chat: a list of messages, one message, or their JSON
     if isinstance(messages, str):
         try:
             messages = json.loads(messages)
@@ -102,7 +95,7 @@ def normalize_record(row: Mapping[str, Any], index: int = 0, benchmark: str = ""
     """One row of any layout as a [`BenchmarkProblem`] (id: the row's own, else `index`): the problem from `problem`,
     `question`, a string `prompt` or a chat's last user turn (`prompt`, `messages`); the gold from `answer`,
     `final_answer`, `reward_model.ground_truth`, `ground_truth` or `solution`'s box. `ValueError` naming the row's keys
-    when it has no problem or no gold."""
+    without either."""
     texts = (row.get(key) for key in ("problem", "question", "prompt"))
     problem = next((text for text in texts if isinstance(text, str) and text.strip()), None)
     if not (problem := problem or _user_content(row.get("prompt")) or _user_content(row.get("messages"))):
@@ -140,8 +133,8 @@ def normalize_records(rows: Iterable[Mapping[str, Any]], benchmark: str = "") ->
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a benchmark file ([`stapo_trl.data.load_local_dataset_file`]: a one-line `ValueError` when it is
-    empty or does not parse); a JSON object holding the list of rows (`{"data": [...]}`) gives that list."""
+    """The rows of a benchmark file ([`stapo_trl.data.load_local_dataset_file`]'s `ValueError`s); a JSON object that
+    holds the list of rows (`{"data": [...]}`) gives that list."""
     rows = load_local_dataset_file(str(path)).to_list()
     if len(rows) == 1 and len(rows[0]) == 1 and isinstance(inner := next(iter(rows[0].values())), list):
         return inner
@@ -150,7 +143,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
 def find_benchmark_file(name: str, data_dir: str | Path) -> Path:
     """The file of benchmark `name` under `data_dir` (`<name>/test.*`, or `<name>.*`), or `data_dir` when it is a
-    file; `FileNotFoundError` listing the paths tried when there is none."""
+    file; `FileNotFoundError` listing the paths tried."""
     data_dir = Path(data_dir)
     if data_dir.is_file():
         return data_dir
@@ -164,13 +157,8 @@ def find_benchmark_file(name: str, data_dir: str | Path) -> Path:
 
 def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None) -> list[BenchmarkProblem]:
     """The first `limit` problems of benchmark `name`, from `data_dir` ([`find_benchmark_file`]) or else its Hub
-    dataset (needs network or a warm cache); `tiny-math` is generated (`data_dir` ignored).
-
-    Raises:
-        ValueError: an unknown benchmark, a file that does not parse, or a row without problem or gold.
-        FileNotFoundError: no file for the benchmark under `data_dir`.
-        RuntimeError: the Hub dataset cannot be loaded.
-    """
+    dataset; `tiny-math` is generated. Raises ValueError (an unknown benchmark, a file that does not parse, a row
+    without problem or gold), FileNotFoundError (no file under `data_dir`), RuntimeError (the Hub copy not loaded)."""
     spec = get_benchmark_spec(name)
     if spec.hub_id == "builtin:tiny-math":
         from ..data import make_tiny_math_dataset
@@ -192,8 +180,8 @@ def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | N
 
 
 def benchmark_dataset(problems: Iterable[BenchmarkProblem], instruction: str | None):
-    """The problems as a trainer's `eval_dataset` ([`~datasets.Dataset`]), in training's format: `prompt`
-    ([`stapo_trl.data.format_prompt`]) and `solution` (a list of golds joined with `", "`)."""
+    """The problems as a trainer's `eval_dataset`: `prompt` ([`stapo_trl.data.format_prompt`]) and `solution` (a list
+    of golds joined with `", "`)."""
     from datasets import Dataset
 
     rows = [(format_prompt(p.problem, instruction), p.gold) for p in problems]

@@ -1,19 +1,10 @@
-"""The models: `builtin:` names (`names.py`) built offline once and cached (`cache.py`, which also checks a model
-argument, with the recipe of each kind: `tiny.py`, `gguf.py`, `sft_math.py`), and the loading of a model or LoRA
-adapter folder (`loading.py`)."""
+"""The models: the `builtin:` registry (`names.py`), their offline builds, cached, and the checks of a model argument
+(`cache.py`, with a recipe module per kind: `tiny.py`, `gguf.py`, `sft_math.py`), and loading a model or LoRA adapter
+folder (`loading.py`)."""
 
 from .cache import build_builtin_model, check_model_available, check_model_name_or_path, resolve_model_path
 from .names import BUILTIN_MODELS, INFO_FILE, builtin_model_dir, default_cache_dir, read_builtin_info
 
 
-__all__ = [
-    "BUILTIN_MODELS",
-    "INFO_FILE",
-    "build_builtin_model",
-    "builtin_model_dir",
-    "check_model_available",
-    "check_model_name_or_path",
-    "default_cache_dir",
-    "read_builtin_info",
-    "resolve_model_path",
-]
+__all__ = ["BUILTIN_MODELS", "INFO_FILE", "build_builtin_model", "builtin_model_dir", "check_model_available",
+           "check_model_name_or_path", "default_cache_dir", "read_builtin_info", "resolve_model_path"]  # fmt: skip

@@ -1,5 +1,5 @@
-"""`python -m stapo_trl.models NAME --output-dir DIR [--base-path DIR]`: build one built-in model into a folder, without
-the cache (a launched job's build runs in this child process)."""
+"""`python -m stapo_trl.models NAME --output-dir DIR [--base-path DIR]`: build one built-in model into a folder,
+without the cache (a launched job's build runs in this child process)."""
 
 import argparse
 import logging

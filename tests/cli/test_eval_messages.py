@@ -115,7 +115,7 @@ def test_what_is_not_a_real_difference_resumes():
 @pytest.fixture
 def nothing_loaded(monkeypatch):
     """Fail if a benchmark or the model is loaded."""
-    monkeypatch.setattr(stapo_eval, "load_benchmark", lambda *a, **k: pytest.fail("a benchmark was loaded"))
+    monkeypatch.setattr(stapo_eval.tasks, "load_benchmark", lambda *a, **k: pytest.fail("a benchmark was loaded"))
     monkeypatch.setattr(stapo_eval, "_load_generator", lambda *a, **k: pytest.fail("the model was loaded"))
 
 
