@@ -1,8 +1,8 @@
-"""Generation (`stapo_trl.evaluation.generation`): HF temperature 0 is argmax decoding (against a hand-written argmax
-loop over the model's logits); a seed per sample (the distribution it draws from, no dependence on the batch or the
-other prompts); the vLLM backend's calls to a stand-in `vllm` module (vLLM is absent here; real vLLM
-runs are in `tests/integrations/test_vllm.py`) and the LoRA rank it reserves for an adapter."""
+"""Generation (`stapo_trl.evaluation.generation`): temperature 0 is argmax decoding; a seed per sample (the
+distribution it draws from, no dependence on the batch or the other prompts), the sampled tokens' statistics; the vLLM
+backend's calls to a stand-in `vllm` (real vLLM: `tests/integrations/test_vllm.py`) and its LoRA rank for an adapter."""
 
+import json
 import math
 
 import pytest
@@ -11,30 +11,25 @@ from stapo_trl.evaluation.generation import GeneratedSample, VLLMGenerator, buil
 
 
 def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_path):
-    # Temperature 0 means argmax decoding (as in vLLM): the same tokens as a hand-written argmax loop over the model's
-    # logits, whatever the seed. transformers would refuse temperature=0.0 with do_sample=True.
+    # As in vLLM, whatever the seed: a hand-written argmax loop gives the same tokens (transformers would refuse
+    # temperature=0.0 with do_sample=True).
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_random_model_path, dtype=torch.float32)
-    prompts = [build_prompt_text(tokenizer, p) for p in ["12+34", "7+8"]]
-    expected = []
+    prompts, expected = [build_prompt_text(tokenizer, p) for p in ["12+34", "7+8"]], []
     for text in prompts:
-        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]  # (1, P)
-        new = []
-        with torch.no_grad():
-            for _ in range(6):
-                next_id = int(
-                    model(torch.cat([ids, torch.tensor([new], dtype=torch.long)], dim=1)).logits[0, -1].argmax()
+        ids, new = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"], []  # (1, P)
+        while len(new) < 6 and tokenizer.eos_token_id not in new:
+            with torch.no_grad():
+                new.append(
+                    int(model(torch.cat([ids, torch.tensor([new], dtype=torch.long)], 1)).logits[0, -1].argmax())
                 )
-                new.append(next_id)
-                if next_id == tokenizer.eos_token_id:
-                    break
         expected.append(tokenizer.decode(new, skip_special_tokens=True))
     for seed in (0, 1):
         samples = hf_generate(
-            model, tokenizer, prompts, n=2, temperature=0.0, top_p=1.0, max_new_tokens=6, seeds=[seed] * 2
+            model, tokenizer, prompts, n=2, temperature=0, top_p=1, max_new_tokens=6, seeds=[seed] * 2
         )
         assert [[s.text for s in row] for row in samples] == [[e, e] for e in expected]
 
@@ -63,10 +58,9 @@ def test_each_row_samples_the_warped_distribution_from_its_own_seed():
 
 
 def test_a_samples_tokens_do_not_depend_on_the_batch_or_the_other_prompts(tiny_math_model_path):
-    # stapo-train sampled from torch's global RNG seeded once per process (seed + process index), in batches of
-    # eval_batch_size x k, stapo-eval in batches of --batch-size: the same model gave other samples (44.8 % against
-    # 40.4 %). Now a sample's tokens are those of its own seed, whatever the batch or the process holds besides.
-    from stapo_trl.evaluation.generation import HFGenerator, build_prompt_text
+    # stapo-train sampled from torch's global RNG seeded once per process, in batches of eval_batch_size x k,
+    # stapo-eval in batches of --batch-size: the same model gave other samples (44.8 % against 40.4 %).
+    from stapo_trl.evaluation.generation import HFGenerator
 
     generator = HFGenerator(tiny_math_model_path, dtype="float32", device="cpu")
     texts = [build_prompt_text(generator.tokenizer, f"{a}+{a + 11}") for a in range(10, 16)]  # 6 prompts
@@ -87,42 +81,36 @@ def test_a_samples_tokens_do_not_depend_on_the_batch_or_the_other_prompts(tiny_m
 
 
 def test_vllm_generator_with_a_fake_vllm(monkeypatch):
-    # vLLM is GPU-only and absent here: a stand-in module checks the calls we make (SamplingParams(n, temperature,
-    # top_p, max_tokens), token-id prompts without extra special tokens) and the mapping of its outputs.
+    # A stand-in `vllm` module checks the calls made: one SamplingParams(n, temperature, top_p, max_tokens, seed) per
+    # prompt, token-id prompts without extra special tokens; and the mapping of its outputs.
     import sys
     import types
 
-    calls = {}
+    calls = {"seeds": [], "add_special_tokens": []}
 
-    class SamplingParams:
-        def __init__(self, **kwargs):
-            calls["sampling"] = kwargs
-            calls.setdefault("seeds", []).append(kwargs["seed"])
-            self.n = kwargs["n"]
+    def sampling_params(**kwargs):
+        calls["sampling"] = kwargs
+        calls["seeds"].append(kwargs["seed"])
+        return types.SimpleNamespace(n=kwargs["n"])
 
-    class FakeTokenizer:
-        def __call__(self, text, add_special_tokens=True):
-            calls.setdefault("add_special_tokens", []).append(add_special_tokens)
-            return {"input_ids": [ord(c) for c in text]}
+    def tokenizer(text, add_special_tokens=True):
+        calls["add_special_tokens"].append(add_special_tokens)
+        return {"input_ids": [ord(c) for c in text]}
 
-    class LLM:
-        def __init__(self, **kwargs):
-            calls["llm"] = kwargs
+    def generate(prompts, params):
+        calls["prompts"], n = prompts, params[0].n
+        assert len(params) == len(prompts)
+        out = types.SimpleNamespace(text=r"\boxed{3}", token_ids=[1, 2, 3], finish_reason="stop")
+        cut = types.SimpleNamespace(text=r"\boxed{", token_ids=[1] * 8, finish_reason="length")
+        return [types.SimpleNamespace(outputs=[out] * (n - 1) + [cut]) for _ in prompts]
 
-        def get_tokenizer(self):
-            return FakeTokenizer()
+    def llm(**kwargs):
+        calls["llm"] = kwargs
+        return types.SimpleNamespace(get_tokenizer=lambda: tokenizer, generate=generate)
 
-        def generate(self, prompts, params):
-            calls["prompts"] = prompts
-            assert len(params) == len(prompts)  # one SamplingParams per prompt (its own seed)
-            n = params[0].n
-            out = types.SimpleNamespace(text=r"\boxed{3}", token_ids=[1, 2, 3], finish_reason="stop")
-            cut = types.SimpleNamespace(text=r"\boxed{", token_ids=[1] * 8, finish_reason="length")
-            return [types.SimpleNamespace(outputs=[out] * (n - 1) + [cut]) for _ in prompts]
-
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
-    gpu_platform = types.SimpleNamespace(is_cpu=lambda: False)
-    monkeypatch.setitem(sys.modules, "vllm.platforms", types.SimpleNamespace(current_platform=gpu_platform))
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=llm, SamplingParams=sampling_params))
+    gpu_platform = types.SimpleNamespace(current_platform=types.SimpleNamespace(is_cpu=lambda: False))
+    monkeypatch.setitem(sys.modules, "vllm.platforms", gpu_platform)
     generator = VLLMGenerator("some/model", seed=3, tensor_parallel_size=2)
     samples = generator.generate(["ab", "c"], n=4, temperature=0.7, top_p=0.9, max_new_tokens=20480, seeds=[5, 9])
     assert calls["sampling"] == {"n": 4, "temperature": 0.7, "top_p": 0.9, "max_tokens": 20480, "seed": 9}
@@ -130,25 +118,16 @@ def test_vllm_generator_with_a_fake_vllm(monkeypatch):
     assert calls["llm"]["model"] == "some/model" and calls["llm"]["tensor_parallel_size"] == 2
     assert calls["llm"]["gpu_memory_utilization"] == 0.9 and "enforce_eager" not in calls["llm"]  # GPU defaults
     assert calls["prompts"] == [{"prompt_token_ids": [97, 98]}, {"prompt_token_ids": [99]}]
-    assert calls["add_special_tokens"] == [False, False]
-    assert [len(s) for s in samples] == [4, 4]
-    assert samples[0][0] == GeneratedSample(r"\boxed{3}", 3, True)
-    assert samples[0][-1].finished is False
+    assert calls["add_special_tokens"] == [False, False] and [len(s) for s in samples] == [4, 4]
+    assert samples[0][0] == GeneratedSample(r"\boxed{3}", 3, True) and samples[0][-1].finished is False
 
 
-def test_vllm_max_lora_rank_is_the_smallest_supported_rank_holding_the_adapter(tmp_path):
-    import json
-
+@pytest.mark.parametrize("config, rank", [({"r": 8}, 8), ({"r": 12}, 16), ({"r": 8, "rank_pattern": {"q": 40}}, 64)])
+def test_vllm_max_lora_rank_is_the_smallest_supported_rank_holding_the_adapter(tmp_path, config, rank):
     from stapo_trl.evaluation.generation import vllm_max_lora_rank
 
-    def adapter(name, **config):
-        folder = tmp_path / name
-        folder.mkdir()
-        (folder / "adapter_config.json").write_text(json.dumps(config))
-        return str(folder)
-
-    assert vllm_max_lora_rank(adapter("r8", r=8)) == 8
-    assert vllm_max_lora_rank(adapter("r12", r=12)) == 16
-    assert vllm_max_lora_rank(adapter("pattern", r=8, rank_pattern={"q_proj": 40})) == 64  # a per-module rank
+    (tmp_path / "adapter_config.json").write_text(json.dumps(config))
+    assert vllm_max_lora_rank(str(tmp_path)) == rank
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 1024}))
     with pytest.raises(ValueError, match="LoRA rank 1024 is above vLLM's largest max_lora_rank 512"):
-        vllm_max_lora_rank(adapter("huge", r=1024))
+        vllm_max_lora_rank(str(tmp_path))

@@ -1,26 +1,40 @@
-"""Results tables (`stapo_trl.evaluation.results`): the paper's benchmark columns, the relative gain of two files,
-an average over the benchmarks both have, marked when incomplete, and the settings that differ."""
+"""The results file and its tables (`stapo_trl.evaluation.results`): the paper's columns, the relative gain of two
+files over the benchmarks both have, the cells that average fewer problems, `--limit`, the settings that differ, and
+the one-line refusal to resume a file written with other settings."""
 
+from pathlib import Path
+
+import pytest
 from testing_utils import fake_eval_results
 
-from stapo_trl.evaluation.results import format_comparison, format_results_table
+from stapo_trl.evaluation.results import check_resumable, format_comparison, format_results_table
+
+
+SIX = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
+
+
+def _results(tables: dict, limit=None) -> dict:
+    return {
+        "model": {"name_or_path": "m", "source": "hub"},
+        "config": {"limit": limit},
+        "results": {"t1.0-p1.0": tables},
+    }
+
+
+def _table(avg: float, n: int, loaded: int) -> dict:
+    return {"avg@2": avg, "n_samples": 2, "num_problems": n, "num_problems_loaded": loaded}
 
 
 def test_tables_and_relative_gain():
-    six = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
-    a = fake_eval_results("grpo", dict(zip(six, [0.1, 0.1, 0.4, 0.6, 0.2, 0.4])))  # Avg 0.30
-    b = fake_eval_results("stapo", dict(zip(six, [0.2, 0.1, 0.5, 0.6, 0.2, 0.5])))  # Avg 0.35
+    a = fake_eval_results("grpo", dict(zip(SIX, [0.1, 0.1, 0.4, 0.6, 0.2, 0.4])))  # Avg 0.30
+    b = fake_eval_results("stapo", dict(zip(SIX, [0.2, 0.1, 0.5, 0.6, 0.2, 0.5])))  # Avg 0.35
     table = format_results_table([a, b])
     assert table.splitlines()[0] == "| Model | AIME24 | AIME25 | AMC23 | MATH-500 | Minerva | OlympiadBench | Avg |"
     assert "| grpo/t1.0-p1.0 | 10.0 | 10.0 | 40.0 | 60.0 | 20.0 | 40.0 | 30.0 |" in table
-    comparison = format_comparison(a, b)
     # (b - a) / a: AIME24 (0.2 - 0.1) / 0.1 = +100 %, Avg (0.35 - 0.30) / 0.30 = +16.7 %.
-    assert "| rel. gain (b-a)/a | +100.0% | +0.0% | +25.0% | +0.0% | +0.0% | +25.0% | +16.7% |" in comparison
-
-
-def test_incomplete_average_is_marked():
-    table = format_results_table([fake_eval_results("m", {"aime24": 0.5})])
-    assert "| m/t1.0-p1.0 | 50.0 | 50.0* |" in table
+    gains = "| rel. gain (b-a)/a | +100.0% | +0.0% | +25.0% | +0.0% | +0.0% | +25.0% | +16.7% |"
+    assert gains in format_comparison(a, b)
+    assert "| m/t1.0-p1.0 | 50.0 | 50.0* |" in format_results_table([fake_eval_results("m", {"aime24": 0.5})])
 
 
 def test_comparison_averages_the_shared_benchmarks_and_lists_what_differs():
@@ -36,3 +50,44 @@ def test_comparison_averages_the_shared_benchmarks_and_lists_what_differs():
     assert "Avg over the 2 paper benchmark(s) both files have: aime24, amc23." in comparison
     assert "max_new_tokens: 32 vs 16" in comparison and "aime24 / t1.0-p1.0: 4 vs 2 samples" in comparison
     assert "limit" not in comparison.split("Not like for like")[1]  # equal settings are not listed
+
+
+def test_a_cell_with_dropped_problems_says_how_many_it_averages_and_a_limit_is_stated():
+    # Reported: AIME's avg@2 over 3 of its 8 problems read like the whole benchmark, in both tables.
+    table = format_results_table([_results({"aime24": _table(0.5, 3, 8), "amc23": _table(0.25, 40, 40)})])
+    assert "| m/t1.0-p1.0 | 50.0 (3/8) | 25.0 | " in table, table
+    comparison = format_comparison(_results({"aime24": _table(0.5, 3, 8)}), _results({"aime24": _table(0.25, 8, 8)}))
+    for text in (table, comparison):
+        assert "(n/N): the cell averages n of the benchmark's N problems" in text
+    assert "| 50.0 (3/8) |" in comparison and "| 25.0 |" in comparison, comparison
+    table = format_results_table([_results({"aime24": _table(0.5, 5, 5)}, limit=5)])
+    assert "Only the first 5 problems of each benchmark (--limit)." in table
+    assert "(5/5)" not in table and "(n/N)" not in table  # nothing dropped
+
+
+CONFIG = dict(model="m", revision=None, backend="hf", samples=2, max_new_tokens=48, limit=5, data_dir=None, seed=0,
+              instruction="Solve.", chat_template=True, benchmarks=["aime24"])  # fmt: skip
+
+
+def _refusal(old: dict, new: dict) -> str:
+    with pytest.raises(ValueError) as excinfo:
+        check_resumable({"config": old}, new, Path("r.json"))
+    assert "\n" not in str(excinfo.value) and "None" not in str(excinfo.value)
+    return str(excinfo.value)
+
+
+def test_other_settings_are_one_line_naming_the_flags_that_resume_the_file():
+    # Reported: five lines, with "now None" for the flags left unset.
+    assert _refusal(CONFIG, {**CONFIG, "samples": None, "limit": None, "max_new_tokens": 64}) == (
+        "r.json holds results of other settings, so it cannot be resumed: --samples 2 in the file, unset (each "
+        "benchmark's default) now; --max-new-tokens 48 in the file, 64 now; --limit 5 in the file, unset (every "
+        "problem) now. Rerun with --samples 2 --max-new-tokens 48 --limit 5 to add to it, or choose another --output."
+    )
+    message = _refusal({**CONFIG, "limit": None, "revision": None}, {**CONFIG, "limit": 3, "chat_template": False})
+    assert "--limit unset (every problem) in the file, 3 now" in message
+    assert "the chat template in the file, --no-chat-template now" in message
+    assert message.endswith("Rerun without --limit, --no-chat-template to add to it, or choose another --output.")
+    # Not a difference: a key an older version did not write; --samples 32 (AIME's default) against unset; the same
+    # model folder with a trailing slash.
+    old = {key: value for key, value in CONFIG.items() if key != "chat_template"} | {"samples": None, "model": "."}
+    check_resumable({"config": old}, {**CONFIG, "samples": 32, "model": "./", "chat_template": False}, Path("r.json"))

@@ -1,6 +1,5 @@
-"""The benchmark normalisation layer (`stapo_trl.evaluation.tasks`): record layouts of the benchmark files, the
-instructions stripped from problems, the benchmark registry and the paper's sample counts, and the real benchmark
-copies in `shared/data/` (see its SOURCES.md), which load with the expected number of rows."""
+"""The benchmarks (`stapo_trl.evaluation.tasks`): the record layouts, the instructions stripped from problems, the
+registry and the paper's sample counts, and the real copies in `shared/data/` (its SOURCES.md) with their row counts."""
 
 import re
 
@@ -20,45 +19,38 @@ from stapo_trl.evaluation.tasks import (
 from stapo_trl.grading import is_correct
 
 
-def test_normalize_record_layouts():
-    verl = {
-        "prompt": [
-            {"role": "system", "content": "You are helpful."},
-            {
-                "role": "user",
-                "content": "What is 1+1? Let's think step by step and output the final answer within \\boxed{}.",
-            },
-        ],
-        "reward_model": {"ground_truth": "\\boxed{2}", "style": "rule"},
-        "extra_info": {"index": "X-0"},
-    }
-    p = normalize_record(verl)
-    assert (p.id, p.problem, p.gold) == ("X-0", "What is 1+1?", "2")
+LAYOUTS = {  # row -> (id, problem, gold)
+    "verl": ({"prompt": [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "What is 1+1? "
+              "Let's think step by step and output the final answer within \\boxed{}."}],
+              "reward_model": {"ground_truth": "\\boxed{2}", "style": "rule"}, "extra_info": {"index": "X-0"}},
+             ("X-0", "What is 1+1?", "2")),
+    "gsm8k": ({"question": "How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 1,007", "idx": 5}, ("5", "How many?", "1007")),
+    "minerva": ({"problem": "Find s.", "solution": "Thus $s=\\boxed{1.6} \\mathrm{~cm}$", "idx": 0}, ("0", "Find s.", "1.6")),
+    "olympiad": ({"question": "Find all n.", "final_answer": ["$1,3$"], "id": 7}, ("7", "Find all n.", "$1,3$")),
+    "amc": ({"problem": "How far?", "answer": 27.0, "id": 0}, ("0", "How far?", "27")),
+    "dapo": ({"prompt": "Solve it.", "solution": "34", "reward_model": {"ground_truth": "34"},
+              "source_prompt": [{"role": "user", "content": "Solve the following math problem step by step."}]},
+             ("0", "Solve it.", "34")),
+}  # fmt: skip
 
-    gsm8k = {"question": "How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 1,007", "idx": 5}
-    assert normalize_record(gsm8k).gold == "1007"
 
-    minerva = {"problem": "Find s.", "solution": "Thus $s=\\boxed{1.6} \\mathrm{~cm}$", "idx": 0}
-    assert normalize_record(minerva).gold == "1.6"
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_normalize_record_layouts(layout):
+    row, expected = LAYOUTS[layout]
+    assert tuple(normalize_record(row))[:3] == expected
 
-    olympiad = {"question": "Find all n.", "final_answer": ["$1,3$"], "id": 7}
-    assert normalize_record(olympiad).gold == "$1,3$"
 
-    amc = {"problem": "How far?", "answer": 27.0, "id": 0}
-    assert normalize_record(amc).gold == "27"
-
-    dapo = {
-        "prompt": "Solve it.",
-        "solution": "34",
-        "source_prompt": [{"role": "user", "content": "Solve the following math problem step by step."}],
-        "reward_model": {"ground_truth": "34"},
-    }
-    assert normalize_record(dapo).gold == "34"
-
+def test_rows_without_problem_or_gold_and_unknown_benchmarks_are_refused():
     with pytest.raises(ValueError, match="no gold"):
         normalize_record({"problem": "x"})
     with pytest.raises(ValueError, match="no problem"):
         normalize_record({"answer": "1"})
+    with pytest.raises(ValueError, match="Unknown benchmark 'aime23'. Valid benchmarks: " + ", ".join(BENCHMARKS)):
+        get_benchmark_spec("aime23")
+    assert get_benchmark_spec("MATH-500").name == "math500"
+    # STAPO Sec. 4: avg@32 on AIME24/AIME25/AMC23, avg@4 on MATH-500/Minerva/OlympiadBench.
+    samples = {b: BENCHMARKS[b].default_samples for b in PAPER_BENCHMARKS}
+    assert samples == {"aime24": 32, "aime25": 32, "amc23": 32, "math500": 4, "minerva": 4, "olympiadbench": 4}
 
 
 def test_clean_problem_text_strips_known_instructions():
@@ -68,25 +60,11 @@ def test_clean_problem_text_strips_known_instructions():
         'Remember to put your answer on its own line after "Answer:".'
     )
     assert clean_problem_text(dapo) == "Find $x$."
-    ours = "Find $x$.\nPlease reason step by step, and put your final answer within \\boxed{}."
-    assert clean_problem_text(ours) == "Find $x$."
+    assert clean_problem_text(
+        "Find $x$.\nPlease reason step by step, and put your final answer within \\boxed{}."
+    ) == ("Find $x$.")
     # A problem that merely starts with "Please" keeps its text.
     assert clean_problem_text("Please find $x$. What is $y$?") == "Please find $x$. What is $y$?"
-
-
-def test_unknown_benchmark_lists_valid_names():
-    with pytest.raises(ValueError) as info:
-        get_benchmark_spec("aime23")
-    for name in BENCHMARKS:
-        assert name in str(info.value)
-    assert get_benchmark_spec("MATH-500").name == "math500"
-
-
-def test_paper_defaults():
-    # STAPO Sec. 4: avg@32 on AIME24/AIME25/AMC23, avg@4 on MATH-500/Minerva/OlympiadBench.
-    assert PAPER_BENCHMARKS == ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
-    samples = {b: BENCHMARKS[b].default_samples for b in PAPER_BENCHMARKS}
-    assert samples == {"aime24": 32, "aime25": 32, "amc23": 32, "math500": 4, "minerva": 4, "olympiadbench": 4}
 
 
 # (relative path, rows) from shared/data/SOURCES.md.
@@ -102,8 +80,7 @@ REAL_FILES = [
 @pytest.mark.parametrize("relpath, rows", REAL_FILES, ids=[p for p, _ in REAL_FILES])
 def test_real_file_loads(shared_data_dir, relpath, rows):
     problems = normalize_records(read_rows(shared_data_dir / relpath))
-    assert len(problems) == rows
-    assert len({p.id for p in problems}) == rows  # ids are unique
+    assert len(problems) == len({p.id for p in problems}) == rows  # ids are unique
     assert all(p.problem.strip() and p.gold not in ("", []) for p in problems)
     assert not any(re.search(r"\\boxed\{\}", p.problem) for p in problems)  # instructions stripped
 
@@ -111,21 +88,15 @@ def test_real_file_loads(shared_data_dir, relpath, rows):
 @pytest.mark.parametrize("name", PAPER_BENCHMARKS + ("gsm8k",))
 def test_load_benchmark_from_data_dir(shared_data_dir, name):
     problems = load_benchmark(name, data_dir=shared_data_dir)
-    expected = {"olympiadbench": 675}.get(name, BENCHMARKS[name].num_problems)
-    assert len(problems) == expected
+    assert len(problems) == {"olympiadbench": 675}.get(name, BENCHMARKS[name].num_problems)
     assert all(p.benchmark == name for p in problems)
     assert len(load_benchmark(name, data_dir=shared_data_dir, limit=3)) == 3
-    # The data file itself is accepted as data_dir too.
-    assert len(load_benchmark(name, data_dir=find_benchmark_file(name, shared_data_dir), limit=2)) == 2
+    assert len(load_benchmark(name, data_dir=find_benchmark_file(name, shared_data_dir), limit=2)) == 2  # the file
 
 
-def test_missing_benchmark_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="aime24"):
+def test_a_missing_file_and_the_builtin_tiny_math_benchmark(tmp_path):
+    with pytest.raises(FileNotFoundError, match="No data file for benchmark 'aime24'; tried: "):
         load_benchmark("aime24", data_dir=tmp_path)
-
-
-def test_builtin_tiny_math_benchmark():
     problems = load_benchmark("tiny-math", limit=5)
-    assert len(problems) == 5
-    assert all(re.fullmatch(r"\d\d\+\d\d", p.problem) for p in problems)
+    assert len(problems) == 5 and all(re.fullmatch(r"\d\d\+\d\d", p.problem) for p in problems)
     assert all(is_correct(rf"\boxed{{{eval(p.problem)}}}", p.gold) for p in problems)  # noqa: S307 - "a+b" only
