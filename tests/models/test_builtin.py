@@ -1,4 +1,5 @@
-"""Built-in `builtin:` models: the build, the cache, offline reloading and use as `GRPOTrainer(model=...)`."""
+"""Built-in `builtin:` models: the build and its held-out check, the tokenizer, the cache, offline reloading and use
+as `GRPOTrainer(model=...)`."""
 
 import os
 import random
@@ -16,7 +17,6 @@ from stapo_trl.data import INSTRUCTION, format_prompt, make_tiny_math_dataset
 from stapo_trl.models import (
     BUILTIN_MODELS,
     INFO_FILE,
-    build_builtin_model,
     builtin_model_dir,
     default_cache_dir,
     read_builtin_info,
@@ -29,10 +29,7 @@ def load(path):
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
 
-# The SFT-warmed model
-
-
-def test_tiny_math_reloads_offline_and_records_its_accuracy(tiny_math_model_path):
+def test_tiny_math_reloads_offline_and_records_its_accuracy(tiny_math_model_path, tiny_random_model_path):
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     model, tokenizer = load(tiny_math_model_path)
     assert type(model).__name__ == "Qwen3ForCausalLM"
@@ -41,14 +38,15 @@ def test_tiny_math_reloads_offline_and_records_its_accuracy(tiny_math_model_path
     info = read_builtin_info(tiny_math_model_path)
     assert info["name"] == "builtin:tiny-math" and info["version"] == BUILTIN_MODELS["tiny-math"]["version"]
     assert info["model"]["num_parameters"] == model.num_parameters()
-    assert info["sft"]["steps"] == BUILTIN_MODELS["tiny-math"]["sft_steps"]
-    assert info["sft"]["label_smoothing_factor"] == 0.02
+    assert info["sft"]["steps"] == BUILTIN_MODELS["tiny-math"]["sft_steps"] and info["sft"]["label_smoothing_factor"]
     assert info["sft"]["last_logged_loss"] < info["sft"]["mean_train_loss"]
     # The warm start the RL demo needs: some but not all sampled answers right (T = 1.0); label smoothing leaves a
     # low-probability tail that sampling hits, while the argmax is nearly always right.
     evaluation = info["eval"]
     assert evaluation["temperature"] == 1.0 and evaluation["num_problems"] == 300 and len(evaluation["samples"]) == 5
     assert 0.2 <= evaluation["sampled_accuracy"] <= 0.8 < evaluation["greedy_accuracy"]
+    random_info = read_builtin_info(tiny_random_model_path)
+    assert random_info["sft"]["steps"] == 0 and random_info["eval"] is None
 
 
 def test_the_build_check_is_stapo_evals_evaluation(tiny_math_model_path, tmp_path):
@@ -66,16 +64,17 @@ def test_the_build_check_is_stapo_evals_evaluation(tiny_math_model_path, tmp_pat
     tables = load_results(tmp_path / "r.json")["results"]
     assert evaluation["sampled_accuracy"] == tables["t1.0-p1.0"]["tiny-math"]["avg@1"]
     assert evaluation["greedy_accuracy"] == tables["greedy"]["tiny-math"]["avg@1"] >= 0.7
-    assert evaluation["greedy_accuracy"] == pytest.approx(
-        read_builtin_info(tiny_math_model_path)["eval"]["greedy_accuracy"], abs=0.2
-    )
+    greedy = read_builtin_info(tiny_math_model_path)["eval"]["greedy_accuracy"]
+    assert evaluation["greedy_accuracy"] == pytest.approx(greedy, abs=0.2)
     assert len(evaluation["samples"]) == 5 and evaluation["samples"][0]["problem"] == "25+60"
 
 
-def test_both_builtins_share_the_tokenizer(tiny_math_model_path, tiny_random_model_path):
-    assert load(tiny_math_model_path)[1].get_vocab() == load(tiny_random_model_path)[1].get_vocab()
-    info = read_builtin_info(tiny_random_model_path)
-    assert info["sft"]["steps"] == 0 and info["eval"] is None
+def test_token_statistics_summary_on_hand_values():
+    # Entropies 0..4 nats: linear-interpolated p10 = 0.4, p50 = 2, p90 = 3.6, mean 2. Probabilities: 2 of 5 below 0.002
+    # (0.002 itself is not below).
+    summary = summarize_token_statistics({"entropy": [0, 1, 2, 3, 4], "prob": [0.001, 0.0019, 0.002, 0.5, 1.0]})
+    assert summary["num_tokens"] == 5 and summary["entropy_nats"] == {"p10": 0.4, "p50": 2.0, "p90": 3.6, "mean": 2.0}
+    assert summary["frac_prob_below_tau_p"] == 0.4 and summary["tau_p"] == 0.002
 
 
 def test_grpo_trainer_accepts_the_builtin_path(tiny_math_model_path, tmp_path):
@@ -84,26 +83,14 @@ def test_grpo_trainer_accepts_the_builtin_path(tiny_math_model_path, tmp_path):
 
     prompts = make_tiny_math_dataset()["train"].select(range(16))
     args = GRPOConfig(
-        output_dir=str(tmp_path),
-        max_steps=3,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=40,
-        learning_rate=1e-3,
-        use_cpu=True,
-        bf16=False,
-        report_to=[],
-        save_strategy="no",
-        logging_steps=1,
-        activation_checkpointing=False,
-        seed=0,
-    )
+        output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=8, num_generations=4, max_completion_length=40,
+        learning_rate=1e-3, use_cpu=True, bf16=False, report_to=[], save_strategy="no", logging_steps=1,
+        activation_checkpointing=False, seed=0,
+    )  # fmt: skip
     trainer = GRPOTrainer(
-        model=tiny_math_model_path,
+        model=tiny_math_model_path, args=args, train_dataset=Dataset.from_dict(prompts.select_columns(["prompt"])[:]),
         reward_funcs=lambda completions, **kw: [len(c[0]["content"]) / 40 for c in completions],  # varies at T = 1
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": prompts["prompt"], "solution": prompts["solution"]}),
-    )
+    )  # fmt: skip
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     logs = [log for log in trainer.state.log_history if "reward" in log]
@@ -111,26 +98,24 @@ def test_grpo_trainer_accepts_the_builtin_path(tiny_math_model_path, tmp_path):
     assert all(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
 
 
-# The tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_random_model_path):
-    return AutoTokenizer.from_pretrained(tiny_random_model_path)
-
-
-def test_tokenizer_size_special_tokens_and_digits(tokenizer):
-    assert 280 <= len(tokenizer) <= 400
-    assert (tokenizer.eos_token, tokenizer.pad_token) == ("<|im_end|>", "<|endoftext|>")
+def test_the_tokenizer_splits_digits_and_renders_training_and_test_prompts_alike(
+    tiny_math_model_path, tiny_random_model_path
+):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
+    assert tokenizer.get_vocab() == load(tiny_math_model_path)[1].get_vocab()  # both built-ins share it
+    assert 280 <= len(tokenizer) <= 400 and (tokenizer.eos_token, tokenizer.pad_token) == (
+        "<|im_end|>",
+        "<|endoftext|>",
+    )
     for text in ["0123456789", "\\boxed{85}", "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}", "47+38"]:
         assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
     # Every digit is its own token, never merged with a neighbour (as in Qwen).
-    assert tokenizer.tokenize("0123456789") == list("0123456789")
-    assert tokenizer.tokenize("\\boxed{85}")[-3:] == ["8", "5", "}"]
+    assert tokenizer.tokenize("0123456789") == list("0123456789") and tokenizer.tokenize("\\boxed{85}")[-3:] == [
+        "8",
+        "5",
+        "}",
+    ]
     assert all(not any(ch.isdigit() for ch in p) or len(p) == 1 for p in tokenizer.get_vocab())
-
-
-def test_chat_template(tokenizer):
     text = tokenizer.apply_chat_template(format_prompt("47+38"), tokenize=False, add_generation_prompt=True)
     assert text == f"<|im_start|>user\n47+38\n{INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
     # The prompt renders as a prefix of prompt + completion, so SFT/GRPO see the same context at train and test time.
@@ -141,22 +126,18 @@ def test_chat_template(tokenizer):
     assert tokenizer(full, add_special_tokens=False)["input_ids"][: len(prompt_ids)] == prompt_ids
 
 
-# resolve_model_path and the cache
-
-
-def test_resolve_builds_once_then_reuses_the_cache(tmp_path, monkeypatch):
-    builds = []
-    real_build = builtin_cache.build_builtin_model
-
-    def counting_build(name, *args, **kwargs):
-        builds.append(name)
-        return real_build(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtin_cache, "build_builtin_model", counting_build)
+def test_resolve_builds_once_says_so_and_builds_identical_files(tiny_random_model_path, tmp_path, monkeypatch, caplog):
+    # Reported: a build on first use printed SFT loss rows with no heading; it starts with one warning line.
+    builds, real_build = [], builtin_cache.build_builtin_model
+    monkeypatch.setattr(
+        builtin_cache, "build_builtin_model", lambda name, *a, **k: builds.append(name) or real_build(name, *a, **k)
+    )
     target = builtin_model_dir("tiny-random", tmp_path)
     target.mkdir(parents=True)
     (target / "junk.txt").write_text("an incomplete folder (no build record) is replaced, not trusted")
-    path = resolve_model_path("builtin:tiny-random", cache_dir=tmp_path)
+    with caplog.at_level("WARNING", logger="stapo_trl.models.cache"):
+        path = resolve_model_path("builtin:tiny-random", cache_dir=tmp_path)
+    assert caplog.messages == [f"Building builtin:tiny-random on its first use, once, into {tmp_path}."]
     assert path == str(target) == str(tmp_path / f"tiny-random-{BUILTIN_MODELS['tiny-random']['version']}")
     assert builds == ["tiny-random"] and not (target / "junk.txt").exists()
     mtime = os.path.getmtime(target / INFO_FILE)
@@ -164,40 +145,31 @@ def test_resolve_builds_once_then_reuses_the_cache(tmp_path, monkeypatch):
     assert builds == ["tiny-random"] and os.path.getmtime(target / INFO_FILE) == mtime  # read, not rebuilt
     # Only the model folder and its lock file are left (the temporary build folder was renamed away).
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, target.name + ".lock"])
-    AutoModelForCausalLM.from_pretrained(path)
+    for file in (
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "config.json",
+    ):  # two builds, one file
+        assert (target / file).read_bytes() == (Path(tiny_random_model_path) / file).read_bytes(), file
 
 
-def test_a_build_says_what_it_builds_and_prints_no_loss_rows(tiny_random_model_path, tmp_path, capsys, caplog):
-    # Reported: building a built-in model on first use printed SFT loss rows with no heading. A build starts with
-    # one warning line; the warm-up's rows stay in its build record.
+def test_the_warm_up_prints_no_loss_rows(tiny_random_model_path, capsys):
     from stapo_trl.models.tiny import SFT_CONFIG
     from stapo_trl.models.warmup import sft_warm_up
 
-    with caplog.at_level("WARNING", logger="stapo_trl.models.cache"):
-        path = resolve_model_path("builtin:tiny-random", cache_dir=tmp_path)
-    assert caplog.messages == [f"Building builtin:tiny-random on its first use, once, into {tmp_path}."]
-    model, tokenizer = load(path)
+    model, tokenizer = load(tiny_random_model_path)
     rows = make_tiny_math_dataset()["train"].select(range(8))
-    losses = sft_warm_up(
-        model, tokenizer, rows, max_steps=3, sft_config={**SFT_CONFIG, "per_device_train_batch_size": 4}
-    )
+    losses = sft_warm_up(model, tokenizer, rows, 3, {**SFT_CONFIG, "per_device_train_batch_size": 4})
     out = capsys.readouterr().out
     assert "loss" not in out and "{" not in out, out  # were {'loss': ..., 'grad_norm': ...} rows, one per logging step
     assert losses["last_logged_loss"] > 0
 
 
-def test_two_builds_give_identical_files(tiny_random_model_path, tmp_path):
-    build_builtin_model("tiny-random", tmp_path)  # the session's build was another one, through the cache
-    for file in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json"):
-        assert (tmp_path / file).read_bytes() == open(os.path.join(tiny_random_model_path, file), "rb").read(), file
-
-
 def test_resolve_passes_through_directories_and_hub_ids_and_refuses_bad_paths(tmp_path, tiny_random_model_path):
     model = tiny_random_model_path
     assert resolve_model_path(model) == resolve_model_path(Path(model)) == model
-    assert (
-        resolve_model_path("Qwen/Qwen3-1.7B-Base") == "Qwen/Qwen3-1.7B-Base" and resolve_model_path("gpt2") == "gpt2"
-    )
+    assert [resolve_model_path(name) for name in ("Qwen/Qwen3-1.7B-Base", "gpt2")] == ["Qwen/Qwen3-1.7B-Base", "gpt2"]
     for path in ["./no-such-model", "../no/such/model", "/no/such/model", "~/no-such-model-xyz"]:
         with pytest.raises(FileNotFoundError, match="does not exist"):
             resolve_model_path(path)
@@ -209,26 +181,20 @@ def test_resolve_passes_through_directories_and_hub_ids_and_refuses_bad_paths(tm
     assert all(f"builtin:{name}" in str(excinfo.value) for name in BUILTIN_MODELS)
 
 
-def test_cache_dir_from_env(tmp_path, monkeypatch):
+def test_the_cache_folder_and_the_process_state_of_a_build(tmp_path, monkeypatch):
+    from accelerate.state import AcceleratorState, PartialState
+
     monkeypatch.setenv("STAPO_TRL_CACHE", str(tmp_path))
     assert default_cache_dir() == tmp_path
     assert builtin_model_dir("tiny-math") == tmp_path / f"tiny-math-{BUILTIN_MODELS['tiny-math']['version']}"
     monkeypatch.delenv("STAPO_TRL_CACHE")
     assert str(default_cache_dir()) == os.path.expanduser("~/.cache/stapo_trl")
-
-
-def test_launched_processes_build_in_a_child(monkeypatch):
+    # A launched process builds in a child; any other builds in-process, leaving accelerate's state and RNGs alone.
     assert not builtin_cache._is_launched_process()
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    assert builtin_cache._is_launched_process()
-    monkeypatch.delenv("LOCAL_RANK")
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    assert builtin_cache._is_launched_process()
-
-
-def test_in_process_build_leaves_accelerate_state_and_rngs_alone():
-    from accelerate.state import AcceleratorState, PartialState
-
+    for var in ("LOCAL_RANK", "ACCELERATE_USE_DEEPSPEED"):
+        with monkeypatch.context() as m:
+            m.setenv(var, "1")
+            assert builtin_cache._is_launched_process()
     before = (dict(PartialState._shared_state), dict(AcceleratorState._shared_state))
     torch_state, py_state = torch.get_rng_state(), random.getstate()
     with builtin_cache._preserved_process_state():
@@ -271,15 +237,3 @@ def test_a_killed_build_leaves_no_model_and_two_processes_build_once(tmp_path):
     assert [out.strip().splitlines()[-1] for out, _ in outputs] == [str(target)] * 2
     assert sum("Building builtin:tiny-random" in err for _, err in outputs) == 1  # the other one waited, then read
     AutoModelForCausalLM.from_pretrained(target)
-
-
-# The sampled-token statistics of the warm-up check
-
-
-def test_token_statistics_summary_on_hand_values():
-    # Entropies 0..4 nats: linear-interpolated p10 = 0.4, p50 = 2, p90 = 3.6, mean 2. Probabilities: 2 of 5 below 0.002
-    # (0.002 itself is not below).
-    summary = summarize_token_statistics({"entropy": [0, 1, 2, 3, 4], "prob": [0.001, 0.0019, 0.002, 0.5, 1.0]})
-    assert summary["num_tokens"] == 5
-    assert summary["entropy_nats"] == {"p10": 0.4, "p50": 2.0, "p90": 3.6, "mean": 2.0}
-    assert summary["frac_prob_below_tau_p"] == 0.4 and summary["tau_p"] == 0.002

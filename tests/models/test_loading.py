@@ -36,13 +36,10 @@ def lora_dir(tiny_random_model_path, tmp_path_factory):
     return out, ids, expected
 
 
-def test_full_model_is_not_an_adapter(tiny_random_model_path):
+def test_a_full_model_and_an_adapter_merged_onto_its_base(lora_dir, tiny_random_model_path, caplog):
     assert resolve_model_source(tiny_random_model_path) == ModelSource(tiny_random_model_path)
     model, tokenizer = load_causal_lm(tiny_random_model_path, dtype=torch.float64)
     assert not model.training and model.dtype == torch.float64 and tokenizer("12+34")["input_ids"]
-
-
-def test_adapter_folder_loads_merged_onto_its_base(lora_dir, tiny_random_model_path, caplog):
     folder, ids, expected = lora_dir
     with pytest.raises(OSError):  # what stapo-eval hit before
         AutoModelForCausalLM.from_pretrained(folder)
@@ -54,8 +51,7 @@ def test_adapter_folder_loads_merged_onto_its_base(lora_dir, tiny_random_model_p
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
         base_logits = AutoModelForCausalLM.from_pretrained(tiny_random_model_path)(ids).logits
-    assert (base_logits - expected).abs().max() > 1e-3  # the adapter changes the outputs: it was applied
-    assert tokenizer("12+34")["input_ids"]
+    assert (base_logits - expected).abs().max() > 1e-3 and tokenizer("12+34")["input_ids"]  # the adapter was applied
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="torch's default is already one thread on one core")
@@ -71,60 +67,36 @@ def test_stapo_eval_of_an_adapter_says_so_once_and_runs_on_the_tiny_models_one_t
 
     seen, generate = [], HFGenerator.generate
     monkeypatch.setattr(
-        HFGenerator, "generate", lambda self, *a, **k: seen.append(torch.get_num_threads()) or generate(self, *a, **k)
+        HFGenerator, "generate", lambda *a, **k: seen.append(torch.get_num_threads()) or generate(*a, **k)
     )
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     previous = torch.get_num_threads()
     torch.set_num_threads(max(_torch_default_threads()))  # as torch starts (the test process runs on one)
-    argv = ["--model", str(lora_dir[0]), "--benchmarks", "tiny-math", "--backend", "hf", "--decoding", "greedy"]
+    argv = f"--model {lora_dir[0]} --benchmarks tiny-math --backend hf --decoding greedy --limit 2 --samples 1"
     try:
         with caplog.at_level(logging.INFO):
-            assert (
-                main(
-                    [
-                        *argv,
-                        "--limit",
-                        "2",
-                        "--samples",
-                        "1",
-                        "--max-new-tokens",
-                        "8",
-                        "--output",
-                        str(tmp_path / "r.json"),
-                    ]
-                )
-                == 0
-            )
+            assert main([*argv.split(), "--max-new-tokens", "8", "--output", str(tmp_path / "r.json")]) == 0
     finally:
         torch.set_num_threads(previous)
     out = capsys.readouterr()
-    assert (out.out + out.err + caplog.text).count("Loading the LoRA adapter") == 1
-    assert seen == [1]
+    assert (out.out + out.err + caplog.text).count("Loading the LoRA adapter") == 1 and seen == [1]
 
 
-def test_adapter_without_a_base_is_refused(lora_dir, tmp_path):
+def test_an_adapter_without_a_base_and_model_code_in_a_folder_are_refused(lora_dir, tiny_random_model_path, tmp_path):
     broken = tmp_path / "adapter"
     shutil.copytree(lora_dir[0], broken)
     config = json.loads((broken / "adapter_config.json").read_text())
-    config["base_model_name_or_path"] = None
-    (broken / "adapter_config.json").write_text(json.dumps(config))
+    (broken / "adapter_config.json").write_text(json.dumps(config | {"base_model_name_or_path": None}))
     with pytest.raises(ValueError, match="base_model_name_or_path"):
         load_causal_lm(str(broken))
-
-
-def test_model_code_in_a_folder_is_never_run(tiny_random_model_path, tmp_path):
-    # A folder whose config points at its own modelling code: transformers refuses it without trust_remote_code, which
-    # loading never sets, so the code never runs.
+    # A config that points at its own modelling code: transformers refuses it without trust_remote_code, which loading
+    # never sets, so the code never runs.
     folder = tmp_path / "remote-code"
     shutil.copytree(tiny_random_model_path, folder)
     config = json.loads((folder / "config.json").read_text())
-    config.update(
-        model_type="evil",
-        auto_map={"AutoConfig": "modeling_evil.EvilConfig", "AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"},
-    )
-    (folder / "config.json").write_text(json.dumps(config))
-    ran = tmp_path / "ran"
-    (folder / "modeling_evil.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    auto_map = {"AutoConfig": "modeling_evil.EvilConfig", "AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
+    (folder / "config.json").write_text(json.dumps(config | {"model_type": "evil", "auto_map": auto_map}))
+    (folder / "modeling_evil.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
     with pytest.raises(ValueError, match="trust_remote_code"):
         load_causal_lm(str(folder))
-    assert not ran.exists()
+    assert not (tmp_path / "ran").exists()
