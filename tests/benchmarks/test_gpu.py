@@ -27,10 +27,7 @@ def test_the_tokenizer_decodes_every_id_of_the_model_and_encodes_text_byte_by_by
 
 def test_the_reward_is_the_crc32_parity_of_index_and_completion():
     # CRC-32 of "0:a" is 0xC436B335 (odd), of "1:a" 0xC5F4D902 (even): equal completions of a group get reward spread.
-    assert gpu.hashed_binary_reward(["a", "a"]) == [1.0, 0.0]
-    assert gpu.hashed_binary_reward(["a", "a"]) == gpu.hashed_binary_reward(
-        ["a", "a"]
-    )  # the same rollout, same rewards
+    assert gpu.hashed_binary_reward(["a", "a"]) == [1.0, 0.0] == gpu.hashed_binary_reward(["a", "a"])  # reproducible
 
 
 def test_field_differences_name_the_fields_that_differ():
@@ -114,18 +111,8 @@ def test_reset_model_restores_the_weights_and_the_class_forward():
 @pytest.mark.slow
 def test_the_cpu_smoke_run_measures_every_arm_and_writes_its_report(tmp_path):
     # Smaller than the script's own smoke size (no warm-up unit, 4 completions of 4 per prompt): 18 runs on 2 cores.
-    args = [
-        "--cpu-smoke",
-        "--out",
-        str(tmp_path),
-        "--warmup-units",
-        "0",
-        "--completions",
-        "4",
-        "--num-generations",
-        "4",
-    ]
-    result = gpu.run(gpu.parse_args(args))
+    args = "--cpu-smoke --warmup-units 0 --completions 4 --num-generations 4 --out".split()
+    result = gpu.run(gpu.parse_args([*args, str(tmp_path)]))
     assert result["complete"] and result["field_differences"] == []
     runs = {(r["model"], r["arm"], r["geometry"]) for r in result["runs"]}
     assert runs == {(m, a, g) for m in gpu.MODELS for a in gpu.ARMS for g in gpu.GEOMETRIES}
@@ -135,11 +122,8 @@ def test_the_cpu_smoke_run_measures_every_arm_and_writes_its_report(tmp_path):
     summary = gpu.summarize(result)
     for model in gpu.MODELS:
         # No-grad passes: TRL's old-log-prob forward where spg > GA (every arm), the core's own where GA = spg > 1.
-        for geometry, extra in (
-            ("spg=GA=1", {}),
-            ("spg=4xGA", dict.fromkeys(gpu.ARMS, 1)),
-            ("GA=spg=4", {"STAPO": 1, "off": 1}),
-        ):
+        geometries = {"spg=GA=1": {}, "spg=4xGA": dict.fromkeys(gpu.ARMS, 1), "GA=spg=4": {"STAPO": 1, "off": 1}}
+        for geometry, extra in geometries.items():
             per_arm = summary[f"{model} {geometry}"]["per_arm"]
             for arm, a in per_arm.items():
                 assert (a["grad_passes"], a["nograd_passes"]) == (1, extra.get(arm, 0)), (model, geometry, arm)

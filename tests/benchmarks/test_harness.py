@@ -53,12 +53,8 @@ def test_plain_grpo_and_stapo_arms_train_on_the_same_thread_count(
     tiny_math_model_path, tmp_path, environ, overrides, expected
 ):
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    env.update(
-        environ,
-        HF_HUB_OFFLINE="1",
-        PYTHONPATH=str(REPO),
-        STAPO_TRL_CACHE=str(builtin_cache_root(tiny_math_model_path)),
-    )
+    env |= environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    env["STAPO_TRL_CACHE"] = str(builtin_cache_root(tiny_math_model_path))
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, *overrides], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
     )

@@ -32,11 +32,9 @@ BAD_ARGUMENTS = [
     ("--model m --benchmarks aime24,aime26", "Unknown benchmark 'aime26'. Valid benchmarks: aime24, aime25"),
     ("--model m --decoding t0.5", "t0.7-p0.9, greedy, t<temperature>-p<top_p> (e.g. t0.6-p0.95)."),
     ("--benchmarks aime24", "--model is required"),
-    ("--model m --samples 0", "--samples must be >= 1"),
     # no argparse prefix matching: an abbreviation is an unknown flag, with the full one suggested
     ("--model m --sample 4", "unrecognized arguments: --sample 4; did you mean --samples"),
     ("--model m --benchmark aime24", "did you mean --benchmarks"),
-    ("--model ./no/such/model --benchmarks aime24", "'./no/such/model' does not exist"),
     # A relative path without "./" reads as a Hub id: offline, one line instead of transformers' traceback.
     ("--model outputs/no-such --benchmarks aime24", "'outputs/no-such' is not a local directory"),
     ("--model Qwen/No-Such-Model --benchmarks aime24", "not in the local Hugging Face cache"),
@@ -161,7 +159,7 @@ def test_stapo_eval_samples_what_the_training_evaluation_samples(tiny_math_model
     from stapo_trl.evaluation.generation import evaluate_problems, hf_generate
     from stapo_trl.evaluation.tasks import load_benchmark
 
-    argv = f"--model {tiny_math_model_path} --benchmarks tiny-math --backend hf --limit 4 --decoding t1.0-p1.0"
+    argv = f"--model {tiny_math_model_path} --benchmarks tiny-math --backend hf --limit 3 --decoding t1.0-p1.0"
     argv += " --samples 2 --max-new-tokens 48 --seed 3 --save-completions --batch-size 1 --output"
     assert main([*argv.split(), str(tmp_path / "r.json")]) == 0
     model, tokenizer = (
@@ -169,11 +167,11 @@ def test_stapo_eval_samples_what_the_training_evaluation_samples(tiny_math_model
         AutoTokenizer.from_pretrained(tiny_math_model_path),
     )
     _, records = evaluate_problems(
-        partial(hf_generate, model, tokenizer, batch_size=8), tokenizer, load_benchmark("tiny-math", limit=4), n=2,
+        partial(hf_generate, model, tokenizer, batch_size=8), tokenizer, load_benchmark("tiny-math", limit=3), n=2,
         decoding=DECODINGS["t1.0-p1.0"], max_new_tokens=48, seed=3, save_completions=True,
     )  # fmt: skip
     evaluated = [r["completion"] for r in load_results(tmp_path / "r.json")["samples"]]
-    assert evaluated == [r["completion"] for r in records] and len(set(evaluated)) > 4  # sampled
+    assert evaluated == [r["completion"] for r in records] and len(set(evaluated)) > 3  # sampled
 
 
 def test_an_evaluation_that_drops_long_prompts_records_and_shows_it(tiny_random_model_path, tmp_path, capsys):

@@ -57,9 +57,9 @@ def test_the_build_check_is_stapo_evals_evaluation(tiny_math_model_path, tmp_pat
 
     model, tokenizer = load(tiny_math_model_path)
     model.train()
-    evaluation = evaluate_tiny_math(model, tokenizer, 50)
+    evaluation = evaluate_tiny_math(model, tokenizer, 20)
     assert model.training  # restored
-    argv = f"--model {tiny_math_model_path} --benchmarks tiny-math --backend hf --decoding t1.0-p1.0,greedy --limit 50"
+    argv = f"--model {tiny_math_model_path} --benchmarks tiny-math --backend hf --decoding t1.0-p1.0,greedy --limit 20"
     assert main([*argv.split(), "--samples", "1", "--max-new-tokens", "48", "--output", str(tmp_path / "r.json")]) == 0
     tables = load_results(tmp_path / "r.json")["results"]
     assert evaluation["sampled_accuracy"] == tables["t1.0-p1.0"]["tiny-math"]["avg@1"]
@@ -83,7 +83,7 @@ def test_grpo_trainer_accepts_the_builtin_path(tiny_math_model_path, tmp_path):
 
     prompts = make_tiny_math_dataset()["train"].select(range(16))
     args = GRPOConfig(
-        output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=8, num_generations=4, max_completion_length=40,
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=8, num_generations=4, max_completion_length=40,
         learning_rate=1e-3, use_cpu=True, bf16=False, report_to=[], save_strategy="no", logging_steps=1,
         activation_checkpointing=False, seed=0,
     )  # fmt: skip
@@ -94,7 +94,7 @@ def test_grpo_trainer_accepts_the_builtin_path(tiny_math_model_path, tmp_path):
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     logs = [log for log in trainer.state.log_history if "reward" in log]
-    assert len(logs) == 3 and all(log["completions/mean_length"] < 40 for log in logs)  # eos before the limit
+    assert len(logs) == 2 and all(log["completions/mean_length"] < 40 for log in logs)  # eos before the limit
     assert all(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
 
 
