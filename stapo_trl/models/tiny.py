@@ -5,6 +5,7 @@ vocabulary."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from .names import BUILTIN_MODELS
@@ -14,17 +15,7 @@ from .warmup import SEED, evaluate_tiny_math, sft_warm_up
 TOKENIZER_VOCAB_SIZE = 400  # an upper bound: BPE stops once every word of the task is one token
 PAD_TOKEN, CHAT_START_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 # ChatML, as Qwen uses; `{% generation %}` marks assistant text so `assistant_only_loss=True` also works.
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{%- if message['role'] == 'assistant' %}"
-    "{{- '<|im_start|>assistant\\n' }}{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}"
-    "{{- '\\n' }}"
-    "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+CHAT_TEMPLATE = (Path(__file__).parents[1] / "templates" / "tiny_chat_template.jinja").read_text("utf-8")
 # hidden 64 / 2 layers / 4 query heads (2 key-value heads) / MLP 256 / tied embeddings: 144k parameters.
 MODEL_CONFIG: dict[str, Any] = {
     "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -30,19 +30,10 @@ def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, sft_config: dic
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     with tempfile.TemporaryDirectory() as output_dir:
         args = SFTConfig(
-            output_dir=output_dir,
-            max_steps=max_steps,
-            seed=SEED,
-            use_cpu=True,
-            bf16=False,
-            report_to=[],
-            save_strategy="no",
-            logging_steps=min(50, max(1, max_steps // 5)),
-            disable_tqdm=True,
-            loss_type="nll",  # TRL 1.9-1.14 default to chunked_nll, which fails with label smoothing
-            **{checkpointing: False},
-            **sft_config,
-        )
+            output_dir=output_dir, max_steps=max_steps, seed=SEED, use_cpu=True, bf16=False, report_to=[],
+            save_strategy="no", logging_steps=min(50, max(1, max_steps // 5)), disable_tqdm=True,
+            loss_type="nll", **{checkpointing: False}, **sft_config,  # TRL 1.9-1.14: chunked_nll fails with smoothing
+        )  # fmt: skip
         with warnings.catch_warnings():  # TRL deprecates label smoothing in SFT; it is the point of this warm-up
             warnings.filterwarnings("ignore", message=".*label_smoothing_factor.*", category=FutureWarning)
             trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
