@@ -207,11 +207,11 @@ def format_results_table(result_sets: list[dict[str, Any]]) -> str:
     return "\n".join(table.lines + ([""] + notes if notes else []))
 
 
-COMPARABLE_SETTINGS = ("max_new_tokens", "limit", "instruction", "chat_template", "data_dir")
+COMPARABLE_SETTINGS = ("max_new_tokens", "limit", "instruction", "chat_template", "data_dir")  # the backend may differ
 
 
 def comparison_caveats(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """What differs between two results files beyond the model (the backend may): settings, samples, problems."""
+    """What differs between two results files beyond the model: settings, samples, problems."""
     ca, cb = a.get("config", {}), b.get("config", {})
     caveats = [f"{k}: {ca[k]!r} vs {cb[k]!r}" for k in COMPARABLE_SETTINGS if k in ca and k in cb and ca[k] != cb[k]]
     for decoding in [d for d in a["results"] if d in b["results"]]:

@@ -43,9 +43,8 @@ BenchmarkProblem = namedtuple("BenchmarkProblem", "id problem gold benchmark", d
 def get_benchmark_spec(name: str) -> BenchmarkSpec:
     """The spec of `name` (case, `-` and `_` ignored: `MATH-500` is `math500`); `ValueError` listing the valid ones."""
     key = name.strip().lower().replace("-", "").replace("_", "")
-    for spec in BENCHMARKS.values():
-        if spec.name.replace("-", "") == key:
-            return spec
+    if spec := next((s for s in BENCHMARKS.values() if s.name.replace("-", "") == key), None):
+        return spec
     raise ValueError(f"Unknown benchmark {name!r}. Valid benchmarks: {', '.join(BENCHMARKS)}.")
 
 
@@ -71,9 +70,7 @@ def _user_content(messages: Any) -> str | None:  # of a chat: a list of messages
             messages = json.loads(messages)
         except json.JSONDecodeError:
             return None
-    messages = [messages] if isinstance(messages, Mapping) else messages
-    if not isinstance(messages, (list, tuple)):
-        return None
+    messages = [messages] if isinstance(messages, Mapping) else messages if isinstance(messages, (list, tuple)) else []
     users = [m.get("content") for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
     return users[-1] if users else None
 
@@ -125,10 +122,8 @@ def normalize_records(rows: Iterable[Mapping[str, Any]], benchmark: str = "") ->
     problems, seen = [], set()
     for i, row in enumerate(rows):
         p = normalize_record(row, index=i, benchmark=benchmark)
-        if p.id in seen:
-            p = BenchmarkProblem(f"{p.id}#{i}", p.problem, p.gold, p.benchmark)
-        seen.add(p.id)
-        problems.append(p)
+        problems.append(p._replace(id=f"{p.id}#{i}") if p.id in seen else p)
+        seen.add(problems[-1].id)
     return problems
 
 
@@ -149,9 +144,8 @@ def find_benchmark_file(name: str, data_dir: str | Path) -> Path:
         return data_dir
     name = get_benchmark_spec(name).name
     tried = [data_dir / name / f for f in DATA_FILES] + [data_dir / f"{name}{Path(f).suffix}" for f in DATA_FILES]
-    for candidate in tried:
-        if candidate.is_file():
-            return candidate
+    if found := next((candidate for candidate in tried if candidate.is_file()), None):
+        return found
     raise FileNotFoundError(f"No data file for benchmark {name!r}; tried: {', '.join(map(str, tried))}")
 
 
