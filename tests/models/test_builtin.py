@@ -1,5 +1,5 @@
-"""Built-in `builtin:` models: the build and its held-out check, the tokenizer, the cache, offline reloading and use
-as `GRPOTrainer(model=...)`."""
+"""Built-in `builtin:` models: the build and its held-out check, the tokenizer, the cache and offline reloading (their
+use as `GRPOTrainer(model=...)`: `tests/trainer/test_trainers.py`, `tests/benchmarks/test_harness.py`)."""
 
 import os
 import random
@@ -75,27 +75,6 @@ def test_token_statistics_summary_on_hand_values():
     summary = summarize_token_statistics({"entropy": [0, 1, 2, 3, 4], "prob": [0.001, 0.0019, 0.002, 0.5, 1.0]})
     assert summary["num_tokens"] == 5 and summary["entropy_nats"] == {"p10": 0.4, "p50": 2.0, "p90": 3.6, "mean": 2.0}
     assert summary["frac_prob_below_tau_p"] == 0.4 and summary["tau_p"] == 0.002
-
-
-def test_grpo_trainer_accepts_the_builtin_path(tiny_math_model_path, tmp_path):
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    prompts = make_tiny_math_dataset()["train"].select(range(16))
-    args = GRPOConfig(
-        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=8, num_generations=4, max_completion_length=40,
-        learning_rate=1e-3, use_cpu=True, bf16=False, report_to=[], save_strategy="no", logging_steps=1,
-        activation_checkpointing=False, seed=0,
-    )  # fmt: skip
-    trainer = GRPOTrainer(
-        model=tiny_math_model_path, args=args, train_dataset=Dataset.from_dict(prompts.select_columns(["prompt"])[:]),
-        reward_funcs=lambda completions, **kw: [len(c[0]["content"]) / 40 for c in completions],  # varies at T = 1
-    )  # fmt: skip
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    trainer.train()
-    logs = [log for log in trainer.state.log_history if "reward" in log]
-    assert len(logs) == 2 and all(log["completions/mean_length"] < 40 for log in logs)  # eos before the limit
-    assert all(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
 
 
 def test_the_tokenizer_splits_digits_and_renders_training_and_test_prompts_alike(

@@ -25,8 +25,7 @@ def test_notebook_is_committed_without_outputs():
 
 @pytest.mark.parametrize("by_hand", ["MetricsLogCallback", "SpuriousTokenLogger", "callbacks="])
 def test_notebook_leaves_the_run_file_callbacks_to_train(by_hand):
-    """`STAPOTrainer.train()` adds both run-file callbacks itself (`s2t_write_run_files`), so the
-    notebook passed `callbacks=[MetricsLogCallback()]` and added a `SpuriousTokenLogger` for nothing."""
+    # `STAPOTrainer.train()` adds both run-file callbacks: the notebook added them again, for nothing.
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     code = "\n".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
     assert by_hand not in code
