@@ -43,8 +43,10 @@ BAD_ARGUMENTS = [
     ("--model MODEL --max-model-len 0", "--max-model-len must be >= 1, got 0"),
     ("--model MODEL --tensor-parallel-size 0", "--tensor-parallel-size must be >= 1, got 0"),
     ("--model MODEL --benchmarks aime24 --data-dir TMP --max-new-tokens 48", "No data file for benchmark 'aime24'"),
-    ("--model MODEL --max-new-tokens 48 --output TMP", "--output TMP is a folder: give a file, e.g. TMP/stapo_eval.json."),
-    ("--model MODEL --max-new-tokens 48 --output TMP/a-file/r.json", "--output TMP/a-file/r.json: TMP/a-file is a file"),
+    ("--model MODEL --max-new-tokens 48 --output TMP", "--output TMP is a folder: give a file, e.g. "
+     "TMP/stapo_eval.json."),
+    ("--model MODEL --max-new-tokens 48 --output TMP/a-file/r.json", "--output TMP/a-file/r.json: TMP/a-file is a "
+     "file"),
     # The paper's 20,480 new tokens (the default) or 600 on a 512-position model, from its config.json, or vLLM's cap.
     ("--model MODEL --max-new-tokens 600", "--max-new-tokens 600: max_new_tokens=600 leaves no room for a prompt: "
      "the model has 512 positions (prompt + completion); give a budget below 512."),
@@ -143,8 +145,9 @@ def test_a_results_file_of_the_old_seeding_is_not_resumed(tiny_math_model_path, 
     with pytest.raises(SystemExit) as info:
         main(["--model", tiny_math_model_path, *ONE_PROBLEM, "--output", str(output)])
     assert info.value.code == 2 and error_line(capsys, "stapo-eval") == (
-        f"stapo-eval: error: {output} holds results of the old seeding (a seed per benchmark and decoding, now one per "
-        "sample, as in stapo-train's evaluation), so it cannot be resumed: choose another --output, or delete it to rerun."
+        f"stapo-eval: error: {output} holds results of the old seeding (a seed per benchmark and decoding, now one "
+        "per sample, as in stapo-train's evaluation), so it cannot be resumed: choose another --output, or delete it "
+        "to rerun."
     )
 
 

@@ -1,6 +1,6 @@
 """Generation (`stapo_trl.evaluation.generation`): temperature 0 is argmax decoding; a seed per sample (the
-distribution it draws from, no dependence on the batch or the other prompts), the sampled tokens' statistics; the vLLM
-backend's calls to a stand-in `vllm` (real vLLM: `tests/integrations/test_vllm.py`) and its LoRA rank for an adapter."""
+distribution it draws from, no dependence on the batch or the other prompts), the sampled tokens' statistics; the
+vLLM backend's calls to a stand-in `vllm` (real vLLM: `tests/integrations/test_vllm.py`), its LoRA rank."""
 
 import json
 import math

@@ -1,5 +1,5 @@
 """The benchmarks (`stapo_trl.evaluation.tasks`): the record layouts, the instructions stripped from problems, the
-registry and the paper's sample counts, and the real copies in `shared/data/` (its SOURCES.md) with their row counts."""
+registry and the paper's sample counts, the real copies in `shared/data/` (its SOURCES.md) and their row counts."""
 
 import re
 
@@ -24,8 +24,10 @@ LAYOUTS = {  # row -> (id, problem, gold)
               "Let's think step by step and output the final answer within \\boxed{}."}],
               "reward_model": {"ground_truth": "\\boxed{2}", "style": "rule"}, "extra_info": {"index": "X-0"}},
              ("X-0", "What is 1+1?", "2")),
-    "gsm8k": ({"question": "How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 1,007", "idx": 5}, ("5", "How many?", "1007")),
-    "minerva": ({"problem": "Find s.", "solution": "Thus $s=\\boxed{1.6} \\mathrm{~cm}$", "idx": 0}, ("0", "Find s.", "1.6")),
+    "gsm8k": ({"question": "How many?", "answer": "3 + 4 = <<3+4=7>>7\n#### 1,007", "idx": 5},
+              ("5", "How many?", "1007")),
+    "minerva": ({"problem": "Find s.", "solution": "Thus $s=\\boxed{1.6} \\mathrm{~cm}$", "idx": 0},
+                ("0", "Find s.", "1.6")),
     "olympiad": ({"question": "Find all n.", "final_answer": ["$1,3$"], "id": 7}, ("7", "Find all n.", "$1,3$")),
     "amc": ({"problem": "How far?", "answer": 27.0, "id": 0}, ("0", "How far?", "27")),
     "dapo": ({"prompt": "Solve it.", "solution": "34", "reward_model": {"ground_truth": "34"},

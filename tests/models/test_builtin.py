@@ -197,8 +197,8 @@ def test_build_in_a_child_process_under_a_launcher(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_a_killed_build_leaves_no_model_and_two_processes_build_once(tmp_path):
     code = (
-        "import logging, sys; logging.basicConfig(level=logging.INFO); from stapo_trl.models import resolve_model_path;"
-        " print(resolve_model_path('builtin:tiny-random', cache_dir=sys.argv[1]))"
+        "import logging, sys; logging.basicConfig(level=logging.INFO); from stapo_trl.models import "
+        "resolve_model_path; print(resolve_model_path('builtin:tiny-random', cache_dir=sys.argv[1]))"
     )
     command, env = [sys.executable, "-c", code, str(tmp_path)], subprocess_env()
     target = builtin_model_dir("tiny-random", tmp_path)

