@@ -102,7 +102,7 @@ def test_stapo_train_and_its_dry_run_refuse_a_model_without_a_template(
     capsys.readouterr()
     assert dry_run_main(argv) == 2
     (line,) = [line for line in capsys.readouterr().out.splitlines() if "no chat template" in line]
-    assert line.startswith("  - stapo-train's prompts are chat messages, but the tokenizer of ")
+    assert line.startswith("  - The prompts of 'builtin:tiny-math' are chat messages, but the tokenizer of ")
 
 
 def test_stapo_eval_refuses_a_model_without_a_template_unless_told_to_feed_text(

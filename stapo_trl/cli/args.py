@@ -1,8 +1,8 @@
-"""The arguments of `stapo-train`: a recipe YAML, read once ([`load_recipe`]), and command-line overrides, parsed by
-TRL's [`~trl.TrlParser`] into (`STAPOScriptArguments`, `STAPOConfig` or `GRPOConfig`, `ModelConfig`). The recipe's
-values are the parser's defaults, so the command line wins; the config classes' `__post_init__` check every value. An
-error names the flag, or the recipe key and file, that set the value. torch and the config classes are imported after
-the recipe is read, so that `--help`, `--version` and a missing or broken recipe answer at once.
+"""`stapo-train`'s arguments: a recipe YAML read once ([`load_recipe`]) and command-line overrides, parsed by TRL's
+[`~trl.TrlParser`] into (`STAPOScriptArguments`, `STAPOConfig` or `GRPOConfig`, `ModelConfig`). The recipe's values are
+the parser's defaults (TrlParser's `set_defaults_with_config`), so the command line wins; the config classes'
+`__post_init__` check every value, and an error names the flag, or the recipe key and file, that set it. The config
+classes are imported after the recipe is read: `--help`, `--version` and a broken recipe answer at once.
 """
 
 from __future__ import annotations
@@ -57,8 +57,7 @@ options:
 
 {textwrap.fill(EXIT_STATUS_HELP, width=100)}"""
 
-# Recipe keys of older TRL / transformers versions, with what to write instead.
-RENAMED_KEYS = {
+RENAMED_KEYS = {  # recipe keys of older TRL / transformers versions, with what to write instead
     "torch_dtype": "`dtype` (transformers 5 renamed it)",
     "no_cuda": "`use_cpu`",
     "evaluation_strategy": "`eval_strategy`",
@@ -67,6 +66,11 @@ RENAMED_KEYS = {
     "`output_dir`, so use a fresh `output_dir` to start over",
     "logging_dir": "nothing: transformers 5 removed it; logs go under `output_dir`",
 }
+GRPO_ONLY_HINT = (
+    "it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer without the S2T mask: remove it, or use "
+    "trainer: stapo (s2t_mode: off keeps the mask's statistics without silencing)"
+)
+KINDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}
 
 
 class _RecipeLoader(yaml.SafeLoader):
@@ -120,9 +124,9 @@ def load_recipe(path: str) -> dict[str, Any]:
 
 
 class RecipeParser(TrlParser):
-    """[`~trl.TrlParser`] over one recipe mapping (`recipe`, read from `path`) and a command line ([`parse`]), whose
-    errors say what to do. `config_class`: `STAPOConfig`, or `GRPOConfig` for `trainer: grpo` (with STAPOConfig's
-    objective defaults, and no `s2t_*` fields)."""
+    """[`~trl.TrlParser`] over one recipe mapping (read from `path`) and a command line ([`parse`]), whose errors are
+    one line naming the flag or recipe key. `config_class`: `STAPOConfig`, or `GRPOConfig` for `trainer: grpo` (with
+    STAPOConfig's objective defaults, and no `s2t_*` fields)."""
 
     def __init__(self, config_class, recipe: dict[str, Any] | None = None, path: str | None = None, **kwargs):
         from trl import GRPOConfig, ModelConfig
@@ -133,7 +137,7 @@ class RecipeParser(TrlParser):
         super().__init__((STAPOScriptArguments, config_class, ModelConfig), allow_abbrev=False, **kwargs)
         # A value such as `-1e-4` is a number, not an option (argparse's own pattern misses the exponent).
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
-        if config_class is GRPOConfig:  # the paper's objective, so that `grpo` differs from `stapo` by the mask
+        if config_class is GRPOConfig:  # the paper's objective: `grpo` differs from `stapo` by the mask alone
             grpo = {f.name: f.default for f in GRPOConfig.__dataclass_fields__.values()}
             ours = STAPOConfig.__dataclass_fields__.values()
             self.set_defaults(**{f.name: f.default for f in ours if f.name in grpo and f.default != grpo[f.name]})
@@ -147,7 +151,8 @@ class RecipeParser(TrlParser):
         return key
 
     def parse(self, argv: Sequence[str]) -> tuple[Any, Any, Any]:
-        """(script_args, training_args, model_args) from the recipe and `argv` (the command line without `--config`).
+        """(script_args, training_args, model_args) from the recipe and `argv` (the command line without `--config`);
+        the recipe's `env:` block set in `os.environ`, as TrlParser does.
 
         Raises:
             ValueError: one line: an unknown key or flag, a value of the wrong type or not one of the choices, and every
@@ -157,7 +162,7 @@ class RecipeParser(TrlParser):
 
         argv = ["--" + self._renamed(a[2:]) if a.startswith("--") else a for a in argv]
         self.flags = {self._renamed(a[2:].split("=")[0].replace("-", "_")) for a in argv if a.startswith("--")}
-        env = self.recipe.pop("env", None) or {}  # as TrlParser: the recipe's environment variables
+        env = self.recipe.pop("env", None) or {}
         if not isinstance(env, dict):
             raise ValueError(f"recipe key env in {self.path}: give a mapping of environment variables.")
         os.environ.update({str(key): str(value) for key, value in env.items()})
@@ -180,7 +185,7 @@ class RecipeParser(TrlParser):
 
     def _where(self, message: str, fields: Sequence[str] | None = None) -> str:
         """`message` behind the flags or recipe keys that set `fields` (default: the `field=` it starts with, else the
-        fields it names); unchanged when none was set."""
+        fields it names)."""
         if not fields:
             match = re.match(r"(\w+)=", message)
             known = sorted({*self.recipe, *self.flags})
@@ -197,16 +202,13 @@ class RecipeParser(TrlParser):
         return message
 
     def _expects(self, action) -> str:
-        """What a field takes, in words: its choices, or its type."""
         if action.choices is not None:
             return "one of " + ", ".join(map(repr, action.choices))
-        kinds = {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}
-        return kinds.get(getattr(action.type, "__name__", None), "a string")
+        return KINDS.get(getattr(action.type, "__name__", None), "a string")
 
     def _check_recipe_value(self, key: str, value: Any) -> None:
-        """Refuse a recipe value that is not what its field takes: argparse converts a recipe's string as it converts
-        the command line, but never checks a default against the choices, nor a YAML number, boolean, list or mapping
-        against the type."""
+        """Refuse a recipe value its field does not take: argparse checks neither a default against the choices nor a
+        YAML number, boolean, list or mapping against the type."""
         action = self._option_string_actions.get(f"--{key}")
         if action is None or value is None or key in self.flags:
             return
@@ -219,41 +221,33 @@ class RecipeParser(TrlParser):
             elif expects == "true or false":
                 fits = isinstance(item, bool)
             else:
-                fits = isinstance(item, int if expects == "an integer" else (int, float)) and not isinstance(
-                    item, bool
-                )
+                kind = int if expects == "an integer" else (int, float)
+                fits = isinstance(item, kind) and not isinstance(item, bool)
             if not fits:
                 quote = " (YAML reads an unquoted off/on/no/yes as false/true: quote it)"
-                raise ValueError(
-                    f"{key}={value!r} is not {expects}{quote * (action.choices is not None and isinstance(item, bool))}."
-                )
+                quote *= action.choices is not None and isinstance(item, bool)
+                raise ValueError(f"{key}={value!r} is not {expects}{quote}.")
 
     def _unknown(self, keys: list[str], where: str) -> str:
         """The one line for keys that are no field, each with its closest fields."""
-        known = [action.dest for action in self._actions if action.dest != "help"] + [
-            "config",
-            "dry-run",
-            "num-processes",
-        ]
+        known = [a.dest for a in self._actions if a.dest != "help"] + ["config", "dry-run", "num-processes"]
+        flag = "--" * (where == "the command line")
         hints = []
         for key in keys:
             close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
             if key.startswith("s2t_") and "s2t_mode" not in known:
-                hint = (
-                    "it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer without the S2T mask: remove "
-                    "it, or use trainer: stapo (s2t_mode: off keeps the mask's statistics without silencing)"
-                )
+                hint = GRPO_ONLY_HINT
             elif key in RENAMED_KEYS:
                 hint = f"use {RENAMED_KEYS[key]}"
             elif close:
-                also = [f for f in close if where == "the command line" and self._from_recipe(f)][:1]
+                also = [f for f in close if flag and self._from_recipe(f)][:1]
                 also = "".join(
                     f" ({f} is a key of the recipe {self.path} too: the flag --{f} overrides it)" for f in also
                 )
                 hint = f"did you mean {', '.join(close)}{also}?"
             else:
                 hint = "no similar field"
-            hints.append(f"{'--' * (where == 'the command line')}{key}: {hint}")
+            hints.append(f"{flag}{key}: {hint}")
         body = "; ".join(hints)
         return (
             f"Unknown key(s) in {where}: {body}{'' if body.endswith('?') else '.'} Every key must be a field of "
@@ -307,10 +301,9 @@ def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
-    """Parse `--config RECIPE.yaml` and command-line overrides (default: `sys.argv[1:]`) into (script_args,
-    training_args, model_args): `STAPOScriptArguments`, `STAPOConfig` (`trainer: stapo`) or `GRPOConfig` (`trainer:
-    grpo`), `ModelConfig`; a `--hub_token` given is warned about in one line. Raises what [`recipe_parser`] and
-    [`RecipeParser.parse`] raise (one line)."""
+    """`--config RECIPE.yaml` and command-line overrides (default: `sys.argv[1:]`) as (script_args, training_args,
+    model_args): `STAPOScriptArguments`, `STAPOConfig` (`trainer: stapo`) or `GRPOConfig` (`trainer: grpo`),
+    `ModelConfig`. A `--hub_token` given is warned about in one line. Raises a one-line `ValueError` or `OSError`."""
     from ..integrations.process_group import import_group_capturing_modules
 
     parser, argv = recipe_parser(sys.argv[1:] if argv is None else argv)
@@ -342,17 +335,3 @@ def fields_help(word: str | None = None) -> str:
         parser._action_groups = [group for group in parser._action_groups if group._group_actions]
         parser.usage = f"stapo-train --help-fields {word}"
     return parser.format_help()
-
-
-def prompt_dataset_kwargs(script_args) -> dict[str, Any]:
-    """The arguments of [`~stapo_trl.data.load_prompt_dataset`] a recipe sets, shared by `stapo-train` and its dry run."""
-    from ..data import INSTRUCTION  # datasets: kept out of `--help`
-
-    s = script_args
-    return {
-        "dataset_config": s.dataset_config,
-        "prompt_column": s.prompt_column,
-        "solution_column": s.solution_column,
-        "instruction": INSTRUCTION if s.instruction is None else s.instruction,
-        "strip_dapo_instruction": s.strip_dapo_instruction,
-    }

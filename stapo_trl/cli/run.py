@@ -1,19 +1,19 @@
-"""One `stapo-train` run from parsed arguments: [`~stapo_trl.cli.prepare.prepare`] (everything that can fail before a
-model is built), then [`train`] (resume, build the trainer, evaluate before, train, save with the model card and
-figures, evaluate after, push). The checkpoint rules are in `checkpoints.py`, the run's outputs in `outputs.py`.
-
-This module imports the training stack (TRL's trainer, datasets, math-verify); `stapo_trl.cli.train.main` imports it
-after parsing, so that `stapo-train --help` and `--dry-run` stay fast.
-"""
+"""One `stapo-train` run after its preparation ([`~stapo_trl.cli.prepare.prepare`]): build the trainer, evaluate before,
+train (or take a checkpoint already at `max_steps`), save the model, card and figures, evaluate after into `eval.json`,
+print the summary, push. It imports the training stack: `stapo_trl.cli.train.main` imports it after parsing."""
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
+import json
 import logging
 import os
+import shlex
 import sys
 import time
 import warnings
+from functools import partial
 from typing import Any
 
 import datasets
@@ -21,33 +21,39 @@ import torch
 import transformers
 from transformers import set_seed
 from transformers.trainer_callback import TrainerState
-from trl import GRPOTrainer, ModelConfig, get_peft_config, get_quantization_config
+from trl import get_peft_config, get_quantization_config
+from trl.models.utils import unwrap_model_for_generation
 
-from ..data import evaluation_split
+from ..data import INSTRUCTION, NOT_HELD_OUT, evaluation_split, model_max_positions
+from ..evaluation.generation import decoding_setting, evaluate_problems, hf_generate
+from ..evaluation.tasks import BenchmarkProblem
 from ..rewards import NoRewardWarning, reward_error_line
-from ..run_folder.checkpoints import LinkError, command_line, hold_run_folder
+from ..run_folder.checkpoints import LinkError, command_line, hold_run_folder, open_run_file
+from ..run_folder.logs import METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME, read_metrics, read_token_records, s2t_totals
 from ..trainer.trainers import GRPOBaselineTrainer, STAPOTrainer, tiny_model_threads
 from .callbacks import add_command_callbacks
-from .checkpoints import resolve_checkpoint
-from .errors import InputError, full_disk_in_one_line
-from .outputs import (
-    evaluate_trainer_model,
-    evaluation_kind,
-    make_eval_record,
-    print_summary,
-    summarize_s2t,
-    write_eval_record,
-    write_figures,
-)
+from .errors import InputError, full_disk_in_one_line, quiet_upstream
+from .figures import plot_diagnostics, plot_training_curves
 from .prepare import PreparedRun, is_builtin_or_local, prepare
-from .quiet import quiet_upstream
-from .script_args import STAPOScriptArguments
 
 
 logger = logging.getLogger(__name__)
 
-
 __all__ = ["prepare", "resume_command", "torch_threads", "train"]
+
+EVAL_FILENAME = "eval.json"
+RUN_FILES = (  # the files a run can leave in output_dir, with what each holds
+    ("metrics.jsonl", "every metric of every logging step"),
+    ("spurious_tokens.jsonl", "the silenced tokens in context"),
+    ("training_curves.png", "reward, entropy and silenced ratio over steps"),
+    ("s2t_*.png", "the S2T diagnostics"),
+    ("eval*.json", "accuracy before and after training"),
+    ("train_results.json", "runtime and final loss"),
+    ("README.md", "the model card"),
+    ("model.safetensors", "the trained model, with its tokenizer and config"),
+    ("adapter_model.safetensors", "the trained adapter"),
+    ("checkpoint-*", "checkpoints: the same command resumes the newest complete one"),
+)
 
 
 @contextlib.contextmanager
@@ -68,227 +74,302 @@ def torch_threads(num_threads: int | None):
 
 
 def resume_command(argv: list[str] | None = None) -> str:
-    """The command to rerun after an interrupt (a run whose `output_dir` holds a checkpoint resumes from the last one):
-    `stapo-train ARGS` for one process; under a multi-process launcher (`WORLD_SIZE` > 1, set by `accelerate launch` /
-    `torchrun`) the same launch line, whose options a process cannot see, with this process's training arguments."""
-    args = command_line(sys.argv[1:] if argv is None else argv)  # secrets written ***
+    """The command that resumes this run: `stapo-train ARGS`, or under a launcher (`WORLD_SIZE` > 1) its launch line,
+    whose options a process cannot see, with this process's arguments; secrets written `REDACTED`."""
+    args = command_line(sys.argv[1:] if argv is None else argv)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return f"the same launch command, i.e. accelerate launch [your launch options] -m stapo_trl.cli.train {args}"
     return f"stapo-train {args}"
 
 
-def train(
-    script_args: STAPOScriptArguments,
-    training_args,
-    model_args: ModelConfig,
-    prepared: PreparedRun | None = None,
-    *,
-    end_training: bool = True,
-) -> dict[str, Any]:
-    """Run one training from parsed arguments (what `stapo-train` does after parsing).
-
-    Args:
-        script_args, training_args, model_args: what [`parse_args`] returns.
-        prepared ([`PreparedRun`], *optional*): what [`prepare`] returns; `None` calls it here.
-        end_training (`bool`, *optional*, defaults to `True`): finish the trackers and destroy the process group at
-            the end (`Trainer.end`); `False` when more trainings follow in this process (`stapo-train compare`).
+def train(script_args, training_args, model_args, prepared: PreparedRun | None = None, *, end_training=True) -> dict:
+    """Run one training from parsed arguments ([`~stapo_trl.cli.args.parse_args`]), prepared by `prepared` (`None`:
+    [`prepare`] here). `end_training=False` leaves the trackers and the process group for more trainings in this
+    process.
 
     Raises:
-        InputError: (status 1) a reward function raised: one line naming it, the step and where.
-        KeyboardInterrupt: on Ctrl-C, SIGTERM or SIGUSR1 during training, after the checkpoint of its step (the message
-            names the signal, the checkpoint, the command to resume); nothing of a finished run follows.
+        InputError: (status 1) a reward function raised, a full disk, a link planted in the run folder: one line.
+        KeyboardInterrupt: a stop signal during training, after the checkpoint of its step.
 
     Returns:
-        `dict[str, Any]`: `output_dir`, `global_step`, `eval` (the content of `eval.json`, or `None`), `eval_path`
-        (where it was written, see [`eval_results_path`]; `None` off the main process or without evaluation) and `s2t`
-        (mean silenced ratio and friends over the logging steps; empty for `trainer: grpo`).
+        `dict`: `output_dir`, `global_step`, `eval` (the content of `eval.json`, or `None`), `eval_path`, `s2t` (the
+        S2T summary; empty for `trainer: grpo`) and `seconds` (wall time of each phase).
     """
     threads = script_args.torch_num_threads  # else the tiny-model rule, for the evaluations around training too
     threads = torch_threads(threads) if threads else tiny_model_threads(prepared.model_path if prepared else None)
-    with threads, quiet_upstream(), warnings.catch_warnings():  # known-harmless upstream messages (cli/quiet.py)
+    with threads, quiet_upstream(), warnings.catch_warnings():
         warnings.simplefilter("error", NoRewardWarning)  # a step without any reward stops the run
-        try:  # the run folder: a full disk said in one line; the hold `prepare` took on it given back at the end
+        try:
             with full_disk_in_one_line("stapo-train", training_args.output_dir):
-                return _train(script_args, training_args, model_args, prepared, end_training)
-        except LinkError as e:  # a link planted in the run folder during the run: one line, never followed
+                run = prepared or prepare(script_args, training_args, model_args)
+                return _train(run, end_training)
+        except LinkError as e:  # a link planted in the run folder during the run: never followed
             raise InputError("stapo-train", str(e), code=1) from e
         except NoRewardWarning as e:
             raise InputError("stapo-train", f"{e} Make the reward functions return a number for the completions "
                              "they can judge (None only for those they cannot).") from e  # fmt: skip
-        except Exception as e:  # a reward function that raised: its name, the step and where, in one line
-            line = reward_error_line(e)
-            if line is None:
+        except Exception as e:  # a reward function that raised: its name, the step and where
+            if (line := reward_error_line(e)) is None:
                 raise
             raise InputError("stapo-train", line, code=1) from e
         finally:
-            if training_args.should_save:
+            if training_args.should_save:  # the hold `prepare` took
                 hold_run_folder(training_args.output_dir, acquire=False)
 
 
-def _setup_logging(training_args) -> None:
+def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
+    s, a, m, out = run.s, run.a, run.m, run.a.output_dir
     logging.basicConfig(
-        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
-        datefmt="%Y-%m-%d %H:%M:%S",
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
         handlers=[logging.StreamHandler(sys.stdout)],
-    )
-    log_level = training_args.get_process_log_level()
-    logger.setLevel(log_level)
+    )  # fmt: skip
+    logger.setLevel(log_level := a.get_process_log_level())
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.enable_default_handler()
     transformers.utils.logging.enable_explicit_format()
+    set_seed(a.seed)
+    logger.info(f"Script parameters {s}\nTraining parameters {a}\nModel parameters {m}")
+    timings, done = {"prepare": run.seconds}, _at_max_steps(a, run.checkpoint)
 
-
-def _build_trainer(script_args, training_args, model_args: ModelConfig, run: PreparedRun) -> GRPOTrainer:
-    """The `STAPOTrainer` or `GRPOBaselineTrainer` (their `train()` writes the run files: `metrics.jsonl`, and
-    `spurious_tokens.jsonl` for STAPO), evaluating `run.test_dataset` on `eval_strategy`'s schedule."""
-    model_init_kwargs = {
-        "revision": model_args.model_revision,
-        "attn_implementation": model_args.attn_implementation,
-        "dtype": model_args.dtype,
-    }
-    model_init_kwargs.update(training_args.model_init_kwargs or {})
-    training_args.model_init_kwargs = model_init_kwargs
-
-    trainer_class = STAPOTrainer if script_args.trainer == "stapo" else GRPOBaselineTrainer
-    trainer = trainer_class(
+    a.model_init_kwargs = {"revision": m.model_revision, "attn_implementation": m.attn_implementation, "dtype": m.dtype,
+                           **(a.model_init_kwargs or {})}  # fmt: skip
+    trainer = (STAPOTrainer if s.trainer == "stapo" else GRPOBaselineTrainer)(
         model=run.model_path,
         reward_funcs=run.reward_funcs,
-        args=training_args,
+        args=a,
         train_dataset=run.train_dataset,
-        eval_dataset=run.test_dataset if training_args.eval_strategy != "no" else None,
-        quantization_config=get_quantization_config(model_args),
-        peft_config=get_peft_config(model_args),
+        eval_dataset=run.test_dataset if a.eval_strategy != "no" else None,
+        quantization_config=get_quantization_config(m),
+        peft_config=get_peft_config(m),
     )
-    # Save on Ctrl-C / SIGTERM / SIGUSR1 (then the resume command), one line per log row.
     add_command_callbacks(trainer, resume_hint=f"Resume with the same command: {resume_command()}")
-    trainer.run_settings = run.settings  # the record of each checkpoint: with the prompt format and data digest
-    return trainer
+    trainer.run_settings = run.settings  # each checkpoint's record: with the prompt format and the data's digest
+    is_main, printed = trainer.accelerator.is_main_process, trainer.accelerator.print
 
-
-def _fit(trainer, checkpoint: str | None, already_trained: str | None, num_train_samples: int) -> None:
-    """Train (resuming from `checkpoint`), or load `already_trained` when it reached `max_steps`; save the state."""
-    if already_trained is None:
-        trainer.accelerator.print(f"Training with {type(trainer).__name__} ...")
-        train_result = trainer.train(resume_from_checkpoint=checkpoint)
-        # `None`: a metric with no defined value (TRL's mean of all-NaN values) since the last logging step.
-        metrics = {key: value for key, value in train_result.metrics.items() if value is not None}
-        metrics["train_samples"] = num_train_samples
-        trainer.save_metrics("train", metrics)  # train_results.json
-    else:
-        trainer._load_from_checkpoint(already_trained)  # weights (or adapter) only; no optimizer step
-        trainer.state = TrainerState.load_from_json(os.path.join(already_trained, "trainer_state.json"))
-    trainer.save_state()
-
-
-def _save_model_and_card(trainer, script_args, output_dir: str) -> None:
-    trainer.save_model(output_dir)
-    trainer.accelerator.print(f"Model and tokenizer saved to {output_dir}.")
-    if trainer.accelerator.is_main_process:
-        _write_card(trainer, script_args, output_dir)
-        # Restore the KV cache for fast inference (training turns it off).
-        trainer.model.config.use_cache = True
-        trainer.model.config.save_pretrained(output_dir)
-
-
-def _write_card(trainer, script_args, output_dir: str) -> None:
-    """The run's model card in `output_dir` (the trainer's `create_model_card`: settings, results, quick start)."""
-    card_dataset = None if is_builtin_or_local(script_args.dataset_name) else script_args.dataset_name
-    trainer.create_model_card(
-        model_name=os.path.basename(os.path.normpath(output_dir)),
-        dataset_name=card_dataset,
-        tags=["stapo_trl", script_args.trainer],
-    )
-
-
-def _push_to_hub(trainer, script_args, training_args, eval_record: dict[str, Any] | None) -> None:
-    """Push the model and its card; a failure (network, auth, quota) prints how to push later and keeps every local
-    file. No local path, no `builtin:` name, no "[None]" link in the uploaded card; the accuracy in its procedure."""
-    output_dir = training_args.output_dir
-    try:
-        trainer.eval_record = eval_record  # every process (each calls push_to_hub); the main one writes the card
-        trainer.push_to_hub(dataset_name=script_args.dataset_name, tags=["stapo_trl", script_args.trainer])
-        trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}.")
-    except Exception as e:  # noqa: BLE001 (network, auth, quota: the local results stay either way)
-        repo = trainer.hub_model_id or training_args.hub_model_id
-        trainer.accelerator.print(
-            f"Push to hub_model_id={repo!r} failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-            f"the model, card and results are in {output_dir}: push them later with `hf upload {repo} {output_dir}`."
-        )
-
-
-def _train(script_args, training_args, model_args, prepared: PreparedRun | None, end_training: bool) -> dict[str, Any]:
-    _setup_logging(training_args)
-    set_seed(training_args.seed)  # for reproducibility
-    logger.info(f"Script parameters {script_args}")
-    logger.info(f"Training parameters {training_args}")
-    logger.info(f"Model parameters {model_args}")
-
-    # Validate and load data, rewards, model path (no model yet); then the checkpoint, the model and the trainer.
-    run = prepared if prepared is not None else prepare(script_args, training_args, model_args)
-    timings: dict[str, float] = {"prepare": run.seconds}
-    checkpoint = run.checkpoint
-    already_trained = resolve_checkpoint(training_args, checkpoint)
-    trainer = _build_trainer(script_args, training_args, model_args, run)
-    is_main = trainer.accelerator.is_main_process
-    output_dir = training_args.output_dir
-    eval_max_new_tokens = script_args.eval_max_new_tokens or training_args.max_completion_length
-
-    # Evaluate before training
-    eval_record = eval_path = None
-    if script_args.eval_before_after:
-        kind = evaluation_kind(evaluation_split(script_args.dataset_name, script_args.dataset_test_split)[0])
-        trainer.accelerator.print(f"Evaluating the initial model on {len(run.eval_dataset)} {kind} problems ...")
+    def timed(name, call, *args):
         start = time.perf_counter()
-        before = evaluate_trainer_model(trainer, script_args, run.eval_dataset, eval_max_new_tokens)
-        timings["eval_before"] = time.perf_counter() - start
+        result = call(*args)
+        timings[name] = time.perf_counter() - start
+        return result
 
-    # Training loop, then the model, its card and the figures
-    start = time.perf_counter()
-    # A stop signal: a checkpoint at the next step boundary, then a KeyboardInterrupt ending with the resume command
-    # (stapo_trl.cli.callbacks.SaveOnSignal); a second Ctrl-C quits at once.
-    try:
-        _fit(trainer, checkpoint, already_trained, len(run.train_dataset))
+    max_new_tokens = s.eval_max_new_tokens or a.max_completion_length
+    evaluate = partial(evaluate_trainer_model, trainer, s, run.eval_dataset, max_new_tokens)
+    record = eval_path = None
+    if s.eval_before_after:
+        kind = evaluation_kind(evaluation_split(s.dataset_name, s.dataset_test_split)[0])
+        printed(f"Evaluating the initial model on {len(run.eval_dataset)} {kind} problems ...")
+        before = timed("eval_before", evaluate)
+    try:  # a stop signal: a checkpoint at the next step boundary, then a KeyboardInterrupt with the resume command
+        if done is None:
+            printed(f"Training with {type(trainer).__name__} ...")
+            result = timed("train", trainer.train, run.checkpoint)
+            metrics = {k: v for k, v in result.metrics.items() if v is not None}  # None: no value since the last log
+            trainer.save_metrics("train", metrics | {"train_samples": len(run.train_dataset)})
+        else:
+            trainer._load_from_checkpoint(done)  # weights (or adapter) only; no optimizer step
+            trainer.state = TrainerState.load_from_json(os.path.join(done, "trainer_state.json"))
+        trainer.save_state()
     except KeyboardInterrupt:
         if end_training:
             trainer.end()
         raise
-    if already_trained is None:
-        timings["train"] = time.perf_counter() - start
-    _save_model_and_card(trainer, script_args, output_dir)
-    rows = write_figures(script_args, training_args, output_dir) if is_main else []
-    s2t_summary = summarize_s2t(rows, output_dir if is_main else None)
-
-    # Evaluate after training
-    if script_args.eval_before_after:
-        trainer.accelerator.print("Evaluating the trained model ...")
-        start = time.perf_counter()
-        after = evaluate_trainer_model(trainer, script_args, run.eval_dataset, eval_max_new_tokens)
-        timings["eval_after"] = time.perf_counter() - start
-        eval_record = make_eval_record(
-            script_args, training_args, trainer, before, after, eval_max_new_tokens, model_args.model_name_or_path
-        )
-        if is_main:
-            eval_path = write_eval_record(eval_record, output_dir, trainer.state.global_step)
-            trainer.eval_record = eval_record  # the card's procedure gets the accuracy too
-            _write_card(trainer, script_args, output_dir)
-
+    trainer.save_model(out)
+    printed(f"Model and tokenizer saved to {out}.")
+    card = partial(trainer.create_model_card, model_name=os.path.basename(os.path.normpath(out)), tags=["stapo_trl", s.trainer],
+                   dataset_name=None if is_builtin_or_local(s.dataset_name) else s.dataset_name)  # fmt: skip
     if is_main:
-        step = trainer.state.global_step
-        print_summary(script_args, output_dir, step, s2t_summary, eval_record, eval_max_new_tokens, timings)
-
-    if training_args.push_to_hub:
-        _push_to_hub(trainer, script_args, training_args, eval_record)
-
-    # Finish the trackers and destroy the process group (nothing may communicate after this)
-    if end_training:
+        card()
+        trainer.model.config.use_cache = True  # training turns the KV cache off
+        trainer.model.config.save_pretrained(out)
+    rows = write_figures(s, a, out) if is_main else []
+    s2t = summarize_s2t(rows, out if is_main else None)
+    if s.eval_before_after:
+        printed("Evaluating the trained model ...")
+        after = timed("eval_after", evaluate)
+        record = make_eval_record(s, a, trainer, before, after, max_new_tokens, m.model_name_or_path)
+        if is_main:
+            eval_path = write_eval_record(record, out, trainer.state.global_step)
+            trainer.eval_record = record  # the card's procedure gets the accuracy too
+            card()
+    if is_main:
+        print_summary(s, out, trainer.state.global_step, s2t, record, max_new_tokens, timings)
+    if a.push_to_hub:
+        _push_to_hub(trainer, s, a, record)
+    if end_training:  # the trackers and the process group: nothing may communicate after this
         trainer.end()
+    seconds = {name: round(value, 1) for name, value in timings.items()}
+    return {"output_dir": out, "global_step": trainer.state.global_step, "eval": record, "eval_path": eval_path,
+            "s2t": s2t, "seconds": seconds}  # fmt: skip
 
-    return {
-        "output_dir": output_dir,
+
+def _at_max_steps(a, checkpoint: str | None) -> str | None:
+    """`checkpoint` when it already reached `max_steps`: nothing is trained (`Trainer.train` would run one step past
+    it), it becomes the final model (this also finishes a run stopped after its last checkpoint)."""
+    if checkpoint is None or a.max_steps <= 0:
+        return None
+    with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
+        done = json.load(f)["global_step"]
+    if done < a.max_steps:
+        return None
+    logger.warning(
+        f"{checkpoint} is at step {done} >= max_steps={a.max_steps}: training is already complete, nothing is "
+        "trained. The checkpoint is saved as the final model (and evaluated). To train anew use another output_dir; "
+        "to continue, raise max_steps."
+    )
+    return checkpoint
+
+
+def _push_to_hub(trainer, s, a, eval_record: dict | None) -> None:
+    """Push the model and its card (no local path, no `builtin:` name in it); a failure keeps every local file and
+    prints how to push later."""
+    try:
+        trainer.eval_record = eval_record  # every process calls push_to_hub; the main one writes the card
+        trainer.push_to_hub(dataset_name=s.dataset_name, tags=["stapo_trl", s.trainer])
+        trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}.")
+    except Exception as e:  # noqa: BLE001 (network, auth, quota: the local results stay either way)
+        repo, cause = trainer.hub_model_id or a.hub_model_id, str(e).splitlines()[0] if str(e) else ""
+        trainer.accelerator.print(
+            f"Push to hub_model_id={repo!r} failed ({type(e).__name__}: {cause}); the model, card and results are in "
+            f"{a.output_dir}: push them later with `hf upload {repo} {a.output_dir}`."
+        )
+
+
+def evaluate_trainer_model(trainer, s, eval_dataset, max_new_tokens: int) -> dict[str, Any]:
+    """`stapo-eval`'s table ([`~stapo_trl.evaluation.generation.evaluate_problems`]: avg@k, pass@k, ...) of the trainer's
+    model on `eval_dataset`, with the `eval_*` settings, the run's seed and `eval_batch_size` x k sequences per
+    `generate` call, on every process; with the `stapo-eval` names of its `decoding`, `dtype` and `threads`."""
+    k, tokenizer = s.eval_num_samples, trainer.processing_class
+    problems = [BenchmarkProblem(str(i), *row, s.dataset_name) for i, row in enumerate(zip(eval_dataset["prompt"],
+                                                                                          eval_dataset["solution"]))]  # fmt: skip
+    t, p = float(s.eval_temperature), float(s.eval_top_p)
+    decoding = decoding_setting("greedy" if t == 0 else f"t{t}-p{p}")
+    with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
+        table, _ = evaluate_problems(
+            partial(hf_generate, model, tokenizer, batch_size=s.eval_batch_size * k), tokenizer, problems, n=k,
+            decoding=decoding, max_new_tokens=max_new_tokens, seed=trainer.args.seed,
+            chat_template_kwargs=trainer.args.chat_template_kwargs, max_positions=model_max_positions(model),
+            accelerator=trainer.accelerator,
+        )  # fmt: skip
+        dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return table | {"decoding": decoding.name, "dtype": dtype, "threads": torch.get_num_threads()}
+
+
+def evaluation_kind(split: str) -> str:
+    """The console's name of an evaluation on `split`: held-out, or training (not held-out) on a local file's."""
+    return "training (not held-out)" if split == NOT_HELD_OUT else "held-out"
+
+
+def make_eval_record(s, a, trainer, before, after, max_new_tokens: int, model: str) -> dict[str, Any]:
+    """`eval.json`: avg@k and pass@k before and after training, every setting that gives them, and the `stapo-eval`
+    commands that give the same numbers for `model` and `output_dir` (`None` where none can: not `builtin:tiny-math`'s
+    test split with the default prompts)."""
+    k = s.eval_num_samples
+    record = {
+        "metric": f"avg@{k}", "accuracy_before": before[f"avg@{k}"], "accuracy_after": after[f"avg@{k}"],
+        f"pass@{k}_before": before["pass@k"][str(k)], f"pass@{k}_after": after["pass@k"][str(k)], "k": k,
+        "decoding": after["decoding"], "temperature": s.eval_temperature, "top_p": s.eval_top_p, "top_k": None,
+        "max_new_tokens": max_new_tokens, "num_problems": before["num_problems"], "limit": s.eval_num_problems,
+        "dataset": s.dataset_name, "split": evaluation_split(s.dataset_name, s.dataset_test_split)[0],
+        "instruction": s.dataset_kwargs()["instruction"], "chat_template_kwargs": a.chat_template_kwargs,
+        "seed": a.seed, "backend": "hf", "dtype": after["dtype"], "batch_size": s.eval_batch_size * k,
+        "threads": after["threads"], "num_processes": trainer.accelerator.num_processes, "trainer": s.trainer,
         "global_step": trainer.state.global_step,
-        "eval": eval_record,
-        "eval_path": eval_path,
-        "s2t": s2t_summary,
-        "seconds": {name: round(value, 1) for name, value in timings.items()},
-    }
+    }  # fmt: skip
+    same = (record["dataset"], record["split"], record["instruction"], record["chat_template_kwargs"])
+    if same != ("builtin:tiny-math", "test", INSTRUCTION, None):
+        return record | {"stapo_eval_command": None}
+    argv = ["--benchmarks", "tiny-math", "--limit", record["limit"], "--decoding", record["decoding"], "--samples", k]
+    argv += ["--max-new-tokens", max_new_tokens, "--seed", a.seed, "--backend", "hf", "--dtype", record["dtype"]]
+    argv += ["--batch-size", record["batch_size"], "--threads", record["threads"]]
+    commands = {when: shlex.join(map(str, ["stapo-eval", "--model", name, *argv]))
+                for when, name in (("before", model), ("after", a.output_dir))}  # fmt: skip
+    return record | {"stapo_eval_command": commands}
+
+
+def eval_results_path(output_dir: str, global_step: int) -> str:
+    """`eval.json`, else (an earlier run's results are never replaced) `eval-step{global_step}.json`, then
+    `eval-step{global_step}-2.json`, ..."""
+    path, n = os.path.join(output_dir, EVAL_FILENAME), 1
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(output_dir, f"eval-step{global_step}{f'-{n - 1}' if n > 2 else ''}.json")
+    return path
+
+
+def write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step: int) -> str:
+    """Write the before/after record to [`eval_results_path`] and return that path."""
+    path = eval_results_path(output_dir, global_step)
+    if os.path.basename(path) != EVAL_FILENAME:
+        logger.warning(
+            f"{output_dir} already holds {EVAL_FILENAME} from an earlier run: kept unchanged; these results are "
+            f"written beside it, to {os.path.basename(path)}."
+        )
+    with open_run_file(path) as f:
+        json.dump(eval_record, f, indent=2)
+    return path
+
+
+def write_figures(s, a, output_dir: str) -> list[dict[str, Any]]:
+    """`training_curves.png` and the diagnostics figures of the run; returns its metrics rows."""
+    rows = read_metrics(output_dir) if os.path.isfile(os.path.join(output_dir, METRICS_FILENAME)) else []
+    if rows:
+        label = f"{s.trainer} (seed {a.seed})"
+        plot_training_curves({label: [rows]}, os.path.join(output_dir, "training_curves.png"), title=output_dir)
+        plot_diagnostics([output_dir], output_dir, labels=[label])
+    return rows
+
+
+def summarize_s2t(rows: list[dict[str, Any]], output_dir: str | None = None) -> dict[str, Any]:
+    """The S2T summary of a run's `metrics.jsonl` rows: the mean and pooled silenced ratios
+    ([`~stapo_trl.run_folder.logs.s2t_totals`]) and, with `output_dir`, what its candidates were. Empty without them."""
+    ratios = [r["s2t/silenced_ratio"] for r in rows if r.get("s2t/silenced_ratio") is not None]
+    if not ratios or (totals := s2t_totals(rows)) is None:
+        return {}
+    summary = {"mean_silenced_ratio": sum(ratios) / len(ratios),
+               "fraction_of_logging_steps_with_silencing": sum(r > 0 for r in ratios) / len(ratios), **totals}  # fmt: skip
+    if output_dir is not None and os.path.isfile(os.path.join(output_dir, SPURIOUS_TOKENS_FILENAME)):
+        candidates = [r for r in read_token_records(output_dir) if r["kind"] in ("silenced", "kept_candidate")]
+        kept = [r for r in candidates if r["kind"] == "kept_candidate"]
+        masks: dict[tuple, list] = {}  # a mask is told apart by its update and tau_h
+        for r in candidates:
+            masks.setdefault((r.get("update", r["step"]), r.get("entropy_threshold")), []).append(r)
+        alone = [group[0] for group in masks.values() if len(group) == 1]  # never silenced: strict H < tau_h
+        summary["candidates"] = {
+            "silenced": len(candidates) - len(kept), "kept": len(kept),
+            "kept_below": sum(r["entropy"] < 0.3 for r in kept), "entropy_below": 0.3,
+            "masks_with_candidates": len(masks), "masks_with_one_candidate": len(alone),
+            "kept_alone": sum(r["kind"] == "kept_candidate" for r in alone),
+        }  # fmt: skip
+    return summary
+
+
+def print_summary(s, output_dir, step, s2t_summary, eval_record, max_new_tokens, timings) -> None:
+    """The end of a run on the console: the S2T counts, the accuracy before and after, the wall times, the files."""
+    print(f"\n=== {s.trainer} run finished: {output_dir} (step {step}) ===")
+    if s2t := s2t_summary:
+        print(f"S2T: {s2t['num_silenced']} of {s2t['num_loss_tokens']} loss tokens silenced, pooled silenced ratio "
+              f"{s2t['silenced_ratio']:.3g} (mean over logging steps {s2t['mean_silenced_ratio']:.3g}); the mask fired "
+              f"at {s2t['rows_with_silencing']} of {s2t['num_rows']} logging steps; {s2t['num_candidates']} candidates.")  # fmt: skip
+        if facts := s2t.get("candidates"):
+            logged = facts["silenced"] + facts["kept"]
+            sample = "all" if logged == s2t["num_candidates"] else f"a sample of {logged}"
+            print(f"Candidates in spurious_tokens.jsonl ({sample}): {facts['silenced']} silenced, {facts['kept']} kept "
+                  f"({facts['kept_below']} of them with H < {facts['entropy_below']:g} nats); "
+                  f"{facts['masks_with_candidates']} masks had a candidate, {facts['masks_with_one_candidate']} exactly "
+                  "one (a lone candidate is never silenced: strict H < tau_h).")  # fmt: skip
+    if r := eval_record:
+        print(f"{evaluation_kind(r.get('split', '')).capitalize()} {r['metric']} on {r['num_problems']} problems "
+              f"(T={r['temperature']}, top_p={r['top_p']}, {max_new_tokens} new tokens): before "
+              f"{100 * r['accuracy_before']:.1f} % -> after {100 * r['accuracy_after']:.1f} %")  # fmt: skip
+        if r.get("stapo_eval_command"):
+            print(f"The same numbers from stapo-eval: {r['stapo_eval_command']['after']}")
+    print("Wall time (s): " + ", ".join(f"{name} {value:.0f}" for name, value in timings.items()))
+    present = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
+    lines = []
+    for pattern, what in RUN_FILES:
+        if names := sorted(fnmatch.filter(present, pattern), key=lambda n: (len(n), n)):
+            shown = ", ".join(names) if len(names) <= 2 else f"{names[0]} ... {names[-1]} ({len(names)})"
+            lines.append(f"  {shown:<40}  {what}")
+    if lines:
+        print("\n".join([f"Files in {output_dir}:", *lines]))

@@ -1,6 +1,5 @@
-"""`STAPOScriptArguments`: the fields of a `stapo-train` recipe that are neither `STAPOConfig` nor `ModelConfig` fields
-(trainer, rewards, data, evaluation). A new one is a field with its docstring entry (its help), checked in
-`__post_init__`."""
+"""`STAPOScriptArguments`: the recipe fields that are neither `STAPOConfig` nor `ModelConfig` fields. A new one is a
+field with its docstring entry (its `--help-fields` text), checked in `__post_init__`."""
 
 from __future__ import annotations
 
@@ -92,8 +91,7 @@ class STAPOScriptArguments(ScriptArguments):
     torch_num_threads: int | None = None
 
     def __post_init__(self):
-        """Refuse, in one line naming the field, a value no run can use (an unknown `benchmark_eval` with the valid
-        names, `dataset_streaming`, an empty column name, a count below 1): `ValueError`. The parser checks `trainer`."""
+        """Refuse a value no run can use in one line naming the field (`ValueError`); the parser checks `trainer`."""
         if self.dataset_streaming:
             raise ValueError("dataset_streaming=True is not supported by stapo-train: set it to false.")
         for column, what in (("prompt_column", "problem"), ("solution_column", "gold answer")):
@@ -114,3 +112,16 @@ class STAPOScriptArguments(ScriptArguments):
         ):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1 ({fix}).")
+
+    def dataset_kwargs(self) -> dict:
+        """The arguments of [`~stapo_trl.data.load_prompt_dataset`] this recipe sets (`instruction`: the paper's for
+        `None`)."""
+        from ..data import INSTRUCTION
+
+        return {
+            "dataset_config": self.dataset_config,
+            "prompt_column": self.prompt_column,
+            "solution_column": self.solution_column,
+            "instruction": INSTRUCTION if self.instruction is None else self.instruction,
+            "strip_dapo_instruction": self.strip_dapo_instruction,
+        }

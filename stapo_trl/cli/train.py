@@ -17,21 +17,19 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from .errors import InputError, print_line, report_input_errors
-from .quiet import quiet_upstream as quiet_upstream_imports
+from .errors import InputError, print_line, quiet_upstream, report_input_errors
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """`stapo-train --config RECIPE.yaml [--FIELD VALUE ...]`, `--dry-run`, `--help`, `--help-fields [WORD]`,
     `--version`. Bad input ends it before any model is built, on every process, with one `stapo-train: error: ...`
-    line and status 2; a failure during training keeps its traceback (status 1). Ctrl-C, SIGTERM or SIGUSR1 during
-    training saves a checkpoint at the next step boundary, then exits with 128 + the signal's number; a Ctrl-C at any
-    other moment ends with what this run saved ([`interrupted_line`]).
-    """
+    line and status 2; a failure during training keeps its traceback (status 1). A stop signal during training saves a
+    checkpoint at the next step boundary, then exits with 128 + the signal's number; a Ctrl-C at any other moment ends
+    with what this run saved ([`interrupted_line`])."""
     argv = list(sys.argv[1:] if argv is None else argv)
     run: dict = {}  # output_dir once parsed, then the checkpoint resumed: what an interrupt's last line is told from
     try:
-        with report_input_errors(), quiet_upstream_imports():  # TRL's vLLM-range warning as the trainer loads
+        with report_input_errors(), quiet_upstream():  # TRL's vLLM-range warning as the trainer loads
             _main(argv, run)
     except KeyboardInterrupt as e:  # after the checkpoint (stapo_trl.cli.callbacks.SaveOnSignal), or a bare Ctrl-C
         signal.signal(signal.SIGINT, lambda *_: os._exit(130))  # one more Ctrl-C: gone, this line stays the last
@@ -41,9 +39,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def interrupted_line(argv: list[str], output_dir: str | None = None, **resumed) -> str:
-    """The last line of a run interrupted outside a stop signal's save (before or after training, or by a second
-    Ctrl-C as it stops): the checkpoint this run saved, else that it saved none, with the command that resumes the
-    newest one. `resumed`: `{"checkpoint": ...}` once the run has chosen what it resumes (nothing is saved before)."""
+    """The last line of a run interrupted outside a stop signal's save: the checkpoint this run saved, else that it
+    saved none, with the command that resumes the newest one. `resumed`: `{"checkpoint": ...}` once the run has chosen
+    what it resumes (nothing is saved before)."""
     from ..run_folder.checkpoints import newest_complete_checkpoint
     from .run import resume_command
 
@@ -77,8 +75,8 @@ def _main(argv: list[str], run: dict) -> None:
     if "-h" in argv or "--help" in argv or fields:
         from .args import SHORT_HELP, fields_help
 
-        word = argv[fields[0] + 1 : fields[0] + 2] if fields else []
-        print(fields_help(*[w for w in word if not w.startswith("-")]) if fields else SHORT_HELP)
+        word = [w for w in argv[fields[0] + 1 : fields[0] + 2] if not w.startswith("-")] if fields else []
+        print(fields_help(*word) if fields else SHORT_HELP)
         raise SystemExit(0)
     try:
         from .args import parse_args

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from testing_utils import STAPO_RECIPE, addition_rows, error_line, write_hostile_pickle, write_jsonl
@@ -231,7 +230,7 @@ def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_m
     # Reported: a path that does not exist passed the dry run, and the run raised transformers' ValueError with a
     # traceback (exit 1) after building the model and evaluating it; a checkpoint without optimizer.pt resumed with a
     # fresh optimizer, silently; a cut model file stopped in safetensors, after the model was built.
-    from stapo_trl.cli.checkpoints import check_resume_from_checkpoint
+    from stapo_trl.run_folder.checkpoints import check_checkpoint
     from stapo_trl.cli.dry_run import main as dry_run_main
     from stapo_trl.cli.train import main
 
@@ -269,9 +268,7 @@ def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_m
         assert "(checkpoint-4)" in line
     assert not marker.exists() and (path.is_dir() or not path.exists() or path.is_file())  # named: left in place
     # A complete checkpoint passes this check (the run then resumes it).
-    check_resume_from_checkpoint(
-        SimpleNamespace(resume_from_checkpoint=str(run / "checkpoint-4"), save_only_model=False)
-    )
+    check_checkpoint(str(run / "checkpoint-4"), "resume_from_checkpoint")
 
 
 # The damages measured on main (each rerun: "Resuming from checkpoint-20, the newest complete checkpoint", then a

@@ -154,7 +154,7 @@ def test_a_results_file_of_the_old_seeding_is_not_resumed(tiny_math_model_path, 
 def test_stapo_eval_samples_what_the_training_evaluation_samples(tiny_math_model_path, tmp_path):
     # stapo-eval added crc32("tiny-math/t1.0-p1.0") to --seed, stapo-train's evaluation seeded with its seed alone, and
     # each drew from one RNG stream batch by batch: --batch-size 1 and 8 gave other samples. The training loop below is
-    # the call of stapo_trl.cli.outputs.evaluate_trainer_model (hf_generate, eval_batch_size x k per call).
+    # the call of stapo_trl.cli.run.evaluate_trainer_model (hf_generate, eval_batch_size x k per call).
     from functools import partial
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -246,7 +246,7 @@ def test_builtin_model_results_go_under_outputs_with_its_accuracy(tiny_math_mode
 
 
 def test_a_rerun_of_stapo_train_writes_eval_step_beside_eval_json_as_the_docs_say(tmp_path):
-    from stapo_trl.cli.outputs import write_eval_record
+    from stapo_trl.cli.run import write_eval_record
 
     record = {"metric": "avg@4", "accuracy_before": 0.4, "accuracy_after": 0.6}
     names = [Path(write_eval_record(record, str(tmp_path), 500)).name for _ in range(3)]

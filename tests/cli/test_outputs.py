@@ -12,7 +12,7 @@ from testing_utils import STAPO_RECIPE, LogRecords
 
 
 def test_eval_results_path_never_replaces_existing_results(tmp_path):
-    from stapo_trl.cli.outputs import eval_results_path
+    from stapo_trl.cli.run import eval_results_path
 
     assert eval_results_path(str(tmp_path), 8) == str(tmp_path / "eval.json")
     (tmp_path / "eval.json").write_text("{}")
@@ -64,7 +64,7 @@ def test_rerun_into_a_finished_run_keeps_its_eval_json(tmp_path, tiny_math_model
 
 
 def _summary(capsys, split: str | None) -> str:
-    from stapo_trl.cli.outputs import print_summary
+    from stapo_trl.cli.run import print_summary
     from stapo_trl.cli.script_args import STAPOScriptArguments
 
     record = {"metric": "avg@4", "num_problems": 40, "temperature": 1.0, "top_p": 1.0}
@@ -92,7 +92,7 @@ def test_a_test_split_evaluation_is_held_out(capsys, dataset_name):
 
 
 def test_the_announcement_names_the_kind():
-    from stapo_trl.cli.outputs import evaluation_kind
+    from stapo_trl.cli.run import evaluation_kind
     from stapo_trl.data import evaluation_split
 
     assert evaluation_kind(evaluation_split("data/problems.parquet", "test")[0]) == "training (not held-out)"

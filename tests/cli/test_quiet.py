@@ -17,7 +17,7 @@ def test_gradient_checkpointing_future_warning_is_silenced_precisely(tiny_math_m
 
     from transformers import AutoModelForCausalLM
 
-    from stapo_trl.cli.quiet import quiet_upstream
+    from stapo_trl.cli.errors import quiet_upstream
 
     model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
     with warnings.catch_warnings(record=True) as caught:
@@ -49,7 +49,7 @@ def test_gradient_checkpointing_future_warning_is_silenced_precisely(tiny_math_m
 VLLM_WARNING_PROBE = """
 import contextlib, json, sys, warnings
 import stapo_trl  # noqa: F401
-from stapo_trl.cli.quiet import quiet_upstream
+from stapo_trl.cli.errors import quiet_upstream
 from trl.import_utils import is_vllm_available
 block = {"none": contextlib.nullcontext, "import": quiet_upstream, "run": quiet_upstream}
 with warnings.catch_warnings(record=True) as shown, block[sys.argv[1]]():

@@ -362,7 +362,7 @@ def test_dry_run_counts_the_prompts_the_rule_will_drop(tiny_math_model_path, tmp
     data = _rows(tmp_path, ["1+" * 400 + "1"])
     argv[argv.index("--dataset_name") + 1] = str(data)
     report = dry_run_recipe(argv, 1)
-    assert any("every training prompt exceeds 464 tokens" in e for e in report.errors), report.errors
+    assert any("All 1 training prompts are longer than 464 tokens" in e for e in report.errors), report.errors
 
 
 def test_the_printed_dry_run_counts_the_prompts_the_rule_will_drop(tiny_math_model_path, tmp_path, capsys):
