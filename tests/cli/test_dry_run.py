@@ -235,3 +235,40 @@ def test_dry_run_reads_a_builtin_dataset_as_stapo_train_does(flags, expected):
     report = dry_run_recipe([*DEMO, *flags], 1)
     (error,) = report.errors
     assert error.startswith("dataset_name='builtin:") and expected in error, error
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        # The dry run re-implemented the run's checks and missed these: it passed what the run then refused.
+        ("user-files", "holds files that are not a run's (notes.txt)"),
+        ("reward-column", "Column 'difficulty' not found in dataset 'builtin:tiny-math'"),
+        ("dataset-folder", "b.jsonl line 2 is not a JSON object"),
+    ],
+)
+def test_the_dry_run_refuses_what_the_run_refuses_before_the_model(
+    no_model_built, tmp_path, monkeypatch, capsys, case, expected
+):
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.train import main
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out")]
+    if case == "user-files":
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "notes.txt").write_text("mine")
+    elif case == "reward-column":
+        (tmp_path / "my_rewards.py").write_text(
+            "def hard(completions, difficulty, **kwargs):\n    return difficulty\n"
+        )
+        argv += ["--reward_funcs", "my_rewards.hard"]
+    else:
+        (tmp_path / "data").mkdir()
+        write_jsonl(tmp_path / "data" / "a.jsonl", addition_rows(8))
+        (tmp_path / "data" / "b.jsonl").write_text('{"problem": "1+1", "answer": "2"}\nnot json\n')
+        argv += ["--dataset_name", str(tmp_path / "data")]
+    with pytest.raises(SystemExit) as excinfo:
+        main(argv)
+    assert excinfo.value.code == 2 and expected in error_line(capsys, "stapo-train")
+    assert dry_run_main(argv) == 2
+    assert expected in error_line(capsys, "stapo-train --dry-run")
