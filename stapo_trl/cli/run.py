@@ -16,7 +16,6 @@ import warnings
 from functools import partial
 from typing import Any
 
-import datasets
 import torch
 import transformers
 from transformers import set_seed
@@ -119,79 +118,53 @@ def train(script_args, training_args, model_args, prepared: PreparedRun | None =
 
 def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
     s, a, m, out = run.s, run.a, run.m, run.a.output_dir
-    logging.basicConfig(
-        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
-        handlers=[logging.StreamHandler(sys.stdout)],
-    )  # fmt: skip
-    logger.setLevel(log_level := a.get_process_log_level())
-    datasets.utils.logging.set_verbosity(log_level)
-    transformers.utils.logging.set_verbosity(log_level)
-    transformers.utils.logging.enable_default_handler()
-    transformers.utils.logging.enable_explicit_format()
-    set_seed(a.seed)
-    logger.info(f"Script parameters {s}\nTraining parameters {a}\nModel parameters {m}")
-    timings, done = {"prepare": run.seconds}, _at_max_steps(a, run.checkpoint)
-
-    a.model_init_kwargs = {"revision": m.model_revision, "attn_implementation": m.attn_implementation, "dtype": m.dtype,
-                           **(a.model_init_kwargs or {})}  # fmt: skip
+    fmt = "%(asctime)s - %(levelname)s - %(name)s - %(message)s"
+    logging.basicConfig(format=fmt, datefmt="%Y-%m-%d %H:%M:%S", handlers=[logging.StreamHandler(sys.stdout)])
+    transformers.utils.logging.enable_explicit_format()  # each process's verbosity: the Trainer sets it
+    set_seed(a.seed)  # before the trainer: a LoRA adapter is initialised as it is built
+    init = {"revision": m.model_revision, "attn_implementation": m.attn_implementation, "dtype": m.dtype}
+    a.model_init_kwargs = init | (a.model_init_kwargs or {})
     trainer = (STAPOTrainer if s.trainer == "stapo" else GRPOBaselineTrainer)(
-        model=run.model_path,
-        reward_funcs=run.reward_funcs,
-        args=a,
-        train_dataset=run.train_dataset,
-        eval_dataset=run.test_dataset if a.eval_strategy != "no" else None,
-        quantization_config=get_quantization_config(m),
-        peft_config=get_peft_config(m),
-    )
+        run.model_path, run.reward_funcs, a, run.train_dataset, run.test_dataset if a.eval_strategy != "no" else None,
+        peft_config=get_peft_config(m), quantization_config=get_quantization_config(m),
+    )  # fmt: skip
     add_command_callbacks(trainer, resume_hint=f"Resume with the same command: {resume_command()}")
     trainer.run_settings = run.settings  # each checkpoint's record: with the prompt format and the data's digest
-    is_main, printed = trainer.accelerator.is_main_process, trainer.accelerator.print
-
-    def timed(name, call, *args):
-        start = time.perf_counter()
-        result = call(*args)
-        timings[name] = time.perf_counter() - start
-        return result
-
+    is_main, say, timings, record, eval_path = (
+        trainer.accelerator.is_main_process,
+        trainer.accelerator.print,
+        {},
+        None,
+        None,
+    )
     max_new_tokens = s.eval_max_new_tokens or a.max_completion_length
-    evaluate = partial(evaluate_trainer_model, trainer, s, run.eval_dataset, max_new_tokens)
-    record = eval_path = None
+    evaluate = partial(_timed, timings, evaluate_trainer_model, trainer, s, run.eval_dataset, max_new_tokens)
     if s.eval_before_after:
         kind = evaluation_kind(evaluation_split(s.dataset_name, s.dataset_test_split)[0])
-        printed(f"Evaluating the initial model on {len(run.eval_dataset)} {kind} problems ...")
-        before = timed("eval_before", evaluate)
-    try:  # a stop signal: a checkpoint at the next step boundary, then a KeyboardInterrupt with the resume command
-        if done is None:
-            printed(f"Training with {type(trainer).__name__} ...")
-            result = timed("train", trainer.train, run.checkpoint)
-            metrics = {k: v for k, v in result.metrics.items() if v is not None}  # None: no value since the last log
-            trainer.save_metrics("train", metrics | {"train_samples": len(run.train_dataset)})
-        else:
-            trainer._load_from_checkpoint(done)  # weights (or adapter) only; no optimizer step
-            trainer.state = TrainerState.load_from_json(os.path.join(done, "trainer_state.json"))
-        trainer.save_state()
-    except KeyboardInterrupt:
-        if end_training:
-            trainer.end()
-        raise
+        say(f"Evaluating the initial model on {len(run.eval_dataset)} {kind} problems ...")
+        before = evaluate(name="eval_before")
+    _fit(trainer, run, timings, end_training)
     trainer.save_model(out)
-    printed(f"Model and tokenizer saved to {out}.")
-    card = partial(trainer.create_model_card, model_name=os.path.basename(os.path.normpath(out)), tags=["stapo_trl", s.trainer],
-                   dataset_name=None if is_builtin_or_local(s.dataset_name) else s.dataset_name)  # fmt: skip
+    say(f"Model and tokenizer saved to {out}.")
+    dataset = None if is_builtin_or_local(s.dataset_name) else s.dataset_name
+    card = partial(
+        trainer.create_model_card, os.path.basename(os.path.normpath(out)), dataset, ["stapo_trl", s.trainer]
+    )
     if is_main:
         card()
         trainer.model.config.use_cache = True  # training turns the KV cache off
         trainer.model.config.save_pretrained(out)
-    rows = write_figures(s, a, out) if is_main else []
-    s2t = summarize_s2t(rows, out if is_main else None)
+    s2t = summarize_s2t(write_figures(s, a, out), out) if is_main else {}
     if s.eval_before_after:
-        printed("Evaluating the trained model ...")
-        after = timed("eval_after", evaluate)
-        record = make_eval_record(s, a, trainer, before, after, max_new_tokens, m.model_name_or_path)
+        say("Evaluating the trained model ...")
+        record = make_eval_record(
+            s, a, trainer, before, evaluate(name="eval_after"), max_new_tokens, m.model_name_or_path
+        )
         if is_main:
             eval_path = write_eval_record(record, out, trainer.state.global_step)
             trainer.eval_record = record  # the card's procedure gets the accuracy too
             card()
+    timings = {"prepare": run.seconds} | timings
     if is_main:
         print_summary(s, out, trainer.state.global_step, s2t, record, max_new_tokens, timings)
     if a.push_to_hub:
@@ -203,21 +176,41 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
             "s2t": s2t, "seconds": seconds}  # fmt: skip
 
 
-def _at_max_steps(a, checkpoint: str | None) -> str | None:
-    """`checkpoint` when it already reached `max_steps`: nothing is trained (`Trainer.train` would run one step past
-    it), it becomes the final model (this also finishes a run stopped after its last checkpoint)."""
-    if checkpoint is None or a.max_steps <= 0:
-        return None
-    with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
-        done = json.load(f)["global_step"]
-    if done < a.max_steps:
-        return None
-    logger.warning(
-        f"{checkpoint} is at step {done} >= max_steps={a.max_steps}: training is already complete, nothing is "
-        "trained. The checkpoint is saved as the final model (and evaluated). To train anew use another output_dir; "
-        "to continue, raise max_steps."
-    )
-    return checkpoint
+def _timed(timings: dict, call, *args, name: str):
+    start = time.perf_counter()
+    result = call(*args)
+    timings[name] = time.perf_counter() - start
+    return result
+
+
+def _fit(trainer, run: PreparedRun, timings: dict, end_training: bool) -> None:
+    """Train from `run.checkpoint`, or take a checkpoint already at `max_steps` as the final model (`Trainer.train`
+    would run one step past it; this also finishes a run stopped after its last checkpoint); save the state."""
+    a, done = run.a, None
+    if run.checkpoint is not None and a.max_steps > 0:
+        done = TrainerState.load_from_json(os.path.join(run.checkpoint, "trainer_state.json"))
+        if done.global_step < a.max_steps:
+            done = None
+        else:
+            logger.warning(
+                f"{run.checkpoint} is at step {done.global_step} >= max_steps={a.max_steps}: training is already "
+                "complete, nothing is trained. The checkpoint is saved as the final model (and evaluated). To train "
+                "anew use another output_dir; to continue, raise max_steps."
+            )
+    try:  # a stop signal: a checkpoint at the next step boundary, then a KeyboardInterrupt with the resume command
+        if done is None:
+            trainer.accelerator.print(f"Training with {type(trainer).__name__} ...")
+            result = _timed(timings, trainer.train, run.checkpoint, name="train")
+            metrics = {k: v for k, v in result.metrics.items() if v is not None}  # None: no value since the last log
+            trainer.save_metrics("train", metrics | {"train_samples": len(run.train_dataset)})
+        else:
+            trainer._load_from_checkpoint(run.checkpoint)  # weights (or adapter) only
+            trainer.state = done
+        trainer.save_state()
+    except KeyboardInterrupt:
+        if end_training:
+            trainer.end()
+        raise
 
 
 def _push_to_hub(trainer, s, a, eval_record: dict | None) -> None:

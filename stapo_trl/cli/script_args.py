@@ -28,12 +28,9 @@ class STAPOScriptArguments(ScriptArguments):
 
     Args:
         trainer (`str`, *optional*, defaults to `"stapo"`): `"stapo"` ([`~stapo_trl.STAPOTrainer`]) or `"grpo"` (a
-            plain [`~trl.GRPOTrainer`]; `s2t_*` keys are then an error). The paper's baselines use `"stapo"` with
-            `s2t_mode: "off"`, which equals plain GRPOTrainer only when `steps_per_generation ==
-            gradient_accumulation_steps` (else TRL's `dapo` divides each update by the rollout batch's token count).
+            plain [`~trl.GRPOTrainer`], no `s2t_*` keys). The paper's baselines are `"stapo"` with `s2t_mode: "off"`.
         reward_funcs (`list[str]`, *optional*, defaults to `["math_accuracy"]`): names of `stapo_trl.rewards.REWARDS`
-            or dotted import paths (`my_pkg.rewards.fn`). The default is the paper's binary reward alone (last
-            `\\boxed{}` verified against the gold answer, STAPO Sec. 4.1). Weights: `reward_weights`.
+            or dotted import paths (`my_pkg.rewards.fn`); the default is the paper's (STAPO Sec. 4.1).
         prompt_column (`str`, *optional*, defaults to `"problem"`): column holding the problem text (or a chat).
             Ignored for `builtin:` datasets.
         solution_column (`str`, *optional*, defaults to `"answer"`): column holding the gold answer; dotted names reach
@@ -53,9 +50,8 @@ class STAPOScriptArguments(ScriptArguments):
         eval_top_p (`float`, *optional*, defaults to `1.0`): top-p of the evaluation sampling.
         eval_max_new_tokens (`int`, *optional*): generation budget of the evaluation; `None`: `max_completion_length`.
         eval_batch_size (`int`, *optional*, defaults to `64`): problems per `generate` call (each yields k).
-        benchmark_eval (`str`, *optional*): a benchmark (`aime24`, `math500`, ..., `tiny-math`) that TRL's own
-            evaluation samples during training (its `eval_dataset`; `eval_strategy` `"steps"` unless set), logged as
-            `eval_rewards/<reward>/mean` (with `math_accuracy`: avg@k). Sampling and length are training's. `None`: off.
+        benchmark_eval (`str`, *optional*): a benchmark (`aime24`, `math500`, ..., `tiny-math`) TRL's evaluation samples
+            during training (`eval_strategy` `"steps"` unless set), logged as `eval_rewards/<reward>/mean` (avg@k).
         benchmark_eval_data_dir (`str`, *optional*): folder with local benchmark files (`None`: the Hub, or built in).
         benchmark_eval_steps (`int`, *optional*): `eval_steps`, in optimizer steps (`None`: `eval_steps`, else
             `logging_steps`); not with `eval_strategy: epoch`.
@@ -63,9 +59,8 @@ class STAPOScriptArguments(ScriptArguments):
             `num_generations_eval`); it must divide the global eval batch (`per_device_eval_batch_size` x processes).
         benchmark_eval_limit (`int`, *optional*, defaults to `32`): only the first N problems; N x k must fill whole
             eval batches.
-        torch_num_threads (`int`, *optional*): CPU threads of torch (also `OMP_NUM_THREADS` for child processes);
-            `None`: torch's default. The CPU demo uses 1: a tiny model gains nothing from threads, and threads that
-            wait on each other on shared cores make 2 up to 20x slower than 1.
+        torch_num_threads (`int`, *optional*): CPU threads of torch (and `OMP_NUM_THREADS`); `None`: torch's default.
+            The CPU demo uses 1: on shared cores, threads waiting on each other made it up to 20x slower.
     """
 
     trainer: Literal["stapo", "grpo"] = "stapo"
@@ -101,27 +96,20 @@ class STAPOScriptArguments(ScriptArguments):
             from ..evaluation.tasks import get_benchmark_spec
 
             self.benchmark_eval = get_benchmark_spec(self.benchmark_eval).name  # an unknown name lists the valid ones
-        skip = "or set eval_before_after: false to skip the evaluation"
+        skip, threads = "or set eval_before_after: false to skip the evaluation", "the CPU demo uses 1; unset: default"
+        fixes = dict(
+            eval_num_problems=skip, eval_num_samples=skip, torch_num_threads=threads, benchmark_eval_steps="or unset"
+        )
         for name, fix in (
-            ("eval_num_problems", skip),
-            ("eval_num_samples", skip),
-            ("torch_num_threads", "the CPU demo uses 1; unset: torch's default"),
-            ("benchmark_eval_steps", "or unset"),
-            ("benchmark_eval_samples", "samples per problem"),
-            ("benchmark_eval_limit", "or unset"),
-        ):
+            fixes | dict(benchmark_eval_samples="samples per problem", benchmark_eval_limit="or unset")
+        ).items():
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1 ({fix}).")
 
     def dataset_kwargs(self) -> dict:
-        """The arguments of [`~stapo_trl.data.load_prompt_dataset`] this recipe sets (`instruction`: the paper's for
-        `None`)."""
+        """The [`~stapo_trl.data.load_prompt_dataset`] arguments this recipe sets (`instruction=None`: the paper's)."""
         from ..data import INSTRUCTION
 
-        return {
-            "dataset_config": self.dataset_config,
-            "prompt_column": self.prompt_column,
-            "solution_column": self.solution_column,
-            "instruction": INSTRUCTION if self.instruction is None else self.instruction,
-            "strip_dapo_instruction": self.strip_dapo_instruction,
-        }
+        names = ("dataset_config", "prompt_column", "solution_column", "instruction", "strip_dapo_instruction")
+        instruction = INSTRUCTION if self.instruction is None else self.instruction
+        return {name: getattr(self, name) for name in names} | {"instruction": instruction}

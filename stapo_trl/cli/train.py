@@ -1,14 +1,6 @@
-r"""`stapo-train`: train with STAPO (or the GRPO baseline without the mask) from a YAML recipe.
-
-    stapo-train --config recipes/demo/stapo.yaml                                      # the CPU demo, offline
-    stapo-train --config recipes/demo/stapo.yaml --max_steps 50 --output_dir outputs/try  # the command line wins
-    stapo-train --config recipes/Qwen3-8B/stapo.yaml --dry-run --num-processes 16     # the plan, nothing built
-    accelerate launch --config_file recipes/accelerate_configs/zero2.yaml -m stapo_trl.cli.train --config RECIPE.yaml
-
-A recipe's keys are the fields of `STAPOScriptArguments`, `STAPOConfig` and `ModelConfig` ([`~stapo_trl.cli.args`]).
-`trainer: grpo` runs a plain `GRPOTrainer` with STAPOConfig's objective defaults: the same run without the mask. A run
-resumes from the newest complete checkpoint in its `output_dir` (docs/cli.md).
-"""
+"""`stapo-train`: train with STAPO (or the GRPO baseline without the mask) from a YAML recipe whose keys are the fields
+of `STAPOScriptArguments`, `STAPOConfig` and `ModelConfig` ([`~stapo_trl.cli.args`]); `--help` lists the usages. A run
+resumes from the newest complete checkpoint in its `output_dir` (docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -21,11 +13,9 @@ from .errors import InputError, print_line, quiet_upstream, report_input_errors
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`stapo-train --config RECIPE.yaml [--FIELD VALUE ...]`, `--dry-run`, `--help`, `--help-fields [WORD]`,
-    `--version`. Bad input ends it before any model is built, on every process, with one `stapo-train: error: ...`
-    line and status 2; a failure during training keeps its traceback (status 1). A stop signal during training saves a
-    checkpoint at the next step boundary, then exits with 128 + the signal's number; a Ctrl-C at any other moment ends
-    with what this run saved ([`interrupted_line`])."""
+    """`stapo-train`: bad input ends it before any model, on every process, with one `stapo-train: error: ...` line
+    and status 2; a failure during training keeps its traceback (status 1). A stop signal during training saves a
+    checkpoint first, then exits 128 + its number; a Ctrl-C at another moment ends with [`interrupted_line`]."""
     argv = list(sys.argv[1:] if argv is None else argv)
     run: dict = {}  # output_dir once parsed, then the checkpoint resumed: what an interrupt's last line is told from
     try:
@@ -39,9 +29,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def interrupted_line(argv: list[str], output_dir: str | None = None, **resumed) -> str:
-    """The last line of a run interrupted outside a stop signal's save: the checkpoint this run saved, else that it
-    saved none, with the command that resumes the newest one. `resumed`: `{"checkpoint": ...}` once the run has chosen
-    what it resumes (nothing is saved before)."""
+    """The last line of a run interrupted outside a stop signal's save: what this run saved and the command that
+    resumes the newest checkpoint. `resumed`: `{"checkpoint": ...}` once the run has chosen what it resumes."""
     from ..run_folder.checkpoints import newest_complete_checkpoint
     from .run import resume_command
 
