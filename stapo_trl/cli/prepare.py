@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from functools import partial
 from math import gcd
 from pathlib import Path
 
@@ -89,9 +90,8 @@ class PreparedRun:
     def __init__(self, s, a, m, plan=None):
         self.s, self.a, self.m, self.dry = s, a, m, plan is not None
         self.processes = plan.num_processes if plan else a.world_size
-        self.rollout_prompts = (
-            int(plan.prompts_per_rollout_step) if plan else a.generation_batch_size // a.num_generations
-        )
+        batch = plan.generation_batch_size if plan else a.generation_batch_size
+        self.rollout_prompts = batch // a.num_generations
         self.reward_funcs = self.model_path = self.train_dataset = self.test_dataset = self.eval_dataset = None
         self.checkpoint = self.total = self.kept = self.budget = None
         self.settings, self.held, self.errors, self.warnings, self.seconds = {}, False, [], [], 0.0
@@ -126,7 +126,7 @@ class PreparedRun:
     def _model(self):  # checked, not loaded: the Hub asked in a run; a dry run notes a model that is here
         if not (name := self.m.model_name_or_path):
             raise ValueError(
-                "model_name_or_path is not set: give a Hub id, a local model directory or builtin:tiny-math."
+                "model_name_or_path is not set: give a Hub id, a local model folder or builtin:tiny-math."
             )
         if not self.dry:
             check_model_available(name, self.m.model_revision)
@@ -146,7 +146,7 @@ class PreparedRun:
     def _dataset_name(self):
         if self.s.dataset_name is None:
             raise ValueError(
-                "dataset_name is not set: give builtin:tiny-math, a local .json/.jsonl/.parquet/.csv file or a Hub id."
+                "dataset_name is not set: give builtin:tiny-math, a .json/.jsonl/.parquet/.csv file or a Hub id."
             )
 
     def _folder(self):
@@ -161,9 +161,8 @@ class PreparedRun:
         if a.should_save and os.path.isdir(out):
             folder.hold_run_folder(out)
             self.held = True
-        self.checkpoint = a.resume_from_checkpoint or folder.resume_checkpoint(
-            out, a.save_only_model, move_aside=self.held
-        )
+        newest = folder.resume_checkpoint(out, a.save_only_model, move_aside=self.held)
+        self.checkpoint = a.resume_from_checkpoint or newest
         if self.checkpoint is not None:
             folder.check_run_settings(self.checkpoint, self.settings)
         elif model := next(iter(weight_files(sorted(os.listdir(out)) if os.path.isdir(out) else [])), None):
@@ -180,12 +179,11 @@ class PreparedRun:
             if self.dry:
                 return
             check_hub_dataset(name)  # a Hub id nobody can download: now, in one line
-        self.train_dataset = data.load_prompt_dataset(
-            name, split=s.dataset_train_split, limit=s.max_train_samples, **kwargs
-        )
+        load = partial(data.load_prompt_dataset, name, **kwargs)
+        self.train_dataset = load(split=s.dataset_train_split, limit=s.max_train_samples)
         self.total, periodic = len(self.train_dataset), self.a.eval_strategy != "no" and s.benchmark_eval is None
         if s.eval_before_after or periodic:
-            self.test_dataset = data.load_prompt_dataset(name, split=s.dataset_test_split, **kwargs)
+            self.test_dataset = load(split=s.dataset_test_split)
         if s.eval_before_after:
             self.eval_dataset = self.test_dataset.select(range(min(s.eval_num_problems, len(self.test_dataset))))
             if warning := data.evaluation_split(name, s.dataset_test_split)[1]:
@@ -201,22 +199,18 @@ class PreparedRun:
 
         from ..evaluation.tasks import benchmark_dataset, load_benchmark
 
-        s, a = self.s, self.a
-        if s.benchmark_eval is None:
+        s, a, name = self.s, self.a, self.s.benchmark_eval
+        if name is None:
             return
         try:
-            problems = (
-                None
-                if self.dry
-                else load_benchmark(s.benchmark_eval, s.benchmark_eval_data_dir, s.benchmark_eval_limit)
-            )
+            problems = None if self.dry else load_benchmark(name, s.benchmark_eval_data_dir, s.benchmark_eval_limit)
         except RuntimeError as e:  # the Hub copy cannot be loaded
-            raise ValueError(f"benchmark_eval={s.benchmark_eval!r}: {e}") from e
+            raise ValueError(f"benchmark_eval={name!r}: {e}") from e
         if error := benchmark_eval_error(s, a, self.processes, None if problems is None else len(problems)):
             raise ValueError(error)
         if problems is not None:
             self.test_dataset = benchmark_dataset(problems, s.dataset_kwargs()["instruction"])
-            data.check_reward_columns(self.reward_funcs, self.test_dataset, f"benchmark_eval={s.benchmark_eval!r}")
+            data.check_reward_columns(self.reward_funcs, self.test_dataset, f"benchmark_eval={name!r}")
             if a.eval_strategy == "no" or s.benchmark_eval_steps is not None:
                 a.eval_strategy, a.do_eval = IntervalStrategy.STEPS, True
                 a.eval_steps = s.benchmark_eval_steps or a.eval_steps or a.logging_steps
@@ -234,20 +228,13 @@ class PreparedRun:
             kwargs = {"revision": m.model_revision, "trust_remote_code": a.trust_remote_code}
             tokenizer = AutoTokenizer.from_pretrained(self.model_path, **kwargs)
             prompts = [{"prompt": data.format_prompt("1+1")}] if train is None else train  # a dry run without data
-            data.check_chat_template(
-                tokenizer,
-                prompts,
-                m.model_name_or_path,
-                s.dataset_name,
-                data.CLI_CHAT_TEMPLATE_FIX,
-                a.chat_template_kwargs,
-            )
+            template = (m.model_name_or_path, s.dataset_name, data.CLI_CHAT_TEMPLATE_FIX, a.chat_template_kwargs)
+            data.check_chat_template(tokenizer, prompts, *template)
             positions = data.model_max_positions(AutoConfig.from_pretrained(self.model_path, **kwargs))
             self.budget = data.prompt_token_budget(positions, a.max_completion_length, s.max_prompt_tokens)
             if train is not None and self.budget is not None:
-                self.train_dataset = train = data.filter_long_prompts(
-                    train, tokenizer, self.budget, a.chat_template_kwargs
-                )
+                train = data.filter_long_prompts(train, tokenizer, self.budget, a.chat_template_kwargs)
+                self.train_dataset = train
                 data.report_dropped(self.total, len(train), self.budget, what="training prompts")
                 if len(train) < self.total:
                     where = f"after filtering (of {self.total}; prompt budget {self.budget} tokens)"
