@@ -12,6 +12,10 @@ import pytest
 from testing_utils import STAPO_RECIPE, addition_rows, error_line, write_jsonl, write_recipe
 
 
+def SLOW(values):  # a training step each (~4 s): the measured case of each kind stays in the default suite
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
 def _train(argv):
     from stapo_trl.cli.train import main
 
@@ -199,10 +203,9 @@ EVAL = ["--benchmarks", "tiny-math", "--backend", "hf", "--limit", "2", "--sampl
 def checkpointed_run(tmp_path_factory, tiny_math_model_path):
     """A one-step stapo-train run with checkpoint-1 (each test copies it)."""
     out = tmp_path_factory.mktemp("eval-run") / "run"
-    _train(
-        ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--max_steps", "1", "--save_steps",
-         "1", "--eval_before_after", "false", "--disable_tqdm", "true", "--output_dir", str(out)]
-    )  # fmt: skip
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--max_steps", "1"]
+    argv += ["--save_steps", "1", "--eval_before_after", "false", "--disable_tqdm", "true", "--max_train_samples", "8"]
+    _train([*argv, "--s2t_write_run_files", "false", "--output_dir", str(out)])  # why: no run files, no figures
     return out
 
 
@@ -281,10 +284,17 @@ def test_stapo_eval_reads_no_pickle_of_a_checkpoint(checkpointed_run, tmp_path, 
     "body, expected",
     [
         ("return [1 / 0] * len(completions)", "raised ZeroDivisionError: division by zero"),  # measured: 60 lines
-        ("return [float(kwargs['difficulty'])] * len(completions)", "raised KeyError: 'difficulty'"),
-        ("return 'not a list'", "returned 'not a list' at step 1, but 64 were expected (one per prompt-completion "),
+        SLOW(("return [float(kwargs['difficulty'])] * len(completions)", "raised KeyError: 'difficulty'")),
+        SLOW(
+            (
+                "return 'not a list'",
+                "returned 'not a list' at step 1, but 64 were expected (one per prompt-completion ",
+            )
+        ),
         # Reported: TRL's ValueError, a 19-frame traceback through stapo-train.
-        ("return [1.0] * (len(completions) - 1)", "returned 63 rewards at step 1, but 64 were expected (one per "),
+        SLOW(
+            ("return [1.0] * (len(completions) - 1)", "returned 63 rewards at step 1, but 64 were expected (one per ")
+        ),
     ],
     ids=["zero-division", "missing-column", "wrong-return", "one-short"],
 )
@@ -296,6 +306,7 @@ def test_a_reward_that_raises_is_one_line_naming_it_and_the_step(
     (tmp_path / f"{module}.py").write_text(f"def fragile(completions, **kwargs):\n    {body}\n")
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--reward_funcs"]
     argv += [f"{module}.fragile", "--max_steps", "1", "--eval_before_after", "false", "--output_dir", "out"]
+    argv += ["--max_train_samples", "64"]
     argv += ["--disable_tqdm", "true"]
     line = _refused(capsys, argv, code=1)
     if expected.startswith("returned"):  # what it returned, checked by stapo_trl: its own message
@@ -309,8 +320,8 @@ def test_a_reward_that_raises_is_one_line_naming_it_and_the_step(
     "rewards",
     [
         {"nothing": "[None] * len(completions)"},  # reported: trained to the end with exit 0
-        {"not_a_number": "[math.nan] * len(completions)"},
-        {"nothing": "[None] * len(completions)", "not_a_number": "[math.nan] * len(completions)"},
+        SLOW(({"not_a_number": "[math.nan] * len(completions)"},)),
+        SLOW(({"nothing": "[None] * len(completions)", "not_a_number": "[math.nan] * len(completions)"},)),
     ],
     ids=["none", "nan", "none-and-nan"],
 )
@@ -324,6 +335,7 @@ def test_a_step_without_any_reward_stops_in_one_line_naming_the_rewards(
     names = ", ".join(rewards)
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--reward_funcs"]
     argv += [*(f"{module}.{name}" for name in rewards), "--max_steps", "3", "--eval_before_after", "false"]
+    argv += ["--max_train_samples", "64"]
     argv += ["--output_dir", "out", "--disable_tqdm", "true"]
     line = _refused(capsys, argv)
     assert line == (

@@ -23,6 +23,7 @@ def two_step_run(tmp_path_factory, tiny_math_model_path):
     data = write_jsonl(folder / "data.jsonl", [row | {"answer2": "0"} for row in addition_rows(8)])
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", data]
     argv += ["--logging_steps", "1", "--max_steps", "2", "--save_steps", "1", "--eval_before_after", "false"]
+    argv += ["--s2t_write_run_files", "false"]  # why: no run files, so no figures (~5 s a run)
     main([*argv, "--disable_tqdm", "true", "--output_dir", str(folder / "run")])
     assert (folder / "run" / "checkpoint-2").is_dir()
     return folder / "run", [*argv, "--disable_tqdm", "true"]

@@ -158,6 +158,7 @@ def test_help_of_every_command_states_the_exit_status(capsys):
     assert expected in " ".join(capsys.readouterr().out.split())
 
 
+@pytest.mark.slow  # a new Python process (imports ~7 s); in-process: test_every_input_error_exits_2_with_one_line
 def test_python_m_train_exits_2_with_one_line(tmp_path):
     """What `accelerate launch` runs on every process: `python -m stapo_trl.cli.train`."""
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
@@ -292,7 +293,7 @@ def test_a_dry_run_that_fails_its_checks_ends_with_one_error_line(no_model_built
     (tmp_path / "empty.jsonl").write_text("")
     fill = {"tmp": tmp_path, "empty": tmp_path / "empty.jsonl"}
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *(a.format(**fill) for a in argv)]
-    assert dry_run_main(argv) == 2
+    assert dry_run_main([*argv, "--max_train_samples", "64"]) == 2
     line = error_line(capsys, "stapo-train --dry-run")
     assert "check(s) failed (the plan above lists them)" in line and expected.format(**fill) in line, line
 
@@ -319,6 +320,30 @@ def test_what_the_user_gave_is_what_the_message_names(no_model_built, tmp_path, 
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def test_a_full_disk_is_one_line_naming_the_folder_and_what_a_rerun_resumes(tmp_path):
+    import errno
+
+    from safetensors import SafetensorError
+
+    from stapo_trl.cli.errors import InputError, full_disk_in_one_line
+
+    for error, cause in [
+        (OSError(errno.ENOSPC, "No space left on device"), "OSError: [Errno 28] No space left on device"),
+        (SafetensorError("I/O error: No space left on device (os error 28)"), "SafetensorError: I/O error: No space"),
+    ]:
+        with pytest.raises(InputError) as raised, full_disk_in_one_line("stapo-train", str(tmp_path)):
+            raise error
+        assert raised.value.code == 1 and str(raised.value).startswith(
+            f"stapo-train: error: no space left on the disk of output_dir={str(tmp_path)!r} ({cause}"
+        )
+        assert str(raised.value).endswith(
+            "rerun the same command: it resumes from the start (no complete checkpoint)."
+        )
+    with pytest.raises(OSError, match="Permission denied"), full_disk_in_one_line("stapo-train", str(tmp_path)):
+        raise OSError(errno.EACCES, "Permission denied")  # another failure keeps its traceback
+
+
+@pytest.mark.slow  # trains, fails, trains again (~25 s for the three); the line alone: the test above
 @pytest.mark.parametrize("where", ["metrics-write", "safetensors-save", "full-tmpfs"])
 def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_resumes(
     tmp_path, tiny_math_model_path, monkeypatch, capsys, caplog, where
