@@ -53,6 +53,7 @@ def _lines(text: str) -> list[str]:
     return text.splitlines()
 
 
+@pytest.mark.slow  # a new Python process per case (in-process: the tests below, tests/cli/test_errors.py)
 def test_missing_recipe_is_one_line_at_once():
     """The reported case: one error line on stderr, nothing on stdout (no DeepSpeed line), well under 10 s."""
     proc, imported_torch = _run("stapo-train", "--config", "/nonexistent.yaml")
@@ -62,6 +63,7 @@ def test_missing_recipe_is_one_line_at_once():
     assert not imported_torch, "torch imported"
 
 
+@pytest.mark.slow  # a new Python process per case (in-process: the tests below, tests/cli/test_errors.py)
 @pytest.mark.parametrize(
     "command, args, first_line",
     [
@@ -82,15 +84,7 @@ def test_help_and_version_answer_at_once_on_stdout_only(command, args, first_lin
     assert not imported_torch, f"{command} {' '.join(args)}: torch imported"
 
 
-def test_version_names_the_package_and_its_stack():
-    import stapo_trl
-
-    proc, _ = _run("stapo-train", "--version")
-    (line,) = _lines(proc.stdout)
-    assert line.startswith(f"stapo-train (stapo_trl {stapo_trl.__version__}; trl ")
-    assert "transformers " in line and "torch " in line
-
-
+@pytest.mark.slow  # a new Python process per case (in-process: the tests below, tests/cli/test_errors.py)
 @pytest.mark.parametrize(
     "command, args, error",
     [
@@ -120,6 +114,7 @@ def test_input_errors_before_any_model_are_one_line_at_once(tmp_path, command, a
     assert not imported_torch, f"{command} {' '.join(args)}: torch imported"
 
 
+@pytest.mark.slow  # a new Python process per case (in-process: the tests below, tests/cli/test_errors.py)
 def test_value_error_prints_only_its_line():
     """An error that needs the config classes imports TRL (seconds), but prints nothing else: no DeepSpeed line."""
     proc, _ = _run("stapo-train", "--config", "recipes/demo/stapo.yaml", "--s2t_entropy_quantile", "1.5")
@@ -128,6 +123,29 @@ def test_value_error_prints_only_its_line():
     assert _lines(proc.stderr) == [
         "stapo-train: error: --s2t_entropy_quantile: s2t_entropy_quantile=1.5 must be in [0, 1]; the paper: 0.75."
     ]
+
+
+@pytest.mark.parametrize(
+    "command, args, first_line",
+    [
+        ("stapo-train", ["--version"], "stapo-train (stapo_trl "),
+        ("stapo-train", ["--dry-run", "--help"], "Dry run of a recipe"),
+        ("stapo-eval", ["--version"], "stapo-eval (stapo_trl "),
+        ("stapo-plot", ["--version"], "stapo-plot (stapo_trl "),
+    ],
+)
+def test_help_and_version_in_process(capsys, command, args, first_line):
+    import importlib
+
+    import stapo_trl
+
+    with pytest.raises(SystemExit) as excinfo:
+        importlib.import_module(MODULES[command]).main(args)
+    out, err = capsys.readouterr()
+    assert excinfo.value.code in (0, None) and err == "" and out.lstrip().startswith(first_line), out[:300]
+    if "--version" in args:
+        assert _lines(out) == [out.strip()] and f"(stapo_trl {stapo_trl.__version__}; trl " in out
+        assert "transformers " in out and "torch " in out
 
 
 def test_short_help_names_fields_that_exist_and_points_at_every_field():

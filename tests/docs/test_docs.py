@@ -71,6 +71,7 @@ def test_readme_python_snippet_is_the_example_file():
     assert not has_accelerator() and (config.use_cpu, config.bf16) == (True, False)
 
 
+@pytest.mark.slow  # a fresh process (imports ~7 s) and 20 STAPO steps
 def test_python_api_example_runs_as_printed_and_stapo_plot_reads_its_folder(tiny_math_model_path, tmp_path):
     from stapo_trl.cli.plot import main as plot_main
 

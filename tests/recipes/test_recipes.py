@@ -280,6 +280,7 @@ def _launch(*args: str, env: dict | None = None, timeout: float = 300) -> subpro
     return result
 
 
+@pytest.mark.slow  # bash, and the dry run in a new Python process (~6 s)
 def test_launch_splits_the_gpus_from_the_recipe():
     result = _launch("recipes/Qwen3-1.7B/stapo.yaml", "--gpus", "0,1,2,3,4,5,6,7", "--print-only")
     assert result.returncode == 0
@@ -290,6 +291,7 @@ def test_launch_splits_the_gpus_from_the_recipe():
     assert "--vllm_server_host 127.0.0.1 --vllm_server_port 8000" in result.stdout
 
 
+@pytest.mark.slow  # bash, and the dry run in a new Python process (~6 s)
 def test_launch_refuses_overlapping_or_missing_gpus_and_bad_arithmetic():
     recipe = "recipes/Qwen3-1.7B/stapo.yaml"
     overlap = _launch(recipe, "--gpus", "0,1,2,3", "--vllm-gpus", "0,1", "--train-gpus", "1,2", "--print-only")
@@ -340,6 +342,7 @@ STUB_ACCELERATE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # bash, and the dry run in a new Python process (~6 s)
 def test_launch_starts_the_server_waits_for_health_trains_and_stops_the_server(tmp_path):
     import socket
 
@@ -377,6 +380,7 @@ def test_launch_starts_the_server_waits_for_health_trains_and_stops_the_server(t
         pytest.fail("launch.sh left the vLLM server running")
 
 
+@pytest.mark.slow  # bash, and the dry run in a new Python process (~6 s)
 def test_launch_fails_clearly_when_the_server_dies(tmp_path):
     dead = tmp_path / "dead_trl"
     dead.write_text("#!/usr/bin/env bash\necho 'CUDA out of memory (stub)'\nexit 1\n")
@@ -407,7 +411,7 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
         "--model_name_or_path", tiny_math_model_path, "--output_dir", str(tmp_path / "lora"),
         # why: step 1 generates a whole rollout batch (64 completions: non-zero advantages); 2 steps train on it
         "--max_steps", "2", "--save_strategy", "no", "--eval_before_after", "false", "--report_to", "none",
-        "--disable_tqdm", "true",
+        "--disable_tqdm", "true", "--max_train_samples", "64",
     ])  # fmt: skip
     run = prepare(script, args, model_args)
     args.model_init_kwargs = {"dtype": model_args.dtype}
