@@ -106,10 +106,6 @@ def test_s2t_keys_are_rejected_with_trainer_grpo(tmp_path):
     assert "--s2t_prob_threshold: it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer" in message
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# One set of value checks: `STAPOConfig(...)` refuses what the command line refuses, with the same message
-# ---------------------------------------------------------------------------------------------------------------
-
 # (field, command-line value, Python value, the message both give)
 CASES = [
     ("per_device_train_batch_size", "-4", -4,

@@ -29,10 +29,6 @@ def _refused(capsys, argv, prog="stapo-train", command=_train, code=2):
     return error_line(capsys, prog)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The recipe file: a key given twice, bytes that are not UTF-8
-# ---------------------------------------------------------------------------------------------------------------
-
 DEMO = Path(STAPO_RECIPE).read_text().splitlines()
 
 
@@ -86,11 +82,6 @@ def test_a_recipe_that_is_not_utf8_is_one_line_naming_the_file_and_line(
         f"stapo-train: error: Recipe {str(recipe)!r} is not UTF-8 text: byte 0x{new[start - data.index(old)]:02x} at "
         f"line {line_number}, column {column}. Save it as UTF-8 (an editor's 'encoding' setting)."
     )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Values that failed after the model was built: seeds, no reward, an empty output_dir
-# ---------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -159,11 +150,6 @@ def test_the_python_api_refuses_an_empty_output_dir_before_writing(tmp_path, tin
     assert list(tmp_path.iterdir()) == []
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# A local dataset folder with one bad line
-# ---------------------------------------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize(
     "second_file, expected",
     [
@@ -183,11 +169,6 @@ def test_a_dataset_folder_with_one_bad_line_is_one_line(tmp_path, capsys, no_mod
         capsys, ["--config", STAPO_RECIPE, "--dataset_name", str(folder), "--output_dir", str(tmp_path / "o")]
     )
     assert line == f"stapo-train: error: dataset folder {str(folder)!r} could not be read: {expected}"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# stapo-eval on a folder without a model, a checkpoint half written or removed while it loads
-# ---------------------------------------------------------------------------------------------------------------
 
 
 def _eval(argv):
@@ -273,11 +254,6 @@ def test_stapo_eval_reads_no_pickle_of_a_checkpoint(checkpointed_run, tmp_path, 
     line = _refused(capsys, ["--model", str(run / "checkpoint-1"), *EVAL], prog="stapo-eval", command=_eval)
     assert "(optimizer.pt refused by a safe load: Trying to load unsupported GLOBAL posix.system" in line
     assert not marker.exists()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# A reward function that raises, in stapo-train
-# ---------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

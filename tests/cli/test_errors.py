@@ -13,11 +13,6 @@ import pytest
 from testing_utils import GRPO_RECIPE, REPO, STAPO_RECIPE, error_line, write_metrics_run, write_recipe
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Exit status 2 for every input error, in every command
-# ---------------------------------------------------------------------------------------------------------------
-
-
 def _train(argv):
     from stapo_trl.cli.train import main
 
@@ -173,11 +168,6 @@ def test_python_m_train_exits_2_with_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# An error about a recipe value names the recipe key and the file
-# ---------------------------------------------------------------------------------------------------------------
-
-
 KEY = "recipe key {key} in {recipe}: "
 FIX = " Fix the value in the recipe, or override it on the command line with --{key}."
 
@@ -313,11 +303,6 @@ def test_what_the_user_gave_is_what_the_message_names(no_model_built, tmp_path, 
         command([a.format(tmp=tmp_path) for a in argv])
     assert excinfo.value.code == 2
     assert expected in error_line(capsys, prog)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# A full disk: one line naming the folder and the checkpoint a rerun resumes (status 1)
-# ---------------------------------------------------------------------------------------------------------------
 
 
 def test_a_full_disk_is_one_line_naming_the_folder_and_what_a_rerun_resumes(tmp_path):

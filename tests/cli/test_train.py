@@ -30,11 +30,6 @@ SMALL_RUN = [
 ]  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Input errors (no model)
-# ---------------------------------------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize(
     "overrides, match",
     [
@@ -99,11 +94,6 @@ def test_missing_dataset_column_fails_before_building_a_model(no_model_built, tm
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--dataset_name", str(data)]
     with pytest.raises(SystemExit, match=r"Column 'problem' not found.*question"):
         main(argv)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# End to end: the demo recipe at reduced size, then a resume
-# ---------------------------------------------------------------------------------------------------------------
 
 
 def test_eval_json_records_its_settings_and_stapo_eval_gives_its_numbers(tmp_path, tiny_math_model_path, capsys):

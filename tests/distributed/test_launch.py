@@ -55,11 +55,6 @@ def _accelerate_cmd(config: str, port: int) -> list[str]:
     ]  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The demo recipe on two CPU processes
-# ---------------------------------------------------------------------------------------------------------------
-
-
 def test_demo_recipe_trains_on_two_cpu_processes(tiny_math_model_path, tmp_path):
     from stapo_trl.cli.eval import main as stapo_eval
 
@@ -268,11 +263,6 @@ def test_benchmark_eval_runs_under_zero3_on_every_rank(tiny_math_model_path, tmp
     (row,) = [row for row in read_jsonl(out / "metrics.jsonl") if "eval_reward" in row]
     assert row["step"] == 2 and 0.0 <= row["eval_rewards/math_accuracy_reward/mean"] <= 1.0, row
     assert row["eval_completions/mean_length"] > 10, row  # real completions, generated with gathered parameters
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Ctrl-C on two processes, and the documented two-process command
-# ---------------------------------------------------------------------------------------------------------------
 
 
 def test_ctrl_c_on_two_processes_saves_one_checkpoint_on_every_rank_and_resumes(tiny_math_model_path, tmp_path):

@@ -18,10 +18,6 @@ from stapo_trl.run_folder.logs import read_metrics, read_token_records
 from stapo_trl.trainer.config import has_accelerator
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Shipped docs point only inside the repository
-# ---------------------------------------------------------------------------------------------------------------
-
 SHIPPED_DOCS = ["README.md", "recipes/README.md", *(str(p.relative_to(REPO)) for p in sorted(REPO.glob("docs/*.md")))]
 SHIPPED_DOCS += [str(p.relative_to(REPO)) for p in sorted(REPO.glob("recipes/**/*.yaml"))]
 OUTSIDE = re.compile(r"(?<![\w.])/(?:work|home|tmp|root|Users)/|\bshared/|\bSTAPO\.md\b|\bENVIRONMENT\.md\b")
@@ -45,10 +41,6 @@ def test_shipped_docs_point_only_inside_the_repository(doc):
     ):
         assert (REPO / target).exists(), f"{doc} names a missing file: {target}"
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# The README's Python example
-# ---------------------------------------------------------------------------------------------------------------
 
 EXAMPLE = REPO / "examples" / "python_api.py"
 
@@ -91,11 +83,6 @@ def test_python_api_example_runs_as_printed_and_stapo_plot_reads_its_folder(tiny
     assert read_token_records(str(out)), "spurious_tokens.jsonl is empty"
     plot_main([str(out)])  # stapo-plot outputs/python-api
     assert (out / "training_curves.png").stat().st_size > 10_000
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The docs' other commands: the plain-TRL baseline (docs/development.md)
-# ---------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.slow  # a fresh process (imports ~7 s) and 20 GRPO steps

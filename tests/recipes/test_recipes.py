@@ -65,11 +65,6 @@ def _raw(path: Path) -> dict:
     return yaml.safe_load(path.read_text())
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Every recipe passes its dry run
-# ---------------------------------------------------------------------------------------------------------------
-
-
 def test_the_recipe_tree_is_complete():
     names = {_rel(p) for p in RECIPES}
     for model in QWEN3_MODELS:
@@ -145,11 +140,6 @@ def test_qwen3_recipes_launch_lines_match_their_arithmetic():
             text = path.read_text()
             assert f"gradient_accumulation_steps {raw['gradient_accumulation_steps']}" in text
             assert f"steps_per_generation {raw['steps_per_generation']}" in text
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The paper's values
-# ---------------------------------------------------------------------------------------------------------------
 
 
 def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
@@ -262,11 +252,6 @@ def test_lora_demo_is_the_demo_recipe_plus_peft():
     assert set(lora) == set(demo) | peft_keys
     assert {k for k in demo if demo[k] != lora[k]} == {"output_dir"}
     assert lora["use_peft"] is True and lora["lora_target_modules"]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# scripts/launch.sh (no GPU: --print-only, and a stub server + stub accelerate)
-# ---------------------------------------------------------------------------------------------------------------
 
 
 def _launch(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -393,11 +378,6 @@ def test_launch_fails_clearly_when_the_server_dies(tmp_path):
     assert "exited before answering /health" in result.stderr and "CUDA out of memory (stub)" in result.stderr
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The demo recipes: LoRA trains only the adapter; parsed into the right classes
-# ---------------------------------------------------------------------------------------------------------------
-
-
 def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path):
     import torch
     from trl import get_peft_config
@@ -480,11 +460,6 @@ def test_demo_recipes_parse_into_the_right_classes():
     stapo_dict, grpo_dict = stapo_args.to_dict(), grpo_args.to_dict()
     differing = {k for k in grpo_dict if grpo_dict[k] != stapo_dict[k]}
     assert differing <= {"output_dir", "run_name", "hub_model_id", "s2t_mode"}, differing
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The accelerate configs
-# ---------------------------------------------------------------------------------------------------------------
 
 
 def test_accelerate_configs_are_what_they_claim():
