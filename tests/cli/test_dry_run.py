@@ -57,9 +57,9 @@ def test_too_few_prompts_fail_before_the_model_and_in_the_dry_run(
 
     data = write_jsonl(tmp_path / "few.jsonl", addition_rows(num_rows))
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--dataset_name", data, *extra]
-    with pytest.raises(SystemExit, match=r"^stapo-train: error: " + match):
+    with pytest.raises(SystemExit, match=r"^stapo-train: error: " + match) as excinfo:
         main(argv)
-    assert not (tmp_path / "out").exists()
+    assert excinfo.value.code == 2 and not (tmp_path / "out").exists()
     assert dry_run_main(argv) == 2  # a failed check is an input error: status 2
     assert len([line for line in capsys.readouterr().out.splitlines() if "one rollout step needs" in line]) == 1
 

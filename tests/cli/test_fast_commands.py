@@ -1,9 +1,8 @@
 """`--help`, `--version` and the input errors that need no model answer at once, with nothing but their own output.
 
-Each command runs in a fresh process, as a user types it (the reported case: `stapo-train --config
-/nonexistent.yaml` imported the whole training stack, ~10 s, and printed DeepSpeed's "Setting accelerator to CPU" line
-before its one-line error). "At once" is what makes it so: the process never imported torch (checked at its exit),
-and the stderr line count is exact.
+The reported case: `stapo-train --config /nonexistent.yaml` imported the whole training stack (~10 s) and printed
+DeepSpeed's "Setting accelerator to CPU" line before its one-line error. In a fresh process, as a user types it, "at
+once" means that torch was never imported (checked at exit); the line counts are exact.
 """
 
 import os
@@ -15,8 +14,6 @@ import pytest
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
 # Runs a command's module as `python -m` does, and writes at exit whether torch was imported.
 RUNNER = (
     "import atexit, runpy, sys\n"
@@ -31,41 +28,9 @@ MODULES = {
 }
 
 
-def _run(command: str, *args: str, cwd=None) -> tuple[subprocess.CompletedProcess, bool]:
-    """`python -m <the command's module> ARGS` in a fresh process (what the console script runs); whether it imported
-    torch (the training stack) before it exited."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
-    report = Path(cwd or REPO_ROOT) / f".imported-{os.getpid()}"
-    proc = subprocess.run(
-        [sys.executable, "-c", RUNNER, str(report), MODULES[command], *args],
-        cwd=cwd or REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    heavy = report.read_text() == "True"
-    report.unlink()
-    return proc, heavy
-
-
-def _lines(text: str) -> list[str]:
-    return text.splitlines()
-
-
-@pytest.mark.slow  # a new Python process per case (in-process: the tests below, tests/cli/test_errors.py)
-def test_missing_recipe_is_one_line_at_once():
-    """The reported case: one error line on stderr, nothing on stdout (no DeepSpeed line), well under 10 s."""
-    proc, imported_torch = _run("stapo-train", "--config", "/nonexistent.yaml")
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stdout == ""
-    assert _lines(proc.stderr) == ["stapo-train: error: Recipe '/nonexistent.yaml' does not exist."]
-    assert not imported_torch, "torch imported"
-
-
-@pytest.mark.slow  # a new Python process per case (in-process: the tests below, tests/cli/test_errors.py)
+@pytest.mark.slow  # a new Python process per case (in-process: the tests below and tests/cli/test_errors.py)
 @pytest.mark.parametrize(
-    "command, args, first_line",
+    "command, args, expected",
     [
         ("stapo-train", ["--help"], "usage:"),
         ("stapo-train", ["--version"], "stapo-train (stapo_trl "),
@@ -73,21 +38,7 @@ def test_missing_recipe_is_one_line_at_once():
         ("stapo-eval", ["--version"], "stapo-eval (stapo_trl "),
         ("stapo-plot", ["--help"], "usage: stapo-plot"),
         ("stapo-plot", ["--version"], "stapo-plot (stapo_trl "),
-    ],
-    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
-)
-def test_help_and_version_answer_at_once_on_stdout_only(command, args, first_line):
-    proc, imported_torch = _run(command, *args)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ""
-    assert proc.stdout.lstrip().startswith(first_line), proc.stdout[:500]
-    assert not imported_torch, f"{command} {' '.join(args)}: torch imported"
-
-
-@pytest.mark.slow  # a new Python process per case (in-process: the tests below, tests/cli/test_errors.py)
-@pytest.mark.parametrize(
-    "command, args, error",
-    [
+        ("stapo-train", ["--config", "/nonexistent.yaml"], "stapo-train: error: Recipe '/nonexistent.yaml' does not exist."),
         ("stapo-train", [], "stapo-train: error: no recipe: give --config RECIPE.yaml"),
         ("stapo-train", ["--config", "recipes"], "stapo-train: error: Recipe 'recipes' is a folder"),
         ("stapo-train", ["--config", "BROKEN"], "stapo-train: error: Recipe 'BROKEN' is not valid YAML (line 2"),
@@ -97,32 +48,32 @@ def test_help_and_version_answer_at_once_on_stdout_only(command, args, first_lin
         ("stapo-plot", ["/nonexistent"], "stapo-plot: error: No metrics.jsonl in '/nonexistent'"),
         ("stapo-plot", ["RUN", "--smoothing", "0"], "stapo-plot: error: --smoothing 0"),
         ("stapo-eval", ["--model", "/nonexistent"], "stapo-eval: error: Model directory '/nonexistent' does not"),
+        # An error that needs the config classes imports TRL (seconds), but prints nothing else: no DeepSpeed line.
+        ("stapo-train", ["--config", "DEMO", "--s2t_entropy_quantile", "1.5"], "stapo-train: error: "
+         "--s2t_entropy_quantile: s2t_entropy_quantile=1.5 must be in [0, 1]; the paper: 0.75."),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else None,
-)
-def test_input_errors_before_any_model_are_one_line_at_once(tmp_path, command, args, error):
+)  # fmt: skip
+def test_a_fresh_process_answers_at_once_with_its_own_output_only(tmp_path, command, args, expected):
     (tmp_path / "BROKEN").write_text("learning_rate: 1e-4\n  max_steps: [\n")
     (tmp_path / "LIST").write_text("- learning_rate: 1e-4\n")
     (tmp_path / "RUN").mkdir()
     (tmp_path / "RUN" / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
     (tmp_path / "recipes").mkdir()
-    proc, imported_torch = _run(command, *args, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stdout == ""
-    assert len(_lines(proc.stderr)) == 1, proc.stderr
-    assert proc.stderr.startswith(error), proc.stderr
-    assert not imported_torch, f"{command} {' '.join(args)}: torch imported"
-
-
-@pytest.mark.slow  # a new Python process per case (in-process: the tests below, tests/cli/test_errors.py)
-def test_value_error_prints_only_its_line():
-    """An error that needs the config classes imports TRL (seconds), but prints nothing else: no DeepSpeed line."""
-    proc, _ = _run("stapo-train", "--config", "recipes/demo/stapo.yaml", "--s2t_entropy_quantile", "1.5")
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stdout == ""
-    assert _lines(proc.stderr) == [
-        "stapo-train: error: --s2t_entropy_quantile: s2t_entropy_quantile=1.5 must be in [0, 1]; the paper: 0.75."
-    ]
+    args = [str(REPO_ROOT / "recipes" / "demo" / "stapo.yaml") if a == "DEMO" else a for a in args]
+    report = tmp_path / ".imported"
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(report), MODULES[command], *args], cwd=tmp_path, capture_output=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}, text=True, timeout=300,
+    )  # fmt: skip
+    error = expected.startswith(f"{command}") and ": error: " in expected
+    assert proc.returncode == (2 if error else 0), proc.stderr
+    assert (proc.stdout if error else proc.stderr) == "", proc.stdout + proc.stderr
+    if error:
+        assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(expected), proc.stderr
+    else:
+        assert proc.stdout.lstrip().startswith(expected), proc.stdout[:500]
+    assert report.read_text() == str("s2t_entropy_quantile" in " ".join(args)), "torch imported"
 
 
 @pytest.mark.parametrize(
@@ -144,13 +95,12 @@ def test_help_and_version_in_process(capsys, command, args, first_line):
     out, err = capsys.readouterr()
     assert excinfo.value.code in (0, None) and err == "" and out.lstrip().startswith(first_line), out[:300]
     if "--version" in args:
-        assert _lines(out) == [out.strip()] and f"(stapo_trl {stapo_trl.__version__}; trl " in out
+        assert len(out.splitlines()) == 1 and f"(stapo_trl {stapo_trl.__version__}; trl " in out
         assert "transformers " in out and "torch " in out
 
 
 def test_short_help_names_fields_that_exist_and_points_at_every_field():
-    """The short `--help` lists the common fields without TRL's config classes; each must be a real field of the parser
-    that `--help-fields` prints, so that the short list cannot drift from the recipe."""
+    # The short `--help` lists common fields without TRL's config classes: each must be a field `--help-fields` prints.
     import re
 
     from stapo_trl.cli.args import SHORT_HELP, fields_help
