@@ -1,7 +1,7 @@
-"""The commands: `stapo-train` (`train`; its arguments `args`, `script_args`; the steps before its model `prepare`, also
-its plan's `dry_run`; the rest of a run `run`), `stapo-eval` (`eval`) and `stapo-plot` (`plot`), with one exit-status
-convention (`errors`). The library never imports this package. `--help`, `--version` and the errors found before a
-recipe's fields are parsed import no torch."""
+"""The commands: `stapo-train` (`train`; its arguments `args`, `script_args`; the steps before its model `prepare`,
+also its plan's `dry_run`; the rest of a run `run`), `stapo-eval` (`eval`) and `stapo-plot` (`plot`), with one
+exit-status convention (`errors`). The library never imports this package. `--help`, `--version` and the errors
+found before a recipe's fields are parsed import no torch."""
 
 from __future__ import annotations
 

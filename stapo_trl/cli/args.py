@@ -132,19 +132,16 @@ class RecipeParser(TrlParser):
             grpo = {f.name: f.default for f in GRPOConfig.__dataclass_fields__.values()}
             ours = STAPOConfig.__dataclass_fields__.values()
             self.set_defaults(**{f.name: f.default for f in ours if f.name in grpo and f.default != grpo[f.name]})
+        self._old_checkpointing = "--activation_checkpointing" not in self._option_string_actions
         self.recipe = {self._renamed(str(key)): value for key, value in (recipe or {}).items()}
         self.path, self.flags = path, set()
 
-    def _renamed(
-        self, key: str
-    ) -> str:  # `activation_checkpointing` is `gradient_checkpointing` before transformers 5.24
-        if key == "activation_checkpointing" and "--activation_checkpointing" not in self._option_string_actions:
-            return "gradient_checkpointing"
-        return key
+    def _renamed(self, key: str) -> str:  # `gradient_checkpointing` before transformers 5.24
+        return "gradient_checkpointing" if key == "activation_checkpointing" and self._old_checkpointing else key
 
     def parse(self, argv: Sequence[str]) -> tuple[Any, Any, Any]:
-        """(script_args, training_args, model_args) from the recipe and `argv` (without `--config`), the recipe's `env:`
-        block set in `os.environ` as TrlParser does; raises a one-line `ValueError` naming the flag or recipe key."""
+        """(script_args, training_args, model_args) from the recipe and `argv` (without `--config`), the recipe's
+        `env:` block set in `os.environ` as TrlParser does; raises a one-line `ValueError` naming the flag or key."""
         from ..trainer.config import STAPOConfig, check_training_values
 
         argv = ["--" + self._renamed(a[2:]) if a.startswith("--") else a for a in argv]
@@ -168,7 +165,7 @@ class RecipeParser(TrlParser):
             raise ValueError(self._where(str(e), getattr(e, "fields", None))) from e
 
     def _where(self, message: str, fields: Sequence[str] | None = None) -> str:
-        """`message` behind the flags or recipe keys of `fields` (default: its leading `field=`, else those it names)."""
+        """`message` behind the flags or recipe keys of `fields` (default: its leading `field=`, else those named)."""
         if not fields:
             match = re.match(r"(\w+)=", message)
             known = sorted({*self.recipe, *self.flags})
@@ -179,7 +176,8 @@ class RecipeParser(TrlParser):
         if flags:
             return f"{' and '.join(flags)}{f' (with {in_recipe})' if keys else ''}: {message}"
         if len(keys) == 1:
-            return f"{in_recipe}: {message} Fix the value in the recipe, or override it on the command line with --{keys[0]}."
+            fix = f"Fix the value in the recipe, or override it on the command line with --{keys[0]}."
+            return f"{in_recipe}: {message} {fix}"
         if keys:
             return f"{in_recipe}: {message} Fix the values in the recipe, or override them on the command line."
         return message

@@ -27,6 +27,7 @@ S2T_PATHS = {  # the core's `s2t_path`, in words, with its cost
     "old_logps": "TRL's no-grad old-log-prob forward of the rollout batch (no extra forward)",
     "extra_forward": "one extra no-grad forward per rollout batch",
 }
+OBJECTIVE = ("beta", "entropy_coef", "scale_rewards")  # the objective row's fields after loss_type and epsilon
 TRACKERS = ("wandb", "tensorboard", "trackio", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")
 
 
@@ -47,7 +48,7 @@ def fmt(n: float) -> str:
 
 @dataclass
 class DryRunReport:
-    """One step of a recipe on `num_processes` processes, in completions (as TRL counts them), and what is wrong with it.
+    """One step of a recipe on `num_processes` processes, in completions (as TRL counts them), and what is wrong.
 
     A fixed `generation_batch_size` (completions per rollout step, all processes) sets `steps_per_generation`; else
     `steps_per_generation` (`None`: `gradient_accumulation_steps`) sets it. `lines`: the plan's (label, value) rows;
@@ -95,16 +96,10 @@ class DryRunReport:
 
 
 def dry_run_recipe(argv: Sequence[str], num_processes: int | None = None, *, force_cpu: bool | None = None):
-    """Parse `argv` (`--config RECIPE.yaml [--FIELD VALUE ...]`) as `stapo-train` does (with `use_cpu` when `force_cpu`;
-    `None`: when no CUDA device is visible), then take its steps before the model ([`PreparedRun`]) and check the plan
-    for `num_processes` training processes (`None`: the recipe's `# launch:` value, else 1), building nothing.
-
-    Returns:
-        [`DryRunReport`]: `report.ok` is False when the recipe would fail; `report.summary()` is the plan.
-
-    Raises:
-        ValueError, OSError: what parsing raises (one line).
-    """
+    """The [`DryRunReport`] of `argv` (`--config RECIPE.yaml [--FIELD VALUE ...]`), parsed as `stapo-train` does
+    (`use_cpu` when `force_cpu`; `None`: when no CUDA device is visible), through its steps before the model
+    ([`PreparedRun`]) and checked for `num_processes` processes (`None`: the recipe's `# launch:` value, else 1).
+    Raises a one-line `ValueError` or `OSError` where parsing does."""
     from .args import recipe_parser
 
     parser, rest = recipe_parser(argv)  # the recipe is read and checked before torch is imported
@@ -149,9 +144,8 @@ def _plan(r: DryRunReport, prepared: PreparedRun, cpu_forced: bool) -> None:
     else:
         extra = f", top_entropy_quantile={a.top_entropy_quantile}" if a.top_entropy_quantile < 1.0 else ""
         row("trainer", f"{s.trainer}: GRPOTrainer, no S2T mask{extra}")
-    epsilons = f"{a.epsilon}/{a.epsilon if a.epsilon_high is None else a.epsilon_high}"
-    row("objective", f"loss_type={a.loss_type}, epsilon={epsilons}, beta={a.beta}, entropy_coef={a.entropy_coef}, "
-                     f"scale_rewards={a.scale_rewards}")  # fmt: skip
+    epsilon = f"epsilon={a.epsilon}/{a.epsilon if a.epsilon_high is None else a.epsilon_high}"
+    row("objective", ", ".join([f"loss_type={a.loss_type}", epsilon, *(f"{k}={getattr(a, k)}" for k in OBJECTIVE)]))
     peft = f"LoRA r={m.lora_r}, alpha={m.lora_alpha}, targets={m.lora_target_modules}" if m.use_peft else "off"
     row("model", f"{m.model_name_or_path} (dtype {m.dtype}, PEFT {peft})")
     opened = "not opened: a Hub dataset" if p.total is None else f"checked: {p.total} rows"
@@ -199,28 +193,17 @@ def _plan(r: DryRunReport, prepared: PreparedRun, cpu_forced: bool) -> None:
     if is_stapo:
         row("S2T p and H", S2T_PATHS[s2t_path(a, r.steps_per_generation)])
     horizon = f"max_steps {a.max_steps}" if a.max_steps > 0 else f"num_train_epochs {a.num_train_epochs}"
-    row("optimizer", f"{a.optim.value} lr {a.learning_rate:g} {a.lr_scheduler_type.value} (warmup_steps "
-                     f"{a.warmup_steps}), weight_decay {a.weight_decay}, max_grad_norm {a.max_grad_norm}, {horizon}")  # fmt: skip
+    schedule = f"{a.lr_scheduler_type.value} (warmup_steps {a.warmup_steps})"
+    clip = f"weight_decay {a.weight_decay}, max_grad_norm {a.max_grad_norm}"
+    row("optimizer", f"{a.optim.value} lr {a.learning_rate:g} {schedule}, {clip}, {horizon}")
     checkpointing = getattr(a, "activation_checkpointing", a.gradient_checkpointing)  # transformers < 5.24: old name
     row("precision", f"bf16={a.bf16}, activation_checkpointing={checkpointing}")
-    _generation(r, a, length, cpu_forced)
-    save = f"every {a.save_steps} optimizer steps (keep {a.save_total_limit or 'all'})"
-    save = save if a.save_strategy == "steps" else a.save_strategy.value
-    row("output", f"{a.output_dir}; checkpoints {save}; report_to {a.report_to}; push_to_hub={a.push_to_hub}")
-    if a.use_cpu and a.bf16 and not cpu_forced:
-        warn("bf16=True on CPU is about 2.3x slower than float32: set bf16: false for CPU runs.")
-    paper = (r.prompts_per_rollout_step, r.prompts_per_optimizer_step, r.num_generations) == PAPER_GEOMETRY
-    if "dapo-math" in str(s.dataset_name).lower() and not paper:
-        warn(
-            f"the paper's data (DAPO-Math) with another batch geometry: {r.prompts_per_rollout_step:g} prompts x "
-            f"{r.num_generations} rollouts per rollout step and {r.prompts_per_optimizer_step:g}-prompt updates for {n} "
-            "process(es), vs the paper's 256 x 8 and 64. recipes/README.md gives per_device_train_batch_size / "
-            "gradient_accumulation_steps / steps_per_generation that keep the paper's for 4, 8, 16 and 32 processes."
-        )
+    _execution(r, s, a, length, cpu_forced)
 
 
-def _generation(r: DryRunReport, a, length: int | None, cpu_forced: bool) -> None:
-    """The generation row, and the checks of vLLM and the trackers for the process count and this machine."""
+def _execution(r: DryRunReport, s, a, length: int | None, cpu_forced: bool) -> None:
+    """The generation and output rows, and the checks of vLLM, the trackers, precision and the paper's geometry for
+    the process count and this machine."""
     from ..integrations.vllm_support import check_vllm_args
 
     n, new_tokens, warn = r.num_processes, a.max_completion_length, r.warnings.append
@@ -231,8 +214,10 @@ def _generation(r: DryRunReport, a, length: int | None, cpu_forced: bool) -> Non
         where = a.vllm_server_base_url or f"{a.vllm_server_host}:{a.vllm_server_port}"
         r.lines.append(("generation", f"vLLM server at {where} (weight sync port {a.vllm_group_port}); {sampling}"))
         if a.vllm_server_base_url is None and a.vllm_server_host not in ("127.0.0.1", "localhost", "::1"):
-            warn(f"vllm_server_host={a.vllm_server_host!r} is not a loopback address: the trainer expects a vLLM server "
-                 "there (scripts/launch.sh serves on 127.0.0.1; slurm/train.slurm sets the vLLM node's address).")  # fmt: skip
+            warn(
+                f"vllm_server_host={a.vllm_server_host!r} is not a loopback address: the trainer expects a vLLM "
+                "server there (scripts/launch.sh serves on 127.0.0.1; slurm/train.slurm sets the vLLM node's address)."
+            )
     else:
         tp, max_len, share = a.vllm_tensor_parallel_size, a.vllm_max_model_length, a.vllm_gpu_memory_utilization
         colocated = f"tensor parallel {tp}, gpu_memory_utilization {share}"
@@ -254,6 +239,21 @@ def _generation(r: DryRunReport, a, length: int | None, cpu_forced: bool) -> Non
     missing = ["vllm"] * a.use_vllm + [t for t in a.report_to or [] if t in TRACKERS]
     if missing := [name for name in missing if importlib.util.find_spec(name) is None]:
         warn(f"{missing} named by use_vllm or report_to but not installed here: install where the job runs.")
+    save = f"every {a.save_steps} optimizer steps (keep {a.save_total_limit or 'all'})"
+    save = save if a.save_strategy == "steps" else a.save_strategy.value
+    r.lines.append(
+        ("output", f"{a.output_dir}; checkpoints {save}; report_to {a.report_to}; push_to_hub={a.push_to_hub}")
+    )
+    if a.use_cpu and a.bf16 and not cpu_forced:
+        warn("bf16=True on CPU is about 2.3x slower than float32: set bf16: false for CPU runs.")
+    paper = (r.prompts_per_rollout_step, r.prompts_per_optimizer_step, r.num_generations) == PAPER_GEOMETRY
+    if "dapo-math" in str(s.dataset_name).lower() and not paper:
+        warn(
+            f"the paper's data (DAPO-Math) with another batch geometry: {r.prompts_per_rollout_step:g} prompts x "
+            f"{r.num_generations} rollouts per rollout step and {r.prompts_per_optimizer_step:g}-prompt updates for "
+            f"{n} process(es), vs the paper's 256 x 8 and 64. recipes/README.md gives per_device_train_batch_size / "
+            "gradient_accumulation_steps / steps_per_generation that keep the paper's for 4, 8, 16 and 32 processes."
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -60,14 +60,15 @@ def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = No
     if batch % k:
         return (
             f"benchmark_eval_samples={k} must divide the global eval batch ({in_batch} = {batch} completions: TRL "
-            f"evaluates whole groups of k): set per_device_eval_batch_size to a multiple of {k // gcd(k, num_processes)}."
+            f"evaluates whole groups of k): set per_device_eval_batch_size to a multiple of "
+            f"{k // gcd(k, num_processes)}."
         )
     if num_problems is not None and num_problems * k % batch:
         step = batch // gcd(batch, k)
         return (
-            f"benchmark_eval={s.benchmark_eval!r}: {num_problems} problems x {k} samples do not fill whole eval batches "
-            f"of {batch} completions ({in_batch}), and TRL would average a partial last batch as a full one: set "
-            f"benchmark_eval_limit to a multiple of {step} (e.g. {max(step, num_problems // step * step)})."
+            f"benchmark_eval={s.benchmark_eval!r}: {num_problems} problems x {k} samples do not fill whole eval "
+            f"batches of {batch} completions ({in_batch}), and TRL would average a partial last batch as a full one: "
+            f"set benchmark_eval_limit to a multiple of {step} (e.g. {max(step, num_problems // step * step)})."
         )
     return None
 
@@ -83,8 +84,9 @@ class PreparedRun:
     """
 
     STEPS = (  # (step, the prefix of its errors in a dry run), in a run's order
-        ("_rewards", ""), ("_model", "model_name_or_path: "), ("_push", ""), ("_resume_from", ""), ("_dataset_name", ""),
-        ("_folder", ""), ("_data", "dataset_name={s.dataset_name!r}: "), ("_benchmark", ""), ("_prompts", ""),
+        ("_rewards", ""), ("_model", "model_name_or_path: "), ("_push", ""), ("_resume_from", ""),
+        ("_dataset_name", ""), ("_folder", ""), ("_data", "dataset_name={s.dataset_name!r}: "), ("_benchmark", ""),
+        ("_prompts", ""),
     )  # fmt: skip
 
     def __init__(self, s, a, m, plan=None):
@@ -253,8 +255,11 @@ class PreparedRun:
         s, a, m, name = self.s, self.a, self.m, self.s.dataset_name
         s2t = s2t_settings(a, STAPOConfig._s2t_modes) if s.trainer == "stapo" else None
         dtype = (a.model_init_kwargs or {}).get("dtype", m.dtype)  # as the trainer loads it
-        settings = folder.run_settings(a, trainer=TRAINER_CLASSES[s.trainer], model=m.model_name_or_path,
-                                       reward_funcs=self.reward_funcs, s2t=s2t, peft_config=get_peft_config(m), dtype=dtype)  # fmt: skip
+        trainer, peft = TRAINER_CLASSES[s.trainer], get_peft_config(m)
+        settings = folder.run_settings(
+            a, trainer=trainer, model=m.model_name_or_path, reward_funcs=self.reward_funcs, s2t=s2t, peft_config=peft,
+            dtype=dtype,
+        )  # fmt: skip
         del settings["train_dataset"]
         recorded = {"dataset_name": os.path.abspath(name) if os.path.exists(name) else name, **s.dataset_kwargs()}
         recorded |= {"dataset_train_split": s.dataset_train_split, "max_train_samples": s.max_train_samples}

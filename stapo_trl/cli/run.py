@@ -1,6 +1,5 @@
-"""One `stapo-train` run after its preparation ([`~stapo_trl.cli.prepare.prepare`]): build the trainer, evaluate before,
-train (or take a checkpoint already at `max_steps`), save the model, card and figures, evaluate after into `eval.json`,
-print the summary, push. It imports the training stack: `stapo_trl.cli.train.main` imports it after parsing."""
+"""One `stapo-train` run after [`~stapo_trl.cli.prepare.prepare`]: the trainer, the evaluation before, training, the
+model, card and figures, the evaluation after (`eval.json`), the summary, the push. Imports the training stack."""
 
 from __future__ import annotations
 
@@ -57,8 +56,7 @@ RUN_FILES = (  # the files a run can leave in output_dir, with what each holds
 
 @contextlib.contextmanager
 def torch_threads(num_threads: int | None):
-    """Run the block on `num_threads` torch threads (`OMP_NUM_THREADS` too, for child processes), restoring both after;
-    `None` changes nothing."""
+    """Run the block on `num_threads` torch threads and `OMP_NUM_THREADS` (`None`: unchanged), restored after."""
     if num_threads is None:
         yield
         return
@@ -82,17 +80,13 @@ def resume_command(argv: list[str] | None = None) -> str:
 
 
 def train(script_args, training_args, model_args, prepared: PreparedRun | None = None, *, end_training=True) -> dict:
-    """Run one training from parsed arguments ([`~stapo_trl.cli.args.parse_args`]), prepared by `prepared` (`None`:
-    [`prepare`] here). `end_training=False` leaves the trackers and the process group for more trainings in this
-    process.
+    """One training from parsed arguments ([`~stapo_trl.cli.args.parse_args`]) and their [`prepare`] (`None`: here);
+    `end_training=False` leaves the trackers and the process group to more trainings in this process. Returns
+    `output_dir`, `global_step`, `eval` (`eval.json`'s content), `eval_path`, `s2t` (the summary) and `seconds`.
 
     Raises:
         InputError: (status 1) a reward function raised, a full disk, a link planted in the run folder: one line.
         KeyboardInterrupt: a stop signal during training, after the checkpoint of its step.
-
-    Returns:
-        `dict`: `output_dir`, `global_step`, `eval` (the content of `eval.json`, or `None`), `eval_path`, `s2t` (the
-        S2T summary; empty for `trainer: grpo`) and `seconds` (wall time of each phase).
     """
     threads = script_args.torch_num_threads  # else the tiny-model rule, for the evaluations around training too
     threads = torch_threads(threads) if threads else tiny_model_threads(prepared.model_path if prepared else None)
@@ -214,8 +208,7 @@ def _fit(trainer, run: PreparedRun, timings: dict, end_training: bool) -> None:
 
 
 def _push_to_hub(trainer, s, a, eval_record: dict | None) -> None:
-    """Push the model and its card (no local path, no `builtin:` name in it); a failure keeps every local file and
-    prints how to push later."""
+    """Push the model and its public card; a failure keeps every local file and says how to push later."""
     try:
         trainer.eval_record = eval_record  # every process calls push_to_hub; the main one writes the card
         trainer.push_to_hub(dataset_name=s.dataset_name, tags=["stapo_trl", s.trainer])
@@ -229,12 +222,15 @@ def _push_to_hub(trainer, s, a, eval_record: dict | None) -> None:
 
 
 def evaluate_trainer_model(trainer, s, eval_dataset, max_new_tokens: int) -> dict[str, Any]:
-    """`stapo-eval`'s table ([`~stapo_trl.evaluation.generation.evaluate_problems`]: avg@k, pass@k, ...) of the trainer's
-    model on `eval_dataset`, with the `eval_*` settings, the run's seed and `eval_batch_size` x k sequences per
-    `generate` call, on every process; with the `stapo-eval` names of its `decoding`, `dtype` and `threads`."""
-    k, tokenizer = s.eval_num_samples, trainer.processing_class
-    problems = [BenchmarkProblem(str(i), *row, s.dataset_name) for i, row in enumerate(zip(eval_dataset["prompt"],
-                                                                                          eval_dataset["solution"]))]  # fmt: skip
+    """`stapo-eval`'s table ([`~stapo_trl.evaluation.generation.evaluate_problems`]) of the trainer's model on
+    `eval_dataset` with the `eval_*` settings, on every process, with the names of its `decoding`, `dtype` and
+    `threads`."""
+    k, tokenizer, rows = (
+        s.eval_num_samples,
+        trainer.processing_class,
+        zip(eval_dataset["prompt"], eval_dataset["solution"]),
+    )
+    problems = [BenchmarkProblem(str(i), *row, s.dataset_name) for i, row in enumerate(rows)]
     t, p = float(s.eval_temperature), float(s.eval_top_p)
     decoding = decoding_setting("greedy" if t == 0 else f"t{t}-p{p}")
     with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
@@ -254,9 +250,8 @@ def evaluation_kind(split: str) -> str:
 
 
 def make_eval_record(s, a, trainer, before, after, max_new_tokens: int, model: str) -> dict[str, Any]:
-    """`eval.json`: avg@k and pass@k before and after training, every setting that gives them, and the `stapo-eval`
-    commands that give the same numbers for `model` and `output_dir` (`None` where none can: not `builtin:tiny-math`'s
-    test split with the default prompts)."""
+    """`eval.json`: avg@k and pass@k before and after, every setting that gives them, and the `stapo-eval` commands
+    that give the same numbers for `model` and `output_dir` (`builtin:tiny-math`'s test split, default prompts)."""
     k = s.eval_num_samples
     record = {
         "metric": f"avg@{k}", "accuracy_before": before[f"avg@{k}"], "accuracy_after": after[f"avg@{k}"],
@@ -281,8 +276,7 @@ def make_eval_record(s, a, trainer, before, after, max_new_tokens: int, model: s
 
 
 def eval_results_path(output_dir: str, global_step: int) -> str:
-    """`eval.json`, else (an earlier run's results are never replaced) `eval-step{global_step}.json`, then
-    `eval-step{global_step}-2.json`, ..."""
+    """`eval.json`, else (never over an earlier run's) `eval-step{global_step}.json`, then `...-2.json`, ..."""
     path, n = os.path.join(output_dir, EVAL_FILENAME), 1
     while os.path.exists(path):
         n += 1
@@ -314,13 +308,13 @@ def write_figures(s, a, output_dir: str) -> list[dict[str, Any]]:
 
 
 def summarize_s2t(rows: list[dict[str, Any]], output_dir: str | None = None) -> dict[str, Any]:
-    """The S2T summary of a run's `metrics.jsonl` rows: the mean and pooled silenced ratios
-    ([`~stapo_trl.run_folder.logs.s2t_totals`]) and, with `output_dir`, what its candidates were. Empty without them."""
+    """The mean and pooled silenced ratios of a run's `metrics.jsonl` rows and, with `output_dir`, its candidates."""
     ratios = [r["s2t/silenced_ratio"] for r in rows if r.get("s2t/silenced_ratio") is not None]
     if not ratios or (totals := s2t_totals(rows)) is None:
         return {}
-    summary = {"mean_silenced_ratio": sum(ratios) / len(ratios),
-               "fraction_of_logging_steps_with_silencing": sum(r > 0 for r in ratios) / len(ratios), **totals}  # fmt: skip
+    fired = sum(r > 0 for r in ratios) / len(ratios)
+    summary = {"mean_silenced_ratio": sum(ratios) / len(ratios), "fraction_of_logging_steps_with_silencing": fired}
+    summary |= totals
     if output_dir is not None and os.path.isfile(os.path.join(output_dir, SPURIOUS_TOKENS_FILENAME)):
         candidates = [r for r in read_token_records(output_dir) if r["kind"] in ("silenced", "kept_candidate")]
         kept = [r for r in candidates if r["kind"] == "kept_candidate"]
@@ -341,16 +335,17 @@ def print_summary(s, output_dir, step, s2t_summary, eval_record, max_new_tokens,
     """The end of a run on the console: the S2T counts, the accuracy before and after, the wall times, the files."""
     print(f"\n=== {s.trainer} run finished: {output_dir} (step {step}) ===")
     if s2t := s2t_summary:
+        ratio = f"{s2t['silenced_ratio']:.3g} (mean over logging steps {s2t['mean_silenced_ratio']:.3g})"
+        fired = f"{s2t['rows_with_silencing']} of {s2t['num_rows']} logging steps; {s2t['num_candidates']} candidates"
         print(f"S2T: {s2t['num_silenced']} of {s2t['num_loss_tokens']} loss tokens silenced, pooled silenced ratio "
-              f"{s2t['silenced_ratio']:.3g} (mean over logging steps {s2t['mean_silenced_ratio']:.3g}); the mask fired "
-              f"at {s2t['rows_with_silencing']} of {s2t['num_rows']} logging steps; {s2t['num_candidates']} candidates.")  # fmt: skip
+              f"{ratio}; the mask fired at {fired}.")  # fmt: skip
         if facts := s2t.get("candidates"):
             logged = facts["silenced"] + facts["kept"]
             sample = "all" if logged == s2t["num_candidates"] else f"a sample of {logged}"
-            print(f"Candidates in spurious_tokens.jsonl ({sample}): {facts['silenced']} silenced, {facts['kept']} kept "
-                  f"({facts['kept_below']} of them with H < {facts['entropy_below']:g} nats); "
-                  f"{facts['masks_with_candidates']} masks had a candidate, {facts['masks_with_one_candidate']} exactly "
-                  "one (a lone candidate is never silenced: strict H < tau_h).")  # fmt: skip
+            kept = f"{facts['kept']} kept ({facts['kept_below']} of them with H < {facts['entropy_below']:g} nats)"
+            masks = f"{facts['masks_with_candidates']} masks had a candidate, {facts['masks_with_one_candidate']}"
+            print(f"Candidates in spurious_tokens.jsonl ({sample}): {facts['silenced']} silenced, {kept}; {masks} "
+                  "exactly one (a lone candidate is never silenced: strict H < tau_h).")  # fmt: skip
     if r := eval_record:
         print(f"{evaluation_kind(r.get('split', '')).capitalize()} {r['metric']} on {r['num_problems']} problems "
               f"(T={r['temperature']}, top_p={r['top_p']}, {max_new_tokens} new tokens): before "

@@ -50,8 +50,8 @@ class STAPOScriptArguments(ScriptArguments):
         eval_top_p (`float`, *optional*, defaults to `1.0`): top-p of the evaluation sampling.
         eval_max_new_tokens (`int`, *optional*): generation budget of the evaluation; `None`: `max_completion_length`.
         eval_batch_size (`int`, *optional*, defaults to `64`): problems per `generate` call (each yields k).
-        benchmark_eval (`str`, *optional*): a benchmark (`aime24`, `math500`, ..., `tiny-math`) TRL's evaluation samples
-            during training (`eval_strategy` `"steps"` unless set), logged as `eval_rewards/<reward>/mean` (avg@k).
+        benchmark_eval (`str`, *optional*): a benchmark (`aime24`, `math500`, ..., `tiny-math`) TRL's evaluation
+            samples during training (`eval_strategy` `"steps"` unless set), logged as `eval_rewards/<reward>/mean`.
         benchmark_eval_data_dir (`str`, *optional*): folder with local benchmark files (`None`: the Hub, or built in).
         benchmark_eval_steps (`int`, *optional*): `eval_steps`, in optimizer steps (`None`: `eval_steps`, else
             `logging_steps`); not with `eval_strategy: epoch`.
