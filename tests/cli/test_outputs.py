@@ -61,42 +61,27 @@ def test_rerun_into_a_finished_run_keeps_its_eval_json(tmp_path, tiny_math_model
 
 # The console names what the before/after evaluation measured: with a local file (one split, so the evaluation reads
 # training prompts) it warned "the accuracy is not held out", then printed "held-out problems" and "Held-out avg@4".
-
-
-def _summary(capsys, split: str | None) -> str:
-    from stapo_trl.cli.run import print_summary
+@pytest.mark.parametrize(
+    "dataset_name, kind, line",
+    [
+        ("my_problems.jsonl", "training (not held-out)", "Training (not held-out) avg@4 on 40 problems (T=1.0"),
+        ("builtin:tiny-math", "held-out", "Held-out avg@4 on 40 problems (T=1.0"),
+        ("some-org/math", "held-out", "Held-out avg@4 on 40 problems (T=1.0"),
+    ],
+)
+def test_the_console_names_what_the_evaluation_measured(capsys, dataset_name, kind, line):
+    from stapo_trl.cli.run import evaluation_kind, print_summary
     from stapo_trl.cli.script_args import STAPOScriptArguments
-
-    record = {"metric": "avg@4", "num_problems": 40, "temperature": 1.0, "top_p": 1.0}
-    record |= {"accuracy_before": 0.25, "accuracy_after": 0.5} | ({"split": split} if split else {})
-    print_summary(STAPOScriptArguments(), "out", 10, None, record, 48, {"train": 1.0})
-    return [line for line in capsys.readouterr().out.splitlines() if "avg@4 on 40 problems" in line][0]
-
-
-def test_a_local_file_evaluation_is_not_called_held_out(capsys):
-    from stapo_trl.data import evaluation_split
-
-    split, warning = evaluation_split("my_problems.jsonl", "test")
-    line = _summary(capsys, split)
-    assert line.startswith("Training (not held-out) avg@4 on 40 problems") and "Held-out" not in line, line
-    assert "not held out" in warning
-
-
-@pytest.mark.parametrize("dataset_name", ["builtin:tiny-math", "some-org/math"])
-def test_a_test_split_evaluation_is_held_out(capsys, dataset_name):
     from stapo_trl.data import evaluation_split
 
     split, warning = evaluation_split(dataset_name, "test")
-    assert warning is None
-    assert _summary(capsys, split).startswith("Held-out avg@4 on 40 problems (T=1.0")
-
-
-def test_the_announcement_names_the_kind():
-    from stapo_trl.cli.run import evaluation_kind
-    from stapo_trl.data import evaluation_split
-
-    assert evaluation_kind(evaluation_split("data/problems.parquet", "test")[0]) == "training (not held-out)"
-    assert evaluation_kind(evaluation_split("builtin:tiny-math", "test")[0]) == "held-out"
+    assert evaluation_kind(split) == kind and (warning is None) == (kind == "held-out")
+    record = {"metric": "avg@4", "num_problems": 40, "temperature": 1.0, "top_p": 1.0, "split": split}
+    print_summary(STAPOScriptArguments(), "out", 10, None, record | {"accuracy_before": 0.25, "accuracy_after": 0.5},
+                  48, {"train": 1.0})  # fmt: skip
+    assert [text for text in capsys.readouterr().out.splitlines() if "avg@4 on 40 problems" in text][0].startswith(
+        line
+    )
 
 
 @pytest.mark.parametrize("split, kind", [("training file (not held out)", "Accuracy on training prompts (not held out)"),
