@@ -12,6 +12,7 @@ from math import gcd
 from pathlib import Path
 
 from .. import data
+from ..data import load_prompt_dataset  # by name: the tests' guard of "nothing read yet" patches it here
 from ..integrations.hub import check_hub_access, check_hub_dataset
 from ..models import builtin_model_dir, check_model_available, check_model_name_or_path, resolve_model_path
 from ..models.cache import weight_files
@@ -181,7 +182,7 @@ class PreparedRun:
             if self.dry:
                 return
             check_hub_dataset(name)  # a Hub id nobody can download: now, in one line
-        load = partial(data.load_prompt_dataset, name, **kwargs)
+        load = partial(load_prompt_dataset, name, **kwargs)
         self.train_dataset = load(split=s.dataset_train_split, limit=s.max_train_samples)
         self.total, periodic = len(self.train_dataset), self.a.eval_strategy != "no" and s.benchmark_eval is None
         if s.eval_before_after or periodic:

@@ -45,7 +45,7 @@ def no_data_read(monkeypatch):
     def guard(*args, **kwargs):
         raise AssertionError("the dataset was read before the run folder and its checkpoint's settings were checked")
 
-    monkeypatch.setattr("stapo_trl.data.load_prompt_dataset", guard)
+    monkeypatch.setattr("stapo_trl.cli.prepare.load_prompt_dataset", guard)
 
 
 def _copy_of(run, tmp_path):
