@@ -17,7 +17,7 @@ from ..integrations.hub import check_hub_access, check_hub_dataset
 from ..models import builtin_model_dir, check_model_available, check_model_name_or_path, resolve_model_path
 from ..models.cache import weight_files
 from ..rewards import get_reward_funcs
-from ..run_folder import checkpoints as folder
+from ..run_folder import checkpoints
 
 
 logger = logging.getLogger(__name__)
@@ -113,10 +113,10 @@ class PreparedRun:
                         raise
                     self.errors.append(prefix.format(s=self.s) + str(e))
             if not self.dry and self.a.should_save and not self.held:  # a new folder: once every check has passed
-                folder.hold_run_folder(self.a.output_dir)
+                checkpoints.hold_run_folder(self.a.output_dir)
         except BaseException:
             if self.held:
-                folder.hold_run_folder(self.a.output_dir, acquire=False)
+                checkpoints.hold_run_folder(self.a.output_dir, acquire=False)
             raise
         finally:
             logging.getLogger("stapo_trl").removeHandler(catch)
@@ -144,7 +144,7 @@ class PreparedRun:
 
     def _resume_from(self):
         if isinstance(path := self.a.resume_from_checkpoint, str) and path:
-            folder.check_checkpoint(path, f"resume_from_checkpoint={path!r}", self.a.save_only_model)
+            checkpoints.check_checkpoint(path, f"resume_from_checkpoint={path!r}", self.a.save_only_model)
 
     def _dataset_name(self):
         if self.s.dataset_name is None:
@@ -157,17 +157,17 @@ class PreparedRun:
         checkpoint it resumes (the newest complete one, damaged ones moved aside) trained with this run's settings."""
         a, out = self.a, self.a.output_dir
         if a.should_save:
-            folder.check_output_dir(out, refuse_user_files=True)
+            checkpoints.check_output_dir(out, refuse_user_files=True)
         if self.dry:
             return
         self.settings = self.run_settings()
         if a.should_save and os.path.isdir(out):
-            folder.hold_run_folder(out)
+            checkpoints.hold_run_folder(out)
             self.held = True
-        newest = folder.resume_checkpoint(out, a.save_only_model, move_aside=self.held)
+        newest = checkpoints.resume_checkpoint(out, a.save_only_model, move_aside=self.held)
         self.checkpoint = a.resume_from_checkpoint or newest
         if self.checkpoint is not None:
-            folder.check_run_settings(self.checkpoint, self.settings)
+            checkpoints.check_run_settings(self.checkpoint, self.settings)
         elif model := next(iter(weight_files(sorted(os.listdir(out)) if os.path.isdir(out) else [])), None):
             raise ValueError(
                 f"output_dir={out!r} holds a trained model ({model}) but no complete checkpoint to resume: this run "
@@ -257,7 +257,7 @@ class PreparedRun:
         s2t = s2t_settings(a, STAPOConfig._s2t_modes) if s.trainer == "stapo" else None
         dtype = (a.model_init_kwargs or {}).get("dtype", m.dtype)  # as the trainer loads it
         trainer, peft = TRAINER_CLASSES[s.trainer], get_peft_config(m)
-        settings = folder.run_settings(
+        settings = checkpoints.run_settings(
             a, trainer=trainer, model=m.model_name_or_path, reward_funcs=self.reward_funcs, s2t=s2t, peft_config=peft,
             dtype=dtype,
         )  # fmt: skip
@@ -265,7 +265,7 @@ class PreparedRun:
         recorded = {"dataset_name": os.path.abspath(name) if os.path.exists(name) else name, **s.dataset_kwargs()}
         recorded |= {"dataset_train_split": s.dataset_train_split, "max_train_samples": s.max_train_samples}
         recorded |= {"max_prompt_tokens": s.max_prompt_tokens, "dataset_sha256": data.local_data_digest(name)}
-        return settings | folder.plain(recorded)
+        return settings | checkpoints.plain(recorded)
 
 
 def prepare(script_args, training_args, model_args) -> PreparedRun:
