@@ -15,6 +15,7 @@ import warnings
 from functools import partial
 from typing import Any
 
+import datasets
 import torch
 import transformers
 from transformers import set_seed
@@ -114,7 +115,10 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
     s, a, m, out = run.s, run.a, run.m, run.a.output_dir
     fmt = "%(asctime)s - %(levelname)s - %(name)s - %(message)s"
     logging.basicConfig(format=fmt, datefmt="%Y-%m-%d %H:%M:%S", handlers=[logging.StreamHandler(sys.stdout)])
-    transformers.utils.logging.enable_explicit_format()  # each process's verbosity: the Trainer sets it
+    transformers.utils.logging.enable_explicit_format()
+    level = a.get_process_log_level()  # now, for the model's load too: the Trainer sets it once the model is built
+    transformers.utils.logging.set_verbosity(level)
+    datasets.utils.logging.set_verbosity(level)
     set_seed(a.seed)  # before the trainer: a LoRA adapter is initialised as it is built
     init = {"revision": m.model_revision, "attn_implementation": m.attn_implementation, "dtype": m.dtype}
     a.model_init_kwargs = init | (a.model_init_kwargs or {})
