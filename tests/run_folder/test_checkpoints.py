@@ -157,7 +157,7 @@ def test_what_makes_a_checkpoint_incomplete_names_the_file_and_the_damage(run, t
 SLOW = pytest.mark.slow
 
 
-# The other damages resume the same way (tests/cli/test_checkpoints.py resumes seven of them with stapo-train).
+# The other damages resume the same way (tests/cli/test_resume.py resumes seven of them with stapo-train).
 @pytest.mark.parametrize("case", ["model-cut", pytest.param("record-no-lr", marks=SLOW)])
 def test_the_python_api_resumes_the_newest_whole_checkpoint_and_moves_the_damaged_one_aside(
     run, tmp_path, tiny_random_model_path, caplog, case

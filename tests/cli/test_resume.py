@@ -1,4 +1,4 @@
-"""Resuming a `stapo-train` run (`stapo_trl.cli.checkpoints`): a checkpoint trained with other settings (S2T values,
+"""Resuming a `stapo-train` run (`stapo_trl.cli.prepare`): a checkpoint trained with other settings (S2T values,
 objective, optimizer, PEFT, model, rewards, prompt format, data) is refused before the model is built, while the way a
 run is executed may change; `resume_from_checkpoint` must name a complete checkpoint; the newest complete checkpoint is
 resumed, in one line that names those skipped and the damage, before any model; no file of a checkpoint runs code."""
