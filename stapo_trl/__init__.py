@@ -14,7 +14,7 @@ import warnings
 __version__ = "0.3.0"
 __all__ = ["STAPOConfig", "STAPOTrainer", "S2TResult", "s2t_mask"]
 _MODULES = {"STAPOConfig": ".trainer", "STAPOTrainer": ".trainer", "S2TResult": ".core.s2t", "s2t_mask": ".core.s2t"}
-# Module paths of 0.3.0 that moved in 0.4.0: each still imports its names (with a DeprecationWarning) until 0.5.0.
+# Module paths that moved into packages: each still imports its names, with a DeprecationWarning, for one release.
 _MOVED = {
     "callbacks": (".cli.callbacks",),
     "checkpoints": (".run_folder.checkpoints",),
@@ -37,7 +37,7 @@ class _MovedModule(types.ModuleType):
         home, value = next(((h.__name__, getattr(h, attr)) for h in homes if hasattr(h, attr)), (None, None))
         if home is None:
             raise AttributeError(f"module {self.__name__!r} has no attribute {attr!r}")
-        warnings.warn(f"{self.__name__} moved in 0.4.0: import {attr} from {home}.",
+        warnings.warn(f"{self.__name__} moved: import {attr} from {home}.",
                       DeprecationWarning, stacklevel=2)  # fmt: skip
         return value
 
