@@ -12,7 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from ..run_folder.folder import write_atomic
+from ..run_folder.checkpoints import write_atomic
 from .tasks import BENCHMARKS, PAPER_BENCHMARKS
 
 
@@ -53,7 +53,7 @@ def now() -> str:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write `data` as JSON ([`~stapo_trl.run_folder.folder.write_atomic`]: never half a file)."""
+    """Write `data` as JSON ([`~stapo_trl.run_folder.checkpoints.write_atomic`]: never half a file)."""
     write_atomic(path, json.dumps(data, indent=1, ensure_ascii=False))
 
 

@@ -1,51 +1,182 @@
-"""Whole checkpoints and the run record (`stapo_run.json`: what the run optimizes and the files its save wrote).
-Nothing here unpickles a file but with `torch.load(weights_only=True)`: a checkpoint from elsewhere is untrusted."""
+"""The run folder a resume trusts: whole checkpoints, the run record `stapo_run.json`, no write through a link, the
+`output_dir` check, one writer per folder. Nothing is unpickled but with `torch.load(weights_only=True)`."""
 
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import logging
 import os
 import re
+import shlex
+import socket
+import sys
+import tempfile
+import time
+import warnings
 import zipfile
-from typing import Any
-
-from . import folder
-from .folder import (  # noqa: F401 (re-exported)
-    LinkError,
-    check_output_dir,
-    command_line,
-    hold_run_folder,
-    open_run_file,
-    refuse_links,
-)
+from typing import IO, Any
 
 
 logger = logging.getLogger(__name__)
-CHECKPOINT_FOLDER, RUN_RECORD = folder.CHECKPOINT_FOLDER, folder.RUN_RECORD
 
-ROLLOUT_MANIFEST = re.compile(r"^rollout_state_\d+\.json$")  # stapo_trl.run_folder.rollout's, beside its .safetensors
+CHECKPOINT_FOLDER = re.compile(r"^checkpoint-(\d+)$")
+RUN_RECORD = "stapo_run.json"
+DAMAGED_PREFIX = "_damaged-"  # neither pushed, rotated nor resumed
+NOT_USER_FILES = re.compile(r"^(\.nfs.*|slurm-.*\.out|_writer\.(lock|txt)|(metrics|spurious_tokens)(\.\d+)?\.jsonl)$")
+ROLLOUT_MANIFEST = re.compile(r"^rollout_state_\d+\.json$")
 RESUME_FIX = "Give a complete checkpoint folder (<output_dir>/checkpoint-<step>), or let a run take its newest one."
-# What `Trainer._save_checkpoint` writes before trainer_state.json, by name prefix (full, adapter, DeepSpeed layouts).
-_REQUIRED = {
+_REQUIRED = {  # what `Trainer._save_checkpoint` writes, by name prefix (full, adapter, DeepSpeed)
     "model weights": ("model", "pytorch_model", "adapter_model", "global_step"),
     "optimizer state (optimizer.pt)": ("optimizer", "global_step"),
     "RNG state (rng_state.pth)": ("rng_state",),
 }
-_UNPICKLED_ON_RESUME = ("optimizer", "scheduler", "scaler", "rng_state", "pytorch_model")  # by transformers
-# The config fields a resume must keep (free: threads, logging, saving, evaluation, max_steps, the batch layout).
-RESUME_FIELDS = (
+_UNPICKLED_ON_RESUME = ("optimizer", "scheduler", "scaler", "rng_state", "pytorch_model")
+RESUME_FIELDS = (  # what a resume must keep
     "loss_type", "epsilon", "epsilon_high", "delta", "beta", "scale_rewards", "reward_weights",
     "importance_sampling_level", "top_entropy_quantile", "mask_truncated_completions", "num_generations",
     "num_iterations", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_completion_length",
     "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args",
     "optim_target_modules", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
 )  # fmt: skip
-RECORD_FIELDS = {1: ("trainer", "model", "reward_funcs", *RESUME_FIELDS)}  # a record without them is damaged
+RECORD_FIELDS = {1: ("trainer", "model", "reward_funcs", *RESUME_FIELDS)}
+_HOLDS: dict[str, list] = {}  # folder -> [its FileLock or None, its holders: None (a command) or trainers]
 
 
-def _torch_file_problem(path: str, load: bool) -> str | None:  # its zip directory, then (`load`) a safe load
+class LinkError(ValueError):
+    """A symbolic link where a run writes a file."""
+
+    def __init__(self, path: str):
+        super().__init__(
+            f"{path} is a symbolic link (to {os.readlink(path)!r}): a run writes its files in its folder, never "
+            "through a link (it would overwrite the link's target). Remove the link, or give another output_dir."
+        )
+
+
+def open_run_file(path: str | os.PathLike, mode: str = "w") -> IO:
+    """`open(path, mode)` (`w`, `a`, `wb`, `ab`; text in UTF-8); raises [`LinkError`] for a symbolic link at `path`."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise LinkError(os.fspath(path)) from None
+        raise
+    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write `data` to `path` through a synced temporary file and a rename: a kill leaves the old file or the new."""
+    folder, name = os.path.split(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")
+    with open_run_file(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def refuse_links(output_dir: str) -> None:
+    """Raise [`LinkError`] for a symbolic link at the top of `output_dir` or in its `checkpoint-N` folders."""
+    folder = os.path.abspath(output_dir)
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
+        inner = sorted(os.listdir(path)) if CHECKPOINT_FOLDER.match(name) and os.path.isdir(path) else []
+        if link := next((p for p in [path, *(os.path.join(path, n) for n in inner)] if os.path.islink(p)), None):
+            raise LinkError(link)
+
+
+def check_output_dir(output_dir: str, refuse_user_files: bool = False) -> None:
+    """Raise `ValueError` (one line), creating nothing, for an `output_dir` that is empty, a file, unwritable or holds
+    a link; a folder of the user's own files is refused with `refuse_user_files`, else warned about."""
+    if not str(output_dir or "").strip():
+        raise ValueError(f"output_dir={output_dir!r} is empty: give the folder the run writes its checkpoints, model "
+                         "and files into (e.g. outputs/my-run).")  # fmt: skip
+    folder = existing = os.path.abspath(os.path.expanduser(output_dir))
+    if os.path.isfile(folder):
+        raise ValueError(f"output_dir={output_dir!r} is a file: give a folder (it is created if missing).")
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as e:
+        raise ValueError(f"output_dir={output_dir!r} cannot be written ({e.strerror or e}): give a folder this "
+                         "process can create files in.") from None  # fmt: skip
+    refuse_links(folder)
+    names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+    runs = ["", *(n for n in names if CHECKPOINT_FOLDER.match(n.removeprefix(DAMAGED_PREFIX)))]
+    if any(os.path.isfile(os.path.join(folder, n, f)) for n in runs for f in ("trainer_state.json", RUN_RECORD)):
+        return
+    if others := [name for name in names if not NOT_USER_FILES.match(name)]:
+        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+        what = f"output_dir={output_dir!r} holds files that are not a run's ({shown})"
+        if refuse_user_files:
+            raise ValueError(f"{what}: a run writes its model, card (README.md), config and checkpoints there, over "
+                             "files of the same names. Give a new or empty folder, or a run folder.")  # fmt: skip
+        warnings.warn(f"{what}: the trainer writes its model, card (README.md), config and checkpoints there, as "
+                      "GRPOTrainer does, over files of the same names.", stacklevel=3)  # fmt: skip
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """`argv` (default `sys.argv`) as one shell line, secrets (`--*token`, `--*key`..., `hf_...`) written REDACTED."""
+    words = list(sys.argv if argv is None else argv)
+    for i, word in enumerate(words):
+        name, eq, _ = word.partition("=")
+        if re.fullmatch(r"--?[\w-]*(token|secret|password|key)", name, re.IGNORECASE):
+            words[i : i + 1 + (not eq)] = [f"{name}=REDACTED"] if eq else [word, "REDACTED"][: len(words) - i]
+        words[i] = re.sub(r"hf_[A-Za-z0-9]{8,}", "hf_REDACTED", words[i])
+    return shlex.join(words)
+
+
+def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = None) -> None:
+    """Take (`acquire=False`: give back) `output_dir` as its one writer: a `FileLock` on `_writer.lock`, the holder in
+    `_writer.txt`. Holds nest in a process (a command's, then one trainer's); raises `ValueError` (one line) for a
+    folder another run holds or one with a link."""
+    from filelock import FileLock, Timeout
+
+    folder = os.path.abspath(output_dir)
+    lock, holders = _HOLDS.setdefault(folder, [None, []])
+    if not acquire:
+        if trainer in holders:
+            holders.remove(trainer)
+            if not holders and lock is not None:
+                lock.release()
+        return
+    refuse_links(output_dir)
+    owner = os.path.join(folder, "_writer.txt")
+    in_use = any(holder is not None and holder is not trainer for holder in holders)
+    if not holders:
+        os.makedirs(folder, exist_ok=True)
+        lock = FileLock(os.path.join(folder, "_writer.lock"))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            in_use = True
+        except (NotImplementedError, OSError) as e:
+            if getattr(e, "errno", errno.ENOSYS) not in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+            logger.warning(f"output_dir={output_dir!r} is on a file system that cannot lock files ({e}): this run "
+                           "writes it without the lock, so a second run writing the same folder would not be "
+                           "stopped.")  # fmt: skip
+            lock = None
+        if not in_use:
+            with open_run_file(owner) as f:
+                f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                        f"{command_line()}")  # fmt: skip
+    if in_use:
+        holder = "starting"
+        if os.path.isfile(owner) and not os.path.islink(owner):
+            with open(owner, encoding="utf-8", errors="replace") as f:
+                holder = f.read(2000)
+        raise ValueError(f"output_dir={output_dir!r} is in use by another run ({holder}). Two runs in one folder mix "
+                         "their metrics, checkpoints and model: wait for that run to end, or give another "
+                         "output_dir.")  # fmt: skip
+    _HOLDS[folder] = [lock, [*holders, trainer]]
+
+
+def _torch_file_problem(path: str, load: bool) -> str | None:
     size = os.path.getsize(path)
     try:
         with zipfile.ZipFile(path) as archive:
@@ -59,9 +190,9 @@ def _torch_file_problem(path: str, load: bool) -> str | None:  # its zip directo
     from transformers.trainer_pt_utils import safe_globals
 
     try:
-        with safe_globals():  # numpy's RNG state, as transformers loads it
+        with safe_globals():
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # noqa: BLE001 (UnpicklingError, RuntimeError: what transformers would raise)
+    except Exception as e:  # noqa: BLE001 (UnpicklingError, RuntimeError)
         paragraphs = [p.strip() for p in str(e).split("\n\n") if p.strip()]
         detail = next((p for p in paragraphs[1:] if not p.startswith("Check the documentation")), None)
         detail = (detail or (paragraphs or [type(e).__name__])[0]).splitlines()[0][:160].rstrip(".")
@@ -71,13 +202,11 @@ def _torch_file_problem(path: str, load: bool) -> str | None:  # its zip directo
 
 
 def tensor_specs(path: str) -> dict:
-    """`{name: {"dtype": "F32", "shape": [16, 48]}}` of the safetensors file `path`; safetensors' `SafetensorError`
-    for a header that does not parse or a file longer or shorter than its header says."""
+    """`{name: {"dtype": "F32", "shape": [16, 48]}}` of a safetensors file; safetensors' error for a damaged one."""
     from safetensors import safe_open
 
     with safe_open(path, framework="pt") as f:
-        slices = {name: f.get_slice(name) for name in f.keys()}
-        return {name: {"dtype": s.get_dtype(), "shape": s.get_shape()} for name, s in slices.items()}
+        return {n: {"dtype": f.get_slice(n).get_dtype(), "shape": f.get_slice(n).get_shape()} for n in f.keys()}
 
 
 def file_problem(path: str) -> str | None:
@@ -96,17 +225,15 @@ def file_problem(path: str) -> str | None:
             specs = tensor_specs(tensors) if ROLLOUT_MANIFEST.match(name) and os.path.isfile(tensors) else None
             if ROLLOUT_MANIFEST.match(name) and (not isinstance(data, dict) or data.get("tensors") != specs):
                 return f"does not match {os.path.basename(tensors)} (its tensors' names, dtypes or shapes)"
-    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
+    except (ValueError, RecursionError) as e:
         return f"unreadable: {type(e).__name__}"
-    except Exception as e:  # noqa: BLE001 (safetensors' SafetensorError; a manifest's: named as its tensors file's)
+    except Exception as e:  # noqa: BLE001 (SafetensorError; a manifest's is its tensors file's)
         return "damaged: " + str(e).removeprefix("Error while deserializing header: ") if path == tensors else None
     return None
 
 
 def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
-    """Why the folder `path` is not a complete checkpoint, in a few words naming the file, or `None`: its
-    `trainer_state.json` (written last) parses, its run record says the save finished, and every file the record names
-    (without one: the weights and, unless `save_only_model`, the optimizer, scheduler and RNG state) is whole."""
+    """Why the folder `path` is not a complete checkpoint, in a few words naming the file, or `None`."""
     names = sorted(os.listdir(path)) if os.path.isdir(path) else None
     if not names:
         return "not a folder" if names is None else "empty"
@@ -115,7 +242,7 @@ def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
             step = json.load(f)["global_step"]
     except FileNotFoundError:
         return "no trainer_state.json: its save did not finish"
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:  # cut short: JSONDecodeError
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         return f"trainer_state.json unreadable ({type(e).__name__}): its save did not finish"
     number = CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path)))
     if type(step) is not int or step < 0 or (number and step != int(number[1])):
@@ -123,10 +250,8 @@ def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
         return f"trainer_state.json has global_step {repr(step)[:40]}, not {expected}"
     try:
         record = read_run_record(path)
-    except OSError as e:
-        return f"{RUN_RECORD} unreadable: {type(e).__name__}"
-    except ValueError as e:
-        return str(e)
+    except (OSError, ValueError) as e:
+        return f"{RUN_RECORD} unreadable: {type(e).__name__}" if isinstance(e, OSError) else str(e)
     if record is not None:
         if record.get("files") is None:
             return f"{RUN_RECORD} says its save did not finish"
@@ -144,13 +269,12 @@ def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
             return f"{name} {problem}"
         for inner in sorted(os.listdir(full)) if name.startswith("global_step") and os.path.isdir(full) else []:
             if inner.endswith(".pt") and (problem := _torch_file_problem(os.path.join(full, inner), False)):
-                return f"{name}/{inner} {problem}"  # DeepSpeed's files: their zip directory (DeepSpeed unpickles them)
+                return f"{name}/{inner} {problem}"  # DeepSpeed's: their zip directory only
     return None
 
 
 def newest_complete_checkpoint(output_dir: str, save_only_model: bool = False) -> tuple[str | None, list]:
-    """(the complete checkpoint of `output_dir` with the highest step or `None`, [(name, why) of each incomplete one
-    above it, highest first])."""
+    """(the newest complete checkpoint of `output_dir` or `None`, [(name, why) of each incomplete one above it])."""
     names, skipped = os.listdir(output_dir) if os.path.isdir(output_dir) else [], []
     for name in sorted(filter(CHECKPOINT_FOLDER.match, names), key=lambda n: -int(n.split("-")[1])):
         if (problem := checkpoint_problem(os.path.join(output_dir, name), save_only_model)) is None:
@@ -160,29 +284,29 @@ def newest_complete_checkpoint(output_dir: str, save_only_model: bool = False) -
 
 
 def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_aside: bool = False) -> str | None:
-    """[`newest_complete_checkpoint`], those skipped above it said in one warning line and, with `move_aside` (the
-    folder's writer only), renamed `_damaged-checkpoint-N[-k]`: out of reach of the rotation and of transformers."""
+    """[`newest_complete_checkpoint`], those skipped said in one warning and, with `move_aside` (the folder's writer
+    only), renamed `_damaged-checkpoint-N[-k]`."""
     checkpoint, skipped = newest_complete_checkpoint(output_dir, save_only_model)
     words = []
     for name, problem in skipped:
         aside = ""
         if move_aside:
-            target, k = folder.DAMAGED_PREFIX + name, 1
+            target, k = DAMAGED_PREFIX + name, 1
             while os.path.lexists(os.path.join(output_dir, target)):
-                k, target = k + 1, f"{folder.DAMAGED_PREFIX}{name}-{k + 1}"
+                k, target = k + 1, f"{DAMAGED_PREFIX}{name}-{k + 1}"
             os.replace(os.path.join(output_dir, name), os.path.join(output_dir, target))
             aside = f" and moved it aside to {target}"
         words.append(f"{name} ({problem}){aside}")
-    if words and checkpoint:
-        logger.warning(f"The newest complete checkpoint is {checkpoint}: skipped {', '.join(words)}.")
-    elif words:
-        logger.warning(f"No complete checkpoint to resume in {output_dir}: skipped {', '.join(words)}.")
+    if words:
+        head = f"The newest complete checkpoint is {checkpoint}"
+        head = head if checkpoint else f"No complete checkpoint to resume in {output_dir}"
+        logger.warning(f"{head}: skipped {', '.join(words)}.")
     return checkpoint
 
 
 def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: str = RESUME_FIX) -> None:
     """Raise `ValueError("<what> <problem>. <fix>")` for a checkpoint given by name that is missing, a file, a run
-    folder (naming its newest complete checkpoint) or not complete (naming the file and the damage)."""
+    folder (naming its newest complete checkpoint) or not complete."""
     if (problem := checkpoint_problem(path, save_only_model)) is None:
         return
     if problem == "not a folder":
@@ -195,8 +319,7 @@ def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: s
 
 
 def plain(value: Any) -> Any:
-    """`value` as JSON data that compares equal across processes: enums by value, sets sorted, objects with `to_dict`
-    as dicts, any other object by its type's name (never a `repr` with an address)."""
+    """`value` as JSON data equal across processes: enums by value, sets sorted, `to_dict()`, else the type's name."""
 
     def default(v: Any) -> Any:
         if isinstance(v, (set, frozenset)):
@@ -208,39 +331,35 @@ def plain(value: Any) -> Any:
 
 def run_settings(args, *, trainer: str, model, reward_funcs, s2t=None, peft_config=None, train_dataset=None,
                  dtype=None) -> dict:  # fmt: skip
-    """What a resume must keep, as plain data: the trainer class, the model and its `dtype` (`"float32"`), the rewards
-    (a function by its name, a reward model by its id), the S2T values, [`RESUME_FIELDS`] of `args`, the PEFT
-    settings and the training data's `datasets` fingerprint."""
+    """What a resume must keep, as plain data: the trainer class, the model and `dtype`, the rewards, the S2T values,
+    [`RESUME_FIELDS`] of `args`, the PEFT settings and the training data's fingerprint."""
     from trl.trainer.utils import get_callable_name
 
-    def _local(path: Any) -> Any:
+    def local(path: Any) -> Any:
         return os.path.abspath(path) if isinstance(path, str) and os.path.exists(path) else path
 
     if not isinstance(model, str):
         model = getattr(getattr(model, "config", None), "_name_or_path", None)
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs] if reward_funcs is not None else []
     names = [getattr(getattr(f, "config", None), "_name_or_path", None) for f in funcs]  # a reward model's id
-    rewards = [_local(f) if isinstance(f, str) else name or get_callable_name(f) for f, name in zip(funcs, names)]
+    rewards = [local(f) if isinstance(f, str) else name or get_callable_name(f) for f, name in zip(funcs, names)]
     dtype = None if dtype is None else str(dtype).removeprefix("torch.")
-    settings = {"trainer": trainer, "model": _local(model), "dtype": dtype, "reward_funcs": rewards}
+    settings = {"trainer": trainer, "model": local(model), "dtype": dtype, "reward_funcs": rewards}
     if s2t is not None:
         settings |= {f"s2t_{name}": getattr(s2t, name) for name in ("prob_threshold", "entropy_quantile", "mode")}
     settings |= {name: getattr(args, name) for name in (*RESUME_FIELDS, "warmup_ratio") if hasattr(args, name)}
-    settings["peft"] = peft_config
-    is_dataset = type(train_dataset).__name__ == "Dataset"
-    settings["train_dataset"] = getattr(train_dataset, "_fingerprint", None) if is_dataset else None
-    return plain(settings)
+    fingerprint = getattr(train_dataset, "_fingerprint", None) if type(train_dataset).__name__ == "Dataset" else None
+    return plain(settings | {"peft": peft_config, "train_dataset": fingerprint})
 
 
 def write_run_record(checkpoint: str, settings: dict, *, save_only_model: bool, files: list[str] | None) -> None:
     """Write `checkpoint/stapo_run.json` atomically: `files` `None` while the save runs, then the files it wrote."""
     record = {"format": 1, "files": files, "save_only_model": save_only_model, "settings": settings}
-    folder.write_atomic(os.path.join(checkpoint, RUN_RECORD), json.dumps(record, indent=2))
+    write_atomic(os.path.join(checkpoint, RUN_RECORD), json.dumps(record, indent=2))
 
 
 def read_run_record(checkpoint: str) -> dict | None:
-    """The record of `checkpoint` (`None` without one); `ValueError("stapo_run.json ...")` for one that does not parse,
-    is of an unknown format, or lacks settings its format holds or the list of files."""
+    """The record of `checkpoint` (`None` without one); `ValueError("stapo_run.json ...")` for a damaged one."""
     path = os.path.join(checkpoint, RUN_RECORD)
     if not os.path.lexists(path):
         return None
@@ -276,12 +395,9 @@ def changed_settings(recorded: dict, current: dict) -> list[str]:
 def check_run_settings(checkpoint: str, settings: dict) -> None:
     """Raise `ValueError` (one line naming each changed field, old -> new) to resume `checkpoint` with other
     `settings` than it was trained with; one without a record resumes with one warning."""
-    record = read_run_record(checkpoint)
-    if record is None:
-        logger.warning(
-            f"{checkpoint} has no {RUN_RECORD} (saved before stapo_trl recorded a run's settings): resumed without "
-            "comparing the settings it was trained with to this run's."
-        )
+    if (record := read_run_record(checkpoint)) is None:
+        logger.warning(f"{checkpoint} has no {RUN_RECORD} (saved before stapo_trl recorded a run's settings): resumed "
+                       "without comparing the settings it was trained with to this run's.")  # fmt: skip
     elif changes := changed_settings(record["settings"], settings):
         raise ValueError(
             f"{checkpoint} was trained with other settings ({', '.join(changes)}): resuming would mix two runs in one "

@@ -17,7 +17,7 @@ from accelerate.utils import gather_object
 from transformers import DefaultFlowCallback, TrainerCallback
 
 from ..diagnostics import token_records as records_
-from .folder import open_run_file, write_atomic
+from .checkpoints import open_run_file, write_atomic
 
 
 logger = logging.getLogger(__name__)

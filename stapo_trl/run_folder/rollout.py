@@ -13,8 +13,7 @@ import torch
 from safetensors.torch import load, save
 from transformers import TrainerCallback
 
-from .checkpoints import tensor_specs
-from .folder import open_run_file
+from .checkpoints import open_run_file, tensor_specs
 from .logs import SpuriousTokenLogger
 
 
