@@ -1,7 +1,5 @@
-"""The run files, written by callbacks during `train()` (flushed per line; a resume drops the rows it redoes) and read
-back by the commands and figures: `metrics.jsonl`, every log row ([`MetricsLogCallback`]), and `spurious_tokens.jsonl`,
-the silenced tokens in context with samples of kept candidates and other positive-advantage tokens
-([`SpuriousTokenLogger`]); and the warning when the first logging steps had no learning signal."""
+"""The run files `metrics.jsonl` and `spurious_tokens.jsonl`, written during `train()` and read back; the warning when
+the first logging steps had no learning signal."""
 
 from __future__ import annotations
 
@@ -24,10 +22,10 @@ logger = logging.getLogger(__name__)
 
 METRICS_FILENAME = "metrics.jsonl"
 SPURIOUS_TOKENS_FILENAME = "spurious_tokens.jsonl"
-# Keys of the end-of-training summary log (`Trainer.train`), not per-step metrics.
-TRAIN_SUMMARY_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos"}
-TRAIN_SUMMARY_KEYS |= {"train_loss", "epoch"}
-_WARNED: set = set()  # (file, skipped lines) already said in this process
+TRAIN_SUMMARY_KEYS = set(
+    "train_runtime train_samples_per_second train_steps_per_second total_flos train_loss epoch".split()
+)
+_WARNED: set = set()  # (file, skipped lines) already said
 
 
 def _number(value: Any) -> bool:
@@ -40,9 +38,8 @@ def _jsonable(value: Any) -> Any:  # NaN and infinities as null, 0-d tensors as 
 
 
 def _metrics_row(row: dict) -> bool:
-    step = row.get("step")
-    whole = isinstance(step, int) or (isinstance(step, float) and step.is_integer())
-    return _number(step) and whole and all(value is None or _number(value) for value in row.values())
+    whole = _number(step := row.get("step")) and float(step).is_integer()
+    return whole and all(value is None or _number(value) for value in row.values())
 
 
 def _token_record(row: dict) -> bool:
@@ -62,8 +59,7 @@ def json_lines(path: str | os.PathLike):
 
 
 def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object") -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file that `valid` accepts, in order; the other lines (cut short by a kill,
-    edited) are skipped with one warning per file naming their numbers."""
+    """The JSON objects of a JSON-lines file that `valid` accepts; the others are skipped with one warning per file."""
     rows, bad = [], []
     for number, row in json_lines(path):
         (rows.append(row) if isinstance(row, dict) and (valid is None or valid(row)) else bad.append(number))
@@ -77,7 +73,7 @@ def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object")
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of `metrics.jsonl` (or `<dir>/metrics.jsonl`): objects with an integer `step` and numbers or `null`."""
+    """The rows of `metrics.jsonl` (or `<dir>/metrics.jsonl`): an integer `step`, numbers or `null`."""
     path = os.path.join(path, METRICS_FILENAME) if os.path.isdir(path) else os.fspath(path)
     return read_jsonl(path, _metrics_row, "a metrics row (a JSON object with an integer step and numbers)")
 
@@ -89,9 +85,8 @@ def read_token_records(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The S2T counts pooled over log rows (`metrics.jsonl` or `log_history`): `num_rows`, `rows_with_silencing`,
-    `num_silenced`, `num_candidates`, `num_loss_tokens`, `silenced_ratio` and `candidate_ratio` (Σ counts / Σ loss
-    tokens); `None` without S2T counts."""
+    """The S2T counts pooled over log rows: `num_rows`, `rows_with_silencing`, `num_silenced`, `num_candidates`,
+    `num_loss_tokens`, `silenced_ratio` and `candidate_ratio` (Σ counts / Σ loss tokens); `None` without counts."""
     counted = [row for row in rows if row.get("s2t/num_loss_tokens") is not None]
     if not counted:
         return None
@@ -105,10 +100,9 @@ def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def open_jsonl_for_run(path: str, global_step: int, redone_after: int | None = None) -> tuple[TextIO, list[dict]]:
-    """Open a JSON-lines run file to append to as training (re)starts at `global_step`: a resume keeps (rewritten
-    atomically) the rows with `step <= global_step`, and after `redone_after` (the last row before a restored logging
-    window) only evaluation rows; a fresh run moves an earlier run's file aside to `<name>.<n>.jsonl`. Returns the file
-    and the kept rows."""
+    """(the run file `path` to append to from `global_step`, the rows kept): a resume keeps the rows up to
+    `global_step` (after `redone_after`, evaluation rows only), rewritten atomically; a fresh run moves an earlier
+    file aside to `<name>.<n>.jsonl`."""
     kept = []
     if os.path.exists(path) and global_step > 0:
         kept = [
@@ -128,20 +122,19 @@ def open_jsonl_for_run(path: str, global_step: int, redone_after: int | None = N
 class JsonlLogCallback(TrainerCallback):
     """Appends JSON lines to `path` (default `<output_dir>/<filename>`) on the main process, flushed per write."""
 
-    filename = ""
-    redone_after = None  # set by the trainer on a resume that restores a logging window ([`open_jsonl_for_run`])
+    filename, redone_after = "", None  # redone_after: set by the trainer ([`open_jsonl_for_run`])
 
     def __init__(self, path: str | None = None):
         self.path, self._file = path, None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.close()
-        if state.is_world_process_zero:  # a resumed run keeps its rows up to the checkpoint
+        if state.is_world_process_zero:
             path = self.path or os.path.join(args.output_dir, self.filename)
             self._file, self.kept = open_jsonl_for_run(path, state.global_step, self.redone_after)
 
     def write_rows(self, args, rows: list[dict[str, Any]]) -> None:
-        if self._file is None:  # written outside `train()`
+        if self._file is None:
             self._file = open_run_file(self.path or os.path.join(args.output_dir, self.filename), "a")
         self._file.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
         self._file.flush()
@@ -156,8 +149,7 @@ class JsonlLogCallback(TrainerCallback):
 
 
 class MetricsLogCallback(JsonlLogCallback):
-    """One line per log row in `metrics.jsonl`: `step`, `epoch` and every logged value, NaN as `null` (the summary at
-    the end of training keeps only its per-step metrics)."""
+    """One line per log row in `metrics.jsonl`: `step`, `epoch` and every logged value, NaN as `null`."""
 
     filename = METRICS_FILENAME
 
@@ -169,11 +161,9 @@ class MetricsLogCallback(JsonlLogCallback):
 
 
 class SpuriousTokenLogger(JsonlLogCallback):
-    """The silenced tokens of the training masks, with samples of kept candidates and of other positive-advantage
-    tokens, in `spurious_tokens.jsonl` at every logging step: selected on the device at each mask ([`record`]), then
-    at each logging step brought to the host once, gathered from every process (a collective), capped and appended by
-    the main process; with wandb or trackio in `report_to`, the most silenced tokens as a table. One added before
-    `train()` replaces the trainer's own: `trainer.add_callback(SpuriousTokenLogger(trainer, max_silenced=1000))`.
+    """The silenced tokens of the training masks, with samples of kept candidates and other positive-advantage tokens,
+    in `spurious_tokens.jsonl` at every logging step (gathered from every process: a collective); with wandb or trackio,
+    the most silenced tokens as a table. One added before `train()` replaces the trainer's own.
 
     Args:
         trainer ([`~stapo_trl.STAPOTrainer`]): the trainer whose masks are recorded.
@@ -190,15 +180,11 @@ class SpuriousTokenLogger(JsonlLogCallback):
                  context_tokens=8, top_k=20):  # fmt: skip
         super().__init__(path)
         self.trainer, self.context_tokens, self.top_k = trainer, context_tokens, top_k
-        self.max_silenced, self.max_kept_candidates, self.max_reference = (
-            max_silenced,
-            max_kept_candidates,
-            max_reference,
-        )
-        self.caps = dict(zip(records_.KINDS, (max_silenced, max_kept_candidates, max_reference)))
+        caps = max_silenced, max_kept_candidates, max_reference
+        self.max_silenced, self.max_kept_candidates, self.max_reference = caps
+        self.caps = dict(zip(records_.KINDS, caps))
         self.silenced_counts, self.kept_candidate_counts = Counter(), Counter()  # by token label, for the table
-        self._token_bytes = None  # token id -> bytes, read from the tokenizer when first needed
-        self._pending = None  # the masks' sample since the last logging step, on the device
+        self._token_bytes = self._pending = None  # token id -> bytes; the masks' sample on the device
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._pending, self.kept = None, []
@@ -206,7 +192,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
         for record in self.kept:
             self._count(record)
 
-    def _count(self, record: dict[str, Any]) -> None:  # under the figures' label (a byte fragment by its bytes)
+    def _count(self, record: dict[str, Any]) -> None:  # under the figures' label
         if record["kind"] in ("silenced", "kept_candidate"):
             if self._token_bytes is None:
                 backend = getattr(self.trainer.processing_class, "backend_tokenizer", None)  # a fast tokenizer
@@ -216,36 +202,33 @@ class SpuriousTokenLogger(JsonlLogCallback):
             (self.silenced_counts if record["kind"] == "silenced" else self.kept_candidate_counts)[label] += 1
 
     def record(self, result, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> None:
-        """Merge the records of one training mask (the arguments of the trainer's `_compute_s2t_mask` and its result)
-        into the sample kept on the device until the next logging step."""
+        """Merge the records of one training mask (`_compute_s2t_mask`'s arguments and result) into the pending sample."""
         trainer, caps, update = self.trainer, tuple(self.caps.values()), self.trainer.state.global_step + 1
         seed = f"{trainer.args.seed}-{update}-{trainer.accelerator.process_index}"
         selected = records_.select_token_records(
             result, per_token_logps, entropies, advantages, loss_mask, completion_ids, caps=caps,
             context_tokens=self.context_tokens, seed=seed, update=update,
         )  # fmt: skip
-        self._pending = (
-            selected if self._pending is None else records_.merge_token_records(self._pending, selected, caps)
-        )
+        pending = self._pending
+        self._pending = selected if pending is None else records_.merge_token_records(pending, selected, caps)
 
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_log:
             self.write_pending(args, state.global_step)
 
     def on_train_end(self, args, state, control, **kwargs):
-        self.write_pending(args, state.global_step)  # the masks after the last logging step; on every process
+        self.write_pending(args, state.global_step)
         super().on_train_end(args, state, control, **kwargs)
 
     def write_pending(self, args, step: int) -> list[dict[str, Any]]:
-        """Gather the pending records of every process, cap them, stamp them with `step` and append them (main
-        process). A collective: every process calls it at the same steps."""
+        """Gather, cap, stamp with `step` and append the pending records (main process). A collective."""
         selected, self._pending, trainer = self._pending, None, self.trainer
         records = [] if selected is None else records_.token_records(
             selected, trainer.processing_class, prob_threshold=trainer.s2t.prob_threshold,
             process_index=trainer.accelerator.process_index,
         )  # fmt: skip
         if trainer.accelerator.num_processes > 1:
-            records = gather_object(records)  # every process, every logging step: never skipped
+            records = gather_object(records)
         if not trainer.accelerator.is_main_process or not records:
             return []
         rng, keep = random.Random(f"{args.seed}-{step}-all"), []
@@ -269,8 +252,8 @@ class SpuriousTokenLogger(JsonlLogCallback):
 
 
 def add_run_file_callbacks(trainer) -> list[TrainerCallback]:
-    """Add a [`MetricsLogCallback`] and, to a trainer with S2T masks, a [`SpuriousTokenLogger`], each unless one of its
-    class is there, right after `DefaultFlowCallback` (they see the step's `should_log`). Returns those added."""
+    """Add a [`MetricsLogCallback`] and (with S2T) a [`SpuriousTokenLogger`] unless there, after `DefaultFlowCallback`.
+    Returns those added."""
     callbacks = trainer.callback_handler.callbacks
     wanted = [MetricsLogCallback] + [SpuriousTokenLogger] * hasattr(trainer, "s2t")
     added = [cls for cls in wanted if not any(isinstance(c, cls) for c in callbacks)]
@@ -280,7 +263,7 @@ def add_run_file_callbacks(trainer) -> list[TrainerCallback]:
     return added
 
 
-BUILTIN_PROMPT_FORMATS = {  # what a `builtin:` model not trained on tiny-math answers: the cause when it earns nothing
+BUILTIN_PROMPT_FORMATS = {  # why a `builtin:` model not trained on tiny-math earns nothing
     "tiny-random": "builtin:tiny-random has random weights: it answers nothing correctly, whatever the prompt.",
     "smollm2-135m": "builtin:smollm2-135m, as shipped, solves almost no two-digit addition at temperature 1.",
     "gemma3-270m": "builtin:gemma3-270m is a base model: it rarely ends with a \\boxed{} answer.",
@@ -288,9 +271,8 @@ BUILTIN_PROMPT_FORMATS = {  # what a `builtin:` model not trained on tiny-math a
 
 
 class NoLearningSignalCallback(TrainerCallback):
-    """Warn once (main process) when the first `num_rows` training log rows had no learning signal: every prompt group
-    had zero reward spread (`frac_reward_zero_std` = 1), or a reward function gave every completion the same value
-    (or only `None`); the message names the likely causes (the prompt format, the reward, the columns)."""
+    """Warn once when the first `num_rows` log rows had no learning signal (zero reward spread in every group, or a
+    reward giving every completion one value or `None`), naming the likely causes."""
 
     def __init__(self, trainer, num_rows: int = 3):
         self.trainer, self.num_rows, self.rows, self.message = trainer, num_rows, [], None
@@ -311,7 +293,7 @@ class NoLearningSignalCallback(TrainerCallback):
             self._decide()
 
     def _decide(self) -> None:
-        rows, self.rows, constant = self.rows, None, {}  # decided: never again this run; reward name -> its one value
+        rows, self.rows, constant = self.rows, None, {}  # decided once; reward name -> its one value
         for name in self.trainer.reward_func_names:
             means = [r.get(f"rewards/{name}/mean") for r in rows]
             stds = {r.get(f"rewards/{name}/std") for r in rows}
@@ -363,6 +345,6 @@ class NoLearningSignalCallback(TrainerCallback):
         name = read_builtin_info(path)["name"][8:] if path and os.path.isfile(os.path.join(path, INFO_FILE)) else None
         if name in BUILTIN_PROMPT_FORMATS:
             return f"{text} {BUILTIN_PROMPT_FORMATS[name]}"
-        if name in BUILTIN_MODELS:  # trained on tiny-math
+        if name in BUILTIN_MODELS:
             text += f" builtin:{name} was trained on one prompt format only: {format_prompt('47+38')}."
         return text
