@@ -1,5 +1,5 @@
-"""The model card (`README.md` in `output_dir`): TRL's (`trl.trainer.utils.generate_model_card`) with a quick start in
-the run's prompt format and a section of its S2T values and objective, silenced counts, accuracy and base license."""
+"""The model card: TRL's `generate_model_card` with a quick start in the run's prompt format and a section of the S2T
+values, silenced counts, accuracy and base license."""
 
 from __future__ import annotations
 
@@ -20,19 +20,16 @@ ROWS = (  # (field, meaning) of the settings table; the first three for a run wi
     ("s2t_prob_threshold", "τ_p: positive-advantage tokens sampled with a probability below it are candidates"),
     ("s2t_entropy_quantile", "q: candidates below the q-quantile τ_h of their entropies are silenced"),
     ("s2t_mode", "which candidates are silenced (`low_entropy`: the paper's rule)"),
-    ("loss_type", "loss normalisation (`dapo`: token mean over the optimizer update)"),
-    ("epsilon", "lower clip ε_low"), ("epsilon_high", "upper clip ε_high"), ("beta", "KL coefficient"),
-    ("learning_rate", "learning rate"), ("num_generations", "rollouts per prompt"),
-    ("per_device_train_batch_size", "completions per micro-step and process"),
-    ("gradient_accumulation_steps", "micro-steps per optimizer update"),
-    ("steps_per_generation", "micro-steps per rollout batch"),
-    ("temperature", "rollout temperature (τ_p and q are calibrated at 1.0)"),
-    ("max_completion_length", "max response tokens"),
+    ("loss_type", "loss normalisation (`dapo`: token mean over the update)"), ("epsilon", "lower clip ε_low"),
+    ("epsilon_high", "upper clip ε_high"), ("beta", "KL coefficient"), ("learning_rate", "learning rate"),
+    ("num_generations", "rollouts per prompt"), ("per_device_train_batch_size", "completions per micro-step, process"),
+    ("gradient_accumulation_steps", "micro-steps per update"), ("steps_per_generation", "micro-steps per rollout"),
+    ("temperature", "rollout temperature (τ_p, q set at 1.0)"), ("max_completion_length", "max response tokens"),
 )  # fmt: skip
 
 
 def base_model_name(path: str | None) -> str:
-    """A Hub id as is, a built-in model's folder by its `builtin:` name, any other local folder as "a local model"."""
+    """A Hub id as is, a built-in model's folder by its `builtin:` name, another local folder as "a local model"."""
     from ..models.names import INFO_FILE, read_builtin_info
 
     if path and os.path.isfile(os.path.join(str(path), INFO_FILE)):
@@ -41,8 +38,7 @@ def base_model_name(path: str | None) -> str:
 
 
 def public_base_model_name(base: str) -> str:
-    """How an uploaded card names a base model: a Hub id as is, a `builtin:` one by the Hub model it was made from (or
-    as this package's demo model)."""
+    """How an uploaded card names a base model: a Hub id as is, a `builtin:` one by its Hub origin or as a demo."""
     from ..models.names import BUILTIN_MODELS
 
     name = base.removeprefix("builtin:")
@@ -58,8 +54,7 @@ def public_dataset_name(name: str | None) -> str | None:
     return None if not name or local or name.lower().endswith((".json", ".jsonl", ".csv", ".parquet")) else name
 
 
-def quick_start_code(model: str, prompt, adapter: bool, max_new_tokens: int) -> str:
-    """Python that loads `model` (a LoRA adapter onto its base, with peft) and asks it a prompt in the run's format."""
+def _quick_start(model: str, prompt, adapter: bool, max_new_tokens: int) -> str:
     load, model_arg = ["from transformers import pipeline", ""], f"model={json.dumps(model)}"
     if adapter:
         load = ["from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer, pipeline", ""]
@@ -74,7 +69,6 @@ def quick_start_code(model: str, prompt, adapter: bool, max_new_tokens: int) -> 
 
 
 def _summary(trainer, s2t, eval_record) -> list[str]:
-    """Bullets: steps trained, the S2T mask over the run (pooled from the log history), accuracy before and after."""
     lines, totals = [f"- **Steps trained**: {trainer.state.global_step} optimizer steps."], None
     if s2t is None:
         lines.append("- **S2T mask**: none (plain GRPO: `trl.GRPOTrainer`).")
@@ -119,21 +113,9 @@ def _method(s2t, named: str) -> str:
 
 
 def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_record=None, public=False) -> ModelCard:
-    """The card of `trainer`'s run: TRL's (base model, paper, tags, versions, citations) with a quick start asking a
-    training prompt and a section of the S2T values and objective, silenced counts and `eval_record`'s accuracy.
-
-    Args:
-        trainer ([`~trl.GRPOTrainer`]): a STAPO trainer (its `s2t` values) or a plain GRPO one.
-        model_name (`str`, *optional*): the card's title; defaults to `output_dir`'s name.
-        dataset_name (`str`, *optional*): a Hub dataset id is linked; a local or built-in one is not named.
-        tags (`list[str]`, *optional*): added to the trainer's `_tag_names`.
-        eval_record (`dict`, *optional*): accuracy before and after training (`stapo-train`'s `eval.json`).
-        public (`bool`, *optional*, defaults to `False`): the card as uploaded: the quick start loads `hub_model_id`
-            (or `model_name`), a built-in base model is named by its Hub origin, and no local path appears.
-
-    Returns:
-        [`~huggingface_hub.ModelCard`]: `str(card)` is the file; `ModelCard.load(path)` reads it back.
-    """
+    """The `huggingface_hub.ModelCard` of `trainer`'s run (a STAPO or plain GRPO trainer): TRL's, with a quick start
+    asking a training prompt and the S2T section. `model_name` defaults to `output_dir`'s name; a Hub `dataset_name` is
+    linked; `tags` add to `_tag_names`; `eval_record` is `eval.json`; `public`: as uploaded (no local path)."""
     from trl.trainer.utils import generate_model_card
 
     from ..models.names import BUILTIN_MODELS
@@ -151,7 +133,6 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
         prompt = trainer.train_dataset[0]["prompt"]
     except (KeyError, IndexError, TypeError, NotImplementedError):  # no prompt column, or an iterable dataset
         prompt = None
-    # The saved model: output_dir once saved there (or nothing was trained), else the last step's checkpoint.
     saved = any(os.path.isfile(os.path.join(args.output_dir, n)) for n in ("config.json", "adapter_config.json"))
     local = f"{args.output_dir}/checkpoint-{step}"
     local = args.output_dir if saved or step == 0 or args.save_strategy == "no" else local
@@ -164,7 +145,7 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
         trainer_name=trainer._name, trainer_citation=trainer._paper.get("citation"),
         paper_title=trainer._paper.get("title"), paper_id=trainer._paper.get("id"),
     )  # fmt: skip
-    vars(card.data).pop("licence", None)  # TRL's placeholder "license"
+    vars(card.data).pop("licence", None)
     values = {name: getattr(s2t, name[4:]) for name, _ in ROWS[:3]} if s2t is not None else {}
     rows = [(n, meaning, values.get(n, getattr(args, n, None))) for n, meaning in ROWS[0 if s2t else 3 :]]
     section = [
@@ -173,7 +154,7 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
         *(f"| `{name}` | {meaning} | `{getattr(value, 'value', value)}` |" for name, meaning, value in rows), "", "",
     ]  # fmt: skip
     prompt = prompt if isinstance(prompt, (str, list)) else "What is 47+38?"
-    code = quick_start_code(reference, prompt, hasattr(model, "peft_config"), args.max_completion_length)
+    code = _quick_start(reference, prompt, hasattr(model, "peft_config"), args.max_completion_length)
     text = card.text.replace("[None](https://huggingface.co/None)", named)
     text = re.sub(r"(## Quick start\s*```python\n).*?```", lambda m: f"{m[1]}{code}\n```", text, count=1, flags=re.S)
     versions = "\n".join(section) + f"### Framework versions\n\n- stapo_trl: {__version__}"

@@ -162,8 +162,8 @@ class MetricsLogCallback(JsonlLogCallback):
 
 class SpuriousTokenLogger(JsonlLogCallback):
     """The silenced tokens of the training masks, with samples of kept candidates and other positive-advantage tokens,
-    in `spurious_tokens.jsonl` at every logging step (gathered from every process: a collective); with wandb or trackio,
-    the most silenced tokens as a table. One added before `train()` replaces the trainer's own.
+    in `spurious_tokens.jsonl` at every logging step (gathered from every process: a collective); with wandb or
+    trackio, the most silenced tokens as a table. One added before `train()` replaces the trainer's own.
 
     Args:
         trainer ([`~stapo_trl.STAPOTrainer`]): the trainer whose masks are recorded.
@@ -202,7 +202,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
             (self.silenced_counts if record["kind"] == "silenced" else self.kept_candidate_counts)[label] += 1
 
     def record(self, result, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> None:
-        """Merge the records of one training mask (`_compute_s2t_mask`'s arguments and result) into the pending sample."""
+        """Merge the records of one mask (`_compute_s2t_mask`'s arguments and result) into the pending sample."""
         trainer, caps, update = self.trainer, tuple(self.caps.values()), self.trainer.state.global_step + 1
         seed = f"{trainer.args.seed}-{update}-{trainer.accelerator.process_index}"
         selected = records_.select_token_records(

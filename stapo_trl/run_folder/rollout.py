@@ -1,7 +1,5 @@
-"""The rest of a rollout batch and the open logging window in each checkpoint, so that a resume from any checkpoint
-trains as the uninterrupted run (TRL keeps a rollout batch in memory only, `_buffered_inputs`): each process writes
-`rollout_state_<process>.safetensors` and `.json` (plain JSON, never a pickle). A state that cannot be restored
-(saved before, another batch layout, objects neither format holds) generates the rollout again, said in one line."""
+"""The rest of a rollout batch and the open logging window in each checkpoint (`rollout_state_<process>.safetensors`
+and `.json`, never a pickle), so that a resume from any checkpoint trains as the uninterrupted run."""
 
 from __future__ import annotations
 
@@ -36,15 +34,14 @@ def _is_json(value) -> bool:
 
 
 def save_rollout_state(trainer, folder: str) -> None:
-    """Write this process's rollout state into the checkpoint `folder`: `trainer._step`, the micro-batches of
-    `trainer._buffered_inputs` still to be used (with the S2T inputs), TRL's pending metrics, the summed loss and the
-    pending token records."""
+    """Write this process's rollout state into the checkpoint `folder`: `_step`, the micro-batches still to be used,
+    TRL's pending metrics, the summed loss and the pending token records."""
     spg = trainer.args.steps_per_generation
     every, offset = spg * trainer.num_iterations, trainer._step % (spg * trainer.num_iterations)
     tensors, batches, why = {}, {}, None
-    if not trainer.control.should_save:  # not the training loop's save: transformers' JIT checkpoint, inside an update
+    if not trainer.control.should_save:  # transformers' JIT checkpoint
         why = "it was saved inside an optimizer update (transformers' JIT checkpoint)"
-    if offset and trainer._buffered_inputs is not None:  # inside a rollout batch: the micro-batches still to be used
+    if offset and trainer._buffered_inputs is not None:
         for i in range(spg) if every - offset >= spg else range(offset % spg, spg):
             batch = trainer._buffered_inputs[i]
             tensors |= {f"batch.{i}.{k}": v for k, v in batch.items() if isinstance(v, torch.Tensor)}
@@ -108,15 +105,14 @@ def _read(trainer, checkpoint: str) -> tuple[dict | None, str | None]:  # (the s
 
 
 def load_rollout_state(trainer, checkpoint: str) -> dict | None:
-    """This process's rollout state saved in `checkpoint` (`micro_step`, `last_logged`: the step of the last log row,
-    `batches`: the micro-batches on the device, `None` for those used up, and `tensors` on the CPU), or `None` where
-    any process has none to restore, said in one line. A collective: every process calls it."""
+    """This process's rollout state in `checkpoint` (`micro_step`, `last_logged`, `batches` on the device, `tensors`),
+    or `None` where any process has none, said in one line. A collective."""
     state, why = _read(trainer, checkpoint)
     restorable = trainer.accelerator.gather(torch.tensor([why is None], device=trainer.accelerator.device)).all()
     if restorable:
         return state
     with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
-        step = int(json.load(f)["global_step"])  # whole: checked before the resume
+        step = int(json.load(f)["global_step"])
     every = trainer.args.steps_per_generation * trainer.num_iterations
     offset = step * trainer.args.gradient_accumulation_steps % every
     if offset and trainer.accelerator.is_main_process:
@@ -129,8 +125,7 @@ def load_rollout_state(trainer, checkpoint: str) -> dict | None:
 
 
 class RolloutStateCallback(TrainerCallback):
-    """Restores a [`load_rollout_state`] state (`self.state`) at `on_train_begin`, after transformers resets its
-    logging state and after the run files' callbacks."""
+    """Restores `self.state` ([`load_rollout_state`]) at `on_train_begin`, after the run files' callbacks."""
 
     def __init__(self, trainer):
         self.trainer, self.state = trainer, None
