@@ -1,7 +1,4 @@
-"""The model card (`stapo_trl.run_folder.card`, TRL's card with the S2T section): the paper and the S2T values, the
-"Training procedure" from the run's log rows and evaluation, the card `push_to_hub` uploads (no local path, no
-`builtin:` name), a quick start that asks a training prompt and loads from any folder, the base model's origin and
-license. The `slow` tests check the card of real `stapo-train` runs against the run's own files."""
+"""`stapo_trl.run_folder.card`: TRL's card with the S2T section, the uploaded card, the quick start, the license."""
 
 from __future__ import annotations
 
@@ -19,7 +16,6 @@ KEY_FIELDS = (
     "steps_per_generation", "temperature", "max_completion_length", "beta", "loss_type",
 )  # fmt: skip
 S2T_FIELDS = ("s2t_mode", "s2t_prob_threshold", "s2t_entropy_quantile")
-# Two log rows of a run (what log_history holds) and its before/after evaluation (stapo-train's eval.json).
 ROWS = [
     {"step": 4, "s2t/num_silenced": 3, "s2t/num_candidates": 40, "s2t/num_loss_tokens": 1000},
     {"step": 8, "s2t/num_silenced": 0, "s2t/num_candidates": 10, "s2t/num_loss_tokens": 1000},
@@ -29,7 +25,6 @@ EVAL = {"metric": "avg@2", "num_problems": 16, "split": "test", "temperature": 0
 
 
 def _card_trainer(model_path: str, output_dir: Path, trainer_name: str = "stapo", **config):
-    """A trainer whose card is written: `STAPOTrainer`, or the plain-TRL baseline (`trainer_name="grpo"`)."""
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -51,7 +46,6 @@ def _card_trainer(model_path: str, output_dir: Path, trainer_name: str = "stapo"
 
 
 def _assert_loads(path: Path, title: str) -> None:
-    """The card loads with huggingface_hub, names its model, and never says "None" where a name belongs."""
     from huggingface_hub import ModelCard
 
     card = ModelCard.load(path)
@@ -61,12 +55,10 @@ def _assert_loads(path: Path, title: str) -> None:
 
 
 def _procedure(card: str) -> str:
-    """TRL's "## Training procedure" section of a card, up to its "### Framework versions"."""
     return card.split("## Training procedure", 1)[1].split("### Framework versions", 1)[0]
 
 
 def _table(card: str) -> dict[str, str]:
-    """{name: value} of the card's settings table."""
     return dict(re.findall(r"^\| `(\w+)` \|.*\| `(.*)` \|$", card, re.M))
 
 
@@ -81,7 +73,6 @@ def _assert_settings_rows(procedure: str, args, fields) -> None:
 def test_the_training_procedure_states_the_runs_settings_counts_and_accuracy(
     tiny_math_model_path, tmp_path, trainer_name, public
 ):
-    # The card gave none of the run's settings; pooled: 3 of 2,000 loss tokens silenced, 50 candidates.
     config = {"s2t_mode": "off"} if trainer_name == "off" else {}
     out = tmp_path / "outputs" / "demo-run"
     name = "grpo" if trainer_name == "grpo" else "stapo"
@@ -119,7 +110,6 @@ def test_the_training_procedure_states_the_runs_settings_counts_and_accuracy(
 def test_python_api_card_names_no_local_path_and_asks_a_training_prompt(
     tiny_random_model_path, tmp_path, monkeypatch, where
 ):
-    # The card named the base model by its local path and kept TRL's generic quick start ("If you had a time machine").
     from datasets import Dataset
 
     from stapo_trl import STAPOConfig, STAPOTrainer
@@ -156,7 +146,6 @@ def test_python_api_card_names_no_local_path_and_asks_a_training_prompt(
     ],
 )  # fmt: skip
 def test_cards_name_a_real_builtin_by_its_hub_origin_and_carry_its_license(name, public, license_text):
-    # A model trained from google/gemma-3-270m must carry Gemma's terms wherever its card goes.
     from stapo_trl.models.names import BUILTIN_MODELS
     from stapo_trl.run_folder.card import base_model_name, public_base_model_name
 
@@ -175,7 +164,6 @@ def test_uploaded_card_has_no_local_path_or_builtin_name(
     data = write_jsonl(tmp_path / "train.jsonl", addition_rows(8))
     dataset_name = data if dataset_name == "local" else dataset_name
     trainer = _card_trainer(tiny_random_model_path, out, trainer_name, hub_model_id="me/stapo-demo")
-    # What push_to_hub does right before its upload.
     trainer.create_model_card(model_name="stapo-demo", dataset_name=dataset_name, tags=["stapo_trl"], public=True)
     card = (out / "README.md").read_text()
     for leak in (str(tmp_path), data, "builtin:", "[None]", "huggingface.co/None", tiny_random_model_path):
@@ -189,7 +177,6 @@ def test_uploaded_card_has_no_local_path_or_builtin_name(
     "trainer_name, config, values",
     [
         ("stapo", {"s2t_prob_threshold": 0.003, "s2t_entropy_quantile": 0.8}, ["0.003", "0.8", "low_entropy"]),
-        # A plain GRPOConfig: the paper's S2T values, which the trainer ran with (the card said "no S2T mask").
         ("stapo-with-grpo-config", {"epsilon_high": 0.28}, ["0.002", "0.75", "low_entropy"]),
     ],
 )
@@ -210,8 +197,6 @@ def test_card_names_stapo_cites_the_paper_and_states_the_s2t_values_it_ran_with(
 
 
 def test_python_api_card_loads_the_checkpoint_the_run_saved(tiny_math_model_path, tmp_path):
-    # Reported: a Python-API run's card said `pipeline(..., model="<output_dir>")`, a folder with only checkpoint-N/
-    # in it (the Python API never calls `save_model`). After `save_model`, the card loads `output_dir`.
     out = tmp_path / "python-api"
     trainer = _card_trainer(tiny_math_model_path, out, max_steps=2, save_steps=1, save_total_limit=1)
     trainer.train()
@@ -240,18 +225,11 @@ def test_uploaded_card_names_a_local_data_file_missing_here_as_no_hub_dataset(na
 def test_a_local_cards_quick_start_loads_from_any_working_directory(
     tiny_math_model_path, tmp_path, monkeypatch, output_dir
 ):
-    # Reported: a relative output_dir wrote `model="outputs/python-api/checkpoint-30"`, which loads only from the
-    # folder the run started in. The local card names the model by its absolute path.
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")
     _card_trainer(tiny_math_model_path, output_dir).create_model_card()
     out = (tmp_path / "work" / output_dir).resolve()
     assert f'model="{out}"' in (out / "README.md").read_text()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Real stapo-train runs (slow): the card against the run's own files
-# ---------------------------------------------------------------------------------------------------------------
 
 
 def _argv(recipe: str, model_path: str, out: Path, *extra: str) -> list[str]:
@@ -264,7 +242,6 @@ def _argv(recipe: str, model_path: str, out: Path, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def stapo_run(tmp_path_factory, tiny_math_model_path):
-    """A real 8-step STAPO run (τ_p 0.05 so that the mask fires) with before/after evaluation: (its folder, argv)."""
     from stapo_trl.cli.train import main
 
     out = tmp_path_factory.mktemp("card") / "demo-stapo"
@@ -319,8 +296,6 @@ def test_end_of_run_card_and_uploaded_card_state_the_run(stapo_run, tmp_path, ti
 def test_failed_push_at_the_end_keeps_the_local_results_and_says_how_to_push_later(
     stapo_run, tmp_path, tiny_math_model_path, capsys
 ):
-    """A push that fails after training (the Hub unreachable: HF_HUB_OFFLINE) is one message with the `hf upload`
-    command; the model, the card and eval.json stay as the run wrote them."""
     from datasets import Dataset
 
     from stapo_trl import STAPOTrainer

@@ -1,7 +1,4 @@
-"""`stapo_trl.run_folder.logs`: `metrics.jsonl` and `spurious_tokens.jsonl` as written during `train()` and read back
-(a resumed run keeps its rows up to the checkpoint, a kill never loses one), and the one warning when the first logging
-steps had no learning signal (reported: plain-text prompts in another wording on `builtin:tiny-math` trained with
-reward 0 and nothing said why)."""
+"""`stapo_trl.run_folder.logs`: the run files as written and read back, and the no-learning-signal warning."""
 
 from __future__ import annotations
 
@@ -26,7 +23,6 @@ PAIRS = [(a, b) for a in range(10, 100, 11) for b in range(12, 100, 13)]
 
 
 def _config(tmp_path, **overrides) -> STAPOConfig:
-    """A short run: 4 prompts x 4 completions of up to 16 tokens per step, a log row per step."""
     settings = dict(output_dir=str(tmp_path / "out"), max_steps=3, logging_steps=1, per_device_train_batch_size=16,
                     num_generations=4, max_completion_length=16, learning_rate=1e-4, save_strategy="no",
                     report_to="none", disable_tqdm=True, seed=0)  # fmt: skip
@@ -42,7 +38,6 @@ def _state(step: int):
 
 
 def test_trainer_writes_each_run_file_once_and_can_be_told_not_to(tiny_random_model_path, tmp_path):
-    # A caller's own spurious-token logger (another path, other caps) replaces the built-in one: one writer per file.
     def trainer(out, **overrides):
         args = tiny_stapo_config(out, max_steps=2, logging_steps=1, max_completion_length=8, **overrides)
         return STAPOTrainer(tiny_random_model_path, reward_funcs=length_reward, args=args, train_dataset=PROMPTS)
@@ -81,7 +76,6 @@ def test_metrics_callback_writes_strict_json_and_drops_redone_steps_on_resume(tm
 
 
 def test_a_fresh_run_keeps_an_earlier_runs_file_aside(tmp_path, caplog):
-    # A run that saved no checkpoint, started again in its folder: the earlier file goes to metrics.1.jsonl, then .2.
     path = tmp_path / "metrics.jsonl"
     for n in (1, 2):
         path.write_text(json.dumps({"step": n}) + "\n")
@@ -92,8 +86,6 @@ def test_a_fresh_run_keeps_an_earlier_runs_file_aside(tmp_path, caplog):
 
 
 def test_tracker_table_labels_tokens_like_the_figure(tiny_random_model_path, tmp_path):
-    """The wandb/trackio table of top silenced tokens uses the figure's labels: a byte fragment by its bytes, not
-    `\ufffd#161`; different fragments stay apart."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
@@ -105,13 +97,11 @@ def test_tracker_table_labels_tokens_like_the_figure(tiny_random_model_path, tmp
 
 
 class Killed(Exception):
-    """Stands for the SIGKILL that stops the rewrite at one of its rows."""
+    pass
 
 
 @pytest.mark.parametrize("row", [1, 3, 6])
 def test_a_resume_killed_while_it_rewrites_the_file_loses_no_row(tmp_path, monkeypatch, row):
-    # Reported: a kill while a resumed run rewrote metrics.jsonl (open(path, "w")) left it empty; the next run exited 0
-    # with the rows after the checkpoint only.
     path = tmp_path / "metrics.jsonl"
     rows = [{"step": step, "reward": step / 10} for step in range(1, 9)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 9, "rew')  # a last line cut short
@@ -131,7 +121,6 @@ def test_a_resume_killed_while_it_rewrites_the_file_loses_no_row(tmp_path, monke
     file, kept = logs.open_jsonl_for_run(str(path), global_step=6)
     file.write(json.dumps({"step": 7, "reward": 0.7}) + "\n")
     file.close()
-    # The rows after the checkpoint's step (to be redone) and the cut line are gone; the new row is whole.
     assert [r["step"] for r in logs.read_jsonl(path)] == [1, 2, 3, 4, 5, 6, 7] and len(kept) == 6
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]  # no temporary file left
 
@@ -141,7 +130,6 @@ def _chat_dataset() -> Dataset:
 
 
 def test_plain_text_prompts_on_tiny_math_warn_with_the_prompt_format(tmp_path, tiny_math_model_path, caplog):
-    """The reported case: plain-text prompts in another wording; every group has zero spread."""
     dataset = Dataset.from_list([{"prompt": f"What is {a} plus {b}?", "solution": str(a + b)} for a, b in PAIRS])
     trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=_config(tmp_path), train_dataset=dataset)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
@@ -175,7 +163,6 @@ def test_a_reward_that_never_fires_is_named_while_another_varies(tmp_path, tiny_
 
 
 def test_a_random_model_warns_when_training_ends_before_a_logging_step(tmp_path, tiny_random_model_path, caplog):
-    """Fewer steps than logging_steps: the end-of-training row decides."""
     args = _config(tmp_path, max_steps=2, logging_steps=10)
     trainer = STAPOTrainer(tiny_random_model_path, math_accuracy_reward, args=args, train_dataset=_chat_dataset())
     with caplog.at_level(logging.WARNING, logger=LOGGER):
@@ -215,9 +202,6 @@ def _not_a_number(completions, **kwargs):
 def test_a_step_without_any_reward_is_warned_naming_the_rewards(
     rewards, expected, tmp_path, tiny_random_model_path, caplog
 ):
-    """The library keeps TRL's warning and trains on (TRL's own test expects both); a `NoRewardWarning` names the
-    reward functions at each such step. A reward that gives nothing beside one that gives values is named by the
-    no-learning-signal warning alone."""
     args = _config(tmp_path, per_device_train_batch_size=8, max_completion_length=8)
     trainer = STAPOTrainer(tiny_random_model_path, rewards, args=args, train_dataset=PROMPTS)
     with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:

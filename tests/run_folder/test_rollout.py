@@ -1,10 +1,5 @@
-"""`stapo_trl.run_folder.rollout`: a resume from any checkpoint, inside a rollout batch or at its end, after
-`save_steps` or a stop signal, ends with the uninterrupted run's weights (bitwise: CPU, HF generation, a fixed seed),
-metrics rows (timing aside) and token records; a rollout that cannot be restored is generated again, in one line.
-
-Measured before: the demo's geometry (4 updates per rollout batch) resumed from checkpoint-4 or -8 (a batch's end) as
-the uninterrupted run, but from checkpoint-2, -6 or -10, or after a SIGTERM at step 5, with other weights and rows.
-"""
+"""`stapo_trl.run_folder.rollout`: a resume from any checkpoint ends with the uninterrupted run's weights (bitwise),
+metrics rows (timing aside) and token records; a rollout that cannot be restored is generated again, in one line."""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ SLOW = pytest.mark.slow  # a run and a resume of several steps
 
 
 def _trainer(model_path, out, cls=None, **overrides):
-    """The demo recipe's geometry: 16 completions per update (2 prompts x 8), 4 updates per rollout batch, GA 1, up to
-    48 tokens, one log row per rollout batch; 8 steps, a checkpoint every 2."""
+    # The demo's geometry: 2 prompts x 8 per update, 4 updates per rollout batch; 8 steps, a checkpoint every 2.
     from stapo_trl import STAPOTrainer
 
     settings = dict(
@@ -61,7 +55,6 @@ def _assert_same(outcome: dict, expected: dict) -> None:
 
 
 def _copy_until(run, out, step: int) -> None:
-    """`run`'s folder with its checkpoints up to `step`: a run stopped after that checkpoint (its later rows too)."""
     shutil.copytree(run, out, ignore=lambda _, names: [n for n in names if n in LATER and int(n[11:]) > step])
 
 
@@ -102,8 +95,6 @@ def test_the_grpo_baseline_resumes_inside_a_rollout_batch_as_its_uninterrupted_r
 def test_a_stop_signal_inside_a_rollout_batch_resumes_as_the_uninterrupted_run(
     uninterrupted, tiny_math_model_path, tmp_path
 ):
-    """SIGTERM at step 5: one update into a rollout batch and a logging window; the stopped run's partial last row and
-    token records are written again, whole, by the resumed run."""
     from stapo_trl.cli.callbacks import add_command_callbacks
 
     out = tmp_path / "run"
@@ -129,9 +120,7 @@ def test_a_stop_signal_inside_a_rollout_batch_resumes_as_the_uninterrupted_run(
     ids=["GA2", "iterations2", "mask-over-two-updates"],
 )
 def test_a_resume_is_exact_with_accumulation_and_iterations(tiny_math_model_path, tmp_path, layout):
-    """Checkpoint-1: inside a rollout batch (with a mask spanning two updates, its keep mask and normalizer already
-    computed: steps_per_generation 6 is no multiple of GA 4); checkpoint-4: the end of a rollout batch (GA 2), the
-    end of a first iteration over one (all its micro-batches still needed), inside one (6 x 4 updates)."""
+    # Checkpoint-1: inside a rollout batch (a mask spanning two updates with 6 x 4); checkpoint-4: at or in one.
     settings = dict(layout, max_steps=6, per_device_train_batch_size=8, save_steps=1, logging_steps=3)
     trainer = _trainer(tiny_math_model_path, tmp_path / "run", **settings)
     trainer.train()
@@ -152,7 +141,6 @@ def _edit_manifest(checkpoint, **changes) -> None:
 
 
 def _drop_rollout_files(checkpoint) -> None:
-    """What a checkpoint saved before the rollout state holds: no rollout files, none in its record."""
     record = json.loads((checkpoint / "stapo_run.json").read_text())
     record["files"] = [name for name in record["files"] if not name.startswith("rollout_state_")]
     (checkpoint / "stapo_run.json").write_text(json.dumps(record))
@@ -196,7 +184,6 @@ def test_a_rollout_that_cannot_be_restored_is_generated_again_in_one_line(
 def test_a_batch_holding_objects_is_not_pickled_and_its_rollout_is_generated_again(
     tiny_math_model_path, tmp_path, caplog
 ):
-    """A subclass's own objects in the rollout batch: neither safetensors nor JSON holds them; nothing is pickled."""
     from stapo_trl import STAPOTrainer
 
     class Note:
@@ -224,10 +211,7 @@ def test_a_batch_holding_objects_is_not_pickled_and_its_rollout_is_generated_aga
 def test_a_checkpoint_saved_inside_an_optimizer_update_generates_its_rollout_again(
     tiny_math_model_path, tmp_path, caplog
 ):
-    """transformers' JIT checkpoint (`enable_jit_checkpoint`, on SIGTERM) saves before the optimizer step: the resume
-    redoes that update, which the micro-step count saved with it has already passed."""
-
-    class JITCheckpoint(TrainerCallback):  # what transformers' JITCheckpointCallback does, without its timer
+    class JITCheckpoint(TrainerCallback):  # transformers' JITCheckpointCallback without its timer: inside an update
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             if state.global_step == 1:
                 trainer._save_checkpoint(trainer.model, trial=None)
