@@ -145,23 +145,6 @@ def test_plain_text_prompts_on_tiny_math_warn_with_the_prompt_format(tmp_path, t
         assert part in message, part
 
 
-def test_a_reward_that_never_fires_is_named_while_another_varies(tmp_path, tiny_math_model_path, caplog):
-    """Groups have spread (math accuracy varies), but a format reward gives 0 to every completion: named alone."""
-
-    def answer_tag_reward(completions, **kwargs):
-        return [1.0 if "<answer>" in completion[0]["content"] else 0.0 for completion in completions]
-
-    args = _config(tmp_path, max_completion_length=40)
-    trainer = STAPOTrainer(tiny_math_model_path, [math_accuracy_reward, answer_tag_reward], args=args,
-                           train_dataset=_chat_dataset())  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        trainer.train()
-    (message,) = _warnings(caplog)
-    assert message.startswith("A reward function gave every completion the same value in the first 3 logging steps")
-    assert "answer_tag_reward gave 0" in message and "math_accuracy_reward" not in message.split("Likely")[0]
-    assert "frac_reward_zero_std = 1" not in message
-
-
 def test_a_random_model_warns_when_training_ends_before_a_logging_step(tmp_path, tiny_random_model_path, caplog):
     args = _config(tmp_path, max_steps=2, logging_steps=10)
     trainer = STAPOTrainer(tiny_random_model_path, math_accuracy_reward, args=args, train_dataset=_chat_dataset())
@@ -229,6 +212,7 @@ def test_a_step_without_any_reward_is_warned_naming_the_rewards(
     "means, zero_spread, expected",
     [
         ((0.0, 0.0, 0.0), 1.0, "No learning signal"),
+        ((0.2, 0.4, 0.6), 0.5, "A reward function gave every completion the same value"),  # s gives 0, r varies
         ((0.0, 0.0), 1.0, None),  # 2 of 3 rows
         ((0.4, 0.4, 0.4), 0.5, None),
         (
@@ -239,14 +223,20 @@ def test_a_step_without_any_reward_is_warned_naming_the_rewards(
     ],
 )
 def test_decision_on_the_first_rows(means, zero_spread, expected, caplog):
-    trainer = types.SimpleNamespace(reward_func_names=["r"], train_dataset=None, model=None, processing_class=None)
+    trainer = types.SimpleNamespace(
+        reward_func_names=["r", "s"], train_dataset=None, model=None, processing_class=None
+    )
     callback = logs.NoLearningSignalCallback(trainer)
     std = 0.0 if zero_spread == 1.0 else 0.5
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         for step, mean in enumerate(means, 1):
             row = {"frac_reward_zero_std": zero_spread, "rewards/r/mean": mean, "rewards/r/std": std}
+            row |= {"rewards/s/mean": 0.0, "rewards/s/std": 0.0} if zero_spread == 0.5 and len(set(means)) > 1 else {}
             callback.on_log(None, _state(step), None, logs=row)
     warned = _warnings(caplog)
-    assert (warned[0].split(".")[0] if warned else None) == expected
-    if expected and len(set(means)) > 1:
+    assert (warned[0].split(" in the first")[0].split(".")[0] if warned else None) == expected
+    if expected and len(set(means)) > 1 and zero_spread == 1.0:
         assert "gave every completion the same value" not in warned[0]
+    elif expected and expected.startswith("A reward"):
+        assert "in the first 3 logging steps (steps 1-3) (s gave 0): it adds nothing" in warned[0]
+        assert "(2) The reward: call s on a right and a wrong completion" in warned[0]
