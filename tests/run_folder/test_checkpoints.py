@@ -366,7 +366,8 @@ def _recipe(model_path):
 def test_holds_nest_within_a_process(tmp_path):
     from stapo_trl.run_folder.checkpoints import hold_run_folder
 
-    run = tmp_path / "run"
+    (tmp_path / "scratch").mkdir()
+    (run := tmp_path / "run").symlink_to(tmp_path / "scratch")  # clusters link a scratch disk as the run folder
     hold_run_folder(str(run))  # stapo-train's
     hold_run_folder(str(run))  # its trainer's train()
     hold_run_folder(str(run), acquire=False)
@@ -375,6 +376,7 @@ def test_holds_nest_within_a_process(tmp_path):
     hold_run_folder(str(run), acquire=False)
     probe = subprocess.run([sys.executable, "-c", HOLDER, str(run)], input="", capture_output=True, text=True)
     assert probe.returncode == 0 and probe.stdout == "held\n", probe.stderr
+    assert (tmp_path / "scratch" / "_writer.txt").read_text().startswith("pid ")
 
 
 @pytest.mark.parametrize(
@@ -424,17 +426,6 @@ def test_each_save_of_the_library_refuses_a_link_where_it_writes(run, tmp_path, 
             save()
         (run / name).unlink()
     assert _outside(elsewhere) == dict.fromkeys(saves, "precious") | {"checkpoint-3": []}
-
-
-def test_a_symlinked_output_dir_itself_is_a_run_folder(tmp_path):
-    # Clusters link a scratch disk as the run folder.
-    from stapo_trl.run_folder.checkpoints import hold_run_folder
-
-    (tmp_path / "scratch").mkdir()
-    (tmp_path / "run").symlink_to(tmp_path / "scratch")
-    hold_run_folder(str(tmp_path / "run"))
-    hold_run_folder(str(tmp_path / "run"), acquire=False)
-    assert (tmp_path / "scratch" / "_writer.txt").read_text().startswith(f"pid {os.getpid()} on ")
 
 
 def test_a_folder_another_run_writes_is_refused_until_it_dies(

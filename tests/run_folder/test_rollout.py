@@ -28,11 +28,11 @@ SLOW = pytest.mark.slow  # a run and a resume of several steps
 
 
 def _trainer(model_path, out, cls=None, **overrides):
-    # The demo's geometry: 2 prompts x 8 per update, 4 updates per rollout batch; 8 steps, a checkpoint every 2.
+    # The demo's geometry: 2 prompts x 8 per update, 4 updates per rollout batch; 4 steps, a checkpoint every 2.
     from stapo_trl import STAPOTrainer
 
     settings = dict(
-        max_steps=8, per_device_train_batch_size=16, num_generations=8, steps_per_generation=4,
+        max_steps=4, per_device_train_batch_size=16, num_generations=8, steps_per_generation=4,
         max_completion_length=48, learning_rate=1e-4, logging_steps=4, save_strategy="steps", save_steps=2,
         disable_tqdm=True,
     ) | overrides  # fmt: skip
@@ -67,28 +67,15 @@ def uninterrupted(tmp_path_factory, tiny_math_model_path):
     return out, _outcome(trainer, out)
 
 
-@pytest.mark.parametrize("step", [6, pytest.param(2, marks=SLOW), pytest.param(4, marks=SLOW)])
-def test_a_resume_from_any_checkpoint_ends_as_the_uninterrupted_run(
-    uninterrupted, tiny_math_model_path, tmp_path, step
+def test_a_resume_inside_a_rollout_batch_and_a_logging_window_ends_as_the_uninterrupted_run(
+    uninterrupted, tiny_math_model_path, tmp_path
 ):
+    # Measured before: resumed from checkpoint-2, -6 or -10 (inside a rollout batch) with other weights and rows.
     run, expected = uninterrupted
-    _copy_until(run, tmp_path / "run", step)
+    _copy_until(run, tmp_path / "run", 2)
     trainer = _trainer(tiny_math_model_path, tmp_path / "run")
     trainer.train(resume_from_checkpoint=True)
     _assert_same(_outcome(trainer, tmp_path / "run"), expected)
-
-
-@SLOW
-def test_the_grpo_baseline_resumes_inside_a_rollout_batch_as_its_uninterrupted_run(tiny_math_model_path, tmp_path):
-    from stapo_trl.trainer.trainers import GRPOBaselineTrainer
-
-    trainer = _trainer(tiny_math_model_path, tmp_path / "run", GRPOBaselineTrainer, max_steps=3)
-    trainer.train()
-    expected = _outcome(trainer, tmp_path / "run")
-    _copy_until(tmp_path / "run", tmp_path / "resumed", 2)
-    trainer = _trainer(tiny_math_model_path, tmp_path / "resumed", GRPOBaselineTrainer, max_steps=3)
-    trainer.train(resume_from_checkpoint=True)
-    _assert_same(_outcome(trainer, tmp_path / "resumed"), expected)
 
 
 @SLOW
@@ -99,30 +86,34 @@ def test_a_stop_signal_inside_a_rollout_batch_resumes_as_the_uninterrupted_run(
 
     out = tmp_path / "run"
     trainer = _trainer(tiny_math_model_path, out)
-    trainer.add_callback(SignalAtStep(5, signal.SIGTERM))
+    trainer.add_callback(SignalAtStep(3, signal.SIGTERM))
     add_command_callbacks(trainer)
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
-    assert [row["step"] for row in read_jsonl(out / "metrics.jsonl")] == [4, 5]
+    assert [row["step"] for row in read_jsonl(out / "metrics.jsonl")] == [3]
     trainer = _trainer(tiny_math_model_path, out)
-    trainer.train(resume_from_checkpoint=str(out / "checkpoint-5"))
+    trainer.train(resume_from_checkpoint=str(out / "checkpoint-3"))
     _assert_same(_outcome(trainer, out), uninterrupted[1])
 
 
-@pytest.mark.slow  # a run of 6 steps and two resumes, three times
+@pytest.mark.slow  # a run of 6 steps and two resumes, four times
 @pytest.mark.parametrize(
     "layout",
     [
         dict(gradient_accumulation_steps=2),
         dict(num_iterations=2),
         dict(steps_per_generation=6, gradient_accumulation_steps=4),
+        dict(cls="grpo"),
     ],
-    ids=["GA2", "iterations2", "mask-over-two-updates"],
+    ids=["GA2", "iterations2", "mask-over-two-updates", "grpo-baseline"],
 )
 def test_a_resume_is_exact_with_accumulation_and_iterations(tiny_math_model_path, tmp_path, layout):
     # Checkpoint-1: inside a rollout batch (a mask spanning two updates with 6 x 4); checkpoint-4: at or in one.
+    from stapo_trl.trainer.trainers import GRPOBaselineTrainer
+
+    cls = GRPOBaselineTrainer if layout.pop("cls", None) else None
     settings = dict(layout, max_steps=6, per_device_train_batch_size=8, save_steps=1, logging_steps=3)
-    trainer = _trainer(tiny_math_model_path, tmp_path / "run", **settings)
+    trainer = _trainer(tiny_math_model_path, tmp_path / "run", cls, **settings)
     trainer.train()
     expected = _outcome(trainer, tmp_path / "run")
     saved = json.loads((tmp_path / "run" / "checkpoint-1" / "rollout_state_0.json").read_text())["tensors"]
@@ -130,7 +121,7 @@ def test_a_resume_is_exact_with_accumulation_and_iterations(tiny_math_model_path
     for step in (1, 4):
         out = tmp_path / f"resumed-{step}"
         _copy_until(tmp_path / "run", out, step)
-        trainer = _trainer(tiny_math_model_path, out, **settings)
+        trainer = _trainer(tiny_math_model_path, out, cls, **settings)
         trainer.train(resume_from_checkpoint=True)
         _assert_same(_outcome(trainer, out), expected)
 
@@ -169,13 +160,13 @@ def test_a_rollout_that_cannot_be_restored_is_generated_again_in_one_line(
 ):
     from stapo_trl.run_folder.rollout import load_rollout_state
 
-    _copy_until(uninterrupted[0], tmp_path / "run", 6)
-    damage(tmp_path / "run" / "checkpoint-6")
+    _copy_until(uninterrupted[0], tmp_path / "run", 2)
+    damage(tmp_path / "run" / "checkpoint-2")
     trainer = _trainer(tiny_math_model_path, tmp_path / "run")
     with caplog.at_level(logging.WARNING):
-        assert load_rollout_state(trainer, str(tmp_path / "run" / "checkpoint-6")) is None
+        assert load_rollout_state(trainer, str(tmp_path / "run" / "checkpoint-2")) is None
     assert _fallback_lines(caplog) == [
-        f"Resuming from {tmp_path / 'run' / 'checkpoint-6'}, 2 of the 4 micro-steps of a rollout batch in, with a new "
+        f"Resuming from {tmp_path / 'run' / 'checkpoint-2'}, 2 of the 4 micro-steps of a rollout batch in, with a new "
         f"rollout: {why}; the rest of this batch trains on other completions than the uninterrupted run's."
     ]
 
