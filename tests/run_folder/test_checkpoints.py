@@ -156,12 +156,17 @@ def test_the_python_api_resumes_the_newest_whole_checkpoint_and_moves_the_damage
     from transformers.trainer_utils import get_last_checkpoint
 
     problem = _damage(run / "checkpoint-2", "model-cut", tmp_path / "code-ran")
-    trainer = _trainer(tiny_random_model_path, run, max_steps=3)
+    (run / "checkpoint-1" / "stapo_run.json").unlink()  # saved before the record: resumed with one warning
+    trainer = _trainer(tiny_random_model_path, run, max_steps=3, learning_rate=5e-4)
     trainer.train(resume_from_checkpoint=True)
     assert _resume_lines(caplog) == [
         f"The newest complete checkpoint is {run / 'checkpoint-1'}: skipped checkpoint-2 ({problem}) and moved it "
         "aside to _damaged-checkpoint-2.",
         f"Resuming training from {run / 'checkpoint-1'}.",
+    ]
+    assert [r.getMessage() for r in caplog.records if "stapo_run.json" in r.getMessage()] == [
+        f"{run / 'checkpoint-1'} has no stapo_run.json (saved before stapo_trl recorded a run's settings): resumed "
+        "without comparing the settings it was trained with to this run's."
     ]
     assert trainer.state.global_step == 3 and (run / "_damaged-checkpoint-2" / "trainer_state.json").exists()
     assert get_last_checkpoint(str(run)) == str(run / "checkpoint-3")  # rotation and transformers see whole ones
@@ -237,18 +242,6 @@ def test_a_resume_loads_a_tied_lm_head_without_a_missing_keys_warning(tiny_rando
         "['model.norm.weight'].",
         "['lm_head.weight'].",
     ]
-
-
-def test_a_checkpoint_saved_before_the_record_resumes_with_one_warning(run, tiny_random_model_path, caplog):
-    (run / "checkpoint-2" / "stapo_run.json").unlink()
-    trainer = _trainer(tiny_random_model_path, run, max_steps=3, learning_rate=5e-4)
-    with caplog.at_level(logging.WARNING):
-        trainer.train(resume_from_checkpoint=True)
-    assert [r.getMessage() for r in caplog.records if "stapo_run.json" in r.getMessage()] == [
-        f"{run / 'checkpoint-2'} has no stapo_run.json (saved before stapo_trl recorded a run's settings): resumed "
-        "without comparing the settings it was trained with to this run's."
-    ]
-    assert trainer.state.global_step == 3
 
 
 def test_what_a_complete_checkpoint_holds_without_a_run_record(run):
