@@ -24,7 +24,7 @@ ROWS = (  # (field, meaning) of the settings table; the first three for a run wi
     ("epsilon_high", "upper clip ε_high"), ("beta", "KL coefficient"), ("learning_rate", "learning rate"),
     ("num_generations", "rollouts per prompt"), ("per_device_train_batch_size", "completions per micro-step, process"),
     ("gradient_accumulation_steps", "micro-steps per update"), ("steps_per_generation", "micro-steps per rollout"),
-    ("temperature", "rollout temperature (τ_p, q set at 1.0)"), ("max_completion_length", "max response tokens"),
+    ("temperature", "rollout temperature (τ_p, q tuned at 1.0)"), ("max_completion_length", "max response tokens"),
 )  # fmt: skip
 
 
