@@ -139,8 +139,11 @@ def _drop_rollout_files(checkpoint) -> None:
         path.unlink()
 
 
-def _fallback_lines(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if "with a new rollout" in r.getMessage()]
+def _assert_fallback(caplog, checkpoint, why: str, micro_steps: int = 2) -> None:
+    assert [r.getMessage() for r in caplog.records if "with a new rollout" in r.getMessage()] == [
+        f"Resuming from {checkpoint}, {micro_steps} of the 4 micro-steps of a rollout batch in, with a new rollout: "
+        f"{why}; the rest of this batch trains on other completions than the uninterrupted run's."
+    ]
 
 
 @pytest.mark.parametrize(
@@ -165,10 +168,7 @@ def test_a_rollout_that_cannot_be_restored_is_generated_again_in_one_line(
     trainer = _trainer(tiny_math_model_path, tmp_path / "run")
     with caplog.at_level(logging.WARNING):
         assert load_rollout_state(trainer, str(tmp_path / "run" / "checkpoint-2")) is None
-    assert _fallback_lines(caplog) == [
-        f"Resuming from {tmp_path / 'run' / 'checkpoint-2'}, 2 of the 4 micro-steps of a rollout batch in, with a new "
-        f"rollout: {why}; the rest of this batch trains on other completions than the uninterrupted run's."
-    ]
+    _assert_fallback(caplog, tmp_path / "run" / "checkpoint-2", why)
 
 
 @SLOW
@@ -191,11 +191,8 @@ def test_a_batch_holding_objects_is_not_pickled_and_its_rollout_is_generated_aga
     trainer = _trainer(tiny_math_model_path, tmp_path / "run", WithNotes, max_steps=3)
     with caplog.at_level(logging.WARNING):
         trainer.train(resume_from_checkpoint=True)
-    assert _fallback_lines(caplog) == [
-        f"Resuming from {tmp_path / 'run' / 'checkpoint-2'}, 2 of the 4 micro-steps of a rollout batch in, with a new "
-        "rollout: its micro-batch 2 holds 'notes', a list, which is not saved (no pickle); the rest of this batch "
-        "trains on other completions than the uninterrupted run's."
-    ]
+    why = "its micro-batch 2 holds 'notes', a list, which is not saved (no pickle)"
+    _assert_fallback(caplog, tmp_path / "run" / "checkpoint-2", why)
 
 
 @SLOW
@@ -214,11 +211,8 @@ def test_a_checkpoint_saved_inside_an_optimizer_update_generates_its_rollout_aga
     trainer = _trainer(tiny_math_model_path, tmp_path / "run", max_steps=2)
     with caplog.at_level(logging.WARNING):
         trainer.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-1"))
-    assert _fallback_lines(caplog) == [
-        f"Resuming from {tmp_path / 'run' / 'checkpoint-1'}, 1 of the 4 micro-steps of a rollout batch in, with a new "
-        "rollout: it was saved inside an optimizer update (transformers' JIT checkpoint); the rest of this batch "
-        "trains on other completions than the uninterrupted run's."
-    ]
+    why = "it was saved inside an optimizer update (transformers' JIT checkpoint)"
+    _assert_fallback(caplog, tmp_path / "run" / "checkpoint-1", why, micro_steps=1)
 
 
 WORKER = textwrap.dedent(
