@@ -40,7 +40,6 @@ RESUME_FIELDS = (  # what a resume must keep
     "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args",
     "optim_target_modules", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
 )  # fmt: skip
-RECORD_FIELDS = {1: ("trainer", "model", "reward_funcs", *RESUME_FIELDS)}
 _HOLDS: dict[str, list] = {}  # folder -> [its FileLock or None, its holders: None (a command) or trainers]
 
 
@@ -370,9 +369,9 @@ def read_run_record(checkpoint: str) -> dict | None:
         raise ValueError(f"{RUN_RECORD} unreadable: {type(e).__name__}") from None
     if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
         raise ValueError(f"{RUN_RECORD} holds no settings")
-    if type(version := record.get("format")) is not int or version not in RECORD_FIELDS:
+    if type(version := record.get("format")) is not int or version != 1:
         raise ValueError(f"{RUN_RECORD} is of an unknown format ({repr(version)[:40]}; this stapo_trl reads 1)")
-    if missing := [name for name in RECORD_FIELDS[version] if name not in record["settings"]]:
+    if missing := [n for n in ("trainer", "model", "reward_funcs", *RESUME_FIELDS) if n not in record["settings"]]:
         raise ValueError(f"{RUN_RECORD} holds no {missing[0]}, which its format records")
     files = record.get("files")
     if files is not None and not (isinstance(files, list) and all(isinstance(name, str) for name in files)):
