@@ -16,6 +16,7 @@ import tempfile
 import time
 import warnings
 import zipfile
+from pathlib import Path
 from typing import IO, Any
 
 
@@ -165,10 +166,8 @@ def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = Non
                 f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}: "
                         f"{command_line()}")  # fmt: skip
     if in_use:
-        holder = "starting"
-        if os.path.isfile(owner) and not os.path.islink(owner):
-            with open(owner, encoding="utf-8", errors="replace") as f:
-                holder = f.read(2000)
+        linked = not os.path.isfile(owner) or os.path.islink(owner)
+        holder = "starting" if linked else Path(owner).read_text(encoding="utf-8", errors="replace")[:2000]
         raise ValueError(f"output_dir={output_dir!r} is in use by another run ({holder}). Two runs in one folder mix "
                          "their metrics, checkpoints and model: wait for that run to end, or give another "
                          "output_dir.")  # fmt: skip
