@@ -222,7 +222,7 @@ def test_execution_settings_may_change_on_resume(tmp_path, tiny_random_model_pat
 
 
 def test_a_resume_loads_a_tied_lm_head_without_a_missing_keys_warning(tiny_random_model_path, tmp_path):
-    # Reported: a resume warned of a missing lm_head.weight, tied to the embeddings; really missing keys are still said.
+    # Reported: a resume warned of a missing lm_head.weight, tied to the embeddings; really missing keys still are.
     from torch.nn.modules.module import _IncompatibleKeys
     from transformers import AutoConfig, AutoModelForCausalLM
 
