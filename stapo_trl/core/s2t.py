@@ -17,8 +17,7 @@ S2T_MODES = ("low_entropy", "off")
 
 @dataclass(frozen=True)
 class S2TSettings:
-    """The S2T values, the paper's by default (Sec. 4.1): tau_p in (0, 1], q in [0, 1] and the mode; the one definition
-    of each default and the one check of tau_p and q (`ValueError` naming the config field `s2t_<name>`)."""
+    """tau_p in (0, 1], q in [0, 1], the mode: the paper's defaults (Sec. 4.1), checked (`ValueError`: `s2t_*`)."""
 
     prob_threshold: float = 0.002
     entropy_quantile: float = 0.75
@@ -35,9 +34,8 @@ class S2TSettings:
 
 @dataclass
 class S2TResult:
-    """Output of [`s2t_mask`]: bool (B, T) masks (`keep` is `True` outside the loss mask too: multiply it with the loss
-    mask), tau_h in nats (NaN without candidates) and counts summed over all processes. `num_nonfinite` counts loss
-    tokens with a NaN or infinite log-probability or entropy: never candidates, a sign of trouble upstream."""
+    """[`s2t_mask`]'s bool (B, T) masks (`keep` is `True` outside the loss mask), tau_h in nats (NaN without
+    candidates) and counts over all processes (`num_nonfinite`: loss tokens with NaN/inf log p or H)."""
 
     keep: torch.Tensor
     candidate: torch.Tensor
@@ -49,18 +47,17 @@ class S2TResult:
     num_nonfinite: int = 0
 
     @property
-    def num_kept(self) -> int:  # loss tokens that stay in the loss, summed over all processes
+    def num_kept(self) -> int:
         return self.num_loss_tokens - self.num_silenced
 
 
 def linear_quantile(values: torch.Tensor, q: float) -> float:
-    """The q-quantile (numpy's linear interpolation) of a non-empty 1-D float tensor, in float64; selection by
-    `torch.kthvalue`, so no 2**24-element limit as in `torch.quantile`. Raises `ValueError` for another input."""
+    """numpy's linear q-quantile of a non-empty 1-D tensor, float64, by `kthvalue` (no 2**24 cap); else ValueError."""
     if values.dim() != 1 or values.numel() == 0 or not 0.0 <= q <= 1.0:
         raise ValueError(f"linear_quantile needs a non-empty 1-D tensor and q in [0, 1], got {values.shape}, {q}")
     h = (values.numel() - 1) * q
     lo, hi = math.floor(h), math.ceil(h)
-    x_lo = torch.kthvalue(values, lo + 1).values.double().item()  # kthvalue is 1-indexed
+    x_lo = torch.kthvalue(values, lo + 1).values.double().item()
     x_hi = x_lo if hi == lo else torch.kthvalue(values, hi + 1).values.double().item()
     return x_lo + (h - lo) * (x_hi - x_lo)
 
@@ -76,29 +73,18 @@ def s2t_mask(per_token_logps: torch.Tensor, entropies: torch.Tensor, advantages:
         silenced_it  = candidate_it and H_it < tau_h                  (strict: a lone candidate is kept)
         keep_it      = not silenced_it
 
-    `p < tau_p` is evaluated as `log p < log tau_p`, `H < tau_h` in float64. With `gather`, every call runs the same
-    two collectives on every process, also without candidates. Inputs are not modified.
+    `p < tau_p` is evaluated as `log p < log tau_p`, `H < tau_h` in float64. Inputs are not modified.
 
-    Args:
-        per_token_logps (`torch.Tensor`): float, shape (B, T), log-probabilities of the sampled tokens (nats).
-        entropies (`torch.Tensor`): float, shape (B, T), entropy (nats) of the next-token distribution.
-        advantages (`torch.Tensor`): float, shape (B,), (B, 1) or (B, T).
-        loss_mask (`torch.Tensor`): bool, int or float, shape (B, T), 1 where the token is in the loss.
-        prob_threshold (`float`, *optional*, defaults to `0.002`): tau_p, in (0, 1].
-        entropy_quantile (`float`, *optional*, defaults to `0.75`): q, in [0, 1].
-        mode (`str`, *optional*, defaults to `"low_entropy"`): `"low_entropy"` (the rule) or `"off"` (none silenced).
-        gather (`Callable`, *optional*): concatenates a 1-D tensor of any length over processes; `None`: one process.
+    Args: per_token_logps, entropies: float (B, T), log p of the sampled tokens and H, in nats; advantages: float
+    (B,), (B, 1) or (B, T); loss_mask: bool/int/float (B, T); prob_threshold (tau_p), entropy_quantile (q), mode
+    (`"off"`: none silenced): [`S2TSettings`]; gather: concatenates a 1-D tensor over processes (two calls on every
+    process, also without candidates), `None` for one process.
 
-    Returns:
-        [`S2TResult`]: the bool (B, T) masks, tau_h and the global counts.
-
-    Raises:
-        ValueError: an unknown `mode`, a threshold out of range, or shapes that do not match.
+    Returns [`S2TResult`]. Raises `ValueError`: an unknown `mode`, a threshold out of range, mismatched shapes.
     """
-    if S2TSettings(prob_threshold, entropy_quantile, mode).mode not in S2T_MODES:  # the thresholds are checked there
+    if S2TSettings(prob_threshold, entropy_quantile, mode).mode not in S2T_MODES:
         raise ValueError(f"mode={mode!r} is not one of {list(S2T_MODES)}")
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(1)  # (B,) -> (B, 1)
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
     shapes = [tuple(t.shape) for t in (per_token_logps, entropies, loss_mask)]
     if per_token_logps.dim() != 2 or len(set(shapes)) > 1 or advantages.size(0) != per_token_logps.size(0):
         raise ValueError(f"per_token_logps, entropies, loss_mask must share a (B, T) shape, advantages (B,): {shapes}")
@@ -115,7 +101,5 @@ def s2t_mask(per_token_logps: torch.Tensor, entropies: torch.Tensor, advantages:
         if mode == "low_entropy":
             silenced[candidate] = candidate_entropies < threshold
         counts = torch.stack([silenced.count_nonzero(), in_loss.count_nonzero(), (in_loss & ~finite).count_nonzero()])
-        num_silenced, num_loss_tokens, num_nonfinite = gather(counts.double()).view(-1, 3).sum(0).long().tolist()
-    return S2TResult(
-        ~silenced, candidate, silenced, threshold, num_candidates, num_silenced, num_loss_tokens, num_nonfinite
-    )
+        counts = gather(counts.double()).view(-1, 3).sum(0).long().tolist()  # silenced, loss tokens, non-finite
+    return S2TResult(~silenced, candidate, silenced, threshold, num_candidates, *counts)

@@ -1,8 +1,7 @@
 # Copyright 2026 The stapo_trl Authors. All rights reserved.
 # SPDX-License-Identifier: Apache-2.0
 
-"""`STAPOConfig` (`GRPOConfig` with the S2T fields and the paper's objective) and what any `GRPOConfig` means for
-STAPO: its S2T settings, where p and H come from, and what the mask changes in its features."""
+"""`STAPOConfig`, and what any `GRPOConfig` means for STAPO: its S2T settings, p and H's path, the features warned."""
 
 from __future__ import annotations
 
@@ -16,44 +15,34 @@ from trl import GRPOConfig
 from .s2t import S2T_MODES, S2TSettings
 
 
-# The paper's objective (Sec. 4.1, DAPO / JustRL); trl 1.16's GRPOConfig defaults differ from it in epsilon_high only.
 PAPER_OBJECTIVE = {"loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0}
-NUM_ITEMS_LOSSES = ("dapo", "cispo", "vespo")  # TRL's loss types divided by `num_items_in_batch`
+NUM_ITEMS_LOSSES = ("dapo", "cispo", "vespo")  # divided by `num_items_in_batch`
 
 
 @dataclass
 class STAPOConfig(GRPOConfig):
-    r"""
-    Configuration class for the [`STAPOTrainer`]: [`~trl.GRPOConfig`] with the S2T fields and the paper's objective.
+    r"""Config of the [`STAPOTrainer`]: [`~trl.GRPOConfig`] with the S2T fields and the paper's objective.
 
-    [STAPO](https://huggingface.co/papers/2602.15620) only changes which tokens count in the GRPO loss. The defaults
-    are the paper's objective (Sec. 4.1, DAPO/JustRL's): `loss_type="dapo"`, `epsilon=0.2`, `epsilon_high=0.28`,
-    `beta=0.0`; trl 1.16's `GRPOConfig` differs only in `epsilon_high` (`None`: `epsilon`). `stapo_trl.STAPOConfig`
-    (what `from stapo_trl import STAPOConfig` gives) subclasses this one.
+    The defaults are the paper's objective (Sec. 4.1, DAPO/JustRL's): `loss_type="dapo"`, `epsilon=0.2`,
+    `epsilon_high=0.28`, `beta=0.0`; trl 1.16's `GRPOConfig` differs only in `epsilon_high` (`None`: `epsilon`).
+    `stapo_trl.STAPOConfig` (the package's, with CPU defaults and the ablation modes) subclasses this one.
 
     Parameters:
         s2t_prob_threshold (`float`, *optional*, defaults to `0.002`):
-            tau_p: a positive-advantage token is a candidate when its sampled probability is below this value.
-            Range (0, 1]. Calibrated at `temperature=1.0`, the paper's value.
+            tau_p: a positive-advantage token sampled with a probability below it is a candidate. (0, 1].
         s2t_entropy_quantile (`float`, *optional*, defaults to `0.75`):
-            q: tau_h is the q-quantile of the candidates' entropies (nats) over each optimizer update on all
-            processes; candidates below tau_h are silenced. Range [0, 1]. Paper: 0.75 (v1: 0.80).
+            q: candidates below tau_h, the q-quantile of their entropies (nats) per update, are silenced. [0, 1].
         s2t_mode (`str`, *optional*, defaults to `"low_entropy"`):
-            `"low_entropy"` applies the rule; `"off"` silences nothing but logs the same counts: the baseline with the
-            same trainer and normalizer.
+            `"low_entropy"` (the rule) or `"off"` (nothing silenced, the same counts logged: the baseline).
     """
 
     _s2t_modes: ClassVar[tuple[str, ...]] = S2T_MODES
 
-    # Paper objective (Sec. 4.1)
     loss_type: str = field(default=PAPER_OBJECTIVE["loss_type"], metadata={"help": "As in GRPOConfig. Paper: 'dapo'."})
-    epsilon: float = field(
-        default=PAPER_OBJECTIVE["epsilon"], metadata={"help": "Lower clipping epsilon. Paper: 0.2."}
-    )
+    epsilon: float = field(default=PAPER_OBJECTIVE["epsilon"], metadata={"help": "Paper: 0.2."})
     epsilon_high: float | None = field(default=PAPER_OBJECTIVE["epsilon_high"], metadata={"help": "Paper: 0.28."})
     beta: float = field(default=PAPER_OBJECTIVE["beta"], metadata={"help": "KL coefficient. Paper: 0.0 (no KL)."})
 
-    # > Parameters that control the S2T mask
     s2t_prob_threshold: float = field(
         default=S2TSettings.prob_threshold,
         metadata={"help": "tau_p: positive-advantage tokens with probability below it are candidates. (0, 1]."},
@@ -73,8 +62,8 @@ class STAPOConfig(GRPOConfig):
 
 
 def s2t_settings(args: GRPOConfig, modes: tuple[str, ...] = S2T_MODES) -> S2TSettings:
-    """The S2T settings of any `GRPOConfig`: its `s2t_*` fields where it has them, else the paper's values. Raises
-    `ValueError` naming the field: a bad value, a mode not in `modes`, or [`refuse_paths_around_the_mask`]."""
+    """Any `GRPOConfig`'s `s2t_*` fields, else the paper's values. `ValueError` naming the field: a bad value, a mode
+    not in `modes`, or [`refuse_paths_around_the_mask`]."""
     settings = S2TSettings(**{f.name: getattr(args, f"s2t_{f.name}", f.default) for f in fields(S2TSettings)})
     if settings.mode not in modes:
         raise ValueError(f"s2t_mode={settings.mode!r} is not one of {list(modes)}.")
@@ -83,14 +72,13 @@ def s2t_settings(args: GRPOConfig, modes: tuple[str, ...] = S2T_MODES) -> S2TSet
 
 
 def refuse_paths_around_the_mask(args: GRPOConfig) -> None:
-    """Refuse, in one line naming the field and the TRL version, a setting with which the installed TRL trains past
-    the mask: on trl < 1.14 `use_liger_kernel=True` (Liger's loss, never `_compute_loss`); on trl < 1.10
-    `loss_type="luspo"` with token-level ratios (every token's loss counts, masked or not)."""
+    """`ValueError` for a setting with which the installed TRL trains past the mask: `use_liger_kernel=True` below
+    trl 1.14, `loss_type="luspo"` with token-level ratios below trl 1.10."""
     version = Version(trl.__version__)
     if getattr(args, "use_liger_kernel", False) and version < Version("1.14.0"):
         raise ValueError(
-            f"use_liger_kernel=True: trl {trl.__version__} computes the loss in Liger's kernel, not in "
-            "GRPOTrainer._compute_loss, so the S2T mask would not apply. Set use_liger_kernel=False, or use trl>=1.14."
+            f"use_liger_kernel=True: trl {trl.__version__} computes the loss in Liger's kernel, past the S2T mask. "
+            "Set use_liger_kernel=False, or use trl>=1.14."
         )
     if args.loss_type == "luspo" and args.importance_sampling_level == "token" and version < Version("1.10.0"):
         raise ValueError(
@@ -100,7 +88,7 @@ def refuse_paths_around_the_mask(args: GRPOConfig) -> None:
 
 
 def s2t_settings_line(args: GRPOConfig, settings: S2TSettings) -> str | None:
-    """The S2T values in effect and what differs from the paper's objective, one line (`None`: the paper's config)."""
+    """The S2T values in effect and what differs from the paper's objective in one line; `None` for the paper's."""
     missing = [f"s2t_{f.name}" for f in fields(settings) if not hasattr(args, f"s2t_{f.name}")]
     values = [(f"s2t_{f.name}", getattr(settings, f.name), f.default) for f in fields(settings)]
     values += [(name, getattr(args, name), paper) for name, paper in PAPER_OBJECTIVE.items()]
@@ -115,9 +103,8 @@ def s2t_settings_line(args: GRPOConfig, settings: S2TSettings) -> str | None:
 
 
 def s2t_path(args: GRPOConfig, steps_per_generation: int | None = None) -> str:
-    """Where the mask's p and H come from in training: `"loss"` (the loss's own forward, detached), `"old_logps"`
-    (TRL's no-grad old-log-prob forward) or `"extra_forward"` (one no-grad forward per rollout batch). TRL 1.16's
-    decision, mirrored: the trainer fails if TRL decides otherwise."""
+    """Where p and H come from in training: `"loss"` (the loss's own forward), `"old_logps"` (TRL's old-log-prob
+    forward) or `"extra_forward"` (one no-grad forward per rollout batch); TRL 1.16's decision, checked in training."""
     spg, iterations = steps_per_generation or args.steps_per_generation, args.num_iterations
     if spg == iterations == 1:
         return "loss"
@@ -126,16 +113,15 @@ def s2t_path(args: GRPOConfig, steps_per_generation: int | None = None) -> str:
 
 
 def s2t_warnings(args: GRPOConfig, settings: S2TSettings, steps_per_generation=None, num_processes=None) -> list[str]:
-    """What the S2T mask changes in a GRPO feature the paper did not run, one message each naming the field
-    (docs/stapo.md); none for the paper's configuration. `steps_per_generation` and `num_processes` replace the
-    config's (a dry run for another process count)."""
-    spg, ga, a = steps_per_generation or args.steps_per_generation, args.gradient_accumulation_steps, args
-    lt = a.loss_type
-    if settings.mode == "off":  # nothing is silenced; only the per-update normalizer differs from GRPOTrainer's
+    """One message naming the field per GRPO feature the mask changes (docs/stapo.md); none for the paper's setup.
+    `steps_per_generation` and `num_processes` replace the config's (a dry run)."""
+    a, lt, ga = args, args.loss_type, args.gradient_accumulation_steps
+    spg = steps_per_generation or a.steps_per_generation
+    if settings.mode == "off":
         off = f"s2t_mode='off' with steps_per_generation={spg} > gradient_accumulation_steps={ga} is not plain "
         off += "GRPOTrainer: each update is divided by its own loss-token count, GRPOTrainer's by the rollout batch's."
         return [off] if lt in NUM_ITEMS_LOSSES and spg > ga and spg % ga == 0 else []
-    groups = a.per_device_train_batch_size * (num_processes or a.world_size) * ga  # completions per update
+    groups = a.per_device_train_batch_size * (num_processes or a.world_size) * ga
     checks = [
         ("loss_type", lt in ("dr_grpo", "luspo"), "a constant denominator: silenced tokens leave the numerator only"),
         ("steps_per_generation", spg % ga, f"not a multiple of GA={ga}: tau_h per rollout batch, TRL's normalizer"),
@@ -147,5 +133,5 @@ def s2t_warnings(args: GRPOConfig, settings: S2TSettings, steps_per_generation=N
         ("temperature", a.temperature != 1, "p and H are temperature-scaled; tau_p and q are calibrated at 1.0"),
         ("num_generations", groups % a.num_generations, f"an update of {groups} completions splits prompt groups"),
     ]
-    values = {"steps_per_generation": spg}
-    return [f"S2T mask with {name}={values.get(name, getattr(a, name))!r}: {what}." for name, on, what in checks if on]
+    value = lambda name: spg if name == "steps_per_generation" else getattr(a, name)  # noqa: E731
+    return [f"S2T mask with {name}={value(name)!r}: {what}." for name, on, what in checks if on]
