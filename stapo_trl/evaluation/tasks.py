@@ -1,7 +1,4 @@
-r"""The benchmarks ([STAPO](https://huggingface.co/papers/2602.15620) Sec. 4's six, GSM8K, and `tiny-math`: the
-built-in task's test split) as [`BenchmarkProblem`]s, from `<data_dir>/<name>/test.{jsonl,parquet,json}` or the Hub.
-[`normalize_record`] reads every layout of docs/evaluation.md and removes the problem's own instruction, so that the
-prompt carries [`stapo_trl.data.format_prompt`]'s alone."""
+"""The benchmarks (STAPO Sec. 4's six, GSM8K, the built-in `tiny-math`) as [`BenchmarkProblem`]s."""
 
 from __future__ import annotations
 
@@ -16,8 +13,7 @@ from ..data import format_prompt, load_local_dataset_file, remove_dapo_instructi
 from ..grading import extract_boxed_answer
 
 
-# A benchmark: its key, table header, samples per problem in the paper's protocol (N of avg@N), Hub dataset (id,
-# split, config), problem count of the reference copy, and whether the paper's average holds it.
+# default_samples: N of the paper's avg@N; num_problems: the reference copy's; in_paper: in the paper's Avg
 _SPEC_FIELDS = "name display_name default_samples hub_id hub_split hub_config num_problems in_paper"
 BenchmarkSpec = namedtuple("BenchmarkSpec", _SPEC_FIELDS, defaults=("test", None, None, True))
 
@@ -36,12 +32,11 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
 }
 PAPER_BENCHMARKS: tuple[str, ...] = tuple(name for name, spec in BENCHMARKS.items() if spec.in_paper)
 DATA_FILES: tuple[str, ...] = ("test.jsonl", "test.parquet", "test.json")  # in order of preference
-# A problem: its id, the statement without instruction, the gold (`list[str]` for several answers), its benchmark.
 BenchmarkProblem = namedtuple("BenchmarkProblem", "id problem gold benchmark", defaults=("",))
 
 
 def get_benchmark_spec(name: str) -> BenchmarkSpec:
-    """The spec of `name` (case, `-` and `_` ignored: `MATH-500` is `math500`); `ValueError` listing the valid ones."""
+    """The spec of `name` (case, `-` and `_` ignored); `ValueError` listing the valid ones."""
     key = name.strip().lower().replace("-", "").replace("_", "")
     if spec := next((s for s in BENCHMARKS.values() if s.name.replace("-", "") == key), None):
         return spec
@@ -53,8 +48,7 @@ _BOXED_TAIL = re.compile(r"\\boxed\{\}[^\n]*$")
 
 
 def clean_problem_text(text: str) -> str:
-    r"""`text` without DAPO's "Answer:" wrapper and a last sentence (opening with an instruction word, on the last
-    line) asking for the answer in `\boxed{}`."""
+    r"""`text` without DAPO's "Answer:" wrapper and a last-line instruction to answer in `\boxed{}`."""
     text = remove_dapo_instruction(text.strip()).strip()
     if (m := _BOXED_TAIL.search(text)) is not None:
         head = text[: m.start()]
@@ -89,10 +83,8 @@ def _gold(value: Any) -> str | list[str]:
 
 
 def normalize_record(row: Mapping[str, Any], index: int = 0, benchmark: str = "") -> BenchmarkProblem:
-    """One row of any layout as a [`BenchmarkProblem`] (id: the row's own, else `index`): the problem from `problem`,
-    `question`, a string `prompt` or a chat's last user turn (`prompt`, `messages`); the gold from `answer`,
-    `final_answer`, `reward_model.ground_truth`, `ground_truth` or `solution`'s box. `ValueError` naming the row's keys
-    without either."""
+    """A row of any layout of docs/evaluation.md as a [`BenchmarkProblem`] (id: the row's, else `index`); `ValueError`
+    naming the row's keys without a problem or a gold."""
     texts = (row.get(key) for key in ("problem", "question", "prompt"))
     problem = next((text for text in texts if isinstance(text, str) and text.strip()), None)
     if not (problem := problem or _user_content(row.get("prompt")) or _user_content(row.get("messages"))):
@@ -118,7 +110,7 @@ def normalize_record(row: Mapping[str, Any], index: int = 0, benchmark: str = ""
 
 
 def normalize_records(rows: Iterable[Mapping[str, Any]], benchmark: str = "") -> list[BenchmarkProblem]:
-    """[`normalize_record`] over rows, in order; a repeated id gets `#<row index>` appended."""
+    """[`normalize_record`] over rows; a repeated id gets `#<row index>` appended."""
     problems, seen = [], set()
     for i, row in enumerate(rows):
         p = normalize_record(row, index=i, benchmark=benchmark)
@@ -128,8 +120,7 @@ def normalize_records(rows: Iterable[Mapping[str, Any]], benchmark: str = "") ->
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a benchmark file ([`stapo_trl.data.load_local_dataset_file`]'s `ValueError`s); a JSON object that
-    holds the list of rows (`{"data": [...]}`) gives that list."""
+    """A benchmark file's rows (`{"data": [...]}` gives its list); `load_local_dataset_file`'s `ValueError`s."""
     rows = load_local_dataset_file(str(path)).to_list()
     if len(rows) == 1 and len(rows[0]) == 1 and isinstance(inner := next(iter(rows[0].values())), list):
         return inner
@@ -137,8 +128,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
 
 def find_benchmark_file(name: str, data_dir: str | Path) -> Path:
-    """The file of benchmark `name` under `data_dir` (`<name>/test.*`, or `<name>.*`), or `data_dir` when it is a
-    file; `FileNotFoundError` listing the paths tried."""
+    """`<data_dir>/<name>/test.*` or `<name>.*`, or `data_dir` if a file; `FileNotFoundError` naming those tried."""
     data_dir = Path(data_dir)
     if data_dir.is_file():
         return data_dir
@@ -150,9 +140,8 @@ def find_benchmark_file(name: str, data_dir: str | Path) -> Path:
 
 
 def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | None = None) -> list[BenchmarkProblem]:
-    """The first `limit` problems of benchmark `name`, from `data_dir` ([`find_benchmark_file`]) or else its Hub
-    dataset; `tiny-math` is generated. Raises ValueError (an unknown benchmark, a file that does not parse, a row
-    without problem or gold), FileNotFoundError (no file under `data_dir`), RuntimeError (the Hub copy not loaded)."""
+    """The first `limit` problems of `name` from `data_dir` or the Hub (`tiny-math`: generated). Raises ValueError (a
+    bad name, file or row), FileNotFoundError (no file under `data_dir`), RuntimeError (the Hub copy not loaded)."""
     spec = get_benchmark_spec(name)
     if spec.hub_id == "builtin:tiny-math":
         from ..data import make_tiny_math_dataset
@@ -174,8 +163,7 @@ def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | N
 
 
 def benchmark_dataset(problems: Iterable[BenchmarkProblem], instruction: str | None):
-    """The problems as a trainer's `eval_dataset`: `prompt` ([`stapo_trl.data.format_prompt`]) and `solution` (a list
-    of golds joined with `", "`)."""
+    """The problems as an `eval_dataset`: `prompt` and `solution` (several golds joined with `", "`)."""
     from datasets import Dataset
 
     rows = [(format_prompt(p.problem, instruction), p.gold) for p in problems]
