@@ -1,5 +1,4 @@
-"""`python -m stapo_trl.models NAME --output-dir DIR [--base-path DIR]`: build one built-in model into a folder,
-without the cache (a launched job's build runs in this child process)."""
+"""`python -m stapo_trl.models NAME --output-dir DIR [--base-path DIR]`: build a built-in model, without the cache."""
 
 import argparse
 import logging
@@ -18,5 +17,5 @@ logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)
 os.makedirs(args.output_dir, exist_ok=True)
 try:
     build_builtin_model(args.name, args.output_dir, args.base_path)
-except (FileNotFoundError, ValueError) as e:  # a missing wheel or file, a checksum: one line, no traceback
+except (FileNotFoundError, ValueError) as e:
     raise SystemExit(f"python -m stapo_trl.models: error: {e}") from e

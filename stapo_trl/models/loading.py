@@ -1,6 +1,4 @@
-"""A causal LM for evaluation from a full model (a folder or a Hub id) or a LoRA adapter folder, a `--use_peft` run's
-output (`adapter_config.json`, often beside a `config.json` that sends `from_pretrained` looking for absent weights).
-`trust_remote_code` is never set."""
+"""A causal LM for evaluation from a full model or a LoRA adapter folder; `trust_remote_code` is never set."""
 
 from __future__ import annotations
 
@@ -11,13 +9,11 @@ from collections import namedtuple
 
 logger = logging.getLogger(__name__)
 
-# `base`: the full model to load (a folder or a Hub id); `adapter`: the PEFT adapter folder on top, or `None`.
 ModelSource = namedtuple("ModelSource", "base adapter", defaults=(None,))
 
 
 def resolve_model_source(model: str) -> ModelSource:
-    """`ModelSource(model)` for a full model, `ModelSource(base, adapter=model)` for an adapter folder; ValueError
-    when the adapter config names no base model."""
+    """`ModelSource(model)`, or `(base, adapter=model)` for an adapter folder; ValueError if it names no base."""
     if not os.path.isfile(os.path.join(model, "adapter_config.json")):
         return ModelSource(model)
     from peft import PeftConfig
@@ -29,9 +25,8 @@ def resolve_model_source(model: str) -> ModelSource:
 
 
 def load_causal_lm(model: str, *, revision: str | None = None, dtype=None):
-    """`(model, tokenizer)`, the model in eval mode. An adapter is loaded onto its base with peft's
-    `AutoPeftModelForCausalLM` and merged (generation at the base model's speed), with the adapter folder's tokenizer
-    when it holds one. `revision`: a full model's Hub revision. Raises ValueError as [`resolve_model_source`]."""
+    """`(model in eval mode, tokenizer)`; an adapter merged onto its base (its folder's tokenizer if any). `revision`:
+    a full model's. Raises ValueError as [`resolve_model_source`]."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = resolve_model_source(model)

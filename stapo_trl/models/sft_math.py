@@ -1,6 +1,4 @@
-"""The `gguf+sft` recipe: a converted real model (its `base`, built first) SFT-warmed on tiny-math, so that RL starts
-right often but not always at temperature 1; label smoothing keeps the low-probability tail that hard-target SFT
-removes. Settings tried: `benchmarks/results/2026-12-01-smollm2-warmup.md`."""
+"""The `gguf+sft` recipe: a converted model SFT-warmed on tiny-math with label smoothing (keeps a low-p tail)."""
 
 from __future__ import annotations
 
@@ -12,7 +10,6 @@ from .names import BUILTIN_MODELS, read_builtin_info
 from .warmup import SEED, evaluate_tiny_math, sft_warm_up
 
 
-# A constant learning rate: a run stopped at step k is the k-step model, so one sweep measures every length.
 SFT_CONFIG: dict[str, Any] = {
     "per_device_train_batch_size": 8, "learning_rate": 5e-5, "lr_scheduler_type": "constant",
     "label_smoothing_factor": 0.01,
@@ -22,8 +19,7 @@ EVAL_MAX_NEW_TOKENS = 64  # SmolLM2 writes a tiny-math completion in 29-32 token
 
 
 def build(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None) -> dict[str, Any]:
-    """SFT-warm the built base at `base_path`, run the held-out check (with token statistics) and save into
-    `output_dir`. Returns the build record's fields."""
+    """SFT-warm the built base at `base_path`, check it and save into `output_dir`; returns the record's fields."""
     import torch
     import trl
     from transformers import AutoModelForCausalLM, AutoTokenizer

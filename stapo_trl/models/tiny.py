@@ -1,6 +1,4 @@
-"""The `tiny` recipe: a byte-level BPE tokenizer and a tiny Qwen3 built from scratch, then SFT-warmed on tiny-math
-with label smoothing (0.02): hard-target SFT would leave the paper's tau_p almost no candidate in so small a
-vocabulary."""
+"""The `tiny` recipe: a byte-level BPE tokenizer and a tiny Qwen3 from scratch, SFT-warmed with label smoothing."""
 
 from __future__ import annotations
 
@@ -14,9 +12,7 @@ from .warmup import SEED, evaluate_tiny_math, sft_warm_up
 
 TOKENIZER_VOCAB_SIZE = 400  # an upper bound: BPE stops once every word of the task is one token
 PAD_TOKEN, CHAT_START_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
-# ChatML, as Qwen uses; `{% generation %}` marks assistant text so `assistant_only_loss=True` also works.
 CHAT_TEMPLATE = (Path(__file__).parents[1] / "templates" / "tiny_chat_template.jinja").read_text("utf-8")
-# hidden 64 / 2 layers / 4 query heads (2 key-value heads) / MLP 256 / tied embeddings: 144k parameters.
 MODEL_CONFIG: dict[str, Any] = {
     "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "tie_word_embeddings": True,
@@ -28,8 +24,7 @@ SFT_CONFIG: dict[str, Any] = {
 
 
 def build_tokenizer(corpus: list[str]):
-    """A byte-level BPE tokenizer trained on `corpus`, digits split (`"85"` is `["8", "5"]`, as in Qwen), with pad
-    `<|endoftext|>`, eos `<|im_end|>` and a ChatML chat template."""
+    """A byte-level BPE tokenizer of `corpus`, digits split (as in Qwen), ChatML template, eos `<|im_end|>`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -50,8 +45,7 @@ def build_tokenizer(corpus: list[str]):
 
 
 def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> dict[str, Any]:
-    """Build `builtin:<name>` into `output_dir`: the tokenizer, the model (initialised after `manual_seed(SEED)`) and,
-    when `sft_steps` > 0, the SFT warm-up and the held-out check. Returns the build record's fields."""
+    """Build `builtin:<name>` into `output_dir` (seed `SEED`; SFT and check if `sft_steps` > 0); returns the record."""
     import tokenizers
     import torch
     import trl
@@ -62,7 +56,6 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     recipe = BUILTIN_MODELS[name]
     config = {**MODEL_CONFIG, **recipe.get("model_config", {})}
     data = make_tiny_math_dataset(seed=SEED)
-    # Merges learnt from the rendered chats: the instruction and the chat markup become whole-word tokens.
     tokenizer = build_tokenizer([
         "".join(f"{CHAT_START_TOKEN}{m['role']}\n{m['content']}{EOS_TOKEN}\n" for m in prompt)
         + f"{CHAT_START_TOKEN}assistant\n{completion}{EOS_TOKEN}\n"
@@ -74,7 +67,7 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     model.generation_config = GenerationConfig(**special)
     num_parameters = sum(p.numel() for p in model.parameters())
     sft, evaluation = {"steps": recipe["sft_steps"], "train_examples": len(data["train"])}, None
-    if recipe["sft_steps"] > 0:  # a random model scores 0 %: not worth the generation time either
+    if recipe["sft_steps"] > 0:
         sft.update(sft_warm_up(model, tokenizer, data["train"], recipe["sft_steps"], SFT_CONFIG), **SFT_CONFIG)
         evaluation = evaluate_tiny_math(model, tokenizer, len(data["test"]))
     model.save_pretrained(output_dir)

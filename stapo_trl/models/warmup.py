@@ -1,5 +1,4 @@
-"""The SFT warm-up of a built-in model (TRL's `SFTTrainer`) and its held-out check: `stapo-eval`'s tiny-math
-evaluation, sampled and greedy, with the entropy and probability of the sampled tokens."""
+"""The SFT warm-up of a built-in model (TRL's `SFTTrainer`) and its held-out check (`stapo-eval`'s evaluation)."""
 
 from __future__ import annotations
 
@@ -15,9 +14,8 @@ EVAL_MAX_NEW_TOKENS = 48  # the tiny tokenizer writes a tiny-math completion in 
 
 
 def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, sft_config: dict[str, Any]) -> dict[str, float]:
-    """Train `model` in place with TRL's [`~trl.SFTTrainer`] on tiny-math rows (loss on the completions), on the CPU,
-    for `max_steps` steps of the `SFTConfig` fields in `sft_config`. Returns `mean_train_loss` (all steps) and
-    `last_logged_loss`, in nats per completion token."""
+    """Train `model` in place with [`~trl.SFTTrainer`] on the CPU for `max_steps` steps of `sft_config`; returns
+    `mean_train_loss` and `last_logged_loss` (nats per completion token)."""
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
@@ -25,7 +23,7 @@ def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, sft_config: dic
         lambda ex: {"completion": [{"role": "assistant", "content": ex["completion"]}]},
         remove_columns=[c for c in train_dataset.column_names if c not in ("prompt", "completion")],
     )
-    # transformers 5.24 renamed `gradient_checkpointing` (the vLLM CPU environment's 5.19 has only the old name).
+    # transformers 5.24 renamed `gradient_checkpointing`
     fields = {field.name for field in dataclasses.fields(SFTConfig)}
     checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
     with tempfile.TemporaryDirectory() as output_dir:
@@ -44,8 +42,7 @@ def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, sft_config: dic
 
 
 def summarize_token_statistics(stats: dict[str, list]) -> dict[str, Any]:
-    """`num_tokens`, `entropy_nats` (`p10`, `p50`, `p90`, `mean`) and `frac_prob_below_tau_p` (the paper's tau_p) of
-    [`~stapo_trl.evaluation.generation.hf_generate`]'s `stats`."""
+    """`num_tokens`, `entropy_nats` (`p10`, `p50`, `p90`, `mean`), `frac_prob_below_tau_p` of `hf_generate`'s stats."""
     import torch
 
     from ..core.s2t import S2TSettings
@@ -62,9 +59,8 @@ def summarize_token_statistics(stats: dict[str, list]) -> dict[str, Any]:
 
 
 def evaluate_tiny_math(model, tokenizer, num_problems: int, max_new_tokens=EVAL_MAX_NEW_TOKENS, statistics=False):
-    """A build's held-out check: `stapo-eval`'s evaluation of the first `num_problems` tiny-math problems, one sample
-    each at seed `SEED`, T 1.0 / top-p 1.0 and greedy: `sampled_accuracy`, `greedy_accuracy`, the settings, five
-    sampled completions and, with `statistics`, `sampled_tokens` ([`summarize_token_statistics`])."""
+    """`stapo-eval`'s evaluation of the first `num_problems` tiny-math problems at seed `SEED`, sampled (T 1.0) and
+    greedy: the accuracies, settings, five completions and, with `statistics`, [`summarize_token_statistics`]."""
     from ..evaluation.generation import DECODINGS, evaluate_problems, hf_generate
     from ..evaluation.tasks import load_benchmark
 
