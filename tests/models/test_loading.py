@@ -1,5 +1,4 @@
-"""`stapo_trl.models.loading`: a full model, a LoRA adapter folder (a `--use_peft` run's output) merged onto its base
-model, and no remote code."""
+"""`stapo_trl.models.loading`: a full model, a LoRA adapter folder merged onto its base, and no remote code."""
 
 import json
 import logging
@@ -15,7 +14,6 @@ from stapo_trl.models.loading import ModelSource, load_causal_lm, resolve_model_
 
 @pytest.fixture(scope="module")
 def lora_dir(tiny_random_model_path, tmp_path_factory):
-    """An adapter folder as a LoRA run leaves it: adapter weights (non-zero B), the tokenizer and a config.json."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoTokenizer
 
@@ -25,7 +23,7 @@ def lora_dir(tiny_random_model_path, tmp_path_factory):
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
             if "lora_B" in name:
-                param.normal_(0, 0.5)  # LoRA starts with B = 0, which would make the adapter a no-op
+                param.normal_(0, 0.5)  # B = 0 would make the adapter a no-op
     out = tmp_path_factory.mktemp("lora-run")
     peft_model.save_pretrained(out)
     AutoTokenizer.from_pretrained(tiny_random_model_path).save_pretrained(out)
@@ -58,9 +56,6 @@ def test_a_full_model_and_an_adapter_merged_onto_its_base(lora_dir, tiny_random_
 def test_stapo_eval_of_an_adapter_says_so_once_and_runs_on_the_tiny_models_one_thread(
     lora_dir, tmp_path, monkeypatch, capsys, caplog
 ):
-    # A LoRA run's evaluation took 85 s against 21 s for the same model merged, and printed "Loading the LoRA adapter"
-    # twice (a print beside the log line): the thread rule looked for model weights in the adapter folder, found none,
-    # and left torch's thread per core, which is slower for a tiny model on busy cores.
     from stapo_trl.cli.eval import main
     from stapo_trl.evaluation.generation import HFGenerator
     from stapo_trl.trainer.trainers import _torch_default_threads
@@ -89,8 +84,7 @@ def test_an_adapter_without_a_base_and_model_code_in_a_folder_are_refused(lora_d
     (broken / "adapter_config.json").write_text(json.dumps(config | {"base_model_name_or_path": None}))
     with pytest.raises(ValueError, match="base_model_name_or_path"):
         load_causal_lm(str(broken))
-    # A config that points at its own modelling code: transformers refuses it without trust_remote_code, which loading
-    # never sets, so the code never runs.
+    # a config pointing at its own modelling code: refused without trust_remote_code, never set
     folder = tmp_path / "remote-code"
     shutil.copytree(tiny_random_model_path, folder)
     config = json.loads((folder / "config.json").read_text())
