@@ -1,5 +1,4 @@
-"""A tiny random Qwen3 and a character-level tokenizer, built with transformers and tokenizers only: the core's tests
-need nothing of the product (as TRL's tests of `trl/experimental/` use TRL's tiny test models)."""
+"""A tiny random Qwen3 and a character-level tokenizer from transformers and tokenizers: nothing of the product."""
 
 import string
 
@@ -8,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> str:
-    """A saved folder: a 2-layer Qwen3 (hidden 32, random weights) and a character-level tokenizer of ~50 tokens."""
+    """A saved 2-layer Qwen3 (hidden 32, random weights) and a character-level tokenizer of ~50 tokens."""
     import torch
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -16,24 +15,14 @@ def tiny_model_path(tmp_path_factory) -> str:
     specials = ["<pad>", "<eos>", "<unk>"]
     vocab = {token: i for i, token in enumerate(specials + list(string.digits + string.ascii_lowercase + "+=.,? "))}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # one token per character
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     backend.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
     )
-    config = Qwen3Config(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        eos_token_id=1,
-        tie_word_embeddings=True,
-    )
+    config = Qwen3Config(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
+                         pad_token_id=0, eos_token_id=1, tie_word_embeddings=True)  # fmt: skip
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("tiny-qwen3")
     Qwen3ForCausalLM(config).save_pretrained(path)
@@ -42,16 +31,14 @@ def tiny_model_path(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def prompts():
-    """64 plain-text prompts (the standard format: no chat template needed)."""
+def prompts():  # plain-text prompts: no chat template needed
     from datasets import Dataset
 
     return Dataset.from_list([{"prompt": f"{i}+{i % 7}="} for i in range(64)])
 
 
 @pytest.fixture(scope="session")
-def length_reward():
-    """A reward that varies within a group, so advantages are non-zero and the policy gets a gradient."""
+def length_reward():  # varies within a group: non-zero advantages
     from testing_utils import length_reward
 
     return length_reward

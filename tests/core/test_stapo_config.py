@@ -1,5 +1,4 @@
-"""The core's `STAPOConfig` and what any `GRPOConfig` means for STAPO: the paper's defaults, the S2T settings read from
-any config, the line said at construction, the path p and H take, and one warning per GRPO feature the mask changes."""
+"""The core's `STAPOConfig` and what any `GRPOConfig` means for STAPO: defaults, settings, line, path, warnings."""
 
 import dataclasses
 import re
@@ -11,25 +10,19 @@ from packaging.version import Version
 from trl import GRPOConfig
 
 from stapo_trl.core import STAPOConfig
-from stapo_trl.core.stapo_config import (
-    PAPER_OBJECTIVE,
-    S2TSettings,
-    s2t_path,
-    s2t_settings,
-    s2t_settings_line,
-    s2t_warnings,
-)
+from stapo_trl.core.s2t import S2TSettings
+from stapo_trl.core.stapo_config import PAPER_OBJECTIVE, s2t_path, s2t_settings, s2t_settings_line, s2t_warnings
 
 
 def make_config(config_cls=STAPOConfig, **overrides):
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # TRL's own notices
+        warnings.simplefilter("ignore")
         return config_cls(output_dir="unused", use_cpu=True, bf16=False, report_to=[], **overrides)
 
 
 @dataclasses.dataclass
 class OpenR1StyleConfig(GRPOConfig):
-    """A user's config as open-r1 writes one (`src/open_r1/configs.py`): GRPOConfig plus fields of its own."""
+    """A user's config as open-r1 writes one: GRPOConfig plus fields of its own."""
 
     benchmarks: list[str] = dataclasses.field(default_factory=list)
     system_prompt: str | None = None
@@ -37,7 +30,7 @@ class OpenR1StyleConfig(GRPOConfig):
 
 
 def test_defaults_are_the_papers_documented_by_the_field_and_the_docstring():
-    # STAPO Sec. 4.1: tau_p = 0.002, q = 0.75 (v4/v5); the DAPO/JustRL objective: clip 0.2 / 0.28, token mean, no KL.
+    # STAPO Sec. 4.1: tau_p = 0.002, q = 0.75; the DAPO/JustRL objective: clip 0.2 / 0.28, token mean, no KL
     config = make_config()
     assert (config.s2t_prob_threshold, config.s2t_entropy_quantile, config.s2t_mode) == (0.002, 0.75, "low_entropy")
     assert {name: getattr(config, name) for name in PAPER_OBJECTIVE} == PAPER_OBJECTIVE
@@ -50,8 +43,7 @@ def test_defaults_are_the_papers_documented_by_the_field_and_the_docstring():
         assert len(f.metadata["help"]) > 30 and f"{name} (`" in STAPOConfig.__doc__, name
         assert f.default == getattr(S2TSettings(), name.removeprefix("s2t_")), name  # one set of paper values
     assert list(fields["s2t_mode"].metadata["choices"]) == ["low_entropy", "off"]
-    # The docs once said "four inherited defaults change"; in trl 1.16 only epsilon_high does. Checked against the
-    # GRPOConfig installed: a TRL that changes a default fails here.
+    # in the installed trl only epsilon_high differs: a TRL that changes a default fails here
     grpo = make_config(GRPOConfig)
     assert sorted(name for name, paper in PAPER_OBJECTIVE.items() if getattr(grpo, name) != paper) == ["epsilon_high"]
     assert f"`GRPOConfig` differs only in `epsilon_high` (`{grpo.epsilon_high}`" in " ".join(
@@ -61,20 +53,18 @@ def test_defaults_are_the_papers_documented_by_the_field_and_the_docstring():
 
 @pytest.mark.parametrize(
     "field, value, message",
-    [
-        ("s2t_prob_threshold", 0.0, r"^s2t_prob_threshold=0\.0 must be in \(0, 1\]; the paper: 0\.002\.$"),
-        ("s2t_prob_threshold", 1.5, r"s2t_prob_threshold=1\.5"),
-        ("s2t_prob_threshold", float("nan"), r"s2t_prob_threshold=nan must be in \(0, 1\]"),
-        ("s2t_prob_threshold", "0.002", r"^s2t_prob_threshold='0\.002' must be a number in \(0, 1\], got str\.$"),
-        ("s2t_entropy_quantile", -0.1, r"s2t_entropy_quantile=-0\.1 must be in \[0, 1\]"),
-        ("s2t_entropy_quantile", True, r"s2t_entropy_quantile=True must be a number"),
-        ("s2t_mode", "all_low_prob", r"^s2t_mode='all_low_prob' is not one of \['low_entropy', 'off'\]\.$"),
-    ],
-)
+    [("s2t_prob_threshold", 0.0, r"^s2t_prob_threshold=0\.0 must be in \(0, 1\]; the paper: 0\.002\.$"),
+     ("s2t_prob_threshold", 1.5, r"s2t_prob_threshold=1\.5"),
+     ("s2t_prob_threshold", float("nan"), r"s2t_prob_threshold=nan must be in \(0, 1\]"),
+     ("s2t_prob_threshold", "0.002", r"^s2t_prob_threshold='0\.002' must be a number in \(0, 1\], got str\.$"),
+     ("s2t_entropy_quantile", -0.1, r"s2t_entropy_quantile=-0\.1 must be in \[0, 1\]"),
+     ("s2t_entropy_quantile", True, r"s2t_entropy_quantile=True must be a number"),
+     ("s2t_mode", "all_low_prob", r"^s2t_mode='all_low_prob' is not one of \['low_entropy', 'off'\]\.$")],
+)  # fmt: skip
 def test_bad_values_are_refused_on_one_line_naming_the_field_from_any_config(field, value, message):
     with pytest.raises(ValueError, match=message):
         make_config(**{field: value})
-    config = make_config(OpenR1StyleConfig)  # a user's own class: the same check where the trainer reads it
+    config = make_config(OpenR1StyleConfig)  # a user's class: the same check where the trainer reads it
     setattr(config, field, value)
     with pytest.raises(ValueError, match=message):
         s2t_settings(config)
@@ -87,7 +77,6 @@ def test_the_settings_come_from_the_config_where_it_has_them_else_from_the_paper
     assert s2t_settings(make_config(OpenR1StyleConfig)) == S2TSettings(entropy_quantile=0.8)
     config = make_config(s2t_prob_threshold=0.01, s2t_mode="off")
     assert s2t_settings(config) == S2TSettings(prob_threshold=0.01, mode="off")
-    # the modes a trainer implements decide, not the config's class
     assert s2t_settings(config, modes=("off",)).mode == "off"
     with pytest.raises(ValueError, match=r"is not one of \['low_entropy'\]"):
         s2t_settings(config, modes=("low_entropy",))
@@ -105,14 +94,9 @@ def test_the_construction_line_says_the_values_in_effect_and_what_differs_and_no
     )
     own = make_config(OpenR1StyleConfig, epsilon_high=0.28, beta=0.04)
     line = s2t_settings_line(own, s2t_settings(own))
-    assert (
-        "s2t_entropy_quantile=0.8, " in line
-        and "has no s2t_prob_threshold, s2t_mode fields, and such values given to it" in line
-    )
-    assert line.endswith(
-        "differs from the paper's objective: s2t_entropy_quantile=0.8 (paper 0.75), beta=0.04 (paper 0.0)."
-    )
-    grpo = make_config(GRPOConfig, epsilon_high=0.28)  # the paper's objective, the paper's S2T values by default
+    assert "s2t_entropy_quantile=0.8, " in line and "has no s2t_prob_threshold, s2t_mode fields, and such" in line
+    assert line.endswith("objective: s2t_entropy_quantile=0.8 (paper 0.75), beta=0.04 (paper 0.0).")
+    grpo = make_config(GRPOConfig, epsilon_high=0.28)
     assert s2t_settings_line(grpo, s2t_settings(grpo)).endswith("GRPOConfig`); the rest is the paper's objective.")
     off = make_config(s2t_mode="off")
     assert s2t_settings_line(off, s2t_settings(off)).endswith("objective: s2t_mode='off' (paper 'low_entropy').")
@@ -121,22 +105,18 @@ def test_the_construction_line_says_the_values_in_effect_and_what_differs_and_no
 @pytest.mark.release
 @pytest.mark.parametrize(
     "geometry, path",
-    [
-        (dict(), "loss"),  # TRL's default: one micro-batch per rollout, on-policy
-        (dict(steps_per_generation=2, gradient_accumulation_steps=2), "extra_forward"),
-        (dict(steps_per_generation=8, gradient_accumulation_steps=2), "old_logps"),  # the paper's geometry
-        (dict(steps_per_generation=2, gradient_accumulation_steps=2, num_iterations=2), "old_logps"),
-        (dict(num_iterations=2), "old_logps"),
-        (dict(steps_per_generation=2, gradient_accumulation_steps=2, use_vllm=True), "old_logps"),  # vLLM IS
-        (dict(steps_per_generation=2, gradient_accumulation_steps=2, use_vllm=True,
-              vllm_importance_sampling_correction=False), "extra_forward"),
-    ],
+    [(dict(), "loss"), (dict(steps_per_generation=2, gradient_accumulation_steps=2), "extra_forward"),
+     (dict(steps_per_generation=8, gradient_accumulation_steps=2), "old_logps"), (dict(num_iterations=2), "old_logps"),
+     (dict(steps_per_generation=2, gradient_accumulation_steps=2, num_iterations=2), "old_logps"),
+     (dict(steps_per_generation=2, gradient_accumulation_steps=2, use_vllm=True), "old_logps"),  # vLLM IS
+     (dict(steps_per_generation=2, gradient_accumulation_steps=2, use_vllm=True,
+           vllm_importance_sampling_correction=False), "extra_forward")],
 )  # fmt: skip
 def test_the_path_of_p_and_h(geometry, path):
     assert s2t_path(make_config(**geometry)) == path
 
 
-# One row per GRPO feature of docs/stapo.md's table "What the mask does with each GRPO feature" that is warned.
+# one row per warned GRPO feature of docs/stapo.md's table
 FEATURE_WARNINGS = [
     ({"beta": 0.04}, r"^S2T mask with beta=0\.04: silenced tokens lose their KL penalty too"),
     ({"importance_sampling_level": "sequence"}, r"importance_sampling_level='sequence': each ratio averages kept"),
@@ -146,15 +126,11 @@ FEATURE_WARNINGS = [
     ({"use_adaptive_entropy": True}, r"entropy_coef=0\.0: the bonus averages kept tokens only"),
     ({"temperature": 0.7}, r"temperature=0\.7: p and H are temperature-scaled; tau_p and q are calibrated at 1\.0"),
     ({"loss_type": "dr_grpo"}, r"loss_type='dr_grpo': a constant denominator"),
-    pytest.param(
-        {"loss_type": "luspo"},
-        r"loss_type='luspo': a constant denominator",
-        marks=pytest.mark.skipif(Version(trl.__version__) < Version("1.10"), reason="refused below trl 1.10"),
-    ),  # fmt: skip
+    pytest.param({"loss_type": "luspo"}, r"loss_type='luspo': a constant denominator",
+                 marks=pytest.mark.skipif(Version(trl.__version__) < Version("1.10"), reason="refused")),
     ({"gradient_accumulation_steps": 2, "steps_per_generation": 3}, r"steps_per_generation=3: not a multiple of GA=2"),
-    # why: 4 completions per update with groups of 8 (steps_per_generation 2 keeps the rollout batch whole)
     ({"per_device_train_batch_size": 4, "steps_per_generation": 2}, r"an update of 4 completions splits prompt"),
-]
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("overrides, message", FEATURE_WARNINGS)
@@ -169,15 +145,10 @@ def test_each_feature_the_mask_changes_gives_one_message_naming_the_field(overri
 
 @pytest.mark.parametrize(
     "overrides",
-    [
-        dict(),
-        dict(steps_per_generation=4, gradient_accumulation_steps=1),  # the recipes' geometry
-        dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=8),
-        dict(off_policy_mask_threshold=0.5),  # defined: OPSM drops only A < 0 sequences, which have no silenced token
-        dict(num_iterations=2),  # defined: the same rollout-time mask on every pass
-        dict(use_vllm=True, steps_per_generation=4),  # defined: p and H from TRL's old-log-prob forward
-    ],
-)
+    [dict(), dict(steps_per_generation=4, gradient_accumulation_steps=1),  # the recipes' geometry
+     dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=8),
+     dict(off_policy_mask_threshold=0.5), dict(num_iterations=2), dict(use_vllm=True, steps_per_generation=4)],
+)  # fmt: skip
 def test_the_papers_configuration_and_the_defined_behaviours_are_silent(overrides):
     config = make_config(**overrides)
     assert s2t_warnings(config, s2t_settings(config)) == []

@@ -157,7 +157,8 @@ def test_with_the_mask_off_training_equals_grpo_trainer(build, steps_per_generat
                                                         loss_type):  # fmt: skip
     # steps_per_generation = GA: an update's kept-token normalizer is TRL's own, so s2t_mode="off" is GRPOTrainer
     geometry = dict(max_steps=2, steps_per_generation=steps_per_generation, gradient_accumulation_steps=grad_accum,
-                    num_iterations=num_iterations, loss_type=loss_type, epsilon=0.2, epsilon_high=0.28, beta=0.0)  # fmt: skip
+                    num_iterations=num_iterations, loss_type=loss_type, epsilon=0.2, epsilon_high=0.28,
+                    beta=0.0)  # fmt: skip
     grpo = build(GRPOTrainer, name="grpo", **geometry)
     grpo.train()  # each trainer seeds at construction: build and train one after the other
     stapo = build(name="off", s2t_mode="off", **geometry)
