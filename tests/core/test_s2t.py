@@ -1,4 +1,4 @@
-"""The S2T rule (`stapo_trl.core.s2t`) on hand-built tensors: STAPO Sec. 3."""
+"""The S2T rule (STAPO Sec. 3) on hand-built tensors."""
 
 import math
 
@@ -33,25 +33,15 @@ def test_candidates_threshold_and_silenced_tokens():
     assert off.entropy_threshold == pytest.approx(0.35)
 
 
-def test_no_candidate_silences_nothing_and_tau_h_is_nan():
-    per_token_logps, entropies, advantages, loss_mask = hand_s2t_batch()
-    result = s2t_mask(per_token_logps, entropies, -advantages.abs(), loss_mask)
+def test_no_candidate_a_lone_candidate_and_tied_entropies_silence_nothing():
+    logps, entropies, advantages, loss_mask = hand_s2t_batch()
+    result = s2t_mask(logps, entropies, -advantages.abs(), loss_mask)
     assert result.num_candidates == 0 and result.num_silenced == 0 and result.keep.all()
     assert math.isnan(result.entropy_threshold)
-
-
-def test_a_lone_candidate_is_never_silenced():
-    per_token_logps, entropies, advantages, _ = hand_s2t_batch()
-    loss_mask = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 1, 1, 0]])  # only row-0 token 0 can be a candidate
-    result = s2t_mask(per_token_logps, entropies, advantages, loss_mask, entropy_quantile=1.0)
-    assert result.num_candidates == 1
-    assert result.entropy_threshold == pytest.approx(0.1)  # the quantile of one value is that value
-    assert result.num_silenced == 0  # strict "<"
-
-
-def test_tied_candidate_entropies_silence_nothing():
-    per_token_logps, _, advantages, loss_mask = hand_s2t_batch()
-    result = s2t_mask(per_token_logps, torch.full((2, 5), 0.7), advantages, loss_mask)
+    lone = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 1, 1, 0]])  # only row-0 token 0 can be a candidate
+    result = s2t_mask(logps, entropies, advantages, lone, entropy_quantile=1.0)
+    assert result.num_candidates == 1 and result.entropy_threshold == pytest.approx(0.1) and result.num_silenced == 0
+    result = s2t_mask(logps, torch.full((2, 5), 0.7), advantages, loss_mask)  # ties: strict "<"
     assert result.num_candidates == 3 and result.num_silenced == 0
 
 
@@ -65,7 +55,7 @@ def test_zero_and_negative_advantages_and_masked_tokens_are_never_candidates():
 
 
 def test_gather_serves_the_quantile_and_the_counts_in_exactly_two_calls():
-    # Another process contributes candidate entropies [0.0, 0.05] and counts (2 silenced, 10 in the loss, 1 nonfinite).
+    # another process: candidate entropies [0.0, 0.05]; 2 silenced, 10 in the loss, 1 non-finite
     calls = []
 
     def gather(tensor):
@@ -81,17 +71,17 @@ def test_gather_serves_the_quantile_and_the_counts_in_exactly_two_calls():
     assert (result.num_silenced, result.num_loss_tokens, result.num_nonfinite) == (3, 18, 1)
 
 
-@pytest.mark.parametrize(
-    "change, message",
-    [(lambda t: (t, {"mode": "high_entropy"}), "mode='high_entropy'"),
-     (lambda t: (t, {"prob_threshold": 0.0}), "prob_threshold"),
-     (lambda t: (t, {"entropy_quantile": 1.5}), "entropy_quantile"),
-     (lambda t: ((t[0], t[1][:, :3], *t[2:]), {}), "shape"), (lambda t: ((*t[:2], t[2][:1], t[3]), {}), "advantages")],
-)  # fmt: skip
-def test_bad_arguments_and_mismatched_shapes_name_what_is_wrong(change, message):
-    tensors, kwargs = change(hand_s2t_batch())
-    with pytest.raises(ValueError, match=message):
-        s2t_mask(*tensors, **kwargs)
+def test_bad_arguments_and_mismatched_shapes_name_what_is_wrong():
+    t = hand_s2t_batch()
+    for tensors, kwargs, message in [
+        (t, {"mode": "high_entropy"}, "mode='high_entropy'"),
+        (t, {"prob_threshold": 0.0}, "prob_threshold"),
+        (t, {"entropy_quantile": 1.5}, "entropy_quantile"),
+        ((t[0], t[1][:, :3], *t[2:]), {}, "shape"),
+        ((*t[:2], t[2][:1], t[3]), {}, "advantages"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            s2t_mask(*tensors, **kwargs)  # fmt: skip
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 10, 1001])
@@ -103,21 +93,19 @@ def test_linear_quantile_matches_numpy(n, q):
 
 @pytest.mark.slow  # 17.8 M candidates: ~3 s
 def test_tau_h_over_more_than_2_pow_24_candidates_is_exact():
-    # torch.quantile refuses inputs above 2**24 elements; the rule's quantile (kthvalue selection, linear
-    # interpolation in float64) must be exact there too: against numpy's float64 quantile of the same values.
+    # torch.quantile refuses inputs above 2**24 elements; against numpy's float64 quantile of the same values
     n = 2**24 + 1_000_003
     entropies = torch.rand(1, n, generator=torch.Generator().manual_seed(0)) * 5.0  # (1, n) nats
     result = s2t_mask(torch.full((1, n), math.log(1e-3)), entropies, torch.ones(1), torch.ones(1, n, dtype=torch.bool))
-    reference = float(np.quantile(entropies.flatten().double().numpy(), 0.75))  # numpy's default: linear
+    reference = float(np.quantile(entropies.flatten().double().numpy(), 0.75))
     assert result.num_candidates == n
     assert result.entropy_threshold == pytest.approx(reference, rel=1e-15, abs=0)
-    assert result.num_silenced == int((entropies.double() < reference).sum())  # the same tokens as the reference
+    assert result.num_silenced == int((entropies.double() < reference).sum())
 
 
 @pytest.mark.parametrize("dtype, step", [(torch.float32, 2.0**-23), (torch.bfloat16, 2.0**-7)])
 def test_tau_h_is_compared_in_float64_not_in_the_entropies_dtype(dtype, step):
-    # Sorted candidates [0.5, 1, 1, 1 + step] (step: the next value after 1.0), q = 0.75: h = 2.25, tau_h = 1 + step /
-    # 4, which rounds to 1.0 in the dtype, where "1.0 < 1.0" would keep the two candidates at exactly 1.0.
+    # [0.5, 1, 1, 1 + step], q = 0.75: tau_h = 1 + step / 4, 1.0 in the dtype, where "1.0 < 1.0" keeps the 1.0s
     result = s2t_mask(*candidates_batch(torch.tensor([0.5, 1.0, 1.0, 1.0 + step], dtype=dtype)))
     assert result.entropy_threshold == 1.0 + step / 4
     assert result.silenced[0].tolist() == [True, True, True, False]
@@ -125,8 +113,7 @@ def test_tau_h_is_compared_in_float64_not_in_the_entropies_dtype(dtype, step):
 
 @pytest.mark.parametrize("entropy, logp", [(float("nan"), None), (float("inf"), None), (0.15, float("-inf"))])
 def test_a_non_finite_log_prob_or_entropy_is_never_a_candidate_and_is_counted(entropy, logp):
-    # As a candidate, a NaN entropy would make tau_h NaN (nothing silenced), inf would make it inf (everything
-    # silenced), and log p = -inf passes "log p < log tau_p". Excluded: tau_h over [0.1, 0.2, 0.3] is 0.25.
+    # a NaN tau_h silences nothing, an inf one everything, log p = -inf passes "log p < log tau_p"; excluded: 0.25
     logps = torch.tensor([math.log(0.001)] * 3 + [logp or math.log(0.001)])
     result = s2t_mask(*candidates_batch(torch.tensor([0.1, 0.2, 0.3, entropy]), logps=logps))
     assert result.candidate[0].tolist() == [True, True, True, False]

@@ -1,7 +1,4 @@
-"""`stapo_trl/core/` stands alone, as TRL would merge it (`trl/experimental/stapo/`): it imports only torch,
-transformers, accelerate, trl and itself, and a copy of it under another name trains with every import of `stapo_trl`
-blocked (shape of TRL's `tests/experimental/test_gmpo_trainer.py`: snapshot, train, every parameter changed, the
-metric in `log_history`), writing no file of the library's."""
+"""`stapo_trl/core/` stands alone: its imports, and a copy of it training with `stapo_trl` blocked."""
 
 import ast
 import json
@@ -36,15 +33,13 @@ from datasets import Dataset
 from stapo import STAPOConfig, STAPOTrainer, s2t_mask  # the copy of stapo_trl/core/
 
 
-class Recorder(STAPOTrainer):  # keeps the inputs and result of the last mask, through the hook for subclasses
+class Recorder(STAPOTrainer):  # the last mask's inputs and result, through the hook
     def _compute_s2t_mask(self, *values):
         self.last = (values, super()._compute_s2t_mask(*values))
         return self.last[1]
 
 
 model_path, out = sys.argv[1], sys.argv[2]
-# tau_p = 1.0 makes every positive-advantage token a candidate; the bottom q are silenced. lr 1e-2: a tiny random
-# model's weights move visibly in 4 steps; the reward varies within a group (non-zero advantages).
 args = STAPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
                    num_generations=2, max_completion_length=8, logging_steps=1, save_strategy="no", seed=0,
                    max_steps=4, learning_rate=1e-2, s2t_prob_threshold=1.0)
@@ -81,13 +76,11 @@ def test_the_core_imports_only_torch_transformers_accelerate_trl_and_itself():
 def test_the_core_copied_out_of_the_package_trains_alone(tiny_model_path, tmp_path):
     shutil.copytree(CORE_DIR, tmp_path / "lifted" / "stapo", ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "train_with_the_copy.py").write_text(CHILD)
-    # Only the copy on the path: not the checkout (where stapo_trl lives) nor its editable install (blocked anyway).
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "lifted"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "train_with_the_copy.py", tiny_model_path, str(tmp_path / "run")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert facts["stapo_trl_modules"] == [] and facts["unchanged"] == [] and facts["rows"] == 4
-    # The threshold fires: candidates are silenced, and the mask is the rule recomputed from its own inputs.
     assert facts["silenced"] > 0 and facts["candidates"] > facts["silenced"] and facts["mask_matches"]
     assert not {"metrics.jsonl", "spurious_tokens.jsonl", "eval.json", "training_curves.png"} & set(facts["files"])
