@@ -1,6 +1,4 @@
-"""Generation (`stapo_trl.evaluation.generation`): temperature 0 is argmax decoding; a seed per sample (the
-distribution it draws from, no dependence on the batch or the other prompts), the sampled tokens' statistics; the
-vLLM backend's calls to a stand-in `vllm` (real vLLM: `tests/integrations/test_vllm.py`), its LoRA rank."""
+"""Generation: argmax at temperature 0, a seed per sample, token statistics, the vLLM backend's calls and LoRA rank."""
 
 import json
 import math
@@ -11,8 +9,7 @@ from stapo_trl.evaluation.generation import GeneratedSample, VLLMGenerator, buil
 
 
 def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_path):
-    # As in vLLM, whatever the seed: a hand-written argmax loop gives the same tokens (transformers would refuse
-    # temperature=0.0 with do_sample=True).
+    # as in vLLM, whatever the seed: a hand-written argmax loop gives the same tokens
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -35,20 +32,19 @@ def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_pa
 
 
 def test_each_row_samples_the_warped_distribution_from_its_own_seed():
-    # The sampler draws row r's token by inverse CDF from uniform number t of the stream seeded seeds[r]: the hand
-    # computation below, the top-p set alone (p = 0.4, 0.3 of 0.1, 0.2, 0.3, 0.4 at top-p 0.5), at its frequencies.
+    # row r's token: inverse CDF of draw t of the stream seeded seeds[r], over the top-p 0.5 set {0.3, 0.4}
     import torch
 
     from stapo_trl.evaluation.generation import _seeded_sampler
 
     logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().expand(4000, 4)  # (B, V)
-    steps = []  # per step: the entropy of the distribution sampled from and the drawn token's probability
+    steps = []
     sample = _seeded_sampler(1.0, 0.5, list(range(4000)), steps)
-    tokens = [sample(None, logits).argmax(-1) for _ in range(2)]  # two steps: the streams' first two numbers
+    tokens = [sample(None, logits).argmax(-1) for _ in range(2)]
     for step, drawn in enumerate(tokens):
         for r in (0, 1, 2, 3999):
             u = torch.rand(2, generator=torch.Generator().manual_seed(r), dtype=torch.float64)[step].item()
-            assert drawn[r].item() == (2 if u < 3 / 7 else 3), (step, r)  # the CDF in token order: 0, 0, 3/7, 1
+            assert drawn[r].item() == (2 if u < 3 / 7 else 3), (step, r)  # the CDF: 0, 0, 3/7, 1
         assert set(drawn.tolist()) == {2, 3} and abs((drawn == 3).double().mean().item() - 4 / 7) < 0.03
     assert not torch.equal(tokens[0], tokens[1])
     entropy = -(3 / 7 * math.log(3 / 7) + 4 / 7 * math.log(4 / 7))
@@ -58,21 +54,18 @@ def test_each_row_samples_the_warped_distribution_from_its_own_seed():
 
 
 def test_a_samples_tokens_do_not_depend_on_the_batch_or_the_other_prompts(tiny_math_model_path):
-    # stapo-train sampled from torch's global RNG seeded once per process, in batches of eval_batch_size x k,
-    # stapo-eval in batches of --batch-size: the same model gave other samples (44.8 % against 40.4 %).
     from stapo_trl.evaluation.generation import HFGenerator
 
     generator = HFGenerator(tiny_math_model_path, dtype="float32", device="cpu")
     texts = [build_prompt_text(generator.tokenizer, f"{a}+{a + 11}") for a in range(10, 16)]  # 6 prompts
     sampling = {"n": 3, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}
     runs = []
-    for batch_size, first in ((18, 0), (4, 0), (2, 3)):  # first: a process holding the last 3 problems
+    for batch_size, first in ((18, 0), (4, 0), (2, 3)):  # first 3: a process holding the last 3 problems
         generator.batch_size = batch_size
         seeds = [7 + 3 * i for i in range(first, 6)]  # evaluate_problems' seed + i * n
         runs.append([[s.text for s in row] for row in generator.generate(texts[first:], seeds=seeds, **sampling)])
     assert runs[0] == runs[1] and runs[0][3:] == runs[2]
     assert len({text for row in runs[0] for text in row}) > 6  # sampled: not one completion per prompt
-    # The token statistics of the built-in models' check: a side record, one entry per token up to the eos.
     stats = {}
     samples = generator.generate(texts, seeds=[7 + 3 * i for i in range(6)], stats=stats, **sampling)
     assert [[s.text for s in row] for row in samples] == runs[0]
@@ -81,8 +74,7 @@ def test_a_samples_tokens_do_not_depend_on_the_batch_or_the_other_prompts(tiny_m
 
 
 def test_vllm_generator_with_a_fake_vllm(monkeypatch):
-    # A stand-in `vllm` module checks the calls made: one SamplingParams(n, temperature, top_p, max_tokens, seed) per
-    # prompt, token-id prompts without extra special tokens; and the mapping of its outputs.
+    # a stand-in `vllm`: one SamplingParams per prompt, token-id prompts without special tokens, outputs mapped
     import sys
     import types
 

@@ -1,6 +1,4 @@
-"""The results file and its tables (`stapo_trl.evaluation.results`): the paper's columns, the relative gain of two
-files over the benchmarks both have, the cells that average fewer problems, `--limit`, the settings that differ, and
-the one-line refusal to resume a file written with other settings."""
+"""The results tables (paper's columns, relative gains, partial cells, `--limit`) and the one-line resume refusal."""
 
 from pathlib import Path
 
@@ -53,7 +51,6 @@ def test_comparison_averages_the_shared_benchmarks_and_lists_what_differs():
 
 
 def test_a_cell_with_dropped_problems_says_how_many_it_averages_and_a_limit_is_stated():
-    # Reported: AIME's avg@2 over 3 of its 8 problems read like the whole benchmark, in both tables.
     table = format_results_table([_results({"aime24": _table(0.5, 3, 8), "amc23": _table(0.25, 40, 40)})])
     assert "| m/t1.0-p1.0 | 50.0 (3/8) | 25.0 | " in table, table
     comparison = format_comparison(_results({"aime24": _table(0.5, 3, 8)}), _results({"aime24": _table(0.25, 8, 8)}))
@@ -77,7 +74,6 @@ def _refusal(old: dict, new: dict) -> str:
 
 
 def test_other_settings_are_one_line_naming_the_flags_that_resume_the_file():
-    # Reported: five lines, with "now None" for the flags left unset.
     assert _refusal(CONFIG, {**CONFIG, "samples": None, "limit": None, "max_new_tokens": 64}) == (
         "r.json holds results of other settings, so it cannot be resumed: --samples 2 in the file, unset (each "
         "benchmark's default) now; --max-new-tokens 48 in the file, 64 now; --limit 5 in the file, unset (every "
@@ -87,7 +83,6 @@ def test_other_settings_are_one_line_naming_the_flags_that_resume_the_file():
     assert "--limit unset (every problem) in the file, 3 now" in message
     assert "the chat template in the file, --no-chat-template now" in message
     assert message.endswith("Rerun without --limit, --no-chat-template to add to it, or choose another --output.")
-    # Not a difference: a key an older version did not write; --samples 32 (AIME's default) against unset; the same
-    # model folder with a trailing slash.
+    # no difference: a key the file lacks, --samples 32 (AIME's default) against unset, a trailing slash
     old = {key: value for key, value in CONFIG.items() if key != "chat_template"} | {"samples": None, "model": "."}
     check_resumable({"config": old}, {**CONFIG, "samples": 32, "model": "./", "chat_template": False}, Path("r.json"))

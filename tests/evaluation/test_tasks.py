@@ -1,5 +1,4 @@
-"""The benchmarks (`stapo_trl.evaluation.tasks`): the record layouts, the instructions stripped from problems, the
-registry and the paper's sample counts, the real copies in `shared/data/` (its SOURCES.md) and their row counts."""
+"""The benchmarks: record layouts, instructions stripped, the registry, the real copies in `shared/data/`."""
 
 import re
 
@@ -36,13 +35,9 @@ LAYOUTS = {  # row -> (id, problem, gold)
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_normalize_record_layouts(layout):
-    row, expected = LAYOUTS[layout]
-    assert tuple(normalize_record(row))[:3] == expected
-
-
-def test_rows_without_problem_or_gold_and_unknown_benchmarks_are_refused():
+def test_layouts_and_rows_without_problem_or_gold_and_unknown_benchmarks():
+    for layout, (row, expected) in LAYOUTS.items():
+        assert tuple(normalize_record(row))[:3] == expected, layout
     with pytest.raises(ValueError, match="no gold"):
         normalize_record({"problem": "x"})
     with pytest.raises(ValueError, match="no problem"):
@@ -65,7 +60,6 @@ def test_clean_problem_text_strips_known_instructions():
     assert clean_problem_text(
         "Find $x$.\nPlease reason step by step, and put your final answer within \\boxed{}."
     ) == ("Find $x$.")
-    # A problem that merely starts with "Please" keeps its text.
     assert clean_problem_text("Please find $x$. What is $y$?") == "Please find $x$. What is $y$?"
 
 
