@@ -95,7 +95,7 @@ def hf_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_tok
             enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
             enc, steps = enc.to(model.device), [] if stats is not None else None
             chunk_seeds = [seeds[i] + j for i, j in chunk]
-            sampler = [_seeded_sampler(temperature, top_p, chunk_seeds, steps)] if temperature else []
+            sampler = [_seeded_sampler(temperature, top_p, chunk_seeds, steps)] * bool(temperature)
             with torch.no_grad():
                 generated = model.generate(**enc, generation_config=config, logits_processor=sampler)
             recorded = [torch.stack(values, 1).tolist() for values in zip(*steps)] if steps else []  # (B, T) each
@@ -207,9 +207,9 @@ def evaluate_problems(generate_fn, tokenizer, problems: list[BenchmarkProblem], 
         problem, rows = problems[i], []
         for j, sample in enumerate(samples):
             result = grade(sample.text, problem.gold)
-            record = {"benchmark": problem.benchmark, "decoding": decoding.name, "id": problem.id, "sample": j}
-            record |= {"extracted": result.extracted, "correct": result.correct, "grader_error": result.error}
-            record |= {"num_tokens": sample.num_tokens, "finished": sample.finished}
+            record = {"benchmark": problem.benchmark, "decoding": decoding.name, "id": problem.id, "sample": j,
+                      "extracted": result.extracted, "correct": result.correct, "grader_error": result.error,
+                      "num_tokens": sample.num_tokens, "finished": sample.finished}  # fmt: skip
             rows.append(record | ({"completion": sample.text} if save_completions else {}))
         graded.append((i, rows))
     if local is not keep:

@@ -112,11 +112,11 @@ def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path
             (leave_out.append(flag) if old[key] is None else give.append(f"{flag} {old[key]}"))
     if whats:
         rerun = [f"with {' '.join(give)}"] * bool(give) + [f"without {', '.join(leave_out)}"] * bool(leave_out)
-        rerun = f"Rerun {' and '.join(rerun)} to add to it" if rerun else "Rerun with the stapo_trl that wrote it"
-        raise ValueError(
-            f"{path} holds results of other settings, so it cannot be resumed: {'; '.join(whats)}. {rerun}, or "
-            "choose another --output."
+        rerun = (
+            f"Rerun {' and '.join(rerun)} to add to it" if rerun else "Rerun with the stapo_trl version that wrote it"
         )
+        whats = f"other settings, so it cannot be resumed: {'; '.join(whats)}"
+        raise ValueError(f"{path} holds results of {whats}. {rerun}, or choose another --output.")
 
 
 def open_results(path: Path, config: dict[str, Any]) -> dict[str, Any]:

@@ -98,10 +98,8 @@ def normalize_record(row: Mapping[str, Any], index: int = 0, benchmark: str = ""
         if gold is None and len(row["solution"]) < 100:
             gold = row["solution"].strip() or None
     if gold in (None, "", []):
-        raise ValueError(
-            f"Row {index}: no gold answer (answer/final_answer/reward_model.ground_truth/ground_truth/boxed "
-            f"solution); keys: {sorted(row)}"
-        )
+        fields = "answer/final_answer/reward_model.ground_truth/ground_truth/boxed solution"
+        raise ValueError(f"Row {index}: no gold answer ({fields}); keys: {sorted(row)}")
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
     ids = (row.get("id"), row.get("unique_id"), row.get("idx"), extra.get("index"))
     return BenchmarkProblem(
