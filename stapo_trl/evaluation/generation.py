@@ -95,7 +95,7 @@ def hf_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_tok
             enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
             enc, steps = enc.to(model.device), [] if stats is not None else None
             chunk_seeds = [seeds[i] + j for i, j in chunk]
-            sampler = [_seeded_sampler(temperature, top_p, chunk_seeds, steps)] * bool(temperature)
+            sampler = [_seeded_sampler(temperature, top_p, chunk_seeds, steps)] if temperature else []
             with torch.no_grad():
                 generated = model.generate(**enc, generation_config=config, logits_processor=sampler)
             recorded = [torch.stack(values, 1).tolist() for values in zip(*steps)] if steps else []  # (B, T) each
