@@ -17,9 +17,7 @@ from ..grading import extract_boxed_answer
 _SPEC_FIELDS = "name display_name default_samples hub_id hub_split hub_config num_problems in_paper"
 BenchmarkSpec = namedtuple("BenchmarkSpec", _SPEC_FIELDS, defaults=("test", None, None, True))
 
-BENCHMARKS: dict[str, BenchmarkSpec] = {
-    s.name: s
-    for s in (
+BENCHMARKS: dict[str, BenchmarkSpec] = {s.name: s for s in (
         BenchmarkSpec("aime24", "AIME24", 32, "HuggingFaceH4/aime_2024", hub_split="train", num_problems=30),
         BenchmarkSpec("aime25", "AIME25", 32, "math-ai/aime25", num_problems=30),
         BenchmarkSpec("amc23", "AMC23", 32, "math-ai/amc23", num_problems=40),
@@ -28,8 +26,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
         BenchmarkSpec("olympiadbench", "OlympiadBench", 4, "math-ai/olympiadbench", num_problems=675),
         BenchmarkSpec("gsm8k", "GSM8K", 4, "openai/gsm8k", hub_config="main", num_problems=1319, in_paper=False),
         BenchmarkSpec("tiny-math", "TinyMath", 4, "builtin:tiny-math", num_problems=300, in_paper=False),
-    )
-}
+)}  # fmt: skip
 PAPER_BENCHMARKS: tuple[str, ...] = tuple(name for name, spec in BENCHMARKS.items() if spec.in_paper)
 DATA_FILES: tuple[str, ...] = ("test.jsonl", "test.parquet", "test.json")  # in order of preference
 BenchmarkProblem = namedtuple("BenchmarkProblem", "id problem gold benchmark", defaults=("",))
@@ -101,10 +98,10 @@ def normalize_record(row: Mapping[str, Any], index: int = 0, benchmark: str = ""
         fields = "answer/final_answer/reward_model.ground_truth/ground_truth/boxed solution"
         raise ValueError(f"Row {index}: no gold answer ({fields}); keys: {sorted(row)}")
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
-    ids = (row.get("id"), row.get("unique_id"), row.get("idx"), extra.get("index"))
-    return BenchmarkProblem(
-        str(next((i for i in ids if i is not None), index)), clean_problem_text(problem), gold, benchmark
+    row_id = next(
+        (i for i in (row.get("id"), row.get("unique_id"), row.get("idx"), extra.get("index")) if i is not None), index
     )
+    return BenchmarkProblem(str(row_id), clean_problem_text(problem), gold, benchmark)
 
 
 def normalize_records(rows: Iterable[Mapping[str, Any]], benchmark: str = "") -> list[BenchmarkProblem]:
@@ -120,9 +117,8 @@ def normalize_records(rows: Iterable[Mapping[str, Any]], benchmark: str = "") ->
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """A benchmark file's rows (`{"data": [...]}` gives its list); `load_local_dataset_file`'s `ValueError`s."""
     rows = load_local_dataset_file(str(path)).to_list()
-    if len(rows) == 1 and len(rows[0]) == 1 and isinstance(inner := next(iter(rows[0].values())), list):
-        return inner
-    return rows
+    one = len(rows) == 1 and len(rows[0]) == 1 and isinstance(inner := next(iter(rows[0].values())), list)
+    return inner if one else rows
 
 
 def find_benchmark_file(name: str, data_dir: str | Path) -> Path:
