@@ -161,8 +161,7 @@ def _label(data: dict[str, Any]) -> str:
 
 
 class _Table:
-    """Markdown lines of benchmark `columns` and Avg (mean avg@N over the paper benchmarks averaged, `*` when fewer
-    than six), in %, with the footnotes its rows need."""
+    """Markdown lines of benchmark `columns` and Avg (`*` over fewer than six), in %, and their footnotes."""
 
     def __init__(self, columns: list[str]):
         names = ["Model", *(BENCHMARKS[b].display_name for b in columns), "Avg"]
@@ -189,8 +188,7 @@ class _Table:
 
 
 def format_results_table(result_sets: list[dict[str, Any]]) -> str:
-    """Markdown table laid out like the paper's: a row per model and decoding, a column per benchmark present, then
-    Avg (over the paper benchmarks present), in %; footnotes for `*`, `(n/N)` and `--limit`."""
+    """The paper's table in Markdown: a row per model and decoding, a column per benchmark present, Avg, in %."""
     present = {b for data in result_sets for tables in data["results"].values() for b in tables}
     table = _Table([b for b in BENCHMARKS if b in present])
     for data in result_sets:
@@ -217,9 +215,8 @@ def comparison_caveats(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def format_comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
-    """A Markdown table per decoding both results files hold (`ValueError` when they share none): their rows, Avg
-    over the paper benchmarks both have (`*` when fewer than six), the relative gain (b - a) / a per column; then the
-    settings that differ."""
+    """A Markdown table per decoding both files hold (`ValueError` if none): their rows, Avg over the paper benchmarks
+    both have, the relative gain (b - a) / a per column; then the settings that differ."""
     shared = [d for d in a["results"] if d in b["results"]]
     if not shared:
         raise ValueError(f"No common decoding: {sorted(a['results'])} vs {sorted(b['results'])}.")
@@ -231,9 +228,8 @@ def format_comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
         suffixes = (" (a)", " (b)") if _label(a) == _label(b) else ("", "")
         va, vb = (table.row(f"{_label(d)}/{decoding}{s}", t, both) for d, t, s in zip((a, b), (ta, tb), suffixes))
         gains = ["n/a" if not x or y is None else f"{100 * (y - x) / x:+.1f}%" for x, y in zip(va, vb)]
-        out.append(
-            "\n".join([f"Decoding {decoding}", "", *table.lines, f"| rel. gain (b-a)/a | {' | '.join(gains)} |"])
-        )
+        gain_row = f"| rel. gain (b-a)/a | {' | '.join(gains)} |"
+        out.append("\n".join([f"Decoding {decoding}", "", *table.lines, gain_row]))
         note = f"\\* Avg over the {len(both)} paper benchmark(s) both files have: {', '.join(both)}."
         notes += [n for n in table.footnotes(note, []) if n not in notes]
     if caveats := comparison_caveats(a, b):
