@@ -151,9 +151,7 @@ class VLLMGenerator:
 
             from ..integrations.vllm_support import llm_platform_kwargs
         except ImportError as e:
-            fix = (
-                "On a GPU: pip install 'stapo_trl[vllm]'; on a CPU: `make install-vllm` (.venv-vllm) or --backend hf."
-            )
+            fix = "On a GPU: pip install 'stapo_trl[vllm]'; on a CPU: `make install-vllm` or --backend hf."
             raise RuntimeError(f"--backend vllm needs vLLM, which is not installed. {fix}") from e
         from ..models.loading import resolve_model_source
 
@@ -176,9 +174,8 @@ class VLLMGenerator:
         params = [self._sampling_params(**sampling, seed=seed) for seed in seeds]
         ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompt_texts]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in ids], params, **self._lora)
-        return [
-            [GeneratedSample(o.text, len(o.token_ids), o.finish_reason == "stop") for o in r.outputs] for r in outputs
-        ]
+        sample = lambda o: GeneratedSample(o.text, len(o.token_ids), o.finish_reason == "stop")  # noqa: E731
+        return [[sample(o) for o in r.outputs] for r in outputs]
 
 
 def evaluate_problems(generate_fn, tokenizer, problems: list[BenchmarkProblem], *, n: int, decoding: DecodingSetting,
