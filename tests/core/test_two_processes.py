@@ -50,17 +50,12 @@ WORKER = textwrap.dedent(
     seen["empty"] = trainer._gather(torch.tensor([], dtype=torch.float64)).tolist()
     # E. The normalizer: 2 updates of GA 2 micro-batches, rank-dependent token counts, no candidates (A <= 0).
     trainer.model.train()
-    kept = [3, 5, 2, 4] if rank == 0 else [1, 1, 1, 1]
-    micro_batches = []
-    for k in kept:
-        completion_mask = torch.zeros(2, 4, dtype=torch.long)
-        completion_mask.view(-1)[:k] = 1
-        micro_batches.append({
-            "prompt_ids": torch.ones(2, 2, dtype=torch.long), "prompt_mask": torch.ones(2, 2, dtype=torch.long),
-            "completion_ids": torch.ones(2, 4, dtype=torch.long), "completion_mask": completion_mask,
-            "advantages": torch.zeros(2), "old_per_token_logps": torch.zeros(2, 4), "s2t_entropies": torch.ones(2, 4),
-        })
-    trainer._buffered_inputs = micro_batches
+    ones = torch.ones(2, 4, dtype=torch.long)
+    trainer._buffered_inputs = [
+        {"prompt_ids": ones[:, :2], "prompt_mask": ones[:, :2], "completion_ids": ones, "advantages": torch.zeros(2),
+         "completion_mask": (torch.arange(8) < k).long().view(2, 4), "old_per_token_logps": torch.zeros(2, 4),
+         "s2t_entropies": torch.ones(2, 4)} for k in ([3, 5, 2, 4] if rank == 0 else [1, 1, 1, 1])
+    ]
     seen["E"] = []
     for step in range(4, 8):  # the second pass over a rollout batch (num_iterations 2): no generation
         trainer._step = step
