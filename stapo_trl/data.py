@@ -1,7 +1,6 @@
-r"""Prompt datasets in the columns `GRPOTrainer` and the rewards read, `prompt` ([`format_prompt`]) and `solution`,
-beside the source's own (TRL passes each to the reward functions by name); `builtin:tiny-math` is two-digit addition
-worked column by column: `47+38` -> `7+8=15, write 5 carry 1; 4+3+1=8; \boxed{85}`. Also the checks of a run's
-datasets before any model is built, and the prompt-token budget. `datasets` is imported where it is used."""
+r"""Prompt datasets in the columns `GRPOTrainer` and the rewards read (`prompt`, `solution`, the source's own), the
+built-in task `builtin:tiny-math` (`47+38` -> `7+8=15, write 5 carry 1; 4+3+1=8; \boxed{85}`), the checks of a run's
+datasets before a model is built, and the prompt-token budget."""
 
 from __future__ import annotations
 
@@ -19,57 +18,54 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-# The paper's prompt suffix (STAPO Sec. 4.1): step-by-step reasoning, final answer in \boxed{}.
-INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."  # STAPO Sec. 4.1
 BUILTIN_PREFIX = "builtin:"
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 NOT_HELD_OUT = "training file (not held out)"  # the split label of an evaluation that reads training prompts
-# DAPO-Math-17k wraps every problem in its own instruction ("Answer: $Answer" on the last line), against \boxed{}.
-_DAPO_HEAD = re.compile(
+_DAPO = re.compile(  # DAPO-Math-17k's own answer format ("Answer: $Answer"), against \boxed{}
     r"^\s*Solve the following math problem step by step\. The last line of your response should be of the form "
     r"Answer: \$Answer \(without quotes\) where \$Answer is the answer to the problem\.\s*"
+    r'|\s*Remember to put your answer on its own line after "Answer:"\.?\s*$'
 )
-_DAPO_TAIL = re.compile(r'\s*Remember to put your answer on its own line after "Answer:"\.?\s*$')
+TRL_REWARD_ARGUMENTS = {*"prompts completions completion_ids trainer_state log_extra log_metric environments".split()}
+_PASSED_AS = {"prompt": "prompts", "completion": "completions"}  # columns TRL passes under the plural
+CHAT_TEMPLATE_FIX = "Give the tokenizer a template (tokenizer.chat_template = '...', then pass processing_class="
+CHAT_TEMPLATE_FIX += "tokenizer or save it into the model folder), or pass prompts as plain strings."
+CLI_CHAT_TEMPLATE_FIX = "Use a model whose tokenizer has one (builtin:gemma3-270m adds Gemma's), or set "
+CLI_CHAT_TEMPLATE_FIX += "tokenizer.chat_template and save_pretrained it into the model folder."
+EVAL_CHAT_TEMPLATE_FIX = CLI_CHAT_TEMPLATE_FIX[:-1] + "; or pass --no-chat-template to feed the plain problem text."
 
 
 def format_prompt(problem: str, instruction: str | None = INSTRUCTION) -> list[dict[str, str]]:
-    """One user turn: `problem`, then `instruction` on a new line unless it is None or "" or the problem already ends
-    with it (whitespace aside). Training and evaluation prompts alike."""
+    """One user turn: `problem`, then `instruction` on a new line unless None, "" or already its end (spaces aside)."""
     if instruction and not "".join(str(problem).split()).endswith("".join(instruction.split())):
         problem = f"{problem}\n{instruction}"
     return [{"role": "user", "content": problem}]
 
 
 def remove_dapo_instruction(problem: str) -> str:
-    """`problem` without DAPO-Math-17k's answer-format head and tail (unchanged when it has none)."""
-    return _DAPO_TAIL.sub("", _DAPO_HEAD.sub("", problem, count=1), count=1)
+    return _DAPO.sub("", problem)
 
 
 def filter_long_prompts(dataset, tokenizer, max_prompt_tokens: int, chat_template_kwargs: dict | None = None):
-    """The rows of `dataset` (a conversational `prompt` column) whose prompt, rendered by the tokenizer's chat template
-    with the generation prompt, has at most `max_prompt_tokens` tokens (the paper caps prompts at 1,024)."""
+    """The rows whose chat `prompt`, with the generation prompt, has at most `max_prompt_tokens` tokens."""
     kwargs = {"tokenize": True, "add_generation_prompt": True, "return_dict": False, **(chat_template_kwargs or {})}
-
-    def short_enough(batch: dict[str, list]) -> list[bool]:
-        return [len(ids) <= max_prompt_tokens for ids in tokenizer.apply_chat_template(batch["prompt"], **kwargs)]
-
-    return dataset.filter(short_enough, batched=True, desc=f"Dropping prompts longer than {max_prompt_tokens} tokens")
+    lengths = map(len, tokenizer.apply_chat_template(list(dataset["prompt"]), **kwargs))
+    return dataset.select([i for i, n in enumerate(lengths) if n <= max_prompt_tokens])
 
 
 def tiny_math_completion(a: int, b: int) -> str:
-    r"""The worked column addition of two-digit `a` and `b`, `carry 0` included: `21, 34` ->
-    `1+4=5, write 5 carry 0; 2+3+0=5; \boxed{55}`."""
+    r"""The worked column addition: `21, 34` -> `1+4=5, write 5 carry 0; 2+3+0=5; \boxed{55}`."""
     units, carry = a % 10 + b % 10, (a % 10 + b % 10) // 10
-    return f"{a % 10}+{b % 10}={units}, write {units % 10} carry {carry}; {a // 10}+{b // 10}+{carry}=" + (
-        f"{a // 10 + b // 10 + carry}; \\boxed{{{a + b}}}"
-    )
+    steps = f"{a % 10}+{b % 10}={units}, write {units % 10} carry {carry}; {a // 10}+{b // 10}+{carry}"
+    return f"{steps}={(a + b) // 10}; \\boxed{{{a + b}}}"
 
 
 def make_tiny_math_dataset(num_train: int = 7800, num_test: int = 300, seed: int = 0):
-    """The built-in tiny-math task, a [`~datasets.DatasetDict`]: the 8,100 pairs `10 <= a, b <= 99` shuffled by
-    `random.Random(seed)`, the first `num_test` the `"test"` split, the next `num_train` the `"train"` split. Columns:
-    `prompt` ([`format_prompt`]), `solution` (`"85"`), `completion` (the worked steps, the SFT target), `problem`
-    (`"47+38"`). Raises `ValueError` for a negative size or more than 8,100 problems in all."""
+    """The built-in tiny-math [`~datasets.DatasetDict`]: the 8,100 pairs `10 <= a, b <= 99` shuffled by
+    `random.Random(seed)`, the first `num_test` in `"test"`, the next `num_train` in `"train"`; columns `prompt`,
+    `solution` (`"85"`), `completion` (the worked steps) and `problem` (`"47+38"`). Raises `ValueError` for a
+    negative size or more than 8,100 in all."""
     import datasets
 
     pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
@@ -89,13 +85,11 @@ BUILTIN_DATASETS = {"tiny-math": make_tiny_math_dataset}  # `builtin:<name>` dat
 
 
 def is_local_dataset_file(dataset_name: str) -> bool:
-    """Whether `dataset_name` names a local `.json`, `.jsonl`, `.parquet` or `.csv` file (existing or not)."""
     return os.path.splitext(dataset_name)[1].lower() in _FILE_BUILDERS
 
 
 def local_data_digest(dataset_name: str) -> str | None:
-    """The SHA-256 of a local dataset file's bytes, or of a folder's files (each one's relative path and bytes, in
-    sorted order, hidden ones left out); `None` for a `builtin:` task or a Hub id."""
+    """The SHA-256 of a local file's bytes or a folder's files (path and bytes, hidden ones left out), else `None`."""
     if dataset_name.startswith(BUILTIN_PREFIX) or not os.path.exists(dataset_name):
         return None
     root, digest = Path(dataset_name), hashlib.sha256()
@@ -108,8 +102,7 @@ def local_data_digest(dataset_name: str) -> str | None:
 
 
 def evaluation_split(dataset_name: str, test_split: str) -> tuple[str, str | None]:
-    """(the split label of `stapo-train`'s before/after evaluation, a warning or `None`): a local file has one split,
-    so the evaluation reads its first prompts, which are trained on too."""
+    """(the before/after evaluation's split label, a warning or `None`): a local file's reads training rows."""
     if not is_local_dataset_file(dataset_name):
         return test_split, None
     return NOT_HELD_OUT, (
@@ -120,8 +113,8 @@ def evaluation_split(dataset_name: str, test_split: str) -> tuple[str, str | Non
 
 
 def load_local_dataset_file(path: str):
-    """A local `.json`, `.jsonl`, `.parquet` or `.csv` file as one [`~datasets.Dataset`]. Raises `FileNotFoundError`
-    for a missing file, a one-line `ValueError` for one without rows or that does not parse."""
+    """A local `.json`, `.jsonl`, `.parquet` or `.csv` file as a `Dataset`; `FileNotFoundError`, or a one-line
+    `ValueError` for a file without rows or that does not parse."""
     import datasets
 
     if not os.path.isfile(path):
@@ -139,7 +132,6 @@ def load_local_dataset_file(path: str):
 
 
 def _json_lines(path: str) -> list[tuple[int, Any]]:
-    """[`~stapo_trl.run_folder.logs.json_lines`] of a `.json` or `.jsonl` file that is not one array, else `[]`."""
     from .run_folder.logs import json_lines  # torch: not for the commands' --help
 
     if not path.lower().endswith((".json", ".jsonl")):
@@ -149,48 +141,12 @@ def _json_lines(path: str) -> list[tuple[int, Any]]:
 
 
 def _read_error(root: str, error: Exception) -> str:
-    """The first line of a file (of a folder's, after its name) that is not a JSON object, else the parser's words."""
+    """The first line of a file (of a folder's) that is not a JSON object, else the parser's first line."""
     paths = [root] if os.path.isfile(root) else sorted(str(p) for p in Path(root).rglob("*") if p.is_file())
     for path in paths:
         if bad := next((n for n, row in _json_lines(path) if not isinstance(row, dict)), None):
             return f"{'' if path == root else os.path.relpath(path, root) + ' '}line {bad} is not a JSON object"
     return (str(error.__cause__ or error).strip().splitlines() or [type(error).__name__])[0]
-
-
-def check_prompt_columns(dataset, dataset_name: str, prompt_column: str, solution_column: str) -> tuple[list, list]:
-    """The prompt and solution columns' values (dotted names reach into struct columns), after one warning line per
-    kind of row GRPOTrainer trains on anyway (empty prompts, no answer), naming the rows (a JSON Lines file's lines)
-    and the column. Raises `ValueError` for a missing column or a prompt that is neither text nor chat messages."""
-    flat = dataset.flatten()
-    for column in [c for c in (prompt_column, solution_column) if c not in flat.column_names + dataset.column_names]:
-        raise ValueError(
-            f"{missing_column_message(column, dataset_name, dataset.column_names)} Set prompt_column / "
-            "solution_column (dotted names reach into struct columns, e.g. 'reward_model.ground_truth')."
-        )
-    prompts, solutions = [
-        (dataset if c in dataset.column_names else flat)[c] for c in (prompt_column, solution_column)
-    ]
-    bad, empty, unanswered = [], [], []
-    for index, (prompt, solution) in enumerate(zip(prompts, solutions)):
-        chat = isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt)
-        if not isinstance(prompt, str) and not chat:
-            bad.append(index)
-        elif not (prompt if isinstance(prompt, str) else "".join(str(m["content"]) for m in prompt)).strip():
-            empty.append(index)
-        if not _solution_to_str(solution).strip():
-            unanswered.append(index)
-    if bad:
-        raise ValueError(
-            f"{_where(dataset_name, bad)} (column {prompt_column!r}): a prompt must be a string or a list of chat "
-            f"messages with 'role' and 'content', got {prompts[bad[0]]!r:.100}. Fix or remove those rows."
-        )
-    for rows, column, what in [
-        (empty, prompt_column, "empty prompt: trained on, the model sees the instruction alone."),
-        (unanswered, solution_column, "no answer: math_accuracy gives their completions no reward (None)."),
-    ]:
-        if rows:
-            logger.warning(f"{_where(dataset_name, rows)} (column {column!r}): {what}")
-    return prompts, solutions
 
 
 def _where(dataset_name: str, indices: list[int]) -> str:
@@ -203,20 +159,52 @@ def _where(dataset_name: str, indices: list[int]) -> str:
 
 
 def _solution_to_str(value: Any) -> str:
-    """A gold answer as a string: `27.0` -> `"27"`, a list joined with `", "`, `None` -> `""` (never correct)."""
+    """`27.0` -> `"27"`, a list joined with `", "`, `None` -> `""` (never correct)."""
     if isinstance(value, (list, tuple)):
         return ", ".join(map(_solution_to_str, value))
     return "" if value is None else str(int(value) if isinstance(value, float) and value.is_integer() else value)
 
 
+def check_prompt_columns(dataset, dataset_name: str, prompt_column: str, solution_column: str) -> tuple[list, list]:
+    """The prompt and solution columns' values (dotted names reach into struct columns), after a warning line naming
+    the rows with an empty prompt or no answer (GRPOTrainer trains on them). Raises `ValueError` for a missing column
+    or a prompt that is neither text nor chat messages."""
+    flat = dataset.flatten()
+    for column in [c for c in (prompt_column, solution_column) if c not in flat.column_names + dataset.column_names]:
+        message = f"{missing_column_message(column, dataset_name, dataset.column_names)} Set prompt_column / "
+        raise ValueError(message + "solution_column (dotted names reach into struct columns, e.g. 'a.b').")
+    prompts, solutions = [
+        (dataset if c in dataset.column_names else flat)[c] for c in (prompt_column, solution_column)
+    ]
+    rows = {"bad": [], "empty": [], "unanswered": []}
+    for index, (prompt, solution) in enumerate(zip(prompts, solutions)):
+        chat = isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt)
+        text = prompt if isinstance(prompt, str) else "".join(str(m["content"]) for m in prompt) if chat else None
+        if text is None or not text.strip():
+            rows["bad" if text is None else "empty"].append(index)
+        if not _solution_to_str(solution).strip():
+            rows["unanswered"].append(index)
+    if bad := rows["bad"]:
+        raise ValueError(
+            f"{_where(dataset_name, bad)} (column {prompt_column!r}): a prompt must be a string or a list of chat "
+            f"messages with 'role' and 'content', got {prompts[bad[0]]!r:.100}. Fix or remove those rows."
+        )
+    for kind, column, what in [
+        ("empty", prompt_column, "empty prompt: trained on, the model sees the instruction alone."),
+        ("unanswered", solution_column, "no answer: math_accuracy gives their completions no reward (None)."),
+    ]:
+        if rows[kind]:
+            logger.warning(f"{_where(dataset_name, rows[kind])} (column {column!r}): {what}")
+    return prompts, solutions
+
+
 def _to_prompt(value: str | list[dict], instruction: str | None, strip_dapo: bool) -> list[dict[str, str]]:
-    """A chat from a problem or a chat: `instruction` added to its last user turn, DAPO's removed with `strip_dapo`."""
+    strip = remove_dapo_instruction if strip_dapo else (lambda text: text)
     if isinstance(value, str):
-        return format_prompt(remove_dapo_instruction(value) if strip_dapo else value, instruction)
-    messages = [{"role": m["role"], "content": m["content"]} for m in value]
-    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
-    for i in users if strip_dapo else []:
-        messages[i]["content"] = remove_dapo_instruction(messages[i]["content"])
+        return format_prompt(strip(value), instruction)
+    users = [i for i, m in enumerate(value) if m["role"] == "user"]
+    messages = [{"role": m["role"], "content": strip(m["content"]) if i in users else m["content"]}
+                for i, m in enumerate(value)]  # fmt: skip
     if users:
         messages[users[-1]] = format_prompt(messages[users[-1]]["content"], instruction)[0]
     return messages
@@ -228,13 +216,11 @@ def load_prompt_dataset(
     strip_dapo_instruction: bool = False,
 ):  # fmt: skip
     """A math dataset as a [`~datasets.Dataset`] for [`~trl.GRPOTrainer`]: the source's other columns, then `prompt`
-    (`list[dict[str, str]]`) and `solution` (`str`, `27.0` -> `"27"`); a `builtin:<name>` task (splits "train" and
-    "test") has only these two. A local `.json`, `.jsonl`, `.parquet` or `.csv` file is one split; another name goes
-    to `datasets.load_dataset` (a Hub id, a folder). A prompt is a problem or a chat (verl's): its last user turn gets
-    `instruction` ([`format_prompt`]), after DAPO's own is removed with `strip_dapo_instruction`. Dotted column names
-    reach into struct columns; questionable rows are logged ([`check_prompt_columns`]). Raises `ValueError` (an
+    (a chat, `instruction` added to its last user turn, DAPO's removed with `strip_dapo_instruction`) and `solution`
+    (`str`); a `builtin:<name>` task (splits "train", "test") has only these two. A local `.json`, `.jsonl`,
+    `.parquet` or `.csv` file is one split; another name goes to `datasets.load_dataset`. Raises `ValueError` (an
     unknown `builtin:` name or split, a file that does not parse, a missing column, a prompt neither text nor chat)
-    or `FileNotFoundError` (a missing local file)."""
+    or `FileNotFoundError`."""
     import datasets
 
     if limit is not None and limit < 0:
@@ -243,9 +229,7 @@ def load_prompt_dataset(
         splits = BUILTIN_DATASETS.get(dataset_name.removeprefix(BUILTIN_PREFIX), dict)()
         if split not in splits:
             known = "; ".join(f"{BUILTIN_PREFIX}{n} (splits {', '.join(m())})" for n, m in BUILTIN_DATASETS.items())
-            raise ValueError(
-                f"No built-in dataset {dataset_name!r} with a split {split!r}; built-in datasets: {known}."
-            )
+            raise ValueError(f"No built-in dataset {dataset_name!r} with a split {split!r}; built-in ones: {known}.")
         dataset, prompt_column, solution_column = splits[split], "problem", "solution"
     elif is_local_dataset_file(dataset_name):
         dataset = load_local_dataset_file(dataset_name)
@@ -268,11 +252,10 @@ def load_prompt_dataset(
     return dataset.select_columns(kept).add_column("prompt", prompts).add_column("solution", solutions)
 
 
-# -- the prompt-token budget: prompts longer than the model's positions minus the generation budget are dropped ----
 def model_max_positions(config) -> int | None:
     """The positions a model attends over: a vLLM engine's `max_model_len`, else the first positive
-    `max_position_embeddings` / `n_positions` / `max_sequence_length` / `seq_length` of a config (object or dict),
-    a model (its `.config`) or a folder (its `config.json`); `None` when unknown."""
+    `max_position_embeddings`, `n_positions`, `max_sequence_length` or `seq_length` of a config (object or dict),
+    a model or a folder's `config.json`; `None` when unknown."""
     engine = getattr(getattr(config, "llm", config), "llm_engine", None)
     if isinstance(length := getattr(getattr(engine, "model_config", None), "max_model_len", None), int):
         return length
@@ -283,31 +266,26 @@ def model_max_positions(config) -> int | None:
             return None
     config = getattr(config, "model", config)  # an evaluation generator holds its model
     config = getattr(config, "config", config)
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
+    get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
+    lengths = map(get, ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"))
+    return next((n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 0), None)
 
 
 def prompt_token_budget(max_positions: int | None, max_new_tokens: int, max_prompt_tokens: int | None = None):
     """The longest prompt (tokens) that leaves `max_new_tokens` positions: `min(max_positions - max_new_tokens,
-    max_prompt_tokens)` over the known terms, `None` when neither is known. Raises `ValueError` when
-    `max_new_tokens >= max_positions` or `max_prompt_tokens < 1`."""
+    max_prompt_tokens)` over the known terms, else `None`. Raises `ValueError` when `max_new_tokens >=
+    max_positions` or `max_prompt_tokens < 1`."""
     if max_prompt_tokens is not None and max_prompt_tokens < 1:
         raise ValueError(f"max_prompt_tokens={max_prompt_tokens!r} must be a positive number of tokens.")
     if max_positions is not None and max_new_tokens >= max_positions:
-        raise ValueError(
-            f"max_new_tokens={max_new_tokens} leaves no room for a prompt: the model has {max_positions} positions "
-            f"(prompt + completion); give a budget below {max_positions}."
-        )
+        raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt: the model has {max_positions} "
+                         f"positions (prompt + completion); give a budget below {max_positions}.")  # fmt: skip
     room = None if max_positions is None else max_positions - max_new_tokens
     return min((b for b in (max_prompt_tokens, room) if b is not None), default=None)
 
 
 def config_max_positions(name_or_path: str, revision: str | None = None) -> int | None:
-    """[`model_max_positions`] of a model argument without loading it: a local folder, a built `builtin:` model or a
-    Hub id in the local cache; `None` when no `config.json` is here."""
+    """[`model_max_positions`] of a local folder, a built `builtin:` model or a cached Hub id, without loading it."""
     try:
         if name_or_path.startswith(BUILTIN_PREFIX):
             from .models.names import builtin_model_dir
@@ -323,40 +301,20 @@ def config_max_positions(name_or_path: str, revision: str | None = None) -> int 
     return model_max_positions(os.path.dirname(cached)) if isinstance(cached, str) else None
 
 
-def report_dropped(total: int, kept: int, budget: int | None, what: str = "prompts") -> None:
-    """One warning line when prompts longer than `budget` tokens were dropped; `ValueError` when all were."""
+def report_dropped(total: int, kept: int, budget: int | None, what: str | None = "prompts") -> None:
+    """One warning line when prompts over `budget` tokens were dropped; `ValueError` when all were."""
     if not kept and total:
-        raise ValueError(
-            f"All {total} {what} are longer than {budget} tokens: raise max_prompt_tokens, lower the generation "
-            "budget, or use a model with more positions."
-        )
-    if kept < total:
-        logger.warning(
-            "Dropped %d of %d %s longer than %d tokens (max_prompt_tokens).", total - kept, total, what, budget
-        )
+        raise ValueError(f"All {total} {what or 'prompts'} are longer than {budget} tokens: raise max_prompt_tokens, "
+                         "lower the generation budget, or use a model with more positions.")  # fmt: skip
+    if kept < total and what:
+        logger.warning(f"Dropped {total - kept} of {total} {what} longer than {budget} tokens (max_prompt_tokens).")
 
 
-def keep_short_prompts(lengths: list[int], budget: int | None, what: str = "prompts") -> list[int]:
+def keep_short_prompts(lengths: list[int], budget: int | None, what: str | None = "prompts") -> list[int]:
     """The indices of the prompts of at most `budget` tokens ([`report_dropped`] says what was dropped)."""
     keep = [i for i, n in enumerate(lengths) if budget is None or n <= budget]
     report_dropped(len(lengths), len(keep), budget, what)
     return keep
-
-
-# -- checks of a run's datasets, before any model: what GRPOTrainer would fail on at its first step ---------------
-TRL_REWARD_ARGUMENTS = (  # what TRL passes every reward function besides the dataset's columns
-    "prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments",
-)  # fmt: skip
-_PASSED_AS = {"prompt": "prompts", "completion": "completions"}  # columns TRL passes under the plural
-CHAT_TEMPLATE_FIX = (
-    "Give the tokenizer a template (tokenizer.chat_template = '...', then pass processing_class=tokenizer or save it "
-    "into the model folder), or pass prompts as plain strings."
-)
-CLI_CHAT_TEMPLATE_FIX = (
-    "Use a model whose tokenizer has one (builtin:gemma3-270m adds Gemma's), or set tokenizer.chat_template and "
-    "save_pretrained it into the model folder."
-)
-EVAL_CHAT_TEMPLATE_FIX = CLI_CHAT_TEMPLATE_FIX[:-1] + "; or pass --no-chat-template to feed the plain problem text."
 
 
 def missing_column_message(column: str, dataset_name: str, columns) -> str:
@@ -364,42 +322,38 @@ def missing_column_message(column: str, dataset_name: str, columns) -> str:
 
 
 def _named(dataset: Any, dataset_name: str) -> list[tuple[str, Any]]:
-    """`[(name, dataset)]`; a dict of datasets (several eval datasets) gives one entry per key."""
-    if isinstance(dataset, Mapping):
+    if isinstance(dataset, Mapping):  # several eval datasets
         return [(f"{dataset_name}[{key!r}]", value) for key, value in dataset.items()]
     return [] if dataset is None else [(dataset_name, dataset)]
 
 
 def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "train_dataset") -> None:
-    """Raise a `ValueError` naming the column, the dataset and the reward when a reward function (a plain callable; a
-    reward model reads the text) has an argument without a default that no column of `dataset` nor TRL fills.
-    Datasets without a column list (some streamed ones) are not checked."""
+    """Raise a `ValueError` naming the column, the dataset and the reward when a reward function (a plain callable) has
+    an argument without a default that no column of `dataset` (with `column_names`) nor TRL fills."""
     import torch
     from trl.trainer.utils import get_callable_name
 
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+    funcs = [f for f in funcs if callable(f) and not isinstance(f, torch.nn.Module)]
     for name, data in _named(dataset, dataset_name):
-        if (columns := getattr(data, "column_names", None)) is None:
+        if (columns := getattr(data, "column_names", None)) is None:  # some streamed datasets
             continue
-        available = (set(columns) - set(_PASSED_AS)) | set(TRL_REWARD_ARGUMENTS)
-        for func in [f for f in funcs if callable(f) and not isinstance(f, torch.nn.Module)]:
+        for func in funcs:
             try:
                 parameters = inspect.signature(func).parameters.values()
             except (TypeError, ValueError):
                 continue
             variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
             required = [p.name for p in parameters if p.default is p.empty and p.kind not in variadic]
-            if (missing := next((a for a in required if a not in available), None)) in _PASSED_AS:
-                raise ValueError(
-                    f"The reward function {get_callable_name(func)!r} takes an argument {missing!r}, which TRL never "
-                    f"fills: it passes that column as `{_PASSED_AS[missing]}`. Rename the argument."
-                )
+            filled = (set(columns) - set(_PASSED_AS)) | TRL_REWARD_ARGUMENTS
+            func_name = get_callable_name(func)
+            if (missing := next((a for a in required if a not in filled), None)) in _PASSED_AS:
+                message = f"The reward function {func_name!r} takes an argument {missing!r}, which TRL never fills: "
+                raise ValueError(message + f"it passes that column as `{_PASSED_AS[missing]}`. Rename the argument.")
             if missing is not None:
-                raise ValueError(
-                    f"{missing_column_message(missing, name, columns)} The reward function "
-                    f"{get_callable_name(func)!r} needs it (TRL passes each column to the argument of its name): add "
-                    "the column to the dataset, or give the argument a default."
-                )
+                message = f"{missing_column_message(missing, name, columns)} The reward function {func_name!r} needs "
+                raise ValueError(message + "it (TRL passes each column to the argument of its name): add the column "
+                                 "to the dataset, or give the argument a default.")  # fmt: skip
 
 
 def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset", *, prompt_optional: bool = False) -> None:
@@ -410,13 +364,11 @@ def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset", *, pr
             raise ValueError(
                 f"Dataset {name!r} is empty (0 rows): give it prompts, one row each with a 'prompt' column."
             )
-        columns = getattr(data, "column_names", None)
-        if columns is not None and "prompt" not in columns and not prompt_optional:
-            raise ValueError(
-                f"{missing_column_message('prompt', name, columns)} TRL reads each prompt from a column "
-                "named 'prompt': rename yours (dataset.rename_column('question', 'prompt')), or pass an "
-                "environment_factory whose reset() supplies the prompt."
-            )
+        if (columns := getattr(data, "column_names", None)) is not None and "prompt" not in columns:
+            if not prompt_optional:
+                message = f"{missing_column_message('prompt', name, columns)} TRL reads each prompt from a column "
+                raise ValueError(message + "named 'prompt': rename yours (dataset.rename_column('question', 'prompt'))"
+                                 ", or pass an environment_factory whose reset() supplies the prompt.")  # fmt: skip
 
 
 def has_chat_template(tokenizer: Any) -> bool:
@@ -428,8 +380,7 @@ def chat_template_message(model_name: str, what: str, fix: str) -> str:
 
 
 def render_chat_template(tokenizer, messages, **template_kwargs) -> str:
-    """`messages` through `tokenizer`'s chat template, with the generation prompt, as text; a `ValueError` naming the
-    template's file where jinja refuses it (it does not parse, its sandbox stopped an unsafe access, it raised)."""
+    """`messages` through the chat template, with the generation prompt; `ValueError` naming the file jinja refuses."""
     from jinja2 import TemplateError
 
     try:
@@ -442,9 +393,8 @@ def render_chat_template(tokenizer, messages, **template_kwargs) -> str:
         raise ValueError(f"The chat template {where} cannot be applied ({reason}): fix or replace it.") from None
 
 
-def check_chat_template(
-    tokenizer, dataset, model_name: str, dataset_name="train_dataset", fix=CHAT_TEMPLATE_FIX, template_kwargs=None
-):
+def check_chat_template(tokenizer, dataset, model_name: str, dataset_name="train_dataset", fix=CHAT_TEMPLATE_FIX,
+                        template_kwargs=None):  # fmt: skip
     """Raise a `ValueError` when `dataset`'s prompts are chat messages and `tokenizer` has no chat template, or one
     that jinja refuses on the first prompt ([`render_chat_template`])."""
     from trl.data_utils import is_conversational
