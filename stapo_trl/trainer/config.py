@@ -1,5 +1,4 @@
-"""The package's `STAPOConfig`: [`stapo_trl.core.STAPOConfig`] with the paper's ablation modes, the run files switch,
-CPU defaults, and the checks of values TRL accepts and fails on later, before a model is built."""
+"""The package's `STAPOConfig`: the core's with the ablation modes, the run files switch, CPU defaults and checks."""
 
 from __future__ import annotations
 
@@ -18,9 +17,8 @@ from ..integrations.process_group import import_group_capturing_modules
 
 logger = logging.getLogger(__name__)
 
-S2T_MODES = (*core.s2t.S2T_MODES, *ABLATIONS)  # the core's modes, then the paper's ablations
-# TRL 1.16's loss types: GRPOTrainer refuses another only at its first loss step, after generation.
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+S2T_MODES = (*core.s2t.S2T_MODES, *ABLATIONS)
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")  # TRL 1.16's
 MINIMUMS = {  # field: (smallest value, what it is)
     "per_device_train_batch_size": (1, "completions per process per micro-step; the CPU demo uses 16"),
     "gradient_accumulation_steps": (1, "micro-steps per optimizer update; the CPU demo uses 1"),
@@ -42,18 +40,14 @@ class STAPOConfig(core.STAPOConfig):
             ([`~stapo_trl.diagnostics.ablations`]): `"high_entropy"` (silence the candidates above the
             (1 - q)-quantile) and `"all_low_prob"` (silence every candidate, JustRL-FullMask).
         s2t_write_run_files (`bool`, *optional*, defaults to `True`):
-            During `train()`, write every log row to `<output_dir>/metrics.jsonl` and the silenced tokens in context
-            to `<output_dir>/spurious_tokens.jsonl` (what `stapo-plot` draws); a callback of the same class passed
-            before `train()` replaces the built-in one.
+            During `train()`, write `<output_dir>/metrics.jsonl` and `spurious_tokens.jsonl` (what `stapo-plot` draws).
         use_cpu (`bool`, *optional*):
-            As in [`~transformers.TrainingArguments`]; not set: `True` when no accelerator is visible.
+            Not set: `True` when no accelerator is visible.
         bf16 (`bool`, *optional*):
-            As in [`~trl.GRPOConfig`], but not set and without an accelerator, `False` (bf16 on a CPU is ~2.3x slower
-            than float32). A changed default is logged on one info line.
+            Not set and without an accelerator: `False` (bf16 on a CPU is ~2.3x slower), logged on one info line.
 
     Raises:
-        ValueError: on one line naming the field and the allowed values, a value TRL accepts and fails on later
-            ([`check_training_values`]); `output_dir` is checked by the trainer, before a model is built.
+        ValueError: a value TRL accepts and fails on later ([`check_training_values`]), naming the field.
     """
 
     _s2t_modes: ClassVar[tuple[str, ...]] = S2T_MODES
@@ -69,7 +63,7 @@ class STAPOConfig(core.STAPOConfig):
     s2t_write_run_files: bool = field(
         default=True, metadata={"help": "Write metrics.jsonl and spurious_tokens.jsonl into output_dir in train()."}
     )
-    use_cpu: bool | None = field(  # a bare `--use_cpu` still means true
+    use_cpu: bool | None = field(
         default=None, metadata={"help": "Train on the CPU; not set: when no accelerator.", "nargs": "?", "const": True}
     )
     bf16: bool | None = field(
@@ -81,12 +75,11 @@ class STAPOConfig(core.STAPOConfig):
             import_group_capturing_modules()
         changed = []  # before TRL turns an unset bf16 on, which transformers refuses on a CPU without use_cpu
         if None in (self.use_cpu, self.bf16) and not has_accelerator():
-            if self.use_cpu is None:
-                self.use_cpu, changed = True, ["use_cpu=True"]
-            if self.bf16 is None and not self.fp16:
-                self.bf16 = False
-                changed.append("bf16=False")
-        self.use_cpu = bool(self.use_cpu)  # with an accelerator: transformers' default, False
+            changed = ["use_cpu=True"] * (self.use_cpu is None) + ["bf16=False"] * (
+                self.bf16 is None and not self.fp16
+            )
+            self.use_cpu, self.bf16 = self.use_cpu is not False, False if "bf16=False" in changed else self.bf16
+        self.use_cpu = bool(self.use_cpu)
         if changed:
             logger.info("No accelerator found (CUDA, XPU, MPS, NPU, HPU, Neuron, TPU): STAPOConfig defaults to %s on "
                         "this machine; set them explicitly to override.", ", ".join(changed))  # fmt: skip
@@ -110,7 +103,6 @@ class STAPOConfig(core.STAPOConfig):
 
 
 def has_accelerator() -> bool:
-    """Whether training can use a device other than the CPU (`torch.accelerator`, XLA, HPU or Neuron)."""
     probes = (
         torch.accelerator.is_available,
         is_torch_xla_available,
@@ -121,7 +113,7 @@ def has_accelerator() -> bool:
 
 
 def write_run_files(args) -> bool:
-    """`s2t_write_run_files` of any `GRPOConfig` (`True` where it has none); `ValueError` when not a bool."""
+    """`s2t_write_run_files` of any `GRPOConfig` (`True` where it has none)."""
     value = getattr(args, "s2t_write_run_files", True)
     if not isinstance(value, bool):
         raise ValueError(f"s2t_write_run_files={value!r} must be a bool (True or False), got {type(value).__name__}.")
@@ -129,7 +121,7 @@ def write_run_files(args) -> bool:
 
 
 class TrainingValueError(ValueError):
-    """A `ValueError` about config values; `fields`: the fields whose values make it, the reported one first."""
+    """`fields`: the fields whose values make the error, the reported one first."""
 
     def __init__(self, message: str, *fields: str):
         super().__init__(message)
@@ -137,9 +129,7 @@ class TrainingValueError(ValueError):
 
 
 def check_training_values(args) -> None:
-    """Refuse, on the raw values of a `GRPOConfig` or namespace, what TRL accepts and fails on later: a count or the
-    learning rate below its minimum, a seed outside numpy's range, an unknown `report_to` (transformers' own check,
-    run now) or `loss_type`, `temperature <= 0`, `max_steps` 0 or below -1. Raises `TrainingValueError`."""
+    """Raise `TrainingValueError` for a raw value of a `GRPOConfig` or namespace that TRL accepts and fails on later."""
 
     def number(name: str, kind=(int, float)):
         value = getattr(args, name, None)
@@ -148,19 +138,19 @@ def check_training_values(args) -> None:
     for name, (minimum, what) in MINIMUMS.items():
         if number(name) is not None and number(name) < minimum:
             raise TrainingValueError(f"{name}={number(name)} must be >= {minimum} ({what}).", name)
-    for name in ("seed", "data_seed"):  # numpy's seeds: transformers' set_seed fails on others after the model build
+    for name in ("seed", "data_seed"):  # transformers' set_seed fails on others after the model build
         if number(name, int) is not None and not 0 <= number(name, int) <= 2**32 - 1:
             raise TrainingValueError(f"{name}={number(name)} must be in [0, 2**32 - 1] (numpy's seed range).", name)
     report_to = getattr(args, "report_to", None)
     names = [report_to] if isinstance(report_to, str) else list(report_to or [])
-    if names := [name for name in names if name not in ("none", "all")]:  # transformers' check, at trainer build
+    if names := [name for name in names if name not in ("none", "all")]:  # transformers' check, run now
         from transformers.integrations import get_reporting_integration_callbacks
 
         try:
             get_reporting_integration_callbacks(names)
         except ValueError as e:
             raise TrainingValueError(f"report_to={report_to!r}: {e}", "report_to") from None
-    if getattr(args, "loss_type", None) not in (None, *LOSS_TYPES):  # TRL's words, at its first loss step
+    if getattr(args, "loss_type", None) not in (None, *LOSS_TYPES):  # TRL's words, at its first loss step only
         message = f"Unknown loss type: {args.loss_type} (loss_type={args.loss_type!r}; TRL's are {list(LOSS_TYPES)})."
         raise TrainingValueError(message, "loss_type")
     if number("temperature") is not None and not number("temperature") > 0:
@@ -172,7 +162,7 @@ def check_training_values(args) -> None:
 
 
 def _generation_fix(args, error: Exception, steps_name: str, fixed_batch: bool) -> TrainingValueError | None:
-    """TRL's refusal of `num_generations` with what to do: 2 or more, or a divisor of the generation batch."""
+    """TRL's refusal of `num_generations` and what to do."""
     num_generations, batch = args.num_generations, args.generation_batch_size
     if isinstance(error, ValueError) and "generation" not in str(error):
         return None

@@ -1,6 +1,4 @@
-"""The core's `STAPOTrainer` and TRL's `GRPOTrainer` (the baseline) with what this package adds, leaving the process
-alone: `builtin:` models and named rewards, checks before a model is built, the run folder under one lock (run files,
-exact resume, no write through a link, no `*_token` in `training_args.bin`), the card, one thread for tiny models."""
+"""The core's `STAPOTrainer` and TRL's `GRPOTrainer` with this package's additions (the class `_Additions`)."""
 
 from __future__ import annotations
 
@@ -39,8 +37,9 @@ def _torch_default_threads() -> set[int]:
     counts = {len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0, os.cpu_count() or 1}
     try:
         with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
-            parts = [p.partition("-") for p in f.read().strip().split(",")]
-        per_core = sum(int(b) - int(a) + 1 if b else 1 for a, _, b in parts)
+            per_core = sum(
+                int(b) - int(a) + 1 if b else 1 for a, _, b in (p.partition("-") for p in f.read().split(","))
+            )
     except OSError:
         per_core = 1
     return counts | {max(n // max(per_core, 1), 1) for n in counts}
@@ -49,7 +48,7 @@ def _torch_default_threads() -> set[int]:
 @contextlib.contextmanager
 def tiny_model_threads(model):
     """Run the block on one torch thread when `model` (a model or its folder) has at most 4 MiB of `model*.safetensors`
-    (a built-in tiny model or one trained from it) and the caller set no count (`OMP_NUM_THREADS`, or another)."""
+    (a built-in tiny model) and the caller set no count (`OMP_NUM_THREADS`, or another)."""
     if not isinstance(model, (str, os.PathLike)):
         model = getattr(getattr(model, "config", None), "_name_or_path", None)
     weights = glob.glob(os.path.join(glob.escape(str(model)), "model*.safetensors")) if model else []
@@ -64,23 +63,22 @@ def tiny_model_threads(model):
             torch.set_num_threads(previous)
 
 
-def _without_credentials(args) -> dict:
-    """What pickling `args` keeps (transformers' `training_args.bin`): its fields, `*_token` ones as `None`."""
+def _without_credentials(args) -> dict:  # what transformers' training_args.bin keeps
     return {name: None if name.endswith("_token") else v for name, v in vars(args).items() if name != "__getstate__"}
 
 
 class _Additions:
-    """What this package adds to a GRPO-family trainer, first in the bases. `eval_record`: accuracy before and after
-    training, for the card; `run_settings`: what the run optimizes, kept in each checkpoint and compared on resume."""
+    """What this package adds to a GRPO trainer, first in the bases, leaving the process alone: `builtin:` models and
+    named rewards, checks before a model is built, the run folder under one lock (run files, exact resume, no write
+    through a link, no `*_token` in `training_args.bin`), the card, one thread for tiny models. `eval_record`:
+    accuracy before and after training, for the card; `run_settings`: kept in each checkpoint, compared on resume."""
 
     eval_record = None
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *pargs, **kwargs):
         given_model = model
         if isinstance(model, str) and model.startswith("builtin:"):
-            from ..models import resolve_model_path  # built into its cache on first use
-
-            model = resolve_model_path(model)
+            model = importlib.import_module("stapo_trl.models").resolve_model_path(model)  # built on first use
         if args is not None:
             if importlib.util.find_spec("vllm"):  # else TRL's ImportError ("vLLM is not available") stands
                 check_vllm_args(args)
@@ -88,13 +86,12 @@ class _Additions:
             if args.should_save:
                 checkpoints.check_output_dir(args.output_dir)
         reward_funcs = resolve_reward_names(reward_funcs)  # "math_accuracy" named; each function's output checked
-        later = inspect.signature(trl.GRPOTrainer.__init__).bind_partial(None, None, None, None, None, None, *pargs)
-        later = {**later.arguments, **kwargs}
+        later = inspect.signature(trl.GRPOTrainer.__init__).bind_partial(*[None] * 6, *pargs).arguments | kwargs
         environment = later.get("environment_factory") is not None
         if not reward_funcs and not environment:  # TRL's words, before the model is built
             words = "No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose environment "
-            words += f"defines a `get_reward` method (reward_funcs={reward_funcs!r}; "
-            raise ValueError(words + 'e.g. "math_accuracy", a reward model id).')
+            words += f'defines a `get_reward` method (reward_funcs={reward_funcs!r}; e.g. "math_accuracy", '
+            raise ValueError(words + "a reward model id).")
         peft_settings = checkpoints.plain(later.get("peft_config"))  # before PEFT fills in the wrapped model's name
         datasets = (("train_dataset", train_dataset), ("eval_dataset", eval_dataset))
         for name, dataset in datasets:
@@ -122,47 +119,44 @@ class _Additions:
             ValueError: another writer holds `output_dir`; no complete checkpoint to resume; a checkpoint that is not
                 complete, or trained with other settings (each changed field, old -> new); a link where a save writes.
         """
-        if self.args.should_save:  # first: the resume moves damaged checkpoints aside
-            checkpoints.hold_run_folder(self.args.output_dir, trainer=self)
-        try:
-            return self._train(resume_from_checkpoint, *args, **kwargs)
-        finally:
-            if self.args.should_save:
-                checkpoints.hold_run_folder(self.args.output_dir, acquire=False, trainer=self)
-
-    def _train(self, resume_from_checkpoint, *args, **kwargs):
         from ..run_folder.logs import JsonlLogCallback, NoLearningSignalCallback, add_run_file_callbacks
         from ..run_folder.rollout import RolloutStateCallback, load_rollout_state
 
-        if resume_from_checkpoint is True:  # transformers takes the highest-numbered folder, whole or not
-            output_dir = self.args.output_dir
-            resume_from_checkpoint = checkpoints.resume_checkpoint(output_dir, self.args.save_only_model,
-                                                       move_aside=self.args.should_save)  # fmt: skip
-            if resume_from_checkpoint is None:
-                raise ValueError(f"No complete checkpoint to resume from in output_dir={output_dir!r}.")
-        elif isinstance(resume_from_checkpoint, (str, os.PathLike)):
-            resume_from_checkpoint = os.fspath(resume_from_checkpoint)
-            checkpoints.check_checkpoint(resume_from_checkpoint, f"resume_from_checkpoint={resume_from_checkpoint!r}")
-        if resume_from_checkpoint:
-            checkpoints.check_run_settings(resume_from_checkpoint, self.run_settings)
-            logger.warning(f"Resuming training from {resume_from_checkpoint}.")  # every check passed
-        if write_run_files(self.args):
-            add_run_file_callbacks(self)
-        callbacks = self.callback_handler.callbacks
-        if not any(isinstance(callback, NoLearningSignalCallback) for callback in callbacks):
-            self.add_callback(NoLearningSignalCallback(self))
-        rollout = next((c for c in callbacks if isinstance(c, RolloutStateCallback)), None)
-        if rollout is None:
-            self.add_callback(rollout := RolloutStateCallback(self))  # after the run files' callbacks
-        rollout.state = load_rollout_state(self, resume_from_checkpoint) if resume_from_checkpoint else None
-        for callback in callbacks:  # a stopped run's partial last row is logged again, whole, by the restored window
-            if isinstance(callback, JsonlLogCallback):
-                callback.redone_after = rollout.state["last_logged"] if rollout.state else None
-        with tiny_model_threads(self.model):
-            return super().train(resume_from_checkpoint, *args, **kwargs)
+        output_dir, checkpoint = self.args.output_dir, resume_from_checkpoint
+        if self.args.should_save:  # first: the resume moves damaged checkpoints aside
+            checkpoints.hold_run_folder(output_dir, trainer=self)
+        try:
+            if checkpoint is True:  # transformers takes the highest-numbered folder, whole or not
+                checkpoint = checkpoints.resume_checkpoint(output_dir, self.args.save_only_model,
+                                                           move_aside=self.args.should_save)  # fmt: skip
+                if checkpoint is None:
+                    raise ValueError(f"No complete checkpoint to resume from in output_dir={output_dir!r}.")
+            elif isinstance(checkpoint, (str, os.PathLike)):
+                checkpoint = os.fspath(checkpoint)
+                checkpoints.check_checkpoint(checkpoint, f"resume_from_checkpoint={checkpoint!r}")
+            if checkpoint:
+                checkpoints.check_run_settings(checkpoint, self.run_settings)
+                logger.warning(f"Resuming training from {checkpoint}.")  # every check passed
+            if write_run_files(self.args):
+                add_run_file_callbacks(self)
+            callbacks = self.callback_handler.callbacks
+            for kind in (NoLearningSignalCallback, RolloutStateCallback):  # the rollout's after the run files'
+                if not any(isinstance(callback, kind) for callback in callbacks):
+                    self.add_callback(kind(self))
+            rollout = next(callback for callback in callbacks if isinstance(callback, RolloutStateCallback))
+            rollout.state = load_rollout_state(self, checkpoint) if checkpoint else None
+            for (
+                callback
+            ) in callbacks:  # a stopped run's partial last row is logged again, whole, by the restored window
+                if isinstance(callback, JsonlLogCallback):
+                    callback.redone_after = rollout.state["last_logged"] if rollout.state else None
+            with tiny_model_threads(self.model):
+                return super().train(checkpoint, *args, **kwargs)
+        finally:
+            if self.args.should_save:
+                checkpoints.hold_run_folder(output_dir, acquire=False, trainer=self)
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        """TRL's (B, F) rewards, and a `NoRewardWarning` in training when none is a number (TRL's names no reward)."""
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # a warning when none is a number
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self.model.training and rewards.isnan().all():
             names, n = ", ".join(self.reward_func_names), len(rewards)
@@ -171,14 +165,12 @@ class _Additions:
             warnings.warn(message + "learning signal.", NoRewardWarning, 2)
         return rewards
 
-    def _issue_warnings_after_load(self, load_result):
-        """`Trainer`'s warnings after a checkpoint is loaded, without the weights tied to another (never saved)."""
+    def _issue_warnings_after_load(self, load_result):  # without the weights tied to another (never saved)
         tied = getattr(self.model, "all_tied_weights_keys", None) or {}
         missing = [key for key in load_result.missing_keys if key not in tied]
         super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
-    def _save_checkpoint(self, model, trial):
-        """`Trainer._save_checkpoint` and the rollout state between two writes of the run record (settings, files)."""
+    def _save_checkpoint(self, model, trial):  # and the rollout state, between two writes of the run record
         from ..run_folder.rollout import save_rollout_state
 
         folder = os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}")
@@ -193,8 +185,7 @@ class _Additions:
             save_rollout_state(self, folder)
         if self.args.should_save:
             names = [n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n))]
-            # the record itself, and the RNG and rollout states other processes write
-            other = rf"^rollout_state_(?!{self.accelerator.process_index}\.)"
+            other = rf"^rollout_state_(?!{self.accelerator.process_index}\.)"  # other processes write theirs
             skip = re.compile(rf"^{re.escape(checkpoints.RUN_RECORD)}|rng_state_\d+\.pth$|{other}")
             checkpoints.write_run_record(folder, **record, files=sorted(n for n in names if not skip.match(n)))
 
@@ -235,10 +226,9 @@ class _Additions:
 
 
 class STAPOTrainer(_Additions, core.STAPOTrainer):
-    """[`stapo_trl.core.STAPOTrainer`] (STAPO, arXiv:2602.15620), which it subclasses, with this package's additions
-    (module docstring), the paper's ablation modes, the diagnostics `s2t/entropy_p10` ... `p95`,
-    `s2t/silenced_prob_mean`, `s2t/silenced_entropy_mean` (nats), one warning when a loss token has a non-finite p or
-    H, and the token records of `spurious_tokens.jsonl`.
+    """[`stapo_trl.core.STAPOTrainer`] (STAPO, arXiv:2602.15620), which it subclasses, with this package's additions,
+    the paper's ablation modes, the diagnostics `s2t/entropy_p10` ... `p95`, `s2t/silenced_prob_mean`,
+    `s2t/silenced_entropy_mean` (nats), one warning for a loss token with a non-finite p or H, and the token records.
 
     Args:
         model: as [`~trl.GRPOTrainer`], or a built-in name (`"builtin:tiny-math"`), built into its cache on first use.
@@ -251,7 +241,7 @@ class STAPOTrainer(_Additions, core.STAPOTrainer):
             be written, `vllm_mode="server"` without an accelerator, chat prompts without a chat template.
     """
 
-    _s2t_modes = STAPOConfig._s2t_modes  # the core's modes and the paper's ablations
+    _s2t_modes = STAPOConfig._s2t_modes
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *pargs, **kwargs):
         if args is None:
@@ -265,8 +255,9 @@ class STAPOTrainer(_Additions, core.STAPOTrainer):
         from ..run_folder.logs import SpuriousTokenLogger
 
         if self.s2t.mode in ABLATIONS:
-            result = ablation_mask(per_token_logps, entropies, advantages, loss_mask, **asdict(self.s2t),
-                                   gather=self._gather)  # fmt: skip
+            result = ablation_mask(
+                per_token_logps, entropies, advantages, loss_mask, **asdict(self.s2t), gather=self._gather
+            )
         else:
             result = super()._compute_s2t_mask(per_token_logps, entropies, advantages, loss_mask, completion_ids)
         mode = "train" if self.model.training else "eval"
