@@ -87,10 +87,8 @@ class STAPOConfig(core.STAPOConfig):
             self.activation_checkpointing = self.gradient_checkpointing
         write_run_files(self)
         if self.s2t_mode is False:
-            raise ValueError(
-                "s2t_mode=False: YAML reads an unquoted `off` (or `no`, `false`) as the boolean false. Write "
-                f's2t_mode: "off" (quoted); allowed values: {list(self._s2t_modes)}.'
-            )
+            message = "s2t_mode=False: YAML reads an unquoted `off` (or `no`, `false`) as the boolean false. Write "
+            raise ValueError(message + f's2t_mode: "off" (quoted); allowed values: {list(self._s2t_modes)}.')
         check_training_values(self)
         steps_name = "gradient_accumulation_steps" if self.steps_per_generation is None else "steps_per_generation"
         fixed_batch = self.generation_batch_size is not None
@@ -103,13 +101,8 @@ class STAPOConfig(core.STAPOConfig):
 
 
 def has_accelerator() -> bool:
-    probes = (
-        torch.accelerator.is_available,
-        is_torch_xla_available,
-        is_torch_hpu_available,
-        is_torch_neuron_available,
-    )
-    return any(probe() for probe in probes)
+    probes = is_torch_xla_available, is_torch_hpu_available, is_torch_neuron_available
+    return torch.accelerator.is_available() or any(probe() for probe in probes)
 
 
 def write_run_files(args) -> bool:
