@@ -1,8 +1,5 @@
-"""The datasets of a run, checked when the trainer is built (`stapo_trl.data`): chat messages need a chat
-template (Gemma-3's base model has none, and TRL failed at the first step), empty datasets say they are empty (they
-got "Column 'prompt' not found"), an optimizer update of partial prompt groups is warned by the run as by the dry run,
-and every column a reward function reads is checked at construction, before the model loads.
-"""
+"""The datasets of a run, checked when the trainer is built (`stapo_trl.data`): a chat template for chat messages,
+empty datasets, partial prompt groups (as the dry run warns), every column a reward reads; before the model loads."""
 
 import functools
 import json
@@ -24,7 +21,7 @@ TEXT = [{"prompt": f"{i}+{i}=", "solution": str(2 * i)} for i in range(8)]
 
 @pytest.fixture(scope="module")
 def model_without_chat_template(tiny_random_model_path, tmp_path_factory) -> str:
-    """The tiny random model with its chat template removed, as a base model such as google/gemma-3-270m ships."""
+    # as a base model such as google/gemma-3-270m ships
     folder = tmp_path_factory.mktemp("no-template") / "model"
     shutil.copytree(tiny_random_model_path, folder)
     (folder / "chat_template.jinja").unlink()
@@ -35,25 +32,15 @@ def model_without_chat_template(tiny_random_model_path, tmp_path_factory) -> str
 
 
 def build(model, tmp_path, train, eval_rows=None, record=None, **overrides):
-    """The trainer; with `record` (a list), the construction's warnings are appended to it instead of ignored."""
     args = tiny_stapo_config(tmp_path / "out", max_steps=1, **overrides)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always" if record is not None else "ignore")
-        trainer = STAPOTrainer(
-            model,
-            reward_funcs=zero_reward,
-            args=args,
-            train_dataset=train if isinstance(train, Dataset) else Dataset.from_list(train),
-            eval_dataset=None if eval_rows is None else Dataset.from_list(eval_rows),
-        )
+        train = train if isinstance(train, Dataset) else Dataset.from_list(train)
+        eval_dataset = None if eval_rows is None else Dataset.from_list(eval_rows)
+        trainer = STAPOTrainer(model, zero_reward, args=args, train_dataset=train, eval_dataset=eval_dataset)
     if record is not None:
         record += [str(w.message) for w in caught]
     return trainer
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Chat messages without a chat template
-# ---------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -68,8 +55,9 @@ def test_python_api_refuses_chat_prompts_without_a_template_when_the_trainer_is_
     with pytest.raises(ValueError) as info:
         build(model_without_chat_template, tmp_path, train, eval_rows, eval_strategy="no")
     message = str(info.value)
-    assert "\n" not in message
-    assert message.startswith(f"The prompts of {name!r} are chat messages, but the tokenizer of ")
+    assert "\n" not in message and message.startswith(
+        f"The prompts of {name!r} are chat messages, but the tokenizer of "
+    )
     assert "has no chat template" in message and "processing_class=tokenizer" in message
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # no run file left behind
 
@@ -80,11 +68,9 @@ def test_plain_text_prompts_train_without_a_template(model_without_chat_template
     assert trainer.state.global_step == 1
 
 
+@pytest.mark.slow  # stapo-train and its dry run
 def test_stapo_train_and_its_dry_run_refuse_a_model_without_a_template(
-    no_model_built,
-    model_without_chat_template,
-    tmp_path,
-    capsys,
+    no_model_built, model_without_chat_template, tmp_path, capsys
 ):
     from stapo_trl.cli.dry_run import main as dry_run_main
     from stapo_trl.cli.train import main
@@ -94,11 +80,8 @@ def test_stapo_train_and_its_dry_run_refuse_a_model_without_a_template(
     with pytest.raises(SystemExit) as info:
         main(argv)
     message = str(info.value)
-    assert info.value.code == 2  # an input error (stapo_trl.cli.errors)
-    assert message.startswith("stapo-train: error: The prompts of 'builtin:tiny-math' are chat messages") and (
-        "\n" not in message
-    ), message
-    assert "builtin:gemma3-270m adds Gemma's" in message
+    assert info.value.code == 2 and "\n" not in message and "builtin:gemma3-270m adds Gemma's" in message
+    assert message.startswith("stapo-train: error: The prompts of 'builtin:tiny-math' are chat messages"), message
     capsys.readouterr()
     assert dry_run_main(argv) == 2
     (line,) = [line for line in capsys.readouterr().out.splitlines() if "no chat template" in line]
@@ -142,46 +125,49 @@ TEMPLATES = {  # what jinja refuses: nothing of the template is applied, no code
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", list(TEMPLATES))
-def test_a_chat_template_jinja_refuses_is_one_line_naming_its_file(
-    kind, tiny_random_model_path, tmp_path, capsys, monkeypatch
-):
-    from transformers import AutoTokenizer
-
-    from stapo_trl.cli.dry_run import main as dry_run_main
-    from stapo_trl.cli.eval import main as eval_main
-    from stapo_trl.cli.train import main as train_main
-    from stapo_trl.data import check_chat_template
-
+def model_with_template(tiny_random_model_path, tmp_path, kind) -> tuple[str, str]:
+    """(the tiny model with the template of `kind`, the line that refuses it)."""
     file, text, reason = TEMPLATES[kind]
     model = tmp_path / "model"
     shutil.copytree(tiny_random_model_path, model)
     (model / "chat_template.jinja").unlink()
     config = json.loads((model / "tokenizer_config.json").read_text())
     (model / file).write_text(json.dumps(config | {"chat_template": text}) if file.endswith(".json") else text)
-    line = f"The chat template {model / file} cannot be applied ({reason}): fix or replace it."
+    return str(model), f"The chat template {model / file} cannot be applied ({reason}): fix or replace it."
+
+
+@pytest.mark.parametrize("kind", list(TEMPLATES))
+def test_a_chat_template_jinja_refuses_is_one_line_naming_its_file(kind, tiny_random_model_path, tmp_path):
+    from transformers import AutoTokenizer
+
+    from stapo_trl.data import check_chat_template
+
+    model, line = model_with_template(tiny_random_model_path, tmp_path, kind)
     with pytest.raises(ValueError) as raised:
-        check_chat_template(AutoTokenizer.from_pretrained(model), Dataset.from_list(CHAT), str(model))
+        check_chat_template(AutoTokenizer.from_pretrained(model), Dataset.from_list(CHAT), model)
     assert str(raised.value) == line
-    if kind != "sandbox":  # the reported case, in the library, stapo-train, its dry run and stapo-eval
-        return
-    with pytest.raises(ValueError) as raised:  # the library, when the trainer is built
-        build(str(model), tmp_path, CHAT)
-    assert str(raised.value) == line
-    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", str(model), "--output_dir", str(tmp_path / "o")]
+    if kind == "sandbox":  # the reported case, when the trainer is built
+        with pytest.raises(ValueError) as raised:
+            build(model, tmp_path, CHAT)
+        assert str(raised.value) == line
+
+
+@pytest.mark.slow  # stapo-train, its dry run and stapo-eval
+def test_the_commands_refuse_a_template_jinja_refuses_in_one_line(tiny_random_model_path, tmp_path, capsys):
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.eval import main as eval_main
+    from stapo_trl.cli.train import main as train_main
+
+    model, line = model_with_template(tiny_random_model_path, tmp_path, "sandbox")
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", model, "--output_dir", str(tmp_path / "o")]
     with pytest.raises(SystemExit) as raised:
         train_main(argv)
     assert (raised.value.code, error_line(capsys, "stapo-train")) == (2, f"stapo-train: error: {line}")
     assert dry_run_main(argv) == 2 and f"  - {line}" in capsys.readouterr().out.splitlines()
-    eval_argv = ["--model", str(model), "--benchmarks", "tiny-math", "--limit", "2", "--max-new-tokens", "8"]
+    eval_argv = ["--model", model, "--benchmarks", "tiny-math", "--limit", "2", "--max-new-tokens", "8"]
     with pytest.raises(SystemExit) as raised:
         eval_main([*eval_argv, "--backend", "hf", "--output", str(tmp_path / "a.json")])
     assert (raised.value.code, error_line(capsys, "stapo-eval")) == (2, f"stapo-eval: error: {line}")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Empty datasets
-# ---------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -196,21 +182,18 @@ def test_a_chat_template_jinja_refuses_is_one_line_naming_its_file(
 def test_an_empty_dataset_is_called_empty(tiny_random_model_path, tmp_path, train, eval_rows, name):
     from stapo_trl.data import check_prompt_column
 
-    with pytest.raises(ValueError, match="^" + re.escape(f"Dataset {name!r} is empty (0 rows): give it prompts")):
-        check_prompt_column(train if eval_rows is None else eval_rows, name if eval_rows is None else "eval_dataset")
+    for prompt_optional in (False, True):  # an environment's reset() supplies prompts, not rows
+        with pytest.raises(ValueError, match="^" + re.escape(f"Dataset {name!r} is empty (0 rows): give it prompts")):
+            dataset, what = (train, name) if eval_rows is None else (eval_rows, "eval_dataset")
+            check_prompt_column(dataset, what, prompt_optional=prompt_optional)
     if name == "train_dataset" and not len(train.column_names):  # the trainer checks its datasets when built
         with pytest.raises(ValueError, match=r"^Dataset 'train_dataset' is empty \(0 rows\)"):
             build(tiny_random_model_path, tmp_path, train)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Partial prompt groups in an optimizer update
-# ---------------------------------------------------------------------------------------------------------------
-
-
 @pytest.mark.parametrize(
     "per_device, grad_accum, steps_per_generation, warned",
-    [(4, 1, 2, True), (4, 2, 2, False)],
+    [(4, 1, 2, True), pytest.param(4, 2, 2, False, marks=pytest.mark.slow)],  # a dry run each: ~2 s
     ids=["half-group", "whole-group-over-2-micro-steps"],
 )
 def test_the_run_warns_of_partial_prompt_groups_as_its_dry_run_does(
@@ -220,80 +203,51 @@ def test_the_run_warns_of_partial_prompt_groups_as_its_dry_run_does(
 
     # num_generations 8: the rollout batch holds whole groups in every case (TRL's own rule: 8, 8 and 24
     # completions), an optimizer update may not (4, 8 and 6 completions).
-    geometry = dict(
-        per_device_train_batch_size=per_device,
-        gradient_accumulation_steps=grad_accum,
-        steps_per_generation=steps_per_generation,
-        num_generations=8,
-    )
+    geometry = dict(per_device_train_batch_size=per_device, gradient_accumulation_steps=grad_accum,
+                    steps_per_generation=steps_per_generation, num_generations=8)  # fmt: skip
     caught = []
     build(tiny_random_model_path, tmp_path, CHAT * 2, record=caught, **geometry)
     run = [message for message in caught if "splits prompt groups" in message]
-    overrides = [f"--{key}={value}" for key, value in geometry.items()]
-    report = dry_run_recipe(["--config", STAPO_RECIPE, *overrides], 1)
-    planned = [w for w in report.warnings if "splits prompt groups" in w]
-    assert run == planned
-    assert bool(run) == warned
+    report = dry_run_recipe(["--config", STAPO_RECIPE, *[f"--{key}={value}" for key, value in geometry.items()]], 1)
+    assert run == [w for w in report.warnings if "splits prompt groups" in w] and bool(run) == warned
 
 
 def difficulty_reward(completions, difficulty, **kwargs):
-    """A reward that reads a `difficulty` column (the tiny-math data has none)."""
     return [float(d) for d in difficulty]
 
 
-def test_missing_prompt_column_and_reward_names_are_resolved_at_construction(no_model_built, tmp_path):
-    """A dataset without `prompt` fails at construction (was a KeyError inside TRL at the first step); a reward given
-    by its stapo_trl name is that function (was taken for a Hub reward model: a minute of network retries)."""
+def test_missing_columns_and_reward_names_fail_at_construction_naming_function_column_and_columns(
+    no_model_built, tiny_random_model_path, tmp_path
+):
+    # A Hub id that is never fetched: the checks come before TRL loads anything (was: a KeyError at the first step).
     from stapo_trl.rewards import resolve_reward_names
 
-    args = tiny_stapo_config(tmp_path / "out")
-    no_prompt = Dataset.from_list([{"question": "12+34=", "solution": "46"}])
-    with pytest.raises(
-        ValueError, match=r"^Column 'prompt' not found in dataset 'train_dataset'\. Available columns: "
-    ):
-        STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs=math_accuracy_reward, args=args, train_dataset=no_prompt)
-    assert (
-        resolve_reward_names("math_accuracy").__wrapped__ is math_accuracy_reward
-    )  # checked (rewards.checked_reward)
+    def construct(reward, train, eval_dataset=None, model="Qwen/Qwen3-1.7B-Base"):
+        STAPOTrainer(model, reward, args=tiny_stapo_config(tmp_path / "out"), train_dataset=Dataset.from_list(train),
+                     eval_dataset=eval_dataset and {"held_out": Dataset.from_list(eval_dataset)})  # fmt: skip
+
+    no_prompt, no_solution = [{"question": "12+34=", "solution": "46"}], [{"prompt": "12+34=", "answer": "46"}]
+    with_solution = [{"prompt": "12+34=", "solution": "46"}]
+    with pytest.raises(ValueError, match=r"^Column 'prompt' not found in dataset 'train_dataset'\. Available columns"):
+        construct(math_accuracy_reward, no_prompt)
+    # A reward named is that function, checked (was taken for a Hub reward model: a minute of network retries).
+    assert resolve_reward_names("math_accuracy").__wrapped__ is math_accuracy_reward
     resolved = resolve_reward_names(["format", "org/reward-model"])
     assert [resolved[0].__wrapped__, resolved[1]] == [format_reward, "org/reward-model"]
     with pytest.raises(ValueError, match=r"Unknown reward 'math_acc'\. Valid names: \['format', 'math_accuracy'\]"):
-        STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs="math_acc", args=args, train_dataset=no_prompt)
-    # By name, the function's own required column is checked too.
-    no_solution = Dataset.from_list([{"prompt": "12+34=", "answer": "46"}])
-    with pytest.raises(ValueError, match=r"Column 'solution' not found .* 'math_accuracy_reward' needs it"):
-        STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs="math_accuracy", args=args, train_dataset=no_solution)
-
-
-def test_missing_reward_column_fails_at_construction_naming_function_column_and_columns(
-    no_model_built, tiny_random_model_path, tmp_path
-):
-    no_solution = Dataset.from_list([{"prompt": "12+34=", "answer": "46"}])
-    args = tiny_stapo_config(tmp_path / "out")
-    # A Hub id that is never fetched: the check comes before TRL loads anything.
-    expected = r"^Column 'solution' not found in dataset 'train_dataset'"
-    expected += r".*\['prompt', 'answer'\].*'math_accuracy_reward' needs it"
-    with pytest.raises(ValueError, match=expected):
-        STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs=math_accuracy_reward, args=args, train_dataset=no_solution)
-
+        construct("math_acc", no_prompt)
+    for reward in ("math_accuracy", math_accuracy_reward):  # by name or by function
+        with pytest.raises(ValueError, match=r"^Column 'solution' not found in dataset 'train_dataset'.*\['prompt', "
+                           r"'answer'\].*'math_accuracy_reward' needs it"):  # fmt: skip
+            construct(reward, no_solution)
     # Several rewards and several eval datasets: the first function with a missing argument, the dataset by key.
-    with_solution = Dataset.from_list([{"prompt": "12+34=", "solution": "46"}])
     with pytest.raises(ValueError, match=r"Column 'solution' not found in dataset \"eval_dataset\['held_out'\]\""):
-        STAPOTrainer(
-            "Qwen/Qwen3-1.7B-Base",
-            reward_funcs=[format_reward, math_accuracy_reward],
-            args=args,
-            train_dataset=with_solution,
-            eval_dataset={"held_out": no_solution},
-        )
+        construct([format_reward, math_accuracy_reward], with_solution, no_solution)
     with pytest.raises(ValueError, match=r"Column 'difficulty' not found .* 'difficulty_reward' needs it"):
-        STAPOTrainer("Qwen/Qwen3-1.7B-Base", reward_funcs=[difficulty_reward], args=args, train_dataset=with_solution)
+        construct([difficulty_reward], with_solution)
     # `prompt` is a column, but TRL passes it as `prompts`: an argument named `prompt` is never filled.
     with pytest.raises(ValueError, match=r"takes an argument 'prompt', which TRL never fills.*`prompts`"):
-        STAPOTrainer(
-            "Qwen/Qwen3-1.7B-Base", reward_funcs=lambda prompt, completions: [], args=args, train_dataset=with_solution
-        )
-
+        construct(lambda prompt, completions: [], with_solution)
     # Filled arguments pass the check and construction goes on (to the guard): a column, a default, a bound
     # partial argument, TRL's own arguments and **kwargs.
     for reward in (
@@ -303,9 +257,10 @@ def test_missing_reward_column_fails_at_construction_naming_function_column_and_
         lambda prompts, completions, completion_ids, trainer_state, log_metric, log_extra: [],
     ):
         with pytest.raises(AssertionError, match="a trainer was constructed"):  # a local model: no Hub check
-            STAPOTrainer(tiny_random_model_path, reward_funcs=reward, args=args, train_dataset=with_solution)
+            construct(reward, with_solution, model=tiny_random_model_path)
 
 
+@pytest.mark.slow  # stapo-train
 def test_stapo_train_refuses_a_missing_reward_column_before_building_a_model(no_model_built, monkeypatch, tmp_path):
     from stapo_trl.cli.train import main
 

@@ -170,7 +170,7 @@ CASES = {
                                                            "hard": TOPICS.select(range(4, 8))},
                        reward_funcs=topic_reward, config=EVALS), True),
 }  # fmt: skip
-FAST = {"environments-dict-no-prompt", "tools", "rollout-func-no-prompt"}  # ~2 s each; the rest: slow
+FAST = {"rollout-func-no-prompt"}  # the rest train (~2 s each): slow
 
 
 @pytest.mark.parametrize("case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
@@ -236,8 +236,8 @@ def _images(n: int) -> list:
     return [Image.fromarray(rng.randint(0, 255, (28, 28, 3), dtype=np.uint8)) for _ in range(n)]
 
 
-@pytest.mark.parametrize("case", ["image-column", pytest.param("images-column", marks=pytest.mark.slow),
-                                  pytest.param("no-chat-template", marks=pytest.mark.slow)])  # fmt: skip
+@pytest.mark.slow  # trains a tiny vision-language model
+@pytest.mark.parametrize("case", ["image-column", "images-column", "no-chat-template"])
 def test_multimodal_prompts_as_in_grpo_trainer(tiny_vlm, tmp_path, case):
     folder, processor = tiny_vlm
     prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "1+1"}]}]
@@ -254,9 +254,6 @@ def test_multimodal_prompts_as_in_grpo_trainer(tiny_vlm, tmp_path, case):
     assert grpo.split()[0] == stapo.split()[0] == ("trained" if case != "no-chat-template" else "refused"), stapo
 
 
-# The check functions themselves, for the inputs above.
-
-
 @pytest.mark.parametrize(
     "dataset",
     [
@@ -271,8 +268,3 @@ def test_the_prompt_column_is_optional_with_an_environment(dataset):
     check_reward_columns(length_reward, dataset, "train_dataset")  # `prompts` is TRL's, not a column
     with pytest.raises(ValueError, match=r"Column 'prompt' not found .*environment_factory"):
         check_prompt_column(dataset, "train_dataset")  # without an environment, TRL fails on it at its first step
-
-
-def test_an_empty_dataset_is_refused_even_with_an_environment():
-    with pytest.raises(ValueError, match=r"Dataset 'train_dataset' is empty"):
-        check_prompt_column(Dataset.from_dict({"environment": []}), "train_dataset", prompt_optional=True)
