@@ -1,6 +1,5 @@
-"""The built-in tiny-math task and `load_prompt_dataset` (`stapo_trl.data`): local files, nested columns, Hub ids, the
-DAPO instruction stripped, and empty, malformed or single-split files each met with one line (in `stapo-train` and its
-dry run) or a label saying the evaluation is not held out."""
+"""The built-in tiny-math task and `load_prompt_dataset`: local files, nested columns, Hub ids, DAPO's instruction, and
+empty, malformed or single-split files met with one line (in `stapo-train` and its dry run) or a label."""
 
 import json
 import re
@@ -23,7 +22,6 @@ def tiny_math():
     return make_tiny_math_dataset()
 
 
-# `7+8=15, write 5 carry 1; 4+3+1=8; \boxed{85}`
 STEPS = re.compile(r"^(\d)\+(\d)=(\d+), write (\d) carry (\d); (\d)\+(\d)\+(\d)=(\d+); \\boxed\{(\d+)\}$")
 
 
@@ -95,9 +93,7 @@ def test_load_local_jsonl_with_nested_columns(tmp_path):
     assert ds["solution"] == ["2", "5", "2.5"]  # integral floats lose their ".0"
     assert len(load_prompt_dataset(path, limit=2)) == 2
     ds = load_prompt_dataset(path, solution_column="meta.gt", instruction="")
-    assert ds["solution"] == ["2", "5", "\\frac{5}{2}"] and ds["prompt"][2] == [
-        {"role": "user", "content": "What is 10/4?"}
-    ]
+    assert ds["solution"] == ["2", "5", "\\frac{5}{2}"] and ds["prompt"][2] == format_prompt("What is 10/4?", None)
     with pytest.raises(ValueError) as excinfo:
         load_prompt_dataset(path, solution_column="ground_truth")
     assert all(part in str(excinfo.value) for part in ("'ground_truth'", path, "['problem', 'answer', 'meta']"))
@@ -140,31 +136,32 @@ def test_hub_ids_go_to_load_dataset_and_an_instruction_is_added_once(monkeypatch
     assert format_prompt(f"5+5? {INSTRUCTION}  ") == [{"role": "user", "content": f"5+5? {INSTRUCTION}  "}]
 
 
+DAPO = "Solve the following math problem step by step. The last line of your response should be of the form Answer: "
+DAPO += (
+    "$Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\nRemember to put your answer on its "
+)
+DAPO += 'own line after "Answer:".'
+
+
 def test_a_chat_prompt_that_ends_with_the_instruction_gets_it_once_and_dapo_instructions_go(tmp_path):
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"1+1?\n{INSTRUCTION}"}]
-    dapo = "Solve the following math problem step by step. The last line of your response should be of the form "
-    dapo += "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\n"
-    dapo += 'Remember to put your answer on its own line after "Answer:".'
+    dapo = DAPO
     rows = [{"prompt": chat, "solution": "2"}, {"prompt": dapo.format("12+34"), "solution": "46"}]
     rows += [{"prompt": [{"role": "user", "content": dapo.format("1+2")}], "solution": "3"}]
     path = write_jsonl(tmp_path / "chat.jsonl", rows)
     ds = load_prompt_dataset(path, prompt_column="prompt", solution_column="solution", strip_dapo_instruction=True)
     assert ds["prompt"] == [chat, format_prompt("12+34"), format_prompt("1+2")]
-    assert load_prompt_dataset(path, prompt_column="prompt", solution_column="solution")["prompt"][1] == format_prompt(
-        dapo.format("12+34")
-    )
+    kept = load_prompt_dataset(path, prompt_column="prompt", solution_column="solution")
+    assert kept["prompt"][1] == format_prompt(dapo.format("12+34"))
 
 
 def test_stapo_train_strips_dapo_prompts_and_drops_long_ones(tmp_path, tiny_math_model_path):
     from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.run import prepare
 
-    dapo = "Solve the following math problem step by step. The last line of your response should be of the form "
-    dapo += "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\n"
-    dapo += 'Remember to put your answer on its own line after "Answer:".'
     rows = [
-        {"prompt": dapo.format("12+34"), "solution": "46"},
-        {"prompt": dapo.format("1+" * 400 + "1"), "solution": "401"},
+        {"prompt": DAPO.format("12+34"), "solution": "46"},
+        {"prompt": DAPO.format("1+" * 400 + "1"), "solution": "401"},
     ]
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name"]
     argv += [write_jsonl(tmp_path / "dapo.jsonl", rows), "--prompt_column", "prompt", "--solution_column", "solution"]
@@ -191,9 +188,6 @@ def test_an_evaluation_prompt_that_ends_with_the_instruction_gets_it_once(tmp_pa
     assert once(benchmark_dataset([problem], INSTRUCTION)[0]["prompt"][0]["content"])
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Files that cannot train: one line, in the library, stapo-train and its dry run
-# ---------------------------------------------------------------------------------------------------------------
 def _refused(tmp_path, capsys, path: str, expected: str) -> None:
     """`stapo-train` ends on `expected` in one line (status 2), and its dry run lists it as a failed check."""
     from stapo_trl.cli.dry_run import main as dry_run_main
@@ -238,8 +232,7 @@ ROW = '{"problem": "1+1", "answer": "2"}\n'
     ids=["jsonl-cut-line", "jsonl-unquoted-key", "jsonl-a-list", "json-lines-extra-brace", "json-trailing-comma"],
 )
 def test_a_malformed_dataset_file_is_one_line_naming_the_line(no_model_built, tmp_path, capsys, name, content, cause):
-    """As an editor counts, not datasets' 70-line trace. Reported: a cut line 21 was "row 20" (pyarrow counts rows
-    from 0), or no row at all (an extra brace)."""
+    # As an editor counts, not datasets' 70-line trace (reported: "row 20" for a cut line 21, or no row at all).
     (path := tmp_path / name).write_text(content)
     with pytest.raises(ValueError) as excinfo:
         load_prompt_dataset(str(path))
@@ -317,8 +310,7 @@ def test_a_local_csv_file_is_read_as_json_and_parquet_files_are(tmp_path, monkey
 
 @pytest.mark.slow  # a stapo-train run with its evaluation
 def test_local_file_evaluation_is_labelled_not_held_out(tmp_path, tiny_math_model_path, capsys, caplog):
-    """A local file has one split: the before/after evaluation reads training prompts. The run and its dry run warn,
-    and eval.json and the card say "training file (not held out)" instead of "test"."""
+    # A local file has one split: the run and its dry run warn, eval.json and the card say "training file (not held out)".
     from stapo_trl.cli.dry_run import main as dry_run_main
     from stapo_trl.cli.train import main
 
