@@ -1,6 +1,5 @@
-"""Every input TRL 1.16's `GRPOTrainer` trains on, given to `STAPOTrainer` as well, is trained by both or refused by
-both: the library's early checks ([`stapo_trl.data`]) never refuse what `GRPOTrainer` accepts (environments whose
-`reset` supplies the prompt, tools, a `rollout_func`, iterable datasets, multimodal prompts, several eval datasets)."""
+"""Every input TRL's `GRPOTrainer` trains on is trained or refused by `STAPOTrainer` alike: the library's early checks
+never refuse environments, tools, a `rollout_func`, iterable datasets, multimodal prompts, several eval datasets."""
 
 import os
 import warnings
@@ -19,9 +18,7 @@ from stapo_trl.data import check_prompt_column, check_reward_columns
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory and rollout_func are experimental
 
 
-class Counter:
-    """An environment that owns its reward: a counter the model may increment with a tool."""
-
+class Counter:  # an environment that owns its reward
     def reset(self, **kwargs):
         self.value = 0
         return "Count to three."
@@ -31,9 +28,6 @@ class Counter:
 
         Args:
             step: how much to add.
-
-        Returns:
-            The counter's new value.
         """
         self.value += step
         return self.value
@@ -42,9 +36,7 @@ class Counter:
         return float(self.value == 3)
 
 
-class Echo:
-    """An environment without a reward of its own, whose `reset` adds nothing to the prompt."""
-
+class Echo:  # no reward of its own; its reset adds nothing to the prompt
     def reset(self, **kwargs):
         return None
 
@@ -53,9 +45,6 @@ class Echo:
 
         Args:
             text: the text to repeat.
-
-        Returns:
-            The same text.
         """
         return text
 
@@ -74,15 +63,12 @@ def multiply(a: int, b: int) -> int:
     Args:
         a: the first factor.
         b: the second factor.
-
-    Returns:
-        The product.
     """
     return a * b
 
 
 def fixed_rollout(prompts, trainer):
-    """A `rollout_func` that generates nothing: every completion is the same three tokens."""
+    # generates nothing: every completion is the same three tokens
     tokenizer = trainer.processing_class
     ids = tokenizer("1+1", add_special_tokens=False)["input_ids"]
     completion = tokenizer("=2", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
@@ -103,15 +89,14 @@ CHAT = [{"role": "user", "content": "1+1"}]
 
 @pytest.fixture(scope="module")
 def tool_tokenizer(tiny_random_model_path):
-    """The tiny model's tokenizer with TRL's Qwen3 template, which renders tool calls (tools and environments need
-    one)."""
+    """The tiny model's tokenizer with TRL's Qwen3 template, which renders tool calls."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     tokenizer.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
     return tokenizer
 
 
 def outcome(trainer_class, model, tmp_path, *, config=None, **inputs) -> str:
-    """`"trained"` after an optimizer step and a checkpoint (TRL writes the model card there), else `"refused ..."`."""
+    """`"trained"` after an optimizer step and a checkpoint (with TRL's model card), else `"refused ..."`."""
     config_class = STAPOConfig if trainer_class is STAPOTrainer else trl.GRPOConfig
     settings = dict(output_dir=str(tmp_path / trainer_class.__name__), use_cpu=True, bf16=False, report_to=[],
                     per_device_train_batch_size=4, num_generations=2, max_completion_length=6, max_steps=1,
@@ -187,8 +172,7 @@ def test_grpo_trainers_inputs_train_or_are_refused_as_in_grpo_trainer(tiny_rando
 
 @pytest.fixture(scope="module")
 def tiny_vlm(tiny_random_model_path, tmp_path_factory):
-    """A tiny LLaVA (a one-layer CLIP vision tower on the tiny Qwen3 text model, 129k parameters) and its processor
-    with TRL's LLaVA-NeXT chat template, built offline: (folder, processor)."""
+    """A tiny LLaVA (a one-layer CLIP tower on the tiny Qwen3 text model) and its processor: (folder, processor)."""
     from transformers import AutoProcessor, CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration, Qwen3Config
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
     from transformers.models.llava.processing_llava import LlavaProcessor
@@ -196,33 +180,24 @@ def tiny_vlm(tiny_random_model_path, tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-vlm")
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    template = (Path(trl.__file__).parent / "chat_templates" / "llava_next.jinja").read_text()
     processor = LlavaProcessor(
         image_processor=CLIPImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}),
-        tokenizer=tokenizer,
-        chat_template=(Path(trl.__file__).parent / "chat_templates" / "llava_next.jinja").read_text(),
-        patch_size=14,
-        vision_feature_select_strategy="full",
-        num_additional_image_tokens=1,  # the CLS token, kept by the "full" strategy
-    )
-    vision = CLIPVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
-    )
+        tokenizer=tokenizer, chat_template=template, patch_size=14, vision_feature_select_strategy="full",
+        num_additional_image_tokens=1,  # the CLS token
+    )  # fmt: skip
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=28, patch_size=14)  # fmt: skip
     text = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, max_position_embeddings=512, tie_word_embeddings=True,
     )  # fmt: skip
-    config = LlavaConfig(
-        vision_config=vision,
-        text_config=text,
-        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
-        vision_feature_select_strategy="full",
-        vision_feature_layer=-1,
-        tie_word_embeddings=True,
-    )
+    image_id = tokenizer.convert_tokens_to_ids("<image>")
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_id=image_id, vision_feature_layer=-1,
+                         vision_feature_select_strategy="full", tie_word_embeddings=True)  # fmt: skip
     torch.manual_seed(0)
     model = LlavaForConditionalGeneration(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.update(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     return str(folder), AutoProcessor.from_pretrained(folder)
@@ -245,11 +220,8 @@ def test_multimodal_prompts_as_in_grpo_trainer(tiny_vlm, tmp_path, case):
     if case == "no-chat-template":  # TRL fails at its first step, the library at construction
         processor = type(processor).from_pretrained(folder)
         processor.chat_template = None
-    inputs = dict(
-        processing_class=processor,
-        train_dataset=Dataset.from_dict({"prompt": [prompt] * 8, **images}),
-        reward_funcs=length_reward,
-    )
+    inputs = dict(processing_class=processor, train_dataset=Dataset.from_dict({"prompt": [prompt] * 8, **images}),
+                  reward_funcs=length_reward)  # fmt: skip
     grpo, stapo = (outcome(cls, folder, tmp_path, **inputs) for cls in (trl.GRPOTrainer, STAPOTrainer))
     assert grpo.split()[0] == stapo.split()[0] == ("trained" if case != "no-chat-template" else "refused"), stapo
 
