@@ -1,5 +1,4 @@
-"""The library's `STAPOConfig` (`stapo_trl.STAPOConfig`): the ablation modes beside the core's, every S2T field
-documented where it is declared, refusals at config time, and the CPU defaults (`use_cpu`, no bf16)."""
+"""The library's `STAPOConfig`: the ablation modes, every S2T field documented, refusals at config time, CPU defaults."""
 
 import dataclasses
 import logging
@@ -16,10 +15,10 @@ from stapo_trl.diagnostics.ablations import ABLATIONS
 from stapo_trl.trainer.config import has_accelerator
 
 
-def make_config(**overrides):
+def make_config(config_class=STAPOConfig, **overrides):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return STAPOConfig(**dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[]) | overrides)
+        return config_class(**dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[]) | overrides)
 
 
 def test_the_s2t_fields_are_the_cores_plus_the_ablations_and_the_run_files_switch_each_documented():
@@ -88,13 +87,12 @@ def test_bad_values_are_refused_at_construction_naming_the_field(field, value, m
     ids=["one-generation", "generation-batch", "global-batch"],
 )  # fmt: skip
 def test_where_grpo_config_refuses_a_value_its_words_stand(settings, trl_words):
-    # Code written against GRPOConfig (`from stapo_trl import STAPOConfig as GRPOConfig`) matches TRL's messages, as
-    # TRL's own tests do; ours may follow them (the fix), never replace them.
+    # Code written against GRPOConfig matches TRL's messages, as TRL's own tests do; ours may follow them (the fix).
     from trl import GRPOConfig
 
     for config in (GRPOConfig, STAPOConfig):
         with pytest.raises(ValueError, match=re.escape(trl_words)):
-            config(**dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[]) | settings)
+            make_config(config, **settings)
 
 
 @pytest.mark.skipif(has_accelerator(), reason="the CPU defaults apply only on a machine without an accelerator")

@@ -1,6 +1,5 @@
-"""`STAPOTrainer` in a user's script, beside TRL's own `GRPOConfig`, behaves as `GRPOTrainer` plus the mask: the same
-console callbacks, signal handlers and warning filters while it trains, no connection of its own at construction,
-warnings that name the user's line, and a light import (what an import changes in the process: tests/test_init.py)."""
+"""`STAPOTrainer` in a user's script behaves as `GRPOTrainer` plus the mask: the same console, signal handlers and
+warning filters, no connection of its own at construction, warnings naming the user's line, a light import."""
 
 import signal
 import socket

@@ -1,7 +1,5 @@
 """Every entry point that runs a built-in tiny model (`train`, `evaluate`, `predict`, `stapo-eval`) does so on one
-torch thread unless the caller chose a count. The reported cases: `examples/python_api.py` took 1 min 44 s on 2 shared
-cores at torch's default of one thread per core, 9.7 s with `OMP_NUM_THREADS=1`; `trainer.evaluate()` after `train()`
-79 s against 1.9 s; `stapo-eval --model outputs/demo-stapo` (a model trained from the tiny one) 22-26 s against 5 s."""
+torch thread unless the caller chose a count (reported: 1 min 44 s for `examples/python_api.py`, 9.7 s on one)."""
 
 import os
 import shutil
