@@ -171,7 +171,7 @@ def check_prompt_columns(dataset, dataset_name: str, prompt_column: str, solutio
     or a prompt that is neither text nor chat messages."""
     flat = dataset.flatten()
     for column in [c for c in (prompt_column, solution_column) if c not in flat.column_names + dataset.column_names]:
-        fix = "Set prompt_column / solution_column (dotted names reach into struct columns: 'reward_model.ground_truth')."
+        fix = "Set prompt_column / solution_column (a dotted name reaches into a struct: 'reward_model.ground_truth')."
         raise ValueError(f"{missing_column_message(column, dataset_name, dataset.column_names)} {fix}")
     prompts, solutions = [
         (dataset if c in dataset.column_names else flat)[c] for c in (prompt_column, solution_column)
