@@ -37,9 +37,8 @@ def _torch_default_threads() -> set[int]:
     counts = {len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0, os.cpu_count() or 1}
     try:
         with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
-            per_core = sum(
-                int(b) - int(a) + 1 if b else 1 for a, _, b in (p.partition("-") for p in f.read().split(","))
-            )
+            parts = [p.partition("-") for p in f.read().strip().split(",")]
+        per_core = sum(int(b) - int(a) + 1 if b else 1 for a, _, b in parts)
     except OSError:
         per_core = 1
     return counts | {max(n // max(per_core, 1), 1) for n in counts}
