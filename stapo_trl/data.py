@@ -113,8 +113,7 @@ def evaluation_split(dataset_name: str, test_split: str) -> tuple[str, str | Non
 
 
 def load_local_dataset_file(path: str):
-    """A local `.json`, `.jsonl`, `.parquet` or `.csv` file as a `Dataset`; `FileNotFoundError`, or a one-line
-    `ValueError` for a file without rows or that does not parse."""
+    """A local data file as a `Dataset`; `FileNotFoundError`, or `ValueError` for one without rows or not parsing."""
     import datasets
 
     if not os.path.isfile(path):
@@ -166,9 +165,8 @@ def _solution_to_str(value: Any) -> str:
 
 
 def check_prompt_columns(dataset, dataset_name: str, prompt_column: str, solution_column: str) -> tuple[list, list]:
-    """The prompt and solution columns' values (dotted names reach into struct columns), after a warning line naming
-    the rows with an empty prompt or no answer (GRPOTrainer trains on them). Raises `ValueError` for a missing column
-    or a prompt that is neither text nor chat messages."""
+    """The two columns' values (dotted names reach into structs), warning of rows with an empty prompt or no answer;
+    `ValueError` for a missing column or a prompt that is neither text nor chat messages."""
     flat = dataset.flatten()
     for column in [c for c in (prompt_column, solution_column) if c not in flat.column_names + dataset.column_names]:
         fix = "Set prompt_column / solution_column (a dotted name reaches into a struct: 'reward_model.ground_truth')."
@@ -253,9 +251,7 @@ def load_prompt_dataset(
 
 
 def model_max_positions(config) -> int | None:
-    """The positions a model attends over: a vLLM engine's `max_model_len`, else the first positive
-    `max_position_embeddings`, `n_positions`, `max_sequence_length` or `seq_length` of a config (object or dict),
-    a model or a folder's `config.json`; `None` when unknown."""
+    """The positions a vLLM engine, a model, a config (or dict) or a folder's `config.json` attends over, or None."""
     engine = getattr(getattr(config, "llm", config), "llm_engine", None)
     if isinstance(length := getattr(getattr(engine, "model_config", None), "max_model_len", None), int):
         return length
@@ -272,9 +268,8 @@ def model_max_positions(config) -> int | None:
 
 
 def prompt_token_budget(max_positions: int | None, max_new_tokens: int, max_prompt_tokens: int | None = None):
-    """The longest prompt (tokens) that leaves `max_new_tokens` positions: `min(max_positions - max_new_tokens,
-    max_prompt_tokens)` over the known terms, else `None`. Raises `ValueError` when `max_new_tokens >=
-    max_positions` or `max_prompt_tokens < 1`."""
+    """The longest prompt (tokens) that leaves `max_new_tokens` positions and is at most `max_prompt_tokens`, or None;
+    `ValueError` when `max_new_tokens >= max_positions` or `max_prompt_tokens < 1`."""
     if max_prompt_tokens is not None and max_prompt_tokens < 1:
         raise ValueError(f"max_prompt_tokens={max_prompt_tokens!r} must be a positive number of tokens.")
     if max_positions is not None and max_new_tokens >= max_positions:
