@@ -25,33 +25,23 @@ def tiny_math():
 STEPS = re.compile(r"^(\d)\+(\d)=(\d+), write (\d) carry (\d); (\d)\+(\d)\+(\d)=(\d+); \\boxed\{(\d+)\}$")
 
 
-def test_every_completion_is_the_worked_sum_of_its_problem(tiny_math):
+def test_every_completion_is_the_worked_sum_of_its_problem_in_disjoint_splits_drawn_by_the_seed(tiny_math):
     assert tiny_math_completion(47, 38) == "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"  # the spec's example
     assert tiny_math_completion(21, 34) == "1+4=5, write 5 carry 0; 2+3+0=5; \\boxed{55}"  # no carry: same format
     assert tiny_math_completion(99, 99) == "9+9=18, write 8 carry 1; 9+9+1=19; \\boxed{198}"
+    assert format_prompt("47+38") == [{"role": "user", "content": f"47+38\n{INSTRUCTION}"}]
+    columns = ["prompt", "solution", "completion", "problem"]
     assert {name: (len(split), split.column_names) for name, split in tiny_math.items()} == {
-        "train": (7800, ["prompt", "solution", "completion", "problem"]),
-        "test": (300, ["prompt", "solution", "completion", "problem"]),
-    }
+        "train": (7800, columns), "test": (300, columns)
+    }  # fmt: skip
     for split in tiny_math.values():  # every step recomputed from the problem text
         for row in split:
             a, b = map(int, row["problem"].split("+"))
             ua, ub, usum, digit, carry, ta, tb, tcarry, tsum, boxed = map(int, STEPS.match(row["completion"]).groups())
-            assert (
-                10 <= a <= 99
-                and 10 <= b <= 99
-                and (ua, ub, ta, tb, tcarry) == (a % 10, b % 10, a // 10, b // 10, carry)
-            )
+            assert 10 <= a <= 99 and 10 <= b <= 99 and (ua, ub, ta, tb) == (a % 10, b % 10, a // 10, b // 10)
             assert usum == ua + ub and (digit, carry) == (usum % 10, usum // 10) and tsum == ta + tb + tcarry
-            assert boxed == a + b == tsum * 10 + digit and row["solution"] == str(a + b)
-            assert (
-                row["prompt"]
-                == format_prompt(row["problem"])
-                == [{"role": "user", "content": f"{a}+{b}\n{INSTRUCTION}"}]
-            )
-
-
-def test_splits_are_disjoint_and_drawn_by_the_seed(tiny_math):
+            assert boxed == a + b == tsum * 10 + digit and row["solution"] == str(a + b) and tcarry == carry
+            assert row["prompt"] == format_prompt(row["problem"])
     train, test = set(tiny_math["train"]["problem"]), set(tiny_math["test"]["problem"])
     assert len(train) == 7800 and len(test) == 300 and not train & test  # no duplicates, no overlap
     again, other = make_tiny_math_dataset(), make_tiny_math_dataset(seed=1)
@@ -310,7 +300,7 @@ def test_a_local_csv_file_is_read_as_json_and_parquet_files_are(tmp_path, monkey
 
 @pytest.mark.slow  # a stapo-train run with its evaluation
 def test_local_file_evaluation_is_labelled_not_held_out(tmp_path, tiny_math_model_path, capsys, caplog):
-    # A local file has one split: the run and its dry run warn, eval.json and the card say "training file (not held out)".
+    # A local file has one split: the run and its dry run warn; eval.json and the card name the split "not held out".
     from stapo_trl.cli.dry_run import main as dry_run_main
     from stapo_trl.cli.train import main
 
