@@ -50,8 +50,11 @@ def remove_dapo_instruction(problem: str) -> str:
 def filter_long_prompts(dataset, tokenizer, max_prompt_tokens: int, chat_template_kwargs: dict | None = None):
     """The rows whose chat `prompt`, with the generation prompt, has at most `max_prompt_tokens` tokens."""
     kwargs = {"tokenize": True, "add_generation_prompt": True, "return_dict": False, **(chat_template_kwargs or {})}
-    lengths = map(len, tokenizer.apply_chat_template(list(dataset["prompt"]), **kwargs))
-    return dataset.select([i for i, n in enumerate(lengths) if n <= max_prompt_tokens])
+
+    def short_enough(batch: dict[str, list]) -> list[bool]:  # in the fingerprint a resume compares: keep it as is
+        return [len(ids) <= max_prompt_tokens for ids in tokenizer.apply_chat_template(batch["prompt"], **kwargs)]
+
+    return dataset.filter(short_enough, batched=True, desc=f"Dropping prompts longer than {max_prompt_tokens} tokens")
 
 
 def tiny_math_completion(a: int, b: int) -> str:
