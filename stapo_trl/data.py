@@ -299,16 +299,16 @@ def config_max_positions(name_or_path: str, revision: str | None = None) -> int 
     return model_max_positions(os.path.dirname(cached)) if isinstance(cached, str) else None
 
 
-def report_dropped(total: int, kept: int, budget: int | None, what: str | None = "prompts") -> None:
+def report_dropped(total: int, kept: int, budget: int | None, what: str = "prompts") -> None:
     """One warning line when prompts over `budget` tokens were dropped; `ValueError` when all were."""
     if not kept and total:
-        raise ValueError(f"All {total} {what or 'prompts'} are longer than {budget} tokens: raise max_prompt_tokens, "
-                         "lower the generation budget, or use a model with more positions.")  # fmt: skip
-    if kept < total and what:
+        raise ValueError(f"All {total} {what} are longer than {budget} tokens: raise max_prompt_tokens, lower the "
+                         "generation budget, or use a model with more positions.")  # fmt: skip
+    if kept < total:
         logger.warning(f"Dropped {total - kept} of {total} {what} longer than {budget} tokens (max_prompt_tokens).")
 
 
-def keep_short_prompts(lengths: list[int], budget: int | None, what: str | None = "prompts") -> list[int]:
+def keep_short_prompts(lengths: list[int], budget: int | None, what: str = "prompts") -> list[int]:
     """The indices of the prompts of at most `budget` tokens ([`report_dropped`] says what was dropped)."""
     keep = [i for i, n in enumerate(lengths) if budget is None or n <= budget]
     report_dropped(len(lengths), len(keep), budget, what)
