@@ -91,27 +91,22 @@ def test_stapo_train_and_its_dry_run_refuse_a_model_without_a_template(
 def test_stapo_eval_refuses_a_model_without_a_template_unless_told_to_feed_text(
     model_without_chat_template, tmp_path, capsys
 ):
-    from stapo_trl.cli.eval import main
-
-    argv = ["--model", model_without_chat_template, "--benchmarks", "tiny-math", "--backend", "hf", "--limit", "2",
-            "--samples", "1", "--max-new-tokens", "8"]  # fmt: skip
-    with pytest.raises(SystemExit) as info:
-        main([*argv, "--output", str(tmp_path / "a.json")])
-    assert info.value.code == 2
-    (line,) = [line for line in capsys.readouterr().err.splitlines() if "no chat template" in line]
-    assert "stapo-eval's prompts are chat messages" in line and "--no-chat-template" in line
-    assert main([*argv, "--no-chat-template", "--output", str(tmp_path / "b.json")]) == 0  # was: silently this
-
-
-def test_evaluation_prompts_follow_the_same_rule(model_without_chat_template):
     from transformers import AutoTokenizer
 
+    from stapo_trl.cli.eval import main
     from stapo_trl.evaluation.generation import build_prompt_text
 
     tokenizer = AutoTokenizer.from_pretrained(model_without_chat_template)
     with pytest.raises(ValueError, match="^The evaluation prompts are chat messages, but the tokenizer of "):
         build_prompt_text(tokenizer, "1+1")
     assert build_prompt_text(tokenizer, "1+1", use_chat_template=False).startswith("1+1\n")
+    argv = ["--model", model_without_chat_template, "--benchmarks", "tiny-math", "--backend", "hf", "--limit", "2",
+            "--samples", "1", "--max-new-tokens", "8"]  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--output", str(tmp_path / "a.json")])
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "no chat template" in line]
+    assert info.value.code == 2 and "stapo-eval's prompts are chat messages" in line and "--no-chat-template" in line
+    assert main([*argv, "--no-chat-template", "--output", str(tmp_path / "b.json")]) == 0  # was: silently this
 
 
 TEMPLATES = {  # what jinja refuses: nothing of the template is applied, no code outside it runs
