@@ -99,10 +99,8 @@ def test_where_grpo_config_refuses_a_value_its_words_stand(settings, trl_words):
 def test_cpu_only_machine_defaults_to_use_cpu_without_bf16_and_explicit_values_win(tmp_path, caplog):
     from stapo_trl.cli.args import parse_args
 
-    def config(**settings):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return STAPOConfig(output_dir=str(tmp_path), report_to=[], **settings)
+    def config(**settings):  # use_cpu and bf16 unset unless given
+        return make_config(**{"use_cpu": None, "bf16": None} | settings)
 
     with caplog.at_level(logging.INFO, logger="stapo_trl.trainer.config"):
         args = config()  # TRL's bf16 default is refused by transformers here: this raised before
