@@ -1,11 +1,6 @@
-"""Fixtures shared by every test file: tiny offline models, the shared benchmark data, one torch thread, and a guard
-that fails a test that builds a model where an input error should have stopped first. Helper functions live in
-`testing_utils.py`.
-
-All tests run offline in one process (each new process spends ~7 s importing torch/transformers/trl). The tiny-math
-models come from the user's cache (`$STAPO_TRL_CACHE`, else `~/.cache/stapo_trl`, where `make demo` puts them too):
-built once (~40 s), then reused; `STAPO_TRL_TEST_MODEL` names another `builtin:` model or folder.
-"""
+"""Fixtures of every test file: tiny offline models, the shared benchmark data, one torch thread, a guard that no
+model is built before an input error. The tiny-math models come from the user's cache (`$STAPO_TRL_CACHE`, else
+`~/.cache/stapo_trl`, as `make demo` uses): built once (~40 s); `STAPO_TRL_TEST_MODEL` names another model."""
 
 import importlib.util
 import os
@@ -23,42 +18,37 @@ from testing_utils import REPO  # noqa: E402
 from stapo_trl.models import resolve_model_path  # noqa: E402
 
 
-# The project's CPU machines have 2 cores; more threads than cores only adds contention.
-torch.set_num_threads(1)  # tiny models gain nothing from threads; with 2-process tests running beside, 2 thrash
+torch.set_num_threads(1)  # for the session and module fixtures too
 
 
 @pytest.fixture(autouse=True)
 def single_torch_thread():
-    """Every test starts on one torch thread, whatever an earlier test set: generation and training of a
-    ~140k-parameter model are dominated by thread hand-offs, and two OpenMP threads on a busy 2-core machine make them
-    ~10x slower."""
+    """One torch thread per test, whatever an earlier test set: a ~140k-parameter model on 2 busy cores runs ~10x
+    slower on two threads."""
     torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
 def builtin_cache_dir(tmp_path_factory) -> Path:
-    """A fresh, session-private cache for `builtin:` models, so the tests exercise a real build (passed to
-    `resolve_model_path(..., cache_dir=...)`; `STAPO_TRL_CACHE` is never touched)."""
+    """A session-private cache for `builtin:` models: the tests build into it (`STAPO_TRL_CACHE` is never touched)."""
     return tmp_path_factory.mktemp("stapo_trl_cache")
 
 
 @pytest.fixture(scope="session")
 def tiny_math_model_path() -> str:
-    """Directory of `builtin:tiny-math` (the tiny Qwen3 SFT-warmed to ~45 % sampled accuracy on two-digit addition) in
-    the user's cache, or of `STAPO_TRL_TEST_MODEL`."""
+    """`builtin:tiny-math` (a tiny Qwen3 at ~45 % sampled accuracy on two-digit addition), or `STAPO_TRL_TEST_MODEL`."""
     return resolve_model_path(os.environ.get("STAPO_TRL_TEST_MODEL") or "builtin:tiny-math")
 
 
 @pytest.fixture(scope="session")
 def tiny_random_model_path(builtin_cache_dir) -> str:
-    """Directory of `builtin:tiny-random`: same tokenizer and architecture as tiny-math, random weights (~2 s)."""
+    """`builtin:tiny-random`: tiny-math's tokenizer and architecture, random weights (~2 s)."""
     return resolve_model_path("builtin:tiny-random", cache_dir=builtin_cache_dir)
 
 
 @pytest.fixture(scope="session")
 def tiny_math_h64_model_path() -> str:
-    """Directory of `builtin:tiny-math-h64` (head_dim 64, which vLLM's CPU attention accepts) in the user's cache, or of
-    `STAPO_TRL_TEST_VLLM_MODEL`."""
+    """`builtin:tiny-math-h64` (head_dim 64, for vLLM's CPU attention), or `STAPO_TRL_TEST_VLLM_MODEL`."""
     return resolve_model_path(os.environ.get("STAPO_TRL_TEST_VLLM_MODEL") or "builtin:tiny-math-h64")
 
 
@@ -75,15 +65,13 @@ def no_model_built(monkeypatch):
 
 @pytest.fixture(scope="session")
 def smollm2_path(builtin_cache_dir) -> str:
-    """`builtin:smollm2-135m` converted into the session's cache (~1-2 min on 2 busy cores). Needs its wheel
-    (`real_model` tests only): `builtin:smollm2-135m-math`, built from it, lands in the same cache when resolved with
-    `cache_dir=builtin_cache_dir` (or with `STAPO_TRL_CACHE` set to it, as the notebook's test does)."""
+    """`builtin:smollm2-135m` converted into the session's cache (~1-2 min; `real_model` tests, which need its wheel)."""
     return resolve_model_path("builtin:smollm2-135m", cache_dir=builtin_cache_dir)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the `vllm`-marked tests where vLLM is not installed (they run in .venv-vllm: `make test-vllm`), and the
-    `real_model(*names)`-marked ones where a named model's wheels are missing (the reason names the install command)."""
+    """Skip `vllm` tests without vLLM (`make test-vllm`) and `real_model(*names)` tests without a named model's wheels
+    (the reason names the install command)."""
     from stapo_trl.models.gguf import locate_gguf
 
     missing: dict[str, str | None] = {}

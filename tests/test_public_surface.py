@@ -1,9 +1,6 @@
-"""The surface a user relies on, pinned so that a redesign of the package cannot change it silently: the public names
-the README and the notebook import, the three commands and every flag they accept, and the demo learning as the README
-says. A name or flag that goes on purpose leaves these lists together with a CHANGELOG line.
-
-Where each part of that surface is tested (`slow`, `real_model`, `vllm`, `slurm` and `build` tests run apart from the
-default suite: `make test-slow`, `test-real`, `test-vllm`, `test-slurm`, `test-build`):
+"""The surface a user relies on, pinned: the public names, the three commands and every flag, the demo learning as the
+README says. A name or flag that goes on purpose leaves these lists with a CHANGELOG line. Where each part is tested
+(`slow`, `real_model`, `vllm`, `slurm`, `build` run apart: `make test-slow`, `test-real`, ...):
 
 | surface | tests |
 |---|---|
@@ -39,10 +36,6 @@ import yaml
 from testing_utils import RECIPES_DIR, REPO, STAPO_RECIPE, builtin_cache_root, subprocess_env, write_jsonl
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The public names
-# ---------------------------------------------------------------------------------------------------------------
-
 PUBLIC_NAMES = [
     ("stapo_trl", "STAPOTrainer"),
     ("stapo_trl", "STAPOConfig"),
@@ -65,8 +58,7 @@ def test_public_name_imports_from_where_the_readme_says(module, name):
     assert hasattr(importlib.import_module(module), name)
 
 
-# Names the README, the docs, the notebook or a docstring told users to import from a module path of 0.3.0: each path
-# keeps importing them for one release after the module moves (a DeprecationWarning names the new home).
+# Names the docs told users to import from a path that moved: each path imports them for one release (warned).
 IMPORTED_FROM_0_3_PATHS = {
     "stapo_trl.callbacks": ["add_command_callbacks", "SaveOnSignal"],
     "stapo_trl.preflight": ["check_hub_access", "check_hub_model", "check_hub_dataset", "prompt_token_budget"],
@@ -105,9 +97,8 @@ def test_the_trainer_and_config_are_trls_and_the_rule_is_one_function(module):
 
 
 def test_s2t_mask_takes_the_notebooks_arguments_and_returns_its_fields():
-    """The call of the notebook and the README, on a hand-computed batch: four positive-advantage candidates
-    (p = 0.001 < tau_p) with entropies 0.1-0.4; tau_h at q = 0.75 is 0.1 + 0.75 x 3 x 0.1 = 0.325 (linear
-    interpolation), so the three below it are silenced."""
+    # Four positive-advantage candidates (p = 0.001 < tau_p), entropies 0.1-0.4: tau_h at q = 0.75 is
+    # 0.1 + 0.75 x 3 x 0.1 = 0.325 (linear interpolation), so the three below it are silenced.
     import math
 
     import torch
@@ -147,10 +138,6 @@ def test_the_readme_helpers_behave_as_printed(tiny_math_model_path, monkeypatch)
     assert resolve_model_path(tiny_math_model_path) == tiny_math_model_path
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The three commands and their flags
-# ---------------------------------------------------------------------------------------------------------------
-
 COMMANDS = {
     "stapo-train": "stapo_trl.cli.train",
     "stapo-eval": "stapo_trl.cli.eval",
@@ -182,12 +169,10 @@ EVAL_FLAGS = {
 # Every flag `stapo-plot` accepts beside its OUTPUT_DIR arguments.
 PLOT_FLAGS = {"--out": "figures", "--labels": "run", "--title": "a title", "--smoothing": "3"}
 
-# `stapo-train`'s own options that answer without a recipe (`--config`, and `--dry-run` with `--num-processes`, are
-# in the dry run below).
+# `stapo-train`'s options that answer without a recipe.
 TRAIN_OPTIONS = [["--help"], ["-h"], ["--version"], ["--dry-run", "--help"], ["--dry_run", "--help"]]
-# The recipe fields `stapo-train` accepts as --FIELD (and --FIELD-NAME) beyond every key of every recipe: the
-# project's own (the script arguments and the S2T fields) and those the README, docs/, recipes/README.md, scripts/ and
-# slurm/ name on a command line. TRL's other GRPOConfig and ModelConfig fields come and go with TRL's releases.
+# The fields `stapo-train` accepts as --FIELD and --FIELD-NAME beyond every recipe key: the project's own and those a
+# documented command line names (TRL's other fields come and go with its releases).
 TRAIN_FIELDS = [
     # the script arguments (stapo_trl.cli.script_args) and their TRL base
     "trainer", "reward_funcs", "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split",
@@ -205,7 +190,6 @@ TRAIN_FIELDS = [
 
 
 def _run(command: str, *args: str, cwd=REPO) -> subprocess.CompletedProcess:
-    """`python -m <the command's module> ARGS` in a fresh process, as its console script runs it."""
     env = subprocess_env(PYTHONPATH=str(REPO))
     return subprocess.run(
         [sys.executable, "-m", COMMANDS[command], *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
@@ -227,8 +211,7 @@ def test_stapo_eval_lists_and_accepts_every_flag(tmp_path):
     help_text = _run("stapo-eval", "--help").stdout
     assert set(EVAL_FLAGS) | {"--compare", "--version", "--help"} <= _options(help_text)
     argv = [word for flag, value in EVAL_FLAGS.items() for word in (flag, value) if word is not None]
-    # Every flag parses: the command gets as far as the model, which does not exist (a flag it did not know would
-    # be the usage error instead).
+    # Every flag parses: the command gets as far as the missing model.
     proc = _run("stapo-eval", *argv, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
     expected = "stapo-eval: error: Model directory '/nonexistent-model' does not exist"
@@ -253,8 +236,6 @@ def test_stapo_train_answers_its_own_options(argv):
 
 
 def test_stapo_train_lists_every_field_in_both_spellings(capsys):
-    """`--help-fields` lists every recipe field; each of the shipped recipes' keys and of `TRAIN_FIELDS` is a flag,
-    as `--field_name` and as `--field-name` (docs/cli.md)."""
     from stapo_trl.cli.train import main
 
     with pytest.raises(SystemExit) as excinfo:
@@ -274,8 +255,6 @@ def test_stapo_train_lists_every_field_in_both_spellings(capsys):
 
 @pytest.mark.parametrize("dry_run", [["--dry-run", "--num-processes", "2"], ["--dry_run", "--num_processes", "2"]])
 def test_stapo_train_dry_run_accepts_the_documented_overrides(tmp_path, capsys, dry_run):
-    """The overrides the docs put on a `stapo-train` line, in one dry run of the demo recipe, some in the
-    `--field-name` spelling docs/cli.md allows, with the own-data columns of the README on a local file."""
     from stapo_trl.cli.train import main
 
     rows = [{"question": f"{a}+1", "answer": str(a + 1)} for a in range(10, 40)]
@@ -297,8 +276,6 @@ def test_stapo_train_dry_run_accepts_the_documented_overrides(tmp_path, capsys, 
 
 
 def test_the_launch_entry_points_answer_as_modules():
-    """`accelerate launch ... -m stapo_trl.cli.train` (docs, recipes/accelerate_configs) and `python -m
-    stapo_trl.cli.dry_run` (scripts/launch.sh, slurm/train.slurm, recipes/README.md) are module paths users type."""
     for module, first_line in [("stapo_trl.cli.train", "usage:"), ("stapo_trl.cli.dry_run", "Dry run of a recipe")]:
         proc = subprocess.run(
             [sys.executable, "-m", module, "--help"], cwd=REPO, env=subprocess_env(PYTHONPATH=str(REPO)),
@@ -307,16 +284,9 @@ def test_the_launch_entry_points_answer_as_modules():
         assert proc.returncode == 0 and proc.stdout.lstrip().startswith(first_line), proc.stderr
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The demo learns as the README says
-# ---------------------------------------------------------------------------------------------------------------
-
-
 @pytest.mark.slow  # `make demo` itself: 500 updates and 2 x 1,200 held-out samples, ~2-5 min on 2 shared cores
 def test_the_demo_recipe_raises_held_out_accuracy_by_15_points(tiny_math_model_path, tmp_path):
-    """`stapo-train --config recipes/demo/stapo.yaml` as `make demo` runs it (only the output folder differs, and
-    `builtin:tiny-math` is the session's build): held-out avg@4 before and after, from its eval.json. The README's
-    runs: 43.8 % -> 67.6 %, other machines' builds 45-48 % -> 68-71 %."""
+    """`make demo`'s run (another output folder): held-out avg@4 before and after, from its eval.json."""
     env = subprocess_env(STAPO_TRL_CACHE=str(builtin_cache_root(tiny_math_model_path)), PYTHONPATH=str(REPO))
     out = tmp_path / "demo-stapo"
     proc = subprocess.run(
