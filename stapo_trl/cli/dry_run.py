@@ -2,12 +2,8 @@ r"""Dry run of a recipe: parse it as `stapo-train` does, check it for a process 
 
     stapo-train --config recipes/Qwen3-1.7B/stapo.yaml --dry-run                  # process count from the recipe
     stapo-train --config recipes/Qwen3-8B/stapo.yaml --dry-run --num-processes 16 # what if: 2 training nodes
-    python -m stapo_trl.cli.dry_run --config recipes/Qwen3-8B/stapo.yaml --num-processes 8 --steps_per_generation 64
 
-The plan: trainer, objective, model, data (a built-in or local dataset is read and checked, its long prompts counted
-when the model is here; Hub ids are named, not fetched), rewards, batch geometry, where the mask's p and H come from,
-optimizer, generation, output; each failed check (an input error) with the valid values, and warnings about settings
-the paper did not run. Processes: `--num-processes`, else the recipe's `# launch: ... num_processes=N` line, else 1.
+Processes: `--num-processes`, else the recipe's `# launch: ... num_processes=N` line, else 1; Hub ids are not fetched.
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ TRACKERS = ("wandb", "tensorboard", "trackio", "comet_ml", "mlflow", "clearml", 
 
 
 def read_launch_settings(recipe: str) -> dict[str, str]:
-    """The recipe's `# launch: key=value ...` line as a dict (empty without one), e.g.
-    `# launch: accelerate_config=zero2 num_processes=4` -> `{"accelerate_config": "zero2", "num_processes": "4"}`."""
+    """The recipe's `# launch: key=value ...` line as a dict (`{}` without one)."""
     with open(recipe, encoding="utf-8") as f:
         for line in f:
             if match := re.match(r"^#\s*launch:\s*(.*)$", line.strip()):
@@ -42,18 +37,13 @@ def read_launch_settings(recipe: str) -> dict[str, str]:
 
 
 def fmt(n: float) -> str:
-    """`2,048`; `0.25`."""
     return f"{int(n):,}" if float(n).is_integer() else f"{n:,.2f}"
 
 
 @dataclass
 class DryRunReport:
-    """One step of a recipe on `num_processes` processes, in completions (as TRL counts them), and what is wrong.
-
-    A fixed `generation_batch_size` (completions per rollout step, all processes) sets `steps_per_generation`; else
-    `steps_per_generation` (`None`: `gradient_accumulation_steps`) sets it. `lines`: the plan's (label, value) rows;
-    `errors` fail the recipe; `warnings` deserve a look; `notes` say how the dry run differs from a run.
-    """
+    """One step of a recipe on `num_processes` processes in completions, the plan's `lines` (label, value),
+    `errors`, `warnings` and `notes`; a fixed `generation_batch_size` sets `steps_per_generation`."""
 
     per_device_train_batch_size: int
     num_processes: int
@@ -84,7 +74,6 @@ class DryRunReport:
         return not self.errors
 
     def summary(self) -> str:
-        """The printable plan: a header, one row per aspect, then errors, warnings and notes."""
         where = self.recipe or "the command-line arguments (no --config)"
         status = "OK" if self.ok else f"FAILED ({len(self.errors)} error{'s' * (len(self.errors) != 1)})"
         out = [f"Dry run of {where} for {self.num_processes} training process(es): {status}"]
@@ -96,10 +85,8 @@ class DryRunReport:
 
 
 def dry_run_recipe(argv: Sequence[str], num_processes: int | None = None, *, force_cpu: bool | None = None):
-    """The [`DryRunReport`] of `argv` (`--config RECIPE.yaml [--FIELD VALUE ...]`), parsed as `stapo-train` does
-    (`use_cpu` when `force_cpu`; `None`: when no CUDA device is visible), through its steps before the model
-    ([`PreparedRun`]) and checked for `num_processes` processes (`None`: the recipe's `# launch:` value, else 1).
-    Raises a one-line `ValueError` or `OSError` where parsing does."""
+    """The [`DryRunReport`] of `argv` for `num_processes` (`None`: the recipe's `# launch:` value, else 1), with
+    `use_cpu` when `force_cpu` (`None`: no CUDA device here). Raises a one-line `ValueError` or `OSError`."""
     from .args import recipe_parser
 
     parser, rest = recipe_parser(argv)  # the recipe is read and checked before torch is imported
@@ -131,7 +118,6 @@ def dry_run_recipe(argv: Sequence[str], num_processes: int | None = None, *, for
 
 
 def _plan(r: DryRunReport, prepared: PreparedRun, cpu_forced: bool) -> None:
-    """The plan's rows and the checks that depend on the process count or this machine."""
     from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
     from ..trainer.config import STAPOConfig
 
@@ -202,8 +188,6 @@ def _plan(r: DryRunReport, prepared: PreparedRun, cpu_forced: bool) -> None:
 
 
 def _execution(r: DryRunReport, s, a, length: int | None, cpu_forced: bool) -> None:
-    """The generation and output rows, and the checks of vLLM, the trackers, precision and the paper's geometry for
-    the process count and this machine."""
     from ..integrations.vllm_support import check_vllm_args
 
     n, new_tokens, warn = r.num_processes, a.max_completion_length, r.warnings.append
@@ -257,9 +241,7 @@ def _execution(r: DryRunReport, s, a, length: int | None, cpu_forced: bool) -> N
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m stapo_trl.cli.dry_run --config RECIPE.yaml [--num-processes N] [--FIELD VALUE ...]`, also
-    `stapo-train ... --dry-run`: print the plan; return 0 when the recipe passes, else 2 with one
-    `stapo-train --dry-run: error: ...` line on stderr (the first failed check, or why the recipe does not parse)."""
+    """Print the plan; 0 when the recipe passes, else 2 with one `stapo-train --dry-run: error: ...` line."""
     from .errors import EXIT_INPUT_ERROR, EXIT_STATUS_HELP, InputError, OneLineErrorParser, print_line
 
     prog = "stapo-train --dry-run"

@@ -1,11 +1,6 @@
-r"""The figures of `stapo-train` runs (`stapo-plot`) from their `metrics.jsonl` and `spurious_tokens.jsonl`:
-`training_curves.png`, `s2t_entropy_quantiles.png`, `s2t_ratios.png`, `s2t_prob_entropy.png`, `s2t_top_tokens.png`.
-
-A run is a folder with `metrics.jsonl`, or a folder of per-seed run folders: seeds are drawn as their mean with a
-min/max band, ratios of counts pooled ([`seed_values`]). Each `plot_*` writes its figure to `out` (folders created)
-and returns `out`, or returns the matplotlib `Figure` when `out` is `None`; `None` when no run has its data.
-matplotlib is imported where a figure is drawn, and used without pyplot (no global state).
-"""
+"""The figures of `stapo-train` runs (`stapo-plot`) from `metrics.jsonl` and `spurious_tokens.jsonl`. A run is a run
+folder or a folder of per-seed run folders (drawn as their mean, ratios of counts pooled). Each `plot_*` writes to
+`out` and returns it, or returns the matplotlib `Figure` for `out=None`; `None` when no run has its data."""
 
 from __future__ import annotations
 
@@ -23,13 +18,13 @@ from ..run_folder.checkpoints import open_run_file
 logger = logging.getLogger(__name__)
 
 METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME = "metrics.jsonl", "spurious_tokens.jsonl"  # run_folder.logs: no torch here
-TRAINING_CURVES = (  # (log key, panel title, y scale) of training_curves.png
+TRAINING_CURVES = (  # (log key, panel title, y scale)
     ("reward", "reward (mean over completions)", "linear"),
     ("entropy", "policy entropy (nats / token)", "linear"),
     ("s2t/silenced_ratio", "S2T silenced-token ratio (log)", "log"),
 )
 RATIO_CURVES = (TRAINING_CURVES[2], ("s2t/candidate_ratio", "S2T candidate ratio (log)", "log"))  # s2t_ratios.png
-POOLED_RATIOS = {  # logged as Σ numerator / Σ denominator: pooled the same way over seeds, never averaged
+POOLED_RATIOS = {  # Σ numerator / Σ denominator, pooled over seeds too
     "s2t/silenced_ratio": ("s2t/num_silenced", "s2t/num_loss_tokens"),
     "s2t/candidate_ratio": ("s2t/num_candidates", "s2t/num_loss_tokens"),
 }
@@ -38,7 +33,6 @@ _WARNED_EMPTY: set[str] = set()
 
 
 def _files(path: str, name: str) -> list[str]:
-    """`path/name`, else every `path/*/name` (a folder of seeds), else `[]`."""
     if os.path.isfile(os.path.join(path, name)):
         return [os.path.join(path, name)]
     names = sorted(os.listdir(path)) if os.path.isdir(path) else []
@@ -46,15 +40,15 @@ def _files(path: str, name: str) -> list[str]:
 
 
 def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, Any]]]:
-    """The `metrics.jsonl` rows of a run, one list per seed (`path`: a run folder, a folder of seeds, or the file).
-    Raises `FileNotFoundError` without one, and, with `require_steps`, `ValueError` for one without a logged metric."""
+    """The `metrics.jsonl` rows of a run, one list per seed. Raises `FileNotFoundError` without one, and, with
+    `require_steps`, `ValueError` for one without a logged metric."""
     path = os.fspath(path)
     if not (files := [path] if os.path.isfile(path) and path.endswith(".jsonl") else _files(path, METRICS_FILENAME)):
         raise FileNotFoundError(
             f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a `stapo-train` run, "
             "or a folder of them (one per seed)."
         )
-    from ..run_folder.logs import read_metrics  # transformers and torch: not for `stapo-plot --help`
+    from ..run_folder.logs import read_metrics
 
     seeds = [read_metrics(file) for file in files]
     for file, rows in zip(files, seeds, strict=True):
@@ -74,8 +68,7 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, A
 
 
 def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
-    """The records of `run_dir/spurious_tokens.jsonl`, or of every `run_dir/*/spurious_tokens.jsonl` (seeds); a file
-    without a record is warned about once."""
+    """The records of the run's (or its seeds') `spurious_tokens.jsonl`; a file without one is warned about once."""
     from ..run_folder.logs import read_token_records
 
     records = []
@@ -91,7 +84,7 @@ def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
 
 
 def load_token_bytes(run_dir: os.PathLike | str) -> dict[int, bytes]:
-    """[`tokenizer_token_bytes`] of the `tokenizer.json` in `run_dir` (or in its first seed folder), or `{}`."""
+    """[`tokenizer_token_bytes`] of the run's (or its first seed's) `tokenizer.json`, or `{}`."""
     from ..diagnostics.token_records import tokenizer_token_bytes
 
     files = _files(os.fspath(run_dir), "tokenizer.json")
@@ -102,12 +95,11 @@ def load_token_bytes(run_dir: os.PathLike | str) -> dict[int, bytes]:
 
 
 def seed_values(seeds: Sequence, key: str):
-    """`(steps, values, note)` of `key` over a run's seeds: `values` a `(num_rows, num_steps)` array at the steps all
-    rows logged, one row per seed that logged `key`, `note` " (2 seeds)". A ratio of counts ([`POOLED_RATIOS`]) over
-    seeds that all logged its counts is one row, Σ numerator / Σ denominator over them (" (2 seeds, pooled)")."""
+    """`(steps, values, note)` of `key` over seeds: `values` (seeds, steps) at the steps all logged, `note` " (2
+    seeds)"; a ratio of [`POOLED_RATIOS`] is one row pooled over the seeds (" (2 seeds, pooled)")."""
     import numpy as np
 
-    def series(rows: Sequence, key: str) -> dict[int, float]:  # null and NaN (not equal to itself) left out
+    def series(rows: Sequence, key: str) -> dict[int, float]:  # without null and NaN
         pairs = ((row.get("step"), row.get(key)) for row in rows)
         return {int(step): float(v) for step, v in pairs if step is not None and v is not None and v == v}
 
@@ -132,8 +124,6 @@ def _figure(rows: int, cols: int, size: tuple[float, float], **kwargs):
 
 
 def _save(fig, out: Path | str | None):
-    """`fig` when `out` is `None`, else `out` after writing `fig` there (dpi 110, the format of its suffix), never
-    through a symbolic link ([`~stapo_trl.run_folder.checkpoints.open_run_file`])."""
     if out is None:
         return fig
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -143,8 +133,6 @@ def _save(fig, out: Path | str | None):
 
 
 def _axes(ax, title: str, log=False, xlabel="optimizer step", fontsize=10, grid="both", **legend) -> None:
-    """Title, grid, legend, integer counts on x (optimizer steps by default); a log y axis labelled at 1, 2 and 5 x
-    10^k."""
     from matplotlib.ticker import LogFormatterSciNotation, LogLocator, MaxNLocator
 
     ax.set_xlabel(xlabel)
@@ -164,15 +152,14 @@ def _note(ax, text: str) -> None:
 
 
 def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, title=None, smoothing=None):
-    """One panel per `(log key, title, "linear" | "log")` of `curves`; `runs`: label -> one list of `metrics.jsonl`
-    rows per seed. Linear panels: one seed as its raw curve (thin) and moving average (bold, a window of `smoothing`
-    logged steps, default ~1/20 of the run), several as the mean of their moving averages with a min/max band. Log
-    panels: the mean over seeds ([`seed_values`]) as points; the legend counts the steps where it is 0."""
+    """One panel per `(log key, title, "linear" | "log")` of `curves`; `runs`: label -> rows per seed. Linear: the
+    moving average (`smoothing` logged steps, default ~1/20 of the run) over the raw curve, or the seeds' mean with a
+    min/max band; log: the mean over seeds as points, its zeros counted in the legend."""
     import numpy as np
 
     fig, axes = _figure(1, len(curves), (5.2 * len(curves), 3.9), sharex=True)
     for ax, (key, panel_title, scale) in zip(axes[0], curves, strict=True):
-        for i, (label, seeds) in enumerate(runs.items()):  # run i in colour i of matplotlib's cycle
+        for i, (label, seeds) in enumerate(runs.items()):
             steps, values, note = seed_values(seeds, key)
             if steps and scale == "log":
                 mean = values.mean(axis=0)
@@ -180,7 +167,7 @@ def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, tit
                 zeros = f", 0 at {(~pos).sum()}/{len(mean)} logged steps" if pos.any() else ": always 0"
                 ax.plot(np.array(steps)[pos], mean[pos], "o", ms=3.5, color=f"C{i}", label=label + note + zeros)
             elif steps:
-                window = smoothing or max(1, len(steps) // 20)  # trailing moving average, shorter at the start
+                window = smoothing or max(1, len(steps) // 20)  # trailing, shorter at the start
                 cumsum = np.cumsum(np.insert(values, 0, 0.0, axis=1), axis=1)
                 start = np.maximum(np.arange(1, len(steps) + 1) - window, 0)
                 smooth = (cumsum[:, 1:] - cumsum[:, start]) / (np.arange(1, len(steps) + 1) - start)  # (seeds, steps)
@@ -198,8 +185,7 @@ def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, tit
 
 
 def plot_entropy_quantiles(runs: Mapping[str, Sequence], out: Path | None = None):
-    """The loss tokens' entropy over steps (`s2t/entropy_p*`, mean over seeds): a p10-p95 band, p50 solid, p80 dashed,
-    runs overlaid, log scale."""
+    """The loss tokens' entropy quantiles over steps: a p10-p95 band, p50 solid, p80 dashed."""
     fig, ((ax,),) = _figure(1, 1, (7.5, 4.2))
     for i, (label, seeds) in enumerate(runs.items()):
         (s10, p10, _), (s50, p50, _), (s80, p80, _), (s95, p95, _) = (
@@ -219,8 +205,7 @@ def plot_entropy_quantiles(runs: Mapping[str, Sequence], out: Path | None = None
 
 
 def plot_prob_entropy_scatter(records: Mapping[str, Sequence], out: Path | None = None):
-    """The paper's four quadrants: probability (log) vs entropy of positive-advantage tokens, silenced ones in red,
-    with τ_p and the median τ_h, one panel per run (label -> `spurious_tokens.jsonl` records)."""
+    """Probability (log) vs entropy of positive-advantage tokens, silenced in red, with τ_p and the median τ_h."""
     if not (records := {label: recs for label, recs in records.items() if recs}):
         return None
     fig, axes = _figure(1, len(records), (6.0 * len(records), 4.6))
@@ -229,7 +214,7 @@ def plot_prob_entropy_scatter(records: Mapping[str, Sequence], out: Path | None 
             ("reference", "0.6", "other positive-advantage tokens (sample)", 6),
             ("kept_candidate", "tab:blue", "kept candidates (logged)", 12),
             ("silenced", "tab:red", "silenced (spurious)", 16),
-        ):  # drawn in this order: silenced on top
+        ):
             if points := [(r["prob"], r["entropy"]) for r in recs if r["kind"] == kind and r["prob"] > 0]:
                 ax.scatter(*zip(*points), s=size, c=color, alpha=0.7, lw=0, label=f"{name}: {len(points)}")
         if tau_p := [r["prob_threshold"] for r in recs if r.get("prob_threshold")]:
@@ -237,20 +222,15 @@ def plot_prob_entropy_scatter(records: Mapping[str, Sequence], out: Path | None 
         if tau_h := sorted(r["entropy_threshold"] for r in recs if r.get("entropy_threshold") is not None):
             median = tau_h[len(tau_h) // 2]
             ax.axhline(median, color="k", ls="--", lw=1, label=f"median τ_h = {median:.3g} nats")
-        _axes(
-            ax,
-            f"{label}: positive-advantage tokens",
-            xlabel="probability of the sampled token (log)",
-            loc="upper right",
-        )
+        xlabel = "probability of the sampled token (log)"
+        _axes(ax, f"{label}: positive-advantage tokens", xlabel=xlabel, loc="upper right")
         ax.set(xscale="log", ylabel="entropy at the position (nats)")  # after _axes: a log axis's own ticks
     return _save(fig, out)
 
 
 def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, token_bytes: Mapping | None = None):
-    """Bars of the `k` most frequent silenced tokens and kept candidates (of the logged records), one row per run
-    (label -> records), integer counts; labels by [`readable_token`] with `token_bytes` (label -> token id -> bytes,
-    [`load_token_bytes`]), their key under the figure."""
+    """Bars of the `k` most frequent silenced tokens and kept candidates, one row per run, labelled by
+    [`readable_token`] with `token_bytes` (label -> token id -> bytes)."""
     from ..diagnostics.token_records import TOKEN_LABEL_KEY, readable_token
 
     if not (records := {label: recs for label, recs in records.items() if recs}):
@@ -263,7 +243,7 @@ def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, toke
     )
     for row, (label, recs) in zip(axes, records.items(), strict=True):
         for ax, (kind, color, title, xlabel) in zip(row, panels, strict=True):
-            counts = Counter((r.get("token_id"), r["token"]) for r in recs if r["kind"] == kind)  # ids: bytes apart
+            counts = Counter((r.get("token_id"), r["token"]) for r in recs if r["kind"] == kind)
             known, top = (token_bytes or {}).get(label) or {}, counts.most_common(k)
             names = [readable_token(token, known.get(token_id), token_id) for (token_id, token), _ in top]
             ax.barh(range(len(top)), [n for _, n in top], color=color, alpha=0.8)
@@ -279,8 +259,7 @@ def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, toke
 
 
 def _load(run_dirs: Sequence, labels: Sequence[str] | None, require_steps: bool = False):
-    """(metrics, token records, token bytes), each label -> its run's, all read before anything is drawn; the labels
-    default to the folder names (the paths as given when two names are equal)."""
+    """(metrics, token records, token bytes) by label (default: the folder names, else the paths)."""
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(
             f"--labels: got {len(labels)} label(s) for {len(run_dirs)} OUTPUT_DIR(s): give one label per folder, "
@@ -306,16 +285,14 @@ def _diagnostics(metrics: Mapping, records: Mapping, token_bytes: Mapping, out_d
 
 
 def plot_diagnostics(run_dirs: Sequence[Path | str], out_dir: Path | str, labels: Sequence[str] | None = None):
-    """Write the S2T figures of the runs (overlaid) into `out_dir`; returns the paths written. Raises
-    `FileNotFoundError` for a folder without `metrics.jsonl`."""
+    """Write the S2T figures of the runs into `out_dir`; returns the paths. `FileNotFoundError` without metrics."""
     return _diagnostics(*_load(run_dirs, labels), Path(out_dir))
 
 
 def plot_output_dirs(output_dirs: Sequence[str], out: str | None = None, *, labels=None, title=None, smoothing=None):
-    """Every figure of `stapo-train` output folders, all read before anything is drawn; returns the paths written.
-    The training curves go to `out`, a figure file (`FIGURE_SUFFIXES`) or a folder (no suffix, or an existing folder;
-    default: the one folder, or `.`), the S2T figures beside them. Raises `FileNotFoundError` or `ValueError` for a
-    folder without a logged step ([`load_run`]), another suffix, a `smoothing` < 1 or a wrong number of labels."""
+    """Every figure of `stapo-train` output folders, all read first; returns the paths written. The training curves
+    go to `out`, a figure file or a folder (default: the one folder, or `.`), the S2T figures beside them. Raises
+    `FileNotFoundError` or `ValueError` (one line) for bad input."""
     if smoothing is not None and smoothing < 1:
         raise ValueError(f"--smoothing {smoothing}: the moving-average window must be >= 1 logged step.")
     out = _curves_file(output_dirs, out)
@@ -325,7 +302,6 @@ def plot_output_dirs(output_dirs: Sequence[str], out: str | None = None, *, labe
 
 
 def _curves_file(output_dirs: Sequence[str], out: str | None) -> str:
-    """Where `--out` puts the training curves: a figure file, or `training_curves.png` in a folder."""
     suffix = os.path.splitext(out or "")[1]
     if out is not None and suffix and not os.path.isdir(out) and suffix.lower() not in FIGURE_SUFFIXES:
         raise ValueError(

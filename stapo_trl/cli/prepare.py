@@ -1,6 +1,5 @@
-"""What `stapo-train` checks and loads before its model, as one ordered list of steps ([`PreparedRun.STEPS`]): a run
-stops at the first failure ([`prepare`]); its dry run takes each failure as an error of the plan and goes on, and
-builds no model, downloads nothing and takes no lock ([`~stapo_trl.cli.dry_run`])."""
+"""`stapo-train`'s steps before its model ([`PreparedRun.STEPS`]): a run stops at the first failure, its dry run
+lists every failure and builds, downloads and locks nothing."""
 
 from __future__ import annotations
 
@@ -30,7 +29,6 @@ def is_builtin_or_local(name: str | None) -> bool:
 
 
 def too_few_prompts(num_prompts: int, prompts_per_rollout_step: int, where: str) -> str | None:
-    """The error when the prompts (counted `where`) cannot fill one rollout step, which TRL's sampler would drop."""
     if num_prompts >= prompts_per_rollout_step:
         return None
     return (
@@ -41,8 +39,6 @@ def too_few_prompts(num_prompts: int, prompts_per_rollout_step: int, where: str)
 
 
 def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = None) -> str | None:
-    """The refusal of a `benchmark_eval*` setting TRL's evaluation cannot honour: it samples k completions per problem
-    in whole groups and averages the eval batches' means (avg@k only when every batch is full)."""
     k, batch = s.benchmark_eval_samples, a.per_device_eval_batch_size * num_processes
     in_batch = f"per_device_eval_batch_size {a.per_device_eval_batch_size} x {num_processes} process(es)"
     if s.benchmark_eval is None:
@@ -75,16 +71,12 @@ def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = No
 
 
 class PreparedRun:
-    """The steps of a run before its model, from its script, training and model arguments (`s`, `a`, `m`), and what
-    they load: `reward_funcs`, `model_path`, `train_dataset`, `test_dataset` (what `eval_strategy` evaluates),
-    `eval_dataset` (the before/after evaluation's), `settings` (each checkpoint's record), `checkpoint` (to resume).
+    """The steps of a run before its model and what they load (`reward_funcs`, `model_path`, `train_dataset`,
+    `test_dataset`, `eval_dataset`, `settings`, `checkpoint`). A run (`plan=None`) raises at the first failed step and
+    holds `output_dir` from the folder step on; a dry run (`plan`: its `DryRunReport`) collects `errors` and
+    `warnings` and reads only what is here."""
 
-    A run (`plan=None`) raises at the first failed step and holds `output_dir` from the folder step on (given back on a
-    failure, else when the run ends). A dry run (`plan`: its `DryRunReport`, for its process count) collects `errors`
-    and `warnings`, and reads only what is here: a `builtin:` or local dataset, a built or local model.
-    """
-
-    STEPS = (  # (step, the prefix of its errors in a dry run), in a run's order
+    STEPS = (  # (step, the prefix of its errors in a dry run)
         ("_rewards", ""), ("_model", "model_name_or_path: "), ("_push", ""), ("_resume_from", ""),
         ("_dataset_name", ""), ("_folder", ""), ("_data", "dataset_name={s.dataset_name!r}: "), ("_benchmark", ""),
         ("_prompts", ""),
@@ -102,7 +94,7 @@ class PreparedRun:
     def run(self) -> PreparedRun:
         start, catch = time.perf_counter(), logging.Handler(logging.WARNING)
         catch.emit = lambda record: self.warnings.append(record.getMessage())
-        if self.dry:  # the package's warnings go into the plan
+        if self.dry:
             logging.getLogger("stapo_trl").addHandler(catch)
         try:
             for name, prefix in self.STEPS:
@@ -112,7 +104,7 @@ class PreparedRun:
                     if not self.dry or not isinstance(e, (ValueError, OSError)) and name != "_data":
                         raise
                     self.errors.append(prefix.format(s=self.s) + str(e))
-            if not self.dry and self.a.should_save and not self.held:  # a new folder: once every check has passed
+            if not self.dry and self.a.should_save and not self.held:  # a new folder: once every check passed
                 checkpoints.hold_run_folder(self.a.output_dir)
         except BaseException:
             if self.held:
@@ -126,7 +118,7 @@ class PreparedRun:
     def _rewards(self):
         self.reward_funcs = get_reward_funcs(self.s.reward_funcs)
 
-    def _model(self):  # checked, not loaded: the Hub asked in a run; a dry run notes a model that is here
+    def _model(self):
         if not (name := self.m.model_name_or_path):
             raise ValueError(
                 "model_name_or_path is not set: give a Hub id, a local model folder or builtin:tiny-math."
@@ -138,7 +130,7 @@ class PreparedRun:
         path = builtin_model_dir(name) if name.startswith("builtin:") else Path(name)
         self.model_path = str(path) if (path / "config.json").is_file() else None
 
-    def _push(self):  # offline, no token, Hub unreachable: now, not after training
+    def _push(self):
         if self.a.push_to_hub:
             check_hub_access(self.a.hub_model_id, self.a.output_dir, self.a.hub_token, network=not self.dry)
 
@@ -153,8 +145,6 @@ class PreparedRun:
             )
 
     def _folder(self):
-        """The run folder (links, write access, the user's files); in a run, held from now when it exists, with the
-        checkpoint it resumes (the newest complete one, damaged ones moved aside) trained with this run's settings."""
         a, out = self.a, self.a.output_dir
         if a.should_save:
             checkpoints.check_output_dir(out, refuse_user_files=True)
@@ -175,13 +165,11 @@ class PreparedRun:
             )
 
     def _data(self):
-        """The train split (the test split too for the before/after evaluation or `eval_strategy`), with every column
-        a reward reads; a Hub dataset is asked for in a run, not opened in a dry run."""
         s, name, kwargs = self.s, self.s.dataset_name, self.s.dataset_kwargs()
         if not (is_builtin_or_local(name) or data.is_local_dataset_file(name)):
             if self.dry:
                 return
-            check_hub_dataset(name)  # a Hub id nobody can download: now, in one line
+            check_hub_dataset(name)
         load = partial(load_prompt_dataset, name, **kwargs)
         self.train_dataset = load(split=s.dataset_train_split, limit=s.max_train_samples)
         self.total, periodic = len(self.train_dataset), self.a.eval_strategy != "no" and s.benchmark_eval is None
@@ -196,8 +184,6 @@ class PreparedRun:
             data.check_reward_columns(self.reward_funcs, self.test_dataset, f"{name} [{s.dataset_test_split}]")
 
     def _benchmark(self):
-        """`benchmark_eval`'s problems as what `eval_strategy` evaluates (`"steps"` unless set, every
-        `benchmark_eval_steps`, else `eval_steps`, else `logging_steps`); loaded in a run only."""
         from transformers.trainer_utils import IntervalStrategy
 
         from ..evaluation.tasks import benchmark_dataset, load_benchmark
@@ -207,7 +193,7 @@ class PreparedRun:
             return
         try:
             problems = None if self.dry else load_benchmark(name, s.benchmark_eval_data_dir, s.benchmark_eval_limit)
-        except RuntimeError as e:  # the Hub copy cannot be loaded
+        except RuntimeError as e:
             raise ValueError(f"benchmark_eval={name!r}: {e}") from e
         if error := benchmark_eval_error(s, a, self.processes, None if problems is None else len(problems)):
             raise ValueError(error)
@@ -220,8 +206,7 @@ class PreparedRun:
             a.num_generations_eval = s.benchmark_eval_samples
 
     def _prompts(self):
-        """With the model's tokenizer (a run builds a `builtin:` model on first use: last, ~30 s once): the chat
-        template, the prompts over the token budget dropped, and enough left for one rollout step."""
+        """The chat template, the prompts over the token budget dropped, enough left for one rollout step."""
         from transformers import AutoConfig, AutoTokenizer
 
         s, a, m, train = self.s, self.a, self.m, self.train_dataset
@@ -230,7 +215,7 @@ class PreparedRun:
         if self.model_path is not None:
             kwargs = {"revision": m.model_revision, "trust_remote_code": a.trust_remote_code}
             tokenizer = AutoTokenizer.from_pretrained(self.model_path, **kwargs)
-            prompts = [{"prompt": data.format_prompt("1+1")}] if train is None else train  # a dry run without data
+            prompts = [{"prompt": data.format_prompt("1+1")}] if train is None else train
             template = (m.model_name_or_path, s.dataset_name, data.CLI_CHAT_TEMPLATE_FIX, a.chat_template_kwargs)
             data.check_chat_template(tokenizer, prompts, *template)
             positions = data.model_max_positions(AutoConfig.from_pretrained(self.model_path, **kwargs))
@@ -246,8 +231,7 @@ class PreparedRun:
             raise ValueError(error)
 
     def run_settings(self) -> dict:
-        """The run record ([`~stapo_trl.run_folder.checkpoints.run_settings`]) with its data as the command names it:
-        the dataset (a local path made absolute), split and prompt format, and the SHA-256 of local data files."""
+        """The run record ([`~stapo_trl.run_folder.checkpoints.run_settings`]) with the data as the command names it."""
         from trl import get_peft_config
 
         from ..core.stapo_config import s2t_settings
@@ -255,7 +239,7 @@ class PreparedRun:
 
         s, a, m, name = self.s, self.a, self.m, self.s.dataset_name
         s2t = s2t_settings(a, STAPOConfig._s2t_modes) if s.trainer == "stapo" else None
-        dtype = (a.model_init_kwargs or {}).get("dtype", m.dtype)  # as the trainer loads it
+        dtype = (a.model_init_kwargs or {}).get("dtype", m.dtype)
         trainer, peft = TRAINER_CLASSES[s.trainer], get_peft_config(m)
         settings = checkpoints.run_settings(
             a, trainer=trainer, model=m.model_name_or_path, reward_funcs=self.reward_funcs, s2t=s2t, peft_config=peft,
@@ -269,11 +253,5 @@ class PreparedRun:
 
 
 def prepare(script_args, training_args, model_args) -> PreparedRun:
-    """Every step of [`PreparedRun`] for a run, in order: reward names, the model argument, Hub access for a push,
-    `resume_from_checkpoint`, the run folder and the checkpoint it resumes, the datasets and their columns,
-    `benchmark_eval`, the model (a `builtin:` one built on first use), its chat template and the prompt-token budget.
-
-    Raises:
-        ValueError, OSError (`FileNotFoundError`, `ConnectionError`): the first failed step, in one line.
-    """
+    """Every step of [`PreparedRun`] for a run; raises the first failure (`ValueError` or `OSError`) in one line."""
     return PreparedRun(script_args, training_args, model_args).run()

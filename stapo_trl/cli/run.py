@@ -1,5 +1,4 @@
-"""One `stapo-train` run after [`~stapo_trl.cli.prepare.prepare`]: the trainer, the evaluation before, training, the
-model, card and figures, the evaluation after (`eval.json`), the summary, the push. Imports the training stack."""
+"""One `stapo-train` run after [`~stapo_trl.cli.prepare.prepare`]: evaluation, training, model, card, figures, push."""
 
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["prepare", "resume_command", "torch_threads", "train"]
 
 EVAL_FILENAME = "eval.json"
-RUN_FILES = (  # the files a run can leave in output_dir, with what each holds
+RUN_FILES = (  # the files a run can leave in output_dir
     ("metrics.jsonl", "every metric of every logging step"),
     ("spurious_tokens.jsonl", "the silenced tokens in context"),
     ("training_curves.png", "reward, entropy and silenced ratio over steps"),
@@ -57,7 +56,7 @@ RUN_FILES = (  # the files a run can leave in output_dir, with what each holds
 
 @contextlib.contextmanager
 def torch_threads(num_threads: int | None):
-    """Run the block on `num_threads` torch threads and `OMP_NUM_THREADS` (`None`: unchanged), restored after."""
+    """Run the block on `num_threads` torch threads and `OMP_NUM_THREADS` (`None`: unchanged)."""
     if num_threads is None:
         yield
         return
@@ -72,8 +71,7 @@ def torch_threads(num_threads: int | None):
 
 
 def resume_command(argv: list[str] | None = None) -> str:
-    """The command that resumes this run: `stapo-train ARGS`, or under a launcher (`WORLD_SIZE` > 1) its launch line,
-    whose options a process cannot see, with this process's arguments; secrets written `REDACTED`."""
+    """The command that resumes this run (under a launcher: its launch line), secrets written `REDACTED`."""
     args = command_line(sys.argv[1:] if argv is None else argv)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return f"the same launch command, i.e. accelerate launch [your launch options] -m stapo_trl.cli.train {args}"
@@ -81,33 +79,28 @@ def resume_command(argv: list[str] | None = None) -> str:
 
 
 def train(script_args, training_args, model_args, prepared: PreparedRun | None = None, *, end_training=True) -> dict:
-    """One training from parsed arguments ([`~stapo_trl.cli.args.parse_args`]) and their [`prepare`] (`None`: here);
-    `end_training=False` leaves the trackers and the process group to more trainings in this process. Returns
-    `output_dir`, `global_step`, `eval` (`eval.json`'s content), `eval_path`, `s2t` (the summary) and `seconds`.
-
-    Raises:
-        InputError: (status 1) a reward function raised, a full disk, a link planted in the run folder: one line.
-        KeyboardInterrupt: a stop signal during training, after the checkpoint of its step.
-    """
-    threads = script_args.torch_num_threads  # else the tiny-model rule, for the evaluations around training too
+    """One training from parsed arguments and their [`prepare`] (`None`: here); `end_training=False` leaves the
+    trackers and the process group to more trainings. Returns `output_dir`, `global_step`, `eval`, `eval_path`, `s2t`
+    and `seconds`. Raises `InputError` (one line) or `KeyboardInterrupt` (a stop signal, after its checkpoint)."""
+    threads = script_args.torch_num_threads
     threads = torch_threads(threads) if threads else tiny_model_threads(prepared.model_path if prepared else None)
     with threads, quiet_upstream(), warnings.catch_warnings():
-        warnings.simplefilter("error", NoRewardWarning)  # a step without any reward stops the run
+        warnings.simplefilter("error", NoRewardWarning)
         try:
             with full_disk_in_one_line("stapo-train", training_args.output_dir):
                 run = prepared or prepare(script_args, training_args, model_args)
                 return _train(run, end_training)
-        except LinkError as e:  # a link planted in the run folder during the run: never followed
+        except LinkError as e:
             raise InputError("stapo-train", str(e), code=1) from e
         except NoRewardWarning as e:
             raise InputError("stapo-train", f"{e} Make the reward functions return a number for the completions "
                              "they can judge (None only for those they cannot).") from e  # fmt: skip
-        except Exception as e:  # a reward function that raised: its name, the step and where
+        except Exception as e:
             if (line := reward_error_line(e)) is None:
                 raise
             raise InputError("stapo-train", line, code=1) from e
         finally:
-            if training_args.should_save:  # the hold `prepare` took
+            if training_args.should_save:
                 hold_run_folder(training_args.output_dir, acquire=False)
 
 
@@ -119,7 +112,7 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
     level = a.get_process_log_level()  # now, for the model's load too: the Trainer sets it once the model is built
     transformers.utils.logging.set_verbosity(level)
     datasets.utils.logging.set_verbosity(level)
-    set_seed(a.seed)  # before the trainer: a LoRA adapter is initialised as it is built
+    set_seed(a.seed)  # before the trainer: a LoRA adapter is initialised with it
     init = {"revision": m.model_revision, "attn_implementation": m.attn_implementation, "dtype": m.dtype}
     a.model_init_kwargs = init | (a.model_init_kwargs or {})
     trainer = (STAPOTrainer if s.trainer == "stapo" else GRPOBaselineTrainer)(
@@ -127,14 +120,9 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
         peft_config=get_peft_config(m), quantization_config=get_quantization_config(m),
     )  # fmt: skip
     add_command_callbacks(trainer, resume_hint=f"Resume with the same command: {resume_command()}")
-    trainer.run_settings = run.settings  # each checkpoint's record: with the prompt format and the data's digest
-    is_main, say, timings, record, eval_path = (
-        trainer.accelerator.is_main_process,
-        trainer.accelerator.print,
-        {},
-        None,
-        None,
-    )
+    trainer.run_settings = run.settings
+    is_main, say = trainer.accelerator.is_main_process, trainer.accelerator.print
+    timings, record, eval_path = {}, None, None
     max_new_tokens = s.eval_max_new_tokens or a.max_completion_length
     evaluate = partial(_timed, timings, evaluate_trainer_model, trainer, s, run.eval_dataset, max_new_tokens)
     if s.eval_before_after:
@@ -160,14 +148,14 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
         )
         if is_main:
             eval_path = write_eval_record(record, out, trainer.state.global_step)
-            trainer.eval_record = record  # the card's procedure gets the accuracy too
+            trainer.eval_record = record
             card()
     timings = {"prepare": run.seconds} | timings
     if is_main:
         print_summary(s, out, trainer.state.global_step, s2t, record, max_new_tokens, timings)
     if a.push_to_hub:
         _push_to_hub(trainer, s, a, record)
-    if end_training:  # the trackers and the process group: nothing may communicate after this
+    if end_training:
         trainer.end()
     seconds = {name: round(value, 1) for name, value in timings.items()}
     return {"output_dir": out, "global_step": trainer.state.global_step, "eval": record, "eval_path": eval_path,
@@ -182,8 +170,7 @@ def _timed(timings: dict, call, *args, name: str):
 
 
 def _fit(trainer, run: PreparedRun, timings: dict, end_training: bool) -> None:
-    """Train from `run.checkpoint`, or take a checkpoint already at `max_steps` as the final model (`Trainer.train`
-    would run one step past it; this also finishes a run stopped after its last checkpoint); save the state."""
+    """Train from `run.checkpoint`, or take a checkpoint already at `max_steps` as the final model."""
     a, done = run.a, None
     if run.checkpoint is not None and a.max_steps > 0:
         done = TrainerState.load_from_json(os.path.join(run.checkpoint, "trainer_state.json"))
@@ -195,14 +182,14 @@ def _fit(trainer, run: PreparedRun, timings: dict, end_training: bool) -> None:
                 "complete, nothing is trained. The checkpoint is saved as the final model (and evaluated). To train "
                 "anew use another output_dir; to continue, raise max_steps."
             )
-    try:  # a stop signal: a checkpoint at the next step boundary, then a KeyboardInterrupt with the resume command
+    try:
         if done is None:
             trainer.accelerator.print(f"Training with {type(trainer).__name__} ...")
             result = _timed(timings, trainer.train, run.checkpoint, name="train")
-            metrics = {k: v for k, v in result.metrics.items() if v is not None}  # None: no value since the last log
+            metrics = {k: v for k, v in result.metrics.items() if v is not None}
             trainer.save_metrics("train", metrics | {"train_samples": len(run.train_dataset)})
         else:
-            trainer._load_from_checkpoint(run.checkpoint)  # weights (or adapter) only
+            trainer._load_from_checkpoint(run.checkpoint)
             trainer.state = done
         trainer.save_state()
     except KeyboardInterrupt:
@@ -212,12 +199,12 @@ def _fit(trainer, run: PreparedRun, timings: dict, end_training: bool) -> None:
 
 
 def _push_to_hub(trainer, s, a, eval_record: dict | None) -> None:
-    """Push the model and its public card; a failure keeps every local file and says how to push later."""
+    """Push the model and its card; a failure says how to push later."""
     try:
-        trainer.eval_record = eval_record  # every process calls push_to_hub; the main one writes the card
+        trainer.eval_record = eval_record
         trainer.push_to_hub(dataset_name=s.dataset_name, tags=["stapo_trl", s.trainer])
         trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}.")
-    except Exception as e:  # noqa: BLE001 (network, auth, quota: the local results stay either way)
+    except Exception as e:  # noqa: BLE001
         repo, cause = trainer.hub_model_id or a.hub_model_id, str(e).splitlines()[0] if str(e) else ""
         trainer.accelerator.print(
             f"Push to hub_model_id={repo!r} failed ({type(e).__name__}: {cause}); the model, card and results are in "
@@ -226,14 +213,9 @@ def _push_to_hub(trainer, s, a, eval_record: dict | None) -> None:
 
 
 def evaluate_trainer_model(trainer, s, eval_dataset, max_new_tokens: int) -> dict[str, Any]:
-    """`stapo-eval`'s table ([`~stapo_trl.evaluation.generation.evaluate_problems`]) of the trainer's model on
-    `eval_dataset` with the `eval_*` settings, on every process, with the names of its `decoding`, `dtype` and
-    `threads`."""
-    k, tokenizer, rows = (
-        s.eval_num_samples,
-        trainer.processing_class,
-        zip(eval_dataset["prompt"], eval_dataset["solution"]),
-    )
+    """`stapo-eval`'s table of the trainer's model on `eval_dataset` (every process), with decoding, dtype, threads."""
+    k, tokenizer = s.eval_num_samples, trainer.processing_class
+    rows = zip(eval_dataset["prompt"], eval_dataset["solution"])
     problems = [BenchmarkProblem(str(i), *row, s.dataset_name) for i, row in enumerate(rows)]
     t, p = float(s.eval_temperature), float(s.eval_top_p)
     decoding = decoding_setting("greedy" if t == 0 else f"t{t}-p{p}")
@@ -249,13 +231,12 @@ def evaluate_trainer_model(trainer, s, eval_dataset, max_new_tokens: int) -> dic
 
 
 def evaluation_kind(split: str) -> str:
-    """The console's name of an evaluation on `split`: held-out, or training (not held-out) on a local file's."""
+    """The console's name of an evaluation on `split`."""
     return "training (not held-out)" if split == NOT_HELD_OUT else "held-out"
 
 
 def make_eval_record(s, a, trainer, before, after, max_new_tokens: int, model: str) -> dict[str, Any]:
-    """`eval.json`: avg@k and pass@k before and after, every setting that gives them, and the `stapo-eval` commands
-    that give the same numbers for `model` and `output_dir` (`builtin:tiny-math`'s test split, default prompts)."""
+    """`eval.json`: avg@k and pass@k before and after, their settings, and the `stapo-eval` commands that give them."""
     k = s.eval_num_samples
     record = {
         "metric": f"avg@{k}", "accuracy_before": before[f"avg@{k}"], "accuracy_after": after[f"avg@{k}"],
@@ -280,7 +261,7 @@ def make_eval_record(s, a, trainer, before, after, max_new_tokens: int, model: s
 
 
 def eval_results_path(output_dir: str, global_step: int) -> str:
-    """`eval.json`, else (never over an earlier run's) `eval-step{global_step}.json`, then `...-2.json`, ..."""
+    """`eval.json`, else `eval-step{global_step}.json`, then `...-2.json`, ...: never an earlier run's."""
     path, n = os.path.join(output_dir, EVAL_FILENAME), 1
     while os.path.exists(path):
         n += 1
@@ -289,7 +270,6 @@ def eval_results_path(output_dir: str, global_step: int) -> str:
 
 
 def write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step: int) -> str:
-    """Write the before/after record to [`eval_results_path`] and return that path."""
     path = eval_results_path(output_dir, global_step)
     if os.path.basename(path) != EVAL_FILENAME:
         logger.warning(
@@ -302,7 +282,6 @@ def write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step:
 
 
 def write_figures(s, a, output_dir: str) -> list[dict[str, Any]]:
-    """`training_curves.png` and the diagnostics figures of the run; returns its metrics rows."""
     rows = read_metrics(output_dir) if os.path.isfile(os.path.join(output_dir, METRICS_FILENAME)) else []
     if rows:
         label = f"{s.trainer} (seed {a.seed})"
@@ -312,7 +291,7 @@ def write_figures(s, a, output_dir: str) -> list[dict[str, Any]]:
 
 
 def summarize_s2t(rows: list[dict[str, Any]], output_dir: str | None = None) -> dict[str, Any]:
-    """The mean and pooled silenced ratios of a run's `metrics.jsonl` rows and, with `output_dir`, its candidates."""
+    """The mean and pooled silenced ratios of `metrics.jsonl` rows and, with `output_dir`, the candidates."""
     ratios = [r["s2t/silenced_ratio"] for r in rows if r.get("s2t/silenced_ratio") is not None]
     if not ratios or (totals := s2t_totals(rows)) is None:
         return {}
@@ -322,7 +301,7 @@ def summarize_s2t(rows: list[dict[str, Any]], output_dir: str | None = None) -> 
     if output_dir is not None and os.path.isfile(os.path.join(output_dir, SPURIOUS_TOKENS_FILENAME)):
         candidates = [r for r in read_token_records(output_dir) if r["kind"] in ("silenced", "kept_candidate")]
         kept = [r for r in candidates if r["kind"] == "kept_candidate"]
-        masks: dict[tuple, list] = {}  # a mask is told apart by its update and tau_h
+        masks: dict[tuple, list] = {}  # by update and tau_h
         for r in candidates:
             masks.setdefault((r.get("update", r["step"]), r.get("entropy_threshold")), []).append(r)
         alone = [group[0] for group in masks.values() if len(group) == 1]  # never silenced: strict H < tau_h
@@ -336,7 +315,6 @@ def summarize_s2t(rows: list[dict[str, Any]], output_dir: str | None = None) -> 
 
 
 def print_summary(s, output_dir, step, s2t_summary, eval_record, max_new_tokens, timings) -> None:
-    """The end of a run on the console: the S2T counts, the accuracy before and after, the wall times, the files."""
     print(f"\n=== {s.trainer} run finished: {output_dir} (step {step}) ===")
     if s2t := s2t_summary:
         ratio = f"{s2t['silenced_ratio']:.3g} (mean over logging steps {s2t['mean_silenced_ratio']:.3g})"
