@@ -1,7 +1,5 @@
-"""The commands: `stapo-train` (`train`; its arguments `args`, `script_args`; the steps before its model `prepare`,
-also its plan's `dry_run`; the rest of a run `run`), `stapo-eval` (`eval`) and `stapo-plot` (`plot`), with one
-exit-status convention (`errors`). The library never imports this package. `--help`, `--version` and the errors
-found before a recipe's fields are parsed import no torch."""
+"""The commands `stapo-train` (`train`, `args`, `prepare`, `dry_run`, `run`), `stapo-eval` (`eval`) and `stapo-plot`
+(`plot`); the library never imports this package."""
 
 from __future__ import annotations
 
@@ -9,7 +7,7 @@ import argparse
 
 
 def version_text(prog: str) -> str:
-    """`PROG (stapo_trl X; trl Y, transformers Z, torch W)`, from the package metadata."""
+    """`PROG (stapo_trl X; trl Y, transformers Z, torch W)`."""
     from importlib import metadata
 
     from .. import __version__
@@ -24,7 +22,7 @@ def version_text(prog: str) -> str:
 
 
 class VersionAction(argparse.Action):
-    """`--version`: [`version_text`] on one line (argparse's own action wraps it), then exit 0."""
+    """`--version`: [`version_text`] on one line, then exit 0."""
 
     def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
         help = help or "Print the versions of stapo_trl, TRL, transformers and torch, and exit."

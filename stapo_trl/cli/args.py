@@ -1,6 +1,5 @@
-"""`stapo-train`'s arguments: a recipe YAML read once ([`load_recipe`]), its values the defaults of TRL's
-[`~trl.TrlParser`] (`set_defaults_with_config`), so that the command line wins; the config classes' `__post_init__`
-check every value, and an error names the flag, or the recipe key and file, that set it."""
+"""`stapo-train`'s arguments: a recipe read once ([`load_recipe`]) as the defaults of TRL's [`~trl.TrlParser`], the
+command line winning; an error names the flag, or the recipe key and file, that set the value."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from trl import TrlParser
 from .errors import EXIT_STATUS_HELP, print_line
 
 
-# The CPU demo recipe as an install has it: a copy of recipes/demo/stapo.yaml (tests/test_packaging.py).
+# The CPU demo recipe as an install has it: a copy of recipes/demo/stapo.yaml.
 DEMO_RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates", "demo_stapo.yaml")
 
 USAGE = """
@@ -54,7 +53,7 @@ options:
 
 {textwrap.fill(EXIT_STATUS_HELP, width=100)}"""
 
-RENAMED_KEYS = {  # recipe keys of older TRL / transformers versions, with what to write instead
+RENAMED_KEYS = {  # recipe keys of older TRL / transformers versions
     "torch_dtype": "`dtype` (transformers 5 renamed it)",
     "no_cuda": "`use_cpu`",
     "evaluation_strategy": "`eval_strategy`",
@@ -71,12 +70,12 @@ KINDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or fa
 
 
 class _RecipeLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a mapping that gives a key twice (PyYAML keeps the last value, silently)."""
+    """PyYAML's safe loader, refusing a key given twice (PyYAML keeps the last value)."""
 
     def construct_mapping(self, node, deep=False):
         lines: dict[Any, int] = {}
         for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` merges, it does not repeat a key
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`
                 continue
             key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
             if isinstance(key, (str, int, float, bool)) and key in lines:
@@ -86,8 +85,8 @@ class _RecipeLoader(yaml.SafeLoader):
 
 
 def load_recipe(path: str) -> dict[str, Any]:
-    """The recipe file `path` as a mapping. Raises `FileNotFoundError` or `IsADirectoryError`, or a `ValueError` naming
-    the file and the line: not UTF-8, not YAML, a key given twice, empty or not a mapping."""
+    """The recipe file `path` as a mapping. Raises `FileNotFoundError`, `IsADirectoryError`, or a `ValueError` naming
+    the file and line (not UTF-8, not YAML, a key given twice, not a mapping)."""
     if os.path.isdir(path):
         raise IsADirectoryError(f"Recipe {path!r} is a folder: give the path of a recipe YAML file in it.")
     if not os.path.isfile(path):
@@ -107,7 +106,7 @@ def load_recipe(path: str) -> dict[str, Any]:
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ValueError(f"Recipe {path!r} is not valid YAML{where}: {problem}.") from None
-    except ValueError as e:  # a key given twice
+    except ValueError as e:
         raise ValueError(f"Recipe {path!r}: {e}.") from None
     if not isinstance(recipe, dict):
         what = "empty" if recipe is None else f"a YAML {type(recipe).__name__}, not a mapping"
@@ -116,8 +115,8 @@ def load_recipe(path: str) -> dict[str, Any]:
 
 
 class RecipeParser(TrlParser):
-    """[`~trl.TrlParser`] over one recipe (read from `path`) and a command line ([`parse`]); `config_class`:
-    `STAPOConfig`, or `GRPOConfig` for `trainer: grpo` (with STAPOConfig's objective defaults, no `s2t_*` fields)."""
+    """[`~trl.TrlParser`] over one recipe (from `path`) and a command line; `config_class`: `STAPOConfig`, or
+    `GRPOConfig` for `trainer: grpo` (with STAPOConfig's objective defaults)."""
 
     def __init__(self, config_class, recipe: dict[str, Any] | None = None, path: str | None = None, **kwargs):
         from trl import GRPOConfig, ModelConfig
@@ -126,9 +125,9 @@ class RecipeParser(TrlParser):
         from .script_args import STAPOScriptArguments
 
         super().__init__((STAPOScriptArguments, config_class, ModelConfig), allow_abbrev=False, **kwargs)
-        # A value such as `-1e-4` is a number, not an option (argparse's own pattern misses the exponent).
+        # `-1e-4` is a number, not an option
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
-        if config_class is GRPOConfig:  # the paper's objective: `grpo` differs from `stapo` by the mask alone
+        if config_class is GRPOConfig:  # `grpo` differs from `stapo` by the mask alone
             grpo = {f.name: f.default for f in GRPOConfig.__dataclass_fields__.values()}
             ours = STAPOConfig.__dataclass_fields__.values()
             self.set_defaults(**{f.name: f.default for f in ours if f.name in grpo and f.default != grpo[f.name]})
@@ -141,7 +140,7 @@ class RecipeParser(TrlParser):
 
     def parse(self, argv: Sequence[str]) -> tuple[Any, Any, Any]:
         """(script_args, training_args, model_args) from the recipe and `argv` (without `--config`), the recipe's
-        `env:` block set in `os.environ` as TrlParser does; raises a one-line `ValueError` naming the flag or key."""
+        `env:` set in `os.environ`; raises a one-line `ValueError` naming the flag or key."""
         from ..trainer.config import STAPOConfig, check_training_values
 
         argv = ["--" + self._renamed(a[2:]) if a.startswith("--") else a for a in argv]
@@ -158,7 +157,7 @@ class RecipeParser(TrlParser):
         try:
             for key, value in self.recipe.items():
                 self._check_recipe_value(key, value)
-            if STAPOConfig not in self.dataclass_types:  # a plain GRPOConfig: STAPOConfig's checks, on the raw values
+            if STAPOConfig not in self.dataclass_types:  # a plain GRPOConfig: STAPOConfig's checks
                 check_training_values(namespace)
             return tuple(self.parse_args_into_dataclasses(argv))
         except (ValueError, TypeError) as e:
@@ -188,7 +187,7 @@ class RecipeParser(TrlParser):
         return KINDS.get(getattr(action.type, "__name__", None), "a string")
 
     def _check_recipe_value(self, key: str, value: Any) -> None:
-        """Refuse a recipe value its field does not take (argparse checks no default against the choices or type)."""
+        """Refuse a recipe value its field does not take (argparse checks no default)."""
         action = self._option_string_actions.get(f"--{key}")
         if action is None or value is None or key in self.flags:
             return
@@ -248,8 +247,7 @@ class RecipeParser(TrlParser):
 
 
 def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
-    """(the parser holding the recipe `--config` names, the rest of `argv`); the trainer (the command line's, else
-    the recipe's, else `"stapo"`) picks the config class. Raises what [`load_recipe`] raises, or no arguments."""
+    """(the parser holding the recipe `--config` names, the rest of `argv`); the trainer picks the config class."""
     argv = list(argv)
     if not argv:
         raise ValueError(
@@ -284,13 +282,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
             "stapo-train: warning: --hub_token on the command line is visible to every user of this machine (ps, "
             "/proc): set HF_TOKEN or run `hf auth login` instead. The token is written into no file of the run."
         )
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched process: before a config creates the process group
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # before a config creates the process group
         import_group_capturing_modules()
     return parser.parse(argv)
 
 
 def fields_help(word: str | None = None) -> str:
-    """`stapo-train --help-fields [WORD]`: every field (or those whose name contains `word`), its default and help."""
+    """`stapo-train --help-fields [WORD]`: every field (or those containing `word`), its default and help."""
     from argparse import ArgumentDefaultsHelpFormatter as Formatter
 
     from ..trainer.config import STAPOConfig

@@ -1,7 +1,5 @@
-"""What `stapo-train` adds to a trainer, as `TrainerCallback`s a script adds in one line too,
-`add_command_callbacks(trainer)`: [`SaveOnSignal`] (a checkpoint at the step boundary on Ctrl-C, SIGTERM or SIGUSR1,
-then stop) and the compact console, `step N/M  reward R  entropy H  silenced S` per logging step instead of each row's
-dict (every metric stays in `metrics.jsonl` and the log history)."""
+"""What `stapo-train` adds to a trainer, as callbacks a script adds too (`add_command_callbacks(trainer)`): a
+checkpoint on a stop signal ([`SaveOnSignal`]) and one console line per logging step."""
 
 from __future__ import annotations
 
@@ -25,19 +23,16 @@ SCRIPT_RESUME_HINT = (
 
 
 class SaveOnSignal(TrainerCallback):
-    """Save a checkpoint at the next step boundary on the first of [`STOP_SIGNALS`] (SIGUSR1: Slurm's warning before
-    the time limit), then stop training. The handlers are installed at `on_train_begin` (main thread only) and the
-    previous ones restored at `on_train_end`, which then raises `KeyboardInterrupt("Interrupted by SIGTERM at step N:
-    checkpoint saved to DIR. <resume_hint>")` with the attributes `signal`, `step` and `checkpoint` (add this callback
-    last). With several processes the signal is all-reduced (max) at every step end: every rank saves at the same
-    step. A later SIGTERM or SIGUSR1 changes nothing (schedulers repeat them); a second Ctrl-C exits at once with
-    status 130, naming the checkpoint when its save has finished. `resume_hint`: the end of the message."""
+    """On the first of [`STOP_SIGNALS`] (SIGUSR1: Slurm's warning before the time limit), save a checkpoint at the
+    next step boundary (on every rank: the signal is all-reduced each step), stop, and raise at `on_train_end`
+    `KeyboardInterrupt("Interrupted by SIGTERM at step N: checkpoint saved to DIR. <resume_hint>")` with `signal`,
+    `step` and `checkpoint` (add it last). A repeated SIGTERM or SIGUSR1 changes nothing; a second Ctrl-C exits 130."""
 
     def __init__(self, resume_hint: str = SCRIPT_RESUME_HINT):
         self.resume_hint, self.signal, self._received, self._previous, self.checkpoint = resume_hint, 0, 0, {}, None
 
     def _handle(self, signum, frame) -> None:
-        if self._received and signum == signal.SIGINT:  # the checkpoint asked for may be saved already
+        if self._received and signum == signal.SIGINT:
             saved = self.checkpoint is not None and checkpoint_problem(self.checkpoint) is None
             end = f"checkpoint saved to {self.checkpoint}. {self.resume_hint}" if saved else "without saving."
             print_line(f"Second Ctrl-C: quitting now, {end}")
@@ -54,7 +49,7 @@ class SaveOnSignal(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         signum = torch.tensor([int(self._received)], device=args.device)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():  # every rank, every step
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(signum, op=torch.distributed.ReduceOp.MAX)
         if signum.item():
             self.signal = signal.Signals(int(signum.item()))
@@ -85,9 +80,8 @@ def _fmt(value, digits: int = 3) -> str:
 
 
 def format_log_line(logs: dict, step: int, max_steps: int | None = None) -> str:
-    """One console line for a log row: a training row as `step N/M  reward R  entropy H  silenced S` (the keys
-    present), an evaluation row as `step N  eval k v ...`, the end of training as `training done at step N (T s,
-    train_loss L)` (or `training stopped at step N of M (...)` before `max_steps`), any other row with every key."""
+    """One console line for a log row: `step N/M  reward R  entropy H  silenced S`, `step N  eval k v ...`,
+    `training done at step N (T s, train_loss L)` (`training stopped at step N of M (...)`), else every key."""
     where = f"step {step}/{max_steps}" if max_steps and max_steps > 0 else f"step {step}"
     logs = {k: v for k, v in logs.items() if k != "total_flos"}
     if "train_runtime" in logs:
@@ -123,9 +117,7 @@ class CompactPrinterCallback(PrinterCallback):
 
 
 def add_command_callbacks(trainer, resume_hint: str = SCRIPT_RESUME_HINT) -> SaveOnSignal:
-    """Give `trainer` what `stapo-train` gives it: the compact console in place of transformers' `ProgressCallback` /
-    `PrinterCallback`, and a [`SaveOnSignal`] last (one writer per folder is the trainer's own: `train()` holds its
-    `output_dir`). Returns the `SaveOnSignal`."""
+    """Give `trainer` `stapo-train`'s compact console and a [`SaveOnSignal`], which it returns."""
     compact = {ProgressCallback: CompactProgressCallback, PrinterCallback: CompactPrinterCallback}
     callbacks = trainer.callback_handler.callbacks
     callbacks[:] = [compact[type(c)]() if type(c) in compact else c for c in callbacks]

@@ -1,6 +1,5 @@
-"""What every command does to its process: one exit-status convention ([`EXIT_STATUS_HELP`]), the one-line
-`PROG: error: ...` that ends a command on bad input (on every process under `accelerate launch` alike), and the
-known-harmless upstream messages silenced around a run ([`quiet_upstream`]; the library never silences anything)."""
+"""The commands' exit statuses, their one-line `PROG: error: ...`, and the known-harmless upstream messages silenced
+around a run ([`quiet_upstream`])."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ DEEPSPEED_CPU = "Setting accelerator to CPU. If you have GPU or other accelerato
 
 
 class InputError(SystemExit):
-    """End a command with status `code` (2: an input error; 1: a failed run told in one line) and the line
-    `PROG: error: MESSAGE`. A `SystemExit`: it passes `except Exception`."""
+    """End a command with status `code` (2: an input error; 1: a failed run) and the line `PROG: error: MESSAGE`."""
 
     def __init__(self, prog: str, message: str, code: int = EXIT_INPUT_ERROR):
         self.message = f"{prog}: error: {message}"
@@ -45,14 +43,14 @@ class InputError(SystemExit):
 
 
 def print_line(message: str) -> None:
-    """`message` and its newline on stderr in one write: lines of processes sharing a pipe cannot interleave."""
+    """`message` and its newline on stderr in one write (processes sharing a pipe cannot interleave)."""
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
 
 
 @contextlib.contextmanager
 def report_input_errors():
-    """Print an [`InputError`] of the block as its line, leaving no process group (gloo's threads abort the exit)."""
+    """Print an [`InputError`] of the block as its line, leaving no process group."""
     try:
         yield
     except InputError as e:
@@ -63,8 +61,7 @@ def report_input_errors():
 
 @contextlib.contextmanager
 def full_disk_in_one_line(prog: str, output_dir: str):
-    """A failure on a full disk (ENOSPC, EDQUOT, "os error 28", or under 1 MiB free: `torch.save` names no cause) as
-    one [`InputError`] line (status 1) naming `output_dir` and the checkpoint a rerun resumes."""
+    """A failure on a full disk (ENOSPC, EDQUOT, "os error 28", or under 1 MiB free) as one [`InputError`] line."""
     try:
         yield
     except Exception as e:
@@ -79,10 +76,9 @@ def full_disk_in_one_line(prog: str, output_dir: str):
 
 @contextlib.contextmanager
 def quiet_upstream():
-    """Silence [`CHECKPOINTING`], [`VLLM_RANGE`] and [`DEEPSPEED_CPU`] inside the block, each by its exact text and
-    category or logger; every other warning still shows, and filters and loggers are as before after it."""
+    """Silence [`CHECKPOINTING`], [`VLLM_RANGE`] and [`DEEPSPEED_CPU`] inside the block, each by its exact text."""
 
-    def log_filter(record: logging.LogRecord) -> bool:  # where torch sees no accelerator either
+    def log_filter(record: logging.LogRecord) -> bool:
         import torch
 
         return record.getMessage() != DEEPSPEED_CPU or torch.accelerator.is_available()
@@ -98,7 +94,7 @@ def quiet_upstream():
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """An argument parser whose errors are an [`InputError`] (no usage block), naming the closest flags."""
+    """An argument parser whose errors are an [`InputError`], naming the closest flags."""
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments:"):

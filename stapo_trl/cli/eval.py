@@ -34,13 +34,13 @@ POSITIVE_FLAGS = "samples limit max_new_tokens batch_size threads tensor_paralle
 
 
 class _Defaults(argparse.HelpFormatter):
-    def _get_help_string(self, action):  # "(default: X)" for real values only
+    def _get_help_string(self, action):
         trivial = action.default in (None, False, argparse.SUPPRESS)
         return action.help + ("" if trivial or "%(default)" in action.help else " (default: %(default)s)")
 
 
 def make_parser() -> argparse.ArgumentParser:
-    """The `stapo-eval` argument parser (no prefix matching: `--sample` is an error, not `--samples`)."""
+    """The `stapo-eval` argument parser (no prefix matching)."""
     parser = OneLineErrorParser(
         prog="stapo-eval", formatter_class=_Defaults, allow_abbrev=False, epilog=EXIT_STATUS_HELP,
         description="Evaluate a model on the STAPO paper's math benchmarks (avg@N, pass@k), or compare two results.",
@@ -81,8 +81,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def parse_decoding_list(value: str) -> list[str]:
-    """Comma-separated decodings (`paper`: both of the paper's) as [`DECODINGS`] keys; `ValueError` listing the
-    valid ones for an unknown or no decoding."""
+    """Comma-separated decodings (`paper`: both of the paper's) as names; `ValueError` listing the valid ones."""
     names = []
     for raw in filter(None, (part.strip() for part in value.split(","))):
         given = gen.DECODING_ALIASES.get(raw) or [gen.decoding_setting(raw).name]
@@ -93,8 +92,7 @@ def parse_decoding_list(value: str) -> list[str]:
 
 
 def default_output(model: str, revision: str | None = None) -> Path:
-    """The results file without `--output`: `MODEL_DIR/stapo_eval.json` for a local folder that can be written to,
-    else `outputs/stapo-eval/<model>[@<revision>].json` (`/` written `--`: `Qwen--Qwen3-1.7B-Base.json`)."""
+    """`MODEL_DIR/stapo_eval.json` for a writable local folder, else `outputs/stapo-eval/<model>[@<revision>].json`."""
     if os.path.isdir(model) and not model.startswith("builtin:") and os.access(model, os.W_OK):
         return Path(model) / DEFAULT_RESULTS_NAME
     label = model.replace("builtin:", "builtin-").strip("/").replace("/", "--") or "model"
@@ -102,8 +100,7 @@ def default_output(model: str, revision: str | None = None) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`stapo-eval` (module docstring). Returns 0; an input error is one line and exit status 2 (before the model is
-    loaded); a failure during the evaluation keeps its traceback (status 1)."""
+    """`stapo-eval`: 0, or an input error in one line and status 2 before the model loads."""
     with report_input_errors():
         parser = make_parser()
         args = parser.parse_args(argv)
@@ -113,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.compare:
                 print(results.format_comparison(*(results.load_results(path) for path in args.compare)))
                 return 0
-            benchmarks, decodings, data_dir = _validate(args)  # everything before a model is loaded
+            benchmarks, decodings, data_dir = _validate(args)
             output = Path(args.output) if args.output else default_output(args.model, args.revision)
             content = _open_results(args, output, data_dir, benchmarks)
             todo = [(d, b) for d in decodings for b in benchmarks if b not in content["results"].get(d, {})]
@@ -123,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Results file: {output}" + ("" if args.output else " (the default; --output to choose another)"))
         if len(todo) < len(decodings) * len(benchmarks):
             logger.info("Skipping the pairs already in %s", output)
-        from ..trainer.trainers import tiny_model_threads  # torch: not for --help and errors
+        from ..trainer.trainers import tiny_model_threads
         from .run import torch_threads
 
         generator = None
@@ -131,7 +128,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             if generator is None:
                 generator, model_path = _load_generator(parser, args)
                 content["model"] = results.describe_model(model_path, args.revision) | {"name_or_path": args.model}
-            # --threads, else one thread for a tiny model (a LoRA adapter's merged one too), as training
             with torch_threads(args.threads), tiny_model_threads(getattr(generator, "model", model_path)):
                 _evaluate_pair(args, generator, content, problems[bench], bench, decoding, data_dir)
             results.write_json_atomic(output, content)
@@ -141,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _validate(args) -> tuple[list[str], list[str], str | None]:
-    """(benchmarks, decodings, the absolute data folder), the model checked to exist; else a one-line error."""
+    """(benchmarks, decodings, the absolute data folder), the model checked to exist."""
     if not args.model:
         raise ValueError("--model is required (unless --compare A_JSON B_JSON).")
     benchmarks = list(dict.fromkeys(tasks.get_benchmark_spec(b).name for b in args.benchmarks.split(",") if b.strip()))
@@ -158,15 +154,14 @@ def _validate(args) -> tuple[list[str], list[str], str | None]:
         )
     if args.data_dir and not Path(args.data_dir).exists():
         raise ValueError(f"--data-dir {args.data_dir} does not exist.")
-    check_model_available(args.model, args.revision)  # a missing folder, a Hub id neither cached nor reachable
+    check_model_available(args.model, args.revision)
     check_generation_budget(args, args.model)
     return benchmarks, decodings, str(Path(args.data_dir).resolve()) if args.data_dir else None
 
 
 def check_generation_budget(args, model_path: str, positions: int | None = None) -> None:
-    """`ValueError` ("--max-new-tokens N: max_new_tokens=N leaves no room for a prompt: the model has P positions
-    ...") when the model's `positions` (else its `config.json`'s, capped by vLLM's `--max-model-len`) leave no room
-    for a prompt; silent when they are unknown."""
+    """`ValueError` when the model's `positions` (else its config's, capped by `--max-model-len`) leave no room for a
+    prompt beside `--max-new-tokens`."""
     positions = positions or data.config_max_positions(model_path, args.revision)
     if args.backend == "vllm" and args.max_model_len is not None:
         positions = min(positions or args.max_model_len, args.max_model_len)
@@ -177,7 +172,7 @@ def check_generation_budget(args, model_path: str, positions: int | None = None)
 
 
 def _open_results(args, output: Path, data_dir: str | None, benchmarks: list[str]) -> dict:
-    """The results file to fill (resumed, or new); `ValueError` for an `output` that cannot be that file."""
+    """The results file to fill (resumed, or new)."""
     if output.is_dir():
         raise ValueError(f"--output {output} is a folder: give a file, e.g. {output / DEFAULT_RESULTS_NAME}.")
     existing = next(p for p in (output.parent, *output.parent.parents) if p.exists())
@@ -195,7 +190,7 @@ def _open_results(args, output: Path, data_dir: str | None, benchmarks: list[str
 
 
 def _load_generator(parser, args):
-    """(the generator, the model's path), a `builtin:` model built on first use; else an [`InputError`]."""
+    """(the generator, the model's path); else an [`InputError`]."""
     from safetensors import SafetensorError
 
     try:
@@ -207,9 +202,9 @@ def _load_generator(parser, args):
         else:
             generator = gen.HFGenerator(model_path, args.revision, args.dtype, batch_size=args.batch_size)
         check_generation_budget(args, model_path, data.model_max_positions(generator))
-        if not args.no_chat_template and data.has_chat_template(generator.tokenizer):  # one jinja refuses: now
+        if not args.no_chat_template and data.has_chat_template(generator.tokenizer):
             gen.build_prompt_text(generator.tokenizer, "1+1")
-    except (OSError, SafetensorError) as e:  # checked whole before: removed or rewritten while it loaded
+    except (OSError, SafetensorError) as e:  # checked before: changed while it loaded
         cause = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
         raise InputError(
             parser.prog,
@@ -219,7 +214,7 @@ def _load_generator(parser, args):
         ) from None
     except (RuntimeError, ValueError) as e:
         raise InputError(parser.prog, str(e)) from None
-    if not args.no_chat_template and not data.has_chat_template(generator.tokenizer):  # as training refuses it
+    if not args.no_chat_template and not data.has_chat_template(generator.tokenizer):
         message = data.chat_template_message(args.model, "stapo-eval's prompts are", data.EVAL_CHAT_TEMPLATE_FIX)
         raise InputError(parser.prog, message)
     return generator, model_path

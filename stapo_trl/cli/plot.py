@@ -34,13 +34,11 @@ def make_parser() -> OneLineErrorParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """A bad argument or a folder without a run (no `metrics.jsonl`, or one without a logged step) is one
-    `stapo-plot: error: ...` line and exit status 2, before anything is drawn; unreadable lines of the run files are
-    left out with one warning per file."""
+    """`stapo-plot`: bad input is one `stapo-plot: error: ...` line and status 2, before anything is drawn."""
     with report_input_errors():
         parser = make_parser()
         args = parser.parse_args(argv)
-        if not logging.getLogger().handlers:  # the run files' warnings, one line each
+        if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.WARNING, format=f"{parser.prog}: warning: %(message)s")
         try:
             figures = plot_output_dirs(args.output_dirs, args.out, labels=args.labels, title=args.title,

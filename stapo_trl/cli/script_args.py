@@ -1,5 +1,4 @@
-"""`STAPOScriptArguments`: the recipe fields that are neither `STAPOConfig` nor `ModelConfig` fields. A new one is a
-field with its docstring entry (its `--help-fields` text), checked in `__post_init__`."""
+"""`STAPOScriptArguments`: the recipe fields of neither `STAPOConfig` nor `ModelConfig`."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from trl import ScriptArguments
 
 
 def _help_from_docstring(cls):
-    """Give each field the text of its docstring entry (after its type) as its `--help-fields` text: written once."""
+    """Give each field its docstring entry as its `--help-fields` text."""
     for entry in re.split(r"\n {8}(?=\w+ \(`)", cls.__doc__.split("    Args:")[1])[1:]:
         field_ = cls.__dataclass_fields__[entry.split(" ", 1)[0]]
         text = re.sub(r"\[`~?([\w.]+)`\]", r"`\1`", " ".join(entry.split("): ", 1)[1].split()))
@@ -86,7 +85,6 @@ class STAPOScriptArguments(ScriptArguments):
     torch_num_threads: int | None = None
 
     def __post_init__(self):
-        """Refuse a value no run can use in one line naming the field (`ValueError`); the parser checks `trainer`."""
         if self.dataset_streaming:
             raise ValueError("dataset_streaming=True is not supported by stapo-train: set it to false.")
         for column, what in (("prompt_column", "problem"), ("solution_column", "gold answer")):
@@ -95,7 +93,7 @@ class STAPOScriptArguments(ScriptArguments):
         if self.benchmark_eval is not None:
             from ..evaluation.tasks import get_benchmark_spec
 
-            self.benchmark_eval = get_benchmark_spec(self.benchmark_eval).name  # an unknown name lists the valid ones
+            self.benchmark_eval = get_benchmark_spec(self.benchmark_eval).name
         skip, threads = "or set eval_before_after: false to skip the evaluation", "the CPU demo uses 1; unset: default"
         fixes = dict(
             eval_num_problems=skip, eval_num_samples=skip, torch_num_threads=threads, benchmark_eval_steps="or unset"

@@ -1,6 +1,4 @@
-"""`stapo-train`: train with STAPO (or the GRPO baseline without the mask) from a YAML recipe whose keys are the fields
-of `STAPOScriptArguments`, `STAPOConfig` and `ModelConfig` ([`~stapo_trl.cli.args`]); `--help` lists the usages. A run
-resumes from the newest complete checkpoint in its `output_dir` (docs/cli.md)."""
+"""`stapo-train`: train with STAPO (or the GRPO baseline) from a YAML recipe; `--help` lists the usages."""
 
 from __future__ import annotations
 
@@ -13,24 +11,22 @@ from .errors import InputError, print_line, quiet_upstream, report_input_errors
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`stapo-train`: bad input ends it before any model, on every process, with one `stapo-train: error: ...` line
-    and status 2; a failure during training keeps its traceback (status 1). A stop signal during training saves a
-    checkpoint first, then exits 128 + its number; a Ctrl-C at another moment ends with [`interrupted_line`]."""
+    """`stapo-train`: bad input is one `stapo-train: error: ...` line and status 2 before any model; a stop signal
+    saves a checkpoint, then exits 128 + its number; another Ctrl-C ends with [`interrupted_line`]."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    run: dict = {}  # output_dir once parsed, then the checkpoint resumed: what an interrupt's last line is told from
+    run: dict = {}  # output_dir, then the checkpoint resumed: for an interrupt's last line
     try:
-        with report_input_errors(), quiet_upstream():  # TRL's vLLM-range warning as the trainer loads
+        with report_input_errors(), quiet_upstream():
             _main(argv, run)
-    except KeyboardInterrupt as e:  # after the checkpoint (stapo_trl.cli.callbacks.SaveOnSignal), or a bare Ctrl-C
+    except KeyboardInterrupt as e:  # after SaveOnSignal's checkpoint, or a bare Ctrl-C
         signal.signal(signal.SIGINT, lambda *_: os._exit(130))  # one more Ctrl-C: gone, this line stays the last
-        if os.environ.get("RANK", "0") == "0":  # one message per run, not one per process
+        if os.environ.get("RANK", "0") == "0":
             print_line(str(e) if getattr(e, "checkpoint", None) else interrupted_line(argv, **run))
         raise SystemExit(128 + getattr(e, "signal", 2)) from None  # 2: SIGINT
 
 
 def interrupted_line(argv: list[str], output_dir: str | None = None, **resumed) -> str:
-    """The last line of a run interrupted outside a stop signal's save: what this run saved and the command that
-    resumes the newest checkpoint. `resumed`: `{"checkpoint": ...}` once the run has chosen what it resumes."""
+    """The last line of a run interrupted outside a stop signal's save: what it saved and how to resume."""
     from ..run_folder.checkpoints import newest_complete_checkpoint
     from .run import resume_command
 
@@ -72,7 +68,7 @@ def _main(argv: list[str], run: dict) -> None:
 
         script_args, training_args, model_args = parse_args(argv)
         run["output_dir"] = training_args.output_dir
-        from .run import prepare, torch_threads, train  # the training stack (seconds): after parsing
+        from .run import prepare, torch_threads, train  # the training stack: after parsing
 
         with torch_threads(script_args.torch_num_threads):
             prepared = prepare(script_args, training_args, model_args)
