@@ -1,40 +1,22 @@
-"""What `stapo-train` adds, as callbacks a script adds in one line (`stapo_trl.cli.callbacks.add_command_callbacks`):
-one compact console line per logging step, a checkpoint at the step boundary on Ctrl-C / SIGTERM / SIGUSR1, one writer
-per folder (the lock itself is tested in `tests/runfiles/test_run_folder.py`).
-
-The reported cases: `make demo` printed 125 metric dicts of ~40 keys inside the progress bar; `trainer.train()` in a
-script ended on a bare `KeyboardInterrupt` with no checkpoint on Ctrl-C, and died at once on SIGTERM. Where a signal
-must land inside a step, the reward holds the step (`testing_utils.HELD_REWARD`): events, not timing.
-"""
+"""`add_command_callbacks`: one compact console line per logging step, a checkpoint at the step boundary on a stop
+signal (stapo-train's real signals: test_interrupt.py)."""
 
 import json
 import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from datasets import Dataset
-from testing_utils import SignalAtStep, no_activation_checkpointing, read_until, tiny_stapo_config, write_held_reward
+from testing_utils import SignalAtStep, no_activation_checkpointing, tiny_stapo_config
 from transformers import TrainerCallback
 
 from stapo_trl.data import format_prompt
 from stapo_trl.rewards import math_accuracy_reward
 
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
 STAPO_ROW = {
-    "loss": 0.008559, "grad_norm": 0.8039, "learning_rate": 0.0001, "num_tokens": 3856.0,
-    "completions/mean_length": 30.25, "completions/clipped_ratio": 0.03125,
-    "rewards/math_accuracy_reward/mean": 0.3594, "rewards/math_accuracy_reward/std": 0.4836, "reward": 0.3594,
-    "reward_std": 0.4836, "frac_reward_zero_std": 0.0, "grading/error_ratio": 0.0, "s2t/entropy_p10": 0.1798,
-    "s2t/entropy_p50": 0.2281, "s2t/silenced_ratio": 7.75e-05, "s2t/candidate_ratio": 0.0005165,
-    "s2t/entropy_threshold": 0.2138, "s2t/num_silenced": 1.0, "s2t/num_candidates": 5.0,
-    "s2t/num_loss_tokens": 1936.0, "entropy": 0.3299, "clip_ratio/low_mean": 0.003647, "step_time": 1.268,
-    "epoch": 0.001026,
+    "loss": 0.008559, "grad_norm": 0.8039, "rewards/math_accuracy_reward/mean": 0.3594, "reward": 0.3594,
+    "s2t/silenced_ratio": 7.75e-05, "s2t/candidate_ratio": 0.0005165, "entropy": 0.3299, "epoch": 0.001026,
 }  # fmt: skip
 
 
@@ -43,7 +25,6 @@ def _dataset() -> Dataset:
 
 
 def _assert_compact(output: str, steps: list[int], max_steps: int, silenced: bool = True) -> list[str]:
-    """No metric dict; one line per logging step that starts with its step and has reward, entropy (and silenced)."""
     assert "{'" not in output, output[:3000]
     lines = [line.strip() for line in output.replace("\r", "\n").splitlines()]
     step_lines = [line for line in lines if line.startswith("step ")]
@@ -84,19 +65,10 @@ def test_grpo_baseline_line_has_no_silenced_ratio_and_the_dicts_can_come_back(tm
     from stapo_trl.trainer.trainers import GRPOBaselineTrainer
 
     config = GRPOConfig(
-        output_dir=str(tmp_path / "grpo"),
-        max_steps=2,
-        logging_steps=1,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=16,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        use_cpu=True,
-        bf16=False,
-        **no_activation_checkpointing(),
-    )
+        output_dir=str(tmp_path / "grpo"), max_steps=2, logging_steps=1, per_device_train_batch_size=8,
+        num_generations=4, max_completion_length=16, save_strategy="no", report_to="none", disable_tqdm=True,
+        use_cpu=True, bf16=False, **no_activation_checkpointing(),
+    )  # fmt: skip
     trainer = GRPOBaselineTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=_dataset())
     add_command_callbacks(trainer)
     trainer.train()
@@ -129,112 +101,6 @@ def test_format_log_line(logs, step, expected):
     from stapo_trl.cli.callbacks import format_log_line
 
     assert format_log_line(logs, step, 500) == expected
-
-
-SCRIPT = """
-import sys
-
-from datasets import Dataset
-
-from held_reward import held_accuracy
-from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.cli.callbacks import add_command_callbacks
-from stapo_trl.data import format_prompt
-
-model, output_dir, max_steps, resume = sys.argv[1:]
-dataset = Dataset.from_list(
-    [{"prompt": format_prompt(f"{a}+{b}"), "solution": str(a + b)} for a in range(10, 100, 7) for b in (12, 47, 83)]
-)
-config = STAPOConfig(
-    output_dir=output_dir, max_steps=int(max_steps), logging_steps=1, per_device_train_batch_size=8,
-    num_generations=4, max_completion_length=48, save_steps=100000,
-    report_to="none", disable_tqdm=True, seed=0,
-)
-trainer = STAPOTrainer(model, held_accuracy, args=config, train_dataset=dataset)
-add_command_callbacks(trainer)  # save on Ctrl-C / SIGTERM / SIGUSR1, one writer, the compact console
-trainer.train(resume_from_checkpoint=True if resume == "resume" else None)
-print("FINISHED at step", trainer.state.global_step)
-"""
-
-
-def _start(tmp_path, model_path, *, max_steps=5000, resume=False):
-    script = tmp_path / "train_script.py"
-    script.write_text(SCRIPT)
-    write_held_reward(tmp_path)  # next to the script, which imports it
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    args = [model_path, str(tmp_path / "out"), str(max_steps), "resume" if resume else "new"]
-    return subprocess.Popen(
-        [sys.executable, str(script), *args],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-@pytest.mark.slow  # a training subprocess, then a real signal
-def test_ctrl_c_in_a_script_saves_a_checkpoint_and_resumes(tmp_path, tiny_math_model_path):
-    """The reported case, in a subprocess: SIGINT, the checkpoint and the printed hint, then the resume."""
-    proc = _start(tmp_path, tiny_math_model_path)
-    read_until(proc, "step ", count=2)  # two optimizer steps logged: training is under way
-    proc.send_signal(signal.SIGINT)
-    output = proc.communicate(timeout=300)[0]
-    assert proc.returncode == -signal.SIGINT, output  # ended by SIGINT, as Ctrl-C does (a shell shows status 130)
-    assert "Ctrl-C: saving a checkpoint at the end of this step" in output
-    last = output.strip().splitlines()[-1]
-    prefix = "KeyboardInterrupt: Interrupted by SIGINT at step "
-    assert last.startswith(prefix), output[-3000:]
-    step = int(last.removeprefix(prefix).split(":")[0])
-    checkpoint = tmp_path / "out" / f"checkpoint-{step}"
-    assert f"checkpoint saved to {checkpoint}. Resume with trainer.train(resume_from_checkpoint=True)" in last
-    assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == step
-    assert (checkpoint / "model.safetensors").is_file() and (checkpoint / "optimizer.pt").is_file()
-
-    proc = _start(tmp_path, tiny_math_model_path, max_steps=step + 2, resume=True)
-    output = proc.communicate(timeout=300)[0]
-    assert proc.returncode == 0, output[-3000:]
-    assert output.strip().splitlines()[-1] == f"FINISHED at step {step + 2}"
-    assert f"step {step + 1}/{step + 2}" in output and f"step {step}/" not in output  # resumed, not restarted
-
-
-@pytest.mark.slow  # a training subprocess, then real signals
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
-def test_a_scheduler_signal_in_a_script_saves_a_checkpoint(tmp_path, tiny_math_model_path, signum):
-    """SIGTERM (preemption, `scancel`, a time limit) killed the script at once, with nothing saved; now it takes
-    Ctrl-C's path and the exception names it. Uncaught, it ends the script as Ctrl-C does (by SIGINT: a shell shows
-    130)."""
-    proc = _start(tmp_path, tiny_math_model_path)
-    read_until(proc, "step ", count=2)
-    proc.send_signal(signum)
-    output = proc.communicate(timeout=300)[0]
-    assert proc.returncode == -signal.SIGINT, output[-3000:]
-    assert f"{signum.name}: saving a checkpoint at the end of this step" in output
-    last = output.strip().splitlines()[-1]
-    prefix = f"KeyboardInterrupt: Interrupted by {signum.name} at step "
-    assert last.startswith(prefix), output[-3000:]
-    step = int(last.removeprefix(prefix).split(":")[0])
-    assert (
-        json.loads((tmp_path / "out" / f"checkpoint-{step}" / "trainer_state.json").read_text())["global_step"] == step
-    )
-    assert "FINISHED" not in output
-
-
-@pytest.mark.slow  # a training subprocess, then real signals
-def test_second_ctrl_c_in_a_script_quits_at_once(tmp_path, tiny_math_model_path):
-    """Both signals land inside one step, which the reward holds: the second always finds the first's checkpoint
-    pending. (Sent during a long step, as before, the second came too late whenever that step ended first.)"""
-    proc = _start(tmp_path, tiny_math_model_path)
-    read_until(proc, "step ")
-    (tmp_path / "HOLD").touch()
-    read_until(proc, "reward held")
-    proc.send_signal(signal.SIGINT)
-    read_until(proc, "Ctrl-C: saving a checkpoint at the end of this step")
-    proc.send_signal(signal.SIGINT)
-    output = proc.communicate(timeout=300)[0]
-    assert proc.returncode == 130, output
-    assert output.startswith("Second Ctrl-C: quitting now, without saving."), output
-    assert not list((tmp_path / "out").glob("checkpoint-*"))
 
 
 @pytest.mark.parametrize(
