@@ -1,11 +1,8 @@
-"""Input errors of every command (`stapo_trl.cli.errors`): one convention for the exit status (2, argparse's, for every
-input error; 1 for a failure during a run), one line that names what the user wrote, the allowed values and the fix,
-written in one piece so that two processes' lines cannot interleave."""
+"""Input errors of every command: exit status 2 and one line, written in one piece, naming what the user wrote."""
 
 from __future__ import annotations
 
 import signal
-import subprocess
 import sys
 
 import pytest
@@ -42,8 +39,6 @@ def _plot(argv):
         # The reported case: a range error exited 1 while type and choice errors exit 2.
         (_train, "stapo-train", ["--s2t_entropy_quantile", "1.5"], "s2t_entropy_quantile=1.5 must be in [0, 1]"),
         (_train, "stapo-train", ["--s2t_entropy_quantile", "abc"], "invalid float value: 'abc'"),
-        (_train, "stapo-train", ["--lerning_rate", "1e-4"], "lerning_rate: did you mean learning_rate"),
-        (_train, "stapo-train", ["--max_steps", "0"], "max_steps=0 is not a number of optimizer steps"),
         (_dry_run, "stapo-train --dry-run", ["--s2t_entropy_quantile", "1.5"], "s2t_entropy_quantile=1.5"),
         (_eval, "stapo-eval", ["--model", "m", "--samples", "0"], "--samples must be >= 1"),
         (_eval, "stapo-eval", ["--model", "m", "--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
@@ -51,19 +46,9 @@ def _plot(argv):
         (_plot, "stapo-plot", ["{run}", "--labels", "a", "b"], "--labels: got 2 label(s) for 1 OUTPUT_DIR(s)"),
         (_plot, "stapo-plot", ["{run}", "--smoothing", "0"], "--smoothing 0: the moving-average window"),
     ],
-    ids=[
-        "train-range",
-        "train-type",
-        "train-unknown-key",
-        "train-max-steps",
-        "dry-run-range",
-        "eval-samples",
-        "eval-memory-share",
-        "plot-no-run",
-        "plot-labels",
-        "plot-smoothing",
-    ],
-)
+    ids=["train-range", "train-type", "dry-run-range", "eval-samples", "eval-memory-share", "plot-no-run",
+         "plot-labels", "plot-smoothing"],
+)  # fmt: skip
 def test_every_input_error_exits_2_with_one_line(no_model_built, tmp_path, capsys, command, prog, argv, expected):
     run = write_metrics_run(tmp_path / "run")
     argv = [a.format(tmp=tmp_path, run=run) for a in argv]
@@ -76,8 +61,6 @@ def test_every_input_error_exits_2_with_one_line(no_model_built, tmp_path, capsy
 
 
 class _WriteRecorder:
-    """A text stream that keeps each `write` call apart: what another process sharing the pipe could cut between."""
-
     def __init__(self):
         self.writes: list[str] = []
 
@@ -109,8 +92,6 @@ def _ctrl_c(argv):
 def test_a_message_line_is_one_write_so_processes_cannot_interleave_it(
     no_model_built, tmp_path, monkeypatch, command, argv, expected
 ):
-    """Every process under `accelerate launch` writes its error line to the same pipe: written as text then newline
-    (`print`), two ranks' lines came out as `...error: A.stapo-train: error: A.`; one write is never split."""
     argv = [a.format(tmp=tmp_path) for a in argv]
     if command in (_train, _dry_run):
         argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *argv]
@@ -183,19 +164,12 @@ def test_a_command_line_value_is_named_as_the_flag_not_the_recipe(no_model_built
     from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.train import main
 
-    # The command line wins: its value is the one reported, with its flag, and the recipe is not blamed.
     recipe = write_recipe(tmp_path, "s2t_entropy_quantile: 0.5")
-    with pytest.raises(SystemExit):
-        main(["--config", recipe, "--s2t_entropy_quantile", "1.5"])
-    assert error_line(capsys, "stapo-train").startswith(
-        "stapo-train: error: --s2t_entropy_quantile: s2t_entropy_quantile=1.5 must be in [0, 1]"
-    )
     with pytest.raises(SystemExit):
         main(["--config", recipe, "--s2t_entropy_quantile", "abc"])
     message = error_line(capsys, "stapo-train")
     assert message.startswith("stapo-train: error: --s2t_entropy_quantile: invalid float value: 'abc'"), message
     assert "stapo-train --help" in message and "recipe" not in message, message
-    # A bad recipe value that the command line overrides is never read.
     bad = write_recipe(tmp_path, "s2t_entropy_quantile: abc\nnum_generations: 8.5")
     _, training_args, _ = parse_args(
         ["--config", bad, "--s2t_entropy_quantile", "0.5", "--num_generations", "8", "--output_dir", str(tmp_path)]
@@ -205,10 +179,7 @@ def test_a_command_line_value_is_named_as_the_flag_not_the_recipe(no_model_built
 
 # A range error in a command-line value read "the recipe does not parse: X=..." in the dry run and named no flag in
 # either; the README says a command-line value is named by its flag.
-@pytest.mark.parametrize(
-    "flag, value",
-    [("s2t_entropy_quantile", "1.5"), ("temperature", "-1")],
-)
+@pytest.mark.parametrize("flag, value", [("s2t_entropy_quantile", "1.5"), ("temperature", "-1")])
 @pytest.mark.parametrize("command, prog", [(_train, "stapo-train"), (_dry_run, "stapo-train --dry-run")])
 def test_a_range_error_in_a_flag_names_the_flag(no_model_built, tmp_path, capsys, command, prog, flag, value):
     with pytest.raises(SystemExit) as excinfo:
@@ -298,14 +269,13 @@ def test_a_full_disk_is_one_line_naming_the_folder_and_what_a_rerun_resumes(tmp_
         raise OSError(errno.EACCES, "Permission denied")  # another failure keeps its traceback
 
 
-@pytest.mark.slow  # trains, fails, trains again (~25 s for the three); the line alone: the test above
-@pytest.mark.parametrize("where", ["metrics-write", "safetensors-save", "full-tmpfs"])
+@pytest.mark.slow  # trains, fails, trains again; the line alone: the test above
+@pytest.mark.parametrize("where", ["metrics-write", "safetensors-save"])
 def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_resumes(
     tmp_path, tiny_math_model_path, monkeypatch, capsys, caplog, where
 ):
     # Reported: a 38-line traceback ending in `OSError: [Errno 28]`, and no line naming the folder.
     import errno
-    import gc
 
     from safetensors import SafetensorError
     from transformers import Trainer
@@ -318,37 +288,25 @@ def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_resumes(
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
     argv += ["--max_steps", "3", "--save_steps", "1", "--logging_steps", "1", "--eval_before_after", "false"]
     argv += ["--disable_tqdm", "true", "--save_total_limit", "5"]
-    if where == "full-tmpfs":  # checkpoint-1 (1.8 MB) fits, checkpoint-2 does not: torch.save's own error
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(tmp_path / "disk")]).returncode:
-            pytest.skip("mounting a small tmpfs needs root")
-    else:
-        full = OSError(errno.ENOSPC, "No space left on device")
-        if where == "safetensors-save":
-            full = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
-        method, owner = ("write_rows", MetricsLogCallback) if where == "metrics-write" else ("save_model", Trainer)
-        original, calls = getattr(owner, method), []
+    full = OSError(errno.ENOSPC, "No space left on device")
+    if where == "safetensors-save":
+        full = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    method, owner = ("write_rows", MetricsLogCallback) if where == "metrics-write" else ("save_model", Trainer)
+    original, calls = getattr(owner, method), []
 
-        def full_at_the_second(self, *args, **kwargs):
-            calls.append(args)
-            if len(calls) == 2:
-                raise full
-            return original(self, *args, **kwargs)
+    def full_at_the_second(self, *args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise full
+        return original(self, *args, **kwargs)
 
-        monkeypatch.setattr(owner, method, full_at_the_second)
-    try:
-        with pytest.raises(SystemExit) as excinfo:
-            main(argv)
-        assert excinfo.value.code == 1
-        line = error_line(capsys, "stapo-train")
-        assert line.startswith(f"stapo-train: error: no space left on the disk of output_dir={str(out)!r} ("), line
-        assert line.endswith(f"rerun the same command: it resumes from {out / 'checkpoint-1'}."), line
-        monkeypatch.undo()
-        if where == "full-tmpfs":  # free space
-            subprocess.run(["mount", "-o", "remount,size=64m", str(tmp_path / "disk")], check=True)
+    monkeypatch.setattr(owner, method, full_at_the_second)
+    with pytest.raises(SystemExit) as excinfo:
         main(argv)
-    finally:
-        if where == "full-tmpfs":  # the failed run's open files go with its traceback's frames
-            excinfo = None
-            gc.collect()
-            subprocess.run(["umount", "-l", str(tmp_path / "disk")], check=True)
+    assert excinfo.value.code == 1
+    line = error_line(capsys, "stapo-train")
+    assert line.startswith(f"stapo-train: error: no space left on the disk of output_dir={str(out)!r} ("), line
+    assert line.endswith(f"rerun the same command: it resumes from {out / 'checkpoint-1'}."), line
+    monkeypatch.undo()
+    main(argv)
     assert f"Resuming training from {out / 'checkpoint-1'}." in caplog.text
