@@ -33,8 +33,8 @@ SMALL_RUN = ["--max_steps", "8", "--logging_steps", "4", "--save_steps", "4", "-
         (["--s2t_mod", "off"], r"s2t_mod: did you mean s2t_mode"),  # no argparse prefix matching
         (["--benchmark_eval", "aime99"], r"Unknown benchmark 'aime99'.*aime24"),
     ],
-    ids=["unknown-reward", "missing-model-path", "missing-model-path-before-missing-data", "hub-id-looking-path-offline",
-         "unknown-builtin-model", "unknown-builtin-dataset", "max-steps-0", "torch-num-threads-0",
+    ids=["unknown-reward", "missing-model-path", "missing-model-path-before-missing-data",
+         "hub-id-looking-path-offline", "unknown-builtin-model", "unknown-builtin-dataset", "max-steps-0", "torch-num-threads-0",
          "eval-num-problems-0", "output-dir-is-a-file", "abbreviated-flag", "unknown-benchmark"],
 )  # fmt: skip
 def test_cli_fails_fast_with_one_message_before_building_a_model(no_model_built, tmp_path, overrides, match):
@@ -72,16 +72,8 @@ def test_eval_json_records_its_settings_and_stapo_eval_gives_its_numbers(tmp_pat
 
     out = tmp_path / "run"
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
-    argv += [
-        "--max_steps",
-        "1",
-        "--save_strategy",
-        "no",
-        "--max_train_samples",
-        "64",
-        "--s2t_write_run_files",
-        "false",
-    ]
+    argv += ["--max_steps", "1", "--save_strategy", "no", "--max_train_samples", "64"]
+    argv += ["--s2t_write_run_files", "false"]
     main([*argv, "--eval_num_problems", "4", "--eval_num_samples", "2", "--disable_tqdm", "true"])
     evaluation = json.loads((out / "eval.json").read_text())
     assert evaluation["k"] == 2 and evaluation["num_problems"] == 4 and evaluation["temperature"] == 1.0
