@@ -6,6 +6,7 @@ flags with their closest fields. No model is built."""
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -13,21 +14,18 @@ import pytest
 from testing_utils import GRPO_RECIPE, STAPO_RECIPE, write_recipe
 
 from stapo_trl import STAPOConfig
+from stapo_trl.cli.args import parse_args
+from stapo_trl.cli.script_args import STAPOScriptArguments
+from stapo_trl.cli.train import main
 
 
 def _cli_error(argv) -> str:
-    from stapo_trl.cli.args import parse_args
-
     with pytest.raises(ValueError) as excinfo:
         parse_args(argv)
     return str(excinfo.value)
 
 
 def test_every_script_argument_has_help_text_and_a_docstring_entry():
-    import dataclasses
-
-    from stapo_trl.cli.script_args import STAPOScriptArguments
-
     own = {f.name for f in dataclasses.fields(STAPOScriptArguments)} - {
         f.name for f in dataclasses.fields(STAPOScriptArguments.__mro__[1])
     }
@@ -38,8 +36,6 @@ def test_every_script_argument_has_help_text_and_a_docstring_entry():
 
 
 def test_the_recipe_is_read_once_and_the_command_line_wins(monkeypatch):
-    from stapo_trl.cli.args import parse_args
-
     opened, real_open = [], builtins.open
     monkeypatch.setattr(builtins, "open", lambda file, *a, **k: opened.append(str(file)) or real_open(file, *a, **k))
     _, training_args, _ = parse_args(["--config", STAPO_RECIPE, "--max_steps", "7", "--trainer", "stapo"])
@@ -48,8 +44,6 @@ def test_the_recipe_is_read_once_and_the_command_line_wins(monkeypatch):
 
 
 def test_the_recipes_env_block_sets_environment_variables(tmp_path, monkeypatch):
-    from stapo_trl.cli.args import parse_args
-
     monkeypatch.delenv("STAPO_TEST_VARIABLE", raising=False)
     parse_args(["--config", write_recipe(tmp_path, "env:\n  STAPO_TEST_VARIABLE: 3")])
     import os
@@ -60,8 +54,6 @@ def test_the_recipes_env_block_sets_environment_variables(tmp_path, monkeypatch)
 def test_grpo_gets_the_paper_objective_defaults_not_trl_defaults(tmp_path):
     # A grpo recipe that does not set epsilon_high still gets STAPOConfig's 0.28 (TRL's default is None), so the two
     # arms of a comparison differ only by the mask.
-    from stapo_trl.cli.args import parse_args
-
     recipe = tmp_path / "r.yaml"
     recipe.write_text("trainer: grpo\nuse_cpu: true\nbf16: false\nreport_to: none\n")
     _, training_args, _ = parse_args(["--config", str(recipe), "--output_dir", str(tmp_path)])
@@ -209,8 +201,6 @@ def test_a_generation_batch_error_from_the_recipe_names_its_keys(tmp_path):
 
 
 def test_malformed_recipe_and_misspelt_config_flag_get_one_line_errors(no_model_built, tmp_path):
-    from stapo_trl.cli.train import main
-
     broken = write_recipe(tmp_path, "learning_rate: [1e-4\n")  # an unclosed list at the end of the demo recipe
     with pytest.raises(SystemExit, match=r"^stapo-train: error: Recipe '.*recipe.yaml' is not valid YAML \(line \d+"):
         main(["--config", broken])

@@ -9,7 +9,20 @@ import shutil
 from pathlib import Path
 
 import pytest
-from testing_utils import STAPO_RECIPE, addition_rows, error_line, write_jsonl, write_recipe
+import trl
+from testing_utils import (
+    PROMPTS,
+    STAPO_RECIPE,
+    addition_rows,
+    error_line,
+    tiny_stapo_config,
+    write_hostile_pickle,
+    write_jsonl,
+    write_recipe,
+    zero_reward,
+)
+
+from stapo_trl import STAPOConfig, STAPOTrainer
 
 
 def SLOW(values):  # a training step each (~4 s): the measured case of each kind stays in the default suite
@@ -124,10 +137,6 @@ def test_the_python_api_refuses_no_reward_at_construction_in_trls_words(
 ):
     # Reported: TRL's own test_no_reward_source_raises matches TRL's "No reward source provided" (reward_funcs=None);
     # STAPOTrainer raised its own words first. TRL's come first now, before the model is built, and ours follow.
-    from testing_utils import PROMPTS, tiny_stapo_config
-
-    from stapo_trl import STAPOTrainer
-
     with pytest.raises(ValueError, match="^No reward source provided. Pass `reward_funcs`, or an `environment_factory` "
                        "whose environment defines a `get_reward` method") as raised:  # fmt: skip
         STAPOTrainer(
@@ -137,11 +146,6 @@ def test_the_python_api_refuses_no_reward_at_construction_in_trls_words(
 
 
 def test_the_python_api_refuses_an_empty_output_dir_before_writing(tmp_path, tiny_random_model_path, monkeypatch):
-    import trl
-    from testing_utils import PROMPTS, zero_reward
-
-    from stapo_trl import STAPOConfig, STAPOTrainer
-
     monkeypatch.chdir(tmp_path)
     settings = dict(output_dir="", use_cpu=True, bf16=False, per_device_train_batch_size=4, num_generations=2)
     for args in (STAPOConfig(**settings), trl.GRPOConfig(**settings)):  # checked where the run writes: the trainer
@@ -242,8 +246,6 @@ def test_stapo_eval_on_a_checkpoint_half_written_or_rotated_away_is_one_line(
 def test_stapo_eval_reads_no_pickle_of_a_checkpoint(checkpointed_run, tmp_path, capsys):
     """The files a checkpoint holds beside its model are never unpickled by stapo-eval: a hostile training_args.bin
     is left alone (the model is evaluated), a hostile optimizer.pt makes the checkpoint incomplete."""
-    from testing_utils import write_hostile_pickle
-
     run = tmp_path / "run"
     shutil.copytree(checkpointed_run, run)
     marker = tmp_path / "code-ran"

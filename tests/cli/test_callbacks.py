@@ -8,10 +8,21 @@ import signal
 import pytest
 from datasets import Dataset
 from testing_utils import SignalAtStep, no_activation_checkpointing, tiny_stapo_config
-from transformers import TrainerCallback
+from transformers import PrinterCallback, TrainerCallback
+from trl import GRPOConfig
 
+from stapo_trl import STAPOTrainer
+from stapo_trl.cli.callbacks import (
+    SCRIPT_RESUME_HINT,
+    STOP_SIGNALS,
+    CompactPrinterCallback,
+    add_command_callbacks,
+    format_log_line,
+)
+from stapo_trl.cli.train import main
 from stapo_trl.data import format_prompt
 from stapo_trl.rewards import math_accuracy_reward
+from stapo_trl.trainer.trainers import GRPOBaselineTrainer
 
 
 STAPO_ROW = {
@@ -38,8 +49,6 @@ def _assert_compact(output: str, steps: list[int], max_steps: int, silenced: boo
 @pytest.mark.slow  # a stapo-train run of 8 steps with its figures
 def test_stapo_train_prints_a_line_per_logging_step_and_lists_the_files(tmp_path, tiny_math_model_path, capsys):
     """The reported case (the CLI, here without a progress bar: transformers' PrinterCallback path)."""
-    from stapo_trl.cli.train import main
-
     out = tmp_path / "demo"
     argv = ["--config", "recipes/demo/stapo.yaml", "--model_name_or_path", tiny_math_model_path]
     argv += ["--output_dir", str(out), "--max_steps", "8", "--save_steps", "8"]  # the demo logs every 4 steps
@@ -58,12 +67,6 @@ def test_stapo_train_prints_a_line_per_logging_step_and_lists_the_files(tmp_path
 
 
 def test_grpo_baseline_line_has_no_silenced_ratio_and_the_dicts_can_come_back(tmp_path, tiny_math_model_path, capsys):
-    from transformers import PrinterCallback
-    from trl import GRPOConfig
-
-    from stapo_trl.cli.callbacks import CompactPrinterCallback, add_command_callbacks
-    from stapo_trl.trainer.trainers import GRPOBaselineTrainer
-
     config = GRPOConfig(
         output_dir=str(tmp_path / "grpo"), max_steps=2, logging_steps=1, per_device_train_batch_size=8,
         num_generations=4, max_completion_length=16, save_strategy="no", report_to="none", disable_tqdm=True,
@@ -98,8 +101,6 @@ def test_grpo_baseline_line_has_no_silenced_ratio_and_the_dicts_can_come_back(tm
     ids=["stapo", "nothing-silenced", "end", "stopped-early", "stopped-before-a-step", "benchmark-eval", "caller-log"],
 )  # fmt: skip
 def test_format_log_line(logs, step, expected):
-    from stapo_trl.cli.callbacks import format_log_line
-
     assert format_log_line(logs, step, 500) == expected
 
 
@@ -112,9 +113,6 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
     """A notebook: the interrupt is caught, and the same trainer object resumes from its checkpoint to the end. Before,
     SIGTERM and SIGUSR1 ended the process at once (here: pytest itself). Reported: after Ctrl-C the console said
     `training done at step 30` just before `Interrupted at step 30`."""
-    from stapo_trl import STAPOTrainer
-    from stapo_trl.cli.callbacks import SCRIPT_RESUME_HINT, STOP_SIGNALS, add_command_callbacks
-
     config = tiny_stapo_config(
         tmp_path / "out", max_steps=4, logging_steps=1, per_device_train_batch_size=8, num_generations=4,
         max_completion_length=16, disable_tqdm=not bar,
@@ -167,9 +165,6 @@ def test_a_second_ctrl_c_says_whether_the_checkpoint_is_saved(
 ):
     # Reported (stapo-train, 0.3 s apart): checkpoint-33 was saved, and the end said nothing was. The second Ctrl-C
     # quits at once (here: os._exit raises SystemExit) and says what is on disk.
-    from stapo_trl import STAPOTrainer
-    from stapo_trl.cli.callbacks import SCRIPT_RESUME_HINT, STOP_SIGNALS, add_command_callbacks
-
     config = tiny_stapo_config(
         tmp_path / "out", max_steps=4, logging_steps=1, per_device_train_batch_size=8, num_generations=4,
         max_completion_length=16, disable_tqdm=True,

@@ -7,8 +7,14 @@ from __future__ import annotations
 import pytest
 from testing_utils import RECIPES_DIR, STAPO_RECIPE, addition_rows, error_line, tiny_stapo_config, write_jsonl
 
-from stapo_trl.cli.dry_run import DryRunReport, dry_run_recipe
+from stapo_trl import STAPOConfig
+from stapo_trl.cli.args import parse_args
+from stapo_trl.cli.dry_run import S2T_PATHS, DryRunReport, dry_run_recipe
 from stapo_trl.cli.dry_run import main as dry_run_main
+from stapo_trl.cli.train import main
+from stapo_trl.cli.train import main as train_main
+from stapo_trl.core.stapo_config import s2t_path, s2t_settings, s2t_warnings
+from stapo_trl.rewards import REWARDS
 
 
 DEMO = ["--config", STAPO_RECIPE, "--max_train_samples", "64"]  # why: 64 prompts are counted in a blink, 7,800 not
@@ -53,8 +59,6 @@ def test_batch_geometry_by_hand():
 def test_too_few_prompts_fail_before_the_model_and_in_the_dry_run(
     no_model_built, tmp_path, num_rows, extra, match, capsys
 ):
-    from stapo_trl.cli.train import main
-
     data = write_jsonl(tmp_path / "few.jsonl", addition_rows(num_rows))
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--dataset_name", data, *extra]
     with pytest.raises(SystemExit, match=r"^stapo-train: error: " + match) as excinfo:
@@ -76,8 +80,6 @@ def test_too_few_prompts_fail_before_the_model_and_in_the_dry_run(
 def test_the_dry_run_refuses_what_the_run_refuses_before_the_model(
     no_model_built, tmp_path, monkeypatch, capsys, case, expected
 ):
-    from stapo_trl.cli.train import main
-
     monkeypatch.chdir(tmp_path)
     argv = [*DEMO, "--output_dir", str(tmp_path / "out")]
     if case == "user-files":
@@ -101,8 +103,6 @@ def test_the_dry_run_refuses_what_the_run_refuses_before_the_model(
 
 
 def test_the_dry_run_cli_its_numbers_and_the_valid_values_of_a_batch_that_does_not_fit(tmp_path, capsys):
-    from stapo_trl.cli.train import main as train_main
-
     assert dry_run_main([*DEMO, "--num-processes", "0"]) == 2
     assert error_line(capsys, "stapo-train --dry-run").startswith(
         "stapo-train --dry-run: error: --num-processes: 0 is not a number of training processes"
@@ -164,11 +164,6 @@ def test_dry_run_numbers_for_the_demo():
 def test_dry_run_gives_the_trainers_warnings_and_where_p_and_h_come_from(flags, path, warns):
     # One source: the dry run repeated one of the trainer's warnings, so a dr_grpo recipe passed it quietly. Every
     # message the trainer warns at construction is in the plan, and the mask's source is the trainer's decision.
-    from stapo_trl import STAPOConfig
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.dry_run import S2T_PATHS
-    from stapo_trl.core.stapo_config import s2t_path, s2t_settings, s2t_warnings
-
     _, args, _ = parse_args([*DEMO, *flags])
     expected = s2t_warnings(args, s2t_settings(args, STAPOConfig._s2t_modes))
     assert bool(expected) or not warns
@@ -179,8 +174,6 @@ def test_dry_run_gives_the_trainers_warnings_and_where_p_and_h_come_from(flags, 
 
 
 def test_dry_run_reports_bad_rewards_and_temperature():
-    from stapo_trl.rewards import REWARDS
-
     report = dry_run_recipe([*DEMO, "--temperature", "0.7", "--reward_funcs", "math_accuracy", "no_such_reward"], 1)
     assert any("no_such_reward" in e and str(sorted(REWARDS)) in e for e in report.errors), report.errors
     assert any("temperature=0.7" in w and "1.0" in w for w in report.warnings), report.warnings

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 
 import pytest
+from safetensors import SafetensorError
 from testing_utils import GRPO_RECIPE, STAPO_RECIPE, error_line, write_metrics_run, write_recipe
+from transformers import Trainer
+
+from stapo_trl.cli.args import parse_args
+from stapo_trl.cli.callbacks import SaveOnSignal
+from stapo_trl.cli.dry_run import main as dry_run_main
+from stapo_trl.cli.errors import InputError, full_disk_in_one_line
+from stapo_trl.run_folder.logs import MetricsLogCallback
 
 
 def _train(argv):
@@ -73,8 +82,6 @@ class _WriteRecorder:
 
 
 def _ctrl_c(argv):
-    from stapo_trl.cli.callbacks import SaveOnSignal
-
     SaveOnSignal()._handle(signal.SIGINT, None)
 
 
@@ -107,8 +114,6 @@ def test_a_message_line_is_one_write_so_processes_cannot_interleave_it(
 
 
 def test_help_of_every_command_states_the_exit_status(capsys):
-    from stapo_trl.cli.dry_run import main as dry_run_main
-
     expected = "Exit status: 0 on success; 2 on an input error"
     for command, argv in ((_train, ["--help"]), (_eval, ["--help"]), (_plot, ["--help"])):
         with pytest.raises(SystemExit) as excinfo:
@@ -161,7 +166,6 @@ def test_recipe_value_errors_name_the_recipe_key_and_the_file(no_model_built, tm
 
 
 def test_a_command_line_value_is_named_as_the_flag_not_the_recipe(no_model_built, tmp_path, capsys):
-    from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.train import main
 
     recipe = write_recipe(tmp_path, "s2t_entropy_quantile: 0.5")
@@ -219,8 +223,6 @@ def test_a_negative_number_in_exponent_form_is_read_as_a_value(
 )
 def test_a_dry_run_that_fails_its_checks_ends_with_one_error_line(no_model_built, tmp_path, capsys, argv, expected):
     # The plan listed the failed checks on stdout only: no `PROG: error:` line, unlike every other input error.
-    from stapo_trl.cli.dry_run import main as dry_run_main
-
     (tmp_path / "empty.jsonl").write_text("")
     fill = {"tmp": tmp_path, "empty": tmp_path / "empty.jsonl"}
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *(a.format(**fill) for a in argv)]
@@ -247,12 +249,6 @@ def test_what_the_user_gave_is_what_the_message_names(no_model_built, tmp_path, 
 
 
 def test_a_full_disk_is_one_line_naming_the_folder_and_what_a_rerun_resumes(tmp_path):
-    import errno
-
-    from safetensors import SafetensorError
-
-    from stapo_trl.cli.errors import InputError, full_disk_in_one_line
-
     for error, cause in [
         (OSError(errno.ENOSPC, "No space left on device"), "OSError: [Errno 28] No space left on device"),
         (SafetensorError("I/O error: No space left on device (os error 28)"), "SafetensorError: I/O error: No space"),
@@ -275,13 +271,7 @@ def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_resumes(
     tmp_path, tiny_math_model_path, monkeypatch, capsys, caplog, where
 ):
     # Reported: a 38-line traceback ending in `OSError: [Errno 28]`, and no line naming the folder.
-    import errno
-
-    from safetensors import SafetensorError
-    from transformers import Trainer
-
     from stapo_trl.cli.train import main
-    from stapo_trl.run_folder.logs import MetricsLogCallback
 
     out = tmp_path / "disk" / "run"
     (tmp_path / "disk").mkdir()

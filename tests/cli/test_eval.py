@@ -5,15 +5,20 @@ the tiny model and its resume, one accuracy per model and settings (stapo-train'
 import importlib.util
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
+from huggingface_hub import constants
 from testing_utils import REPO, error_line, fake_eval_results
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from stapo_trl.cli import eval as stapo_eval
 from stapo_trl.cli.eval import main, parse_decoding_list
-from stapo_trl.evaluation.generation import DECODINGS
+from stapo_trl.cli.run import write_eval_record
+from stapo_trl.evaluation.generation import DECODINGS, evaluate_problems, hf_generate
 from stapo_trl.evaluation.results import load_results
+from stapo_trl.evaluation.tasks import load_benchmark
 
 
 # why: the smallest real evaluation (one tiny-math problem, one sample, 8 tokens)
@@ -61,8 +66,6 @@ BAD_ARGUMENTS = [
 def test_bad_arguments_are_one_line_before_anything_loads(
     argv, expected, tiny_random_model_path, tmp_path, capsys, monkeypatch
 ):
-    from huggingface_hub import constants
-
     snapshot = tmp_path / "hub" / "models--org--tiny" / "snapshots" / ("0" * 40)  # a Hub model in the local cache
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text('{"model_type": "qwen3", "max_position_embeddings": 256}')
@@ -155,13 +158,6 @@ def test_stapo_eval_samples_what_the_training_evaluation_samples(tiny_math_model
     # stapo-eval added crc32("tiny-math/t1.0-p1.0") to --seed, stapo-train's evaluation seeded with its seed alone, and
     # each drew from one RNG stream batch by batch: --batch-size 1 and 8 gave other samples. The training loop below is
     # the call of stapo_trl.cli.run.evaluate_trainer_model (hf_generate, eval_batch_size x k per call).
-    from functools import partial
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from stapo_trl.evaluation.generation import evaluate_problems, hf_generate
-    from stapo_trl.evaluation.tasks import load_benchmark
-
     argv = f"--model {tiny_math_model_path} --benchmarks tiny-math --backend hf --limit 3 --decoding t1.0-p1.0"
     argv += " --samples 2 --max-new-tokens 48 --seed 3 --save-completions --batch-size 1 --output"
     assert main([*argv.split(), str(tmp_path / "r.json")]) == 0
@@ -246,8 +242,6 @@ def test_builtin_model_results_go_under_outputs_with_its_accuracy(tiny_math_mode
 
 
 def test_a_rerun_of_stapo_train_writes_eval_step_beside_eval_json_as_the_docs_say(tmp_path):
-    from stapo_trl.cli.run import write_eval_record
-
     record = {"metric": "avg@4", "accuracy_before": 0.4, "accuracy_after": 0.6}
     names = [Path(write_eval_record(record, str(tmp_path), 500)).name for _ in range(3)]
     assert names == ["eval.json", "eval-step500.json", "eval-step500-2.json"]  # an identical rerun too

@@ -5,12 +5,18 @@ DeepSpeed's "Setting accelerator to CPU" line before its one-line error. In a fr
 once" means that torch was never imported (checked at exit); the line counts are exact.
 """
 
+import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import stapo_trl
+from stapo_trl.cli.args import SHORT_HELP, fields_help
+from stapo_trl.cli.train import main
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -86,10 +92,6 @@ def test_a_fresh_process_answers_at_once_with_its_own_output_only(tmp_path, comm
     ],
 )
 def test_help_and_version_in_process(capsys, command, args, first_line):
-    import importlib
-
-    import stapo_trl
-
     with pytest.raises(SystemExit) as excinfo:
         importlib.import_module(MODULES[command]).main(args)
     out, err = capsys.readouterr()
@@ -101,10 +103,6 @@ def test_help_and_version_in_process(capsys, command, args, first_line):
 
 def test_short_help_names_fields_that_exist_and_points_at_every_field():
     # The short `--help` lists common fields without TRL's config classes: each must be a field `--help-fields` prints.
-    import re
-
-    from stapo_trl.cli.args import SHORT_HELP, fields_help
-
     assert "--help-fields" in SHORT_HELP and "Exit status: 0 on success" in " ".join(SHORT_HELP.split())
     fields = set(re.findall(r"--(\w+)", SHORT_HELP.split("Common fields")[1].split("options:")[0]))
     assert len(fields) >= 15
@@ -114,8 +112,6 @@ def test_short_help_names_fields_that_exist_and_points_at_every_field():
 
 
 def test_help_fields_lists_every_field_or_those_matching(capsys):
-    from stapo_trl.cli.train import main
-
     with pytest.raises(SystemExit) as excinfo:
         main(["--help-fields"])
     assert excinfo.value.code == 0

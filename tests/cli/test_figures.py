@@ -6,7 +6,9 @@ import warnings
 
 import pytest
 from datasets import Dataset
+from matplotlib.ticker import MaxNLocator
 from testing_utils import text_reward, tiny_stapo_config, write_jsonl
+from transformers import AutoTokenizer
 
 from stapo_trl import STAPOTrainer
 from stapo_trl.cli.figures import (
@@ -163,9 +165,6 @@ def test_token_bytes_and_readable_labels_of_hand_made_vocabularies():
 
 
 def test_top_tokens_figure_has_readable_labels_and_integer_count_ticks(tiny_random_model_path, tmp_path):
-    from matplotlib.ticker import MaxNLocator
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     ids = tokenizer.convert_tokens_to_ids(["â", "Ċ", "Ġcarry", "Ė", "Ý"])  # real byte-level BPE entries
     assert tokenizer.unk_token_id not in ids

@@ -13,11 +13,19 @@ from pathlib import Path
 import pytest
 from testing_utils import error_line, write_jsonl, write_metrics_run
 
+from stapo_trl.cli.figures import (
+    _curves_file,
+    load_run,
+    load_token_records,
+    plot_diagnostics,
+    plot_prob_entropy_scatter,
+    plot_top_tokens,
+)
+from stapo_trl.cli.plot import main
+from stapo_trl.cli.plot import main as plot_main
+
 
 def test_stapo_plot_draws_seed_folders_and_writes_where_out_says(tmp_path, capsys):
-    from stapo_trl.cli.figures import _curves_file
-    from stapo_trl.cli.plot import main as plot_main
-
     for arm, seed in [(arm, seed) for arm in ("grpo", "stapo") for seed in (0, 1)]:
         rows = [
             {"step": step, "reward": 0.1 * seed + step / 100, "entropy": 0.3 - step / 1000} for step in range(4, 44, 4)
@@ -81,9 +89,6 @@ def _skipped_warnings(caplog) -> list[str]:
     ids=["not-json", "not-utf8", "not-a-number"],
 )
 def test_plot_skips_a_corrupt_metrics_line_with_one_warning(tmp_path, caplog, bad_line, kind):
-    from stapo_trl.cli.figures import load_run
-    from stapo_trl.cli.plot import main
-
     run = tmp_path / "run"
     _write_lines(run / "metrics.jsonl", [GOOD_ROWS[0], bad_line, GOOD_ROWS[2]])
     assert [[row["step"] for row in rows] for rows in load_run(str(run), require_steps=True)] == [[1, 3]]
@@ -106,8 +111,6 @@ def test_plot_skips_a_corrupt_metrics_line_with_one_warning(tmp_path, caplog, ba
     ids=["empty", "blank-lines", "only-corrupt-lines", "only-steps"],
 )
 def test_plot_refuses_a_metrics_file_without_a_logged_step(tmp_path, capsys, lines, expected):
-    from stapo_trl.cli.plot import main
-
     file = _write_lines(tmp_path / "run" / "metrics.jsonl", lines)
     if not lines:
         file.write_text("")
@@ -121,8 +124,6 @@ def test_plot_refuses_a_metrics_file_without_a_logged_step(tmp_path, capsys, lin
 
 
 def test_plot_names_the_seed_whose_metrics_file_is_empty(tmp_path, capsys):
-    from stapo_trl.cli.plot import main
-
     _write_lines(tmp_path / "arm" / "seed0" / "metrics.jsonl", GOOD_ROWS)
     (tmp_path / "arm" / "seed1").mkdir()
     (tmp_path / "arm" / "seed1" / "metrics.jsonl").write_text("")
@@ -137,8 +138,6 @@ def test_plot_names_the_seed_whose_metrics_file_is_empty(tmp_path, capsys):
 
 @pytest.mark.parametrize("out", ["curves.xyz", "figs/curves.txt", "curves.png.bak"])
 def test_plot_refuses_an_out_path_with_an_unknown_extension(tmp_path, capsys, out):
-    from stapo_trl.cli.plot import main
-
     run = write_metrics_run(tmp_path / "run")
     with pytest.raises(SystemExit) as excinfo:
         main([run, "--out", str(tmp_path / out)])
@@ -160,8 +159,6 @@ def test_plot_refuses_an_out_path_with_an_unknown_extension(tmp_path, capsys, ou
     ids=["missing-fields", "missing-kind", "cut-short"],
 )
 def test_plot_skips_a_broken_token_record_with_one_warning(tmp_path, caplog, bad_record):
-    from stapo_trl.cli.figures import load_token_records, plot_prob_entropy_scatter, plot_top_tokens
-
     run = Path(write_metrics_run(tmp_path / "run"))
     file = _write_lines(run / "spurious_tokens.jsonl", [TOKEN_RECORD, bad_record, TOKEN_RECORD])
     records = {"run": load_token_records(run)}
@@ -172,8 +169,6 @@ def test_plot_skips_a_broken_token_record_with_one_warning(tmp_path, caplog, bad
 
 
 def test_plot_says_that_an_empty_token_file_draws_no_token_figure(tmp_path, caplog):
-    from stapo_trl.cli.figures import plot_diagnostics
-
     run = Path(write_metrics_run(tmp_path / "run"))
     (run / "spurious_tokens.jsonl").write_text("")
     assert plot_diagnostics([run], run) == []

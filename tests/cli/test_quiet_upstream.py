@@ -8,17 +8,15 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
+from transformers import AutoModelForCausalLM
+
+from stapo_trl.cli.errors import quiet_upstream
 
 
 def test_gradient_checkpointing_future_warning_is_silenced_precisely(tiny_math_model_path):
-    import warnings
-
-    from transformers import AutoModelForCausalLM
-
-    from stapo_trl.cli.errors import quiet_upstream
-
     model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -96,10 +94,6 @@ def trl_range_warning(version: str) -> list[str]:
 
 @pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.33.0"])
 def test_trl_vllm_range_warning_is_silenced_by_its_text_and_module_inside_the_block(version):
-    import warnings
-
-    from stapo_trl.cli.errors import quiet_upstream
-
     def shown(module: str, inside: bool) -> list[str]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

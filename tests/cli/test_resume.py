@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 from testing_utils import STAPO_RECIPE, addition_rows, error_line, write_hostile_pickle, write_jsonl
 
+from stapo_trl.cli.dry_run import main as dry_run_main
+from stapo_trl.cli.train import interrupted_line
+from stapo_trl.run_folder.checkpoints import check_checkpoint
+
 
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory, tiny_math_model_path):
@@ -184,9 +188,7 @@ def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_m
     # Reported: a path that does not exist passed the dry run, and the run raised transformers' ValueError with a
     # traceback (exit 1) after building the model and evaluating it; a checkpoint without optimizer.pt resumed with a
     # fresh optimizer, silently; a cut model file stopped in safetensors, after the model was built.
-    from stapo_trl.cli.dry_run import main as dry_run_main
     from stapo_trl.cli.train import main
-    from stapo_trl.run_folder.checkpoints import check_checkpoint
 
     run = tmp_path / "run"
     shutil.copytree(one_step_run[0] / "checkpoint-1", run / "checkpoint-4")
@@ -333,8 +335,6 @@ def test_a_finished_run_without_a_complete_checkpoint_is_refused_not_retrained(
 def test_an_interrupt_outside_a_stop_signals_save_tells_what_was_saved(two_step_run, tmp_path):
     # Reported: Ctrl-C twice, 0.3 s apart: checkpoint-33 was saved, and the last line said "interrupted (outside
     # training: nothing to save)", with no resume command. The line is told from the run folder, not from the moment.
-    from stapo_trl.cli.train import interrupted_line
-
     run, argv = two_step_run
     out = _copy_of(run, tmp_path)
     argv = [*argv, "--output_dir", str(out)]

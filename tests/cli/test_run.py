@@ -6,14 +6,19 @@ from __future__ import annotations
 import json
 import logging
 import warnings
+from types import SimpleNamespace
 
 import pytest
 from testing_utils import STAPO_RECIPE, LogRecords
 
+from stapo_trl.cli.run import eval_results_path, evaluation_kind, print_summary
+from stapo_trl.cli.script_args import STAPOScriptArguments
+from stapo_trl.cli.train import main
+from stapo_trl.data import evaluation_split
+from stapo_trl.run_folder.card import _summary
+
 
 def test_eval_results_path_never_replaces_existing_results(tmp_path):
-    from stapo_trl.cli.run import eval_results_path
-
     assert eval_results_path(str(tmp_path), 8) == str(tmp_path / "eval.json")
     (tmp_path / "eval.json").write_text("{}")
     assert eval_results_path(str(tmp_path), 8) == str(tmp_path / "eval-step8.json")
@@ -25,8 +30,6 @@ def test_eval_results_path_never_replaces_existing_results(tmp_path):
 
 @pytest.mark.slow  # three stapo-train runs with evaluations: 13-40 s on 2 cores, with the load
 def test_rerun_into_a_finished_run_keeps_its_eval_json(tmp_path, tiny_math_model_path, caplog):
-    from stapo_trl.cli.train import main
-
     out = tmp_path / "run"
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
     # why: 1-2 steps and 4 problems x 1 sample keep each run to a few seconds
@@ -70,10 +73,6 @@ def test_rerun_into_a_finished_run_keeps_its_eval_json(tmp_path, tiny_math_model
     ],
 )
 def test_the_console_names_what_the_evaluation_measured(capsys, dataset_name, kind, line):
-    from stapo_trl.cli.run import evaluation_kind, print_summary
-    from stapo_trl.cli.script_args import STAPOScriptArguments
-    from stapo_trl.data import evaluation_split
-
     split, warning = evaluation_split(dataset_name, "test")
     assert evaluation_kind(split) == kind and (warning is None) == (kind == "held-out")
     record = {"metric": "avg@4", "num_problems": 40, "temperature": 1.0, "top_p": 1.0, "split": split}
@@ -87,10 +86,6 @@ def test_the_console_names_what_the_evaluation_measured(capsys, dataset_name, ki
 @pytest.mark.parametrize("split, kind", [("training file (not held out)", "Accuracy on training prompts (not held out)"),
                                          ("test", "Held-out accuracy")])  # fmt: skip
 def test_the_model_card_names_the_kind_of_accuracy(split, kind):
-    from types import SimpleNamespace
-
-    from stapo_trl.run_folder.card import _summary
-
     record = {"metric": "avg@4", "num_problems": 40, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 48}
     record |= {"accuracy_before": 0.25, "accuracy_after": 0.5, "split": split}
     trainer = SimpleNamespace(state=SimpleNamespace(global_step=4, log_history=[]))

@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 
 import pytest
 import torch
+import transformers
+from safetensors.torch import load_file
 from testing_utils import STAPO_RECIPE, write_recipe
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from stapo_trl.cli.eval import main as stapo_eval
+from stapo_trl.cli.train import main
+from stapo_trl.run_folder.logs import read_metrics
 
 
 # The demo recipe shrunk: two rollout batches, one log line each, 16 held-out problems x 2 samples.
@@ -38,15 +46,11 @@ SMALL_RUN = ["--max_steps", "8", "--logging_steps", "4", "--save_steps", "4", "-
          "eval-num-problems-0", "output-dir-is-a-file", "abbreviated-flag", "unknown-benchmark"],
 )  # fmt: skip
 def test_cli_fails_fast_with_one_message_before_building_a_model(no_model_built, tmp_path, overrides, match):
-    from stapo_trl.cli.train import main
-
     with pytest.raises(SystemExit, match=r"(?s)^stapo-train: error: .*" + match):
         main(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *overrides])
 
 
 def test_help_names_the_recipe_flag_and_the_other_commands(capsys):
-    from stapo_trl.cli.train import main
-
     with pytest.raises(SystemExit):
         main(["--help"])
     usage = capsys.readouterr().out.split("options:")[0]
@@ -55,8 +59,6 @@ def test_help_names_the_recipe_flag_and_the_other_commands(capsys):
 
 
 def test_missing_dataset_column_fails_before_building_a_model(no_model_built, tmp_path):
-    from stapo_trl.cli.train import main
-
     data = tmp_path / "math.jsonl"
     data.write_text("".join(json.dumps({"question": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(4)))
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--dataset_name", str(data)]
@@ -67,9 +69,6 @@ def test_missing_dataset_column_fails_before_building_a_model(no_model_built, tm
 def test_eval_json_records_its_settings_and_stapo_eval_gives_its_numbers(tmp_path, tiny_math_model_path, capsys):
     # stapo-eval with the recorded settings gives the same numbers to the last digit. It said 40.4 % where stapo-train
     # said 44.8 % for one model: a seed offset per benchmark and decoding, another batch size, its own averaging.
-    from stapo_trl.cli.eval import main as stapo_eval
-    from stapo_trl.cli.train import main
-
     out = tmp_path / "run"
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
     argv += ["--max_steps", "1", "--save_strategy", "no", "--max_train_samples", "64"]
@@ -92,12 +91,6 @@ def test_eval_json_records_its_settings_and_stapo_eval_gives_its_numbers(tmp_pat
 
 @pytest.mark.slow  # three runs of 8, 6 and 0 steps with their figures (~15 s)
 def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch, capsys):
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from stapo_trl.cli.train import main
-    from stapo_trl.run_folder.logs import read_metrics
-
     resumed_from = []
     original_train = transformers.Trainer.train
 
@@ -171,13 +164,6 @@ def test_a_resume_inside_a_rollout_batch_ends_as_the_uninterrupted_run(tmp_path,
     """Checkpoint-2 is 2 of the demo's 4 updates into a rollout batch: the resumed run trains on the same completions
     (the rollout saved with the checkpoint) and ends with the same weights and rows. Before, it generated a new
     rollout batch and ended with other weights."""
-    import shutil
-
-    from safetensors.torch import load_file
-
-    from stapo_trl.cli.train import main
-    from stapo_trl.run_folder.logs import read_metrics
-
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, *SMALL_RUN]
     argv += ["--max_steps", "6", "--save_steps", "2", "--save_total_limit", "3", "--eval_before_after", "false"]
     main([*argv, "--output_dir", str(tmp_path / "run")])

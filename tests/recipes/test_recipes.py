@@ -5,15 +5,26 @@ from __future__ import annotations
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from testing_utils import GRPO_RECIPE, RECIPES_DIR, REPO, STAPO_RECIPE, run_card_quick_start
+from trl import ModelConfig, get_peft_config
+
+from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.cli.args import parse_args
+from stapo_trl.cli.dry_run import dry_run_recipe, read_launch_settings
+from stapo_trl.cli.run import prepare
+from stapo_trl.cli.script_args import STAPOScriptArguments
+from stapo_trl.data import INSTRUCTION
 
 
 RECIPES = sorted(p for p in RECIPES_DIR.rglob("*.yaml") if "accelerate_configs" not in p.parts)
@@ -40,8 +51,6 @@ def _rel(path: Path) -> str:
 
 
 def _intended_processes(path: Path) -> int:
-    from stapo_trl.cli.dry_run import read_launch_settings
-
     launch = read_launch_settings(str(path))
     if "num_processes" in launch:
         return int(launch["num_processes"])
@@ -65,8 +74,6 @@ def test_the_recipe_tree_is_complete():
 
 @pytest.mark.parametrize("recipe", [_recipe_param(p) for p in RECIPES])
 def test_recipe_passes_its_dry_run(recipe):
-    from stapo_trl.cli.dry_run import dry_run_recipe
-
     report = dry_run_recipe(["--config", str(recipe)], _intended_processes(recipe))
     assert report.ok, report.summary()
     assert report.generation_batch_size % report.num_generations == 0
@@ -88,8 +95,6 @@ README_BATCH_TABLE = [
 
 @pytest.mark.parametrize("recipe,num_processes,overrides", README_BATCH_TABLE)
 def test_readme_batch_table_keeps_the_paper_geometry(recipe, num_processes, overrides):
-    from stapo_trl.cli.dry_run import dry_run_recipe
-
     report = dry_run_recipe(["--config", str(RECIPES_DIR / recipe), *overrides], num_processes)
     assert report.ok, report.summary()
     # Paper: 256 prompts x 8 rollouts per rollout step, 64-prompt mini-batches, 4 updates per rollout step.
@@ -104,8 +109,6 @@ def test_readme_batch_table_keeps_the_paper_geometry(recipe, num_processes, over
 
 
 def test_dry_run_warns_when_a_paper_recipe_runs_at_another_geometry():
-    from stapo_trl.cli.dry_run import dry_run_recipe
-
     # The 1.7B recipe is laid out for 4 training processes; on 8 without new batch settings it doubles the batch.
     report = dry_run_recipe(["--config", str(RECIPES_DIR / "Qwen3-1.7B" / "stapo.yaml")], 8)
     assert report.ok
@@ -113,8 +116,6 @@ def test_dry_run_warns_when_a_paper_recipe_runs_at_another_geometry():
 
 
 def test_qwen3_recipes_launch_lines_match_their_arithmetic():
-    from stapo_trl.cli.dry_run import read_launch_settings
-
     for model in QWEN3_MODELS:
         for method in METHODS:
             path = RECIPES_DIR / model / f"{method}.yaml"
@@ -130,10 +131,6 @@ def test_qwen3_recipes_launch_lines_match_their_arithmetic():
 
 
 def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
-    from stapo_trl import STAPOConfig
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.data import INSTRUCTION
-
     script, args, model = parse_args(["--config", str(RECIPES_DIR / "Qwen3-1.7B" / "stapo.yaml"), "--use_cpu", "true"])
     assert isinstance(args, STAPOConfig) and not model.use_peft
     assert INSTRUCTION == "Please reason step by step, and put your final answer within \\boxed{}."
@@ -167,10 +164,6 @@ def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
 
 
 def test_gradient_checkpointing_uses_the_transformers_5_name_without_warning():
-    import warnings
-
-    from stapo_trl.cli.args import parse_args
-
     for model in QWEN3_MODELS:
         raw = _raw(RECIPES_DIR / model / "stapo.yaml")
         assert raw["activation_checkpointing"] is True and "gradient_checkpointing" not in raw
@@ -308,8 +301,6 @@ STUB_ACCELERATE = textwrap.dedent(
 
 @pytest.mark.slow  # bash, and the dry run in a new Python process (~6 s)
 def test_launch_starts_the_server_waits_for_health_trains_and_stops_the_server(tmp_path):
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -358,13 +349,6 @@ def test_launch_fails_clearly_when_the_server_dies(tmp_path):
 
 
 def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path):
-    import torch
-    from trl import get_peft_config
-
-    from stapo_trl import STAPOTrainer
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.run import prepare
-
     script, args, model_args = parse_args([
         "--config", str(RECIPES_DIR / "demo" / "stapo_lora.yaml"),
         "--model_name_or_path", tiny_math_model_path, "--output_dir", str(tmp_path / "lora"),
@@ -403,12 +387,6 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
 
 
 def test_demo_recipes_parse_into_the_right_classes():
-    from trl import ModelConfig
-
-    from stapo_trl import STAPOConfig
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.script_args import STAPOScriptArguments
-
     script_args, a, model_args = parse_args(["--config", STAPO_RECIPE])
     assert isinstance(script_args, STAPOScriptArguments) and isinstance(model_args, ModelConfig)
     assert type(a) is STAPOConfig and model_args.model_name_or_path == "builtin:tiny-math"
@@ -427,8 +405,6 @@ def test_demo_recipes_parse_into_the_right_classes():
 
 
 def test_accelerate_configs_are_what_they_claim():
-    import yaml
-
     configs = {p.stem: yaml.safe_load(p.read_text()) for p in (RECIPES_DIR / "accelerate_configs").glob("*.yaml")}
     assert set(configs) >= {"ddp", "zero2", "zero3", "cpu_2proc", "zero2_cpu_2proc", "zero3_cpu_2proc"}
     for name in ("ddp", "zero2", "zero3"):
