@@ -1,9 +1,5 @@
-"""`--help`, `--version` and the input errors that need no model answer at once, with nothing but their own output.
-
-The reported case: `stapo-train --config /nonexistent.yaml` imported the whole training stack (~10 s) and printed
-DeepSpeed's "Setting accelerator to CPU" line before its one-line error. In a fresh process, as a user types it, "at
-once" means that torch was never imported (checked at exit); the line counts are exact.
-"""
+"""`--help`, `--version` and the input errors that need no model answer at once (no torch import), with nothing but
+their own output. Reported: `stapo-train --config /nonexistent.yaml` imported the training stack (~10 s) first."""
 
 import importlib
 import os

@@ -22,7 +22,6 @@ from stapo_trl.cli.figures import (
     plot_top_tokens,
 )
 from stapo_trl.cli.plot import main
-from stapo_trl.cli.plot import main as plot_main
 
 
 def test_stapo_plot_draws_seed_folders_and_writes_where_out_says(tmp_path, capsys):
@@ -35,15 +34,15 @@ def test_stapo_plot_draws_seed_folders_and_writes_where_out_says(tmp_path, capsy
         (tmp_path / "cmp" / arm / f"seed{seed}").mkdir(parents=True)
         write_jsonl(tmp_path / "cmp" / arm / f"seed{seed}" / "metrics.jsonl", rows)
     # Two folders of seeds, overlaid (mean with a min/max band): the stapo-train compare layout.
-    plot_main([str(tmp_path / "cmp" / "grpo"), str(tmp_path / "cmp" / "stapo"), "--out", str(tmp_path / "c.png")])
+    main([str(tmp_path / "cmp" / "grpo"), str(tmp_path / "cmp" / "stapo"), "--out", str(tmp_path / "c.png")])
     assert os.path.getsize(tmp_path / "c.png") > 10_000 and (tmp_path / "s2t_ratios.png").is_file()
     assert capsys.readouterr().out.splitlines() == [f"Wrote {tmp_path / name}" for name in ("c.png", "s2t_ratios.png")]
     run = write_metrics_run(tmp_path / "run")
-    plot_main([run])  # one run: the PNG goes next to its metrics.jsonl
+    main([run])  # one run: the PNG goes next to its metrics.jsonl
     assert os.path.getsize(tmp_path / "run" / "training_curves.png") > 10_000
-    plot_main([run, "--out", str(tmp_path / "figs" / "run0")])  # a folder (no suffix): created, the curves inside
+    main([run, "--out", str(tmp_path / "figs" / "run0")])  # a folder (no suffix): created, the curves inside
     assert (tmp_path / "figs" / "run0" / "training_curves.png").is_file()
-    plot_main([run, "--out", str(tmp_path / "curves.svg")])  # another figure suffix: a file in that format
+    main([run, "--out", str(tmp_path / "curves.svg")])  # another figure suffix: a file in that format
     assert (tmp_path / "curves.svg").read_text().lstrip().startswith("<?xml")
     (tmp_path / "runs.v2").mkdir()  # an existing folder with a dot in its name is a folder
     assert _curves_file([run], str(tmp_path / "runs.v2")) == str(tmp_path / "runs.v2" / "training_curves.png")
@@ -51,9 +50,9 @@ def test_stapo_plot_draws_seed_folders_and_writes_where_out_says(tmp_path, capsy
         _curves_file([run], "upper.PNG") == "upper.PNG" and _curves_file([run, run], None) == "./training_curves.png"
     )
     with pytest.raises(SystemExit, match="stapo-plot: error: No metrics.jsonl"):
-        plot_main([str(tmp_path / "cmp")])
+        main([str(tmp_path / "cmp")])
     with pytest.raises(SystemExit) as excinfo:  # a window of -3 steps was accepted
-        plot_main([run, "--smoothing", "-3"])
+        main([run, "--smoothing", "-3"])
     assert excinfo.value.code == 2
 
 
