@@ -66,6 +66,7 @@ def test_stapo_train_prints_a_line_per_logging_step_and_lists_the_files(tmp_path
     assert len(rows) == 2 and len(rows[0]) > 30  # the full metrics are in the file
 
 
+@pytest.mark.slow  # trains 3 steps (~2.5 s); the GRPO line in-process: test_format_log_line
 def test_grpo_baseline_line_has_no_silenced_ratio_and_the_dicts_can_come_back(tmp_path, tiny_math_model_path, capsys):
     config = GRPOConfig(
         output_dir=str(tmp_path / "grpo"), max_steps=2, logging_steps=1, per_device_train_batch_size=8,
@@ -97,8 +98,10 @@ def test_grpo_baseline_line_has_no_silenced_ratio_and_the_dicts_can_come_back(tm
         ({"eval_rewards/math_accuracy_reward/mean": 0.4125, "eval_runtime": 3.2, "epoch": 0.1}, 100,
          "step 100/500  eval  rewards/math_accuracy_reward/mean 0.412"),
         ({"my_metric": 3, "epoch": 0.2}, 7, "step 7/500  my_metric 3"),
+        ({"reward": 0.25, "entropy": 0.5, "loss": 0.1}, 3, "step 3/500  reward 0.250  entropy 0.500"),
     ],
-    ids=["stapo", "nothing-silenced", "end", "stopped-early", "stopped-before-a-step", "benchmark-eval", "caller-log"],
+    ids=["stapo", "nothing-silenced", "end", "stopped-early", "stopped-before-a-step", "benchmark-eval", "caller-log",
+         "grpo"],
 )  # fmt: skip
 def test_format_log_line(logs, step, expected):
     assert format_log_line(logs, step, 500) == expected
@@ -106,7 +109,11 @@ def test_format_log_line(logs, step, expected):
 
 @pytest.mark.parametrize(
     "signum, bar",
-    [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGUSR1, True)],
+    [
+        (signal.SIGINT, False),
+        pytest.param(signal.SIGTERM, False, marks=pytest.mark.slow),
+        pytest.param(signal.SIGUSR1, True, marks=pytest.mark.slow),
+    ],  # the other signals: the same path, ~1.5 s each
     ids=["SIGINT", "SIGTERM", "SIGUSR1-progress-bar"],
 )
 def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_model_path, capsys, signum, bar):
@@ -159,7 +166,7 @@ class _CtrlCTwice(TrainerCallback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
-@pytest.mark.parametrize("second", ["before-the-save", "after-the-save"])
+@pytest.mark.parametrize("second", [pytest.param("before-the-save", marks=pytest.mark.slow), "after-the-save"])
 def test_a_second_ctrl_c_says_whether_the_checkpoint_is_saved(
     tmp_path, tiny_math_model_path, monkeypatch, capsys, second
 ):
