@@ -1,6 +1,4 @@
-"""The figures (`stapo_trl.cli.figures`): every figure of a real short run, values drawn from hand-written
-`metrics.jsonl` rows (seeds averaged, ratios of counts pooled as the accuracy table pools them), and readable token
-labels."""
+"""The figures: every figure of a real short run, values drawn from hand-written rows, readable token labels."""
 
 import warnings
 
@@ -72,10 +70,6 @@ def test_without_token_records_only_the_metric_figures_are_drawn(tmp_path):
     assert ratio.get_label() == "run, 0 at 1/2 logged steps"
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Seeds: linear curves averaged with a min/max band, ratios of counts pooled
-# ----------------------------------------------------------------------------------------------------------------
-
 # Two seeds, two logging steps. Step 4: seed 0 silences 1 of 100 loss tokens (ratio 0.01), seed 1 none of 900 (0):
 # pooled 1 / 1000 = 0.001, where the mean of the two ratios is 0.005. Step 8: 0 of 100 and 3 of 300 (0.01): pooled
 # 3 / 400 = 0.0075 (mean 0.005). Candidates: step 4, 2 + 0 of 1000 = 0.002 (mean 0.01); step 8, 0 + 6 of 400 = 0.015
@@ -137,11 +131,6 @@ def test_pooled_ratio_skips_steps_without_counts_and_zero_denominators():
     seeds[0].append({"step": 3, "s2t/silenced_ratio": float("nan")})
     steps, values, note = seed_values(seeds, "s2t/silenced_ratio")
     assert steps == [2] and values.mean(axis=0).tolist() == [pytest.approx(0.2)] and note == " (2 seeds)"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Readable token labels, integer counts
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def test_token_bytes_and_readable_labels_of_hand_made_vocabularies():
