@@ -1,7 +1,4 @@
-"""Parsing a `stapo-train` command line (`stapo_trl.cli.args`, `stapo_trl.cli.script_args`): the recipe, read once,
-and the flags that override it; the defaults a `trainer: grpo` recipe gets; one set of value checks with the Python
-API (the configs' `__post_init__`), behind the flag or the recipe key and file that set the value; unknown keys and
-flags with their closest fields. No model is built."""
+"""Parsing `stapo-train`: the recipe read once, the flags that win, one set of value checks behind the flag or key."""
 
 from __future__ import annotations
 

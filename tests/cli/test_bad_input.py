@@ -1,6 +1,4 @@
-"""Input that ended `stapo-train` or `stapo-eval` with a traceback, or was taken silently, found by a probe of a user's
-mistakes; each is now one line naming the key, file, line, function or step. For each kind: the measured case, then
-two more."""
+"""Input that ended a command with a traceback, or was taken silently: one line each (the measured case, two more)."""
 
 from __future__ import annotations
 

@@ -117,9 +117,8 @@ def test_format_log_line(logs, step, expected):
     ids=["SIGINT", "SIGTERM", "SIGUSR1-progress-bar"],
 )
 def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_model_path, capsys, signum, bar):
-    """A notebook: the interrupt is caught, and the same trainer object resumes from its checkpoint to the end. Before,
-    SIGTERM and SIGUSR1 ended the process at once (here: pytest itself). Reported: after Ctrl-C the console said
-    `training done at step 30` just before `Interrupted at step 30`."""
+    """A notebook: the interrupt is caught and the same trainer resumes to the end (reported: the console said
+    `training done at step 30` just before `Interrupted at step 30`)."""
     config = tiny_stapo_config(
         tmp_path / "out", max_steps=4, logging_steps=1, per_device_train_batch_size=8, num_generations=4,
         max_completion_length=16, disable_tqdm=not bar,

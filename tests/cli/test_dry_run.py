@@ -1,6 +1,4 @@
-"""`stapo-train --dry-run` (`stapo_trl.cli.dry_run`): the batch geometry by hand, the plan's numbers and valid values,
-the trainer's own warnings, and the run's own steps before its model (`stapo_trl.cli.prepare`): what the run refuses,
-the dry run refuses. The recipes' own dry runs are in `tests/recipes/`."""
+"""`stapo-train --dry-run`: the batch geometry by hand, the plan's numbers, and what the run refuses it refuses."""
 
 from __future__ import annotations
 

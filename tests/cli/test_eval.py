@@ -1,6 +1,4 @@
-"""`stapo-eval` (`stapo_trl.cli.eval`): every input error in one line before the model loads, the command end to end on
-the tiny model and its resume, one accuracy per model and settings (stapo-train's evaluation samples the same),
-`--compare`, where the results go, and where a rerun of `stapo-train` writes its evaluation."""
+"""`stapo-eval`: input errors before the model loads, end to end and resumed, one accuracy per settings, `--compare`."""
 
 import importlib.util
 import json
@@ -155,9 +153,8 @@ def test_a_results_file_of_the_old_seeding_is_not_resumed(tiny_math_model_path, 
 
 
 def test_stapo_eval_samples_what_the_training_evaluation_samples(tiny_math_model_path, tmp_path):
-    # stapo-eval added crc32("tiny-math/t1.0-p1.0") to --seed, stapo-train's evaluation seeded with its seed alone, and
-    # each drew from one RNG stream batch by batch: --batch-size 1 and 8 gave other samples. The training loop below is
-    # the call of stapo_trl.cli.run.evaluate_trainer_model (hf_generate, eval_batch_size x k per call).
+    # stapo-eval's seed had a per-benchmark offset and each batch size drew other samples; the loop below is
+    # stapo_trl.cli.run.evaluate_trainer_model's call.
     argv = f"--model {tiny_math_model_path} --benchmarks tiny-math --backend hf --limit 3 --decoding t1.0-p1.0"
     argv += " --samples 2 --max-new-tokens 48 --seed 3 --save-completions --batch-size 1 --output"
     assert main([*argv.split(), str(tmp_path / "r.json")]) == 0

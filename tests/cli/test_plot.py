@@ -1,6 +1,4 @@
-"""`stapo-plot` (`stapo_trl.cli.plot`): single runs and folders of seeds, `--out` as a folder or a figure file, and
-broken run folders (a corrupt or empty metrics.jsonl, broken token records, an unknown figure extension): one warning
-or one error line each."""
+"""`stapo-plot`: runs and seed folders, `--out`, and broken run folders (one warning or one error line each)."""
 
 from __future__ import annotations
 

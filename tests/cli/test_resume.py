@@ -1,7 +1,4 @@
-"""Resuming a `stapo-train` run (`stapo_trl.cli.prepare`): a checkpoint trained with other settings (S2T values,
-objective, optimizer, PEFT, model, rewards, prompt format, data) is refused before the model is built, while the way a
-run is executed may change; `resume_from_checkpoint` must name a complete checkpoint; the newest complete checkpoint is
-resumed, in one line that names those skipped and the damage, before any model; no file of a checkpoint runs code."""
+"""Resuming `stapo-train`: other settings refused before the model, the newest complete checkpoint, no code run."""
 
 from __future__ import annotations
 
@@ -19,8 +16,7 @@ from stapo_trl.run_folder.checkpoints import check_checkpoint
 
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory, tiny_math_model_path):
-    """A real two-step `stapo-train` run with checkpoint-1 and checkpoint-2, on a local file of 8 problems whose rows
-    have a second answer column: (its folder, its argv without `--output_dir`). Each test resumes a copy of it."""
+    """A two-step run with checkpoint-1 and -2 on a local file with a second answer column: (folder, argv)."""
     from stapo_trl.cli.train import main
 
     folder = tmp_path_factory.mktemp("resume")
@@ -61,12 +57,10 @@ def _copy_of(run, tmp_path):
 @pytest.mark.parametrize(
     "changed, expected",
     [
-        # Reported: "Resuming training from o7/checkpoint-17, the newest complete checkpoint.", then this refusal,
-        # after the dataset was read and filtered.
+        # Reported: refused after "Resuming training from ...", once the dataset was read and filtered.
         (["--learning_rate", "2e-4"], "learning_rate 0.0001 -> 0.0002"),
         (["--learning_rate", "5e-4", "--s2t_mode", "all_low_prob"], "s2t_mode 'low_entropy' -> 'all_low_prob'"),
-        # Reported: the README's own-data command, run after `make demo` without its own output_dir, resumed the
-        # finished demo run, trained nothing on the user's data and exited 0 with the demo model's accuracy.
+        # Reported: the README's own-data command after `make demo` resumed the demo run and trained nothing.
         (["--dataset_name", "DATA"], "dataset_name 'RUN_DATA' -> 'DATA'"),
         (
             ["--reward_funcs", "math_accuracy", "format"],
@@ -76,8 +70,7 @@ def _copy_of(run, tmp_path):
         (["--use_peft", "true"], "peft None -> {"),
         # Measured: a float32 run resumed in bfloat16 without a word, and saved a bfloat16 model.
         (["--dtype", "bfloat16"], "dtype 'float32' -> 'bfloat16'"),
-        # Measured: `--instruction ""` resumed, and the reward fell to 0 from the resumed step; another solution column
-        # and a data file rewritten under the same path resumed without a word.
+        # Measured: `--instruction ""`, another solution column, a rewritten data file resumed without a word.
         (["--instruction", ""], "instruction 'Please reason step by step, and put your final answer within "),
         (["--solution_column", "answer2"], "solution_column 'answer' -> 'answer2'"),
         ("rewrite", "dataset_sha256 '"),
@@ -93,8 +86,6 @@ def test_resume_with_other_settings_is_refused_before_the_data_and_the_model(
     one_step_run, tmp_path, no_model_built, no_data_read, caplog, tiny_math_model_path, tiny_random_model_path, changed,
     expected,
 ):  # fmt: skip
-    # A checkpoint trained with other settings is not resumed: the run would mix them, the card would state the new
-    # values only, or transformers would fail on another optimizer's state.
     from stapo_trl.cli.train import main
 
     out, argv = one_step_run
@@ -157,9 +148,7 @@ def test_a_damaged_newest_checkpoint_and_other_settings_say_no_resume(
 
 
 def test_resume_with_other_execution_settings_trains_on(one_step_run, tmp_path):
-    """More steps, other logging, saving and threads, and another batch layout (as on another GPU count: the same
-    16 completions per update, 64 per rollout batch) resume from the checkpoint: how a run is executed, not what it
-    optimizes."""
+    """How a run is executed (steps, logging, saving, threads, batch layout of the same geometry) may change."""
     from stapo_trl.cli.train import main
 
     out, argv = one_step_run
@@ -185,9 +174,7 @@ def _checkpoint(folder, step, *, without=()):
     "where", ["nowhere", "a-file", "the-run-folder", "cut-short", "no-optimizer", "model-cut", "hostile-rng"]
 )
 def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_model_built, tmp_path, capsys, where):
-    # Reported: a path that does not exist passed the dry run, and the run raised transformers' ValueError with a
-    # traceback (exit 1) after building the model and evaluating it; a checkpoint without optimizer.pt resumed with a
-    # fresh optimizer, silently; a cut model file stopped in safetensors, after the model was built.
+    # Reported: a missing path or a cut model failed after the model was built; no optimizer.pt resumed silently.
     from stapo_trl.cli.train import main
 
     run = tmp_path / "run"
@@ -228,9 +215,6 @@ def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_m
     check_checkpoint(str(run / "checkpoint-4"), "resume_from_checkpoint")
 
 
-# The damages measured on main (each rerun: "Resuming from checkpoint-20, the newest complete checkpoint", then a
-# traceback in transformers, every time; or a fresh optimizer without scheduler.pt), and the cut-short saves and
-# strays found before.
 RERUN_DAMAGES = {  # each kind of damage: tests/run_folder/test_checkpoints.py; here, what stapo-train says of it
     "no-trainer-state": ("trainer_state.json", "no trainer_state.json: its save did not finish"),
     "empty-stray": (None, "empty"),
@@ -242,9 +226,7 @@ RERUN_DAMAGES = {  # each kind of damage: tests/run_folder/test_checkpoints.py; 
 def test_stapo_train_resumes_the_newest_complete_checkpoint_in_one_line_before_the_model(
     two_step_run, tmp_path, no_model_built, caplog, damage
 ):
-    # Reported: each rerun took the highest-numbered folder (a save cut short by a kill or a full disk, an empty
-    # checkpoint-999/, a file cut or overwritten) and died after the model was built and evaluated; the complete
-    # checkpoint beside it was unused.
+    # Reported: each rerun took the highest-numbered folder, damaged or empty, and died after the model was built.
     from stapo_trl.cli.train import main
 
     run, argv = two_step_run
@@ -303,9 +285,7 @@ def test_a_hostile_training_args_bin_runs_no_code_on_resume_from_checkpoint(one_
 def test_a_finished_run_without_a_complete_checkpoint_is_refused_not_retrained(
     one_step_run, tmp_path, no_model_built, caplog, case
 ):
-    # Reported: a finished run whose only checkpoint was damaged, rerun with more steps, trained from the base model
-    # again, exited 0 and overwrote the run's final model. Without a checkpoint to resume (none saved, or none whole), a
-    # folder holding a trained model is refused in one line and keeps its files.
+    # Reported: a finished run with a damaged only checkpoint retrained from the base model and overwrote its model.
     from stapo_trl.cli.train import main
 
     out, argv = one_step_run
@@ -333,8 +313,7 @@ def test_a_finished_run_without_a_complete_checkpoint_is_refused_not_retrained(
 
 
 def test_an_interrupt_outside_a_stop_signals_save_tells_what_was_saved(two_step_run, tmp_path):
-    # Reported: Ctrl-C twice, 0.3 s apart: checkpoint-33 was saved, and the last line said "interrupted (outside
-    # training: nothing to save)", with no resume command. The line is told from the run folder, not from the moment.
+    # Reported: checkpoint-33 was saved and the last line said "nothing to save": it is told from the run folder.
     run, argv = two_step_run
     out = _copy_of(run, tmp_path)
     argv = [*argv, "--output_dir", str(out)]

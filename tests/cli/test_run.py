@@ -1,5 +1,4 @@
-"""Where a run's files go (`stapo_trl.cli.run`): a finished run's eval.json is never replaced, by a resumed run
-nor by a rerun with nothing left to train."""
+"""A run's results: eval.json is never replaced; the console and the card name what the evaluation measured."""
 
 from __future__ import annotations
 
@@ -38,9 +37,8 @@ def test_rerun_into_a_finished_run_keeps_its_eval_json(tmp_path, tiny_math_model
     main(argv)
     first = (out / "eval.json").read_bytes()
     assert json.loads(first)["global_step"] == 1
-    # Rerun with another max_steps: it resumes and trains on; the first results stay, the new ones go beside them.
-    # The resume shows neither known-harmless upstream message (every resume printed both): the tied lm_head's
-    # "missing keys" and the is_gradient_checkpointing FutureWarning.
+    # A rerun with more steps: the new results go beside the first, without the tied lm_head's "missing keys" line
+    # and the is_gradient_checkpointing FutureWarning (every resume printed both).
     records = LogRecords()
     handler = records.handler()
     logging.getLogger("transformers.trainer").addHandler(handler)

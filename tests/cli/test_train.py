@@ -108,8 +108,7 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
     argv = ["--config", recipe, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), *SMALL_RUN]
     argv += ["--hub_token", tokens[0]]
 
-    # First run: 8 steps, checkpoints at steps 4 and 8, everything written; the in-training benchmark evaluation
-    # (TRL's evaluation on the built-in task's problems) at step 8.
+    # First run: 8 steps, checkpoints at 4 and 8, TRL's in-training benchmark evaluation at step 8.
     benchmark = ["--benchmark_eval", "tiny-math", "--benchmark_eval_steps", "8", "--benchmark_eval_limit", "8"]
     main([*argv, *benchmark, "--benchmark_eval_samples", "2"])
     assert resumed_from == [None]
@@ -131,9 +130,7 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
     logits = model(**tokenizer(["12+34"], return_tensors="pt")).logits  # (1, T, V)
     assert logits.shape[-1] == model.config.vocab_size
 
-    # Second run, same folder, more steps: it resumes from the last checkpoint and the global step continues. 14 is
-    # not a multiple of logging_steps: steps 13-14 (a new rollout batch, so a new mask) are logged by the end-of-run
-    # summary, and become step 14's row.
+    # Second run, more steps: resumed from checkpoint-8; steps 13-14 (not a logging step) become step 14's row.
     main([*argv, "--max_steps", "14", "--eval_before_after", "false"])
     assert resumed_from[-1] is not None and resumed_from[-1].endswith("checkpoint-8")
     state = json.loads((out / "trainer_state.json").read_text())
@@ -144,8 +141,7 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
     summary = json.loads((out / "train_results.json").read_text())
     assert None not in summary.values() and "train_runtime" in summary
 
-    # Third run, same folder, same max_steps, as if the last run had stopped after its final checkpoint: nothing
-    # left to train; the checkpoint is saved as the final model and the run ends normally at step 14.
+    # Third run, as if stopped after its final checkpoint: nothing to train, the checkpoint is the final model.
     (out / "model.safetensors").unlink()
     main([*argv, "--max_steps", "14", "--eval_before_after", "false"])
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 14
@@ -161,9 +157,7 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
 
 @pytest.mark.slow  # two stapo-train runs of 6 steps, with the command's files and figures (~20 s on 2 cores)
 def test_a_resume_inside_a_rollout_batch_ends_as_the_uninterrupted_run(tmp_path, tiny_math_model_path):
-    """Checkpoint-2 is 2 of the demo's 4 updates into a rollout batch: the resumed run trains on the same completions
-    (the rollout saved with the checkpoint) and ends with the same weights and rows. Before, it generated a new
-    rollout batch and ended with other weights."""
+    """Checkpoint-2 is inside a rollout batch: the resumed run trains on the saved rollout and ends bitwise equal."""
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, *SMALL_RUN]
     argv += ["--max_steps", "6", "--save_steps", "2", "--save_total_limit", "3", "--eval_before_after", "false"]
     main([*argv, "--output_dir", str(tmp_path / "run")])

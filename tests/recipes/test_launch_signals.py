@@ -1,10 +1,5 @@
-"""scripts/launch.sh passes stop signals on to training: SIGUSR1 (Slurm's time-limit warning, which slurm/train.slurm
-passes to it) always, SIGTERM outside a Slurm job (inside one, Slurm signals every process itself: passing it on
-would deliver it twice). It then exits with 128 + the signal's number.
-
-Stand-ins for the server (a folder served over HTTP, whose file `health` answers GET /health) and for training (a
-Python process that records the signals it gets); the test waits for training's "started" record, never on time.
-"""
+"""scripts/launch.sh passes SIGUSR1 always, SIGTERM outside a Slurm job, on to training and exits 128 + its number;
+stand-ins for the server and for training, which records the signals it gets."""
 
 from __future__ import annotations
 
