@@ -23,10 +23,9 @@ SCRIPT_RESUME_HINT = (
 
 
 class SaveOnSignal(TrainerCallback):
-    """On the first of [`STOP_SIGNALS`] (SIGUSR1: Slurm's warning before the time limit), save a checkpoint at the
-    next step boundary (on every rank: the signal is all-reduced each step), stop, and raise at `on_train_end`
+    """On the first of [`STOP_SIGNALS`], save a checkpoint at the next step boundary on every rank, stop, and raise
     `KeyboardInterrupt("Interrupted by SIGTERM at step N: checkpoint saved to DIR. <resume_hint>")` with `signal`,
-    `step` and `checkpoint` (add it last). A repeated SIGTERM or SIGUSR1 changes nothing; a second Ctrl-C exits 130."""
+    `step` and `checkpoint` at `on_train_end` (add it last); a second Ctrl-C exits 130 at once."""
 
     def __init__(self, resume_hint: str = SCRIPT_RESUME_HINT):
         self.resume_hint, self.signal, self._received, self._previous, self.checkpoint = resume_hint, 0, 0, {}, None

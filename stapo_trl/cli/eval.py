@@ -1,13 +1,5 @@
-r"""`stapo-eval`: the paper's evaluation protocol (STAPO Sec. 4): AIME24, AIME25, AMC23 at avg@32, MATH-500, Minerva
-Math, OlympiadBench at avg@4, up to 20,480 new tokens, at T 1.0 / top-p 1.0 and T 0.7 / top-p 0.9, with pass@k.
-
-    stapo-eval --model outputs/demo-stapo --decoding paper --backend vllm --output results/stapo.json  # on a GPU
-    stapo-eval --model builtin:tiny-math --benchmarks tiny-math --backend hf --max-new-tokens 48       # CPU, seconds
-    stapo-eval --compare results/grpo.json results/stapo.json    # side by side, relative gains (b - a) / a
-
-Everything is checked before the model loads (one `stapo-eval: error:` line, status 2). A results file is resumed
-(finished (benchmark, decoding) pairs skipped; one of other settings refused) and rewritten after each pair.
-"""
+r"""`stapo-eval`: the paper's evaluation protocol (STAPO Sec. 4), avg@N and pass@k of a model on its math benchmarks,
+checked before the model loads; a results file is resumed pair by pair (docs/cli.md)."""
 
 from __future__ import annotations
 

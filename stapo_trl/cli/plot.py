@@ -1,11 +1,4 @@
-"""`stapo-plot`: the figures of `stapo-train` output folders ([`stapo_trl.cli.figures`]).
-
-    stapo-plot outputs/demo-stapo                                  # -> outputs/demo-stapo/training_curves.png
-    stapo-plot outputs/demo-grpo outputs/demo-stapo --out cmp.png  # runs overlaid
-    stapo-plot outputs/compare/grpo outputs/compare/stapo          # folders of seeds: mean with a min/max band
-
-The S2T figures (`s2t_*.png`) go beside the training curves.
-"""
+"""`stapo-plot`: the figures of `stapo-train` output folders or folders of seeds ([`stapo_trl.cli.figures`])."""
 
 from __future__ import annotations
 
