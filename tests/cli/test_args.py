@@ -137,15 +137,6 @@ def test_the_api_and_the_cli_give_the_same_message_behind_the_flag(tmp_path, fie
     assert cli.startswith(f"--{field}") and cli.endswith(f": {api}"), cli
 
 
-@pytest.mark.parametrize("field, flag_value, value, message", CASES[:3], ids=IDS[:3])
-def test_a_recipe_value_gets_the_same_message_behind_its_key(tmp_path, field, flag_value, value, message):
-    recipe = write_recipe(tmp_path, f"{field}: {flag_value}")
-    assert _cli_error(["--config", recipe, "--output_dir", str(tmp_path)]) == (
-        f"recipe key {field} in {recipe}: {message} Fix the value in the recipe, or override it on the command line "
-        f"with --{field}."
-    )
-
-
 def test_trainer_grpo_gets_the_same_checks(tmp_path):
     # A plain GRPOConfig has none of STAPOConfig's checks: the parser runs the same function on its raw values; where
     # GRPOConfig refuses a value itself (num_generations), its own words stand, without STAPOConfig's fix.

@@ -170,9 +170,7 @@ def _checkpoint(folder, step, *, without=()):
     return folder
 
 
-@pytest.mark.parametrize(
-    "where", ["nowhere", "a-file", "the-run-folder", "cut-short", "no-optimizer", "model-cut", "hostile-rng"]
-)
+@pytest.mark.parametrize("where", ["nowhere", "a-file", "the-run-folder", "cut-short", "no-optimizer"])
 def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_model_built, tmp_path, capsys, where):
     # Reported: a missing path or a cut model failed after the model was built; no optimizer.pt resumed silently.
     from stapo_trl.cli.train import main
@@ -181,24 +179,14 @@ def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_m
     shutil.copytree(one_step_run[0] / "checkpoint-1", run / "checkpoint-4")
     _checkpoint(run / "checkpoint-8", 8, without=["trainer_state.json"])
     _checkpoint(run / "checkpoint-12", 12, without=["optimizer.pt"])
-    shutil.copytree(one_step_run[0] / "checkpoint-1", run / "checkpoint-16")
-    model = run / "checkpoint-16" / "model.safetensors"
-    model.write_bytes(model.read_bytes()[:50_000])
-    shutil.copytree(one_step_run[0] / "checkpoint-1", run / "checkpoint-20")
-    marker = tmp_path / "code-ran"
-    write_hostile_pickle(run / "checkpoint-20" / "rng_state.pth", marker)
-    for step in (4, 16, 20):  # the copies of checkpoint-1 under other numbers: their state says the same step
-        state = run / f"checkpoint-{step}" / "trainer_state.json"
-        state.write_text(json.dumps(json.loads(state.read_text()) | {"global_step": step}))
+    state = run / "checkpoint-4" / "trainer_state.json"  # a copy of checkpoint-1: its state says step 4
+    state.write_text(json.dumps(json.loads(state.read_text()) | {"global_step": 4}))
     (tmp_path / "a-file").write_text("not a checkpoint")
     path = {"nowhere": tmp_path / "nowhere", "a-file": tmp_path / "a-file", "the-run-folder": run}.get(where)
-    folders = {"cut-short": "checkpoint-8", "no-optimizer": "checkpoint-12", "model-cut": "checkpoint-16"}
-    path = path or run / (folders | {"hostile-rng": "checkpoint-20"})[where]
+    path = path or run / {"cut-short": "checkpoint-8", "no-optimizer": "checkpoint-12"}[where]
     expected = {"nowhere": "does not exist", "a-file": "is a file", "the-run-folder": "give one of its checkpoints"}
     expected |= {"cut-short": "is not a complete checkpoint (no trainer_state.json: its save did not finish)"}
     expected |= {"no-optimizer": "is not a complete checkpoint (no optimizer state (optimizer.pt))"}
-    expected |= {"model-cut": "is not a complete checkpoint (model.safetensors damaged: incomplete metadata, "}
-    expected |= {"hostile-rng": "is not a complete checkpoint (rng_state.pth refused by a safe load: Trying to load "}
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", str(path)]
     argv += ["--max_train_samples", "64"]  # why: the dry run goes on to count the prompts
     assert dry_run_main(argv) == 2
@@ -210,7 +198,7 @@ def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_m
     assert line.startswith(f"stapo-train: error: resume_from_checkpoint='{path}' ") and expected[where] in line, line
     if where == "the-run-folder":
         assert "(checkpoint-4)" in line
-    assert not marker.exists() and (path.is_dir() or not path.exists() or path.is_file())  # named: left in place
+    assert path.is_dir() or not path.exists() or path.is_file()  # named: left in place
     # A complete checkpoint passes this check (the run then resumes it).
     check_checkpoint(str(run / "checkpoint-4"), "resume_from_checkpoint")
 
@@ -218,7 +206,6 @@ def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_m
 RERUN_DAMAGES = {  # each kind of damage: tests/run_folder/test_checkpoints.py; here, what stapo-train says of it
     "no-trainer-state": ("trainer_state.json", "no trainer_state.json: its save did not finish"),
     "empty-stray": (None, "empty"),
-    "model-cut": ("model.safetensors", "model.safetensors damaged: incomplete metadata, file not fully covered"),
 }
 
 
@@ -235,12 +222,8 @@ def test_stapo_train_resumes_the_newest_complete_checkpoint_in_one_line_before_t
     folder = "checkpoint-999" if damage == "empty-stray" else "checkpoint-2"
     if damage == "empty-stray":
         (out / folder).mkdir()
-    elif damage.startswith("no-"):
-        (out / folder / name).unlink()
-    elif damage.endswith("-cut"):
-        (out / folder / name).write_bytes((out / folder / name).read_bytes()[:50_000])
     else:
-        (out / folder / name).write_bytes(b"overwritten by hand\n")
+        (out / folder / name).unlink()
     newest = out / ("checkpoint-2" if damage == "empty-stray" else "checkpoint-1")
     with pytest.raises(AssertionError, match="a trainer was constructed"):  # the line comes before any model
         main([*argv, "--output_dir", str(out), "--max_steps", "3"])
@@ -248,24 +231,6 @@ def test_stapo_train_resumes_the_newest_complete_checkpoint_in_one_line_before_t
     prefix = f"The newest complete checkpoint is {newest}: skipped {folder} ({problem}"
     assert line.startswith(prefix) and line.endswith(f") and moved it aside to _damaged-{folder}."), line
     assert (out / f"_damaged-{folder}").is_dir() and not (out / folder).exists()
-
-
-@pytest.mark.slow  # a rerun that trains a step, with its figures (~8 s)
-def test_no_file_of_a_checkpoint_runs_code_on_a_rerun(two_step_run, tmp_path, caplog):
-    """Measured: a training_args.bin whose pickle calls os.system ran its command on a rerun (and on
-    --resume_from_checkpoint), and the run trained on. Now nothing of a checkpoint is unpickled but by safe loads: the
-    file nobody reads is left alone, a file transformers would load is refused and its checkpoint skipped."""
-    from stapo_trl.cli.train import main
-
-    run, argv = two_step_run
-    out = _copy_of(run, tmp_path)
-    marker = tmp_path / "code-ran"
-    for name in ("checkpoint-1/training_args.bin", "checkpoint-2/training_args.bin", "checkpoint-2/optimizer.pt"):
-        write_hostile_pickle(out / name, marker)
-    main([*argv, "--output_dir", str(out), "--max_steps", "3"])
-    (line,) = [r.getMessage() for r in caplog.records if "newest complete checkpoint" in r.getMessage()]
-    assert "skipped checkpoint-2 (optimizer.pt refused by a safe load: Trying to load unsupported GLOBAL" in line
-    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 3 and not marker.exists()
 
 
 def test_a_hostile_training_args_bin_runs_no_code_on_resume_from_checkpoint(one_step_run, tmp_path, no_model_built):
