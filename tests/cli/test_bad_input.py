@@ -133,8 +133,7 @@ def test_no_reward_is_one_line(tmp_path, capsys, no_model_built, recipe_line, ar
 def test_the_python_api_refuses_no_reward_at_construction_in_trls_words(
     tmp_path, tiny_random_model_path, no_model_built, reward_funcs
 ):
-    # Reported: TRL's own test_no_reward_source_raises matches TRL's "No reward source provided" (reward_funcs=None);
-    # STAPOTrainer raised its own words first. TRL's come first now, before the model is built, and ours follow.
+    # Reported: TRL's own test matches TRL's "No reward source provided"; STAPOTrainer's words came first.
     with pytest.raises(ValueError, match="^No reward source provided. Pass `reward_funcs`, or an `environment_factory` "
                        "whose environment defines a `get_reward` method") as raised:  # fmt: skip
         STAPOTrainer(
@@ -242,8 +241,7 @@ def test_stapo_eval_on_a_checkpoint_half_written_or_rotated_away_is_one_line(
 
 
 def test_stapo_eval_reads_no_pickle_of_a_checkpoint(checkpointed_run, tmp_path, capsys):
-    """The files a checkpoint holds beside its model are never unpickled by stapo-eval: a hostile training_args.bin
-    is left alone (the model is evaluated), a hostile optimizer.pt makes the checkpoint incomplete."""
+    """A hostile training_args.bin is left alone (the model is evaluated), a hostile optimizer.pt is refused."""
     run = tmp_path / "run"
     shutil.copytree(checkpointed_run, run)
     marker = tmp_path / "code-ran"
@@ -282,8 +280,7 @@ def test_a_reward_that_raises_is_one_line_naming_it_and_the_step(
     (tmp_path / f"{module}.py").write_text(f"def fragile(completions, **kwargs):\n    {body}\n")
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--reward_funcs"]
     argv += [f"{module}.fragile", "--max_steps", "1", "--eval_before_after", "false", "--output_dir", "out"]
-    argv += ["--max_train_samples", "64"]
-    argv += ["--disable_tqdm", "true"]
+    argv += ["--max_train_samples", "64", "--disable_tqdm", "true"]
     line = _refused(capsys, argv, code=1)
     if expected.startswith("returned"):  # what it returned, checked by stapo_trl: its own message
         assert line.startswith(f"stapo-train: error: Reward function fragile {expected}"), line
@@ -311,8 +308,7 @@ def test_a_step_without_any_reward_stops_in_one_line_naming_the_rewards(
     names = ", ".join(rewards)
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--reward_funcs"]
     argv += [*(f"{module}.{name}" for name in rewards), "--max_steps", "3", "--eval_before_after", "false"]
-    argv += ["--max_train_samples", "64"]
-    argv += ["--output_dir", "out", "--disable_tqdm", "true"]
+    argv += ["--max_train_samples", "64", "--output_dir", "out", "--disable_tqdm", "true"]
     line = _refused(capsys, argv)
     assert line == (
         f"stapo-train: error: No reward at step 1: no reward function ({names}) gave any of the 64 completions a value "
