@@ -10,21 +10,11 @@ from types import SimpleNamespace
 import pytest
 from testing_utils import STAPO_RECIPE, LogRecords
 
-from stapo_trl.cli.run import eval_results_path, evaluation_kind, print_summary
+from stapo_trl.cli.run import evaluation_kind, print_summary
 from stapo_trl.cli.script_args import STAPOScriptArguments
 from stapo_trl.cli.train import main
 from stapo_trl.data import evaluation_split
 from stapo_trl.run_folder.card import _summary
-
-
-def test_eval_results_path_never_replaces_existing_results(tmp_path):
-    assert eval_results_path(str(tmp_path), 8) == str(tmp_path / "eval.json")
-    (tmp_path / "eval.json").write_text("{}")
-    assert eval_results_path(str(tmp_path), 8) == str(tmp_path / "eval-step8.json")
-    (tmp_path / "eval-step8.json").write_text("{}")
-    (tmp_path / "eval-step8-2.json").write_text("{}")
-    assert eval_results_path(str(tmp_path), 8) == str(tmp_path / "eval-step8-3.json")
-    assert eval_results_path(str(tmp_path), 14) == str(tmp_path / "eval-step14.json")
 
 
 @pytest.mark.slow  # three stapo-train runs with evaluations: 13-40 s on 2 cores, with the load
