@@ -147,6 +147,7 @@ def test_a_damaged_newest_checkpoint_and_other_settings_say_no_resume(
     ]
 
 
+@pytest.mark.slow  # trains a step (~2 s); the settings rule: tests/run_folder/test_checkpoints.py, in-process
 def test_resume_with_other_execution_settings_trains_on(one_step_run, tmp_path):
     """How a run is executed (steps, logging, saving, threads, batch layout of the same geometry) may change."""
     from stapo_trl.cli.train import main

@@ -66,6 +66,7 @@ def test_missing_dataset_column_fails_before_building_a_model(no_model_built, tm
         main(argv)
 
 
+@pytest.mark.slow  # a run and two stapo-eval calls (~3 s); the sampling itself: test_eval.py, in-process
 def test_eval_json_records_its_settings_and_stapo_eval_gives_its_numbers(tmp_path, tiny_math_model_path, capsys):
     # stapo-eval with the recorded settings gives the same numbers to the last digit. It said 40.4 % where stapo-train
     # said 44.8 % for one model: a seed offset per benchmark and decoding, another batch size, its own averaging.
