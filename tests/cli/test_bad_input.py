@@ -21,16 +21,15 @@ from testing_utils import (
 )
 
 from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.cli import eval as stapo_eval
+from stapo_trl.cli import train as stapo_train
 
 
 def SLOW(values):  # a training step each (~4 s): the measured case of each kind stays in the default suite
     return pytest.param(*values, marks=pytest.mark.slow)
 
 
-def _train(argv):
-    from stapo_trl.cli.train import main
-
-    main(argv)
+_train = stapo_train.main
 
 
 def _refused(capsys, argv, prog="stapo-train", command=_train, code=2):
@@ -172,10 +171,7 @@ def test_a_dataset_folder_with_one_bad_line_is_one_line(tmp_path, capsys, no_mod
     assert line == f"stapo-train: error: dataset folder {str(folder)!r} could not be read: {expected}"
 
 
-def _eval(argv):
-    from stapo_trl.cli.eval import main
-
-    main(argv)
+_eval = stapo_eval.main
 
 
 EVAL = ["--benchmarks", "tiny-math", "--backend", "hf", "--limit", "2", "--samples", "1", "--max-new-tokens", "48"]

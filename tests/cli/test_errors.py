@@ -11,6 +11,9 @@ from safetensors import SafetensorError
 from testing_utils import GRPO_RECIPE, STAPO_RECIPE, error_line, write_metrics_run, write_recipe
 from transformers import Trainer
 
+from stapo_trl.cli import eval as stapo_eval
+from stapo_trl.cli import plot as stapo_plot
+from stapo_trl.cli import train as stapo_train
 from stapo_trl.cli.args import parse_args
 from stapo_trl.cli.callbacks import SaveOnSignal
 from stapo_trl.cli.dry_run import main as dry_run_main
@@ -18,28 +21,11 @@ from stapo_trl.cli.errors import InputError, full_disk_in_one_line
 from stapo_trl.run_folder.logs import MetricsLogCallback
 
 
-def _train(argv):
-    from stapo_trl.cli.train import main
-
-    main(argv)
+_train, _eval, _plot = stapo_train.main, stapo_eval.main, stapo_plot.main
 
 
 def _dry_run(argv):
-    from stapo_trl.cli.train import main
-
-    main([*argv, "--dry-run"])
-
-
-def _eval(argv):
-    from stapo_trl.cli.eval import main
-
-    main(argv)
-
-
-def _plot(argv):
-    from stapo_trl.cli.plot import main
-
-    main(argv)
+    stapo_train.main([*argv, "--dry-run"])
 
 
 @pytest.mark.parametrize(
@@ -153,11 +139,9 @@ FIX = " Fix the value in the recipe, or override it on the command line with --{
          "negative-learning-rate", "mapping-for-int", "trainer"],
 )  # fmt: skip
 def test_recipe_value_errors_name_the_recipe_key_and_the_file(no_model_built, tmp_path, capsys, line, message):
-    from stapo_trl.cli.train import main
-
     recipe = write_recipe(tmp_path, line)
     with pytest.raises(SystemExit) as excinfo:
-        main(["--config", recipe, "--output_dir", str(tmp_path / "out")])
+        _train(["--config", recipe, "--output_dir", str(tmp_path / "out")])
     assert excinfo.value.code == 2
     line_printed = error_line(capsys, "stapo-train")
     expected = "stapo-train: error: " + message.replace("{key}", line.split(":")[0]).replace("{recipe}", recipe)
@@ -166,11 +150,9 @@ def test_recipe_value_errors_name_the_recipe_key_and_the_file(no_model_built, tm
 
 
 def test_a_command_line_value_is_named_as_the_flag_not_the_recipe(no_model_built, tmp_path, capsys):
-    from stapo_trl.cli.train import main
-
     recipe = write_recipe(tmp_path, "s2t_entropy_quantile: 0.5")
     with pytest.raises(SystemExit):
-        main(["--config", recipe, "--s2t_entropy_quantile", "abc"])
+        _train(["--config", recipe, "--s2t_entropy_quantile", "abc"])
     message = error_line(capsys, "stapo-train")
     assert message.startswith("stapo-train: error: --s2t_entropy_quantile: invalid float value: 'abc'"), message
     assert "stapo-train --help" in message and "recipe" not in message, message
@@ -271,8 +253,6 @@ def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_resumes(
     tmp_path, tiny_math_model_path, monkeypatch, capsys, caplog, where
 ):
     # Reported: a 38-line traceback ending in `OSError: [Errno 28]`, and no line naming the folder.
-    from stapo_trl.cli.train import main
-
     out = tmp_path / "disk" / "run"
     (tmp_path / "disk").mkdir()
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
@@ -292,11 +272,11 @@ def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_resumes(
 
     monkeypatch.setattr(owner, method, full_at_the_second)
     with pytest.raises(SystemExit) as excinfo:
-        main(argv)
+        _train(argv)
     assert excinfo.value.code == 1
     line = error_line(capsys, "stapo-train")
     assert line.startswith(f"stapo-train: error: no space left on the disk of output_dir={str(out)!r} ("), line
     assert line.endswith(f"rerun the same command: it resumes from {out / 'checkpoint-1'}."), line
     monkeypatch.undo()
-    main(argv)
+    _train(argv)
     assert f"Resuming training from {out / 'checkpoint-1'}." in caplog.text
