@@ -89,10 +89,12 @@ def test_launch_passes_a_stop_signal_on_to_training(tmp_path, signum, status):
     """The signal to launch.sh alone (Slurm's `--signal=B:USR1@...` reaches the batch shell only; `kill` or a container
     runtime signals the main process): training gets it once, launch.sh exits with 128 + its number."""
     proc, record = _start_launch(tmp_path)
+    server = [p for p in psutil.Process(proc.pid).children() if "http.server" in " ".join(p.cmdline())]
     proc.send_signal(signum)
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode == status, output[-3000:]
     assert record.read_text().splitlines() == ["training started", f"got {signum.name}"]
+    assert server and not psutil.wait_procs(server, timeout=30)[1], "launch.sh left the vLLM server running"
     assert f"launch.sh: {signum.name}: passed on to training" in output
     assert f"training exited with status {status}" in output
 

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import socket
 import subprocess
 import sys
-import textwrap
-import time
 import warnings
 from pathlib import Path
 
@@ -264,76 +260,6 @@ def test_launch_refuses_overlapping_or_missing_gpus_and_bad_arithmetic():
                   "--", "--num_generations", "7")  # fmt: skip
     assert bad.returncode == 2 and "nothing was started" in bad.stderr
     assert "laid out for 4" in bad.stderr  # the note about the process count
-
-
-STUB_SERVER = textwrap.dedent(
-    """\
-    #!/usr/bin/env python3
-    # Stand-in for `trl vllm-serve`: records its arguments and GPUs, answers GET /health after a second.
-    import http.server, os, sys, time
-    args = sys.argv[1:]
-    port = int(args[args.index("--port") + 1])
-    with open(os.environ["STUB_RECORD"] + ".server", "w") as f:
-        f.write(os.environ.get("CUDA_VISIBLE_DEVICES", "") + "\\n" + " ".join(args) + "\\n" + str(os.getpid()))
-    time.sleep(1)
-
-    class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if self.path == "/health" else 404)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
-    """
-)
-STUB_ACCELERATE = textwrap.dedent(
-    """\
-    #!/usr/bin/env bash
-    # Stand-in for `accelerate`: records its arguments and GPUs, checks that the server answers, exits 7.
-    echo "$CUDA_VISIBLE_DEVICES" > "$STUB_RECORD.train"
-    echo "$*" >> "$STUB_RECORD.train"
-    curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$STUB_PORT/health" >> "$STUB_RECORD.train"
-    exit 7
-    """
-)
-
-
-@pytest.mark.slow  # bash, and the dry run in a new Python process (~6 s)
-def test_launch_starts_the_server_waits_for_health_trains_and_stops_the_server(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server, accelerate = tmp_path / "stub_trl", tmp_path / "stub_accelerate"
-    server.write_text(STUB_SERVER.replace("#!/usr/bin/env python3", f"#!{sys.executable}"))
-    accelerate.write_text(STUB_ACCELERATE)
-    server.chmod(0o755)
-    accelerate.chmod(0o755)
-    record = tmp_path / "record"
-    result = _launch(
-        "recipes/Qwen3-1.7B/stapo.yaml", "--gpus", "0,1,2,3,4,5,6,7", "--port", str(port), "--timeout", "60",
-        "--log-dir", str(tmp_path), "--", "--max_steps", "3",
-        env={"TRL_BIN": str(server), "ACCELERATE_BIN": str(accelerate), "STUB_RECORD": str(record),
-             "STUB_PORT": str(port), "HEALTH_INTERVAL": "0.5"},
-    )  # fmt: skip
-    # Training's exit status is the script's.
-    assert result.returncode == 7, result.stderr
-    gpus, server_args, server_pid = (record.with_suffix(".server")).read_text().splitlines()
-    assert gpus == "0,1,2,3" and f"--port {port}" in server_args and "--host 127.0.0.1" in server_args
-    train_gpus, train_args, status = (record.with_suffix(".train")).read_text().splitlines()
-    assert train_gpus == "4,5,6,7" and status == "200"  # the server was up when training started
-    assert f"--vllm_server_port {port}" in train_args and train_args.endswith("--max_steps 3")
-    # The trap stopped the server.
-    for _ in range(20):
-        try:
-            os.kill(int(server_pid), 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.5)
-    else:
-        os.kill(int(server_pid), signal.SIGKILL)
-        pytest.fail("launch.sh left the vLLM server running")
 
 
 @pytest.mark.slow  # bash, and the dry run in a new Python process (~6 s)
