@@ -4,6 +4,7 @@ signal (stapo-train's real signals: test_interrupt.py)."""
 import json
 import os
 import signal
+import sys
 
 import pytest
 from datasets import Dataset
@@ -33,6 +34,17 @@ STAPO_ROW = {
 
 def _dataset() -> Dataset:
     return Dataset.from_list([{"prompt": format_prompt(f"{a}+{a}"), "solution": str(2 * a)} for a in range(10, 40)])
+
+
+def _trainer(tmp_path, model_path, callback, bar=False):
+    config = tiny_stapo_config(
+        tmp_path / "out", max_steps=4, logging_steps=1, per_device_train_batch_size=8, num_generations=4,
+        max_completion_length=16, disable_tqdm=not bar,
+    )  # fmt: skip
+    trainer = STAPOTrainer(model_path, math_accuracy_reward, args=config, train_dataset=_dataset())
+    trainer.add_callback(callback)
+    add_command_callbacks(trainer)
+    return trainer, [signal.getsignal(s) for s in STOP_SIGNALS]
 
 
 def _assert_compact(output: str, steps: list[int], max_steps: int, silenced: bool = True) -> list[str]:
@@ -119,14 +131,7 @@ def test_format_log_line(logs, step, expected):
 def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_model_path, capsys, signum, bar):
     """A notebook: the interrupt is caught and the same trainer resumes to the end (reported: the console said
     `training done at step 30` just before `Interrupted at step 30`)."""
-    config = tiny_stapo_config(
-        tmp_path / "out", max_steps=4, logging_steps=1, per_device_train_batch_size=8, num_generations=4,
-        max_completion_length=16, disable_tqdm=not bar,
-    )  # fmt: skip
-    trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=_dataset())
-    trainer.add_callback(SignalAtStep(2, signum))
-    add_command_callbacks(trainer)
-    handlers = [signal.getsignal(s) for s in STOP_SIGNALS]
+    trainer, handlers = _trainer(tmp_path, tiny_math_model_path, SignalAtStep(2, signum), bar)
     with pytest.raises(KeyboardInterrupt) as excinfo:
         trainer.train()
     assert [signal.getsignal(s) for s in STOP_SIGNALS] == handlers  # restored
@@ -148,8 +153,7 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
 
 
 class _CtrlCTwice(TrainerCallback):
-    """Ctrl-C twice at step 2: the first at its end, the second right after it (the save still to come) or once the
-    checkpoint is saved."""
+    """Ctrl-C twice at step 2: the second right after the first (the save to come) or once the checkpoint is saved."""
 
     def __init__(self, second: str):
         self.second = second
@@ -171,19 +175,8 @@ def test_a_second_ctrl_c_says_whether_the_checkpoint_is_saved(
 ):
     # Reported (stapo-train, 0.3 s apart): checkpoint-33 was saved, and the end said nothing was. The second Ctrl-C
     # quits at once (here: os._exit raises SystemExit) and says what is on disk.
-    config = tiny_stapo_config(
-        tmp_path / "out", max_steps=4, logging_steps=1, per_device_train_batch_size=8, num_generations=4,
-        max_completion_length=16, disable_tqdm=True,
-    )  # fmt: skip
-    trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=_dataset())
-    trainer.add_callback(_CtrlCTwice(second))
-    add_command_callbacks(trainer)
-    handlers = [signal.getsignal(s) for s in STOP_SIGNALS]
-
-    def exit_now(code):
-        raise SystemExit(code)
-
-    monkeypatch.setattr(os, "_exit", exit_now)
+    trainer, handlers = _trainer(tmp_path, tiny_math_model_path, _CtrlCTwice(second))
+    monkeypatch.setattr(os, "_exit", sys.exit)  # quits by SystemExit, not at once
     try:
         with pytest.raises(SystemExit) as excinfo:
             trainer.train()
@@ -194,8 +187,6 @@ def test_a_second_ctrl_c_says_whether_the_checkpoint_is_saved(
     saved = (
         f"checkpoint saved to {checkpoint}. {SCRIPT_RESUME_HINT}" if second == "after-the-save" else "without saving."
     )
-    assert (
-        excinfo.value.code == 130
-        and capsys.readouterr().err.splitlines()[-1] == f"Second Ctrl-C: quitting now, {saved}"
-    )
+    assert excinfo.value.code == 130
+    assert capsys.readouterr().err.splitlines()[-1] == f"Second Ctrl-C: quitting now, {saved}"
     assert (checkpoint / "trainer_state.json").is_file() == (second == "after-the-save")
