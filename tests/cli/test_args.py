@@ -58,14 +58,11 @@ def test_grpo_gets_the_paper_objective_defaults_not_trl_defaults(tmp_path):
     assert training_args.epsilon_high == 0.28 and training_args.loss_type == "dapo" and training_args.beta == 0.0
 
 
-@pytest.mark.parametrize(
-    "key, expected",
-    [
+@pytest.mark.parametrize("key, expected", [
         ("learning_rat: 1.0e-3", "did you mean learning_rate"),
         ("torch_dtype: float32", "`dtype`"),
         ("max_prompt_length: 512", "no longer truncates prompts"),
-    ],
-)
+])  # fmt: skip
 def test_unknown_recipe_key_fails_with_a_clear_message(tmp_path, key, expected):
     recipe = write_recipe(tmp_path, key)
     message = _cli_error(["--config", recipe])

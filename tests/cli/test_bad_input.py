@@ -49,15 +49,11 @@ def _line_of(key):
 END = len(DEMO) + 2  # the line of a text appended after the demo recipe and a blank line
 
 
-@pytest.mark.parametrize(
-    "added, key, lines",
-    [
+@pytest.mark.parametrize("added, key, lines", [
         ("learning_rate: 3.0e-4", "learning_rate", (_line_of("learning_rate"), END)),  # measured: the last one won
         ("env:\n  OMP_NUM_THREADS: '1'\n  OMP_NUM_THREADS: '2'", "OMP_NUM_THREADS", (END + 1, END + 2)),
         ("model_init_kwargs: {revision: main, revision: v2}", "revision", (END, END)),
-    ],
-    ids=["top-level", "env-block", "flow-mapping"],
-)
+], ids=["top-level", "env-block", "flow-mapping"])  # fmt: skip
 def test_a_recipe_key_given_twice_is_one_line(tmp_path, capsys, no_model_built, added, key, lines):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("\n".join(DEMO) + "\n\n" + added + "\n")
@@ -69,14 +65,11 @@ def test_a_recipe_key_given_twice_is_one_line(tmp_path, capsys, no_model_built, 
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(
-    "where, old, new",
-    [
+@pytest.mark.parametrize("where, old, new", [
         ("comment", b"why: no download", b"why: no d\xffownload"),  # measured: no file named
         ("value", b"output_dir: outputs/demo-stapo", b"output_dir: outputs/d\xe9mo-stapo"),  # Latin-1
         ("key", b"seed: 0", b"s\xc3eed: 0"),  # a cut multi-byte character
-    ],
-)
+])  # fmt: skip
 def test_a_recipe_that_is_not_utf8_is_one_line_naming_the_file_and_line(
     tmp_path, capsys, no_model_built, where, old, new
 ):
@@ -94,9 +87,7 @@ def test_a_recipe_that_is_not_utf8_is_one_line_naming_the_file_and_line(
     )
 
 
-@pytest.mark.parametrize(
-    "argv, expected",
-    [
+@pytest.mark.parametrize("argv, expected", [
         (
             ["--seed", str(2**32)],
             "--seed: seed=4294967296 must be in [0, 2**32 - 1] (numpy's seed range).",
@@ -105,9 +96,7 @@ def test_a_recipe_that_is_not_utf8_is_one_line_naming_the_file_and_line(
         (["--data_seed", str(2**32)], "--data_seed: data_seed=4294967296 must be in [0, 2**32 - 1]"),
         # Measured: `--output_dir ''` wrote _writer.lock and _writer.txt into the current folder, after a traceback.
         (["--output_dir", ""], "output_dir='' is empty: give the folder the run writes its"),
-    ],
-    ids=["seed-too-large", "seed-negative", "data-seed", "empty-output-dir"],
-)
+], ids=["seed-too-large", "seed-negative", "data-seed", "empty-output-dir"])  # fmt: skip
 def test_a_seed_out_of_numpys_range_or_an_empty_output_dir_is_one_line(
     tmp_path, capsys, no_model_built, monkeypatch, argv, expected
 ):
@@ -150,15 +139,11 @@ def test_the_python_api_refuses_an_empty_output_dir_before_writing(tmp_path, tin
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(
-    "second_file, expected",
-    [
+@pytest.mark.parametrize("second_file, expected", [
         ('{rows3}\n{{"problem": "1+1", "answer": "2"\n{rows1}\n', "b.jsonl line 4 is not a JSON object"),  # measured
         ('{rows3}\n{{"problem": "1+1"', "b.jsonl line 4 is not a JSON object"),  # cut short by a copy
         ("{rows3}\nnot json at all\n", "b.jsonl line 4 is not a JSON object"),
-    ],
-    ids=["unclosed-object", "cut-last-line", "text-line"],
-)
+], ids=["unclosed-object", "cut-last-line", "text-line"])  # fmt: skip
 def test_a_dataset_folder_with_one_bad_line_is_one_line(tmp_path, capsys, no_model_built, second_file, expected):
     folder = tmp_path / "data"
     folder.mkdir()
@@ -250,9 +235,7 @@ def test_stapo_eval_reads_no_pickle_of_a_checkpoint(checkpointed_run, tmp_path, 
     assert not marker.exists()
 
 
-@pytest.mark.parametrize(
-    "body, expected",
-    [
+@pytest.mark.parametrize("body, expected", [
         ("return [1 / 0] * len(completions)", "raised ZeroDivisionError: division by zero"),  # measured: 60 lines
         SLOW(("return [float(kwargs['difficulty'])] * len(completions)", "raised KeyError: 'difficulty'")),
         SLOW(
@@ -265,9 +248,7 @@ def test_stapo_eval_reads_no_pickle_of_a_checkpoint(checkpointed_run, tmp_path, 
         SLOW(
             ("return [1.0] * (len(completions) - 1)", "returned 63 rewards at step 1, but 64 were expected (one per ")
         ),
-    ],
-    ids=["zero-division", "missing-column", "wrong-return", "one-short"],
-)
+], ids=["zero-division", "missing-column", "wrong-return", "one-short"])  # fmt: skip
 def test_a_reward_that_raises_is_one_line_naming_it_and_the_step(
     tmp_path, capsys, monkeypatch, tiny_math_model_path, body, expected
 ):
@@ -285,15 +266,11 @@ def test_a_reward_that_raises_is_one_line_naming_it_and_the_step(
         assert line == f"stapo-train: error: reward function fragile at step 1 {expected} {where}", line
 
 
-@pytest.mark.parametrize(
-    "rewards",
-    [
+@pytest.mark.parametrize("rewards", [
         {"nothing": "[None] * len(completions)"},  # reported: trained to the end with exit 0
         SLOW(({"not_a_number": "[math.nan] * len(completions)"},)),
         SLOW(({"nothing": "[None] * len(completions)", "not_a_number": "[math.nan] * len(completions)"},)),
-    ],
-    ids=["none", "nan", "none-and-nan"],
-)
+], ids=["none", "nan", "none-and-nan"])  # fmt: skip
 def test_a_step_without_any_reward_stops_in_one_line_naming_the_rewards(
     tmp_path, capsys, monkeypatch, tiny_math_model_path, rewards
 ):

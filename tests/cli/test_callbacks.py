@@ -119,15 +119,11 @@ def test_format_log_line(logs, step, expected):
     assert format_log_line(logs, step, 500) == expected
 
 
-@pytest.mark.parametrize(
-    "signum, bar",
-    [
+@pytest.mark.parametrize("signum, bar", [
         (signal.SIGINT, False),
         pytest.param(signal.SIGTERM, False, marks=pytest.mark.slow),
         pytest.param(signal.SIGUSR1, True, marks=pytest.mark.slow),
-    ],  # the other signals: the same path, ~1.5 s each
-    ids=["SIGINT", "SIGTERM", "SIGUSR1-progress-bar"],
-)
+], ids=["SIGINT", "SIGTERM", "SIGUSR1-progress-bar"])  # fmt: skip
 def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_model_path, capsys, signum, bar):
     """A notebook: the interrupt is caught and the same trainer resumes to the end (reported: the console said
     `training done at step 30` just before `Interrupted at step 30`)."""

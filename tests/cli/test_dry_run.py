@@ -42,15 +42,12 @@ def test_batch_geometry_by_hand():
 
 # The demo recipe: 16 completions per micro-step x steps_per_generation 4 = 64 completions per rollout step, 8 per
 # prompt, so one rollout step takes 64 / 8 = 8 prompts; TRL's sampler drops a partial rollout batch (0 steps).
-@pytest.mark.parametrize(
-    "num_rows, extra, match",
-    [
+@pytest.mark.parametrize("num_rows, extra, match", [
         (7, [], r"7 prompts in the train split; one rollout step needs 8 "),
         (20, ["--max_train_samples", "3"], r"3 prompts with max_train_samples; one rollout step needs 8 "),
         # 2 processes' worth of rollout: per_device 16 x steps_per_generation 8 = 128 completions = 16 prompts
         (10, ["--steps_per_generation", "8"], r"10 prompts in the train split; one rollout step needs 16 "),
-    ],
-)
+])  # fmt: skip
 def test_too_few_prompts_fail_before_the_model_and_in_the_dry_run(
     no_model_built, tmp_path, num_rows, extra, match, capsys
 ):
@@ -63,15 +60,12 @@ def test_too_few_prompts_fail_before_the_model_and_in_the_dry_run(
     assert len([line for line in capsys.readouterr().out.splitlines() if "one rollout step needs" in line]) == 1
 
 
-@pytest.mark.parametrize(
-    "case, expected",
-    [
+@pytest.mark.parametrize("case, expected", [
         # The dry run re-implemented the run's checks and missed these: it passed what the run then refused.
         ("user-files", "holds files that are not a run's (notes.txt)"),
         ("reward-column", "Column 'difficulty' not found in dataset 'builtin:tiny-math'"),
         ("dataset-folder", "b.jsonl line 2 is not a JSON object"),
-    ],
-)
+])  # fmt: skip
 def test_the_dry_run_refuses_what_the_run_refuses_before_the_model(
     no_model_built, tmp_path, monkeypatch, capsys, case, expected
 ):
@@ -141,9 +135,7 @@ def test_dry_run_numbers_for_the_demo():
         assert text in summary, summary
 
 
-@pytest.mark.parametrize(
-    "flags, path, warns",
-    [
+@pytest.mark.parametrize("flags, path, warns", [
         (("--loss_type", "dr_grpo"), "old_logps", True),
         (("--loss_type", "vespo", "--entropy_coef", "0.01"), "old_logps", True),
         (("--temperature", "0.7", "--top_entropy_quantile", "0.2"), "old_logps", True),
@@ -154,8 +146,7 @@ def test_dry_run_numbers_for_the_demo():
             "old_logps",
             False,
         ),
-    ],
-)
+])  # fmt: skip
 def test_dry_run_gives_the_trainers_warnings_and_where_p_and_h_come_from(flags, path, warns):
     # One source: the dry run repeated one of the trainer's warnings, so a dr_grpo recipe passed it quietly. Every
     # message the trainer warns at construction is in the plan, and the mask's source is the trainer's decision.
@@ -174,17 +165,14 @@ def test_dry_run_reports_bad_rewards_and_temperature():
     assert any("temperature=0.7" in w and "1.0" in w for w in report.warnings), report.warnings
 
 
-@pytest.mark.parametrize(
-    "flags, expected",
-    [
+@pytest.mark.parametrize("flags, expected", [
         (["--prompt_column", "question"], "Column 'problem' not found in dataset"),
         (
             ["--dataset_name", "builtin:no-such-task"],
             "No built-in dataset 'builtin:no-such-task' with a split 'train'",
         ),
         (["--dataset_train_split", "validation"], "No built-in dataset 'builtin:tiny-math' with a split 'validation'"),
-    ],
-)
+])  # fmt: skip
 def test_dry_run_reads_the_data_as_stapo_train_does(tmp_path, flags, expected):
     # With stapo-train's own loader: an unknown split of a built-in task was counted as no rows, and passed.
     data = write_jsonl(tmp_path / "train.jsonl", [{"question": f"{i}+1", "answer": str(i + 1)} for i in range(8)])

@@ -71,17 +71,13 @@ def _ctrl_c(argv):
     SaveOnSignal()._handle(signal.SIGINT, None)
 
 
-@pytest.mark.parametrize(
-    "command, argv, expected",
-    [
+@pytest.mark.parametrize("command, argv, expected", [
         # The reported case (CI, two ranks under accelerate launch): the ranks' error lines ran into each other.
         (_train, ["--s2t_entropy_quantile", "1.5"], "stapo-train: error: --s2t_entropy_quantile:"),
         (_dry_run, ["--max_train_samples", "3"], "stapo-train --dry-run: error: 1 check(s) failed"),
         (_plot, ["{tmp}/no-run"], "stapo-plot: error: No metrics.jsonl in"),
         (_ctrl_c, [], "Ctrl-C: saving a checkpoint at the end of this step"),
-    ],
-    ids=["train-range", "dry-run-checks", "plot-no-run", "ctrl-c"],
-)
+], ids=["train-range", "dry-run-checks", "plot-no-run", "ctrl-c"])  # fmt: skip
 def test_a_message_line_is_one_write_so_processes_cannot_interleave_it(
     no_model_built, tmp_path, monkeypatch, command, argv, expected
 ):
@@ -176,14 +172,11 @@ def test_a_range_error_in_a_flag_names_the_flag(no_model_built, tmp_path, capsys
     assert "recipe" not in line.split(":", 3)[2], line  # not "the recipe does not parse", not "recipe key"
 
 
-@pytest.mark.parametrize(
-    "flag, value, expected",
-    [
+@pytest.mark.parametrize("flag, value, expected", [
         ("learning_rate", "-1e-4", "learning_rate=-0.0001 must be >= 0"),  # the reported case
         ("temperature", "-5E-1", "temperature=-0.5 must be > 0"),
         ("s2t_entropy_quantile", "-2.5e+0", "s2t_entropy_quantile=-2.5 must be in [0, 1]"),
-    ],
-)
+])  # fmt: skip
 def test_a_negative_number_in_exponent_form_is_read_as_a_value(
     no_model_built, tmp_path, capsys, flag, value, expected
 ):
@@ -194,15 +187,11 @@ def test_a_negative_number_in_exponent_form_is_read_as_a_value(
     assert error_line(capsys, "stapo-train").startswith(f"stapo-train: error: --{flag}: {expected}")
 
 
-@pytest.mark.parametrize(
-    "argv, expected",
-    [
+@pytest.mark.parametrize("argv, expected", [
         (["--dataset_name", "{empty}"], "dataset file '{empty}' is empty"),
         (["--model_name_or_path", "{tmp}/no-model"], "Model directory '{tmp}/no-model' does not exist"),
         (["--reward_funcs", "math_acuracy"], "Unknown reward 'math_acuracy'"),
-    ],
-    ids=["empty-dataset", "missing-model", "unknown-reward"],
-)
+], ids=["empty-dataset", "missing-model", "unknown-reward"])  # fmt: skip
 def test_a_dry_run_that_fails_its_checks_ends_with_one_error_line(no_model_built, tmp_path, capsys, argv, expected):
     # The plan listed the failed checks on stdout only: no `PROG: error:` line, unlike every other input error.
     (tmp_path / "empty.jsonl").write_text("")
@@ -213,15 +202,11 @@ def test_a_dry_run_that_fails_its_checks_ends_with_one_error_line(no_model_built
     assert "check(s) failed (the plan above lists them)" in line and expected.format(**fill) in line, line
 
 
-@pytest.mark.parametrize(
-    "command, prog, argv, expected",
-    [
+@pytest.mark.parametrize("command, prog, argv, expected", [
         (_train, "stapo-train", ["--config", "{tmp}"], "is a folder: give the path of a recipe YAML file in it"),
         (_dry_run, "stapo-train --dry-run", ["--config", "{tmp}"], "is a folder"),
         (_train, "stapo-train", ["compare", GRPO_RECIPE, STAPO_RECIPE], "`stapo-train compare` is gone: train each"),
-    ],
-    ids=["config-folder", "dry-run-config-folder", "compare-is-gone"],
-)
+], ids=["config-folder", "dry-run-config-folder", "compare-is-gone"])  # fmt: skip
 def test_what_the_user_gave_is_what_the_message_names(no_model_built, tmp_path, capsys, command, prog, argv, expected):
     # `--config /tmp` said "does not exist".
     with pytest.raises(SystemExit) as excinfo:

@@ -1,4 +1,4 @@
-"""`stapo-eval`: input errors before the model loads, end to end and resumed, one accuracy per settings, `--compare`."""
+"""`stapo-eval`: input errors before the model loads, end to end and resumed, one accuracy per setting, `--compare`."""
 
 import importlib.util
 import json

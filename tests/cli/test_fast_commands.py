@@ -78,15 +78,12 @@ def test_a_fresh_process_answers_at_once_with_its_own_output_only(tmp_path, comm
     assert report.read_text() == str("s2t_entropy_quantile" in " ".join(args)), "torch imported"
 
 
-@pytest.mark.parametrize(
-    "command, args, first_line",
-    [
+@pytest.mark.parametrize("command, args, first_line", [
         ("stapo-train", ["--version"], "stapo-train (stapo_trl "),
         ("stapo-train", ["--dry-run", "--help"], "Dry run of a recipe"),
         ("stapo-eval", ["--version"], "stapo-eval (stapo_trl "),
         ("stapo-plot", ["--version"], "stapo-plot (stapo_trl "),
-    ],
-)
+])  # fmt: skip
 def test_help_and_version_in_process(capsys, command, args, first_line):
     with pytest.raises(SystemExit) as excinfo:
         importlib.import_module(MODULES[command]).main(args)

@@ -69,14 +69,10 @@ def test_a_stop_signal_saves_a_checkpoint_and_prints_the_resume_command(
 
 
 @pytest.mark.slow  # a real stapo-train subprocess, then real signals
-@pytest.mark.parametrize(
-    "first, repeats, status",
-    [
+@pytest.mark.parametrize("first, repeats, status", [
         (signal.SIGTERM, [signal.SIGTERM, signal.SIGTERM], 143),  # Slurm, then torch's launcher, deliver it again
         (signal.SIGUSR1, [signal.SIGUSR1, signal.SIGTERM], 138),  # the time-limit warning, then the limit
-    ],
-    ids=["SIGTERM-twice-more", "SIGUSR1-then-SIGTERM"],
-)
+], ids=["SIGTERM-twice-more", "SIGUSR1-then-SIGTERM"])  # fmt: skip
 def test_repeated_scheduler_signals_still_save_one_checkpoint(tmp_path, tiny_math_model_path, first, repeats, status):
     proc, out, argv, hold = _start_long_run(tmp_path, tiny_math_model_path)
     read_until(proc, "step ")

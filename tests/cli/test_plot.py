@@ -76,15 +76,11 @@ def _skipped_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "skipped line" in r.getMessage()]
 
 
-@pytest.mark.parametrize(
-    "bad_line, kind",
-    [
+@pytest.mark.parametrize("bad_line, kind", [
         ('{"step": 2, "rew', "not-json"),  # the reported case: a line that is not JSON (cut or edited)
         (b'{"step": 2, "reward": "\xff\xfe"}', "not-utf8"),  # bytes that are not UTF-8: the whole file failed
         ('{"step": 2, "reward": "n/a"}', "not-a-number"),  # JSON, not a metrics row: float('n/a') failed the drawing
-    ],
-    ids=["not-json", "not-utf8", "not-a-number"],
-)
+], ids=["not-json", "not-utf8", "not-a-number"])  # fmt: skip
 def test_plot_skips_a_corrupt_metrics_line_with_one_warning(tmp_path, caplog, bad_line, kind):
     run = tmp_path / "run"
     _write_lines(run / "metrics.jsonl", [GOOD_ROWS[0], bad_line, GOOD_ROWS[2]])
@@ -96,17 +92,13 @@ def test_plot_skips_a_corrupt_metrics_line_with_one_warning(tmp_path, caplog, ba
     assert warning.startswith(f"{run / 'metrics.jsonl'}: skipped line 2, not a metrics row"), warning
 
 
-@pytest.mark.parametrize(
-    "lines, expected",
-    [
+@pytest.mark.parametrize("lines, expected", [
         # the reported case: an empty file drew a blank figure and exited 0
         ([], "{file} is empty: the run has not reached its first logging step (logging_steps) yet, or stopped"),
         (["", "   "], "{file} is empty: the run has not reached its first logging step"),
         (['{"step": 1, "rew', "[1, 2]"], "{file} holds no metrics row (see the warning above for its lines)."),
         ([{"step": 1, "epoch": 0.1}], "{file} holds no logged metric, only steps."),
-    ],
-    ids=["empty", "blank-lines", "only-corrupt-lines", "only-steps"],
-)
+], ids=["empty", "blank-lines", "only-corrupt-lines", "only-steps"])  # fmt: skip
 def test_plot_refuses_a_metrics_file_without_a_logged_step(tmp_path, capsys, lines, expected):
     file = _write_lines(tmp_path / "run" / "metrics.jsonl", lines)
     if not lines:
@@ -146,15 +138,11 @@ def test_plot_refuses_an_out_path_with_an_unknown_extension(tmp_path, capsys, ou
     assert not (tmp_path / out).exists()  # no folder named like a file
 
 
-@pytest.mark.parametrize(
-    "bad_record",
-    [
+@pytest.mark.parametrize("bad_record", [
         {"kind": "silenced"},  # no prob, entropy, token: the scatter raised KeyError: 'prob'
         {"step": 1, "prob": 0.01, "entropy": 0.2, "token": "x"},  # no kind: KeyError: 'kind'
         '{"step": 1, "kind": "silenced", "prob": 0.0',  # cut short
-    ],
-    ids=["missing-fields", "missing-kind", "cut-short"],
-)
+], ids=["missing-fields", "missing-kind", "cut-short"])  # fmt: skip
 def test_plot_skips_a_broken_token_record_with_one_warning(tmp_path, caplog, bad_record):
     run = Path(write_metrics_run(tmp_path / "run"))
     file = _write_lines(run / "spurious_tokens.jsonl", [TOKEN_RECORD, bad_record, TOKEN_RECORD])

@@ -52,14 +52,11 @@ def test_rerun_into_a_finished_run_keeps_its_eval_json(tmp_path, tiny_math_model
 
 # The console names what the before/after evaluation measured: with a local file (one split, so the evaluation reads
 # training prompts) it warned "the accuracy is not held out", then printed "held-out problems" and "Held-out avg@4".
-@pytest.mark.parametrize(
-    "dataset_name, kind, line",
-    [
+@pytest.mark.parametrize("dataset_name, kind, line", [
         ("my_problems.jsonl", "training (not held-out)", "Training (not held-out) avg@4 on 40 problems (T=1.0"),
         ("builtin:tiny-math", "held-out", "Held-out avg@4 on 40 problems (T=1.0"),
         ("some-org/math", "held-out", "Held-out avg@4 on 40 problems (T=1.0"),
-    ],
-)
+])  # fmt: skip
 def test_the_console_names_what_the_evaluation_measured(capsys, dataset_name, kind, line):
     split, warning = evaluation_split(dataset_name, "test")
     assert evaluation_kind(split) == kind and (warning is None) == (kind == "held-out")
