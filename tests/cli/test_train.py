@@ -43,7 +43,8 @@ SMALL_RUN = ["--max_steps", "8", "--logging_steps", "4", "--save_steps", "4", "-
     ],
     ids=["unknown-reward", "missing-model-path", "missing-model-path-before-missing-data",
          "hub-id-looking-path-offline", "unknown-builtin-model", "unknown-builtin-dataset", "max-steps-0",
-         "torch-num-threads-0", "eval-num-problems-0", "output-dir-is-a-file", "abbreviated-flag", "unknown-benchmark"],
+         "torch-num-threads-0", "eval-num-problems-0", "output-dir-is-a-file", "abbreviated-flag",
+         "unknown-benchmark"],
 )  # fmt: skip
 def test_cli_fails_fast_with_one_message_before_building_a_model(no_model_built, tmp_path, overrides, match):
     with pytest.raises(SystemExit, match=r"(?s)^stapo-train: error: .*" + match):
