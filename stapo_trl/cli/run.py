@@ -133,9 +133,8 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
     trainer.save_model(out)
     say(f"Model and tokenizer saved to {out}.")
     dataset = None if is_builtin_or_local(s.dataset_name) else s.dataset_name
-    card = partial(
-        trainer.create_model_card, os.path.basename(os.path.normpath(out)), dataset, ["stapo_trl", s.trainer]
-    )
+    name = os.path.basename(os.path.normpath(out))
+    card = partial(trainer.create_model_card, name, dataset, ["stapo_trl", s.trainer])
     if is_main:
         card()
         trainer.model.config.use_cache = True  # training turns the KV cache off
@@ -143,9 +142,8 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
     s2t = summarize_s2t(write_figures(s, a, out), out) if is_main else {}
     if s.eval_before_after:
         say("Evaluating the trained model ...")
-        record = make_eval_record(
-            s, a, trainer, before, evaluate(name="eval_after"), max_new_tokens, m.model_name_or_path
-        )
+        after = evaluate(name="eval_after")
+        record = make_eval_record(s, a, trainer, before, after, max_new_tokens, m.model_name_or_path)
         if is_main:
             eval_path = write_eval_record(record, out, trainer.state.global_step)
             trainer.eval_record = record
