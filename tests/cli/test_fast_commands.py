@@ -97,6 +97,8 @@ def test_help_and_version_in_process(capsys, command, args, first_line):
 def test_short_help_names_fields_that_exist_and_points_at_every_field():
     # The short `--help` lists common fields without TRL's config classes: each must be a field `--help-fields` prints.
     assert "--help-fields" in SHORT_HELP and "Exit status: 0 on success" in " ".join(SHORT_HELP.split())
+    usage = SHORT_HELP.split("options:")[0]
+    assert all(text in usage for text in ("--config RECIPE.yaml", "--dry-run", "--num-processes", "accelerate launch"))
     fields = set(re.findall(r"--(\w+)", SHORT_HELP.split("Common fields")[1].split("options:")[0]))
     assert len(fields) >= 15
     every = fields_help()
