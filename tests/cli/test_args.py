@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import os
 import warnings
 from pathlib import Path
 
@@ -32,20 +33,13 @@ def test_every_script_argument_has_help_text_and_a_docstring_entry():
             assert f"        {f.name} (`" in STAPOScriptArguments.__doc__, f.name
 
 
-def test_the_recipe_is_read_once_and_the_command_line_wins(monkeypatch):
-    opened, real_open = [], builtins.open
-    monkeypatch.setattr(builtins, "open", lambda file, *a, **k: opened.append(str(file)) or real_open(file, *a, **k))
-    _, training_args, _ = parse_args(["--config", STAPO_RECIPE, "--max_steps", "7", "--trainer", "stapo"])
-    assert training_args.max_steps == 7 and training_args.learning_rate == 1e-4  # the flag, and the recipe's value
-    assert opened.count(STAPO_RECIPE) == 1, opened
-
-
-def test_the_recipes_env_block_sets_environment_variables(tmp_path, monkeypatch):
+def test_the_recipe_is_read_once_the_command_line_wins_and_its_env_block_is_set(tmp_path, monkeypatch):
     monkeypatch.delenv("STAPO_TEST_VARIABLE", raising=False)
-    parse_args(["--config", write_recipe(tmp_path, "env:\n  STAPO_TEST_VARIABLE: 3")])
-    import os
-
-    assert os.environ["STAPO_TEST_VARIABLE"] == "3"
+    recipe, opened, real_open = write_recipe(tmp_path, "env:\n  STAPO_TEST_VARIABLE: 3"), [], builtins.open
+    monkeypatch.setattr(builtins, "open", lambda file, *a, **k: opened.append(str(file)) or real_open(file, *a, **k))
+    _, training_args, _ = parse_args(["--config", recipe, "--max_steps", "7", "--trainer", "stapo"])
+    assert training_args.max_steps == 7 and training_args.learning_rate == 1e-4  # the flag, and the recipe's value
+    assert opened.count(recipe) == 1 and os.environ["STAPO_TEST_VARIABLE"] == "3", opened
 
 
 def test_grpo_gets_the_paper_objective_defaults_not_trl_defaults(tmp_path):
