@@ -1,8 +1,5 @@
-r"""The one answer grader of the training reward and the evaluation: the LAST complete `\boxed{}` / `\fbox{}` of a
-completion (STAPO Sec. 4.1) against a gold, parsed and verified by math-verify as TRL's `accuracy_reward` does, with
-rules on top, each for a reason given in docs/evaluation.md ("The grader"): gold layouts, `_REWRITES`, option letters,
-integers compared as `int`s, [`_numbers_equal`], and bounds on any thread (`MAX_ANSWER_CHARS`, `MAX_RESULT_DIGITS`,
-`TIMEOUT_S`). Never raises; imports math-verify (and SymPy) on first use."""
+r"""The one answer grader (reward and evaluation): the last complete `\boxed{}` of a completion (STAPO Sec. 4.1)
+against a gold by math-verify, with the rules of docs/evaluation.md ("The grader") on top, bounded on any thread."""
 
 from __future__ import annotations
 
@@ -66,9 +63,7 @@ def find_boxes(text: str) -> list[tuple[str | None, int, int]]:
 
 
 def extract_boxed_answer(text: str | None) -> str | None:
-    r"""The content of the LAST `\boxed{...}` or `\fbox{...}` of `text`, stripped; `None` without a box, for an empty
-    one, or when the last one never closes (a truncated generation). `r"so \boxed{1} no, \boxed{\frac{1}{3}}."` ->
-    `"\frac{1}{3}"`."""
+    r"""The stripped content of the LAST `\boxed{}` / `\fbox{}` of `text`; `None` without one, empty or unclosed."""
     return ((find_boxes(text or "") or [(None,)])[-1][0] or "").strip() or None
 
 
@@ -104,8 +99,7 @@ def _parse_gold(s: str, timeout: int | None) -> tuple:
 
 
 def _log10_size(x) -> float:
-    """Upper estimate of the decimal digits of the largest number that evaluating `x` builds."""
-    import sympy
+    import sympy  # an upper estimate of the digits of the largest number evaluating `x` builds
 
     if isinstance(x, sympy.Rational):
         return max(int(x.p).bit_length(), int(x.q).bit_length()) * math.log10(2)
@@ -122,9 +116,7 @@ def _log10_size(x) -> float:
 
 
 def _numbers_equal(g, p) -> bool | None:
-    """Two numbers (no variable): equal within a relative `DECIMAL_REL_TOL` when either has a decimal point, else to
-    `EXACT_DIGITS` significant digits (math-verify rounds to 6 decimal places: `1/2006!` is `1/2004!` for it); `None`
-    (math-verify decides) for anything else."""
+    """Two numbers equal within `DECIMAL_REL_TOL` with a decimal point, else to `EXACT_DIGITS`; `None` if not numbers."""
     import sympy
 
     special = (sympy.oo, -sympy.oo, sympy.zoo, sympy.nan, sympy.UnevaluatedExpr)
@@ -155,8 +147,7 @@ def _equivalent(gold_text: str, answer: str, timeout: int | None) -> bool:
 
 
 def _bounded(fn: Callable, *args):
-    """`fn(*args, TIMEOUT_S)` on the main thread (math-verify's `signal.alarm` timeouts); elsewhere `fn(*args, None)`
-    in a daemon thread given up after `TIMEOUT_S` seconds (it finishes in the background)."""
+    """`fn(*args, TIMEOUT_S)` on the main thread (signal.alarm); elsewhere in a daemon thread given up after TIMEOUT_S."""
     if threading.current_thread() is threading.main_thread():
         return fn(*args, TIMEOUT_S)
     outcome: list = []
@@ -177,10 +168,8 @@ def _bounded(fn: Callable, *args):
 
 
 def grade(completion: str | None, gold: Any) -> GradeResult:
-    r"""Grade the last complete `\boxed{}` of `completion` against `gold` (`str`, `int`, `float`, or a list or tuple:
-    a multi-answer gold, matched as a set), by the rules of the module docstring. Never raises: a gold that does not
-    parse gives `error="gold unparseable: ..."`; a refusal, a timeout or an error of math-verify a wrong answer with
-    the reason ([`GradeResult`])."""
+    r"""Grade the last complete `\boxed{}` of `completion` against `gold` (str, int, float, or a list or tuple matched
+    as a set). Never raises: an unparseable gold, a refusal, a timeout or an error is in [`GradeResult`]'s `error`."""
     extracted = extract_boxed_answer(completion)
     try:
         gold_text = _gold_text(gold)

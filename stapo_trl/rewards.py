@@ -1,8 +1,5 @@
-r"""Reward functions in TRL's convention, `(completions, solution, **kwargs) -> list[float | None]`, one value per
-completion (other keywords, dataset columns included, arrive in `**kwargs`). The
-[STAPO](https://huggingface.co/papers/2602.15620) recipe (Sec. 4.1) trains on the binary `math_accuracy_reward`;
-`format_reward` is an optional shaping term. `REWARDS` is the one registry of reward names.
-"""
+"""Reward functions in TRL's convention, `(completions, solution, **kwargs) -> list[float | None]`: the binary
+`math_accuracy_reward` of STAPO Sec. 4.1, an optional `format_reward`, and `REWARDS`, the one registry of names."""
 
 from __future__ import annotations
 
@@ -30,8 +27,7 @@ _NOT_FINITE = (
 
 
 def completion_text(completion: Any) -> str:
-    """The text of one completion, a string or chat messages (a content string or `{"type": "text"}` parts): the
-    content of the last assistant message (the last message when none is the assistant's); `""` for `None` or `[]`."""
+    """The text of a completion (a string, or chat messages: the last assistant message's text); `""` for None, []."""
     if completion is None or isinstance(completion, str):
         return completion or ""
     if not (messages := [completion] if isinstance(completion, dict) else list(completion)):
@@ -44,18 +40,16 @@ def completion_text(completion: Any) -> str:
 
 
 def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **kwargs) -> list[float | None]:
-    r"""1.0 per completion (`B` strings or chat-message lists) whose last `\boxed{}` answer is equivalent to its gold
-    in `solution` (`B` of `str`, `int`, `float`, or a list for a multi-answer gold; [`stapo_trl.grading.grade`]), else
-    0.0 (a grader error, timeout or refusal too, logged); `None` for a gold that does not parse (logged once), as TRL's
-    `accuracy_reward`. TRL's `log_metric` gets the batch's fractions `grading/error_ratio`, `grading/timeout_ratio`
-    (errors out of time or refused) and `grading/gold_unparseable_ratio`. Raises `ValueError` when the lengths differ.
-    """
+    """1.0 per completion (`B` strings or chat lists) whose answer [`stapo_trl.grading.grade`] finds equal to its gold
+    in `solution` (`B` of str, int, float or list), else 0.0 (grader errors logged); `None` for a gold that does not
+    parse (logged once). `log_metric` gets `grading/error_ratio`, `timeout_ratio` and `gold_unparseable_ratio`.
+    Raises `ValueError` when the lengths differ."""
     if len(completions) != len(solution):
         raise ValueError(
             f"math_accuracy_reward got {len(completions)} completions but {len(solution)} solutions; pass one "
             "`solution` per completion (a dataset column named `solution`)."
         )
-    from .grading import grade  # math-verify and SymPy: imported by the first reward call
+    from .grading import grade
 
     results = [grade(completion_text(c), gold) for c, gold in zip(completions, solution)]
     no_gold = [(r.error or "").startswith("gold unparseable") for r in results]
@@ -76,8 +70,7 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
 
 
 def format_reward(completions: Sequence[Any], **kwargs) -> list[float]:
-    r"""1.0 per completion (`B` strings or chat-message lists) that ENDS with its answer in a complete, non-empty
-    `\boxed{...}` (only whitespace, `$`, `\]`, `\)`, `.`, `!`, `)` or `]` after it), else 0.0 (correct or not)."""
+    r"""1.0 per completion that ENDS with a complete, non-empty `\boxed{}` (then only `$`, `\]`, `.`, ...), else 0.0."""
     from .grading import find_boxes
 
     rewards = []
@@ -87,21 +80,18 @@ def format_reward(completions: Sequence[Any], **kwargs) -> list[float]:
     return rewards
 
 
-# The one reward registry: name -> function (`--reward_funcs` values, `--help`, the dry run).
 REWARDS: dict[str, Callable[..., list]] = {"math_accuracy": math_accuracy_reward, "format": format_reward}
 
 
 class NoRewardWarning(UserWarning):
-    """A training step in which no reward function gave any completion a value (every value `None` or NaN): it has no
-    learning signal. `stapo-train` stops on it (`warnings.simplefilter("error", NoRewardWarning)` does the same)."""
+    """A training step in which no reward function gave any completion a value: no learning signal (`stapo-train`
+    stops on it)."""
 
 
 def checked_reward(func: Callable) -> Callable:
-    """`func` (a sync reward function; an async one is returned as is), named as TRL names it, checking its result: a
-    `TypeError` for anything but numbers and `None`s (TRL would train on a str's characters, a dict's keys), TRL's
-    `ValueError` for another count than one per completion; NaN (TRL's `None`) and `inf` or `-inf` (their groups'
-    advantages are then not numbers) are warned once each, with their share. An exception raised in `func` keeps its
-    traceback, with a note naming the function and the step, from 1 ([`reward_error_line`])."""
+    """`func` (sync; an async one is returned as is) under TRL's name, checking its result: `TypeError` for anything but
+    numbers and `None`s, `ValueError` for another count than one per completion, NaN and inf warned once each with
+    their share; an exception raised in `func` gets a note naming the function and the step (from 1)."""
     from trl.trainer.utils import get_callable_name
 
     if inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__):
@@ -140,8 +130,8 @@ def checked_reward(func: Callable) -> Callable:
 
 
 def reward_error_line(error: BaseException) -> str | None:
-    """The one line `stapo-train` prints for an exception raised in a reward function ([`checked_reward`]'s note
-    names it and the step), with where it was raised outside stapo_trl; `None` for another exception."""
+    """The line `stapo-train` prints for an exception raised in a reward function ([`checked_reward`]), with where it
+    was raised outside stapo_trl; `None` for another exception."""
     if (note := next((n for n in getattr(error, "__notes__", []) if n.startswith(REWARD_NOTE)), None)) is None:
         return None
     if (message := (str(error).splitlines() or [""])[0]).startswith("Reward function "):  # checked_reward's own error
@@ -152,9 +142,8 @@ def reward_error_line(error: BaseException) -> str | None:
 
 
 def resolve_reward_names(reward_funcs: Any) -> Any:
-    """`reward_funcs` as given to `STAPOTrainer`, each [`REWARDS`] name replaced by its function and each function
-    checked ([`checked_reward`]). Other strings stay Hub reward-model ids, as in TRL; one without "/" that is not a
-    local folder raises the `ValueError` of [`get_reward_funcs`] (TRL would retry the network for a minute)."""
+    """`reward_funcs` with each [`REWARDS`] name or dotted path resolved and each function [`checked_reward`]; a Hub
+    id (with "/") or folder stays as in TRL, another string raises [`get_reward_funcs`]'s `ValueError`."""
     import torch
 
     if isinstance(reward_funcs, list):
@@ -177,10 +166,9 @@ def _import_from_here(module_name: str):  # also from the current folder, as `py
 
 
 def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:
-    """Reward names as functions, in order: [`REWARDS`] keys (or a function's own name, `math_accuracy_reward`), or
-    dotted paths `pkg.module.function` importable from `sys.path` or the current folder; a string may hold several,
-    comma-separated. Raises `ValueError` (listing `sorted(REWARDS)`) for no name, an unknown name, or a dotted path
-    that does not import to a callable."""
+    """Reward names (a list, or one comma-separated string) as functions: [`REWARDS`] keys or function names, or
+    dotted paths `pkg.module.function` importable from `sys.path` or the current folder. Raises `ValueError` (listing
+    `sorted(REWARDS)`) for no name, an unknown name, or a path that does not import to a callable."""
     names = names.split(",") if isinstance(names, str) else names
     if not names or not any(str(name).strip() for name in names):
         raise ValueError(

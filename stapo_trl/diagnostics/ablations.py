@@ -1,5 +1,4 @@
-"""The paper's ablations of the S2T rule: other candidates silenced, with the core's candidates, loss mask and
-normalization ([`~stapo_trl.core.s2t_mask`] with `mode="off"`)."""
+"""The paper's ablations of the S2T rule: other candidates silenced ([`~stapo_trl.core.s2t_mask`], `mode="off"`)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from ..core.s2t import S2TResult, S2TSettings, linear_quantile, s2t_mask
 
 
 def _high_entropy(base: S2TResult, entropies: torch.Tensor, entropy_quantile: float, gather) -> S2TResult:
-    """Silence the candidates above the (1 - q)-quantile of their entropies (the exploratory ones the rule keeps)."""
     candidate_entropies = entropies[base.candidate].double()  # (N_local,)
     all_entropies = gather(candidate_entropies)  # (N_global,)
     threshold = linear_quantile(all_entropies, 1.0 - entropy_quantile) if all_entropies.numel() else float("nan")
@@ -23,11 +21,9 @@ def _high_entropy(base: S2TResult, entropies: torch.Tensor, entropy_quantile: fl
 
 
 def _all_low_prob(base: S2TResult, entropies: torch.Tensor, entropy_quantile: float, gather) -> S2TResult:
-    """Silence every candidate (JustRL-FullMask); tau_h stays the rule's."""
     return replace(base, keep=~base.candidate, silenced=base.candidate.clone(), num_silenced=base.num_candidates)
 
 
-# s2t_mode -> how the ablation silences, given the rule's result with mode="off": a new mode is one entry here.
 ABLATIONS = {"high_entropy": _high_entropy, "all_low_prob": _all_low_prob}
 
 

@@ -1,6 +1,4 @@
-r"""The S2T diagnostics logged beside the core's counts, reduced over processes: `s2t/entropy_p10`, `p50`, `p80`, `p95`
-(nats) from a log-spaced histogram of the loss tokens' entropies, `s2t/silenced_prob_mean` and
-`s2t/silenced_entropy_mean` (nats) over the silenced tokens."""
+"""The S2T diagnostics logged beside the core's counts, reduced over processes (entropy quantiles, silenced means)."""
 
 from __future__ import annotations
 
@@ -13,8 +11,7 @@ from ..core.s2t import S2TResult
 
 
 ENTROPY_QUANTILES = (0.10, 0.50, 0.80, 0.95)  # logged as `s2t/entropy_p{100 q}`
-# Bin 0 is [0, ENTROPY_MIN); bins 1..ENTROPY_BINS split [ENTROPY_MIN, ENTROPY_MAX) nats (above ln V of any vocabulary)
-# into equal ratios r = (ENTROPY_MAX / ENTROPY_MIN) ** (1 / ENTROPY_BINS).
+# Bin 0: [0, ENTROPY_MIN); bins 1..ENTROPY_BINS: [ENTROPY_MIN, ENTROPY_MAX) nats in equal ratios r.
 ENTROPY_MIN, ENTROPY_MAX, ENTROPY_BINS = 1e-6, 100.0, 4096
 _LOG_RATIO = (math.log(ENTROPY_MAX) - math.log(ENTROPY_MIN)) / ENTROPY_BINS  # ln r
 HISTOGRAM_QUANTILE_REL_ERROR = math.exp(_LOG_RATIO / 2) - 1  # 0.00225: √r - 1, the bound on `histogram_quantile`'s
@@ -30,9 +27,8 @@ def entropy_histogram(entropies: torch.Tensor) -> torch.Tensor:
 
 
 def histogram_quantile(counts: torch.Tensor, q: float) -> float:
-    r"""The q-quantile (numpy's linear interpolation) of the values behind an [`entropy_histogram`], in nats (NaN when
-    empty; `ValueError` for q outside [0, 1]), each order statistic replaced by its bin's geometric centre:
-    |estimate - exact| <= HISTOGRAM_QUANTILE_REL_ERROR · exact + ENTROPY_MIN / 2, without an element limit."""
+    r"""The q-quantile (linear) of an [`entropy_histogram`]'s values in nats, within HISTOGRAM_QUANTILE_REL_ERROR ·
+    exact + ENTROPY_MIN / 2 (bins' geometric centres); NaN when empty, `ValueError` for q outside [0, 1]."""
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"q={q!r} must be in [0, 1]")
     cumulative = torch.cumsum(counts.double(), dim=0)  # (ENTROPY_BINS + 1,)
@@ -41,7 +37,6 @@ def histogram_quantile(counts: torch.Tensor, q: float) -> float:
         return float("nan")
     h = (n - 1) * q
     lo, hi = math.floor(h), math.ceil(h)
-    # The k-th smallest value lies in the first bin whose cumulative count exceeds k (bin 0 stands for ENTROPY_MIN / 2)
     bins = torch.searchsorted(cumulative, torch.tensor([lo, hi], dtype=torch.float64), right=True).tolist()
     x_lo, x_hi = (math.exp(math.log(ENTROPY_MIN) + (b - 0.5) * _LOG_RATIO) if b else ENTROPY_MIN / 2 for b in bins)
     return x_lo + (h - lo) * (x_hi - x_lo)
@@ -49,14 +44,9 @@ def histogram_quantile(counts: torch.Tensor, q: float) -> float:
 
 def diagnostic_metrics(result: S2TResult, per_token_logps: torch.Tensor, entropies: torch.Tensor,
                        loss_mask: torch.Tensor, reduce: Callable | None = None) -> dict[str, float]:  # fmt: skip
-    r"""The diagnostic `s2t/` scalars of the mask `result` over all processes (one all-reduce of ENTROPY_BINS + 4
-    float64 values on every process), NaN where undefined; non-finite p or H stay out, as out of the candidates.
-
-    Args:
-        per_token_logps, entropies (`torch.Tensor`): float, (B, T), log-probabilities and entropies (nats).
-        loss_mask (`torch.Tensor`): (B, T), 1 for loss tokens.
-        reduce (`Callable`, *optional*): sums a 1-D float64 tensor over processes (a collective); `None`: one process.
-    """
+    """`s2t/entropy_p10`, `p50`, `p80`, `p95` (nats), `s2t/silenced_prob_mean` and `s2t/silenced_entropy_mean` of the
+    mask `result` over all processes, NaN where undefined, non-finite p or H left out. `per_token_logps`, `entropies`:
+    float (B, T); `loss_mask`: (B, T); `reduce` sums a 1-D float64 tensor over processes (one call on every process)."""
     reduce = reduce or (lambda t: t)
     with torch.no_grad():
         in_loss = loss_mask.bool() & torch.isfinite(per_token_logps) & torch.isfinite(entropies)  # (B, T)

@@ -1,16 +1,5 @@
-r"""Per-token records of the S2T mask (`spurious_tokens.jsonl`: the paper's word clouds and probability-entropy plane
-as data): [`select_token_records`] samples a mask's silenced tokens, kept candidates and other positive-advantage
-tokens on the device, [`merge_token_records`] merges several masks' samples within the caps, and [`token_records`]
-decodes a sample after one transfer to the host. A record:
-
-    {"step": 12, "update": 11, "kind": "silenced", "silenced": true, "candidate": true, "token": "9", "token_id": 40,
-     "prob": 0.0011, "logprob": -6.81, "entropy": 0.052, "advantage": 1.2, "position": 17,
-     "context": "carry 1; 4+3+1=⟦9⟧; \\boxed{", "entropy_threshold": 0.31, "prob_threshold": 0.002,
-     "completion_index": 3, "process_index": 0}
-
-`update`: the mask's optimizer step (`step`: the logging step); `position`: 0-based in the completion; `context`: up to
-`context_tokens` tokens each side; `entropy` in nats; `entropy_threshold`: tau_h (`None` without a candidate).
-"""
+"""Per-token records of the S2T mask (`spurious_tokens.jsonl`): [`select_token_records`] samples on the device,
+[`merge_token_records`] merges samples within the caps, [`token_records`] decodes them (keys: `token_records`)."""
 
 from __future__ import annotations
 
@@ -44,14 +33,10 @@ def select_token_records(
     seed: str = "0",
     update: int = 0,
 ) -> torch.Tensor:
-    """The records of one S2T mask, selected on the tensors' device without a transfer to the host: of each kind
-    (`KINDS`) of positive-advantage loss token with finite p and H, a uniform sample of at most `caps[kind]` drawn
-    from a generator seeded by `seed`; `update` is written into each record.
-
-    The arguments are the mask's ((B, T) p and H in nats, (B,) advantages, (B, T) loss mask and ids). Returns float64
-    (3, K, 10 + 2 * context_tokens + 1), K = min(max(caps), B * T): per kind, rows of (key, kind, update, completion,
-    position, log p, H, advantage, tau_h, context token ids); key -1 (and token id -1 outside the completion) if none.
-    """
+    """Of each kind (`KINDS`) of positive-advantage loss token with finite p and H, a uniform sample of at most
+    `caps[kind]` (seeded by `seed`), on the device. Takes the mask's (B, T) log p, H (nats), (B,) advantages, (B, T)
+    loss mask and ids; returns float64 (3, K, 10 + 2 * context_tokens + 1), K = min(max(caps), B * T), rows of (key,
+    kind, update, completion, position, log p, H, advantage, tau_h, context ids); key -1 (id -1 outside) if none."""
     (batch, length), device = per_token_logps.shape, per_token_logps.device
     in_loss = loss_mask.bool()  # (B, T)
     advantages = advantages.reshape(batch, -1).expand(batch, length)  # (B,), (B, 1) -> (B, T)
@@ -67,7 +52,6 @@ def select_token_records(
     capped = torch.arange(keys.size(1), device=device) >= torch.tensor(caps, device=device).unsqueeze(1)  # (3, K)
     keys = keys.masked_fill(capped, -1)
     row, pos = flat // length, flat % length  # (3, K)
-    # Context: tokens from pos - c to pos + c, never past the completion's last loss token (padding).
     ends = (in_loss * torch.arange(1, length + 1, device=device)).amax(dim=1)  # (B,)
     offsets = torch.arange(-context_tokens, context_tokens + 1, device=device)  # (2c+1,)
     columns = pos.unsqueeze(-1) + offsets  # (3, K, 2c+1)
@@ -91,8 +75,10 @@ def merge_token_records(selected: torch.Tensor, new: torch.Tensor, caps: tuple[i
 
 
 def token_records(selected: torch.Tensor, tokenizer, *, prob_threshold=None, process_index=0) -> list[dict[str, Any]]:
-    """The JSON records of a selection (float64, (3, K, F)) in (update, kind, completion, position) order, after one
-    transfer to the host and one `tokenizer.batch_decode`; `prob_threshold` and `process_index` go into each."""
+    """The JSON records of a selection (float64, (3, K, F)), sorted, after one transfer and one `batch_decode`:
+    `step`, `update`, `kind`, `silenced`, `candidate`, `token`, `token_id`, `prob`, `logprob`, `entropy` (nats),
+    `advantage`, `position` (0-based), `context` (`before⟦token⟧after`), `entropy_threshold` (tau_h, `None` without a
+    candidate), `prob_threshold`, `completion_index`, `process_index`."""
     rows = sorted(
         (r[_UPDATE], r[_KIND], r[_ROW], r[_POS], r) for kind in selected.tolist() for r in kind if r[_KEY] >= 0
     )  # the one transfer
@@ -120,8 +106,7 @@ def spurious_token_records(result: S2TResult, per_token_logps: torch.Tensor, ent
                            *, step: int, prob_threshold: float | None = None, max_silenced: int = 256,
                            max_kept_candidates: int = 64, max_reference: int = 64, context_tokens: int = 8,
                            seed: int = 0, process_index: int = 0) -> list[dict[str, Any]]:  # fmt: skip
-    """The records of one S2T mask ([`select_token_records`], then [`token_records`]), at most `max_*` of each kind,
-    sampled with the seed `f"{seed}-{step}-{process_index}"`; `step` is written as `step` and `update`."""
+    """[`select_token_records`] then [`token_records`] of one mask: at most `max_*` of each kind, seeded by step."""
     selected = select_token_records(
         result, per_token_logps, entropies, advantages, loss_mask, completion_ids,
         caps=(max_silenced, max_kept_candidates, max_reference), context_tokens=context_tokens,

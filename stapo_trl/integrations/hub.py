@@ -1,5 +1,4 @@
-"""Hub checks a command runs before any model is built, as plain functions a script may call too: a model, a dataset
-or a push that cannot work is one line in seconds, instead of transformers' and datasets' retries."""
+"""Hub checks run before any model is built: a model, dataset or push that cannot work is one line in seconds."""
 
 from __future__ import annotations
 
@@ -11,8 +10,6 @@ HUB_PROBE_TIMEOUT = 5.0  # seconds; `HF_HUB_ETAG_TIMEOUT` overrides it
 
 
 def _refuse(subject: str, offline: str | None, info, token, timeout, instead: str, download: str) -> None:
-    """Refuse what is neither local nor cached when `offline` (the variable that says so) or when `info`
-    (`HfApi.model_info` or `dataset_info`: one request, no retries) gets no HTTP answer."""
     from huggingface_hub import constants
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -35,9 +32,8 @@ def _refuse(subject: str, offline: str | None, info, token, timeout, instead: st
 
 
 def check_hub_model(name: str, *, revision=None, token=None, what: str = "Model", timeout=None) -> None:
-    """Refuse a model that must come from the Hub when the Hub cannot be used: a local path, a `builtin:` name or a Hub
-    id in the local cache passes; else `FileNotFoundError` when offline (`HF_HUB_OFFLINE=1`), `ConnectionError` when
-    the Hub, asked once (`HfApi.model_info`, `timeout` seconds), does not answer."""
+    """A local path, `builtin:` name or cached Hub id passes; else `FileNotFoundError` when offline, `ConnectionError`
+    when the Hub, asked once (`HfApi.model_info`, `timeout` s), does not answer."""
     from huggingface_hub import HfApi, constants, try_to_load_from_cache
 
     from ..models.names import BUILTIN_MODELS
@@ -59,8 +55,7 @@ def check_hub_model(name: str, *, revision=None, token=None, what: str = "Model"
 
 
 def check_hub_dataset(name: str, *, token=None, timeout=None) -> None:
-    """[`check_hub_model`] for `dataset_name` (`HfApi.dataset_info`): a local path, a `datasets` builder name (`json`,
-    `parquet`, ...) or a cached Hub dataset passes."""
+    """[`check_hub_model`] for a dataset: a local path, a `datasets` builder name or a cached Hub dataset passes."""
     from datasets import config, packaged_modules
     from huggingface_hub import HfApi, constants
 
@@ -76,8 +71,7 @@ def check_hub_dataset(name: str, *, token=None, timeout=None) -> None:
 
 
 def check_hub_access(hub_model_id, output_dir: str, token=None, *, endpoint=None, network: bool = True) -> None:
-    """Refuse a push that cannot work: offline mode, no token, or (`network`) a Hub that does not answer or refuses
-    the token (`HfApi.whoami`), with a one-line `ConnectionError`. Nothing is created or uploaded."""
+    """One-line `ConnectionError` for a push that cannot work: offline, no token, or (`network`) `HfApi.whoami` fails."""
     from huggingface_hub import HfApi, constants, get_token
 
     repo, endpoint, cause = hub_model_id or os.path.basename(os.path.abspath(output_dir)), endpoint, None

@@ -1,7 +1,5 @@
-"""Nothing may hold the process group when it is destroyed: a gloo group's threads then outlive the run, and about one
-process exit in 15 aborts in C++ teardown (SIGABRT) after everything was written. Two holders: modules that capture
-the group in a default argument (`def f(group=dist.group.WORLD)`) when imported after it exists, and a trained
-trainer's DDP wrapper."""
+"""Nothing may hold the process group when it is destroyed (gloo's threads would outlive it and abort ~1 exit in 15):
+not a module's default argument, not a trained trainer's DDP wrapper."""
 
 from __future__ import annotations
 
@@ -13,8 +11,8 @@ import sys
 
 
 def import_group_capturing_modules() -> None:
-    """Import torch's and DeepSpeed's modules that capture the default group (those installed) before a process group
-    exists (TRL imports DeepSpeed's while a trainer is built, in a DDP run too); the environment is left as it was."""
+    """Import the installed torch and DeepSpeed modules that capture the default group before one exists (environment
+    kept)."""
     import torch.distributed
 
     if not torch.distributed.is_available() or torch.distributed.is_initialized():
@@ -28,9 +26,8 @@ def import_group_capturing_modules() -> None:
 
 
 def release_process_group(trainer) -> None:
-    """Drop a trained `Trainer`'s DDP wrapper (its reducer holds the group; a DeepSpeed engine or an FSDP model is left
-    as it is), then end training (trackers, the process group). `trainer.model` stays usable; nothing may communicate
-    afterwards."""
+    """Drop a trained `Trainer`'s DDP wrapper (not DeepSpeed's or FSDP's), then end training (trackers, process group);
+    `trainer.model` stays usable, nothing may communicate afterwards."""
     if not (getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False)):
         trainer.model_wrapped = trainer.model
         gc.collect()  # the wrapper sits in reference cycles

