@@ -1,12 +1,6 @@
-r"""The grader against the one it replaced, on the real benchmark files in `../shared/data` (see its SOURCES.md).
-
-For every gold of every benchmark (every file in each folder, loaded as `stapo-eval` loads it), the gold written as
-a boxed answer, its usual equivalent forms and some wrong answers are graded by both graders: the previous one is
-read from git (`PREVIOUS`, the last commit that had it), so the check needs the repository's history and skips
-without it, or without `../shared/data`. Every gold grades as before; every other disagreement is a row of the table
-in docs/evaluation.md, and the table holds nothing else. Run this file to print the disagreements as table rows:
-`python tests/test_grading_benchmarks.py`.
-"""
+"""The grader against the one it replaced (`PREVIOUS`, read from git; skips without it or ../shared/data) on every
+gold of the real benchmarks: every gold grades as before, every other disagreement is a row of docs/evaluation.md's
+table (`python tests/test_grading_benchmarks.py` prints them as rows)."""
 
 import importlib
 import re
@@ -14,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from stapo_trl import grading
@@ -28,14 +23,11 @@ DOC = REPO / "docs" / "evaluation.md"
 
 
 def load_previous(folder: Path):
-    """The previous `stapo_trl.grading` package, written from git into `folder` and imported as `_previous_grading`;
-    `None` when this checkout's history does not hold it."""
     package = folder / "_previous_grading"
     package.mkdir(exist_ok=True)
     for name in PREVIOUS_MODULES:
-        shown = subprocess.run(
-            ["git", "-C", str(REPO), "show", f"{PREVIOUS}:stapo_trl/grading/{name}.py"], capture_output=True, text=True
-        )
+        git = ["git", "-C", str(REPO), "show", f"{PREVIOUS}:stapo_trl/grading/{name}.py"]
+        shown = subprocess.run(git, capture_output=True, text=True)
         if shown.returncode != 0:
             return None
         (package / f"{name}.py").write_text(shown.stdout)
@@ -55,7 +47,6 @@ def previous_grader(tmp_path_factory):
 
 
 def benchmark_golds(data_dir: Path) -> dict[str, list]:
-    """benchmark folder -> its distinct golds, over all its files."""
     golds: dict[str, dict] = {}
     for path in sorted(data_dir.glob("*/*")):
         if path.suffix in (".json", ".jsonl", ".parquet"):
@@ -74,14 +65,7 @@ _FRACTION = re.compile(r"\\d?frac\{(\d+)\}\{(\d+)\}|(\d+)/(\d+)")
 _LETTER = re.compile(r"\\text\{\(([A-E])\)\}")
 
 
-def _positional(value: float, **kwargs) -> str:
-    import numpy as np
-
-    return np.format_float_positional(value, trim="-", **kwargs)
-
-
 def answers(golds: list) -> list[tuple[object, str]]:
-    """(gold, box content) pairs: the gold itself, its usual equivalent forms, and wrong answers."""
     out = []
     for i, gold in enumerate(golds):
         text = _text(gold)
@@ -96,8 +80,9 @@ def answers(golds: list) -> list[tuple[object, str]]:
             out.append((gold, f"{num / den:.10g}"))
         if _DECIMAL.fullmatch(text.strip("$")) and ("." in text or "e" in text.lower()):
             value = float(text.strip("$"))
-            out.append((gold, _positional(value)))
-            out.append((gold, _positional(value * 1.1, precision=6, fractional=False)))  # wrong by 10 %
+            out.append((gold, np.format_float_positional(value, trim="-")))
+            wrong = np.format_float_positional(value * 1.1, trim="-", precision=6, fractional=False)  # by 10 %
+            out.append((gold, wrong))
         if isinstance(gold, list) and len(gold) > 1:
             out.append((gold, ", ".join(reversed(gold))))
         if (m := _LETTER.fullmatch(text)) is not None:
@@ -108,7 +93,6 @@ def answers(golds: list) -> list[tuple[object, str]]:
 
 
 def verdicts(grader, golds: dict[str, list], only_self: bool = False) -> dict[tuple, bool]:
-    """(benchmark, gold text, box content) -> whether `grader` grades that answer to that gold correct."""
     return {
         (name, _text(gold), answer): grader.grade(rf"The answer is $\boxed{{{answer}}}$.", gold).correct
         for name, benchmark in golds.items()
@@ -117,7 +101,6 @@ def verdicts(grader, golds: dict[str, list], only_self: bool = False) -> dict[tu
 
 
 def disagreements(before: dict[tuple, bool], now: dict[tuple, bool]) -> set[tuple]:
-    """(benchmark, gold text, box content, previous verdict, new verdict) of every pair the graders disagree on."""
     return {(*key, int(before[key]), int(now[key])) for key in now if before[key] != now[key]}
 
 
@@ -128,12 +111,10 @@ def golds(shared_data_dir):
 
 @pytest.fixture(scope="module")
 def own_golds_now(golds):
-    """The new grader's verdict on each gold written as its own answer."""
     return verdicts(grading, golds, only_self=True)
 
 
 def documented() -> set[tuple]:
-    """The rows of the disagreement table in docs/evaluation.md, as `disagreements` gives them."""
     rows = set()
     for line in DOC.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
