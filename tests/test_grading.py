@@ -14,8 +14,8 @@ from stapo_trl.grading import extract_boxed_answer, grade, is_correct
 
 def test_the_last_complete_box_is_the_answer():
     # the last box of the last text never closes (truncated): no answer
-    texts = [r"so \boxed{1} no, \boxed{\frac{1}{3}}.", r"\fbox{ 7 }", r"\boxed{\{1, 2\}}", r"\boxed{}", "no box: 42", None,
-             r"\boxed{1} then \boxed{\frac{2}{3}"]  # fmt: skip
+    texts = [r"so \boxed{1} no, \boxed{\frac{1}{3}}.", r"\fbox{ 7 }", r"\boxed{\{1, 2\}}", r"\boxed{}", "no box: 42",
+             None, r"\boxed{1} then \boxed{\frac{2}{3}"]  # fmt: skip
     assert list(map(extract_boxed_answer, texts)) == [r"\frac{1}{3}", "7", r"\{1, 2\}", None, None, None, None]
 
 
@@ -79,8 +79,9 @@ def test_a_long_answer_is_refused_and_integers_past_python_limits_do_not_raise()
 
 
 # Each would run for minutes if evaluated; each is refused before evaluation (the last: a pathological gold).
-PATHOLOGICAL = [(r"\boxed{10^{10^{10}}}", "1"), (r"\boxed{2003^{2002^{2001}}}", "5"), (r"\boxed{(10^{7})!}", r"\frac{1}{2}"),
-                (r"\boxed{\binom{10^{9}}{10^{5}}}", "3"), (r"\boxed{9^{9^{9^{9}}}}", "x+1"), (r"\boxed{e^{e^{e^{e^{e}}}}}", "1"),
+PATHOLOGICAL = [(r"\boxed{10^{10^{10}}}", "1"), (r"\boxed{2003^{2002^{2001}}}", "5"),
+                (r"\boxed{(10^{7})!}", r"\frac{1}{2}"), (r"\boxed{\binom{10^{9}}{10^{5}}}", "3"),
+                (r"\boxed{9^{9^{9^{9}}}}", "x+1"), (r"\boxed{e^{e^{e^{e^{e}}}}}", "1"),
                 (r"\boxed{\Gamma(10^{8})}", "2"), (r"\boxed{(x+1)^{10^{5}}}", r"(x+2)^{100000}"),
                 (r"\boxed{1}", r"10^{10^{10}}")]  # fmt: skip
 

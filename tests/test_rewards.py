@@ -1,5 +1,4 @@
-"""TRL-convention rewards (`stapo_trl.rewards`): accuracy, format, the registry and its resolver, what a reward returns
-(`checked_reward`), and a user's reward named by its dotted path that reads extra dataset columns."""
+"""Rewards (`stapo_trl.rewards`): accuracy, format, the registry and resolver, `checked_reward`, dotted paths."""
 
 import json
 import logging
@@ -26,25 +25,17 @@ def _chat(text):
     return [{"role": "assistant", "content": text}]
 
 
-@pytest.mark.parametrize(
-    "completions, golds, expected",
-    [
-        ([r"\boxed{85}", _chat(r"so \boxed{085}"), r"\boxed{84}", "85", _chat("")], ["85"] * 5, [1, 1, 0, 0, 0]),
-        ([r"\boxed{\frac{1}{2}}", r"\boxed{27}", r"\boxed{2, 1}"], ["0.5", 27.0, ["$1$", "$2$"]], [1, 1, 1]),
-        # Upright constants in reported golds (once "unparseable": None).
-        ([r"\boxed{1-\frac{1}{e}}", r"\boxed{1+\frac{1}{e}}"], [r"1 - \frac{1}{\mathrm{e}}"] * 2, [1, 0]),
-        (
-            [r"\boxed{\frac{\pi}{6}}", r"\boxed{e^{-2}}"],
-            [r"\operatorname{arcsin}\frac{1}{2}", r"{\rm e}^{-2}"],
-            [1, 1],
-        ),
-    ],
-    ids=["strings-and-chat", "symbolic-float-list-golds", "upright-e", "upright-functions"],
-)
-def test_math_accuracy_reward(completions, golds, expected):
+def test_math_accuracy_reward():
+    completions = [r"\boxed{85}", _chat(r"so \boxed{085}"), r"\boxed{84}", "85", _chat(""), r"\boxed{\frac{1}{2}}",
+                   r"\boxed{27}", r"\boxed{2, 1}", r"\boxed{1-\frac{1}{e}}", r"\boxed{\frac{\pi}{6}}",
+                   r"\boxed{e^{-2}}"]  # fmt: skip
+    golds = ["85"] * 5 + ["0.5", 27.0, ["$1$", "$2$"], r"1 - \frac{1}{\mathrm{e}}",
+                          r"\operatorname{arcsin}\frac{1}{2}"]  # fmt: skip
+    golds.append(r"{\rm e}^{-2}")  # upright constants in reported golds (once "unparseable": None)
     # GRPOTrainer passes prompts, completion_ids, dataset columns and trainer_state as keyword arguments too.
     extra = dict(prompts=["1+2"] * len(golds), completion_ids=[[1]] * len(golds), trainer_state=None)
-    assert math_accuracy_reward(completions, golds, **extra) == [float(x) for x in expected]
+    assert math_accuracy_reward(completions, golds, **extra) == [1.0, 1.0, 0.0, 0.0, 0.0] + [1.0] * 6
+    assert math_accuracy_reward([r"\boxed{1+\frac{1}{e}}"], golds[8:9]) == [0.0]
     with pytest.raises(ValueError, match="solution"):
         math_accuracy_reward(completions, golds[:-1])
 
@@ -61,11 +52,8 @@ def test_grader_errors_score_zero_and_unparseable_golds_none_logged_and_counted(
             log_metric=logged.__setitem__,
         )
     assert rewards == [0.0, 1.0, 0.0, None]  # the integer path needs no math-verify; a refusal is a timeout
-    assert logged == {
-        "grading/error_ratio": 0.5,
-        "grading/timeout_ratio": 0.25,
-        "grading/gold_unparseable_ratio": 0.25,
-    }
+    ratios = {"grading/error_ratio": 0.5, "grading/timeout_ratio": 0.25, "grading/gold_unparseable_ratio": 0.25}
+    assert logged == ratios
     messages = [r.getMessage() for r in caplog.records]
     assert any("2/4 completions hit a grader error" in m for m in messages)
     assert any(r"gold answer '\\frac{zz' does not parse" in m for m in messages)
@@ -85,32 +73,15 @@ def test_a_batch_of_512_with_pathological_answers_is_bounded():
     assert logged["grading/timeout_ratio"] == pytest.approx(5 / 512)
 
 
-@pytest.mark.parametrize(
-    "text, expected",
-    [
-        (r"steps... \boxed{85}", 1.0),
-        (r"steps... $\boxed{85}$.", 1.0),
-        (r"\[ \boxed{85} \]", 1.0),
-        (r"first \boxed{3}, then \boxed{85}", 1.0),  # intermediate boxes are fine; the last one counts
-        (r"\boxed{85} and then more text", 0.0),  # the answer must end the completion
-        (r"no box at all", 0.0),
-        (r"\boxed{}", 0.0),
-        (r"\boxed{8", 0.0),  # unterminated
-        ("", 0.0),
-    ],
-)
-def test_format_reward(text, expected):
-    assert format_reward([text, _chat(text)]) == [expected, expected]
-
-
-def test_completion_text_layouts():
+def test_format_reward_completion_text_and_the_registry():
+    ends = [r"steps... \boxed{85}", r"steps... $\boxed{85}$.", r"\[ \boxed{85} \]",
+            r"first \boxed{3}, then \boxed{85}"]  # fmt: skip
+    no = [r"\boxed{85} and then more text", "no box at all", r"\boxed{}", r"\boxed{8", ""]
+    assert format_reward(ends + no) == format_reward(list(map(_chat, ends + no))) == [1.0] * 4 + [0.0] * 5
     assert [completion_text(c) for c in ("x", None, [])] == ["x", "", ""]
     assert completion_text([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]) == "a"
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     assert completion_text([{"role": "assistant", "content": parts}]) == "ab"
-
-
-def test_registry_and_resolver():
     assert get_reward_funcs(["math_accuracy", "format"]) == [math_accuracy_reward, format_reward]
     assert get_reward_funcs("math_accuracy,format") == [math_accuracy_reward, format_reward]
     assert get_reward_funcs(["math_accuracy_reward", "stapo_trl.rewards.format_reward"]) == list(REWARDS.values())
@@ -124,21 +95,13 @@ def test_unknown_reward_lists_registry(name):
     assert str(sorted(REWARDS)) in str(info.value)
 
 
-# A dotted reward path names a module in the folder the command runs from, as `python script.py` would find it: the
-# README's `stapo-train ... --reward_funcs my_rewards.exact_match` failed as printed ("No module named 'my_rewards'")
-# because an installed command does not have that folder on sys.path.
-@pytest.fixture
-def user_folder(tmp_path, monkeypatch):
-    """The current folder is a fresh one that is not on sys.path; sys.path and sys.modules are restored after."""
+def test_a_module_or_package_in_the_current_folder_is_imported(tmp_path, monkeypatch):
     import sys
 
+    user_folder = tmp_path  # the current folder, not on sys.path (as for an installed command)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
     monkeypatch.setattr(sys, "modules", dict(sys.modules))
-    return tmp_path
-
-
-def test_a_module_or_package_in_the_current_folder_is_imported(user_folder):
     (user_folder / "my_rewards.py").write_text("def exact_match(completions, solution, **kwargs):\n    return [1.0]\n")
     (user_folder / "lab" / "rl").mkdir(parents=True)
     (user_folder / "lab" / "__init__.py").write_text("")
@@ -154,7 +117,6 @@ def test_a_module_or_package_in_the_current_folder_is_imported(user_folder):
     assert "\n" not in message
 
 
-# A user's reward module, written to a temporary folder on sys.path and named by its dotted path.
 REWARD_MODULE = """
 CALLS = []
 
@@ -190,28 +152,17 @@ def test_extra_columns_reach_a_dotted_path_reward(tmp_path, tiny_math_model_path
     assert log[0]["rewards/difficulty_reward/mean"] == pytest.approx(0.35)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# What a reward function returns, checked where the product trainer resolves it (`checked_reward`)
-# ---------------------------------------------------------------------------------------------------------------
 FOUR = dict(completions=["a", "b", "c", "d"], trainer_state=SimpleNamespace(global_step=0))  # step 1 being trained
 EXPECTED = "at step 1, but 4 were expected (one per prompt-completion pair): return one float per completion, None "
 EXPECTED += "for one it cannot judge."
 
 
-@pytest.mark.parametrize(
-    "returned, shown, kind",
-    [
-        (None, "None", TypeError),  # reported: TRL's `TypeError: 'NoneType' object is not iterable`
-        (1.0, "1.0", TypeError),  # a batch score instead of one per completion
-        ("0.5", "'0.5'", TypeError),  # a score left as text (TRL would take its characters for 3 rewards)
-        (["1.0"] * 4, "['1.0', '1.0', '1.0', '1.0']", TypeError),  # reported: `too many dimensions 'str'` in torch
-        ({i: 1.0 for i in range(4)}, "{0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}", TypeError),  # TRL trained on its keys
-        ([[1.0]] * 4, "[[1.0], [1.0], [1.0], [1.0]]", TypeError),  # TRL: `RuntimeError: expand(...)`
-        ([1.0] * 3, "3 rewards", ValueError),  # reported (63 values for 64): TRL's error in a 19-frame traceback
-        ([1.0] * 5, "5 rewards", ValueError),
-        ([], "0 rewards", ValueError),
-    ],
-)
+@pytest.mark.parametrize("returned, shown, kind", [
+    (None, "None", TypeError), (1.0, "1.0", TypeError), ("0.5", "'0.5'", TypeError),  # TRL: a str's characters
+    (["1.0"] * 4, "['1.0', '1.0', '1.0', '1.0']", TypeError), ([[1.0]] * 4, "[[1.0], [1.0], [1.0], [1.0]]", TypeError),
+    ({i: 1.0 for i in range(4)}, "{0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}", TypeError),  # TRL trained on its keys
+    ([1.0] * 3, "3 rewards", ValueError), ([1.0] * 5, "5 rewards", ValueError), ([], "0 rewards", ValueError),
+])  # fmt: skip
 def test_a_reward_that_returns_no_number_per_completion_is_one_line_naming_it_and_the_step(returned, shown, kind):
     def unsure(completions, **kwargs):
         return returned
@@ -222,19 +173,11 @@ def test_a_reward_that_returns_no_number_per_completion_is_one_line_naming_it_an
     assert raised.value.__notes__ == ["In reward function unsure at step 1."]
 
 
-@pytest.mark.parametrize(
-    "returned",
-    [
-        np.array([1.0, 0.0, 0.5]),
-        torch.tensor([1.0, 0.0, 0.5]),
-        [np.True_, np.False_, 0.5],  # a comparison's result
-        (torch.tensor(v) for v in (1.0, 0.0, 0.5)),  # 0-d tensors, from a generator
-        [1, False, Fraction(1, 2)],
-    ],
-)
-def test_every_sequence_of_numbers_trl_trains_on_passes_as_its_values(returned):
-    rewards = checked_reward(lambda completions, **kwargs: returned)(completions=["a", "b", "c"])
-    assert torch.tensor(rewards, dtype=torch.float32).tolist() == [1.0, 0.0, 0.5]  # as TRL converts them
+def test_every_sequence_of_numbers_trl_trains_on_passes_as_its_values():
+    for returned in [np.array([1.0, 0.0, 0.5]), torch.tensor([1.0, 0.0, 0.5]), [np.True_, np.False_, 0.5],
+                     (torch.tensor(v) for v in (1.0, 0.0, 0.5)), [1, False, Fraction(1, 2)]]:  # fmt: skip
+        rewards = checked_reward(lambda completions, r=returned, **kwargs: r)(completions=["a", "b", "c"])
+        assert torch.tensor(rewards, dtype=torch.float32).tolist() == [1.0, 0.0, 0.5]  # as TRL converts them
 
 
 INF = (
@@ -243,18 +186,14 @@ INF = (
 NAN = "NaN for {} at step 1: TRL takes NaN for None (no reward), so they teach nothing"
 
 
-@pytest.mark.parametrize(
-    "returned, warned",
-    [
-        ([math.inf, 1.0, None, 0.0], INF.format("1 of 4 completions (25%)")),  # measured: trained on without a word
-        ([-math.inf, -math.inf, None, 0.0], INF.format("2 of 4 completions (50%)")),
-        ([np.float32("inf")] * 4, INF.format("4 of 4 completions (100%)")),
-        ([math.nan, 1.0, None, 0.0], NAN.format("1 of 4 completions (25%)")),  # reported: NaN was never named
-        ([np.float32("nan")] * 3 + [1.0], NAN.format("3 of 4 completions (75%)")),
-        ([torch.tensor(math.nan)] * 4, NAN.format("4 of 4 completions (100%)")),  # every one: still named, as NaN
-    ],
-    ids=["inf", "minus-inf", "numpy-inf", "nan", "numpy-nan", "all-nan-tensors"],
-)
+@pytest.mark.parametrize("returned, warned", [
+    ([math.inf, 1.0, None, 0.0], INF.format("1 of 4 completions (25%)")),
+    ([-math.inf, -math.inf, None, 0.0], INF.format("2 of 4 completions (50%)")),
+    ([np.float32("inf")] * 4, INF.format("4 of 4 completions (100%)")),
+    ([math.nan, 1.0, None, 0.0], NAN.format("1 of 4 completions (25%)")),
+    ([np.float32("nan")] * 3 + [1.0], NAN.format("3 of 4 completions (75%)")),
+    ([torch.tensor(math.nan)] * 4, NAN.format("4 of 4 completions (100%)")),  # every one: still named, as NaN
+])  # fmt: skip
 def test_a_reward_returning_inf_or_nan_is_warned_once_naming_it_and_the_share(returned, warned, caplog):
     def unsure(completions, **kwargs):
         return returned
@@ -276,9 +215,7 @@ def half_judged(completions, prompts, trainer_state, **kwargs):
 
 
 def test_the_trainer_checks_its_rewards_under_trls_names(tmp_path, tiny_random_model_path, caplog):
-    """The checked function keeps TRL's metric name and the signature the column check reads; `None` for some
-    completions trains without a word, as in TRL; an exception keeps its traceback, with a note naming the reward and
-    the step (reported: "step 0"; measured: a 60-line traceback that named no step)."""
+    # TRL's name and signature kept; `None` for some completions trains silently; an exception gets a note
     import inspect
     import traceback
 
@@ -286,10 +223,8 @@ def test_the_trainer_checks_its_rewards_under_trls_names(tmp_path, tiny_random_m
     from stapo_trl.rewards import resolve_reward_names
 
     (checked,) = resolve_reward_names([half_judged])
-    assert checked.__name__ == "half_judged" and list(inspect.signature(checked).parameters)[:2] == [
-        "completions",
-        "prompts",
-    ]
+    assert checked.__name__ == "half_judged"
+    assert list(inspect.signature(checked).parameters)[:2] == ["completions", "prompts"]
     args = tiny_stapo_config(tmp_path, max_steps=2, logging_steps=1)
     trainer = STAPOTrainer(tiny_random_model_path, half_judged, args=args, train_dataset=PROMPTS)
     with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"), pytest.raises(ZeroDivisionError) as raised:

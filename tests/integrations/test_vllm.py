@@ -298,8 +298,8 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    launcher = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True, preexec_fn=as_from_a_terminal)  # fmt: skip
+    launcher = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True, preexec_fn=as_from_a_terminal)  # fmt: skip
     if mode == "sleep":  # Ctrl-C while training runs: SIGINT to the launcher's whole foreground group
         deadline = time.time() + 500
         while not (record.exists() and "training started" in record.read_text()) and time.time() < deadline:
@@ -324,7 +324,7 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
 
 @pytest.mark.vllm
 def test_paper_recipes_parse_on_the_vllm_environments_transformers():
-    # transformers 5.19 (the vLLM environment's) reads the recipes' `activation_checkpointing` as gradient_checkpointing
+    # transformers 5.19 (the vLLM environment's) reads the recipes' activation_checkpointing as gradient_checkpointing
     from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.dry_run import dry_run_recipe
 
