@@ -76,6 +76,19 @@ def hand_s2t_batch():
     return probs.log(), entropies, torch.tensor([1.0, -1.0]), loss_mask
 
 
+def hand_diagnostics_batch(prob_threshold=0.01):
+    """Two completions, q = 0.5. Row 0 ("1+2=3", A = +1, 5 loss tokens): p = [0.5, 0.001, 0.002, 0.9, 0.005], H = [0.1,
+    0.2, 0.9, 0.3, 0.5]: at tau_p = 0.01 the candidates are 1, 2, 4, tau_h = 0.5, position 1 ("+") silenced. Row 1
+    (A = -1, 3 loss tokens + padding): never a candidate. Returns (s2t result, logps, H, advantages, loss mask, ids)."""
+    from stapo_trl.core.s2t import s2t_mask
+
+    logps = torch.log(torch.tensor([[0.5, 0.001, 0.002, 0.9, 0.005], [0.2, 0.0005, 0.3, 1e-9, 1e-9]]))
+    entropies = torch.tensor([[0.1, 0.2, 0.9, 0.3, 0.5], [0.4, 0.05, 0.6, 99.0, 99.0]])
+    loss_mask, advantages = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]), torch.tensor([1.0, -1.0])
+    result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
+    return result, logps, entropies, advantages, loss_mask, torch.tensor([[1, 2, 3, 4, 5], [5, 4, 3, 0, 0]])
+
+
 def candidates_batch(entropies, logps=None):
     """One positive-advantage completion whose every token is a candidate (p = 0.001 < tau_p = 0.002)."""
     entropies = torch.as_tensor(entropies)

@@ -1,5 +1,4 @@
-"""Per-token records of the S2T mask (`stapo_trl.diagnostics.token_records`) on a hand-built batch, and the
-`SpuriousTokenLogger` that takes them when a training mask is built and writes them at logging steps."""
+"""Per-token records of the S2T mask on a hand-built batch, and the `SpuriousTokenLogger` that writes them."""
 
 import json
 import math
@@ -10,6 +9,7 @@ import warnings
 import pytest
 import torch
 from testing_utils import PROMPTS, text_reward, tiny_stapo_config
+from testing_utils import hand_diagnostics_batch as hand_batch
 from torch.overrides import TorchFunctionMode
 
 from stapo_trl import STAPOTrainer
@@ -23,8 +23,6 @@ ALL = dict(prob_threshold=0.01, max_silenced=10, max_kept_candidates=10, max_ref
 
 
 class CharTokenizer:
-    """decode(ids) = the concatenated vocabulary strings; `batch_decode` counts its calls."""
-
     batch_calls = 0
 
     def batch_decode(self, sequences, skip_special_tokens=False):
@@ -33,10 +31,7 @@ class CharTokenizer:
 
 
 class HostTransfers(TorchFunctionMode):
-    """Counts the calls that bring a tensor's values to the host (`.item()`, `.tolist()`, `.cpu()`, `float()`, ...,
-    `.to("cpu")`): each is a device sync on an accelerator."""
-
-    count = 0
+    count = 0  # calls that bring a tensor's values to the host: each is a device sync on an accelerator
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs, name = kwargs or {}, getattr(func, "__name__", "")
@@ -52,21 +47,6 @@ class HostTransfers(TorchFunctionMode):
             "__index__",
         }
         return func(*args, **kwargs)
-
-
-def hand_batch(prob_threshold=0.01):
-    """The arguments of `spurious_token_records` before the tokenizer: two completions, tau_p = 0.01, q = 0.5.
-
-    Row 0 ("1+2=3", A = +1, 5 loss tokens): p = [0.5, 0.001, 0.002, 0.9, 0.005], H = [0.1, 0.2, 0.9, 0.3, 0.5].
-      Candidates (p < 0.01): positions 1, 2, 4 with H = 0.2, 0.9, 0.5 -> tau_h = median = 0.5.
-      Silenced (H < 0.5): position 1 ("+"). Kept candidates: positions 2 ("2") and 4 ("3"). References: 0 and 3.
-    Row 1 (A = -1, 3 loss tokens + 2 padding): never recorded.
-    """
-    logps = torch.log(torch.tensor([[0.5, 0.001, 0.002, 0.9, 0.005], [0.2, 0.0005, 0.3, 1e-9, 1e-9]]))
-    entropies = torch.tensor([[0.1, 0.2, 0.9, 0.3, 0.5], [0.4, 0.05, 0.6, 99.0, 99.0]])
-    loss_mask, advantages = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]), torch.tensor([1.0, -1.0])
-    result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
-    return result, logps, entropies, advantages, loss_mask, torch.tensor([[1, 2, 3, 4, 5], [5, 4, 3, 0, 0]])
 
 
 def test_hand_batch_records():
@@ -97,8 +77,6 @@ def test_hand_batch_records():
 @pytest.mark.parametrize("name, position, value", [("logps", 0, float("nan")), ("entropies", 3, float("inf")),
                                                    ("logps", 3, float("-inf"))])  # fmt: skip
 def test_a_loss_token_with_a_non_finite_value_is_never_recorded(name, position, value):
-    # Before: the "reference" kind sampled every positive-advantage non-candidate, so a non-finite value reached
-    # spurious_tokens.jsonl as NaN or Infinity, which strict JSON readers refuse.
     result, logps, entropies, advantages, loss_mask, completion_ids = hand_batch()
     tensors = {"logps": logps.clone(), "entropies": entropies.clone()}
     tensors[name][0, position] = value
@@ -109,8 +87,7 @@ def test_a_loss_token_with_a_non_finite_value_is_never_recorded(name, position, 
 
 
 def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.0):
-    """`rows` positive-advantage completions of random tokens with p uniform in [0.1, 0.6], q = 0.5 (seeded): with
-    tau_p = 1 every token is a candidate and half are silenced."""
+    # p uniform in [0.1, 0.6], q = 0.5: with tau_p = 1 every token is a candidate and half are silenced
     generator = torch.Generator().manual_seed(rows)
     entropies = torch.rand(rows, length, generator=generator)
     logps = torch.log(torch.rand(rows, length, generator=generator) * 0.5 + 0.1)
@@ -132,27 +109,17 @@ def test_records_are_capped_per_kind_sampled_in_order_deterministic_and_cost_one
         )
     assert first == spurious_token_records(*batch, CharTokenizer(), step=3, **caps)  # the same sample when rerun
     # Another step (or process) seeds another sample: over 10 steps, more than 4 distinct silenced tokens are drawn.
-    drawn = {
-        (r["completion_index"], r["position"])
-        for step in range(10)
-        for r in spurious_token_records(*batch, CharTokenizer(), step=step, **caps)
-        if r["kind"] == "silenced"
-    }
-    assert len(drawn) > 4
+    drawn = [spurious_token_records(*batch, CharTokenizer(), step=step, **caps)[:4] for step in range(10)]
+    assert len({(r["completion_index"], r["position"]) for records in drawn for r in records}) > 4
     assert spurious_token_records(*batch, CharTokenizer(), step=3, max_silenced=0, max_kept_candidates=0,
                                   max_reference=0) == []  # fmt: skip
-    # Before: each record made one .tolist(), three .item() and three decodes (1,541 transfers for 384 records).
     tokenizer, batch = CharTokenizer(), all_candidates_batch(128, prob_threshold=0.35)
     with HostTransfers() as transfers:
         records = spurious_token_records(*batch, tokenizer, step=1, context_tokens=3)
     assert len(records) == 384 and transfers.count == 1 and tokenizer.batch_calls == 1
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# SpuriousTokenLogger, on masks handed to it as the library's trainer does
-# ----------------------------------------------------------------------------------------------------------------
-def stand_in_trainer():
-    """What the logger reads of its trainer (the tokenizer, the step, tau_p, the seed, the process), on one process."""
+def stand_in_trainer():  # what the logger reads of its trainer
     accelerator = types.SimpleNamespace(num_processes=1, process_index=0, is_main_process=True)
     state, args = types.SimpleNamespace(global_step=0), types.SimpleNamespace(seed=0)
     return types.SimpleNamespace(processing_class=CharTokenizer(), state=state, args=args, accelerator=accelerator,
@@ -213,25 +180,16 @@ def test_each_training_mask_is_written_once_at_the_next_logging_step_and_the_res
     logger.on_train_end(args, state, None)
     records = read_token_records(tmp_path)
     assert [r["step"] for r in records] == [2] * 10 + [4] * 5
-    assert [r["kind"] for r in records[:5]] == [
-        "silenced",
-        "kept_candidate",
-        "kept_candidate",
-        "reference",
-        "reference",
-    ]
+    assert [r["kind"] for r in records[:5]] == ["silenced"] + ["kept_candidate"] * 2 + ["reference"] * 2
     assert logger.silenced_counts == {"+": 3} and logger.kept_candidate_counts == {"2": 3, "3": 3}
-    # The same tokens in two updates' masks (identical completions, as a near-deterministic model samples) are two
-    # records, told apart by the update whose mask they are: the file held exact-duplicate lines.
+    # The same tokens in two updates' masks are two records, told apart by their update: no duplicate line.
     lines = (tmp_path / SPURIOUS_TOKENS_FILENAME).read_text().splitlines()
     assert len(set(lines)) == len(lines) == 15 and [r["update"] for r in records[:10]] == [1] * 5 + [2] * 5
 
 
 def test_the_logging_step_caps_the_records_of_all_its_masks_once_and_tables_the_top_tokens(tmp_path, monkeypatch):
     # Three masks of one logging step, each with one silenced token and two kept candidates: capped to 2 and 1.
-    logged = []
-    table = lambda dataframe: types.SimpleNamespace(dataframe=dataframe)  # noqa: E731
-    # A stand-in for wandb (the tracker, not the logger under test): an active run, `Table` and `log`.
+    logged, table = [], lambda dataframe: types.SimpleNamespace(dataframe=dataframe)  # wandb (the tracker) stood in
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=object(), Table=table, log=logged.append))
     trainer = stand_in_trainer()
     logger = SpuriousTokenLogger(trainer, max_silenced=2, max_kept_candidates=1, max_reference=0)
@@ -253,13 +211,10 @@ def test_the_logging_step_caps_the_records_of_all_its_masks_once_and_tables_the_
 def test_a_real_run_records_every_silenced_token_of_its_metrics(
     tiny_random_model_path, tmp_path, max_steps, logging_steps, num_iterations
 ):
-    """max_steps not a multiple of logging_steps: the final row of metrics.jsonl counts the last masks' silenced
-    tokens, and spurious_tokens.jsonl records every one of them too. With two iterations, each rollout's mask is
-    built again on its second pass (the same tokens, counted again): its records name their update, so no line of
-    the file is an exact duplicate of another."""
+    # max_steps not a multiple of logging_steps: the last row's silenced tokens are recorded too; with two iterations
+    # each mask is built again (the same tokens): its records name their update, so no line is a duplicate.
     args = tiny_stapo_config(tmp_path / "run", seed=0, max_steps=max_steps, logging_steps=logging_steps,
                              num_iterations=num_iterations, s2t_prob_threshold=0.05)  # fmt: skip
-    # why: the random model spreads p over ~300 tokens, most are candidates at tau_p 0.05
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=PROMPTS)
