@@ -1,10 +1,10 @@
-"""The diagnostic `s2t/` metrics (`stapo_trl.diagnostics.metrics`): the entropy quantiles from a log-spaced histogram
-within their stated error, histograms that add up over processes, and hand-derived values on a hand-built batch."""
+"""The diagnostic `s2t/` metrics: histogram quantiles within their stated error, and hand-derived values."""
 
 import math
 
 import pytest
 import torch
+from testing_utils import hand_diagnostics_batch
 
 from stapo_trl.core.s2t import S2TResult, linear_quantile, s2t_mask
 from stapo_trl.diagnostics.metrics import (
@@ -41,18 +41,7 @@ def test_histogram_quantiles_are_within_the_stated_error_and_histograms_add_up()
 
 
 def hand_batch():
-    """Two completions, tau_p = 0.01, q = 0.5.
-
-    Row 0 (A = +1, 5 loss tokens): p = [0.5, 0.001, 0.002, 0.9, 0.005], H = [0.1, 0.2, 0.9, 0.3, 0.5].
-      Candidates (p < 0.01): positions 1, 2, 4 with H = 0.2, 0.9, 0.5 -> tau_h = median = 0.5.
-      Silenced (H < 0.5): position 1 (p = 0.001, H = 0.2).
-    Row 1 (A = -1, 3 loss tokens + 2 padding): never a candidate. Its padding carries values that must be ignored.
-    """
-    logps = torch.log(torch.tensor([[0.5, 0.001, 0.002, 0.9, 0.005], [0.2, 0.0005, 0.3, 1e-9, 1e-9]]))
-    entropies = torch.tensor([[0.1, 0.2, 0.9, 0.3, 0.5], [0.4, 0.05, 0.6, 99.0, 99.0]])
-    loss_mask, advantages = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]), torch.tensor([1.0, -1.0])
-    result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=0.01, entropy_quantile=0.5)
-    return result, logps, entropies, advantages, loss_mask
+    return hand_diagnostics_batch()[:5]
 
 
 def test_hand_batch_metrics():
@@ -100,36 +89,19 @@ def test_non_finite_loss_tokens_stay_out_of_the_quantiles():
     assert metrics["s2t/silenced_prob_mean"] == reference["s2t/silenced_prob_mean"]
 
 
-@pytest.mark.parametrize(
-    "rank0_rows, rank1_rows",
-    [
-        (slice(0, 1), slice(1, 2)),  # one row each
-        (slice(0, 2), slice(2, 2)),  # rank 1 has no row: it still takes part in the one reduce
-    ],
-)
+@pytest.mark.parametrize("rank0_rows, rank1_rows", [(slice(0, 1), slice(1, 2)), (slice(0, 2), slice(2, 2))])
 def test_metrics_reduced_over_two_processes_equal_the_one_process_metrics(rank0_rows, rank1_rows):
     result, logps, entropies, _, loss_mask = hand_batch()
     whole = diagnostic_metrics(result, logps, entropies, loss_mask)
 
     def part(rows):
-        local = S2TResult(
-            result.keep[rows], result.candidate[rows], result.silenced[rows], result.entropy_threshold, 0, 0, 0
-        )
+        local = S2TResult(result.keep[rows], result.candidate[rows], result.silenced[rows], result.entropy_threshold,
+                          0, 0, 0)  # fmt: skip
         return local, logps[rows], entropies[rows], loss_mask[rows]
 
-    # One all-reduce each: rank 1 reduces first (its reduce records what it sends), then rank 0 adds it to its own.
+    # One all-reduce each (rank 1 may have no row): rank 1 records what it sends, then rank 0 adds it to its own.
     sent, calls = [], []
-
-    def rank1_reduce(local):
-        calls.append(1)
-        sent.append(local.clone())
-        return local
-
-    def rank0_reduce(local):
-        calls.append(0)
-        return local + sent[0]
-
-    diagnostic_metrics(*part(rank1_rows), reduce=rank1_reduce)
-    reduced = diagnostic_metrics(*part(rank0_rows), reduce=rank0_reduce)
+    diagnostic_metrics(*part(rank1_rows), reduce=lambda local: calls.append(1) or sent.append(local.clone()) or local)
+    reduced = diagnostic_metrics(*part(rank0_rows), reduce=lambda local: calls.append(0) or local + sent[0])
     assert calls == [1, 0]
     assert reduced == pytest.approx(whole, nan_ok=True)
