@@ -1,7 +1,5 @@
-"""What `make test-releases` checks on every TRL release setup.cfg admits (tests marked `release`, which the default
-suite runs at the top pins): the README example constructs and trains in TRL's default layout and with
-steps_per_generation = 4 x GA, each path on which the installed TRL would train past the mask is refused at
-construction, and S2T settings a plain `GRPOConfig` drops are named; the core's hand-computed tests: tests/core."""
+"""`make test-releases` on every TRL release setup.cfg admits: the README example trains in both layouts, each path
+on which the installed TRL would train past the mask is refused, S2T settings a plain `GRPOConfig` drops are named."""
 
 import ast
 import warnings
@@ -28,9 +26,7 @@ LAYOUTS = {  # TRL's default (the mask from the loss's forward); 4 updates per r
 
 
 def readme_example(model_path: str, output_dir, **overrides):
-    """`examples/python_api.py` (the README's example, exactly as printed) up to its `trainer.train()`, with the model
-    path, output_dir and `overrides` in its `GRPOConfig(...)` call; returns the trainer and the warnings of its
-    construction."""
+    """`examples/python_api.py` up to `trainer.train()` with `overrides`: (the trainer, its construction's warnings)."""
     tree = ast.parse((REPO / "examples" / "python_api.py").read_text())
     *body, last = tree.body
     assert ast.unparse(last) == "trainer.train()"
@@ -52,8 +48,6 @@ def readme_example(model_path: str, output_dir, **overrides):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_the_readme_example_constructs_silently_and_trains_two_steps(tiny_math_model_path, tmp_path, layout):
-    # trl 1.14.x (what pip picks beside accelerate < 1.10.1) crashed at the first step: the forward's keywords were
-    # read from its signature, which in 1.14 is (*args, **kwargs), and STAPO passed `kwargs=None`.
     trainer, messages = readme_example(tiny_math_model_path, tmp_path, max_steps=2, **LAYOUTS[layout])
     assert messages == []  # the paper's configuration, a TRL in range: nothing to say
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
@@ -65,15 +59,11 @@ def test_the_readme_example_constructs_silently_and_trains_two_steps(tiny_math_m
     assert trainer._s2t_path == ("loss" if layout == "default" else "old_logps")
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Paths on which the installed TRL trains past the mask: refused at construction, before TRL's own checks
-# ---------------------------------------------------------------------------------------------------------------
 TRAINERS = {"core": (CoreSTAPOTrainer, CoreSTAPOConfig), "product": (STAPOTrainer, STAPOConfig)}
 
 
 def refused(model_path, output_dir, trainer: str, config: str, **settings):
-    """The one-line error of constructing `trainer` ("core" or "product") with a `config` ("GRPOConfig", or the
-    trainer's "STAPOConfig", which refuses at its own construction) of `settings`."""
+    """The one-line error of constructing `trainer` with a `config` ("GRPOConfig" or the trainer's) of `settings`."""
     trainer_cls, config_cls = TRAINERS[trainer]
     base = dict(output_dir=str(output_dir), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
                 num_generations=2, max_completion_length=8)  # fmt: skip
@@ -93,9 +83,7 @@ def refused(model_path, output_dir, trainer: str, config: str, **settings):
 @pytest.mark.parametrize("config", ["GRPOConfig", "STAPOConfig"])
 def test_liger_before_trl_1_14_is_refused_at_construction(tiny_random_model_path, tmp_path, no_model_built,
                                                          layout, trainer, config):  # fmt: skip
-    # trl 1.9-1.13 send compute_loss to compute_liger_loss, which never calls _compute_loss: the run trained as plain
-    # GRPO (TRL's default layout) or with Liger's own normalizer (the mask as tool_mask), silently. Liger itself
-    # need not be installed: the refusal comes before TRL's check that it is.
+    # trl 1.9-1.13 never call _compute_loss with Liger; the refusal comes before TRL's check that Liger is installed
     line = refused(tiny_random_model_path, tmp_path, trainer, config, use_liger_kernel=True, **LAYOUTS[layout])
     assert line.startswith(f"use_liger_kernel=True: trl {trl.__version__} computes the loss in Liger's kernel")
     assert "Set use_liger_kernel=False, or use trl>=1.14." in line
@@ -106,21 +94,19 @@ def test_liger_before_trl_1_14_is_refused_at_construction(tiny_random_model_path
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_token_level_luspo_before_trl_1_10_is_refused_at_construction(tiny_random_model_path, tmp_path,
                                                                       no_model_built, layout, trainer):  # fmt: skip
-    # trl 1.9's luspo loss is mean(per_token_loss x tokens per completion): with token-level ratios every token's loss
-    # counts, masked or not, so silenced tokens (and padding) stayed in the loss.
+    # trl 1.9's token-level luspo loss counts every token's loss, masked or not
     settings = dict(loss_type="luspo", importance_sampling_level="token", **LAYOUTS[layout])
     line = refused(tiny_random_model_path, tmp_path, trainer, "GRPOConfig", **settings)
     assert line.startswith(f"loss_type='luspo' with importance_sampling_level='token': trl {trl.__version__} sums")
 
 
 def test_no_setting_is_refused_where_the_installed_trl_applies_the_mask():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        liger = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, use_liger_kernel=True)
-        luspo = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, loss_type="luspo")
-        gspo = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, loss_type="luspo",
-                          importance_sampling_level="sequence")  # fmt: skip
-    for args, refused_below in ((liger, "1.14.0"), (luspo, "1.10.0"), (gspo, None)):
+    settings = [(dict(use_liger_kernel=True), "1.14.0"), (dict(loss_type="luspo"), "1.10.0"),
+                (dict(loss_type="luspo", importance_sampling_level="sequence"), None)]  # fmt: skip
+    for kwargs, refused_below in settings:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            args = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, **kwargs)
         if refused_below is None or TRL >= Version(refused_below):
             assert refuse_paths_around_the_mask(args) is None
         else:
@@ -128,15 +114,11 @@ def test_no_setting_is_refused_where_the_installed_trl_applies_the_mask():
                 refuse_paths_around_the_mask(args)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# S2T settings a plain GRPOConfig drops: TRL's own `trl/scripts/grpo.py` flow
-# ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("switch", ["trainer import only", "two imports"])
 def test_s2t_settings_in_trls_grpo_script_yaml_take_effect_or_are_said_to_be_ignored(
     tiny_random_model_path, tmp_path, switch
 ):
-    # TRL's grpo.py parses its own GRPOConfig with fail_with_unknown_args=False: `s2t_prob_threshold: 0.01` in its
-    # YAML was dropped, and the construction line called 0.002 "the paper's" without saying the YAML's was ignored.
+    # TRL's grpo.py parses its own GRPOConfig with fail_with_unknown_args=False: the YAML's s2t values were dropped
     from trl import TrlParser
     from trl.scripts.grpo import make_parser
 
