@@ -105,7 +105,7 @@ def test_demo_recipe_trains_with_deepspeed_zero2_on_two_cpu_processes(tiny_math_
 
 
 def _untied_head_copy(model_path: str, out: Path) -> Path:
-    """A copy of `model_path` with an untied LM head (as Qwen3-8B, -14B: a ZeRO-3 parameter only the fused head reads)."""
+    """A copy of `model_path` with an untied LM head (Qwen3-8B, -14B: a ZeRO-3 parameter only the fused head reads)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
