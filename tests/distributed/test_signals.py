@@ -1,11 +1,5 @@
-"""Stop signals across a multi-process launch, and the Slurm script's per-node launch line on two machine ranks. All
-`slow`: two processes each.
-
-Torch's launcher (under `accelerate launch` and `torchrun`) runs its workers in their own sessions and forwards the
-signals of torchrun's --signals_to_handle (PET_SIGNALS_TO_HANDLE; default SIGTERM, SIGINT, SIGHUP, SIGQUIT) to them.
-Slurm signals every process of a job step itself, the workers included, and the launcher more than once. Where a
-signal must land inside a step, the reward holds the step (`testing_utils.HELD_REWARD`) on both ranks.
-"""
+"""Stop signals across a two-process launch (torch's launcher forwards PET_SIGNALS_TO_HANDLE to its workers; Slurm
+signals every process), and the Slurm script's per-node launch line; the held reward holds a step while signalled."""
 
 from __future__ import annotations
 
@@ -39,9 +33,8 @@ CPU_2PROC = REPO / "recipes" / "accelerate_configs" / "cpu_2proc.yaml"
 
 
 def _start_two_ranks(tmp_path: Path, model_path: str, launch: list[str] | None = None, **env: str):
-    """`stapo-train` of the demo on 2 CPU processes for far more steps than the test waits for, scored by the held
-    reward, in its own session (the test's cleanup ends the group); returns the launcher, output_dir and HOLD. `launch`
-    runs it (default: `accelerate launch` with cpu_2proc.yaml) with the training arguments appended."""
+    """The demo on 2 CPU processes (`launch`, default `accelerate launch`) scored by the held reward, in its own
+    session: (launcher, output_dir, HOLD)."""
     out, hold = tmp_path / "run", write_held_reward(tmp_path)
     launch = launch or [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_2PROC),
@@ -53,20 +46,15 @@ def _start_two_ranks(tmp_path: Path, model_path: str, launch: list[str] | None =
         "--eval_before_after", "false", "--report_to", "none", "--disable_tqdm", "true",
         "--reward_funcs", "held_reward.held_accuracy",
     ]  # fmt: skip
-    proc = subprocess.Popen(
-        launch + train_args,
-        cwd=tmp_path,  # why: held_reward.py is imported from the current folder
-        env=subprocess_env(PYTHONPATH=str(REPO), TORCH_ELASTIC_SHUTDOWN_TIMEOUT="300", **env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    env = subprocess_env(PYTHONPATH=str(REPO), TORCH_ELASTIC_SHUTDOWN_TIMEOUT="300", **env)
+    # cwd: held_reward.py is imported from the current folder
+    proc = subprocess.Popen(launch + train_args, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     return proc, out, hold
 
 
 def _node_launch_env(machines: int, **extra: str) -> dict[str, str]:
-    """What slurm/train.slurm exports for its --node-launch line (and `accelerate` of this environment on PATH)."""
+    # what slurm/train.slurm exports for its --node-launch line (and `accelerate` of this environment on PATH)
     return dict(
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         STAPO_ACCELERATE_CONFIG=str(CPU_2PROC), STAPO_NUM_MACHINES=str(machines), STAPO_NUM_PROCESSES="2",
@@ -75,10 +63,9 @@ def _node_launch_env(machines: int, **extra: str) -> dict[str, str]:
 
 
 def _workers(launcher: subprocess.Popen) -> list[psutil.Process]:
+    children = psutil.Process(launcher.pid).children(recursive=True)
     workers = [
-        child
-        for child in psutil.Process(launcher.pid).children(recursive=True)
-        if "stapo_trl.cli.train" in child.cmdline() and "accelerate.commands.launch" not in child.cmdline()
+        c for c in children if "stapo_trl.cli.train" in c.cmdline() and "accelerate.commands.launch" not in c.cmdline()
     ]
     assert len(workers) == 2, [w.cmdline() for w in workers]
     return workers
@@ -93,8 +80,6 @@ def _finish(proc: subprocess.Popen) -> str:
 
 
 def _check_one_checkpoint_on_every_rank(output: str, out: Path, signum: signal.Signals) -> None:
-    """One message from the main process naming `signum`, one checkpoint with both ranks' RNG states, no final
-    model."""
     interrupted = [line for line in output.splitlines() if line.startswith("Interrupted by")]
     assert len(interrupted) == 1 and interrupted[0].startswith(f"Interrupted by {signum.name} at step "), output[
         -5000:
@@ -102,9 +87,7 @@ def _check_one_checkpoint_on_every_rank(output: str, out: Path, signum: signal.S
     step = int(interrupted[0].split()[5].rstrip(":"))
     assert [p.name for p in out.glob("checkpoint-*")] == [f"checkpoint-{step}"]
     checkpoint = out / f"checkpoint-{step}"
-    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= {
-        p.name for p in checkpoint.iterdir()
-    }
+    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= set(os.listdir(checkpoint))
     assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == step
     assert not (out / "model.safetensors").exists()
     assert "quitting now" not in output, output[-5000:]
@@ -114,32 +97,20 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "
 
 
 def _launcher_stop_status(launcher: str, signum: signal.Signals) -> tuple[int, str | None]:
-    """(exit status, text in its output) of a launcher stopped by `signum` once its workers have exited: accelerate
-    1.16 ends with 128 + the signal's number and no traceback; torchrun, and accelerate before 1.16, with torch's
-    SignalException (status 1)."""
+    """(exit status, text in its output) of a launcher stopped by `signum` once its workers have exited."""
     if launcher == "accelerate" and compare_versions("accelerate", ">=", "1.16.0"):
         return 128 + signum, None
     return 1, "SignalException: Process"
 
 
-@pytest.mark.parametrize(
-    "signum, env, launcher",
-    [
-        (signal.SIGTERM, {}, "accelerate"),
-        (signal.SIGUSR1, {"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}, "accelerate"),
-        (signal.SIGINT, {}, "accelerate"),
-        (signal.SIGTERM, {}, "torchrun"),
-    ],
-    ids=["SIGTERM", "SIGUSR1-listed", "SIGINT", "SIGTERM-torchrun"],
-)
+@pytest.mark.parametrize("signum, env, launcher", [
+    (signal.SIGTERM, {}, "accelerate"), (signal.SIGINT, {}, "accelerate"), (signal.SIGTERM, {}, "torchrun"),
+    (signal.SIGUSR1, {"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}, "accelerate"),
+], ids=["SIGTERM", "SIGINT", "SIGTERM-torchrun", "SIGUSR1-listed"])  # fmt: skip
 def test_a_signal_to_the_launcher_reaches_every_rank_and_saves_one_checkpoint(
     tiny_math_model_path, tmp_path, signum, env, launcher
 ):
-    """What `kill`, a container runtime, a parent process, a terminal's Ctrl-C (the workers run in their own sessions)
-    or scripts/launch.sh does: the signal to the launcher alone (`accelerate launch`, or `torchrun`, whose launcher it
-    runs). It forwards it to both workers, which save one checkpoint together at the same step. SIGUSR1 only once in
-    torchrun's --signals_to_handle (PET_SIGNALS_TO_HANDLE, as scripts/launch.sh sets it): unlisted, it ends the
-    launcher."""
+    # kill, a container runtime or scripts/launch.sh: the launcher forwards it to both workers, which save together
     launch = None
     if launcher == "torchrun":
         launch = [*TORCHRUN, "--master_port", str(free_port()), "-m", "stapo_trl.cli.train"]
@@ -160,12 +131,8 @@ def test_a_signal_to_the_launcher_reaches_every_rank_and_saves_one_checkpoint(
 def test_the_node_launch_line_takes_a_signal_to_every_process_as_slurm_sends_it(
     tiny_math_model_path, tmp_path, signum
 ):
-    """slurm/train.slurm's --node-launch line (one machine, two processes) inside a held step, then the signal to every
-        process twice, as Slurm delivers it (srun forwarding the batch script's SIGUSR1, or scancel / preemption, whose
-        SIGTERM srun repeats). The launcher ignores it and waits; each worker saves its part of one checkpoint (the first to
-    exit makes the launcher stop the other, which ignores that repeat and finishes its save). With
-        torch's default handling the launcher's second SIGTERM cut its wait short (a SignalException raised in its
-        shutdown), and an unhandled SIGUSR1 killed it."""
+    # slurm/train.slurm's --node-launch line in a held step, the signal to every process twice, as Slurm sends it:
+    # the launcher ignores it and waits; each worker saves its part of one checkpoint.
     launch = ["bash", str(SLURM_SCRIPT), "--node-launch"]
     proc, out, hold = _start_two_ranks(tmp_path, tiny_math_model_path, launch, **_node_launch_env(1, SLURM_PROCID="0"))
     try:
@@ -187,8 +154,7 @@ def test_the_node_launch_line_takes_a_signal_to_every_process_as_slurm_sends_it(
 
 
 def test_a_signal_to_one_rank_stops_both_at_the_same_step(tiny_math_model_path, tmp_path):
-    """SIGTERM to rank 1 alone: the ranks agree on the step through the reduced signal number, rank 0 saves its part
-    of the same checkpoint and prints the message naming SIGTERM, though it got no signal."""
+    # rank 1 alone: the ranks agree on the step through the reduced signal number; rank 0 prints the message
     proc, out, hold = _start_two_ranks(tmp_path, tiny_math_model_path)
     try:
         read_until(proc, "step ")
@@ -205,26 +171,15 @@ def test_a_signal_to_one_rank_stops_both_at_the_same_step(tiny_math_model_path, 
 
 
 def test_the_slurm_scripts_node_launch_runs_two_machine_ranks(tiny_math_model_path, tmp_path):
-    """The multi-node branch of slurm/train.slurm: srun runs the script with --node-launch on each training node,
-    which runs its own `accelerate launch --num_machines N --machine_rank $SLURM_PROCID --main_process_ip ...` line.
-    Here that line runs twice on 127.0.0.1, machine ranks 0 and 1 with one CPU process each (gloo, DDP): two ranks
-    train the demo together, as two nodes would."""
+    # slurm/train.slurm's multi-node branch: its --node-launch line twice on 127.0.0.1, machine ranks 0 and 1
     out = tmp_path / "two-machines"
     train_args = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
     for attempt in range(2):  # a second port when another job took the first meanwhile
         env = subprocess_env(**_node_launch_env(2))
-        ranks = [
-            subprocess.Popen(
-                ["bash", str(SLURM_SCRIPT), "--node-launch", *train_args, *SMALL_TWO_RANK_DEMO],
-                cwd=REPO,
-                env={**env, "SLURM_PROCID": str(rank)},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-            for rank in (0, 1)
-        ]
+        command = ["bash", str(SLURM_SCRIPT), "--node-launch", *train_args, *SMALL_TWO_RANK_DEMO]
+        ranks = [subprocess.Popen(command, cwd=REPO, env={**env, "SLURM_PROCID": str(rank)}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                 for rank in (0, 1)]  # fmt: skip
         outputs = [_finish(rank) for rank in ranks]
         if attempt == 0 and any(marker in outputs[0] for marker in PORT_TAKEN):
             continue
