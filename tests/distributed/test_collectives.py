@@ -1,6 +1,5 @@
-"""The S2T collectives in real training on two ranks (torchrun on CPU): the metrics all-reduce and the token-record
-gather, and the paper's geometry (tau_h per optimizer update over both ranks' candidates; a threshold that never fires
-equals `s2t_mode: off` step by step). All `slow`."""
+"""The S2T collectives in real training on two ranks (torchrun on CPU): metrics all-reduce, token-record gather, tau_h
+per optimizer update over both ranks' candidates, a never-firing threshold equal to `s2t_mode: off`; worker lines."""
 
 from __future__ import annotations
 
@@ -13,12 +12,12 @@ from testing_utils import run_torchrun
 from stapo_trl.run_folder.logs import read_token_records
 
 
-pytestmark = pytest.mark.slow  # two processes each: 10-60 s on 2 cores, with the load
+pytestmark = pytest.mark.slow
 
-
-DIAGNOSTICS_WORKER = textwrap.dedent(
+HEADER = textwrap.dedent(
     r"""
     import json, os, sys, warnings
+    import torch
     from datasets import Dataset
     from stapo_trl import STAPOConfig, STAPOTrainer
     from stapo_trl.run_folder.logs import SpuriousTokenLogger
@@ -27,6 +26,10 @@ DIAGNOSTICS_WORKER = textwrap.dedent(
         return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]
 
     prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
+    """
+)
+DIAGNOSTICS_WORKER = HEADER + textwrap.dedent(
+    r"""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         args = STAPOConfig(
@@ -46,7 +49,6 @@ DIAGNOSTICS_WORKER = textwrap.dedent(
 
 
 def test_two_processes_gather_records_from_both_and_agree_on_metrics(tiny_random_model_path, tmp_path):
-    """Every rank takes part in every collective (metrics all-reduce, records gather): no hang, one file."""
     out = tmp_path / "out"
     out.mkdir()
     run_torchrun(DIAGNOSTICS_WORKER, tmp_path / "run.py", tiny_random_model_path, str(out), nproc=2)
@@ -61,17 +63,8 @@ def test_two_processes_gather_records_from_both_and_agree_on_metrics(tiny_random
     assert {r["step"] for r in records} <= {1, 2, 3, 4} and sum(e["s2t/num_silenced"] for e in rank0) > 0
 
 
-PAPER_GEOMETRY_WORKER = textwrap.dedent(
+PAPER_GEOMETRY_WORKER = HEADER + textwrap.dedent(
     r"""
-    import json, os, sys, warnings
-    import torch
-    from datasets import Dataset
-    from stapo_trl import STAPOConfig, STAPOTrainer
-
-    def length_reward(completions, **kwargs):
-        return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]
-
-    prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
     model_path, out = sys.argv[1], sys.argv[2]
     result = {}
     # steps_per_generation = 4 x GA: one rollout batch feeds 4 optimizer updates of GA 2 micro-batches each.
@@ -120,17 +113,14 @@ def test_paper_geometry_on_two_ranks_tau_h_per_update_and_like_for_like_baseline
         off, never = seen["off"], seen["never"]
         assert len(off["rows"]) == len(never["rows"]) == 4
         for row_off, row_never in zip(off["rows"], never["rows"], strict=True):
-            shared = {
-                k for k in row_off if not k.startswith("s2t/") or k in ("s2t/num_loss_tokens", "s2t/num_silenced")
-            }
-            shared -= {"step_time", "epoch"}  # wall-clock, not the objective
+            keep = ("s2t/num_loss_tokens", "s2t/num_silenced")
+            shared = {k for k in row_off if not k.startswith("s2t/") or k in keep} - {"step_time", "epoch"}
             assert {"loss", "grad_norm", "entropy", "clip_ratio/region_mean"} <= shared
             for key in shared:  # every TRL metric of the row (reward only on rows that generated)
                 assert row_never[key] == pytest.approx(row_off[key], rel=1e-5, abs=1e-7), key
             assert row_never["s2t/num_silenced"] == row_off["s2t/num_silenced"] == 0
         assert never["params"] == pytest.approx(off["params"], rel=1e-6, abs=1e-6)
-    # STAPO: one mask per optimizer update; tau_h = the 0.75-quantile of the union of both ranks' candidates of that
-    # update (numpy's linear interpolation as the independent reference), identical on both ranks.
+    # STAPO: tau_h per update = the 0.75-quantile (numpy's) of both ranks' candidates, identical on both ranks.
     stapo = [seen["stapo"]["updates"] for seen in ranks]
     assert len(stapo[0]) == len(stapo[1]) == 4
     assert sum(update["silenced"] for rank in stapo for update in rank) > 0
@@ -139,3 +129,13 @@ def test_paper_geometry_on_two_ranks_tau_h_per_update_and_like_for_like_baseline
         assert update_0["tau"] == update_1["tau"]
         if union:
             assert update_0["tau"] == pytest.approx(float(np.quantile(np.array(union), 0.75)), abs=1e-12)
+
+
+def test_two_ranks_reporting_at_once_give_whole_lines(tmp_path):
+    # `testing_utils.run_torchrun`'s report(): the shape that print() split ("label:label: [] []"); in-process:
+    # tests/cli/test_errors.py
+    worker = 'import os\nfor i in range(400):\n    report(f"rank {os.environ[\'RANK\']} line {i}:", [], "end")\n'
+    lines = run_torchrun(worker, tmp_path / "worker.py", nproc=2, timeout=120).splitlines()
+    for rank in (0, 1):
+        missing = [i for i in range(400) if lines.count(f"rank {rank} line {i}: [] end") != 1]
+        assert not missing, (rank, missing[:10])

@@ -1,6 +1,5 @@
-"""The process group on two ranks (`stapo_trl.integrations.process_group`, torchrun on CPU): after an input error,
-after `trainer.end()` and after `stapo-train`, no function default holds the group and gloo's threads are gone (they
-survived, held by a function default or the DDP wrapper, and aborted about one exit in 15). All `slow`."""
+"""The process group on two ranks (torchrun on CPU): after an input error, `trainer.end()` and `stapo-train`, nothing
+holds it and gloo's threads are gone (`stapo_trl.integrations.process_group`)."""
 
 from __future__ import annotations
 
@@ -11,10 +10,7 @@ import pytest
 from testing_utils import SMALL_TWO_RANK_DEMO, STAPO_RECIPE, run_torchrun
 
 
-pytestmark = pytest.mark.slow  # two processes each: 10-60 s on 2 cores, with the load
-
-
-# Worker source: the names of this process's gloo threads (Linux), to see whether a process group is still alive.
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
 GLOO_THREADS = textwrap.dedent(
     r"""
     import os
@@ -26,8 +22,6 @@ GLOO_THREADS = textwrap.dedent(
 )
 
 
-# stapo-train stopped by an input error on two ranks: the process group it created (with the config) must be gone
-# with gloo's threads when the error ends the command, or the exit can abort (SIGABRT instead of status 2).
 INPUT_ERROR_WORKER = GLOO_THREADS + textwrap.dedent(
     r"""
     import os, sys
@@ -42,15 +36,14 @@ INPUT_ERROR_WORKER = GLOO_THREADS + textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--s2t_entropy_quantile", "1.5"],  # at config time (the group exists once the config does)
-        ["--reward_funcs", "math_acuracy"],  # when the run is prepared
-        ["--dataset_name", "/nonexistent/train.jsonl"],  # the data
+        ["--s2t_entropy_quantile", "1.5"],
+        ["--reward_funcs", "math_acuracy"],
+        ["--dataset_name", "/nonexistent/train.jsonl"],
     ],
-    ids=["range", "reward-name", "dataset"],
+    ids=["range", "reward", "data"],
 )
 def test_an_input_error_on_two_ranks_leaves_no_process_group(tmp_path, argv):
     base = ["--config", str(STAPO_RECIPE), "--output_dir", str(tmp_path / "out")]
@@ -58,10 +51,7 @@ def test_an_input_error_on_two_ranks_leaves_no_process_group(tmp_path, argv):
     assert output.count("exit 2; group: False; gloo threads left: []") == 2, output[-3000:]
 
 
-# A product trainer trained on two ranks (DDP), then `trainer.end()`: afterwards no function default may hold the
-# default process group, destroy_process_group() must have stopped gloo's threads (they used to survive, held by a
-# function default or by the DDP wrapper, and abort ~1 exit in 15; see stapo_trl/integrations/process_group.py), and
-# the model must still generate on each process.
+# After `trainer.end()` no function default holds the group, gloo's threads are gone, the model still generates.
 GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
     r"""
     import gc, os, sys, types
@@ -95,22 +85,16 @@ GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
 )
 
 
-def _check_group_released(output: str) -> None:
-    assert "wrapper during training: DistributedDataParallel" in output, output[-3000:]
-    assert output.count("functions holding the group in a default: []") == 2, output[-3000:]
-    assert output.count("gloo threads after trainer.end(): []") == 2, output[-3000:]
-    assert output.count("generated after end: 2") == 2, output[-3000:]
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
 @pytest.mark.parametrize("which", ["stapo", "grpo"])
 def test_trainer_end_after_two_rank_training_releases_gloo(tiny_random_model_path, tmp_path, which):
     script = tmp_path / "group_release_worker.py"
     output = run_torchrun(GROUP_RELEASE_WORKER, script, tiny_random_model_path, str(tmp_path), which, nproc=2)
-    _check_group_released(output)
+    assert "wrapper during training: DistributedDataParallel" in output, output[-3000:]
+    for line in ("functions holding the group in a default: []", "gloo threads after trainer.end(): []"):
+        assert output.count(line) == 2, output[-3000:]
+    assert output.count("generated after end: 2") == 2, output[-3000:]
 
 
-# `stapo-train`'s run, in process on two ranks: the process group it ends must be released too.
 CLI_GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
     r"""
     import os, sys
@@ -123,7 +107,6 @@ CLI_GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads thread names from /proc")
 def test_stapo_train_on_two_ranks_releases_gloo(tiny_math_model_path, tmp_path):
     out = tmp_path / "run"
     argv = ["--config", str(STAPO_RECIPE), "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
