@@ -1,14 +1,6 @@
-"""slurm/train.slurm under a real one-node Slurm: the CPU demo as docs/training_at_scale.md prints it, stopped mid-run
-by the time-limit warning and by preemption, requeued twice, and finished with every step's metrics row once.
-
-Debian's Slurm 22.05 (slurmctld, slurmd, slurm-client) and munge run as root, their key, state, spool, logs and
-config in a temporary folder, on free ports (`make test-slurm` installs the packages; without them the test skips).
-The warning is what `#SBATCH --signal=B:USR1@1800` makes Slurm do before the time limit, sent now: `scancel --batch
---signal=USR1`. The preemption is real: a job in a partition of a higher priority tier takes the node
-(PreemptMode=REQUEUE). Each signal lands inside a step that the run's reward holds (`testing_utils.HELD_REWARD`), and
-the test waits on the job log and the run's files, never on time. Slurm starts a requeued job once the credentials of
-its last run have expired (`cred_expire`, 120 s by default, 10 s here).
-"""
+"""slurm/train.slurm under a real one-node Slurm (`make test-slurm`; root, else skipped): the CPU demo as documented,
+stopped by the time-limit warning (`scancel --batch --signal=USR1`) and by a real preemption, each inside a held step,
+requeued twice, finished with every step's metrics row once. `cred_expire` 10 s lets requeues start."""
 
 from __future__ import annotations
 
@@ -39,8 +31,7 @@ def _run(*cmd: str, env: dict[str, str]) -> str:
 
 
 def _wait_for(condition, what: str, log: Path | None = None, timeout: float = 300):
-    """Poll `condition()` (a file or a job state: an event) until it returns a true value; the timeout guards against
-    a hang and shows the job log."""
+    """Poll `condition()` (an event: a file or a job state) until true; the timeout is a guard showing the job log."""
     deadline = time.monotonic() + timeout
     while not (value := condition()):
         if time.monotonic() > deadline:
@@ -51,8 +42,6 @@ def _wait_for(condition, what: str, log: Path | None = None, timeout: float = 30
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    """A one-node Slurm on this machine: munged, slurmctld and slurmd, stopped by their pid files at the end. Yields the
-    environment that reaches it (SLURM_CONF)."""
     sbin = {name: shutil.which(name) or f"/usr/sbin/{name}" for name in DAEMONS}
     if os.geteuid() != 0 or not all(os.access(path, os.X_OK) for path in sbin.values()) or not shutil.which("sbatch"):
         pytest.skip("needs root and Slurm with munge (`make test-slurm` installs Debian's slurmctld, slurmd, munge)")
@@ -118,19 +107,16 @@ PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2
 
 
 def _job(job_id: str, env: dict[str, str]) -> dict[str, str]:
-    """`scontrol show job`'s fields (JobState, Reason, Restarts, ExitCode, ...)."""
     text = subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True).stdout
     return dict(re.findall(r"(\w+)=(\S*)", text))
 
 
 def _running(job_id: str, env: dict[str, str], run: int) -> bool:
-    """True once run `run` of the job (after `run - 1` requeues) is running."""
     job = _job(job_id, env)
     return job.get("JobState") == "RUNNING" and int(job.get("Restarts", 0)) == run - 1
 
 
 def _documented_command() -> list[str]:
-    """The CPU line of docs/training_at_scale.md's first bash block: `mkdir -p logs && VAR=value sbatch ...`."""
     (line,) = [line for line in readme_code_blocks("bash", REPO / "docs/training_at_scale.md")[0].splitlines()
                if "sbatch" in line and "--model demo" in line]  # fmt: skip
     return shlex.split(line.split("&&")[-1])
@@ -140,7 +126,7 @@ def test_a_job_stopped_by_the_warning_and_by_preemption_resumes_each_time(slurm,
     out, log, hold = tmp_path / "run", tmp_path / "job.log", write_held_reward(tmp_path)
     max_steps = 16
     command = _documented_command()
-    # why: the job's processes import the held reward; VENV: train.slurm activates this interpreter's environment
+    # the job imports the held reward; VENV: train.slurm activates this interpreter's environment
     env = dict(slurm, PYTHONPATH=str(tmp_path), VENV=str(Path(sys.executable).parents[1]))
     while "=" in command[0]:  # VAR=value before the command
         name, value = command.pop(0).split("=", 1)
@@ -150,20 +136,20 @@ def test_a_job_stopped_by_the_warning_and_by_preemption_resumes_each_time(slurm,
     overrides = [
         "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), "--max_steps", str(max_steps),
         "--logging_steps", "1", "--save_steps", "100000", "--eval_before_after", "false", "--disable_tqdm", "true",
-        "--reward_funcs", "held_reward.held_accuracy",  # why: math_accuracy, holding a step while the test signals
+        "--reward_funcs", "held_reward.held_accuracy",
     ]  # fmt: skip
     script_args = command[script:] + ["--main-process-port", str(free_port()), "--", *overrides]
     start = time.monotonic()
     job = _run(*sbatch, *script_args, env=env).strip()
     try:
-        # Run 1: training under way, a step held; the time-limit warning, as Slurm sends it to the batch script.
+        # Run 1: a step held; the time-limit warning, as Slurm sends it to the batch script.
         _wait_for(lambda: out.joinpath("metrics.jsonl").exists() and read_jsonl(out / "metrics.jsonl"), "row", log)
         hold.touch()
         _wait_for(lambda: "reward held" in log.read_text(), "held step", log)
         _run("scancel", "--batch", "--signal=USR1", job, env=env)
         _wait_for(lambda: "SIGUSR1: saving a checkpoint at the end of this step" in log.read_text(), "ack", log)
         hold.unlink()
-        # The job requeues itself; run 2 resumes. Preemption by a job of the urgent partition, inside a held step.
+        # Run 2 (requeued by the job): preemption by a job of the urgent partition, inside a held step.
         _wait_for(lambda: _running(job, env, run=2), "run 2", log)
         _wait_for(lambda: "Resuming training from" in log.read_text(), "resume", log)
         hold.touch()
@@ -171,7 +157,6 @@ def test_a_job_stopped_by_the_warning_and_by_preemption_resumes_each_time(slurm,
         urgent = _run("sbatch", "--parsable", "--partition=urgent", "--output=/dev/null", "--wrap=true", env=env)
         _wait_for(lambda: "SIGTERM: saving a checkpoint at the end of this step" in log.read_text(), "ack", log)
         hold.unlink()
-        # Slurm requeues the preempted job; run 3 resumes and finishes.
         _wait_for(lambda: _job(urgent.strip(), env).get("JobState") == "COMPLETED", "urgent job done", log)
         _wait_for(lambda: _running(job, env, run=3), "run 3", log)
         _wait_for(lambda: _job(job, env).get("JobState") in ("COMPLETED", "FAILED"), "the end of the job", log)
@@ -181,9 +166,7 @@ def test_a_job_stopped_by_the_warning_and_by_preemption_resumes_each_time(slurm,
     text = log.read_text()
     state = _job(job, env)
     assert (state["JobState"], state["ExitCode"], state["Restarts"]) == ("COMPLETED", "0:0", "2"), text[-5000:]
-    # Every step's metrics row exactly once, through two interruptions.
     assert [row["step"] for row in read_jsonl(out / "metrics.jsonl")] == list(range(1, max_steps + 1)), text[-5000:]
-    # One line of the job script per interruption and per restart; one message of stapo-train per stop.
     lines = text.splitlines()
     assert sum(line.startswith("train.slurm: SIGUSR1 (the time limit is near)") for line in lines) == 1, text
     assert sum(line.startswith("train.slurm: SIGTERM (scancel, preemption") for line in lines) == 1, text
