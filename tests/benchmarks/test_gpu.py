@@ -1,6 +1,5 @@
-"""`benchmarks/gpu.py`: the tokenizer of the 151,936-token model, the reward, the trained-like model's candidate share,
-the pairing and shares of the report on hand-made runs, the shared model's reset between trainers, and (slow) the CPU
-smoke run end to end."""
+"""`benchmarks/gpu.py`: tokenizer, reward, candidate share, the report's pairing on hand-made runs, the model's reset,
+and (slow) the CPU smoke run."""
 
 import json
 import math
@@ -15,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "benchmar
 import gpu  # noqa: E402
 
 
-def test_the_tokenizer_decodes_every_id_of_the_model_and_encodes_text_byte_by_byte():
+def test_the_tokenizer_reward_and_field_differences():
     tokenizer = gpu.build_tokenizer()
     assert len(tokenizer) == gpu.QWEN3_1_7B["vocab_size"] == 151936
     assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (151643, 151645)  # Qwen's ids
@@ -24,21 +23,15 @@ def test_the_tokenizer_decodes_every_id_of_the_model_and_encodes_text_byte_by_by
     ids = tokenizer.encode("ab c")
     assert len(ids) == 4 and max(ids) < 256 and tokenizer.decode(ids) == "ab c"  # one byte, one token: no merges
 
-
-def test_the_reward_is_the_crc32_parity_of_index_and_completion():
     # CRC-32 of "0:a" is 0xC436B335 (odd), of "1:a" 0xC5F4D902 (even): equal completions of a group get reward spread.
     assert gpu.hashed_binary_reward(["a", "a"]) == [1.0, 0.0] == gpu.hashed_binary_reward(["a", "a"])  # reproducible
-
-
-def test_field_differences_name_the_fields_that_differ():
     fields = {"GRPO|g": {"lr": 1, "beta": 0.0}, "off|g": {"lr": 1, "beta": 0.0}, "STAPO|g": {"lr": 2, "beta": 0.1}}
     assert gpu.field_differences(fields) == ["GRPO|g vs STAPO|g: ['beta', 'lr']"]
     assert gpu.field_differences({"GRPO|g": {"lr": 1}, "off|g": {"lr": 1}}) == []
 
 
 def test_the_candidate_share_is_the_expected_mass_of_sampled_tokens_below_tau_p():
-    # Row 0: two tokens at p = 1/2 (none below tau_p = 0.002). Row 1: logits [0, -10] -> p = [1 / (1 + e^-10), ...]:
-    # the second, p = 4.54e-5, is below tau_p and is sampled with that probability.
+    # Row 0: p = 1/2 twice (none below tau_p). Row 1: logits [0, -10]: p = 4.54e-5 below tau_p, sampled at that rate.
     logits = torch.tensor([[0.0, 0.0], [0.0, -10.0]])
     share, entropy = gpu.candidate_mass(logits, 1.0)
     p = 1 / (1 + math.exp(10))
@@ -50,10 +43,8 @@ def test_the_candidate_share_is_the_expected_mass_of_sampled_tokens_below_tau_p(
 def _run(arm, geometry, rep, steps, peak):
     spg, grad_accum = gpu.GEOMETRIES[geometry]
     spu = spg // grad_accum
-    return dict(
-        model="random", arm=arm, geometry=geometry, rep=rep, steps_per_unit=spu, units=len(steps) // spu,
-        peak_bytes=peak, by_step=dict(enumerate(steps)), logged={},
-    )  # fmt: skip
+    return dict(model="random", arm=arm, geometry=geometry, rep=rep, steps_per_unit=spu, units=len(steps) // spu,
+                peak_bytes=peak, by_step=dict(enumerate(steps)), logged={})  # fmt: skip
 
 
 def test_summarize_pairs_the_units_of_one_repetition_and_drops_the_warm_up():
@@ -61,12 +52,9 @@ def test_summarize_pairs_the_units_of_one_repetition_and_drops_the_warm_up():
     grpo = {"step_seconds": 2.0, "generate_seconds": 1.0, "grad_forwards": 1, "grad_rows": 4}
     stapo = dict(grpo, step_seconds=2.2, mask_seconds=0.11, records_seconds=0.01)  # 1.2 s train-side
     slow_grpo = dict(grpo, step_seconds=4.0, generate_seconds=3.0)  # repetition 1 ran slower: its own pairs
-    runs = [
-        _run("GRPO", "spg=GA=1", 0, [warm, grpo, grpo], 1000),
-        _run("STAPO", "spg=GA=1", 0, [warm, stapo, stapo], 1100),
-        _run("GRPO", "spg=GA=1", 1, [warm, slow_grpo], 1000),
-        _run("STAPO", "spg=GA=1", 1, [warm, dict(stapo, step_seconds=4.4, generate_seconds=3.0)], 1200),
-    ]
+    runs = [_run("GRPO", "spg=GA=1", 0, [warm, grpo, grpo], 1000),
+            _run("STAPO", "spg=GA=1", 0, [warm, stapo, stapo], 1100), _run("GRPO", "spg=GA=1", 1, [warm, slow_grpo], 1000),
+            _run("STAPO", "spg=GA=1", 1, [warm, dict(stapo, step_seconds=4.4, generate_seconds=3.0)], 1200)]  # fmt: skip
     result = {"settings": {"warmup_units": 1, "completions": 4}, "runs": runs}
     summary = gpu.summarize(result)["random spg=GA=1"]
     ratios = summary["ratios"]["STAPO/GRPO"]
@@ -110,7 +98,7 @@ def test_reset_model_restores_the_weights_and_the_class_forward():
 
 @pytest.mark.slow
 def test_the_cpu_smoke_run_measures_every_arm_and_writes_its_report(tmp_path):
-    # Smaller than the script's own smoke size (no warm-up unit, 4 completions of 4 per prompt): 18 runs on 2 cores.
+    # Smaller than the script's own smoke size: 18 runs on 2 cores.
     args = "--cpu-smoke --warmup-units 0 --completions 4 --num-generations 4 --out".split()
     result = gpu.run(gpu.parse_args([*args, str(tmp_path)]))
     assert result["complete"] and result["field_differences"] == []

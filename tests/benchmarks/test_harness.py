@@ -1,9 +1,5 @@
-"""`benchmarks/harness.py`: every arm of a comparison with plain `GRPOTrainer` trains on one thread count.
-
-The reported case: a plain-GRPOTrainer baseline looked 29x slower than STAPO; STAPOTrainer ran the built-in tiny model
-on one thread, plain TRL on torch's default of one per core. Measured in a fresh process with no thread setting (the
-test process pins torch to one thread, tests/conftest.py), as `python benchmarks/<study>.py` would start.
-"""
+"""`benchmarks/harness.py`: every arm of a comparison with plain `GRPOTrainer` trains on one thread count, measured in
+a fresh process with no thread setting (the test process pins one thread), as `python benchmarks/<study>.py` starts."""
 
 import json
 import os
@@ -41,23 +37,18 @@ print(json.dumps(seen))
 
 @pytest.mark.slow  # a fresh process per case: ~20 s each on 2 cores
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="torch's default is already one thread on one core")
+# the recipes' torch_num_threads: 1; a recipe override; the caller's environment, which wins
 @pytest.mark.parametrize(
     "environ, overrides, expected",
-    [
-        ({}, [], 1),  # the recipes' torch_num_threads: 1, in both arms
-        ({}, ["--torch_num_threads", "2"], 2),  # a recipe override, in both arms
-        ({"OMP_NUM_THREADS": "2"}, [], 2),  # the caller's environment wins, in both arms
-    ],
+    [({}, [], 1), ({}, ["--torch_num_threads", "2"], 2), ({"OMP_NUM_THREADS": "2"}, [], 2)],
 )
-def test_plain_grpo_and_stapo_arms_train_on_the_same_thread_count(
-    tiny_math_model_path, tmp_path, environ, overrides, expected
-):
+def test_plain_grpo_and_stapo_arms_train_on_the_same_thread_count(tiny_math_model_path, tmp_path, environ, overrides,
+                                                                  expected):  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     env |= environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
     env["STAPO_TRL_CACHE"] = str(builtin_cache_root(tiny_math_model_path))
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, *overrides], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
-    )
+    command = [sys.executable, "-c", SCRIPT, *overrides]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["default"] == len(os.sched_getaffinity(0))  # nothing set before the harness
