@@ -52,9 +52,10 @@ def test_summarize_pairs_the_units_of_one_repetition_and_drops_the_warm_up():
     grpo = {"step_seconds": 2.0, "generate_seconds": 1.0, "grad_forwards": 1, "grad_rows": 4}
     stapo = dict(grpo, step_seconds=2.2, mask_seconds=0.11, records_seconds=0.01)  # 1.2 s train-side
     slow_grpo = dict(grpo, step_seconds=4.0, generate_seconds=3.0)  # repetition 1 ran slower: its own pairs
-    runs = [_run("GRPO", "spg=GA=1", 0, [warm, grpo, grpo], 1000),
-            _run("STAPO", "spg=GA=1", 0, [warm, stapo, stapo], 1100), _run("GRPO", "spg=GA=1", 1, [warm, slow_grpo], 1000),
-            _run("STAPO", "spg=GA=1", 1, [warm, dict(stapo, step_seconds=4.4, generate_seconds=3.0)], 1200)]  # fmt: skip
+    stapo_slow = dict(stapo, step_seconds=4.4, generate_seconds=3.0)
+    runs = [_run(arm, "spg=GA=1", rep, [warm, *steps], peak) for arm, rep, steps, peak in [
+        ("GRPO", 0, [grpo, grpo], 1000), ("STAPO", 0, [stapo, stapo], 1100), ("GRPO", 1, [slow_grpo], 1000),
+        ("STAPO", 1, [stapo_slow], 1200)]]  # fmt: skip
     result = {"settings": {"warmup_units": 1, "completions": 4}, "runs": runs}
     summary = gpu.summarize(result)["random spg=GA=1"]
     ratios = summary["ratios"]["STAPO/GRPO"]
