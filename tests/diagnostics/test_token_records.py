@@ -35,17 +35,9 @@ class HostTransfers(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs, name = kwargs or {}, getattr(func, "__name__", "")
+        host = {"item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__"}
         to_cpu = name == "to" and "cpu" in [str(a) for a in (*args[1:], kwargs.get("device"))]
-        self.count += to_cpu or name in {
-            "item",
-            "tolist",
-            "cpu",
-            "numpy",
-            "__float__",
-            "__int__",
-            "__bool__",
-            "__index__",
-        }
+        self.count += to_cpu or name in host
         return func(*args, **kwargs)
 
 

@@ -44,32 +44,6 @@ def _accelerate_cmd(config: str, port: int) -> list[str]:  # a free port: 29500 
             "--main_process_port", str(port)]  # fmt: skip
 
 
-def test_demo_recipe_trains_on_two_cpu_processes(tiny_math_model_path, tmp_path):
-    from stapo_trl.cli.eval import main as stapo_eval
-
-    out = tmp_path / "demo-2proc"
-    # 9 problems x 2 samples split unevenly (5 and 4, the last one padded) over the two ranks
-    evaluation = ["--eval_before_after", "true", "--eval_num_problems", "9", "--eval_num_samples", "2"]
-    output = run_distributed(
-        lambda port: _accelerate_cmd("cpu_2proc.yaml", port) + [
-            "-m", "stapo_trl.cli.train", "--config", str(STAPO_RECIPE),
-            "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), *SMALL_TWO_RANK_DEMO, *evaluation,
-        ],
-        timeout=900,
-    )  # fmt: skip
-    check_two_rank_demo_run(output, out)
-    card = (out / "README.md").read_text()  # written by the main process only
-    assert "STAPO" in card and "2602.15620" in card and "| `s2t_prob_threshold` |" in card
-    # The evaluation split over two processes gives one process's numbers: a seed per sample, not per process.
-    record = json.loads((out / "eval.json").read_text())
-    assert record["num_processes"] == 2 and record["num_problems"] == 9
-    for when in ("before", "after"):
-        results = tmp_path / f"{when}.json"
-        assert stapo_eval([*shlex.split(record["stapo_eval_command"][when])[1:], "--output", str(results)]) == 0
-        table = json.loads(results.read_text())["results"]["t1.0-p1.0"]["tiny-math"]
-        assert (table["avg@2"], table["pass@k"]["2"]) == (record[f"accuracy_{when}"], record[f"pass@2_{when}"])
-
-
 def test_an_input_error_under_accelerate_ends_each_process_with_status_2(tmp_path):
     for _ in range(2):  # a second port when another job took the first meanwhile
         cmd = _accelerate_cmd("cpu_2proc.yaml", free_port()) + [
@@ -251,9 +225,7 @@ def test_ctrl_c_on_two_processes_saves_one_checkpoint_on_every_rank_and_resumes(
     assert "Resume with the same command: the same launch command, i.e. accelerate launch" in interrupted[0]
     assert interrupted[0].endswith(" ".join(train_args[1:] + ["--max_steps", "5000"]))
     checkpoint = out / f"checkpoint-{step}"
-    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= set(
-        p.name for p in checkpoint.iterdir()
-    )
+    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= set(os.listdir(checkpoint))
     assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == step
     assert not (out / "model.safetensors").exists()  # the run is not finished
     # The same launch line (a near end) resumes from that checkpoint and finishes.
@@ -274,15 +246,32 @@ def _documented_command(marker: str) -> list[str]:
     return shlex.split(command)
 
 
-def test_documented_cpu_two_process_command_trains_on_two_ranks(tiny_math_model_path, tmp_path):
+def test_documented_cpu_two_process_command_trains_and_evaluates_on_two_ranks(tiny_math_model_path, tmp_path,
+                                                                              monkeypatch):  # fmt: skip
+    from stapo_trl.cli.eval import main as stapo_eval
+
     command = _documented_command("cpu_2proc.yaml")
     assert command[:2] == ["accelerate", "launch"] and "--output_dir" in command, command
     out = tmp_path / "demo-2proc"
-    # The printed command with overrides appended (last value wins), a free port right after `launch`.
-    overrides = ["--max_steps", "2", "--logging_steps", "2", "--eval_before_after", "false", "--save_strategy", "no",
-                 "--disable_tqdm", "true", "--log_level", "info", "--output_dir", str(out)]  # fmt: skip
-    env = subprocess_env(STAPO_TRL_CACHE=str(builtin_cache_root(tiny_math_model_path)))
+    # The printed command with overrides appended (last value wins), a free port right after `launch`; 9 problems x 2
+    # samples split unevenly (5 and 4, the last one padded) over the two ranks.
+    overrides = [*SMALL_TWO_RANK_DEMO, "--eval_before_after", "true", "--eval_num_problems", "9",
+                 "--eval_num_samples", "2", "--output_dir", str(out)]  # fmt: skip
+    monkeypatch.setenv(
+        "STAPO_TRL_CACHE", str(builtin_cache_root(tiny_math_model_path))
+    )  # the before-evaluation's model
+    env = subprocess_env()
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port"]
     output = run_distributed(lambda port: [*launch, str(port), *command[2:], *overrides], timeout=900, env=env)
     check_two_rank_demo_run(output, out)
     assert (out / "spurious_tokens.jsonl").is_file()
+    card = (out / "README.md").read_text()  # written by the main process only
+    assert "STAPO" in card and "2602.15620" in card and "| `s2t_prob_threshold` |" in card
+    # The evaluation split over two processes gives one process's numbers: a seed per sample, not per process.
+    record = json.loads((out / "eval.json").read_text())
+    assert record["num_processes"] == 2 and record["num_problems"] == 9
+    for when in ("before", "after"):
+        results = tmp_path / f"{when}.json"
+        assert stapo_eval([*shlex.split(record["stapo_eval_command"][when])[1:], "--output", str(results)]) == 0
+        table = json.loads(results.read_text())["results"]["t1.0-p1.0"]["tiny-math"]
+        assert (table["avg@2"], table["pass@k"]["2"]) == (record[f"accuracy_{when}"], record[f"pass@2_{when}"])
