@@ -4,11 +4,16 @@ mask under vLLM's importance-sampling correction; refusals run without vLLM. One
 import dataclasses
 import importlib.util
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 import warnings
 
 import pytest
 import torch
-from testing_utils import PROMPTS, REPO, ForwardCounter, length_reward
+from testing_utils import PROMPTS, REPO, ForwardCounter, free_port, length_reward
 from trl import GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
@@ -255,32 +260,19 @@ PY
 @pytest.mark.vllm
 @pytest.mark.parametrize("mode, status", [("success", 0), ("fail", 1), ("sleep", 130)])
 def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_model_path, tmp_path, mode, status):
-    import os
-    import signal
-    import socket
-    import subprocess
-    import sys
-    import time
-
-    repo = REPO
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     # The demo as a server-mode GPU recipe; transformers 5.19 names the checkpointing field the old way.
-    text = (repo / "recipes/demo/stapo.yaml").read_text()
+    text = (REPO / "recipes/demo/stapo.yaml").read_text()
     text = text.replace("use_cpu: true", "").replace("activation_checkpointing:", "gradient_checkpointing:")
     recipe = tmp_path / "server.yaml"
-    recipe.write_text(
-        "# launch: accelerate_config=ddp num_processes=1 vllm_gpus=1\n"
-        + text
-        + f"\nuse_vllm: true\nvllm_mode: server\nvllm_server_port: {port}\n"
-    )
+    server = f"\nuse_vllm: true\nvllm_mode: server\nvllm_server_port: {port}\n"
+    recipe.write_text(f"# launch: accelerate_config=ddp num_processes=1 vllm_gpus=1\n{text}{server}")
     step = tmp_path / "step"
     step.write_text(CLIENT_STEP)
     step.chmod(0o755)
     record = tmp_path / "record"
     env = dict(
-        os.environ, PYTHON=sys.executable, TRL_BIN=str(repo / "scripts/vllm_cpu_serve.sh"), ACCELERATE_BIN=str(step),
+        os.environ, PYTHON=sys.executable, TRL_BIN=str(REPO / "scripts/vllm_cpu_serve.sh"), ACCELERATE_BIN=str(step),
         STUB_PORT=str(port), STUB_MODEL=tiny_math_h64_model_path, STUB_RECORD=str(record), STUB_MODE=mode,
         HEALTH_INTERVAL="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
     )  # fmt: skip
@@ -288,7 +280,7 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
     for name in ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     command = [
-        "bash", str(repo / "scripts/launch.sh"), str(recipe), "--gpus", "0,1", "--timeout", "400",
+        "bash", str(REPO / "scripts/launch.sh"), str(recipe), "--gpus", "0,1", "--timeout", "400",
         "--log-dir", str(tmp_path), "--serve-args", "--gpu_memory_utilization 0.15 --enforce_eager true",
         "--", "--model_name_or_path", tiny_math_h64_model_path,
     ]  # fmt: skip
@@ -298,7 +290,7 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    launcher = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    launcher = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True, preexec_fn=as_from_a_terminal)  # fmt: skip
     if mode == "sleep":  # Ctrl-C while training runs: SIGINT to the launcher's whole foreground group
         deadline = time.time() + 500
