@@ -1,9 +1,9 @@
-r"""Prompt datasets in the columns `GRPOTrainer` and the rewards read (`prompt`, `solution`, the source's own), the
-built-in task `builtin:tiny-math` (`47+38` -> `7+8=15, write 5 carry 1; 4+3+1=8; \boxed{85}`), the checks of a run's
-datasets before a model is built, and the prompt-token budget."""
+"""Prompt datasets in the columns `GRPOTrainer` and the rewards read, the built-in task `builtin:tiny-math`, the checks
+of a run's datasets before a model is built, and the prompt-token budget."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -43,8 +43,7 @@ def format_prompt(problem: str, instruction: str | None = INSTRUCTION) -> list[d
     return [{"role": "user", "content": problem}]
 
 
-def remove_dapo_instruction(problem: str) -> str:
-    return _DAPO.sub("", problem)
+remove_dapo_instruction = functools.partial(_DAPO.sub, "")
 
 
 def filter_long_prompts(dataset, tokenizer, max_prompt_tokens: int, chat_template_kwargs: dict | None = None):
@@ -65,10 +64,9 @@ def tiny_math_completion(a: int, b: int) -> str:
 
 
 def make_tiny_math_dataset(num_train: int = 7800, num_test: int = 300, seed: int = 0):
-    """The built-in tiny-math [`~datasets.DatasetDict`]: the 8,100 pairs `10 <= a, b <= 99` shuffled by
-    `random.Random(seed)`, the first `num_test` in `"test"`, the next `num_train` in `"train"`; columns `prompt`,
-    `solution` (`"85"`), `completion` (the worked steps) and `problem` (`"47+38"`). Raises `ValueError` for a
-    negative size or more than 8,100 in all."""
+    """The tiny-math [`~datasets.DatasetDict`]: the 8,100 pairs `10 <= a, b <= 99` shuffled by `random.Random(seed)`,
+    `num_test` in "test", the next `num_train` in "train"; columns `prompt`, `solution` (`"85"`), `completion` (the
+    worked steps), `problem` (`"47+38"`). `ValueError` for a negative size or more than 8,100 in all."""
     import datasets
 
     pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
@@ -171,31 +169,30 @@ def check_prompt_columns(dataset, dataset_name: str, prompt_column: str, solutio
     """The two columns' values (dotted names reach into structs), warning of rows with an empty prompt or no answer;
     `ValueError` for a missing column or a prompt that is neither text nor chat messages."""
     flat = dataset.flatten()
-    for column in [c for c in (prompt_column, solution_column) if c not in flat.column_names + dataset.column_names]:
+    if missing := [c for c in (prompt_column, solution_column) if c not in flat.column_names + dataset.column_names]:
         fix = "Set prompt_column / solution_column (a dotted name reaches into a struct: 'reward_model.ground_truth')."
-        raise ValueError(f"{missing_column_message(column, dataset_name, dataset.column_names)} {fix}")
+        raise ValueError(f"{missing_column_message(missing[0], dataset_name, dataset.column_names)} {fix}")
     prompts, solutions = [
         (dataset if c in dataset.column_names else flat)[c] for c in (prompt_column, solution_column)
     ]
-    rows = {"bad": [], "empty": [], "unanswered": []}
-    for index, (prompt, solution) in enumerate(zip(prompts, solutions)):
-        chat = isinstance(prompt, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in prompt)
-        text = prompt if isinstance(prompt, str) else "".join(str(m["content"]) for m in prompt) if chat else None
-        if text is None or not text.strip():
-            rows["bad" if text is None else "empty"].append(index)
-        if not _solution_to_str(solution).strip():
-            rows["unanswered"].append(index)
-    if bad := rows["bad"]:
+    chat = [
+        isinstance(p, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in p) for p in prompts
+    ]
+    texts = [p if isinstance(p, str) else "".join(str(m["content"]) for m in p) if c else None
+             for p, c in zip(prompts, chat)]  # fmt: skip
+    if bad := [i for i, text in enumerate(texts) if text is None]:
         raise ValueError(
             f"{_where(dataset_name, bad)} (column {prompt_column!r}): a prompt must be a string or a list of chat "
             f"messages with 'role' and 'content', got {prompts[bad[0]]!r:.100}. Fix or remove those rows."
         )
-    for kind, column, what in [
-        ("empty", prompt_column, "empty prompt: trained on, the model sees the instruction alone."),
-        ("unanswered", solution_column, "no answer: math_accuracy gives their completions no reward (None)."),
-    ]:
-        if rows[kind]:
-            logger.warning(f"{_where(dataset_name, rows[kind])} (column {column!r}): {what}")
+    for column, rows, what in [
+        (prompt_column, [not t.strip() for t in texts],
+         "empty prompt: trained on, the model sees the instruction alone."),
+        (solution_column, [not _solution_to_str(s).strip() for s in solutions],
+         "no answer: math_accuracy gives their completions no reward (None)."),
+    ]:  # fmt: skip
+        if indices := [i for i, flagged in enumerate(rows) if flagged]:
+            logger.warning(f"{_where(dataset_name, indices)} (column {column!r}): {what}")
     return prompts, solutions
 
 
@@ -216,12 +213,10 @@ def load_prompt_dataset(
     solution_column: str = "answer", instruction: str | None = INSTRUCTION, data_files=None, limit: int | None = None,
     strip_dapo_instruction: bool = False,
 ):  # fmt: skip
-    """A math dataset as a [`~datasets.Dataset`] for [`~trl.GRPOTrainer`]: the source's other columns, then `prompt`
-    (a chat, `instruction` added to its last user turn, DAPO's removed with `strip_dapo_instruction`) and `solution`
-    (`str`); a `builtin:<name>` task (splits "train", "test") has only these two. A local `.json`, `.jsonl`,
-    `.parquet` or `.csv` file is one split; another name goes to `datasets.load_dataset`. Raises `ValueError` (an
-    unknown `builtin:` name or split, a file that does not parse, a missing column, a prompt neither text nor chat)
-    or `FileNotFoundError`."""
+    """A math [`~datasets.Dataset`] for [`~trl.GRPOTrainer`]: the source's columns, then `prompt` (a chat,
+    `instruction` added to its last user turn) and `solution` (`str`); a `builtin:<name>` task has only these two. A
+    local `.json`, `.jsonl`, `.parquet` or `.csv` file is one split; another name goes to `datasets.load_dataset`.
+    `ValueError` (unknown name or split, unparsable file, missing column, bad prompt), `FileNotFoundError`."""
     import datasets
 
     if limit is not None and limit < 0:
@@ -332,18 +327,17 @@ def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "t
     from trl.trainer.utils import get_callable_name
 
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
-    funcs = [f for f in funcs if callable(f) and not isinstance(f, torch.nn.Module)]
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     for name, data in _named(dataset, dataset_name):
-        if (columns := getattr(data, "column_names", None)) is None:  # some streamed datasets
-            continue
-        for func in funcs:
+        for func in [f for f in funcs if callable(f) and not isinstance(f, torch.nn.Module)]:
             try:
                 parameters = inspect.signature(func).parameters.values()
             except (TypeError, ValueError):
                 continue
-            variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-            required = [p.name for p in parameters if p.default is p.empty and p.kind not in variadic]
+            if (columns := getattr(data, "column_names", None)) is None:  # some streamed datasets
+                break
             filled = (set(columns) - set(_PASSED_AS)) | TRL_REWARD_ARGUMENTS
+            required = [p.name for p in parameters if p.default is p.empty and p.kind not in variadic]
             func_name = get_callable_name(func)
             if (missing := next((a for a in required if a not in filled), None)) in _PASSED_AS:
                 message = f"The reward function {func_name!r} takes an argument {missing!r}, which TRL never fills: "
@@ -362,11 +356,11 @@ def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset", *, pr
             raise ValueError(
                 f"Dataset {name!r} is empty (0 rows): give it prompts, one row each with a 'prompt' column."
             )
-        if (columns := getattr(data, "column_names", None)) is not None and "prompt" not in columns:
-            if not prompt_optional:
-                message = f"{missing_column_message('prompt', name, columns)} TRL reads each prompt from a column "
-                raise ValueError(message + "named 'prompt': rename yours (dataset.rename_column('question', 'prompt'))"
-                                 ", or pass an environment_factory whose reset() supplies the prompt.")  # fmt: skip
+        columns = getattr(data, "column_names", None)
+        if not prompt_optional and columns is not None and "prompt" not in columns:
+            message = f"{missing_column_message('prompt', name, columns)} TRL reads each prompt from a column named "
+            raise ValueError(message + "'prompt': rename yours (dataset.rename_column('question', 'prompt')), or pass "
+                             "an environment_factory whose reset() supplies the prompt.")  # fmt: skip
 
 
 def has_chat_template(tokenizer: Any) -> bool:

@@ -1,6 +1,4 @@
-"""The library trainer: the core's `STAPOTrainer` and `STAPOConfig` with what the package adds around them (built-in
-models and named rewards, checks at construction, the run folder, the card), and TRL's `GRPOTrainer` with the same
-additions as the baseline."""
+"""The core's `STAPOTrainer` and `STAPOConfig`, and TRL's `GRPOTrainer` (the baseline), with the package's extras."""
 
 from .config import STAPOConfig
 from .trainers import GRPOBaselineTrainer, STAPOTrainer, tiny_model_threads

@@ -73,16 +73,15 @@ class STAPOConfig(core.STAPOConfig):
     def __post_init__(self):
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched process, before its process group exists
             import_group_capturing_modules()
-        changed = []  # before TRL turns an unset bf16 on, which transformers refuses on a CPU without use_cpu
-        if None in (self.use_cpu, self.bf16) and not has_accelerator():
+        if None in (self.use_cpu, self.bf16) and not has_accelerator():  # before TRL turns an unset bf16 on
             changed = ["use_cpu=True"] * (self.use_cpu is None) + ["bf16=False"] * (
                 self.bf16 is None and not self.fp16
             )
             self.use_cpu, self.bf16 = self.use_cpu is not False, False if "bf16=False" in changed else self.bf16
+            if changed:
+                logger.info("No accelerator found (CUDA, XPU, MPS, NPU, HPU, Neuron, TPU): STAPOConfig defaults to %s "
+                            "on this machine; set them explicitly to override.", ", ".join(changed))  # fmt: skip
         self.use_cpu = bool(self.use_cpu)
-        if changed:
-            logger.info("No accelerator found (CUDA, XPU, MPS, NPU, HPU, Neuron, TPU): STAPOConfig defaults to %s on "
-                        "this machine; set them explicitly to override.", ", ".join(changed))  # fmt: skip
         if getattr(self, "activation_checkpointing", False) is None:  # transformers >= 5.24's name, no warning
             self.activation_checkpointing = self.gradient_checkpointing
         write_run_files(self)
@@ -114,15 +113,13 @@ def write_run_files(args) -> bool:
 
 
 class TrainingValueError(ValueError):
-    """`fields`: the fields whose values make the error, the reported one first."""
-
-    def __init__(self, message: str, *fields: str):
+    def __init__(self, message: str, *fields: str):  # the fields whose values make the error, the reported one first
         super().__init__(message)
         self.fields = fields
 
 
 def check_training_values(args) -> None:
-    """Raise `TrainingValueError` for a raw value of a `GRPOConfig` or namespace that TRL accepts and fails on later."""
+    """Raise `TrainingValueError` for a value of a `GRPOConfig` or namespace that TRL accepts and fails on later."""
 
     def number(name: str, kind=(int, float)):
         value = getattr(args, name, None)

@@ -32,8 +32,7 @@ logger = logging.getLogger(__name__)
 TINY_MODEL_MAX_BYTES = 4 * 2**20  # the built-in tiny models' weights are 0.58 MB
 
 
-def _torch_default_threads() -> set[int]:
-    """The counts torch starts with: one per available core, logical or physical."""
+def _torch_default_threads() -> set[int]:  # the counts torch starts with: one per available core, logical or physical
     counts = {len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0, os.cpu_count() or 1}
     try:
         with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
@@ -66,13 +65,8 @@ def _without_credentials(args) -> dict:  # what transformers' training_args.bin 
     return {name: None if name.endswith("_token") else v for name, v in vars(args).items() if name != "__getstate__"}
 
 
-class _Additions:
-    """What this package adds to a GRPO trainer, first in the bases, leaving the process alone: `builtin:` models and
-    named rewards, checks before a model is built, the run folder under one lock (run files, exact resume, no write
-    through a link, no `*_token` in `training_args.bin`), the card, one thread for tiny models. `eval_record`:
-    accuracy before and after training, for the card; `run_settings`: kept in each checkpoint, compared on resume."""
-
-    eval_record = None
+class _Additions:  # first in the bases; `run_settings` kept in each checkpoint, compared on resume
+    eval_record = None  # accuracy before and after training, for the card
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *pargs, **kwargs):
         given_model = model
@@ -110,14 +104,9 @@ class _Additions:
         self.args.__getstate__ = functools.partial(_without_credentials, self.args)  # what training_args.bin holds
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`Trainer.train` as the one writer of `output_dir`, with the run files, the no-learning-signal warning and an
-        exact resume: `resume_from_checkpoint=True` takes the newest complete checkpoint (damaged ones moved aside),
-        and the rest of its rollout batch and logging window is restored ([`~stapo_trl.run_folder.rollout`]).
-
-        Raises:
-            ValueError: another writer holds `output_dir`; no complete checkpoint to resume; a checkpoint that is not
-                complete, or trained with other settings (each changed field, old -> new); a link where a save writes.
-        """
+        """`Trainer.train` as the one writer of `output_dir`, with the run files and an exact resume (`True`: the
+        newest complete checkpoint; the rest of its rollout batch and logging window restored). `ValueError`: another
+        writer holds `output_dir`; no, an incomplete or a differently trained checkpoint; a link where it saves."""
         from ..run_folder.logs import JsonlLogCallback, NoLearningSignalCallback, add_run_file_callbacks
         from ..run_folder.rollout import RolloutStateCallback, load_rollout_state
 
@@ -144,11 +133,8 @@ class _Additions:
                     self.add_callback(kind(self))
             rollout = next(callback for callback in callbacks if isinstance(callback, RolloutStateCallback))
             rollout.state = load_rollout_state(self, checkpoint) if checkpoint else None
-            for (
-                callback
-            ) in callbacks:  # a stopped run's partial last row is logged again, whole, by the restored window
-                if isinstance(callback, JsonlLogCallback):
-                    callback.redone_after = rollout.state["last_logged"] if rollout.state else None
+            for callback in [c for c in callbacks if isinstance(c, JsonlLogCallback)]:  # a stopped run's last row
+                callback.redone_after = rollout.state["last_logged"] if rollout.state else None  # is logged again
             with tiny_model_threads(self.model):
                 return super().train(checkpoint, *args, **kwargs)
         finally:
@@ -225,20 +211,12 @@ class _Additions:
 
 
 class STAPOTrainer(_Additions, core.STAPOTrainer):
-    """[`stapo_trl.core.STAPOTrainer`] (STAPO, arXiv:2602.15620), which it subclasses, with this package's additions,
-    the paper's ablation modes, the diagnostics `s2t/entropy_p10` ... `p95`, `s2t/silenced_prob_mean`,
-    `s2t/silenced_entropy_mean` (nats), one warning for a loss token with a non-finite p or H, and the token records.
-
-    Args:
-        model: as [`~trl.GRPOTrainer`], or a built-in name (`"builtin:tiny-math"`), built into its cache on first use.
-        reward_funcs: as [`~trl.GRPOTrainer`]; a string may name a reward of `stapo_trl.rewards.REWARDS`.
-        args ([`~trl.GRPOConfig`], *optional*): any `GRPOConfig`; defaults to [`~stapo_trl.STAPOConfig`].
-
-    Raises:
-        ValueError: before a model is built: an empty dataset or one without a `prompt` column, a reward argument no
-            column fills, no or an unknown reward, an S2T value out of range, an `output_dir` that is empty or cannot
-            be written, `vllm_mode="server"` without an accelerator, chat prompts without a chat template.
-    """
+    """[`stapo_trl.core.STAPOTrainer`] (STAPO, arXiv:2602.15620), which it subclasses, with the package's additions,
+    the paper's ablation modes, the diagnostics `s2t/entropy_p10` ... `p95`, `s2t/silenced_*_mean` (nats), a warning
+    for non-finite p or H, and the token records. `model` may be a `builtin:` name, `reward_funcs` a name of
+    `stapo_trl.rewards.REWARDS`, `args` any `GRPOConfig` (default [`~stapo_trl.STAPOConfig`]). `ValueError` before a
+    model is built: a dataset empty or without `prompt`, a reward argument no column fills, a bad reward, S2T value,
+    `output_dir` or `vllm_mode`, chat prompts without a chat template."""
 
     _s2t_modes = STAPOConfig._s2t_modes
 
