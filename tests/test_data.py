@@ -1,5 +1,4 @@
-"""The built-in tiny-math task and `load_prompt_dataset`: local files, nested columns, Hub ids, DAPO's instruction, and
-empty, malformed or single-split files met with one line (in `stapo-train` and its dry run) or a label."""
+"""The tiny-math task and `load_prompt_dataset`: local files, nested columns, Hub ids, DAPO's instruction, bad files."""
 
 import json
 import re
@@ -47,7 +46,6 @@ def test_every_completion_is_the_worked_sum_of_its_problem_in_disjoint_splits_dr
     again, other = make_tiny_math_dataset(), make_tiny_math_dataset(seed=1)
     assert all(again[split].to_list() == tiny_math[split].to_list() for split in ("train", "test"))
     assert other["test"]["problem"] != tiny_math["test"]["problem"]
-    # Smaller draws cut the same shuffle (test first): the first held-out problems stay the same.
     small = make_tiny_math_dataset(num_train=50, num_test=10)
     assert small["test"]["problem"] == tiny_math["test"]["problem"][:10]
     assert len(small["train"]) == 50 and not set(small["train"]["problem"]) & set(small["test"]["problem"])
@@ -76,7 +74,6 @@ def test_load_local_jsonl_with_nested_columns(tmp_path):
     ]
     path = write_jsonl(tmp_path / "toy.jsonl", rows)
     ds = load_prompt_dataset(path)
-    # The file's own columns stay (TRL passes each to the reward functions by name).
     assert ds.column_names == ["problem", "answer", "meta", "prompt", "solution"]
     assert ds["meta"][2] == {"gt": "\\frac{5}{2}"}
     assert ds["prompt"][0] == [{"role": "user", "content": f"What is 1+1?\n{INSTRUCTION}"}]
@@ -93,8 +90,7 @@ def test_load_local_jsonl_with_nested_columns(tmp_path):
         load_prompt_dataset(str(tmp_path / "nope.jsonl"))
 
 
-def test_verl_parquet_with_chat_prompts(shared_data_dir):
-    # verl layout: the prompt is already a chat, the answer sits in `reward_model.ground_truth`.
+def test_verl_parquet_with_chat_prompts(shared_data_dir):  # a chat prompt, the answer in reward_model.ground_truth
     path = str(shared_data_dir / "aime24" / "test.parquet")
     ds = load_prompt_dataset(path, prompt_column="prompt", solution_column="reward_model.ground_truth")
     assert len(ds) == 30 and ds[0]["solution"] == "\\boxed{204}"
@@ -104,9 +100,7 @@ def test_verl_parquet_with_chat_prompts(shared_data_dir):
 
 
 def test_hub_ids_go_to_load_dataset_and_an_instruction_is_added_once(monkeypatch):
-    # No network here: what a Hub id is forwarded as, with a stand-in for `datasets.load_dataset`. A prompt that
-    # already ends with the instruction (whitespace aside) does not get it twice: twice, the model answers a prompt
-    # unlike training's, and a tiny model's reward is 0 for the whole run.
+    # What a Hub id is forwarded as; a prompt ending with the instruction (whitespace aside) does not get it twice.
     import datasets
 
     calls, instruction = [], "Think it through.  Box the answer."
@@ -127,36 +121,30 @@ def test_hub_ids_go_to_load_dataset_and_an_instruction_is_added_once(monkeypatch
 
 
 DAPO = "Solve the following math problem step by step. The last line of your response should be of the form Answer: "
-DAPO += (
-    "$Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\nRemember to put your answer on its "
-)
-DAPO += 'own line after "Answer:".'
+DAPO += "$Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\nRemember to put your answer "
+DAPO += 'on its own line after "Answer:".'
 
 
 def test_a_chat_prompt_that_ends_with_the_instruction_gets_it_once_and_dapo_instructions_go(tmp_path):
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"1+1?\n{INSTRUCTION}"}]
-    dapo = DAPO
-    rows = [{"prompt": chat, "solution": "2"}, {"prompt": dapo.format("12+34"), "solution": "46"}]
-    rows += [{"prompt": [{"role": "user", "content": dapo.format("1+2")}], "solution": "3"}]
+    rows = [{"prompt": chat, "solution": "2"}, {"prompt": DAPO.format("12+34"), "solution": "46"}]
+    rows += [{"prompt": [{"role": "user", "content": DAPO.format("1+2")}], "solution": "3"}]
     path = write_jsonl(tmp_path / "chat.jsonl", rows)
     ds = load_prompt_dataset(path, prompt_column="prompt", solution_column="solution", strip_dapo_instruction=True)
     assert ds["prompt"] == [chat, format_prompt("12+34"), format_prompt("1+2")]
     kept = load_prompt_dataset(path, prompt_column="prompt", solution_column="solution")
-    assert kept["prompt"][1] == format_prompt(dapo.format("12+34"))
+    assert kept["prompt"][1] == format_prompt(DAPO.format("12+34"))
 
 
 def test_stapo_train_strips_dapo_prompts_and_drops_long_ones(tmp_path, tiny_math_model_path):
     from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.run import prepare
 
-    rows = [
-        {"prompt": DAPO.format("12+34"), "solution": "46"},
-        {"prompt": DAPO.format("1+" * 400 + "1"), "solution": "401"},
-    ]
+    rows = [{"prompt": DAPO.format("12+34"), "solution": "46"}, {"prompt": DAPO.format("1+" * 400), "solution": "1"}]
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name"]
     argv += [write_jsonl(tmp_path / "dapo.jsonl", rows), "--prompt_column", "prompt", "--solution_column", "solution"]
     argv += ["--strip_dapo_instruction", "true", "--max_prompt_tokens", "128", "--output_dir", str(tmp_path / "out")]
-    # why: a one-prompt rollout step (8 completions), so that the one kept prompt fills it (fewer are refused)
+    # a one-prompt rollout step (8 completions): the one kept prompt fills it (fewer are refused)
     argv += ["--per_device_train_batch_size", "8", "--steps_per_generation", "1", "--eval_before_after", "false"]
     assert prepare(*parse_args(argv)).train_dataset["prompt"] == [format_prompt("12+34")]
 
@@ -178,8 +166,7 @@ def test_an_evaluation_prompt_that_ends_with_the_instruction_gets_it_once(tmp_pa
     assert once(benchmark_dataset([problem], INSTRUCTION)[0]["prompt"][0]["content"])
 
 
-def _refused(tmp_path, capsys, path: str, expected: str) -> None:
-    """`stapo-train` ends on `expected` in one line (status 2), and its dry run lists it as a failed check."""
+def _refused(tmp_path, capsys, path: str, expected: str) -> None:  # stapo-train's line, its dry run's failed check
     from stapo_trl.cli.dry_run import main as dry_run_main
     from stapo_trl.cli.train import main
 
@@ -194,42 +181,37 @@ def _refused(tmp_path, capsys, path: str, expected: str) -> None:
     assert f"  - dataset_name={path!r}: {expected}" in out and "StopIteration" not in out and "ArrowInvalid" not in out
 
 
-@pytest.mark.parametrize(
-    "name, content",
-    [("empty.jsonl", ""), ("empty.json", ""), ("empty.parquet", ""), ("blank.jsonl", "\n  \n"), ("list.json", "[]")],
-    ids=["jsonl-0-bytes", "json-0-bytes", "parquet-0-bytes", "jsonl-whitespace", "json-empty-list"],
-)
-def test_an_empty_dataset_file_is_one_line(no_model_built, tmp_path, capsys, name, content):
-    (path := tmp_path / name).write_text(content)
-    with pytest.raises(ValueError, match=f"^dataset file '{path}' is empty: it holds no rows.$"):
-        load_prompt_dataset(str(path))
-    if name == "blank.jsonl":
-        _refused(tmp_path, capsys, str(path), f"dataset file '{path}' is empty")
-
-
 ROW = '{"problem": "1+1", "answer": "2"}\n'
+EMPTY = "is empty: it holds no rows."
 
 
 @pytest.mark.parametrize(
     "name, content, cause",
     [
+        ("empty.jsonl", "", EMPTY), ("empty.json", "", EMPTY), ("empty.parquet", "", EMPTY),
+        ("blank.jsonl", "\n  \n", EMPTY), ("list.json", "[]", EMPTY),
         ("cut.jsonl", ROW * 20 + '{"problem": "2+2", "answer": \n' + ROW * 19, "line 21 is not a JSON object"),
         ("braces.jsonl", ROW + "\n\n" + "{problem: 3}\n", "line 4 is not a JSON object"),  # blank lines counted
         ("list.jsonl", ROW + "[1, 2]\n" + ROW, "line 2 is not a JSON object"),
         ("extra-brace.json", ROW * 5 + '{"problem": "1", "answer": "1"}}\n', "line 6 is not a JSON object"),
         ("trailing.json", '[{"problem": "1+1", "answer": "2"},]', ""),
     ],
-    ids=["jsonl-cut-line", "jsonl-unquoted-key", "jsonl-a-list", "json-lines-extra-brace", "json-trailing-comma"],
-)
-def test_a_malformed_dataset_file_is_one_line_naming_the_line(no_model_built, tmp_path, capsys, name, content, cause):
-    # As an editor counts, not datasets' 70-line trace (reported: "row 20" for a cut line 21, or no row at all).
+    ids=["jsonl-0-bytes", "json-0-bytes", "parquet-0-bytes", "jsonl-whitespace", "json-empty-list", "jsonl-cut-line",
+         "jsonl-unquoted-key", "jsonl-a-list", "json-lines-extra-brace", "json-trailing-comma"],
+)  # fmt: skip
+def test_an_empty_or_malformed_dataset_file_is_one_line_naming_the_line(
+    no_model_built, tmp_path, capsys, name, content, cause
+):
     (path := tmp_path / name).write_text(content)
     with pytest.raises(ValueError) as excinfo:
         load_prompt_dataset(str(path))
     message = str(excinfo.value)
-    assert message.startswith(f"dataset file '{path}' could not be parsed as json: ") and cause in message, message
+    if cause == EMPTY:
+        assert message == f"dataset file '{path}' {EMPTY}"
+    else:
+        assert message.startswith(f"dataset file '{path}' could not be parsed as json: ") and cause in message, message
     assert "\n" not in message
-    if name == "cut.jsonl":
+    if name in ("cut.jsonl", "blank.jsonl"):
         _refused(tmp_path, capsys, str(path), message)
 
 
@@ -251,9 +233,7 @@ def _questionable_file(tmp_path, null_prompt: bool = False):
 
 
 def test_questionable_rows_are_named_by_file_line_and_column_at_load_time(tmp_path, caplog, capsys):
-    # Reported: an empty prompt was trained on silently, a missing answer surfaced as a warning at the step it was
-    # sampled, and the dry run reported "checked: 40 rows" and flagged none of it. GRPOTrainer trains on both, so
-    # they are warnings, never refusals.
+    # GRPOTrainer trains on both: warnings, never refusals (was: silent, and the dry run flagged none of it).
     from stapo_trl.cli.dry_run import main as dry_run_main
 
     path = _questionable_file(tmp_path)
@@ -270,7 +250,6 @@ def test_questionable_rows_are_named_by_file_line_and_column_at_load_time(tmp_pa
 
 
 def test_a_prompt_that_is_not_text_or_chat_is_one_line_naming_file_lines_and_column(no_model_built, tmp_path, capsys):
-    # Reported: a null prompt's error named no file, row or column.
     path = _questionable_file(tmp_path, null_prompt=True)
     expected = f"dataset file {path!r}: lines 9, 22 (column 'problem'): a prompt must be a string or a list of chat "
     expected += "messages with 'role' and 'content', got None. Fix or remove those rows."
@@ -282,7 +261,6 @@ def test_a_prompt_that_is_not_text_or_chat_is_one_line_naming_file_lines_and_col
 
 @pytest.mark.parametrize("where", ["relative", "absolute", "dry-run"])
 def test_a_local_csv_file_is_read_as_json_and_parquet_files_are(tmp_path, monkeypatch, capsys, where):
-    # Reported: "Couldn't reach 'x.csv' on the Hub" (relative path), "Couldn't find any data file at /abs/x.csv".
     from stapo_trl.cli.dry_run import main as dry_run_main
 
     rows = "".join(f"{r['problem']},{r['answer']}\n" for r in addition_rows(5))
@@ -300,7 +278,6 @@ def test_a_local_csv_file_is_read_as_json_and_parquet_files_are(tmp_path, monkey
 
 @pytest.mark.slow  # a stapo-train run with its evaluation
 def test_local_file_evaluation_is_labelled_not_held_out(tmp_path, tiny_math_model_path, capsys, caplog):
-    # A local file has one split: the run and its dry run warn; eval.json and the card name the split "not held out".
     from stapo_trl.cli.dry_run import main as dry_run_main
     from stapo_trl.cli.train import main
 
