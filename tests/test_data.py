@@ -1,4 +1,4 @@
-"""The tiny-math task and `load_prompt_dataset`: local files, nested columns, Hub ids, DAPO's instruction, bad files."""
+"""The tiny-math task and `load_prompt_dataset`: local files, nested columns, Hub ids, DAPO's instruction."""
 
 import json
 import re

@@ -1,4 +1,4 @@
-"""The library's `STAPOConfig`: the ablation modes, every S2T field documented, refusals at config time, CPU defaults."""
+"""The library's `STAPOConfig`: the ablation modes, every S2T field documented, refusals, CPU defaults."""
 
 import dataclasses
 import logging
@@ -87,7 +87,6 @@ def test_bad_values_are_refused_at_construction_naming_the_field(field, value, m
     ids=["one-generation", "generation-batch", "global-batch"],
 )  # fmt: skip
 def test_where_grpo_config_refuses_a_value_its_words_stand(settings, trl_words):
-    # Code written against GRPOConfig matches TRL's messages, as TRL's own tests do; ours may follow them (the fix).
     from trl import GRPOConfig
 
     for config in (GRPOConfig, STAPOConfig):
@@ -114,8 +113,6 @@ def test_cpu_only_machine_defaults_to_use_cpu_without_bf16_and_explicit_values_w
     assert (config(use_cpu=False).use_cpu, config(use_cpu=False).bf16) == (False, False)
     assert config(fp16=False, bf16=False).bf16 is False
 
-    # stapo-train: a recipe without the two keys gets the same defaults; the demo recipe's explicit values stay;
-    # a bare `--use_cpu` still means true.
     recipe = tmp_path / "recipe.yaml"
     lines = Path(STAPO_RECIPE).read_text().splitlines()
     recipe.write_text("\n".join(line for line in lines if not line.startswith(("use_cpu:", "bf16:"))))
@@ -131,8 +128,7 @@ def test_cpu_only_machine_defaults_to_use_cpu_without_bf16_and_explicit_values_w
 
 
 def test_with_an_accelerator_the_defaults_stay_trls(monkeypatch, tmp_path, caplog):
-    # Where an accelerator is visible (simulated here: the probe answers yes), use_cpu stays transformers' False and
-    # nothing is logged; bf16 is given, since this CPU machine could not honour TRL's True.
+    # An accelerator (the probe says yes): use_cpu stays False, nothing logged (bf16 given: this CPU refuses True).
     monkeypatch.setattr("stapo_trl.trainer.config.has_accelerator", lambda: True)
     with caplog.at_level(logging.INFO, logger="stapo_trl.trainer.config"), warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -1,5 +1,4 @@
-"""Every input TRL's `GRPOTrainer` trains on is trained or refused by `STAPOTrainer` alike: the library's early checks
-never refuse environments, tools, a `rollout_func`, iterable datasets, multimodal prompts, several eval datasets."""
+"""Every input `GRPOTrainer` trains on, `STAPOTrainer` trains or refuses alike (environments, tools, rollout_func)."""
 
 import os
 import warnings
@@ -67,8 +66,7 @@ def multiply(a: int, b: int) -> int:
     return a * b
 
 
-def fixed_rollout(prompts, trainer):
-    # generates nothing: every completion is the same three tokens
+def fixed_rollout(prompts, trainer):  # generates nothing: every completion is the same three tokens
     tokenizer = trainer.processing_class
     ids = tokenizer("1+1", add_special_tokens=False)["input_ids"]
     completion = tokenizer("=2", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
@@ -88,15 +86,15 @@ CHAT = [{"role": "user", "content": "1+1"}]
 
 
 @pytest.fixture(scope="module")
-def tool_tokenizer(tiny_random_model_path):
-    """The tiny model's tokenizer with TRL's Qwen3 template, which renders tool calls."""
+def tool_tokenizer(tiny_random_model_path):  # with TRL's Qwen3 template, which renders tool calls
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     tokenizer.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
     return tokenizer
 
 
-def outcome(trainer_class, model, tmp_path, *, config=None, **inputs) -> str:
-    """`"trained"` after an optimizer step and a checkpoint (with TRL's model card), else `"refused ..."`."""
+def outcome(
+    trainer_class, model, tmp_path, *, config=None, **inputs
+) -> str:  # "trained" (a step, a save) or "refused"
     config_class = STAPOConfig if trainer_class is STAPOTrainer else trl.GRPOConfig
     settings = dict(output_dir=str(tmp_path / trainer_class.__name__), use_cpu=True, bf16=False, report_to=[],
                     per_device_train_batch_size=4, num_generations=2, max_completion_length=6, max_steps=1,
@@ -171,8 +169,7 @@ def test_grpo_trainers_inputs_train_or_are_refused_as_in_grpo_trainer(tiny_rando
 
 
 @pytest.fixture(scope="module")
-def tiny_vlm(tiny_random_model_path, tmp_path_factory):
-    """A tiny LLaVA (a one-layer CLIP tower on the tiny Qwen3 text model) and its processor: (folder, processor)."""
+def tiny_vlm(tiny_random_model_path, tmp_path_factory):  # a tiny LLaVA and its processor: (folder, processor)
     from transformers import AutoProcessor, CLIPVisionConfig, LlavaConfig, LlavaForConditionalGeneration, Qwen3Config
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
     from transformers.models.llava.processing_llava import LlavaProcessor

@@ -1,5 +1,4 @@
-"""`STAPOTrainer` in a user's script behaves as `GRPOTrainer` plus the mask: the same console, signal handlers and
-warning filters, no connection of its own at construction, warnings naming the user's line, a light import."""
+"""`STAPOTrainer` in a script behaves as `GRPOTrainer`: console, signals, warning filters, Hub attempts, import."""
 
 import signal
 import socket
@@ -49,8 +48,7 @@ def test_the_trainer_keeps_grpo_trainers_console_signal_handlers_and_warning_fil
 
 
 def test_construction_opens_no_connection_of_its_own(tiny_random_model_path, tmp_path, monkeypatch):
-    # An uncached Hub id with the Hub unreachable: the same attempts and huggingface_hub's own error as GRPOTrainer
-    # (the library probes nothing; `stapo-train`'s up-front check is `stapo_trl.integrations.hub`).
+    # An uncached Hub id, the Hub unreachable: the same attempts and huggingface_hub's own error as GRPOTrainer.
     import huggingface_hub.constants
     import huggingface_hub.utils._http
 
@@ -97,7 +95,6 @@ def test_importing_the_trainer_loads_no_deepspeed_and_at_most_3000_lines_of_the_
     ids=["library", "core", "feature-warning"],
 )  # fmt: skip
 def test_construction_warnings_name_the_users_line(tiny_random_model_path, tmp_path, trainer_class, overrides, words):
-    # Reported: the construction line pointed at stapo_trl's `super().__init__(...)`, not the user's script.
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer_class(tiny_random_model_path, length_reward, args=_config(tmp_path, "warn", **overrides),

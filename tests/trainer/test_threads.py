@@ -1,5 +1,4 @@
-"""Every entry point that runs a built-in tiny model (`train`, `evaluate`, `predict`, `stapo-eval`) does so on one
-torch thread unless the caller chose a count (reported: 1 min 44 s for `examples/python_api.py`, 9.7 s on one)."""
+"""Every entry point runs a built-in tiny model on one torch thread unless the caller chose a count."""
 
 import os
 import shutil
@@ -16,8 +15,7 @@ from stapo_trl.trainer.trainers import _torch_default_threads, tiny_model_thread
 
 
 @pytest.fixture
-def torch_default_threads(monkeypatch):
-    """torch's count as it starts (the test process pins one thread: tests/conftest.py), restored afterwards."""
+def torch_default_threads(monkeypatch):  # torch's count as it starts (tests/conftest.py pins one), restored after
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     previous = torch.get_num_threads()
     torch.set_num_threads(max(_torch_default_threads()))
@@ -62,7 +60,6 @@ def test_every_entry_point_runs_a_model_trained_from_the_tiny_one_on_one_thread(
         def on_prediction_step(self, args, state, control, **kwargs):  # evaluate() and predict()
             seen.append(torch.get_num_threads())
 
-    # What a run trained from the built-in model saves (its output folder, a checkpoint): no build record.
     model = shutil.copytree(tiny_math_model_path, tmp_path / "trained", ignore=shutil.ignore_patterns("stapo_*.json"))
     dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{a}"), "solution": str(2 * a)} for a in range(10, 18)])
     args = tiny_stapo_config(tmp_path / "run", max_steps=1, per_device_eval_batch_size=4, num_generations=4)

@@ -1,5 +1,4 @@
-"""The library's `STAPOTrainer`: the ablation modes, log rows that pool the `s2t/` counts, the non-finite warning, any
-`GRPOConfig`, `builtin:` names, the token logger's masks. The core's maths is tested in `tests/core/`."""
+"""The library's `STAPOTrainer`: ablation modes, pooled `s2t/` log rows, non-finite warning, any `GRPOConfig`."""
 
 import dataclasses
 import json
@@ -31,7 +30,6 @@ SETTINGS = dict(use_cpu=True, bf16=False, report_to=[], per_device_train_batch_s
 def make_trainer(
     model_path, tmp_path, trainer_cls=STAPOTrainer, reward=zero_reward, config_cls=STAPOConfig, **settings
 ):
-    """A trainer in training mode (construction warnings silenced: not under test here)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         args = config_cls(output_dir=str(tmp_path / "run"), **SETTINGS | settings)
@@ -41,8 +39,8 @@ def make_trainer(
     return trainer
 
 
-class LogpProbe(KeepsLogpGrad, STAPOTrainer):
-    """The library's trainer, keeping the training forward's per-token log-probs (`probe_logps`)."""
+class LogpProbe(KeepsLogpGrad, STAPOTrainer):  # keeps the training forward's per-token log-probs (`probe_logps`)
+    pass
 
 
 def test_all_low_prob_keeps_the_other_tokens_and_silenced_tokens_get_zero_gradient(tiny_random_model_path, tmp_path):
@@ -81,7 +79,6 @@ def test_an_ablation_mode_trains_end_to_end_and_logs_its_diagnostics(tiny_random
     # The paper's geometry: 4 updates per rollout batch, p and H from TRL's old-log-prob forward.
     trainer = make_trainer(tiny_random_model_path, tmp_path, reward=text_reward, max_steps=4, learning_rate=1e-2,
                            steps_per_generation=4, s2t_prob_threshold=0.05, s2t_mode="high_entropy")  # fmt: skip
-    # why: lr 1e-2 moves a tiny random model's weights in 4 steps; it spreads p over ~300 tokens: most are candidates
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainer.train()
     assert all(not torch.equal(before[name], p) for name, p in trainer.model.named_parameters())
@@ -96,8 +93,7 @@ def test_an_ablation_mode_trains_end_to_end_and_logs_its_diagnostics(tiny_random
     assert 0 < silenced < sum(row["s2t/num_candidates"] for row in rows)
 
 
-def hand_micro_batch(advantages, lengths, entropies=None, logps=None):
-    """A buffered micro-batch of 2 completions (2 prompt, up to 3 completion tokens), p 0.001 and entropies by hand."""
+def hand_micro_batch(advantages, lengths, entropies=None, logps=None):  # 2 completions of up to 3 tokens, p 0.001
     completion_mask = (torch.arange(3)[None] < torch.tensor(lengths)[:, None]).long()  # (2, 3)
     return {
         "prompt_ids": torch.full((2, 2), 5), "prompt_mask": torch.ones(2, 2, dtype=torch.long),
@@ -108,18 +104,16 @@ def hand_micro_batch(advantages, lengths, entropies=None, logps=None):
     }  # fmt: skip
 
 
-def prepare_two_updates(trainer, batches):
-    """The second pass over a buffered rollout batch of 4 micro-batches (GA 2: two updates, one mask each)."""
+def prepare_two_updates(trainer, batches):  # the second pass over 4 buffered micro-batches: two updates (GA 2)
     trainer._buffered_inputs = batches
     for step in range(4, 8):
         trainer._step = step
         trainer._prepare_inputs(None)
 
 
-def hand_geometry_trainer(model_path, tmp_path, **overrides):
-    # steps_per_generation 4, GA 2, num_iterations 2: steps 4-7 reuse the buffered (hand) rollout batch.
-    geometry = dict(steps_per_generation=4, gradient_accumulation_steps=2, num_iterations=2)
-    return make_trainer(model_path, tmp_path, **geometry, **overrides)
+def hand_geometry_trainer(model_path, tmp_path, **overrides):  # steps 4-7 reuse the buffered (hand) rollout batch
+    return make_trainer(model_path, tmp_path, steps_per_generation=4, gradient_accumulation_steps=2, num_iterations=2,
+                        **overrides)  # fmt: skip
 
 
 def test_a_log_row_sums_the_counts_and_pools_the_ratios_of_its_masks(tiny_random_model_path, tmp_path):
@@ -188,17 +182,14 @@ def test_training_masks_reach_the_logger_and_evaluation_masks_do_not(tiny_random
     assert trainer._metrics["eval"]["s2t/num_silenced"] == [9.0]
     trainer.model.train()
     trainer._compute_loss(trainer.model, dict(inputs))
-    # The 9 silenced tokens (rows 0 and 2: 5 + 4); no kept candidate; no reference (tau_p = 1).
-    pending = token_records(logger._pending, trainer.processing_class)
-    assert [(r["completion_index"], r["position"]) for r in pending] == [(0, t) for t in range(5)] + [
-        (2, t) for t in range(4)
+    pending = token_records(logger._pending, trainer.processing_class)  # the 9 silenced (rows 0 and 2: 5 + 4)
+    assert [(r["completion_index"], r["position"], r["kind"]) for r in pending] == [
+        *[(0, t, "silenced") for t in range(5)],
+        *[(2, t, "silenced") for t in range(4)],
     ]
-    assert {r["kind"] for r in pending} == {"silenced"}
 
 
-def held_tensors(obj, skip=(), path="", seen=None):
-    """The paths of the tensors of 2 or more dimensions reachable from `obj` through containers, dataclasses and
-    `stapo_trl` objects."""
+def held_tensors(obj, skip=(), path="", seen=None):  # paths of >= 2-D tensors reachable through containers, objects
     seen = set() if seen is None else seen
     if id(obj) in seen:
         return []
@@ -231,9 +222,7 @@ def test_no_batch_tensor_is_retained_by_the_trainer_or_the_logger(tiny_random_mo
 
 
 @dataclasses.dataclass
-class OpenR1StyleConfig(GRPOConfig):
-    """A user's config as open-r1 writes one, with an ablation mode."""
-
+class OpenR1StyleConfig(GRPOConfig):  # a user's config as open-r1 writes one, with an ablation mode
     system_prompt: str | None = None
     s2t_mode: str = "all_low_prob"
     s2t_write_run_files: bool = True
@@ -267,8 +256,9 @@ def math_prompts(n):
 
     from stapo_trl.data import format_prompt
 
-    rows = [{"prompt": format_prompt(f"{a}+{a + 3}"), "solution": str(2 * a + 3)} for a in range(10, 10 + n)]
-    return Dataset.from_list(rows)
+    return Dataset.from_list(
+        [{"prompt": format_prompt(f"{a}+{a + 3}"), "solution": str(2 * a + 3)} for a in range(10, 10 + n)]
+    )
 
 
 class CtrlCAtStep2(TrainerCallback):  # what Ctrl-C in a terminal or a notebook does
@@ -278,7 +268,6 @@ class CtrlCAtStep2(TrainerCallback):  # what Ctrl-C in a terminal or a notebook 
 
 
 def test_a_plain_grpo_config_writes_the_run_files_keeps_the_checks_and_saves_on_ctrl_c(tiny_math_model_path, tmp_path):
-    # As tests/cli/test_callbacks.py does in a notebook, with the config a TRL script passes.
     from stapo_trl.cli.callbacks import add_command_callbacks
     from stapo_trl.rewards import math_accuracy_reward
 
@@ -305,9 +294,7 @@ def test_a_plain_grpo_config_writes_the_run_files_keeps_the_checks_and_saves_on_
 
 @pytest.mark.slow  # a new Python process (~10 s of imports) training two steps
 def test_trls_own_grpo_script_trains_with_the_trainer_import_changed(tiny_math_model_path, tmp_path):
-    # The reported case: TRL's scripts/grpo.py and open-r1's grpo.py pass a plain GRPOConfig (or their own subclass),
-    # which STAPOTrainer refused. The script from the installed wheel, with only its trainer import changed, trains
-    # builtin:tiny-math from a local dataset folder and logs the s2t/ metrics.
+    # TRL's own scripts/grpo.py passes a plain GRPOConfig: with only its trainer import changed it trains and logs.
     source = (Path(trl.__file__).parent / "scripts" / "grpo.py").read_text()
     original = "from trl import GRPOTrainer, get_dataset, get_peft_config, get_quantization_config"
     assert source.count(original) == 1
