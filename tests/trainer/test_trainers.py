@@ -75,24 +75,6 @@ def test_all_low_prob_keeps_the_other_tokens_and_silenced_tokens_get_zero_gradie
     assert metrics["s2t/num_silenced"][-1] == 14.0
 
 
-def test_an_ablation_mode_trains_end_to_end_and_logs_its_diagnostics(tiny_random_model_path, tmp_path):
-    # The paper's geometry: 4 updates per rollout batch, p and H from TRL's old-log-prob forward.
-    trainer = make_trainer(tiny_random_model_path, tmp_path, reward=text_reward, max_steps=4, learning_rate=1e-2,
-                           steps_per_generation=4, s2t_prob_threshold=0.05, s2t_mode="high_entropy")  # fmt: skip
-    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
-    trainer.train()
-    assert all(not torch.equal(before[name], p) for name, p in trainer.model.named_parameters())
-    rows = [row for row in trainer.state.log_history if "loss" in row]
-    assert len(rows) == 4
-    for row in rows:
-        quantiles = [row[f"s2t/entropy_p{q}"] for q in (10, 50, 80, 95)]
-        assert quantiles == sorted(quantiles) and 0 < quantiles[0] <= math.log(trainer.model.config.vocab_size)
-        assert row["s2t/num_silenced"] <= row["s2t/num_candidates"] <= row["s2t/num_loss_tokens"]
-        assert not row["s2t/num_silenced"] or 0 < row["s2t/silenced_prob_mean"] < 0.05
-    silenced = sum(row["s2t/num_silenced"] for row in rows)
-    assert 0 < silenced < sum(row["s2t/num_candidates"] for row in rows)
-
-
 def hand_micro_batch(advantages, lengths, entropies=None, logps=None):  # 2 completions of up to 3 tokens, p 0.001
     completion_mask = (torch.arange(3)[None] < torch.tensor(lengths)[:, None]).long()  # (2, 3)
     return {
@@ -207,15 +189,27 @@ def held_tensors(obj, skip=(), path="", seen=None):  # paths of >= 2-D tensors r
     return [found for child_path, child in children for found in held_tensors(child, (), child_path, seen)]
 
 
-def test_no_batch_tensor_is_retained_by_the_trainer_or_the_logger(tiny_random_model_path, tmp_path):
-    # 8 steps, 4 updates per rollout batch, a logging step every 4 updates (the caps: tests/diagnostics).
-    trainer = make_trainer(tiny_random_model_path, tmp_path, reward=text_reward, max_steps=8, steps_per_generation=4,
-                           logging_steps=4, s2t_prob_threshold=1.0, s2t_entropy_quantile=0.5)  # fmt: skip
+def test_an_ablation_mode_trains_logs_its_diagnostics_and_retains_no_batch_tensor(tiny_random_model_path, tmp_path):
+    # The paper's geometry: 4 updates per rollout batch, p and H from TRL's old-log-prob forward; 2 rollout batches.
+    trainer = make_trainer(tiny_random_model_path, tmp_path, reward=text_reward, max_steps=8, learning_rate=1e-2,
+                           steps_per_generation=4, logging_steps=4, s2t_prob_threshold=0.05,
+                           s2t_mode="high_entropy")  # fmt: skip
     logger = SpuriousTokenLogger(trainer, max_silenced=3, max_kept_candidates=2, max_reference=2)
     trainer.add_callback(logger)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainer.train()
+    assert all(not torch.equal(before[name], p) for name, p in trainer.model.named_parameters())
+    rows = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(rows) == 2
+    for row in rows:
+        quantiles = [row[f"s2t/entropy_p{q}"] for q in (10, 50, 80, 95)]
+        assert quantiles == sorted(quantiles) and 0 < quantiles[0] <= math.log(trainer.model.config.vocab_size)
+        assert row["s2t/num_silenced"] <= row["s2t/num_candidates"] <= row["s2t/num_loss_tokens"]
+        assert not row["s2t/num_silenced"] or 0 < row["s2t/silenced_prob_mean"] < 0.05
+    silenced = sum(row["s2t/num_silenced"] for row in rows)
+    assert 0 < silenced < sum(row["s2t/num_candidates"] for row in rows)
     assert logger._pending is None and logger.silenced_counts  # written at the logging steps
-    # No tensor of the batch (2-D) is kept by the trainer, apart from TRL's own rollout buffer, nor by the logger.
+    # No 2-D batch tensor kept by the trainer (but TRL's rollout buffer) nor by a callback (the caps: diagnostics)
     assert held_tensors(trainer, skip={"_buffered_inputs"}) == []
     for callback in trainer.callback_handler.callbacks:
         assert held_tensors(callback, skip={"trainer"}) == [], type(callback).__name__
