@@ -165,37 +165,6 @@ def _solution_to_str(value: Any) -> str:
     return "" if value is None else str(int(value) if isinstance(value, float) and value.is_integer() else value)
 
 
-def check_prompt_columns(dataset, dataset_name: str, prompt_column: str, solution_column: str) -> tuple[list, list]:
-    """The two columns' values (dotted names reach into structs), warning of rows with an empty prompt or no answer;
-    `ValueError` for a missing column or a prompt that is neither text nor chat messages."""
-    flat = dataset.flatten()
-    if missing := [c for c in (prompt_column, solution_column) if c not in flat.column_names + dataset.column_names]:
-        fix = "Set prompt_column / solution_column (a dotted name reaches into a struct: 'reward_model.ground_truth')."
-        raise ValueError(f"{missing_column_message(missing[0], dataset_name, dataset.column_names)} {fix}")
-    prompts, solutions = [
-        (dataset if c in dataset.column_names else flat)[c] for c in (prompt_column, solution_column)
-    ]
-    chat = [
-        isinstance(p, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in p) for p in prompts
-    ]
-    texts = [p if isinstance(p, str) else "".join(str(m["content"]) for m in p) if c else None
-             for p, c in zip(prompts, chat)]  # fmt: skip
-    if bad := [i for i, text in enumerate(texts) if text is None]:
-        raise ValueError(
-            f"{_where(dataset_name, bad)} (column {prompt_column!r}): a prompt must be a string or a list of chat "
-            f"messages with 'role' and 'content', got {prompts[bad[0]]!r:.100}. Fix or remove those rows."
-        )
-    for column, rows, what in [
-        (prompt_column, [not t.strip() for t in texts],
-         "empty prompt: trained on, the model sees the instruction alone."),
-        (solution_column, [not _solution_to_str(s).strip() for s in solutions],
-         "no answer: math_accuracy gives their completions no reward (None)."),
-    ]:  # fmt: skip
-        if indices := [i for i, flagged in enumerate(rows) if flagged]:
-            logger.warning(f"{_where(dataset_name, indices)} (column {column!r}): {what}")
-    return prompts, solutions
-
-
 def _to_prompt(value: str | list[dict], instruction: str | None, strip_dapo: bool) -> list[dict[str, str]]:
     strip = remove_dapo_instruction if strip_dapo else (lambda text: text)
     if isinstance(value, str):
@@ -235,15 +204,35 @@ def load_prompt_dataset(
         except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
             if not os.path.isdir(dataset_name):
                 raise
-            raise ValueError(
-                f"dataset folder {dataset_name!r} could not be read: {_read_error(dataset_name, e)}"
-            ) from e
+            message = f"dataset folder {dataset_name!r} could not be read: {_read_error(dataset_name, e)}"
+            raise ValueError(message) from e
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
-    prompts, solutions = check_prompt_columns(dataset, dataset_name, prompt_column, solution_column)
+    # the columns (a dotted name reaches into a struct); warn of empty prompts and missing answers
+    flat, columns = dataset.flatten(), dataset.column_names
+    if missing := [c for c in (prompt_column, solution_column) if c not in flat.column_names + columns]:
+        fix = "Set prompt_column / solution_column (a dotted name reaches into a struct: 'reward_model.ground_truth')."
+        raise ValueError(f"{missing_column_message(missing[0], dataset_name, columns)} {fix}")
+    prompts, solutions = [(dataset if c in columns else flat)[c] for c in (prompt_column, solution_column)]
+    texts = [p if isinstance(p, str) else "".join(str(m["content"]) for m in p)
+             if isinstance(p, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in p) else None
+             for p in prompts]  # fmt: skip
+    if bad := [i for i, text in enumerate(texts) if text is None]:
+        raise ValueError(
+            f"{_where(dataset_name, bad)} (column {prompt_column!r}): a prompt must be a string or a list of chat "
+            f"messages with 'role' and 'content', got {prompts[bad[0]]!r:.100}. Fix or remove those rows."
+        )
+    for column, rows, what in [
+        (prompt_column, [not t.strip() for t in texts],
+         "empty prompt: trained on, the model sees the instruction alone."),
+        (solution_column, [not _solution_to_str(s).strip() for s in solutions],
+         "no answer: math_accuracy gives their completions no reward (None)."),
+    ]:  # fmt: skip
+        if indices := [i for i, flagged in enumerate(rows) if flagged]:
+            logger.warning(f"{_where(dataset_name, indices)} (column {column!r}): {what}")
     prompts = [_to_prompt(p, instruction, strip_dapo_instruction and not builtin) for p in prompts]
     solutions = list(map(_solution_to_str, solutions))
-    if builtin or not (kept := [c for c in dataset.column_names if c not in ("prompt", "solution")]):
+    if builtin or not (kept := [c for c in columns if c not in ("prompt", "solution")]):
         return datasets.Dataset.from_dict({"prompt": prompts, "solution": solutions})
     return dataset.select_columns(kept).add_column("prompt", prompts).add_column("solution", solutions)
 

@@ -61,10 +61,6 @@ def tiny_model_threads(model):
             torch.set_num_threads(previous)
 
 
-def _without_credentials(args) -> dict:  # what transformers' training_args.bin keeps
-    return {name: None if name.endswith("_token") else v for name, v in vars(args).items() if name != "__getstate__"}
-
-
 class _Additions:  # first in the bases; `run_settings` kept in each checkpoint, compared on resume
     eval_record = None  # accuracy before and after training, for the card
 
@@ -101,7 +97,10 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
             s2t=getattr(self, "s2t", None), peft_config=peft_settings, train_dataset=train_dataset,
             dtype=getattr(self.model, "dtype", None),
         )  # fmt: skip
-        self.args.__getstate__ = functools.partial(_without_credentials, self.args)  # what training_args.bin holds
+        args = self.args  # what training_args.bin holds: no `*_token` value
+        args.__getstate__ = lambda: {
+            k: None if k.endswith("_token") else v for k, v in vars(args).items() if k != "__getstate__"
+        }
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train` as the one writer of `output_dir`, with the run files and an exact resume (`True`: the
