@@ -94,9 +94,25 @@ class STAPOConfig(core.STAPOConfig):
         try:
             super().__post_init__()
         except (ValueError, ZeroDivisionError) as error:  # TRL's words stand; the fix follows where TRL gives none
-            if fix := _generation_fix(self, error, steps_name, fixed_batch):
-                raise fix from error
-            raise
+            num_generations, batch = self.num_generations, self.generation_batch_size
+            if isinstance(error, ValueError) and "generation" not in str(error):
+                raise
+            if not isinstance(num_generations, int) or num_generations < 2:
+                words = f"{error} Set" if isinstance(error, ValueError) else f"num_generations={num_generations}: set"
+                message = f"{words} num_generations to 2 or more (the paper uses 8)."
+                raise TrainingValueError(message, "num_generations") from error
+            if fixed_batch or not isinstance(batch, int) or batch % num_generations == 0:
+                raise
+            micro_steps, per_device = self.steps_per_generation, self.per_device_train_batch_size
+            valid = [d for d in range(2, batch + 1) if batch % d == 0]
+            raise TrainingValueError(
+                f"{error} The generation batch is per_device_train_batch_size {per_device} x "
+                f"{batch // (per_device * micro_steps)} process(es) x {steps_name} {micro_steps} = {batch} "
+                "completions, and each prompt needs a whole group of num_generations completions. Valid "
+                f"num_generations for this batch: {valid}. Or change per_device_train_batch_size / {steps_name} so "
+                "that the generation batch is a multiple of num_generations.",
+                "num_generations", "per_device_train_batch_size", steps_name,
+            ) from error  # fmt: skip
 
 
 def has_accelerator() -> bool:
@@ -149,25 +165,3 @@ def check_training_values(args) -> None:
     if number("max_steps", int) is not None and (args.max_steps == 0 or args.max_steps < -1):  # <= 0 reads as epochs
         message = f"max_steps={args.max_steps} is not a number of optimizer steps: give a positive number, or -1 for "
         raise TrainingValueError(message + "num_train_epochs epochs.", "max_steps")
-
-
-def _generation_fix(args, error: Exception, steps_name: str, fixed_batch: bool) -> TrainingValueError | None:
-    """TRL's refusal of `num_generations` and what to do."""
-    num_generations, batch = args.num_generations, args.generation_batch_size
-    if isinstance(error, ValueError) and "generation" not in str(error):
-        return None
-    if not isinstance(num_generations, int) or num_generations < 2:
-        words = f"{error} Set" if isinstance(error, ValueError) else f"num_generations={num_generations}: set"
-        return TrainingValueError(f"{words} num_generations to 2 or more (the paper uses 8).", "num_generations")
-    if fixed_batch or not isinstance(batch, int) or batch % num_generations == 0:
-        return None
-    micro_steps = args.steps_per_generation
-    valid = [d for d in range(2, batch + 1) if batch % d == 0]
-    return TrainingValueError(
-        f"{error} The generation batch is per_device_train_batch_size {args.per_device_train_batch_size} x "
-        f"{batch // (args.per_device_train_batch_size * micro_steps)} process(es) x {steps_name} {micro_steps} = "
-        f"{batch} completions, and each prompt needs a whole group of num_generations completions. Valid "
-        f"num_generations for this batch: {valid}. Or change per_device_train_batch_size / {steps_name} so that the "
-        "generation batch is a multiple of num_generations.",
-        "num_generations", "per_device_train_batch_size", steps_name,
-    )  # fmt: skip
