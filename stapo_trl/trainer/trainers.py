@@ -29,8 +29,6 @@ from .config import STAPOConfig, write_run_files
 
 logger = logging.getLogger(__name__)
 
-TINY_MODEL_MAX_BYTES = 4 * 2**20  # the built-in tiny models' weights are 0.58 MB
-
 
 def _torch_default_threads() -> set[int]:  # the counts torch starts with: one per available core, logical or physical
     counts = {len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0, os.cpu_count() or 1}
@@ -40,7 +38,7 @@ def _torch_default_threads() -> set[int]:  # the counts torch starts with: one p
         per_core = sum(int(b) - int(a) + 1 if b else 1 for a, _, b in parts)
     except OSError:
         per_core = 1
-    return counts | {max(n // max(per_core, 1), 1) for n in counts}
+    return counts | {max(n // per_core, 1) for n in counts}
 
 
 @contextlib.contextmanager
@@ -50,7 +48,7 @@ def tiny_model_threads(model):
     if not isinstance(model, (str, os.PathLike)):
         model = getattr(getattr(model, "config", None), "_name_or_path", None)
     weights = glob.glob(os.path.join(glob.escape(str(model)), "model*.safetensors")) if model else []
-    tiny = bool(weights) and sum(map(os.path.getsize, weights)) <= TINY_MODEL_MAX_BYTES
+    tiny = bool(weights) and sum(map(os.path.getsize, weights)) <= 4 * 2**20  # the built-in ones': 0.58 MB
     previous = torch.get_num_threads()
     if one := tiny and not os.environ.get("OMP_NUM_THREADS") and previous in _torch_default_threads():
         torch.set_num_threads(1)
