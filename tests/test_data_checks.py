@@ -170,23 +170,26 @@ def test_an_empty_dataset_is_called_empty(tiny_random_model_path, tmp_path, trai
 
 
 @pytest.mark.parametrize(
-    "per_device, grad_accum, steps_per_generation, warned",
-    [(4, 1, 2, True), pytest.param(4, 2, 2, False, marks=pytest.mark.slow)],  # a dry run each: ~2 s
-    ids=["half-group", "whole-group-over-2-micro-steps"],
-)
+    "grad_accum, dry_run, warned",
+    [(1, False, True), pytest.param(1, True, True, marks=pytest.mark.slow),  # a dry run each: ~2 s
+     pytest.param(2, True, False, marks=pytest.mark.slow)],
+    ids=["half-group", "half-group-as-the-dry-run", "whole-group-over-2-micro-steps-as-the-dry-run"],
+)  # fmt: skip
 def test_the_run_warns_of_partial_prompt_groups_as_its_dry_run_does(
-    tiny_random_model_path, tmp_path, per_device, grad_accum, steps_per_generation, warned
+    tiny_random_model_path, tmp_path, grad_accum, dry_run, warned
 ):
     from stapo_trl.cli.dry_run import dry_run_recipe
 
     # num_generations 8: the rollout batch holds whole groups (8 completions), an optimizer update may not (4 or 8)
-    geometry = dict(per_device_train_batch_size=per_device, gradient_accumulation_steps=grad_accum,
-                    steps_per_generation=steps_per_generation, num_generations=8)  # fmt: skip
+    geometry = dict(per_device_train_batch_size=4, gradient_accumulation_steps=grad_accum, steps_per_generation=2,
+                    num_generations=8)  # fmt: skip
     caught = []
     build(tiny_random_model_path, tmp_path, CHAT * 2, record=caught, **geometry)
     run = [message for message in caught if "splits prompt groups" in message]
-    report = dry_run_recipe(["--config", STAPO_RECIPE, *[f"--{key}={value}" for key, value in geometry.items()]], 1)
-    assert run == [w for w in report.warnings if "splits prompt groups" in w] and bool(run) == warned
+    assert bool(run) == warned and all("an update of 4 completions splits prompt groups" in m for m in run), run
+    if dry_run:
+        report = dry_run_recipe(["--config", STAPO_RECIPE, *[f"--{k}={v}" for k, v in geometry.items()]], 1)
+        assert run == [w for w in report.warnings if "splits prompt groups" in w]
 
 
 def difficulty_reward(completions, difficulty, **kwargs):

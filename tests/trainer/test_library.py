@@ -19,7 +19,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 def _config(tmp_path, name, **overrides):
-    settings = dict(output_dir=str(tmp_path / name), max_steps=2, logging_steps=1, per_device_train_batch_size=8,
+    settings = dict(output_dir=str(tmp_path / name), max_steps=1, logging_steps=1, per_device_train_batch_size=8,
                     num_generations=4, max_completion_length=8, use_cpu=True, bf16=False, report_to="none",
                     save_strategy="no")  # fmt: skip
     return trl.GRPOConfig(**(settings | overrides))
