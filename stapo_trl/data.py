@@ -218,10 +218,9 @@ def load_prompt_dataset(
              if isinstance(p, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in p) else None
              for p in prompts]  # fmt: skip
     if bad := [i for i, text in enumerate(texts) if text is None]:
-        raise ValueError(
-            f"{_where(dataset_name, bad)} (column {prompt_column!r}): a prompt must be a string or a list of chat "
-            f"messages with 'role' and 'content', got {prompts[bad[0]]!r:.100}. Fix or remove those rows."
-        )
+        raise ValueError(f"{_where(dataset_name, bad)} (column {prompt_column!r}): a prompt must be a string or a "
+                         f"list of chat messages with 'role' and 'content', got {prompts[bad[0]]!r:.100}. Fix or "
+                         "remove those rows.")  # fmt: skip
     for column, rows, what in [
         (prompt_column, [not t.strip() for t in texts],
          "empty prompt: trained on, the model sees the instruction alone."),
@@ -342,9 +341,7 @@ def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset", *, pr
     (unless `prompt_optional`: an `environment_factory`'s `reset()` supplies the prompt)."""
     for name, data in _named(dataset, dataset_name):
         if hasattr(data, "__len__") and len(data) == 0:
-            raise ValueError(
-                f"Dataset {name!r} is empty (0 rows): give it prompts, one row each with a 'prompt' column."
-            )
+            raise ValueError(f"Dataset {name!r} is empty (0 rows): give it prompts (rows with a 'prompt' column).")
         columns = getattr(data, "column_names", None)
         if not prompt_optional and columns is not None and "prompt" not in columns:
             message = f"{missing_column_message('prompt', name, columns)} TRL reads each prompt from a column named "

@@ -74,9 +74,8 @@ class STAPOConfig(core.STAPOConfig):
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched process, before its process group exists
             import_group_capturing_modules()
         if None in (self.use_cpu, self.bf16) and not has_accelerator():  # before TRL turns an unset bf16 on
-            changed = ["use_cpu=True"] * (self.use_cpu is None) + ["bf16=False"] * (
-                self.bf16 is None and not self.fp16
-            )
+            changed = ["use_cpu=True"] * (self.use_cpu is None)
+            changed += ["bf16=False"] * (self.bf16 is None and not self.fp16)
             self.use_cpu, self.bf16 = self.use_cpu is not False, False if "bf16=False" in changed else self.bf16
             if changed:
                 logger.info("No accelerator found (CUDA, XPU, MPS, NPU, HPU, Neuron, TPU): STAPOConfig defaults to %s "

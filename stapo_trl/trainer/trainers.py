@@ -228,12 +228,11 @@ class STAPOTrainer(_Additions, core.STAPOTrainer):
     def _compute_s2t_mask(self, per_token_logps, entropies, advantages, loss_mask, completion_ids):
         from ..run_folder.logs import SpuriousTokenLogger
 
+        tensors = (per_token_logps, entropies, advantages, loss_mask)
         if self.s2t.mode in ABLATIONS:
-            result = ablation_mask(
-                per_token_logps, entropies, advantages, loss_mask, **asdict(self.s2t), gather=self._gather
-            )
+            result = ablation_mask(*tensors, **asdict(self.s2t), gather=self._gather)
         else:
-            result = super()._compute_s2t_mask(per_token_logps, entropies, advantages, loss_mask, completion_ids)
+            result = super()._compute_s2t_mask(*tensors, completion_ids)
         mode = "train" if self.model.training else "eval"
         reduce = functools.partial(self.accelerator.reduce, reduction="sum")
         for name, value in diagnostic_metrics(result, per_token_logps, entropies, loss_mask, reduce).items():
@@ -242,12 +241,12 @@ class STAPOTrainer(_Additions, core.STAPOTrainer):
             self._nonfinite_warned = True
             message = f"{result.num_nonfinite} loss tokens have a non-finite log-probability or entropy: never S2T "
             warnings.warn(
-                message + "candidates, but a sign of trouble upstream (logits, dtype, LM head).", stacklevel=2
+                f"{message}candidates, but a sign of trouble upstream (logits, dtype, LM head).", stacklevel=2
             )
         if mode == "train":
             for callback in self.callback_handler.callbacks:
                 if isinstance(callback, SpuriousTokenLogger):
-                    callback.record(result, per_token_logps, entropies, advantages, loss_mask, completion_ids)
+                    callback.record(result, *tensors, completion_ids)
         return result
 
 
