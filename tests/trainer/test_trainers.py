@@ -43,7 +43,9 @@ class LogpProbe(KeepsLogpGrad, STAPOTrainer):  # keeps the training forward's pe
     pass
 
 
-def test_all_low_prob_keeps_the_other_tokens_and_silenced_tokens_get_zero_gradient(tiny_random_model_path, tmp_path):
+def test_all_low_prob_gives_silenced_tokens_zero_gradient_and_only_training_masks_reach_the_logger(
+    tiny_random_model_path, tmp_path
+):
     # TRL's default geometry: the mask comes from the loss's own forward. tau_p = 1 and all_low_prob: every
     # positive-advantage token is silenced, so the kept tokens are those of rows 1 (A = -0.5, 3 tokens) and 3 (A = 0,
     # 2 tokens). On-policy the ratio is 1 and each token's clipped surrogate is -A: the dapo loss is
@@ -51,7 +53,15 @@ def test_all_low_prob_keeps_the_other_tokens_and_silenced_tokens_get_zero_gradie
     trainer = make_trainer(
         tiny_random_model_path, tmp_path, LogpProbe, s2t_prob_threshold=1.0, s2t_mode="all_low_prob"
     )
+    logger = SpuriousTokenLogger(trainer)
+    trainer.add_callback(logger)
     inputs = hand_scored_batch(trainer.model.config.vocab_size)
+    trainer.model.eval()
+    with torch.no_grad():
+        trainer._compute_loss(trainer.model, dict(inputs))
+    assert logger._pending is None and "s2t/num_silenced" not in trainer._metrics["train"]
+    assert trainer._metrics["eval"]["s2t/num_silenced"] == [9.0]
+    trainer.model.train()
     logps, _ = policy_forward(trainer, inputs)
     loss = trainer._compute_loss(trainer.model, inputs)
     assert loss.item() == pytest.approx(0.3, abs=1e-6)
@@ -64,6 +74,10 @@ def test_all_low_prob_keeps_the_other_tokens_and_silenced_tokens_get_zero_gradie
     assert [metrics[f"s2t/num_{k}"] for k in ("silenced", "candidates", "loss_tokens")] == [[9.0], [9.0], [14.0]]
     silenced = (inputs["advantages"][:, None] > 0) & inputs["completion_mask"].bool()  # the diagnostics of the mask
     assert metrics["s2t/silenced_prob_mean"] == [pytest.approx(logps[silenced].exp().mean().item(), rel=1e-5)]
+    pending = token_records(logger._pending, trainer.processing_class)  # the 9 silenced (rows 0 and 2: 5 + 4)
+    assert [(r["completion_index"], r["position"], r["kind"]) for r in pending] == [
+        *[(0, t, "silenced") for t in range(5)], *[(2, t, "silenced") for t in range(4)]
+    ]  # fmt: skip
     # Every token silenced (all advantages positive): a finite zero loss, still connected to the graph.
     trainer.model.zero_grad()
     inputs["advantages"] = torch.tensor([1.0, 0.5, 2.0, 3.0])
@@ -150,25 +164,6 @@ def test_undefined_s2t_metrics_are_left_out_of_the_logs(tiny_random_model_path, 
         assert entry["s2t/entropy_p50"] > 0 and None not in entry.values()  # defined: every loss token has an entropy
     assert None not in result.metrics.values()
     trainer.log_metrics("train", result.metrics)  # formats every value: fails on a None
-
-
-def test_training_masks_reach_the_logger_and_evaluation_masks_do_not(tiny_random_model_path, tmp_path):
-    trainer = make_trainer(tiny_random_model_path, tmp_path, s2t_prob_threshold=1.0, s2t_mode="all_low_prob")
-    logger = SpuriousTokenLogger(trainer)
-    trainer.add_callback(logger)
-    inputs = hand_scored_batch(trainer.model.config.vocab_size)
-    trainer.model.eval()
-    with torch.no_grad():
-        trainer._compute_loss(trainer.model, dict(inputs))
-    assert logger._pending is None and "s2t/num_silenced" not in trainer._metrics["train"]
-    assert trainer._metrics["eval"]["s2t/num_silenced"] == [9.0]
-    trainer.model.train()
-    trainer._compute_loss(trainer.model, dict(inputs))
-    pending = token_records(logger._pending, trainer.processing_class)  # the 9 silenced (rows 0 and 2: 5 + 4)
-    assert [(r["completion_index"], r["position"], r["kind"]) for r in pending] == [
-        *[(0, t, "silenced") for t in range(5)],
-        *[(2, t, "silenced") for t in range(4)],
-    ]
 
 
 def held_tensors(obj, skip=(), path="", seen=None):  # paths of >= 2-D tensors reachable through containers, objects
