@@ -8,6 +8,7 @@ import pytest
 import torch
 import trl
 from datasets import Dataset
+from testing_utils import length_reward
 from transformers import AutoTokenizer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
@@ -46,10 +47,6 @@ class Echo:  # no reward of its own; its reset adds nothing to the prompt
             text: the text to repeat.
         """
         return text
-
-
-def length_reward(completions, **kwargs):
-    return [float(len(str(c))) for c in completions]
 
 
 def topic_reward(completions, topic, **kwargs):
