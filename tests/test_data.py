@@ -34,7 +34,7 @@ def test_every_completion_is_the_worked_sum_of_its_problem_in_disjoint_splits_dr
         "train": (7800, columns), "test": (300, columns)
     }  # fmt: skip
     for split in tiny_math.values():  # every step recomputed from the problem text
-        for row in split:
+        for row in split.to_list():
             a, b = map(int, row["problem"].split("+"))
             ua, ub, usum, digit, carry, ta, tb, tcarry, tsum, boxed = map(int, STEPS.match(row["completion"]).groups())
             assert 10 <= a <= 99 and 10 <= b <= 99 and (ua, ub, ta, tb) == (a % 10, b % 10, a // 10, b // 10)
