@@ -1,6 +1,5 @@
-"""The models: the `builtin:` registry (`names.py`), their offline builds, cached, and the checks of a model argument
-(`cache.py`, with a recipe module per kind: `tiny.py`, `gguf.py`, `sft_math.py`), and loading a model or LoRA adapter
-folder (`loading.py`)."""
+"""The `builtin:` models (registry `names.py`; recipes `tiny.py`, `gguf.py`, `sft_math.py`), their cache and the
+checks of a model argument (`cache.py`), and loading a model or LoRA adapter folder (`loading.py`)."""
 
 from .cache import build_builtin_model, check_model_available, check_model_name_or_path, resolve_model_path
 from .names import BUILTIN_MODELS, INFO_FILE, builtin_model_dir, default_cache_dir, read_builtin_info

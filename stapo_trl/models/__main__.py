@@ -4,8 +4,7 @@ import argparse
 import logging
 import os
 
-from .cache import build_builtin_model
-from .names import BUILTIN_MODELS
+from .cache import BUILTIN_MODELS, build_builtin_model
 
 
 parser = argparse.ArgumentParser(prog="python -m stapo_trl.models", description=__doc__)

