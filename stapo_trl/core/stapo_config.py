@@ -43,18 +43,12 @@ class STAPOConfig(GRPOConfig):
     epsilon_high: float | None = field(default=PAPER_OBJECTIVE["epsilon_high"], metadata={"help": "Paper: 0.28."})
     beta: float = field(default=PAPER_OBJECTIVE["beta"], metadata={"help": "KL coefficient. Paper: 0.0 (no KL)."})
 
-    s2t_prob_threshold: float = field(
-        default=S2TSettings.prob_threshold,
-        metadata={"help": "tau_p: positive-advantage tokens with probability below it are candidates. (0, 1]."},
-    )
-    s2t_entropy_quantile: float = field(
-        default=S2TSettings.entropy_quantile,
-        metadata={"help": "q: candidates below the q-quantile of their entropies per update are silenced. [0, 1]."},
-    )
-    s2t_mode: Literal[S2T_MODES] = field(
-        default=S2TSettings.mode,
-        metadata={"help": "'low_entropy' (STAPO) or 'off' (nothing silenced, counts logged).", "choices": S2T_MODES},
-    )
+    s2t_prob_threshold: float = field(default=S2TSettings.prob_threshold, metadata={
+        "help": "tau_p: positive-advantage tokens with probability below it are candidates. (0, 1]."})  # fmt: skip
+    s2t_entropy_quantile: float = field(default=S2TSettings.entropy_quantile, metadata={
+        "help": "q: candidates below the q-quantile of their entropies per update are silenced. [0, 1]."})  # fmt: skip
+    s2t_mode: Literal[S2T_MODES] = field(default=S2TSettings.mode, metadata={
+        "help": "'low_entropy' (STAPO) or 'off' (nothing silenced, counts logged).", "choices": S2T_MODES})  # fmt: skip
 
     def __post_init__(self):
         super().__post_init__()

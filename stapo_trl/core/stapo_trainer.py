@@ -66,20 +66,7 @@ class STAPOTrainer(GRPOTrainer):
         self._s2t_rollout_forwards: list | None = None  # TRL's no-grad policy forwards while a rollout is scored
         self._s2t_loss_forward: tuple | None = None  # (model, input_ids, logits_to_keep, forward)
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
-        self._check_loss_normalizer()
-
-    @property
-    def _s2t_mask_in_loss(self) -> bool:  # evaluation, or steps_per_generation = num_iterations = 1
-        return not self.model.training or self._s2t_path == "loss"
-
-    @property
-    def _s2t_window(self) -> int:  # micro-steps a mask spans: an update, or a rollout batch where updates span two
-        steps_per_generation, grad_accum = self.args.steps_per_generation, self.args.gradient_accumulation_steps
-        return grad_accum if steps_per_generation % grad_accum == 0 else steps_per_generation
-
-    def _check_loss_normalizer(self):
-        """`RuntimeError` unless TRL's loss on a synthetic row is normalized by `num_items_in_batch` as STAPO sets."""
-        if self.loss_type not in NUM_ITEMS_LOSSES:
+        if self.loss_type not in NUM_ITEMS_LOSSES:  # TRL's loss on a synthetic row: normalized as STAPO sets?
             return
         spg, ga = self.args.steps_per_generation, self.args.gradient_accumulation_steps
         device, num_items = self.accelerator.device, torch.tensor(3.0 * spg / self._s2t_window)
@@ -108,6 +95,15 @@ class STAPOTrainer(GRPOTrainer):
                 f"trl {trl.__version__}'s _compute_loss gave {loss:.6g}, not {expected:.6g} ({self.loss_type}, "
                 f"steps_per_generation {spg}, GA {ga}): STAPO would train at a wrong scale. Use trl{SUPPORTED_TRL}."
             )
+
+    @property
+    def _s2t_mask_in_loss(self) -> bool:  # evaluation, or steps_per_generation = num_iterations = 1
+        return not self.model.training or self._s2t_path == "loss"
+
+    @property
+    def _s2t_window(self) -> int:  # micro-steps a mask spans: an update, or a rollout batch where updates span two
+        steps_per_generation, grad_accum = self.args.steps_per_generation, self.args.gradient_accumulation_steps
+        return grad_accum if steps_per_generation % grad_accum == 0 else steps_per_generation
 
     def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
         gathered = self.accelerator.gather(self.accelerator.pad_across_processes(tensor, pad_index=float("nan")))

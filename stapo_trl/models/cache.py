@@ -25,8 +25,9 @@ from .names import BUILTIN_MODELS, BUILTIN_PREFIX, INFO_FILE, builtin_model_dir
 
 logger = logging.getLogger(__name__)
 
-_LAUNCHER_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                  "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"}  # fmt: skip
+_LAUNCHER_VAR = re.compile(  # torchrun's and accelerate's: a build under them runs in a child without them
+    r"(ACCELERATE|TORCHELASTIC|FSDP|PET)_.*|((LOCAL|GROUP|ROLE)_)?(RANK|WORLD_SIZE)|ROLE_NAME|MASTER_ADDR|MASTER_PORT"
+)
 
 
 def resolve_model_path(name_or_path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None) -> str:
@@ -53,7 +54,7 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, cache_dir: str | os.P
             if _is_launched_process():  # in a child, off the launcher's process group
                 if BUILTIN_MODELS[name]["kind"] == "gguf":  # a checksum error in one line, not a child's status
                     gguf.verify_gguf(gguf.locate_gguf(name))
-                env = {k: v for k, v in os.environ.items() if not _is_launcher_var(k)}
+                env = {k: v for k, v in os.environ.items() if not _LAUNCHER_VAR.fullmatch(k)}
                 cmd = [sys.executable, "-m", "stapo_trl.models", name, "--output-dir", str(tmp_dir)]
                 cmd += ["--base-path", base_path] if base_path else []
                 subprocess.run(cmd, env=env | {"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}, check=True)
@@ -70,14 +71,10 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, cache_dir: str | os.P
     return str(target)
 
 
-def _is_launcher_var(name: str) -> bool:
-    return name in _LAUNCHER_VARS or name.startswith(("ACCELERATE_", "TORCHELASTIC_", "FSDP_", "PET_"))
-
-
 def _is_launched_process() -> bool:
     torch = sys.modules.get("torch")
     distributed = torch and torch.distributed.is_available() and torch.distributed.is_initialized()
-    return any(map(_is_launcher_var, os.environ)) or bool(distributed)
+    return any(map(_LAUNCHER_VAR.fullmatch, os.environ)) or bool(distributed)
 
 
 @contextlib.contextmanager
@@ -159,8 +156,7 @@ def check_model_available(name_or_path: str | os.PathLike, revision: str | None 
     """[`check_model_name_or_path`], then a Hub id cached or answering; FileNotFoundError or ConnectionError."""
     from ..integrations.hub import check_hub_model
 
-    name = check_model_name_or_path(name_or_path)
-    check_hub_model(name, revision=revision)
+    check_hub_model(name := check_model_name_or_path(name_or_path), revision=revision)
     return name
 
 

@@ -3,7 +3,6 @@ or `$STAPO_TRL_WHEELS_PATH` (never imported); each check one line, before any lo
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.metadata
 import logging
@@ -81,13 +80,12 @@ def locate_gguf(name: str) -> GGUFSource:
 def verify_gguf(source: GGUFSource, join_into: str | os.PathLike | None = None) -> str:
     """The SHA-256 of the GGUF file (chunks joined, also into `join_into`); GGUFChecksumError if not the pin's."""
     digest = hashlib.sha256()
-    with open(join_into, "wb") if join_into is not None else contextlib.nullcontext() as out:
+    with open(join_into or os.devnull, "wb") as out:
         for file in source.files:
             with open(file, "rb") as f:
                 while block := f.read(4 << 20):
                     digest.update(block)
-                    if out is not None:
-                        out.write(block)
+                    out.write(block)
     if digest.hexdigest() != source.sha256:
         what = f"file {source.files[0]}" if len(source.files) == 1 else f"file joined from {len(source.files)} chunks"
         pins = " ".join(f"{dist}=={version}" for dist, version in source.wheels.items())
@@ -119,11 +117,9 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
 
     recipe, source, start = BUILTIN_MODELS[name], locate_gguf(name), time.perf_counter()
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".gguf-") as joined_dir:
-        if len(source.files) == 1:
-            folder, file_name, join_into = str(source.files[0].parent), source.files[0].name, None
-        else:
-            folder, file_name, join_into = joined_dir, source.file_name, Path(joined_dir) / source.file_name
-        sha256 = verify_gguf(source, join_into)
+        joined = None if len(source.files) == 1 else Path(joined_dir) / source.file_name
+        folder, file_name = (joined_dir, joined.name) if joined else (source.files[0].parent, source.files[0].name)
+        sha256 = verify_gguf(source, joined)
         logger.info("%s%s: GGUF %s checked (SHA-256 %s); dequantizing.", BUILTIN_PREFIX, name, file_name, sha256)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file_name)
         quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file_name, dtype=torch.float32)

@@ -41,17 +41,12 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(
-        [
-            "".join(f"{CHAT_START_TOKEN}{m['role']}\n{m['content']}{EOS_TOKEN}\n" for m in prompt)
-            + f"{CHAT_START_TOKEN}assistant\n{completion}{EOS_TOKEN}\n"
-            for prompt, completion in zip(data["train"]["prompt"], data["train"]["completion"])
-        ],
-        trainers.BpeTrainer(
-            vocab_size=TOKENIZER_VOCAB_SIZE, special_tokens=[PAD_TOKEN, CHAT_START_TOKEN, EOS_TOKEN],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-        ),
-    )  # fmt: skip
+    corpus = ["".join(f"{CHAT_START_TOKEN}{m['role']}\n{m['content']}{EOS_TOKEN}\n" for m in prompt)
+              + f"{CHAT_START_TOKEN}assistant\n{completion}{EOS_TOKEN}\n"
+              for prompt, completion in zip(data["train"]["prompt"], data["train"]["completion"])]  # fmt: skip
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB_SIZE, special_tokens=[PAD_TOKEN, CHAT_START_TOKEN, EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))  # fmt: skip
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN, chat_template=CHAT_TEMPLATE,
         model_max_length=MODEL_CONFIG["max_position_embeddings"],
