@@ -1,4 +1,5 @@
-"""A tiny random Qwen3 and a character-level tokenizer from transformers and tokenizers: nothing of the product."""
+"""A saved 2-layer Qwen3 (hidden 32, random weights) and a character-level tokenizer of ~50 tokens, from transformers and
+tokenizers: nothing of the product."""
 
 import string
 
@@ -7,7 +8,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> str:
-    """A saved 2-layer Qwen3 (hidden 32, random weights) and a character-level tokenizer of ~50 tokens."""
     import torch
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -28,17 +28,3 @@ def tiny_model_path(tmp_path_factory) -> str:
     Qwen3ForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
-
-
-@pytest.fixture(scope="session")
-def prompts():  # plain-text prompts: no chat template needed
-    from datasets import Dataset
-
-    return Dataset.from_list([{"prompt": f"{i}+{i % 7}="} for i in range(64)])
-
-
-@pytest.fixture(scope="session")
-def length_reward():  # varies within a group: non-zero advantages
-    from testing_utils import length_reward
-
-    return length_reward
