@@ -21,9 +21,7 @@ def make_config(config_cls=STAPOConfig, **overrides):
 
 
 @dataclasses.dataclass
-class OpenR1StyleConfig(GRPOConfig):
-    """A user's config as open-r1 writes one: GRPOConfig plus fields of its own."""
-
+class OpenR1StyleConfig(GRPOConfig):  # a user's config as open-r1 writes one: GRPOConfig plus fields of its own
     benchmarks: list[str] = dataclasses.field(default_factory=list)
     system_prompt: str | None = None
     s2t_entropy_quantile: float = 0.8  # one S2T field of its own (the paper's v1 value)
@@ -46,9 +44,8 @@ def test_defaults_are_the_papers_documented_by_the_field_and_the_docstring():
     # in the installed trl only epsilon_high differs: a TRL that changes a default fails here
     grpo = make_config(GRPOConfig)
     assert sorted(name for name, paper in PAPER_OBJECTIVE.items() if getattr(grpo, name) != paper) == ["epsilon_high"]
-    assert f"`GRPOConfig` differs only in `epsilon_high` (`{grpo.epsilon_high}`" in " ".join(
-        STAPOConfig.__doc__.split()
-    )
+    doc = " ".join(STAPOConfig.__doc__.split())
+    assert f"`GRPOConfig` differs only in `epsilon_high` (`{grpo.epsilon_high}`" in doc
 
 
 @pytest.mark.parametrize(
@@ -143,18 +140,13 @@ def test_each_feature_the_mask_changes_gives_one_message_naming_the_field(overri
     assert not [m for m in s2t_warnings(off, s2t_settings(off)) if m.startswith("S2T mask")]  # nothing is silenced
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [dict(), dict(steps_per_generation=4, gradient_accumulation_steps=1),  # the recipes' geometry
-     dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=8),
-     dict(off_policy_mask_threshold=0.5), dict(num_iterations=2), dict(use_vllm=True, steps_per_generation=4)],
-)  # fmt: skip
-def test_the_papers_configuration_and_the_defined_behaviours_are_silent(overrides):
-    config = make_config(**overrides)
-    assert s2t_warnings(config, s2t_settings(config)) == []
-
-
-def test_a_dry_runs_process_count_and_the_mask_off_in_the_papers_geometry():
+def test_the_papers_configuration_is_silent_a_dry_runs_values_count_and_the_mask_off_in_the_papers_geometry():
+    for overrides in [dict(), dict(steps_per_generation=4, gradient_accumulation_steps=1),  # the recipes' geometry
+                      dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=8),
+                      dict(off_policy_mask_threshold=0.5), dict(num_iterations=2),
+                      dict(use_vllm=True, steps_per_generation=4)]:  # fmt: skip
+        config = make_config(**overrides)
+        assert s2t_warnings(config, s2t_settings(config)) == [], overrides
     config = make_config(per_device_train_batch_size=4, steps_per_generation=2)
     assert s2t_warnings(config, S2TSettings(), num_processes=2) == []  # 4 completions x 2 processes: one group
     assert len(s2t_warnings(config, S2TSettings(), num_processes=1)) == 1

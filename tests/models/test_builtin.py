@@ -2,6 +2,7 @@
 
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -52,9 +53,9 @@ def test_the_build_check_is_stapo_evals_evaluation(tiny_math_model_path, tmp_pat
 
     model, tokenizer = load(tiny_math_model_path)
     model.train()
-    evaluation = evaluate_tiny_math(model, tokenizer, 20)
+    evaluation = evaluate_tiny_math(model, tokenizer, 5)
     assert model.training  # restored
-    argv = f"--model {tiny_math_model_path} --benchmarks tiny-math --backend hf --decoding t1.0-p1.0,greedy --limit 20"
+    argv = f"--model {tiny_math_model_path} --benchmarks tiny-math --backend hf --decoding t1.0-p1.0,greedy --limit 5"
     assert main([*argv.split(), "--samples", "1", "--max-new-tokens", "48", "--output", str(tmp_path / "r.json")]) == 0
     tables = load_results(tmp_path / "r.json")["results"]
     assert evaluation["sampled_accuracy"] == tables["t1.0-p1.0"]["tiny-math"]["avg@1"]
@@ -68,14 +69,12 @@ def test_the_build_check_is_stapo_evals_evaluation(tiny_math_model_path, tmp_pat
     assert summary["frac_prob_below_tau_p"] == 0.4 and summary["tau_p"] == 0.002
 
 
-def test_the_tokenizer_splits_digits_and_renders_training_and_test_prompts_alike(
-    tiny_math_model_path, tiny_random_model_path
-):
+def test_the_tokenizer_splits_digits_and_renders_training_and_test_prompts_alike(tiny_math_model_path,
+                                                                                  tiny_random_model_path):  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
-    assert tokenizer.get_vocab() == load(tiny_math_model_path)[1].get_vocab()
-    assert 280 <= len(tokenizer) <= 400 and (tokenizer.eos_token, tokenizer.pad_token) == (
-        "<|im_end|>",
-        "<|endoftext|>",
+    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(tiny_math_model_path).get_vocab()
+    assert (
+        280 <= len(tokenizer) <= 400 and tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
     )
     for text in ["0123456789", "\\boxed{85}", "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}", "47+38"]:
         assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
@@ -91,11 +90,11 @@ def test_the_tokenizer_splits_digits_and_renders_training_and_test_prompts_alike
     assert tokenizer(full, add_special_tokens=False)["input_ids"][: len(prompt_ids)] == prompt_ids
 
 
-def test_resolve_builds_once_says_so_and_builds_identical_files(tiny_random_model_path, tmp_path, monkeypatch, caplog):
-    builds, real_build = [], builtin_cache.build_builtin_model
-    monkeypatch.setattr(
-        builtin_cache, "build_builtin_model", lambda name, *a, **k: builds.append(name) or real_build(name, *a, **k)
-    )
+def test_resolve_builds_once_says_so_and_replaces_an_incomplete_folder(tiny_random_model_path, tmp_path, monkeypatch,
+                                                                       caplog):  # fmt: skip
+    builds = []  # the build itself: test_a_killed_build_leaves_no_model_and_two_processes_build_once (slow)
+    monkeypatch.setattr(builtin_cache, "build_builtin_model", lambda name, out, **k: builds.append(name) or
+                        shutil.copytree(tiny_random_model_path, out, dirs_exist_ok=True))  # fmt: skip
     target = builtin_model_dir("tiny-random", tmp_path)
     target.mkdir(parents=True)
     (target / "junk.txt").write_text("an incomplete folder (no build record) is replaced")
@@ -108,17 +107,15 @@ def test_resolve_builds_once_says_so_and_builds_identical_files(tiny_random_mode
     assert resolve_model_path("builtin:tiny-random", cache_dir=tmp_path) == path
     assert builds == ["tiny-random"] and os.path.getmtime(target / INFO_FILE) == mtime  # read, not rebuilt
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, target.name + ".lock"])
-    for file in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json"):
-        assert (target / file).read_bytes() == (Path(tiny_random_model_path) / file).read_bytes(), file
 
 
 def test_the_warm_up_prints_no_loss_rows(tiny_random_model_path, capsys):
-    from stapo_trl.models.tiny import SFT_CONFIG
     from stapo_trl.models.sft_math import sft_warm_up
+    from stapo_trl.models.tiny import SFT_CONFIG
 
     model, tokenizer = load(tiny_random_model_path)
     rows = make_tiny_math_dataset()["train"].select(range(8))
-    losses = sft_warm_up(model, tokenizer, rows, 3, {**SFT_CONFIG, "per_device_train_batch_size": 4})
+    losses = sft_warm_up(model, tokenizer, rows, 1, {**SFT_CONFIG, "per_device_train_batch_size": 4})
     out = capsys.readouterr().out
     assert "loss" not in out and "{" not in out, out
     assert losses["last_logged_loss"] > 0
@@ -172,7 +169,7 @@ def test_build_in_a_child_process_under_a_launcher(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_killed_build_leaves_no_model_and_two_processes_build_once(tmp_path):
+def test_a_killed_build_leaves_no_model_and_two_processes_build_once(tiny_random_model_path, tmp_path):
     code = (
         "import logging, sys; logging.basicConfig(level=logging.INFO); from stapo_trl.models import "
         "resolve_model_path; print(resolve_model_path('builtin:tiny-random', cache_dir=sys.argv[1]))"
@@ -192,4 +189,5 @@ def test_a_killed_build_leaves_no_model_and_two_processes_build_once(tmp_path):
     assert [run.returncode for run in runs] == [0, 0], outputs
     assert [out.strip().splitlines()[-1] for out, _ in outputs] == [str(target)] * 2
     assert sum("Building builtin:tiny-random" in err for _, err in outputs) == 1  # the other one waited, then read
-    AutoModelForCausalLM.from_pretrained(target)
+    for file in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json"):  # deterministic
+        assert (target / file).read_bytes() == (Path(tiny_random_model_path) / file).read_bytes(), file
