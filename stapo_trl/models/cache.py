@@ -87,7 +87,7 @@ def _preserved_process_state():
     from accelerate.state import AcceleratorState, GradientState, PartialState
 
     states = [(cls, dict(cls._shared_state)) for cls in (PartialState, AcceleratorState, GradientState)]
-    rngs = [(random.setstate, random.getstate()), (np.random.set_state, np.random.get_state())]
+    py_rng, np_rng = random.getstate(), np.random.get_state()
     try:
         with torch.random.fork_rng(devices=[]):
             yield
@@ -95,8 +95,7 @@ def _preserved_process_state():
         for cls, saved in states:
             cls._shared_state.clear()
             cls._shared_state.update(saved)
-        for restore, state in rngs:
-            restore(state)
+        random.setstate(py_rng), np.random.set_state(np_rng)
 
 
 def build_builtin_model(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None = None) -> dict:

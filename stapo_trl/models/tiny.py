@@ -37,9 +37,8 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     recipe, data = BUILTIN_MODELS[name], make_tiny_math_dataset(seed=SEED)
     config = {**MODEL_CONFIG, **recipe.get("model_config", {})}
     bpe = tokenizers.Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])  # fmt: skip
     bpe.decoder = decoders.ByteLevel()
     corpus = ["".join(f"{CHAT_START_TOKEN}{m['role']}\n{m['content']}{EOS_TOKEN}\n" for m in prompt)
               + f"{CHAT_START_TOKEN}assistant\n{completion}{EOS_TOKEN}\n"
@@ -47,10 +46,8 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     bpe.train_from_iterator(corpus, trainers.BpeTrainer(
         vocab_size=TOKENIZER_VOCAB_SIZE, special_tokens=[PAD_TOKEN, CHAT_START_TOKEN, EOS_TOKEN],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))  # fmt: skip
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN, chat_template=CHAT_TEMPLATE,
-        model_max_length=MODEL_CONFIG["max_position_embeddings"],
-    )  # fmt: skip
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token=PAD_TOKEN, eos_token=EOS_TOKEN,
+        chat_template=CHAT_TEMPLATE, model_max_length=MODEL_CONFIG["max_position_embeddings"])  # fmt: skip
     special = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None}
     torch.manual_seed(SEED)
     model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tokenizer), **special, **config))

