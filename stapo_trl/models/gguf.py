@@ -1,5 +1,4 @@
-"""The `gguf` recipe: a real model converted to fp32 from the GGUF file of pinned PyPI wheels, looked up on `sys.path`
-or `$STAPO_TRL_WHEELS_PATH` (never imported); each check one line, before any long work."""
+"""The `gguf` recipe: a real model in fp32 from the GGUF file of pinned wheels ($STAPO_TRL_WHEELS_PATH or sys.path)."""
 
 from __future__ import annotations
 
@@ -110,8 +109,7 @@ def state_dict_sha256(model) -> str:
 
 
 def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> dict[str, Any]:
-    """Convert `name` into `output_dir` (fp32 safetensors, the tokenizer, the registry's chat template); returns the
-    record's fields. Raises the errors above, and ValueError for a GGUF file with no chat template and none added."""
+    """Convert `name` into `output_dir`; the record's fields. Raises as above; ValueError: no chat template at all."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 

@@ -25,8 +25,7 @@ def resolve_model_source(model: str) -> ModelSource:
 
 
 def load_causal_lm(model: str, *, revision: str | None = None, dtype=None):
-    """`(model in eval mode, tokenizer)`; an adapter merged onto its base (its folder's tokenizer if any). `revision`:
-    a full model's. Raises ValueError as [`resolve_model_source`]."""
+    """`(model in eval mode, tokenizer)`, an adapter merged onto its base; ValueError as [`resolve_model_source`]."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = resolve_model_source(model)

@@ -70,8 +70,7 @@ def default_cache_dir() -> Path:
 
 
 def builtin_model_dir(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """`<cache_dir>/<name>-<version>` of `builtin:<name>` or `<name>` (`None`: [`default_cache_dir`]); ValueError
-    listing the known names for an unknown one."""
+    """`<cache_dir>/<name>-<version>` of `builtin:<name>` (`None`: [`default_cache_dir`]); ValueError if unknown."""
     if (name := name.removeprefix(BUILTIN_PREFIX)) not in BUILTIN_MODELS:
         known = ", ".join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)
         raise ValueError(f"Unknown built-in model {BUILTIN_PREFIX + name!r}. Known built-in models: {known}.")

@@ -1,5 +1,4 @@
-"""The SFT warm-up of a built-in model on tiny-math (TRL's `SFTTrainer`, label smoothing: a low-p tail kept), its
-held-out check (`stapo-eval`'s evaluation), and the `gguf+sft` recipe: a converted model so warmed."""
+"""A built-in model's SFT warm-up with label smoothing (a low-p tail kept), its check, and the `gguf+sft` recipe."""
 
 from __future__ import annotations
 
@@ -17,8 +16,7 @@ SEED = 0  # of every built-in recipe: data order, model init, the check's sampli
 
 
 def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, sft_config: dict[str, Any]) -> dict[str, float]:
-    """Train `model` in place with [`~trl.SFTTrainer`] on the CPU for `max_steps` steps of `sft_config`; returns
-    `mean_train_loss` and `last_logged_loss` (nats per completion token)."""
+    """Train `model` in place with TRL's `SFTTrainer` on the CPU: `mean_train_loss`, `last_logged_loss` (nats)."""
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
@@ -56,8 +54,7 @@ def summarize_token_statistics(stats: dict[str, list]) -> dict[str, Any]:
 
 
 def evaluate_tiny_math(model, tokenizer, num_problems: int, max_new_tokens=48, statistics=False):
-    """`stapo-eval`'s evaluation of the first `num_problems` tiny-math problems at seed `SEED`, sampled (T 1.0) and
-    greedy: the accuracies, settings, five completions and, with `statistics`, [`summarize_token_statistics`]."""
+    """`stapo-eval`'s evaluation of the first `num_problems` tiny-math problems, sampled (T 1.0) and greedy."""
     from ..evaluation.generation import DECODINGS, evaluate_problems, hf_generate
     from ..evaluation.tasks import load_benchmark
 

@@ -24,8 +24,7 @@ SFT_CONFIG: dict[str, Any] = {
 
 
 def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> dict[str, Any]:
-    """Build `builtin:<name>` into `output_dir` (seed `SEED`; SFT and check if `sft_steps` > 0): a byte-level BPE
-    tokenizer of the task, digits split (as in Qwen), ChatML, eos `<|im_end|>`, and a Qwen3; returns the record."""
+    """Build `builtin:<name>` into `output_dir` (BPE, digits split as in Qwen, ChatML); the record's fields."""
     import tokenizers
     import torch
     import trl
