@@ -47,8 +47,8 @@ class STAPOConfig(GRPOConfig):
         "help": "tau_p: positive-advantage tokens with probability below it are candidates. (0, 1]."})  # fmt: skip
     s2t_entropy_quantile: float = field(default=S2TSettings.entropy_quantile, metadata={
         "help": "q: candidates below the q-quantile of their entropies per update are silenced. [0, 1]."})  # fmt: skip
-    s2t_mode: Literal[S2T_MODES] = field(default=S2TSettings.mode, metadata={
-        "help": "'low_entropy' (STAPO) or 'off' (nothing silenced, counts logged).", "choices": S2T_MODES})  # fmt: skip
+    s2t_mode: Literal[S2T_MODES] = field(default=S2TSettings.mode, metadata={"choices": S2T_MODES,
+        "help": "'low_entropy' (STAPO) or 'off' (nothing silenced, counts logged)."})  # fmt: skip
 
     def __post_init__(self):
         super().__post_init__()
@@ -56,8 +56,7 @@ class STAPOConfig(GRPOConfig):
 
 
 def s2t_settings(args: GRPOConfig, modes: tuple[str, ...] = S2T_MODES) -> S2TSettings:
-    """Any `GRPOConfig`'s `s2t_*` fields, else the paper's values. `ValueError` naming the field: a bad value, a mode
-    not in `modes`, or [`refuse_paths_around_the_mask`]."""
+    """Any `GRPOConfig`'s `s2t_*` fields, else the paper's; ValueError naming a bad field or a path past the mask."""
     settings = S2TSettings(**{f.name: getattr(args, f"s2t_{f.name}", f.default) for f in fields(S2TSettings)})
     if settings.mode not in modes:
         raise ValueError(f"s2t_mode={settings.mode!r} is not one of {list(modes)}.")
@@ -97,8 +96,7 @@ def s2t_settings_line(args: GRPOConfig, settings: S2TSettings) -> str | None:
 
 
 def s2t_path(args: GRPOConfig, steps_per_generation: int | None = None) -> str:
-    """Where p and H come from in training: `"loss"` (the loss's own forward), `"old_logps"` (TRL's old-log-prob
-    forward) or `"extra_forward"` (one no-grad forward per rollout batch); TRL 1.16's decision, checked in training."""
+    """Where p and H come from in training (TRL 1.16's decision): `"loss"`, `"old_logps"` or `"extra_forward"`."""
     spg, iterations = steps_per_generation or args.steps_per_generation, args.num_iterations
     if spg == iterations == 1:
         return "loss"
@@ -107,8 +105,7 @@ def s2t_path(args: GRPOConfig, steps_per_generation: int | None = None) -> str:
 
 
 def s2t_warnings(args: GRPOConfig, settings: S2TSettings, steps_per_generation=None, num_processes=None) -> list[str]:
-    """One message naming the field per GRPO feature the mask changes (docs/stapo.md); none for the paper's setup.
-    `steps_per_generation` and `num_processes` replace the config's (a dry run)."""
+    """A message naming the field per GRPO feature the mask changes (docs/stapo.md); the arguments: a dry run's."""
     a, lt, ga = args, args.loss_type, args.gradient_accumulation_steps
     spg = steps_per_generation or a.steps_per_generation
     if settings.mode == "off":

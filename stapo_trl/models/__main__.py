@@ -2,7 +2,6 @@
 
 import argparse
 import logging
-import os
 
 from .cache import BUILTIN_MODELS, build_builtin_model
 
@@ -13,7 +12,6 @@ parser.add_argument("--output-dir", required=True)
 parser.add_argument("--base-path", default=None, help="the built base model of a gguf+sft model")
 args = parser.parse_args()
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-os.makedirs(args.output_dir, exist_ok=True)
 try:
     build_builtin_model(args.name, args.output_dir, args.base_path)
 except (FileNotFoundError, ValueError) as e:

@@ -8,6 +8,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -78,8 +79,6 @@ def _is_launched_process() -> bool:
 @contextlib.contextmanager
 def _preserved_process_state():
     """Restore accelerate's shared state and the random generators after an in-process warm-up."""
-    import random
-
     import numpy as np
     import torch
     from accelerate.state import AcceleratorState, GradientState, PartialState
@@ -103,6 +102,7 @@ def build_builtin_model(name: str, output_dir: str | os.PathLike, base_path: str
     import transformers
 
     recipe, start, threads = BUILTIN_MODELS[name], time.perf_counter(), torch.get_num_threads()
+    os.makedirs(output_dir, exist_ok=True)
     logger.info("Building builtin:%s (%s) into %s", name, recipe["description"], output_dir)
     module = {"tiny": ".tiny", "gguf": ".gguf", "gguf+sft": ".sft_math"}[recipe["kind"]]  # build() saves the model
     recipe_module = importlib.import_module(module, __package__)

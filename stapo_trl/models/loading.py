@@ -28,8 +28,7 @@ def load_causal_lm(model: str, *, revision: str | None = None, dtype=None):
     """`(model in eval mode, tokenizer)`, an adapter merged onto its base; ValueError as [`resolve_model_source`]."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = resolve_model_source(model)
-    kwargs = {"dtype": dtype} if dtype is not None else {}
+    source, kwargs = resolve_model_source(model), {"dtype": dtype} if dtype is not None else {}
     hub = {"revision": revision} if revision else {}
     if source.adapter is None:
         lm = AutoModelForCausalLM.from_pretrained(model, **hub, **kwargs)

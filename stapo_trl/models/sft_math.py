@@ -59,13 +59,10 @@ def evaluate_tiny_math(model, tokenizer, num_problems: int, max_new_tokens=48, s
     from ..evaluation.tasks import load_benchmark
 
     problems, stats = load_benchmark("tiny-math", limit=num_problems), {} if statistics else None
-    (sampled, records), (greedy, _) = (
-        evaluate_problems(
-            partial(hf_generate, model, tokenizer, stats=stats if name != "greedy" else None), tokenizer, problems,
-            n=1, decoding=DECODINGS[name], max_new_tokens=max_new_tokens, seed=SEED, save_completions=True,
-        )
-        for name in ("t1.0-p1.0", "greedy")
-    )  # fmt: skip  # max_new_tokens: the tiny tokenizer writes a tiny-math completion in 29-31 tokens + eos
+    (sampled, records), (greedy, _) = (evaluate_problems(  # max_new_tokens: tiny writes 29-31 tokens + eos
+        partial(hf_generate, model, tokenizer, stats=stats if name != "greedy" else None), tokenizer, problems, n=1,
+        decoding=DECODINGS[name], max_new_tokens=max_new_tokens, seed=SEED, save_completions=True,
+    ) for name in ("t1.0-p1.0", "greedy"))  # fmt: skip
     samples = [dict(problem=p.problem, completion=r["completion"], solution=p.gold) for p, r in zip(problems, records)]
     evaluation = {"split": "builtin:tiny-math test", "num_problems": len(problems), "temperature": 1.0, "top_p": 1.0,
                   "max_new_tokens": max_new_tokens, "sampled_accuracy": sampled["avg@1"],
