@@ -46,12 +46,11 @@ def test_no_candidate_a_lone_candidate_and_tied_entropies_silence_nothing():
 
 
 def test_zero_and_negative_advantages_and_masked_tokens_are_never_candidates():
-    per_token_logps = torch.full((3, 4), math.log(1e-4))  # every token has a low probability
-    advantages = torch.tensor([[0.0], [-2.0], [0.5]])  # (B, 1) is accepted
-    loss_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 1, 0]])
-    result = s2t_mask(per_token_logps, torch.rand(3, 4), advantages, loss_mask)
-    assert not result.candidate[:2].any()
-    assert result.candidate[2].tolist() == [True, False, True, False]
+    loss_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 1, 0]])  # advantages (B, 1) are accepted too
+    result = s2t_mask(
+        torch.full((3, 4), math.log(1e-4)), torch.rand(3, 4), torch.tensor([[0.0], [-2.0], [0.5]]), loss_mask
+    )
+    assert not result.candidate[:2].any() and result.candidate[2].tolist() == [True, False, True, False]
 
 
 def test_gather_serves_the_quantile_and_the_counts_in_exactly_two_calls():
@@ -73,15 +72,13 @@ def test_gather_serves_the_quantile_and_the_counts_in_exactly_two_calls():
 
 def test_bad_arguments_and_mismatched_shapes_name_what_is_wrong():
     t = hand_s2t_batch()
-    for tensors, kwargs, message in [
-        (t, {"mode": "high_entropy"}, "mode='high_entropy'"),
-        (t, {"prob_threshold": 0.0}, "prob_threshold"),
-        (t, {"entropy_quantile": 1.5}, "entropy_quantile"),
-        ((t[0], t[1][:, :3], *t[2:]), {}, "shape"),
-        ((*t[:2], t[2][:1], t[3]), {}, "advantages"),
-    ]:
+    for tensors, kwargs, message in [(t, {"mode": "high_entropy"}, "mode='high_entropy'"),
+                                     (t, {"prob_threshold": 0.0}, "prob_threshold"),
+                                     (t, {"entropy_quantile": 1.5}, "entropy_quantile"),
+                                     ((t[0], t[1][:, :3], *t[2:]), {}, "shape"),
+                                     ((*t[:2], t[2][:1], t[3]), {}, "advantages")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
-            s2t_mask(*tensors, **kwargs)  # fmt: skip
+            s2t_mask(*tensors, **kwargs)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 10, 1001])

@@ -1,5 +1,4 @@
-"""The core's `STAPOTrainer` on a tiny random Qwen3: hand-computed losses, zero gradients on silenced tokens, the
-per-update normalizer, parity with `GRPOTrainer`, where p and H come from, what the mask does to GRPO features."""
+"""The core's `STAPOTrainer`: hand-computed losses, zero gradients on silenced tokens, parity with `GRPOTrainer`."""
 
 import copy
 import dataclasses
@@ -13,14 +12,7 @@ import pytest
 import torch
 import trl
 from datasets import Dataset
-from testing_utils import (
-    ForwardCounter,
-    KeepsLogpGrad,
-    hand_scored_batch,
-    is_scoring_forward,
-    length_reward,
-    policy_forward,
-)
+from testing_utils import ForwardCounter, KeepsLogpGrad, hand_scored_batch, length_reward, policy_forward
 from trl import GRPOConfig, GRPOTrainer
 
 from stapo_trl.core import STAPOConfig, STAPOTrainer, s2t_mask
@@ -51,7 +43,7 @@ def build(tiny_model_path, tmp_path):
     return build
 
 
-class LogpProbe(KeepsLogpGrad, STAPOTrainer):
+class LogpProbe(KeepsLogpGrad, STAPOTrainer):  # keeps the training forward's log-probs, so their gradient is read
     pass
 
 
@@ -142,10 +134,8 @@ def test_each_optimizer_update_gets_its_own_tau_h_and_kept_token_count(build, mo
         assert losses[2 * update] + losses[2 * update + 1] == pytest.approx(expected, abs=1e-6)
         assert normalizers[2 * update] == normalizers[2 * update + 1] == kept.sum().item()
     assert trainer._metrics["train"]["s2t/num_silenced"] == silenced_counts and min(silenced_counts) > 0
-    assert trainer._metrics["train"]["s2t/num_loss_tokens"] == [
-        float(sum(b["completion_mask"].sum() for b in batches[:2])),
-        float(sum(b["completion_mask"].sum() for b in batches[2:])),
-    ]
+    loss_tokens = [float(sum(b["completion_mask"].sum() for b in update)) for update in (batches[:2], batches[2:])]
+    assert trainer._metrics["train"]["s2t/num_loss_tokens"] == loss_tokens
 
 
 @pytest.mark.release
@@ -177,15 +167,11 @@ def test_with_the_mask_off_training_equals_grpo_trainer(build, steps_per_generat
         torch.testing.assert_close(p_stapo, p_grpo, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
 
 
-class RolloutValuesCheck(STAPOTrainer):  # compares the p and H kept for the mask with a fresh forward
-    checking = False
-
+class RolloutValuesCheck(STAPOTrainer):  # compares the p and H kept for the mask with a fresh forward (one more)
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
         if "s2t_entropies" in batch:
-            self.checking = True
             logps, entropies = policy_forward(self, batch)
-            self.checking = False
             source = "s2t_logps" if "s2t_logps" in batch else "old_per_token_logps"
             error = max((batch[source] - logps).abs().max().item(), (batch["s2t_entropies"] - entropies).abs().max())
             self.checks.append((source, float(error)))
@@ -208,17 +194,12 @@ def test_p_and_h_are_the_rollout_policys_with_an_extra_forward_only_where_trl_ru
     def scoring_forwards(trainer_cls):
         trainer = build(trainer_cls, name=trainer_cls.__name__, max_steps=1, steps_per_generation=steps_per_generation,
                         gradient_accumulation_steps=grad_accum, num_iterations=num_iterations)  # fmt: skip
-        trainer.checks, count = [], [0]
-
-        def hook(module, args, kwargs):
-            count[0] += is_scoring_forward(kwargs) and not getattr(trainer, "checking", False)
-
-        trainer.model.register_forward_pre_hook(hook, with_kwargs=True)
+        trainer.checks, counter = [], ForwardCounter(trainer.model)
         trainer.train()
-        return trainer, count[0]
+        return trainer, counter.count
 
     (stapo, stapo_count), (_, grpo_count) = scoring_forwards(RolloutValuesCheck), scoring_forwards(GRPOTrainer)
-    assert (stapo_count, grpo_count) == (stapo_forwards, grpo_forwards)
+    assert (stapo_count - len(stapo.checks), grpo_count) == (stapo_forwards, grpo_forwards)
     assert {check[0] for check in stapo.checks} == ({source} if source else set())
     assert max([check[1] for check in stapo.checks], default=0) < 1e-6
 

