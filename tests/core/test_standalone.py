@@ -21,7 +21,7 @@ import importlib.abc, json, os, sys, warnings
 
 class BlockStapoTrl(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name == "stapo_trl" or name.startswith("stapo_trl."):
+        if name.split(".")[0] == "stapo_trl":
             raise ImportError(f"{name} is blocked: the lifted core must not import the library")
 
 
@@ -52,14 +52,12 @@ trainer.train()
 rows = [h for h in trainer.state.log_history if "loss" in h]
 (logps, entropies, advantages, loss_mask, _), last = trainer.last
 expected = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=1.0, entropy_quantile=0.75)
-print(json.dumps({
-    "unchanged": [n for n, p in trainer.model.named_parameters() if torch.equal(before[n], p)],
-    "rows": len(rows), "silenced": sum(r["s2t/num_silenced"] for r in rows),
-    "candidates": sum(r["s2t/num_candidates"] for r in rows),
-    "mask_matches": bool(torch.equal(last.silenced, expected.silenced)),
-    "files": sorted(os.listdir(out)) if os.path.isdir(out) else [],
-    "stapo_trl_modules": sorted(m for m in sys.modules if m.split(".")[0] == "stapo_trl"),
-}))
+print(json.dumps({"unchanged": [n for n, p in trainer.model.named_parameters() if torch.equal(before[n], p)],
+                  "rows": len(rows), "silenced": sum(r["s2t/num_silenced"] for r in rows),
+                  "candidates": sum(r["s2t/num_candidates"] for r in rows),
+                  "mask_matches": bool(torch.equal(last.silenced, expected.silenced)),
+                  "files": sorted(os.listdir(out)) if os.path.isdir(out) else [],
+                  "stapo_trl_modules": sorted(m for m in sys.modules if m.split(".")[0] == "stapo_trl")}))
 """
 
 
