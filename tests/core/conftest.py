@@ -1,5 +1,5 @@
-"""A saved 2-layer Qwen3 (hidden 32, random weights) and a character-level tokenizer of ~50 tokens, from transformers and
-tokenizers: nothing of the product."""
+"""A saved 2-layer Qwen3 (hidden 32, random weights) and a character-level tokenizer of ~50 tokens, from transformers
+and tokenizers: nothing of the product."""
 
 import string
 
