@@ -211,7 +211,9 @@ class AccumulationRecorder(STAPOTrainer):  # per micro-step: transformers' windo
         return super()._compute_loss(model, inputs)
 
 
-@pytest.mark.parametrize("steps_per_generation, windows", [(4, [2] * 4), (3, [2, 2, 1])])
+@pytest.mark.parametrize(  # 4: the update's normalizer also in test_each_optimizer_update_gets_its_own_tau_h_and_...
+    "steps_per_generation, windows", [pytest.param(4, [2] * 4, marks=pytest.mark.slow), (3, [2, 2, 1])]
+)
 def test_an_epoch_ends_inside_an_update_only_where_updates_span_rollout_batches(build, steps_per_generation,
                                                                                  windows):  # fmt: skip
     # An epoch has (rollout batches) x steps_per_generation micro-steps: with 4 (8 prompts x 2 = one rollout batch =
@@ -346,7 +348,8 @@ def test_opsm_judges_only_sequences_the_mask_never_touches():
     assert dropped > 0 and result.num_silenced > 0
 
 
-@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=pytest.mark.slow)])  # in the default suite too:
+# tests/recipes/test_recipes.py::test_lora_demo_recipe_trains_only_the_adapter
 def test_every_pass_uses_the_rollout_time_mask_and_lora_trains_with_the_adapter_policy(build, lora):
     # num_iterations 2: p and H stay the rollout's, so each update's mask is the same on both passes though the
     # weights moved; PEFT: p and H of the model with its adapter, only the adapter's weights train.

@@ -23,7 +23,7 @@ def load(path):
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
 
-def test_tiny_math_reloads_offline_and_records_its_accuracy(tiny_math_model_path, tiny_random_model_path):
+def test_tiny_math_reloads_offline_and_records_its_accuracy(tiny_math_model_path):
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     model, tokenizer = load(tiny_math_model_path)
     assert type(model).__name__ == "Qwen3ForCausalLM"
@@ -37,8 +37,6 @@ def test_tiny_math_reloads_offline_and_records_its_accuracy(tiny_math_model_path
     evaluation = info["eval"]  # the RL demo's warm start: some but not all sampled answers right, greedy nearly all
     assert evaluation["temperature"] == 1.0 and evaluation["num_problems"] == 300 and len(evaluation["samples"]) == 5
     assert 0.2 <= evaluation["sampled_accuracy"] <= 0.8 < evaluation["greedy_accuracy"]
-    random_info = read_builtin_info(tiny_random_model_path)
-    assert random_info["sft"]["steps"] == 0 and random_info["eval"] is None
 
 
 def test_the_build_check_is_stapo_evals_evaluation(tiny_math_model_path, tmp_path):
@@ -63,10 +61,8 @@ def test_the_build_check_is_stapo_evals_evaluation(tiny_math_model_path, tmp_pat
     assert summary["frac_prob_below_tau_p"] == 0.4 and summary["tau_p"] == 0.002
 
 
-def test_the_tokenizer_splits_digits_and_renders_training_and_test_prompts_alike(tiny_math_model_path,
-                                                                                  tiny_random_model_path):  # fmt: skip
-    tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
-    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(tiny_math_model_path).get_vocab()
+def test_the_tokenizer_splits_digits_and_renders_training_and_test_prompts_alike(tiny_math_model_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
     assert (
         280 <= len(tokenizer) <= 400 and tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
     )
@@ -84,11 +80,11 @@ def test_the_tokenizer_splits_digits_and_renders_training_and_test_prompts_alike
     assert tokenizer(full, add_special_tokens=False)["input_ids"][: len(prompt_ids)] == prompt_ids
 
 
-def test_resolve_builds_once_says_so_and_replaces_an_incomplete_folder(tiny_random_model_path, tmp_path, monkeypatch,
+def test_resolve_builds_once_says_so_and_replaces_an_incomplete_folder(tiny_math_model_path, tmp_path, monkeypatch,
                                                                        caplog):  # fmt: skip
     builds = []  # the build itself: test_a_killed_build_leaves_no_model_and_two_processes_build_once (slow)
     monkeypatch.setattr(builtin_cache, "build_builtin_model", lambda name, out, **k: builds.append(name) or
-                        shutil.copytree(tiny_random_model_path, out, dirs_exist_ok=True))  # fmt: skip
+                        shutil.copytree(tiny_math_model_path, out, dirs_exist_ok=True))  # fmt: skip
     target = builtin_model_dir("tiny-random", tmp_path)
     target.mkdir(parents=True)
     (target / "junk.txt").write_text("an incomplete folder (no build record) is replaced")
@@ -103,11 +99,11 @@ def test_resolve_builds_once_says_so_and_replaces_an_incomplete_folder(tiny_rand
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, target.name + ".lock"])
 
 
-def test_the_warm_up_prints_no_loss_rows(tiny_random_model_path, capsys):
+def test_the_warm_up_prints_no_loss_rows(tiny_math_model_path, capsys):
     from stapo_trl.models.sft_math import sft_warm_up
     from stapo_trl.models.tiny import SFT_CONFIG
 
-    model, tokenizer = load(tiny_random_model_path)
+    model, tokenizer = load(tiny_math_model_path)
     rows = make_tiny_math_dataset()["train"].select(range(8))
     losses = sft_warm_up(model, tokenizer, rows, 1, {**SFT_CONFIG, "per_device_train_batch_size": 4})
     out = capsys.readouterr().out
@@ -115,8 +111,8 @@ def test_the_warm_up_prints_no_loss_rows(tiny_random_model_path, capsys):
     assert losses["last_logged_loss"] > 0
 
 
-def test_resolve_passes_through_directories_and_hub_ids_and_refuses_bad_paths(tmp_path, tiny_random_model_path):
-    model = tiny_random_model_path
+def test_resolve_passes_through_directories_and_hub_ids_and_refuses_bad_paths(tmp_path, tiny_math_model_path):
+    model = tiny_math_model_path
     assert resolve_model_path(model) == resolve_model_path(Path(model)) == model
     assert [resolve_model_path(name) for name in ("Qwen/Qwen3-1.7B-Base", "gpt2")] == ["Qwen/Qwen3-1.7B-Base", "gpt2"]
     for path in ["./no-such-model", "../no/such/model", "/no/such/model", "~/no-such-model-xyz"]:
@@ -163,7 +159,8 @@ def test_build_in_a_child_process_under_a_launcher(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_killed_build_leaves_no_model_and_two_processes_build_once(tiny_random_model_path, tmp_path):
+def test_a_killed_build_leaves_no_model_and_two_processes_build_once(tiny_random_model_path, tiny_math_model_path,
+                                                                    tmp_path):  # fmt: skip
     code = (
         "import logging, sys; logging.basicConfig(level=logging.INFO); from stapo_trl.models import "
         "resolve_model_path; print(resolve_model_path('builtin:tiny-random', cache_dir=sys.argv[1]))"
@@ -185,3 +182,5 @@ def test_a_killed_build_leaves_no_model_and_two_processes_build_once(tiny_random
     assert sum("Building builtin:tiny-random" in err for _, err in outputs) == 1  # the other one waited, then read
     for file in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json"):  # deterministic
         assert (target / file).read_bytes() == (Path(tiny_random_model_path) / file).read_bytes(), file
+    assert read_builtin_info(target)["sft"]["steps"] == 0 and read_builtin_info(target)["eval"] is None
+    assert load(target)[1].get_vocab() == AutoTokenizer.from_pretrained(tiny_math_model_path).get_vocab()

@@ -13,40 +13,40 @@ from stapo_trl.models.loading import ModelSource, load_causal_lm, resolve_model_
 
 
 @pytest.fixture(scope="module")
-def lora_dir(tiny_random_model_path, tmp_path_factory):
+def lora_dir(tiny_math_model_path, tmp_path_factory):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoTokenizer
 
-    base = AutoModelForCausalLM.from_pretrained(tiny_random_model_path)
+    base = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
     peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     torch.manual_seed(0)
     with torch.no_grad():  # B = 0 would make the adapter a no-op
         [param.normal_(0, 0.5) for name, param in peft_model.named_parameters() if "lora_B" in name]
     out = tmp_path_factory.mktemp("lora-run")
     peft_model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_random_model_path).save_pretrained(out)
-    shutil.copy(f"{tiny_random_model_path}/config.json", out / "config.json")  # what makes from_pretrained fail
+    AutoTokenizer.from_pretrained(tiny_math_model_path).save_pretrained(out)
+    shutil.copy(f"{tiny_math_model_path}/config.json", out / "config.json")  # what makes from_pretrained fail
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
         expected = peft_model(ids).logits
     return out, ids, expected
 
 
-def test_a_full_model_and_an_adapter_merged_onto_its_base(lora_dir, tiny_random_model_path, caplog):
-    assert resolve_model_source(tiny_random_model_path) == ModelSource(tiny_random_model_path)
-    model, tokenizer = load_causal_lm(tiny_random_model_path, dtype=torch.float64)
+def test_a_full_model_and_an_adapter_merged_onto_its_base(lora_dir, tiny_math_model_path, caplog):
+    assert resolve_model_source(tiny_math_model_path) == ModelSource(tiny_math_model_path)
+    model, tokenizer = load_causal_lm(tiny_math_model_path, dtype=torch.float64)
     assert not model.training and model.dtype == torch.float64 and tokenizer("12+34")["input_ids"]
     folder, ids, expected = lora_dir
     with pytest.raises(OSError):  # what stapo-eval hit before
         AutoModelForCausalLM.from_pretrained(folder)
-    assert resolve_model_source(str(folder)) == ModelSource(tiny_random_model_path, adapter=str(folder))
+    assert resolve_model_source(str(folder)) == ModelSource(tiny_math_model_path, adapter=str(folder))
     with caplog.at_level(logging.INFO, logger="stapo_trl.models.loading"):
         model, tokenizer = load_causal_lm(str(folder))
-    assert f"onto its base model {tiny_random_model_path}, merged" in caplog.text
+    assert f"onto its base model {tiny_math_model_path}, merged" in caplog.text
     assert type(model).__name__ == "Qwen3ForCausalLM" and not model.training  # merged: no PEFT wrapper left
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
-        base_logits = AutoModelForCausalLM.from_pretrained(tiny_random_model_path)(ids).logits
+        base_logits = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)(ids).logits
     assert (base_logits - expected).abs().max() > 1e-3 and tokenizer("12+34")["input_ids"]  # the adapter was applied
 
 
@@ -75,7 +75,7 @@ def test_stapo_eval_of_an_adapter_says_so_once_and_runs_on_the_tiny_models_one_t
     assert (out.out + out.err + caplog.text).count("Loading the LoRA adapter") == 1 and seen == [1]
 
 
-def test_an_adapter_without_a_base_and_model_code_in_a_folder_are_refused(lora_dir, tiny_random_model_path, tmp_path):
+def test_an_adapter_without_a_base_and_model_code_in_a_folder_are_refused(lora_dir, tiny_math_model_path, tmp_path):
     broken = tmp_path / "adapter"
     shutil.copytree(lora_dir[0], broken)
     config = json.loads((broken / "adapter_config.json").read_text())
@@ -84,7 +84,7 @@ def test_an_adapter_without_a_base_and_model_code_in_a_folder_are_refused(lora_d
         load_causal_lm(str(broken))
     # a config pointing at its own modelling code: refused without trust_remote_code, never set
     folder = tmp_path / "remote-code"
-    shutil.copytree(tiny_random_model_path, folder)
+    shutil.copytree(tiny_math_model_path, folder)
     config = json.loads((folder / "config.json").read_text())
     auto_map = {"AutoConfig": "modeling_evil.EvilConfig", "AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
     (folder / "config.json").write_text(json.dumps(config | {"model_type": "evil", "auto_map": auto_map}))

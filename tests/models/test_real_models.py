@@ -54,7 +54,7 @@ def no_wheels(tmp_path, monkeypatch):  # an empty wheel folder and an empty buil
     return tmp_path / "site-packages"
 
 
-def test_the_pins_agree_and_the_registry_is_consistent(tiny_random_model_path):
+def test_the_pins_agree_and_the_registry_is_consistent(tiny_math_model_path):
     # constraints-real-models.txt, setup.cfg's extra, the Makefile's --no-deps installs and the registry agree
     constraints = dict(
         re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", (REPO / "constraints-real-models.txt").read_text(), re.M)
@@ -75,7 +75,7 @@ def test_the_pins_agree_and_the_registry_is_consistent(tiny_random_model_path):
         assert "added_chat_template" not in recipe or "chat template ADDED" in recipe["description"]
     from transformers import AutoTokenizer  # Gemma's added template: the system message folded into the user turn
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
     tokenizer.chat_template, tokenizer.bos_token = gguf.GEMMA3_CHAT_TEMPLATE, "<bos>"
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " 47+38 "}]
     assert tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
