@@ -27,8 +27,8 @@ POSITIVE_FLAGS = "samples limit max_new_tokens batch_size threads tensor_paralle
 
 class _Defaults(argparse.HelpFormatter):
     def _get_help_string(self, action):
-        trivial = action.default in (None, False, argparse.SUPPRESS)
-        return action.help + ("" if trivial or "%(default)" in action.help else " (default: %(default)s)")
+        trivial = action.default in (None, False, argparse.SUPPRESS) or "%(default)" in action.help
+        return action.help + " (default: %(default)s)" * (not trivial)
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -41,11 +41,8 @@ def make_parser() -> argparse.ArgumentParser:
     add("--model", help="Local path, Hub id or builtin:<name> (e.g. builtin:tiny-math).")
     add("--revision", help="Hub revision (branch, tag or commit) of --model.")
     add("--version", action=VersionAction)
-    add(
-        "--benchmarks",
-        default=",".join(tasks.PAPER_BENCHMARKS),
-        help=f"Comma-separated. Valid: {', '.join(tasks.BENCHMARKS)}.",
-    )
+    valid = f"Comma-separated. Valid: {', '.join(tasks.BENCHMARKS)}."
+    add("--benchmarks", default=",".join(tasks.PAPER_BENCHMARKS), help=valid)
     paper = "'paper' = T=1.0/top-p 1.0 and T=0.7/top-p 0.9"
     add("--decoding", default="paper", help=f"Comma-separated: {gen.DECODING_NAMES} ({paper}).")
     paper_samples = ", ".join(f"{n} {s.default_samples}" for n, s in tasks.BENCHMARKS.items() if s.in_paper)
@@ -140,10 +137,8 @@ def _validate(args) -> tuple[list[str], list[str], str | None]:
         if (value := getattr(args, flag)) is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}.")
     if (share := args.gpu_memory_utilization) is not None and not 0 < share <= 1:
-        raise ValueError(
-            f"--gpu-memory-utilization must be in (0, 1] (the share of the device's memory vLLM may use), got "
-            f"{share}; leave it unset for 0.9 on a GPU, 0.2 on CPU."
-        )
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1] (the share of the device's memory vLLM may "
+                         f"use), got {share}; leave it unset for 0.9 on a GPU, 0.2 on CPU.")  # fmt: skip
     if args.data_dir and not Path(args.data_dir).exists():
         raise ValueError(f"--data-dir {args.data_dir} does not exist.")
     check_model_available(args.model, args.revision)
@@ -227,8 +222,8 @@ def _evaluate_pair(args, generator, content, problems, bench: str, decoding: str
     local = (
         spec.hub_id.startswith("builtin:") and spec.hub_id or data_dir and tasks.find_benchmark_file(bench, data_dir)
     )
-    table |= {"data_source": str(local or hub), "num_problems_loaded": len(problems), "finished_at": results.now()}
-    table["threads"] = torch.get_num_threads()
+    table |= {"data_source": str(local or hub), "num_problems_loaded": len(problems), "finished_at": results.now(),
+              "threads": torch.get_num_threads()}  # fmt: skip
     content["decodings"][decoding] = {"temperature": setting.temperature, "top_p": setting.top_p, "top_k": None}
     content["results"].setdefault(decoding, {})[bench] = table
     content["samples"].extend(records)

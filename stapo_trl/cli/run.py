@@ -40,18 +40,14 @@ logger = logging.getLogger(__name__)
 __all__ = ["prepare", "resume_command", "torch_threads", "train"]
 
 EVAL_FILENAME = "eval.json"
-RUN_FILES = (  # the files a run can leave in output_dir
-    ("metrics.jsonl", "every metric of every logging step"),
-    ("spurious_tokens.jsonl", "the silenced tokens in context"),
-    ("training_curves.png", "reward, entropy and silenced ratio over steps"),
-    ("s2t_*.png", "the S2T diagnostics"),
-    ("eval*.json", "accuracy before and after training"),
-    ("train_results.json", "runtime and final loss"),
-    ("README.md", "the model card"),
-    ("model.safetensors", "the trained model, with its tokenizer and config"),
-    ("adapter_model.safetensors", "the trained adapter"),
-    ("checkpoint-*", "checkpoints: the same command resumes the newest complete one"),
-)
+RUN_FILES = {  # the files a run can leave in output_dir
+    "metrics.jsonl": "every metric of every logging step", "spurious_tokens.jsonl": "the silenced tokens in context",
+    "training_curves.png": "reward, entropy and silenced ratio over steps", "s2t_*.png": "the S2T diagnostics",
+    "eval*.json": "accuracy before and after training", "train_results.json": "runtime and final loss",
+    "README.md": "the model card", "model.safetensors": "the trained model, with its tokenizer and config",
+    "adapter_model.safetensors": "the trained adapter",
+    "checkpoint-*": "checkpoints: the same command resumes the newest complete one",
+}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -139,7 +135,12 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
         card()
         trainer.model.config.use_cache = True  # training turns the KV cache off
         trainer.model.config.save_pretrained(out)
-    s2t = summarize_s2t(write_figures(s, a, out), out) if is_main else {}
+    rows = read_metrics(out) if is_main and os.path.isfile(os.path.join(out, METRICS_FILENAME)) else []
+    if rows:
+        label = f"{s.trainer} (seed {a.seed})"
+        plot_training_curves({label: [rows]}, os.path.join(out, "training_curves.png"), title=out)
+        plot_diagnostics([out], out, labels=[label])
+    s2t = summarize_s2t(rows, out)
     if s.eval_before_after:
         say("Evaluating the trained model ...")
         after = evaluate(name="eval_after")
@@ -258,18 +259,13 @@ def make_eval_record(s, a, trainer, before, after, max_new_tokens: int, model: s
     return record | {"stapo_eval_command": commands}
 
 
-def eval_results_path(output_dir: str, global_step: int) -> str:
-    """`eval.json`, else `eval-step{global_step}.json`, then `...-2.json`, ...: never an earlier run's."""
+def write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step: int) -> str:
+    """Write `eval.json`, else `eval-step{global_step}.json`, then `...-2.json`, ...: never over an earlier run's."""
     path, n = os.path.join(output_dir, EVAL_FILENAME), 1
     while os.path.exists(path):
         n += 1
         path = os.path.join(output_dir, f"eval-step{global_step}{f'-{n - 1}' if n > 2 else ''}.json")
-    return path
-
-
-def write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step: int) -> str:
-    path = eval_results_path(output_dir, global_step)
-    if os.path.basename(path) != EVAL_FILENAME:
+    if n > 1:
         logger.warning(
             f"{output_dir} already holds {EVAL_FILENAME} from an earlier run: kept unchanged; these results are "
             f"written beside it, to {os.path.basename(path)}."
@@ -277,15 +273,6 @@ def write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step:
     with open_run_file(path) as f:
         json.dump(eval_record, f, indent=2)
     return path
-
-
-def write_figures(s, a, output_dir: str) -> list[dict[str, Any]]:
-    rows = read_metrics(output_dir) if os.path.isfile(os.path.join(output_dir, METRICS_FILENAME)) else []
-    if rows:
-        label = f"{s.trainer} (seed {a.seed})"
-        plot_training_curves({label: [rows]}, os.path.join(output_dir, "training_curves.png"), title=output_dir)
-        plot_diagnostics([output_dir], output_dir, labels=[label])
-    return rows
 
 
 def summarize_s2t(rows: list[dict[str, Any]], output_dir: str | None = None) -> dict[str, Any]:
@@ -335,7 +322,7 @@ def print_summary(s, output_dir, step, s2t_summary, eval_record, max_new_tokens,
     print("Wall time (s): " + ", ".join(f"{name} {value:.0f}" for name, value in timings.items()))
     present = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
     lines = []
-    for pattern, what in RUN_FILES:
+    for pattern, what in RUN_FILES.items():
         if names := sorted(fnmatch.filter(present, pattern), key=lambda n: (len(n), n)):
             shown = ", ".join(names) if len(names) <= 2 else f"{names[0]} ... {names[-1]} ({len(names)})"
             lines.append(f"  {shown:<40}  {what}")
