@@ -23,8 +23,6 @@ S2T_PATHS = {  # the core's `s2t_path`, in words, with its cost
     "old_logps": "TRL's no-grad old-log-prob forward of the rollout batch (no extra forward)",
     "extra_forward": "one extra no-grad forward per rollout batch",
 }
-OBJECTIVE = ("beta", "entropy_coef", "scale_rewards")  # the objective row's fields after loss_type and epsilon
-TRACKERS = ("wandb", "tensorboard", "trackio", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")
 
 
 def read_launch_settings(recipe: str) -> dict[str, str]:
@@ -69,9 +67,7 @@ class DryRunReport:
         self.prompts_per_optimizer_step = self.completions_per_optimizer_step / self.num_generations
         self.optimizer_steps_per_rollout_step = self.steps_per_generation / self.gradient_accumulation_steps
 
-    @property
-    def ok(self) -> bool:
-        return not self.errors
+    ok = property(lambda self: not self.errors)
 
     def summary(self) -> str:
         where = self.recipe or "the command-line arguments (no --config)"
@@ -131,7 +127,8 @@ def _plan(r: DryRunReport, prepared: PreparedRun, cpu_forced: bool) -> None:
         extra = f", top_entropy_quantile={a.top_entropy_quantile}" if a.top_entropy_quantile < 1.0 else ""
         row("trainer", f"{s.trainer}: GRPOTrainer, no S2T mask{extra}")
     epsilon = f"epsilon={a.epsilon}/{a.epsilon if a.epsilon_high is None else a.epsilon_high}"
-    row("objective", ", ".join([f"loss_type={a.loss_type}", epsilon, *(f"{k}={getattr(a, k)}" for k in OBJECTIVE)]))
+    objective = (f"{k}={getattr(a, k)}" for k in ("beta", "entropy_coef", "scale_rewards"))
+    row("objective", ", ".join([f"loss_type={a.loss_type}", epsilon, *objective]))
     peft = f"LoRA r={m.lora_r}, alpha={m.lora_alpha}, targets={m.lora_target_modules}" if m.use_peft else "off"
     row("model", f"{m.model_name_or_path} (dtype {m.dtype}, PEFT {peft})")
     opened = "not opened: a Hub dataset" if p.total is None else f"checked: {p.total} rows"
@@ -220,14 +217,14 @@ def _execution(r: DryRunReport, s, a, length: int | None, cpu_forced: bool) -> N
             check_vllm_args(a)  # the trainer's own refusal: a vLLM server on a CPU-only run
         except ValueError as e:
             r.errors.append(str(e))
-    missing = ["vllm"] * a.use_vllm + [t for t in a.report_to or [] if t in TRACKERS]
+    trackers = ("wandb", "tensorboard", "trackio", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")
+    missing = ["vllm"] * a.use_vllm + [t for t in a.report_to or [] if t in trackers]
     if missing := [name for name in missing if importlib.util.find_spec(name) is None]:
         warn(f"{missing} named by use_vllm or report_to but not installed here: install where the job runs.")
     save = f"every {a.save_steps} optimizer steps (keep {a.save_total_limit or 'all'})"
     save = save if a.save_strategy == "steps" else a.save_strategy.value
-    r.lines.append(
-        ("output", f"{a.output_dir}; checkpoints {save}; report_to {a.report_to}; push_to_hub={a.push_to_hub}")
-    )
+    output = f"{a.output_dir}; checkpoints {save}; report_to {a.report_to}; push_to_hub={a.push_to_hub}"
+    r.lines.append(("output", output))
     if a.use_cpu and a.bf16 and not cpu_forced:
         warn("bf16=True on CPU is about 2.3x slower than float32: set bf16: false for CPU runs.")
     paper = (r.prompts_per_rollout_step, r.prompts_per_optimizer_step, r.num_generations) == PAPER_GEOMETRY
@@ -255,14 +252,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(__doc__ + "\n" + EXIT_STATUS_HELP)
             return 0
         if known.num_processes is not None and known.num_processes < 1:
-            raise InputError(prog, f"--num-processes: {known.num_processes} is not a number of training processes: "
-                                   "give a positive integer (one per GPU, vLLM server GPUs excluded).")  # fmt: skip
-        try:
-            report = dry_run_recipe(rest, known.num_processes)
-        except (ValueError, OSError) as e:
-            raise InputError(prog, str(e)) from e
-    except InputError as e:
-        print_line(e.message)
+            raise ValueError(f"--num-processes: {known.num_processes} is not a number of training processes: give a "
+                             "positive integer (one per GPU, vLLM server GPUs excluded).")  # fmt: skip
+        report = dry_run_recipe(rest, known.num_processes)
+    except (InputError, ValueError, OSError) as e:
+        print_line(getattr(e, "message", f"{prog}: error: {e}"))
         return EXIT_INPUT_ERROR
     print(report.summary())
     if report.ok:
