@@ -53,17 +53,13 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, A
     seeds = [read_metrics(file) for file in files]
     for file, rows in zip(files, seeds, strict=True):
         if require_steps and not any(set(row) - {"step", "epoch"} for row in rows):
-            why = (
-                "is empty: the run has not reached its first logging step (logging_steps) yet, or stopped before it"
-                if not Path(file).read_bytes().strip()
-                else "holds no logged metric, only steps"
-                if rows
-                else "holds no metrics row (see the warning above for its lines)"
-            )
-            raise ValueError(
-                f"{file} {why}. Nothing to draw: plot a run folder that logged at least one step, or leave this one "
-                "out."
-            )
+            why = "is empty: the run has not reached its first logging step (logging_steps) yet, or stopped before it"
+            if Path(file).read_bytes().strip():
+                why = "holds no " + (
+                    "logged metric, only steps" if rows else "metrics row (see the warning above for its lines)"
+                )
+            raise ValueError(f"{file} {why}. Nothing to draw: plot a run folder that logged at least one step, or "
+                             "leave this one out.")  # fmt: skip
     return seeds
 
 
@@ -295,13 +291,6 @@ def plot_output_dirs(output_dirs: Sequence[str], out: str | None = None, *, labe
     `FileNotFoundError` or `ValueError` (one line) for bad input."""
     if smoothing is not None and smoothing < 1:
         raise ValueError(f"--smoothing {smoothing}: the moving-average window must be >= 1 logged step.")
-    out = _curves_file(output_dirs, out)
-    metrics, records, token_bytes = _load(output_dirs, labels, require_steps=True)
-    out = plot_training_curves(metrics, out, title=title, smoothing=smoothing)
-    return [out, *_diagnostics(metrics, records, token_bytes, Path(os.path.abspath(out)).parent)]
-
-
-def _curves_file(output_dirs: Sequence[str], out: str | None) -> str:
     suffix = os.path.splitext(out or "")[1]
     if out is not None and suffix and not os.path.isdir(out) and suffix.lower() not in FIGURE_SUFFIXES:
         raise ValueError(
@@ -310,4 +299,7 @@ def _curves_file(output_dirs: Sequence[str], out: str | None) -> str:
         )
     if out is None:
         out = output_dirs[0] if len(output_dirs) == 1 and os.path.isdir(output_dirs[0]) else "."
-    return os.path.join(out, "training_curves.png") if os.path.isdir(out) or not suffix else out
+    out = os.path.join(out, "training_curves.png") if os.path.isdir(out) or not suffix else out
+    metrics, records, token_bytes = _load(output_dirs, labels, require_steps=True)
+    out = plot_training_curves(metrics, out, title=title, smoothing=smoothing)
+    return [out, *_diagnostics(metrics, records, token_bytes, Path(os.path.abspath(out)).parent)]
