@@ -27,39 +27,32 @@ class STAPOScriptArguments(ScriptArguments):
 
     Args:
         trainer (`str`, *optional*, defaults to `"stapo"`): `"stapo"` ([`~stapo_trl.STAPOTrainer`]) or `"grpo"` (a
-            plain [`~trl.GRPOTrainer`], no `s2t_*` keys). The paper's baselines are `"stapo"` with `s2t_mode: "off"`.
+            plain [`~trl.GRPOTrainer`], no `s2t_*` keys); the paper's baselines: `"stapo"` with `s2t_mode: "off"`.
         reward_funcs (`list[str]`, *optional*, defaults to `["math_accuracy"]`): names of `stapo_trl.rewards.REWARDS`
-            or dotted import paths (`my_pkg.rewards.fn`); the default is the paper's (STAPO Sec. 4.1).
-        prompt_column (`str`, *optional*, defaults to `"problem"`): column holding the problem text (or a chat).
-            Ignored for `builtin:` datasets.
-        solution_column (`str`, *optional*, defaults to `"answer"`): column holding the gold answer; dotted names reach
-            into struct columns (`reward_model.ground_truth`). Ignored for `builtin:` datasets.
-        instruction (`str`, *optional*): text appended to every problem (training and evaluation). `None`: the paper's
-            step-by-step / `\\boxed{}` suffix (`stapo_trl.data.INSTRUCTION`); `""`: none.
-        strip_dapo_instruction (`bool`, *optional*, defaults to `False`): remove DAPO-Math-17k's own "Answer: $Answer"
-            instruction from every problem before appending `instruction`.
-        max_prompt_tokens (`int`, *optional*): drop the training prompts longer than this many tokens (chat template
-            included; the paper caps prompts at 1,024). `None`: no limit.
-        max_train_samples (`int`, *optional*): keep only the first N training problems (before `max_prompt_tokens`).
-        eval_before_after (`bool`, *optional*, defaults to `False`): held-out avg@k on `dataset_test_split` before and
-            after training (transformers `generate`, sampled), into `eval.json`. Benchmark numbers: `stapo-eval`.
-        eval_num_problems (`int`, *optional*, defaults to `200`): held-out problems (the first N of the test split).
-        eval_num_samples (`int`, *optional*, defaults to `4`): k, completions sampled per problem (avg@k: their mean).
+            or dotted import paths (`my_pkg.rewards.fn`).
+        prompt_column (`str`, *optional*, defaults to `"problem"`): the problem (or chat) column; not for `builtin:`.
+        solution_column (`str`, *optional*, defaults to `"answer"`): the gold-answer column; dotted names reach into
+            struct columns (`reward_model.ground_truth`); not for `builtin:`.
+        instruction (`str`, *optional*): text appended to every problem; `None`: the paper's `\\boxed{}` suffix; `""`:
+            none.
+        strip_dapo_instruction (`bool`, *optional*, defaults to `False`): remove DAPO-Math-17k's "Answer: $Answer".
+        max_prompt_tokens (`int`, *optional*): drop training prompts longer than this (chat template included).
+        max_train_samples (`int`, *optional*): keep only the first N training problems.
+        eval_before_after (`bool`, *optional*, defaults to `False`): held-out avg@k before and after, into `eval.json`.
+        eval_num_problems (`int`, *optional*, defaults to `200`): the first N problems of the test split.
+        eval_num_samples (`int`, *optional*, defaults to `4`): k, completions sampled per problem.
         eval_temperature (`float`, *optional*, defaults to `1.0`): sampling temperature of the evaluation.
         eval_top_p (`float`, *optional*, defaults to `1.0`): top-p of the evaluation sampling.
         eval_max_new_tokens (`int`, *optional*): generation budget of the evaluation; `None`: `max_completion_length`.
         eval_batch_size (`int`, *optional*, defaults to `64`): problems per `generate` call (each yields k).
         benchmark_eval (`str`, *optional*): a benchmark (`aime24`, `math500`, ..., `tiny-math`) TRL's evaluation
-            samples during training (`eval_strategy` `"steps"` unless set), logged as `eval_rewards/<reward>/mean`.
-        benchmark_eval_data_dir (`str`, *optional*): folder with local benchmark files (`None`: the Hub, or built in).
-        benchmark_eval_steps (`int`, *optional*): `eval_steps`, in optimizer steps (`None`: `eval_steps`, else
-            `logging_steps`); not with `eval_strategy: epoch`.
-        benchmark_eval_samples (`int`, *optional*, defaults to `4`): k, samples per problem (TRL's
-            `num_generations_eval`); it must divide the global eval batch (`per_device_eval_batch_size` x processes).
-        benchmark_eval_limit (`int`, *optional*, defaults to `32`): only the first N problems; N x k must fill whole
-            eval batches.
-        torch_num_threads (`int`, *optional*): CPU threads of torch (and `OMP_NUM_THREADS`); `None`: torch's default.
-            The CPU demo uses 1: on shared cores, threads waiting on each other made it up to 20x slower.
+            samples during training, logged as `eval_rewards/<reward>/mean`.
+        benchmark_eval_data_dir (`str`, *optional*): folder of local benchmark files (`None`: the Hub, or built in).
+        benchmark_eval_steps (`int`, *optional*): `eval_steps` (`None`: `eval_steps`, else `logging_steps`).
+        benchmark_eval_samples (`int`, *optional*, defaults to `4`): k per problem; it must divide the global eval
+            batch.
+        benchmark_eval_limit (`int`, *optional*, defaults to `32`): the first N problems; N x k fills whole batches.
+        torch_num_threads (`int`, *optional*): CPU threads of torch and `OMP_NUM_THREADS` (the CPU demo: 1).
     """
 
     trainer: Literal["stapo", "grpo"] = "stapo"
@@ -94,13 +87,12 @@ class STAPOScriptArguments(ScriptArguments):
             from ..evaluation.tasks import get_benchmark_spec
 
             self.benchmark_eval = get_benchmark_spec(self.benchmark_eval).name
-        skip, threads = "or set eval_before_after: false to skip the evaluation", "the CPU demo uses 1; unset: default"
+        skip = "or set eval_before_after: false to skip the evaluation"
         fixes = dict(
-            eval_num_problems=skip, eval_num_samples=skip, torch_num_threads=threads, benchmark_eval_steps="or unset"
+            eval_num_problems=skip, eval_num_samples=skip, torch_num_threads="the CPU demo uses 1; unset: default"
         )
-        for name, fix in (
-            fixes | dict(benchmark_eval_samples="samples per problem", benchmark_eval_limit="or unset")
-        ).items():
+        fixes |= dict(benchmark_eval_steps="or unset", benchmark_eval_samples="samples per problem")
+        for name, fix in (fixes | dict(benchmark_eval_limit="or unset")).items():
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1 ({fix}).")
 
