@@ -155,8 +155,20 @@ class RecipeParser(TrlParser):
         if unknown := [a[2:].split("=")[0] for a in extra if a.startswith("--")]:
             raise ValueError(self._unknown(unknown, "the command line"))
         try:
-            for key, value in self.recipe.items():
-                self._check_recipe_value(key, value)
+            for key, value in self.recipe.items():  # argparse checks no default
+                action = self._option_string_actions.get(f"--{key}")
+                if action is None or value is None or key in self.flags:
+                    continue
+                expects = self._expects(action)
+                kind = {"true or false": bool, "an integer": int, "a number": (int, float)}.get(expects, object)
+                for item in value if isinstance(value, list) and action.nargs in ("+", "*") else [value]:
+                    fits = isinstance(item, str) or isinstance(item, kind) and (kind is bool or type(item) is not bool)
+                    if action.choices is not None:
+                        fits = item in action.choices
+                    if not fits:
+                        quote = " (YAML reads an unquoted off/on/no/yes as false/true: quote it)"
+                        quote *= action.choices is not None and isinstance(item, bool)
+                        raise ValueError(f"{key}={value!r} is not {expects}{quote}.")
             if STAPOConfig not in self.dataclass_types:  # a plain GRPOConfig: STAPOConfig's checks
                 check_training_values(namespace)
             return tuple(self.parse_args_into_dataclasses(argv))
@@ -185,27 +197,6 @@ class RecipeParser(TrlParser):
         if action.choices is not None:
             return "one of " + ", ".join(map(repr, action.choices))
         return KINDS.get(getattr(action.type, "__name__", None), "a string")
-
-    def _check_recipe_value(self, key: str, value: Any) -> None:
-        """Refuse a recipe value its field does not take (argparse checks no default)."""
-        action = self._option_string_actions.get(f"--{key}")
-        if action is None or value is None or key in self.flags:
-            return
-        expects = self._expects(action)
-        for item in value if isinstance(value, list) and action.nargs in ("+", "*") else [value]:
-            if action.choices is not None:
-                fits = item in action.choices
-            elif isinstance(item, str) or expects == "a string":
-                fits = True
-            elif expects == "true or false":
-                fits = isinstance(item, bool)
-            else:
-                kind = int if expects == "an integer" else (int, float)
-                fits = isinstance(item, kind) and not isinstance(item, bool)
-            if not fits:
-                quote = " (YAML reads an unquoted off/on/no/yes as false/true: quote it)"
-                quote *= action.choices is not None and isinstance(item, bool)
-                raise ValueError(f"{key}={value!r} is not {expects}{quote}.")
 
     def _unknown(self, keys: list[str], where: str) -> str:
         known = [a.dest for a in self._actions if a.dest != "help"] + ["config", "dry-run", "num-processes"]

@@ -291,6 +291,13 @@ def plot_output_dirs(output_dirs: Sequence[str], out: str | None = None, *, labe
     `FileNotFoundError` or `ValueError` (one line) for bad input."""
     if smoothing is not None and smoothing < 1:
         raise ValueError(f"--smoothing {smoothing}: the moving-average window must be >= 1 logged step.")
+    out = _curves_file(output_dirs, out)
+    metrics, records, token_bytes = _load(output_dirs, labels, require_steps=True)
+    out = plot_training_curves(metrics, out, title=title, smoothing=smoothing)
+    return [out, *_diagnostics(metrics, records, token_bytes, Path(os.path.abspath(out)).parent)]
+
+
+def _curves_file(output_dirs: Sequence[str], out: str | None) -> str:
     suffix = os.path.splitext(out or "")[1]
     if out is not None and suffix and not os.path.isdir(out) and suffix.lower() not in FIGURE_SUFFIXES:
         raise ValueError(
@@ -299,7 +306,4 @@ def plot_output_dirs(output_dirs: Sequence[str], out: str | None = None, *, labe
         )
     if out is None:
         out = output_dirs[0] if len(output_dirs) == 1 and os.path.isdir(output_dirs[0]) else "."
-    out = os.path.join(out, "training_curves.png") if os.path.isdir(out) or not suffix else out
-    metrics, records, token_bytes = _load(output_dirs, labels, require_steps=True)
-    out = plot_training_curves(metrics, out, title=title, smoothing=smoothing)
-    return [out, *_diagnostics(metrics, records, token_bytes, Path(os.path.abspath(out)).parent)]
+    return os.path.join(out, "training_curves.png") if os.path.isdir(out) or not suffix else out
