@@ -218,11 +218,9 @@ class RecipeParser(TrlParser):
                 hint = "no similar field"
             hints.append(f"{flag}{key}: {hint}")
         body = "; ".join(hints)
-        return (
-            f"Unknown key(s) in {where}: {body}{'' if body.endswith('?') else '.'} Every key must be a field of "
-            "STAPOScriptArguments, STAPOConfig (GRPOConfig + s2t_*) or ModelConfig: correct or remove it "
-            "(`stapo-train --help-fields` lists the fields)."
-        )
+        return (f"Unknown key(s) in {where}: {body}{'' if body.endswith('?') else '.'} Every key must be a field of "
+                "STAPOScriptArguments, STAPOConfig (GRPOConfig + s2t_*) or ModelConfig: correct or remove it "
+                "(`stapo-train --help-fields` lists the fields).")  # fmt: skip
 
     def error(self, message):
         # argparse prints the whole usage (hundreds of fields) and exits; one line naming the flag or recipe key.
@@ -241,10 +239,8 @@ def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
     """(the parser holding the recipe `--config` names, the rest of `argv`); the trainer picks the config class."""
     argv = list(argv)
     if not argv:
-        raise ValueError(
-            f"no recipe: give --config RECIPE.yaml (the CPU demo's: {DEMO_RECIPE}), or every field as "
-            "--FIELD VALUE. `stapo-train --help-fields` lists the fields."
-        )
+        raise ValueError(f"no recipe: give --config RECIPE.yaml (the CPU demo's: {DEMO_RECIPE}), or every field as "
+                         "--FIELD VALUE. `stapo-train --help-fields` lists the fields.")  # fmt: skip
     path, recipe = None, {}
     if "--config" in argv:
         i = argv.index("--config")

@@ -60,10 +60,8 @@ class SaveOnSignal(TrainerCallback):
             signal.signal(signum, previous)
         self._previous = {}
         if self.signal:
-            interrupt = KeyboardInterrupt(
-                f"Interrupted by {self.signal.name} at step {state.global_step}: checkpoint saved to "
-                f"{self.checkpoint}. {self.resume_hint}"
-            )
+            interrupt = KeyboardInterrupt(f"Interrupted by {self.signal.name} at step {state.global_step}: checkpoint "
+                                          f"saved to {self.checkpoint}. {self.resume_hint}")  # fmt: skip
             interrupt.signal, interrupt.step, interrupt.checkpoint = self.signal, state.global_step, self.checkpoint
             raise interrupt
 

@@ -147,13 +147,12 @@ def _plan(r: DryRunReport, prepared: PreparedRun, cpu_forced: bool) -> None:
         row("prompt length", "not counted: the model is not here (a Hub id, or a builtin: model not built)")
     batch, micro, per_device = r.generation_batch_size, r.global_micro_batch, r.per_device_train_batch_size
     if batch % micro:  # a fixed generation_batch_size (the parse checked that it holds whole prompt groups)
-        r.errors.append(
-            f"generation_batch_size={batch} is not a multiple of the global micro-batch (per_device_train_batch_size "
-            f"{per_device} x {n} processes = {micro}). Valid process counts for this batch: "
-            f"{[k for k in range(1, batch + 1) if batch % (per_device * k) == 0]}; valid per_device_train_batch_size "
-            f"on {n} processes: {[d for d in range(1, batch + 1) if batch % (d * n) == 0]}. Or set "
-            "steps_per_generation instead of generation_batch_size."
-        )
+        r.errors.append(f"generation_batch_size={batch} is not a multiple of the global micro-batch "
+                        f"(per_device_train_batch_size {per_device} x {n} processes = {micro}). Valid process counts "
+                        f"for this batch: {[k for k in range(1, batch + 1) if batch % (per_device * k) == 0]}; valid "
+                        f"per_device_train_batch_size on {n} processes: "
+                        f"{[d for d in range(1, batch + 1) if batch % (d * n) == 0]}. Or set steps_per_generation "
+                        "instead of generation_batch_size.")  # fmt: skip
     if is_stapo:  # the trainer's own construction warnings
         r.warnings += s2t_warnings(a, s2t, r.steps_per_generation, num_processes=n)
     elif r.steps_per_generation % r.gradient_accumulation_steps:
@@ -195,10 +194,9 @@ def _execution(r: DryRunReport, s, a, length: int | None, cpu_forced: bool) -> N
         where = a.vllm_server_base_url or f"{a.vllm_server_host}:{a.vllm_server_port}"
         r.lines.append(("generation", f"vLLM server at {where} (weight sync port {a.vllm_group_port}); {sampling}"))
         if a.vllm_server_base_url is None and a.vllm_server_host not in ("127.0.0.1", "localhost", "::1"):
-            warn(
-                f"vllm_server_host={a.vllm_server_host!r} is not a loopback address: the trainer expects a vLLM "
-                "server there (scripts/launch.sh serves on 127.0.0.1; slurm/train.slurm sets the vLLM node's address)."
-            )
+            warn(f"vllm_server_host={a.vllm_server_host!r} is not a loopback address: the trainer expects a vLLM "
+                 "server there (scripts/launch.sh serves on 127.0.0.1; slurm/train.slurm sets the vLLM node's "
+                 "address).")  # fmt: skip
     else:
         tp, max_len, share = a.vllm_tensor_parallel_size, a.vllm_max_model_length, a.vllm_gpu_memory_utilization
         colocated = f"tensor parallel {tp}, gpu_memory_utilization {share}"

@@ -44,10 +44,8 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, A
     `require_steps`, `ValueError` for one without a logged metric."""
     path = os.fspath(path)
     if not (files := [path] if os.path.isfile(path) and path.endswith(".jsonl") else _files(path, METRICS_FILENAME)):
-        raise FileNotFoundError(
-            f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a `stapo-train` run, "
-            "or a folder of them (one per seed)."
-        )
+        raise FileNotFoundError(f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a "
+                                "`stapo-train` run, or a folder of them (one per seed).")  # fmt: skip
     from ..run_folder.logs import read_metrics
 
     seeds = [read_metrics(file) for file in files]
@@ -71,10 +69,8 @@ def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
     for file in _files(os.fspath(run_dir), SPURIOUS_TOKENS_FILENAME):
         if not (file_records := read_token_records(file)) and file not in _WARNED_EMPTY:
             _WARNED_EMPTY.add(file)
-            logger.warning(
-                f"{file} holds no token record: no s2t_prob_entropy.png or s2t_top_tokens.png from it (the run logged "
-                "no positive-advantage token, or the file was cut)."
-            )
+            logger.warning(f"{file} holds no token record: no s2t_prob_entropy.png or s2t_top_tokens.png from it (the "
+                           "run logged no positive-advantage token, or the file was cut).")  # fmt: skip
         records += file_records
     return records
 
@@ -257,10 +253,8 @@ def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, toke
 def _load(run_dirs: Sequence, labels: Sequence[str] | None, require_steps: bool = False):
     """(metrics, token records, token bytes) by label (default: the folder names, else the paths)."""
     if labels is not None and len(labels) != len(run_dirs):
-        raise ValueError(
-            f"--labels: got {len(labels)} label(s) for {len(run_dirs)} OUTPUT_DIR(s): give one label per folder, "
-            "or none (the folder names)."
-        )
+        raise ValueError(f"--labels: got {len(labels)} label(s) for {len(run_dirs)} OUTPUT_DIR(s): give one label per "
+                         "folder, or none (the folder names).")  # fmt: skip
     names = [os.path.basename(os.path.normpath(d)) for d in run_dirs]
     default = names if len(set(names)) == len(names) else [os.path.normpath(d) for d in run_dirs]
     runs = dict(zip(default if labels is None else labels, run_dirs, strict=True))

@@ -31,11 +31,10 @@ def is_builtin_or_local(name: str | None) -> bool:
 def too_few_prompts(num_prompts: int, prompts_per_rollout_step: int, where: str) -> str | None:
     if num_prompts >= prompts_per_rollout_step:
         return None
-    return (
-        f"{num_prompts} prompt{'s' * (num_prompts != 1)} {where}; one rollout step needs {prompts_per_rollout_step} "
-        "(generation batch / num_generations), so nothing would be trained: give more prompts (max_train_samples, "
-        "max_prompt_tokens) or lower per_device_train_batch_size, steps_per_generation or generation_batch_size."
-    )
+    return (f"{num_prompts} prompt{'s' * (num_prompts != 1)} {where}; one rollout step needs "
+            f"{prompts_per_rollout_step} (generation batch / num_generations), so nothing would be trained: give more "
+            "prompts (max_train_samples, max_prompt_tokens) or lower per_device_train_batch_size, "
+            "steps_per_generation or generation_batch_size.")  # fmt: skip
 
 
 def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = None) -> str | None:
@@ -44,29 +43,24 @@ def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = No
     if s.benchmark_eval is None:
         return None
     if a.num_generations_eval not in (None, k):
-        return (
-            f"benchmark_eval_samples={k} and num_generations_eval={a.num_generations_eval} disagree (TRL's evaluation "
-            f"samples num_generations_eval completions per problem): set benchmark_eval_samples: "
-            f"{a.num_generations_eval} and remove num_generations_eval."
-        )
+        return (f"benchmark_eval_samples={k} and num_generations_eval={a.num_generations_eval} disagree (TRL's "
+                "evaluation samples num_generations_eval completions per problem): set benchmark_eval_samples: "
+                f"{a.num_generations_eval} and remove num_generations_eval.")  # fmt: skip
     if s.benchmark_eval_steps is not None and a.eval_strategy == "epoch":
         return (
             f"benchmark_eval_steps={s.benchmark_eval_steps} evaluates every N steps, but eval_strategy is 'epoch': "
             "remove one of them."
         )
     if batch % k:
-        return (
-            f"benchmark_eval_samples={k} must divide the global eval batch ({in_batch} = {batch} completions: TRL "
-            f"evaluates whole groups of k): set per_device_eval_batch_size to a multiple of "
-            f"{k // gcd(k, num_processes)}."
-        )
+        return (f"benchmark_eval_samples={k} must divide the global eval batch ({in_batch} = {batch} completions: TRL "
+                f"evaluates whole groups of k): set per_device_eval_batch_size to a multiple of "
+                f"{k // gcd(k, num_processes)}.")  # fmt: skip
     if num_problems is not None and num_problems * k % batch:
         step = batch // gcd(batch, k)
-        return (
-            f"benchmark_eval={s.benchmark_eval!r}: {num_problems} problems x {k} samples do not fill whole eval "
-            f"batches of {batch} completions ({in_batch}), and TRL would average a partial last batch as a full one: "
-            f"set benchmark_eval_limit to a multiple of {step} (e.g. {max(step, num_problems // step * step)})."
-        )
+        return (f"benchmark_eval={s.benchmark_eval!r}: {num_problems} problems x {k} samples do not fill whole eval "
+                f"batches of {batch} completions ({in_batch}), and TRL would average a partial last batch as a full "
+                f"one: set benchmark_eval_limit to a multiple of {step} (e.g. "
+                f"{max(step, num_problems // step * step)}).")  # fmt: skip
     return None
 
 
@@ -159,10 +153,9 @@ class PreparedRun:
         if self.checkpoint is not None:
             checkpoints.check_run_settings(self.checkpoint, self.settings)
         elif model := next(iter(weight_files(sorted(os.listdir(out)) if os.path.isdir(out) else [])), None):
-            raise ValueError(
-                f"output_dir={out!r} holds a trained model ({model}) but no complete checkpoint to resume: this run "
-                "would train from the start and overwrite it. Give another output_dir, or move the model away."
-            )
+            raise ValueError(f"output_dir={out!r} holds a trained model ({model}) but no complete checkpoint to "
+                             "resume: this run would train from the start and overwrite it. Give another output_dir, "
+                             "or move the model away.")  # fmt: skip
 
     def _data(self):
         s, name, kwargs = self.s, self.s.dataset_name, self.s.dataset_kwargs()

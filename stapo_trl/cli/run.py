@@ -205,10 +205,9 @@ def _push_to_hub(trainer, s, a, eval_record: dict | None) -> None:
         trainer.accelerator.print(f"Model pushed to the Hub: https://huggingface.co/{trainer.hub_model_id}.")
     except Exception as e:  # noqa: BLE001
         repo, cause = trainer.hub_model_id or a.hub_model_id, str(e).splitlines()[0] if str(e) else ""
-        trainer.accelerator.print(
-            f"Push to hub_model_id={repo!r} failed ({type(e).__name__}: {cause}); the model, card and results are in "
-            f"{a.output_dir}: push them later with `hf upload {repo} {a.output_dir}`."
-        )
+        trainer.accelerator.print(f"Push to hub_model_id={repo!r} failed ({type(e).__name__}: {cause}); the model, "
+                                  f"card and results are in {a.output_dir}: push them later with `hf upload {repo} "
+                                  f"{a.output_dir}`.")  # fmt: skip
 
 
 def evaluate_trainer_model(trainer, s, eval_dataset, max_new_tokens: int) -> dict[str, Any]:
