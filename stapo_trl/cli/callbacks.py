@@ -67,13 +67,9 @@ class SaveOnSignal(TrainerCallback):
 
 
 def _fmt(value, digits: int = 3) -> str:
-    if isinstance(value, (bool, int)) or not isinstance(value, float):
+    if not isinstance(value, float):
         return str(value)
-    if value == 0:
-        return "0"
-    return (
-        f"{value:.{digits}f}" if 1e-3 <= abs(value) < 1e4 else f"{value:.3g}" if abs(value) < 1e-3 else f"{value:.4g}"
-    )
+    return format(value or 0.0, f".{digits}f" if 1e-3 <= abs(value) < 1e4 else ".3g" if abs(value) < 1e-3 else ".4g")
 
 
 def format_log_line(logs: dict, step: int, max_steps: int | None = None) -> str:

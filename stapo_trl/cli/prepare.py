@@ -134,9 +134,8 @@ class PreparedRun:
 
     def _dataset_name(self):
         if self.s.dataset_name is None:
-            raise ValueError(
-                "dataset_name is not set: give builtin:tiny-math, a .json/.jsonl/.parquet/.csv file or a Hub id."
-            )
+            raise ValueError("dataset_name is not set: give builtin:tiny-math, a .json/.jsonl/.parquet/.csv file or a "
+                             "Hub id.")  # fmt: skip
 
     def _folder(self):
         a, out = self.a, self.a.output_dir
