@@ -97,10 +97,8 @@ def load_recipe(path: str) -> dict[str, Any]:
         recipe = yaml.load(data.decode("utf-8"), Loader=_RecipeLoader)  # noqa: S506 (a SafeLoader)
     except UnicodeDecodeError as e:
         line, column = data[: e.start].count(b"\n") + 1, e.start - data.rfind(b"\n", 0, e.start)
-        raise ValueError(
-            f"Recipe {path!r} is not UTF-8 text: byte 0x{data[e.start]:02x} at line {line}, column {column}. Save "
-            "it as UTF-8 (an editor's 'encoding' setting)."
-        ) from None
+        raise ValueError(f"Recipe {path!r} is not UTF-8 text: byte 0x{data[e.start]:02x} at line {line}, column "
+                         f"{column}. Save it as UTF-8 (an editor's 'encoding' setting).") from None  # fmt: skip
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -186,12 +184,9 @@ class RecipeParser(TrlParser):
         in_recipe = f"recipe key{'s' * (len(keys) > 1)} {', '.join(keys)} in {self.path}"
         if flags:
             return f"{' and '.join(flags)}{f' (with {in_recipe})' if keys else ''}: {message}"
-        if len(keys) == 1:
-            fix = f"Fix the value in the recipe, or override it on the command line with --{keys[0]}."
-            return f"{in_recipe}: {message} {fix}"
-        if keys:
-            return f"{in_recipe}: {message} Fix the values in the recipe, or override them on the command line."
-        return message
+        one = f"the value in the recipe, or override it on the command line with --{keys[0]}" if keys else ""
+        fix = one if len(keys) == 1 else "the values in the recipe, or override them on the command line"
+        return f"{in_recipe}: {message} Fix {fix}." if keys else message
 
     def _expects(self, action) -> str:
         if action.choices is not None:
@@ -204,19 +199,13 @@ class RecipeParser(TrlParser):
         hints = []
         for key in keys:
             close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
-            if key.startswith("s2t_") and "s2t_mode" not in known:
-                hint = GRPO_ONLY_HINT
-            elif key in RENAMED_KEYS:
-                hint = f"use {RENAMED_KEYS[key]}"
-            elif close:
-                also = [f for f in close if flag and f in self.recipe and f not in self.flags][:1]
-                also = "".join(
-                    f" ({f} is a key of the recipe {self.path} too: the flag --{f} overrides it)" for f in also
-                )
-                hint = f"did you mean {', '.join(close)}{also}?"
-            else:
-                hint = "no similar field"
-            hints.append(f"{flag}{key}: {hint}")
+            also = [f for f in close if flag and f in self.recipe and f not in self.flags][:1]
+            also = "".join(f" ({f} is a key of the recipe {self.path} too: the flag --{f} overrides it)" for f in also)
+            hint = f"did you mean {', '.join(close)}{also}?" if close else "no similar field"
+            hint = f"use {RENAMED_KEYS[key]}" if key in RENAMED_KEYS else hint
+            hints.append(
+                f"{flag}{key}: {GRPO_ONLY_HINT if key.startswith('s2t_') and 's2t_mode' not in known else hint}"
+            )
         body = "; ".join(hints)
         return (f"Unknown key(s) in {where}: {body}{'' if body.endswith('?') else '.'} Every key must be a field of "
                 "STAPOScriptArguments, STAPOConfig (GRPOConfig + s2t_*) or ModelConfig: correct or remove it "
@@ -265,10 +254,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
 
     parser, argv = recipe_parser(sys.argv[1:] if argv is None else argv)
     if any(a.split("=")[0] == "--hub_token" for a in argv) and os.environ.get("RANK", "0") == "0":
-        print_line(
-            "stapo-train: warning: --hub_token on the command line is visible to every user of this machine (ps, "
-            "/proc): set HF_TOKEN or run `hf auth login` instead. The token is written into no file of the run."
-        )
+        print_line("stapo-train: warning: --hub_token on the command line is visible to every user of this machine "
+                   "(ps, /proc): set HF_TOKEN or run `hf auth login` instead. The token is written into no file of "
+                   "the run.")  # fmt: skip
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # before a config creates the process group
         import_group_capturing_modules()
     return parser.parse(argv)
@@ -276,19 +264,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
 
 def fields_help(word: str | None = None) -> str:
     """`stapo-train --help-fields [WORD]`: every field (or those containing `word`), its default and help."""
-    from argparse import ArgumentDefaultsHelpFormatter as Formatter
+    from argparse import ArgumentDefaultsHelpFormatter as Fmt
 
     from ..trainer.config import STAPOConfig
 
-    parser = RecipeParser(
-        STAPOConfig, prog="stapo-train", usage=USAGE, formatter_class=Formatter, epilog=EXIT_STATUS_HELP
-    )
+    parser = RecipeParser(STAPOConfig, prog="stapo-train", usage=USAGE, formatter_class=Fmt, epilog=EXIT_STATUS_HELP)
     if word:
         word = word.lower().lstrip("-")
         for group in parser._action_groups:
-            group._group_actions = [
-                a for a in group._group_actions if any(word in o.lower() for o in a.option_strings)
-            ]
+            group._group_actions = [a for a in group._group_actions if word in " ".join(a.option_strings).lower()]
         parser._action_groups = [group for group in parser._action_groups if group._group_actions]
         parser.usage = f"stapo-train --help-fields {word}"
     return parser.format_help()
