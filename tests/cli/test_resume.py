@@ -10,15 +10,13 @@ import pytest
 from testing_utils import STAPO_RECIPE, addition_rows, error_line, write_hostile_pickle, write_jsonl
 
 from stapo_trl.cli.dry_run import main as dry_run_main
-from stapo_trl.cli.train import interrupted_line
+from stapo_trl.cli.train import interrupted_line, main
 from stapo_trl.run_folder.checkpoints import check_checkpoint
 
 
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory, tiny_math_model_path):
-    """A two-step run with checkpoint-1 and -2 on a local file with a second answer column: (folder, argv)."""
-    from stapo_trl.cli.train import main
-
+    # (folder, argv): checkpoint-1 and -2, on a local file with a second answer column
     folder = tmp_path_factory.mktemp("resume")
     data = write_jsonl(folder / "data.jsonl", [row | {"answer2": "0"} for row in addition_rows(8)])
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", data]
@@ -31,7 +29,6 @@ def two_step_run(tmp_path_factory, tiny_math_model_path):
 
 @pytest.fixture
 def one_step_run(two_step_run, tmp_path):
-    """A copy of the two-step run as a run stopped after checkpoint-1."""
     out = tmp_path / "stopped"
     shutil.copytree(two_step_run[0], out)
     shutil.rmtree(out / "checkpoint-2")
@@ -40,8 +37,6 @@ def one_step_run(two_step_run, tmp_path):
 
 @pytest.fixture
 def no_data_read(monkeypatch):
-    """Fail the test if `stapo-train` reads its dataset: the checks of the folder and of the settings come first."""
-
     def guard(*args, **kwargs):
         raise AssertionError("the dataset was read before the run folder and its checkpoint's settings were checked")
 
@@ -49,9 +44,7 @@ def no_data_read(monkeypatch):
 
 
 def _copy_of(run, tmp_path):
-    out = tmp_path / "run"
-    shutil.copytree(run, out)
-    return out
+    return shutil.copytree(run, tmp_path / "run")
 
 
 @pytest.mark.parametrize(
@@ -86,8 +79,6 @@ def test_resume_with_other_settings_is_refused_before_the_data_and_the_model(
     one_step_run, tmp_path, no_model_built, no_data_read, caplog, tiny_math_model_path, tiny_random_model_path, changed,
     expected,
 ):  # fmt: skip
-    from stapo_trl.cli.train import main
-
     out, argv = one_step_run
     run_data = Path(argv[argv.index("--dataset_name") + 1])
     names = {"DATA": write_jsonl(tmp_path / "mine.jsonl", addition_rows(8)), "RUN_DATA": str(run_data)}
@@ -120,8 +111,6 @@ def test_a_link_in_the_run_folder_is_refused_before_the_data_is_read(
     one_step_run, tmp_path, no_model_built, no_data_read, capsys, caplog, link
 ):
     # Measured: the folder's link check came after the dataset was read and filtered (its progress bars first).
-    from stapo_trl.cli.train import main
-
     out, argv = one_step_run
     (out / link).unlink()
     (out / link).symlink_to(tmp_path / "a-file-of-the-user")
@@ -134,8 +123,6 @@ def test_a_link_in_the_run_folder_is_refused_before_the_data_is_read(
 def test_a_damaged_newest_checkpoint_and_other_settings_say_no_resume(
     two_step_run, tmp_path, no_model_built, no_data_read, caplog
 ):
-    from stapo_trl.cli.train import main
-
     run, argv = two_step_run
     out = _copy_of(run, tmp_path)
     (out / "checkpoint-2" / "trainer_state.json").unlink()
@@ -149,9 +136,6 @@ def test_a_damaged_newest_checkpoint_and_other_settings_say_no_resume(
 
 @pytest.mark.slow  # trains a step (~2 s); the settings rule: tests/run_folder/test_checkpoints.py, in-process
 def test_resume_with_other_execution_settings_trains_on(one_step_run, tmp_path):
-    """How a run is executed (steps, logging, saving, threads, batch layout of the same geometry) may change."""
-    from stapo_trl.cli.train import main
-
     out, argv = one_step_run
     main(
         [*argv, "--output_dir", str(out), "--max_steps", "2", "--logging_steps", "2", "--save_steps", "5",
@@ -162,7 +146,6 @@ def test_resume_with_other_execution_settings_trains_on(one_step_run, tmp_path):
 
 
 def _checkpoint(folder, step, *, without=()):
-    """A checkpoint folder with the names `Trainer._save_checkpoint` writes (`without` some of them), empty."""
     folder.mkdir(parents=True)
     for name in {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"} - set(without):
         (folder / name).write_bytes(b"")
@@ -174,8 +157,6 @@ def _checkpoint(folder, step, *, without=()):
 @pytest.mark.parametrize("where", ["nowhere", "a-file", "the-run-folder", "cut-short", "no-optimizer"])
 def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_model_built, tmp_path, capsys, where):
     # Reported: a missing path or a cut model failed after the model was built; no optimizer.pt resumed silently.
-    from stapo_trl.cli.train import main
-
     run = tmp_path / "run"
     shutil.copytree(one_step_run[0] / "checkpoint-1", run / "checkpoint-4")
     _checkpoint(run / "checkpoint-8", 8, without=["trainer_state.json"])
@@ -215,8 +196,6 @@ def test_stapo_train_resumes_the_newest_complete_checkpoint_in_one_line_before_t
     two_step_run, tmp_path, no_model_built, caplog, damage
 ):
     # Reported: each rerun took the highest-numbered folder, damaged or empty, and died after the model was built.
-    from stapo_trl.cli.train import main
-
     run, argv = two_step_run
     out = _copy_of(run, tmp_path)
     name, problem = RERUN_DAMAGES[damage]
@@ -236,8 +215,6 @@ def test_stapo_train_resumes_the_newest_complete_checkpoint_in_one_line_before_t
 
 def test_a_hostile_training_args_bin_runs_no_code_on_resume_from_checkpoint(one_step_run, tmp_path, no_model_built):
     # Measured: `stapo-train --resume_from_checkpoint <folder>` ran the command of its training_args.bin, then trained.
-    from stapo_trl.cli.train import main
-
     out, argv = one_step_run
     marker = tmp_path / "code-ran"
     write_hostile_pickle(out / "checkpoint-1" / "training_args.bin", marker)
@@ -252,8 +229,6 @@ def test_a_finished_run_without_a_complete_checkpoint_is_refused_not_retrained(
     one_step_run, tmp_path, no_model_built, caplog, case
 ):
     # Reported: a finished run with a damaged only checkpoint retrained from the base model and overwrote its model.
-    from stapo_trl.cli.train import main
-
     out, argv = one_step_run
     weights = "model.safetensors"
     if case == "only-checkpoint-damaged":
