@@ -21,15 +21,12 @@ from testing_utils import (
 )
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.cli import eval as stapo_eval
-from stapo_trl.cli import train as stapo_train
+from stapo_trl.cli.eval import main as _eval
+from stapo_trl.cli.train import main as _train
 
 
 def SLOW(values):  # a training step each (~4 s): the measured case of each kind stays in the default suite
     return pytest.param(*values, marks=pytest.mark.slow)
-
-
-_train = stapo_train.main
 
 
 def _refused(capsys, argv, prog="stapo-train", command=_train, code=2):
@@ -40,13 +37,11 @@ def _refused(capsys, argv, prog="stapo-train", command=_train, code=2):
 
 
 DEMO = Path(STAPO_RECIPE).read_text().splitlines()
+END = len(DEMO) + 2  # the line of a text appended after the demo recipe and a blank line
 
 
 def _line_of(key):
     return next(n for n, line in enumerate(DEMO, start=1) if line.startswith(f"{key}:"))
-
-
-END = len(DEMO) + 2  # the line of a text appended after the demo recipe and a blank line
 
 
 @pytest.mark.parametrize("added, key, lines", [
@@ -156,15 +151,11 @@ def test_a_dataset_folder_with_one_bad_line_is_one_line(tmp_path, capsys, no_mod
     assert line == f"stapo-train: error: dataset folder {str(folder)!r} could not be read: {expected}"
 
 
-_eval = stapo_eval.main
-
-
 EVAL = ["--benchmarks", "tiny-math", "--backend", "hf", "--limit", "2", "--samples", "1", "--max-new-tokens", "48"]
 
 
 @pytest.fixture(scope="module")
 def checkpointed_run(tmp_path_factory, tiny_math_model_path):
-    """A one-step stapo-train run with checkpoint-1 (each test copies it)."""
     out = tmp_path_factory.mktemp("eval-run") / "run"
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--max_steps", "1"]
     argv += ["--save_steps", "1", "--eval_before_after", "false", "--disable_tqdm", "true", "--max_train_samples", "8"]
@@ -176,16 +167,14 @@ def checkpointed_run(tmp_path_factory, tiny_math_model_path):
 def test_stapo_eval_on_a_folder_without_a_model_is_one_line(checkpointed_run, tmp_path, capsys, case):
     # Measured: an empty folder blamed --max-new-tokens ("Unrecognized model in emptyfolder").
     folder = tmp_path / "model"
+    folder.mkdir()
     if case == "empty-folder":
-        folder.mkdir()
         expected = "holds no model (no config.json): give a folder saved by save_pretrained"
     elif case == "run-without-final-model":  # a run stopped before its final save: checkpoints only
-        folder.mkdir()
         shutil.copytree(checkpointed_run / "checkpoint-1", folder / "checkpoint-1")
         expected = "holds no model (no config.json): it is a run folder without its final model: give its newest "
         expected += f"complete checkpoint, {folder / 'checkpoint-1'}."
     else:
-        folder.mkdir()
         shutil.copy(checkpointed_run / "config.json", folder / "config.json")
         expected = "holds no model (no weights (*.safetensors)): "
     line = _refused(capsys, ["--model", str(folder), *EVAL], prog="stapo-eval", command=_eval)
@@ -222,7 +211,7 @@ def test_stapo_eval_on_a_checkpoint_half_written_or_rotated_away_is_one_line(
 
 
 def test_stapo_eval_reads_no_pickle_of_a_checkpoint(checkpointed_run, tmp_path, capsys):
-    """A hostile training_args.bin is left alone (the model is evaluated), a hostile optimizer.pt is refused."""
+    # A hostile training_args.bin is left alone (the model is evaluated), a hostile optimizer.pt is refused.
     run = tmp_path / "run"
     shutil.copytree(checkpointed_run, run)
     marker = tmp_path / "code-ran"
@@ -238,16 +227,9 @@ def test_stapo_eval_reads_no_pickle_of_a_checkpoint(checkpointed_run, tmp_path, 
 @pytest.mark.parametrize("body, expected", [
         ("return [1 / 0] * len(completions)", "raised ZeroDivisionError: division by zero"),  # measured: 60 lines
         SLOW(("return [float(kwargs['difficulty'])] * len(completions)", "raised KeyError: 'difficulty'")),
-        SLOW(
-            (
-                "return 'not a list'",
-                "returned 'not a list' at step 1, but 64 were expected (one per prompt-completion ",
-            )
-        ),
+        SLOW(("return 'not a list'", "returned 'not a list' at step 1, but 64 were expected (one per prompt-")),
         # Reported: TRL's ValueError, a 19-frame traceback through stapo-train.
-        SLOW(
-            ("return [1.0] * (len(completions) - 1)", "returned 63 rewards at step 1, but 64 were expected (one per ")
-        ),
+        SLOW(("return [1.0] * (len(completions) - 1)", "returned 63 rewards at step 1, but 64 were expected (one")),
 ], ids=["zero-division", "missing-column", "wrong-return", "one-short"])  # fmt: skip
 def test_a_reward_that_raises_is_one_line_naming_it_and_the_step(
     tmp_path, capsys, monkeypatch, tiny_math_model_path, body, expected
