@@ -91,9 +91,6 @@ def test_a_missing_vllm_is_one_line_naming_its_install(tiny_random_model_path, t
     assert "pip install 'stapo_trl[vllm]'" in error_line(capsys, "stapo-eval")
 
 
-# End to end on the tiny model (two real benchmark files), then resume
-
-
 @pytest.fixture(scope="module")
 def e2e_run(tiny_math_model_path, shared_data_dir, tmp_path_factory):
     output = tmp_path_factory.mktemp("eval") / "results.json"
@@ -106,7 +103,7 @@ def e2e_run(tiny_math_model_path, shared_data_dir, tmp_path_factory):
     return argv, output
 
 
-def test_e2e_results_file(e2e_run, tiny_math_model_path):
+def test_e2e_results_file_resumed(e2e_run, tiny_math_model_path, monkeypatch, capsys):
     data = load_results(e2e_run[1])
     assert set(data["results"]) == {"t1.0-p1.0", "t0.7-p0.9"}
     for tables in data["results"].values():
@@ -118,14 +115,10 @@ def test_e2e_results_file(e2e_run, tiny_math_model_path):
     assert len(data["samples"]) == 16  # 2 decodings x 2 benchmarks x 2 problems x 2 samples
     assert {"benchmark", "decoding", "id", "sample", "extracted", "correct", "grader_error"} <= set(data["samples"][0])
     assert data["decodings"]["t0.7-p0.9"] == {"temperature": 0.7, "top_p": 0.9, "top_k": None}
-    assert data["model"]["source"] == "local" and data["model"]["revision"] == str(
-        Path(tiny_math_model_path).resolve()
-    )
+    assert (data["model"]["source"], data["model"]["revision"]) == ("local", str(Path(tiny_math_model_path).resolve()))
     assert data["versions"]["transformers"] and data["versions"]["math-verify"]
     assert data["summary"]["t1.0-p1.0"]["benchmarks"] == ["amc23", "math500"]
-
-
-def test_e2e_resume_skips_finished_pairs_and_refuses_other_settings(e2e_run, monkeypatch, capsys):
+    # Resumed: the finished pairs skipped, other settings refused.
     argv, output = e2e_run
     before = output.read_text()
     monkeypatch.setattr(stapo_eval, "_load_generator", lambda *a, **k: pytest.fail("regenerated a finished pair"))
@@ -158,10 +151,8 @@ def test_stapo_eval_samples_what_the_training_evaluation_samples(tiny_math_model
     argv = f"--model {tiny_math_model_path} --benchmarks tiny-math --backend hf --limit 3 --decoding t1.0-p1.0"
     argv += " --samples 2 --max-new-tokens 48 --seed 3 --save-completions --batch-size 1 --output"
     assert main([*argv.split(), str(tmp_path / "r.json")]) == 0
-    model, tokenizer = (
-        AutoModelForCausalLM.from_pretrained(tiny_math_model_path),
-        AutoTokenizer.from_pretrained(tiny_math_model_path),
-    )
+    model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
     _, records = evaluate_problems(
         partial(hf_generate, model, tokenizer, batch_size=8), tokenizer, load_benchmark("tiny-math", limit=3), n=2,
         decoding=DECODINGS["t1.0-p1.0"], max_new_tokens=48, seed=3, save_completions=True,
@@ -193,9 +184,6 @@ def test_compare(tmp_path, capsys):
     assert "a.json is not a stapo-eval results file: not JSON" in error_line(capsys, "stapo-eval")
 
 
-# Where the results go without --output: a place that belongs to the run, printed
-
-
 def test_default_results_go_next_to_a_local_model_and_the_path_is_printed(
     tiny_math_model_path, tmp_path, monkeypatch, capsys
 ):
@@ -205,9 +193,7 @@ def test_default_results_go_next_to_a_local_model_and_the_path_is_printed(
     monkeypatch.chdir(tmp_path / "work")
     assert main(["--model", str(model), *ONE_PROBLEM]) == 0
     assert load_results(model / "stapo_eval.json")["results"]["greedy"]["tiny-math"]["num_problems"] == 1
-    assert (
-        list((tmp_path / "work").iterdir()) == []
-    )  # nothing in the current folder (it was stapo_eval_demo-stapo.json)
+    assert list((tmp_path / "work").iterdir()) == []  # nothing in the current folder (was stapo_eval_demo-stapo.json)
     lines = capsys.readouterr().out.splitlines()
     assert f"Results file: {model / 'stapo_eval.json'} (the default; --output to choose another)" in lines
     assert lines[-1] == f"Results file: {model / 'stapo_eval.json'}"
