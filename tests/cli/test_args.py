@@ -24,13 +24,9 @@ def _cli_error(argv) -> str:
 
 
 def test_every_script_argument_has_help_text_and_a_docstring_entry():
-    own = {f.name for f in dataclasses.fields(STAPOScriptArguments)} - {
-        f.name for f in dataclasses.fields(STAPOScriptArguments.__mro__[1])
-    }
-    for f in dataclasses.fields(STAPOScriptArguments):
-        if f.name in own:
-            assert f.metadata.get("help"), f.name
-            assert f"        {f.name} (`" in STAPOScriptArguments.__doc__, f.name
+    inherited = {f.name for f in dataclasses.fields(STAPOScriptArguments.__mro__[1])}
+    for f in [f for f in dataclasses.fields(STAPOScriptArguments) if f.name not in inherited]:
+        assert f.metadata.get("help") and f"        {f.name} (`" in STAPOScriptArguments.__doc__, f.name
 
 
 def test_the_recipe_is_read_once_the_command_line_wins_and_its_env_block_is_set(tmp_path, monkeypatch):
@@ -79,9 +75,8 @@ def test_s2t_keys_are_rejected_with_trainer_grpo(tmp_path):
     plain = tmp_path / "plain.yaml"
     lines = Path(GRPO_RECIPE).read_text().replace("trainer: stapo ", "trainer: grpo ").splitlines()
     plain.write_text("\n".join(line for line in lines if not line.startswith("s2t_")))
-    assert "s2t_mode: it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer" in _cli_error(
-        ["--config", write_recipe(tmp_path, 's2t_mode: "off"', base=str(plain))]
-    )
+    message = _cli_error(["--config", write_recipe(tmp_path, 's2t_mode: "off"', base=str(plain))])
+    assert "s2t_mode: it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer" in message
     message = _cli_error(["--config", str(plain), "--s2t_prob_threshold", "0.01"])
     assert "--s2t_prob_threshold: it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer" in message
 
@@ -133,9 +128,7 @@ def test_trainer_grpo_gets_the_same_checks(tmp_path):
     # GRPOConfig refuses a value itself (num_generations), its own words stand, without STAPOConfig's fix.
     plain = tmp_path / "plain.yaml"
     lines = Path(STAPO_RECIPE).read_text().splitlines()
-    plain.write_text(
-        "\n".join(line for line in lines if not line.startswith(("s2t_", "trainer"))) + "\ntrainer: grpo\n"
-    )
+    plain.write_text("\n".join(line for line in lines if not line.startswith(("s2t_", "trainer"))) + "\ntrainer: grpo")
     for field, flag_value, _value, message in CASES:
         cli = _cli_error(["--config", str(plain), "--output_dir", str(tmp_path), f"--{field}", flag_value])
         if field == "num_generations":
@@ -144,38 +137,32 @@ def test_trainer_grpo_gets_the_same_checks(tmp_path):
             assert cli.startswith(f"--{field}") and f": {message}" in cli, cli
 
 
-# An error made by several values names the flags that set them, and the recipe keys of the others.
-
-
 def test_a_generation_batch_error_names_the_flags_that_caused_it(tmp_path):
     # The reported case: read "recipe key num_generations in recipes/demo/stapo.yaml: ..." (the recipe's 8 is fine).
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path)]
     cli = _cli_error(argv + ["--per_device_train_batch_size", "12", "--steps_per_generation", "1"])
-    assert cli.startswith(
-        f"--per_device_train_batch_size and --steps_per_generation (with recipe key num_generations in "
-        f"{STAPO_RECIPE}): generation_batch_size (12) must be divisible by num_generations (8). The generation batch "
-        "is per_device_train_batch_size 12 x 1 process(es) x steps_per_generation 1 = 12 completions"
-    ), cli
+    assert cli.startswith("--per_device_train_batch_size and --steps_per_generation (with recipe key num_generations "
+                          f"in {STAPO_RECIPE}): generation_batch_size (12) must be divisible by num_generations (8). "
+                          "The generation batch is per_device_train_batch_size 12 x 1 process(es) x "
+                          "steps_per_generation 1 = 12 completions"), cli  # fmt: skip
     recipe = tmp_path / "recipe.yaml"  # no steps_per_generation: TRL takes gradient_accumulation_steps
     recipe.write_text("".join(f"{line}\n" for line in Path(STAPO_RECIPE).read_text().splitlines()
                               if not line.startswith("steps_per_generation")))  # fmt: skip
     cli = _cli_error(
         ["--config", str(recipe), "--gradient_accumulation_steps", "3", "--per_device_train_batch_size", "4"]
     )
-    assert cli.startswith(
-        f"--per_device_train_batch_size and --gradient_accumulation_steps (with recipe key num_generations in "
-        f"{recipe}): generation_batch_size (12) must be divisible by num_generations (8). The generation batch is "
-        "per_device_train_batch_size 4 x 1 process(es) x gradient_accumulation_steps 3 = 12 completions"
-    ), cli
+    assert cli.startswith("--per_device_train_batch_size and --gradient_accumulation_steps (with recipe key "
+                          f"num_generations in {recipe}): generation_batch_size (12) must be divisible by "
+                          "num_generations (8). The generation batch is per_device_train_batch_size 4 x 1 process(es) "
+                          "x gradient_accumulation_steps 3 = 12 completions"), cli  # fmt: skip
 
 
 def test_a_generation_batch_error_from_the_recipe_names_its_keys(tmp_path):
     recipe = write_recipe(tmp_path, "per_device_train_batch_size: 12\nsteps_per_generation: 1")
     cli = _cli_error(["--config", recipe, "--output_dir", str(tmp_path)])
-    assert cli.startswith(
-        f"recipe keys num_generations, per_device_train_batch_size, steps_per_generation in {recipe}: "
-        "generation_batch_size (12) must be divisible by num_generations (8). The generation batch is"
-    ), cli
+    assert cli.startswith("recipe keys num_generations, per_device_train_batch_size, steps_per_generation in "
+                          f"{recipe}: generation_batch_size (12) must be divisible by num_generations (8). The "
+                          "generation batch is"), cli  # fmt: skip
     assert cli.endswith("Fix the values in the recipe, or override them on the command line."), cli
 
 

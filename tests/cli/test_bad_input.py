@@ -53,10 +53,8 @@ def test_a_recipe_key_given_twice_is_one_line(tmp_path, capsys, no_model_built, 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("\n".join(DEMO) + "\n\n" + added + "\n")
     line = _refused(capsys, ["--config", str(recipe), "--output_dir", str(tmp_path / "out")])
-    assert line == (
-        f"stapo-train: error: Recipe {str(recipe)!r}: key {key} is given twice (lines {lines[0]} and {lines[1]}): keep "
-        "one of them."
-    )
+    assert line == (f"stapo-train: error: Recipe {str(recipe)!r}: key {key} is given twice (lines {lines[0]} and "
+                    f"{lines[1]}): keep one of them.")  # fmt: skip
     assert not (tmp_path / "out").exists()
 
 
@@ -76,10 +74,9 @@ def test_a_recipe_that_is_not_utf8_is_one_line_naming_the_file_and_line(
     line_number = data[:start].count(b"\n") + 1
     column = start - data.rfind(b"\n", 0, start)
     line = _refused(capsys, ["--config", str(recipe)])
-    assert line == (
-        f"stapo-train: error: Recipe {str(recipe)!r} is not UTF-8 text: byte 0x{new[start - data.index(old)]:02x} at "
-        f"line {line_number}, column {column}. Save it as UTF-8 (an editor's 'encoding' setting)."
-    )
+    assert line == (f"stapo-train: error: Recipe {str(recipe)!r} is not UTF-8 text: byte "
+                    f"0x{new[start - data.index(old)]:02x} at line {line_number}, column {column}. Save it as UTF-8 "
+                    "(an editor's 'encoding' setting).")  # fmt: skip
 
 
 @pytest.mark.parametrize("argv, expected", [

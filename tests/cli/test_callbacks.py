@@ -131,10 +131,8 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
     with pytest.raises(KeyboardInterrupt) as excinfo:
         trainer.train()
     assert [signal.getsignal(s) for s in STOP_SIGNALS] == handlers  # restored
-    assert str(excinfo.value) == (
-        f"Interrupted by {signum.name} at step 2: checkpoint saved to {tmp_path / 'out' / 'checkpoint-2'}. "
-        f"{SCRIPT_RESUME_HINT}"
-    )
+    assert str(excinfo.value) == (f"Interrupted by {signum.name} at step 2: checkpoint saved to "
+                                  f"{tmp_path / 'out' / 'checkpoint-2'}. {SCRIPT_RESUME_HINT}")  # fmt: skip
     assert (excinfo.value.signal, excinfo.value.step) == (signum, 2)
     assert excinfo.value.checkpoint == str(tmp_path / "out" / "checkpoint-2")
     assert (tmp_path / "out" / "checkpoint-2" / "trainer_state.json").is_file()  # saved despite save_strategy="no"

@@ -10,7 +10,6 @@ from stapo_trl.cli.args import parse_args
 from stapo_trl.cli.dry_run import S2T_PATHS, DryRunReport, dry_run_recipe
 from stapo_trl.cli.dry_run import main as dry_run_main
 from stapo_trl.cli.train import main
-from stapo_trl.cli.train import main as train_main
 from stapo_trl.core.stapo_config import s2t_path, s2t_settings, s2t_warnings
 from stapo_trl.rewards import REWARDS
 
@@ -75,9 +74,7 @@ def test_the_dry_run_refuses_what_the_run_refuses_before_the_model(
         (tmp_path / "out").mkdir()
         (tmp_path / "out" / "notes.txt").write_text("mine")
     elif case == "reward-column":
-        (tmp_path / "my_rewards.py").write_text(
-            "def hard(completions, difficulty, **kwargs):\n    return difficulty\n"
-        )
+        (tmp_path / "my_rewards.py").write_text("def hard(completions, difficulty, **kwargs):\n    return difficulty")
         argv += ["--reward_funcs", "my_rewards.hard"]
     else:
         (tmp_path / "data").mkdir()
@@ -93,9 +90,8 @@ def test_the_dry_run_refuses_what_the_run_refuses_before_the_model(
 
 def test_the_dry_run_cli_its_numbers_and_the_valid_values_of_a_batch_that_does_not_fit(tmp_path, capsys):
     assert dry_run_main([*DEMO, "--num-processes", "0"]) == 2
-    assert error_line(capsys, "stapo-train --dry-run").startswith(
-        "stapo-train --dry-run: error: --num-processes: 0 is not a number of training processes"
-    )
+    line = error_line(capsys, "stapo-train --dry-run")
+    assert line.startswith("stapo-train --dry-run: error: --num-processes: 0 is not a number of training processes")
     recipe = str(RECIPES_DIR / "Qwen3-8B" / "stapo.yaml")
     argv = ["--config", recipe, "--num-processes", "16", "--gradient_accumulation_steps", "32"]
     assert dry_run_main([*argv, "--steps_per_generation", "128"]) == 0
@@ -103,16 +99,14 @@ def test_the_dry_run_cli_its_numbers_and_the_valid_values_of_a_batch_that_does_n
     assert "for 16 training process(es): OK" in out and "256 prompts x 8 generations" in out
     assert "8,388,608 per optimizer update" in out  # 512 x (1024 + 15360)
     with pytest.raises(SystemExit) as exit_info:  # stapo-train --dry-run: the same function and its status
-        train_main(["--config", recipe, "--dry-run"])
+        main(["--config", recipe, "--dry-run"])
     assert exit_info.value.code == 0 and "for 8 training process(es): OK" in capsys.readouterr().out
     assert dry_run_main(["--config", recipe, "--no_such_key", "1"]) == 2  # does not parse: the parser's message
     assert "no_such_key" in capsys.readouterr().err
     # generation_batch_size 64 with 16 completions per device: 3 processes (48) do not divide it; 1, 2 or 4 would.
     fixed = tmp_path / "fixed_generation_batch.yaml"
-    text = "\n".join(
-        line for line in open(STAPO_RECIPE).read().splitlines() if not line.startswith(("steps_per", "   "))
-    )
-    fixed.write_text(text + "\ngeneration_batch_size: 64\nmax_train_samples: 64\n")
+    text = [line for line in open(STAPO_RECIPE).read().splitlines() if not line.startswith(("steps_per", "   "))]
+    fixed.write_text("\n".join([*text, "generation_batch_size: 64", "max_train_samples: 64"]))
     assert dry_run_recipe(["--config", str(fixed)], 2).ok
     assert "Valid process counts for this batch: [1, 2, 4]" in dry_run_recipe(["--config", str(fixed)], 3).errors[0]
 
@@ -141,11 +135,8 @@ def test_dry_run_numbers_for_the_demo():
         (("--temperature", "0.7", "--top_entropy_quantile", "0.2"), "old_logps", True),
         (("--steps_per_generation", "1", "--gradient_accumulation_steps", "1"), "loss", False),
         (("--steps_per_generation", "2", "--gradient_accumulation_steps", "2"), "extra_forward", False),
-        (
-            ("--steps_per_generation", "2", "--gradient_accumulation_steps", "2", "--num_iterations", "2"),
-            "old_logps",
-            False,
-        ),
+        (("--steps_per_generation", "2", "--gradient_accumulation_steps", "2", "--num_iterations", "2"), "old_logps",
+         False),
 ])  # fmt: skip
 def test_dry_run_gives_the_trainers_warnings_and_where_p_and_h_come_from(flags, path, warns):
     # One source: the dry run repeated one of the trainer's warnings, so a dr_grpo recipe passed it quietly. Every
@@ -167,10 +158,7 @@ def test_dry_run_reports_bad_rewards_and_temperature():
 
 @pytest.mark.parametrize("flags, expected", [
         (["--prompt_column", "question"], "Column 'problem' not found in dataset"),
-        (
-            ["--dataset_name", "builtin:no-such-task"],
-            "No built-in dataset 'builtin:no-such-task' with a split 'train'",
-        ),
+        (["--dataset_name", "builtin:no-such-task"], "No built-in dataset 'builtin:no-such-task' with a split"),
         (["--dataset_train_split", "validation"], "No built-in dataset 'builtin:tiny-math' with a split 'validation'"),
 ])  # fmt: skip
 def test_dry_run_reads_the_data_as_stapo_train_does(tmp_path, flags, expected):
