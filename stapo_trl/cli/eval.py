@@ -22,7 +22,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_RESULTS_NAME = "stapo_eval.json"  # beside a local model
 DEFAULT_RESULTS_DIR = Path("outputs") / "stapo-eval"  # a Hub id, a builtin: name, a folder not writable
-POSITIVE_FLAGS = "samples limit max_new_tokens batch_size threads tensor_parallel_size max_model_len".split()
 
 
 class _Defaults(argparse.HelpFormatter):
@@ -99,9 +98,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.compare:
                 print(results.format_comparison(*(results.load_results(path) for path in args.compare)))
                 return 0
-            benchmarks, decodings, data_dir = _validate(args)
+            if not args.model:
+                raise ValueError("--model is required (unless --compare A_JSON B_JSON).")
+            benchmarks = dict.fromkeys(
+                tasks.get_benchmark_spec(b).name for b in args.benchmarks.split(",") if b.strip()
+            )
+            if not benchmarks:
+                raise ValueError(f"No benchmark given. Valid benchmarks: {', '.join(tasks.BENCHMARKS)}.")
+            decodings = parse_decoding_list(args.decoding)
+            for flag in "samples limit max_new_tokens batch_size threads tensor_parallel_size max_model_len".split():
+                if (value := getattr(args, flag)) is not None and value < 1:
+                    raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}.")
+            if (share := args.gpu_memory_utilization) is not None and not 0 < share <= 1:
+                raise ValueError(f"--gpu-memory-utilization must be in (0, 1] (the share of the device's memory vLLM "
+                                 f"may use), got {share}; leave it unset for 0.9 on a GPU, 0.2 on CPU.")  # fmt: skip
+            if args.data_dir and not Path(args.data_dir).exists():
+                raise ValueError(f"--data-dir {args.data_dir} does not exist.")
+            check_model_available(args.model, args.revision)
+            check_generation_budget(args, args.model)
+            data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
             output = Path(args.output) if args.output else default_output(args.model, args.revision)
-            content = _open_results(args, output, data_dir, benchmarks)
+            if output.is_dir():
+                raise ValueError(f"--output {output} is a folder: give a file, e.g. {output / DEFAULT_RESULTS_NAME}.")
+            existing = next(p for p in (output.parent, *output.parent.parents) if p.exists())
+            if not existing.is_dir():
+                raise ValueError(f"--output {output}: {existing} is a file, not a folder: give another path.")
+            if not os.access(existing, os.W_OK):
+                raise ValueError(f"--output {output}: {existing} cannot be written to: give a path you can write.")
+            config = {key: getattr(args, key) for key in ("model", "revision", "backend", "samples", "max_new_tokens")}
+            config |= {"limit": args.limit, "data_dir": data_dir, "seed": args.seed, "instruction": data.INSTRUCTION}
+            config |= {"chat_template": not args.no_chat_template, "dtype": args.dtype, "batch_size": args.batch_size}
+            content = results.open_results(output, config | {"threads": args.threads})
+            known = {*content["config"].get("benchmarks", []), *benchmarks}
+            content["config"]["benchmarks"] = [b for b in tasks.BENCHMARKS if b in known]
             todo = [(d, b) for d in decodings for b in benchmarks if b not in content["results"].get(d, {})]
             problems = {b: tasks.load_benchmark(b, data_dir, args.limit) for b in dict.fromkeys(b for _, b in todo)}
         except (OSError, ValueError, RuntimeError) as e:
@@ -125,27 +154,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-def _validate(args) -> tuple[list[str], list[str], str | None]:
-    """(benchmarks, decodings, the absolute data folder), the model checked to exist."""
-    if not args.model:
-        raise ValueError("--model is required (unless --compare A_JSON B_JSON).")
-    benchmarks = list(dict.fromkeys(tasks.get_benchmark_spec(b).name for b in args.benchmarks.split(",") if b.strip()))
-    if not benchmarks:
-        raise ValueError(f"No benchmark given. Valid benchmarks: {', '.join(tasks.BENCHMARKS)}.")
-    decodings = parse_decoding_list(args.decoding)
-    for flag in POSITIVE_FLAGS:
-        if (value := getattr(args, flag)) is not None and value < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {value}.")
-    if (share := args.gpu_memory_utilization) is not None and not 0 < share <= 1:
-        raise ValueError(f"--gpu-memory-utilization must be in (0, 1] (the share of the device's memory vLLM may "
-                         f"use), got {share}; leave it unset for 0.9 on a GPU, 0.2 on CPU.")  # fmt: skip
-    if args.data_dir and not Path(args.data_dir).exists():
-        raise ValueError(f"--data-dir {args.data_dir} does not exist.")
-    check_model_available(args.model, args.revision)
-    check_generation_budget(args, args.model)
-    return benchmarks, decodings, str(Path(args.data_dir).resolve()) if args.data_dir else None
-
-
 def check_generation_budget(args, model_path: str, positions: int | None = None) -> None:
     """`ValueError` when the model's `positions` (else its config's, capped by `--max-model-len`) leave no room for a
     prompt beside `--max-new-tokens`."""
@@ -156,24 +164,6 @@ def check_generation_budget(args, model_path: str, positions: int | None = None)
         data.prompt_token_budget(positions, args.max_new_tokens)
     except ValueError as e:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: {e}") from None
-
-
-def _open_results(args, output: Path, data_dir: str | None, benchmarks: list[str]) -> dict:
-    """The results file to fill (resumed, or new)."""
-    if output.is_dir():
-        raise ValueError(f"--output {output} is a folder: give a file, e.g. {output / DEFAULT_RESULTS_NAME}.")
-    existing = next(p for p in (output.parent, *output.parent.parents) if p.exists())
-    if not existing.is_dir():
-        raise ValueError(f"--output {output}: {existing} is a file, not a folder: give another path.")
-    if not os.access(existing, os.W_OK):
-        raise ValueError(f"--output {output}: {existing} cannot be written to: give a path you can write.")
-    config = {key: getattr(args, key) for key in ("model", "revision", "backend", "samples", "max_new_tokens")}
-    config |= {"limit": args.limit, "data_dir": data_dir, "seed": args.seed, "instruction": data.INSTRUCTION}
-    config |= {"chat_template": not args.no_chat_template, "dtype": args.dtype, "batch_size": args.batch_size}
-    content = results.open_results(output, config | {"threads": args.threads})
-    known = {*content["config"].get("benchmarks", []), *benchmarks}
-    content["config"]["benchmarks"] = [b for b in tasks.BENCHMARKS if b in known]
-    return content
 
 
 def _load_generator(parser, args):
