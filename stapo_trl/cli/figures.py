@@ -139,10 +139,6 @@ def _axes(ax, title: str, log=False, xlabel="optimizer step", fontsize=10, grid=
         ax.legend(fontsize=7, **legend)
 
 
-def _note(ax, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
-
-
 def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, title=None, smoothing=None):
     """One panel per `(log key, title, "linear" | "log")` of `curves`; `runs`: label -> rows per seed. Linear: the
     moving average (`smoothing` logged steps, default ~1/20 of the run) over the raw curve, or the seeds' mean with a
@@ -169,7 +165,7 @@ def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, tit
                     ax.fill_between(steps, smooth.min(axis=0), smooth.max(axis=0), color=f"C{i}", alpha=0.2)
                 ax.plot(steps, smooth.mean(axis=0), color=f"C{i}", lw=1.8, label=label + note)
         if not ax.lines:
-            _note(ax, f"{key!r} not logged")
+            ax.text(0.5, 0.5, f"{key!r} not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
         _axes(ax, panel_title, scale == "log")
     if title:
         fig.suptitle(title, fontsize=11)
@@ -242,7 +238,7 @@ def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, toke
             ax.set_yticks(range(len(top)), names, fontsize=8)
             ax.invert_yaxis()
             if not top:
-                _note(ax, "none logged")
+                ax.text(0.5, 0.5, "none logged", ha="center", va="center", transform=ax.transAxes, color="gray")
             shown = f" ({len(top)} of {len(counts)} distinct)" if len(counts) > len(top) else ""
             _axes(ax, f"{label}: {title}{shown}", xlabel=xlabel, fontsize=9, grid="x")
     fig.text(0.5, 0.01, TOKEN_LABEL_KEY, ha="center", va="bottom", fontsize=7.5, wrap=True)

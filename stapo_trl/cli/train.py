@@ -7,6 +7,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from . import version_text
 from .errors import InputError, print_line, quiet_upstream, report_input_errors
 
 
@@ -17,7 +18,37 @@ def main(argv: Sequence[str] | None = None) -> None:
     run: dict = {}  # output_dir, then the checkpoint resumed: for an interrupt's last line
     try:
         with report_input_errors(), quiet_upstream():
-            _main(argv, run)
+            if "--version" in argv:
+                print(version_text("stapo-train"))
+                raise SystemExit(0)
+            if "--dry-run" in argv or "--dry_run" in argv:
+                from .dry_run import main as dry_run_main
+
+                raise SystemExit(dry_run_main(argv))
+            if argv[:1] == ["compare"]:
+                raise InputError("stapo-train", "`stapo-train compare` is gone: train each recipe with `stapo-train "
+                                 "--config RECIPE.yaml --seed S --output_dir DIR/ARM/seedS`, then `stapo-plot "
+                                 "DIR/ARM_A DIR/ARM_B` (`make compare` does both).")  # fmt: skip
+            fields = [i for i, a in enumerate(argv) if a in ("--help-fields", "--help_fields")]
+            if "-h" in argv or "--help" in argv or fields:
+                from .args import SHORT_HELP, fields_help
+
+                word = [w for w in argv[fields[0] + 1 : fields[0] + 2] if not w.startswith("-")] if fields else []
+                print(fields_help(*word) if fields else SHORT_HELP)
+                raise SystemExit(0)
+            try:
+                from .args import parse_args
+
+                script_args, training_args, model_args = parse_args(argv)
+                run["output_dir"] = training_args.output_dir
+                from .run import prepare, torch_threads, train  # the training stack: after parsing
+
+                with torch_threads(script_args.torch_num_threads):
+                    prepared = prepare(script_args, training_args, model_args)
+            except (ValueError, OSError) as e:
+                raise InputError("stapo-train", str(e)) from e
+            run["checkpoint"] = prepared.checkpoint
+            train(script_args, training_args, model_args, prepared)
     except KeyboardInterrupt as e:  # after SaveOnSignal's checkpoint, or a bare Ctrl-C
         signal.signal(signal.SIGINT, lambda *_: os._exit(130))  # one more Ctrl-C: gone, this line stays the last
         if os.environ.get("RANK", "0") == "0":
@@ -38,44 +69,6 @@ def interrupted_line(argv: list[str], output_dir: str | None = None, **resumed) 
         f"checkpoint saved to {newest}" if saved else f"nothing saved by this run; the newest checkpoint is {newest}"
     )
     return f"stapo-train: interrupted: {what}. Resume with the same command: {resume_command(argv)}"
-
-
-def _main(argv: list[str], run: dict) -> None:
-    if "--version" in argv:
-        from . import version_text
-
-        print(version_text("stapo-train"))
-        raise SystemExit(0)
-    if "--dry-run" in argv or "--dry_run" in argv:
-        from .dry_run import main as dry_run_main
-
-        raise SystemExit(dry_run_main(argv))
-    if argv[:1] == ["compare"]:
-        raise InputError(
-            "stapo-train",
-            "`stapo-train compare` is gone: train each recipe with `stapo-train --config RECIPE.yaml --seed S "
-            "--output_dir DIR/ARM/seedS`, then `stapo-plot DIR/ARM_A DIR/ARM_B` (`make compare` does both).",
-        )
-    fields = [i for i, a in enumerate(argv) if a in ("--help-fields", "--help_fields")]
-    if "-h" in argv or "--help" in argv or fields:
-        from .args import SHORT_HELP, fields_help
-
-        word = [w for w in argv[fields[0] + 1 : fields[0] + 2] if not w.startswith("-")] if fields else []
-        print(fields_help(*word) if fields else SHORT_HELP)
-        raise SystemExit(0)
-    try:
-        from .args import parse_args
-
-        script_args, training_args, model_args = parse_args(argv)
-        run["output_dir"] = training_args.output_dir
-        from .run import prepare, torch_threads, train  # the training stack: after parsing
-
-        with torch_threads(script_args.torch_num_threads):
-            prepared = prepare(script_args, training_args, model_args)
-    except (ValueError, OSError) as e:
-        raise InputError("stapo-train", str(e)) from e
-    run["checkpoint"] = prepared.checkpoint
-    train(script_args, training_args, model_args, prepared)
 
 
 if __name__ == "__main__":
