@@ -1,6 +1,4 @@
-"""Real stop signals to a real `stapo-train`: a checkpoint at the next step boundary, the resume command, exit 128 +
-the signal's number; the run's reward holds a step where a signal must land inside it (the second Ctrl-C: in-process
-in test_callbacks.py)."""
+"""Real stop signals to a real `stapo-train`: a checkpoint at the step boundary, the resume command, exit 128 + N."""
 
 from __future__ import annotations
 
@@ -24,13 +22,7 @@ def _start_long_run(tmp_path, model_path: str, *extra: str):
     # why: no periodic checkpoint, a log line per step to watch, the reward that can hold a step
     argv += ["--max_steps", "5000", "--save_steps", "100000", "--logging_steps", "1", "--eval_before_after", "false"]
     argv += ["--disable_tqdm", "true", "--reward_funcs", "held_reward.held_accuracy", *extra]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "stapo_trl.cli.train", *argv], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
@@ -57,7 +49,7 @@ def _check_stopped_run(output: str, out, argv, signum, status: int, returncode: 
 def test_a_stop_signal_saves_a_checkpoint_and_prints_the_resume_command(
     tmp_path, tiny_math_model_path, signum, status
 ):
-    """The reported case is SIGTERM: `stapo-train` died within 0.06 s, printed and saved nothing, and exited -15."""
+    # The reported case is SIGTERM: `stapo-train` died within 0.06 s, printed and saved nothing, and exited -15.
     proc, out, argv, _ = _start_long_run(tmp_path, tiny_math_model_path)
     read_until(proc, "step ", count=2)  # two optimizer steps done: training is under way
     os.kill(proc.pid, signum)

@@ -86,8 +86,7 @@ def _start_launch(tmp_path, **env: str) -> tuple[subprocess.Popen, object]:
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGUSR1, 138), (signal.SIGTERM, 143)], ids=["SIGUSR1", "SIGTERM"])
 def test_launch_passes_a_stop_signal_on_to_training(tmp_path, signum, status):
-    """The signal to launch.sh alone (Slurm's `--signal=B:USR1@...` reaches the batch shell only; `kill` or a container
-    runtime signals the main process): training gets it once, launch.sh exits with 128 + its number."""
+    # Slurm's `--signal=B:USR1@...` reaches the batch shell only; `kill` or a container runtime the main process.
     proc, record = _start_launch(tmp_path)
     server = [p for p in psutil.Process(proc.pid).children() if "http.server" in " ".join(p.cmdline())]
     proc.send_signal(signum)
@@ -100,8 +99,7 @@ def test_launch_passes_a_stop_signal_on_to_training(tmp_path, signum, status):
 
 
 def test_launch_in_a_slurm_job_leaves_sigterm_to_slurm(tmp_path):
-    """In a Slurm job, scancel and preemption signal every process of the job: launch.sh does not pass SIGTERM on
-    (training would get it twice); training, signalled by Slurm as here, ends, and launch.sh exits 143."""
+    # scancel and preemption signal every process of the job: passed on, training would get SIGTERM twice.
     proc, record = _start_launch(tmp_path, SLURM_JOB_ID="1")
     proc.send_signal(signal.SIGTERM)
     read_until(proc, "launch.sh: SIGTERM in Slurm job 1, which signals training itself")
@@ -114,9 +112,7 @@ def test_launch_in_a_slurm_job_leaves_sigterm_to_slurm(tmp_path):
 
 
 def test_ctrl_c_reaches_training_that_runs_in_the_background(tmp_path):
-    """Ctrl-C signals the terminal's foreground process group. launch.sh runs training in the background (so that its
-    traps run while training does), where bash would start it with SIGINT ignored; training, whose SIGINT is Python's
-    default here, ends on it, and launch.sh exits 130."""
+    # Ctrl-C signals the foreground process group; bash would start background training with SIGINT ignored.
     proc, record = _start_launch(tmp_path)
     os.killpg(proc.pid, signal.SIGINT)
     output = proc.communicate(timeout=120)[0]

@@ -18,7 +18,7 @@ from trl import ModelConfig, get_peft_config
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.cli.args import parse_args
 from stapo_trl.cli.dry_run import dry_run_recipe, read_launch_settings
-from stapo_trl.cli.run import prepare
+from stapo_trl.cli.run import prepare, torch_threads
 from stapo_trl.cli.script_args import STAPOScriptArguments
 from stapo_trl.data import INSTRUCTION
 
@@ -56,16 +56,6 @@ def _intended_processes(path: Path) -> int:
 
 def _raw(path: Path) -> dict:
     return yaml.safe_load(path.read_text())
-
-
-def test_the_recipe_tree_is_complete():
-    names = {_rel(p) for p in RECIPES}
-    for model in QWEN3_MODELS:
-        for method in METHODS:
-            assert f"{model}/{method}.yaml" in names
-    assert {"demo/stapo.yaml", "demo/grpo.yaml", "demo/stapo_lora.yaml"} <= names
-    assert set(REAL_MODEL_RECIPES) <= names
-    assert (RECIPES_DIR / "README.md").is_file()
 
 
 @pytest.mark.parametrize("recipe", [_recipe_param(p) for p in RECIPES])
@@ -112,7 +102,10 @@ def test_dry_run_warns_when_a_paper_recipe_runs_at_another_geometry():
     assert any("512 prompts x 8 rollouts" in w and "128-prompt updates" in w for w in report.warnings)
 
 
-def test_qwen3_recipes_launch_lines_match_their_arithmetic():
+def test_the_recipe_tree_is_complete_and_qwen3_launch_lines_match_their_arithmetic():
+    names = {_rel(p) for p in RECIPES}
+    assert {"demo/stapo.yaml", "demo/grpo.yaml", "demo/stapo_lora.yaml", *REAL_MODEL_RECIPES} <= names
+    assert {f"{model}/{method}.yaml" for model in QWEN3_MODELS for method in METHODS} <= names
     for model in QWEN3_MODELS:
         for method in METHODS:
             path = RECIPES_DIR / model / f"{method}.yaml"
@@ -292,12 +285,8 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainable = {name for name, p in trainer.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in name for name in trainable), sorted(trainable)[:5]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(script.torch_num_threads or threads)
-    try:
+    with torch_threads(script.torch_num_threads):
         trainer.train()
-    finally:
-        torch.set_num_threads(threads)
     changed = {name for name, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[name])}
     assert changed, "no parameter changed"
     assert changed <= trainable, sorted(changed - trainable)[:5]  # the base weights never move
@@ -334,23 +323,19 @@ def test_demo_recipes_parse_into_the_right_classes():
 def test_accelerate_configs_are_what_they_claim():
     configs = {p.stem: yaml.safe_load(p.read_text()) for p in (RECIPES_DIR / "accelerate_configs").glob("*.yaml")}
     assert set(configs) >= {"ddp", "zero2", "zero3", "cpu_2proc", "zero2_cpu_2proc", "zero3_cpu_2proc"}
-    for name in ("ddp", "zero2", "zero3"):
-        assert configs[name]["num_processes"] == 8 and configs[name]["mixed_precision"] == "bf16"
-        assert configs[name]["use_cpu"] is False
-    assert configs["ddp"]["distributed_type"] == "MULTI_GPU"
-    assert configs["zero2"]["distributed_type"] == configs["zero3"]["distributed_type"] == "DEEPSPEED"
-    assert configs["zero2"]["deepspeed_config"]["zero_stage"] == 2
-    assert configs["zero3"]["deepspeed_config"]["zero_stage"] == 3
-    # The CPU forms that really start two ranks (MULTI_CPU or --cpu would start one).
-    for name in ("cpu_2proc", "zero2_cpu_2proc", "zero3_cpu_2proc"):
-        assert configs[name]["use_cpu"] is True and configs[name]["num_processes"] == 2
-        assert configs[name]["mixed_precision"] == "no"
-    assert configs["cpu_2proc"]["distributed_type"] == "MULTI_GPU"
-    for name, stage in (("zero2_cpu_2proc", 2), ("zero3_cpu_2proc", 3)):
-        assert (
-            configs[name]["distributed_type"] == "DEEPSPEED"
-            and configs[name]["deepspeed_config"]["zero_stage"] == stage
+    # (processes, precision, use_cpu, type, ZeRO stage); the CPU forms really start two ranks (MULTI_CPU would not).
+    expected = {"ddp": (8, "bf16", False, "MULTI_GPU", None), "cpu_2proc": (2, "no", True, "MULTI_GPU", None)}
+    expected |= {f"zero{n}": (8, "bf16", False, "DEEPSPEED", n) for n in (2, 3)}
+    expected |= {f"zero{n}_cpu_2proc": (2, "no", True, "DEEPSPEED", n) for n in (2, 3)}
+    for name, (processes, precision, cpu, kind, stage) in expected.items():
+        c = configs[name]
+        assert (c["num_processes"], c["mixed_precision"], c["use_cpu"], c["distributed_type"]) == (
+            processes,
+            precision,
+            cpu,
+            kind,
         )
+        assert c.get("deepspeed_config", {}).get("zero_stage") == stage, name
     # The CPU ZeRO-3 test config takes the GPU config's ZeRO-3 path: same stage, partitioned init, 16-bit final save.
     for key in ("zero_stage", "zero3_init_flag", "zero3_save_16bit_model", "offload_param_device"):
         assert configs["zero3_cpu_2proc"]["deepspeed_config"][key] == configs["zero3"]["deepspeed_config"][key], key
