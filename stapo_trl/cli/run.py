@@ -162,8 +162,7 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
 
 
 def _timed(timings: dict, call, *args, name: str):
-    start = time.perf_counter()
-    result = call(*args)
+    start, result = time.perf_counter(), call(*args)
     timings[name] = time.perf_counter() - start
     return result
 
@@ -173,14 +172,11 @@ def _fit(trainer, run: PreparedRun, timings: dict, end_training: bool) -> None:
     a, done = run.a, None
     if run.checkpoint is not None and a.max_steps > 0:
         done = TrainerState.load_from_json(os.path.join(run.checkpoint, "trainer_state.json"))
-        if done.global_step < a.max_steps:
-            done = None
-        else:
-            logger.warning(
-                f"{run.checkpoint} is at step {done.global_step} >= max_steps={a.max_steps}: training is already "
-                "complete, nothing is trained. The checkpoint is saved as the final model (and evaluated). To train "
-                "anew use another output_dir; to continue, raise max_steps."
-            )
+        done = done if done.global_step >= a.max_steps else None
+    if done is not None:
+        logger.warning(f"{run.checkpoint} is at step {done.global_step} >= max_steps={a.max_steps}: training is "
+                       "already complete, nothing is trained. The checkpoint is saved as the final model (and "
+                       "evaluated). To train anew use another output_dir; to continue, raise max_steps.")  # fmt: skip
     try:
         if done is None:
             trainer.accelerator.print(f"Training with {type(trainer).__name__} ...")
