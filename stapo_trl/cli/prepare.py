@@ -21,8 +21,6 @@ from ..run_folder import checkpoints
 
 logger = logging.getLogger(__name__)
 
-TRAINER_CLASSES = {"stapo": "STAPOTrainer", "grpo": "GRPOBaselineTrainer"}  # the class `stapo-train` builds
-
 
 def is_builtin_or_local(name: str | None) -> bool:
     return bool(name) and (name.startswith("builtin:") or os.path.exists(name))
@@ -70,11 +68,11 @@ class PreparedRun:
     holds `output_dir` from the folder step on; a dry run (`plan`: its `DryRunReport`) collects `errors` and
     `warnings` and reads only what is here."""
 
-    STEPS = (  # (step, the prefix of its errors in a dry run)
-        ("_rewards", ""), ("_model", "model_name_or_path: "), ("_push", ""), ("_resume_from", ""),
-        ("_dataset_name", ""), ("_folder", ""), ("_data", "dataset_name={s.dataset_name!r}: "), ("_benchmark", ""),
-        ("_prompts", ""),
-    )  # fmt: skip
+    STEPS = "_rewards _model _push _resume_from _dataset_name _folder _data _benchmark _prompts".split()
+    PREFIXES = {
+        "_model": "model_name_or_path: ",
+        "_data": "dataset_name={s.dataset_name!r}: ",
+    }  # of a dry run's errors
 
     def __init__(self, s, a, m, plan=None):
         self.s, self.a, self.m, self.dry = s, a, m, plan is not None
@@ -91,13 +89,13 @@ class PreparedRun:
         if self.dry:
             logging.getLogger("stapo_trl").addHandler(catch)
         try:
-            for name, prefix in self.STEPS:
+            for name in self.STEPS:
                 try:
                     getattr(self, name)()
                 except Exception as e:  # datasets raises many types for an unreadable file
                     if not self.dry or not isinstance(e, (ValueError, OSError)) and name != "_data":
                         raise
-                    self.errors.append(prefix.format(s=self.s) + str(e))
+                    self.errors.append(self.PREFIXES.get(name, "").format(s=self.s) + str(e))
             if not self.dry and self.a.should_save and not self.held:  # a new folder: once every check passed
                 checkpoints.hold_run_folder(self.a.output_dir)
         except BaseException:
@@ -114,9 +112,8 @@ class PreparedRun:
 
     def _model(self):
         if not (name := self.m.model_name_or_path):
-            raise ValueError(
-                "model_name_or_path is not set: give a Hub id, a local model folder or builtin:tiny-math."
-            )
+            raise ValueError("model_name_or_path is not set: give a Hub id, a local model folder or "
+                             "builtin:tiny-math.")  # fmt: skip
         if not self.dry:
             check_model_available(name, self.m.model_revision)
             return
@@ -223,7 +220,7 @@ class PreparedRun:
             raise ValueError(error)
 
     def run_settings(self) -> dict:
-        """The run record ([`~stapo_trl.run_folder.checkpoints.run_settings`]) with the data as the command names it."""
+        """The run record ([`~stapo_trl.run_folder.checkpoints.run_settings`]) with the data as the command names it"""
         from trl import get_peft_config
 
         from ..core.stapo_config import s2t_settings
@@ -232,7 +229,7 @@ class PreparedRun:
         s, a, m, name = self.s, self.a, self.m, self.s.dataset_name
         s2t = s2t_settings(a, STAPOConfig._s2t_modes) if s.trainer == "stapo" else None
         dtype = (a.model_init_kwargs or {}).get("dtype", m.dtype)
-        trainer, peft = TRAINER_CLASSES[s.trainer], get_peft_config(m)
+        trainer, peft = {"stapo": "STAPOTrainer", "grpo": "GRPOBaselineTrainer"}[s.trainer], get_peft_config(m)
         settings = checkpoints.run_settings(
             a, trainer=trainer, model=m.model_name_or_path, reward_funcs=self.reward_funcs, s2t=s2t, peft_config=peft,
             dtype=dtype,
