@@ -26,33 +26,25 @@ def test_gradient_checkpointing_future_warning_is_silenced_precisely(tiny_math_m
         model.is_gradient_checkpointing  # noqa: B018 (the filter ends with the block)
     shown = [(w.category.__name__, str(w.message)[:40]) for w in caught]
     deprecated = "`is_gradient_checkpointing` is deprecated"[:40]
-    assert shown == [
-        ("FutureWarning", deprecated),
-        ("FutureWarning", "another FutureWarning"),
-        ("FutureWarning", deprecated),
-        ("UserWarning", deprecated),
-        ("FutureWarning", deprecated),
-    ]
+    assert shown == [("FutureWarning", deprecated), ("FutureWarning", "another FutureWarning"),
+                     ("FutureWarning", deprecated), ("UserWarning", deprecated), ("FutureWarning", deprecated)]  # fmt: skip
 
 
-def trl_range_warning(version: str) -> list[str]:
-    """TRL's own warning, word for word (trl/import_utils.py): the text the filter is keyed on."""
-    return [
-        "UserWarning",
-        f"TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version {version} installed. We "
-        "recommend installing a supported version to avoid compatibility issues.",
-    ]
+# TRL's own warning, word for word (trl/import_utils.py): the text the filter is keyed on.
+TRL_RANGE = ("TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version {} installed. We recommend "
+             "installing a supported version to avoid compatibility issues.")  # fmt: skip
 
 
 @pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.33.0"])
 def test_trl_vllm_range_warning_is_silenced_by_its_text_and_module_inside_the_block(version):
+    text = TRL_RANGE.format(version)
+
     def shown(module: str, inside: bool) -> list[str]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with quiet_upstream() if inside else warnings.catch_warnings():
-                warnings.warn_explicit(trl_range_warning(version)[1], UserWarning, "import_utils.py", 1, module=module)
+                warnings.warn_explicit(text, UserWarning, "import_utils.py", 1, module=module)
         return [str(w.message) for w in caught]
 
-    assert shown("trl.import_utils", inside=False) == [trl_range_warning(version)[1]]
-    assert shown("my_project", inside=True) == [trl_range_warning(version)[1]]  # outside TRL: shown
-    assert shown("trl.import_utils", inside=True) == ([] if version != "0.33.0" else [trl_range_warning(version)[1]])
+    assert shown("trl.import_utils", inside=False) == [text] == shown("my_project", inside=True)  # outside TRL: shown
+    assert shown("trl.import_utils", inside=True) == ([] if version != "0.33.0" else [text])
