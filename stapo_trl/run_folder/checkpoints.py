@@ -1,5 +1,4 @@
-"""The run folder a resume trusts: whole checkpoints, the run record `stapo_run.json`, no write through a link, the
-`output_dir` check, one writer per folder. Nothing is unpickled but with `torch.load(weights_only=True)`."""
+"""What a resume trusts: whole checkpoints, the run record, no write through a link, one writer per folder."""
 
 from __future__ import annotations
 
@@ -24,11 +23,10 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_FOLDER = re.compile(r"^checkpoint-(\d+)$")
 RUN_RECORD = "stapo_run.json"
-DAMAGED_PREFIX = "_damaged-"  # neither pushed, rotated nor resumed
+DAMAGED_PREFIX = "_damaged-"
 NOT_USER_FILES = re.compile(r"^(\.nfs.*|slurm-.*\.out|_writer\.(lock|txt)|(metrics|spurious_tokens)(\.\d+)?\.jsonl)$")
 ROLLOUT_MANIFEST = re.compile(r"^rollout_state_\d+\.json$")
-RESUME_FIX = "Give a complete checkpoint folder (<output_dir>/checkpoint-<step>), or let a run take its newest one."
-_REQUIRED = {  # what `Trainer._save_checkpoint` writes, by name prefix (full, adapter, DeepSpeed)
+_REQUIRED = {  # what `Trainer._save_checkpoint` writes, by name prefix
     "model weights": ("model", "pytorch_model", "adapter_model", "global_step"),
     "optimizer state (optimizer.pt)": ("optimizer", "global_step"),
     "RNG state (rng_state.pth)": ("rng_state",),
@@ -48,10 +46,9 @@ class LinkError(ValueError):
     """A symbolic link where a run writes a file."""
 
     def __init__(self, path: str):
-        super().__init__(
-            f"{path} is a symbolic link (to {os.readlink(path)!r}): a run writes its files in its folder, never "
-            "through a link (it would overwrite the link's target). Remove the link, or give another output_dir."
-        )
+        super().__init__(f"{path} is a symbolic link (to {os.readlink(path)!r}): a run writes its files in its "
+                         "folder, never through a link (it would overwrite the link's target). Remove the link, or "
+                         "give another output_dir.")  # fmt: skip
 
 
 def open_run_file(path: str | os.PathLike, mode: str = "w") -> IO:
@@ -302,7 +299,7 @@ def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_as
     return checkpoint
 
 
-def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: str = RESUME_FIX) -> None:
+def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: str = "") -> None:
     """Raise `ValueError("<what> <problem>. <fix>")` for a checkpoint given by name that is missing, a file, a run
     folder (naming its newest complete checkpoint) or not complete."""
     if (problem := checkpoint_problem(path, save_only_model)) is None:
@@ -313,6 +310,9 @@ def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: s
         problem = f"is a run folder, not a checkpoint: give one of its checkpoints ({os.path.basename(newest)})"
     else:
         problem = f"is not a complete checkpoint ({problem})"
+    fix = (
+        fix or "Give a complete checkpoint folder (<output_dir>/checkpoint-<step>), or let a run take its newest one."
+    )
     raise ValueError(f"{what} {problem}. {fix}")
 
 

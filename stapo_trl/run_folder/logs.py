@@ -1,5 +1,4 @@
-"""The run files `metrics.jsonl` and `spurious_tokens.jsonl`, written during `train()` and read back; the warning when
-the first logging steps had no learning signal."""
+"""The run files `metrics.jsonl` and `spurious_tokens.jsonl`, written and read back; the no-learning-signal warning."""
 
 from __future__ import annotations
 
@@ -22,29 +21,13 @@ logger = logging.getLogger(__name__)
 
 METRICS_FILENAME = "metrics.jsonl"
 SPURIOUS_TOKENS_FILENAME = "spurious_tokens.jsonl"
-TRAIN_SUMMARY_KEYS = set(
-    "train_runtime train_samples_per_second train_steps_per_second total_flos train_loss epoch".split()
-)
+TRAIN_SUMMARY_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos",
+                      "train_loss", "epoch"}  # fmt: skip
 _WARNED: set = set()  # (file, skipped lines) already said
 
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _jsonable(value: Any) -> Any:  # NaN and infinities as null, 0-d tensors as numbers
-    value = value.item() if hasattr(value, "item") and getattr(value, "ndim", 1) == 0 else value
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def _metrics_row(row: dict) -> bool:
-    whole = _number(step := row.get("step")) and float(step).is_integer()
-    return whole and all(value is None or _number(value) for value in row.values())
-
-
-def _token_record(row: dict) -> bool:
-    numbers = all(_number(row.get(key)) for key in ("step", "prob", "entropy"))
-    return row.get("kind") in records_.KINDS and numbers and isinstance(row.get("token"), str)
 
 
 def json_lines(path: str | os.PathLike):
@@ -75,13 +58,26 @@ def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object")
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The rows of `metrics.jsonl` (or `<dir>/metrics.jsonl`): an integer `step`, numbers or `null`."""
     path = os.path.join(path, METRICS_FILENAME) if os.path.isdir(path) else os.fspath(path)
-    return read_jsonl(path, _metrics_row, "a metrics row (a JSON object with an integer step and numbers)")
+
+    def valid(row: dict) -> bool:
+        return (
+            _number(row.get("step"))
+            and float(row["step"]).is_integer()
+            and all(v is None or _number(v) for v in row.values())
+        )
+
+    return read_jsonl(path, valid, "a metrics row (a JSON object with an integer step and numbers)")
 
 
 def read_token_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of `spurious_tokens.jsonl` (or of `<dir>/spurious_tokens.jsonl`), in order."""
     path = os.path.join(path, SPURIOUS_TOKENS_FILENAME) if os.path.isdir(path) else os.fspath(path)
-    return read_jsonl(path, _token_record, "a token record (a JSON object with kind, step, prob, entropy, token)")
+
+    def valid(row: dict) -> bool:
+        numbers = all(_number(row.get(key)) for key in ("step", "prob", "entropy"))
+        return row.get("kind") in records_.KINDS and numbers and isinstance(row.get("token"), str)
+
+    return read_jsonl(path, valid, "a token record (a JSON object with kind, step, prob, entropy, token)")
 
 
 def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -156,23 +152,16 @@ class MetricsLogCallback(JsonlLogCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = {k: v for k, v in (logs or {}).items() if "train_runtime" not in logs or k not in TRAIN_SUMMARY_KEYS}
         if state.is_world_process_zero and logs:
-            row = {"step": state.global_step, "epoch": state.epoch} | {k: _jsonable(v) for k, v in logs.items()}
-            self.write_rows(args, [row])
+            row = json.dumps({"step": state.global_step, "epoch": state.epoch} | logs, default=lambda v: v.item())
+            self.write_rows(args, [json.loads(row, parse_constant=lambda _: None)])  # NaN, infinities: null
 
 
 class SpuriousTokenLogger(JsonlLogCallback):
-    """The silenced tokens of the training masks, with samples of kept candidates and other positive-advantage tokens,
-    in `spurious_tokens.jsonl` at every logging step (gathered from every process: a collective); with wandb or
-    trackio, the most silenced tokens as a table. One added before `train()` replaces the trainer's own.
-
-    Args:
-        trainer ([`~stapo_trl.STAPOTrainer`]): the trainer whose masks are recorded.
-        path (`str`, *optional*): the file; defaults to `<output_dir>/spurious_tokens.jsonl`.
-        max_silenced, max_kept_candidates, max_reference (`int`, *optional*, defaults to 256, 64, 64): records of each
-            kind per logging step (a uniform sample beyond).
-        context_tokens (`int`, *optional*, defaults to 8): completion tokens of context on each side.
-        top_k (`int`, *optional*, defaults to 20): rows of the tracker table.
-    """
+    """The silenced tokens of `trainer`'s masks, with samples of kept candidates and other positive-advantage tokens,
+    in `path` (default `<output_dir>/spurious_tokens.jsonl`) at every logging step, gathered from every process (a
+    collective); with wandb or trackio, the `top_k` most silenced tokens as a table. `max_*`: records of each kind per
+    logging step (a uniform sample beyond); `context_tokens` on each side. One added before `train()` replaces the
+    trainer's own."""
 
     filename = SPURIOUS_TOKENS_FILENAME
 
@@ -180,9 +169,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
                  context_tokens=8, top_k=20):  # fmt: skip
         super().__init__(path)
         self.trainer, self.context_tokens, self.top_k = trainer, context_tokens, top_k
-        caps = max_silenced, max_kept_candidates, max_reference
-        self.max_silenced, self.max_kept_candidates, self.max_reference = caps
-        self.caps = dict(zip(records_.KINDS, caps))
+        self.caps = dict(zip(records_.KINDS, (max_silenced, max_kept_candidates, max_reference)))
         self.silenced_counts, self.kept_candidate_counts = Counter(), Counter()  # by token label, for the table
         self._token_bytes = self._pending = None  # token id -> bytes; the masks' sample on the device
 
@@ -193,21 +180,21 @@ class SpuriousTokenLogger(JsonlLogCallback):
             self._count(record)
 
     def _count(self, record: dict[str, Any]) -> None:  # under the figures' label
-        if record["kind"] in ("silenced", "kept_candidate"):
-            if self._token_bytes is None:
-                backend = getattr(self.trainer.processing_class, "backend_tokenizer", None)  # a fast tokenizer
-                self._token_bytes = records_.tokenizer_token_bytes(json.loads(backend.to_str())) if backend else {}
-            token_id = record.get("token_id")
-            label = records_.readable_token(record["token"], self._token_bytes.get(token_id), token_id)
-            (self.silenced_counts if record["kind"] == "silenced" else self.kept_candidate_counts)[label] += 1
+        if record["kind"] == "reference":
+            return
+        if self._token_bytes is None:
+            backend = getattr(self.trainer.processing_class, "backend_tokenizer", None)  # a fast tokenizer
+            self._token_bytes = records_.tokenizer_token_bytes(json.loads(backend.to_str())) if backend else {}
+        token_id = record.get("token_id")
+        label = records_.readable_token(record["token"], self._token_bytes.get(token_id), token_id)
+        (self.silenced_counts if record["kind"] == "silenced" else self.kept_candidate_counts)[label] += 1
 
     def record(self, result, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> None:
         """Merge the records of one mask (`_compute_s2t_mask`'s arguments and result) into the pending sample."""
-        trainer, caps, update = self.trainer, tuple(self.caps.values()), self.trainer.state.global_step + 1
-        seed = f"{trainer.args.seed}-{update}-{trainer.accelerator.process_index}"
+        caps, update, rank = tuple(self.caps.values()), self.trainer.state.global_step + 1, self.trainer.accelerator
         selected = records_.select_token_records(
-            result, per_token_logps, entropies, advantages, loss_mask, completion_ids, caps=caps,
-            context_tokens=self.context_tokens, seed=seed, update=update,
+            result, per_token_logps, entropies, advantages, loss_mask, completion_ids, caps=caps, update=update,
+            context_tokens=self.context_tokens, seed=f"{self.trainer.args.seed}-{update}-{rank.process_index}",
         )  # fmt: skip
         pending = self._pending
         self._pending = selected if pending is None else records_.merge_token_records(pending, selected, caps)
@@ -263,22 +250,15 @@ def add_run_file_callbacks(trainer) -> list[TrainerCallback]:
     return added
 
 
-BUILTIN_PROMPT_FORMATS = {  # why a `builtin:` model not trained on tiny-math earns nothing
-    "tiny-random": "builtin:tiny-random has random weights: it answers nothing correctly, whatever the prompt.",
-    "smollm2-135m": "builtin:smollm2-135m, as shipped, solves almost no two-digit addition at temperature 1.",
-    "gemma3-270m": "builtin:gemma3-270m is a base model: it rarely ends with a \\boxed{} answer.",
-}
-
-
 class NoLearningSignalCallback(TrainerCallback):
     """Warn once when the first `num_rows` log rows had no learning signal (zero reward spread in every group, or a
     reward giving every completion one value or `None`), naming the likely causes."""
 
     def __init__(self, trainer, num_rows: int = 3):
-        self.trainer, self.num_rows, self.rows, self.message = trainer, num_rows, [], None
+        self.trainer, self.num_rows, self.rows = trainer, num_rows, []
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.rows, self.message = [], None
+        self.rows = []
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         spread = (logs or {}).get("frac_reward_zero_std")
@@ -309,22 +289,19 @@ class NoLearningSignalCallback(TrainerCallback):
             where = f"the first {len(rows)} logging steps (steps {rows[0]['step']}-{rows[-1]['step']})"
         values = ", ".join(f"{name} gave {value}" for name, value in constant.items())
         if zero_spread or set(constant) == set(self.trainer.reward_func_names):
-            spread = "no reward function gave two completions different values"
-            spread = "every prompt group had zero reward spread (frac_reward_zero_std = 1)" if zero_spread else spread
+            spread = "every prompt group had zero reward spread (frac_reward_zero_std = 1)" if zero_spread else (
+                "no reward function gave two completions different values")  # fmt: skip
             text = f"No learning signal. In {where}, {spread}, so every advantage and the gradient were 0"
             text += f"; the reward functions gave every completion the same value ({values})." if constant else "."
         else:
             text = f"A reward function gave every completion the same value in {where} ({values}): it adds nothing."
         columns = [c for c in (getattr(self.trainer.train_dataset, "column_names", None) or []) if c != "prompt"]
         here = f" (here: {', '.join(columns)})" if columns else ""
-        causes = (
-            self._prompt_cause(),
-            f"The reward: call {', '.join(constant) or 'your reward'} on a right and a wrong completion: they must "
-            "differ.",
-            f"The columns: TRL passes each column but `prompt` to the rewards by name{here}; check the one it reads.",
+        logger.warning(
+            f"{text} Likely causes: (1) {self._prompt_cause()} (2) The reward: call "
+            f"{', '.join(constant) or 'your reward'} on a right and a wrong completion: they must differ. (3) The "
+            f"columns: TRL passes each column but `prompt` to the rewards by name{here}; check the one it reads."
         )
-        self.message = f"{text} Likely causes: " + " ".join(f"({i}) {c}" for i, c in enumerate(causes, 1))
-        logger.warning(self.message)
 
     def _prompt_cause(self) -> str:
         from ..data import format_prompt
@@ -343,8 +320,14 @@ class NoLearningSignalCallback(TrainerCallback):
                 text += f" Your prompts hold their instruction twice ({tail!r} repeated)."
         path = getattr(getattr(self.trainer.model, "config", None), "_name_or_path", None)
         name = read_builtin_info(path)["name"][8:] if path and os.path.isfile(os.path.join(path, INFO_FILE)) else None
-        if name in BUILTIN_PROMPT_FORMATS:
-            return f"{text} {BUILTIN_PROMPT_FORMATS[name]}"
+        why = {  # why a `builtin:` model not trained on tiny-math earns nothing
+            "tiny-random": "builtin:tiny-random has random weights: it answers nothing correctly, whatever the "
+            "prompt.",
+            "smollm2-135m": "builtin:smollm2-135m, as shipped, solves almost no two-digit addition at temperature 1.",
+            "gemma3-270m": "builtin:gemma3-270m is a base model: it rarely ends with a \\boxed{} answer.",
+        }.get(name)
+        if why:
+            return f"{text} {why}"
         if name in BUILTIN_MODELS:
             text += f" builtin:{name} was trained on one prompt format only: {format_prompt('47+38')}."
         return text
