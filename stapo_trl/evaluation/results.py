@@ -18,7 +18,6 @@ from .tasks import BENCHMARKS, PAPER_BENCHMARKS
 logger = logging.getLogger(__name__)
 
 RESULTS_FORMAT_VERSION = 2  # 2: a seed per sample; 1 (read, not resumed): per benchmark and decoding
-LIBRARIES = ["stapo_trl", "torch", "transformers", "trl", "math-verify", "latex2sympy2_extended", "datasets"]
 
 
 def describe_model(model: str, revision: str | None = None) -> dict[str, Any]:
@@ -28,17 +27,18 @@ def describe_model(model: str, revision: str | None = None) -> dict[str, Any]:
     from huggingface_hub import try_to_load_from_cache
 
     try:
-        cached = try_to_load_from_cache(model, "config.json", revision=revision)
+        cached = try_to_load_from_cache(model, "config.json", revision=revision)  # snapshots/<commit>/config.json
     except Exception:  # noqa: BLE001 - best effort
         cached = None
-    commit = Path(cached).parent.name if isinstance(cached, str) else revision  # snapshots/<commit>/config.json
+    commit = Path(cached).parent.name if isinstance(cached, str) else revision
     return {"name_or_path": model, "source": "hub", "revision": commit, "requested_revision": revision}
 
 
 def library_versions(backend: str) -> dict[str, str | None]:
     """The versions of Python and of the libraries that shape the numbers (`None`: not installed)."""
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for name in LIBRARIES + (["vllm"] if backend == "vllm" else []):
+    libraries = ["stapo_trl", "torch", "transformers", "trl", "math-verify", "latex2sympy2_extended", "datasets"]
+    for name in libraries + ["vllm"] * (backend == "vllm"):
         try:
             out[name] = version(name)
         except PackageNotFoundError:
@@ -66,25 +66,13 @@ def load_results(path: str | Path) -> dict[str, Any]:
     return data
 
 
-# The settings a file resumes only with equal: their flag and what unset means.
-_RESUME_FLAGS = {
+_RESUME_FLAGS = {  # the settings a file resumes only with equal: their flag and what unset means
     "model": ("--model", None), "revision": ("--revision", "the default branch"), "backend": ("--backend", None),
     "samples": ("--samples", "each benchmark's default"), "max_new_tokens": ("--max-new-tokens", None),
     "limit": ("--limit", "every problem"), "data_dir": ("--data-dir", "the Hub datasets"), "seed": ("--seed", None),
     "instruction": ("", None), "chat_template": ("--no-chat-template", None), "dtype": ("--dtype", None),
     "batch_size": ("--batch-size", None), "threads": ("--threads", "torch's default, one for a tiny model"),
 }  # fmt: skip
-
-
-def _same(key: str, old: Any, new: Any, benchmarks: list[str]) -> bool:
-    """Equal, or the same numbers: one folder written two ways, `--samples` unset and each benchmark's default."""
-    if key == "model" and isinstance(old, str) and isinstance(new, str) and os.path.isdir(new):
-        return os.path.abspath(os.path.expanduser(old)) == os.path.abspath(os.path.expanduser(new))
-    if key == "samples" and benchmarks and all(b in BENCHMARKS for b in benchmarks):
-        return all(
-            (old or BENCHMARKS[b].default_samples) == (new or BENCHMARKS[b].default_samples) for b in benchmarks
-        )
-    return old == new
 
 
 def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path) -> None:
@@ -95,10 +83,15 @@ def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path
             f"{path} holds results of the old seeding (a seed per benchmark and decoding, now one per sample, as in "
             "stapo-train's evaluation), so it cannot be resumed: choose another --output, or delete it to rerun."
         )
-    old = existing.get("config", {})
+    old, benchmarks = existing.get("config", {}), existing.get("config", {}).get("benchmarks") or []
     whats, give, leave_out = [], [], []
     for key, (flag, unset) in _RESUME_FLAGS.items():
-        if key not in old or _same(key, old[key], config.get(key), old.get("benchmarks") or []):
+        a, b = old.get(key), config.get(key)  # the same numbers: one folder written two ways; each default
+        if key == "model" and isinstance(a, str) and isinstance(b, str) and os.path.isdir(b):
+            a, b = (os.path.abspath(os.path.expanduser(m)) for m in (a, b))
+        if key == "samples" and benchmarks and all(name in BENCHMARKS for name in benchmarks):
+            a, b = ([v or BENCHMARKS[name].default_samples for name in benchmarks] for v in (a, b))
+        if key not in old or a == b:
             continue
         if key == "instruction":
             whats.append("the prompt instruction (stapo_trl's own: another version wrote the file)")
@@ -144,12 +137,6 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-PROBLEMS_FOOTNOTE = (
-    "(n/N): the cell averages n of the benchmark's N problems; the others' prompts were too long for the model's "
-    "positions with this generation budget (the results file's num_problems)."
-)
-
-
 def _dropped(table: dict[str, Any]) -> str:  # " (n/N)": n of the N problems loaded averaged
     n, total = table.get("num_problems"), table.get("num_problems_loaded")
     return f" ({n}/{total})" if isinstance(n, int) and isinstance(total, int) and n < total else ""
@@ -168,8 +155,7 @@ class _Table:
         self.columns, self.lines = columns, ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
         self.partial_avg = self.dropped = False
 
-    def row(self, label: str, tables: dict[str, Any], averaged: list[str]) -> list[float | None]:
-        """Add a row; return its values (avg@N per column, then Avg; `None` where missing)."""
+    def row(self, label: str, tables: dict[str, Any], averaged: list[str]) -> list[float | None]:  # avg@N..., Avg
         values = [_avg(tables[b]) if b in tables else None for b in self.columns]
         values.append(sum(_avg(tables[b]) for b in averaged) / len(averaged) if averaged else None)
         notes = [_dropped(tables.get(b) or {}) for b in self.columns] + [""]
@@ -181,7 +167,9 @@ class _Table:
         return values
 
     def footnotes(self, partial_avg: str, result_sets: list[dict[str, Any]]) -> list[str]:
-        notes = [partial_avg] * self.partial_avg + [PROBLEMS_FOOTNOTE] * self.dropped
+        dropped = ("(n/N): the cell averages n of the benchmark's N problems; the others' prompts were too long for "
+                   "the model's positions with this generation budget (the results file's num_problems).")  # fmt: skip
+        notes = [partial_avg] * self.partial_avg + [dropped] * self.dropped
         if limits := sorted({data.get("config", {}).get("limit") for data in result_sets} - {None}):
             notes.append(f"Only the first {', '.join(map(str, limits))} problems of each benchmark (--limit).")
         return notes
@@ -198,13 +186,11 @@ def format_results_table(result_sets: list[dict[str, Any]]) -> str:
     return "\n".join(table.lines + ([""] + notes if notes else []))
 
 
-COMPARABLE_SETTINGS = ("max_new_tokens", "limit", "instruction", "chat_template", "data_dir")  # the backend may differ
-
-
 def comparison_caveats(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """What differs between two results files beyond the model: settings, samples, problems."""
     ca, cb = a.get("config", {}), b.get("config", {})
-    caveats = [f"{k}: {ca[k]!r} vs {cb[k]!r}" for k in COMPARABLE_SETTINGS if k in ca and k in cb and ca[k] != cb[k]]
+    keys = ("max_new_tokens", "limit", "instruction", "chat_template", "data_dir")  # the backend may differ
+    caveats = [f"{k}: {ca[k]!r} vs {cb[k]!r}" for k in keys if k in ca and k in cb and ca[k] != cb[k]]
     for decoding in [d for d in a["results"] if d in b["results"]]:
         ta, tb = a["results"][decoding], b["results"][decoding]
         for bench in [x for x in BENCHMARKS if x in ta and x in tb]:
@@ -228,8 +214,8 @@ def format_comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
         suffixes = (" (a)", " (b)") if _label(a) == _label(b) else ("", "")
         va, vb = (table.row(f"{_label(d)}/{decoding}{s}", t, both) for d, t, s in zip((a, b), (ta, tb), suffixes))
         gains = ["n/a" if not x or y is None else f"{100 * (y - x) / x:+.1f}%" for x, y in zip(va, vb)]
-        gain_row = f"| rel. gain (b-a)/a | {' | '.join(gains)} |"
-        out.append("\n".join([f"Decoding {decoding}", "", *table.lines, gain_row]))
+        gains = f"| rel. gain (b-a)/a | {' | '.join(gains)} |"
+        out.append("\n".join([f"Decoding {decoding}", "", *table.lines, gains]))
         note = f"\\* Avg over the {len(both)} paper benchmark(s) both files have: {', '.join(both)}."
         notes += [n for n in table.footnotes(note, []) if n not in notes]
     if caveats := comparison_caveats(a, b):
