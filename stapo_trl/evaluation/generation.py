@@ -19,10 +19,8 @@ from .tasks import BenchmarkProblem
 logger = logging.getLogger(__name__)
 
 DecodingSetting = namedtuple("DecodingSetting", "name temperature top_p")
-DECODINGS = {  # the paper's two settings (Sec. 4), and argmax decoding
-    name: DecodingSetting(name, temperature, top_p)
-    for name, temperature, top_p in (("t1.0-p1.0", 1.0, 1.0), ("t0.7-p0.9", 0.7, 0.9), ("greedy", 0.0, 1.0))
-}
+DECODINGS = {name: DecodingSetting(name, t, p) for name, t, p in  # the paper's two settings (Sec. 4), and argmax
+             (("t1.0-p1.0", 1.0, 1.0), ("t0.7-p0.9", 0.7, 0.9), ("greedy", 0.0, 1.0))}  # fmt: skip
 DECODING_ALIASES = {"paper": ("t1.0-p1.0", "t0.7-p0.9")}
 DECODING_NAMES = ", ".join([*DECODING_ALIASES, *DECODINGS, "t<temperature>-p<top_p> (e.g. t0.6-p0.95)"])
 DEFAULT_MAX_NEW_TOKENS = 20480  # the paper's generation budget
@@ -128,17 +126,14 @@ class HFGenerator:
         return hf_generate(self.model, self.tokenizer, prompt_texts, batch_size=self.batch_size, **sampling)
 
 
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks
-
-
 def vllm_max_lora_rank(adapter: str) -> int:
     """The smallest vLLM `max_lora_rank` holding the adapter's `r` and `rank_pattern`; `ValueError` above 512."""
     with open(os.path.join(adapter, "adapter_config.json"), encoding="utf-8") as f:
         config = json.load(f)
     rank = max(int(r) for r in [config.get("r", 8), *(config.get("rank_pattern") or {}).values()])
-    if rank > VLLM_LORA_RANKS[-1]:
-        raise ValueError(f"{adapter}: LoRA rank {rank} is above vLLM's largest max_lora_rank {VLLM_LORA_RANKS[-1]}.")
-    return next(allowed for allowed in VLLM_LORA_RANKS if allowed >= rank)
+    if rank > 512:
+        raise ValueError(f"{adapter}: LoRA rank {rank} is above vLLM's largest max_lora_rank 512.")
+    return next(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= rank)  # vllm.config.lora.MaxLoRARanks
 
 
 class VLLMGenerator:
@@ -199,16 +194,12 @@ def evaluate_problems(generate_fn, tokenizer, problems: list[BenchmarkProblem], 
     sampling = {"temperature": decoding.temperature, "top_p": decoding.top_p, "max_new_tokens": max_new_tokens}
     generations = generate_fn([texts[i] for i in local], n=n, seeds=[seed + i * n for i in local], **sampling)
     generated = time.perf_counter()
-    graded = []
-    for i, samples in zip(local, generations):
-        problem, rows = problems[i], []
-        for j, sample in enumerate(samples):
-            result = grade(sample.text, problem.gold)
-            record = {"benchmark": problem.benchmark, "decoding": decoding.name, "id": problem.id, "sample": j,
-                      "extracted": result.extracted, "correct": result.correct, "grader_error": result.error,
-                      "num_tokens": sample.num_tokens, "finished": sample.finished}  # fmt: skip
-            rows.append(record | ({"completion": sample.text} if save_completions else {}))
-        graded.append((i, rows))
+    graded = [(i, [
+        {"benchmark": problems[i].benchmark, "decoding": decoding.name, "id": problems[i].id, "sample": j,
+         "extracted": r.extracted, "correct": r.correct, "grader_error": r.error, "num_tokens": sample.num_tokens,
+         "finished": sample.finished} | ({"completion": sample.text} if save_completions else {})
+        for j, sample in enumerate(samples) for r in [grade(sample.text, problems[i].gold)]
+    ]) for i, samples in zip(local, generations)]  # fmt: skip
     if local is not keep:
         from accelerate.utils import gather_object
 

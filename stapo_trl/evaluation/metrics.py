@@ -7,9 +7,8 @@ from collections.abc import Sequence
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of [Chen et al. 2021](https://huggingface.co/papers/2107.03374), Eq. 1: 1 - C(n-c, k) / C(n, k),
-    the probability that k of the n samples (c of them correct), drawn without replacement, hold a correct one;
-    `ValueError` for k outside [1, n] or c outside [0, n]."""
+    """Unbiased pass@k of [Chen et al. 2021](https://huggingface.co/papers/2107.03374), Eq. 1: 1 - C(n-c, k) / C(n, k)
+    for n samples, c of them correct; `ValueError` for k outside [1, n] or c outside [0, n]."""
     if not (1 <= k <= n and 0 <= c <= n):
         raise ValueError(f"pass@k needs 1 <= k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)

@@ -28,7 +28,6 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {s.name: s for s in (
         BenchmarkSpec("tiny-math", "TinyMath", 4, "builtin:tiny-math", num_problems=300, in_paper=False),
 )}  # fmt: skip
 PAPER_BENCHMARKS: tuple[str, ...] = tuple(name for name, spec in BENCHMARKS.items() if spec.in_paper)
-DATA_FILES: tuple[str, ...] = ("test.jsonl", "test.parquet", "test.json")  # in order of preference
 BenchmarkProblem = namedtuple("BenchmarkProblem", "id problem gold benchmark", defaults=("",))
 
 
@@ -40,16 +39,12 @@ def get_benchmark_spec(name: str) -> BenchmarkSpec:
     raise ValueError(f"Unknown benchmark {name!r}. Valid benchmarks: {', '.join(BENCHMARKS)}.")
 
 
-_OPENERS = ("Let's", "Let us", "Please", "You should", "Think", "Put", "Output", "Return")
-_BOXED_TAIL = re.compile(r"\\boxed\{\}[^\n]*$")
-
-
 def clean_problem_text(text: str) -> str:
     r"""`text` without DAPO's "Answer:" wrapper and a last-line instruction to answer in `\boxed{}`."""
     text = remove_dapo_instruction(text.strip()).strip()
-    if (m := _BOXED_TAIL.search(text)) is not None:
+    if (m := re.search(r"\\boxed\{\}[^\n]*$", text)) is not None:
         head = text[: m.start()]
-        start = max(head.rfind(word) for word in _OPENERS)
+        start = max(map(head.rfind, ("Let's", "Let us", "Please", "You should", "Think", "Put", "Output", "Return")))
         if start >= 0 and "\n" not in head[start:] and (start == 0 or head[start - 1].isspace()):
             text = text[:start]
     return text.strip()
@@ -86,7 +81,6 @@ def normalize_record(row: Mapping[str, Any], index: int = 0, benchmark: str = ""
     problem = next((text for text in texts if isinstance(text, str) and text.strip()), None)
     if not (problem := problem or _user_content(row.get("prompt")) or _user_content(row.get("messages"))):
         raise ValueError(f"Row {index}: no problem field (problem/question/prompt/messages); keys: {sorted(row)}")
-
     verl = row.get("reward_model") if isinstance(row.get("reward_model"), Mapping) else {}
     answers = [row.get("answer"), row.get("final_answer"), verl.get("ground_truth"), row.get("ground_truth")]
     gold = next((_gold(a) for a in answers if a is not None and str(a).strip()), None)
@@ -98,9 +92,8 @@ def normalize_record(row: Mapping[str, Any], index: int = 0, benchmark: str = ""
         fields = "answer/final_answer/reward_model.ground_truth/ground_truth/boxed solution"
         raise ValueError(f"Row {index}: no gold answer ({fields}); keys: {sorted(row)}")
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
-    row_id = next(
-        (i for i in (row.get("id"), row.get("unique_id"), row.get("idx"), extra.get("index")) if i is not None), index
-    )
+    ids = (row.get("id"), row.get("unique_id"), row.get("idx"), extra.get("index"))
+    row_id = next((i for i in ids if i is not None), index)
     return BenchmarkProblem(str(row_id), clean_problem_text(problem), gold, benchmark)
 
 
@@ -126,8 +119,8 @@ def find_benchmark_file(name: str, data_dir: str | Path) -> Path:
     data_dir = Path(data_dir)
     if data_dir.is_file():
         return data_dir
-    name = get_benchmark_spec(name).name
-    tried = [data_dir / name / f for f in DATA_FILES] + [data_dir / f"{name}{Path(f).suffix}" for f in DATA_FILES]
+    name, files = get_benchmark_spec(name).name, ("test.jsonl", "test.parquet", "test.json")  # in that order
+    tried = [data_dir / name / f for f in files] + [data_dir / f"{name}{Path(f).suffix}" for f in files]
     if found := next((candidate for candidate in tried if candidate.is_file()), None):
         return found
     raise FileNotFoundError(f"No data file for benchmark {name!r}; tried: {', '.join(map(str, tried))}")

@@ -1,2 +1,1 @@
-"""The run folder: what a run writes (checkpoints with their run record and rollout, `metrics.jsonl`,
-`spurious_tokens.jsonl`, the card) and what a resume trusts, with one writer at a time and no write through a link."""
+"""The run folder: checkpoints, run record, rollout state, run files and card; one writer, no write through a link."""
