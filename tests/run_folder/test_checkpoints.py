@@ -60,79 +60,85 @@ def _resume_lines(caplog):
     return [r.getMessage() for r in caplog.records if re.search("newest complete checkpoint|Resuming", r.getMessage())]
 
 
-def test_each_checkpoint_records_its_files_and_what_the_run_optimizes(run, tiny_random_model_path):
+def test_a_checkpoint_records_its_files_and_settings_and_needs_its_states_without_the_record(
+    run, tiny_random_model_path
+):
+    from stapo_trl.run_folder.checkpoints import checkpoint_problem
+
     record = json.loads((run / "checkpoint-2" / "stapo_run.json").read_text())
     files = sorted(p.name for p in (run / "checkpoint-2").iterdir() if p.name != "stapo_run.json")
     assert record["files"] == files and {"scheduler.pt", "rng_state.pth"} <= set(files)
     settings = record["settings"]
-    assert (record["save_only_model"], settings["trainer"], settings["model"], settings["reward_funcs"]) == (
-        False, "STAPOTrainer", tiny_random_model_path, ["zero_reward"]
-    )  # fmt: skip
-    assert (settings["train_dataset"], settings["s2t_prob_threshold"], settings["s2t_entropy_quantile"]) == (
-        PROMPTS._fingerprint, 0.002, 0.75
-    )  # fmt: skip
-    assert (settings["s2t_mode"], settings["learning_rate"], settings["optim"], settings["loss_type"]) == (
-        "low_entropy", 1e-06, "adamw_torch_fused", "dapo"
-    )  # fmt: skip
+    keys = ("trainer", "model", "reward_funcs", "train_dataset", "s2t_prob_threshold", "s2t_entropy_quantile",
+            "s2t_mode", "learning_rate", "optim", "loss_type")  # fmt: skip
+    assert [record["save_only_model"], *(settings[k] for k in keys)] == [
+        False, "STAPOTrainer", tiny_random_model_path, ["zero_reward"], PROMPTS._fingerprint, 0.002, 0.75,
+        "low_entropy", 1e-06, "adamw_torch_fused", "dapo",
+    ]  # fmt: skip
     assert settings["peft"] is None and "max_steps" not in settings and "per_device_train_batch_size" not in settings
+    folder = run / "checkpoint-1"
+    (folder / "stapo_run.json").unlink()
+    assert checkpoint_problem(str(folder)) is None
+    (folder / "rng_state.pth").unlink()
+    assert checkpoint_problem(str(folder)) == "no RNG state (rng_state.pth)"
+    assert checkpoint_problem(str(folder), save_only_model=True) is None
+    (folder / "optimizer.pt").unlink()
+    assert checkpoint_problem(str(folder)) == "no optimizer state (optimizer.pt)"
+    (folder / "model.safetensors").rename(folder / "adapter_model.safetensors")  # a PEFT checkpoint
+    assert checkpoint_problem(str(folder), save_only_model=True) is None
+    (folder / "adapter_model.safetensors").unlink()
+    assert checkpoint_problem(str(folder), save_only_model=True) == "no model weights"
+    assert checkpoint_problem(str(run / "checkpoint-4")) == "not a folder"
 
 
+def _edit(change):
+    def damage(path, marker):
+        data = json.loads(path.read_text())
+        change(data)
+        path.write_text(json.dumps(data))
+
+    return damage
+
+
+CUT, GONE, DEEP = (lambda p, m: _cut(p)), (lambda p, m: p.unlink()), (lambda p, m: p.write_text("[" * 100_000))
 # Measured before: each resumed "checkpoint-2", then stopped in transformers or trained wrongly without a word.
-DAMAGES = {
-    "model-cut": ("model.safetensors", "model.safetensors damaged: incomplete metadata, file not fully covered"),
-    "optimizer-cut": ("optimizer.pt", "optimizer.pt damaged: no zip directory (cut short, or overwritten)"),
-    "rng-overwritten": ("rng_state.pth", "rng_state.pth damaged: no zip directory (cut short, or overwritten)"),
-    "no-scheduler": ("scheduler.pt", "no scheduler.pt: without it transformers resumes with a fresh optimizer"),
-    "scheduler-hostile": ("scheduler.pt", "scheduler.pt refused by a safe load: Trying to load unsupported GLOBAL "
-                          "posix.system whose module posix is blocked"),
-    "config-cut": ("config.json", "config.json unreadable: JSONDecodeError"),
-    "no-tokenizer": ("tokenizer.json", "no tokenizer.json, which its save wrote"),
-    "no-config": ("config.json", "no config.json, which its save wrote"),
-    "model-grown": ("model.safetensors", "model.safetensors damaged: incomplete metadata, file not fully covered"),
-    "rollout-cut": ("rollout_state_0.safetensors", "rollout_state_0.safetensors damaged: invalid header length"),
-    "no-rollout": ("rollout_state_0.safetensors", "no rollout_state_0.safetensors, which its save wrote"),
-    "rollout-lies": ("rollout_state_0.json", "rollout_state_0.json does not match rollout_state_0.safetensors (its "
-                     "tensors' names, dtypes or shapes)"),
-    "step-negative": ("trainer_state.json", "trainer_state.json has global_step -5, not its step 2"),
-    "step-string": ("trainer_state.json", "trainer_state.json has global_step '2', not its step 2"),
-    "step-ahead": ("trainer_state.json", "trainer_state.json has global_step 100, not its step 2"),
-    "step-huge": ("trainer_state.json", f"trainer_state.json has global_step {10**30}, not its step 2"),
-    "state-cut": ("trainer_state.json", "trainer_state.json unreadable (JSONDecodeError): its save did not finish"),
-    "state-deep": ("trainer_state.json", "trainer_state.json unreadable (RecursionError): its save did not finish"),
-    "record-deep": ("stapo_run.json", "stapo_run.json unreadable: RecursionError"),
-    "record-format": ("stapo_run.json", "stapo_run.json is of an unknown format (999; this stapo_trl reads 1)"),
-    "record-no-lr": ("stapo_run.json", "stapo_run.json holds no learning_rate, which its format records"),
+DAMAGES = {  # case: (file, damage, problem)
+    "model-cut": ("model.safetensors", CUT, "model.safetensors damaged: incomplete metadata, file not fully covered"),
+    "optimizer-cut": ("optimizer.pt", CUT, "optimizer.pt damaged: no zip directory (cut short, or overwritten)"),
+    "rng-overwritten": ("rng_state.pth", lambda p, m: p.write_bytes(b"overwritten by hand\n"),
+                        "rng_state.pth damaged: no zip directory (cut short, or overwritten)"),
+    "no-scheduler": ("scheduler.pt", GONE, "no scheduler.pt: without it transformers resumes with a fresh optimizer"),
+    "scheduler-hostile": ("scheduler.pt", write_hostile_pickle, "scheduler.pt refused by a safe load: Trying to load "
+                          "unsupported GLOBAL posix.system whose module posix is blocked"),
+    "config-cut": ("config.json", CUT, "config.json unreadable: JSONDecodeError"),
+    "no-tokenizer": ("tokenizer.json", GONE, "no tokenizer.json, which its save wrote"),
+    "no-config": ("config.json", GONE, "no config.json, which its save wrote"),
+    "model-grown": ("model.safetensors", lambda p, m: p.write_bytes(p.read_bytes() + b"\0" * 16),
+                    "model.safetensors damaged: incomplete metadata, file not fully covered"),
+    "rollout-cut": ("rollout_state_0.safetensors", CUT, "rollout_state_0.safetensors damaged: invalid header length"),
+    "no-rollout": ("rollout_state_0.safetensors", GONE, "no rollout_state_0.safetensors, which its save wrote"),
+    "rollout-lies": ("rollout_state_0.json", _edit(lambda manifest: manifest["tensors"]["loss"].update(shape=[2])),
+                     "rollout_state_0.json does not match rollout_state_0.safetensors (its tensors' names, dtypes or "
+                     "shapes)"),
+    **{f"step-{case}": ("trainer_state.json", _edit(lambda state, v=value: state.update(global_step=v)),
+                        f"trainer_state.json has global_step {value!r}, not its step 2")
+       for case, value in (("negative", -5), ("string", "2"), ("ahead", 100), ("huge", 10**30))},
+    "state-cut": ("trainer_state.json", CUT, "trainer_state.json unreadable (JSONDecodeError): its save did not "
+                  "finish"),
+    "state-deep": ("trainer_state.json", DEEP, "trainer_state.json unreadable (RecursionError): its save did not "
+                   "finish"),
+    "record-deep": ("stapo_run.json", DEEP, "stapo_run.json unreadable: RecursionError"),
+    "record-format": ("stapo_run.json", _edit(lambda record: record.update(format=999)),
+                      "stapo_run.json is of an unknown format (999; this stapo_trl reads 1)"),
+    "record-no-lr": ("stapo_run.json", _edit(lambda record: record["settings"].pop("learning_rate")),
+                     "stapo_run.json holds no learning_rate, which its format records"),
 }  # fmt: skip
-EDITS = {
-    "step-negative": lambda state: state.update(global_step=-5),
-    "step-string": lambda state: state.update(global_step="2"),
-    "step-ahead": lambda state: state.update(global_step=100),
-    "step-huge": lambda state: state.update(global_step=10**30),
-    "record-format": lambda record: record.update(format=999),
-    "record-no-lr": lambda record: record["settings"].pop("learning_rate"),
-    "rollout-lies": lambda manifest: manifest["tensors"]["loss"].update(shape=[2]),  # no traceback on resume
-}
 
 
 def _damage(folder, case, marker):
-    path = folder / DAMAGES[case][0]
-    if case.endswith("-cut"):
-        _cut(path)
-    elif case == "rng-overwritten":
-        path.write_bytes(b"overwritten by hand\n")
-    elif case.startswith("no-"):
-        path.unlink()
-    elif case.endswith("-hostile"):
-        write_hostile_pickle(path, marker)
-    elif case == "model-grown":
-        path.write_bytes(path.read_bytes() + b"\0" * 16)
-    elif case.endswith("-deep"):
-        path.write_text("[" * 100_000)
-    else:
-        data = json.loads(path.read_text())
-        EDITS[case](data)
-        path.write_text(json.dumps(data))
-    return DAMAGES[case][1]
+    name, damage, problem = DAMAGES[case]
+    damage(folder / name, marker)
+    return problem
 
 
 @pytest.mark.parametrize("case", list(DAMAGES))
@@ -147,10 +153,7 @@ def test_what_makes_a_checkpoint_incomplete_names_the_file_and_the_damage(run, t
     assert not (tmp_path / "code-ran").exists()
 
 
-SLOW = pytest.mark.slow
-
-
-def test_the_python_api_resumes_the_newest_whole_checkpoint_and_moves_the_damaged_one_aside(
+def test_the_python_api_refuses_a_damaged_checkpoint_by_name_and_resumes_the_newest_whole_one(
     run, tmp_path, tiny_random_model_path, caplog
 ):
     from transformers.trainer_utils import get_last_checkpoint
@@ -158,6 +161,13 @@ def test_the_python_api_resumes_the_newest_whole_checkpoint_and_moves_the_damage
     problem = _damage(run / "checkpoint-2", "model-cut", tmp_path / "code-ran")
     (run / "checkpoint-1" / "stapo_run.json").unlink()  # saved before the record: resumed with one warning
     trainer = _trainer(tiny_random_model_path, run, max_steps=3, learning_rate=5e-4)
+    with pytest.raises(ValueError) as raised:
+        trainer.train(resume_from_checkpoint=str(run / "checkpoint-2"))
+    assert str(raised.value) == (
+        f"resume_from_checkpoint='{run / 'checkpoint-2'}' is not a complete checkpoint ({problem}). Give a complete "
+        "checkpoint folder (<output_dir>/checkpoint-<step>), or let a run take its newest one."
+    )
+    assert (run / "checkpoint-2").is_dir()  # named by the user: refused, left in place
     trainer.train(resume_from_checkpoint=True)
     assert _resume_lines(caplog) == [
         f"The newest complete checkpoint is {run / 'checkpoint-1'}: skipped checkpoint-2 ({problem}) and moved it "
@@ -170,16 +180,6 @@ def test_the_python_api_resumes_the_newest_whole_checkpoint_and_moves_the_damage
     ]
     assert trainer.state.global_step == 3 and (run / "_damaged-checkpoint-2" / "trainer_state.json").exists()
     assert get_last_checkpoint(str(run)) == str(run / "checkpoint-3")  # rotation and transformers see whole ones
-
-
-def test_a_damaged_checkpoint_named_by_the_python_api_is_one_line(run, tiny_random_model_path):
-    _cut(run / "checkpoint-2" / "model.safetensors")
-    with pytest.raises(ValueError) as raised:
-        _trainer(tiny_random_model_path, run, max_steps=3).train(resume_from_checkpoint=str(run / "checkpoint-2"))
-    assert str(raised.value).startswith(
-        f"resume_from_checkpoint='{run / 'checkpoint-2'}' is not a complete checkpoint (model.safetensors damaged: "
-    )
-    assert (run / "checkpoint-2").is_dir()  # named by the user: refused, left in place
 
 
 @pytest.mark.parametrize(
@@ -206,27 +206,22 @@ def test_the_python_api_refuses_a_resume_that_changes_what_the_run_optimizes(
         "model, and its card could state only one. Resume with the checkpoint's values, or train in another "
         f"output_dir (model_name_or_path / model {run / 'checkpoint-2'} starts from its weights)."
     )
-    assert not (run / "checkpoint-3").exists()
-    assert _resume_lines(caplog) == []
+    assert not (run / "checkpoint-3").exists() and _resume_lines(caplog) == []
 
 
-def test_execution_settings_may_change_on_resume(tmp_path, tiny_random_model_path):
+def test_execution_settings_may_change_on_resume_and_a_tied_head_is_no_missing_key(tmp_path, tiny_random_model_path):
+    from torch.nn.modules.module import _IncompatibleKeys
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     from stapo_trl.run_folder.checkpoints import changed_settings
 
-    first = _trainer(tiny_random_model_path, tmp_path, max_steps=2).run_settings
+    trainer = _trainer(tiny_random_model_path, tmp_path, max_steps=2)
     second = _trainer(
         tiny_random_model_path, tmp_path, max_steps=4, logging_steps=2, save_steps=2, per_device_train_batch_size=2,
         gradient_accumulation_steps=2, steps_per_generation=2, dataloader_num_workers=0,
     ).run_settings  # fmt: skip
-    assert changed_settings(first, second) == []
-
-
-def test_a_resume_loads_a_tied_lm_head_without_a_missing_keys_warning(tiny_random_model_path, tmp_path):
+    assert changed_settings(trainer.run_settings, second) == []
     # Reported: a resume warned of a missing lm_head.weight, tied to the embeddings; really missing keys still are.
-    from torch.nn.modules.module import _IncompatibleKeys
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    trainer = _trainer(tiny_random_model_path, tmp_path)
     assert trainer.model.lm_head.weight is trainer.model.model.embed_tokens.weight
     records, logger = LogRecords(), logging.getLogger("transformers.trainer")
     logger.addHandler(handler := records.handler())
@@ -239,27 +234,8 @@ def test_a_resume_loads_a_tied_lm_head_without_a_missing_keys_warning(tiny_rando
         logger.removeHandler(handler)
     prefix = "There were missing keys in the checkpoint model loaded: "
     assert [r.removeprefix(prefix) for r in records if "missing keys" in r] == [
-        "['model.norm.weight'].",
-        "['lm_head.weight'].",
-    ]
-
-
-def test_what_a_complete_checkpoint_holds_without_a_run_record(run):
-    from stapo_trl.run_folder.checkpoints import checkpoint_problem
-
-    folder = run / "checkpoint-1"
-    (folder / "stapo_run.json").unlink()
-    assert checkpoint_problem(str(folder)) is None
-    (folder / "rng_state.pth").unlink()
-    assert checkpoint_problem(str(folder)) == "no RNG state (rng_state.pth)"
-    assert checkpoint_problem(str(folder), save_only_model=True) is None
-    (folder / "optimizer.pt").unlink()
-    assert checkpoint_problem(str(folder)) == "no optimizer state (optimizer.pt)"
-    (folder / "model.safetensors").rename(folder / "adapter_model.safetensors")  # a PEFT checkpoint
-    assert checkpoint_problem(str(folder), save_only_model=True) is None
-    (folder / "adapter_model.safetensors").unlink()
-    assert checkpoint_problem(str(folder), save_only_model=True) == "no model weights"
-    assert checkpoint_problem(str(run / "checkpoint-4")) == "not a folder"
+        "['model.norm.weight'].", "['lm_head.weight']."
+    ]  # fmt: skip
 
 
 class Killed(Exception):
@@ -283,7 +259,7 @@ def _stop_at(monkeypatch, where: str) -> None:  # a kill before a write of the s
         monkeypatch.setattr(Trainer, where, killed)
 
 
-@SLOW  # two runs and a resume per case (in-process kills); the damages: DAMAGES
+@pytest.mark.slow  # two runs and a resume per case (in-process kills); the damages: DAMAGES
 @pytest.mark.parametrize(
     "where, skipped",
     [
@@ -319,7 +295,7 @@ def test_the_python_api_resumes_the_newest_complete_checkpoint(
     assert trainer.state.global_step == 3 and [row["step"] for row in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
 
 
-@SLOW  # two runs and a resume
+@pytest.mark.slow  # two runs and a resume
 def test_a_checkpoint_rewritten_in_place_is_incomplete_until_its_new_state(tiny_random_model_path, tmp_path):
     from stapo_trl.run_folder.checkpoints import newest_complete_checkpoint
 
