@@ -245,33 +245,22 @@ class Killed(Exception):
 def _stop_at(monkeypatch, where: str) -> None:  # a kill before a write of the save, or inside trainer_state.json
     from transformers import Trainer, TrainerState
 
-    def half_state(self, json_path):
-        text = json.dumps({"global_step": self.global_step, "log_history": self.log_history}, indent=2)
-        Path(json_path).write_text(text[: len(text) // 2])
-        raise Killed(json_path)
-
     def killed(self, *args, **kwargs):
+        if where == "trainer_state.json":
+            text = json.dumps({"global_step": self.global_step, "log_history": self.log_history}, indent=2)
+            Path(args[0]).write_text(text[: len(text) // 2])
         raise Killed(where)
 
-    if where == "trainer_state.json":
-        monkeypatch.setattr(TrainerState, "save_to_json", half_state)
-    else:
-        monkeypatch.setattr(Trainer, where, killed)
+    monkeypatch.setattr(*(TrainerState, "save_to_json") if where == "trainer_state.json" else (Trainer, where), killed)
 
 
 @pytest.mark.slow  # two runs and a resume per case (in-process kills); the damages: DAMAGES
-@pytest.mark.parametrize(
-    "where, skipped",
-    [
-        (
-            "trainer_state.json",
-            "checkpoint-2 (trainer_state.json unreadable (JSONDecodeError): its save did not finish)",
-        ),
-        ("_save_optimizer_and_scheduler", "checkpoint-2 (no trainer_state.json: its save did not finish)"),
-        ("_save_rng_state", "checkpoint-2 (no trainer_state.json: its save did not finish)"),
-        ("stray-folder", "checkpoint-999 (empty)"),  # an empty checkpoint-999/ made by hand
-    ],
-)
+@pytest.mark.parametrize("where, skipped", [
+    ("trainer_state.json", "checkpoint-2 (trainer_state.json unreadable (JSONDecodeError): its save did not finish)"),
+    ("_save_optimizer_and_scheduler", "checkpoint-2 (no trainer_state.json: its save did not finish)"),
+    ("_save_rng_state", "checkpoint-2 (no trainer_state.json: its save did not finish)"),
+    ("stray-folder", "checkpoint-999 (empty)"),  # an empty checkpoint-999/ made by hand
+])  # fmt: skip
 def test_the_python_api_resumes_the_newest_complete_checkpoint(
     tiny_random_model_path, tmp_path, monkeypatch, caplog, where, skipped
 ):
@@ -348,30 +337,25 @@ def test_holds_nest_within_a_process(tmp_path):
     assert (tmp_path / "scratch" / "_writer.txt").read_text().startswith("pid ")
 
 
-@pytest.mark.parametrize(
-    "name, writer",
-    [("_writer.txt", "hold"), ("_writer.lock", "hold"), ("metrics.jsonl", "hold"),
-     ("checkpoint-1/optimizer.pt", "hold"), ("eval.json", "w"), ("eval.json", "a"), ("eval.json", "wb")],
-)  # fmt: skip
-def test_a_symbolic_link_in_the_run_folder_is_refused_and_its_target_left_alone(tmp_path, name, writer):
+def test_a_symbolic_link_in_the_run_folder_is_refused_and_its_target_left_alone(tmp_path):
     # Measured: a _writer.txt that was a symbolic link was followed, and its target overwritten.
     from stapo_trl.run_folder.checkpoints import hold_run_folder, open_run_file
 
     target, run = tmp_path / "elsewhere.txt", tmp_path / "run"
     target.write_text("precious")
     (run / "checkpoint-1").mkdir(parents=True)
-    (run / name).symlink_to(target)
-    with pytest.raises(ValueError) as raised:
-        hold_run_folder(str(run)) if writer == "hold" else open_run_file(run / name, writer)
-    assert str(raised.value) == (
-        f"{run / name} is a symbolic link (to {str(target)!r}): a run writes its files in its folder, never through a "
-        "link (it would overwrite the link's target). Remove the link, or give another output_dir."
-    )
+    for name, writer in [("_writer.txt", "hold"), ("_writer.lock", "hold"), ("metrics.jsonl", "hold"),
+                         ("checkpoint-1/optimizer.pt", "hold"), ("eval.json", "w"), ("eval.json", "a"),
+                         ("eval.json", "wb")]:  # fmt: skip
+        (run / name).symlink_to(target)
+        with pytest.raises(ValueError) as raised:
+            hold_run_folder(str(run)) if writer == "hold" else open_run_file(run / name, writer)
+        assert str(raised.value) == (
+            f"{run / name} is a symbolic link (to {str(target)!r}): a run writes its files in its folder, never "
+            "through a link (it would overwrite the link's target). Remove the link, or give another output_dir."
+        )
+        (run / name).unlink()
     assert target.read_text() == "precious"
-
-
-def _outside(elsewhere):
-    return {p.name: p.read_text() if p.is_file() else sorted(p.iterdir()) for p in elsewhere.iterdir()}
 
 
 def test_each_save_of_the_library_refuses_a_link_where_it_writes(run, tmp_path, tiny_random_model_path):
@@ -394,7 +378,8 @@ def test_each_save_of_the_library_refuses_a_link_where_it_writes(run, tmp_path, 
         with pytest.raises(ValueError, match=rf"^{run / name} is a symbolic link \(to "):
             save()
         (run / name).unlink()
-    assert _outside(elsewhere) == dict.fromkeys(saves, "precious") | {"checkpoint-3": []}
+    outside = {p.name: p.read_text() if p.is_file() else sorted(p.iterdir()) for p in elsewhere.iterdir()}
+    assert outside == dict.fromkeys(saves, "precious") | {"checkpoint-3": []}
 
 
 def test_a_folder_another_run_writes_is_refused_until_it_dies(
