@@ -58,7 +58,9 @@ def test_trainer_writes_each_run_file_once_and_can_be_told_not_to(tiny_random_mo
     assert any("s2t/silenced_ratio" in entry for entry in second.state.log_history)
 
 
-def test_metrics_callback_writes_strict_json_and_drops_redone_steps_on_resume(tmp_path):
+def test_metrics_callback_writes_strict_json_drops_redone_steps_on_resume_and_keeps_an_earlier_runs_file(
+    tmp_path, caplog
+):
     args = types.SimpleNamespace(output_dir=str(tmp_path))
     callback = MetricsLogCallback()
     callback.on_train_begin(args, _state(0), None)
@@ -73,10 +75,7 @@ def test_metrics_callback_writes_strict_json_and_drops_redone_steps_on_resume(tm
     callback.on_log(args, _state(6), None, logs={"reward": 0.75})
     callback.on_train_end(args, _state(6), None)
     assert [(r["step"], r["reward"]) for r in read_metrics(str(tmp_path))] == [(2, 0.5), (4, 0.5), (6, 0.75)]
-
-
-def test_a_fresh_run_keeps_an_earlier_runs_file_aside(tmp_path, caplog):
-    path = tmp_path / "metrics.jsonl"
+    path = tmp_path / "metrics.jsonl"  # a fresh run: an earlier run's file is kept aside
     for n in (1, 2):
         path.write_text(json.dumps({"step": n}) + "\n")
         logs.open_jsonl_for_run(str(path), global_step=0)[0].close()
@@ -125,40 +124,36 @@ def test_a_resume_killed_while_it_rewrites_the_file_loses_no_row(tmp_path, monke
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]  # no temporary file left
 
 
-def _chat_dataset() -> Dataset:
-    return Dataset.from_list([{"prompt": format_prompt(f"{a}+{b}"), "solution": str(a + b)} for a, b in PAIRS])
-
-
-def test_plain_text_prompts_on_tiny_math_warn_with_the_prompt_format(tmp_path, tiny_math_model_path, caplog):
-    dataset = Dataset.from_list([{"prompt": f"What is {a} plus {b}?", "solution": str(a + b)} for a, b in PAIRS])
-    trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=_config(tmp_path), train_dataset=dataset)
+@pytest.mark.parametrize("model, plain, steps", [("tiny_math_model_path", True, (1, 2, 3)),
+                                                  ("tiny_random_model_path", False, (2,))])  # fmt: skip
+def test_the_warning_names_the_prompt_format_a_builtin_model_was_trained_on(request, caplog, model, plain, steps):
+    prompts = [f"What is {a} plus {b}?" if plain else format_prompt(f"{a}+{b}") for a, b in PAIRS]
+    dataset = Dataset.from_list([{"prompt": p, "solution": str(a + b)} for p, (a, b) in zip(prompts, PAIRS)])
+    model = types.SimpleNamespace(config=types.SimpleNamespace(_name_or_path=request.getfixturevalue(model)))
+    trainer = types.SimpleNamespace(reward_func_names=["math_accuracy_reward"], train_dataset=dataset, model=model,
+                                    processing_class=types.SimpleNamespace(chat_template="{{ messages }}"))  # fmt: skip
+    callback, row = logs.NoLearningSignalCallback(trainer), {"frac_reward_zero_std": 1.0}
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        trainer.train()
-    rows = [row for row in trainer.state.log_history if "frac_reward_zero_std" in row]
-    assert rows and all(row["frac_reward_zero_std"] == 1.0 for row in rows)  # the situation the warning is about
+        for step in steps:  # the situation of a tiny-math run on plain-text prompts, or a random model's 2 steps
+            callback.on_log(None, _state(step), None, logs=row | {f"rewards/math_accuracy_reward/{k}": 0.0
+                                                                   for k in ("mean", "std")})  # fmt: skip
+        callback.on_train_end(None, _state(steps[-1]), None)
     (message,) = _warnings(caplog)
-    assert message.startswith("No learning signal. In the first 3 logging steps (steps 1-3), every prompt group had ")
-    for part in ("frac_reward_zero_std = 1", "math_accuracy_reward gave 0", "(here: solution)",
-                 "Your prompts are plain text, so TRL does not apply the model's chat template",
-                 "builtin:tiny-math was trained on one prompt format only",
-                 "Please reason step by step, and put your final answer within"):  # fmt: skip
-        assert part in message, part
-
-
-def test_a_random_model_warns_when_training_ends_before_a_logging_step(tmp_path, tiny_random_model_path, caplog):
-    args = _config(tmp_path, max_steps=2, logging_steps=10)
-    trainer = STAPOTrainer(tiny_random_model_path, math_accuracy_reward, args=args, train_dataset=_chat_dataset())
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        trainer.train()
-    (message,) = _warnings(caplog)
-    assert message.startswith("No learning signal. In the first logging step (step 2), every prompt group had ")
-    assert "builtin:tiny-random has random weights" in message
+    where = "the first 3 logging steps (steps 1-3)" if plain else "the first logging step (step 2)"
+    assert message.startswith(f"No learning signal. In {where}, every prompt group had ")
+    parts = ["frac_reward_zero_std = 1", "math_accuracy_reward gave 0", "(here: solution)"]
+    parts += ["Your prompts are plain text, so TRL does not apply the model's chat template",
+              "builtin:tiny-math was trained on one prompt format only",
+              "Please reason step by step, and put your final answer within"] if plain else [
+              "builtin:tiny-random has random weights"]  # fmt: skip
+    assert [part for part in parts if part not in message] == []
 
 
 @pytest.mark.slow  # a 3-step run; the decision: test_decision_on_the_first_rows
 def test_a_run_that_learns_gives_no_warning(tmp_path, tiny_math_model_path, caplog):
+    dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{b}"), "solution": str(a + b)} for a, b in PAIRS])
     args = _config(tmp_path, max_completion_length=40)
-    trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=args, train_dataset=_chat_dataset())
+    trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=args, train_dataset=dataset)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         trainer.train()
     assert _warnings(caplog) == []
@@ -215,11 +210,7 @@ def test_a_step_without_any_reward_is_warned_naming_the_rewards(
         ((0.2, 0.4, 0.6), 0.5, "A reward function gave every completion the same value"),  # s gives 0, r varies
         ((0.0, 0.0), 1.0, None),  # 2 of 3 rows
         ((0.4, 0.4, 0.4), 0.5, None),
-        (
-            (0.0, 1.0, 0.0),
-            1.0,
-            "No learning signal",
-        ),  # zero spread in every group, but the reward moved between batches
+        ((0.0, 1.0, 0.0), 1.0, "No learning signal"),  # zero spread in every group, the reward moved between batches
     ],
 )
 def test_decision_on_the_first_rows(means, zero_spread, expected, caplog):
