@@ -54,19 +54,8 @@ def _assert_loads(path: Path, title: str) -> None:
         assert broken not in card.content, broken
 
 
-def _procedure(card: str) -> str:
-    return card.split("## Training procedure", 1)[1].split("### Framework versions", 1)[0]
-
-
 def _table(card: str) -> dict[str, str]:
     return dict(re.findall(r"^\| `(\w+)` \|.*\| `(.*)` \|$", card, re.M))
-
-
-def _assert_settings_rows(procedure: str, args, fields) -> None:
-    values = {name: getattr(args, name) for name in fields}
-    assert {name: _table(procedure)[name] for name in fields} == {
-        k: str(getattr(v, "value", v)) for k, v in values.items()
-    }
 
 
 @pytest.mark.parametrize(
@@ -90,10 +79,12 @@ def test_the_training_procedure_states_the_runs_settings_counts_and_accuracy(
                               public=public)  # fmt: skip
     card = (out / "README.md").read_text()
     assert ("datasets: org/math-17k" in card.split("---")[1]) == (dataset == "org/math-17k")
-    procedure = _procedure(card)
+    procedure = card.split("## Training procedure", 1)[1].split("### Framework versions", 1)[0]
     assert procedure.lstrip("\n").startswith(f"This model was trained with {name.upper()}")  # no blank badge lines
     assert "**Steps trained**: 8 optimizer steps" in procedure
-    _assert_settings_rows(procedure, trainer.args, KEY_FIELDS + (S2T_FIELDS if trainer_name != "grpo" else ()))
+    fields = KEY_FIELDS + (S2T_FIELDS if trainer_name != "grpo" else ())
+    values = [getattr(trainer.args, field) for field in fields]
+    assert [_table(procedure)[field] for field in fields] == [str(getattr(v, "value", v)) for v in values]
     if trainer_name == "stapo":
         pooled = "3 of 2,000 loss tokens silenced over the run, a silenced ratio of 0.0015 (pooled: Σ silenced / Σ "
         accuracy = "**Held-out accuracy** (avg@2 over 16 problems of the `test` split, T = 0.6, top-p 0.95): 25.0 % "
@@ -141,24 +132,23 @@ def test_python_api_card_names_no_local_path_and_asks_a_training_prompt(
     assert json.dumps(prompt) in card.split("## Quick start", 1)[1] and "time machine" not in card
 
 
-@pytest.mark.parametrize(
-    "name, public, license_text",
-    [
+def test_cards_name_a_builtin_by_its_hub_origin_with_its_license_and_a_local_data_file_as_no_hub_dataset():
+    from stapo_trl.models.names import BUILTIN_MODELS
+    from stapo_trl.run_folder.card import base_model_name, public_base_model_name, public_dataset_name
+
+    for name, public, license_text in [
         ("builtin:gemma3-270m", "google/gemma-3-270m (dequantized from a GGUF file by stapo_trl: gemma3-270m)",
          "Gemma Terms of Use"),
         ("builtin:smollm2-135m-math", "HuggingFaceTB/SmolLM2-135M-Instruct (dequantized from a GGUF file, then "
          "SFT-warmed on two-digit addition by stapo_trl: smollm2-135m-math)", "Apache-2.0"),
         ("builtin:tiny-math", "the tiny-math demo model built by stapo_trl", None),
         ("Qwen/Qwen3-1.7B-Base", "Qwen/Qwen3-1.7B-Base", None),
-    ],
-)  # fmt: skip
-def test_cards_name_a_real_builtin_by_its_hub_origin_and_carry_its_license(name, public, license_text):
-    from stapo_trl.models.names import BUILTIN_MODELS
-    from stapo_trl.run_folder.card import base_model_name, public_base_model_name
-
-    assert public_base_model_name(name) == public and base_model_name(name) == name
-    license_ = BUILTIN_MODELS.get(name.removeprefix("builtin:"), {}).get("license")
-    assert (license_text in license_) if license_text else license_ is None
+    ]:  # fmt: skip
+        assert public_base_model_name(name) == public and base_model_name(name) == name
+        license_ = BUILTIN_MODELS.get(name.removeprefix("builtin:"), {}).get("license")
+        assert (license_text in license_) if license_text else license_ is None
+    names = ["data/train.csv", "train.CSV", "train.jsonl", "org/math-17k"]
+    assert [public_dataset_name(name) for name in names] == [None, None, None, "org/math-17k"]
 
 
 @pytest.mark.parametrize(
@@ -197,16 +187,6 @@ def test_python_api_card_loads_the_checkpoint_the_run_saved(tiny_math_model_path
     trainer.create_model_card(public=True)  # what push_to_hub uploads: no hub_model_id, so the model's name
     text = card.read_text()
     assert "# Model Card for python-api" in text and 'model="python-api"' in text and str(out) not in text
-
-
-@pytest.mark.parametrize(
-    "name, public",
-    [("data/train.csv", None), ("train.CSV", None), ("train.jsonl", None), ("org/math-17k", "org/math-17k")],
-)
-def test_uploaded_card_names_a_local_data_file_missing_here_as_no_hub_dataset(name, public):
-    from stapo_trl.run_folder.card import public_dataset_name
-
-    assert public_dataset_name(name) == public
 
 
 @pytest.mark.parametrize("output_dir", ["relative-run", "./nested/relative-run", "../up/relative-run"])

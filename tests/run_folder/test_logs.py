@@ -131,7 +131,7 @@ def test_the_warning_names_the_prompt_format_a_builtin_model_was_trained_on(requ
     dataset = Dataset.from_list([{"prompt": p, "solution": str(a + b)} for p, (a, b) in zip(prompts, PAIRS)])
     model = types.SimpleNamespace(config=types.SimpleNamespace(_name_or_path=request.getfixturevalue(model)))
     trainer = types.SimpleNamespace(reward_func_names=["math_accuracy_reward"], train_dataset=dataset, model=model,
-                                    processing_class=types.SimpleNamespace(chat_template="{{ messages }}"))  # fmt: skip
+                                    processing_class=types.SimpleNamespace(chat_template="{{ x }}"))  # fmt: skip
     callback, row = logs.NoLearningSignalCallback(trainer), {"frac_reward_zero_std": 1.0}
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         for step in steps:  # the situation of a tiny-math run on plain-text prompts, or a random model's 2 steps
