@@ -23,19 +23,15 @@ DATASET = Dataset.from_list(
     [{"prompt": format_prompt(f"{a}+{b}"), "solution": str(a + b)} for a in range(10, 100, 7) for b in (12, 47, 83)]
 )
 TIMING = re.compile(r"step_time|runtime|_per_second")
-LATER = {f"checkpoint-{n}" for n in range(1, 13)}
-SLOW = pytest.mark.slow  # a run and a resume of several steps
 
 
 def _trainer(model_path, out, cls=None, **overrides):
     # The demo's geometry: 2 prompts x 8 per update, 4 updates per rollout batch; 4 steps, a checkpoint every 2.
     from stapo_trl import STAPOTrainer
 
-    settings = dict(
-        max_steps=4, per_device_train_batch_size=16, num_generations=8, steps_per_generation=4,
-        max_completion_length=48, learning_rate=1e-4, logging_steps=4, save_strategy="steps", save_steps=2,
-        disable_tqdm=True,
-    ) | overrides  # fmt: skip
+    settings = dict(max_steps=4, per_device_train_batch_size=16, num_generations=8, steps_per_generation=4,
+                    max_completion_length=48, learning_rate=1e-4, logging_steps=4, save_strategy="steps", save_steps=2,
+                    disable_tqdm=True) | overrides  # fmt: skip
     return (cls or STAPOTrainer)(
         model_path, reward_funcs="math_accuracy", args=tiny_stapo_config(out, **settings), train_dataset=DATASET
     )
@@ -48,14 +44,15 @@ def _outcome(trainer, out) -> dict:
 
 
 def _assert_same(outcome: dict, expected: dict) -> None:
-    assert outcome["rows"] == expected["rows"]
-    assert outcome["records"] == expected["records"]
+    assert outcome["rows"] == expected["rows"] and outcome["records"] == expected["records"]
     different = [name for name, w in expected["weights"].items() if not torch.equal(w, outcome["weights"][name])]
     assert not different, different
 
 
 def _copy_until(run, out, step: int) -> None:
-    shutil.copytree(run, out, ignore=lambda _, names: [n for n in names if n in LATER and int(n[11:]) > step])
+    shutil.copytree(
+        run, out, ignore=lambda _, names: [n for n in names if n[:11] == "checkpoint-" and int(n[11:]) > step]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +75,7 @@ def test_a_resume_inside_a_rollout_batch_and_a_logging_window_ends_as_the_uninte
     _assert_same(_outcome(trainer, tmp_path / "run"), expected)
 
 
-@SLOW
+@pytest.mark.slow  # a run and a resume of several steps
 def test_a_stop_signal_inside_a_rollout_batch_resumes_as_the_uninterrupted_run(
     uninterrupted, tiny_math_model_path, tmp_path
 ):
@@ -126,13 +123,10 @@ def test_a_resume_is_exact_with_accumulation_and_iterations(tiny_math_model_path
         _assert_same(_outcome(trainer, out), expected)
 
 
-def _edit_manifest(checkpoint, **changes) -> None:
-    path = checkpoint / "rollout_state_0.json"
-    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
-
-
-def _drop_rollout_files(checkpoint) -> None:
-    record = json.loads((checkpoint / "stapo_run.json").read_text())
+def _damage(checkpoint, **changes) -> None:  # the manifest changed, or no rollout files (saved before they were)
+    record, path = json.loads((checkpoint / "stapo_run.json").read_text()), checkpoint / "rollout_state_0.json"
+    if changes:
+        return path.write_text(json.dumps(json.loads(path.read_text()) | changes))
     record["files"] = [name for name in record["files"] if not name.startswith("rollout_state_")]
     (checkpoint / "stapo_run.json").write_text(json.dumps(record))
     for path in checkpoint.glob("rollout_state_*"):
@@ -146,32 +140,25 @@ def _assert_fallback(caplog, checkpoint, why: str, micro_steps: int = 2) -> None
     ]
 
 
-@pytest.mark.parametrize(
-    "damage, why",
-    [
-        (_drop_rollout_files, "it holds no rollout_state_0.json (saved before checkpoints held the rollout)"),
-        (lambda c: _edit_manifest(c, world_size=2), "it was saved with another batch layout (world_size 2 -> 1)"),
-        (
-            lambda c: _edit_manifest(c, steps_per_generation=8),
-            "it was saved with another batch layout (steps_per_generation 8 -> 4)",
-        ),
-    ],
-    ids=["before-rollout-files", "another-world-size", "another-layout"],
-)
+@pytest.mark.parametrize("changes, why", [
+    ({}, "it holds no rollout_state_0.json (saved before checkpoints held the rollout)"),
+    ({"world_size": 2}, "it was saved with another batch layout (world_size 2 -> 1)"),
+    ({"steps_per_generation": 8}, "it was saved with another batch layout (steps_per_generation 8 -> 4)"),
+], ids=["before-rollout-files", "another-world-size", "another-layout"])  # fmt: skip
 def test_a_rollout_that_cannot_be_restored_is_generated_again_in_one_line(
-    uninterrupted, tiny_math_model_path, tmp_path, caplog, damage, why
+    uninterrupted, tiny_math_model_path, tmp_path, caplog, changes, why
 ):
     from stapo_trl.run_folder.rollout import load_rollout_state
 
     _copy_until(uninterrupted[0], tmp_path / "run", 2)
-    damage(tmp_path / "run" / "checkpoint-2")
+    _damage(tmp_path / "run" / "checkpoint-2", **changes)
     trainer = _trainer(tiny_math_model_path, tmp_path / "run")
     with caplog.at_level(logging.WARNING):
         assert load_rollout_state(trainer, str(tmp_path / "run" / "checkpoint-2")) is None
     _assert_fallback(caplog, tmp_path / "run" / "checkpoint-2", why)
 
 
-@SLOW
+@pytest.mark.slow
 def test_a_batch_holding_objects_is_not_pickled_and_its_rollout_is_generated_again(
     tiny_math_model_path, tmp_path, caplog
 ):
@@ -195,7 +182,7 @@ def test_a_batch_holding_objects_is_not_pickled_and_its_rollout_is_generated_aga
     _assert_fallback(caplog, tmp_path / "run" / "checkpoint-2", why)
 
 
-@SLOW
+@pytest.mark.slow
 def test_a_checkpoint_saved_inside_an_optimizer_update_generates_its_rollout_again(
     tiny_math_model_path, tmp_path, caplog
 ):
