@@ -12,15 +12,9 @@ SIX = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
 
 
 def _results(tables: dict, limit=None) -> dict:
-    return {
-        "model": {"name_or_path": "m", "source": "hub"},
-        "config": {"limit": limit},
-        "results": {"t1.0-p1.0": tables},
-    }
-
-
-def _table(avg: float, n: int, loaded: int) -> dict:
-    return {"avg@2": avg, "n_samples": 2, "num_problems": n, "num_problems_loaded": loaded}
+    return {"model": {"name_or_path": "m", "source": "hub"}, "config": {"limit": limit}, "results": {"t1.0-p1.0": {
+        name: {"avg@2": avg, "n_samples": 2, "num_problems": n, "num_problems_loaded": loaded}
+        for name, (avg, n, loaded) in tables.items()}}}  # fmt: skip
 
 
 def test_tables_and_relative_gain():
@@ -51,13 +45,13 @@ def test_comparison_averages_the_shared_benchmarks_and_lists_what_differs():
 
 
 def test_a_cell_with_dropped_problems_says_how_many_it_averages_and_a_limit_is_stated():
-    table = format_results_table([_results({"aime24": _table(0.5, 3, 8), "amc23": _table(0.25, 40, 40)})])
+    table = format_results_table([_results({"aime24": (0.5, 3, 8), "amc23": (0.25, 40, 40)})])
     assert "| m/t1.0-p1.0 | 50.0 (3/8) | 25.0 | " in table, table
-    comparison = format_comparison(_results({"aime24": _table(0.5, 3, 8)}), _results({"aime24": _table(0.25, 8, 8)}))
+    comparison = format_comparison(_results({"aime24": (0.5, 3, 8)}), _results({"aime24": (0.25, 8, 8)}))
     for text in (table, comparison):
         assert "(n/N): the cell averages n of the benchmark's N problems" in text
     assert "| 50.0 (3/8) |" in comparison and "| 25.0 |" in comparison, comparison
-    table = format_results_table([_results({"aime24": _table(0.5, 5, 5)}, limit=5)])
+    table = format_results_table([_results({"aime24": (0.5, 5, 5)}, limit=5)])
     assert "Only the first 5 problems of each benchmark (--limit)." in table
     assert "(5/5)" not in table and "(n/N)" not in table  # nothing dropped
 

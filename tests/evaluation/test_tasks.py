@@ -35,7 +35,7 @@ LAYOUTS = {  # row -> (id, problem, gold)
 }  # fmt: skip
 
 
-def test_layouts_and_rows_without_problem_or_gold_and_unknown_benchmarks():
+def test_layouts_instructions_stripped_rows_without_problem_or_gold_and_unknown_benchmarks():
     for layout, (row, expected) in LAYOUTS.items():
         assert tuple(normalize_record(row))[:3] == expected, layout
     with pytest.raises(ValueError, match="no gold"):
@@ -48,9 +48,6 @@ def test_layouts_and_rows_without_problem_or_gold_and_unknown_benchmarks():
     # STAPO Sec. 4: avg@32 on AIME24/AIME25/AMC23, avg@4 on MATH-500/Minerva/OlympiadBench.
     samples = {b: BENCHMARKS[b].default_samples for b in PAPER_BENCHMARKS}
     assert samples == {"aime24": 32, "aime25": 32, "amc23": 32, "math500": 4, "minerva": 4, "olympiadbench": 4}
-
-
-def test_clean_problem_text_strips_known_instructions():
     dapo = (
         "Solve the following math problem step by step. The last line of your response should be of the form "
         "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\nFind $x$.\n\n"
