@@ -1,5 +1,4 @@
-"""The model card: TRL's `generate_model_card` with a quick start in the run's prompt format and a section of the S2T
-values, silenced counts, accuracy and base license."""
+"""The model card: TRL's, with a quick start in the run's prompt format and the S2T values, counts and accuracy."""
 
 from __future__ import annotations
 
@@ -85,17 +84,13 @@ def _summary(trainer, s2t, eval_record) -> list[str]:
             f"silenced / Σ loss tokens over {totals['num_rows']} logged rows); candidates (A > 0, p < τ_p): "
             f"{totals['num_candidates']:,}."
         )
-    if r := eval_record:
-        kind = "Accuracy on training prompts (not held out)" if "not held out" in r["split"] else "Held-out accuracy"
-        lines.append(
-            f"- **{kind}** ({r['metric']} over {r['num_problems']} problems of the `{r['split']}` split, "
-            f"T = {r['temperature']}, top-p {r['top_p']}): {100 * r['accuracy_before']:.1f} % before training, "
-            f"{100 * r['accuracy_after']:.1f} % after."
-        )
-    else:
-        lines.append("- **Held-out accuracy**: not measured (`stapo-train` measures it before and after training with "
-                     "`eval_before_after`).")  # fmt: skip
-    return lines
+    if not (r := eval_record):
+        return [*lines, "- **Held-out accuracy**: not measured (`stapo-train` measures it before and after training "
+                "with `eval_before_after`)."]  # fmt: skip
+    kind = "Accuracy on training prompts (not held out)" if "not held out" in r["split"] else "Held-out accuracy"
+    return [*lines, f"- **{kind}** ({r['metric']} over {r['num_problems']} problems of the `{r['split']}` split, T = "
+            f"{r['temperature']}, top-p {r['top_p']}): {100 * r['accuracy_before']:.1f} % before training, "
+            f"{100 * r['accuracy_after']:.1f} % after."]  # fmt: skip
 
 
 def _method(s2t, named: str) -> str:

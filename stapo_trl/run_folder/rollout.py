@@ -108,8 +108,7 @@ def load_rollout_state(trainer, checkpoint: str) -> dict | None:
     """This process's rollout state in `checkpoint` (`micro_step`, `last_logged`, `batches` on the device, `tensors`),
     or `None` where any process has none, said in one line. A collective."""
     state, why = _read(trainer, checkpoint)
-    restorable = trainer.accelerator.gather(torch.tensor([why is None], device=trainer.accelerator.device)).all()
-    if restorable:
+    if trainer.accelerator.gather(torch.tensor([why is None], device=trainer.accelerator.device)).all():
         return state
     with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as f:
         step = int(json.load(f)["global_step"])
@@ -135,8 +134,7 @@ class RolloutStateCallback(TrainerCallback):
         if restored is None:
             return
         trainer._step, trainer._globalstep_last_logged = restored["micro_step"], restored["last_logged"]
-        trainer._buffered_inputs = restored["batches"]
-        tensors = restored["tensors"]
+        trainer._buffered_inputs, tensors = restored["batches"], restored["tensors"]
         trainer._metrics["train"].clear()
         trainer._metrics["train"].update({k[8:]: v.tolist() for k, v in tensors.items() if k.startswith("metrics.")})
         if "loss" in tensors:
