@@ -247,10 +247,9 @@ def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
         record = read_run_record(path)
     except (OSError, ValueError) as e:
         return f"{RUN_RECORD} unreadable: {type(e).__name__}" if isinstance(e, OSError) else str(e)
-    if record is not None:
-        if record.get("files") is None:
-            return f"{RUN_RECORD} says its save did not finish"
-        save_only_model = bool(record.get("save_only_model", save_only_model))
+    if record is not None and record.get("files") is None:
+        return f"{RUN_RECORD} says its save did not finish"
+    save_only_model = bool((record or {}).get("save_only_model", save_only_model))
     for what, prefixes in list(_REQUIRED.items())[: 1 if save_only_model else None]:
         if not any(name.startswith(prefixes) for name in names):
             return f"no {what}"
@@ -284,14 +283,12 @@ def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_as
     checkpoint, skipped = newest_complete_checkpoint(output_dir, save_only_model)
     words = []
     for name, problem in skipped:
-        aside = ""
+        target, k = DAMAGED_PREFIX + name, 1
+        while move_aside and os.path.lexists(os.path.join(output_dir, target)):
+            k, target = k + 1, f"{DAMAGED_PREFIX}{name}-{k + 1}"
         if move_aside:
-            target, k = DAMAGED_PREFIX + name, 1
-            while os.path.lexists(os.path.join(output_dir, target)):
-                k, target = k + 1, f"{DAMAGED_PREFIX}{name}-{k + 1}"
             os.replace(os.path.join(output_dir, name), os.path.join(output_dir, target))
-            aside = f" and moved it aside to {target}"
-        words.append(f"{name} ({problem}){aside}")
+        words.append(f"{name} ({problem})" + f" and moved it aside to {target}" * move_aside)
     if words:
         head = f"The newest complete checkpoint is {checkpoint}"
         head = head if checkpoint else f"No complete checkpoint to resume in {output_dir}"
