@@ -30,7 +30,7 @@ def _trainer(model_path, out, cls=None, **overrides):
     from stapo_trl import STAPOTrainer
 
     settings = dict(max_steps=4, per_device_train_batch_size=16, num_generations=8, steps_per_generation=4,
-                    max_completion_length=48, learning_rate=1e-4, logging_steps=4, save_strategy="steps", save_steps=2,
+                    max_completion_length=32, learning_rate=1e-4, logging_steps=4, save_strategy="steps", save_steps=2,
                     disable_tqdm=True) | overrides  # fmt: skip
     return (cls or STAPOTrainer)(
         model_path, reward_funcs="math_accuracy", args=tiny_stapo_config(out, **settings), train_dataset=DATASET
