@@ -8,7 +8,6 @@ import os
 import re
 import time
 from collections import namedtuple
-from typing import Any
 
 from .. import data
 from ..grading import grade
@@ -82,16 +81,14 @@ def hf_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_tok
     config = GenerationConfig(
         do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos or None, pad_token_id=pad
     )
-    flat = [(i, j) for i in range(len(prompts)) for j in range(n)]
-    out: list[list[Any]] = [[None] * n for _ in prompts]
+    flat, out = [(i, j) for i in range(len(prompts)) for j in range(n)], [[None] * n for _ in prompts]
     was_training = model.training
     model.eval()
     try:
         for start in range(0, len(flat), batch_size):
-            chunk = flat[start : start + batch_size]
-            texts = [prompts[i] for i, _ in chunk]
-            enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-            enc, steps = enc.to(model.device), [] if stats is not None else None
+            chunk, steps = flat[start : start + batch_size], [] if stats is not None else None
+            enc = tokenizer([prompts[i] for i, _ in chunk], return_tensors="pt", padding=True, padding_side="left",
+                            add_special_tokens=False).to(model.device)  # fmt: skip
             chunk_seeds = [seeds[i] + j for i, j in chunk]
             sampler = [_seeded_sampler(temperature, top_p, chunk_seeds, steps)] if temperature else []
             with torch.no_grad():
