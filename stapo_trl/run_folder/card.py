@@ -93,20 +93,6 @@ def _summary(trainer, s2t, eval_record) -> list[str]:
             f"{100 * r['accuracy_after']:.1f} % after."]  # fmt: skip
 
 
-def _method(s2t, named: str) -> str:
-    stapo = f"[STAPO]({PAPER_URL})"
-    if s2t is None:
-        return f"Base model: {named}, trained with the GRPO objective below and no S2T mask (the baseline of {stapo})."
-    if s2t.mode == "off":
-        return (f"Base model: {named}, trained with `stapo_trl.STAPOTrainer` with the S2T mask off (`s2t_mode: off`): "
-                f"the like-for-like baseline of {stapo}.")  # fmt: skip
-    return (
-        f'Base model: {named}, trained with {stapo} (Liu et al., 2026, "STAPO: Stabilizing Reinforcement Learning '
-        'for LLMs by Silencing Rare Spurious Tokens", arXiv:2602.15620): positive-advantage tokens sampled with a low '
-        "probability at low-entropy positions are removed from the numerator and the denominator of the loss."
-    )
-
-
 def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_record=None, public=False) -> ModelCard:
     """The `huggingface_hub.ModelCard` of `trainer`'s run (a STAPO or plain GRPO trainer): TRL's, with a quick start
     asking a training prompt and the S2T section. `model_name` defaults to `output_dir`'s name; a Hub `dataset_name` is
@@ -121,7 +107,14 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     base = base_model_name(getattr(model.config, "_name_or_path", None))
     builtin, is_hub_id = base.startswith("builtin:"), base != LOCAL_MODEL and not base.startswith("builtin:")
     named = public_base_model_name(base) if public else base if base == LOCAL_MODEL else f"`{base}`"
-    method = _method(s2t, named)
+    stapo = f"[STAPO]({PAPER_URL})"
+    method = f"Base model: {named}, trained with " + (
+        f"the GRPO objective below and no S2T mask (the baseline of {stapo})." if s2t is None else
+        f"`stapo_trl.STAPOTrainer` with the S2T mask off (`s2t_mode: off`): the like-for-like baseline of {stapo}."
+        if s2t.mode == "off" else f'{stapo} (Liu et al., 2026, "STAPO: Stabilizing Reinforcement Learning for LLMs by '
+        'Silencing Rare Spurious Tokens", arXiv:2602.15620): positive-advantage tokens sampled with a low probability '
+        "at low-entropy positions are removed from the numerator and the denominator of the loss."
+    )  # fmt: skip
     if builtin and (license_text := BUILTIN_MODELS.get(base[8:], {}).get("license")):
         method += f" The base model's license applies to this model too: {license_text}."
     try:
