@@ -53,20 +53,6 @@ def public_dataset_name(name: str | None) -> str | None:
     return None if not name or local or name.lower().endswith((".json", ".jsonl", ".csv", ".parquet")) else name
 
 
-def _quick_start(model: str, prompt, adapter: bool, max_new_tokens: int) -> str:
-    load, model_arg = ["from transformers import pipeline", ""], f"model={json.dumps(model)}"
-    if adapter:
-        load = ["from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer, pipeline", ""]
-        load.append(f"model = AutoPeftModelForCausalLM.from_pretrained({json.dumps(model)}).merge_and_unload()")
-        model_arg = f"model=model, tokenizer=AutoTokenizer.from_pretrained({json.dumps(model)})"
-    return "\n".join([
-        *load, f'generator = pipeline("text-generation", {model_arg})',
-        f"prompt = {json.dumps(prompt, ensure_ascii=False)}  # a training prompt, in the run's format",
-        f'output = generator(prompt, max_new_tokens={max_new_tokens}, return_full_text=False)[0]',
-        'print(output["generated_text"])',
-    ])  # fmt: skip
-
-
 def _summary(trainer, s2t, eval_record) -> list[str]:
     lines, totals = [f"- **Steps trained**: {trainer.state.global_step} optimizer steps."], None
     if s2t is None:
@@ -142,7 +128,18 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
         *(f"| `{name}` | {meaning} | `{getattr(value, 'value', value)}` |" for name, meaning, value in rows), "", "",
     ]  # fmt: skip
     prompt = prompt if isinstance(prompt, (str, list)) else "What is 47+38?"
-    code = _quick_start(reference, prompt, hasattr(model, "peft_config"), args.max_completion_length)
+    load, ref = ["from transformers import pipeline", ""], json.dumps(reference)
+    model_arg = f"model={ref}"
+    if hasattr(model, "peft_config"):
+        load = ["from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer, pipeline", "",
+                f"model = AutoPeftModelForCausalLM.from_pretrained({ref}).merge_and_unload()"]  # fmt: skip
+        model_arg = f"model=model, tokenizer=AutoTokenizer.from_pretrained({ref})"
+    code = "\n".join([
+        *load, f'generator = pipeline("text-generation", {model_arg})',
+        f"prompt = {json.dumps(prompt, ensure_ascii=False)}  # a training prompt, in the run's format",
+        f'output = generator(prompt, max_new_tokens={args.max_completion_length}, return_full_text=False)[0]',
+        'print(output["generated_text"])',
+    ])  # fmt: skip
     text = card.text.replace("[None](https://huggingface.co/None)", named)
     text = re.sub(r"(## Quick start\s*```python\n).*?```", lambda m: f"{m[1]}{code}\n```", text, count=1, flags=re.S)
     versions = "\n".join(section) + f"### Framework versions\n\n- stapo_trl: {__version__}"
