@@ -7,22 +7,18 @@ import pytest
 from testing_utils import STAPO_RECIPE
 
 
-@pytest.mark.parametrize(
-    "overrides, message",
-    [
-        (["--benchmark_eval_limit", "31"], "31 problems x 4 samples do not fill whole eval batches of 8 completions"),
-        (["--benchmark_eval_samples", "0"], "benchmark_eval_samples=0 must be >= 1"),
-    ],
-    ids=["partial-batch", "samples-0"],
-)  # fmt: skip
-def test_what_trls_evaluation_cannot_honour_is_one_line_before_a_model(no_model_built, tmp_path, overrides, message):
+def test_what_trls_evaluation_cannot_honour_is_one_line_before_a_model(no_model_built, tmp_path):
     from stapo_trl.cli.train import main
 
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--benchmark_eval", "tiny-math"]
-    with pytest.raises(SystemExit) as excinfo:
-        main([*argv, *overrides])
-    assert str(excinfo.value).startswith("stapo-train: error: ") and message in str(excinfo.value), excinfo.value
-    assert "\n" not in str(excinfo.value)
+    for overrides, message in [
+        (["--benchmark_eval_limit", "31"], "31 problems x 4 samples do not fill whole eval batches of 8 completions"),
+        (["--benchmark_eval_samples", "0"], "benchmark_eval_samples=0 must be >= 1"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit) as excinfo:
+            main([*argv, *overrides])
+        assert str(excinfo.value).startswith("stapo-train: error: ") and message in str(excinfo.value), excinfo.value
+        assert "\n" not in str(excinfo.value)
 
 
 def test_the_refusals_name_the_setting_that_fills_the_batches():

@@ -112,12 +112,12 @@ def test_vllm_generator_with_a_fake_vllm(monkeypatch):
     assert samples[0][0] == GeneratedSample(r"\boxed{3}", 3, True) and samples[0][-1].finished is False
 
 
-@pytest.mark.parametrize("config, rank", [({"r": 8}, 8), ({"r": 12}, 16), ({"r": 8, "rank_pattern": {"q": 40}}, 64)])
-def test_vllm_max_lora_rank_is_the_smallest_supported_rank_holding_the_adapter(tmp_path, config, rank):
+def test_vllm_max_lora_rank_is_the_smallest_supported_rank_holding_the_adapter(tmp_path):
     from stapo_trl.evaluation.generation import vllm_max_lora_rank
 
-    (tmp_path / "adapter_config.json").write_text(json.dumps(config))
-    assert vllm_max_lora_rank(str(tmp_path)) == rank
+    for config, rank in [({"r": 8}, 8), ({"r": 12}, 16), ({"r": 8, "rank_pattern": {"q": 40}}, 64)]:
+        (tmp_path / "adapter_config.json").write_text(json.dumps(config))
+        assert vllm_max_lora_rank(str(tmp_path)) == rank
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 1024}))
     with pytest.raises(ValueError, match="LoRA rank 1024 is above vLLM's largest max_lora_rank 512"):
         vllm_max_lora_rank(str(tmp_path))

@@ -321,7 +321,10 @@ def _recipe(model_path):
     return ["--config", STAPO_RECIPE, "--model_name_or_path", model_path, "--eval_before_after", "false"]
 
 
-def test_holds_nest_within_a_process(tmp_path):
+def test_holds_nest_within_a_process_and_a_file_system_that_cannot_lock_is_warned_about(tmp_path, monkeypatch, caplog):
+    import errno
+    import fcntl
+
     from stapo_trl.run_folder.checkpoints import hold_run_folder
 
     (tmp_path / "scratch").mkdir()
@@ -335,6 +338,22 @@ def test_holds_nest_within_a_process(tmp_path):
     probe = subprocess.run([sys.executable, "-c", HOLDER, str(run)], input="", capture_output=True, text=True)
     assert probe.returncode == 0 and probe.stdout == "held\n", probe.stderr
     assert (tmp_path / "scratch" / "_writer.txt").read_text().startswith("pid ")
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    run = tmp_path / "unlocked"
+    hold_run_folder(str(run))  # stapo-train's
+    hold_run_folder(str(run), trainer="its trainer")  # its train()'s: no second warning
+    hold_run_folder(str(run), acquire=False, trainer="its trainer")
+    hold_run_folder(str(run), acquire=False)
+    assert [r.getMessage() for r in caplog.records if "cannot lock" in r.getMessage()] == [
+        f"output_dir={str(run)!r} is on a file system that cannot lock files ([Errno {errno.ENOLCK}] No locks "
+        "available): this run writes it without the lock, so a second run writing the same folder would not be "
+        "stopped."
+    ]
+    assert (run / "_writer.txt").read_text().startswith(f"pid {os.getpid()} on ")
 
 
 def test_a_symbolic_link_in_the_run_folder_is_refused_and_its_target_left_alone(tmp_path):
@@ -435,29 +454,6 @@ def test_while_a_script_trains_another_trainer_or_stapo_train_is_refused_at_once
     first.train()
     in_use = f"output_dir={str(out)!r} is in use by another run (pid {os.getpid()} on {socket.gethostname()}, since "
     assert first.state.global_step == 2 and [str(c.raised)[: len(in_use)] for c in tries] == [in_use, in_use]
-
-
-def test_a_file_system_that_cannot_lock_is_warned_about_not_refused(tmp_path, monkeypatch, caplog):
-    import errno
-    import fcntl
-
-    from stapo_trl.run_folder.checkpoints import hold_run_folder
-
-    def no_locks(fd, operation):
-        raise OSError(errno.ENOLCK, "No locks available")
-
-    monkeypatch.setattr(fcntl, "flock", no_locks)
-    run = tmp_path / "run"
-    hold_run_folder(str(run))  # stapo-train's
-    hold_run_folder(str(run), trainer="its trainer")  # its train()'s: no second warning
-    hold_run_folder(str(run), acquire=False, trainer="its trainer")
-    hold_run_folder(str(run), acquire=False)
-    assert [r.getMessage() for r in caplog.records if "cannot lock" in r.getMessage()] == [
-        f"output_dir={str(run)!r} is on a file system that cannot lock files ([Errno {errno.ENOLCK}] No locks "
-        "available): this run writes it without the lock, so a second run writing the same folder would not be "
-        "stopped."
-    ]
-    assert (run / "_writer.txt").read_text().startswith(f"pid {os.getpid()} on ")
 
 
 @pytest.mark.parametrize(
