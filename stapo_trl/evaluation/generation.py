@@ -68,9 +68,8 @@ def _seeded_sampler(temperature: float, top_p: float, seeds: list[int], steps: l
 
 
 def hf_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_tokens, seeds, batch_size=64, stats=None):
-    """(P, n) [`GeneratedSample`]s from transformers' `generate` (no `top_k`, as vLLM; temperature 0: argmax). Sample j
-    of prompt i draws from a stream seeded `seeds[i] + j`, independent of `batch_size` and the other prompts. `stats`
-    gets the lists `entropy` and `prob` of every sampled token up to its eos."""
+    """(P, n) [`GeneratedSample`]s from `generate` (no `top_k`; temperature 0: argmax), sample j of prompt i seeded
+    `seeds[i] + j` whatever the batch; `stats` gets the `entropy` and `prob` of every sampled token up to its eos."""
     import torch
     from transformers import GenerationConfig
 

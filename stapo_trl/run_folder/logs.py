@@ -96,9 +96,8 @@ def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def open_jsonl_for_run(path: str, global_step: int, redone_after: int | None = None) -> tuple[TextIO, list[dict]]:
-    """(the run file `path` to append to from `global_step`, the rows kept): a resume keeps the rows up to
-    `global_step` (after `redone_after`, evaluation rows only), rewritten atomically; a fresh run moves an earlier
-    file aside to `<name>.<n>.jsonl`."""
+    """(`path` opened to append, the rows kept): a resume keeps the rows up to `global_step` (after `redone_after`,
+    evaluation rows only), rewritten atomically; a fresh run moves an earlier file aside to `<name>.<n>.jsonl`."""
     kept = []
     if os.path.exists(path) and global_step > 0:
         kept = [
@@ -239,8 +238,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
 
 
 def add_run_file_callbacks(trainer) -> list[TrainerCallback]:
-    """Add a [`MetricsLogCallback`] and (with S2T) a [`SpuriousTokenLogger`] unless there, after `DefaultFlowCallback`.
-    Returns those added."""
+    """Add [`MetricsLogCallback`] and (with S2T) [`SpuriousTokenLogger`] where missing; returns those added."""
     callbacks = trainer.callback_handler.callbacks
     wanted = [MetricsLogCallback] + [SpuriousTokenLogger] * hasattr(trainer, "s2t")
     added = [cls for cls in wanted if not any(isinstance(c, cls) for c in callbacks)]
