@@ -75,6 +75,27 @@ def test_a_resume_inside_a_rollout_batch_and_a_logging_window_ends_as_the_uninte
     _assert_same(_outcome(trainer, tmp_path / "run"), expected)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted_12(tmp_path_factory, tiny_math_model_path):
+    out = tmp_path_factory.mktemp("uninterrupted-12") / "run"
+    trainer = _trainer(tiny_math_model_path, out, max_steps=12)
+    trainer.train()
+    return out, _outcome(trainer, out)
+
+
+@pytest.mark.slow  # a 12-step run and three resumes
+@pytest.mark.parametrize("step", [2, 4, 6])
+def test_the_demo_geometry_resumes_from_checkpoint_2_4_or_6_of_12_as_the_uninterrupted_run(
+    uninterrupted_12, tiny_math_model_path, tmp_path, step
+):
+    # Checkpoints 2 and 6 fall inside a rollout batch of 4 updates, checkpoint-4 at its end.
+    run, expected = uninterrupted_12
+    _copy_until(run, tmp_path / "run", step)
+    trainer = _trainer(tiny_math_model_path, tmp_path / "run", max_steps=12)
+    trainer.train(resume_from_checkpoint=True)
+    _assert_same(_outcome(trainer, tmp_path / "run"), expected)
+
+
 @pytest.mark.slow  # a run and a resume of several steps
 def test_a_stop_signal_inside_a_rollout_batch_resumes_as_the_uninterrupted_run(
     uninterrupted, tiny_math_model_path, tmp_path
