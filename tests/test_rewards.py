@@ -3,6 +3,7 @@
 import json
 import logging
 import math
+import sys
 from fractions import Fraction
 from types import SimpleNamespace
 
@@ -95,13 +96,19 @@ def test_unknown_reward_lists_registry(name):
     assert str(sorted(REWARDS)) in str(info.value)
 
 
-def test_a_module_or_package_in_the_current_folder_is_imported(tmp_path, monkeypatch):
-    import sys
-
-    user_folder = tmp_path  # the current folder, not on sys.path (as for an installed command)
+@pytest.fixture
+def user_folder(tmp_path, tmp_path_factory, monkeypatch):
+    """The current folder, not on sys.path (as for an installed command), nor another test's; its modules unimported
+    (tests/cli/test_dry_run.py imports a my_rewards of its own from its folder, which it leaves on sys.path)."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
-    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    others = str(tmp_path_factory.getbasetemp())
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".") and not p.startswith(others)])
+    mine = ("my_rewards", "lab", "nowhere_rewards")
+    monkeypatch.setattr(sys, "modules", {k: v for k, v in sys.modules.items() if k.split(".")[0] not in mine})
+    return tmp_path
+
+
+def test_a_module_or_package_in_the_current_folder_is_imported(user_folder):
     (user_folder / "my_rewards.py").write_text("def exact_match(completions, solution, **kwargs):\n    return [1.0]\n")
     (user_folder / "lab" / "rl").mkdir(parents=True)
     (user_folder / "lab" / "__init__.py").write_text("")
