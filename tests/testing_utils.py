@@ -344,10 +344,11 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 PORT_TAKEN = ("Address already in use", "EADDRINUSE")
 
 
-def run_distributed(make_cmd, *, timeout: float, env: dict[str, str] | None = None) -> str:
+def run_distributed(make_cmd, *, timeout: float, env: dict[str, str] | None = None, status: int = 0) -> str:
     """`run_subprocess(make_cmd(port))` on a free port; once more on a new port if another job took it meanwhile."""
     for attempt in range(2):
-        output = run_subprocess(make_cmd(free_port()), timeout=timeout, env=env, retry_on=PORT_TAKEN * (attempt == 0))
+        retry_on = PORT_TAKEN * (attempt == 0)
+        output = run_subprocess(make_cmd(free_port()), timeout=timeout, env=env, retry_on=retry_on, status=status)
         if output is not None:
             return output
     raise AssertionError("unreachable")
@@ -360,8 +361,9 @@ def run_subprocess(
     env: dict[str, str] | None = None,
     cwd: Path = REPO,
     retry_on: tuple[str, ...] = (),
+    status: int = 0,
 ) -> str | None:
-    """Run `cmd` in its own process group; fail the test (printing the output) on a non-zero exit or a timeout.
+    """Run `cmd` in its own process group; fail the test (printing the output) on another exit status or a timeout.
 
     Returns `None` instead of failing when the run failed and its output contains one of `retry_on`.
     """
@@ -381,7 +383,7 @@ def run_subprocess(
         output, _ = proc.communicate()
         print(output)
         pytest.fail(f"timed out after {timeout}s (a hung collective?): {' '.join(cmd)}\n{output[-5000:]}")
-    if proc.returncode != 0:
+    if proc.returncode != status:
         if any(marker in output for marker in retry_on):
             return None
         print(output)
@@ -402,17 +404,23 @@ WORKER_REPORT = textwrap.dedent(
 )
 
 
-def run_torchrun(source: str, script: Path, *args: str, nproc: int, timeout: float = 600) -> str:
+def torchrun_launch(port: int, nproc: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
+            "--master_port", str(port)]  # fmt: skip
+
+
+def accelerate_launch(port: int, config: str = "cpu_2proc.yaml") -> list[str]:  # a free port: 29500 may be taken
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+            str(RECIPES_DIR / "accelerate_configs" / config), "--main_process_port", str(port)]  # fmt: skip
+
+
+def run_torchrun(source: str, script: Path, *args: str, nproc: int, timeout: float = 600, launch=None, status=0):
     """Write `source` (with `WORKER_REPORT` before it: workers print their results with `report`) to `script` and
-    run it on `nproc` local ranks under torchrun (`run_distributed`: free port, timeout, output on failure)."""
+    run it on `nproc` local ranks under torchrun, or `launch(port)` (`run_distributed`: free port, timeout, output on
+    another exit status than `status`)."""
     script.write_text(WORKER_REPORT + source)
-    return run_distributed(
-        lambda port: [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-            "--master_addr", "127.0.0.1", "--master_port", str(port), str(script), *args,
-        ],
-        timeout=timeout,
-    )  # fmt: skip
+    launch = launch or (lambda port: torchrun_launch(port, nproc))
+    return run_distributed(lambda port: [*launch(port), str(script), *args], timeout=timeout, status=status)
 
 
 # The demo recipe, shrunk for a 2-process CPU run.

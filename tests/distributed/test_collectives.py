@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+import numpy as np
 import pytest
 from testing_utils import run_torchrun
 
@@ -14,10 +15,9 @@ from stapo_trl.run_folder.logs import read_token_records
 
 pytestmark = pytest.mark.slow
 
-HEADER = textwrap.dedent(
+WORKER = textwrap.dedent(
     r"""
     import json, os, sys, warnings
-    import torch
     from datasets import Dataset
     from stapo_trl import STAPOConfig, STAPOTrainer
     from stapo_trl.run_folder.logs import SpuriousTokenLogger
@@ -26,59 +26,24 @@ HEADER = textwrap.dedent(
         return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]
 
     prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
-    """
-)
-DIAGNOSTICS_WORKER = HEADER + textwrap.dedent(
-    r"""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        args = STAPOConfig(
-            output_dir=sys.argv[2], use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
-            num_generations=4, max_completion_length=8, max_steps=4, logging_steps=1, save_strategy="no", seed=0,
-            s2t_prob_threshold=0.05, steps_per_generation=2,
-        )
-        trainer = STAPOTrainer(sys.argv[1], reward_funcs=length_reward, args=args, train_dataset=prompts)
-    trainer.add_callback(SpuriousTokenLogger(trainer, max_silenced=1000, max_kept_candidates=1000, max_reference=0))
-    trainer.train()
-    logged = [{k: v for k, v in h.items() if k.startswith("s2t/")} for h in trainer.state.log_history if "loss" in h]
-    with open(os.path.join(sys.argv[2], f"rank{trainer.accelerator.process_index}.json"), "w") as f:
-        json.dump(logged, f)
-    trainer.end()
-    """
-)
-
-
-def test_two_processes_gather_records_from_both_and_agree_on_metrics(tiny_random_model_path, tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    run_torchrun(DIAGNOSTICS_WORKER, tmp_path / "run.py", tiny_random_model_path, str(out), nproc=2)
-    rank0, rank1 = (json.loads((out / f"rank{i}.json").read_text()) for i in range(2))
-    assert rank0 == rank1  # reduced metrics are the same on every process
-    records = read_token_records(out)
-    # Scope optimizer_step, GA 1: one mask per step; each logged once with the silenced tokens of both processes.
-    for entry, step in zip(rank0, [1, 2, 3, 4], strict=True):
-        silenced = [r for r in records if r["step"] == step and r["silenced"]]
-        assert len(silenced) == entry["s2t/num_silenced"]
-    assert {r["process_index"] for r in records} == {0, 1}
-    assert {r["step"] for r in records} <= {1, 2, 3, 4} and sum(e["s2t/num_silenced"] for e in rank0) > 0
-
-
-PAPER_GEOMETRY_WORKER = HEADER + textwrap.dedent(
-    r"""
     model_path, out = sys.argv[1], sys.argv[2]
     result = {}
-    # steps_per_generation = 4 x GA: one rollout batch feeds 4 optimizer updates of GA 2 micro-batches each.
-    for name, s2t in [("off", {"s2t_mode": "off"}), ("never", {"s2t_prob_threshold": 1e-30}),
-                      ("stapo", {"s2t_prob_threshold": 0.05})]:
+    # The paper's geometry: one rollout batch feeds 4 optimizer updates of GA 2 micro-batches each.
+    paper = dict(gradient_accumulation_steps=2, steps_per_generation=8, learning_rate=1e-2)
+    for name, s2t in [("off", {"s2t_mode": "off", **paper}), ("never", {"s2t_prob_threshold": 1e-30, **paper}),
+                      ("stapo", {"s2t_prob_threshold": 0.05, **paper}),
+                      ("records", {"s2t_prob_threshold": 0.05, "steps_per_generation": 2})]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             args = STAPOConfig(
                 output_dir=os.path.join(out, name), use_cpu=True, bf16=False, report_to=[], logging_steps=1,
                 per_device_train_batch_size=4, num_generations=4, max_completion_length=8, max_steps=4,
-                gradient_accumulation_steps=2, steps_per_generation=8, learning_rate=1e-2, save_strategy="no",
-                seed=0, **s2t,
+                save_strategy="no", seed=0, **s2t,
             )
             trainer = STAPOTrainer(model_path, reward_funcs=length_reward, args=args, train_dataset=prompts)
+        if name == "records":
+            logger = SpuriousTokenLogger(trainer, max_silenced=1000, max_kept_candidates=1000, max_reference=0)
+            trainer.add_callback(logger)
         updates = []
         original = trainer._compute_s2t_mask
 
@@ -101,13 +66,20 @@ PAPER_GEOMETRY_WORKER = HEADER + textwrap.dedent(
 )
 
 
-def test_paper_geometry_on_two_ranks_tau_h_per_update_and_like_for_like_baseline(tiny_random_model_path, tmp_path):
-    import numpy as np
-
-    out = tmp_path / "out"
-    out.mkdir()
-    run_torchrun(PAPER_GEOMETRY_WORKER, tmp_path / "run.py", tiny_random_model_path, str(out), nproc=2)
-    ranks = [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
+def test_two_ranks_gather_records_agree_on_metrics_and_tau_h_and_match_the_baseline(tiny_random_model_path, tmp_path):
+    run_torchrun(WORKER, tmp_path / "run.py", tiny_random_model_path, str(tmp_path), nproc=2)
+    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    # Records (GA 1, one mask per step): reduced metrics the same on both ranks; each step's silenced tokens of both
+    # ranks logged once.
+    rows = [
+        [{k: v for k, v in row.items() if k.startswith("s2t/")} for row in seen["records"]["rows"]] for seen in ranks
+    ]
+    assert rows[0] == rows[1] and len(rows[0]) == 4
+    records = read_token_records(tmp_path / "records")
+    for entry, step in zip(rows[0], [1, 2, 3, 4], strict=True):
+        assert len([r for r in records if r["step"] == step and r["silenced"]]) == entry["s2t/num_silenced"]
+    assert {r["process_index"] for r in records} == {0, 1}
+    assert {r["step"] for r in records} <= {1, 2, 3, 4} and sum(e["s2t/num_silenced"] for e in rows[0]) > 0
     # The baseline and its never-firing twin: the same losses, gradient norms, TRL metrics and weights, step by step.
     for seen in ranks:
         off, never = seen["off"], seen["never"]

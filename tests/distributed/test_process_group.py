@@ -1,5 +1,5 @@
-"""The process group on two ranks (torchrun on CPU): after an input error, `trainer.end()` and `stapo-train`, nothing
-holds it and gloo's threads are gone (`stapo_trl.integrations.process_group`)."""
+"""The process group on two ranks: after an input error (status 2 on each rank under accelerate), `trainer.end()` and
+`stapo-train`, nothing holds it and gloo's threads are gone (`stapo_trl.integrations.process_group`)."""
 
 from __future__ import annotations
 
@@ -7,24 +7,21 @@ import sys
 import textwrap
 
 import pytest
-from testing_utils import SMALL_TWO_RANK_DEMO, STAPO_RECIPE, run_torchrun
+from testing_utils import SMALL_TWO_RANK_DEMO, STAPO_RECIPE, accelerate_launch, run_torchrun
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
 GLOO_THREADS = textwrap.dedent(
     r"""
-    import os
+    import os, sys
 
     def gloo_threads():
         names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
         return sorted(n for n in names if "gloo" in n)
     """
 )
-
-
 INPUT_ERROR_WORKER = GLOO_THREADS + textwrap.dedent(
     r"""
-    import os, sys
     import torch.distributed as dist
     from stapo_trl.cli.train import main
 
@@ -32,36 +29,44 @@ INPUT_ERROR_WORKER = GLOO_THREADS + textwrap.dedent(
         main(sys.argv[1:])
     except SystemExit as e:
         report(f"exit {e.code}; group: {dist.is_initialized()}; gloo threads left: {gloo_threads()}")
+        raise
     """
 )
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ["--s2t_entropy_quantile", "1.5"],
-        ["--reward_funcs", "math_acuracy"],
-        ["--dataset_name", "/nonexistent/train.jsonl"],
-    ],
-    ids=["range", "reward", "data"],
-)
-def test_an_input_error_on_two_ranks_leaves_no_process_group(tmp_path, argv):
-    base = ["--config", str(STAPO_RECIPE), "--output_dir", str(tmp_path / "out")]
-    output = run_torchrun(INPUT_ERROR_WORKER, tmp_path / "worker.py", *base, *argv, nproc=2, timeout=300)
+@pytest.mark.parametrize("argv, message", [
+    (["--s2t_entropy_quantile", "1.5"], "--s2t_entropy_quantile: s2t_entropy_quantile=1.5 must be in [0, 1]"),
+    (["--reward_funcs", "math_acuracy"], "Unknown reward 'math_acuracy'."),
+    (["--dataset_name", "/nonexistent/train.jsonl"], "Dataset file '/nonexistent/train.jsonl' does not exist."),
+], ids=["range", "reward", "data"])  # fmt: skip
+def test_an_input_error_under_accelerate_ends_each_rank_with_status_2_and_no_process_group(tmp_path, argv, message):
+    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *argv]
+    output = run_torchrun(INPUT_ERROR_WORKER, tmp_path / "w.py", *argv, nproc=2, launch=accelerate_launch, status=1)
     assert output.count("exit 2; group: False; gloo threads left: []") == 2, output[-3000:]
+    assert "exitcode  : 2 (pid:" in output and "exitcode  : 1 (pid:" not in output, output[-3000:]
+    assert any(line.startswith(f"stapo-train: error: {message}") for line in output.splitlines()), output[-3000:]
+    assert not (tmp_path / "out").exists()
 
 
-# After `trainer.end()` no function default holds the group, gloo's threads are gone, the model still generates.
+# After `trainer.end()` (or stapo-train) no function default holds the group, gloo's threads are gone, the model
+# still generates.
 GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
     r"""
-    import gc, os, sys, types
+    import gc, types
     import torch
     import torch.distributed as dist
     from datasets import Dataset
     from stapo_trl import STAPOConfig, STAPOTrainer
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import train
     from stapo_trl.trainer.trainers import GRPOBaselineTrainer
 
-    model_path, out, which = sys.argv[1:4]
+    which, *argv = sys.argv[1:]
+    if which == "stapo-train":
+        train(*parse_args(argv))
+        report("gloo threads after stapo-train:", gloo_threads())
+        sys.exit()
+    model_path, out = argv
     args = STAPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to="none", max_completion_length=8,
                        per_device_train_batch_size=4, num_generations=4, max_steps=1, save_strategy="no",
                        beta=0.04 if which == "grpo" else 0.0)  # with beta, GRPOTrainer prepares a reference model
@@ -87,29 +92,18 @@ GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
 
 @pytest.mark.parametrize("which", ["stapo", "grpo"])
 def test_trainer_end_after_two_rank_training_releases_gloo(tiny_random_model_path, tmp_path, which):
-    script = tmp_path / "group_release_worker.py"
-    output = run_torchrun(GROUP_RELEASE_WORKER, script, tiny_random_model_path, str(tmp_path), which, nproc=2)
+    output = run_torchrun(
+        GROUP_RELEASE_WORKER, tmp_path / "w.py", which, tiny_random_model_path, str(tmp_path), nproc=2
+    )
     assert "wrapper during training: DistributedDataParallel" in output, output[-3000:]
     for line in ("functions holding the group in a default: []", "gloo threads after trainer.end(): []"):
         assert output.count(line) == 2, output[-3000:]
     assert output.count("generated after end: 2") == 2, output[-3000:]
 
 
-CLI_GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
-    r"""
-    import os, sys
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.run import train
-
-    train(*parse_args(sys.argv[1:]))
-    report("gloo threads after stapo-train:", gloo_threads())
-    """
-)
-
-
 def test_stapo_train_on_two_ranks_releases_gloo(tiny_math_model_path, tmp_path):
     out = tmp_path / "run"
-    argv = ["--config", str(STAPO_RECIPE), "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
-    output = run_torchrun(CLI_GROUP_RELEASE_WORKER, tmp_path / "cli_worker.py", *argv, *SMALL_TWO_RANK_DEMO, nproc=2)
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
+    output = run_torchrun(GROUP_RELEASE_WORKER, tmp_path / "w.py", "stapo-train", *argv, *SMALL_TWO_RANK_DEMO, nproc=2)
     assert output.count("gloo threads after stapo-train: []") == 2, output[-3000:]
     assert (out / "model.safetensors").exists()
