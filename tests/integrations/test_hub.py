@@ -1,9 +1,7 @@
 """Hub checks (`stapo_trl.integrations.hub`) in one line before anything is built, and the prompt-token budget."""
 
-import contextlib
 import logging
 import socket
-import threading
 import types
 
 import pytest
@@ -93,115 +91,81 @@ def requests_sent(monkeypatch) -> list:
     return sent
 
 
-@pytest.mark.parametrize("kind", ["models", "datasets"])
-def test_an_unreachable_hub_is_refused_after_one_request(hub, monkeypatch, kind):
+@pytest.mark.parametrize("kind, offline", [("models", None), ("datasets", None), ("models", "HUB"),
+                                           ("datasets", "HUB"), ("datasets", "DATASETS")])  # fmt: skip
+def test_an_uncached_id_is_refused_after_one_request_or_offline_without_any(hub, monkeypatch, kind, offline):
     sent = requests_sent(monkeypatch)
+    if offline:
+        monkeypatch.setattr(constants if offline == "HUB" else config, f"HF_{offline}_OFFLINE", True)
     name = HUB_ID if kind == "models" else DATASET_ID
-    with pytest.raises(ConnectionError) as excinfo:
+    with pytest.raises(FileNotFoundError if offline else ConnectionError) as excinfo:
         check_hub_model(HUB_ID) if kind == "models" else check_hub_dataset(DATASET_ID)
-    assert [(r.method, str(r.url)) for r in sent] == [("GET", f"{UNREACHABLE}/api/{kind}/{name}")]
-    _one_line_refusal(str(excinfo.value), offline=False, name=name)
-    assert UNREACHABLE in str(excinfo.value)
-    assert f"hf download {'--repo-type dataset ' * (kind == 'datasets')}{name}" in str(excinfo.value)
+    _one_line_refusal(message := str(excinfo.value), offline=bool(offline), name=name)
+    assert [(r.method, str(r.url)) for r in sent] == [("GET", f"{UNREACHABLE}/api/{kind}/{name}")] * (not offline)
+    if not offline:
+        assert (
+            UNREACHABLE in message and f"hf download {'--repo-type dataset ' * (kind == 'datasets')}{name}" in message
+        )
 
 
 def test_a_hub_that_does_not_answer_is_refused_by_the_timeout_after_one_request(hub, monkeypatch):
-    server = socket.socket()  # accepts connections, never answers
-    server.bind(("127.0.0.1", 0))
-    server.listen(4)
-    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
-    accepted, sent = [], requests_sent(monkeypatch)
-
-    def serve():
-        with contextlib.suppress(OSError):  # closed by the test
-            while True:
-                accepted.append(server.accept()[0])
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
+    with socket.socket() as server:  # the kernel accepts connections into its backlog; nothing ever answers
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        sent = requests_sent(monkeypatch)
         with pytest.raises(ConnectionError, match="does not answer") as excinfo:
             check_hub_model(HUB_ID, timeout=1.0)
-        assert [r.method for r in sent if HUB_ID in str(r.url)] == ["GET"]
-        assert accepted and all(c.fileno() != -1 for c in accepted)  # the probe gave up, not the server
-    finally:
-        with contextlib.suppress(OSError):
-            server.shutdown(socket.SHUT_RDWR)  # wakes accept()
-        server.close()
-        for connection in accepted:
-            connection.close()
-        thread.join(10)
-        assert not thread.is_alive()
-    assert "Timeout" in str(excinfo.value)
+    assert [r.method for r in sent if HUB_ID in str(r.url)] == ["GET"] and "Timeout" in str(excinfo.value)
     _one_line_refusal(str(excinfo.value), offline=False)
 
 
-@pytest.mark.parametrize("flag", ["hub", "datasets"])
-def test_offline_an_uncached_id_is_refused_without_asking_the_hub(hub, monkeypatch, flag):
-    sent = requests_sent(monkeypatch)
-    monkeypatch.setattr(constants if flag == "hub" else config, f"HF_{flag.upper()}_OFFLINE", True)
-    with pytest.raises(FileNotFoundError) as excinfo:
-        check_hub_dataset(DATASET_ID)
-    _one_line_refusal(str(excinfo.value), offline=True, name=DATASET_ID)
-    if flag == "hub":
-        with pytest.raises(FileNotFoundError) as excinfo:
-            check_hub_model(HUB_ID)
-        _one_line_refusal(str(excinfo.value), offline=True)
-    assert sent == []
-
-
 @pytest.mark.parametrize("offline", [False, True], ids=["online-unreachable", "offline"])
-@pytest.mark.parametrize("filename", ["config.json", "adapter_config.json"], ids=["model", "adapter"])
-def test_a_cached_id_passes(hub, monkeypatch, offline, filename):
-    hub.cache(HUB_ID, filename)
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
-    check_hub_model(HUB_ID)  # no request: the unreachable endpoint is never asked
-    with pytest.raises((ConnectionError, FileNotFoundError)):
-        check_hub_model("Qwen/Qwen3-1.7B")
-
-
-@pytest.mark.parametrize("cache", ["hub", "datasets"])
-def test_a_cached_dataset_a_local_path_and_a_builder_name_pass(hub, tmp_path, cache):
+@pytest.mark.parametrize("filename, cache", [("config.json", "hub"), ("adapter_config.json", "datasets")])
+def test_a_cached_id_a_local_path_and_a_builder_name_pass(hub, monkeypatch, tmp_path, offline, filename, cache):
+    hub.cache(HUB_ID, filename)  # a model, an adapter
     folder = tmp_path / "hub-cache" / f"datasets--{DATASET_ID.replace('/', '--')}"
     (folder if cache == "hub" else hub.datasets / DATASET_ID.replace("/", "___")).mkdir()
-    for name in (DATASET_ID, str(tmp_path), "json"):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    for name in (DATASET_ID, str(tmp_path), "json"):  # no request: the unreachable endpoint is never asked
         check_hub_dataset(name)
-    check_hub_model(str(tmp_path))
-    check_hub_model("builtin:tiny-math")
-    with pytest.raises(ConnectionError):
+    for name in (HUB_ID, str(tmp_path), "builtin:tiny-math"):
+        check_hub_model(name)
+    with pytest.raises((ConnectionError, FileNotFoundError)):
+        check_hub_model("Qwen/Qwen3-1.7B")
+    with pytest.raises((ConnectionError, FileNotFoundError)):
         check_hub_dataset("some-org/another-dataset")
 
 
 @pytest.mark.parametrize("offline", [False, True], ids=["unreachable", "offline"])
-@pytest.mark.parametrize("what", ["model", "dataset"])
-def test_stapo_train_refuses_a_hub_id_before_loading_anything(hub, monkeypatch, capsys, tmp_path, no_model_built,
+@pytest.mark.parametrize("what", ["model", "dataset", "eval"])
+def test_the_commands_refuse_a_hub_id_before_loading_anything(hub, monkeypatch, capsys, tmp_path, no_model_built,
                                                               offline, what):  # fmt: skip
     from stapo_trl.cli import prepare
+    from stapo_trl.cli.eval import main as eval_main
     from stapo_trl.cli.train import main
 
     monkeypatch.setattr(prepare, "load_prompt_dataset", lambda *a, **k: pytest.fail("the dataset was loaded first"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
     flag, name, start = {
-        "model": ("--model_name_or_path", HUB_ID, f"Model {HUB_ID!r} is not a local directory"),
-        "dataset": ("--dataset_name", DATASET_ID, f"dataset_name={DATASET_ID!r} is not a local path"),
+        "model": ("--model_name_or_path", HUB_ID, f"stapo-train: error: Model {HUB_ID!r} is not a local directory"),
+        "dataset": (
+            "--dataset_name",
+            DATASET_ID,
+            f"stapo-train: error: dataset_name={DATASET_ID!r} is not a local path",
+        ),
+        "eval": ("--model", HUB_ID, "stapo-eval: error: "),
     }[what]
     with pytest.raises(SystemExit) as excinfo:
+        if what == "eval":
+            eval_main(
+                [flag, name, "--benchmarks", "tiny-math", "--backend", "hf", "--output", str(tmp_path / "r.json")]
+            )
         main(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), flag, name])
     assert excinfo.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith(f"stapo-train: error: {start}"), line
+    assert line.startswith(start) and (offline or what != "eval" or "does not answer" in line), line
     _one_line_refusal(line, offline, name)
-
-
-def test_stapo_eval_refuses_the_hub_id_before_loading_anything(hub, capsys, tmp_path):
-    from stapo_trl.cli.eval import main
-
-    with pytest.raises(SystemExit) as excinfo:
-        main(["--model", HUB_ID, "--benchmarks", "tiny-math", "--backend", "hf", "--output", str(tmp_path / "r.json")])
-    assert excinfo.value.code == 2
-    line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith("stapo-eval: error: ") and "does not answer" in line, line
-    _one_line_refusal(line, offline=False)
 
 
 def test_model_max_positions_prompt_token_budget_and_keep_short_prompts(caplog):
@@ -260,10 +224,10 @@ def test_train_and_the_dry_run_drop_prompts_over_the_models_positions(tiny_math_
     from stapo_trl.cli.run import prepare
     from stapo_trl.cli.train import main as train_main
 
-    mixed = write_jsonl(
-        tmp_path / "mixed.jsonl", [{"problem": p, "answer": "1"} for p in ["12+34", "1+" * 400, "5+6"]]
-    )
-    long = write_jsonl(tmp_path / "long.jsonl", [{"problem": "1+" * 400 + "1", "answer": "1"}])
+    def data(name, problems):
+        return write_jsonl(tmp_path / name, [{"problem": p, "answer": "1"} for p in problems])
+
+    mixed, long = data("mixed.jsonl", ["12+34", "1+" * 400, "5+6"]), data("long.jsonl", ["1+" * 400 + "1"])
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", mixed]
     argv += ["--eval_before_after", "false", "--output_dir", str(tmp_path / "out")]
     count = "1 of 3 training prompts exceed 464 tokens and will be dropped"  # the model's 512 positions - 48
@@ -282,17 +246,10 @@ def test_train_and_the_dry_run_drop_prompts_over_the_models_positions(tiny_math_
     with pytest.raises(ValueError, match="All 1 training prompts are longer"):
         prepare(*parse_args(train))
     assert any("All 1 training prompts are longer than 464 tokens" in e for e in dry_run_recipe(argv, 1).errors)
-
-
-def test_prompt_length_filter_leaving_too_few_prompts_fails_with_the_counts(tmp_path, tiny_math_model_path):
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.run import prepare
-
-    rows = addition_rows(1) + [{"problem": "1+" * 100 + "1", "answer": "101"}] * 8  # 8 over a 64-token budget
-    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name"]
-    argv += [write_jsonl(tmp_path / "long.jsonl", rows), "--eval_before_after", "false", "--max_prompt_tokens", "64"]
-    argv += ["--output_dir", str(tmp_path / "out")]
+    # --max_prompt_tokens 64 leaves 1 of 9 prompts: too few for one rollout step of 8 (8 short ones fill it)
+    rows = addition_rows(1) + [{"problem": "1+" * 100 + "1", "answer": "101"}] * 8
+    argv[argv.index(long)] = write_jsonl(tmp_path / "few.jsonl", rows)
     with pytest.raises(ValueError, match=r"^1 prompt after filtering \(of 9; .*\); one rollout step needs 8 "):
-        prepare(*parse_args(argv))
+        prepare(*parse_args([*argv, "--max_prompt_tokens", "64"]))
     argv[argv.index("--dataset_name") + 1] = write_jsonl(tmp_path / "enough.jsonl", addition_rows(8) + rows[1:])
-    assert len(prepare(*parse_args(argv)).train_dataset) == 8
+    assert len(prepare(*parse_args([*argv, "--max_prompt_tokens", "64"])).train_dataset) == 8

@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from testing_utils import PROMPTS, REPO, ForwardCounter, free_port, length_reward
+from testing_utils import PROMPTS, REPO, STAPO_RECIPE, ForwardCounter, free_port, length_reward
 from trl import GRPOTrainer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
@@ -54,12 +54,9 @@ def test_vllm_eval_agrees_with_hf_generate(tiny_math_h64_model_path):
     problems = load_benchmark("tiny-math", limit=100)
 
     def run(generator, decoding, n):
-        table, records = evaluate_problems(
-            generator.generate, generator.tokenizer, problems, n=n, decoding=decoding, max_new_tokens=48, seed=0,
-            save_completions=True,
-        )  # fmt: skip
-        rows = [[r["correct"] for r in records[i * n : (i + 1) * n]] for i in range(len(problems))]
-        return table, records, rows
+        table, records = evaluate_problems(generator.generate, generator.tokenizer, problems, n=n, decoding=decoding,
+                                           max_new_tokens=48, seed=0, save_completions=True)  # fmt: skip
+        return table, records, [[r["correct"] for r in records[i * n : (i + 1) * n]] for i in range(len(problems))]
 
     hf = HFGenerator(tiny_math_h64_model_path, dtype="float32", device="cpu", batch_size=256)
     hf_greedy = run(hf, DECODINGS["greedy"], 1)
@@ -76,17 +73,12 @@ def test_vllm_eval_agrees_with_hf_generate(tiny_math_h64_model_path):
         vllm.llm.llm_engine.engine_core.shutdown()
 
     # Greedy: the same extracted answer on >= 95 % of the problems (float32 kernels differ, so near-ties may flip).
-    same = sum(
-        extract_boxed_answer(h["completion"]) == extract_boxed_answer(v["completion"])
-        for h, v in zip(hf_greedy[1], vllm_greedy[1], strict=True)
-    )
+    pairs = zip(hf_greedy[1], vllm_greedy[1], strict=True)
+    same = sum(extract_boxed_answer(h["completion"]) == extract_boxed_answer(v["completion"]) for h, v in pairs)
     assert same >= 95, f"greedy answers agree on {same}/100 problems only"
     # Sampled avg@4 at T = 1.0: within sampling error (|z| < 4 on the difference of two independent estimates).
-    means, variances = [], []
-    for _, _, rows in (hf_sampled, vllm_sampled):
-        per_problem = torch.tensor([sum(row) / len(row) for row in rows])
-        means.append(per_problem.mean().item())
-        variances.append(per_problem.var().item() / len(per_problem))
+    per_problem = [torch.tensor([sum(row) / len(row) for row in rows]) for _, _, rows in (hf_sampled, vllm_sampled)]
+    means, variances = [p.mean().item() for p in per_problem], [p.var().item() / len(p) for p in per_problem]
     z = (means[1] - means[0]) / math.sqrt(sum(variances))
     assert abs(z) < 4, f"avg@4 hf {means[0]:.3f} vs vllm {means[1]:.3f}: z = {z:.2f}"
     assert vllm_sampled[0]["num_truncated"] < 40  # completions end (eos is recognised), as with HF
@@ -106,10 +98,8 @@ def test_vllm_eval_serves_a_lora_adapter_folder_like_hf_does(tiny_math_h64_model
     problems = load_benchmark("tiny-math", limit=40)
 
     def completions(generator):
-        _, records = evaluate_problems(
-            generator.generate, generator.tokenizer, problems, n=1, decoding=DECODINGS["greedy"], max_new_tokens=24,
-            seed=0, save_completions=True,
-        )  # fmt: skip
+        _, records = evaluate_problems(generator.generate, generator.tokenizer, problems, n=1, seed=0,
+                                       decoding=DECODINGS["greedy"], max_new_tokens=24, save_completions=True)  # fmt: skip
         return [r["completion"] for r in records]
 
     hf_base = completions(HFGenerator(tiny_math_h64_model_path, dtype="float32", device="cpu"))
@@ -154,10 +144,9 @@ def test_colocate_training_with_vllm_rollouts_runs_no_extra_forward_and_logs_s2t
     assert counter.count == 3
     logged = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logged) == 3
-    for entry in logged:
-        for key in ("s2t/silenced_ratio", "s2t/candidate_ratio", "s2t/num_candidates", "s2t/num_silenced"):
-            assert key in entry, key
-        assert "sampling/importance_sampling_ratio/mean" in entry  # the rollouts came from vLLM
+    for entry in logged:  # importance_sampling_ratio: the rollouts came from vLLM
+        keys = ("s2t/silenced_ratio", "s2t/candidate_ratio", "s2t/num_candidates", "s2t/num_silenced")
+        assert {*keys, "sampling/importance_sampling_ratio/mean"} <= set(entry), entry
     assert sum(entry["s2t/num_candidates"] for entry in logged) > 0
 
 
@@ -182,12 +171,9 @@ def test_loss_under_vllm_is_correction_equals_trl_when_the_threshold_never_fires
 def _prompt_logprobs(llm, token_ids):
     from vllm import SamplingParams
 
-    out = llm.generate(
-        [{"prompt_token_ids": token_ids}], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False
-    )[0]
-    return torch.tensor(
-        [lp[tok].logprob for lp, tok in zip(out.prompt_logprobs[1:], token_ids[1:])], dtype=torch.float64
-    )
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0)
+    out = llm.generate([{"prompt_token_ids": token_ids}], params, use_tqdm=False)[0]
+    return torch.tensor([lp[t].logprob for lp, t in zip(out.prompt_logprobs[1:], token_ids[1:])], dtype=torch.float64)
 
 
 def _hf_logprobs(model, token_ids):
@@ -221,8 +207,7 @@ def test_vllm_generates_with_the_new_weights_after_a_sync(vllm_trainer):
     stale = (_prompt_logprobs(llm, token_ids) - expected).abs().mean()
     generation.sync_weights()
     synced = (_prompt_logprobs(llm, token_ids) - expected).abs().mean()
-    # Twice in a row (every optimizer step syncs): still the training model's weights.
-    generation.sync_weights()
+    generation.sync_weights()  # twice in a row (every optimizer step syncs): still the training model's weights
     synced_twice = (_prompt_logprobs(llm, token_ids) - expected).abs().mean()
     print(f"mean |vLLM - trainer| log-prob: same weights {rounding:.4f}, stale {stale:.4f}, synced {synced:.4f}")
     assert stale > 0.3, "the new weights hardly change the log-probs: the test is void"
@@ -267,18 +252,16 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
     recipe = tmp_path / "server.yaml"
     server = f"\nuse_vllm: true\nvllm_mode: server\nvllm_server_port: {port}\n"
     recipe.write_text(f"# launch: accelerate_config=ddp num_processes=1 vllm_gpus=1\n{text}{server}")
-    step = tmp_path / "step"
+    step, record = tmp_path / "step", tmp_path / "record"
     step.write_text(CLIENT_STEP)
     step.chmod(0o755)
-    record = tmp_path / "record"
-    env = dict(
-        os.environ, PYTHON=sys.executable, TRL_BIN=str(REPO / "scripts/vllm_cpu_serve.sh"), ACCELERATE_BIN=str(step),
+    # The colocated engine of the trainer tests set these in this process: a launcher child must not inherit them.
+    inherited = ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in inherited} | dict(
+        PYTHON=sys.executable, TRL_BIN=str(REPO / "scripts/vllm_cpu_serve.sh"), ACCELERATE_BIN=str(step),
         STUB_PORT=str(port), STUB_MODEL=tiny_math_h64_model_path, STUB_RECORD=str(record), STUB_MODE=mode,
         HEALTH_INTERVAL="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
     )  # fmt: skip
-    # The colocated engine of the trainer tests set these in this process: a launcher child must not inherit them.
-    for name in ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
     command = [
         "bash", str(REPO / "scripts/launch.sh"), str(recipe), "--gpus", "0,1", "--timeout", "400",
         "--log-dir", str(tmp_path), "--serve-args", "--gpu_memory_utilization 0.15 --enforce_eager true",
@@ -320,13 +303,9 @@ def test_paper_recipes_parse_on_the_vllm_environments_transformers():
     from stapo_trl.cli.args import parse_args
     from stapo_trl.cli.dry_run import dry_run_recipe
 
-    for model in ("Qwen3-1.7B", "Qwen3-8B", "Qwen3-14B"):
-        for method in ("stapo", "grpo", "justrl", "entropy20"):
-            recipe = f"recipes/{model}/{method}.yaml"
-            _, training_args, _ = parse_args(["--config", recipe, "--use_cpu", "true"])
-            assert training_args.gradient_checkpointing is True, recipe
-            assert dry_run_recipe(["--config", recipe], 8).ok, recipe
-    _, training_args, _ = parse_args(
-        ["--config", "recipes/demo/stapo.yaml", "--activation_checkpointing", "true", "--use_cpu", "true"]
-    )
-    assert training_args.gradient_checkpointing is True
+    recipes = [f"recipes/{m}/{a}.yaml" for m in ("Qwen3-1.7B", "Qwen3-8B", "Qwen3-14B")
+               for a in ("stapo", "grpo", "justrl", "entropy20")]  # fmt: skip
+    demo = ["--config", STAPO_RECIPE, "--activation_checkpointing", "true"]
+    for argv in [["--config", r] for r in recipes] + [demo]:
+        assert parse_args([*argv, "--use_cpu", "true"])[1].gradient_checkpointing is True, argv
+        assert argv[1] == STAPO_RECIPE or dry_run_recipe(argv, 8).ok, argv
