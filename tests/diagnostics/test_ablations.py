@@ -2,6 +2,7 @@
 
 import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -87,8 +88,7 @@ def test_other_modes_and_bad_thresholds_are_refused():
 
 def run_on_two_processes(parts, **kwargs):
     """`ablation_mask` of each part on its own thread, `gather` through a barrier (a skipped collective times out)."""
-    slots, calls, results, errors = [None, None], [0, 0], [None, None], []
-    barrier = threading.Barrier(2, timeout=20.0)
+    slots, calls, barrier = [None, None], [0, 0], threading.Barrier(2, timeout=20.0)
 
     def work(rank):
         def gather(tensor):
@@ -100,19 +100,13 @@ def run_on_two_processes(parts, **kwargs):
             return gathered
 
         try:
-            results[rank] = ablation_mask(*parts[rank], gather=gather, **kwargs)
-        except Exception as e:  # noqa: BLE001 (re-raised in the test's thread)
-            errors.append(e)
+            return ablation_mask(*parts[rank], gather=gather, **kwargs)
+        except Exception:
             barrier.abort()
+            raise
 
-    threads = [threading.Thread(target=work, args=(rank,)) for rank in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return results, calls
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(work, range(2))), calls
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -40,14 +40,10 @@ def test_histogram_quantiles_are_within_the_stated_error_and_histograms_add_up()
         histogram_quantile(histogram, 1.5)
 
 
-def hand_batch():
-    return hand_diagnostics_batch()[:5]
-
-
-def test_hand_batch_metrics():
-    result, logps, entropies, advantages, loss_mask = hand_batch()
+def test_hand_batch_metrics_and_non_finite_loss_tokens_out_of_the_quantiles():
+    result, logps, entropies, advantages, loss_mask = hand_diagnostics_batch()[:5]
     assert result.silenced.nonzero().tolist() == [[0, 1]]
-    metrics = diagnostic_metrics(result, logps, entropies, loss_mask)
+    reference = metrics = diagnostic_metrics(result, logps, entropies, loss_mask)
     assert set(metrics) == {f"s2t/entropy_{p}" for p in ("p10", "p50", "p80", "p95")} | {
         "s2t/silenced_prob_mean", "s2t/silenced_entropy_mean"}  # fmt: skip
     # Loss-token entropies sorted: [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.9] (n = 8, h = 7 q):
@@ -70,13 +66,8 @@ def test_hand_batch_metrics():
     empty = torch.zeros_like(loss_mask)
     result = s2t_mask(logps, entropies, advantages, empty, prob_threshold=0.01)
     assert all(math.isnan(value) for value in diagnostic_metrics(result, logps, entropies, empty).values())
-
-
-def test_non_finite_loss_tokens_stay_out_of_the_quantiles():
     # A NaN and an inf entropy, and a log p of -inf, on loss tokens of row 1: the quantiles are those of the hand
     # batch without them, as the rule leaves them out of the candidates (counted in s2t/num_nonfinite instead).
-    result, logps, entropies, advantages, loss_mask = hand_batch()
-    reference = diagnostic_metrics(result, logps, entropies, loss_mask)
     logps, entropies, loss_mask = logps.clone(), entropies.clone(), loss_mask.clone()
     loss_mask[1] = 1
     entropies[1, 3], entropies[1, 4] = float("nan"), float("inf")
@@ -91,7 +82,7 @@ def test_non_finite_loss_tokens_stay_out_of_the_quantiles():
 
 @pytest.mark.parametrize("rank0_rows, rank1_rows", [(slice(0, 1), slice(1, 2)), (slice(0, 2), slice(2, 2))])
 def test_metrics_reduced_over_two_processes_equal_the_one_process_metrics(rank0_rows, rank1_rows):
-    result, logps, entropies, _, loss_mask = hand_batch()
+    result, logps, entropies, _, loss_mask = hand_diagnostics_batch()[:5]
     whole = diagnostic_metrics(result, logps, entropies, loss_mask)
 
     def part(rows):

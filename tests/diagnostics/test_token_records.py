@@ -60,22 +60,18 @@ def test_hand_batch_records():
     records = spurious_token_records(*hand_batch(prob_threshold=1e-6), CharTokenizer(), step=1)
     assert [r["kind"] for r in records] == ["reference"] * 5 and {r["entropy_threshold"] for r in records} == {None}
     # No positive-advantage token: no record.
-    _, logps, entropies, advantages, loss_mask, ids = hand_batch()
+    result, logps, entropies, advantages, loss_mask, ids = hand_batch()
     negative = -advantages.abs()
-    result = s2t_mask(logps, entropies, negative, loss_mask, prob_threshold=0.01)
-    assert spurious_token_records(result, logps, entropies, negative, loss_mask, ids, CharTokenizer(), step=1) == []
-
-
-@pytest.mark.parametrize("name, position, value", [("logps", 0, float("nan")), ("entropies", 3, float("inf")),
-                                                   ("logps", 3, float("-inf"))])  # fmt: skip
-def test_a_loss_token_with_a_non_finite_value_is_never_recorded(name, position, value):
-    result, logps, entropies, advantages, loss_mask, completion_ids = hand_batch()
-    tensors = {"logps": logps.clone(), "entropies": entropies.clone()}
-    tensors[name][0, position] = value
-    records = spurious_token_records(result, tensors["logps"], tensors["entropies"], advantages, loss_mask,
-                                     completion_ids, CharTokenizer(), step=0, **ALL)  # fmt: skip
-    assert len(records) == 4 and position not in [r["position"] for r in records]  # the other four of row 0
-    json.dumps(records, allow_nan=False)
+    none = s2t_mask(logps, entropies, negative, loss_mask, prob_threshold=0.01)
+    assert spurious_token_records(none, logps, entropies, negative, loss_mask, ids, CharTokenizer(), step=1) == []
+    # A loss token with a non-finite value is never recorded: the other four of row 0 are.
+    for name, position, value in [("logps", 0, math.nan), ("entropies", 3, math.inf), ("logps", 3, -math.inf)]:
+        tensors = {"logps": logps.clone(), "entropies": entropies.clone()}
+        tensors[name][0, position] = value
+        records = spurious_token_records(result, tensors["logps"], tensors["entropies"], advantages, loss_mask, ids,
+                                         CharTokenizer(), step=0, **ALL)  # fmt: skip
+        assert len(records) == 4 and position not in [r["position"] for r in records]
+        json.dumps(records, allow_nan=False)
 
 
 def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.0):

@@ -53,35 +53,21 @@ def slurm(tmp_path_factory):
     key.chmod(0o400)
     host = socket.gethostname().split(".")[0]
     conf = root / "slurm.conf"
+    settings = dict(
+        ClusterName="stapotest", SlurmctldHost=host, SlurmctldPort=free_port(), SlurmdPort=free_port(),
+        SlurmUser="root", SlurmdUser="root", AuthType="auth/munge", CredType="cred/munge",
+        AuthInfo=f"socket={socket_path},cred_expire=10", ProctrackType="proctrack/linuxproc", TaskPlugin="task/none",
+        SelectType="select/cons_tres", SelectTypeParameters="CR_Core", ReturnToService=2,
+        JobAcctGatherType="jobacct_gather/none", MpiDefault="none", StateSaveLocation=f"{root}/state",
+        SlurmdSpoolDir=f"{root}/spool", SlurmctldPidFile=f"{root}/slurmctld.pid", SlurmdPidFile=f"{root}/slurmd.pid",
+        SlurmctldLogFile=f"{root}/log/slurmctld.log", SlurmdLogFile=f"{root}/log/slurmd.log",
+        PreemptType="preempt/partition_prio", PreemptMode="REQUEUE",
+        NodeName=f"{host} CPUs={os.cpu_count()} RealMemory=1000 State=UNKNOWN",
+    )  # fmt: skip
+    partitions = ["main Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
+                  "urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2"]  # fmt: skip
     conf.write_text(
-        f"""ClusterName=stapotest
-SlurmctldHost={host}
-SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={socket_path},cred_expire=10
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ReturnToService=2
-JobAcctGatherType=jobacct_gather/none
-MpiDefault=none
-StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
-SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
-SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
-PreemptType=preempt/partition_prio
-PreemptMode=REQUEUE
-NodeName={host} CPUs={os.cpu_count()} RealMemory=1000 State=UNKNOWN
-PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1
-PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2
-"""
+        "".join(f"{k}={v}\n" for k, v in settings.items()) + "".join(f"PartitionName={p}\n" for p in partitions)
     )
     env = subprocess_env(SLURM_CONF=str(conf))
     pid_files = [root / "munged.pid", root / "slurmctld.pid", root / "slurmd.pid"]
