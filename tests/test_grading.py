@@ -12,11 +12,17 @@ from stapo_trl import grading
 from stapo_trl.grading import extract_boxed_answer, grade, is_correct
 
 
-def test_the_last_complete_box_is_the_answer():
+def test_the_last_complete_box_is_the_answer_and_verdicts_are_the_same_in_a_thread_pool():
     # the last box of the last text never closes (truncated): no answer
     texts = [r"so \boxed{1} no, \boxed{\frac{1}{3}}.", r"\fbox{ 7 }", r"\boxed{\{1, 2\}}", r"\boxed{}", "no box: 42",
              None, r"\boxed{1} then \boxed{\frac{2}{3}"]  # fmt: skip
     assert list(map(extract_boxed_answer, texts)) == [r"\frac{1}{3}", "7", r"\{1, 2\}", None, None, None, None]
+    cases = [(r"\boxed{\frac{1}{3}}", r"$\frac{2}{6}$"), (r"\boxed{\sqrt{2}/2}", r"\frac{\sqrt{2}}{2}"),
+             (r"\boxed{3}", "4"), (r"\boxed{0.0000003}", "1e-8"), (r"\boxed{x^2+2x+1}", "(x+1)^2")]  # fmt: skip
+    on_main = [grade(*c) for c in cases]
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda c: grade(*c), cases * 4)) == on_main * 4
+    assert [r.correct for r in on_main] == [True, True, False, False, True]
 
 
 @pytest.mark.parametrize("answer, gold, expected", [  # fmt: skip
@@ -65,14 +71,11 @@ def test_kept_rules_give_hand_computed_verdicts(answer, gold, expected):
     assert (result.correct, result.error, is_correct(rf"\boxed{{{answer}}}", gold)) == (expected, None, expected)
 
 
-@pytest.mark.parametrize("gold", [r"\frac{zz", "", None, [], r"E_{1},E_{2}"])
-def test_an_unparseable_gold_never_gives_credit(gold):
-    for completion in (rf"\boxed{{{gold}}}", r"\boxed{1}", "no box"):
-        result = grade(completion, gold)
-        assert not result.correct and result.error.startswith("gold unparseable"), result
-
-
-def test_a_long_answer_is_refused_and_integers_past_python_limits_do_not_raise():
+def test_an_unparseable_gold_never_gives_credit_a_long_answer_is_refused_and_long_integers_do_not_raise():
+    for gold in [r"\frac{zz", "", None, [], r"E_{1},E_{2}"]:
+        for completion in (rf"\boxed{{{gold}}}", r"\boxed{1}", "no box"):
+            result = grade(completion, gold)
+            assert not result.correct and result.error.startswith("gold unparseable"), result
     result = grade(rf"\boxed{{{'1' * 5000}}}", "1")  # int() refuses over 4300 digits: refused before
     assert not result.correct and result.error.startswith("timeout: refused")
     assert grade(rf"\boxed{{{'1' * 999}}}", "1" * 999).correct
@@ -95,16 +98,15 @@ def test_pathological_answers_are_refused_on_the_main_thread_and_off_it():
         from stapo_trl.grading import grade
 
         cases = {PATHOLOGICAL!r}
-        def verdicts(where):
-            verdict = lambda r: f"{{where}} {{r.correct}} {{r.error.split(':')[0]}} {{'refused' in r.error}}"
-            return [verdict(grade(*c)) for c in cases]
+        def verdicts(where, mapped=map):
+            results = mapped(lambda c: grade(*c), cases)
+            return [f"{{where}} {{r.correct}} {{r.error.split(':')[0]}} {{'refused' in r.error}}" for r in results]
         lines = verdicts("main")
         thread = threading.Thread(target=lambda: lines.extend(verdicts("thread")))
         thread.start()
         thread.join()
         with ThreadPoolExecutor(4) as pool:
-            results = pool.map(lambda c: grade(*c), cases)
-            lines += [f"pool {{r.correct}} {{r.error.split(':')[0]}} {{'refused' in r.error}}" for r in results]
+            lines += verdicts("pool", pool.map)
         print("\\n".join(lines))
         """
     )
@@ -137,13 +139,3 @@ def test_a_slow_comparison_is_stopped_on_the_main_thread_and_given_up_off_it(mon
     assert on_main or finished.wait(120)  # on the main thread the alarm ended it: it never finishes
     error = "timeout: TimeoutException" if on_main else "timeout: TimeoutError: over 1 s, off the main thread"
     assert not out[0].correct and out[0].error.startswith(error), out
-
-
-def test_verdicts_are_the_same_in_a_thread_pool():
-    cases = [(r"\boxed{\frac{1}{3}}", r"$\frac{2}{6}$"), (r"\boxed{\sqrt{2}/2}", r"\frac{\sqrt{2}}{2}"),
-             (r"\boxed{3}", "4"), (r"\boxed{0.0000003}", "1e-8"), (r"\boxed{x^2+2x+1}", "(x+1)^2")]  # fmt: skip
-    on_main = [grade(*c) for c in cases]
-    with ThreadPoolExecutor(4) as pool:
-        in_pool = list(pool.map(lambda c: grade(*c), cases * 4))
-    assert [r.correct for r in on_main] == [True, True, False, False, True]
-    assert in_pool == on_main * 4
