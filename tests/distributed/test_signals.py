@@ -67,10 +67,8 @@ def _node_launch_env(machines: int, **extra: str) -> dict[str, str]:
 
 
 def _workers(launcher: subprocess.Popen) -> list[psutil.Process]:
-    children = psutil.Process(launcher.pid).children(recursive=True)
-    workers = [
-        c for c in children if "stapo_trl.cli.train" in c.cmdline() and "accelerate.commands.launch" not in c.cmdline()
-    ]
+    workers = [c for c in psutil.Process(launcher.pid).children(recursive=True)
+               if "stapo_trl.cli.train" in c.cmdline() and "accelerate.commands.launch" not in c.cmdline()]  # fmt: skip
     assert len(workers) == 2, [w.cmdline() for w in workers]
     return workers
 
@@ -85,10 +83,8 @@ def _finish(proc: subprocess.Popen) -> str:
 
 def _check_one_checkpoint_on_every_rank(output: str, out: Path, signum: signal.Signals) -> int:
     interrupted = [line for line in output.splitlines() if line.startswith("Interrupted by")]
-    assert len(interrupted) == 1 and interrupted[0].startswith(f"Interrupted by {signum.name} at step "), output[
-        -5000:
-    ]
-    step = int(interrupted[0].split()[5].rstrip(":"))
+    assert [line.split()[2] for line in interrupted] == [signum.name], output[-5000:]
+    step = int(interrupted[0].removeprefix(f"Interrupted by {signum.name} at step ").split(":")[0])
     assert [p.name for p in out.glob("checkpoint-*")] == [f"checkpoint-{step}"]
     checkpoint = out / f"checkpoint-{step}"
     assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= set(os.listdir(checkpoint))
