@@ -157,31 +157,22 @@ def test_demo_recipe_trains_and_resumes_with_deepspeed_zero3_on_two_cpu_processe
     assert row["eval_completions/mean_length"] > 10, row  # real completions, not an empty generation
 
 
-def _documented_command(marker: str) -> list[str]:
-    blocks = readme_code_blocks("bash", REPO / "docs" / "training_at_scale.md")
-    block = next(block for block in blocks if marker in block)
-    lines = [line for line in block.replace("\\\n", " ").splitlines() if line.strip() and not line.startswith("#")]
-    (command,) = [line for line in lines if marker in line]
-    return shlex.split(command)
-
-
 def test_documented_cpu_two_process_command_trains_and_evaluates_on_two_ranks(tiny_math_model_path, tmp_path,
                                                                               monkeypatch):  # fmt: skip
     from stapo_trl.cli.eval import main as stapo_eval
 
-    command = _documented_command("cpu_2proc.yaml")
+    blocks = readme_code_blocks("bash", REPO / "docs" / "training_at_scale.md")
+    lines = next(b for b in blocks if "cpu_2proc.yaml" in b).replace("\\\n", " ").splitlines()
+    (command,) = [shlex.split(line) for line in lines if "cpu_2proc.yaml" in line and not line.startswith("#")]
     assert command[:2] == ["accelerate", "launch"] and "--output_dir" in command, command
     out = tmp_path / "demo-2proc"
     # The printed command with overrides appended (last value wins), a free port right after `launch`; 9 problems x 2
     # samples split unevenly (5 and 4, the last one padded) over the two ranks.
     overrides = [*SMALL_TWO_RANK_DEMO, "--eval_before_after", "true", "--eval_num_problems", "9",
                  "--eval_num_samples", "2", "--output_dir", str(out)]  # fmt: skip
-    monkeypatch.setenv(
-        "STAPO_TRL_CACHE", str(builtin_cache_root(tiny_math_model_path))
-    )  # the before-evaluation's model
-    env = subprocess_env()
+    monkeypatch.setenv("STAPO_TRL_CACHE", str(builtin_cache_root(tiny_math_model_path)))  # the before-evaluation's
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port"]
-    output = run_distributed(lambda port: [*launch, str(port), *command[2:], *overrides], timeout=900, env=env)
+    output = run_distributed(lambda port: [*launch, str(port), *command[2:], *overrides], timeout=900)
     check_two_rank_demo_run(output, out)
     assert (out / "spurious_tokens.jsonl").is_file()
     card = (out / "README.md").read_text()  # written by the main process only
