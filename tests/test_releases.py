@@ -42,7 +42,7 @@ def readme_example(model_path: str, output_dir, **overrides):
         warnings.simplefilter("always")
         exec(compile(ast.fix_missing_locations(ast.Module(body, [])), "python_api.py", "exec"), namespace)
     return namespace["trainer"], [
-        str(w.message) for w in caught if "STAPO" in str(w.message) or "trl " in str(w.message)
+        str(w.message) for w in caught if any(k in str(w.message) for k in ("STAPO", "trl "))
     ]
 
 

@@ -405,8 +405,8 @@ WORKER_REPORT = textwrap.dedent(
 
 
 def torchrun_launch(port: int, nproc: int = 2) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-            "--master_port", str(port)]  # fmt: skip
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+            "--master_addr", "127.0.0.1", "--master_port", str(port)]  # fmt: skip
 
 
 def accelerate_launch(port: int, config: str = "cpu_2proc.yaml") -> list[str]:  # a free port: 29500 may be taken

@@ -47,7 +47,7 @@ def _run(arm, geometry, rep, steps, peak):
                 peak_bytes=peak, by_step=dict(enumerate(steps)), logged={})  # fmt: skip
 
 
-def test_summarize_pairs_the_units_of_one_repetition_and_drops_the_warm_up():
+def test_summarize_pairs_the_units_of_one_repetition_drops_the_warm_up_and_sums_a_rollout_batch():
     warm = {"step_seconds": 99.0, "generate_seconds": 98.0, "mask_seconds": 50.0}  # discarded
     grpo = {"step_seconds": 2.0, "generate_seconds": 1.0, "grad_forwards": 1, "grad_rows": 4}
     stapo = dict(grpo, step_seconds=2.2, mask_seconds=0.11, records_seconds=0.01)  # 1.2 s train-side
@@ -56,8 +56,7 @@ def test_summarize_pairs_the_units_of_one_repetition_and_drops_the_warm_up():
     runs = [_run(arm, "spg=GA=1", rep, [warm, *steps], peak) for arm, rep, steps, peak in [
         ("GRPO", 0, [grpo, grpo], 1000), ("STAPO", 0, [stapo, stapo], 1100), ("GRPO", 1, [slow_grpo], 1000),
         ("STAPO", 1, [stapo_slow], 1200)]]  # fmt: skip
-    result = {"settings": {"warmup_units": 1, "completions": 4}, "runs": runs}
-    summary = gpu.summarize(result)["random spg=GA=1"]
+    summary = gpu.summarize({"settings": {"warmup_units": 1, "completions": 4}, "runs": runs})["random spg=GA=1"]
     ratios = summary["ratios"]["STAPO/GRPO"]
     assert ratios["step"] == pytest.approx([1.1, 1.1, 4.4 / 4.0])
     assert ratios["train_side"] == pytest.approx([1.2, 1.2, 1.4])
@@ -68,14 +67,13 @@ def test_summarize_pairs_the_units_of_one_repetition_and_drops_the_warm_up():
     assert stapo_arm["mask_share"] == pytest.approx(3 * 0.11 / (2.2 + 2.2 + 4.4))
     assert stapo_arm["records_share"] == pytest.approx(3 * 0.01 / (2.2 + 2.2 + 4.4))
     assert stapo_arm["grad_forwards"] == 1 and stapo_arm["grad_passes"] == 1 and stapo_arm["nograd_passes"] == 0
-
-
-def test_summarize_sums_the_steps_of_a_rollout_batch_in_the_papers_geometry():
+    # The paper's geometry: the steps of a rollout batch summed into one unit.
     first = {"step_seconds": 3.0, "generate_seconds": 2.0, "nograd_forwards": 4, "nograd_rows": 16, "grad_rows": 4}
     later = {"step_seconds": 1.0, "grad_rows": 4}
     runs = [_run(arm, "spg=4xGA", 0, [first, later, later, later] * 2, 10) for arm in ("GRPO", "off")]
-    summary = gpu.summarize({"settings": {"warmup_units": 1, "completions": 4}, "runs": runs})
-    arm = summary["random spg=4xGA"]["per_arm"]["off"]
+    arm = gpu.summarize({"settings": {"warmup_units": 1, "completions": 4}, "runs": runs})["random spg=4xGA"][
+        "per_arm"
+    ]["off"]
     assert arm["step_seconds"] == pytest.approx(6.0 / 4) and arm["train_side_seconds"] == pytest.approx(4.0 / 4)
     assert arm["nograd_forwards"] == 1 and arm["nograd_passes"] == 1 and arm["grad_passes"] == 1
 

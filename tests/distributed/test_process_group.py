@@ -85,7 +85,8 @@ GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
     report("gloo threads after trainer.end():", gloo_threads())
     ids = trainer.processing_class("1+1=", return_tensors="pt").input_ids
     with torch.no_grad():
-        report("generated after end:", trainer.model.generate(ids, max_new_tokens=2, do_sample=False).shape[1] - ids.shape[1])
+        new = trainer.model.generate(ids, max_new_tokens=2, do_sample=False).shape[1] - ids.shape[1]
+    report("generated after end:", new)
     """
 )
 

@@ -67,8 +67,8 @@ def _node_launch_env(machines: int, **extra: str) -> dict[str, str]:
 
 
 def _workers(launcher: subprocess.Popen) -> list[psutil.Process]:
-    workers = [c for c in psutil.Process(launcher.pid).children(recursive=True)
-               if "stapo_trl.cli.train" in c.cmdline() and "accelerate.commands.launch" not in c.cmdline()]  # fmt: skip
+    workers = [c for c in psutil.Process(launcher.pid).children(recursive=True) if "stapo_trl.cli.train" in c.cmdline()
+               and "accelerate.commands.launch" not in c.cmdline()]  # fmt: skip
     assert len(workers) == 2, [w.cmdline() for w in workers]
     return workers
 

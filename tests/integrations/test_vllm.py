@@ -98,8 +98,8 @@ def test_vllm_eval_serves_a_lora_adapter_folder_like_hf_does(tiny_math_h64_model
     problems = load_benchmark("tiny-math", limit=40)
 
     def completions(generator):
-        _, records = evaluate_problems(generator.generate, generator.tokenizer, problems, n=1, seed=0,
-                                       decoding=DECODINGS["greedy"], max_new_tokens=24, save_completions=True)  # fmt: skip
+        greedy = dict(n=1, seed=0, decoding=DECODINGS["greedy"], max_new_tokens=24, save_completions=True)
+        _, records = evaluate_problems(generator.generate, generator.tokenizer, problems, **greedy)
         return [r["completion"] for r in records]
 
     hf_base = completions(HFGenerator(tiny_math_h64_model_path, dtype="float32", device="cpu"))
