@@ -26,8 +26,8 @@ def load_previous(folder: Path):
     package = folder / "_previous_grading"
     package.mkdir(exist_ok=True)
     for name in PREVIOUS_MODULES:
-        git = ["git", "-C", str(REPO), "show", f"{PREVIOUS}:stapo_trl/grading/{name}.py"]
-        shown = subprocess.run(git, capture_output=True, text=True)
+        shown = subprocess.run(["git", "-C", str(REPO), "show", f"{PREVIOUS}:stapo_trl/grading/{name}.py"],
+                               capture_output=True, text=True)  # fmt: skip
         if shown.returncode != 0:
             return None
         (package / f"{name}.py").write_text(shown.stdout)
