@@ -36,17 +36,14 @@ def test_high_entropy_silences_the_candidates_above_the_complementary_quantile()
     median = entropies.double() == float(np.median(entropies.double().numpy()))
     assert ablation.entropy_threshold == rule.entropy_threshold and rule.num_silenced == ablation.num_silenced == 4
     assert torch.equal(ablation.silenced[0], ~rule.silenced[0] & ~median)
-
-
-@pytest.mark.parametrize("dtype, below_one", [(torch.float32, 2.0**-24), (torch.bfloat16, 2.0**-8)])
-def test_the_high_entropy_threshold_is_compared_exactly_in_float64(dtype, below_one):
     # Candidates [1 - e, 1, 1, 2], q = 0.75 -> the 0.25-quantile: h = 0.75, tau_h = 1 - e / 4, which rounds up to 1.0
-    # in the entropies' dtype (where "1.0 > 1.0" would keep the two candidates at exactly 1.0). Exactly, both are
-    # above it: three candidates are silenced.
-    entropies = torch.tensor([1.0 - below_one, 1.0, 1.0, 2.0], dtype=dtype)
-    result = ablation_mask(*candidates_batch(entropies), mode="high_entropy")
-    assert result.entropy_threshold == 1.0 - below_one / 4
-    assert result.silenced[0].tolist() == [False, True, True, True]
+    # in the entropies' dtype (where "1.0 > 1.0" would keep the two candidates at exactly 1.0). Compared in float64,
+    # both are above it: three candidates are silenced.
+    for dtype, below_one in [(torch.float32, 2.0**-24), (torch.bfloat16, 2.0**-8)]:
+        entropies = torch.tensor([1.0 - below_one, 1.0, 1.0, 2.0], dtype=dtype)
+        result = ablation_mask(*candidates_batch(entropies), mode="high_entropy")
+        assert result.entropy_threshold == 1.0 - below_one / 4
+        assert result.silenced[0].tolist() == [False, True, True, True], dtype
 
 
 def test_all_low_prob_silences_every_candidate_and_reports_the_rules_tau_h():

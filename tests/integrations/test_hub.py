@@ -17,7 +17,8 @@ HUB_ID, DATASET_ID = "Qwen/Qwen3-0.6B", "some-org/some-dataset"
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: the connection is refused at once
 
 
-def test_push_to_hub_offline_fails_before_the_model_in_one_line(no_model_built, tmp_path, capsys):
+def test_push_to_hub_offline_online_unreachable_or_without_a_token_fails_in_one_line(no_model_built, tmp_path, capsys,
+                                                                                      monkeypatch):  # fmt: skip
     from stapo_trl.cli.dry_run import main as dry_run_main
     from stapo_trl.cli.train import main
 
@@ -34,9 +35,7 @@ def test_push_to_hub_offline_fails_before_the_model_in_one_line(no_model_built, 
     capsys.readouterr()
     assert dry_run_main([*argv, "--hub_model_id", "me/stapo-demo"]) == 2
     assert "  - push_to_hub: cannot push to hub_model_id='me/stapo-demo': offline mode" in capsys.readouterr().out
-
-
-def test_push_to_hub_with_an_unreachable_hub_or_no_token_fails_in_one_line(tmp_path, monkeypatch):
+    # Online: no token, or an unreachable Hub
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
