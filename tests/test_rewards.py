@@ -46,16 +46,15 @@ def test_grader_errors_score_zero_and_unparseable_golds_none_logged_and_counted(
     import math_verify.grader
 
     monkeypatch.setattr(math_verify.grader, "sympy_expr_eq", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
-    logged = {}
+    logged, completions = {}, [r"\boxed{x+1}", r"\boxed{7}", r"\boxed{10^{10^{10}}}", r"\boxed{\frac{}"]
     with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"):
-        rewards = math_accuracy_reward(
-            [r"\boxed{x+1}", r"\boxed{7}", r"\boxed{10^{10^{10}}}", r"\boxed{\frac{}"],
-            ["1+x", "7", "7", r"\frac{zz"],
-            log_metric=logged.__setitem__,
-        )
+        rewards = math_accuracy_reward(completions, ["1+x", "7", "7", r"\frac{zz"], log_metric=logged.__setitem__)
     assert rewards == [0.0, 1.0, 0.0, None]  # the integer path needs no math-verify; a refusal is a timeout
-    ratios = {"grading/error_ratio": 0.5, "grading/timeout_ratio": 0.25, "grading/gold_unparseable_ratio": 0.25}
-    assert logged == ratios
+    assert logged == {
+        "grading/error_ratio": 0.5,
+        "grading/timeout_ratio": 0.25,
+        "grading/gold_unparseable_ratio": 0.25,
+    }
     messages = [r.getMessage() for r in caplog.records]
     assert any("2/4 completions hit a grader error" in m for m in messages)
     assert any(r"gold answer '\\frac{zz' does not parse" in m for m in messages)
@@ -65,10 +64,8 @@ def test_a_batch_of_512_with_pathological_answers_is_bounded():
     # Five answers that would run for minutes if evaluated: refused (0.0, counted as timeouts), the rest graded.
     golds = [r"\frac{1}{3}", r"2\sqrt{2}", "17", r"\frac{\pi}{4}"]
     answers = [r"\frac{2}{6}", r"\sqrt{8}", "17", r"\frac{\pi}{4}"]
-    completions = [rf"so \boxed{{{answers[i % 4]}}}" for i in range(512)]
     bad = {3: r"10^{10^{10}}", 100: r"2003^{2002^{2001}}", 200: r"(10^{7})!", 300: r"9^{9^{9^{9}}}", 511: "7^{7^{77}}"}
-    for i, text in bad.items():
-        completions[i] = rf"\boxed{{{text}}}"
+    completions = [rf"\boxed{{{bad[i]}}}" if i in bad else rf"so \boxed{{{answers[i % 4]}}}" for i in range(512)]
     logged = {}
     rewards = math_accuracy_reward(completions, [golds[i % 4] for i in range(512)], log_metric=logged.__setitem__)
     assert [rewards[i] for i in bad] == [0.0] * 5 and sum(rewards) == 512 - 5
