@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "benchmar
 import gpu  # noqa: E402
 
 
-def test_the_tokenizer_reward_and_field_differences():
+def test_the_tokenizer_reward_field_differences_and_candidate_share():
     tokenizer = gpu.build_tokenizer()
     assert len(tokenizer) == gpu.QWEN3_1_7B["vocab_size"] == 151936
     assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (151643, 151645)  # Qwen's ids
@@ -28,9 +28,7 @@ def test_the_tokenizer_reward_and_field_differences():
     fields = {"GRPO|g": {"lr": 1, "beta": 0.0}, "off|g": {"lr": 1, "beta": 0.0}, "STAPO|g": {"lr": 2, "beta": 0.1}}
     assert gpu.field_differences(fields) == ["GRPO|g vs STAPO|g: ['beta', 'lr']"]
     assert gpu.field_differences({"GRPO|g": {"lr": 1}, "off|g": {"lr": 1}}) == []
-
-
-def test_the_candidate_share_is_the_expected_mass_of_sampled_tokens_below_tau_p():
+    # The candidate share is the expected mass of sampled tokens below tau_p.
     # Row 0: p = 1/2 twice (none below tau_p). Row 1: logits [0, -10]: p = 4.54e-5 below tau_p, sampled at that rate.
     logits = torch.tensor([[0.0, 0.0], [0.0, -10.0]])
     share, entropy = gpu.candidate_mass(logits, 1.0)

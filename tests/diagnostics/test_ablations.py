@@ -46,7 +46,7 @@ def test_high_entropy_silences_the_candidates_above_the_complementary_quantile()
         assert result.silenced[0].tolist() == [False, True, True, True], dtype
 
 
-def test_all_low_prob_silences_every_candidate_and_reports_the_rules_tau_h():
+def test_all_low_prob_silences_every_candidate_and_reports_the_rules_tau_h_other_modes_are_refused():
     result = ablation_mask(*hand_s2t_batch(), mode="all_low_prob")
     assert torch.equal(result.silenced, result.candidate) and torch.equal(result.keep, ~result.candidate)
     assert result.silenced is not result.candidate  # two tensors: editing one must not edit the other
@@ -58,6 +58,12 @@ def test_all_low_prob_silences_every_candidate_and_reports_the_rules_tau_h():
     result = ablation_mask(per_token_logps, torch.rand(3, 3), advantages, loss_mask, mode=MODES[1], prob_threshold=1.0)
     assert result.silenced.tolist() == [[True, True, False], [False] * 3, [False] * 3]
     assert (result.num_silenced, result.num_loss_tokens, result.num_kept) == (2, 8, 6)
+    for kwargs in [{"mode": mode} for mode in ("low_entropy", "off", "bogus")]:  # other modes are refused
+        with pytest.raises(ValueError, match=f"mode='{kwargs['mode']}'"):
+            ablation_mask(*hand_s2t_batch(), **kwargs)
+    for name, value in (("prob_threshold", 0.0), ("entropy_quantile", 2.0)):  # the rule's checks apply
+        with pytest.raises(ValueError, match=name):
+            ablation_mask(*hand_s2t_batch(), mode="high_entropy", **{name: value})
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -72,15 +78,6 @@ def test_without_candidates_or_with_non_finite_values_nothing_more_is_silenced(m
     result = ablation_mask(*candidates_batch([0.1, 0.2, 0.3, float("nan"), 0.25], logps=logps), mode=mode)
     assert result.candidate[0].tolist() == [True, True, True, False, False] and not result.silenced[0, 3:].any()
     assert result.num_nonfinite == 2 and result.num_loss_tokens == 5
-
-
-def test_other_modes_and_bad_thresholds_are_refused():
-    for kwargs in [{"mode": mode} for mode in ("low_entropy", "off", "bogus")]:
-        with pytest.raises(ValueError, match=f"mode='{kwargs['mode']}'"):
-            ablation_mask(*hand_s2t_batch(), **kwargs)
-    for name, value in (("prob_threshold", 0.0), ("entropy_quantile", 2.0)):  # the rule's checks apply
-        with pytest.raises(ValueError, match=name):
-            ablation_mask(*hand_s2t_batch(), mode="high_entropy", **{name: value})
 
 
 def run_on_two_processes(parts, **kwargs):

@@ -23,7 +23,7 @@ from stapo_trl.grading import extract_boxed_answer
 from stapo_trl.integrations.vllm_support import check_vllm_args
 
 
-def test_server_mode_on_a_cpu_only_run_is_refused_at_construction(tiny_random_model_path, tmp_path):
+def test_server_mode_on_a_cpu_only_run_is_refused_at_construction_and_by_the_dry_run(tiny_random_model_path, tmp_path):
     # Without vLLM, TRL's own refusal stands (not ours in front of it).
     config = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
     args = STAPOConfig(**config, use_vllm=True, vllm_mode="server")
@@ -36,12 +36,9 @@ def test_server_mode_on_a_cpu_only_run_is_refused_at_construction(tiny_random_mo
         check_vllm_args(args)
     check_vllm_args(STAPOConfig(**config, use_vllm=True, vllm_mode="colocate"))
     check_vllm_args(STAPOConfig(**config, use_vllm=False, vllm_mode="server"))  # vLLM off: the mode is never used
-
-
-def test_dry_run_says_server_weight_sync_is_cuda_only():
+    # The dry run: a CPU recipe asking for a vLLM server is an error; a GPU recipe checked without a GPU a warning.
     from stapo_trl.cli.dry_run import dry_run_recipe
 
-    # A CPU recipe asking for a vLLM server: an error; a GPU recipe checked on a machine without one: a warning.
     argv = ["--config", "recipes/demo/stapo.yaml", "--use_vllm", "true", "--vllm_mode", "server"]
     report = dry_run_recipe(argv, 1, force_cpu=False)
     assert not report.ok and any("needs a CUDA GPU on a CPU-only run" in e for e in report.errors), report.summary()
