@@ -131,9 +131,18 @@ def load_local_dataset_file(path: str):
     raise ValueError(f"dataset file {path!r} is empty: it holds no rows.")
 
 
-def _json_lines(path: str) -> list[tuple[int, Any]]:
-    from .run_folder.logs import json_lines  # torch: not for the commands' --help
+def json_lines(path: str | os.PathLike):
+    """(its number from 1, its JSON value or `None` when it does not parse) of each non-blank line of `path`."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    yield number, json.loads(line)
+                except ValueError:  # JSONDecodeError, UnicodeDecodeError
+                    yield number, None
 
+
+def _json_lines(path: str) -> list[tuple[int, Any]]:
     if not path.lower().endswith((".json", ".jsonl")):
         return []
     with open(path, "rb") as f:

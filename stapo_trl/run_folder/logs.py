@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from accelerate.utils import gather_object
 from transformers import DefaultFlowCallback, TrainerCallback
 
+from ..data import format_prompt, json_lines
 from ..diagnostics import token_records as records_
 from .checkpoints import open_run_file, write_atomic
 
@@ -28,17 +29,6 @@ _WARNED: set = set()  # (file, skipped lines) already said
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def json_lines(path: str | os.PathLike):
-    """(its number from 1, its JSON value or `None` when it does not parse) of each non-blank line of `path`."""
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    yield number, json.loads(line)
-                except ValueError:  # JSONDecodeError, UnicodeDecodeError
-                    yield number, None
 
 
 def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object") -> list[dict[str, Any]]:
@@ -302,7 +292,6 @@ class NoLearningSignalCallback(TrainerCallback):
         )
 
     def _prompt_cause(self) -> str:
-        from ..data import format_prompt
         from ..models.names import BUILTIN_MODELS, INFO_FILE, read_builtin_info
 
         text = "The prompt format: the model gets no correct answer to prompts unlike those it was trained on."
