@@ -1,0 +1,68 @@
+"""The package's shape, read from its source: no import circle, at most 6 loose modules, no module over 450 lines, at
+most 2 functions over 80 lines, and the core at most 600 lines of at most 119 characters."""
+
+from __future__ import annotations
+
+import ast
+
+from testing_utils import REPO
+
+
+PACKAGE = REPO / "stapo_trl"
+SOURCES = {path: path.read_text() for path in PACKAGE.rglob("*.py")}
+
+
+def _module(path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path, tree) -> set[str]:
+    """The package modules `path` imports, at module level or inside a function."""
+    here = _module(path).split(".") if path.name == "__init__.py" else _module(path).split(".")[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+            base = node.module if node.level == 0 else base
+            found |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_no_import_circle():
+    modules = {_module(path): path for path in SOURCES}
+    graph = {
+        name: {m for m in _imports(path, ast.parse(SOURCES[path])) if m in modules and m != name and
+               not name.startswith(m + ".")}  # a package's own __init__ is not a cycle
+        for name, path in modules.items()
+    }  # fmt: skip
+    state: dict[str, int] = {}
+
+    def visit(name, trail):
+        state[name] = 1
+        for other in sorted(graph[name]):
+            assert state.get(other) != 1, " -> ".join([*trail, name, other])
+            if other not in state:
+                visit(other, [*trail, name])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+
+
+def test_modules_functions_and_the_core_within_their_limits():
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(loose) <= 6, loose
+    sizes = {str(p.relative_to(REPO)): len(text.splitlines()) for p, text in SOURCES.items()}
+    assert [name for name, n in sizes.items() if n > 450] == []
+    long = [f"{p.name}:{f.name}" for p, text in SOURCES.items() for f in ast.walk(ast.parse(text))
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.end_lineno - f.lineno >= 80]  # fmt: skip
+    assert len(long) <= 2, long
+    core = {p: text for p, text in SOURCES.items() if p.parent.name == "core"}
+    assert sum(len(text.splitlines()) for text in core.values()) <= 600
+    assert [
+        (p.name, i) for p, text in core.items() for i, line in enumerate(text.splitlines(), 1) if len(line) > 119
+    ] == []
