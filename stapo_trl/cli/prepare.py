@@ -130,9 +130,13 @@ class PreparedRun:
             checkpoints.check_checkpoint(path, f"resume_from_checkpoint={path!r}", self.a.save_only_model)
 
     def _dataset_name(self):
-        if self.s.dataset_name is None:
+        if (name := self.s.dataset_name) is None:
             raise ValueError("dataset_name is not set: give builtin:tiny-math, a .json/.jsonl/.parquet/.csv file or a "
                              "Hub id.")  # fmt: skip
+        local = data.is_local_dataset_file(name) or name.startswith(("/", "./", "../", "~"))
+        if local and not os.path.exists(os.path.expanduser(name)):  # before a resume compares its digest
+            raise FileNotFoundError(f"Dataset {'file' if data.is_local_dataset_file(name) else 'folder'} {name!r} "
+                                    "does not exist.")  # fmt: skip
 
     def _folder(self):
         a, out = self.a, self.a.output_dir

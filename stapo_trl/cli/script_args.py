@@ -36,7 +36,8 @@ class STAPOScriptArguments(ScriptArguments):
         instruction (`str`, *optional*): text appended to every problem; `None`: the paper's `\\boxed{}` suffix; `""`:
             none.
         strip_dapo_instruction (`bool`, *optional*, defaults to `False`): remove DAPO-Math-17k's "Answer: $Answer".
-        max_prompt_tokens (`int`, *optional*): drop training prompts longer than this (chat template included).
+        max_prompt_tokens (`int`, *optional*): drop training prompts longer than this (chat template included);
+            unset: longer than the model's positions minus max_completion_length.
         max_train_samples (`int`, *optional*): keep only the first N training problems.
         eval_before_after (`bool`, *optional*, defaults to `False`): held-out avg@k before and after, into `eval.json`.
         eval_num_problems (`int`, *optional*, defaults to `200`): the first N problems of the test split.

@@ -106,6 +106,21 @@ def _assert_refused(main, argv, out, expected):
     assert (out / "README.md").read_text() == card and not (out / "checkpoint-2").exists()
 
 
+@pytest.mark.parametrize("how", ["file", "folder", "named-checkpoint"])
+def test_a_missing_data_file_or_folder_is_named_missing_not_a_changed_setting(
+    one_step_run, tmp_path, no_model_built, how
+):
+    # Reported: after `rm d.jsonl`, a rerun said "trained with other settings (dataset_name ..., dataset_sha256 ...)".
+    out, argv = one_step_run
+    gone = str(tmp_path / ("gone" if how == "folder" else "gone.jsonl"))
+    argv = [*argv, "--dataset_name", gone, "--output_dir", str(out)]
+    argv += ["--resume_from_checkpoint", str(out / "checkpoint-1")] if how == "named-checkpoint" else []
+    with pytest.raises(SystemExit, match="^stapo-train: error: ") as excinfo:
+        main(argv)
+    kind = "folder" if how == "folder" else "file"
+    assert str(excinfo.value) == f"stapo-train: error: Dataset {kind} {gone!r} does not exist."
+
+
 @pytest.mark.parametrize("link", ["README.md", "checkpoint-1/config.json"])
 def test_a_link_in_the_run_folder_is_refused_before_the_data_is_read(
     one_step_run, tmp_path, no_model_built, no_data_read, capsys, caplog, link
