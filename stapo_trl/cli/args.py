@@ -62,9 +62,8 @@ RENAMED_KEYS = {  # recipe keys of older TRL / transformers versions
     "`output_dir`, so use a fresh `output_dir` to start over",
     "logging_dir": "nothing: transformers 5 removed it; logs go under `output_dir`",
 }
-GRPO_ONLY_HINT = ("it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer without the S2T mask: remove "
-                  "it, or use trainer: stapo (s2t_mode: off keeps the mask's statistics without "
-                  "silencing)")  # fmt: skip
+GRPO_ONLY_HINT = ("STAPO field(s), and trainer='grpo' builds a plain GRPOTrainer without the S2T mask: remove them, "
+                  "or use trainer: stapo (s2t_mode: off keeps the mask's statistics without silencing)")  # fmt: skip
 KINDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}
 
 
@@ -195,20 +194,19 @@ class RecipeParser(TrlParser):
     def _unknown(self, keys: list[str], where: str) -> str:
         known = [a.dest for a in self._actions if a.dest != "help"] + ["config", "dry-run", "num-processes"]
         flag = "--" * (where == "the command line")
-        hints = []
-        for key in keys:
+        stapo_only = [key for key in keys if key.startswith("s2t_") and "s2t_mode" not in known]
+        hints = [f"{', '.join(flag + key for key in stapo_only)}: {GRPO_ONLY_HINT}"] if stapo_only else []
+        for key in [key for key in keys if key not in stapo_only]:
             close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
             also = [f for f in close if flag and f in self.recipe and f not in self.flags][:1]
             also = "".join(f" ({f} is a key of the recipe {self.path} too: the flag --{f} overrides it)" for f in also)
             hint = f"did you mean {', '.join(close)}{also}?" if close else "no similar field"
-            hint = f"use {RENAMED_KEYS[key]}" if key in RENAMED_KEYS else hint
-            hints.append(
-                f"{flag}{key}: {GRPO_ONLY_HINT if key.startswith('s2t_') and 's2t_mode' not in known else hint}"
-            )
+            hints.append(f"{flag}{key}: {f'use {RENAMED_KEYS[key]}' if key in RENAMED_KEYS else hint}")
         body = "; ".join(hints)
-        return (f"Unknown key(s) in {where}: {body}{'' if body.endswith('?') else '.'} Every key must be a field of "
-                "STAPOScriptArguments, STAPOConfig (GRPOConfig + s2t_*) or ModelConfig: correct or remove it "
-                "(`stapo-train --help-fields` lists the fields).")  # fmt: skip
+        fields = ("" if len(stapo_only) == len(keys) else " Every key must be a field of STAPOScriptArguments, "
+                  "STAPOConfig (GRPOConfig + s2t_*) or ModelConfig: correct or remove it (`stapo-train --help-fields` "
+                  "lists the fields).")  # fmt: skip
+        return f"Unknown key(s) in {where}: {body}{'' if body.endswith('?') else '.'}{fields}"
 
     def error(self, message):
         # argparse prints the whole usage (hundreds of fields) and exits; one line naming the flag or recipe key.

@@ -76,9 +76,13 @@ def test_s2t_keys_are_rejected_with_trainer_grpo(tmp_path):
     lines = Path(GRPO_RECIPE).read_text().replace("trainer: stapo ", "trainer: grpo ").splitlines()
     plain.write_text("\n".join(line for line in lines if not line.startswith("s2t_")))
     message = _cli_error(["--config", write_recipe(tmp_path, 's2t_mode: "off"', base=str(plain))])
-    assert "s2t_mode: it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer" in message
+    assert "s2t_mode: STAPO field(s), and trainer='grpo' builds a plain GRPOTrainer" in message
     message = _cli_error(["--config", str(plain), "--s2t_prob_threshold", "0.01"])
-    assert "--s2t_prob_threshold: it is a STAPO field, and trainer='grpo' builds a plain GRPOTrainer" in message
+    assert "--s2t_prob_threshold: STAPO field(s), and trainer='grpo' builds a plain GRPOTrainer" in message
+    # Reported: the STAPO recipe with --trainer grpo said the same sentence once per s2t_ key, then "correct or remove".
+    message = _cli_error(["--config", STAPO_RECIPE, "--trainer", "grpo", "--s2t_mode", "off"])
+    assert message.count("trainer='grpo'") == 1 and "Every key must be" not in message, message
+    assert "s2t_prob_threshold, s2t_entropy_quantile, s2t_mode: STAPO field(s)" in message, message
 
 
 # (field, command-line value, Python value, the message both give)
