@@ -285,11 +285,15 @@ class NoLearningSignalCallback(TrainerCallback):
             text = f"A reward function gave every completion the same value in {where} ({values}): it adds nothing."
         columns = [c for c in (getattr(self.trainer.train_dataset, "column_names", None) or []) if c != "prompt"]
         here = f" (here: {', '.join(columns)})" if columns else ""
-        logger.warning(
-            f"{text} Likely causes: (1) {self._prompt_cause()} (2) The reward: call "
-            f"{', '.join(constant) or 'your reward'} on a right and a wrong completion: they must differ. (3) The "
-            f"columns: TRL passes each column but `prompt` to the rewards by name{here}; check the one it reads."
-        )
+        causes = []
+        if all(r.get("completions/clipped_ratio") == 1.0 for r in rows):
+            budget = self.trainer.args.max_completion_length
+            causes.append(f"The length: every completion was cut at max_completion_length={budget} "
+                          "(completions/clipped_ratio = 1), before its answer: raise it.")  # fmt: skip
+        causes += [self._prompt_cause(), f"The reward: call {', '.join(constant) or 'your reward'} on a right and a "
+                   "wrong completion: they must differ.", "The columns: TRL passes each column but `prompt` to the "
+                   f"rewards by name{here}; check the one it reads."]  # fmt: skip
+        logger.warning(f"{text} Likely causes: " + " ".join(f"({i}) {c}" for i, c in enumerate(causes, 1)))
 
     def _prompt_cause(self) -> str:
         from ..models.names import BUILTIN_MODELS, INFO_FILE, read_builtin_info

@@ -225,3 +225,20 @@ def test_decision_on_the_first_rows(means, zero_spread, expected, caplog):
     elif expected and expected.startswith("A reward"):
         assert "in the first 3 logging steps (steps 1-3) (s gave 0): it adds nothing" in warned[0]
         assert "(2) The reward: call s on a right and a wrong completion" in warned[0]
+
+
+@pytest.mark.parametrize("clipped", [(1.0, 1.0, 1.0), (1.0,), (1.0, 1.0), (1.0, 0.9, 1.0)])
+def test_completions_all_cut_at_the_length_budget_are_named_first(clipped, caplog):
+    # Reported: --max_completion_length 12 on the demo: every completion cut before its \boxed{} answer, and the
+    # warning blamed the prompt format, the reward or the columns.
+    args = types.SimpleNamespace(max_completion_length=12)
+    trainer = types.SimpleNamespace(reward_func_names=["r"], train_dataset=None, model=None, processing_class=None,
+                                    args=args)  # fmt: skip
+    callback = logs.NoLearningSignalCallback(trainer)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for step, ratio in enumerate(clipped, 1):
+            row = {"frac_reward_zero_std": 1.0, "rewards/r/mean": 0.0, "rewards/r/std": 0.0}
+            callback.on_log(None, _state(step), None, logs=row | {"completions/clipped_ratio": ratio})
+        callback.on_train_end(None, _state(len(clipped)), None)  # a run shorter than 3 logging steps decides here
+    length = "(1) The length: every completion was cut at max_completion_length=12 (completions/clipped_ratio = 1)"
+    assert (length in _warnings(caplog)[0]) == (0.9 not in clipped)
