@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import data
 from ..evaluation import generation as gen
 from ..evaluation import results, tasks
-from ..models import check_model_available, resolve_model_path
+from ..models import builtin_model_dir, check_model_available, resolve_model_path
 from . import VersionAction
 from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_input_errors
 
@@ -128,7 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = {key: getattr(args, key) for key in ("model", "revision", "backend", "samples", "max_new_tokens")}
             config |= {"limit": args.limit, "data_dir": data_dir, "seed": args.seed, "instruction": data.INSTRUCTION}
             config |= {"chat_template": not args.no_chat_template, "dtype": args.dtype, "batch_size": args.batch_size}
-            content = results.open_results(output, config | {"threads": args.threads})
+            model_dir = str(builtin_model_dir(args.model)) if args.model.startswith("builtin:") else args.model
+            weights = results.describe_model(model_dir, args.revision)["weights"]
+            content = results.open_results(output, config | {"threads": args.threads}, weights)
             known = {*content["config"].get("benchmarks", []), *benchmarks}
             content["config"]["benchmarks"] = [b for b in tasks.BENCHMARKS if b in known]
             todo = [(d, b) for d in decodings for b in benchmarks if b not in content["results"].get(d, {})]

@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from ..models.cache import weight_files
 from ..run_folder.checkpoints import write_atomic
 from .tasks import BENCHMARKS, PAPER_BENCHMARKS
 
@@ -21,17 +22,21 @@ RESULTS_FORMAT_VERSION = 2  # 2: a seed per sample; 1 (read, not resumed): per b
 
 
 def describe_model(model: str, revision: str | None = None) -> dict[str, Any]:
-    """`name_or_path`, `source` (`local`/`hub`), `revision`: a folder's absolute path, a cached Hub commit or asked."""
-    if Path(model).expanduser().exists():
-        return {"name_or_path": model, "source": "local", "revision": str(Path(model).expanduser().resolve())}
+    """`name_or_path`, `source` (`local`/`hub`), `revision`: a folder's absolute path, a cached Hub commit or asked;
+    `weights`, what they are: a folder's weight files as {name: [bytes, mtime in ns]}, else the cached Hub commit."""
+    if (folder := Path(model).expanduser()).exists():
+        stats = {name: (folder / name).stat() for name in weight_files(sorted(os.listdir(folder)))}
+        weights = {name: [stat.st_size, stat.st_mtime_ns] for name, stat in stats.items()}
+        return {"name_or_path": model, "source": "local", "revision": str(folder.resolve()), "weights": weights}
     from huggingface_hub import try_to_load_from_cache
 
     try:
         cached = try_to_load_from_cache(model, "config.json", revision=revision)  # snapshots/<commit>/config.json
     except Exception:  # noqa: BLE001 - best effort
         cached = None
-    commit = Path(cached).parent.name if isinstance(cached, str) else revision
-    return {"name_or_path": model, "source": "hub", "revision": commit, "requested_revision": revision}
+    commit = Path(cached).parent.name if isinstance(cached, str) else None
+    return {"name_or_path": model, "source": "hub", "revision": commit or revision, "requested_revision": revision,
+            "weights": commit}  # fmt: skip
 
 
 def library_versions(backend: str) -> dict[str, str | None]:
@@ -75,13 +80,15 @@ _RESUME_FLAGS = {  # the settings a file resumes only with equal: their flag and
 }  # fmt: skip
 
 
-def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path) -> None:
+def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path, weights: Any) -> None:
     """One `ValueError` line naming each setting that differs from the file's (one it lacks does not) and the flags
-    that would resume it."""
+    that would resume it; else the weight files or Hub commit when `weights` ([`describe_model`]) differ from the
+    file's, or the file lacks them."""
+    delete = "so it cannot be resumed: choose another --output, or delete it to rerun."
     if existing.get("format_version") == 1:
         raise ValueError(
             f"{path} holds results of the old seeding (a seed per benchmark and decoding, now one per sample, as in "
-            "stapo-train's evaluation), so it cannot be resumed: choose another --output, or delete it to rerun."
+            f"stapo-train's evaluation), {delete}"
         )
     old, benchmarks = existing.get("config", {}), existing.get("config", {}).get("benchmarks") or []
     whats, give, leave_out = [], [], []
@@ -110,13 +117,22 @@ def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path
         )
         whats = f"other settings, so it cannot be resumed: {'; '.join(whats)}"
         raise ValueError(f"{path} holds results of {whats}. {rerun}, or choose another --output.")
+    if (was := (existing.get("model") or {}).get("weights", "unrecorded")) != weights:
+        if was == "unrecorded":
+            what = "weights it does not record (written before stapo-eval recorded them)"
+        elif isinstance(was, dict) and isinstance(weights, dict):
+            changed = ", ".join(sorted(n for n in {**was, **weights} if was.get(n) != weights.get(n)))
+            what = f"other weights ({changed} changed since)"
+        else:
+            what = f"other weights (Hub commit {was or 'unknown'} in the file, {weights or 'unknown'} now)"
+        raise ValueError(f"{path} holds results of {what}, {delete}")
 
 
-def open_results(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+def open_results(path: Path, config: dict[str, Any], weights: Any) -> dict[str, Any]:
     """The results file at `path` to resume ([`load_results`], [`check_resumable`]), else a new one of `config`."""
     if path.exists():
         data = load_results(path)
-        check_resumable(data, config, path)
+        check_resumable(data, config, path, weights)
         logger.info("Resuming %s", path)
         return data
     data = {"format_version": RESULTS_FORMAT_VERSION, "created_at": now(), "config": config, "model": None}

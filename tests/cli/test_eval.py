@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from huggingface_hub import constants
+from safetensors.torch import load_file, save_file
 from testing_utils import REPO, error_line, fake_eval_results
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -184,7 +185,7 @@ def test_compare(tmp_path, capsys):
     assert "a.json is not a stapo-eval results file: not JSON" in error_line(capsys, "stapo-eval")
 
 
-def test_default_results_go_next_to_a_local_model_and_the_path_is_printed(
+def test_default_results_go_next_to_a_local_model_and_rewritten_weights_refuse_it(
     tiny_math_model_path, tmp_path, monkeypatch, capsys
 ):
     model = tmp_path / "runs" / "demo-stapo"  # a copy: the session's model folder is shared by other tests
@@ -197,6 +198,22 @@ def test_default_results_go_next_to_a_local_model_and_the_path_is_printed(
     lines = capsys.readouterr().out.splitlines()
     assert f"Results file: {model / 'stapo_eval.json'} (the default; --output to choose another)" in lines
     assert lines[-1] == f"Results file: {model / 'stapo_eval.json'}"
+    # Training on replaces the weights: the file's numbers are of the old ones (they were printed as the new ones).
+    tensors = load_file(model / "model.safetensors")
+    name = next(iter(tensors))
+    tensors[name] = tensors[name] + 1
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(SystemExit) as info:
+        main(["--model", str(model), *ONE_PROBLEM])
+    assert info.value.code == 2 and error_line(capsys, "stapo-eval") == (
+        f"stapo-eval: error: {model / 'stapo_eval.json'} holds results of other weights (model.safetensors changed "
+        "since), so it cannot be resumed: choose another --output, or delete it to rerun."
+    )
+    data = load_results(results := model / "stapo_eval.json")  # a file of a stapo_trl that did not record them
+    results.write_text(json.dumps(data | {"model": {k: v for k, v in data["model"].items() if k != "weights"}}))
+    with pytest.raises(SystemExit):
+        main(["--model", str(model), *ONE_PROBLEM])
+    assert "holds results of weights it does not record (written before" in error_line(capsys, "stapo-eval")
 
 
 def test_builtin_model_results_go_under_outputs_with_its_accuracy(tiny_math_model_path, tmp_path, monkeypatch, capsys):

@@ -1,11 +1,12 @@
 """The results tables (paper's columns, relative gains, partial cells, `--limit`) and the one-line resume refusal."""
 
+import os
 from pathlib import Path
 
 import pytest
 from testing_utils import fake_eval_results
 
-from stapo_trl.evaluation.results import check_resumable, format_comparison, format_results_table
+from stapo_trl.evaluation.results import check_resumable, describe_model, format_comparison, format_results_table
 
 
 SIX = ["aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"]
@@ -62,7 +63,7 @@ CONFIG = dict(model="m", revision=None, backend="hf", samples=2, max_new_tokens=
 
 def _refusal(old: dict, new: dict) -> str:
     with pytest.raises(ValueError) as excinfo:
-        check_resumable({"config": old}, new, Path("r.json"))
+        check_resumable({"config": old}, new, Path("r.json"), {})
     assert "\n" not in str(excinfo.value) and "None" not in str(excinfo.value)
     return str(excinfo.value)
 
@@ -79,4 +80,24 @@ def test_other_settings_are_one_line_naming_the_flags_that_resume_the_file():
     assert message.endswith("Rerun without --limit, --no-chat-template to add to it, or choose another --output.")
     # no difference: a key the file lacks, --samples 32 (AIME's default) against unset, a trailing slash
     old = {key: value for key, value in CONFIG.items() if key != "chat_template"} | {"samples": None, "model": "."}
-    check_resumable({"config": old}, {**CONFIG, "samples": 32, "model": "./", "chat_template": False}, Path("r.json"))
+    new = {**CONFIG, "samples": 32, "model": "./", "chat_template": False}
+    check_resumable({"config": old, "model": {"weights": {}}}, new, Path("r.json"), {})
+
+
+def test_other_or_unrecorded_weights_are_one_line_and_the_same_ones_resume(tmp_path):
+    (tmp_path / "adapter_config.json").write_text("{}")
+    (adapter := tmp_path / "adapter_model.safetensors").write_bytes(b"a" * 8)
+    os.utime(adapter, ns=(10**18, 10**18))
+    existing = {"config": CONFIG, "model": describe_model(str(tmp_path))}
+    assert existing["model"]["weights"] == {"adapter_model.safetensors": [8, 10**18]}
+    check_resumable(existing, CONFIG, Path("r.json"), describe_model(str(tmp_path))["weights"])  # resumed
+    adapter.write_bytes(b"b" * 8)  # the adapter trained on: same size, another time
+    delete = "so it cannot be resumed: choose another --output, or delete it to rerun."
+    with pytest.raises(ValueError, match=f"^r.json holds results of other weights \\(adapter_model.safetensors "
+                       f"changed since\\), {delete}$"):  # fmt: skip
+        check_resumable(existing, CONFIG, Path("r.json"), describe_model(str(tmp_path))["weights"])
+    with pytest.raises(ValueError, match=f"^r.json holds results of weights it does not record \\(written before "
+                       f"stapo-eval recorded them\\), {delete}$"):  # fmt: skip
+        check_resumable({"config": CONFIG, "model": {"source": "local"}}, CONFIG, Path("r.json"), {})
+    with pytest.raises(ValueError, match="other weights \\(Hub commit abc in the file, def now\\), so it cannot"):
+        check_resumable({"config": CONFIG, "model": {"weights": "abc"}}, CONFIG, Path("r.json"), "def")
