@@ -124,13 +124,17 @@ def load_rollout_state(trainer, checkpoint: str) -> dict | None:
 
 
 class RolloutStateCallback(TrainerCallback):
-    """Restores `self.state` ([`load_rollout_state`]) at `on_train_begin`, after the run files' callbacks."""
+    """Restores `self.state` ([`load_rollout_state`]) at `on_train_begin`, after the run files' callbacks, and draws
+    the prompt orders of the epochs a resume skips from TRL's sampler (one a pass, from its own generator)."""
 
     def __init__(self, trainer):
         self.trainer, self.state = trainer, None
 
     def on_train_begin(self, args, state, control, **kwargs):
         trainer, restored, self.state = self.trainer, self.state, None
+        sampler = getattr(trainer, "_train_sampler", None)
+        for _ in range(int(state.epoch or 0) if getattr(sampler, "shuffle", False) else 0):
+            next(iter(sampler), None)
         if restored is None:
             return
         trainer._step, trainer._globalstep_last_logged = restored["micro_step"], restored["last_logged"]

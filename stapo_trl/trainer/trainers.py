@@ -138,6 +138,10 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
             if self.args.should_save:
                 checkpoints.hold_run_folder(output_dir, acquire=False, trainer=self)
 
+    def _get_train_sampler(self, dataset=None):  # kept for the resume (`RolloutStateCallback`)
+        self._train_sampler = super()._get_train_sampler(dataset)
+        return self._train_sampler
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # a warning when none is a number
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self.model.training and rewards.isnan().all():

@@ -25,7 +25,7 @@ DATASET = Dataset.from_list(
 TIMING = re.compile(r"step_time|runtime|_per_second")
 
 
-def _trainer(model_path, out, cls=None, **overrides):
+def _trainer(model_path, out, cls=None, dataset=DATASET, **overrides):
     # The demo's geometry: 2 prompts x 8 per update, 4 updates per rollout batch; 4 steps, a checkpoint every 2.
     from stapo_trl import STAPOTrainer
 
@@ -33,7 +33,7 @@ def _trainer(model_path, out, cls=None, **overrides):
                     max_completion_length=32, learning_rate=1e-4, logging_steps=4, save_strategy="steps", save_steps=2,
                     disable_tqdm=True) | overrides  # fmt: skip
     return (cls or STAPOTrainer)(
-        model_path, reward_funcs="math_accuracy", args=tiny_stapo_config(out, **settings), train_dataset=DATASET
+        model_path, reward_funcs="math_accuracy", args=tiny_stapo_config(out, **settings), train_dataset=dataset
     )
 
 
@@ -71,6 +71,27 @@ def test_a_resume_inside_a_rollout_batch_and_a_logging_window_ends_as_the_uninte
     run, expected = uninterrupted
     _copy_until(run, tmp_path / "run", 2)
     trainer = _trainer(tiny_math_model_path, tmp_path / "run")
+    trainer.train(resume_from_checkpoint=True)
+    _assert_same(_outcome(trainer, tmp_path / "run"), expected)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_3_epochs(tmp_path_factory, tiny_math_model_path):  # 16 prompts: an epoch is 8 steps
+    out = tmp_path_factory.mktemp("uninterrupted-3-epochs") / "run"
+    trainer = _trainer(tiny_math_model_path, out, dataset=DATASET.select(range(16)), max_steps=24)
+    trainer.train()
+    return out, _outcome(trainer, out)
+
+
+@pytest.mark.parametrize("step", [8, 10, 18])
+def test_a_resume_after_an_epoch_boundary_ends_as_the_uninterrupted_run(
+    uninterrupted_3_epochs, tiny_math_model_path, tmp_path, step
+):
+    # Measured before: from the end of the first epoch, inside the second's rollout batch, or in the third epoch, TRL's
+    # sampler drew the first epoch's prompt order again (other weights and rows).
+    run, expected = uninterrupted_3_epochs
+    _copy_until(run, tmp_path / "run", step)
+    trainer = _trainer(tiny_math_model_path, tmp_path / "run", dataset=DATASET.select(range(16)), max_steps=24)
     trainer.train(resume_from_checkpoint=True)
     _assert_same(_outcome(trainer, tmp_path / "run"), expected)
 
