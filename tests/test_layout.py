@@ -4,6 +4,7 @@ most 2 functions over 80 lines, and the core at most 600 lines of at most 119 ch
 from __future__ import annotations
 
 import ast
+import importlib.util
 
 from testing_utils import REPO
 
@@ -19,14 +20,13 @@ def _module(path) -> str:
 
 def _imports(path, tree) -> set[str]:
     """The package modules `path` imports, at module level or inside a function."""
-    here = _module(path).split(".") if path.name == "__init__.py" else _module(path).split(".")[:-1]
+    package = _module(path) if path.name == "__init__.py" else _module(path).rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
-            base = node.module if node.level == 0 else base
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
             found |= {base} | {f"{base}.{alias.name}" for alias in node.names}
     return found
 
