@@ -1,26 +1,6 @@
 """The surface a user relies on, pinned: the public names, the three commands and every flag, the demo learning as the
-README says. A name or flag that goes on purpose leaves these lists with a CHANGELOG line. Where each part is tested
-(`slow`, `real_model`, `vllm`, `slurm`, `build` run apart: `make test-slow`, `test-real`, ...):
-
-| surface | tests |
-|---|---|
-| `stapo_trl.STAPOTrainer`, `STAPOConfig`, `s2t_mask`, `S2TResult`; the same four in `stapo_trl.core`; `stapo_trl.rewards.math_accuracy_reward`, `stapo_trl.models.resolve_model_path`, `stapo_trl.data.make_tiny_math_dataset`, `format_prompt`, `INSTRUCTION` | here (names, classes, call shapes); their behaviour: `tests/core/`, `tests/trainer/test_trainers.py`, `tests/trainer/test_config.py`, `tests/test_rewards.py`, `tests/test_data.py`, `tests/models/test_builtin.py` |
-| the README's Python example and its plain-`GRPOTrainer` baseline, run as printed | `tests/docs/test_docs.py` (the baseline `slow`) |
-| importing the package changes no process-wide state | `tests/test_init.py` |
-| `stapo-train`, `stapo-eval`, `stapo-plot`: installed, every flag accepted today, `--help`, `--version` | here; `tests/cli/test_fast_commands.py` (one-line errors, at once) |
-| their behaviour, exit statuses and messages | `tests/cli/test_train.py`, `test_args.py`, `test_errors.py`, `test_eval.py`, `test_plot.py`, `test_run.py` |
-| `stapo-train --dry-run` | `tests/cli/test_dry_run.py`; here (the documented overrides) |
-| every recipe and its dry run | `tests/recipes/test_recipes.py::test_recipe_passes_its_dry_run` (SmolLM2's: `real_model`); every recipe key is a flag: here |
-| `accelerate launch -m stapo_trl.cli.train` (DDP, ZeRO-2, ZeRO-3, the documented two-process command) | `tests/distributed/test_launch.py` (`slow`) |
-| `scripts/launch.sh` | `tests/recipes/test_recipes.py` (GPU split, refusals, server start and stop), `tests/recipes/test_launch_signals.py` (`slow`), `tests/integrations/test_vllm.py::test_launch_serves_the_builtin_model_on_cpu_and_tears_down` (`vllm`) |
-| `slurm/train.slurm` | `tests/slurm/test_train_slurm.py` (`slurm`), `tests/distributed/test_signals.py` (its node launch line, `slow`) |
-| the notebook, run by the README's headless command | `tests/notebooks/test_notebook.py` (`slow`; its real-model section `real_model`) |
-| the demo learning as the README says (held-out avg@4 up by at least 15 points) | here (`slow`) |
-| resume under `stapo-train` | `tests/cli/test_train.py::test_demo_end_to_end_then_resume`, `tests/cli/test_resume.py`, `tests/distributed/test_launch.py` (ZeRO-3, `slow`) |
-| stop signals under `stapo-train` (Ctrl-C, SIGTERM, SIGUSR1) | `tests/cli/test_interrupt.py`, `tests/distributed/test_signals.py`, `tests/recipes/test_launch_signals.py` (all `slow`) |
-| vLLM on the CPU (`stapo-eval --backend vllm`, colocate training, `scripts/vllm_cpu_serve.sh`) | `tests/integrations/test_vllm.py` (`vllm`; the CPU refusals in the default suite) |
-| the real models (`builtin:smollm2-135m`, `-math`, `gemma3-270m`) | `tests/models/test_real_models.py` (`real_model`, `build`); Gemma's conversion: `benchmarks/real_models.py` |
-"""
+README says. A name or flag that goes on purpose leaves these lists with a CHANGELOG line; each behaviour is tested in
+the module's own test file (docs/development.md says which marker runs where)."""
 
 from __future__ import annotations
 
