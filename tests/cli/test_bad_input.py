@@ -79,36 +79,6 @@ def test_a_recipe_that_is_not_utf8_is_one_line_naming_the_file_and_line(
                     "(an editor's 'encoding' setting).")  # fmt: skip
 
 
-@pytest.mark.parametrize("argv, expected", [
-        (
-            ["--seed", str(2**32)],
-            "--seed: seed=4294967296 must be in [0, 2**32 - 1] (numpy's seed range).",
-        ),  # measured
-        (["--seed", "-1"], "--seed: seed=-1 must be in [0, 2**32 - 1] (numpy's seed range)."),
-        (["--data_seed", str(2**32)], "--data_seed: data_seed=4294967296 must be in [0, 2**32 - 1]"),
-        # Measured: `--output_dir ''` wrote _writer.lock and _writer.txt into the current folder, after a traceback.
-        (["--output_dir", ""], "output_dir='' is empty: give the folder the run writes its"),
-], ids=["seed-too-large", "seed-negative", "data-seed", "empty-output-dir"])  # fmt: skip
-def test_a_seed_out_of_numpys_range_or_an_empty_output_dir_is_one_line(
-    tmp_path, capsys, no_model_built, monkeypatch, argv, expected
-):
-    monkeypatch.chdir(tmp_path)
-    line = _refused(capsys, ["--config", STAPO_RECIPE, "--output_dir", "out", *argv])
-    assert line.startswith(f"stapo-train: error: {expected}"), line
-    assert list(tmp_path.iterdir()) == []  # nothing written, in the current folder either
-
-
-@pytest.mark.parametrize(
-    "recipe_line, argv",
-    [("reward_funcs: []", []), ("reward_funcs: null", []), ("", ["--reward_funcs", ""])],  # measured: the first
-    ids=["empty-list", "null", "empty-name"],
-)
-def test_no_reward_is_one_line(tmp_path, capsys, no_model_built, recipe_line, argv):
-    recipe = write_recipe(tmp_path, recipe_line)
-    line = _refused(capsys, ["--config", recipe, "--output_dir", str(tmp_path / "out"), *argv])
-    assert "names no reward: give at least one, one of ['format', 'math_accuracy']" in line, line
-
-
 @pytest.mark.parametrize("reward_funcs", [None, [], ()], ids=["none", "empty-list", "empty-tuple"])
 def test_the_python_api_refuses_no_reward_at_construction_in_trls_words(
     tmp_path, tiny_random_model_path, no_model_built, reward_funcs

@@ -25,10 +25,16 @@ _train, _eval, _plot = stapo_train.main, stapo_eval.main, stapo_plot.main
 
 
 def _dry_run(argv):
-    stapo_train.main([*argv, "--dry-run"])
+    stapo_train.main(["--max_train_samples", "64", *argv, "--dry-run"])
 
 
 PROGS = {_train: "stapo-train", _dry_run: "stapo-train --dry-run", _eval: "stapo-eval", _plot: "stapo-plot"}
+SEED = "must be in [0, 2**32 - 1] (numpy's seed range)."
+NOTHING = "Nothing to draw: plot a run folder that logged at least one step, or leave this one out."
+METRICS = {  # run folders for stapo-plot: {tmp}/NAME/metrics.jsonl
+    "empty": "", "blank": "\n   \n", "corrupt": '{"step": 1, "rew\n[1, 2]\n', "steps": '{"step": 1, "epoch": 0.1}\n',
+    "cmp/arm/seed0": '{"step": 1, "reward": 0.1}\n', "cmp/arm/seed1": "",
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("command, argv, expected", [
@@ -38,8 +44,21 @@ PROGS = {_train: "stapo-train", _dry_run: "stapo-train --dry-run", _eval: "stapo
         (_eval, ["--model", "m", "--samples", "0"], "--samples must be >= 1"),
         (_eval, ["--model", "m", "--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
         (_plot, ["{tmp}/no-run"], "No metrics.jsonl in"),
+        (_plot, ["{tmp}/cmp"], "No metrics.jsonl in"),  # seed folders one level too deep
         (_plot, ["{run}", "--labels", "a", "b"], "--labels: got 2 label(s) for 1 OUTPUT_DIR(s)"),
         (_plot, ["{run}", "--smoothing", "0"], "--smoothing 0: the moving-average window"),
+        (_plot, ["{run}", "--smoothing", "-3"], "--smoothing -3: the moving-average window must be >= 1 logged step."),
+        # An empty file drew a blank figure and exited 0; a corrupt line failed the drawing.
+        (_plot, ["{tmp}/empty"], "{tmp}/empty/metrics.jsonl is empty: the run has not reached its first logging step "
+                                 f"(logging_steps) yet, or stopped before it. {NOTHING}"),
+        (_plot, ["{tmp}/blank"], "{tmp}/blank/metrics.jsonl is empty: the run has not reached its first logging step"),
+        (_plot, ["{tmp}/corrupt"], "{tmp}/corrupt/metrics.jsonl holds no metrics row (see the warning above for its "
+                                   f"lines). {NOTHING}"),
+        (_plot, ["{tmp}/steps"], f"{{tmp}}/steps/metrics.jsonl holds no logged metric, only steps. {NOTHING}"),
+        (_plot, ["{tmp}/cmp/arm", "--out", "{tmp}/cmp.png"], "{tmp}/cmp/arm/seed1/metrics.jsonl is empty"),
+        *[(_plot, ["{run}", "--out", f"{{tmp}}/{out}"], f"--out {{tmp}}/{out}: '{out[-4:]}' is not a figure format "
+           "(.png, .pdf, .svg, .jpg, .jpeg): name a file with one of these extensions, or a folder (a path without an "
+           "extension) for every figure.") for out in ("curves.xyz", "figs/curves.txt", "curves.png.bak")],
         # A range error in a flag read "the recipe does not parse: X=..." in the dry run, naming no flag in either.
         (_train, ["--temperature", "-1"], "error: --temperature: temperature="),
         (_dry_run, ["--s2t_entropy_quantile", "1.5"], "error: --s2t_entropy_quantile: s2t_entropy_quantile="),
@@ -52,18 +71,61 @@ PROGS = {_train: "stapo-train", _dry_run: "stapo-train --dry-run", _eval: "stapo
         (_train, ["--config", "{tmp}"], "is a folder: give the path of a recipe YAML file in it"),
         (_dry_run, ["--config", "{tmp}"], "is a folder"),
         (_train, ["compare", GRPO_RECIPE, STAPO_RECIPE], "`stapo-train compare` is gone: train each"),
-], ids=["train-range", "train-type", "eval-samples", "eval-memory-share", "plot-no-run",
-        "plot-labels", "plot-smoothing", "flag-range", "dry-run-flag-range", "dry-run-flag-range-2", "exponent",
-        "exponent-upper", "exponent-plus", "config-folder", "dry-run-config-folder", "compare-is-gone"])  # fmt: skip
-def test_every_input_error_exits_2_with_one_line(no_model_built, tmp_path, capsys, command, argv, expected):
-    run = write_metrics_run(tmp_path / "run")
-    argv = [a.format(tmp=tmp_path, run=run) for a in argv]
+        # Measured: `--seed 4294967296` ended in numpy's traceback; `--output_dir ''` wrote _writer.lock into the
+        # current folder, after a traceback.
+        (_train, ["--seed", str(2**32)], f"--seed: seed=4294967296 {SEED}"),
+        (_train, ["--seed", "-1"], f"--seed: seed=-1 {SEED}"),
+        (_train, ["--data_seed", str(2**32)], "--data_seed: data_seed=4294967296 must be in [0, 2**32 - 1]"),
+        (_train, ["--output_dir", ""], "output_dir='' is empty: give the folder the run writes its"),
+        (_train, ["--output_dir", __file__], f"output_dir={__file__!r} is a file: give a folder"),
+        (_train, ["--reward_funcs", ""], "reward_funcs=[''] names no reward: give at least one, one of ['format', "
+                                         "'math_accuracy'] or a dotted path `pkg.module.function`"),
+        # Each is checked before any model is built, the model before the dataset.
+        (_train, ["--reward_funcs", "math_acuracy"], "Unknown reward 'math_acuracy'. Valid names: ['format', "
+                                                     "'math_accuracy'], or a dotted path `pkg.module.function`."),
+        (_train, ["--model_name_or_path", "./no/such/model"], "'./no/such/model' does not exist"),
+        (_train, ["--model_name_or_path", "./no/model", "--dataset_name", "./no/data.jsonl"], "'./no/model' does not"),
+        (_train, ["--model_name_or_path", "outputs/no-such"], "Model 'outputs/no-such' is not a local directory, and "
+                 "not in the local Hugging Face cache while offline, HF_HUB_OFFLINE=1 (no download)."),
+        (_train, ["--model_name_or_path", "builtin:huge-math"], "Unknown built-in model 'builtin:huge-math'. Known "
+                                                                "built-in models: builtin:tiny-math, "),
+        (_train, ["--dataset_name", "builtin:huge-math"], "No built-in dataset 'builtin:huge-math' with a split "
+                                                          "'train'; built-in ones: builtin:tiny-math (splits"),
+        (_train, ["--max_steps", "0"], "--max_steps: max_steps=0 is not a number of optimizer steps: give a positive"),
+        (_train, ["--torch_num_threads", "0"], "torch_num_threads=0 must be >= 1"),
+        (_train, ["--eval_num_problems", "0"], "eval_num_problems=0 must be >= 1"),  # eval.json held NaN
+        (_train, ["--s2t_mod", "off"], "--s2t_mod: did you mean s2t_mode"),  # no argparse prefix matching
+        (_train, ["--benchmark_eval", "aime99"], "Unknown benchmark 'aime99'. Valid benchmarks: aime24, aime25, "),
+        # The plan listed the failed checks on stdout only: no `PROG: error:` line, unlike every other input error.
+        (_dry_run, ["--max_train_samples", "3"], "error: 1 check(s) failed (the plan above lists them): "),
+        (_dry_run, ["--dataset_name", "{tmp}/empty.jsonl"], "check(s) failed (the plan above lists them): "
+                   "dataset_name='{tmp}/empty.jsonl': dataset file '{tmp}/empty.jsonl' is empty: it holds no rows."),
+        (_dry_run, ["--model_name_or_path", "{tmp}/no-model"], "Model directory '{tmp}/no-model' does not exist"),
+        (_dry_run, ["--reward_funcs", "math_acuracy"], "check(s) failed (the plan above lists them): Unknown reward "
+                                                       "'math_acuracy'. Valid names: "),
+])  # fmt: skip
+def test_every_input_error_exits_2_with_one_line_in_one_write(
+    no_model_built, tmp_path, monkeypatch, command, argv, expected
+):
+    # The reported case (CI, two ranks under accelerate launch): the ranks' error lines ran into each other.
+    monkeypatch.chdir(tmp_path)
+    for name, text in METRICS.items():
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "metrics.jsonl").write_text(text)
+    (tmp_path / "empty.jsonl").write_text("")
+    fill = {"tmp": tmp_path, "run": write_metrics_run(tmp_path / "run")}
+    argv = [a.format(**fill) for a in argv]
     if command in (_train, _dry_run) and "--config" not in argv and argv[0] != "compare":
-        argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *argv]
+        argv = ["--config", STAPO_RECIPE, "--output_dir", "out", *argv]
+    before, stderr = sorted(tmp_path.rglob("*")), _WriteRecorder()
+    monkeypatch.setattr(sys, "stderr", stderr)
     with pytest.raises(SystemExit) as excinfo:
         command(argv)
     assert excinfo.value.code == 2
-    assert expected in error_line(capsys, PROGS[command])
+    (line,) = [w for w in stderr.writes if "error:" in w]
+    assert line == stderr.writes[-1] and line.startswith(f"{PROGS[command]}: error: ") and line.count("\n") == 1
+    assert expected.format(**fill) in line, line
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written: no figure, no folder, no lock
 
 
 class _WriteRecorder:
@@ -78,52 +140,27 @@ class _WriteRecorder:
         pass
 
 
-def _ctrl_c(argv):
+def test_the_ctrl_c_line_is_one_write(monkeypatch):
+    monkeypatch.setattr(sys, "stderr", _WriteRecorder())
     SaveOnSignal()._handle(signal.SIGINT, None)
-
-
-@pytest.mark.parametrize("command, argv, expected", [
-        # The reported case (CI, two ranks under accelerate launch): the ranks' error lines ran into each other.
-        (_train, ["--s2t_entropy_quantile", "1.5"], "stapo-train: error: --s2t_entropy_quantile:"),
-        (_dry_run, ["--max_train_samples", "3"], "stapo-train --dry-run: error: 1 check(s) failed"),
-        (_plot, ["{tmp}/no-run"], "stapo-plot: error: No metrics.jsonl in"),
-        (_ctrl_c, [], "Ctrl-C: saving a checkpoint at the end of this step"),
-], ids=["train-range", "dry-run-checks", "plot-no-run", "ctrl-c"])  # fmt: skip
-def test_a_message_line_is_one_write_so_processes_cannot_interleave_it(
-    no_model_built, tmp_path, monkeypatch, command, argv, expected
-):
-    argv = [a.format(tmp=tmp_path) for a in argv]
-    if command in (_train, _dry_run):
-        argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *argv]
-    stderr = _WriteRecorder()
-    monkeypatch.setattr(sys, "stderr", stderr)
-    try:
-        command(argv)
-    except SystemExit as e:
-        assert e.code == 2
-    lines = [w for w in stderr.writes if expected in w]
-    assert len(lines) == 1, stderr.writes
-    assert lines[0].endswith("\n") and lines[0].count("\n") == 1, stderr.writes
+    (line,) = [w for w in sys.stderr.writes if "Ctrl-C: saving a checkpoint at the end of this step" in w]
+    assert line.endswith("\n") and line.count("\n") == 1, sys.stderr.writes
 
 
 def test_help_of_every_command_states_the_exit_status(capsys):
-    expected = "Exit status: 0 on success; 2 on an input error"
-    for command, argv in ((_train, ["--help"]), (_eval, ["--help"]), (_plot, ["--help"])):
+    for command in (_train, _eval, _plot, dry_run_main):
         with pytest.raises(SystemExit) as excinfo:
-            command(argv)
+            sys.exit(command(["--help"]))
         assert excinfo.value.code == 0
-        assert expected in " ".join(capsys.readouterr().out.split()), command.__name__
-    assert dry_run_main(["--help"]) == 0
-    assert expected in " ".join(capsys.readouterr().out.split())
+        assert "Exit status: 0 on success; 2 on an input error" in " ".join(capsys.readouterr().out.split())
 
 
 KEY = "recipe key {key} in {recipe}: "
 FIX = " Fix the value in the recipe, or override it on the command line with --{key}."
+NO_REWARD = "names no reward: give at least one, one of ['format', 'math_accuracy'] or a dotted path"
 
 
-@pytest.mark.parametrize(
-    "line, message",
-    [
+@pytest.mark.parametrize("line, message", [
         # The reported case: argparse converts the recipe's string and reported `--s2t_entropy_quantile`.
         ("s2t_entropy_quantile: abc", KEY + "invalid float value: 'abc' (s2t_entropy_quantile takes a number)." + FIX),
         ("s2t_entropy_quantile: 1.5", KEY + "s2t_entropy_quantile=1.5 must be in [0, 1]; the paper: 0.75." + FIX),
@@ -132,8 +169,7 @@ FIX = " Fix the value in the recipe, or override it on the command line with --{
         ("lerning_rate: 1.0e-4", "Unknown key(s) in recipe {recipe}: lerning_rate: did you mean learning_rate"),
         # a YAML float for an integer field reached the divisibility check: "num_generations=8.5 does not divide"
         ("num_generations: 8.5", KEY + "num_generations=8.5 is not an integer." + FIX),
-        # YAML reads an unquoted `off` as false
-        ("s2t_mode: off", KEY + "s2t_mode=False is not one of 'low_entropy', "),
+        ("s2t_mode: off", KEY + "s2t_mode=False is not one of 'low_entropy', "),  # YAML reads an unquoted off as false
         # failed only when the trainer was built, after the model: "tensorbord is not supported, only ..."
         ("report_to: tensorbord", KEY + "report_to='tensorbord': tensorbord is not supported, only azure_ml, "),
         # failed only in the optimizer, after the model and the first evaluation: "Invalid learning rate: -1"
@@ -141,10 +177,9 @@ FIX = " Fix the value in the recipe, or override it on the command line with --{
         # a YAML mapping for an integer field: "TypeError: '<' not supported between 'dict' and 'int'"
         ("max_steps: {steps: 10}", KEY + "max_steps={'steps': 10} is not an integer." + FIX),
         ("trainer: stapoo", KEY + "trainer='stapoo' is not one of 'stapo', 'grpo'." + FIX),
-    ],
-    ids=["type", "range", "choice", "unknown-key", "float-for-int", "unquoted-off", "report-to",
-         "negative-learning-rate", "mapping-for-int", "trainer"],
-)  # fmt: skip
+        ("reward_funcs: []", f"reward_funcs=[] {NO_REWARD}"),  # measured: a traceback
+        ("reward_funcs: null", f"reward_funcs=None {NO_REWARD}"),
+])  # fmt: skip
 def test_recipe_value_errors_name_the_recipe_key_and_the_file(no_model_built, tmp_path, capsys, line, message):
     recipe = write_recipe(tmp_path, line)
     with pytest.raises(SystemExit) as excinfo:
@@ -168,21 +203,6 @@ def test_a_command_line_value_is_named_as_the_flag_not_the_recipe(no_model_built
         ["--config", bad, "--s2t_entropy_quantile", "0.5", "--num_generations", "8", "--output_dir", str(tmp_path)]
     )
     assert training_args.s2t_entropy_quantile == 0.5 and training_args.num_generations == 8
-
-
-@pytest.mark.parametrize("argv, expected", [
-        (["--dataset_name", "{empty}"], "dataset file '{empty}' is empty"),
-        (["--model_name_or_path", "{tmp}/no-model"], "Model directory '{tmp}/no-model' does not exist"),
-        (["--reward_funcs", "math_acuracy"], "Unknown reward 'math_acuracy'"),
-], ids=["empty-dataset", "missing-model", "unknown-reward"])  # fmt: skip
-def test_a_dry_run_that_fails_its_checks_ends_with_one_error_line(no_model_built, tmp_path, capsys, argv, expected):
-    # The plan listed the failed checks on stdout only: no `PROG: error:` line, unlike every other input error.
-    (tmp_path / "empty.jsonl").write_text("")
-    fill = {"tmp": tmp_path, "empty": tmp_path / "empty.jsonl"}
-    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *(a.format(**fill) for a in argv)]
-    assert dry_run_main([*argv, "--max_train_samples", "64"]) == 2
-    line = error_line(capsys, "stapo-train --dry-run")
-    assert "check(s) failed (the plan above lists them)" in line and expected.format(**fill) in line, line
 
 
 def test_a_full_disk_is_one_line_naming_the_folder_and_what_a_rerun_resumes(tmp_path):

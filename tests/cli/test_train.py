@@ -24,33 +24,6 @@ SMALL_RUN = ["--max_steps", "8", "--logging_steps", "4", "--save_steps", "4", "-
              "--eval_num_samples", "2", "--disable_tqdm", "true"]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "overrides, match",
-    [
-        (["--reward_funcs", "math_acuracy"], r"Unknown reward 'math_acuracy'.*math_accuracy"),
-        (["--model_name_or_path", "./no/such/model"], r"'./no/such/model' does not exist"),
-        # the model argument is checked before the dataset is loaded
-        (["--model_name_or_path", "./no/model", "--dataset_name", "./no/data.jsonl"], r"'./no/model' does not exist"),
-        (["--model_name_or_path", "outputs/no-such"], r"'outputs/no-such' is not a local directory.*HF_HUB_OFFLINE"),
-        (["--model_name_or_path", "builtin:huge-math"], r"'builtin:huge-math'.*builtin:tiny-math"),
-        (["--dataset_name", "builtin:huge-math"], r"'builtin:huge-math'.*builtin:tiny-math"),
-        (["--max_steps", "0"], r"max_steps=0 is not a number of optimizer steps"),
-        (["--torch_num_threads", "0"], r"torch_num_threads=0 must be >= 1"),
-        (["--eval_num_problems", "0"], r"eval_num_problems=0 must be >= 1"),  # eval.json held NaN
-        (["--output_dir", __file__], r"output_dir='.*test_train.py' is a file: give a folder"),
-        (["--s2t_mod", "off"], r"s2t_mod: did you mean s2t_mode"),  # no argparse prefix matching
-        (["--benchmark_eval", "aime99"], r"Unknown benchmark 'aime99'.*aime24"),
-    ],
-    ids=["unknown-reward", "missing-model-path", "missing-model-path-before-missing-data",
-         "hub-id-looking-path-offline", "unknown-builtin-model", "unknown-builtin-dataset", "max-steps-0",
-         "torch-num-threads-0", "eval-num-problems-0", "output-dir-is-a-file", "abbreviated-flag",
-         "unknown-benchmark"],
-)  # fmt: skip
-def test_cli_fails_fast_with_one_message_before_building_a_model(no_model_built, tmp_path, overrides, match):
-    with pytest.raises(SystemExit, match=r"(?s)^stapo-train: error: .*" + match):
-        main(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *overrides])
-
-
 @pytest.mark.slow  # a run and two stapo-eval calls (~3 s); the sampling itself: test_eval.py, in-process
 def test_eval_json_records_its_settings_and_stapo_eval_gives_its_numbers(tmp_path, tiny_math_model_path, capsys):
     # stapo-eval with the recorded settings gives the same numbers to the last digit. It said 40.4 % where stapo-train
