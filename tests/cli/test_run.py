@@ -50,29 +50,22 @@ def test_rerun_into_a_finished_run_keeps_its_eval_json(tmp_path, tiny_math_model
     assert json.loads((out / "eval-step2-2.json").read_text())["global_step"] == 2
 
 
-# The console names what the before/after evaluation measured: with a local file (one split, so the evaluation reads
-# training prompts) it warned "the accuracy is not held out", then printed "held-out problems" and "Held-out avg@4".
-@pytest.mark.parametrize("dataset_name, kind, line", [
-        ("my_problems.jsonl", "training (not held-out)", "Training (not held-out) avg@4 on 40 problems (T=1.0"),
-        ("builtin:tiny-math", "held-out", "Held-out avg@4 on 40 problems (T=1.0"),
-        ("some-org/math", "held-out", "Held-out avg@4 on 40 problems (T=1.0"),
+# The console and the card name what the before/after evaluation measured: with a local file (one split, so the
+# evaluation reads training prompts) the console warned "the accuracy is not held out", then printed "Held-out avg@4".
+@pytest.mark.parametrize("dataset_name, kind, line, card", [
+        ("my_problems.jsonl", "training (not held-out)", "Training (not held-out) avg@4 on 40 problems (T=1.0",
+         "Accuracy on training prompts (not held out)"),
+        ("builtin:tiny-math", "held-out", "Held-out avg@4 on 40 problems (T=1.0", "Held-out accuracy"),
+        ("some-org/math", "held-out", "Held-out avg@4 on 40 problems (T=1.0", "Held-out accuracy"),
 ])  # fmt: skip
-def test_the_console_names_what_the_evaluation_measured(capsys, dataset_name, kind, line):
+def test_the_console_and_the_card_name_what_the_evaluation_measured(capsys, dataset_name, kind, line, card):
     split, warning = evaluation_split(dataset_name, "test")
     assert evaluation_kind(split) == kind and (warning is None) == (kind == "held-out")
-    record = {"metric": "avg@4", "num_problems": 40, "temperature": 1.0, "top_p": 1.0, "split": split}
-    print_summary(STAPOScriptArguments(), "out", 10, None, record | {"accuracy_before": 0.25, "accuracy_after": 0.5},
-                  48, {"train": 1.0})  # fmt: skip
-    assert [text for text in capsys.readouterr().out.splitlines() if "avg@4 on 40 problems" in text][0].startswith(
-        line
-    )
-
-
-@pytest.mark.parametrize("split, kind", [("training file (not held out)", "Accuracy on training prompts (not held out)"),
-                                         ("test", "Held-out accuracy")])  # fmt: skip
-def test_the_model_card_names_the_kind_of_accuracy(split, kind):
     record = {"metric": "avg@4", "num_problems": 40, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 48}
     record |= {"accuracy_before": 0.25, "accuracy_after": 0.5, "split": split}
+    print_summary(STAPOScriptArguments(), "out", 10, None, record, 48, {"train": 1.0})
+    (printed,) = [text for text in capsys.readouterr().out.splitlines() if "avg@4 on 40 problems" in text]
+    assert printed.startswith(line), printed
     trainer = SimpleNamespace(state=SimpleNamespace(global_step=4, log_history=[]))
-    (line,) = [line for line in _summary(trainer, None, record) if "avg@4 over 40" in line]
-    assert line.startswith(f"- **{kind}** (avg@4 over 40 problems of the `{split}` split"), line
+    (written,) = [text for text in _summary(trainer, None, record) if "avg@4 over 40" in text]
+    assert written.startswith(f"- **{card}** (avg@4 over 40 problems of the `{split}` split"), written
