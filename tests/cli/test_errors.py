@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import signal
 import sys
+from types import SimpleNamespace
 
 import pytest
 from safetensors import SafetensorError
@@ -35,6 +36,12 @@ METRICS = {  # run folders for stapo-plot: {tmp}/NAME/metrics.jsonl
     "empty": "", "blank": "\n   \n", "corrupt": '{"step": 1, "rew\n[1, 2]\n', "steps": '{"step": 1, "epoch": 0.1}\n',
     "cmp/arm/seed0": '{"step": 1, "reward": 0.1}\n', "cmp/arm/seed1": "",
 }  # fmt: skip
+
+
+def _stderr_writes(monkeypatch) -> list[str]:  # each write to sys.stderr, as written
+    writes = []
+    monkeypatch.setattr(sys, "stderr", SimpleNamespace(write=writes.append, flush=lambda: None))
+    return writes
 
 
 @pytest.mark.parametrize("command, argv, expected", [
@@ -117,34 +124,21 @@ def test_every_input_error_exits_2_with_one_line_in_one_write(
     argv = [a.format(**fill) for a in argv]
     if command in (_train, _dry_run) and "--config" not in argv and argv[0] != "compare":
         argv = ["--config", STAPO_RECIPE, "--output_dir", "out", *argv]
-    before, stderr = sorted(tmp_path.rglob("*")), _WriteRecorder()
-    monkeypatch.setattr(sys, "stderr", stderr)
+    before, writes = sorted(tmp_path.rglob("*")), _stderr_writes(monkeypatch)
     with pytest.raises(SystemExit) as excinfo:
         command(argv)
     assert excinfo.value.code == 2
-    (line,) = [w for w in stderr.writes if "error:" in w]
-    assert line == stderr.writes[-1] and line.startswith(f"{PROGS[command]}: error: ") and line.count("\n") == 1
+    (line,) = [w for w in writes if "error:" in w]
+    assert line == writes[-1] and line.startswith(f"{PROGS[command]}: error: ") and line.count("\n") == 1
     assert expected.format(**fill) in line, line
     assert sorted(tmp_path.rglob("*")) == before  # nothing written: no figure, no folder, no lock
 
 
-class _WriteRecorder:
-    def __init__(self):
-        self.writes: list[str] = []
-
-    def write(self, text: str) -> int:
-        self.writes.append(text)
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-
 def test_the_ctrl_c_line_is_one_write(monkeypatch):
-    monkeypatch.setattr(sys, "stderr", _WriteRecorder())
+    writes = _stderr_writes(monkeypatch)
     SaveOnSignal()._handle(signal.SIGINT, None)
-    (line,) = [w for w in sys.stderr.writes if "Ctrl-C: saving a checkpoint at the end of this step" in w]
-    assert line.endswith("\n") and line.count("\n") == 1, sys.stderr.writes
+    (line,) = [w for w in writes if "Ctrl-C: saving a checkpoint at the end of this step" in w]
+    assert line.endswith("\n") and line.count("\n") == 1, writes
 
 
 def test_help_of_every_command_states_the_exit_status(capsys):

@@ -94,35 +94,6 @@ def test_resume_with_other_settings_is_refused_before_the_data_and_the_model(
     assert "Resuming" not in caplog.text  # said only once every check has passed
 
 
-@pytest.mark.parametrize("how", ["file", "folder", "named-checkpoint"])
-def test_a_missing_data_file_or_folder_is_named_missing_not_a_changed_setting(
-    one_step_run, tmp_path, no_model_built, how
-):
-    # Reported: after `rm d.jsonl`, a rerun said "trained with other settings (dataset_name ..., dataset_sha256 ...)".
-    out, argv = one_step_run
-    gone = str(tmp_path / ("gone" if how == "folder" else "gone.jsonl"))
-    argv = [*argv, "--dataset_name", gone, "--output_dir", str(out)]
-    argv += ["--resume_from_checkpoint", str(out / "checkpoint-1")] if how == "named-checkpoint" else []
-    with pytest.raises(SystemExit) as excinfo:
-        main(argv)
-    kind = "folder" if how == "folder" else "file"
-    assert str(excinfo.value) == f"stapo-train: error: Dataset {kind} {gone!r} does not exist."
-
-
-@pytest.mark.parametrize("link", ["README.md", "checkpoint-1/config.json"])
-def test_a_link_in_the_run_folder_is_refused_before_the_data_is_read(
-    one_step_run, tmp_path, no_model_built, no_data_read, capsys, caplog, link
-):
-    # Measured: the folder's link check came after the dataset was read and filtered (its progress bars first).
-    out, argv = one_step_run
-    (out / link).unlink()
-    (out / link).symlink_to(tmp_path / "a-file-of-the-user")
-    with pytest.raises(SystemExit):
-        main([*argv, "--output_dir", str(out), "--max_steps", "2"])
-    assert error_line(capsys, "stapo-train").startswith(f"stapo-train: error: {out / link} is a symbolic link (to ")
-    assert "Resuming" not in caplog.text
-
-
 def test_damaged_and_empty_newest_checkpoints_are_moved_aside_in_one_line_before_the_settings_check(
     run_copy, no_model_built, no_data_read, caplog
 ):
@@ -192,25 +163,46 @@ def test_a_hostile_training_args_bin_runs_no_code_on_resume_from_checkpoint(one_
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("case", ["only-checkpoint-damaged", "no-checkpoint", "adapter"])
-def test_a_finished_run_without_a_complete_checkpoint_is_refused_not_retrained(
-    one_step_run, no_model_built, caplog, case
+HOLDS = "output_dir='{out}' holds a trained model (%s) but no complete checkpoint to resume"
+
+
+@pytest.mark.parametrize("case, expected", [
+        # Reported: after `rm d.jsonl`, a rerun said "trained with other settings (dataset_name ..., dataset_sha256 ...)".
+        ("gone.jsonl", "Dataset file '{tmp}/gone.jsonl' does not exist."),
+        ("gone", "Dataset folder '{tmp}/gone' does not exist."),
+        ("gone.jsonl-from-checkpoint", "Dataset file '{tmp}/gone.jsonl' does not exist."),
+        # Measured: the folder's link check came after the dataset was read and filtered (its progress bars first).
+        ("link:README.md", "{out}/README.md is a symbolic link (to "),
+        ("link:checkpoint-1/config.json", "{out}/checkpoint-1/config.json is a symbolic link (to "),
+        # Reported: a finished run with a damaged only checkpoint retrained from the base model and overwrote its model.
+        ("only-checkpoint-damaged", HOLDS % "model.safetensors"),
+        ("no-checkpoint", HOLDS % "model.safetensors"),
+        ("adapter", HOLDS % "adapter_model.safetensors"),  # a LoRA run's folder holds its adapter
+])  # fmt: skip
+def test_a_resume_that_cannot_work_is_one_line_before_the_data_and_the_model(
+    one_step_run, tmp_path, no_model_built, no_data_read, capsys, caplog, case, expected
 ):
-    # Reported: a finished run with a damaged only checkpoint retrained from the base model and overwrote its model.
     out, argv = one_step_run
-    weights = "adapter_model.safetensors" if case == "adapter" else "model.safetensors"  # a LoRA run: its adapter
-    if case == "only-checkpoint-damaged":
+    argv = [*argv, "--output_dir", str(out), "--max_steps", "2"]
+    weights = "adapter_model.safetensors" if case == "adapter" else "model.safetensors"
+    if case.startswith("gone"):
+        argv += ["--dataset_name", str(tmp_path / case.split("-")[0])]
+        argv += ["--resume_from_checkpoint", str(out / "checkpoint-1")] * case.endswith("checkpoint")
+    elif case.startswith("link:"):
+        (out / case[5:]).unlink()
+        (out / case[5:]).symlink_to(tmp_path / "a-file-of-the-user")
+    elif case == "only-checkpoint-damaged":
         (out / "checkpoint-1" / weights).write_bytes((out / "checkpoint-1" / weights).read_bytes()[:20_000])
     else:
         shutil.rmtree(out / "checkpoint-1")
         (out / "model.safetensors").rename(out / weights)
     saved = (out / weights).read_bytes()
     with pytest.raises(SystemExit) as excinfo:
-        main([*argv, "--output_dir", str(out), "--max_steps", "2"])
-    assert excinfo.value.code == 2 and "\n" not in str(excinfo.value), excinfo.value
-    assert str(excinfo.value).startswith(f"stapo-train: error: output_dir={str(out)!r} holds a trained model "
-                                         f"({weights}) but no complete checkpoint to resume"), excinfo.value  # fmt: skip
-    assert (out / weights).read_bytes() == saved
+        main(argv)
+    assert excinfo.value.code == 2 and (out / weights).read_bytes() == saved
+    line = error_line(capsys, "stapo-train")
+    assert line.startswith(f"stapo-train: error: {expected.format(tmp=tmp_path, out=out)}"), line
+    assert "Resuming" not in caplog.text
     if case == "only-checkpoint-damaged":
         (line,) = [m for m in caplog.messages if "No complete checkpoint" in m]
         assert line.startswith(f"No complete checkpoint to resume in {out}: skipped checkpoint-1 (model.safetensors")
