@@ -12,6 +12,7 @@ from stapo_trl.cli.errors import quiet_upstream
 
 def test_gradient_checkpointing_future_warning_is_silenced_precisely(tiny_math_model_path):
     model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
+    deprecated = "`is_gradient_checkpointing` is deprecated and will be removed in v6. Use X."
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.is_gradient_checkpointing  # noqa: B018 (the property warns)
@@ -20,24 +21,19 @@ def test_gradient_checkpointing_future_warning_is_silenced_precisely(tiny_math_m
             model.gradient_checkpointing_enable()  # TRL's generation unwrap calls the old names too
             model.gradient_checkpointing_disable()
             warnings.warn("another FutureWarning", FutureWarning, stacklevel=1)  # other messages still show
-            message = "`is_gradient_checkpointing` is deprecated and will be removed in v6. Use X."
-            warnings.warn_explicit(message, FutureWarning, "mylib.py", 1, module="mylib")  # other modules too
-            warnings.warn_explicit(message, UserWarning, "modeling_utils.py", 1, module="transformers.modeling_utils")
+            warnings.warn_explicit(deprecated, FutureWarning, "mylib.py", 1, module="mylib")  # other modules too
+            warnings.warn_explicit(deprecated, UserWarning, "utils.py", 1, module="transformers.modeling_utils")
         model.is_gradient_checkpointing  # noqa: B018 (the filter ends with the block)
-    shown = [(w.category.__name__, str(w.message)[:40]) for w in caught]
-    deprecated = "`is_gradient_checkpointing` is deprecated"[:40]
-    assert shown == [("FutureWarning", deprecated), ("FutureWarning", "another FutureWarning"),
-                     ("FutureWarning", deprecated), ("UserWarning", deprecated), ("FutureWarning", deprecated)]  # fmt: skip
-
-
-# TRL's own warning, word for word (trl/import_utils.py): the text the filter is keyed on.
-TRL_RANGE = ("TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version {} installed. We recommend "
-             "installing a supported version to avoid compatibility issues.")  # fmt: skip
+    old, other = ("FutureWarning", deprecated[:41]), ("FutureWarning", "another FutureWarning")
+    shown = [(w.category.__name__, str(w.message)[:41]) for w in caught]
+    assert shown == [old, other, old, ("UserWarning", old[1]), old]
 
 
 @pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.33.0"])
 def test_trl_vllm_range_warning_is_silenced_by_its_text_and_module_inside_the_block(version):
-    text = TRL_RANGE.format(version)
+    # TRL's own warning, word for word (trl/import_utils.py): the text the filter is keyed on.
+    text = (f"TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version {version} installed. We "
+            "recommend installing a supported version to avoid compatibility issues.")  # fmt: skip
 
     def shown(module: str, inside: bool) -> list[str]:
         with warnings.catch_warnings(record=True) as caught:
