@@ -44,73 +44,98 @@ def no_data_read(monkeypatch):
     monkeypatch.setattr("stapo_trl.cli.prepare.load_prompt_dataset", guard)
 
 
-def _assert_refused(argv, out, expected):
-    card = (out / "README.md").read_text()
-    with pytest.raises(SystemExit) as excinfo:
-        main(argv)
-    message = str(excinfo.value)
-    assert message.startswith(f"stapo-train: error: {out / 'checkpoint-1'} was trained with other settings ("), message
-    assert expected in message and "Resume with the checkpoint's values" in message and "\n" not in message, message
-    assert (out / "README.md").read_text() == card and not (out / "checkpoint-2").exists()
+def _files(folder):  # the run folder's files but its writer's record
+    return {
+        p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.is_symlink() and "_writer" not in p.name
+    }
 
 
-@pytest.mark.parametrize("changed, expected", [
+SETTINGS = "{out}/checkpoint-1 was trained with other settings ("
+HOLDS = "output_dir='{out}' holds a trained model (%s) but no complete checkpoint to resume"
+
+
+@pytest.mark.parametrize("change, expected", [
         # Reported: refused after "Resuming training from ...", once the dataset was read and filtered.
-        (["--learning_rate", "2e-4"], "learning_rate 0.0001 -> 0.0002"),
-        (["--learning_rate", "5e-4", "--s2t_mode", "all_low_prob"], "s2t_mode 'low_entropy' -> 'all_low_prob'"),
+        (["--learning_rate", "2e-4"], SETTINGS + "learning_rate 0.0001 -> 0.0002"),
+        (["--learning_rate", "5e-4", "--s2t_mode", "all_low_prob"],
+         SETTINGS + "s2t_mode 'low_entropy' -> 'all_low_prob', learning_rate 0.0001 -> 0.0005"),
         # Reported: the README's own-data command after `make demo` resumed the demo run and trained nothing.
-        (["--dataset_name", "DATA"], "dataset_name 'RUN_DATA' -> 'DATA'"),
+        (["--dataset_name", "{tmp}/mine.jsonl"], SETTINGS + "dataset_name '{data}' -> '{tmp}/mine.jsonl'"),
         (["--reward_funcs", "math_accuracy", "format"],
-         "reward_funcs ['math_accuracy_reward'] -> ['math_accuracy_reward', 'format_reward']"),
-        (["--model_name_or_path", "OTHER_MODEL"], "model 'MODEL' -> 'OTHER_MODEL'"),
-        (["--use_peft", "true"], "peft None -> {"),
-        # Measured: a float32 run resumed in bfloat16 without a word, and saved a bfloat16 model.
-        (["--dtype", "bfloat16"], "dtype 'float32' -> 'bfloat16'"),
-        # Measured: `--instruction ""`, another solution column, a rewritten data file resumed without a word.
-        (["--instruction", ""], "instruction 'Please reason step by step, and put your final answer within "),
-        (["--solution_column", "answer2"], "solution_column 'answer' -> 'answer2'"),
-        ("rewrite", "dataset_sha256 '"),
-        (["--prompt_column", "answer"], "prompt_column 'problem' -> 'answer'"),
-        (["--max_train_samples", "8"], "max_train_samples None -> 8"),
+         SETTINGS + "reward_funcs ['math_accuracy_reward'] -> ['math_accuracy_reward', 'format_reward']"),
+        (["--model_name_or_path", "{other}"], SETTINGS + "model '{model}' -> '{other}'"),
+        (["--use_peft", "true"], SETTINGS + "peft None -> {{"),
+        (["--dtype", "bfloat16"], SETTINGS + "dtype 'float32' -> 'bfloat16'"),  # a float32 run saved in bfloat16
+        (["--instruction", ""], SETTINGS + "instruction 'Please reason step by step, and put your final answer "),
+        (["--solution_column", "answer2"], SETTINGS + "solution_column 'answer' -> 'answer2'"),
+        (["rewrite"], SETTINGS + "dataset_sha256 '"),  # the run's own file, other rows under the same path
+        (["--prompt_column", "answer"], SETTINGS + "prompt_column 'problem' -> 'answer'"),
+        (["--max_train_samples", "8"], SETTINGS + "max_train_samples None -> 8"),
+        # The newest complete checkpoint's settings: a damaged and an empty newer one moved aside first.
+        (["damaged", "--learning_rate", "2e-4"], SETTINGS + "learning_rate 0.0001 -> 0.0002"),
+        # Reported: after `rm d.jsonl`, a rerun said "trained with other settings (dataset_name ..., dataset_sha256".
+        (["--dataset_name", "{tmp}/gone.jsonl"], "Dataset file '{tmp}/gone.jsonl' does not exist."),
+        (["--dataset_name", "{tmp}/gone"], "Dataset folder '{tmp}/gone' does not exist."),
+        (["--dataset_name", "{tmp}/gone.jsonl", "--resume_from_checkpoint", "{out}/checkpoint-1"],
+         "Dataset file '{tmp}/gone.jsonl' does not exist."),
+        # Measured: the folder's link check came after the dataset was read and filtered (its progress bars first).
+        (["link", "README.md"], "{out}/README.md is a symbolic link (to "),
+        (["link", "checkpoint-1/config.json"], "{out}/checkpoint-1/config.json is a symbolic link (to "),
+        # Reported: a finished run with a damaged only checkpoint retrained from the base model, overwrote its model.
+        (["cut"], HOLDS % "model.safetensors"),
+        (["no-checkpoint"], HOLDS % "model.safetensors"),
+        (["adapter"], HOLDS % "adapter_model.safetensors"),  # a LoRA run's folder holds its adapter
 ])  # fmt: skip
-def test_resume_with_other_settings_is_refused_before_the_data_and_the_model(
-    one_step_run, tmp_path, no_model_built, no_data_read, caplog, tiny_math_model_path, tiny_random_model_path, changed,
-    expected,
+def test_a_resume_that_cannot_work_is_one_line_before_the_data_and_the_model(
+    run_copy, tmp_path, no_model_built, no_data_read, capsys, caplog, tiny_math_model_path, tiny_random_model_path,
+    change, expected,
 ):  # fmt: skip
-    out, argv = one_step_run
-    run_data = Path(argv[argv.index("--dataset_name") + 1])
-    names = {"DATA": write_jsonl(tmp_path / "mine.jsonl", addition_rows(8)), "RUN_DATA": str(run_data)}
-    names |= {"OTHER_MODEL": tiny_random_model_path, "MODEL": tiny_math_model_path}
-    original = run_data.read_bytes()
-    if changed == "rewrite":  # the run's own file, other rows under the same path (put back afterwards)
-        write_jsonl(run_data, [row | {"answer2": "1"} for row in addition_rows(8)])
-    changed = [names.get(word, word) for word in changed if changed != "rewrite"]
-    for word, name in names.items():
-        expected = expected.replace(f"'{word}'", repr(name))
-    try:
-        _assert_refused([*argv, "--output_dir", str(out), "--max_steps", "2", *changed], out, expected)
-    finally:
-        run_data.write_bytes(original)
-    assert "Resuming" not in caplog.text  # said only once every check has passed
-
-
-def test_damaged_and_empty_newest_checkpoints_are_moved_aside_in_one_line_before_the_settings_check(
-    run_copy, no_model_built, no_data_read, caplog
-):
-    # Reported: each rerun took the highest-numbered folder, damaged or empty, and died after the model was built.
     out, argv = run_copy
-    (out / "checkpoint-2" / "trainer_state.json").unlink()
-    (out / "checkpoint-999").mkdir()
-    _assert_refused([*argv, "--output_dir", str(out), "--max_steps", "3", "--learning_rate", "2e-4"], out,
-                    "learning_rate 0.0001 -> 0.0002")  # fmt: skip
-    assert caplog.messages == [
-        f"The newest complete checkpoint is {out / 'checkpoint-1'}: skipped checkpoint-999 (empty) and moved it aside "
-        "to _damaged-checkpoint-999, checkpoint-2 (no trainer_state.json: its save did not finish) and moved it aside "
-        "to _damaged-checkpoint-2."
-    ]
-    assert sorted(p.name for p in out.glob("*checkpoint-*")) == [
-        "_damaged-checkpoint-2", "_damaged-checkpoint-999", "checkpoint-1"
-    ]  # fmt: skip
+    data = Path(argv[argv.index("--dataset_name") + 1])
+    fill = dict(tmp=tmp_path, out=out, data=data, model=tiny_math_model_path, other=tiny_random_model_path)
+    write_jsonl(tmp_path / "mine.jsonl", addition_rows(8))
+    action, *change = change if not change[0].startswith("--") else ["", *change]
+    if action == "damaged":
+        (out / "checkpoint-2" / "trainer_state.json").unlink()
+        (out / "checkpoint-999").mkdir()
+    else:
+        shutil.rmtree(out / "checkpoint-2")
+    original, weights = data.read_bytes(), "adapter_model.safetensors" if action == "adapter" else "model.safetensors"
+    if action == "rewrite":  # put back afterwards
+        write_jsonl(data, [row | {"answer2": "1"} for row in addition_rows(8)])
+    elif action == "link":
+        (out / change[0]).unlink()
+        (out / change.pop()).symlink_to(tmp_path / "a-file-of-the-user")
+    elif action == "cut":
+        (out / "checkpoint-1" / weights).write_bytes((out / "checkpoint-1" / weights).read_bytes()[:20_000])
+    elif action in ("no-checkpoint", "adapter"):
+        shutil.rmtree(out / "checkpoint-1")
+        (out / "model.safetensors").rename(out / weights)
+    files = _files(out)
+    try:
+        with pytest.raises(SystemExit) as excinfo:
+            main([*argv, "--output_dir", str(out), "--max_steps", "2", *(a.format(**fill) for a in change)])
+    finally:
+        data.write_bytes(original)
+    line = error_line(capsys, "stapo-train")
+    assert excinfo.value.code == 2 and line.startswith(f"stapo-train: error: {expected.format(**fill)}"), line
+    assert "Resume with the checkpoint's values" in line or "other settings" not in line, line
+    assert "Resuming" not in caplog.text  # said only once every check has passed
+    if action == "damaged":
+        assert caplog.messages == [
+            f"The newest complete checkpoint is {out / 'checkpoint-1'}: skipped checkpoint-999 (empty) and moved it "
+            "aside to _damaged-checkpoint-999, checkpoint-2 (no trainer_state.json: its save did not finish) and "
+            "moved it aside to _damaged-checkpoint-2."
+        ]
+        assert sorted(p.name for p in out.glob("*checkpoint-*")) == ["_damaged-checkpoint-2", "_damaged-checkpoint-999",
+                                                                     "checkpoint-1"]  # fmt: skip
+    elif action != "cut":  # nothing in the run folder changed
+        assert _files(out) == files
+    if action == "cut":
+        (message,) = [m for m in caplog.messages if "No complete checkpoint" in m]
+        assert message.startswith(
+            f"No complete checkpoint to resume in {out}: skipped checkpoint-1 (model.safetensors"
+        )
 
 
 @pytest.mark.slow  # trains a step (~2 s); the settings rule: tests/run_folder/test_checkpoints.py, in-process
@@ -161,51 +186,6 @@ def test_a_hostile_training_args_bin_runs_no_code_on_resume_from_checkpoint(one_
     with pytest.raises(AssertionError, match="a trainer was constructed"):
         main([*argv, "--max_steps", "2"])
     assert not marker.exists()
-
-
-HOLDS = "output_dir='{out}' holds a trained model (%s) but no complete checkpoint to resume"
-
-
-@pytest.mark.parametrize("case, expected", [
-        # Reported: after `rm d.jsonl`, a rerun said "trained with other settings (dataset_name ..., dataset_sha256 ...)".
-        ("gone.jsonl", "Dataset file '{tmp}/gone.jsonl' does not exist."),
-        ("gone", "Dataset folder '{tmp}/gone' does not exist."),
-        ("gone.jsonl-from-checkpoint", "Dataset file '{tmp}/gone.jsonl' does not exist."),
-        # Measured: the folder's link check came after the dataset was read and filtered (its progress bars first).
-        ("link:README.md", "{out}/README.md is a symbolic link (to "),
-        ("link:checkpoint-1/config.json", "{out}/checkpoint-1/config.json is a symbolic link (to "),
-        # Reported: a finished run with a damaged only checkpoint retrained from the base model and overwrote its model.
-        ("only-checkpoint-damaged", HOLDS % "model.safetensors"),
-        ("no-checkpoint", HOLDS % "model.safetensors"),
-        ("adapter", HOLDS % "adapter_model.safetensors"),  # a LoRA run's folder holds its adapter
-])  # fmt: skip
-def test_a_resume_that_cannot_work_is_one_line_before_the_data_and_the_model(
-    one_step_run, tmp_path, no_model_built, no_data_read, capsys, caplog, case, expected
-):
-    out, argv = one_step_run
-    argv = [*argv, "--output_dir", str(out), "--max_steps", "2"]
-    weights = "adapter_model.safetensors" if case == "adapter" else "model.safetensors"
-    if case.startswith("gone"):
-        argv += ["--dataset_name", str(tmp_path / case.split("-")[0])]
-        argv += ["--resume_from_checkpoint", str(out / "checkpoint-1")] * case.endswith("checkpoint")
-    elif case.startswith("link:"):
-        (out / case[5:]).unlink()
-        (out / case[5:]).symlink_to(tmp_path / "a-file-of-the-user")
-    elif case == "only-checkpoint-damaged":
-        (out / "checkpoint-1" / weights).write_bytes((out / "checkpoint-1" / weights).read_bytes()[:20_000])
-    else:
-        shutil.rmtree(out / "checkpoint-1")
-        (out / "model.safetensors").rename(out / weights)
-    saved = (out / weights).read_bytes()
-    with pytest.raises(SystemExit) as excinfo:
-        main(argv)
-    assert excinfo.value.code == 2 and (out / weights).read_bytes() == saved
-    line = error_line(capsys, "stapo-train")
-    assert line.startswith(f"stapo-train: error: {expected.format(tmp=tmp_path, out=out)}"), line
-    assert "Resuming" not in caplog.text
-    if case == "only-checkpoint-damaged":
-        (line,) = [m for m in caplog.messages if "No complete checkpoint" in m]
-        assert line.startswith(f"No complete checkpoint to resume in {out}: skipped checkpoint-1 (model.safetensors")
 
 
 def test_an_interrupt_outside_a_stop_signals_save_tells_what_was_saved(run_copy, tmp_path):
