@@ -127,8 +127,8 @@ def test_a_resume_that_cannot_work_is_one_line_before_the_data_and_the_model(
             "aside to _damaged-checkpoint-999, checkpoint-2 (no trainer_state.json: its save did not finish) and "
             "moved it aside to _damaged-checkpoint-2."
         ]
-        assert sorted(p.name for p in out.glob("*checkpoint-*")) == ["_damaged-checkpoint-2", "_damaged-checkpoint-999",
-                                                                     "checkpoint-1"]  # fmt: skip
+        names = sorted(p.name for p in out.glob("*checkpoint-*"))
+        assert names == ["_damaged-checkpoint-2", "_damaged-checkpoint-999", "checkpoint-1"]
     elif action != "cut":  # nothing in the run folder changed
         assert _files(out) == files
     if action == "cut":
