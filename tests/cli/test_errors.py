@@ -1,16 +1,18 @@
-"""Input errors of every command: exit status 2 and one line, written in one piece, naming what the user wrote."""
+"""Input errors of every command: exit status 2 and one line, written in one piece, naming what the user wrote; the
+upstream warnings `quiet_upstream` silences, by message, category and module only."""
 
 from __future__ import annotations
 
 import errno
 import signal
 import sys
+import warnings
 from types import SimpleNamespace
 
 import pytest
 from safetensors import SafetensorError
 from testing_utils import GRPO_RECIPE, STAPO_RECIPE, error_line, write_metrics_run, write_recipe
-from transformers import Trainer
+from transformers import AutoModelForCausalLM, Trainer
 
 from stapo_trl.cli import eval as stapo_eval
 from stapo_trl.cli import plot as stapo_plot
@@ -18,7 +20,7 @@ from stapo_trl.cli import train as stapo_train
 from stapo_trl.cli.args import parse_args
 from stapo_trl.cli.callbacks import SaveOnSignal
 from stapo_trl.cli.dry_run import main as dry_run_main
-from stapo_trl.cli.errors import InputError, full_disk_in_one_line
+from stapo_trl.cli.errors import InputError, full_disk_in_one_line, quiet_upstream
 from stapo_trl.run_folder.logs import MetricsLogCallback
 
 
@@ -30,6 +32,9 @@ def _dry_run(argv):
 
 
 PROGS = {_train: "stapo-train", _dry_run: "stapo-train --dry-run", _eval: "stapo-eval", _plot: "stapo-plot"}
+KEY = "recipe key {key} in {recipe}: "
+FIX = " Fix the value in the recipe, or override it on the command line with --{key}."
+NO_REWARD = "names no reward: give at least one, one of ['format', 'math_accuracy'] or a dotted path"
 SEED = "must be in [0, 2**32 - 1] (numpy's seed range)."
 NOTHING = "Nothing to draw: plot a run folder that logged at least one step, or leave this one out."
 METRICS = {  # run folders for stapo-plot: {tmp}/NAME/metrics.jsonl
@@ -85,8 +90,7 @@ def _stderr_writes(monkeypatch) -> list[str]:  # each write to sys.stderr, as wr
         (_train, ["--data_seed", str(2**32)], "--data_seed: data_seed=4294967296 must be in [0, 2**32 - 1]"),
         (_train, ["--output_dir", ""], "output_dir='' is empty: give the folder the run writes its"),
         (_train, ["--output_dir", __file__], f"output_dir={__file__!r} is a file: give a folder"),
-        (_train, ["--reward_funcs", ""], "reward_funcs=[''] names no reward: give at least one, one of ['format', "
-                                         "'math_accuracy'] or a dotted path `pkg.module.function`"),
+        (_train, ["--reward_funcs", ""], f"reward_funcs=[''] {NO_REWARD} `pkg.module.function`"),
         # Each is checked before any model is built, the model before the dataset.
         (_train, ["--reward_funcs", "math_acuracy"], "Unknown reward 'math_acuracy'. Valid names: ['format', "
                                                      "'math_accuracy'], or a dotted path `pkg.module.function`."),
@@ -110,6 +114,23 @@ def _stderr_writes(monkeypatch) -> list[str]:  # each write to sys.stderr, as wr
         (_dry_run, ["--model_name_or_path", "{tmp}/no-model"], "Model directory '{tmp}/no-model' does not exist"),
         (_dry_run, ["--reward_funcs", "math_acuracy"], "check(s) failed (the plan above lists them): Unknown reward "
                                                        "'math_acuracy'. Valid names: "),
+        # A recipe value names its key and file: argparse reported `--s2t_entropy_quantile` for the recipe's string.
+        (_train, ["recipe", "s2t_entropy_quantile: abc"], KEY + "invalid float value: 'abc' (s2t_entropy_quantile "
+                                                                "takes a number)." + FIX),
+        (_train, ["recipe", "s2t_entropy_quantile: 1.5"], KEY + "s2t_entropy_quantile=1.5 must be in [0, 1]; the "
+                                                                "paper: 0.75." + FIX),
+        # transformers' "cosinus is not a valid SchedulerType": a choice argparse never checks for a recipe value
+        (_train, ["recipe", "lr_scheduler_type: cosinus"], KEY + "lr_scheduler_type='cosinus' is not one of 'linear'"),
+        (_train, ["recipe", "num_generations: 8.5"], KEY + "num_generations=8.5 is not an integer." + FIX),
+        (_train, ["recipe", "s2t_mode: off"], KEY + "s2t_mode=False is not one of 'low_entropy', "),
+        (_train, ["recipe", "s2t_mode: off"], "YAML reads an unquoted off/on/no/yes as false/true: quote it"),
+        # these failed only after the model was built: in the trainer, in the optimizer
+        (_train, ["recipe", "report_to: tensorbord"], KEY + "report_to='tensorbord': tensorbord is not supported, "),
+        (_train, ["recipe", "learning_rate: -1"], KEY + "learning_rate=-1 must be >= 0"),
+        (_train, ["recipe", "max_steps: {steps: 10}"], KEY + "max_steps={{'steps': 10}} is not an integer." + FIX),
+        (_train, ["recipe", "trainer: stapoo"], KEY + "trainer='stapoo' is not one of 'stapo', 'grpo'." + FIX),
+        (_train, ["recipe", "reward_funcs: []"], f"reward_funcs=[] {NO_REWARD}"),
+        (_train, ["recipe", "reward_funcs: null"], f"reward_funcs=None {NO_REWARD}"),
 ])  # fmt: skip
 def test_every_input_error_exits_2_with_one_line_in_one_write(
     no_model_built, tmp_path, monkeypatch, command, argv, expected
@@ -121,6 +142,9 @@ def test_every_input_error_exits_2_with_one_line_in_one_write(
         (tmp_path / name / "metrics.jsonl").write_text(text)
     (tmp_path / "empty.jsonl").write_text("")
     fill = {"tmp": tmp_path, "run": write_metrics_run(tmp_path / "run")}
+    if argv[0] == "recipe":
+        fill |= {"recipe": write_recipe(tmp_path, argv[1]), "key": argv[1].split(":")[0]}
+        argv = ["--config", "{recipe}", "--output_dir", "out"]
     argv = [a.format(**fill) for a in argv]
     if command in (_train, _dry_run) and "--config" not in argv and argv[0] != "compare":
         argv = ["--config", STAPO_RECIPE, "--output_dir", "out", *argv]
@@ -149,42 +173,6 @@ def test_help_of_every_command_states_the_exit_status(capsys):
         assert "Exit status: 0 on success; 2 on an input error" in " ".join(capsys.readouterr().out.split())
 
 
-KEY = "recipe key {key} in {recipe}: "
-FIX = " Fix the value in the recipe, or override it on the command line with --{key}."
-NO_REWARD = "names no reward: give at least one, one of ['format', 'math_accuracy'] or a dotted path"
-
-
-@pytest.mark.parametrize("line, message", [
-        # The reported case: argparse converts the recipe's string and reported `--s2t_entropy_quantile`.
-        ("s2t_entropy_quantile: abc", KEY + "invalid float value: 'abc' (s2t_entropy_quantile takes a number)." + FIX),
-        ("s2t_entropy_quantile: 1.5", KEY + "s2t_entropy_quantile=1.5 must be in [0, 1]; the paper: 0.75." + FIX),
-        # a choice argparse never checks for a recipe value: transformers' "cosinus is not a valid SchedulerType"
-        ("lr_scheduler_type: cosinus", KEY + "lr_scheduler_type='cosinus' is not one of 'linear', 'cosine', "),
-        ("lerning_rate: 1.0e-4", "Unknown key(s) in recipe {recipe}: lerning_rate: did you mean learning_rate"),
-        # a YAML float for an integer field reached the divisibility check: "num_generations=8.5 does not divide"
-        ("num_generations: 8.5", KEY + "num_generations=8.5 is not an integer." + FIX),
-        ("s2t_mode: off", KEY + "s2t_mode=False is not one of 'low_entropy', "),  # YAML reads an unquoted off as false
-        # failed only when the trainer was built, after the model: "tensorbord is not supported, only ..."
-        ("report_to: tensorbord", KEY + "report_to='tensorbord': tensorbord is not supported, only azure_ml, "),
-        # failed only in the optimizer, after the model and the first evaluation: "Invalid learning rate: -1"
-        ("learning_rate: -1", KEY + "learning_rate=-1 must be >= 0"),
-        # a YAML mapping for an integer field: "TypeError: '<' not supported between 'dict' and 'int'"
-        ("max_steps: {steps: 10}", KEY + "max_steps={'steps': 10} is not an integer." + FIX),
-        ("trainer: stapoo", KEY + "trainer='stapoo' is not one of 'stapo', 'grpo'." + FIX),
-        ("reward_funcs: []", f"reward_funcs=[] {NO_REWARD}"),  # measured: a traceback
-        ("reward_funcs: null", f"reward_funcs=None {NO_REWARD}"),
-])  # fmt: skip
-def test_recipe_value_errors_name_the_recipe_key_and_the_file(no_model_built, tmp_path, capsys, line, message):
-    recipe = write_recipe(tmp_path, line)
-    with pytest.raises(SystemExit) as excinfo:
-        _train(["--config", recipe, "--output_dir", str(tmp_path / "out")])
-    assert excinfo.value.code == 2
-    line_printed = error_line(capsys, "stapo-train")
-    expected = "stapo-train: error: " + message.replace("{key}", line.split(":")[0]).replace("{recipe}", recipe)
-    assert line_printed.startswith(expected), line_printed
-    assert "YAML reads an unquoted off/on/no/yes as false/true: quote it" in line_printed or "off" not in line
-
-
 def test_a_command_line_value_is_named_as_the_flag_not_the_recipe(no_model_built, tmp_path, capsys):
     recipe = write_recipe(tmp_path, "s2t_entropy_quantile: 0.5")
     with pytest.raises(SystemExit):
@@ -199,38 +187,70 @@ def test_a_command_line_value_is_named_as_the_flag_not_the_recipe(no_model_built
     assert training_args.s2t_entropy_quantile == 0.5 and training_args.num_generations == 8
 
 
+def test_gradient_checkpointing_future_warning_is_silenced_precisely(tiny_math_model_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
+    deprecated = "`is_gradient_checkpointing` is deprecated and will be removed in v6. Use X."
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.is_gradient_checkpointing  # noqa: B018 (the property warns)
+        with quiet_upstream():
+            model.is_gradient_checkpointing  # noqa: B018
+            model.gradient_checkpointing_enable()  # TRL's generation unwrap calls the old names too
+            model.gradient_checkpointing_disable()
+            warnings.warn("another FutureWarning", FutureWarning, stacklevel=1)  # other messages still show
+            warnings.warn_explicit(deprecated, FutureWarning, "mylib.py", 1, module="mylib")  # other modules too
+            warnings.warn_explicit(deprecated, UserWarning, "utils.py", 1, module="transformers.modeling_utils")
+        model.is_gradient_checkpointing  # noqa: B018 (the filter ends with the block)
+    old, other = ("FutureWarning", deprecated[:41]), ("FutureWarning", "another FutureWarning")
+    shown = [(w.category.__name__, str(w.message)[:41]) for w in caught]
+    assert shown == [old, other, old, ("UserWarning", old[1]), old]
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.33.0"])
+def test_trl_vllm_range_warning_is_silenced_by_its_text_and_module_inside_the_block(version):
+    # TRL's own warning, word for word (trl/import_utils.py): the text the filter is keyed on.
+    text = (f"TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version {version} installed. We "
+            "recommend installing a supported version to avoid compatibility issues.")  # fmt: skip
+
+    def shown(module: str, inside: bool) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with quiet_upstream() if inside else warnings.catch_warnings():
+                warnings.warn_explicit(text, UserWarning, "import_utils.py", 1, module=module)
+        return [str(w.message) for w in caught]
+
+    assert shown("trl.import_utils", inside=False) == [text] == shown("my_project", inside=True)  # outside TRL: shown
+    assert shown("trl.import_utils", inside=True) == ([] if version != "0.33.0" else [text])
+
+
 def test_a_full_disk_is_one_line_naming_the_folder_and_what_a_rerun_resumes(tmp_path):
-    for error, cause in [
-        (OSError(errno.ENOSPC, "No space left on device"), "OSError: [Errno 28] No space left on device"),
-        (SafetensorError("I/O error: No space left on device (os error 28)"), "SafetensorError: I/O error: No space"),
-    ]:
+    for error in (OSError(errno.ENOSPC, "No space left on device"),
+                  SafetensorError("I/O error: No space left on device (os error 28)")):  # fmt: skip
         with pytest.raises(InputError) as raised, full_disk_in_one_line("stapo-train", str(tmp_path)):
             raise error
-        assert raised.value.code == 1 and str(raised.value).startswith(
-            f"stapo-train: error: no space left on the disk of output_dir={str(tmp_path)!r} ({cause}"
-        )
-        assert str(raised.value).endswith(
-            "rerun the same command: it resumes from the start (no complete checkpoint)."
+        assert raised.value.code == 1 and str(raised.value) == (
+            f"stapo-train: error: no space left on the disk of output_dir={str(tmp_path)!r} ({type(error).__name__}: "
+            f"{error}). Free some space, then rerun the same command: it resumes from the start (no complete "
+            "checkpoint)."
         )
     with pytest.raises(OSError, match="Permission denied"), full_disk_in_one_line("stapo-train", str(tmp_path)):
         raise OSError(errno.EACCES, "Permission denied")  # another failure keeps its traceback
 
 
 @pytest.mark.slow  # trains, fails, trains again; the line alone: the test above
-@pytest.mark.parametrize("where", ["metrics-write", "safetensors-save"])
+@pytest.mark.parametrize("owner, method, full", [
+        (MetricsLogCallback, "write_rows", OSError(errno.ENOSPC, "No space left on device")),
+        (Trainer, "save_model", SafetensorError("Error while serializing: I/O error: No space left on device (os "
+                                                "error 28)")),
+])  # fmt: skip
 def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_resumes(
-    tmp_path, tiny_math_model_path, monkeypatch, capsys, caplog, where
+    tmp_path, tiny_math_model_path, monkeypatch, capsys, caplog, owner, method, full
 ):
     # Reported: a 38-line traceback ending in `OSError: [Errno 28]`, and no line naming the folder.
-    out = tmp_path / "disk" / "run"
-    (tmp_path / "disk").mkdir()
+    out = tmp_path / "run"
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
     argv += ["--max_steps", "3", "--save_steps", "1", "--logging_steps", "1", "--eval_before_after", "false"]
     argv += ["--disable_tqdm", "true", "--save_total_limit", "5"]
-    full = OSError(errno.ENOSPC, "No space left on device")
-    if where == "safetensors-save":
-        full = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
-    method, owner = ("write_rows", MetricsLogCallback) if where == "metrics-write" else ("save_model", Trainer)
     original, calls = getattr(owner, method), []
 
     def full_at_the_second(self, *args, **kwargs):
