@@ -68,7 +68,6 @@ def test_a_recipe_that_is_not_utf8_is_one_line_naming_the_file_and_line(tmp_path
 def test_the_python_api_refuses_no_reward_at_construction_in_trls_words(
     tmp_path, tiny_random_model_path, no_model_built, reward_funcs
 ):
-    # Reported: TRL's own test matches TRL's "No reward source provided"; STAPOTrainer's words came first.
     with pytest.raises(ValueError, match="^No reward source provided. Pass `reward_funcs`, or an `environment_factory` "
                        "whose environment defines a `get_reward` method") as raised:  # fmt: skip
         STAPOTrainer(
@@ -119,8 +118,6 @@ def checkpointed_run(tmp_path_factory, tiny_math_model_path):
 def test_stapo_eval_on_a_folder_without_a_complete_model_is_one_line(
     checkpointed_run, tmp_path, capsys, monkeypatch, case
 ):
-    # Measured: an empty folder blamed --max-new-tokens ("Unrecognized model in emptyfolder"); a checkpoint being
-    # rotated away (save_total_limit) or still being written ended in a traceback.
     run, folder = shutil.copytree(checkpointed_run, tmp_path / "run"), tmp_path / "model"
     checkpoint = run / "checkpoint-1"
     folder.mkdir()
@@ -183,7 +180,6 @@ def _reward_run(tmp_path, monkeypatch, model_path, source, names, steps):
         ("return [1 / 0] * len(completions)", "raised ZeroDivisionError: division by zero"),  # measured: 60 lines
         SLOW("return [float(kwargs['difficulty'])] * len(completions)", "raised KeyError: 'difficulty'"),
         SLOW("return 'not a list'", "returned 'not a list' at step 1, but 64 were expected (one per prompt-"),
-        # Reported: TRL's ValueError, a 19-frame traceback through stapo-train.
         SLOW("return [1.0] * (len(completions) - 1)", "returned 63 rewards at step 1, but 64 were expected (one"),
 ])  # fmt: skip
 def test_a_reward_that_raises_is_one_line_naming_it_and_the_step(

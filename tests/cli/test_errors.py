@@ -50,7 +50,6 @@ def _stderr_writes(monkeypatch) -> list[str]:  # each write to sys.stderr, as wr
 
 
 @pytest.mark.parametrize("command, argv, expected", [
-        # The reported case: a range error exited 1 while type and choice errors exit 2.
         (_train, ["--s2t_entropy_quantile", "1.5"], "s2t_entropy_quantile=1.5 must be in [0, 1]"),
         (_train, ["--s2t_entropy_quantile", "abc"], "invalid float value: 'abc'"),
         (_eval, ["--model", "m", "--samples", "0"], "--samples must be >= 1"),
@@ -60,7 +59,6 @@ def _stderr_writes(monkeypatch) -> list[str]:  # each write to sys.stderr, as wr
         (_plot, ["{run}", "--labels", "a", "b"], "--labels: got 2 label(s) for 1 OUTPUT_DIR(s)"),
         (_plot, ["{run}", "--smoothing", "0"], "--smoothing 0: the moving-average window"),
         (_plot, ["{run}", "--smoothing", "-3"], "--smoothing -3: the moving-average window must be >= 1 logged step."),
-        # An empty file drew a blank figure and exited 0; a corrupt line failed the drawing.
         (_plot, ["{tmp}/empty"], "{tmp}/empty/metrics.jsonl is empty: the run has not reached its first logging step "
                                  f"(logging_steps) yet, or stopped before it. {NOTHING}"),
         (_plot, ["{tmp}/blank"], "{tmp}/blank/metrics.jsonl is empty: the run has not reached its first logging step"),
@@ -71,27 +69,21 @@ def _stderr_writes(monkeypatch) -> list[str]:  # each write to sys.stderr, as wr
         *[(_plot, ["{run}", "--out", f"{{tmp}}/{out}"], f"--out {{tmp}}/{out}: '{out[-4:]}' is not a figure format "
            "(.png, .pdf, .svg, .jpg, .jpeg): name a file with one of these extensions, or a folder (a path without an "
            "extension) for every figure.") for out in ("curves.xyz", "figs/curves.txt", "curves.png.bak")],
-        # A range error in a flag read "the recipe does not parse: X=..." in the dry run, naming no flag in either.
         (_train, ["--temperature", "-1"], "error: --temperature: temperature="),
         (_dry_run, ["--s2t_entropy_quantile", "1.5"], "error: --s2t_entropy_quantile: s2t_entropy_quantile="),
         (_dry_run, ["--temperature", "-1"], "error: --temperature: temperature="),
-        # argparse took `-1e-4` for an option: "--learning_rate: expected one argument" (reported: the first).
         (_train, ["--learning_rate", "-1e-4"], "error: --learning_rate: learning_rate=-0.0001 must be >= 0"),
         (_train, ["--temperature", "-5E-1"], "error: --temperature: temperature=-0.5 must be > 0"),
         (_train, ["--s2t_entropy_quantile", "-2.5e+0"], "error: --s2t_entropy_quantile: s2t_entropy_quantile=-2.5 "),
-        # What the user gave is what the message names: `--config /tmp` said "does not exist".
         (_train, ["--config", "{tmp}"], "is a folder: give the path of a recipe YAML file in it"),
         (_dry_run, ["--config", "{tmp}"], "is a folder"),
         (_train, ["compare", GRPO_RECIPE, STAPO_RECIPE], "`stapo-train compare` is gone: train each"),
-        # Measured: `--seed 4294967296` ended in numpy's traceback; `--output_dir ''` wrote _writer.lock into the
-        # current folder, after a traceback.
         (_train, ["--seed", str(2**32)], f"--seed: seed=4294967296 {SEED}"),
         (_train, ["--seed", "-1"], f"--seed: seed=-1 {SEED}"),
         (_train, ["--data_seed", str(2**32)], "--data_seed: data_seed=4294967296 must be in [0, 2**32 - 1]"),
         (_train, ["--output_dir", ""], "output_dir='' is empty: give the folder the run writes its"),
         (_train, ["--output_dir", __file__], f"output_dir={__file__!r} is a file: give a folder"),
         (_train, ["--reward_funcs", ""], f"reward_funcs=[''] {NO_REWARD} `pkg.module.function`"),
-        # Each is checked before any model is built, the model before the dataset.
         (_train, ["--reward_funcs", "math_acuracy"], "Unknown reward 'math_acuracy'. Valid names: ['format', "
                                                      "'math_accuracy'], or a dotted path `pkg.module.function`."),
         (_train, ["--model_name_or_path", "./no/such/model"], "'./no/such/model' does not exist"),
@@ -107,24 +99,20 @@ def _stderr_writes(monkeypatch) -> list[str]:  # each write to sys.stderr, as wr
         (_train, ["--eval_num_problems", "0"], "eval_num_problems=0 must be >= 1"),  # eval.json held NaN
         (_train, ["--s2t_mod", "off"], "--s2t_mod: did you mean s2t_mode"),  # no argparse prefix matching
         (_train, ["--benchmark_eval", "aime99"], "Unknown benchmark 'aime99'. Valid benchmarks: aime24, aime25, "),
-        # The plan listed the failed checks on stdout only: no `PROG: error:` line, unlike every other input error.
         (_dry_run, ["--max_train_samples", "3"], "error: 1 check(s) failed (the plan above lists them): "),
         (_dry_run, ["--dataset_name", "{tmp}/empty.jsonl"], "check(s) failed (the plan above lists them): "
                    "dataset_name='{tmp}/empty.jsonl': dataset file '{tmp}/empty.jsonl' is empty: it holds no rows."),
         (_dry_run, ["--model_name_or_path", "{tmp}/no-model"], "Model directory '{tmp}/no-model' does not exist"),
         (_dry_run, ["--reward_funcs", "math_acuracy"], "check(s) failed (the plan above lists them): Unknown reward "
                                                        "'math_acuracy'. Valid names: "),
-        # A recipe value names its key and file: argparse reported `--s2t_entropy_quantile` for the recipe's string.
         (_train, ["recipe", "s2t_entropy_quantile: abc"], KEY + "invalid float value: 'abc' (s2t_entropy_quantile "
                                                                 "takes a number)." + FIX),
         (_train, ["recipe", "s2t_entropy_quantile: 1.5"], KEY + "s2t_entropy_quantile=1.5 must be in [0, 1]; the "
                                                                 "paper: 0.75." + FIX),
-        # transformers' "cosinus is not a valid SchedulerType": a choice argparse never checks for a recipe value
         (_train, ["recipe", "lr_scheduler_type: cosinus"], KEY + "lr_scheduler_type='cosinus' is not one of 'linear'"),
         (_train, ["recipe", "num_generations: 8.5"], KEY + "num_generations=8.5 is not an integer." + FIX),
         (_train, ["recipe", "s2t_mode: off"], KEY + "s2t_mode=False is not one of 'low_entropy', "),
         (_train, ["recipe", "s2t_mode: off"], "YAML reads an unquoted off/on/no/yes as false/true: quote it"),
-        # these failed only after the model was built: in the trainer, in the optimizer
         (_train, ["recipe", "report_to: tensorbord"], KEY + "report_to='tensorbord': tensorbord is not supported, "),
         (_train, ["recipe", "learning_rate: -1"], KEY + "learning_rate=-1 must be >= 0"),
         (_train, ["recipe", "max_steps: {steps: 10}"], KEY + "max_steps={{'steps': 10}} is not an integer." + FIX),
@@ -135,7 +123,6 @@ def _stderr_writes(monkeypatch) -> list[str]:  # each write to sys.stderr, as wr
 def test_every_input_error_exits_2_with_one_line_in_one_write(
     no_model_built, tmp_path, monkeypatch, command, argv, expected
 ):
-    # The reported case (CI, two ranks under accelerate launch): the ranks' error lines ran into each other.
     monkeypatch.chdir(tmp_path)
     for name, text in METRICS.items():
         (tmp_path / name).mkdir(parents=True)
@@ -246,7 +233,6 @@ def test_a_full_disk_is_one_line_naming_the_folder_and_what_a_rerun_resumes(tmp_
 def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_resumes(
     tmp_path, tiny_math_model_path, monkeypatch, capsys, caplog, owner, method, full
 ):
-    # Reported: a 38-line traceback ending in `OSError: [Errno 28]`, and no line naming the folder.
     out = tmp_path / "run"
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
     argv += ["--max_steps", "3", "--save_steps", "1", "--logging_steps", "1", "--eval_before_after", "false"]

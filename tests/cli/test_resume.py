@@ -55,11 +55,9 @@ HOLDS = "output_dir='{out}' holds a trained model (%s) but no complete checkpoin
 
 
 @pytest.mark.parametrize("change, expected", [
-        # Reported: refused after "Resuming training from ...", once the dataset was read and filtered.
         (["--learning_rate", "2e-4"], SETTINGS + "learning_rate 0.0001 -> 0.0002"),
         (["--learning_rate", "5e-4", "--s2t_mode", "all_low_prob"],
          SETTINGS + "s2t_mode 'low_entropy' -> 'all_low_prob', learning_rate 0.0001 -> 0.0005"),
-        # Reported: the README's own-data command after `make demo` resumed the demo run and trained nothing.
         (["--dataset_name", "{tmp}/mine.jsonl"], SETTINGS + "dataset_name '{data}' -> '{tmp}/mine.jsonl'"),
         (["--reward_funcs", "math_accuracy", "format"],
          SETTINGS + "reward_funcs ['math_accuracy_reward'] -> ['math_accuracy_reward', 'format_reward']"),
@@ -71,17 +69,13 @@ HOLDS = "output_dir='{out}' holds a trained model (%s) but no complete checkpoin
         (["rewrite"], SETTINGS + "dataset_sha256 '"),  # the run's own file, other rows under the same path
         (["--prompt_column", "answer"], SETTINGS + "prompt_column 'problem' -> 'answer'"),
         (["--max_train_samples", "8"], SETTINGS + "max_train_samples None -> 8"),
-        # The newest complete checkpoint's settings: a damaged and an empty newer one moved aside first.
         (["damaged", "--learning_rate", "2e-4"], SETTINGS + "learning_rate 0.0001 -> 0.0002"),
-        # Reported: after `rm d.jsonl`, a rerun said "trained with other settings (dataset_name ..., dataset_sha256".
         (["--dataset_name", "{tmp}/gone.jsonl"], "Dataset file '{tmp}/gone.jsonl' does not exist."),
         (["--dataset_name", "{tmp}/gone"], "Dataset folder '{tmp}/gone' does not exist."),
         (["--dataset_name", "{tmp}/gone.jsonl", "--resume_from_checkpoint", "{out}/checkpoint-1"],
          "Dataset file '{tmp}/gone.jsonl' does not exist."),
-        # Measured: the folder's link check came after the dataset was read and filtered (its progress bars first).
         (["link", "README.md"], "{out}/README.md is a symbolic link (to "),
         (["link", "checkpoint-1/config.json"], "{out}/checkpoint-1/config.json is a symbolic link (to "),
-        # Reported: a finished run with a damaged only checkpoint retrained from the base model, overwrote its model.
         (["cut"], HOLDS % "model.safetensors"),
         (["no-checkpoint"], HOLDS % "model.safetensors"),
         (["adapter"], HOLDS % "adapter_model.safetensors"),  # a LoRA run's folder holds its adapter
@@ -154,7 +148,6 @@ def test_resume_with_other_execution_settings_trains_on(one_step_run):
 ])  # fmt: skip
 def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_model_built, tmp_path, capsys, where,
                                                               expected):  # fmt: skip
-    # Reported: a missing path or a cut model failed after the model was built; no optimizer.pt resumed silently.
     run = tmp_path / "run"
     shutil.copytree(run / "checkpoint-1", run / "checkpoint-4")
     shutil.copytree(run / "checkpoint-1", run / "checkpoint-8")
@@ -178,7 +171,6 @@ def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_m
 
 
 def test_a_hostile_training_args_bin_runs_no_code_on_resume_from_checkpoint(one_step_run, tmp_path, no_model_built):
-    # Measured: `stapo-train --resume_from_checkpoint <folder>` ran the command of its training_args.bin, then trained.
     out, argv = one_step_run
     marker = tmp_path / "code-ran"
     write_hostile_pickle(out / "checkpoint-1" / "training_args.bin", marker)
@@ -189,7 +181,6 @@ def test_a_hostile_training_args_bin_runs_no_code_on_resume_from_checkpoint(one_
 
 
 def test_an_interrupt_outside_a_stop_signals_save_tells_what_was_saved(run_copy, tmp_path):
-    # Reported: checkpoint-33 was saved and the last line said "nothing to save": it is told from the run folder.
     out, argv = run_copy
     argv = [*argv, "--output_dir", str(out)]
     resume = f"Resume with the same command: stapo-train {' '.join(argv)}"

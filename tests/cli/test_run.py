@@ -50,8 +50,7 @@ def test_rerun_into_a_finished_run_keeps_its_eval_json(tmp_path, tiny_math_model
     assert json.loads((out / "eval-step2-2.json").read_text())["global_step"] == 2
 
 
-# The console and the card name what the before/after evaluation measured: with a local file (one split, so the
-# evaluation reads training prompts) the console warned "the accuracy is not held out", then printed "Held-out avg@4".
+# The console and the card name what the evaluation measured: a local file's is training prompts, not held out.
 @pytest.mark.parametrize("dataset_name, kind, line, card", [
         ("my_problems.jsonl", "training (not held-out)", "Training (not held-out) avg@4 on 40 problems (T=1.0",
          "Accuracy on training prompts (not held out)"),

@@ -38,8 +38,7 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
 
     monkeypatch.setattr(transformers.Trainer, "train", spy_train)
     out = tmp_path / "demo"
-    # Measured: --hub_token was written into _writer.txt (the command line) and training_args.bin (the pickled
-    # arguments, which a push uploads). Tokens on the command line and in the recipe's env: block, in every run.
+    # Tokens on the command line and in the recipe's env: block, in every run, are written nowhere in the folder.
     tokens = ["hf_" + "Qm4xT8vW2kZ9" * 3, "hf_" + "Lp7sR3nY6bJ1" * 3]
     monkeypatch.setenv("HF_TOKEN", "")  # restored after the test: the recipe's env: block sets it in this process
     recipe = write_recipe(tmp_path, f"env:\n  HF_TOKEN: {tokens[1]}")
@@ -61,9 +60,7 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
     assert (out / "checkpoint-8").is_dir() and (out / "README.md").is_file()
     model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
     assert model(**tokenizer(["12+34"], return_tensors="pt")).logits.shape[-1] == model.config.vocab_size  # (1, T, V)
-    # eval.json records its settings, and stapo-eval with them gives its numbers to the last digit. It said 40.4 %
-    # where stapo-train said 44.8 % for one model: a seed offset per benchmark and decoding, another batch size.
-    evaluation = json.loads((out / "eval.json").read_text())
+    evaluation = json.loads((out / "eval.json").read_text())  # its settings, which stapo-eval reproduces exactly
     assert evaluation["num_problems"] == 16 and evaluation["k"] == 2 and 0.0 < evaluation["accuracy_before"] < 1.0
     assert {k: evaluation[k] for k in ("temperature", "backend", "dtype", "batch_size", "threads", "seed")} == {
         "temperature": 1.0, "backend": "hf", "dtype": "float32", "batch_size": 128, "threads": 1, "seed": 0
