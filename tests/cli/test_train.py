@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -28,8 +30,8 @@ def _steps(out):
     return [r["step"] for r in read_metrics(str(out)) if "reward" in r]
 
 
-@pytest.mark.slow  # three runs of 8, 6 and 0 steps with their figures, two stapo-eval calls (~20 s)
-def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch, capsys):
+@pytest.mark.slow  # three runs of 8, 6 and 0 steps with their figures and evaluations, two stapo-eval calls
+def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch, capsys, caplog):
     resumed_from, original_train = [], transformers.Trainer.train
 
     def spy_train(self, *args, **kwargs):
@@ -75,8 +77,18 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
     first = capsys.readouterr()
     assert f"The same numbers from stapo-eval: {command}" in first.out
 
-    # Second run, more steps: resumed from checkpoint-8; steps 13-14 (not a logging step) become step 14's row.
-    main([*argv, "--max_steps", "14", "--eval_before_after", "false"])
+    # Second run, more steps: resumed from checkpoint-8; steps 13-14 (not a logging step) become step 14's row; its
+    # evaluation goes beside eval.json, without the tied lm_head's "missing keys" line or a FutureWarning.
+    monkeypatch.setattr(logging.getLogger("transformers"), "propagate", True)  # into caplog
+    eval_json = (out / "eval.json").read_bytes()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main([*argv, "--max_steps", "14"])
+    assert (
+        not [w for w in caught if "is_gradient_checkpointing" in str(w.message)] and "missing keys" not in caplog.text
+    )
+    assert "already holds eval.json from an earlier run" in caplog.text and "eval-step14.json" in caplog.text
+    assert json.loads((out / "eval-step14.json").read_text())["global_step"] == 14
     assert resumed_from[-1] is not None and resumed_from[-1].endswith("checkpoint-8")
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 14 and _steps(out) == [4, 8, 12, 14]
     last = [r for r in read_metrics(str(out)) if "reward" in r][-1]
@@ -84,9 +96,13 @@ def test_demo_end_to_end_then_resume(tmp_path, tiny_math_model_path, monkeypatch
     summary = json.loads((out / "train_results.json").read_text())
     assert None not in summary.values() and "train_runtime" in summary
 
-    # Third run, as if stopped after its final checkpoint: nothing to train, the checkpoint is the final model.
+    # Third run, as if stopped after its final checkpoint: nothing to train, the checkpoint is the final model, its
+    # evaluation a third file, none replaced.
     (out / "model.safetensors").unlink()
-    main([*argv, "--max_steps", "14", "--eval_before_after", "false"])
+    second = (out / "eval-step14.json").read_bytes()
+    main([*argv, "--max_steps", "14"])
+    assert (out / "eval.json").read_bytes() == eval_json and (out / "eval-step14.json").read_bytes() == second
+    assert json.loads((out / "eval-step14-2.json").read_text())["global_step"] == 14
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 14 and _steps(out) == [4, 8, 12, 14]
     final = load_file(out / "model.safetensors")
     checkpoint = load_file(out / "checkpoint-14" / "model.safetensors")
