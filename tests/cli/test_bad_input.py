@@ -68,8 +68,8 @@ def test_a_recipe_that_is_not_utf8_is_one_line_naming_the_file_and_line(tmp_path
 def test_the_python_api_refuses_no_reward_at_construction_in_trls_words(
     tmp_path, tiny_random_model_path, no_model_built, reward_funcs
 ):
-    with pytest.raises(ValueError, match="^No reward source provided. Pass `reward_funcs`, or an `environment_factory` "
-                       "whose environment defines a `get_reward` method") as raised:  # fmt: skip
+    with pytest.raises(ValueError, match="^No reward source provided. Pass `reward_funcs`, or an `environment_"
+                       "factory` whose environment defines a `get_reward` method") as raised:  # fmt: skip
         STAPOTrainer(
             tiny_random_model_path, reward_funcs, args=tiny_stapo_config(tmp_path / "run"), train_dataset=PROMPTS
         )
@@ -88,7 +88,6 @@ def test_the_python_api_refuses_an_empty_output_dir_before_writing(tmp_path, tin
 @pytest.mark.parametrize("second_file", [
         '{rows3}\n{{"problem": "1+1", "answer": "2"\n{rows1}\n',  # measured
         '{rows3}\n{{"problem": "1+1"',  # cut short by a copy
-        "{rows3}\nnot json at all\n",
 ])  # fmt: skip
 def test_a_dataset_folder_with_one_bad_line_is_one_line(tmp_path, capsys, no_model_built, second_file):
     folder = tmp_path / "data"
