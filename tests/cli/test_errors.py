@@ -51,8 +51,8 @@ def _stderr_writes(monkeypatch) -> list[str]:  # each write to sys.stderr, as wr
 
 @pytest.mark.parametrize("command, argv, expected", [
         (_train, ["--s2t_entropy_quantile", "1.5"], "s2t_entropy_quantile=1.5 must be in [0, 1]"),
-        (_train, ["--s2t_entropy_quantile", "abc"], "--s2t_entropy_quantile: invalid float value: 'abc' ("
-                 "s2t_entropy_quantile takes a number). See `stapo-train --help-fields` for every field.\n"),  # no key
+        (_train, ["--s2t_entropy_quantile", "abc"], "--s2t_entropy_quantile: invalid float value: 'abc' ("  # the flag
+                 "s2t_entropy_quantile takes a number). See `stapo-train --help-fields` for every field.\n"),
         (_eval, ["--model", "m", "--samples", "0"], "--samples must be >= 1"),
         (_eval, ["--model", "m", "--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
         (_plot, ["{tmp}/no-run"], "No metrics.jsonl in"),

@@ -31,12 +31,6 @@ def run_copy(two_step_run, tmp_path):
 
 
 @pytest.fixture
-def one_step_run(run_copy):
-    shutil.rmtree(run_copy[0] / "checkpoint-2")
-    return run_copy
-
-
-@pytest.fixture
 def no_data_read(monkeypatch):
     def guard(*args, **kwargs):
         raise AssertionError("the dataset was read before the run folder and its checkpoint's settings were checked")
@@ -133,12 +127,12 @@ def test_a_resume_that_cannot_work_is_one_line_before_the_data_and_the_model(
 
 
 @pytest.mark.slow  # trains a step (~2 s); the settings rule: tests/run_folder/test_checkpoints.py, in-process
-def test_resume_with_other_execution_settings_trains_on(one_step_run):
-    out, argv = one_step_run
-    main([*argv, "--output_dir", str(out), "--max_steps", "2", "--logging_steps", "2", "--save_steps", "5",
+def test_resume_with_other_execution_settings_trains_on(run_copy):
+    out, argv = run_copy
+    main([*argv, "--output_dir", str(out), "--max_steps", "3", "--logging_steps", "2", "--save_steps", "5",
           "--torch_num_threads", "1", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2",
           "--steps_per_generation", "8"])  # fmt: skip
-    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 3
 
 
 @pytest.mark.parametrize("where, expected", [
@@ -146,12 +140,11 @@ def test_resume_with_other_execution_settings_trains_on(one_step_run):
         ("run/checkpoint-8", "is not a complete checkpoint (no trainer_state.json: its save did not finish)"),
         ("run/checkpoint-12", "is not a complete checkpoint (no optimizer state (optimizer.pt))"),
 ])  # fmt: skip
-def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_model_built, tmp_path, capsys, where,
+def test_resume_from_checkpoint_must_be_a_complete_checkpoint(run_copy, no_model_built, tmp_path, capsys, where,
                                                               expected):  # fmt: skip
     run = tmp_path / "run"
-    shutil.copytree(run / "checkpoint-1", run / "checkpoint-4")
-    shutil.copytree(run / "checkpoint-1", run / "checkpoint-8")
-    shutil.copytree(run / "checkpoint-1", run / "checkpoint-12")
+    for step in (4, 8, 12):
+        shutil.copytree(run / "checkpoint-1", run / f"checkpoint-{step}")
     (run / "checkpoint-8" / "trainer_state.json").unlink()
     (run / "checkpoint-12" / "optimizer.pt").unlink()
     for step in (4, 12):  # copies of checkpoint-1: their states say their steps
@@ -170,8 +163,8 @@ def test_resume_from_checkpoint_must_be_a_complete_checkpoint(one_step_run, no_m
     check_checkpoint(str(run / "checkpoint-4"), "resume_from_checkpoint")  # a complete one passes (and resumes)
 
 
-def test_a_hostile_training_args_bin_runs_no_code_on_resume_from_checkpoint(one_step_run, tmp_path, no_model_built):
-    out, argv = one_step_run
+def test_a_hostile_training_args_bin_runs_no_code_on_resume_from_checkpoint(run_copy, tmp_path, no_model_built):
+    out, argv = run_copy
     marker = tmp_path / "code-ran"
     write_hostile_pickle(out / "checkpoint-1" / "training_args.bin", marker)
     argv = [*argv, "--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint", str(out / "checkpoint-1")]
