@@ -112,10 +112,21 @@ def checkpointed_run(tmp_path_factory, tiny_math_model_path):
     return out
 
 
-@pytest.mark.parametrize("case", ["empty-folder", "run-without-final-model", "config-without-weights",
-                                  "half-written", "model-cut", "removed-while-loading"])  # fmt: skip
+NO_MODEL = "Model directory '{folder}' holds no model (no "
+INCOMPLETE = "Model directory '{checkpoint}' is not a complete checkpoint ("
+
+
+@pytest.mark.parametrize("case, expected", [
+        ("empty-folder", NO_MODEL + "config.json): give a folder saved by save_pretrained"),
+        ("run-without-final-model", NO_MODEL + "config.json): it is a run folder without its final model: give its "
+                                               "newest complete checkpoint, {folder}/checkpoint-1."),
+        ("config-without-weights", NO_MODEL + "weights (*.safetensors)): "),
+        ("half-written", INCOMPLETE + "no trainer_state.json: its save"),
+        ("model-cut", INCOMPLETE + "model.safetensors damaged: "),
+        ("removed-while-loading", "--model {checkpoint} could not be loaded ("),  # rotated away (save_total_limit)
+])  # fmt: skip
 def test_stapo_eval_on_a_folder_without_a_complete_model_is_one_line(
-    checkpointed_run, tmp_path, capsys, monkeypatch, case
+    checkpointed_run, tmp_path, capsys, monkeypatch, case, expected
 ):
     run, folder = shutil.copytree(checkpointed_run, tmp_path / "run"), tmp_path / "model"
     checkpoint = run / "checkpoint-1"
@@ -128,7 +139,7 @@ def test_stapo_eval_on_a_folder_without_a_complete_model_is_one_line(
         (checkpoint / "trainer_state.json").unlink()
     elif case == "model-cut":
         (checkpoint / "model.safetensors").write_bytes((checkpoint / "model.safetensors").read_bytes()[:50_000])
-    elif case == "removed-while-loading":  # the rotation removes it after the checks, as the model loads
+    elif case == "removed-while-loading":  # after the checks, as the model loads
         load = transformers.AutoModelForCausalLM.from_pretrained.__func__
 
         def rotated_away(cls, path, *args, **kwargs):
@@ -136,22 +147,9 @@ def test_stapo_eval_on_a_folder_without_a_complete_model_is_one_line(
             return load(cls, path, *args, **kwargs)
 
         monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(rotated_away))
-    no_model, incomplete = (
-        f"Model directory {str(folder)!r} holds no model (no ",
-        f"Model directory {str(checkpoint)!r}",
-    )
-    expected = {
-        "empty-folder": no_model + "config.json): give a folder saved by save_pretrained",
-        "run-without-final-model": no_model + "config.json): it is a run folder without its final model: give its "
-        f"newest complete checkpoint, {folder / 'checkpoint-1'}.",
-        "config-without-weights": no_model + "weights (*.safetensors)): ",
-        "half-written": incomplete + " is not a complete checkpoint (no trainer_state.json: its save",
-        "model-cut": incomplete + " is not a complete checkpoint (model.safetensors damaged: ",
-        "removed-while-loading": f"--model {checkpoint} could not be loaded (",
-    }[case]
-    model = folder if case in ("empty-folder", "run-without-final-model", "config-without-weights") else checkpoint
+    model = checkpoint if "{checkpoint}" in expected else folder
     line = _refused(capsys, ["--model", str(model), *EVAL], prog="stapo-eval", command=_eval)
-    assert line.startswith(f"stapo-eval: error: {expected}"), line
+    assert line.startswith(f"stapo-eval: error: {expected.format(folder=folder, checkpoint=checkpoint)}"), line
 
 
 def test_stapo_eval_reads_no_pickle_of_a_checkpoint(checkpointed_run, tmp_path, capsys):
