@@ -1,7 +1,5 @@
 """Input that ended a command with a traceback, or was taken silently: one line each (the measured case, two more)."""
 
-from __future__ import annotations
-
 import json
 import shutil
 from pathlib import Path

@@ -1,8 +1,6 @@
 """Input errors of every command: exit status 2 and one line, written in one piece, naming what the user wrote; the
 upstream warnings `quiet_upstream` silences, by message, category and module only."""
 
-from __future__ import annotations
-
 import errno
 import signal
 import sys

@@ -1,7 +1,5 @@
 """Real stop signals to a real `stapo-train`: a checkpoint at the step boundary, the resume command, exit 128 + N."""
 
-from __future__ import annotations
-
 import json
 import os
 import signal

@@ -1,7 +1,5 @@
 """`stapo-plot`: runs and seed folders, `--out`, and broken lines skipped with one warning (refusals: test_errors)."""
 
-from __future__ import annotations
-
 import json
 import os
 import subprocess

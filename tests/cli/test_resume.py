@@ -1,7 +1,5 @@
 """Resuming `stapo-train`: other settings refused before the model, the newest complete checkpoint, no code run."""
 
-from __future__ import annotations
-
 import json
 import shutil
 from pathlib import Path

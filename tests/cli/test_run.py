@@ -1,7 +1,5 @@
 """A run's results: the console and the card name what the evaluation measured (eval.json kept: test_train.py)."""
 
-from __future__ import annotations
-
 from types import SimpleNamespace
 
 import pytest

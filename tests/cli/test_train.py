@@ -1,7 +1,5 @@
 """`stapo-train` end to end: the demo recipe, its evaluation, resumes (its one-line input errors: test_errors.py)."""
 
-from __future__ import annotations
-
 import json
 import logging
 import os
