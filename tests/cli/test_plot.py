@@ -40,9 +40,8 @@ def test_stapo_plot_draws_seed_folders_and_writes_where_out_says(tmp_path, capsy
     assert (tmp_path / "curves.svg").read_text().lstrip().startswith("<?xml")
     (tmp_path / "runs.v2").mkdir()  # an existing folder with a dot in its name is a folder
     assert _curves_file([run], str(tmp_path / "runs.v2")) == str(tmp_path / "runs.v2" / "training_curves.png")
-    assert (
-        _curves_file([run], "upper.PNG") == "upper.PNG" and _curves_file([run, run], None) == "./training_curves.png"
-    )
+    assert _curves_file([run], "upper.PNG") == "upper.PNG"
+    assert _curves_file([run, run], None) == "./training_curves.png"
 
 
 GOOD_ROWS = [{"step": s, "epoch": 0.1 * s, "reward": 0.1 * s, "entropy": 0.5} for s in (1, 2, 3)]
@@ -60,38 +59,35 @@ def _warnings(caplog, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and text in r.getMessage()]
 
 
-@pytest.mark.parametrize("bad_line", [
-        '{"step": 2, "rew',  # the reported case: a line that is not JSON (cut or edited)
-        b'{"step": 2, "reward": "\xff\xfe"}',  # bytes that are not UTF-8: the whole file failed
-        '{"step": 2, "reward": "n/a"}',  # JSON, not a metrics row: float('n/a') failed the drawing
+@pytest.mark.parametrize("name, bad_line", [
+        ("metrics.jsonl", '{"step": 2, "rew'),  # the reported case: a line that is not JSON (cut or edited)
+        ("metrics.jsonl", b'{"step": 2, "reward": "\xff\xfe"}'),  # bytes that are not UTF-8: the whole file failed
+        ("metrics.jsonl", '{"step": 2, "reward": "n/a"}'),  # JSON, not a metrics row: float('n/a') failed the drawing
+        ("spurious_tokens.jsonl", {"kind": "silenced"}),  # no prob, entropy, token: the scatter raised KeyError
+        ("spurious_tokens.jsonl", {"step": 1, "prob": 0.01, "entropy": 0.2, "token": "x"}),  # no kind: KeyError
+        ("spurious_tokens.jsonl", '{"step": 1, "kind": "silenced", "prob": 0.0'),  # cut short
 ])  # fmt: skip
-def test_plot_skips_a_corrupt_metrics_line_with_one_warning(tmp_path, caplog, bad_line):
-    run = tmp_path / "run"
-    _write_lines(run / "metrics.jsonl", [GOOD_ROWS[0], bad_line, GOOD_ROWS[2]])
-    assert [[row["step"] for row in rows] for rows in load_run(str(run), require_steps=True)] == [[1, 3]]
-    main([str(run)])  # the command draws the rest, with one warning for the file (read once)
-    assert (run / "training_curves.png").stat().st_size > 10_000
-    (warning,) = _warnings(caplog, "skipped line")
-    assert warning.startswith(f"{run / 'metrics.jsonl'}: skipped line 2, not a metrics row"), warning
-
-
-@pytest.mark.parametrize("bad_record", [
-        {"kind": "silenced"},  # no prob, entropy, token: the scatter raised KeyError: 'prob'
-        {"step": 1, "prob": 0.01, "entropy": 0.2, "token": "x"},  # no kind: KeyError: 'kind'
-        '{"step": 1, "kind": "silenced", "prob": 0.0',  # cut short
-])  # fmt: skip
-def test_plot_skips_a_broken_token_record_with_one_warning(tmp_path, caplog, bad_record):
+def test_plot_skips_a_broken_line_with_one_warning(tmp_path, caplog, name, bad_line):
     run = Path(write_metrics_run(tmp_path / "run"))
-    file = _write_lines(run / "spurious_tokens.jsonl", [TOKEN_RECORD, bad_record, TOKEN_RECORD])
-    records = {"run": load_token_records(run)}
-    assert records["run"] == [TOKEN_RECORD, TOKEN_RECORD]
-    assert plot_prob_entropy_scatter(records) is not None and plot_top_tokens(records) is not None  # drawn
+    good = GOOD_ROWS if name == "metrics.jsonl" else [TOKEN_RECORD] * 3
+    file = _write_lines(run / name, [good[0], bad_line, good[2]])
+    if name == "metrics.jsonl":
+        assert [[row["step"] for row in rows] for rows in load_run(str(run), require_steps=True)] == [[1, 3]]
+        main([str(run)])  # the command draws the rest, with one warning for the file (read once)
+        assert (run / "training_curves.png").stat().st_size > 10_000
+    else:
+        records = {"run": load_token_records(run)}
+        assert records["run"] == [TOKEN_RECORD, TOKEN_RECORD]
+        assert plot_prob_entropy_scatter(records) is not None and plot_top_tokens(records) is not None  # drawn
     (warning,) = _warnings(caplog, "skipped line")
-    assert warning.startswith(f"{file}: skipped line 2, not a token record"), warning
-    (run / "spurious_tokens.jsonl").write_text("")  # an empty token file draws no token figure, and says so
-    assert plot_diagnostics([run], run) == []
-    (message,) = _warnings(caplog, "holds no token record")
-    assert message.startswith(f"{run / 'spurious_tokens.jsonl'} holds no token record: no s2t_prob_entropy.png")
+    assert warning.startswith(
+        f"{file}: skipped line 2, not a {'metrics row' if good == GOOD_ROWS else 'token record'}"
+    )
+    if good != GOOD_ROWS:  # an empty token file draws no token figure, and says so
+        file.write_text("")
+        assert plot_diagnostics([run], run) == []
+        (message,) = _warnings(caplog, "holds no token record")
+        assert message.startswith(f"{file} holds no token record: no s2t_prob_entropy.png")
 
 
 @pytest.mark.slow  # a new Python process
