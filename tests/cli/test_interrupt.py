@@ -41,7 +41,6 @@ def test_a_stop_signal_saves_one_checkpoint_and_prints_the_resume_command(
     hold.unlink()
     output = proc.communicate(timeout=300)[0]
     assert proc.returncode == status, output[-3000:]
-    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
     (line,) = [line for line in output.splitlines() if line.startswith(f"Interrupted by {first.name} at step ")]
     step = int(line.split()[5].rstrip(":"))
     assert 2 <= step < 5000 and f"checkpoint saved to {out / f'checkpoint-{step}'}." in line, line
@@ -49,5 +48,5 @@ def test_a_stop_signal_saves_one_checkpoint_and_prints_the_resume_command(
     assert json.loads((out / f"checkpoint-{step}" / "trainer_state.json").read_text())["global_step"] == step
     assert [p.name for p in out.glob("checkpoint-*")] == [f"checkpoint-{step}"]
     assert not (out / "model.safetensors").exists() and not (out / "train_results.json").exists()
-    for text in ("run finished", "training done", "quitting now", "saving a checkpoint"):  # (the first was read)
+    for text in ("Traceback", "KeyboardInterrupt", "run finished", "training done", "quitting now", "saving a"):
         assert text not in output, output[-3000:]
