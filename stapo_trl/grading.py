@@ -3,12 +3,12 @@ against a gold by math-verify, with the rules of docs/evaluation.md ("The grader
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 
@@ -67,11 +67,8 @@ def extract_boxed_answer(text: str | None) -> str | None:
     return ((find_boxes(text or "") or [(None,)])[-1][0] or "").strip() or None
 
 
-def _clean(s: str) -> str:
-    s = s.strip().removesuffix(".").strip()  # a sentence's period inside the box (`13.`: nothing)
-    for pattern, replacement in _REWRITES:
-        s = pattern.sub(replacement, s)
-    return s
+def _clean(s: str) -> str:  # also drops a sentence's period inside the box (`13.`: nothing)
+    return functools.reduce(lambda t, rule: rule[0].sub(rule[1], t), _REWRITES, s.strip().removesuffix(".").strip())
 
 
 def _gold_text(gold: Any) -> str:
@@ -90,7 +87,7 @@ def _parse(s: str, timeout: int | None) -> list:
     return [x for x in parsed if not isinstance(x, str)]
 
 
-@lru_cache(maxsize=4096)  # an evaluation grades N samples against one gold; a training step G per prompt
+@functools.lru_cache(maxsize=4096)  # an evaluation grades N samples against one gold; a training step G per prompt
 def _parse_gold(s: str, timeout: int | None) -> tuple:
     try:
         return tuple(_parse(s, timeout)) if len(s) <= MAX_ANSWER_CHARS else ()
@@ -115,35 +112,25 @@ def _log10_size(x) -> float:
     return sum(sizes) if isinstance(x, sympy.Mul) else max(sizes) + 1
 
 
-def _numbers_equal(g, p) -> bool | None:
-    """Two numbers equal within `DECIMAL_REL_TOL` with a decimal point, else to `EXACT_DIGITS`; `None` if not numbers."""
+def _same(g, p, timeout: int | None) -> bool:
+    """Two numbers equal within `DECIMAL_REL_TOL` with a decimal point, else to `EXACT_DIGITS`; else math-verify's."""
     import sympy
+    from math_verify import verify
 
     special = (sympy.oo, -sympy.oo, sympy.zoo, sympy.nan, sympy.UnevaluatedExpr)
-    if not all(isinstance(x, sympy.Expr) and x.is_number and not x.has(*special) for x in (g, p)):
-        return None
-    a, b = sympy.N(g, EXACT_DIGITS + 20), sympy.N(p, EXACT_DIGITS + 20)
-    if not (a.is_Number and b.is_Number):  # complex, or a function SymPy cannot evaluate
-        return None
-    tol = DECIMAL_REL_TOL if g.has(sympy.Float) or p.has(sympy.Float) else 10.0**-EXACT_DIGITS
-    return bool(abs(a - b) <= sympy.Float(tol, EXACT_DIGITS + 20) * max(abs(a), abs(b)))
+    if all(isinstance(x, sympy.Expr) and x.is_number and not x.has(*special) for x in (g, p)):
+        a, b = sympy.N(g, EXACT_DIGITS + 20), sympy.N(p, EXACT_DIGITS + 20)
+        if a.is_Number and b.is_Number:  # not complex, nor a function SymPy cannot evaluate
+            tol = DECIMAL_REL_TOL if g.has(sympy.Float) or p.has(sympy.Float) else 10.0**-EXACT_DIGITS
+            return bool(abs(a - b) <= sympy.Float(tol, EXACT_DIGITS + 20) * max(abs(a), abs(b)))
+    return verify(g, p, allow_set_relation_comp=True, timeout_seconds=timeout, raise_on_error=True)
 
 
 def _equivalent(gold_text: str, answer: str, timeout: int | None) -> bool:
-    from math_verify import verify
-
     gold, pred = _parse_gold(gold_text, timeout), _parse(answer, timeout)
-    for x in (*gold, *pred):
-        if _log10_size(x) > MAX_RESULT_DIGITS:
-            raise ValueError(f"refused: evaluating {str(x)[:80]} needs over {MAX_RESULT_DIGITS} digits")
-    for g in gold:
-        for p in pred:
-            same = _numbers_equal(g, p)
-            if same is None:
-                same = verify(g, p, allow_set_relation_comp=True, timeout_seconds=timeout, raise_on_error=True)
-            if same:
-                return True
-    return False
+    if (big := next((x for x in (*gold, *pred) if _log10_size(x) > MAX_RESULT_DIGITS), None)) is not None:
+        raise ValueError(f"refused: evaluating {str(big)[:80]} needs over {MAX_RESULT_DIGITS} digits")
+    return any(_same(g, p, timeout) for g in gold for p in pred)
 
 
 def _bounded(fn: Callable, *args):

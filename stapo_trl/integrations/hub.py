@@ -14,9 +14,8 @@ def _refuse(subject: str, offline: str | None, info, token, timeout, instead: st
     from huggingface_hub.errors import HfHubHTTPError
 
     if offline:
-        raise FileNotFoundError(
-            f"{subject}, and not in the local Hugging Face cache while offline, {offline} (no download). {instead}."
-        )
+        raise FileNotFoundError(f"{subject}, and not in the local Hugging Face cache while offline, {offline} (no "
+                                f"download). {instead}.")  # fmt: skip
     timeout = timeout or float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or HUB_PROBE_TIMEOUT)
     try:
         info(token=token, timeout=timeout)
@@ -24,11 +23,10 @@ def _refuse(subject: str, offline: str | None, info, token, timeout, instead: st
         pass
     except Exception as e:  # noqa: BLE001 (connection, DNS, proxy, timeout: no answer)
         cause = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0] or f'no answer in {timeout:g} s'}"
-        raise ConnectionError(
-            f"{subject} nor in the local Hugging Face cache, and the Hub at {constants.ENDPOINT} does not answer "
-            f"({cause}). {instead}; or download it where the Hub is reachable (`{download}`) and set "
-            "HF_HUB_OFFLINE=1 to use the cache without asking the Hub."
-        ) from None
+        raise ConnectionError(f"{subject} nor in the local Hugging Face cache, and the Hub at {constants.ENDPOINT} "
+                              f"does not answer ({cause}). {instead}; or download it where the Hub is reachable "
+                              f"(`{download}`) and set HF_HUB_OFFLINE=1 to use the cache without asking the "
+                              "Hub.") from None  # fmt: skip
 
 
 def check_hub_model(name: str, *, revision=None, token=None, what: str = "Model", timeout=None) -> None:
@@ -74,7 +72,7 @@ def check_hub_access(hub_model_id, output_dir: str, token=None, *, endpoint=None
     """One-line `ConnectionError` for a push that cannot work: offline, no token, or (`network`) `HfApi.whoami` fails."""
     from huggingface_hub import HfApi, constants, get_token
 
-    repo, endpoint, cause = hub_model_id or os.path.basename(os.path.abspath(output_dir)), endpoint, None
+    repo, cause = hub_model_id or os.path.basename(os.path.abspath(output_dir)), None
     if constants.HF_HUB_OFFLINE:
         cause = "offline mode is on (HF_HUB_OFFLINE=1)"
     elif not (token := token or get_token()):
@@ -87,8 +85,6 @@ def check_hub_access(hub_model_id, output_dir: str, token=None, *, endpoint=None
             why = f"refuses the token (HTTP {status})" if status in (401, 403) else f"cannot be reached ({error})"
             cause = f"the Hub at {endpoint or constants.ENDPOINT} {why}"
     if cause:
-        raise ConnectionError(
-            f"push_to_hub: cannot push to hub_model_id={repo!r}: {cause}. Fix that, or pass --push_to_hub false to "
-            f"train without pushing (the model, card and results stay in output_dir; upload them later with "
-            f"`hf upload {repo} {output_dir}`)."
-        )
+        raise ConnectionError(f"push_to_hub: cannot push to hub_model_id={repo!r}: {cause}. Fix that, or pass "
+                              "--push_to_hub false to train without pushing (the model, card and results stay in "
+                              f"output_dir; upload them later with `hf upload {repo} {output_dir}`).")  # fmt: skip

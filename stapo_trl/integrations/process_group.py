@@ -11,8 +11,7 @@ import sys
 
 
 def import_group_capturing_modules() -> None:
-    """Import the installed torch and DeepSpeed modules that capture the default group before one exists (environment
-    kept)."""
+    """Import installed torch and DeepSpeed modules that capture the default group before one exists (env kept)."""
     import torch.distributed
 
     if not torch.distributed.is_available() or torch.distributed.is_initialized():
