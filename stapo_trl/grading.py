@@ -1,5 +1,4 @@
-r"""The one answer grader (reward and evaluation): the last complete `\boxed{}` of a completion (STAPO Sec. 4.1)
-against a gold by math-verify, with the rules of docs/evaluation.md ("The grader") on top, bounded on any thread."""
+r"""The grader: a completion's last `\boxed{}` (STAPO Sec. 4.1) against a gold by math-verify (docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +6,6 @@ import functools
 import math
 import re
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,8 +131,8 @@ def _equivalent(gold_text: str, answer: str, timeout: int | None) -> bool:
     return any(_same(g, p, timeout) for g in gold for p in pred)
 
 
-def _bounded(fn: Callable, *args):
-    """`fn(*args, TIMEOUT_S)` on the main thread (signal.alarm); elsewhere in a daemon thread given up after TIMEOUT_S."""
+def _bounded(fn, *args):
+    """`fn(*args, TIMEOUT_S)` on the main thread (signal.alarm), else in a daemon thread given up after TIMEOUT_S."""
     if threading.current_thread() is threading.main_thread():
         return fn(*args, TIMEOUT_S)
     outcome: list = []
@@ -162,10 +160,8 @@ def grade(completion: str | None, gold: Any) -> GradeResult:
         gold_text = _gold_text(gold)
         if not _INT_RE.fullmatch(gold_text) and not _bounded(_parse_gold, gold_text):
             return GradeResult(False, extracted, f"gold unparseable: {gold!r:.200}")
-        if extracted is None:
-            return GradeResult(False, None)
-        if len(extracted) > MAX_ANSWER_CHARS:
-            return GradeResult(False, extracted, f"timeout: refused: over {MAX_ANSWER_CHARS} characters")
+        if extracted is None or len(extracted) > MAX_ANSWER_CHARS:
+            return GradeResult(False, extracted, extracted and f"timeout: refused: over {MAX_ANSWER_CHARS} characters")
         answer = _clean(extracted)
         if (option := _OPTION_RE.match(answer)) and option.end() < len(answer):
             letter_gold = _OPTION_RE.fullmatch(gold_text) or re.fullmatch("[A-E]", gold_text)

