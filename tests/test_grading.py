@@ -191,27 +191,23 @@ _LETTER = re.compile(r"\\text\{\(([A-E])\)\}")
 def answers(golds: list) -> list[tuple[object, str]]:
     out = []
     for i, gold in enumerate(golds):
-        text = _text(gold)
-        out += [(gold, text), (gold, f"{text}.")]  # itself; with a period
-        if not text.startswith("$"):
-            out.append((gold, f"${text}$"))
+        text, bare = _text(gold), _text(gold).strip("$")
+        forms = [text, f"{text}."] + [f"${text}$"] * (not text.startswith("$"))  # itself; with a period; in $...$
         if _NUMBER.fullmatch(text):
-            out.append((gold, rf"\text{{{text}}}"))
-            out.append((gold, str(int(text) + 1 if "." not in text else float(text) + 1)))  # wrong
-        if (m := _FRACTION.fullmatch(text.strip("$"))) is not None:
+            forms += [rf"\text{{{text}}}", str(int(text) + 1 if "." not in text else float(text) + 1)]  # wrong
+        if (m := _FRACTION.fullmatch(bare)) is not None:
             num, den = (int(x) for x in m.groups() if x)
-            out.append((gold, f"{num / den:.10g}"))
-        if _DECIMAL.fullmatch(text.strip("$")) and ("." in text or "e" in text.lower()):
-            value = float(text.strip("$"))
-            out.append((gold, np.format_float_positional(value, trim="-")))
-            wrong = np.format_float_positional(value * 1.1, trim="-", precision=6, fractional=False)  # by 10 %
-            out.append((gold, wrong))
+            forms.append(f"{num / den:.10g}")
+        if _DECIMAL.fullmatch(bare) and ("." in text or "e" in text.lower()):  # written out; wrong by 10 %
+            forms += [np.format_float_positional(float(bare), trim="-"),
+                      np.format_float_positional(float(bare) * 1.1, trim="-", precision=6, fractional=False)]  # fmt: skip
         if isinstance(gold, list) and len(gold) > 1:
-            out.append((gold, ", ".join(reversed(gold))))
+            forms.append(", ".join(reversed(gold)))
         if (m := _LETTER.fullmatch(text)) is not None:
-            out += [(gold, m.group(1)), (gold, f"({m.group(1)})"), (gold, rf"\textbf{{({m.group(1)})}}")]
+            forms += [m[1], f"({m[1]})", rf"\textbf{{({m[1]})}}"]
         if _text(other := golds[(i + 7) % len(golds)]) != text:
-            out.append((gold, _text(other)))  # another problem's gold: wrong
+            forms.append(_text(other))  # another problem's gold: wrong
+        out += [(gold, form) for form in forms]
     return out
 
 
