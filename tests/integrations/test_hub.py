@@ -15,6 +15,7 @@ from stapo_trl.integrations.hub import check_hub_access, check_hub_dataset, chec
 
 HUB_ID, DATASET_ID = "Qwen/Qwen3-0.6B", "some-org/some-dataset"
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: the connection is refused at once
+PUSH = "push_to_hub: cannot push to hub_model_id="
 
 
 def test_push_to_hub_offline_online_unreachable_or_without_a_token_fails_in_one_line(no_model_built, tmp_path, capsys,
@@ -27,51 +28,45 @@ def test_push_to_hub_offline_online_unreachable_or_without_a_token_fails_in_one_
     with pytest.raises(SystemExit) as excinfo:
         main([*argv, "--hub_model_id", "me/stapo-demo"])
     message = str(excinfo.value)
-    assert message.startswith("stapo-train: error: push_to_hub: cannot push to hub_model_id='me/stapo-demo': ")
+    assert message.startswith(f"stapo-train: error: {PUSH}'me/stapo-demo': ") and "\n" not in message
     assert "offline mode" in message and "HF_HUB_OFFLINE=1" in message and "--push_to_hub false" in message
-    assert "\n" not in message
     with pytest.raises(SystemExit, match=r"hub_model_id='out': offline mode"):  # Trainer's default: the folder's name
         main(argv)
     capsys.readouterr()
     assert dry_run_main([*argv, "--hub_model_id", "me/stapo-demo"]) == 2
-    assert "  - push_to_hub: cannot push to hub_model_id='me/stapo-demo': offline mode" in capsys.readouterr().out
-    # Online: no token, or an unreachable Hub
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    assert f"  - {PUSH}'me/stapo-demo': offline mode" in capsys.readouterr().out
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # online: no token, or an unreachable Hub
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf_home" / "token"))
-    with pytest.raises(ConnectionError, match=r"^push_to_hub: cannot push to hub_model_id='me/x': no Hub token "):
+    with pytest.raises(ConnectionError, match=rf"^{PUSH}'me/x': no Hub token "):
         check_hub_access("me/x", str(tmp_path))
     endpoint = f"http://127.0.0.1:{free_port()}"  # a real request to a closed port
     with pytest.raises(ConnectionError) as excinfo:
         check_hub_access("me/x", str(tmp_path), token="hf_not_a_real_token", endpoint=endpoint)
     message = str(excinfo.value)
-    assert message.startswith("push_to_hub: cannot push to hub_model_id='me/x': ")
-    assert f"the Hub at {endpoint} cannot be reached" in message and "--push_to_hub false" in message
-    assert "\n" not in message
+    assert message.startswith(f"{PUSH}'me/x': ") and "\n" not in message and "--push_to_hub false" in message
+    assert f"the Hub at {endpoint} cannot be reached" in message
     check_hub_access("me/x", str(tmp_path), token="hf_not_a_real_token", endpoint=endpoint, network=False)
 
 
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
-    """An online Hub client with an unreachable endpoint and empty caches; `hub.cache(repo)` caches a file."""
-    cache, datasets_cache = tmp_path / "hub-cache", tmp_path / "datasets-cache"
-    cache.mkdir()
-    datasets_cache.mkdir()
+    """An online Hub client with an unreachable endpoint and empty caches; returns a function caching a model file."""
     for module, name, value in [(constants, "HF_HUB_OFFLINE", False), (config, "HF_DATASETS_OFFLINE", False),
-                                (constants, "ENDPOINT", UNREACHABLE), (constants, "HF_HUB_CACHE", str(cache)),
-                                (config, "HF_DATASETS_CACHE", str(datasets_cache))]:  # fmt: skip
+                                (constants, "ENDPOINT", UNREACHABLE), (constants, "HF_HUB_CACHE", str(tmp_path / "hub")),
+                                (config, "HF_DATASETS_CACHE", str(tmp_path / "datasets"))]:  # fmt: skip
         monkeypatch.setattr(module, name, value)
     monkeypatch.delenv("HF_HUB_ETAG_TIMEOUT", raising=False)
 
     def cache_file(repo: str, filename: str = "config.json") -> None:
-        snapshot = cache / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
-        snapshot.mkdir(parents=True)
-        (snapshot.parents[1] / "refs").mkdir()
+        snapshot = tmp_path / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
+        (snapshot.parents[1] / "refs").mkdir(parents=True)
         (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+        snapshot.mkdir(parents=True)
         (snapshot / filename).write_text('{"model_type": "qwen3"}')
 
-    return types.SimpleNamespace(datasets=datasets_cache, cache=cache_file)
+    return cache_file
 
 
 def _one_line_refusal(message: str, offline: bool, name: str = HUB_ID) -> None:
@@ -90,21 +85,38 @@ def requests_sent(monkeypatch) -> list:
     return sent
 
 
-@pytest.mark.parametrize("kind, offline", [("models", None), ("datasets", None), ("models", "HUB"),
-                                           ("datasets", "HUB"), ("datasets", "DATASETS")])  # fmt: skip
-def test_an_uncached_id_is_refused_after_one_request_or_offline_without_any(hub, monkeypatch, kind, offline):
-    sent = requests_sent(monkeypatch)
+@pytest.mark.parametrize("what, offline", [("model", None), ("dataset", None), ("eval", None), ("model", "HUB"),
+                                           ("dataset", "HUB"), ("eval", "HUB"), ("dataset", "DATASETS")])  # fmt: skip
+def test_an_uncached_id_is_refused_in_one_line_after_one_request_or_offline_without_any(hub, monkeypatch, capsys,
+                                                                                         tmp_path, no_model_built,
+                                                                                         what, offline):  # fmt: skip
+    from stapo_trl.cli import prepare
+    from stapo_trl.cli.eval import main as eval_main
+    from stapo_trl.cli.train import main
+
+    monkeypatch.setattr(prepare, "load_prompt_dataset", lambda *a, **k: pytest.fail("the dataset was loaded first"))
     if offline:
         monkeypatch.setattr(constants if offline == "HUB" else config, f"HF_{offline}_OFFLINE", True)
-    name = HUB_ID if kind == "models" else DATASET_ID
+    kind, name = ("datasets", DATASET_ID) if what == "dataset" else ("models", HUB_ID)
+    sent = requests_sent(monkeypatch)
     with pytest.raises(FileNotFoundError if offline else ConnectionError) as excinfo:
         check_hub_model(HUB_ID) if kind == "models" else check_hub_dataset(DATASET_ID)
-    _one_line_refusal(message := str(excinfo.value), offline=bool(offline), name=name)
     assert [(r.method, str(r.url)) for r in sent] == [("GET", f"{UNREACHABLE}/api/{kind}/{name}")] * (not offline)
-    if not offline:
-        assert (
-            UNREACHABLE in message and f"hf download {'--repo-type dataset ' * (kind == 'datasets')}{name}" in message
-        )
+    download = f"hf download {'--repo-type dataset ' * (kind == 'datasets')}{name}"
+    assert offline or UNREACHABLE in str(excinfo.value) and download in str(excinfo.value)
+    start = {"model": f"stapo-train: error: Model {name!r} is not a local directory", "eval": "stapo-eval: error: ",
+             "dataset": f"stapo-train: error: dataset_name={name!r} is not a local path"}[what]  # fmt: skip
+    flag = {"model": "--model_name_or_path", "dataset": "--dataset_name"}.get(what)
+    with pytest.raises(SystemExit) as exited:
+        if what == "eval":
+            eval_main(["--model", name, "--benchmarks", "tiny-math", "--backend", "hf", "--output",
+                       str(tmp_path / "r.json")])  # fmt: skip
+        main(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), flag, name])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exited.value.code == 2 and line.startswith(start), line
+    assert offline or what != "eval" or "does not answer" in line, line
+    for message in (str(excinfo.value), line):
+        _one_line_refusal(message, bool(offline), name)
 
 
 def test_a_hub_that_does_not_answer_is_refused_by_the_timeout_after_one_request(hub, monkeypatch):
@@ -122,9 +134,9 @@ def test_a_hub_that_does_not_answer_is_refused_by_the_timeout_after_one_request(
 @pytest.mark.parametrize("offline", [False, True], ids=["online-unreachable", "offline"])
 @pytest.mark.parametrize("filename, cache", [("config.json", "hub"), ("adapter_config.json", "datasets")])
 def test_a_cached_id_a_local_path_and_a_builder_name_pass(hub, monkeypatch, tmp_path, offline, filename, cache):
-    hub.cache(HUB_ID, filename)  # a model, an adapter
-    folder = tmp_path / "hub-cache" / f"datasets--{DATASET_ID.replace('/', '--')}"
-    (folder if cache == "hub" else hub.datasets / DATASET_ID.replace("/", "___")).mkdir()
+    hub(HUB_ID, filename)  # a model, an adapter
+    folder = {"hub": f"datasets--{DATASET_ID.replace('/', '--')}", "datasets": DATASET_ID.replace("/", "___")}[cache]
+    (tmp_path / cache / folder).mkdir(parents=True)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
     for name in (DATASET_ID, str(tmp_path), "json"):  # no request: the unreachable endpoint is never asked
         check_hub_dataset(name)
@@ -134,37 +146,6 @@ def test_a_cached_id_a_local_path_and_a_builder_name_pass(hub, monkeypatch, tmp_
         check_hub_model("Qwen/Qwen3-1.7B")
     with pytest.raises((ConnectionError, FileNotFoundError)):
         check_hub_dataset("some-org/another-dataset")
-
-
-@pytest.mark.parametrize("offline", [False, True], ids=["unreachable", "offline"])
-@pytest.mark.parametrize("what", ["model", "dataset", "eval"])
-def test_the_commands_refuse_a_hub_id_before_loading_anything(hub, monkeypatch, capsys, tmp_path, no_model_built,
-                                                              offline, what):  # fmt: skip
-    from stapo_trl.cli import prepare
-    from stapo_trl.cli.eval import main as eval_main
-    from stapo_trl.cli.train import main
-
-    monkeypatch.setattr(prepare, "load_prompt_dataset", lambda *a, **k: pytest.fail("the dataset was loaded first"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
-    flag, name, start = {
-        "model": ("--model_name_or_path", HUB_ID, f"stapo-train: error: Model {HUB_ID!r} is not a local directory"),
-        "dataset": (
-            "--dataset_name",
-            DATASET_ID,
-            f"stapo-train: error: dataset_name={DATASET_ID!r} is not a local path",
-        ),
-        "eval": ("--model", HUB_ID, "stapo-eval: error: "),
-    }[what]
-    with pytest.raises(SystemExit) as excinfo:
-        if what == "eval":
-            eval_main(
-                [flag, name, "--benchmarks", "tiny-math", "--backend", "hf", "--output", str(tmp_path / "r.json")]
-            )
-        main(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), flag, name])
-    assert excinfo.value.code == 2
-    line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith(start) and (offline or what != "eval" or "does not answer" in line), line
-    _one_line_refusal(line, offline, name)
 
 
 def test_model_max_positions_prompt_token_budget_and_keep_short_prompts(caplog):
