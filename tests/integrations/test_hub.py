@@ -8,8 +8,17 @@ import pytest
 from datasets import config
 from huggingface_hub import constants
 from testing_utils import STAPO_RECIPE, addition_rows, free_port, write_jsonl
+from transformers import AutoTokenizer
 
+from stapo_trl.cli.args import parse_args
+from stapo_trl.cli.dry_run import dry_run_recipe
+from stapo_trl.cli.dry_run import main as dry_run_main
+from stapo_trl.cli.eval import main as eval_main
+from stapo_trl.cli.run import prepare
+from stapo_trl.cli.train import main as train_main
 from stapo_trl.data import keep_short_prompts, model_max_positions, prompt_token_budget
+from stapo_trl.evaluation.generation import DECODINGS, GeneratedSample, evaluate_problems
+from stapo_trl.evaluation.tasks import BenchmarkProblem
 from stapo_trl.integrations.hub import check_hub_access, check_hub_dataset, check_hub_model
 
 
@@ -20,18 +29,15 @@ PUSH = "push_to_hub: cannot push to hub_model_id="
 
 def test_push_to_hub_offline_online_unreachable_or_without_a_token_fails_in_one_line(no_model_built, tmp_path, capsys,
                                                                                       monkeypatch):  # fmt: skip
-    from stapo_trl.cli.dry_run import main as dry_run_main
-    from stapo_trl.cli.train import main
-
     assert constants.HF_HUB_OFFLINE  # conftest
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--push_to_hub", "true"]
     with pytest.raises(SystemExit) as excinfo:
-        main([*argv, "--hub_model_id", "me/stapo-demo"])
+        train_main([*argv, "--hub_model_id", "me/stapo-demo"])
     message = str(excinfo.value)
     assert message.startswith(f"stapo-train: error: {PUSH}'me/stapo-demo': ") and "\n" not in message
     assert "offline mode" in message and "HF_HUB_OFFLINE=1" in message and "--push_to_hub false" in message
     with pytest.raises(SystemExit, match=r"hub_model_id='out': offline mode"):  # Trainer's default: the folder's name
-        main(argv)
+        train_main(argv)
     capsys.readouterr()
     assert dry_run_main([*argv, "--hub_model_id", "me/stapo-demo"]) == 2
     assert f"  - {PUSH}'me/stapo-demo': offline mode" in capsys.readouterr().out
@@ -90,11 +96,9 @@ def requests_sent(monkeypatch) -> list:
 def test_an_uncached_id_is_refused_in_one_line_after_one_request_or_offline_without_any(hub, monkeypatch, capsys,
                                                                                          tmp_path, no_model_built,
                                                                                          what, offline):  # fmt: skip
-    from stapo_trl.cli import prepare
-    from stapo_trl.cli.eval import main as eval_main
-    from stapo_trl.cli.train import main
-
-    monkeypatch.setattr(prepare, "load_prompt_dataset", lambda *a, **k: pytest.fail("the dataset was loaded first"))
+    monkeypatch.setattr(
+        "stapo_trl.cli.prepare.load_prompt_dataset", lambda *a, **k: pytest.fail("the dataset was loaded first")
+    )
     if offline:
         monkeypatch.setattr(constants if offline == "HUB" else config, f"HF_{offline}_OFFLINE", True)
     kind, name = ("datasets", DATASET_ID) if what == "dataset" else ("models", HUB_ID)
@@ -111,7 +115,7 @@ def test_an_uncached_id_is_refused_in_one_line_after_one_request_or_offline_with
         if what == "eval":
             eval_main(["--model", name, "--benchmarks", "tiny-math", "--backend", "hf", "--output",
                        str(tmp_path / "r.json")])  # fmt: skip
-        main(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), flag, name])
+        train_main(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), flag, name])
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert exited.value.code == 2 and line.startswith(start), line
     assert offline or what != "eval" or "does not answer" in line, line
@@ -173,11 +177,6 @@ def test_model_max_positions_prompt_token_budget_and_keep_short_prompts(caplog):
 
 
 def test_eval_drops_prompts_over_the_models_positions(tiny_random_model_path, caplog):
-    from transformers import AutoTokenizer
-
-    from stapo_trl.evaluation.generation import DECODINGS, GeneratedSample, evaluate_problems
-    from stapo_trl.evaluation.tasks import BenchmarkProblem
-
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     problems = [BenchmarkProblem(id=i, problem=p, gold=g, benchmark="tiny") for i, p, g in
                 [("short", "12+34", "46"), ("long", "1+" * 300 + "1", "301"), ("short2", "10+10", "20")]]  # fmt: skip
@@ -198,12 +197,6 @@ def test_eval_drops_prompts_over_the_models_positions(tiny_random_model_path, ca
 
 
 def test_train_and_the_dry_run_drop_prompts_over_the_models_positions(tiny_math_model_path, tmp_path, caplog, capsys):
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.dry_run import dry_run_recipe
-    from stapo_trl.cli.dry_run import main as dry_run_main
-    from stapo_trl.cli.run import prepare
-    from stapo_trl.cli.train import main as train_main
-
     def data(name, problems):
         return write_jsonl(tmp_path / name, [{"problem": p, "answer": "1"} for p in problems])
 
