@@ -32,45 +32,41 @@ def test_the_last_complete_box_is_the_answer_and_verdicts_are_the_same_in_a_thre
 
 
 @pytest.mark.parametrize("answer, gold, expected", [  # fmt: skip
-    # Exact numbers to 40 digits: math-verify alone grades each of the first three True (6 decimal places).
+    # Exact numbers to 40 digits (math-verify alone: the first three True); a decimal within 5e-6 relative (math-verify
+    # alone takes 3e-7 for 1e-8 and 0.000003 for 2.7778e-6, Minerva); Minerva's Python notation, read as LaTeX.
     (r"\frac{1}{2006!}", r"\frac{1}{2004!}", False), (r"2^{-100}", r"2^{-101}", False),
     (r"\frac{\sqrt{2}}{10^{30}}", r"\frac{\sqrt{3}}{10^{30}}", False),
     (r"\frac{1}{2006 \cdot 2005 \cdot 2004!}", r"\frac{1}{2006!}", True),
-    (r"\frac{1}{\sqrt{2}}", r"\frac{\sqrt{2}}{2}", True),
-    # A decimal within 5e-6 relative: math-verify alone takes 3e-7 for 1e-8 and 0.000003 for 2.7778e-6 (Minerva).
-    ("0.0000003", "1e-8", False), ("0.000003", "2.7778e-6", False), ("870000000", "8.7e8", True),
-    ("0.333333", r"\frac{1}{3}", True), ("0.3333", r"\frac{1}{3}", False), ("27.0", "27", True),
-    # Python notation in Minerva golds, read as LaTeX on both sides.
-    (r"4.5 \times 10^{33}", "4.5e33", True), (r"4.6 \times 10^{33}", "4.5e33", False),
-    (r"-\frac{1}{3}", "-1./3", True), (r"\arcsin\left(\frac{10}{13}\right)", "np.arcsin(10/13)", True),
+    (r"\frac{1}{\sqrt{2}}", r"\frac{\sqrt{2}}{2}", True), ("0.0000003", "1e-8", False),
+    ("0.000003", "2.7778e-6", False), ("870000000", "8.7e8", True), ("0.333333", r"\frac{1}{3}", True),
+    ("0.3333", r"\frac{1}{3}", False), ("27.0", "27", True), (r"4.5 \times 10^{33}", "4.5e33", True),
+    (r"4.6 \times 10^{33}", "4.5e33", False), (r"-\frac{1}{3}", "-1./3", True),
+    (r"\arcsin\left(\frac{10}{13}\right)", "np.arcsin(10/13)", True),
     (r"\arccos\left(\frac{10}{13}\right)", "np.arcsin(10/13)", False),
-    # \text{} around a decimal; a command as a subscript; a period ending the box.
+    # \text{} around a decimal; a command as a subscript; a period ending the box; upright e, i and function names
+    # (math-verify reads the first upright e as nothing, the first arcsin as 1/2); ints as ints; letters in brackets.
     (r"\text{1.25}", "1.25", True), (r"m_{\max}=n^{2}-n-1", r"$m_{\max }=n^{2}-n-1$", True),
     (r"m_{\max}=n^{2}-n", r"$m_{\max }=n^{2}-n-1$", False), ("13.", "13", True),
-    # Upright e, i and function names (reported golds: math-verify reads the first as nothing, the fourth as 1/2).
     (r"1-\frac{1}{e}", r"1 - \frac{1}{\mathrm{e}}", True),
     (r"1+\frac{1}{\mathrm{e}}", r"1 - \frac{1}{\mathrm{e}}", False), (r"e^{-2}", r"{\rm e}^{-2}", True),
     (r"\frac{1}{2}", r"\operatorname{arcsin}\frac{1}{2}", False),
     (r"\frac{\pi}{6}", r"\operatorname{arcsin}\frac{1}{2}", True),
     (r"\mathrm{sin}\frac{\pi}{6}", r"\frac{1}{2}", True), (r"3-2\mathrm{i}", "3+2i", False),
-    (r"3+2\mathrm{i}", "3+2i", True),
-    # Plain integers compare as ints; everything else is math-verify's.
-    ("025", "25", True), ("-3", "3", False), (r"\frac{2}{6}", r"$\frac{1}{3}$", True),
-    (r"x > 3", r"(3, \infty)", True),  # allow_set_relation_comp
-    (r"\text{(C)}", r"\text{(C)}", True), ("(C)", r"\text{(C)}", True), ("(B)", r"\text{(C)}", False),
+    (r"3+2\mathrm{i}", "3+2i", True), ("025", "25", True), ("-3", "3", False),
+    (r"\frac{2}{6}", r"$\frac{1}{3}$", True), (r"x > 3", r"(3, \infty)", True), (r"\text{(C)}", r"\text{(C)}", True),
+    ("(C)", r"\text{(C)}", True), ("(B)", r"\text{(C)}", False),
     # An option letter with its value, as AMC solutions end: the letter against a letter gold (MATH-500's
     # `\text{(B)}`), the value against a value gold. math-verify alone grades each of the first six False.
     (r"\textbf{(B)}\ 7", "B", True), (r"\textbf{(B)}\ 7", r"\text{(B)}", True), (r"\textbf{(B)}\ 7", "7", True),
     ("(C) 12", "12", True), (r"\text{(D) }5", "D", True), (r"(E)\ \text{ellipse}", r"\text{ellipse}", True),
     (r"\textbf{(B)}\ 7", "C", False), (r"\textbf{(B)}\ 7", "8", False),
-    # A thin space between digit groups (12 + 345 for math-verify) against MATH-500's `10,\!080`-style golds.
+    # Thin spaces between digit groups (12 + 345 for math-verify) against MATH-500's `10,\!080`; the degree sign
+    # (nothing for math-verify) against `90^\circ`; AMC23's float golds, verl's boxed ones, OlympiadBench's lists.
     (r"10\,080", r"10,\!080", True), (r"11\,111\,111\,100", r"11,\! 111,\! 111,\! 100", True),
-    (r"10\,081", r"10,\!080", False), (r"1\,2", "12", False),
-    # The degree sign (nothing for math-verify) against MATH-500's `90^\circ` and OlympiadBench's `$45^{\circ}$`.
-    ("90°", r"90^\circ", True), ("45°", r"$45^{\circ}$", True), ("44°", r"$45^{\circ}$", False),
-    # Gold layouts: AMC23's floats, verl's boxed ground truths, OlympiadBench's lists (a set, any order).
-    ("27", 27.0, True), (r"\textbf{(C)}\ 27", 27.0, True), ("204", r"\boxed{204}", True),
-    ("2, 1", ["$1$", "$2$"], True), ("1", ["$1$", "$2$"], False), ("1, 2, 3", ["$1$", "$2$"], False),
+    (r"10\,081", r"10,\!080", False), (r"1\,2", "12", False), ("90°", r"90^\circ", True),
+    ("45°", r"$45^{\circ}$", True), ("44°", r"$45^{\circ}$", False), ("27", 27.0, True),
+    (r"\textbf{(C)}\ 27", 27.0, True), ("204", r"\boxed{204}", True), ("2, 1", ["$1$", "$2$"], True),
+    ("1", ["$1$", "$2$"], False), ("1, 2, 3", ["$1$", "$2$"], False),
 ])  # fmt: skip
 def test_kept_rules_give_hand_computed_verdicts(answer, gold, expected):
     result = grade(rf"The answer is $\boxed{{{answer}}}$.", gold)
@@ -102,12 +98,10 @@ def verdicts(where, mapped=map):
     results = mapped(lambda c: grade(*c), CASES)
     return [f"{where} {r.correct} {r.error.split(':')[0]} {'refused' in r.error}" for r in results]
 lines = verdicts("main")
-thread = threading.Thread(target=lambda: lines.extend(verdicts("thread")))
-thread.start()
+(thread := threading.Thread(target=lambda: lines.extend(verdicts("thread")))).start()
 thread.join()
 with ThreadPoolExecutor(4) as pool:
-    lines += verdicts("pool", pool.map)
-print("\\n".join(lines))
+    print("\\n".join(lines + verdicts("pool", pool.map)))
 """
 
 
@@ -127,11 +121,8 @@ def test_a_slow_comparison_is_stopped_on_the_main_thread_and_given_up_off_it(mon
 
     def hang(*args, **kwargs):  # busy (an alarm can interrupt it) until released, or 120 s as a guard
         started.set()
-        for _ in range(120_000_000):
-            if release.is_set():
-                break
-        finished.set()
-        return True
+        any(release.is_set() for _ in range(120_000_000))
+        return finished.set() or True
 
     monkeypatch.setattr(math_verify.grader, "sympy_expr_eq", hang)
     monkeypatch.setattr(grading, "TIMEOUT_S", 1)
@@ -199,8 +190,8 @@ def answers(golds: list) -> list[tuple[object, str]]:
             num, den = (int(x) for x in m.groups() if x)
             forms.append(f"{num / den:.10g}")
         if _DECIMAL.fullmatch(bare) and ("." in text or "e" in text.lower()):  # written out; wrong by 10 %
-            forms += [np.format_float_positional(float(bare), trim="-"),
-                      np.format_float_positional(float(bare) * 1.1, trim="-", precision=6, fractional=False)]  # fmt: skip
+            forms.append(np.format_float_positional(float(bare), trim="-"))
+            forms.append(np.format_float_positional(float(bare) * 1.1, trim="-", precision=6, fractional=False))
         if isinstance(gold, list) and len(gold) > 1:
             forms.append(", ".join(reversed(gold)))
         if (m := _LETTER.fullmatch(text)) is not None:
@@ -212,11 +203,9 @@ def answers(golds: list) -> list[tuple[object, str]]:
 
 
 def verdicts(grader, golds: dict[str, list], only_self: bool = False) -> dict[tuple, bool]:
-    return {
-        (name, _text(gold), answer): grader.grade(rf"The answer is $\boxed{{{answer}}}$.", gold).correct
-        for name, benchmark in golds.items()
-        for gold, answer in ([(g, _text(g)) for g in benchmark] if only_self else answers(benchmark))
-    }
+    return {(name, _text(gold), answer): grader.grade(rf"The answer is $\boxed{{{answer}}}$.", gold).correct
+            for name, benchmark in golds.items()
+            for gold, answer in ([(g, _text(g)) for g in benchmark] if only_self else answers(benchmark))}  # fmt: skip
 
 
 def disagreements(before: dict[tuple, bool], now: dict[tuple, bool]) -> set[tuple]:
@@ -261,12 +250,3 @@ def test_the_hand_rows_of_the_docs_table_are_the_verdicts_of_both_graders(previo
     for _, gold, answer, before, now in rows:
         completion = answer if "\\boxed" in answer else rf"\boxed{{{answer}}}"
         assert (previous_grader.grade(completion, gold).correct, grade(completion, gold).correct) == (before, now)
-
-
-if __name__ == "__main__":  # every disagreement as a row of the docs table
-    import tempfile
-    from pathlib import Path
-
-    golds = benchmark_golds(REPO.parent / "shared" / "data")
-    found = disagreements(verdicts(load_previous(Path(tempfile.mkdtemp())), golds), verdicts(grading, golds))
-    print("\n".join(f"| {r[0]} | `{r[1]}` | `{r[2]}` | {r[3]} | {r[4]} | |" for r in sorted(found)))
