@@ -59,10 +59,10 @@ def test_push_to_hub_offline_online_unreachable_or_without_a_token_fails_in_one_
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
     """An online Hub client with an unreachable endpoint and empty caches; returns a function caching a model file."""
-    for module, name, value in [(constants, "HF_HUB_OFFLINE", False), (config, "HF_DATASETS_OFFLINE", False),
-                                (constants, "ENDPOINT", UNREACHABLE), (constants, "HF_HUB_CACHE", str(tmp_path / "hub")),
-                                (config, "HF_DATASETS_CACHE", str(tmp_path / "datasets"))]:  # fmt: skip
-        monkeypatch.setattr(module, name, value)
+    for name, value in dict(HF_HUB_OFFLINE=False, ENDPOINT=UNREACHABLE, HF_HUB_CACHE=str(tmp_path / "hub")).items():
+        monkeypatch.setattr(constants, name, value)
+    monkeypatch.setattr(config, "HF_DATASETS_OFFLINE", False)
+    monkeypatch.setattr(config, "HF_DATASETS_CACHE", str(tmp_path / "datasets"))
     monkeypatch.delenv("HF_HUB_ETAG_TIMEOUT", raising=False)
 
     def cache_file(repo: str, filename: str = "config.json") -> None:
@@ -153,12 +153,11 @@ def test_a_cached_id_a_local_path_and_a_builder_name_pass(hub, monkeypatch, tmp_
 
 
 def test_model_max_positions_prompt_token_budget_and_keep_short_prompts(caplog):
-    ns = types.SimpleNamespace
-    assert model_max_positions({"max_position_embeddings": 512}) == 512
-    assert model_max_positions(ns(config=ns(n_positions=1024))) == 1024
-    assert model_max_positions(ns(model=ns(config={"max_position_embeddings": 64}))) == 64  # an HFGenerator
-    assert model_max_positions(ns(llm=ns(llm_engine=ns(model_config=ns(max_model_len=96))))) == 96  # a VLLMGenerator
-    assert model_max_positions({"hidden_size": 64}) is None
+    ns = types.SimpleNamespace  # a config, a model, an HFGenerator, a VLLMGenerator, no length
+    models = [{"max_position_embeddings": 512}, ns(config=ns(n_positions=1024)), {"hidden_size": 64},
+              ns(model=ns(config={"max_position_embeddings": 64})),
+              ns(llm=ns(llm_engine=ns(model_config=ns(max_model_len=96))))]  # fmt: skip
+    assert list(map(model_max_positions, models)) == [512, 1024, None, 64, 96]
     assert [prompt_token_budget(512, 256), prompt_token_budget(512, 256, max_prompt_tokens=100)] == [256, 100]
     assert [prompt_token_budget(None, 256, max_prompt_tokens=100), prompt_token_budget(None, 256)] == [100, None]
     with pytest.raises(ValueError, match="max_new_tokens=512 leaves no room"):
