@@ -15,15 +15,8 @@ import pytest
 import torch
 from testing_utils import PROMPTS, STAPO_RECIPE, addition_rows, tiny_stapo_config, write_jsonl
 
-from stapo_trl.rewards import (
-    REWARDS,
-    checked_reward,
-    completion_text,
-    format_reward,
-    get_reward_funcs,
-    math_accuracy_reward,
-    resolve_reward_names,
-)
+from stapo_trl import rewards
+from stapo_trl.rewards import checked_reward, completion_text, format_reward, get_reward_funcs, math_accuracy_reward
 
 
 def _chat(text):
@@ -48,8 +41,8 @@ def test_math_accuracy_reward_and_a_batch_of_512_with_pathological_answers():
     bad = {3: r"10^{10^{10}}", 100: r"2003^{2002^{2001}}", 200: r"(10^{7})!", 300: r"9^{9^{9^{9}}}", 511: "7^{7^{77}}"}
     completions = [rf"\boxed{{{bad.get(i, answers[i % 4])}}}" for i in range(512)]
     logged = {}
-    rewards = math_accuracy_reward(completions, [golds[i % 4] for i in range(512)], log_metric=logged.__setitem__)
-    assert [rewards[i] for i in bad] == [0.0] * 5 and sum(rewards) == 512 - 5
+    got = math_accuracy_reward(completions, [golds[i % 4] for i in range(512)], log_metric=logged.__setitem__)
+    assert [got[i] for i in bad] == [0.0] * 5 and sum(got) == 512 - 5
     assert logged["grading/timeout_ratio"] == pytest.approx(5 / 512)
 
 
@@ -59,8 +52,8 @@ def test_grader_errors_score_zero_and_unparseable_golds_none_logged_and_counted(
     monkeypatch.setattr(math_verify.grader, "sympy_expr_eq", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
     logged, completions = {}, [r"\boxed{x+1}", r"\boxed{7}", r"\boxed{10^{10^{10}}}", r"\boxed{\frac{}"]
     with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"):
-        rewards = math_accuracy_reward(completions, ["1+x", "7", "7", r"\frac{zz"], log_metric=logged.__setitem__)
-    assert rewards == [0.0, 1.0, 0.0, None]  # the integer path needs no math-verify; a refusal is a timeout
+        got = math_accuracy_reward(completions, ["1+x", "7", "7", r"\frac{zz"], log_metric=logged.__setitem__)
+    assert got == [0.0, 1.0, 0.0, None]  # the integer path needs no math-verify; a refusal is a timeout
     ratios = {"error_ratio": 0.5, "timeout_ratio": 0.25, "gold_unparseable_ratio": 0.25}
     assert logged == {f"grading/{k}": v for k, v in ratios.items()}
     messages = [r.getMessage() for r in caplog.records]
@@ -77,12 +70,12 @@ def test_format_reward_completion_text_and_the_registry():
     assert completion_text([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]) == "a"
     parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     assert completion_text([{"role": "assistant", "content": parts}]) == "ab"
-    assert get_reward_funcs(["math_accuracy", "format"]) == [math_accuracy_reward, format_reward]
-    assert get_reward_funcs("math_accuracy,format") == [math_accuracy_reward, format_reward]
-    assert get_reward_funcs(["math_accuracy_reward", "stapo_trl.rewards.format_reward"]) == list(REWARDS.values())
-    assert {f.__name__ for f in REWARDS.values()} == {"math_accuracy_reward", "format_reward"}  # TRL's metric names
+    both = [math_accuracy_reward, format_reward]
+    assert get_reward_funcs(["math_accuracy", "format"]) == get_reward_funcs("math_accuracy,format") == both
+    assert get_reward_funcs(["math_accuracy_reward", "stapo_trl.rewards.format_reward"]) == both
+    assert list(rewards.REWARDS.values()) == both and list(rewards.REWARDS) == ["math_accuracy", "format"]
     for name in ["accuracy", "stapo_trl.rewards.nope", "not_a_module_xyz.func", " "]:  # unknown: the registry listed
-        with pytest.raises(ValueError, match=re.escape(str(sorted(REWARDS)))):
+        with pytest.raises(ValueError, match=re.escape("['format', 'math_accuracy']")):
             get_reward_funcs([name])
 
 
@@ -181,8 +174,8 @@ def test_checked_reward_refuses_no_number_per_completion_and_warns_inf_or_nan_on
 def test_every_sequence_of_numbers_trl_trains_on_passes_as_its_values():  # as TRL converts them
     for returned in [np.array([1.0, 0.0, 0.5]), torch.tensor([1.0, 0.0, 0.5]), [np.True_, np.False_, 0.5],
                      (torch.tensor(v) for v in (1.0, 0.0, 0.5)), [1, False, Fraction(1, 2)]]:  # fmt: skip
-        rewards = checked_reward(unsure)(completions=["a", "b", "c"], returned=returned)
-        assert torch.tensor(rewards, dtype=torch.float32).tolist() == [1.0, 0.0, 0.5]
+        got = checked_reward(unsure)(completions=["a", "b", "c"], returned=returned)
+        assert torch.tensor(got, dtype=torch.float32).tolist() == [1.0, 0.0, 0.5]
 
 
 def half_judged(completions, prompts, trainer_state, **kwargs):
@@ -195,7 +188,7 @@ def test_the_trainer_checks_its_rewards_under_trls_names(tmp_path, tiny_random_m
     # TRL's name and signature kept; `None` for some completions trains silently; an exception gets a note
     from stapo_trl import STAPOTrainer
 
-    (checked,) = resolve_reward_names([half_judged])
+    (checked,) = rewards.resolve_reward_names([half_judged])
     assert checked.__name__ == "half_judged"
     assert list(inspect.signature(checked).parameters)[:2] == ["completions", "prompts"]
     args = tiny_stapo_config(tmp_path, max_steps=2, logging_steps=1)
