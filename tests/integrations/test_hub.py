@@ -179,12 +179,8 @@ def test_eval_drops_prompts_over_the_models_positions(tiny_random_model_path, ca
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     problems = [BenchmarkProblem(id=i, problem=p, gold=g, benchmark="tiny") for i, p, g in
                 [("short", "12+34", "46"), ("long", "1+" * 300 + "1", "301"), ("short2", "10+10", "20")]]  # fmt: skip
-    seen = []
-
-    def generate_fn(prompt_texts, *, n, **kwargs):
-        seen.extend(prompt_texts)
-        return [[GeneratedSample(r"\boxed{46}", 3, True)] * n for _ in prompt_texts]
-
+    seen, sample = [], GeneratedSample(r"\boxed{46}", 3, True)
+    generate_fn = lambda texts, *, n, **kwargs: seen.extend(texts) or [[sample] * n for _ in texts]  # noqa: E731
     run = dict(n=2, decoding=DECODINGS["t1.0-p1.0"], max_new_tokens=256, max_positions=512)
     with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
         table, records = evaluate_problems(generate_fn, tokenizer, problems, **run)
@@ -195,7 +191,7 @@ def test_eval_drops_prompts_over_the_models_positions(tiny_random_model_path, ca
         evaluate_problems(generate_fn, tokenizer, problems[1:2], **run)
 
 
-def test_train_and_the_dry_run_drop_prompts_over_the_models_positions(tiny_math_model_path, tmp_path, caplog, capsys):
+def test_train_and_the_dry_run_drop_prompts_over_the_models_positions(tiny_math_model_path, tmp_path, caplog):
     def data(name, problems):
         return write_jsonl(tmp_path / name, [{"problem": p, "answer": "1"} for p in problems])
 
@@ -203,12 +199,7 @@ def test_train_and_the_dry_run_drop_prompts_over_the_models_positions(tiny_math_
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", mixed]
     argv += ["--eval_before_after", "false", "--output_dir", str(tmp_path / "out")]
     count = "1 of 3 training prompts exceed 464 tokens and will be dropped"  # the model's 512 positions - 48
-    assert dict(dry_run_recipe(argv, 1).lines)["prompt length"] == count
-    dry_run_main(argv)  # exit status 2: 3 prompts cannot fill the recipe's rollout step (another row)
-    assert count in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        train_main([*argv, "--dry-run"])
-    assert count in capsys.readouterr().out
+    assert dict(dry_run_recipe(argv, 1).lines)["prompt length"] == count  # the commands print these rows
     # a 16-completion rollout step (2 prompts x 8), so that the 2 kept prompts fill one
     train = [*argv, "--per_device_train_batch_size", "8", "--steps_per_generation", "2"]
     with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
