@@ -18,7 +18,7 @@ from stapo_trl.evaluation.tasks import normalize_records, read_rows
 from stapo_trl.grading import extract_boxed_answer, grade, is_correct
 
 
-def test_the_last_complete_box_is_the_answer_and_verdicts_are_the_same_in_a_thread_pool():
+def test_the_last_complete_box_is_the_answer_verdicts_are_the_same_in_threads_and_unparseable_golds_never_pass():
     # the last box of the last text never closes (truncated): no answer
     texts = [r"so \boxed{1} no, \boxed{\frac{1}{3}}.", r"\fbox{ 7 }", r"\boxed{\{1, 2\}}", r"\boxed{}", "no box: 42",
              None, r"\boxed{1} then \boxed{\frac{2}{3}"]  # fmt: skip
@@ -29,6 +29,13 @@ def test_the_last_complete_box_is_the_answer_and_verdicts_are_the_same_in_a_thre
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(lambda c: grade(*c), cases * 4)) == on_main * 4
     assert [r.correct for r in on_main] == [True, True, False, False, True]
+    for gold in [r"\frac{zz", "", None, [], r"E_{1},E_{2}"]:  # an unparseable gold never gives credit
+        for completion in (rf"\boxed{{{gold}}}", r"\boxed{1}", "no box"):
+            result = grade(completion, gold)
+            assert not result.correct and result.error.startswith("gold unparseable"), result
+    result = grade(rf"\boxed{{{'1' * 5000}}}", "1")  # int() refuses over 4300 digits: refused before
+    assert not result.correct and result.error.startswith("timeout: refused")
+    assert grade(rf"\boxed{{{'1' * 999}}}", "1" * 999).correct  # long integers do not raise
 
 
 @pytest.mark.parametrize("answer, gold, expected", [  # fmt: skip
@@ -71,16 +78,6 @@ def test_the_last_complete_box_is_the_answer_and_verdicts_are_the_same_in_a_thre
 def test_kept_rules_give_hand_computed_verdicts(answer, gold, expected):
     result = grade(rf"The answer is $\boxed{{{answer}}}$.", gold)
     assert (result.correct, result.error, is_correct(rf"\boxed{{{answer}}}", gold)) == (expected, None, expected)
-
-
-def test_an_unparseable_gold_never_gives_credit_a_long_answer_is_refused_and_long_integers_do_not_raise():
-    for gold in [r"\frac{zz", "", None, [], r"E_{1},E_{2}"]:
-        for completion in (rf"\boxed{{{gold}}}", r"\boxed{1}", "no box"):
-            result = grade(completion, gold)
-            assert not result.correct and result.error.startswith("gold unparseable"), result
-    result = grade(rf"\boxed{{{'1' * 5000}}}", "1")  # int() refuses over 4300 digits: refused before
-    assert not result.correct and result.error.startswith("timeout: refused")
-    assert grade(rf"\boxed{{{'1' * 999}}}", "1" * 999).correct
 
 
 # Each would run for minutes if evaluated; each is refused before evaluation (the last: a pathological gold).
@@ -161,9 +158,10 @@ def previous_grader(tmp_path_factory):
     return previous
 
 
-def benchmark_golds(data_dir) -> dict[str, list]:
+@pytest.fixture(scope="module")
+def golds(shared_data_dir) -> dict[str, list]:
     golds: dict[str, dict] = {}
-    for path in sorted(p for p in data_dir.glob("*/*") if p.suffix in (".json", ".jsonl", ".parquet")):
+    for path in sorted(p for p in shared_data_dir.glob("*/*") if p.suffix in (".json", ".jsonl", ".parquet")):
         for problem in normalize_records(read_rows(path)):
             golds.setdefault(path.parent.name, {}).setdefault(repr(problem.gold), problem.gold)
     return {name: list(by_repr.values()) for name, by_repr in golds.items()}
@@ -210,11 +208,6 @@ def verdicts(grader, golds: dict[str, list], only_self: bool = False) -> dict[tu
 
 def disagreements(before: dict[tuple, bool], now: dict[tuple, bool]) -> set[tuple]:
     return {(*key, int(before[key]), int(now[key])) for key in now if before[key] != now[key]}
-
-
-@pytest.fixture(scope="module")
-def golds(shared_data_dir):
-    return benchmark_golds(shared_data_dir)
 
 
 def documented() -> set[tuple]:

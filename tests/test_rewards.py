@@ -24,7 +24,9 @@ def _chat(text):
     return [{"role": "assistant", "content": text}]
 
 
-def test_math_accuracy_reward_and_a_batch_of_512_with_pathological_answers():
+def test_math_accuracy_reward_a_batch_of_512_with_pathological_answers_and_grader_errors(monkeypatch, caplog):
+    import math_verify.grader
+
     completions = [r"\boxed{85}", _chat(r"so \boxed{085}"), r"\boxed{84}", "85", _chat(""), r"\boxed{\frac{1}{2}}",
                    r"\boxed{27}", r"\boxed{2, 1}", r"\boxed{1-\frac{1}{e}}", r"\boxed{\frac{\pi}{6}}",
                    r"\boxed{e^{-2}}"]  # fmt: skip
@@ -45,11 +47,7 @@ def test_math_accuracy_reward_and_a_batch_of_512_with_pathological_answers():
     got = math_accuracy_reward(completions, [golds[i % 4] for i in range(512)], log_metric=logged.__setitem__)
     assert [got[i] for i in bad] == [0.0] * 5 and sum(got) == 512 - 5
     assert logged["grading/timeout_ratio"] == pytest.approx(5 / 512)
-
-
-def test_grader_errors_score_zero_and_unparseable_golds_none_logged_and_counted(monkeypatch, caplog):
-    import math_verify.grader
-
+    # Grader errors score 0.0, unparseable golds None: logged and counted.
     monkeypatch.setattr(math_verify.grader, "sympy_expr_eq", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("x")))
     logged, completions = {}, [r"\boxed{x+1}", r"\boxed{7}", r"\boxed{10^{10^{10}}}", r"\boxed{\frac{}"]
     with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"):
