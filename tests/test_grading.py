@@ -3,9 +3,11 @@ against the one it replaced (`PREVIOUS`, read from git; skips without it or ../s
 benchmarks: every gold grades as before, every other disagreement is a row of docs/evaluation.md's table."""
 
 import importlib
+import io
 import re
 import subprocess
 import sys
+import tarfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -136,26 +138,18 @@ def test_a_slow_comparison_is_stopped_on_the_main_thread_and_given_up_off_it(mon
 PREVIOUS = "ff523c7"  # the last commit with the previous grader, stapo_trl/grading/ (eight modules)
 
 
-def load_previous(folder):
-    (package := folder / "_previous_grading").mkdir(exist_ok=True)
-    for name in ("__init__", "api", "bound", "choice", "extract", "normalize", "verify", "workers"):
-        shown = subprocess.run(["git", "-C", str(REPO), "show", f"{PREVIOUS}:stapo_trl/grading/{name}.py"],
-                               capture_output=True, text=True)  # fmt: skip
-        if shown.returncode != 0:
-            return None
-        (package / f"{name}.py").write_text(shown.stdout)
+@pytest.fixture(scope="module")
+def previous_grader(tmp_path_factory):
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", PREVIOUS, "stapo_trl/grading"], capture_output=True)
+    if archive.returncode != 0:
+        pytest.skip(f"the previous grader is not in this checkout's history ({PREVIOUS})")
+    tarfile.open(fileobj=io.BytesIO(archive.stdout)).extractall(folder := tmp_path_factory.mktemp("previous"))
+    (folder / "stapo_trl" / "grading").rename(folder / "_previous_grading")
     sys.path.insert(0, str(folder))
     try:
         return importlib.import_module("_previous_grading")
     finally:
         sys.path.remove(str(folder))
-
-
-@pytest.fixture(scope="module")
-def previous_grader(tmp_path_factory):
-    if (previous := load_previous(tmp_path_factory.mktemp("previous"))) is None:
-        pytest.skip(f"the previous grader is not in this checkout's history ({PREVIOUS})")
-    return previous
 
 
 @pytest.fixture(scope="module")

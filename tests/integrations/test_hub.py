@@ -58,21 +58,12 @@ def test_push_to_hub_offline_online_unreachable_or_without_a_token_fails_in_one_
 
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
-    """An online Hub client with an unreachable endpoint and empty caches; returns a function caching a model file."""
+    """An online Hub client with an unreachable endpoint and empty caches."""
     for name, value in dict(HF_HUB_OFFLINE=False, ENDPOINT=UNREACHABLE, HF_HUB_CACHE=str(tmp_path / "hub")).items():
         monkeypatch.setattr(constants, name, value)
     monkeypatch.setattr(config, "HF_DATASETS_OFFLINE", False)
     monkeypatch.setattr(config, "HF_DATASETS_CACHE", str(tmp_path / "datasets"))
     monkeypatch.delenv("HF_HUB_ETAG_TIMEOUT", raising=False)
-
-    def cache_file(repo: str, filename: str = "config.json") -> None:
-        snapshot = tmp_path / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
-        (snapshot.parents[1] / "refs").mkdir(parents=True)
-        (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
-        snapshot.mkdir(parents=True)
-        (snapshot / filename).write_text('{"model_type": "qwen3"}')
-
-    return cache_file
 
 
 def _one_line_refusal(message: str, offline: bool, name: str = HUB_ID) -> None:
@@ -96,9 +87,7 @@ def requests_sent(monkeypatch) -> list:
 def test_an_uncached_id_is_refused_in_one_line_after_one_request_or_offline_without_any(hub, monkeypatch, capsys,
                                                                                          tmp_path, no_model_built,
                                                                                          what, offline):  # fmt: skip
-    monkeypatch.setattr(
-        "stapo_trl.cli.prepare.load_prompt_dataset", lambda *a, **k: pytest.fail("the dataset was loaded first")
-    )
+    monkeypatch.setattr("stapo_trl.cli.prepare.load_prompt_dataset", lambda *a, **k: pytest.fail("loaded first"))
     if offline:
         monkeypatch.setattr(constants if offline == "HUB" else config, f"HF_{offline}_OFFLINE", True)
     kind, name = ("datasets", DATASET_ID) if what == "dataset" else ("models", HUB_ID)
@@ -138,7 +127,11 @@ def test_a_hub_that_does_not_answer_is_refused_by_the_timeout_after_one_request(
 @pytest.mark.parametrize("offline", [False, True], ids=["online-unreachable", "offline"])
 @pytest.mark.parametrize("filename, cache", [("config.json", "hub"), ("adapter_config.json", "datasets")])
 def test_a_cached_id_a_local_path_and_a_builder_name_pass(hub, monkeypatch, tmp_path, offline, filename, cache):
-    hub(HUB_ID, filename)  # a model, an adapter
+    snapshot = tmp_path / "hub" / f"models--{HUB_ID.replace('/', '--')}" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    (snapshot / filename).write_text('{"model_type": "qwen3"}')  # a model, an adapter
     folder = {"hub": f"datasets--{DATASET_ID.replace('/', '--')}", "datasets": DATASET_ID.replace("/", "___")}[cache]
     (tmp_path / cache / folder).mkdir(parents=True)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
