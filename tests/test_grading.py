@@ -21,7 +21,6 @@ from stapo_trl.grading import extract_boxed_answer, grade, is_correct
 
 
 def test_the_last_complete_box_is_the_answer_verdicts_are_the_same_in_threads_and_unparseable_golds_never_pass():
-    # the last box of the last text never closes (truncated): no answer
     texts = [r"so \boxed{1} no, \boxed{\frac{1}{3}}.", r"\fbox{ 7 }", r"\boxed{\{1, 2\}}", r"\boxed{}", "no box: 42",
              None, r"\boxed{1} then \boxed{\frac{2}{3}"]  # fmt: skip
     assert list(map(extract_boxed_answer, texts)) == [r"\frac{1}{3}", "7", r"\{1, 2\}", None, None, None, None]
@@ -219,9 +218,8 @@ def test_every_benchmark_grades_its_own_golds_correct_and_as_before(golds, previ
                           "olympiadbench"}  # fmt: skip
     own_golds_now = verdicts(grading, golds, only_self=True)
     assert len(own_golds_now) == sum(map(len, golds.values())) > 1800
-    # The two golds that math-verify does not parse: `E` with a subscript (Minerva), a malformed interval (Olympiad).
     wrong = {key[:2] for key, correct in own_golds_now.items() if not correct}
-    assert wrong == {("minerva", "E_{1},E_{2}"), ("olympiadbench", "$t(0,4]$")}
+    assert wrong == {("minerva", "E_{1},E_{2}"), ("olympiadbench", "$t(0,4]$")}  # math-verify parses neither
     assert disagreements(verdicts(previous_grader, golds, only_self=True), own_golds_now) == set()
 
 

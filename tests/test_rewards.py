@@ -79,8 +79,7 @@ def test_format_reward_completion_text_and_the_registry():
 
 
 def test_a_module_or_package_in_the_current_folder_is_imported(tmp_path, tmp_path_factory, monkeypatch):
-    # The current folder, not on sys.path (as for an installed command), nor another test's; its modules unimported
-    # (tests/cli/test_dry_run.py imports a my_rewards of its own from its folder, which it leaves on sys.path).
+    # The current folder off sys.path (as for an installed command), nor another test's, its modules unimported.
     monkeypatch.chdir(tmp_path)
     others, mine = str(tmp_path_factory.getbasetemp()), ("my_rewards", "lab", "nowhere_rewards")
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".") and not p.startswith(others)])
@@ -123,9 +122,8 @@ def test_extra_columns_reach_a_dotted_path_reward(tmp_path, tiny_math_model_path
     by_problem = {row["problem"]: (row["answer"], row["difficulty"], row["source"]) for row in rows}
     for prompt, solution, difficulty, source in seen:
         assert (solution, difficulty, source) == by_problem[prompt[0]["content"].split("\n")[0]], prompt
-    # TRL logs the reward's mean: the mean difficulty over the 8 prompts (each 8 times) = 0.35
     log = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
-    assert log[0]["rewards/difficulty_reward/mean"] == pytest.approx(0.35)
+    assert log[0]["rewards/difficulty_reward/mean"] == pytest.approx(0.35)  # TRL's mean: the 8 prompts' difficulty
 
 
 def unsure(completions, returned, **kwargs):

