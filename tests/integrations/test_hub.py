@@ -144,7 +144,7 @@ def test_a_cached_id_a_local_path_and_a_builder_name_pass(hub, monkeypatch, tmp_
         check_hub_dataset("some-org/another-dataset")
 
 
-def test_model_max_positions_prompt_token_budget_and_keep_short_prompts(caplog):
+def test_model_max_positions_prompt_token_budget_keep_short_prompts_and_eval(tiny_random_model_path, caplog):
     ns = types.SimpleNamespace  # a config, a model, an HFGenerator, a VLLMGenerator, no length
     models = [{"max_position_embeddings": 512}, ns(config=ns(n_positions=1024)), {"hidden_size": 64},
               ns(model=ns(config={"max_position_embeddings": 64})),
@@ -165,9 +165,6 @@ def test_model_max_positions_prompt_token_budget_and_keep_short_prompts(caplog):
     assert not caplog.records  # nothing dropped: silent
     with pytest.raises(ValueError, match="All 2 prompts are longer than 8 tokens.*max_prompt_tokens"):
         keep_short_prompts([9, 700], 8)
-
-
-def test_eval_drops_prompts_over_the_models_positions(tiny_random_model_path, caplog):
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     problems = [BenchmarkProblem(id=i, problem=p, gold=g, benchmark="tiny") for i, p, g in
                 [("short", "12+34", "46"), ("long", "1+" * 300 + "1", "301"), ("short2", "10+10", "20")]]  # fmt: skip
