@@ -135,6 +135,7 @@ def test_a_slow_comparison_is_stopped_on_the_main_thread_and_given_up_off_it(mon
 
 
 PREVIOUS = "ff523c7"  # the last commit with the previous grader, stapo_trl/grading/ (eight modules)
+DOC = REPO / "docs" / "evaluation.md"
 
 
 @pytest.fixture(scope="module")
@@ -198,17 +199,10 @@ def verdicts(grader, golds: dict[str, list]) -> dict[tuple, bool]:
             for name, benchmark in golds.items() for gold, answer in answers(benchmark)}  # fmt: skip
 
 
-def disagreements(before: dict[tuple, bool], now: dict[tuple, bool]) -> set[tuple]:
-    return {(*key, int(before[key]), int(now[key])) for key in now if before[key] != now[key]}
-
-
 def documented() -> set[tuple]:
-    rows = set()
-    for line in (REPO / "docs" / "evaluation.md").read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
-        if len(cells) == 6 and cells[1].startswith("`") and cells[3] in ("0", "1"):
-            rows.add((cells[0], cells[1].strip("`"), cells[2].strip("`"), int(cells[3]), int(cells[4])))
-    return rows
+    table = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in DOC.read_text().splitlines()]
+    return {(c[0], c[1].strip("`"), c[2].strip("`"), int(c[3]), int(c[4])) for c in table
+            if len(c) == 6 and c[1].startswith("`") and c[3] in ("0", "1")}  # fmt: skip
 
 
 @pytest.mark.slow  # grades 9,726 answers to ~1,850 golds with both graders
@@ -220,7 +214,7 @@ def test_every_gold_grades_as_before_and_every_other_disagreement_is_a_row_of_th
     assert len(own) == sum(map(len, golds.values())) > 1800
     wrong = {key[:2] for key, correct in own.items() if not correct}
     assert wrong == {("minerva", "E_{1},E_{2}"), ("olympiadbench", "$t(0,4]$")}  # math-verify parses neither
-    found = disagreements(before, now)
+    found = {(*key, int(before[key]), int(now[key])) for key in now if before[key] != now[key]}
     assert not {row for row in found if row[1] == row[2]}
     assert found == {row for row in documented() if row[0] != "hand"}
 

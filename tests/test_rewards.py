@@ -20,8 +20,7 @@ from stapo_trl.cli.train import main as train_main
 from stapo_trl.rewards import checked_reward, completion_text, format_reward, get_reward_funcs, math_accuracy_reward
 
 
-def _chat(text):
-    return [{"role": "assistant", "content": text}]
+_chat = lambda text: [{"role": "assistant", "content": text}]  # noqa: E731
 
 
 def test_math_accuracy_reward_a_batch_of_512_with_pathological_answers_and_grader_errors(monkeypatch, caplog):
