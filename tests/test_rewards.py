@@ -59,7 +59,7 @@ def test_math_accuracy_reward_a_batch_of_512_with_pathological_answers_and_grade
     assert any(r"gold answer '\\frac{zz' does not parse" in m for m in messages)
 
 
-def test_format_reward_completion_text_and_the_registry():
+def test_format_reward_completion_text_the_registry_and_the_current_folder(tmp_path, tmp_path_factory, monkeypatch):
     ends = [r"steps... \boxed{85}", r"steps... $\boxed{85}$.", r"\[ \boxed{85} \]",
             r"first \boxed{3}, then \boxed{85}"]  # fmt: skip
     no = [r"\boxed{85} and then more text", "no box at all", r"\boxed{}", r"\boxed{8", ""]
@@ -75,9 +75,6 @@ def test_format_reward_completion_text_and_the_registry():
     for name in ["accuracy", "stapo_trl.rewards.nope", "not_a_module_xyz.func", " "]:  # unknown: the registry listed
         with pytest.raises(ValueError, match=re.escape("['format', 'math_accuracy']")):
             get_reward_funcs([name])
-
-
-def test_a_module_or_package_in_the_current_folder_is_imported(tmp_path, tmp_path_factory, monkeypatch):
     # The current folder off sys.path (as for an installed command), nor another test's, its modules unimported.
     monkeypatch.chdir(tmp_path)
     others, mine = str(tmp_path_factory.getbasetemp()), ("my_rewards", "lab", "nowhere_rewards")

@@ -56,8 +56,7 @@ def test_push_to_hub_offline_online_unreachable_or_without_a_token_fails_in_one_
 
 
 @pytest.fixture
-def hub(monkeypatch, tmp_path):
-    """An online Hub client with an unreachable endpoint and empty caches."""
+def hub(monkeypatch, tmp_path):  # an online Hub client with an unreachable endpoint and empty caches
     for name, value in dict(HF_HUB_OFFLINE=False, ENDPOINT=UNREACHABLE, HF_HUB_CACHE=str(tmp_path / "hub")).items():
         monkeypatch.setattr(constants, name, value)
     monkeypatch.setattr(config, "HF_DATASETS_OFFLINE", False)
@@ -71,8 +70,7 @@ def _one_line_refusal(message: str, offline: bool, name: str = HUB_ID) -> None:
     assert ("outputs/demo-stapo" if name == HUB_ID else f"dataset_name={name!r}") in message, message
 
 
-def requests_sent(monkeypatch) -> list:
-    """The HTTP requests huggingface_hub's client sends from now on (each still sent)."""
+def requests_sent(monkeypatch) -> list:  # the HTTP requests sent from now on (each still sent)
     from huggingface_hub.utils import get_session
 
     client, sent = type(get_session()), []
