@@ -186,21 +186,17 @@ CLIENT_STEP = """\
 import sys
 from transformers import AutoTokenizer
 from trl.generation.vllm_client import VLLMClient
-port, model = int(sys.argv[1]), sys.argv[2]
-tokenizer = AutoTokenizer.from_pretrained(model)
-client = VLLMClient(base_url=f"http://127.0.0.1:{port}", connection_timeout=30)
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[2])
+client = VLLMClient(base_url=f"http://127.0.0.1:{sys.argv[1]}", connection_timeout=30)
 ids = tokenizer("<|im_start|>user\\n47+38<|im_end|>\\n<|im_start|>assistant\\n", add_special_tokens=False)["input_ids"]
 out = client.generate(prompts=[ids], n=3, max_tokens=16, temperature=1.0)
 print("GENERATED", len(out["completion_ids"]), [len(c) for c in out["completion_ids"]])
 PY
 exec "$PYTHON" - "$STUB_RECORD" "$STUB_MODE" <<'PY'
 import sys, time
-record, mode = sys.argv[1:]
-with open(record, "a") as f:
-    print("training started", file=f)
-if mode == "sleep":
-    time.sleep(300)
-sys.exit(1 if mode == "fail" else 0)
+print("training started", file=open(sys.argv[1], "a"), flush=True)
+time.sleep(300 * (sys.argv[2] == "sleep"))
+sys.exit(1 if sys.argv[2] == "fail" else 0)
 PY
 """
 
