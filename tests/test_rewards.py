@@ -95,17 +95,12 @@ def test_format_reward_completion_text_the_registry_and_the_current_folder(tmp_p
     assert "\n" not in message
 
 
-REWARD_MODULE = """CALLS = []
-def difficulty_reward(completions, solution, difficulty, source, **kwargs):
-    CALLS.append(list(zip(kwargs["prompts"], solution, difficulty, source)))
-    return [float(d) for d in difficulty]
-"""
-
-
 @pytest.mark.slow  # a stapo-train run
 def test_extra_columns_reach_a_dotted_path_reward(tmp_path, tiny_math_model_path, monkeypatch):
     module = f"user_rewards_{tmp_path.name}"
-    (tmp_path / f"{module}.py").write_text(REWARD_MODULE)
+    (tmp_path / f"{module}.py").write_text(
+        "CALLS = []\ndef difficulty_reward(completions, solution, difficulty, source, **kwargs):\n    CALLS.append("
+        "list(zip(kwargs['prompts'], solution, difficulty, source)))\n    return [float(d) for d in difficulty]\n")  # fmt: skip
     monkeypatch.syspath_prepend(str(tmp_path))
     # 8 problems (one rollout step) with two extra columns; `problem` -> prompt and `answer` -> solution are mapped.
     rows = [{**row, "difficulty": i / 10, "source": f"set-{i % 3}"} for i, row in enumerate(addition_rows(8))]

@@ -179,10 +179,8 @@ def test_model_max_positions_prompt_token_budget_keep_short_prompts_and_eval(tin
 
 
 def test_train_and_the_dry_run_drop_prompts_over_the_models_positions(tiny_math_model_path, tmp_path, caplog):
-    def data(name, problems):
-        return write_jsonl(tmp_path / name, [{"problem": p, "answer": "1"} for p in problems])
-
-    mixed, long = data("mixed.jsonl", ["12+34", "1+" * 400, "5+6"]), data("long.jsonl", ["1+" * 400 + "1"])
+    mixed, long = (write_jsonl(tmp_path / f"{i}.jsonl", [{"problem": p, "answer": "1"} for p in problems])
+                   for i, problems in enumerate([["12+34", "1+" * 400, "5+6"], ["1+" * 400 + "1"]]))  # fmt: skip
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", mixed]
     argv += ["--eval_before_after", "false", "--output_dir", str(tmp_path / "out")]
     count = "1 of 3 training prompts exceed 464 tokens and will be dropped"  # the model's 512 positions - 48
