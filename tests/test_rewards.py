@@ -100,7 +100,8 @@ def test_extra_columns_reach_a_dotted_path_reward(tmp_path, tiny_math_model_path
     module = f"user_rewards_{tmp_path.name}"
     (tmp_path / f"{module}.py").write_text(
         "CALLS = []\ndef difficulty_reward(completions, solution, difficulty, source, **kwargs):\n    CALLS.append("
-        "list(zip(kwargs['prompts'], solution, difficulty, source)))\n    return [float(d) for d in difficulty]\n")  # fmt: skip
+        "list(zip(kwargs['prompts'], solution, difficulty, source)))\n    return [float(d) for d in difficulty]\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     # 8 problems (one rollout step) with two extra columns; `problem` -> prompt and `answer` -> solution are mapped.
     rows = [{**row, "difficulty": i / 10, "source": f"set-{i % 3}"} for i, row in enumerate(addition_rows(8))]
