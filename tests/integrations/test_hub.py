@@ -110,9 +110,7 @@ def test_an_uncached_id_is_refused_in_one_line_after_one_request_or_offline_with
 
 
 def test_a_hub_that_does_not_answer_is_refused_by_the_timeout_after_one_request(hub, monkeypatch):
-    with socket.socket() as server:  # the kernel accepts connections into its backlog; nothing ever answers
-        server.bind(("127.0.0.1", 0))
-        server.listen(4)
+    with socket.create_server(("127.0.0.1", 0), backlog=4) as server:  # the kernel accepts; nothing ever answers
         monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
         sent = requests_sent(monkeypatch)
         with pytest.raises(ConnectionError, match="does not answer") as excinfo:
