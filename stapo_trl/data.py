@@ -1,10 +1,10 @@
-"""Prompt datasets in the columns `GRPOTrainer` and the rewards read, the built-in task `builtin:tiny-math`, the checks
-of a run's datasets before a model is built, and the prompt-token budget."""
+"""Prompt datasets (builtin:tiny-math, local files, Hub ids), their checks before a model, the prompt-token budget."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import inspect
 import json
 import logging
@@ -29,6 +29,7 @@ _DAPO = re.compile(  # DAPO-Math-17k's own answer format ("Answer: $Answer"), ag
 )
 TRL_REWARD_ARGUMENTS = {*"prompts completions completion_ids trainer_state log_extra log_metric environments".split()}
 _PASSED_AS = {"prompt": "prompts", "completion": "completions"}  # columns TRL passes under the plural
+_MISSING = "Column {!r} not found in dataset {!r}. Available columns: {}."
 CHAT_TEMPLATE_FIX = "Give the tokenizer a template (tokenizer.chat_template = '...', then pass processing_class="
 CHAT_TEMPLATE_FIX += "tokenizer or save it into the model folder), or pass prompts as plain strings."
 CLI_CHAT_TEMPLATE_FIX = "Use a model whose tokenizer has one (builtin:gemma3-270m adds Gemma's), or set "
@@ -106,11 +107,10 @@ def evaluation_split(dataset_name: str, test_split: str) -> tuple[str, str | Non
     """(the before/after evaluation's split label, a warning or `None`): a local file's reads training rows."""
     if not is_local_dataset_file(dataset_name):
         return test_split, None
-    return NOT_HELD_OUT, (
-        f"dataset_name={dataset_name!r} is one local file, so the before/after evaluation reads its first prompts, "
-        "which are also trained on: the accuracy is not held out. For a held-out measure run stapo-eval on another "
-        "file (--data-dir), or set eval_before_after: false."
-    )
+    return NOT_HELD_OUT, (f"dataset_name={dataset_name!r} is one local file, so the before/after evaluation reads its "
+                          "first prompts, which are also trained on: the accuracy is not held out. For a held-out "
+                          "measure run stapo-eval on another file (--data-dir), or set eval_before_after: "
+                          "false.")  # fmt: skip
 
 
 def load_local_dataset_file(path: str):
@@ -123,10 +123,8 @@ def load_local_dataset_file(path: str):
     try:
         if os.path.getsize(path):
             return datasets.load_dataset(builder, data_files=path, split="train")
-    except StopIteration:  # whitespace only
-        pass
-    except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
-        if "corresponds to no data" not in str(e):  # `[]`
+    except (StopIteration, ValueError, datasets.exceptions.DatasetGenerationError) as e:  # StopIteration: whitespace
+        if not isinstance(e, StopIteration) and "corresponds to no data" not in str(e):  # `[]`
             raise ValueError(f"dataset file {path!r} could not be parsed as {builder}: {_read_error(path, e)}") from e
     raise ValueError(f"dataset file {path!r} is empty: it holds no rows.")
 
@@ -178,10 +176,9 @@ def _to_prompt(value: str | list[dict], instruction: str | None, strip_dapo: boo
     strip = remove_dapo_instruction if strip_dapo else (lambda text: text)
     if isinstance(value, str):
         return format_prompt(strip(value), instruction)
-    users = [i for i, m in enumerate(value) if m["role"] == "user"]
-    messages = [{"role": m["role"], "content": strip(m["content"]) if i in users else m["content"]}
-                for i, m in enumerate(value)]  # fmt: skip
-    if users:
+    messages = [{"role": m["role"], "content": strip(m["content"]) if m["role"] == "user" else m["content"]}
+                for m in value]  # fmt: skip
+    if users := [i for i, m in enumerate(messages) if m["role"] == "user"]:
         messages[users[-1]] = format_prompt(messages[users[-1]]["content"], instruction)[0]
     return messages
 
@@ -221,7 +218,7 @@ def load_prompt_dataset(
     flat, columns = dataset.flatten(), dataset.column_names
     if missing := [c for c in (prompt_column, solution_column) if c not in flat.column_names + columns]:
         fix = "Set prompt_column / solution_column (a dotted name reaches into a struct: 'reward_model.ground_truth')."
-        raise ValueError(f"{missing_column_message(missing[0], dataset_name, columns)} {fix}")
+        raise ValueError(f"{_MISSING.format(missing[0], dataset_name, columns)} {fix}")
     prompts, solutions = [(dataset if c in columns else flat)[c] for c in (prompt_column, solution_column)]
     texts = [p if isinstance(p, str) else "".join(str(m["content"]) for m in p)
              if isinstance(p, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in p) else None
@@ -230,16 +227,14 @@ def load_prompt_dataset(
         raise ValueError(f"{_where(dataset_name, bad)} (column {prompt_column!r}): a prompt must be a string or a "
                          f"list of chat messages with 'role' and 'content', got {prompts[bad[0]]!r:.100}. Fix or "
                          "remove those rows.")  # fmt: skip
-    for column, rows, what in [
-        (prompt_column, [not t.strip() for t in texts],
-         "empty prompt: trained on, the model sees the instruction alone."),
-        (solution_column, [not _solution_to_str(s).strip() for s in solutions],
-         "no answer: math_accuracy gives their completions no reward (None)."),
+    solutions = list(map(_solution_to_str, solutions))
+    for column, values, what in [
+        (prompt_column, texts, "empty prompt: trained on, the model sees the instruction alone."),
+        (solution_column, solutions, "no answer: math_accuracy gives their completions no reward (None)."),
     ]:  # fmt: skip
-        if indices := [i for i, flagged in enumerate(rows) if flagged]:
+        if indices := [i for i, value in enumerate(values) if not value.strip()]:
             logger.warning(f"{_where(dataset_name, indices)} (column {column!r}): {what}")
     prompts = [_to_prompt(p, instruction, strip_dapo_instruction and not builtin) for p in prompts]
-    solutions = list(map(_solution_to_str, solutions))
     if builtin or not (kept := [c for c in columns if c not in ("prompt", "solution")]):
         return datasets.Dataset.from_dict({"prompt": prompts, "solution": solutions})
     return dataset.select_columns(kept).add_column("prompt", prompts).add_column("solution", solutions)
@@ -276,19 +271,17 @@ def prompt_token_budget(max_positions: int | None, max_new_tokens: int, max_prom
 
 def config_max_positions(name_or_path: str, revision: str | None = None) -> int | None:
     """[`model_max_positions`] of a local folder, a built `builtin:` model or a cached Hub id, without loading it."""
+    import huggingface_hub
+
     try:
         if name_or_path.startswith(BUILTIN_PREFIX):
-            from .models.names import builtin_model_dir
-
-            return model_max_positions(builtin_model_dir(name_or_path))
-        if os.path.isdir(folder := os.path.expanduser(name_or_path)):
-            return model_max_positions(folder)
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(name_or_path, "config.json", revision=revision)
+            folder = importlib.import_module("stapo_trl.models.names").builtin_model_dir(name_or_path)
+        elif not os.path.isdir(folder := os.path.expanduser(name_or_path)):
+            cached = huggingface_hub.try_to_load_from_cache(name_or_path, "config.json", revision=revision)
+            folder = os.path.dirname(cached) if isinstance(cached, str) else None
     except Exception:  # noqa: BLE001 (an unknown builtin: name, not a valid repo id: nothing here)
         return None
-    return model_max_positions(os.path.dirname(cached)) if isinstance(cached, str) else None
+    return folder and model_max_positions(folder)
 
 
 def report_dropped(total: int, kept: int, budget: int | None, what: str = "prompts") -> None:
@@ -307,10 +300,6 @@ def keep_short_prompts(lengths: list[int], budget: int | None, what: str = "prom
     return keep
 
 
-def missing_column_message(column: str, dataset_name: str, columns) -> str:
-    return f"Column {column!r} not found in dataset {dataset_name!r}. Available columns: {list(columns)}."
-
-
 def _named(dataset: Any, dataset_name: str) -> list[tuple[str, Any]]:
     if isinstance(dataset, Mapping):  # several eval datasets
         return [(f"{dataset_name}[{key!r}]", value) for key, value in dataset.items()]
@@ -323,26 +312,28 @@ def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "t
     import torch
     from trl.trainer.utils import get_callable_name
 
-    funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
-    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    funcs = [f for f in (reward_funcs if isinstance(reward_funcs, list) else [reward_funcs])
+             if callable(f) and not isinstance(f, torch.nn.Module)]  # fmt: skip
     for name, data in _named(dataset, dataset_name):
-        for func in [f for f in funcs if callable(f) and not isinstance(f, torch.nn.Module)]:
+        if (columns := getattr(data, "column_names", None)) is None:  # some streamed datasets
+            continue
+        filled = (set(columns) - set(_PASSED_AS)) | TRL_REWARD_ARGUMENTS
+        for func in funcs:
             try:
                 parameters = inspect.signature(func).parameters.values()
             except (TypeError, ValueError):
                 continue
-            if (columns := getattr(data, "column_names", None)) is None:  # some streamed datasets
-                break
-            filled = (set(columns) - set(_PASSED_AS)) | TRL_REWARD_ARGUMENTS
+            func_name, variadic = get_callable_name(func), (inspect.Parameter.VAR_POSITIONAL,
+                                                            inspect.Parameter.VAR_KEYWORD)  # fmt: skip
             required = [p.name for p in parameters if p.default is p.empty and p.kind not in variadic]
-            func_name = get_callable_name(func)
             if (missing := next((a for a in required if a not in filled), None)) in _PASSED_AS:
-                message = f"The reward function {func_name!r} takes an argument {missing!r}, which TRL never fills: "
-                raise ValueError(message + f"it passes that column as `{_PASSED_AS[missing]}`. Rename the argument.")
+                raise ValueError(f"The reward function {func_name!r} takes an argument {missing!r}, which TRL never "
+                                 f"fills: it passes that column as `{_PASSED_AS[missing]}`. Rename the "
+                                 "argument.")  # fmt: skip
             if missing is not None:
-                message = f"{missing_column_message(missing, name, columns)} The reward function {func_name!r} needs "
-                raise ValueError(message + "it (TRL passes each column to the argument of its name): add the column "
-                                 "to the dataset, or give the argument a default.")  # fmt: skip
+                raise ValueError(f"{_MISSING.format(missing, name, columns)} The reward function {func_name!r} needs "
+                                 "it (TRL passes each column to the argument of its name): add the column to the "
+                                 "dataset, or give the argument a default.")  # fmt: skip
 
 
 def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset", *, prompt_optional: bool = False) -> None:
@@ -353,7 +344,7 @@ def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset", *, pr
             raise ValueError(f"Dataset {name!r} is empty (0 rows): give it prompts (rows with a 'prompt' column).")
         columns = getattr(data, "column_names", None)
         if not prompt_optional and columns is not None and "prompt" not in columns:
-            message = f"{missing_column_message('prompt', name, columns)} TRL reads each prompt from a column named "
+            message = f"{_MISSING.format('prompt', name, columns)} TRL reads each prompt from a column named "
             raise ValueError(message + "'prompt': rename yours (dataset.rename_column('question', 'prompt')), or pass "
                              "an environment_factory whose reset() supplies the prompt.")  # fmt: skip
 
@@ -375,9 +366,9 @@ def render_chat_template(tokenizer, messages, **template_kwargs) -> str:
     except TemplateError as e:
         folder = str(getattr(tokenizer, "name_or_path", ""))
         files = [os.path.join(folder, f) for f in ("chat_template.jinja", "tokenizer_config.json")]
-        where = next(filter(os.path.isfile, files), f"of {folder!r}")
-        reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-        raise ValueError(f"The chat template {where} cannot be applied ({reason}): fix or replace it.") from None
+        where, reason = next(filter(os.path.isfile, files), f"of {folder!r}"), (str(e).splitlines() or [""])[0]
+        raise ValueError(f"The chat template {where} cannot be applied ({type(e).__name__}: {reason}): fix or "
+                         "replace it.") from None  # fmt: skip
 
 
 def check_chat_template(tokenizer, dataset, model_name: str, dataset_name="train_dataset", fix=CHAT_TEMPLATE_FIX,
