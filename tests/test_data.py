@@ -1,19 +1,29 @@
-"""The tiny-math task and `load_prompt_dataset`: local files, nested columns, Hub ids, DAPO's instruction."""
+"""Prompt datasets: the tiny-math task, `load_prompt_dataset` (local files, nested columns, Hub ids, DAPO's
+instruction) and a run's datasets checked before a model is built (columns, chat template, empty, prompt groups)."""
 
+import functools
 import json
 import re
+import shutil
+import warnings
 
 import pytest
-from testing_utils import STAPO_RECIPE, addition_rows, write_jsonl
+from datasets import Dataset
+from testing_utils import STAPO_RECIPE, addition_rows, error_line, tiny_stapo_config, write_jsonl, zero_reward
 
+from stapo_trl import STAPOTrainer
 from stapo_trl.data import (
     BUILTIN_DATASETS,
     INSTRUCTION,
+    check_chat_template,
+    check_prompt_column,
+    check_reward_columns,
     format_prompt,
     load_prompt_dataset,
     make_tiny_math_dataset,
     tiny_math_completion,
 )
+from stapo_trl.rewards import format_reward, math_accuracy_reward, resolve_reward_names
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +37,6 @@ STEPS = re.compile(r"^(\d)\+(\d)=(\d+), write (\d) carry (\d); (\d)\+(\d)\+(\d)=
 def test_every_completion_is_the_worked_sum_of_its_problem_in_disjoint_splits_drawn_by_the_seed(tiny_math):
     assert tiny_math_completion(47, 38) == "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"  # the spec's example
     assert tiny_math_completion(21, 34) == "1+4=5, write 5 carry 0; 2+3+0=5; \\boxed{55}"  # no carry: same format
-    assert tiny_math_completion(99, 99) == "9+9=18, write 8 carry 1; 9+9+1=19; \\boxed{198}"
     assert format_prompt("47+38") == [{"role": "user", "content": f"47+38\n{INSTRUCTION}"}]
     columns = ["prompt", "solution", "completion", "problem"]
     assert {name: (len(split), split.column_names) for name, split in tiny_math.items()} == {
@@ -100,7 +109,6 @@ def test_verl_parquet_with_chat_prompts(shared_data_dir):  # a chat prompt, the 
 
 
 def test_hub_ids_go_to_load_dataset_and_an_instruction_is_added_once(monkeypatch):
-    # What a Hub id is forwarded as; a prompt ending with the instruction (whitespace aside) does not get it twice.
     import datasets
 
     calls, instruction = [], "Think it through.  Box the answer."
@@ -233,7 +241,6 @@ def _questionable_file(tmp_path, null_prompt: bool = False):
 
 
 def test_questionable_rows_are_named_by_file_line_and_column_at_load_time(tmp_path, caplog, capsys):
-    # GRPOTrainer trains on both: warnings, never refusals (was: silent, and the dry run flagged none of it).
     from stapo_trl.cli.dry_run import main as dry_run_main
 
     path = _questionable_file(tmp_path)
@@ -259,21 +266,18 @@ def test_a_prompt_that_is_not_text_or_chat_is_one_line_naming_file_lines_and_col
     _refused(tmp_path, capsys, path, expected)
 
 
-@pytest.mark.parametrize("where", ["relative", "absolute", "dry-run"])
-def test_a_local_csv_file_is_read_as_json_and_parquet_files_are(tmp_path, monkeypatch, capsys, where):
+def test_a_local_csv_file_is_read_as_json_and_parquet_files_are(tmp_path, monkeypatch, capsys):
     from stapo_trl.cli.dry_run import main as dry_run_main
 
     rows = "".join(f"{r['problem']},{r['answer']}\n" for r in addition_rows(5))
     (tmp_path / "sums.csv").write_text("problem,answer\n" + rows)
     monkeypatch.chdir(tmp_path)
-    name = "sums.csv" if where == "relative" else str(tmp_path / "sums.csv")
-    if where == "dry-run":
-        argv = ["--config", STAPO_RECIPE, "--dataset_name", name, "--output_dir", str(tmp_path / "out")]
-        assert dry_run_main(argv) == 2  # 5 prompts are fewer than one rollout step takes
-        assert f"{name} split train, columns 'problem' -> 'answer' (checked: 5 rows)" in capsys.readouterr().out
-        return
-    dataset = load_prompt_dataset(name)
-    assert dataset["solution"] == ["30", "32", "34", "36", "38"] and dataset["prompt"][1] == format_prompt("11+21")
+    for name in ("sums.csv", str(tmp_path / "sums.csv")):
+        dataset = load_prompt_dataset(name)
+        assert dataset["solution"] == ["30", "32", "34", "36", "38"] and dataset["prompt"][1] == format_prompt("11+21")
+    argv = ["--config", STAPO_RECIPE, "--dataset_name", name, "--output_dir", str(tmp_path / "out")]
+    assert dry_run_main(argv) == 2  # 5 prompts are fewer than one rollout step takes
+    assert f"{name} split train, columns 'problem' -> 'answer' (checked: 5 rows)" in capsys.readouterr().out
 
 
 @pytest.mark.slow  # a stapo-train run with its evaluation
@@ -294,3 +298,220 @@ def test_local_file_evaluation_is_labelled_not_held_out(tmp_path, tiny_math_mode
     record = json.loads((out / "eval.json").read_text())
     assert record["split"] == "training file (not held out)" and record["num_problems"] == 4
     assert "problems of the `training file (not held out)` split" in (out / "README.md").read_text()
+
+
+CHAT = [{"prompt": [{"role": "user", "content": f"{i}+{i}"}], "solution": str(2 * i)} for i in range(8)]
+TEXT = [{"prompt": f"{i}+{i}=", "solution": str(2 * i)} for i in range(8)]
+TEMPLATES = {  # what jinja refuses: nothing of the template is applied, no code outside it runs
+    "none": (None, None, None),  # as google/gemma-3-270m ships
+    "sandbox": ("chat_template.jinja", "{{ ''.__class__.__mro__[1].__subclasses__() }}", "SecurityError: access to "
+                "attribute '__class__' of 'str' object is unsafe."),  # reported: a traceback in stapo-train and -eval
+    "syntax": ("chat_template.jinja", "{% for m in messages %}{{ m.content }}", "TemplateSyntaxError: Unexpected end "
+               "of template. Jinja was looking for the following tags: 'endfor' or 'else'. The innermost block that "
+               "needs to be closed is 'for'."),
+    "raise": ("tokenizer_config.json", "{{ raise_exception('Only system prompts are supported') }}", "TemplateError: "
+              "Only system prompts are supported"),  # transformers' own way for a template to refuse messages
+}  # fmt: skip
+
+
+def model_with_template(tiny_random_model_path, folder, kind) -> tuple[str, str]:  # (model, the refusal's start)
+    file, text, reason = TEMPLATES[kind]
+    shutil.copytree(tiny_random_model_path, folder)
+    (folder / "chat_template.jinja").unlink()
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    if file is None:
+        return str(folder), "The prompts of 'builtin:tiny-math' are chat messages, but the tokenizer of "
+    (folder / file).write_text(json.dumps(config | {"chat_template": text}) if file.endswith(".json") else text)
+    return str(folder), f"The chat template {folder / file} cannot be applied ({reason}): fix or replace it."
+
+
+@pytest.fixture(scope="module")
+def model_without_chat_template(tiny_random_model_path, tmp_path_factory) -> str:
+    return model_with_template(tiny_random_model_path, tmp_path_factory.mktemp("no-template") / "model", "none")[0]
+
+
+def build(model, tmp_path, train, eval_rows=None, record=None, **overrides):
+    args = tiny_stapo_config(tmp_path / "out", max_steps=1, **overrides)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always" if record is not None else "ignore")
+        train = train if isinstance(train, Dataset) else Dataset.from_list(train)
+        eval_dataset = None if eval_rows is None else Dataset.from_list(eval_rows)
+        trainer = STAPOTrainer(model, zero_reward, args=args, train_dataset=train, eval_dataset=eval_dataset)
+    if record is not None:
+        record += [str(w.message) for w in caught]
+    return trainer
+
+
+def test_chat_prompts_without_a_template_are_refused_when_the_trainer_is_built_plain_text_trains(
+    model_without_chat_template, tmp_path
+):
+    for train, eval_rows, name in [(CHAT, None, "train_dataset"), (TEXT, CHAT, "eval_dataset")]:
+        with pytest.raises(ValueError) as info:  # was: TRL's error at the first step, after the run files
+            build(model_without_chat_template, tmp_path, train, eval_rows, eval_strategy="no")
+        message = str(info.value)
+        assert message.startswith(f"The prompts of {name!r} are chat messages, but the tokenizer of ")
+        assert "has no chat template" in message and "processing_class=tokenizer" in message and "\n" not in message
+        assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # no run file left behind
+    trainer = build(model_without_chat_template, tmp_path, TEXT)
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_stapo_eval_refuses_a_model_without_a_template_unless_told_to_feed_text(
+    model_without_chat_template, tmp_path, capsys
+):
+    from transformers import AutoTokenizer
+
+    from stapo_trl.cli.eval import main
+    from stapo_trl.evaluation.generation import build_prompt_text
+
+    tokenizer = AutoTokenizer.from_pretrained(model_without_chat_template)
+    with pytest.raises(ValueError, match="^The evaluation prompts are chat messages, but the tokenizer of "):
+        build_prompt_text(tokenizer, "1+1")
+    assert build_prompt_text(tokenizer, "1+1", use_chat_template=False).startswith("1+1\n")
+    argv = ["--model", model_without_chat_template, "--benchmarks", "tiny-math", "--backend", "hf", "--limit", "2",
+            "--samples", "1", "--max-new-tokens", "8"]  # fmt: skip
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--output", str(tmp_path / "a.json")])
+    line = error_line(capsys, "stapo-eval")
+    assert info.value.code == 2 and "stapo-eval's prompts are chat messages" in line
+    assert "no chat template" in line and "--no-chat-template" in line
+    assert main([*argv, "--no-chat-template", "--output", str(tmp_path / "b.json")]) == 0  # was: silently this
+
+
+@pytest.mark.parametrize("kind", ["sandbox", "syntax", "raise"])
+def test_a_chat_template_jinja_refuses_is_one_line_naming_its_file(kind, tiny_random_model_path, tmp_path):
+    from transformers import AutoTokenizer
+
+    model, line = model_with_template(tiny_random_model_path, tmp_path / "model", kind)
+    with pytest.raises(ValueError) as raised:
+        check_chat_template(AutoTokenizer.from_pretrained(model), Dataset.from_list(CHAT), model)
+    assert str(raised.value) == line
+    if kind == "sandbox":  # the reported case, when the trainer is built
+        with pytest.raises(ValueError) as raised:
+            build(model, tmp_path, CHAT)
+        assert str(raised.value) == line
+
+
+@pytest.mark.slow  # stapo-train, its dry run and stapo-eval
+@pytest.mark.parametrize("kind", ["none", "sandbox"])
+def test_the_commands_refuse_a_template_missing_or_refused_in_one_line(no_model_built, tiny_random_model_path,
+                                                                       tmp_path, capsys, kind):  # fmt: skip
+    from stapo_trl.cli.dry_run import main as dry_run_main
+    from stapo_trl.cli.eval import main as eval_main
+    from stapo_trl.cli.train import main as train_main
+
+    model, line = model_with_template(tiny_random_model_path, tmp_path / "model", kind)
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", model, "--output_dir", str(tmp_path / "o")]
+    with pytest.raises(SystemExit) as raised:
+        train_main(argv)
+    assert raised.value.code == 2 and error_line(capsys, "stapo-train").startswith(f"stapo-train: error: {line}")
+    assert kind != "none" or "builtin:gemma3-270m adds Gemma's" in str(raised.value)
+    assert dry_run_main(argv) == 2 and any(s.startswith(f"  - {line}") for s in capsys.readouterr().out.splitlines())
+    if kind == "sandbox":  # stapo-eval's missing template: test_stapo_eval_refuses_a_model_without_a_template_...
+        with pytest.raises(SystemExit) as raised:
+            eval_main(["--model", model, "--benchmarks", "tiny-math", "--limit", "2", "--max-new-tokens", "8",
+                       "--backend", "hf", "--output", str(tmp_path / "a.json")])  # fmt: skip
+        assert (raised.value.code, error_line(capsys, "stapo-eval")) == (2, f"stapo-eval: error: {line}")
+
+
+NO_ROWS = "Dataset {!r} is empty (0 rows): give it prompts (rows with a 'prompt' column)."
+NO_PROMPT = "Column 'prompt' not found in dataset 'train_dataset'. Available columns: {}. TRL reads each prompt "
+NO_PROMPT += "from a column named 'prompt': rename yours (dataset.rename_column('question', 'prompt')), or pass an "
+NO_PROMPT += "environment_factory whose reset() supplies the prompt."
+
+
+@pytest.mark.parametrize(
+    "dataset, prompt_optional, expected",
+    [
+        (Dataset.from_list([]), False, NO_ROWS.format("train_dataset")),  # reported: got "Column 'prompt' not found"
+        (Dataset.from_list([]), True, NO_ROWS.format("train_dataset")),  # an environment supplies prompts, not rows
+        (Dataset.from_dict({"prompt": [], "solution": []}), False, NO_ROWS.format("train_dataset")),
+        ({"held_out": Dataset.from_list([])}, True, NO_ROWS.format("train_dataset['held_out']")),
+        (Dataset.from_dict({"environment": ["a", "b"]}), True, None),  # with an environment: no prompt needed
+        (Dataset.from_dict({"level": [1, 2]}).to_iterable_dataset(), True, None),
+        ({"easy": Dataset.from_dict({"environment": ["a"]}), "hard": Dataset.from_dict({"prompt": ["x"]})}, True,
+         None),
+        (Dataset.from_dict({"environment": ["a", "b"]}), False, NO_PROMPT.format(["environment"])),  # TRL: at step 1
+        (Dataset.from_dict({"level": [1, 2]}).to_iterable_dataset(), False, NO_PROMPT.format(["level"])),
+    ],
+    ids=["no-columns", "no-columns-environment", "columns-no-rows", "empty-eval", "routing-column-only", "iterable",
+         "dict-of-eval-datasets", "routing-column-no-environment", "iterable-no-environment"],
+)  # fmt: skip
+def test_a_dataset_without_rows_or_prompts_is_one_line(dataset, prompt_optional, expected):
+    check_reward_columns(zero_reward, dataset, "train_dataset")  # `completions` is TRL's, not a column
+    if expected is None:
+        return check_prompt_column(dataset, "train_dataset", prompt_optional=prompt_optional)
+    with pytest.raises(ValueError) as raised:
+        check_prompt_column(dataset, "train_dataset", prompt_optional=prompt_optional)
+    assert str(raised.value) == expected
+
+
+@pytest.mark.parametrize(
+    "grad_accum, dry_run, warned",
+    [(1, False, True), pytest.param(1, True, True, marks=pytest.mark.slow),  # a dry run each: ~2 s
+     pytest.param(2, True, False, marks=pytest.mark.slow)],
+    ids=["half-group", "half-group-as-the-dry-run", "whole-group-over-2-micro-steps-as-the-dry-run"],
+)  # fmt: skip
+def test_the_run_warns_of_partial_prompt_groups_as_its_dry_run_does(
+    tiny_random_model_path, tmp_path, grad_accum, dry_run, warned
+):
+    from stapo_trl.cli.dry_run import dry_run_recipe
+
+    # num_generations 8: the rollout batch holds whole groups (8 completions), an optimizer update may not (4 or 8)
+    geometry = dict(per_device_train_batch_size=4, gradient_accumulation_steps=grad_accum, steps_per_generation=2,
+                    num_generations=8)  # fmt: skip
+    caught = []
+    build(tiny_random_model_path, tmp_path, CHAT * 2, record=caught, **geometry)
+    run = [message for message in caught if "splits prompt groups" in message]
+    assert bool(run) == warned and all("an update of 4 completions splits prompt groups" in m for m in run), run
+    if dry_run:
+        report = dry_run_recipe(["--config", STAPO_RECIPE, *[f"--{k}={v}" for k, v in geometry.items()]], 1)
+        assert run == [w for w in report.warnings if "splits prompt groups" in w]
+
+
+def difficulty_reward(completions, difficulty, **kwargs):
+    return [float(d) for d in difficulty]
+
+
+def test_bad_datasets_and_reward_names_fail_at_construction_naming_function_column_and_columns(
+    no_model_built, tiny_random_model_path, tmp_path
+):
+    def construct(reward, train, eval_dataset=None, model="Qwen/Qwen3-1.7B-Base"):  # never fetched: checks come first
+        STAPOTrainer(model, reward, args=tiny_stapo_config(tmp_path / "out"), train_dataset=Dataset.from_list(train),
+                     eval_dataset=eval_dataset and {"held_out": Dataset.from_list(eval_dataset)})  # fmt: skip
+
+    no_prompt, no_solution = [{"question": "12+34=", "solution": "46"}], [{"prompt": "12+34=", "answer": "46"}]
+    with_solution = [{"prompt": "12+34=", "solution": "46"}]
+    with pytest.raises(ValueError, match=r"^Dataset 'train_dataset' is empty \(0 rows\)"):
+        construct(math_accuracy_reward, [])
+    with pytest.raises(ValueError, match=r"^Column 'prompt' not found in dataset 'train_dataset'\. Available columns"):
+        construct(math_accuracy_reward, no_prompt)
+    # A reward named is that function, checked (was taken for a Hub reward model: a minute of network retries).
+    assert resolve_reward_names("math_accuracy").__wrapped__ is math_accuracy_reward
+    resolved = resolve_reward_names(["format", "org/reward-model"])
+    assert [resolved[0].__wrapped__, resolved[1]] == [format_reward, "org/reward-model"]
+    with pytest.raises(ValueError, match=r"Unknown reward 'math_acc'\. Valid names: \['format', 'math_accuracy'\]"):
+        construct("math_acc", no_prompt)
+    for reward in ("math_accuracy", math_accuracy_reward):  # by name or by function
+        with pytest.raises(ValueError, match=r"^Column 'solution' not found in dataset 'train_dataset'.*\['prompt', "
+                           r"'answer'\].*'math_accuracy_reward' needs it"):  # fmt: skip
+            construct(reward, no_solution)
+    # Several rewards and several eval datasets: the first function with a missing argument, the dataset by key.
+    with pytest.raises(ValueError, match=r"Column 'solution' not found in dataset \"eval_dataset\['held_out'\]\""):
+        construct([format_reward, math_accuracy_reward], with_solution, no_solution)
+    with pytest.raises(ValueError, match=r"Column 'difficulty' not found .* 'difficulty_reward' needs it"):
+        construct([difficulty_reward], with_solution)
+    with pytest.raises(ValueError, match=r"takes an argument 'prompt', which TRL never fills.*`prompts`"):
+        construct(lambda prompt, completions: [], with_solution)  # a column TRL passes as `prompts`
+    # Filled arguments pass: a column, a default, a bound partial argument, TRL's own arguments and **kwargs.
+    for reward in (
+        math_accuracy_reward,
+        functools.partial(difficulty_reward, difficulty=[1]),
+        lambda completions, difficulty=0, **kwargs: [],
+        lambda prompts, completions, completion_ids, trainer_state, log_metric, log_extra: [],
+    ):
+        with pytest.raises(AssertionError, match="a trainer was constructed"):  # a local model: no Hub check
+            construct(reward, with_solution, model=tiny_random_model_path)
