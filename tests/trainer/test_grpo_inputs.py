@@ -12,7 +12,6 @@ from testing_utils import length_reward
 from transformers import AutoTokenizer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.data import check_prompt_column, check_reward_columns
 
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory and rollout_func are experimental
@@ -218,19 +217,3 @@ def test_multimodal_prompts_as_in_grpo_trainer(tiny_vlm, tmp_path, case):
                   reward_funcs=length_reward)  # fmt: skip
     grpo, stapo = (outcome(cls, folder, tmp_path, **inputs) for cls in (trl.GRPOTrainer, STAPOTrainer))
     assert grpo.split()[0] == stapo.split()[0] == ("trained" if case != "no-chat-template" else "refused"), stapo
-
-
-@pytest.mark.parametrize(
-    "dataset",
-    [
-        Dataset.from_dict({"environment": ["a", "b"]}),
-        Dataset.from_dict({"level": [1, 2]}).to_iterable_dataset(),
-        {"easy": Dataset.from_dict({"environment": ["a"]}), "hard": Dataset.from_dict({"prompt": ["x"]})},
-    ],
-    ids=["routing-column-only", "iterable", "dict-of-eval-datasets"],
-)
-def test_the_prompt_column_is_optional_with_an_environment(dataset):
-    check_prompt_column(dataset, "train_dataset", prompt_optional=True)
-    check_reward_columns(length_reward, dataset, "train_dataset")  # `prompts` is TRL's, not a column
-    with pytest.raises(ValueError, match=r"Column 'prompt' not found .*environment_factory"):
-        check_prompt_column(dataset, "train_dataset")  # without an environment, TRL fails on it at its first step

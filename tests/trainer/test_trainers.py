@@ -20,7 +20,6 @@ from trl import GRPOConfig
 from stapo_trl import STAPOConfig, STAPOTrainer, core
 from stapo_trl.diagnostics.token_records import token_records
 from stapo_trl.run_folder.logs import SpuriousTokenLogger
-from stapo_trl.trainer.config import write_run_files
 
 
 SETTINGS = dict(use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4, num_generations=2,
@@ -218,12 +217,7 @@ class OpenR1StyleConfig(GRPOConfig):  # a user's config as open-r1 writes one, w
 
 
 def test_the_librarys_extras_come_from_any_grpo_config(tiny_random_model_path, tmp_path):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        args = GRPOConfig(output_dir=str(tmp_path / "run"), **SETTINGS)
-        trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=zero_reward, args=args, train_dataset=PROMPTS)
-    assert trainer.s2t == core.s2t.S2TSettings() and write_run_files(trainer.args) is True
-    assert sum(str(w.message).startswith("STAPO with") for w in caught) == 1
+    # A plain GRPOConfig: the paper's values (tests/core/test_stapo_trainer.py), the run files (the Ctrl-C test below)
     trainer = make_trainer(tiny_random_model_path, tmp_path, reward=text_reward, config_cls=OpenR1StyleConfig,
                            max_steps=2, s2t_write_run_files=False)  # fmt: skip
     assert trainer.s2t.mode == "all_low_prob"  # the library's ablations, where the config has them
