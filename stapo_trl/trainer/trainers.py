@@ -32,12 +32,10 @@ logger = logging.getLogger(__name__)
 
 def _torch_default_threads() -> set[int]:  # the counts torch starts with: one per available core, logical or physical
     counts = {len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0, os.cpu_count() or 1}
-    try:
-        with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
-            parts = [p.partition("-") for p in f.read().strip().split(",")]
+    per_core = 1
+    with contextlib.suppress(OSError), open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
+        parts = [p.partition("-") for p in f.read().strip().split(",")]
         per_core = sum(int(b) - int(a) + 1 if b else 1 for a, _, b in parts)
-    except OSError:
-        per_core = 1
     return counts | {max(n // per_core, 1) for n in counts}
 
 
@@ -76,17 +74,17 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
         later = inspect.signature(trl.GRPOTrainer.__init__).bind_partial(*[None] * 6, *pargs).arguments | kwargs
         environment = later.get("environment_factory") is not None
         if not reward_funcs and not environment:  # TRL's words, before the model is built
-            words = "No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose environment "
-            words += f'defines a `get_reward` method (reward_funcs={reward_funcs!r}; e.g. "math_accuracy", '
-            raise ValueError(words + "a reward model id).")
+            raise ValueError("No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose "
+                             f"environment defines a `get_reward` method (reward_funcs={reward_funcs!r}; e.g. "
+                             '"math_accuracy", a reward model id).')  # fmt: skip
         peft_settings = checkpoints.plain(later.get("peft_config"))  # before PEFT fills in the wrapped model's name
-        datasets = (("train_dataset", train_dataset), ("eval_dataset", eval_dataset))
-        for name, dataset in datasets:
+        datasets = {"train_dataset": train_dataset, "eval_dataset": eval_dataset}
+        for name, dataset in datasets.items():
             check_prompt_column(dataset, name, prompt_optional=environment)
             if later.get("rollout_func") is None:  # a rollout function may add the fields a reward reads
                 check_reward_columns(reward_funcs, dataset, name)
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
-        for name, dataset in datasets:
+        for name, dataset in datasets.items():
             check_chat_template(self.processing_class, dataset, self.model.config._name_or_path, name,
                                 template_kwargs=self.args.chat_template_kwargs)  # fmt: skip
         install_cpu_colocate_weight_sync(self)
@@ -145,10 +143,10 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # a warning when none is a number
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self.model.training and rewards.isnan().all():
-            names, n = ", ".join(self.reward_func_names), len(rewards)
-            message = f"No reward at step {self.state.global_step + 1}: no reward function ({names}) gave any of the "
-            message += f"{n} completions a value (every one None or NaN), so the step has no "
-            warnings.warn(message + "learning signal.", NoRewardWarning, 2)
+            warnings.warn(f"No reward at step {self.state.global_step + 1}: no reward function "
+                          f"({', '.join(self.reward_func_names)}) gave any of the {len(rewards)} completions a value "
+                          "(every one None or NaN), so the step has no learning signal.", NoRewardWarning,
+                          2)  # fmt: skip
         return rewards
 
     def _issue_warnings_after_load(self, load_result):  # without the weights tied to another (never saved)
@@ -163,7 +161,7 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
         record = {"settings": self.run_settings, "save_only_model": self.args.save_only_model}
         if self.args.should_save:
             checkpoints.refuse_links(self.args.output_dir)
-            if os.path.isfile(os.path.join(folder, "trainer_state.json")):
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(folder, "trainer_state.json"))
             checkpoints.write_run_record(folder, **record, files=None)
         super()._save_checkpoint(model, trial)
@@ -195,9 +193,9 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, public: bool = False):
         """Write `output_dir/README.md` never through a link; `public` (what `push_to_hub` uploads): no local path."""
-        if self.is_world_process_zero():
-            from ..run_folder.card import model_card
+        from ..run_folder.card import model_card
 
+        if self.is_world_process_zero():
             os.makedirs(self.args.output_dir, exist_ok=True)
             card = model_card(self, model_name, dataset_name, tags, self.eval_record, public=public)
             with checkpoints.open_run_file(os.path.join(self.args.output_dir, "README.md")) as f:
@@ -233,20 +231,19 @@ class STAPOTrainer(_Additions, core.STAPOTrainer):
         from ..run_folder.logs import SpuriousTokenLogger
 
         tensors = (per_token_logps, entropies, advantages, loss_mask)
-        if self.s2t.mode in ABLATIONS:
-            result = ablation_mask(*tensors, **asdict(self.s2t), gather=self._gather)
-        else:
+        if self.s2t.mode not in ABLATIONS:
             result = super()._compute_s2t_mask(*tensors, completion_ids)
+        else:
+            result = ablation_mask(*tensors, **asdict(self.s2t), gather=self._gather)
         mode = "train" if self.model.training else "eval"
         reduce = functools.partial(self.accelerator.reduce, reduction="sum")
         for name, value in diagnostic_metrics(result, per_token_logps, entropies, loss_mask, reduce).items():
             self._metrics[mode][name].append(value)
         if result.num_nonfinite and not self._nonfinite_warned:
             self._nonfinite_warned = True
-            message = f"{result.num_nonfinite} loss tokens have a non-finite log-probability or entropy: never S2T "
-            warnings.warn(
-                f"{message}candidates, but a sign of trouble upstream (logits, dtype, LM head).", stacklevel=2
-            )
+            warnings.warn(f"{result.num_nonfinite} loss tokens have a non-finite log-probability or entropy: never "
+                          "S2T candidates, but a sign of trouble upstream (logits, dtype, LM head).",
+                          stacklevel=2)  # fmt: skip
         if mode == "train":
             for callback in self.callback_handler.callbacks:
                 if isinstance(callback, SpuriousTokenLogger):
