@@ -88,9 +88,7 @@ def tool_tokenizer(tiny_random_model_path):  # with TRL's Qwen3 template, which 
     return tokenizer
 
 
-def outcome(
-    trainer_class, model, tmp_path, *, config=None, **inputs
-) -> str:  # "trained" (a step, a save) or "refused"
+def outcome(trainer_class, model, tmp_path, *, config=None, **inputs) -> str:  # "trained" (a step, a save), "refused"
     config_class = STAPOConfig if trainer_class is STAPOTrainer else trl.GRPOConfig
     settings = dict(output_dir=str(tmp_path / trainer_class.__name__), use_cpu=True, bf16=False, report_to=[],
                     per_device_train_batch_size=4, num_generations=2, max_completion_length=6, max_steps=1,
@@ -196,20 +194,17 @@ def tiny_vlm(tiny_random_model_path, tmp_path_factory):  # a tiny LLaVA and its 
     return str(folder), AutoProcessor.from_pretrained(folder)
 
 
-def _images(n: int) -> list:
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.RandomState(0)
-    return [Image.fromarray(rng.randint(0, 255, (28, 28, 3), dtype=np.uint8)) for _ in range(n)]
-
-
 @pytest.mark.slow  # trains a tiny vision-language model
 @pytest.mark.parametrize("case", ["image-column", "images-column", "no-chat-template"])
 def test_multimodal_prompts_as_in_grpo_trainer(tiny_vlm, tmp_path, case):
     folder, processor = tiny_vlm
+    import numpy as np
+    from PIL import Image
+
     prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "1+1"}]}]
-    images = {"image": _images(8)} if case != "images-column" else {"images": [[image] for image in _images(8)]}
+    rng = np.random.RandomState(0)
+    pictures = [Image.fromarray(rng.randint(0, 255, (28, 28, 3), dtype=np.uint8)) for _ in range(8)]
+    images = {"image": pictures} if case != "images-column" else {"images": [[image] for image in pictures]}
     if case == "no-chat-template":  # TRL fails at its first step, the library at construction
         processor = type(processor).from_pretrained(folder)
         processor.chat_template = None

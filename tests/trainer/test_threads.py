@@ -41,14 +41,12 @@ def test_the_rule_applies_to_tiny_models_only_and_gives_way_to_the_callers_count
         assert torch.get_num_threads() == default
 
 
-@pytest.mark.slow  # trains, evaluates, predicts and runs stapo-eval on the tiny model: ~5 s
+@pytest.mark.slow  # trains, evaluates and predicts on the tiny model (stapo-eval: tests/models/test_loading.py)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="torch's default is already one thread on one core")
 def test_every_entry_point_runs_a_model_trained_from_the_tiny_one_on_one_thread(
     torch_default_threads, tiny_math_model_path, tmp_path
 ):
-    from stapo_trl.cli.eval import main
     from stapo_trl.data import format_prompt
-    from stapo_trl.evaluation.generation import HFGenerator
     from stapo_trl.rewards import math_accuracy_reward
 
     seen = []
@@ -70,14 +68,7 @@ def test_every_entry_point_runs_a_model_trained_from_the_tiny_one_on_one_thread(
     trainer.train()
     trainer.evaluate()
     trainer.predict(dataset.select(range(4)))
-    generate = HFGenerator.generate
-    HFGenerator.generate = lambda self, *a, **k: seen.append(torch.get_num_threads()) or generate(self, *a, **k)
-    try:
-        main(["--model", str(model), "--benchmarks", "tiny-math", "--backend", "hf", "--decoding", "greedy", "--limit",
-              "2", "--samples", "1", "--max-new-tokens", "8", "--output", str(tmp_path / "eval.json")])  # fmt: skip
-    finally:
-        HFGenerator.generate = generate
-    assert len(seen) >= 4 and set(seen) == {1}  # the reported case: each ran at torch's default
+    assert len(seen) >= 3 and set(seen) == {1}  # the reported case: each ran at torch's default
     assert torch.get_num_threads() == torch_default_threads  # restored after each
     torch.set_num_threads(3)  # the caller's own count wins
     seen.clear()

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 import trl
+from datasets import Dataset
 from testing_utils import PROMPTS, REPO, KeepsLogpGrad, hand_scored_batch, policy_forward, text_reward, zero_reward
-from transformers import TrainerCallback
 from trl import GRPOConfig
 
 from stapo_trl import STAPOConfig, STAPOTrainer, core
+from stapo_trl.data import format_prompt
 from stapo_trl.diagnostics.token_records import token_records
 from stapo_trl.run_folder.logs import SpuriousTokenLogger
 
@@ -26,12 +27,10 @@ SETTINGS = dict(use_cpu=True, bf16=False, report_to=[], per_device_train_batch_s
                 max_completion_length=8, logging_steps=1, save_strategy="no", seed=0)  # fmt: skip
 
 
-def make_trainer(
-    model_path, tmp_path, trainer_cls=STAPOTrainer, reward=zero_reward, config_cls=STAPOConfig, **settings
-):
+def make_trainer(model_path, tmp_path, trainer_cls=STAPOTrainer, reward=zero_reward, config_cls=STAPOConfig, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        args = config_cls(output_dir=str(tmp_path / "run"), **SETTINGS | settings)
+        args = config_cls(output_dir=str(tmp_path / "run"), **SETTINGS | kwargs)
         trainer = trainer_cls(model_path, reward_funcs=reward, args=args, train_dataset=PROMPTS)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps  # set by train() only
@@ -234,23 +233,13 @@ def test_the_librarys_extras_come_from_any_grpo_config(tiny_random_model_path, t
         STAPOTrainer(tiny_random_model_path, reward_funcs=zero_reward, args=trainer.args, train_dataset=PROMPTS)
 
 
-def math_prompts(n):
-    from datasets import Dataset
-
-    from stapo_trl.data import format_prompt
-
-    return Dataset.from_list(
-        [{"prompt": format_prompt(f"{a}+{a + 3}"), "solution": str(2 * a + 3)} for a in range(10, 10 + n)]
-    )
-
-
-class CtrlCAtStep2(TrainerCallback):  # what Ctrl-C in a terminal or a notebook does
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == 2:
-            os.kill(os.getpid(), signal.SIGINT)
+MATH_PROMPTS = Dataset.from_list([{"prompt": format_prompt(f"{a}+{a + 3}"), "solution": str(2 * a + 3)}
+                                  for a in range(10, 34)])  # fmt: skip
 
 
 def test_a_plain_grpo_config_writes_the_run_files_keeps_the_checks_and_saves_on_ctrl_c(tiny_math_model_path, tmp_path):
+    from testing_utils import SignalAtStep
+
     from stapo_trl.cli.callbacks import add_command_callbacks
     from stapo_trl.rewards import math_accuracy_reward
 
@@ -258,13 +247,12 @@ def test_a_plain_grpo_config_writes_the_run_files_keeps_the_checks_and_saves_on_
         warnings.simplefilter("ignore")
         args = GRPOConfig(output_dir=str(tmp_path / "run"), **SETTINGS | dict(per_device_train_batch_size=8,
                           num_generations=4, max_completion_length=48, max_steps=4))  # fmt: skip
-    dataset = math_prompts(24)
     with pytest.raises(ValueError, match="prompt"):  # the library's construction checks, with a GRPOConfig too
-        STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args, train_dataset=dataset.remove_columns("prompt"))
+        STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args, MATH_PROMPTS.remove_columns("prompt"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=args, train_dataset=dataset)
-    trainer.add_callback(CtrlCAtStep2())
+        trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=args, train_dataset=MATH_PROMPTS)
+    trainer.add_callback(SignalAtStep(2, signal.SIGINT))
     add_command_callbacks(trainer)  # the one line that gives a script stapo-train's stop signals
     with pytest.raises(KeyboardInterrupt) as excinfo:
         trainer.train()
@@ -284,7 +272,7 @@ def test_trls_own_grpo_script_trains_with_the_trainer_import_changed(tiny_math_m
     changed = "from stapo_trl import STAPOTrainer as GRPOTrainer\n    " + original.replace("GRPOTrainer, ", "")
     (tmp_path / "script.py").write_text(source.replace(original, changed))
     (tmp_path / "data").mkdir()
-    math_prompts(24).to_json(tmp_path / "data" / "train.jsonl")
+    MATH_PROMPTS.to_json(tmp_path / "data" / "train.jsonl")
     (tmp_path / "rewards.py").write_text(
         "from stapo_trl.rewards import math_accuracy_reward\n\n\ndef accuracy(completions, solution, **kwargs):\n"
         "    return math_accuracy_reward(completions, solution=solution, **kwargs)\n"
