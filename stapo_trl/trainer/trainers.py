@@ -183,13 +183,9 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
             checkpoints.refuse_links(self.args.output_dir)
         return super().save_metrics(*args, **kwargs)
 
-    def evaluate(self, *args, **kwargs):
+    def evaluation_loop(self, *args, **kwargs):  # of evaluate() and predict()
         with tiny_model_threads(self.model):
-            return super().evaluate(*args, **kwargs)
-
-    def predict(self, *args, **kwargs):
-        with tiny_model_threads(self.model):
-            return super().predict(*args, **kwargs)
+            return super().evaluation_loop(*args, **kwargs)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, public: bool = False):
         """Write `output_dir/README.md` never through a link; `public` (what `push_to_hub` uploads): no local path."""
