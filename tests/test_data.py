@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import warnings
+from pathlib import Path
 
 import pytest
 from datasets import Dataset
@@ -34,7 +35,7 @@ def tiny_math():
 STEPS = re.compile(r"^(\d)\+(\d)=(\d+), write (\d) carry (\d); (\d)\+(\d)\+(\d)=(\d+); \\boxed\{(\d+)\}$")
 
 
-def test_every_completion_is_the_worked_sum_of_its_problem_in_disjoint_splits_drawn_by_the_seed(tiny_math):
+def test_every_completion_is_the_worked_sum_of_its_problem_in_disjoint_splits_drawn_by_the_seed_and_loads(tiny_math):
     assert tiny_math_completion(47, 38) == "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"  # the spec's example
     assert tiny_math_completion(21, 34) == "1+4=5, write 5 carry 0; 2+3+0=5; \\boxed{55}"  # no carry: same format
     assert format_prompt("47+38") == [{"role": "user", "content": f"47+38\n{INSTRUCTION}"}]
@@ -60,9 +61,6 @@ def test_every_completion_is_the_worked_sum_of_its_problem_in_disjoint_splits_dr
     assert len(small["train"]) == 50 and not set(small["train"]["problem"]) & set(small["test"]["problem"])
     with pytest.raises(ValueError, match="8100"):
         make_tiny_math_dataset(num_train=8000, num_test=101)
-
-
-def test_load_builtin(tiny_math):
     test = load_prompt_dataset("builtin:tiny-math", split="test")
     assert test.column_names == ["prompt", "solution"]
     assert (test["solution"], test["prompt"]) == (tiny_math["test"]["solution"], tiny_math["test"]["prompt"])
@@ -75,7 +73,7 @@ def test_load_builtin(tiny_math):
         load_prompt_dataset("builtin:tiny-math", split="validation")
 
 
-def test_load_local_jsonl_with_nested_columns(tmp_path):
+def test_load_local_jsonl_with_nested_columns_and_verls_parquet_with_chat_prompts(tmp_path, shared_data_dir):
     rows = [
         {"problem": "What is 1+1?", "answer": 2.0, "meta": {"gt": "2"}},
         {"problem": "What is 2+3?", "answer": "5", "meta": {"gt": "5"}},
@@ -97,9 +95,6 @@ def test_load_local_jsonl_with_nested_columns(tmp_path):
         load_prompt_dataset(path, solution_column="meta.missing")
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         load_prompt_dataset(str(tmp_path / "nope.jsonl"))
-
-
-def test_verl_parquet_with_chat_prompts(shared_data_dir):  # a chat prompt, the answer in reward_model.ground_truth
     path = str(shared_data_dir / "aime24" / "test.parquet")
     ds = load_prompt_dataset(path, prompt_column="prompt", solution_column="reward_model.ground_truth")
     assert len(ds) == 30 and ds[0]["solution"] == "\\boxed{204}"
@@ -108,7 +103,12 @@ def test_verl_parquet_with_chat_prompts(shared_data_dir):  # a chat prompt, the 
     assert turn["content"].startswith("Every morning Aya goes for a $9$-kilometer-long walk")
 
 
-def test_hub_ids_go_to_load_dataset_and_an_instruction_is_added_once(monkeypatch):
+DAPO = "Solve the following math problem step by step. The last line of your response should be of the form Answer: "
+DAPO += "$Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\nRemember to put your answer "
+DAPO += 'on its own line after "Answer:".'
+
+
+def test_hub_ids_go_to_load_dataset_an_instruction_is_added_once_and_dapo_instructions_go(monkeypatch, tmp_path):
     import datasets
 
     calls, instruction = [], "Think it through.  Box the answer."
@@ -126,14 +126,7 @@ def test_hub_ids_go_to_load_dataset_and_an_instruction_is_added_once(monkeypatch
                                "solution": "8"}  # fmt: skip
     assert [turn["content"] for (turn,) in ds["prompt"]] == [*problems[:2], f"4+4?\n{instruction}"]
     assert format_prompt(f"5+5? {INSTRUCTION}  ") == [{"role": "user", "content": f"5+5? {INSTRUCTION}  "}]
-
-
-DAPO = "Solve the following math problem step by step. The last line of your response should be of the form Answer: "
-DAPO += "$Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\nRemember to put your answer "
-DAPO += 'on its own line after "Answer:".'
-
-
-def test_a_chat_prompt_that_ends_with_the_instruction_gets_it_once_and_dapo_instructions_go(tmp_path):
+    monkeypatch.undo()
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"1+1?\n{INSTRUCTION}"}]
     rows = [{"prompt": chat, "solution": "2"}, {"prompt": DAPO.format("12+34"), "solution": "46"}]
     rows += [{"prompt": [{"role": "user", "content": DAPO.format("1+2")}], "solution": "3"}]
@@ -223,28 +216,17 @@ def test_an_empty_or_malformed_dataset_file_is_one_line_naming_the_line(
         _refused(tmp_path, capsys, str(path), message)
 
 
-QUESTIONABLE_ROWS = [{"problem": f"{i}+1", "answer": str(i + 1)} for i in range(40)]
-QUESTIONABLE_ROWS[3] = {"problem": "", "answer": "1"}  # line 5 (after the blank line 3)
-QUESTIONABLE_ROWS[5] = {"problem": "2+2"}  # no answer: line 7
-QUESTIONABLE_ROWS[9] = {"problem": "3+3", "answer": None}  # line 11
-QUESTIONABLE_ROWS[12] = {"problem": "   ", "answer": "4"}  # line 14
-
-
-def _questionable_file(tmp_path, null_prompt: bool = False):
-    rows = [dict(row) for row in QUESTIONABLE_ROWS]
-    if null_prompt:
-        rows[7]["problem"] = rows[20]["problem"] = None  # lines 9 and 22
-    lines = [json.dumps(row) for row in rows]
-    lines.insert(2, "")
-    (path := tmp_path / "rows.jsonl").write_text("\n".join(lines) + "\n")
-    return str(path)
-
-
-def test_questionable_rows_are_named_by_file_line_and_column_at_load_time(tmp_path, caplog, capsys):
+def test_questionable_rows_are_warned_of_and_a_prompt_not_text_or_chat_is_refused_naming_file_lines_and_column(
+    no_model_built, tmp_path, caplog, capsys
+):
     from stapo_trl.cli.dry_run import main as dry_run_main
 
-    path = _questionable_file(tmp_path)
-    dataset = load_prompt_dataset(path)
+    rows = [{"problem": f"{i}+1", "answer": str(i + 1)} for i in range(40)]
+    rows[3], rows[5] = {"problem": "", "answer": "1"}, {"problem": "2+2"}  # lines 5 (after the blank line 3) and 7
+    rows[9], rows[12] = {"problem": "3+3", "answer": None}, {"problem": "   ", "answer": "4"}  # lines 11 and 14
+    lines = [json.dumps(row) for row in rows]
+    (path := tmp_path / "rows.jsonl").write_text("\n".join(lines[:2] + [""] + lines[2:]) + "\n")
+    dataset = load_prompt_dataset(path := str(path))
     assert len(dataset) == 40 and dataset[3]["prompt"] == format_prompt("")
     empty = f"dataset file {path!r}: lines 5, 14 (column 'problem'): empty prompt: trained on, the model sees the "
     empty += "instruction alone."
@@ -254,10 +236,9 @@ def test_questionable_rows_are_named_by_file_line_and_column_at_load_time(tmp_pa
     assert dry_run_main(["--config", STAPO_RECIPE, "--dataset_name", path, "--output_dir", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
     assert f"  - {empty}" in out and f"  - {missing}" in out
-
-
-def test_a_prompt_that_is_not_text_or_chat_is_one_line_naming_file_lines_and_column(no_model_built, tmp_path, capsys):
-    path = _questionable_file(tmp_path, null_prompt=True)
+    rows[7]["problem"] = rows[20]["problem"] = None  # lines 9 and 22
+    lines = [json.dumps(row) for row in rows]
+    Path(path).write_text("\n".join(lines[:2] + [""] + lines[2:]) + "\n")
     expected = f"dataset file {path!r}: lines 9, 22 (column 'problem'): a prompt must be a string or a list of chat "
     expected += "messages with 'role' and 'content', got None. Fix or remove those rows."
     with pytest.raises(ValueError) as excinfo:
