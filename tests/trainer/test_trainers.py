@@ -110,24 +110,7 @@ def hand_geometry_trainer(model_path, tmp_path, **overrides):  # steps 4-7 reuse
                         **overrides)  # fmt: skip
 
 
-def test_a_log_row_sums_the_counts_and_pools_the_ratios_of_its_masks(tiny_random_model_path, tmp_path):
-    trainer = hand_geometry_trainer(tiny_random_model_path, tmp_path, s2t_mode="all_low_prob")
-    # Update 1: 12 loss tokens, the 6 of the A > 0 rows silenced (ratio 0.5); update 2: 4 loss tokens, 1 silenced.
-    batches = [hand_micro_batch([1.0, -1.0], [3, 3])] * 2 + [hand_micro_batch([1.0, -1.0], [1, 1])]
-    prepare_two_updates(trainer, [*batches, hand_micro_batch([-1.0, -1.0], [1, 1])])
-    trainer.log({})
-    row = trainer.state.log_history[-1]
-    assert (row["s2t/num_silenced"], row["s2t/num_candidates"], row["s2t/num_loss_tokens"]) == (7, 7, 16)
-    assert row["s2t/silenced_ratio"] == row["s2t/candidate_ratio"] == pytest.approx(7 / 16)  # not the mean, 0.375
-    assert row["s2t/num_nonfinite"] == 0 and row["s2t/silenced_prob_mean"] == pytest.approx(0.001)
-    # The next row starts afresh: its counts are its own masks'.
-    prepare_two_updates(trainer, [hand_micro_batch([-1.0, 1.0], [2, 2]) for _ in range(4)])
-    trainer.log({})
-    row = trainer.state.log_history[-1]
-    assert (row["s2t/num_silenced"], row["s2t/num_loss_tokens"], row["s2t/silenced_ratio"]) == (8, 16, 0.5)
-
-
-def test_non_finite_p_or_h_is_warned_once_and_counted(tiny_random_model_path, tmp_path):
+def test_non_finite_p_or_h_is_warned_once_and_counted_and_a_log_row_pools_its_masks(tiny_random_model_path, tmp_path):
     trainer = hand_geometry_trainer(tiny_random_model_path, tmp_path)
     entropies = [torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]]) for _ in range(4)]
     logps = [torch.full((2, 3), math.log(0.001)) for _ in range(4)]
@@ -146,6 +129,20 @@ def test_non_finite_p_or_h_is_warned_once_and_counted(tiny_random_model_path, tm
     assert row["s2t/num_nonfinite"] == 4 and row["s2t/num_loss_tokens"] == 23
     assert row["s2t/num_candidates"] == 12 - 3  # the A > 0 rows' 12 tokens, less the 3 non-finite ones
     assert math.isfinite(row["s2t/entropy_p50"])  # non-finite values stay out of the quantiles too
+    # The next rows start afresh. Update 1: 12 loss tokens, the 6 of the A > 0 rows silenced (ratio 0.5); update 2:
+    # 4 loss tokens, 1 silenced.
+    trainer.s2t = dataclasses.replace(trainer.s2t, mode="all_low_prob")
+    batches = [hand_micro_batch([1.0, -1.0], [3, 3])] * 2 + [hand_micro_batch([1.0, -1.0], [1, 1])]
+    prepare_two_updates(trainer, [*batches, hand_micro_batch([-1.0, -1.0], [1, 1])])
+    trainer.log({})
+    row = trainer.state.log_history[-1]
+    assert (row["s2t/num_silenced"], row["s2t/num_candidates"], row["s2t/num_loss_tokens"]) == (7, 7, 16)
+    assert row["s2t/silenced_ratio"] == row["s2t/candidate_ratio"] == pytest.approx(7 / 16)  # not the mean, 0.375
+    assert row["s2t/num_nonfinite"] == 0 and row["s2t/silenced_prob_mean"] == pytest.approx(0.001)
+    prepare_two_updates(trainer, [hand_micro_batch([-1.0, 1.0], [2, 2]) for _ in range(4)])
+    trainer.log({})
+    row = trainer.state.log_history[-1]
+    assert (row["s2t/num_silenced"], row["s2t/num_loss_tokens"], row["s2t/silenced_ratio"]) == (8, 16, 0.5)
 
 
 def test_undefined_s2t_metrics_are_left_out_of_the_logs(tiny_random_model_path, tmp_path):
