@@ -140,11 +140,10 @@ def json_lines(path: str | os.PathLike):
                     yield number, None
 
 
-def _json_lines(path: str) -> list[tuple[int, Any]]:
-    if not path.lower().endswith((".json", ".jsonl")):
-        return []
+def _json_lines(path: str) -> list[tuple[int, Any]]:  # a JSON Lines file's, else []
     with open(path, "rb") as f:
-        return [] if f.read(4096).lstrip().startswith(b"[") else list(json_lines(path))
+        lines = path.lower().endswith((".json", ".jsonl")) and not f.read(4096).lstrip().startswith(b"[")
+    return list(json_lines(path)) if lines else []
 
 
 def _read_error(root: str, error: Exception) -> str:
@@ -250,8 +249,7 @@ def model_max_positions(config) -> int | None:
             config = json.loads(Path(config, "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-    config = getattr(config, "model", config)  # an evaluation generator holds its model
-    config = getattr(config, "config", config)
+    config = getattr(model := getattr(config, "model", config), "config", model)  # a generator holds its model
     get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
     lengths = map(get, ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"))
     return next((n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 0), None)

@@ -36,9 +36,8 @@ class STAPOConfig(core.STAPOConfig):
 
     Parameters:
         s2t_mode (`str`, *optional*, defaults to `"low_entropy"`):
-            The core's `"low_entropy"` (STAPO) and `"off"` (the like-for-like baseline), plus the paper's ablations
-            ([`~stapo_trl.diagnostics.ablations`]): `"high_entropy"` (silence the candidates above the
-            (1 - q)-quantile) and `"all_low_prob"` (silence every candidate, JustRL-FullMask).
+            The core's `"low_entropy"` (STAPO) and `"off"`, plus the paper's ablations `"high_entropy"` (silence the
+            candidates above the (1 - q)-quantile) and `"all_low_prob"` (every candidate, JustRL-FullMask).
         s2t_write_run_files (`bool`, *optional*, defaults to `True`):
             During `train()`, write `<output_dir>/metrics.jsonl` and `spurious_tokens.jsonl` (what `stapo-plot` draws).
         use_cpu, bf16 (`bool`, *optional*):
