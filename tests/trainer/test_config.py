@@ -33,7 +33,6 @@ def test_the_s2t_fields_are_the_cores_plus_the_ablations_and_the_run_files_switc
     assert field.metadata["choices"] == ["low_entropy", "off", "high_entropy", "all_low_prob"]
     assert field.metadata["choices"] == list(core.STAPOConfig._s2t_modes) + list(ABLATIONS)  # one entry each
     assert all(f'"{mode}"' in STAPOConfig.__doc__ and mode in field.metadata["help"] for mode in ABLATIONS)
-    # The type the command line parses (HfArgumentParser reads the Literal) allows the same values.
     assert set(typing.get_args(typing.get_type_hints(STAPOConfig)["s2t_mode"])) == set(field.metadata["choices"])
     for mode in field.metadata["choices"]:
         assert make_config(s2t_mode=mode).s2t_mode == mode

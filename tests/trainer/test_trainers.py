@@ -213,7 +213,6 @@ class OpenR1StyleConfig(GRPOConfig):  # a user's config as open-r1 writes one, w
 
 
 def test_the_librarys_extras_come_from_any_grpo_config(tiny_random_model_path, tmp_path):
-    # A plain GRPOConfig: the paper's values (tests/core/test_stapo_trainer.py), the run files (the Ctrl-C test below)
     trainer = make_trainer(tiny_random_model_path, tmp_path, reward=text_reward, config_cls=OpenR1StyleConfig,
                            max_steps=2, s2t_write_run_files=False)  # fmt: skip
     assert trainer.s2t.mode == "all_low_prob"  # the library's ablations, where the config has them
@@ -262,7 +261,6 @@ def test_a_plain_grpo_config_writes_the_run_files_keeps_the_checks_and_saves_on_
 
 @pytest.mark.slow  # a new Python process (~10 s of imports) training two steps
 def test_trls_own_grpo_script_trains_with_the_trainer_import_changed(tiny_math_model_path, tmp_path):
-    # TRL's own scripts/grpo.py passes a plain GRPOConfig: with only its trainer import changed it trains and logs.
     source = (Path(trl.__file__).parent / "scripts" / "grpo.py").read_text()
     original = "from trl import GRPOTrainer, get_dataset, get_peft_config, get_quantization_config"
     assert source.count(original) == 1
