@@ -22,11 +22,11 @@ INSTRUCTION = "Please reason step by step, and put your final answer within \\bo
 BUILTIN_PREFIX = "builtin:"
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 NOT_HELD_OUT = "training file (not held out)"  # the split label of an evaluation that reads training prompts
-_DAPO = re.compile(  # DAPO-Math-17k's own answer format ("Answer: $Answer"), against \boxed{}
+remove_dapo_instruction = functools.partial(re.compile(  # DAPO-Math-17k's own "Answer: $Answer", against \boxed{}
     r"^\s*Solve the following math problem step by step\. The last line of your response should be of the form "
     r"Answer: \$Answer \(without quotes\) where \$Answer is the answer to the problem\.\s*"
     r'|\s*Remember to put your answer on its own line after "Answer:"\.?\s*$'
-)
+).sub, "")  # fmt: skip
 TRL_REWARD_ARGUMENTS = {*"prompts completions completion_ids trainer_state log_extra log_metric environments".split()}
 _PASSED_AS = {"prompt": "prompts", "completion": "completions"}  # columns TRL passes under the plural
 _MISSING = "Column {!r} not found in dataset {!r}. Available columns: {}."
@@ -42,9 +42,6 @@ def format_prompt(problem: str, instruction: str | None = INSTRUCTION) -> list[d
     if instruction and not "".join(str(problem).split()).endswith("".join(instruction.split())):
         problem = f"{problem}\n{instruction}"
     return [{"role": "user", "content": problem}]
-
-
-remove_dapo_instruction = functools.partial(_DAPO.sub, "")
 
 
 def filter_long_prompts(dataset, tokenizer, max_prompt_tokens: int, chat_template_kwargs: dict | None = None):
@@ -81,9 +78,6 @@ def make_tiny_math_dataset(num_train: int = 7800, num_test: int = 300, seed: int
             "completion": [tiny_math_completion(a, b) for a, b in split], "problem": [f"{a}+{b}" for a, b in split],
         }) for name, split in splits.items()
     })  # fmt: skip
-
-
-BUILTIN_DATASETS = {"tiny-math": make_tiny_math_dataset}  # `builtin:<name>` dataset names
 
 
 def is_local_dataset_file(dataset_name: str) -> bool:
@@ -149,10 +143,9 @@ def _json_lines(path: str) -> list[tuple[int, Any]]:  # a JSON Lines file's, els
 def _read_error(root: str, error: Exception) -> str:
     """The first line of a file (of a folder's) that is not a JSON object, else the parser's first line."""
     paths = [root] if os.path.isfile(root) else sorted(str(p) for p in Path(root).rglob("*") if p.is_file())
-    for path in paths:
-        if bad := next((n for n, row in _json_lines(path) if not isinstance(row, dict)), None):
-            return f"{'' if path == root else os.path.relpath(path, root) + ' '}line {bad} is not a JSON object"
-    return (str(error.__cause__ or error).strip().splitlines() or [type(error).__name__])[0]
+    bad = (f"{'' if p == root else os.path.relpath(p, root) + ' '}line {n} is not a JSON object"
+           for p in paths for n, row in _json_lines(p) if not isinstance(row, dict))  # fmt: skip
+    return next(bad, (str(error.__cause__ or error).strip().splitlines() or [type(error).__name__])[0])
 
 
 def _where(dataset_name: str, indices: list[int]) -> str:
@@ -171,17 +164,6 @@ def _solution_to_str(value: Any) -> str:
     return "" if value is None else str(int(value) if isinstance(value, float) and value.is_integer() else value)
 
 
-def _to_prompt(value: str | list[dict], instruction: str | None, strip_dapo: bool) -> list[dict[str, str]]:
-    strip = remove_dapo_instruction if strip_dapo else (lambda text: text)
-    if isinstance(value, str):
-        return format_prompt(strip(value), instruction)
-    messages = [{"role": m["role"], "content": strip(m["content"]) if m["role"] == "user" else m["content"]}
-                for m in value]  # fmt: skip
-    if users := [i for i, m in enumerate(messages) if m["role"] == "user"]:
-        messages[users[-1]] = format_prompt(messages[users[-1]]["content"], instruction)[0]
-    return messages
-
-
 def load_prompt_dataset(
     dataset_name: str, *, dataset_config: str | None = None, split: str = "train", prompt_column: str = "problem",
     solution_column: str = "answer", instruction: str | None = INSTRUCTION, data_files=None, limit: int | None = None,
@@ -196,10 +178,9 @@ def load_prompt_dataset(
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit}.")
     if builtin := dataset_name.startswith(BUILTIN_PREFIX):
-        splits = BUILTIN_DATASETS.get(dataset_name.removeprefix(BUILTIN_PREFIX), dict)()
-        if split not in splits:
-            known = "; ".join(f"{BUILTIN_PREFIX}{n} (splits {', '.join(m())})" for n, m in BUILTIN_DATASETS.items())
-            raise ValueError(f"No built-in dataset {dataset_name!r} with a split {split!r}; built-in ones: {known}.")
+        if split not in (splits := make_tiny_math_dataset() if dataset_name == "builtin:tiny-math" else {}):
+            raise ValueError(f"No built-in dataset {dataset_name!r} with a split {split!r}; built-in ones: "
+                             "builtin:tiny-math (splits train, test).")  # fmt: skip
         dataset, prompt_column, solution_column = splits[split], "problem", "solution"
     elif is_local_dataset_file(dataset_name):
         dataset = load_local_dataset_file(dataset_name)
@@ -209,11 +190,10 @@ def load_prompt_dataset(
         except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
             if not os.path.isdir(dataset_name):
                 raise
-            message = f"dataset folder {dataset_name!r} could not be read: {_read_error(dataset_name, e)}"
-            raise ValueError(message) from e
+            raise ValueError(f"dataset folder {dataset_name!r} could not be read: "
+                             f"{_read_error(dataset_name, e)}") from e  # fmt: skip
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
-    # the columns (a dotted name reaches into a struct); warn of empty prompts and missing answers
     flat, columns = dataset.flatten(), dataset.column_names
     if missing := [c for c in (prompt_column, solution_column) if c not in flat.column_names + columns]:
         fix = "Set prompt_column / solution_column (a dotted name reaches into a struct: 'reward_model.ground_truth')."
@@ -233,7 +213,13 @@ def load_prompt_dataset(
     ]:  # fmt: skip
         if indices := [i for i, value in enumerate(values) if not value.strip()]:
             logger.warning(f"{_where(dataset_name, indices)} (column {column!r}): {what}")
-    prompts = [_to_prompt(p, instruction, strip_dapo_instruction and not builtin) for p in prompts]
+    strip = remove_dapo_instruction if strip_dapo_instruction and not builtin else (lambda text: text)
+    prompts = [[{"role": m["role"], "content": strip(m["content"]) if m["role"] == "user" else m["content"]}
+                for m in p] if isinstance(p, list) else [{"role": "user", "content": strip(p)}]
+               for p in prompts]  # fmt: skip
+    for chat in prompts:  # the instruction to the last user turn
+        if users := [i for i, m in enumerate(chat) if m["role"] == "user"]:
+            chat[users[-1]] = format_prompt(chat[users[-1]]["content"], instruction)[0]
     if builtin or not (kept := [c for c in columns if c not in ("prompt", "solution")]):
         return datasets.Dataset.from_dict({"prompt": prompts, "solution": solutions})
     return dataset.select_columns(kept).add_column("prompt", prompts).add_column("solution", solutions)
@@ -318,13 +304,12 @@ def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "t
         filled = (set(columns) - set(_PASSED_AS)) | TRL_REWARD_ARGUMENTS
         for func in funcs:
             try:
-                parameters = inspect.signature(func).parameters.values()
+                parameters, func_name = inspect.signature(func).parameters.values(), get_callable_name(func)
             except (TypeError, ValueError):
                 continue
-            func_name, variadic = get_callable_name(func), (inspect.Parameter.VAR_POSITIONAL,
-                                                            inspect.Parameter.VAR_KEYWORD)  # fmt: skip
-            required = [p.name for p in parameters if p.default is p.empty and p.kind not in variadic]
-            if (missing := next((a for a in required if a not in filled), None)) in _PASSED_AS:
+            missing = next((p.name for p in parameters if p.default is p.empty and p.name not in filled
+                            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)), None)  # fmt: skip
+            if missing in _PASSED_AS:
                 raise ValueError(f"The reward function {func_name!r} takes an argument {missing!r}, which TRL never "
                                  f"fills: it passes that column as `{_PASSED_AS[missing]}`. Rename the "
                                  "argument.")  # fmt: skip
