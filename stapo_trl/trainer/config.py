@@ -31,8 +31,8 @@ MINIMUMS = {  # field: (smallest value, what it is)
 
 @dataclass
 class STAPOConfig(core.STAPOConfig):
-    r"""
-    Configuration class for [`~stapo_trl.STAPOTrainer`]: [`stapo_trl.core.STAPOConfig`], which it subclasses, plus:
+    r"""Configuration class for [`~stapo_trl.STAPOTrainer`]: [`stapo_trl.core.STAPOConfig`], which it subclasses, plus
+    the parameters below; a value TRL accepts and fails on later raises a `ValueError` naming the field.
 
     Parameters:
         s2t_mode (`str`, *optional*, defaults to `"low_entropy"`):
@@ -42,30 +42,20 @@ class STAPOConfig(core.STAPOConfig):
             During `train()`, write `<output_dir>/metrics.jsonl` and `spurious_tokens.jsonl` (what `stapo-plot` draws).
         use_cpu, bf16 (`bool`, *optional*):
             Not set and without an accelerator: `True` and `False` (bf16 on a CPU is ~2.3x slower), logged once.
-
-    Raises:
-        ValueError: a value TRL accepts and fails on later ([`check_training_values`]), naming the field.
     """
 
     _s2t_modes: ClassVar[tuple[str, ...]] = S2T_MODES
 
-    s2t_mode: Literal[S2T_MODES] = field(
-        default=core.s2t.S2TSettings.mode,
-        metadata={
-            "help": "Which candidates are silenced: 'low_entropy' (STAPO), 'off' (none; counts still logged), or the "
-            "paper's ablations 'high_entropy' (above the (1-q)-quantile) and 'all_low_prob' (every candidate).",
-            "choices": list(S2T_MODES),
-        },
-    )
-    s2t_write_run_files: bool = field(
-        default=True, metadata={"help": "Write metrics.jsonl and spurious_tokens.jsonl into output_dir in train()."}
-    )
-    use_cpu: bool | None = field(
-        default=None, metadata={"help": "Train on the CPU; not set: when no accelerator.", "nargs": "?", "const": True}
-    )
-    bf16: bool | None = field(
-        default=None, metadata={"help": "bf16 mixed precision; not set: False without an accelerator, else TRL's."}
-    )
+    s2t_mode: Literal[S2T_MODES] = field(default=core.s2t.S2TSettings.mode, metadata={
+        "help": "Which candidates are silenced: 'low_entropy' (STAPO), 'off' (none; counts still logged), or the "
+                "paper's ablations 'high_entropy' (above the (1-q)-quantile) and 'all_low_prob' (every candidate).",
+        "choices": list(S2T_MODES)})  # fmt: skip
+    s2t_write_run_files: bool = field(default=True, metadata={
+        "help": "Write metrics.jsonl and spurious_tokens.jsonl into output_dir in train()."})  # fmt: skip
+    use_cpu: bool | None = field(default=None, metadata={
+        "help": "Train on the CPU; not set: when no accelerator.", "nargs": "?", "const": True})  # fmt: skip
+    bf16: bool | None = field(default=None, metadata={
+        "help": "bf16 mixed precision; not set: False without an accelerator, else TRL's."})  # fmt: skip
 
     def __post_init__(self):
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched process, before its process group exists
@@ -142,8 +132,7 @@ def check_training_values(args) -> None:
                         "num_train_epochs epochs."))  # fmt: skip
     if refused:
         raise TrainingValueError(f"{refused[0][0]}={number[refused[0][0]]} {refused[0][1]}", refused[0][0])
-    report_to = getattr(args, "report_to", None)
-    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
+    names = [report_to] if isinstance(report_to := getattr(args, "report_to", None), str) else list(report_to or [])
     if names := [name for name in names if name not in ("none", "all")]:
         from transformers.integrations import get_reporting_integration_callbacks
 
