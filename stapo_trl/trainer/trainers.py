@@ -34,20 +34,17 @@ def _torch_default_threads() -> set[int]:  # the counts torch starts with: one p
     counts = {len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0, os.cpu_count() or 1}
     per_core = 1
     with contextlib.suppress(OSError), open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
-        parts = [p.partition("-") for p in f.read().strip().split(",")]
-        per_core = sum(int(b) - int(a) + 1 if b else 1 for a, _, b in parts)
+        per_core = sum(int(b) - int(a) + 1 if b else 1 for a, _, b in (p.partition("-") for p in f.read().split(",")))
     return counts | {max(n // per_core, 1) for n in counts}
 
 
 @contextlib.contextmanager
 def tiny_model_threads(model):
-    """Run the block on one torch thread when `model` (a model or its folder) has at most 4 MiB of `model*.safetensors`
-    (a built-in tiny model) and the caller set no count (`OMP_NUM_THREADS`, or another)."""
+    """One torch thread in the block for a model (or folder) of at most 4 MiB of `model*.safetensors` unless set."""
     if not isinstance(model, (str, os.PathLike)):
         model = getattr(getattr(model, "config", None), "_name_or_path", None)
     weights = glob.glob(os.path.join(glob.escape(str(model)), "model*.safetensors")) if model else []
-    tiny = bool(weights) and sum(map(os.path.getsize, weights)) <= 4 * 2**20  # the built-in ones': 0.58 MB
-    previous = torch.get_num_threads()
+    previous, tiny = torch.get_num_threads(), bool(weights) and sum(map(os.path.getsize, weights)) <= 4 * 2**20
     if one := tiny and not os.environ.get("OMP_NUM_THREADS") and previous in _torch_default_threads():
         torch.set_num_threads(1)
     try:
@@ -88,20 +85,16 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
             check_chat_template(self.processing_class, dataset, self.model.config._name_or_path, name,
                                 template_kwargs=self.args.chat_template_kwargs)  # fmt: skip
         install_cpu_colocate_weight_sync(self)
-        self.run_settings = checkpoints.run_settings(
-            self.args, trainer=type(self).__name__, model=given_model, reward_funcs=self.reward_funcs,
-            s2t=getattr(self, "s2t", None), peft_config=peft_settings, train_dataset=train_dataset,
-            dtype=getattr(self.model, "dtype", None),
-        )  # fmt: skip
+        self.run_settings = checkpoints.run_settings(self.args, trainer=type(self).__name__, model=given_model,
+            reward_funcs=self.reward_funcs, s2t=getattr(self, "s2t", None), peft_config=peft_settings,
+            train_dataset=train_dataset, dtype=getattr(self.model, "dtype", None))  # fmt: skip
         args = self.args  # what training_args.bin holds: no `*_token` value
-        args.__getstate__ = lambda: {
-            k: None if k.endswith("_token") else v for k, v in vars(args).items() if k != "__getstate__"
-        }
+        args.__getstate__ = lambda: {k: None if k.endswith("_token") else v for k, v in vars(args).items()
+                                     if k != "__getstate__"}  # fmt: skip
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`Trainer.train` as the one writer of `output_dir`, with the run files and an exact resume (`True`: the
-        newest complete checkpoint; the rest of its rollout batch and logging window restored). `ValueError`: another
-        writer holds `output_dir`; no, an incomplete or a differently trained checkpoint; a link where it saves."""
+        """`Trainer.train` as `output_dir`'s one writer, with the run files and an exact resume (`True`: the newest
+        complete checkpoint). `ValueError`: another writer; no, an incomplete or another run's checkpoint; a link."""
         from ..run_folder.logs import JsonlLogCallback, NoLearningSignalCallback, add_run_file_callbacks
         from ..run_folder.rollout import RolloutStateCallback, load_rollout_state
 
@@ -206,12 +199,10 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
 
 
 class STAPOTrainer(_Additions, core.STAPOTrainer):
-    """[`stapo_trl.core.STAPOTrainer`] (STAPO, arXiv:2602.15620), which it subclasses, with the package's additions,
-    the paper's ablation modes, the diagnostics `s2t/entropy_p10` ... `p95`, `s2t/silenced_*_mean` (nats), a warning
-    for non-finite p or H, and the token records. `model` may be a `builtin:` name, `reward_funcs` a name of
-    `stapo_trl.rewards.REWARDS`, `args` any `GRPOConfig` (default [`~stapo_trl.STAPOConfig`]). `ValueError` before a
-    model is built: a dataset empty or without `prompt`, a reward argument no column fills, a bad reward, S2T value,
-    `output_dir` or `vllm_mode`, chat prompts without a chat template."""
+    """[`stapo_trl.core.STAPOTrainer`] (STAPO, arXiv:2602.15620), which it subclasses, with the paper's ablations, the
+    diagnostics `s2t/entropy_p10` ... `p95`, `s2t/silenced_*_mean` (nats) and the token records. `model` may be a
+    `builtin:` name, `reward_funcs` a name of `stapo_trl.rewards.REWARDS`, `args` any `GRPOConfig`. `ValueError`
+    before a model is built: a bad dataset, reward, S2T value, `output_dir` or `vllm_mode`; no chat template."""
 
     _s2t_modes = STAPOConfig._s2t_modes
 
@@ -227,10 +218,8 @@ class STAPOTrainer(_Additions, core.STAPOTrainer):
         from ..run_folder.logs import SpuriousTokenLogger
 
         tensors = (per_token_logps, entropies, advantages, loss_mask)
-        if self.s2t.mode not in ABLATIONS:
-            result = super()._compute_s2t_mask(*tensors, completion_ids)
-        else:
-            result = ablation_mask(*tensors, **asdict(self.s2t), gather=self._gather)
+        result = (ablation_mask(*tensors, **asdict(self.s2t), gather=self._gather) if self.s2t.mode in ABLATIONS
+                  else super()._compute_s2t_mask(*tensors, completion_ids))  # fmt: skip
         mode = "train" if self.model.training else "eval"
         reduce = functools.partial(self.accelerator.reduce, reduction="sum")
         for name, value in diagnostic_metrics(result, per_token_logps, entropies, loss_mask, reduce).items():
@@ -240,10 +229,9 @@ class STAPOTrainer(_Additions, core.STAPOTrainer):
             warnings.warn(f"{result.num_nonfinite} loss tokens have a non-finite log-probability or entropy: never "
                           "S2T candidates, but a sign of trouble upstream (logits, dtype, LM head).",
                           stacklevel=2)  # fmt: skip
-        if mode == "train":
-            for callback in self.callback_handler.callbacks:
-                if isinstance(callback, SpuriousTokenLogger):
-                    callback.record(result, *tensors, completion_ids)
+        for callback in self.callback_handler.callbacks if mode == "train" else []:
+            if isinstance(callback, SpuriousTokenLogger):
+                callback.record(result, *tensors, completion_ids)
         return result
 
 
