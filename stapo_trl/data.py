@@ -291,8 +291,7 @@ def _named(dataset: Any, dataset_name: str) -> list[tuple[str, Any]]:
 
 
 def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "train_dataset") -> None:
-    """Raise a `ValueError` naming the column, the dataset and the reward when a reward function (a plain callable) has
-    an argument without a default that no column of `dataset` (with `column_names`) nor TRL fills."""
+    """Raise a `ValueError` naming column, dataset and reward for a reward argument no column of `dataset` nor TRL fills."""
     import torch
     from trl.trainer.utils import get_callable_name
 
@@ -320,8 +319,7 @@ def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "t
 
 
 def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset", *, prompt_optional: bool = False) -> None:
-    """Raise a `ValueError` when `dataset` (or one of a dict of them) is empty, or has columns but no `prompt`
-    (unless `prompt_optional`: an `environment_factory`'s `reset()` supplies the prompt)."""
+    """Raise a `ValueError` for an empty `dataset` (or one of a dict), or one without `prompt` unless `prompt_optional`."""
     for name, data in _named(dataset, dataset_name):
         if hasattr(data, "__len__") and len(data) == 0:
             raise ValueError(f"Dataset {name!r} is empty (0 rows): give it prompts (rows with a 'prompt' column).")
@@ -356,8 +354,7 @@ def render_chat_template(tokenizer, messages, **template_kwargs) -> str:
 
 def check_chat_template(tokenizer, dataset, model_name: str, dataset_name="train_dataset", fix=CHAT_TEMPLATE_FIX,
                         template_kwargs=None):  # fmt: skip
-    """Raise a `ValueError` when `dataset`'s prompts are chat messages and `tokenizer` has no chat template, or one
-    that jinja refuses on the first prompt ([`render_chat_template`])."""
+    """Raise a `ValueError` when `dataset`'s chat prompts meet no chat template, or one jinja refuses on the first."""
     from trl.data_utils import is_conversational
 
     for name, data in _named(dataset, dataset_name):

@@ -58,8 +58,7 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
     eval_record = None  # accuracy before and after training, for the card
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *pargs, **kwargs):
-        given_model = model
-        if isinstance(model, str) and model.startswith("builtin:"):
+        if isinstance(given_model := model, str) and model.startswith("builtin:"):
             model = importlib.import_module("stapo_trl.models").resolve_model_path(model)  # built on first use
         if args is not None:
             if importlib.util.find_spec("vllm"):  # else TRL's ImportError ("vLLM is not available") stands
