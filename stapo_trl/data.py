@@ -291,7 +291,7 @@ def _named(dataset: Any, dataset_name: str) -> list[tuple[str, Any]]:
 
 
 def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "train_dataset") -> None:
-    """Raise a `ValueError` naming column, dataset and reward for a reward argument no column of `dataset` nor TRL fills."""
+    """Raise a `ValueError` naming column, dataset and reward for an argument no column of `dataset` nor TRL fills."""
     import torch
     from trl.trainer.utils import get_callable_name
 
@@ -319,7 +319,7 @@ def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "t
 
 
 def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset", *, prompt_optional: bool = False) -> None:
-    """Raise a `ValueError` for an empty `dataset` (or one of a dict), or one without `prompt` unless `prompt_optional`."""
+    """Raise a `ValueError` for an empty `dataset` (or one of a dict), or without `prompt` unless `prompt_optional`."""
     for name, data in _named(dataset, dataset_name):
         if hasattr(data, "__len__") and len(data) == 0:
             raise ValueError(f"Dataset {name!r} is empty (0 rows): give it prompts (rows with a 'prompt' column).")
