@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -23,15 +22,14 @@ from stapo_trl.diagnostics.token_records import token_records
 from stapo_trl.run_folder.logs import SpuriousTokenLogger
 
 
+pytestmark = pytest.mark.filterwarnings("ignore")
 SETTINGS = dict(use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4, num_generations=2,
                 max_completion_length=8, logging_steps=1, save_strategy="no", seed=0)  # fmt: skip
 
 
 def make_trainer(model_path, tmp_path, trainer_cls=STAPOTrainer, reward=zero_reward, config_cls=STAPOConfig, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        args = config_cls(output_dir=str(tmp_path / "run"), **SETTINGS | kwargs)
-        trainer = trainer_cls(model_path, reward_funcs=reward, args=args, train_dataset=PROMPTS)
+    args = config_cls(output_dir=str(tmp_path / "run"), **SETTINGS | kwargs)
+    trainer = trainer_cls(model_path, reward_funcs=reward, args=args, train_dataset=PROMPTS)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps  # set by train() only
     return trainer
@@ -105,13 +103,10 @@ def prepare_two_updates(trainer, batches):  # the second pass over 4 buffered mi
         trainer._prepare_inputs(None)
 
 
-def hand_geometry_trainer(model_path, tmp_path, **overrides):  # steps 4-7 reuse the buffered (hand) rollout batch
-    return make_trainer(model_path, tmp_path, steps_per_generation=4, gradient_accumulation_steps=2, num_iterations=2,
-                        **overrides)  # fmt: skip
-
-
 def test_non_finite_p_or_h_is_warned_once_and_counted_and_a_log_row_pools_its_masks(tiny_random_model_path, tmp_path):
-    trainer = hand_geometry_trainer(tiny_random_model_path, tmp_path)
+    # steps 4-7 reuse the buffered (hand) rollout batch
+    trainer = make_trainer(tiny_random_model_path, tmp_path, steps_per_generation=4, gradient_accumulation_steps=2,
+                           num_iterations=2)  # fmt: skip
     entropies = [torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]]) for _ in range(4)]
     logps = [torch.full((2, 3), math.log(0.001)) for _ in range(4)]
     entropies[0][0, 0] = float("nan")  # a candidate's position (A > 0)
@@ -221,9 +216,7 @@ def test_the_librarys_extras_come_from_any_grpo_config(tiny_random_model_path, t
     assert len(rows) == 2 and sum(r["s2t/num_silenced"] for r in rows) == sum(r["s2t/num_candidates"] for r in rows)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # the config's own s2t_write_run_files=False
     with pytest.raises(ValueError, match=r"s2t_mode='all_low_prob' is not one of \['low_entropy', 'off'\]"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            core.STAPOTrainer(tiny_random_model_path, zero_reward, args=trainer.args, train_dataset=PROMPTS)
+        core.STAPOTrainer(tiny_random_model_path, zero_reward, args=trainer.args, train_dataset=PROMPTS)
     trainer.args.s2t_write_run_files = "no"  # a field of the user's class, of the wrong type: refused at construction
     with pytest.raises(ValueError, match=r"^s2t_write_run_files='no' must be a bool"):
         STAPOTrainer(tiny_random_model_path, reward_funcs=zero_reward, args=trainer.args, train_dataset=PROMPTS)
@@ -239,15 +232,11 @@ def test_a_plain_grpo_config_writes_the_run_files_keeps_the_checks_and_saves_on_
     from stapo_trl.cli.callbacks import add_command_callbacks
     from stapo_trl.rewards import math_accuracy_reward
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        args = GRPOConfig(output_dir=str(tmp_path / "run"), **SETTINGS | dict(per_device_train_batch_size=8,
-                          num_generations=4, max_completion_length=48, max_steps=4))  # fmt: skip
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), **SETTINGS | dict(per_device_train_batch_size=8,
+                      num_generations=4, max_completion_length=48, max_steps=4))  # fmt: skip
     with pytest.raises(ValueError, match="prompt"):  # the library's construction checks, with a GRPOConfig too
         STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args, MATH_PROMPTS.remove_columns("prompt"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=args, train_dataset=MATH_PROMPTS)
+    trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=args, train_dataset=MATH_PROMPTS)
     trainer.add_callback(SignalAtStep(2, signal.SIGINT))
     add_command_callbacks(trainer)  # the one line that gives a script stapo-train's stop signals
     with pytest.raises(KeyboardInterrupt) as excinfo:
