@@ -1,5 +1,4 @@
-"""Prompt datasets: the tiny-math task, `load_prompt_dataset` (local files, nested columns, Hub ids, DAPO's
-instruction) and a run's datasets checked before a model is built (columns, chat template, empty, prompt groups)."""
+"""Prompt datasets: tiny-math, `load_prompt_dataset`, and a run's datasets checked before a model is built."""
 
 import functools
 import json
@@ -316,9 +315,8 @@ def build(model, tmp_path, train, eval_rows=None, record=None, **overrides):
     args = tiny_stapo_config(tmp_path / "out", max_steps=1, **overrides)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always" if record is not None else "ignore")
-        train = train if isinstance(train, Dataset) else Dataset.from_list(train)
-        eval_dataset = None if eval_rows is None else Dataset.from_list(eval_rows)
-        trainer = STAPOTrainer(model, zero_reward, args=args, train_dataset=train, eval_dataset=eval_dataset)
+        trainer = STAPOTrainer(model, zero_reward, args=args, train_dataset=Dataset.from_list(train),
+                               eval_dataset=eval_rows and Dataset.from_list(eval_rows))  # fmt: skip
     if record is not None:
         record += [str(w.message) for w in caught]
     return trainer
@@ -465,8 +463,6 @@ def test_bad_datasets_and_reward_names_fail_at_construction_naming_function_colu
 
     no_prompt, no_solution = [{"question": "12+34=", "solution": "46"}], [{"prompt": "12+34=", "answer": "46"}]
     with_solution = [{"prompt": "12+34=", "solution": "46"}]
-    with pytest.raises(ValueError, match=r"^Dataset 'train_dataset' is empty \(0 rows\)"):
-        construct(math_accuracy_reward, [])
     with pytest.raises(ValueError, match=r"^Column 'prompt' not found in dataset 'train_dataset'\. Available columns"):
         construct(math_accuracy_reward, no_prompt)
     # A reward named is that function, checked (was taken for a Hub reward model: a minute of network retries).
