@@ -3,7 +3,6 @@
 import dataclasses
 import logging
 import typing
-import warnings
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,11 @@ from stapo_trl.diagnostics.ablations import ABLATIONS
 from stapo_trl.trainer.config import has_accelerator
 
 
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
 def make_config(**overrides):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return STAPOConfig(**dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[]) | overrides)
+    return STAPOConfig(**dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[]) | overrides)
 
 
 def test_the_s2t_fields_are_the_cores_plus_the_ablations_and_the_run_files_switch_each_documented():
@@ -97,7 +97,6 @@ def test_cpu_only_machine_defaults_to_use_cpu_without_bf16_and_explicit_values_w
 
 def test_with_an_accelerator_the_defaults_stay_trls(monkeypatch, tmp_path, caplog):
     monkeypatch.setattr("stapo_trl.trainer.config.has_accelerator", lambda: True)  # bf16 given: this CPU refuses True
-    with caplog.at_level(logging.INFO, logger="stapo_trl.trainer.config"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with caplog.at_level(logging.INFO, logger="stapo_trl.trainer.config"):
         args = STAPOConfig(output_dir=str(tmp_path), report_to=[], bf16=False)
     assert args.use_cpu is False and not [r for r in caplog.records if r.name == "stapo_trl.trainer.config"]

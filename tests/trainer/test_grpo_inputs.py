@@ -1,7 +1,6 @@
 """Every input `GRPOTrainer` trains on, `STAPOTrainer` trains or refuses alike (environments, tools, rollout_func)."""
 
 import os
-import warnings
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from stapo_trl import STAPOConfig, STAPOTrainer
 
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory and rollout_func are experimental
+pytestmark = pytest.mark.filterwarnings("ignore")
 
 
 class Counter:  # an environment that owns its reward
@@ -93,13 +93,11 @@ def outcome(trainer_class, model, tmp_path, *, config=None, **inputs) -> str:  #
     settings = dict(output_dir=str(tmp_path / trainer_class.__name__), use_cpu=True, bf16=False, report_to=[],
                     per_device_train_batch_size=4, num_generations=2, max_completion_length=6, max_steps=1,
                     save_strategy="steps", save_steps=1, logging_steps=1, disable_tqdm=True)  # fmt: skip
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            trainer = trainer_class(model=model, args=config_class(**settings | (config or {})), **inputs)
-            trainer.train()
-        except Exception as e:  # noqa: BLE001 (the type is the outcome)
-            return f"refused {type(e).__name__}: {e}"
+    try:
+        trainer = trainer_class(model=model, args=config_class(**settings | (config or {})), **inputs)
+        trainer.train()
+    except Exception as e:  # noqa: BLE001 (the type is the outcome)
+        return f"refused {type(e).__name__}: {e}"
     assert trainer.state.global_step == 1
     return "trained"
 

@@ -2,7 +2,6 @@
 
 import os
 import shutil
-import warnings
 
 import pytest
 import torch
@@ -41,6 +40,7 @@ def test_the_rule_applies_to_tiny_models_only_and_gives_way_to_the_callers_count
         assert torch.get_num_threads() == default
 
 
+@pytest.mark.filterwarnings("ignore")
 @pytest.mark.slow  # trains, evaluates and predicts on the tiny model (stapo-eval: tests/models/test_loading.py)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="torch's default is already one thread on one core")
 def test_every_entry_point_runs_a_model_trained_from_the_tiny_one_on_one_thread(
@@ -61,10 +61,8 @@ def test_every_entry_point_runs_a_model_trained_from_the_tiny_one_on_one_thread(
     model = shutil.copytree(tiny_math_model_path, tmp_path / "trained", ignore=shutil.ignore_patterns("stapo_*.json"))
     dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{a}"), "solution": str(2 * a)} for a in range(10, 18)])
     args = tiny_stapo_config(tmp_path / "run", max_steps=1, per_device_eval_batch_size=4, num_generations=4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = STAPOTrainer(str(model), math_accuracy_reward, args=args, train_dataset=dataset,
-                               eval_dataset=dataset.select(range(4)), callbacks=[Record()])  # fmt: skip
+    trainer = STAPOTrainer(str(model), math_accuracy_reward, args=args, train_dataset=dataset,
+                           eval_dataset=dataset.select(range(4)), callbacks=[Record()])  # fmt: skip
     trainer.train()
     trainer.evaluate()
     trainer.predict(dataset.select(range(4)))
