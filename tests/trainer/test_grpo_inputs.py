@@ -102,48 +102,42 @@ def outcome(trainer_class, model, tmp_path, *, config=None, **inputs) -> str:  #
     return "trained"
 
 
-MULTI_ENVIRONMENT = {"counter": Counter, "echo": Echo}
+MULTI_ENVIRONMENT, D = {"counter": Counter, "echo": Echo}, Dataset.from_dict
 ROUTED = {"environment": ["counter", "echo"] * 4}
 EVALS = {"eval_strategy": "steps", "eval_steps": 1, "per_device_eval_batch_size": 4}
-TOPICS = Dataset.from_dict({"prompt": ["1+1", "2+2"] * 8, "topic": ["a", "b"] * 8})
+TOPICS = D({"prompt": ["1+1", "2+2"] * 8, "topic": ["a", "b"] * 8})
 # case: (inputs, whether both train it). Without a prompt column (and no environment) both refuse: TRL at its first
 # step, the library at construction.
 CASES = {
     "environments-dict-no-prompt": (  # TRL's own test_train_with_multiple_environments
-        dict(train_dataset=Dataset.from_dict(ROUTED), environment_factory=MULTI_ENVIRONMENT,
-             reward_funcs=length_reward, chat_tools=True), True),
+        dict(train_dataset=D(ROUTED), environment_factory=MULTI_ENVIRONMENT, reward_funcs=length_reward,
+             chat_tools=True), True),
     "environments-dict-no-prompt-owned-reward": (  # TRL's test_environment_owned_reward_mixed_environments
-        dict(train_dataset=Dataset.from_dict(ROUTED), environment_factory=MULTI_ENVIRONMENT, chat_tools=True), True),
+        dict(train_dataset=D(ROUTED), environment_factory=MULTI_ENVIRONMENT, chat_tools=True), True),
     "environment-callable-no-prompt": (
-        dict(train_dataset=Dataset.from_dict({"level": [1, 2] * 4}), environment_factory=Counter,
-             chat_tools=True), True),
-    "environment-callable-column-reward-no-prompt": (
-        dict(train_dataset=Dataset.from_dict({"topic": ["a", "b"] * 4}), environment_factory=Counter,
-             reward_funcs=topic_reward, chat_tools=True), True),
+        dict(train_dataset=D({"level": [1, 2] * 4}), environment_factory=Counter, chat_tools=True), True),
+    "environment-callable-column-reward-no-prompt": (dict(train_dataset=D({"topic": ["a", "b"] * 4}),
+        environment_factory=Counter, reward_funcs=topic_reward, chat_tools=True), True),
     "environment-callable-with-prompt": (
-        dict(train_dataset=Dataset.from_dict({"prompt": [CHAT] * 8}), environment_factory=Counter,
-             chat_tools=True), True),
-    "environments-dict-with-prompt": (
-        dict(train_dataset=Dataset.from_dict({"prompt": [CHAT] * 8, **ROUTED}), environment_factory=MULTI_ENVIRONMENT,
-             chat_tools=True), True),
+        dict(train_dataset=D({"prompt": [CHAT] * 8}), environment_factory=Counter, chat_tools=True), True),
+    "environments-dict-with-prompt": (dict(train_dataset=D({"prompt": [CHAT] * 8, **ROUTED}),
+                                           environment_factory=MULTI_ENVIRONMENT, chat_tools=True), True),
     "environment-callable-no-dataset": (dict(environment_factory=Counter, chat_tools=True), True),
-    "tools": (dict(train_dataset=Dataset.from_dict({"prompt": [CHAT] * 8}), reward_funcs=length_reward,
-                   tools=[multiply]), True),
-    "tools-no-prompt": (dict(train_dataset=Dataset.from_dict({"question": [CHAT] * 8}), reward_funcs=length_reward,
+    "tools": (dict(train_dataset=D({"prompt": [CHAT] * 8}), reward_funcs=length_reward, tools=[multiply]), True),
+    "tools-no-prompt": (dict(train_dataset=D({"question": [CHAT] * 8}), reward_funcs=length_reward,
                              tools=[multiply]), False),  # tools alone supply no prompts (an environment's reset does)
     # a reward argument filled by the rollout's extra field, not by a column
-    "rollout-func": (dict(train_dataset=Dataset.from_dict({"prompt": ["1+1"] * 8}), reward_funcs=source_reward,
+    "rollout-func": (dict(train_dataset=D({"prompt": ["1+1"] * 8}), reward_funcs=source_reward,
                           rollout_func=fixed_rollout), True),
-    "rollout-func-no-prompt": (dict(train_dataset=Dataset.from_dict({"question": ["1+1"] * 8}),
-                                    reward_funcs=source_reward, rollout_func=fixed_rollout), False),
+    "rollout-func-no-prompt": (dict(train_dataset=D({"question": ["1+1"] * 8}), reward_funcs=source_reward,
+                                    rollout_func=fixed_rollout), False),
     "iterable-train": (dict(train_dataset=TOPICS.to_iterable_dataset(), reward_funcs=topic_reward), True),
     "iterable-eval": (dict(train_dataset=TOPICS, eval_dataset=TOPICS.to_iterable_dataset(), reward_funcs=topic_reward,
                            config=EVALS), True),
     "iterable-eval-dict": (dict(train_dataset=TOPICS, eval_dataset={"x": TOPICS.to_iterable_dataset()},
                                 reward_funcs=topic_reward, config=EVALS), True),
     "eval-dict": (dict(train_dataset=TOPICS, eval_dataset={"easy": TOPICS.select(range(4)),
-                                                           "hard": TOPICS.select(range(4, 8))},
-                       reward_funcs=topic_reward, config=EVALS), True),
+                       "hard": TOPICS.select(range(4, 8))}, reward_funcs=topic_reward, config=EVALS), True),
 }  # fmt: skip
 FAST = {"rollout-func-no-prompt"}  # the rest train (~2 s each): slow
 
