@@ -71,7 +71,11 @@ def test_every_completion_is_the_worked_sum_of_its_problem_in_disjoint_splits_dr
         load_prompt_dataset("builtin:tiny-math", split="validation")
 
 
-def test_load_local_jsonl_with_nested_columns_and_verls_parquet_with_chat_prompts(tmp_path, shared_data_dir):
+def test_load_local_jsonl_with_nested_columns_verls_parquet_with_chat_prompts_and_csv(
+    tmp_path, shared_data_dir, monkeypatch, capsys
+):
+    from stapo_trl.cli.dry_run import main as dry_run_main
+
     rows = [
         {"problem": "What is 1+1?", "answer": 2.0, "meta": {"gt": "2"}},
         {"problem": "What is 2+3?", "answer": "5", "meta": {"gt": "5"}},
@@ -99,6 +103,15 @@ def test_load_local_jsonl_with_nested_columns_and_verls_parquet_with_chat_prompt
     (turn,) = ds[0]["prompt"]
     assert turn["role"] == "user" and turn["content"].endswith("\n" + INSTRUCTION)
     assert turn["content"].startswith("Every morning Aya goes for a $9$-kilometer-long walk")
+    rows = "".join(f"{r['problem']},{r['answer']}\n" for r in addition_rows(5))
+    (tmp_path / "sums.csv").write_text("problem,answer\n" + rows)
+    monkeypatch.chdir(tmp_path)
+    for name in ("sums.csv", str(tmp_path / "sums.csv")):
+        dataset = load_prompt_dataset(name)
+        assert dataset["solution"] == ["30", "32", "34", "36", "38"] and dataset["prompt"][1] == format_prompt("11+21")
+    argv = ["--config", STAPO_RECIPE, "--dataset_name", name, "--output_dir", str(tmp_path / "out")]
+    assert dry_run_main(argv) == 2  # 5 prompts are fewer than one rollout step takes
+    assert f"{name} split train, columns 'problem' -> 'answer' (checked: 5 rows)" in capsys.readouterr().out
 
 
 DAPO = "Solve the following math problem step by step. The last line of your response should be of the form Answer: "
@@ -106,8 +119,16 @@ DAPO += "$Answer (without quotes) where $Answer is the answer to the problem.\n\
 DAPO += 'on its own line after "Answer:".'
 
 
-def test_hub_ids_go_to_load_dataset_an_instruction_is_added_once_and_dapo_instructions_go(monkeypatch, tmp_path):
+def test_hub_ids_go_to_load_dataset_an_instruction_is_added_once_and_dapo_instructions_go_in_loader_and_commands(
+    monkeypatch, tmp_path, tiny_math_model_path, tiny_random_model_path
+):
     import datasets
+    from transformers import AutoTokenizer
+
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.run import prepare
+    from stapo_trl.evaluation.generation import build_prompt_text
+    from stapo_trl.evaluation.tasks import benchmark_dataset, load_benchmark
 
     calls, instruction = [], "Think it through.  Box the answer."
     problems = ["2+2?\n\nThink it through. Box the answer.\n", "3+3? Think it\nthrough. Box the answer.", "4+4?"]
@@ -133,12 +154,7 @@ def test_hub_ids_go_to_load_dataset_an_instruction_is_added_once_and_dapo_instru
     assert ds["prompt"] == [chat, format_prompt("12+34"), format_prompt("1+2")]
     kept = load_prompt_dataset(path, prompt_column="prompt", solution_column="solution")
     assert kept["prompt"][1] == format_prompt(DAPO.format("12+34"))
-
-
-def test_stapo_train_strips_dapo_prompts_and_drops_long_ones(tmp_path, tiny_math_model_path):
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.run import prepare
-
+    # stapo-train strips them and drops the prompts over max_prompt_tokens
     rows = [{"prompt": DAPO.format("12+34"), "solution": "46"}, {"prompt": DAPO.format("1+" * 400), "solution": "1"}]
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name"]
     argv += [write_jsonl(tmp_path / "dapo.jsonl", rows), "--prompt_column", "prompt", "--solution_column", "solution"]
@@ -146,17 +162,8 @@ def test_stapo_train_strips_dapo_prompts_and_drops_long_ones(tmp_path, tiny_math
     # a one-prompt rollout step (8 completions): the one kept prompt fills it (fewer are refused)
     argv += ["--per_device_train_batch_size", "8", "--steps_per_generation", "1", "--eval_before_after", "false"]
     assert prepare(*parse_args(argv)).train_dataset["prompt"] == [format_prompt("12+34")]
-
-
-def test_an_evaluation_prompt_that_ends_with_the_instruction_gets_it_once(tmp_path, tiny_random_model_path):
-    from transformers import AutoTokenizer
-
-    from stapo_trl.evaluation.generation import build_prompt_text
-    from stapo_trl.evaluation.tasks import benchmark_dataset, load_benchmark
-
-    def once(content: str) -> bool:
-        return "".join(content.split()).count("".join(INSTRUCTION.split())) == 1
-
+    # an evaluation prompt that ends with the instruction gets it once
+    once = lambda content: "".join(content.split()).count("".join(INSTRUCTION.split())) == 1  # noqa: E731
     wrapped = INSTRUCTION.replace(", and", ",\nand")  # over two lines: not a one-line sentence the loader removes
     (tmp_path / "aime24").mkdir()
     write_jsonl(tmp_path / "aime24" / "test.jsonl", [{"problem": f"Find $x$.\n{wrapped}", "answer": "1"}])
@@ -245,20 +252,6 @@ def test_questionable_rows_are_warned_of_and_a_prompt_not_text_or_chat_is_refuse
     _refused(tmp_path, capsys, path, expected)
 
 
-def test_a_local_csv_file_is_read_as_json_and_parquet_files_are(tmp_path, monkeypatch, capsys):
-    from stapo_trl.cli.dry_run import main as dry_run_main
-
-    rows = "".join(f"{r['problem']},{r['answer']}\n" for r in addition_rows(5))
-    (tmp_path / "sums.csv").write_text("problem,answer\n" + rows)
-    monkeypatch.chdir(tmp_path)
-    for name in ("sums.csv", str(tmp_path / "sums.csv")):
-        dataset = load_prompt_dataset(name)
-        assert dataset["solution"] == ["30", "32", "34", "36", "38"] and dataset["prompt"][1] == format_prompt("11+21")
-    argv = ["--config", STAPO_RECIPE, "--dataset_name", name, "--output_dir", str(tmp_path / "out")]
-    assert dry_run_main(argv) == 2  # 5 prompts are fewer than one rollout step takes
-    assert f"{name} split train, columns 'problem' -> 'answer' (checked: 5 rows)" in capsys.readouterr().out
-
-
 @pytest.mark.slow  # a stapo-train run with its evaluation
 def test_local_file_evaluation_is_labelled_not_held_out(tmp_path, tiny_math_model_path, capsys, caplog):
     from stapo_trl.cli.dry_run import main as dry_run_main
@@ -322,9 +315,14 @@ def build(model, tmp_path, train, eval_rows=None, record=None, **overrides):
     return trainer
 
 
-def test_chat_prompts_without_a_template_are_refused_when_the_trainer_is_built_plain_text_trains(
-    model_without_chat_template, tmp_path
+def test_chat_prompts_without_a_template_are_refused_by_the_trainer_and_stapo_eval_plain_text_goes_through(
+    model_without_chat_template, tmp_path, capsys
 ):
+    from transformers import AutoTokenizer
+
+    from stapo_trl.cli.eval import main
+    from stapo_trl.evaluation.generation import build_prompt_text
+
     for train, eval_rows, name in [(CHAT, None, "train_dataset"), (TEXT, CHAT, "eval_dataset")]:
         with pytest.raises(ValueError) as info:  # was: TRL's error at the first step, after the run files
             build(model_without_chat_template, tmp_path, train, eval_rows, eval_strategy="no")
@@ -335,16 +333,6 @@ def test_chat_prompts_without_a_template_are_refused_when_the_trainer_is_built_p
     trainer = build(model_without_chat_template, tmp_path, TEXT)
     trainer.train()
     assert trainer.state.global_step == 1
-
-
-def test_stapo_eval_refuses_a_model_without_a_template_unless_told_to_feed_text(
-    model_without_chat_template, tmp_path, capsys
-):
-    from transformers import AutoTokenizer
-
-    from stapo_trl.cli.eval import main
-    from stapo_trl.evaluation.generation import build_prompt_text
-
     tokenizer = AutoTokenizer.from_pretrained(model_without_chat_template)
     with pytest.raises(ValueError, match="^The evaluation prompts are chat messages, but the tokenizer of "):
         build_prompt_text(tokenizer, "1+1")
@@ -388,7 +376,7 @@ def test_the_commands_refuse_a_template_missing_or_refused_in_one_line(no_model_
     assert raised.value.code == 2 and error_line(capsys, "stapo-train").startswith(f"stapo-train: error: {line}")
     assert kind != "none" or "builtin:gemma3-270m adds Gemma's" in str(raised.value)
     assert dry_run_main(argv) == 2 and any(s.startswith(f"  - {line}") for s in capsys.readouterr().out.splitlines())
-    if kind == "sandbox":  # stapo-eval's missing template: test_stapo_eval_refuses_a_model_without_a_template_...
+    if kind == "sandbox":  # stapo-eval's missing template: test_chat_prompts_without_a_template_...
         with pytest.raises(SystemExit) as raised:
             eval_main(["--model", model, "--benchmarks", "tiny-math", "--limit", "2", "--max-new-tokens", "8",
                        "--backend", "hf", "--output", str(tmp_path / "a.json")])  # fmt: skip
