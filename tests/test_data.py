@@ -442,40 +442,37 @@ def difficulty_reward(completions, difficulty, **kwargs):
     return [float(d) for d in difficulty]
 
 
-def test_bad_datasets_and_reward_names_fail_at_construction_naming_function_column_and_columns(
-    no_model_built, tiny_random_model_path, tmp_path
-):
-    def construct(reward, train, eval_dataset=None, model="Qwen/Qwen3-1.7B-Base"):  # never fetched: checks come first
-        STAPOTrainer(model, reward, args=tiny_stapo_config(tmp_path / "out"), train_dataset=Dataset.from_list(train),
-                     eval_dataset=eval_dataset and {"held_out": Dataset.from_list(eval_dataset)})  # fmt: skip
+NO_SOLUTION, WITH_SOLUTION = [{"prompt": "12+34=", "answer": "46"}], [{"prompt": "12+34=", "solution": "46"}]
+NO_PROMPT_ROWS = [{"question": "12+34=", "solution": "46"}]
+NEEDS_SOLUTION = r"^Column 'solution' not found in dataset 'train_dataset'.*\['prompt', 'answer'\].*'math_accuracy_"
 
-    no_prompt, no_solution = [{"question": "12+34=", "solution": "46"}], [{"prompt": "12+34=", "answer": "46"}]
-    with_solution = [{"prompt": "12+34=", "solution": "46"}]
-    with pytest.raises(ValueError, match=r"^Column 'prompt' not found in dataset 'train_dataset'\. Available columns"):
-        construct(math_accuracy_reward, no_prompt)
-    # A reward named is that function, checked (was taken for a Hub reward model: a minute of network retries).
-    assert resolve_reward_names("math_accuracy").__wrapped__ is math_accuracy_reward
+
+@pytest.mark.parametrize("reward, train, held_out, refusal", [
+    (math_accuracy_reward, NO_PROMPT_ROWS, None, r"^Column 'prompt' not found in dataset 'train_dataset'\. Available"),
+    ("math_acc", NO_PROMPT_ROWS, None, r"Unknown reward 'math_acc'\. Valid names: \['format', 'math_accuracy'\]"),
+    ("math_accuracy", NO_SOLUTION, None, NEEDS_SOLUTION + "reward' needs it"),  # by name or by function
+    (math_accuracy_reward, NO_SOLUTION, None, NEEDS_SOLUTION + "reward' needs it"),
+    # several rewards and several eval datasets: the first function with a missing argument, the dataset by key
+    ([format_reward, math_accuracy_reward], WITH_SOLUTION, NO_SOLUTION,
+     r"Column 'solution' not found in dataset \"eval_dataset\['held_out'\]\""),
+    ([difficulty_reward], WITH_SOLUTION, None, r"Column 'difficulty' not found .* 'difficulty_reward' needs it"),
+    (lambda prompt, completions: [], WITH_SOLUTION, None, r"an argument 'prompt', which TRL never fills.*`prompts`"),
+    # filled arguments pass: a column, a default, a bound partial argument, TRL's own arguments and **kwargs
+    (math_accuracy_reward, WITH_SOLUTION, None, None),
+    (functools.partial(difficulty_reward, difficulty=[1]), WITH_SOLUTION, None, None),
+    (lambda completions, difficulty=0, **kwargs: [], WITH_SOLUTION, None, None),
+    (lambda prompts, completions, completion_ids, trainer_state, log_metric, log_extra: [], WITH_SOLUTION, None, None),
+])  # fmt: skip
+def test_bad_datasets_and_reward_names_fail_at_construction_naming_function_column_and_columns(
+    no_model_built, tiny_random_model_path, tmp_path, reward, train, held_out, refusal
+):
+    model = "Qwen/Qwen3-1.7B-Base" if refusal else tiny_random_model_path  # never fetched: the checks come first
+    with pytest.raises(ValueError if refusal else AssertionError, match=refusal or "a trainer was constructed"):
+        STAPOTrainer(model, reward, args=tiny_stapo_config(tmp_path / "out"), train_dataset=Dataset.from_list(train),
+                     eval_dataset=held_out and {"held_out": Dataset.from_list(held_out)})  # fmt: skip
+
+
+def test_a_reward_named_is_that_function_checked_and_another_name_a_reward_model_id():
+    assert resolve_reward_names("math_accuracy").__wrapped__ is math_accuracy_reward  # was: a Hub id and its retries
     resolved = resolve_reward_names(["format", "org/reward-model"])
     assert [resolved[0].__wrapped__, resolved[1]] == [format_reward, "org/reward-model"]
-    with pytest.raises(ValueError, match=r"Unknown reward 'math_acc'\. Valid names: \['format', 'math_accuracy'\]"):
-        construct("math_acc", no_prompt)
-    for reward in ("math_accuracy", math_accuracy_reward):  # by name or by function
-        with pytest.raises(ValueError, match=r"^Column 'solution' not found in dataset 'train_dataset'.*\['prompt', "
-                           r"'answer'\].*'math_accuracy_reward' needs it"):  # fmt: skip
-            construct(reward, no_solution)
-    # Several rewards and several eval datasets: the first function with a missing argument, the dataset by key.
-    with pytest.raises(ValueError, match=r"Column 'solution' not found in dataset \"eval_dataset\['held_out'\]\""):
-        construct([format_reward, math_accuracy_reward], with_solution, no_solution)
-    with pytest.raises(ValueError, match=r"Column 'difficulty' not found .* 'difficulty_reward' needs it"):
-        construct([difficulty_reward], with_solution)
-    with pytest.raises(ValueError, match=r"takes an argument 'prompt', which TRL never fills.*`prompts`"):
-        construct(lambda prompt, completions: [], with_solution)  # a column TRL passes as `prompts`
-    # Filled arguments pass: a column, a default, a bound partial argument, TRL's own arguments and **kwargs.
-    for reward in (
-        math_accuracy_reward,
-        functools.partial(difficulty_reward, difficulty=[1]),
-        lambda completions, difficulty=0, **kwargs: [],
-        lambda prompts, completions, completion_ids, trainer_state, log_metric, log_extra: [],
-    ):
-        with pytest.raises(AssertionError, match="a trainer was constructed"):  # a local model: no Hub check
-            construct(reward, with_solution, model=tiny_random_model_path)

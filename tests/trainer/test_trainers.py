@@ -140,11 +140,15 @@ def test_non_finite_p_or_h_is_warned_once_and_counted_and_a_log_row_pools_its_ma
     assert (row["s2t/num_silenced"], row["s2t/num_loss_tokens"], row["s2t/silenced_ratio"]) == (8, 16, 0.5)
 
 
-def test_undefined_s2t_metrics_are_left_out_of_the_logs(tiny_random_model_path, tmp_path):
+def test_undefined_s2t_metrics_are_left_out_of_the_logs_of_a_builtin_model_named(
+    tiny_random_model_path, builtin_cache_dir, tmp_path, monkeypatch
+):
     # tau_p = 1e-30: no token is ever a candidate, so tau_h and the silenced-token means are undefined (NaN) at every
     # step. 3 steps with logging_steps 2: step 3 is logged only by the end-of-training summary (train_result.metrics).
-    trainer = make_trainer(tiny_random_model_path, tmp_path, reward=text_reward, max_steps=3, logging_steps=2,
+    monkeypatch.setenv("STAPO_TRL_CACHE", str(builtin_cache_dir))  # where the fixture built it
+    trainer = make_trainer("builtin:tiny-random", tmp_path, reward=text_reward, max_steps=3, logging_steps=2,
                            s2t_prob_threshold=1e-30)  # fmt: skip
+    assert trainer.model.config._name_or_path == tiny_random_model_path
     result = trainer.train()
     logged = [h for h in trainer.state.log_history if "s2t/silenced_ratio" in h]
     assert len(logged) == 2  # step 2, and step 3 inside the summary
@@ -157,8 +161,7 @@ def test_undefined_s2t_metrics_are_left_out_of_the_logs(tiny_random_model_path, 
 
 
 def held_tensors(obj, skip=(), path="", seen=None):  # paths of >= 2-D tensors reachable through containers, objects
-    seen = set() if seen is None else seen
-    if id(obj) in seen:
+    if id(obj) in (seen := set() if seen is None else seen):
         return []
     seen.add(id(obj))
     if torch.is_tensor(obj):
@@ -274,8 +277,3 @@ def test_trls_own_grpo_script_trains_with_the_trainer_import_changed(tiny_math_m
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "s2t/num_loss_tokens" in row] == [1, 2]
     assert (tmp_path / "out" / "model.safetensors").is_file()
-
-
-def test_builtin_model_names_work_in_the_python_api(tiny_random_model_path, builtin_cache_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("STAPO_TRL_CACHE", str(builtin_cache_dir))  # where the fixture built it
-    assert make_trainer("builtin:tiny-random", tmp_path).model.config._name_or_path == tiny_random_model_path
