@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import glob
 import importlib.util
 import inspect
@@ -11,7 +10,6 @@ import logging
 import os
 import re
 import warnings
-from dataclasses import asdict
 
 import torch
 import trl
@@ -217,11 +215,10 @@ class STAPOTrainer(_Additions, core.STAPOTrainer):
         from ..run_folder.logs import SpuriousTokenLogger
 
         tensors = (per_token_logps, entropies, advantages, loss_mask)
-        result = (ablation_mask(*tensors, **asdict(self.s2t), gather=self._gather) if self.s2t.mode in ABLATIONS
+        result = (ablation_mask(*tensors, **vars(self.s2t), gather=self._gather) if self.s2t.mode in ABLATIONS
                   else super()._compute_s2t_mask(*tensors, completion_ids))  # fmt: skip
         mode = "train" if self.model.training else "eval"
-        reduce = functools.partial(self.accelerator.reduce, reduction="sum")
-        for name, value in diagnostic_metrics(result, per_token_logps, entropies, loss_mask, reduce).items():
+        for name, value in diagnostic_metrics(result, *tensors[:2], loss_mask, self.accelerator.reduce).items():  # sum
             self._metrics[mode][name].append(value)
         if result.num_nonfinite and not self._nonfinite_warned:
             self._nonfinite_warned = True
