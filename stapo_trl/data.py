@@ -227,9 +227,7 @@ def load_prompt_dataset(
 
 def model_max_positions(config) -> int | None:
     """The positions a vLLM engine, a model, a config (or dict) or a folder's `config.json` attends over, or None."""
-    engine = getattr(getattr(config, "llm", config), "llm_engine", None)
-    if isinstance(length := getattr(getattr(engine, "model_config", None), "max_model_len", None), int):
-        return length
+    engine = getattr(getattr(getattr(config, "llm", config), "llm_engine", None), "model_config", None)
     if isinstance(config, (str, os.PathLike)):
         try:
             config = json.loads(Path(config, "config.json").read_text(encoding="utf-8"))
@@ -237,7 +235,8 @@ def model_max_positions(config) -> int | None:
             return None
     config = getattr(model := getattr(config, "model", config), "config", model)  # a generator holds its model
     get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
-    lengths = map(get, ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"))
+    lengths = [getattr(engine, "max_model_len", None), *map(get, ("max_position_embeddings", "n_positions",
+                                                                  "max_sequence_length", "seq_length"))]  # fmt: skip
     return next((n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 0), None)
 
 
