@@ -25,15 +25,11 @@ from stapo_trl.data import (
 from stapo_trl.rewards import format_reward, math_accuracy_reward, resolve_reward_names
 
 
-@pytest.fixture(scope="module")
-def tiny_math():
-    return make_tiny_math_dataset()
-
-
 STEPS = re.compile(r"^(\d)\+(\d)=(\d+), write (\d) carry (\d); (\d)\+(\d)\+(\d)=(\d+); \\boxed\{(\d+)\}$")
 
 
-def test_every_completion_is_the_worked_sum_of_its_problem_in_disjoint_splits_drawn_by_the_seed_and_loads(tiny_math):
+def test_every_completion_is_the_worked_sum_of_its_problem_in_disjoint_splits_drawn_by_the_seed_and_loads():
+    tiny_math = make_tiny_math_dataset()
     assert tiny_math_completion(47, 38) == "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"  # the spec's example
     assert tiny_math_completion(21, 34) == "1+4=5, write 5 carry 0; 2+3+0=5; \\boxed{55}"  # no carry: same format
     assert format_prompt("47+38") == [{"role": "user", "content": f"47+38\n{INSTRUCTION}"}]
@@ -299,11 +295,6 @@ def model_with_template(tiny_random_model_path, folder, kind) -> tuple[str, str]
     return str(folder), f"The chat template {folder / file} cannot be applied ({reason}): fix or replace it."
 
 
-@pytest.fixture(scope="module")
-def model_without_chat_template(tiny_random_model_path, tmp_path_factory) -> str:
-    return model_with_template(tiny_random_model_path, tmp_path_factory.mktemp("no-template") / "model", "none")[0]
-
-
 def build(model, tmp_path, train, eval_rows=None, record=None, **overrides):
     args = tiny_stapo_config(tmp_path / "out", max_steps=1, **overrides)
     with warnings.catch_warnings(record=True) as caught:
@@ -316,13 +307,14 @@ def build(model, tmp_path, train, eval_rows=None, record=None, **overrides):
 
 
 def test_chat_prompts_without_a_template_are_refused_by_the_trainer_and_stapo_eval_plain_text_goes_through(
-    model_without_chat_template, tmp_path, capsys
+    tiny_random_model_path, tmp_path, capsys
 ):
     from transformers import AutoTokenizer
 
     from stapo_trl.cli.eval import main
     from stapo_trl.evaluation.generation import build_prompt_text
 
+    model_without_chat_template = model_with_template(tiny_random_model_path, tmp_path / "model", "none")[0]
     for train, eval_rows, name in [(CHAT, None, "train_dataset"), (TEXT, CHAT, "eval_dataset")]:
         with pytest.raises(ValueError) as info:  # was: TRL's error at the first step, after the run files
             build(model_without_chat_template, tmp_path, train, eval_rows, eval_strategy="no")

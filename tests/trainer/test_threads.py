@@ -17,8 +17,8 @@ from stapo_trl.trainer.trainers import _torch_default_threads, tiny_model_thread
 def torch_default_threads(monkeypatch):  # torch's count as it starts (tests/conftest.py pins one), restored after
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     previous = torch.get_num_threads()
-    torch.set_num_threads(max(_torch_default_threads()))
-    yield max(_torch_default_threads())
+    torch.set_num_threads(default := max(_torch_default_threads()))
+    yield default
     torch.set_num_threads(previous)
 
 

@@ -35,10 +35,6 @@ def make_trainer(model_path, tmp_path, trainer_cls=STAPOTrainer, reward=zero_rew
     return trainer
 
 
-class LogpProbe(KeepsLogpGrad, STAPOTrainer):  # keeps the training forward's per-token log-probs (`probe_logps`)
-    pass
-
-
 def test_all_low_prob_gives_silenced_tokens_zero_gradient_and_only_training_masks_reach_the_logger(
     tiny_random_model_path, tmp_path
 ):
@@ -46,9 +42,8 @@ def test_all_low_prob_gives_silenced_tokens_zero_gradient_and_only_training_mask
     # positive-advantage token is silenced, so the kept tokens are those of rows 1 (A = -0.5, 3 tokens) and 3 (A = 0,
     # 2 tokens). On-policy the ratio is 1 and each token's clipped surrogate is -A: the dapo loss is
     # (3 * 0.5 + 2 * 0) / 5 = 0.3, where GRPO's would be (3 * 0.5 - 5 * 1 - 4 * 2) / 14.
-    trainer = make_trainer(
-        tiny_random_model_path, tmp_path, LogpProbe, s2t_prob_threshold=1.0, s2t_mode="all_low_prob"
-    )
+    probe = type("LogpProbe", (KeepsLogpGrad, STAPOTrainer), {})  # keeps the training forward's log-probs
+    trainer = make_trainer(tiny_random_model_path, tmp_path, probe, s2t_prob_threshold=1.0, s2t_mode="all_low_prob")
     logger = SpuriousTokenLogger(trainer)
     trainer.add_callback(logger)
     inputs = hand_scored_batch(trainer.model.config.vocab_size)
