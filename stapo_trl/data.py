@@ -1,10 +1,10 @@
-"""Prompt datasets in the columns `GRPOTrainer` and the rewards read, the built-in task `builtin:tiny-math`, the checks
-of a run's datasets before a model is built, and the prompt-token budget."""
+"""Prompt datasets (builtin:tiny-math, local files, Hub ids), their checks before a model, the prompt-token budget."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import inspect
 import json
 import logging
@@ -22,13 +22,14 @@ INSTRUCTION = "Please reason step by step, and put your final answer within \\bo
 BUILTIN_PREFIX = "builtin:"
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 NOT_HELD_OUT = "training file (not held out)"  # the split label of an evaluation that reads training prompts
-_DAPO = re.compile(  # DAPO-Math-17k's own answer format ("Answer: $Answer"), against \boxed{}
+remove_dapo_instruction = functools.partial(re.compile(  # DAPO-Math-17k's own "Answer: $Answer", against \boxed{}
     r"^\s*Solve the following math problem step by step\. The last line of your response should be of the form "
     r"Answer: \$Answer \(without quotes\) where \$Answer is the answer to the problem\.\s*"
     r'|\s*Remember to put your answer on its own line after "Answer:"\.?\s*$'
-)
+).sub, "")  # fmt: skip
 TRL_REWARD_ARGUMENTS = {*"prompts completions completion_ids trainer_state log_extra log_metric environments".split()}
 _PASSED_AS = {"prompt": "prompts", "completion": "completions"}  # columns TRL passes under the plural
+_MISSING = "Column {!r} not found in dataset {!r}. Available columns: {}."
 CHAT_TEMPLATE_FIX = "Give the tokenizer a template (tokenizer.chat_template = '...', then pass processing_class="
 CHAT_TEMPLATE_FIX += "tokenizer or save it into the model folder), or pass prompts as plain strings."
 CLI_CHAT_TEMPLATE_FIX = "Use a model whose tokenizer has one (builtin:gemma3-270m adds Gemma's), or set "
@@ -41,9 +42,6 @@ def format_prompt(problem: str, instruction: str | None = INSTRUCTION) -> list[d
     if instruction and not "".join(str(problem).split()).endswith("".join(instruction.split())):
         problem = f"{problem}\n{instruction}"
     return [{"role": "user", "content": problem}]
-
-
-remove_dapo_instruction = functools.partial(_DAPO.sub, "")
 
 
 def filter_long_prompts(dataset, tokenizer, max_prompt_tokens: int, chat_template_kwargs: dict | None = None):
@@ -82,9 +80,6 @@ def make_tiny_math_dataset(num_train: int = 7800, num_test: int = 300, seed: int
     })  # fmt: skip
 
 
-BUILTIN_DATASETS = {"tiny-math": make_tiny_math_dataset}  # `builtin:<name>` dataset names
-
-
 def is_local_dataset_file(dataset_name: str) -> bool:
     return os.path.splitext(dataset_name)[1].lower() in _FILE_BUILDERS
 
@@ -106,11 +101,10 @@ def evaluation_split(dataset_name: str, test_split: str) -> tuple[str, str | Non
     """(the before/after evaluation's split label, a warning or `None`): a local file's reads training rows."""
     if not is_local_dataset_file(dataset_name):
         return test_split, None
-    return NOT_HELD_OUT, (
-        f"dataset_name={dataset_name!r} is one local file, so the before/after evaluation reads its first prompts, "
-        "which are also trained on: the accuracy is not held out. For a held-out measure run stapo-eval on another "
-        "file (--data-dir), or set eval_before_after: false."
-    )
+    return NOT_HELD_OUT, (f"dataset_name={dataset_name!r} is one local file, so the before/after evaluation reads its "
+                          "first prompts, which are also trained on: the accuracy is not held out. For a held-out "
+                          "measure run stapo-eval on another file (--data-dir), or set eval_before_after: "
+                          "false.")  # fmt: skip
 
 
 def load_local_dataset_file(path: str):
@@ -123,10 +117,8 @@ def load_local_dataset_file(path: str):
     try:
         if os.path.getsize(path):
             return datasets.load_dataset(builder, data_files=path, split="train")
-    except StopIteration:  # whitespace only
-        pass
-    except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
-        if "corresponds to no data" not in str(e):  # `[]`
+    except (StopIteration, ValueError, datasets.exceptions.DatasetGenerationError) as e:  # StopIteration: whitespace
+        if not isinstance(e, StopIteration) and "corresponds to no data" not in str(e):  # `[]`
             raise ValueError(f"dataset file {path!r} could not be parsed as {builder}: {_read_error(path, e)}") from e
     raise ValueError(f"dataset file {path!r} is empty: it holds no rows.")
 
@@ -142,20 +134,18 @@ def json_lines(path: str | os.PathLike):
                     yield number, None
 
 
-def _json_lines(path: str) -> list[tuple[int, Any]]:
-    if not path.lower().endswith((".json", ".jsonl")):
-        return []
+def _json_lines(path: str) -> list[tuple[int, Any]]:  # a JSON Lines file's, else []
     with open(path, "rb") as f:
-        return [] if f.read(4096).lstrip().startswith(b"[") else list(json_lines(path))
+        lines = path.lower().endswith((".json", ".jsonl")) and not f.read(4096).lstrip().startswith(b"[")
+    return list(json_lines(path)) if lines else []
 
 
 def _read_error(root: str, error: Exception) -> str:
     """The first line of a file (of a folder's) that is not a JSON object, else the parser's first line."""
     paths = [root] if os.path.isfile(root) else sorted(str(p) for p in Path(root).rglob("*") if p.is_file())
-    for path in paths:
-        if bad := next((n for n, row in _json_lines(path) if not isinstance(row, dict)), None):
-            return f"{'' if path == root else os.path.relpath(path, root) + ' '}line {bad} is not a JSON object"
-    return (str(error.__cause__ or error).strip().splitlines() or [type(error).__name__])[0]
+    bad = (f"{'' if p == root else os.path.relpath(p, root) + ' '}line {n} is not a JSON object"
+           for p in paths for n, row in _json_lines(p) if not isinstance(row, dict))  # fmt: skip
+    return next(bad, (str(error.__cause__ or error).strip().splitlines() or [type(error).__name__])[0])
 
 
 def _where(dataset_name: str, indices: list[int]) -> str:
@@ -174,18 +164,6 @@ def _solution_to_str(value: Any) -> str:
     return "" if value is None else str(int(value) if isinstance(value, float) and value.is_integer() else value)
 
 
-def _to_prompt(value: str | list[dict], instruction: str | None, strip_dapo: bool) -> list[dict[str, str]]:
-    strip = remove_dapo_instruction if strip_dapo else (lambda text: text)
-    if isinstance(value, str):
-        return format_prompt(strip(value), instruction)
-    users = [i for i, m in enumerate(value) if m["role"] == "user"]
-    messages = [{"role": m["role"], "content": strip(m["content"]) if i in users else m["content"]}
-                for i, m in enumerate(value)]  # fmt: skip
-    if users:
-        messages[users[-1]] = format_prompt(messages[users[-1]]["content"], instruction)[0]
-    return messages
-
-
 def load_prompt_dataset(
     dataset_name: str, *, dataset_config: str | None = None, split: str = "train", prompt_column: str = "problem",
     solution_column: str = "answer", instruction: str | None = INSTRUCTION, data_files=None, limit: int | None = None,
@@ -200,10 +178,9 @@ def load_prompt_dataset(
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit}.")
     if builtin := dataset_name.startswith(BUILTIN_PREFIX):
-        splits = BUILTIN_DATASETS.get(dataset_name.removeprefix(BUILTIN_PREFIX), dict)()
-        if split not in splits:
-            known = "; ".join(f"{BUILTIN_PREFIX}{n} (splits {', '.join(m())})" for n, m in BUILTIN_DATASETS.items())
-            raise ValueError(f"No built-in dataset {dataset_name!r} with a split {split!r}; built-in ones: {known}.")
+        if split not in (splits := make_tiny_math_dataset() if dataset_name == "builtin:tiny-math" else {}):
+            raise ValueError(f"No built-in dataset {dataset_name!r} with a split {split!r}; built-in ones: "
+                             "builtin:tiny-math (splits train, test).")  # fmt: skip
         dataset, prompt_column, solution_column = splits[split], "problem", "solution"
     elif is_local_dataset_file(dataset_name):
         dataset = load_local_dataset_file(dataset_name)
@@ -213,15 +190,14 @@ def load_prompt_dataset(
         except (ValueError, datasets.exceptions.DatasetGenerationError) as e:
             if not os.path.isdir(dataset_name):
                 raise
-            message = f"dataset folder {dataset_name!r} could not be read: {_read_error(dataset_name, e)}"
-            raise ValueError(message) from e
+            raise ValueError(f"dataset folder {dataset_name!r} could not be read: "
+                             f"{_read_error(dataset_name, e)}") from e  # fmt: skip
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
-    # the columns (a dotted name reaches into a struct); warn of empty prompts and missing answers
     flat, columns = dataset.flatten(), dataset.column_names
     if missing := [c for c in (prompt_column, solution_column) if c not in flat.column_names + columns]:
         fix = "Set prompt_column / solution_column (a dotted name reaches into a struct: 'reward_model.ground_truth')."
-        raise ValueError(f"{missing_column_message(missing[0], dataset_name, columns)} {fix}")
+        raise ValueError(f"{_MISSING.format(missing[0], dataset_name, columns)} {fix}")
     prompts, solutions = [(dataset if c in columns else flat)[c] for c in (prompt_column, solution_column)]
     texts = [p if isinstance(p, str) else "".join(str(m["content"]) for m in p)
              if isinstance(p, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in p) else None
@@ -230,16 +206,20 @@ def load_prompt_dataset(
         raise ValueError(f"{_where(dataset_name, bad)} (column {prompt_column!r}): a prompt must be a string or a "
                          f"list of chat messages with 'role' and 'content', got {prompts[bad[0]]!r:.100}. Fix or "
                          "remove those rows.")  # fmt: skip
-    for column, rows, what in [
-        (prompt_column, [not t.strip() for t in texts],
-         "empty prompt: trained on, the model sees the instruction alone."),
-        (solution_column, [not _solution_to_str(s).strip() for s in solutions],
-         "no answer: math_accuracy gives their completions no reward (None)."),
-    ]:  # fmt: skip
-        if indices := [i for i, flagged in enumerate(rows) if flagged]:
-            logger.warning(f"{_where(dataset_name, indices)} (column {column!r}): {what}")
-    prompts = [_to_prompt(p, instruction, strip_dapo_instruction and not builtin) for p in prompts]
     solutions = list(map(_solution_to_str, solutions))
+    for column, values, what in [
+        (prompt_column, texts, "empty prompt: trained on, the model sees the instruction alone."),
+        (solution_column, solutions, "no answer: math_accuracy gives their completions no reward (None)."),
+    ]:  # fmt: skip
+        if indices := [i for i, value in enumerate(values) if not value.strip()]:
+            logger.warning(f"{_where(dataset_name, indices)} (column {column!r}): {what}")
+    strip = remove_dapo_instruction if strip_dapo_instruction and not builtin else (lambda text: text)
+    prompts = [[{"role": m["role"], "content": strip(m["content"]) if m["role"] == "user" else m["content"]}
+                for m in p] if isinstance(p, list) else [{"role": "user", "content": strip(p)}]
+               for p in prompts]  # fmt: skip
+    for chat in prompts:  # the instruction to the last user turn
+        if users := [i for i, m in enumerate(chat) if m["role"] == "user"]:
+            chat[users[-1]] = format_prompt(chat[users[-1]]["content"], instruction)[0]
     if builtin or not (kept := [c for c in columns if c not in ("prompt", "solution")]):
         return datasets.Dataset.from_dict({"prompt": prompts, "solution": solutions})
     return dataset.select_columns(kept).add_column("prompt", prompts).add_column("solution", solutions)
@@ -247,18 +227,16 @@ def load_prompt_dataset(
 
 def model_max_positions(config) -> int | None:
     """The positions a vLLM engine, a model, a config (or dict) or a folder's `config.json` attends over, or None."""
-    engine = getattr(getattr(config, "llm", config), "llm_engine", None)
-    if isinstance(length := getattr(getattr(engine, "model_config", None), "max_model_len", None), int):
-        return length
+    engine = getattr(getattr(getattr(config, "llm", config), "llm_engine", None), "model_config", None)
     if isinstance(config, (str, os.PathLike)):
         try:
             config = json.loads(Path(config, "config.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-    config = getattr(config, "model", config)  # an evaluation generator holds its model
-    config = getattr(config, "config", config)
+    config = getattr(model := getattr(config, "model", config), "config", model)  # a generator holds its model
     get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
-    lengths = map(get, ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"))
+    lengths = [getattr(engine, "max_model_len", None), *map(get, ("max_position_embeddings", "n_positions",
+                                                                  "max_sequence_length", "seq_length"))]  # fmt: skip
     return next((n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 0), None)
 
 
@@ -276,19 +254,17 @@ def prompt_token_budget(max_positions: int | None, max_new_tokens: int, max_prom
 
 def config_max_positions(name_or_path: str, revision: str | None = None) -> int | None:
     """[`model_max_positions`] of a local folder, a built `builtin:` model or a cached Hub id, without loading it."""
+    import huggingface_hub
+
     try:
         if name_or_path.startswith(BUILTIN_PREFIX):
-            from .models.names import builtin_model_dir
-
-            return model_max_positions(builtin_model_dir(name_or_path))
-        if os.path.isdir(folder := os.path.expanduser(name_or_path)):
-            return model_max_positions(folder)
-        from huggingface_hub import try_to_load_from_cache
-
-        cached = try_to_load_from_cache(name_or_path, "config.json", revision=revision)
+            folder = importlib.import_module("stapo_trl.models.names").builtin_model_dir(name_or_path)
+        elif not os.path.isdir(folder := os.path.expanduser(name_or_path)):
+            cached = huggingface_hub.try_to_load_from_cache(name_or_path, "config.json", revision=revision)
+            folder = os.path.dirname(cached) if isinstance(cached, str) else None
     except Exception:  # noqa: BLE001 (an unknown builtin: name, not a valid repo id: nothing here)
         return None
-    return model_max_positions(os.path.dirname(cached)) if isinstance(cached, str) else None
+    return folder and model_max_positions(folder)
 
 
 def report_dropped(total: int, kept: int, budget: int | None, what: str = "prompts") -> None:
@@ -307,10 +283,6 @@ def keep_short_prompts(lengths: list[int], budget: int | None, what: str = "prom
     return keep
 
 
-def missing_column_message(column: str, dataset_name: str, columns) -> str:
-    return f"Column {column!r} not found in dataset {dataset_name!r}. Available columns: {list(columns)}."
-
-
 def _named(dataset: Any, dataset_name: str) -> list[tuple[str, Any]]:
     if isinstance(dataset, Mapping):  # several eval datasets
         return [(f"{dataset_name}[{key!r}]", value) for key, value in dataset.items()]
@@ -318,42 +290,41 @@ def _named(dataset: Any, dataset_name: str) -> list[tuple[str, Any]]:
 
 
 def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "train_dataset") -> None:
-    """Raise a `ValueError` naming the column, the dataset and the reward when a reward function (a plain callable) has
-    an argument without a default that no column of `dataset` (with `column_names`) nor TRL fills."""
+    """Raise a `ValueError` naming column, dataset and reward for an argument no column of `dataset` nor TRL fills."""
     import torch
     from trl.trainer.utils import get_callable_name
 
-    funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
-    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    funcs = [f for f in (reward_funcs if isinstance(reward_funcs, list) else [reward_funcs])
+             if callable(f) and not isinstance(f, torch.nn.Module)]  # fmt: skip
     for name, data in _named(dataset, dataset_name):
-        for func in [f for f in funcs if callable(f) and not isinstance(f, torch.nn.Module)]:
+        if (columns := getattr(data, "column_names", None)) is None:  # some streamed datasets
+            continue
+        filled = (set(columns) - set(_PASSED_AS)) | TRL_REWARD_ARGUMENTS
+        for func in funcs:
             try:
-                parameters = inspect.signature(func).parameters.values()
+                parameters, func_name = inspect.signature(func).parameters.values(), get_callable_name(func)
             except (TypeError, ValueError):
                 continue
-            if (columns := getattr(data, "column_names", None)) is None:  # some streamed datasets
-                break
-            filled = (set(columns) - set(_PASSED_AS)) | TRL_REWARD_ARGUMENTS
-            required = [p.name for p in parameters if p.default is p.empty and p.kind not in variadic]
-            func_name = get_callable_name(func)
-            if (missing := next((a for a in required if a not in filled), None)) in _PASSED_AS:
-                message = f"The reward function {func_name!r} takes an argument {missing!r}, which TRL never fills: "
-                raise ValueError(message + f"it passes that column as `{_PASSED_AS[missing]}`. Rename the argument.")
+            missing = next((p.name for p in parameters if p.default is p.empty and p.name not in filled
+                            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)), None)  # fmt: skip
+            if missing in _PASSED_AS:
+                raise ValueError(f"The reward function {func_name!r} takes an argument {missing!r}, which TRL never "
+                                 f"fills: it passes that column as `{_PASSED_AS[missing]}`. Rename the "
+                                 "argument.")  # fmt: skip
             if missing is not None:
-                message = f"{missing_column_message(missing, name, columns)} The reward function {func_name!r} needs "
-                raise ValueError(message + "it (TRL passes each column to the argument of its name): add the column "
-                                 "to the dataset, or give the argument a default.")  # fmt: skip
+                raise ValueError(f"{_MISSING.format(missing, name, columns)} The reward function {func_name!r} needs "
+                                 "it (TRL passes each column to the argument of its name): add the column to the "
+                                 "dataset, or give the argument a default.")  # fmt: skip
 
 
 def check_prompt_column(dataset: Any, dataset_name: str = "train_dataset", *, prompt_optional: bool = False) -> None:
-    """Raise a `ValueError` when `dataset` (or one of a dict of them) is empty, or has columns but no `prompt`
-    (unless `prompt_optional`: an `environment_factory`'s `reset()` supplies the prompt)."""
+    """Raise a `ValueError` for an empty `dataset` (or one of a dict), or without `prompt` unless `prompt_optional`."""
     for name, data in _named(dataset, dataset_name):
         if hasattr(data, "__len__") and len(data) == 0:
             raise ValueError(f"Dataset {name!r} is empty (0 rows): give it prompts (rows with a 'prompt' column).")
         columns = getattr(data, "column_names", None)
         if not prompt_optional and columns is not None and "prompt" not in columns:
-            message = f"{missing_column_message('prompt', name, columns)} TRL reads each prompt from a column named "
+            message = f"{_MISSING.format('prompt', name, columns)} TRL reads each prompt from a column named "
             raise ValueError(message + "'prompt': rename yours (dataset.rename_column('question', 'prompt')), or pass "
                              "an environment_factory whose reset() supplies the prompt.")  # fmt: skip
 
@@ -375,15 +346,14 @@ def render_chat_template(tokenizer, messages, **template_kwargs) -> str:
     except TemplateError as e:
         folder = str(getattr(tokenizer, "name_or_path", ""))
         files = [os.path.join(folder, f) for f in ("chat_template.jinja", "tokenizer_config.json")]
-        where = next(filter(os.path.isfile, files), f"of {folder!r}")
-        reason = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-        raise ValueError(f"The chat template {where} cannot be applied ({reason}): fix or replace it.") from None
+        where, reason = next(filter(os.path.isfile, files), f"of {folder!r}"), (str(e).splitlines() or [""])[0]
+        raise ValueError(f"The chat template {where} cannot be applied ({type(e).__name__}: {reason}): fix or "
+                         "replace it.") from None  # fmt: skip
 
 
 def check_chat_template(tokenizer, dataset, model_name: str, dataset_name="train_dataset", fix=CHAT_TEMPLATE_FIX,
                         template_kwargs=None):  # fmt: skip
-    """Raise a `ValueError` when `dataset`'s prompts are chat messages and `tokenizer` has no chat template, or one
-    that jinja refuses on the first prompt ([`render_chat_template`])."""
+    """Raise a `ValueError` when `dataset`'s chat prompts meet no chat template, or one jinja refuses on the first."""
     from trl.data_utils import is_conversational
 
     for name, data in _named(dataset, dataset_name):

@@ -31,44 +31,31 @@ MINIMUMS = {  # field: (smallest value, what it is)
 
 @dataclass
 class STAPOConfig(core.STAPOConfig):
-    r"""
-    Configuration class for [`~stapo_trl.STAPOTrainer`]: [`stapo_trl.core.STAPOConfig`], which it subclasses, plus:
+    r"""Configuration class for [`~stapo_trl.STAPOTrainer`]: [`stapo_trl.core.STAPOConfig`], which it subclasses, plus
+    the parameters below; a value TRL accepts and fails on later raises a `ValueError` naming the field.
 
     Parameters:
         s2t_mode (`str`, *optional*, defaults to `"low_entropy"`):
-            The core's `"low_entropy"` (STAPO) and `"off"` (the like-for-like baseline), plus the paper's ablations
-            ([`~stapo_trl.diagnostics.ablations`]): `"high_entropy"` (silence the candidates above the
-            (1 - q)-quantile) and `"all_low_prob"` (silence every candidate, JustRL-FullMask).
+            The core's `"low_entropy"` (STAPO) and `"off"`, plus the paper's ablations `"high_entropy"` (silence the
+            candidates above the (1 - q)-quantile) and `"all_low_prob"` (every candidate, JustRL-FullMask).
         s2t_write_run_files (`bool`, *optional*, defaults to `True`):
             During `train()`, write `<output_dir>/metrics.jsonl` and `spurious_tokens.jsonl` (what `stapo-plot` draws).
-        use_cpu (`bool`, *optional*):
-            Not set: `True` when no accelerator is visible.
-        bf16 (`bool`, *optional*):
-            Not set and without an accelerator: `False` (bf16 on a CPU is ~2.3x slower), logged on one info line.
-
-    Raises:
-        ValueError: a value TRL accepts and fails on later ([`check_training_values`]), naming the field.
+        use_cpu, bf16 (`bool`, *optional*):
+            Not set and without an accelerator: `True` and `False` (bf16 on a CPU is ~2.3x slower), logged once.
     """
 
     _s2t_modes: ClassVar[tuple[str, ...]] = S2T_MODES
 
-    s2t_mode: Literal[S2T_MODES] = field(
-        default=core.s2t.S2TSettings.mode,
-        metadata={
-            "help": "Which candidates are silenced: 'low_entropy' (STAPO), 'off' (none; counts still logged), or the "
-            "paper's ablations 'high_entropy' (above the (1-q)-quantile) and 'all_low_prob' (every candidate).",
-            "choices": list(S2T_MODES),
-        },
-    )
-    s2t_write_run_files: bool = field(
-        default=True, metadata={"help": "Write metrics.jsonl and spurious_tokens.jsonl into output_dir in train()."}
-    )
-    use_cpu: bool | None = field(
-        default=None, metadata={"help": "Train on the CPU; not set: when no accelerator.", "nargs": "?", "const": True}
-    )
-    bf16: bool | None = field(
-        default=None, metadata={"help": "bf16 mixed precision; not set: False without an accelerator, else TRL's."}
-    )
+    s2t_mode: Literal[S2T_MODES] = field(default=core.s2t.S2TSettings.mode, metadata={
+        "help": "Which candidates are silenced: 'low_entropy' (STAPO), 'off' (none; counts still logged), or the "
+                "paper's ablations 'high_entropy' (above the (1-q)-quantile) and 'all_low_prob' (every candidate).",
+        "choices": list(S2T_MODES)})  # fmt: skip
+    s2t_write_run_files: bool = field(default=True, metadata={
+        "help": "Write metrics.jsonl and spurious_tokens.jsonl into output_dir in train()."})  # fmt: skip
+    use_cpu: bool | None = field(default=None, metadata={
+        "help": "Train on the CPU; not set: when no accelerator.", "nargs": "?", "const": True})  # fmt: skip
+    bf16: bool | None = field(default=None, metadata={
+        "help": "bf16 mixed precision; not set: False without an accelerator, else TRL's."})  # fmt: skip
 
     def __post_init__(self):
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launched process, before its process group exists
@@ -93,23 +80,22 @@ class STAPOConfig(core.STAPOConfig):
         try:
             super().__post_init__()
         except (ValueError, ZeroDivisionError) as error:  # TRL's words stand; the fix follows where TRL gives none
-            num_generations, batch = self.num_generations, self.generation_batch_size
+            groups, batch, steps = self.num_generations, self.generation_batch_size, self.steps_per_generation
             if isinstance(error, ValueError) and "generation" not in str(error):
                 raise
-            if not isinstance(num_generations, int) or num_generations < 2:
-                words = f"{error} Set" if isinstance(error, ValueError) else f"num_generations={num_generations}: set"
+            if not isinstance(groups, int) or groups < 2:
+                words = f"{error} Set" if isinstance(error, ValueError) else f"num_generations={groups}: set"
                 message = f"{words} num_generations to 2 or more (the paper uses 8)."
                 raise TrainingValueError(message, "num_generations") from error
-            if fixed_batch or not isinstance(batch, int) or batch % num_generations == 0:
+            if fixed_batch or not isinstance(batch, int) or batch % groups == 0:
                 raise
-            micro_steps, per_device = self.steps_per_generation, self.per_device_train_batch_size
-            valid = [d for d in range(2, batch + 1) if batch % d == 0]
+            per_device, valid = self.per_device_train_batch_size, [d for d in range(2, batch + 1) if batch % d == 0]
             raise TrainingValueError(
                 f"{error} The generation batch is per_device_train_batch_size {per_device} x "
-                f"{batch // (per_device * micro_steps)} process(es) x {steps_name} {micro_steps} = {batch} "
-                "completions, and each prompt needs a whole group of num_generations completions. Valid "
-                f"num_generations for this batch: {valid}. Or change per_device_train_batch_size / {steps_name} so "
-                "that the generation batch is a multiple of num_generations.",
+                f"{batch // (per_device * steps)} process(es) x {steps_name} {steps} = {batch} completions, and each "
+                f"prompt needs a whole group of num_generations completions. Valid num_generations for this batch: "
+                f"{valid}. Or change per_device_train_batch_size / {steps_name} so that the generation batch is a "
+                "multiple of num_generations.",
                 "num_generations", "per_device_train_batch_size", steps_name,
             ) from error  # fmt: skip
 
@@ -121,8 +107,7 @@ def has_accelerator() -> bool:
 
 def write_run_files(args) -> bool:
     """`s2t_write_run_files` of any `GRPOConfig` (`True` where it has none)."""
-    value = getattr(args, "s2t_write_run_files", True)
-    if not isinstance(value, bool):
+    if not isinstance(value := getattr(args, "s2t_write_run_files", True), bool):
         raise ValueError(f"s2t_write_run_files={value!r} must be a bool (True or False), got {type(value).__name__}.")
     return value
 
@@ -135,32 +120,26 @@ class TrainingValueError(ValueError):
 
 def check_training_values(args) -> None:
     """Raise `TrainingValueError` for a value of a `GRPOConfig` or namespace that TRL accepts and fails on later."""
-
-    def number(name: str, kind=(int, float)):
-        value = getattr(args, name, None)
-        return value if isinstance(value, kind) and not isinstance(value, bool) else None
-
-    for name, (minimum, what) in MINIMUMS.items():
-        if number(name) is not None and number(name) < minimum:
-            raise TrainingValueError(f"{name}={number(name)} must be >= {minimum} ({what}).", name)
-    for name in ("seed", "data_seed"):  # transformers' set_seed fails on others after the model build
-        if number(name, int) is not None and not 0 <= number(name, int) <= 2**32 - 1:
-            raise TrainingValueError(f"{name}={number(name)} must be in [0, 2**32 - 1] (numpy's seed range).", name)
-    report_to = getattr(args, "report_to", None)
-    names = [report_to] if isinstance(report_to, str) else list(report_to or [])
-    if names := [name for name in names if name not in ("none", "all")]:  # transformers' check, run now
+    number = {n: v for n in (*MINIMUMS, "seed", "data_seed", "temperature", "max_steps")
+              if isinstance(v := getattr(args, n, None), (int, float)) and not isinstance(v, bool)}  # fmt: skip
+    refused = [(n, f"must be >= {low} ({what}).") for n, (low, what) in MINIMUMS.items() if number.get(n, low) < low]
+    refused += [(n, "must be in [0, 2**32 - 1] (numpy's seed range).") for n in ("seed", "data_seed")
+                if isinstance(v := number.get(n), int) and not 0 <= v <= 2**32 - 1]  # fmt: skip
+    if not number.get("temperature", 1) > 0:
+        refused.append(("temperature", "must be > 0: GRPO samples its rollouts (the paper: 1.0)."))
+    if isinstance(steps := number.get("max_steps"), int) and (steps == 0 or steps < -1):  # <= 0 reads as epochs
+        refused.append(("max_steps", "is not a number of optimizer steps: give a positive number, or -1 for "
+                        "num_train_epochs epochs."))  # fmt: skip
+    if refused:
+        raise TrainingValueError(f"{refused[0][0]}={number[refused[0][0]]} {refused[0][1]}", refused[0][0])
+    names = [report_to] if isinstance(report_to := getattr(args, "report_to", None), str) else list(report_to or [])
+    if names := [name for name in names if name not in ("none", "all")]:
         from transformers.integrations import get_reporting_integration_callbacks
 
-        try:
+        try:  # transformers' check, run now
             get_reporting_integration_callbacks(names)
         except ValueError as e:
             raise TrainingValueError(f"report_to={report_to!r}: {e}", "report_to") from None
     if getattr(args, "loss_type", None) not in (None, *LOSS_TYPES):  # TRL's words, at its first loss step only
         message = f"Unknown loss type: {args.loss_type} (loss_type={args.loss_type!r}; TRL's are {list(LOSS_TYPES)})."
         raise TrainingValueError(message, "loss_type")
-    if number("temperature") is not None and not number("temperature") > 0:
-        message = f"temperature={number('temperature')} must be > 0: GRPO samples its rollouts (the paper: 1.0)."
-        raise TrainingValueError(message, "temperature")
-    if number("max_steps", int) is not None and (args.max_steps == 0 or args.max_steps < -1):  # <= 0 reads as epochs
-        message = f"max_steps={args.max_steps} is not a number of optimizer steps: give a positive number, or -1 for "
-        raise TrainingValueError(message + "num_train_epochs epochs.", "max_steps")

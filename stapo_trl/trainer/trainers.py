@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import glob
 import importlib.util
 import inspect
@@ -11,7 +10,6 @@ import logging
 import os
 import re
 import warnings
-from dataclasses import asdict
 
 import torch
 import trl
@@ -32,24 +30,19 @@ logger = logging.getLogger(__name__)
 
 def _torch_default_threads() -> set[int]:  # the counts torch starts with: one per available core, logical or physical
     counts = {len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0, os.cpu_count() or 1}
-    try:
-        with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
-            parts = [p.partition("-") for p in f.read().strip().split(",")]
-        per_core = sum(int(b) - int(a) + 1 if b else 1 for a, _, b in parts)
-    except OSError:
-        per_core = 1
+    per_core = 1
+    with contextlib.suppress(OSError), open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
+        per_core = sum(int(b) - int(a) + 1 if b else 1 for a, _, b in (p.partition("-") for p in f.read().split(",")))
     return counts | {max(n // per_core, 1) for n in counts}
 
 
 @contextlib.contextmanager
 def tiny_model_threads(model):
-    """Run the block on one torch thread when `model` (a model or its folder) has at most 4 MiB of `model*.safetensors`
-    (a built-in tiny model) and the caller set no count (`OMP_NUM_THREADS`, or another)."""
+    """One torch thread in the block for a model (or folder) of at most 4 MiB of `model*.safetensors` unless set."""
     if not isinstance(model, (str, os.PathLike)):
         model = getattr(getattr(model, "config", None), "_name_or_path", None)
     weights = glob.glob(os.path.join(glob.escape(str(model)), "model*.safetensors")) if model else []
-    tiny = bool(weights) and sum(map(os.path.getsize, weights)) <= 4 * 2**20  # the built-in ones': 0.58 MB
-    previous = torch.get_num_threads()
+    previous, tiny = torch.get_num_threads(), bool(weights) and sum(map(os.path.getsize, weights)) <= 4 * 2**20
     if one := tiny and not os.environ.get("OMP_NUM_THREADS") and previous in _torch_default_threads():
         torch.set_num_threads(1)
     try:
@@ -63,8 +56,7 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
     eval_record = None  # accuracy before and after training, for the card
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *pargs, **kwargs):
-        given_model = model
-        if isinstance(model, str) and model.startswith("builtin:"):
+        if isinstance(given_model := model, str) and model.startswith("builtin:"):
             model = importlib.import_module("stapo_trl.models").resolve_model_path(model)  # built on first use
         if args is not None:
             if importlib.util.find_spec("vllm"):  # else TRL's ImportError ("vLLM is not available") stands
@@ -76,34 +68,30 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
         later = inspect.signature(trl.GRPOTrainer.__init__).bind_partial(*[None] * 6, *pargs).arguments | kwargs
         environment = later.get("environment_factory") is not None
         if not reward_funcs and not environment:  # TRL's words, before the model is built
-            words = "No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose environment "
-            words += f'defines a `get_reward` method (reward_funcs={reward_funcs!r}; e.g. "math_accuracy", '
-            raise ValueError(words + "a reward model id).")
+            raise ValueError("No reward source provided. Pass `reward_funcs`, or an `environment_factory` whose "
+                             f"environment defines a `get_reward` method (reward_funcs={reward_funcs!r}; e.g. "
+                             '"math_accuracy", a reward model id).')  # fmt: skip
         peft_settings = checkpoints.plain(later.get("peft_config"))  # before PEFT fills in the wrapped model's name
-        datasets = (("train_dataset", train_dataset), ("eval_dataset", eval_dataset))
-        for name, dataset in datasets:
+        datasets = {"train_dataset": train_dataset, "eval_dataset": eval_dataset}
+        for name, dataset in datasets.items():
             check_prompt_column(dataset, name, prompt_optional=environment)
             if later.get("rollout_func") is None:  # a rollout function may add the fields a reward reads
                 check_reward_columns(reward_funcs, dataset, name)
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
-        for name, dataset in datasets:
+        for name, dataset in datasets.items():
             check_chat_template(self.processing_class, dataset, self.model.config._name_or_path, name,
                                 template_kwargs=self.args.chat_template_kwargs)  # fmt: skip
         install_cpu_colocate_weight_sync(self)
-        self.run_settings = checkpoints.run_settings(
-            self.args, trainer=type(self).__name__, model=given_model, reward_funcs=self.reward_funcs,
-            s2t=getattr(self, "s2t", None), peft_config=peft_settings, train_dataset=train_dataset,
-            dtype=getattr(self.model, "dtype", None),
-        )  # fmt: skip
+        self.run_settings = checkpoints.run_settings(self.args, trainer=type(self).__name__, model=given_model,
+            reward_funcs=self.reward_funcs, s2t=getattr(self, "s2t", None), peft_config=peft_settings,
+            train_dataset=train_dataset, dtype=getattr(self.model, "dtype", None))  # fmt: skip
         args = self.args  # what training_args.bin holds: no `*_token` value
-        args.__getstate__ = lambda: {
-            k: None if k.endswith("_token") else v for k, v in vars(args).items() if k != "__getstate__"
-        }
+        args.__getstate__ = lambda: {k: None if k.endswith("_token") else v for k, v in vars(args).items()
+                                     if k != "__getstate__"}  # fmt: skip
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        """`Trainer.train` as the one writer of `output_dir`, with the run files and an exact resume (`True`: the
-        newest complete checkpoint; the rest of its rollout batch and logging window restored). `ValueError`: another
-        writer holds `output_dir`; no, an incomplete or a differently trained checkpoint; a link where it saves."""
+        """`Trainer.train` as `output_dir`'s one writer, with the run files and an exact resume (`True`: the newest
+        complete checkpoint). `ValueError`: another writer; no, an incomplete or another run's checkpoint; a link."""
         from ..run_folder.logs import JsonlLogCallback, NoLearningSignalCallback, add_run_file_callbacks
         from ..run_folder.rollout import RolloutStateCallback, load_rollout_state
 
@@ -145,10 +133,10 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # a warning when none is a number
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self.model.training and rewards.isnan().all():
-            names, n = ", ".join(self.reward_func_names), len(rewards)
-            message = f"No reward at step {self.state.global_step + 1}: no reward function ({names}) gave any of the "
-            message += f"{n} completions a value (every one None or NaN), so the step has no "
-            warnings.warn(message + "learning signal.", NoRewardWarning, 2)
+            warnings.warn(f"No reward at step {self.state.global_step + 1}: no reward function "
+                          f"({', '.join(self.reward_func_names)}) gave any of the {len(rewards)} completions a value "
+                          "(every one None or NaN), so the step has no learning signal.", NoRewardWarning,
+                          2)  # fmt: skip
         return rewards
 
     def _issue_warnings_after_load(self, load_result):  # without the weights tied to another (never saved)
@@ -163,7 +151,7 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
         record = {"settings": self.run_settings, "save_only_model": self.args.save_only_model}
         if self.args.should_save:
             checkpoints.refuse_links(self.args.output_dir)
-            if os.path.isfile(os.path.join(folder, "trainer_state.json")):
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(folder, "trainer_state.json"))
             checkpoints.write_run_record(folder, **record, files=None)
         super()._save_checkpoint(model, trial)
@@ -185,19 +173,15 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
             checkpoints.refuse_links(self.args.output_dir)
         return super().save_metrics(*args, **kwargs)
 
-    def evaluate(self, *args, **kwargs):
+    def evaluation_loop(self, *args, **kwargs):  # of evaluate() and predict()
         with tiny_model_threads(self.model):
-            return super().evaluate(*args, **kwargs)
-
-    def predict(self, *args, **kwargs):
-        with tiny_model_threads(self.model):
-            return super().predict(*args, **kwargs)
+            return super().evaluation_loop(*args, **kwargs)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, public: bool = False):
         """Write `output_dir/README.md` never through a link; `public` (what `push_to_hub` uploads): no local path."""
-        if self.is_world_process_zero():
-            from ..run_folder.card import model_card
+        from ..run_folder.card import model_card
 
+        if self.is_world_process_zero():
             os.makedirs(self.args.output_dir, exist_ok=True)
             card = model_card(self, model_name, dataset_name, tags, self.eval_record, public=public)
             with checkpoints.open_run_file(os.path.join(self.args.output_dir, "README.md")) as f:
@@ -212,12 +196,10 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
 
 
 class STAPOTrainer(_Additions, core.STAPOTrainer):
-    """[`stapo_trl.core.STAPOTrainer`] (STAPO, arXiv:2602.15620), which it subclasses, with the package's additions,
-    the paper's ablation modes, the diagnostics `s2t/entropy_p10` ... `p95`, `s2t/silenced_*_mean` (nats), a warning
-    for non-finite p or H, and the token records. `model` may be a `builtin:` name, `reward_funcs` a name of
-    `stapo_trl.rewards.REWARDS`, `args` any `GRPOConfig` (default [`~stapo_trl.STAPOConfig`]). `ValueError` before a
-    model is built: a dataset empty or without `prompt`, a reward argument no column fills, a bad reward, S2T value,
-    `output_dir` or `vllm_mode`, chat prompts without a chat template."""
+    """[`stapo_trl.core.STAPOTrainer`] (STAPO, arXiv:2602.15620), which it subclasses, with the paper's ablations, the
+    diagnostics `s2t/entropy_p10` ... `p95`, `s2t/silenced_*_mean` (nats) and the token records. `model` may be a
+    `builtin:` name, `reward_funcs` a name of `stapo_trl.rewards.REWARDS`, `args` any `GRPOConfig`. `ValueError`
+    before a model is built: a bad dataset, reward, S2T value, `output_dir` or `vllm_mode`; no chat template."""
 
     _s2t_modes = STAPOConfig._s2t_modes
 
@@ -233,24 +215,19 @@ class STAPOTrainer(_Additions, core.STAPOTrainer):
         from ..run_folder.logs import SpuriousTokenLogger
 
         tensors = (per_token_logps, entropies, advantages, loss_mask)
-        if self.s2t.mode in ABLATIONS:
-            result = ablation_mask(*tensors, **asdict(self.s2t), gather=self._gather)
-        else:
-            result = super()._compute_s2t_mask(*tensors, completion_ids)
+        result = (ablation_mask(*tensors, **vars(self.s2t), gather=self._gather) if self.s2t.mode in ABLATIONS
+                  else super()._compute_s2t_mask(*tensors, completion_ids))  # fmt: skip
         mode = "train" if self.model.training else "eval"
-        reduce = functools.partial(self.accelerator.reduce, reduction="sum")
-        for name, value in diagnostic_metrics(result, per_token_logps, entropies, loss_mask, reduce).items():
+        for name, value in diagnostic_metrics(result, *tensors[:2], loss_mask, self.accelerator.reduce).items():  # sum
             self._metrics[mode][name].append(value)
         if result.num_nonfinite and not self._nonfinite_warned:
             self._nonfinite_warned = True
-            message = f"{result.num_nonfinite} loss tokens have a non-finite log-probability or entropy: never S2T "
-            warnings.warn(
-                f"{message}candidates, but a sign of trouble upstream (logits, dtype, LM head).", stacklevel=2
-            )
-        if mode == "train":
-            for callback in self.callback_handler.callbacks:
-                if isinstance(callback, SpuriousTokenLogger):
-                    callback.record(result, *tensors, completion_ids)
+            warnings.warn(f"{result.num_nonfinite} loss tokens have a non-finite log-probability or entropy: never "
+                          "S2T candidates, but a sign of trouble upstream (logits, dtype, LM head).",
+                          stacklevel=2)  # fmt: skip
+        for callback in self.callback_handler.callbacks if mode == "train" else []:
+            if isinstance(callback, SpuriousTokenLogger):
+                callback.record(result, *tensors, completion_ids)
         return result
 
 

@@ -1,7 +1,6 @@
 """Every input `GRPOTrainer` trains on, `STAPOTrainer` trains or refuses alike (environments, tools, rollout_func)."""
 
 import os
-import warnings
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,10 @@ from testing_utils import length_reward
 from transformers import AutoTokenizer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
-from stapo_trl.data import check_prompt_column, check_reward_columns
 
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # environment_factory and rollout_func are experimental
+pytestmark = pytest.mark.filterwarnings("ignore")
 
 
 class Counter:  # an environment that owns its reward
@@ -89,66 +88,56 @@ def tool_tokenizer(tiny_random_model_path):  # with TRL's Qwen3 template, which 
     return tokenizer
 
 
-def outcome(
-    trainer_class, model, tmp_path, *, config=None, **inputs
-) -> str:  # "trained" (a step, a save) or "refused"
+def outcome(trainer_class, model, tmp_path, *, config=None, **inputs) -> str:  # "trained" (a step, a save), "refused"
     config_class = STAPOConfig if trainer_class is STAPOTrainer else trl.GRPOConfig
     settings = dict(output_dir=str(tmp_path / trainer_class.__name__), use_cpu=True, bf16=False, report_to=[],
                     per_device_train_batch_size=4, num_generations=2, max_completion_length=6, max_steps=1,
                     save_strategy="steps", save_steps=1, logging_steps=1, disable_tqdm=True)  # fmt: skip
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            trainer = trainer_class(model=model, args=config_class(**settings | (config or {})), **inputs)
-            trainer.train()
-        except Exception as e:  # noqa: BLE001 (the type is the outcome)
-            return f"refused {type(e).__name__}: {e}"
+    try:
+        trainer = trainer_class(model=model, args=config_class(**settings | (config or {})), **inputs)
+        trainer.train()
+    except Exception as e:  # noqa: BLE001 (the type is the outcome)
+        return f"refused {type(e).__name__}: {e}"
     assert trainer.state.global_step == 1
     return "trained"
 
 
-MULTI_ENVIRONMENT = {"counter": Counter, "echo": Echo}
+MULTI_ENVIRONMENT, D = {"counter": Counter, "echo": Echo}, Dataset.from_dict
 ROUTED = {"environment": ["counter", "echo"] * 4}
 EVALS = {"eval_strategy": "steps", "eval_steps": 1, "per_device_eval_batch_size": 4}
-TOPICS = Dataset.from_dict({"prompt": ["1+1", "2+2"] * 8, "topic": ["a", "b"] * 8})
+TOPICS = D({"prompt": ["1+1", "2+2"] * 8, "topic": ["a", "b"] * 8})
 # case: (inputs, whether both train it). Without a prompt column (and no environment) both refuse: TRL at its first
 # step, the library at construction.
 CASES = {
     "environments-dict-no-prompt": (  # TRL's own test_train_with_multiple_environments
-        dict(train_dataset=Dataset.from_dict(ROUTED), environment_factory=MULTI_ENVIRONMENT,
-             reward_funcs=length_reward, chat_tools=True), True),
+        dict(train_dataset=D(ROUTED), environment_factory=MULTI_ENVIRONMENT, reward_funcs=length_reward,
+             chat_tools=True), True),
     "environments-dict-no-prompt-owned-reward": (  # TRL's test_environment_owned_reward_mixed_environments
-        dict(train_dataset=Dataset.from_dict(ROUTED), environment_factory=MULTI_ENVIRONMENT, chat_tools=True), True),
+        dict(train_dataset=D(ROUTED), environment_factory=MULTI_ENVIRONMENT, chat_tools=True), True),
     "environment-callable-no-prompt": (
-        dict(train_dataset=Dataset.from_dict({"level": [1, 2] * 4}), environment_factory=Counter,
-             chat_tools=True), True),
-    "environment-callable-column-reward-no-prompt": (
-        dict(train_dataset=Dataset.from_dict({"topic": ["a", "b"] * 4}), environment_factory=Counter,
-             reward_funcs=topic_reward, chat_tools=True), True),
+        dict(train_dataset=D({"level": [1, 2] * 4}), environment_factory=Counter, chat_tools=True), True),
+    "environment-callable-column-reward-no-prompt": (dict(train_dataset=D({"topic": ["a", "b"] * 4}),
+        environment_factory=Counter, reward_funcs=topic_reward, chat_tools=True), True),
     "environment-callable-with-prompt": (
-        dict(train_dataset=Dataset.from_dict({"prompt": [CHAT] * 8}), environment_factory=Counter,
-             chat_tools=True), True),
-    "environments-dict-with-prompt": (
-        dict(train_dataset=Dataset.from_dict({"prompt": [CHAT] * 8, **ROUTED}), environment_factory=MULTI_ENVIRONMENT,
-             chat_tools=True), True),
+        dict(train_dataset=D({"prompt": [CHAT] * 8}), environment_factory=Counter, chat_tools=True), True),
+    "environments-dict-with-prompt": (dict(train_dataset=D({"prompt": [CHAT] * 8, **ROUTED}),
+                                           environment_factory=MULTI_ENVIRONMENT, chat_tools=True), True),
     "environment-callable-no-dataset": (dict(environment_factory=Counter, chat_tools=True), True),
-    "tools": (dict(train_dataset=Dataset.from_dict({"prompt": [CHAT] * 8}), reward_funcs=length_reward,
-                   tools=[multiply]), True),
-    "tools-no-prompt": (dict(train_dataset=Dataset.from_dict({"question": [CHAT] * 8}), reward_funcs=length_reward,
+    "tools": (dict(train_dataset=D({"prompt": [CHAT] * 8}), reward_funcs=length_reward, tools=[multiply]), True),
+    "tools-no-prompt": (dict(train_dataset=D({"question": [CHAT] * 8}), reward_funcs=length_reward,
                              tools=[multiply]), False),  # tools alone supply no prompts (an environment's reset does)
     # a reward argument filled by the rollout's extra field, not by a column
-    "rollout-func": (dict(train_dataset=Dataset.from_dict({"prompt": ["1+1"] * 8}), reward_funcs=source_reward,
+    "rollout-func": (dict(train_dataset=D({"prompt": ["1+1"] * 8}), reward_funcs=source_reward,
                           rollout_func=fixed_rollout), True),
-    "rollout-func-no-prompt": (dict(train_dataset=Dataset.from_dict({"question": ["1+1"] * 8}),
-                                    reward_funcs=source_reward, rollout_func=fixed_rollout), False),
+    "rollout-func-no-prompt": (dict(train_dataset=D({"question": ["1+1"] * 8}), reward_funcs=source_reward,
+                                    rollout_func=fixed_rollout), False),
     "iterable-train": (dict(train_dataset=TOPICS.to_iterable_dataset(), reward_funcs=topic_reward), True),
     "iterable-eval": (dict(train_dataset=TOPICS, eval_dataset=TOPICS.to_iterable_dataset(), reward_funcs=topic_reward,
                            config=EVALS), True),
     "iterable-eval-dict": (dict(train_dataset=TOPICS, eval_dataset={"x": TOPICS.to_iterable_dataset()},
                                 reward_funcs=topic_reward, config=EVALS), True),
     "eval-dict": (dict(train_dataset=TOPICS, eval_dataset={"easy": TOPICS.select(range(4)),
-                                                           "hard": TOPICS.select(range(4, 8))},
-                       reward_funcs=topic_reward, config=EVALS), True),
+                       "hard": TOPICS.select(range(4, 8))}, reward_funcs=topic_reward, config=EVALS), True),
 }  # fmt: skip
 FAST = {"rollout-func-no-prompt"}  # the rest train (~2 s each): slow
 
@@ -197,20 +186,17 @@ def tiny_vlm(tiny_random_model_path, tmp_path_factory):  # a tiny LLaVA and its 
     return str(folder), AutoProcessor.from_pretrained(folder)
 
 
-def _images(n: int) -> list:
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.RandomState(0)
-    return [Image.fromarray(rng.randint(0, 255, (28, 28, 3), dtype=np.uint8)) for _ in range(n)]
-
-
 @pytest.mark.slow  # trains a tiny vision-language model
 @pytest.mark.parametrize("case", ["image-column", "images-column", "no-chat-template"])
 def test_multimodal_prompts_as_in_grpo_trainer(tiny_vlm, tmp_path, case):
     folder, processor = tiny_vlm
+    import numpy as np
+    from PIL import Image
+
     prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "1+1"}]}]
-    images = {"image": _images(8)} if case != "images-column" else {"images": [[image] for image in _images(8)]}
+    rng = np.random.RandomState(0)
+    pictures = [Image.fromarray(rng.randint(0, 255, (28, 28, 3), dtype=np.uint8)) for _ in range(8)]
+    images = {"image": pictures} if case != "images-column" else {"images": [[image] for image in pictures]}
     if case == "no-chat-template":  # TRL fails at its first step, the library at construction
         processor = type(processor).from_pretrained(folder)
         processor.chat_template = None
@@ -218,19 +204,3 @@ def test_multimodal_prompts_as_in_grpo_trainer(tiny_vlm, tmp_path, case):
                   reward_funcs=length_reward)  # fmt: skip
     grpo, stapo = (outcome(cls, folder, tmp_path, **inputs) for cls in (trl.GRPOTrainer, STAPOTrainer))
     assert grpo.split()[0] == stapo.split()[0] == ("trained" if case != "no-chat-template" else "refused"), stapo
-
-
-@pytest.mark.parametrize(
-    "dataset",
-    [
-        Dataset.from_dict({"environment": ["a", "b"]}),
-        Dataset.from_dict({"level": [1, 2]}).to_iterable_dataset(),
-        {"easy": Dataset.from_dict({"environment": ["a"]}), "hard": Dataset.from_dict({"prompt": ["x"]})},
-    ],
-    ids=["routing-column-only", "iterable", "dict-of-eval-datasets"],
-)
-def test_the_prompt_column_is_optional_with_an_environment(dataset):
-    check_prompt_column(dataset, "train_dataset", prompt_optional=True)
-    check_reward_columns(length_reward, dataset, "train_dataset")  # `prompts` is TRL's, not a column
-    with pytest.raises(ValueError, match=r"Column 'prompt' not found .*environment_factory"):
-        check_prompt_column(dataset, "train_dataset")  # without an environment, TRL fails on it at its first step

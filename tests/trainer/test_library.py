@@ -43,13 +43,10 @@ def test_the_trainer_keeps_grpo_trainers_console_signal_handlers_and_warning_fil
     (grpo_handlers, grpo_filters), (stapo_handlers, stapo_filters) = seen.values()
     assert stapo_handlers == grpo_handlers == handlers and stapo_filters == grpo_filters  # nothing of ours
     assert warnings.filters == filters and {s: signal.getsignal(s) for s in SIGNALS} == handlers
-    assert (tmp_path / "STAPOTrainer" / "metrics.jsonl").is_file()  # the run files are the library's
-    assert any("s2t/num_loss_tokens" in row for row in trainer.state.log_history)
 
 
 def test_construction_opens_no_connection_of_its_own(tiny_random_model_path, tmp_path, monkeypatch):
-    # An uncached Hub id, the Hub unreachable: the same attempts and huggingface_hub's own error as GRPOTrainer.
-    import huggingface_hub.constants
+    import huggingface_hub.constants  # an uncached Hub id, no Hub: the same attempts and error as GRPOTrainer
     import huggingface_hub.utils._http
 
     attempts = []  # each connection starts by resolving the host name
@@ -80,24 +77,20 @@ def test_importing_the_trainer_loads_no_deepspeed_and_at_most_3000_lines_of_the_
         "print(sum(len(open(m.__file__).read().splitlines()) for m in mods), 'deepspeed' in sys.modules, "
         "'matplotlib' in sys.modules, 'math_verify' in sys.modules)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(), check=True
-    )
-    lines, *loaded = out.stdout.split()
-    assert loaded == ["False", "False", "False"] and int(lines) <= 3000, out.stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env()).stdout
+    lines, *loaded = out.split()
+    assert loaded == ["False", "False", "False"] and int(lines) <= 3000, out
 
 
-@pytest.mark.parametrize(
-    "trainer_class, overrides, words",
-    [(STAPOTrainer, {}, "GRPOConfig has no s2t_prob_threshold"),  # the construction line of a plain GRPOConfig
-     (stapo_trl.core.STAPOTrainer, {}, "GRPOConfig has no s2t_prob_threshold"),
-     (STAPOTrainer, {"beta": 0.04}, "lose their KL penalty")],  # a GRPO feature the mask changes, said once
-    ids=["library", "core", "feature-warning"],
-)  # fmt: skip
-def test_construction_warnings_name_the_users_line(tiny_random_model_path, tmp_path, trainer_class, overrides, words):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        trainer_class(tiny_random_model_path, length_reward, args=_config(tmp_path, "warn", **overrides),
-                      train_dataset=PROMPTS)  # fmt: skip
-    (warning,) = [w for w in caught if words in str(w.message)]
-    assert warning.filename == __file__, (warning.filename, str(warning.message))
+def test_construction_warnings_name_the_users_line(tiny_random_model_path, tmp_path):
+    for trainer_class, overrides, words in [
+        (STAPOTrainer, {}, "GRPOConfig has no s2t_prob_threshold"),  # the construction line of a plain GRPOConfig
+        (stapo_trl.core.STAPOTrainer, {}, "GRPOConfig has no s2t_prob_threshold"),
+        (STAPOTrainer, {"beta": 0.04}, "lose their KL penalty"),  # a GRPO feature the mask changes, said once
+    ]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer_class(tiny_random_model_path, length_reward, args=_config(tmp_path, "warn", **overrides),
+                          train_dataset=PROMPTS)  # fmt: skip
+        (warning,) = [w for w in caught if words in str(w.message)]
+        assert warning.filename == __file__, (warning.filename, str(warning.message))

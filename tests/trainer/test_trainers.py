@@ -7,40 +7,32 @@ import os
 import signal
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import trl
+from datasets import Dataset
 from testing_utils import PROMPTS, REPO, KeepsLogpGrad, hand_scored_batch, policy_forward, text_reward, zero_reward
-from transformers import TrainerCallback
 from trl import GRPOConfig
 
 from stapo_trl import STAPOConfig, STAPOTrainer, core
+from stapo_trl.data import format_prompt
 from stapo_trl.diagnostics.token_records import token_records
 from stapo_trl.run_folder.logs import SpuriousTokenLogger
-from stapo_trl.trainer.config import write_run_files
 
 
+pytestmark = pytest.mark.filterwarnings("ignore")
 SETTINGS = dict(use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4, num_generations=2,
                 max_completion_length=8, logging_steps=1, save_strategy="no", seed=0)  # fmt: skip
 
 
-def make_trainer(
-    model_path, tmp_path, trainer_cls=STAPOTrainer, reward=zero_reward, config_cls=STAPOConfig, **settings
-):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        args = config_cls(output_dir=str(tmp_path / "run"), **SETTINGS | settings)
-        trainer = trainer_cls(model_path, reward_funcs=reward, args=args, train_dataset=PROMPTS)
+def make_trainer(model_path, tmp_path, trainer_cls=STAPOTrainer, reward=zero_reward, config_cls=STAPOConfig, **kwargs):
+    args = config_cls(output_dir=str(tmp_path / "run"), **SETTINGS | kwargs)
+    trainer = trainer_cls(model_path, reward_funcs=reward, args=args, train_dataset=PROMPTS)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps  # set by train() only
     return trainer
-
-
-class LogpProbe(KeepsLogpGrad, STAPOTrainer):  # keeps the training forward's per-token log-probs (`probe_logps`)
-    pass
 
 
 def test_all_low_prob_gives_silenced_tokens_zero_gradient_and_only_training_masks_reach_the_logger(
@@ -50,9 +42,8 @@ def test_all_low_prob_gives_silenced_tokens_zero_gradient_and_only_training_mask
     # positive-advantage token is silenced, so the kept tokens are those of rows 1 (A = -0.5, 3 tokens) and 3 (A = 0,
     # 2 tokens). On-policy the ratio is 1 and each token's clipped surrogate is -A: the dapo loss is
     # (3 * 0.5 + 2 * 0) / 5 = 0.3, where GRPO's would be (3 * 0.5 - 5 * 1 - 4 * 2) / 14.
-    trainer = make_trainer(
-        tiny_random_model_path, tmp_path, LogpProbe, s2t_prob_threshold=1.0, s2t_mode="all_low_prob"
-    )
+    probe = type("LogpProbe", (KeepsLogpGrad, STAPOTrainer), {})  # keeps the training forward's log-probs
+    trainer = make_trainer(tiny_random_model_path, tmp_path, probe, s2t_prob_threshold=1.0, s2t_mode="all_low_prob")
     logger = SpuriousTokenLogger(trainer)
     trainer.add_callback(logger)
     inputs = hand_scored_batch(trainer.model.config.vocab_size)
@@ -107,30 +98,10 @@ def prepare_two_updates(trainer, batches):  # the second pass over 4 buffered mi
         trainer._prepare_inputs(None)
 
 
-def hand_geometry_trainer(model_path, tmp_path, **overrides):  # steps 4-7 reuse the buffered (hand) rollout batch
-    return make_trainer(model_path, tmp_path, steps_per_generation=4, gradient_accumulation_steps=2, num_iterations=2,
-                        **overrides)  # fmt: skip
-
-
-def test_a_log_row_sums_the_counts_and_pools_the_ratios_of_its_masks(tiny_random_model_path, tmp_path):
-    trainer = hand_geometry_trainer(tiny_random_model_path, tmp_path, s2t_mode="all_low_prob")
-    # Update 1: 12 loss tokens, the 6 of the A > 0 rows silenced (ratio 0.5); update 2: 4 loss tokens, 1 silenced.
-    batches = [hand_micro_batch([1.0, -1.0], [3, 3])] * 2 + [hand_micro_batch([1.0, -1.0], [1, 1])]
-    prepare_two_updates(trainer, [*batches, hand_micro_batch([-1.0, -1.0], [1, 1])])
-    trainer.log({})
-    row = trainer.state.log_history[-1]
-    assert (row["s2t/num_silenced"], row["s2t/num_candidates"], row["s2t/num_loss_tokens"]) == (7, 7, 16)
-    assert row["s2t/silenced_ratio"] == row["s2t/candidate_ratio"] == pytest.approx(7 / 16)  # not the mean, 0.375
-    assert row["s2t/num_nonfinite"] == 0 and row["s2t/silenced_prob_mean"] == pytest.approx(0.001)
-    # The next row starts afresh: its counts are its own masks'.
-    prepare_two_updates(trainer, [hand_micro_batch([-1.0, 1.0], [2, 2]) for _ in range(4)])
-    trainer.log({})
-    row = trainer.state.log_history[-1]
-    assert (row["s2t/num_silenced"], row["s2t/num_loss_tokens"], row["s2t/silenced_ratio"]) == (8, 16, 0.5)
-
-
-def test_non_finite_p_or_h_is_warned_once_and_counted(tiny_random_model_path, tmp_path):
-    trainer = hand_geometry_trainer(tiny_random_model_path, tmp_path)
+def test_non_finite_p_or_h_is_warned_once_and_counted_and_a_log_row_pools_its_masks(tiny_random_model_path, tmp_path):
+    # steps 4-7 reuse the buffered (hand) rollout batch
+    trainer = make_trainer(tiny_random_model_path, tmp_path, steps_per_generation=4, gradient_accumulation_steps=2,
+                           num_iterations=2)  # fmt: skip
     entropies = [torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]]) for _ in range(4)]
     logps = [torch.full((2, 3), math.log(0.001)) for _ in range(4)]
     entropies[0][0, 0] = float("nan")  # a candidate's position (A > 0)
@@ -148,13 +119,31 @@ def test_non_finite_p_or_h_is_warned_once_and_counted(tiny_random_model_path, tm
     assert row["s2t/num_nonfinite"] == 4 and row["s2t/num_loss_tokens"] == 23
     assert row["s2t/num_candidates"] == 12 - 3  # the A > 0 rows' 12 tokens, less the 3 non-finite ones
     assert math.isfinite(row["s2t/entropy_p50"])  # non-finite values stay out of the quantiles too
+    # The next rows start afresh. Update 1: 12 loss tokens, the 6 of the A > 0 rows silenced (ratio 0.5); update 2:
+    # 4 loss tokens, 1 silenced.
+    trainer.s2t = dataclasses.replace(trainer.s2t, mode="all_low_prob")
+    batches = [hand_micro_batch([1.0, -1.0], [3, 3])] * 2 + [hand_micro_batch([1.0, -1.0], [1, 1])]
+    prepare_two_updates(trainer, [*batches, hand_micro_batch([-1.0, -1.0], [1, 1])])
+    trainer.log({})
+    row = trainer.state.log_history[-1]
+    assert (row["s2t/num_silenced"], row["s2t/num_candidates"], row["s2t/num_loss_tokens"]) == (7, 7, 16)
+    assert row["s2t/silenced_ratio"] == row["s2t/candidate_ratio"] == pytest.approx(7 / 16)  # not the mean, 0.375
+    assert row["s2t/num_nonfinite"] == 0 and row["s2t/silenced_prob_mean"] == pytest.approx(0.001)
+    prepare_two_updates(trainer, [hand_micro_batch([-1.0, 1.0], [2, 2]) for _ in range(4)])
+    trainer.log({})
+    row = trainer.state.log_history[-1]
+    assert (row["s2t/num_silenced"], row["s2t/num_loss_tokens"], row["s2t/silenced_ratio"]) == (8, 16, 0.5)
 
 
-def test_undefined_s2t_metrics_are_left_out_of_the_logs(tiny_random_model_path, tmp_path):
+def test_undefined_s2t_metrics_are_left_out_of_the_logs_of_a_builtin_model_named(
+    tiny_random_model_path, builtin_cache_dir, tmp_path, monkeypatch
+):
     # tau_p = 1e-30: no token is ever a candidate, so tau_h and the silenced-token means are undefined (NaN) at every
     # step. 3 steps with logging_steps 2: step 3 is logged only by the end-of-training summary (train_result.metrics).
-    trainer = make_trainer(tiny_random_model_path, tmp_path, reward=text_reward, max_steps=3, logging_steps=2,
+    monkeypatch.setenv("STAPO_TRL_CACHE", str(builtin_cache_dir))  # where the fixture built it
+    trainer = make_trainer("builtin:tiny-random", tmp_path, reward=text_reward, max_steps=3, logging_steps=2,
                            s2t_prob_threshold=1e-30)  # fmt: skip
+    assert trainer.model.config._name_or_path == tiny_random_model_path
     result = trainer.train()
     logged = [h for h in trainer.state.log_history if "s2t/silenced_ratio" in h]
     assert len(logged) == 2  # step 2, and step 3 inside the summary
@@ -167,8 +156,7 @@ def test_undefined_s2t_metrics_are_left_out_of_the_logs(tiny_random_model_path, 
 
 
 def held_tensors(obj, skip=(), path="", seen=None):  # paths of >= 2-D tensors reachable through containers, objects
-    seen = set() if seen is None else seen
-    if id(obj) in seen:
+    if id(obj) in (seen := set() if seen is None else seen):
         return []
     seen.add(id(obj))
     if torch.is_tensor(obj):
@@ -218,12 +206,6 @@ class OpenR1StyleConfig(GRPOConfig):  # a user's config as open-r1 writes one, w
 
 
 def test_the_librarys_extras_come_from_any_grpo_config(tiny_random_model_path, tmp_path):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        args = GRPOConfig(output_dir=str(tmp_path / "run"), **SETTINGS)
-        trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=zero_reward, args=args, train_dataset=PROMPTS)
-    assert trainer.s2t == core.s2t.S2TSettings() and write_run_files(trainer.args) is True
-    assert sum(str(w.message).startswith("STAPO with") for w in caught) == 1
     trainer = make_trainer(tiny_random_model_path, tmp_path, reward=text_reward, config_cls=OpenR1StyleConfig,
                            max_steps=2, s2t_write_run_files=False)  # fmt: skip
     assert trainer.s2t.mode == "all_low_prob"  # the library's ablations, where the config has them
@@ -232,45 +214,28 @@ def test_the_librarys_extras_come_from_any_grpo_config(tiny_random_model_path, t
     assert len(rows) == 2 and sum(r["s2t/num_silenced"] for r in rows) == sum(r["s2t/num_candidates"] for r in rows)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # the config's own s2t_write_run_files=False
     with pytest.raises(ValueError, match=r"s2t_mode='all_low_prob' is not one of \['low_entropy', 'off'\]"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            core.STAPOTrainer(tiny_random_model_path, zero_reward, args=trainer.args, train_dataset=PROMPTS)
+        core.STAPOTrainer(tiny_random_model_path, zero_reward, args=trainer.args, train_dataset=PROMPTS)
     trainer.args.s2t_write_run_files = "no"  # a field of the user's class, of the wrong type: refused at construction
     with pytest.raises(ValueError, match=r"^s2t_write_run_files='no' must be a bool"):
         STAPOTrainer(tiny_random_model_path, reward_funcs=zero_reward, args=trainer.args, train_dataset=PROMPTS)
 
 
-def math_prompts(n):
-    from datasets import Dataset
-
-    from stapo_trl.data import format_prompt
-
-    return Dataset.from_list(
-        [{"prompt": format_prompt(f"{a}+{a + 3}"), "solution": str(2 * a + 3)} for a in range(10, 10 + n)]
-    )
-
-
-class CtrlCAtStep2(TrainerCallback):  # what Ctrl-C in a terminal or a notebook does
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == 2:
-            os.kill(os.getpid(), signal.SIGINT)
+MATH_PROMPTS = Dataset.from_list([{"prompt": format_prompt(f"{a}+{a + 3}"), "solution": str(2 * a + 3)}
+                                  for a in range(10, 34)])  # fmt: skip
 
 
 def test_a_plain_grpo_config_writes_the_run_files_keeps_the_checks_and_saves_on_ctrl_c(tiny_math_model_path, tmp_path):
+    from testing_utils import SignalAtStep
+
     from stapo_trl.cli.callbacks import add_command_callbacks
     from stapo_trl.rewards import math_accuracy_reward
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        args = GRPOConfig(output_dir=str(tmp_path / "run"), **SETTINGS | dict(per_device_train_batch_size=8,
-                          num_generations=4, max_completion_length=48, max_steps=4))  # fmt: skip
-    dataset = math_prompts(24)
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), **SETTINGS | dict(per_device_train_batch_size=8,
+                      num_generations=4, max_completion_length=48, max_steps=4))  # fmt: skip
     with pytest.raises(ValueError, match="prompt"):  # the library's construction checks, with a GRPOConfig too
-        STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args, train_dataset=dataset.remove_columns("prompt"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=args, train_dataset=dataset)
-    trainer.add_callback(CtrlCAtStep2())
+        STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args, MATH_PROMPTS.remove_columns("prompt"))
+    trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=args, train_dataset=MATH_PROMPTS)
+    trainer.add_callback(SignalAtStep(2, signal.SIGINT))
     add_command_callbacks(trainer)  # the one line that gives a script stapo-train's stop signals
     with pytest.raises(KeyboardInterrupt) as excinfo:
         trainer.train()
@@ -283,14 +248,13 @@ def test_a_plain_grpo_config_writes_the_run_files_keeps_the_checks_and_saves_on_
 
 @pytest.mark.slow  # a new Python process (~10 s of imports) training two steps
 def test_trls_own_grpo_script_trains_with_the_trainer_import_changed(tiny_math_model_path, tmp_path):
-    # TRL's own scripts/grpo.py passes a plain GRPOConfig: with only its trainer import changed it trains and logs.
     source = (Path(trl.__file__).parent / "scripts" / "grpo.py").read_text()
     original = "from trl import GRPOTrainer, get_dataset, get_peft_config, get_quantization_config"
     assert source.count(original) == 1
     changed = "from stapo_trl import STAPOTrainer as GRPOTrainer\n    " + original.replace("GRPOTrainer, ", "")
     (tmp_path / "script.py").write_text(source.replace(original, changed))
     (tmp_path / "data").mkdir()
-    math_prompts(24).to_json(tmp_path / "data" / "train.jsonl")
+    MATH_PROMPTS.to_json(tmp_path / "data" / "train.jsonl")
     (tmp_path / "rewards.py").write_text(
         "from stapo_trl.rewards import math_accuracy_reward\n\n\ndef accuracy(completions, solution, **kwargs):\n"
         "    return math_accuracy_reward(completions, solution=solution, **kwargs)\n"
@@ -308,8 +272,3 @@ def test_trls_own_grpo_script_trains_with_the_trainer_import_changed(tiny_math_m
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "s2t/num_loss_tokens" in row] == [1, 2]
     assert (tmp_path / "out" / "model.safetensors").is_file()
-
-
-def test_builtin_model_names_work_in_the_python_api(tiny_random_model_path, builtin_cache_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("STAPO_TRL_CACHE", str(builtin_cache_dir))  # where the fixture built it
-    assert make_trainer("builtin:tiny-random", tmp_path).model.config._name_or_path == tiny_random_model_path
