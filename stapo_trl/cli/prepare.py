@@ -81,7 +81,8 @@ class PreparedRun:
         self.rollout_prompts = batch // a.num_generations
         self.reward_funcs = self.model_path = self.train_dataset = self.test_dataset = self.eval_dataset = None
         self.checkpoint = self.total = self.kept = self.budget = None
-        self.settings, self.held, self.errors, self.warnings, self.seconds = {}, False, [], [], 0.0
+        self.settings, self.held, self.seconds = {}, False, 0.0
+        self.errors, self.warnings = (plan.errors, plan.warnings) if plan else ([], [])
 
     def run(self) -> PreparedRun:
         start, catch = time.perf_counter(), logging.Handler(logging.WARNING)
