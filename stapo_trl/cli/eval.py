@@ -40,19 +40,18 @@ def make_parser() -> argparse.ArgumentParser:
     add("--model", help="Local path, Hub id or builtin:<name> (e.g. builtin:tiny-math).")
     add("--revision", help="Hub revision (branch, tag or commit) of --model.")
     add("--version", action=VersionAction)
-    valid = f"Comma-separated. Valid: {', '.join(tasks.BENCHMARKS)}."
-    add("--benchmarks", default=",".join(tasks.PAPER_BENCHMARKS), help=valid)
-    paper = "'paper' = T=1.0/top-p 1.0 and T=0.7/top-p 0.9"
-    add("--decoding", default="paper", help=f"Comma-separated: {gen.DECODING_NAMES} ({paper}).")
+    add("--benchmarks", default=",".join(tasks.PAPER_BENCHMARKS),
+        help=f"Comma-separated. Valid: {', '.join(tasks.BENCHMARKS)}.")  # fmt: skip
+    add("--decoding", default="paper",
+        help=f"Comma-separated: {gen.DECODING_NAMES} ('paper' = T=1.0/top-p 1.0 and T=0.7/top-p 0.9).")  # fmt: skip
     paper_samples = ", ".join(f"{n} {s.default_samples}" for n, s in tasks.BENCHMARKS.items() if s.in_paper)
     add("--samples", type=int, help=f"Samples per problem (N of avg@N). Default: the paper's, {paper_samples}.")
-    add(
-        "--max-new-tokens", type=int, default=gen.DEFAULT_MAX_NEW_TOKENS, help="Generation budget per sample (tokens)."
-    )
+    add("--max-new-tokens", type=int, default=gen.DEFAULT_MAX_NEW_TOKENS,
+        help="Generation budget per sample (tokens).")  # fmt: skip
     add("--backend", choices=["vllm", "hf"], default="vllm", help="Generation backend.")
     add("--data-dir", help="Local benchmark files <dir>/<name>/test.{jsonl,parquet,json}. Default: the Hub datasets.")
-    output = "Default: MODEL_DIR/stapo_eval.json for a local model folder, else outputs/stapo-eval/<model>.json"
-    add("--output", help=f"Results JSON, resumed when it exists. {output} (a Hub id's '/' as '--'); it is printed.")
+    add("--output", help="Results JSON, resumed when it exists. Default: MODEL_DIR/stapo_eval.json for a local model "
+        "folder, else outputs/stapo-eval/<model>.json (a Hub id's '/' as '--'); it is printed.")  # fmt: skip
     add("--limit", type=int, help="Only the first K problems of each benchmark.")
     add("--compare", nargs=2, metavar=("A_JSON", "B_JSON"), help="Compare two results files.")
     add("--seed", type=int, default=0, help="Sample j of problem i is seeded SEED + i * N + j.")
@@ -60,8 +59,8 @@ def make_parser() -> argparse.ArgumentParser:
     add("--threads", type=int, help="torch CPU threads. Default: torch's, one for a built-in tiny model.")
     add("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="Weights dtype.")
     add("--tensor-parallel-size", type=int, default=1, help="vLLM backend: GPUs per model.")
-    share = "vLLM backend: GPU memory share (CPU backend: CPU memory share). Default: 0.9 on a GPU, 0.2 on CPU."
-    add("--gpu-memory-utilization", type=float, help=share)
+    add("--gpu-memory-utilization", type=float, help="vLLM backend: GPU memory share (CPU backend: CPU memory share). "
+        "Default: 0.9 on a GPU, 0.2 on CPU.")  # fmt: skip
     add("--max-model-len", type=int, help="vLLM backend: context length cap.")
     add("--no-chat-template", action="store_true", help="Feed the user message as plain text, even with a template.")
     add("--save-completions", action="store_true", help="Store each completion's text in the per-sample records.")
@@ -101,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.model:
                 raise ValueError("--model is required (unless --compare A_JSON B_JSON).")
             benchmarks = dict.fromkeys(
-                tasks.get_benchmark_spec(b).name for b in args.benchmarks.split(",") if b.strip()
+                tasks.get_benchmark_spec(b).name for b in filter(str.strip, args.benchmarks.split(","))
             )
             if not benchmarks:
                 raise ValueError(f"No benchmark given. Valid benchmarks: {', '.join(tasks.BENCHMARKS)}.")
@@ -169,7 +168,6 @@ def check_generation_budget(args, model_path: str, positions: int | None = None)
 
 
 def _load_generator(parser, args):
-    """(the generator, the model's path); else an [`InputError`]."""
     from safetensors import SafetensorError
 
     try:
@@ -185,17 +183,14 @@ def _load_generator(parser, args):
             gen.build_prompt_text(generator.tokenizer, "1+1")
     except (OSError, SafetensorError) as e:  # checked before: changed while it loaded
         cause = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-        raise InputError(
-            parser.prog,
-            f"--model {args.model} could not be loaded ({cause}): its files changed while it loaded (a checkpoint "
-            "removed by save_total_limit's rotation, or still being written). Evaluate a complete checkpoint, or the "
-            "run's final model.",
-        ) from None
+        raise InputError(parser.prog, f"--model {args.model} could not be loaded ({cause}): its files changed while "
+                         "it loaded (a checkpoint removed by save_total_limit's rotation, or still being written). "
+                         "Evaluate a complete checkpoint, or the run's final model.") from None  # fmt: skip
     except (RuntimeError, ValueError) as e:
         raise InputError(parser.prog, str(e)) from None
     if not args.no_chat_template and not data.has_chat_template(generator.tokenizer):
-        message = data.chat_template_message(args.model, "stapo-eval's prompts are", data.EVAL_CHAT_TEMPLATE_FIX)
-        raise InputError(parser.prog, message)
+        fix = data.EVAL_CHAT_TEMPLATE_FIX
+        raise InputError(parser.prog, data.chat_template_message(args.model, "stapo-eval's prompts are", fix))
     return generator, model_path
 
 
