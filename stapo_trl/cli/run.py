@@ -39,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["prepare", "resume_command", "torch_threads", "train"]
 
-EVAL_FILENAME = "eval.json"
 RUN_FILES = {  # the files a run can leave in output_dir
     "metrics.jsonl": "every metric of every logging step", "spurious_tokens.jsonl": "the silenced tokens in context",
     "training_curves.png": "reward, entropy and silenced ratio over steps", "s2t_*.png": "the S2T diagnostics",
@@ -118,7 +117,7 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
     add_command_callbacks(trainer, resume_hint=f"Resume with the same command: {resume_command()}")
     trainer.run_settings = run.settings
     is_main, say = trainer.accelerator.is_main_process, trainer.accelerator.print
-    timings, record, eval_path = {}, None, None
+    timings, record, eval_path = {"prepare": run.seconds}, None, None
     max_new_tokens = s.eval_max_new_tokens or a.max_completion_length
     evaluate = partial(_timed, timings, evaluate_trainer_model, trainer, s, run.eval_dataset, max_new_tokens)
     if s.eval_before_after:
@@ -149,34 +148,26 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
             eval_path = write_eval_record(record, out, trainer.state.global_step)
             trainer.eval_record = record
             card()
-    timings = {"prepare": run.seconds} | timings
     if is_main:
         print_summary(s, out, trainer.state.global_step, s2t, record, max_new_tokens, timings)
     if a.push_to_hub:
         _push_to_hub(trainer, s, a, record)
     if end_training:
         trainer.end()
-    seconds = {name: round(value, 1) for name, value in timings.items()}
     return {"output_dir": out, "global_step": trainer.state.global_step, "eval": record, "eval_path": eval_path,
-            "s2t": s2t, "seconds": seconds}  # fmt: skip
+            "s2t": s2t, "seconds": {name: round(value, 1) for name, value in timings.items()}}  # fmt: skip
 
 
 def _timed(timings: dict, call, *args, name: str):
     start, result = time.perf_counter(), call(*args)
-    timings[name] = time.perf_counter() - start
-    return result
+    return timings.update({name: time.perf_counter() - start}) or result
 
 
-def _fit(trainer, run: PreparedRun, timings: dict, end_training: bool) -> None:
-    """Train from `run.checkpoint`, or take a checkpoint already at `max_steps` as the final model."""
+def _fit(trainer, run: PreparedRun, timings: dict, end_training: bool) -> None:  # a checkpoint at max_steps: final
     a, done = run.a, None
     if run.checkpoint is not None and a.max_steps > 0:
         done = TrainerState.load_from_json(os.path.join(run.checkpoint, "trainer_state.json"))
         done = done if done.global_step >= a.max_steps else None
-    if done is not None:
-        logger.warning(f"{run.checkpoint} is at step {done.global_step} >= max_steps={a.max_steps}: training is "
-                       "already complete, nothing is trained. The checkpoint is saved as the final model (and "
-                       "evaluated). To train anew use another output_dir; to continue, raise max_steps.")  # fmt: skip
     try:
         if done is None:
             trainer.accelerator.print(f"Training with {type(trainer).__name__} ...")
@@ -184,6 +175,10 @@ def _fit(trainer, run: PreparedRun, timings: dict, end_training: bool) -> None:
             metrics = {k: v for k, v in result.metrics.items() if v is not None}
             trainer.save_metrics("train", metrics | {"train_samples": len(run.train_dataset)})
         else:
+            logger.warning(f"{run.checkpoint} is at step {done.global_step} >= max_steps={a.max_steps}: training is "
+                           "already complete, nothing is trained. The checkpoint is saved as the final model (and "
+                           "evaluated). To train anew use another output_dir; to continue, raise "
+                           "max_steps.")  # fmt: skip
             trainer._load_from_checkpoint(run.checkpoint)
             trainer.state = done
         trainer.save_state()
@@ -194,7 +189,6 @@ def _fit(trainer, run: PreparedRun, timings: dict, end_training: bool) -> None:
 
 
 def _push_to_hub(trainer, s, a, eval_record: dict | None) -> None:
-    """Push the model and its card; a failure says how to push later."""
     try:
         trainer.eval_record = eval_record
         trainer.push_to_hub(dataset_name=s.dataset_name, tags=["stapo_trl", s.trainer])
@@ -225,7 +219,6 @@ def evaluate_trainer_model(trainer, s, eval_dataset, max_new_tokens: int) -> dic
 
 
 def evaluation_kind(split: str) -> str:
-    """The console's name of an evaluation on `split`."""
     return "training (not held-out)" if split == NOT_HELD_OUT else "held-out"
 
 
@@ -256,15 +249,13 @@ def make_eval_record(s, a, trainer, before, after, max_new_tokens: int, model: s
 
 def write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step: int) -> str:
     """Write `eval.json`, else `eval-step{global_step}.json`, then `...-2.json`, ...: never over an earlier run's."""
-    path, n = os.path.join(output_dir, EVAL_FILENAME), 1
+    path, n = os.path.join(output_dir, "eval.json"), 1
     while os.path.exists(path):
         n += 1
         path = os.path.join(output_dir, f"eval-step{global_step}{f'-{n - 1}' if n > 2 else ''}.json")
     if n > 1:
-        logger.warning(
-            f"{output_dir} already holds {EVAL_FILENAME} from an earlier run: kept unchanged; these results are "
-            f"written beside it, to {os.path.basename(path)}."
-        )
+        logger.warning(f"{output_dir} already holds eval.json from an earlier run: kept unchanged; these results are "
+                       f"written beside it, to {os.path.basename(path)}.")  # fmt: skip
     with open_run_file(path) as f:
         json.dump(eval_record, f, indent=2)
     return path
@@ -316,10 +307,7 @@ def print_summary(s, output_dir, step, s2t_summary, eval_record, max_new_tokens,
             print(f"The same numbers from stapo-eval: {r['stapo_eval_command']['after']}")
     print("Wall time (s): " + ", ".join(f"{name} {value:.0f}" for name, value in timings.items()))
     present = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
-    lines = []
-    for pattern, what in RUN_FILES.items():
-        if names := sorted(fnmatch.filter(present, pattern), key=lambda n: (len(n), n)):
-            shown = ", ".join(names) if len(names) <= 2 else f"{names[0]} ... {names[-1]} ({len(names)})"
-            lines.append(f"  {shown:<40}  {what}")
-    if lines:
+    found = {what: sorted(fnmatch.filter(present, g), key=lambda n: (len(n), n)) for g, what in RUN_FILES.items()}
+    shown = {what: ", ".join(n) if len(n) <= 2 else f"{n[0]} ... {n[-1]} ({len(n)})" for what, n in found.items() if n}
+    if lines := [f"  {names:<40}  {what}" for what, names in shown.items()]:
         print("\n".join([f"Files in {output_dir}:", *lines]))
