@@ -17,7 +17,6 @@ from trl import TrlParser
 from .errors import EXIT_STATUS_HELP, print_line
 
 
-# The CPU demo recipe as an install has it: a copy of recipes/demo/stapo.yaml.
 DEMO_RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates", "demo_stapo.yaml")
 
 USAGE = """
@@ -68,8 +67,6 @@ KINDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or fa
 
 
 class _RecipeLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice (PyYAML keeps the last value)."""
-
     def construct_mapping(self, node, deep=False):
         lines: dict[Any, int] = {}
         for key_node, _ in node.value:
@@ -111,22 +108,21 @@ def load_recipe(path: str) -> dict[str, Any]:
 
 
 class RecipeParser(TrlParser):
-    """[`~trl.TrlParser`] over one recipe (from `path`) and a command line; `config_class`: `STAPOConfig`, or
-    `GRPOConfig` for `trainer: grpo` (with STAPOConfig's objective defaults)."""
+    """[`~trl.TrlParser`] over one recipe (from `path`) and a command line into `STAPOConfig`, or `GRPOConfig` with
+    STAPOConfig's objective defaults for `grpo` (`trainer: grpo`)."""
 
-    def __init__(self, config_class, recipe: dict[str, Any] | None = None, path: str | None = None, **kwargs):
+    def __init__(self, grpo: bool = False, recipe: dict[str, Any] | None = None, path: str | None = None, **kwargs):
         from trl import GRPOConfig, ModelConfig
 
         from ..trainer.config import STAPOConfig
         from .script_args import STAPOScriptArguments
 
-        super().__init__((STAPOScriptArguments, config_class, ModelConfig), allow_abbrev=False, **kwargs)
-        # `-1e-4` is a number, not an option
-        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
-        if config_class is GRPOConfig:  # `grpo` differs from `stapo` by the mask alone
-            grpo = {f.name: f.default for f in GRPOConfig.__dataclass_fields__.values()}
-            ours = STAPOConfig.__dataclass_fields__.values()
-            self.set_defaults(**{f.name: f.default for f in ours if f.name in grpo and f.default != grpo[f.name]})
+        config = GRPOConfig if grpo else STAPOConfig
+        super().__init__((STAPOScriptArguments, config, ModelConfig), allow_abbrev=False, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")  # `-1e-4`: a number
+        if grpo:  # `grpo` differs from `stapo` by the mask alone
+            ours, base = STAPOConfig.__dataclass_fields__, GRPOConfig.__dataclass_fields__
+            self.set_defaults(**{k: f.default for k, f in ours.items() if k in base and f.default != base[k].default})
         self._old_checkpointing = "--activation_checkpointing" not in self._option_string_actions
         self.recipe = {self._renamed(str(key)): value for key, value in (recipe or {}).items()}
         self.path, self.flags = path, set()
@@ -159,9 +155,7 @@ class RecipeParser(TrlParser):
                 kind = {"true or false": bool, "an integer": int, "a number": (int, float)}.get(expects, object)
                 for item in value if isinstance(value, list) and action.nargs in ("+", "*") else [value]:
                     fits = isinstance(item, str) or isinstance(item, kind) and (kind is bool or type(item) is not bool)
-                    if action.choices is not None:
-                        fits = item in action.choices
-                    if not fits:
+                    if not (fits if action.choices is None else item in action.choices):
                         quote = " (YAML reads an unquoted off/on/no/yes as false/true: quote it)"
                         quote *= action.choices is not None and isinstance(item, bool)
                         raise ValueError(f"{key}={value!r} is not {expects}{quote}.")
@@ -208,8 +202,7 @@ class RecipeParser(TrlParser):
                   "lists the fields).")  # fmt: skip
         return f"Unknown key(s) in {where}: {body}{'' if body.endswith('?') else '.'}{fields}"
 
-    def error(self, message):
-        # argparse prints the whole usage (hundreds of fields) and exits; one line naming the flag or recipe key.
+    def error(self, message):  # one line naming the flag or recipe key, not argparse's usage of hundreds of fields
         match = re.match(r"argument (--[\w-]+)(?:/--[\w-]+)*: (.*)$", message)
         action = self._option_string_actions.get(match.group(1)) if match else None
         if action is None:
@@ -236,12 +229,8 @@ def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
         recipe = load_recipe(path)
     given = [a.split("=", 1)[1] for a in argv if a.startswith("--trainer=")]
     given += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--trainer"]
-    from trl import GRPOConfig
-
-    from ..trainer.config import STAPOConfig
-
-    config_class = GRPOConfig if (given[-1] if given else recipe.get("trainer", "stapo")) == "grpo" else STAPOConfig
-    return RecipeParser(config_class, recipe, path, prog="stapo-train", usage=USAGE), argv
+    grpo = (given[-1] if given else recipe.get("trainer", "stapo")) == "grpo"
+    return RecipeParser(grpo, recipe, path, prog="stapo-train", usage=USAGE), argv
 
 
 def parse_args(argv: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
@@ -263,9 +252,7 @@ def fields_help(word: str | None = None) -> str:
     """`stapo-train --help-fields [WORD]`: every field (or those containing `word`), its default and help."""
     from argparse import ArgumentDefaultsHelpFormatter as Fmt
 
-    from ..trainer.config import STAPOConfig
-
-    parser = RecipeParser(STAPOConfig, prog="stapo-train", usage=USAGE, formatter_class=Fmt, epilog=EXIT_STATUS_HELP)
+    parser = RecipeParser(prog="stapo-train", usage=USAGE, formatter_class=Fmt, epilog=EXIT_STATUS_HELP)
     if word:
         word = word.lower().lstrip("-")
         for group in parser._action_groups:
