@@ -12,12 +12,8 @@ def version_text(prog: str) -> str:
 
     from .. import __version__
 
-    found = []
-    for name in ("trl", "transformers", "torch"):
-        try:
-            found.append(f"{name} {metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            found.append(f"{name} not installed")
+    names = ("trl", "transformers", "torch")
+    found = [f"{n} {next((d.version for d in metadata.distributions(name=n)), 'not installed')}" for n in names]
     return f"{prog} (stapo_trl {__version__}; {', '.join(found)})"
 
 

@@ -1,5 +1,4 @@
-"""The commands' exit statuses, their one-line `PROG: error: ...`, and the known-harmless upstream messages silenced
-around a run ([`quiet_upstream`])."""
+"""The commands' exit statuses, their one-line `PROG: error: ...`, and the harmless upstream messages they silence."""
 
 from __future__ import annotations
 
