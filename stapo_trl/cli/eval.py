@@ -20,9 +20,6 @@ from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_inp
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_RESULTS_NAME = "stapo_eval.json"  # beside a local model
-DEFAULT_RESULTS_DIR = Path("outputs") / "stapo-eval"  # a Hub id, a builtin: name, a folder not writable
-
 
 class _Defaults(argparse.HelpFormatter):
     def _get_help_string(self, action):
@@ -69,11 +66,10 @@ def make_parser() -> argparse.ArgumentParser:
 
 def parse_decoding_list(value: str) -> list[str]:
     """Comma-separated decodings (`paper`: both of the paper's) as names; `ValueError` listing the valid ones."""
-    names = []
-    for raw in filter(None, (part.strip() for part in value.split(","))):
-        given = gen.DECODING_ALIASES.get(raw) or [gen.decoding_setting(raw).name]
-        names += [d for d in given if d not in names]
-    if not names:
+    given = [
+        gen.DECODING_ALIASES.get(r) or [gen.decoding_setting(r).name] for r in map(str.strip, value.split(",")) if r
+    ]
+    if not (names := list(dict.fromkeys(name for names in given for name in names))):
         raise ValueError(f"No decoding given. Valid decodings: {gen.DECODING_NAMES}.")
     return names
 
@@ -81,9 +77,9 @@ def parse_decoding_list(value: str) -> list[str]:
 def default_output(model: str, revision: str | None = None) -> Path:
     """`MODEL_DIR/stapo_eval.json` for a writable local folder, else `outputs/stapo-eval/<model>[@<revision>].json`."""
     if os.path.isdir(model) and not model.startswith("builtin:") and os.access(model, os.W_OK):
-        return Path(model) / DEFAULT_RESULTS_NAME
+        return Path(model) / "stapo_eval.json"
     label = model.replace("builtin:", "builtin-").strip("/").replace("/", "--") or "model"
-    return DEFAULT_RESULTS_DIR / f"{label}{'@' + revision.replace('/', '--') if revision else ''}.json"
+    return Path("outputs") / "stapo-eval" / f"{label}{'@' + revision.replace('/', '--') if revision else ''}.json"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,8 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with report_input_errors():
         parser = make_parser()
         args = parser.parse_args(argv)
-        if not logging.getLogger().handlers:
-            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
             if args.compare:
                 print(results.format_comparison(*(results.load_results(path) for path in args.compare)))
@@ -118,15 +113,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
             output = Path(args.output) if args.output else default_output(args.model, args.revision)
             if output.is_dir():
-                raise ValueError(f"--output {output} is a folder: give a file, e.g. {output / DEFAULT_RESULTS_NAME}.")
+                raise ValueError(f"--output {output} is a folder: give a file, e.g. {output / 'stapo_eval.json'}.")
             existing = next(p for p in (output.parent, *output.parent.parents) if p.exists())
             if not existing.is_dir():
                 raise ValueError(f"--output {output}: {existing} is a file, not a folder: give another path.")
             if not os.access(existing, os.W_OK):
                 raise ValueError(f"--output {output}: {existing} cannot be written to: give a path you can write.")
-            config = {key: getattr(args, key) for key in ("model", "revision", "backend", "samples", "max_new_tokens")}
-            config |= {"limit": args.limit, "data_dir": data_dir, "seed": args.seed, "instruction": data.INSTRUCTION}
-            config |= {"chat_template": not args.no_chat_template, "dtype": args.dtype, "batch_size": args.batch_size}
+            config = {k: getattr(args, k) for k in "model revision backend samples max_new_tokens limit".split()}
+            config |= {"data_dir": data_dir, "seed": args.seed, "instruction": data.INSTRUCTION, "chat_template": not
+                       args.no_chat_template, "dtype": args.dtype, "batch_size": args.batch_size}  # fmt: skip
             model_dir = str(builtin_model_dir(args.model)) if args.model.startswith("builtin:") else args.model
             weights = results.describe_model(model_dir, args.revision)["weights"]
             content = results.open_results(output, config | {"threads": args.threads}, weights)
@@ -156,8 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def check_generation_budget(args, model_path: str, positions: int | None = None) -> None:
-    """`ValueError` when the model's `positions` (else its config's, capped by `--max-model-len`) leave no room for a
-    prompt beside `--max-new-tokens`."""
+    """`ValueError` when the model's `positions` (else its config's, `--max-model-len`'s cap) leave no prompt room."""
     positions = positions or data.config_max_positions(model_path, args.revision)
     if args.backend == "vllm" and args.max_model_len is not None:
         positions = min(positions or args.max_model_len, args.max_model_len)
