@@ -108,8 +108,7 @@ def load_recipe(path: str) -> dict[str, Any]:
 
 
 class RecipeParser(TrlParser):
-    """[`~trl.TrlParser`] over one recipe (from `path`) and a command line into `STAPOConfig`, or `GRPOConfig` with
-    STAPOConfig's objective defaults for `grpo` (`trainer: grpo`)."""
+    """[`~trl.TrlParser`] of a recipe and a command line: `STAPOConfig`, or for `grpo` GRPOConfig with ours."""
 
     def __init__(self, grpo: bool = False, recipe: dict[str, Any] | None = None, path: str | None = None, **kwargs):
         from trl import GRPOConfig, ModelConfig
@@ -131,8 +130,7 @@ class RecipeParser(TrlParser):
         return "gradient_checkpointing" if key == "activation_checkpointing" and self._old_checkpointing else key
 
     def parse(self, argv: Sequence[str]) -> tuple[Any, Any, Any]:
-        """(script_args, training_args, model_args) from the recipe and `argv` (without `--config`), the recipe's
-        `env:` set in `os.environ`; raises a one-line `ValueError` naming the flag or key."""
+        """The three arguments from the recipe (its `env:` set) and `argv`; a one-line `ValueError` names the field."""
         from ..trainer.config import STAPOConfig, check_training_values
 
         argv = ["--" + self._renamed(a[2:]) if a.startswith("--") else a for a in argv]

@@ -39,8 +39,7 @@ def fmt(n: float) -> str:
 
 @dataclass
 class DryRunReport:
-    """One step of a recipe on `num_processes` processes in completions, the plan's `lines` (label, value),
-    `errors`, `warnings` and `notes`; a fixed `generation_batch_size` sets `steps_per_generation`."""
+    """A recipe's steps in completions on `num_processes`, the plan's `lines`, `errors`, `warnings` and `notes`."""
 
     per_device_train_batch_size: int
     num_processes: int

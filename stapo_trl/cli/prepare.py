@@ -19,9 +19,6 @@ from ..rewards import get_reward_funcs
 from ..run_folder import checkpoints
 
 
-logger = logging.getLogger(__name__)
-
-
 def is_builtin_or_local(name: str | None) -> bool:
     return bool(name) and (name.startswith("builtin:") or os.path.exists(name))
 
@@ -51,9 +48,8 @@ def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = No
 
 
 class PreparedRun:
-    """A run's steps before its model, and what they load. A run (`plan=None`) raises at the first failed step and
-    holds `output_dir` from the folder step on; a dry run (`plan`: its `DryRunReport`) collects its `errors` and
-    `warnings` and reads only what is here."""
+    """A run's steps before its model: a run (`plan=None`) raises at the first failure and holds `output_dir` from the
+    folder step on; a dry run (`plan`: its `DryRunReport`) collects `errors` and `warnings`, reads what is here."""
 
     STEPS = "_rewards _model _push _resume_from _dataset_name _folder _data _benchmark _prompts".split()
     PREFIXES = {"_model": "model_name_or_path: ", "_data": "dataset_name={s.dataset_name!r}: "}  # a dry run's errors
@@ -171,7 +167,7 @@ class PreparedRun:
         if s.eval_before_after:
             self.eval_dataset = self.test_dataset.select(range(min(s.eval_num_problems, len(self.test_dataset))))
             if warning := data.evaluation_split(name, s.dataset_test_split)[1]:
-                logger.warning(warning)
+                logging.getLogger(__name__).warning(warning)
         data.check_reward_columns(self.reward_funcs, self.train_dataset, name)
         if periodic:
             data.check_reward_columns(self.reward_funcs, self.test_dataset, f"{name} [{s.dataset_test_split}]")

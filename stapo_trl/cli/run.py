@@ -37,8 +37,6 @@ from .prepare import PreparedRun, is_builtin_or_local, prepare
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["prepare", "resume_command", "torch_threads", "train"]
-
 RUN_FILES = {  # the files a run can leave in output_dir
     "metrics.jsonl": "every metric of every logging step", "spurious_tokens.jsonl": "the silenced tokens in context",
     "training_curves.png": "reward, entropy and silenced ratio over steps", "s2t_*.png": "the S2T diagnostics",
@@ -74,9 +72,9 @@ def resume_command(argv: list[str] | None = None) -> str:
 
 
 def train(script_args, training_args, model_args, prepared: PreparedRun | None = None, *, end_training=True) -> dict:
-    """One training from parsed arguments and their [`prepare`] (`None`: here); `end_training=False` leaves the
-    trackers and the process group to more trainings. Returns `output_dir`, `global_step`, `eval`, `eval_path`, `s2t`
-    and `seconds`. Raises `InputError` (one line) or `KeyboardInterrupt` (a stop signal, after its checkpoint)."""
+    """One training from parsed arguments and their [`prepare`] (`None`: here); `end_training=False` leaves trackers
+    and process group to more trainings. Returns `output_dir`, `global_step`, `eval`, `eval_path`, `s2t`, `seconds`;
+    raises `InputError` (one line) or `KeyboardInterrupt` (a stop signal, after its checkpoint)."""
     threads = script_args.torch_num_threads
     threads = torch_threads(threads) if threads else tiny_model_threads(prepared.model_path if prepared else None)
     with threads, quiet_upstream(), warnings.catch_warnings():

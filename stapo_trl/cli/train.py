@@ -13,8 +13,7 @@ from .errors import InputError, print_line, quiet_upstream, report_input_errors
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`stapo-train`: bad input is one `stapo-train: error: ...` line and status 2 before any model; a stop signal
-    saves a checkpoint, then exits 128 + its number; another Ctrl-C ends with [`interrupted_line`]."""
+    """`stapo-train`: bad input is one error line (status 2) before any model; a stop signal exits 128 + its number."""
     argv = list(sys.argv[1:] if argv is None else argv)
     run: dict = {}  # output_dir, then the checkpoint resumed: for an interrupt's last line
     try:
