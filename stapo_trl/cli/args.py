@@ -53,14 +53,12 @@ options:
 {textwrap.fill(EXIT_STATUS_HELP, width=100)}"""
 
 RENAMED_KEYS = {  # recipe keys of older TRL / transformers versions
-    "torch_dtype": "`dtype` (transformers 5 renamed it)",
-    "no_cuda": "`use_cpu`",
-    "evaluation_strategy": "`eval_strategy`",
+    "torch_dtype": "`dtype` (transformers 5 renamed it)", "no_cuda": "`use_cpu`", "logging_dir": "nothing: "
+    "transformers 5 removed it; logs go under `output_dir`", "evaluation_strategy": "`eval_strategy`",
     "max_prompt_length": "nothing: TRL 1.x no longer truncates prompts; filter long prompts out of the dataset",
     "overwrite_output_dir": "nothing: transformers 5 removed it; stapo-train resumes from the last checkpoint in "
     "`output_dir`, so use a fresh `output_dir` to start over",
-    "logging_dir": "nothing: transformers 5 removed it; logs go under `output_dir`",
-}
+}  # fmt: skip
 GRPO_ONLY_HINT = ("STAPO field(s), and trainer='grpo' builds a plain GRPOTrainer without the S2T mask: remove them, "
                   "or use trainer: stapo (s2t_mode: off keeps the mask's statistics without silencing)")  # fmt: skip
 KINDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}

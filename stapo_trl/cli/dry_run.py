@@ -14,14 +14,14 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .errors import EXIT_INPUT_ERROR, EXIT_STATUS_HELP, InputError, OneLineErrorParser, print_line
 from .prepare import PreparedRun, benchmark_eval_error  # noqa: F401 (a name of this module too)
 
 
 S2T_PATHS = {  # the core's `s2t_path`, in words, with its cost
-    "loss": "the loss's own forward, detached (no extra forward)",
-    "old_logps": "TRL's no-grad old-log-prob forward of the rollout batch (no extra forward)",
-    "extra_forward": "one extra no-grad forward per rollout batch",
-}
+    "loss": "the loss's own forward, detached (no extra forward)", "extra_forward": "one extra no-grad forward per "
+    "rollout batch", "old_logps": "TRL's no-grad old-log-prob forward of the rollout batch (no extra forward)",
+}  # fmt: skip
 
 
 def read_launch_settings(recipe: str) -> dict[str, str]:
@@ -221,8 +221,6 @@ def _execution(r: DryRunReport, s, a, length: int | None, cpu_forced: bool) -> N
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the plan; 0 when the recipe passes, else 2 with one `stapo-train --dry-run: error: ...` line."""
-    from .errors import EXIT_INPUT_ERROR, EXIT_STATUS_HELP, InputError, OneLineErrorParser, print_line
-
     prog = "stapo-train --dry-run"
     pre = OneLineErrorParser(prog=prog, add_help=False, allow_abbrev=False)
     pre.add_argument("--num-processes", "--num_processes", dest="num_processes", type=int, default=None)
@@ -241,11 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_line(getattr(e, "message", f"{prog}: error: {e}"))
         return EXIT_INPUT_ERROR
     print(report.summary())
-    if report.ok:
-        return 0
-    first = f"; the first: {report.errors[0]}" if len(report.errors) > 1 else f": {report.errors[0]}"
-    print_line(f"{prog}: error: {len(report.errors)} check(s) failed (the plan above lists them){first}")
-    return EXIT_INPUT_ERROR
+    if errors := report.errors:
+        first = f"; the first: {errors[0]}" if len(errors) > 1 else f": {errors[0]}"
+        print_line(f"{prog}: error: {len(errors)} check(s) failed (the plan above lists them){first}")
+    return EXIT_INPUT_ERROR if errors else 0
 
 
 if __name__ == "__main__":
