@@ -1,5 +1,4 @@
-"""The commands `stapo-train` (`train`, `args`, `prepare`, `dry_run`, `run`), `stapo-eval` (`eval`) and `stapo-plot`
-(`plot`); the library never imports this package."""
+"""The commands `stapo-train` (`train`, `args`, `prepare`, `dry_run`, `run`), `stapo-eval`, `stapo-plot`."""
 
 from __future__ import annotations
 

