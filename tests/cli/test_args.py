@@ -126,25 +126,19 @@ BATCH = ("generation_batch_size (12) must be divisible by num_generations (8). T
          "per_device_train_batch_size {} x 1 process(es) x {} = 12 completions")  # fmt: skip
 
 
-@pytest.mark.parametrize("recipe, flags, expected", [  # the reported case: read "recipe key num_generations in ..."
-        (STAPO_RECIPE, ["--per_device_train_batch_size", "12", "--steps_per_generation", "1"],
+@pytest.mark.parametrize("recipe_text, flags, expected", [  # the reported case: read "recipe key num_generations ..."
+        (None, ["--per_device_train_batch_size", "12", "--steps_per_generation", "1"],
          "--per_device_train_batch_size and --steps_per_generation (with recipe key num_generations in {recipe}): "
          + BATCH.format(12, "steps_per_generation 1")),
-        # no steps_per_generation: TRL takes gradient_accumulation_steps
-        ("no-steps-per-generation", ["--gradient_accumulation_steps", "3", "--per_device_train_batch_size", "4"],
+        ("steps_per_generation: null", ["--gradient_accumulation_steps", "3", "--per_device_train_batch_size", "4"],
          "--per_device_train_batch_size and --gradient_accumulation_steps (with recipe key num_generations in "
-         "{recipe}): " + BATCH.format(4, "gradient_accumulation_steps 3")),
+         "{recipe}): " + BATCH.format(4, "gradient_accumulation_steps 3")),  # unset: gradient_accumulation_steps
         ("per_device_train_batch_size: 12\nsteps_per_generation: 1", [], "recipe keys num_generations, "
          "per_device_train_batch_size, steps_per_generation in {recipe}: " + BATCH.format(12, "steps_per_generation 1")),
 ])  # fmt: skip
-def test_a_generation_batch_error_names_the_flags_or_keys_that_caused_it(tmp_path, recipe, flags, expected):
-    if recipe == "no-steps-per-generation":
-        recipe = tmp_path / "recipe.yaml"
-        recipe.write_text("".join(f"{line}\n" for line in Path(STAPO_RECIPE).read_text().splitlines()
-                                  if not line.startswith("steps_per_generation")))  # fmt: skip
-    elif recipe != STAPO_RECIPE:
-        recipe = write_recipe(tmp_path, recipe)
-    cli = _cli_error(["--config", str(recipe), "--output_dir", str(tmp_path), *flags])
+def test_a_generation_batch_error_names_the_flags_or_keys_that_caused_it(tmp_path, recipe_text, flags, expected):
+    recipe = write_recipe(tmp_path, recipe_text) if recipe_text else STAPO_RECIPE
+    cli = _cli_error(["--config", recipe, "--output_dir", str(tmp_path), *flags])
     assert cli.startswith(expected.format(recipe=recipe)), cli
     assert flags or cli.endswith("Fix the values in the recipe, or override them on the command line."), cli
 

@@ -30,14 +30,11 @@ BAD_ARGUMENTS = [
     ("--benchmarks aime24", "--model is required"),
     # no argparse prefix matching: an abbreviation is an unknown flag, with the full one suggested
     ("--model m --sample 4", "unrecognized arguments: --sample 4; did you mean --samples"),
-    ("--model m --benchmark aime24", "did you mean --benchmarks"),
     # A relative path without "./" reads as a Hub id: offline, one line instead of transformers' traceback.
     ("--model outputs/no-such --benchmarks aime24", "'outputs/no-such' is not a local directory"),
     ("--model Qwen/No-Such-Model --benchmarks aime24", "not in the local Hugging Face cache"),
     # `--batch-size 0` reached `generate` and failed there with a traceback (status 1).
     ("--model MODEL --batch-size 0", "--batch-size must be >= 1, got 0"),
-    ("--model MODEL --max-model-len 0", "--max-model-len must be >= 1, got 0"),
-    ("--model MODEL --tensor-parallel-size 0", "--tensor-parallel-size must be >= 1, got 0"),
     ("--model MODEL --benchmarks aime24 --data-dir TMP --max-new-tokens 48", "No data file for benchmark 'aime24'"),
     ("--model MODEL --max-new-tokens 48 --output TMP", "--output TMP is a folder: give a file, e.g. "
      "TMP/stapo_eval.json."),
@@ -81,26 +78,19 @@ def test_a_missing_vllm_is_one_line_naming_its_install(tiny_random_model_path, t
     assert "pip install 'stapo_trl[vllm]'" in error_line(capsys, "stapo-eval")
 
 
-@pytest.fixture(scope="module")
-def e2e_run(tiny_math_model_path, shared_data_dir, tmp_path_factory):
-    output = tmp_path_factory.mktemp("eval") / "results.json"
+def test_e2e_results_file_resumed(tiny_math_model_path, shared_data_dir, tmp_path, monkeypatch, capsys):
     argv = [
         "--model", tiny_math_model_path, "--backend", "hf", "--decoding", "paper", "--data-dir", str(shared_data_dir),
         "--benchmarks", "amc23,math500",  # their first problems fit the tiny model's 512 positions
-        "--limit", "2", "--samples", "2", "--max-new-tokens", "48", "--output", str(output),
+        "--limit", "2", "--samples", "2", "--max-new-tokens", "48", "--output", str(output := tmp_path / "r.json"),
     ]  # fmt: skip
     assert main(argv) == 0
-    return argv, output
-
-
-def test_e2e_results_file_resumed(e2e_run, tiny_math_model_path, monkeypatch, capsys):
-    data = load_results(e2e_run[1])
+    data = load_results(output)
     assert list(data["results"]) == ["t1.0-p1.0", "t0.7-p0.9"]  # --decoding paper: the paper's two, in order
     for bench, table in [(b, t) for tables in data["results"].values() for b, t in tables.items()]:
         assert 0.0 <= table["avg@2"] <= 1.0 and set(table["pass@k"]) == {"1", "2"} and table["num_grader_errors"] >= 0
-        assert table["num_problems"] == table["n_samples"] == 2 and table["data_source"].endswith(
-            f"{bench}/test.jsonl"
-        )
+        assert table["num_problems"] == table["n_samples"] == 2, table
+        assert table["data_source"].endswith(f"{bench}/test.jsonl"), table
     assert len(data["samples"]) == 16  # 2 decodings x 2 benchmarks x 2 problems x 2 samples
     assert {"benchmark", "decoding", "id", "sample", "extracted", "correct", "grader_error"} <= set(data["samples"][0])
     assert data["decodings"]["t0.7-p0.9"] == {"temperature": 0.7, "top_p": 0.9, "top_k": None}
@@ -108,7 +98,6 @@ def test_e2e_results_file_resumed(e2e_run, tiny_math_model_path, monkeypatch, ca
     assert data["versions"]["transformers"] and data["versions"]["math-verify"]
     assert data["summary"]["t1.0-p1.0"]["benchmarks"] == ["amc23", "math500"]
     # Resumed: the finished pairs skipped, other settings refused.
-    argv, output = e2e_run
     before = output.read_text()
     monkeypatch.setattr(stapo_eval, "_load_generator", lambda *a, **k: pytest.fail("regenerated a finished pair"))
     assert main(argv) == 0 and output.read_text() == before  # nothing rewritten
@@ -167,18 +156,29 @@ def test_compare_and_a_results_file_of_the_old_seeding(tiny_math_model_path, tmp
     assert "a.json is not a stapo-eval results file: not JSON" in error_line(capsys, "stapo-eval")
 
 
-def test_default_results_go_next_to_a_local_model_and_rewritten_weights_refuse_it(tiny_math_model_path, tmp_path,
-                                                                                   monkeypatch, capsys):  # fmt: skip
+def test_default_results_go_beside_a_local_model_or_under_outputs_and_other_weights_refuse_them(
+    tiny_math_model_path, tmp_path, monkeypatch, capsys
+):
     model = tmp_path / "runs" / "demo-stapo"  # a copy: the session's model folder is shared by other tests
     shutil.copytree(tiny_math_model_path, model)
-    (tmp_path / "work").mkdir()
-    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.chdir((tmp_path / "work").mkdir() or tmp_path / "work")
     assert main(["--model", str(model), *ONE_PROBLEM]) == 0
     assert load_results(model / "stapo_eval.json")["results"]["greedy"]["tiny-math"]["num_problems"] == 1
     assert list((tmp_path / "work").iterdir()) == []  # nothing in the current folder (was stapo_eval_demo-stapo.json)
     lines = capsys.readouterr().out.splitlines()
     assert f"Results file: {model / 'stapo_eval.json'} (the default; --output to choose another)" in lines
     assert lines[-1] == f"Results file: {model / 'stapo_eval.json'}"
+    # builtin:tiny-math resolves to the session's copy; its folder is a shared cache, not the results' place.
+    monkeypatch.setenv("STAPO_TRL_CACHE", str(Path(tiny_math_model_path).parent))
+    assert main(["--model", "builtin:tiny-math", *ONE_PROBLEM]) == 0
+    data = load_results(results := Path("outputs") / "stapo-eval" / "builtin-tiny-math.json")
+    table, out = data["results"]["greedy"]["tiny-math"], capsys.readouterr().out
+    assert data["model"]["name_or_path"] == "builtin:tiny-math" and table["pass@k"]["1"] == table["avg@1"]
+    assert f"| builtin:tiny-math/greedy | {100 * table['avg@1']:.1f} |" in out, out
+    assert out.splitlines()[-1] == f"Results file: {results}"
+    # Two organisations' models of the same name no longer share stapo_eval_Qwen3-1.7B-Base.json in the current folder.
+    for name, revision, file in (("Qwen/Qwen3-1.7B-Base", None, "Qwen--Qwen3-1.7B-Base"), ("me/Q", "v2", "me--Q@v2")):
+        assert stapo_eval.default_output(name, revision) == Path(f"outputs/stapo-eval/{file}.json")
     # Training on replaces the weights: the file's numbers are of the old ones (they were printed as the new ones).
     tensors = {name: tensor + 1 for name, tensor in load_file(model / "model.safetensors").items()}
     save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
@@ -190,32 +190,12 @@ def test_default_results_go_next_to_a_local_model_and_rewritten_weights_refuse_i
     )
 
 
-def test_builtin_model_results_go_under_outputs(tiny_math_model_path, tmp_path, monkeypatch, capsys):
-    # builtin:tiny-math resolves to the session's copy; its folder is a shared cache, not the run's place.
-    monkeypatch.setenv("STAPO_TRL_CACHE", str(Path(tiny_math_model_path).parent))
-    monkeypatch.chdir(tmp_path)
-    argv = "--benchmarks tiny-math --backend hf --decoding t1.0-p1.0 --limit 4 --samples 2 --max-new-tokens 48"
-    assert main(["--model", "builtin:tiny-math", *argv.split()]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
-    data = load_results(tmp_path / (results := Path("outputs") / "stapo-eval" / "builtin-tiny-math.json"))
-    table = data["results"]["t1.0-p1.0"]["tiny-math"]  # pass@1 is avg@2; the table prints it in %
-    assert data["model"]["name_or_path"] == "builtin:tiny-math" and table["pass@k"]["1"] == pytest.approx(
-        table["avg@2"]
-    )
-    out = capsys.readouterr().out
-    assert f"| builtin:tiny-math/t1.0-p1.0 | {100 * table['avg@2']:.1f} |" in out
-    assert out.splitlines()[-1] == f"Results file: {results}"
-    # Two organisations' models of the same name no longer share stapo_eval_Qwen3-1.7B-Base.json in the current folder.
-    for model, revision, name in (("Qwen/Qwen3-1.7B-Base", None, "Qwen--Qwen3-1.7B-Base"), ("me/Q", "v2", "me--Q@v2")):
-        assert stapo_eval.default_output(model, revision) == Path(f"outputs/stapo-eval/{name}.json")
-
-
 def test_a_rerun_of_stapo_train_writes_eval_step_beside_eval_json_as_the_docs_say(tmp_path):
     record = {"metric": "avg@4", "accuracy_before": 0.4, "accuracy_after": 0.6}
     names = [Path(write_eval_record(record, str(tmp_path), 500)).name for _ in range(3)]
     assert names == ["eval.json", "eval-step500.json", "eval-step500-2.json"]  # an identical rerun too
     assert json.loads((tmp_path / "eval.json").read_text()) == record  # never replaced
     # The README said a rerun writes eval-step{N}.json "with other settings" only; every rerun does.
-    docs = {path: " ".join(path.read_text().split()) for path in [REPO / "README.md", *(REPO / "docs").glob("*.md")]}
-    assert not [path.name for path, text in docs.items() if "with other settings writes `eval-step{N}.json`" in text]
-    assert any("eval-step{N}.json" in text for text in docs.values())
+    docs = [" ".join(path.read_text().split()) for path in [REPO / "README.md", *(REPO / "docs").glob("*.md")]]
+    assert any("eval-step{N}.json" in text for text in docs)
+    assert not any("with other settings writes `eval-step{N}.json`" in text for text in docs)
