@@ -83,11 +83,7 @@ def test_the_dry_run_cli_its_numbers_and_the_valid_values_of_a_batch_that_does_n
     out = capsys.readouterr().out
     assert "for 16 training process(es): OK" in out and "256 prompts x 8 generations" in out
     assert "8,388,608 per optimizer update" in out  # 512 x (1024 + 15360)
-    with pytest.raises(SystemExit) as exit_info:  # stapo-train --dry-run: the same function and its status
-        main(["--config", QWEN3_8B, "--dry-run"])
-    assert exit_info.value.code == 0 and "for 8 training process(es): OK" in capsys.readouterr().out
-    assert dry_run_main(["--config", QWEN3_8B, "--no_such_key", "1"]) == 2  # does not parse: the parser's message
-    assert "no_such_key" in capsys.readouterr().err
+    # (`stapo-train --dry-run`, and a recipe that does not parse: test_public_surface.py, test_errors.py)
     # generation_batch_size 64 with 16 completions per device: 3 processes (48) do not divide it; 1, 2 or 4 would.
     fixed = tmp_path / "fixed_generation_batch.yaml"
     text = [line for line in open(STAPO_RECIPE).read().splitlines() if not line.startswith(("steps_per", "   "))]
@@ -156,7 +152,7 @@ def test_dry_run_checks_benchmark_eval_for_the_launch_lines_processes():
     # TRL's evaluation generates on every rank: its samples per problem must divide the global eval batch of the
     # launch line's processes (8 x 8 = 64 completions), under ZeRO-3 as under ZeRO-2.
     argv = ["--config", QWEN3_8B, "--benchmark_eval", "aime24"]
-    assert dry_run_recipe(argv).ok
+    assert (report := dry_run_recipe(argv)).ok and report.num_processes == 8, report.summary()  # the launch line's
     (error,) = dry_run_recipe([*argv, "--benchmark_eval_samples", "3"]).errors
     assert error.startswith("benchmark_eval_samples=3 must divide the global eval batch (per_device_eval_batch_size ")
     assert "set per_device_eval_batch_size to a multiple of 3." in error and "\n" not in error, error
