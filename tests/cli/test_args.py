@@ -23,13 +23,10 @@ def _cli_error(argv) -> str:
     return str(excinfo.value)
 
 
-def test_every_script_argument_has_help_text_and_a_docstring_entry():
-    inherited = {f.name for f in dataclasses.fields(STAPOScriptArguments.__mro__[1])}
+def test_the_recipe_is_read_once_the_command_line_wins_and_its_env_block_is_set(tmp_path, monkeypatch):
+    inherited = {f.name for f in dataclasses.fields(STAPOScriptArguments.__mro__[1])}  # and each field has a help
     for f in [f for f in dataclasses.fields(STAPOScriptArguments) if f.name not in inherited]:
         assert f.metadata.get("help") and f"        {f.name} (`" in STAPOScriptArguments.__doc__, f.name
-
-
-def test_the_recipe_is_read_once_the_command_line_wins_and_its_env_block_is_set(tmp_path, monkeypatch):
     monkeypatch.delenv("STAPO_TEST_VARIABLE", raising=False)
     recipe, opened, real_open = write_recipe(tmp_path, "env:\n  STAPO_TEST_VARIABLE: 3"), [], builtins.open
     monkeypatch.setattr(builtins, "open", lambda file, *a, **k: opened.append(str(file)) or real_open(file, *a, **k))
@@ -62,18 +59,22 @@ def _grpo_recipe(tmp_path) -> str:  # the demo recipe with a plain GRPOTrainer (
     return str(tmp_path / "plain.yaml")
 
 
-def test_s2t_keys_are_rejected_with_trainer_grpo(tmp_path):
+def test_trainer_grpo_gets_the_paper_objective_and_refuses_s2t_keys(tmp_path):
+    # epsilon_high unset: STAPOConfig's 0.28, not TRL's None, so the two arms of a comparison differ by the mask alone
+    (tmp_path / "r.yaml").write_text("trainer: grpo\nuse_cpu: true\nbf16: false\nreport_to: none\n")
+    _, training_args, _ = parse_args(["--config", str(tmp_path / "r.yaml"), "--output_dir", str(tmp_path)])
+    assert type(training_args).__name__ == "GRPOConfig" and training_args.epsilon_high == 0.28
+    assert training_args.loss_type == "dapo" and training_args.beta == 0.0
     message = _cli_error(["--config", write_recipe(tmp_path, 's2t_mode: "off"', base=_grpo_recipe(tmp_path))])
     assert "s2t_mode: STAPO field(s), and trainer='grpo' builds a plain GRPOTrainer" in message
     message = _cli_error(["--config", _grpo_recipe(tmp_path), "--s2t_prob_threshold", "0.01"])
     assert "--s2t_prob_threshold: STAPO field(s), and trainer='grpo' builds a plain GRPOTrainer" in message
-    # Reported: the STAPO recipe with --trainer grpo said the same sentence once per s2t_ key, then "correct or remove".
+    # once for all s2t_ keys, without "correct or remove"
     message = _cli_error(["--config", STAPO_RECIPE, "--trainer", "grpo", "--s2t_mode", "off"])
     assert message.count("trainer='grpo'") == 1 and "Every key must be" not in message, message
     assert "s2t_prob_threshold, s2t_entropy_quantile, s2t_mode: STAPO field(s)" in message, message
 
 
-# (field, command-line value, Python value, the message both give)
 CASES = [
     ("per_device_train_batch_size", "-4", -4,
      "per_device_train_batch_size=-4 must be >= 1 (completions per process per micro-step; the CPU demo uses 16)."),
@@ -105,21 +106,12 @@ def test_the_api_the_cli_and_trainer_grpo_give_the_same_message(tmp_path, field,
     cli = _cli_error(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path), f"--{field}", flag_value])
     # the flag, then the same message (an error of several values also names the recipe keys of the others)
     assert cli.startswith(f"--{field}") and cli.endswith(f": {api}"), cli
-    # A plain GRPOConfig has none of STAPOConfig's checks: the parser runs them on its raw values; where GRPOConfig
-    # refuses a value itself (num_generations), its own words stand, without STAPOConfig's fix.
+    # trainer: grpo (no STAPOConfig) gets the same checks; where GRPOConfig refuses a value itself, its words stand
     cli = _cli_error(["--config", _grpo_recipe(tmp_path), "--output_dir", str(tmp_path), f"--{field}", flag_value])
     if field == "num_generations":
         assert message.split(". ")[0] in cli and "paper uses 8" not in cli and "Valid" not in cli, cli
     else:
         assert cli.startswith(f"--{field}") and f": {message}" in cli, cli
-
-
-def test_grpo_gets_the_paper_objective_defaults_not_trl_defaults(tmp_path):
-    # epsilon_high unset: STAPOConfig's 0.28, not TRL's None, so the two arms of a comparison differ by the mask alone
-    (tmp_path / "r.yaml").write_text("trainer: grpo\nuse_cpu: true\nbf16: false\nreport_to: none\n")
-    _, training_args, _ = parse_args(["--config", str(tmp_path / "r.yaml"), "--output_dir", str(tmp_path)])
-    assert type(training_args).__name__ == "GRPOConfig" and training_args.epsilon_high == 0.28
-    assert training_args.loss_type == "dapo" and training_args.beta == 0.0
 
 
 BATCH = ("generation_batch_size (12) must be divisible by num_generations (8). The generation batch is "
@@ -133,8 +125,8 @@ BATCH = ("generation_batch_size (12) must be divisible by num_generations (8). T
         ("steps_per_generation: null", ["--gradient_accumulation_steps", "3", "--per_device_train_batch_size", "4"],
          "--per_device_train_batch_size and --gradient_accumulation_steps (with recipe key num_generations in "
          "{recipe}): " + BATCH.format(4, "gradient_accumulation_steps 3")),  # unset: gradient_accumulation_steps
-        ("per_device_train_batch_size: 12\nsteps_per_generation: 1", [], "recipe keys num_generations, "
-         "per_device_train_batch_size, steps_per_generation in {recipe}: " + BATCH.format(12, "steps_per_generation 1")),
+        ("per_device_train_batch_size: 12\nsteps_per_generation: 1", [], "recipe keys num_generations, per_device_"
+         "train_batch_size, steps_per_generation in {recipe}: " + BATCH.format(12, "steps_per_generation 1")),
 ])  # fmt: skip
 def test_a_generation_batch_error_names_the_flags_or_keys_that_caused_it(tmp_path, recipe_text, flags, expected):
     recipe = write_recipe(tmp_path, recipe_text) if recipe_text else STAPO_RECIPE
@@ -148,7 +140,7 @@ def test_a_generation_batch_error_names_the_flags_or_keys_that_caused_it(tmp_pat
          r"^stapo-train: error: Recipe '.*recipe.yaml' is not valid YAML \(line \d+"),
         (None, ["--confg", STAPO_RECIPE], "confg: did you mean config"),
         (None, [], "no recipe: give --config RECIPE.yaml"),
-        ("# only a comment\n", ["--config", "RECIPE"], r"^stapo-train: error: Recipe '.*recipe.yaml' is empty: write "),
+        ("# only a comment\n", ["--config", "RECIPE"], r"Recipe '.*recipe.yaml' is empty: write one `field: "),
         ("- learning_rate: 1e-4\n", ["--config", "RECIPE"], r"Recipe '.*recipe.yaml' is a YAML list, not a mapping"),
 ])  # fmt: skip
 def test_malformed_recipe_and_misspelt_config_flag_get_one_line_errors(no_model_built, tmp_path, text, argv, match):

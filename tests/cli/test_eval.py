@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants
 from safetensors.torch import load_file, save_file
-from testing_utils import REPO, error_line, fake_eval_results
+from testing_utils import REPO, error_line, fake_eval_results, write_jsonl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from stapo_trl.cli import eval as stapo_eval
@@ -20,10 +20,7 @@ from stapo_trl.evaluation.results import load_results
 from stapo_trl.evaluation.tasks import load_benchmark
 
 
-# why: the smallest real evaluation (one tiny-math problem, one sample, 8 tokens)
 ONE_PROBLEM = "--benchmarks tiny-math --backend hf --decoding greedy --limit 1 --samples 1 --max-new-tokens 8".split()
-
-
 BAD_ARGUMENTS = [
     ("--model m --benchmarks aime24,aime26", "Unknown benchmark 'aime26'. Valid benchmarks: aime24, aime25"),
     ("--model m --decoding t0.5", "t0.7-p0.9, greedy, t<temperature>-p<top_p> (e.g. t0.6-p0.95)."),
@@ -111,13 +108,11 @@ def test_e2e_results_file_resumed(tiny_math_model_path, shared_data_dir, tmp_pat
 
 
 def test_stapo_eval_samples_what_the_training_evaluation_samples(tiny_math_model_path, tmp_path):
-    # stapo-eval's seed had a per-benchmark offset and each batch size drew other samples; the loop below is
-    # stapo_trl.cli.run.evaluate_trainer_model's call.
+    # the loop below is stapo_trl.cli.run.evaluate_trainer_model's call (stapo-eval's batch size does not matter)
     argv = f"--model {tiny_math_model_path} --benchmarks tiny-math --backend hf --limit 3 --decoding t1.0-p1.0"
     argv += " --samples 2 --max-new-tokens 48 --seed 3 --save-completions --batch-size 1 --output"
     assert main([*argv.split(), str(tmp_path / "r.json")]) == 0
-    model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
+    model, tokenizer = (auto.from_pretrained(tiny_math_model_path) for auto in (AutoModelForCausalLM, AutoTokenizer))
     _, records = evaluate_problems(
         partial(hf_generate, model, tokenizer, batch_size=8), tokenizer, load_benchmark("tiny-math", limit=3), n=2,
         decoding=DECODINGS["t1.0-p1.0"], max_new_tokens=48, seed=3, save_completions=True,
@@ -128,9 +123,10 @@ def test_stapo_eval_samples_what_the_training_evaluation_samples(tiny_math_model
 
 def test_an_evaluation_that_drops_long_prompts_records_and_shows_it(tiny_random_model_path, tmp_path, capsys):
     # 5 of 8 AIME problems too long for the tiny model's 512 positions: dropped with a warning, and the table says so.
-    (tmp_path / "data" / "aime24").mkdir(parents=True)
     rows = [{"problem": "1+1" if i < 3 else "1+1 " * 400, "answer": "2"} for i in range(8)]
-    (tmp_path / "data" / "aime24" / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_jsonl(
+        (tmp_path / "data" / "aime24").mkdir(parents=True) or tmp_path / "data" / "aime24" / "test.jsonl", rows
+    )
     argv = f"--model {tiny_random_model_path} --benchmarks aime24 --backend hf --decoding greedy --samples 2"
     argv += f" --max-new-tokens 8 --data-dir {tmp_path / 'data'} --output {tmp_path / 'r.json'}"
     assert main(argv.split()) == 0
@@ -138,7 +134,7 @@ def test_an_evaluation_that_drops_long_prompts_records_and_shows_it(tiny_random_
     assert (table["num_problems"], table["num_problems_loaded"]) == (3, 8) and "(3/8)" in capsys.readouterr().out
 
 
-def test_compare_and_a_results_file_of_the_old_seeding(tiny_math_model_path, tmp_path, capsys):
+def test_compare_a_file_of_the_old_seeding_and_stapo_trains_eval_json(tiny_math_model_path, tmp_path, capsys):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     for path, value in ((a, 0.2), (b, 0.3)):
         path.write_text(json.dumps(fake_eval_results(path.stem, {"aime24": value}) | {"format_version": 1}))
@@ -154,6 +150,14 @@ def test_compare_and_a_results_file_of_the_old_seeding(tiny_math_model_path, tmp
     with pytest.raises(SystemExit):
         main(["--compare", str(a), str(b)])
     assert "a.json is not a stapo-eval results file: not JSON" in error_line(capsys, "stapo-eval")
+    # stapo-train's eval.json: a rerun writes eval-step{N}.json beside it, as the docs say
+    record = {"metric": "avg@4", "accuracy_before": 0.4, "accuracy_after": 0.6}
+    names = [Path(write_eval_record(record, str(tmp_path), 500)).name for _ in range(3)]
+    assert names == ["eval.json", "eval-step500.json", "eval-step500-2.json"]  # an identical rerun too
+    assert json.loads((tmp_path / "eval.json").read_text()) == record  # never replaced
+    docs = [" ".join(path.read_text().split()) for path in [REPO / "README.md", *(REPO / "docs").glob("*.md")]]
+    assert any("eval-step{N}.json" in text for text in docs)
+    assert not any("with other settings writes `eval-step{N}.json`" in text for text in docs)
 
 
 def test_default_results_go_beside_a_local_model_or_under_outputs_and_other_weights_refuse_them(
@@ -188,14 +192,3 @@ def test_default_results_go_beside_a_local_model_or_under_outputs_and_other_weig
         f"stapo-eval: error: {model / 'stapo_eval.json'} holds results of other weights (model.safetensors changed "
         "since), so it cannot be resumed: choose another --output, or delete it to rerun."
     )
-
-
-def test_a_rerun_of_stapo_train_writes_eval_step_beside_eval_json_as_the_docs_say(tmp_path):
-    record = {"metric": "avg@4", "accuracy_before": 0.4, "accuracy_after": 0.6}
-    names = [Path(write_eval_record(record, str(tmp_path), 500)).name for _ in range(3)]
-    assert names == ["eval.json", "eval-step500.json", "eval-step500-2.json"]  # an identical rerun too
-    assert json.loads((tmp_path / "eval.json").read_text()) == record  # never replaced
-    # The README said a rerun writes eval-step{N}.json "with other settings" only; every rerun does.
-    docs = [" ".join(path.read_text().split()) for path in [REPO / "README.md", *(REPO / "docs").glob("*.md")]]
-    assert any("eval-step{N}.json" in text for text in docs)
-    assert not any("with other settings writes `eval-step{N}.json`" in text for text in docs)
