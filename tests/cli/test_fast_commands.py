@@ -24,27 +24,23 @@ MODULES = {command: f"stapo_trl.cli.{command[6:]}" for command in ("stapo-train"
 
 
 @pytest.mark.slow  # a new Python process per case (in-process: below, test_args.py and tests/cli/test_errors.py)
-@pytest.mark.parametrize(
-    "command, args, expected",
-    [
+@pytest.mark.parametrize("command, args, expected", [
         ("stapo-train", ["--help"], "usage:"),
         ("stapo-train", ["--version"], "stapo-train (stapo_trl "),
         ("stapo-train", ["--dry-run", "--help"], "Dry run of a recipe"),
         ("stapo-eval", ["--version"], "stapo-eval (stapo_trl "),
         ("stapo-plot", ["--help"], "usage: stapo-plot"),
         ("stapo-plot", ["--version"], "stapo-plot (stapo_trl "),
-        ("stapo-train", ["--config", "/nonexistent.yaml"], "stapo-train: error: Recipe '/nonexistent.yaml' does not exist."),
+        ("stapo-train", ["--config", "/none.yaml"], "stapo-train: error: Recipe '/none.yaml' does not exist."),
         ("stapo-train", [], "stapo-train: error: no recipe: give --config RECIPE.yaml"),
-        ("stapo-train", ["--config", "/nonexistent.yaml", "--dry-run"], "stapo-train --dry-run: error: Recipe"),
+        ("stapo-train", ["--config", "/none.yaml", "--dry-run"], "stapo-train --dry-run: error: Recipe"),
         ("stapo-train", ["compare", "a.yaml", "b.yaml"], "stapo-train: error: `stapo-train compare` is gone"),
         ("stapo-plot", ["/nonexistent"], "stapo-plot: error: No metrics.jsonl in '/nonexistent'"),
         ("stapo-eval", ["--model", "/nonexistent"], "stapo-eval: error: Model directory '/nonexistent' does not"),
         # An error that needs the config classes imports TRL (seconds), but prints nothing else: no DeepSpeed line.
         ("stapo-train", ["--config", "DEMO", "--s2t_entropy_quantile", "1.5"], "stapo-train: error: "
          "--s2t_entropy_quantile: s2t_entropy_quantile=1.5 must be in [0, 1]; the paper: 0.75."),
-    ],
-    ids=lambda value: " ".join(value) if isinstance(value, list) else None,
-)  # fmt: skip
+], ids=lambda value: " ".join(value) if isinstance(value, list) else None)  # fmt: skip
 def test_a_fresh_process_answers_at_once_with_its_own_output_only(tmp_path, command, args, expected):
     args = [str(REPO_ROOT / "recipes" / "demo" / "stapo.yaml") if a == "DEMO" else a for a in args]
     report = tmp_path / ".imported"
@@ -55,10 +51,8 @@ def test_a_fresh_process_answers_at_once_with_its_own_output_only(tmp_path, comm
     error = expected.startswith(f"{command}") and ": error: " in expected
     assert proc.returncode == (2 if error else 0), proc.stderr
     assert (proc.stdout if error else proc.stderr) == "", proc.stdout + proc.stderr
-    if error:
-        assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(expected), proc.stderr
-    else:
-        assert proc.stdout.lstrip().startswith(expected), proc.stdout[:500]
+    assert (proc.stderr if error else proc.stdout.lstrip()).startswith(expected), proc.stdout[:500] + proc.stderr
+    assert not error or len(proc.stderr.splitlines()) == 1, proc.stderr
     assert report.read_text() == str("s2t_entropy_quantile" in " ".join(args)), "torch imported"
 
 
