@@ -37,14 +37,13 @@ def make_parser() -> argparse.ArgumentParser:
     add("--model", help="Local path, Hub id or builtin:<name> (e.g. builtin:tiny-math).")
     add("--revision", help="Hub revision (branch, tag or commit) of --model.")
     add("--version", action=VersionAction)
-    add("--benchmarks", default=",".join(tasks.PAPER_BENCHMARKS),
-        help=f"Comma-separated. Valid: {', '.join(tasks.BENCHMARKS)}.")  # fmt: skip
-    add("--decoding", default="paper",
-        help=f"Comma-separated: {gen.DECODING_NAMES} ('paper' = T=1.0/top-p 1.0 and T=0.7/top-p 0.9).")  # fmt: skip
+    add(
+        "--benchmarks", default=",".join(tasks.PAPER_BENCHMARKS), help="Comma-separated: " + ",".join(tasks.BENCHMARKS)
+    )
+    add("--decoding", default="paper", help=f"Comma-separated: {gen.DECODING_NAMES} (paper: t1.0-p1.0,t0.7-p0.9).")
     paper_samples = ", ".join(f"{n} {s.default_samples}" for n, s in tasks.BENCHMARKS.items() if s.in_paper)
     add("--samples", type=int, help=f"Samples per problem (N of avg@N). Default: the paper's, {paper_samples}.")
-    add("--max-new-tokens", type=int, default=gen.DEFAULT_MAX_NEW_TOKENS,
-        help="Generation budget per sample (tokens).")  # fmt: skip
+    add("--max-new-tokens", type=int, default=gen.DEFAULT_MAX_NEW_TOKENS, help="Tokens generated per sample at most.")
     add("--backend", choices=["vllm", "hf"], default="vllm", help="Generation backend.")
     add("--data-dir", help="Local benchmark files <dir>/<name>/test.{jsonl,parquet,json}. Default: the Hub datasets.")
     add("--output", help="Results JSON, resumed when it exists. Default: MODEL_DIR/stapo_eval.json for a local model "
@@ -188,7 +187,7 @@ def _load_generator(parser, args):
     return generator, model_path
 
 
-def _evaluate_pair(args, generator, content, problems, bench: str, decoding: str, data_dir: str | None) -> None:
+def _evaluate_pair(args, generator, content, problems, bench: str, decoding: str, root: str | None) -> None:
     import torch
 
     setting, spec = gen.decoding_setting(decoding), tasks.BENCHMARKS[bench]
@@ -200,9 +199,7 @@ def _evaluate_pair(args, generator, content, problems, bench: str, decoding: str
         max_positions=data.model_max_positions(generator),
     )  # fmt: skip
     hub = f"hub:{spec.hub_id}" + (f"/{spec.hub_config}" if spec.hub_config else "") + f":{spec.hub_split}"
-    local = (
-        spec.hub_id.startswith("builtin:") and spec.hub_id or data_dir and tasks.find_benchmark_file(bench, data_dir)
-    )
+    local = spec.hub_id if spec.hub_id.startswith("builtin:") else root and tasks.find_benchmark_file(bench, root)
     table |= {"data_source": str(local or hub), "num_problems_loaded": len(problems), "finished_at": results.now(),
               "threads": torch.get_num_threads()}  # fmt: skip
     content["decodings"][decoding] = {"temperature": setting.temperature, "top_p": setting.top_p, "top_k": None}
