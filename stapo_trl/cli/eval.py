@@ -37,9 +37,7 @@ def make_parser() -> argparse.ArgumentParser:
     add("--model", help="Local path, Hub id or builtin:<name> (e.g. builtin:tiny-math).")
     add("--revision", help="Hub revision (branch, tag or commit) of --model.")
     add("--version", action=VersionAction)
-    add(
-        "--benchmarks", default=",".join(tasks.PAPER_BENCHMARKS), help="Comma-separated: " + ",".join(tasks.BENCHMARKS)
-    )
+    add("--benchmarks", default=",".join(tasks.PAPER_BENCHMARKS), help="One or more: " + ",".join(tasks.BENCHMARKS))
     add("--decoding", default="paper", help=f"Comma-separated: {gen.DECODING_NAMES} (paper: t1.0-p1.0,t0.7-p0.9).")
     paper_samples = ", ".join(f"{n} {s.default_samples}" for n, s in tasks.BENCHMARKS.items() if s.in_paper)
     add("--samples", type=int, help=f"Samples per problem (N of avg@N). Default: the paper's, {paper_samples}.")
