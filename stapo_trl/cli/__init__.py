@@ -19,9 +19,9 @@ def version_text(prog: str) -> str:
 class VersionAction(argparse.Action):
     """`--version`: [`version_text`] on one line, then exit 0."""
 
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
-        help = help or "Print the versions of stapo_trl, TRL, transformers and torch, and exit."
-        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+    def __init__(self, option_strings, dest, **kwargs):
+        help = "Print the versions of stapo_trl, TRL, transformers and torch, and exit."
+        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
         print(version_text(parser.prog))

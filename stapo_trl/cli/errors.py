@@ -24,9 +24,8 @@ EXIT_STATUS_HELP = ("Exit status: 0 on success; 2 on an input error (an argument
                     "started; 130 on Ctrl-C, 143 on SIGTERM, 138 on SIGUSR1 (stapo-train saves a checkpoint "
                     "first).")  # fmt: skip
 CHECKPOINTING = r"`(is_gradient_checkpointing|gradient_checkpointing_(en|dis)able)` is deprecated"
-VLLM_RANGE = (
-    r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You have version 0\.32\.0(\+[\w.]+)? installed"
-)
+VLLM_RANGE = (r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You have version 0\.32\.0"
+              r"(\+[\w.]+)? installed")  # fmt: skip
 DEEPSPEED_CPU = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
 
 

@@ -63,9 +63,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 def parse_decoding_list(value: str) -> list[str]:
     """Comma-separated decodings (`paper`: both of the paper's) as names; `ValueError` listing the valid ones."""
-    given = [
-        gen.DECODING_ALIASES.get(r) or [gen.decoding_setting(r).name] for r in map(str.strip, value.split(",")) if r
-    ]
+    raws = filter(None, map(str.strip, value.split(",")))
+    given = [gen.DECODING_ALIASES.get(raw) or [gen.decoding_setting(raw).name] for raw in raws]
     if not (names := list(dict.fromkeys(name for names in given for name in names))):
         raise ValueError(f"No decoding given. Valid decodings: {gen.DECODING_NAMES}.")
     return names
@@ -91,9 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             if not args.model:
                 raise ValueError("--model is required (unless --compare A_JSON B_JSON).")
-            benchmarks = dict.fromkeys(
-                tasks.get_benchmark_spec(b).name for b in filter(str.strip, args.benchmarks.split(","))
-            )
+            names = filter(str.strip, args.benchmarks.split(","))
+            benchmarks = dict.fromkeys(tasks.get_benchmark_spec(name).name for name in names)
             if not benchmarks:
                 raise ValueError(f"No benchmark given. Valid benchmarks: {', '.join(tasks.BENCHMARKS)}.")
             decodings = parse_decoding_list(args.decoding)
