@@ -26,10 +26,8 @@ class STAPOScriptArguments(ScriptArguments):
     `dataset_config`, `dataset_train_split` and `dataset_test_split` select the data (no `dataset_streaming`).
 
     Args:
-        trainer (`str`, *optional*, defaults to `"stapo"`): `"stapo"` ([`~stapo_trl.STAPOTrainer`]) or `"grpo"` (a
-            plain [`~trl.GRPOTrainer`], no `s2t_*` keys); the paper's baselines: `"stapo"` with `s2t_mode: "off"`.
-        reward_funcs (`list[str]`, *optional*, defaults to `["math_accuracy"]`): names of `stapo_trl.rewards.REWARDS`
-            or dotted import paths (`my_pkg.rewards.fn`).
+        trainer (`str`, *optional*, defaults to `"stapo"`): `"stapo"` (`s2t_mode: "off"`: the baseline) or `"grpo"`.
+        reward_funcs (`list[str]`, *optional*, defaults to `["math_accuracy"]`): `REWARDS` names or dotted paths.
         prompt_column (`str`, *optional*, defaults to `"problem"`): the problem (or chat) column; not for `builtin:`.
         solution_column (`str`, *optional*, defaults to `"answer"`): the gold-answer column (`a.b`: a struct's field).
         instruction (`str`, *optional*): appended to every problem; `None`: the paper's `\\boxed{}` suffix; `""`: none.
