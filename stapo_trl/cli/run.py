@@ -120,7 +120,28 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
         kind = evaluation_kind(evaluation_split(s.dataset_name, s.dataset_test_split)[0])
         say(f"Evaluating the initial model on {len(run.eval_dataset)} {kind} problems ...")
         before = evaluate(name="eval_before")
-    _fit(trainer, run, timings, end_training)
+    done = None  # or a checkpoint at max_steps: the final model
+    if run.checkpoint is not None and a.max_steps > 0:
+        done = transformers.TrainerState.load_from_json(os.path.join(run.checkpoint, "trainer_state.json"))
+        done = done if done.global_step >= a.max_steps else None
+    try:
+        if done is None:
+            say(f"Training with {type(trainer).__name__} ...")
+            result = _timed(timings, trainer.train, run.checkpoint, name="train")
+            metrics = {k: v for k, v in result.metrics.items() if v is not None}
+            trainer.save_metrics("train", metrics | {"train_samples": len(run.train_dataset)})
+        else:
+            logger.warning(f"{run.checkpoint} is at step {done.global_step} >= max_steps={a.max_steps}: training is "
+                           "already complete, nothing is trained. The checkpoint is saved as the final model (and "
+                           "evaluated). To train anew use another output_dir; to continue, raise "
+                           "max_steps.")  # fmt: skip
+            trainer._load_from_checkpoint(run.checkpoint)
+            trainer.state = done
+        trainer.save_state()
+    except KeyboardInterrupt:
+        if end_training:
+            trainer.end()
+        raise
     trainer.save_model(out)
     say(f"Model and tokenizer saved to {out}.")
     dataset = None if is_builtin_or_local(s.dataset_name) else s.dataset_name
@@ -157,31 +178,6 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
 def _timed(timings: dict, call, *args, name: str):
     start, result = time.perf_counter(), call(*args)
     return timings.update({name: time.perf_counter() - start}) or result
-
-
-def _fit(trainer, run: PreparedRun, timings: dict, end_training: bool) -> None:  # a checkpoint at max_steps: final
-    a, done = run.a, None
-    if run.checkpoint is not None and a.max_steps > 0:
-        done = transformers.TrainerState.load_from_json(os.path.join(run.checkpoint, "trainer_state.json"))
-        done = done if done.global_step >= a.max_steps else None
-    try:
-        if done is None:
-            trainer.accelerator.print(f"Training with {type(trainer).__name__} ...")
-            result = _timed(timings, trainer.train, run.checkpoint, name="train")
-            metrics = {k: v for k, v in result.metrics.items() if v is not None}
-            trainer.save_metrics("train", metrics | {"train_samples": len(run.train_dataset)})
-        else:
-            logger.warning(f"{run.checkpoint} is at step {done.global_step} >= max_steps={a.max_steps}: training is "
-                           "already complete, nothing is trained. The checkpoint is saved as the final model (and "
-                           "evaluated). To train anew use another output_dir; to continue, raise "
-                           "max_steps.")  # fmt: skip
-            trainer._load_from_checkpoint(run.checkpoint)
-            trainer.state = done
-        trainer.save_state()
-    except KeyboardInterrupt:
-        if end_training:
-            trainer.end()
-        raise
 
 
 def _push_to_hub(trainer, s, a, eval_record: dict | None) -> None:
