@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from trl import TrlParser
 
+from ..integrations.process_group import import_group_capturing_modules
 from .errors import EXIT_STATUS_HELP, print_line
 
 
@@ -232,8 +233,6 @@ def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
 def parse_args(argv: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
     """`--config RECIPE.yaml [--FIELD VALUE ...]` (default: `sys.argv[1:]`) as (`STAPOScriptArguments`, `STAPOConfig`
     or, for `trainer: grpo`, `GRPOConfig`, `ModelConfig`). Raises a one-line `ValueError` or `OSError`."""
-    from ..integrations.process_group import import_group_capturing_modules
-
     parser, argv = recipe_parser(sys.argv[1:] if argv is None else argv)
     if any(a.split("=")[0] == "--hub_token" for a in argv) and os.environ.get("RANK", "0") == "0":
         print_line("stapo-train: warning: --hub_token on the command line is visible to every user of this machine "

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .args import recipe_parser
 from .errors import EXIT_INPUT_ERROR, EXIT_STATUS_HELP, InputError, OneLineErrorParser, print_line
 from .prepare import PreparedRun, benchmark_eval_error  # noqa: F401 (a name of this module too)
 
@@ -78,8 +79,6 @@ class DryRunReport:
 def dry_run_recipe(argv: Sequence[str], num_processes: int | None = None, *, force_cpu: bool | None = None):
     """The [`DryRunReport`] of `argv` for `num_processes` (`None`: the recipe's `# launch:` value, else 1), with
     `use_cpu` when `force_cpu` (`None`: no CUDA device here). Raises a one-line `ValueError` or `OSError`."""
-    from .args import recipe_parser
-
     parser, rest = recipe_parser(argv)  # the recipe is read and checked before torch is imported
     launch = read_launch_settings(parser.path) if parser.path else {}
     source = "the recipe's launch: line" if "num_processes" in launch else "default (no launch: line in the recipe)"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .. import data
 from ..data import load_prompt_dataset  # by name: the tests' guard of "nothing read yet" patches it here
+from ..evaluation.tasks import benchmark_dataset, load_benchmark
 from ..integrations.hub import check_hub_access, check_hub_dataset
 from ..models import builtin_model_dir, check_model_available, check_model_name_or_path, resolve_model_path
 from ..models.cache import weight_files
@@ -174,8 +175,6 @@ class PreparedRun:
 
     def _benchmark(self):
         from transformers.trainer_utils import IntervalStrategy
-
-        from ..evaluation.tasks import benchmark_dataset, load_benchmark
 
         s, a, name = self.s, self.a, self.s.benchmark_eval
         if name is None:

@@ -9,6 +9,9 @@ from typing import Literal
 
 from trl import ScriptArguments
 
+from ..data import INSTRUCTION
+from ..evaluation.tasks import get_benchmark_spec
+
 
 def _help_from_docstring(cls):
     """Give each field its docstring entry as its `--help-fields` text."""
@@ -78,8 +81,6 @@ class STAPOScriptArguments(ScriptArguments):
             if not getattr(self, column) and not str(self.dataset_name).startswith("builtin:"):
                 raise ValueError(f"{column}='' is empty: name the dataset column that holds the {what}.")
         if self.benchmark_eval is not None:
-            from ..evaluation.tasks import get_benchmark_spec
-
             self.benchmark_eval = get_benchmark_spec(self.benchmark_eval).name
         skip = "or set eval_before_after: false to skip the evaluation"
         fixes = {"eval_num_problems": skip, "eval_num_samples": skip, "torch_num_threads": "the CPU demo uses 1; "
@@ -91,8 +92,6 @@ class STAPOScriptArguments(ScriptArguments):
 
     def dataset_kwargs(self) -> dict:
         """The [`~stapo_trl.data.load_prompt_dataset`] arguments this recipe sets (`instruction=None`: the paper's)."""
-        from ..data import INSTRUCTION
-
         names = ("dataset_config", "prompt_column", "solution_column", "instruction", "strip_dapo_instruction")
         instruction = INSTRUCTION if self.instruction is None else self.instruction
         return {name: getattr(self, name) for name in names} | {"instruction": instruction}
