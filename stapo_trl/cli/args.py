@@ -8,8 +8,6 @@ import os
 import re
 import sys
 import textwrap
-from collections.abc import Sequence
-from typing import Any
 
 import yaml
 from trl import TrlParser
@@ -67,7 +65,7 @@ KINDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or fa
 
 class _RecipeLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
-        lines: dict[Any, int] = {}
+        lines: dict = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`
                 continue
@@ -78,7 +76,7 @@ class _RecipeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_recipe(path: str) -> dict[str, Any]:
+def load_recipe(path: str) -> dict:
     """The recipe file `path` as a mapping. Raises `FileNotFoundError`, `IsADirectoryError`, or a `ValueError` naming
     the file and line (not UTF-8, not YAML, a key given twice, not a mapping)."""
     if os.path.isdir(path):
@@ -109,7 +107,7 @@ def load_recipe(path: str) -> dict[str, Any]:
 class RecipeParser(TrlParser):
     """[`~trl.TrlParser`] of a recipe and a command line: `STAPOConfig`, or for `grpo` GRPOConfig with ours."""
 
-    def __init__(self, grpo: bool = False, recipe: dict[str, Any] | None = None, path: str | None = None, **kwargs):
+    def __init__(self, grpo: bool = False, recipe: dict | None = None, path: str | None = None, **kwargs):
         from trl import GRPOConfig, ModelConfig
 
         from ..trainer.config import STAPOConfig
@@ -128,7 +126,7 @@ class RecipeParser(TrlParser):
     def _renamed(self, key: str) -> str:  # `gradient_checkpointing` before transformers 5.24
         return "gradient_checkpointing" if key == "activation_checkpointing" and self._old_checkpointing else key
 
-    def parse(self, argv: Sequence[str]) -> tuple[Any, Any, Any]:
+    def parse(self, argv: list[str]) -> tuple:
         """The three arguments from the recipe (its `env:` set) and `argv`; a one-line `ValueError` names the field."""
         from ..trainer.config import STAPOConfig, check_training_values
 
@@ -162,7 +160,7 @@ class RecipeParser(TrlParser):
         except (ValueError, TypeError) as e:
             raise ValueError(self._where(str(e), getattr(e, "fields", None))) from e
 
-    def _where(self, message: str, fields: Sequence[str] | None = None) -> str:
+    def _where(self, message: str, fields: list[str] | None = None) -> str:
         """`message` behind the flags or recipe keys of `fields` (default: its leading `field=`, else those named)."""
         if not fields:
             match = re.match(r"(\w+)=", message)
@@ -211,7 +209,7 @@ class RecipeParser(TrlParser):
         raise ValueError(named + " See `stapo-train --help-fields` for every field." * (action.dest in self.flags))
 
 
-def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
+def recipe_parser(argv: list[str]) -> tuple[RecipeParser, list[str]]:
     """(the parser holding the recipe `--config` names, the rest of `argv`); the trainer picks the config class."""
     argv = list(argv)
     if not argv:
@@ -230,7 +228,7 @@ def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
     return RecipeParser(grpo, recipe, path, prog="stapo-train", usage=USAGE), argv
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
+def parse_args(argv: list[str] | None = None) -> tuple:
     """`--config RECIPE.yaml [--FIELD VALUE ...]` (default: `sys.argv[1:]`) as (`STAPOScriptArguments`, `STAPOConfig`
     or, for `trainer: grpo`, `GRPOConfig`, `ModelConfig`). Raises a one-line `ValueError` or `OSError`."""
     parser, argv = recipe_parser(sys.argv[1:] if argv is None else argv)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .args import recipe_parser
@@ -76,7 +75,7 @@ class DryRunReport:
         return "\n".join(out)
 
 
-def dry_run_recipe(argv: Sequence[str], num_processes: int | None = None, *, force_cpu: bool | None = None):
+def dry_run_recipe(argv: list[str], num_processes: int | None = None, *, force_cpu: bool | None = None):
     """The [`DryRunReport`] of `argv` for `num_processes` (`None`: the recipe's `# launch:` value, else 1), with
     `use_cpu` when `force_cpu` (`None`: no CUDA device here). Raises a one-line `ValueError` or `OSError`."""
     parser, rest = recipe_parser(argv)  # the recipe is read and checked before torch is imported
@@ -217,7 +216,7 @@ def _execution(r: DryRunReport, s, a, length: int | None, cpu_forced: bool) -> N
              "processes.")  # fmt: skip
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Print the plan; 0 when the recipe passes, else 2 with one `stapo-train --dry-run: error: ...` line."""
     prog = "stapo-train --dry-run"
     pre = OneLineErrorParser(prog=prog, add_help=False, allow_abbrev=False)

@@ -12,7 +12,6 @@ import os
 import shutil
 import sys
 import warnings
-from typing import NoReturn
 
 from ..integrations.process_group import destroy_process_group_if_any
 from ..run_folder.checkpoints import newest_complete_checkpoint
@@ -91,7 +90,7 @@ def quiet_upstream():
 class OneLineErrorParser(argparse.ArgumentParser):
     """An argument parser whose errors are an [`InputError`], naming the closest flags."""
 
-    def error(self, message: str) -> NoReturn:
+    def error(self, message: str):
         if message.startswith("unrecognized arguments:"):
             flags = [option for action in self._actions for option in action.option_strings]
             for word in message.split(":", 1)[1].split():

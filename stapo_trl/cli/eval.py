@@ -7,7 +7,6 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from .. import data
@@ -78,7 +77,7 @@ def default_output(model: str, revision: str | None = None) -> Path:
     return Path("outputs") / "stapo-eval" / f"{label}{'@' + revision.replace('/', '--') if revision else ''}.json"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """`stapo-eval`: 0, or an input error in one line and status 2 before the model loads."""
     with report_input_errors():
         parser = make_parser()

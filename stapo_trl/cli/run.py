@@ -12,7 +12,6 @@ import sys
 import time
 import warnings
 from functools import partial
-from typing import Any
 
 import datasets
 import torch
@@ -95,7 +94,7 @@ def train(script_args, training_args, model_args, prepared: PreparedRun | None =
                 hold_run_folder(training_args.output_dir, acquire=False)
 
 
-def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
+def _train(run: PreparedRun, end_training: bool) -> dict:
     s, a, m, out = run.s, run.a, run.m, run.a.output_dir
     fmt = "%(asctime)s - %(levelname)s - %(name)s - %(message)s"
     logging.basicConfig(format=fmt, datefmt="%Y-%m-%d %H:%M:%S", handlers=[logging.StreamHandler(sys.stdout)])
@@ -192,7 +191,7 @@ def _push_to_hub(trainer, s, a, eval_record: dict | None) -> None:
                                   f"{a.output_dir}`.")  # fmt: skip
 
 
-def evaluate_trainer_model(trainer, s, eval_dataset, max_new_tokens: int) -> dict[str, Any]:
+def evaluate_trainer_model(trainer, s, eval_dataset, max_new_tokens: int) -> dict:
     """`stapo-eval`'s table of the trainer's model on `eval_dataset` (every process), with decoding, dtype, threads."""
     k, tokenizer = s.eval_num_samples, trainer.processing_class
     rows = zip(eval_dataset["prompt"], eval_dataset["solution"])
@@ -214,7 +213,7 @@ def evaluation_kind(split: str) -> str:
     return "training (not held-out)" if split == NOT_HELD_OUT else "held-out"
 
 
-def make_eval_record(s, a, trainer, before, after, max_new_tokens: int, model: str) -> dict[str, Any]:
+def make_eval_record(s, a, trainer, before, after, max_new_tokens: int, model: str) -> dict:
     """`eval.json`: avg@k and pass@k before and after, their settings, and the `stapo-eval` commands that give them."""
     k = s.eval_num_samples
     record = {
@@ -239,7 +238,7 @@ def make_eval_record(s, a, trainer, before, after, max_new_tokens: int, model: s
     return record | {"stapo_eval_command": commands}
 
 
-def write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step: int) -> str:
+def write_eval_record(eval_record: dict, output_dir: str, global_step: int) -> str:
     """Write `eval.json`, else `eval-step{global_step}.json`, then `...-2.json`, ...: never over an earlier run's."""
     path, n = os.path.join(output_dir, "eval.json"), 1
     while os.path.exists(path):
@@ -253,7 +252,7 @@ def write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step:
     return path
 
 
-def summarize_s2t(rows: list[dict[str, Any]], output_dir: str | None = None) -> dict[str, Any]:
+def summarize_s2t(rows: list, output_dir: str | None = None) -> dict:
     """The mean and pooled silenced ratios of `metrics.jsonl` rows and, with `output_dir`, the candidates."""
     ratios = [r["s2t/silenced_ratio"] for r in rows if r.get("s2t/silenced_ratio") is not None]
     if not ratios or (totals := s2t_totals(rows)) is None:

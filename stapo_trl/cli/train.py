@@ -6,13 +6,12 @@ import importlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
 
 from . import version_text
 from .errors import InputError, print_line, quiet_upstream, report_input_errors
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """`stapo-train`: bad input is one error line (status 2) before any model; a stop signal exits 128 + its number."""
     argv = list(sys.argv[1:] if argv is None else argv)
     run: dict = {}  # output_dir, then the checkpoint resumed: for an interrupt's last line
