@@ -1,5 +1,4 @@
-"""The commands `stapo-train` (`train`, `args`, `prepare`, `dry_run`, `run`), `stapo-eval` (`eval`) and `stapo-plot`
-(`plot`); the library never imports this package."""
+"""The commands `stapo-train` (`train`, `args`, `prepare`, `dry_run`, `run`), `stapo-eval`, `stapo-plot`."""
 
 from __future__ import annotations
 
@@ -12,21 +11,17 @@ def version_text(prog: str) -> str:
 
     from .. import __version__
 
-    found = []
-    for name in ("trl", "transformers", "torch"):
-        try:
-            found.append(f"{name} {metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            found.append(f"{name} not installed")
+    names = ("trl", "transformers", "torch")
+    found = [f"{n} {next((d.version for d in metadata.distributions(name=n)), 'not installed')}" for n in names]
     return f"{prog} (stapo_trl {__version__}; {', '.join(found)})"
 
 
 class VersionAction(argparse.Action):
     """`--version`: [`version_text`] on one line, then exit 0."""
 
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
-        help = help or "Print the versions of stapo_trl, TRL, transformers and torch, and exit."
-        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+    def __init__(self, option_strings, dest, **kwargs):
+        help = "Print the versions of stapo_trl, TRL, transformers and torch, and exit."
+        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
         print(version_text(parser.prog))

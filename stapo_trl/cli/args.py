@@ -8,16 +8,14 @@ import os
 import re
 import sys
 import textwrap
-from collections.abc import Sequence
-from typing import Any
 
 import yaml
 from trl import TrlParser
 
+from ..integrations.process_group import import_group_capturing_modules
 from .errors import EXIT_STATUS_HELP, print_line
 
 
-# The CPU demo recipe as an install has it: a copy of recipes/demo/stapo.yaml.
 DEMO_RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates", "demo_stapo.yaml")
 
 USAGE = """
@@ -54,24 +52,20 @@ options:
 {textwrap.fill(EXIT_STATUS_HELP, width=100)}"""
 
 RENAMED_KEYS = {  # recipe keys of older TRL / transformers versions
-    "torch_dtype": "`dtype` (transformers 5 renamed it)",
-    "no_cuda": "`use_cpu`",
-    "evaluation_strategy": "`eval_strategy`",
+    "torch_dtype": "`dtype` (transformers 5 renamed it)", "no_cuda": "`use_cpu`", "logging_dir": "nothing: "
+    "transformers 5 removed it; logs go under `output_dir`", "evaluation_strategy": "`eval_strategy`",
     "max_prompt_length": "nothing: TRL 1.x no longer truncates prompts; filter long prompts out of the dataset",
     "overwrite_output_dir": "nothing: transformers 5 removed it; stapo-train resumes from the last checkpoint in "
     "`output_dir`, so use a fresh `output_dir` to start over",
-    "logging_dir": "nothing: transformers 5 removed it; logs go under `output_dir`",
-}
+}  # fmt: skip
 GRPO_ONLY_HINT = ("STAPO field(s), and trainer='grpo' builds a plain GRPOTrainer without the S2T mask: remove them, "
                   "or use trainer: stapo (s2t_mode: off keeps the mask's statistics without silencing)")  # fmt: skip
 KINDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}
 
 
 class _RecipeLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice (PyYAML keeps the last value)."""
-
     def construct_mapping(self, node, deep=False):
-        lines: dict[Any, int] = {}
+        lines: dict = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`
                 continue
@@ -82,7 +76,7 @@ class _RecipeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_recipe(path: str) -> dict[str, Any]:
+def load_recipe(path: str) -> dict:
     """The recipe file `path` as a mapping. Raises `FileNotFoundError`, `IsADirectoryError`, or a `ValueError` naming
     the file and line (not UTF-8, not YAML, a key given twice, not a mapping)."""
     if os.path.isdir(path):
@@ -111,22 +105,20 @@ def load_recipe(path: str) -> dict[str, Any]:
 
 
 class RecipeParser(TrlParser):
-    """[`~trl.TrlParser`] over one recipe (from `path`) and a command line; `config_class`: `STAPOConfig`, or
-    `GRPOConfig` for `trainer: grpo` (with STAPOConfig's objective defaults)."""
+    """[`~trl.TrlParser`] of a recipe and a command line: `STAPOConfig`, or for `grpo` GRPOConfig with ours."""
 
-    def __init__(self, config_class, recipe: dict[str, Any] | None = None, path: str | None = None, **kwargs):
+    def __init__(self, grpo: bool = False, recipe: dict | None = None, path: str | None = None, **kwargs):
         from trl import GRPOConfig, ModelConfig
 
         from ..trainer.config import STAPOConfig
         from .script_args import STAPOScriptArguments
 
-        super().__init__((STAPOScriptArguments, config_class, ModelConfig), allow_abbrev=False, **kwargs)
-        # `-1e-4` is a number, not an option
-        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
-        if config_class is GRPOConfig:  # `grpo` differs from `stapo` by the mask alone
-            grpo = {f.name: f.default for f in GRPOConfig.__dataclass_fields__.values()}
-            ours = STAPOConfig.__dataclass_fields__.values()
-            self.set_defaults(**{f.name: f.default for f in ours if f.name in grpo and f.default != grpo[f.name]})
+        config = GRPOConfig if grpo else STAPOConfig
+        super().__init__((STAPOScriptArguments, config, ModelConfig), allow_abbrev=False, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")  # `-1e-4`: a number
+        if grpo:  # `grpo` differs from `stapo` by the mask alone
+            ours, base = STAPOConfig.__dataclass_fields__, GRPOConfig.__dataclass_fields__
+            self.set_defaults(**{k: f.default for k, f in ours.items() if k in base and f.default != base[k].default})
         self._old_checkpointing = "--activation_checkpointing" not in self._option_string_actions
         self.recipe = {self._renamed(str(key)): value for key, value in (recipe or {}).items()}
         self.path, self.flags = path, set()
@@ -134,9 +126,8 @@ class RecipeParser(TrlParser):
     def _renamed(self, key: str) -> str:  # `gradient_checkpointing` before transformers 5.24
         return "gradient_checkpointing" if key == "activation_checkpointing" and self._old_checkpointing else key
 
-    def parse(self, argv: Sequence[str]) -> tuple[Any, Any, Any]:
-        """(script_args, training_args, model_args) from the recipe and `argv` (without `--config`), the recipe's
-        `env:` set in `os.environ`; raises a one-line `ValueError` naming the flag or key."""
+    def parse(self, argv: list[str]) -> tuple:
+        """The three arguments from the recipe (its `env:` set) and `argv`; a one-line `ValueError` names the field."""
         from ..trainer.config import STAPOConfig, check_training_values
 
         argv = ["--" + self._renamed(a[2:]) if a.startswith("--") else a for a in argv]
@@ -159,9 +150,7 @@ class RecipeParser(TrlParser):
                 kind = {"true or false": bool, "an integer": int, "a number": (int, float)}.get(expects, object)
                 for item in value if isinstance(value, list) and action.nargs in ("+", "*") else [value]:
                     fits = isinstance(item, str) or isinstance(item, kind) and (kind is bool or type(item) is not bool)
-                    if action.choices is not None:
-                        fits = item in action.choices
-                    if not fits:
+                    if not (fits if action.choices is None else item in action.choices):
                         quote = " (YAML reads an unquoted off/on/no/yes as false/true: quote it)"
                         quote *= action.choices is not None and isinstance(item, bool)
                         raise ValueError(f"{key}={value!r} is not {expects}{quote}.")
@@ -171,7 +160,7 @@ class RecipeParser(TrlParser):
         except (ValueError, TypeError) as e:
             raise ValueError(self._where(str(e), getattr(e, "fields", None))) from e
 
-    def _where(self, message: str, fields: Sequence[str] | None = None) -> str:
+    def _where(self, message: str, fields: list[str] | None = None) -> str:
         """`message` behind the flags or recipe keys of `fields` (default: its leading `field=`, else those named)."""
         if not fields:
             match = re.match(r"(\w+)=", message)
@@ -208,8 +197,7 @@ class RecipeParser(TrlParser):
                   "lists the fields).")  # fmt: skip
         return f"Unknown key(s) in {where}: {body}{'' if body.endswith('?') else '.'}{fields}"
 
-    def error(self, message):
-        # argparse prints the whole usage (hundreds of fields) and exits; one line naming the flag or recipe key.
+    def error(self, message):  # one line naming the flag or recipe key, not argparse's usage of hundreds of fields
         match = re.match(r"argument (--[\w-]+)(?:/--[\w-]+)*: (.*)$", message)
         action = self._option_string_actions.get(match.group(1)) if match else None
         if action is None:
@@ -221,7 +209,7 @@ class RecipeParser(TrlParser):
         raise ValueError(named + " See `stapo-train --help-fields` for every field." * (action.dest in self.flags))
 
 
-def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
+def recipe_parser(argv: list[str]) -> tuple[RecipeParser, list[str]]:
     """(the parser holding the recipe `--config` names, the rest of `argv`); the trainer picks the config class."""
     argv = list(argv)
     if not argv:
@@ -236,19 +224,13 @@ def recipe_parser(argv: Sequence[str]) -> tuple[RecipeParser, list[str]]:
         recipe = load_recipe(path)
     given = [a.split("=", 1)[1] for a in argv if a.startswith("--trainer=")]
     given += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--trainer"]
-    from trl import GRPOConfig
-
-    from ..trainer.config import STAPOConfig
-
-    config_class = GRPOConfig if (given[-1] if given else recipe.get("trainer", "stapo")) == "grpo" else STAPOConfig
-    return RecipeParser(config_class, recipe, path, prog="stapo-train", usage=USAGE), argv
+    grpo = (given[-1] if given else recipe.get("trainer", "stapo")) == "grpo"
+    return RecipeParser(grpo, recipe, path, prog="stapo-train", usage=USAGE), argv
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[Any, Any, Any]:
+def parse_args(argv: list[str] | None = None) -> tuple:
     """`--config RECIPE.yaml [--FIELD VALUE ...]` (default: `sys.argv[1:]`) as (`STAPOScriptArguments`, `STAPOConfig`
     or, for `trainer: grpo`, `GRPOConfig`, `ModelConfig`). Raises a one-line `ValueError` or `OSError`."""
-    from ..integrations.process_group import import_group_capturing_modules
-
     parser, argv = recipe_parser(sys.argv[1:] if argv is None else argv)
     if any(a.split("=")[0] == "--hub_token" for a in argv) and os.environ.get("RANK", "0") == "0":
         print_line("stapo-train: warning: --hub_token on the command line is visible to every user of this machine "
@@ -263,9 +245,7 @@ def fields_help(word: str | None = None) -> str:
     """`stapo-train --help-fields [WORD]`: every field (or those containing `word`), its default and help."""
     from argparse import ArgumentDefaultsHelpFormatter as Fmt
 
-    from ..trainer.config import STAPOConfig
-
-    parser = RecipeParser(STAPOConfig, prog="stapo-train", usage=USAGE, formatter_class=Fmt, epilog=EXIT_STATUS_HELP)
+    parser = RecipeParser(prog="stapo-train", usage=USAGE, formatter_class=Fmt, epilog=EXIT_STATUS_HELP)
     if word:
         word = word.lower().lstrip("-")
         for group in parser._action_groups:

@@ -11,18 +11,17 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from .prepare import PreparedRun, benchmark_eval_error, too_few_prompts  # noqa: F401 (names of this module too)
+from .args import recipe_parser
+from .errors import EXIT_INPUT_ERROR, EXIT_STATUS_HELP, InputError, OneLineErrorParser, print_line
+from .prepare import PreparedRun, benchmark_eval_error  # noqa: F401 (a name of this module too)
 
 
-PAPER_GEOMETRY = (256, 64, 8)  # prompts per rollout step, prompts per update, rollouts per prompt (STAPO Sec. 4.1)
 S2T_PATHS = {  # the core's `s2t_path`, in words, with its cost
-    "loss": "the loss's own forward, detached (no extra forward)",
-    "old_logps": "TRL's no-grad old-log-prob forward of the rollout batch (no extra forward)",
-    "extra_forward": "one extra no-grad forward per rollout batch",
-}
+    "loss": "the loss's own forward, detached (no extra forward)", "extra_forward": "one extra no-grad forward per "
+    "rollout batch", "old_logps": "TRL's no-grad old-log-prob forward of the rollout batch (no extra forward)",
+}  # fmt: skip
 
 
 def read_launch_settings(recipe: str) -> dict[str, str]:
@@ -40,8 +39,7 @@ def fmt(n: float) -> str:
 
 @dataclass
 class DryRunReport:
-    """One step of a recipe on `num_processes` processes in completions, the plan's `lines` (label, value),
-    `errors`, `warnings` and `notes`; a fixed `generation_batch_size` sets `steps_per_generation`."""
+    """A recipe's steps in completions on `num_processes`, the plan's `lines`, `errors`, `warnings` and `notes`."""
 
     per_device_train_batch_size: int
     num_processes: int
@@ -50,19 +48,16 @@ class DryRunReport:
     steps_per_generation: int | None = None
     generation_batch_size: int | None = None
     recipe: str | None = None
-    lines: list[tuple[str, str]] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
 
     def __post_init__(self):
-        self.global_micro_batch = self.per_device_train_batch_size * self.num_processes
+        self.lines, self.errors, self.warnings, self.notes = [], [], [], []
+        self.global_micro_batch = micro = self.per_device_train_batch_size * self.num_processes
         if self.generation_batch_size is None:
             self.steps_per_generation = self.steps_per_generation or self.gradient_accumulation_steps
-            self.generation_batch_size = self.global_micro_batch * self.steps_per_generation
+            self.generation_batch_size = micro * self.steps_per_generation
         else:
-            self.steps_per_generation = self.generation_batch_size // self.global_micro_batch
-        self.completions_per_optimizer_step = self.global_micro_batch * self.gradient_accumulation_steps
+            self.steps_per_generation = self.generation_batch_size // micro
+        self.completions_per_optimizer_step = micro * self.gradient_accumulation_steps
         self.prompts_per_rollout_step = self.generation_batch_size / self.num_generations
         self.prompts_per_optimizer_step = self.completions_per_optimizer_step / self.num_generations
         self.optimizer_steps_per_rollout_step = self.steps_per_generation / self.gradient_accumulation_steps
@@ -72,80 +67,98 @@ class DryRunReport:
     def summary(self) -> str:
         where = self.recipe or "the command-line arguments (no --config)"
         status = "OK" if self.ok else f"FAILED ({len(self.errors)} error{'s' * (len(self.errors) != 1)})"
-        out = [f"Dry run of {where} for {self.num_processes} training process(es): {status}"]
         width = max((len(label) for label, _ in self.lines), default=0)
+        out = [f"Dry run of {where} for {self.num_processes} training process(es): {status}"]
         out += [f"  {label.ljust(width)}  {value}" for label, value in self.lines]
         for title, items in (("Errors", self.errors), ("Warnings", self.warnings), ("Notes", self.notes)):
             out += [f"{title}:", *(f"  - {item}" for item in items)] if items else []
         return "\n".join(out)
 
 
-def dry_run_recipe(argv: Sequence[str], num_processes: int | None = None, *, force_cpu: bool | None = None):
+def dry_run_recipe(argv: list[str], num_processes: int | None = None, *, force_cpu: bool | None = None):
     """The [`DryRunReport`] of `argv` for `num_processes` (`None`: the recipe's `# launch:` value, else 1), with
     `use_cpu` when `force_cpu` (`None`: no CUDA device here). Raises a one-line `ValueError` or `OSError`."""
-    from .args import recipe_parser
-
     parser, rest = recipe_parser(argv)  # the recipe is read and checked before torch is imported
     launch = read_launch_settings(parser.path) if parser.path else {}
     source = "the recipe's launch: line" if "num_processes" in launch else "default (no launch: line in the recipe)"
     source, n = ("--num-processes", num_processes) if num_processes else (source, int(launch.get("num_processes", 1)))
-    if force_cpu is None:
-        import torch
-
-        force_cpu = not torch.cuda.is_available()
+    force_cpu = not importlib.import_module("torch").cuda.is_available() if force_cpu is None else force_cpu
     s, a, m = parser.parse(rest + ["--use_cpu", "true"] * force_cpu)
     given = set(parser.recipe) | parser.flags
     fixed = "generation_batch_size" in given and parser.recipe.get("generation_batch_size", 0) is not None
-    r = DryRunReport(
-        a.per_device_train_batch_size, n, a.gradient_accumulation_steps, a.num_generations, a.steps_per_generation,
-        a.generation_batch_size if fixed else None, parser.path, notes=[f"process count {n} from {source}."],
-    )  # fmt: skip
+    r = DryRunReport(a.per_device_train_batch_size, n, a.gradient_accumulation_steps, a.num_generations,
+                     a.steps_per_generation, a.generation_batch_size if fixed else None, parser.path)  # fmt: skip
+    r.notes.append(f"process count {n} from {source}.")
     if force_cpu:  # bf16 is refused without a GPU; no batch arithmetic depends on use_cpu
         unset = "; bf16 is not set: False here, True on a GPU" if "bf16" not in given and a.bf16 is False else ""
         r.notes.append(f"parsed with use_cpu=True: this machine has no GPU{unset}.")
-    prepared = PreparedRun(s, a, m, plan=r).run()
-    r.errors += prepared.errors
-    r.warnings += prepared.warnings
-    _plan(r, prepared, cpu_forced=force_cpu)
+    _plan(r, PreparedRun(s, a, m, plan=r).run(), force_cpu)
     if "gradient_checkpointing" in given and "activation_checkpointing" in parser._option_string_actions:
         r.warnings.append("gradient_checkpointing is the deprecated transformers 5 alias (removed in v6): write "
                           "activation_checkpointing.")  # fmt: skip
     return r
 
 
-def _plan(r: DryRunReport, prepared: PreparedRun, cpu_forced: bool) -> None:
+def _plan(r: DryRunReport, p: PreparedRun, cpu_forced: bool) -> None:
     from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
     from ..trainer.config import STAPOConfig
 
-    s, a, m, n, p = prepared.s, prepared.a, prepared.m, r.num_processes, prepared
-    row, warn = (lambda label, text: r.lines.append((label, text))), r.warnings.append
+    s, a, m, n = p.s, p.a, p.m, r.num_processes
+    batch, micro, per_device = r.generation_batch_size, r.global_micro_batch, r.per_device_train_batch_size
+    completions, updates = r.completions_per_optimizer_step, r.optimizer_steps_per_rollout_step
+    length, new_tokens = s.max_prompt_tokens or p.budget, a.max_completion_length  # longer prompts are dropped
     if is_stapo := isinstance(a, STAPOConfig):
         s2t = s2t_settings(a, STAPOConfig._s2t_modes)
         mask = f"tau_p={s2t.prob_threshold}, q={s2t.entropy_quantile}, mode={s2t.mode}, tau_h per optimizer update"
-        row("trainer", f"stapo: STAPOTrainer, S2T mask {mask}")
-    else:
-        extra = f", top_entropy_quantile={a.top_entropy_quantile}" if a.top_entropy_quantile < 1.0 else ""
-        row("trainer", f"{s.trainer}: GRPOTrainer, no S2T mask{extra}")
+        r.warnings += s2t_warnings(a, s2t, r.steps_per_generation, num_processes=n)  # the trainer's own warnings
+    elif r.steps_per_generation % r.gradient_accumulation_steps:
+        r.warnings.append(f"steps_per_generation={r.steps_per_generation} is not a multiple of "
+                          f"gradient_accumulation_steps={r.gradient_accumulation_steps}: an optimizer update spans "
+                          "two rollout batches.")  # fmt: skip
+    extra = f", top_entropy_quantile={a.top_entropy_quantile}" if a.top_entropy_quantile < 1.0 else ""
     epsilon = f"epsilon={a.epsilon}/{a.epsilon if a.epsilon_high is None else a.epsilon_high}"
-    objective = (f"{k}={getattr(a, k)}" for k in ("beta", "entropy_coef", "scale_rewards"))
-    row("objective", ", ".join([f"loss_type={a.loss_type}", epsilon, *objective]))
     peft = f"LoRA r={m.lora_r}, alpha={m.lora_alpha}, targets={m.lora_target_modules}" if m.use_peft else "off"
-    row("model", f"{m.model_name_or_path} (dtype {m.dtype}, PEFT {peft})")
     opened = "not opened: a Hub dataset" if p.total is None else f"checked: {p.total} rows"
     opened = "failed" if p.total is None and any(e.startswith("dataset_name=") for e in p.errors) else opened
     data = f"{s.dataset_name}{f' [{s.dataset_config}]' if s.dataset_config else ''} split {s.dataset_train_split}, "
     data += f"columns {s.prompt_column!r} -> {s.solution_column!r} ({opened})"
     data += "; DAPO 'Answer:' instruction stripped" * s.strip_dapo_instruction
-    row("data", data + (f"; prompts > {s.max_prompt_tokens} tokens dropped" if s.max_prompt_tokens else ""))
-    instruction = {None: "(default) the paper's step-by-step / \\boxed{} suffix", "": "(none)"}
-    row("instruction", instruction.get(s.instruction, f'"{s.instruction}"'))
-    row("rewards", ", ".join(s.reward_funcs or []) + (f", weights {a.reward_weights}" if a.reward_weights else ""))
+    data += f"; prompts > {s.max_prompt_tokens} tokens dropped" if s.max_prompt_tokens else ""
+    prompts = "not counted: the model is not here (a Hub id, or a builtin: model not built)"
+    prompts = prompts if p.total is not None and p.model_path is None else None
     if p.kept is not None:
-        dropped = f"{p.total - p.kept} of {p.total} training prompts exceed {p.budget} tokens and will be dropped"
-        row("prompt length", "unbounded (no max_prompt_tokens, no position limit)" if p.budget is None else dropped)
-    elif p.total is not None and p.model_path is None:
-        row("prompt length", "not counted: the model is not here (a Hub id, or a builtin: model not built)")
-    batch, micro, per_device = r.generation_batch_size, r.global_micro_batch, r.per_device_train_batch_size
+        prompts = f"{p.total - p.kept} of {p.total} training prompts exceed {p.budget} tokens and will be dropped"
+        prompts = "unbounded (no max_prompt_tokens, no position limit)" if p.budget is None else prompts
+    tokens = completions * (length + new_tokens) if length else None
+    horizon = f"max_steps {a.max_steps}" if a.max_steps > 0 else f"num_train_epochs {a.num_train_epochs}"
+    schedule = f"{a.lr_scheduler_type.value} (warmup_steps {a.warmup_steps})"
+    r.lines += [row for row in [
+        ("trainer", f"stapo: STAPOTrainer, S2T mask {mask}" if is_stapo else
+         f"{s.trainer}: GRPOTrainer, no S2T mask{extra}"),
+        ("objective", ", ".join([f"loss_type={a.loss_type}", epsilon,
+                                 *(f"{k}={getattr(a, k)}" for k in ("beta", "entropy_coef", "scale_rewards"))])),
+        ("model", f"{m.model_name_or_path} (dtype {m.dtype}, PEFT {peft})"),
+        ("data", data),
+        ("instruction", {None: "(default) the paper's step-by-step / \\boxed{} suffix", "": "(none)"}.get(
+            s.instruction, f'"{s.instruction}"')),
+        ("rewards", ", ".join(s.reward_funcs or []) + (f", weights {a.reward_weights}" if a.reward_weights else "")),
+        ("prompt length", prompts),
+        ("micro-step", f"per_device_train_batch_size {per_device} x {n} processes = {micro} completions"),
+        ("rollout step", f"{fmt(batch)} completions = {fmt(r.prompts_per_rollout_step)} prompts x "
+         f"{r.num_generations} generations (steps_per_generation {r.steps_per_generation})"),
+        ("optimizer update", f"{fmt(completions)} completions = {fmt(r.prompts_per_optimizer_step)} prompts "
+         f"(gradient_accumulation_steps {r.gradient_accumulation_steps})"),
+        ("updates / rollout", f"{fmt(updates)} (steps_per_generation / gradient_accumulation_steps)"),
+        ("max tokens", f"{fmt(tokens)} per optimizer update = {completions} x ({length} prompt + {new_tokens} "
+         f"completion); {fmt(tokens * updates)} per rollout step" if length else
+         f"unbounded prompts; completions alone up to {fmt(completions * new_tokens)} per update"),
+        ("S2T p and H", S2T_PATHS[s2t_path(a, r.steps_per_generation)] if is_stapo else None),
+        ("optimizer", f"{a.optim.value} lr {a.learning_rate:g} {schedule}, weight_decay {a.weight_decay}, "
+         f"max_grad_norm {a.max_grad_norm}, {horizon}"),
+        # transformers < 5.24: the old name
+        ("precision", f"bf16={a.bf16}, activation_checkpointing="
+         f"{getattr(a, 'activation_checkpointing', a.gradient_checkpointing)}"),
+    ] if row[1] is not None]  # fmt: skip
     if batch % micro:  # a fixed generation_batch_size (the parse checked that it holds whole prompt groups)
         r.errors.append(f"generation_batch_size={batch} is not a multiple of the global micro-batch "
                         f"(per_device_train_batch_size {per_device} x {n} processes = {micro}). Valid process counts "
@@ -153,68 +166,37 @@ def _plan(r: DryRunReport, prepared: PreparedRun, cpu_forced: bool) -> None:
                         f"per_device_train_batch_size on {n} processes: "
                         f"{[d for d in range(1, batch + 1) if batch % (d * n) == 0]}. Or set steps_per_generation "
                         "instead of generation_batch_size.")  # fmt: skip
-    if is_stapo:  # the trainer's own construction warnings
-        r.warnings += s2t_warnings(a, s2t, r.steps_per_generation, num_processes=n)
-    elif r.steps_per_generation % r.gradient_accumulation_steps:
-        warn(f"steps_per_generation={r.steps_per_generation} is not a multiple of gradient_accumulation_steps="
-             f"{r.gradient_accumulation_steps}: an optimizer update spans two rollout batches.")  # fmt: skip
-    completions, updates = r.completions_per_optimizer_step, r.optimizer_steps_per_rollout_step
-    length, new_tokens = s.max_prompt_tokens or p.budget, a.max_completion_length  # longer prompts are dropped
-    row("micro-step", f"per_device_train_batch_size {per_device} x {n} processes = {micro} completions")
-    row("rollout step", f"{fmt(batch)} completions = {fmt(r.prompts_per_rollout_step)} prompts x {r.num_generations} "
-                        f"generations (steps_per_generation {r.steps_per_generation})")  # fmt: skip
-    row("optimizer update", f"{fmt(completions)} completions = {fmt(r.prompts_per_optimizer_step)} prompts "
-                            f"(gradient_accumulation_steps {r.gradient_accumulation_steps})")  # fmt: skip
-    row("updates / rollout", f"{fmt(updates)} (steps_per_generation / gradient_accumulation_steps)")
-    if length:
-        tokens = completions * (length + new_tokens)
-        row("max tokens", f"{fmt(tokens)} per optimizer update = {completions} x ({length} prompt + {new_tokens} "
-                          f"completion); {fmt(tokens * updates)} per rollout step")  # fmt: skip
-    else:
-        row("max tokens", f"unbounded prompts; completions alone up to {fmt(completions * new_tokens)} per update")
-    if is_stapo:
-        row("S2T p and H", S2T_PATHS[s2t_path(a, r.steps_per_generation)])
-    horizon = f"max_steps {a.max_steps}" if a.max_steps > 0 else f"num_train_epochs {a.num_train_epochs}"
-    schedule = f"{a.lr_scheduler_type.value} (warmup_steps {a.warmup_steps})"
-    clip = f"weight_decay {a.weight_decay}, max_grad_norm {a.max_grad_norm}"
-    row("optimizer", f"{a.optim.value} lr {a.learning_rate:g} {schedule}, {clip}, {horizon}")
-    checkpointing = getattr(a, "activation_checkpointing", a.gradient_checkpointing)  # transformers < 5.24: old name
-    row("precision", f"bf16={a.bf16}, activation_checkpointing={checkpointing}")
     _execution(r, s, a, length, cpu_forced)
 
 
 def _execution(r: DryRunReport, s, a, length: int | None, cpu_forced: bool) -> None:
     from ..integrations.vllm_support import check_vllm_args
 
-    n, new_tokens, warn = r.num_processes, a.max_completion_length, r.warnings.append
+    n, new_tokens, warn, error = r.num_processes, a.max_completion_length, r.warnings.append, r.errors.append
     sampling = f"T={a.temperature}, top_p={a.top_p}, top_k={a.top_k}, max_completion_length {new_tokens}"
-    if not a.use_vllm:
-        r.lines.append(("generation", f"transformers generate (no vLLM); {sampling}"))
-    elif a.vllm_mode == "server":
-        where = a.vllm_server_base_url or f"{a.vllm_server_host}:{a.vllm_server_port}"
-        r.lines.append(("generation", f"vLLM server at {where} (weight sync port {a.vllm_group_port}); {sampling}"))
-        if a.vllm_server_base_url is None and a.vllm_server_host not in ("127.0.0.1", "localhost", "::1"):
-            warn(f"vllm_server_host={a.vllm_server_host!r} is not a loopback address: the trainer expects a vLLM "
-                 "server there (scripts/launch.sh serves on 127.0.0.1; slurm/train.slurm sets the vLLM node's "
-                 "address).")  # fmt: skip
-    else:
-        tp, max_len, share = a.vllm_tensor_parallel_size, a.vllm_max_model_length, a.vllm_gpu_memory_utilization
-        colocated = f"tensor parallel {tp}, gpu_memory_utilization {share}"
-        r.lines.append(("generation", f"vLLM colocated in every training process ({colocated}); {sampling}"))
-        if n % tp:
-            r.errors.append(f"vllm_tensor_parallel_size={tp} does not divide the {n} training processes (colocate "
-                            "mode groups them into tensor-parallel blocks). Valid values: "
-                            f"{[d for d in range(1, n + 1) if n % d == 0]}.")  # fmt: skip
-        if max_len is not None and length and max_len < length + new_tokens:
-            r.errors.append(f"vllm_max_model_length={max_len} < max_prompt_tokens {length} + max_completion_length "
-                            f"{new_tokens}: long rollouts would be cut by vLLM.")  # fmt: skip
-    if a.use_vllm and a.vllm_mode == "server" and cpu_forced:
+    tp, max_len, server = a.vllm_tensor_parallel_size, a.vllm_max_model_length, a.use_vllm and a.vllm_mode == "server"
+    where = a.vllm_server_base_url or f"{a.vllm_server_host}:{a.vllm_server_port}"
+    colocated = f"tensor parallel {tp}, gpu_memory_utilization {a.vllm_gpu_memory_utilization}"
+    generation = f"vLLM colocated in every training process ({colocated})" if a.use_vllm else "transformers generate"
+    generation = f"vLLM server at {where} (weight sync port {a.vllm_group_port})" if server else generation
+    r.lines.append(("generation", f"{generation}{'' if a.use_vllm else ' (no vLLM)'}; {sampling}"))
+    if server and a.vllm_server_base_url is None and a.vllm_server_host not in ("127.0.0.1", "localhost", "::1"):
+        warn(f"vllm_server_host={a.vllm_server_host!r} is not a loopback address: the trainer expects a vLLM "
+             "server there (scripts/launch.sh serves on 127.0.0.1; slurm/train.slurm sets the vLLM node's "
+             "address).")  # fmt: skip
+    if a.use_vllm and not server and n % tp:
+        error(f"vllm_tensor_parallel_size={tp} does not divide the {n} training processes (colocate mode groups them "
+              f"into tensor-parallel blocks). Valid values: {[d for d in range(1, n + 1) if not n % d]}.")  # fmt: skip
+    if a.use_vllm and not server and max_len is not None and length and max_len < length + new_tokens:
+        error(f"vllm_max_model_length={max_len} < max_prompt_tokens {length} + max_completion_length {new_tokens}: "
+              "long rollouts would be cut by vLLM.")  # fmt: skip
+    if server and cpu_forced:
         warn("vllm_mode='server': the weight sync to the server is CUDA-only (NCCL); this recipe needs GPUs.")
     elif not cpu_forced:
         try:
             check_vllm_args(a)  # the trainer's own refusal: a vLLM server on a CPU-only run
         except ValueError as e:
-            r.errors.append(str(e))
+            error(str(e))
     trackers = ("wandb", "tensorboard", "trackio", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")
     missing = ["vllm"] * a.use_vllm + [t for t in a.report_to or [] if t in trackers]
     if missing := [name for name in missing if importlib.util.find_spec(name) is None]:
@@ -225,20 +207,17 @@ def _execution(r: DryRunReport, s, a, length: int | None, cpu_forced: bool) -> N
     r.lines.append(("output", output))
     if a.use_cpu and a.bf16 and not cpu_forced:
         warn("bf16=True on CPU is about 2.3x slower than float32: set bf16: false for CPU runs.")
-    paper = (r.prompts_per_rollout_step, r.prompts_per_optimizer_step, r.num_generations) == PAPER_GEOMETRY
-    if "dapo-math" in str(s.dataset_name).lower() and not paper:
-        warn(
-            f"the paper's data (DAPO-Math) with another batch geometry: {r.prompts_per_rollout_step:g} prompts x "
-            f"{r.num_generations} rollouts per rollout step and {r.prompts_per_optimizer_step:g}-prompt updates for "
-            f"{n} process(es), vs the paper's 256 x 8 and 64. recipes/README.md gives per_device_train_batch_size / "
-            "gradient_accumulation_steps / steps_per_generation that keep the paper's for 4, 8, 16 and 32 processes."
-        )
+    geometry = (r.prompts_per_rollout_step, r.prompts_per_optimizer_step, r.num_generations)
+    if "dapo-math" in str(s.dataset_name).lower() and geometry != (256, 64, 8):  # STAPO Sec. 4.1
+        warn(f"the paper's data (DAPO-Math) with another batch geometry: {r.prompts_per_rollout_step:g} prompts x "
+             f"{r.num_generations} rollouts per rollout step and {r.prompts_per_optimizer_step:g}-prompt updates for "
+             f"{n} process(es), vs the paper's 256 x 8 and 64. recipes/README.md gives per_device_train_batch_size / "
+             "gradient_accumulation_steps / steps_per_generation that keep the paper's for 4, 8, 16 and 32 "
+             "processes.")  # fmt: skip
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Print the plan; 0 when the recipe passes, else 2 with one `stapo-train --dry-run: error: ...` line."""
-    from .errors import EXIT_INPUT_ERROR, EXIT_STATUS_HELP, InputError, OneLineErrorParser, print_line
-
     prog = "stapo-train --dry-run"
     pre = OneLineErrorParser(prog=prog, add_help=False, allow_abbrev=False)
     pre.add_argument("--num-processes", "--num_processes", dest="num_processes", type=int, default=None)
@@ -257,11 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_line(getattr(e, "message", f"{prog}: error: {e}"))
         return EXIT_INPUT_ERROR
     print(report.summary())
-    if report.ok:
-        return 0
-    first = f"; the first: {report.errors[0]}" if len(report.errors) > 1 else f": {report.errors[0]}"
-    print_line(f"{prog}: error: {len(report.errors)} check(s) failed (the plan above lists them){first}")
-    return EXIT_INPUT_ERROR
+    if errors := report.errors:
+        first = f"; the first: {errors[0]}" if len(errors) > 1 else f": {errors[0]}"
+        print_line(f"{prog}: error: {len(errors)} check(s) failed (the plan above lists them){first}")
+    return EXIT_INPUT_ERROR if errors else 0
 
 
 if __name__ == "__main__":

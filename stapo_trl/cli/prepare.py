@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .. import data
 from ..data import load_prompt_dataset  # by name: the tests' guard of "nothing read yet" patches it here
+from ..evaluation.tasks import benchmark_dataset, load_benchmark
 from ..integrations.hub import check_hub_access, check_hub_dataset
 from ..models import builtin_model_dir, check_model_available, check_model_name_or_path, resolve_model_path
 from ..models.cache import weight_files
@@ -19,20 +20,8 @@ from ..rewards import get_reward_funcs
 from ..run_folder import checkpoints
 
 
-logger = logging.getLogger(__name__)
-
-
 def is_builtin_or_local(name: str | None) -> bool:
     return bool(name) and (name.startswith("builtin:") or os.path.exists(name))
-
-
-def too_few_prompts(num_prompts: int, prompts_per_rollout_step: int, where: str) -> str | None:
-    if num_prompts >= prompts_per_rollout_step:
-        return None
-    return (f"{num_prompts} prompt{'s' * (num_prompts != 1)} {where}; one rollout step needs "
-            f"{prompts_per_rollout_step} (generation batch / num_generations), so nothing would be trained: give more "
-            "prompts (max_train_samples, max_prompt_tokens) or lower per_device_train_batch_size, "
-            "steps_per_generation or generation_batch_size.")  # fmt: skip
 
 
 def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = None) -> str | None:
@@ -45,10 +34,8 @@ def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = No
                 "evaluation samples num_generations_eval completions per problem): set benchmark_eval_samples: "
                 f"{a.num_generations_eval} and remove num_generations_eval.")  # fmt: skip
     if s.benchmark_eval_steps is not None and a.eval_strategy == "epoch":
-        return (
-            f"benchmark_eval_steps={s.benchmark_eval_steps} evaluates every N steps, but eval_strategy is 'epoch': "
-            "remove one of them."
-        )
+        return (f"benchmark_eval_steps={s.benchmark_eval_steps} evaluates every N steps, but eval_strategy is "
+                "'epoch': remove one of them.")  # fmt: skip
     if batch % k:
         return (f"benchmark_eval_samples={k} must divide the global eval batch ({in_batch} = {batch} completions: TRL "
                 f"evaluates whole groups of k): set per_device_eval_batch_size to a multiple of "
@@ -59,20 +46,14 @@ def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = No
                 f"batches of {batch} completions ({in_batch}), and TRL would average a partial last batch as a full "
                 f"one: set benchmark_eval_limit to a multiple of {step} (e.g. "
                 f"{max(step, num_problems // step * step)}).")  # fmt: skip
-    return None
 
 
 class PreparedRun:
-    """The steps of a run before its model and what they load (`reward_funcs`, `model_path`, `train_dataset`,
-    `test_dataset`, `eval_dataset`, `settings`, `checkpoint`). A run (`plan=None`) raises at the first failed step and
-    holds `output_dir` from the folder step on; a dry run (`plan`: its `DryRunReport`) collects `errors` and
-    `warnings` and reads only what is here."""
+    """A run's steps before its model: a run (`plan=None`) raises at the first failure and holds `output_dir` from the
+    folder step on; a dry run (`plan`: its `DryRunReport`) collects `errors` and `warnings`, reads what is here."""
 
     STEPS = "_rewards _model _push _resume_from _dataset_name _folder _data _benchmark _prompts".split()
-    PREFIXES = {
-        "_model": "model_name_or_path: ",
-        "_data": "dataset_name={s.dataset_name!r}: ",
-    }  # of a dry run's errors
+    PREFIXES = {"_model": "model_name_or_path: ", "_data": "dataset_name={s.dataset_name!r}: "}  # a dry run's errors
 
     def __init__(self, s, a, m, plan=None):
         self.s, self.a, self.m, self.dry = s, a, m, plan is not None
@@ -81,7 +62,8 @@ class PreparedRun:
         self.rollout_prompts = batch // a.num_generations
         self.reward_funcs = self.model_path = self.train_dataset = self.test_dataset = self.eval_dataset = None
         self.checkpoint = self.total = self.kept = self.budget = None
-        self.settings, self.held, self.errors, self.warnings, self.seconds = {}, False, [], [], 0.0
+        self.settings, self.held, self.seconds = {}, False, 0.0
+        self.errors, self.warnings = (plan.errors, plan.warnings) if plan else ([], [])
 
     def run(self) -> PreparedRun:
         start, catch = time.perf_counter(), logging.Handler(logging.WARNING)
@@ -139,12 +121,27 @@ class PreparedRun:
                                     "does not exist.")  # fmt: skip
 
     def _folder(self):
-        a, out = self.a, self.a.output_dir
+        from trl import get_peft_config
+
+        from ..core.stapo_config import s2t_settings
+        from ..trainer.config import STAPOConfig
+
+        s, a, m, out = self.s, self.a, self.m, self.a.output_dir
         if a.should_save:
             checkpoints.check_output_dir(out, refuse_user_files=True)
         if self.dry:
             return
-        self.settings = self.run_settings()
+        s2t = s2t_settings(a, STAPOConfig._s2t_modes) if s.trainer == "stapo" else None
+        settings = checkpoints.run_settings(
+            a, trainer={"stapo": "STAPOTrainer", "grpo": "GRPOBaselineTrainer"}[s.trainer], model=m.model_name_or_path,
+            reward_funcs=self.reward_funcs, s2t=s2t, peft_config=get_peft_config(m),
+            dtype=(a.model_init_kwargs or {}).get("dtype", m.dtype))  # fmt: skip
+        del settings["train_dataset"]  # the data as the command names it
+        name = s.dataset_name
+        recorded = {"dataset_name": os.path.abspath(name) if os.path.exists(name) else name, **s.dataset_kwargs()}
+        recorded |= {"dataset_train_split": s.dataset_train_split, "max_train_samples": s.max_train_samples}
+        recorded |= {"max_prompt_tokens": s.max_prompt_tokens, "dataset_sha256": data.local_data_digest(name)}
+        self.settings = settings | checkpoints.plain(recorded)
         if a.should_save and os.path.isdir(out):
             checkpoints.hold_run_folder(out)
             self.held = True
@@ -171,15 +168,13 @@ class PreparedRun:
         if s.eval_before_after:
             self.eval_dataset = self.test_dataset.select(range(min(s.eval_num_problems, len(self.test_dataset))))
             if warning := data.evaluation_split(name, s.dataset_test_split)[1]:
-                logger.warning(warning)
+                logging.getLogger(__name__).warning(warning)
         data.check_reward_columns(self.reward_funcs, self.train_dataset, name)
         if periodic:
             data.check_reward_columns(self.reward_funcs, self.test_dataset, f"{name} [{s.dataset_test_split}]")
 
     def _benchmark(self):
         from transformers.trainer_utils import IntervalStrategy
-
-        from ..evaluation.tasks import benchmark_dataset, load_benchmark
 
         s, a, name = self.s, self.a, self.s.benchmark_eval
         if name is None:
@@ -220,29 +215,11 @@ class PreparedRun:
                 if len(train) < self.total:
                     where = f"after filtering (of {self.total}; prompt budget {self.budget} tokens)"
             self.kept = None if train is None else len(train)
-        if train is not None and (error := too_few_prompts(len(train), self.rollout_prompts, where)):
-            raise ValueError(error)
-
-    def run_settings(self) -> dict:
-        """The run record ([`~stapo_trl.run_folder.checkpoints.run_settings`]) with the data as the command names it"""
-        from trl import get_peft_config
-
-        from ..core.stapo_config import s2t_settings
-        from ..trainer.config import STAPOConfig
-
-        s, a, m, name = self.s, self.a, self.m, self.s.dataset_name
-        s2t = s2t_settings(a, STAPOConfig._s2t_modes) if s.trainer == "stapo" else None
-        dtype = (a.model_init_kwargs or {}).get("dtype", m.dtype)
-        trainer, peft = {"stapo": "STAPOTrainer", "grpo": "GRPOBaselineTrainer"}[s.trainer], get_peft_config(m)
-        settings = checkpoints.run_settings(
-            a, trainer=trainer, model=m.model_name_or_path, reward_funcs=self.reward_funcs, s2t=s2t, peft_config=peft,
-            dtype=dtype,
-        )  # fmt: skip
-        del settings["train_dataset"]
-        recorded = {"dataset_name": os.path.abspath(name) if os.path.exists(name) else name, **s.dataset_kwargs()}
-        recorded |= {"dataset_train_split": s.dataset_train_split, "max_train_samples": s.max_train_samples}
-        recorded |= {"max_prompt_tokens": s.max_prompt_tokens, "dataset_sha256": data.local_data_digest(name)}
-        return settings | checkpoints.plain(recorded)
+        if train is not None and (num := len(train)) < self.rollout_prompts:
+            raise ValueError(f"{num} prompt{'s' * (num != 1)} {where}; one rollout step needs {self.rollout_prompts} "
+                             "(generation batch / num_generations), so nothing would be trained: give more prompts "
+                             "(max_train_samples, max_prompt_tokens) or lower per_device_train_batch_size, "
+                             "steps_per_generation or generation_batch_size.")  # fmt: skip
 
 
 def prepare(script_args, training_args, model_args) -> PreparedRun:

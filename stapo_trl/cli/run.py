@@ -12,13 +12,10 @@ import sys
 import time
 import warnings
 from functools import partial
-from typing import Any
 
 import datasets
 import torch
 import transformers
-from transformers import set_seed
-from transformers.trainer_callback import TrainerState
 from trl import get_peft_config, get_quantization_config
 from trl.models.utils import unwrap_model_for_generation
 
@@ -37,9 +34,6 @@ from .prepare import PreparedRun, is_builtin_or_local, prepare
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["prepare", "resume_command", "torch_threads", "train"]
-
-EVAL_FILENAME = "eval.json"
 RUN_FILES = {  # the files a run can leave in output_dir
     "metrics.jsonl": "every metric of every logging step", "spurious_tokens.jsonl": "the silenced tokens in context",
     "training_curves.png": "reward, entropy and silenced ratio over steps", "s2t_*.png": "the S2T diagnostics",
@@ -75,9 +69,9 @@ def resume_command(argv: list[str] | None = None) -> str:
 
 
 def train(script_args, training_args, model_args, prepared: PreparedRun | None = None, *, end_training=True) -> dict:
-    """One training from parsed arguments and their [`prepare`] (`None`: here); `end_training=False` leaves the
-    trackers and the process group to more trainings. Returns `output_dir`, `global_step`, `eval`, `eval_path`, `s2t`
-    and `seconds`. Raises `InputError` (one line) or `KeyboardInterrupt` (a stop signal, after its checkpoint)."""
+    """One training from parsed arguments and their [`prepare`] (`None`: here); `end_training=False` leaves trackers
+    and process group to more trainings. Returns `output_dir`, `global_step`, `eval`, `eval_path`, `s2t`, `seconds`;
+    raises `InputError` (one line) or `KeyboardInterrupt` (a stop signal, after its checkpoint)."""
     threads = script_args.torch_num_threads
     threads = torch_threads(threads) if threads else tiny_model_threads(prepared.model_path if prepared else None)
     with threads, quiet_upstream(), warnings.catch_warnings():
@@ -100,7 +94,7 @@ def train(script_args, training_args, model_args, prepared: PreparedRun | None =
                 hold_run_folder(training_args.output_dir, acquire=False)
 
 
-def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
+def _train(run: PreparedRun, end_training: bool) -> dict:
     s, a, m, out = run.s, run.a, run.m, run.a.output_dir
     fmt = "%(asctime)s - %(levelname)s - %(name)s - %(message)s"
     logging.basicConfig(format=fmt, datefmt="%Y-%m-%d %H:%M:%S", handlers=[logging.StreamHandler(sys.stdout)])
@@ -108,7 +102,7 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
     level = a.get_process_log_level()  # now, for the model's load too: the Trainer sets it once the model is built
     transformers.utils.logging.set_verbosity(level)
     datasets.utils.logging.set_verbosity(level)
-    set_seed(a.seed)  # before the trainer: a LoRA adapter is initialised with it
+    transformers.set_seed(a.seed)  # before the trainer: a LoRA adapter is initialised with it
     init = {"revision": m.model_revision, "attn_implementation": m.attn_implementation, "dtype": m.dtype}
     a.model_init_kwargs = init | (a.model_init_kwargs or {})
     trainer = (STAPOTrainer if s.trainer == "stapo" else GRPOBaselineTrainer)(
@@ -118,14 +112,35 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
     add_command_callbacks(trainer, resume_hint=f"Resume with the same command: {resume_command()}")
     trainer.run_settings = run.settings
     is_main, say = trainer.accelerator.is_main_process, trainer.accelerator.print
-    timings, record, eval_path = {}, None, None
+    timings, record, eval_path = {"prepare": run.seconds}, None, None
     max_new_tokens = s.eval_max_new_tokens or a.max_completion_length
     evaluate = partial(_timed, timings, evaluate_trainer_model, trainer, s, run.eval_dataset, max_new_tokens)
     if s.eval_before_after:
         kind = evaluation_kind(evaluation_split(s.dataset_name, s.dataset_test_split)[0])
         say(f"Evaluating the initial model on {len(run.eval_dataset)} {kind} problems ...")
         before = evaluate(name="eval_before")
-    _fit(trainer, run, timings, end_training)
+    done = None  # or a checkpoint at max_steps: the final model
+    if run.checkpoint is not None and a.max_steps > 0:
+        done = transformers.TrainerState.load_from_json(os.path.join(run.checkpoint, "trainer_state.json"))
+        done = done if done.global_step >= a.max_steps else None
+    try:
+        if done is None:
+            say(f"Training with {type(trainer).__name__} ...")
+            result = _timed(timings, trainer.train, run.checkpoint, name="train")
+            metrics = {k: v for k, v in result.metrics.items() if v is not None}
+            trainer.save_metrics("train", metrics | {"train_samples": len(run.train_dataset)})
+        else:
+            logger.warning(f"{run.checkpoint} is at step {done.global_step} >= max_steps={a.max_steps}: training is "
+                           "already complete, nothing is trained. The checkpoint is saved as the final model (and "
+                           "evaluated). To train anew use another output_dir; to continue, raise "
+                           "max_steps.")  # fmt: skip
+            trainer._load_from_checkpoint(run.checkpoint)
+            trainer.state = done
+        trainer.save_state()
+    except KeyboardInterrupt:
+        if end_training:
+            trainer.end()
+        raise
     trainer.save_model(out)
     say(f"Model and tokenizer saved to {out}.")
     dataset = None if is_builtin_or_local(s.dataset_name) else s.dataset_name
@@ -149,52 +164,22 @@ def _train(run: PreparedRun, end_training: bool) -> dict[str, Any]:
             eval_path = write_eval_record(record, out, trainer.state.global_step)
             trainer.eval_record = record
             card()
-    timings = {"prepare": run.seconds} | timings
     if is_main:
         print_summary(s, out, trainer.state.global_step, s2t, record, max_new_tokens, timings)
     if a.push_to_hub:
         _push_to_hub(trainer, s, a, record)
     if end_training:
         trainer.end()
-    seconds = {name: round(value, 1) for name, value in timings.items()}
     return {"output_dir": out, "global_step": trainer.state.global_step, "eval": record, "eval_path": eval_path,
-            "s2t": s2t, "seconds": seconds}  # fmt: skip
+            "s2t": s2t, "seconds": {name: round(value, 1) for name, value in timings.items()}}  # fmt: skip
 
 
 def _timed(timings: dict, call, *args, name: str):
     start, result = time.perf_counter(), call(*args)
-    timings[name] = time.perf_counter() - start
-    return result
-
-
-def _fit(trainer, run: PreparedRun, timings: dict, end_training: bool) -> None:
-    """Train from `run.checkpoint`, or take a checkpoint already at `max_steps` as the final model."""
-    a, done = run.a, None
-    if run.checkpoint is not None and a.max_steps > 0:
-        done = TrainerState.load_from_json(os.path.join(run.checkpoint, "trainer_state.json"))
-        done = done if done.global_step >= a.max_steps else None
-    if done is not None:
-        logger.warning(f"{run.checkpoint} is at step {done.global_step} >= max_steps={a.max_steps}: training is "
-                       "already complete, nothing is trained. The checkpoint is saved as the final model (and "
-                       "evaluated). To train anew use another output_dir; to continue, raise max_steps.")  # fmt: skip
-    try:
-        if done is None:
-            trainer.accelerator.print(f"Training with {type(trainer).__name__} ...")
-            result = _timed(timings, trainer.train, run.checkpoint, name="train")
-            metrics = {k: v for k, v in result.metrics.items() if v is not None}
-            trainer.save_metrics("train", metrics | {"train_samples": len(run.train_dataset)})
-        else:
-            trainer._load_from_checkpoint(run.checkpoint)
-            trainer.state = done
-        trainer.save_state()
-    except KeyboardInterrupt:
-        if end_training:
-            trainer.end()
-        raise
+    return timings.update({name: time.perf_counter() - start}) or result
 
 
 def _push_to_hub(trainer, s, a, eval_record: dict | None) -> None:
-    """Push the model and its card; a failure says how to push later."""
     try:
         trainer.eval_record = eval_record
         trainer.push_to_hub(dataset_name=s.dataset_name, tags=["stapo_trl", s.trainer])
@@ -206,7 +191,7 @@ def _push_to_hub(trainer, s, a, eval_record: dict | None) -> None:
                                   f"{a.output_dir}`.")  # fmt: skip
 
 
-def evaluate_trainer_model(trainer, s, eval_dataset, max_new_tokens: int) -> dict[str, Any]:
+def evaluate_trainer_model(trainer, s, eval_dataset, max_new_tokens: int) -> dict:
     """`stapo-eval`'s table of the trainer's model on `eval_dataset` (every process), with decoding, dtype, threads."""
     k, tokenizer = s.eval_num_samples, trainer.processing_class
     rows = zip(eval_dataset["prompt"], eval_dataset["solution"])
@@ -225,11 +210,10 @@ def evaluate_trainer_model(trainer, s, eval_dataset, max_new_tokens: int) -> dic
 
 
 def evaluation_kind(split: str) -> str:
-    """The console's name of an evaluation on `split`."""
     return "training (not held-out)" if split == NOT_HELD_OUT else "held-out"
 
 
-def make_eval_record(s, a, trainer, before, after, max_new_tokens: int, model: str) -> dict[str, Any]:
+def make_eval_record(s, a, trainer, before, after, max_new_tokens: int, model: str) -> dict:
     """`eval.json`: avg@k and pass@k before and after, their settings, and the `stapo-eval` commands that give them."""
     k = s.eval_num_samples
     record = {
@@ -254,23 +238,21 @@ def make_eval_record(s, a, trainer, before, after, max_new_tokens: int, model: s
     return record | {"stapo_eval_command": commands}
 
 
-def write_eval_record(eval_record: dict[str, Any], output_dir: str, global_step: int) -> str:
+def write_eval_record(eval_record: dict, output_dir: str, global_step: int) -> str:
     """Write `eval.json`, else `eval-step{global_step}.json`, then `...-2.json`, ...: never over an earlier run's."""
-    path, n = os.path.join(output_dir, EVAL_FILENAME), 1
+    path, n = os.path.join(output_dir, "eval.json"), 1
     while os.path.exists(path):
         n += 1
         path = os.path.join(output_dir, f"eval-step{global_step}{f'-{n - 1}' if n > 2 else ''}.json")
     if n > 1:
-        logger.warning(
-            f"{output_dir} already holds {EVAL_FILENAME} from an earlier run: kept unchanged; these results are "
-            f"written beside it, to {os.path.basename(path)}."
-        )
+        logger.warning(f"{output_dir} already holds eval.json from an earlier run: kept unchanged; these results are "
+                       f"written beside it, to {os.path.basename(path)}.")  # fmt: skip
     with open_run_file(path) as f:
         json.dump(eval_record, f, indent=2)
     return path
 
 
-def summarize_s2t(rows: list[dict[str, Any]], output_dir: str | None = None) -> dict[str, Any]:
+def summarize_s2t(rows: list, output_dir: str | None = None) -> dict:
     """The mean and pooled silenced ratios of `metrics.jsonl` rows and, with `output_dir`, the candidates."""
     ratios = [r["s2t/silenced_ratio"] for r in rows if r.get("s2t/silenced_ratio") is not None]
     if not ratios or (totals := s2t_totals(rows)) is None:
@@ -316,10 +298,7 @@ def print_summary(s, output_dir, step, s2t_summary, eval_record, max_new_tokens,
             print(f"The same numbers from stapo-eval: {r['stapo_eval_command']['after']}")
     print("Wall time (s): " + ", ".join(f"{name} {value:.0f}" for name, value in timings.items()))
     present = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
-    lines = []
-    for pattern, what in RUN_FILES.items():
-        if names := sorted(fnmatch.filter(present, pattern), key=lambda n: (len(n), n)):
-            shown = ", ".join(names) if len(names) <= 2 else f"{names[0]} ... {names[-1]} ({len(names)})"
-            lines.append(f"  {shown:<40}  {what}")
-    if lines:
+    found = {what: sorted(fnmatch.filter(present, g), key=lambda n: (len(n), n)) for g, what in RUN_FILES.items()}
+    shown = {what: ", ".join(n) if len(n) <= 2 else f"{n[0]} ... {n[-1]} ({len(n)})" for what, n in found.items() if n}
+    if lines := [f"  {names:<40}  {what}" for what, names in shown.items()]:
         print("\n".join([f"Files in {output_dir}:", *lines]))

@@ -9,6 +9,9 @@ from typing import Literal
 
 from trl import ScriptArguments
 
+from ..data import INSTRUCTION
+from ..evaluation.tasks import get_benchmark_spec
+
 
 def _help_from_docstring(cls):
     """Give each field its docstring entry as its `--help-fields` text."""
@@ -26,18 +29,13 @@ class STAPOScriptArguments(ScriptArguments):
     `dataset_config`, `dataset_train_split` and `dataset_test_split` select the data (no `dataset_streaming`).
 
     Args:
-        trainer (`str`, *optional*, defaults to `"stapo"`): `"stapo"` ([`~stapo_trl.STAPOTrainer`]) or `"grpo"` (a
-            plain [`~trl.GRPOTrainer`], no `s2t_*` keys); the paper's baselines: `"stapo"` with `s2t_mode: "off"`.
-        reward_funcs (`list[str]`, *optional*, defaults to `["math_accuracy"]`): names of `stapo_trl.rewards.REWARDS`
-            or dotted import paths (`my_pkg.rewards.fn`).
+        trainer (`str`, *optional*, defaults to `"stapo"`): `"stapo"` (`s2t_mode: "off"`: the baseline) or `"grpo"`.
+        reward_funcs (`list[str]`, *optional*, defaults to `["math_accuracy"]`): `REWARDS` names or dotted paths.
         prompt_column (`str`, *optional*, defaults to `"problem"`): the problem (or chat) column; not for `builtin:`.
-        solution_column (`str`, *optional*, defaults to `"answer"`): the gold-answer column; dotted names reach into
-            struct columns (`reward_model.ground_truth`); not for `builtin:`.
-        instruction (`str`, *optional*): text appended to every problem; `None`: the paper's `\\boxed{}` suffix; `""`:
-            none.
+        solution_column (`str`, *optional*, defaults to `"answer"`): the gold-answer column (`a.b`: a struct's field).
+        instruction (`str`, *optional*): appended to every problem; `None`: the paper's `\\boxed{}` suffix; `""`: none.
         strip_dapo_instruction (`bool`, *optional*, defaults to `False`): remove DAPO-Math-17k's "Answer: $Answer".
-        max_prompt_tokens (`int`, *optional*): drop training prompts longer than this (chat template included);
-            unset: longer than the model's positions minus max_completion_length.
+        max_prompt_tokens (`int`, *optional*): drop longer training prompts (unset: positions - max_completion_length).
         max_train_samples (`int`, *optional*): keep only the first N training problems.
         eval_before_after (`bool`, *optional*, defaults to `False`): held-out avg@k before and after, into `eval.json`.
         eval_num_problems (`int`, *optional*, defaults to `200`): the first N problems of the test split.
@@ -46,12 +44,10 @@ class STAPOScriptArguments(ScriptArguments):
         eval_top_p (`float`, *optional*, defaults to `1.0`): top-p of the evaluation sampling.
         eval_max_new_tokens (`int`, *optional*): generation budget of the evaluation; `None`: `max_completion_length`.
         eval_batch_size (`int`, *optional*, defaults to `64`): problems per `generate` call (each yields k).
-        benchmark_eval (`str`, *optional*): a benchmark (`aime24`, `math500`, ..., `tiny-math`) TRL's evaluation
-            samples during training, logged as `eval_rewards/<reward>/mean`.
+        benchmark_eval (`str`, *optional*): a benchmark (`aime24`, ..., `tiny-math`) TRL's evaluation samples.
         benchmark_eval_data_dir (`str`, *optional*): folder of local benchmark files (`None`: the Hub, or built in).
         benchmark_eval_steps (`int`, *optional*): `eval_steps` (`None`: `eval_steps`, else `logging_steps`).
-        benchmark_eval_samples (`int`, *optional*, defaults to `4`): k per problem; it must divide the global eval
-            batch.
+        benchmark_eval_samples (`int`, *optional*, defaults to `4`): k per problem; it divides the global eval batch.
         benchmark_eval_limit (`int`, *optional*, defaults to `32`): the first N problems; N x k fills whole batches.
         torch_num_threads (`int`, *optional*): CPU threads of torch and `OMP_NUM_THREADS` (the CPU demo: 1).
     """
@@ -85,22 +81,17 @@ class STAPOScriptArguments(ScriptArguments):
             if not getattr(self, column) and not str(self.dataset_name).startswith("builtin:"):
                 raise ValueError(f"{column}='' is empty: name the dataset column that holds the {what}.")
         if self.benchmark_eval is not None:
-            from ..evaluation.tasks import get_benchmark_spec
-
             self.benchmark_eval = get_benchmark_spec(self.benchmark_eval).name
         skip = "or set eval_before_after: false to skip the evaluation"
-        fixes = dict(
-            eval_num_problems=skip, eval_num_samples=skip, torch_num_threads="the CPU demo uses 1; unset: default"
-        )
-        fixes |= dict(benchmark_eval_steps="or unset", benchmark_eval_samples="samples per problem")
-        for name, fix in (fixes | dict(benchmark_eval_limit="or unset")).items():
+        fixes = {"eval_num_problems": skip, "eval_num_samples": skip, "torch_num_threads": "the CPU demo uses 1; "
+                 "unset: default", "benchmark_eval_steps": "or unset", "benchmark_eval_samples": "samples per problem",
+                 "benchmark_eval_limit": "or unset"}  # fmt: skip
+        for name, fix in fixes.items():
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1 ({fix}).")
 
     def dataset_kwargs(self) -> dict:
         """The [`~stapo_trl.data.load_prompt_dataset`] arguments this recipe sets (`instruction=None`: the paper's)."""
-        from ..data import INSTRUCTION
-
         names = ("dataset_config", "prompt_column", "solution_column", "instruction", "strip_dapo_instruction")
         instruction = INSTRUCTION if self.instruction is None else self.instruction
         return {name: getattr(self, name) for name in names} | {"instruction": instruction}

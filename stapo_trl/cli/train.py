@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
 
 from . import version_text
 from .errors import InputError, print_line, quiet_upstream, report_input_errors
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """`stapo-train`: bad input is one `stapo-train: error: ...` line and status 2 before any model; a stop signal
-    saves a checkpoint, then exits 128 + its number; another Ctrl-C ends with [`interrupted_line`]."""
+def main(argv: list[str] | None = None) -> None:
+    """`stapo-train`: bad input is one error line (status 2) before any model; a stop signal exits 128 + its number."""
     argv = list(sys.argv[1:] if argv is None else argv)
     run: dict = {}  # output_dir, then the checkpoint resumed: for an interrupt's last line
     try:
@@ -22,23 +21,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(version_text("stapo-train"))
                 raise SystemExit(0)
             if "--dry-run" in argv or "--dry_run" in argv:
-                from .dry_run import main as dry_run_main
-
-                raise SystemExit(dry_run_main(argv))
+                raise SystemExit(importlib.import_module(".dry_run", __package__).main(argv))
             if argv[:1] == ["compare"]:
                 raise InputError("stapo-train", "`stapo-train compare` is gone: train each recipe with `stapo-train "
                                  "--config RECIPE.yaml --seed S --output_dir DIR/ARM/seedS`, then `stapo-plot "
                                  "DIR/ARM_A DIR/ARM_B` (`make compare` does both).")  # fmt: skip
+            from .args import SHORT_HELP, fields_help, parse_args
+
             fields = [i for i, a in enumerate(argv) if a in ("--help-fields", "--help_fields")]
             if "-h" in argv or "--help" in argv or fields:
-                from .args import SHORT_HELP, fields_help
-
                 word = [w for w in argv[fields[0] + 1 : fields[0] + 2] if not w.startswith("-")] if fields else []
                 print(fields_help(*word) if fields else SHORT_HELP)
                 raise SystemExit(0)
             try:
-                from .args import parse_args
-
                 script_args, training_args, model_args = parse_args(argv)
                 run["output_dir"] = training_args.output_dir
                 from .run import prepare, torch_threads, train  # the training stack: after parsing
@@ -65,10 +60,8 @@ def interrupted_line(argv: list[str], output_dir: str | None = None, **resumed) 
     if newest is None:
         return "stapo-train: interrupted: nothing saved."
     saved = "checkpoint" in resumed and os.path.realpath(newest) != os.path.realpath(resumed["checkpoint"] or "")
-    what = (
-        f"checkpoint saved to {newest}" if saved else f"nothing saved by this run; the newest checkpoint is {newest}"
-    )
-    return f"stapo-train: interrupted: {what}. Resume with the same command: {resume_command(argv)}"
+    what = "checkpoint saved to" if saved else "nothing saved by this run; the newest checkpoint is"
+    return f"stapo-train: interrupted: {what} {newest}. Resume with the same command: {resume_command(argv)}"
 
 
 if __name__ == "__main__":
