@@ -67,6 +67,11 @@ def test_bad_arguments_are_one_line_before_anything_loads(argv, expected, tiny_r
     assert not (tmp_path / "r.json").exists()
 
 
+def test_decodings_run_in_the_order_given():
+    assert stapo_eval.parse_decoding_list("t0.7-p0.9,greedy") == ["t0.7-p0.9", "greedy"]
+    assert DECODINGS["greedy"].temperature == 0
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_a_missing_vllm_is_one_line_naming_its_install(tiny_random_model_path, tmp_path, capsys):
     with pytest.raises(SystemExit):
