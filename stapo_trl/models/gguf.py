@@ -22,20 +22,10 @@ WHEELS_PATH_ENV_VAR = "STAPO_TRL_WHEELS_PATH"
 # By `added_chat_template`: the template and its end-of-turn token (an eos id); the base Gemma 3 GGUF has none
 GEMMA3_CHAT_TEMPLATE = (Path(__file__).parents[1] / "templates" / "gemma3_chat_template.jinja").read_text("utf-8")
 ADDED_CHAT_TEMPLATES = {"gemma3": (GEMMA3_CHAT_TEMPLATE, "<end_of_turn>")}
-
-
-class ModelWheelNotInstalledError(FileNotFoundError):
-    """A wheel a real model is converted from, or the `gguf` reader, is not installed at its pinned version."""
-
-
-class GGUFFileMissingError(FileNotFoundError):
-    """A wheel is installed but its GGUF file (or one of its chunks) is not there."""
-
-
-class GGUFChecksumError(ValueError):
-    """The GGUF file (or the joined chunks) differs from the pinned one."""
-
-
+# a wheel (or the `gguf` reader) not at its pin; a GGUF file or chunk missing; a GGUF file not the pinned one
+ModelWheelNotInstalledError = type("ModelWheelNotInstalledError", (FileNotFoundError,), {})
+GGUFFileMissingError = type("GGUFFileMissingError", (FileNotFoundError,), {})
+GGUFChecksumError = type("GGUFChecksumError", (ValueError,), {})
 GGUFSource = namedtuple("GGUFSource", "name files wheels file_name sha256 gguf_version")
 
 
