@@ -81,7 +81,7 @@ def token_records(selected: torch.Tensor, tokenizer, *, prob_threshold=None, pro
         advantage=r[_ADVANTAGE], position=int(pos), context=f"{before}⟦{token}⟧{after}",
         entropy_threshold=None if math.isnan(r[_TAU_H]) else r[_TAU_H], prob_threshold=prob_threshold,
         completion_index=int(row), process_index=int(process_index),
-    ) for (update, kind, row, pos, r), (token, before, after) in zip(rows, zip(decoded, decoded, decoded))]  # fmt: skip
+    ) for (update, kind, row, pos, r), (token, before, after) in zip(rows, zip(*[decoded] * 3))]  # fmt: skip
 
 
 def spurious_token_records(result: S2TResult, per_token_logps: torch.Tensor, entropies: torch.Tensor,
@@ -118,8 +118,8 @@ def tokenizer_token_bytes(spec: Mapping[str, Any]) -> dict[int, bytes]:
 
 
 TOKEN_LABEL_KEY = ("Labels: the decoded token; ␣ = space, \\n = newline, <0x16> = a control character by its code, "
-                   "byte 0xE2 = a byte-level BPE fragment that is not a character on its own (one byte of a multi-byte "
-                   "UTF-8 character, shown by its value).")  # fmt: skip
+                   "byte 0xE2 = a byte-level BPE fragment that is not a character on its own (one byte of a "
+                   "multi-byte UTF-8 character, shown by its value).")  # fmt: skip
 
 
 def readable_token(token: str, token_bytes: bytes | None = None, token_id: int | None = None) -> str:

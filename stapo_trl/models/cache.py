@@ -128,10 +128,9 @@ def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | o
     if os.path.exists(name_or_path):
         raise NotADirectoryError(f"Model path {name_or_path!r} is a file; pass the directory that holds the model.")
     if name_or_path.startswith(("/", "./", "../", "~", ".\\", "..\\")) or name_or_path in (".", ".."):
-        raise FileNotFoundError(
-            f"Model directory {name_or_path!r} does not exist. Pass an existing local directory, a Hub id (e.g. "
-            f"'Qwen/Qwen3-1.7B-Base') or a built-in name ({', '.join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)})."
-        )
+        raise FileNotFoundError(f"Model directory {name_or_path!r} does not exist. Pass an existing local directory, "
+            f"a Hub id (e.g. 'Qwen/Qwen3-1.7B-Base') or a built-in name "
+            f"({', '.join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)}).")  # fmt: skip
     return name_or_path
 
 

@@ -20,10 +20,8 @@ def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, sft_config: dic
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
-    dataset = train_dataset.map(
-        lambda ex: {"completion": [{"role": "assistant", "content": ex["completion"]}]},
-        remove_columns=[c for c in train_dataset.column_names if c not in ("prompt", "completion")],
-    )
+    dataset = train_dataset.map(lambda ex: {"completion": [{"role": "assistant", "content": ex["completion"]}]},
+        remove_columns=[c for c in train_dataset.column_names if c not in ("prompt", "completion")])  # fmt: skip
     renamed = hasattr(SFTConfig, "activation_checkpointing")  # transformers 5.24 renamed gradient_checkpointing
     with tempfile.TemporaryDirectory() as output_dir:
         args = SFTConfig(
