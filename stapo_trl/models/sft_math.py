@@ -68,10 +68,8 @@ def evaluate_tiny_math(model, tokenizer, num_problems: int, max_new_tokens=48, s
     return evaluation | ({"sampled_tokens": summarize_token_statistics(stats)} if statistics else {})
 
 
-SFT_CONFIG: dict[str, Any] = {
-    "per_device_train_batch_size": 8, "learning_rate": 5e-5, "lr_scheduler_type": "constant",
-    "label_smoothing_factor": 0.01,
-}  # fmt: skip
+SFT_CONFIG: dict[str, Any] = {"per_device_train_batch_size": 8, "learning_rate": 5e-5, "lr_scheduler_type": "constant",
+                              "label_smoothing_factor": 0.01}  # fmt: skip
 
 
 def build(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None) -> dict[str, Any]:
