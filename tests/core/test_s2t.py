@@ -21,19 +21,17 @@ def test_candidates_threshold_and_silenced_tokens():
     assert isinstance(result, S2TResult) and result.keep.dtype == torch.bool and not result.keep.requires_grad
     assert all(torch.equal(t.detach(), c) for t, c in zip(tensors, copies, strict=True))  # inputs untouched
     assert torch.equal(result.candidate, torch.tensor([[True, True, False, True, False], [False] * 5]))
-    # Candidate entropies sorted [0.1, 0.3, 0.4]; h = (3 - 1) * 0.75 = 1.5 -> 0.3 + 0.5 * (0.4 - 0.3) = 0.35.
+    # Candidate entropies [0.1, 0.3, 0.4]: h = 2 * 0.75 = 1.5 -> 0.35; H < 0.35: tokens 0 and 3 silenced, 1 kept
     assert result.entropy_threshold == pytest.approx(0.35)
-    # H < 0.35: tokens 0 (0.1) and 3 (0.3) are silenced; token 1 (0.4) is kept (exploratory).
     silenced = torch.tensor([[True, False, False, True, False], [False] * 5])
     assert torch.equal(result.silenced, silenced) and torch.equal(result.keep, ~silenced)
     assert (result.num_candidates, result.num_silenced, result.num_loss_tokens, result.num_kept) == (3, 2, 8, 6)
-    # "off" silences nothing but counts and reports the tau_h "low_entropy" would use: logs stay comparable.
-    off = s2t_mask(*hand_s2t_batch(), mode="off")
+    off = s2t_mask(*hand_s2t_batch(), mode="off")  # silences nothing, counts and reports tau_h as "low_entropy"
     assert not off.silenced.any() and off.keep.all() and (off.num_candidates, off.num_silenced) == (3, 0)
     assert off.entropy_threshold == pytest.approx(0.35)
 
 
-def test_no_candidate_a_lone_candidate_and_tied_entropies_silence_nothing():
+def test_no_candidate_a_lone_candidate_and_tied_entropies_silence_nothing_and_a_non_positive_a_is_no_candidate():
     logps, entropies, advantages, loss_mask = hand_s2t_batch()
     result = s2t_mask(logps, entropies, -advantages.abs(), loss_mask)
     assert result.num_candidates == 0 and result.num_silenced == 0 and result.keep.all()
@@ -43,19 +41,13 @@ def test_no_candidate_a_lone_candidate_and_tied_entropies_silence_nothing():
     assert result.num_candidates == 1 and result.entropy_threshold == pytest.approx(0.1) and result.num_silenced == 0
     result = s2t_mask(logps, torch.full((2, 5), 0.7), advantages, loss_mask)  # ties: strict "<"
     assert result.num_candidates == 3 and result.num_silenced == 0
-
-
-def test_zero_and_negative_advantages_and_masked_tokens_are_never_candidates():
     loss_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 1, 0]])  # advantages (B, 1) are accepted too
-    result = s2t_mask(
-        torch.full((3, 4), math.log(1e-4)), torch.rand(3, 4), torch.tensor([[0.0], [-2.0], [0.5]]), loss_mask
-    )
+    result = s2t_mask(torch.full((3, 4), -9.0), torch.rand(3, 4), torch.tensor([[0.0], [-2.0], [0.5]]), loss_mask)
     assert not result.candidate[:2].any() and result.candidate[2].tolist() == [True, False, True, False]
 
 
 def test_gather_serves_the_quantile_and_the_counts_in_exactly_two_calls():
-    # another process: candidate entropies [0.0, 0.05]; 2 silenced, 10 in the loss, 1 non-finite
-    calls = []
+    calls = []  # another process: candidate entropies [0.0, 0.05]; 2 silenced, 10 in the loss, 1 non-finite
 
     def gather(tensor):
         calls.append(tensor.numel())
@@ -64,7 +56,7 @@ def test_gather_serves_the_quantile_and_the_counts_in_exactly_two_calls():
 
     result = s2t_mask(*hand_s2t_batch(), gather=gather)
     assert len(calls) == 2
-    # All candidates [0.0, 0.05, 0.1, 0.3, 0.4]: h = 4 * 0.75 = 3 -> 0.3. Here H < 0.3: token 0 only.
+    # All candidates [0.0, 0.05, 0.1, 0.3, 0.4]: h = 3 -> 0.3; here H < 0.3: token 0 only
     assert result.entropy_threshold == pytest.approx(0.3) and result.num_candidates == 5
     assert result.silenced[0].tolist() == [True, False, False, False, False]
     assert (result.num_silenced, result.num_loss_tokens, result.num_nonfinite) == (3, 18, 1)
@@ -90,8 +82,7 @@ def test_linear_quantile_matches_numpy(n, q):
 
 @pytest.mark.slow  # 17.8 M candidates: ~3 s
 def test_tau_h_over_more_than_2_pow_24_candidates_is_exact():
-    # torch.quantile refuses inputs above 2**24 elements; against numpy's float64 quantile of the same values
-    n = 2**24 + 1_000_003
+    n = 2**24 + 1_000_003  # torch.quantile refuses above 2**24 elements; against numpy's float64 quantile
     entropies = torch.rand(1, n, generator=torch.Generator().manual_seed(0)) * 5.0  # (1, n) nats
     result = s2t_mask(torch.full((1, n), math.log(1e-3)), entropies, torch.ones(1), torch.ones(1, n, dtype=torch.bool))
     reference = float(np.quantile(entropies.flatten().double().numpy(), 0.75))

@@ -26,10 +26,8 @@ class BlockStapoTrl(importlib.abc.MetaPathFinder):
 
 
 sys.meta_path.insert(0, BlockStapoTrl())
-
 import torch
 from datasets import Dataset
-
 from stapo import STAPOConfig, STAPOTrainer, s2t_mask  # the copy of stapo_trl/core/
 
 
@@ -39,13 +37,13 @@ class Recorder(STAPOTrainer):  # the last mask's inputs and result, through the 
         return self.last[1]
 
 
-model_path, out = sys.argv[1], sys.argv[2]
-args = STAPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
-                   num_generations=2, max_completion_length=8, logging_steps=1, save_strategy="no", seed=0,
-                   max_steps=4, learning_rate=1e-2, s2t_prob_threshold=1.0)
+out = sys.argv[2]
+args = STAPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4, seed=0,
+                   num_generations=2, max_completion_length=8, logging_steps=1, save_strategy="no", max_steps=4,
+                   learning_rate=1e-2, s2t_prob_threshold=1.0)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    trainer = Recorder(model_path, reward_funcs=lambda completions, **kwargs: [float(len(c) % 4) for c in completions],
+    trainer = Recorder(sys.argv[1], reward_funcs=lambda completions, **kw: [float(len(c) % 4) for c in completions],
                        args=args, train_dataset=Dataset.from_list([{"prompt": f"{i}+{i % 7}="} for i in range(32)]))
 before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 trainer.train()

@@ -21,13 +21,12 @@ def make_config(config_cls=STAPOConfig, **overrides):
 
 
 @dataclasses.dataclass
-class OpenR1StyleConfig(GRPOConfig):  # a user's config as open-r1 writes one: GRPOConfig plus fields of its own
+class OpenR1StyleConfig(GRPOConfig):  # a user's config as open-r1 writes one: fields of its own, one S2T field
     benchmarks: list[str] = dataclasses.field(default_factory=list)
-    system_prompt: str | None = None
-    s2t_entropy_quantile: float = 0.8  # one S2T field of its own (the paper's v1 value)
+    s2t_entropy_quantile: float = 0.8  # the paper's v1 value
 
 
-def test_defaults_are_the_papers_documented_by_the_field_and_the_docstring():
+def test_defaults_are_the_papers_documented_and_the_settings_come_from_any_config_else_from_the_paper():
     # STAPO Sec. 4.1: tau_p = 0.002, q = 0.75; the DAPO/JustRL objective: clip 0.2 / 0.28, token mean, no KL
     config = make_config()
     assert (config.s2t_prob_threshold, config.s2t_entropy_quantile, config.s2t_mode) == (0.002, 0.75, "low_entropy")
@@ -41,11 +40,18 @@ def test_defaults_are_the_papers_documented_by_the_field_and_the_docstring():
         assert len(f.metadata["help"]) > 30 and f"{name} (`" in STAPOConfig.__doc__, name
         assert f.default == getattr(S2TSettings(), name.removeprefix("s2t_")), name  # one set of paper values
     assert list(fields["s2t_mode"].metadata["choices"]) == ["low_entropy", "off"]
-    # in the installed trl only epsilon_high differs: a TRL that changes a default fails here
-    grpo = make_config(GRPOConfig)
+    grpo = make_config(GRPOConfig)  # in the installed trl only epsilon_high differs: a changed TRL default fails here
     assert sorted(name for name, paper in PAPER_OBJECTIVE.items() if getattr(grpo, name) != paper) == ["epsilon_high"]
     doc = " ".join(STAPOConfig.__doc__.split())
     assert f"`GRPOConfig` differs only in `epsilon_high` (`{grpo.epsilon_high}`" in doc
+    for boundary in ({"s2t_prob_threshold": 1.0}, {"s2t_entropy_quantile": 0.0}, {"s2t_prob_threshold": 1}):
+        assert s2t_settings(make_config(**boundary))  # accepted (an int is a number)
+    assert s2t_settings(grpo) == S2TSettings()  # no S2T field at all: the paper's
+    assert s2t_settings(make_config(OpenR1StyleConfig)) == S2TSettings(entropy_quantile=0.8)
+    config = make_config(s2t_prob_threshold=0.01, s2t_mode="off")
+    assert s2t_settings(config) == S2TSettings(prob_threshold=0.01, mode="off") == s2t_settings(config, modes=("off",))
+    with pytest.raises(ValueError, match=r"is not one of \['low_entropy'\]"):
+        s2t_settings(config, modes=("low_entropy",))
 
 
 @pytest.mark.parametrize(
@@ -65,18 +71,6 @@ def test_bad_values_are_refused_on_one_line_naming_the_field_from_any_config(fie
     setattr(config, field, value)
     with pytest.raises(ValueError, match=message):
         s2t_settings(config)
-
-
-def test_the_settings_come_from_the_config_where_it_has_them_else_from_the_paper():
-    for boundary in ({"s2t_prob_threshold": 1.0}, {"s2t_entropy_quantile": 0.0}, {"s2t_prob_threshold": 1}):
-        assert s2t_settings(make_config(**boundary))  # accepted (an int is a number)
-    assert s2t_settings(make_config(GRPOConfig)) == S2TSettings()  # no S2T field at all
-    assert s2t_settings(make_config(OpenR1StyleConfig)) == S2TSettings(entropy_quantile=0.8)
-    config = make_config(s2t_prob_threshold=0.01, s2t_mode="off")
-    assert s2t_settings(config) == S2TSettings(prob_threshold=0.01, mode="off")
-    assert s2t_settings(config, modes=("off",)).mode == "off"
-    with pytest.raises(ValueError, match=r"is not one of \['low_entropy'\]"):
-        s2t_settings(config, modes=("low_entropy",))
 
 
 @pytest.mark.release
@@ -113,8 +107,7 @@ def test_the_path_of_p_and_h(geometry, path):
     assert s2t_path(make_config(**geometry)) == path
 
 
-# one row per warned GRPO feature of docs/stapo.md's table
-FEATURE_WARNINGS = [
+FEATURE_WARNINGS = [  # one row per warned GRPO feature of docs/stapo.md's table
     ({"beta": 0.04}, r"^S2T mask with beta=0\.04: silenced tokens lose their KL penalty too"),
     ({"importance_sampling_level": "sequence"}, r"importance_sampling_level='sequence': each ratio averages kept"),
     ({"loss_type": "vespo"}, r"loss_type='vespo': each completion's weight phi sums its kept tokens"),
@@ -132,10 +125,8 @@ FEATURE_WARNINGS = [
 
 @pytest.mark.parametrize("overrides, message", FEATURE_WARNINGS)
 def test_each_feature_the_mask_changes_gives_one_message_naming_the_field(overrides, message):
-    config = make_config(**overrides)
-    messages = s2t_warnings(config, s2t_settings(config))
-    assert len(messages) == 1 and re.search(message, messages[0]), messages
-    assert "\n" not in messages[0]
+    messages = s2t_warnings(config := make_config(**overrides), s2t_settings(config))
+    assert len(messages) == 1 and re.search(message, messages[0]) and "\n" not in messages[0], messages
     off = make_config(s2t_mode="off", **overrides)
     assert not [m for m in s2t_warnings(off, s2t_settings(off)) if m.startswith("S2T mask")]  # nothing is silenced
 
