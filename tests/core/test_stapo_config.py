@@ -2,7 +2,6 @@
 
 import dataclasses
 import re
-import warnings
 
 import pytest
 import trl
@@ -14,10 +13,11 @@ from stapo_trl.core.s2t import S2TSettings
 from stapo_trl.core.stapo_config import PAPER_OBJECTIVE, s2t_path, s2t_settings, s2t_settings_line, s2t_warnings
 
 
+pytestmark = pytest.mark.filterwarnings("ignore")  # TRL's notices while configs are built
+
+
 def make_config(config_cls=STAPOConfig, **overrides):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return config_cls(output_dir="unused", use_cpu=True, bf16=False, report_to=[], **overrides)
+    return config_cls(output_dir="unused", use_cpu=True, bf16=False, report_to=[], **overrides)
 
 
 @dataclasses.dataclass

@@ -25,14 +25,14 @@ PROMPTS = [{"prompt": f"{i}+{i % 7}="} for i in range(64)]  # plain text: no cha
 
 @pytest.fixture
 def build(tiny_model_path, tmp_path):
-    def build(trainer_cls=STAPOTrainer, config_cls=None, name="run", num_prompts=64, peft_config=None, **overrides):
+    def build(trainer_cls=STAPOTrainer, config_cls=None, name="run", num_prompts=64, **overrides):
         config_cls = config_cls or (STAPOConfig if issubclass(trainer_cls, STAPOTrainer) else GRPOConfig)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             args = config_cls(output_dir=str(tmp_path / name), **SETTINGS | overrides)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            trainer = trainer_cls(tiny_model_path, reward_funcs=length_reward, args=args, peft_config=peft_config,
+            trainer = trainer_cls(tiny_model_path, reward_funcs=length_reward, args=args,
                                   train_dataset=Dataset.from_list(PROMPTS[:num_prompts]))  # fmt: skip
         trainer.warned = [str(w.message) for w in caught if w.filename == __file__ and w.category is UserWarning]
         return trainer
@@ -211,7 +211,10 @@ def test_an_epoch_ends_inside_an_update_only_where_updates_span_rollout_batches(
             assert first[1] * 2 / 4 == second[1] * 2 / 4 == first[2] + second[2]  # the update's kept-token count
 
 
-def test_the_papers_config_is_silent_the_check_leaves_no_state_and_the_card_cites_the_paper(build, monkeypatch):
+@pytest.mark.release
+def test_the_papers_config_is_silent_the_card_cites_the_paper_and_a_trl_whose_normalizer_differs_is_refused(
+    build, monkeypatch
+):
     assert build().warned == [] and build(steps_per_generation=8, gradient_accumulation_steps=2).warned == []
     trainer = build(entropy_coef=0.01, use_adaptive_entropy=True)  # the adaptive bonus moves inside TRL's loss
     assert trainer.entropy_coef == 0.01 and trainer._s2t_loss_forward is None and not trainer.model.training
@@ -221,11 +224,7 @@ def test_the_papers_config_is_silent_the_check_leaves_no_state_and_the_card_cite
     assert "2602.15620" in card and "liu2026stapo" in card and "stapo" in card
     monkeypatch.setattr(trl, "__version__", "1.17.0")
     assert build().warned == [f"trl 1.17.0 is outside the tested trl{SUPPORTED_TRL}."]
-
-
-@pytest.mark.release
-def test_a_trl_whose_normalizer_differs_is_refused_at_construction(build, monkeypatch):
-    original = GRPOTrainer._compute_loss  # the PARENT divides by num_items / processes, as TRL main did in July 2026
+    original = GRPOTrainer._compute_loss  # a PARENT dividing by num_items / processes (TRL main in July 2026): refused
 
     def compute_loss(self, model, inputs):
         if self.model.training:
@@ -241,8 +240,10 @@ def test_a_trl_whose_normalizer_differs_is_refused_at_construction(build, monkey
 
 
 @pytest.mark.release
-def test_the_stashed_loss_forward_goes_only_to_the_call_it_was_made_for(build):
-    trainer = build()
+def test_the_stashed_loss_forward_goes_only_to_its_call_and_trls_rollout_scoring_is_checked_by_value(
+    build, monkeypatch
+):
+    trainer = build(steps_per_generation=4, gradient_accumulation_steps=2)  # s2t_path "old_logps"
     batch = hand_scored_batch(trainer.model.config.vocab_size)
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
@@ -258,10 +259,6 @@ def test_the_stashed_loss_forward_goes_only_to_the_call_it_was_made_for(build):
     assert forward(trainer.model, ids, mask, 5) is stashed  # the call it was made for, once
     assert trainer._s2t_loss_forward is None
     torch.testing.assert_close(forward(trainer.model, ids, mask, 5)[0], policy_forward(trainer, batch)[0])
-
-
-def test_trls_rollout_scoring_is_checked_by_value(build, monkeypatch):
-    trainer = build(steps_per_generation=4, gradient_accumulation_steps=2)  # s2t_path "old_logps"
     trainer.model.train()
     original, rows = GRPOTrainer._generate_and_score_completions, [row for row in PROMPTS[:8] for _ in range(2)]
     for change, error in [
@@ -298,34 +295,25 @@ def test_opsm_judges_only_sequences_the_mask_never_touches():
     advantages, loss_mask = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0])[:, None], torch.ones(6, 7)
     result = s2t_mask(logps, entropies, advantages[:, 0], loss_mask, prob_threshold=0.1, entropy_quantile=0.5)
     sampling = logps + torch.rand(6, 7, generator=generator)  # off-policy by up to 1 nat per token
-    dropped = 0
+    opsm = lambda mask, t: GRPOTrainer.get_off_policy_mask(advantages, logps, sampling, mask, t)  # noqa: E731
     for threshold in (0.1, 0.4, 0.6):
-        with_mask = GRPOTrainer.get_off_policy_mask(advantages, logps, sampling, loss_mask * result.keep, threshold)
-        without = GRPOTrainer.get_off_policy_mask(advantages, logps, sampling, loss_mask, threshold)
-        assert torch.equal(with_mask, without)
-        dropped += int((without == 0).sum())
-    assert dropped > 0 and result.num_silenced > 0
+        assert torch.equal(opsm(loss_mask * result.keep, threshold), opsm(loss_mask, threshold))
+    assert sum(int((opsm(loss_mask, t) == 0).sum()) for t in (0.1, 0.4, 0.6)) > 0 and result.num_silenced > 0
 
 
-@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=pytest.mark.slow)])  # in the default suite too:
-# tests/recipes/test_recipes.py::test_lora_demo_recipe_trains_only_the_adapter
-def test_every_pass_uses_the_rollout_time_mask_and_lora_trains_with_the_adapter_policy(build, lora):
-    # num_iterations 2: each update's mask is the rollout's on both passes though the weights moved; PEFT: adapter's
-    from peft import LoraConfig
-
-    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None
-    trainer = build(max_steps=1 if lora else 4, steps_per_generation=4, gradient_accumulation_steps=2,
-                    num_iterations=1 if lora else 2, s2t_prob_threshold=0.05, peft_config=peft_config)  # fmt: skip
-    trained = [n for n, _ in trainer.model.named_parameters() if "lora_B" in n or not lora]
+def test_every_pass_uses_the_rollout_time_mask(
+    build,
+):  # LoRA: tests/recipes/test_recipes.py::test_lora_demo_recipe_...
+    # num_iterations 2: each update's mask is the rollout's on both passes though the weights moved
+    trainer = build(max_steps=4, steps_per_generation=4, gradient_accumulation_steps=2, num_iterations=2,
+                    s2t_prob_threshold=0.05)  # fmt: skip
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainer.train()
-    assert trained and all(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters() if n in trained)
+    assert all(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
     rows = [row for row in trainer.state.log_history if "loss" in row]
-    assert len(rows) == (1 if lora else 4) and sum(row["s2t/num_silenced"] for row in rows) > 0
-    if not lora:
-        for key in ("s2t/num_silenced", "s2t/num_candidates", "s2t/num_loss_tokens", "s2t/entropy_threshold"):
-            assert [row[key] for row in rows[:2]] == [row[key] for row in rows[2:]], key
-        for row in rows:
-            assert 0.0 <= row["s2t/silenced_ratio"] <= row["s2t/candidate_ratio"] <= 1.0
-            assert row["s2t/num_silenced"] <= row["s2t/num_candidates"] <= row["s2t/num_loss_tokens"]
-        assert rows[0]["loss"] != rows[2]["loss"]  # the weights (and so the ratios) did move
+    assert len(rows) == 4 and sum(row["s2t/num_silenced"] for row in rows) > 0
+    for key in ("s2t/num_silenced", "s2t/num_candidates", "s2t/num_loss_tokens", "s2t/entropy_threshold"):
+        assert [row[key] for row in rows[:2]] == [row[key] for row in rows[2:]], key
+    assert all(0.0 <= row["s2t/silenced_ratio"] <= row["s2t/candidate_ratio"] <= 1.0 for row in rows)
+    assert all(row["s2t/num_silenced"] <= row["s2t/num_candidates"] <= row["s2t/num_loss_tokens"] for row in rows)
+    assert rows[0]["loss"] != rows[2]["loss"]  # the weights (and so the ratios) did move

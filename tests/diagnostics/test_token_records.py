@@ -46,12 +46,10 @@ def test_hand_batch_records():
         ("kept_candidate", "3", 4, "2=⟦3⟧", True), ("reference", "1", 0, "⟦1⟧+2", False),
         ("reference", "=", 3, "+2⟦=⟧3", False),
     ]  # fmt: skip  # context: up to 2 completion tokens each side, never past the last loss token
-    silenced = records[0]
     assert [r["silenced"] for r in records] == [True, False, False, False, False]
-    assert silenced["prob"] == pytest.approx(0.001) and silenced["logprob"] == pytest.approx(math.log(0.001))
-    assert silenced["entropy"] == pytest.approx(0.2) and silenced["advantage"] == 1.0
-    assert silenced["entropy_threshold"] == pytest.approx(0.5) and silenced["prob_threshold"] == 0.01
-    assert [silenced[key] for key in ("step", "token_id", "completion_index", "process_index")] == [7, 2, 0, 0]
+    r, keys = records[0], "prob logprob entropy advantage entropy_threshold prob_threshold step token_id"
+    assert [r[k] for k in keys.split()] == pytest.approx([0.001, math.log(0.001), 0.2, 1, 0.5, 0.01, 7, 2])
+    assert r["completion_index"] == r["process_index"] == 0
     assert json.loads(json.dumps(records)) == records  # JSON-serialisable as is
     records = spurious_token_records(*hand_batch(prob_threshold=1e-6), CharTokenizer(), step=1)  # no candidate
     assert [r["kind"] for r in records] == ["reference"] * 5 and {r["entropy_threshold"] for r in records} == {None}
@@ -68,13 +66,12 @@ def test_hand_batch_records():
 
 
 def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.0):  # p in [0.1, 0.6], q = 0.5
-    generator = torch.Generator().manual_seed(rows)
-    entropies = torch.rand(rows, length, generator=generator)
-    logps = torch.log(torch.rand(rows, length, generator=generator) * 0.5 + 0.1)
-    advantages, loss_mask = torch.ones(rows), torch.ones(rows, length)
-    completion_ids = torch.randint(1, len(VOCAB), (rows, length), generator=generator)
+    g, advantages, loss_mask = torch.Generator().manual_seed(rows), torch.ones(rows), torch.ones(rows, length)
+    entropies = torch.rand(rows, length, generator=g)
+    logps = torch.log(torch.rand(rows, length, generator=g) / 2 + 0.1)
+    ids = torch.randint(1, len(VOCAB), (rows, length), generator=g)
     result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
-    return result, logps, entropies, advantages, loss_mask, completion_ids
+    return result, logps, entropies, advantages, loss_mask, ids
 
 
 def test_records_are_capped_per_kind_sampled_in_order_deterministic_and_cost_one_transfer():
@@ -88,8 +85,7 @@ def test_records_are_capped_per_kind_sampled_in_order_deterministic_and_cost_one
     assert first == spurious_token_records(*batch, CharTokenizer(), step=3, **caps)  # the same sample when rerun
     drawn = [spurious_token_records(*batch, CharTokenizer(), step=step, **caps)[:4] for step in range(10)]
     assert len({(r["completion_index"], r["position"]) for records in drawn for r in records}) > 4  # step seeds
-    assert spurious_token_records(*batch, CharTokenizer(), step=3, max_silenced=0, max_kept_candidates=0,
-                                  max_reference=0) == []  # fmt: skip
+    assert spurious_token_records(*batch, CharTokenizer(), step=3, **dict.fromkeys(caps, 0)) == []
     tokenizer, batch = CharTokenizer(), all_candidates_batch(128, prob_threshold=0.35)
     with HostTransfers() as transfers:
         records = spurious_token_records(*batch, tokenizer, step=1, context_tokens=3)
@@ -106,15 +102,19 @@ def run_args(tmp_path, seed=0, report_to=()):
     return types.SimpleNamespace(output_dir=str(tmp_path), seed=seed, report_to=list(report_to))
 
 
+def record(logger, trainer, *batches):  # one mask per update
+    for update, batch in enumerate(batches):
+        trainer.state.global_step = update
+        logger.record(*batch)
+
+
 @pytest.mark.parametrize("masks", [1, 6])
 def test_the_logger_transfers_nothing_per_mask_and_once_per_logging_step(tmp_path, masks):
     trainer = stand_in_trainer()
     logger = SpuriousTokenLogger(trainer, path=str(tmp_path / "tokens.jsonl"))
     batch = all_candidates_batch(64)  # the mask's own transfers are not the records'
     with HostTransfers() as at_masks:
-        for update in range(masks):
-            trainer.state.global_step = update
-            logger.record(*batch)
+        record(logger, trainer, *[batch] * masks)
     with HostTransfers() as at_logging_step:
         written = logger.write_pending(run_args(tmp_path), step=6)
     logger.close()
@@ -128,9 +128,7 @@ def test_the_merged_sample_of_several_masks_is_uniform_over_their_tokens(tmp_pat
     for seed in range(50):
         trainer.args.seed = seed
         logger = SpuriousTokenLogger(trainer, max_silenced=12, max_kept_candidates=0, max_reference=0)
-        for update in range(4):
-            trainer.state.global_step = update
-            logger.record(*all_candidates_batch(2))
+        record(logger, trainer, *[all_candidates_batch(2)] * 4)
         records = logger.write_pending(run_args(tmp_path, seed), 4)
         logger.close()
         assert len(records) == 12
@@ -167,9 +165,7 @@ def test_the_logging_step_caps_the_records_of_all_its_masks_once_and_tables_the_
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=object(), Table=table, log=logged.append))
     trainer = stand_in_trainer()
     logger = SpuriousTokenLogger(trainer, max_silenced=2, max_kept_candidates=1, max_reference=0)
-    for update in range(3):
-        trainer.state.global_step = update
-        logger.record(*hand_batch())
+    record(logger, trainer, *[hand_batch()] * 3)
     assert logger._pending.shape[:2] == (3, 2)  # per kind, at most the largest cap waits for the logging step
     written = logger.write_pending(run_args(tmp_path, report_to=["wandb"]), step=5)
     logger.close()
