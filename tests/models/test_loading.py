@@ -22,14 +22,11 @@ def lora_dir(tiny_math_model_path, tmp_path_factory):
     torch.manual_seed(0)
     with torch.no_grad():  # B = 0 would make the adapter a no-op
         [param.normal_(0, 0.5) for name, param in peft_model.named_parameters() if "lora_B" in name]
-    out = tmp_path_factory.mktemp("lora-run")
-    peft_model.save_pretrained(out)
+    peft_model.save_pretrained(out := tmp_path_factory.mktemp("lora-run"))
     AutoTokenizer.from_pretrained(tiny_math_model_path).save_pretrained(out)
     shutil.copy(f"{tiny_math_model_path}/config.json", out / "config.json")  # what makes from_pretrained fail
-    ids = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
-        expected = peft_model(ids).logits
-    return out, ids, expected
+        return out, (ids := torch.tensor([[1, 2, 3, 4, 5]])), peft_model(ids).logits
 
 
 def test_a_full_model_an_adapter_merged_onto_its_base_no_base_or_remote_code_refused(lora_dir, tiny_math_model_path,
@@ -66,17 +63,15 @@ def test_a_full_model_an_adapter_merged_onto_its_base_no_base_or_remote_code_ref
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="torch's default is already one thread on one core")
-def test_stapo_eval_of_an_adapter_says_so_once_and_runs_on_the_tiny_models_one_thread(
-    lora_dir, tmp_path, monkeypatch, capsys, caplog
-):
+def test_stapo_eval_of_an_adapter_says_so_once_and_runs_on_the_tiny_models_one_thread(lora_dir, tmp_path, monkeypatch,
+                                                                                    capsys, caplog):  # fmt: skip
     from stapo_trl.cli.eval import main
     from stapo_trl.evaluation.generation import HFGenerator
     from stapo_trl.trainer.trainers import _torch_default_threads
 
     seen, generate = [], HFGenerator.generate
-    monkeypatch.setattr(
-        HFGenerator, "generate", lambda *a, **k: seen.append(torch.get_num_threads()) or generate(*a, **k)
-    )
+    monkeypatch.setattr(HFGenerator, "generate",
+                        lambda *a, **k: seen.append(torch.get_num_threads()) or generate(*a, **k))  # fmt: skip
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     previous = torch.get_num_threads()
     torch.set_num_threads(max(_torch_default_threads()))  # as torch starts (the test process runs on one)

