@@ -13,7 +13,7 @@ from stapo_trl.core.s2t import S2TResult, linear_quantile, s2t_mask
 pytestmark = pytest.mark.release  # checked on every TRL release (`make test-releases`)
 
 
-def test_candidates_threshold_and_silenced_tokens():
+def test_candidates_threshold_and_silenced_tokens_and_the_gather_of_its_quantile_and_counts_in_two_calls():
     tensors = hand_s2t_batch()
     tensors[0].requires_grad_(True)
     copies = [t.detach().clone() for t in tensors]
@@ -31,7 +31,7 @@ def test_candidates_threshold_and_silenced_tokens():
     assert off.entropy_threshold == pytest.approx(0.35)
 
 
-def test_no_candidate_a_lone_candidate_and_tied_entropies_silence_nothing_and_a_non_positive_a_is_no_candidate():
+def test_no_candidate_a_lone_one_and_ties_silence_nothing_a_non_positive_a_is_no_candidate_and_bad_arguments_raise():
     logps, entropies, advantages, loss_mask = hand_s2t_batch()
     result = s2t_mask(logps, entropies, -advantages.abs(), loss_mask)
     assert result.num_candidates == 0 and result.num_silenced == 0 and result.keep.all()
@@ -44,9 +44,6 @@ def test_no_candidate_a_lone_candidate_and_tied_entropies_silence_nothing_and_a_
     loss_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 1, 0]])  # advantages (B, 1) are accepted too
     result = s2t_mask(torch.full((3, 4), -9.0), torch.rand(3, 4), torch.tensor([[0.0], [-2.0], [0.5]]), loss_mask)
     assert not result.candidate[:2].any() and result.candidate[2].tolist() == [True, False, True, False]
-
-
-def test_gather_serves_the_quantile_and_the_counts_in_exactly_two_calls():
     calls = []  # another process: candidate entropies [0.0, 0.05]; 2 silenced, 10 in the loss, 1 non-finite
 
     def gather(tensor):
@@ -60,9 +57,6 @@ def test_gather_serves_the_quantile_and_the_counts_in_exactly_two_calls():
     assert result.entropy_threshold == pytest.approx(0.3) and result.num_candidates == 5
     assert result.silenced[0].tolist() == [True, False, False, False, False]
     assert (result.num_silenced, result.num_loss_tokens, result.num_nonfinite) == (3, 18, 1)
-
-
-def test_bad_arguments_and_mismatched_shapes_name_what_is_wrong():
     t = hand_s2t_batch()
     for tensors, kwargs, message in [(t, {"mode": "high_entropy"}, "mode='high_entropy'"),
                                      (t, {"prob_threshold": 0.0}, "prob_threshold"),

@@ -26,7 +26,8 @@ class OpenR1StyleConfig(GRPOConfig):  # a user's config as open-r1 writes one: f
     s2t_entropy_quantile: float = 0.8  # the paper's v1 value
 
 
-def test_defaults_are_the_papers_documented_and_the_settings_come_from_any_config_else_from_the_paper():
+@pytest.mark.release
+def test_defaults_are_the_papers_the_settings_come_from_any_config_else_the_papers_and_the_construction_line_says_so():
     # STAPO Sec. 4.1: tau_p = 0.002, q = 0.75; the DAPO/JustRL objective: clip 0.2 / 0.28, token mean, no KL
     config = make_config()
     assert (config.s2t_prob_threshold, config.s2t_entropy_quantile, config.s2t_mode) == (0.002, 0.75, "low_entropy")
@@ -52,6 +53,29 @@ def test_defaults_are_the_papers_documented_and_the_settings_come_from_any_confi
     assert s2t_settings(config) == S2TSettings(prob_threshold=0.01, mode="off") == s2t_settings(config, modes=("off",))
     with pytest.raises(ValueError, match=r"is not one of \['low_entropy'\]"):
         s2t_settings(config, modes=("low_entropy",))
+    assert s2t_settings_line(make_config(), S2TSettings()) is None
+    grpo = make_config(GRPOConfig)
+    assert s2t_settings_line(grpo, s2t_settings(grpo)) == (
+        "STAPO with s2t_prob_threshold=0.002, s2t_entropy_quantile=0.75, s2t_mode='low_entropy' (the paper's "
+        "values: GRPOConfig has no s2t_prob_threshold, s2t_entropy_quantile, s2t_mode fields, and such values given "
+        "to it, in a YAML file say, are ignored; to set them, use `from stapo_trl import STAPOConfig as GRPOConfig`); "
+        "differs from the paper's objective: epsilon_high=None (paper 0.28)."
+    )
+    own = make_config(OpenR1StyleConfig, epsilon_high=0.28, beta=0.04)
+    line = s2t_settings_line(own, s2t_settings(own))
+    assert "s2t_entropy_quantile=0.8, " in line and "has no s2t_prob_threshold, s2t_mode fields, and such" in line
+    assert line.endswith("objective: s2t_entropy_quantile=0.8 (paper 0.75), beta=0.04 (paper 0.0).")
+    grpo = make_config(GRPOConfig, epsilon_high=0.28)
+    assert s2t_settings_line(grpo, s2t_settings(grpo)).endswith("GRPOConfig`); the rest is the paper's objective.")
+    off = make_config(s2t_mode="off")
+    assert s2t_settings_line(off, s2t_settings(off)).endswith("objective: s2t_mode='off' (paper 'low_entropy').")
+    ga2 = dict(steps_per_generation=2, gradient_accumulation_steps=2)  # the path of p and H:
+    for geometry, path in [(dict(), "loss"), (ga2, "extra_forward"), (dict(num_iterations=2), "old_logps"),
+                           (dict(steps_per_generation=8, gradient_accumulation_steps=2), "old_logps"),
+                           ({**ga2, "num_iterations": 2}, "old_logps"), ({**ga2, "use_vllm": True}, "old_logps"),
+                           ({**ga2, "use_vllm": True, "vllm_importance_sampling_correction": False},
+                            "extra_forward")]:  # fmt: skip
+        assert s2t_path(make_config(**geometry)) == path, geometry
 
 
 @pytest.mark.parametrize(
@@ -71,40 +95,6 @@ def test_bad_values_are_refused_on_one_line_naming_the_field_from_any_config(fie
     setattr(config, field, value)
     with pytest.raises(ValueError, match=message):
         s2t_settings(config)
-
-
-@pytest.mark.release
-def test_the_construction_line_says_the_values_in_effect_and_what_differs_and_nothing_for_the_papers_config():
-    assert s2t_settings_line(make_config(), S2TSettings()) is None
-    grpo = make_config(GRPOConfig)
-    assert s2t_settings_line(grpo, s2t_settings(grpo)) == (
-        "STAPO with s2t_prob_threshold=0.002, s2t_entropy_quantile=0.75, s2t_mode='low_entropy' (the paper's "
-        "values: GRPOConfig has no s2t_prob_threshold, s2t_entropy_quantile, s2t_mode fields, and such values given "
-        "to it, in a YAML file say, are ignored; to set them, use `from stapo_trl import STAPOConfig as GRPOConfig`); "
-        "differs from the paper's objective: epsilon_high=None (paper 0.28)."
-    )
-    own = make_config(OpenR1StyleConfig, epsilon_high=0.28, beta=0.04)
-    line = s2t_settings_line(own, s2t_settings(own))
-    assert "s2t_entropy_quantile=0.8, " in line and "has no s2t_prob_threshold, s2t_mode fields, and such" in line
-    assert line.endswith("objective: s2t_entropy_quantile=0.8 (paper 0.75), beta=0.04 (paper 0.0).")
-    grpo = make_config(GRPOConfig, epsilon_high=0.28)
-    assert s2t_settings_line(grpo, s2t_settings(grpo)).endswith("GRPOConfig`); the rest is the paper's objective.")
-    off = make_config(s2t_mode="off")
-    assert s2t_settings_line(off, s2t_settings(off)).endswith("objective: s2t_mode='off' (paper 'low_entropy').")
-
-
-@pytest.mark.release
-@pytest.mark.parametrize(
-    "geometry, path",
-    [(dict(), "loss"), (dict(steps_per_generation=2, gradient_accumulation_steps=2), "extra_forward"),
-     (dict(steps_per_generation=8, gradient_accumulation_steps=2), "old_logps"), (dict(num_iterations=2), "old_logps"),
-     (dict(steps_per_generation=2, gradient_accumulation_steps=2, num_iterations=2), "old_logps"),
-     (dict(steps_per_generation=2, gradient_accumulation_steps=2, use_vllm=True), "old_logps"),  # vLLM IS
-     (dict(steps_per_generation=2, gradient_accumulation_steps=2, use_vllm=True,
-           vllm_importance_sampling_correction=False), "extra_forward")],
-)  # fmt: skip
-def test_the_path_of_p_and_h(geometry, path):
-    assert s2t_path(make_config(**geometry)) == path
 
 
 FEATURE_WARNINGS = [  # one row per warned GRPO feature of docs/stapo.md's table

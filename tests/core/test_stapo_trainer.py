@@ -240,9 +240,7 @@ def test_the_papers_config_is_silent_the_card_cites_the_paper_and_a_trl_whose_no
 
 
 @pytest.mark.release
-def test_the_stashed_loss_forward_goes_only_to_its_call_and_trls_rollout_scoring_is_checked_by_value(
-    build, monkeypatch
-):
+def test_the_stashed_forward_goes_to_its_call_only_trls_scoring_is_checked_and_the_forward_keys(build, monkeypatch):
     trainer = build(steps_per_generation=4, gradient_accumulation_steps=2)  # s2t_path "old_logps"
     batch = hand_scored_batch(trainer.model.config.vocab_size)
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
@@ -279,10 +277,6 @@ def test_the_stashed_loss_forward_goes_only_to_its_call_and_trls_rollout_scoring
             counter = ForwardCounter(trainer.model)
             assert trainer._generate_and_score_completions(rows)["s2t_entropies"].shape == (16, 8)
             assert counter.count == 4  # TRL's old-log-prob forward of 16 rows in chunks of 4, and nothing else
-
-
-@pytest.mark.release
-def test_the_multimodal_forward_keys_are_the_ones_trls_loss_passes():
     call = inspect.getsource(GRPOTrainer._compute_loss).split("self._get_per_token_logps_and_entropies(")[1]
     passed = re.findall(r"(\w+)=inputs\.get\(\"\1\"\)", call.split("\n        )")[0])
     assert set(passed) == set(_FORWARD_KEYS) and len(passed) == len(_FORWARD_KEYS) == 10

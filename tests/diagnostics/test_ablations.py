@@ -16,7 +16,7 @@ from stapo_trl.diagnostics.ablations import ABLATIONS, ablation_mask
 MODES = list(ABLATIONS)
 
 
-def test_high_entropy_silences_the_candidates_above_the_complementary_quantile():
+def test_high_entropy_silences_above_the_complementary_quantile_all_low_prob_every_candidate_other_modes_refused():
     assert MODES == ["high_entropy", "all_low_prob"]  # the paper's two ablations
     tensors = hand_s2t_batch()
     copies = [t.clone() for t in tensors]
@@ -41,9 +41,6 @@ def test_high_entropy_silences_the_candidates_above_the_complementary_quantile()
         result = ablation_mask(*candidates_batch(entropies), mode="high_entropy")
         assert result.entropy_threshold == 1.0 - below_one / 4
         assert result.silenced[0].tolist() == [False, True, True, True], dtype
-
-
-def test_all_low_prob_silences_every_candidate_and_reports_the_rules_tau_h_other_modes_are_refused():
     result = ablation_mask(*hand_s2t_batch(), mode="all_low_prob")
     assert torch.equal(result.silenced, result.candidate) and torch.equal(result.keep, ~result.candidate)
     assert result.silenced is not result.candidate  # two tensors: editing one must not edit the other

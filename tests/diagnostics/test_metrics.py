@@ -11,7 +11,7 @@ from stapo_trl.diagnostics import metrics as m
 from stapo_trl.diagnostics.metrics import diagnostic_metrics
 
 
-def test_histogram_quantiles_are_within_the_stated_error_and_histograms_add_up():
+def test_histogram_quantiles_within_the_stated_error_and_hand_batch_metrics_non_finite_tokens_out_of_the_quantiles():
     r = (m.ENTROPY_MAX / m.ENTROPY_MIN) ** (
         1 / m.ENTROPY_BINS
     )  # a bin's representative value is within sqrt(r) of any
@@ -32,9 +32,6 @@ def test_histogram_quantiles_are_within_the_stated_error_and_histograms_add_up()
     assert math.isnan(m.histogram_quantile(m.entropy_histogram(torch.empty(0)), 0.5))
     with pytest.raises(ValueError, match="q=1.5"):
         m.histogram_quantile(histogram, 1.5)
-
-
-def test_hand_batch_metrics_and_non_finite_loss_tokens_out_of_the_quantiles():
     result, logps, entropies, advantages, loss_mask = hand_diagnostics_batch()[:5]
     assert result.silenced.nonzero().tolist() == [[0, 1]]
     reference = metrics = diagnostic_metrics(result, logps, entropies, loss_mask)

@@ -136,7 +136,7 @@ def test_the_merged_sample_of_several_masks_is_uniform_over_their_tokens(tmp_pat
     assert (counts / 50 - 3).abs().max() < 0.6  # the standard error of each mean is ~0.2
 
 
-def test_each_training_mask_is_written_once_at_the_next_logging_step_and_the_rest_at_the_end(tmp_path):
+def test_each_mask_written_once_at_the_next_logging_step_the_rest_at_the_end_capped_and_tabled(tmp_path, monkeypatch):
     trainer, args = stand_in_trainer(), run_args(tmp_path)
     state = types.SimpleNamespace(is_world_process_zero=True, global_step=0)
     log, no_log = types.SimpleNamespace(should_log=True), types.SimpleNamespace(should_log=False)
@@ -157,9 +157,6 @@ def test_each_training_mask_is_written_once_at_the_next_logging_step_and_the_res
     assert logger.silenced_counts == {"+": 3} and logger.kept_candidate_counts == {"2": 3, "3": 3}
     lines = (tmp_path / SPURIOUS_TOKENS_FILENAME).read_text().splitlines()
     assert len(set(lines)) == len(lines) == 15 and [r["update"] for r in records[:10]] == [1] * 5 + [2] * 5
-
-
-def test_the_logging_step_caps_the_records_of_all_its_masks_once_and_tables_the_top_tokens(tmp_path, monkeypatch):
     # 3 masks of one logging step, each with one silenced token and two kept candidates: capped to 2 and 1
     logged, table = [], lambda dataframe: types.SimpleNamespace(dataframe=dataframe)  # wandb (the tracker) stood in
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=object(), Table=table, log=logged.append))
@@ -167,11 +164,12 @@ def test_the_logging_step_caps_the_records_of_all_its_masks_once_and_tables_the_
     logger = SpuriousTokenLogger(trainer, max_silenced=2, max_kept_candidates=1, max_reference=0)
     record(logger, trainer, *[hand_batch()] * 3)
     assert logger._pending.shape[:2] == (3, 2)  # per kind, at most the largest cap waits for the logging step
-    written = logger.write_pending(run_args(tmp_path, report_to=["wandb"]), step=5)
+    (tmp_path / "caps").mkdir()
+    written = logger.write_pending(run_args(tmp_path / "caps", report_to=["wandb"]), step=5)
     logger.close()
     assert sorted(r["kind"] for r in written) == ["kept_candidate", "silenced", "silenced"]
     assert all(r["step"] == 5 for r in written) and {r["update"] for r in written} <= {1, 2, 3}
-    assert read_token_records(tmp_path) == written and logger._pending is None
+    assert read_token_records(tmp_path / "caps") == written and logger._pending is None
     (entry,) = logged
     assert entry["s2t/top_silenced_tokens"].dataframe.to_dict("list") == {
         "token": ["+"], "silenced": [2], "kept_candidate_sampled": [0]}  # fmt: skip

@@ -23,7 +23,9 @@ def load(path):
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
 
-def test_tiny_math_reloads_offline_records_its_accuracy_and_its_tokenizer_splits_digits(tiny_math_model_path):
+def test_tiny_math_reloads_offline_its_record_tokenizer_build_check_as_stapo_eval_and_silent_warm_up(
+    tiny_math_model_path, tmp_path, capsys
+):
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     model, tokenizer = load(tiny_math_model_path)
     assert type(model).__name__ == "Qwen3ForCausalLM"
@@ -51,10 +53,6 @@ def test_tiny_math_reloads_offline_records_its_accuracy_and_its_tokenizer_splits
     assert full == text + completion[0]["content"] + "<|im_end|>\n"
     prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert tokenizer(full, add_special_tokens=False)["input_ids"][: len(prompt_ids)] == prompt_ids
-
-
-def test_the_build_check_is_stapo_evals_evaluation_and_the_warm_up_prints_no_loss_rows(tiny_math_model_path, tmp_path,
-                                                                                     capsys):  # fmt: skip
     from stapo_trl.cli.eval import main
     from stapo_trl.evaluation.results import load_results
     from stapo_trl.models.sft_math import sft_warm_up
