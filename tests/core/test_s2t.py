@@ -67,11 +67,23 @@ def test_no_candidate_a_lone_one_and_ties_silence_nothing_a_non_positive_a_is_no
             s2t_mask(*tensors, **kwargs)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 10, 1001])
-@pytest.mark.parametrize("q", [0.0, 0.2, 0.75, 0.8, 1.0])
-def test_linear_quantile_matches_numpy(n, q):
-    values = torch.randn(n, generator=torch.Generator().manual_seed(n))
-    assert linear_quantile(values, q) == pytest.approx(float(np.quantile(values.double().numpy(), q)), abs=1e-7)
+def test_linear_quantile_matches_numpy_tau_h_is_compared_in_float64_and_non_finite_values_are_no_candidates():
+    for n, q in [(n, q) for n in (1, 2, 3, 10, 1001) for q in (0.0, 0.2, 0.75, 0.8, 1.0)]:
+        values = torch.randn(n, generator=torch.Generator().manual_seed(n))
+        assert linear_quantile(values, q) == pytest.approx(float(np.quantile(values.double().numpy(), q)), abs=1e-7)
+    for dtype, step in [(torch.float32, 2.0**-23), (torch.bfloat16, 2.0**-7)]:
+        # [0.5, 1, 1, 1 + step], q = 0.75: tau_h = 1 + step / 4, 1.0 in the dtype, where "1.0 < 1.0" keeps the 1.0s
+        result = s2t_mask(*candidates_batch(torch.tensor([0.5, 1.0, 1.0, 1.0 + step], dtype=dtype)))
+        assert result.entropy_threshold == 1.0 + step / 4
+        assert result.silenced[0].tolist() == [True, True, True, False]
+    for entropy, logp in [(float("nan"), None), (float("inf"), None), (0.15, float("-inf"))]:
+        # a NaN tau_h silences nothing, an inf one everything, log p = -inf passes "log p < log tau_p"; excluded: 0.25
+        logps = torch.tensor([math.log(0.001)] * 3 + [logp or math.log(0.001)])
+        result = s2t_mask(*candidates_batch(torch.tensor([0.1, 0.2, 0.3, entropy]), logps=logps))
+        assert result.candidate[0].tolist() == [True, True, True, False]
+        assert result.entropy_threshold == pytest.approx(0.25)
+        assert result.silenced[0].tolist() == [True, True, False, False]
+        assert result.num_nonfinite == 1 and result.num_loss_tokens == 4
 
 
 @pytest.mark.slow  # 17.8 M candidates: ~3 s
@@ -83,22 +95,3 @@ def test_tau_h_over_more_than_2_pow_24_candidates_is_exact():
     assert result.num_candidates == n
     assert result.entropy_threshold == pytest.approx(reference, rel=1e-15, abs=0)
     assert result.num_silenced == int((entropies.double() < reference).sum())
-
-
-@pytest.mark.parametrize("dtype, step", [(torch.float32, 2.0**-23), (torch.bfloat16, 2.0**-7)])
-def test_tau_h_is_compared_in_float64_not_in_the_entropies_dtype(dtype, step):
-    # [0.5, 1, 1, 1 + step], q = 0.75: tau_h = 1 + step / 4, 1.0 in the dtype, where "1.0 < 1.0" keeps the 1.0s
-    result = s2t_mask(*candidates_batch(torch.tensor([0.5, 1.0, 1.0, 1.0 + step], dtype=dtype)))
-    assert result.entropy_threshold == 1.0 + step / 4
-    assert result.silenced[0].tolist() == [True, True, True, False]
-
-
-@pytest.mark.parametrize("entropy, logp", [(float("nan"), None), (float("inf"), None), (0.15, float("-inf"))])
-def test_a_non_finite_log_prob_or_entropy_is_never_a_candidate_and_is_counted(entropy, logp):
-    # a NaN tau_h silences nothing, an inf one everything, log p = -inf passes "log p < log tau_p"; excluded: 0.25
-    logps = torch.tensor([math.log(0.001)] * 3 + [logp or math.log(0.001)])
-    result = s2t_mask(*candidates_batch(torch.tensor([0.1, 0.2, 0.3, entropy]), logps=logps))
-    assert result.candidate[0].tolist() == [True, True, True, False]
-    assert result.entropy_threshold == pytest.approx(0.25)
-    assert result.silenced[0].tolist() == [True, True, False, False]
-    assert result.num_nonfinite == 1 and result.num_loss_tokens == 4

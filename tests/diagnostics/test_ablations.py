@@ -16,7 +16,7 @@ from stapo_trl.diagnostics.ablations import ABLATIONS, ablation_mask
 MODES = list(ABLATIONS)
 
 
-def test_high_entropy_silences_above_the_complementary_quantile_all_low_prob_every_candidate_other_modes_refused():
+def test_high_entropy_all_low_prob_nothing_without_candidates_or_non_finite_and_other_modes_refused():
     assert MODES == ["high_entropy", "all_low_prob"]  # the paper's two ablations
     tensors = hand_s2t_batch()
     copies = [t.clone() for t in tensors]
@@ -56,19 +56,16 @@ def test_high_entropy_silences_above_the_complementary_quantile_all_low_prob_eve
     for kwargs, match in refused:
         with pytest.raises(ValueError, match=match):  # and the rule's checks
             ablation_mask(*hand_s2t_batch(), **{"mode": "high_entropy", **kwargs})
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_without_candidates_or_with_non_finite_values_nothing_more_is_silenced(mode):
-    per_token_logps, entropies, advantages, loss_mask = hand_s2t_batch()
-    result = ablation_mask(per_token_logps, entropies, -advantages.abs(), loss_mask, mode=mode)
-    assert result.num_candidates == result.num_silenced == 0 and result.keep.all()
-    assert math.isnan(result.entropy_threshold)
-    # A NaN entropy and a log p of -inf are no candidates (as in the rule), so neither ablation silences them
-    logps = torch.tensor([math.log(0.001)] * 4 + [float("-inf")])
-    result = ablation_mask(*candidates_batch([0.1, 0.2, 0.3, float("nan"), 0.25], logps=logps), mode=mode)
-    assert result.candidate[0].tolist() == [True, True, True, False, False] and not result.silenced[0, 3:].any()
-    assert result.num_nonfinite == 2 and result.num_loss_tokens == 5
+    for mode in MODES:  # without candidates or with non-finite values nothing more is silenced
+        per_token_logps, entropies, advantages, loss_mask = hand_s2t_batch()
+        result = ablation_mask(per_token_logps, entropies, -advantages.abs(), loss_mask, mode=mode)
+        assert result.num_candidates == result.num_silenced == 0 and result.keep.all()
+        assert math.isnan(result.entropy_threshold)
+        # A NaN entropy and a log p of -inf are no candidates (as in the rule), so neither ablation silences them
+        logps = torch.tensor([math.log(0.001)] * 4 + [float("-inf")])
+        result = ablation_mask(*candidates_batch([0.1, 0.2, 0.3, float("nan"), 0.25], logps=logps), mode=mode)
+        assert result.candidate[0].tolist() == [True, True, True, False, False] and not result.silenced[0, 3:].any()
+        assert result.num_nonfinite == 2 and result.num_loss_tokens == 5
 
 
 def run_on_two_processes(parts, **kwargs):  # each part on a thread, `gather` through a barrier (or a timeout)

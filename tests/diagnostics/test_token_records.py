@@ -108,19 +108,18 @@ def record(logger, trainer, *batches):  # one mask per update
         logger.record(*batch)
 
 
-@pytest.mark.parametrize("masks", [1, 6])
-def test_the_logger_transfers_nothing_per_mask_and_once_per_logging_step(tmp_path, masks):
-    trainer = stand_in_trainer()
-    logger = SpuriousTokenLogger(trainer, path=str(tmp_path / "tokens.jsonl"))
-    batch = all_candidates_batch(64)  # the mask's own transfers are not the records'
-    with HostTransfers() as at_masks:
-        record(logger, trainer, *[batch] * masks)
-    with HostTransfers() as at_logging_step:
-        written = logger.write_pending(run_args(tmp_path), step=6)
-    logger.close()
-    assert at_masks.count == 0 and at_logging_step.count == 1
-    assert [sum(r["kind"] == kind for r in written) for kind in ("silenced", "kept_candidate")] == [256, 64]
-    assert {r["update"] for r in written} == set(range(1, masks + 1))  # a sample of every mask's tokens
+def test_the_logger_transfers_nothing_per_mask_and_once_per_logging_step(tmp_path):
+    trainer, batch = stand_in_trainer(), all_candidates_batch(64)  # the mask's own transfers are not the records'
+    for masks in (1, 6):
+        logger = SpuriousTokenLogger(trainer, path=str(tmp_path / f"tokens-{masks}.jsonl"))
+        with HostTransfers() as at_masks:
+            record(logger, trainer, *[batch] * masks)
+        with HostTransfers() as at_logging_step:
+            written = logger.write_pending(run_args(tmp_path), step=6)
+        logger.close()
+        assert at_masks.count == 0 and at_logging_step.count == 1
+        assert [sum(r["kind"] == kind for r in written) for kind in ("silenced", "kept_candidate")] == [256, 64]
+        assert {r["update"] for r in written} == set(range(1, masks + 1))  # a sample of every mask's tokens
 
 
 def test_the_merged_sample_of_several_masks_is_uniform_over_their_tokens(tmp_path):
