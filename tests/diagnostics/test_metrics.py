@@ -63,20 +63,12 @@ def test_histogram_quantiles_within_the_stated_error_and_hand_batch_metrics_non_
     metrics = diagnostic_metrics(result, logps, entropies, loss_mask)
     assert metrics["s2t/entropy_p50"] == pytest.approx(0.3, rel=m.HISTOGRAM_QUANTILE_REL_ERROR)
     assert metrics["s2t/silenced_prob_mean"] == reference["s2t/silenced_prob_mean"]
-
-
-@pytest.mark.parametrize("rank0_rows, rank1_rows", [(slice(0, 1), slice(1, 2)), (slice(0, 2), slice(2, 2))])
-def test_metrics_reduced_over_two_processes_equal_the_one_process_metrics(rank0_rows, rank1_rows):
-    result, logps, entropies, _, loss_mask = hand_diagnostics_batch()[:5]
-    whole = diagnostic_metrics(result, logps, entropies, loss_mask)
-
-    def part(rows):
-        local = S2TResult(result.keep[rows], result.candidate[rows], result.silenced[rows], result.entropy_threshold,
-                          0, 0, 0)  # fmt: skip
-        return local, logps[rows], entropies[rows], loss_mask[rows]
-
-    sent, calls = [], []  # one all-reduce each (rank 1 may have no row): rank 0 adds what rank 1 sends
-    diagnostic_metrics(*part(rank1_rows), reduce=lambda local: calls.append(1) or sent.append(local.clone()) or local)
-    reduced = diagnostic_metrics(*part(rank0_rows), reduce=lambda local: calls.append(0) or local + sent[0])
-    assert calls == [1, 0]
-    assert reduced == pytest.approx(whole, nan_ok=True)
+    result, logps, entropies, _, loss_mask = hand_diagnostics_batch()[:5]  # over two processes: the same metrics
+    whole, sent, calls = diagnostic_metrics(result, logps, entropies, loss_mask), [], []
+    for rows0, rows1 in [(slice(0, 1), slice(1, 2)), (slice(0, 2), slice(2, 2))]:  # rank 1 may have no row
+        parts = [(S2TResult(result.keep[rows], result.candidate[rows], result.silenced[rows], result.entropy_threshold,
+                  0, 0, 0), logps[rows], entropies[rows], loss_mask[rows]) for rows in (rows0, rows1)]  # fmt: skip
+        sent.clear(), calls.clear()  # one all-reduce each: rank 0 adds what rank 1 sends
+        diagnostic_metrics(*parts[1], reduce=lambda local: calls.append(1) or sent.append(local.clone()) or local)
+        reduced = diagnostic_metrics(*parts[0], reduce=lambda local: calls.append(0) or local + sent[0])
+        assert calls == [1, 0] and reduced == pytest.approx(whole, nan_ok=True)
