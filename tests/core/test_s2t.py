@@ -13,7 +13,7 @@ from stapo_trl.core.s2t import S2TResult, linear_quantile, s2t_mask
 pytestmark = pytest.mark.release  # checked on every TRL release (`make test-releases`)
 
 
-def test_candidates_threshold_and_silenced_tokens_and_the_gather_of_its_quantile_and_counts_in_two_calls():
+def test_the_hand_batch_the_gather_no_candidate_a_lone_one_ties_non_positive_advantages_and_bad_arguments():
     tensors = hand_s2t_batch()
     tensors[0].requires_grad_(True)
     copies = [t.detach().clone() for t in tensors]
@@ -29,9 +29,6 @@ def test_candidates_threshold_and_silenced_tokens_and_the_gather_of_its_quantile
     off = s2t_mask(*hand_s2t_batch(), mode="off")  # silences nothing, counts and reports tau_h as "low_entropy"
     assert not off.silenced.any() and off.keep.all() and (off.num_candidates, off.num_silenced) == (3, 0)
     assert off.entropy_threshold == pytest.approx(0.35)
-
-
-def test_no_candidate_a_lone_one_and_ties_silence_nothing_a_non_positive_a_is_no_candidate_and_bad_arguments_raise():
     logps, entropies, advantages, loss_mask = hand_s2t_batch()
     result = s2t_mask(logps, entropies, -advantages.abs(), loss_mask)
     assert result.num_candidates == 0 and result.num_silenced == 0 and result.keep.all()

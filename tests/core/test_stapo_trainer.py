@@ -240,7 +240,7 @@ def test_the_papers_config_is_silent_the_card_cites_the_paper_and_a_trl_whose_no
 
 
 @pytest.mark.release
-def test_the_stashed_forward_goes_to_its_call_only_trls_scoring_is_checked_and_the_forward_keys(build, monkeypatch):
+def test_the_stashed_forward_goes_to_its_call_only_trls_scoring_checked_its_forward_keys_and_opsm(build, monkeypatch):
     trainer = build(steps_per_generation=4, gradient_accumulation_steps=2)  # s2t_path "old_logps"
     batch = hand_scored_batch(trainer.model.config.vocab_size)
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
@@ -280,9 +280,6 @@ def test_the_stashed_forward_goes_to_its_call_only_trls_scoring_is_checked_and_t
     call = inspect.getsource(GRPOTrainer._compute_loss).split("self._get_per_token_logps_and_entropies(")[1]
     passed = re.findall(r"(\w+)=inputs\.get\(\"\1\"\)", call.split("\n        )")[0])
     assert set(passed) == set(_FORWARD_KEYS) and len(passed) == len(_FORWARD_KEYS) == 10
-
-
-def test_opsm_judges_only_sequences_the_mask_never_touches():
     # OPSM drops A < 0 sequences whose mean KL is high, S2T silences tokens of A > 0 sequences only
     generator = torch.Generator().manual_seed(0)
     logps, entropies = torch.rand(6, 7, generator=generator).log() * 4, torch.rand(6, 7, generator=generator)

@@ -39,7 +39,7 @@ class HostTransfers(TorchFunctionMode):  # counts the calls that bring values to
         return func(*args, **kwargs)
 
 
-def test_hand_batch_records():
+def test_hand_batch_records_and_a_sample_capped_per_kind_in_order_deterministic_and_of_one_transfer():
     records = spurious_token_records(*hand_batch(), CharTokenizer(), step=7, context_tokens=2, **ALL)
     assert [(r["kind"], r["token"], r["position"], r["context"], r["candidate"]) for r in records] == [
         ("silenced", "+", 1, "1⟦+⟧2=", True), ("kept_candidate", "2", 2, "1+⟦2⟧=3", True),
@@ -72,9 +72,6 @@ def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.
     ids = torch.randint(1, len(VOCAB), (rows, length), generator=g)
     result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
     return result, logps, entropies, advantages, loss_mask, ids
-
-
-def test_records_are_capped_per_kind_sampled_in_order_deterministic_and_cost_one_transfer():
     batch = all_candidates_batch(12, length=5)  # 60 candidates, 30 silenced: no reference
     caps = {"max_silenced": 4, "max_kept_candidates": 3, "max_reference": 2}
     first = spurious_token_records(*batch, CharTokenizer(), step=3, **caps)
@@ -108,7 +105,7 @@ def record(logger, trainer, *batches):  # one mask per update
         logger.record(*batch)
 
 
-def test_the_logger_transfers_nothing_per_mask_and_once_per_logging_step(tmp_path):
+def test_the_logger_transfers_once_per_logging_step_and_its_merged_sample_is_uniform_over_the_masks(tmp_path):
     trainer, batch = stand_in_trainer(), all_candidates_batch(64)  # the mask's own transfers are not the records'
     for masks in (1, 6):
         logger = SpuriousTokenLogger(trainer, path=str(tmp_path / f"tokens-{masks}.jsonl"))
@@ -120,9 +117,6 @@ def test_the_logger_transfers_nothing_per_mask_and_once_per_logging_step(tmp_pat
         assert at_masks.count == 0 and at_logging_step.count == 1
         assert [sum(r["kind"] == kind for r in written) for kind in ("silenced", "kept_candidate")] == [256, 64]
         assert {r["update"] for r in written} == set(range(1, masks + 1))  # a sample of every mask's tokens
-
-
-def test_the_merged_sample_of_several_masks_is_uniform_over_their_tokens(tmp_path):
     trainer, counts = stand_in_trainer(), torch.zeros(4)  # 4 masks of 12 silenced tokens, a cap of 12: ~3 each
     for seed in range(50):
         trainer.args.seed = seed

@@ -81,7 +81,7 @@ def test_tiny_math_reloads_offline_its_record_tokenizer_build_check_as_stapo_eva
     assert "loss" not in out and "{" not in out and losses["last_logged_loss"] > 0, out
 
 
-def test_resolve_builds_once_says_so_restores_the_process_state_and_replaces_an_incomplete_folder(
+def test_resolve_builds_once_restores_the_process_state_passes_folders_and_hub_ids_and_refuses_bad_paths(
     tiny_math_model_path, tmp_path, monkeypatch, caplog
 ):  # the build itself: test_a_killed_build_leaves_no_model_and_two_processes_build_once (slow)
     from accelerate.state import AcceleratorState, PartialState
@@ -108,10 +108,6 @@ def test_resolve_builds_once_says_so_restores_the_process_state_and_replaces_an_
     assert resolve_model_path("builtin:tiny-random", cache_dir=tmp_path) == path
     assert builds == ["tiny-random"] and os.path.getmtime(target / INFO_FILE) == mtime  # read, not rebuilt
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, target.name + ".lock"])
-
-
-def test_resolve_passes_folders_and_hub_ids_refuses_bad_paths_and_finds_the_cache(tmp_path, monkeypatch,
-                                                                                 tiny_math_model_path):  # fmt: skip
     model = tiny_math_model_path
     assert resolve_model_path(model) == resolve_model_path(Path(model)) == model
     assert [resolve_model_path(name) for name in ("Qwen/Qwen3-1.7B-Base", "gpt2")] == ["Qwen/Qwen3-1.7B-Base", "gpt2"]
