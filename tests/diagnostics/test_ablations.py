@@ -86,25 +86,26 @@ def run_on_two_processes(parts, **kwargs):  # each part on a thread, `gather` th
         return list(pool.map(work, range(2))), calls
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("rows", [(slice(0, 5), slice(5, 14)), (slice(0, 12), slice(12, 14)), None])  # rank 1: none
-def test_two_processes_give_the_one_process_mask(mode, rows):  # None: no candidate anywhere, the same collectives
-    generator = torch.Generator().manual_seed(3)
-    logps = torch.log(torch.rand(14, 6, generator=generator) * 0.004 + 1e-6)
-    entropies = torch.rand(14, 6, generator=generator) * 3
-    advantages = torch.randn(14, generator=generator)
-    loss_mask = (torch.arange(6)[None] < torch.randint(1, 7, (14, 1), generator=generator)).long()
-    advantages[12:] = -1.0  # rows 12, 13: negative advantages; p in (0, 0.004): about half below tau_p
-    if rows is None:
-        advantages[:], rows = -1.0, (slice(0, 7), slice(7, 14))
-    batch = (logps, entropies, advantages, loss_mask)
-    whole = ablation_mask(*batch, mode=mode)
-    assert (whole.num_candidates > 10 and whole.num_silenced > 0) or advantages.max() < 0
-    (rank0, rank1), calls = run_on_two_processes([tuple(t[part] for t in batch) for part in rows], mode=mode)
-    assert calls[0] == calls[1] > 0  # every collective on every process
-    for part in (rank0, rank1):
-        assert part.entropy_threshold == whole.entropy_threshold or math.isnan(whole.entropy_threshold)
-        assert [getattr(part, f"num_{k}") for k in ("candidates", "silenced", "loss_tokens")] == [
-            whole.num_candidates, whole.num_silenced, whole.num_loss_tokens]  # fmt: skip
-    assert torch.equal(torch.cat([rank0.silenced, rank1.silenced]), whole.silenced)
-    assert torch.equal(torch.cat([rank0.keep, rank1.keep]), whole.keep)
+def test_two_processes_give_the_one_process_mask():  # rows None: no candidate anywhere, the same collectives
+    for mode, rows in [
+        (m, r) for m in MODES for r in [(slice(0, 5), slice(5, 14)), (slice(0, 12), slice(12, 14)), None]
+    ]:
+        generator = torch.Generator().manual_seed(3)
+        logps = torch.log(torch.rand(14, 6, generator=generator) * 0.004 + 1e-6)
+        entropies = torch.rand(14, 6, generator=generator) * 3
+        advantages = torch.randn(14, generator=generator)
+        loss_mask = (torch.arange(6)[None] < torch.randint(1, 7, (14, 1), generator=generator)).long()
+        advantages[12:] = -1.0  # rows 12, 13: negative advantages; p in (0, 0.004): about half below tau_p
+        if rows is None:
+            advantages[:], rows = -1.0, (slice(0, 7), slice(7, 14))
+        batch = (logps, entropies, advantages, loss_mask)
+        whole = ablation_mask(*batch, mode=mode)
+        assert (whole.num_candidates > 10 and whole.num_silenced > 0) or advantages.max() < 0
+        (rank0, rank1), calls = run_on_two_processes([tuple(t[part] for t in batch) for part in rows], mode=mode)
+        assert calls[0] == calls[1] > 0  # every collective on every process
+        for part in (rank0, rank1):
+            assert part.entropy_threshold == whole.entropy_threshold or math.isnan(whole.entropy_threshold)
+            assert [getattr(part, f"num_{k}") for k in ("candidates", "silenced", "loss_tokens")] == [
+                    whole.num_candidates, whole.num_silenced, whole.num_loss_tokens]  # fmt: skip
+        assert torch.equal(torch.cat([rank0.silenced, rank1.silenced]), whole.silenced)
+        assert torch.equal(torch.cat([rank0.keep, rank1.keep]), whole.keep)

@@ -2,7 +2,6 @@
 
 import json
 import logging
-import os
 import shutil
 
 import pytest
@@ -29,8 +28,9 @@ def lora_dir(tiny_math_model_path, tmp_path_factory):
         return out, (ids := torch.tensor([[1, 2, 3, 4, 5]])), peft_model(ids).logits
 
 
-def test_a_full_model_an_adapter_merged_onto_its_base_no_base_or_remote_code_refused(lora_dir, tiny_math_model_path,
-                                                                                     tmp_path, caplog):  # fmt: skip
+def test_a_full_model_an_adapter_merged_onto_its_base_no_base_or_remote_code_and_stapo_eval_of_an_adapter(
+    lora_dir, tiny_math_model_path, tmp_path, monkeypatch, capsys, caplog
+):  # stapo-eval says so once and runs on the tiny model's one thread
     assert resolve_model_source(tiny_math_model_path) == ModelSource(tiny_math_model_path)
     model, tokenizer = load_causal_lm(tiny_math_model_path, dtype=torch.float64)
     assert not model.training and model.dtype == torch.float64 and tokenizer("12+34")["input_ids"]
@@ -60,16 +60,12 @@ def test_a_full_model_an_adapter_merged_onto_its_base_no_base_or_remote_code_ref
     with pytest.raises(ValueError, match="trust_remote_code"):  # trust_remote_code is never set
         load_causal_lm(str(folder))
     assert not (tmp_path / "ran").exists()
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="torch's default is already one thread on one core")
-def test_stapo_eval_of_an_adapter_says_so_once_and_runs_on_the_tiny_models_one_thread(lora_dir, tmp_path, monkeypatch,
-                                                                                    capsys, caplog):  # fmt: skip
     from stapo_trl.cli.eval import main
     from stapo_trl.evaluation.generation import HFGenerator
     from stapo_trl.trainer.trainers import _torch_default_threads
 
     seen, generate = [], HFGenerator.generate
+    caplog.clear()
     monkeypatch.setattr(HFGenerator, "generate",
                         lambda *a, **k: seen.append(torch.get_num_threads()) or generate(*a, **k))  # fmt: skip
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
