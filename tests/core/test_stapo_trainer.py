@@ -40,17 +40,6 @@ def build(tiny_model_path, tmp_path):
     return build
 
 
-class LogpProbe(KeepsLogpGrad, STAPOTrainer):  # keeps the training forward's log-probs, so their gradient is read
-    pass
-
-
-def on_policy(trainer, batches, generator):  # rollout batches as TRL buffers them: ratio 1, hand entropies
-    for batch in batches:
-        batch["old_per_token_logps"], _ = policy_forward(trainer, batch)
-        batch["s2t_entropies"] = torch.rand(*batch["completion_mask"].shape, generator=generator)
-    trainer._buffered_inputs = batches
-
-
 def kept_tokens(loss_mask, advantages, entropies, q, high=False):  # the rule (or "high_entropy") with tau_p = 1
     candidate = loss_mask & (advantages > 0)
     tau_h = np.quantile(entropies[candidate].numpy(), 1 - q if high else q)
@@ -63,7 +52,8 @@ def test_in_the_default_geometry_the_loss_is_the_mean_over_kept_tokens_and_silen
     build, beta
 ):
     # tau_p = 1: every A > 0 token a candidate, q = 0.5; beta > 0 (warned): a silenced token loses its KL penalty too
-    trainer = build(LogpProbe, s2t_prob_threshold=1.0, s2t_entropy_quantile=0.5, beta=beta)
+    probe = type("LogpProbe", (KeepsLogpGrad, STAPOTrainer), {})  # keeps the log-probs' gradient
+    trainer = build(probe, s2t_prob_threshold=1.0, s2t_entropy_quantile=0.5, beta=beta)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     batch = hand_scored_batch(trainer.model.config.vocab_size, seed=0 if beta == 0 else 3)
@@ -104,7 +94,10 @@ def test_each_optimizer_update_gets_its_own_tau_h_and_kept_token_count(build, mo
     trainer.current_gradient_accumulation_steps = 2
     vocab, generator = trainer.model.config.vocab_size, torch.Generator().manual_seed(7)
     batches = [hand_scored_batch(vocab, seed, lengths=(5, 3, 4 - seed % 2, 2 + seed % 3)) for seed in range(4)]
-    on_policy(trainer, batches, generator)
+    for batch in batches:  # rollout batches as TRL buffers them: ratio 1, hand entropies
+        batch["old_per_token_logps"], _ = policy_forward(trainer, batch)
+        batch["s2t_entropies"] = torch.rand(*batch["completion_mask"].shape, generator=generator)
+    trainer._buffered_inputs = batches
     for batch in batches[: 4 * vllm_is]:
         batch["importance_sampling_ratio"] = 0.5 + torch.rand(4, 5, generator=generator)
     losses, normalizers = [], []
