@@ -25,14 +25,14 @@ PROMPTS = [{"prompt": f"{i}+{i % 7}="} for i in range(64)]  # plain text: no cha
 
 @pytest.fixture
 def build(tiny_model_path, tmp_path):
-    def build(trainer_cls=STAPOTrainer, config_cls=None, name="run", num_prompts=64, **overrides):
+    def build(trainer_cls=STAPOTrainer, config_cls=None, name="run", num_prompts=64, peft_config=None, **overrides):
         config_cls = config_cls or (STAPOConfig if issubclass(trainer_cls, STAPOTrainer) else GRPOConfig)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             args = config_cls(output_dir=str(tmp_path / name), **SETTINGS | overrides)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            trainer = trainer_cls(tiny_model_path, reward_funcs=length_reward, args=args,
+            trainer = trainer_cls(tiny_model_path, reward_funcs=length_reward, args=args, peft_config=peft_config,
                                   train_dataset=Dataset.from_list(PROMPTS[:num_prompts]))  # fmt: skip
         trainer.warned = [str(w.message) for w in caught if w.filename == __file__ and w.category is UserWarning]
         return trainer
@@ -233,7 +233,7 @@ def test_the_papers_config_is_silent_the_card_cites_the_paper_and_a_trl_whose_no
 
 
 @pytest.mark.release
-def test_the_stashed_forward_goes_to_its_call_only_trls_scoring_checked_its_forward_keys_and_opsm(build, monkeypatch):
+def test_the_stashed_forward_goes_to_its_call_only_trls_scoring_is_checked_and_the_forward_keys(build, monkeypatch):
     trainer = build(steps_per_generation=4, gradient_accumulation_steps=2)  # s2t_path "old_logps"
     batch = hand_scored_batch(trainer.model.config.vocab_size)
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
@@ -273,6 +273,9 @@ def test_the_stashed_forward_goes_to_its_call_only_trls_scoring_checked_its_forw
     call = inspect.getsource(GRPOTrainer._compute_loss).split("self._get_per_token_logps_and_entropies(")[1]
     passed = re.findall(r"(\w+)=inputs\.get\(\"\1\"\)", call.split("\n        )")[0])
     assert set(passed) == set(_FORWARD_KEYS) and len(passed) == len(_FORWARD_KEYS) == 10
+
+
+def test_opsm_judges_only_sequences_the_mask_never_touches():
     # OPSM drops A < 0 sequences whose mean KL is high, S2T silences tokens of A > 0 sequences only
     generator = torch.Generator().manual_seed(0)
     logps, entropies = torch.rand(6, 7, generator=generator).log() * 4, torch.rand(6, 7, generator=generator)
@@ -285,19 +288,24 @@ def test_the_stashed_forward_goes_to_its_call_only_trls_scoring_checked_its_forw
     assert sum(int((opsm(loss_mask, t) == 0).sum()) for t in (0.1, 0.4, 0.6)) > 0 and result.num_silenced > 0
 
 
-def test_every_pass_uses_the_rollout_time_mask(
-    build,
-):  # LoRA: tests/recipes/test_recipes.py::test_lora_demo_recipe_...
-    # num_iterations 2: each update's mask is the rollout's on both passes though the weights moved
-    trainer = build(max_steps=4, steps_per_generation=4, gradient_accumulation_steps=2, num_iterations=2,
-                    s2t_prob_threshold=0.05)  # fmt: skip
+@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=pytest.mark.slow)])  # in the default suite too:
+# tests/recipes/test_recipes.py::test_lora_demo_recipe_trains_only_the_adapter
+def test_every_pass_uses_the_rollout_time_mask_and_lora_trains_with_the_adapter_policy(build, lora):
+    # num_iterations 2: each update's mask is the rollout's on both passes though the weights moved; PEFT: adapter's
+    from peft import LoraConfig
+
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None
+    trainer = build(max_steps=1 if lora else 4, steps_per_generation=4, gradient_accumulation_steps=2,
+                    num_iterations=1 if lora else 2, s2t_prob_threshold=0.05, peft_config=peft_config)  # fmt: skip
+    trained = [n for n, _ in trainer.model.named_parameters() if "lora_B" in n or not lora]
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainer.train()
-    assert all(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    assert trained and all(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters() if n in trained)
     rows = [row for row in trainer.state.log_history if "loss" in row]
-    assert len(rows) == 4 and sum(row["s2t/num_silenced"] for row in rows) > 0
-    for key in ("s2t/num_silenced", "s2t/num_candidates", "s2t/num_loss_tokens", "s2t/entropy_threshold"):
-        assert [row[key] for row in rows[:2]] == [row[key] for row in rows[2:]], key
-    assert all(0.0 <= row["s2t/silenced_ratio"] <= row["s2t/candidate_ratio"] <= 1.0 for row in rows)
-    assert all(row["s2t/num_silenced"] <= row["s2t/num_candidates"] <= row["s2t/num_loss_tokens"] for row in rows)
-    assert rows[0]["loss"] != rows[2]["loss"]  # the weights (and so the ratios) did move
+    assert len(rows) == (1 if lora else 4) and sum(row["s2t/num_silenced"] for row in rows) > 0
+    if not lora:
+        for key in ("s2t/num_silenced", "s2t/num_candidates", "s2t/num_loss_tokens", "s2t/entropy_threshold"):
+            assert [row[key] for row in rows[:2]] == [row[key] for row in rows[2:]], key
+        assert all(0.0 <= row["s2t/silenced_ratio"] <= row["s2t/candidate_ratio"] <= 1.0 for row in rows)
+        assert all(row["s2t/num_silenced"] <= row["s2t/num_candidates"] <= row["s2t/num_loss_tokens"] for row in rows)
+        assert rows[0]["loss"] != rows[2]["loss"]  # the weights (and so the ratios) did move

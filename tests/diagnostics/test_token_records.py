@@ -4,7 +4,6 @@ import json
 import math
 import sys
 import types
-import warnings
 
 import pytest
 import torch
@@ -168,14 +167,13 @@ def test_each_mask_written_once_at_the_next_logging_step_the_rest_at_the_end_cap
         "token": ["+"], "silenced": [2], "kept_candidate_sampled": [0]}  # fmt: skip
 
 
+@pytest.mark.filterwarnings("ignore")
 def test_a_real_run_records_every_silenced_token_of_its_metrics(tiny_random_model_path, tmp_path):
     # max_steps not a multiple of logging_steps: the last row's silenced tokens are recorded too; with two iterations
     # each mask is built again (the same tokens): its records name their update, so no line is a duplicate.
     args = tiny_stapo_config(tmp_path / "run", seed=0, max_steps=3, logging_steps=2, num_iterations=2,
                              s2t_prob_threshold=0.05)  # fmt: skip
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=PROMPTS)
+    trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=PROMPTS)
     trainer.add_callback(SpuriousTokenLogger(trainer, max_silenced=100_000))  # replaces the built-in one
     trainer.train()
     rows = [row for row in read_metrics(str(tmp_path / "run")) if "s2t/num_silenced" in row]
