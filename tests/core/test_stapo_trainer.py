@@ -162,9 +162,8 @@ class RolloutValuesCheck(STAPOTrainer):  # compares the p and H kept for the mas
     *(pytest.param(*p, marks=pytest.mark.slow) for p in [(1, 1, 1, None, 0, 0), (4, 2, 1, "old_per_token_logps", 4, 4),
                                                          (2, 2, 2, "old_per_token_logps", 2, 2)]),
     (2, 2, 1, "s2t_logps", 2, 0)])  # fmt: skip  # TRL scores nothing: STAPO's one forward per rollout, in 2 chunks
-def test_p_and_h_are_the_rollout_policys_with_an_extra_forward_only_where_trl_runs_none(
-    build, steps_per_generation, grad_accum, num_iterations, source, stapo_forwards, grpo_forwards
-):  # one step: one rollout batch
+def test_p_and_h_are_the_rollout_policys_with_an_extra_forward_only_where_trl_runs_none(build, steps_per_generation,
+        grad_accum, num_iterations, source, stapo_forwards, grpo_forwards):  # fmt: skip  # one step: one rollout batch
     def scoring_forwards(trainer_cls):
         trainer = build(trainer_cls, name=trainer_cls.__name__, max_steps=1, steps_per_generation=steps_per_generation,
                         gradient_accumulation_steps=grad_accum, num_iterations=num_iterations)  # fmt: skip
@@ -205,9 +204,7 @@ def test_an_epoch_ends_inside_an_update_only_where_updates_span_rollout_batches(
 
 
 @pytest.mark.release
-def test_the_papers_config_is_silent_the_card_cites_the_paper_and_a_trl_whose_normalizer_differs_is_refused(
-    build, monkeypatch
-):
+def test_the_papers_config_is_silent_the_card_cites_it_and_a_trl_of_another_normalizer_is_refused(build, monkeypatch):
     assert build().warned == [] and build(steps_per_generation=8, gradient_accumulation_steps=2).warned == []
     trainer = build(entropy_coef=0.01, use_adaptive_entropy=True)  # the adaptive bonus moves inside TRL's loss
     assert trainer.entropy_coef == 0.01 and trainer._s2t_loss_forward is None and not trainer.model.training

@@ -12,9 +12,7 @@ from stapo_trl.diagnostics.metrics import diagnostic_metrics
 
 
 def test_histogram_quantiles_within_the_stated_error_and_hand_batch_metrics_non_finite_tokens_out_of_the_quantiles():
-    r = (m.ENTROPY_MAX / m.ENTROPY_MIN) ** (
-        1 / m.ENTROPY_BINS
-    )  # a bin's representative value is within sqrt(r) of any
+    r = (m.ENTROPY_MAX / m.ENTROPY_MIN) ** (1 / m.ENTROPY_BINS)  # a bin's value is within sqrt(r) of any
     assert m.HISTOGRAM_QUANTILE_REL_ERROR == pytest.approx(math.sqrt(r) - 1, rel=1e-12) and r < 1.0025**2
     values = torch.exp(torch.randn(20_001, generator=torch.Generator().manual_seed(0)) * 4 - 3).clamp(max=20.0)
     values[:500], values[500:1500] = 0.0, 0.25  # 1e-9 .. 20 nats (most near 0, LLM-like), exact zeros, heavy ties
@@ -24,9 +22,7 @@ def test_histogram_quantiles_within_the_stated_error_and_hand_batch_metrics_non_
     for q in [0.0, 0.01, 0.1, 0.25, 0.5, 0.8, 0.95, 0.999, 1.0]:
         exact, estimate = linear_quantile(values.double(), q), m.histogram_quantile(histogram, q)
         assert abs(estimate - exact) <= m.HISTOGRAM_QUANTILE_REL_ERROR * exact + m.ENTROPY_MIN / 2 + 1e-12, q
-    assert torch.equal(
-        m.entropy_histogram(values[:300]) + m.entropy_histogram(values[300:]), histogram
-    )  # parts add up
+    assert torch.equal(m.entropy_histogram(values[:300]) + m.entropy_histogram(values[300:]), histogram)  # add up
     edges = m.entropy_histogram(torch.tensor([-1e-7, 0.0, m.ENTROPY_MIN / 2, m.ENTROPY_MIN * 1.0001, 150.0]).double())
     assert edges[0] == 3 and edges[1] == 1 and edges[m.ENTROPY_BINS] == 1  # [0, MIN) and negatives; MIN; >= MAX
     assert math.isnan(m.histogram_quantile(m.entropy_histogram(torch.empty(0)), 0.5))

@@ -24,8 +24,7 @@ def load(path):
 
 
 def test_tiny_math_reloads_offline_its_record_tokenizer_build_check_as_stapo_eval_and_silent_warm_up(
-    tiny_math_model_path, tmp_path, capsys
-):
+        tiny_math_model_path, tmp_path, capsys):  # fmt: skip
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     model, tokenizer = load(tiny_math_model_path)
     assert type(model).__name__ == "Qwen3ForCausalLM"
@@ -82,8 +81,7 @@ def test_tiny_math_reloads_offline_its_record_tokenizer_build_check_as_stapo_eva
 
 
 def test_resolve_builds_once_restores_the_process_state_passes_folders_and_hub_ids_and_refuses_bad_paths(
-    tiny_math_model_path, tmp_path, monkeypatch, caplog
-):  # the build itself: test_a_killed_build_leaves_no_model_and_two_processes_build_once (slow)
+        tiny_math_model_path, tmp_path, monkeypatch, caplog):  # fmt: skip  # the build itself: test_a_killed_build_...
     from accelerate.state import AcceleratorState, PartialState
 
     def build(name, out, **kwargs):  # as TrainingArguments and Trainer do: accelerate's state reset, seeds set

@@ -29,8 +29,7 @@ def lora_dir(tiny_math_model_path, tmp_path_factory):
 
 
 def test_a_full_model_an_adapter_merged_onto_its_base_no_base_or_remote_code_and_stapo_eval_of_an_adapter(
-    lora_dir, tiny_math_model_path, tmp_path, monkeypatch, capsys, caplog
-):  # stapo-eval says so once and runs on the tiny model's one thread
+        lora_dir, tiny_math_model_path, tmp_path, monkeypatch, capsys, caplog):  # fmt: skip  # one thread (tiny)
     assert resolve_model_source(tiny_math_model_path) == ModelSource(tiny_math_model_path)
     model, tokenizer = load_causal_lm(tiny_math_model_path, dtype=torch.float64)
     assert not model.training and model.dtype == torch.float64 and tokenizer("12+34")["input_ids"]
