@@ -71,8 +71,7 @@ def test_linear_quantile_matches_numpy_tau_h_is_compared_in_float64_and_non_fini
     for dtype, step in [(torch.float32, 2.0**-23), (torch.bfloat16, 2.0**-7)]:
         # [0.5, 1, 1, 1 + step], q = 0.75: tau_h = 1 + step / 4, 1.0 in the dtype, where "1.0 < 1.0" keeps the 1.0s
         result = s2t_mask(*candidates_batch(torch.tensor([0.5, 1.0, 1.0, 1.0 + step], dtype=dtype)))
-        assert result.entropy_threshold == 1.0 + step / 4
-        assert result.silenced[0].tolist() == [True, True, True, False]
+        assert result.entropy_threshold == 1.0 + step / 4 and result.silenced[0].tolist() == [True, True, True, False]
     for entropy, logp in [(float("nan"), None), (float("inf"), None), (0.15, float("-inf"))]:
         # a NaN tau_h silences nothing, an inf one everything, log p = -inf passes "log p < log tau_p"; excluded: 0.25
         logps = torch.tensor([math.log(0.001)] * 3 + [logp or math.log(0.001)])
@@ -89,6 +88,5 @@ def test_tau_h_over_more_than_2_pow_24_candidates_is_exact():
     entropies = torch.rand(1, n, generator=torch.Generator().manual_seed(0)) * 5.0  # (1, n) nats
     result = s2t_mask(torch.full((1, n), math.log(1e-3)), entropies, torch.ones(1), torch.ones(1, n, dtype=torch.bool))
     reference = float(np.quantile(entropies.flatten().double().numpy(), 0.75))
-    assert result.num_candidates == n
-    assert result.entropy_threshold == pytest.approx(reference, rel=1e-15, abs=0)
+    assert result.num_candidates == n and result.entropy_threshold == pytest.approx(reference, rel=1e-15, abs=0)
     assert result.num_silenced == int((entropies.double() < reference).sum())
