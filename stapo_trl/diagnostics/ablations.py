@@ -20,24 +20,18 @@ def _high_entropy(base: S2TResult, entropies: torch.Tensor, entropy_quantile: fl
     return replace(base, keep=~silenced, silenced=silenced, entropy_threshold=threshold, num_silenced=num_silenced)
 
 
-def _all_low_prob(base: S2TResult, entropies: torch.Tensor, entropy_quantile: float, gather) -> S2TResult:
-    return replace(base, keep=~base.candidate, silenced=base.candidate.clone(), num_silenced=base.num_candidates)
+ABLATIONS = {
+    "high_entropy": _high_entropy,
+    "all_low_prob": lambda base, *_: replace(
+        base, keep=~base.candidate, silenced=base.candidate.clone(), num_silenced=base.num_candidates
+    ),
+}
 
 
-ABLATIONS = {"high_entropy": _high_entropy, "all_low_prob": _all_low_prob}
-
-
-def ablation_mask(
-    per_token_logps: torch.Tensor,
-    entropies: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    *,
-    mode: str,
-    prob_threshold: float = S2TSettings.prob_threshold,
-    entropy_quantile: float = S2TSettings.entropy_quantile,
-    gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> S2TResult:
+def ablation_mask(per_token_logps: torch.Tensor, entropies: torch.Tensor, advantages: torch.Tensor,
+                  loss_mask: torch.Tensor, *, mode: str, prob_threshold: float = S2TSettings.prob_threshold,
+                  entropy_quantile: float = S2TSettings.entropy_quantile,
+                  gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> S2TResult:  # fmt: skip
     """The keep mask of an ablation `mode` of `ABLATIONS`, with the arguments, result, collectives and `ValueError`s of
     [`~stapo_trl.core.s2t_mask`]; `entropy_threshold` is the (1 - q)-quantile for `"high_entropy"`."""
     if mode not in ABLATIONS:

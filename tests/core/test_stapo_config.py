@@ -2,7 +2,6 @@
 
 import dataclasses
 import re
-import warnings
 
 import pytest
 import trl
@@ -14,20 +13,21 @@ from stapo_trl.core.s2t import S2TSettings
 from stapo_trl.core.stapo_config import PAPER_OBJECTIVE, s2t_path, s2t_settings, s2t_settings_line, s2t_warnings
 
 
+pytestmark = pytest.mark.filterwarnings("ignore")  # TRL's notices while configs are built
+
+
 def make_config(config_cls=STAPOConfig, **overrides):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return config_cls(output_dir="unused", use_cpu=True, bf16=False, report_to=[], **overrides)
+    return config_cls(output_dir="unused", use_cpu=True, bf16=False, report_to=[], **overrides)
 
 
 @dataclasses.dataclass
-class OpenR1StyleConfig(GRPOConfig):  # a user's config as open-r1 writes one: GRPOConfig plus fields of its own
+class OpenR1StyleConfig(GRPOConfig):  # a user's config as open-r1 writes one: fields of its own, one S2T field
     benchmarks: list[str] = dataclasses.field(default_factory=list)
-    system_prompt: str | None = None
-    s2t_entropy_quantile: float = 0.8  # one S2T field of its own (the paper's v1 value)
+    s2t_entropy_quantile: float = 0.8  # the paper's v1 value
 
 
-def test_defaults_are_the_papers_documented_by_the_field_and_the_docstring():
+@pytest.mark.release
+def test_defaults_are_the_papers_the_settings_come_from_any_config_else_the_papers_and_the_construction_line_says_so():
     # STAPO Sec. 4.1: tau_p = 0.002, q = 0.75; the DAPO/JustRL objective: clip 0.2 / 0.28, token mean, no KL
     config = make_config()
     assert (config.s2t_prob_threshold, config.s2t_entropy_quantile, config.s2t_mode) == (0.002, 0.75, "low_entropy")
@@ -41,46 +41,18 @@ def test_defaults_are_the_papers_documented_by_the_field_and_the_docstring():
         assert len(f.metadata["help"]) > 30 and f"{name} (`" in STAPOConfig.__doc__, name
         assert f.default == getattr(S2TSettings(), name.removeprefix("s2t_")), name  # one set of paper values
     assert list(fields["s2t_mode"].metadata["choices"]) == ["low_entropy", "off"]
-    # in the installed trl only epsilon_high differs: a TRL that changes a default fails here
-    grpo = make_config(GRPOConfig)
+    grpo = make_config(GRPOConfig)  # in the installed trl only epsilon_high differs: a changed TRL default fails here
     assert sorted(name for name, paper in PAPER_OBJECTIVE.items() if getattr(grpo, name) != paper) == ["epsilon_high"]
     doc = " ".join(STAPOConfig.__doc__.split())
     assert f"`GRPOConfig` differs only in `epsilon_high` (`{grpo.epsilon_high}`" in doc
-
-
-@pytest.mark.parametrize(
-    "field, value, message",
-    [("s2t_prob_threshold", 0.0, r"^s2t_prob_threshold=0\.0 must be in \(0, 1\]; the paper: 0\.002\.$"),
-     ("s2t_prob_threshold", 1.5, r"s2t_prob_threshold=1\.5"),
-     ("s2t_prob_threshold", float("nan"), r"s2t_prob_threshold=nan must be in \(0, 1\]"),
-     ("s2t_prob_threshold", "0.002", r"^s2t_prob_threshold='0\.002' must be a number in \(0, 1\], got str\.$"),
-     ("s2t_entropy_quantile", -0.1, r"s2t_entropy_quantile=-0\.1 must be in \[0, 1\]"),
-     ("s2t_entropy_quantile", True, r"s2t_entropy_quantile=True must be a number"),
-     ("s2t_mode", "all_low_prob", r"^s2t_mode='all_low_prob' is not one of \['low_entropy', 'off'\]\.$")],
-)  # fmt: skip
-def test_bad_values_are_refused_on_one_line_naming_the_field_from_any_config(field, value, message):
-    with pytest.raises(ValueError, match=message):
-        make_config(**{field: value})
-    config = make_config(OpenR1StyleConfig)  # a user's class: the same check where the trainer reads it
-    setattr(config, field, value)
-    with pytest.raises(ValueError, match=message):
-        s2t_settings(config)
-
-
-def test_the_settings_come_from_the_config_where_it_has_them_else_from_the_paper():
     for boundary in ({"s2t_prob_threshold": 1.0}, {"s2t_entropy_quantile": 0.0}, {"s2t_prob_threshold": 1}):
         assert s2t_settings(make_config(**boundary))  # accepted (an int is a number)
-    assert s2t_settings(make_config(GRPOConfig)) == S2TSettings()  # no S2T field at all
+    assert s2t_settings(grpo) == S2TSettings()  # no S2T field at all: the paper's
     assert s2t_settings(make_config(OpenR1StyleConfig)) == S2TSettings(entropy_quantile=0.8)
     config = make_config(s2t_prob_threshold=0.01, s2t_mode="off")
-    assert s2t_settings(config) == S2TSettings(prob_threshold=0.01, mode="off")
-    assert s2t_settings(config, modes=("off",)).mode == "off"
+    assert s2t_settings(config) == S2TSettings(prob_threshold=0.01, mode="off") == s2t_settings(config, modes=("off",))
     with pytest.raises(ValueError, match=r"is not one of \['low_entropy'\]"):
         s2t_settings(config, modes=("low_entropy",))
-
-
-@pytest.mark.release
-def test_the_construction_line_says_the_values_in_effect_and_what_differs_and_nothing_for_the_papers_config():
     assert s2t_settings_line(make_config(), S2TSettings()) is None
     grpo = make_config(GRPOConfig)
     assert s2t_settings_line(grpo, s2t_settings(grpo)) == (
@@ -97,24 +69,16 @@ def test_the_construction_line_says_the_values_in_effect_and_what_differs_and_no
     assert s2t_settings_line(grpo, s2t_settings(grpo)).endswith("GRPOConfig`); the rest is the paper's objective.")
     off = make_config(s2t_mode="off")
     assert s2t_settings_line(off, s2t_settings(off)).endswith("objective: s2t_mode='off' (paper 'low_entropy').")
+    ga2 = dict(steps_per_generation=2, gradient_accumulation_steps=2)  # the path of p and H:
+    for geometry, path in [(dict(), "loss"), (ga2, "extra_forward"), (dict(num_iterations=2), "old_logps"),
+                           (dict(steps_per_generation=8, gradient_accumulation_steps=2), "old_logps"),
+                           ({**ga2, "num_iterations": 2}, "old_logps"), ({**ga2, "use_vllm": True}, "old_logps"),
+                           ({**ga2, "use_vllm": True, "vllm_importance_sampling_correction": False},
+                            "extra_forward")]:  # fmt: skip
+        assert s2t_path(make_config(**geometry)) == path, geometry
 
 
-@pytest.mark.release
-@pytest.mark.parametrize(
-    "geometry, path",
-    [(dict(), "loss"), (dict(steps_per_generation=2, gradient_accumulation_steps=2), "extra_forward"),
-     (dict(steps_per_generation=8, gradient_accumulation_steps=2), "old_logps"), (dict(num_iterations=2), "old_logps"),
-     (dict(steps_per_generation=2, gradient_accumulation_steps=2, num_iterations=2), "old_logps"),
-     (dict(steps_per_generation=2, gradient_accumulation_steps=2, use_vllm=True), "old_logps"),  # vLLM IS
-     (dict(steps_per_generation=2, gradient_accumulation_steps=2, use_vllm=True,
-           vllm_importance_sampling_correction=False), "extra_forward")],
-)  # fmt: skip
-def test_the_path_of_p_and_h(geometry, path):
-    assert s2t_path(make_config(**geometry)) == path
-
-
-# one row per warned GRPO feature of docs/stapo.md's table
-FEATURE_WARNINGS = [
+FEATURE_WARNINGS = [  # one row per warned GRPO feature of docs/stapo.md's table
     ({"beta": 0.04}, r"^S2T mask with beta=0\.04: silenced tokens lose their KL penalty too"),
     ({"importance_sampling_level": "sequence"}, r"importance_sampling_level='sequence': each ratio averages kept"),
     ({"loss_type": "vespo"}, r"loss_type='vespo': each completion's weight phi sums its kept tokens"),
@@ -123,24 +87,33 @@ FEATURE_WARNINGS = [
     ({"use_adaptive_entropy": True}, r"entropy_coef=0\.0: the bonus averages kept tokens only"),
     ({"temperature": 0.7}, r"temperature=0\.7: p and H are temperature-scaled; tau_p and q are calibrated at 1\.0"),
     ({"loss_type": "dr_grpo"}, r"loss_type='dr_grpo': a constant denominator"),
-    pytest.param({"loss_type": "luspo"}, r"loss_type='luspo': a constant denominator",
-                 marks=pytest.mark.skipif(Version(trl.__version__) < Version("1.10"), reason="refused")),
+    *[({"loss_type": "luspo"}, r"loss_type='luspo': a constant")] * (Version(trl.__version__) >= Version("1.10")),
     ({"gradient_accumulation_steps": 2, "steps_per_generation": 3}, r"steps_per_generation=3: not a multiple of GA=2"),
     ({"per_device_train_batch_size": 4, "steps_per_generation": 2}, r"an update of 4 completions splits prompt"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("overrides, message", FEATURE_WARNINGS)
-def test_each_feature_the_mask_changes_gives_one_message_naming_the_field(overrides, message):
-    config = make_config(**overrides)
-    messages = s2t_warnings(config, s2t_settings(config))
-    assert len(messages) == 1 and re.search(message, messages[0]), messages
-    assert "\n" not in messages[0]
-    off = make_config(s2t_mode="off", **overrides)
-    assert not [m for m in s2t_warnings(off, s2t_settings(off)) if m.startswith("S2T mask")]  # nothing is silenced
-
-
-def test_the_papers_configuration_is_silent_a_dry_runs_values_count_and_the_mask_off_in_the_papers_geometry():
+def test_bad_values_refused_in_one_line_from_any_config_each_feature_the_mask_changes_warned_the_papers_silent():
+    for field, value, message in [
+        ("s2t_prob_threshold", 0.0, r"^s2t_prob_threshold=0\.0 must be in \(0, 1\]; the paper: 0\.002\.$"),
+        ("s2t_prob_threshold", 1.5, r"s2t_prob_threshold=1\.5"),
+        ("s2t_prob_threshold", float("nan"), r"s2t_prob_threshold=nan must be in \(0, 1\]"),
+        ("s2t_prob_threshold", "0.002", r"^s2t_prob_threshold='0\.002' must be a number in \(0, 1\], got str\.$"),
+        ("s2t_entropy_quantile", -0.1, r"s2t_entropy_quantile=-0\.1 must be in \[0, 1\]"),
+        ("s2t_entropy_quantile", True, r"s2t_entropy_quantile=True must be a number"),
+        ("s2t_mode", "all_low_prob", r"^s2t_mode='all_low_prob' is not one of \['low_entropy', 'off'\]\.$")
+    ]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            make_config(**{field: value})
+        config = make_config(OpenR1StyleConfig)  # a user's class: the same check where the trainer reads it
+        setattr(config, field, value)
+        with pytest.raises(ValueError, match=message):
+            s2t_settings(config)
+    for overrides, message in FEATURE_WARNINGS:  # luspo below trl 1.10: refused
+        messages = s2t_warnings(config := make_config(**overrides), s2t_settings(config))
+        assert len(messages) == 1 and re.search(message, messages[0]) and "\n" not in messages[0], messages
+        off = make_config(s2t_mode="off", **overrides)
+        assert not [m for m in s2t_warnings(off, s2t_settings(off)) if m.startswith("S2T mask")]  # nothing silenced
     for overrides in [dict(), dict(steps_per_generation=4, gradient_accumulation_steps=1),  # the recipes' geometry
                       dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=8),
                       dict(off_policy_mask_threshold=0.5), dict(num_iterations=2),

@@ -4,7 +4,6 @@ import json
 import math
 import sys
 import types
-import warnings
 
 import pytest
 import torch
@@ -30,77 +29,59 @@ class CharTokenizer:
         return ["".join(VOCAB[i] for i in ids) for ids in sequences]
 
 
-class HostTransfers(TorchFunctionMode):
-    count = 0  # calls that bring a tensor's values to the host: each is a device sync on an accelerator
+class HostTransfers(TorchFunctionMode):  # counts the calls that bring values to the host (a device sync each)
+    count, host = 0, {"item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__"}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs, name = kwargs or {}, getattr(func, "__name__", "")
-        host = {"item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__"}
-        to_cpu = name == "to" and "cpu" in [str(a) for a in (*args[1:], kwargs.get("device"))]
-        self.count += to_cpu or name in host
+        name, kwargs = getattr(func, "__name__", ""), kwargs or {}
+        self.count += name in self.host or name == "to" and "cpu" in map(str, (*args[1:], kwargs.get("device")))
         return func(*args, **kwargs)
 
 
-def test_hand_batch_records():
+def test_hand_batch_records_and_a_sample_capped_per_kind_in_order_deterministic_and_of_one_transfer():
     records = spurious_token_records(*hand_batch(), CharTokenizer(), step=7, context_tokens=2, **ALL)
-    # Context: up to 2 completion tokens each side, never past the last loss token.
     assert [(r["kind"], r["token"], r["position"], r["context"], r["candidate"]) for r in records] == [
         ("silenced", "+", 1, "1⟦+⟧2=", True), ("kept_candidate", "2", 2, "1+⟦2⟧=3", True),
         ("kept_candidate", "3", 4, "2=⟦3⟧", True), ("reference", "1", 0, "⟦1⟧+2", False),
         ("reference", "=", 3, "+2⟦=⟧3", False),
-    ]  # fmt: skip
-    silenced = records[0]
+    ]  # fmt: skip  # context: up to 2 completion tokens each side, never past the last loss token
     assert [r["silenced"] for r in records] == [True, False, False, False, False]
-    assert silenced["prob"] == pytest.approx(0.001) and silenced["logprob"] == pytest.approx(math.log(0.001))
-    assert silenced["entropy"] == pytest.approx(0.2) and silenced["advantage"] == 1.0
-    assert silenced["entropy_threshold"] == pytest.approx(0.5) and silenced["prob_threshold"] == 0.01
-    assert [silenced[key] for key in ("step", "token_id", "completion_index", "process_index")] == [7, 2, 0, 0]
+    r, keys = records[0], "prob logprob entropy advantage entropy_threshold prob_threshold step token_id"
+    assert [r[k] for k in keys.split()] == pytest.approx([0.001, math.log(0.001), 0.2, 1, 0.5, 0.01, 7, 2])
+    assert r["completion_index"] == r["process_index"] == 0
     assert json.loads(json.dumps(records)) == records  # JSON-serialisable as is
-    # Without candidates (tau_p = 1e-6) the 5 positive-advantage tokens are references, tau_h written as None.
-    records = spurious_token_records(*hand_batch(prob_threshold=1e-6), CharTokenizer(), step=1)
+    records = spurious_token_records(*hand_batch(prob_threshold=1e-6), CharTokenizer(), step=1)  # no candidate
     assert [r["kind"] for r in records] == ["reference"] * 5 and {r["entropy_threshold"] for r in records} == {None}
-    # No positive-advantage token: no record.
     result, logps, entropies, advantages, loss_mask, ids = hand_batch()
-    negative = -advantages.abs()
-    none = s2t_mask(logps, entropies, negative, loss_mask, prob_threshold=0.01)
+    none = s2t_mask(logps, entropies, negative := -advantages.abs(), loss_mask, prob_threshold=0.01)  # no A > 0
     assert spurious_token_records(none, logps, entropies, negative, loss_mask, ids, CharTokenizer(), step=1) == []
-    # A loss token with a non-finite value is never recorded: the other four of row 0 are.
     for name, position, value in [("logps", 0, math.nan), ("entropies", 3, math.inf), ("logps", 3, -math.inf)]:
         tensors = {"logps": logps.clone(), "entropies": entropies.clone()}
         tensors[name][0, position] = value
         records = spurious_token_records(result, tensors["logps"], tensors["entropies"], advantages, loss_mask, ids,
                                          CharTokenizer(), step=0, **ALL)  # fmt: skip
-        assert len(records) == 4 and position not in [r["position"] for r in records]
+        assert len(records) == 4 and position not in [r["position"] for r in records]  # a non-finite one: never
         json.dumps(records, allow_nan=False)
 
 
-def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.0):
-    # p uniform in [0.1, 0.6], q = 0.5: with tau_p = 1 every token is a candidate and half are silenced
-    generator = torch.Generator().manual_seed(rows)
-    entropies = torch.rand(rows, length, generator=generator)
-    logps = torch.log(torch.rand(rows, length, generator=generator) * 0.5 + 0.1)
-    advantages, loss_mask = torch.ones(rows), torch.ones(rows, length)
-    completion_ids = torch.randint(1, len(VOCAB), (rows, length), generator=generator)
+def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.0):  # p in [0.1, 0.6], q = 0.5
+    g, advantages, loss_mask = torch.Generator().manual_seed(rows), torch.ones(rows), torch.ones(rows, length)
+    entropies = torch.rand(rows, length, generator=g)
+    logps = torch.log(torch.rand(rows, length, generator=g) / 2 + 0.1)
+    ids = torch.randint(1, len(VOCAB), (rows, length), generator=g)
     result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
-    return result, logps, entropies, advantages, loss_mask, completion_ids
-
-
-def test_records_are_capped_per_kind_sampled_in_order_deterministic_and_cost_one_transfer():
+    return result, logps, entropies, advantages, loss_mask, ids
     batch = all_candidates_batch(12, length=5)  # 60 candidates, 30 silenced: no reference
     caps = {"max_silenced": 4, "max_kept_candidates": 3, "max_reference": 2}
     first = spurious_token_records(*batch, CharTokenizer(), step=3, **caps)
     assert [r["kind"] for r in first] == ["silenced"] * 4 + ["kept_candidate"] * 3
     for kind in ("silenced", "kept_candidate"):
         where = [(r["completion_index"], r["position"]) for r in first if r["kind"] == kind]
-        assert where == sorted(where) and all(
-            batch[0].silenced[row, pos] == (kind == "silenced") for row, pos in where
-        )
+        assert where == sorted(where) and all(batch[0].silenced[i, j] == (kind == "silenced") for i, j in where)
     assert first == spurious_token_records(*batch, CharTokenizer(), step=3, **caps)  # the same sample when rerun
-    # Another step (or process) seeds another sample: over 10 steps, more than 4 distinct silenced tokens are drawn.
     drawn = [spurious_token_records(*batch, CharTokenizer(), step=step, **caps)[:4] for step in range(10)]
-    assert len({(r["completion_index"], r["position"]) for records in drawn for r in records}) > 4
-    assert spurious_token_records(*batch, CharTokenizer(), step=3, max_silenced=0, max_kept_candidates=0,
-                                  max_reference=0) == []  # fmt: skip
+    assert len({(r["completion_index"], r["position"]) for records in drawn for r in records}) > 4  # step seeds
+    assert spurious_token_records(*batch, CharTokenizer(), step=3, **dict.fromkeys(caps, 0)) == []
     tokenizer, batch = CharTokenizer(), all_candidates_batch(128, prob_threshold=0.35)
     with HostTransfers() as transfers:
         records = spurious_token_records(*batch, tokenizer, step=1, context_tokens=3)
@@ -108,42 +89,38 @@ def test_records_are_capped_per_kind_sampled_in_order_deterministic_and_cost_one
 
 
 def stand_in_trainer():  # what the logger reads of its trainer
-    accelerator = types.SimpleNamespace(num_processes=1, process_index=0, is_main_process=True)
-    state, args = types.SimpleNamespace(global_step=0), types.SimpleNamespace(seed=0)
-    return types.SimpleNamespace(processing_class=CharTokenizer(), state=state, args=args, accelerator=accelerator,
-                                 s2t=S2TSettings(prob_threshold=0.01))  # fmt: skip
+    return types.SimpleNamespace(processing_class=CharTokenizer(), state=types.SimpleNamespace(global_step=0),
+        args=types.SimpleNamespace(seed=0), s2t=S2TSettings(prob_threshold=0.01),
+        accelerator=types.SimpleNamespace(num_processes=1, process_index=0, is_main_process=True))  # fmt: skip
 
 
 def run_args(tmp_path, seed=0, report_to=()):
     return types.SimpleNamespace(output_dir=str(tmp_path), seed=seed, report_to=list(report_to))
 
 
-@pytest.mark.parametrize("masks", [1, 6])
-def test_the_logger_transfers_nothing_per_mask_and_once_per_logging_step(tmp_path, masks):
-    trainer = stand_in_trainer()
-    logger = SpuriousTokenLogger(trainer, path=str(tmp_path / "tokens.jsonl"))
-    batch = all_candidates_batch(64)  # the mask's own transfers are not the records'
-    with HostTransfers() as at_masks:
-        for update in range(masks):
-            trainer.state.global_step = update
-            logger.record(*batch)
-    with HostTransfers() as at_logging_step:
-        written = logger.write_pending(run_args(tmp_path), step=6)
-    logger.close()
-    assert at_masks.count == 0 and at_logging_step.count == 1
-    assert [sum(r["kind"] == kind for r in written) for kind in ("silenced", "kept_candidate")] == [256, 64]
-    assert {r["update"] for r in written} == set(range(1, masks + 1))  # a sample of every mask's tokens
+def record(logger, trainer, *batches):  # one mask per update
+    for update, batch in enumerate(batches):
+        trainer.state.global_step = update
+        logger.record(*batch)
 
 
-def test_the_merged_sample_of_several_masks_is_uniform_over_their_tokens(tmp_path):
-    # Four masks of 12 silenced tokens each, a cap of 12: each mask's share of the sample is ~3 of 12 on average.
-    trainer, counts = stand_in_trainer(), torch.zeros(4)
+def test_the_logger_transfers_once_per_logging_step_and_its_merged_sample_is_uniform_over_the_masks(tmp_path):
+    trainer, batch = stand_in_trainer(), all_candidates_batch(64)  # the mask's own transfers are not the records'
+    for masks in (1, 6):
+        logger = SpuriousTokenLogger(trainer, path=str(tmp_path / f"tokens-{masks}.jsonl"))
+        with HostTransfers() as at_masks:
+            record(logger, trainer, *[batch] * masks)
+        with HostTransfers() as at_logging_step:
+            written = logger.write_pending(run_args(tmp_path), step=6)
+        logger.close()
+        assert at_masks.count == 0 and at_logging_step.count == 1
+        assert [sum(r["kind"] == kind for r in written) for kind in ("silenced", "kept_candidate")] == [256, 64]
+        assert {r["update"] for r in written} == set(range(1, masks + 1))  # a sample of every mask's tokens
+    trainer, counts = stand_in_trainer(), torch.zeros(4)  # 4 masks of 12 silenced tokens, a cap of 12: ~3 each
     for seed in range(50):
         trainer.args.seed = seed
         logger = SpuriousTokenLogger(trainer, max_silenced=12, max_kept_candidates=0, max_reference=0)
-        for update in range(4):
-            trainer.state.global_step = update
-            logger.record(*all_candidates_batch(2))
+        record(logger, trainer, *[all_candidates_batch(2)] * 4)
         records = logger.write_pending(run_args(tmp_path, seed), 4)
         logger.close()
         assert len(records) == 12
@@ -151,7 +128,7 @@ def test_the_merged_sample_of_several_masks_is_uniform_over_their_tokens(tmp_pat
     assert (counts / 50 - 3).abs().max() < 0.6  # the standard error of each mean is ~0.2
 
 
-def test_each_training_mask_is_written_once_at_the_next_logging_step_and_the_rest_at_the_end(tmp_path):
+def test_each_mask_written_once_at_the_next_logging_step_the_rest_at_the_end_capped_and_tabled(tmp_path, monkeypatch):
     trainer, args = stand_in_trainer(), run_args(tmp_path)
     state = types.SimpleNamespace(is_world_process_zero=True, global_step=0)
     log, no_log = types.SimpleNamespace(should_log=True), types.SimpleNamespace(should_log=False)
@@ -170,51 +147,41 @@ def test_each_training_mask_is_written_once_at_the_next_logging_step_and_the_res
     assert [r["step"] for r in records] == [2] * 10 + [4] * 5
     assert [r["kind"] for r in records[:5]] == ["silenced"] + ["kept_candidate"] * 2 + ["reference"] * 2
     assert logger.silenced_counts == {"+": 3} and logger.kept_candidate_counts == {"2": 3, "3": 3}
-    # The same tokens in two updates' masks are two records, told apart by their update: no duplicate line.
     lines = (tmp_path / SPURIOUS_TOKENS_FILENAME).read_text().splitlines()
     assert len(set(lines)) == len(lines) == 15 and [r["update"] for r in records[:10]] == [1] * 5 + [2] * 5
-
-
-def test_the_logging_step_caps_the_records_of_all_its_masks_once_and_tables_the_top_tokens(tmp_path, monkeypatch):
-    # Three masks of one logging step, each with one silenced token and two kept candidates: capped to 2 and 1.
+    # 3 masks of one logging step, each with one silenced token and two kept candidates: capped to 2 and 1
     logged, table = [], lambda dataframe: types.SimpleNamespace(dataframe=dataframe)  # wandb (the tracker) stood in
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=object(), Table=table, log=logged.append))
     trainer = stand_in_trainer()
     logger = SpuriousTokenLogger(trainer, max_silenced=2, max_kept_candidates=1, max_reference=0)
-    for update in range(3):
-        trainer.state.global_step = update
-        logger.record(*hand_batch())
+    record(logger, trainer, *[hand_batch()] * 3)
     assert logger._pending.shape[:2] == (3, 2)  # per kind, at most the largest cap waits for the logging step
-    written = logger.write_pending(run_args(tmp_path, report_to=["wandb"]), step=5)
+    (tmp_path / "caps").mkdir()
+    written = logger.write_pending(run_args(tmp_path / "caps", report_to=["wandb"]), step=5)
     logger.close()
     assert sorted(r["kind"] for r in written) == ["kept_candidate", "silenced", "silenced"]
     assert all(r["step"] == 5 for r in written) and {r["update"] for r in written} <= {1, 2, 3}
-    assert read_token_records(tmp_path) == written and logger._pending is None
+    assert read_token_records(tmp_path / "caps") == written and logger._pending is None
     (entry,) = logged
     assert entry["s2t/top_silenced_tokens"].dataframe.to_dict("list") == {
         "token": ["+"], "silenced": [2], "kept_candidate_sampled": [0]}  # fmt: skip
 
 
-@pytest.mark.parametrize("max_steps, logging_steps, num_iterations", [(3, 2, 1), (4, 4, 2)])
-def test_a_real_run_records_every_silenced_token_of_its_metrics(
-    tiny_random_model_path, tmp_path, max_steps, logging_steps, num_iterations
-):
+@pytest.mark.filterwarnings("ignore")
+def test_a_real_run_records_every_silenced_token_of_its_metrics(tiny_random_model_path, tmp_path):
     # max_steps not a multiple of logging_steps: the last row's silenced tokens are recorded too; with two iterations
     # each mask is built again (the same tokens): its records name their update, so no line is a duplicate.
-    args = tiny_stapo_config(tmp_path / "run", seed=0, max_steps=max_steps, logging_steps=logging_steps,
-                             num_iterations=num_iterations, s2t_prob_threshold=0.05)  # fmt: skip
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=PROMPTS)
+    args = tiny_stapo_config(tmp_path / "run", seed=0, max_steps=3, logging_steps=2, num_iterations=2,
+                             s2t_prob_threshold=0.05)  # fmt: skip
+    trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=PROMPTS)
     trainer.add_callback(SpuriousTokenLogger(trainer, max_silenced=100_000))  # replaces the built-in one
     trainer.train()
     rows = [row for row in read_metrics(str(tmp_path / "run")) if "s2t/num_silenced" in row]
     silenced = round(sum(row["s2t/num_silenced"] for row in rows))
-    assert rows[-1]["step"] == max_steps and silenced > 0
+    assert rows[-1]["step"] == 3 and silenced > 0
     records = read_token_records(tmp_path / "run" / SPURIOUS_TOKENS_FILENAME)
-    assert sum(r["kind"] == "silenced" for r in records) == silenced and max(r["step"] for r in records) == max_steps
-    for r in records:
-        assert r["silenced"] == (r["kind"] == "silenced") and "⟦" in r["context"] and r["advantage"] > 0
-        assert r["candidate"] == (r["prob"] < 0.05)
+    assert sum(r["kind"] == "silenced" for r in records) == silenced and max(r["step"] for r in records) == 3
+    assert all(r["silenced"] == (r["kind"] == "silenced") and "⟦" in r["context"] and r["advantage"] > 0 and
+               r["candidate"] == (r["prob"] < 0.05) for r in records)  # fmt: skip
     lines = (tmp_path / "run" / SPURIOUS_TOKENS_FILENAME).read_text().splitlines()
     assert len(set(lines)) == len(lines)

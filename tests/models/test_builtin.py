@@ -23,7 +23,8 @@ def load(path):
     return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
 
-def test_tiny_math_reloads_offline_and_records_its_accuracy(tiny_math_model_path):
+def test_tiny_math_reloads_offline_its_record_tokenizer_build_check_as_stapo_eval_and_silent_warm_up(
+        tiny_math_model_path, tmp_path, capsys):  # fmt: skip
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     model, tokenizer = load(tiny_math_model_path)
     assert type(model).__name__ == "Qwen3ForCausalLM"
@@ -37,11 +38,24 @@ def test_tiny_math_reloads_offline_and_records_its_accuracy(tiny_math_model_path
     evaluation = info["eval"]  # the RL demo's warm start: some but not all sampled answers right, greedy nearly all
     assert evaluation["temperature"] == 1.0 and evaluation["num_problems"] == 300 and len(evaluation["samples"]) == 5
     assert 0.2 <= evaluation["sampled_accuracy"] <= 0.8 < evaluation["greedy_accuracy"]
-
-
-def test_the_build_check_is_stapo_evals_evaluation(tiny_math_model_path, tmp_path):
+    assert 280 <= len(tokenizer) <= 400 and tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.pad_token == "<|endoftext|>"
+    for text in ["0123456789", "\\boxed{85}", "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}", "47+38"]:
+        assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
+    assert tokenizer.tokenize("0123456789") == list("0123456789")
+    assert tokenizer.tokenize("\\boxed{85}")[-3:] == ["8", "5", "}"]
+    assert all(not any(ch.isdigit() for ch in p) or len(p) == 1 for p in tokenizer.get_vocab())
+    text = tokenizer.apply_chat_template(format_prompt("47+38"), tokenize=False, add_generation_prompt=True)
+    assert text == f"<|im_start|>user\n47+38\n{INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
+    completion = [{"role": "assistant", "content": "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"}]
+    full = tokenizer.apply_chat_template(format_prompt("47+38") + completion, tokenize=False)
+    assert full == text + completion[0]["content"] + "<|im_end|>\n"
+    prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer(full, add_special_tokens=False)["input_ids"][: len(prompt_ids)] == prompt_ids
     from stapo_trl.cli.eval import main
     from stapo_trl.evaluation.results import load_results
+    from stapo_trl.models.sft_math import sft_warm_up
+    from stapo_trl.models.tiny import SFT_CONFIG
 
     model, tokenizer = load(tiny_math_model_path)
     model.train()
@@ -59,59 +73,39 @@ def test_the_build_check_is_stapo_evals_evaluation(tiny_math_model_path, tmp_pat
     summary = summarize_token_statistics({"entropy": [0, 1, 2, 3, 4], "prob": [0.001, 0.0019, 0.002, 0.5, 1.0]})
     assert summary["num_tokens"] == 5 and summary["entropy_nats"] == {"p10": 0.4, "p50": 2.0, "p90": 3.6, "mean": 2.0}
     assert summary["frac_prob_below_tau_p"] == 0.4 and summary["tau_p"] == 0.002
+    capsys.readouterr()
+    rows = make_tiny_math_dataset()["train"].select(range(8))
+    losses = sft_warm_up(model, tokenizer, rows, 1, {**SFT_CONFIG, "per_device_train_batch_size": 4})
+    out = capsys.readouterr().out
+    assert "loss" not in out and "{" not in out and losses["last_logged_loss"] > 0, out
 
 
-def test_the_tokenizer_splits_digits_and_renders_training_and_test_prompts_alike(tiny_math_model_path):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
-    assert (
-        280 <= len(tokenizer) <= 400 and tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
-    )
-    for text in ["0123456789", "\\boxed{85}", "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}", "47+38"]:
-        assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
-    assert tokenizer.tokenize("0123456789") == list("0123456789")
-    assert tokenizer.tokenize("\\boxed{85}")[-3:] == ["8", "5", "}"]
-    assert all(not any(ch.isdigit() for ch in p) or len(p) == 1 for p in tokenizer.get_vocab())
-    text = tokenizer.apply_chat_template(format_prompt("47+38"), tokenize=False, add_generation_prompt=True)
-    assert text == f"<|im_start|>user\n47+38\n{INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
-    completion = [{"role": "assistant", "content": "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"}]
-    full = tokenizer.apply_chat_template(format_prompt("47+38") + completion, tokenize=False)
-    assert full == text + completion[0]["content"] + "<|im_end|>\n"
-    prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    assert tokenizer(full, add_special_tokens=False)["input_ids"][: len(prompt_ids)] == prompt_ids
+def test_resolve_builds_once_restores_the_process_state_passes_folders_and_hub_ids_and_refuses_bad_paths(
+        tiny_math_model_path, tmp_path, monkeypatch, caplog):  # fmt: skip  # the build itself: test_a_killed_build_...
+    from accelerate.state import AcceleratorState, PartialState
 
+    def build(name, out, **kwargs):  # as TrainingArguments and Trainer do: accelerate's state reset, seeds set
+        AcceleratorState._reset_state(reset_partial_state=True)
+        torch.manual_seed(123), random.seed(123)
+        builds.append(name) or shutil.copytree(tiny_math_model_path, out, dirs_exist_ok=True)
 
-def test_resolve_builds_once_says_so_and_replaces_an_incomplete_folder(tiny_math_model_path, tmp_path, monkeypatch,
-                                                                       caplog):  # fmt: skip
-    builds = []  # the build itself: test_a_killed_build_leaves_no_model_and_two_processes_build_once (slow)
-    monkeypatch.setattr(builtin_cache, "build_builtin_model", lambda name, out, **k: builds.append(name) or
-                        shutil.copytree(tiny_math_model_path, out, dirs_exist_ok=True))  # fmt: skip
+    builds, state = [], (dict(PartialState._shared_state), dict(AcceleratorState._shared_state))
+    monkeypatch.setattr(builtin_cache, "build_builtin_model", build)
     target = builtin_model_dir("tiny-random", tmp_path)
     target.mkdir(parents=True)
     (target / "junk.txt").write_text("an incomplete folder (no build record) is replaced")
+    torch_state, py_state = torch.get_rng_state(), random.getstate()
     with caplog.at_level("WARNING", logger="stapo_trl.models.cache"):
         path = resolve_model_path("builtin:tiny-random", cache_dir=tmp_path)
     assert caplog.messages == [f"Building builtin:tiny-random on its first use, once, into {tmp_path}."]
+    assert (dict(PartialState._shared_state), dict(AcceleratorState._shared_state)) == state
+    assert torch.equal(torch.get_rng_state(), torch_state) and random.getstate() == py_state
     assert path == str(target) == str(tmp_path / f"tiny-random-{BUILTIN_MODELS['tiny-random']['version']}")
     assert builds == ["tiny-random"] and not (target / "junk.txt").exists()
     mtime = os.path.getmtime(target / INFO_FILE)
     assert resolve_model_path("builtin:tiny-random", cache_dir=tmp_path) == path
     assert builds == ["tiny-random"] and os.path.getmtime(target / INFO_FILE) == mtime  # read, not rebuilt
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, target.name + ".lock"])
-
-
-def test_the_warm_up_prints_no_loss_rows(tiny_math_model_path, capsys):
-    from stapo_trl.models.sft_math import sft_warm_up
-    from stapo_trl.models.tiny import SFT_CONFIG
-
-    model, tokenizer = load(tiny_math_model_path)
-    rows = make_tiny_math_dataset()["train"].select(range(8))
-    losses = sft_warm_up(model, tokenizer, rows, 1, {**SFT_CONFIG, "per_device_train_batch_size": 4})
-    out = capsys.readouterr().out
-    assert "loss" not in out and "{" not in out, out
-    assert losses["last_logged_loss"] > 0
-
-
-def test_resolve_passes_through_directories_and_hub_ids_and_refuses_bad_paths(tmp_path, tiny_math_model_path):
     model = tiny_math_model_path
     assert resolve_model_path(model) == resolve_model_path(Path(model)) == model
     assert [resolve_model_path(name) for name in ("Qwen/Qwen3-1.7B-Base", "gpt2")] == ["Qwen/Qwen3-1.7B-Base", "gpt2"]
@@ -124,41 +118,14 @@ def test_resolve_passes_through_directories_and_hub_ids_and_refuses_bad_paths(tm
     with pytest.raises(ValueError, match="builtin:nope") as excinfo:
         resolve_model_path("builtin:nope")
     assert all(f"builtin:{name}" in str(excinfo.value) for name in BUILTIN_MODELS)
-
-
-def test_the_cache_folder_and_the_process_state_of_a_build(tmp_path, monkeypatch):
-    from accelerate.state import AcceleratorState, PartialState
-
     monkeypatch.setenv("STAPO_TRL_CACHE", str(tmp_path))
     assert default_cache_dir() == tmp_path
     assert builtin_model_dir("tiny-math") == tmp_path / f"tiny-math-{BUILTIN_MODELS['tiny-math']['version']}"
     monkeypatch.delenv("STAPO_TRL_CACHE")
     assert str(default_cache_dir()) == os.path.expanduser("~/.cache/stapo_trl")
-    assert not builtin_cache._is_launched_process()  # a launched process builds in a child
-    for var in ("LOCAL_RANK", "ACCELERATE_USE_DEEPSPEED"):
-        with monkeypatch.context() as m:
-            m.setenv(var, "1")
-            assert builtin_cache._is_launched_process()
-    before = (dict(PartialState._shared_state), dict(AcceleratorState._shared_state))
-    torch_state, py_state = torch.get_rng_state(), random.getstate()
-    with builtin_cache._preserved_process_state():
-        AcceleratorState._reset_state(reset_partial_state=True)  # what TrainingArguments does
-        torch.manual_seed(123)  # what Trainer does
-        random.seed(123)
-    assert (dict(PartialState._shared_state), dict(AcceleratorState._shared_state)) == before
-    assert torch.equal(torch.get_rng_state(), torch_state) and random.getstate() == py_state
 
 
-@pytest.mark.slow
-def test_build_in_a_child_process_under_a_launcher(tmp_path, monkeypatch):
-    for var, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "29555"}.items():
-        monkeypatch.setenv(var, value)  # what a rank of torchrun sees; the child must not join that group
-    path = resolve_model_path("builtin:tiny-random", cache_dir=tmp_path)
-    assert read_builtin_info(path)["name"] == "builtin:tiny-random"
-    AutoModelForCausalLM.from_pretrained(path)
-
-
-@pytest.mark.slow
+@pytest.mark.slow  # the second of two processes building at once is a torchrun rank: it builds in a child
 def test_a_killed_build_leaves_no_model_and_two_processes_build_once(tiny_random_model_path, tiny_math_model_path,
                                                                     tmp_path):  # fmt: skip
     code = (
@@ -173,9 +140,9 @@ def test_a_killed_build_leaves_no_model_and_two_processes_build_once(tiny_random
     killed.kill()
     killed.wait()
     assert not target.exists()
-    runs = [
-        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"
-    ]
+    launched = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "29555"}  # not to join its group
+    runs = [subprocess.Popen(command, env=env | extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for extra in ({}, launched)]  # fmt: skip
     outputs = [run.communicate(timeout=600) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     assert [out.strip().splitlines()[-1] for out, _ in outputs] == [str(target)] * 2

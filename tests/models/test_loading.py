@@ -2,7 +2,6 @@
 
 import json
 import logging
-import os
 import shutil
 
 import pytest
@@ -22,17 +21,15 @@ def lora_dir(tiny_math_model_path, tmp_path_factory):
     torch.manual_seed(0)
     with torch.no_grad():  # B = 0 would make the adapter a no-op
         [param.normal_(0, 0.5) for name, param in peft_model.named_parameters() if "lora_B" in name]
-    out = tmp_path_factory.mktemp("lora-run")
-    peft_model.save_pretrained(out)
+    peft_model.save_pretrained(out := tmp_path_factory.mktemp("lora-run"))
     AutoTokenizer.from_pretrained(tiny_math_model_path).save_pretrained(out)
     shutil.copy(f"{tiny_math_model_path}/config.json", out / "config.json")  # what makes from_pretrained fail
-    ids = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
-        expected = peft_model(ids).logits
-    return out, ids, expected
+        return out, (ids := torch.tensor([[1, 2, 3, 4, 5]])), peft_model(ids).logits
 
 
-def test_a_full_model_and_an_adapter_merged_onto_its_base(lora_dir, tiny_math_model_path, caplog):
+def test_a_full_model_an_adapter_merged_onto_its_base_no_base_or_remote_code_and_stapo_eval_of_an_adapter(
+        lora_dir, tiny_math_model_path, tmp_path, monkeypatch, capsys, caplog):  # fmt: skip  # one thread (tiny)
     assert resolve_model_source(tiny_math_model_path) == ModelSource(tiny_math_model_path)
     model, tokenizer = load_causal_lm(tiny_math_model_path, dtype=torch.float64)
     assert not model.training and model.dtype == torch.float64 and tokenizer("12+34")["input_ids"]
@@ -48,20 +45,28 @@ def test_a_full_model_and_an_adapter_merged_onto_its_base(lora_dir, tiny_math_mo
         torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
         base_logits = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)(ids).logits
     assert (base_logits - expected).abs().max() > 1e-3 and tokenizer("12+34")["input_ids"]  # the adapter was applied
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="torch's default is already one thread on one core")
-def test_stapo_eval_of_an_adapter_says_so_once_and_runs_on_the_tiny_models_one_thread(
-    lora_dir, tmp_path, monkeypatch, capsys, caplog
-):
+    broken = tmp_path / "adapter"  # an adapter naming no base, and a config pointing at its own code: refused
+    shutil.copytree(folder, broken)
+    config = json.loads((broken / "adapter_config.json").read_text())
+    (broken / "adapter_config.json").write_text(json.dumps(config | {"base_model_name_or_path": None}))
+    with pytest.raises(ValueError, match="base_model_name_or_path"):
+        load_causal_lm(str(broken))
+    shutil.copytree(tiny_math_model_path, folder := tmp_path / "remote-code")
+    config = json.loads((folder / "config.json").read_text())
+    auto_map = {"AutoConfig": "modeling_evil.EvilConfig", "AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
+    (folder / "config.json").write_text(json.dumps(config | {"model_type": "evil", "auto_map": auto_map}))
+    (folder / "modeling_evil.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    with pytest.raises(ValueError, match="trust_remote_code"):  # trust_remote_code is never set
+        load_causal_lm(str(folder))
+    assert not (tmp_path / "ran").exists()
     from stapo_trl.cli.eval import main
     from stapo_trl.evaluation.generation import HFGenerator
     from stapo_trl.trainer.trainers import _torch_default_threads
 
     seen, generate = [], HFGenerator.generate
-    monkeypatch.setattr(
-        HFGenerator, "generate", lambda *a, **k: seen.append(torch.get_num_threads()) or generate(*a, **k)
-    )
+    caplog.clear()
+    monkeypatch.setattr(HFGenerator, "generate",
+                        lambda *a, **k: seen.append(torch.get_num_threads()) or generate(*a, **k))  # fmt: skip
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     previous = torch.get_num_threads()
     torch.set_num_threads(max(_torch_default_threads()))  # as torch starts (the test process runs on one)
@@ -73,22 +78,3 @@ def test_stapo_eval_of_an_adapter_says_so_once_and_runs_on_the_tiny_models_one_t
         torch.set_num_threads(previous)
     out = capsys.readouterr()
     assert (out.out + out.err + caplog.text).count("Loading the LoRA adapter") == 1 and seen == [1]
-
-
-def test_an_adapter_without_a_base_and_model_code_in_a_folder_are_refused(lora_dir, tiny_math_model_path, tmp_path):
-    broken = tmp_path / "adapter"
-    shutil.copytree(lora_dir[0], broken)
-    config = json.loads((broken / "adapter_config.json").read_text())
-    (broken / "adapter_config.json").write_text(json.dumps(config | {"base_model_name_or_path": None}))
-    with pytest.raises(ValueError, match="base_model_name_or_path"):
-        load_causal_lm(str(broken))
-    # a config pointing at its own modelling code: refused without trust_remote_code, never set
-    folder = tmp_path / "remote-code"
-    shutil.copytree(tiny_math_model_path, folder)
-    config = json.loads((folder / "config.json").read_text())
-    auto_map = {"AutoConfig": "modeling_evil.EvilConfig", "AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
-    (folder / "config.json").write_text(json.dumps(config | {"model_type": "evil", "auto_map": auto_map}))
-    (folder / "modeling_evil.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
-    with pytest.raises(ValueError, match="trust_remote_code"):
-        load_causal_lm(str(folder))
-    assert not (tmp_path / "ran").exists()

