@@ -41,8 +41,8 @@ def build_prompt_text(tokenizer, problem, use_chat_template: bool = True, chat_t
     if not use_chat_template:
         return messages[-1]["content"]
     if not data.has_chat_template(tokenizer):
-        fix = data.EVAL_CHAT_TEMPLATE_FIX
-        raise ValueError(data.chat_template_message(tokenizer.name_or_path, "The evaluation prompts are", fix))
+        what, fix = "The evaluation prompts are", data.EVAL_CHAT_TEMPLATE_FIX
+        raise ValueError(data.chat_template_message(tokenizer.name_or_path, what, fix))
     return data.render_chat_template(tokenizer, messages, **(chat_template_kwargs or {}))
 
 
@@ -73,7 +73,7 @@ def hf_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_tok
     import torch
     from transformers import GenerationConfig
 
-    eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+    eos = getattr(model.generation_config, "eos_token_id", None)
     eos = tokenizer.eos_token_id if eos is None else eos
     eos = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or [0])[0]
