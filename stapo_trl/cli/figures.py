@@ -1,9 +1,9 @@
-"""The figures of `stapo-train` runs (`stapo-plot`) from `metrics.jsonl` and `spurious_tokens.jsonl`. A run is a run
-folder or a folder of per-seed run folders (drawn as their mean, ratios of counts pooled). Each `plot_*` writes to
-`out` and returns it, or returns the matplotlib `Figure` for `out=None`; `None` when no run has its data."""
+"""The figures of `stapo-train` runs (`stapo-plot`): a run folder, or a folder of seeds' run folders (their mean,
+ratios of counts pooled). Each `plot_*` writes and returns `out` (`out=None`: the `Figure`); `None` without data."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -42,20 +42,18 @@ def _files(path: str, name: str) -> list[str]:
 def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, Any]]]:
     """The `metrics.jsonl` rows of a run, one list per seed. Raises `FileNotFoundError` without one, and, with
     `require_steps`, `ValueError` for one without a logged metric."""
+    from ..run_folder.logs import read_metrics
+
     path = os.fspath(path)
     if not (files := [path] if os.path.isfile(path) and path.endswith(".jsonl") else _files(path, METRICS_FILENAME)):
         raise FileNotFoundError(f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a "
                                 "`stapo-train` run, or a folder of them (one per seed).")  # fmt: skip
-    from ..run_folder.logs import read_metrics
-
     seeds = [read_metrics(file) for file in files]
     for file, rows in zip(files, seeds, strict=True):
         if require_steps and not any(set(row) - {"step", "epoch"} for row in rows):
-            why = "is empty: the run has not reached its first logging step (logging_steps) yet, or stopped before it"
-            if Path(file).read_bytes().strip():
-                why = "holds no " + (
-                    "logged metric, only steps" if rows else "metrics row (see the warning above for its lines)"
-                )
+            why = "logged metric, only steps" if rows else "metrics row (see the warning above for its lines)"
+            why = f"holds no {why}" if Path(file).read_bytes().strip() else ("is empty: the run has not reached its "
+                  "first logging step (logging_steps) yet, or stopped before it")  # fmt: skip
             raise ValueError(f"{file} {why}. Nothing to draw: plot a run folder that logged at least one step, or "
                              "leave this one out.")  # fmt: skip
     return seeds
@@ -75,20 +73,9 @@ def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
     return records
 
 
-def load_token_bytes(run_dir: os.PathLike | str) -> dict[int, bytes]:
-    """[`tokenizer_token_bytes`] of the run's (or its first seed's) `tokenizer.json`, or `{}`."""
-    from ..diagnostics.token_records import tokenizer_token_bytes
-
-    files = _files(os.fspath(run_dir), "tokenizer.json")
-    try:
-        return tokenizer_token_bytes(json.loads(Path(files[0]).read_text(encoding="utf-8"))) if files else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def seed_values(seeds: Sequence, key: str):
-    """`(steps, values, note)` of `key` over seeds: `values` (seeds, steps) at the steps all logged, `note` " (2
-    seeds)"; a ratio of [`POOLED_RATIOS`] is one row pooled over the seeds (" (2 seeds, pooled)")."""
+    """`(steps, values (seeds, steps) at the steps all logged, " (2 seeds)")` of `key`; a ratio of [`POOLED_RATIOS`]:
+    one row pooled over the seeds (" (2 seeds, pooled)")."""
     import numpy as np
 
     def series(rows: Sequence, key: str) -> dict[int, float]:  # without null and NaN
@@ -140,9 +127,9 @@ def _axes(ax, title: str, log=False, xlabel="optimizer step", fontsize=10, grid=
 
 
 def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, title=None, smoothing=None):
-    """One panel per `(log key, title, "linear" | "log")` of `curves`; `runs`: label -> rows per seed. Linear: the
-    moving average (`smoothing` logged steps, default ~1/20 of the run) over the raw curve, or the seeds' mean with a
-    min/max band; log: the mean over seeds as points, its zeros counted in the legend."""
+    """A panel per `(log key, title, "linear" | "log")` of `curves`; `runs`: label -> rows per seed. Linear: the moving
+    average (`smoothing` logged steps, default ~1/20 of the run) over the raw curve, or the seeds' mean in a min/max
+    band; log: the mean over seeds as points, its zeros counted in the legend."""
     import numpy as np
 
     fig, axes = _figure(1, len(curves), (5.2 * len(curves), 3.9), sharex=True)
@@ -176,15 +163,12 @@ def plot_entropy_quantiles(runs: Mapping[str, Sequence], out: Path | None = None
     """The loss tokens' entropy quantiles over steps: a p10-p95 band, p50 solid, p80 dashed."""
     fig, ((ax,),) = _figure(1, 1, (7.5, 4.2))
     for i, (label, seeds) in enumerate(runs.items()):
-        (s10, p10, _), (s50, p50, _), (s80, p80, _), (s95, p95, _) = (
-            seed_values(seeds, f"s2t/entropy_p{q}") for q in (10, 50, 80, 95)
-        )
-        if s10 and s10 == s95:
-            ax.fill_between(s10, p10.mean(axis=0), p95.mean(axis=0), color=f"C{i}", alpha=0.15, lw=0)
-        if s50:
-            ax.plot(s50, p50.mean(axis=0), color=f"C{i}", lw=1.8, label=f"{label}: p50 (band p10-p95)")
-        if s80:
-            ax.plot(s80, p80.mean(axis=0), color=f"C{i}", lw=1.2, ls="--", label=f"{label}: p80")
+        q = {p: seed_values(seeds, f"s2t/entropy_p{p}")[:2] for p in (10, 50, 80, 95)}
+        if q[10][0] and q[10][0] == q[95][0]:
+            ax.fill_between(q[10][0], q[10][1].mean(axis=0), q[95][1].mean(axis=0), color=f"C{i}", alpha=0.15, lw=0)
+        for p, lw, ls, name in ((50, 1.8, "-", "p50 (band p10-p95)"), (80, 1.2, "--", "p80")):
+            if q[p][0]:
+                ax.plot(q[p][0], q[p][1].mean(axis=0), color=f"C{i}", lw=lw, ls=ls, label=f"{label}: {name}")
     if not ax.lines and not ax.collections:
         return None
     ax.set_ylabel("entropy of loss tokens (nats)")
@@ -247,32 +231,36 @@ def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, toke
 
 
 def _load(run_dirs: Sequence, labels: Sequence[str] | None, require_steps: bool = False):
-    """(metrics, token records, token bytes) by label (default: the folder names, else the paths)."""
+    """(metrics, token records, `tokenizer.json`'s token bytes) by label (default: the folder names, else paths)."""
+    from ..diagnostics.token_records import tokenizer_token_bytes
+
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"--labels: got {len(labels)} label(s) for {len(run_dirs)} OUTPUT_DIR(s): give one label per "
                          "folder, or none (the folder names).")  # fmt: skip
     names = [os.path.basename(os.path.normpath(d)) for d in run_dirs]
     default = names if len(set(names)) == len(names) else [os.path.normpath(d) for d in run_dirs]
-    runs = dict(zip(default if labels is None else labels, run_dirs, strict=True))
+    runs = dict(zip(default if labels is None else labels, map(os.fspath, run_dirs), strict=True))
     metrics = {label: load_run(d, require_steps=require_steps) for label, d in runs.items()}
-    records = {label: load_token_records(d) for label, d in runs.items()}
-    return metrics, records, {label: load_token_bytes(d) for label, d in runs.items() if records[label]}
+    records, token_bytes = {label: load_token_records(d) for label, d in runs.items()}, {}
+    for label, files in ((label, _files(d, "tokenizer.json")) for label, d in runs.items() if records[label]):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            token_bytes[label] = tokenizer_token_bytes(json.loads(Path(files[0]).read_text(encoding="utf-8")))
+    return metrics, records, token_bytes
 
 
-def _diagnostics(metrics: Mapping, records: Mapping, token_bytes: Mapping, out_dir: Path) -> list[Path]:
+def plot_diagnostics(run_dirs: Sequence[Path | str], out_dir: Path | str, labels: Sequence[str] | None = None, *,
+                     loaded=None) -> list[Path]:  # fmt: skip
+    """Write the S2T figures of the runs (or of `_load`'s `loaded`) into `out_dir`; returns the paths.
+    `FileNotFoundError` without metrics."""
+    metrics, records, token_bytes = loaded or _load(run_dirs, labels)
     ratios = any(seed_values(seeds, "s2t/silenced_ratio")[0] for seeds in metrics.values())
     written = [
-        plot_entropy_quantiles(metrics, out_dir / "s2t_entropy_quantiles.png"),
-        plot_training_curves(metrics, out_dir / "s2t_ratios.png", curves=RATIO_CURVES) if ratios else None,
-        plot_prob_entropy_scatter(records, out_dir / "s2t_prob_entropy.png"),
-        plot_top_tokens(records, out_dir / "s2t_top_tokens.png", token_bytes=token_bytes),
+        plot_entropy_quantiles(metrics, Path(out_dir, "s2t_entropy_quantiles.png")),
+        plot_training_curves(metrics, Path(out_dir, "s2t_ratios.png"), curves=RATIO_CURVES) if ratios else None,
+        plot_prob_entropy_scatter(records, Path(out_dir, "s2t_prob_entropy.png")),
+        plot_top_tokens(records, Path(out_dir, "s2t_top_tokens.png"), token_bytes=token_bytes),
     ]
     return [Path(path) for path in written if path is not None]
-
-
-def plot_diagnostics(run_dirs: Sequence[Path | str], out_dir: Path | str, labels: Sequence[str] | None = None):
-    """Write the S2T figures of the runs into `out_dir`; returns the paths. `FileNotFoundError` without metrics."""
-    return _diagnostics(*_load(run_dirs, labels), Path(out_dir))
 
 
 def plot_output_dirs(output_dirs: Sequence[str], out: str | None = None, *, labels=None, title=None, smoothing=None):
@@ -281,10 +269,9 @@ def plot_output_dirs(output_dirs: Sequence[str], out: str | None = None, *, labe
     `FileNotFoundError` or `ValueError` (one line) for bad input."""
     if smoothing is not None and smoothing < 1:
         raise ValueError(f"--smoothing {smoothing}: the moving-average window must be >= 1 logged step.")
-    out = _curves_file(output_dirs, out)
-    metrics, records, token_bytes = _load(output_dirs, labels, require_steps=True)
-    out = plot_training_curves(metrics, out, title=title, smoothing=smoothing)
-    return [out, *_diagnostics(metrics, records, token_bytes, Path(os.path.abspath(out)).parent)]
+    out, loaded = _curves_file(output_dirs, out), _load(output_dirs, labels, require_steps=True)
+    out = plot_training_curves(loaded[0], out, title=title, smoothing=smoothing)
+    return [out, *plot_diagnostics(output_dirs, Path(os.path.abspath(out)).parent, loaded=loaded)]
 
 
 def _curves_file(output_dirs: Sequence[str], out: str | None) -> str:

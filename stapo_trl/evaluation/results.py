@@ -158,6 +158,10 @@ def _label(data: dict[str, Any]) -> str:
     return name.rstrip("/").split("/")[-1] if data["model"].get("source") == "local" else name
 
 
+DROPPED_NOTE = ("(n/N): the cell averages n of the benchmark's N problems; the others' prompts were too long for the "
+                "model's positions with this generation budget (the results file's num_problems).")  # fmt: skip
+
+
 def _table(columns: list[str], rows, partial_note: str):
     """(Markdown lines, values per row, footnotes) of `rows` (label, tables, benchmarks averaged): in %, a cell of n
     of N problems `(n/N)`, Avg `*` over fewer than six."""
@@ -166,18 +170,17 @@ def _table(columns: list[str], rows, partial_note: str):
     for label, tables, averaged in rows:
         row = [_avg(tables[b]) if b in tables else None for b in columns]
         row.append(sum(_avg(tables[b]) for b in averaged) / len(averaged) if averaged else None)
-        cells = [tables.get(b) or {} for b in columns]
-        notes = [f" ({n}/{t})" if isinstance(n, int) and isinstance(t, int) and n < t else ""
-                 for n, t in ((c.get("num_problems"), c.get("num_problems_loaded")) for c in cells)] + [""]  # fmt: skip
+        counts = [((tables.get(b) or {}).get("num_problems"), (tables.get(b) or {}).get("num_problems_loaded"))
+                  for b in columns]  # fmt: skip
+        notes = [f" ({n}/{t})" if isinstance(n, int) and isinstance(t, int) and n < t else "" for n, t in counts]
+        notes.append("")
         dropped |= any(notes)
         if row[-1] is not None and len(averaged) < len(PAPER_BENCHMARKS):
             partial, notes[-1] = True, "*"
         cells = ["-" if v is None else f"{100 * v:.1f}{note}" for v, note in zip(row, notes)]
         lines.append("| " + " | ".join([label, *cells]) + " |")
         values.append(row)
-    dropped_note = ("(n/N): the cell averages n of the benchmark's N problems; the others' prompts were too long for "
-                    "the model's positions with this generation budget (the results file's num_problems).")  # fmt: skip
-    return lines, values, [partial_note] * partial + [dropped_note] * dropped
+    return lines, values, [partial_note] * partial + [DROPPED_NOTE] * dropped
 
 
 def format_results_table(result_sets: list[dict[str, Any]]) -> str:
@@ -211,9 +214,9 @@ def format_comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
         gains = ["n/a" if not x or y is None else f"{100 * (y - x) / x:+.1f}%" for x, y in zip(va, vb)]
         out.append("\n".join([f"Decoding {decoding}", "", *lines, f"| rel. gain (b-a)/a | {' | '.join(gains)} |"]))
         notes += [n for n in table_notes if n not in notes]
-        caveats += [f"{x} / {decoding}: {ta[x].get(k)} vs {tb[x].get(k)} {what}" for x in BENCHMARKS if x in ta and x in tb
-                    for k, what in (("n_samples", "samples per problem"), ("num_problems", "problems"))
-                    if ta[x].get(k) != tb[x].get(k)]  # fmt: skip
+        counted = (("n_samples", "samples per problem"), ("num_problems", "problems"))
+        caveats += [f"{x} / {decoding}: {ta[x].get(k)} vs {tb[x].get(k)} {what}" for x in BENCHMARKS
+                    if x in ta and x in tb for k, what in counted if ta[x].get(k) != tb[x].get(k)]  # fmt: skip
     if caveats:
         notes.append("Not like for like (the files differ in): " + "; ".join(caveats) + ".")
     return "\n\n".join(out + notes)
