@@ -11,8 +11,7 @@ from collections import namedtuple
 
 from .. import data
 from ..grading import grade
-from .metrics import benchmark_metrics
-from .tasks import BenchmarkProblem
+from .tasks import BenchmarkProblem, benchmark_metrics
 
 
 logger = logging.getLogger(__name__)

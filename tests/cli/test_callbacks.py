@@ -1,5 +1,4 @@
-"""`add_command_callbacks`: one compact console line per logging step, a checkpoint at the step boundary on a stop
-signal (stapo-train's real signals: test_interrupt.py)."""
+"""`add_command_callbacks`: a compact console line per logging step, a checkpoint on a stop signal (test_interrupt.py)."""
 
 import json
 import os
@@ -8,9 +7,8 @@ import sys
 
 import pytest
 from datasets import Dataset
-from testing_utils import SignalAtStep, no_activation_checkpointing, tiny_stapo_config
+from testing_utils import SignalAtStep, tiny_stapo_config
 from transformers import PrinterCallback, TrainerCallback
-from trl import GRPOConfig
 
 from stapo_trl import STAPOTrainer
 from stapo_trl.cli.callbacks import (
@@ -23,7 +21,6 @@ from stapo_trl.cli.callbacks import (
 from stapo_trl.cli.train import main
 from stapo_trl.data import format_prompt
 from stapo_trl.rewards import math_accuracy_reward
-from stapo_trl.trainer.trainers import GRPOBaselineTrainer
 
 
 STAPO_ROW = {
@@ -32,16 +29,13 @@ STAPO_ROW = {
 }  # fmt: skip
 
 
-def _dataset() -> Dataset:
-    return Dataset.from_list([{"prompt": format_prompt(f"{a}+{a}"), "solution": str(2 * a)} for a in range(10, 40)])
-
-
 def _trainer(tmp_path, model_path, callback, bar=False):
     config = tiny_stapo_config(
         tmp_path / "out", max_steps=4, logging_steps=1, per_device_train_batch_size=8, num_generations=4,
         max_completion_length=16, disable_tqdm=not bar,
     )  # fmt: skip
-    trainer = STAPOTrainer(model_path, math_accuracy_reward, args=config, train_dataset=_dataset())
+    rows = [{"prompt": format_prompt(f"{a}+{a}"), "solution": str(2 * a)} for a in range(10, 40)]
+    trainer = STAPOTrainer(model_path, math_accuracy_reward, args=config, train_dataset=Dataset.from_list(rows))
     trainer.add_callback(callback)
     add_command_callbacks(trainer)
     return trainer, [signal.getsignal(s) for s in STOP_SIGNALS]
@@ -60,7 +54,6 @@ def _assert_compact(output: str, steps: list[int], max_steps: int, silenced: boo
 
 @pytest.mark.slow  # a stapo-train run of 8 steps with its figures
 def test_stapo_train_prints_a_line_per_logging_step_and_lists_the_files(tmp_path, tiny_math_model_path, capsys):
-    """The reported case (the CLI, here without a progress bar: transformers' PrinterCallback path)."""
     out = tmp_path / "demo"
     argv = ["--config", "recipes/demo/stapo.yaml", "--model_name_or_path", tiny_math_model_path]
     argv += ["--output_dir", str(out), "--max_steps", "8", "--save_steps", "8"]  # the demo logs every 4 steps
@@ -76,25 +69,6 @@ def test_stapo_train_prints_a_line_per_logging_step_and_lists_the_files(tmp_path
     assert output.count(f"Files in {out}:") == 1  # listed once, at the end of the run
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and len(rows[0]) > 30  # the full metrics are in the file
-
-
-@pytest.mark.slow  # trains 3 steps (~2.5 s); the GRPO line in-process: test_format_log_line
-def test_grpo_baseline_line_has_no_silenced_ratio_and_the_dicts_can_come_back(tmp_path, tiny_math_model_path, capsys):
-    config = GRPOConfig(
-        output_dir=str(tmp_path / "grpo"), max_steps=2, logging_steps=1, per_device_train_batch_size=8,
-        num_generations=4, max_completion_length=16, save_strategy="no", report_to="none", disable_tqdm=True,
-        use_cpu=True, bf16=False, **no_activation_checkpointing(),
-    )  # fmt: skip
-    trainer = GRPOBaselineTrainer(tiny_math_model_path, math_accuracy_reward, args=config, train_dataset=_dataset())
-    add_command_callbacks(trainer)
-    trainer.train()
-    _assert_compact(capsys.readouterr().out, [1, 2], 2, silenced=False)
-    # The documented way back to transformers' dicts.
-    trainer.remove_callback(CompactPrinterCallback)
-    trainer.add_callback(PrinterCallback)
-    trainer.args.max_steps = 3
-    trainer.train(resume_from_checkpoint=None)
-    assert "{'loss'" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -125,8 +99,7 @@ def test_format_log_line(logs, step, expected):
         pytest.param(signal.SIGUSR1, True, marks=pytest.mark.slow),
 ], ids=["SIGINT", "SIGTERM", "SIGUSR1-progress-bar"])  # fmt: skip
 def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_model_path, capsys, signum, bar):
-    """A notebook: the interrupt is caught and the same trainer resumes to the end (reported: the console said
-    `training done at step 30` just before `Interrupted at step 30`)."""
+    # A notebook catches the interrupt and resumes the same trainer (reported: `training done` before `Interrupted`).
     trainer, handlers = _trainer(tmp_path, tiny_math_model_path, SignalAtStep(2, signum), bar)
     with pytest.raises(KeyboardInterrupt) as excinfo:
         trainer.train()
@@ -140,23 +113,23 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
     lines = _assert_compact(captured.out + captured.err, [1, 2], 4)
     assert any(line.startswith("training stopped at step 2 of 4 (") for line in lines), lines
     assert not any(line.startswith("training done") for line in lines)
-    if signum == signal.SIGINT:
+    if signum == signal.SIGINT:  # resumed with transformers' dicts back (the printer swapped back)
+        trainer.remove_callback(CompactPrinterCallback)
+        trainer.add_callback(PrinterCallback)
         trainer.train(resume_from_checkpoint=True)
-        assert trainer.state.global_step == 4
+        assert trainer.state.global_step == 4 and "{'loss'" in capsys.readouterr().out
         assert [row["step"] for row in trainer.state.log_history if "reward" in row] == [1, 2, 3, 4]
 
 
 class _CtrlCTwice(TrainerCallback):
-    """Ctrl-C twice at step 2: the second right after the first (the save to come) or once the checkpoint is saved."""
+    """Ctrl-C at step 2, then again at once (before the save) or once the checkpoint is saved."""
 
     def __init__(self, second: str):
         self.second = second
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == 2:
+        for _ in range((state.global_step == 2) * (1 + (self.second == "before-the-save"))):
             os.kill(os.getpid(), signal.SIGINT)
-            if self.second == "before-the-save":
-                os.kill(os.getpid(), signal.SIGINT)
 
     def on_save(self, args, state, control, **kwargs):
         if self.second == "after-the-save":
@@ -167,8 +140,8 @@ class _CtrlCTwice(TrainerCallback):
 def test_a_second_ctrl_c_says_whether_the_checkpoint_is_saved(
     tmp_path, tiny_math_model_path, monkeypatch, capsys, second
 ):
-    # Reported (stapo-train, 0.3 s apart): checkpoint-33 was saved, and the end said nothing was. The second Ctrl-C
-    # quits at once (here: os._exit raises SystemExit) and says what is on disk.
+    # Reported: checkpoint-33 was saved, and the end said nothing was. The second Ctrl-C quits at once, saying what is
+    # on disk (here os._exit raises SystemExit).
     trainer, handlers = _trainer(tmp_path, tiny_math_model_path, _CtrlCTwice(second))
     monkeypatch.setattr(os, "_exit", sys.exit)  # quits by SystemExit, not at once
     try:

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from stapo_trl.evaluation.metrics import benchmark_metrics, pass_at_k, pass_k_values
+from stapo_trl.evaluation.tasks import benchmark_metrics, pass_at_k, pass_k_values
 
 
 def test_pass_at_k_is_the_share_of_k_subsets_holding_a_correct_sample():
