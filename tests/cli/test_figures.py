@@ -1,18 +1,18 @@
 """The figures: every figure of a real short run, values drawn from hand-written rows, readable token labels."""
 
+import json
 import warnings
+from pathlib import Path
 
 import pytest
-from datasets import Dataset
 from matplotlib.ticker import MaxNLocator
-from testing_utils import text_reward, tiny_stapo_config, write_jsonl
+from testing_utils import PROMPTS, text_reward, tiny_stapo_config, write_jsonl
 from transformers import AutoTokenizer
 
 from stapo_trl import STAPOTrainer
 from stapo_trl.cli.figures import (
     RATIO_CURVES,
     load_run,
-    load_token_bytes,
     plot_diagnostics,
     plot_entropy_quantiles,
     plot_top_tokens,
@@ -34,24 +34,20 @@ def test_a_real_run_writes_the_files_every_figure_is_drawn_from(tiny_random_mode
     )  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(16)])
-        trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=prompts)
+        trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=PROMPTS)
     trainer.train()  # writes metrics.jsonl and spurious_tokens.jsonl (s2t_write_run_files, the default)
-    run_dir = tmp_path / "run"
-    rows = [row for row in read_metrics(str(run_dir)) if "loss" in row]
-    assert [row["step"] for row in rows] == [1, 2]
-    records = read_token_records(run_dir)
-    assert {r["step"] for r in records} == {1, 2} and any(r["kind"] == "silenced" for r in records)
-
-    figures = plot_diagnostics([run_dir], tmp_path / "figures")
+    run = tmp_path / "run"
+    rows, records = [row for row in read_metrics(str(run)) if "loss" in row], read_token_records(run)
+    assert [row["step"] for row in rows] == [1, 2] and {r["step"] for r in records} == {1, 2}
+    assert any(r["kind"] == "silenced" for r in records)
+    figures = plot_diagnostics([run], tmp_path / "figures")
     assert {path.name for path in figures} == FIGURES
     assert all(path.read_bytes()[:8] == PNG and path.stat().st_size > 1000 for path in figures)
     # The quantile curves are the rows' values: p50 solid, p80 dashed (one seed: no averaging); two runs overlay.
-    fig = plot_entropy_quantiles({"run": load_run(str(run_dir))})
-    p50, p80 = fig.axes[0].lines
+    p50, p80 = plot_entropy_quantiles({"run": load_run(str(run))}).axes[0].lines
     assert list(p50.get_xdata()) == [1, 2] and list(p50.get_ydata()) == [row["s2t/entropy_p50"] for row in rows]
     assert list(p80.get_ydata()) == [row["s2t/entropy_p80"] for row in rows] and p80.get_linestyle() == "--"
-    assert len(plot_entropy_quantiles({"a": load_run(str(run_dir)), "b": load_run(str(run_dir))}).axes[0].lines) == 4
+    assert len(plot_entropy_quantiles({"a": load_run(str(run)), "b": load_run(str(run))}).axes[0].lines) == 4
 
 
 def test_without_token_records_only_the_metric_figures_are_drawn(tmp_path):
@@ -60,9 +56,9 @@ def test_without_token_records_only_the_metric_figures_are_drawn(tmp_path):
          "s2t/entropy_p50": 0.5, "s2t/entropy_p80": 0.8, "s2t/entropy_p95": 0.95}
         for s, r in [(1, 0.0), (2, 0.01)]
     ]  # fmt: skip
-    (tmp_path / "run").mkdir()
-    write_jsonl(tmp_path / "run" / "metrics.jsonl", rows)
-    figures = plot_diagnostics([tmp_path / "run"], tmp_path / "figures")
+    (run := tmp_path / "run").mkdir()
+    write_jsonl(run / "metrics.jsonl", rows)
+    figures = plot_diagnostics([run], tmp_path / "figures")
     assert {path.name for path in figures} == {"s2t_entropy_quantiles.png", "s2t_ratios.png"}
     # The silenced ratio is 0 at step 1: a log axis cannot show it, the legend counts it.
     (ratio,) = plot_training_curves({"run": [rows]}, curves=RATIO_CURVES[:1]).axes[0].lines
@@ -96,8 +92,7 @@ def _points(fig, title_start: str):
 
 
 def test_a_folder_of_seeds_is_drawn_as_the_mean_and_pooled_ratios(tmp_path):
-    """`stapo-plot ARM_FOLDER` reads one metrics.jsonl per seed: reward as the mean over seeds with a min/max band,
-    the silenced and candidate ratios as Σ counts / Σ loss tokens over the seeds, not the mean of their ratios."""
+    # One metrics.jsonl per seed: reward the mean in a min/max band, ratios Σ counts / Σ loss tokens (not mean ratios).
     for seed, rows in enumerate(SEED_ROWS):
         (tmp_path / "arm" / f"seed{seed}").mkdir(parents=True)
         write_jsonl(tmp_path / "arm" / f"seed{seed}" / "metrics.jsonl", rows)
@@ -108,8 +103,7 @@ def test_a_folder_of_seeds_is_drawn_as_the_mean_and_pooled_ratios(tmp_path):
         ([4, 8], [pytest.approx(0.001), pytest.approx(0.0075)], "stapo (2 seeds, pooled), 0 at 0/2 logged steps")
     ]
     # Reward: (0.5 + 0.4) / 2 and (0.6 + 0.7) / 2 (a window of 1 step at this length), the band from 0.4 to 0.7.
-    ((steps, reward, label),) = _points(fig, "reward")
-    assert steps == [4, 8] and reward == [pytest.approx(0.45), pytest.approx(0.65)] and label == "stapo (2 seeds)"
+    assert _points(fig, "reward") == [([4, 8], [pytest.approx(0.45), pytest.approx(0.65)], "stapo (2 seeds)")]
     band = next(ax for ax in fig.axes if ax.get_title().startswith("reward")).collections[0].get_paths()[0].vertices
     assert band[:, 1].min() == pytest.approx(0.4) and band[:, 1].max() == pytest.approx(0.7)
     fig = plot_training_curves({"stapo": seeds}, curves=RATIO_CURVES)
@@ -157,33 +151,27 @@ def test_top_tokens_figure_has_readable_labels_and_integer_count_ticks(tiny_rand
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     ids = tokenizer.convert_tokens_to_ids(["â", "Ċ", "Ġcarry", "Ė", "Ý"])  # real byte-level BPE entries
     assert tokenizer.unk_token_id not in ids
-
-    def record(kind: str, token_id: int) -> dict:
-        return {"kind": kind, "token_id": token_id, "token": tokenizer.decode([token_id]), "step": 4}
-
     counts = {"silenced": [(ids[0], 3), (ids[1], 2), (ids[2], 1)], "kept_candidate": [(ids[3], 2), (ids[4], 1)]}
-    records = [record(kind, token_id) for kind, pairs in counts.items() for token_id, n in pairs for _ in range(n)]
+    records = [{"kind": kind, "token_id": i, "token": tokenizer.decode([i]), "step": 4}
+               for kind, pairs in counts.items() for i, n in pairs for _ in range(n)]  # fmt: skip
     assert "\ufffd" in records[0]["token"]  # the tokenizer itself decodes a lone lead byte to the replacement char
-    fig = plot_top_tokens({"run": records}, token_bytes={"run": load_token_bytes(tiny_random_model_path)})
+    vocabulary = json.loads((Path(tiny_random_model_path) / "tokenizer.json").read_text())
+    fig = plot_top_tokens({"run": records}, token_bytes={"run": tokenizer_token_bytes(vocabulary)})
     silenced_ax, kept_ax = fig.axes[:2]
     assert [t.get_text() for t in silenced_ax.get_yticklabels()] == ["byte 0xE2", "\\n", "␣carry"]
     assert [t.get_text() for t in kept_ax.get_yticklabels()] == ["<0x16>", "byte 0xDD"]
     assert [bar.get_width() for bar in silenced_ax.patches] == [3, 2, 1]
     fig.draw_without_rendering()
     for ax in (silenced_ax, kept_ax):
-        locator = ax.xaxis.get_major_locator()
-        assert isinstance(locator, MaxNLocator) and locator._integer
-        low, high = ax.get_xlim()
-        ticks = [t for t in ax.get_xticks() if low <= t <= high]
+        assert isinstance(ax.xaxis.get_major_locator(), MaxNLocator) and ax.xaxis.get_major_locator()._integer
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
         assert ticks and all(float(t).is_integer() for t in ticks), ticks
     assert silenced_ax.get_xlabel() == "silenced occurrences over the run"
     assert any("byte 0xE2 = a byte-level BPE fragment" in text.get_text() for text in fig.texts)  # the label key
     assert silenced_ax.get_title() == "run: most frequent silenced tokens"  # all 3 shown: no "of N"
     # k smaller than the distinct tokens: the title says how many of how many are shown.
-    fig = plot_top_tokens({"run": records}, k=2)
-    assert fig.axes[0].get_title() == "run: most frequent silenced tokens (2 of 3 distinct)"
-    assert fig.axes[1].get_title() == "run: most frequent kept candidates"
+    titles = [ax.get_title() for ax in plot_top_tokens({"run": records}, k=2).axes]
+    assert titles == ["run: most frequent silenced tokens (2 of 3 distinct)", "run: most frequent kept candidates"]
     # Without a tokenizer, fragments stay apart by id.
     assert plot_top_tokens({"run": records}).axes[0].get_yticklabels()[0].get_text() == f"� id {ids[0]}"
-    out = plot_top_tokens({"run": records}, tmp_path / "top.png")
-    assert out.read_bytes()[:8] == PNG
+    assert plot_top_tokens({"run": records}, tmp_path / "top.png").read_bytes()[:8] == PNG
