@@ -1,4 +1,4 @@
-"""`add_command_callbacks`: a compact console line per logging step, a checkpoint on a stop signal (test_interrupt.py)."""
+"""`add_command_callbacks`: a compact console line per logging step, a checkpoint on a stop signal."""
 
 import json
 import os
@@ -11,13 +11,7 @@ from testing_utils import SignalAtStep, tiny_stapo_config
 from transformers import PrinterCallback, TrainerCallback
 
 from stapo_trl import STAPOTrainer
-from stapo_trl.cli.callbacks import (
-    SCRIPT_RESUME_HINT,
-    STOP_SIGNALS,
-    CompactPrinterCallback,
-    add_command_callbacks,
-    format_log_line,
-)
+from stapo_trl.cli import callbacks
 from stapo_trl.cli.train import main
 from stapo_trl.data import format_prompt
 from stapo_trl.rewards import math_accuracy_reward
@@ -37,8 +31,8 @@ def _trainer(tmp_path, model_path, callback, bar=False):
     rows = [{"prompt": format_prompt(f"{a}+{a}"), "solution": str(2 * a)} for a in range(10, 40)]
     trainer = STAPOTrainer(model_path, math_accuracy_reward, args=config, train_dataset=Dataset.from_list(rows))
     trainer.add_callback(callback)
-    add_command_callbacks(trainer)
-    return trainer, [signal.getsignal(s) for s in STOP_SIGNALS]
+    callbacks.add_command_callbacks(trainer)
+    return trainer, [signal.getsignal(s) for s in callbacks.STOP_SIGNALS]
 
 
 def _assert_compact(output: str, steps: list[int], max_steps: int, silenced: bool = True) -> list[str]:
@@ -90,7 +84,7 @@ def test_stapo_train_prints_a_line_per_logging_step_and_lists_the_files(tmp_path
          "grpo"],
 )  # fmt: skip
 def test_format_log_line(logs, step, expected):
-    assert format_log_line(logs, step, 500) == expected
+    assert callbacks.format_log_line(logs, step, 500) == expected
 
 
 @pytest.mark.parametrize("signum, bar", [
@@ -103,9 +97,9 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
     trainer, handlers = _trainer(tmp_path, tiny_math_model_path, SignalAtStep(2, signum), bar)
     with pytest.raises(KeyboardInterrupt) as excinfo:
         trainer.train()
-    assert [signal.getsignal(s) for s in STOP_SIGNALS] == handlers  # restored
+    assert [signal.getsignal(s) for s in callbacks.STOP_SIGNALS] == handlers  # restored
     assert str(excinfo.value) == (f"Interrupted by {signum.name} at step 2: checkpoint saved to "
-                                  f"{tmp_path / 'out' / 'checkpoint-2'}. {SCRIPT_RESUME_HINT}")  # fmt: skip
+                                  f"{tmp_path / 'out' / 'checkpoint-2'}. {callbacks.SCRIPT_RESUME_HINT}")  # fmt: skip
     assert (excinfo.value.signal, excinfo.value.step) == (signum, 2)
     assert excinfo.value.checkpoint == str(tmp_path / "out" / "checkpoint-2")
     assert (tmp_path / "out" / "checkpoint-2" / "trainer_state.json").is_file()  # saved despite save_strategy="no"
@@ -114,7 +108,7 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
     assert any(line.startswith("training stopped at step 2 of 4 (") for line in lines), lines
     assert not any(line.startswith("training done") for line in lines)
     if signum == signal.SIGINT:  # resumed with transformers' dicts back (the printer swapped back)
-        trainer.remove_callback(CompactPrinterCallback)
+        trainer.remove_callback(callbacks.CompactPrinterCallback)
         trainer.add_callback(PrinterCallback)
         trainer.train(resume_from_checkpoint=True)
         assert trainer.state.global_step == 4 and "{'loss'" in capsys.readouterr().out
@@ -148,12 +142,11 @@ def test_a_second_ctrl_c_says_whether_the_checkpoint_is_saved(
         with pytest.raises(SystemExit) as excinfo:
             trainer.train()
     finally:
-        for signum, handler in zip(STOP_SIGNALS, handlers):  # quit at once: training's handlers stayed
+        for signum, handler in zip(callbacks.STOP_SIGNALS, handlers):  # quit at once: training's handlers stayed
             signal.signal(signum, handler)
     checkpoint = tmp_path / "out" / "checkpoint-2"
-    saved = (
-        f"checkpoint saved to {checkpoint}. {SCRIPT_RESUME_HINT}" if second == "after-the-save" else "without saving."
-    )
+    saved = f"checkpoint saved to {checkpoint}. {callbacks.SCRIPT_RESUME_HINT}"
+    saved = saved if second == "after-the-save" else "without saving."
     assert excinfo.value.code == 130
     assert capsys.readouterr().err.splitlines()[-1] == f"Second Ctrl-C: quitting now, {saved}"
     assert (checkpoint / "trainer_state.json").is_file() == (second == "after-the-save")

@@ -10,15 +10,7 @@ from testing_utils import PROMPTS, text_reward, tiny_stapo_config, write_jsonl
 from transformers import AutoTokenizer
 
 from stapo_trl import STAPOTrainer
-from stapo_trl.cli.figures import (
-    RATIO_CURVES,
-    load_run,
-    plot_diagnostics,
-    plot_entropy_quantiles,
-    plot_top_tokens,
-    plot_training_curves,
-    seed_values,
-)
+from stapo_trl.cli import figures
 from stapo_trl.diagnostics.token_records import readable_token, tokenizer_token_bytes
 from stapo_trl.run_folder.logs import read_metrics, read_token_records
 
@@ -40,14 +32,15 @@ def test_a_real_run_writes_the_files_every_figure_is_drawn_from(tiny_random_mode
     rows, records = [row for row in read_metrics(str(run)) if "loss" in row], read_token_records(run)
     assert [row["step"] for row in rows] == [1, 2] and {r["step"] for r in records} == {1, 2}
     assert any(r["kind"] == "silenced" for r in records)
-    figures = plot_diagnostics([run], tmp_path / "figures")
-    assert {path.name for path in figures} == FIGURES
-    assert all(path.read_bytes()[:8] == PNG and path.stat().st_size > 1000 for path in figures)
+    written = figures.plot_diagnostics([run], tmp_path / "figures")
+    assert {path.name for path in written} == FIGURES
+    assert all(path.read_bytes()[:8] == PNG and path.stat().st_size > 1000 for path in written)
     # The quantile curves are the rows' values: p50 solid, p80 dashed (one seed: no averaging); two runs overlay.
-    p50, p80 = plot_entropy_quantiles({"run": load_run(str(run))}).axes[0].lines
+    seeds = figures.load_run(str(run))
+    p50, p80 = figures.plot_entropy_quantiles({"run": seeds}).axes[0].lines
     assert list(p50.get_xdata()) == [1, 2] and list(p50.get_ydata()) == [row["s2t/entropy_p50"] for row in rows]
     assert list(p80.get_ydata()) == [row["s2t/entropy_p80"] for row in rows] and p80.get_linestyle() == "--"
-    assert len(plot_entropy_quantiles({"a": load_run(str(run)), "b": load_run(str(run))}).axes[0].lines) == 4
+    assert len(figures.plot_entropy_quantiles({"a": seeds, "b": seeds}).axes[0].lines) == 4
 
 
 def test_without_token_records_only_the_metric_figures_are_drawn(tmp_path):
@@ -58,10 +51,10 @@ def test_without_token_records_only_the_metric_figures_are_drawn(tmp_path):
     ]  # fmt: skip
     (run := tmp_path / "run").mkdir()
     write_jsonl(run / "metrics.jsonl", rows)
-    figures = plot_diagnostics([run], tmp_path / "figures")
-    assert {path.name for path in figures} == {"s2t_entropy_quantiles.png", "s2t_ratios.png"}
+    written = figures.plot_diagnostics([run], tmp_path / "figures")
+    assert {path.name for path in written} == {"s2t_entropy_quantiles.png", "s2t_ratios.png"}
     # The silenced ratio is 0 at step 1: a log axis cannot show it, the legend counts it.
-    (ratio,) = plot_training_curves({"run": [rows]}, curves=RATIO_CURVES[:1]).axes[0].lines
+    (ratio,) = figures.plot_training_curves({"run": [rows]}, curves=figures.RATIO_CURVES[:1]).axes[0].lines
     assert list(ratio.get_xdata()) == [2] and list(ratio.get_ydata()) == [0.01]
     assert ratio.get_label() == "run, 0 at 1/2 logged steps"
 
@@ -92,13 +85,13 @@ def _points(fig, title_start: str):
 
 
 def test_a_folder_of_seeds_is_drawn_as_the_mean_and_pooled_ratios(tmp_path):
-    # One metrics.jsonl per seed: reward the mean in a min/max band, ratios Σ counts / Σ loss tokens (not mean ratios).
+    # A metrics.jsonl per seed: reward the mean in a min/max band, ratios Σ counts / Σ loss tokens (not mean ratios)
     for seed, rows in enumerate(SEED_ROWS):
         (tmp_path / "arm" / f"seed{seed}").mkdir(parents=True)
         write_jsonl(tmp_path / "arm" / f"seed{seed}" / "metrics.jsonl", rows)
-    seeds = load_run(str(tmp_path / "arm"))
+    seeds = figures.load_run(str(tmp_path / "arm"))
     assert seeds == SEED_ROWS
-    fig = plot_training_curves({"stapo": seeds})
+    fig = figures.plot_training_curves({"stapo": seeds})
     assert _points(fig, "S2T silenced-token ratio") == [
         ([4, 8], [pytest.approx(0.001), pytest.approx(0.0075)], "stapo (2 seeds, pooled), 0 at 0/2 logged steps")
     ]
@@ -106,7 +99,7 @@ def test_a_folder_of_seeds_is_drawn_as_the_mean_and_pooled_ratios(tmp_path):
     assert _points(fig, "reward") == [([4, 8], [pytest.approx(0.45), pytest.approx(0.65)], "stapo (2 seeds)")]
     band = next(ax for ax in fig.axes if ax.get_title().startswith("reward")).collections[0].get_paths()[0].vertices
     assert band[:, 1].min() == pytest.approx(0.4) and band[:, 1].max() == pytest.approx(0.7)
-    fig = plot_training_curves({"stapo": seeds}, curves=RATIO_CURVES)
+    fig = figures.plot_training_curves({"stapo": seeds}, curves=figures.RATIO_CURVES)
     assert _points(fig, "S2T candidate ratio")[0][1] == [pytest.approx(0.002), pytest.approx(0.015)]
 
 
@@ -118,12 +111,12 @@ def test_pooled_ratio_skips_steps_without_counts_and_zero_denominators():
          "s2t/num_loss_tokens": 30}],
     ]  # fmt: skip
     # Step 1: no loss token in either seed (undefined, left out); step 2: 2 / 40; step 3: seed 1 did not log it.
-    steps, values, note = seed_values(seeds, "s2t/silenced_ratio")
+    steps, values, note = figures.seed_values(seeds, "s2t/silenced_ratio")
     assert steps == [2] and values.tolist() == [[pytest.approx(0.05)]] and note == " (2 seeds, pooled)"
     # A seed without the counts (a file from before they were logged): the mean of the ratios, NaN and null left out.
     seeds = [[{"step": 2, "s2t/silenced_ratio": 0.3}], [{"step": 2, "s2t/silenced_ratio": 0.1}, {"step": 3}]]
     seeds[0].append({"step": 3, "s2t/silenced_ratio": float("nan")})
-    steps, values, note = seed_values(seeds, "s2t/silenced_ratio")
+    steps, values, note = figures.seed_values(seeds, "s2t/silenced_ratio")
     assert steps == [2] and values.mean(axis=0).tolist() == [pytest.approx(0.2)] and note == " (2 seeds)"
 
 
@@ -156,7 +149,7 @@ def test_top_tokens_figure_has_readable_labels_and_integer_count_ticks(tiny_rand
                for kind, pairs in counts.items() for i, n in pairs for _ in range(n)]  # fmt: skip
     assert "\ufffd" in records[0]["token"]  # the tokenizer itself decodes a lone lead byte to the replacement char
     vocabulary = json.loads((Path(tiny_random_model_path) / "tokenizer.json").read_text())
-    fig = plot_top_tokens({"run": records}, token_bytes={"run": tokenizer_token_bytes(vocabulary)})
+    fig = figures.plot_top_tokens({"run": records}, token_bytes={"run": tokenizer_token_bytes(vocabulary)})
     silenced_ax, kept_ax = fig.axes[:2]
     assert [t.get_text() for t in silenced_ax.get_yticklabels()] == ["byte 0xE2", "\\n", "␣carry"]
     assert [t.get_text() for t in kept_ax.get_yticklabels()] == ["<0x16>", "byte 0xDD"]
@@ -170,8 +163,8 @@ def test_top_tokens_figure_has_readable_labels_and_integer_count_ticks(tiny_rand
     assert any("byte 0xE2 = a byte-level BPE fragment" in text.get_text() for text in fig.texts)  # the label key
     assert silenced_ax.get_title() == "run: most frequent silenced tokens"  # all 3 shown: no "of N"
     # k smaller than the distinct tokens: the title says how many of how many are shown.
-    titles = [ax.get_title() for ax in plot_top_tokens({"run": records}, k=2).axes]
+    titles = [ax.get_title() for ax in figures.plot_top_tokens({"run": records}, k=2).axes]
     assert titles == ["run: most frequent silenced tokens (2 of 3 distinct)", "run: most frequent kept candidates"]
     # Without a tokenizer, fragments stay apart by id.
-    assert plot_top_tokens({"run": records}).axes[0].get_yticklabels()[0].get_text() == f"� id {ids[0]}"
-    assert plot_top_tokens({"run": records}, tmp_path / "top.png").read_bytes()[:8] == PNG
+    assert figures.plot_top_tokens({"run": records}).axes[0].get_yticklabels()[0].get_text() == f"� id {ids[0]}"
+    assert figures.plot_top_tokens({"run": records}, tmp_path / "top.png").read_bytes()[:8] == PNG

@@ -2,6 +2,8 @@
 
 import json
 import math
+import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -73,40 +75,31 @@ def test_a_samples_tokens_do_not_depend_on_the_batch_or_the_other_prompts(tiny_m
 
 def test_vllm_generator_with_a_fake_vllm(monkeypatch):
     # a stand-in `vllm`: one SamplingParams per prompt, token-id prompts without special tokens, outputs mapped
-    import sys
-    import types
-
-    calls = {"seeds": [], "add_special_tokens": []}
-
-    def sampling_params(**kwargs):
-        calls["sampling"] = kwargs
-        calls["seeds"].append(kwargs["seed"])
-        return types.SimpleNamespace(n=kwargs["n"])
+    calls = {"add_special_tokens": []}
+    out = SimpleNamespace(text=r"\boxed{3}", token_ids=[1, 2, 3], finish_reason="stop")
+    cut = SimpleNamespace(text=r"\boxed{", token_ids=[1] * 8, finish_reason="length")
 
     def tokenizer(text, add_special_tokens=True):
-        calls["add_special_tokens"].append(add_special_tokens)
-        return {"input_ids": [ord(c) for c in text]}
+        return calls["add_special_tokens"].append(add_special_tokens) or {"input_ids": [ord(c) for c in text]}
 
     def generate(prompts, params):
-        calls["prompts"], n = prompts, params[0].n
-        assert len(params) == len(prompts)
-        out = types.SimpleNamespace(text=r"\boxed{3}", token_ids=[1, 2, 3], finish_reason="stop")
-        cut = types.SimpleNamespace(text=r"\boxed{", token_ids=[1] * 8, finish_reason="length")
-        return [types.SimpleNamespace(outputs=[out] * (n - 1) + [cut]) for _ in prompts]
+        calls["prompts"] = prompts
+        return [SimpleNamespace(outputs=[out] * (p.n - 1) + [cut]) for p in params]
 
-    def llm(**kwargs):
-        calls["llm"] = kwargs
-        return types.SimpleNamespace(get_tokenizer=lambda: tokenizer, generate=generate)
+    def record(key, result):  # a vllm callable keeping its keyword arguments
+        return lambda **kwargs: calls.setdefault(key, []).append(kwargs) or result(kwargs)
 
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=llm, SamplingParams=sampling_params))
-    gpu_platform = types.SimpleNamespace(current_platform=types.SimpleNamespace(is_cpu=lambda: False))
-    monkeypatch.setitem(sys.modules, "vllm.platforms", gpu_platform)
+    llm = record("llm", lambda _: SimpleNamespace(get_tokenizer=lambda: tokenizer, generate=generate))
+    params = record("params", lambda kwargs: SimpleNamespace(n=kwargs["n"]))
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(LLM=llm, SamplingParams=params))
+    monkeypatch.setitem(sys.modules, "vllm.platforms", SimpleNamespace(current_platform=SimpleNamespace(is_cpu=bool)))
     generator = VLLMGenerator("some/model", seed=3, tensor_parallel_size=2)
     samples = generator.generate(["ab", "c"], n=4, temperature=0.7, top_p=0.9, max_new_tokens=20480, seeds=[5, 9])
-    assert calls["sampling"] == {"n": 4, "temperature": 0.7, "top_p": 0.9, "max_tokens": 20480, "seed": 9}
-    assert calls["seeds"] == [5, 9]  # vLLM seeds sample j of a request with seed + j
-    assert calls["llm"]["model"] == "some/model" and calls["llm"]["tensor_parallel_size"] == 2
-    assert calls["llm"]["gpu_memory_utilization"] == 0.9 and "enforce_eager" not in calls["llm"]  # GPU defaults
+    sampling = {"n": 4, "temperature": 0.7, "top_p": 0.9, "max_tokens": 20480}
+    assert calls["params"] == [sampling | {"seed": 5}, sampling | {"seed": 9}]  # vLLM seeds sample j with seed + j
+    ((llm,),) = [calls["llm"]]
+    assert llm["model"] == "some/model" and llm["tensor_parallel_size"] == 2
+    assert llm["gpu_memory_utilization"] == 0.9 and "enforce_eager" not in llm  # GPU defaults
     assert calls["prompts"] == [{"prompt_token_ids": [97, 98]}, {"prompt_token_ids": [99]}]
     assert calls["add_special_tokens"] == [False, False] and [len(s) for s in samples] == [4, 4]
     assert samples[0][0] == GeneratedSample(r"\boxed{3}", 3, True) and samples[0][-1].finished is False
