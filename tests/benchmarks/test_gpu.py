@@ -1,5 +1,4 @@
-"""`benchmarks/gpu.py`: tokenizer, reward, candidate share, the report's pairing on hand-made runs, the model's reset,
-and (slow) the CPU smoke run."""
+"""`benchmarks/gpu.py`: tokenizer, reward, candidate share, the report's pairing, the model's reset, the smoke run."""
 
 import json
 import math
@@ -38,11 +37,12 @@ def test_the_tokenizer_reward_field_differences_and_candidate_share():
     assert gpu.candidate_mass(logits, 0.5)[0] == 0.0  # logits x 0.5: p = 6.7e-3 >= tau_p
 
 
-def _run(arm, geometry, rep, steps, peak):
-    spg, grad_accum = gpu.GEOMETRIES[geometry]
-    spu = spg // grad_accum
-    return dict(model="random", arm=arm, geometry=geometry, rep=rep, steps_per_unit=spu, units=len(steps) // spu,
-                peak_bytes=peak, by_step=dict(enumerate(steps)), logged={})  # fmt: skip
+def _summary(geometry, runs):  # (arm, rep, steps, peak) each
+    spu = gpu.GEOMETRIES[geometry][0] // gpu.GEOMETRIES[geometry][1]
+    runs = [dict(model="random", arm=arm, geometry=geometry, rep=rep, steps_per_unit=spu, units=len(steps) // spu,
+                 peak_bytes=peak, by_step=dict(enumerate(steps)), logged={})
+            for arm, rep, steps, peak in runs]  # fmt: skip
+    return gpu.summarize({"settings": {"warmup_units": 1, "completions": 4}, "runs": runs})[f"random {geometry}"]
 
 
 def test_summarize_pairs_the_units_of_one_repetition_drops_the_warm_up_and_sums_a_rollout_batch():
@@ -51,10 +51,9 @@ def test_summarize_pairs_the_units_of_one_repetition_drops_the_warm_up_and_sums_
     stapo = dict(grpo, step_seconds=2.2, mask_seconds=0.11, records_seconds=0.01)  # 1.2 s train-side
     slow_grpo = dict(grpo, step_seconds=4.0, generate_seconds=3.0)  # repetition 1 ran slower: its own pairs
     stapo_slow = dict(stapo, step_seconds=4.4, generate_seconds=3.0)
-    runs = [_run(arm, "spg=GA=1", rep, [warm, *steps], peak) for arm, rep, steps, peak in [
-        ("GRPO", 0, [grpo, grpo], 1000), ("STAPO", 0, [stapo, stapo], 1100), ("GRPO", 1, [slow_grpo], 1000),
-        ("STAPO", 1, [stapo_slow], 1200)]]  # fmt: skip
-    summary = gpu.summarize({"settings": {"warmup_units": 1, "completions": 4}, "runs": runs})["random spg=GA=1"]
+    runs = [("GRPO", 0, [warm, grpo, grpo], 1000), ("STAPO", 0, [warm, stapo, stapo], 1100),
+            ("GRPO", 1, [warm, slow_grpo], 1000), ("STAPO", 1, [warm, stapo_slow], 1200)]  # fmt: skip
+    summary = _summary("spg=GA=1", runs)
     ratios = summary["ratios"]["STAPO/GRPO"]
     assert ratios["step"] == pytest.approx([1.1, 1.1, 4.4 / 4.0])
     assert ratios["train_side"] == pytest.approx([1.2, 1.2, 1.4])
@@ -68,10 +67,8 @@ def test_summarize_pairs_the_units_of_one_repetition_drops_the_warm_up_and_sums_
     # The paper's geometry: the steps of a rollout batch summed into one unit.
     first = {"step_seconds": 3.0, "generate_seconds": 2.0, "nograd_forwards": 4, "nograd_rows": 16, "grad_rows": 4}
     later = {"step_seconds": 1.0, "grad_rows": 4}
-    runs = [_run(arm, "spg=4xGA", 0, [first, later, later, later] * 2, 10) for arm in ("GRPO", "off")]
-    arm = gpu.summarize({"settings": {"warmup_units": 1, "completions": 4}, "runs": runs})["random spg=4xGA"][
-        "per_arm"
-    ]["off"]
+    arm = _summary("spg=4xGA", [(arm, 0, [first, later, later, later] * 2, 10) for arm in ("GRPO", "off")])
+    arm = arm["per_arm"]["off"]
     assert arm["step_seconds"] == pytest.approx(6.0 / 4) and arm["train_side_seconds"] == pytest.approx(4.0 / 4)
     assert arm["nograd_forwards"] == 1 and arm["nograd_passes"] == 1 and arm["grad_passes"] == 1
 

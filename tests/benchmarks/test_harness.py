@@ -1,5 +1,4 @@
-"""`benchmarks/harness.py`: every arm of a comparison with plain `GRPOTrainer` trains on one thread count, measured in
-a fresh process with no thread setting (the test process pins one thread), as `python benchmarks/<study>.py` starts."""
+"""`benchmarks/harness.py`: every arm of a comparison trains on one thread count (a fresh process per case)."""
 
 import json
 import os
@@ -11,34 +10,24 @@ from testing_utils import REPO, builtin_cache_root
 
 
 SCRIPT = """
-import json, sys, tempfile
-import torch
+import json, sys, tempfile, torch
 from transformers import TrainerCallback
-
 sys.path.insert(0, "benchmarks")
 from harness import PLAIN_GRPO_RECIPE, STAPO_RECIPE, build_trainer
-
-
-class Threads(TrainerCallback):
-    def on_step_end(self, args, state, control, **kwargs):
-        self.seen = torch.get_num_threads()
-
-
 seen = {"default": torch.get_num_threads()}
 for arm, recipe in (("GRPOTrainer", PLAIN_GRPO_RECIPE), ("STAPOTrainer", STAPO_RECIPE)):
     trainer, _ = build_trainer(recipe, ["--max_steps", "1", *sys.argv[1:]], workdir=tempfile.mkdtemp())
-    threads = Threads()
-    trainer.add_callback(threads)
+    package = type(trainer).__module__.split(".")[0]
+    record = lambda *a, arm=arm, package=package, **k: seen.__setitem__(arm, (package, torch.get_num_threads()))
+    trainer.add_callback(type("Threads", (TrainerCallback,), {"on_step_end": record}))
     trainer.train()
-    seen[arm] = (type(trainer).__module__.split(".")[0], threads.seen)
 print(json.dumps(seen))
 """
 
 
-@pytest.mark.slow  # a fresh process per case: ~20 s each on 2 cores
+@pytest.mark.slow  # a fresh process per case (this one pins one thread): ~20 s each on 2 cores
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="torch's default is already one thread on one core")
-# the recipes' torch_num_threads: 1; a recipe override; the caller's environment, which wins
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # the recipes' torch_num_threads: 1; a recipe override; the caller's environment, which wins
     "environ, overrides, expected",
     [({}, [], 1), ({}, ["--torch_num_threads", "2"], 2), ({"OMP_NUM_THREADS": "2"}, [], 2)],
 )
