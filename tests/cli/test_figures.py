@@ -43,40 +43,17 @@ def test_a_real_run_writes_the_files_every_figure_is_drawn_from(tiny_random_mode
     assert len(figures.plot_entropy_quantiles({"a": seeds, "b": seeds}).axes[0].lines) == 4
 
 
-def test_without_token_records_only_the_metric_figures_are_drawn(tmp_path):
-    rows = [
-        {"step": s, "s2t/silenced_ratio": r, "s2t/candidate_ratio": 2 * r, "s2t/entropy_p10": 0.1,
-         "s2t/entropy_p50": 0.5, "s2t/entropy_p80": 0.8, "s2t/entropy_p95": 0.95}
-        for s, r in [(1, 0.0), (2, 0.01)]
-    ]  # fmt: skip
-    (run := tmp_path / "run").mkdir()
-    write_jsonl(run / "metrics.jsonl", rows)
-    written = figures.plot_diagnostics([run], tmp_path / "figures")
-    assert {path.name for path in written} == {"s2t_entropy_quantiles.png", "s2t_ratios.png"}
-    # The silenced ratio is 0 at step 1: a log axis cannot show it, the legend counts it.
-    (ratio,) = figures.plot_training_curves({"run": [rows]}, curves=figures.RATIO_CURVES[:1]).axes[0].lines
-    assert list(ratio.get_xdata()) == [2] and list(ratio.get_ydata()) == [0.01]
-    assert ratio.get_label() == "run, 0 at 1/2 logged steps"
+def _row(step, reward, entropy, silenced, candidates, loss_tokens):
+    counts = {"silenced": silenced, "candidates": candidates, "loss_tokens": loss_tokens}
+    return {"step": step, "reward": reward, "entropy": entropy, "s2t/silenced_ratio": silenced / loss_tokens,
+            "s2t/candidate_ratio": candidates / loss_tokens, **{f"s2t/num_{k}": v for k, v in counts.items()},
+            **{f"s2t/entropy_p{q}": q / 100 for q in (10, 50, 80, 95)}}  # fmt: skip
 
 
-# Two seeds, two logging steps. Step 4: seed 0 silences 1 of 100 loss tokens (ratio 0.01), seed 1 none of 900 (0):
-# pooled 1 / 1000 = 0.001, where the mean of the two ratios is 0.005. Step 8: 0 of 100 and 3 of 300 (0.01): pooled
-# 3 / 400 = 0.0075 (mean 0.005). Candidates: step 4, 2 + 0 of 1000 = 0.002 (mean 0.01); step 8, 0 + 6 of 400 = 0.015
-# (mean 0.01).
-SEED_ROWS = [
-    [
-        {"step": 4, "reward": 0.5, "entropy": 0.3, "s2t/silenced_ratio": 0.01, "s2t/num_silenced": 1,
-         "s2t/candidate_ratio": 0.02, "s2t/num_candidates": 2, "s2t/num_loss_tokens": 100},
-        {"step": 8, "reward": 0.6, "entropy": 0.2, "s2t/silenced_ratio": 0.0, "s2t/num_silenced": 0,
-         "s2t/candidate_ratio": 0.0, "s2t/num_candidates": 0, "s2t/num_loss_tokens": 100},
-    ],
-    [
-        {"step": 4, "reward": 0.4, "entropy": 0.4, "s2t/silenced_ratio": 0.0, "s2t/num_silenced": 0,
-         "s2t/candidate_ratio": 0.0, "s2t/num_candidates": 0, "s2t/num_loss_tokens": 900},
-        {"step": 8, "reward": 0.7, "entropy": 0.1, "s2t/silenced_ratio": 0.01, "s2t/num_silenced": 3,
-         "s2t/candidate_ratio": 0.02, "s2t/num_candidates": 6, "s2t/num_loss_tokens": 300},
-    ],
-]  # fmt: skip
+# Two seeds. Step 4: seed 0 silences 1 of 100 loss tokens, seed 1 none of 900: pooled 1 / 1000 = 0.001 (the mean of
+# the ratios: 0.005); step 8: 0 of 100 and 3 of 300: 3 / 400 = 0.0075. Candidates: 2 / 1000 = 0.002, 6 / 400 = 0.015.
+SEED_ROWS = [[_row(4, 0.5, 0.3, 1, 2, 100), _row(8, 0.6, 0.2, 0, 0, 100)],
+             [_row(4, 0.4, 0.4, 0, 0, 900), _row(8, 0.7, 0.1, 3, 6, 300)]]  # fmt: skip
 
 
 def _points(fig, title_start: str):
@@ -91,6 +68,8 @@ def test_a_folder_of_seeds_is_drawn_as_the_mean_and_pooled_ratios(tmp_path):
         write_jsonl(tmp_path / "arm" / f"seed{seed}" / "metrics.jsonl", rows)
     seeds = figures.load_run(str(tmp_path / "arm"))
     assert seeds == SEED_ROWS
+    written = figures.plot_diagnostics([tmp_path / "arm"], tmp_path / "figures")  # no token records: 2 figures
+    assert {path.name for path in written} == {"s2t_entropy_quantiles.png", "s2t_ratios.png"}
     fig = figures.plot_training_curves({"stapo": seeds})
     assert _points(fig, "S2T silenced-token ratio") == [
         ([4, 8], [pytest.approx(0.001), pytest.approx(0.0075)], "stapo (2 seeds, pooled), 0 at 0/2 logged steps")
@@ -101,15 +80,14 @@ def test_a_folder_of_seeds_is_drawn_as_the_mean_and_pooled_ratios(tmp_path):
     assert band[:, 1].min() == pytest.approx(0.4) and band[:, 1].max() == pytest.approx(0.7)
     fig = figures.plot_training_curves({"stapo": seeds}, curves=figures.RATIO_CURVES)
     assert _points(fig, "S2T candidate ratio")[0][1] == [pytest.approx(0.002), pytest.approx(0.015)]
+    # One seed, silenced ratio 0 at step 8: a log axis cannot show it, the legend counts it.
+    fig = figures.plot_training_curves({"run": seeds[:1]}, curves=figures.RATIO_CURVES[:1])
+    assert _points(fig, "S2T") == [([4], [0.01], "run, 0 at 1/2 logged steps")]
 
 
 def test_pooled_ratio_skips_steps_without_counts_and_zero_denominators():
-    seeds = [
-        [{"step": 1, "s2t/num_silenced": 0, "s2t/num_loss_tokens": 0}, {"step": 2, "s2t/num_silenced": 2,
-         "s2t/num_loss_tokens": 10}, {"step": 3, "s2t/num_silenced": 1, "s2t/num_loss_tokens": 10}],
-        [{"step": 1, "s2t/num_silenced": 0, "s2t/num_loss_tokens": 0}, {"step": 2, "s2t/num_silenced": 0,
-         "s2t/num_loss_tokens": 30}],
-    ]  # fmt: skip
+    counts = [[(1, 0, 0), (2, 2, 10), (3, 1, 10)], [(1, 0, 0), (2, 0, 30)]]  # (step, silenced, loss tokens)
+    seeds = [[{"step": t, "s2t/num_silenced": n, "s2t/num_loss_tokens": d} for t, n, d in rows] for rows in counts]
     # Step 1: no loss token in either seed (undefined, left out); step 2: 2 / 40; step 3: seed 1 did not log it.
     steps, values, note = figures.seed_values(seeds, "s2t/silenced_ratio")
     assert steps == [2] and values.tolist() == [[pytest.approx(0.05)]] and note == " (2 seeds, pooled)"
