@@ -19,12 +19,10 @@ def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_pa
     model = AutoModelForCausalLM.from_pretrained(tiny_random_model_path, dtype=torch.float32)
     prompts, expected = [build_prompt_text(tokenizer, p) for p in ["12+34", "7+8"]], []
     for text in prompts:
-        ids, new = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"], []  # (1, P)
+        ids, new = tokenizer(text, add_special_tokens=False)["input_ids"], []
         while len(new) < 6 and tokenizer.eos_token_id not in new:
             with torch.no_grad():
-                new.append(
-                    int(model(torch.cat([ids, torch.tensor([new], dtype=torch.long)], 1)).logits[0, -1].argmax())
-                )
+                new.append(int(model(torch.tensor([ids + new])).logits[0, -1].argmax()))
         expected.append(tokenizer.decode(new, skip_special_tokens=True))
     for seed in (0, 1):
         samples = hf_generate(
