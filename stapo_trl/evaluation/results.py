@@ -90,41 +90,39 @@ def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path
             f"{path} holds results of the old seeding (a seed per benchmark and decoding, now one per sample, as in "
             f"stapo-train's evaluation), {delete}"
         )
-    old, benchmarks = existing.get("config", {}), existing.get("config", {}).get("benchmarks") or []
-    whats, give, leave_out = [], [], []
+    old, whats, give, leave_out = existing.get("config", {}), [], [], []
     for key, (flag, unset) in _RESUME_FLAGS.items():
         a, b = old.get(key), config.get(key)  # the same numbers: one folder written two ways; each default
         if key == "model" and isinstance(a, str) and isinstance(b, str) and os.path.isdir(b):
             a, b = (os.path.abspath(os.path.expanduser(m)) for m in (a, b))
-        if key == "samples" and benchmarks and all(name in BENCHMARKS for name in benchmarks):
-            a, b = ([v or BENCHMARKS[name].default_samples for name in benchmarks] for v in (a, b))
+        if key == "samples" and (names := old.get("benchmarks") or []) and all(n in BENCHMARKS for n in names):
+            a, b = ([v or BENCHMARKS[n].default_samples for n in names] for v in (a, b))
         if key not in old or a == b:
             continue
+        a, b = old[key], config.get(key)
         if key == "instruction":
             whats.append("the prompt instruction (stapo_trl's own: another version wrote the file)")
         elif key == "chat_template":
             describe = {True: "the chat template", False: "--no-chat-template"}
-            whats.append(f"{describe[bool(old[key])]} in the file, {describe[bool(config.get(key))]} now")
-            (leave_out if old[key] else give).append(flag)
+            whats.append(f"{describe[bool(a)]} in the file, {describe[bool(b)]} now")
+            (leave_out if a else give).append(flag)
         else:
-            value = [f"unset ({unset})" if v is None and unset else str(v) for v in (old[key], config.get(key))]
-            whats.append(f"{flag} {value[0]} in the file, {value[1]} now")
-            (leave_out.append(flag) if old[key] is None else give.append(f"{flag} {old[key]}"))
+            whats.append(f"{flag} {a if a is not None or not unset else f'unset ({unset})'} in the file, "
+                         f"{b if b is not None or not unset else f'unset ({unset})'} now")  # fmt: skip
+            (give.append(f"{flag} {a}") if a is not None else leave_out.append(flag))
     if whats:
         rerun = [f"with {' '.join(give)}"] * bool(give) + [f"without {', '.join(leave_out)}"] * bool(leave_out)
-        rerun = (
-            f"Rerun {' and '.join(rerun)} to add to it" if rerun else "Rerun with the stapo_trl version that wrote it"
-        )
-        whats = f"other settings, so it cannot be resumed: {'; '.join(whats)}"
-        raise ValueError(f"{path} holds results of {whats}. {rerun}, or choose another --output.")
+        rerun = " and ".join(rerun)
+        rerun = f"Rerun {rerun} to add to it" if rerun else "Rerun with the stapo_trl version that wrote it"
+        raise ValueError(f"{path} holds results of other settings, so it cannot be resumed: {'; '.join(whats)}. "
+                         f"{rerun}, or choose another --output.")  # fmt: skip
     if (was := (existing.get("model") or {}).get("weights", "unrecorded")) != weights:
+        what = f"other weights (Hub commit {was or 'unknown'} in the file, {weights or 'unknown'} now)"
         if was == "unrecorded":
             what = "weights it does not record (written before stapo-eval recorded them)"
         elif isinstance(was, dict) and isinstance(weights, dict):
             changed = ", ".join(sorted(n for n in {**was, **weights} if was.get(n) != weights.get(n)))
             what = f"other weights ({changed} changed since)"
-        else:
-            what = f"other weights (Hub commit {was or 'unknown'} in the file, {weights or 'unknown'} now)"
         raise ValueError(f"{path} holds results of {what}, {delete}")
 
 
