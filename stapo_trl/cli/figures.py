@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..run_folder.checkpoints import open_run_file
 
 
@@ -76,11 +78,9 @@ def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
 def seed_values(seeds: Sequence, key: str):
     """`(steps, values (seeds, steps) at the steps all logged, " (2 seeds)")` of `key`; a ratio of [`POOLED_RATIOS`]:
     one row pooled over the seeds (" (2 seeds, pooled)")."""
-    import numpy as np
-
-    def series(rows: Sequence, key: str) -> dict[int, float]:  # without null and NaN
-        pairs = ((row.get("step"), row.get(key)) for row in rows)
-        return {int(step): float(v) for step, v in pairs if step is not None and v is not None and v == v}
+    series = lambda rows, key: {  # noqa: E731 - without null and NaN
+        int(row["step"]): float(row[key]) for row in rows if row.get("step") is not None and row.get(key) is not None
+        and row[key] == row[key]}  # fmt: skip
 
     num, den = POOLED_RATIOS.get(key, (None, None))
     if len(seeds) > 1 and num and all(series(rows, den) for rows in seeds):
@@ -130,8 +130,6 @@ def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, tit
     """A panel per `(log key, title, "linear" | "log")` of `curves`; `runs`: label -> rows per seed. Linear: the moving
     average (`smoothing` logged steps, default ~1/20 of the run) over the raw curve, or the seeds' mean in a min/max
     band; log: the mean over seeds as points, its zeros counted in the legend."""
-    import numpy as np
-
     fig, axes = _figure(1, len(curves), (5.2 * len(curves), 3.9), sharex=True)
     for ax, (key, panel_title, scale) in zip(axes[0], curves, strict=True):
         for i, (label, seeds) in enumerate(runs.items()):
@@ -201,8 +199,7 @@ def plot_prob_entropy_scatter(records: Mapping[str, Sequence], out: Path | None 
 
 
 def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, token_bytes: Mapping | None = None):
-    """Bars of the `k` most frequent silenced tokens and kept candidates, one row per run, labelled by
-    [`readable_token`] with `token_bytes` (label -> token id -> bytes)."""
+    """Bars of the `k` most frequent silenced and kept-candidate tokens per run, named by [`readable_token`]."""
     from ..diagnostics.token_records import TOKEN_LABEL_KEY, readable_token
 
     if not (records := {label: recs for label, recs in records.items() if recs}):
@@ -250,8 +247,7 @@ def _load(run_dirs: Sequence, labels: Sequence[str] | None, require_steps: bool 
 
 def plot_diagnostics(run_dirs: Sequence[Path | str], out_dir: Path | str, labels: Sequence[str] | None = None, *,
                      loaded=None) -> list[Path]:  # fmt: skip
-    """Write the S2T figures of the runs (or of `_load`'s `loaded`) into `out_dir`; returns the paths.
-    `FileNotFoundError` without metrics."""
+    """Write the S2T figures of the runs (or `_load`'s `loaded`) into `out_dir`; their paths. `FileNotFoundError`."""
     metrics, records, token_bytes = loaded or _load(run_dirs, labels)
     ratios = any(seed_values(seeds, "s2t/silenced_ratio")[0] for seeds in metrics.values())
     written = [
