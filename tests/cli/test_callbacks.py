@@ -1,6 +1,5 @@
 """`add_command_callbacks`: a compact console line per logging step, a checkpoint on a stop signal."""
 
-import json
 import os
 import signal
 import sys
@@ -38,11 +37,10 @@ def _trainer(tmp_path, model_path, callback, bar=False):
 def _assert_compact(output: str, steps: list[int], max_steps: int, silenced: bool = True) -> list[str]:
     assert "{'" not in output, output[:3000]
     lines = [line.strip() for line in output.replace("\r", "\n").splitlines()]
-    step_lines = [line for line in lines if line.startswith("step ")]
-    assert [int(line.split()[1].split("/")[0]) for line in step_lines] == steps, output
-    for line in step_lines:
-        assert line.startswith(f"step {line.split()[1].split('/')[0]}/{max_steps}  reward "), line
-        assert "  entropy " in line and ("  silenced " in line) == silenced and len(line) < 80, line
+    shown = [line for line in lines if line.startswith("step ")]
+    names = ["reward", "entropy", "silenced"][: 2 + silenced]
+    assert [line.split("  ")[0] for line in shown] == [f"step {s}/{max_steps}" for s in steps], output
+    assert all([part.split()[0] for part in line.split("  ")[1:]] == names and len(line) < 80 for line in shown), shown
     return lines
 
 
@@ -61,8 +59,6 @@ def test_stapo_train_prints_a_line_per_logging_step_and_lists_the_files(tmp_path
     for name in ("metrics.jsonl", "spurious_tokens.jsonl", "training_curves.png", "s2t_", "train_results.json"):
         assert name in files, name
     assert output.count(f"Files in {out}:") == 1  # listed once, at the end of the run
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 and len(rows[0]) > 30  # the full metrics are in the file
 
 
 @pytest.mark.parametrize(
@@ -80,8 +76,6 @@ def test_stapo_train_prints_a_line_per_logging_step_and_lists_the_files(tmp_path
         ({"my_metric": 3, "epoch": 0.2}, 7, "step 7/500  my_metric 3"),
         ({"reward": 0.25, "entropy": 0.5, "loss": 0.1}, 3, "step 3/500  reward 0.250  entropy 0.500"),
     ],
-    ids=["stapo", "nothing-silenced", "end", "stopped-early", "stopped-before-a-step", "benchmark-eval", "caller-log",
-         "grpo"],
 )  # fmt: skip
 def test_format_log_line(logs, step, expected):
     assert callbacks.format_log_line(logs, step, 500) == expected
