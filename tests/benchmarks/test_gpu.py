@@ -1,4 +1,4 @@
-"""`benchmarks/`: gpu.py (tokenizer, reward, candidate share, report, model reset, smoke run), the harness's threads."""
+"""`benchmarks/`: gpu.py (tokenizer, reward, candidate share, report, model reset, smoke run), the harness' threads."""
 
 import json
 import math

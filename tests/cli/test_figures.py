@@ -99,23 +99,18 @@ def test_pooled_ratio_skips_steps_without_counts_and_zero_denominators():
 
 
 def test_token_bytes_and_readable_labels_of_hand_made_vocabularies():
-    byte_level = {
-        "model": {"vocab": {"Ġcarry": 0, "Ċ": 1, "â": 2, "Ė": 3, "<0x0A>": 4}},
-        "decoder": {"type": "ByteLevel"},
-    }
+    vocab = {"Ġcarry": 0, "Ċ": 1, "â": 2, "Ė": 3, "<0x0A>": 4}
+    byte_level = {"model": {"vocab": vocab}, "decoder": {"type": "ByteLevel"}}
     assert tokenizer_token_bytes(byte_level) == {0: b" carry", 1: b"\n", 2: b"\xe2", 3: b"\x16", 4: b"\n"}
     # SentencePiece (Unigram, no ByteLevel): only the byte-fallback pieces have bytes.
     unigram = {"model": {"vocab": [["▁the", -1.0], ["<0xA1>", -2.0], ["Ġx", -3.0]]}, "added_tokens": []}
     assert tokenizer_token_bytes(unigram) == {1: b"\xa1"}
     # Labels: fragments by their bytes, control characters escaped or by code, spaces visible, `$` safe.
-    assert readable_token("\ufffd", b"\xe2", 161) == "byte 0xE2"
-    assert readable_token("\ufffd", b"\xe2\x9f", 7) == "bytes 0xE2 0x9F"
-    assert readable_token("⟦", "⟦".encode()) == "⟦"
-    assert readable_token("\n", b"\n") == "\\n" and readable_token("\t") == "\\t"
-    assert readable_token("\x16", b"\x16") == "<0x16>" and readable_token("\u200b") == "<U+200B>"
-    assert readable_token(" carry", b" carry") == "␣carry"
-    assert readable_token("\ufffd", None, 161) == "� id 161"
-    assert readable_token("$x$") == r"\$x\$" and readable_token("") == "''"
+    labels = {("\ufffd", b"\xe2", 161): "byte 0xE2", ("\ufffd", b"\xe2\x9f", 7): "bytes 0xE2 0x9F",
+              ("⟦", "⟦".encode()): "⟦", ("\n", b"\n"): "\\n", ("\t",): "\\t", ("\x16", b"\x16"): "<0x16>",
+              ("\u200b",): "<U+200B>", (" carry", b" carry"): "␣carry", ("\ufffd", None, 161): "� id 161",
+              ("$x$",): r"\$x\$", ("",): "''"}  # fmt: skip
+    assert {args: readable_token(*args) for args in labels} == labels
 
 
 def test_top_tokens_figure_has_readable_labels_and_integer_count_ticks(tiny_random_model_path, tmp_path):
