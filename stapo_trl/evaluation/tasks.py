@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..data import format_prompt, load_local_dataset_file, remove_dapo_instruction
+from ..data import format_prompt, load_local_dataset_file, make_tiny_math_dataset, remove_dapo_instruction
 from ..grading import extract_boxed_answer
 
 
@@ -131,8 +131,6 @@ def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | N
     bad name, file or row), FileNotFoundError (no file under `data_dir`), RuntimeError (the Hub copy not loaded)."""
     spec = get_benchmark_spec(name)
     if spec.hub_id == "builtin:tiny-math":
-        from ..data import make_tiny_math_dataset
-
         rows = [{"id": f"tiny-math-{i}", **row} for i, row in enumerate(make_tiny_math_dataset()["test"])]
     elif data_dir is not None:
         rows = read_rows(find_benchmark_file(spec.name, data_dir))
