@@ -6,15 +6,15 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from stapo_trl.evaluation.generation import GeneratedSample, VLLMGenerator, build_prompt_text, hf_generate
+from stapo_trl.evaluation import generation
+from stapo_trl.evaluation.generation import GeneratedSample, HFGenerator, VLLMGenerator, build_prompt_text, hf_generate
 
 
 def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_path):
     # as in vLLM, whatever the seed: a hand-written argmax loop gives the same tokens
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_random_model_path, dtype=torch.float32)
     prompts, expected = [build_prompt_text(tokenizer, p) for p in ["12+34", "7+8"]], []
@@ -25,21 +25,15 @@ def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_pa
                 new.append(int(model(torch.tensor([ids + new])).logits[0, -1].argmax()))
         expected.append(tokenizer.decode(new, skip_special_tokens=True))
     for seed in (0, 1):
-        samples = hf_generate(
-            model, tokenizer, prompts, n=2, temperature=0, top_p=1, max_new_tokens=6, seeds=[seed] * 2
-        )
-        assert [[s.text for s in row] for row in samples] == [[e, e] for e in expected]
+        out = hf_generate(model, tokenizer, prompts, n=2, temperature=0, top_p=1, max_new_tokens=6, seeds=[seed] * 2)
+        assert [[s.text for s in row] for row in out] == [[e, e] for e in expected]
 
 
 def test_each_row_samples_the_warped_distribution_from_its_own_seed():
     # row r's token: inverse CDF of draw t of the stream seeded seeds[r], over the top-p 0.5 set {0.3, 0.4}
-    import torch
-
-    from stapo_trl.evaluation.generation import _seeded_sampler
-
     logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().expand(4000, 4)  # (B, V)
     steps = []
-    sample = _seeded_sampler(1.0, 0.5, list(range(4000)), steps)
+    sample = generation._seeded_sampler(1.0, 0.5, list(range(4000)), steps)
     tokens = [sample(None, logits).argmax(-1) for _ in range(2)]
     for step, drawn in enumerate(tokens):
         for r in (0, 1, 2, 3999):
@@ -54,8 +48,6 @@ def test_each_row_samples_the_warped_distribution_from_its_own_seed():
 
 
 def test_a_samples_tokens_do_not_depend_on_the_batch_or_the_other_prompts(tiny_math_model_path):
-    from stapo_trl.evaluation.generation import HFGenerator
-
     generator = HFGenerator(tiny_math_model_path, dtype="float32", device="cpu")
     texts = [build_prompt_text(generator.tokenizer, f"{a}+{a + 11}") for a in range(10, 16)]  # 6 prompts
     sampling, runs, stats = {"n": 3, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 16}, [], {}
@@ -104,11 +96,9 @@ def test_vllm_generator_with_a_fake_vllm(monkeypatch):
 
 
 def test_vllm_max_lora_rank_is_the_smallest_supported_rank_holding_the_adapter(tmp_path):
-    from stapo_trl.evaluation.generation import vllm_max_lora_rank
-
     for config, rank in [({"r": 8}, 8), ({"r": 12}, 16), ({"r": 8, "rank_pattern": {"q": 40}}, 64)]:
         (tmp_path / "adapter_config.json").write_text(json.dumps(config))
-        assert vllm_max_lora_rank(str(tmp_path)) == rank
+        assert generation.vllm_max_lora_rank(str(tmp_path)) == rank
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 1024}))
     with pytest.raises(ValueError, match="LoRA rank 1024 is above vLLM's largest max_lora_rank 512"):
-        vllm_max_lora_rank(str(tmp_path))
+        generation.vllm_max_lora_rank(str(tmp_path))
