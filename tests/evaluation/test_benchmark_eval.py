@@ -5,10 +5,11 @@ from types import SimpleNamespace
 import pytest
 from testing_utils import STAPO_RECIPE
 
+from stapo_trl.cli.dry_run import benchmark_eval_error
+from stapo_trl.cli.train import main
+
 
 def test_what_trls_evaluation_cannot_honour_is_one_line_before_a_model(no_model_built, tmp_path):
-    from stapo_trl.cli.train import main
-
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--benchmark_eval", "tiny-math"]
     for overrides, message in [
         (["--benchmark_eval_limit", "31"], "31 problems x 4 samples do not fill whole eval batches of 8 completions"),
@@ -31,8 +32,6 @@ def test_what_trls_evaluation_cannot_honour_is_one_line_before_a_model(no_model_
     ({"benchmark_eval_steps": 2}, {"eval_strategy": "epoch"}, 1, None, "eval_strategy is 'epoch': remove one of them"),
 ])  # fmt: skip
 def test_the_refusals_name_the_setting_that_fills_the_batches(script, config, processes, problems, expected):
-    from stapo_trl.cli.dry_run import benchmark_eval_error
-
     s = dict(benchmark_eval="olympiadbench", benchmark_eval_samples=4, benchmark_eval_steps=None) | script
     a = dict(num_generations_eval=None, eval_strategy="no", per_device_eval_batch_size=8) | config
     error = benchmark_eval_error(SimpleNamespace(**s), SimpleNamespace(**a), processes, num_problems=problems)
