@@ -21,15 +21,11 @@ logger = logging.getLogger(__name__)
 
 METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME = "metrics.jsonl", "spurious_tokens.jsonl"  # run_folder.logs: no torch here
 TRAINING_CURVES = (  # (log key, panel title, y scale)
-    ("reward", "reward (mean over completions)", "linear"),
-    ("entropy", "policy entropy (nats / token)", "linear"),
-    ("s2t/silenced_ratio", "S2T silenced-token ratio (log)", "log"),
-)
+    ("reward", "reward (mean over completions)", "linear"), ("entropy", "policy entropy (nats / token)", "linear"),
+    ("s2t/silenced_ratio", "S2T silenced-token ratio (log)", "log"))  # fmt: skip
 RATIO_CURVES = (TRAINING_CURVES[2], ("s2t/candidate_ratio", "S2T candidate ratio (log)", "log"))  # s2t_ratios.png
-POOLED_RATIOS = {  # Σ numerator / Σ denominator, pooled over seeds too
-    "s2t/silenced_ratio": ("s2t/num_silenced", "s2t/num_loss_tokens"),
-    "s2t/candidate_ratio": ("s2t/num_candidates", "s2t/num_loss_tokens"),
-}
+POOLED_RATIOS = {"s2t/silenced_ratio": ("s2t/num_silenced", "s2t/num_loss_tokens"),  # Σ / Σ, pooled over seeds too
+                 "s2t/candidate_ratio": ("s2t/num_candidates", "s2t/num_loss_tokens")}  # fmt: skip
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 _WARNED_EMPTY: set[str] = set()
 
@@ -111,9 +107,11 @@ def _save(fig, out: Path | str | None):
     return out
 
 
-def _axes(ax, title: str, log=False, xlabel="optimizer step", fontsize=10, grid="both", **legend) -> None:
+def _axes(ax, title: str, log=False, xlabel="optimizer step", fontsize=10, grid="both", empty=None, **legend) -> None:
     from matplotlib.ticker import LogFormatterSciNotation, LogLocator, MaxNLocator
 
+    if empty:
+        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes, color="gray")
     ax.set_xlabel(xlabel)
     ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
     if log:
@@ -149,9 +147,7 @@ def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, tit
                 else:
                     ax.fill_between(steps, smooth.min(axis=0), smooth.max(axis=0), color=f"C{i}", alpha=0.2)
                 ax.plot(steps, smooth.mean(axis=0), color=f"C{i}", lw=1.8, label=label + note)
-        if not ax.lines:
-            ax.text(0.5, 0.5, f"{key!r} not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
-        _axes(ax, panel_title, scale == "log")
+        _axes(ax, panel_title, scale == "log", empty=None if ax.lines else f"{key!r} not logged")
     if title:
         fig.suptitle(title, fontsize=11)
     return _save(fig, out)
@@ -180,11 +176,9 @@ def plot_prob_entropy_scatter(records: Mapping[str, Sequence], out: Path | None 
         return None
     fig, axes = _figure(1, len(records), (6.0 * len(records), 4.6))
     for ax, (label, recs) in zip(axes[0], records.items(), strict=True):
-        for kind, color, name, size in (
-            ("reference", "0.6", "other positive-advantage tokens (sample)", 6),
-            ("kept_candidate", "tab:blue", "kept candidates (logged)", 12),
-            ("silenced", "tab:red", "silenced (spurious)", 16),
-        ):
+        for kind, color, name, size in (("reference", "0.6", "other positive-advantage tokens (sample)", 6),
+                                        ("kept_candidate", "tab:blue", "kept candidates (logged)", 12),
+                                        ("silenced", "tab:red", "silenced (spurious)", 16)):  # fmt: skip
             if points := [(r["prob"], r["entropy"]) for r in recs if r["kind"] == kind and r["prob"] > 0]:
                 ax.scatter(*zip(*points), s=size, c=color, alpha=0.7, lw=0, label=f"{name}: {len(points)}")
         if tau_p := [r["prob_threshold"] for r in recs if r.get("prob_threshold")]:
@@ -218,10 +212,8 @@ def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, toke
             ax.barh(range(len(top)), [n for _, n in top], color=color, alpha=0.8)
             ax.set_yticks(range(len(top)), names, fontsize=8)
             ax.invert_yaxis()
-            if not top:
-                ax.text(0.5, 0.5, "none logged", ha="center", va="center", transform=ax.transAxes, color="gray")
             shown = f" ({len(top)} of {len(counts)} distinct)" if len(counts) > len(top) else ""
-            _axes(ax, f"{label}: {title}{shown}", xlabel=xlabel, fontsize=9, grid="x")
+            _axes(ax, f"{label}: {title}{shown}", xlabel=xlabel, fontsize=9, grid="x", empty=not top and "none logged")
     fig.text(0.5, 0.01, TOKEN_LABEL_KEY, ha="center", va="bottom", fontsize=7.5, wrap=True)
     fig.set_layout_engine("tight", rect=(0, 0.45 / height, 1, 1))
     return _save(fig, out)
