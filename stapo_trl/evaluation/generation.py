@@ -171,10 +171,9 @@ class VLLMGenerator:
 def evaluate_problems(generate_fn, tokenizer, problems: list[BenchmarkProblem], *, n: int, decoding: DecodingSetting,
                       max_new_tokens: int, seed: int = 0, use_chat_template: bool = True, chat_template_kwargs=None,
                       save_completions: bool = False, max_positions: int | None = None, accelerator=None):  # fmt: skip
-    """(table, P * n records): `n` graded samples per problem from `generate_fn`, sample j of problem i seeded
-    `seed + i * n + j`; the table is [`benchmark_metrics`] plus grader errors, truncations, mean tokens and times.
-    `max_positions`: longer prompts dropped (`ValueError` when none is left). `accelerator`: every process calls it,
-    the problems split (padded: the same `generate` calls on each) and the records gathered."""
+    """(table, P * n records): `n` graded samples per problem from `generate_fn`, sample j of problem i seeded `seed +
+    i * n + j`; the table: [`benchmark_metrics`], grader errors, truncations, mean tokens, times. `max_positions`:
+    longer prompts dropped (`ValueError` if none is left). `accelerator`: the problems split (padded) and gathered."""
     texts = [build_prompt_text(tokenizer, p.problem, use_chat_template, chat_template_kwargs) for p in problems]
     keep = list(range(len(problems)))
     if max_positions is not None:

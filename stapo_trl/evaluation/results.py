@@ -82,8 +82,7 @@ _RESUME_FLAGS = {  # the settings a file resumes only with equal: their flag and
 
 def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path, weights: Any) -> None:
     """One `ValueError` line naming each setting that differs from the file's (one it lacks does not) and the flags
-    that would resume it; else the weight files or Hub commit when `weights` ([`describe_model`]) differ from the
-    file's, or the file lacks them."""
+    that resume it; else the weights ([`describe_model`]) when they differ from the file's or it lacks them."""
     delete = "so it cannot be resumed: choose another --output, or delete it to rerun."
     if existing.get("format_version") == 1:
         raise ValueError(
@@ -129,13 +128,12 @@ def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path
 def open_results(path: Path, config: dict[str, Any], weights: Any) -> dict[str, Any]:
     """The results file at `path` to resume ([`load_results`], [`check_resumable`]), else a new one of `config`."""
     if path.exists():
-        data = load_results(path)
-        check_resumable(data, config, path, weights)
+        check_resumable(data := load_results(path), config, path, weights)
         logger.info("Resuming %s", path)
         return data
-    data = {"format_version": RESULTS_FORMAT_VERSION, "created_at": now(), "config": config, "model": None}
-    return data | {"versions": library_versions(config["backend"]), "decodings": {}, "results": {}, "summary": {},
-                   "samples": []}  # fmt: skip
+    versions = library_versions(config["backend"])
+    return {"format_version": RESULTS_FORMAT_VERSION, "created_at": now(), "config": config, "model": None,
+            "versions": versions, "decodings": {}, "results": {}, "summary": {}, "samples": []}  # fmt: skip
 
 
 def _avg(table: dict[str, Any]) -> float:
