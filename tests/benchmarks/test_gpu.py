@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from testing_utils import REPO, builtin_cache_root
+from trl.trainer.utils import add_fused_lm_head
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "benchmarks"))  # the experiment's modules
@@ -77,8 +78,6 @@ def test_summarize_pairs_the_units_of_one_repetition_drops_the_warm_up_and_sums_
 
 
 def test_reset_model_restores_the_weights_and_the_class_forward():
-    from trl.trainer.utils import add_fused_lm_head
-
     shape = dict(gpu.CPU_SMOKE_SHAPE, num_hidden_layers=1)
     model = gpu.build_model(shape, gpu.build_tokenizer(), torch.float32, "cpu")
     saved = [p.detach().clone() for p in model.parameters()]
