@@ -81,10 +81,8 @@ def format_log_line(logs: dict, step: int, max_steps: int | None = None) -> str:
     if keys.keys() & logs.keys():
         return "  ".join([where, *(f"{keys[k]} {_fmt(logs[k])}" for k in keys if logs.get(k) is not None)])
     if evals := {k.removeprefix("eval_"): v for k, v in logs.items() if k.startswith("eval_")}:
-        shown = (
-            f"{k} {_fmt(v)}" for k, v in evals.items() if not k.endswith(("runtime", "per_second")) and k != "epoch"
-        )
-        return "  ".join([where, "eval", *shown])
+        return "  ".join([where, "eval", *(f"{k} {_fmt(v)}" for k, v in evals.items()
+                          if k != "epoch" and not k.endswith(("runtime", "per_second")))])  # fmt: skip
     return "  ".join([where, *(f"{k} {_fmt(v)}" for k, v in logs.items() if k not in ("epoch", "total_flos"))])
 
 

@@ -200,10 +200,9 @@ def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, toke
         return None
     height = 1.3 + 0.28 * k * len(records)
     fig, axes = _figure(len(records), 2, (10, height))
-    panels = (
-        ("silenced", "tab:red", "most frequent silenced tokens", "silenced occurrences over the run"),
-        ("kept_candidate", "tab:blue", "most frequent kept candidates", "kept-candidate occurrences (logged records)"),
-    )
+    panels = (("silenced", "tab:red", "most frequent silenced tokens", "silenced occurrences over the run"),
+              ("kept_candidate", "tab:blue", "most frequent kept candidates",
+               "kept-candidate occurrences (logged records)"))  # fmt: skip
     for row, (label, recs) in zip(axes, records.items(), strict=True):
         for ax, (kind, color, title, xlabel) in zip(row, panels, strict=True):
             counts = Counter((r.get("token_id"), r["token"]) for r in recs if r["kind"] == kind)

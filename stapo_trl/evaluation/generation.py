@@ -76,9 +76,8 @@ def hf_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_tok
     eos = tokenizer.eos_token_id if eos is None else eos
     eos = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or [0])[0]
-    config = GenerationConfig(
-        do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos or None, pad_token_id=pad
-    )
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos or None,
+                              pad_token_id=pad)  # fmt: skip
     flat, out = [(i, j) for i in range(len(prompts)) for j in range(n)], [[None] * n for _ in prompts]
     was_training = model.training
     model.eval()
