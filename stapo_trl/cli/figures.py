@@ -4,6 +4,7 @@ ratios of counts pooled). Each `plot_*` writes and returns `out` (`out=None`: th
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..run_folder.checkpoints import open_run_file
+from ..run_folder.checkpoints import write_atomic
 
 
 logger = logging.getLogger(__name__)
@@ -99,12 +100,10 @@ def _figure(rows: int, cols: int, size: tuple[float, float], **kwargs):
 
 
 def _save(fig, out: Path | str | None):
-    if out is None:
-        return fig
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open_run_file(out, "wb") as f:
-        fig.savefig(f, dpi=110, format=os.path.splitext(os.fspath(out))[1].lstrip(".").lower() or "png")
-    return out
+    if out is not None:  # one atomic write: a kill leaves the old figure or the new
+        fig.savefig(buffer := io.BytesIO(), dpi=110, format=os.path.splitext(os.fspath(out))[1][1:].lower() or "png")
+        write_atomic(out, buffer.getvalue())
+    return fig if out is None else out
 
 
 def _axes(ax, title: str, log=False, xlabel="optimizer step", fontsize=10, grid="both", empty=None, **legend) -> None:
