@@ -92,11 +92,10 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
     with pytest.raises(KeyboardInterrupt) as excinfo:
         trainer.train()
     assert [signal.getsignal(s) for s in callbacks.STOP_SIGNALS] == handlers  # restored
-    assert str(excinfo.value) == (f"Interrupted by {signum.name} at step 2: checkpoint saved to "
-                                  f"{tmp_path / 'out' / 'checkpoint-2'}. {callbacks.SCRIPT_RESUME_HINT}")  # fmt: skip
-    assert (excinfo.value.signal, excinfo.value.step) == (signum, 2)
-    assert excinfo.value.checkpoint == str(tmp_path / "out" / "checkpoint-2")
-    assert (tmp_path / "out" / "checkpoint-2" / "trainer_state.json").is_file()  # saved despite save_strategy="no"
+    checkpoint, hint = tmp_path / "out" / "checkpoint-2", callbacks.SCRIPT_RESUME_HINT
+    assert str(excinfo.value) == f"Interrupted by {signum.name} at step 2: checkpoint saved to {checkpoint}. {hint}"
+    assert (excinfo.value.signal, excinfo.value.step, excinfo.value.checkpoint) == (signum, 2, str(checkpoint))
+    assert (checkpoint / "trainer_state.json").is_file()  # saved despite save_strategy="no"
     captured = capsys.readouterr()  # a script's progress bar (or printer) gets the compact lines, one each
     lines = _assert_compact(captured.out + captured.err, [1, 2], 4)
     assert any(line.startswith("training stopped at step 2 of 4 (") for line in lines), lines
