@@ -41,12 +41,12 @@ def _files(path: str, name: str) -> list[str]:
 def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, Any]]]:
     """The `metrics.jsonl` rows of a run, one list per seed. Raises `FileNotFoundError` without one, and, with
     `require_steps`, `ValueError` for one without a logged metric."""
-    from ..run_folder.logs import read_metrics
-
     path = os.fspath(path)
     if not (files := [path] if os.path.isfile(path) and path.endswith(".jsonl") else _files(path, METRICS_FILENAME)):
         raise FileNotFoundError(f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a "
                                 "`stapo-train` run, or a folder of them (one per seed).")  # fmt: skip
+    from ..run_folder.logs import read_metrics  # imports torch: after the checks of the command line
+
     seeds = [read_metrics(file) for file in files]
     for file, rows in zip(files, seeds, strict=True):
         if require_steps and not any(set(row) - {"step", "epoch"} for row in rows):
@@ -219,8 +219,6 @@ def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, toke
 
 def _load(run_dirs: Sequence, labels: Sequence[str] | None, require_steps: bool = False):
     """(metrics, token records, `tokenizer.json`'s token bytes) by label (default: the folder names, else paths)."""
-    from ..diagnostics.token_records import tokenizer_token_bytes
-
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"--labels: got {len(labels)} label(s) for {len(run_dirs)} OUTPUT_DIR(s): give one label per "
                          "folder, or none (the folder names).")  # fmt: skip
@@ -230,6 +228,8 @@ def _load(run_dirs: Sequence, labels: Sequence[str] | None, require_steps: bool 
     metrics = {label: load_run(d, require_steps=require_steps) for label, d in runs.items()}
     records, token_bytes = {label: load_token_records(d) for label, d in runs.items()}, {}
     for label, files in ((label, _files(d, "tokenizer.json")) for label, d in runs.items() if records[label]):
+        from ..diagnostics.token_records import tokenizer_token_bytes  # imports torch: only for a run with records
+
         with contextlib.suppress(OSError, ValueError, IndexError):
             token_bytes[label] = tokenizer_token_bytes(json.loads(Path(files[0]).read_text(encoding="utf-8")))
     return metrics, records, token_bytes

@@ -11,6 +11,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import try_to_load_from_cache
+
 from ..models.cache import weight_files
 from ..run_folder.checkpoints import write_atomic
 from .tasks import BENCHMARKS, PAPER_BENCHMARKS
@@ -28,8 +30,6 @@ def describe_model(model: str, revision: str | None = None) -> dict[str, Any]:
         stats = {name: (folder / name).stat() for name in weight_files(sorted(os.listdir(folder)))}
         weights = {name: [stat.st_size, stat.st_mtime_ns] for name, stat in stats.items()}
         return {"name_or_path": model, "source": "local", "revision": str(folder.resolve()), "weights": weights}
-    from huggingface_hub import try_to_load_from_cache
-
     try:
         cached = try_to_load_from_cache(model, "config.json", revision=revision)  # snapshots/<commit>/config.json
     except Exception:  # noqa: BLE001 - best effort
