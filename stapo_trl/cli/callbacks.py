@@ -54,9 +54,8 @@ class SaveOnSignal(TrainerCallback):
             control.should_save = control.should_training_stop = True
 
     def on_train_end(self, args, state, control, **kwargs):
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous = {}
+        while self._previous:
+            signal.signal(*self._previous.popitem())
         if self.signal:
             interrupt = KeyboardInterrupt(f"Interrupted by {self.signal.name} at step {state.global_step}: checkpoint "
                                           f"saved to {self.checkpoint}. {self.resume_hint}")  # fmt: skip
@@ -74,37 +73,31 @@ def format_log_line(logs: dict, step: int, max_steps: int | None = None) -> str:
     """One console line for a log row: `step N/M  reward R  entropy H  silenced S`, `step N  eval k v ...`,
     `training done at step N (T s, train_loss L)` (`training stopped at step N of M (...)`), else every key."""
     where = f"step {step}/{max_steps}" if max_steps and max_steps > 0 else f"step {step}"
-    logs = {k: v for k, v in logs.items() if k != "total_flos"}
     if "train_runtime" in logs:
         loss = f", train_loss {_fmt(logs['train_loss'], 4)}" if isinstance(logs.get("train_loss"), float) else ""
-        timing = f"({_fmt(logs['train_runtime'], 1)} s{loss})"
-        if max_steps and max_steps > 0 and step < max_steps:
-            return f"training stopped at step {step} of {max_steps} {timing}"
-        return f"training done at step {step} {timing}"
-    keys = (("reward", "reward"), ("entropy", "entropy"), ("s2t/silenced_ratio", "silenced"))
-    if any(key in logs for key, _ in keys):
-        return "  ".join([where] + [f"{label} {_fmt(logs[key])}" for key, label in keys if logs.get(key) is not None])
-    evals = {k.removeprefix("eval_"): v for k, v in logs.items() if k.startswith("eval_")}
-    if evals:
-        shown = [k for k in evals if not k.endswith(("runtime", "per_second")) and k != "epoch"]
-        return "  ".join([where, "eval", *(f"{k} {_fmt(evals[k])}" for k in shown)])
-    return "  ".join([where, *(f"{k} {_fmt(v)}" for k, v in logs.items() if k != "epoch")])
+        end = f"stopped at step {step} of {max_steps}" if "/" in where and step < max_steps else f"done at step {step}"
+        return f"training {end} ({_fmt(logs['train_runtime'], 1)} s{loss})"
+    keys = {"reward": "reward", "entropy": "entropy", "s2t/silenced_ratio": "silenced"}
+    if keys.keys() & logs.keys():
+        return "  ".join([where, *(f"{keys[k]} {_fmt(logs[k])}" for k in keys if logs.get(k) is not None)])
+    if evals := {k.removeprefix("eval_"): v for k, v in logs.items() if k.startswith("eval_")}:
+        return "  ".join([where, "eval", *(f"{k} {_fmt(v)}" for k, v in evals.items()
+                          if k != "epoch" and not k.endswith(("runtime", "per_second")))])  # fmt: skip
+    return "  ".join([where, *(f"{k} {_fmt(v)}" for k, v in logs.items() if k not in ("epoch", "total_flos"))])
 
 
 class CompactProgressCallback(ProgressCallback):
     """transformers' progress bar with [`format_log_line`] instead of each row's dict."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and self.training_bar is not None and logs:
-            self.training_bar.write(format_log_line(logs, state.global_step, state.max_steps))
+        if state.is_world_process_zero and logs and self.training_bar is not None:
+            getattr(self.training_bar, "write", print)(format_log_line(logs, state.global_step, state.max_steps))
 
 
 class CompactPrinterCallback(PrinterCallback):
     """transformers' printer (`disable_tqdm`) with [`format_log_line`] instead of each row's dict."""
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and logs:
-            print(format_log_line(logs, state.global_step, state.max_steps))
+    training_bar, on_log = print, CompactProgressCallback.on_log
 
 
 def add_command_callbacks(trainer, resume_hint: str = SCRIPT_RESUME_HINT) -> SaveOnSignal:

@@ -1,9 +1,10 @@
-"""The figures of `stapo-train` runs (`stapo-plot`) from `metrics.jsonl` and `spurious_tokens.jsonl`. A run is a run
-folder or a folder of per-seed run folders (drawn as their mean, ratios of counts pooled). Each `plot_*` writes to
-`out` and returns it, or returns the matplotlib `Figure` for `out=None`; `None` when no run has its data."""
+"""The figures of `stapo-train` runs (`stapo-plot`): a run folder, or a folder of seeds' run folders (their mean,
+ratios of counts pooled). Each `plot_*` writes and returns `out` (`out=None`: the `Figure`); `None` without data."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
@@ -12,22 +13,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..run_folder.checkpoints import open_run_file
+import numpy as np
+
+from ..run_folder.checkpoints import write_atomic
 
 
 logger = logging.getLogger(__name__)
 
 METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME = "metrics.jsonl", "spurious_tokens.jsonl"  # run_folder.logs: no torch here
 TRAINING_CURVES = (  # (log key, panel title, y scale)
-    ("reward", "reward (mean over completions)", "linear"),
-    ("entropy", "policy entropy (nats / token)", "linear"),
-    ("s2t/silenced_ratio", "S2T silenced-token ratio (log)", "log"),
-)
+    ("reward", "reward (mean over completions)", "linear"), ("entropy", "policy entropy (nats / token)", "linear"),
+    ("s2t/silenced_ratio", "S2T silenced-token ratio (log)", "log"))  # fmt: skip
 RATIO_CURVES = (TRAINING_CURVES[2], ("s2t/candidate_ratio", "S2T candidate ratio (log)", "log"))  # s2t_ratios.png
-POOLED_RATIOS = {  # Σ numerator / Σ denominator, pooled over seeds too
-    "s2t/silenced_ratio": ("s2t/num_silenced", "s2t/num_loss_tokens"),
-    "s2t/candidate_ratio": ("s2t/num_candidates", "s2t/num_loss_tokens"),
-}
+POOLED_RATIOS = {"s2t/silenced_ratio": ("s2t/num_silenced", "s2t/num_loss_tokens"),  # Σ / Σ, pooled over seeds too
+                 "s2t/candidate_ratio": ("s2t/num_candidates", "s2t/num_loss_tokens")}  # fmt: skip
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 _WARNED_EMPTY: set[str] = set()
 
@@ -46,16 +45,14 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, A
     if not (files := [path] if os.path.isfile(path) and path.endswith(".jsonl") else _files(path, METRICS_FILENAME)):
         raise FileNotFoundError(f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a "
                                 "`stapo-train` run, or a folder of them (one per seed).")  # fmt: skip
-    from ..run_folder.logs import read_metrics
+    from ..run_folder.logs import read_metrics  # imports torch: after the checks of the command line
 
     seeds = [read_metrics(file) for file in files]
     for file, rows in zip(files, seeds, strict=True):
         if require_steps and not any(set(row) - {"step", "epoch"} for row in rows):
-            why = "is empty: the run has not reached its first logging step (logging_steps) yet, or stopped before it"
-            if Path(file).read_bytes().strip():
-                why = "holds no " + (
-                    "logged metric, only steps" if rows else "metrics row (see the warning above for its lines)"
-                )
+            why = "logged metric, only steps" if rows else "metrics row (see the warning above for its lines)"
+            why = f"holds no {why}" if Path(file).read_bytes().strip() else ("is empty: the run has not reached its "
+                  "first logging step (logging_steps) yet, or stopped before it")  # fmt: skip
             raise ValueError(f"{file} {why}. Nothing to draw: plot a run folder that logged at least one step, or "
                              "leave this one out.")  # fmt: skip
     return seeds
@@ -75,25 +72,12 @@ def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
     return records
 
 
-def load_token_bytes(run_dir: os.PathLike | str) -> dict[int, bytes]:
-    """[`tokenizer_token_bytes`] of the run's (or its first seed's) `tokenizer.json`, or `{}`."""
-    from ..diagnostics.token_records import tokenizer_token_bytes
-
-    files = _files(os.fspath(run_dir), "tokenizer.json")
-    try:
-        return tokenizer_token_bytes(json.loads(Path(files[0]).read_text(encoding="utf-8"))) if files else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def seed_values(seeds: Sequence, key: str):
-    """`(steps, values, note)` of `key` over seeds: `values` (seeds, steps) at the steps all logged, `note` " (2
-    seeds)"; a ratio of [`POOLED_RATIOS`] is one row pooled over the seeds (" (2 seeds, pooled)")."""
-    import numpy as np
-
-    def series(rows: Sequence, key: str) -> dict[int, float]:  # without null and NaN
-        pairs = ((row.get("step"), row.get(key)) for row in rows)
-        return {int(step): float(v) for step, v in pairs if step is not None and v is not None and v == v}
+    """`(steps, values (seeds, steps) at the steps all logged, " (2 seeds)")` of `key`; a ratio of [`POOLED_RATIOS`]:
+    one row pooled over the seeds (" (2 seeds, pooled)")."""
+    series = lambda rows, key: {  # noqa: E731 - without null and NaN
+        int(row["step"]): float(row[key]) for row in rows if row.get("step") is not None and row.get(key) is not None
+        and row[key] == row[key]}  # fmt: skip
 
     num, den = POOLED_RATIOS.get(key, (None, None))
     if len(seeds) > 1 and num and all(series(rows, den) for rows in seeds):
@@ -116,17 +100,17 @@ def _figure(rows: int, cols: int, size: tuple[float, float], **kwargs):
 
 
 def _save(fig, out: Path | str | None):
-    if out is None:
-        return fig
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open_run_file(out, "wb") as f:
-        fig.savefig(f, dpi=110, format=os.path.splitext(os.fspath(out))[1].lstrip(".").lower() or "png")
-    return out
+    if out is not None:  # one atomic write: a kill leaves the old figure or the new
+        fig.savefig(buffer := io.BytesIO(), dpi=110, format=os.path.splitext(os.fspath(out))[1][1:].lower() or "png")
+        write_atomic(out, buffer.getvalue())
+    return fig if out is None else out
 
 
-def _axes(ax, title: str, log=False, xlabel="optimizer step", fontsize=10, grid="both", **legend) -> None:
+def _axes(ax, title: str, log=False, xlabel="optimizer step", fontsize=10, grid="both", empty=None, **legend) -> None:
     from matplotlib.ticker import LogFormatterSciNotation, LogLocator, MaxNLocator
 
+    if empty:
+        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes, color="gray")
     ax.set_xlabel(xlabel)
     ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 2.5, 5, 10], integer=True))
     if log:
@@ -140,11 +124,9 @@ def _axes(ax, title: str, log=False, xlabel="optimizer step", fontsize=10, grid=
 
 
 def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, title=None, smoothing=None):
-    """One panel per `(log key, title, "linear" | "log")` of `curves`; `runs`: label -> rows per seed. Linear: the
-    moving average (`smoothing` logged steps, default ~1/20 of the run) over the raw curve, or the seeds' mean with a
-    min/max band; log: the mean over seeds as points, its zeros counted in the legend."""
-    import numpy as np
-
+    """A panel per `(log key, title, "linear" | "log")` of `curves`; `runs`: label -> rows per seed. Linear: the moving
+    average (`smoothing` logged steps, default ~1/20 of the run) over the raw curve, or the seeds' mean in a min/max
+    band; log: the mean over seeds as points, its zeros counted in the legend."""
     fig, axes = _figure(1, len(curves), (5.2 * len(curves), 3.9), sharex=True)
     for ax, (key, panel_title, scale) in zip(axes[0], curves, strict=True):
         for i, (label, seeds) in enumerate(runs.items()):
@@ -164,9 +146,7 @@ def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, tit
                 else:
                     ax.fill_between(steps, smooth.min(axis=0), smooth.max(axis=0), color=f"C{i}", alpha=0.2)
                 ax.plot(steps, smooth.mean(axis=0), color=f"C{i}", lw=1.8, label=label + note)
-        if not ax.lines:
-            ax.text(0.5, 0.5, f"{key!r} not logged", ha="center", va="center", transform=ax.transAxes, color="gray")
-        _axes(ax, panel_title, scale == "log")
+        _axes(ax, panel_title, scale == "log", empty=None if ax.lines else f"{key!r} not logged")
     if title:
         fig.suptitle(title, fontsize=11)
     return _save(fig, out)
@@ -176,15 +156,12 @@ def plot_entropy_quantiles(runs: Mapping[str, Sequence], out: Path | None = None
     """The loss tokens' entropy quantiles over steps: a p10-p95 band, p50 solid, p80 dashed."""
     fig, ((ax,),) = _figure(1, 1, (7.5, 4.2))
     for i, (label, seeds) in enumerate(runs.items()):
-        (s10, p10, _), (s50, p50, _), (s80, p80, _), (s95, p95, _) = (
-            seed_values(seeds, f"s2t/entropy_p{q}") for q in (10, 50, 80, 95)
-        )
-        if s10 and s10 == s95:
-            ax.fill_between(s10, p10.mean(axis=0), p95.mean(axis=0), color=f"C{i}", alpha=0.15, lw=0)
-        if s50:
-            ax.plot(s50, p50.mean(axis=0), color=f"C{i}", lw=1.8, label=f"{label}: p50 (band p10-p95)")
-        if s80:
-            ax.plot(s80, p80.mean(axis=0), color=f"C{i}", lw=1.2, ls="--", label=f"{label}: p80")
+        q = {p: seed_values(seeds, f"s2t/entropy_p{p}")[:2] for p in (10, 50, 80, 95)}
+        if q[10][0] and q[10][0] == q[95][0]:
+            ax.fill_between(q[10][0], q[10][1].mean(axis=0), q[95][1].mean(axis=0), color=f"C{i}", alpha=0.15, lw=0)
+        for p, lw, ls, name in ((50, 1.8, "-", "p50 (band p10-p95)"), (80, 1.2, "--", "p80")):
+            if q[p][0]:
+                ax.plot(q[p][0], q[p][1].mean(axis=0), color=f"C{i}", lw=lw, ls=ls, label=f"{label}: {name}")
     if not ax.lines and not ax.collections:
         return None
     ax.set_ylabel("entropy of loss tokens (nats)")
@@ -198,11 +175,9 @@ def plot_prob_entropy_scatter(records: Mapping[str, Sequence], out: Path | None 
         return None
     fig, axes = _figure(1, len(records), (6.0 * len(records), 4.6))
     for ax, (label, recs) in zip(axes[0], records.items(), strict=True):
-        for kind, color, name, size in (
-            ("reference", "0.6", "other positive-advantage tokens (sample)", 6),
-            ("kept_candidate", "tab:blue", "kept candidates (logged)", 12),
-            ("silenced", "tab:red", "silenced (spurious)", 16),
-        ):
+        for kind, color, name, size in (("reference", "0.6", "other positive-advantage tokens (sample)", 6),
+                                        ("kept_candidate", "tab:blue", "kept candidates (logged)", 12),
+                                        ("silenced", "tab:red", "silenced (spurious)", 16)):  # fmt: skip
             if points := [(r["prob"], r["entropy"]) for r in recs if r["kind"] == kind and r["prob"] > 0]:
                 ax.scatter(*zip(*points), s=size, c=color, alpha=0.7, lw=0, label=f"{name}: {len(points)}")
         if tau_p := [r["prob_threshold"] for r in recs if r.get("prob_threshold")]:
@@ -217,18 +192,16 @@ def plot_prob_entropy_scatter(records: Mapping[str, Sequence], out: Path | None 
 
 
 def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, token_bytes: Mapping | None = None):
-    """Bars of the `k` most frequent silenced tokens and kept candidates, one row per run, labelled by
-    [`readable_token`] with `token_bytes` (label -> token id -> bytes)."""
+    """Bars of the `k` most frequent silenced and kept-candidate tokens per run, named by [`readable_token`]."""
     from ..diagnostics.token_records import TOKEN_LABEL_KEY, readable_token
 
     if not (records := {label: recs for label, recs in records.items() if recs}):
         return None
     height = 1.3 + 0.28 * k * len(records)
     fig, axes = _figure(len(records), 2, (10, height))
-    panels = (
-        ("silenced", "tab:red", "most frequent silenced tokens", "silenced occurrences over the run"),
-        ("kept_candidate", "tab:blue", "most frequent kept candidates", "kept-candidate occurrences (logged records)"),
-    )
+    panels = (("silenced", "tab:red", "most frequent silenced tokens", "silenced occurrences over the run"),
+              ("kept_candidate", "tab:blue", "most frequent kept candidates",
+               "kept-candidate occurrences (logged records)"))  # fmt: skip
     for row, (label, recs) in zip(axes, records.items(), strict=True):
         for ax, (kind, color, title, xlabel) in zip(row, panels, strict=True):
             counts = Counter((r.get("token_id"), r["token"]) for r in recs if r["kind"] == kind)
@@ -237,42 +210,43 @@ def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, toke
             ax.barh(range(len(top)), [n for _, n in top], color=color, alpha=0.8)
             ax.set_yticks(range(len(top)), names, fontsize=8)
             ax.invert_yaxis()
-            if not top:
-                ax.text(0.5, 0.5, "none logged", ha="center", va="center", transform=ax.transAxes, color="gray")
             shown = f" ({len(top)} of {len(counts)} distinct)" if len(counts) > len(top) else ""
-            _axes(ax, f"{label}: {title}{shown}", xlabel=xlabel, fontsize=9, grid="x")
+            _axes(ax, f"{label}: {title}{shown}", xlabel=xlabel, fontsize=9, grid="x", empty=not top and "none logged")
     fig.text(0.5, 0.01, TOKEN_LABEL_KEY, ha="center", va="bottom", fontsize=7.5, wrap=True)
     fig.set_layout_engine("tight", rect=(0, 0.45 / height, 1, 1))
     return _save(fig, out)
 
 
 def _load(run_dirs: Sequence, labels: Sequence[str] | None, require_steps: bool = False):
-    """(metrics, token records, token bytes) by label (default: the folder names, else the paths)."""
+    """(metrics, token records, `tokenizer.json`'s token bytes) by label (default: the folder names, else paths)."""
     if labels is not None and len(labels) != len(run_dirs):
         raise ValueError(f"--labels: got {len(labels)} label(s) for {len(run_dirs)} OUTPUT_DIR(s): give one label per "
                          "folder, or none (the folder names).")  # fmt: skip
     names = [os.path.basename(os.path.normpath(d)) for d in run_dirs]
     default = names if len(set(names)) == len(names) else [os.path.normpath(d) for d in run_dirs]
-    runs = dict(zip(default if labels is None else labels, run_dirs, strict=True))
+    runs = dict(zip(default if labels is None else labels, map(os.fspath, run_dirs), strict=True))
     metrics = {label: load_run(d, require_steps=require_steps) for label, d in runs.items()}
-    records = {label: load_token_records(d) for label, d in runs.items()}
-    return metrics, records, {label: load_token_bytes(d) for label, d in runs.items() if records[label]}
+    records, token_bytes = {label: load_token_records(d) for label, d in runs.items()}, {}
+    for label, files in ((label, _files(d, "tokenizer.json")) for label, d in runs.items() if records[label]):
+        from ..diagnostics.token_records import tokenizer_token_bytes  # imports torch: only for a run with records
+
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            token_bytes[label] = tokenizer_token_bytes(json.loads(Path(files[0]).read_text(encoding="utf-8")))
+    return metrics, records, token_bytes
 
 
-def _diagnostics(metrics: Mapping, records: Mapping, token_bytes: Mapping, out_dir: Path) -> list[Path]:
+def plot_diagnostics(run_dirs: Sequence[Path | str], out_dir: Path | str, labels: Sequence[str] | None = None, *,
+                     loaded=None) -> list[Path]:  # fmt: skip
+    """Write the S2T figures of the runs (or `_load`'s `loaded`) into `out_dir`; their paths. `FileNotFoundError`."""
+    metrics, records, token_bytes = loaded or _load(run_dirs, labels)
     ratios = any(seed_values(seeds, "s2t/silenced_ratio")[0] for seeds in metrics.values())
     written = [
-        plot_entropy_quantiles(metrics, out_dir / "s2t_entropy_quantiles.png"),
-        plot_training_curves(metrics, out_dir / "s2t_ratios.png", curves=RATIO_CURVES) if ratios else None,
-        plot_prob_entropy_scatter(records, out_dir / "s2t_prob_entropy.png"),
-        plot_top_tokens(records, out_dir / "s2t_top_tokens.png", token_bytes=token_bytes),
+        plot_entropy_quantiles(metrics, Path(out_dir, "s2t_entropy_quantiles.png")),
+        plot_training_curves(metrics, Path(out_dir, "s2t_ratios.png"), curves=RATIO_CURVES) if ratios else None,
+        plot_prob_entropy_scatter(records, Path(out_dir, "s2t_prob_entropy.png")),
+        plot_top_tokens(records, Path(out_dir, "s2t_top_tokens.png"), token_bytes=token_bytes),
     ]
     return [Path(path) for path in written if path is not None]
-
-
-def plot_diagnostics(run_dirs: Sequence[Path | str], out_dir: Path | str, labels: Sequence[str] | None = None):
-    """Write the S2T figures of the runs into `out_dir`; returns the paths. `FileNotFoundError` without metrics."""
-    return _diagnostics(*_load(run_dirs, labels), Path(out_dir))
 
 
 def plot_output_dirs(output_dirs: Sequence[str], out: str | None = None, *, labels=None, title=None, smoothing=None):
@@ -281,10 +255,9 @@ def plot_output_dirs(output_dirs: Sequence[str], out: str | None = None, *, labe
     `FileNotFoundError` or `ValueError` (one line) for bad input."""
     if smoothing is not None and smoothing < 1:
         raise ValueError(f"--smoothing {smoothing}: the moving-average window must be >= 1 logged step.")
-    out = _curves_file(output_dirs, out)
-    metrics, records, token_bytes = _load(output_dirs, labels, require_steps=True)
-    out = plot_training_curves(metrics, out, title=title, smoothing=smoothing)
-    return [out, *_diagnostics(metrics, records, token_bytes, Path(os.path.abspath(out)).parent)]
+    out, loaded = _curves_file(output_dirs, out), _load(output_dirs, labels, require_steps=True)
+    out = plot_training_curves(loaded[0], out, title=title, smoothing=smoothing)
+    return [out, *plot_diagnostics(output_dirs, Path(os.path.abspath(out)).parent, loaded=loaded)]
 
 
 def _curves_file(output_dirs: Sequence[str], out: str | None) -> str:

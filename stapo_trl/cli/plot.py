@@ -11,7 +11,8 @@ from .errors import EXIT_STATUS_HELP, InputError, OneLineErrorParser, report_inp
 from .figures import plot_output_dirs
 
 
-def make_parser() -> OneLineErrorParser:
+def main(argv: Sequence[str] | None = None) -> None:
+    """`stapo-plot`: bad input is one `stapo-plot: error: ...` line and status 2, before anything is drawn."""
     description = "Draw reward, entropy and S2T silenced-ratio curves from stapo-train output folders."
     parser = OneLineErrorParser("stapo-plot", description=description, allow_abbrev=False, epilog=EXIT_STATUS_HELP)
     folders = "stapo-train output folders (each with metrics.jsonl), or folders of per-seed output folders."
@@ -23,13 +24,7 @@ def make_parser() -> OneLineErrorParser:
     parser.add_argument("--title", help="Figure title.")
     parser.add_argument("--smoothing", type=int, help="Moving-average window in logged steps (default: ~1/20 of run).")
     parser.add_argument("--version", action=VersionAction)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """`stapo-plot`: bad input is one `stapo-plot: error: ...` line and status 2, before anything is drawn."""
     with report_input_errors():
-        parser = make_parser()
         args = parser.parse_args(argv)
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.WARNING, format=f"{parser.prog}: warning: %(message)s")

@@ -11,8 +11,7 @@ from collections import namedtuple
 
 from .. import data
 from ..grading import grade
-from .metrics import benchmark_metrics
-from .tasks import BenchmarkProblem
+from .tasks import BenchmarkProblem, benchmark_metrics
 
 
 logger = logging.getLogger(__name__)
@@ -41,8 +40,8 @@ def build_prompt_text(tokenizer, problem, use_chat_template: bool = True, chat_t
     if not use_chat_template:
         return messages[-1]["content"]
     if not data.has_chat_template(tokenizer):
-        fix = data.EVAL_CHAT_TEMPLATE_FIX
-        raise ValueError(data.chat_template_message(tokenizer.name_or_path, "The evaluation prompts are", fix))
+        what, fix = "The evaluation prompts are", data.EVAL_CHAT_TEMPLATE_FIX
+        raise ValueError(data.chat_template_message(tokenizer.name_or_path, what, fix))
     return data.render_chat_template(tokenizer, messages, **(chat_template_kwargs or {}))
 
 
@@ -73,13 +72,12 @@ def hf_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_tok
     import torch
     from transformers import GenerationConfig
 
-    eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+    eos = getattr(model.generation_config, "eos_token_id", None)
     eos = tokenizer.eos_token_id if eos is None else eos
     eos = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or [0])[0]
-    config = GenerationConfig(
-        do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos or None, pad_token_id=pad
-    )
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos or None,
+                              pad_token_id=pad)  # fmt: skip
     flat, out = [(i, j) for i in range(len(prompts)) for j in range(n)], [[None] * n for _ in prompts]
     was_training = model.training
     model.eval()
@@ -172,10 +170,9 @@ class VLLMGenerator:
 def evaluate_problems(generate_fn, tokenizer, problems: list[BenchmarkProblem], *, n: int, decoding: DecodingSetting,
                       max_new_tokens: int, seed: int = 0, use_chat_template: bool = True, chat_template_kwargs=None,
                       save_completions: bool = False, max_positions: int | None = None, accelerator=None):  # fmt: skip
-    """(table, P * n records): `n` graded samples per problem from `generate_fn`, sample j of problem i seeded
-    `seed + i * n + j`; the table is [`benchmark_metrics`] plus grader errors, truncations, mean tokens and times.
-    `max_positions`: longer prompts dropped (`ValueError` when none is left). `accelerator`: every process calls it,
-    the problems split (padded: the same `generate` calls on each) and the records gathered."""
+    """(table, P * n records): `n` graded samples per problem from `generate_fn`, sample j of problem i seeded `seed +
+    i * n + j`; the table: [`benchmark_metrics`], grader errors, truncations, mean tokens, times. `max_positions`:
+    longer prompts dropped (`ValueError` if none is left). `accelerator`: the problems split (padded) and gathered."""
     texts = [build_prompt_text(tokenizer, p.problem, use_chat_template, chat_template_kwargs) for p in problems]
     keep = list(range(len(problems)))
     if max_positions is not None:

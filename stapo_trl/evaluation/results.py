@@ -11,6 +11,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import try_to_load_from_cache
+
 from ..models.cache import weight_files
 from ..run_folder.checkpoints import write_atomic
 from .tasks import BENCHMARKS, PAPER_BENCHMARKS
@@ -28,8 +30,6 @@ def describe_model(model: str, revision: str | None = None) -> dict[str, Any]:
         stats = {name: (folder / name).stat() for name in weight_files(sorted(os.listdir(folder)))}
         weights = {name: [stat.st_size, stat.st_mtime_ns] for name, stat in stats.items()}
         return {"name_or_path": model, "source": "local", "revision": str(folder.resolve()), "weights": weights}
-    from huggingface_hub import try_to_load_from_cache
-
     try:
         cached = try_to_load_from_cache(model, "config.json", revision=revision)  # snapshots/<commit>/config.json
     except Exception:  # noqa: BLE001 - best effort
@@ -82,62 +82,58 @@ _RESUME_FLAGS = {  # the settings a file resumes only with equal: their flag and
 
 def check_resumable(existing: dict[str, Any], config: dict[str, Any], path: Path, weights: Any) -> None:
     """One `ValueError` line naming each setting that differs from the file's (one it lacks does not) and the flags
-    that would resume it; else the weight files or Hub commit when `weights` ([`describe_model`]) differ from the
-    file's, or the file lacks them."""
+    that resume it; else the weights ([`describe_model`]) when they differ from the file's or it lacks them."""
     delete = "so it cannot be resumed: choose another --output, or delete it to rerun."
     if existing.get("format_version") == 1:
         raise ValueError(
             f"{path} holds results of the old seeding (a seed per benchmark and decoding, now one per sample, as in "
             f"stapo-train's evaluation), {delete}"
         )
-    old, benchmarks = existing.get("config", {}), existing.get("config", {}).get("benchmarks") or []
-    whats, give, leave_out = [], [], []
+    old, whats, give, leave_out = existing.get("config", {}), [], [], []
     for key, (flag, unset) in _RESUME_FLAGS.items():
         a, b = old.get(key), config.get(key)  # the same numbers: one folder written two ways; each default
         if key == "model" and isinstance(a, str) and isinstance(b, str) and os.path.isdir(b):
             a, b = (os.path.abspath(os.path.expanduser(m)) for m in (a, b))
-        if key == "samples" and benchmarks and all(name in BENCHMARKS for name in benchmarks):
-            a, b = ([v or BENCHMARKS[name].default_samples for name in benchmarks] for v in (a, b))
+        if key == "samples" and (names := old.get("benchmarks") or []) and all(n in BENCHMARKS for n in names):
+            a, b = ([v or BENCHMARKS[n].default_samples for n in names] for v in (a, b))
         if key not in old or a == b:
             continue
+        a, b = old[key], config.get(key)
         if key == "instruction":
             whats.append("the prompt instruction (stapo_trl's own: another version wrote the file)")
         elif key == "chat_template":
             describe = {True: "the chat template", False: "--no-chat-template"}
-            whats.append(f"{describe[bool(old[key])]} in the file, {describe[bool(config.get(key))]} now")
-            (leave_out if old[key] else give).append(flag)
+            whats.append(f"{describe[bool(a)]} in the file, {describe[bool(b)]} now")
+            (leave_out if a else give).append(flag)
         else:
-            value = [f"unset ({unset})" if v is None and unset else str(v) for v in (old[key], config.get(key))]
-            whats.append(f"{flag} {value[0]} in the file, {value[1]} now")
-            (leave_out.append(flag) if old[key] is None else give.append(f"{flag} {old[key]}"))
+            whats.append(f"{flag} {a if a is not None or not unset else f'unset ({unset})'} in the file, "
+                         f"{b if b is not None or not unset else f'unset ({unset})'} now")  # fmt: skip
+            (give.append(f"{flag} {a}") if a is not None else leave_out.append(flag))
     if whats:
         rerun = [f"with {' '.join(give)}"] * bool(give) + [f"without {', '.join(leave_out)}"] * bool(leave_out)
-        rerun = (
-            f"Rerun {' and '.join(rerun)} to add to it" if rerun else "Rerun with the stapo_trl version that wrote it"
-        )
-        whats = f"other settings, so it cannot be resumed: {'; '.join(whats)}"
-        raise ValueError(f"{path} holds results of {whats}. {rerun}, or choose another --output.")
+        rerun = " and ".join(rerun)
+        rerun = f"Rerun {rerun} to add to it" if rerun else "Rerun with the stapo_trl version that wrote it"
+        raise ValueError(f"{path} holds results of other settings, so it cannot be resumed: {'; '.join(whats)}. "
+                         f"{rerun}, or choose another --output.")  # fmt: skip
     if (was := (existing.get("model") or {}).get("weights", "unrecorded")) != weights:
+        what = f"other weights (Hub commit {was or 'unknown'} in the file, {weights or 'unknown'} now)"
         if was == "unrecorded":
             what = "weights it does not record (written before stapo-eval recorded them)"
         elif isinstance(was, dict) and isinstance(weights, dict):
             changed = ", ".join(sorted(n for n in {**was, **weights} if was.get(n) != weights.get(n)))
             what = f"other weights ({changed} changed since)"
-        else:
-            what = f"other weights (Hub commit {was or 'unknown'} in the file, {weights or 'unknown'} now)"
         raise ValueError(f"{path} holds results of {what}, {delete}")
 
 
 def open_results(path: Path, config: dict[str, Any], weights: Any) -> dict[str, Any]:
     """The results file at `path` to resume ([`load_results`], [`check_resumable`]), else a new one of `config`."""
     if path.exists():
-        data = load_results(path)
-        check_resumable(data, config, path, weights)
+        check_resumable(data := load_results(path), config, path, weights)
         logger.info("Resuming %s", path)
         return data
-    data = {"format_version": RESULTS_FORMAT_VERSION, "created_at": now(), "config": config, "model": None}
-    return data | {"versions": library_versions(config["backend"]), "decodings": {}, "results": {}, "summary": {},
-                   "samples": []}  # fmt: skip
+    versions = library_versions(config["backend"])
+    return {"format_version": RESULTS_FORMAT_VERSION, "created_at": now(), "config": config, "model": None,
+            "versions": versions, "decodings": {}, "results": {}, "summary": {}, "samples": []}  # fmt: skip
 
 
 def _avg(table: dict[str, Any]) -> float:
@@ -153,87 +149,70 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _dropped(table: dict[str, Any]) -> str:  # " (n/N)": n of the N problems loaded averaged
-    n, total = table.get("num_problems"), table.get("num_problems_loaded")
-    return f" ({n}/{total})" if isinstance(n, int) and isinstance(total, int) and n < total else ""
-
-
 def _label(data: dict[str, Any]) -> str:
     name = data["model"]["name_or_path"]
     return name.rstrip("/").split("/")[-1] if data["model"].get("source") == "local" else name
 
 
-class _Table:
-    """Markdown lines of benchmark `columns` and Avg (`*` over fewer than six), in %, and their footnotes."""
+DROPPED_NOTE = ("(n/N): the cell averages n of the benchmark's N problems; the others' prompts were too long for the "
+                "model's positions with this generation budget (the results file's num_problems).")  # fmt: skip
 
-    def __init__(self, columns: list[str]):
-        names = ["Model", *(BENCHMARKS[b].display_name for b in columns), "Avg"]
-        self.columns, self.lines = columns, ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
-        self.partial_avg = self.dropped = False
 
-    def row(self, label: str, tables: dict[str, Any], averaged: list[str]) -> list[float | None]:  # avg@N..., Avg
-        values = [_avg(tables[b]) if b in tables else None for b in self.columns]
-        values.append(sum(_avg(tables[b]) for b in averaged) / len(averaged) if averaged else None)
-        notes = [_dropped(tables.get(b) or {}) for b in self.columns] + [""]
-        self.dropped |= any(notes)
-        if values[-1] is not None and len(averaged) < len(PAPER_BENCHMARKS):
-            self.partial_avg, notes[-1] = True, "*"
-        cells = ["-" if v is None else f"{100 * v:.1f}{note}" for v, note in zip(values, notes)]
-        self.lines.append("| " + " | ".join([label, *cells]) + " |")
-        return values
-
-    def footnotes(self, partial_avg: str, result_sets: list[dict[str, Any]]) -> list[str]:
-        dropped = ("(n/N): the cell averages n of the benchmark's N problems; the others' prompts were too long for "
-                   "the model's positions with this generation budget (the results file's num_problems).")  # fmt: skip
-        notes = [partial_avg] * self.partial_avg + [dropped] * self.dropped
-        if limits := sorted({data.get("config", {}).get("limit") for data in result_sets} - {None}):
-            notes.append(f"Only the first {', '.join(map(str, limits))} problems of each benchmark (--limit).")
-        return notes
+def _table(columns: list[str], rows, partial_note: str):
+    """(Markdown lines, values per row, footnotes) of `rows` (label, tables, benchmarks averaged): in %, a cell of n
+    of N problems `(n/N)`, Avg `*` over fewer than six."""
+    names = ["Model", *(BENCHMARKS[b].display_name for b in columns), "Avg"]
+    lines, values, partial, dropped = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)], [], False, False
+    for label, tables, averaged in rows:
+        row = [_avg(tables[b]) if b in tables else None for b in columns]
+        row.append(sum(_avg(tables[b]) for b in averaged) / len(averaged) if averaged else None)
+        counts = [((tables.get(b) or {}).get("num_problems"), (tables.get(b) or {}).get("num_problems_loaded"))
+                  for b in columns]  # fmt: skip
+        notes = [f" ({n}/{t})" if isinstance(n, int) and isinstance(t, int) and n < t else "" for n, t in counts]
+        notes.append("")
+        dropped |= any(notes)
+        if row[-1] is not None and len(averaged) < len(PAPER_BENCHMARKS):
+            partial, notes[-1] = True, "*"
+        cells = ["-" if v is None else f"{100 * v:.1f}{note}" for v, note in zip(row, notes)]
+        lines.append("| " + " | ".join([label, *cells]) + " |")
+        values.append(row)
+    return lines, values, [partial_note] * partial + [DROPPED_NOTE] * dropped
 
 
 def format_results_table(result_sets: list[dict[str, Any]]) -> str:
     """The paper's table in Markdown: a row per model and decoding, a column per benchmark present, Avg, in %."""
     present = {b for data in result_sets for tables in data["results"].values() for b in tables}
-    table = _Table([b for b in BENCHMARKS if b in present])
-    for data in result_sets:
-        for decoding, tables in data["results"].items():
-            table.row(f"{_label(data)}/{decoding}", tables, [b for b in PAPER_BENCHMARKS if b in tables])
-    notes = table.footnotes("\\* Avg over the paper benchmarks present (fewer than six).", result_sets)
-    return "\n".join(table.lines + ([""] + notes if notes else []))
-
-
-def comparison_caveats(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """What differs between two results files beyond the model: settings, samples, problems."""
-    ca, cb = a.get("config", {}), b.get("config", {})
-    keys = ("max_new_tokens", "limit", "instruction", "chat_template", "data_dir")  # the backend may differ
-    caveats = [f"{k}: {ca[k]!r} vs {cb[k]!r}" for k in keys if k in ca and k in cb and ca[k] != cb[k]]
-    for decoding in [d for d in a["results"] if d in b["results"]]:
-        ta, tb = a["results"][decoding], b["results"][decoding]
-        for bench in [x for x in BENCHMARKS if x in ta and x in tb]:
-            for key, what in (("n_samples", "samples per problem"), ("num_problems", "problems")):
-                if ta[bench].get(key) != tb[bench].get(key):
-                    caveats.append(f"{bench} / {decoding}: {ta[bench].get(key)} vs {tb[bench].get(key)} {what}")
-    return caveats
+    rows = [(f"{_label(data)}/{decoding}", tables, [b for b in PAPER_BENCHMARKS if b in tables])
+            for data in result_sets for decoding, tables in data["results"].items()]  # fmt: skip
+    partial = "\\* Avg over the paper benchmarks present (fewer than six)."
+    lines, _, notes = _table([b for b in BENCHMARKS if b in present], rows, partial)
+    if limits := sorted({data.get("config", {}).get("limit") for data in result_sets} - {None}):
+        notes.append(f"Only the first {', '.join(map(str, limits))} problems of each benchmark (--limit).")
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def format_comparison(a: dict[str, Any], b: dict[str, Any]) -> str:
     """A Markdown table per decoding both files hold (`ValueError` if none): their rows, Avg over the paper benchmarks
-    both have, the relative gain (b - a) / a per column; then the settings that differ."""
+    both have, the relative gain (b - a) / a per column; then what differs beyond the model (settings, samples)."""
     shared = [d for d in a["results"] if d in b["results"]]
     if not shared:
         raise ValueError(f"No common decoding: {sorted(a['results'])} vs {sorted(b['results'])}.")
-    out, notes = [], []
+    ca, cb, out, notes = a.get("config", {}), b.get("config", {}), [], []
+    keys = ("max_new_tokens", "limit", "instruction", "chat_template", "data_dir")  # the backend may differ
+    caveats = [f"{k}: {ca[k]!r} vs {cb[k]!r}" for k in keys if k in ca and k in cb and ca[k] != cb[k]]
     for decoding in shared:
         ta, tb = a["results"][decoding], b["results"][decoding]
         both = [c for c in PAPER_BENCHMARKS if c in ta and c in tb]
-        table = _Table([c for c in BENCHMARKS if c in ta or c in tb])
         suffixes = (" (a)", " (b)") if _label(a) == _label(b) else ("", "")
-        va, vb = (table.row(f"{_label(d)}/{decoding}{s}", t, both) for d, t, s in zip((a, b), (ta, tb), suffixes))
-        gains = ["n/a" if not x or y is None else f"{100 * (y - x) / x:+.1f}%" for x, y in zip(va, vb)]
-        gains = f"| rel. gain (b-a)/a | {' | '.join(gains)} |"
-        out.append("\n".join([f"Decoding {decoding}", "", *table.lines, gains]))
+        rows = [(f"{_label(d)}/{decoding}{s}", t, both) for d, t, s in zip((a, b), (ta, tb), suffixes)]
         note = f"\\* Avg over the {len(both)} paper benchmark(s) both files have: {', '.join(both)}."
-        notes += [n for n in table.footnotes(note, []) if n not in notes]
-    if caveats := comparison_caveats(a, b):
+        lines, (va, vb), table_notes = _table([c for c in BENCHMARKS if c in ta or c in tb], rows, note)
+        gains = ["n/a" if not x or y is None else f"{100 * (y - x) / x:+.1f}%" for x, y in zip(va, vb)]
+        out.append("\n".join([f"Decoding {decoding}", "", *lines, f"| rel. gain (b-a)/a | {' | '.join(gains)} |"]))
+        notes += [n for n in table_notes if n not in notes]
+        counted = (("n_samples", "samples per problem"), ("num_problems", "problems"))
+        caveats += [f"{x} / {decoding}: {ta[x].get(k)} vs {tb[x].get(k)} {what}" for x in BENCHMARKS
+                    if x in ta and x in tb for k, what in counted if ta[x].get(k) != tb[x].get(k)]  # fmt: skip
+    if caveats:
         notes.append("Not like for like (the files differ in): " + "; ".join(caveats) + ".")
     return "\n\n".join(out + notes)

@@ -1,15 +1,17 @@
-"""The benchmarks (STAPO Sec. 4's six, GSM8K, the built-in `tiny-math`) as [`BenchmarkProblem`]s."""
+"""The benchmarks (STAPO Sec. 4's six, GSM8K, the built-in `tiny-math`) as [`BenchmarkProblem`]s, avg@N and pass@k."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import re
 from collections import namedtuple
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..data import format_prompt, load_local_dataset_file, remove_dapo_instruction
+from ..data import format_prompt, load_local_dataset_file, make_tiny_math_dataset, remove_dapo_instruction
 from ..grading import extract_boxed_answer
 
 
@@ -52,10 +54,8 @@ def clean_problem_text(text: str) -> str:
 
 def _user_content(messages: Any) -> str | None:  # of a chat: a list of messages, one message, or their JSON
     if isinstance(messages, str):
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             messages = json.loads(messages)
-        except json.JSONDecodeError:
-            return None
     messages = [messages] if isinstance(messages, Mapping) else messages if isinstance(messages, (list, tuple)) else []
     users = [m.get("content") for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
     return users[-1] if users else None
@@ -131,8 +131,6 @@ def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | N
     bad name, file or row), FileNotFoundError (no file under `data_dir`), RuntimeError (the Hub copy not loaded)."""
     spec = get_benchmark_spec(name)
     if spec.hub_id == "builtin:tiny-math":
-        from ..data import make_tiny_math_dataset
-
         rows = [{"id": f"tiny-math-{i}", **row} for i, row in enumerate(make_tiny_math_dataset()["test"])]
     elif data_dir is not None:
         rows = read_rows(find_benchmark_file(spec.name, data_dir))
@@ -155,3 +153,26 @@ def benchmark_dataset(problems: Iterable[BenchmarkProblem], instruction: str | N
 
     rows = [(format_prompt(p.problem, instruction), p.gold) for p in problems]
     return Dataset.from_list([{"prompt": q, "solution": g if isinstance(g, str) else ", ".join(g)} for q, g in rows])
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of [Chen et al. 2021](https://huggingface.co/papers/2107.03374), Eq. 1: 1 - C(n-c, k) / C(n, k)
+    for n samples, c of them correct; `ValueError` for k outside [1, n] or c outside [0, n]."""
+    if not (1 <= k <= n and 0 <= c <= n):
+        raise ValueError(f"pass@k needs 1 <= k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def benchmark_metrics(correct: Sequence[Sequence[bool]], n_samples: int, benchmark=None, problem_ids=None) -> dict:
+    """`avg@N` (mean over problems of the fraction correct, in [0, 1]), mean `pass@k` (`{str(k): value}` for k the
+    powers of two up to N), `n_samples` and `num_problems` of a (P, N) correctness table; `ValueError` naming the
+    `benchmark` and the problem (its id in `problem_ids`) for a row without a graded sample."""
+    for i, row in enumerate(correct):
+        if not row:
+            problem = problem_ids[i] if problem_ids is not None and i < len(problem_ids) else f"#{i}"
+            raise ValueError(f"benchmark {benchmark or '?'} problem {problem} has no graded sample (empty row).")
+    counts = [(len(row), sum(map(bool, row))) for row in correct]
+    mean = lambda values: sum(values) / len(values) if values else float("nan")  # noqa: E731
+    passk = {str(2**j): mean([pass_at_k(n, c, 2**j) for n, c in counts]) for j in range(n_samples.bit_length())}
+    return {f"avg@{n_samples}": mean([c / n for n, c in counts]), "pass@k": passk, "n_samples": n_samples,
+            "num_problems": len(counts)}  # fmt: skip

@@ -1,13 +1,16 @@
-"""`benchmarks/gpu.py`: tokenizer, reward, candidate share, the report's pairing on hand-made runs, the model's reset,
-and (slow) the CPU smoke run."""
+"""`benchmarks/`: gpu.py (tokenizer, reward, candidate share, report, model reset, smoke run), the harness' threads."""
 
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from testing_utils import REPO, builtin_cache_root
+from trl.trainer.utils import add_fused_lm_head
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "benchmarks"))  # the experiment's modules
@@ -38,11 +41,12 @@ def test_the_tokenizer_reward_field_differences_and_candidate_share():
     assert gpu.candidate_mass(logits, 0.5)[0] == 0.0  # logits x 0.5: p = 6.7e-3 >= tau_p
 
 
-def _run(arm, geometry, rep, steps, peak):
-    spg, grad_accum = gpu.GEOMETRIES[geometry]
-    spu = spg // grad_accum
-    return dict(model="random", arm=arm, geometry=geometry, rep=rep, steps_per_unit=spu, units=len(steps) // spu,
-                peak_bytes=peak, by_step=dict(enumerate(steps)), logged={})  # fmt: skip
+def _summary(geometry, runs):  # (arm, rep, steps, peak) each
+    spu = gpu.GEOMETRIES[geometry][0] // gpu.GEOMETRIES[geometry][1]
+    runs = [dict(model="random", arm=arm, geometry=geometry, rep=rep, steps_per_unit=spu, units=len(steps) // spu,
+                 peak_bytes=peak, by_step=dict(enumerate(steps)), logged={})
+            for arm, rep, steps, peak in runs]  # fmt: skip
+    return gpu.summarize({"settings": {"warmup_units": 1, "completions": 4}, "runs": runs})[f"random {geometry}"]
 
 
 def test_summarize_pairs_the_units_of_one_repetition_drops_the_warm_up_and_sums_a_rollout_batch():
@@ -51,10 +55,9 @@ def test_summarize_pairs_the_units_of_one_repetition_drops_the_warm_up_and_sums_
     stapo = dict(grpo, step_seconds=2.2, mask_seconds=0.11, records_seconds=0.01)  # 1.2 s train-side
     slow_grpo = dict(grpo, step_seconds=4.0, generate_seconds=3.0)  # repetition 1 ran slower: its own pairs
     stapo_slow = dict(stapo, step_seconds=4.4, generate_seconds=3.0)
-    runs = [_run(arm, "spg=GA=1", rep, [warm, *steps], peak) for arm, rep, steps, peak in [
-        ("GRPO", 0, [grpo, grpo], 1000), ("STAPO", 0, [stapo, stapo], 1100), ("GRPO", 1, [slow_grpo], 1000),
-        ("STAPO", 1, [stapo_slow], 1200)]]  # fmt: skip
-    summary = gpu.summarize({"settings": {"warmup_units": 1, "completions": 4}, "runs": runs})["random spg=GA=1"]
+    runs = [("GRPO", 0, [warm, grpo, grpo], 1000), ("STAPO", 0, [warm, stapo, stapo], 1100),
+            ("GRPO", 1, [warm, slow_grpo], 1000), ("STAPO", 1, [warm, stapo_slow], 1200)]  # fmt: skip
+    summary = _summary("spg=GA=1", runs)
     ratios = summary["ratios"]["STAPO/GRPO"]
     assert ratios["step"] == pytest.approx([1.1, 1.1, 4.4 / 4.0])
     assert ratios["train_side"] == pytest.approx([1.2, 1.2, 1.4])
@@ -68,17 +71,13 @@ def test_summarize_pairs_the_units_of_one_repetition_drops_the_warm_up_and_sums_
     # The paper's geometry: the steps of a rollout batch summed into one unit.
     first = {"step_seconds": 3.0, "generate_seconds": 2.0, "nograd_forwards": 4, "nograd_rows": 16, "grad_rows": 4}
     later = {"step_seconds": 1.0, "grad_rows": 4}
-    runs = [_run(arm, "spg=4xGA", 0, [first, later, later, later] * 2, 10) for arm in ("GRPO", "off")]
-    arm = gpu.summarize({"settings": {"warmup_units": 1, "completions": 4}, "runs": runs})["random spg=4xGA"][
-        "per_arm"
-    ]["off"]
+    arm = _summary("spg=4xGA", [(arm, 0, [first, later, later, later] * 2, 10) for arm in ("GRPO", "off")])
+    arm = arm["per_arm"]["off"]
     assert arm["step_seconds"] == pytest.approx(6.0 / 4) and arm["train_side_seconds"] == pytest.approx(4.0 / 4)
     assert arm["nograd_forwards"] == 1 and arm["nograd_passes"] == 1 and arm["grad_passes"] == 1
 
 
 def test_reset_model_restores_the_weights_and_the_class_forward():
-    from trl.trainer.utils import add_fused_lm_head
-
     shape = dict(gpu.CPU_SMOKE_SHAPE, num_hidden_layers=1)
     model = gpu.build_model(shape, gpu.build_tokenizer(), torch.float32, "cpu")
     saved = [p.detach().clone() for p in model.parameters()]
@@ -121,3 +120,38 @@ def test_the_cpu_smoke_run_measures_every_arm_and_writes_its_report(tmp_path):
     assert json.loads((tmp_path / "gpu.json").read_text())["complete"]
     page = gpu.write_report(str(tmp_path / "gpu.json"), str(tmp_path / "page.md"))
     assert "| trained-like GA=spg=4 | STAPO/off |" in page.read_text() and (tmp_path / "page.json").exists()
+
+
+SCRIPT = """
+import json, sys, tempfile, torch
+from transformers import TrainerCallback
+sys.path.insert(0, "benchmarks")
+from harness import PLAIN_GRPO_RECIPE, STAPO_RECIPE, build_trainer
+seen = {"default": torch.get_num_threads()}
+for arm, recipe in (("GRPOTrainer", PLAIN_GRPO_RECIPE), ("STAPOTrainer", STAPO_RECIPE)):
+    trainer, _ = build_trainer(recipe, ["--max_steps", "1", *sys.argv[1:]], workdir=tempfile.mkdtemp())
+    package = type(trainer).__module__.split(".")[0]
+    record = lambda *a, arm=arm, package=package, **k: seen.__setitem__(arm, (package, torch.get_num_threads()))
+    trainer.add_callback(type("Threads", (TrainerCallback,), {"on_step_end": record}))
+    trainer.train()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.slow  # a fresh process per case (this one pins one thread): ~20 s each on 2 cores
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="torch's default is already one thread on one core")
+@pytest.mark.parametrize(  # the recipes' torch_num_threads: 1; a recipe override; the caller's environment, which wins
+    "environ, overrides, expected",
+    [({}, [], 1), ({}, ["--torch_num_threads", "2"], 2), ({"OMP_NUM_THREADS": "2"}, [], 2)],
+)
+def test_plain_grpo_and_stapo_arms_train_on_the_same_thread_count(tiny_math_model_path, tmp_path, environ, overrides,
+                                                                  expected):  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env |= environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    env["STAPO_TRL_CACHE"] = str(builtin_cache_root(tiny_math_model_path))
+    command = [sys.executable, "-c", SCRIPT, *overrides]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["default"] == len(os.sched_getaffinity(0))  # nothing set before the harness
+    assert seen["GRPOTrainer"] == ["trl", expected] and seen["STAPOTrainer"] == ["stapo_trl", expected]

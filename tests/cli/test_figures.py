@@ -1,24 +1,16 @@
 """The figures: every figure of a real short run, values drawn from hand-written rows, readable token labels."""
 
+import json
 import warnings
+from pathlib import Path
 
 import pytest
-from datasets import Dataset
 from matplotlib.ticker import MaxNLocator
-from testing_utils import text_reward, tiny_stapo_config, write_jsonl
+from testing_utils import PROMPTS, text_reward, tiny_stapo_config, write_jsonl
 from transformers import AutoTokenizer
 
 from stapo_trl import STAPOTrainer
-from stapo_trl.cli.figures import (
-    RATIO_CURVES,
-    load_run,
-    load_token_bytes,
-    plot_diagnostics,
-    plot_entropy_quantiles,
-    plot_top_tokens,
-    plot_training_curves,
-    seed_values,
-)
+from stapo_trl.cli import figures
 from stapo_trl.diagnostics.token_records import readable_token, tokenizer_token_bytes
 from stapo_trl.run_folder.logs import read_metrics, read_token_records
 
@@ -34,60 +26,34 @@ def test_a_real_run_writes_the_files_every_figure_is_drawn_from(tiny_random_mode
     )  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(16)])
-        trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=prompts)
+        trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=PROMPTS)
     trainer.train()  # writes metrics.jsonl and spurious_tokens.jsonl (s2t_write_run_files, the default)
-    run_dir = tmp_path / "run"
-    rows = [row for row in read_metrics(str(run_dir)) if "loss" in row]
-    assert [row["step"] for row in rows] == [1, 2]
-    records = read_token_records(run_dir)
-    assert {r["step"] for r in records} == {1, 2} and any(r["kind"] == "silenced" for r in records)
-
-    figures = plot_diagnostics([run_dir], tmp_path / "figures")
-    assert {path.name for path in figures} == FIGURES
-    assert all(path.read_bytes()[:8] == PNG and path.stat().st_size > 1000 for path in figures)
+    run = tmp_path / "run"
+    rows, records = [row for row in read_metrics(str(run)) if "loss" in row], read_token_records(run)
+    assert [row["step"] for row in rows] == [1, 2] and {r["step"] for r in records} == {1, 2}
+    assert any(r["kind"] == "silenced" for r in records)
+    written = figures.plot_diagnostics([run], tmp_path / "figures")
+    assert {path.name for path in written} == FIGURES
+    assert all(path.read_bytes()[:8] == PNG and path.stat().st_size > 1000 for path in written)
     # The quantile curves are the rows' values: p50 solid, p80 dashed (one seed: no averaging); two runs overlay.
-    fig = plot_entropy_quantiles({"run": load_run(str(run_dir))})
-    p50, p80 = fig.axes[0].lines
+    seeds = figures.load_run(str(run))
+    p50, p80 = figures.plot_entropy_quantiles({"run": seeds}).axes[0].lines
     assert list(p50.get_xdata()) == [1, 2] and list(p50.get_ydata()) == [row["s2t/entropy_p50"] for row in rows]
     assert list(p80.get_ydata()) == [row["s2t/entropy_p80"] for row in rows] and p80.get_linestyle() == "--"
-    assert len(plot_entropy_quantiles({"a": load_run(str(run_dir)), "b": load_run(str(run_dir))}).axes[0].lines) == 4
+    assert len(figures.plot_entropy_quantiles({"a": seeds, "b": seeds}).axes[0].lines) == 4
 
 
-def test_without_token_records_only_the_metric_figures_are_drawn(tmp_path):
-    rows = [
-        {"step": s, "s2t/silenced_ratio": r, "s2t/candidate_ratio": 2 * r, "s2t/entropy_p10": 0.1,
-         "s2t/entropy_p50": 0.5, "s2t/entropy_p80": 0.8, "s2t/entropy_p95": 0.95}
-        for s, r in [(1, 0.0), (2, 0.01)]
-    ]  # fmt: skip
-    (tmp_path / "run").mkdir()
-    write_jsonl(tmp_path / "run" / "metrics.jsonl", rows)
-    figures = plot_diagnostics([tmp_path / "run"], tmp_path / "figures")
-    assert {path.name for path in figures} == {"s2t_entropy_quantiles.png", "s2t_ratios.png"}
-    # The silenced ratio is 0 at step 1: a log axis cannot show it, the legend counts it.
-    (ratio,) = plot_training_curves({"run": [rows]}, curves=RATIO_CURVES[:1]).axes[0].lines
-    assert list(ratio.get_xdata()) == [2] and list(ratio.get_ydata()) == [0.01]
-    assert ratio.get_label() == "run, 0 at 1/2 logged steps"
+def _row(step, reward, entropy, silenced, candidates, loss_tokens):
+    counts = {"silenced": silenced, "candidates": candidates, "loss_tokens": loss_tokens}
+    return {"step": step, "reward": reward, "entropy": entropy, "s2t/silenced_ratio": silenced / loss_tokens,
+            "s2t/candidate_ratio": candidates / loss_tokens, **{f"s2t/num_{k}": v for k, v in counts.items()},
+            **{f"s2t/entropy_p{q}": q / 100 for q in (10, 50, 80, 95)}}  # fmt: skip
 
 
-# Two seeds, two logging steps. Step 4: seed 0 silences 1 of 100 loss tokens (ratio 0.01), seed 1 none of 900 (0):
-# pooled 1 / 1000 = 0.001, where the mean of the two ratios is 0.005. Step 8: 0 of 100 and 3 of 300 (0.01): pooled
-# 3 / 400 = 0.0075 (mean 0.005). Candidates: step 4, 2 + 0 of 1000 = 0.002 (mean 0.01); step 8, 0 + 6 of 400 = 0.015
-# (mean 0.01).
-SEED_ROWS = [
-    [
-        {"step": 4, "reward": 0.5, "entropy": 0.3, "s2t/silenced_ratio": 0.01, "s2t/num_silenced": 1,
-         "s2t/candidate_ratio": 0.02, "s2t/num_candidates": 2, "s2t/num_loss_tokens": 100},
-        {"step": 8, "reward": 0.6, "entropy": 0.2, "s2t/silenced_ratio": 0.0, "s2t/num_silenced": 0,
-         "s2t/candidate_ratio": 0.0, "s2t/num_candidates": 0, "s2t/num_loss_tokens": 100},
-    ],
-    [
-        {"step": 4, "reward": 0.4, "entropy": 0.4, "s2t/silenced_ratio": 0.0, "s2t/num_silenced": 0,
-         "s2t/candidate_ratio": 0.0, "s2t/num_candidates": 0, "s2t/num_loss_tokens": 900},
-        {"step": 8, "reward": 0.7, "entropy": 0.1, "s2t/silenced_ratio": 0.01, "s2t/num_silenced": 3,
-         "s2t/candidate_ratio": 0.02, "s2t/num_candidates": 6, "s2t/num_loss_tokens": 300},
-    ],
-]  # fmt: skip
+# Two seeds. Step 4: seed 0 silences 1 of 100 loss tokens, seed 1 none of 900: pooled 1 / 1000 = 0.001 (the mean of
+# the ratios: 0.005); step 8: 0 of 100 and 3 of 300: 3 / 400 = 0.0075. Candidates: 2 / 1000 = 0.002, 6 / 400 = 0.015.
+SEED_ROWS = [[_row(4, 0.5, 0.3, 1, 2, 100), _row(8, 0.6, 0.2, 0, 0, 100)],
+             [_row(4, 0.4, 0.4, 0, 0, 900), _row(8, 0.7, 0.1, 3, 6, 300)]]  # fmt: skip
 
 
 def _points(fig, title_start: str):
@@ -96,94 +62,82 @@ def _points(fig, title_start: str):
 
 
 def test_a_folder_of_seeds_is_drawn_as_the_mean_and_pooled_ratios(tmp_path):
-    """`stapo-plot ARM_FOLDER` reads one metrics.jsonl per seed: reward as the mean over seeds with a min/max band,
-    the silenced and candidate ratios as Σ counts / Σ loss tokens over the seeds, not the mean of their ratios."""
+    # A metrics.jsonl per seed: reward the mean in a min/max band, ratios Σ counts / Σ loss tokens (not mean ratios)
     for seed, rows in enumerate(SEED_ROWS):
         (tmp_path / "arm" / f"seed{seed}").mkdir(parents=True)
         write_jsonl(tmp_path / "arm" / f"seed{seed}" / "metrics.jsonl", rows)
-    seeds = load_run(str(tmp_path / "arm"))
+    seeds = figures.load_run(str(tmp_path / "arm"))
     assert seeds == SEED_ROWS
-    fig = plot_training_curves({"stapo": seeds})
+    written = figures.plot_diagnostics([tmp_path / "arm"], tmp_path / "figures")  # no token records: 2 figures
+    assert {path.name for path in written} == {"s2t_entropy_quantiles.png", "s2t_ratios.png"}
+    fig = figures.plot_training_curves({"stapo": seeds})
     assert _points(fig, "S2T silenced-token ratio") == [
         ([4, 8], [pytest.approx(0.001), pytest.approx(0.0075)], "stapo (2 seeds, pooled), 0 at 0/2 logged steps")
     ]
     # Reward: (0.5 + 0.4) / 2 and (0.6 + 0.7) / 2 (a window of 1 step at this length), the band from 0.4 to 0.7.
-    ((steps, reward, label),) = _points(fig, "reward")
-    assert steps == [4, 8] and reward == [pytest.approx(0.45), pytest.approx(0.65)] and label == "stapo (2 seeds)"
+    assert _points(fig, "reward") == [([4, 8], [pytest.approx(0.45), pytest.approx(0.65)], "stapo (2 seeds)")]
     band = next(ax for ax in fig.axes if ax.get_title().startswith("reward")).collections[0].get_paths()[0].vertices
     assert band[:, 1].min() == pytest.approx(0.4) and band[:, 1].max() == pytest.approx(0.7)
-    fig = plot_training_curves({"stapo": seeds}, curves=RATIO_CURVES)
+    fig = figures.plot_training_curves({"stapo": seeds}, curves=figures.RATIO_CURVES)
     assert _points(fig, "S2T candidate ratio")[0][1] == [pytest.approx(0.002), pytest.approx(0.015)]
+    # One seed, silenced ratio 0 at step 8: a log axis cannot show it, the legend counts it.
+    fig = figures.plot_training_curves({"run": seeds[:1]}, curves=figures.RATIO_CURVES[:1])
+    assert _points(fig, "S2T") == [([4], [0.01], "run, 0 at 1/2 logged steps")]
 
 
 def test_pooled_ratio_skips_steps_without_counts_and_zero_denominators():
-    seeds = [
-        [{"step": 1, "s2t/num_silenced": 0, "s2t/num_loss_tokens": 0}, {"step": 2, "s2t/num_silenced": 2,
-         "s2t/num_loss_tokens": 10}, {"step": 3, "s2t/num_silenced": 1, "s2t/num_loss_tokens": 10}],
-        [{"step": 1, "s2t/num_silenced": 0, "s2t/num_loss_tokens": 0}, {"step": 2, "s2t/num_silenced": 0,
-         "s2t/num_loss_tokens": 30}],
-    ]  # fmt: skip
+    counts = [[(1, 0, 0), (2, 2, 10), (3, 1, 10)], [(1, 0, 0), (2, 0, 30)]]  # (step, silenced, loss tokens)
+    seeds = [[{"step": t, "s2t/num_silenced": n, "s2t/num_loss_tokens": d} for t, n, d in rows] for rows in counts]
     # Step 1: no loss token in either seed (undefined, left out); step 2: 2 / 40; step 3: seed 1 did not log it.
-    steps, values, note = seed_values(seeds, "s2t/silenced_ratio")
+    steps, values, note = figures.seed_values(seeds, "s2t/silenced_ratio")
     assert steps == [2] and values.tolist() == [[pytest.approx(0.05)]] and note == " (2 seeds, pooled)"
     # A seed without the counts (a file from before they were logged): the mean of the ratios, NaN and null left out.
     seeds = [[{"step": 2, "s2t/silenced_ratio": 0.3}], [{"step": 2, "s2t/silenced_ratio": 0.1}, {"step": 3}]]
     seeds[0].append({"step": 3, "s2t/silenced_ratio": float("nan")})
-    steps, values, note = seed_values(seeds, "s2t/silenced_ratio")
+    steps, values, note = figures.seed_values(seeds, "s2t/silenced_ratio")
     assert steps == [2] and values.mean(axis=0).tolist() == [pytest.approx(0.2)] and note == " (2 seeds)"
 
 
 def test_token_bytes_and_readable_labels_of_hand_made_vocabularies():
-    byte_level = {
-        "model": {"vocab": {"Ġcarry": 0, "Ċ": 1, "â": 2, "Ė": 3, "<0x0A>": 4}},
-        "decoder": {"type": "ByteLevel"},
-    }
+    vocab = {"Ġcarry": 0, "Ċ": 1, "â": 2, "Ė": 3, "<0x0A>": 4}
+    byte_level = {"model": {"vocab": vocab}, "decoder": {"type": "ByteLevel"}}
     assert tokenizer_token_bytes(byte_level) == {0: b" carry", 1: b"\n", 2: b"\xe2", 3: b"\x16", 4: b"\n"}
     # SentencePiece (Unigram, no ByteLevel): only the byte-fallback pieces have bytes.
     unigram = {"model": {"vocab": [["▁the", -1.0], ["<0xA1>", -2.0], ["Ġx", -3.0]]}, "added_tokens": []}
     assert tokenizer_token_bytes(unigram) == {1: b"\xa1"}
     # Labels: fragments by their bytes, control characters escaped or by code, spaces visible, `$` safe.
-    assert readable_token("\ufffd", b"\xe2", 161) == "byte 0xE2"
-    assert readable_token("\ufffd", b"\xe2\x9f", 7) == "bytes 0xE2 0x9F"
-    assert readable_token("⟦", "⟦".encode()) == "⟦"
-    assert readable_token("\n", b"\n") == "\\n" and readable_token("\t") == "\\t"
-    assert readable_token("\x16", b"\x16") == "<0x16>" and readable_token("\u200b") == "<U+200B>"
-    assert readable_token(" carry", b" carry") == "␣carry"
-    assert readable_token("\ufffd", None, 161) == "� id 161"
-    assert readable_token("$x$") == r"\$x\$" and readable_token("") == "''"
+    labels = {("\ufffd", b"\xe2", 161): "byte 0xE2", ("\ufffd", b"\xe2\x9f", 7): "bytes 0xE2 0x9F",
+              ("⟦", "⟦".encode()): "⟦", ("\n", b"\n"): "\\n", ("\t",): "\\t", ("\x16", b"\x16"): "<0x16>",
+              ("\u200b",): "<U+200B>", (" carry", b" carry"): "␣carry", ("\ufffd", None, 161): "� id 161",
+              ("$x$",): r"\$x\$", ("",): "''"}  # fmt: skip
+    assert {args: readable_token(*args) for args in labels} == labels
 
 
 def test_top_tokens_figure_has_readable_labels_and_integer_count_ticks(tiny_random_model_path, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     ids = tokenizer.convert_tokens_to_ids(["â", "Ċ", "Ġcarry", "Ė", "Ý"])  # real byte-level BPE entries
     assert tokenizer.unk_token_id not in ids
-
-    def record(kind: str, token_id: int) -> dict:
-        return {"kind": kind, "token_id": token_id, "token": tokenizer.decode([token_id]), "step": 4}
-
     counts = {"silenced": [(ids[0], 3), (ids[1], 2), (ids[2], 1)], "kept_candidate": [(ids[3], 2), (ids[4], 1)]}
-    records = [record(kind, token_id) for kind, pairs in counts.items() for token_id, n in pairs for _ in range(n)]
+    records = [{"kind": kind, "token_id": i, "token": tokenizer.decode([i]), "step": 4}
+               for kind, pairs in counts.items() for i, n in pairs for _ in range(n)]  # fmt: skip
     assert "\ufffd" in records[0]["token"]  # the tokenizer itself decodes a lone lead byte to the replacement char
-    fig = plot_top_tokens({"run": records}, token_bytes={"run": load_token_bytes(tiny_random_model_path)})
+    vocabulary = json.loads((Path(tiny_random_model_path) / "tokenizer.json").read_text())
+    fig = figures.plot_top_tokens({"run": records}, token_bytes={"run": tokenizer_token_bytes(vocabulary)})
     silenced_ax, kept_ax = fig.axes[:2]
     assert [t.get_text() for t in silenced_ax.get_yticklabels()] == ["byte 0xE2", "\\n", "␣carry"]
     assert [t.get_text() for t in kept_ax.get_yticklabels()] == ["<0x16>", "byte 0xDD"]
     assert [bar.get_width() for bar in silenced_ax.patches] == [3, 2, 1]
     fig.draw_without_rendering()
     for ax in (silenced_ax, kept_ax):
-        locator = ax.xaxis.get_major_locator()
-        assert isinstance(locator, MaxNLocator) and locator._integer
-        low, high = ax.get_xlim()
-        ticks = [t for t in ax.get_xticks() if low <= t <= high]
+        assert isinstance(ax.xaxis.get_major_locator(), MaxNLocator) and ax.xaxis.get_major_locator()._integer
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
         assert ticks and all(float(t).is_integer() for t in ticks), ticks
     assert silenced_ax.get_xlabel() == "silenced occurrences over the run"
     assert any("byte 0xE2 = a byte-level BPE fragment" in text.get_text() for text in fig.texts)  # the label key
     assert silenced_ax.get_title() == "run: most frequent silenced tokens"  # all 3 shown: no "of N"
     # k smaller than the distinct tokens: the title says how many of how many are shown.
-    fig = plot_top_tokens({"run": records}, k=2)
-    assert fig.axes[0].get_title() == "run: most frequent silenced tokens (2 of 3 distinct)"
-    assert fig.axes[1].get_title() == "run: most frequent kept candidates"
+    titles = [ax.get_title() for ax in figures.plot_top_tokens({"run": records}, k=2).axes]
+    assert titles == ["run: most frequent silenced tokens (2 of 3 distinct)", "run: most frequent kept candidates"]
     # Without a tokenizer, fragments stay apart by id.
-    assert plot_top_tokens({"run": records}).axes[0].get_yticklabels()[0].get_text() == f"� id {ids[0]}"
-    out = plot_top_tokens({"run": records}, tmp_path / "top.png")
-    assert out.read_bytes()[:8] == PNG
+    assert figures.plot_top_tokens({"run": records}).axes[0].get_yticklabels()[0].get_text() == f"� id {ids[0]}"
+    assert figures.plot_top_tokens({"run": records}, tmp_path / "top.png").read_bytes()[:8] == PNG

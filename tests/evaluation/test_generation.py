@@ -2,44 +2,38 @@
 
 import json
 import math
+import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from stapo_trl.evaluation.generation import GeneratedSample, VLLMGenerator, build_prompt_text, hf_generate
+from stapo_trl.evaluation import generation
+from stapo_trl.evaluation.generation import GeneratedSample, HFGenerator, VLLMGenerator, build_prompt_text, hf_generate
 
 
 def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_path):
     # as in vLLM, whatever the seed: a hand-written argmax loop gives the same tokens
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_random_model_path, dtype=torch.float32)
     prompts, expected = [build_prompt_text(tokenizer, p) for p in ["12+34", "7+8"]], []
     for text in prompts:
-        ids, new = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"], []  # (1, P)
+        ids, new = tokenizer(text, add_special_tokens=False)["input_ids"], []
         while len(new) < 6 and tokenizer.eos_token_id not in new:
             with torch.no_grad():
-                new.append(
-                    int(model(torch.cat([ids, torch.tensor([new], dtype=torch.long)], 1)).logits[0, -1].argmax())
-                )
+                new.append(int(model(torch.tensor([ids + new])).logits[0, -1].argmax()))
         expected.append(tokenizer.decode(new, skip_special_tokens=True))
     for seed in (0, 1):
-        samples = hf_generate(
-            model, tokenizer, prompts, n=2, temperature=0, top_p=1, max_new_tokens=6, seeds=[seed] * 2
-        )
-        assert [[s.text for s in row] for row in samples] == [[e, e] for e in expected]
+        out = hf_generate(model, tokenizer, prompts, n=2, temperature=0, top_p=1, max_new_tokens=6, seeds=[seed] * 2)
+        assert [[s.text for s in row] for row in out] == [[e, e] for e in expected]
 
 
 def test_each_row_samples_the_warped_distribution_from_its_own_seed():
     # row r's token: inverse CDF of draw t of the stream seeded seeds[r], over the top-p 0.5 set {0.3, 0.4}
-    import torch
-
-    from stapo_trl.evaluation.generation import _seeded_sampler
-
     logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().expand(4000, 4)  # (B, V)
     steps = []
-    sample = _seeded_sampler(1.0, 0.5, list(range(4000)), steps)
+    sample = generation._seeded_sampler(1.0, 0.5, list(range(4000)), steps)
     tokens = [sample(None, logits).argmax(-1) for _ in range(2)]
     for step, drawn in enumerate(tokens):
         for r in (0, 1, 2, 3999):
@@ -54,8 +48,6 @@ def test_each_row_samples_the_warped_distribution_from_its_own_seed():
 
 
 def test_a_samples_tokens_do_not_depend_on_the_batch_or_the_other_prompts(tiny_math_model_path):
-    from stapo_trl.evaluation.generation import HFGenerator
-
     generator = HFGenerator(tiny_math_model_path, dtype="float32", device="cpu")
     texts = [build_prompt_text(generator.tokenizer, f"{a}+{a + 11}") for a in range(10, 16)]  # 6 prompts
     sampling, runs, stats = {"n": 3, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 16}, [], {}
@@ -73,51 +65,40 @@ def test_a_samples_tokens_do_not_depend_on_the_batch_or_the_other_prompts(tiny_m
 
 def test_vllm_generator_with_a_fake_vllm(monkeypatch):
     # a stand-in `vllm`: one SamplingParams per prompt, token-id prompts without special tokens, outputs mapped
-    import sys
-    import types
-
-    calls = {"seeds": [], "add_special_tokens": []}
-
-    def sampling_params(**kwargs):
-        calls["sampling"] = kwargs
-        calls["seeds"].append(kwargs["seed"])
-        return types.SimpleNamespace(n=kwargs["n"])
+    calls = {"add_special_tokens": []}
+    out = SimpleNamespace(text=r"\boxed{3}", token_ids=[1, 2, 3], finish_reason="stop")
+    cut = SimpleNamespace(text=r"\boxed{", token_ids=[1] * 8, finish_reason="length")
 
     def tokenizer(text, add_special_tokens=True):
-        calls["add_special_tokens"].append(add_special_tokens)
-        return {"input_ids": [ord(c) for c in text]}
+        return calls["add_special_tokens"].append(add_special_tokens) or {"input_ids": [ord(c) for c in text]}
 
     def generate(prompts, params):
-        calls["prompts"], n = prompts, params[0].n
-        assert len(params) == len(prompts)
-        out = types.SimpleNamespace(text=r"\boxed{3}", token_ids=[1, 2, 3], finish_reason="stop")
-        cut = types.SimpleNamespace(text=r"\boxed{", token_ids=[1] * 8, finish_reason="length")
-        return [types.SimpleNamespace(outputs=[out] * (n - 1) + [cut]) for _ in prompts]
+        calls["prompts"] = prompts
+        return [SimpleNamespace(outputs=[out] * (p.n - 1) + [cut]) for p in params]
 
-    def llm(**kwargs):
-        calls["llm"] = kwargs
-        return types.SimpleNamespace(get_tokenizer=lambda: tokenizer, generate=generate)
+    def record(key, result):  # a vllm callable keeping its keyword arguments
+        return lambda **kwargs: calls.setdefault(key, []).append(kwargs) or result(kwargs)
 
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=llm, SamplingParams=sampling_params))
-    gpu_platform = types.SimpleNamespace(current_platform=types.SimpleNamespace(is_cpu=lambda: False))
-    monkeypatch.setitem(sys.modules, "vllm.platforms", gpu_platform)
+    llm = record("llm", lambda _: SimpleNamespace(get_tokenizer=lambda: tokenizer, generate=generate))
+    params = record("params", lambda kwargs: SimpleNamespace(n=kwargs["n"]))
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(LLM=llm, SamplingParams=params))
+    monkeypatch.setitem(sys.modules, "vllm.platforms", SimpleNamespace(current_platform=SimpleNamespace(is_cpu=bool)))
     generator = VLLMGenerator("some/model", seed=3, tensor_parallel_size=2)
     samples = generator.generate(["ab", "c"], n=4, temperature=0.7, top_p=0.9, max_new_tokens=20480, seeds=[5, 9])
-    assert calls["sampling"] == {"n": 4, "temperature": 0.7, "top_p": 0.9, "max_tokens": 20480, "seed": 9}
-    assert calls["seeds"] == [5, 9]  # vLLM seeds sample j of a request with seed + j
-    assert calls["llm"]["model"] == "some/model" and calls["llm"]["tensor_parallel_size"] == 2
-    assert calls["llm"]["gpu_memory_utilization"] == 0.9 and "enforce_eager" not in calls["llm"]  # GPU defaults
+    sampling = {"n": 4, "temperature": 0.7, "top_p": 0.9, "max_tokens": 20480}
+    assert calls["params"] == [sampling | {"seed": 5}, sampling | {"seed": 9}]  # vLLM seeds sample j with seed + j
+    ((llm,),) = [calls["llm"]]
+    assert llm["model"] == "some/model" and llm["tensor_parallel_size"] == 2
+    assert llm["gpu_memory_utilization"] == 0.9 and "enforce_eager" not in llm  # GPU defaults
     assert calls["prompts"] == [{"prompt_token_ids": [97, 98]}, {"prompt_token_ids": [99]}]
     assert calls["add_special_tokens"] == [False, False] and [len(s) for s in samples] == [4, 4]
     assert samples[0][0] == GeneratedSample(r"\boxed{3}", 3, True) and samples[0][-1].finished is False
 
 
 def test_vllm_max_lora_rank_is_the_smallest_supported_rank_holding_the_adapter(tmp_path):
-    from stapo_trl.evaluation.generation import vllm_max_lora_rank
-
     for config, rank in [({"r": 8}, 8), ({"r": 12}, 16), ({"r": 8, "rank_pattern": {"q": 40}}, 64)]:
         (tmp_path / "adapter_config.json").write_text(json.dumps(config))
-        assert vllm_max_lora_rank(str(tmp_path)) == rank
+        assert generation.vllm_max_lora_rank(str(tmp_path)) == rank
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 1024}))
     with pytest.raises(ValueError, match="LoRA rank 1024 is above vLLM's largest max_lora_rank 512"):
-        vllm_max_lora_rank(str(tmp_path))
+        generation.vllm_max_lora_rank(str(tmp_path))
