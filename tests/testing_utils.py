@@ -57,7 +57,7 @@ def hand_s2t_batch():
 def hand_diagnostics_batch(prob_threshold=0.01):
     """Two completions, q = 0.5. Row 0 ("1+2=3", A = +1, 5 loss tokens): p = [0.5, 0.001, 0.002, 0.9, 0.005], H = [0.1,
     0.2, 0.9, 0.3, 0.5]: at tau_p = 0.01 the candidates are 1, 2, 4, tau_h = 0.5, position 1 ("+") silenced. Row 1
-    (A = -1, 3 loss tokens + padding): never a candidate. Returns (s2t result, logps, H, advantages, loss mask, ids)."""
+    (A = -1, 3 loss tokens + padding): never a candidate. Returns (s2t result, logps, H, advantages, mask, ids)."""
     from stapo_trl.core.s2t import s2t_mask
 
     logps = torch.log(torch.tensor([[0.5, 0.001, 0.002, 0.9, 0.005], [0.2, 0.0005, 0.3, 1e-9, 1e-9]]))
@@ -225,7 +225,7 @@ def readme_code_blocks(language: str, doc: Path = README) -> list[str]:
 
 
 def builtin_cache_root(model_path: str) -> Path:
-    """The `STAPO_TRL_CACHE` under which `builtin:tiny-math` resolves to `model_path` (a subprocess skips the build)."""
+    """The `STAPO_TRL_CACHE` under which `builtin:tiny-math` resolves to `model_path` (no rebuild in a subprocess)."""
     from stapo_trl.models import builtin_model_dir
 
     root = Path(model_path).parent

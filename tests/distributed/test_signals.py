@@ -1,6 +1,5 @@
-"""Stop signals across a two-process launch (torch's launcher forwards PET_SIGNALS_TO_HANDLE to its workers; Slurm
-signals every process; Ctrl-C the launcher's group), and the Slurm script's per-node launch line; the held reward holds
-a step while signalled."""
+"""Stop signals across a two-process launch (the launcher forwards PET_SIGNALS_TO_HANDLE; Slurm signals every process;
+Ctrl-C the launcher's group), and the Slurm script's per-node launch line."""
 
 from __future__ import annotations
 
@@ -45,20 +44,17 @@ def _train_args(model_path: str, out: Path, max_steps: int = 5000) -> list[str]:
 
 
 def _start_two_ranks(tmp_path: Path, model_path: str, launch: list[str] | None = None, max_steps=5000, **env: str):
-    """The demo on 2 CPU processes (`launch`, default `accelerate launch`) scored by the held reward, in its own
-    session: (launcher, output_dir, HOLD)."""
+    """The demo on 2 CPU ranks (`launch`, default accelerate) scored by the held reward: (launcher, out, HOLD)."""
     out, hold = tmp_path / "run", write_held_reward(tmp_path)
     launch = launch or [*accelerate_launch(free_port()), "-m", "stapo_trl.cli.train"]
-    train_args = _train_args(model_path, out, max_steps)
     env = subprocess_env(PYTHONPATH=str(REPO), TORCH_ELASTIC_SHUTDOWN_TIMEOUT="300", **env)
-    # cwd: held_reward.py is imported from the current folder
-    proc = subprocess.Popen(launch + train_args, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    command = launch + _train_args(model_path, out, max_steps)
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
     return proc, out, hold
 
 
-def _node_launch_env(machines: int, **extra: str) -> dict[str, str]:
-    # what slurm/train.slurm exports for its --node-launch line (and `accelerate` of this environment on PATH)
+def _node_launch_env(machines: int, **extra: str) -> dict[str, str]:  # what slurm/train.slurm exports for it
     return dict(
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         STAPO_ACCELERATE_CONFIG=str(CPU_2PROC), STAPO_NUM_MACHINES=str(machines), STAPO_NUM_PROCESSES="2",
@@ -139,62 +135,52 @@ def test_ctrl_c_saves_one_checkpoint_on_every_rank_and_the_same_line_resumes(tin
     assert (out / "model.safetensors").exists()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGTERM], ids=["SIGUSR1", "SIGTERM"])
-def test_the_node_launch_line_takes_a_signal_to_every_process_as_slurm_sends_it(
-    tiny_math_model_path, tmp_path, signum
-):
-    # slurm/train.slurm's --node-launch line in a held step, the signal to every process twice, as Slurm sends it:
-    # the launcher ignores it and waits; each worker saves its part of one checkpoint.
-    launch = ["bash", str(SLURM_SCRIPT), "--node-launch"]
-    proc, out, hold = _start_two_ranks(tmp_path, tiny_math_model_path, launch, **_node_launch_env(1, SLURM_PROCID="0"))
+HELD_CASES = [(signal.SIGUSR1, "node"), (signal.SIGTERM, "node"), (signal.SIGTERM, "rank 1")]
+
+
+@pytest.mark.parametrize("signum, launcher", HELD_CASES, ids=["SIGUSR1", "SIGTERM", "rank1"])
+def test_a_signal_in_a_held_step_stops_both_ranks_at_one_step(tiny_math_model_path, tmp_path, signum, launcher):
+    # node: slurm/train.slurm's --node-launch line, the signal to every process twice, as Slurm sends it: the launcher
+    # ignores it and waits; each worker saves its part of one checkpoint. rank 1: the signal to rank 1 alone (the ranks
+    # agree through the reduced signal number; rank 0 prints the message).
+    node = [["bash", str(SLURM_SCRIPT), "--node-launch"], _node_launch_env(1, SLURM_PROCID="0")]
+    launch, env = node if launcher == "node" else (None, {})
+    proc, out, hold = _start_two_ranks(tmp_path, tiny_math_model_path, launch, **env)
     try:
         read_until(proc, "step ")
         hold.touch()
         read_until(proc, "reward held", count=2)  # both ranks inside the step
-        processes = [psutil.Process(proc.pid), *_workers(proc)]
-        for _ in range(2):
-            for process in processes:
-                process.send_signal(signum)
-        read_until(proc, f"{signum.name}: saving a checkpoint at the end of this step", count=2)
+        if launcher == "node":
+            processes = [psutil.Process(proc.pid), *_workers(proc)] * 2
+        else:
+            processes = [next(w for w in _workers(proc) if w.environ().get("RANK") == "1")]
+        for process in processes:
+            process.send_signal(signum)
+        read_until(proc, f"{signum.name}: saving a checkpoint at the end of this step", count=1 + (launcher == "node"))
         hold.unlink()
     finally:
         output = _finish(proc)
     _check_one_checkpoint_on_every_rank(output, out, signum)
+    if launcher == "rank 1":
+        assert output.count("saving a checkpoint at the end of this step") == 0  # only rank 1's line, read above
+        return
     assert "got signal" not in output, output[-5000:]  # the launcher's SignalException: it did not take the signal
     # It ended as for any worker's failure, once both had exited with 128 + the signal's number.
     assert proc.returncode == 1 and output.count(f"exitcode  : {128 + signum}") == 2, output[-5000:]
-
-
-def test_a_signal_to_one_rank_stops_both_at_the_same_step(tiny_math_model_path, tmp_path):
-    # rank 1 alone: the ranks agree on the step through the reduced signal number; rank 0 prints the message
-    proc, out, hold = _start_two_ranks(tmp_path, tiny_math_model_path)
-    try:
-        read_until(proc, "step ")
-        hold.touch()
-        read_until(proc, "reward held", count=2)
-        rank1 = next(w for w in _workers(proc) if w.environ().get("RANK") == "1")
-        rank1.send_signal(signal.SIGTERM)
-        read_until(proc, "SIGTERM: saving a checkpoint at the end of this step")
-        hold.unlink()
-    finally:
-        output = _finish(proc)
-    _check_one_checkpoint_on_every_rank(output, out, signal.SIGTERM)
-    assert output.count("saving a checkpoint at the end of this step") == 0  # only rank 1's line, read above
 
 
 def test_the_slurm_scripts_node_launch_runs_two_machine_ranks(tiny_math_model_path, tmp_path):
     # slurm/train.slurm's multi-node branch: its --node-launch line twice on 127.0.0.1, machine ranks 0 and 1
     out = tmp_path / "two-machines"
     train_args = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
+    command = ["bash", str(SLURM_SCRIPT), "--node-launch", *train_args, *SMALL_TWO_RANK_DEMO]
     for attempt in range(2):  # a second port when another job took the first meanwhile
         env = subprocess_env(**_node_launch_env(2))
-        command = ["bash", str(SLURM_SCRIPT), "--node-launch", *train_args, *SMALL_TWO_RANK_DEMO]
         ranks = [subprocess.Popen(command, cwd=REPO, env={**env, "SLURM_PROCID": str(rank)}, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
                  for rank in (0, 1)]  # fmt: skip
         outputs = [_finish(rank) for rank in ranks]
-        if attempt == 0 and any(marker in outputs[0] for marker in PORT_TAKEN):
-            continue
-        break
+        if attempt or not any(marker in outputs[0] for marker in PORT_TAKEN):
+            break
     assert [rank.returncode for rank in ranks] == [0, 0], "\n".join(o[-3000:] for o in outputs)
     check_two_rank_demo_run(outputs[0], out)  # machine rank 0 holds global rank 0: the batch size and the files
