@@ -33,35 +33,24 @@ INTENDED_WITHOUT_LAUNCH_LINE = {"demo/stapo.yaml": 1, "demo/grpo.yaml": 1, "Smol
 REAL_MODEL_RECIPES = {"SmolLM2-135M/stapo.yaml": "smollm2-135m", "SmolLM2-135M/grpo.yaml": "smollm2-135m"}
 
 
-def _recipe_param(path: Path):
-    wheel = REAL_MODEL_RECIPES.get(_rel(path))
-    marks = [pytest.mark.real_model(wheel)] if wheel else []
-    return pytest.param(path, marks=marks, id=_rel(path))
-
-
-LAUNCH = REPO / "scripts" / "launch.sh"
-
-
 def _rel(path: Path) -> str:
     return str(path.relative_to(RECIPES_DIR))
 
 
-def _intended_processes(path: Path) -> int:
-    launch = read_launch_settings(str(path))
-    if "num_processes" in launch:
-        return int(launch["num_processes"])
-    assert _rel(path) in INTENDED_WITHOUT_LAUNCH_LINE, f"{path} has no `# launch: num_processes=N` line"
-    return INTENDED_WITHOUT_LAUNCH_LINE[_rel(path)]
+def _raw(recipe: str) -> dict:
+    return yaml.safe_load((RECIPES_DIR / recipe).read_text())
 
 
-def _raw(path: Path) -> dict:
-    return yaml.safe_load(path.read_text())
-
-
-@pytest.mark.parametrize("recipe", [_recipe_param(p) for p in RECIPES])
+@pytest.mark.parametrize("recipe", [
+    pytest.param(p, id=_rel(p), marks=[pytest.mark.real_model(w) for w in [REAL_MODEL_RECIPES.get(_rel(p))] if w])
+    for p in RECIPES
+])  # fmt: skip
 def test_recipe_passes_its_dry_run(recipe):
+    launch = read_launch_settings(str(recipe))
+    assert "num_processes" in launch or _rel(recipe) in INTENDED_WITHOUT_LAUNCH_LINE, f"{recipe}: no `# launch:` line"
+    processes = int(launch.get("num_processes", INTENDED_WITHOUT_LAUNCH_LINE.get(_rel(recipe), 0)))
     fast = ["--max_train_samples", "64"] * ("demo" in recipe.parts)  # why: the whole task's 7,800 prompts take ~1.5 s
-    report = dry_run_recipe(["--config", str(recipe), *fast], _intended_processes(recipe))
+    report = dry_run_recipe(["--config", str(recipe), *fast], processes)
     assert report.ok, report.summary()
     assert report.generation_batch_size % report.num_generations == 0
 
@@ -95,11 +84,9 @@ def test_readme_batch_table_keeps_the_paper_geometry(recipe, num_processes, over
     assert row in table, f"recipes/README.md lacks the row {row!r} for {recipe}"
 
 
-def test_dry_run_warns_when_a_paper_recipe_runs_at_another_geometry():
-    # The 1.7B recipe is laid out for 4 training processes; on 8 without new batch settings it doubles the batch.
+def test_dry_run_warns_when_a_paper_recipe_runs_at_another_geometry():  # laid out for 4 processes, run on 8
     report = dry_run_recipe(["--config", str(RECIPES_DIR / "Qwen3-1.7B" / "stapo.yaml")], 8)
-    assert report.ok
-    assert any("512 prompts x 8 rollouts" in w and "128-prompt updates" in w for w in report.warnings)
+    assert report.ok and any("512 prompts x 8 rollouts" in w and "128-prompt updates" in w for w in report.warnings)
 
 
 def test_the_recipe_tree_is_complete_and_qwen3_launch_lines_match_their_arithmetic():
@@ -109,8 +96,9 @@ def test_the_recipe_tree_is_complete_and_qwen3_launch_lines_match_their_arithmet
     for model in QWEN3_MODELS:
         for method in METHODS:
             path = RECIPES_DIR / model / f"{method}.yaml"
-            launch, raw = read_launch_settings(str(path)), _raw(path)
+            launch, raw = read_launch_settings(str(path)), _raw(f"{model}/{method}.yaml")
             n = int(launch["num_processes"])
+            assert raw["activation_checkpointing"] is True and "gradient_checkpointing" not in raw
             assert launch["accelerate_config"] in ("zero2", "zero3", "ddp")
             assert (RECIPES_DIR / "accelerate_configs" / f"{launch['accelerate_config']}.yaml").is_file()
             assert raw["per_device_train_batch_size"] * n * raw["gradient_accumulation_steps"] == 512, path
@@ -121,7 +109,9 @@ def test_the_recipe_tree_is_complete_and_qwen3_launch_lines_match_their_arithmet
 
 
 def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
-    script, args, model = parse_args(["--config", str(RECIPES_DIR / "Qwen3-1.7B" / "stapo.yaml"), "--use_cpu", "true"])
+    with warnings.catch_warnings():  # activation_checkpointing, transformers 5's name: no deprecation
+        warnings.simplefilter("error", FutureWarning)
+        script, args, model = parse_args(["--config", str(RECIPES_DIR / "Qwen3-1.7B/stapo.yaml"), "--use_cpu", "true"])
     assert isinstance(args, STAPOConfig) and not model.use_peft
     assert INSTRUCTION == "Please reason step by step, and put your final answer within \\boxed{}."
     assert {k: getattr(script, k) for k in ("trainer", "dataset_name", "prompt_column", "solution_column",
@@ -153,119 +143,77 @@ def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
     assert args.steps_per_generation == 4 * args.gradient_accumulation_steps
 
 
-def test_gradient_checkpointing_uses_the_transformers_5_name_without_warning():
-    for model in QWEN3_MODELS:
-        raw = _raw(RECIPES_DIR / model / "stapo.yaml")
-        assert raw["activation_checkpointing"] is True and "gradient_checkpointing" not in raw
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FutureWarning)
-        parse_args(["--config", str(RECIPES_DIR / "Qwen3-8B" / "stapo.yaml"), "--use_cpu", "true"])
-
-
-# Keys each method may change relative to justrl.yaml (the STAPO recipe without the mask); everything else is shared.
-ALLOWED_DIFFERENCES = {
-    "stapo": {"output_dir", "run_name", "s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode"},
-    "entropy20": {"output_dir", "run_name", "top_entropy_quantile"},
-    "grpo": {"output_dir", "run_name", "loss_type", "epsilon_high"},
+S2T_KEYS = {"output_dir", "s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode"}
+PER_MODEL_KEYS = {"model_name_or_path", "output_dir", "run_name", "per_device_train_batch_size",
+                  "gradient_accumulation_steps", "steps_per_generation", "save_total_limit"}  # fmt: skip
+PEFT = {"use_peft": True, "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
+        "lora_target_modules": [f"{n}_proj" for n in ("q", "k", "v", "o", "gate", "up", "down")]}  # fmt: skip
+# (recipe, its twin, the keys they may differ in): each method against justrl.yaml (the STAPO recipe without the mask),
+# each CPU demo's like-for-like baseline, the model sizes, the LoRA demo.
+TWINS = [(f"{model}/justrl.yaml", f"{model}/{method}.yaml", {"output_dir", "run_name", *keys})
+         for model in QWEN3_MODELS
+         for method, keys in [("stapo", S2T_KEYS), ("entropy20", {"top_entropy_quantile"}),
+                              ("grpo", {"loss_type", "epsilon_high"})]]  # fmt: skip
+TWINS += [(f"{folder}/stapo.yaml", f"{folder}/grpo.yaml", S2T_KEYS) for folder in ("demo", "SmolLM2-135M")]
+TWINS += [(f"Qwen3-1.7B/{m}.yaml", f"{model}/{m}.yaml", PER_MODEL_KEYS) for m in METHODS for model in QWEN3_MODELS[1:]]
+TWINS += [("demo/stapo.yaml", "demo/stapo_lora.yaml", {"output_dir", *PEFT})]
+# What makes each arm what it is: each runs STAPOTrainer (the same per-update normalizer); baselines silence nothing.
+VALUES = {f"{model}/justrl.yaml": {"trainer": "stapo", "s2t_mode": "off"} for model in QWEN3_MODELS}
+VALUES |= {f"{model}/entropy20.yaml": {"top_entropy_quantile": 0.2} for model in QWEN3_MODELS}
+VALUES |= {
+    f"{m}/grpo.yaml": {"loss_type": "grpo", "epsilon": 0.2, "epsilon_high": 0.2, "beta": 0.0} for m in QWEN3_MODELS
 }
-# Keys the model size may change; everything else is shared across 1.7B, 8B and 14B.
-PER_MODEL_KEYS = {
-    "model_name_or_path", "output_dir", "run_name", "per_device_train_batch_size", "gradient_accumulation_steps",
-    "steps_per_generation", "save_total_limit",
+VALUES |= {f"{folder}/grpo.yaml": {"trainer": "stapo", "s2t_mode": "off"} for folder in ("demo", "SmolLM2-135M")}
+VALUES |= {f"{folder}/stapo.yaml": {"s2t_mode": "low_entropy"} for folder in ("demo", "SmolLM2-135M")}
+VALUES |= {"demo/stapo_lora.yaml": PEFT}
+
+
+def test_recipe_twins_differ_only_where_they_should():
+    for recipe, twin, allowed in TWINS:
+        raw = {path: _raw(path) for path in (recipe, twin)}
+        differing = {k for k in set(raw[recipe]) | set(raw[twin]) if raw[recipe].get(k) != raw[twin].get(k)}
+        assert "output_dir" in differing and differing <= allowed, (recipe, twin, differing - allowed)
+        for path, values in raw.items():
+            assert {key: values.get(key) for key in VALUES.get(path, {})} == VALUES.get(path, {}), path
+            if path.startswith("Qwen3"):
+                assert values["model_name_or_path"] == f"Qwen/{path.split('/')[0]}-Base", path
+
+
+Q17, EIGHT, FOUR = "recipes/Qwen3-1.7B/stapo.yaml", ["--gpus", "0,1,2,3,4,5,6,7"], ["--gpus", "0,1,2,3"]
+LAUNCH_CASES = {  # scripts/launch.sh ARGS -> (exit status, lines it printed: on stdout for 0, else on stderr)
+    "split": ([Q17, *EIGHT, "--print-only"], 0, [
+        "CUDA_VISIBLE_DEVICES=0,1,2,3 trl vllm-serve --model Qwen/Qwen3-1.7B-Base --host 127.0.0.1",
+        "--tensor_parallel_size 4", "--max_model_len 16384", "CUDA_VISIBLE_DEVICES=4,5,6,7 accelerate launch",
+        "accelerate_configs/zero2.yaml --num_processes 4", "--vllm_server_host 127.0.0.1 --vllm_server_port 8000"]),
+    "overlap": ([Q17, *FOUR, "--vllm-gpus", "0,1", "--train-gpus", "1,2", "--print-only"], 2, ["GPU 1 is in both"]),
+    "missing": ([Q17, *FOUR, "--vllm-gpus", "0", "--train-gpus", "1,7", "--print-only"], 2,
+                ["GPU 7 is not among the visible GPUs"]),
+    "too-few": (["recipes/Qwen3-8B/stapo.yaml", *EIGHT, "--print-only"], 2, ["slurm/train.slurm"]),
+    # the dry run for the split before anything starts: 7 generations per prompt do not divide the 2 x 3 x 256 = 1536-
+    # completion generation batch of 3 training processes; the note names the process count the recipe is laid out for
+    "arithmetic": ([Q17, *FOUR, "--vllm-gpus", "0", "--train-gpus", "1,2,3", "--print-only", "--", "--num_generations",
+                    "7"], 2, ["nothing was started", "laid out for 4"]),
+    "server-dies": ([Q17, *EIGHT, "--log-dir", "TMP"], 3,
+                    ["exited before answering /health", "CUDA out of memory (stub)"]),
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("model", QWEN3_MODELS)
-def test_baselines_differ_from_each_other_only_where_they_should(model):
-    # Like for like: every arm runs STAPOTrainer (the same per-update normalizer); the baselines silence nothing.
-    justrl = _raw(RECIPES_DIR / model / "justrl.yaml")
-    assert justrl["trainer"] == "stapo" and justrl["s2t_mode"] == "off"
-    for method, allowed in ALLOWED_DIFFERENCES.items():
-        other = _raw(RECIPES_DIR / model / f"{method}.yaml")
-        differing = {k for k in set(justrl) | set(other) if justrl.get(k) != other.get(k)}
-        assert differing <= allowed, (method, differing - allowed)
-    assert _raw(RECIPES_DIR / model / "entropy20.yaml")["top_entropy_quantile"] == 0.2
-    grpo = _raw(RECIPES_DIR / model / "grpo.yaml")
-    assert grpo["loss_type"] == "grpo" and grpo["epsilon"] == grpo["epsilon_high"] == 0.2 and grpo["beta"] == 0.0
-
-
-@pytest.mark.parametrize("folder", ["demo", "SmolLM2-135M"])
-def test_cpu_twins_differ_by_the_mask_alone(folder):
-    # The like-for-like baseline of each CPU demo: its stapo.yaml line for line, with s2t_mode off.
-    stapo, off = _raw(RECIPES_DIR / folder / "stapo.yaml"), _raw(RECIPES_DIR / folder / "grpo.yaml")
-    differing = {k for k in set(stapo) | set(off) if stapo.get(k) != off.get(k)}
-    assert differing <= {"output_dir", "s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode"}
-    assert off["trainer"] == "stapo" and off["s2t_mode"] == "off" and stapo["s2t_mode"] == "low_entropy"
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_model_sizes_share_everything_but_size_dependent_keys(method):
-    small = _raw(RECIPES_DIR / "Qwen3-1.7B" / f"{method}.yaml")
-    for model in QWEN3_MODELS[1:]:
-        other = _raw(RECIPES_DIR / model / f"{method}.yaml")
-        differing = {k for k in set(small) | set(other) if small.get(k) != other.get(k)}
-        assert differing <= PER_MODEL_KEYS, (model, differing - PER_MODEL_KEYS)
-        assert other["model_name_or_path"] == f"Qwen/{model}-Base"
-
-
-def test_lora_demo_is_the_demo_recipe_plus_peft():
-    demo, lora = _raw(RECIPES_DIR / "demo" / "stapo.yaml"), _raw(RECIPES_DIR / "demo" / "stapo_lora.yaml")
-    peft_keys = {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"}
-    assert set(lora) == set(demo) | peft_keys
-    assert {k for k in demo if demo[k] != lora[k]} == {"output_dir"}
-    assert lora["use_peft"] is True and lora["lora_target_modules"]
-
-
-def _launch(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    # why OMP_NUM_THREADS=1: the dry run's process only parses; threads on shared cores only contend
-    full_env = dict(os.environ, PYTHON=sys.executable, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", **(env or {}))
-    full_env.pop("CUDA_VISIBLE_DEVICES", None)
-    result = subprocess.run(
-        ["bash", str(LAUNCH), *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout
-    )
-    print(result.stdout, result.stderr)
-    return result
-
-
 @pytest.mark.slow  # bash, and the dry run in a new Python process (~6 s)
-def test_launch_splits_the_gpus_from_the_recipe():
-    result = _launch("recipes/Qwen3-1.7B/stapo.yaml", "--gpus", "0,1,2,3,4,5,6,7", "--print-only")
-    assert result.returncode == 0
-    assert "CUDA_VISIBLE_DEVICES=0,1,2,3 trl vllm-serve --model Qwen/Qwen3-1.7B-Base --host 127.0.0.1" in result.stdout
-    assert "--tensor_parallel_size 4" in result.stdout and "--max_model_len 16384" in result.stdout
-    assert "CUDA_VISIBLE_DEVICES=4,5,6,7 accelerate launch" in result.stdout
-    assert "accelerate_configs/zero2.yaml --num_processes 4" in result.stdout
-    assert "--vllm_server_host 127.0.0.1 --vllm_server_port 8000" in result.stdout
-
-
-@pytest.mark.slow  # bash, and the dry run in a new Python process (~6 s)
-def test_launch_refuses_overlapping_or_missing_gpus_and_bad_arithmetic():
-    recipe = "recipes/Qwen3-1.7B/stapo.yaml"
-    overlap = _launch(recipe, "--gpus", "0,1,2,3", "--vllm-gpus", "0,1", "--train-gpus", "1,2", "--print-only")
-    assert overlap.returncode == 2 and "GPU 1 is in both" in overlap.stderr
-    missing = _launch(recipe, "--gpus", "0,1,2,3", "--vllm-gpus", "0", "--train-gpus", "1,7", "--print-only")
-    assert missing.returncode == 2 and "GPU 7 is not among the visible GPUs" in missing.stderr
-    too_few = _launch("recipes/Qwen3-8B/stapo.yaml", "--gpus", "0,1,2,3,4,5,6,7", "--print-only")
-    assert too_few.returncode == 2 and "slurm/train.slurm" in too_few.stderr
-    # The recipe must pass its dry run for the split before anything starts: 7 generations per prompt do not divide
-    # the 2 x 3 x 256 = 1536-completion generation batch of 3 training processes.
-    bad = _launch(recipe, "--gpus", "0,1,2,3", "--vllm-gpus", "0", "--train-gpus", "1,2,3", "--print-only",
-                  "--", "--num_generations", "7")  # fmt: skip
-    assert bad.returncode == 2 and "nothing was started" in bad.stderr
-    assert "laid out for 4" in bad.stderr  # the note about the process count
-
-
-@pytest.mark.slow  # bash, and the dry run in a new Python process (~6 s)
-def test_launch_fails_clearly_when_the_server_dies(tmp_path):
-    dead = tmp_path / "dead_trl"
-    dead.write_text("#!/usr/bin/env bash\necho 'CUDA out of memory (stub)'\nexit 1\n")
-    dead.chmod(0o755)
-    result = _launch(
-        "recipes/Qwen3-1.7B/stapo.yaml", "--gpus", "0,1,2,3,4,5,6,7", "--log-dir", str(tmp_path),
-        env={"TRL_BIN": str(dead), "ACCELERATE_BIN": "false", "HEALTH_INTERVAL": "0.5"},
-    )  # fmt: skip
-    assert result.returncode == 3
-    assert "exited before answering /health" in result.stderr and "CUDA out of memory (stub)" in result.stderr
+@pytest.mark.parametrize("case", LAUNCH_CASES)
+def test_launch_splits_the_gpus_from_the_recipe_or_refuses(tmp_path, case):
+    args, status, printed = LAUNCH_CASES[case]
+    env = dict(os.environ, PYTHON=sys.executable, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if case == "server-dies":
+        dead = tmp_path / "dead_trl"
+        dead.write_text("#!/usr/bin/env bash\necho 'CUDA out of memory (stub)'\nexit 1\n")
+        dead.chmod(0o755)
+        env |= {"TRL_BIN": str(dead), "ACCELERATE_BIN": "false", "HEALTH_INTERVAL": "0.5"}
+    args = [str(tmp_path) if arg == "TMP" else arg for arg in args]
+    result = subprocess.run(["bash", str(REPO / "scripts" / "launch.sh"), *args], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == status, result.stdout + result.stderr
+    assert all(line in (result.stderr if status else result.stdout) for line in printed), result.stdout + result.stderr
 
 
 def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path):
@@ -329,12 +277,8 @@ def test_accelerate_configs_are_what_they_claim():
     expected |= {f"zero{n}_cpu_2proc": (2, "no", True, "DEEPSPEED", n) for n in (2, 3)}
     for name, (processes, precision, cpu, kind, stage) in expected.items():
         c = configs[name]
-        assert (c["num_processes"], c["mixed_precision"], c["use_cpu"], c["distributed_type"]) == (
-            processes,
-            precision,
-            cpu,
-            kind,
-        )
+        seen = (c["num_processes"], c["mixed_precision"], c["use_cpu"], c["distributed_type"])
+        assert seen == (processes, precision, cpu, kind), name
         assert c.get("deepspeed_config", {}).get("zero_stage") == stage, name
     # The CPU ZeRO-3 test config takes the GPU config's ZeRO-3 path: same stage, partitioned init, 16-bit final save.
     for key in ("zero_stage", "zero3_init_flag", "zero3_save_16bit_model", "offload_param_device"):
