@@ -29,18 +29,8 @@ def test_the_wheel_holds_every_module_and_data_file_no_test_and_the_three_comman
     for name in _tracked("stapo_trl", "setup.cfg", "pyproject.toml", "README.md", "LICENSE"):
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, source / name)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "-q",
-        "--no-deps",
-        "--no-build-isolation",
-        "-w",
-        str(out),
-        str(source),
-    ]
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+           str(source)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True)
     (path,) = out.glob("*.whl")
     wheel = zipfile.ZipFile(path)
