@@ -22,18 +22,15 @@ def test_notebook_is_committed_without_outputs_and_leaves_the_run_file_callbacks
     assert not [by_hand for by_hand in ("MetricsLogCallback", "SpuriousTokenLogger", "callbacks=") if by_hand in code]
 
 
-def _execute(tmp_path, model_path: str, **env: str) -> str:
-    """The README's `jupyter execute` on a copy with `model_path`, the small sizes and `env`: the outputs' text."""
+def _execute(tmp_path, model_path: str, **env: str) -> str:  # the README's `jupyter execute` on a copy: the outputs
     (command,) = re.findall(r"`\.venv/bin/(jupyter execute [^`]+)`", (REPO / "README.md").read_text())
     words = command.split()
     (output_name,) = [word.removeprefix("--output=") for word in words if word.startswith("--output=")]
     copy = tmp_path / words[-1]
     copy.parent.mkdir(parents=True)
     copy.write_bytes(NOTEBOOK.read_bytes())
-    env = subprocess_env(
-        STAPO_NOTEBOOK_MODEL=model_path, STAPO_NOTEBOOK_SMALL="1", STAPO_NOTEBOOK_OUTPUT=str(tmp_path / "out"),
-        MPLBACKEND="Agg", **env,
-    )  # fmt: skip
+    env = subprocess_env(STAPO_NOTEBOOK_MODEL=model_path, STAPO_NOTEBOOK_SMALL="1", MPLBACKEND="Agg",
+                         STAPO_NOTEBOOK_OUTPUT=str(tmp_path / "out"), **env)  # fmt: skip
     run_subprocess([str(Path(sys.executable).parent / words[0]), *words[1:]], timeout=1200, env=env, cwd=tmp_path)
     executed = nbformat.read(copy.parent / f"{output_name}.ipynb", as_version=4)
     outputs = [out for cell in executed.cells if cell.cell_type == "code" for out in cell.outputs]

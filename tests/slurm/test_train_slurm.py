@@ -30,8 +30,7 @@ def _run(*cmd: str, env: dict[str, str]) -> str:
     return result.stdout
 
 
-def _wait_for(condition, what: str, log: Path | None = None, timeout: float = 300):
-    """Poll `condition()` (an event: a file or a job state) until true; the timeout is a guard showing the job log."""
+def _wait_for(condition, what: str, log: Path | None = None, timeout: float = 300):  # an event; a guard, with the log
     deadline = time.monotonic() + timeout
     while not (value := condition()):
         if time.monotonic() > deadline:
@@ -51,8 +50,7 @@ def slurm(tmp_path_factory):
     key, socket_path = root / "munge.key", root / "munge.socket"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
-    host = socket.gethostname().split(".")[0]
-    conf = root / "slurm.conf"
+    host, conf = socket.gethostname().split(".")[0], root / "slurm.conf"
     settings = dict(
         ClusterName="stapotest", SlurmctldHost=host, SlurmctldPort=free_port(), SlurmdPort=free_port(),
         SlurmUser="root", SlurmdUser="root", AuthType="auth/munge", CredType="cred/munge",
@@ -64,11 +62,9 @@ def slurm(tmp_path_factory):
         PreemptType="preempt/partition_prio", PreemptMode="REQUEUE",
         NodeName=f"{host} CPUs={os.cpu_count()} RealMemory=1000 State=UNKNOWN",
     )  # fmt: skip
-    partitions = ["main Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
-                  "urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2"]  # fmt: skip
-    conf.write_text(
-        "".join(f"{k}={v}\n" for k, v in settings.items()) + "".join(f"PartitionName={p}\n" for p in partitions)
-    )
+    conf.write_text("".join(f"{k}={v}\n" for k, v in settings.items())
+                    + "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1\n"
+                    + "PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2\n")  # fmt: skip
     env = subprocess_env(SLURM_CONF=str(conf))
     pid_files = [root / "munged.pid", root / "slurmctld.pid", root / "slurmd.pid"]
     try:
@@ -80,9 +76,7 @@ def slurm(tmp_path_factory):
         yield env
     finally:
         try:  # jobs left by a failed test, killed: a process ignoring SIGTERM would outlive slurmctld's KillWait
-            if jobs := subprocess.run(
-                ["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True
-            ).stdout.split():
+            if jobs := _run("squeue", "-h", "-o", "%i", env=env).split():
                 subprocess.run(["scancel", "--full", "--signal=KILL", *jobs], env=env)
                 subprocess.run(["scancel", *jobs], env=env)
                 _wait_for(lambda: not _run("squeue", "-h", env=env).strip(), "empty queue", timeout=120)
@@ -102,16 +96,12 @@ def _running(job_id: str, env: dict[str, str], run: int) -> bool:
     return job.get("JobState") == "RUNNING" and int(job.get("Restarts", 0)) == run - 1
 
 
-def _documented_command() -> list[str]:
-    (line,) = [line for line in readme_code_blocks("bash", REPO / "docs/training_at_scale.md")[0].splitlines()
-               if "sbatch" in line and "--model demo" in line]  # fmt: skip
-    return shlex.split(line.split("&&")[-1])
-
-
 def test_a_job_stopped_by_the_warning_and_by_preemption_resumes_each_time(slurm, tiny_math_model_path, tmp_path):
     out, log, hold = tmp_path / "run", tmp_path / "job.log", write_held_reward(tmp_path)
     max_steps = 16
-    command = _documented_command()
+    (line,) = [line for line in readme_code_blocks("bash", REPO / "docs/training_at_scale.md")[0].splitlines()
+               if "sbatch" in line and "--model demo" in line]  # fmt: skip
+    command = shlex.split(line.split("&&")[-1])
     # the job imports the held reward; VENV: train.slurm activates this interpreter's environment
     env = dict(slurm, PYTHONPATH=str(tmp_path), VENV=str(Path(sys.executable).parents[1]))
     while "=" in command[0]:  # VAR=value before the command
