@@ -104,8 +104,7 @@ def test_demo_recipe_trains_and_resumes_with_deepspeed_zero3_on_two_cpu_processe
     args = ["--max_steps", "4", "--save_strategy", "no", "--eval_before_after", "false"]
     _stapo_train("cpu_2proc.yaml", model, ddp, *SMALL_DEMO, *args)
     ddp_rows = [row for row in read_jsonl(ddp / "metrics.jsonl") if "loss" in row]
-    assert [row["step"] for row in ddp_rows] == [2, 4]
-    for row, ddp_row in zip(rows, ddp_rows, strict=True):
+    for row, ddp_row in zip(rows, ddp_rows, strict=True):  # steps 2 and 4, as `rows`
         s2t_keys = sorted(key for key in row if key.startswith("s2t/"))
         assert s2t_keys == sorted(key for key in ddp_row if key.startswith("s2t/"))
         assert {k: row[k] for k in s2t_keys} == pytest.approx({k: ddp_row[k] for k in s2t_keys}, rel=1e-9, abs=0)
@@ -117,12 +116,10 @@ def test_demo_recipe_trains_and_resumes_with_deepspeed_zero3_on_two_cpu_processe
     evaluation = json.loads((out / "eval.json").read_text())
     assert evaluation["num_problems"] == 8 and 0.0 <= evaluation["accuracy_after"] <= 1.0
     # Full tensors in the 16-bit save, every one trained, the untied LM head included.
-    initial = load_file(model / "model.safetensors")
-    step4 = load_file(out / "checkpoint-4" / "model.safetensors")
+    initial, step4 = load_file(model / "model.safetensors"), load_file(out / "checkpoint-4" / "model.safetensors")
     assert "lm_head.weight" in initial and set(step4) == set(initial)
     for name, tensor in initial.items():
-        assert step4[name].shape == tensor.shape, name
-        assert not torch.equal(step4[name], tensor), f"{name} did not change in 4 steps"
+        assert step4[name].shape == tensor.shape and not torch.equal(step4[name], tensor), f"{name} did not change"
     optim = sorted(p.name for p in (out / "checkpoint-4" / "global_step4").glob("zero_pp_rank_*_optim_states.pt"))
     assert optim == [f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in (0, 1)]
 
