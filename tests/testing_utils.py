@@ -4,6 +4,7 @@ module level: `tests/core/` uses these helpers too."""
 import contextlib
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -12,13 +13,15 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import torch
 from datasets import Dataset
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainingArguments
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,10 +124,6 @@ class ForwardCounter:
 
 def no_activation_checkpointing() -> dict:
     """`{field: False}` under the installed transformers' name (`activation_checkpointing` from 5.24)."""
-    from dataclasses import fields
-
-    from transformers import TrainingArguments
-
     names = {f.name for f in fields(TrainingArguments)}
     return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": False}
 
@@ -202,9 +201,7 @@ def error_line(capsys, prog: str) -> str:
     """The one `PROG: error: ...` line on stderr, the last thing printed."""
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "error:" in line]
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"{prog}: error: "), err
-    assert err.rstrip("\n").endswith(lines[0]), err
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: ") and err.rstrip("\n").endswith(lines[0]), err
     return lines[0]
 
 
@@ -212,8 +209,6 @@ class LogRecords(list):
     """A logging handler's records, as a list of messages."""
 
     def handler(self):
-        import logging
-
         handler = logging.Handler(level=logging.DEBUG)
         handler.emit = lambda record: self.append(record.getMessage())
         return handler
@@ -346,8 +341,6 @@ def write_held_reward(folder: Path) -> Path:
 def read_until(proc: subprocess.Popen, prefix: str, count: int = 1, timeout: float = 300) -> list[str]:
     """`proc`'s output lines up to the `count`-th starting with `prefix`; kills it and shows them when it ends first or
     `timeout` passes (checked at each line: a guard against a hang)."""
-    import time
-
     lines, seen, deadline = [], 0, time.monotonic() + timeout
     for line in proc.stdout:
         lines.append(line)

@@ -204,37 +204,31 @@ def test_launch_splits_the_gpus_from_the_recipe_or_refuses(tmp_path, case):
 
 
 def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path):
+    out = tmp_path / "lora"  # 2 steps train on one rollout batch of 64 completions (non-zero advantages)
     script, args, model_args = parse_args([
-        "--config", str(RECIPES_DIR / "demo" / "stapo_lora.yaml"),
-        "--model_name_or_path", tiny_math_model_path, "--output_dir", str(tmp_path / "lora"),
-        # why: step 1 generates a whole rollout batch (64 completions: non-zero advantages); 2 steps train on it
-        "--max_steps", "2", "--save_strategy", "no", "--eval_before_after", "false", "--report_to", "none",
-        "--disable_tqdm", "true", "--max_train_samples", "64",
-    ])  # fmt: skip
+        "--config", str(RECIPES_DIR / "demo" / "stapo_lora.yaml"), "--model_name_or_path", tiny_math_model_path,
+        "--output_dir", str(out), "--max_steps", "2", "--save_strategy", "no", "--eval_before_after", "false",
+        "--report_to", "none", "--disable_tqdm", "true", "--max_train_samples", "64"])  # fmt: skip
     run = prepare(script, args, model_args)
     args.model_init_kwargs = {"dtype": model_args.dtype}
-    trainer = STAPOTrainer(
-        model=run.model_path, reward_funcs=run.reward_funcs, args=args, train_dataset=run.train_dataset,
-        peft_config=get_peft_config(model_args),
-    )  # fmt: skip
+    trainer = STAPOTrainer(model=run.model_path, reward_funcs=run.reward_funcs, args=args,
+                           train_dataset=run.train_dataset, peft_config=get_peft_config(model_args))  # fmt: skip
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainable = {name for name, p in trainer.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in name for name in trainable), sorted(trainable)[:5]
     with torch_threads(script.torch_num_threads):
         trainer.train()
     changed = {name for name, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[name])}
-    assert changed, "no parameter changed"
     assert changed <= trainable, sorted(changed - trainable)[:5]  # the base weights never move
     assert any("lora_B" in name for name in changed)  # lora_B starts at zero: the adapter learned something
     assert any(key.startswith("s2t/") for entry in trainer.state.log_history for key in entry)
-    trainer.save_model(str(tmp_path / "lora"))
-    saved = set(os.listdir(tmp_path / "lora"))
+    trainer.save_model(str(out))
+    saved = set(os.listdir(out))
     assert {"adapter_config.json", "adapter_model.safetensors"} <= saved and "model.safetensors" not in saved
     assert math.isfinite(trainer.state.log_history[-1].get("train_loss", 0.0))
     # The card's quick start runs as printed: it loads the adapter onto its base (TRL's pipeline(model=folder) fails).
-    trainer.args.output_dir = str(tmp_path / "lora")
     trainer.create_model_card(model_name="lora")
-    run_card_quick_start(tmp_path / "lora" / "README.md", expect="AutoPeftModelForCausalLM")
+    run_card_quick_start(out / "README.md", expect="AutoPeftModelForCausalLM")
 
 
 def test_demo_recipes_parse_into_the_right_classes():
