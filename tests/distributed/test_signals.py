@@ -77,7 +77,7 @@ def _finish(proc: subprocess.Popen) -> str:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _check_one_checkpoint_on_every_rank(output: str, out: Path, signum: signal.Signals) -> int:
+def _check_one_checkpoint_on_every_rank(output: str, out: Path, signum: signal.Signals) -> tuple[int, str]:
     interrupted = [line for line in output.splitlines() if line.startswith("Interrupted by")]
     assert [line.split()[2] for line in interrupted] == [signum.name], output[-5000:]
     step = int(interrupted[0].removeprefix(f"Interrupted by {signum.name} at step ").split(":")[0])
@@ -87,52 +87,43 @@ def _check_one_checkpoint_on_every_rank(output: str, out: Path, signum: signal.S
     assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == step
     assert not (out / "model.safetensors").exists()
     assert "quitting now" not in output, output[-5000:]
-    return step
+    return step, interrupted[0]
 
 
 @pytest.mark.parametrize("signum, env, launcher", [
     (signal.SIGTERM, {}, "accelerate"), (signal.SIGINT, {}, "accelerate"), (signal.SIGTERM, {}, "torchrun"),
     (signal.SIGUSR1, {"PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}, "accelerate"),
-], ids=["SIGTERM", "SIGINT", "SIGTERM-torchrun", "SIGUSR1-listed"])  # fmt: skip
-def test_a_signal_to_the_launcher_reaches_every_rank_and_saves_one_checkpoint(
-    tiny_math_model_path, tmp_path, signum, env, launcher
-):
-    # kill, a container runtime or scripts/launch.sh: the launcher forwards it to both workers, which save together
+    (signal.SIGINT, {}, "ctrl-c"),
+], ids=["SIGTERM", "SIGINT", "SIGTERM-torchrun", "SIGUSR1-listed", "ctrl-c"])  # fmt: skip
+def test_a_stop_signal_saves_one_checkpoint_on_every_rank(tiny_math_model_path, tmp_path, signum, env, launcher):
+    # to the launcher (kill, a container runtime, scripts/launch.sh): it forwards it to both workers, which save
+    # together; Ctrl-C in the terminal: the launcher's process group
     launch = [*torchrun_launch(free_port()), "-m", "stapo_trl.cli.train"] if launcher == "torchrun" else None
     proc, out, _ = _start_two_ranks(tmp_path, tiny_math_model_path, launch, **env)
     try:
-        read_until(proc, "step ", count=2)
-        proc.send_signal(signum)
+        read_until(proc, "step ", count=2)  # two optimizer steps logged on both ranks
+        os.killpg(proc.pid, signum) if launcher == "ctrl-c" else proc.send_signal(signum)
     finally:
         output = _finish(proc)
-    _check_one_checkpoint_on_every_rank(output, out, signum)
+    step, line = _check_one_checkpoint_on_every_rank(output, out, signum)
+    if launcher == "ctrl-c":
+        tail = ("Resume with the same command: the same launch command, i.e. accelerate launch [your launch options] "
+                f"-m stapo_trl.cli.train {' '.join(_train_args(tiny_math_model_path, out))}")  # fmt: skip
+        assert step >= 2 and line.endswith(tail), line
+        # The same launch line (a near end) resumes from that checkpoint and finishes.
+        proc, _, _ = _start_two_ranks(tmp_path, tiny_math_model_path, max_steps=step + 2)
+        resumed = _finish(proc)
+        assert proc.returncode == 0, resumed[-3000:]
+        assert f"Resuming training from {out / f'checkpoint-{step}'}" in resumed, resumed[-3000:]
+        assert json.loads((out / "trainer_state.json").read_text())["global_step"] == step + 2
+        assert (out / "model.safetensors").exists()
+        return
     assert output.count(f"closing signal {signum.name}") == 2, output[-5000:]  # the launcher forwarded it to each
     # the launcher's own status, after the workers: accelerate >= 1.16 exits 128 + the signal's number, quietly
     if launcher == "accelerate" and compare_versions("accelerate", ">=", "1.16.0"):
         assert proc.returncode == 128 + signum and "Traceback" not in output, output[-5000:]
     else:
         assert proc.returncode == 1 and "SignalException: Process" in output, output[-5000:]
-
-
-def test_ctrl_c_saves_one_checkpoint_on_every_rank_and_the_same_line_resumes(tiny_math_model_path, tmp_path):
-    proc, out, _ = _start_two_ranks(tmp_path, tiny_math_model_path)
-    try:
-        read_until(proc, "step ", count=2)  # two optimizer steps logged on both ranks
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in the terminal does: the launcher's process group
-    finally:
-        output = _finish(proc)
-    step = _check_one_checkpoint_on_every_rank(output, out, signal.SIGINT)
-    (line,) = [line for line in output.splitlines() if line.startswith("Interrupted by SIGINT")]
-    resume = "Resume with the same command: the same launch command, i.e. accelerate launch [your launch options] -m "
-    assert step >= 2 and line.endswith(
-        f"{resume}stapo_trl.cli.train {' '.join(_train_args(tiny_math_model_path, out))}"
-    )
-    # The same launch line (a near end) resumes from that checkpoint and finishes.
-    proc, _, _ = _start_two_ranks(tmp_path, tiny_math_model_path, max_steps=step + 2)
-    resumed = _finish(proc)
-    assert proc.returncode == 0 and f"Resuming training from {out / f'checkpoint-{step}'}" in resumed, resumed[-3000:]
-    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == step + 2
-    assert (out / "model.safetensors").exists()
 
 
 HELD_CASES = [(signal.SIGUSR1, "node"), (signal.SIGTERM, "node"), (signal.SIGTERM, "rank 1")]
