@@ -105,15 +105,12 @@ def test_a_job_stopped_by_the_warning_and_by_preemption_resumes_each_time(slurm,
     # the job imports the held reward; VENV: train.slurm activates this interpreter's environment
     env = dict(slurm, PYTHONPATH=str(tmp_path), VENV=str(Path(sys.executable).parents[1]))
     while "=" in command[0]:  # VAR=value before the command
-        name, value = command.pop(0).split("=", 1)
-        env[name] = value
+        env.update([command.pop(0).split("=", 1)])
     script = command.index("slurm/train.slurm")
     sbatch = command[:script] + ["--parsable", f"--output={log}", f"--error={log}"]
-    overrides = [
-        "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), "--max_steps", str(max_steps),
-        "--logging_steps", "1", "--save_steps", "100000", "--eval_before_after", "false", "--disable_tqdm", "true",
-        "--reward_funcs", "held_reward.held_accuracy",
-    ]  # fmt: skip
+    overrides = ["--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), "--max_steps", str(max_steps),
+                 "--logging_steps", "1", "--save_steps", "100000", "--eval_before_after", "false", "--disable_tqdm",
+                 "true", "--reward_funcs", "held_reward.held_accuracy"]  # fmt: skip
     script_args = command[script:] + ["--main-process-port", str(free_port()), "--", *overrides]
     start = time.monotonic()
     job = _run(*sbatch, *script_args, env=env).strip()
@@ -147,12 +144,10 @@ def test_a_job_stopped_by_the_warning_and_by_preemption_resumes_each_time(slurm,
     assert sum(line.startswith("train.slurm: SIGUSR1 (the time limit is near)") for line in lines) == 1, text
     assert sum(line.startswith("train.slurm: SIGTERM (scancel, preemption") for line in lines) == 1, text
     assert [line for line in lines if line.startswith(f"train.slurm: job {job}, run ")] == [
-        f"train.slurm: job {job}, run 2: training resumes from the last checkpoint in its output_dir.",
-        f"train.slurm: job {job}, run 3: training resumes from the last checkpoint in its output_dir.",
+        f"train.slurm: job {job}, run {n}: training resumes from the last checkpoint in its output_dir."
+        for n in (2, 3)
     ]
-    stops = [re.match(r"Interrupted by (\w+) at step (\d+):", line) for line in lines]
-    stops = [(match[1], int(match[2])) for match in stops if match]
-    assert [name for name, _ in stops] == ["SIGUSR1", "SIGTERM"], text[-5000:]
-    for _, step in stops:
-        assert f"Resuming training from {out / f'checkpoint-{step}'}" in text
+    stops = [match for line in lines if (match := re.match(r"Interrupted by (\w+) at step (\d+):", line))]
+    assert [match[1] for match in stops] == ["SIGUSR1", "SIGTERM"], text[-5000:]
+    assert all(f"Resuming training from {out / f'checkpoint-{match[2]}'}" in text for match in stops)
     assert (out / "model.safetensors").exists() and "run finished" in text
