@@ -48,19 +48,6 @@ def test_demo_recipe_trains_with_deepspeed_zero2_on_two_cpu_processes(tiny_math_
     assert "deepspeed_shm_comm_op" in output, output[-3000:]
 
 
-def _untied_head_copy(model_path: str, out: Path) -> Path:
-    """`model_path` with an untied LM head (Qwen3-8B, -14B: a ZeRO-3 parameter only the fused head reads)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(model_path)
-    model.config.tie_word_embeddings = False
-    model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(model_path).save_pretrained(out)
-    return out
-
-
 # 64 completions per rollout batch, two log rows per 4 updates, tau_p = 1: every positive-advantage token a candidate,
 # so the mask silences some in a few steps; info level: the batch size and "Detected DeepSpeed ZeRO-3"
 SMALL_DEMO = ["--per_device_train_batch_size", "8", "--logging_steps", "2", "--s2t_prob_threshold", "1.0",
@@ -72,9 +59,16 @@ def test_demo_recipe_trains_and_resumes_with_deepspeed_zero3_on_two_cpu_processe
     pytest.importorskip("deepspeed")
     import torch
     from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = _untied_head_copy(tiny_math_model_path, tmp_path / "untied")
-    out = tmp_path / "demo-zero3"
+    # the model with an untied LM head (Qwen3-8B, -14B: a ZeRO-3 parameter only the fused head reads)
+    model, out = tmp_path / "untied", tmp_path / "demo-zero3"
+    untied = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
+    untied.config.tie_word_embeddings = False
+    untied.lm_head.weight = torch.nn.Parameter(untied.get_input_embeddings().weight.detach().clone())
+    untied.save_pretrained(model)
+    AutoTokenizer.from_pretrained(tiny_math_model_path).save_pretrained(model)
+
     env, zero3 = _deepspeed_env(), "zero3_cpu_2proc.yaml"
     evaluation = ["--eval_before_after", "true", "--eval_num_problems", "8", "--eval_num_samples", "1"]
     output = _stapo_train(zero3, model, out, *SMALL_DEMO, "--max_steps", "4", *evaluation, timeout=1500, env=env)
