@@ -319,15 +319,11 @@ def write_held_reward(folder: Path) -> Path:
         textwrap.dedent(
             """\
             import os, sys, time
-
             from stapo_trl.rewards import math_accuracy_reward
-
             HOLD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "HOLD")
-
-
             def held_accuracy(completions, solution, **kwargs):
                 if os.path.exists(HOLD):
-                    sys.stderr.write(f"reward held on rank {os.environ.get('RANK', '0')}\\n")
+                    sys.stderr.write(f"reward held on rank {os.environ.get('RANK', '0')}\\n")  # one write: whole lines
                     sys.stderr.flush()
                     while os.path.exists(HOLD):
                         time.sleep(0.05)
