@@ -26,9 +26,7 @@ OUTSIDE = re.compile(r"(?<![\w.])/(?:work|home|tmp|root|Users)/|\bshared/|\bSTAP
 EXAMPLE = REPO / "examples" / "python_api.py"
 
 
-@pytest.mark.parametrize(
-    "doc, block", BLOCKS, ids=[f"{doc.relative_to(REPO)}:{i}" for i, (doc, _) in enumerate(BLOCKS)]
-)
+@pytest.mark.parametrize("doc, block", BLOCKS, ids=[f"{d.relative_to(REPO)}:{i}" for i, (d, _) in enumerate(BLOCKS)])
 def test_every_bash_block_pastes(doc, block):
     # It parses (`bash -n`); no `\` is followed by spaces and a `# comment` (pasted: one argument `' '` ends the
     # command); a `stapo-train` on other data names its own --output_dir (else it resumes the recipe's finished run).
@@ -90,10 +88,8 @@ def test_readme_python_snippet_is_the_example_file():
     assert ast.literal_eval(assigned["INSTRUCTION"]) == INSTRUCTION
     # STAPOConfig sets use_cpu and bf16 itself on a machine without an accelerator, as the comment says.
     assert "# paper defaults (τ_p 0.002, q 0.75, DAPO loss); sets use_cpu=True, bf16=False without a GPU" in source
-    (call,) = [
-        n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and ast.unparse(n.func) == "GRPOConfig"
-    ]
-    assert not {"use_cpu", "bf16"} & {keyword.arg for keyword in call.keywords}
+    calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and ast.unparse(n.func) == "GRPOConfig"]
+    assert len(calls) == 1 and not {"use_cpu", "bf16"} & {keyword.arg for keyword in calls[0].keywords}
     config = STAPOConfig(output_dir="unused", report_to="none")  # on this machine (no accelerator), as in the example
     assert not has_accelerator() and (config.use_cpu, config.bf16) == (True, False)
 
@@ -103,18 +99,16 @@ def test_python_api_example_runs_as_printed_and_stapo_plot_reads_its_folder(tiny
     from stapo_trl.cli.plot import main as plot_main
 
     # The file as printed, in a fresh folder; `builtin:tiny-math` resolves to the session's model (no rebuild).
-    env = subprocess_env(
-        STAPO_TRL_CACHE=str(builtin_cache_root(tiny_math_model_path)), PYTHONPATH=str(REPO), MPLBACKEND="Agg"
-    )
+    cache = str(builtin_cache_root(tiny_math_model_path))
+    env = subprocess_env(STAPO_TRL_CACHE=cache, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
     output = run_subprocess([sys.executable, str(EXAMPLE)], timeout=300, env=env, cwd=tmp_path)
     # STAPOConfig sets `activation_checkpointing` itself: no deprecation of TRL's default `gradient_checkpointing` at
     # config time (what a run prints while training is TRL's and transformers' own, as for GRPOTrainer).
     assert "`gradient_checkpointing` is deprecated" not in output.split("Loading weights")[0], output[-3000:]
     out = tmp_path / "outputs" / "python-api"
     rows = [row for row in read_metrics(str(out)) if "reward" in row]
-    assert [row["step"] for row in rows] == list(range(2, 21, 2))
+    assert [row["step"] for row in rows] == list(range(2, 21, 2)) and all("s2t/silenced_ratio" in row for row in rows)
     assert max(row["reward"] for row in rows) > 0.0  # the prompts carry the model's instruction
-    assert all("s2t/silenced_ratio" in row for row in rows)
     assert read_token_records(str(out)), "spurious_tokens.jsonl is empty"
     plot_main([str(out)])  # stapo-plot outputs/python-api
     assert (out / "training_curves.png").stat().st_size > 10_000
