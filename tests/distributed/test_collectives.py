@@ -24,7 +24,6 @@ WORKER = textwrap.dedent(
 
     def length_reward(completions, **kwargs):
         return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]
-
     prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
     model_path, out = sys.argv[1], sys.argv[2]
     result = {}
@@ -35,15 +34,13 @@ WORKER = textwrap.dedent(
                       ("records", {"s2t_prob_threshold": 0.05, "steps_per_generation": 2})]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            args = STAPOConfig(
-                output_dir=os.path.join(out, name), use_cpu=True, bf16=False, report_to=[], logging_steps=1,
-                per_device_train_batch_size=4, num_generations=4, max_completion_length=8, max_steps=4,
-                save_strategy="no", seed=0, **s2t,
-            )
+            args = STAPOConfig(output_dir=os.path.join(out, name), use_cpu=True, bf16=False, report_to=[], seed=0,
+                               logging_steps=1, per_device_train_batch_size=4, num_generations=4, max_steps=4,
+                               max_completion_length=8, save_strategy="no", **s2t)
             trainer = STAPOTrainer(model_path, reward_funcs=length_reward, args=args, train_dataset=prompts)
         if name == "records":
-            logger = SpuriousTokenLogger(trainer, max_silenced=1000, max_kept_candidates=1000, max_reference=0)
-            trainer.add_callback(logger)
+            trainer.add_callback(SpuriousTokenLogger(trainer, max_silenced=1000, max_kept_candidates=1000,
+                                                     max_reference=0))
         updates = []
         original = trainer._compute_s2t_mask
 
@@ -60,7 +57,7 @@ WORKER = textwrap.dedent(
         params = [float(p.double().sum()) for p in trainer.model.parameters()]
         result[name] = {"rows": rows, "params": params, "updates": updates}
     with open(os.path.join(out, f"rank{trainer.accelerator.process_index}.json"), "w") as f:
-        json.dump(result, f)
+        f.write(json.dumps(result))
     for i in range(400):  # report(): one write per line (print's "label:label: [] []" came split)
         report(f"rank {os.environ['RANK']} line {i}:", [], "end")
     trainer.end()
