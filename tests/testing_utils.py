@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import warnings
 from dataclasses import fields
@@ -312,25 +311,23 @@ def check_two_rank_demo_run(output: str, out: Path) -> None:
     assert state["global_step"] == 2 and any("s2t/silenced_ratio" in entry for entry in state["log_history"])
 
 
+HELD_REWARD = """import os, sys, time
+from stapo_trl.rewards import math_accuracy_reward
+HOLD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "HOLD")
+def held_accuracy(completions, solution, **kwargs):
+    if os.path.exists(HOLD):
+        sys.stderr.write(f"reward held on rank {os.environ.get('RANK', '0')}\\n")  # one write: whole lines
+        sys.stderr.flush()
+        while os.path.exists(HOLD):
+            time.sleep(0.05)
+    return math_accuracy_reward(completions, solution, **kwargs)
+"""
+
+
 def write_held_reward(folder: Path) -> Path:
-    """`folder/held_reward.py`, whose `held_accuracy` (math_accuracy) says "reward held on rank N" on stderr and waits
-    while the returned HOLD file exists: the test creates it to hold the next scoring and removes it to release it."""
-    (folder / "held_reward.py").write_text(
-        textwrap.dedent(
-            """\
-            import os, sys, time
-            from stapo_trl.rewards import math_accuracy_reward
-            HOLD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "HOLD")
-            def held_accuracy(completions, solution, **kwargs):
-                if os.path.exists(HOLD):
-                    sys.stderr.write(f"reward held on rank {os.environ.get('RANK', '0')}\\n")  # one write: whole lines
-                    sys.stderr.flush()
-                    while os.path.exists(HOLD):
-                        time.sleep(0.05)
-                return math_accuracy_reward(completions, solution, **kwargs)
-            """
-        )
-    )
+    """`folder/held_reward.py`: `held_accuracy` (math_accuracy) says "reward held on rank N" on stderr and waits while
+    the returned HOLD file exists (the test creates it to hold a scoring, removes it to release it)."""
+    (folder / "held_reward.py").write_text(HELD_REWARD)
     return folder / "HOLD"
 
 
