@@ -30,8 +30,7 @@ from testing_utils import (
 
 pytestmark = pytest.mark.slow
 
-SLURM_SCRIPT = REPO / "slurm" / "train.slurm"
-CPU_2PROC = REPO / "recipes" / "accelerate_configs" / "cpu_2proc.yaml"
+SLURM_SCRIPT, CPU_2PROC = REPO / "slurm" / "train.slurm", REPO / "recipes" / "accelerate_configs" / "cpu_2proc.yaml"
 
 
 def _train_args(model_path: str, out: Path, max_steps: int = 5000) -> list[str]:
@@ -55,11 +54,9 @@ def _start_two_ranks(tmp_path: Path, model_path: str, launch: list[str] | None =
 
 
 def _node_launch_env(machines: int, **extra: str) -> dict[str, str]:  # what slurm/train.slurm exports for it
-    return dict(
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        STAPO_ACCELERATE_CONFIG=str(CPU_2PROC), STAPO_NUM_MACHINES=str(machines), STAPO_NUM_PROCESSES="2",
-        STAPO_MAIN_PROCESS_IP="127.0.0.1", STAPO_MAIN_PROCESS_PORT=str(free_port()), **extra,
-    )  # fmt: skip
+    return dict(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", STAPO_NUM_PROCESSES="2",
+                STAPO_ACCELERATE_CONFIG=str(CPU_2PROC), STAPO_NUM_MACHINES=str(machines), **extra,
+                STAPO_MAIN_PROCESS_IP="127.0.0.1", STAPO_MAIN_PROCESS_PORT=str(free_port()))  # fmt: skip
 
 
 def _workers(launcher: subprocess.Popen) -> list[psutil.Process]:

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import psutil
@@ -23,25 +22,19 @@ while [[ $# -gt 0 && "$1" != --port ]]; do shift; done
 exec "$PYTHON" -m http.server --bind 127.0.0.1 --directory "$STUB_DIR" "$2"
 """
 
-STUB_TRAINING = textwrap.dedent(
-    """\
-    import os, signal, sys
-
-    record = os.environ["STUB_RECORD"]
-
-    def stop(signum, frame):
-        with open(record, "a") as f:
-            print("got", signal.Signals(signum).name, file=f)
-        sys.exit(128 + signum)
-
-    for signum in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(signum, stop)
+STUB_TRAINING = """import os, signal, sys
+record = os.environ["STUB_RECORD"]
+def stop(signum, frame):
     with open(record, "a") as f:
-        print("training started", file=f)
-    while True:
-        signal.pause()
-    """
-)
+        print("got", signal.Signals(signum).name, file=f)
+    sys.exit(128 + signum)
+for signum in (signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(signum, stop)
+with open(record, "a") as f:
+    print("training started", file=f)
+while True:
+    signal.pause()
+"""
 
 
 def _as_from_a_terminal():  # SIGINT at its default and unblocked (pytest in the background may have it ignored)
