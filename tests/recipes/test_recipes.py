@@ -26,11 +26,10 @@ from stapo_trl.data import INSTRUCTION
 RECIPES = sorted(p for p in RECIPES_DIR.rglob("*.yaml") if "accelerate_configs" not in p.parts)
 QWEN3_MODELS = ("Qwen3-1.7B", "Qwen3-8B", "Qwen3-14B")
 METHODS = ("stapo", "grpo", "entropy20", "justrl")
-# Recipes without a `# launch:` line and the process count they are laid out for (the CPU demo: one process).
-INTENDED_WITHOUT_LAUNCH_LINE = {"demo/stapo.yaml": 1, "demo/grpo.yaml": 1, "SmolLM2-135M/stapo.yaml": 1,
-                               "SmolLM2-135M/grpo.yaml": 1}  # fmt: skip
 # Recipes whose model is a real built-in, with the wheel it is converted from: `real_model`-marked.
 REAL_MODEL_RECIPES = {"SmolLM2-135M/stapo.yaml": "smollm2-135m", "SmolLM2-135M/grpo.yaml": "smollm2-135m"}
+# Recipes without a `# launch:` line: CPU demos, laid out for one process.
+WITHOUT_LAUNCH_LINE = {"demo/stapo.yaml", "demo/grpo.yaml", *REAL_MODEL_RECIPES}
 
 
 def _rel(path: Path) -> str:
@@ -47,10 +46,9 @@ def _raw(recipe: str) -> dict:
 ])  # fmt: skip
 def test_recipe_passes_its_dry_run(recipe):
     launch = read_launch_settings(str(recipe))
-    assert "num_processes" in launch or _rel(recipe) in INTENDED_WITHOUT_LAUNCH_LINE, f"{recipe}: no `# launch:` line"
-    processes = int(launch.get("num_processes", INTENDED_WITHOUT_LAUNCH_LINE.get(_rel(recipe), 0)))
+    assert "num_processes" in launch or _rel(recipe) in WITHOUT_LAUNCH_LINE, f"{recipe}: no `# launch:` line"
     fast = ["--max_train_samples", "64"] * ("demo" in recipe.parts)  # why: the whole task's 7,800 prompts take ~1.5 s
-    report = dry_run_recipe(["--config", str(recipe), *fast], processes)
+    report = dry_run_recipe(["--config", str(recipe), *fast], int(launch.get("num_processes", 1)))
     assert report.ok, report.summary()
     assert report.generation_batch_size % report.num_generations == 0
 
@@ -87,19 +85,17 @@ def test_the_recipe_tree_is_complete_and_qwen3_launch_lines_match_their_arithmet
     names = {_rel(p) for p in RECIPES}
     assert {"demo/stapo.yaml", "demo/grpo.yaml", "demo/stapo_lora.yaml", *REAL_MODEL_RECIPES} <= names
     assert {f"{model}/{method}.yaml" for model in QWEN3_MODELS for method in METHODS} <= names
-    for model in QWEN3_MODELS:
-        for method in METHODS:
-            path = RECIPES_DIR / model / f"{method}.yaml"
-            launch, raw = read_launch_settings(str(path)), _raw(f"{model}/{method}.yaml")
-            n = int(launch["num_processes"])
-            assert raw["activation_checkpointing"] is True and "gradient_checkpointing" not in raw
-            assert launch["accelerate_config"] in ("zero2", "zero3", "ddp")
-            assert (RECIPES_DIR / "accelerate_configs" / f"{launch['accelerate_config']}.yaml").is_file()
-            assert raw["per_device_train_batch_size"] * n * raw["gradient_accumulation_steps"] == 512, path
-            assert raw["per_device_train_batch_size"] * n * raw["steps_per_generation"] == 2048, path
-            text = path.read_text()  # the header's batch arithmetic names these numbers
-            assert f"gradient_accumulation_steps {raw['gradient_accumulation_steps']}" in text
-            assert f"steps_per_generation {raw['steps_per_generation']}" in text
+    for path in (RECIPES_DIR / model / f"{method}.yaml" for model in QWEN3_MODELS for method in METHODS):
+        launch, text = read_launch_settings(str(path)), path.read_text()
+        raw, n = yaml.safe_load(text), int(launch["num_processes"])
+        assert raw["activation_checkpointing"] is True and "gradient_checkpointing" not in raw
+        assert (RECIPES_DIR / "accelerate_configs" / f"{launch['accelerate_config']}.yaml").is_file()
+        assert launch["accelerate_config"] in ("zero2", "zero3", "ddp")
+        assert raw["per_device_train_batch_size"] * n * raw["gradient_accumulation_steps"] == 512, path
+        assert raw["per_device_train_batch_size"] * n * raw["steps_per_generation"] == 2048, path
+        # the header's batch arithmetic names these numbers
+        assert f"gradient_accumulation_steps {raw['gradient_accumulation_steps']}" in text
+        assert f"steps_per_generation {raw['steps_per_generation']}" in text
 
 
 def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
