@@ -19,10 +19,8 @@ from stapo_trl.core.stapo_config import refuse_paths_around_the_mask
 
 pytestmark = pytest.mark.release
 TRL = Version(trl.__version__)
-LAYOUTS = {  # TRL's default (the mask from the loss's forward); 4 updates per rollout (TRL's old-log-prob forward)
-    "default": {},
-    "steps_per_generation=4xGA": {"steps_per_generation": 4, "gradient_accumulation_steps": 1},
-}
+# TRL's default (the mask from the loss's forward); 4 updates per rollout (TRL's old-log-prob forward)
+LAYOUTS = {"default": {}, "steps_per_generation=4xGA": {"steps_per_generation": 4, "gradient_accumulation_steps": 1}}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -136,9 +136,7 @@ def test_demo_recipe_trains_and_resumes_with_deepspeed_zero3_on_two_cpu_processe
     assert row["eval_completions/mean_length"] > 10, row  # real completions, not an empty generation
 
 
-def test_documented_cpu_two_process_command_trains_and_evaluates_on_two_ranks(
-    tiny_math_model_path, tmp_path, monkeypatch
-):
+def test_documented_cpu_two_process_command_trains_and_evaluates(tiny_math_model_path, tmp_path, monkeypatch):
     from stapo_trl.cli.eval import main as stapo_eval
 
     blocks = readme_code_blocks("bash", REPO / "docs" / "training_at_scale.md")

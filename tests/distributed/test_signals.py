@@ -34,12 +34,10 @@ SLURM_SCRIPT, CPU_2PROC = REPO / "slurm" / "train.slurm", REPO / "recipes" / "ac
 
 
 def _train_args(model_path: str, out: Path, max_steps: int = 5000) -> list[str]:
-    return [
-        "--config", STAPO_RECIPE, "--model_name_or_path", model_path, "--output_dir", str(out),
-        "--per_device_train_batch_size", "8", "--logging_steps", "1", "--max_steps", str(max_steps),
-        "--save_strategy", "no", "--eval_before_after", "false", "--report_to", "none", "--disable_tqdm", "true",
-        "--reward_funcs", "held_reward.held_accuracy",
-    ]  # fmt: skip
+    return ["--config", STAPO_RECIPE, "--model_name_or_path", model_path, "--output_dir", str(out), "--max_steps",
+            str(max_steps), "--per_device_train_batch_size", "8", "--logging_steps", "1", "--save_strategy", "no",
+            "--eval_before_after", "false", "--report_to", "none", "--disable_tqdm", "true", "--reward_funcs",
+            "held_reward.held_accuracy"]  # fmt: skip
 
 
 def _start_two_ranks(tmp_path: Path, model_path: str, launch: list[str] | None = None, max_steps=5000, **env: str):
