@@ -264,8 +264,7 @@ def run_subprocess(cmd, *, timeout: float, env: dict[str, str] | None = None, cw
             output = proc.communicate(timeout=timeout)[0]
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            output = proc.communicate()[0]
-            pytest.fail(f"timed out after {timeout}s (a hung collective?): {' '.join(args)}\n{output[-5000:]}")
+            pytest.fail(f"timed out after {timeout}s (a hung collective?): {args}\n{proc.communicate()[0][-5000:]}")
         if proc.returncode == status:
             return output
         if not (callable(cmd) and attempt == 0 and any(marker in output for marker in PORT_TAKEN)):

@@ -1,6 +1,5 @@
-"""The shipped docs (README.md, docs/, recipes/): every `bash` block pastes into a shell as written, links and paths
-point only inside the repository, the README's Python example (`examples/python_api.py` verbatim) and the plain-TRL
-baseline of docs/development.md run as printed (the README's notebook command: tests/notebooks/test_notebook.py)."""
+"""The shipped docs (README.md, docs/, recipes/): bash blocks paste as written, links stay inside the repository, the
+Python example (`examples/python_api.py`) and docs/development.md's plain-TRL baseline run as printed."""
 
 from __future__ import annotations
 

@@ -21,8 +21,6 @@ from testing_utils import REPO, free_port, read_jsonl, readme_code_blocks, subpr
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
-DAEMONS = ("munged", "slurmctld", "slurmd")
-
 
 def _run(*cmd: str, env: dict[str, str]) -> str:
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
@@ -41,7 +39,7 @@ def _wait_for(condition, what: str, log: Path | None = None, timeout: float = 30
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    sbin = {name: shutil.which(name) or f"/usr/sbin/{name}" for name in DAEMONS}
+    sbin = {name: shutil.which(name) or f"/usr/sbin/{name}" for name in ("munged", "slurmctld", "slurmd")}
     if os.geteuid() != 0 or not all(os.access(path, os.X_OK) for path in sbin.values()) or not shutil.which("sbatch"):
         pytest.skip("needs root and Slurm with munge (`make test-slurm` installs Debian's slurmctld, slurmd, munge)")
     root = tmp_path_factory.mktemp("slurm")
