@@ -45,9 +45,15 @@ def _start_two_ranks(tmp_path: Path, model_path: str, launch: list[str] | None =
     out, hold = tmp_path / "run", write_held_reward(tmp_path)
     launch = launch or [*accelerate_launch(free_port()), "-m", "stapo_trl.cli.train"]
     env = subprocess_env(PYTHONPATH=str(REPO), TORCH_ELASTIC_SHUTDOWN_TIMEOUT="300", **env)
-    command = launch + _train_args(model_path, out, max_steps)
-    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        launch + _train_args(model_path, out, max_steps),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     return proc, out, hold
 
 
@@ -80,8 +86,7 @@ def _check_one_checkpoint_on_every_rank(output: str, out: Path, signum: signal.S
     checkpoint = out / f"checkpoint-{step}"
     assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= set(os.listdir(checkpoint))
     assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == step
-    assert not (out / "model.safetensors").exists()
-    assert "quitting now" not in output, output[-5000:]
+    assert not (out / "model.safetensors").exists() and "quitting now" not in output, output[-5000:]
     return step, interrupted[0]
 
 

@@ -109,10 +109,8 @@ def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
                 "strip_dapo_instruction": True, "reward_funcs": ["math_accuracy"]}  # fmt: skip
     assert {k: getattr(script, k) for k in expected} == expected
     assert (model.model_name_or_path, model.dtype) == ("Qwen/Qwen3-1.7B-Base", "bfloat16")
-    # On its launch line's 4 processes: 256 prompts x 8 rollouts per rollout step, 64-prompt updates. Warm-up: 10
-    # rollout steps = 40 updates (veRL steps its scheduler once per rollout step, TRL once per update).
-    assert args.per_device_train_batch_size * 4 * args.steps_per_generation == 256 * 8
-    assert args.per_device_train_batch_size * 4 * args.gradient_accumulation_steps == 64 * 8
+    # Its batch arithmetic on its launch line's 4 processes: the tree test. Warm-up: 10 rollout steps = 40 updates
+    # (veRL steps its scheduler once per rollout step, TRL once per update).
     assert args.optim.value.startswith("adamw") and args.lr_scheduler_type.value == "constant_with_warmup"
     assert args.save_strategy.value == "steps" and args.save_steps > 0 and args.save_total_limit
     assert args.bf16 and getattr(args, "activation_checkpointing", args.gradient_checkpointing)  # transformers < 5.24
@@ -123,7 +121,6 @@ def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
                 "vllm_server_host": "127.0.0.1", "s2t_prob_threshold": 0.002, "s2t_entropy_quantile": 0.75,
                 "s2t_mode": "low_entropy", "report_to": ["wandb"], "push_to_hub": False}  # fmt: skip
     assert {k: getattr(args, k) for k in expected} == expected
-    assert args.steps_per_generation == 4 * args.gradient_accumulation_steps
 
 
 S2T_KEYS = {"output_dir", "s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode"}
