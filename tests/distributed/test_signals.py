@@ -45,15 +45,8 @@ def _start_two_ranks(tmp_path: Path, model_path: str, launch: list[str] | None =
     out, hold = tmp_path / "run", write_held_reward(tmp_path)
     launch = launch or [*accelerate_launch(free_port()), "-m", "stapo_trl.cli.train"]
     env = subprocess_env(PYTHONPATH=str(REPO), TORCH_ELASTIC_SHUTDOWN_TIMEOUT="300", **env)
-    proc = subprocess.Popen(
-        launch + _train_args(model_path, out, max_steps),
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = subprocess.Popen(launch + _train_args(model_path, out, max_steps), cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     return proc, out, hold
 
 
