@@ -31,6 +31,7 @@ from testing_utils import (
 pytestmark = pytest.mark.slow
 
 SLURM_SCRIPT, CPU_2PROC = REPO / "slurm" / "train.slurm", REPO / "recipes" / "accelerate_configs" / "cpu_2proc.yaml"
+PIPED = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)  # in its own session
 
 
 def _train_args(model_path: str, out: Path, max_steps: int = 5000) -> list[str]:
@@ -45,8 +46,7 @@ def _start_two_ranks(tmp_path: Path, model_path: str, launch: list[str] | None =
     out, hold = tmp_path / "run", write_held_reward(tmp_path)
     launch = launch or [*accelerate_launch(free_port()), "-m", "stapo_trl.cli.train"]
     env = subprocess_env(PYTHONPATH=str(REPO), TORCH_ELASTIC_SHUTDOWN_TIMEOUT="300", **env)
-    proc = subprocess.Popen(launch + _train_args(model_path, out, max_steps), cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(launch + _train_args(model_path, out, max_steps), cwd=tmp_path, env=env, **PIPED)
     return proc, out, hold
 
 
@@ -160,9 +160,9 @@ def test_the_slurm_scripts_node_launch_runs_two_machine_ranks(tiny_math_model_pa
     command = ["bash", str(SLURM_SCRIPT), "--node-launch", *train_args, *SMALL_TWO_RANK_DEMO]
     for attempt in range(2):  # a second port when another job took the first meanwhile
         env = subprocess_env(**_node_launch_env(2))
-        ranks = [subprocess.Popen(command, cwd=REPO, env={**env, "SLURM_PROCID": str(rank)}, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, start_new_session=True)
-                 for rank in (0, 1)]  # fmt: skip
+        ranks = [
+            subprocess.Popen(command, cwd=REPO, env={**env, "SLURM_PROCID": str(rank)}, **PIPED) for rank in (0, 1)
+        ]
         outputs = [_finish(rank) for rank in ranks]
         if attempt or not any(marker in outputs[0] for marker in PORT_TAKEN):
             break
