@@ -160,9 +160,7 @@ def test_the_slurm_scripts_node_launch_runs_two_machine_ranks(tiny_math_model_pa
     command = ["bash", str(SLURM_SCRIPT), "--node-launch", *train_args, *SMALL_TWO_RANK_DEMO]
     for attempt in range(2):  # a second port when another job took the first meanwhile
         env = subprocess_env(**_node_launch_env(2))
-        ranks = [
-            subprocess.Popen(command, cwd=REPO, env={**env, "SLURM_PROCID": str(rank)}, **PIPED) for rank in (0, 1)
-        ]
+        ranks = [subprocess.Popen(command, cwd=REPO, env=env | {"SLURM_PROCID": str(r)}, **PIPED) for r in (0, 1)]
         outputs = [_finish(rank) for rank in ranks]
         if attempt or not any(marker in outputs[0] for marker in PORT_TAKEN):
             break
