@@ -44,14 +44,11 @@ def _as_from_a_terminal():  # SIGINT at its default and unblocked (pytest in the
 
 def _start_launch(tmp_path, **env: str) -> tuple[subprocess.Popen, object]:
     (tmp_path / "health").write_text("ok")
-    server, training = tmp_path / "stub_trl", tmp_path / "stub_training.py"
-    server.write_text(STUB_SERVER)
-    server.chmod(0o755)
+    server, training, accelerate, record = (tmp_path / name for name in ("trl", "training.py", "accelerate", "record"))
     training.write_text(STUB_TRAINING)
-    accelerate = tmp_path / "stub_accelerate"
-    accelerate.write_text(f'#!/usr/bin/env bash\nexec "{sys.executable}" "{training}"\n')
-    accelerate.chmod(0o755)
-    record = tmp_path / "record"
+    for stub, text in [(server, STUB_SERVER), (accelerate, f'#!/bin/bash\nexec "{sys.executable}" "{training}"\n')]:
+        stub.write_text(text)
+        stub.chmod(0o755)
     full_env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID")}
     full_env |= dict(PYTHON=sys.executable, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TRL_BIN=str(server),
                      ACCELERATE_BIN=str(accelerate), STUB_DIR=str(tmp_path), STUB_RECORD=str(record),
@@ -95,7 +92,7 @@ def test_launch_in_a_slurm_job_leaves_sigterm_to_slurm(tmp_path):
     proc.send_signal(signal.SIGTERM)
     read_until(proc, "launch.sh: SIGTERM in Slurm job 1, which signals training itself")
     assert record.read_text().splitlines() == ["training started"]  # nothing passed on
-    (training,) = [p for p in psutil.Process(proc.pid).children() if "stub_training.py" in " ".join(p.cmdline())]
+    (training,) = [p for p in psutil.Process(proc.pid).children() if "training.py" in " ".join(p.cmdline())]
     training.send_signal(signal.SIGTERM)  # what Slurm sends every process
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode == 143, output[-3000:]
