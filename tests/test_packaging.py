@@ -1,8 +1,6 @@
 """What `pip install .` installs: a wheel built from the tracked files holds every file of the package (a file the
 code reads at run time and no `.py` file missing from the wheel would fail only outside an editable install)."""
 
-from __future__ import annotations
-
 import shutil
 import subprocess
 import sys

@@ -1,8 +1,6 @@
 """The S2T collectives in real training on two ranks (torchrun on CPU): metrics all-reduce, token-record gather, tau_h
 per optimizer update over both ranks' candidates, a never-firing threshold equal to `s2t_mode: off`; whole lines."""
 
-from __future__ import annotations
-
 import json
 import textwrap
 

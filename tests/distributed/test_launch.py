@@ -1,7 +1,5 @@
 """The real `stapo-train` on two CPU processes under the project's accelerate configs (DDP, ZeRO-2, ZeRO-3)."""
 
-from __future__ import annotations
-
 import json
 import math
 import os

@@ -1,8 +1,6 @@
 """The process group on two ranks: after an input error (status 2 on each rank under accelerate), `trainer.end()` and
 `stapo-train`, nothing holds it and gloo's threads are gone (`stapo_trl.integrations.process_group`)."""
 
-from __future__ import annotations
-
 import sys
 import textwrap
 

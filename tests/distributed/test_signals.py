@@ -1,8 +1,6 @@
 """Stop signals across a two-process launch (the launcher forwards PET_SIGNALS_TO_HANDLE; Slurm signals every process;
 Ctrl-C the launcher's group), and the Slurm script's per-node launch line."""
 
-from __future__ import annotations
-
 import json
 import os
 import signal

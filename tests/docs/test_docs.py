@@ -1,8 +1,6 @@
 """The shipped docs (README.md, docs/, recipes/): bash blocks paste as written, links stay inside the repository, the
 Python example (`examples/python_api.py`) and docs/development.md's plain-TRL baseline run as printed."""
 
-from __future__ import annotations
-
 import ast
 import re
 import shlex

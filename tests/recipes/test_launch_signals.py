@@ -1,8 +1,6 @@
 """scripts/launch.sh passes SIGUSR1 always, SIGTERM outside a Slurm job, on to training and exits 128 + its number
 (stand-ins for the server and for training, which records the signals it gets)."""
 
-from __future__ import annotations
-
 import os
 import signal
 import subprocess

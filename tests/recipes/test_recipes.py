@@ -1,7 +1,5 @@
 """The recipes and scripts/launch.sh: each recipe passes its dry run for the process count it is laid out for."""
 
-from __future__ import annotations
-
 import math
 import os
 import subprocess

@@ -2,8 +2,6 @@
 stopped by the time-limit warning (`scancel --batch --signal=USR1`) and by a real preemption, each inside a held step,
 requeued twice, finished with every step's metrics row once. `cred_expire` 10 s lets requeues start."""
 
-from __future__ import annotations
-
 import os
 import re
 import shlex
