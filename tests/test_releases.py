@@ -55,25 +55,17 @@ def test_the_readme_example_constructs_silently_and_trains_two_steps(tiny_math_m
 TRAINERS = {"core": (CoreSTAPOTrainer, CoreSTAPOConfig), "product": (STAPOTrainer, STAPOConfig)}
 
 
-# (settings, the TRL release from which it applies the mask, the configs tried, what the one-line refusal holds)
-REFUSALS = [
-    (dict(use_liger_kernel=True), "1.14.0", ["GRPOConfig", "STAPOConfig"],  # trl 1.9-1.13 never call _compute_loss
-     [f"use_liger_kernel=True: trl {trl.__version__} computes the loss in Liger's kernel",
-      "Set use_liger_kernel=False, or use trl>=1.14."]),
-    (dict(loss_type="luspo", importance_sampling_level="token"), "1.10.0", ["GRPOConfig"],  # every token's loss counts
-     [f"loss_type='luspo' with importance_sampling_level='token': trl {trl.__version__} sums"]),
-]  # fmt: skip
+# (settings, the TRL release from which it applies the mask, what the one-line refusal holds)
+LIGER = (dict(use_liger_kernel=True), "1.14.0", [f"use_liger_kernel=True: trl {trl.__version__} computes the loss in "
+         "Liger's kernel", "Set use_liger_kernel=False, or use trl>=1.14."])  # fmt: skip
+LUSPO = (dict(loss_type="luspo", importance_sampling_level="token"), "1.10.0",
+         [f"loss_type='luspo' with importance_sampling_level='token': trl {trl.__version__} sums"])  # fmt: skip
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("trainer", TRAINERS)
-@pytest.mark.parametrize("config", ["GRPOConfig", "STAPOConfig"])
-@pytest.mark.parametrize("refusal", [0, 1], ids=["liger", "luspo-token"])
-def test_a_path_around_the_mask_is_refused_at_construction(tiny_random_model_path, tmp_path, no_model_built,
-                                                           refusal, config, trainer, layout):  # fmt: skip
-    settings, fixed_in, configs, parts = REFUSALS[refusal]
-    if TRL >= Version(fixed_in) or config not in configs:
-        pytest.skip(f"trl >= {fixed_in} applies the mask" if config in configs else f"not with {config}")
+def _refused(model_path, tmp_path, refusal, config: str, trainer: str, layout: str) -> None:
+    settings, fixed_in, parts = refusal
+    if TRL >= Version(fixed_in):
+        pytest.skip(f"trl >= {fixed_in} applies the mask")
     trainer_cls, config_cls = TRAINERS[trainer]
     settings = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
                     num_generations=2, max_completion_length=8, **settings, **LAYOUTS[layout])  # fmt: skip
@@ -81,14 +73,29 @@ def test_a_path_around_the_mask_is_refused_at_construction(tiny_random_model_pat
         warnings.simplefilter("ignore")
         args = GRPOConfig(**settings) if config == "GRPOConfig" else None
         with pytest.raises(ValueError) as error:
-            trainer_cls(tiny_random_model_path, reward_funcs=length_reward, args=args or config_cls(**settings),
+            trainer_cls(model_path, reward_funcs=length_reward, args=args or config_cls(**settings),
                         train_dataset=PROMPTS)  # fmt: skip
     (line,) = str(error.value).splitlines()
     assert line.startswith(parts[0]) and all(part in line for part in parts), line
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("trainer", TRAINERS)
+@pytest.mark.parametrize("config", ["GRPOConfig", "STAPOConfig"])
+def test_liger_before_trl_1_14_is_refused_at_construction(tiny_random_model_path, tmp_path, no_model_built, config,
+                                                         trainer, layout):  # fmt: skip
+    _refused(tiny_random_model_path, tmp_path, LIGER, config, trainer, layout)  # trl 1.9-1.13 never call _compute_loss
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_token_level_luspo_before_trl_1_10_is_refused_at_construction(tiny_random_model_path, tmp_path, no_model_built,
+                                                                      trainer, layout):  # fmt: skip
+    _refused(tiny_random_model_path, tmp_path, LUSPO, "GRPOConfig", trainer, layout)  # every token's loss counts
+
+
 def test_no_setting_is_refused_where_the_installed_trl_applies_the_mask():
-    for settings, fixed_in, *_ in [*REFUSALS, (dict(loss_type="luspo", importance_sampling_level="sequence"), "0")]:
+    for settings, fixed_in, *_ in [LIGER, LUSPO, (dict(loss_type="luspo", importance_sampling_level="sequence"), "0")]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             args = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, **settings)
