@@ -1,8 +1,6 @@
 """What `pip install .` installs: a wheel built from the tracked files holds every file of the package (a file the
 code reads at run time and no `.py` file missing from the wheel would fail only outside an editable install)."""
 
-from __future__ import annotations
-
 import shutil
 import subprocess
 import sys
@@ -22,34 +20,18 @@ def _tracked(*paths: str) -> list[str]:
     return out.stdout.split()
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> zipfile.ZipFile:
-    """The names inside a wheel built from a copy of the tracked package and build files (no build folder is left in
-    the checkout)."""
-    source = tmp_path_factory.mktemp("source")
+@pytest.mark.slow  # pip builds a wheel
+def test_the_wheel_holds_every_module_and_data_file_no_test_and_the_three_commands(tmp_path):
+    # built from a copy of the tracked package and build files: no build folder is left in the checkout
+    source, out = tmp_path / "source", tmp_path / "wheel"
     for name in _tracked("stapo_trl", "setup.cfg", "pyproject.toml", "README.md", "LICENSE"):
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, source / name)
-    out = tmp_path_factory.mktemp("wheel")
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "-q",
-        "--no-deps",
-        "--no-build-isolation",
-        "-w",
-        str(out),
-        str(source),
-    ]
+    cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+           str(source)]  # fmt: skip
     subprocess.run(cmd, check=True, capture_output=True)
     (path,) = out.glob("*.whl")
-    return zipfile.ZipFile(path)
-
-
-@pytest.mark.slow  # pip builds a wheel
-def test_the_wheel_holds_every_module_and_data_file_no_test_and_the_three_commands(wheel):
+    wheel = zipfile.ZipFile(path)
     tracked = _tracked("stapo_trl")
     assert "stapo_trl/templates/demo_stapo.yaml" in tracked and len(tracked) > 40
     assert [name for name in tracked if name not in wheel.namelist()] == []
@@ -62,8 +44,7 @@ def test_the_wheel_holds_every_module_and_data_file_no_test_and_the_three_comman
 
 
 def test_what_stapo_train_names_as_the_demo_recipe_an_install_has(tmp_path):
-    # Reported: `stapo-train --help` pointed at recipes/demo/stapo.yaml, which a wheel install does not have. The help
-    # and the errors that show a recipe name a copy the package holds (in the wheel: the test above), the same bytes.
+    # The help and the errors that show a recipe name a copy the package holds (in the wheel: the test above).
     from stapo_trl.cli.args import DEMO_RECIPE, SHORT_HELP, load_recipe, parse_args
 
     assert Path(DEMO_RECIPE).read_bytes() == (ROOT / "recipes" / "demo" / "stapo.yaml").read_bytes()

@@ -19,37 +19,30 @@ from stapo_trl.core.stapo_config import refuse_paths_around_the_mask
 
 pytestmark = pytest.mark.release
 TRL = Version(trl.__version__)
-LAYOUTS = {  # TRL's default (the mask from the loss's forward); 4 updates per rollout (TRL's old-log-prob forward)
-    "default": {},
-    "steps_per_generation=4xGA": {"steps_per_generation": 4, "gradient_accumulation_steps": 1},
-}
+# TRL's default (the mask from the loss's forward); 4 updates per rollout (TRL's old-log-prob forward)
+LAYOUTS = {"default": {}, "steps_per_generation=4xGA": {"steps_per_generation": 4, "gradient_accumulation_steps": 1}}
 
 
-def readme_example(model_path: str, output_dir, **overrides):
-    """`examples/python_api.py` up to `trainer.train()` with `overrides`: (the trainer, its construction's warnings)."""
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_readme_example_constructs_silently_and_trains_two_steps(tiny_math_model_path, tmp_path, layout):
+    # examples/python_api.py up to `trainer.train()`, with this model, folder, 2 steps and the layout's settings
     tree = ast.parse((REPO / "examples" / "python_api.py").read_text())
     *body, last = tree.body
     assert ast.unparse(last) == "trainer.train()"
+    overrides = {"output_dir": str(tmp_path), "max_steps": 2, **LAYOUTS[layout]}
     for call in ast.walk(tree):
         if isinstance(call, ast.Call) and ast.unparse(call.func) == "GRPOTrainer":
-            call.keywords[0].value = ast.Constant(model_path)
+            call.keywords[0].value = ast.Constant(tiny_math_model_path)
         if isinstance(call, ast.Call) and ast.unparse(call.func) == "GRPOConfig":
-            settings = {**{k.arg: k.value for k in call.keywords}, "output_dir": ast.Constant(str(output_dir))}
-            settings |= {key: ast.Constant(value) for key, value in overrides.items()}
+            settings = {k.arg: k.value for k in call.keywords} | {k: ast.Constant(v) for k, v in overrides.items()}
             call.keywords = [ast.keyword(key, value) for key, value in settings.items()]
     namespace = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         exec(compile(ast.fix_missing_locations(ast.Module(body, [])), "python_api.py", "exec"), namespace)
-    return namespace["trainer"], [
-        str(w.message) for w in caught if any(k in str(w.message) for k in ("STAPO", "trl "))
-    ]
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_the_readme_example_constructs_silently_and_trains_two_steps(tiny_math_model_path, tmp_path, layout):
-    trainer, messages = readme_example(tiny_math_model_path, tmp_path, max_steps=2, **LAYOUTS[layout])
-    assert messages == []  # the paper's configuration, a TRL in range: nothing to say
+    # the paper's configuration, a TRL in range: nothing to say
+    assert [str(w.message) for w in caught if any(k in str(w.message) for k in ("STAPO", "trl "))] == []
+    trainer = namespace["trainer"]
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainer.train()
     rows = [row for row in trainer.state.log_history if "loss" in row]
@@ -62,52 +55,51 @@ def test_the_readme_example_constructs_silently_and_trains_two_steps(tiny_math_m
 TRAINERS = {"core": (CoreSTAPOTrainer, CoreSTAPOConfig), "product": (STAPOTrainer, STAPOConfig)}
 
 
-def refused(model_path, output_dir, trainer: str, config: str, **settings):
-    """The one-line error of constructing `trainer` with a `config` ("GRPOConfig" or the trainer's) of `settings`."""
+# (settings, the TRL release from which it applies the mask, what the one-line refusal holds)
+LIGER = (dict(use_liger_kernel=True), "1.14.0", [f"use_liger_kernel=True: trl {trl.__version__} computes the loss in "
+         "Liger's kernel", "Set use_liger_kernel=False, or use trl>=1.14."])  # fmt: skip
+LUSPO = (dict(loss_type="luspo", importance_sampling_level="token"), "1.10.0",
+         [f"loss_type='luspo' with importance_sampling_level='token': trl {trl.__version__} sums"])  # fmt: skip
+
+
+def _refused(model_path, tmp_path, refusal, config: str, trainer: str, layout: str) -> None:
+    settings, fixed_in, parts = refusal
+    if TRL >= Version(fixed_in):
+        pytest.skip(f"trl >= {fixed_in} applies the mask")
     trainer_cls, config_cls = TRAINERS[trainer]
-    base = dict(output_dir=str(output_dir), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
-                num_generations=2, max_completion_length=8)  # fmt: skip
-    with warnings.catch_warnings():
+    settings = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
+                    num_generations=2, max_completion_length=8, **settings, **LAYOUTS[layout])  # fmt: skip
+    with warnings.catch_warnings():  # the refusal comes before TRL's own checks (that Liger is installed)
         warnings.simplefilter("ignore")
-        args = GRPOConfig(**base, **settings) if config == "GRPOConfig" else None
+        args = GRPOConfig(**settings) if config == "GRPOConfig" else None
         with pytest.raises(ValueError) as error:
-            args = args or config_cls(**base, **settings)
-            trainer_cls(model_path, reward_funcs=length_reward, args=args, train_dataset=PROMPTS)
+            trainer_cls(model_path, reward_funcs=length_reward, args=args or config_cls(**settings),
+                        train_dataset=PROMPTS)  # fmt: skip
     (line,) = str(error.value).splitlines()
-    return line
+    assert line.startswith(parts[0]) and all(part in line for part in parts), line
 
 
-@pytest.mark.skipif(TRL >= Version("1.14.0"), reason="trl >= 1.14 computes the Liger loss in _compute_loss")
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("trainer", TRAINERS)
 @pytest.mark.parametrize("config", ["GRPOConfig", "STAPOConfig"])
-def test_liger_before_trl_1_14_is_refused_at_construction(tiny_random_model_path, tmp_path, no_model_built,
-                                                         layout, trainer, config):  # fmt: skip
-    # trl 1.9-1.13 never call _compute_loss with Liger; the refusal comes before TRL's check that Liger is installed
-    line = refused(tiny_random_model_path, tmp_path, trainer, config, use_liger_kernel=True, **LAYOUTS[layout])
-    assert line.startswith(f"use_liger_kernel=True: trl {trl.__version__} computes the loss in Liger's kernel")
-    assert "Set use_liger_kernel=False, or use trl>=1.14." in line
+def test_liger_before_trl_1_14_is_refused_at_construction(tiny_random_model_path, tmp_path, no_model_built, config,
+                                                         trainer, layout):  # fmt: skip
+    _refused(tiny_random_model_path, tmp_path, LIGER, config, trainer, layout)  # trl 1.9-1.13 never call _compute_loss
 
 
-@pytest.mark.skipif(TRL >= Version("1.10.0"), reason="trl >= 1.10 masks luspo's token losses")
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("trainer", TRAINERS)
-def test_token_level_luspo_before_trl_1_10_is_refused_at_construction(tiny_random_model_path, tmp_path,
-                                                                      no_model_built, layout, trainer):  # fmt: skip
-    # trl 1.9's token-level luspo loss counts every token's loss, masked or not
-    settings = dict(loss_type="luspo", importance_sampling_level="token", **LAYOUTS[layout])
-    line = refused(tiny_random_model_path, tmp_path, trainer, "GRPOConfig", **settings)
-    assert line.startswith(f"loss_type='luspo' with importance_sampling_level='token': trl {trl.__version__} sums")
+def test_token_level_luspo_before_trl_1_10_is_refused_at_construction(tiny_random_model_path, tmp_path, no_model_built,
+                                                                      trainer, layout):  # fmt: skip
+    _refused(tiny_random_model_path, tmp_path, LUSPO, "GRPOConfig", trainer, layout)  # every token's loss counts
 
 
 def test_no_setting_is_refused_where_the_installed_trl_applies_the_mask():
-    settings = [(dict(use_liger_kernel=True), "1.14.0"), (dict(loss_type="luspo"), "1.10.0"),
-                (dict(loss_type="luspo", importance_sampling_level="sequence"), None)]  # fmt: skip
-    for kwargs, refused_below in settings:
+    for settings, fixed_in, *_ in [LIGER, LUSPO, (dict(loss_type="luspo", importance_sampling_level="sequence"), "0")]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            args = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, **kwargs)
-        if refused_below is None or TRL >= Version(refused_below):
+            args = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, **settings)
+        if TRL >= Version(fixed_in):
             assert refuse_paths_around_the_mask(args) is None
         else:
             with pytest.raises(ValueError, match=f"trl {trl.__version__}"):
@@ -115,11 +107,9 @@ def test_no_setting_is_refused_where_the_installed_trl_applies_the_mask():
 
 
 @pytest.mark.parametrize("switch", ["trainer import only", "two imports"])
-def test_s2t_settings_in_trls_grpo_script_yaml_take_effect_or_are_said_to_be_ignored(
-    tiny_random_model_path, tmp_path, switch
-):
+def test_s2t_settings_in_trls_grpo_script_yaml_take_effect_or_are_said_to_be_ignored(tiny_random_model_path, tmp_path,
+                                                                                     switch):  # fmt: skip
     # TRL's grpo.py parses its own GRPOConfig with fail_with_unknown_args=False: the YAML's s2t values were dropped
-    from trl import TrlParser
     from trl.scripts.grpo import make_parser
 
     recipe = tmp_path / "recipe.yaml"
@@ -128,9 +118,7 @@ def test_s2t_settings_in_trls_grpo_script_yaml_take_effect_or_are_said_to_be_ign
                       "s2t_prob_threshold: 0.01\n")  # fmt: skip
     parser = make_parser()  # TRL's own: (GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig)
     if switch == "two imports":  # a copy of the script with `from stapo_trl import STAPOConfig as GRPOConfig`
-        from stapo_trl import STAPOConfig
-
-        parser = TrlParser([STAPOConfig if t is GRPOConfig else t for t in parser.dataclass_types])
+        parser = trl.TrlParser([STAPOConfig if t is GRPOConfig else t for t in parser.dataclass_types])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _, training_args, *_ = parser.parse_args_and_config(["--config", str(recipe)], fail_with_unknown_args=False)
@@ -141,8 +129,8 @@ def test_s2t_settings_in_trls_grpo_script_yaml_take_effect_or_are_said_to_be_ign
     lines = [str(w.message) for w in caught if str(w.message).startswith("STAPO with ")]
     if switch == "two imports":
         assert trainer.s2t.prob_threshold == 0.01 and "ignored" not in " ".join(lines)
-    else:
-        assert trainer.s2t.prob_threshold == 0.002
-        (line,) = lines
-        assert "GRPOConfig has no s2t_prob_threshold, s2t_entropy_quantile, s2t_mode fields, and such values " in line
-        assert "are ignored; to set them, use `from stapo_trl import STAPOConfig as GRPOConfig`" in line
+        return
+    (line,) = lines
+    assert trainer.s2t.prob_threshold == 0.002 and ("GRPOConfig has no s2t_prob_threshold, s2t_entropy_quantile, "
+        "s2t_mode fields, and such values given to it, in a YAML file say, are ignored; to set them, use `from "
+        "stapo_trl import STAPOConfig as GRPOConfig`") in line  # fmt: skip

@@ -1,7 +1,5 @@
 """The S2T collectives in real training on two ranks (torchrun on CPU): metrics all-reduce, token-record gather, tau_h
-per optimizer update over both ranks' candidates, a never-firing threshold equal to `s2t_mode: off`; worker lines."""
-
-from __future__ import annotations
+per optimizer update over both ranks' candidates, a never-firing threshold equal to `s2t_mode: off`; whole lines."""
 
 import json
 import textwrap
@@ -24,7 +22,6 @@ WORKER = textwrap.dedent(
 
     def length_reward(completions, **kwargs):
         return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]
-
     prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
     model_path, out = sys.argv[1], sys.argv[2]
     result = {}
@@ -35,15 +32,13 @@ WORKER = textwrap.dedent(
                       ("records", {"s2t_prob_threshold": 0.05, "steps_per_generation": 2})]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            args = STAPOConfig(
-                output_dir=os.path.join(out, name), use_cpu=True, bf16=False, report_to=[], logging_steps=1,
-                per_device_train_batch_size=4, num_generations=4, max_completion_length=8, max_steps=4,
-                save_strategy="no", seed=0, **s2t,
-            )
+            args = STAPOConfig(output_dir=os.path.join(out, name), use_cpu=True, bf16=False, report_to=[], seed=0,
+                               logging_steps=1, per_device_train_batch_size=4, num_generations=4, max_steps=4,
+                               max_completion_length=8, save_strategy="no", **s2t)
             trainer = STAPOTrainer(model_path, reward_funcs=length_reward, args=args, train_dataset=prompts)
         if name == "records":
-            logger = SpuriousTokenLogger(trainer, max_silenced=1000, max_kept_candidates=1000, max_reference=0)
-            trainer.add_callback(logger)
+            trainer.add_callback(SpuriousTokenLogger(trainer, max_silenced=1000, max_kept_candidates=1000,
+                                                     max_reference=0))
         updates = []
         original = trainer._compute_s2t_mask
 
@@ -60,20 +55,22 @@ WORKER = textwrap.dedent(
         params = [float(p.double().sum()) for p in trainer.model.parameters()]
         result[name] = {"rows": rows, "params": params, "updates": updates}
     with open(os.path.join(out, f"rank{trainer.accelerator.process_index}.json"), "w") as f:
-        json.dump(result, f)
+        f.write(json.dumps(result))
+    for i in range(400):  # report(): one write per line (print's "label:label: [] []" came split)
+        report(f"rank {os.environ['RANK']} line {i}:", [], "end")
     trainer.end()
     """
 )
 
 
-def test_two_ranks_gather_records_agree_on_metrics_and_tau_h_and_match_the_baseline(tiny_random_model_path, tmp_path):
-    run_torchrun(WORKER, tmp_path / "run.py", tiny_random_model_path, str(tmp_path), nproc=2)
+def test_s2t_collectives_and_worker_lines_on_two_ranks(tiny_random_model_path, tmp_path):
+    lines = run_torchrun(WORKER, tmp_path / "run.py", tiny_random_model_path, str(tmp_path), nproc=2).splitlines()
+    for rank in (0, 1):  # ranks reporting at once give whole lines (in-process: tests/cli/test_errors.py)
+        missing = [i for i in range(400) if lines.count(f"rank {rank} line {i}: [] end") != 1]
+        assert not missing, (rank, missing[:10])
     ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
-    # Records (GA 1, one mask per step): reduced metrics the same on both ranks; each step's silenced tokens of both
-    # ranks logged once.
-    rows = [
-        [{k: v for k, v in row.items() if k.startswith("s2t/")} for row in seen["records"]["rows"]] for seen in ranks
-    ]
+    # Records (GA 1, one mask per step): reduced metrics the same on both ranks; each silenced token logged once.
+    rows = [[{k: v for k, v in r.items() if k.startswith("s2t/")} for r in seen["records"]["rows"]] for seen in ranks]
     assert rows[0] == rows[1] and len(rows[0]) == 4
     records = read_token_records(tmp_path / "records")
     for entry, step in zip(rows[0], [1, 2, 3, 4], strict=True):
@@ -101,13 +98,3 @@ def test_two_ranks_gather_records_agree_on_metrics_and_tau_h_and_match_the_basel
         assert update_0["tau"] == update_1["tau"]
         if union:
             assert update_0["tau"] == pytest.approx(float(np.quantile(np.array(union), 0.75)), abs=1e-12)
-
-
-def test_two_ranks_reporting_at_once_give_whole_lines(tmp_path):
-    # `testing_utils.run_torchrun`'s report(): the shape that print() split ("label:label: [] []"); in-process:
-    # tests/cli/test_errors.py
-    worker = 'import os\nfor i in range(400):\n    report(f"rank {os.environ[\'RANK\']} line {i}:", [], "end")\n'
-    lines = run_torchrun(worker, tmp_path / "worker.py", nproc=2, timeout=120).splitlines()
-    for rank in (0, 1):
-        missing = [i for i in range(400) if lines.count(f"rank {rank} line {i}: [] end") != 1]
-        assert not missing, (rank, missing[:10])

@@ -1,7 +1,4 @@
-"""The real `stapo-train` on two CPU processes under the project's accelerate configs (DDP, ZeRO-2, ZeRO-3): training,
-resuming, benchmark evaluation, the documented command. A MULTI_GPU config with use_cpu starts two ranks (checked)."""
-
-from __future__ import annotations
+"""The real `stapo-train` on two CPU processes under the project's accelerate configs (DDP, ZeRO-2, ZeRO-3)."""
 
 import json
 import math
@@ -20,7 +17,7 @@ from testing_utils import (
     check_two_rank_demo_run,
     read_jsonl,
     readme_code_blocks,
-    run_distributed,
+    run_subprocess,
     subprocess_env,
 )
 
@@ -33,60 +30,46 @@ def _deepspeed_env() -> dict[str, str]:  # a persistent folder caches DeepSpeed'
     return subprocess_env(TORCH_EXTENSIONS_DIR=extensions, DS_BUILD_OPS="0")
 
 
+def _stapo_train(config: str, model, out: Path, *args: str, timeout=900, env=None) -> str:
+    argv = ["-m", "stapo_trl.cli.train", "--config", STAPO_RECIPE, "--model_name_or_path", str(model),
+            "--output_dir", str(out), *args]  # fmt: skip
+    return run_subprocess(lambda port: [*accelerate_launch(port, config), *argv], timeout=timeout, env=env)
+
+
 def test_demo_recipe_trains_with_deepspeed_zero2_on_two_cpu_processes(tiny_math_model_path, tmp_path):
     pytest.importorskip("deepspeed")
     out = tmp_path / "demo-zero2"
-    output = run_distributed(
-        lambda port: accelerate_launch(port, "zero2_cpu_2proc.yaml") + [
-            "-m", "stapo_trl.cli.train", "--config", str(STAPO_RECIPE),
-            "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), *SMALL_TWO_RANK_DEMO,
-        ],
-        timeout=1500,
-        env=_deepspeed_env(),
-    )  # fmt: skip
+    output = _stapo_train("zero2_cpu_2proc.yaml", tiny_math_model_path, out, *SMALL_TWO_RANK_DEMO, timeout=1500,
+                          env=_deepspeed_env())  # fmt: skip
     check_two_rank_demo_run(output, out)
     # DeepSpeed's CPU communication op is loaded (built or from the cache) only when the DeepSpeed engine runs.
     assert "deepspeed_shm_comm_op" in output, output[-3000:]
 
 
-def _untied_head_copy(model_path: str, out: Path) -> Path:
-    """A copy of `model_path` with an untied LM head (Qwen3-8B, -14B: a ZeRO-3 parameter only the fused head reads)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(model_path)
-    model.config.tie_word_embeddings = False
-    model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(model_path).save_pretrained(out)
-    return out
-
-
-def _small_demo_cmd(config: str, port: int, model: Path, out: Path, *args: str) -> list[str]:
-    # 64 completions per rollout batch, two log rows per 4 updates, tau_p = 1: every positive-advantage token a
-    # candidate, so the mask silences some in a few steps; info level: the batch size and "Detected DeepSpeed ZeRO-3"
-    return accelerate_launch(port, config) + [
-        "-m", "stapo_trl.cli.train", "--config", str(STAPO_RECIPE), "--model_name_or_path", str(model),
-        "--output_dir", str(out), "--per_device_train_batch_size", "8", "--logging_steps", "2",
-        "--s2t_prob_threshold", "1.0", "--save_strategy", "steps", "--save_steps", "4", "--report_to", "none",
-        "--disable_tqdm", "true", "--log_level", "info", *args,
-    ]  # fmt: skip
+# 64 completions per rollout batch, two log rows per 4 updates, tau_p = 1: every positive-advantage token a candidate,
+# so the mask silences some in a few steps; info level: the batch size and "Detected DeepSpeed ZeRO-3"
+SMALL_DEMO = ["--per_device_train_batch_size", "8", "--logging_steps", "2", "--s2t_prob_threshold", "1.0",
+              "--save_strategy", "steps", "--save_steps", "4", "--report_to", "none", "--disable_tqdm", "true",
+              "--log_level", "info"]  # fmt: skip
 
 
 def test_demo_recipe_trains_and_resumes_with_deepspeed_zero3_on_two_cpu_processes(tiny_math_model_path, tmp_path):
     pytest.importorskip("deepspeed")
     import torch
     from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = _untied_head_copy(tiny_math_model_path, tmp_path / "untied")
-    out = tmp_path / "demo-zero3"
-    env = _deepspeed_env()
+    # the model with an untied LM head (Qwen3-8B, -14B: a ZeRO-3 parameter only the fused head reads)
+    model, out = tmp_path / "untied", tmp_path / "demo-zero3"
+    untied = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
+    untied.config.tie_word_embeddings = False
+    untied.lm_head.weight = torch.nn.Parameter(untied.get_input_embeddings().weight.detach().clone())
+    untied.save_pretrained(model)
+    AutoTokenizer.from_pretrained(tiny_math_model_path).save_pretrained(model)
+
+    env, zero3 = _deepspeed_env(), "zero3_cpu_2proc.yaml"
     evaluation = ["--eval_before_after", "true", "--eval_num_problems", "8", "--eval_num_samples", "1"]
-    output = run_distributed(
-        lambda port: _small_demo_cmd("zero3_cpu_2proc.yaml", port, model, out, "--max_steps", "4", *evaluation),
-        timeout=1500,
-        env=env,
-    )
+    output = _stapo_train(zero3, model, out, *SMALL_DEMO, "--max_steps", "4", *evaluation, timeout=1500, env=env)
 
     assert "Detected DeepSpeed ZeRO-3: activating zero.init()" in output, output[-3000:]
     assert "Total train batch size (w. parallel, distributed & accumulation) = 16" in output, output[-3000:]
@@ -111,10 +94,9 @@ def test_demo_recipe_trains_and_resumes_with_deepspeed_zero3_on_two_cpu_processe
     # The same run under DDP: one rollout batch scored by the initial weights, so the same masks and records.
     ddp = tmp_path / "demo-ddp"
     args = ["--max_steps", "4", "--save_strategy", "no", "--eval_before_after", "false"]
-    run_distributed(lambda port: _small_demo_cmd("cpu_2proc.yaml", port, model, ddp, *args), timeout=900)
+    _stapo_train("cpu_2proc.yaml", model, ddp, *SMALL_DEMO, *args)
     ddp_rows = [row for row in read_jsonl(ddp / "metrics.jsonl") if "loss" in row]
-    assert [row["step"] for row in ddp_rows] == [2, 4]
-    for row, ddp_row in zip(rows, ddp_rows, strict=True):
+    for row, ddp_row in zip(rows, ddp_rows, strict=True):  # steps 2 and 4, as `rows`
         s2t_keys = sorted(key for key in row if key.startswith("s2t/"))
         assert s2t_keys == sorted(key for key in ddp_row if key.startswith("s2t/"))
         assert {k: row[k] for k in s2t_keys} == pytest.approx({k: ddp_row[k] for k in s2t_keys}, rel=1e-9, abs=0)
@@ -126,24 +108,19 @@ def test_demo_recipe_trains_and_resumes_with_deepspeed_zero3_on_two_cpu_processe
     evaluation = json.loads((out / "eval.json").read_text())
     assert evaluation["num_problems"] == 8 and 0.0 <= evaluation["accuracy_after"] <= 1.0
     # Full tensors in the 16-bit save, every one trained, the untied LM head included.
-    initial = load_file(model / "model.safetensors")
-    step4 = load_file(out / "checkpoint-4" / "model.safetensors")
+    initial, step4 = load_file(model / "model.safetensors"), load_file(out / "checkpoint-4" / "model.safetensors")
     assert "lm_head.weight" in initial and set(step4) == set(initial)
     for name, tensor in initial.items():
-        assert step4[name].shape == tensor.shape, name
-        assert not torch.equal(step4[name], tensor), f"{name} did not change in 4 steps"
-    assert sorted(p.name for p in (out / "checkpoint-4" / "global_step4").glob("zero_pp_rank_*_optim_states.pt")) == [
-        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
-        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
-    ]
+        assert step4[name].shape == tensor.shape and not torch.equal(step4[name], tensor), f"{name} did not change"
+    optim = sorted(p.name for p in (out / "checkpoint-4" / "global_step4").glob("zero_pp_rank_*_optim_states.pt"))
+    assert optim == [f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in (0, 1)]
 
     # Resume to step 8 from checkpoint-4 (each rank's partition); TRL's evaluation at step 8 generates on every rank
     # with the sharded parameters gathered: 8 problems x 2 samples, one eval batch of 8 per rank.
-    resume = ["--max_steps", "8", "--eval_before_after", "false", "--benchmark_eval", "tiny-math"]
-    resume += ["--benchmark_eval_steps", "4", "--benchmark_eval_limit", "8", "--benchmark_eval_samples", "2"]
-    resume += ["--per_device_eval_batch_size", "8"]
-    zero3 = "zero3_cpu_2proc.yaml"
-    output = run_distributed(lambda port: _small_demo_cmd(zero3, port, model, out, *resume), timeout=900, env=env)
+    resume = ["--max_steps", "8", "--eval_before_after", "false", "--benchmark_eval", "tiny-math",
+              "--benchmark_eval_steps", "4", "--benchmark_eval_limit", "8", "--benchmark_eval_samples", "2",
+              "--per_device_eval_batch_size", "8"]  # fmt: skip
+    output = _stapo_train(zero3, model, out, *SMALL_DEMO, *resume, env=env)
     assert "Resuming training from" in output and "checkpoint-4" in output, output[-3000:]
     assert "Resuming training from checkpoint with epoch 0 and global step 4" in output, output[-3000:]
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 8
@@ -157,8 +134,7 @@ def test_demo_recipe_trains_and_resumes_with_deepspeed_zero3_on_two_cpu_processe
     assert row["eval_completions/mean_length"] > 10, row  # real completions, not an empty generation
 
 
-def test_documented_cpu_two_process_command_trains_and_evaluates_on_two_ranks(tiny_math_model_path, tmp_path,
-                                                                              monkeypatch):  # fmt: skip
+def test_documented_cpu_two_process_command_trains_and_evaluates(tiny_math_model_path, tmp_path, monkeypatch):
     from stapo_trl.cli.eval import main as stapo_eval
 
     blocks = readme_code_blocks("bash", REPO / "docs" / "training_at_scale.md")
@@ -172,7 +148,7 @@ def test_documented_cpu_two_process_command_trains_and_evaluates_on_two_ranks(ti
                  "--eval_num_samples", "2", "--output_dir", str(out)]  # fmt: skip
     monkeypatch.setenv("STAPO_TRL_CACHE", str(builtin_cache_root(tiny_math_model_path)))  # the before-evaluation's
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port"]
-    output = run_distributed(lambda port: [*launch, str(port), *command[2:], *overrides], timeout=900)
+    output = run_subprocess(lambda port: [*launch, str(port), *command[2:], *overrides], timeout=900)
     check_two_rank_demo_run(output, out)
     assert (out / "spurious_tokens.jsonl").is_file()
     card = (out / "README.md").read_text()  # written by the main process only

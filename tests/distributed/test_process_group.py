@@ -1,8 +1,6 @@
 """The process group on two ranks: after an input error (status 2 on each rank under accelerate), `trainer.end()` and
 `stapo-train`, nothing holds it and gloo's threads are gone (`stapo_trl.integrations.process_group`)."""
 
-from __future__ import annotations
-
 import sys
 import textwrap
 
@@ -11,60 +9,29 @@ from testing_utils import SMALL_TWO_RANK_DEMO, STAPO_RECIPE, accelerate_launch, 
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
-GLOO_THREADS = textwrap.dedent(
+# `stapo-train ARGV` or training one step with `which` trainer; after `trainer.end()` no function default holds the
+# group, gloo's threads are gone and the model still generates.
+WORKER = textwrap.dedent(
     r"""
-    import os, sys
-
-    def gloo_threads():
-        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-        return sorted(n for n in names if "gloo" in n)
-    """
-)
-INPUT_ERROR_WORKER = GLOO_THREADS + textwrap.dedent(
-    r"""
-    import torch.distributed as dist
-    from stapo_trl.cli.train import main
-
-    try:
-        main(sys.argv[1:])
-    except SystemExit as e:
-        report(f"exit {e.code}; group: {dist.is_initialized()}; gloo threads left: {gloo_threads()}")
-        raise
-    """
-)
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--s2t_entropy_quantile", "1.5"], "--s2t_entropy_quantile: s2t_entropy_quantile=1.5 must be in [0, 1]"),
-    (["--reward_funcs", "math_acuracy"], "Unknown reward 'math_acuracy'."),
-    (["--dataset_name", "/nonexistent/train.jsonl"], "Dataset file '/nonexistent/train.jsonl' does not exist."),
-], ids=["range", "reward", "data"])  # fmt: skip
-def test_an_input_error_under_accelerate_ends_each_rank_with_status_2_and_no_process_group(tmp_path, argv, message):
-    argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *argv]
-    output = run_torchrun(INPUT_ERROR_WORKER, tmp_path / "w.py", *argv, nproc=2, launch=accelerate_launch, status=1)
-    assert output.count("exit 2; group: False; gloo threads left: []") == 2, output[-3000:]
-    assert "exitcode  : 2 (pid:" in output and "exitcode  : 1 (pid:" not in output, output[-3000:]
-    assert any(line.startswith(f"stapo-train: error: {message}") for line in output.splitlines()), output[-3000:]
-    assert not (tmp_path / "out").exists()
-
-
-# After `trainer.end()` (or stapo-train) no function default holds the group, gloo's threads are gone, the model
-# still generates.
-GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
-    r"""
-    import gc, types
+    import gc, os, sys, types
     import torch
     import torch.distributed as dist
     from datasets import Dataset
     from stapo_trl import STAPOConfig, STAPOTrainer
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.run import train
+    from stapo_trl.cli.train import main
     from stapo_trl.trainer.trainers import GRPOBaselineTrainer
 
+    def gloo_threads():
+        names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+        return sorted(n for n in names if "gloo" in n)
     which, *argv = sys.argv[1:]
     if which == "stapo-train":
-        train(*parse_args(argv))
-        report("gloo threads after stapo-train:", gloo_threads())
+        try:
+            main(argv)
+        except SystemExit as e:
+            report(f"exit {e.code}; group: {dist.is_initialized()}; gloo threads left: {gloo_threads()}")
+            raise
+        report("gloo threads after the end:", gloo_threads())
         sys.exit()
     model_path, out = argv
     args = STAPOConfig(output_dir=out, use_cpu=True, bf16=False, report_to="none", max_completion_length=8,
@@ -82,7 +49,7 @@ GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
     assert gloo_threads(), "no gloo threads while the group exists: the check below would prove nothing"
     del group
     trainer.end()
-    report("gloo threads after trainer.end():", gloo_threads())
+    report("gloo threads after the end:", gloo_threads())
     ids = trainer.processing_class("1+1=", return_tensors="pt").input_ids
     with torch.no_grad():
         new = trainer.model.generate(ids, max_new_tokens=2, do_sample=False).shape[1] - ids.shape[1]
@@ -91,20 +58,30 @@ GROUP_RELEASE_WORKER = GLOO_THREADS + textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("which", ["stapo", "grpo"])
-def test_trainer_end_after_two_rank_training_releases_gloo(tiny_random_model_path, tmp_path, which):
-    output = run_torchrun(
-        GROUP_RELEASE_WORKER, tmp_path / "w.py", which, tiny_random_model_path, str(tmp_path), nproc=2
-    )
-    assert "wrapper during training: DistributedDataParallel" in output, output[-3000:]
-    for line in ("functions holding the group in a default: []", "gloo threads after trainer.end(): []"):
-        assert output.count(line) == 2, output[-3000:]
-    assert output.count("generated after end: 2") == 2, output[-3000:]
+@pytest.mark.parametrize("argv, message", [
+    (["--s2t_entropy_quantile", "1.5"], "--s2t_entropy_quantile: s2t_entropy_quantile=1.5 must be in [0, 1]"),
+    (["--reward_funcs", "math_acuracy"], "Unknown reward 'math_acuracy'."),
+    (["--dataset_name", "/nonexistent/train.jsonl"], "Dataset file '/nonexistent/train.jsonl' does not exist."),
+], ids=["range", "reward", "data"])  # fmt: skip
+def test_an_input_error_under_accelerate_ends_each_rank_with_status_2_and_no_process_group(tmp_path, argv, message):
+    argv = ["stapo-train", "--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), *argv]
+    output = run_torchrun(WORKER, tmp_path / "w.py", *argv, nproc=2, launch=accelerate_launch, status=1)
+    assert output.count("exit 2; group: False; gloo threads left: []") == 2, output[-3000:]
+    assert "exitcode  : 2 (pid:" in output and "exitcode  : 1 (pid:" not in output, output[-3000:]
+    assert any(line.startswith(f"stapo-train: error: {message}") for line in output.splitlines()), output[-3000:]
+    assert not (tmp_path / "out").exists()
 
 
-def test_stapo_train_on_two_ranks_releases_gloo(tiny_math_model_path, tmp_path):
+@pytest.mark.parametrize("which", ["stapo", "grpo", "stapo-train"])
+def test_the_end_of_two_rank_training_releases_gloo(tiny_random_model_path, tiny_math_model_path, tmp_path, which):
     out = tmp_path / "run"
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
-    output = run_torchrun(GROUP_RELEASE_WORKER, tmp_path / "w.py", "stapo-train", *argv, *SMALL_TWO_RANK_DEMO, nproc=2)
-    assert output.count("gloo threads after stapo-train: []") == 2, output[-3000:]
-    assert (out / "model.safetensors").exists()
+    argv = [*argv, *SMALL_TWO_RANK_DEMO] if which == "stapo-train" else [tiny_random_model_path, str(tmp_path)]
+    output = run_torchrun(WORKER, tmp_path / "w.py", which, *argv, nproc=2)
+    assert output.count("gloo threads after the end: []") == 2, output[-3000:]
+    if which == "stapo-train":
+        assert (out / "model.safetensors").exists()
+    else:
+        assert "wrapper during training: DistributedDataParallel" in output, output[-3000:]
+        holders = output.count("functions holding the group in a default: []")
+        assert holders == output.count("generated after end: 2") == 2, output[-3000:]

@@ -1,12 +1,10 @@
-"""The shipped docs (README.md, docs/, recipes/): links and paths that point only inside the repository (they named
-files outside it, under shared/ or ../), the README's Python example, which is `examples/python_api.py` verbatim
-and runs as printed, and the plain-TRL baseline of docs/development.md, which runs as printed (the README's headless
-notebook command: tests/notebooks/test_notebook.py)."""
-
-from __future__ import annotations
+"""The shipped docs (README.md, docs/, recipes/): bash blocks paste as written, links stay inside the repository, the
+Python example (`examples/python_api.py`) and docs/development.md's plain-TRL baseline run as printed."""
 
 import ast
 import re
+import shlex
+import subprocess
 import sys
 
 import pytest
@@ -18,9 +16,46 @@ from stapo_trl.run_folder.logs import read_metrics, read_token_records
 from stapo_trl.trainer.config import has_accelerator
 
 
-SHIPPED_DOCS = ["README.md", "recipes/README.md", *(str(p.relative_to(REPO)) for p in sorted(REPO.glob("docs/*.md")))]
-SHIPPED_DOCS += [str(p.relative_to(REPO)) for p in sorted(REPO.glob("recipes/**/*.yaml"))]
+DOCS = [REPO / "README.md", REPO / "recipes" / "README.md", *sorted(REPO.glob("docs/*.md"))]
+BLOCKS = [(doc, block) for doc in DOCS for block in readme_code_blocks("bash", doc)]
+SHIPPED_DOCS = [str(p.relative_to(REPO)) for p in [*DOCS, *sorted(REPO.glob("recipes/**/*.yaml"))]]
 OUTSIDE = re.compile(r"(?<![\w.])/(?:work|home|tmp|root|Users)/|\bshared/|\bSTAPO\.md\b|\bENVIRONMENT\.md\b")
+EXAMPLE = REPO / "examples" / "python_api.py"
+
+
+@pytest.mark.parametrize("doc, block", BLOCKS, ids=[f"{d.relative_to(REPO)}:{i}" for i, (d, _) in enumerate(BLOCKS)])
+def test_every_bash_block_pastes(doc, block):
+    # It parses (`bash -n`); no `\` is followed by spaces and a `# comment` (pasted: one argument `' '` ends the
+    # command); a `stapo-train` on other data names its own --output_dir (else it resumes the recipe's finished run).
+    checked = subprocess.run(["bash", "-n"], input=block, capture_output=True, text=True)
+    assert checked.returncode == 0, f"{doc.name}: {checked.stderr}\n{block}"
+    for line in block.splitlines():
+        assert not re.search(r"\\[ \t]+(#.*)?$", line), f"{doc.name}: a continuation followed by something: {line}"
+    for command in re.sub(r"\\\n", " ", block).splitlines():
+        command = command.split(" #")[0]
+        if re.search(r"\bstapo-train (?!compare)", command) and "--dataset_name" in command:
+            assert "--output_dir" in command, f"{doc.name}: trains on other data in the recipe's folder: {command}"
+
+
+def test_every_stapo_eval_command_on_a_tiny_model_fits_its_positions(tiny_math_model_path):
+    # The README's `stapo-eval --model outputs/demo-stapo ...` and the docs' `make evaluate MODEL=outputs/demo-stapo
+    # EVAL_ARGS=...` stopped on the paper's default budget (20480 new tokens; the tiny model has 512 positions).
+    from stapo_trl.cli.eval import check_generation_budget, make_parser
+
+    checked = []
+    for doc, block in BLOCKS:
+        for command in re.sub(r"\\\n", " ", block).splitlines():
+            if "stapo-eval --model" not in command and "make evaluate" not in command:
+                continue
+            words = shlex.split(command.split(" #")[0])
+            if "make" in words and "evaluate" in words:  # the Makefile's target: --model $(MODEL) $(EVAL_ARGS)
+                options = dict(word.split("=", 1) for word in words if "=" in word)
+                words = ["stapo-eval", "--model", options["MODEL"], *shlex.split(options.get("EVAL_ARGS", ""))]
+            model = words[words.index("--model") + 1] if "--model" in words else ""
+            if words and words[0].endswith("stapo-eval") and model.startswith(("builtin:tiny-", "outputs/demo-")):
+                check_generation_budget(make_parser().parse_args(words[1:]), tiny_math_model_path)
+                checked.append(f"{doc.name}: {command}")
+    assert len(checked) >= 5, checked  # README, evaluation.md (3), vllm_cpu.md
 
 
 @pytest.mark.parametrize("doc", SHIPPED_DOCS)
@@ -28,37 +63,30 @@ def test_shipped_docs_point_only_inside_the_repository(doc):
     text = (REPO / doc).read_text()
     outside = [m.group(0) for m in OUTSIDE.finditer(text)]
     assert not outside, f"{doc} points outside the repository: {outside}"
-    # Relative Markdown links and images resolve, from the page's folder, to a file inside the repository; backticked
-    # repository paths exist.
+    # Relative Markdown links resolve, from the page's folder, to a file of the repository; backticked paths exist.
     folder = (REPO / doc).parent
     for target in re.findall(r"\]\(([^)\s#]+)", text):
-        if target.startswith(("http://", "https://", "mailto:")):
-            continue
-        resolved = (folder / target).resolve()
-        assert resolved.is_relative_to(REPO) and resolved.exists(), f"{doc} links to a missing file: {target}"
+        if not target.startswith(("http://", "https://", "mailto:")):
+            resolved = (folder / target).resolve()
+            assert resolved.is_relative_to(REPO) and resolved.exists(), f"{doc} links to a missing file: {target}"
     for target in re.findall(
         r"`((?:benchmarks|docs|recipes|scripts|slurm|stapo_trl|tests|notebooks)/[\w./-]+)`", text
     ):
         assert (REPO / target).exists(), f"{doc} names a missing file: {target}"
 
 
-EXAMPLE = REPO / "examples" / "python_api.py"
-
-
 def test_readme_python_snippet_is_the_example_file():
     source = EXAMPLE.read_text()
     assert source in readme_code_blocks("python"), "README.md must show examples/python_api.py verbatim"
+    assert any("--dataset_name" in block for doc, block in BLOCKS if doc.name == "README.md")  # the own-data example
     # The one-import switch, and the instruction the built-in model was trained with (or every reward is 0).
     assert "from stapo_trl import STAPOTrainer as GRPOTrainer" in source
     assigned = {node.targets[0].id: node.value for node in ast.parse(source).body if isinstance(node, ast.Assign)}
     assert ast.literal_eval(assigned["INSTRUCTION"]) == INSTRUCTION
-    # Reported: the comment said "without a GPU: use_cpu=True, bf16=False", which the code sets nowhere: STAPOConfig
-    # sets them itself on a machine without an accelerator, as the comment now says.
+    # STAPOConfig sets use_cpu and bf16 itself on a machine without an accelerator, as the comment says.
     assert "# paper defaults (τ_p 0.002, q 0.75, DAPO loss); sets use_cpu=True, bf16=False without a GPU" in source
-    (call,) = [
-        n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and ast.unparse(n.func) == "GRPOConfig"
-    ]
-    assert not {"use_cpu", "bf16"} & {keyword.arg for keyword in call.keywords}
+    calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and ast.unparse(n.func) == "GRPOConfig"]
+    assert len(calls) == 1 and not {"use_cpu", "bf16"} & {keyword.arg for keyword in calls[0].keywords}
     config = STAPOConfig(output_dir="unused", report_to="none")  # on this machine (no accelerator), as in the example
     assert not has_accelerator() and (config.use_cpu, config.bf16) == (True, False)
 
@@ -68,18 +96,16 @@ def test_python_api_example_runs_as_printed_and_stapo_plot_reads_its_folder(tiny
     from stapo_trl.cli.plot import main as plot_main
 
     # The file as printed, in a fresh folder; `builtin:tiny-math` resolves to the session's model (no rebuild).
-    env = subprocess_env(
-        STAPO_TRL_CACHE=str(builtin_cache_root(tiny_math_model_path)), PYTHONPATH=str(REPO), MPLBACKEND="Agg"
-    )
+    cache = str(builtin_cache_root(tiny_math_model_path))
+    env = subprocess_env(STAPO_TRL_CACHE=cache, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
     output = run_subprocess([sys.executable, str(EXAMPLE)], timeout=300, env=env, cwd=tmp_path)
     # STAPOConfig sets `activation_checkpointing` itself: no deprecation of TRL's default `gradient_checkpointing` at
     # config time (what a run prints while training is TRL's and transformers' own, as for GRPOTrainer).
     assert "`gradient_checkpointing` is deprecated" not in output.split("Loading weights")[0], output[-3000:]
     out = tmp_path / "outputs" / "python-api"
     rows = [row for row in read_metrics(str(out)) if "reward" in row]
-    assert [row["step"] for row in rows] == list(range(2, 21, 2))
+    assert [row["step"] for row in rows] == list(range(2, 21, 2)) and all("s2t/silenced_ratio" in row for row in rows)
     assert max(row["reward"] for row in rows) > 0.0  # the prompts carry the model's instruction
-    assert all("s2t/silenced_ratio" in row for row in rows)
     assert read_token_records(str(out)), "spurious_tokens.jsonl is empty"
     plot_main([str(out)])  # stapo-plot outputs/python-api
     assert (out / "training_curves.png").stat().st_size > 10_000
@@ -87,10 +113,10 @@ def test_python_api_example_runs_as_printed_and_stapo_plot_reads_its_folder(tiny
 
 @pytest.mark.slow  # a fresh process (imports ~7 s) and 20 GRPO steps
 def test_readme_grpo_baseline_on_a_builtin_model_runs_as_printed(tiny_math_model_path, tmp_path):
-    """A new user found no way to run plain `GRPOTrainer` on a `builtin:` model for a baseline: the snippet the README
-    links to (docs/development.md; `resolve_model_path` gives the folder TRL loads), run as printed, trains plain TRL."""
-    blocks = readme_code_blocks("python", REPO / "docs" / "development.md")
-    (snippet,) = [block for block in blocks if "resolve_model_path(" in block]
+    # plain `GRPOTrainer` on a `builtin:` model (`resolve_model_path` gives the folder TRL loads), as printed
+    (snippet,) = [
+        b for b in readme_code_blocks("python", REPO / "docs" / "development.md") if "resolve_model_path(" in b
+    ]
     assert "from trl import GRPOConfig, GRPOTrainer" in snippet and "torch.set_num_threads(1)" in snippet
     (tmp_path / "baseline.py").write_text(snippet)
     env = subprocess_env(STAPO_TRL_CACHE=str(builtin_cache_root(tiny_math_model_path)), PYTHONPATH=str(REPO))

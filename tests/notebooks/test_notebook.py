@@ -22,18 +22,25 @@ def test_notebook_is_committed_without_outputs_and_leaves_the_run_file_callbacks
     assert not [by_hand for by_hand in ("MetricsLogCallback", "SpuriousTokenLogger", "callbacks=") if by_hand in code]
 
 
-def _execute(tmp_path, model_path: str, **env: str) -> str:
-    """The README's `jupyter execute` on a copy with `model_path`, the small sizes and `env`: the outputs' text."""
+@pytest.mark.slow  # a kernel, the claims on one batch, 40 updates and their figures: ~1 min on 2 busy cores
+@pytest.mark.parametrize("real", [False, pytest.param(True, marks=pytest.mark.real_model("smollm2-135m"))],
+                         ids=["no-wheel", "smollm2"])  # fmt: skip
+def test_notebook_runs_as_the_readme_prints_it_and_asserts_the_papers_claims(tiny_math_model_path, tmp_path, request,
+                                                                             real):  # fmt: skip
+    # Without the real model's wheel its section says how to install it and skips; with it, builtin:smollm2-135m as
+    # shipped, converted once per session (`smollm2_path`, read through STAPO_TRL_CACHE).
+    if real:
+        env = {"STAPO_TRL_CACHE": str(Path(request.getfixturevalue("smollm2_path")).parent)}
+    else:
+        env = {"STAPO_TRL_WHEELS_PATH": str(tmp_path / "no-wheels")}
     (command,) = re.findall(r"`\.venv/bin/(jupyter execute [^`]+)`", (REPO / "README.md").read_text())
-    words = command.split()
+    words = command.split()  # the README's command, on a copy
     (output_name,) = [word.removeprefix("--output=") for word in words if word.startswith("--output=")]
     copy = tmp_path / words[-1]
     copy.parent.mkdir(parents=True)
     copy.write_bytes(NOTEBOOK.read_bytes())
-    env = subprocess_env(
-        STAPO_NOTEBOOK_MODEL=model_path, STAPO_NOTEBOOK_SMALL="1", STAPO_NOTEBOOK_OUTPUT=str(tmp_path / "out"),
-        MPLBACKEND="Agg", **env,
-    )  # fmt: skip
+    env = subprocess_env(STAPO_NOTEBOOK_MODEL=tiny_math_model_path, STAPO_NOTEBOOK_SMALL="1", MPLBACKEND="Agg",
+                         STAPO_NOTEBOOK_OUTPUT=str(tmp_path / "out"), **env)  # fmt: skip
     run_subprocess([str(Path(sys.executable).parent / words[0]), *words[1:]], timeout=1200, env=env, cwd=tmp_path)
     executed = nbformat.read(copy.parent / f"{output_name}.ipynb", as_version=4)
     outputs = [out for cell in executed.cells if cell.cell_type == "code" for out in cell.outputs]
@@ -46,25 +53,11 @@ def _execute(tmp_path, model_path: str, **env: str) -> str:
     theorem = re.findall(r"Theorem 3\.3: (\d+) of (\d+) inside", text)
     assert theorem and all(inside == total != "0" for inside, total in theorem), theorem
     assert re.search(r"Lemma 3\.2: a positive step raises H at (\d+) of \1 low-p tokens", text), text[-3000:]
-    assert "as the rule recomputed by hand" in text
     assert re.search(r"40 updates at lr 0\.0001: mean reward \d\.\d\d \(first 2 rollout batches\)", text)
-    return text
-
-
-@pytest.mark.slow  # a kernel, the claims on one batch, 40 updates and their figures: ~1 min on 2 busy cores
-def test_notebook_runs_as_the_readme_prints_it_and_asserts_the_papers_claims(tiny_math_model_path, tmp_path):
-    # Without the real model's wheel its section says how to install it and skips.
-    text = _execute(tmp_path, tiny_math_model_path, STAPO_TRL_WHEELS_PATH=str(tmp_path / "no-wheels"))
+    assert len(re.findall("Theorem 3.3", text)) == len(re.findall("as the rule recomputed by hand", text)) == 1 + real
     skipped = [line for line in text.splitlines() if line.startswith("Skipped: ")]
-    assert len(skipped) == 1 and "make install-real-models" in skipped[0], skipped
-    assert len(re.findall("Theorem 3.3", text)) == 1
-
-
-@pytest.mark.slow
-@pytest.mark.real_model("smollm2-135m")
-def test_notebook_checks_the_claims_on_the_shipped_smollm2(tiny_math_model_path, smollm2_path, tmp_path):
-    # builtin:smollm2-135m as shipped, converted once per session (`smollm2_path`, read through STAPO_TRL_CACHE)
-    text = _execute(tmp_path, tiny_math_model_path, STAPO_TRL_CACHE=str(Path(smollm2_path).parent))
-    assert "Skipped: " not in text and "builtin:smollm2-135m: " in text
-    assert len(re.findall("Theorem 3.3", text)) == 2 and len(re.findall("as the rule recomputed by hand", text)) == 2
-    assert (tmp_path / "out" / "exploration" / "real_model_prob_entropy.png").stat().st_size > 10_000
+    if real:
+        assert not skipped and "builtin:smollm2-135m: " in text
+        assert (tmp_path / "out" / "exploration" / "real_model_prob_entropy.png").stat().st_size > 10_000
+    else:
+        assert len(skipped) == 1 and "make install-real-models" in skipped[0], skipped

@@ -2,8 +2,6 @@
 stopped by the time-limit warning (`scancel --batch --signal=USR1`) and by a real preemption, each inside a held step,
 requeued twice, finished with every step's metrics row once. `cred_expire` 10 s lets requeues start."""
 
-from __future__ import annotations
-
 import os
 import re
 import shlex
@@ -21,8 +19,6 @@ from testing_utils import REPO, free_port, read_jsonl, readme_code_blocks, subpr
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
-DAEMONS = ("munged", "slurmctld", "slurmd")
-
 
 def _run(*cmd: str, env: dict[str, str]) -> str:
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
@@ -30,8 +26,7 @@ def _run(*cmd: str, env: dict[str, str]) -> str:
     return result.stdout
 
 
-def _wait_for(condition, what: str, log: Path | None = None, timeout: float = 300):
-    """Poll `condition()` (an event: a file or a job state) until true; the timeout is a guard showing the job log."""
+def _wait_for(condition, what: str, log: Path | None = None, timeout: float = 300):  # an event; a guard, with the log
     deadline = time.monotonic() + timeout
     while not (value := condition()):
         if time.monotonic() > deadline:
@@ -42,7 +37,7 @@ def _wait_for(condition, what: str, log: Path | None = None, timeout: float = 30
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    sbin = {name: shutil.which(name) or f"/usr/sbin/{name}" for name in DAEMONS}
+    sbin = {name: shutil.which(name) or f"/usr/sbin/{name}" for name in ("munged", "slurmctld", "slurmd")}
     if os.geteuid() != 0 or not all(os.access(path, os.X_OK) for path in sbin.values()) or not shutil.which("sbatch"):
         pytest.skip("needs root and Slurm with munge (`make test-slurm` installs Debian's slurmctld, slurmd, munge)")
     root = tmp_path_factory.mktemp("slurm")
@@ -51,8 +46,7 @@ def slurm(tmp_path_factory):
     key, socket_path = root / "munge.key", root / "munge.socket"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
-    host = socket.gethostname().split(".")[0]
-    conf = root / "slurm.conf"
+    host, conf = socket.gethostname().split(".")[0], root / "slurm.conf"
     settings = dict(
         ClusterName="stapotest", SlurmctldHost=host, SlurmctldPort=free_port(), SlurmdPort=free_port(),
         SlurmUser="root", SlurmdUser="root", AuthType="auth/munge", CredType="cred/munge",
@@ -64,11 +58,9 @@ def slurm(tmp_path_factory):
         PreemptType="preempt/partition_prio", PreemptMode="REQUEUE",
         NodeName=f"{host} CPUs={os.cpu_count()} RealMemory=1000 State=UNKNOWN",
     )  # fmt: skip
-    partitions = ["main Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
-                  "urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2"]  # fmt: skip
-    conf.write_text(
-        "".join(f"{k}={v}\n" for k, v in settings.items()) + "".join(f"PartitionName={p}\n" for p in partitions)
-    )
+    conf.write_text("".join(f"{k}={v}\n" for k, v in settings.items())
+                    + "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1\n"
+                    + "PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2\n")  # fmt: skip
     env = subprocess_env(SLURM_CONF=str(conf))
     pid_files = [root / "munged.pid", root / "slurmctld.pid", root / "slurmd.pid"]
     try:
@@ -80,9 +72,7 @@ def slurm(tmp_path_factory):
         yield env
     finally:
         try:  # jobs left by a failed test, killed: a process ignoring SIGTERM would outlive slurmctld's KillWait
-            if jobs := subprocess.run(
-                ["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True
-            ).stdout.split():
+            if jobs := _run("squeue", "-h", "-o", "%i", env=env).split():
                 subprocess.run(["scancel", "--full", "--signal=KILL", *jobs], env=env)
                 subprocess.run(["scancel", *jobs], env=env)
                 _wait_for(lambda: not _run("squeue", "-h", env=env).strip(), "empty queue", timeout=120)
@@ -102,28 +92,21 @@ def _running(job_id: str, env: dict[str, str], run: int) -> bool:
     return job.get("JobState") == "RUNNING" and int(job.get("Restarts", 0)) == run - 1
 
 
-def _documented_command() -> list[str]:
-    (line,) = [line for line in readme_code_blocks("bash", REPO / "docs/training_at_scale.md")[0].splitlines()
-               if "sbatch" in line and "--model demo" in line]  # fmt: skip
-    return shlex.split(line.split("&&")[-1])
-
-
 def test_a_job_stopped_by_the_warning_and_by_preemption_resumes_each_time(slurm, tiny_math_model_path, tmp_path):
     out, log, hold = tmp_path / "run", tmp_path / "job.log", write_held_reward(tmp_path)
     max_steps = 16
-    command = _documented_command()
+    (line,) = [line for line in readme_code_blocks("bash", REPO / "docs/training_at_scale.md")[0].splitlines()
+               if "sbatch" in line and "--model demo" in line]  # fmt: skip
+    command = shlex.split(line.split("&&")[-1])
     # the job imports the held reward; VENV: train.slurm activates this interpreter's environment
     env = dict(slurm, PYTHONPATH=str(tmp_path), VENV=str(Path(sys.executable).parents[1]))
     while "=" in command[0]:  # VAR=value before the command
-        name, value = command.pop(0).split("=", 1)
-        env[name] = value
+        env.update([command.pop(0).split("=", 1)])
     script = command.index("slurm/train.slurm")
     sbatch = command[:script] + ["--parsable", f"--output={log}", f"--error={log}"]
-    overrides = [
-        "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), "--max_steps", str(max_steps),
-        "--logging_steps", "1", "--save_steps", "100000", "--eval_before_after", "false", "--disable_tqdm", "true",
-        "--reward_funcs", "held_reward.held_accuracy",
-    ]  # fmt: skip
+    overrides = ["--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), "--max_steps", str(max_steps),
+                 "--logging_steps", "1", "--save_steps", "100000", "--eval_before_after", "false", "--disable_tqdm",
+                 "true", "--reward_funcs", "held_reward.held_accuracy"]  # fmt: skip
     script_args = command[script:] + ["--main-process-port", str(free_port()), "--", *overrides]
     start = time.monotonic()
     job = _run(*sbatch, *script_args, env=env).strip()
@@ -157,12 +140,10 @@ def test_a_job_stopped_by_the_warning_and_by_preemption_resumes_each_time(slurm,
     assert sum(line.startswith("train.slurm: SIGUSR1 (the time limit is near)") for line in lines) == 1, text
     assert sum(line.startswith("train.slurm: SIGTERM (scancel, preemption") for line in lines) == 1, text
     assert [line for line in lines if line.startswith(f"train.slurm: job {job}, run ")] == [
-        f"train.slurm: job {job}, run 2: training resumes from the last checkpoint in its output_dir.",
-        f"train.slurm: job {job}, run 3: training resumes from the last checkpoint in its output_dir.",
+        f"train.slurm: job {job}, run {n}: training resumes from the last checkpoint in its output_dir."
+        for n in (2, 3)
     ]
-    stops = [re.match(r"Interrupted by (\w+) at step (\d+):", line) for line in lines]
-    stops = [(match[1], int(match[2])) for match in stops if match]
-    assert [name for name, _ in stops] == ["SIGUSR1", "SIGTERM"], text[-5000:]
-    for _, step in stops:
-        assert f"Resuming training from {out / f'checkpoint-{step}'}" in text
+    stops = [match for line in lines if (match := re.match(r"Interrupted by (\w+) at step (\d+):", line))]
+    assert [match[1] for match in stops] == ["SIGUSR1", "SIGTERM"], text[-5000:]
+    assert all(f"Resuming training from {out / f'checkpoint-{match[2]}'}" in text for match in stops)
     assert (out / "model.safetensors").exists() and "run finished" in text
