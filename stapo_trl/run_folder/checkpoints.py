@@ -31,7 +31,6 @@ _REQUIRED = {  # what `Trainer._save_checkpoint` writes, by name prefix
     "optimizer state (optimizer.pt)": ("optimizer", "global_step"),
     "RNG state (rng_state.pth)": ("rng_state",),
 }
-_UNPICKLED_ON_RESUME = ("optimizer", "scheduler", "scaler", "rng_state", "pytorch_model")
 RESUME_FIELDS = (  # what a resume must keep
     "loss_type", "epsilon", "epsilon_high", "delta", "beta", "scale_rewards", "reward_weights",
     "importance_sampling_level", "top_entropy_quantile", "mask_truncated_completions", "num_generations",
@@ -43,8 +42,6 @@ _HOLDS: dict[str, list] = {}  # folder -> [its FileLock or None, its holders: No
 
 
 class LinkError(ValueError):
-    """A symbolic link where a run writes a file."""
-
     def __init__(self, path: str):
         super().__init__(f"{path} is a symbolic link (to {os.readlink(path)!r}): a run writes its files in its "
                          "folder, never through a link (it would overwrite the link's target). Remove the link, or "
@@ -86,8 +83,7 @@ def refuse_links(output_dir: str) -> None:
 
 
 def check_output_dir(output_dir: str, refuse_user_files: bool = False) -> None:
-    """Raise `ValueError` (one line), creating nothing, for an `output_dir` that is empty, a file, unwritable or holds
-    a link; a folder of the user's own files is refused with `refuse_user_files`, else warned about."""
+    """`ValueError`, creating nothing, for an empty, file, unwritable or linked `output_dir`, or one of user files."""
     if not str(output_dir or "").strip():
         raise ValueError(f"output_dir={output_dir!r} is empty: give the folder the run writes its checkpoints, model "
                          "and files into (e.g. outputs/my-run).")  # fmt: skip
@@ -135,10 +131,8 @@ def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = Non
     folder = os.path.abspath(output_dir)
     lock, holders = _HOLDS.setdefault(folder, [None, []])
     if not acquire:
-        if trainer in holders:
-            holders.remove(trainer)
-            if not holders and lock is not None:
-                lock.release()
+        if trainer in holders and (holders.remove(trainer) or not holders) and lock is not None:
+            lock.release()
         return
     refuse_links(output_dir)
     owner = os.path.join(folder, "_writer.txt")
@@ -170,31 +164,6 @@ def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = Non
     _HOLDS[folder] = [lock, [*holders, trainer]]
 
 
-def _torch_file_problem(path: str, load: bool) -> str | None:
-    size = os.path.getsize(path)
-    try:
-        with zipfile.ZipFile(path) as archive:
-            if any(info.header_offset + info.compress_size > size for info in archive.infolist()):
-                return "cut short: its zip directory points past its end"
-    except (zipfile.BadZipFile, OSError, ValueError):
-        return "damaged: no zip directory (cut short, or overwritten)"
-    if not load:
-        return None
-    import torch
-    from transformers.trainer_pt_utils import safe_globals
-
-    try:
-        with safe_globals():
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # noqa: BLE001 (UnpicklingError, RuntimeError)
-        paragraphs = [p.strip() for p in str(e).split("\n\n") if p.strip()]
-        detail = next((p for p in paragraphs[1:] if not p.startswith("Check the documentation")), None)
-        detail = (detail or (paragraphs or [type(e).__name__])[0]).splitlines()[0][:160].rstrip(".")
-        return f"refused by a safe load: {detail}"
-    rng = isinstance(state, dict) and {"python", "numpy", "cpu"} <= set(state)
-    return "holds no RNG state" if os.path.basename(path).startswith("rng_state") and not rng else None
-
-
 def tensor_specs(path: str) -> dict:
     """`{name: {"dtype": "F32", "shape": [16, 48]}}` of a safetensors file; safetensors' error for a damaged one."""
     from safetensors import safe_open
@@ -203,13 +172,33 @@ def tensor_specs(path: str) -> dict:
         return {n: {"dtype": f.get_slice(n).get_dtype(), "shape": f.get_slice(n).get_shape()} for n in f.keys()}
 
 
-def file_problem(path: str) -> str | None:
-    """Why the checkpoint file `path` cannot be loaded whole, in a few words, or `None`."""
+def file_problem(path: str, load: bool = True) -> str | None:
+    """Why the checkpoint file `path` cannot be loaded whole, in a few words, or `None`; `load=False`: zip check only."""
     name, tensors = os.path.basename(path), re.sub(r"\.json$", ".safetensors", path)
     if not os.path.isfile(path):
         return "not a file"
     if name.endswith((".pt", ".pth", ".bin")):
-        return _torch_file_problem(path, load=name.startswith(_UNPICKLED_ON_RESUME))
+        try:
+            with zipfile.ZipFile(path) as archive:
+                if any(i.header_offset + i.compress_size > os.path.getsize(path) for i in archive.infolist()):
+                    return "cut short: its zip directory points past its end"
+        except (zipfile.BadZipFile, OSError, ValueError):
+            return "damaged: no zip directory (cut short, or overwritten)"
+        if not load or not name.startswith(("optimizer", "scheduler", "scaler", "rng_state", "pytorch_model")):
+            return None  # DeepSpeed's, or a file a resume does not unpickle
+        import torch
+        from transformers.trainer_pt_utils import safe_globals
+
+        try:
+            with safe_globals():
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as e:  # noqa: BLE001 (UnpicklingError, RuntimeError)
+            paragraphs = [p.strip() for p in str(e).split("\n\n") if p.strip()]
+            detail = next((p for p in paragraphs[1:] if not p.startswith("Check the documentation")), None)
+            return "refused by a safe load: " + (detail or (paragraphs or [type(e).__name__])[0]).splitlines()[0][
+                :160].rstrip(".")  # fmt: skip
+        rng = isinstance(state, dict) and {"python", "numpy", "cpu"} <= set(state)
+        return "holds no RNG state" if name.startswith("rng_state") and not rng else None
     try:
         if name.endswith(".safetensors"):
             tensor_specs(path)
@@ -240,28 +229,27 @@ def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
         return f"trainer_state.json unreadable ({type(e).__name__}): its save did not finish"
     number = CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path)))
     if type(step) is not int or step < 0 or (number and step != int(number[1])):
-        expected = f"its step {number[1]}" if number else "a step"
-        return f"trainer_state.json has global_step {repr(step)[:40]}, not {expected}"
+        return f"trainer_state.json has global_step {repr(step)[:40]}, not {f'its step {number[1]}' if number else 'a step'}"
     try:
-        record = read_run_record(path)
+        record = read_run_record(path) or {}
     except (OSError, ValueError) as e:
         return f"{RUN_RECORD} unreadable: {type(e).__name__}" if isinstance(e, OSError) else str(e)
-    if record is not None and record.get("files") is None:
+    if record and record.get("files") is None:
         return f"{RUN_RECORD} says its save did not finish"
-    save_only_model = bool((record or {}).get("save_only_model", save_only_model))
+    save_only_model = bool(record.get("save_only_model", save_only_model))
     for what, prefixes in list(_REQUIRED.items())[: 1 if save_only_model else None]:
         if not any(name.startswith(prefixes) for name in names):
             return f"no {what}"
     if not save_only_model and {"optimizer.pt", "optimizer.bin"} & set(names) and "scheduler.pt" not in names:
         return "no scheduler.pt: without it transformers resumes with a fresh optimizer"
-    if missing := [name for name in (record or {}).get("files", []) if name not in names]:
+    if missing := [name for name in record.get("files", []) if name not in names]:
         return f"no {missing[0]}, which its save wrote"
     for name in names:
         full = os.path.join(path, name)
         if not os.path.isdir(full) and (problem := file_problem(full)):
             return f"{name} {problem}"
         for inner in sorted(os.listdir(full)) if name.startswith("global_step") and os.path.isdir(full) else []:
-            if inner.endswith(".pt") and (problem := _torch_file_problem(os.path.join(full, inner), False)):
+            if inner.endswith(".pt") and (problem := file_problem(os.path.join(full, inner), False)):
                 return f"{name}/{inner} {problem}"  # DeepSpeed's: their zip directory only
     return None
 
@@ -289,9 +277,8 @@ def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_as
             os.replace(os.path.join(output_dir, name), os.path.join(output_dir, target))
         words.append(f"{name} ({problem})" + f" and moved it aside to {target}" * move_aside)
     if words:
-        head = f"The newest complete checkpoint is {checkpoint}"
-        head = head if checkpoint else f"No complete checkpoint to resume in {output_dir}"
-        logger.warning(f"{head}: skipped {', '.join(words)}.")
+        logger.warning((f"The newest complete checkpoint is {checkpoint}" if checkpoint else "No complete checkpoint to "
+                        f"resume in {output_dir}") + f": skipped {', '.join(words)}.")  # fmt: skip
     return checkpoint
 
 
@@ -306,21 +293,15 @@ def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: s
         problem = f"is a run folder, not a checkpoint: give one of its checkpoints ({os.path.basename(newest)})"
     else:
         problem = f"is not a complete checkpoint ({problem})"
-    fix = (
-        fix or "Give a complete checkpoint folder (<output_dir>/checkpoint-<step>), or let a run take its newest one."
-    )
-    raise ValueError(f"{what} {problem}. {fix}")
+    raise ValueError(f"{what} {problem}. " + (fix or "Give a complete checkpoint folder (<output_dir>/checkpoint-<step>), "
+                     "or let a run take its newest one."))  # fmt: skip
 
 
 def plain(value: Any) -> Any:
     """`value` as JSON data equal across processes: enums by value, sets sorted, `to_dict()`, else the type's name."""
-
-    def default(v: Any) -> Any:
-        if isinstance(v, (set, frozenset)):
-            return sorted(plain(x) for x in v)
-        return v.value if isinstance(v, enum.Enum) else v.to_dict() if hasattr(v, "to_dict") else type(v).__name__
-
-    return json.loads(json.dumps(value, default=default))
+    return json.loads(json.dumps(value, default=lambda v: sorted(map(plain, v)) if isinstance(v, (set, frozenset)) else
+                                 v.value if isinstance(v, enum.Enum) else v.to_dict() if hasattr(v, "to_dict") else
+                                 type(v).__name__))  # fmt: skip
 
 
 def run_settings(args, *, trainer: str, model, reward_funcs, s2t=None, peft_config=None, train_dataset=None,
@@ -329,9 +310,7 @@ def run_settings(args, *, trainer: str, model, reward_funcs, s2t=None, peft_conf
     [`RESUME_FIELDS`] of `args`, the PEFT settings and the training data's fingerprint."""
     from trl.trainer.utils import get_callable_name
 
-    def local(path: Any) -> Any:
-        return os.path.abspath(path) if isinstance(path, str) and os.path.exists(path) else path
-
+    local = lambda p: os.path.abspath(p) if isinstance(p, str) and os.path.exists(p) else p  # noqa: E731
     if not isinstance(model, str):
         model = getattr(getattr(model, "config", None), "_name_or_path", None)
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs] if reward_funcs is not None else []

@@ -25,14 +25,13 @@ SPURIOUS_TOKENS_FILENAME = "spurious_tokens.jsonl"
 TRAIN_SUMMARY_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos",
                       "train_loss", "epoch"}  # fmt: skip
 _WARNED: set = set()  # (file, skipped lines) already said
+_number = lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)  # noqa: E731
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object") -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file that `valid` accepts; the others are skipped with one warning per file."""
+def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object", name=None) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file (`<path>/<name>` for a folder) that `valid` accepts; the others are skipped
+    with one warning per file."""
+    path = os.path.join(path, name) if name and os.path.isdir(path) else os.fspath(path)
     rows, bad = [], []
     for number, row in json_lines(path):
         (rows.append(row) if isinstance(row, dict) and (valid is None or valid(row)) else bad.append(number))
@@ -47,27 +46,16 @@ def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object")
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The rows of `metrics.jsonl` (or `<dir>/metrics.jsonl`): an integer `step`, numbers or `null`."""
-    path = os.path.join(path, METRICS_FILENAME) if os.path.isdir(path) else os.fspath(path)
-
-    def valid(row: dict) -> bool:
-        return (
-            _number(row.get("step"))
-            and float(row["step"]).is_integer()
-            and all(v is None or _number(v) for v in row.values())
-        )
-
-    return read_jsonl(path, valid, "a metrics row (a JSON object with an integer step and numbers)")
+    return read_jsonl(path, lambda row: _number(row.get("step")) and float(row["step"]).is_integer() and all(
+        v is None or _number(v) for v in row.values()), "a metrics row (a JSON object with an integer step and numbers)",
+        METRICS_FILENAME)  # fmt: skip
 
 
 def read_token_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of `spurious_tokens.jsonl` (or of `<dir>/spurious_tokens.jsonl`), in order."""
-    path = os.path.join(path, SPURIOUS_TOKENS_FILENAME) if os.path.isdir(path) else os.fspath(path)
-
-    def valid(row: dict) -> bool:
-        numbers = all(_number(row.get(key)) for key in ("step", "prob", "entropy"))
-        return row.get("kind") in records_.KINDS and numbers and isinstance(row.get("token"), str)
-
-    return read_jsonl(path, valid, "a token record (a JSON object with kind, step, prob, entropy, token)")
+    return read_jsonl(path, lambda row: row.get("kind") in records_.KINDS and isinstance(row.get("token"), str) and all(
+        _number(row.get(key)) for key in ("step", "prob", "entropy")), "a token record (a JSON object with kind, step, "
+        "prob, entropy, token)", SPURIOUS_TOKENS_FILENAME)  # fmt: skip
 
 
 def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -124,13 +112,10 @@ class JsonlLogCallback(TrainerCallback):
         self._file.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
         self._file.flush()
 
-    def on_train_end(self, args, state, control, **kwargs):
-        self.close()
+    def close(self, *args, **kwargs) -> None:
+        self._file = self._file and self._file.close()
 
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+    on_train_end = close
 
 
 class MetricsLogCallback(JsonlLogCallback):
@@ -165,28 +150,24 @@ class SpuriousTokenLogger(JsonlLogCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self._pending, self.kept = None, []
         super().on_train_begin(args, state, control, **kwargs)
-        for record in self.kept:
-            self._count(record)
+        self._count(self.kept)
 
-    def _count(self, record: dict[str, Any]) -> None:  # under the figures' label
-        if record["kind"] == "reference":
-            return
+    def _count(self, records: list[dict[str, Any]]) -> None:  # under the figures' label
         if self._token_bytes is None:
             backend = getattr(self.trainer.processing_class, "backend_tokenizer", None)  # a fast tokenizer
             self._token_bytes = records_.tokenizer_token_bytes(json.loads(backend.to_str())) if backend else {}
-        token_id = record.get("token_id")
-        label = records_.readable_token(record["token"], self._token_bytes.get(token_id), token_id)
-        (self.silenced_counts if record["kind"] == "silenced" else self.kept_candidate_counts)[label] += 1
+        for record in (r for r in records if r["kind"] != "reference"):
+            label = records_.readable_token(record["token"], self._token_bytes.get(i := record.get("token_id")), i)
+            (self.silenced_counts if record["kind"] == "silenced" else self.kept_candidate_counts)[label] += 1
 
     def record(self, result, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> None:
         """Merge the records of one mask (`_compute_s2t_mask`'s arguments and result) into the pending sample."""
         caps, update, rank = tuple(self.caps.values()), self.trainer.state.global_step + 1, self.trainer.accelerator
-        selected = records_.select_token_records(
+        new = records_.select_token_records(
             result, per_token_logps, entropies, advantages, loss_mask, completion_ids, caps=caps, update=update,
             context_tokens=self.context_tokens, seed=f"{self.trainer.args.seed}-{update}-{rank.process_index}",
         )  # fmt: skip
-        pending = self._pending
-        self._pending = selected if pending is None else records_.merge_token_records(pending, selected, caps)
+        self._pending = new if self._pending is None else records_.merge_token_records(self._pending, new, caps)
 
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_log:
@@ -213,10 +194,9 @@ class SpuriousTokenLogger(JsonlLogCallback):
             keep += of_kind if len(of_kind) <= cap else rng.sample(of_kind, cap)
         records = [records[i] | {"step": step} for i in sorted(keep)]
         self.write_rows(args, records)
-        for record in records:
-            self._count(record)
-        backends = [__import__(name) for name in ("wandb", "trackio") if name in (args.report_to or [])]
-        backends = [b for b in backends if getattr(b, "run", True) is not None]  # wandb without a run: no table
+        self._count(records)
+        backends = [b for name in ("wandb", "trackio") if name in (args.report_to or []) and  # wandb without a run: none
+                    getattr(b := __import__(name), "run", True) is not None]  # fmt: skip
         if backends and self.silenced_counts:
             import pandas as pd
 
@@ -311,14 +291,11 @@ class NoLearningSignalCallback(TrainerCallback):
                 text += f" Your prompts hold their instruction twice ({tail!r} repeated)."
         path = getattr(getattr(self.trainer.model, "config", None), "_name_or_path", None)
         name = read_builtin_info(path)["name"][8:] if path and os.path.isfile(os.path.join(path, INFO_FILE)) else None
-        why = {  # why a `builtin:` model not trained on tiny-math earns nothing
-            "tiny-random": "builtin:tiny-random has random weights: it answers nothing correctly, whatever the "
-            "prompt.",
-            "smollm2-135m": "builtin:smollm2-135m, as shipped, solves almost no two-digit addition at temperature 1.",
-            "gemma3-270m": "builtin:gemma3-270m is a base model: it rarely ends with a \\boxed{} answer.",
-        }.get(name)
+        why = {"tiny-random": "has random weights: it answers nothing correctly, whatever the prompt.",
+               "smollm2-135m": ", as shipped, solves almost no two-digit addition at temperature 1.",
+               "gemma3-270m": "is a base model: it rarely ends with a \\boxed{} answer."}.get(name)  # fmt: skip
         if why:
-            return f"{text} {why}"
+            return f"{text} builtin:{name}{' ' * (why[0] != ',')}{why}"
         if name in BUILTIN_MODELS:
             text += f" builtin:{name} was trained on one prompt format only: {format_prompt('47+38')}."
         return text
