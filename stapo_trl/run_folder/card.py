@@ -13,7 +13,6 @@ from .. import __version__
 from .logs import s2t_totals
 
 
-PAPER_URL = "https://huggingface.co/papers/2602.15620"
 LOCAL_MODEL = "a local model"
 ROWS = (  # (field, meaning) of the settings table; the first three for a run with S2T values
     ("s2t_prob_threshold", "τ_p: positive-advantage tokens sampled with a probability below it are candidates"),
@@ -54,7 +53,7 @@ def public_dataset_name(name: str | None) -> str | None:
 
 
 def _summary(trainer, s2t, eval_record) -> list[str]:
-    lines, totals = [f"- **Steps trained**: {trainer.state.global_step} optimizer steps."], None
+    lines = [f"- **Steps trained**: {trainer.state.global_step} optimizer steps."]
     if s2t is None:
         lines.append("- **S2T mask**: none (plain GRPO: `trl.GRPOTrainer`).")
     elif (totals := s2t_totals(trainer.state.log_history)) is None:
@@ -93,7 +92,7 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     base = base_model_name(getattr(model.config, "_name_or_path", None))
     builtin, is_hub_id = base.startswith("builtin:"), base != LOCAL_MODEL and not base.startswith("builtin:")
     named = public_base_model_name(base) if public else base if base == LOCAL_MODEL else f"`{base}`"
-    stapo = f"[STAPO]({PAPER_URL})"
+    stapo = "[STAPO](https://huggingface.co/papers/2602.15620)"
     method = f"Base model: {named}, trained with " + (
         f"the GRPO objective below and no S2T mask (the baseline of {stapo})." if s2t is None else
         f"`stapo_trl.STAPOTrainer` with the S2T mask off (`s2t_mode: off`): the like-for-like baseline of {stapo}."
@@ -111,25 +110,23 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     local = f"{args.output_dir}/checkpoint-{step}"
     local = args.output_dir if saved or step == 0 or args.save_strategy == "no" else local
     reference = (args.hub_model_id or trainer.hub_model_id or model_name) if public else os.path.abspath(local)
-    wandb = sys.modules.get("wandb")
     card = generate_model_card(
         base_model=base if is_hub_id else None, model_name=model_name, hub_model_id=reference,
         dataset_name=public_dataset_name(dataset_name), tags=sorted({*trainer._tag_names, *(tags or [])}),
-        wandb_url=wandb.run.url if wandb is not None and getattr(wandb, "run", None) else None, trackio_url=None,
+        wandb_url=getattr(getattr(sys.modules.get("wandb"), "run", None), "url", None), trackio_url=None,
         trainer_name=trainer._name, trainer_citation=trainer._paper.get("citation"),
         paper_title=trainer._paper.get("title"), paper_id=trainer._paper.get("id"),
     )  # fmt: skip
     vars(card.data).pop("licence", None)
-    values = {name: getattr(s2t, name[4:]) for name, _ in ROWS[:3]} if s2t is not None else {}
-    rows = [(n, meaning, values.get(n, getattr(args, n, None))) for n, meaning in ROWS[0 if s2t else 3 :]]
+    value = lambda n: getattr(s2t, n[4:]) if n.startswith("s2t_") else getattr(args, n, None)  # noqa: E731
     section = [
         "### STAPO run: settings and results\n", method, "", *_summary(trainer, s2t, eval_record), "",
-        "| setting | meaning | value |", "|---|---|---|",
-        *(f"| `{name}` | {meaning} | `{getattr(value, 'value', value)}` |" for name, meaning, value in rows), "", "",
+        "| setting | meaning | value |", "|---|---|---|", *(f"| `{n}` | {meaning} | `{getattr(value(n), 'value', value(n))}` |"
+                                                       for n, meaning in ROWS[0 if s2t else 3 :]), "", "",
     ]  # fmt: skip
     prompt = prompt if isinstance(prompt, (str, list)) else "What is 47+38?"
-    load, ref = ["from transformers import pipeline", ""], json.dumps(reference)
-    model_arg = f"model={ref}"
+    ref = json.dumps(reference)
+    load, model_arg = ["from transformers import pipeline", ""], f"model={ref}"
     if hasattr(model, "peft_config"):
         load = ["from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer, pipeline", "",
                 f"model = AutoPeftModelForCausalLM.from_pretrained({ref}).merge_and_unload()"]  # fmt: skip

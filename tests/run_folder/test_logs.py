@@ -37,6 +37,17 @@ def _state(step: int):
     return types.SimpleNamespace(is_world_process_zero=True, global_step=step, epoch=0.0)
 
 
+def _decide(caplog, rows, end=True, names=("r",), **trainer) -> list[str]:
+    trainer = dict(reward_func_names=list(names), train_dataset=None, model=None, processing_class=None) | trainer
+    callback = logs.NoLearningSignalCallback(types.SimpleNamespace(**trainer))
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for step, row in enumerate(rows, 1):
+            callback.on_log(None, _state(step), None, logs=row)
+        if end:
+            callback.on_train_end(None, _state(len(rows)), None)  # a run shorter than 3 logging steps decides here
+    return _warnings(caplog)
+
+
 def test_trainer_writes_each_run_file_once(tiny_random_model_path, tmp_path):
     # s2t_write_run_files=False writes neither: tests/trainer/test_trainers.py (any GRPOConfig) pins it
     args = tiny_stapo_config(tmp_path / "a", max_steps=2, logging_steps=1, max_completion_length=8)
@@ -55,8 +66,7 @@ def test_trainer_writes_each_run_file_once(tiny_random_model_path, tmp_path):
 def test_metrics_callback_writes_strict_json_drops_redone_steps_on_resume_and_keeps_an_earlier_runs_file(
     tmp_path, caplog
 ):
-    args = types.SimpleNamespace(output_dir=str(tmp_path))
-    callback = MetricsLogCallback()
+    args, callback = types.SimpleNamespace(output_dir=str(tmp_path)), MetricsLogCallback()
     callback.on_train_begin(args, _state(0), None)
     for step in (2, 4, 6):
         callback.on_log(args, _state(step), None, logs={"reward": 0.5, "s2t/entropy_threshold": float("nan")})
@@ -84,13 +94,9 @@ def test_tracker_table_labels_tokens_like_the_figure(tiny_random_model_path, tmp
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     lead, other, newline = tokenizer.convert_tokens_to_ids(["â", "Ý", "Ċ"])
     logger = SpuriousTokenLogger(types.SimpleNamespace(processing_class=tokenizer), path=str(tmp_path / "t.jsonl"))
-    for kind, token_id in [("silenced", lead), ("silenced", lead), ("silenced", other), ("kept_candidate", newline)]:
-        logger._count({"kind": kind, "token_id": token_id, "token": tokenizer.decode([token_id])})
+    logger._count([{"kind": kind, "token_id": i, "token": tokenizer.decode([i])} for kind, i in [
+        ("silenced", lead), ("silenced", lead), ("silenced", other), ("kept_candidate", newline), ("reference", lead)]])  # fmt: skip
     assert logger.silenced_counts == {"byte 0xE2": 2, "byte 0xDD": 1} and logger.kept_candidate_counts == {"\\n": 1}
-
-
-class Killed(Exception):
-    pass
 
 
 @pytest.mark.parametrize("row", [1, 3, 6])
@@ -103,13 +109,12 @@ def test_a_resume_killed_while_it_rewrites_the_file_loses_no_row(tmp_path, monke
     def dumps_until_killed(obj, **kwargs):
         calls.append(obj)
         if len(calls) == row:
-            raise Killed(obj)
+            raise KeyboardInterrupt
         return dumps(obj, **kwargs)
 
-    with monkeypatch.context() as patch:
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
         patch.setattr(json, "dumps", dumps_until_killed)
-        with pytest.raises(Killed):
-            logs.open_jsonl_for_run(str(path), global_step=6)  # resuming from checkpoint-6
+        logs.open_jsonl_for_run(str(path), global_step=6)  # resuming from checkpoint-6
     assert path.read_text() == written  # every row written so far is still there
     file, kept = logs.open_jsonl_for_run(str(path), global_step=6)
     file.write(json.dumps({"step": 7, "reward": 0.7}) + "\n")
@@ -118,39 +123,23 @@ def test_a_resume_killed_while_it_rewrites_the_file_loses_no_row(tmp_path, monke
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]  # no temporary file left
 
 
-@pytest.mark.parametrize("model, plain, steps", [("tiny_math_model_path", True, (1, 2, 3)),
-                                                  ("tiny_random_model_path", False, (2,))])  # fmt: skip
+@pytest.mark.parametrize("model, plain, steps", [("tiny_math_model_path", True, 3),
+                                                  ("tiny_random_model_path", False, 1)])  # fmt: skip
 def test_the_warning_names_the_prompt_format_a_builtin_model_was_trained_on(request, caplog, model, plain, steps):
     prompts = [f"What is {a} plus {b}?" if plain else format_prompt(f"{a}+{b}") for a, b in PAIRS]
     dataset = Dataset.from_list([{"prompt": p, "solution": str(a + b)} for p, (a, b) in zip(prompts, PAIRS)])
     model = types.SimpleNamespace(config=types.SimpleNamespace(_name_or_path=request.getfixturevalue(model)))
-    trainer = types.SimpleNamespace(reward_func_names=["math_accuracy_reward"], train_dataset=dataset, model=model,
-                                    processing_class=types.SimpleNamespace(chat_template="{{ x }}"))  # fmt: skip
-    callback, row = logs.NoLearningSignalCallback(trainer), {"frac_reward_zero_std": 1.0}
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        for step in steps:  # the situation of a tiny-math run on plain-text prompts, or a random model's 2 steps
-            callback.on_log(None, _state(step), None, logs=row | {f"rewards/math_accuracy_reward/{k}": 0.0
-                                                                   for k in ("mean", "std")})  # fmt: skip
-        callback.on_train_end(None, _state(steps[-1]), None)
-    (message,) = _warnings(caplog)
-    where = "the first 3 logging steps (steps 1-3)" if plain else "the first logging step (step 2)"
+    row = {"frac_reward_zero_std": 1.0} | {f"rewards/math_accuracy_reward/{k}": 0.0 for k in ("mean", "std")}
+    (message,) = _decide(caplog, [row] * steps, names=["math_accuracy_reward"], train_dataset=dataset, model=model,
+                         processing_class=types.SimpleNamespace(chat_template="{{ x }}"))  # fmt: skip
+    where = "the first 3 logging steps (steps 1-3)" if plain else "the first logging step (step 1)"
     assert message.startswith(f"No learning signal. In {where}, every prompt group had ")
     parts = ["frac_reward_zero_std = 1", "math_accuracy_reward gave 0", "(here: solution)"]
     parts += ["Your prompts are plain text, so TRL does not apply the model's chat template",
               "builtin:tiny-math was trained on one prompt format only",
               "Please reason step by step, and put your final answer within"] if plain else [
-              "builtin:tiny-random has random weights"]  # fmt: skip
+              "builtin:tiny-random has random weights: it answers nothing correctly"]  # fmt: skip
     assert [part for part in parts if part not in message] == []
-
-
-@pytest.mark.slow  # a 3-step run; the decision: test_decision_on_the_first_rows
-def test_a_run_that_learns_gives_no_warning(tmp_path, tiny_math_model_path, caplog):
-    dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{b}"), "solution": str(a + b)} for a, b in PAIRS])
-    args = _config(tmp_path, max_completion_length=40)
-    trainer = STAPOTrainer(tiny_math_model_path, math_accuracy_reward, args=args, train_dataset=dataset)
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        trainer.train()
-    assert _warnings(caplog) == []
 
 
 def _unjudged(completions, **kwargs):
@@ -168,21 +157,30 @@ def _not_a_number(completions, **kwargs):
         pytest.param([_not_a_number], "_not_a_number", marks=pytest.mark.slow),  # NaN is TRL's None
         pytest.param([_unjudged, _not_a_number], "_unjudged, _not_a_number", marks=pytest.mark.slow),
         ([_unjudged, length_reward], None),  # TRL's "not applicable": the other reward still teaches
+        pytest.param([math_accuracy_reward], "learns", marks=pytest.mark.slow),  # a run that learns: no warning
     ],
-    ids=["none", "nan", "none-and-nan", "none-beside-a-value"],
+    ids=["none", "nan", "none-and-nan", "none-beside-a-value", "learns"],
 )
 def test_a_step_without_any_reward_is_warned_naming_the_rewards(
-    rewards, expected, tmp_path, tiny_random_model_path, caplog
+    rewards, expected, tmp_path, tiny_random_model_path, tiny_math_model_path, caplog
 ):
-    args = _config(tmp_path, per_device_train_batch_size=8, max_completion_length=8)
-    trainer = STAPOTrainer(tiny_random_model_path, rewards, args=args, train_dataset=PROMPTS)
+    if learns := expected == "learns":
+        dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{b}"), "solution": str(a + b)} for a, b in PAIRS])
+        args, model = _config(tmp_path, max_completion_length=40), tiny_math_model_path
+    else:
+        args = _config(tmp_path, per_device_train_batch_size=8, max_completion_length=8)
+        dataset, model = PROMPTS, tiny_random_model_path
+    trainer = STAPOTrainer(model, rewards, args=args, train_dataset=dataset)
     with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NoRewardWarning)
         trainer.train()
     no_reward = [str(w.message) for w in caught if w.category is NoRewardWarning]
     trl_dumps = [r for r in caplog.records if "All reward functions returned None" in r.getMessage()]
-    (message,) = _warnings(caplog)
     assert trainer.state.global_step == 3
+    if learns:
+        assert _warnings(caplog) == []
+        return
+    (message,) = _warnings(caplog)
     if expected is None:
         assert no_reward == [] and trl_dumps == []
         assert message.startswith("A reward function gave every completion the same value in the first 3 logging ")
@@ -208,17 +206,9 @@ def test_a_step_without_any_reward_is_warned_naming_the_rewards(
     ],
 )
 def test_decision_on_the_first_rows(means, zero_spread, expected, caplog):
-    trainer = types.SimpleNamespace(
-        reward_func_names=["r", "s"], train_dataset=None, model=None, processing_class=None
-    )
-    callback = logs.NoLearningSignalCallback(trainer)
-    std = 0.0 if zero_spread == 1.0 else 0.5
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        for step, mean in enumerate(means, 1):
-            row = {"frac_reward_zero_std": zero_spread, "rewards/r/mean": mean, "rewards/r/std": std}
-            row |= {"rewards/s/mean": 0.0, "rewards/s/std": 0.0} if zero_spread == 0.5 and len(set(means)) > 1 else {}
-            callback.on_log(None, _state(step), None, logs=row)
-    warned = _warnings(caplog)
+    std, other = (0.0, {}) if zero_spread == 1.0 else (0.5, {"rewards/s/mean": 0.0, "rewards/s/std": 0.0})
+    rows = [{"frac_reward_zero_std": zero_spread, "rewards/r/mean": m, "rewards/r/std": std} for m in means]
+    warned = _decide(caplog, [row | (other if len(set(means)) > 1 else {}) for row in rows], False, ("r", "s"))
     assert (warned[0].split(" in the first")[0].split(".")[0] if warned else None) == expected
     if expected and len(set(means)) > 1 and zero_spread == 1.0:
         assert "gave every completion the same value" not in warned[0]
@@ -231,14 +221,8 @@ def test_decision_on_the_first_rows(means, zero_spread, expected, caplog):
 def test_completions_all_cut_at_the_length_budget_are_named_first(clipped, caplog):
     # Reported: --max_completion_length 12 on the demo: every completion cut before its \boxed{} answer, and the
     # warning blamed the prompt format, the reward or the columns.
-    args = types.SimpleNamespace(max_completion_length=12)
-    trainer = types.SimpleNamespace(reward_func_names=["r"], train_dataset=None, model=None, processing_class=None,
-                                    args=args)  # fmt: skip
-    callback = logs.NoLearningSignalCallback(trainer)
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        for step, ratio in enumerate(clipped, 1):
-            row = {"frac_reward_zero_std": 1.0, "rewards/r/mean": 0.0, "rewards/r/std": 0.0}
-            callback.on_log(None, _state(step), None, logs=row | {"completions/clipped_ratio": ratio})
-        callback.on_train_end(None, _state(len(clipped)), None)  # a run shorter than 3 logging steps decides here
+    row = {"frac_reward_zero_std": 1.0, "rewards/r/mean": 0.0, "rewards/r/std": 0.0}
+    warned = _decide(caplog, [row | {"completions/clipped_ratio": r} for r in clipped],
+                     args=types.SimpleNamespace(max_completion_length=12))  # fmt: skip
     length = "(1) The length: every completion was cut at max_completion_length=12 (completions/clipped_ratio = 1)"
-    assert (length in _warnings(caplog)[0]) == (0.9 not in clipped)
+    assert (length in warned[0]) == (0.9 not in clipped)
