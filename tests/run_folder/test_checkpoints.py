@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -29,6 +30,8 @@ from testing_utils import (
 )
 from transformers import TrainerCallback
 
+from stapo_trl.run_folder.checkpoints import checkpoint_problem, hold_run_folder, newest_complete_checkpoint
+
 
 def _trainer(model_path, out, reward=zero_reward, dataset=PROMPTS, **overrides):
     from stapo_trl import STAPOTrainer
@@ -52,10 +55,6 @@ def run(two_checkpoints, tmp_path):
     return tmp_path / "run"
 
 
-def _cut(path, fraction=0.5):
-    path.write_bytes(path.read_bytes()[: int(path.stat().st_size * fraction)])
-
-
 def _resume_lines(caplog):
     return [r.getMessage() for r in caplog.records if re.search("newest complete checkpoint|Resuming", r.getMessage())]
 
@@ -63,8 +62,6 @@ def _resume_lines(caplog):
 def test_a_checkpoint_records_its_files_and_settings_and_needs_its_states_without_the_record(
     run, tiny_random_model_path
 ):
-    from stapo_trl.run_folder.checkpoints import checkpoint_problem
-
     record = json.loads((run / "checkpoint-2" / "stapo_run.json").read_text())
     files = sorted(p.name for p in (run / "checkpoint-2").iterdir() if p.name != "stapo_run.json")
     assert record["files"] == files and {"scheduler.pt", "rng_state.pth"} <= set(files)
@@ -93,20 +90,21 @@ def test_a_checkpoint_records_its_files_and_settings_and_needs_its_states_withou
 
 def _edit(change):
     def damage(path, marker):
-        data = json.loads(path.read_text())
-        change(data)
+        change(data := json.loads(path.read_text()))
         path.write_text(json.dumps(data))
 
     return damage
 
 
-CUT, GONE, DEEP = (lambda p, m: _cut(p)), (lambda p, m: p.unlink()), (lambda p, m: p.write_text("[" * 100_000))
+CUT = lambda p, m: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])  # noqa: E731
+GONE, DEEP = (lambda p, m: p.unlink()), (lambda p, m: p.write_text("[" * 100_000))
 # Measured before: each resumed "checkpoint-2", then stopped in transformers or trained wrongly without a word.
 DAMAGES = {  # case: (file, damage, problem)
     "model-cut": ("model.safetensors", CUT, "model.safetensors damaged: incomplete metadata, file not fully covered"),
     "optimizer-cut": ("optimizer.pt", CUT, "optimizer.pt damaged: no zip directory (cut short, or overwritten)"),
     "rng-overwritten": ("rng_state.pth", lambda p, m: p.write_bytes(b"overwritten by hand\n"),
                         "rng_state.pth damaged: no zip directory (cut short, or overwritten)"),
+    "no-rng": ("rng_state.pth", GONE, "no RNG state (rng_state.pth)"),
     "no-scheduler": ("scheduler.pt", GONE, "no scheduler.pt: without it transformers resumes with a fresh optimizer"),
     "scheduler-hostile": ("scheduler.pt", write_hostile_pickle, "scheduler.pt refused by a safe load: Trying to load "
                           "unsupported GLOBAL posix.system whose module posix is blocked"),
@@ -118,8 +116,8 @@ DAMAGES = {  # case: (file, damage, problem)
     "rollout-cut": ("rollout_state_0.safetensors", CUT, "rollout_state_0.safetensors damaged: invalid header length"),
     "no-rollout": ("rollout_state_0.safetensors", GONE, "no rollout_state_0.safetensors, which its save wrote"),
     "rollout-lies": ("rollout_state_0.json", _edit(lambda manifest: manifest["tensors"]["loss"].update(shape=[2])),
-                     "rollout_state_0.json does not match rollout_state_0.safetensors (its tensors' names, dtypes or "
-                     "shapes)"),
+                     "rollout_state_0.json does not match rollout_state_0.safetensors (its tensors' "
+                     "names, dtypes or shapes)"),
     **{f"step-{case}": ("trainer_state.json", _edit(lambda state, v=value: state.update(global_step=v)),
                         f"trainer_state.json has global_step {value!r}, not its step 2")
        for case, value in (("negative", -5), ("string", "2"), ("ahead", 100), ("huge", 10**30))},
@@ -132,33 +130,28 @@ DAMAGES = {  # case: (file, damage, problem)
                       "stapo_run.json is of an unknown format (999; this stapo_trl reads 1)"),
     "record-no-lr": ("stapo_run.json", _edit(lambda record: record["settings"].pop("learning_rate")),
                      "stapo_run.json holds no learning_rate, which its format records"),
+    "record-unfinished": ("stapo_run.json", _edit(lambda record: record.update(files=None)), "stapo_run.json says its save did not finish"),
 }  # fmt: skip
-
-
-def _damage(folder, case, marker):
-    name, damage, problem = DAMAGES[case]
-    damage(folder / name, marker)
-    return problem
 
 
 @pytest.mark.parametrize("case", list(DAMAGES))
 def test_what_makes_a_checkpoint_incomplete_names_the_file_and_the_damage(run, tmp_path, case):
-    from stapo_trl.run_folder.checkpoints import checkpoint_problem, newest_complete_checkpoint
-
     write_hostile_pickle(run / "checkpoint-2" / "training_args.bin", tmp_path / "code-ran")  # never loaded
     assert checkpoint_problem(str(run / "checkpoint-2")) is None
-    problem = _damage(run / "checkpoint-2", case, tmp_path / "code-ran")
+    name, damage, problem = DAMAGES[case]
+    damage(run / "checkpoint-2" / name, tmp_path / "code-ran")
     assert checkpoint_problem(str(run / "checkpoint-2")) == problem
     assert newest_complete_checkpoint(str(run)) == (str(run / "checkpoint-1"), [("checkpoint-2", problem)])
     assert not (tmp_path / "code-ran").exists()
 
 
 def test_the_python_api_refuses_a_damaged_checkpoint_by_name_and_resumes_the_newest_whole_one(
-    run, tmp_path, tiny_random_model_path, caplog
+    run, tiny_random_model_path, caplog
 ):
     from transformers.trainer_utils import get_last_checkpoint
 
-    problem = _damage(run / "checkpoint-2", "model-cut", tmp_path / "code-ran")
+    name, damage, problem = DAMAGES["model-cut"]
+    damage(run / "checkpoint-2" / name, None)
     (run / "checkpoint-1" / "stapo_run.json").unlink()  # saved before the record: resumed with one warning
     trainer = _trainer(tiny_random_model_path, run, max_steps=3, learning_rate=5e-4)
     with pytest.raises(ValueError) as raised:
@@ -221,6 +214,7 @@ def test_execution_settings_may_change_on_resume_and_a_tied_head_is_no_missing_k
         gradient_accumulation_steps=2, steps_per_generation=2, dataloader_num_workers=0,
     ).run_settings  # fmt: skip
     assert changed_settings(trainer.run_settings, second) == []
+    assert changed_settings({"peft": {"r": 8, "alpha": 16}}, {"peft": {"r": 16, "alpha": 16}}) == ["peft.r 8 -> 16"]
     # Reported: a resume warned of a missing lm_head.weight, tied to the embeddings; really missing keys still are.
     assert trainer.model.lm_head.weight is trainer.model.model.embed_tokens.weight
     records, logger = LogRecords(), logging.getLogger("transformers.trainer")
@@ -242,7 +236,17 @@ class Killed(Exception):
     pass
 
 
-def _stop_at(monkeypatch, where: str) -> None:  # a kill before a write of the save, or inside trainer_state.json
+@pytest.mark.slow  # two runs and a resume per case (in-process kills); the damages: DAMAGES
+@pytest.mark.parametrize("where, skipped", [
+    ("trainer_state.json", "trainer_state.json unreadable (JSONDecodeError): its save did not finish"),
+    ("_save_optimizer_and_scheduler", "no trainer_state.json: its save did not finish"),
+    ("_save_rng_state", "no trainer_state.json: its save did not finish"),
+    ("rewritten-in-place", "no trainer_state.json: its save did not finish"),  # a fresh run over checkpoint-1
+])  # fmt: skip
+def test_a_kill_inside_a_save_leaves_the_newest_complete_checkpoint_to_resume(
+    tiny_random_model_path, tmp_path, monkeypatch, caplog, where, skipped
+):
+    # Reported: a kill inside a save left a checkpoint every resume failed on, a complete one beside it.
     from transformers import Trainer, TrainerState
 
     def killed(self, *args, **kwargs):
@@ -251,53 +255,25 @@ def _stop_at(monkeypatch, where: str) -> None:  # a kill before a write of the s
             Path(args[0]).write_text(text[: len(text) // 2])
         raise Killed(where)
 
-    monkeypatch.setattr(*(TrainerState, "save_to_json") if where == "trainer_state.json" else (Trainer, where), killed)
-
-
-@pytest.mark.slow  # two runs and a resume per case (in-process kills); the damages: DAMAGES
-@pytest.mark.parametrize("where, skipped", [
-    ("trainer_state.json", "checkpoint-2 (trainer_state.json unreadable (JSONDecodeError): its save did not finish)"),
-    ("_save_optimizer_and_scheduler", "checkpoint-2 (no trainer_state.json: its save did not finish)"),
-    ("_save_rng_state", "checkpoint-2 (no trainer_state.json: its save did not finish)"),
-    ("stray-folder", "checkpoint-999 (empty)"),  # an empty checkpoint-999/ made by hand
-])  # fmt: skip
-def test_the_python_api_resumes_the_newest_complete_checkpoint(
-    tiny_random_model_path, tmp_path, monkeypatch, caplog, where, skipped
-):
-    # Reported: a kill inside a save left a checkpoint every resume failed on, a complete one beside it.
-    out = tmp_path / "run"
+    out, in_place = tmp_path / "run", where == "rewritten-in-place"
     _trainer(tiny_random_model_path, out, max_steps=1).train()
-    if where == "stray-folder":
-        (out / "checkpoint-999").mkdir()
-    else:
-        with monkeypatch.context() as patch:
-            _stop_at(patch, where)
-            with pytest.raises(Killed):
-                _trainer(tiny_random_model_path, out, max_steps=2).train(resume_from_checkpoint=True)
-    trainer = _trainer(tiny_random_model_path, out, max_steps=3)
-    trainer.train(resume_from_checkpoint=True)
+    with monkeypatch.context() as patch, pytest.raises(Killed):
+        patch.setattr(*(TrainerState, "save_to_json") if where == "trainer_state.json" else (
+            Trainer, "_save_rng_state" if in_place else where), killed)  # fmt: skip
+        trainer = _trainer(tiny_random_model_path, out, max_steps=2 - in_place)
+        trainer.train(resume_from_checkpoint=not in_place or None)
+    if in_place:
+        assert newest_complete_checkpoint(str(out)) == (None, [("checkpoint-1", skipped)])
+        with pytest.raises(ValueError, match="^No complete checkpoint to resume from in output_dir="):
+            _trainer(tiny_random_model_path, out, max_steps=2).train(resume_from_checkpoint=True)
+        return
+    (trainer := _trainer(tiny_random_model_path, out, max_steps=3)).train(resume_from_checkpoint=True)
     assert _resume_lines(caplog)[-2:] == [
-        f"The newest complete checkpoint is {out / 'checkpoint-1'}: skipped {skipped} and moved it aside to "
-        f"_damaged-{skipped.split()[0]}.",
+        f"The newest complete checkpoint is {out / 'checkpoint-1'}: skipped checkpoint-2 ({skipped}) and moved it "
+        "aside to _damaged-checkpoint-2.",
         f"Resuming training from {out / 'checkpoint-1'}.",
     ]
     assert trainer.state.global_step == 3 and [row["step"] for row in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
-
-
-@pytest.mark.slow  # two runs and a resume
-def test_a_checkpoint_rewritten_in_place_is_incomplete_until_its_new_state(tiny_random_model_path, tmp_path):
-    from stapo_trl.run_folder.checkpoints import newest_complete_checkpoint
-
-    out = tmp_path / "run"
-    _trainer(tiny_random_model_path, out, max_steps=1).train()
-    with pytest.MonkeyPatch.context() as patch:
-        _stop_at(patch, "_save_rng_state")
-        with pytest.raises(Killed):
-            _trainer(tiny_random_model_path, out, max_steps=1).train()
-    expected = [("checkpoint-1", "no trainer_state.json: its save did not finish")]
-    assert newest_complete_checkpoint(str(out)) == (None, expected)
-    with pytest.raises(ValueError, match="^No complete checkpoint to resume from in output_dir="):
-        _trainer(tiny_random_model_path, out, max_steps=2).train(resume_from_checkpoint=True)
 
 
 HOLDER = (
@@ -305,6 +281,10 @@ HOLDER = (
     "hold_run_folder(sys.argv[1]); print('held', flush=True); sys.stdin.read()"
 )
 SECRET = "hf_" + "kT9wQ2mZ7xV4" * 3  # a token on the holder's command line, never written into a file
+
+
+def _hold(folder):
+    return subprocess.run([sys.executable, "-c", HOLDER, str(folder)], input="", capture_output=True, text=True)
 
 
 @pytest.fixture
@@ -317,32 +297,25 @@ def holder(tmp_path):
     proc.wait()
 
 
-def _recipe(model_path):
-    return ["--config", STAPO_RECIPE, "--model_name_or_path", model_path, "--eval_before_after", "false"]
+def _recipe(model_path, out, *extra):
+    return ["--config", STAPO_RECIPE, "--model_name_or_path", model_path, "--eval_before_after", "false",
+            "--output_dir", str(out), *extra]  # fmt: skip
 
 
 def test_holds_nest_within_a_process_and_a_file_system_that_cannot_lock_is_warned_about(tmp_path, monkeypatch, caplog):
-    import errno
     import fcntl
-
-    from stapo_trl.run_folder.checkpoints import hold_run_folder
 
     (tmp_path / "scratch").mkdir()
     (run := tmp_path / "run").symlink_to(tmp_path / "scratch")  # clusters link a scratch disk as the run folder
     hold_run_folder(str(run))  # stapo-train's
     hold_run_folder(str(run))  # its trainer's train()
     hold_run_folder(str(run), acquire=False)
-    probe = subprocess.run([sys.executable, "-c", HOLDER, str(run)], input="", capture_output=True, text=True)
-    assert probe.returncode == 1 and "is in use by another run" in probe.stderr, probe.stderr
+    assert (probe := _hold(run)).returncode == 1 and "is in use by another run" in probe.stderr, probe.stderr
     hold_run_folder(str(run), acquire=False)
-    probe = subprocess.run([sys.executable, "-c", HOLDER, str(run)], input="", capture_output=True, text=True)
-    assert probe.returncode == 0 and probe.stdout == "held\n", probe.stderr
+    assert (probe := _hold(run)).returncode == 0 and probe.stdout == "held\n", probe.stderr
     assert (tmp_path / "scratch" / "_writer.txt").read_text().startswith("pid ")
-
-    def no_locks(fd, operation):
-        raise OSError(errno.ENOLCK, "No locks available")
-
-    monkeypatch.setattr(fcntl, "flock", no_locks)
+    monkeypatch.setattr(fcntl, "flock", lambda fd, operation: (_ for _ in ()).throw(OSError(errno.ENOLCK, "No locks "
+                                                                                            "available")))  # fmt: skip
     run = tmp_path / "unlocked"
     hold_run_folder(str(run))  # stapo-train's
     hold_run_folder(str(run), trainer="its trainer")  # its train()'s: no second warning
@@ -358,7 +331,7 @@ def test_holds_nest_within_a_process_and_a_file_system_that_cannot_lock_is_warne
 
 def test_a_symbolic_link_in_the_run_folder_is_refused_and_its_target_left_alone(tmp_path):
     # Measured: a _writer.txt that was a symbolic link was followed, and its target overwritten.
-    from stapo_trl.run_folder.checkpoints import hold_run_folder, open_run_file
+    from stapo_trl.run_folder.checkpoints import open_run_file
 
     target, run = tmp_path / "elsewhere.txt", tmp_path / "run"
     target.write_text("precious")
@@ -401,15 +374,28 @@ def test_each_save_of_the_library_refuses_a_link_where_it_writes(run, tmp_path, 
     assert outside == dict.fromkeys(saves, "precious") | {"checkpoint-3": []}
 
 
-def test_a_folder_another_run_writes_is_refused_until_it_dies(
+class _Meanwhile(TrainerCallback):
+    def __init__(self, action):
+        self.action, self.raised = action, None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        try:
+            self.action() if state.global_step == 1 else None
+        except (ValueError, SystemExit) as e:
+            self.raised = e
+
+
+def test_a_folder_another_run_writes_is_refused_until_it_dies_and_at_once_while_a_script_trains(
     holder, tmp_path, tiny_random_model_path, tiny_math_model_path, capsys
 ):
     # Reported: two stapo-train on one output_dir both exited 0, every step twice in metrics.jsonl.
+    from stapo_trl.cli.args import parse_args
+    from stapo_trl.cli.prepare import prepare
     from stapo_trl.cli.train import main
 
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as excinfo:
-        main([*_recipe(tiny_math_model_path), "--output_dir", str(run)])
+        main(_recipe(tiny_math_model_path, run))
     assert excinfo.value.code == 2
     line = error_line(capsys, "stapo-train")
     assert line.startswith(f"stapo-train: error: output_dir={str(run)!r} is in use by another run (pid {holder.pid}")
@@ -423,36 +409,12 @@ def test_a_folder_another_run_writes_is_refused_until_it_dies(
     holder.kill()  # SIGKILL: its lock file stays, its hold goes
     holder.wait()
     assert (run / "_writer.lock").exists()
-    trainer.train()
-    assert trainer.state.global_step == 1
-
-
-class _Meanwhile(TrainerCallback):
-    def __init__(self, action):
-        self.action, self.raised = action, None
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == 1:
-            try:
-                self.action()
-            except (ValueError, SystemExit) as e:
-                self.raised = e
-
-
-def test_while_a_script_trains_another_trainer_or_stapo_train_is_refused_at_once(
-    tmp_path, tiny_random_model_path, tiny_math_model_path
-):
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.prepare import prepare
-
-    out = tmp_path / "run"
-    command = parse_args([*_recipe(tiny_math_model_path), "--output_dir", str(out), "--max_steps", "1"])
-    first, second = (_trainer(tiny_random_model_path, out, max_steps=n) for n in (2, 1))
-    tries = [_Meanwhile(second.train), _Meanwhile(lambda: prepare(*command))]
-    for callback in tries:
+    command = parse_args(_recipe(tiny_math_model_path, run, "--max_steps", "1"))
+    first, second = (_trainer(tiny_random_model_path, run, max_steps=n) for n in (2, 1))
+    for callback in (tries := [_Meanwhile(second.train), _Meanwhile(lambda: prepare(*command))]):
         first.add_callback(callback)
     first.train()
-    in_use = f"output_dir={str(out)!r} is in use by another run (pid {os.getpid()} on {socket.gethostname()}, since "
+    in_use = f"output_dir={str(run)!r} is in use by another run (pid {os.getpid()} on {socket.gethostname()}, since "
     assert first.state.global_step == 2 and [str(c.raised)[: len(in_use)] for c in tries] == [in_use, in_use]
 
 
@@ -471,18 +433,18 @@ def test_a_folder_of_the_users_own_files_is_refused_by_stapo_train_and_warned_ab
 
     for name in names:
         (tmp_path / name).write_text(f"the user's {name}")
+    what = f"output_dir={str(tmp_path)!r} holds files that are not a run's ({shown}): "
     with pytest.raises(ValueError) as raised:
         check_output_dir(str(tmp_path), refuse_user_files=True)  # stapo-train's
-    assert str(raised.value) == (
-        f"output_dir={str(tmp_path)!r} holds files that are not a run's ({shown}): a run writes its model, card "
-        "(README.md), config and checkpoints there, over files of the same names. Give a new or empty folder, or a "
-        "run folder."
+    assert str(raised.value) == what + (
+        "a run writes its model, card (README.md), config and checkpoints there, over files of the same names. Give a "
+        "new or empty folder, or a run folder."
     )
     with pytest.warns(UserWarning) as caught:
         _trainer(tiny_random_model_path, tmp_path, max_steps=1)
     assert [str(w.message) for w in caught if "not a run's" in str(w.message)] == [
-        f"output_dir={str(tmp_path)!r} holds files that are not a run's ({shown}): the trainer writes its model, "
-        "card (README.md), config and checkpoints there, as GRPOTrainer does, over files of the same names."
+        what + "the trainer writes its model, card (README.md), config and checkpoints there, as GRPOTrainer does, "
+        "over files of the same names."
     ]
     (tmp_path / "checkpoint-5").mkdir()
     (tmp_path / "checkpoint-5" / "trainer_state.json").write_text("{}")
@@ -505,21 +467,18 @@ def unwritable(request, tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
-@pytest.mark.parametrize("entry", ["stapo-train", "python-api"])
 def test_an_unwritable_output_dir_is_one_line_before_anything_runs(
-    unwritable, capsys, tiny_math_model_path, tiny_random_model_path, entry
+    unwritable, capsys, tiny_math_model_path, tiny_random_model_path
 ):
     from stapo_trl.cli.train import main
 
     output_dir, cause = unwritable
     expected = f"output_dir={str(output_dir)!r} cannot be written ({cause}): give a folder this process can create "
-    if entry == "python-api":
-        with pytest.raises(ValueError) as excinfo:
-            _trainer(tiny_random_model_path, output_dir, max_steps=1)
-        assert str(excinfo.value) == expected + "files in."
-        return
+    with pytest.raises(ValueError) as excinfo:
+        _trainer(tiny_random_model_path, output_dir, max_steps=1)
+    assert str(excinfo.value) == expected + "files in."
     with pytest.raises(SystemExit) as excinfo:
-        main([*_recipe(tiny_math_model_path), "--output_dir", str(output_dir)])
+        main(_recipe(tiny_math_model_path, output_dir))
     assert excinfo.value.code == 2 and error_line(capsys, "stapo-train") == f"stapo-train: error: {expected}files in."
 
 
@@ -545,13 +504,12 @@ def test_a_two_process_launch_on_a_folder_another_run_writes_stops_with_one_line
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
     cmd += [str(REPO / "recipes" / "accelerate_configs" / "cpu_2proc.yaml"), "--main_process_port", str(free_port())]
-    cmd += ["-m", "stapo_trl.cli.train", *_recipe(tiny_math_model_path), "--output_dir", str(run), "--max_steps", "2"]
+    cmd += ["-m", "stapo_trl.cli.train", *_recipe(tiny_math_model_path, run, "--max_steps", "2")]
     result = subprocess.run(cmd, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode != 0 and "exitcode  : 2 (pid:" in output, output[-3000:]
     lines = [line for line in output.splitlines() if line.startswith("stapo-train: error: ")]
-    assert len(lines) == 1, output[-3000:]
-    assert lines[0].startswith(
+    assert len(lines) == 1 and lines[0].startswith(
         f"stapo-train: error: output_dir={str(run)!r} is in use by another run (pid {holder.pid} on "
-    )
+    ), output[-3000:]
     assert not (run / "metrics.jsonl").exists()
