@@ -121,8 +121,9 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     value = lambda n: getattr(s2t, n[4:]) if n.startswith("s2t_") else getattr(args, n, None)  # noqa: E731
     section = [
         "### STAPO run: settings and results\n", method, "", *_summary(trainer, s2t, eval_record), "",
-        "| setting | meaning | value |", "|---|---|---|", *(f"| `{n}` | {meaning} | `{getattr(value(n), 'value', value(n))}` |"
-                                                       for n, meaning in ROWS[0 if s2t else 3 :]), "", "",
+        "| setting | meaning | value |", "|---|---|---|",
+        *(f"| `{n}` | {what} | `{getattr(value(n), 'value', value(n))}` |" for n, what in ROWS[0 if s2t else 3 :]),
+        "", "",
     ]  # fmt: skip
     prompt = prompt if isinstance(prompt, (str, list)) else "What is 47+38?"
     ref = json.dumps(reference)

@@ -31,13 +31,12 @@ _REQUIRED = {  # what `Trainer._save_checkpoint` writes, by name prefix
     "optimizer state (optimizer.pt)": ("optimizer", "global_step"),
     "RNG state (rng_state.pth)": ("rng_state",),
 }
-RESUME_FIELDS = (  # what a resume must keep
-    "loss_type", "epsilon", "epsilon_high", "delta", "beta", "scale_rewards", "reward_weights",
-    "importance_sampling_level", "top_entropy_quantile", "mask_truncated_completions", "num_generations",
-    "num_iterations", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_completion_length",
-    "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args",
-    "optim_target_modules", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
-)  # fmt: skip
+RESUME_FIELDS = tuple(  # what a resume must keep
+    "loss_type epsilon epsilon_high delta beta scale_rewards reward_weights importance_sampling_level "
+    "top_entropy_quantile mask_truncated_completions num_generations num_iterations temperature top_p top_k min_p "
+    "repetition_penalty max_completion_length learning_rate lr_scheduler_type lr_scheduler_kwargs warmup_steps optim "
+    "optim_args optim_target_modules weight_decay adam_beta1 adam_beta2 adam_epsilon max_grad_norm".split()
+)
 _HOLDS: dict[str, list] = {}  # folder -> [its FileLock or None, its holders: None (a command) or trainers]
 
 
@@ -87,13 +86,11 @@ def check_output_dir(output_dir: str, refuse_user_files: bool = False) -> None:
     if not str(output_dir or "").strip():
         raise ValueError(f"output_dir={output_dir!r} is empty: give the folder the run writes its checkpoints, model "
                          "and files into (e.g. outputs/my-run).")  # fmt: skip
-    folder = existing = os.path.abspath(os.path.expanduser(output_dir))
+    folder = os.path.abspath(os.path.expanduser(output_dir))
     if os.path.isfile(folder):
         raise ValueError(f"output_dir={output_dir!r} is a file: give a folder (it is created if missing).")
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
     try:
-        tempfile.TemporaryFile(dir=existing).close()
+        tempfile.TemporaryFile(dir=next(p for p in (folder, *Path(folder).parents) if os.path.lexists(p))).close()
     except OSError as e:
         raise ValueError(f"output_dir={output_dir!r} cannot be written ({e.strerror or e}): give a folder this "
                          "process can create files in.") from None  # fmt: skip
@@ -173,7 +170,7 @@ def tensor_specs(path: str) -> dict:
 
 
 def file_problem(path: str, load: bool = True) -> str | None:
-    """Why the checkpoint file `path` cannot be loaded whole, in a few words, or `None`; `load=False`: zip check only."""
+    """Why the checkpoint file `path` cannot be loaded whole, in a few words, or `None` (`load=False`: zip only)."""
     name, tensors = os.path.basename(path), re.sub(r"\.json$", ".safetensors", path)
     if not os.path.isfile(path):
         return "not a file"
@@ -203,8 +200,7 @@ def file_problem(path: str, load: bool = True) -> str | None:
         if name.endswith(".safetensors"):
             tensor_specs(path)
         elif name.endswith(".json"):
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
             specs = tensor_specs(tensors) if ROLLOUT_MANIFEST.match(name) and os.path.isfile(tensors) else None
             if ROLLOUT_MANIFEST.match(name) and (not isinstance(data, dict) or data.get("tensors") != specs):
                 return f"does not match {os.path.basename(tensors)} (its tensors' names, dtypes or shapes)"
@@ -229,7 +225,8 @@ def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
         return f"trainer_state.json unreadable ({type(e).__name__}): its save did not finish"
     number = CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path)))
     if type(step) is not int or step < 0 or (number and step != int(number[1])):
-        return f"trainer_state.json has global_step {repr(step)[:40]}, not {f'its step {number[1]}' if number else 'a step'}"
+        expected = f"its step {number[1]}" if number else "a step"
+        return f"trainer_state.json has global_step {repr(step)[:40]}, not {expected}"
     try:
         record = read_run_record(path) or {}
     except (OSError, ValueError) as e:
@@ -277,8 +274,8 @@ def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_as
             os.replace(os.path.join(output_dir, name), os.path.join(output_dir, target))
         words.append(f"{name} ({problem})" + f" and moved it aside to {target}" * move_aside)
     if words:
-        logger.warning((f"The newest complete checkpoint is {checkpoint}" if checkpoint else "No complete checkpoint to "
-                        f"resume in {output_dir}") + f": skipped {', '.join(words)}.")  # fmt: skip
+        head = f"The newest complete checkpoint is {checkpoint}" if checkpoint else "No complete checkpoint to resume"
+        logger.warning(f"{head}{'' if checkpoint else f' in {output_dir}'}: skipped {', '.join(words)}.")
     return checkpoint
 
 
@@ -293,8 +290,8 @@ def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: s
         problem = f"is a run folder, not a checkpoint: give one of its checkpoints ({os.path.basename(newest)})"
     else:
         problem = f"is not a complete checkpoint ({problem})"
-    raise ValueError(f"{what} {problem}. " + (fix or "Give a complete checkpoint folder (<output_dir>/checkpoint-<step>), "
-                     "or let a run take its newest one."))  # fmt: skip
+    raise ValueError(f"{what} {problem}. " + (fix or "Give a complete checkpoint folder "
+                     "(<output_dir>/checkpoint-<step>), or let a run take its newest one."))  # fmt: skip
 
 
 def plain(value: Any) -> Any:
@@ -311,15 +308,13 @@ def run_settings(args, *, trainer: str, model, reward_funcs, s2t=None, peft_conf
     from trl.trainer.utils import get_callable_name
 
     local = lambda p: os.path.abspath(p) if isinstance(p, str) and os.path.exists(p) else p  # noqa: E731
-    if not isinstance(model, str):
-        model = getattr(getattr(model, "config", None), "_name_or_path", None)
+    model = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs] if reward_funcs is not None else []
     names = [getattr(getattr(f, "config", None), "_name_or_path", None) for f in funcs]  # a reward model's id
     rewards = [local(f) if isinstance(f, str) else name or get_callable_name(f) for f, name in zip(funcs, names)]
     dtype = None if dtype is None else str(dtype).removeprefix("torch.")
     settings = {"trainer": trainer, "model": local(model), "dtype": dtype, "reward_funcs": rewards}
-    if s2t is not None:
-        settings |= {f"s2t_{name}": getattr(s2t, name) for name in ("prob_threshold", "entropy_quantile", "mode")}
+    settings |= {f"s2t_{n}": getattr(s2t, n) for n in ("prob_threshold", "entropy_quantile", "mode")} if s2t else {}
     settings |= {name: getattr(args, name) for name in (*RESUME_FIELDS, "warmup_ratio") if hasattr(args, name)}
     fingerprint = getattr(train_dataset, "_fingerprint", None) if type(train_dataset).__name__ == "Dataset" else None
     return plain(settings | {"peft": peft_config, "train_dataset": fingerprint})
@@ -333,12 +328,11 @@ def write_run_record(checkpoint: str, settings: dict, *, save_only_model: bool, 
 
 def read_run_record(checkpoint: str) -> dict | None:
     """The record of `checkpoint` (`None` without one); `ValueError("stapo_run.json ...")` for a damaged one."""
-    path = os.path.join(checkpoint, RUN_RECORD)
-    if not os.path.lexists(path):
-        return None
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(os.path.join(checkpoint, RUN_RECORD), encoding="utf-8") as f:
             record = json.load(f)
+    except FileNotFoundError:
+        return None
     except (ValueError, RecursionError) as e:
         raise ValueError(f"{RUN_RECORD} unreadable: {type(e).__name__}") from None
     if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):

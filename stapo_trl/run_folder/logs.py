@@ -28,7 +28,7 @@ _WARNED: set = set()  # (file, skipped lines) already said
 _number = lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)  # noqa: E731
 
 
-def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object", name=None) -> list[dict[str, Any]]:
+def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object", name=None) -> list[dict]:
     """The JSON objects of a JSON-lines file (`<path>/<name>` for a folder) that `valid` accepts; the others are skipped
     with one warning per file."""
     path = os.path.join(path, name) if name and os.path.isdir(path) else os.fspath(path)
@@ -47,15 +47,15 @@ def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object",
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The rows of `metrics.jsonl` (or `<dir>/metrics.jsonl`): an integer `step`, numbers or `null`."""
     return read_jsonl(path, lambda row: _number(row.get("step")) and float(row["step"]).is_integer() and all(
-        v is None or _number(v) for v in row.values()), "a metrics row (a JSON object with an integer step and numbers)",
-        METRICS_FILENAME)  # fmt: skip
+        v is None or _number(v) for v in row.values()), "a metrics row (a JSON object with an integer step and "
+        "numbers)", METRICS_FILENAME)  # fmt: skip
 
 
 def read_token_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of `spurious_tokens.jsonl` (or of `<dir>/spurious_tokens.jsonl`), in order."""
-    return read_jsonl(path, lambda row: row.get("kind") in records_.KINDS and isinstance(row.get("token"), str) and all(
-        _number(row.get(key)) for key in ("step", "prob", "entropy")), "a token record (a JSON object with kind, step, "
-        "prob, entropy, token)", SPURIOUS_TOKENS_FILENAME)  # fmt: skip
+    return read_jsonl(path, lambda row: row.get("kind") in records_.KINDS and isinstance(row.get("token"), str) and
+        all(_number(row.get(key)) for key in ("step", "prob", "entropy")), "a token record (a JSON object with kind, "
+        "step, prob, entropy, token)", SPURIOUS_TOKENS_FILENAME)  # fmt: skip
 
 
 def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -195,8 +195,8 @@ class SpuriousTokenLogger(JsonlLogCallback):
         records = [records[i] | {"step": step} for i in sorted(keep)]
         self.write_rows(args, records)
         self._count(records)
-        backends = [b for name in ("wandb", "trackio") if name in (args.report_to or []) and  # wandb without a run: none
-                    getattr(b := __import__(name), "run", True) is not None]  # fmt: skip
+        backends = [b for name in ("wandb", "trackio") if name in (args.report_to or []) and  # wandb without a run:
+                    getattr(b := __import__(name), "run", True) is not None]  # no table  # fmt: skip
         if backends and self.silenced_counts:
             import pandas as pd
 

@@ -51,7 +51,8 @@ def save_rollout_state(trainer, folder: str) -> None:
             values = {k: v for k, v in batch.items() if not isinstance(v, torch.Tensor)}
             batches[str(i)] = {"size": len(batch["advantages"]), "values": values}
             if why is None and (key := next((k for k, v in values.items() if not _is_json(v)), None)):
-                why = f"its micro-batch {i} holds {key!r}, a {type(values[key]).__name__}, which is not saved (no pickle)"
+                kind = type(values[key]).__name__
+                why = f"its micro-batch {i} holds {key!r}, a {kind}, which is not saved (no pickle)"
     tensors |= {f"metrics.{k}": torch.tensor(v, dtype=torch.float64) for k, v in trainer._metrics["train"].items()}
     if getattr(trainer, "_tr_loss", None) is not None:
         tensors["loss"] = trainer._tr_loss
@@ -88,9 +89,10 @@ def load_rollout_state(trainer, checkpoint: str) -> dict | None:
             batches = [None] * trainer.args.steps_per_generation
             for i, batch in manifest["micro_batches"].items():
                 batches[int(i)] = dict(batch["values"]) | {
-                    k.split(".", 2)[2]: v.to(device) for k, v in tensors.items() if k.startswith(f"batch.{i}.")}  # fmt: skip
+                    k.split(".", 2)[2]: v.to(device) for k, v in tensors.items() if k.startswith(f"batch.{i}.")
+                }
             state = {"micro_step": int(manifest["micro_step"]), "last_logged": int(manifest["last_logged_step"]),
-                     "batches": batches if any(b is not None for b in batches) else None, "tensors": tensors}  # fmt: skip
+                     "batches": batches if any(batches) else None, "tensors": tensors}  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
         state, why = None, f"its {os.path.basename(path)} is unreadable ({type(e).__name__})"
     if trainer.accelerator.gather(torch.tensor([why is None], device=trainer.accelerator.device)).all():
