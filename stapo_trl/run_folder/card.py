@@ -8,8 +8,10 @@ import re
 import sys
 
 from huggingface_hub import ModelCard
+from trl.trainer.utils import generate_model_card
 
 from .. import __version__
+from ..models.names import BUILTIN_MODELS, INFO_FILE, read_builtin_info
 from .logs import s2t_totals
 
 
@@ -28,8 +30,6 @@ ROWS = (  # (field, meaning) of the settings table; the first three for a run wi
 
 def base_model_name(path: str | None) -> str:
     """A Hub id as is, a built-in model's folder by its `builtin:` name, another local folder as "a local model"."""
-    from ..models.names import INFO_FILE, read_builtin_info
-
     if path and os.path.isfile(os.path.join(str(path), INFO_FILE)):
         return read_builtin_info(path).get("name", LOCAL_MODEL)
     return LOCAL_MODEL if not path or os.path.isabs(path) or os.path.exists(path) else path
@@ -37,8 +37,6 @@ def base_model_name(path: str | None) -> str:
 
 def public_base_model_name(base: str) -> str:
     """How an uploaded card names a base model: a Hub id as is, a `builtin:` one by its Hub origin or as a demo."""
-    from ..models.names import BUILTIN_MODELS
-
     name = base.removeprefix("builtin:")
     if name == base or "origin" not in (recipe := BUILTIN_MODELS.get(name, {})):
         return base if name == base else f"the {name} demo model built by stapo_trl"
@@ -56,19 +54,17 @@ def _summary(trainer, s2t, eval_record) -> list[str]:
     lines = [f"- **Steps trained**: {trainer.state.global_step} optimizer steps."]
     if s2t is None:
         lines.append("- **S2T mask**: none (plain GRPO: `trl.GRPOTrainer`).")
-    elif (totals := s2t_totals(trainer.state.log_history)) is None:
+    elif (t := s2t_totals(trainer.state.log_history)) is None:
         lines.append(f"- **S2T mask** (`s2t_mode: {s2t.mode}`): no S2T counts logged yet.")
     elif s2t.mode == "off":
-        lines.append(f"- **S2T mask**: off (`s2t_mode: off`): no token was silenced; {totals['num_candidates']:,} "
-                     f"of {totals['num_loss_tokens']:,} loss tokens were candidates (A > 0, p < τ_p), counted "
+        lines.append(f"- **S2T mask**: off (`s2t_mode: off`): no token was silenced; {t['num_candidates']:,} of "
+                     f"{t['num_loss_tokens']:,} loss tokens were candidates (A > 0, p < τ_p), counted "
                      "only.")  # fmt: skip
     else:
-        lines.append(
-            f"- **S2T mask** (`s2t_mode: {s2t.mode}`): {totals['num_silenced']:,} of {totals['num_loss_tokens']:,} "
-            f"loss tokens silenced over the run, a silenced ratio of {totals['silenced_ratio']:.3g} (pooled: Σ "
-            f"silenced / Σ loss tokens over {totals['num_rows']} logged rows); candidates (A > 0, p < τ_p): "
-            f"{totals['num_candidates']:,}."
-        )
+        lines.append(f"- **S2T mask** (`s2t_mode: {s2t.mode}`): {t['num_silenced']:,} of {t['num_loss_tokens']:,} "
+                     f"loss tokens silenced over the run, a silenced ratio of {t['silenced_ratio']:.3g} (pooled: Σ "
+                     f"silenced / Σ loss tokens over {t['num_rows']} logged rows); candidates (A > 0, p < τ_p): "
+                     f"{t['num_candidates']:,}.")  # fmt: skip
     if not (r := eval_record):
         return [*lines, "- **Held-out accuracy**: not measured (`stapo-train` measures it before and after training "
                 "with `eval_before_after`)."]  # fmt: skip
@@ -82,10 +78,6 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     """The `huggingface_hub.ModelCard` of `trainer`'s run (a STAPO or plain GRPO trainer): TRL's, with a quick start
     asking a training prompt and the S2T section. `model_name` defaults to `output_dir`'s name; a Hub `dataset_name` is
     linked; `tags` add to `_tag_names`; `eval_record` is `eval.json`; `public`: as uploaded (no local path)."""
-    from trl.trainer.utils import generate_model_card
-
-    from ..models.names import BUILTIN_MODELS
-
     args, s2t, step = trainer.args, getattr(trainer, "s2t", None), trainer.state.global_step
     model_name = model_name or os.path.basename(os.path.normpath(args.output_dir))
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -126,12 +118,11 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
         "", "",
     ]  # fmt: skip
     prompt = prompt if isinstance(prompt, (str, list)) else "What is 47+38?"
-    ref = json.dumps(reference)
-    load, model_arg = ["from transformers import pipeline", ""], f"model={ref}"
-    if hasattr(model, "peft_config"):
-        load = ["from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer, pipeline", "",
-                f"model = AutoPeftModelForCausalLM.from_pretrained({ref}).merge_and_unload()"]  # fmt: skip
-        model_arg = f"model=model, tokenizer=AutoTokenizer.from_pretrained({ref})"
+    ref, peft = json.dumps(reference), hasattr(model, "peft_config")
+    load = ["from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer, pipeline", "",
+            f"model = AutoPeftModelForCausalLM.from_pretrained({ref}).merge_and_unload()"] if peft else [
+            "from transformers import pipeline", ""]  # fmt: skip
+    model_arg = f"model=model, tokenizer=AutoTokenizer.from_pretrained({ref})" if peft else f"model={ref}"
     code = "\n".join([
         *load, f'generator = pipeline("text-generation", {model_arg})',
         f"prompt = {json.dumps(prompt, ensure_ascii=False)}  # a training prompt, in the run's format",

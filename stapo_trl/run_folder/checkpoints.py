@@ -121,8 +121,7 @@ def command_line(argv: list[str] | None = None) -> str:
 
 
 def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = None) -> None:
-    """Take (`acquire=False`: give back) `output_dir` as its one writer (`_writer.lock`, the holder in `_writer.txt`);
-    holds nest in a process. `ValueError` (one line) for a folder another run holds or one with a link."""
+    """Take (`acquire=False`: give back) `output_dir` as its one writer; `ValueError` where another run holds it."""
     from filelock import FileLock, Timeout
 
     folder = os.path.abspath(output_dir)

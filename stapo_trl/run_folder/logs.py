@@ -29,8 +29,7 @@ _number = lambda value: isinstance(value, (int, float)) and not isinstance(value
 
 
 def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object", name=None) -> list[dict]:
-    """The JSON objects of a JSON-lines file (`<path>/<name>` for a folder) that `valid` accepts; the others are skipped
-    with one warning per file."""
+    """The rows of a JSON-lines file (`path/name` for a folder) that `valid` accepts; one warning for the others."""
     path = os.path.join(path, name) if name and os.path.isdir(path) else os.fspath(path)
     rows, bad = [], []
     for number, row in json_lines(path):
@@ -61,8 +60,7 @@ def read_token_records(path: str | os.PathLike) -> list[dict[str, Any]]:
 def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The S2T counts pooled over log rows: `num_rows`, `rows_with_silencing`, `num_silenced`, `num_candidates`,
     `num_loss_tokens`, `silenced_ratio` and `candidate_ratio` (Σ counts / Σ loss tokens); `None` without counts."""
-    counted = [row for row in rows if row.get("s2t/num_loss_tokens") is not None]
-    if not counted:
+    if not (counted := [row for row in rows if row.get("s2t/num_loss_tokens") is not None]):
         return None
     keys = ("silenced", "candidates", "loss_tokens")
     silenced, candidates, tokens = (round(sum(row.get(f"s2t/num_{key}") or 0 for row in counted)) for key in keys)
@@ -74,8 +72,7 @@ def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def open_jsonl_for_run(path: str, global_step: int, redone_after: int | None = None) -> tuple[TextIO, list[dict]]:
-    """(`path` opened to append, the rows kept): a resume keeps the rows up to `global_step` (after `redone_after`,
-    evaluation rows only), rewritten atomically; a fresh run moves an earlier file aside to `<name>.<n>.jsonl`."""
+    """(`path` opened to append, rows kept): a resume keeps rows to `global_step`, a fresh run moves the file aside."""
     kept = []
     if os.path.exists(path) and global_step > 0:
         kept = [
@@ -241,8 +238,8 @@ class NoLearningSignalCallback(TrainerCallback):
             self._decide()
 
     def _decide(self) -> None:
-        rows, self.rows, constant = self.rows, None, {}  # decided once; reward name -> its one value
-        for name in self.trainer.reward_func_names:
+        rows, self.rows, constant, trainer = self.rows, None, {}, self.trainer  # decided once; reward name -> value
+        for name in trainer.reward_func_names:
             means = [r.get(f"rewards/{name}/mean") for r in rows]
             stds = {r.get(f"rewards/{name}/std") for r in rows}
             if all(map(_number, means)) and stds == {0} and len(set(means)) == 1:
@@ -252,27 +249,23 @@ class NoLearningSignalCallback(TrainerCallback):
         zero_spread = all(r.get("frac_reward_zero_std") == 1.0 for r in rows)
         if not zero_spread and not constant:
             return
-        where = f"the first logging step (step {rows[0]['step']})"
-        if len(rows) > 1:
-            where = f"the first {len(rows)} logging steps (steps {rows[0]['step']}-{rows[-1]['step']})"
+        a, b, n = rows[0]["step"], rows[-1]["step"], len(rows)
+        where = f"the first {n} logging steps (steps {a}-{b})" if n > 1 else f"the first logging step (step {a})"
         values = ", ".join(f"{name} gave {value}" for name, value in constant.items())
-        if zero_spread or set(constant) == set(self.trainer.reward_func_names):
+        if zero_spread or set(constant) == set(trainer.reward_func_names):
             spread = "every prompt group had zero reward spread (frac_reward_zero_std = 1)" if zero_spread else (
                 "no reward function gave two completions different values")  # fmt: skip
             text = f"No learning signal. In {where}, {spread}, so every advantage and the gradient were 0"
             text += f"; the reward functions gave every completion the same value ({values})." if constant else "."
         else:
             text = f"A reward function gave every completion the same value in {where} ({values}): it adds nothing."
-        columns = [c for c in (getattr(self.trainer.train_dataset, "column_names", None) or []) if c != "prompt"]
-        here = f" (here: {', '.join(columns)})" if columns else ""
-        causes = []
-        if all(r.get("completions/clipped_ratio") == 1.0 for r in rows):
-            budget = self.trainer.args.max_completion_length
-            causes.append(f"The length: every completion was cut at max_completion_length={budget} "
-                          "(completions/clipped_ratio = 1), before its answer: raise it.")  # fmt: skip
+        columns = ", ".join(c for c in getattr(trainer.train_dataset, "column_names", None) or [] if c != "prompt")
+        clipped = all(r.get("completions/clipped_ratio") == 1.0 for r in rows)
+        causes = [f"The length: every completion was cut at max_completion_length={trainer.args.max_completion_length}"
+                  " (completions/clipped_ratio = 1), before its answer: raise it."] if clipped else []  # fmt: skip
         causes += [self._prompt_cause(), f"The reward: call {', '.join(constant) or 'your reward'} on a right and a "
                    "wrong completion: they must differ.", "The columns: TRL passes each column but `prompt` to the "
-                   f"rewards by name{here}; check the one it reads."]  # fmt: skip
+                   f"rewards by name{f' (here: {columns})' if columns else ''}; check the one it reads."]  # fmt: skip
         logger.warning(f"{text} Likely causes: " + " ".join(f"({i}) {c}" for i, c in enumerate(causes, 1)))
 
     def _prompt_cause(self) -> str:
@@ -291,11 +284,8 @@ class NoLearningSignalCallback(TrainerCallback):
                 text += f" Your prompts hold their instruction twice ({tail!r} repeated)."
         path = getattr(getattr(self.trainer.model, "config", None), "_name_or_path", None)
         name = read_builtin_info(path)["name"][8:] if path and os.path.isfile(os.path.join(path, INFO_FILE)) else None
-        why = {"tiny-random": "has random weights: it answers nothing correctly, whatever the prompt.",
+        why = {"tiny-random": " has random weights: it answers nothing correctly, whatever the prompt.",
                "smollm2-135m": ", as shipped, solves almost no two-digit addition at temperature 1.",
-               "gemma3-270m": "is a base model: it rarely ends with a \\boxed{} answer."}.get(name)  # fmt: skip
-        if why:
-            return f"{text} builtin:{name}{' ' * (why[0] != ',')}{why}"
-        if name in BUILTIN_MODELS:
-            text += f" builtin:{name} was trained on one prompt format only: {format_prompt('47+38')}."
-        return text
+               "gemma3-270m": " is a base model: it rarely ends with a \\boxed{} answer."}  # fmt: skip
+        why = why.get(name, f" was trained on one prompt format only: {format_prompt('47+38')}.")
+        return f"{text} builtin:{name}{why}" if name in BUILTIN_MODELS else text

@@ -1,5 +1,4 @@
-"""The rest of a rollout batch and the open logging window in each checkpoint (`rollout_state_<process>.safetensors`
-and `.json`, never a pickle), so that a resume from any checkpoint trains as the uninterrupted run."""
+"""The rest of a rollout batch and the logging window in each checkpoint (safetensors and JSON, never a pickle)."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ def _token_logger(trainer) -> SpuriousTokenLogger | None:
 
 
 def save_rollout_state(trainer, folder: str) -> None:
-    """Write this process's rollout state into the checkpoint `folder`: `_step`, the micro-batches still to be used,
-    TRL's pending metrics, the summed loss and the pending token records."""
+    """Write `rollout_state_<process>.json` and `.safetensors` (`_step`, unused micro-batches...) in `folder`."""
     spg = trainer.args.steps_per_generation
     every, offset = spg * trainer.num_iterations, trainer._step % (spg * trainer.num_iterations)
     tensors, batches, why = {}, {}, None if trainer.control.should_save else (
@@ -72,8 +70,7 @@ def save_rollout_state(trainer, folder: str) -> None:
 
 
 def load_rollout_state(trainer, checkpoint: str) -> dict | None:
-    """This process's rollout state in `checkpoint` (`micro_step`, `last_logged`, `batches` on the device, `tensors`),
-    or `None` where any process has none, said in one line. A collective."""
+    """This process's rollout state in `checkpoint`, or `None` (one line) where any process has none. A collective."""
     path, tensors_path = (os.path.join(checkpoint, n.format(trainer.accelerator.process_index)) for n in FILES)
     state, why = None, f"it holds no {os.path.basename(path)} (saved before checkpoints held the rollout)"
     try:
@@ -109,8 +106,7 @@ def load_rollout_state(trainer, checkpoint: str) -> dict | None:
 
 
 class RolloutStateCallback(TrainerCallback):
-    """Restores `self.state` ([`load_rollout_state`]) at `on_train_begin`, after the run files' callbacks, and draws
-    the prompt orders of the epochs a resume skips from TRL's sampler (one a pass, from its own generator)."""
+    """Restores `self.state` at `on_train_begin` and draws the prompt orders of the epochs a resume skips."""
 
     def __init__(self, trainer):
         self.trainer, self.state = trainer, None
