@@ -23,20 +23,25 @@ DATASET = Dataset.from_list(
     [{"prompt": format_prompt(f"{a}+{b}"), "solution": str(a + b)} for a in range(10, 100, 7) for b in (12, 47, 83)]
 )
 TIMING = re.compile(r"step_time|runtime|_per_second")
-RUNS = {"4-steps": {}, "3-epochs": dict(dataset=DATASET.select(range(16)), max_steps=24),
-        "12-steps": dict(max_steps=12)}  # fmt: skip
+SIX = dict(max_steps=6, per_device_train_batch_size=8, save_steps=1, logging_steps=3)  # 6 steps, a checkpoint each
+LAYOUTS = {"GA2": SIX | dict(gradient_accumulation_steps=2), "iterations2": SIX | dict(num_iterations=2),
+           "mask-over-two-updates": SIX | dict(steps_per_generation=6, gradient_accumulation_steps=4),
+           "grpo": SIX | dict(cls="grpo")}  # fmt: skip
+RUNS = {"4-steps": {}, "3-epochs": dict(dataset=DATASET.select(range(16)), max_steps=24), "12-steps": dict(max_steps=12),
+        **LAYOUTS}  # fmt: skip
 
 
 def _trainer(model_path, out, cls=None, dataset=DATASET, **overrides):
     # The demo's geometry: 2 prompts x 8 per update, 4 updates per rollout batch; 4 steps, a checkpoint every 2.
     from stapo_trl import STAPOTrainer
+    from stapo_trl.trainer.trainers import GRPOBaselineTrainer
 
     settings = dict(max_steps=4, per_device_train_batch_size=16, num_generations=8, steps_per_generation=4,
                     max_completion_length=32, learning_rate=1e-4, logging_steps=4, save_strategy="steps", save_steps=2,
                     disable_tqdm=True) | overrides  # fmt: skip
-    return (cls or STAPOTrainer)(
-        model_path, reward_funcs="math_accuracy", args=tiny_stapo_config(out, **settings), train_dataset=dataset
-    )
+    cls = GRPOBaselineTrainer if cls == "grpo" else cls or STAPOTrainer
+    return cls(model_path, reward_funcs="math_accuracy", args=tiny_stapo_config(out, **settings),
+               train_dataset=dataset)  # fmt: skip
 
 
 def _rows(path) -> list[dict]:
@@ -68,7 +73,7 @@ def uninterrupted(tmp_path_factory, tiny_math_model_path):
         if kind not in runs:
             out = tmp_path_factory.mktemp(kind) / "run"
             (trainer := _trainer(tiny_math_model_path, out, **RUNS[kind])).train()
-            assert trainer.state.log_history[0]["reward"] > 0  # a learning signal: the weights depend on completions
+            assert kind != "4-steps" or trainer.state.log_history[0]["reward"] > 0  # the weights depend on completions
             runs[kind] = out, _outcome(trainer, out)
         return runs[kind]
 
@@ -78,59 +83,32 @@ def uninterrupted(tmp_path_factory, tiny_math_model_path):
 @pytest.mark.parametrize("kind, step", [
     ("4-steps", 2), ("3-epochs", 8), ("3-epochs", 10), ("3-epochs", 18),
     *(pytest.param("12-steps", step, marks=pytest.mark.slow) for step in (2, 4, 6)),
+    *(pytest.param(kind, step, marks=pytest.mark.slow) for kind in LAYOUTS for step in (1, 4)),
+    pytest.param("4-steps", "stop-signal", marks=pytest.mark.slow),
 ])  # fmt: skip
 def test_a_resume_from_any_checkpoint_ends_as_the_uninterrupted_run(
     uninterrupted, tiny_math_model_path, tmp_path, kind, step
 ):
     # Measured before: resumed inside a rollout batch and a logging window (checkpoint-2, -6, -10), or after an epoch
     # boundary (16 prompts: an epoch is 8 steps), where TRL's sampler drew the first epoch's prompt order again, with
-    # other weights and rows.
+    # other weights and rows. LAYOUTS' checkpoint-1: inside a rollout batch (a mask over two updates with 6 x 4).
     run, expected = uninterrupted(kind)
-    _copy_until(run, tmp_path / "run", step)
+    if kind in LAYOUTS:
+        saved = json.loads((run / "checkpoint-1" / "rollout_state_0.json").read_text())["tensors"]
+        assert ("batch.4.s2t_keep" in saved) == (kind == "mask-over-two-updates")
+    if step == "stop-signal":  # stapo-train's save at a stop signal inside a rollout batch
+        from stapo_trl.cli.callbacks import add_command_callbacks
+
+        (trainer := _trainer(tiny_math_model_path, tmp_path / "run")).add_callback(SignalAtStep(3, signal.SIGTERM))
+        add_command_callbacks(trainer)
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train()
+        assert [row["step"] for row in read_jsonl(tmp_path / "run" / "metrics.jsonl")] == [3]
+    else:
+        _copy_until(run, tmp_path / "run", step)
     trainer = _trainer(tiny_math_model_path, tmp_path / "run", **RUNS[kind])
-    trainer.train(resume_from_checkpoint=True)
+    trainer.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-3") if step == "stop-signal" else True)
     _assert_same(_outcome(trainer, tmp_path / "run"), expected)
-
-
-@pytest.mark.slow  # a run and a resume of several steps
-def test_a_stop_signal_inside_a_rollout_batch_resumes_as_the_uninterrupted_run(
-    uninterrupted, tiny_math_model_path, tmp_path
-):
-    from stapo_trl.cli.callbacks import add_command_callbacks
-
-    out = tmp_path / "run"
-    trainer = _trainer(tiny_math_model_path, out)
-    trainer.add_callback(SignalAtStep(3, signal.SIGTERM))
-    add_command_callbacks(trainer)
-    with pytest.raises(KeyboardInterrupt):
-        trainer.train()
-    assert [row["step"] for row in read_jsonl(out / "metrics.jsonl")] == [3]
-    trainer = _trainer(tiny_math_model_path, out)
-    trainer.train(resume_from_checkpoint=str(out / "checkpoint-3"))
-    _assert_same(_outcome(trainer, out), uninterrupted()[1])
-
-
-@pytest.mark.slow  # a run of 6 steps and two resumes, four times
-@pytest.mark.parametrize(
-    "layout",
-    [dict(gradient_accumulation_steps=2), dict(num_iterations=2), dict(steps_per_generation=6,
-     gradient_accumulation_steps=4), dict(cls="grpo")],
-    ids=["GA2", "iterations2", "mask-over-two-updates", "grpo-baseline"],
-)  # fmt: skip
-def test_a_resume_is_exact_with_accumulation_and_iterations(tiny_math_model_path, tmp_path, layout):
-    # Checkpoint-1: inside a rollout batch (a mask spanning two updates with 6 x 4); checkpoint-4: at or in one.
-    from stapo_trl.trainer.trainers import GRPOBaselineTrainer
-
-    cls = GRPOBaselineTrainer if layout.pop("cls", None) else None
-    settings = dict(layout, max_steps=6, per_device_train_batch_size=8, save_steps=1, logging_steps=3)
-    (trainer := _trainer(tiny_math_model_path, tmp_path / "run", cls, **settings)).train()
-    expected = _outcome(trainer, tmp_path / "run")
-    saved = json.loads((tmp_path / "run" / "checkpoint-1" / "rollout_state_0.json").read_text())["tensors"]
-    assert ("batch.4.s2t_keep" in saved) == (layout.get("steps_per_generation") == 6)
-    for step in (1, 4):
-        _copy_until(tmp_path / "run", out := tmp_path / f"resumed-{step}", step)
-        (trainer := _trainer(tiny_math_model_path, out, cls, **settings)).train(resume_from_checkpoint=True)
-        _assert_same(_outcome(trainer, out), expected)
 
 
 def _assert_fallback(caplog, checkpoint, why: str, micro_steps: int = 2) -> None:
