@@ -14,20 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from testing_utils import (
-    PROMPTS,
-    REPO,
-    STAPO_RECIPE,
-    LogRecords,
-    error_line,
-    free_port,
-    read_jsonl,
-    subprocess_env,
-    text_reward,
-    tiny_stapo_config,
-    write_hostile_pickle,
-    zero_reward,
-)
+from testing_utils import PROMPTS, error_line, text_reward, tiny_stapo_config, write_hostile_pickle, zero_reward
 from transformers import TrainerCallback
 
 from stapo_trl.run_folder.checkpoints import checkpoint_problem, hold_run_folder, newest_complete_checkpoint
@@ -203,6 +190,7 @@ def test_the_python_api_refuses_a_resume_that_changes_what_the_run_optimizes(
 
 
 def test_execution_settings_may_change_on_resume_and_a_tied_head_is_no_missing_key(tmp_path, tiny_random_model_path):
+    from testing_utils import LogRecords
     from torch.nn.modules.module import _IncompatibleKeys
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -247,6 +235,7 @@ def test_a_kill_inside_a_save_leaves_the_newest_complete_checkpoint_to_resume(
     tiny_random_model_path, tmp_path, monkeypatch, caplog, where, skipped
 ):
     # Reported: a kill inside a save left a checkpoint every resume failed on, a complete one beside it.
+    from testing_utils import read_jsonl
     from transformers import Trainer, TrainerState
 
     def killed(self, *args, **kwargs):
@@ -298,6 +287,8 @@ def holder(tmp_path):
 
 
 def _recipe(model_path, out, *extra):
+    from testing_utils import STAPO_RECIPE
+
     return ["--config", STAPO_RECIPE, "--model_name_or_path", model_path, "--eval_before_after", "false",
             "--output_dir", str(out), *extra]  # fmt: skip
 
@@ -418,14 +409,11 @@ def test_a_folder_another_run_writes_is_refused_until_it_dies_and_at_once_while_
     assert first.state.global_step == 2 and [str(c.raised)[: len(in_use)] for c in tries] == [in_use, in_use]
 
 
-@pytest.mark.parametrize(
-    "names, shown",
-    [
-        (["README.md", "config.json"], "README.md, config.json"),  # measured: both replaced by the run's
-        (["notes.txt", ".nfs0000000001", "slurm-42.out", "_writer.txt"], "notes.txt"),  # the others are not the user's
-        ([f"{c}.py" for c in "abcdef"], "a.py, b.py, c.py, d.py and 2 more"),
-    ],
-)
+@pytest.mark.parametrize("names, shown", [
+    (["README.md", "config.json"], "README.md, config.json"),  # measured: both replaced by the run's
+    (["notes.txt", ".nfs0000000001", "slurm-42.out", "_writer.txt"], "notes.txt"),  # the others are not the user's
+    ([f"{c}.py" for c in "abcdef"], "a.py, b.py, c.py, d.py and 2 more"),
+])  # fmt: skip
 def test_a_folder_of_the_users_own_files_is_refused_by_stapo_train_and_warned_about_by_the_library(
     tmp_path, tiny_random_model_path, names, shown
 ):
@@ -488,12 +476,12 @@ def test_a_trainer_refused_at_construction_leaves_no_output_dir_behind(tiny_rand
 
     from stapo_trl import STAPOTrainer
 
-    args, model = tiny_stapo_config(tmp_path / "new" / "run", max_steps=1), tiny_random_model_path
-    reward, dataset = ("math_accuracy", PROMPTS) if case == "reward-column" else (zero_reward, PROMPTS)
-    dataset = Dataset.from_list([{"q": "1"}]) if case == "prompt-column" else dataset
-    model = "not-a-cached-org/model" if case == "uncached-hub-model" else model
+    reward = "math_accuracy" if case == "reward-column" else zero_reward
+    dataset = Dataset.from_list([{"q": "1"}]) if case == "prompt-column" else PROMPTS
+    model = "not-a-cached-org/model" if case == "uncached-hub-model" else tiny_random_model_path
+    args = tiny_stapo_config(tmp_path / "new" / "run", max_steps=1)
     with pytest.raises((ValueError, OSError)):  # an uncached Hub id: huggingface_hub's own error, offline
-        STAPOTrainer(model, reward_funcs=reward, args=args, train_dataset=dataset)
+        STAPOTrainer(model, reward, args=args, train_dataset=dataset)
     assert not (tmp_path / "new").exists()
 
 
@@ -501,6 +489,8 @@ def test_a_trainer_refused_at_construction_leaves_no_output_dir_behind(tiny_rand
 def test_a_two_process_launch_on_a_folder_another_run_writes_stops_with_one_line(
     holder, tmp_path, tiny_math_model_path
 ):
+    from testing_utils import REPO, free_port, subprocess_env
+
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
     cmd += [str(REPO / "recipes" / "accelerate_configs" / "cpu_2proc.yaml"), "--main_process_port", str(free_port())]
