@@ -8,7 +8,7 @@ import math
 import os
 import random
 from collections import Counter
-from typing import Any, TextIO
+from typing import Any
 
 from accelerate.utils import gather_object
 from transformers import DefaultFlowCallback, TrainerCallback
@@ -71,41 +71,36 @@ def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     }  # fmt: skip
 
 
-def open_jsonl_for_run(path: str, global_step: int, redone_after: int | None = None) -> tuple[TextIO, list[dict]]:
-    """(`path` opened to append, rows kept): a resume keeps rows to `global_step`, a fresh run moves the file aside."""
-    kept = []
-    if os.path.exists(path) and global_step > 0:
-        kept = [
-            row for row in read_jsonl(path) if row.get("step", math.inf) <= global_step
-            and (redone_after is None or row["step"] <= redone_after or any(k.startswith("eval_") for k in row))
-        ]  # fmt: skip
-        write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in kept))
-    elif os.path.exists(path) and os.path.getsize(path) > 0:
-        stem, ext = os.path.splitext(path)
-        aside = next(f"{stem}.{n}{ext}" for n in range(1, 10_000) if not os.path.exists(f"{stem}.{n}{ext}"))
-        os.replace(path, aside)
-        logger.warning(f"{path} held an earlier run's records: kept as {os.path.basename(aside)}.")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    return open_run_file(path, "a"), kept
-
-
 class JsonlLogCallback(TrainerCallback):
-    """Appends JSON lines to `path` (default `<output_dir>/<filename>`) on the main process, flushed per write."""
+    """Appends JSON lines to `path` (default `<output_dir>/<filename>`) on the main process, flushed per write. At
+    `on_train_begin` a resume keeps the rows up to its step (`self.kept`; after `redone_after`, set by the trainer,
+    evaluation rows only), rewritten atomically; a fresh run moves an earlier file aside to `<name>.<n>.jsonl`."""
 
-    filename, redone_after = "", None  # redone_after: set by the trainer ([`open_jsonl_for_run`])
+    filename, redone_after, _file = "", None, None
 
     def __init__(self, path: str | None = None):
-        self.path, self._file = path, None
+        self.path = path
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.close()
-        if state.is_world_process_zero:
-            path = self.path or os.path.join(args.output_dir, self.filename)
-            self._file, self.kept = open_jsonl_for_run(path, state.global_step, self.redone_after)
+        path, step, self.kept = self.path or os.path.join(args.output_dir, self.filename), state.global_step, []
+        if not state.is_world_process_zero:
+            return
+        if os.path.exists(path) and step > 0:
+            redone = math.inf if self.redone_after is None else self.redone_after
+            self.kept = [row for row in read_jsonl(path) if row.get("step", math.inf) <= step and (
+                row["step"] <= redone or any(k.startswith("eval_") for k in row))]  # fmt: skip
+            write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in self.kept))
+        elif os.path.exists(path) and os.path.getsize(path) > 0:
+            stem, ext = os.path.splitext(path)
+            aside = next(f"{stem}.{n}{ext}" for n in range(1, 10_000) if not os.path.exists(f"{stem}.{n}{ext}"))
+            os.replace(path, aside)
+            logger.warning(f"{path} held an earlier run's records: kept as {os.path.basename(aside)}.")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._file = open_run_file(path, "a")
 
     def write_rows(self, args, rows: list[dict[str, Any]]) -> None:
-        if self._file is None:
-            self._file = open_run_file(self.path or os.path.join(args.output_dir, self.filename), "a")
+        self._file = self._file or open_run_file(self.path or os.path.join(args.output_dir, self.filename), "a")
         self._file.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
         self._file.flush()
 
@@ -145,7 +140,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
         self._token_bytes = self._pending = None  # token id -> bytes; the masks' sample on the device
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._pending, self.kept = None, []
+        self._pending = None
         super().on_train_begin(args, state, control, **kwargs)
         self._count(self.kept)
 

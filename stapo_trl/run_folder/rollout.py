@@ -17,12 +17,13 @@ from .logs import SpuriousTokenLogger
 logger = logging.getLogger(__name__)
 
 FILES = "rollout_state_{}.json", "rollout_state_{}.safetensors"  # manifest, tensors; by process index
+_LAYOUT = ("per_device_train_batch_size", "steps_per_generation", "gradient_accumulation_steps")
+_layout = lambda t: {"world_size": t.accelerator.num_processes, "num_iterations": t.num_iterations} | {  # noqa: E731
+    name: getattr(t.args, name) for name in _LAYOUT}  # fmt: skip
 
 
-def _layout(trainer) -> dict:
-    names = ("per_device_train_batch_size", "steps_per_generation", "gradient_accumulation_steps")
-    return {"world_size": trainer.accelerator.num_processes, "num_iterations": trainer.num_iterations} | {
-        name: getattr(trainer.args, name) for name in names}  # fmt: skip
+def _token_logger(trainer) -> SpuriousTokenLogger | None:
+    return next((c for c in trainer.callback_handler.callbacks if isinstance(c, SpuriousTokenLogger)), None)
 
 
 def _is_json(value) -> bool:
@@ -30,10 +31,6 @@ def _is_json(value) -> bool:
         return json.loads(json.dumps(value, allow_nan=False)) == value
     except (TypeError, ValueError):
         return False
-
-
-def _token_logger(trainer) -> SpuriousTokenLogger | None:
-    return next((c for c in trainer.callback_handler.callbacks if isinstance(c, SpuriousTokenLogger)), None)
 
 
 def save_rollout_state(trainer, folder: str) -> None:

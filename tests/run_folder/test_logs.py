@@ -82,7 +82,8 @@ def test_metrics_callback_writes_strict_json_drops_redone_steps_on_resume_and_ke
     path = tmp_path / "metrics.jsonl"  # a fresh run: an earlier run's file is kept aside
     for n in (1, 2):
         path.write_text(json.dumps({"step": n}) + "\n")
-        logs.open_jsonl_for_run(str(path), global_step=0)[0].close()
+        (callback := MetricsLogCallback(str(path))).on_train_begin(args, _state(0), None)
+        callback.close()
         assert f"metrics.jsonl held an earlier run's records: kept as metrics.{n}.jsonl" in caplog.text
     assert [(tmp_path / f"metrics.{n}.jsonl").read_text() for n in (1, 2)] == ['{"step": 1}\n', '{"step": 2}\n']
     assert path.read_text() == ""
@@ -114,12 +115,12 @@ def test_a_resume_killed_while_it_rewrites_the_file_loses_no_row(tmp_path, monke
 
     with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
         patch.setattr(json, "dumps", dumps_until_killed)
-        logs.open_jsonl_for_run(str(path), global_step=6)  # resuming from checkpoint-6
+        MetricsLogCallback(str(path)).on_train_begin(None, _state(6), None)  # resuming from checkpoint-6
     assert path.read_text() == written  # every row written so far is still there
-    file, kept = logs.open_jsonl_for_run(str(path), global_step=6)
-    file.write(json.dumps({"step": 7, "reward": 0.7}) + "\n")
-    file.close()
-    assert [r["step"] for r in logs.read_jsonl(path)] == [1, 2, 3, 4, 5, 6, 7] and len(kept) == 6
+    (callback := MetricsLogCallback(str(path))).on_train_begin(None, _state(6), None)
+    callback.on_log(None, _state(7), None, logs={"reward": 0.7})
+    callback.close()
+    assert [r["step"] for r in logs.read_jsonl(path)] == [1, 2, 3, 4, 5, 6, 7] and len(callback.kept) == 6
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]  # no temporary file left
 
 
