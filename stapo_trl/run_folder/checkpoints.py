@@ -216,8 +216,7 @@ def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
     if not names:
         return "not a folder" if names is None else "empty"
     try:
-        with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as f:
-            step = json.load(f)["global_step"]
+        step = json.loads(Path(path, "trainer_state.json").read_text(encoding="utf-8"))["global_step"]
     except FileNotFoundError:
         return "no trainer_state.json: its save did not finish"
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
@@ -349,8 +348,7 @@ def read_run_record(checkpoint: str) -> dict | None:
 def changed_settings(recorded: dict, current: dict) -> list[str]:
     """`"name old -> new"` for each field both hold with other values, a dict's keys one by one (`peft.r 8 -> 16`)."""
     changes = []
-    for name in [key for key in current if key in recorded]:
-        old, new = recorded[name], current[name]
+    for name, old, new in ((key, recorded[key], current[key]) for key in current if key in recorded):
         if isinstance(old, dict) and isinstance(new, dict):
             changes += [f"{name}.{change}" for change in changed_settings(old, new)]
         elif old != new:

@@ -176,8 +176,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
             selected, trainer.processing_class, prob_threshold=trainer.s2t.prob_threshold,
             process_index=trainer.accelerator.process_index,
         )  # fmt: skip
-        if trainer.accelerator.num_processes > 1:
-            records = gather_object(records)
+        records = gather_object(records) if trainer.accelerator.num_processes > 1 else records
         if not trainer.accelerator.is_main_process or not records:
             return []
         rng, keep = random.Random(f"{args.seed}-{step}-all"), []

@@ -121,8 +121,8 @@ def test_python_api_card_names_no_local_path_asks_a_training_prompt_and_loads_fr
     args = STAPOConfig(output_dir=output_dir, report_to="none", per_device_train_batch_size=8, num_generations=8,
                        max_completion_length=8, max_steps=1)  # fmt: skip
     prompt = [{"role": "user", "content": "47+38\nPlease reason step by step."}]
-    STAPOTrainer(model=model or tiny_random_model_path, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
-                 args=args, train_dataset=Dataset.from_dict({"prompt": [prompt] * 8})).create_model_card()  # fmt: skip
+    STAPOTrainer(model or tiny_random_model_path, lambda completions, **kw: [0.0] * len(completions), args=args,
+                 train_dataset=Dataset.from_dict({"prompt": [prompt] * 8})).create_model_card()  # fmt: skip
     card = ((out := (work / output_dir).resolve()) / "README.md").read_text()
     for leak in (str(work / "my-sft-model"), "my-sft-model", tiny_random_model_path, "[None]"):
         assert leak not in card, leak

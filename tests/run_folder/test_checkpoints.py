@@ -117,7 +117,8 @@ DAMAGES = {  # case: (file, damage, problem)
                       "stapo_run.json is of an unknown format (999; this stapo_trl reads 1)"),
     "record-no-lr": ("stapo_run.json", _edit(lambda record: record["settings"].pop("learning_rate")),
                      "stapo_run.json holds no learning_rate, which its format records"),
-    "record-unfinished": ("stapo_run.json", _edit(lambda record: record.update(files=None)), "stapo_run.json says its save did not finish"),
+    "record-unfinished": ("stapo_run.json", _edit(lambda record: record.update(files=None)),
+                          "stapo_run.json says its save did not finish"),
 }  # fmt: skip
 
 

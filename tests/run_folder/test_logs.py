@@ -93,10 +93,10 @@ def test_tracker_table_labels_tokens_like_the_figure(tiny_random_model_path, tmp
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
-    lead, other, newline = tokenizer.convert_tokens_to_ids(["â", "Ý", "Ċ"])
+    lead, other, nl = tokenizer.convert_tokens_to_ids(["â", "Ý", "Ċ"])
     logger = SpuriousTokenLogger(types.SimpleNamespace(processing_class=tokenizer), path=str(tmp_path / "t.jsonl"))
-    logger._count([{"kind": kind, "token_id": i, "token": tokenizer.decode([i])} for kind, i in [
-        ("silenced", lead), ("silenced", lead), ("silenced", other), ("kept_candidate", newline), ("reference", lead)]])  # fmt: skip
+    kinds = [("silenced", lead), ("silenced", lead), ("silenced", other), ("kept_candidate", nl), ("reference", 0)]
+    logger._count([{"kind": kind, "token_id": i, "token": tokenizer.decode([i])} for kind, i in kinds])
     assert logger.silenced_counts == {"byte 0xE2": 2, "byte 0xDD": 1} and logger.kept_candidate_counts == {"\\n": 1}
 
 

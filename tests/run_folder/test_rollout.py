@@ -27,8 +27,8 @@ SIX = dict(max_steps=6, per_device_train_batch_size=8, save_steps=1, logging_ste
 LAYOUTS = {"GA2": SIX | dict(gradient_accumulation_steps=2), "iterations2": SIX | dict(num_iterations=2),
            "mask-over-two-updates": SIX | dict(steps_per_generation=6, gradient_accumulation_steps=4),
            "grpo": SIX | dict(cls="grpo")}  # fmt: skip
-RUNS = {"4-steps": {}, "3-epochs": dict(dataset=DATASET.select(range(16)), max_steps=24), "12-steps": dict(max_steps=12),
-        **LAYOUTS}  # fmt: skip
+RUNS = {"4-steps": {}, "3-epochs": dict(dataset=DATASET.select(range(16)), max_steps=24),
+        "12-steps": dict(max_steps=12), **LAYOUTS}  # fmt: skip
 
 
 def _trainer(model_path, out, cls=None, dataset=DATASET, **overrides):
