@@ -321,29 +321,28 @@ def test_holds_nest_within_a_process_and_a_file_system_that_cannot_lock_is_warne
     assert (run / "_writer.txt").read_text().startswith(f"pid {os.getpid()} on ")
 
 
-def test_a_symbolic_link_in_the_run_folder_is_refused_and_its_target_left_alone(tmp_path):
-    # Measured: a _writer.txt that was a symbolic link was followed, and its target overwritten.
+def test_a_symbolic_link_where_a_run_or_a_save_of_the_library_writes_is_refused_and_its_target_left_alone(
+    run, tmp_path, tiny_random_model_path
+):
+    # Measured: a _writer.txt that was a symbolic link was followed, and its target overwritten; links planted after
+    # checkpoint-2 were written through, a whole checkpoint written outside the folder.
     from stapo_trl.run_folder.checkpoints import open_run_file
 
-    target, run = tmp_path / "elsewhere.txt", tmp_path / "run"
+    target, new = tmp_path / "elsewhere.txt", tmp_path / "new"
     target.write_text("precious")
-    (run / "checkpoint-1").mkdir(parents=True)
+    (new / "checkpoint-1").mkdir(parents=True)
     for name, writer in [("_writer.txt", "hold"), ("_writer.lock", "hold"), ("metrics.jsonl", "hold"),
                          ("checkpoint-1/optimizer.pt", "hold"), ("eval.json", "w"), ("eval.json", "a"),
                          ("eval.json", "wb")]:  # fmt: skip
-        (run / name).symlink_to(target)
+        (new / name).symlink_to(target)
         with pytest.raises(ValueError) as raised:
-            hold_run_folder(str(run)) if writer == "hold" else open_run_file(run / name, writer)
+            hold_run_folder(str(new)) if writer == "hold" else open_run_file(new / name, writer)
         assert str(raised.value) == (
-            f"{run / name} is a symbolic link (to {str(target)!r}): a run writes its files in its folder, never "
+            f"{new / name} is a symbolic link (to {str(target)!r}): a run writes its files in its folder, never "
             "through a link (it would overwrite the link's target). Remove the link, or give another output_dir."
         )
-        (run / name).unlink()
+        (new / name).unlink()
     assert target.read_text() == "precious"
-
-
-def test_each_save_of_the_library_refuses_a_link_where_it_writes(run, tmp_path, tiny_random_model_path):
-    # Measured: links planted after checkpoint-2 were written through, a whole checkpoint written outside the folder.
     elsewhere = tmp_path / "elsewhere"
     (elsewhere / "checkpoint-3").mkdir(parents=True)
     trainer = _trainer(tiny_random_model_path, run, max_steps=1)
