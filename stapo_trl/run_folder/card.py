@@ -79,7 +79,8 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     asking a training prompt and the S2T section. `model_name` defaults to `output_dir`'s name; a Hub `dataset_name` is
     linked; `tags` add to `_tag_names`; `eval_record` is `eval.json`; `public`: as uploaded (no local path)."""
     args, s2t, step = trainer.args, getattr(trainer, "s2t", None), trainer.state.global_step
-    model_name = model_name or os.path.basename(os.path.normpath(args.output_dir))
+    out = args.output_dir
+    model_name = model_name or os.path.basename(os.path.normpath(out))
     model = trainer.accelerator.unwrap_model(trainer.model)
     base = base_model_name(getattr(model.config, "_name_or_path", None))
     builtin, is_hub_id = base.startswith("builtin:"), base != LOCAL_MODEL and not base.startswith("builtin:")
@@ -98,9 +99,8 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
         prompt = trainer.train_dataset[0]["prompt"]
     except (KeyError, IndexError, TypeError, NotImplementedError):  # no prompt column, or an iterable dataset
         prompt = None
-    saved = any(os.path.isfile(os.path.join(args.output_dir, n)) for n in ("config.json", "adapter_config.json"))
-    local = f"{args.output_dir}/checkpoint-{step}"
-    local = args.output_dir if saved or step == 0 or args.save_strategy == "no" else local
+    saved = any(os.path.isfile(os.path.join(out, n)) for n in ("config.json", "adapter_config.json"))
+    local = out if saved or step == 0 or args.save_strategy == "no" else f"{out}/checkpoint-{step}"
     reference = (args.hub_model_id or trainer.hub_model_id or model_name) if public else os.path.abspath(local)
     card = generate_model_card(
         base_model=base if is_hub_id else None, model_name=model_name, hub_model_id=reference,
@@ -129,9 +129,8 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
         f'output = generator(prompt, max_new_tokens={args.max_completion_length}, return_full_text=False)[0]',
         'print(output["generated_text"])',
     ])  # fmt: skip
-    text = card.text.replace("[None](https://huggingface.co/None)", named)
+    end = "\n".join(section) + f"### Framework versions\n\n- stapo_trl: {__version__}"
+    text = card.text.replace("[None](https://huggingface.co/None)", named).replace("### Framework versions\n", end, 1)
     text = re.sub(r"(## Quick start\s*```python\n).*?```", lambda m: f"{m[1]}{code}\n```", text, count=1, flags=re.S)
-    versions = "\n".join(section) + f"### Framework versions\n\n- stapo_trl: {__version__}"
-    text = text.replace("### Framework versions\n", versions, 1)
     card.text = re.sub(r"\n(?:[ \t]*\n){2,}", "\n\n", text)  # the blank lines of TRL's unused badges
     return card

@@ -53,9 +53,7 @@ def open_run_file(path: str | os.PathLike, mode: str = "w") -> IO:
     try:
         fd = os.open(path, flags, 0o666)
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise LinkError(os.fspath(path)) from None
-        raise
+        raise (LinkError(os.fspath(path)) if e.errno == errno.ELOOP else e) from None
     return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
 
 
