@@ -18,6 +18,9 @@ import zipfile
 from pathlib import Path
 from typing import IO, Any
 
+from filelock import FileLock, Timeout
+from safetensors import safe_open
+
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +123,6 @@ def command_line(argv: list[str] | None = None) -> str:
 
 def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = None) -> None:
     """Take (`acquire=False`: give back) `output_dir` as its one writer; `ValueError` where another run holds it."""
-    from filelock import FileLock, Timeout
-
     folder = os.path.abspath(output_dir)
     lock, holders = _HOLDS.setdefault(folder, [None, []])
     if not acquire:
@@ -160,8 +161,6 @@ def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = Non
 
 def tensor_specs(path: str) -> dict:
     """`{name: {"dtype": "F32", "shape": [16, 48]}}` of a safetensors file; safetensors' error for a damaged one."""
-    from safetensors import safe_open
-
     with safe_open(path, framework="pt") as f:
         return {n: {"dtype": f.get_slice(n).get_dtype(), "shape": f.get_slice(n).get_shape()} for n in f.keys()}
 
@@ -258,8 +257,7 @@ def newest_complete_checkpoint(output_dir: str, save_only_model: bool = False) -
 
 
 def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_aside: bool = False) -> str | None:
-    """[`newest_complete_checkpoint`], those skipped said in one warning and, with `move_aside` (the folder's writer
-    only), renamed `_damaged-checkpoint-N[-k]`."""
+    """[`newest_complete_checkpoint`], the skipped said in one warning and (`move_aside`) renamed `_damaged-...`."""
     checkpoint, skipped = newest_complete_checkpoint(output_dir, save_only_model)
     words = []
     for name, problem in skipped:
@@ -276,8 +274,7 @@ def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_as
 
 
 def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: str = "") -> None:
-    """Raise `ValueError("<what> <problem>. <fix>")` for a checkpoint given by name that is missing, a file, a run
-    folder (naming its newest complete checkpoint) or not complete."""
+    """Raise `ValueError("<what> <problem>. <fix>")` for a named checkpoint: missing, a file, a run folder, partial."""
     if (problem := checkpoint_problem(path, save_only_model)) is None:
         return
     if problem == "not a folder":
@@ -299,8 +296,7 @@ def plain(value: Any) -> Any:
 
 def run_settings(args, *, trainer: str, model, reward_funcs, s2t=None, peft_config=None, train_dataset=None,
                  dtype=None) -> dict:  # fmt: skip
-    """What a resume must keep, as plain data: the trainer class, the model and `dtype`, the rewards, the S2T values,
-    [`RESUME_FIELDS`] of `args`, the PEFT settings and the training data's fingerprint."""
+    """What a resume must keep, as plain data: trainer, model, dtype, rewards, S2T, [`RESUME_FIELDS`], PEFT, data."""
     from trl.trainer.utils import get_callable_name
 
     local = lambda p: os.path.abspath(p) if isinstance(p, str) and os.path.exists(p) else p  # noqa: E731
@@ -345,18 +341,14 @@ def read_run_record(checkpoint: str) -> dict | None:
 
 def changed_settings(recorded: dict, current: dict) -> list[str]:
     """`"name old -> new"` for each field both hold with other values, a dict's keys one by one (`peft.r 8 -> 16`)."""
-    changes = []
-    for name, old, new in ((key, recorded[key], current[key]) for key in current if key in recorded):
-        if isinstance(old, dict) and isinstance(new, dict):
-            changes += [f"{name}.{change}" for change in changed_settings(old, new)]
-        elif old != new:
-            changes.append(f"{name} {repr(old)[:120]} -> {repr(new)[:120]}")
-    return changes
+    pairs = [(k, recorded[k], current[k]) for k in current if k in recorded]
+    return [f"{k}.{c}" if isinstance(old, dict) and isinstance(new, dict) else c for k, old, new in pairs for c in (
+        changed_settings(old, new) if isinstance(old, dict) and isinstance(new, dict) else
+        [f"{k} {repr(old)[:120]} -> {repr(new)[:120]}"] * (old != new))]  # fmt: skip
 
 
 def check_run_settings(checkpoint: str, settings: dict) -> None:
-    """Raise `ValueError` (one line naming each changed field, old -> new) to resume `checkpoint` with other
-    `settings` than it was trained with; one without a record resumes with one warning."""
+    """`ValueError` naming each changed field (old -> new) to resume `checkpoint` with other `settings`."""
     if (record := read_run_record(checkpoint)) is None:
         logger.warning(f"{checkpoint} has no {RUN_RECORD} (saved before stapo_trl recorded a run's settings): resumed "
                        "without comparing the settings it was trained with to this run's.")  # fmt: skip

@@ -15,6 +15,7 @@ from transformers import DefaultFlowCallback, TrainerCallback
 
 from ..data import format_prompt, json_lines
 from ..diagnostics import token_records as records_
+from ..models.names import BUILTIN_MODELS, INFO_FILE, read_builtin_info
 from .checkpoints import open_run_file, write_atomic
 
 
@@ -37,9 +38,9 @@ def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object",
     if bad and (key := (os.path.abspath(path), tuple(bad))) not in _WARNED:
         _WARNED.add(key)
         shown = ", ".join(map(str, bad[:20])) + (f", ... ({len(bad) - 20} more)" if len(bad) > 20 else "")
-        lines = f"line{'s' * (len(bad) > 1)} {shown}"
-        logger.warning(f"{path}: skipped {lines}, not {what}: a run killed mid-write cuts its last line short; other "
-                       "lines were edited or corrupted. The figures leave them out.")  # fmt: skip
+        logger.warning(f"{path}: skipped line{'s' * (len(bad) > 1)} {shown}, not {what}: a run killed mid-write cuts "
+                       "its last line short; other lines were edited or corrupted. The figures leave them "
+                       "out.")  # fmt: skip
     return rows
 
 
@@ -201,20 +202,19 @@ class SpuriousTokenLogger(JsonlLogCallback):
 def add_run_file_callbacks(trainer) -> list[TrainerCallback]:
     """Add [`MetricsLogCallback`] and (with S2T) [`SpuriousTokenLogger`] where missing; returns those added."""
     callbacks = trainer.callback_handler.callbacks
-    wanted = [MetricsLogCallback] + [SpuriousTokenLogger] * hasattr(trainer, "s2t")
-    added = [cls for cls in wanted if not any(isinstance(c, cls) for c in callbacks)]
-    added = [cls(trainer) if cls is SpuriousTokenLogger else cls() for cls in added]
+    wanted = [(MetricsLogCallback, ())] + [(SpuriousTokenLogger, (trainer,))] * hasattr(trainer, "s2t")
+    added = [cls(*a) for cls, a in wanted if not any(isinstance(c, cls) for c in callbacks)]
     position = next((i + 1 for i, cb in enumerate(callbacks) if isinstance(cb, DefaultFlowCallback)), 0)
     callbacks[position:position] = added
     return added
 
 
 class NoLearningSignalCallback(TrainerCallback):
-    """Warn once when the first `num_rows` log rows had no learning signal (zero reward spread in every group, or a
-    reward giving every completion one value or `None`), naming the likely causes."""
+    """Warn once when the first 3 log rows had no learning signal (zero reward spread in every group, or a reward
+    giving every completion one value or `None`), naming the likely causes."""
 
-    def __init__(self, trainer, num_rows: int = 3):
-        self.trainer, self.num_rows, self.rows = trainer, num_rows, []
+    def __init__(self, trainer):
+        self.trainer, self.rows = trainer, []
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.rows = []
@@ -224,15 +224,13 @@ class NoLearningSignalCallback(TrainerCallback):
         if self.rows is None or not state.is_world_process_zero or not _number(spread) or spread != spread:
             return
         self.rows.append(dict(logs, step=state.global_step))
-        if len(self.rows) >= self.num_rows or "train_runtime" in logs:
-            self._decide()
+        if len(self.rows) >= 3 or "train_runtime" in logs:
+            self.on_train_end(args, state, control)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.rows and state.is_world_process_zero:
-            self._decide()
-
-    def _decide(self) -> None:
         rows, self.rows, constant, trainer = self.rows, None, {}, self.trainer  # decided once; reward name -> value
+        if not rows or not state.is_world_process_zero:
+            return
         for name in trainer.reward_func_names:
             means = [r.get(f"rewards/{name}/mean") for r in rows]
             stds = {r.get(f"rewards/{name}/std") for r in rows}
@@ -240,8 +238,7 @@ class NoLearningSignalCallback(TrainerCallback):
                 constant[name] = f"{means[0]:g}"
             elif all(f"rewards/{name}/mean" in r and (m is None or m != m) for r, m in zip(rows, means)):
                 constant[name] = "None"
-        zero_spread = all(r.get("frac_reward_zero_std") == 1.0 for r in rows)
-        if not zero_spread and not constant:
+        if not (zero_spread := all(r.get("frac_reward_zero_std") == 1.0 for r in rows)) and not constant:
             return
         a, b, n = rows[0]["step"], rows[-1]["step"], len(rows)
         where = f"the first {n} logging steps (steps {a}-{b})" if n > 1 else f"the first logging step (step {a})"
@@ -253,33 +250,29 @@ class NoLearningSignalCallback(TrainerCallback):
             text += f"; the reward functions gave every completion the same value ({values})." if constant else "."
         else:
             text = f"A reward function gave every completion the same value in {where} ({values}): it adds nothing."
+        fmt = "The prompt format: the model gets no correct answer to prompts unlike those it was trained on."
+        try:
+            prompt = trainer.train_dataset[0]["prompt"]
+        except (KeyError, IndexError, TypeError, NotImplementedError):
+            prompt = None
+        if isinstance(prompt, str) and getattr(trainer.processing_class, "chat_template", None):
+            fmt += " Your prompts are plain text, so TRL does not apply the model's chat template."
+        contents = [m.get("content") for m in prompt if isinstance(m, dict)] if isinstance(prompt, list) else [prompt]
+        for content in [c for c in contents if isinstance(c, str)]:
+            if len(tail := content.strip()[-40:]) >= 20 and content.count(tail) > 1:
+                fmt += f" Your prompts hold their instruction twice ({tail!r} repeated)."
+        path = getattr(getattr(trainer.model, "config", None), "_name_or_path", None)
+        model = read_builtin_info(path)["name"][8:] if path and os.path.isfile(os.path.join(path, INFO_FILE)) else None
+        why = {"tiny-random": " has random weights: it answers nothing correctly, whatever the prompt.",
+               "smollm2-135m": ", as shipped, solves almost no two-digit addition at temperature 1.",
+               "gemma3-270m": " is a base model: it rarely ends with a \\boxed{} answer."}  # fmt: skip
+        why = why.get(model, f" was trained on one prompt format only: {format_prompt('47+38')}.")
         columns = ", ".join(c for c in getattr(trainer.train_dataset, "column_names", None) or [] if c != "prompt")
         clipped = all(r.get("completions/clipped_ratio") == 1.0 for r in rows)
         causes = [f"The length: every completion was cut at max_completion_length={trainer.args.max_completion_length}"
                   " (completions/clipped_ratio = 1), before its answer: raise it."] if clipped else []  # fmt: skip
-        causes += [self._prompt_cause(), f"The reward: call {', '.join(constant) or 'your reward'} on a right and a "
-                   "wrong completion: they must differ.", "The columns: TRL passes each column but `prompt` to the "
-                   f"rewards by name{f' (here: {columns})' if columns else ''}; check the one it reads."]  # fmt: skip
+        causes += [f"{fmt} builtin:{model}{why}" if model in BUILTIN_MODELS else fmt, "The reward: call "
+                   f"{', '.join(constant) or 'your reward'} on a right and a wrong completion: they must differ.",
+                   "The columns: TRL passes each column but `prompt` to the rewards by name"
+                   f"{f' (here: {columns})' if columns else ''}; check the one it reads."]  # fmt: skip
         logger.warning(f"{text} Likely causes: " + " ".join(f"({i}) {c}" for i, c in enumerate(causes, 1)))
-
-    def _prompt_cause(self) -> str:
-        from ..models.names import BUILTIN_MODELS, INFO_FILE, read_builtin_info
-
-        text = "The prompt format: the model gets no correct answer to prompts unlike those it was trained on."
-        try:
-            prompt = self.trainer.train_dataset[0]["prompt"]
-        except (KeyError, IndexError, TypeError, NotImplementedError):
-            prompt = None
-        if isinstance(prompt, str) and getattr(self.trainer.processing_class, "chat_template", None):
-            text += " Your prompts are plain text, so TRL does not apply the model's chat template."
-        contents = [m.get("content") for m in prompt if isinstance(m, dict)] if isinstance(prompt, list) else [prompt]
-        for content in [c for c in contents if isinstance(c, str)]:
-            if len(tail := content.strip()[-40:]) >= 20 and content.count(tail) > 1:
-                text += f" Your prompts hold their instruction twice ({tail!r} repeated)."
-        path = getattr(getattr(self.trainer.model, "config", None), "_name_or_path", None)
-        name = read_builtin_info(path)["name"][8:] if path and os.path.isfile(os.path.join(path, INFO_FILE)) else None
-        why = {"tiny-random": " has random weights: it answers nothing correctly, whatever the prompt.",
-               "smollm2-135m": ", as shipped, solves almost no two-digit addition at temperature 1.",
-               "gemma3-270m": " is a base model: it rarely ends with a \\boxed{} answer."}  # fmt: skip
-        why = why.get(name, f" was trained on one prompt format only: {format_prompt('47+38')}.")
-        return f"{text} builtin:{name}{why}" if name in BUILTIN_MODELS else text

@@ -22,10 +22,6 @@ _layout = lambda t: {"world_size": t.accelerator.num_processes, "num_iterations"
     name: getattr(t.args, name) for name in _LAYOUT}  # fmt: skip
 
 
-def _token_logger(trainer) -> SpuriousTokenLogger | None:
-    return next((c for c in trainer.callback_handler.callbacks if isinstance(c, SpuriousTokenLogger)), None)
-
-
 def _is_json(value) -> bool:
     try:
         return json.loads(json.dumps(value, allow_nan=False)) == value
@@ -51,8 +47,8 @@ def save_rollout_state(trainer, folder: str) -> None:
     tensors |= {f"metrics.{k}": torch.tensor(v, dtype=torch.float64) for k, v in trainer._metrics["train"].items()}
     if getattr(trainer, "_tr_loss", None) is not None:
         tensors["loss"] = trainer._tr_loss
-    if (pending := getattr(_token_logger(trainer), "_pending", None)) is not None:
-        tensors["token_records"] = pending
+    for pending in (c._pending for c in trainer.callback_handler.callbacks if isinstance(c, SpuriousTokenLogger)):
+        tensors |= {} if pending is None else {"token_records": pending}
     tensors, batches = ({}, {}) if why else (tensors, batches)
     manifest, path = (os.path.join(folder, name.format(trainer.accelerator.process_index)) for name in FILES)
     with open_run_file(path, "wb") as f:  # copies: views of one batch share memory
@@ -121,5 +117,6 @@ class RolloutStateCallback(TrainerCallback):
         trainer._metrics["train"].update({k[8:]: v.tolist() for k, v in tensors.items() if k.startswith("metrics.")})
         if "loss" in tensors:
             trainer._tr_loss = tensors["loss"].to(trainer._tr_loss.device)
-        if "token_records" in tensors and (token_logger := _token_logger(trainer)) is not None:
+        loggers = [c for c in trainer.callback_handler.callbacks if isinstance(c, SpuriousTokenLogger)]
+        for token_logger in loggers if "token_records" in tensors else []:
             token_logger._pending = tensors["token_records"].to(trainer.accelerator.device)
