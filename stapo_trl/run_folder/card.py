@@ -51,20 +51,15 @@ def public_dataset_name(name: str | None) -> str | None:
 
 
 def _summary(trainer, s2t, eval_record) -> list[str]:
-    lines = [f"- **Steps trained**: {trainer.state.global_step} optimizer steps."]
-    if s2t is None:
-        lines.append("- **S2T mask**: none (plain GRPO: `trl.GRPOTrainer`).")
-    elif (t := s2t_totals(trainer.state.log_history)) is None:
-        lines.append(f"- **S2T mask** (`s2t_mode: {s2t.mode}`): no S2T counts logged yet.")
-    elif s2t.mode == "off":
-        lines.append(f"- **S2T mask**: off (`s2t_mode: off`): no token was silenced; {t['num_candidates']:,} of "
-                     f"{t['num_loss_tokens']:,} loss tokens were candidates (A > 0, p < τ_p), counted "
-                     "only.")  # fmt: skip
-    else:
-        lines.append(f"- **S2T mask** (`s2t_mode: {s2t.mode}`): {t['num_silenced']:,} of {t['num_loss_tokens']:,} "
-                     f"loss tokens silenced over the run, a silenced ratio of {t['silenced_ratio']:.3g} (pooled: Σ "
-                     f"silenced / Σ loss tokens over {t['num_rows']} logged rows); candidates (A > 0, p < τ_p): "
-                     f"{t['num_candidates']:,}.")  # fmt: skip
+    t = s2t and s2t_totals(trainer.state.log_history)
+    lines = [f"- **Steps trained**: {trainer.state.global_step} optimizer steps.", "- **S2T mask**" + (
+        ": none (plain GRPO: `trl.GRPOTrainer`)." if s2t is None else
+        f" (`s2t_mode: {s2t.mode}`): no S2T counts logged yet." if t is None else
+        f": off (`s2t_mode: off`): no token was silenced; {t['num_candidates']:,} of {t['num_loss_tokens']:,} loss "
+        "tokens were candidates (A > 0, p < τ_p), counted only." if s2t.mode == "off" else
+        f" (`s2t_mode: {s2t.mode}`): {t['num_silenced']:,} of {t['num_loss_tokens']:,} loss tokens silenced over the "
+        f"run, a silenced ratio of {t['silenced_ratio']:.3g} (pooled: Σ silenced / Σ loss tokens over "
+        f"{t['num_rows']} logged rows); candidates (A > 0, p < τ_p): {t['num_candidates']:,}.")]  # fmt: skip
     if not (r := eval_record):
         return [*lines, "- **Held-out accuracy**: not measured (`stapo-train` measures it before and after training "
                 "with `eval_before_after`)."]  # fmt: skip
@@ -79,11 +74,9 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     asking a training prompt and the S2T section. `model_name` defaults to `output_dir`'s name; a Hub `dataset_name` is
     linked; `tags` add to `_tag_names`; `eval_record` is `eval.json`; `public`: as uploaded (no local path)."""
     args, s2t, step = trainer.args, getattr(trainer, "s2t", None), trainer.state.global_step
-    out = args.output_dir
+    out, model = args.output_dir, trainer.accelerator.unwrap_model(trainer.model)
     model_name = model_name or os.path.basename(os.path.normpath(out))
-    model = trainer.accelerator.unwrap_model(trainer.model)
     base = base_model_name(getattr(model.config, "_name_or_path", None))
-    builtin, is_hub_id = base.startswith("builtin:"), base != LOCAL_MODEL and not base.startswith("builtin:")
     named = public_base_model_name(base) if public else base if base == LOCAL_MODEL else f"`{base}`"
     stapo = "[STAPO](https://huggingface.co/papers/2602.15620)"
     method = f"Base model: {named}, trained with " + (
@@ -93,7 +86,7 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
         'Silencing Rare Spurious Tokens", arXiv:2602.15620): positive-advantage tokens sampled with a low probability '
         "at low-entropy positions are removed from the numerator and the denominator of the loss."
     )  # fmt: skip
-    if builtin and (license_text := BUILTIN_MODELS.get(base[8:], {}).get("license")):
+    if base.startswith("builtin:") and (license_text := BUILTIN_MODELS.get(base[8:], {}).get("license")):
         method += f" The base model's license applies to this model too: {license_text}."
     try:
         prompt = trainer.train_dataset[0]["prompt"]
@@ -103,8 +96,9 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     local = out if saved or step == 0 or args.save_strategy == "no" else f"{out}/checkpoint-{step}"
     reference = (args.hub_model_id or trainer.hub_model_id or model_name) if public else os.path.abspath(local)
     card = generate_model_card(
-        base_model=base if is_hub_id else None, model_name=model_name, hub_model_id=reference,
-        dataset_name=public_dataset_name(dataset_name), tags=sorted({*trainer._tag_names, *(tags or [])}),
+        base_model=None if base == LOCAL_MODEL or base.startswith("builtin:") else base, model_name=model_name,
+        hub_model_id=reference, dataset_name=public_dataset_name(dataset_name),
+        tags=sorted({*trainer._tag_names, *(tags or [])}),
         wandb_url=getattr(getattr(sys.modules.get("wandb"), "run", None), "url", None), trackio_url=None,
         trainer_name=trainer._name, trainer_citation=trainer._paper.get("citation"),
         paper_title=trainer._paper.get("title"), paper_id=trainer._paper.get("id"),
