@@ -70,9 +70,8 @@ def _summary(trainer, s2t, eval_record) -> list[str]:
 
 
 def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_record=None, public=False) -> ModelCard:
-    """The `huggingface_hub.ModelCard` of `trainer`'s run (a STAPO or plain GRPO trainer): TRL's, with a quick start
-    asking a training prompt and the S2T section. `model_name` defaults to `output_dir`'s name; a Hub `dataset_name` is
-    linked; `tags` add to `_tag_names`; `eval_record` is `eval.json`; `public`: as uploaded (no local path)."""
+    """TRL's `ModelCard` of `trainer`'s run with a quick start asking a training prompt and the S2T section; `tags` add
+    to `_tag_names`, `eval_record` is `eval.json`, `public`: as uploaded (no local path)."""
     args, s2t, step = trainer.args, getattr(trainer, "s2t", None), trainer.state.global_step
     out, model = args.output_dir, trainer.accelerator.unwrap_model(trainer.model)
     model_name = model_name or os.path.basename(os.path.normpath(out))

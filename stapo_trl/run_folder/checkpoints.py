@@ -186,10 +186,9 @@ def file_problem(path: str, load: bool = True) -> str | None:
             with safe_globals():
                 state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as e:  # noqa: BLE001 (UnpicklingError, RuntimeError)
-            paragraphs = [p.strip() for p in str(e).split("\n\n") if p.strip()]
-            detail = next((p for p in paragraphs[1:] if not p.startswith("Check the documentation")), None)
-            return "refused by a safe load: " + (detail or (paragraphs or [type(e).__name__])[0]).splitlines()[0][
-                :160].rstrip(".")  # fmt: skip
+            parts = [p.strip() for p in str(e).split("\n\n") if p.strip()] or [type(e).__name__]
+            detail = next((p for p in parts[1:] if not p.startswith("Check the documentation")), parts[0])
+            return "refused by a safe load: " + detail.splitlines()[0][:160].rstrip(".")
         rng = isinstance(state, dict) and {"python", "numpy", "cpu"} <= set(state)
         return "holds no RNG state" if name.startswith("rng_state") and not rng else None
     try:
@@ -220,12 +219,12 @@ def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
         return f"trainer_state.json unreadable ({type(e).__name__}): its save did not finish"
     number = CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path)))
     if type(step) is not int or step < 0 or (number and step != int(number[1])):
-        expected = f"its step {number[1]}" if number else "a step"
-        return f"trainer_state.json has global_step {repr(step)[:40]}, not {expected}"
+        return f"trainer_state.json has global_step {repr(step)[:40]}, not " + (
+            f"its step {number[1]}" if number else "a step")  # fmt: skip
     try:
         record = read_run_record(path) or {}
-    except (OSError, ValueError) as e:
-        return f"{RUN_RECORD} unreadable: {type(e).__name__}" if isinstance(e, OSError) else str(e)
+    except ValueError as e:
+        return str(e)
     if record and record.get("files") is None:
         return f"{RUN_RECORD} says its save did not finish"
     save_only_model = bool(record.get("save_only_model", save_only_model))
@@ -325,7 +324,7 @@ def read_run_record(checkpoint: str) -> dict | None:
             record = json.load(f)
     except FileNotFoundError:
         return None
-    except (ValueError, RecursionError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise ValueError(f"{RUN_RECORD} unreadable: {type(e).__name__}") from None
     if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
         raise ValueError(f"{RUN_RECORD} holds no settings")

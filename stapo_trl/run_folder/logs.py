@@ -59,8 +59,7 @@ def read_token_records(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The S2T counts pooled over log rows: `num_rows`, `rows_with_silencing`, `num_silenced`, `num_candidates`,
-    `num_loss_tokens`, `silenced_ratio` and `candidate_ratio` (Σ counts / Σ loss tokens); `None` without counts."""
+    """The S2T counts pooled over log rows (`num_*`, ratios as Σ counts / Σ loss tokens); `None` without counts."""
     if not (counted := [row for row in rows if row.get("s2t/num_loss_tokens") is not None]):
         return None
     keys = ("silenced", "candidates", "loss_tokens")
@@ -73,9 +72,8 @@ def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 class JsonlLogCallback(TrainerCallback):
-    """Appends JSON lines to `path` (default `<output_dir>/<filename>`) on the main process, flushed per write. At
-    `on_train_begin` a resume keeps the rows up to its step (`self.kept`; after `redone_after`, set by the trainer,
-    evaluation rows only), rewritten atomically; a fresh run moves an earlier file aside to `<name>.<n>.jsonl`."""
+    """Appends JSON lines to `path` (default `<output_dir>/<filename>`) on the main process. A resume keeps the rows
+    up to its step (after `redone_after`: eval rows only); a fresh run moves an earlier file to `<name>.<n>.jsonl`."""
 
     filename, redone_after, _file = "", None, None
 
@@ -124,11 +122,9 @@ class MetricsLogCallback(JsonlLogCallback):
 
 
 class SpuriousTokenLogger(JsonlLogCallback):
-    """The silenced tokens of `trainer`'s masks, with samples of kept candidates and other positive-advantage tokens,
-    in `path` (default `<output_dir>/spurious_tokens.jsonl`) at every logging step, gathered from every process (a
-    collective); with wandb or trackio, the `top_k` most silenced tokens as a table. `max_*`: records of each kind per
-    logging step (a uniform sample beyond); `context_tokens` on each side. One added before `train()` replaces the
-    trainer's own."""
+    """The silenced tokens of `trainer`'s masks, with samples of kept candidates and reference tokens (`max_*` of each
+    per logging step, `context_tokens` each side), in `path` (default `<output_dir>/spurious_tokens.jsonl`), gathered
+    from every process; the `top_k` most silenced as a wandb/trackio table. One added before `train()` is used."""
 
     filename = SPURIOUS_TOKENS_FILENAME
 
@@ -210,8 +206,7 @@ def add_run_file_callbacks(trainer) -> list[TrainerCallback]:
 
 
 class NoLearningSignalCallback(TrainerCallback):
-    """Warn once when the first 3 log rows had no learning signal (zero reward spread in every group, or a reward
-    giving every completion one value or `None`), naming the likely causes."""
+    """Warn once, naming the likely causes, when the first 3 log rows had no learning signal (or a constant reward)."""
 
     def __init__(self, trainer):
         self.trainer, self.rows = trainer, []

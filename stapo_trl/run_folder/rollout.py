@@ -7,7 +7,7 @@ import logging
 import os
 
 import torch
-from safetensors.torch import load, save
+from safetensors.torch import load_file, save
 from transformers import TrainerCallback, TrainerState
 
 from .checkpoints import open_run_file, tensor_specs
@@ -74,8 +74,7 @@ def load_rollout_state(trainer, checkpoint: str) -> dict | None:
             layout = f"it was saved with another batch layout ({', '.join(changed)})" if changed else None
             why = manifest["not_saved"] or layout
         if why is None:
-            with open(tensors_path, "rb") as f:
-                tensors, device = load(f.read()), trainer.accelerator.device
+            tensors, device = load_file(tensors_path), trainer.accelerator.device
             batches = [None] * trainer.args.steps_per_generation
             for i, batch in manifest["micro_batches"].items():
                 batches[int(i)] = dict(batch["values"]) | {
