@@ -8,7 +8,18 @@ import shutil
 from pathlib import Path
 
 import pytest
+from datasets import Dataset
+from huggingface_hub import ModelCard
 from testing_utils import STAPO_RECIPE, addition_rows, no_activation_checkpointing, run_card_quick_start, write_jsonl
+from trl import GRPOConfig
+
+from stapo_trl import STAPOConfig, STAPOTrainer
+from stapo_trl.cli.args import parse_args
+from stapo_trl.cli.run import _push_to_hub
+from stapo_trl.cli.train import main
+from stapo_trl.models.names import BUILTIN_MODELS
+from stapo_trl.run_folder.card import base_model_name, public_base_model_name, public_dataset_name
+from stapo_trl.trainer.trainers import GRPOBaselineTrainer
 
 
 KEY_FIELDS = (
@@ -25,12 +36,6 @@ EVAL = {"metric": "avg@2", "num_problems": 16, "split": "test", "temperature": 0
 
 
 def _card_trainer(model_path: str, output_dir: Path | str, trainer_name: str = "stapo", **config):
-    from datasets import Dataset
-    from trl import GRPOConfig
-
-    from stapo_trl import STAPOConfig, STAPOTrainer
-    from stapo_trl.trainer.trainers import GRPOBaselineTrainer
-
     config_class, trainer_class = {
         "stapo": (STAPOConfig, STAPOTrainer), "off": (STAPOConfig, STAPOTrainer),
         "stapo-with-grpo-config": (GRPOConfig, STAPOTrainer), "grpo": (GRPOConfig, GRPOBaselineTrainer),
@@ -54,11 +59,7 @@ def _table(card: str) -> dict[str, str]:
     ("stapo-with-grpo-config", False, None, {"epsilon_high": 0.28}), ("grpo", True, "local", {}),
     ("grpo", True, "builtin:tiny-math", {}),
 ])  # fmt: skip
-def test_the_training_procedure_states_the_runs_settings_counts_and_accuracy(
-    tiny_math_model_path, tmp_path, trainer_name, public, dataset, config
-):
-    from huggingface_hub import ModelCard
-
+def test_the_card_states_the_run(tiny_math_model_path, tmp_path, trainer_name, public, dataset, config):
     out = tmp_path / "outputs" / "demo-run"
     trainer = _card_trainer(tiny_math_model_path, out, trainer_name, hub_model_id="me/stapo-demo", save_strategy="no",
                             **config)  # fmt: skip
@@ -107,13 +108,7 @@ def test_the_training_procedure_states_the_runs_settings_counts_and_accuracy(
 @pytest.mark.parametrize("where, output_dir", [
     ("local-folder", "relative-run"), ("absolute-folder", "./nested/relative-run"), ("builtin", "../up/relative-run"),
 ])  # fmt: skip
-def test_python_api_card_names_no_local_path_asks_a_training_prompt_and_loads_from_any_working_directory(
-    tiny_random_model_path, tmp_path, monkeypatch, where, output_dir
-):
-    from datasets import Dataset
-
-    from stapo_trl import STAPOConfig, STAPOTrainer
-
+def test_card_hides_local_paths(tiny_random_model_path, tmp_path, monkeypatch, where, output_dir):
     work = tmp_path / "work"  # holds a model folder of the user's own (no stapo_builtin.json)
     shutil.copytree(tiny_random_model_path, work / "my-sft-model", ignore=shutil.ignore_patterns("stapo_*"))
     monkeypatch.chdir(work)
@@ -132,9 +127,6 @@ def test_python_api_card_names_no_local_path_asks_a_training_prompt_and_loads_fr
 
 
 def test_cards_name_a_builtin_by_its_hub_origin_with_its_license_and_a_local_data_file_as_no_hub_dataset():
-    from stapo_trl.models.names import BUILTIN_MODELS
-    from stapo_trl.run_folder.card import base_model_name, public_base_model_name, public_dataset_name
-
     for name, public, license_text in [
         ("builtin:gemma3-270m", "google/gemma-3-270m (dequantized from a GGUF file by stapo_trl: gemma3-270m)",
          "Gemma Terms of Use"),
@@ -166,16 +158,7 @@ def test_python_api_card_loads_the_checkpoint_the_run_saved(tiny_math_model_path
 
 
 @pytest.mark.slow  # a stapo-train run with its evaluation
-def test_failed_push_at_the_end_keeps_the_local_results_and_says_how_to_push_later(
-    tmp_path, tiny_math_model_path, capsys
-):
-    from datasets import Dataset
-
-    from stapo_trl import STAPOTrainer
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.run import _push_to_hub
-    from stapo_trl.cli.train import main
-
+def test_failed_push_keeps_local_results_and_says_how_to_push_later(tmp_path, tiny_math_model_path, capsys):
     run = tmp_path / "demo-stapo"
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(run),
             "--max_steps", "8", "--logging_steps", "4", "--save_strategy", "no", "--disable_tqdm", "true",

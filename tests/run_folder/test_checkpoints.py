@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -14,15 +15,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from datasets import Dataset
 from testing_utils import PROMPTS, error_line, text_reward, tiny_stapo_config, write_hostile_pickle, zero_reward
-from transformers import TrainerCallback
+from torch.nn.modules.module import _IncompatibleKeys
+from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainerCallback, TrainerState
+from transformers.trainer_utils import get_last_checkpoint
 
+from stapo_trl import STAPOTrainer
+from stapo_trl.cli.args import parse_args
+from stapo_trl.cli.prepare import prepare
+from stapo_trl.cli.train import main
 from stapo_trl.run_folder.checkpoints import checkpoint_problem, hold_run_folder, newest_complete_checkpoint
 
 
 def _trainer(model_path, out, reward=zero_reward, dataset=PROMPTS, **overrides):
-    from stapo_trl import STAPOTrainer
-
     settings = dict(max_steps=2, save_strategy="steps", save_steps=1, logging_steps=1) | overrides
     return STAPOTrainer(
         model_path, reward_funcs=reward, args=tiny_stapo_config(out, **settings), train_dataset=dataset
@@ -46,9 +52,7 @@ def _resume_lines(caplog):
     return [r.getMessage() for r in caplog.records if re.search("newest complete checkpoint|Resuming", r.getMessage())]
 
 
-def test_a_checkpoint_records_its_files_and_settings_and_needs_its_states_without_the_record(
-    run, tiny_random_model_path
-):
+def test_a_checkpoint_records_its_files_and_settings_and_needs_its_states(run, tiny_random_model_path):
     record = json.loads((run / "checkpoint-2" / "stapo_run.json").read_text())
     files = sorted(p.name for p in (run / "checkpoint-2").iterdir() if p.name != "stapo_run.json")
     assert record["files"] == files and {"scheduler.pt", "rng_state.pth"} <= set(files)
@@ -133,11 +137,7 @@ def test_what_makes_a_checkpoint_incomplete_names_the_file_and_the_damage(run, t
     assert not (tmp_path / "code-ran").exists()
 
 
-def test_the_python_api_refuses_a_damaged_checkpoint_by_name_and_resumes_the_newest_whole_one(
-    run, tiny_random_model_path, caplog
-):
-    from transformers.trainer_utils import get_last_checkpoint
-
+def test_a_damaged_checkpoint_is_refused_by_name_and_skipped_by_a_resume(run, tiny_random_model_path, caplog):
     name, damage, problem = DAMAGES["model-cut"]
     damage(run / "checkpoint-2" / name, None)
     (run / "checkpoint-1" / "stapo_run.json").unlink()  # saved before the record: resumed with one warning
@@ -175,9 +175,7 @@ def test_the_python_api_refuses_a_damaged_checkpoint_by_name_and_resumes_the_new
     ],
     ids=["s2t-and-lr", "optimizer", "reward", "dataset", "dtype"],
 )  # fmt: skip
-def test_the_python_api_refuses_a_resume_that_changes_what_the_run_optimizes(
-    run, tiny_random_model_path, caplog, changes, expected
-):
+def test_a_resume_changing_what_the_run_optimizes_is_refused(run, tiny_random_model_path, caplog, changes, expected):
     trainer = _trainer(tiny_random_model_path, run, max_steps=3, **changes)
     expected = expected.format(old=PROMPTS._fingerprint, new=trainer.run_settings["train_dataset"])
     with pytest.raises(ValueError) as raised:
@@ -192,8 +190,6 @@ def test_the_python_api_refuses_a_resume_that_changes_what_the_run_optimizes(
 
 def test_execution_settings_may_change_on_resume_and_a_tied_head_is_no_missing_key(tmp_path, tiny_random_model_path):
     from testing_utils import LogRecords
-    from torch.nn.modules.module import _IncompatibleKeys
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     from stapo_trl.run_folder.checkpoints import changed_settings
 
@@ -232,12 +228,9 @@ class Killed(Exception):
     ("_save_rng_state", "no trainer_state.json: its save did not finish"),
     ("rewritten-in-place", "no trainer_state.json: its save did not finish"),  # a fresh run over checkpoint-1
 ])  # fmt: skip
-def test_a_kill_inside_a_save_leaves_the_newest_complete_checkpoint_to_resume(
-    tiny_random_model_path, tmp_path, monkeypatch, caplog, where, skipped
-):
+def test_a_kill_in_a_save_leaves_a_whole_one(tiny_random_model_path, tmp_path, monkeypatch, caplog, where, skipped):
     # Reported: a kill inside a save left a checkpoint every resume failed on, a complete one beside it.
     from testing_utils import read_jsonl
-    from transformers import Trainer, TrainerState
 
     def killed(self, *args, **kwargs):
         if where == "trainer_state.json":
@@ -295,8 +288,6 @@ def _recipe(model_path, out, *extra):
 
 
 def test_holds_nest_within_a_process_and_a_file_system_that_cannot_lock_is_warned_about(tmp_path, monkeypatch, caplog):
-    import fcntl
-
     (tmp_path / "scratch").mkdir()
     (run := tmp_path / "run").symlink_to(tmp_path / "scratch")  # clusters link a scratch disk as the run folder
     hold_run_folder(str(run))  # stapo-train's
@@ -321,9 +312,7 @@ def test_holds_nest_within_a_process_and_a_file_system_that_cannot_lock_is_warne
     assert (run / "_writer.txt").read_text().startswith(f"pid {os.getpid()} on ")
 
 
-def test_a_symbolic_link_where_a_run_or_a_save_of_the_library_writes_is_refused_and_its_target_left_alone(
-    run, tmp_path, tiny_random_model_path
-):
+def test_a_link_where_a_run_writes_is_refused_and_its_target_kept(run, tmp_path, tiny_random_model_path):
     # Measured: a _writer.txt that was a symbolic link was followed, and its target overwritten; links planted after
     # checkpoint-2 were written through, a whole checkpoint written outside the folder.
     from stapo_trl.run_folder.checkpoints import open_run_file
@@ -376,14 +365,8 @@ class _Meanwhile(TrainerCallback):
             self.raised = e
 
 
-def test_a_folder_another_run_writes_is_refused_until_it_dies_and_at_once_while_a_script_trains(
-    holder, tmp_path, tiny_random_model_path, tiny_math_model_path, capsys
-):
+def test_a_folder_in_use_is_refused(holder, tmp_path, tiny_random_model_path, tiny_math_model_path, capsys):
     # Reported: two stapo-train on one output_dir both exited 0, every step twice in metrics.jsonl.
-    from stapo_trl.cli.args import parse_args
-    from stapo_trl.cli.prepare import prepare
-    from stapo_trl.cli.train import main
-
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as excinfo:
         main(_recipe(tiny_math_model_path, run))
@@ -414,9 +397,7 @@ def test_a_folder_another_run_writes_is_refused_until_it_dies_and_at_once_while_
     (["notes.txt", ".nfs0000000001", "slurm-42.out", "_writer.txt"], "notes.txt"),  # the others are not the user's
     ([f"{c}.py" for c in "abcdef"], "a.py, b.py, c.py, d.py and 2 more"),
 ])  # fmt: skip
-def test_a_folder_of_the_users_own_files_is_refused_by_stapo_train_and_warned_about_by_the_library(
-    tmp_path, tiny_random_model_path, names, shown
-):
+def test_a_folder_of_the_users_files_is_refused_or_warned_about(tmp_path, tiny_random_model_path, names, shown):
     from stapo_trl.run_folder.checkpoints import check_output_dir
 
     for name in names:
@@ -455,11 +436,7 @@ def unwritable(request, tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
-def test_an_unwritable_output_dir_is_one_line_before_anything_runs(
-    unwritable, capsys, tiny_math_model_path, tiny_random_model_path
-):
-    from stapo_trl.cli.train import main
-
+def test_an_unwritable_output_dir_is_one_line(unwritable, capsys, tiny_math_model_path, tiny_random_model_path):
     output_dir, cause = unwritable
     expected = f"output_dir={str(output_dir)!r} cannot be written ({cause}): give a folder this process can create "
     with pytest.raises(ValueError) as excinfo:
@@ -472,10 +449,6 @@ def test_an_unwritable_output_dir_is_one_line_before_anything_runs(
 
 @pytest.mark.parametrize("case", ["reward-column", "prompt-column", "uncached-hub-model"])
 def test_a_trainer_refused_at_construction_leaves_no_output_dir_behind(tiny_random_model_path, tmp_path, case):
-    from datasets import Dataset
-
-    from stapo_trl import STAPOTrainer
-
     reward = "math_accuracy" if case == "reward-column" else zero_reward
     dataset = Dataset.from_list([{"q": "1"}]) if case == "prompt-column" else PROMPTS
     model = "not-a-cached-org/model" if case == "uncached-hub-model" else tiny_random_model_path
@@ -486,9 +459,7 @@ def test_a_trainer_refused_at_construction_leaves_no_output_dir_behind(tiny_rand
 
 
 @pytest.mark.slow  # two processes under accelerate launch (~20 s of imports on 2 cores)
-def test_a_two_process_launch_on_a_folder_another_run_writes_stops_with_one_line(
-    holder, tmp_path, tiny_math_model_path
-):
+def test_two_processes_on_a_folder_in_use_stop_with_one_line(holder, tmp_path, tiny_math_model_path):
     from testing_utils import REPO, free_port, subprocess_env
 
     run = tmp_path / "run"

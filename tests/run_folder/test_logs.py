@@ -10,6 +10,7 @@ import warnings
 import pytest
 from datasets import Dataset
 from testing_utils import PROMPTS, length_reward, tiny_stapo_config
+from transformers import AutoTokenizer
 
 from stapo_trl import STAPOConfig, STAPOTrainer
 from stapo_trl.data import format_prompt
@@ -63,9 +64,7 @@ def test_trainer_writes_each_run_file_once(tiny_random_model_path, tmp_path):
     assert add_run_file_callbacks(first) == []  # a second train() adds nothing
 
 
-def test_metrics_callback_writes_strict_json_drops_redone_steps_on_resume_and_keeps_an_earlier_runs_file(
-    tmp_path, caplog
-):
+def test_metrics_file_strict_json_resumed_or_moved_aside(tmp_path, caplog):
     args, callback = types.SimpleNamespace(output_dir=str(tmp_path)), MetricsLogCallback()
     callback.on_train_begin(args, _state(0), None)
     for step in (2, 4, 6):
@@ -90,8 +89,6 @@ def test_metrics_callback_writes_strict_json_drops_redone_steps_on_resume_and_ke
 
 
 def test_tracker_table_labels_tokens_like_the_figure(tiny_random_model_path, tmp_path):
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     lead, other, nl = tokenizer.convert_tokens_to_ids(["â", "Ý", "Ċ"])
     logger = SpuriousTokenLogger(types.SimpleNamespace(processing_class=tokenizer), path=str(tmp_path / "t.jsonl"))
@@ -162,9 +159,7 @@ def _not_a_number(completions, **kwargs):
     ],
     ids=["none", "nan", "none-and-nan", "none-beside-a-value", "learns"],
 )
-def test_a_step_without_any_reward_is_warned_naming_the_rewards(
-    rewards, expected, tmp_path, tiny_random_model_path, tiny_math_model_path, caplog
-):
+def test_no_reward_is_warned(rewards, expected, tmp_path, tiny_random_model_path, tiny_math_model_path, caplog):
     if learns := expected == "learns":
         dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{b}"), "solution": str(a + b)} for a, b in PAIRS])
         args, model = _config(tmp_path, max_completion_length=40), tiny_math_model_path

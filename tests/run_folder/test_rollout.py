@@ -13,10 +13,13 @@ import textwrap
 import pytest
 import torch
 from datasets import Dataset
+from safetensors.torch import load_file
 from testing_utils import SignalAtStep, read_jsonl, run_torchrun, tiny_stapo_config
 from transformers import TrainerCallback
 
+from stapo_trl import STAPOTrainer
 from stapo_trl.data import format_prompt
+from stapo_trl.run_folder.rollout import load_rollout_state
 
 
 DATASET = Dataset.from_list(
@@ -86,9 +89,7 @@ def uninterrupted(tmp_path_factory, tiny_math_model_path):
     *(pytest.param(kind, step, marks=pytest.mark.slow) for kind in LAYOUTS for step in (1, 4)),
     pytest.param("4-steps", "stop-signal", marks=pytest.mark.slow),
 ])  # fmt: skip
-def test_a_resume_from_any_checkpoint_ends_as_the_uninterrupted_run(
-    uninterrupted, tiny_math_model_path, tmp_path, kind, step
-):
+def test_a_resume_ends_as_the_uninterrupted_run(uninterrupted, tiny_math_model_path, tmp_path, kind, step):
     # Measured before: resumed inside a rollout batch and a logging window (checkpoint-2, -6, -10), or after an epoch
     # boundary (16 prompts: an epoch is 8 steps), where TRL's sampler drew the first epoch's prompt order again, with
     # other weights and rows. LAYOUTS' checkpoint-1: inside a rollout batch (a mask over two updates with 6 x 4).
@@ -123,11 +124,7 @@ def _assert_fallback(caplog, checkpoint, why: str, micro_steps: int = 2) -> None
     ({"world_size": 2}, "it was saved with another batch layout (world_size 2 -> 1)"),
     ({"steps_per_generation": 8}, "it was saved with another batch layout (steps_per_generation 8 -> 4)"),
 ], ids=["before-rollout-files", "another-world-size", "another-layout"])  # fmt: skip
-def test_a_rollout_that_cannot_be_restored_is_generated_again_in_one_line(
-    uninterrupted, tiny_math_model_path, tmp_path, caplog, changes, why
-):
-    from stapo_trl.run_folder.rollout import load_rollout_state
-
+def test_a_lost_rollout_is_redrawn(uninterrupted, tiny_math_model_path, tmp_path, caplog, changes, why):
     _copy_until(uninterrupted()[0], tmp_path / "run", 2)
     checkpoint, record = tmp_path / "run" / "checkpoint-2", {}
     manifest = checkpoint / "rollout_state_0.json"
@@ -151,8 +148,6 @@ class _Note:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["objects-in-a-batch", "jit-checkpoint"])
 def test_a_rollout_that_is_not_saved_is_generated_again(tiny_math_model_path, tmp_path, caplog, case):
-    from stapo_trl import STAPOTrainer
-
     class WithNotes(STAPOTrainer):  # no pickle: a batch holding objects is not saved
         def _generate_and_score_completions(self, inputs):
             batch = super()._generate_and_score_completions(inputs)
@@ -210,8 +205,6 @@ WORKER = textwrap.dedent(
 
 @pytest.mark.slow  # two torchrun launches of 2 processes
 def test_a_resume_inside_a_rollout_batch_is_exact_on_two_processes(tiny_math_model_path, tmp_path):
-    from safetensors.torch import load_file
-
     run, resumed = tmp_path / "run", tmp_path / "resumed"
     output = run_torchrun(WORKER, tmp_path / "worker.py", tiny_math_model_path, str(run), "full", nproc=2)
     assert "rank 1 done" in output, output[-3000:]
