@@ -28,11 +28,9 @@ from stapo_trl.cli.train import main
 from stapo_trl.run_folder.checkpoints import checkpoint_problem, hold_run_folder, newest_complete_checkpoint
 
 
-def _trainer(model_path, out, reward=zero_reward, dataset=PROMPTS, **overrides):
-    settings = dict(max_steps=2, save_strategy="steps", save_steps=1, logging_steps=1) | overrides
-    return STAPOTrainer(
-        model_path, reward_funcs=reward, args=tiny_stapo_config(out, **settings), train_dataset=dataset
-    )
+def _trainer(model_path, out, reward=zero_reward, dataset=PROMPTS, **kw):
+    args = dict(max_steps=2, save_strategy="steps", save_steps=1, logging_steps=1) | kw
+    return STAPOTrainer(model_path, reward_funcs=reward, args=tiny_stapo_config(out, **args), train_dataset=dataset)
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +46,7 @@ def run(two_checkpoints, tmp_path):
     return tmp_path / "run"
 
 
-def _resume_lines(caplog):
-    return [r.getMessage() for r in caplog.records if re.search("newest complete checkpoint|Resuming", r.getMessage())]
+_resume_lines = lambda caplog: [m for m in caplog.messages if re.search("newest complete|Resuming", m)]  # noqa: E731
 
 
 def test_a_checkpoint_records_its_files_and_settings_and_needs_its_states(run, tiny_random_model_path):
@@ -79,14 +76,7 @@ def test_a_checkpoint_records_its_files_and_settings_and_needs_its_states(run, t
     assert checkpoint_problem(str(run / "checkpoint-4")) == "not a folder"
 
 
-def _edit(change):
-    def damage(path, marker):
-        change(data := json.loads(path.read_text()))
-        path.write_text(json.dumps(data))
-
-    return damage
-
-
+_edit = lambda f: lambda p, m: (f(d := json.loads(p.read_text())), p.write_text(json.dumps(d)))  # noqa: E731
 CUT = lambda p, m: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])  # noqa: E731
 GONE, DEEP = (lambda p, m: p.unlink()), (lambda p, m: p.write_text("[" * 100_000))
 # Measured before: each resumed "checkpoint-2", then stopped in transformers or trained wrongly without a word.
@@ -447,14 +437,13 @@ def test_an_unwritable_output_dir_is_one_line(unwritable, capsys, tiny_math_mode
     assert excinfo.value.code == 2 and error_line(capsys, "stapo-train") == f"stapo-train: error: {expected}files in."
 
 
-@pytest.mark.parametrize("case", ["reward-column", "prompt-column", "uncached-hub-model"])
-def test_a_trainer_refused_at_construction_leaves_no_output_dir_behind(tiny_random_model_path, tmp_path, case):
-    reward = "math_accuracy" if case == "reward-column" else zero_reward
-    dataset = Dataset.from_list([{"q": "1"}]) if case == "prompt-column" else PROMPTS
-    model = "not-a-cached-org/model" if case == "uncached-hub-model" else tiny_random_model_path
-    args = tiny_stapo_config(tmp_path / "new" / "run", max_steps=1)
+@pytest.mark.parametrize("reward, rows, model", [("math_accuracy", None, None), (zero_reward, [{"q": "1"}], None),
+                                                 (zero_reward, None, "not-a-cached-org/model")])  # fmt: skip
+def test_a_trainer_refused_at_construction_leaves_no_output_dir_behind(tiny_random_model_path, tmp_path, reward, rows,
+                                                                       model):  # fmt: skip
     with pytest.raises((ValueError, OSError)):  # an uncached Hub id: huggingface_hub's own error, offline
-        STAPOTrainer(model, reward, args=args, train_dataset=dataset)
+        STAPOTrainer(model or tiny_random_model_path, reward, args=tiny_stapo_config(tmp_path / "new" / "run"),
+                     train_dataset=Dataset.from_list(rows) if rows else PROMPTS)  # fmt: skip
     assert not (tmp_path / "new").exists()
 
 

@@ -23,19 +23,8 @@ LOGGER = "stapo_trl.run_folder.logs"
 PAIRS = [(a, b) for a in range(10, 100, 11) for b in range(12, 100, 13)]
 
 
-def _config(tmp_path, **overrides) -> STAPOConfig:
-    settings = dict(output_dir=str(tmp_path / "out"), max_steps=3, logging_steps=1, per_device_train_batch_size=16,
-                    num_generations=4, max_completion_length=16, learning_rate=1e-4, save_strategy="no",
-                    report_to="none", disable_tqdm=True, seed=0)  # fmt: skip
-    return STAPOConfig(**(settings | overrides))
-
-
-def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
-
-
-def _state(step: int):
-    return types.SimpleNamespace(is_world_process_zero=True, global_step=step, epoch=0.0)
+_warnings = lambda log: [r.getMessage() for r in log.records if r.name == LOGGER and r.levelno >= 30]  # noqa: E731
+_state = lambda step: types.SimpleNamespace(is_world_process_zero=True, global_step=step, epoch=0.0)  # noqa: E731
 
 
 def _decide(caplog, rows, end=True, names=("r",), **trainer) -> list[str]:
@@ -160,13 +149,14 @@ def _not_a_number(completions, **kwargs):
     ids=["none", "nan", "none-and-nan", "none-beside-a-value", "learns"],
 )
 def test_no_reward_is_warned(rewards, expected, tmp_path, tiny_random_model_path, tiny_math_model_path, caplog):
-    if learns := expected == "learns":
+    args = STAPOConfig(output_dir=str(tmp_path / "out"), max_steps=3, logging_steps=1, num_generations=4,
+                       learning_rate=1e-4, save_strategy="no", report_to="none", disable_tqdm=True, seed=0,
+                       per_device_train_batch_size=16 if (learns := expected == "learns") else 8,
+                       max_completion_length=40 if learns else 8)  # fmt: skip
+    if learns:
         dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{b}"), "solution": str(a + b)} for a, b in PAIRS])
-        args, model = _config(tmp_path, max_completion_length=40), tiny_math_model_path
-    else:
-        args = _config(tmp_path, per_device_train_batch_size=8, max_completion_length=8)
-        dataset, model = PROMPTS, tiny_random_model_path
-    trainer = STAPOTrainer(model, rewards, args=args, train_dataset=dataset)
+    trainer = STAPOTrainer(tiny_math_model_path if learns else tiny_random_model_path, rewards, args=args,
+                           train_dataset=dataset if learns else PROMPTS)  # fmt: skip
     with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NoRewardWarning)
         trainer.train()
@@ -191,34 +181,27 @@ def test_no_reward_is_warned(rewards, expected, tmp_path, tiny_random_model_path
     assert message.startswith("No learning signal. In the first 3 logging steps (steps 1-3), no reward function gave ")
 
 
-@pytest.mark.parametrize(
-    "means, zero_spread, expected",
-    [
-        ((0.0, 0.0, 0.0), 1.0, "No learning signal"),
-        ((0.2, 0.4, 0.6), 0.5, "A reward function gave every completion the same value"),  # s gives 0, r varies
-        ((0.0, 0.0), 1.0, None),  # 2 of 3 rows
-        ((0.4, 0.4, 0.4), 0.5, None),
-        ((0.0, 1.0, 0.0), 1.0, "No learning signal"),  # zero spread in every group, the reward moved between batches
-    ],
-)
-def test_decision_on_the_first_rows(means, zero_spread, expected, caplog):
-    std, other = (0.0, {}) if zero_spread == 1.0 else (0.5, {"rewards/s/mean": 0.0, "rewards/s/std": 0.0})
-    rows = [{"frac_reward_zero_std": zero_spread, "rewards/r/mean": m, "rewards/r/std": std} for m in means]
-    warned = _decide(caplog, [row | (other if len(set(means)) > 1 else {}) for row in rows], False, ("r", "s"))
-    assert (warned[0].split(" in the first")[0].split(".")[0] if warned else None) == expected
-    if expected and len(set(means)) > 1 and zero_spread == 1.0:
-        assert "gave every completion the same value" not in warned[0]
-    elif expected and expected.startswith("A reward"):
-        assert "in the first 3 logging steps (steps 1-3) (s gave 0): it adds nothing" in warned[0]
-        assert "(2) The reward: call s on a right and a wrong completion" in warned[0]
+ROW, S0 = {"frac_reward_zero_std": 1.0, "rewards/r/mean": 0.0, "rewards/r/std": 0.0}, {"rewards/s/mean": 0.0}
+LENGTH = "(1) The length: every completion was cut at max_completion_length=12 (completions/clipped_ratio = 1)"
+SAME, SPREAD = "gave every completion the same value", {"frac_reward_zero_std": 0.5, "rewards/r/std": 0.5}
 
 
-@pytest.mark.parametrize("clipped", [(1.0, 1.0, 1.0), (1.0,), (1.0, 1.0), (1.0, 0.9, 1.0)])
-def test_completions_all_cut_at_the_length_budget_are_named_first(clipped, caplog):
-    # Reported: --max_completion_length 12 on the demo: every completion cut before its \boxed{} answer, and the
-    # warning blamed the prompt format, the reward or the columns.
-    row = {"frac_reward_zero_std": 1.0, "rewards/r/mean": 0.0, "rewards/r/std": 0.0}
-    warned = _decide(caplog, [row | {"completions/clipped_ratio": r} for r in clipped],
-                     args=types.SimpleNamespace(max_completion_length=12))  # fmt: skip
-    length = "(1) The length: every completion was cut at max_completion_length=12 (completions/clipped_ratio = 1)"
-    assert (length in warned[0]) == (0.9 not in clipped)
+# Reported: --max_completion_length 12 on the demo: every completion cut before its \boxed{} answer, and the warning
+# blamed the prompt format, the reward or the columns.
+@pytest.mark.parametrize("rows, end, expected, absent", [
+    ([ROW] * 3, False, ["No learning signal. In the first 3 logging steps (steps 1-3), every prompt group"], [LENGTH]),
+    ([ROW | S0 | SPREAD | {"rewards/r/mean": m, "rewards/s/std": 0.0} for m in (0.2, 0.4, 0.6)], False,
+     [f"A reward function {SAME} in the first 3 logging steps (steps 1-3) (s gave 0): it adds nothing",
+      "(2) The reward: call s on a right and a wrong completion"], []),
+    ([ROW] * 2, False, None, []),  # 2 of 3 rows
+    ([ROW | SPREAD | {"rewards/r/mean": 0.4}] * 3, False, None, []),
+    ([ROW | {"rewards/r/mean": m} for m in (0.0, 1.0, 0.0)], False, ["No learning signal"], [SAME]),  # r moved
+    ([ROW | {"completions/clipped_ratio": 1.0}] * 3, True, [LENGTH], []),
+    ([ROW | {"completions/clipped_ratio": 1.0}], True, ["the first logging step (step 1)", LENGTH], []),
+    ([ROW | {"completions/clipped_ratio": 1.0}] * 2, True, [LENGTH], []),
+    ([ROW | {"completions/clipped_ratio": r} for r in (1.0, 0.9, 1.0)], True, ["No learning signal"], [LENGTH]),
+])  # fmt: skip
+def test_the_first_rows_decide_the_warning(caplog, rows, end, expected, absent):
+    warned = _decide(caplog, rows, end, ("r", "s"), args=types.SimpleNamespace(max_completion_length=12))
+    assert len(warned) == bool(expected) and [p for p in expected or [] if p not in warned[0]] == []
+    assert [p for p in absent if p in warned[0]] == []
