@@ -151,8 +151,7 @@ def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = Non
                 f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}: "
                         f"{command_line()}")  # fmt: skip
     if in_use:
-        linked = not os.path.isfile(owner) or os.path.islink(owner)
-        holder = "starting" if linked else Path(owner).read_text(encoding="utf-8", errors="replace")[:2000]
+        holder = Path(owner).read_bytes()[:2000].decode(errors="replace") if os.path.isfile(owner) else "starting"
         raise ValueError(f"output_dir={output_dir!r} is in use by another run ({holder}). Two runs in one folder mix "
                          "their metrics, checkpoints and model: wait for that run to end, or give another "
                          "output_dir.")  # fmt: skip
@@ -203,7 +202,6 @@ def file_problem(path: str, load: bool = True) -> str | None:
         return f"unreadable: {type(e).__name__}"
     except Exception as e:  # noqa: BLE001 (SafetensorError; a manifest's is its tensors file's)
         return "damaged: " + str(e).removeprefix("Error while deserializing header: ") if path == tensors else None
-    return None
 
 
 def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
@@ -242,7 +240,6 @@ def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
         for inner in sorted(os.listdir(full)) if name.startswith("global_step") and os.path.isdir(full) else []:
             if inner.endswith(".pt") and (problem := file_problem(os.path.join(full, inner), False)):
                 return f"{name}/{inner} {problem}"  # DeepSpeed's: their zip directory only
-    return None
 
 
 def newest_complete_checkpoint(output_dir: str, save_only_model: bool = False) -> tuple[str | None, list]:
@@ -276,12 +273,10 @@ def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: s
     """Raise `ValueError("<what> <problem>. <fix>")` for a named checkpoint: missing, a file, a run folder, partial."""
     if (problem := checkpoint_problem(path, save_only_model)) is None:
         return
-    if problem == "not a folder":
-        problem = "is a file" if os.path.exists(path) else "does not exist"
-    elif newest := newest_complete_checkpoint(path)[0]:
-        problem = f"is a run folder, not a checkpoint: give one of its checkpoints ({os.path.basename(newest)})"
-    else:
-        problem = f"is not a complete checkpoint ({problem})"
+    newest = problem != "not a folder" and newest_complete_checkpoint(path)[0]
+    problem = ("is a file" if os.path.exists(path) else "does not exist") if problem == "not a folder" else (
+        f"is a run folder, not a checkpoint: give one of its checkpoints ({os.path.basename(newest)})" if newest else
+        f"is not a complete checkpoint ({problem})")  # fmt: skip
     raise ValueError(f"{what} {problem}. " + (fix or "Give a complete checkpoint folder "
                      "(<output_dir>/checkpoint-<step>), or let a run take its newest one."))  # fmt: skip
 

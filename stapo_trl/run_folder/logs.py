@@ -130,8 +130,7 @@ class SpuriousTokenLogger(JsonlLogCallback):
 
     def __init__(self, trainer, path=None, *, max_silenced=256, max_kept_candidates=64, max_reference=64,
                  context_tokens=8, top_k=20):  # fmt: skip
-        super().__init__(path)
-        self.trainer, self.context_tokens, self.top_k = trainer, context_tokens, top_k
+        self.path, self.trainer, self.context_tokens, self.top_k = path, trainer, context_tokens, top_k
         self.caps = dict(zip(records_.KINDS, (max_silenced, max_kept_candidates, max_reference)))
         self.silenced_counts, self.kept_candidate_counts = Counter(), Counter()  # by token label, for the table
         self._token_bytes = self._pending = None  # token id -> bytes; the masks' sample on the device

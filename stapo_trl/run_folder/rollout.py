@@ -94,7 +94,6 @@ def load_rollout_state(trainer, checkpoint: str) -> dict | None:
             f"rollout: {why or 'another process has no rollout state to restore'}; the rest of this batch trains on "
             "other completions than the uninterrupted run's."
         )
-    return None
 
 
 class RolloutStateCallback(TrainerCallback):
