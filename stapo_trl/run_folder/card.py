@@ -104,24 +104,20 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     )  # fmt: skip
     vars(card.data).pop("licence", None)
     value = lambda n: getattr(s2t, n[4:]) if n.startswith("s2t_") else getattr(args, n, None)  # noqa: E731
-    section = [
-        "### STAPO run: settings and results\n", method, "", *_summary(trainer, s2t, eval_record), "",
+    section = ["### STAPO run: settings and results\n", method, "", *_summary(trainer, s2t, eval_record), "",
         "| setting | meaning | value |", "|---|---|---|",
         *(f"| `{n}` | {what} | `{getattr(value(n), 'value', value(n))}` |" for n, what in ROWS[0 if s2t else 3 :]),
-        "", "",
-    ]  # fmt: skip
+        "", ""]  # fmt: skip
     prompt = prompt if isinstance(prompt, (str, list)) else "What is 47+38?"
     ref, peft = json.dumps(reference), hasattr(model, "peft_config")
     load = ["from peft import AutoPeftModelForCausalLM", "from transformers import AutoTokenizer, pipeline", "",
             f"model = AutoPeftModelForCausalLM.from_pretrained({ref}).merge_and_unload()"] if peft else [
             "from transformers import pipeline", ""]  # fmt: skip
     model_arg = f"model=model, tokenizer=AutoTokenizer.from_pretrained({ref})" if peft else f"model={ref}"
-    code = "\n".join([
-        *load, f'generator = pipeline("text-generation", {model_arg})',
+    code = "\n".join([*load, f'generator = pipeline("text-generation", {model_arg})',
         f"prompt = {json.dumps(prompt, ensure_ascii=False)}  # a training prompt, in the run's format",
         f'output = generator(prompt, max_new_tokens={args.max_completion_length}, return_full_text=False)[0]',
-        'print(output["generated_text"])',
-    ])  # fmt: skip
+        'print(output["generated_text"])'])  # fmt: skip
     end = "\n".join(section) + f"### Framework versions\n\n- stapo_trl: {__version__}"
     text = card.text.replace("[None](https://huggingface.co/None)", named).replace("### Framework versions\n", end, 1)
     text = re.sub(r"(## Quick start\s*```python\n).*?```", lambda m: f"{m[1]}{code}\n```", text, count=1, flags=re.S)

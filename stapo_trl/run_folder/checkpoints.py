@@ -32,14 +32,12 @@ ROLLOUT_MANIFEST = re.compile(r"^rollout_state_\d+\.json$")
 _REQUIRED = {  # what `Trainer._save_checkpoint` writes, by name prefix
     "model weights": ("model", "pytorch_model", "adapter_model", "global_step"),
     "optimizer state (optimizer.pt)": ("optimizer", "global_step"),
-    "RNG state (rng_state.pth)": ("rng_state",),
-}
-RESUME_FIELDS = tuple(  # what a resume must keep
-    "loss_type epsilon epsilon_high delta beta scale_rewards reward_weights importance_sampling_level "
-    "top_entropy_quantile mask_truncated_completions num_generations num_iterations temperature top_p top_k min_p "
-    "repetition_penalty max_completion_length learning_rate lr_scheduler_type lr_scheduler_kwargs warmup_steps optim "
-    "optim_args optim_target_modules weight_decay adam_beta1 adam_beta2 adam_epsilon max_grad_norm".split()
-)
+    "RNG state (rng_state.pth)": ("rng_state",)}  # fmt: skip
+RESUME_FIELDS = tuple("loss_type epsilon epsilon_high delta beta scale_rewards reward_weights "
+    "importance_sampling_level top_entropy_quantile mask_truncated_completions num_generations "
+    "num_iterations temperature top_p top_k min_p repetition_penalty max_completion_length "
+    "learning_rate lr_scheduler_type lr_scheduler_kwargs warmup_steps optim optim_args "
+    "optim_target_modules weight_decay adam_beta1 adam_beta2 adam_epsilon max_grad_norm".split())  # fmt: skip
 _HOLDS: dict[str, list] = {}  # folder -> [its FileLock or None, its holders: None (a command) or trainers]
 
 
@@ -147,9 +145,8 @@ def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = Non
                            "stopped.")  # fmt: skip
             lock = None
         if not in_use:
-            with open_run_file(owner) as f:
-                f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-                        f"{command_line()}")  # fmt: skip
+            write_atomic(owner, f"pid {os.getpid()} on {socket.gethostname()}, since "
+                         f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {command_line()}")  # fmt: skip
     if in_use:
         holder = Path(owner).read_bytes()[:2000].decode(errors="replace") if os.path.isfile(owner) else "starting"
         raise ValueError(f"output_dir={output_dir!r} is in use by another run ({holder}). Two runs in one folder mix "
@@ -257,9 +254,8 @@ def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_as
     checkpoint, skipped = newest_complete_checkpoint(output_dir, save_only_model)
     words = []
     for name, problem in skipped:
-        target, k = DAMAGED_PREFIX + name, 1
-        while move_aside and os.path.lexists(os.path.join(output_dir, target)):
-            k, target = k + 1, f"{DAMAGED_PREFIX}{name}-{k + 1}"
+        target = next(t for k in range(1, 10_000) if not (move_aside and os.path.lexists(os.path.join(output_dir,
+                      t := DAMAGED_PREFIX + name + f"-{k}" * (k > 1)))))  # fmt: skip
         if move_aside:
             os.replace(os.path.join(output_dir, name), os.path.join(output_dir, target))
         words.append(f"{name} ({problem})" + f" and moved it aside to {target}" * move_aside)
@@ -347,8 +343,7 @@ def check_run_settings(checkpoint: str, settings: dict) -> None:
         logger.warning(f"{checkpoint} has no {RUN_RECORD} (saved before stapo_trl recorded a run's settings): resumed "
                        "without comparing the settings it was trained with to this run's.")  # fmt: skip
     elif changes := changed_settings(record["settings"], settings):
-        raise ValueError(
-            f"{checkpoint} was trained with other settings ({', '.join(changes)}): resuming would mix two runs in one "
-            "model, and its card could state only one. Resume with the checkpoint's values, or train in another "
-            f"output_dir (model_name_or_path / model {checkpoint} starts from its weights)."
-        )
+        raise ValueError(f"{checkpoint} was trained with other settings ({', '.join(changes)}): resuming would mix "
+                         "two runs in one model, and its card could state only one. Resume with the checkpoint's "
+                         f"values, or train in another output_dir (model_name_or_path / model {checkpoint} starts "
+                         "from its weights).")  # fmt: skip

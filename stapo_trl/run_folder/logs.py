@@ -69,8 +69,7 @@ def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {
         "num_rows": len(counted), "rows_with_silencing": sum((r.get("s2t/num_silenced") or 0) > 0 for r in counted),
         "num_silenced": silenced, "num_candidates": candidates, "num_loss_tokens": tokens,
-        "silenced_ratio": silenced / (tokens or 1), "candidate_ratio": candidates / (tokens or 1),
-    }  # fmt: skip
+        "silenced_ratio": silenced / (tokens or 1), "candidate_ratio": candidates / (tokens or 1)}  # fmt: skip
 
 
 class JsonlLogCallback(TrainerCallback):
@@ -309,12 +308,10 @@ def save_rollout_state(trainer, folder: str) -> None:
     with open_run_file(path, "wb") as f:  # copies: views of one batch share memory
         f.write(save({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}))
     with open_run_file(manifest, "w") as f:
-        json.dump({
-            "format": 1, "global_step": trainer.state.global_step, "micro_step": trainer._step,
-            "process_index": trainer.accelerator.process_index, **_layout(trainer),
-            "last_logged_step": getattr(trainer, "_globalstep_last_logged", trainer.state.global_step),
-            "not_saved": why, "micro_batches": batches, "tensors": tensor_specs(path),
-        }, f)  # fmt: skip
+        json.dump({"format": 1, "global_step": trainer.state.global_step, "micro_step": trainer._step,
+                   "process_index": trainer.accelerator.process_index, **_layout(trainer), "not_saved": why,
+                   "last_logged_step": getattr(trainer, "_globalstep_last_logged", trainer.state.global_step),
+                   "micro_batches": batches, "tensors": tensor_specs(path)}, f)  # fmt: skip
 
 
 def load_rollout_state(trainer, checkpoint: str) -> dict | None:
@@ -332,9 +329,8 @@ def load_rollout_state(trainer, checkpoint: str) -> dict | None:
             tensors, device = load_file(tensors_path), trainer.accelerator.device
             batches = [None] * trainer.args.steps_per_generation
             for i, batch in manifest["micro_batches"].items():
-                batches[int(i)] = dict(batch["values"]) | {
-                    k.split(".", 2)[2]: v.to(device) for k, v in tensors.items() if k.startswith(f"batch.{i}.")
-                }
+                batches[int(i)] = dict(batch["values"]) | {k.split(".", 2)[2]: v.to(device) for k, v in tensors.items()
+                                                            if k.startswith(f"batch.{i}.")}  # fmt: skip
             state = {"micro_step": int(manifest["micro_step"]), "last_logged": int(manifest["last_logged_step"]),
                      "batches": batches if any(batches) else None, "tensors": tensors}  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
@@ -344,11 +340,9 @@ def load_rollout_state(trainer, checkpoint: str) -> dict | None:
     every = trainer.args.steps_per_generation * trainer.num_iterations
     step = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json")).global_step
     if (offset := step * trainer.args.gradient_accumulation_steps % every) and trainer.accelerator.is_main_process:
-        logger.warning(
-            f"Resuming from {checkpoint}, {offset} of the {every} micro-steps of a rollout batch in, with a new "
-            f"rollout: {why or 'another process has no rollout state to restore'}; the rest of this batch trains on "
-            "other completions than the uninterrupted run's."
-        )
+        logger.warning(f"Resuming from {checkpoint}, {offset} of the {every} micro-steps of a rollout batch in, with "
+                       f"a new rollout: {why or 'another process has no rollout state to restore'}; the rest of this "
+                       "batch trains on other completions than the uninterrupted run's.")  # fmt: skip
 
 
 class RolloutStateCallback(TrainerCallback):
