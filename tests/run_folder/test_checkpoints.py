@@ -79,7 +79,6 @@ def test_a_checkpoint_records_its_files_and_settings_and_needs_its_states(run, t
 _edit = lambda f: lambda p, m: (f(d := json.loads(p.read_text())), p.write_text(json.dumps(d)))  # noqa: E731
 CUT = lambda p, m: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])  # noqa: E731
 GONE, DEEP = (lambda p, m: p.unlink()), (lambda p, m: p.write_text("[" * 100_000))
-# Measured before: each resumed "checkpoint-2", then stopped in transformers or trained wrongly without a word.
 DAMAGES = {  # case: (file, damage, problem)
     "model-cut": ("model.safetensors", CUT, "model.safetensors damaged: incomplete metadata, file not fully covered"),
     "optimizer-cut": ("optimizer.pt", CUT, "optimizer.pt damaged: no zip directory (cut short, or overwritten)"),
@@ -190,7 +189,6 @@ def test_execution_settings_may_change_on_resume_and_a_tied_head_is_no_missing_k
     ).run_settings  # fmt: skip
     assert changed_settings(trainer.run_settings, second) == []
     assert changed_settings({"peft": {"r": 8, "alpha": 16}}, {"peft": {"r": 16, "alpha": 16}}) == ["peft.r 8 -> 16"]
-    # Reported: a resume warned of a missing lm_head.weight, tied to the embeddings; really missing keys still are.
     assert trainer.model.lm_head.weight is trainer.model.model.embed_tokens.weight
     records, logger = LogRecords(), logging.getLogger("transformers.trainer")
     logger.addHandler(handler := records.handler())
@@ -219,7 +217,6 @@ class Killed(Exception):
     ("rewritten-in-place", "no trainer_state.json: its save did not finish"),  # a fresh run over checkpoint-1
 ])  # fmt: skip
 def test_a_kill_in_a_save_leaves_a_whole_one(tiny_random_model_path, tmp_path, monkeypatch, caplog, where, skipped):
-    # Reported: a kill inside a save left a checkpoint every resume failed on, a complete one beside it.
     from testing_utils import read_jsonl
 
     def killed(self, *args, **kwargs):
@@ -303,8 +300,6 @@ def test_holds_nest_within_a_process_and_a_file_system_that_cannot_lock_is_warne
 
 
 def test_a_link_where_a_run_writes_is_refused_and_its_target_kept(run, tmp_path, tiny_random_model_path):
-    # Measured: a _writer.txt that was a symbolic link was followed, and its target overwritten; links planted after
-    # checkpoint-2 were written through, a whole checkpoint written outside the folder.
     from stapo_trl.run_folder.checkpoints import open_run_file
 
     target, new = tmp_path / "elsewhere.txt", tmp_path / "new"
@@ -356,7 +351,6 @@ class _Meanwhile(TrainerCallback):
 
 
 def test_a_folder_in_use_is_refused(holder, tmp_path, tiny_random_model_path, tiny_math_model_path, capsys):
-    # Reported: two stapo-train on one output_dir both exited 0, every step twice in metrics.jsonl.
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as excinfo:
         main(_recipe(tiny_math_model_path, run))

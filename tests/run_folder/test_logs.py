@@ -39,7 +39,6 @@ def _decide(caplog, rows, end=True, names=("r",), **trainer) -> list[str]:
 
 
 def test_trainer_writes_each_run_file_once(tiny_random_model_path, tmp_path):
-    # s2t_write_run_files=False writes neither: tests/trainer/test_trainers.py (any GRPOConfig) pins it
     args = tiny_stapo_config(tmp_path / "a", max_steps=2, logging_steps=1, max_completion_length=8)
     first = STAPOTrainer(tiny_random_model_path, reward_funcs=length_reward, args=args, train_dataset=PROMPTS)
     custom = tmp_path / "custom_tokens.jsonl"
@@ -186,8 +185,6 @@ LENGTH = "(1) The length: every completion was cut at max_completion_length=12 (
 SAME, SPREAD = "gave every completion the same value", {"frac_reward_zero_std": 0.5, "rewards/r/std": 0.5}
 
 
-# Reported: --max_completion_length 12 on the demo: every completion cut before its \boxed{} answer, and the warning
-# blamed the prompt format, the reward or the columns.
 @pytest.mark.parametrize("rows, end, expected, absent", [
     ([ROW] * 3, False, ["No learning signal. In the first 3 logging steps (steps 1-3), every prompt group"], [LENGTH]),
     ([ROW | S0 | SPREAD | {"rewards/r/mean": m, "rewards/s/std": 0.0} for m in (0.2, 0.4, 0.6)], False,

@@ -18,8 +18,10 @@ from testing_utils import SignalAtStep, read_jsonl, run_torchrun, tiny_stapo_con
 from transformers import TrainerCallback
 
 from stapo_trl import STAPOTrainer
+from stapo_trl.cli.callbacks import add_command_callbacks
 from stapo_trl.data import format_prompt
 from stapo_trl.run_folder.rollout import load_rollout_state
+from stapo_trl.trainer.trainers import GRPOBaselineTrainer
 
 
 DATASET = Dataset.from_list(
@@ -35,16 +37,11 @@ RUNS = {"4-steps": {}, "3-epochs": dict(dataset=DATASET.select(range(16)), max_s
 
 
 def _trainer(model_path, out, cls=None, dataset=DATASET, **overrides):
-    # The demo's geometry: 2 prompts x 8 per update, 4 updates per rollout batch; 4 steps, a checkpoint every 2.
-    from stapo_trl import STAPOTrainer
-    from stapo_trl.trainer.trainers import GRPOBaselineTrainer
-
-    settings = dict(max_steps=4, per_device_train_batch_size=16, num_generations=8, steps_per_generation=4,
-                    max_completion_length=32, learning_rate=1e-4, logging_steps=4, save_strategy="steps", save_steps=2,
-                    disable_tqdm=True) | overrides  # fmt: skip
+    args = tiny_stapo_config(out, **dict(max_steps=4, per_device_train_batch_size=16, num_generations=8,
+        steps_per_generation=4, max_completion_length=32, learning_rate=1e-4, logging_steps=4, save_strategy="steps",
+        save_steps=2, disable_tqdm=True) | overrides)  # fmt: skip
     cls = GRPOBaselineTrainer if cls == "grpo" else cls or STAPOTrainer
-    return cls(model_path, reward_funcs="math_accuracy", args=tiny_stapo_config(out, **settings),
-               train_dataset=dataset)  # fmt: skip
+    return cls(model_path, reward_funcs="math_accuracy", args=args, train_dataset=dataset)
 
 
 def _rows(path) -> list[dict]:
@@ -54,12 +51,6 @@ def _rows(path) -> list[dict]:
 def _outcome(trainer, out) -> dict:
     records = read_jsonl(out / "spurious_tokens.jsonl") if hasattr(trainer, "s2t") else None
     return {"weights": dict(trainer.model.state_dict()), "rows": _rows(out), "records": records}
-
-
-def _assert_same(outcome: dict, expected: dict) -> None:
-    assert outcome["rows"] == expected["rows"] and outcome["records"] == expected["records"]
-    different = [name for name, w in expected["weights"].items() if not torch.equal(w, outcome["weights"][name])]
-    assert not different, different
 
 
 def _copy_until(run, out, step: int) -> None:
@@ -90,16 +81,12 @@ def uninterrupted(tmp_path_factory, tiny_math_model_path):
     pytest.param("4-steps", "stop-signal", marks=pytest.mark.slow),
 ])  # fmt: skip
 def test_a_resume_ends_as_the_uninterrupted_run(uninterrupted, tiny_math_model_path, tmp_path, kind, step):
-    # Measured before: resumed inside a rollout batch and a logging window (checkpoint-2, -6, -10), or after an epoch
-    # boundary (16 prompts: an epoch is 8 steps), where TRL's sampler drew the first epoch's prompt order again, with
-    # other weights and rows. LAYOUTS' checkpoint-1: inside a rollout batch (a mask over two updates with 6 x 4).
+    # Inside a rollout batch and a logging window (checkpoint-2, -10), after an epoch boundary (3-epochs: 8 steps).
     run, expected = uninterrupted(kind)
     if kind in LAYOUTS:
         saved = json.loads((run / "checkpoint-1" / "rollout_state_0.json").read_text())["tensors"]
         assert ("batch.4.s2t_keep" in saved) == (kind == "mask-over-two-updates")
     if step == "stop-signal":  # stapo-train's save at a stop signal inside a rollout batch
-        from stapo_trl.cli.callbacks import add_command_callbacks
-
         (trainer := _trainer(tiny_math_model_path, tmp_path / "run")).add_callback(SignalAtStep(3, signal.SIGTERM))
         add_command_callbacks(trainer)
         with pytest.raises(KeyboardInterrupt):
@@ -109,7 +96,9 @@ def test_a_resume_ends_as_the_uninterrupted_run(uninterrupted, tiny_math_model_p
         _copy_until(run, tmp_path / "run", step)
     trainer = _trainer(tiny_math_model_path, tmp_path / "run", **RUNS[kind])
     trainer.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-3") if step == "stop-signal" else True)
-    _assert_same(_outcome(trainer, tmp_path / "run"), expected)
+    outcome = _outcome(trainer, tmp_path / "run")
+    assert outcome["rows"] == expected["rows"] and outcome["records"] == expected["records"]
+    assert [n for n, w in expected["weights"].items() if not torch.equal(w, outcome["weights"][n])] == []
 
 
 def _assert_fallback(caplog, checkpoint, why: str, micro_steps: int = 2) -> None:
@@ -126,23 +115,17 @@ def _assert_fallback(caplog, checkpoint, why: str, micro_steps: int = 2) -> None
 ], ids=["before-rollout-files", "another-world-size", "another-layout"])  # fmt: skip
 def test_a_lost_rollout_is_redrawn(uninterrupted, tiny_math_model_path, tmp_path, caplog, changes, why):
     _copy_until(uninterrupted()[0], tmp_path / "run", 2)
-    checkpoint, record = tmp_path / "run" / "checkpoint-2", {}
-    manifest = checkpoint / "rollout_state_0.json"
+    manifest = (checkpoint := tmp_path / "run" / "checkpoint-2") / "rollout_state_0.json"
     if changes:  # the manifest changed, or no rollout files (saved before they were)
         manifest.write_text(json.dumps(json.loads(manifest.read_text()) | changes))
     else:
         record = json.loads((checkpoint / "stapo_run.json").read_text())
         record["files"] = [name for name in record["files"] if not name.startswith("rollout_state_")]
         (checkpoint / "stapo_run.json").write_text(json.dumps(record))
-        for path in checkpoint.glob("rollout_state_*"):
-            path.unlink()
+        [path.unlink() for path in checkpoint.glob("rollout_state_*")]
     with caplog.at_level(logging.WARNING):
         assert load_rollout_state(_trainer(tiny_math_model_path, tmp_path / "run"), str(checkpoint)) is None
     _assert_fallback(caplog, checkpoint, why)
-
-
-class _Note:
-    pass
 
 
 @pytest.mark.slow
@@ -151,7 +134,7 @@ def test_a_rollout_that_is_not_saved_is_generated_again(tiny_math_model_path, tm
     class WithNotes(STAPOTrainer):  # no pickle: a batch holding objects is not saved
         def _generate_and_score_completions(self, inputs):
             batch = super()._generate_and_score_completions(inputs)
-            return batch | {"notes": [_Note() for _ in range(batch["advantages"].size(0))]}
+            return batch | {"notes": [object() for _ in range(batch["advantages"].size(0))]}
 
     class JITCheckpoint(TrainerCallback):  # transformers' JITCheckpointCallback without its timer: inside an update
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
