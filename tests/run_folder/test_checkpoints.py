@@ -25,6 +25,7 @@ from stapo_trl import STAPOTrainer
 from stapo_trl.cli.args import parse_args
 from stapo_trl.cli.prepare import prepare
 from stapo_trl.cli.train import main
+from stapo_trl.run_folder import checkpoints as ck
 from stapo_trl.run_folder.checkpoints import checkpoint_problem, hold_run_folder, newest_complete_checkpoint
 
 
@@ -84,13 +85,11 @@ DAMAGES = {  # case: (file, damage, problem)
     "optimizer-cut": ("optimizer.pt", CUT, "optimizer.pt damaged: no zip directory (cut short, or overwritten)"),
     "rng-overwritten": ("rng_state.pth", lambda p, m: p.write_bytes(b"overwritten by hand\n"),
                         "rng_state.pth damaged: no zip directory (cut short, or overwritten)"),
-    "no-rng": ("rng_state.pth", GONE, "no RNG state (rng_state.pth)"),
     "no-scheduler": ("scheduler.pt", GONE, "no scheduler.pt: without it transformers resumes with a fresh optimizer"),
     "scheduler-hostile": ("scheduler.pt", write_hostile_pickle, "scheduler.pt refused by a safe load: Trying to load "
                           "unsupported GLOBAL posix.system whose module posix is blocked"),
     "config-cut": ("config.json", CUT, "config.json unreadable: JSONDecodeError"),
     "no-tokenizer": ("tokenizer.json", GONE, "no tokenizer.json, which its save wrote"),
-    "no-config": ("config.json", GONE, "no config.json, which its save wrote"),
     "model-grown": ("model.safetensors", lambda p, m: p.write_bytes(p.read_bytes() + b"\0" * 16),
                     "model.safetensors damaged: incomplete metadata, file not fully covered"),
     "rollout-cut": ("rollout_state_0.safetensors", CUT, "rollout_state_0.safetensors damaged: invalid header length"),
@@ -180,15 +179,13 @@ def test_a_resume_changing_what_the_run_optimizes_is_refused(run, tiny_random_mo
 def test_execution_settings_may_change_on_resume_and_a_tied_head_is_no_missing_key(tmp_path, tiny_random_model_path):
     from testing_utils import LogRecords
 
-    from stapo_trl.run_folder.checkpoints import changed_settings
-
     trainer = _trainer(tiny_random_model_path, tmp_path, max_steps=2)
     second = _trainer(
         tiny_random_model_path, tmp_path, max_steps=4, logging_steps=2, save_steps=2, per_device_train_batch_size=2,
         gradient_accumulation_steps=2, steps_per_generation=2, dataloader_num_workers=0,
     ).run_settings  # fmt: skip
-    assert changed_settings(trainer.run_settings, second) == []
-    assert changed_settings({"peft": {"r": 8, "alpha": 16}}, {"peft": {"r": 16, "alpha": 16}}) == ["peft.r 8 -> 16"]
+    assert ck.changed_settings(trainer.run_settings, second) == []
+    assert ck.changed_settings({"peft": {"r": 8, "alpha": 16}}, {"peft": {"r": 16, "alpha": 16}}) == ["peft.r 8 -> 16"]
     assert trainer.model.lm_head.weight is trainer.model.model.embed_tokens.weight
     records, logger = LogRecords(), logging.getLogger("transformers.trainer")
     logger.addHandler(handler := records.handler())
@@ -300,8 +297,6 @@ def test_holds_nest_within_a_process_and_a_file_system_that_cannot_lock_is_warne
 
 
 def test_a_link_where_a_run_writes_is_refused_and_its_target_kept(run, tmp_path, tiny_random_model_path):
-    from stapo_trl.run_folder.checkpoints import open_run_file
-
     target, new = tmp_path / "elsewhere.txt", tmp_path / "new"
     target.write_text("precious")
     (new / "checkpoint-1").mkdir(parents=True)
@@ -310,7 +305,7 @@ def test_a_link_where_a_run_writes_is_refused_and_its_target_kept(run, tmp_path,
                          ("eval.json", "wb")]:  # fmt: skip
         (new / name).symlink_to(target)
         with pytest.raises(ValueError) as raised:
-            hold_run_folder(str(new)) if writer == "hold" else open_run_file(new / name, writer)
+            hold_run_folder(str(new)) if writer == "hold" else ck.open_run_file(new / name, writer)
         assert str(raised.value) == (
             f"{new / name} is a symbolic link (to {str(target)!r}): a run writes its files in its folder, never "
             "through a link (it would overwrite the link's target). Remove the link, or give another output_dir."
@@ -321,12 +316,9 @@ def test_a_link_where_a_run_writes_is_refused_and_its_target_kept(run, tmp_path,
     (elsewhere / "checkpoint-3").mkdir(parents=True)
     trainer = _trainer(tiny_random_model_path, run, max_steps=1)
     trainer.state.global_step = 3
-    saves = {
-        "config.json": trainer.save_model,
-        "train_results.json": lambda: trainer.save_metrics("train", {"train_loss": 0.0}),
-        "README.md": trainer.create_model_card,
-        "checkpoint-3": lambda: trainer._save_checkpoint(trainer.model, None),
-    }
+    saves = {"config.json": trainer.save_model, "README.md": trainer.create_model_card,
+             "train_results.json": lambda: trainer.save_metrics("train", {"train_loss": 0.0}),
+             "checkpoint-3": lambda: trainer._save_checkpoint(trainer.model, None)}  # fmt: skip
     for name, save in saves.items():
         if name != "checkpoint-3":
             (elsewhere / name).write_text("precious")
@@ -357,15 +349,13 @@ def test_a_folder_in_use_is_refused(holder, tmp_path, tiny_random_model_path, ti
     assert excinfo.value.code == 2
     line = error_line(capsys, "stapo-train")
     assert line.startswith(f"stapo-train: error: output_dir={str(run)!r} is in use by another run (pid {holder.pid}")
-    trainer = _trainer(tiny_random_model_path, run, max_steps=1)
     with pytest.raises(ValueError) as raised:
-        trainer.train()
+        _trainer(tiny_random_model_path, run, max_steps=1).train()
     message = str(raised.value)
     assert message.startswith(f"output_dir={str(run)!r} is in use by another run (pid {holder.pid} on ")
     assert f" on {socket.gethostname()}, since " in message and "--hub_token REDACTED" in message, message
     assert SECRET not in message and "\n" not in message and not (run / "metrics.jsonl").exists()
-    holder.kill()  # SIGKILL: its lock file stays, its hold goes
-    holder.wait()
+    holder.kill(), holder.wait()  # SIGKILL: its lock file stays, its hold goes
     assert (run / "_writer.lock").exists()
     command = parse_args(_recipe(tiny_math_model_path, run, "--max_steps", "1"))
     first, second = (_trainer(tiny_random_model_path, run, max_steps=n) for n in (2, 1))
@@ -382,13 +372,10 @@ def test_a_folder_in_use_is_refused(holder, tmp_path, tiny_random_model_path, ti
     ([f"{c}.py" for c in "abcdef"], "a.py, b.py, c.py, d.py and 2 more"),
 ])  # fmt: skip
 def test_a_folder_of_the_users_files_is_refused_or_warned_about(tmp_path, tiny_random_model_path, names, shown):
-    from stapo_trl.run_folder.checkpoints import check_output_dir
-
-    for name in names:
-        (tmp_path / name).write_text(f"the user's {name}")
+    [(tmp_path / name).write_text(f"the user's {name}") for name in names]
     what = f"output_dir={str(tmp_path)!r} holds files that are not a run's ({shown}): "
     with pytest.raises(ValueError) as raised:
-        check_output_dir(str(tmp_path), refuse_user_files=True)  # stapo-train's
+        ck.check_output_dir(str(tmp_path), refuse_user_files=True)  # stapo-train's
     assert str(raised.value) == what + (
         "a run writes its model, card (README.md), config and checkpoints there, over files of the same names. Give a "
         "new or empty folder, or a run folder."
@@ -401,7 +388,7 @@ def test_a_folder_of_the_users_files_is_refused_or_warned_about(tmp_path, tiny_r
     ]
     (tmp_path / "checkpoint-5").mkdir()
     (tmp_path / "checkpoint-5" / "trainer_state.json").write_text("{}")
-    check_output_dir(str(tmp_path), refuse_user_files=True)
+    ck.check_output_dir(str(tmp_path), refuse_user_files=True)
     assert {p.name: p.read_text() for p in tmp_path.iterdir() if p.name in names} == {
         n: f"the user's {n}" for n in names
     }

@@ -90,16 +90,10 @@ def test_a_resume_killed_while_it_rewrites_the_file_loses_no_row(tmp_path, monke
     path = tmp_path / "metrics.jsonl"
     rows = [{"step": step, "reward": step / 10} for step in range(1, 9)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 9, "rew')  # a last line cut short
-    written, dumps, calls = path.read_text(), json.dumps, []
-
-    def dumps_until_killed(obj, **kwargs):
-        calls.append(obj)
-        if len(calls) == row:
-            raise KeyboardInterrupt
-        return dumps(obj, **kwargs)
-
+    written, dumps, calls = path.read_text(), json.dumps, iter(range(row - 1))  # killed at the row-th json.dumps
     with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
-        patch.setattr(json, "dumps", dumps_until_killed)
+        patch.setattr(json, "dumps", lambda obj, **kw: dumps(obj, **kw) if next(calls, None) is not None else
+                      (_ for _ in ()).throw(KeyboardInterrupt()))  # fmt: skip
         MetricsLogCallback(str(path)).on_train_begin(None, _state(6), None)  # resuming from checkpoint-6
     assert path.read_text() == written  # every row written so far is still there
     (callback := MetricsLogCallback(str(path))).on_train_begin(None, _state(6), None)
