@@ -22,35 +22,27 @@ from stapo_trl.run_folder.card import base_model_name, public_base_model_name, p
 from stapo_trl.trainer.trainers import GRPOBaselineTrainer
 
 
-KEY_FIELDS = (
-    "learning_rate", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
-    "steps_per_generation", "temperature", "max_completion_length", "beta", "loss_type", "epsilon_high",
-)  # fmt: skip
+KEY_FIELDS = tuple("learning_rate num_generations per_device_train_batch_size gradient_accumulation_steps "
+                   "steps_per_generation temperature max_completion_length beta loss_type "
+                   "epsilon_high".split())  # fmt: skip
 S2T_FIELDS = ("s2t_mode", "s2t_prob_threshold", "s2t_entropy_quantile")
-ROWS = [
-    {"step": 4, "s2t/num_silenced": 3, "s2t/num_candidates": 40, "s2t/num_loss_tokens": 1000},
-    {"step": 8, "s2t/num_silenced": 0, "s2t/num_candidates": 10, "s2t/num_loss_tokens": 1000},
-]
+ROWS = [{"step": 4, "s2t/num_silenced": 3, "s2t/num_candidates": 40, "s2t/num_loss_tokens": 1000},
+        {"step": 8, "s2t/num_silenced": 0, "s2t/num_candidates": 10, "s2t/num_loss_tokens": 1000}]  # fmt: skip
 EVAL = {"metric": "avg@2", "num_problems": 16, "split": "test", "temperature": 0.6, "top_p": 0.95,
         "accuracy_before": 0.25, "accuracy_after": 0.5}  # fmt: skip
 
 
 def _card_trainer(model_path: str, output_dir: Path | str, trainer_name: str = "stapo", **config):
-    config_class, trainer_class = {
-        "stapo": (STAPOConfig, STAPOTrainer), "off": (STAPOConfig, STAPOTrainer),
-        "stapo-with-grpo-config": (GRPOConfig, STAPOTrainer), "grpo": (GRPOConfig, GRPOBaselineTrainer),
-    }[trainer_name]  # fmt: skip
-    args = config_class(
-        output_dir=str(output_dir), use_cpu=True, bf16=False, report_to="none", **no_activation_checkpointing(),
-        per_device_train_batch_size=8, num_generations=8, max_completion_length=8, **config,
-    )  # fmt: skip
+    config_class = GRPOConfig if trainer_name in ("grpo", "stapo-with-grpo-config") else STAPOConfig
+    trainer_class = GRPOBaselineTrainer if trainer_name == "grpo" else STAPOTrainer
+    args = config_class(output_dir=str(output_dir), use_cpu=True, bf16=False, report_to="none", num_generations=8,
+        **no_activation_checkpointing(), per_device_train_batch_size=8, max_completion_length=8, **config)  # fmt: skip
     dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": "1+1"}]] * 8})
     return trainer_class(model=model_path, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
                          train_dataset=dataset)  # fmt: skip
 
 
-def _table(card: str) -> dict[str, str]:
-    return dict(re.findall(r"^\| `(\w+)` \|.*\| `(.*)` \|$", card, re.M))
+_table = lambda card: dict(re.findall(r"^\| `(\w+)` \|.*\| `(.*)` \|$", card, re.M))  # noqa: E731
 
 
 @pytest.mark.parametrize("trainer_name, public, dataset, config", [
@@ -144,8 +136,7 @@ def test_cards_name_a_builtin_by_its_hub_origin_with_its_license_and_a_local_dat
 
 def test_python_api_card_loads_the_checkpoint_the_run_saved(tiny_math_model_path, tmp_path):
     out = tmp_path / "python-api"
-    trainer = _card_trainer(tiny_math_model_path, out, max_steps=1, save_steps=1)
-    trainer.train()
+    (trainer := _card_trainer(tiny_math_model_path, out, max_steps=1, save_steps=1)).train()
     card = out / "README.md"
     assert f'model="{out / "checkpoint-1"}"' in card.read_text()
     run_card_quick_start(card, expect="pipeline(")  # loads what the card names, and answers
