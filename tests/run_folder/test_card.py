@@ -66,10 +66,9 @@ def test_the_card_states_the_run(tiny_math_model_path, tmp_path, trainer_name, p
     procedure = card.split("## Training procedure", 1)[1].split("### Framework versions", 1)[0]
     assert procedure.lstrip("\n").startswith(f"This model was trained with {name}")  # no blank badge lines
     assert "**Steps trained**: 8 optimizer steps" in procedure and card.count("### STAPO run") == 1
-    values = [getattr(trainer.args, field) for field in KEY_FIELDS]
-    values += [getattr(trainer.s2t, field[4:]) for field in S2T_FIELDS] if name == "STAPO" else []
-    shown = [_table(procedure)[field] for field in KEY_FIELDS + (S2T_FIELDS if name == "STAPO" else ())]
-    assert shown == [str(getattr(v, "value", v)) for v in values]
+    fields = KEY_FIELDS + (S2T_FIELDS if name == "STAPO" else ())
+    values = [getattr(trainer.s2t, f[4:]) if f.startswith("s2t_") else getattr(trainer.args, f) for f in fields]
+    assert (shown := [_table(procedure)[f] for f in fields]) == [str(getattr(v, "value", v)) for v in values]
     assert ("@article{liu2026stapo" in card) == (name == "STAPO")  # TRL's part
     if trainer_name == "stapo" and not public:
         assert shown[-3:] == ["low_entropy", "0.003", "0.8"]

@@ -57,10 +57,9 @@ def test_a_checkpoint_records_its_files_and_settings_and_needs_its_states(run, t
     settings = record["settings"]
     keys = ("trainer", "model", "reward_funcs", "train_dataset", "s2t_prob_threshold", "s2t_entropy_quantile",
             "s2t_mode", "learning_rate", "optim", "loss_type")  # fmt: skip
-    assert [record["save_only_model"], *(settings[k] for k in keys)] == [
-        False, "STAPOTrainer", tiny_random_model_path, ["zero_reward"], PROMPTS._fingerprint, 0.002, 0.75,
-        "low_entropy", 1e-06, "adamw_torch_fused", "dapo",
-    ]  # fmt: skip
+    expected = [False, "STAPOTrainer", tiny_random_model_path, ["zero_reward"], PROMPTS._fingerprint, 0.002, 0.75,
+                "low_entropy", 1e-06, "adamw_torch_fused", "dapo"]  # fmt: skip
+    assert [record["save_only_model"], *(settings[k] for k in keys)] == expected
     assert settings["peft"] is None and "max_steps" not in settings and "per_device_train_batch_size" not in settings
     folder = run / "checkpoint-1"
     (folder / "stapo_run.json").unlink()
@@ -132,21 +131,17 @@ def test_a_damaged_checkpoint_is_refused_by_name_and_skipped_by_a_resume(run, ti
     trainer = _trainer(tiny_random_model_path, run, max_steps=3, learning_rate=5e-4)
     with pytest.raises(ValueError) as raised:
         trainer.train(resume_from_checkpoint=str(run / "checkpoint-2"))
-    assert str(raised.value) == (
-        f"resume_from_checkpoint='{run / 'checkpoint-2'}' is not a complete checkpoint ({problem}). Give a complete "
-        "checkpoint folder (<output_dir>/checkpoint-<step>), or let a run take its newest one."
-    )
+    assert str(raised.value) == (f"resume_from_checkpoint='{run / 'checkpoint-2'}' is not a complete checkpoint "
+        f"({problem}). Give a complete checkpoint folder (<output_dir>/checkpoint-<step>), or let a run take its "
+        "newest one.")  # fmt: skip
     assert (run / "checkpoint-2").is_dir()  # named by the user: refused, left in place
     trainer.train(resume_from_checkpoint=True)
-    assert _resume_lines(caplog) == [
-        f"The newest complete checkpoint is {run / 'checkpoint-1'}: skipped checkpoint-2 ({problem}) and moved it "
-        "aside to _damaged-checkpoint-2.",
-        f"Resuming training from {run / 'checkpoint-1'}.",
-    ]
-    assert [r.getMessage() for r in caplog.records if "stapo_run.json" in r.getMessage()] == [
-        f"{run / 'checkpoint-1'} has no stapo_run.json (saved before stapo_trl recorded a run's settings): resumed "
-        "without comparing the settings it was trained with to this run's."
-    ]
+    assert _resume_lines(caplog) == [f"The newest complete checkpoint is {run / 'checkpoint-1'}: skipped checkpoint-2 "
+        f"({problem}) and moved it aside to _damaged-checkpoint-2.",
+        f"Resuming training from {run / 'checkpoint-1'}."]  # fmt: skip
+    assert [m for m in caplog.messages if "stapo_run.json" in m] == [f"{run / 'checkpoint-1'} has no stapo_run.json "
+        "(saved before stapo_trl recorded a run's settings): resumed without comparing the settings it was trained "
+        "with to this run's."]  # fmt: skip
     assert trainer.state.global_step == 3 and (run / "_damaged-checkpoint-2" / "trainer_state.json").exists()
     assert get_last_checkpoint(str(run)) == str(run / "checkpoint-3")  # rotation and transformers see whole ones
 
@@ -260,8 +255,7 @@ def holder(tmp_path):
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
     assert proc.stdout.readline() == "held\n"
     yield proc
-    proc.kill()
-    proc.wait()
+    proc.kill(), proc.wait()
 
 
 def _recipe(model_path, out, *extra):
@@ -389,9 +383,7 @@ def test_a_folder_of_the_users_files_is_refused_or_warned_about(tmp_path, tiny_r
     (tmp_path / "checkpoint-5").mkdir()
     (tmp_path / "checkpoint-5" / "trainer_state.json").write_text("{}")
     ck.check_output_dir(str(tmp_path), refuse_user_files=True)
-    assert {p.name: p.read_text() for p in tmp_path.iterdir() if p.name in names} == {
-        n: f"the user's {n}" for n in names
-    }
+    assert [(tmp_path / n).read_text() for n in names] == [f"the user's {n}" for n in names]
 
 
 @pytest.fixture(params=["under-a-file", "read-only-mount", "read-only-folder"])

@@ -31,10 +31,8 @@ def _decide(caplog, rows, end=True, names=("r",), **trainer) -> list[str]:
     trainer = dict(reward_func_names=list(names), train_dataset=None, model=None, processing_class=None) | trainer
     callback = logs.NoLearningSignalCallback(types.SimpleNamespace(**trainer))
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        for step, row in enumerate(rows, 1):
-            callback.on_log(None, _state(step), None, logs=row)
-        if end:
-            callback.on_train_end(None, _state(len(rows)), None)  # a run shorter than 3 logging steps decides here
+        [callback.on_log(None, _state(step), None, logs=row) for step, row in enumerate(rows, 1)]
+        end and callback.on_train_end(None, _state(len(rows)), None)  # a run shorter than 3 logging steps decides here
     return _warnings(caplog)
 
 

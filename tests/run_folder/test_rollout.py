@@ -142,8 +142,7 @@ def test_a_rollout_that_is_not_saved_is_generated_again(tiny_math_model_path, tm
                 trainer._save_checkpoint(trainer.model, trial=None)
                 control.should_training_stop = True
 
-    notes = case == "objects-in-a-batch"
-    cls, step = (WithNotes, 2) if notes else (None, 1)
+    cls, step = (WithNotes, 2) if (notes := case == "objects-in-a-batch") else (None, 1)
     trainer = _trainer(tiny_math_model_path, tmp_path / "run", cls, max_steps=2 if notes else 3)
     trainer.add_callback(TrainerCallback() if notes else JITCheckpoint())
     trainer.train()
