@@ -83,8 +83,7 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
         f"`stapo_trl.STAPOTrainer` with the S2T mask off (`s2t_mode: off`): the like-for-like baseline of {stapo}."
         if s2t.mode == "off" else f'{stapo} (Liu et al., 2026, "STAPO: Stabilizing Reinforcement Learning for LLMs by '
         'Silencing Rare Spurious Tokens", arXiv:2602.15620): positive-advantage tokens sampled with a low probability '
-        "at low-entropy positions are removed from the numerator and the denominator of the loss."
-    )  # fmt: skip
+        "at low-entropy positions are removed from the numerator and the denominator of the loss.")  # fmt: skip
     if base.startswith("builtin:") and (license_text := BUILTIN_MODELS.get(base[8:], {}).get("license")):
         method += f" The base model's license applies to this model too: {license_text}."
     try:
@@ -96,12 +95,10 @@ def model_card(trainer, model_name=None, dataset_name=None, tags=None, eval_reco
     reference = (args.hub_model_id or trainer.hub_model_id or model_name) if public else os.path.abspath(local)
     card = generate_model_card(
         base_model=None if base == LOCAL_MODEL or base.startswith("builtin:") else base, model_name=model_name,
-        hub_model_id=reference, dataset_name=public_dataset_name(dataset_name),
-        tags=sorted({*trainer._tag_names, *(tags or [])}),
+        hub_model_id=reference, dataset_name=public_dataset_name(dataset_name), trainer_name=trainer._name,
+        tags=sorted({*trainer._tag_names, *(tags or [])}), trainer_citation=trainer._paper.get("citation"),
         wandb_url=getattr(getattr(sys.modules.get("wandb"), "run", None), "url", None), trackio_url=None,
-        trainer_name=trainer._name, trainer_citation=trainer._paper.get("citation"),
-        paper_title=trainer._paper.get("title"), paper_id=trainer._paper.get("id"),
-    )  # fmt: skip
+        paper_title=trainer._paper.get("title"), paper_id=trainer._paper.get("id"))  # fmt: skip
     vars(card.data).pop("licence", None)
     value = lambda n: getattr(s2t, n[4:]) if n.startswith("s2t_") else getattr(args, n, None)  # noqa: E731
     section = ["### STAPO run: settings and results\n", method, "", *_summary(trainer, s2t, eval_record), "",
