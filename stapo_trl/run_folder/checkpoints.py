@@ -254,8 +254,8 @@ def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_as
     checkpoint, skipped = newest_complete_checkpoint(output_dir, save_only_model)
     words = []
     for name, problem in skipped:
-        target = next(t for k in range(1, 10_000) if not (move_aside and os.path.lexists(os.path.join(output_dir,
-                      t := DAMAGED_PREFIX + name + f"-{k}" * (k > 1)))))  # fmt: skip
+        target = next(t for k in range(1, 10_000) if not (os.path.lexists(os.path.join(output_dir,
+                      t := DAMAGED_PREFIX + name + f"-{k}" * (k > 1))) and move_aside))  # fmt: skip
         if move_aside:
             os.replace(os.path.join(output_dir, name), os.path.join(output_dir, target))
         words.append(f"{name} ({problem})" + f" and moved it aside to {target}" * move_aside)

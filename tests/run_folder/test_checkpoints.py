@@ -121,6 +121,7 @@ def test_what_makes_a_checkpoint_incomplete_names_the_file_and_the_damage(run, t
     damage(run / "checkpoint-2" / name, tmp_path / "code-ran")
     assert checkpoint_problem(str(run / "checkpoint-2")) == problem
     assert newest_complete_checkpoint(str(run)) == (str(run / "checkpoint-1"), [("checkpoint-2", problem)])
+    assert ck.resume_checkpoint(str(run)) == str(run / "checkpoint-1") and (run / "checkpoint-2").is_dir()
     assert not (tmp_path / "code-ran").exists()
 
 
