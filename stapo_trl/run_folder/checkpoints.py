@@ -18,6 +18,9 @@ import zipfile
 from pathlib import Path
 from typing import IO, Any
 
+from filelock import FileLock, Timeout
+from safetensors import safe_open
+
 
 logger = logging.getLogger(__name__)
 
@@ -29,22 +32,16 @@ ROLLOUT_MANIFEST = re.compile(r"^rollout_state_\d+\.json$")
 _REQUIRED = {  # what `Trainer._save_checkpoint` writes, by name prefix
     "model weights": ("model", "pytorch_model", "adapter_model", "global_step"),
     "optimizer state (optimizer.pt)": ("optimizer", "global_step"),
-    "RNG state (rng_state.pth)": ("rng_state",),
-}
-_UNPICKLED_ON_RESUME = ("optimizer", "scheduler", "scaler", "rng_state", "pytorch_model")
-RESUME_FIELDS = (  # what a resume must keep
-    "loss_type", "epsilon", "epsilon_high", "delta", "beta", "scale_rewards", "reward_weights",
-    "importance_sampling_level", "top_entropy_quantile", "mask_truncated_completions", "num_generations",
-    "num_iterations", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_completion_length",
-    "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args",
-    "optim_target_modules", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
-)  # fmt: skip
+    "RNG state (rng_state.pth)": ("rng_state",)}  # fmt: skip
+RESUME_FIELDS = tuple("loss_type epsilon epsilon_high delta beta scale_rewards reward_weights "
+    "importance_sampling_level top_entropy_quantile mask_truncated_completions num_generations "
+    "num_iterations temperature top_p top_k min_p repetition_penalty max_completion_length "
+    "learning_rate lr_scheduler_type lr_scheduler_kwargs warmup_steps optim optim_args "
+    "optim_target_modules weight_decay adam_beta1 adam_beta2 adam_epsilon max_grad_norm".split())  # fmt: skip
 _HOLDS: dict[str, list] = {}  # folder -> [its FileLock or None, its holders: None (a command) or trainers]
 
 
 class LinkError(ValueError):
-    """A symbolic link where a run writes a file."""
-
     def __init__(self, path: str):
         super().__init__(f"{path} is a symbolic link (to {os.readlink(path)!r}): a run writes its files in its "
                          "folder, never through a link (it would overwrite the link's target). Remove the link, or "
@@ -57,9 +54,7 @@ def open_run_file(path: str | os.PathLike, mode: str = "w") -> IO:
     try:
         fd = os.open(path, flags, 0o666)
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise LinkError(os.fspath(path)) from None
-        raise
+        raise (LinkError(os.fspath(path)) if e.errno == errno.ELOOP else e) from None
     return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"}))
 
 
@@ -86,18 +81,15 @@ def refuse_links(output_dir: str) -> None:
 
 
 def check_output_dir(output_dir: str, refuse_user_files: bool = False) -> None:
-    """Raise `ValueError` (one line), creating nothing, for an `output_dir` that is empty, a file, unwritable or holds
-    a link; a folder of the user's own files is refused with `refuse_user_files`, else warned about."""
+    """`ValueError`, creating nothing, for an empty, file, unwritable or linked `output_dir`, or one of user files."""
     if not str(output_dir or "").strip():
         raise ValueError(f"output_dir={output_dir!r} is empty: give the folder the run writes its checkpoints, model "
                          "and files into (e.g. outputs/my-run).")  # fmt: skip
-    folder = existing = os.path.abspath(os.path.expanduser(output_dir))
+    folder = os.path.abspath(os.path.expanduser(output_dir))
     if os.path.isfile(folder):
         raise ValueError(f"output_dir={output_dir!r} is a file: give a folder (it is created if missing).")
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
     try:
-        tempfile.TemporaryFile(dir=existing).close()
+        tempfile.TemporaryFile(dir=next(p for p in (folder, *Path(folder).parents) if os.path.lexists(p))).close()
     except OSError as e:
         raise ValueError(f"output_dir={output_dir!r} cannot be written ({e.strerror or e}): give a folder this "
                          "process can create files in.") from None  # fmt: skip
@@ -128,17 +120,12 @@ def command_line(argv: list[str] | None = None) -> str:
 
 
 def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = None) -> None:
-    """Take (`acquire=False`: give back) `output_dir` as its one writer (`_writer.lock`, the holder in `_writer.txt`);
-    holds nest in a process. `ValueError` (one line) for a folder another run holds or one with a link."""
-    from filelock import FileLock, Timeout
-
+    """Take (`acquire=False`: give back) `output_dir` as its one writer; `ValueError` where another run holds it."""
     folder = os.path.abspath(output_dir)
     lock, holders = _HOLDS.setdefault(folder, [None, []])
     if not acquire:
-        if trainer in holders:
-            holders.remove(trainer)
-            if not holders and lock is not None:
-                lock.release()
+        if trainer in holders and (holders.remove(trainer) or not holders) and lock is not None:
+            lock.release()
         return
     refuse_links(output_dir)
     owner = os.path.join(folder, "_writer.txt")
@@ -158,64 +145,53 @@ def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = Non
                            "stopped.")  # fmt: skip
             lock = None
         if not in_use:
-            with open_run_file(owner) as f:
-                f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-                        f"{command_line()}")  # fmt: skip
+            write_atomic(owner, f"pid {os.getpid()} on {socket.gethostname()}, since "
+                         f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {command_line()}")  # fmt: skip
     if in_use:
-        linked = not os.path.isfile(owner) or os.path.islink(owner)
-        holder = "starting" if linked else Path(owner).read_text(encoding="utf-8", errors="replace")[:2000]
+        holder = Path(owner).read_bytes()[:2000].decode(errors="replace") if os.path.isfile(owner) else "starting"
         raise ValueError(f"output_dir={output_dir!r} is in use by another run ({holder}). Two runs in one folder mix "
                          "their metrics, checkpoints and model: wait for that run to end, or give another "
                          "output_dir.")  # fmt: skip
     _HOLDS[folder] = [lock, [*holders, trainer]]
 
 
-def _torch_file_problem(path: str, load: bool) -> str | None:
-    size = os.path.getsize(path)
-    try:
-        with zipfile.ZipFile(path) as archive:
-            if any(info.header_offset + info.compress_size > size for info in archive.infolist()):
-                return "cut short: its zip directory points past its end"
-    except (zipfile.BadZipFile, OSError, ValueError):
-        return "damaged: no zip directory (cut short, or overwritten)"
-    if not load:
-        return None
-    import torch
-    from transformers.trainer_pt_utils import safe_globals
-
-    try:
-        with safe_globals():
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # noqa: BLE001 (UnpicklingError, RuntimeError)
-        paragraphs = [p.strip() for p in str(e).split("\n\n") if p.strip()]
-        detail = next((p for p in paragraphs[1:] if not p.startswith("Check the documentation")), None)
-        detail = (detail or (paragraphs or [type(e).__name__])[0]).splitlines()[0][:160].rstrip(".")
-        return f"refused by a safe load: {detail}"
-    rng = isinstance(state, dict) and {"python", "numpy", "cpu"} <= set(state)
-    return "holds no RNG state" if os.path.basename(path).startswith("rng_state") and not rng else None
-
-
 def tensor_specs(path: str) -> dict:
     """`{name: {"dtype": "F32", "shape": [16, 48]}}` of a safetensors file; safetensors' error for a damaged one."""
-    from safetensors import safe_open
-
     with safe_open(path, framework="pt") as f:
         return {n: {"dtype": f.get_slice(n).get_dtype(), "shape": f.get_slice(n).get_shape()} for n in f.keys()}
 
 
-def file_problem(path: str) -> str | None:
-    """Why the checkpoint file `path` cannot be loaded whole, in a few words, or `None`."""
+def file_problem(path: str, load: bool = True) -> str | None:
+    """Why the checkpoint file `path` cannot be loaded whole, in a few words, or `None` (`load=False`: zip only)."""
     name, tensors = os.path.basename(path), re.sub(r"\.json$", ".safetensors", path)
     if not os.path.isfile(path):
         return "not a file"
     if name.endswith((".pt", ".pth", ".bin")):
-        return _torch_file_problem(path, load=name.startswith(_UNPICKLED_ON_RESUME))
+        try:
+            with zipfile.ZipFile(path) as archive:
+                if any(i.header_offset + i.compress_size > os.path.getsize(path) for i in archive.infolist()):
+                    return "cut short: its zip directory points past its end"
+        except (zipfile.BadZipFile, OSError, ValueError):
+            return "damaged: no zip directory (cut short, or overwritten)"
+        if not load or not name.startswith(("optimizer", "scheduler", "scaler", "rng_state", "pytorch_model")):
+            return None  # DeepSpeed's, or a file a resume does not unpickle
+        import torch
+        from transformers.trainer_pt_utils import safe_globals
+
+        try:
+            with safe_globals():
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as e:  # noqa: BLE001 (UnpicklingError, RuntimeError)
+            parts = [p.strip() for p in str(e).split("\n\n") if p.strip()] or [type(e).__name__]
+            detail = next((p for p in parts[1:] if not p.startswith("Check the documentation")), parts[0])
+            return "refused by a safe load: " + detail.splitlines()[0][:160].rstrip(".")
+        rng = isinstance(state, dict) and {"python", "numpy", "cpu"} <= set(state)
+        return "holds no RNG state" if name.startswith("rng_state") and not rng else None
     try:
         if name.endswith(".safetensors"):
             tensor_specs(path)
         elif name.endswith(".json"):
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
             specs = tensor_specs(tensors) if ROLLOUT_MANIFEST.match(name) and os.path.isfile(tensors) else None
             if ROLLOUT_MANIFEST.match(name) and (not isinstance(data, dict) or data.get("tensors") != specs):
                 return f"does not match {os.path.basename(tensors)} (its tensors' names, dtypes or shapes)"
@@ -223,7 +199,6 @@ def file_problem(path: str) -> str | None:
         return f"unreadable: {type(e).__name__}"
     except Exception as e:  # noqa: BLE001 (SafetensorError; a manifest's is its tensors file's)
         return "damaged: " + str(e).removeprefix("Error while deserializing header: ") if path == tensors else None
-    return None
 
 
 def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
@@ -232,38 +207,36 @@ def checkpoint_problem(path: str, save_only_model: bool = False) -> str | None:
     if not names:
         return "not a folder" if names is None else "empty"
     try:
-        with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as f:
-            step = json.load(f)["global_step"]
+        step = json.loads(Path(path, "trainer_state.json").read_text(encoding="utf-8"))["global_step"]
     except FileNotFoundError:
         return "no trainer_state.json: its save did not finish"
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         return f"trainer_state.json unreadable ({type(e).__name__}): its save did not finish"
     number = CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path)))
     if type(step) is not int or step < 0 or (number and step != int(number[1])):
-        expected = f"its step {number[1]}" if number else "a step"
-        return f"trainer_state.json has global_step {repr(step)[:40]}, not {expected}"
+        return f"trainer_state.json has global_step {repr(step)[:40]}, not " + (
+            f"its step {number[1]}" if number else "a step")  # fmt: skip
     try:
-        record = read_run_record(path)
-    except (OSError, ValueError) as e:
-        return f"{RUN_RECORD} unreadable: {type(e).__name__}" if isinstance(e, OSError) else str(e)
-    if record is not None and record.get("files") is None:
+        record = read_run_record(path) or {}
+    except ValueError as e:
+        return str(e)
+    if record and record.get("files") is None:
         return f"{RUN_RECORD} says its save did not finish"
-    save_only_model = bool((record or {}).get("save_only_model", save_only_model))
+    save_only_model = bool(record.get("save_only_model", save_only_model))
     for what, prefixes in list(_REQUIRED.items())[: 1 if save_only_model else None]:
         if not any(name.startswith(prefixes) for name in names):
             return f"no {what}"
     if not save_only_model and {"optimizer.pt", "optimizer.bin"} & set(names) and "scheduler.pt" not in names:
         return "no scheduler.pt: without it transformers resumes with a fresh optimizer"
-    if missing := [name for name in (record or {}).get("files", []) if name not in names]:
+    if missing := [name for name in record.get("files", []) if name not in names]:
         return f"no {missing[0]}, which its save wrote"
     for name in names:
         full = os.path.join(path, name)
         if not os.path.isdir(full) and (problem := file_problem(full)):
             return f"{name} {problem}"
         for inner in sorted(os.listdir(full)) if name.startswith("global_step") and os.path.isdir(full) else []:
-            if inner.endswith(".pt") and (problem := _torch_file_problem(os.path.join(full, inner), False)):
+            if inner.endswith(".pt") and (problem := file_problem(os.path.join(full, inner), False)):
                 return f"{name}/{inner} {problem}"  # DeepSpeed's: their zip directory only
-    return None
 
 
 def newest_complete_checkpoint(output_dir: str, save_only_model: bool = False) -> tuple[str | None, list]:
@@ -277,70 +250,53 @@ def newest_complete_checkpoint(output_dir: str, save_only_model: bool = False) -
 
 
 def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_aside: bool = False) -> str | None:
-    """[`newest_complete_checkpoint`], those skipped said in one warning and, with `move_aside` (the folder's writer
-    only), renamed `_damaged-checkpoint-N[-k]`."""
+    """[`newest_complete_checkpoint`], the skipped said in one warning and (`move_aside`) renamed `_damaged-...`."""
     checkpoint, skipped = newest_complete_checkpoint(output_dir, save_only_model)
     words = []
     for name, problem in skipped:
-        target, k = DAMAGED_PREFIX + name, 1
-        while move_aside and os.path.lexists(os.path.join(output_dir, target)):
-            k, target = k + 1, f"{DAMAGED_PREFIX}{name}-{k + 1}"
+        target = next(t for k in range(1, 10_000) if not (os.path.lexists(os.path.join(output_dir,
+                      t := DAMAGED_PREFIX + name + f"-{k}" * (k > 1))) and move_aside))  # fmt: skip
         if move_aside:
             os.replace(os.path.join(output_dir, name), os.path.join(output_dir, target))
         words.append(f"{name} ({problem})" + f" and moved it aside to {target}" * move_aside)
     if words:
-        head = f"The newest complete checkpoint is {checkpoint}"
-        head = head if checkpoint else f"No complete checkpoint to resume in {output_dir}"
-        logger.warning(f"{head}: skipped {', '.join(words)}.")
+        head = f"The newest complete checkpoint is {checkpoint}" if checkpoint else "No complete checkpoint to resume"
+        logger.warning(f"{head}{'' if checkpoint else f' in {output_dir}'}: skipped {', '.join(words)}.")
     return checkpoint
 
 
 def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: str = "") -> None:
-    """Raise `ValueError("<what> <problem>. <fix>")` for a checkpoint given by name that is missing, a file, a run
-    folder (naming its newest complete checkpoint) or not complete."""
+    """Raise `ValueError("<what> <problem>. <fix>")` for a named checkpoint: missing, a file, a run folder, partial."""
     if (problem := checkpoint_problem(path, save_only_model)) is None:
         return
-    if problem == "not a folder":
-        problem = "is a file" if os.path.exists(path) else "does not exist"
-    elif newest := newest_complete_checkpoint(path)[0]:
-        problem = f"is a run folder, not a checkpoint: give one of its checkpoints ({os.path.basename(newest)})"
-    else:
-        problem = f"is not a complete checkpoint ({problem})"
-    fix = (
-        fix or "Give a complete checkpoint folder (<output_dir>/checkpoint-<step>), or let a run take its newest one."
-    )
-    raise ValueError(f"{what} {problem}. {fix}")
+    newest = problem != "not a folder" and newest_complete_checkpoint(path)[0]
+    problem = ("is a file" if os.path.exists(path) else "does not exist") if problem == "not a folder" else (
+        f"is a run folder, not a checkpoint: give one of its checkpoints ({os.path.basename(newest)})" if newest else
+        f"is not a complete checkpoint ({problem})")  # fmt: skip
+    raise ValueError(f"{what} {problem}. " + (fix or "Give a complete checkpoint folder "
+                     "(<output_dir>/checkpoint-<step>), or let a run take its newest one."))  # fmt: skip
 
 
 def plain(value: Any) -> Any:
     """`value` as JSON data equal across processes: enums by value, sets sorted, `to_dict()`, else the type's name."""
-
-    def default(v: Any) -> Any:
-        if isinstance(v, (set, frozenset)):
-            return sorted(plain(x) for x in v)
-        return v.value if isinstance(v, enum.Enum) else v.to_dict() if hasattr(v, "to_dict") else type(v).__name__
-
-    return json.loads(json.dumps(value, default=default))
+    return json.loads(json.dumps(value, default=lambda v: sorted(map(plain, v)) if isinstance(v, (set, frozenset)) else
+                                 v.value if isinstance(v, enum.Enum) else v.to_dict() if hasattr(v, "to_dict") else
+                                 type(v).__name__))  # fmt: skip
 
 
 def run_settings(args, *, trainer: str, model, reward_funcs, s2t=None, peft_config=None, train_dataset=None,
                  dtype=None) -> dict:  # fmt: skip
-    """What a resume must keep, as plain data: the trainer class, the model and `dtype`, the rewards, the S2T values,
-    [`RESUME_FIELDS`] of `args`, the PEFT settings and the training data's fingerprint."""
+    """What a resume must keep, as plain data: trainer, model, dtype, rewards, S2T, [`RESUME_FIELDS`], PEFT, data."""
     from trl.trainer.utils import get_callable_name
 
-    def local(path: Any) -> Any:
-        return os.path.abspath(path) if isinstance(path, str) and os.path.exists(path) else path
-
-    if not isinstance(model, str):
-        model = getattr(getattr(model, "config", None), "_name_or_path", None)
+    local = lambda p: os.path.abspath(p) if isinstance(p, str) and os.path.exists(p) else p  # noqa: E731
+    model = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
     funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs] if reward_funcs is not None else []
     names = [getattr(getattr(f, "config", None), "_name_or_path", None) for f in funcs]  # a reward model's id
     rewards = [local(f) if isinstance(f, str) else name or get_callable_name(f) for f, name in zip(funcs, names)]
     dtype = None if dtype is None else str(dtype).removeprefix("torch.")
     settings = {"trainer": trainer, "model": local(model), "dtype": dtype, "reward_funcs": rewards}
-    if s2t is not None:
-        settings |= {f"s2t_{name}": getattr(s2t, name) for name in ("prob_threshold", "entropy_quantile", "mode")}
+    settings |= {f"s2t_{n}": getattr(s2t, n) for n in ("prob_threshold", "entropy_quantile", "mode")} if s2t else {}
     settings |= {name: getattr(args, name) for name in (*RESUME_FIELDS, "warmup_ratio") if hasattr(args, name)}
     fingerprint = getattr(train_dataset, "_fingerprint", None) if type(train_dataset).__name__ == "Dataset" else None
     return plain(settings | {"peft": peft_config, "train_dataset": fingerprint})
@@ -354,13 +310,12 @@ def write_run_record(checkpoint: str, settings: dict, *, save_only_model: bool, 
 
 def read_run_record(checkpoint: str) -> dict | None:
     """The record of `checkpoint` (`None` without one); `ValueError("stapo_run.json ...")` for a damaged one."""
-    path = os.path.join(checkpoint, RUN_RECORD)
-    if not os.path.lexists(path):
-        return None
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(os.path.join(checkpoint, RUN_RECORD), encoding="utf-8") as f:
             record = json.load(f)
-    except (ValueError, RecursionError) as e:
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as e:
         raise ValueError(f"{RUN_RECORD} unreadable: {type(e).__name__}") from None
     if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
         raise ValueError(f"{RUN_RECORD} holds no settings")
@@ -376,25 +331,19 @@ def read_run_record(checkpoint: str) -> dict | None:
 
 def changed_settings(recorded: dict, current: dict) -> list[str]:
     """`"name old -> new"` for each field both hold with other values, a dict's keys one by one (`peft.r 8 -> 16`)."""
-    changes = []
-    for name in [key for key in current if key in recorded]:
-        old, new = recorded[name], current[name]
-        if isinstance(old, dict) and isinstance(new, dict):
-            changes += [f"{name}.{change}" for change in changed_settings(old, new)]
-        elif old != new:
-            changes.append(f"{name} {repr(old)[:120]} -> {repr(new)[:120]}")
-    return changes
+    pairs = [(k, recorded[k], current[k]) for k in current if k in recorded]
+    return [f"{k}.{c}" if isinstance(old, dict) and isinstance(new, dict) else c for k, old, new in pairs for c in (
+        changed_settings(old, new) if isinstance(old, dict) and isinstance(new, dict) else
+        [f"{k} {repr(old)[:120]} -> {repr(new)[:120]}"] * (old != new))]  # fmt: skip
 
 
 def check_run_settings(checkpoint: str, settings: dict) -> None:
-    """Raise `ValueError` (one line naming each changed field, old -> new) to resume `checkpoint` with other
-    `settings` than it was trained with; one without a record resumes with one warning."""
+    """`ValueError` naming each changed field (old -> new) to resume `checkpoint` with other `settings`."""
     if (record := read_run_record(checkpoint)) is None:
         logger.warning(f"{checkpoint} has no {RUN_RECORD} (saved before stapo_trl recorded a run's settings): resumed "
                        "without comparing the settings it was trained with to this run's.")  # fmt: skip
     elif changes := changed_settings(record["settings"], settings):
-        raise ValueError(
-            f"{checkpoint} was trained with other settings ({', '.join(changes)}): resuming would mix two runs in one "
-            "model, and its card could state only one. Resume with the checkpoint's values, or train in another "
-            f"output_dir (model_name_or_path / model {checkpoint} starts from its weights)."
-        )
+        raise ValueError(f"{checkpoint} was trained with other settings ({', '.join(changes)}): resuming would mix "
+                         "two runs in one model, and its card could state only one. Resume with the checkpoint's "
+                         f"values, or train in another output_dir (model_name_or_path / model {checkpoint} starts "
+                         "from its weights).")  # fmt: skip

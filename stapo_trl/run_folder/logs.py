@@ -1,4 +1,4 @@
-"""The run files `metrics.jsonl` and `spurious_tokens.jsonl`, written and read back; the no-learning-signal warning."""
+"""The run files `metrics.jsonl`, `spurious_tokens.jsonl`, the no-learning-signal warning and the rollout state."""
 
 from __future__ import annotations
 
@@ -8,14 +8,17 @@ import math
 import os
 import random
 from collections import Counter
-from typing import Any, TextIO
+from typing import Any
 
+import torch
 from accelerate.utils import gather_object
-from transformers import DefaultFlowCallback, TrainerCallback
+from safetensors.torch import load_file, save
+from transformers import DefaultFlowCallback, TrainerCallback, TrainerState
 
 from ..data import format_prompt, json_lines
 from ..diagnostics import token_records as records_
-from .checkpoints import open_run_file, write_atomic
+from ..models.names import BUILTIN_MODELS, INFO_FILE, read_builtin_info
+from .checkpoints import open_run_file, tensor_specs, write_atomic
 
 
 logger = logging.getLogger(__name__)
@@ -25,112 +28,86 @@ SPURIOUS_TOKENS_FILENAME = "spurious_tokens.jsonl"
 TRAIN_SUMMARY_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos",
                       "train_loss", "epoch"}  # fmt: skip
 _WARNED: set = set()  # (file, skipped lines) already said
+_number = lambda value: isinstance(value, (int, float)) and not isinstance(value, bool)  # noqa: E731
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object") -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file that `valid` accepts; the others are skipped with one warning per file."""
+def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object", name=None) -> list[dict]:
+    """The rows of a JSON-lines file (`path/name` for a folder) that `valid` accepts; one warning for the others."""
+    path = os.path.join(path, name) if name and os.path.isdir(path) else os.fspath(path)
     rows, bad = [], []
     for number, row in json_lines(path):
         (rows.append(row) if isinstance(row, dict) and (valid is None or valid(row)) else bad.append(number))
     if bad and (key := (os.path.abspath(path), tuple(bad))) not in _WARNED:
         _WARNED.add(key)
         shown = ", ".join(map(str, bad[:20])) + (f", ... ({len(bad) - 20} more)" if len(bad) > 20 else "")
-        lines = f"line{'s' * (len(bad) > 1)} {shown}"
-        logger.warning(f"{path}: skipped {lines}, not {what}: a run killed mid-write cuts its last line short; other "
-                       "lines were edited or corrupted. The figures leave them out.")  # fmt: skip
+        logger.warning(f"{path}: skipped line{'s' * (len(bad) > 1)} {shown}, not {what}: a run killed mid-write cuts "
+                       "its last line short; other lines were edited or corrupted. The figures leave them "
+                       "out.")  # fmt: skip
     return rows
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The rows of `metrics.jsonl` (or `<dir>/metrics.jsonl`): an integer `step`, numbers or `null`."""
-    path = os.path.join(path, METRICS_FILENAME) if os.path.isdir(path) else os.fspath(path)
-
-    def valid(row: dict) -> bool:
-        return (
-            _number(row.get("step"))
-            and float(row["step"]).is_integer()
-            and all(v is None or _number(v) for v in row.values())
-        )
-
-    return read_jsonl(path, valid, "a metrics row (a JSON object with an integer step and numbers)")
+    return read_jsonl(path, lambda row: _number(row.get("step")) and float(row["step"]).is_integer() and all(
+        v is None or _number(v) for v in row.values()), "a metrics row (a JSON object with an integer step and "
+        "numbers)", METRICS_FILENAME)  # fmt: skip
 
 
 def read_token_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The records of `spurious_tokens.jsonl` (or of `<dir>/spurious_tokens.jsonl`), in order."""
-    path = os.path.join(path, SPURIOUS_TOKENS_FILENAME) if os.path.isdir(path) else os.fspath(path)
-
-    def valid(row: dict) -> bool:
-        numbers = all(_number(row.get(key)) for key in ("step", "prob", "entropy"))
-        return row.get("kind") in records_.KINDS and numbers and isinstance(row.get("token"), str)
-
-    return read_jsonl(path, valid, "a token record (a JSON object with kind, step, prob, entropy, token)")
+    return read_jsonl(path, lambda row: row.get("kind") in records_.KINDS and isinstance(row.get("token"), str) and
+        all(_number(row.get(key)) for key in ("step", "prob", "entropy")), "a token record (a JSON object with kind, "
+        "step, prob, entropy, token)", SPURIOUS_TOKENS_FILENAME)  # fmt: skip
 
 
 def s2t_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The S2T counts pooled over log rows: `num_rows`, `rows_with_silencing`, `num_silenced`, `num_candidates`,
-    `num_loss_tokens`, `silenced_ratio` and `candidate_ratio` (Σ counts / Σ loss tokens); `None` without counts."""
-    counted = [row for row in rows if row.get("s2t/num_loss_tokens") is not None]
-    if not counted:
+    """The S2T counts pooled over log rows (`num_*`, ratios as Σ counts / Σ loss tokens); `None` without counts."""
+    if not (counted := [row for row in rows if row.get("s2t/num_loss_tokens") is not None]):
         return None
     keys = ("silenced", "candidates", "loss_tokens")
     silenced, candidates, tokens = (round(sum(row.get(f"s2t/num_{key}") or 0 for row in counted)) for key in keys)
     return {
         "num_rows": len(counted), "rows_with_silencing": sum((r.get("s2t/num_silenced") or 0) > 0 for r in counted),
         "num_silenced": silenced, "num_candidates": candidates, "num_loss_tokens": tokens,
-        "silenced_ratio": silenced / (tokens or 1), "candidate_ratio": candidates / (tokens or 1),
-    }  # fmt: skip
-
-
-def open_jsonl_for_run(path: str, global_step: int, redone_after: int | None = None) -> tuple[TextIO, list[dict]]:
-    """(`path` opened to append, the rows kept): a resume keeps the rows up to `global_step` (after `redone_after`,
-    evaluation rows only), rewritten atomically; a fresh run moves an earlier file aside to `<name>.<n>.jsonl`."""
-    kept = []
-    if os.path.exists(path) and global_step > 0:
-        kept = [
-            row for row in read_jsonl(path) if row.get("step", math.inf) <= global_step
-            and (redone_after is None or row["step"] <= redone_after or any(k.startswith("eval_") for k in row))
-        ]  # fmt: skip
-        write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in kept))
-    elif os.path.exists(path) and os.path.getsize(path) > 0:
-        stem, ext = os.path.splitext(path)
-        aside = next(f"{stem}.{n}{ext}" for n in range(1, 10_000) if not os.path.exists(f"{stem}.{n}{ext}"))
-        os.replace(path, aside)
-        logger.warning(f"{path} held an earlier run's records: kept as {os.path.basename(aside)}.")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    return open_run_file(path, "a"), kept
+        "silenced_ratio": silenced / (tokens or 1), "candidate_ratio": candidates / (tokens or 1)}  # fmt: skip
 
 
 class JsonlLogCallback(TrainerCallback):
-    """Appends JSON lines to `path` (default `<output_dir>/<filename>`) on the main process, flushed per write."""
+    """Appends JSON lines to `path` (default `<output_dir>/<filename>`) on the main process. A resume keeps the rows
+    up to its step (after `redone_after`: eval rows only); a fresh run moves an earlier file to `<name>.<n>.jsonl`."""
 
-    filename, redone_after = "", None  # redone_after: set by the trainer ([`open_jsonl_for_run`])
+    filename, redone_after, _file = "", None, None
 
     def __init__(self, path: str | None = None):
-        self.path, self._file = path, None
+        self.path = path
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.close()
-        if state.is_world_process_zero:
-            path = self.path or os.path.join(args.output_dir, self.filename)
-            self._file, self.kept = open_jsonl_for_run(path, state.global_step, self.redone_after)
+        path, step, self.kept = self.path or os.path.join(args.output_dir, self.filename), state.global_step, []
+        if not state.is_world_process_zero:
+            return
+        if os.path.exists(path) and step > 0:
+            redone = math.inf if self.redone_after is None else self.redone_after
+            self.kept = [row for row in read_jsonl(path) if row.get("step", math.inf) <= step and (
+                row["step"] <= redone or any(k.startswith("eval_") for k in row))]  # fmt: skip
+            write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in self.kept))
+        elif os.path.exists(path) and os.path.getsize(path) > 0:
+            stem, ext = os.path.splitext(path)
+            aside = next(f"{stem}.{n}{ext}" for n in range(1, 10_000) if not os.path.exists(f"{stem}.{n}{ext}"))
+            os.replace(path, aside)
+            logger.warning(f"{path} held an earlier run's records: kept as {os.path.basename(aside)}.")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._file = open_run_file(path, "a")
 
     def write_rows(self, args, rows: list[dict[str, Any]]) -> None:
-        if self._file is None:
-            self._file = open_run_file(self.path or os.path.join(args.output_dir, self.filename), "a")
+        self._file = self._file or open_run_file(self.path or os.path.join(args.output_dir, self.filename), "a")
         self._file.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
         self._file.flush()
 
-    def on_train_end(self, args, state, control, **kwargs):
-        self.close()
+    def close(self, *args, **kwargs) -> None:
+        self._file = self._file and self._file.close()
 
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+    on_train_end = close
 
 
 class MetricsLogCallback(JsonlLogCallback):
@@ -146,47 +123,39 @@ class MetricsLogCallback(JsonlLogCallback):
 
 
 class SpuriousTokenLogger(JsonlLogCallback):
-    """The silenced tokens of `trainer`'s masks, with samples of kept candidates and other positive-advantage tokens,
-    in `path` (default `<output_dir>/spurious_tokens.jsonl`) at every logging step, gathered from every process (a
-    collective); with wandb or trackio, the `top_k` most silenced tokens as a table. `max_*`: records of each kind per
-    logging step (a uniform sample beyond); `context_tokens` on each side. One added before `train()` replaces the
-    trainer's own."""
+    """The silenced tokens of `trainer`'s masks, with samples of kept candidates and reference tokens (`max_*` of each
+    per logging step, `context_tokens` each side), in `path` (default `<output_dir>/spurious_tokens.jsonl`), gathered
+    from every process; the `top_k` most silenced as a wandb/trackio table. One added before `train()` is used."""
 
     filename = SPURIOUS_TOKENS_FILENAME
 
     def __init__(self, trainer, path=None, *, max_silenced=256, max_kept_candidates=64, max_reference=64,
                  context_tokens=8, top_k=20):  # fmt: skip
-        super().__init__(path)
-        self.trainer, self.context_tokens, self.top_k = trainer, context_tokens, top_k
+        self.path, self.trainer, self.context_tokens, self.top_k = path, trainer, context_tokens, top_k
         self.caps = dict(zip(records_.KINDS, (max_silenced, max_kept_candidates, max_reference)))
         self.silenced_counts, self.kept_candidate_counts = Counter(), Counter()  # by token label, for the table
         self._token_bytes = self._pending = None  # token id -> bytes; the masks' sample on the device
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._pending, self.kept = None, []
+        self._pending = None
         super().on_train_begin(args, state, control, **kwargs)
-        for record in self.kept:
-            self._count(record)
+        self._count(self.kept)
 
-    def _count(self, record: dict[str, Any]) -> None:  # under the figures' label
-        if record["kind"] == "reference":
-            return
+    def _count(self, records: list[dict[str, Any]]) -> None:  # under the figures' label
         if self._token_bytes is None:
             backend = getattr(self.trainer.processing_class, "backend_tokenizer", None)  # a fast tokenizer
             self._token_bytes = records_.tokenizer_token_bytes(json.loads(backend.to_str())) if backend else {}
-        token_id = record.get("token_id")
-        label = records_.readable_token(record["token"], self._token_bytes.get(token_id), token_id)
-        (self.silenced_counts if record["kind"] == "silenced" else self.kept_candidate_counts)[label] += 1
+        for record in (r for r in records if r["kind"] != "reference"):
+            label = records_.readable_token(record["token"], self._token_bytes.get(i := record.get("token_id")), i)
+            (self.silenced_counts if record["kind"] == "silenced" else self.kept_candidate_counts)[label] += 1
 
     def record(self, result, per_token_logps, entropies, advantages, loss_mask, completion_ids) -> None:
         """Merge the records of one mask (`_compute_s2t_mask`'s arguments and result) into the pending sample."""
         caps, update, rank = tuple(self.caps.values()), self.trainer.state.global_step + 1, self.trainer.accelerator
-        selected = records_.select_token_records(
-            result, per_token_logps, entropies, advantages, loss_mask, completion_ids, caps=caps, update=update,
-            context_tokens=self.context_tokens, seed=f"{self.trainer.args.seed}-{update}-{rank.process_index}",
-        )  # fmt: skip
-        pending = self._pending
-        self._pending = selected if pending is None else records_.merge_token_records(pending, selected, caps)
+        new = records_.select_token_records(result, per_token_logps, entropies, advantages, loss_mask, completion_ids,
+            caps=caps, update=update, context_tokens=self.context_tokens,
+            seed=f"{self.trainer.args.seed}-{update}-{rank.process_index}")  # fmt: skip
+        self._pending = new if self._pending is None else records_.merge_token_records(self._pending, new, caps)
 
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_log:
@@ -199,12 +168,9 @@ class SpuriousTokenLogger(JsonlLogCallback):
     def write_pending(self, args, step: int) -> list[dict[str, Any]]:
         """Gather, cap, stamp with `step` and append the pending records (main process). A collective."""
         selected, self._pending, trainer = self._pending, None, self.trainer
-        records = [] if selected is None else records_.token_records(
-            selected, trainer.processing_class, prob_threshold=trainer.s2t.prob_threshold,
-            process_index=trainer.accelerator.process_index,
-        )  # fmt: skip
-        if trainer.accelerator.num_processes > 1:
-            records = gather_object(records)
+        records = [] if selected is None else records_.token_records(selected, trainer.processing_class,
+            prob_threshold=trainer.s2t.prob_threshold, process_index=trainer.accelerator.process_index)  # fmt: skip
+        records = gather_object(records) if trainer.accelerator.num_processes > 1 else records
         if not trainer.accelerator.is_main_process or not records:
             return []
         rng, keep = random.Random(f"{args.seed}-{step}-all"), []
@@ -213,10 +179,9 @@ class SpuriousTokenLogger(JsonlLogCallback):
             keep += of_kind if len(of_kind) <= cap else rng.sample(of_kind, cap)
         records = [records[i] | {"step": step} for i in sorted(keep)]
         self.write_rows(args, records)
-        for record in records:
-            self._count(record)
-        backends = [__import__(name) for name in ("wandb", "trackio") if name in (args.report_to or [])]
-        backends = [b for b in backends if getattr(b, "run", True) is not None]  # wandb without a run: no table
+        self._count(records)
+        backends = [b for name in ("wandb", "trackio") if name in (args.report_to or []) and  # wandb without a run:
+                    getattr(b := __import__(name), "run", True) is not None]  # no table  # fmt: skip
         if backends and self.silenced_counts:
             import pandas as pd
 
@@ -230,20 +195,18 @@ class SpuriousTokenLogger(JsonlLogCallback):
 def add_run_file_callbacks(trainer) -> list[TrainerCallback]:
     """Add [`MetricsLogCallback`] and (with S2T) [`SpuriousTokenLogger`] where missing; returns those added."""
     callbacks = trainer.callback_handler.callbacks
-    wanted = [MetricsLogCallback] + [SpuriousTokenLogger] * hasattr(trainer, "s2t")
-    added = [cls for cls in wanted if not any(isinstance(c, cls) for c in callbacks)]
-    added = [cls(trainer) if cls is SpuriousTokenLogger else cls() for cls in added]
+    wanted = [(MetricsLogCallback, ())] + [(SpuriousTokenLogger, (trainer,))] * hasattr(trainer, "s2t")
+    added = [cls(*a) for cls, a in wanted if not any(isinstance(c, cls) for c in callbacks)]
     position = next((i + 1 for i, cb in enumerate(callbacks) if isinstance(cb, DefaultFlowCallback)), 0)
     callbacks[position:position] = added
     return added
 
 
 class NoLearningSignalCallback(TrainerCallback):
-    """Warn once when the first `num_rows` log rows had no learning signal (zero reward spread in every group, or a
-    reward giving every completion one value or `None`), naming the likely causes."""
+    """Warn once, naming the likely causes, when the first 3 log rows had no learning signal (or a constant reward)."""
 
-    def __init__(self, trainer, num_rows: int = 3):
-        self.trainer, self.num_rows, self.rows = trainer, num_rows, []
+    def __init__(self, trainer):
+        self.trainer, self.rows = trainer, []
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.rows = []
@@ -253,72 +216,154 @@ class NoLearningSignalCallback(TrainerCallback):
         if self.rows is None or not state.is_world_process_zero or not _number(spread) or spread != spread:
             return
         self.rows.append(dict(logs, step=state.global_step))
-        if len(self.rows) >= self.num_rows or "train_runtime" in logs:
-            self._decide()
+        if len(self.rows) >= 3 or "train_runtime" in logs:
+            self.on_train_end(args, state, control)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.rows and state.is_world_process_zero:
-            self._decide()
-
-    def _decide(self) -> None:
-        rows, self.rows, constant = self.rows, None, {}  # decided once; reward name -> its one value
-        for name in self.trainer.reward_func_names:
+        rows, self.rows, constant, trainer = self.rows, None, {}, self.trainer  # decided once; reward name -> value
+        if not rows or not state.is_world_process_zero:
+            return
+        for name in trainer.reward_func_names:
             means = [r.get(f"rewards/{name}/mean") for r in rows]
             stds = {r.get(f"rewards/{name}/std") for r in rows}
             if all(map(_number, means)) and stds == {0} and len(set(means)) == 1:
                 constant[name] = f"{means[0]:g}"
             elif all(f"rewards/{name}/mean" in r and (m is None or m != m) for r, m in zip(rows, means)):
                 constant[name] = "None"
-        zero_spread = all(r.get("frac_reward_zero_std") == 1.0 for r in rows)
-        if not zero_spread and not constant:
+        if not (zero_spread := all(r.get("frac_reward_zero_std") == 1.0 for r in rows)) and not constant:
             return
-        where = f"the first logging step (step {rows[0]['step']})"
-        if len(rows) > 1:
-            where = f"the first {len(rows)} logging steps (steps {rows[0]['step']}-{rows[-1]['step']})"
+        a, b, n = rows[0]["step"], rows[-1]["step"], len(rows)
+        where = f"the first {n} logging steps (steps {a}-{b})" if n > 1 else f"the first logging step (step {a})"
         values = ", ".join(f"{name} gave {value}" for name, value in constant.items())
-        if zero_spread or set(constant) == set(self.trainer.reward_func_names):
+        if zero_spread or set(constant) == set(trainer.reward_func_names):
             spread = "every prompt group had zero reward spread (frac_reward_zero_std = 1)" if zero_spread else (
                 "no reward function gave two completions different values")  # fmt: skip
             text = f"No learning signal. In {where}, {spread}, so every advantage and the gradient were 0"
             text += f"; the reward functions gave every completion the same value ({values})." if constant else "."
         else:
             text = f"A reward function gave every completion the same value in {where} ({values}): it adds nothing."
-        columns = [c for c in (getattr(self.trainer.train_dataset, "column_names", None) or []) if c != "prompt"]
-        here = f" (here: {', '.join(columns)})" if columns else ""
-        causes = []
-        if all(r.get("completions/clipped_ratio") == 1.0 for r in rows):
-            budget = self.trainer.args.max_completion_length
-            causes.append(f"The length: every completion was cut at max_completion_length={budget} "
-                          "(completions/clipped_ratio = 1), before its answer: raise it.")  # fmt: skip
-        causes += [self._prompt_cause(), f"The reward: call {', '.join(constant) or 'your reward'} on a right and a "
-                   "wrong completion: they must differ.", "The columns: TRL passes each column but `prompt` to the "
-                   f"rewards by name{here}; check the one it reads."]  # fmt: skip
-        logger.warning(f"{text} Likely causes: " + " ".join(f"({i}) {c}" for i, c in enumerate(causes, 1)))
-
-    def _prompt_cause(self) -> str:
-        from ..models.names import BUILTIN_MODELS, INFO_FILE, read_builtin_info
-
-        text = "The prompt format: the model gets no correct answer to prompts unlike those it was trained on."
+        fmt = "The prompt format: the model gets no correct answer to prompts unlike those it was trained on."
         try:
-            prompt = self.trainer.train_dataset[0]["prompt"]
+            prompt = trainer.train_dataset[0]["prompt"]
         except (KeyError, IndexError, TypeError, NotImplementedError):
             prompt = None
-        if isinstance(prompt, str) and getattr(self.trainer.processing_class, "chat_template", None):
-            text += " Your prompts are plain text, so TRL does not apply the model's chat template."
+        if isinstance(prompt, str) and getattr(trainer.processing_class, "chat_template", None):
+            fmt += " Your prompts are plain text, so TRL does not apply the model's chat template."
         contents = [m.get("content") for m in prompt if isinstance(m, dict)] if isinstance(prompt, list) else [prompt]
         for content in [c for c in contents if isinstance(c, str)]:
             if len(tail := content.strip()[-40:]) >= 20 and content.count(tail) > 1:
-                text += f" Your prompts hold their instruction twice ({tail!r} repeated)."
-        path = getattr(getattr(self.trainer.model, "config", None), "_name_or_path", None)
-        name = read_builtin_info(path)["name"][8:] if path and os.path.isfile(os.path.join(path, INFO_FILE)) else None
-        why = {  # why a `builtin:` model not trained on tiny-math earns nothing
-            "tiny-random": "builtin:tiny-random has random weights: it answers nothing correctly, whatever the "
-            "prompt.",
-            "smollm2-135m": "builtin:smollm2-135m, as shipped, solves almost no two-digit addition at temperature 1.",
-            "gemma3-270m": "builtin:gemma3-270m is a base model: it rarely ends with a \\boxed{} answer.",
-        }.get(name)
-        if why:
-            return f"{text} {why}"
-        if name in BUILTIN_MODELS:
-            text += f" builtin:{name} was trained on one prompt format only: {format_prompt('47+38')}."
-        return text
+                fmt += f" Your prompts hold their instruction twice ({tail!r} repeated)."
+        path = getattr(getattr(trainer.model, "config", None), "_name_or_path", None)
+        model = read_builtin_info(path)["name"][8:] if path and os.path.isfile(os.path.join(path, INFO_FILE)) else None
+        why = {"tiny-random": " has random weights: it answers nothing correctly, whatever the prompt.",
+               "smollm2-135m": ", as shipped, solves almost no two-digit addition at temperature 1.",
+               "gemma3-270m": " is a base model: it rarely ends with a \\boxed{} answer."}  # fmt: skip
+        why = why.get(model, f" was trained on one prompt format only: {format_prompt('47+38')}.")
+        columns = ", ".join(c for c in getattr(trainer.train_dataset, "column_names", None) or [] if c != "prompt")
+        clipped = all(r.get("completions/clipped_ratio") == 1.0 for r in rows)
+        causes = [f"The length: every completion was cut at max_completion_length={trainer.args.max_completion_length}"
+                  " (completions/clipped_ratio = 1), before its answer: raise it."] if clipped else []  # fmt: skip
+        causes += [f"{fmt} builtin:{model}{why}" if model in BUILTIN_MODELS else fmt, "The reward: call "
+                   f"{', '.join(constant) or 'your reward'} on a right and a wrong completion: they must differ.",
+                   "The columns: TRL passes each column but `prompt` to the rewards by name"
+                   f"{f' (here: {columns})' if columns else ''}; check the one it reads."]  # fmt: skip
+        logger.warning(f"{text} Likely causes: " + " ".join(f"({i}) {c}" for i, c in enumerate(causes, 1)))
+
+
+FILES = "rollout_state_{}.json", "rollout_state_{}.safetensors"  # a checkpoint's rollout state: manifest, tensors
+_LAYOUT = ("per_device_train_batch_size", "steps_per_generation", "gradient_accumulation_steps")
+_layout = lambda t: {"world_size": t.accelerator.num_processes, "num_iterations": t.num_iterations} | {  # noqa: E731
+    name: getattr(t.args, name) for name in _LAYOUT}  # fmt: skip
+
+
+def _is_json(value) -> bool:
+    try:
+        return json.loads(json.dumps(value, allow_nan=False)) == value
+    except (TypeError, ValueError):
+        return False
+
+
+def save_rollout_state(trainer, folder: str) -> None:
+    """Write `rollout_state_<process>.json` and `.safetensors` (`_step`, unused micro-batches...) in `folder`."""
+    spg = trainer.args.steps_per_generation
+    every, offset = spg * trainer.num_iterations, trainer._step % (spg * trainer.num_iterations)
+    tensors, batches, why = {}, {}, None if trainer.control.should_save else (
+        "it was saved inside an optimizer update (transformers' JIT checkpoint)")  # fmt: skip
+    if offset and trainer._buffered_inputs is not None:
+        for i in range(spg) if every - offset >= spg else range(offset % spg, spg):
+            batch = trainer._buffered_inputs[i]
+            tensors |= {f"batch.{i}.{k}": v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+            values = {k: v for k, v in batch.items() if not isinstance(v, torch.Tensor)}
+            batches[str(i)] = {"size": len(batch["advantages"]), "values": values}
+            if why is None and (key := next((k for k, v in values.items() if not _is_json(v)), None)):
+                kind = type(values[key]).__name__
+                why = f"its micro-batch {i} holds {key!r}, a {kind}, which is not saved (no pickle)"
+    tensors |= {f"metrics.{k}": torch.tensor(v, dtype=torch.float64) for k, v in trainer._metrics["train"].items()}
+    if getattr(trainer, "_tr_loss", None) is not None:
+        tensors["loss"] = trainer._tr_loss
+    for pending in (c._pending for c in trainer.callback_handler.callbacks if isinstance(c, SpuriousTokenLogger)):
+        tensors |= {} if pending is None else {"token_records": pending}
+    tensors, batches = ({}, {}) if why else (tensors, batches)
+    manifest, path = (os.path.join(folder, name.format(trainer.accelerator.process_index)) for name in FILES)
+    with open_run_file(path, "wb") as f:  # copies: views of one batch share memory
+        f.write(save({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}))
+    with open_run_file(manifest, "w") as f:
+        json.dump({"format": 1, "global_step": trainer.state.global_step, "micro_step": trainer._step,
+                   "process_index": trainer.accelerator.process_index, **_layout(trainer), "not_saved": why,
+                   "last_logged_step": getattr(trainer, "_globalstep_last_logged", trainer.state.global_step),
+                   "micro_batches": batches, "tensors": tensor_specs(path)}, f)  # fmt: skip
+
+
+def load_rollout_state(trainer, checkpoint: str) -> dict | None:
+    """This process's rollout state in `checkpoint`, or `None` (one line) where any process has none. A collective."""
+    path, tensors_path = (os.path.join(checkpoint, n.format(trainer.accelerator.process_index)) for n in FILES)
+    state, why = None, f"it holds no {os.path.basename(path)} (saved before checkpoints held the rollout)"
+    try:
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                manifest = json.load(f)
+            changed = [f"{k} {manifest.get(k)} -> {v}" for k, v in _layout(trainer).items() if manifest.get(k) != v]
+            layout = f"it was saved with another batch layout ({', '.join(changed)})" if changed else None
+            why = manifest["not_saved"] or layout
+        if why is None:
+            tensors, device = load_file(tensors_path), trainer.accelerator.device
+            batches = [None] * trainer.args.steps_per_generation
+            for i, batch in manifest["micro_batches"].items():
+                batches[int(i)] = dict(batch["values"]) | {k.split(".", 2)[2]: v.to(device) for k, v in tensors.items()
+                                                            if k.startswith(f"batch.{i}.")}  # fmt: skip
+            state = {"micro_step": int(manifest["micro_step"]), "last_logged": int(manifest["last_logged_step"]),
+                     "batches": batches if any(batches) else None, "tensors": tensors}  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        state, why = None, f"its {os.path.basename(path)} is unreadable ({type(e).__name__})"
+    if trainer.accelerator.gather(torch.tensor([why is None], device=trainer.accelerator.device)).all():
+        return state
+    every = trainer.args.steps_per_generation * trainer.num_iterations
+    step = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json")).global_step
+    if (offset := step * trainer.args.gradient_accumulation_steps % every) and trainer.accelerator.is_main_process:
+        logger.warning(f"Resuming from {checkpoint}, {offset} of the {every} micro-steps of a rollout batch in, with "
+                       f"a new rollout: {why or 'another process has no rollout state to restore'}; the rest of this "
+                       "batch trains on other completions than the uninterrupted run's.")  # fmt: skip
+
+
+class RolloutStateCallback(TrainerCallback):
+    """Restores `self.state` at `on_train_begin` and draws the prompt orders of the epochs a resume skips."""
+
+    def __init__(self, trainer):
+        self.trainer, self.state = trainer, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        trainer, restored, self.state = self.trainer, self.state, None
+        sampler = getattr(trainer, "_train_sampler", None)
+        for _ in range(int(state.epoch or 0) if getattr(sampler, "shuffle", False) else 0):
+            next(iter(sampler), None)
+        if restored is None:
+            return
+        trainer._step, trainer._globalstep_last_logged = restored["micro_step"], restored["last_logged"]
+        trainer._buffered_inputs, tensors = restored["batches"], restored["tensors"]
+        trainer._metrics["train"].clear()
+        trainer._metrics["train"].update({k[8:]: v.tolist() for k, v in tensors.items() if k.startswith("metrics.")})
+        if "loss" in tensors:
+            trainer._tr_loss = tensors["loss"].to(trainer._tr_loss.device)
+        loggers = [c for c in trainer.callback_handler.callbacks if isinstance(c, SpuriousTokenLogger)]
+        for token_logger in loggers if "token_records" in tensors else []:
+            token_logger._pending = tensors["token_records"].to(trainer.accelerator.device)
