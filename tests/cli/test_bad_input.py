@@ -66,11 +66,10 @@ def test_a_recipe_that_is_not_utf8_is_one_line_naming_the_file_and_line(tmp_path
 def test_the_python_api_refuses_no_reward_at_construction_in_trls_words(
     tmp_path, tiny_random_model_path, no_model_built, reward_funcs
 ):
+    args = tiny_stapo_config(tmp_path / "run")
     with pytest.raises(ValueError, match="^No reward source provided. Pass `reward_funcs`, or an `environment_"
                        "factory` whose environment defines a `get_reward` method") as raised:  # fmt: skip
-        STAPOTrainer(
-            tiny_random_model_path, reward_funcs, args=tiny_stapo_config(tmp_path / "run"), train_dataset=PROMPTS
-        )
+        STAPOTrainer(tiny_random_model_path, reward_funcs, args=args, train_dataset=PROMPTS)
     assert str(raised.value).endswith(f'(reward_funcs={reward_funcs!r}; e.g. "math_accuracy", a reward model id).')
 
 
@@ -88,9 +87,8 @@ def test_the_python_api_refuses_an_empty_output_dir_before_writing(tmp_path, tin
         '{rows3}\n{{"problem": "1+1"',  # cut short by a copy
 ])  # fmt: skip
 def test_a_dataset_folder_with_one_bad_line_is_one_line(tmp_path, capsys, no_model_built, second_file):
-    folder = tmp_path / "data"
+    folder, rows = tmp_path / "data", [json.dumps(row) for row in addition_rows(8)]
     folder.mkdir()
-    rows = [json.dumps(row) for row in addition_rows(8)]
     (folder / "a.jsonl").write_text("\n".join(rows) + "\n")
     (folder / "b.jsonl").write_text(second_file.format(rows3="\n".join(rows[:3]), rows1=rows[4]))
     argv = ["--config", STAPO_RECIPE, "--dataset_name", str(folder), "--output_dir", str(tmp_path / "o")]
