@@ -39,9 +39,8 @@ print(json.dumps({
 }))
 """
 
-# the lazy names too: `from stapo_trl import STAPOConfig, STAPOTrainer`
-MODULES = ["stapo_trl", "stapo_trl:STAPOConfig", "stapo_trl:STAPOTrainer", "stapo_trl.core", "stapo_trl.trainer.config",
-           "stapo_trl.trainer.trainers"]  # fmt: skip
+MODULES = ["stapo_trl", "stapo_trl:STAPOConfig", "stapo_trl:STAPOTrainer",  # the lazy names too
+           "stapo_trl.core", "stapo_trl.trainer.config", "stapo_trl.trainer.trainers"]  # fmt: skip
 
 
 @pytest.mark.slow  # a fresh interpreter per case

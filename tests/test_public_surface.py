@@ -20,7 +20,7 @@ PUBLIC_NAMES = [
     *((module, name) for module in ("stapo_trl", "stapo_trl.core") for name in ("STAPOTrainer", "STAPOConfig",
                                                                                 "s2t_mask", "S2TResult")),
     ("stapo_trl.rewards", "math_accuracy_reward"), ("stapo_trl.models", "resolve_model_path"),
-    ("stapo_trl.data", "make_tiny_math_dataset"), ("stapo_trl.data", "format_prompt"), ("stapo_trl.data", "INSTRUCTION"),
+    *(("stapo_trl.data", name) for name in ("make_tiny_math_dataset", "format_prompt", "INSTRUCTION")),
 ]  # fmt: skip
 
 

@@ -222,9 +222,9 @@ def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_resumes(
     tmp_path, tiny_math_model_path, monkeypatch, capsys, caplog, owner, method, full
 ):
     out, original, calls = tmp_path / "run", getattr(owner, method), []
-    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out), "--max_steps",
-            "3", "--save_steps", "1", "--logging_steps", "1", "--eval_before_after", "false", "--disable_tqdm", "true",
-            "--save_total_limit", "5"]  # fmt: skip
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out),
+            "--max_steps", "3", "--save_steps", "1", "--logging_steps", "1", "--eval_before_after", "false",
+            "--disable_tqdm", "true", "--save_total_limit", "5"]  # fmt: skip
 
     def full_at_the_second(self, *args, **kwargs):
         calls.append(args)
