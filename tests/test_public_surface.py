@@ -85,17 +85,15 @@ def test_the_readme_helpers_behave_as_printed(tiny_math_model_path, monkeypatch)
     from stapo_trl.models import resolve_model_path
     from stapo_trl.rewards import math_accuracy_reward
 
-    # The instruction the README's example writes out, and the chat message it builds with it.
     assert INSTRUCTION == "Please reason step by step, and put your final answer within \\boxed{}."
     assert format_prompt("47+38") == [{"role": "user", "content": f"47+38\n{INSTRUCTION}"}]
     # 1.0 when the last \boxed{} equals `solution`, else 0.0; strings and chat messages (what TRL passes) alike.
     answer = "7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}"
     completions = [answer, [{"role": "assistant", "content": answer}], "\\boxed{85} then \\boxed{84}"]
     assert math_accuracy_reward(completions, solution=["85", "85", "85"]) == [1.0, 1.0, 0.0]
-    # The dataset the README trains plain GRPOTrainer on.
     train = make_tiny_math_dataset()["train"].select_columns(["prompt", "solution"])
     assert train[0]["prompt"][0]["content"].endswith(INSTRUCTION) and train[0]["solution"].isdigit()
-    # The folder TRL loads: a builtin name resolves to the cached build (no rebuild here), a folder to itself.
+    # A builtin name resolves to the cached build (no rebuild here), a folder to itself.
     monkeypatch.setenv("STAPO_TRL_CACHE", str(builtin_cache_root(tiny_math_model_path)))
     assert resolve_model_path("builtin:tiny-math") == tiny_math_model_path
     assert resolve_model_path(tiny_math_model_path) == tiny_math_model_path
@@ -166,14 +164,11 @@ def test_stapo_eval_and_plot_list_and_accept_every_flag(tmp_path, command, flags
 def test_stapo_train_lists_every_field_in_both_spellings(capsys):
     from stapo_trl.cli.train import main
 
-    with pytest.raises(SystemExit) as excinfo:
+    with pytest.raises(SystemExit, match="^0$"):
         main(["--help-fields"])
-    assert excinfo.value.code == 0
     listed = _options(capsys.readouterr().out)
-    recipe_keys = set()
-    for path in RECIPES_DIR.rglob("*.yaml"):
-        if "accelerate_configs" not in path.parts:
-            recipe_keys |= set(yaml.safe_load(path.read_text()))
+    recipe_keys = {key for path in RECIPES_DIR.rglob("*.yaml") if "accelerate_configs" not in path.parts
+                   for key in yaml.safe_load(path.read_text())}  # fmt: skip
     for field in sorted(recipe_keys | set(TRAIN_FIELDS)):
         assert f"--{field}" in listed and f"--{field.replace('_', '-')}" in listed, field
     with pytest.raises(SystemExit):

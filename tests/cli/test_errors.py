@@ -141,13 +141,6 @@ def test_every_input_error_exits_2_with_one_line_in_one_write(
     assert sorted(tmp_path.rglob("*")) == before  # nothing written: no figure, no folder, no lock
 
 
-def test_the_ctrl_c_line_is_one_write(monkeypatch):
-    writes = _stderr_writes(monkeypatch)
-    SaveOnSignal()._handle(signal.SIGINT, None)
-    (line,) = [w for w in writes if "Ctrl-C: saving a checkpoint at the end of this step" in w]
-    assert line.endswith("\n") and line.count("\n") == 1, writes
-
-
 def test_help_of_every_command_states_the_exit_status(capsys):
     for command in (_train, _eval, _plot, dry_run_main):
         with pytest.raises(SystemExit, match="^0$"):
@@ -198,7 +191,11 @@ def test_trl_vllm_range_warning_is_silenced_by_its_text_and_module_inside_the_bl
     assert shown("trl.import_utils", inside=True) == ([] if version != "0.33.0" else [text])
 
 
-def test_a_full_disk_is_one_line_naming_the_folder_and_what_a_rerun_resumes(tmp_path):
+def test_ctrl_c_is_one_write_and_a_full_disk_one_line_naming_the_folder_and_the_resume(tmp_path, monkeypatch):
+    writes = _stderr_writes(monkeypatch)
+    SaveOnSignal()._handle(signal.SIGINT, None)
+    (line,) = [w for w in writes if "Ctrl-C: saving a checkpoint at the end of this step" in w]
+    assert line.endswith("\n") and line.count("\n") == 1, writes
     for error in (OSError(errno.ENOSPC, "No space left on device"),
                   SafetensorError("I/O error: No space left on device (os error 28)")):  # fmt: skip
         with pytest.raises(InputError) as raised, full_disk_in_one_line("stapo-train", str(tmp_path)):
