@@ -38,12 +38,6 @@ METRICS = {  # run folders for stapo-plot: {tmp}/NAME/metrics.jsonl
 }  # fmt: skip
 
 
-def _stderr_writes(monkeypatch) -> list[str]:  # each write to sys.stderr, as written
-    writes = []
-    monkeypatch.setattr(sys, "stderr", SimpleNamespace(write=writes.append, flush=lambda: None))
-    return writes
-
-
 @pytest.mark.parametrize("command, argv, expected", [
         (_train, ["--s2t_entropy_quantile", "1.5"], "s2t_entropy_quantile=1.5 must be in [0, 1]"),
         (_train, ["--s2t_entropy_quantile", "abc"], "--s2t_entropy_quantile: invalid float value: 'abc' ("  # the flag
@@ -131,7 +125,8 @@ def test_every_input_error_exits_2_with_one_line_in_one_write(
     argv = [a.format(**fill) for a in argv]
     if command in (_train, _dry_run) and "--config" not in argv and argv[0] != "compare":
         argv = ["--config", STAPO_RECIPE, "--output_dir", "out", *argv]
-    before, writes = sorted(tmp_path.rglob("*")), _stderr_writes(monkeypatch)
+    before = sorted(tmp_path.rglob("*"))
+    monkeypatch.setattr(sys, "stderr", SimpleNamespace(write=(writes := []).append, flush=lambda: None))  # as written
     with pytest.raises(SystemExit) as excinfo:
         command(argv)
     assert excinfo.value.code == 2
@@ -192,7 +187,7 @@ def test_trl_vllm_range_warning_is_silenced_by_its_text_and_module_inside_the_bl
 
 
 def test_ctrl_c_is_one_write_and_a_full_disk_one_line_naming_the_folder_and_the_resume(tmp_path, monkeypatch):
-    writes = _stderr_writes(monkeypatch)
+    monkeypatch.setattr(sys, "stderr", SimpleNamespace(write=(writes := []).append, flush=lambda: None))
     SaveOnSignal()._handle(signal.SIGINT, None)
     (line,) = [w for w in writes if "Ctrl-C: saving a checkpoint at the end of this step" in w]
     assert line.endswith("\n") and line.count("\n") == 1, writes
