@@ -66,11 +66,10 @@ def test_a_recipe_that_is_not_utf8_is_one_line_naming_the_file_and_line(tmp_path
 def test_the_python_api_refuses_no_reward_at_construction_in_trls_words(
     tmp_path, tiny_random_model_path, no_model_built, reward_funcs
 ):
+    args = tiny_stapo_config(tmp_path / "run")
     with pytest.raises(ValueError, match="^No reward source provided. Pass `reward_funcs`, or an `environment_"
                        "factory` whose environment defines a `get_reward` method") as raised:  # fmt: skip
-        STAPOTrainer(
-            tiny_random_model_path, reward_funcs, args=tiny_stapo_config(tmp_path / "run"), train_dataset=PROMPTS
-        )
+        STAPOTrainer(tiny_random_model_path, reward_funcs, args=args, train_dataset=PROMPTS)
     assert str(raised.value).endswith(f'(reward_funcs={reward_funcs!r}; e.g. "math_accuracy", a reward model id).')
 
 
@@ -88,9 +87,8 @@ def test_the_python_api_refuses_an_empty_output_dir_before_writing(tmp_path, tin
         '{rows3}\n{{"problem": "1+1"',  # cut short by a copy
 ])  # fmt: skip
 def test_a_dataset_folder_with_one_bad_line_is_one_line(tmp_path, capsys, no_model_built, second_file):
-    folder = tmp_path / "data"
+    folder, rows = tmp_path / "data", [json.dumps(row) for row in addition_rows(8)]
     folder.mkdir()
-    rows = [json.dumps(row) for row in addition_rows(8)]
     (folder / "a.jsonl").write_text("\n".join(rows) + "\n")
     (folder / "b.jsonl").write_text(second_file.format(rows3="\n".join(rows[:3]), rows1=rows[4]))
     argv = ["--config", STAPO_RECIPE, "--dataset_name", str(folder), "--output_dir", str(tmp_path / "o")]
@@ -162,46 +160,33 @@ def test_stapo_eval_reads_no_pickle_of_a_checkpoint(checkpointed_run, tmp_path, 
     assert not marker.exists()
 
 
-def _reward_run(tmp_path, monkeypatch, model_path, source, names, steps):
+NO_SIGNAL = ("No reward at step 1: no reward function ({}) gave any of the 64 completions a value (every one None or "
+             "NaN), so the step has no learning signal. Make the reward functions return a number for the completions "
+             "they can judge (None only for those they cannot).")  # fmt: skip
+RAISED = "reward function fragile at step 1 raised {} ({{where}}.py:4, in fragile)"
+RETURNED = "Reward function fragile returned {} at step 1, but 64 were expected (one"  # a prefix
+
+
+@pytest.mark.parametrize("rewards, code, expected", [
+        ({"fragile": "[1 / 0] * len(completions)"}, 1, RAISED.format("ZeroDivisionError: division by zero")),
+        SLOW({"fragile": "[float(kwargs['difficulty'])] * len(completions)"}, 1,
+             RAISED.format("KeyError: 'difficulty'")),
+        SLOW({"fragile": "'not a list'"}, 1, RETURNED.format("'not a list'") + " per prompt-"),
+        SLOW({"fragile": "[1.0] * (len(completions) - 1)"}, 1, RETURNED.format("63 rewards")),
+        ({"nothing": "[None] * len(completions)"}, 2, NO_SIGNAL.format("nothing")),  # reported: trained on, exit 0
+        SLOW({"not_a_number": "[math.nan] * len(completions)"}, 2, NO_SIGNAL.format("not_a_number")),
+        SLOW({"nothing": "[None] * len(completions)", "not_a_number": "[math.nan] * len(completions)"}, 2,
+             NO_SIGNAL.format("nothing, not_a_number")),
+])  # fmt: skip
+def test_a_reward_that_raises_or_gives_nothing_is_one_line_naming_it_and_the_step(
+    tmp_path, capsys, monkeypatch, tiny_math_model_path, rewards, code, expected
+):
     monkeypatch.chdir(tmp_path)
     module = f"rewards_{tmp_path.name}"  # one module per test: an imported one stays in sys.modules
-    (tmp_path / f"{module}.py").write_text(source)
-    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", model_path, "--max_steps", str(steps), "--reward_funcs"]
-    argv += [*(f"{module}.{name}" for name in names), "--eval_before_after", "false", "--output_dir", "out"]
-    return module, [*argv, "--max_train_samples", "64", "--disable_tqdm", "true"]
-
-
-@pytest.mark.parametrize("body, expected", [
-        ("return [1 / 0] * len(completions)", "raised ZeroDivisionError: division by zero"),  # measured: 60 lines
-        SLOW("return [float(kwargs['difficulty'])] * len(completions)", "raised KeyError: 'difficulty'"),
-        SLOW("return 'not a list'", "returned 'not a list' at step 1, but 64 were expected (one per prompt-"),
-        SLOW("return [1.0] * (len(completions) - 1)", "returned 63 rewards at step 1, but 64 were expected (one"),
-])  # fmt: skip
-def test_a_reward_that_raises_is_one_line_naming_it_and_the_step(
-    tmp_path, capsys, monkeypatch, tiny_math_model_path, body, expected
-):
-    source = f"def fragile(completions, **kwargs):\n    {body}\n"
-    module, argv = _reward_run(tmp_path, monkeypatch, tiny_math_model_path, source, ["fragile"], 1)
-    line = _refused(capsys, argv, code=1)
-    if expected.startswith("returned"):  # what it returned, checked by stapo_trl: its own message
-        assert line.startswith(f"stapo-train: error: Reward function fragile {expected}"), line
-    else:
-        where = f"({tmp_path / module}.py:2, in fragile)"
-        assert line == f"stapo-train: error: reward function fragile at step 1 {expected} {where}", line
-
-
-@pytest.mark.parametrize("rewards", [
-        {"nothing": "[None] * len(completions)"},  # reported: trained to the end with exit 0
-        SLOW({"not_a_number": "[math.nan] * len(completions)"}),
-        SLOW({"nothing": "[None] * len(completions)", "not_a_number": "[math.nan] * len(completions)"}),
-])  # fmt: skip
-def test_a_step_without_any_reward_stops_in_one_line_naming_the_rewards(
-    tmp_path, capsys, monkeypatch, tiny_math_model_path, rewards
-):
     source = "".join(f"\ndef {name}(completions, **kwargs):\n    return {body}\n" for name, body in rewards.items())
-    _, argv = _reward_run(tmp_path, monkeypatch, tiny_math_model_path, "import math\n" + source, rewards, 3)
-    assert _refused(capsys, argv) == (
-        f"stapo-train: error: No reward at step 1: no reward function ({', '.join(rewards)}) gave any of the 64 "
-        "completions a value (every one None or NaN), so the step has no learning signal. Make the reward functions "
-        "return a number for the completions they can judge (None only for those they cannot)."
-    )
+    (tmp_path / f"{module}.py").write_text("import math\n" + source)
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--max_steps", "3",
+            "--reward_funcs", *(f"{module}.{name}" for name in rewards), "--eval_before_after", "false",
+            "--output_dir", "out", "--max_train_samples", "64", "--disable_tqdm", "true"]  # fmt: skip
+    line, full = _refused(capsys, argv, code=code), f"stapo-train: error: {expected.format(where=tmp_path / module)}"
+    assert line == full or "returned" in full and line.startswith(full), line

@@ -12,21 +12,18 @@ from safetensors import SafetensorError
 from testing_utils import GRPO_RECIPE, STAPO_RECIPE, error_line, write_metrics_run, write_recipe
 from transformers import AutoModelForCausalLM, Trainer
 
-from stapo_trl.cli import eval as stapo_eval
-from stapo_trl.cli import plot as stapo_plot
-from stapo_trl.cli import train as stapo_train
 from stapo_trl.cli.args import parse_args
 from stapo_trl.cli.callbacks import SaveOnSignal
 from stapo_trl.cli.dry_run import main as dry_run_main
 from stapo_trl.cli.errors import InputError, full_disk_in_one_line, quiet_upstream
+from stapo_trl.cli.eval import main as _eval
+from stapo_trl.cli.plot import main as _plot
+from stapo_trl.cli.train import main as _train
 from stapo_trl.run_folder.logs import MetricsLogCallback
 
 
-_train, _eval, _plot = stapo_train.main, stapo_eval.main, stapo_plot.main
-
-
 def _dry_run(argv):
-    stapo_train.main(["--max_train_samples", "64", *argv, "--dry-run"])
+    _train(["--max_train_samples", "64", *argv, "--dry-run"])
 
 
 PROGS = {_train: "stapo-train", _dry_run: "stapo-train --dry-run", _eval: "stapo-eval", _plot: "stapo-plot"}
@@ -39,12 +36,6 @@ METRICS = {  # run folders for stapo-plot: {tmp}/NAME/metrics.jsonl
     "empty": "", "blank": "\n   \n", "corrupt": '{"step": 1, "rew\n[1, 2]\n', "steps": '{"step": 1, "epoch": 0.1}\n',
     "cmp/arm/seed0": '{"step": 1, "reward": 0.1}\n', "cmp/arm/seed1": "",
 }  # fmt: skip
-
-
-def _stderr_writes(monkeypatch) -> list[str]:  # each write to sys.stderr, as written
-    writes = []
-    monkeypatch.setattr(sys, "stderr", SimpleNamespace(write=writes.append, flush=lambda: None))
-    return writes
 
 
 @pytest.mark.parametrize("command, argv, expected", [
@@ -134,7 +125,8 @@ def test_every_input_error_exits_2_with_one_line_in_one_write(
     argv = [a.format(**fill) for a in argv]
     if command in (_train, _dry_run) and "--config" not in argv and argv[0] != "compare":
         argv = ["--config", STAPO_RECIPE, "--output_dir", "out", *argv]
-    before, writes = sorted(tmp_path.rglob("*")), _stderr_writes(monkeypatch)
+    before = sorted(tmp_path.rglob("*"))
+    monkeypatch.setattr(sys, "stderr", SimpleNamespace(write=(writes := []).append, flush=lambda: None))  # as written
     with pytest.raises(SystemExit) as excinfo:
         command(argv)
     assert excinfo.value.code == 2
@@ -144,19 +136,11 @@ def test_every_input_error_exits_2_with_one_line_in_one_write(
     assert sorted(tmp_path.rglob("*")) == before  # nothing written: no figure, no folder, no lock
 
 
-def test_the_ctrl_c_line_is_one_write(monkeypatch):
-    writes = _stderr_writes(monkeypatch)
-    SaveOnSignal()._handle(signal.SIGINT, None)
-    (line,) = [w for w in writes if "Ctrl-C: saving a checkpoint at the end of this step" in w]
-    assert line.endswith("\n") and line.count("\n") == 1, writes
-
-
 def test_help_of_every_command_states_the_exit_status(capsys):
     for command in (_train, _eval, _plot, dry_run_main):
-        with pytest.raises(SystemExit) as excinfo:
+        with pytest.raises(SystemExit, match="^0$"):
             sys.exit(command(["--help"]))
-        out = " ".join(capsys.readouterr().out.split())
-        assert excinfo.value.code == 0 and "Exit status: 0 on success; 2 on an input error" in out
+        assert "Exit status: 0 on success; 2 on an input error" in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_command_line_value_overrides_a_bad_recipe_value(tmp_path):
@@ -188,7 +172,6 @@ def test_gradient_checkpointing_future_warning_is_silenced_precisely(tiny_math_m
 
 @pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.33.0"])
 def test_trl_vllm_range_warning_is_silenced_by_its_text_and_module_inside_the_block(version):
-    # TRL's own warning, word for word (trl/import_utils.py): the text the filter is keyed on.
     text = (f"TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version {version} installed. We "
             "recommend installing a supported version to avoid compatibility issues.")  # fmt: skip
 
@@ -203,7 +186,11 @@ def test_trl_vllm_range_warning_is_silenced_by_its_text_and_module_inside_the_bl
     assert shown("trl.import_utils", inside=True) == ([] if version != "0.33.0" else [text])
 
 
-def test_a_full_disk_is_one_line_naming_the_folder_and_what_a_rerun_resumes(tmp_path):
+def test_ctrl_c_is_one_write_and_a_full_disk_one_line_naming_the_folder_and_the_resume(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "stderr", SimpleNamespace(write=(writes := []).append, flush=lambda: None))
+    SaveOnSignal()._handle(signal.SIGINT, None)
+    (line,) = [w for w in writes if "Ctrl-C: saving a checkpoint at the end of this step" in w]
+    assert line.endswith("\n") and line.count("\n") == 1, writes
     for error in (OSError(errno.ENOSPC, "No space left on device"),
                   SafetensorError("I/O error: No space left on device (os error 28)")):  # fmt: skip
         with pytest.raises(InputError) as raised, full_disk_in_one_line("stapo-train", str(tmp_path)):
@@ -226,11 +213,10 @@ def test_a_full_disk_is_one_line_naming_the_folder_and_what_a_rerun_resumes(tmp_
 def test_a_full_disk_ends_the_run_with_one_line_and_the_rerun_resumes(
     tmp_path, tiny_math_model_path, monkeypatch, capsys, caplog, owner, method, full
 ):
-    out = tmp_path / "run"
-    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
-    argv += ["--max_steps", "3", "--save_steps", "1", "--logging_steps", "1", "--eval_before_after", "false"]
-    argv += ["--disable_tqdm", "true", "--save_total_limit", "5"]
-    original, calls = getattr(owner, method), []
+    out, original, calls = tmp_path / "run", getattr(owner, method), []
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out),
+            "--max_steps", "3", "--save_steps", "1", "--logging_steps", "1", "--eval_before_after", "false",
+            "--disable_tqdm", "true", "--save_total_limit", "5"]  # fmt: skip
 
     def full_at_the_second(self, *args, **kwargs):
         calls.append(args)

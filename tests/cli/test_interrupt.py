@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from testing_utils import REPO, STAPO_RECIPE, read_until, write_held_reward
+from testing_utils import REPO, STAPO_RECIPE, read_until, subprocess_env, write_held_reward
 
 
 @pytest.mark.slow  # a real stapo-train subprocess (start, model load, two steps), then real signals
@@ -23,13 +23,12 @@ def test_a_stop_signal_saves_one_checkpoint_and_prints_the_resume_command(
     tmp_path, tiny_math_model_path, first, repeats, status, extra
 ):
     out, hold = tmp_path / "run", write_held_reward(tmp_path)
-    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
     # why: no periodic checkpoint, a log line per step to watch, the reward that can hold a step
-    argv += ["--max_steps", "5000", "--save_steps", "100000", "--logging_steps", "1", "--eval_before_after", "false"]
-    argv += ["--disable_tqdm", "true", "--reward_funcs", "held_reward.held_accuracy", *extra]
-    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "stapo_trl.cli.train", *argv], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out),
+            "--max_steps", "5000", "--save_steps", "100000", "--logging_steps", "1", "--eval_before_after", "false",
+            "--disable_tqdm", "true", "--reward_funcs", "held_reward.held_accuracy", *extra]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "stapo_trl.cli.train", *argv], cwd=tmp_path, env=subprocess_env(
+        PYTHONPATH=str(REPO)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     read_until(proc, "step ", count=2)  # two optimizer steps done: training is under way
     hold.touch()
     read_until(proc, "reward held")

@@ -28,14 +28,6 @@ def run_copy(two_step_run, tmp_path):
     return shutil.copytree(two_step_run[0], tmp_path / "run"), two_step_run[1]
 
 
-@pytest.fixture
-def no_data_read(monkeypatch):
-    def guard(*args, **kwargs):
-        raise AssertionError("the dataset was read before the run folder and its checkpoint's settings were checked")
-
-    monkeypatch.setattr("stapo_trl.cli.prepare.load_prompt_dataset", guard)
-
-
 def _files(folder):  # the run folder's files but its writer's record
     return {
         p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and not p.is_symlink() and "_writer" not in p.name
@@ -73,9 +65,10 @@ HOLDS = "output_dir='{out}' holds a trained model (%s) but no complete checkpoin
         (["adapter"], HOLDS % "adapter_model.safetensors"),  # a LoRA run's folder holds its adapter
 ])  # fmt: skip
 def test_a_resume_that_cannot_work_is_one_line_before_the_data_and_the_model(
-    run_copy, tmp_path, no_model_built, no_data_read, capsys, caplog, tiny_math_model_path, tiny_random_model_path,
+    run_copy, tmp_path, no_model_built, monkeypatch, capsys, caplog, tiny_math_model_path, tiny_random_model_path,
     change, expected,
 ):  # fmt: skip
+    monkeypatch.setattr("stapo_trl.cli.prepare.load_prompt_dataset", lambda *a, **k: pytest.fail("dataset read first"))
     out, argv = run_copy
     data = Path(argv[argv.index("--dataset_name") + 1])
     fill = dict(tmp=tmp_path, out=out, data=data, model=tiny_math_model_path, other=tiny_random_model_path)
@@ -140,18 +133,15 @@ def test_resume_with_other_execution_settings_trains_on(run_copy):
 def test_resume_from_checkpoint_must_be_a_complete_checkpoint(run_copy, no_model_built, tmp_path, capsys, where,
                                                               expected):  # fmt: skip
     run = tmp_path / "run"
-    for step in (4, 8, 12):
-        shutil.copytree(run / "checkpoint-1", run / f"checkpoint-{step}")
-    (run / "checkpoint-8" / "trainer_state.json").unlink()
-    (run / "checkpoint-12" / "optimizer.pt").unlink()
-    for step in (4, 12):  # copies of checkpoint-1: their states say their steps
-        state = run / f"checkpoint-{step}" / "trainer_state.json"
-        state.write_text(json.dumps(json.loads(state.read_text()) | {"global_step": step}))
+    for step, gone in ((4, None), (8, "trainer_state.json"), (12, "optimizer.pt")):  # copies of checkpoint-1
+        state = shutil.copytree(run / "checkpoint-1", run / f"checkpoint-{step}") / "trainer_state.json"
+        state.write_text(json.dumps(json.loads(state.read_text()) | {"global_step": step}))  # a state says its step
+        if gone:
+            (run / f"checkpoint-{step}" / gone).unlink()
     (tmp_path / "a-file").write_text("not a checkpoint")
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint"]
     argv += [str(tmp_path / where), "--max_train_samples", "64"]  # why: the dry run goes on to count the prompts
-    assert dry_run_main(argv) == 2
-    assert expected in error_line(capsys, "stapo-train --dry-run")
+    assert dry_run_main(argv) == 2 and expected in error_line(capsys, "stapo-train --dry-run")
     with pytest.raises(SystemExit) as excinfo:
         main(argv)
     assert excinfo.value.code == 2
