@@ -225,13 +225,20 @@ def load_prompt_dataset(
     return dataset.select_columns(kept).add_column("prompt", prompts).add_column("solution", solutions)
 
 
-def model_max_positions(config) -> int | None:
-    """The positions a vLLM engine, a model, a config (or dict) or a folder's `config.json` attends over, or None."""
+def model_max_positions(config, revision: str | None = None) -> int | None:
+    """The positions a vLLM engine, a model, a config (or dict), or the `config.json` of a local folder, a built
+    `builtin:` model or a cached Hub id (at `revision`) attends over, without loading a model; else None."""
     engine = getattr(getattr(getattr(config, "llm", config), "llm_engine", None), "model_config", None)
     if isinstance(config, (str, os.PathLike)):
-        try:
-            config = json.loads(Path(config, "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        from huggingface_hub import try_to_load_from_cache
+
+        try:  # an unknown builtin: name, not a repo id, not cached: None
+            if (folder := os.path.expanduser(config)).startswith(BUILTIN_PREFIX):
+                folder = importlib.import_module("stapo_trl.models.names").builtin_model_dir(folder)
+            elif not os.path.isdir(folder):
+                folder = os.path.dirname(try_to_load_from_cache(folder, "config.json", revision=revision))
+            config = json.loads(Path(folder, "config.json").read_text(encoding="utf-8"))
+        except Exception:  # noqa: BLE001
             return None
     config = getattr(model := getattr(config, "model", config), "config", model)  # a generator holds its model
     get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
@@ -252,34 +259,15 @@ def prompt_token_budget(max_positions: int | None, max_new_tokens: int, max_prom
     return min((b for b in (max_prompt_tokens, room) if b is not None), default=None)
 
 
-def config_max_positions(name_or_path: str, revision: str | None = None) -> int | None:
-    """[`model_max_positions`] of a local folder, a built `builtin:` model or a cached Hub id, without loading it."""
-    import huggingface_hub
-
-    try:
-        if name_or_path.startswith(BUILTIN_PREFIX):
-            folder = importlib.import_module("stapo_trl.models.names").builtin_model_dir(name_or_path)
-        elif not os.path.isdir(folder := os.path.expanduser(name_or_path)):
-            cached = huggingface_hub.try_to_load_from_cache(name_or_path, "config.json", revision=revision)
-            folder = os.path.dirname(cached) if isinstance(cached, str) else None
-    except Exception:  # noqa: BLE001 (an unknown builtin: name, not a valid repo id: nothing here)
-        return None
-    return folder and model_max_positions(folder)
-
-
-def report_dropped(total: int, kept: int, budget: int | None, what: str = "prompts") -> None:
-    """One warning line when prompts over `budget` tokens were dropped; `ValueError` when all were."""
-    if not kept and total:
-        raise ValueError(f"All {total} {what} are longer than {budget} tokens: raise max_prompt_tokens, lower the "
-                         "generation budget, or use a model with more positions.")  # fmt: skip
-    if kept < total:
-        logger.warning(f"Dropped {total - kept} of {total} {what} longer than {budget} tokens (max_prompt_tokens).")
-
-
 def keep_short_prompts(lengths: list[int], budget: int | None, what: str = "prompts") -> list[int]:
-    """The indices of the prompts of at most `budget` tokens ([`report_dropped`] says what was dropped)."""
-    keep = [i for i, n in enumerate(lengths) if budget is None or n <= budget]
-    report_dropped(len(lengths), len(keep), budget, what)
+    """The indices of the prompts of at most `budget` tokens; one warning line when some were dropped, `ValueError`
+    when all were."""
+    if not (keep := [i for i, n in enumerate(lengths) if budget is None or n <= budget]) and lengths:
+        raise ValueError(f"All {len(lengths)} {what} are longer than {budget} tokens: raise max_prompt_tokens, lower "
+                         "the generation budget, or use a model with more positions.")  # fmt: skip
+    if len(keep) < len(lengths):
+        logger.warning(f"Dropped {len(lengths) - len(keep)} of {len(lengths)} {what} longer than {budget} tokens "
+                       "(max_prompt_tokens).")  # fmt: skip
     return keep
 
 

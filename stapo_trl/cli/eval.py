@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def check_generation_budget(args, model_path: str, positions: int | None = None) -> None:
     """`ValueError` when the model's `positions` (else its config's, `--max-model-len`'s cap) leave no prompt room."""
-    positions = positions or data.config_max_positions(model_path, args.revision)
+    positions = positions or data.model_max_positions(model_path, args.revision)
     if args.backend == "vllm" and args.max_model_len is not None:
         positions = min(positions or args.max_model_len, args.max_model_len)
     try:

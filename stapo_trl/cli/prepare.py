@@ -1,5 +1,4 @@
-"""`stapo-train`'s steps before its model ([`PreparedRun.STEPS`]): a run stops at the first failure, its dry run
-lists every failure and builds, downloads and locks nothing."""
+"""`stapo-train`'s steps before its model ([`PreparedRun`]): a run stops at the first failure, a dry run lists all."""
 
 from __future__ import annotations
 
@@ -18,10 +17,6 @@ from ..models import builtin_model_dir, check_model_available, check_model_name_
 from ..models.cache import weight_files
 from ..rewards import get_reward_funcs
 from ..run_folder import checkpoints
-
-
-def is_builtin_or_local(name: str | None) -> bool:
-    return bool(name) and (name.startswith("builtin:") or os.path.exists(name))
 
 
 def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = None) -> str | None:
@@ -58,8 +53,7 @@ class PreparedRun:
     def __init__(self, s, a, m, plan=None):
         self.s, self.a, self.m, self.dry = s, a, m, plan is not None
         self.processes = plan.num_processes if plan else a.world_size
-        batch = plan.generation_batch_size if plan else a.generation_batch_size
-        self.rollout_prompts = batch // a.num_generations
+        self.rollout_prompts = (plan or a).generation_batch_size // a.num_generations
         self.reward_funcs = self.model_path = self.train_dataset = self.test_dataset = self.eval_dataset = None
         self.checkpoint = self.total = self.kept = self.budget = None
         self.settings, self.held, self.seconds = {}, False, 0.0
@@ -97,8 +91,7 @@ class PreparedRun:
             raise ValueError("model_name_or_path is not set: give a Hub id, a local model folder or "
                              "builtin:tiny-math.")  # fmt: skip
         if not self.dry:
-            check_model_available(name, self.m.model_revision)
-            return
+            return check_model_available(name, self.m.model_revision)
         name = check_model_name_or_path(name)
         path = builtin_model_dir(name) if name.startswith("builtin:") else Path(name)
         self.model_path = str(path) if (path / "config.json").is_file() else None
@@ -156,7 +149,7 @@ class PreparedRun:
 
     def _data(self):
         s, name, kwargs = self.s, self.s.dataset_name, self.s.dataset_kwargs()
-        if not (is_builtin_or_local(name) or data.is_local_dataset_file(name)):
+        if not (name.startswith("builtin:") or os.path.exists(name) or data.is_local_dataset_file(name)):
             if self.dry:
                 return
             check_hub_dataset(name)
@@ -211,7 +204,8 @@ class PreparedRun:
             if train is not None and self.budget is not None:
                 train = data.filter_long_prompts(train, tokenizer, self.budget, a.chat_template_kwargs)
                 self.train_dataset = train
-                data.report_dropped(self.total, len(train), self.budget, what="training prompts")
+                lengths = [self.budget] * len(train) + [self.budget + 1] * (self.total - len(train))  # kept, dropped
+                data.keep_short_prompts(lengths, self.budget, what="training prompts")
                 if len(train) < self.total:
                     where = f"after filtering (of {self.total}; prompt budget {self.budget} tokens)"
             self.kept = None if train is None else len(train)

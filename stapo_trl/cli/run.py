@@ -29,7 +29,7 @@ from ..trainer.trainers import GRPOBaselineTrainer, STAPOTrainer, tiny_model_thr
 from .callbacks import add_command_callbacks
 from .errors import InputError, full_disk_in_one_line, quiet_upstream
 from .figures import plot_diagnostics, plot_training_curves
-from .prepare import PreparedRun, is_builtin_or_local, prepare
+from .prepare import PreparedRun, prepare
 
 
 logger = logging.getLogger(__name__)
@@ -96,12 +96,11 @@ def train(script_args, training_args, model_args, prepared: PreparedRun | None =
 
 def _train(run: PreparedRun, end_training: bool) -> dict:
     s, a, m, out = run.s, run.a, run.m, run.a.output_dir
-    fmt = "%(asctime)s - %(levelname)s - %(name)s - %(message)s"
-    logging.basicConfig(format=fmt, datefmt="%Y-%m-%d %H:%M:%S", handlers=[logging.StreamHandler(sys.stdout)])
+    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
+                        handlers=[logging.StreamHandler(sys.stdout)])  # fmt: skip
     transformers.utils.logging.enable_explicit_format()
-    level = a.get_process_log_level()  # now, for the model's load too: the Trainer sets it once the model is built
-    transformers.utils.logging.set_verbosity(level)
-    datasets.utils.logging.set_verbosity(level)
+    for library in (transformers, datasets):  # now, for the model's load too: the Trainer sets it once it is built
+        library.utils.logging.set_verbosity(a.get_process_log_level())
     transformers.set_seed(a.seed)  # before the trainer: a LoRA adapter is initialised with it
     init = {"revision": m.model_revision, "attn_implementation": m.attn_implementation, "dtype": m.dtype}
     a.model_init_kwargs = init | (a.model_init_kwargs or {})
@@ -143,7 +142,7 @@ def _train(run: PreparedRun, end_training: bool) -> dict:
         raise
     trainer.save_model(out)
     say(f"Model and tokenizer saved to {out}.")
-    dataset = None if is_builtin_or_local(s.dataset_name) else s.dataset_name
+    dataset = None if s.dataset_name.startswith("builtin:") or os.path.exists(s.dataset_name) else s.dataset_name
     name = os.path.basename(os.path.normpath(out))
     card = partial(trainer.create_model_card, name, dataset, ["stapo_trl", s.trainer])
     if is_main:
@@ -257,9 +256,8 @@ def summarize_s2t(rows: list, output_dir: str | None = None) -> dict:
     ratios = [r["s2t/silenced_ratio"] for r in rows if r.get("s2t/silenced_ratio") is not None]
     if not ratios or (totals := s2t_totals(rows)) is None:
         return {}
-    fired = sum(r > 0 for r in ratios) / len(ratios)
-    summary = {"mean_silenced_ratio": sum(ratios) / len(ratios), "fraction_of_logging_steps_with_silencing": fired}
-    summary |= totals
+    summary = {"mean_silenced_ratio": sum(ratios) / len(ratios),
+               "fraction_of_logging_steps_with_silencing": sum(r > 0 for r in ratios) / len(ratios), **totals}  # fmt: skip
     if output_dir is not None and os.path.isfile(os.path.join(output_dir, SPURIOUS_TOKENS_FILENAME)):
         candidates = [r for r in read_token_records(output_dir) if r["kind"] in ("silenced", "kept_candidate")]
         kept = [r for r in candidates if r["kind"] == "kept_candidate"]
