@@ -1,5 +1,4 @@
-"""`stapo-train`'s arguments: a recipe read once ([`load_recipe`]) as the defaults of TRL's [`~trl.TrlParser`], the
-command line winning; an error names the flag, or the recipe key and file, that set the value."""
+"""`stapo-train`'s arguments: a recipe as the defaults of TRL's [`~trl.TrlParser`], the command line winning."""
 
 from __future__ import annotations
 
@@ -77,8 +76,7 @@ class _RecipeLoader(yaml.SafeLoader):
 
 
 def load_recipe(path: str) -> dict:
-    """The recipe file `path` as a mapping. Raises `FileNotFoundError`, `IsADirectoryError`, or a `ValueError` naming
-    the file and line (not UTF-8, not YAML, a key given twice, not a mapping)."""
+    """The recipe `path` as a mapping; `OSError`, or `ValueError` naming the line (not UTF-8 or YAML, a key twice)."""
     if os.path.isdir(path):
         raise IsADirectoryError(f"Recipe {path!r} is a folder: give the path of a recipe YAML file in it.")
     if not os.path.isfile(path):
@@ -229,8 +227,7 @@ def recipe_parser(argv: list[str]) -> tuple[RecipeParser, list[str]]:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple:
-    """`--config RECIPE.yaml [--FIELD VALUE ...]` (default: `sys.argv[1:]`) as (`STAPOScriptArguments`, `STAPOConfig`
-    or, for `trainer: grpo`, `GRPOConfig`, `ModelConfig`). Raises a one-line `ValueError` or `OSError`."""
+    """`argv` as (`STAPOScriptArguments`, `STAPOConfig`/`GRPOConfig`, `ModelConfig`); one-line `ValueError`/`OSError`."""
     parser, argv = recipe_parser(sys.argv[1:] if argv is None else argv)
     if any(a.split("=")[0] == "--hub_token" for a in argv) and os.environ.get("RANK", "0") == "0":
         print_line("stapo-train: warning: --hub_token on the command line is visible to every user of this machine "

