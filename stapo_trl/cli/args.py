@@ -227,7 +227,7 @@ def recipe_parser(argv: list[str]) -> tuple[RecipeParser, list[str]]:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple:
-    """`argv` as (`STAPOScriptArguments`, `STAPOConfig`/`GRPOConfig`, `ModelConfig`): one-line `ValueError`, `OSError`."""
+    """`argv` as (`STAPOScriptArguments`, `STAPOConfig` or `GRPOConfig`, `ModelConfig`); a one-line `ValueError`."""
     parser, argv = recipe_parser(sys.argv[1:] if argv is None else argv)
     if any(a.split("=")[0] == "--hub_token" for a in argv) and os.environ.get("RANK", "0") == "0":
         print_line("stapo-train: warning: --hub_token on the command line is visible to every user of this machine "
