@@ -114,7 +114,6 @@ def _plan(r: DryRunReport, p: PreparedRun, cpu_forced: bool) -> None:
         r.warnings.append(f"steps_per_generation={r.steps_per_generation} is not a multiple of "
                           f"gradient_accumulation_steps={r.gradient_accumulation_steps}: an optimizer update spans "
                           "two rollout batches.")  # fmt: skip
-    extra = f", top_entropy_quantile={a.top_entropy_quantile}" if a.top_entropy_quantile < 1.0 else ""
     epsilon = f"epsilon={a.epsilon}/{a.epsilon if a.epsilon_high is None else a.epsilon_high}"
     peft = f"LoRA r={m.lora_r}, alpha={m.lora_alpha}, targets={m.lora_target_modules}" if m.use_peft else "off"
     opened = "not opened: a Hub dataset" if p.total is None else f"checked: {p.total} rows"
@@ -130,10 +129,9 @@ def _plan(r: DryRunReport, p: PreparedRun, cpu_forced: bool) -> None:
         prompts = "unbounded (no max_prompt_tokens, no position limit)" if p.budget is None else prompts
     tokens = completions * (length + new_tokens) if length else None
     horizon = f"max_steps {a.max_steps}" if a.max_steps > 0 else f"num_train_epochs {a.num_train_epochs}"
-    schedule = f"{a.lr_scheduler_type.value} (warmup_steps {a.warmup_steps})"
     r.lines += [row for row in [
-        ("trainer", f"stapo: STAPOTrainer, S2T mask {mask}" if is_stapo else
-         f"{s.trainer}: GRPOTrainer, no S2T mask{extra}"),
+        ("trainer", f"stapo: STAPOTrainer, S2T mask {mask}" if is_stapo else f"{s.trainer}: GRPOTrainer, no S2T "
+         f"mask{f', top_entropy_quantile={a.top_entropy_quantile}' * (a.top_entropy_quantile < 1)}"),
         ("objective", ", ".join([f"loss_type={a.loss_type}", epsilon,
                                  *(f"{k}={getattr(a, k)}" for k in ("beta", "entropy_coef", "scale_rewards"))])),
         ("model", f"{m.model_name_or_path} (dtype {m.dtype}, PEFT {peft})"),
@@ -152,10 +150,9 @@ def _plan(r: DryRunReport, p: PreparedRun, cpu_forced: bool) -> None:
          f"completion); {fmt(tokens * updates)} per rollout step" if length else
          f"unbounded prompts; completions alone up to {fmt(completions * new_tokens)} per update"),
         ("S2T p and H", S2T_PATHS[s2t_path(a, r.steps_per_generation)] if is_stapo else None),
-        ("optimizer", f"{a.optim.value} lr {a.learning_rate:g} {schedule}, weight_decay {a.weight_decay}, "
-         f"max_grad_norm {a.max_grad_norm}, {horizon}"),
-        # transformers < 5.24: the old name
-        ("precision", f"bf16={a.bf16}, activation_checkpointing="
+        ("optimizer", f"{a.optim.value} lr {a.learning_rate:g} {a.lr_scheduler_type.value} (warmup_steps "
+         f"{a.warmup_steps}), weight_decay {a.weight_decay}, max_grad_norm {a.max_grad_norm}, {horizon}"),
+        ("precision", f"bf16={a.bf16}, activation_checkpointing="  # transformers < 5.24: the old name
          f"{getattr(a, 'activation_checkpointing', a.gradient_checkpointing)}"),
     ] if row[1] is not None]  # fmt: skip
     if batch % micro:  # a fixed generation_batch_size (the parse checked that it holds whole prompt groups)
