@@ -161,8 +161,7 @@ class RecipeParser(TrlParser):
     def _where(self, message: str, fields: list[str] | None = None) -> str:
         """`message` behind the flags or recipe keys of `fields` (default: its leading `field=`, else those named)."""
         if not fields:
-            match = re.match(r"(\w+)=", message)
-            known = sorted({*self.recipe, *self.flags})
+            match, known = re.match(r"(\w+)=", message), sorted({*self.recipe, *self.flags})
             fields = [match.group(1)] if match else [k for k in known if re.search(rf"\b{re.escape(k)}\b", message)]
         flags = [f"--{field}" for field in fields if field in self.flags]
         keys = [field for field in fields if field in self.recipe and field not in self.flags]

@@ -159,8 +159,7 @@ def _train(run: PreparedRun, end_training: bool) -> dict:
         after = evaluate(name="eval_after")
         record = make_eval_record(s, a, trainer, before, after, max_new_tokens, m.model_name_or_path)
         if is_main:
-            eval_path = write_eval_record(record, out, trainer.state.global_step)
-            trainer.eval_record = record
+            eval_path, trainer.eval_record = write_eval_record(record, out, trainer.state.global_step), record
             card()
     if is_main:
         print_summary(s, out, trainer.state.global_step, s2t, record, max_new_tokens, timings)
