@@ -226,8 +226,8 @@ def load_prompt_dataset(
 
 
 def model_max_positions(config, revision: str | None = None) -> int | None:
-    """The positions a vLLM engine, a model, a config (or dict), or the `config.json` of a local folder, a built
-    `builtin:` model or a cached Hub id (at `revision`) attends over, without loading a model; else None."""
+    """The positions a vLLM engine, a model, a config (or dict) or the config.json of a folder, a built `builtin:`
+    model or a cached Hub id attends over, or None."""
     engine = getattr(getattr(getattr(config, "llm", config), "llm_engine", None), "model_config", None)
     if isinstance(config, (str, os.PathLike)):
         from huggingface_hub import try_to_load_from_cache
@@ -260,8 +260,7 @@ def prompt_token_budget(max_positions: int | None, max_new_tokens: int, max_prom
 
 
 def keep_short_prompts(lengths: list[int], budget: int | None, what: str = "prompts") -> list[int]:
-    """The indices of the prompts of at most `budget` tokens; one warning line when some were dropped, `ValueError`
-    when all were."""
+    """The indices of the prompts of at most `budget` tokens; one warning for the rest, `ValueError` if none is left."""
     if not (keep := [i for i, n in enumerate(lengths) if budget is None or n <= budget]) and lengths:
         raise ValueError(f"All {len(lengths)} {what} are longer than {budget} tokens: raise max_prompt_tokens, lower "
                          "the generation budget, or use a model with more positions.")  # fmt: skip

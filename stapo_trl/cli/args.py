@@ -111,8 +111,8 @@ class RecipeParser(TrlParser):
         from ..trainer.config import STAPOConfig
         from .script_args import STAPOScriptArguments
 
-        config = GRPOConfig if grpo else STAPOConfig
-        super().__init__((STAPOScriptArguments, config, ModelConfig), allow_abbrev=False, **kwargs)
+        super().__init__((STAPOScriptArguments, GRPOConfig if grpo else STAPOConfig, ModelConfig), allow_abbrev=False,
+                         **kwargs)  # fmt: skip
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")  # `-1e-4`: a number
         if grpo:  # `grpo` differs from `stapo` by the mask alone
             ours, base = STAPOConfig.__dataclass_fields__, GRPOConfig.__dataclass_fields__

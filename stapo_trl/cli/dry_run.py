@@ -222,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         known, rest = pre.parse_known_args(list(sys.argv[1:] if argv is None else argv))
         if known.help:
-            print(__doc__ + "\n" + EXIT_STATUS_HELP)
-            return 0
+            return print(__doc__ + "\n" + EXIT_STATUS_HELP) or 0
         if known.num_processes is not None and known.num_processes < 1:
             raise ValueError(f"--num-processes: {known.num_processes} is not a number of training processes: give a "
                              "positive integer (one per GPU, vLLM server GPUs excluded).")  # fmt: skip

@@ -84,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
             if args.compare:
-                print(results.format_comparison(*(results.load_results(path) for path in args.compare)))
-                return 0
+                return print(results.format_comparison(*map(results.load_results, args.compare))) or 0
             if not args.model:
                 raise ValueError("--model is required (unless --compare A_JSON B_JSON).")
             names = filter(str.strip, args.benchmarks.split(","))
