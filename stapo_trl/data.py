@@ -260,7 +260,7 @@ def prompt_token_budget(max_positions: int | None, max_new_tokens: int, max_prom
 
 
 def keep_short_prompts(lengths: list[int], budget: int | None, what: str = "prompts") -> list[int]:
-    """The indices of the prompts of at most `budget` tokens; one warning for the rest, `ValueError` if none is left."""
+    """The indices of the prompts of at most `budget` tokens; a warning for the rest, `ValueError` if none is left."""
     if not (keep := [i for i, n in enumerate(lengths) if budget is None or n <= budget]) and lengths:
         raise ValueError(f"All {len(lengths)} {what} are longer than {budget} tokens: raise max_prompt_tokens, lower "
                          "the generation budget, or use a model with more positions.")  # fmt: skip

@@ -90,8 +90,7 @@ def load_recipe(path: str) -> dict:
         raise ValueError(f"Recipe {path!r} is not UTF-8 text: byte 0x{data[e.start]:02x} at line {line}, column "
                          f"{column}. Save it as UTF-8 (an editor's 'encoding' setting).") from None  # fmt: skip
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        where = f" (line {m.line + 1}, column {m.column + 1})" if (m := getattr(e, "problem_mark", None)) else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ValueError(f"Recipe {path!r} is not valid YAML{where}: {problem}.") from None
     except ValueError as e:
@@ -217,8 +216,7 @@ def recipe_parser(argv: list[str]) -> tuple[RecipeParser, list[str]]:
         i = argv.index("--config")
         if i + 1 == len(argv):
             raise ValueError("--config needs the path of a recipe YAML file.")
-        path, argv = argv[i + 1], argv[:i] + argv[i + 2 :]
-        recipe = load_recipe(path)
+        path, argv, recipe = argv[i + 1], argv[:i] + argv[i + 2 :], load_recipe(argv[i + 1])
     given = [a.split("=", 1)[1] for a in argv if a.startswith("--trainer=")]
     given += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--trainer"]
     grpo = (given[-1] if given else recipe.get("trainer", "stapo")) == "grpo"

@@ -27,10 +27,8 @@ S2T_PATHS = {  # the core's `s2t_path`, in words, with its cost
 def read_launch_settings(recipe: str) -> dict[str, str]:
     """The recipe's `# launch: key=value ...` line as a dict (`{}` without one)."""
     with open(recipe, encoding="utf-8") as f:
-        for line in f:
-            if match := re.match(r"^#\s*launch:\s*(.*)$", line.strip()):
-                return dict(item.split("=", 1) for item in match.group(1).split() if "=" in item)
-    return {}
+        line = next((m.group(1) for text in f if (m := re.match(r"^#\s*launch:\s*(.*)$", text.strip()))), "")
+    return dict(item.split("=", 1) for item in line.split() if "=" in item)
 
 
 def fmt(n: float) -> str:
