@@ -79,8 +79,7 @@ def default_output(model: str, revision: str | None = None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """`stapo-eval`: 0, or an input error in one line and status 2 before the model loads."""
     with report_input_errors():
-        parser = make_parser()
-        args = parser.parse_args(argv)
+        args = (parser := make_parser()).parse_args(argv)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
             if args.compare:

@@ -79,13 +79,11 @@ def train(script_args, training_args, model_args, prepared: PreparedRun | None =
             with full_disk_in_one_line("stapo-train", training_args.output_dir):
                 run = prepared or prepare(script_args, training_args, model_args)
                 return _train(run, end_training)
-        except LinkError as e:
-            raise InputError("stapo-train", str(e), code=1) from e
         except NoRewardWarning as e:
             raise InputError("stapo-train", f"{e} Make the reward functions return a number for the completions "
                              "they can judge (None only for those they cannot).") from e  # fmt: skip
         except Exception as e:
-            if (line := reward_error_line(e)) is None:
+            if (line := str(e) if isinstance(e, LinkError) else reward_error_line(e)) is None:
                 raise
             raise InputError("stapo-train", line, code=1) from e
         finally:
