@@ -98,14 +98,13 @@ def dry_run_recipe(argv: list[str], num_processes: int | None = None, *, force_c
 
 def _plan(r: DryRunReport, p: PreparedRun, cpu_forced: bool) -> None:
     from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
-    from ..trainer.config import STAPOConfig
 
     s, a, m, n = p.s, p.a, p.m, r.num_processes
     batch, micro, per_device = r.generation_batch_size, r.global_micro_batch, r.per_device_train_batch_size
     completions, updates = r.completions_per_optimizer_step, r.optimizer_steps_per_rollout_step
     length, new_tokens = s.max_prompt_tokens or p.budget, a.max_completion_length  # longer prompts are dropped
-    if is_stapo := isinstance(a, STAPOConfig):
-        s2t = s2t_settings(a, STAPOConfig._s2t_modes)
+    if is_stapo := s.trainer == "stapo":  # the parser's STAPOConfig
+        s2t = s2t_settings(a, a._s2t_modes)
         mask = f"tau_p={s2t.prob_threshold}, q={s2t.entropy_quantile}, mode={s2t.mode}, tau_h per optimizer update"
         r.warnings += s2t_warnings(a, s2t, r.steps_per_generation, num_processes=n)  # the trainer's own warnings
     elif r.steps_per_generation % r.gradient_accumulation_steps:

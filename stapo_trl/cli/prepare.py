@@ -116,14 +116,13 @@ class PreparedRun:
         from trl import get_peft_config
 
         from ..core.stapo_config import s2t_settings
-        from ..trainer.config import STAPOConfig
 
         s, a, m, out = self.s, self.a, self.m, self.a.output_dir
         if a.should_save:
             checkpoints.check_output_dir(out, refuse_user_files=True)
         if self.dry:
             return
-        s2t = s2t_settings(a, STAPOConfig._s2t_modes) if s.trainer == "stapo" else None
+        s2t = s2t_settings(a, a._s2t_modes) if s.trainer == "stapo" else None
         settings = checkpoints.run_settings(
             a, trainer={"stapo": "STAPOTrainer", "grpo": "GRPOBaselineTrainer"}[s.trainer], model=m.model_name_or_path,
             reward_funcs=self.reward_funcs, s2t=s2t, peft_config=get_peft_config(m),

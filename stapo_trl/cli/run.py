@@ -47,17 +47,16 @@ RUN_FILES = {  # the files a run can leave in output_dir
 @contextlib.contextmanager
 def torch_threads(num_threads: int | None):
     """Run the block on `num_threads` torch threads and `OMP_NUM_THREADS` (`None`: unchanged)."""
-    if num_threads is None:
-        yield
-        return
-    previous = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(num_threads)
-    os.environ["OMP_NUM_THREADS"] = str(num_threads)
+    threads, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+        os.environ["OMP_NUM_THREADS"] = str(num_threads)
     try:
         yield
     finally:
-        torch.set_num_threads(previous[0])
-        os.environ.pop("OMP_NUM_THREADS") if previous[1] is None else os.environ.update(OMP_NUM_THREADS=previous[1])
+        if num_threads is not None:
+            torch.set_num_threads(threads)
+            os.environ.pop("OMP_NUM_THREADS") if omp is None else os.environ.update(OMP_NUM_THREADS=omp)
 
 
 def resume_command(argv: list[str] | None = None) -> str:
