@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import textwrap
+from argparse import ArgumentDefaultsHelpFormatter as Fmt
 
 import yaml
 from trl import TrlParser
@@ -237,8 +238,6 @@ def parse_args(argv: list[str] | None = None) -> tuple:
 
 def fields_help(word: str | None = None) -> str:
     """`stapo-train --help-fields [WORD]`: every field (or those containing `word`), its default and help."""
-    from argparse import ArgumentDefaultsHelpFormatter as Fmt
-
     parser = RecipeParser(prog="stapo-train", usage=USAGE, formatter_class=Fmt, epilog=EXIT_STATUS_HELP)
     if word:
         word = word.lower().lstrip("-")

@@ -211,8 +211,7 @@ def _execution(r: DryRunReport, s, a, length: int | None, cpu_forced: bool) -> N
 
 def main(argv: list[str] | None = None) -> int:
     """Print the plan; 0 when the recipe passes, else 2 with one `stapo-train --dry-run: error: ...` line."""
-    prog = "stapo-train --dry-run"
-    pre = OneLineErrorParser(prog=prog, add_help=False, allow_abbrev=False)
+    pre = OneLineErrorParser(prog=(prog := "stapo-train --dry-run"), add_help=False, allow_abbrev=False)
     pre.add_argument("--num-processes", "--num_processes", dest="num_processes", type=int, default=None)
     pre.add_argument("-h", "--help", action="store_true")
     pre.add_argument("--dry-run", "--dry_run", action="store_true")  # stapo-train's flag, harmless here
