@@ -13,6 +13,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from ..integrations.vllm_support import check_vllm_args
 from .args import recipe_parser
 from .errors import EXIT_INPUT_ERROR, EXIT_STATUS_HELP, InputError, OneLineErrorParser, print_line
 from .prepare import PreparedRun, benchmark_eval_error  # noqa: F401 (a name of this module too)
@@ -163,8 +164,6 @@ def _plan(r: DryRunReport, p: PreparedRun, cpu_forced: bool) -> None:
 
 
 def _execution(r: DryRunReport, s, a, length: int | None, cpu_forced: bool) -> None:
-    from ..integrations.vllm_support import check_vllm_args
-
     n, new_tokens, warn, error = r.num_processes, a.max_completion_length, r.warnings.append, r.errors.append
     sampling = f"T={a.temperature}, top_p={a.top_p}, top_k={a.top_k}, max_completion_length {new_tokens}"
     tp, max_len, server = a.vllm_tensor_parallel_size, a.vllm_max_model_length, a.use_vllm and a.vllm_mode == "server"

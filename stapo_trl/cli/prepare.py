@@ -165,8 +165,6 @@ class PreparedRun:
             data.check_reward_columns(self.reward_funcs, self.test_dataset, f"{name} [{s.dataset_test_split}]")
 
     def _benchmark(self):
-        from transformers.trainer_utils import IntervalStrategy
-
         s, a, name = self.s, self.a, self.s.benchmark_eval
         if name is None:
             return
@@ -180,7 +178,7 @@ class PreparedRun:
             self.test_dataset = benchmark_dataset(problems, s.dataset_kwargs()["instruction"])
             data.check_reward_columns(self.reward_funcs, self.test_dataset, f"benchmark_eval={name!r}")
             if a.eval_strategy == "no" or s.benchmark_eval_steps is not None:
-                a.eval_strategy, a.do_eval = IntervalStrategy.STEPS, True
+                a.eval_strategy, a.do_eval = type(a.eval_strategy).STEPS, True  # an IntervalStrategy
                 a.eval_steps = s.benchmark_eval_steps or a.eval_steps or a.logging_steps
             a.num_generations_eval = s.benchmark_eval_samples
 
