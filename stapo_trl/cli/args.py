@@ -66,9 +66,7 @@ KINDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or fa
 class _RecipeLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         lines: dict = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`
-                continue
+        for key_node in (key for key, _ in node.value if key.tag != "tag:yaml.org,2002:merge"):  # not `<<: *base`
             key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
             if isinstance(key, (str, int, float, bool)) and key in lines:
                 raise ValueError(f"key {key} is given twice (lines {lines[key]} and {line}): keep one of them")

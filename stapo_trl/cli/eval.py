@@ -126,15 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Results file: {output}" + ("" if args.output else " (the default; --output to choose another)"))
         if len(todo) < len(decodings) * len(benchmarks):
             logger.info("Skipping the pairs already in %s", output)
-        from ..trainer.trainers import tiny_model_threads
-        from .run import torch_threads
-
-        generator = None
+        generator, run = None, importlib.import_module(".run", __package__)  # the training stack: after the checks
         for decoding, bench in todo:
             if generator is None:
                 generator, model_path = _load_generator(parser, args)
                 content["model"] = results.describe_model(model_path, args.revision) | {"name_or_path": args.model}
-            with torch_threads(args.threads), tiny_model_threads(getattr(generator, "model", model_path)):
+            with run.torch_threads(args.threads), run.tiny_model_threads(getattr(generator, "model", model_path)):
                 _evaluate_pair(args, generator, content, problems[bench], bench, decoding, data_dir)
             results.write_json_atomic(output, content)
         print(results.format_results_table([content]))
@@ -157,8 +154,7 @@ def _load_generator(parser, args):
     try:
         model_path = resolve_model_path(args.model) if args.model.startswith("builtin:") else args.model
         if args.backend == "vllm":
-            vllm = {"revision": args.revision, "dtype": args.dtype, "seed": args.seed}
-            vllm |= {"tensor_parallel_size": args.tensor_parallel_size, "max_model_len": args.max_model_len}
+            vllm = {k: getattr(args, k) for k in "revision dtype seed tensor_parallel_size max_model_len".split()}
             generator = gen.VLLMGenerator(model_path, args.gpu_memory_utilization, **vllm)
         else:
             generator = gen.HFGenerator(model_path, args.revision, args.dtype, batch_size=args.batch_size)
