@@ -181,7 +181,7 @@ class RecipeParser(TrlParser):
         stapo_only = [key for key in keys if key.startswith("s2t_") and "s2t_mode" not in known]
         hints = [f"{', '.join(flag + key for key in stapo_only)}: {GRPO_ONLY_HINT}"] if stapo_only else []
         for key in [key for key in keys if key not in stapo_only]:
-            close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+            close = difflib.get_close_matches(key, known)
             also = [f for f in close if flag and f in self.recipe and f not in self.flags][:1]
             also = "".join(f" ({f} is a key of the recipe {self.path} too: the flag --{f} overrides it)" for f in also)
             hint = f"did you mean {', '.join(close)}{also}?" if close else "no similar field"

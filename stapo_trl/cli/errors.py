@@ -92,7 +92,6 @@ class OneLineErrorParser(argparse.ArgumentParser):
         if message.startswith("unrecognized arguments:"):
             flags = [option for action in self._actions for option in action.option_strings]
             for word in message.split(":", 1)[1].split():
-                close = difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.6)
-                if word.startswith("-") and close:
+                if word.startswith("-") and (close := difflib.get_close_matches(word.split("=")[0], flags, n=1)):
                     message += f"; did you mean {' or '.join(close)} for {word}?"
         raise InputError(self.prog, f"{message} (see `{self.prog} --help`)")
