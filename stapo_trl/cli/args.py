@@ -171,9 +171,8 @@ class RecipeParser(TrlParser):
         return f"{in_recipe}: {message} Fix {fix}." if keys else message
 
     def _expects(self, action) -> str:
-        if action.choices is not None:
-            return "one of " + ", ".join(map(repr, action.choices))
-        return KINDS.get(getattr(action.type, "__name__", None), "a string")
+        choices = action.choices and "one of " + ", ".join(map(repr, action.choices))
+        return choices or KINDS.get(getattr(action.type, "__name__", None), "a string")
 
     def _unknown(self, keys: list[str], where: str) -> str:
         known = [a.dest for a in self._actions if a.dest != "help"] + ["config", "dry-run", "num-processes"]

@@ -222,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                              "positive integer (one per GPU, vLLM server GPUs excluded).")  # fmt: skip
         report = dry_run_recipe(rest, known.num_processes)
     except (InputError, ValueError, OSError) as e:
-        print_line(getattr(e, "message", f"{prog}: error: {e}"))
-        return EXIT_INPUT_ERROR
+        return print_line(getattr(e, "message", f"{prog}: error: {e}")) or EXIT_INPUT_ERROR
     print(report.summary())
     if errors := report.errors:
         first = f"; the first: {errors[0]}" if len(errors) > 1 else f": {errors[0]}"
