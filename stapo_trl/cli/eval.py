@@ -28,11 +28,10 @@ class _Defaults(argparse.HelpFormatter):
 
 def make_parser() -> argparse.ArgumentParser:
     """The `stapo-eval` argument parser (no prefix matching)."""
-    parser = OneLineErrorParser(
+    add = (parser := OneLineErrorParser(
         prog="stapo-eval", formatter_class=_Defaults, allow_abbrev=False, epilog=EXIT_STATUS_HELP,
         description="Evaluate a model on the STAPO paper's math benchmarks (avg@N, pass@k), or compare two results.",
-    )  # fmt: skip
-    add = parser.add_argument
+    )).add_argument  # fmt: skip
     add("--model", help="Local path, Hub id or builtin:<name> (e.g. builtin:tiny-math).")
     add("--revision", help="Hub revision (branch, tag or commit) of --model.")
     add("--version", action=VersionAction)
