@@ -65,8 +65,7 @@ def make_tiny_math_dataset(num_train: int = 7800, num_test: int = 300, seed: int
     """The tiny-math [`~datasets.DatasetDict`]: the 8,100 pairs `10 <= a, b <= 99` shuffled by `random.Random(seed)`,
     `num_test` in "test", the next `num_train` in "train"; columns `prompt`, `solution` (`"85"`), `completion` (the
     worked steps), `problem` (`"47+38"`). `ValueError` for a negative size or more than 8,100 in all."""
-    import datasets
-
+    datasets = importlib.import_module("datasets")
     pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
     if num_train < 0 or num_test < 0 or num_train + num_test > len(pairs):
         raise ValueError(f"num_train={num_train} and num_test={num_test} must be >= 0 and add up to at most 8100.")
@@ -109,8 +108,7 @@ def evaluation_split(dataset_name: str, test_split: str) -> tuple[str, str | Non
 
 def load_local_dataset_file(path: str):
     """A local data file as a `Dataset`; `FileNotFoundError`, or `ValueError` for one without rows or not parsing."""
-    import datasets
-
+    datasets = importlib.import_module("datasets")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Dataset file {path!r} does not exist.")
     builder = _FILE_BUILDERS[os.path.splitext(path)[1].lower()]
@@ -173,8 +171,7 @@ def load_prompt_dataset(
     `instruction` added to its last user turn) and `solution` (`str`); a `builtin:<name>` task has only these two. A
     local `.json`, `.jsonl`, `.parquet` or `.csv` file is one split; another name goes to `datasets.load_dataset`.
     `ValueError` (unknown name or split, unparsable file, missing column, bad prompt), `FileNotFoundError`."""
-    import datasets
-
+    datasets = importlib.import_module("datasets")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit}.")
     if builtin := dataset_name.startswith(BUILTIN_PREFIX):
@@ -225,13 +222,19 @@ def load_prompt_dataset(
     return dataset.select_columns(kept).add_column("prompt", prompts).add_column("solution", solutions)
 
 
-def model_max_positions(config) -> int | None:
-    """The positions a vLLM engine, a model, a config (or dict) or a folder's `config.json` attends over, or None."""
+def model_max_positions(config, revision: str | None = None) -> int | None:
+    """The positions a vLLM engine, a model, a config (or dict) or the config.json of a folder, a built `builtin:`
+    model or a cached Hub id attends over, or None."""
     engine = getattr(getattr(getattr(config, "llm", config), "llm_engine", None), "model_config", None)
     if isinstance(config, (str, os.PathLike)):
-        try:
-            config = json.loads(Path(config, "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        hub = importlib.import_module("huggingface_hub")
+        try:  # an unknown builtin: name, not a repo id, not cached: None
+            if (folder := os.path.expanduser(config)).startswith(BUILTIN_PREFIX):
+                folder = importlib.import_module("stapo_trl.models.names").builtin_model_dir(folder)
+            elif not os.path.isdir(folder):
+                folder = os.path.dirname(hub.try_to_load_from_cache(folder, "config.json", revision=revision))
+            config = json.loads(Path(folder, "config.json").read_text(encoding="utf-8"))
+        except Exception:  # noqa: BLE001
             return None
     config = getattr(model := getattr(config, "model", config), "config", model)  # a generator holds its model
     get = config.get if isinstance(config, dict) else lambda name: getattr(config, name, None)
@@ -252,34 +255,14 @@ def prompt_token_budget(max_positions: int | None, max_new_tokens: int, max_prom
     return min((b for b in (max_prompt_tokens, room) if b is not None), default=None)
 
 
-def config_max_positions(name_or_path: str, revision: str | None = None) -> int | None:
-    """[`model_max_positions`] of a local folder, a built `builtin:` model or a cached Hub id, without loading it."""
-    import huggingface_hub
-
-    try:
-        if name_or_path.startswith(BUILTIN_PREFIX):
-            folder = importlib.import_module("stapo_trl.models.names").builtin_model_dir(name_or_path)
-        elif not os.path.isdir(folder := os.path.expanduser(name_or_path)):
-            cached = huggingface_hub.try_to_load_from_cache(name_or_path, "config.json", revision=revision)
-            folder = os.path.dirname(cached) if isinstance(cached, str) else None
-    except Exception:  # noqa: BLE001 (an unknown builtin: name, not a valid repo id: nothing here)
-        return None
-    return folder and model_max_positions(folder)
-
-
-def report_dropped(total: int, kept: int, budget: int | None, what: str = "prompts") -> None:
-    """One warning line when prompts over `budget` tokens were dropped; `ValueError` when all were."""
-    if not kept and total:
-        raise ValueError(f"All {total} {what} are longer than {budget} tokens: raise max_prompt_tokens, lower the "
-                         "generation budget, or use a model with more positions.")  # fmt: skip
-    if kept < total:
-        logger.warning(f"Dropped {total - kept} of {total} {what} longer than {budget} tokens (max_prompt_tokens).")
-
-
 def keep_short_prompts(lengths: list[int], budget: int | None, what: str = "prompts") -> list[int]:
-    """The indices of the prompts of at most `budget` tokens ([`report_dropped`] says what was dropped)."""
-    keep = [i for i, n in enumerate(lengths) if budget is None or n <= budget]
-    report_dropped(len(lengths), len(keep), budget, what)
+    """The indices of the prompts of at most `budget` tokens; a warning for the rest, `ValueError` if none is left."""
+    if not (keep := [i for i, n in enumerate(lengths) if budget is None or n <= budget]) and lengths:
+        raise ValueError(f"All {len(lengths)} {what} are longer than {budget} tokens: raise max_prompt_tokens, lower "
+                         "the generation budget, or use a model with more positions.")  # fmt: skip
+    if len(keep) < len(lengths):
+        logger.warning(f"Dropped {len(lengths) - len(keep)} of {len(lengths)} {what} longer than {budget} tokens "
+                       "(max_prompt_tokens).")  # fmt: skip
     return keep
 
 
@@ -291,11 +274,10 @@ def _named(dataset: Any, dataset_name: str) -> list[tuple[str, Any]]:
 
 def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "train_dataset") -> None:
     """Raise a `ValueError` naming column, dataset and reward for an argument no column of `dataset` nor TRL fills."""
-    import torch
     from trl.trainer.utils import get_callable_name
 
     funcs = [f for f in (reward_funcs if isinstance(reward_funcs, list) else [reward_funcs])
-             if callable(f) and not isinstance(f, torch.nn.Module)]  # fmt: skip
+             if callable(f) and not isinstance(f, importlib.import_module("torch").nn.Module)]  # fmt: skip
     for name, data in _named(dataset, dataset_name):
         if (columns := getattr(data, "column_names", None)) is None:  # some streamed datasets
             continue
@@ -339,11 +321,9 @@ def chat_template_message(model_name: str, what: str, fix: str) -> str:
 
 def render_chat_template(tokenizer, messages, **template_kwargs) -> str:
     """`messages` through the chat template, with the generation prompt; `ValueError` naming the file jinja refuses."""
-    from jinja2 import TemplateError
-
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
-    except TemplateError as e:
+    except importlib.import_module("jinja2").TemplateError as e:
         folder = str(getattr(tokenizer, "name_or_path", ""))
         files = [os.path.join(folder, f) for f in ("chat_template.jinja", "tokenizer_config.json")]
         where, reason = next(filter(os.path.isfile, files), f"of {folder!r}"), (str(e).splitlines() or [""])[0]

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from importlib import metadata
 
 
 def version_text(prog: str) -> str:
     """`PROG (stapo_trl X; trl Y, transformers Z, torch W)`."""
-    from importlib import metadata
-
     from .. import __version__
 
     names = ("trl", "transformers", "torch")

@@ -1,5 +1,4 @@
-"""`stapo-train`'s arguments: a recipe read once ([`load_recipe`]) as the defaults of TRL's [`~trl.TrlParser`], the
-command line winning; an error names the flag, or the recipe key and file, that set the value."""
+"""`stapo-train`'s arguments: a recipe as the defaults of TRL's [`~trl.TrlParser`], the command line winning."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import os
 import re
 import sys
 import textwrap
+from argparse import ArgumentDefaultsHelpFormatter as Fmt
 
 import yaml
 from trl import TrlParser
@@ -66,9 +66,7 @@ KINDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or fa
 class _RecipeLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         lines: dict = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`
-                continue
+        for key_node in (key for key, _ in node.value if key.tag != "tag:yaml.org,2002:merge"):  # not `<<: *base`
             key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
             if isinstance(key, (str, int, float, bool)) and key in lines:
                 raise ValueError(f"key {key} is given twice (lines {lines[key]} and {line}): keep one of them")
@@ -77,8 +75,7 @@ class _RecipeLoader(yaml.SafeLoader):
 
 
 def load_recipe(path: str) -> dict:
-    """The recipe file `path` as a mapping. Raises `FileNotFoundError`, `IsADirectoryError`, or a `ValueError` naming
-    the file and line (not UTF-8, not YAML, a key given twice, not a mapping)."""
+    """The recipe `path` as a mapping; `OSError`, or `ValueError` naming the line (not UTF-8 or YAML, a key twice)."""
     if os.path.isdir(path):
         raise IsADirectoryError(f"Recipe {path!r} is a folder: give the path of a recipe YAML file in it.")
     if not os.path.isfile(path):
@@ -92,8 +89,7 @@ def load_recipe(path: str) -> dict:
         raise ValueError(f"Recipe {path!r} is not UTF-8 text: byte 0x{data[e.start]:02x} at line {line}, column "
                          f"{column}. Save it as UTF-8 (an editor's 'encoding' setting).") from None  # fmt: skip
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        where = f" (line {m.line + 1}, column {m.column + 1})" if (m := getattr(e, "problem_mark", None)) else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ValueError(f"Recipe {path!r} is not valid YAML{where}: {problem}.") from None
     except ValueError as e:
@@ -113,8 +109,8 @@ class RecipeParser(TrlParser):
         from ..trainer.config import STAPOConfig
         from .script_args import STAPOScriptArguments
 
-        config = GRPOConfig if grpo else STAPOConfig
-        super().__init__((STAPOScriptArguments, config, ModelConfig), allow_abbrev=False, **kwargs)
+        super().__init__((STAPOScriptArguments, GRPOConfig if grpo else STAPOConfig, ModelConfig), allow_abbrev=False,
+                         **kwargs)  # fmt: skip
         self._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")  # `-1e-4`: a number
         if grpo:  # `grpo` differs from `stapo` by the mask alone
             ours, base = STAPOConfig.__dataclass_fields__, GRPOConfig.__dataclass_fields__
@@ -163,8 +159,7 @@ class RecipeParser(TrlParser):
     def _where(self, message: str, fields: list[str] | None = None) -> str:
         """`message` behind the flags or recipe keys of `fields` (default: its leading `field=`, else those named)."""
         if not fields:
-            match = re.match(r"(\w+)=", message)
-            known = sorted({*self.recipe, *self.flags})
+            match, known = re.match(r"(\w+)=", message), sorted({*self.recipe, *self.flags})
             fields = [match.group(1)] if match else [k for k in known if re.search(rf"\b{re.escape(k)}\b", message)]
         flags = [f"--{field}" for field in fields if field in self.flags]
         keys = [field for field in fields if field in self.recipe and field not in self.flags]
@@ -176,9 +171,8 @@ class RecipeParser(TrlParser):
         return f"{in_recipe}: {message} Fix {fix}." if keys else message
 
     def _expects(self, action) -> str:
-        if action.choices is not None:
-            return "one of " + ", ".join(map(repr, action.choices))
-        return KINDS.get(getattr(action.type, "__name__", None), "a string")
+        choices = action.choices and "one of " + ", ".join(map(repr, action.choices))
+        return choices or KINDS.get(getattr(action.type, "__name__", None), "a string")
 
     def _unknown(self, keys: list[str], where: str) -> str:
         known = [a.dest for a in self._actions if a.dest != "help"] + ["config", "dry-run", "num-processes"]
@@ -186,7 +180,7 @@ class RecipeParser(TrlParser):
         stapo_only = [key for key in keys if key.startswith("s2t_") and "s2t_mode" not in known]
         hints = [f"{', '.join(flag + key for key in stapo_only)}: {GRPO_ONLY_HINT}"] if stapo_only else []
         for key in [key for key in keys if key not in stapo_only]:
-            close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+            close = difflib.get_close_matches(key, known)
             also = [f for f in close if flag and f in self.recipe and f not in self.flags][:1]
             also = "".join(f" ({f} is a key of the recipe {self.path} too: the flag --{f} overrides it)" for f in also)
             hint = f"did you mean {', '.join(close)}{also}?" if close else "no similar field"
@@ -220,8 +214,7 @@ def recipe_parser(argv: list[str]) -> tuple[RecipeParser, list[str]]:
         i = argv.index("--config")
         if i + 1 == len(argv):
             raise ValueError("--config needs the path of a recipe YAML file.")
-        path, argv = argv[i + 1], argv[:i] + argv[i + 2 :]
-        recipe = load_recipe(path)
+        path, argv, recipe = argv[i + 1], argv[:i] + argv[i + 2 :], load_recipe(argv[i + 1])
     given = [a.split("=", 1)[1] for a in argv if a.startswith("--trainer=")]
     given += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--trainer"]
     grpo = (given[-1] if given else recipe.get("trainer", "stapo")) == "grpo"
@@ -229,8 +222,7 @@ def recipe_parser(argv: list[str]) -> tuple[RecipeParser, list[str]]:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple:
-    """`--config RECIPE.yaml [--FIELD VALUE ...]` (default: `sys.argv[1:]`) as (`STAPOScriptArguments`, `STAPOConfig`
-    or, for `trainer: grpo`, `GRPOConfig`, `ModelConfig`). Raises a one-line `ValueError` or `OSError`."""
+    """`argv` as (`STAPOScriptArguments`, `STAPOConfig` or `GRPOConfig`, `ModelConfig`); a one-line `ValueError`."""
     parser, argv = recipe_parser(sys.argv[1:] if argv is None else argv)
     if any(a.split("=")[0] == "--hub_token" for a in argv) and os.environ.get("RANK", "0") == "0":
         print_line("stapo-train: warning: --hub_token on the command line is visible to every user of this machine "
@@ -243,8 +235,6 @@ def parse_args(argv: list[str] | None = None) -> tuple:
 
 def fields_help(word: str | None = None) -> str:
     """`stapo-train --help-fields [WORD]`: every field (or those containing `word`), its default and help."""
-    from argparse import ArgumentDefaultsHelpFormatter as Fmt
-
     parser = RecipeParser(prog="stapo-train", usage=USAGE, formatter_class=Fmt, epilog=EXIT_STATUS_HELP)
     if word:
         word = word.lower().lstrip("-")

