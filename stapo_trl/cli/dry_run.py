@@ -98,15 +98,16 @@ def dry_run_recipe(argv: list[str], num_processes: int | None = None, *, force_c
 
 
 def _plan(r: DryRunReport, p: PreparedRun, cpu_forced: bool) -> None:
-    core = importlib.import_module("stapo_trl.core.stapo_config")
+    from ..core.stapo_config import s2t_path, s2t_settings, s2t_warnings
+
     s, a, m, n = p.s, p.a, p.m, r.num_processes
     batch, micro, per_device = r.generation_batch_size, r.global_micro_batch, r.per_device_train_batch_size
     completions, updates = r.completions_per_optimizer_step, r.optimizer_steps_per_rollout_step
     length, new_tokens = s.max_prompt_tokens or p.budget, a.max_completion_length  # longer prompts are dropped
     if is_stapo := s.trainer == "stapo":  # the parser's STAPOConfig
-        s2t = core.s2t_settings(a, a._s2t_modes)
+        s2t = s2t_settings(a, a._s2t_modes)
         mask = f"tau_p={s2t.prob_threshold}, q={s2t.entropy_quantile}, mode={s2t.mode}, tau_h per optimizer update"
-        r.warnings += core.s2t_warnings(a, s2t, r.steps_per_generation, num_processes=n)  # the trainer's own warnings
+        r.warnings += s2t_warnings(a, s2t, r.steps_per_generation, num_processes=n)  # the trainer's own warnings
     elif r.steps_per_generation % r.gradient_accumulation_steps:
         r.warnings.append(f"steps_per_generation={r.steps_per_generation} is not a multiple of "
                           f"gradient_accumulation_steps={r.gradient_accumulation_steps}: an optimizer update spans "
@@ -146,7 +147,7 @@ def _plan(r: DryRunReport, p: PreparedRun, cpu_forced: bool) -> None:
         ("max tokens", f"{fmt(tokens)} per optimizer update = {completions} x ({length} prompt + {new_tokens} "
          f"completion); {fmt(tokens * updates)} per rollout step" if length else
          f"unbounded prompts; completions alone up to {fmt(completions * new_tokens)} per update"),
-        ("S2T p and H", S2T_PATHS[core.s2t_path(a, r.steps_per_generation)] if is_stapo else None),
+        ("S2T p and H", S2T_PATHS[s2t_path(a, r.steps_per_generation)] if is_stapo else None),
         ("optimizer", f"{a.optim.value} lr {a.learning_rate:g} {a.lr_scheduler_type.value} (warmup_steps "
          f"{a.warmup_steps}), weight_decay {a.weight_decay}, max_grad_norm {a.max_grad_norm}, {horizon}"),
         ("precision", f"bf16={a.bf16}, activation_checkpointing="  # transformers < 5.24: the old name

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
@@ -150,6 +149,8 @@ def check_generation_budget(args, model_path: str, positions: int | None = None)
 
 
 def _load_generator(parser, args):
+    from safetensors import SafetensorError
+
     try:
         model_path = resolve_model_path(args.model) if args.model.startswith("builtin:") else args.model
         if args.backend == "vllm":
@@ -160,7 +161,7 @@ def _load_generator(parser, args):
         check_generation_budget(args, model_path, data.model_max_positions(generator))
         if not args.no_chat_template and data.has_chat_template(generator.tokenizer):
             gen.build_prompt_text(generator.tokenizer, "1+1")
-    except (OSError, importlib.import_module("safetensors").SafetensorError) as e:  # changed after its check
+    except (OSError, SafetensorError) as e:  # checked before: changed while it loaded
         cause = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
         raise InputError(parser.prog, f"--model {args.model} could not be loaded ({cause}): its files changed while "
                          "it loaded (a checkpoint removed by save_total_limit's rotation, or still being written). "
@@ -174,6 +175,8 @@ def _load_generator(parser, args):
 
 
 def _evaluate_pair(args, generator, content, problems, bench: str, decoding: str, root: str | None) -> None:
+    import torch
+
     setting, spec = gen.decoding_setting(decoding), tasks.BENCHMARKS[bench]
     n = args.samples or spec.default_samples
     logger.info("Evaluating %s / %s: %d problems x %d samples", bench, decoding, len(problems), n)
@@ -185,7 +188,7 @@ def _evaluate_pair(args, generator, content, problems, bench: str, decoding: str
     hub = f"hub:{spec.hub_id}" + (f"/{spec.hub_config}" if spec.hub_config else "") + f":{spec.hub_split}"
     local = spec.hub_id if spec.hub_id.startswith("builtin:") else root and tasks.find_benchmark_file(bench, root)
     table |= {"data_source": str(local or hub), "num_problems_loaded": len(problems), "finished_at": results.now(),
-              "threads": importlib.import_module("torch").get_num_threads()}  # fmt: skip
+              "threads": torch.get_num_threads()}  # fmt: skip
     content["decodings"][decoding] = {"temperature": setting.temperature, "top_p": setting.top_p, "top_k": None}
     content["results"].setdefault(decoding, {})[bench] = table
     content["samples"].extend(records)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import time
@@ -114,6 +113,8 @@ class PreparedRun:
                                     "does not exist.")  # fmt: skip
 
     def _folder(self):
+        from trl import get_peft_config
+
         from ..core.stapo_config import s2t_settings
 
         s, a, m, out = self.s, self.a, self.m, self.a.output_dir
@@ -124,7 +125,7 @@ class PreparedRun:
         s2t = s2t_settings(a, a._s2t_modes) if s.trainer == "stapo" else None
         settings = checkpoints.run_settings(
             a, trainer={"stapo": "STAPOTrainer", "grpo": "GRPOBaselineTrainer"}[s.trainer], model=m.model_name_or_path,
-            reward_funcs=self.reward_funcs, s2t=s2t, peft_config=importlib.import_module("trl").get_peft_config(m),
+            reward_funcs=self.reward_funcs, s2t=s2t, peft_config=get_peft_config(m),
             dtype=(a.model_init_kwargs or {}).get("dtype", m.dtype))  # fmt: skip
         del settings["train_dataset"]  # the data as the command names it
         name = s.dataset_name
@@ -183,17 +184,18 @@ class PreparedRun:
 
     def _prompts(self):
         """The chat template, the prompts over the token budget dropped, enough left for one rollout step."""
-        transformers = importlib.import_module("transformers")
+        from transformers import AutoConfig, AutoTokenizer
+
         s, a, m, train = self.s, self.a, self.m, self.train_dataset
         where = "in the train split" if s.max_train_samples is None else "with max_train_samples"
         self.model_path = self.model_path if self.dry else resolve_model_path(m.model_name_or_path)
         if self.model_path is not None:
             kwargs = {"revision": m.model_revision, "trust_remote_code": a.trust_remote_code}
-            tokenizer = transformers.AutoTokenizer.from_pretrained(self.model_path, **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(self.model_path, **kwargs)
             prompts = [{"prompt": data.format_prompt("1+1")}] if train is None else train
             template = (m.model_name_or_path, s.dataset_name, data.CLI_CHAT_TEMPLATE_FIX, a.chat_template_kwargs)
             data.check_chat_template(tokenizer, prompts, *template)
-            positions = data.model_max_positions(transformers.AutoConfig.from_pretrained(self.model_path, **kwargs))
+            positions = data.model_max_positions(AutoConfig.from_pretrained(self.model_path, **kwargs))
             self.budget = data.prompt_token_budget(positions, a.max_completion_length, s.max_prompt_tokens)
             if train is not None and self.budget is not None:
                 train = data.filter_long_prompts(train, tokenizer, self.budget, a.chat_template_kwargs)
