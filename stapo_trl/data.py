@@ -274,10 +274,11 @@ def _named(dataset: Any, dataset_name: str) -> list[tuple[str, Any]]:
 
 def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "train_dataset") -> None:
     """Raise a `ValueError` naming column, dataset and reward for an argument no column of `dataset` nor TRL fills."""
+    import torch
     from trl.trainer.utils import get_callable_name
 
     funcs = [f for f in (reward_funcs if isinstance(reward_funcs, list) else [reward_funcs])
-             if callable(f) and not isinstance(f, importlib.import_module("torch").nn.Module)]  # fmt: skip
+             if callable(f) and not isinstance(f, torch.nn.Module)]  # fmt: skip
     for name, data in _named(dataset, dataset_name):
         if (columns := getattr(data, "column_names", None)) is None:  # some streamed datasets
             continue
@@ -321,9 +322,11 @@ def chat_template_message(model_name: str, what: str, fix: str) -> str:
 
 def render_chat_template(tokenizer, messages, **template_kwargs) -> str:
     """`messages` through the chat template, with the generation prompt; `ValueError` naming the file jinja refuses."""
+    from jinja2 import TemplateError
+
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
-    except importlib.import_module("jinja2").TemplateError as e:
+    except TemplateError as e:
         folder = str(getattr(tokenizer, "name_or_path", ""))
         files = [os.path.join(folder, f) for f in ("chat_template.jinja", "tokenizer_config.json")]
         where, reason = next(filter(os.path.isfile, files), f"of {folder!r}"), (str(e).splitlines() or [""])[0]
