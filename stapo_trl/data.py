@@ -65,7 +65,8 @@ def make_tiny_math_dataset(num_train: int = 7800, num_test: int = 300, seed: int
     """The tiny-math [`~datasets.DatasetDict`]: the 8,100 pairs `10 <= a, b <= 99` shuffled by `random.Random(seed)`,
     `num_test` in "test", the next `num_train` in "train"; columns `prompt`, `solution` (`"85"`), `completion` (the
     worked steps), `problem` (`"47+38"`). `ValueError` for a negative size or more than 8,100 in all."""
-    datasets = importlib.import_module("datasets")
+    import datasets
+
     pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
     if num_train < 0 or num_test < 0 or num_train + num_test > len(pairs):
         raise ValueError(f"num_train={num_train} and num_test={num_test} must be >= 0 and add up to at most 8100.")
@@ -108,7 +109,8 @@ def evaluation_split(dataset_name: str, test_split: str) -> tuple[str, str | Non
 
 def load_local_dataset_file(path: str):
     """A local data file as a `Dataset`; `FileNotFoundError`, or `ValueError` for one without rows or not parsing."""
-    datasets = importlib.import_module("datasets")
+    import datasets
+
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Dataset file {path!r} does not exist.")
     builder = _FILE_BUILDERS[os.path.splitext(path)[1].lower()]
@@ -171,7 +173,8 @@ def load_prompt_dataset(
     `instruction` added to its last user turn) and `solution` (`str`); a `builtin:<name>` task has only these two. A
     local `.json`, `.jsonl`, `.parquet` or `.csv` file is one split; another name goes to `datasets.load_dataset`.
     `ValueError` (unknown name or split, unparsable file, missing column, bad prompt), `FileNotFoundError`."""
-    datasets = importlib.import_module("datasets")
+    import datasets
+
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit}.")
     if builtin := dataset_name.startswith(BUILTIN_PREFIX):
