@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import inspect
 import json
 import logging
@@ -230,12 +229,15 @@ def model_max_positions(config, revision: str | None = None) -> int | None:
     model or a cached Hub id attends over, or None."""
     engine = getattr(getattr(getattr(config, "llm", config), "llm_engine", None), "model_config", None)
     if isinstance(config, (str, os.PathLike)):
-        hub = importlib.import_module("huggingface_hub")
+        from huggingface_hub import try_to_load_from_cache
+
+        from .models.names import builtin_model_dir
+
         try:  # an unknown builtin: name, not a repo id, not cached: None
             if (folder := os.path.expanduser(config)).startswith(BUILTIN_PREFIX):
-                folder = importlib.import_module("stapo_trl.models.names").builtin_model_dir(folder)
+                folder = builtin_model_dir(folder)
             elif not os.path.isdir(folder):
-                folder = os.path.dirname(hub.try_to_load_from_cache(folder, "config.json", revision=revision))
+                folder = os.path.dirname(try_to_load_from_cache(folder, "config.json", revision=revision))
             config = json.loads(Path(folder, "config.json").read_text(encoding="utf-8"))
         except Exception:  # noqa: BLE001
             return None

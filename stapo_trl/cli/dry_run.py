@@ -80,7 +80,9 @@ def dry_run_recipe(argv: list[str], num_processes: int | None = None, *, force_c
     launch = read_launch_settings(parser.path) if parser.path else {}
     source = "the recipe's launch: line" if "num_processes" in launch else "default (no launch: line in the recipe)"
     source, n = ("--num-processes", num_processes) if num_processes else (source, int(launch.get("num_processes", 1)))
-    force_cpu = not importlib.import_module("torch").cuda.is_available() if force_cpu is None else force_cpu
+    import torch  # after the recipe's checks
+
+    force_cpu = not torch.cuda.is_available() if force_cpu is None else force_cpu
     s, a, m = parser.parse(rest + ["--use_cpu", "true"] * force_cpu)
     given = set(parser.recipe) | parser.flags
     fixed = "generation_batch_size" in given and parser.recipe.get("generation_batch_size", 0) is not None
@@ -217,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         known, rest = pre.parse_known_args(list(sys.argv[1:] if argv is None else argv))
         if known.help:
-            return print(__doc__ + "\n" + EXIT_STATUS_HELP) or 0
+            print(__doc__ + "\n" + EXIT_STATUS_HELP)
+            return 0
         if known.num_processes is not None and known.num_processes < 1:
             raise ValueError(f"--num-processes: {known.num_processes} is not a number of training processes: give a "
                              "positive integer (one per GPU, vLLM server GPUs excluded).")  # fmt: skip

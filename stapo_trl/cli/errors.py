@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import difflib
 import errno
-import importlib
 import logging
 import os
 import shutil
@@ -71,7 +70,9 @@ def quiet_upstream():
     cpu = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
 
     def log_filter(record: logging.LogRecord) -> bool:
-        return record.getMessage() != cpu or importlib.import_module("torch").accelerator.is_available()
+        import torch
+
+        return record.getMessage() != cpu or torch.accelerator.is_available()
 
     logging.getLogger("DeepSpeed").addFilter(log_filter)
     try:

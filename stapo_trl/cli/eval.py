@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         try:
             if args.compare:
-                return print(results.format_comparison(*map(results.load_results, args.compare))) or 0
+                print(results.format_comparison(*map(results.load_results, args.compare)))
+                return 0
             if not args.model:
                 raise ValueError("--model is required (unless --compare A_JSON B_JSON).")
             names = filter(str.strip, args.benchmarks.split(","))
@@ -124,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Results file: {output}" + ("" if args.output else " (the default; --output to choose another)"))
         if len(todo) < len(decodings) * len(benchmarks):
             logger.info("Skipping the pairs already in %s", output)
-        generator, run = None, importlib.import_module(".run", __package__)  # the training stack: after the checks
+        from . import run  # the training stack: after the checks
+
+        generator = None
         for decoding, bench in todo:
             if generator is None:
                 generator, model_path = _load_generator(parser, args)

@@ -18,7 +18,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with report_input_errors(), quiet_upstream():
             if "--version" in argv:
-                raise SystemExit(print(version_text("stapo-train")) or 0)
+                print(version_text("stapo-train"))
+                raise SystemExit(0)
             if "--dry-run" in argv or "--dry_run" in argv:
                 raise SystemExit(importlib.import_module(".dry_run", __package__).main(argv))
             if argv[:1] == ["compare"]:
@@ -30,7 +31,8 @@ def main(argv: list[str] | None = None) -> None:
             fields = [i for i, a in enumerate(argv) if a in ("--help-fields", "--help_fields")]
             if "-h" in argv or "--help" in argv or fields:
                 word = [w for w in argv[fields[0] + 1 : fields[0] + 2] if not w.startswith("-")] if fields else []
-                raise SystemExit(print(fields_help(*word) if fields else SHORT_HELP) or 0)
+                print(fields_help(*word) if fields else SHORT_HELP)
+                raise SystemExit(0)
             try:
                 script_args, training_args, model_args = parse_args(argv)
                 run["output_dir"] = training_args.output_dir
