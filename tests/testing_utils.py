@@ -27,6 +27,12 @@ README = REPO / "README.md"
 RECIPES_DIR = REPO / "recipes"
 STAPO_RECIPE = str(RECIPES_DIR / "demo" / "stapo.yaml")
 GRPO_RECIPE = str(RECIPES_DIR / "demo" / "grpo.yaml")  # STAPOTrainer with s2t_mode: off, the like-for-like baseline
+PROMPTS = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
+PORT_TAKEN = ("Address already in use", "EADDRINUSE")
+# 2 CPU ranks: 2 steps of one rollout batch (8 x 2 x 4), one log row; info logs "Total train batch size"
+SMALL_TWO_RANK_DEMO = ["--max_steps", "2", "--per_device_train_batch_size", "8", "--logging_steps", "2",
+                       "--eval_before_after", "false", "--save_strategy", "no", "--report_to", "none",
+                       "--disable_tqdm", "true", "--log_level", "info"]  # fmt: skip
 
 
 def zero_reward(completions, **kwargs):
@@ -39,9 +45,6 @@ def length_reward(completions, **kwargs):  # varies within a group: non-zero adv
 
 def text_reward(completions, **kwargs):  # varies even where a random model's chat completions have one length
     return [float(sum(map(ord, c[0]["content"])) % 5) for c in completions]
-
-
-PROMPTS = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
 
 
 def hand_s2t_batch():
@@ -222,9 +225,6 @@ def subprocess_env(**extra: str) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1", **extra}  # fmt: skip
 
 
-PORT_TAKEN = ("Address already in use", "EADDRINUSE")
-
-
 def run_subprocess(cmd, *, timeout: float, env: dict[str, str] | None = None, cwd: Path = REPO, status: int = 0):
     """`cmd`'s (or `cmd(port)`'s, retried once if the port was taken) output; fails on another status or a hang."""
     for attempt in range(2):
@@ -260,12 +260,6 @@ def run_torchrun(source: str, script: Path, *args: str, nproc: int, timeout: flo
     script.write_text(report + source)
     launch = launch or (lambda port: torchrun_launch(port, nproc))
     return run_subprocess(lambda port: [*launch(port), str(script), *args], timeout=timeout, status=status)
-
-
-# 2 CPU ranks: 2 steps of one rollout batch (8 x 2 x 4), one log row; info logs "Total train batch size"
-SMALL_TWO_RANK_DEMO = ["--max_steps", "2", "--per_device_train_batch_size", "8", "--logging_steps", "2",
-                       "--eval_before_after", "false", "--save_strategy", "no", "--report_to", "none",
-                       "--disable_tqdm", "true", "--log_level", "info"]  # fmt: skip
 
 
 def check_two_rank_demo_run(output: str, out: Path) -> None:

@@ -34,10 +34,6 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(RECIPES_DIR))
 
 
-def _raw(recipe: str) -> dict:
-    return yaml.safe_load((RECIPES_DIR / recipe).read_text())
-
-
 @pytest.mark.parametrize("recipe", [
     pytest.param(p, id=_rel(p), marks=[pytest.mark.real_model(w) for w in [REAL_MODEL_RECIPES.get(_rel(p))] if w])
     for p in RECIPES
@@ -64,14 +60,12 @@ def test_readme_batch_table_keeps_the_paper_geometry(model, num_processes, accum
     report = dry_run_recipe(["--config", str(recipe), *overrides * bool(accumulation)], num_processes)
     assert report.ok, report.summary()
     # Paper: 256 prompts x 8 rollouts per rollout step, 64-prompt mini-batches, 4 updates per rollout step.
-    assert report.generation_batch_size == 2048 and report.prompts_per_rollout_step == 256
-    assert report.completions_per_optimizer_step == 512 and report.prompts_per_optimizer_step == 64
-    assert report.optimizer_steps_per_rollout_step == 4
+    geometry = ("generation_batch_size", "prompts_per_rollout_step", "completions_per_optimizer_step",
+                "prompts_per_optimizer_step", "optimizer_steps_per_rollout_step")  # fmt: skip
+    assert [getattr(report, name) for name in geometry] == [2048, 256, 512, 64, 4]
     assert not [w for w in report.warnings if "batch geometry" in w], report.warnings
-    table = (RECIPES_DIR / "README.md").read_text()
-    per_device = report.per_device_train_batch_size
-    row = f"| {num_processes} | {per_device} | {report.gradient_accumulation_steps} | {report.steps_per_generation} |"
-    assert row in table, f"recipes/README.md lacks the row {row!r} for {recipe}"
+    row = f"| {num_processes} | {report.per_device_train_batch_size} | {report.gradient_accumulation_steps} | "
+    assert f"{row}{report.steps_per_generation} |" in (RECIPES_DIR / "README.md").read_text(), f"{row}: {recipe}"
 
 
 def test_dry_run_warns_when_a_paper_recipe_runs_at_another_geometry():  # laid out for 4 processes, run on 8
@@ -107,8 +101,7 @@ def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
                 "strip_dapo_instruction": True, "reward_funcs": ["math_accuracy"]}  # fmt: skip
     assert {k: getattr(script, k) for k in expected} == expected
     assert (model.model_name_or_path, model.dtype) == ("Qwen/Qwen3-1.7B-Base", "bfloat16")
-    # Its batch arithmetic on its launch line's 4 processes: the tree test. Warm-up: 10 rollout steps = 40 updates
-    # (veRL steps its scheduler once per rollout step, TRL once per update).
+    # Warm-up: 10 rollout steps = 40 updates (veRL steps its scheduler once per rollout step, TRL once per update).
     assert args.optim.value.startswith("adamw") and args.lr_scheduler_type.value == "constant_with_warmup"
     assert args.save_strategy.value == "steps" and args.save_steps > 0 and args.save_total_limit
     assert args.bf16 and getattr(args, "activation_checkpointing", args.gradient_checkpointing)  # transformers < 5.24
@@ -148,7 +141,7 @@ VALUES |= {"demo/stapo_lora.yaml": PEFT}
 
 def test_recipe_twins_differ_only_where_they_should():
     for recipe, twin, allowed in TWINS:
-        raw = {path: _raw(path) for path in (recipe, twin)}
+        raw = {path: yaml.safe_load((RECIPES_DIR / path).read_text()) for path in (recipe, twin)}
         differing = {k for k in set(raw[recipe]) | set(raw[twin]) if raw[recipe].get(k) != raw[twin].get(k)}
         assert "output_dir" in differing and differing <= allowed, (recipe, twin, differing - allowed)
         for path, values in raw.items():
@@ -167,8 +160,7 @@ LAUNCH_CASES = {  # scripts/launch.sh ARGS -> (exit status, lines it printed: on
     "missing": ([Q17, *FOUR, "--vllm-gpus", "0", "--train-gpus", "1,7", "--print-only"], 2,
                 ["GPU 7 is not among the visible GPUs"]),
     "too-few": (["recipes/Qwen3-8B/stapo.yaml", *EIGHT, "--print-only"], 2, ["slurm/train.slurm"]),
-    # the dry run for the split before anything starts: 7 generations per prompt do not divide the 2 x 3 x 256 = 1536-
-    # completion generation batch of 3 training processes; the note names the process count the recipe is laid out for
+    # the split's dry run first: 7 generations do not divide 3 processes' 1536 completions; it names the 4 laid out
     "arithmetic": ([Q17, *FOUR, "--vllm-gpus", "0", "--train-gpus", "1,2,3", "--print-only", "--", "--num_generations",
                     "7"], 2, ["nothing was started", "laid out for 4"]),
     "server-dies": ([Q17, *EIGHT, "--log-dir", "TMP"], 3,
@@ -214,8 +206,8 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
     assert any("lora_B" in name for name in changed)  # lora_B starts at zero: the adapter learned something
     assert any(key.startswith("s2t/") for entry in trainer.state.log_history for key in entry)
     trainer.save_model(str(out))
-    saved = set(os.listdir(out))
-    assert {"adapter_config.json", "adapter_model.safetensors"} <= saved and "model.safetensors" not in saved
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(out))
+    assert not (out / "model.safetensors").exists()
     assert math.isfinite(trainer.state.log_history[-1].get("train_loss", 0.0))
     # The card's quick start runs as printed: it loads the adapter onto its base (TRL's pipeline(model=folder) fails).
     trainer.create_model_card(model_name="lora")
@@ -249,7 +241,7 @@ def test_accelerate_configs_are_what_they_claim():
         c = configs[name]
         stage = c.get("deepspeed_config", {}).get("zero_stage")
         assert (c["num_processes"], c["mixed_precision"], c["use_cpu"], c["distributed_type"], stage) == want, name
-    # The CPU ZeRO-3 test config takes the GPU config's ZeRO-3 path: same stage, partitioned init, 16-bit final save.
+    # The CPU ZeRO-3 test config takes the GPU one's path: same stage, partitioned init, 16-bit final save.
     for key in ("zero_stage", "zero3_init_flag", "zero3_save_16bit_model", "offload_param_device"):
         assert configs["zero3_cpu_2proc"]["deepspeed_config"][key] == configs["zero3"]["deepspeed_config"][key], key
     assert configs["zero3"]["deepspeed_config"]["zero3_init_flag"] is True
