@@ -1,5 +1,4 @@
-"""The package's shape, read from its source: no import circle, at most 6 loose modules, no module over 450 lines, at
-most 2 functions over 80 lines, and the core at most 600 lines of at most 119 characters."""
+"""The package's shape: no import circle, <= 6 loose modules of <= 450 lines, <= 2 long functions, a small core."""
 
 from __future__ import annotations
 

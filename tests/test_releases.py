@@ -1,5 +1,4 @@
-"""`make test-releases` on every TRL release setup.cfg admits: the README example trains in both layouts, each path
-on which the installed TRL would train past the mask is refused, S2T settings a plain `GRPOConfig` drops are named."""
+"""`make test-releases`: the README example trains, a path around the mask is refused, dropped S2T keys are named."""
 
 import ast
 import warnings
