@@ -39,7 +39,6 @@ def test_the_readme_example_constructs_silently_and_trains_two_steps(tiny_math_m
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         exec(compile(ast.fix_missing_locations(ast.Module(body, [])), "python_api.py", "exec"), namespace)
-    # the paper's configuration, a TRL in range: nothing to say
     assert [str(w.message) for w in caught if any(k in str(w.message) for k in ("STAPO", "trl "))] == []
     trainer = namespace["trainer"]
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}

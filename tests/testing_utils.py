@@ -56,8 +56,7 @@ def hand_s2t_batch():
 
 
 def hand_diagnostics_batch(prob_threshold=0.01):
-    """q 0.5; row 0 (A +1): at tau_p 0.01 candidates 1, 2, 4, tau_h 0.5, position 1 silenced; row 1 (A -1): none.
-    Returns (s2t result, logps, H, advantages, mask, ids)."""
+    """(s2t result, logps, H, A, mask, ids); q .5, tau_p .01: row 0's 1, 2, 4 candidates, tau_h .5, 1 silenced."""
     from stapo_trl.core.s2t import s2t_mask
 
     logps = torch.log(torch.tensor([[0.5, 0.001, 0.002, 0.9, 0.005], [0.2, 0.0005, 0.3, 1e-9, 1e-9]]))
@@ -215,8 +214,7 @@ def run_card_quick_start(card_path: Path, expect: str) -> None:  # as a reader w
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+    with socket.create_server(("127.0.0.1", 0)) as s:
         return s.getsockname()[1]
 
 

@@ -42,7 +42,6 @@ def test_demo_recipe_trains_with_deepspeed_zero2_on_two_cpu_processes(tiny_math_
     output = _stapo_train("zero2_cpu_2proc.yaml", tiny_math_model_path, out, *SMALL_TWO_RANK_DEMO, timeout=1500,
                           env=_deepspeed_env())  # fmt: skip
     check_two_rank_demo_run(output, out)
-    # DeepSpeed's CPU communication op is loaded (built or from the cache) only when the DeepSpeed engine runs.
     assert "deepspeed_shm_comm_op" in output, output[-3000:]
 
 
@@ -106,7 +105,6 @@ def test_demo_recipe_trains_and_resumes_with_deepspeed_zero3_on_two_cpu_processe
 
     evaluation = json.loads((out / "eval.json").read_text())
     assert evaluation["num_problems"] == 8 and 0.0 <= evaluation["accuracy_after"] <= 1.0
-    # Full tensors in the 16-bit save, every one trained, the untied LM head included.
     initial, step4 = load_file(model / "model.safetensors"), load_file(out / "checkpoint-4" / "model.safetensors")
     assert "lm_head.weight" in initial and set(step4) == set(initial)
     for name, tensor in initial.items():
@@ -150,7 +148,6 @@ def test_documented_cpu_two_process_command_trains_and_evaluates(tiny_math_model
     assert (out / "spurious_tokens.jsonl").is_file()
     card = (out / "README.md").read_text()  # written by the main process only
     assert "STAPO" in card and "2602.15620" in card and "| `s2t_prob_threshold` |" in card
-    # The evaluation split over two processes gives one process's numbers: a seed per sample, not per process.
     record = json.loads((out / "eval.json").read_text())
     assert record["num_processes"] == 2 and record["num_problems"] == 9
     for when in ("before", "after"):

@@ -98,7 +98,6 @@ def test_a_stop_signal_saves_one_checkpoint_on_every_rank(tiny_math_model_path, 
         tail = ("Resume with the same command: the same launch command, i.e. accelerate launch [your launch options] "
                 f"-m stapo_trl.cli.train {' '.join(_train_args(tiny_math_model_path, out))}")  # fmt: skip
         assert step >= 2 and line.endswith(tail), line
-        # The same launch line (a near end) resumes from that checkpoint and finishes.
         proc, _, _ = _start_two_ranks(tmp_path, tiny_math_model_path, max_steps=step + 2)
         resumed = _finish(proc)
         assert proc.returncode == 0, resumed[-3000:]
@@ -147,7 +146,6 @@ def test_a_signal_in_a_held_step_stops_both_ranks_at_one_step(tiny_math_model_pa
 
 
 def test_the_slurm_scripts_node_launch_runs_two_machine_ranks(tiny_math_model_path, tmp_path):
-    # slurm/train.slurm's multi-node branch: its --node-launch line twice on 127.0.0.1, machine ranks 0 and 1
     out = tmp_path / "two-machines"
     train_args = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
     command = ["bash", str(SLURM_SCRIPT), "--node-launch", *train_args, *SMALL_TWO_RANK_DEMO]

@@ -61,7 +61,6 @@ def test_shipped_docs_point_only_inside_the_repository(doc):
     text = (REPO / doc).read_text()
     outside = [m.group(0) for m in OUTSIDE.finditer(text)]
     assert not outside, f"{doc} points outside the repository: {outside}"
-    # Relative Markdown links resolve, from the page's folder, to a file of the repository; backticked paths exist.
     folder = (REPO / doc).parent
     for target in re.findall(r"\]\(([^)\s#]+)", text):
         if not target.startswith(("http://", "https://", "mailto:")):
@@ -79,7 +78,6 @@ def test_readme_python_snippet_is_the_example_file():
     assert "from stapo_trl import STAPOTrainer as GRPOTrainer" in source
     assigned = {node.targets[0].id: node.value for node in ast.parse(source).body if isinstance(node, ast.Assign)}
     assert ast.literal_eval(assigned["INSTRUCTION"]) == INSTRUCTION
-    # STAPOConfig sets use_cpu and bf16 itself on a machine without an accelerator, as the comment says.
     assert "# paper defaults (τ_p 0.002, q 0.75, DAPO loss); sets use_cpu=True, bf16=False without a GPU" in source
     calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and ast.unparse(n.func) == "GRPOConfig"]
     assert len(calls) == 1 and not {"use_cpu", "bf16"} & {keyword.arg for keyword in calls[0].keywords}

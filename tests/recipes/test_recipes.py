@@ -59,7 +59,6 @@ def test_readme_batch_table_keeps_the_paper_geometry(model, num_processes, accum
     recipe = RECIPES_DIR / model / "stapo.yaml"
     report = dry_run_recipe(["--config", str(recipe), *overrides * bool(accumulation)], num_processes)
     assert report.ok, report.summary()
-    # Paper: 256 prompts x 8 rollouts per rollout step, 64-prompt mini-batches, 4 updates per rollout step.
     geometry = ("generation_batch_size", "prompts_per_rollout_step", "completions_per_optimizer_step",
                 "prompts_per_optimizer_step", "optimizer_steps_per_rollout_step")  # fmt: skip
     assert [getattr(report, name) for name in geometry] == [2048, 256, 512, 64, 4]
@@ -85,7 +84,6 @@ def test_the_recipe_tree_is_complete_and_qwen3_launch_lines_match_their_arithmet
         assert launch["accelerate_config"] in ("zero2", "zero3", "ddp")
         assert raw["per_device_train_batch_size"] * n * raw["gradient_accumulation_steps"] == 512, path
         assert raw["per_device_train_batch_size"] * n * raw["steps_per_generation"] == 2048, path
-        # the header's batch arithmetic names these numbers
         assert f"gradient_accumulation_steps {raw['gradient_accumulation_steps']}" in text
         assert f"steps_per_generation {raw['steps_per_generation']}" in text
 
@@ -119,8 +117,7 @@ PER_MODEL_KEYS = {"model_name_or_path", "output_dir", "run_name", "per_device_tr
                   "gradient_accumulation_steps", "steps_per_generation", "save_total_limit"}  # fmt: skip
 PEFT = {"use_peft": True, "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
         "lora_target_modules": [f"{n}_proj" for n in ("q", "k", "v", "o", "gate", "up", "down")]}  # fmt: skip
-# (recipe, its twin, the keys they may differ in): each method against justrl.yaml (the STAPO recipe without the mask),
-# each CPU demo's like-for-like baseline, the model sizes, the LoRA demo.
+# (recipe, its twin, the keys they may differ in): each method against justrl.yaml (STAPO without the mask), ...
 TWINS = [(f"{model}/justrl.yaml", f"{model}/{method}.yaml", {"output_dir", "run_name", *keys})
          for model in QWEN3_MODELS
          for method, keys in [("stapo", S2T_KEYS), ("entropy20", {"top_entropy_quantile"}),
@@ -215,11 +212,10 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
 
 
 def test_demo_recipes_parse_into_the_right_classes():
-    script_args, a, model_args = parse_args(["--config", STAPO_RECIPE])
-    assert isinstance(script_args, STAPOScriptArguments) and isinstance(model_args, ModelConfig)
+    script, a, model_args = parse_args(["--config", STAPO_RECIPE])
+    assert isinstance(script, STAPOScriptArguments) and isinstance(model_args, ModelConfig)
     assert type(a) is STAPOConfig and model_args.model_name_or_path == "builtin:tiny-math"
-    script = (script_args.trainer, script_args.reward_funcs, script_args.eval_before_after)
-    assert script == ("stapo", ["math_accuracy"], True)
+    assert (script.trainer, script.reward_funcs, script.eval_before_after) == ("stapo", ["math_accuracy"], True)
     # ENVIRONMENT.md's measured tiny-model RL settings (lr 1e-4: 3e-4 breaks the current builtin's arithmetic).
     expected = {"learning_rate": 1e-4, "lr_scheduler_type": "constant", "per_device_train_batch_size": 16,
                 "num_generations": 8, "steps_per_generation": 4, "generation_batch_size": 64, "loss_type": "dapo",
@@ -241,7 +237,6 @@ def test_accelerate_configs_are_what_they_claim():
         c = configs[name]
         stage = c.get("deepspeed_config", {}).get("zero_stage")
         assert (c["num_processes"], c["mixed_precision"], c["use_cpu"], c["distributed_type"], stage) == want, name
-    # The CPU ZeRO-3 test config takes the GPU one's path: same stage, partitioned init, 16-bit final save.
     for key in ("zero_stage", "zero3_init_flag", "zero3_save_16bit_model", "offload_param_device"):
         assert configs["zero3_cpu_2proc"]["deepspeed_config"][key] == configs["zero3"]["deepspeed_config"][key], key
     assert configs["zero3"]["deepspeed_config"]["zero3_init_flag"] is True
