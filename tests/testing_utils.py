@@ -86,10 +86,9 @@ def policy_forward(trainer, batch):  # (B, T) log-probs and entropies by TRL's o
 
     ids, mask = (torch.cat([batch[f"prompt_{k}"], batch[f"completion_{k}"]], dim=1) for k in ("ids", "mask"))
     with torch.no_grad():
-        forward = GRPOTrainer._get_per_token_logps_and_entropies(
+        return GRPOTrainer._get_per_token_logps_and_entropies(
             trainer, trainer.model, ids, mask, batch["completion_ids"].size(1), compute_entropy=True
-        )
-    return forward[0], forward[1]
+        )[:2]
 
 
 class KeepsLogpGrad:  # trainer mixin: the training forward's per-token log-probs (and grad) as `probe_logps`
@@ -204,8 +203,7 @@ def builtin_cache_root(model_path: str) -> Path:  # the STAPO_TRL_CACHE where bu
 
 
 def run_card_quick_start(card_path: Path, expect: str) -> None:  # as a reader would; it must print a completion
-    card = card_path.read_text()
-    code = card.split("## Quick start", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    code = card_path.read_text().split("## Quick start", 1)[1].split("```python", 1)[1].split("```", 1)[0]
     assert expect in code and "device_map" not in code, code
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
