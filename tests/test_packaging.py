@@ -1,5 +1,4 @@
-"""What `pip install .` installs: a wheel built from the tracked files holds every file of the package (a file the
-code reads at run time and no `.py` file missing from the wheel would fail only outside an editable install)."""
+"""What `pip install .` installs: every tracked file of the package (missing ones fail only outside `pip -e`)."""
 
 import shutil
 import subprocess

@@ -1,5 +1,4 @@
-"""`make test-releases` on every TRL release setup.cfg admits: the README example trains in both layouts, each path
-on which the installed TRL would train past the mask is refused, S2T settings a plain `GRPOConfig` drops are named."""
+"""`make test-releases`: the README example trains, a path around the mask is refused, dropped S2T keys are named."""
 
 import ast
 import warnings
@@ -40,7 +39,6 @@ def test_the_readme_example_constructs_silently_and_trains_two_steps(tiny_math_m
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         exec(compile(ast.fix_missing_locations(ast.Module(body, [])), "python_api.py", "exec"), namespace)
-    # the paper's configuration, a TRL in range: nothing to say
     assert [str(w.message) for w in caught if any(k in str(w.message) for k in ("STAPO", "trl "))] == []
     trainer = namespace["trainer"]
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
@@ -53,8 +51,6 @@ def test_the_readme_example_constructs_silently_and_trains_two_steps(tiny_math_m
 
 
 TRAINERS = {"core": (CoreSTAPOTrainer, CoreSTAPOConfig), "product": (STAPOTrainer, STAPOConfig)}
-
-
 # (settings, the TRL release from which it applies the mask, what the one-line refusal holds)
 LIGER = (dict(use_liger_kernel=True), "1.14.0", [f"use_liger_kernel=True: trl {trl.__version__} computes the loss in "
          "Liger's kernel", "Set use_liger_kernel=False, or use trl>=1.14."])  # fmt: skip
@@ -62,7 +58,13 @@ LUSPO = (dict(loss_type="luspo", importance_sampling_level="token"), "1.10.0",
          [f"loss_type='luspo' with importance_sampling_level='token': trl {trl.__version__} sums"])  # fmt: skip
 
 
-def _refused(model_path, tmp_path, refusal, config: str, trainer: str, layout: str) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("trainer", TRAINERS)
+@pytest.mark.parametrize("refusal, config", [(LIGER, "GRPOConfig"), (LIGER, "STAPOConfig"), (LUSPO, "GRPOConfig")],
+                         ids=["liger-GRPOConfig", "liger-STAPOConfig", "luspo-GRPOConfig"])  # fmt: skip
+def test_a_path_around_the_mask_before_the_trl_that_masks_it_is_refused_at_construction(
+    tiny_random_model_path, tmp_path, no_model_built, refusal, config, trainer, layout
+):  # Liger before trl 1.14 never calls _compute_loss; token-level LUSPO before 1.10 counts every token's loss
     settings, fixed_in, parts = refusal
     if TRL >= Version(fixed_in):
         pytest.skip(f"trl >= {fixed_in} applies the mask")
@@ -71,27 +73,11 @@ def _refused(model_path, tmp_path, refusal, config: str, trainer: str, layout: s
                     num_generations=2, max_completion_length=8, **settings, **LAYOUTS[layout])  # fmt: skip
     with warnings.catch_warnings():  # the refusal comes before TRL's own checks (that Liger is installed)
         warnings.simplefilter("ignore")
-        args = GRPOConfig(**settings) if config == "GRPOConfig" else None
         with pytest.raises(ValueError) as error:
-            trainer_cls(model_path, reward_funcs=length_reward, args=args or config_cls(**settings),
-                        train_dataset=PROMPTS)  # fmt: skip
+            args = GRPOConfig(**settings) if config == "GRPOConfig" else config_cls(**settings)
+            trainer_cls(tiny_random_model_path, reward_funcs=length_reward, args=args, train_dataset=PROMPTS)
     (line,) = str(error.value).splitlines()
     assert line.startswith(parts[0]) and all(part in line for part in parts), line
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("trainer", TRAINERS)
-@pytest.mark.parametrize("config", ["GRPOConfig", "STAPOConfig"])
-def test_liger_before_trl_1_14_is_refused_at_construction(tiny_random_model_path, tmp_path, no_model_built, config,
-                                                         trainer, layout):  # fmt: skip
-    _refused(tiny_random_model_path, tmp_path, LIGER, config, trainer, layout)  # trl 1.9-1.13 never call _compute_loss
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("trainer", TRAINERS)
-def test_token_level_luspo_before_trl_1_10_is_refused_at_construction(tiny_random_model_path, tmp_path, no_model_built,
-                                                                      trainer, layout):  # fmt: skip
-    _refused(tiny_random_model_path, tmp_path, LUSPO, "GRPOConfig", trainer, layout)  # every token's loss counts
 
 
 def test_no_setting_is_refused_where_the_installed_trl_applies_the_mask():

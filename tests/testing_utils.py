@@ -1,5 +1,4 @@
-"""Helpers shared by several test files (fixtures live in `conftest.py`); nothing of the product is imported at
-module level: `tests/core/` uses these helpers too."""
+"""Helpers shared by test files (fixtures: `conftest.py`); nothing of the product is imported at module level."""
 
 import contextlib
 import io
@@ -28,28 +27,28 @@ README = REPO / "README.md"
 RECIPES_DIR = REPO / "recipes"
 STAPO_RECIPE = str(RECIPES_DIR / "demo" / "stapo.yaml")
 GRPO_RECIPE = str(RECIPES_DIR / "demo" / "grpo.yaml")  # STAPOTrainer with s2t_mode: off, the like-for-like baseline
+PROMPTS = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
+PORT_TAKEN = ("Address already in use", "EADDRINUSE")
+# 2 CPU ranks: 2 steps of one rollout batch (8 x 2 x 4), one log row; info logs "Total train batch size"
+SMALL_TWO_RANK_DEMO = ["--max_steps", "2", "--per_device_train_batch_size", "8", "--logging_steps", "2",
+                       "--eval_before_after", "false", "--save_strategy", "no", "--report_to", "none",
+                       "--disable_tqdm", "true", "--log_level", "info"]  # fmt: skip
 
 
 def zero_reward(completions, **kwargs):
     return [0.0] * len(completions)
 
 
-def length_reward(completions, **kwargs):
-    """Varies within a group: non-zero advantages (plain-text or chat completions)."""
+def length_reward(completions, **kwargs):  # varies within a group: non-zero advantages (plain text or chat)
     return [float(len(c[0]["content"] if isinstance(c, list) else c) % 4) for c in completions]
 
 
-def text_reward(completions, **kwargs):
-    """Varies within a group even where a random model's chat completions all have the same length."""
+def text_reward(completions, **kwargs):  # varies even where a random model's chat completions have one length
     return [float(sum(map(ord, c[0]["content"])) % 5) for c in completions]
 
 
-PROMPTS = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{i}+{i % 7}"}]} for i in range(64)])
-
-
 def hand_s2t_batch():
-    """(logps, entropies, advantages, loss_mask) of 2 rows, A = +1/-1, last token padding: at tau_p = 0.002 the
-    candidates are row-0 tokens 0, 1, 3 (H = 0.1, 0.4, 0.3)."""
+    """(logps, H, A = +1/-1, mask) of 2 rows, last token padding: tau_p 0.002 picks row 0's 0, 1, 3 (H .1 .4 .3)."""
     probs = torch.tensor([[0.001, 0.001, 0.5, 0.0005, 0.001]] * 2)
     entropies = torch.tensor([[0.1, 0.4, 0.2, 0.3, 2.0]] * 2)
     loss_mask = torch.tensor([[1, 1, 1, 1, 0]] * 2)
@@ -57,9 +56,7 @@ def hand_s2t_batch():
 
 
 def hand_diagnostics_batch(prob_threshold=0.01):
-    """Two completions, q = 0.5. Row 0 ("1+2=3", A = +1, 5 loss tokens): p = [0.5, 0.001, 0.002, 0.9, 0.005], H = [0.1,
-    0.2, 0.9, 0.3, 0.5]: at tau_p = 0.01 the candidates are 1, 2, 4, tau_h = 0.5, position 1 ("+") silenced. Row 1
-    (A = -1, 3 loss tokens + padding): never a candidate. Returns (s2t result, logps, H, advantages, mask, ids)."""
+    """(s2t result, logps, H, A, mask, ids); q .5, tau_p .01: row 0's 1, 2, 4 candidates, tau_h .5, 1 silenced."""
     from stapo_trl.core.s2t import s2t_mask
 
     logps = torch.log(torch.tensor([[0.5, 0.001, 0.002, 0.9, 0.005], [0.2, 0.0005, 0.3, 1e-9, 1e-9]]))
@@ -69,16 +66,14 @@ def hand_diagnostics_batch(prob_threshold=0.01):
     return result, logps, entropies, advantages, loss_mask, torch.tensor([[1, 2, 3, 4, 5], [5, 4, 3, 0, 0]])
 
 
-def candidates_batch(entropies, logps=None):
-    """One positive-advantage completion whose every token is a candidate (p = 0.001 < tau_p = 0.002)."""
+def candidates_batch(entropies, logps=None):  # one A > 0 completion, every token a candidate (p 0.001 < 0.002)
     entropies = torch.as_tensor(entropies)
     per_token_logps = torch.full(entropies.shape, math.log(0.001)) if logps is None else torch.as_tensor(logps)
     return per_token_logps[None], entropies[None], torch.tensor([1.0]), torch.ones(1, entropies.numel())
 
 
 def hand_scored_batch(vocab_size, seed=0, lengths=(5, 3, 4, 2), advantages=(1.0, -0.5, 2.0, 0.0)):
-    """A scored micro-batch as TRL hands it to the loss: 4 completions, 3 prompt tokens; with the defaults 14 loss
-    tokens, 9 of them with A > 0."""
+    """A scored micro-batch as TRL hands it to the loss: 4 completions, 3 prompt tokens; 14 loss tokens, 9 A > 0."""
     generator = torch.Generator().manual_seed(seed)
     mask = (torch.arange(5)[None] < torch.tensor(lengths)[:, None]).long()  # (4, 5)
     prompt_ids, completion_ids = (torch.randint(3, vocab_size, (4, n), generator=generator) for n in (3, 5))
@@ -86,21 +81,17 @@ def hand_scored_batch(vocab_size, seed=0, lengths=(5, 3, 4, 2), advantages=(1.0,
                 completion_mask=mask, advantages=torch.tensor(advantages), num_items_in_batch=mask.sum())  # fmt: skip
 
 
-def policy_forward(trainer, batch):
-    """(B, T) log-probs and entropies (nats) of the policy: TRL's own forward, apart from the trainer under test."""
+def policy_forward(trainer, batch):  # (B, T) log-probs and entropies by TRL's own forward, not the trainer's
     from trl import GRPOTrainer
 
     ids, mask = (torch.cat([batch[f"prompt_{k}"], batch[f"completion_{k}"]], dim=1) for k in ("ids", "mask"))
     with torch.no_grad():
-        forward = GRPOTrainer._get_per_token_logps_and_entropies(
+        return GRPOTrainer._get_per_token_logps_and_entropies(
             trainer, trainer.model, ids, mask, batch["completion_ids"].size(1), compute_entropy=True
-        )
-    return forward[0], forward[1]
+        )[:2]
 
 
-class KeepsLogpGrad:
-    """Trainer mixin keeping the training forward's per-token log-probs as `probe_logps` (their gradient)."""
-
+class KeepsLogpGrad:  # trainer mixin: the training forward's per-token log-probs (and grad) as `probe_logps`
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         forward = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         if torch.is_grad_enabled():
@@ -109,9 +100,7 @@ class KeepsLogpGrad:
         return forward
 
 
-class ForwardCounter:
-    """Counts a model's no-grad scoring forwards (`fused_lm_head=True` from TRL 1.15, `use_cache=False` before)."""
-
+class ForwardCounter:  # a model's no-grad scoring forwards (`fused_lm_head=True` from TRL 1.15, else no cache)
     def __init__(self, model):
         self.count = 0
         model.register_forward_pre_hook(self.hook, with_kwargs=True)
@@ -121,14 +110,12 @@ class ForwardCounter:
         self.count += bool(scoring) and not torch.is_grad_enabled()
 
 
-def no_activation_checkpointing() -> dict:
-    """`{field: False}` under the installed transformers' name (`activation_checkpointing` from 5.24)."""
+def no_activation_checkpointing() -> dict:  # under the installed transformers' name (`activation_...` from 5.24)
     names = {f.name for f in fields(TrainingArguments)}
     return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": False}
 
 
-def tiny_stapo_config(output_dir, **overrides):
-    """`STAPOConfig` for a few CPU steps (4 completions per step, no checkpoints or trackers), warnings silenced."""
+def tiny_stapo_config(output_dir, **overrides):  # a few CPU steps of 4 completions, no checkpoints, warnings off
     from stapo_trl import STAPOConfig
 
     settings = dict(output_dir=str(output_dir), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
@@ -138,9 +125,7 @@ def tiny_stapo_config(output_dir, **overrides):
         return STAPOConfig(**settings | overrides)
 
 
-class SignalAtStep(TrainerCallback):
-    """Sends `signum` to this process once, at the end of `step` (Ctrl-C, or a scheduler's SIGTERM)."""
-
+class SignalAtStep(TrainerCallback):  # sends `signum` to this process once, at the end of `step`
     def __init__(self, step: int, signum: int):
         self.step, self.signum, self.sent = step, signum, False
 
@@ -159,13 +144,11 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def addition_rows(n: int) -> list[dict]:
-    """`n` rows in the demo recipe's columns: 10+20=30, 11+21=32, ..."""
+def addition_rows(n: int) -> list[dict]:  # in the demo recipe's columns: 10+20=30, 11+21=32, ...
     return [{"problem": f"{10 + i}+{20 + i}", "answer": str(30 + 2 * i)} for i in range(n)]
 
 
-def write_recipe(tmp_path: Path, text: str, base: str = STAPO_RECIPE) -> str:
-    """`tmp_path/recipe.yaml`: `base` with `text` appended, `base`'s lines setting a key of `text` left out."""
+def write_recipe(tmp_path: Path, text: str, base: str = STAPO_RECIPE) -> str:  # `base` with `text`'s keys replaced
     keys = {line.split(":")[0] for line in text.splitlines() if re.match(r"^\w+:", line)}
     kept = [line for line in Path(base).read_text().splitlines() if line.split(":")[0] not in keys]
     path = tmp_path / "recipe.yaml"
@@ -173,9 +156,7 @@ def write_recipe(tmp_path: Path, text: str, base: str = STAPO_RECIPE) -> str:
     return str(path)
 
 
-def write_hostile_pickle(path: Path, marker: Path) -> None:
-    """`path` replaced by a torch file whose pickle runs `touch marker` if loaded unsafely."""
-
+def write_hostile_pickle(path: Path, marker: Path) -> None:  # a torch file that touches `marker` if unpickled
     class Hostile:
         def __reduce__(self):
             return os.system, (f"touch {marker}",)
@@ -183,43 +164,36 @@ def write_hostile_pickle(path: Path, marker: Path) -> None:
     torch.save({"state": Hostile()}, path)
 
 
-def write_metrics_run(folder: Path) -> str:
-    """A run folder whose metrics.jsonl logged steps 1-3: enough for `stapo-plot`."""
+def write_metrics_run(folder: Path) -> str:  # metrics.jsonl of steps 1-3: enough for `stapo-plot`
     folder.mkdir(parents=True, exist_ok=True)
     write_jsonl(folder / "metrics.jsonl", [{"step": s, "reward": 0.1 * s, "entropy": 0.5} for s in (1, 2, 3)])
     return str(folder)
 
 
-def fake_eval_results(name: str, values: dict[str, float]) -> dict:
-    """A `stapo-eval` results record of model `name`: avg@4 per benchmark at T 1.0."""
+def fake_eval_results(name: str, values: dict[str, float]) -> dict:  # `stapo-eval`'s record: avg@4 per benchmark
     tables = {b: {"avg@4": v, "n_samples": 4, "pass@k": {}} for b, v in values.items()}
     return {"model": {"name_or_path": name, "source": "hub"}, "results": {"t1.0-p1.0": tables}}
 
 
-def error_line(capsys, prog: str) -> str:
-    """The one `PROG: error: ...` line on stderr, the last thing printed."""
+def error_line(capsys, prog: str) -> str:  # the one `PROG: error: ...` line on stderr, the last thing printed
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "error:" in line]
     assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: ") and err.rstrip("\n").endswith(lines[0]), err
     return lines[0]
 
 
-class LogRecords(list):
-    """A logging handler's records, as a list of messages."""
-
+class LogRecords(list):  # a logging handler's records, as a list of messages
     def handler(self):
         handler = logging.Handler(level=logging.DEBUG)
         handler.emit = lambda record: self.append(record.getMessage())
         return handler
 
 
-def readme_code_blocks(language: str, doc: Path = README) -> list[str]:
-    """The fenced code blocks of `doc` in `language`, without their fences."""
+def readme_code_blocks(language: str, doc: Path = README) -> list[str]:  # fenced blocks, without their fences
     return re.findall(rf"^```{language}\n(.*?)^```$", doc.read_text(), flags=re.M | re.S)
 
 
-def builtin_cache_root(model_path: str) -> Path:
-    """The `STAPO_TRL_CACHE` under which `builtin:tiny-math` resolves to `model_path` (no rebuild in a subprocess)."""
+def builtin_cache_root(model_path: str) -> Path:  # the STAPO_TRL_CACHE where builtin:tiny-math is `model_path`
     from stapo_trl.models import builtin_model_dir
 
     root = Path(model_path).parent
@@ -228,10 +202,8 @@ def builtin_cache_root(model_path: str) -> Path:
     return root
 
 
-def run_card_quick_start(card_path: Path, expect: str) -> None:
-    """Runs a model card's quick-start block as a reader would; it must print a completion."""
-    card = card_path.read_text()
-    code = card.split("## Quick start", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+def run_card_quick_start(card_path: Path, expect: str) -> None:  # as a reader would; it must print a completion
+    code = card_path.read_text().split("## Quick start", 1)[1].split("```python", 1)[1].split("```", 1)[0]
     assert expect in code and "device_map" not in code, code
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -240,8 +212,7 @@ def run_card_quick_start(card_path: Path, expect: str) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+    with socket.create_server(("127.0.0.1", 0)) as s:
         return s.getsockname()[1]
 
 
@@ -250,12 +221,8 @@ def subprocess_env(**extra: str) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1", **extra}  # fmt: skip
 
 
-PORT_TAKEN = ("Address already in use", "EADDRINUSE")
-
-
 def run_subprocess(cmd, *, timeout: float, env: dict[str, str] | None = None, cwd: Path = REPO, status: int = 0):
-    """The output of `cmd` (or of `cmd(port)` on a free port, once more on another if a job took it) run in its own
-    process group; fails the test, showing the output, on another exit status or a timeout (a hung collective)."""
+    """`cmd`'s (or `cmd(port)`'s, retried once if the port was taken) output; fails on another status or a hang."""
     for attempt in range(2):
         args = cmd(free_port()) if callable(cmd) else cmd
         proc = subprocess.Popen(args, cwd=cwd, env=env or subprocess_env(), stdout=subprocess.PIPE,
@@ -282,21 +249,13 @@ def accelerate_launch(port: int, config: str = "cpu_2proc.yaml") -> list[str]:  
 
 
 def run_torchrun(source: str, script: Path, *args: str, nproc: int, timeout: float = 600, launch=None, status=0):
-    """Runs `source`, written to `script`, on `nproc` ranks under torchrun (or `launch(port)`) with `run_subprocess`.
-    Workers print results with `report(*parts)`: one write(2) of a line, which other ranks' writes cannot split."""
+    """`source` on `nproc` ranks; its `report(*parts)` writes a line in one write(2): other ranks cannot split it."""
     report = (
         'import os as _os\n\n\ndef report(*parts):\n    _os.write(1, (" ".join(map(str, parts)) + "\\n").encode())\n'
     )
     script.write_text(report + source)
     launch = launch or (lambda port: torchrun_launch(port, nproc))
     return run_subprocess(lambda port: [*launch(port), str(script), *args], timeout=timeout, status=status)
-
-
-# The demo recipe for 2 CPU ranks: 2 steps of one rollout batch (8 per rank x 2 x steps_per_generation 4), one log row
-# pooling both updates; info level logs "Total train batch size".
-SMALL_TWO_RANK_DEMO = ["--max_steps", "2", "--per_device_train_batch_size", "8", "--logging_steps", "2",
-                       "--eval_before_after", "false", "--save_strategy", "no", "--report_to", "none",
-                       "--disable_tqdm", "true", "--log_level", "info"]  # fmt: skip
 
 
 def check_two_rank_demo_run(output: str, out: Path) -> None:
@@ -310,7 +269,9 @@ def check_two_rank_demo_run(output: str, out: Path) -> None:
     assert state["global_step"] == 2 and any("s2t/silenced_ratio" in entry for entry in state["log_history"])
 
 
-HELD_REWARD = """import os, sys, time
+def write_held_reward(folder: Path) -> Path:
+    """`held_reward.held_accuracy` says "reward held on rank N" and waits while the returned HOLD file exists."""
+    (folder / "held_reward.py").write_text("""import os, sys, time
 from stapo_trl.rewards import math_accuracy_reward
 HOLD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "HOLD")
 def held_accuracy(completions, solution, **kwargs):
@@ -320,19 +281,12 @@ def held_accuracy(completions, solution, **kwargs):
         while os.path.exists(HOLD):
             time.sleep(0.05)
     return math_accuracy_reward(completions, solution, **kwargs)
-"""
-
-
-def write_held_reward(folder: Path) -> Path:
-    """`folder/held_reward.py`: `held_accuracy` (math_accuracy) says "reward held on rank N" on stderr and waits while
-    the returned HOLD file exists (the test creates it to hold a scoring, removes it to release it)."""
-    (folder / "held_reward.py").write_text(HELD_REWARD)
+""")
     return folder / "HOLD"
 
 
 def read_until(proc: subprocess.Popen, prefix: str, count: int = 1, timeout: float = 300) -> list[str]:
-    """`proc`'s output lines up to the `count`-th starting with `prefix`; kills it and shows them when it ends first or
-    `timeout` passes (checked at each line: a guard against a hang)."""
+    """`proc`'s lines up to the `count`-th starting with `prefix`; kills it if it ends first or hangs."""
     lines, seen, deadline = [], 0, time.monotonic() + timeout
     for line in proc.stdout:
         lines.append(line)

@@ -1,5 +1,4 @@
-"""The S2T collectives in real training on two ranks (torchrun on CPU): metrics all-reduce, token-record gather, tau_h
-per optimizer update over both ranks' candidates, a never-firing threshold equal to `s2t_mode: off`; whole lines."""
+"""S2T's collectives on two CPU ranks: metrics, token records, tau_h per update, a never-firing mask = off."""
 
 import json
 import textwrap

@@ -42,12 +42,10 @@ def test_demo_recipe_trains_with_deepspeed_zero2_on_two_cpu_processes(tiny_math_
     output = _stapo_train("zero2_cpu_2proc.yaml", tiny_math_model_path, out, *SMALL_TWO_RANK_DEMO, timeout=1500,
                           env=_deepspeed_env())  # fmt: skip
     check_two_rank_demo_run(output, out)
-    # DeepSpeed's CPU communication op is loaded (built or from the cache) only when the DeepSpeed engine runs.
     assert "deepspeed_shm_comm_op" in output, output[-3000:]
 
 
-# 64 completions per rollout batch, two log rows per 4 updates, tau_p = 1: every positive-advantage token a candidate,
-# so the mask silences some in a few steps; info level: the batch size and "Detected DeepSpeed ZeRO-3"
+# 64 completions per rollout batch, 2 log rows per 4 updates, tau_p = 1: every A > 0 token a candidate; info level
 SMALL_DEMO = ["--per_device_train_batch_size", "8", "--logging_steps", "2", "--s2t_prob_threshold", "1.0",
               "--save_strategy", "steps", "--save_steps", "4", "--report_to", "none", "--disable_tqdm", "true",
               "--log_level", "info"]  # fmt: skip
@@ -107,7 +105,6 @@ def test_demo_recipe_trains_and_resumes_with_deepspeed_zero3_on_two_cpu_processe
 
     evaluation = json.loads((out / "eval.json").read_text())
     assert evaluation["num_problems"] == 8 and 0.0 <= evaluation["accuracy_after"] <= 1.0
-    # Full tensors in the 16-bit save, every one trained, the untied LM head included.
     initial, step4 = load_file(model / "model.safetensors"), load_file(out / "checkpoint-4" / "model.safetensors")
     assert "lm_head.weight" in initial and set(step4) == set(initial)
     for name, tensor in initial.items():
@@ -115,8 +112,7 @@ def test_demo_recipe_trains_and_resumes_with_deepspeed_zero3_on_two_cpu_processe
     optim = sorted(p.name for p in (out / "checkpoint-4" / "global_step4").glob("zero_pp_rank_*_optim_states.pt"))
     assert optim == [f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in (0, 1)]
 
-    # Resume to step 8 from checkpoint-4 (each rank's partition); TRL's evaluation at step 8 generates on every rank
-    # with the sharded parameters gathered: 8 problems x 2 samples, one eval batch of 8 per rank.
+    # Resume to step 8 from checkpoint-4; TRL's evaluation at step 8 generates on every rank, parameters gathered.
     resume = ["--max_steps", "8", "--eval_before_after", "false", "--benchmark_eval", "tiny-math",
               "--benchmark_eval_steps", "4", "--benchmark_eval_limit", "8", "--benchmark_eval_samples", "2",
               "--per_device_eval_batch_size", "8"]  # fmt: skip
@@ -142,8 +138,7 @@ def test_documented_cpu_two_process_command_trains_and_evaluates(tiny_math_model
     (command,) = [shlex.split(line) for line in lines if "cpu_2proc.yaml" in line and not line.startswith("#")]
     assert command[:2] == ["accelerate", "launch"] and "--output_dir" in command, command
     out = tmp_path / "demo-2proc"
-    # The printed command with overrides appended (last value wins), a free port right after `launch`; 9 problems x 2
-    # samples split unevenly (5 and 4, the last one padded) over the two ranks.
+    # The printed command, overrides appended, a free port; 9 problems x 2 samples split 5 and 4 (padded) over 2 ranks
     overrides = [*SMALL_TWO_RANK_DEMO, "--eval_before_after", "true", "--eval_num_problems", "9",
                  "--eval_num_samples", "2", "--output_dir", str(out)]  # fmt: skip
     monkeypatch.setenv("STAPO_TRL_CACHE", str(builtin_cache_root(tiny_math_model_path)))  # the before-evaluation's
@@ -153,7 +148,6 @@ def test_documented_cpu_two_process_command_trains_and_evaluates(tiny_math_model
     assert (out / "spurious_tokens.jsonl").is_file()
     card = (out / "README.md").read_text()  # written by the main process only
     assert "STAPO" in card and "2602.15620" in card and "| `s2t_prob_threshold` |" in card
-    # The evaluation split over two processes gives one process's numbers: a seed per sample, not per process.
     record = json.loads((out / "eval.json").read_text())
     assert record["num_processes"] == 2 and record["num_problems"] == 9
     for when in ("before", "after"):

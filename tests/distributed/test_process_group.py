@@ -1,5 +1,4 @@
-"""The process group on two ranks: after an input error (status 2 on each rank under accelerate), `trainer.end()` and
-`stapo-train`, nothing holds it and gloo's threads are gone (`stapo_trl.integrations.process_group`)."""
+"""Two ranks: after an input error (status 2), `trainer.end()` and `stapo-train`, no process group, no gloo thread."""
 
 import sys
 import textwrap
@@ -9,8 +8,7 @@ from testing_utils import SMALL_TWO_RANK_DEMO, STAPO_RECIPE, accelerate_launch, 
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
-# `stapo-train ARGV` or training one step with `which` trainer; after `trainer.end()` no function default holds the
-# group, gloo's threads are gone and the model still generates.
+# `stapo-train ARGV` or one step of `which` trainer; after `trainer.end()` nothing holds the group, the model generates
 WORKER = textwrap.dedent(
     r"""
     import gc, os, sys, types

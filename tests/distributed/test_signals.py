@@ -1,5 +1,4 @@
-"""Stop signals across a two-process launch (the launcher forwards PET_SIGNALS_TO_HANDLE; Slurm signals every process;
-Ctrl-C the launcher's group), and the Slurm script's per-node launch line."""
+"""Stop signals across a two-process launch (launcher, Slurm, Ctrl-C), and the Slurm script's per-node launch line."""
 
 import json
 import os
@@ -40,7 +39,6 @@ def _train_args(model_path: str, out: Path, max_steps: int = 5000) -> list[str]:
 
 
 def _start_two_ranks(tmp_path: Path, model_path: str, launch: list[str] | None = None, max_steps=5000, **env: str):
-    """The demo on 2 CPU ranks (`launch`, default accelerate) scored by the held reward: (launcher, out, HOLD)."""
     out, hold = tmp_path / "run", write_held_reward(tmp_path)
     launch = launch or [*accelerate_launch(free_port()), "-m", "stapo_trl.cli.train"]
     env = subprocess_env(PYTHONPATH=str(REPO), TORCH_ELASTIC_SHUTDOWN_TIMEOUT="300", **env)
@@ -87,8 +85,7 @@ def _check_one_checkpoint_on_every_rank(output: str, out: Path, signum: signal.S
     (signal.SIGINT, {}, "ctrl-c"),
 ], ids=["SIGTERM", "SIGINT", "SIGTERM-torchrun", "SIGUSR1-listed", "ctrl-c"])  # fmt: skip
 def test_a_stop_signal_saves_one_checkpoint_on_every_rank(tiny_math_model_path, tmp_path, signum, env, launcher):
-    # to the launcher (kill, a container runtime, scripts/launch.sh): it forwards it to both workers, which save
-    # together; Ctrl-C in the terminal: the launcher's process group
+    # to the launcher, which forwards it to both workers (they save together); Ctrl-C: the launcher's process group
     launch = [*torchrun_launch(free_port()), "-m", "stapo_trl.cli.train"] if launcher == "torchrun" else None
     proc, out, _ = _start_two_ranks(tmp_path, tiny_math_model_path, launch, **env)
     try:
@@ -101,7 +98,6 @@ def test_a_stop_signal_saves_one_checkpoint_on_every_rank(tiny_math_model_path, 
         tail = ("Resume with the same command: the same launch command, i.e. accelerate launch [your launch options] "
                 f"-m stapo_trl.cli.train {' '.join(_train_args(tiny_math_model_path, out))}")  # fmt: skip
         assert step >= 2 and line.endswith(tail), line
-        # The same launch line (a near end) resumes from that checkpoint and finishes.
         proc, _, _ = _start_two_ranks(tmp_path, tiny_math_model_path, max_steps=step + 2)
         resumed = _finish(proc)
         assert proc.returncode == 0, resumed[-3000:]
@@ -122,9 +118,7 @@ HELD_CASES = [(signal.SIGUSR1, "node"), (signal.SIGTERM, "node"), (signal.SIGTER
 
 @pytest.mark.parametrize("signum, launcher", HELD_CASES, ids=["SIGUSR1", "SIGTERM", "rank1"])
 def test_a_signal_in_a_held_step_stops_both_ranks_at_one_step(tiny_math_model_path, tmp_path, signum, launcher):
-    # node: slurm/train.slurm's --node-launch line, the signal to every process twice, as Slurm sends it: the launcher
-    # ignores it and waits; each worker saves its part of one checkpoint. rank 1: the signal to rank 1 alone (the ranks
-    # agree through the reduced signal number; rank 0 prints the message).
+    # node: train.slurm's --node-launch, every process signalled twice as Slurm does; rank 1: rank 1 alone signalled
     node = [["bash", str(SLURM_SCRIPT), "--node-launch"], _node_launch_env(1, SLURM_PROCID="0")]
     launch, env = node if launcher == "node" else (None, {})
     proc, out, hold = _start_two_ranks(tmp_path, tiny_math_model_path, launch, **env)
@@ -152,7 +146,6 @@ def test_a_signal_in_a_held_step_stops_both_ranks_at_one_step(tiny_math_model_pa
 
 
 def test_the_slurm_scripts_node_launch_runs_two_machine_ranks(tiny_math_model_path, tmp_path):
-    # slurm/train.slurm's multi-node branch: its --node-launch line twice on 127.0.0.1, machine ranks 0 and 1
     out = tmp_path / "two-machines"
     train_args = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--output_dir", str(out)]
     command = ["bash", str(SLURM_SCRIPT), "--node-launch", *train_args, *SMALL_TWO_RANK_DEMO]

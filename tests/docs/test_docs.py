@@ -1,5 +1,4 @@
-"""The shipped docs (README.md, docs/, recipes/): bash blocks paste as written, links stay inside the repository, the
-Python example (`examples/python_api.py`) and docs/development.md's plain-TRL baseline run as printed."""
+"""The shipped docs: bash blocks paste, links stay inside the repository, the Python examples run as printed."""
 
 import ast
 import re
@@ -20,13 +19,13 @@ DOCS = [REPO / "README.md", REPO / "recipes" / "README.md", *sorted(REPO.glob("d
 BLOCKS = [(doc, block) for doc in DOCS for block in readme_code_blocks("bash", doc)]
 SHIPPED_DOCS = [str(p.relative_to(REPO)) for p in [*DOCS, *sorted(REPO.glob("recipes/**/*.yaml"))]]
 OUTSIDE = re.compile(r"(?<![\w.])/(?:work|home|tmp|root|Users)/|\bshared/|\bSTAPO\.md\b|\bENVIRONMENT\.md\b")
+BACKTICKED = re.compile(r"`((?:benchmarks|docs|recipes|scripts|slurm|stapo_trl|tests|notebooks)/[\w./-]+)`")
 EXAMPLE = REPO / "examples" / "python_api.py"
 
 
 @pytest.mark.parametrize("doc, block", BLOCKS, ids=[f"{d.relative_to(REPO)}:{i}" for i, (d, _) in enumerate(BLOCKS)])
 def test_every_bash_block_pastes(doc, block):
-    # It parses (`bash -n`); no `\` is followed by spaces and a `# comment` (pasted: one argument `' '` ends the
-    # command); a `stapo-train` on other data names its own --output_dir (else it resumes the recipe's finished run).
+    # It parses; no `\` is followed by spaces or a comment; `stapo-train` on other data names its own --output_dir.
     checked = subprocess.run(["bash", "-n"], input=block, capture_output=True, text=True)
     assert checked.returncode == 0, f"{doc.name}: {checked.stderr}\n{block}"
     for line in block.splitlines():
@@ -38,8 +37,7 @@ def test_every_bash_block_pastes(doc, block):
 
 
 def test_every_stapo_eval_command_on_a_tiny_model_fits_its_positions(tiny_math_model_path):
-    # The README's `stapo-eval --model outputs/demo-stapo ...` and the docs' `make evaluate MODEL=outputs/demo-stapo
-    # EVAL_ARGS=...` stopped on the paper's default budget (20480 new tokens; the tiny model has 512 positions).
+    # `stapo-eval --model outputs/demo-stapo` and `make evaluate` within the tiny model's 512 positions
     from stapo_trl.cli.eval import check_generation_budget, make_parser
 
     checked = []
@@ -63,15 +61,12 @@ def test_shipped_docs_point_only_inside_the_repository(doc):
     text = (REPO / doc).read_text()
     outside = [m.group(0) for m in OUTSIDE.finditer(text)]
     assert not outside, f"{doc} points outside the repository: {outside}"
-    # Relative Markdown links resolve, from the page's folder, to a file of the repository; backticked paths exist.
     folder = (REPO / doc).parent
     for target in re.findall(r"\]\(([^)\s#]+)", text):
         if not target.startswith(("http://", "https://", "mailto:")):
             resolved = (folder / target).resolve()
             assert resolved.is_relative_to(REPO) and resolved.exists(), f"{doc} links to a missing file: {target}"
-    for target in re.findall(
-        r"`((?:benchmarks|docs|recipes|scripts|slurm|stapo_trl|tests|notebooks)/[\w./-]+)`", text
-    ):
+    for target in BACKTICKED.findall(text):
         assert (REPO / target).exists(), f"{doc} names a missing file: {target}"
 
 
@@ -83,7 +78,6 @@ def test_readme_python_snippet_is_the_example_file():
     assert "from stapo_trl import STAPOTrainer as GRPOTrainer" in source
     assigned = {node.targets[0].id: node.value for node in ast.parse(source).body if isinstance(node, ast.Assign)}
     assert ast.literal_eval(assigned["INSTRUCTION"]) == INSTRUCTION
-    # STAPOConfig sets use_cpu and bf16 itself on a machine without an accelerator, as the comment says.
     assert "# paper defaults (τ_p 0.002, q 0.75, DAPO loss); sets use_cpu=True, bf16=False without a GPU" in source
     calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and ast.unparse(n.func) == "GRPOConfig"]
     assert len(calls) == 1 and not {"use_cpu", "bf16"} & {keyword.arg for keyword in calls[0].keywords}
@@ -95,12 +89,10 @@ def test_readme_python_snippet_is_the_example_file():
 def test_python_api_example_runs_as_printed_and_stapo_plot_reads_its_folder(tiny_math_model_path, tmp_path):
     from stapo_trl.cli.plot import main as plot_main
 
-    # The file as printed, in a fresh folder; `builtin:tiny-math` resolves to the session's model (no rebuild).
-    cache = str(builtin_cache_root(tiny_math_model_path))
+    cache = str(builtin_cache_root(tiny_math_model_path))  # the file as printed, in a fresh folder
     env = subprocess_env(STAPO_TRL_CACHE=cache, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
     output = run_subprocess([sys.executable, str(EXAMPLE)], timeout=300, env=env, cwd=tmp_path)
-    # STAPOConfig sets `activation_checkpointing` itself: no deprecation of TRL's default `gradient_checkpointing` at
-    # config time (what a run prints while training is TRL's and transformers' own, as for GRPOTrainer).
+    # STAPOConfig sets `activation_checkpointing` itself: no deprecation of `gradient_checkpointing` at config time
     assert "`gradient_checkpointing` is deprecated" not in output.split("Loading weights")[0], output[-3000:]
     out = tmp_path / "outputs" / "python-api"
     rows = [row for row in read_metrics(str(out)) if "reward" in row]

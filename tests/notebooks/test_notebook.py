@@ -1,5 +1,4 @@
-"""`notebooks/s2t_exploration.ipynb`: committed without outputs, run headless by the README's command, every claim it
-prints asserted in its cell (a claim that does not hold fails the run)."""
+"""`notebooks/s2t_exploration.ipynb`: committed without outputs; the README's command runs it, asserting its claims."""
 
 import re
 import sys
@@ -27,8 +26,7 @@ def test_notebook_is_committed_without_outputs_and_leaves_the_run_file_callbacks
                          ids=["no-wheel", "smollm2"])  # fmt: skip
 def test_notebook_runs_as_the_readme_prints_it_and_asserts_the_papers_claims(tiny_math_model_path, tmp_path, request,
                                                                              real):  # fmt: skip
-    # Without the real model's wheel its section says how to install it and skips; with it, builtin:smollm2-135m as
-    # shipped, converted once per session (`smollm2_path`, read through STAPO_TRL_CACHE).
+    # Without the real model's wheel its section says how to install it; with it, builtin:smollm2-135m as shipped.
     if real:
         env = {"STAPO_TRL_CACHE": str(Path(request.getfixturevalue("smollm2_path")).parent)}
     else:

@@ -1,5 +1,4 @@
-"""scripts/launch.sh passes SIGUSR1 always, SIGTERM outside a Slurm job, on to training and exits 128 + its number
-(stand-ins for the server and for training, which records the signals it gets)."""
+"""scripts/launch.sh passes SIGUSR1, and SIGTERM outside Slurm, on to (a stand-in) training; exits 128 + signal."""
 
 import os
 import signal
@@ -71,8 +70,7 @@ def _start_launch(tmp_path, **env: str) -> tuple[subprocess.Popen, object]:
     (signal.SIGINT, 130, [], ["KeyboardInterrupt"]),
 ], ids=["SIGUSR1", "SIGTERM", "ctrl-c"])  # fmt: skip
 def test_launch_passes_a_stop_signal_on_to_training(tmp_path, signum, status, got, printed):
-    # Slurm's `--signal=B:USR1@...` reaches the batch shell only; `kill` or a container runtime the main process;
-    # Ctrl-C the foreground process group (bash would start background training with SIGINT ignored).
+    # Slurm's `--signal=B:USR1@...` and `kill` reach launch.sh only; Ctrl-C the foreground process group.
     proc, record = _start_launch(tmp_path)
     server = [p for p in psutil.Process(proc.pid).children() if "http.server" in " ".join(p.cmdline())]
     os.killpg(proc.pid, signum) if signum == signal.SIGINT else proc.send_signal(signum)

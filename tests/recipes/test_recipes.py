@@ -34,10 +34,6 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(RECIPES_DIR))
 
 
-def _raw(recipe: str) -> dict:
-    return yaml.safe_load((RECIPES_DIR / recipe).read_text())
-
-
 @pytest.mark.parametrize("recipe", [
     pytest.param(p, id=_rel(p), marks=[pytest.mark.real_model(w) for w in [REAL_MODEL_RECIPES.get(_rel(p))] if w])
     for p in RECIPES
@@ -63,20 +59,12 @@ def test_readme_batch_table_keeps_the_paper_geometry(model, num_processes, accum
     recipe = RECIPES_DIR / model / "stapo.yaml"
     report = dry_run_recipe(["--config", str(recipe), *overrides * bool(accumulation)], num_processes)
     assert report.ok, report.summary()
-    # Paper: 256 prompts x 8 rollouts per rollout step, 64-prompt mini-batches, 4 updates per rollout step.
-    assert report.generation_batch_size == 2048 and report.prompts_per_rollout_step == 256
-    assert report.completions_per_optimizer_step == 512 and report.prompts_per_optimizer_step == 64
-    assert report.optimizer_steps_per_rollout_step == 4
+    geometry = ("generation_batch_size", "prompts_per_rollout_step", "completions_per_optimizer_step",
+                "prompts_per_optimizer_step", "optimizer_steps_per_rollout_step")  # fmt: skip
+    assert [getattr(report, name) for name in geometry] == [2048, 256, 512, 64, 4]
     assert not [w for w in report.warnings if "batch geometry" in w], report.warnings
-    table = (RECIPES_DIR / "README.md").read_text()
-    per_device = report.per_device_train_batch_size
-    row = f"| {num_processes} | {per_device} | {report.gradient_accumulation_steps} | {report.steps_per_generation} |"
-    assert row in table, f"recipes/README.md lacks the row {row!r} for {recipe}"
-
-
-def test_dry_run_warns_when_a_paper_recipe_runs_at_another_geometry():  # laid out for 4 processes, run on 8
-    report = dry_run_recipe(["--config", str(RECIPES_DIR / "Qwen3-1.7B" / "stapo.yaml")], 8)
-    assert report.ok and any("512 prompts x 8 rollouts" in w and "128-prompt updates" in w for w in report.warnings)
+    row = f"| {num_processes} | {report.per_device_train_batch_size} | {report.gradient_accumulation_steps} | "
+    assert f"{row}{report.steps_per_generation} |" in (RECIPES_DIR / "README.md").read_text(), f"{row}: {recipe}"
 
 
 def test_the_recipe_tree_is_complete_and_qwen3_launch_lines_match_their_arithmetic():
@@ -91,12 +79,11 @@ def test_the_recipe_tree_is_complete_and_qwen3_launch_lines_match_their_arithmet
         assert launch["accelerate_config"] in ("zero2", "zero3", "ddp")
         assert raw["per_device_train_batch_size"] * n * raw["gradient_accumulation_steps"] == 512, path
         assert raw["per_device_train_batch_size"] * n * raw["steps_per_generation"] == 2048, path
-        # the header's batch arithmetic names these numbers
         assert f"gradient_accumulation_steps {raw['gradient_accumulation_steps']}" in text
         assert f"steps_per_generation {raw['steps_per_generation']}" in text
 
 
-def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
+def test_qwen3_1p7b_stapo_recipe_has_the_paper_values_and_warns_at_another_geometry():
     with warnings.catch_warnings():  # activation_checkpointing, transformers 5's name: no deprecation
         warnings.simplefilter("error", FutureWarning)
         script, args, model = parse_args(["--config", str(RECIPES_DIR / "Qwen3-1.7B/stapo.yaml"), "--use_cpu", "true"])
@@ -107,8 +94,7 @@ def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
                 "strip_dapo_instruction": True, "reward_funcs": ["math_accuracy"]}  # fmt: skip
     assert {k: getattr(script, k) for k in expected} == expected
     assert (model.model_name_or_path, model.dtype) == ("Qwen/Qwen3-1.7B-Base", "bfloat16")
-    # Its batch arithmetic on its launch line's 4 processes: the tree test. Warm-up: 10 rollout steps = 40 updates
-    # (veRL steps its scheduler once per rollout step, TRL once per update).
+    # Warm-up: 10 rollout steps = 40 updates (veRL steps its scheduler once per rollout step, TRL once per update).
     assert args.optim.value.startswith("adamw") and args.lr_scheduler_type.value == "constant_with_warmup"
     assert args.save_strategy.value == "steps" and args.save_steps > 0 and args.save_total_limit
     assert args.bf16 and getattr(args, "activation_checkpointing", args.gradient_checkpointing)  # transformers < 5.24
@@ -119,6 +105,8 @@ def test_qwen3_1p7b_stapo_recipe_has_the_paper_values():
                 "vllm_server_host": "127.0.0.1", "s2t_prob_threshold": 0.002, "s2t_entropy_quantile": 0.75,
                 "s2t_mode": "low_entropy", "report_to": ["wandb"], "push_to_hub": False}  # fmt: skip
     assert {k: getattr(args, k) for k in expected} == expected
+    report = dry_run_recipe(["--config", str(RECIPES_DIR / "Qwen3-1.7B/stapo.yaml")], 8)  # laid out for 4, run on 8
+    assert report.ok and any("512 prompts x 8 rollouts" in w and "128-prompt updates" in w for w in report.warnings)
 
 
 S2T_KEYS = {"output_dir", "s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode"}
@@ -126,8 +114,7 @@ PER_MODEL_KEYS = {"model_name_or_path", "output_dir", "run_name", "per_device_tr
                   "gradient_accumulation_steps", "steps_per_generation", "save_total_limit"}  # fmt: skip
 PEFT = {"use_peft": True, "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
         "lora_target_modules": [f"{n}_proj" for n in ("q", "k", "v", "o", "gate", "up", "down")]}  # fmt: skip
-# (recipe, its twin, the keys they may differ in): each method against justrl.yaml (the STAPO recipe without the mask),
-# each CPU demo's like-for-like baseline, the model sizes, the LoRA demo.
+# (recipe, its twin, the keys they may differ in): each method against justrl.yaml (STAPO without the mask), ...
 TWINS = [(f"{model}/justrl.yaml", f"{model}/{method}.yaml", {"output_dir", "run_name", *keys})
          for model in QWEN3_MODELS
          for method, keys in [("stapo", S2T_KEYS), ("entropy20", {"top_entropy_quantile"}),
@@ -148,7 +135,7 @@ VALUES |= {"demo/stapo_lora.yaml": PEFT}
 
 def test_recipe_twins_differ_only_where_they_should():
     for recipe, twin, allowed in TWINS:
-        raw = {path: _raw(path) for path in (recipe, twin)}
+        raw = {path: yaml.safe_load((RECIPES_DIR / path).read_text()) for path in (recipe, twin)}
         differing = {k for k in set(raw[recipe]) | set(raw[twin]) if raw[recipe].get(k) != raw[twin].get(k)}
         assert "output_dir" in differing and differing <= allowed, (recipe, twin, differing - allowed)
         for path, values in raw.items():
@@ -167,8 +154,7 @@ LAUNCH_CASES = {  # scripts/launch.sh ARGS -> (exit status, lines it printed: on
     "missing": ([Q17, *FOUR, "--vllm-gpus", "0", "--train-gpus", "1,7", "--print-only"], 2,
                 ["GPU 7 is not among the visible GPUs"]),
     "too-few": (["recipes/Qwen3-8B/stapo.yaml", *EIGHT, "--print-only"], 2, ["slurm/train.slurm"]),
-    # the dry run for the split before anything starts: 7 generations per prompt do not divide the 2 x 3 x 256 = 1536-
-    # completion generation batch of 3 training processes; the note names the process count the recipe is laid out for
+    # the split's dry run first: 7 generations do not divide 3 processes' 1536 completions; it names the 4 laid out
     "arithmetic": ([Q17, *FOUR, "--vllm-gpus", "0", "--train-gpus", "1,2,3", "--print-only", "--", "--num_generations",
                     "7"], 2, ["nothing was started", "laid out for 4"]),
     "server-dies": ([Q17, *EIGHT, "--log-dir", "TMP"], 3,
@@ -214,8 +200,8 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
     assert any("lora_B" in name for name in changed)  # lora_B starts at zero: the adapter learned something
     assert any(key.startswith("s2t/") for entry in trainer.state.log_history for key in entry)
     trainer.save_model(str(out))
-    saved = set(os.listdir(out))
-    assert {"adapter_config.json", "adapter_model.safetensors"} <= saved and "model.safetensors" not in saved
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(out))
+    assert not (out / "model.safetensors").exists()
     assert math.isfinite(trainer.state.log_history[-1].get("train_loss", 0.0))
     # The card's quick start runs as printed: it loads the adapter onto its base (TRL's pipeline(model=folder) fails).
     trainer.create_model_card(model_name="lora")
@@ -223,11 +209,10 @@ def test_lora_demo_recipe_trains_only_the_adapter(tiny_math_model_path, tmp_path
 
 
 def test_demo_recipes_parse_into_the_right_classes():
-    script_args, a, model_args = parse_args(["--config", STAPO_RECIPE])
-    assert isinstance(script_args, STAPOScriptArguments) and isinstance(model_args, ModelConfig)
+    script, a, model_args = parse_args(["--config", STAPO_RECIPE])
+    assert isinstance(script, STAPOScriptArguments) and isinstance(model_args, ModelConfig)
     assert type(a) is STAPOConfig and model_args.model_name_or_path == "builtin:tiny-math"
-    script = (script_args.trainer, script_args.reward_funcs, script_args.eval_before_after)
-    assert script == ("stapo", ["math_accuracy"], True)
+    assert (script.trainer, script.reward_funcs, script.eval_before_after) == ("stapo", ["math_accuracy"], True)
     # ENVIRONMENT.md's measured tiny-model RL settings (lr 1e-4: 3e-4 breaks the current builtin's arithmetic).
     expected = {"learning_rate": 1e-4, "lr_scheduler_type": "constant", "per_device_train_batch_size": 16,
                 "num_generations": 8, "steps_per_generation": 4, "generation_batch_size": 64, "loss_type": "dapo",
@@ -249,7 +234,6 @@ def test_accelerate_configs_are_what_they_claim():
         c = configs[name]
         stage = c.get("deepspeed_config", {}).get("zero_stage")
         assert (c["num_processes"], c["mixed_precision"], c["use_cpu"], c["distributed_type"], stage) == want, name
-    # The CPU ZeRO-3 test config takes the GPU config's ZeRO-3 path: same stage, partitioned init, 16-bit final save.
     for key in ("zero_stage", "zero3_init_flag", "zero3_save_16bit_model", "offload_param_device"):
         assert configs["zero3_cpu_2proc"]["deepspeed_config"][key] == configs["zero3"]["deepspeed_config"][key], key
     assert configs["zero3"]["deepspeed_config"]["zero3_init_flag"] is True

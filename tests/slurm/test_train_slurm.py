@@ -1,6 +1,5 @@
-"""slurm/train.slurm under a real one-node Slurm (`make test-slurm`; root, else skipped): the CPU demo as documented,
-stopped by the time-limit warning (`scancel --batch --signal=USR1`) and by a real preemption, each inside a held step,
-requeued twice, finished with every step's metrics row once. `cred_expire` 10 s lets requeues start."""
+"""slurm/train.slurm under a real one-node Slurm (`make test-slurm`, root): stopped by the time-limit warning and a
+preemption inside held steps, requeued twice, every step's metrics row once. `cred_expire` 10 s lets requeues start."""
 
 import os
 import re
