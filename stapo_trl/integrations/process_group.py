@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import importlib.util
 import os
 import sys
@@ -20,15 +19,6 @@ def import_group_capturing_modules() -> None:
             importlib.import_module(name)
     for key in os.environ.keys() - environ.keys():
         del os.environ[key]
-
-
-def release_process_group(trainer) -> None:
-    """Drop a trained `Trainer`'s DDP wrapper (not DeepSpeed's or FSDP's), then end training (trackers, process group);
-    `trainer.model` stays usable, nothing may communicate afterwards."""
-    if not (getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False)):
-        trainer.model_wrapped = trainer.model
-        gc.collect()  # the wrapper sits in reference cycles
-    trainer.accelerator.end_training()
 
 
 def destroy_process_group_if_any() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import glob
 import importlib.util
 import inspect
@@ -18,14 +19,10 @@ from .. import core
 from ..data import check_chat_template, check_prompt_column, check_reward_columns
 from ..diagnostics.ablations import ABLATIONS, ablation_mask
 from ..diagnostics.metrics import diagnostic_metrics
-from ..integrations.process_group import release_process_group
 from ..integrations.vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
 from ..rewards import NoRewardWarning, resolve_reward_names
 from ..run_folder import checkpoints
 from .config import STAPOConfig, write_run_files
-
-
-logger = logging.getLogger(__name__)
 
 
 def _torch_default_threads() -> set[int]:  # the counts torch starts with: one per available core, logical or physical
@@ -109,7 +106,7 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
                 checkpoints.check_checkpoint(checkpoint, f"resume_from_checkpoint={checkpoint!r}")
             if checkpoint:
                 checkpoints.check_run_settings(checkpoint, self.run_settings)
-                logger.warning(f"Resuming training from {checkpoint}.")  # every check passed
+                logging.getLogger(__name__).warning(f"Resuming training from {checkpoint}.")  # every check passed
             if write_run_files(self.args):
                 add_run_file_callbacks(self)
             callbacks = self.callback_handler.callbacks
@@ -191,8 +188,12 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
         return super().push_to_hub(*args, public=True, **kwargs)
 
     def end(self):
-        """`Trainer.end` without the DDP wrapper, which would abort the process exit. Call it once, last."""
-        release_process_group(self)
+        """`Trainer.end` without the DDP wrapper (not DeepSpeed's or FSDP's), which would abort the process exit: the
+        model stays usable, nothing may communicate afterwards. Call it once, last."""
+        if not (self.is_deepspeed_enabled or self.is_fsdp_enabled):
+            self.model_wrapped = self.model
+            gc.collect()  # the wrapper sits in reference cycles
+        self.accelerator.end_training()
 
 
 class STAPOTrainer(_Additions, core.STAPOTrainer):
@@ -201,14 +202,13 @@ class STAPOTrainer(_Additions, core.STAPOTrainer):
     `builtin:` name, `reward_funcs` a name of `stapo_trl.rewards.REWARDS`, `args` any `GRPOConfig`. `ValueError`
     before a model is built: a bad dataset, reward, S2T value, `output_dir` or `vllm_mode`; no chat template."""
 
-    _s2t_modes = STAPOConfig._s2t_modes
+    _s2t_modes, _nonfinite_warned = STAPOConfig._s2t_modes, False
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *pargs, **kwargs):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = STAPOConfig(f"{os.path.basename(os.path.normpath(str(name).removeprefix('builtin:')))}-STAPO")
         core.stapo_config.refuse_paths_around_the_mask(args)  # before a model is built
-        self._nonfinite_warned = False
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
 
     def _compute_s2t_mask(self, per_token_logps, entropies, advantages, loss_mask, completion_ids):
