@@ -145,11 +145,10 @@ def _bounded(fn, *args):
 
     (worker := threading.Thread(target=run, daemon=True, name="stapo-grading")).start()
     worker.join(TIMEOUT_S)
-    if not outcome:
-        raise TimeoutError(f"over {TIMEOUT_S} s, off the main thread")
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    return outcome[0]
+    result = outcome[0] if outcome else TimeoutError(f"over {TIMEOUT_S} s, off the main thread")
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def grade(completion: str | None, gold: Any) -> GradeResult:

@@ -52,8 +52,7 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
     for key in {repr(gold)[:200] for gold, bad in zip(solution, no_gold) if bad} - _warned_golds:
         _warned_golds.add(key)
         logger.warning("math_accuracy_reward: gold answer %s does not parse; reward set to None", key)
-    errors = [r.error for r, bad in zip(results, no_gold) if r.error and not bad]
-    if errors:
+    if errors := [r.error for r, bad in zip(results, no_gold) if r.error and not bad]:
         logger.warning("math_accuracy_reward: %d/%d completions hit a grader error (scored 0.0); first: %s",
                        len(errors), len(results), errors[0])  # fmt: skip
     if callable(log_metric := kwargs.get("log_metric")) and results:
@@ -137,9 +136,8 @@ def resolve_reward_names(reward_funcs: Any) -> Any:
         return [resolve_reward_names(func) for func in reward_funcs]
     if isinstance(reward_funcs, str) and "/" not in reward_funcs and not os.path.isdir(reward_funcs):
         reward_funcs = get_reward_funcs([reward_funcs])[0]
-    if not callable(reward_funcs) or isinstance(reward_funcs, torch.nn.Module):  # None, a Hub id, a reward model
-        return reward_funcs
-    return checked_reward(reward_funcs)
+    plain = not callable(reward_funcs) or isinstance(reward_funcs, torch.nn.Module)  # None, a Hub id, a reward model
+    return reward_funcs if plain else checked_reward(reward_funcs)
 
 
 def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:
@@ -152,17 +150,16 @@ def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:
                          "a dotted path `pkg.module.function` (the paper trains on math_accuracy alone).")  # fmt: skip
     by_name, funcs = REWARDS | {f.__name__: f for f in REWARDS.values()}, []
     for name in (raw.strip() for raw in names):
-        module_name, _, attr = name.rpartition(".")
         if name in by_name:
             funcs.append(by_name[name])
             continue
-        if not module_name:
+        if not (module_name := name.rpartition(".")[0]):
             raise ValueError(f"Unknown reward {name!r}. Valid names: {sorted(REWARDS)}, or a dotted path "
                              "`pkg.module.function`.")  # fmt: skip
         if os.getcwd() not in sys.path and importlib.util.find_spec(module_name.split(".")[0]) is None:
             sys.path.append(os.getcwd())  # as `python script.py` finds a module in the current folder
         try:
-            funcs.append(getattr(importlib.import_module(module_name), attr))
+            funcs.append(getattr(importlib.import_module(module_name), name.rpartition(".")[2]))
         except (ImportError, AttributeError) as e:
             raise ValueError(f"Reward {name!r} could not be imported ({e}). Use a dotted path `module.function` "
                              f"importable from the current folder ({os.getcwd()}) or PYTHONPATH, or one of "
