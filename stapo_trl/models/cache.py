@@ -18,6 +18,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from ..integrations.hub import check_hub_model
 from . import gguf
 from .names import BUILTIN_MODELS, BUILTIN_PREFIX, INFO_FILE, builtin_model_dir
 
@@ -152,8 +153,6 @@ def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | o
 
 def check_model_available(name_or_path: str | os.PathLike, revision: str | None = None) -> str:
     """[`check_model_name_or_path`], then a Hub id cached or answering; FileNotFoundError or ConnectionError."""
-    from ..integrations.hub import check_hub_model
-
     check_hub_model(name := check_model_name_or_path(name_or_path), revision=revision)
     return name
 
