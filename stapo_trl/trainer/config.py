@@ -63,8 +63,9 @@ class STAPOConfig(core.STAPOConfig):
             changed += ["bf16=False"] * (self.bf16 is None and not self.fp16)
             self.use_cpu, self.bf16 = self.use_cpu is not False, False if "bf16=False" in changed else self.bf16
             if changed:
-                logging.getLogger(__name__).info("No accelerator found (CUDA, XPU, MPS, NPU, HPU, Neuron, TPU): STAPOConfig defaults to %s "
-                            "on this machine; set them explicitly to override.", ", ".join(changed))  # fmt: skip
+                logging.getLogger(__name__).info(
+                    "No accelerator found (CUDA, XPU, MPS, NPU, HPU, Neuron, TPU): STAPOConfig defaults to %s on this "
+                    "machine; set them explicitly to override.", ", ".join(changed))  # fmt: skip
         self.use_cpu = bool(self.use_cpu)
         if getattr(self, "activation_checkpointing", False) is None:  # transformers >= 5.24's name, no warning
             self.activation_checkpointing = self.gradient_checkpointing
@@ -94,8 +95,7 @@ class STAPOConfig(core.STAPOConfig):
                 f"prompt needs a whole group of num_generations completions. Valid num_generations for this batch: "
                 f"{valid}. Or change per_device_train_batch_size / {steps_name} so that the generation batch is a "
                 "multiple of num_generations.",
-                "num_generations", "per_device_train_batch_size", steps_name,
-            ) from error  # fmt: skip
+                "num_generations", "per_device_train_batch_size", steps_name) from error  # fmt: skip
 
 
 def has_accelerator() -> bool:
