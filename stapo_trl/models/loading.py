@@ -16,8 +16,7 @@ def resolve_model_source(model: str) -> ModelSource:
         return ModelSource(model)
     from peft import PeftConfig
 
-    base = PeftConfig.from_pretrained(model).base_model_name_or_path
-    if not base:
+    if not (base := PeftConfig.from_pretrained(model).base_model_name_or_path):
         raise ValueError(f"{model}/adapter_config.json names no base_model_name_or_path: its base model is unknown.")
     return ModelSource(base, adapter=model)
 
