@@ -28,8 +28,7 @@ _REWRITES = [  # what math-verify misreads otherwise, in benchmark (Minerva, Oly
     (re.compile(r"\{\\rm\s+([ei])\}|\\(?:mathrm|rm|operatorname)\s*\{\s*([ei])\s*\}"), lambda m: m[1] or m[2]),
     (re.compile(r"\\(?:mathrm|operatorname)\s*\{\s*\\?(" + _FUNCTIONS + r")\s*\}"), r"\\\1 "),  # \operatorname{arcsin}
     (re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))"), ""),  # 12\,345 (12 + 345 for math-verify)
-    (re.compile("°"), r"^\\circ"),  # 90°
-]
+    (re.compile("°"), r"^\\circ")]  # 90°  # fmt: skip
 # An option letter with its value, `\textbf{(B)}\ 7`, `(C) 12`, `\text{(D) }5` (math-verify reads `b` times 7).
 _OPTION_RE = re.compile(r"(?:\\(?:text|textbf|mathrm|mathbf)\s*\{\s*)?\(([A-E])\)\s*\}?(?:\s|\\[ ,;:!]|\\q?quad|~)*")
 

@@ -21,10 +21,9 @@ logger = logging.getLogger(__name__)
 _warned_golds: set[str] = set()
 REWARD_NOTE = "In reward function"  # how `checked_reward` names the function and step in an exception's notes
 _FORMAT_TAIL_RE = re.compile(r"^(?:\s|\$|\\\]|\\\)|[.!)\]])*$")  # what may follow the final box
-_NOT_FINITE = (
-    ("NaN", math.isnan, "TRL takes NaN for None (no reward), so they teach nothing"),
+_NOT_FINITE = (("NaN", math.isnan, "TRL takes NaN for None (no reward), so they teach nothing"),
     ("inf or -inf", math.isinf, "the advantages of their groups are then not numbers, and those groups teach nothing"),
-)
+)  # fmt: skip
 
 
 def completion_text(completion: Any) -> str:
