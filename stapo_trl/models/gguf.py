@@ -16,8 +16,6 @@ from typing import Any
 from .names import BUILTIN_MODELS, BUILTIN_PREFIX, GGUF_READER
 
 
-logger = logging.getLogger(__name__)
-
 WHEELS_PATH_ENV_VAR = "STAPO_TRL_WHEELS_PATH"
 # By `added_chat_template`: the template and its end-of-turn token (an eos id); the base Gemma 3 GGUF has none
 GEMMA3_CHAT_TEMPLATE = (Path(__file__).parents[1] / "templates" / "gemma3_chat_template.jinja").read_text("utf-8")
@@ -96,7 +94,8 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".gguf-") as joined_dir:
         file = (joined := None if len(source.files) == 1 else Path(joined_dir) / source.file_name) or source.files[0]
         sha256 = verify_gguf(source, joined)
-        logger.info("%s%s: GGUF %s checked (SHA-256 %s); dequantizing.", BUILTIN_PREFIX, name, file.name, sha256)
+        logging.getLogger(__name__).info("%s%s: GGUF %s checked (SHA-256 %s); dequantizing.", BUILTIN_PREFIX, name,
+                                         file.name, sha256)  # fmt: skip
         tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
         quantized = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32)
         config = AutoConfig.from_pretrained(str(file.parent), gguf_file=file.name)

@@ -89,8 +89,7 @@ class STAPOConfig(core.STAPOConfig):
             if fixed_batch or not isinstance(batch, int) or batch % groups == 0:
                 raise
             per_device, valid = self.per_device_train_batch_size, [d for d in range(2, batch + 1) if batch % d == 0]
-            raise TrainingValueError(
-                f"{error} The generation batch is per_device_train_batch_size {per_device} x "
+            raise TrainingValueError(f"{error} The generation batch is per_device_train_batch_size {per_device} x "
                 f"{batch // (per_device * steps)} process(es) x {steps_name} {steps} = {batch} completions, and each "
                 f"prompt needs a whole group of num_generations completions. Valid num_generations for this batch: "
                 f"{valid}. Or change per_device_train_batch_size / {steps_name} so that the generation batch is a "
