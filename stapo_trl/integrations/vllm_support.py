@@ -18,11 +18,10 @@ def check_vllm_args(args) -> None:
 
 def install_cpu_colocate_weight_sync(trainer) -> None:
     """Install [`sync_weights_by_reload`] on vLLM's CPU backend in colocate mode."""
-    if not trainer.use_vllm or trainer.vllm_mode != "colocate" or not _vllm_on_cpu():
-        return
-    trainer.vllm_generation.sync_weights = types.MethodType(sync_weights_by_reload, trainer.vllm_generation)
-    logging.getLogger(__name__).info("vLLM CPU backend, colocate mode: weights are synced through vLLM's in-place "
-                                     "reload.")  # fmt: skip
+    if trainer.use_vllm and trainer.vllm_mode == "colocate" and _vllm_on_cpu():
+        trainer.vllm_generation.sync_weights = types.MethodType(sync_weights_by_reload, trainer.vllm_generation)
+        logging.getLogger(__name__).info("vLLM CPU backend, colocate mode: weights are synced through vLLM's in-place "
+                                         "reload.")  # fmt: skip
 
 
 def sync_weights_by_reload(generation) -> None:

@@ -92,11 +92,10 @@ def build_builtin_model(name: str, output_dir: str | os.PathLike, base_path: str
     recipe, start, threads = BUILTIN_MODELS[name], time.perf_counter(), torch.get_num_threads()
     os.makedirs(output_dir, exist_ok=True)
     logger.info("Building builtin:%s (%s) into %s", name, recipe["description"], output_dir)
-    module = {"tiny": ".tiny", "gguf": ".gguf", "gguf+sft": ".sft_math"}[recipe["kind"]]  # build() saves the model
-    recipe_module = importlib.import_module(module, __package__)
+    module = importlib.import_module({"gguf+sft": ".sft_math"}.get(kind := recipe["kind"], f".{kind}"), __package__)
     torch.set_num_threads(1)
     try:
-        fields = {**recipe_module.build(name, output_dir, base_path), "torch_threads": torch.get_num_threads()}
+        fields = {**module.build(name, output_dir, base_path), "torch_threads": torch.get_num_threads()}  # saves
     finally:
         torch.set_num_threads(threads)
     versions = {"stapo_trl": importlib.metadata.version("stapo_trl"), "torch": torch.__version__,
