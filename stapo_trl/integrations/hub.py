@@ -21,9 +21,8 @@ def _refuse(subject: str, offline: str | None, info, timeout, instead: str, down
     except Exception as e:  # noqa: BLE001 (connection, DNS, proxy, timeout: no answer)
         cause = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0] or f'no answer in {timeout:g} s'}"
         raise ConnectionError(f"{subject} nor in the local Hugging Face cache, and the Hub at {constants.ENDPOINT} "
-                              f"does not answer ({cause}). {instead}; or download it where the Hub is reachable "
-                              f"(`{download}`) and set HF_HUB_OFFLINE=1 to use the cache without asking the "
-                              "Hub.") from None  # fmt: skip
+            f"does not answer ({cause}). {instead}; or download it where the Hub is reachable (`{download}`) and set "
+            "HF_HUB_OFFLINE=1 to use the cache without asking the Hub.") from None  # fmt: skip
 
 
 def check_hub_model(name: str, *, revision=None, timeout=None) -> None:

