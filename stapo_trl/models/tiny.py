@@ -55,6 +55,5 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     return {"seed": SEED, "tokenizer": {"type": "byte-level BPE, single-digit tokens", "vocab_size": len(tokenizer)},
-            "model": {"architecture": "Qwen3ForCausalLM", "num_parameters": num_parameters, **config}, "sft": sft,
-            "eval": evaluation,
-            "versions": {"trl": trl.__version__, "tokenizers": tokenizers.__version__}}  # fmt: skip
+        "model": {"architecture": "Qwen3ForCausalLM", "num_parameters": num_parameters, **config}, "sft": sft,
+        "eval": evaluation, "versions": {"trl": trl.__version__, "tokenizers": tokenizers.__version__}}  # fmt: skip

@@ -131,9 +131,8 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self.model.training and rewards.isnan().all():
             warnings.warn(f"No reward at step {self.state.global_step + 1}: no reward function "
-                          f"({', '.join(self.reward_func_names)}) gave any of the {len(rewards)} completions a value "
-                          "(every one None or NaN), so the step has no learning signal.", NoRewardWarning,
-                          2)  # fmt: skip
+                f"({', '.join(self.reward_func_names)}) gave any of the {len(rewards)} completions a value (every "
+                "one None or NaN), so the step has no learning signal.", NoRewardWarning, 2)  # fmt: skip
         return rewards
 
     def _issue_warnings_after_load(self, load_result):  # without the weights tied to another (never saved)
