@@ -11,8 +11,7 @@ from ..core.s2t import S2TResult
 
 
 ENTROPY_QUANTILES = (0.10, 0.50, 0.80, 0.95)  # logged as `s2t/entropy_p{100 q}`
-# Bin 0: [0, ENTROPY_MIN); bins 1..ENTROPY_BINS: [ENTROPY_MIN, ENTROPY_MAX) nats in equal ratios r.
-ENTROPY_MIN, ENTROPY_MAX, ENTROPY_BINS = 1e-6, 100.0, 4096
+ENTROPY_MIN, ENTROPY_MAX, ENTROPY_BINS = 1e-6, 100.0, 4096  # bin 0 below; 1..BINS: [MIN, MAX) nats, equal ratios r
 _LOG_RATIO = (math.log(ENTROPY_MAX) - math.log(ENTROPY_MIN)) / ENTROPY_BINS  # ln r
 HISTOGRAM_QUANTILE_REL_ERROR = math.exp(_LOG_RATIO / 2) - 1  # 0.00225: √r - 1, the bound on `histogram_quantile`'s
 

@@ -17,9 +17,8 @@ from .names import BUILTIN_MODELS, BUILTIN_PREFIX, GGUF_READER
 
 
 WHEELS_PATH_ENV_VAR = "STAPO_TRL_WHEELS_PATH"
-# By `added_chat_template`: the template and its end-of-turn token (an eos id); the base Gemma 3 GGUF has none
 GEMMA3_CHAT_TEMPLATE = (Path(__file__).parents[1] / "templates" / "gemma3_chat_template.jinja").read_text("utf-8")
-ADDED_CHAT_TEMPLATES = {"gemma3": (GEMMA3_CHAT_TEMPLATE, "<end_of_turn>")}
+ADDED_CHAT_TEMPLATES = {"gemma3": (GEMMA3_CHAT_TEMPLATE, "<end_of_turn>")}  # template, end-of-turn token (an eos id)
 ModelWheelNotInstalledError = type("ModelWheelNotInstalledError", (FileNotFoundError,), {})
 GGUFFileMissingError = type("GGUFFileMissingError", (FileNotFoundError,), {})
 GGUFChecksumError = type("GGUFChecksumError", (ValueError,), {})
