@@ -28,8 +28,7 @@ _REWRITES = [  # what math-verify misreads otherwise, in benchmark (Minerva, Oly
     (re.compile(r"\{\\rm\s+([ei])\}|\\(?:mathrm|rm|operatorname)\s*\{\s*([ei])\s*\}"), lambda m: m[1] or m[2]),
     (re.compile(r"\\(?:mathrm|operatorname)\s*\{\s*\\?(" + _FUNCTIONS + r")\s*\}"), r"\\\1 "),  # \operatorname{arcsin}
     (re.compile(r"(?<=\d)\\,(?=\d{3}(?!\d))"), ""),  # 12\,345 (12 + 345 for math-verify)
-    (re.compile("°"), r"^\\circ"),  # 90°
-]
+    (re.compile("°"), r"^\\circ")]  # 90°  # fmt: skip
 # An option letter with its value, `\textbf{(B)}\ 7`, `(C) 12`, `\text{(D) }5` (math-verify reads `b` times 7).
 _OPTION_RE = re.compile(r"(?:\\(?:text|textbf|mathrm|mathbf)\s*\{\s*)?\(([A-E])\)\s*\}?(?:\s|\\[ ,;:!]|\\q?quad|~)*")
 
@@ -145,11 +144,10 @@ def _bounded(fn, *args):
 
     (worker := threading.Thread(target=run, daemon=True, name="stapo-grading")).start()
     worker.join(TIMEOUT_S)
-    if not outcome:
-        raise TimeoutError(f"over {TIMEOUT_S} s, off the main thread")
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    return outcome[0]
+    result = outcome[0] if outcome else TimeoutError(f"over {TIMEOUT_S} s, off the main thread")
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def grade(completion: str | None, gold: Any) -> GradeResult:

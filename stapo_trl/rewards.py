@@ -14,15 +14,16 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from .grading import find_boxes, grade
+
 
 logger = logging.getLogger(__name__)
 _warned_golds: set[str] = set()
 REWARD_NOTE = "In reward function"  # how `checked_reward` names the function and step in an exception's notes
 _FORMAT_TAIL_RE = re.compile(r"^(?:\s|\$|\\\]|\\\)|[.!)\]])*$")  # what may follow the final box
-_NOT_FINITE = (
-    ("NaN", math.isnan, "TRL takes NaN for None (no reward), so they teach nothing"),
+_NOT_FINITE = (("NaN", math.isnan, "TRL takes NaN for None (no reward), so they teach nothing"),
     ("inf or -inf", math.isinf, "the advantages of their groups are then not numbers, and those groups teach nothing"),
-)
+)  # fmt: skip
 
 
 def completion_text(completion: Any) -> str:
@@ -45,15 +46,12 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
     if len(completions) != len(solution):
         raise ValueError(f"math_accuracy_reward got {len(completions)} completions but {len(solution)} solutions; "
                          "pass one `solution` per completion (a dataset column named `solution`).")  # fmt: skip
-    from .grading import grade
-
     results = [grade(completion_text(c), gold) for c, gold in zip(completions, solution)]
     no_gold = [(r.error or "").startswith("gold unparseable") for r in results]
     for key in {repr(gold)[:200] for gold, bad in zip(solution, no_gold) if bad} - _warned_golds:
         _warned_golds.add(key)
         logger.warning("math_accuracy_reward: gold answer %s does not parse; reward set to None", key)
-    errors = [r.error for r, bad in zip(results, no_gold) if r.error and not bad]
-    if errors:
+    if errors := [r.error for r, bad in zip(results, no_gold) if r.error and not bad]:
         logger.warning("math_accuracy_reward: %d/%d completions hit a grader error (scored 0.0); first: %s",
                        len(errors), len(results), errors[0])  # fmt: skip
     if callable(log_metric := kwargs.get("log_metric")) and results:
@@ -65,8 +63,6 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
 
 def format_reward(completions: Sequence[Any], **kwargs) -> list[float]:
     r"""1.0 per completion that ENDS with a complete, non-empty `\boxed{}` (then only `$`, `\]`, `.`, ...); else 0."""
-    from .grading import find_boxes
-
     last = [((find_boxes(text) or [(None, 0, 0)])[-1], text) for text in map(completion_text, completions)]
     return [float(bool(b and b.strip()) and _FORMAT_TAIL_RE.match(t[e:]) is not None) for (b, _, e), t in last]
 
@@ -117,8 +113,7 @@ def checked_reward(func: Callable) -> Callable:
 
 
 def reward_error_line(error: BaseException) -> str | None:
-    """The line `stapo-train` prints for an exception raised in a reward function ([`checked_reward`]), with where it
-    was raised outside stapo_trl; `None` for another exception."""
+    """`stapo-train`'s line for an exception a reward function raised, with where (outside stapo_trl); else `None`."""
     if (note := next((n for n in getattr(error, "__notes__", []) if n.startswith(REWARD_NOTE)), None)) is None:
         return None
     if (message := (str(error).splitlines() or [""])[0]).startswith("Reward function "):  # checked_reward's own
@@ -137,9 +132,8 @@ def resolve_reward_names(reward_funcs: Any) -> Any:
         return [resolve_reward_names(func) for func in reward_funcs]
     if isinstance(reward_funcs, str) and "/" not in reward_funcs and not os.path.isdir(reward_funcs):
         reward_funcs = get_reward_funcs([reward_funcs])[0]
-    if not callable(reward_funcs) or isinstance(reward_funcs, torch.nn.Module):  # None, a Hub id, a reward model
-        return reward_funcs
-    return checked_reward(reward_funcs)
+    plain = not callable(reward_funcs) or isinstance(reward_funcs, torch.nn.Module)  # None, a Hub id, a reward model
+    return reward_funcs if plain else checked_reward(reward_funcs)
 
 
 def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:
@@ -152,17 +146,16 @@ def get_reward_funcs(names: Sequence[str] | str) -> list[Callable[..., list]]:
                          "a dotted path `pkg.module.function` (the paper trains on math_accuracy alone).")  # fmt: skip
     by_name, funcs = REWARDS | {f.__name__: f for f in REWARDS.values()}, []
     for name in (raw.strip() for raw in names):
-        module_name, _, attr = name.rpartition(".")
         if name in by_name:
             funcs.append(by_name[name])
             continue
-        if not module_name:
+        if not (module_name := name.rpartition(".")[0]):
             raise ValueError(f"Unknown reward {name!r}. Valid names: {sorted(REWARDS)}, or a dotted path "
                              "`pkg.module.function`.")  # fmt: skip
         if os.getcwd() not in sys.path and importlib.util.find_spec(module_name.split(".")[0]) is None:
             sys.path.append(os.getcwd())  # as `python script.py` finds a module in the current folder
         try:
-            funcs.append(getattr(importlib.import_module(module_name), attr))
+            funcs.append(getattr(importlib.import_module(module_name), name.rpartition(".")[2]))
         except (ImportError, AttributeError) as e:
             raise ValueError(f"Reward {name!r} could not be imported ({e}). Use a dotted path `module.function` "
                              f"importable from the current folder ({os.getcwd()}) or PYTHONPATH, or one of "

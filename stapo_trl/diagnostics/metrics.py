@@ -11,8 +11,7 @@ from ..core.s2t import S2TResult
 
 
 ENTROPY_QUANTILES = (0.10, 0.50, 0.80, 0.95)  # logged as `s2t/entropy_p{100 q}`
-# Bin 0: [0, ENTROPY_MIN); bins 1..ENTROPY_BINS: [ENTROPY_MIN, ENTROPY_MAX) nats in equal ratios r.
-ENTROPY_MIN, ENTROPY_MAX, ENTROPY_BINS = 1e-6, 100.0, 4096
+ENTROPY_MIN, ENTROPY_MAX, ENTROPY_BINS = 1e-6, 100.0, 4096  # bin 0 below; 1..BINS: [MIN, MAX) nats, equal ratios r
 _LOG_RATIO = (math.log(ENTROPY_MAX) - math.log(ENTROPY_MIN)) / ENTROPY_BINS  # ln r
 HISTOGRAM_QUANTILE_REL_ERROR = math.exp(_LOG_RATIO / 2) - 1  # 0.00225: √r - 1, the bound on `histogram_quantile`'s
 
@@ -52,8 +51,6 @@ def diagnostic_metrics(result: S2TResult, per_token_logps: torch.Tensor, entropi
         ent, logps = entropies.detach().double(), per_token_logps.detach().double()  # (B, T)
         sums = torch.stack([logps[silenced].exp().sum(), ent[silenced].sum(), silenced.sum().double()])  # (3,)
         total = reduce(torch.cat([sums, entropy_histogram(ent[in_loss]).to(sums.device)])).cpu()  # (3 + BINS + 1,)
-    prob_sum, entropy_sum, num_silenced = total[:3].tolist()
+    *sums, n = total[:3].tolist()  # silenced p and H sums, silenced count
     metrics = {f"s2t/entropy_p{round(100 * q)}": histogram_quantile(total[3:], q) for q in ENTROPY_QUANTILES}
-    metrics["s2t/silenced_prob_mean"] = prob_sum / num_silenced if num_silenced else float("nan")
-    metrics["s2t/silenced_entropy_mean"] = entropy_sum / num_silenced if num_silenced else float("nan")
-    return metrics
+    return metrics | {f"s2t/silenced_{k}_mean": s / n if n else math.nan for k, s in zip(("prob", "entropy"), sums)}

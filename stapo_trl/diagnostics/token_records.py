@@ -1,5 +1,4 @@
-"""Per-token records of the S2T mask (`spurious_tokens.jsonl`): [`select_token_records`] samples on the device,
-[`merge_token_records`] merges samples within the caps, [`token_records`] decodes them (keys: `token_records`)."""
+"""Per-token records of the S2T mask (`spurious_tokens.jsonl`): sampled on the device, merged within caps, decoded."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import functools
 import os
 
 
-def _refuse(subject: str, offline: str | None, info, token, timeout, instead: str, download: str) -> None:
+def _refuse(subject: str, offline: str | None, info, timeout, instead: str, download: str) -> None:
     from huggingface_hub import constants, errors
 
     if offline:
@@ -15,18 +15,17 @@ def _refuse(subject: str, offline: str | None, info, token, timeout, instead: st
                                 f"download). {instead}.")  # fmt: skip
     timeout = timeout or float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or 5.0)  # seconds
     try:
-        info(token=token, timeout=timeout)
+        info(timeout=timeout)
     except errors.HfHubHTTPError:  # the Hub answered: loading the repository says what is wrong with it
         pass
     except Exception as e:  # noqa: BLE001 (connection, DNS, proxy, timeout: no answer)
         cause = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0] or f'no answer in {timeout:g} s'}"
         raise ConnectionError(f"{subject} nor in the local Hugging Face cache, and the Hub at {constants.ENDPOINT} "
-                              f"does not answer ({cause}). {instead}; or download it where the Hub is reachable "
-                              f"(`{download}`) and set HF_HUB_OFFLINE=1 to use the cache without asking the "
-                              "Hub.") from None  # fmt: skip
+            f"does not answer ({cause}). {instead}; or download it where the Hub is reachable (`{download}`) and set "
+            "HF_HUB_OFFLINE=1 to use the cache without asking the Hub.") from None  # fmt: skip
 
 
-def check_hub_model(name: str, *, revision=None, token=None, what: str = "Model", timeout=None) -> None:
+def check_hub_model(name: str, *, revision=None, timeout=None) -> None:
     """A local path, `builtin:` name or cached Hub id passes; else `FileNotFoundError` when offline, `ConnectionError`
     when the Hub, asked once (`HfApi.model_info`, `timeout` s), does not answer."""
     from huggingface_hub import HfApi, constants, try_to_load_from_cache
@@ -44,10 +43,10 @@ def check_hub_model(name: str, *, revision=None, token=None, what: str = "Model"
     instead += f"name ({', '.join('builtin:' + n for n in BUILTIN_MODELS)})"
     info = functools.partial(HfApi().model_info, name, revision=revision)
     offline = constants.HF_HUB_OFFLINE and "HF_HUB_OFFLINE=1"
-    _refuse(f"{what} {name!r} is not a local directory", offline, info, token, timeout, instead, f"hf download {name}")
+    _refuse(f"Model {name!r} is not a local directory", offline, info, timeout, instead, f"hf download {name}")
 
 
-def check_hub_dataset(name: str, *, token=None, timeout=None) -> None:
+def check_hub_dataset(name: str, *, timeout=None) -> None:
     """[`check_hub_model`] for a dataset: a local path, a `datasets` builder name or a cached Hub dataset passes."""
     from datasets import config, packaged_modules
     from huggingface_hub import HfApi, constants
@@ -60,7 +59,7 @@ def check_hub_dataset(name: str, *, token=None, timeout=None) -> None:
     offline = (constants.HF_HUB_OFFLINE or config.HF_DATASETS_OFFLINE) and "HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1"
     instead = "Pass a local .json/.jsonl/.parquet file or folder, or builtin:tiny-math"
     subject, info = f"dataset_name={name!r} is not a local path", functools.partial(HfApi().dataset_info, name)
-    _refuse(subject, offline, info, token, timeout, instead, f"hf download --repo-type dataset {name}")
+    _refuse(subject, offline, info, timeout, instead, f"hf download --repo-type dataset {name}")
 
 
 def check_hub_access(hub_model_id, output_dir: str, token=None, *, endpoint=None, network: bool = True) -> None:

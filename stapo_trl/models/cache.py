@@ -18,6 +18,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from ..integrations.hub import check_hub_model
 from . import gguf
 from .names import BUILTIN_MODELS, BUILTIN_PREFIX, INFO_FILE, builtin_model_dir
 
@@ -91,11 +92,10 @@ def build_builtin_model(name: str, output_dir: str | os.PathLike, base_path: str
     recipe, start, threads = BUILTIN_MODELS[name], time.perf_counter(), torch.get_num_threads()
     os.makedirs(output_dir, exist_ok=True)
     logger.info("Building builtin:%s (%s) into %s", name, recipe["description"], output_dir)
-    module = {"tiny": ".tiny", "gguf": ".gguf", "gguf+sft": ".sft_math"}[recipe["kind"]]  # build() saves the model
-    recipe_module = importlib.import_module(module, __package__)
+    module = importlib.import_module({"gguf+sft": ".sft_math"}.get(kind := recipe["kind"], f".{kind}"), __package__)
     torch.set_num_threads(1)
     try:
-        fields = {**recipe_module.build(name, output_dir, base_path), "torch_threads": torch.get_num_threads()}
+        fields = {**module.build(name, output_dir, base_path), "torch_threads": torch.get_num_threads()}  # saves
     finally:
         torch.set_num_threads(threads)
     versions = {"stapo_trl": importlib.metadata.version("stapo_trl"), "torch": torch.__version__,
@@ -121,10 +121,26 @@ def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | o
         if BUILTIN_MODELS[name]["kind"] == "gguf" and not built(name):
             gguf.locate_gguf(name)
         return name_or_path
-    expanded = os.path.expanduser(name_or_path)
-    if os.path.isdir(expanded):
-        check_model_folder(expanded)
-        return expanded
+    if os.path.isdir(path := os.path.expanduser(name_or_path)):  # a checkpoint whole, or a model saved whole
+        from ..run_folder import checkpoints as ck
+
+        what, names = f"Model directory {path!r}", sorted(os.listdir(path))
+        weights, has_config = weight_files(names), bool({"config.json", "adapter_config.json"} & set(names))
+        if ck.CHECKPOINT_FOLDER.match(os.path.basename(os.path.normpath(path))) or ck.RUN_RECORD in names:
+            fix = "Give a complete checkpoint (<output_dir>/checkpoint-<step>) or the run's final model (its "
+            ck.check_checkpoint(path, what, save_only_model=True, fix=fix + "output_dir).")
+            return path
+        if not (has_config and weights):
+            hint = ("give a folder saved by save_pretrained: a stapo-train output_dir or one of its checkpoint-N "
+                    "folders")  # fmt: skip
+            if newest := ck.newest_complete_checkpoint(path)[0]:
+                hint = f"it is a run folder without its final model: give its newest complete checkpoint, {newest}"
+            missing = "weights (*.safetensors)" if has_config else "config.json"
+            raise ValueError(f"{what} holds no model (no {missing}): {hint}.")
+        for name in weights:
+            if problem := ck.file_problem(os.path.join(path, name)):
+                raise ValueError(f"{what}: {name} {problem}. Give a folder whose save finished.")
+        return path
     if os.path.exists(name_or_path):
         raise NotADirectoryError(f"Model path {name_or_path!r} is a file; pass the directory that holds the model.")
     if name_or_path.startswith(("/", "./", "../", "~", ".\\", "..\\")) or name_or_path in (".", ".."):
@@ -136,8 +152,6 @@ def check_model_name_or_path(name_or_path: str | os.PathLike, cache_dir: str | o
 
 def check_model_available(name_or_path: str | os.PathLike, revision: str | None = None) -> str:
     """[`check_model_name_or_path`], then a Hub id cached or answering; FileNotFoundError or ConnectionError."""
-    from ..integrations.hub import check_hub_model
-
     check_hub_model(name := check_model_name_or_path(name_or_path), revision=revision)
     return name
 
@@ -145,24 +159,3 @@ def check_model_available(name_or_path: str | os.PathLike, revision: str | None 
 def weight_files(names: list[str]) -> list[str]:
     """The weight files among a folder's `names`: `*.safetensors`, `pytorch_model*.bin`."""
     return [n for n in names if n.endswith(".safetensors") or re.fullmatch(r"pytorch_model.*\.bin", n)]
-
-
-def check_model_folder(path: str) -> None:
-    """ValueError for a folder without config or weights, an incomplete `checkpoint-N` or a weights file not whole."""
-    from ..run_folder import checkpoints as ck
-
-    what, folder = f"Model directory {path!r}", os.path.basename(os.path.normpath(path))
-    if ck.CHECKPOINT_FOLDER.match(folder) or os.path.isfile(f"{path}/{ck.RUN_RECORD}"):
-        fix = "Give a complete checkpoint (<output_dir>/checkpoint-<step>) or the run's final model (its output_dir)."
-        return ck.check_checkpoint(path, what, save_only_model=True, fix=fix)
-    weights = weight_files(names := sorted(os.listdir(path)))
-    has_config = bool({"config.json", "adapter_config.json"} & set(names))
-    if not (has_config and weights):
-        hint = "give a folder saved by save_pretrained: a stapo-train output_dir or one of its checkpoint-N folders"
-        if newest := ck.newest_complete_checkpoint(path)[0]:
-            hint = f"it is a run folder without its final model: give its newest complete checkpoint, {newest}"
-        missing = "weights (*.safetensors)" if has_config else "config.json"
-        raise ValueError(f"{what} holds no model (no {missing}): {hint}.")
-    for name in weights:
-        if problem := ck.file_problem(os.path.join(path, name)):
-            raise ValueError(f"{what}: {name} {problem}. Give a folder whose save finished.")

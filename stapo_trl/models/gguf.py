@@ -16,13 +16,9 @@ from typing import Any
 from .names import BUILTIN_MODELS, BUILTIN_PREFIX, GGUF_READER
 
 
-logger = logging.getLogger(__name__)
-
 WHEELS_PATH_ENV_VAR = "STAPO_TRL_WHEELS_PATH"
-# By `added_chat_template`: the template and its end-of-turn token (an eos id); the base Gemma 3 GGUF has none
 GEMMA3_CHAT_TEMPLATE = (Path(__file__).parents[1] / "templates" / "gemma3_chat_template.jinja").read_text("utf-8")
-ADDED_CHAT_TEMPLATES = {"gemma3": (GEMMA3_CHAT_TEMPLATE, "<end_of_turn>")}
-# a wheel (or the `gguf` reader) not at its pin; a GGUF file or chunk missing; a GGUF file not the pinned one
+ADDED_CHAT_TEMPLATES = {"gemma3": (GEMMA3_CHAT_TEMPLATE, "<end_of_turn>")}  # template, end-of-turn token (an eos id)
 ModelWheelNotInstalledError = type("ModelWheelNotInstalledError", (FileNotFoundError,), {})
 GGUFFileMissingError = type("GGUFFileMissingError", (FileNotFoundError,), {})
 GGUFChecksumError = type("GGUFChecksumError", (ValueError,), {})
@@ -97,7 +93,8 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".gguf-") as joined_dir:
         file = (joined := None if len(source.files) == 1 else Path(joined_dir) / source.file_name) or source.files[0]
         sha256 = verify_gguf(source, joined)
-        logger.info("%s%s: GGUF %s checked (SHA-256 %s); dequantizing.", BUILTIN_PREFIX, name, file.name, sha256)
+        logging.getLogger(__name__).info("%s%s: GGUF %s checked (SHA-256 %s); dequantizing.", BUILTIN_PREFIX, name,
+                                         file.name, sha256)  # fmt: skip
         tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
         quantized = AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=torch.float32)
         config = AutoConfig.from_pretrained(str(file.parent), gguf_file=file.name)
@@ -107,8 +104,7 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     del quantized
     if added := BUILTIN_MODELS[name].get("added_chat_template"):
         tokenizer.chat_template, end_of_turn = ADDED_CHAT_TEMPLATES[added]
-        eos_ids = model.generation_config.eos_token_id
-        eos_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids or [])
+        eos_ids = [e] if isinstance(e := model.generation_config.eos_token_id, int) else list(e or [])
         model.generation_config.eos_token_id = [*eos_ids, tokenizer.convert_tokens_to_ids(end_of_turn)]
         chat_template = f"ADDED: {added} (the instruct models' template; the GGUF has none); generation also stops at "
         chat_template += end_of_turn

@@ -7,8 +7,6 @@ import os
 from collections import namedtuple
 
 
-logger = logging.getLogger(__name__)
-
 ModelSource = namedtuple("ModelSource", "base adapter", defaults=(None,))
 
 
@@ -18,8 +16,7 @@ def resolve_model_source(model: str) -> ModelSource:
         return ModelSource(model)
     from peft import PeftConfig
 
-    base = PeftConfig.from_pretrained(model).base_model_name_or_path
-    if not base:
+    if not (base := PeftConfig.from_pretrained(model).base_model_name_or_path):
         raise ValueError(f"{model}/adapter_config.json names no base_model_name_or_path: its base model is unknown.")
     return ModelSource(base, adapter=model)
 
@@ -35,7 +32,7 @@ def load_causal_lm(model: str, *, revision: str | None = None, dtype=None):
         return lm.eval(), AutoTokenizer.from_pretrained(model, **hub)
     from peft import AutoPeftModelForCausalLM
 
-    logger.info("Loading the LoRA adapter %s onto its base model %s, merged", model, source.base)
+    logging.getLogger(__name__).info("Loading the LoRA adapter %s onto its base model %s, merged", model, source.base)
     lm = AutoPeftModelForCausalLM.from_pretrained(model, **kwargs).merge_and_unload()
     has_tokenizer = any(os.path.isfile(os.path.join(model, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
     return lm.eval(), AutoTokenizer.from_pretrained(model if has_tokenizer else source.base)

@@ -9,6 +9,17 @@ import warnings
 from functools import partial
 from typing import Any
 
+import torch
+import trl
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.trainer_callback import PrinterCallback
+from trl import SFTConfig, SFTTrainer
+
+from ..core.s2t import S2TSettings
+from ..data import make_tiny_math_dataset
+from ..evaluation.generation import DECODINGS, evaluate_problems, hf_generate
+from ..evaluation.tasks import load_benchmark
+from .gguf import state_dict_sha256
 from .names import BUILTIN_MODELS, read_builtin_info
 
 
@@ -17,9 +28,6 @@ SEED = 0  # of every built-in recipe: data order, model init, the check's sampli
 
 def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, sft_config: dict[str, Any]) -> dict[str, float]:
     """Train `model` in place with TRL's `SFTTrainer` on the CPU: `mean_train_loss`, `last_logged_loss` (nats)."""
-    from transformers.trainer_callback import PrinterCallback
-    from trl import SFTConfig, SFTTrainer
-
     dataset = train_dataset.map(lambda ex: {"completion": [{"role": "assistant", "content": ex["completion"]}]},
         remove_columns=[c for c in train_dataset.column_names if c not in ("prompt", "completion")])  # fmt: skip
     renamed = hasattr(SFTConfig, "activation_checkpointing")  # transformers 5.24 renamed gradient_checkpointing
@@ -40,10 +48,6 @@ def sft_warm_up(model, tokenizer, train_dataset, max_steps: int, sft_config: dic
 
 def summarize_token_statistics(stats: dict[str, list]) -> dict[str, Any]:
     """`num_tokens`, `entropy_nats` (`p10`, `p50`, `p90`, `mean`), `frac_prob_below_tau_p` of `hf_generate`'s stats."""
-    import torch
-
-    from ..core.s2t import S2TSettings
-
     tau_p, quantiles = S2TSettings.prob_threshold, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
     entropy, prob = (torch.tensor(stats[key], dtype=torch.float64) for key in ("entropy", "prob"))
     nats = zip(("p10", "p50", "p90", "mean"), [*torch.quantile(entropy, quantiles).tolist(), entropy.mean().item()])
@@ -53,9 +57,6 @@ def summarize_token_statistics(stats: dict[str, list]) -> dict[str, Any]:
 
 def evaluate_tiny_math(model, tokenizer, num_problems: int, max_new_tokens=48, statistics=False):
     """`stapo-eval`'s evaluation of the first `num_problems` tiny-math problems, sampled (T 1.0) and greedy."""
-    from ..evaluation.generation import DECODINGS, evaluate_problems, hf_generate
-    from ..evaluation.tasks import load_benchmark
-
     problems, stats = load_benchmark("tiny-math", limit=num_problems), {} if statistics else None
     (sampled, records), (greedy, _) = (evaluate_problems(  # max_new_tokens: tiny writes 29-31 tokens + eos
         partial(hf_generate, model, tokenizer, stats=stats if name != "greedy" else None), tokenizer, problems, n=1,
@@ -74,13 +75,6 @@ SFT_CONFIG: dict[str, Any] = {"per_device_train_batch_size": 8, "learning_rate":
 
 def build(name: str, output_dir: str | os.PathLike, base_path: str | os.PathLike | None) -> dict[str, Any]:
     """SFT-warm the built base at `base_path`, check it and save into `output_dir`; returns the record's fields."""
-    import torch
-    import trl
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..data import make_tiny_math_dataset
-    from .gguf import state_dict_sha256
-
     recipe = BUILTIN_MODELS[name]
     if base_path is None:
         raise ValueError(f"builtin:{name} is SFT-warmed from builtin:{recipe['base']}: give its folder.")

@@ -6,6 +6,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+import tokenizers
+import torch
+import trl
+from tokenizers import decoders, models, pre_tokenizers, trainers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from ..data import make_tiny_math_dataset
 from .names import BUILTIN_MODELS
 from .sft_math import SEED, evaluate_tiny_math, sft_warm_up
 
@@ -22,14 +29,6 @@ SFT_CONFIG: dict[str, Any] = {"per_device_train_batch_size": 32, "learning_rate"
 
 def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> dict[str, Any]:
     """Build `builtin:<name>` into `output_dir` (BPE, digits split as in Qwen, ChatML); the record's fields."""
-    import tokenizers
-    import torch
-    import trl
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    from ..data import make_tiny_math_dataset
-
     recipe, data = BUILTIN_MODELS[name], make_tiny_math_dataset(seed=SEED)
     config = {**MODEL_CONFIG, **recipe.get("model_config", {})}
     bpe = tokenizers.Tokenizer(models.BPE())
@@ -56,6 +55,5 @@ def build(name: str, output_dir: str | os.PathLike, base_path: None = None) -> d
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     return {"seed": SEED, "tokenizer": {"type": "byte-level BPE, single-digit tokens", "vocab_size": len(tokenizer)},
-            "model": {"architecture": "Qwen3ForCausalLM", "num_parameters": num_parameters, **config}, "sft": sft,
-            "eval": evaluation,
-            "versions": {"trl": trl.__version__, "tokenizers": tokenizers.__version__}}  # fmt: skip
+        "model": {"architecture": "Qwen3ForCausalLM", "num_parameters": num_parameters, **config}, "sft": sft,
+        "eval": evaluation, "versions": {"trl": trl.__version__, "tokenizers": tokenizers.__version__}}  # fmt: skip

@@ -15,8 +15,6 @@ from ..diagnostics.ablations import ABLATIONS
 from ..integrations.process_group import import_group_capturing_modules
 
 
-logger = logging.getLogger(__name__)
-
 S2T_MODES = (*core.s2t.S2T_MODES, *ABLATIONS)
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")  # TRL 1.16's
 MINIMUMS = {  # field: (smallest value, what it is)
@@ -65,8 +63,9 @@ class STAPOConfig(core.STAPOConfig):
             changed += ["bf16=False"] * (self.bf16 is None and not self.fp16)
             self.use_cpu, self.bf16 = self.use_cpu is not False, False if "bf16=False" in changed else self.bf16
             if changed:
-                logger.info("No accelerator found (CUDA, XPU, MPS, NPU, HPU, Neuron, TPU): STAPOConfig defaults to %s "
-                            "on this machine; set them explicitly to override.", ", ".join(changed))  # fmt: skip
+                logging.getLogger(__name__).info(
+                    "No accelerator found (CUDA, XPU, MPS, NPU, HPU, Neuron, TPU): STAPOConfig defaults to %s on this "
+                    "machine; set them explicitly to override.", ", ".join(changed))  # fmt: skip
         self.use_cpu = bool(self.use_cpu)
         if getattr(self, "activation_checkpointing", False) is None:  # transformers >= 5.24's name, no warning
             self.activation_checkpointing = self.gradient_checkpointing
@@ -90,14 +89,12 @@ class STAPOConfig(core.STAPOConfig):
             if fixed_batch or not isinstance(batch, int) or batch % groups == 0:
                 raise
             per_device, valid = self.per_device_train_batch_size, [d for d in range(2, batch + 1) if batch % d == 0]
-            raise TrainingValueError(
-                f"{error} The generation batch is per_device_train_batch_size {per_device} x "
+            raise TrainingValueError(f"{error} The generation batch is per_device_train_batch_size {per_device} x "
                 f"{batch // (per_device * steps)} process(es) x {steps_name} {steps} = {batch} completions, and each "
                 f"prompt needs a whole group of num_generations completions. Valid num_generations for this batch: "
                 f"{valid}. Or change per_device_train_batch_size / {steps_name} so that the generation batch is a "
                 "multiple of num_generations.",
-                "num_generations", "per_device_train_batch_size", steps_name,
-            ) from error  # fmt: skip
+                "num_generations", "per_device_train_batch_size", steps_name) from error  # fmt: skip
 
 
 def has_accelerator() -> bool:
@@ -112,10 +109,8 @@ def write_run_files(args) -> bool:
     return value
 
 
-class TrainingValueError(ValueError):
-    def __init__(self, message: str, *fields: str):  # the fields whose values make the error, the reported one first
-        super().__init__(message)
-        self.fields = fields
+class TrainingValueError(ValueError):  # args: the message, the fields whose values make the error (reported first)
+    __str__, fields = (lambda self: self.args[0]), property(lambda self: self.args[1:])
 
 
 def check_training_values(args) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import glob
 import importlib.util
 import inspect
@@ -18,14 +19,13 @@ from .. import core
 from ..data import check_chat_template, check_prompt_column, check_reward_columns
 from ..diagnostics.ablations import ABLATIONS, ablation_mask
 from ..diagnostics.metrics import diagnostic_metrics
-from ..integrations.process_group import release_process_group
 from ..integrations.vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
 from ..rewards import NoRewardWarning, resolve_reward_names
 from ..run_folder import checkpoints
+from ..run_folder.card import model_card
+from ..run_folder.logs import JsonlLogCallback, NoLearningSignalCallback, SpuriousTokenLogger, add_run_file_callbacks
+from ..run_folder.rollout import RolloutStateCallback, load_rollout_state, save_rollout_state
 from .config import STAPOConfig, write_run_files
-
-
-logger = logging.getLogger(__name__)
 
 
 def _torch_default_threads() -> set[int]:  # the counts torch starts with: one per available core, logical or physical
@@ -92,9 +92,6 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train` as `output_dir`'s one writer, with the run files and an exact resume (`True`: the newest
         complete checkpoint). `ValueError`: another writer; no, an incomplete or another run's checkpoint; a link."""
-        from ..run_folder.logs import JsonlLogCallback, NoLearningSignalCallback, add_run_file_callbacks
-        from ..run_folder.rollout import RolloutStateCallback, load_rollout_state
-
         output_dir, checkpoint = self.args.output_dir, resume_from_checkpoint
         if self.args.should_save:  # first: the resume moves damaged checkpoints aside
             checkpoints.hold_run_folder(output_dir, trainer=self)
@@ -109,7 +106,7 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
                 checkpoints.check_checkpoint(checkpoint, f"resume_from_checkpoint={checkpoint!r}")
             if checkpoint:
                 checkpoints.check_run_settings(checkpoint, self.run_settings)
-                logger.warning(f"Resuming training from {checkpoint}.")  # every check passed
+                logging.getLogger(__name__).warning(f"Resuming training from {checkpoint}.")  # every check passed
             if write_run_files(self.args):
                 add_run_file_callbacks(self)
             callbacks = self.callback_handler.callbacks
@@ -134,9 +131,8 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         if self.model.training and rewards.isnan().all():
             warnings.warn(f"No reward at step {self.state.global_step + 1}: no reward function "
-                          f"({', '.join(self.reward_func_names)}) gave any of the {len(rewards)} completions a value "
-                          "(every one None or NaN), so the step has no learning signal.", NoRewardWarning,
-                          2)  # fmt: skip
+                f"({', '.join(self.reward_func_names)}) gave any of the {len(rewards)} completions a value (every "
+                "one None or NaN), so the step has no learning signal.", NoRewardWarning, 2)  # fmt: skip
         return rewards
 
     def _issue_warnings_after_load(self, load_result):  # without the weights tied to another (never saved)
@@ -145,8 +141,6 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
         super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
     def _save_checkpoint(self, model, trial):  # and the rollout state, between two writes of the run record
-        from ..run_folder.rollout import save_rollout_state
-
         folder = os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}")
         record = {"settings": self.run_settings, "save_only_model": self.args.save_only_model}
         if self.args.should_save:
@@ -179,8 +173,6 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, public: bool = False):
         """Write `output_dir/README.md` never through a link; `public` (what `push_to_hub` uploads): no local path."""
-        from ..run_folder.card import model_card
-
         if self.is_world_process_zero():
             os.makedirs(self.args.output_dir, exist_ok=True)
             card = model_card(self, model_name, dataset_name, tags, self.eval_record, public=public)
@@ -191,8 +183,12 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
         return super().push_to_hub(*args, public=True, **kwargs)
 
     def end(self):
-        """`Trainer.end` without the DDP wrapper, which would abort the process exit. Call it once, last."""
-        release_process_group(self)
+        """`Trainer.end` without the DDP wrapper (not DeepSpeed's or FSDP's), which would abort the process exit: the
+        model stays usable, nothing may communicate afterwards. Call it once, last."""
+        if not (self.is_deepspeed_enabled or self.is_fsdp_enabled):
+            self.model_wrapped = self.model
+            gc.collect()  # the wrapper sits in reference cycles
+        self.accelerator.end_training()
 
 
 class STAPOTrainer(_Additions, core.STAPOTrainer):
@@ -201,19 +197,16 @@ class STAPOTrainer(_Additions, core.STAPOTrainer):
     `builtin:` name, `reward_funcs` a name of `stapo_trl.rewards.REWARDS`, `args` any `GRPOConfig`. `ValueError`
     before a model is built: a bad dataset, reward, S2T value, `output_dir` or `vllm_mode`; no chat template."""
 
-    _s2t_modes = STAPOConfig._s2t_modes
+    _s2t_modes, _nonfinite_warned = STAPOConfig._s2t_modes, False
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None, *pargs, **kwargs):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = STAPOConfig(f"{os.path.basename(os.path.normpath(str(name).removeprefix('builtin:')))}-STAPO")
         core.stapo_config.refuse_paths_around_the_mask(args)  # before a model is built
-        self._nonfinite_warned = False
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
 
     def _compute_s2t_mask(self, per_token_logps, entropies, advantages, loss_mask, completion_ids):
-        from ..run_folder.logs import SpuriousTokenLogger
-
         tensors = (per_token_logps, entropies, advantages, loss_mask)
         result = (ablation_mask(*tensors, **vars(self.s2t), gather=self._gather) if self.s2t.mode in ABLATIONS
                   else super()._compute_s2t_mask(*tensors, completion_ids))  # fmt: skip
