@@ -25,7 +25,8 @@ class S2TSettings:
 
     def __post_init__(self):
         for f, allowed in zip(fields(self)[:2], ("(0, 1]", "[0, 1]"), strict=True):
-            if isinstance(value := getattr(self, f.name), bool) or not isinstance(value, (int, float)):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"s2t_{f.name}={value!r} must be a number in {allowed}, got {type(value).__name__}.")
             if not (0.0 < value <= 1.0 if allowed[0] == "(" else 0.0 <= value <= 1.0):
                 raise ValueError(f"s2t_{f.name}={value} must be in {allowed}; the paper: {f.default}.")

@@ -69,12 +69,15 @@ def refuse_paths_around_the_mask(args: GRPOConfig) -> None:
     trl 1.14, `loss_type="luspo"` with token-level ratios below trl 1.10."""
     version = Version(trl.__version__)
     if getattr(args, "use_liger_kernel", False) and version < Version("1.14.0"):
-        raise ValueError(f"use_liger_kernel=True: trl {trl.__version__} computes the loss in Liger's kernel, past the "
-                         "S2T mask. Set use_liger_kernel=False, or use trl>=1.14.")  # fmt: skip
+        raise ValueError(
+            f"use_liger_kernel=True: trl {trl.__version__} computes the loss in Liger's kernel, past the S2T mask. "
+            "Set use_liger_kernel=False, or use trl>=1.14."
+        )
     if args.loss_type == "luspo" and args.importance_sampling_level == "token" and version < Version("1.10.0"):
-        raise ValueError(f"loss_type='luspo' with importance_sampling_level='token': trl {trl.__version__} sums "
-                         "every token's loss, masked or not. Use importance_sampling_level='sequence', or "
-                         "trl>=1.10.")  # fmt: skip
+        raise ValueError(
+            f"loss_type='luspo' with importance_sampling_level='token': trl {trl.__version__} sums every token's "
+            "loss, masked or not. Use importance_sampling_level='sequence', or trl>=1.10."
+        )
 
 
 def s2t_settings_line(args: GRPOConfig, settings: S2TSettings) -> str | None:

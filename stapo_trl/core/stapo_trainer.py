@@ -91,9 +91,10 @@ class STAPOTrainer(GRPOTrainer):
         expected = {"dapo": -1.0, "cispo": min(1.0, self.epsilon_high), "vespo": 1.0}[self.loss_type]
         expected *= self.accelerator.num_processes * self._s2t_window / ga
         if not math.isclose(loss, expected, rel_tol=1e-5):
-            raise RuntimeError(f"trl {trl.__version__}'s _compute_loss gave {loss:.6g}, not {expected:.6g} ("
-                f"{self.loss_type}, steps_per_generation {spg}, GA {ga}): STAPO would train at a wrong scale. Use "
-                f"trl{SUPPORTED_TRL}.")  # fmt: skip
+            raise RuntimeError(
+                f"trl {trl.__version__}'s _compute_loss gave {loss:.6g}, not {expected:.6g} ({self.loss_type}, "
+                f"steps_per_generation {spg}, GA {ga}): STAPO would train at a wrong scale. Use trl{SUPPORTED_TRL}."
+            )
 
     @property
     def _s2t_mask_in_loss(self) -> bool:  # evaluation, or steps_per_generation = num_iterations = 1
@@ -123,7 +124,8 @@ class STAPOTrainer(GRPOTrainer):
         """TRL's `log`, the `s2t/` counts summed over the row, the ratios pooled from the sums, NaN left out."""
         metrics = self._metrics["train" if self.model.training else "eval"]
         if metrics.get("s2t/num_loss_tokens"):
-            metrics.update({key: [sum(metrics[key])] for key in _COUNTS})
+            for key in _COUNTS:
+                metrics[key] = [sum(metrics[key])]
             num_loss_tokens = max(metrics["s2t/num_loss_tokens"][0], 1.0)
             metrics["s2t/silenced_ratio"] = [metrics["s2t/num_silenced"][0] / num_loss_tokens]
             metrics["s2t/candidate_ratio"] = [metrics["s2t/num_candidates"][0] / num_loss_tokens]
@@ -147,8 +149,9 @@ class STAPOTrainer(GRPOTrainer):
             return stashed[3]
         if scoring := self._s2t_rollout_forwards is not None and model is self.model and not torch.is_grad_enabled():
             kwargs["compute_entropy"] = True  # TRL's no-grad policy forward while a rollout is scored
-        forward = super()._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, *args,
-                                                              **kwargs)  # fmt: skip
+        forward = super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+        )
         if scoring:
             self._s2t_rollout_forwards.append(forward)
         return forward
@@ -165,14 +168,16 @@ class STAPOTrainer(GRPOTrainer):
         same = [f[1] for f in forwards if old_logps is not None and torch.equal(f[0], old_logps)]  # TRL's, H asked
         if (old_logps is not None, bool(same)) != (self._s2t_path == "old_logps",) * 2:  # TRL scored otherwise
             found = "missing" if old_logps is None else f"from {'a' if same else 'no'} forward it saw"
-            raise RuntimeError(f"trl {trl.__version__}: old_per_token_logps {found}, where s2t_path is "
-                               f"{self._s2t_path!r}.")  # fmt: skip
+            raise RuntimeError(
+                f"trl {trl.__version__}: old_per_token_logps {found}, where s2t_path is {self._s2t_path!r}."
+            )
         if same:
             batch["s2t_entropies"] = same[0]
             return batch
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            _, (batch["s2t_logps"], batch["s2t_entropies"], _) = self._s2t_forward(self.model, batch,
-                batch_size=self.args.per_device_train_batch_size)  # fmt: skip
+            _, (batch["s2t_logps"], batch["s2t_entropies"], _) = self._s2t_forward(
+                self.model, batch, batch_size=self.args.per_device_train_batch_size
+            )
         return batch
 
     def _prepare_inputs(self, generation_batch):
@@ -197,15 +202,18 @@ class STAPOTrainer(GRPOTrainer):
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)  # (B, P+T)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)  # (B, P+T)
         kwargs |= {key: inputs.get(key) for key in _FORWARD_KEYS}
-        return input_ids, self._get_per_token_logps_and_entropies(model, input_ids, attention_mask,
-            inputs["completion_ids"].size(1), compute_entropy=True, **kwargs)  # fmt: skip
+        return input_ids, self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, inputs["completion_ids"].size(1), compute_entropy=True, **kwargs
+        )
 
     def _compute_loss(self, model, inputs):
         if not self._s2t_mask_in_loss:
             return super()._compute_loss(model, inputs)
         input_ids, forward = self._s2t_forward(model, inputs, compute_aux_loss=self.aux_loss_enabled)
-        completion_ids, (logps, entropies) = inputs["completion_ids"], (t.detach() for t in forward[:2])
-        result = self._s2t_result(logps, entropies, inputs["advantages"], self._loss_mask(inputs), completion_ids)
+        completion_ids = inputs["completion_ids"]
+        result = self._s2t_result(
+            forward[0].detach(), forward[1].detach(), inputs["advantages"], self._loss_mask(inputs), completion_ids
+        )
         inputs = self._with_keep(inputs, result.keep)
         inputs["num_items_in_batch"] = torch.tensor(float(result.num_kept), device=completion_ids.device)
         self._s2t_loss_forward = (model, input_ids, completion_ids.size(1), forward)
