@@ -38,10 +38,8 @@ def make_trainer(model_path, tmp_path, trainer_cls=STAPOTrainer, reward=zero_rew
 def test_all_low_prob_gives_silenced_tokens_zero_gradient_and_only_training_masks_reach_the_logger(
     tiny_random_model_path, tmp_path
 ):
-    # TRL's default geometry: the mask comes from the loss's own forward. tau_p = 1 and all_low_prob: every
-    # positive-advantage token is silenced, so the kept tokens are those of rows 1 (A = -0.5, 3 tokens) and 3 (A = 0,
-    # 2 tokens). On-policy the ratio is 1 and each token's clipped surrogate is -A: the dapo loss is
-    # (3 * 0.5 + 2 * 0) / 5 = 0.3, where GRPO's would be (3 * 0.5 - 5 * 1 - 4 * 2) / 14.
+    # The mask from the loss's own forward; tau_p = 1, all_low_prob: every A > 0 token silenced, rows 1 (A = -0.5, 3
+    # tokens) and 3 (A = 0, 2) kept. Ratio 1, surrogate -A: dapo loss (3 * 0.5 + 0) / 5 = 0.3 (GRPO's (1.5-5-8) / 14).
     probe = type("LogpProbe", (KeepsLogpGrad, STAPOTrainer), {})  # keeps the training forward's log-probs
     trainer = make_trainer(tiny_random_model_path, tmp_path, probe, s2t_prob_threshold=1.0, s2t_mode="all_low_prob")
     logger = SpuriousTokenLogger(trainer)
@@ -80,15 +78,13 @@ def test_all_low_prob_gives_silenced_tokens_zero_gradient_and_only_training_mask
     assert metrics["s2t/num_silenced"][-1] == 14.0
 
 
-def hand_micro_batch(advantages, lengths, entropies=None, logps=None):  # 2 completions of up to 3 tokens, p 0.001
+def hand_micro_batch(advantages, lengths):  # 2 completions of up to 3 tokens, p 0.001
     completion_mask = (torch.arange(3)[None] < torch.tensor(lengths)[:, None]).long()  # (2, 3)
-    return {
-        "prompt_ids": torch.full((2, 2), 5), "prompt_mask": torch.ones(2, 2, dtype=torch.long),
-        "completion_ids": torch.full((2, 3), 7), "completion_mask": completion_mask,
-        "advantages": torch.tensor(advantages), "num_items_in_batch": completion_mask.sum(),
-        "old_per_token_logps": torch.full((2, 3), math.log(0.001)) if logps is None else logps,
-        "s2t_entropies": torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]]) if entropies is None else entropies,
-    }  # fmt: skip
+    return {"prompt_ids": torch.full((2, 2), 5), "prompt_mask": torch.ones(2, 2, dtype=torch.long),
+            "completion_ids": torch.full((2, 3), 7), "completion_mask": completion_mask,
+            "advantages": torch.tensor(advantages), "num_items_in_batch": completion_mask.sum(),
+            "old_per_token_logps": torch.full((2, 3), math.log(0.001)),
+            "s2t_entropies": torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]])}  # fmt: skip
 
 
 def prepare_two_updates(trainer, batches):  # the second pass over 4 buffered micro-batches: two updates (GA 2)
@@ -99,18 +95,14 @@ def prepare_two_updates(trainer, batches):  # the second pass over 4 buffered mi
 
 
 def test_non_finite_p_or_h_is_warned_once_and_counted_and_a_log_row_pools_its_masks(tiny_random_model_path, tmp_path):
-    # steps 4-7 reuse the buffered (hand) rollout batch
     trainer = make_trainer(tiny_random_model_path, tmp_path, steps_per_generation=4, gradient_accumulation_steps=2,
                            num_iterations=2)  # fmt: skip
-    entropies = [torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]]) for _ in range(4)]
-    logps = [torch.full((2, 3), math.log(0.001)) for _ in range(4)]
-    entropies[0][0, 0] = float("nan")  # a candidate's position (A > 0)
-    entropies[1][1, 2] = float("nan")  # a loss token with A < 0: counted too
-    entropies[2][0, 1] = float("inf")
-    logps[3][0, 2] = float("-inf")
-    entropies[3][1, 2] = float("nan")  # padding (length 2): not a loss token, not counted
-    lengths = [[3, 3], [3, 3], [3, 3], [3, 2]]
-    batches = [hand_micro_batch([1.0, -1.0], lengths[i], entropies[i], logps[i]) for i in range(4)]
+    batches = [hand_micro_batch([1.0, -1.0], [3, 3 - (i == 3)]) for i in range(4)]  # batch 3: row 1 has 2 tokens
+    batches[0]["s2t_entropies"][0, 0] = float("nan")  # a candidate's position (A > 0)
+    batches[1]["s2t_entropies"][1, 2] = float("nan")  # a loss token with A < 0: counted too
+    batches[2]["s2t_entropies"][0, 1] = float("inf")
+    batches[3]["old_per_token_logps"][0, 2] = float("-inf")
+    batches[3]["s2t_entropies"][1, 2] = float("nan")  # padding: not a loss token, not counted
     with pytest.warns(UserWarning, match="non-finite") as record:
         prepare_two_updates(trainer, batches)  # two masks with non-finite values: one warning
     assert sum("non-finite" in str(w.message) for w in record) == 1
@@ -119,8 +111,7 @@ def test_non_finite_p_or_h_is_warned_once_and_counted_and_a_log_row_pools_its_ma
     assert row["s2t/num_nonfinite"] == 4 and row["s2t/num_loss_tokens"] == 23
     assert row["s2t/num_candidates"] == 12 - 3  # the A > 0 rows' 12 tokens, less the 3 non-finite ones
     assert math.isfinite(row["s2t/entropy_p50"])  # non-finite values stay out of the quantiles too
-    # The next rows start afresh. Update 1: 12 loss tokens, the 6 of the A > 0 rows silenced (ratio 0.5); update 2:
-    # 4 loss tokens, 1 silenced.
+    # The next rows start afresh. Update 1: 12 loss tokens, the A > 0 rows' 6 silenced; update 2: 4, 1 silenced.
     trainer.s2t = dataclasses.replace(trainer.s2t, mode="all_low_prob")
     batches = [hand_micro_batch([1.0, -1.0], [3, 3])] * 2 + [hand_micro_batch([1.0, -1.0], [1, 1])]
     prepare_two_updates(trainer, [*batches, hand_micro_batch([-1.0, -1.0], [1, 1])])
@@ -138,8 +129,8 @@ def test_non_finite_p_or_h_is_warned_once_and_counted_and_a_log_row_pools_its_ma
 def test_undefined_s2t_metrics_are_left_out_of_the_logs_of_a_builtin_model_named(
     tiny_random_model_path, builtin_cache_dir, tmp_path, monkeypatch
 ):
-    # tau_p = 1e-30: no token is ever a candidate, so tau_h and the silenced-token means are undefined (NaN) at every
-    # step. 3 steps with logging_steps 2: step 3 is logged only by the end-of-training summary (train_result.metrics).
+    # tau_p = 1e-30: no candidate, so tau_h and the silenced-token means are undefined (NaN) at every step. Step 3
+    # (logging_steps 2) is logged only by the end-of-training summary (train_result.metrics).
     monkeypatch.setenv("STAPO_TRL_CACHE", str(builtin_cache_dir))  # where the fixture built it
     trainer = make_trainer("builtin:tiny-random", tmp_path, reward=text_reward, max_steps=3, logging_steps=2,
                            s2t_prob_threshold=1e-30)  # fmt: skip
@@ -259,11 +250,11 @@ def test_trls_own_grpo_script_trains_with_the_trainer_import_changed(tiny_math_m
         "from stapo_trl.rewards import math_accuracy_reward\n\n\ndef accuracy(completions, solution, **kwargs):\n"
         "    return math_accuracy_reward(completions, solution=solution, **kwargs)\n"
     )
-    argv = ["--model_name_or_path", tiny_math_model_path, "--dataset_name", str(tmp_path / "data")]
-    argv += ["--reward_funcs", "rewards.accuracy", "--output_dir", str(tmp_path / "out"), "--use_cpu", "true"]
-    argv += ["--bf16", "false", "--report_to", "none", "--max_steps", "2", "--logging_steps", "1"]
-    argv += ["--per_device_train_batch_size", "8", "--num_generations", "4", "--max_completion_length", "48"]
-    argv += ["--save_strategy", "no", "--steps_per_generation", "4", "--gradient_accumulation_steps", "2"]
+    argv = ["--model_name_or_path", tiny_math_model_path, "--dataset_name", str(tmp_path / "data"), "--output_dir",
+            str(tmp_path / "out"), *"--reward_funcs rewards.accuracy --use_cpu true --bf16 false --report_to none "
+            "--max_steps 2 --logging_steps 1 --per_device_train_batch_size 8 --num_generations 4 "
+            "--max_completion_length 48 --save_strategy no --steps_per_generation 4 "
+            "--gradient_accumulation_steps 2".split()]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     result = subprocess.run([sys.executable, "script.py", *argv], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=600)  # fmt: skip
