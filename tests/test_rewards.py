@@ -107,8 +107,8 @@ def test_extra_columns_reach_a_dotted_path_reward(tmp_path, tiny_math_model_path
     rows = [{**row, "difficulty": i / 10, "source": f"set-{i % 3}"} for i, row in enumerate(addition_rows(8))]
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name"]
     argv += [write_jsonl(tmp_path / "graded.jsonl", rows), "--output_dir", str(tmp_path / "out"), "--max_steps", "1"]
-    argv += ["--reward_funcs", f"{module}.difficulty_reward", "--eval_before_after", "false", "--save_steps", "100"]
-    train_main([*argv, "--disable_tqdm", "true", "--logging_steps", "1"])
+    train_main([*argv, "--reward_funcs", f"{module}.difficulty_reward", *"--eval_before_after false --save_steps 100 "
+                "--disable_tqdm true --logging_steps 1".split()])  # fmt: skip
     seen = [item for call in sys.modules[module].CALLS for item in call]
     assert len(seen) == 64  # one rollout step: 8 prompts x 8, each completion with its own prompt's row
     by_problem = {row["problem"]: (row["answer"], row["difficulty"], row["source"]) for row in rows}
@@ -158,13 +158,6 @@ def test_checked_reward_refuses_no_number_per_completion_and_warns_inf_or_nan_on
     ]
 
 
-def test_every_sequence_of_numbers_trl_trains_on_passes_as_its_values():  # as TRL converts them
-    for returned in [np.array([1.0, 0.0, 0.5]), torch.tensor([1.0, 0.0, 0.5]), [np.True_, np.False_, 0.5],
-                     (torch.tensor(v) for v in (1.0, 0.0, 0.5)), [1, False, Fraction(1, 2)]]:  # fmt: skip
-        got = checked_reward(unsure)(completions=["a", "b", "c"], returned=returned)
-        assert torch.tensor(got, dtype=torch.float32).tolist() == [1.0, 0.0, 0.5]
-
-
 def half_judged(completions, prompts, trainer_state, **kwargs):
     if trainer_state.global_step == 1:  # the second step
         return [1 / 0]
@@ -172,6 +165,10 @@ def half_judged(completions, prompts, trainer_state, **kwargs):
 
 
 def test_the_trainer_checks_its_rewards_under_trls_names(tmp_path, tiny_random_model_path, caplog):
+    for returned in [np.array([1.0, 0.0, 0.5]), torch.tensor([1.0, 0.0, 0.5]), [np.True_, np.False_, 0.5],
+                     (torch.tensor(v) for v in (1.0, 0.0, 0.5)), [1, False, Fraction(1, 2)]]:  # fmt: skip
+        got = checked_reward(unsure)(completions=["a", "b", "c"], returned=returned)  # what TRL trains on passes
+        assert torch.tensor(got, dtype=torch.float32).tolist() == [1.0, 0.0, 0.5]
     # TRL's name and signature kept; `None` for some completions trains silently; an exception gets a note
     (checked,) = rewards.resolve_reward_names([half_judged])
     assert checked.__name__ == "half_judged"
