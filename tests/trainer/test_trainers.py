@@ -35,9 +35,8 @@ def make_trainer(model_path, tmp_path, trainer_cls=STAPOTrainer, reward=zero_rew
     return trainer
 
 
-def test_all_low_prob_gives_silenced_tokens_zero_gradient_and_only_training_masks_reach_the_logger(
-    tiny_random_model_path, tmp_path
-):
+def test_all_low_prob_gives_silenced_tokens_zero_gradient_and_only_training_masks_reach_the_logger(tmp_path,
+        tiny_random_model_path):  # fmt: skip
     # The mask from the loss's own forward; tau_p = 1, all_low_prob: every A > 0 token silenced, rows 1 (A = -0.5, 3
     # tokens) and 3 (A = 0, 2) kept. Ratio 1, surrogate -A: dapo loss (3 * 0.5 + 0) / 5 = 0.3 (GRPO's (1.5-5-8) / 14).
     probe = type("LogpProbe", (KeepsLogpGrad, STAPOTrainer), {})  # keeps the training forward's log-probs
@@ -126,9 +125,8 @@ def test_non_finite_p_or_h_is_warned_once_and_counted_and_a_log_row_pools_its_ma
     assert (row["s2t/num_silenced"], row["s2t/num_loss_tokens"], row["s2t/silenced_ratio"]) == (8, 16, 0.5)
 
 
-def test_undefined_s2t_metrics_are_left_out_of_the_logs_of_a_builtin_model_named(
-    tiny_random_model_path, builtin_cache_dir, tmp_path, monkeypatch
-):
+def test_undefined_s2t_metrics_are_left_out_of_the_logs_of_a_builtin_model_named(tiny_random_model_path, tmp_path,
+        builtin_cache_dir, monkeypatch):  # fmt: skip
     # tau_p = 1e-30: no candidate, so tau_h and the silenced-token means are undefined (NaN) at every step. Step 3
     # (logging_steps 2) is logged only by the end-of-training summary (train_result.metrics).
     monkeypatch.setenv("STAPO_TRL_CACHE", str(builtin_cache_dir))  # where the fixture built it
