@@ -20,7 +20,7 @@ def make_config(**overrides):
     return STAPOConfig(**dict(output_dir="unused", use_cpu=True, bf16=False, report_to=[]) | overrides)
 
 
-def test_the_s2t_fields_are_the_cores_plus_the_ablations_and_the_run_files_switch_each_documented():
+def test_the_s2t_fields_are_the_cores_plus_the_ablations_and_the_run_files_switch_each_documented(monkeypatch, caplog):
     config = make_config()  # the core's defaults (tests/core/test_stapo_config.py), which its trainer accepts
     assert isinstance(config, core.STAPOConfig) and config.s2t_write_run_files is True
     names = {f.name for f in dataclasses.fields(STAPOConfig) if f.name.startswith("s2t_")}
@@ -36,6 +36,10 @@ def test_the_s2t_fields_are_the_cores_plus_the_ablations_and_the_run_files_switc
     assert set(typing.get_args(typing.get_type_hints(STAPOConfig)["s2t_mode"])) == set(field.metadata["choices"])
     for mode in field.metadata["choices"]:
         assert make_config(s2t_mode=mode).s2t_mode == mode
+    monkeypatch.setattr("stapo_trl.trainer.config.has_accelerator", lambda: True)  # an accelerator: TRL's defaults
+    with caplog.at_level(logging.INFO, logger="stapo_trl.trainer.config"):
+        args = STAPOConfig(output_dir="unused", report_to=[], bf16=False)  # bf16 given: this CPU refuses True
+    assert args.use_cpu is False and not [r for r in caplog.records if r.name == "stapo_trl.trainer.config"]
 
 
 # The core's S2T values: tests/core/test_stapo_config.py; a command line's and the API's same words (batch sizes,
@@ -48,8 +52,7 @@ def test_the_s2t_fields_are_the_cores_plus_the_ablations_and_the_run_files_switc
         ({"s2t_write_run_files": "false"}, r"s2t_write_run_files='false' must be a bool"),  # "false" read as true
         ({"max_steps": 0}, r"max_steps=0 is not a number of optimizer steps"),  # transformers: <= 0 runs epochs
         ({"max_completion_length": 0}, r"max_completion_length=0 must be >= 1"),  # failed after the model was built
-        # a loss TRL does not have: GRPOTrainer fails only at its first loss step, after the model and a generation
-        ({"loss_type": "ppo"}, r"^Unknown loss type: ppo \(loss_type='ppo'; TRL's are \['grpo'"),  # TRL's words first
+        ({"loss_type": "ppo"}, r"^Unknown loss type: ppo \(loss_type='ppo'; TRL's are \['grpo'"),  # GRPOTrainer: late
         ({"loss_type": "DAPO"}, r"loss_type='DAPO'"),
         ({"loss_type": "dapo "}, r"loss_type='dapo '"),
         ({"num_generations": 0}, r"^num_generations=0: set num_generations to 2 or more"),  # TRL divides by it first
@@ -86,10 +89,3 @@ def test_cpu_only_machine_defaults_to_use_cpu_without_bf16_and_explicit_values_w
                            (STAPO_RECIPE,): (True, False)}.items():  # fmt: skip
         _, training_args, _ = parse_args(["--config", *argv])
         assert (training_args.use_cpu, training_args.bf16) == expected, argv
-
-
-def test_with_an_accelerator_the_defaults_stay_trls(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr("stapo_trl.trainer.config.has_accelerator", lambda: True)  # bf16 given: this CPU refuses True
-    with caplog.at_level(logging.INFO, logger="stapo_trl.trainer.config"):
-        args = STAPOConfig(output_dir=str(tmp_path), report_to=[], bf16=False)
-    assert args.use_cpu is False and not [r for r in caplog.records if r.name == "stapo_trl.trainer.config"]
