@@ -19,10 +19,9 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 def _config(tmp_path, name, **overrides):
-    settings = dict(output_dir=str(tmp_path / name), max_steps=1, logging_steps=1, per_device_train_batch_size=8,
-                    num_generations=4, max_completion_length=8, use_cpu=True, bf16=False, report_to="none",
-                    save_strategy="no")  # fmt: skip
-    return trl.GRPOConfig(**(settings | overrides))
+    return trl.GRPOConfig(**dict(output_dir=str(tmp_path / name), max_steps=1, logging_steps=1, use_cpu=True,
+        bf16=False, per_device_train_batch_size=8, num_generations=4, max_completion_length=8, report_to="none",
+        save_strategy="no") | overrides)  # fmt: skip
 
 
 def test_the_trainer_keeps_grpo_trainers_console_signal_handlers_and_warning_filters(tiny_random_model_path, tmp_path):
@@ -49,17 +48,12 @@ def test_construction_opens_no_connection_of_its_own(tiny_random_model_path, tmp
     import huggingface_hub.constants  # an uncached Hub id, no Hub: the same attempts and error as GRPOTrainer
     import huggingface_hub.utils._http
 
-    attempts = []  # each connection starts by resolving the host name
-
-    def refuse(host, *args, **kwargs):
-        attempts.append(host)
-        raise socket.gaierror(socket.EAI_NONAME, "no network in this test")
-
+    attempts = []  # each connection resolves the host name first
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: attempts.append(host) or (_ for _ in ()).throw(
+        socket.gaierror(socket.EAI_NONAME, "no network in this test")))  # fmt: skip
     monkeypatch.setattr(huggingface_hub.utils._http.time, "sleep", lambda seconds: None)  # its retries' back-off
-    errors = []
-    # The first construction in a process asks once more (a lookup cached afterwards): GRPOTrainer goes first twice.
+    errors = []  # the first construction in a process asks once more (a cached lookup): GRPOTrainer goes first twice
     for trainer_class in (trl.GRPOTrainer, trl.GRPOTrainer, STAPOTrainer):
         attempts.clear()
         with pytest.raises(OSError) as raised:
@@ -71,12 +65,10 @@ def test_construction_opens_no_connection_of_its_own(tiny_random_model_path, tmp
 
 @pytest.mark.slow  # a new Python process: ~10 s of imports
 def test_importing_the_trainer_loads_no_deepspeed_and_at_most_3000_lines_of_the_package():
-    code = (
-        "import sys\nfrom stapo_trl import STAPOConfig, STAPOTrainer\n"
-        "mods = [m for n, m in sys.modules.items() if n.startswith('stapo_trl') and getattr(m, '__file__', None)]\n"
-        "print(sum(len(open(m.__file__).read().splitlines()) for m in mods), 'deepspeed' in sys.modules, "
-        "'matplotlib' in sys.modules, 'math_verify' in sys.modules)"
-    )
+    code = ("import sys\nfrom stapo_trl import STAPOConfig, STAPOTrainer\n"
+            "mods = [m for n, m in sys.modules.items() if n.startswith('stapo_trl') and getattr(m, '__file__', 0)]\n"
+            "print(sum(len(open(m.__file__).read().splitlines()) for m in mods), 'deepspeed' in sys.modules, "
+            "'matplotlib' in sys.modules, 'math_verify' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env()).stdout
     lines, *loaded = out.split()
     assert loaded == ["False", "False", "False"] and int(lines) <= 3000, out
