@@ -4,6 +4,7 @@ import logging
 import socket
 import types
 
+import huggingface_hub.utils
 import pytest
 from datasets import config
 from huggingface_hub import constants
@@ -41,10 +42,10 @@ def test_push_to_hub_offline_online_unreachable_or_without_a_token_fails_in_one_
     capsys.readouterr()
     assert dry_run_main([*argv, "--hub_model_id", "me/stapo-demo"]) == 2
     assert f"  - {PUSH}'me/stapo-demo': offline mode" in capsys.readouterr().out
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # online: no token, or an unreachable Hub
+    for name, value in dict(HF_HUB_OFFLINE=False, HF_TOKEN_PATH=str(tmp_path / "hf_home" / "token")).items():
+        monkeypatch.setattr(constants, name, value)  # online: no token, or an unreachable Hub
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf_home" / "token"))
     endpoint = f"http://127.0.0.1:{free_port()}"  # a real request to a closed port
     unreachable = f"the Hub at {endpoint} cannot be reached"
     for kwargs, cause in [({}, "no Hub token "), (dict(token="hf_x", endpoint=endpoint), unreachable)]:
@@ -71,19 +72,15 @@ def _one_line_refusal(message: str, offline: bool, name: str = HUB_ID) -> None:
 
 
 def requests_sent(monkeypatch) -> list:  # the HTTP requests sent from now on (each still sent)
-    from huggingface_hub.utils import get_session
-
-    client, sent = type(get_session()), []
-    send = client.send
-    monkeypatch.setattr(client, "send", lambda s, request, *a, **k: sent.append(request) or send(s, request, *a, **k))
+    client, sent = type(huggingface_hub.utils.get_session()), []
+    monkeypatch.setattr(client, "send", lambda s, r, *a, send=client.send, **k: sent.append(r) or send(s, r, *a, **k))
     return sent
 
 
 @pytest.mark.parametrize("what, offline", [("model", None), ("dataset", None), ("eval", None), ("model", "HUB"),
                                            ("dataset", "HUB"), ("eval", "HUB"), ("dataset", "DATASETS")])  # fmt: skip
 def test_an_uncached_id_is_refused_in_one_line_after_one_request_or_offline_without_any(hub, monkeypatch, capsys,
-                                                                                         tmp_path, no_model_built,
-                                                                                         what, offline):  # fmt: skip
+        tmp_path, no_model_built, what, offline):  # fmt: skip
     monkeypatch.setattr("stapo_trl.cli.prepare.load_prompt_dataset", lambda *a, **k: pytest.fail("loaded first"))
     if offline:
         monkeypatch.setattr(constants if offline == "HUB" else config, f"HF_{offline}_OFFLINE", True)
@@ -134,10 +131,9 @@ def test_a_cached_id_a_local_path_and_a_builder_name_pass(hub, monkeypatch, tmp_
         check_hub_dataset(name)
     for name in (HUB_ID, str(tmp_path), "builtin:tiny-math"):
         check_hub_model(name)
-    with pytest.raises((ConnectionError, FileNotFoundError)):
-        check_hub_model("Qwen/Qwen3-1.7B")
-    with pytest.raises((ConnectionError, FileNotFoundError)):
-        check_hub_dataset("some-org/another-dataset")
+    for check, name in ((check_hub_model, "Qwen/Qwen3-1.7B"), (check_hub_dataset, "some-org/another-dataset")):
+        with pytest.raises((ConnectionError, FileNotFoundError)):
+            check(name)
 
 
 def test_model_max_positions_prompt_token_budget_keep_short_prompts_and_eval(tiny_random_model_path, caplog):
@@ -148,10 +144,10 @@ def test_model_max_positions_prompt_token_budget_keep_short_prompts_and_eval(tin
     assert list(map(model_max_positions, models)) == [512, 1024, None, 64, 96]
     assert [prompt_token_budget(512, 256), prompt_token_budget(512, 256, max_prompt_tokens=100)] == [256, 100]
     assert [prompt_token_budget(None, 256, max_prompt_tokens=100), prompt_token_budget(None, 256)] == [100, None]
-    with pytest.raises(ValueError, match="max_new_tokens=512 leaves no room"):
-        prompt_token_budget(512, 512)
-    with pytest.raises(ValueError, match="max_prompt_tokens"):
-        prompt_token_budget(512, 10, max_prompt_tokens=0)
+    for kwargs, message in [(dict(max_new_tokens=512), "max_new_tokens=512 leaves no room"),
+                            (dict(max_new_tokens=10, max_prompt_tokens=0), "max_prompt_tokens")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            prompt_token_budget(512, **kwargs)
     with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
         assert keep_short_prompts([10, 724, 30, 256, 257], 256, what="math500 prompts") == [0, 2, 3]
         (line,) = [r.getMessage() for r in caplog.records]
