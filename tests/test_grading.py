@@ -10,6 +10,7 @@ import tarfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import math_verify.grader
 import numpy as np
 import pytest
 from testing_utils import REPO
@@ -108,8 +109,6 @@ def test_pathological_answers_are_refused_on_the_main_thread_and_off_it():
 
 @pytest.mark.parametrize("on_main", [True, False], ids=["main-thread", "off-main-thread"])
 def test_a_slow_comparison_is_stopped_on_the_main_thread_and_given_up_off_it(monkeypatch, on_main):
-    import math_verify.grader
-
     started, release, finished = threading.Event(), threading.Event(), threading.Event()
 
     def hang(*args, **kwargs):  # busy (an alarm can interrupt it) until released, or 120 s as a guard

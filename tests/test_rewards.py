@@ -10,6 +10,7 @@ import traceback
 from fractions import Fraction
 from types import SimpleNamespace
 
+import math_verify.grader
 import numpy as np
 import pytest
 import torch
@@ -24,8 +25,6 @@ _chat = lambda text: [{"role": "assistant", "content": text}]  # noqa: E731
 
 
 def test_math_accuracy_reward_a_batch_of_512_with_pathological_answers_and_grader_errors(monkeypatch, caplog):
-    import math_verify.grader
-
     completions = [r"\boxed{85}", _chat(r"so \boxed{085}"), r"\boxed{84}", "85", _chat(""), r"\boxed{\frac{1}{2}}",
                    r"\boxed{27}", r"\boxed{2, 1}", r"\boxed{1-\frac{1}{e}}", r"\boxed{\frac{\pi}{6}}",
                    r"\boxed{e^{-2}}"]  # fmt: skip

@@ -9,6 +9,7 @@ import pytest
 from testing_utils import STAPO_RECIPE
 
 from stapo_trl import STAPOConfig, core
+from stapo_trl.cli.args import parse_args
 from stapo_trl.diagnostics.ablations import ABLATIONS
 from stapo_trl.trainer.config import has_accelerator
 
@@ -67,8 +68,6 @@ def test_bad_values_are_refused_at_construction_naming_the_field(settings, messa
 
 @pytest.mark.skipif(has_accelerator(), reason="the CPU defaults apply only on a machine without an accelerator")
 def test_cpu_only_machine_defaults_to_use_cpu_without_bf16_and_explicit_values_win(tmp_path, caplog):
-    from stapo_trl.cli.args import parse_args
-
     def config(**settings):  # use_cpu and bf16 unset unless given
         return make_config(**{"use_cpu": None, "bf16": None} | settings)
 

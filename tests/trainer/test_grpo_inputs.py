@@ -3,10 +3,12 @@
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import trl
 from datasets import Dataset
+from PIL import Image
 from testing_utils import length_reward
 from transformers import AutoTokenizer
 
@@ -165,9 +167,6 @@ def tiny_vlm(tiny_random_model_path, tmp_path_factory):  # a tiny LLaVA and its 
 @pytest.mark.parametrize("case", ["image-column", "images-column", "no-chat-template"])
 def test_multimodal_prompts_as_in_grpo_trainer(tiny_vlm, tmp_path, case):
     folder, processor = tiny_vlm
-    import numpy as np
-    from PIL import Image
-
     prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "1+1"}]}]
     rng = np.random.RandomState(0)
     pictures = [Image.fromarray(rng.randint(0, 255, (28, 28, 3), dtype=np.uint8)) for _ in range(8)]

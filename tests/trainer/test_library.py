@@ -6,6 +6,8 @@ import subprocess
 import sys
 import warnings
 
+import huggingface_hub.constants
+import huggingface_hub.utils._http
 import pytest
 import trl
 from testing_utils import PROMPTS, length_reward, subprocess_env
@@ -45,10 +47,7 @@ def test_the_trainer_keeps_grpo_trainers_console_signal_handlers_and_warning_fil
 
 
 def test_construction_opens_no_connection_of_its_own(tiny_random_model_path, tmp_path, monkeypatch):
-    import huggingface_hub.constants  # an uncached Hub id, no Hub: the same attempts and error as GRPOTrainer
-    import huggingface_hub.utils._http
-
-    attempts = []  # each connection resolves the host name first
+    attempts = []  # an uncached Hub id, no Hub: the same attempts and error as GRPOTrainer (each resolves the host)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: attempts.append(host) or (_ for _ in ()).throw(
         socket.gaierror(socket.EAI_NONAME, "no network in this test")))  # fmt: skip

@@ -10,6 +10,8 @@ from testing_utils import tiny_stapo_config
 from transformers import TrainerCallback
 
 from stapo_trl import STAPOTrainer
+from stapo_trl.data import format_prompt
+from stapo_trl.rewards import math_accuracy_reward
 from stapo_trl.trainer.trainers import _torch_default_threads, tiny_model_threads
 
 
@@ -44,9 +46,6 @@ def test_the_rule_applies_to_tiny_models_only_and_gives_way_to_the_callers_count
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="torch's default is already one thread on one core")
 def test_every_entry_point_runs_a_model_trained_from_the_tiny_one_on_one_thread(torch_default_threads, tmp_path,
         tiny_math_model_path):  # fmt: skip
-    from stapo_trl.data import format_prompt
-    from stapo_trl.rewards import math_accuracy_reward
-
     seen = []
 
     class Record(TrainerCallback):  # on_prediction_step: evaluate() and predict()
