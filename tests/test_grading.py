@@ -129,7 +129,6 @@ def test_a_slow_comparison_is_stopped_on_the_main_thread_and_given_up_off_it(mon
 
 
 PREVIOUS = "ff523c7"  # the last commit with the previous grader, stapo_trl/grading/ (eight modules)
-DOC = REPO / "docs" / "evaluation.md"
 
 
 @pytest.fixture(scope="module")
@@ -155,10 +154,7 @@ def golds(shared_data_dir) -> dict[str, list]:
     return {name: list(by_repr.values()) for name, by_repr in golds.items()}
 
 
-def _text(gold) -> str:
-    return gold if isinstance(gold, str) else ", ".join(gold)
-
-
+_text = lambda gold: gold if isinstance(gold, str) else ", ".join(gold)  # noqa: E731
 _NUMBER = re.compile(r"[+-]?\d+(\.\d+)?")
 _DECIMAL = re.compile(r"[+-]?(\d*\.\d+|\d+)([eE][+-]?\d+)?")
 _FRACTION = re.compile(r"\\d?frac\{(\d+)\}\{(\d+)\}|(\d+)/(\d+)")
@@ -194,7 +190,8 @@ def verdicts(grader, golds: dict[str, list]) -> dict[tuple, bool]:
 
 
 def documented() -> set[tuple]:
-    table = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in DOC.read_text().splitlines()]
+    doc = (REPO / "docs" / "evaluation.md").read_text()
+    table = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in doc.splitlines()]
     return {(c[0], c[1].strip("`"), c[2].strip("`"), int(c[3]), int(c[4])) for c in table
             if len(c) == 6 and c[1].startswith("`") and c[3] in ("0", "1")}  # fmt: skip
 

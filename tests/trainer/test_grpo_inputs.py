@@ -64,9 +64,6 @@ def source_reward(completions, source, **kwargs):
     return [float(s == "rollout") for s in source]
 
 
-CHAT = [{"role": "user", "content": "1+1"}]
-
-
 @pytest.fixture(scope="module")
 def tool_tokenizer(tiny_random_model_path):  # with TRL's Qwen3 template, which renders tool calls
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
@@ -88,7 +85,7 @@ def outcome(trainer_class, model, tmp_path, *, config=None, **inputs) -> str:  #
     return "trained"
 
 
-D, ROUTED = Dataset.from_dict, {"environment": ["counter", "echo"] * 4}
+D, ROUTED, CHAT = Dataset.from_dict, {"environment": ["counter", "echo"] * 4}, [{"role": "user", "content": "1+1"}]
 EVALS = {"eval_strategy": "steps", "eval_steps": 1, "per_device_eval_batch_size": 4}
 TOPICS = D({"prompt": ["1+1", "2+2"] * 8, "topic": ["a", "b"] * 8})
 # case: (inputs, whether both train it). Without a prompt column (nor environment) both refuse: TRL at its first step,

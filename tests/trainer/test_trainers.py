@@ -17,8 +17,10 @@ from testing_utils import PROMPTS, REPO, KeepsLogpGrad, hand_scored_batch, polic
 from trl import GRPOConfig
 
 from stapo_trl import STAPOConfig, STAPOTrainer, core
+from stapo_trl.cli.callbacks import add_command_callbacks
 from stapo_trl.data import format_prompt
 from stapo_trl.diagnostics.token_records import token_records
+from stapo_trl.rewards import math_accuracy_reward
 from stapo_trl.run_folder.logs import SpuriousTokenLogger
 
 
@@ -64,8 +66,7 @@ def test_all_low_prob_gives_silenced_tokens_zero_gradient_and_only_training_mask
     assert metrics["s2t/silenced_prob_mean"] == [pytest.approx(logps[silenced].exp().mean().item(), rel=1e-5)]
     pending = token_records(logger._pending, trainer.processing_class)  # the 9 silenced (rows 0 and 2: 5 + 4)
     assert [(r["completion_index"], r["position"], r["kind"]) for r in pending] == [
-        *[(0, t, "silenced") for t in range(5)], *[(2, t, "silenced") for t in range(4)]
-    ]  # fmt: skip
+        (i, t, "silenced") for i, n in ((0, 5), (2, 4)) for t in range(n)]  # fmt: skip
     # Every token silenced (all advantages positive): a finite zero loss, still connected to the graph.
     trainer.model.zero_grad()
     inputs["advantages"] = torch.tensor([1.0, 0.5, 2.0, 3.0])
@@ -145,15 +146,12 @@ def test_undefined_s2t_metrics_are_left_out_of_the_logs_of_a_builtin_model_named
 
 
 def held_tensors(obj, skip=(), path="", seen=None):  # paths of >= 2-D tensors reachable through containers, objects
-    if id(obj) in (seen := set() if seen is None else seen):
+    if id(obj) in (seen := set() if seen is None else seen) or seen.add(id(obj)):
         return []
-    seen.add(id(obj))
     if torch.is_tensor(obj):
         return [path] if obj.dim() >= 2 else []
-    if isinstance(obj, dict):
-        children = [(f"{path}[{key!r}]", value) for key, value in obj.items()]
-    elif isinstance(obj, (list, tuple, set, frozenset)) or type(obj).__name__ == "deque":
-        children = [(f"{path}[{i}]", value) for i, value in enumerate(obj)]
+    if isinstance(obj, (dict, list, tuple, set, frozenset)) or type(obj).__name__ == "deque":
+        children = [(f"{path}[{k!r}]", v) for k, v in (obj.items() if isinstance(obj, dict) else enumerate(obj))]
     elif path == "" or type(obj).__module__.startswith("stapo_trl") or hasattr(type(obj), "__dataclass_fields__"):
         children = [(f"{path}.{key}", value) for key, value in vars(obj).items() if key not in skip]
     else:
@@ -194,31 +192,26 @@ class OpenR1StyleConfig(GRPOConfig):  # a user's config as open-r1 writes one, w
     s2t_write_run_files: bool = True
 
 
-def test_the_librarys_extras_come_from_any_grpo_config(tiny_random_model_path, tmp_path):
-    trainer = make_trainer(tiny_random_model_path, tmp_path, reward=text_reward, config_cls=OpenR1StyleConfig,
+MATH_PROMPTS = Dataset.from_list([{"prompt": format_prompt(f"{a}+{a + 3}"), "solution": str(2 * a + 3)}
+                                  for a in range(10, 34)])  # fmt: skip
+
+
+def test_any_grpo_config_gives_its_extras_and_a_plain_one_the_run_files_checks_and_ctrl_c_save(tmp_path,
+        tiny_random_model_path, tiny_math_model_path):  # fmt: skip
+    from testing_utils import SignalAtStep
+
+    trainer = make_trainer(tiny_random_model_path, tmp_path / "own", reward=text_reward, config_cls=OpenR1StyleConfig,
                            max_steps=2, s2t_write_run_files=False)  # fmt: skip
     assert trainer.s2t.mode == "all_low_prob"  # the library's ablations, where the config has them
     trainer.train()  # trains, silencing every candidate
     rows = [row for row in trainer.state.log_history if "loss" in row]
     assert len(rows) == 2 and sum(r["s2t/num_silenced"] for r in rows) == sum(r["s2t/num_candidates"] for r in rows)
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # the config's own s2t_write_run_files=False
+    assert not (tmp_path / "own" / "run" / "metrics.jsonl").exists()  # the config's own s2t_write_run_files=False
     with pytest.raises(ValueError, match=r"s2t_mode='all_low_prob' is not one of \['low_entropy', 'off'\]"):
         core.STAPOTrainer(tiny_random_model_path, zero_reward, args=trainer.args, train_dataset=PROMPTS)
     trainer.args.s2t_write_run_files = "no"  # a field of the user's class, of the wrong type: refused at construction
     with pytest.raises(ValueError, match=r"^s2t_write_run_files='no' must be a bool"):
         STAPOTrainer(tiny_random_model_path, reward_funcs=zero_reward, args=trainer.args, train_dataset=PROMPTS)
-
-
-MATH_PROMPTS = Dataset.from_list([{"prompt": format_prompt(f"{a}+{a + 3}"), "solution": str(2 * a + 3)}
-                                  for a in range(10, 34)])  # fmt: skip
-
-
-def test_a_plain_grpo_config_writes_the_run_files_keeps_the_checks_and_saves_on_ctrl_c(tiny_math_model_path, tmp_path):
-    from testing_utils import SignalAtStep
-
-    from stapo_trl.cli.callbacks import add_command_callbacks
-    from stapo_trl.rewards import math_accuracy_reward
-
     args = GRPOConfig(output_dir=str(tmp_path / "run"), **SETTINGS | dict(per_device_train_batch_size=8,
                       num_generations=4, max_completion_length=48, max_steps=4))  # fmt: skip
     with pytest.raises(ValueError, match="prompt"):  # the library's construction checks, with a GRPOConfig too
