@@ -40,8 +40,7 @@ def test_math_accuracy_reward_a_batch_of_512_with_pathological_answers_and_grade
     golds = [r"\frac{1}{3}", r"2\sqrt{2}", "17", r"\frac{\pi}{4}"]
     answers = [r"\frac{2}{6}", r"\sqrt{8}", "17", r"\frac{\pi}{4}"]
     bad = {3: r"10^{10^{10}}", 100: r"2003^{2002^{2001}}", 200: r"(10^{7})!", 300: r"9^{9^{9^{9}}}", 511: "7^{7^{77}}"}
-    completions = [rf"\boxed{{{bad.get(i, answers[i % 4])}}}" for i in range(512)]
-    logged = {}
+    completions, logged = [rf"\boxed{{{bad.get(i, answers[i % 4])}}}" for i in range(512)], {}
     got = math_accuracy_reward(completions, [golds[i % 4] for i in range(512)], log_metric=logged.__setitem__)
     assert [got[i] for i in bad] == [0.0] * 5 and sum(got) == 512 - 5
     assert logged["grading/timeout_ratio"] == pytest.approx(5 / 512)
@@ -53,9 +52,8 @@ def test_math_accuracy_reward_a_batch_of_512_with_pathological_answers_and_grade
     assert got == [0.0, 1.0, 0.0, None]  # the integer path needs no math-verify; a refusal is a timeout
     ratios = {"error_ratio": 0.5, "timeout_ratio": 0.25, "gold_unparseable_ratio": 0.25}
     assert logged == {f"grading/{k}": v for k, v in ratios.items()}
-    messages = [r.getMessage() for r in caplog.records]
-    assert any("2/4 completions hit a grader error" in m for m in messages)
-    assert any(r"gold answer '\\frac{zz' does not parse" in m for m in messages)
+    messages = "\n".join(r.getMessage() for r in caplog.records)
+    assert "2/4 completions hit a grader error" in messages and r"gold answer '\\frac{zz' does not parse" in messages
 
 
 def test_format_reward_completion_text_the_registry_and_the_current_folder(tmp_path, tmp_path_factory, monkeypatch):
@@ -63,10 +61,8 @@ def test_format_reward_completion_text_the_registry_and_the_current_folder(tmp_p
             r"first \boxed{3}, then \boxed{85}"]  # fmt: skip
     no = [r"\boxed{85} and then more text", "no box at all", r"\boxed{}", r"\boxed{8", ""]
     assert format_reward(ends + no) == format_reward(list(map(_chat, ends + no))) == [1.0] * 4 + [0.0] * 5
-    assert [completion_text(c) for c in ("x", None, [])] == ["x", "", ""]
-    assert completion_text([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]) == "a"
-    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
-    assert completion_text([{"role": "assistant", "content": parts}]) == "ab"
+    turns = [[{"role": "user", "content": "q"}, *_chat("a")], _chat([{"type": "text", "text": t} for t in "ab"])]
+    assert [completion_text(c) for c in ("x", None, [], *turns)] == ["x", "", "", "a", "ab"]
     both = [math_accuracy_reward, format_reward]
     assert get_reward_funcs(["math_accuracy", "format"]) == get_reward_funcs("math_accuracy,format") == both
     assert get_reward_funcs(["math_accuracy_reward", "stapo_trl.rewards.format_reward"]) == both
@@ -85,8 +81,7 @@ def test_format_reward_completion_text_the_registry_and_the_current_folder(tmp_p
                        ("lab/rl/rewards.py", "def brevity(completions, **kwargs):\n    return [0.5]\n")]:  # fmt: skip
         (tmp_path / path).write_text(text)
     exact_match, brevity = get_reward_funcs("my_rewards.exact_match,lab.rl.rewards.brevity")
-    assert exact_match.__name__ == "exact_match" and exact_match([["x"]], ["1"]) == [1.0]
-    assert brevity([["x"]]) == [0.5]
+    assert exact_match.__name__ == "exact_match" and exact_match([["x"]], ["1"]) == [1.0] and brevity([["x"]]) == [0.5]
     with pytest.raises(ValueError) as excinfo:
         get_reward_funcs(["nowhere_rewards.exact_match"])
     message = str(excinfo.value)
