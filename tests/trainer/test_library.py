@@ -46,7 +46,19 @@ def test_the_trainer_keeps_grpo_trainers_console_signal_handlers_and_warning_fil
     assert warnings.filters == filters and {s: signal.getsignal(s) for s in SIGNALS} == handlers
 
 
-def test_construction_opens_no_connection_of_its_own(tiny_random_model_path, tmp_path, monkeypatch):
+def test_construction_warns_at_the_users_line_and_opens_no_connection_of_its_own(tiny_random_model_path, tmp_path,
+        monkeypatch):  # fmt: skip
+    for trainer_class, overrides, words in [
+        (STAPOTrainer, {}, "GRPOConfig has no s2t_prob_threshold"),  # the construction line of a plain GRPOConfig
+        (stapo_trl.core.STAPOTrainer, {}, "GRPOConfig has no s2t_prob_threshold"),
+        (STAPOTrainer, {"beta": 0.04}, "lose their KL penalty"),  # a GRPO feature the mask changes, said once
+    ]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer_class(tiny_random_model_path, length_reward, args=_config(tmp_path, "warn", **overrides),
+                          train_dataset=PROMPTS)  # fmt: skip
+        (warning,) = [w for w in caught if words in str(w.message)]
+        assert warning.filename == __file__, (warning.filename, str(warning.message))
     attempts = []  # an uncached Hub id, no Hub: the same attempts and error as GRPOTrainer (each resolves the host)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: attempts.append(host) or (_ for _ in ()).throw(
@@ -71,17 +83,3 @@ def test_importing_the_trainer_loads_no_deepspeed_and_at_most_3000_lines_of_the_
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env()).stdout
     lines, *loaded = out.split()
     assert loaded == ["False", "False", "False"] and int(lines) <= 3000, out
-
-
-def test_construction_warnings_name_the_users_line(tiny_random_model_path, tmp_path):
-    for trainer_class, overrides, words in [
-        (STAPOTrainer, {}, "GRPOConfig has no s2t_prob_threshold"),  # the construction line of a plain GRPOConfig
-        (stapo_trl.core.STAPOTrainer, {}, "GRPOConfig has no s2t_prob_threshold"),
-        (STAPOTrainer, {"beta": 0.04}, "lose their KL penalty"),  # a GRPO feature the mask changes, said once
-    ]:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            trainer_class(tiny_random_model_path, length_reward, args=_config(tmp_path, "warn", **overrides),
-                          train_dataset=PROMPTS)  # fmt: skip
-        (warning,) = [w for w in caught if words in str(w.message)]
-        assert warning.filename == __file__, (warning.filename, str(warning.message))
