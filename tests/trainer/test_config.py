@@ -45,22 +45,18 @@ def test_the_s2t_fields_are_the_cores_plus_the_ablations_and_the_run_files_switc
 
 # The core's S2T values: tests/core/test_stapo_config.py; a command line's and the API's same words (batch sizes,
 # learning rate, seed, temperature, max_steps < -1, report_to, TRL's num_generations words): tests/cli/test_args.py.
-@pytest.mark.parametrize(
-    "settings, message",
-    [
-        ({"s2t_mode": "low"}, r"s2t_mode='low' .*'high_entropy', 'all_low_prob'"),
-        ({"s2t_mode": False}, r"s2t_mode=False: YAML reads an unquoted `off`"),
-        ({"s2t_write_run_files": "false"}, r"s2t_write_run_files='false' must be a bool"),  # "false" read as true
-        ({"max_steps": 0}, r"max_steps=0 is not a number of optimizer steps"),  # transformers: <= 0 runs epochs
-        ({"max_completion_length": 0}, r"max_completion_length=0 must be >= 1"),  # failed after the model was built
-        ({"loss_type": "ppo"}, r"^Unknown loss type: ppo \(loss_type='ppo'; TRL's are \['grpo'"),  # GRPOTrainer: late
-        ({"loss_type": "DAPO"}, r"loss_type='DAPO'"),
-        ({"loss_type": "dapo "}, r"loss_type='dapo '"),
-        ({"num_generations": 0}, r"^num_generations=0: set num_generations to 2 or more"),  # TRL divides by it first
-        ({"generation_batch_size": 10, "per_device_train_batch_size": 4, "num_generations": 8},  # TRL's words stand
-         r"^generation_batch_size \(10\) must be divisible by the global batch size \(4\)\.$"),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("settings, message", [
+    ({"s2t_mode": "low"}, r"s2t_mode='low' .*'high_entropy', 'all_low_prob'"),
+    ({"s2t_mode": False}, r"s2t_mode=False: YAML reads an unquoted `off`"),
+    ({"s2t_write_run_files": "false"}, r"s2t_write_run_files='false' must be a bool"),  # "false" read as true
+    ({"max_steps": 0}, r"max_steps=0 is not a number of optimizer steps"),  # transformers: <= 0 runs epochs
+    ({"max_completion_length": 0}, r"max_completion_length=0 must be >= 1"),  # failed after the model was built
+    ({"loss_type": "ppo"}, r"^Unknown loss type: ppo \(loss_type='ppo'; TRL's are \['grpo'"),  # GRPOTrainer: late
+    ({"loss_type": "DAPO"}, r"loss_type='DAPO'"), ({"loss_type": "dapo "}, r"loss_type='dapo '"),
+    ({"num_generations": 0}, r"^num_generations=0: set num_generations to 2 or more"),  # TRL divides by it first
+    ({"generation_batch_size": 10, "per_device_train_batch_size": 4, "num_generations": 8},  # TRL's words stand
+     r"^generation_batch_size \(10\) must be divisible by the global batch size \(4\)\.$"),
+])  # fmt: skip
 def test_bad_values_are_refused_at_construction_naming_the_field(settings, message):
     with pytest.raises(ValueError, match=message):
         make_config(**settings)
@@ -68,9 +64,7 @@ def test_bad_values_are_refused_at_construction_naming_the_field(settings, messa
 
 @pytest.mark.skipif(has_accelerator(), reason="the CPU defaults apply only on a machine without an accelerator")
 def test_cpu_only_machine_defaults_to_use_cpu_without_bf16_and_explicit_values_win(tmp_path, caplog):
-    def config(**settings):  # use_cpu and bf16 unset unless given
-        return make_config(**{"use_cpu": None, "bf16": None} | settings)
-
+    config = lambda **settings: make_config(**{"use_cpu": None, "bf16": None} | settings)  # noqa: E731
     with caplog.at_level(logging.INFO, logger="stapo_trl.trainer.config"):
         args = config()  # TRL's bf16 default is refused by transformers here: this raised before
         explicit = config(use_cpu=True, bf16=True)  # bf16 on a CPU: slow, but the user asked for it
@@ -79,7 +73,6 @@ def test_cpu_only_machine_defaults_to_use_cpu_without_bf16_and_explicit_values_w
     assert len(lines) == 1 and "use_cpu=True, bf16=False" in lines[0], lines  # the explicit values: no line
     assert (config(use_cpu=False).use_cpu, config(use_cpu=False).bf16) == (False, False)
     assert config(fp16=False, bf16=False).bf16 is False
-
     recipe = tmp_path / "recipe.yaml"
     lines = Path(STAPO_RECIPE).read_text().splitlines()
     recipe.write_text("\n".join(line for line in lines if not line.startswith(("use_cpu:", "bf16:"))))
