@@ -92,10 +92,9 @@ def test_format_reward_completion_text_the_registry_and_the_current_folder(tmp_p
 @pytest.mark.slow  # a stapo-train run
 def test_extra_columns_reach_a_dotted_path_reward(tmp_path, tiny_math_model_path, monkeypatch):
     module = f"user_rewards_{tmp_path.name}"
-    (tmp_path / f"{module}.py").write_text(
-        "CALLS = []\ndef difficulty_reward(completions, solution, difficulty, source, **kwargs):\n    CALLS.append("
-        "list(zip(kwargs['prompts'], solution, difficulty, source)))\n    return [float(d) for d in difficulty]\n"
-    )
+    (tmp_path / f"{module}.py").write_text("CALLS = []\ndef difficulty_reward(completions, solution, difficulty, "
+        "source, **kwargs):\n    CALLS.append(list(zip(kwargs['prompts'], solution, difficulty, source)))\n"
+        "    return [float(d) for d in difficulty]\n")  # fmt: skip
     monkeypatch.syspath_prepend(str(tmp_path))
     # 8 problems (one rollout step) with two extra columns; `problem` -> prompt and `answer` -> solution are mapped.
     rows = [{**row, "difficulty": i / 10, "source": f"set-{i % 3}"} for i, row in enumerate(addition_rows(8))]
@@ -117,9 +116,8 @@ def unsure(completions, returned, **kwargs):
 
 
 ONE_PER = "at step 1, but 4 were expected (one per prompt-completion pair): return one float per completion, None for "
-INF = (
-    "inf or -inf for {} at step 1: the advantages of their groups are then not numbers, and those groups teach nothing"
-)
+INF = ("inf or -inf for {} at step 1: the advantages of their groups are then not numbers, and those groups teach "
+       "nothing")  # fmt: skip
 NAN = "NaN for {} at step 1: TRL takes NaN for None (no reward), so they teach nothing"
 
 
@@ -146,10 +144,8 @@ def test_checked_reward_refuses_no_number_per_completion_and_warns_inf_or_nan_on
     with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"):
         for step in (0, 1):
             checked(**four, trainer_state=SimpleNamespace(global_step=step))
-    assert [r.getMessage() for r in caplog.records if r.name == "stapo_trl.rewards"] == [
-        f"Reward function unsure returned {line}. Return a finite number, or None for a completion it cannot judge "
-        "(shown once)"
-    ]
+    assert [r.getMessage() for r in caplog.records if r.name == "stapo_trl.rewards"] == [f"Reward function unsure "
+        f"returned {line}. Return a finite number, or None for a completion it cannot judge (shown once)"]  # fmt: skip
 
 
 def half_judged(completions, prompts, trainer_state, **kwargs):

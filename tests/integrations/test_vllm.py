@@ -27,9 +27,8 @@ from stapo_trl.integrations.vllm_support import check_vllm_args
 def test_server_mode_on_a_cpu_only_run_is_refused_at_construction_and_by_the_dry_run(tiny_random_model_path, tmp_path):
     config = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
     args = STAPOConfig(**config, use_vllm=True, vllm_mode="server")
-    raised = (ImportError, "^vLLM is not available and `use_vllm` is set to True")  # without vLLM: TRL's own refusal
-    if importlib.util.find_spec("vllm"):
-        raised = (ValueError, r"vllm_mode='server' needs a CUDA GPU .*NCCL")
+    raised = ((ValueError, r"vllm_mode='server' needs a CUDA GPU .*NCCL") if importlib.util.find_spec("vllm") else
+              (ImportError, "^vLLM is not available and `use_vllm` is set to True"))  # fmt: skip
     with pytest.raises(raised[0], match=raised[1]):
         STAPOTrainer(tiny_random_model_path, reward_funcs=length_reward, args=args, train_dataset=PROMPTS)
     with pytest.raises(ValueError, match="vllm_mode='server'"):

@@ -48,11 +48,9 @@ def test_the_trainer_keeps_grpo_trainers_console_signal_handlers_and_warning_fil
 
 def test_construction_warns_at_the_users_line_and_opens_no_connection_of_its_own(tiny_random_model_path, tmp_path,
         monkeypatch):  # fmt: skip
-    for trainer_class, overrides, words in [
-        (STAPOTrainer, {}, "GRPOConfig has no s2t_prob_threshold"),  # the construction line of a plain GRPOConfig
-        (stapo_trl.core.STAPOTrainer, {}, "GRPOConfig has no s2t_prob_threshold"),
-        (STAPOTrainer, {"beta": 0.04}, "lose their KL penalty"),  # a GRPO feature the mask changes, said once
-    ]:
+    plain = "GRPOConfig has no s2t_prob_threshold"  # the construction line of a plain GRPOConfig; beta: said once
+    for trainer_class, overrides, words in [(STAPOTrainer, {}, plain), (stapo_trl.core.STAPOTrainer, {}, plain),
+                                            (STAPOTrainer, {"beta": 0.04}, "lose their KL penalty")]:  # fmt: skip
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             trainer_class(tiny_random_model_path, length_reward, args=_config(tmp_path, "warn", **overrides),

@@ -237,10 +237,9 @@ def test_trls_own_grpo_script_trains_with_the_trainer_import_changed(tiny_math_m
     (tmp_path / "script.py").write_text(source.replace(original, changed))
     (tmp_path / "data").mkdir()
     MATH_PROMPTS.to_json(tmp_path / "data" / "train.jsonl")
-    (tmp_path / "rewards.py").write_text(
-        "from stapo_trl.rewards import math_accuracy_reward\n\n\ndef accuracy(completions, solution, **kwargs):\n"
-        "    return math_accuracy_reward(completions, solution=solution, **kwargs)\n"
-    )
+    (tmp_path / "rewards.py").write_text("from stapo_trl.rewards import math_accuracy_reward\n\n\ndef accuracy("
+        "completions, solution, **kwargs):\n    return math_accuracy_reward(completions, solution=solution, "
+        "**kwargs)\n")  # fmt: skip
     argv = ["--model_name_or_path", tiny_math_model_path, "--dataset_name", str(tmp_path / "data"), "--output_dir",
             str(tmp_path / "out"), *"--reward_funcs rewards.accuracy --use_cpu true --bf16 false --report_to none "
             "--max_steps 2 --logging_steps 1 --per_device_train_batch_size 8 --num_generations 4 "
