@@ -24,7 +24,8 @@ from stapo_trl.rewards import checked_reward, completion_text, format_reward, ge
 _chat = lambda text: [{"role": "assistant", "content": text}]  # noqa: E731
 
 
-def test_math_accuracy_reward_a_batch_of_512_with_pathological_answers_and_grader_errors(monkeypatch, caplog):
+def test_math_accuracy_and_format_rewards_completion_text_the_registry_and_the_current_folder(monkeypatch, caplog,
+        tmp_path, tmp_path_factory):  # fmt: skip
     completions = [r"\boxed{85}", _chat(r"so \boxed{085}"), r"\boxed{84}", "85", _chat(""), r"\boxed{\frac{1}{2}}",
                    r"\boxed{27}", r"\boxed{2, 1}", r"\boxed{1-\frac{1}{e}}", r"\boxed{\frac{\pi}{6}}",
                    r"\boxed{e^{-2}}"]  # fmt: skip
@@ -54,9 +55,6 @@ def test_math_accuracy_reward_a_batch_of_512_with_pathological_answers_and_grade
     assert logged == {f"grading/{k}": v for k, v in ratios.items()}
     messages = "\n".join(r.getMessage() for r in caplog.records)
     assert "2/4 completions hit a grader error" in messages and r"gold answer '\\frac{zz' does not parse" in messages
-
-
-def test_format_reward_completion_text_the_registry_and_the_current_folder(tmp_path, tmp_path_factory, monkeypatch):
     ends = [r"steps... \boxed{85}", r"steps... $\boxed{85}$.", r"\[ \boxed{85} \]",
             r"first \boxed{3}, then \boxed{85}"]  # fmt: skip
     no = [r"\boxed{85} and then more text", "no box at all", r"\boxed{}", r"\boxed{8", ""]

@@ -136,7 +136,8 @@ def test_a_cached_id_a_local_path_and_a_builder_name_pass(hub, monkeypatch, tmp_
             check(name)
 
 
-def test_model_max_positions_prompt_token_budget_keep_short_prompts_and_eval(tiny_random_model_path, caplog):
+def test_model_max_positions_prompt_token_budget_keep_short_prompts_eval_train_and_the_dry_run(tiny_random_model_path,
+        tiny_math_model_path, tmp_path, caplog):  # fmt: skip
     ns = types.SimpleNamespace  # a config, a model, an HFGenerator, a VLLMGenerator, no length
     models = [{"max_position_embeddings": 512}, ns(config=ns(n_positions=1024)), {"hidden_size": 64},
               ns(model=ns(config={"max_position_embeddings": 64})),
@@ -170,9 +171,7 @@ def test_model_max_positions_prompt_token_budget_keep_short_prompts_and_eval(tin
     assert any("Dropped 1 of 3 tiny prompts" in r.getMessage() for r in caplog.records)
     with pytest.raises(ValueError, match="All 1 tiny prompts are longer"):
         evaluate_problems(generate_fn, tokenizer, problems[1:2], **run)
-
-
-def test_train_and_the_dry_run_drop_prompts_over_the_models_positions(tiny_math_model_path, tmp_path, caplog):
+    caplog.clear()  # stapo-train and its dry run drop prompts over the model's positions
     mixed, long = (write_jsonl(tmp_path / f"{i}.jsonl", [{"problem": p, "answer": "1"} for p in problems])
                    for i, problems in enumerate([["12+34", "1+" * 400, "5+6"], ["1+" * 400 + "1"]]))  # fmt: skip
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", mixed]

@@ -87,11 +87,13 @@ def hand_micro_batch(advantages, lengths):  # 2 completions of up to 3 tokens, p
             "s2t_entropies": torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]])}  # fmt: skip
 
 
-def prepare_two_updates(trainer, batches):  # the second pass over 4 buffered micro-batches: two updates (GA 2)
+def two_updates_row(trainer, batches):  # the log row of the second pass over 4 buffered micro-batches (GA 2)
     trainer._buffered_inputs = batches
     for step in range(4, 8):
         trainer._step = step
         trainer._prepare_inputs(None)
+    trainer.log({})
+    return trainer.state.log_history[-1]
 
 
 def test_non_finite_p_or_h_is_warned_once_and_counted_and_a_log_row_pools_its_masks(tiny_random_model_path, tmp_path):
@@ -104,25 +106,19 @@ def test_non_finite_p_or_h_is_warned_once_and_counted_and_a_log_row_pools_its_ma
     batches[3]["old_per_token_logps"][0, 2] = float("-inf")
     batches[3]["s2t_entropies"][1, 2] = float("nan")  # padding: not a loss token, not counted
     with pytest.warns(UserWarning, match="non-finite") as record:
-        prepare_two_updates(trainer, batches)  # two masks with non-finite values: one warning
+        row = two_updates_row(trainer, batches)  # two masks with non-finite values: one warning
     assert sum("non-finite" in str(w.message) for w in record) == 1
-    trainer.log({})
-    row = trainer.state.log_history[-1]
     assert row["s2t/num_nonfinite"] == 4 and row["s2t/num_loss_tokens"] == 23
     assert row["s2t/num_candidates"] == 12 - 3  # the A > 0 rows' 12 tokens, less the 3 non-finite ones
     assert math.isfinite(row["s2t/entropy_p50"])  # non-finite values stay out of the quantiles too
     # The next rows start afresh. Update 1: 12 loss tokens, the A > 0 rows' 6 silenced; update 2: 4, 1 silenced.
     trainer.s2t = dataclasses.replace(trainer.s2t, mode="all_low_prob")
     batches = [hand_micro_batch([1.0, -1.0], [3, 3])] * 2 + [hand_micro_batch([1.0, -1.0], [1, 1])]
-    prepare_two_updates(trainer, [*batches, hand_micro_batch([-1.0, -1.0], [1, 1])])
-    trainer.log({})
-    row = trainer.state.log_history[-1]
+    row = two_updates_row(trainer, [*batches, hand_micro_batch([-1.0, -1.0], [1, 1])])
     assert (row["s2t/num_silenced"], row["s2t/num_candidates"], row["s2t/num_loss_tokens"]) == (7, 7, 16)
     assert row["s2t/silenced_ratio"] == row["s2t/candidate_ratio"] == pytest.approx(7 / 16)  # not the mean, 0.375
     assert row["s2t/num_nonfinite"] == 0 and row["s2t/silenced_prob_mean"] == pytest.approx(0.001)
-    prepare_two_updates(trainer, [hand_micro_batch([-1.0, 1.0], [2, 2]) for _ in range(4)])
-    trainer.log({})
-    row = trainer.state.log_history[-1]
+    row = two_updates_row(trainer, [hand_micro_batch([-1.0, 1.0], [2, 2]) for _ in range(4)])
     assert (row["s2t/num_silenced"], row["s2t/num_loss_tokens"], row["s2t/silenced_ratio"]) == (8, 16, 0.5)
 
 
