@@ -28,8 +28,8 @@ UNREACHABLE = "http://127.0.0.1:9"  # the discard port: the connection is refuse
 PUSH = "push_to_hub: cannot push to hub_model_id="
 
 
-def test_push_to_hub_offline_online_unreachable_or_without_a_token_fails_in_one_line(no_model_built, tmp_path, capsys,
-                                                                                      monkeypatch):  # fmt: skip
+def test_push_to_hub_offline_online_unreachable_or_without_a_token_and_a_silent_hub_fail_in_one_line(tmp_path, capsys,
+        no_model_built, monkeypatch):  # fmt: skip
     assert constants.HF_HUB_OFFLINE  # conftest
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--push_to_hub", "true"]
     with pytest.raises(SystemExit) as excinfo:
@@ -54,6 +54,14 @@ def test_push_to_hub_offline_online_unreachable_or_without_a_token_fails_in_one_
         assert str(excinfo.value).startswith(f"{PUSH}'me/x': {cause}") and "\n" not in str(excinfo.value)
         assert "--push_to_hub false" in str(excinfo.value)
     check_hub_access("me/x", str(tmp_path), token="hf_x", endpoint=endpoint, network=False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # a model check: refused by the timeout
+    with socket.create_server(("127.0.0.1", 0), backlog=4) as server:  # the kernel accepts; nothing ever answers
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        sent = requests_sent(monkeypatch)
+        with pytest.raises(ConnectionError, match="does not answer") as excinfo:
+            check_hub_model(HUB_ID, timeout=1.0)
+    assert [r.method for r in sent if HUB_ID in str(r.url)] == ["GET"] and "Timeout" in str(excinfo.value)
+    _one_line_refusal(str(excinfo.value), offline=False)
 
 
 @pytest.fixture
@@ -104,16 +112,6 @@ def test_an_uncached_id_is_refused_in_one_line_after_one_request_or_offline_with
     assert offline or what != "eval" or "does not answer" in line, line
     for message in (str(excinfo.value), line):
         _one_line_refusal(message, bool(offline), name)
-
-
-def test_a_hub_that_does_not_answer_is_refused_by_the_timeout_after_one_request(hub, monkeypatch):
-    with socket.create_server(("127.0.0.1", 0), backlog=4) as server:  # the kernel accepts; nothing ever answers
-        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
-        sent = requests_sent(monkeypatch)
-        with pytest.raises(ConnectionError, match="does not answer") as excinfo:
-            check_hub_model(HUB_ID, timeout=1.0)
-    assert [r.method for r in sent if HUB_ID in str(r.url)] == ["GET"] and "Timeout" in str(excinfo.value)
-    _one_line_refusal(str(excinfo.value), offline=False)
 
 
 @pytest.mark.parametrize("offline", [False, True], ids=["online-unreachable", "offline"])

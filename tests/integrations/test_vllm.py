@@ -136,7 +136,6 @@ def test_colocate_training_with_vllm_rollouts_its_loss_and_its_weight_sync(tiny_
         keys = ("s2t/silenced_ratio", "s2t/candidate_ratio", "s2t/num_candidates", "s2t/num_silenced")
         assert {*keys, "sampling/importance_sampling_ratio/mean"} <= set(entry), entry
     assert sum(entry["s2t/num_candidates"] for entry in logged) > 0
-
     trainer.model.train()  # the loss under vLLM's IS correction equals TRL's when the threshold never fires
     trainer.current_gradient_accumulation_steps = 1
     batch = GRPOTrainer._generate_and_score_completions(trainer, [PROMPTS[i] for i in range(4)])
@@ -150,7 +149,6 @@ def test_colocate_training_with_vllm_rollouts_its_loss_and_its_weight_sync(tiny_
     assert trainer._metrics["train"]["s2t/num_candidates"][-1] == 0
     trl_loss = GRPOTrainer._compute_loss(trainer, trainer.model, dict(batch))
     assert stapo_loss.item() == pytest.approx(trl_loss.item(), rel=1e-6, abs=1e-7)
-
     generation = trainer.vllm_generation  # vLLM generates with the new weights after a sync (STAPOTrainer's, on CPU)
     assert generation.sync_weights.__func__ is sync_weights_by_reload
     llm, tokenizer = generation.llm, trainer.processing_class
