@@ -136,6 +136,7 @@ def test_a_cached_id_a_local_path_and_a_builder_name_pass(hub, monkeypatch, tmp_
 
 def test_model_max_positions_prompt_token_budget_keep_short_prompts_eval_train_and_the_dry_run(tiny_random_model_path,
         tiny_math_model_path, tmp_path, caplog):  # fmt: skip
+    caplog.set_level(logging.WARNING, logger="stapo_trl.data")
     ns = types.SimpleNamespace  # a config, a model, an HFGenerator, a VLLMGenerator, no length
     models = [{"max_position_embeddings": 512}, ns(config=ns(n_positions=1024)), {"hidden_size": 64},
               ns(model=ns(config={"max_position_embeddings": 64})),
@@ -147,12 +148,11 @@ def test_model_max_positions_prompt_token_budget_keep_short_prompts_eval_train_a
                             (dict(max_new_tokens=10, max_prompt_tokens=0), "max_prompt_tokens")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             prompt_token_budget(512, **kwargs)
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
-        assert keep_short_prompts([10, 724, 30, 256, 257], 256, what="math500 prompts") == [0, 2, 3]
-        (line,) = [r.getMessage() for r in caplog.records]
-        assert "Dropped 2 of 5 math500 prompts longer than 256 tokens" in line and "max_prompt_tokens" in line
-        caplog.clear()
-        assert keep_short_prompts([1, 2], 256) == [0, 1] and keep_short_prompts([1000], None) == [0]
+    assert keep_short_prompts([10, 724, 30, 256, 257], 256, what="math500 prompts") == [0, 2, 3]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "Dropped 2 of 5 math500 prompts longer than 256 tokens" in line and "max_prompt_tokens" in line
+    caplog.clear()
+    assert keep_short_prompts([1, 2], 256) == [0, 1] and keep_short_prompts([1000], None) == [0]
     assert not caplog.records  # nothing dropped: silent
     with pytest.raises(ValueError, match="All 2 prompts are longer than 8 tokens.*max_prompt_tokens"):
         keep_short_prompts([9, 700], 8)
@@ -162,8 +162,7 @@ def test_model_max_positions_prompt_token_budget_keep_short_prompts_eval_train_a
     seen, sample = [], GeneratedSample(r"\boxed{46}", 3, True)
     generate_fn = lambda texts, *, n, **kwargs: seen.extend(texts) or [[sample] * n for _ in texts]  # noqa: E731
     run = dict(n=2, decoding=DECODINGS["t1.0-p1.0"], max_new_tokens=256, max_positions=512)
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
-        table, records = evaluate_problems(generate_fn, tokenizer, problems, **run)
+    table, records = evaluate_problems(generate_fn, tokenizer, problems, **run)
     assert len(seen) == 2 and {r["id"] for r in records} == {"short", "short2"}
     assert table["num_problems"] == 2 and table["avg@2"] == pytest.approx(0.5)
     assert any("Dropped 1 of 3 tiny prompts" in r.getMessage() for r in caplog.records)
@@ -178,8 +177,7 @@ def test_model_max_positions_prompt_token_budget_keep_short_prompts_eval_train_a
     assert dict(dry_run_recipe(argv, 1).lines)["prompt length"] == count  # the commands print these rows
     # a 16-completion rollout step (2 prompts x 8), so that the 2 kept prompts fill one
     train = [*argv, "--per_device_train_batch_size", "8", "--steps_per_generation", "2"]
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
-        assert len(prepare(*parse_args(train)).train_dataset) == 2
+    assert len(prepare(*parse_args(train)).train_dataset) == 2
     assert any("Dropped 1 of 3 training prompts" in r.getMessage() for r in caplog.records)
     train[train.index(mixed)] = argv[argv.index(mixed)] = long
     with pytest.raises(ValueError, match="All 1 training prompts are longer"):
