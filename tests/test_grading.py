@@ -30,10 +30,9 @@ def test_the_last_complete_box_is_the_answer_verdicts_are_the_same_in_threads_an
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(lambda c: grade(*c), cases * 4)) == on_main * 4
     assert [r.correct for r in on_main] == [True, True, False, False, True]
-    for gold in [r"\frac{zz", "", None, [], r"E_{1},E_{2}"]:  # an unparseable gold never gives credit
-        for completion in (rf"\boxed{{{gold}}}", r"\boxed{1}", "no box"):
-            result = grade(completion, gold)
-            assert not result.correct and result.error.startswith("gold unparseable"), result
+    results = [grade(c, gold) for gold in [r"\frac{zz", "", None, [], r"E_{1},E_{2}"]  # an unparseable gold: no credit
+               for c in (rf"\boxed{{{gold}}}", r"\boxed{1}", "no box")]  # fmt: skip
+    assert all(not r.correct and r.error.startswith("gold unparseable") for r in results), results
     result = grade(rf"\boxed{{{'1' * 5000}}}", "1")  # int() refuses over 4300 digits: refused before
     assert not result.correct and result.error.startswith("timeout: refused")
     assert grade(rf"\boxed{{{'1' * 999}}}", "1" * 999).correct  # long integers do not raise

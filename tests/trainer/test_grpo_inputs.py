@@ -165,8 +165,7 @@ def tiny_vlm(tiny_random_model_path, tmp_path_factory):  # a tiny LLaVA and its 
 def test_multimodal_prompts_as_in_grpo_trainer(tiny_vlm, tmp_path, case):
     folder, processor = tiny_vlm
     prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "1+1"}]}]
-    rng = np.random.RandomState(0)
-    pictures = [Image.fromarray(rng.randint(0, 255, (28, 28, 3), dtype=np.uint8)) for _ in range(8)]
+    pictures = [Image.fromarray(a) for a in np.random.RandomState(0).randint(0, 255, (8, 28, 28, 3), dtype=np.uint8)]
     images = {"image": pictures} if case != "images-column" else {"images": [[image] for image in pictures]}
     if case == "no-chat-template":  # TRL fails at its first step, the library at construction
         processor = type(processor).from_pretrained(folder)

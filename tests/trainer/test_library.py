@@ -35,9 +35,8 @@ def test_the_trainer_keeps_grpo_trainers_console_signal_handlers_and_warning_fil
 
     consoles = []
     for trainer_class in (trl.GRPOTrainer, STAPOTrainer):
-        args = _config(tmp_path, trainer_class.__name__)
-        trainer = trainer_class(tiny_random_model_path, length_reward, args=args, train_dataset=PROMPTS,
-                                callbacks=[Observer()])  # fmt: skip
+        trainer = trainer_class(tiny_random_model_path, length_reward, args=_config(tmp_path, trainer_class.__name__),
+                                train_dataset=PROMPTS, callbacks=[Observer()])  # fmt: skip
         consoles.append([type(callback) for callback in trainer.callback_handler.callbacks])
         trainer.train()
     assert consoles[0] == consoles[1]  # transformers' ProgressCallback / PrinterCallback, nothing swapped

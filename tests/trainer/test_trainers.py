@@ -122,25 +122,6 @@ def test_non_finite_p_or_h_is_warned_once_and_counted_and_a_log_row_pools_its_ma
     assert (row["s2t/num_silenced"], row["s2t/num_loss_tokens"], row["s2t/silenced_ratio"]) == (8, 16, 0.5)
 
 
-def test_undefined_s2t_metrics_are_left_out_of_the_logs_of_a_builtin_model_named(tiny_random_model_path, tmp_path,
-        builtin_cache_dir, monkeypatch):  # fmt: skip
-    # tau_p = 1e-30: no candidate, so tau_h and the silenced-token means are undefined (NaN) at every step. Step 3
-    # (logging_steps 2) is logged only by the end-of-training summary (train_result.metrics).
-    monkeypatch.setenv("STAPO_TRL_CACHE", str(builtin_cache_dir))  # where the fixture built it
-    trainer = make_trainer("builtin:tiny-random", tmp_path, reward=text_reward, max_steps=3, logging_steps=2,
-                           s2t_prob_threshold=1e-30)  # fmt: skip
-    assert trainer.model.config._name_or_path == tiny_random_model_path
-    result = trainer.train()
-    logged = [h for h in trainer.state.log_history if "s2t/silenced_ratio" in h]
-    assert len(logged) == 2  # step 2, and step 3 inside the summary
-    for entry in logged:
-        assert entry["s2t/num_candidates"] == 0 and entry["s2t/silenced_ratio"] == 0
-        assert not {"s2t/entropy_threshold", "s2t/silenced_prob_mean", "s2t/silenced_entropy_mean"} & entry.keys()
-        assert entry["s2t/entropy_p50"] > 0 and None not in entry.values()  # defined: every loss token has an entropy
-    assert None not in result.metrics.values()
-    trainer.log_metrics("train", result.metrics)  # formats every value: fails on a None
-
-
 def held_tensors(obj, skip=(), path="", seen=None):  # paths of >= 2-D tensors reachable through containers, objects
     if id(obj) in (seen := set() if seen is None else seen) or seen.add(id(obj)):
         return []
@@ -155,7 +136,8 @@ def held_tensors(obj, skip=(), path="", seen=None):  # paths of >= 2-D tensors r
     return [found for child_path, child in children for found in held_tensors(child, (), child_path, seen)]
 
 
-def test_an_ablation_mode_trains_logs_its_diagnostics_and_retains_no_batch_tensor(tiny_random_model_path, tmp_path):
+def test_an_ablation_mode_trains_logs_its_diagnostics_and_retains_no_batch_tensor_and_undefined_ones_are_left_out(
+        tiny_random_model_path, tmp_path, builtin_cache_dir, monkeypatch):  # fmt: skip
     # The paper's geometry: 4 updates per rollout batch, p and H from TRL's old-log-prob forward; 2 rollout batches.
     trainer = make_trainer(tiny_random_model_path, tmp_path, reward=text_reward, max_steps=8, learning_rate=1e-2,
                            steps_per_generation=4, logging_steps=4, s2t_prob_threshold=0.05,
@@ -179,6 +161,21 @@ def test_an_ablation_mode_trains_logs_its_diagnostics_and_retains_no_batch_tenso
     assert held_tensors(trainer, skip={"_buffered_inputs"}) == []
     for callback in trainer.callback_handler.callbacks:
         assert held_tensors(callback, skip={"trainer"}) == [], type(callback).__name__
+    # tau_p = 1e-30: no candidate, so tau_h and the silenced-token means are undefined (NaN) at every step. Step 3
+    # (logging_steps 2) is logged only by the end-of-training summary (train_result.metrics).
+    monkeypatch.setenv("STAPO_TRL_CACHE", str(builtin_cache_dir))  # where the fixture built it
+    trainer = make_trainer("builtin:tiny-random", tmp_path / "undefined", reward=text_reward, max_steps=3,
+                           logging_steps=2, s2t_prob_threshold=1e-30)  # fmt: skip
+    assert trainer.model.config._name_or_path == tiny_random_model_path
+    result = trainer.train()
+    logged = [h for h in trainer.state.log_history if "s2t/silenced_ratio" in h]
+    assert len(logged) == 2  # step 2, and step 3 inside the summary
+    for entry in logged:
+        assert entry["s2t/num_candidates"] == 0 and entry["s2t/silenced_ratio"] == 0
+        assert not {"s2t/entropy_threshold", "s2t/silenced_prob_mean", "s2t/silenced_entropy_mean"} & entry.keys()
+        assert entry["s2t/entropy_p50"] > 0 and None not in entry.values()  # defined: every loss token has an entropy
+    assert None not in result.metrics.values()
+    trainer.log_metrics("train", result.metrics)  # formats every value: fails on a None
 
 
 @dataclasses.dataclass
