@@ -73,9 +73,8 @@ def test_cpu_only_machine_defaults_to_use_cpu_without_bf16_and_explicit_values_w
     assert len(lines) == 1 and "use_cpu=True, bf16=False" in lines[0], lines  # the explicit values: no line
     assert (config(use_cpu=False).use_cpu, config(use_cpu=False).bf16) == (False, False)
     assert config(fp16=False, bf16=False).bf16 is False
-    recipe = tmp_path / "recipe.yaml"
-    lines = Path(STAPO_RECIPE).read_text().splitlines()
-    recipe.write_text("\n".join(line for line in lines if not line.startswith(("use_cpu:", "bf16:"))))
+    lines = [x for x in Path(STAPO_RECIPE).read_text().splitlines() if not x.startswith(("use_cpu:", "bf16:"))]
+    (recipe := tmp_path / "recipe.yaml").write_text("\n".join(lines))
     for argv, expected in {(str(recipe),): (True, False), (str(recipe), "--use_cpu", "false"): (False, False),
                            (str(recipe), "--use_cpu"): (True, False), (str(recipe), "--bf16", "true"): (True, True),
                            (STAPO_RECIPE,): (True, False)}.items():  # fmt: skip

@@ -120,8 +120,7 @@ FAST = {"rollout-func-no-prompt"}  # the rest train (~2 s each): slow
 
 @pytest.mark.parametrize("case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_grpo_trainers_inputs_train_or_are_refused_as_in_grpo_trainer(tiny_random_model_path, request, tmp_path, case):
-    inputs, trains = CASES[case]
-    inputs = dict(inputs)
+    inputs, trains = dict(CASES[case][0]), CASES[case][1]
     if inputs.pop("chat_tools", False) or "tools" in inputs:  # tools (an environment's too) need a template for them
         inputs["processing_class"] = request.getfixturevalue("tool_tokenizer")
     grpo = outcome(trl.GRPOTrainer, tiny_random_model_path, tmp_path, **inputs)

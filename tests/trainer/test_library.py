@@ -26,14 +26,14 @@ def _config(tmp_path, name, **overrides):
         save_strategy="no") | overrides)  # fmt: skip
 
 
-def test_the_trainer_keeps_grpo_trainers_console_signal_handlers_and_warning_filters(tiny_random_model_path, tmp_path):
-    filters, handlers, seen = list(warnings.filters), {s: signal.getsignal(s) for s in SIGNALS}, {}
+def test_the_trainer_keeps_grpo_trainers_console_signals_filters_warns_at_the_users_line_and_opens_no_connection(
+        tiny_random_model_path, tmp_path, monkeypatch):  # fmt: skip
+    filters, handlers, seen, consoles = list(warnings.filters), {s: signal.getsignal(s) for s in SIGNALS}, {}, []
 
     class Observer(TrainerCallback):  # what the process looks like at a step end
         def on_step_end(self, args, state, control, **kwargs):
             seen[args.output_dir] = ({s: signal.getsignal(s) for s in SIGNALS}, list(warnings.filters))
 
-    consoles = []
     for trainer_class in (trl.GRPOTrainer, STAPOTrainer):
         trainer = trainer_class(tiny_random_model_path, length_reward, args=_config(tmp_path, trainer_class.__name__),
                                 train_dataset=PROMPTS, callbacks=[Observer()])  # fmt: skip
@@ -43,10 +43,6 @@ def test_the_trainer_keeps_grpo_trainers_console_signal_handlers_and_warning_fil
     (grpo_handlers, grpo_filters), (stapo_handlers, stapo_filters) = seen.values()
     assert stapo_handlers == grpo_handlers == handlers and stapo_filters == grpo_filters  # nothing of ours
     assert warnings.filters == filters and {s: signal.getsignal(s) for s in SIGNALS} == handlers
-
-
-def test_construction_warns_at_the_users_line_and_opens_no_connection_of_its_own(tiny_random_model_path, tmp_path,
-        monkeypatch):  # fmt: skip
     plain = "GRPOConfig has no s2t_prob_threshold"  # the construction line of a plain GRPOConfig; beta: said once
     for trainer_class, overrides, words in [(STAPOTrainer, {}, plain), (stapo_trl.core.STAPOTrainer, {}, plain),
                                             (STAPOTrainer, {"beta": 0.04}, "lose their KL penalty")]:  # fmt: skip
