@@ -83,13 +83,11 @@ PATHOLOGICAL = [(r"\boxed{10^{10^{10}}}", "1"), (r"\boxed{2003^{2002^{2001}}}", 
                 (r"\boxed{\Gamma(10^{8})}", "2"), (r"\boxed{(x+1)^{10^{5}}}", r"(x+2)^{100000}"),
                 (r"\boxed{1}", r"10^{10^{10}}")]  # fmt: skip
 
-
 SCRIPT = """import threading
 from concurrent.futures import ThreadPoolExecutor
 from stapo_trl.grading import grade
 def verdicts(where, mapped=map):
-    results = mapped(lambda c: grade(*c), CASES)
-    return [f"{where} {r.correct} {r.error.split(':')[0]} {'refused' in r.error}" for r in results]
+    return [f"{where} {r.correct} {r.error.split(':')[0]} {'refused' in r.error}" for r in mapped(grade, *zip(*CASES))]
 lines = verdicts("main")
 (thread := threading.Thread(target=lambda: lines.extend(verdicts("thread")))).start()
 thread.join()

@@ -104,8 +104,7 @@ def test_an_uncached_id_is_refused_in_one_line_after_one_request_or_offline_with
     flag = {"model": "--model_name_or_path", "dataset": "--dataset_name"}.get(what)
     with pytest.raises(SystemExit) as exited:
         if what == "eval":
-            eval_main(["--model", name, "--benchmarks", "tiny-math", "--backend", "hf", "--output",
-                       str(tmp_path / "r.json")])  # fmt: skip
+            eval_main(f"--model {name} --benchmarks tiny-math --backend hf --output {tmp_path / 'r.json'}".split())
         train_main(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), flag, name])
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert exited.value.code == 2 and line.startswith(start), line
