@@ -24,19 +24,17 @@ def make_config(**overrides):
 def test_the_s2t_fields_are_the_cores_plus_the_ablations_and_the_run_files_switch_each_documented(monkeypatch, caplog):
     config = make_config()  # the core's defaults (tests/core/test_stapo_config.py), which its trainer accepts
     assert isinstance(config, core.STAPOConfig) and config.s2t_write_run_files is True
-    names = {f.name for f in dataclasses.fields(STAPOConfig) if f.name.startswith("s2t_")}
-    assert names == {"s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode", "s2t_write_run_files"}
-    for f in dataclasses.fields(STAPOConfig):
-        if f.name in names:  # documented by the class that declares it (s2t_mode: redeclared with the ablations)
-            declaring = next(c for c in STAPOConfig.__mro__ if f.name in c.__dict__.get("__annotations__", {}))
-            assert len(f.metadata.get("help", "")) > 40 and f"{f.name} (`" in declaring.__doc__, f.name
-    (field,) = [f for f in dataclasses.fields(STAPOConfig) if f.name == "s2t_mode"]
+    fields = {f.name: f for f in dataclasses.fields(STAPOConfig) if f.name.startswith("s2t_")}
+    assert set(fields) == {"s2t_prob_threshold", "s2t_entropy_quantile", "s2t_mode", "s2t_write_run_files"}
+    for name, f in fields.items():  # documented by its declaring class (s2t_mode: redeclared with the ablations)
+        declaring = next(c for c in STAPOConfig.__mro__ if name in c.__dict__.get("__annotations__", {}))
+        assert len(f.metadata.get("help", "")) > 40 and f"{name} (`" in declaring.__doc__, name
+    field = fields["s2t_mode"]
     assert field.metadata["choices"] == ["low_entropy", "off", "high_entropy", "all_low_prob"]
     assert field.metadata["choices"] == list(core.STAPOConfig._s2t_modes) + list(ABLATIONS)  # one entry each
     assert all(f'"{mode}"' in STAPOConfig.__doc__ and mode in field.metadata["help"] for mode in ABLATIONS)
     assert set(typing.get_args(typing.get_type_hints(STAPOConfig)["s2t_mode"])) == set(field.metadata["choices"])
-    for mode in field.metadata["choices"]:
-        assert make_config(s2t_mode=mode).s2t_mode == mode
+    assert all(make_config(s2t_mode=mode).s2t_mode == mode for mode in field.metadata["choices"])
     monkeypatch.setattr("stapo_trl.trainer.config.has_accelerator", lambda: True)  # an accelerator: TRL's defaults
     with caplog.at_level(logging.INFO, logger="stapo_trl.trainer.config"):
         args = STAPOConfig(output_dir="unused", report_to=[], bf16=False)  # bf16 given: this CPU refuses True

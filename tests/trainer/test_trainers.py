@@ -178,13 +178,9 @@ def test_an_ablation_mode_trains_logs_its_diagnostics_and_retains_no_batch_tenso
     trainer.log_metrics("train", result.metrics)  # formats every value: fails on a None
 
 
-@dataclasses.dataclass
-class OpenR1StyleConfig(GRPOConfig):  # a user's config as open-r1 writes one, with an ablation mode
-    system_prompt: str | None = None
-    s2t_mode: str = "all_low_prob"
-    s2t_write_run_files: bool = True
-
-
+OpenR1StyleConfig = dataclasses.make_dataclass("OpenR1StyleConfig", [  # a user's config as open-r1 writes one
+    ("system_prompt", str | None, None), ("s2t_mode", str, "all_low_prob"), ("s2t_write_run_files", bool, True)],
+    bases=(GRPOConfig,))  # fmt: skip
 MATH_PROMPTS = Dataset.from_list([{"prompt": format_prompt(f"{a}+{a + 3}"), "solution": str(2 * a + 3)}
                                   for a in range(10, 34)])  # fmt: skip
 
