@@ -43,8 +43,7 @@ def test_all_low_prob_gives_silenced_tokens_zero_gradient_and_only_training_mask
     # tokens) and 3 (A = 0, 2) kept. Ratio 1, surrogate -A: dapo loss (3 * 0.5 + 0) / 5 = 0.3 (GRPO's (1.5-5-8) / 14).
     probe = type("LogpProbe", (KeepsLogpGrad, STAPOTrainer), {})  # keeps the training forward's log-probs
     trainer = make_trainer(tiny_random_model_path, tmp_path, probe, s2t_prob_threshold=1.0, s2t_mode="all_low_prob")
-    logger = SpuriousTokenLogger(trainer)
-    trainer.add_callback(logger)
+    trainer.add_callback(logger := SpuriousTokenLogger(trainer))
     inputs = hand_scored_batch(trainer.model.config.vocab_size)
     trainer.model.eval()
     with torch.no_grad():
@@ -154,8 +153,7 @@ def test_an_ablation_mode_trains_logs_its_diagnostics_and_retains_no_batch_tenso
         assert quantiles == sorted(quantiles) and 0 < quantiles[0] <= math.log(trainer.model.config.vocab_size)
         assert row["s2t/num_silenced"] <= row["s2t/num_candidates"] <= row["s2t/num_loss_tokens"]
         assert not row["s2t/num_silenced"] or 0 < row["s2t/silenced_prob_mean"] < 0.05
-    silenced = sum(row["s2t/num_silenced"] for row in rows)
-    assert 0 < silenced < sum(row["s2t/num_candidates"] for row in rows)
+    assert 0 < sum(row["s2t/num_silenced"] for row in rows) < sum(row["s2t/num_candidates"] for row in rows)
     assert logger._pending is None and logger.silenced_counts  # written at the logging steps
     # No 2-D batch tensor kept by the trainer (but TRL's rollout buffer) nor by a callback (the caps: diagnostics)
     assert held_tensors(trainer, skip={"_buffered_inputs"}) == []
