@@ -64,13 +64,6 @@ def source_reward(completions, source, **kwargs):
     return [float(s == "rollout") for s in source]
 
 
-@pytest.fixture(scope="module")
-def tool_tokenizer(tiny_random_model_path):  # with TRL's Qwen3 template, which renders tool calls
-    tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
-    tokenizer.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
-    return tokenizer
-
-
 def outcome(trainer_class, model, tmp_path, *, config=None, **inputs) -> str:  # "trained" (a step, a save), "refused"
     config_class = STAPOConfig if trainer_class is STAPOTrainer else trl.GRPOConfig
     settings = dict(output_dir=str(tmp_path / trainer_class.__name__), use_cpu=True, bf16=False, report_to=[],
@@ -119,10 +112,11 @@ FAST = {"rollout-func-no-prompt"}  # the rest train (~2 s each): slow
 
 
 @pytest.mark.parametrize("case", [c if c in FAST else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
-def test_grpo_trainers_inputs_train_or_are_refused_as_in_grpo_trainer(tiny_random_model_path, request, tmp_path, case):
+def test_grpo_trainers_inputs_train_or_are_refused_as_in_grpo_trainer(tiny_random_model_path, tmp_path, case):
     inputs, trains = dict(CASES[case][0]), CASES[case][1]
-    if inputs.pop("chat_tools", False) or "tools" in inputs:  # tools (an environment's too) need a template for them
-        inputs["processing_class"] = request.getfixturevalue("tool_tokenizer")
+    if inputs.pop("chat_tools", False) or "tools" in inputs:  # tools, an environment's too: TRL's Qwen3 template
+        inputs["processing_class"] = tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
+        tokenizer.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
     grpo = outcome(trl.GRPOTrainer, tiny_random_model_path, tmp_path, **inputs)
     stapo = outcome(STAPOTrainer, tiny_random_model_path, tmp_path, **inputs)
     assert grpo.split()[0] == stapo.split()[0], f"GRPOTrainer: {grpo}\nSTAPOTrainer: {stapo}"
