@@ -117,8 +117,7 @@ def test_grpo_trainers_inputs_train_or_are_refused_as_in_grpo_trainer(tiny_rando
     if inputs.pop("chat_tools", False) or "tools" in inputs:  # tools, an environment's too: TRL's Qwen3 template
         inputs["processing_class"] = tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
         tokenizer.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
-    grpo = outcome(trl.GRPOTrainer, tiny_random_model_path, tmp_path, **inputs)
-    stapo = outcome(STAPOTrainer, tiny_random_model_path, tmp_path, **inputs)
+    grpo, stapo = (outcome(cls, tiny_random_model_path, tmp_path, **inputs) for cls in (trl.GRPOTrainer, STAPOTrainer))
     assert grpo.split()[0] == stapo.split()[0], f"GRPOTrainer: {grpo}\nSTAPOTrainer: {stapo}"
     assert (grpo == "trained") == trains, grpo
 
