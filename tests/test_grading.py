@@ -1,6 +1,5 @@
-"""The grader: the last box, the rules on top of math-verify (hand-computed verdicts), never raising, time bounds; and
-against the one it replaced (`PREVIOUS`, read from git; skips without it or ../shared/data) on every gold of the real
-benchmarks: every gold grades as before, every other disagreement is a row of docs/evaluation.md's table."""
+"""The grader: the last box, rules on top of math-verify, time bounds; against the one it replaced (`PREVIOUS`, git)
+on every real benchmark gold (../shared/data): golds grade as before, other changes are rows of docs/evaluation.md."""
 
 import importlib
 import io
@@ -11,6 +10,7 @@ import tarfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import math_verify.grader
 import numpy as np
 import pytest
 from testing_utils import REPO
@@ -30,18 +30,16 @@ def test_the_last_complete_box_is_the_answer_verdicts_are_the_same_in_threads_an
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(lambda c: grade(*c), cases * 4)) == on_main * 4
     assert [r.correct for r in on_main] == [True, True, False, False, True]
-    for gold in [r"\frac{zz", "", None, [], r"E_{1},E_{2}"]:  # an unparseable gold never gives credit
-        for completion in (rf"\boxed{{{gold}}}", r"\boxed{1}", "no box"):
-            result = grade(completion, gold)
-            assert not result.correct and result.error.startswith("gold unparseable"), result
+    results = [grade(c, gold) for gold in [r"\frac{zz", "", None, [], r"E_{1},E_{2}"]  # an unparseable gold: no credit
+               for c in (rf"\boxed{{{gold}}}", r"\boxed{1}", "no box")]  # fmt: skip
+    assert all(not r.correct and r.error.startswith("gold unparseable") for r in results), results
     result = grade(rf"\boxed{{{'1' * 5000}}}", "1")  # int() refuses over 4300 digits: refused before
     assert not result.correct and result.error.startswith("timeout: refused")
     assert grade(rf"\boxed{{{'1' * 999}}}", "1" * 999).correct  # long integers do not raise
 
 
 @pytest.mark.parametrize("answer, gold, expected", [  # fmt: skip
-    # Exact numbers to 40 digits (math-verify alone: the first three True); a decimal within 5e-6 relative (math-verify
-    # alone takes 3e-7 for 1e-8 and 0.000003 for 2.7778e-6, Minerva); Minerva's Python notation, read as LaTeX.
+    # math-verify alone: the first three True, 3e-7 for 1e-8; here exact to 40 digits, decimals within 5e-6 relative.
     (r"\frac{1}{2006!}", r"\frac{1}{2004!}", False), (r"2^{-100}", r"2^{-101}", False),
     (r"\frac{\sqrt{2}}{10^{30}}", r"\frac{\sqrt{3}}{10^{30}}", False),
     (r"\frac{1}{2006 \cdot 2005 \cdot 2004!}", r"\frac{1}{2006!}", True),
@@ -51,8 +49,7 @@ def test_the_last_complete_box_is_the_answer_verdicts_are_the_same_in_threads_an
     (r"4.6 \times 10^{33}", "4.5e33", False), (r"-\frac{1}{3}", "-1./3", True),
     (r"\arcsin\left(\frac{10}{13}\right)", "np.arcsin(10/13)", True),
     (r"\arccos\left(\frac{10}{13}\right)", "np.arcsin(10/13)", False),
-    # \text{} around a decimal; a command as a subscript; a period ending the box; upright e, i and function names
-    # (math-verify reads the first upright e as nothing, the first arcsin as 1/2); ints as ints; letters in brackets.
+    # \text{} decimals; commands as subscripts; a closing period; upright e, i and functions; letters in brackets.
     (r"\text{1.25}", "1.25", True), (r"m_{\max}=n^{2}-n-1", r"$m_{\max }=n^{2}-n-1$", True),
     (r"m_{\max}=n^{2}-n", r"$m_{\max }=n^{2}-n-1$", False), ("13.", "13", True),
     (r"1-\frac{1}{e}", r"1 - \frac{1}{\mathrm{e}}", True),
@@ -63,13 +60,11 @@ def test_the_last_complete_box_is_the_answer_verdicts_are_the_same_in_threads_an
     (r"3+2\mathrm{i}", "3+2i", True), ("025", "25", True), ("-3", "3", False),
     (r"\frac{2}{6}", r"$\frac{1}{3}$", True), (r"x > 3", r"(3, \infty)", True), (r"\text{(C)}", r"\text{(C)}", True),
     ("(C)", r"\text{(C)}", True), ("(B)", r"\text{(C)}", False),
-    # An option letter with its value, as AMC solutions end: the letter against a letter gold (MATH-500's
-    # `\text{(B)}`), the value against a value gold. math-verify alone grades each of the first six False.
+    # An option letter with its value (AMC): letter against letter gold, value against value (math-verify: 6 False).
     (r"\textbf{(B)}\ 7", "B", True), (r"\textbf{(B)}\ 7", r"\text{(B)}", True), (r"\textbf{(B)}\ 7", "7", True),
     ("(C) 12", "12", True), (r"\text{(D) }5", "D", True), (r"(E)\ \text{ellipse}", r"\text{ellipse}", True),
     (r"\textbf{(B)}\ 7", "C", False), (r"\textbf{(B)}\ 7", "8", False),
-    # Thin spaces between digit groups (12 + 345 for math-verify) against MATH-500's `10,\!080`; the degree sign
-    # (nothing for math-verify) against `90^\circ`; AMC23's float golds, verl's boxed ones, OlympiadBench's lists.
+    # Thin spaces in digit groups; the degree sign; AMC23's float golds, verl's boxed ones, OlympiadBench's lists.
     (r"10\,080", r"10,\!080", True), (r"11\,111\,111\,100", r"11,\! 111,\! 111,\! 100", True),
     (r"10\,081", r"10,\!080", False), (r"1\,2", "12", False), ("90°", r"90^\circ", True),
     ("45°", r"$45^{\circ}$", True), ("44°", r"$45^{\circ}$", False), ("27", 27.0, True),
@@ -88,13 +83,11 @@ PATHOLOGICAL = [(r"\boxed{10^{10^{10}}}", "1"), (r"\boxed{2003^{2002^{2001}}}", 
                 (r"\boxed{\Gamma(10^{8})}", "2"), (r"\boxed{(x+1)^{10^{5}}}", r"(x+2)^{100000}"),
                 (r"\boxed{1}", r"10^{10^{10}}")]  # fmt: skip
 
-
 SCRIPT = """import threading
 from concurrent.futures import ThreadPoolExecutor
 from stapo_trl.grading import grade
 def verdicts(where, mapped=map):
-    results = mapped(lambda c: grade(*c), CASES)
-    return [f"{where} {r.correct} {r.error.split(':')[0]} {'refused' in r.error}" for r in results]
+    return [f"{where} {r.correct} {r.error.split(':')[0]} {'refused' in r.error}" for r in mapped(grade, *zip(*CASES))]
 lines = verdicts("main")
 (thread := threading.Thread(target=lambda: lines.extend(verdicts("thread")))).start()
 thread.join()
@@ -113,8 +106,6 @@ def test_pathological_answers_are_refused_on_the_main_thread_and_off_it():
 
 @pytest.mark.parametrize("on_main", [True, False], ids=["main-thread", "off-main-thread"])
 def test_a_slow_comparison_is_stopped_on_the_main_thread_and_given_up_off_it(monkeypatch, on_main):
-    import math_verify.grader
-
     started, release, finished = threading.Event(), threading.Event(), threading.Event()
 
     def hang(*args, **kwargs):  # busy (an alarm can interrupt it) until released, or 120 s as a guard
@@ -135,7 +126,6 @@ def test_a_slow_comparison_is_stopped_on_the_main_thread_and_given_up_off_it(mon
 
 
 PREVIOUS = "ff523c7"  # the last commit with the previous grader, stapo_trl/grading/ (eight modules)
-DOC = REPO / "docs" / "evaluation.md"
 
 
 @pytest.fixture(scope="module")
@@ -161,10 +151,7 @@ def golds(shared_data_dir) -> dict[str, list]:
     return {name: list(by_repr.values()) for name, by_repr in golds.items()}
 
 
-def _text(gold) -> str:
-    return gold if isinstance(gold, str) else ", ".join(gold)
-
-
+_text = lambda gold: gold if isinstance(gold, str) else ", ".join(gold)  # noqa: E731
 _NUMBER = re.compile(r"[+-]?\d+(\.\d+)?")
 _DECIMAL = re.compile(r"[+-]?(\d*\.\d+|\d+)([eE][+-]?\d+)?")
 _FRACTION = re.compile(r"\\d?frac\{(\d+)\}\{(\d+)\}|(\d+)/(\d+)")
@@ -200,7 +187,8 @@ def verdicts(grader, golds: dict[str, list]) -> dict[tuple, bool]:
 
 
 def documented() -> set[tuple]:
-    table = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in DOC.read_text().splitlines()]
+    doc = (REPO / "docs" / "evaluation.md").read_text()
+    table = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in doc.splitlines()]
     return {(c[0], c[1].strip("`"), c[2].strip("`"), int(c[3]), int(c[4])) for c in table
             if len(c) == 6 and c[1].startswith("`") and c[3] in ("0", "1")}  # fmt: skip
 

@@ -10,6 +10,7 @@ import traceback
 from fractions import Fraction
 from types import SimpleNamespace
 
+import math_verify.grader
 import numpy as np
 import pytest
 import torch
@@ -23,9 +24,8 @@ from stapo_trl.rewards import checked_reward, completion_text, format_reward, ge
 _chat = lambda text: [{"role": "assistant", "content": text}]  # noqa: E731
 
 
-def test_math_accuracy_reward_a_batch_of_512_with_pathological_answers_and_grader_errors(monkeypatch, caplog):
-    import math_verify.grader
-
+def test_math_accuracy_and_format_rewards_completion_text_the_registry_and_the_current_folder(monkeypatch, caplog,
+        tmp_path, tmp_path_factory):  # fmt: skip
     completions = [r"\boxed{85}", _chat(r"so \boxed{085}"), r"\boxed{84}", "85", _chat(""), r"\boxed{\frac{1}{2}}",
                    r"\boxed{27}", r"\boxed{2, 1}", r"\boxed{1-\frac{1}{e}}", r"\boxed{\frac{\pi}{6}}",
                    r"\boxed{e^{-2}}"]  # fmt: skip
@@ -41,8 +41,7 @@ def test_math_accuracy_reward_a_batch_of_512_with_pathological_answers_and_grade
     golds = [r"\frac{1}{3}", r"2\sqrt{2}", "17", r"\frac{\pi}{4}"]
     answers = [r"\frac{2}{6}", r"\sqrt{8}", "17", r"\frac{\pi}{4}"]
     bad = {3: r"10^{10^{10}}", 100: r"2003^{2002^{2001}}", 200: r"(10^{7})!", 300: r"9^{9^{9^{9}}}", 511: "7^{7^{77}}"}
-    completions = [rf"\boxed{{{bad.get(i, answers[i % 4])}}}" for i in range(512)]
-    logged = {}
+    completions, logged = [rf"\boxed{{{bad.get(i, answers[i % 4])}}}" for i in range(512)], {}
     got = math_accuracy_reward(completions, [golds[i % 4] for i in range(512)], log_metric=logged.__setitem__)
     assert [got[i] for i in bad] == [0.0] * 5 and sum(got) == 512 - 5
     assert logged["grading/timeout_ratio"] == pytest.approx(5 / 512)
@@ -54,20 +53,14 @@ def test_math_accuracy_reward_a_batch_of_512_with_pathological_answers_and_grade
     assert got == [0.0, 1.0, 0.0, None]  # the integer path needs no math-verify; a refusal is a timeout
     ratios = {"error_ratio": 0.5, "timeout_ratio": 0.25, "gold_unparseable_ratio": 0.25}
     assert logged == {f"grading/{k}": v for k, v in ratios.items()}
-    messages = [r.getMessage() for r in caplog.records]
-    assert any("2/4 completions hit a grader error" in m for m in messages)
-    assert any(r"gold answer '\\frac{zz' does not parse" in m for m in messages)
-
-
-def test_format_reward_completion_text_the_registry_and_the_current_folder(tmp_path, tmp_path_factory, monkeypatch):
+    messages = "\n".join(r.getMessage() for r in caplog.records)
+    assert "2/4 completions hit a grader error" in messages and r"gold answer '\\frac{zz' does not parse" in messages
     ends = [r"steps... \boxed{85}", r"steps... $\boxed{85}$.", r"\[ \boxed{85} \]",
             r"first \boxed{3}, then \boxed{85}"]  # fmt: skip
     no = [r"\boxed{85} and then more text", "no box at all", r"\boxed{}", r"\boxed{8", ""]
     assert format_reward(ends + no) == format_reward(list(map(_chat, ends + no))) == [1.0] * 4 + [0.0] * 5
-    assert [completion_text(c) for c in ("x", None, [])] == ["x", "", ""]
-    assert completion_text([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]) == "a"
-    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
-    assert completion_text([{"role": "assistant", "content": parts}]) == "ab"
+    turns = [[{"role": "user", "content": "q"}, *_chat("a")], _chat([{"type": "text", "text": t} for t in "ab"])]
+    assert [completion_text(c) for c in ("x", None, [], *turns)] == ["x", "", "", "a", "ab"]
     both = [math_accuracy_reward, format_reward]
     assert get_reward_funcs(["math_accuracy", "format"]) == get_reward_funcs("math_accuracy,format") == both
     assert get_reward_funcs(["math_accuracy_reward", "stapo_trl.rewards.format_reward"]) == both
@@ -86,8 +79,7 @@ def test_format_reward_completion_text_the_registry_and_the_current_folder(tmp_p
                        ("lab/rl/rewards.py", "def brevity(completions, **kwargs):\n    return [0.5]\n")]:  # fmt: skip
         (tmp_path / path).write_text(text)
     exact_match, brevity = get_reward_funcs("my_rewards.exact_match,lab.rl.rewards.brevity")
-    assert exact_match.__name__ == "exact_match" and exact_match([["x"]], ["1"]) == [1.0]
-    assert brevity([["x"]]) == [0.5]
+    assert exact_match.__name__ == "exact_match" and exact_match([["x"]], ["1"]) == [1.0] and brevity([["x"]]) == [0.5]
     with pytest.raises(ValueError) as excinfo:
         get_reward_funcs(["nowhere_rewards.exact_match"])
     message = str(excinfo.value)
@@ -98,17 +90,16 @@ def test_format_reward_completion_text_the_registry_and_the_current_folder(tmp_p
 @pytest.mark.slow  # a stapo-train run
 def test_extra_columns_reach_a_dotted_path_reward(tmp_path, tiny_math_model_path, monkeypatch):
     module = f"user_rewards_{tmp_path.name}"
-    (tmp_path / f"{module}.py").write_text(
-        "CALLS = []\ndef difficulty_reward(completions, solution, difficulty, source, **kwargs):\n    CALLS.append("
-        "list(zip(kwargs['prompts'], solution, difficulty, source)))\n    return [float(d) for d in difficulty]\n"
-    )
+    (tmp_path / f"{module}.py").write_text("CALLS = []\ndef difficulty_reward(completions, solution, difficulty, "
+        "source, **kwargs):\n    CALLS.append(list(zip(kwargs['prompts'], solution, difficulty, source)))\n"
+        "    return [float(d) for d in difficulty]\n")  # fmt: skip
     monkeypatch.syspath_prepend(str(tmp_path))
     # 8 problems (one rollout step) with two extra columns; `problem` -> prompt and `answer` -> solution are mapped.
     rows = [{**row, "difficulty": i / 10, "source": f"set-{i % 3}"} for i, row in enumerate(addition_rows(8))]
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name"]
     argv += [write_jsonl(tmp_path / "graded.jsonl", rows), "--output_dir", str(tmp_path / "out"), "--max_steps", "1"]
-    argv += ["--reward_funcs", f"{module}.difficulty_reward", "--eval_before_after", "false", "--save_steps", "100"]
-    train_main([*argv, "--disable_tqdm", "true", "--logging_steps", "1"])
+    train_main([*argv, "--reward_funcs", f"{module}.difficulty_reward", *"--eval_before_after false --save_steps 100 "
+                "--disable_tqdm true --logging_steps 1".split()])  # fmt: skip
     seen = [item for call in sys.modules[module].CALLS for item in call]
     assert len(seen) == 64  # one rollout step: 8 prompts x 8, each completion with its own prompt's row
     by_problem = {row["problem"]: (row["answer"], row["difficulty"], row["source"]) for row in rows}
@@ -123,9 +114,8 @@ def unsure(completions, returned, **kwargs):
 
 
 ONE_PER = "at step 1, but 4 were expected (one per prompt-completion pair): return one float per completion, None for "
-INF = (
-    "inf or -inf for {} at step 1: the advantages of their groups are then not numbers, and those groups teach nothing"
-)
+INF = ("inf or -inf for {} at step 1: the advantages of their groups are then not numbers, and those groups teach "
+       "nothing")  # fmt: skip
 NAN = "NaN for {} at step 1: TRL takes NaN for None (no reward), so they teach nothing"
 
 
@@ -152,17 +142,8 @@ def test_checked_reward_refuses_no_number_per_completion_and_warns_inf_or_nan_on
     with caplog.at_level(logging.WARNING, logger="stapo_trl.rewards"):
         for step in (0, 1):
             checked(**four, trainer_state=SimpleNamespace(global_step=step))
-    assert [r.getMessage() for r in caplog.records if r.name == "stapo_trl.rewards"] == [
-        f"Reward function unsure returned {line}. Return a finite number, or None for a completion it cannot judge "
-        "(shown once)"
-    ]
-
-
-def test_every_sequence_of_numbers_trl_trains_on_passes_as_its_values():  # as TRL converts them
-    for returned in [np.array([1.0, 0.0, 0.5]), torch.tensor([1.0, 0.0, 0.5]), [np.True_, np.False_, 0.5],
-                     (torch.tensor(v) for v in (1.0, 0.0, 0.5)), [1, False, Fraction(1, 2)]]:  # fmt: skip
-        got = checked_reward(unsure)(completions=["a", "b", "c"], returned=returned)
-        assert torch.tensor(got, dtype=torch.float32).tolist() == [1.0, 0.0, 0.5]
+    assert [r.getMessage() for r in caplog.records if r.name == "stapo_trl.rewards"] == [f"Reward function unsure "
+        f"returned {line}. Return a finite number, or None for a completion it cannot judge (shown once)"]  # fmt: skip
 
 
 def half_judged(completions, prompts, trainer_state, **kwargs):
@@ -172,6 +153,10 @@ def half_judged(completions, prompts, trainer_state, **kwargs):
 
 
 def test_the_trainer_checks_its_rewards_under_trls_names(tmp_path, tiny_random_model_path, caplog):
+    for returned in [np.array([1.0, 0.0, 0.5]), torch.tensor([1.0, 0.0, 0.5]), [np.True_, np.False_, 0.5],
+                     (torch.tensor(v) for v in (1.0, 0.0, 0.5)), [1, False, Fraction(1, 2)]]:  # fmt: skip
+        got = checked_reward(unsure)(completions=["a", "b", "c"], returned=returned)  # what TRL trains on passes
+        assert torch.tensor(got, dtype=torch.float32).tolist() == [1.0, 0.0, 0.5]
     # TRL's name and signature kept; `None` for some completions trains silently; an exception gets a note
     (checked,) = rewards.resolve_reward_names([half_judged])
     assert checked.__name__ == "half_judged"

@@ -4,6 +4,7 @@ import logging
 import socket
 import types
 
+import huggingface_hub.utils
 import pytest
 from datasets import config
 from huggingface_hub import constants
@@ -27,8 +28,8 @@ UNREACHABLE = "http://127.0.0.1:9"  # the discard port: the connection is refuse
 PUSH = "push_to_hub: cannot push to hub_model_id="
 
 
-def test_push_to_hub_offline_online_unreachable_or_without_a_token_fails_in_one_line(no_model_built, tmp_path, capsys,
-                                                                                      monkeypatch):  # fmt: skip
+def test_push_to_hub_offline_online_unreachable_or_without_a_token_and_a_silent_hub_fail_in_one_line(tmp_path, capsys,
+        no_model_built, monkeypatch):  # fmt: skip
     assert constants.HF_HUB_OFFLINE  # conftest
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--push_to_hub", "true"]
     with pytest.raises(SystemExit) as excinfo:
@@ -41,10 +42,10 @@ def test_push_to_hub_offline_online_unreachable_or_without_a_token_fails_in_one_
     capsys.readouterr()
     assert dry_run_main([*argv, "--hub_model_id", "me/stapo-demo"]) == 2
     assert f"  - {PUSH}'me/stapo-demo': offline mode" in capsys.readouterr().out
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # online: no token, or an unreachable Hub
+    for name, value in dict(HF_HUB_OFFLINE=False, HF_TOKEN_PATH=str(tmp_path / "hf_home" / "token")).items():
+        monkeypatch.setattr(constants, name, value)  # online: no token, or an unreachable Hub
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf_home" / "token"))
     endpoint = f"http://127.0.0.1:{free_port()}"  # a real request to a closed port
     unreachable = f"the Hub at {endpoint} cannot be reached"
     for kwargs, cause in [({}, "no Hub token "), (dict(token="hf_x", endpoint=endpoint), unreachable)]:
@@ -53,6 +54,14 @@ def test_push_to_hub_offline_online_unreachable_or_without_a_token_fails_in_one_
         assert str(excinfo.value).startswith(f"{PUSH}'me/x': {cause}") and "\n" not in str(excinfo.value)
         assert "--push_to_hub false" in str(excinfo.value)
     check_hub_access("me/x", str(tmp_path), token="hf_x", endpoint=endpoint, network=False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # a model check: refused by the timeout
+    with socket.create_server(("127.0.0.1", 0), backlog=4) as server:  # the kernel accepts; nothing ever answers
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        sent = requests_sent(monkeypatch)
+        with pytest.raises(ConnectionError, match="does not answer") as excinfo:
+            check_hub_model(HUB_ID, timeout=1.0)
+    assert [r.method for r in sent if HUB_ID in str(r.url)] == ["GET"] and "Timeout" in str(excinfo.value)
+    _one_line_refusal(str(excinfo.value), offline=False)
 
 
 @pytest.fixture
@@ -71,19 +80,15 @@ def _one_line_refusal(message: str, offline: bool, name: str = HUB_ID) -> None:
 
 
 def requests_sent(monkeypatch) -> list:  # the HTTP requests sent from now on (each still sent)
-    from huggingface_hub.utils import get_session
-
-    client, sent = type(get_session()), []
-    send = client.send
-    monkeypatch.setattr(client, "send", lambda s, request, *a, **k: sent.append(request) or send(s, request, *a, **k))
+    client, sent = type(huggingface_hub.utils.get_session()), []
+    monkeypatch.setattr(client, "send", lambda s, r, *a, send=client.send, **k: sent.append(r) or send(s, r, *a, **k))
     return sent
 
 
 @pytest.mark.parametrize("what, offline", [("model", None), ("dataset", None), ("eval", None), ("model", "HUB"),
                                            ("dataset", "HUB"), ("eval", "HUB"), ("dataset", "DATASETS")])  # fmt: skip
 def test_an_uncached_id_is_refused_in_one_line_after_one_request_or_offline_without_any(hub, monkeypatch, capsys,
-                                                                                         tmp_path, no_model_built,
-                                                                                         what, offline):  # fmt: skip
+        tmp_path, no_model_built, what, offline):  # fmt: skip
     monkeypatch.setattr("stapo_trl.cli.prepare.load_prompt_dataset", lambda *a, **k: pytest.fail("loaded first"))
     if offline:
         monkeypatch.setattr(constants if offline == "HUB" else config, f"HF_{offline}_OFFLINE", True)
@@ -99,24 +104,13 @@ def test_an_uncached_id_is_refused_in_one_line_after_one_request_or_offline_with
     flag = {"model": "--model_name_or_path", "dataset": "--dataset_name"}.get(what)
     with pytest.raises(SystemExit) as exited:
         if what == "eval":
-            eval_main(["--model", name, "--benchmarks", "tiny-math", "--backend", "hf", "--output",
-                       str(tmp_path / "r.json")])  # fmt: skip
+            eval_main(f"--model {name} --benchmarks tiny-math --backend hf --output {tmp_path / 'r.json'}".split())
         train_main(["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), flag, name])
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert exited.value.code == 2 and line.startswith(start), line
     assert offline or what != "eval" or "does not answer" in line, line
     for message in (str(excinfo.value), line):
         _one_line_refusal(message, bool(offline), name)
-
-
-def test_a_hub_that_does_not_answer_is_refused_by_the_timeout_after_one_request(hub, monkeypatch):
-    with socket.create_server(("127.0.0.1", 0), backlog=4) as server:  # the kernel accepts; nothing ever answers
-        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
-        sent = requests_sent(monkeypatch)
-        with pytest.raises(ConnectionError, match="does not answer") as excinfo:
-            check_hub_model(HUB_ID, timeout=1.0)
-    assert [r.method for r in sent if HUB_ID in str(r.url)] == ["GET"] and "Timeout" in str(excinfo.value)
-    _one_line_refusal(str(excinfo.value), offline=False)
 
 
 @pytest.mark.parametrize("offline", [False, True], ids=["online-unreachable", "offline"])
@@ -134,13 +128,14 @@ def test_a_cached_id_a_local_path_and_a_builder_name_pass(hub, monkeypatch, tmp_
         check_hub_dataset(name)
     for name in (HUB_ID, str(tmp_path), "builtin:tiny-math"):
         check_hub_model(name)
-    with pytest.raises((ConnectionError, FileNotFoundError)):
-        check_hub_model("Qwen/Qwen3-1.7B")
-    with pytest.raises((ConnectionError, FileNotFoundError)):
-        check_hub_dataset("some-org/another-dataset")
+    for check, name in ((check_hub_model, "Qwen/Qwen3-1.7B"), (check_hub_dataset, "some-org/another-dataset")):
+        with pytest.raises((ConnectionError, FileNotFoundError)):
+            check(name)
 
 
-def test_model_max_positions_prompt_token_budget_keep_short_prompts_and_eval(tiny_random_model_path, caplog):
+def test_model_max_positions_prompt_token_budget_keep_short_prompts_eval_train_and_the_dry_run(tiny_random_model_path,
+        tiny_math_model_path, tmp_path, caplog):  # fmt: skip
+    caplog.set_level(logging.WARNING, logger="stapo_trl.data")
     ns = types.SimpleNamespace  # a config, a model, an HFGenerator, a VLLMGenerator, no length
     models = [{"max_position_embeddings": 512}, ns(config=ns(n_positions=1024)), {"hidden_size": 64},
               ns(model=ns(config={"max_position_embeddings": 64})),
@@ -148,16 +143,15 @@ def test_model_max_positions_prompt_token_budget_keep_short_prompts_and_eval(tin
     assert list(map(model_max_positions, models)) == [512, 1024, None, 64, 96]
     assert [prompt_token_budget(512, 256), prompt_token_budget(512, 256, max_prompt_tokens=100)] == [256, 100]
     assert [prompt_token_budget(None, 256, max_prompt_tokens=100), prompt_token_budget(None, 256)] == [100, None]
-    with pytest.raises(ValueError, match="max_new_tokens=512 leaves no room"):
-        prompt_token_budget(512, 512)
-    with pytest.raises(ValueError, match="max_prompt_tokens"):
-        prompt_token_budget(512, 10, max_prompt_tokens=0)
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
-        assert keep_short_prompts([10, 724, 30, 256, 257], 256, what="math500 prompts") == [0, 2, 3]
-        (line,) = [r.getMessage() for r in caplog.records]
-        assert "Dropped 2 of 5 math500 prompts longer than 256 tokens" in line and "max_prompt_tokens" in line
-        caplog.clear()
-        assert keep_short_prompts([1, 2], 256) == [0, 1] and keep_short_prompts([1000], None) == [0]
+    for kwargs, message in [(dict(max_new_tokens=512), "max_new_tokens=512 leaves no room"),
+                            (dict(max_new_tokens=10, max_prompt_tokens=0), "max_prompt_tokens")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            prompt_token_budget(512, **kwargs)
+    assert keep_short_prompts([10, 724, 30, 256, 257], 256, what="math500 prompts") == [0, 2, 3]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "Dropped 2 of 5 math500 prompts longer than 256 tokens" in line and "max_prompt_tokens" in line
+    caplog.clear()
+    assert keep_short_prompts([1, 2], 256) == [0, 1] and keep_short_prompts([1000], None) == [0]
     assert not caplog.records  # nothing dropped: silent
     with pytest.raises(ValueError, match="All 2 prompts are longer than 8 tokens.*max_prompt_tokens"):
         keep_short_prompts([9, 700], 8)
@@ -167,16 +161,13 @@ def test_model_max_positions_prompt_token_budget_keep_short_prompts_and_eval(tin
     seen, sample = [], GeneratedSample(r"\boxed{46}", 3, True)
     generate_fn = lambda texts, *, n, **kwargs: seen.extend(texts) or [[sample] * n for _ in texts]  # noqa: E731
     run = dict(n=2, decoding=DECODINGS["t1.0-p1.0"], max_new_tokens=256, max_positions=512)
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
-        table, records = evaluate_problems(generate_fn, tokenizer, problems, **run)
+    table, records = evaluate_problems(generate_fn, tokenizer, problems, **run)
     assert len(seen) == 2 and {r["id"] for r in records} == {"short", "short2"}
     assert table["num_problems"] == 2 and table["avg@2"] == pytest.approx(0.5)
     assert any("Dropped 1 of 3 tiny prompts" in r.getMessage() for r in caplog.records)
     with pytest.raises(ValueError, match="All 1 tiny prompts are longer"):
         evaluate_problems(generate_fn, tokenizer, problems[1:2], **run)
-
-
-def test_train_and_the_dry_run_drop_prompts_over_the_models_positions(tiny_math_model_path, tmp_path, caplog):
+    caplog.clear()  # stapo-train and its dry run drop prompts over the model's positions
     mixed, long = (write_jsonl(tmp_path / f"{i}.jsonl", [{"problem": p, "answer": "1"} for p in problems])
                    for i, problems in enumerate([["12+34", "1+" * 400, "5+6"], ["1+" * 400 + "1"]]))  # fmt: skip
     argv = ["--config", STAPO_RECIPE, "--model_name_or_path", tiny_math_model_path, "--dataset_name", mixed]
@@ -185,8 +176,7 @@ def test_train_and_the_dry_run_drop_prompts_over_the_models_positions(tiny_math_
     assert dict(dry_run_recipe(argv, 1).lines)["prompt length"] == count  # the commands print these rows
     # a 16-completion rollout step (2 prompts x 8), so that the 2 kept prompts fill one
     train = [*argv, "--per_device_train_batch_size", "8", "--steps_per_generation", "2"]
-    with caplog.at_level(logging.WARNING, logger="stapo_trl.data"):
-        assert len(prepare(*parse_args(train)).train_dataset) == 2
+    assert len(prepare(*parse_args(train)).train_dataset) == 2
     assert any("Dropped 1 of 3 training prompts" in r.getMessage() for r in caplog.records)
     train[train.index(mixed)] = argv[argv.index(mixed)] = long
     with pytest.raises(ValueError, match="All 1 training prompts are longer"):

