@@ -11,7 +11,6 @@ import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -38,7 +37,7 @@ def _files(path: str, name: str) -> list[str]:
     return [file for n in names if os.path.isfile(file := os.path.join(path, n, name))]
 
 
-def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, Any]]]:
+def load_run(path: str, *, require_steps: bool = False) -> list[list[dict]]:
     """The `metrics.jsonl` rows of a run, one list per seed. Raises `FileNotFoundError` without one, and, with
     `require_steps`, `ValueError` for one without a logged metric."""
     path = os.fspath(path)
@@ -58,7 +57,7 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, A
     return seeds
 
 
-def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
+def load_token_records(run_dir: os.PathLike | str) -> list[dict]:
     """The records of the run's (or its seeds') `spurious_tokens.jsonl`; a file without one is warned about once."""
     from ..run_folder.logs import read_token_records
 

@@ -15,7 +15,6 @@ from .tasks import BenchmarkProblem, benchmark_metrics
 
 
 logger = logging.getLogger(__name__)
-
 DecodingSetting = namedtuple("DecodingSetting", "name temperature top_p")
 DECODINGS = {name: DecodingSetting(name, t, p) for name, t, p in  # the paper's two settings (Sec. 4), and argmax
              (("t1.0-p1.0", 1.0, 1.0), ("t0.7-p0.9", 0.7, 0.9), ("greedy", 0.0, 1.0))}  # fmt: skip
@@ -34,8 +33,7 @@ def decoding_setting(name: str) -> DecodingSetting:
 
 
 def build_prompt_text(tokenizer, problem, use_chat_template: bool = True, chat_template_kwargs=None) -> str:
-    """A problem's prompt (a text or a chat) as training renders it (`ValueError` without a chat template), or with
-    `use_chat_template=False` its last message."""
+    """A problem (text or chat) as training renders it (`ValueError` without a chat template), or its last message."""
     messages = data.format_prompt(problem) if isinstance(problem, str) else problem
     if not use_chat_template:
         return messages[-1]["content"]
@@ -46,8 +44,7 @@ def build_prompt_text(tokenizer, problem, use_chat_template: bool = True, chat_t
 
 
 def _seeded_sampler(temperature: float, top_p: float, seeds: list[int], steps: list | None = None):
-    """A logits processor that samples row r from its own stream seeded `seeds[r]` (inverse CDF in float64); `steps`
-    gets per step the (B,) entropy (nats) sampled from and the drawn token's probability."""
+    """Samples row r from a stream seeded `seeds[r]`; `steps` gets the (B,) entropy (nats) and drawn token's prob."""
     import torch
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
@@ -92,11 +89,10 @@ def hf_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_tok
                 generated = model.generate(**enc, generation_config=config, logits_processor=sampler)
             recorded = [torch.stack(values, 1).tolist() for values in zip(*steps)] if steps else []  # (B, T) each
             for r, (row, (i, j)) in enumerate(zip(generated[:, enc["input_ids"].shape[1] :].tolist(), chunk)):
-                end = next((t + 1 for t, token in enumerate(row) if token in eos), None)
-                text = tokenizer.decode(row[: end or len(row)], skip_special_tokens=True)
-                out[i][j] = GeneratedSample(text, end or len(row), end is not None)
+                end, stop = next(((t + 1, True) for t, token in enumerate(row) if token in eos), (len(row), False))
+                out[i][j] = GeneratedSample(tokenizer.decode(row[:end], skip_special_tokens=True), end, stop)
                 for key, values in zip(("entropy", "prob"), recorded):
-                    stats.setdefault(key, []).extend(values[r][: end or len(row)])
+                    stats.setdefault(key, []).extend(values[r][:end])
     finally:
         model.train(was_training)
     return out
@@ -201,11 +197,9 @@ def evaluate_problems(generate_fn, tokenizer, problems: list[BenchmarkProblem], 
     records = [record for i in keep for record in by_index[i]]
     correct = [[r["correct"] for r in by_index[i]] for i in keep]
     table = benchmark_metrics(correct, n, problems[0].benchmark if problems else None, [problems[i].id for i in keep])
-    table.update(
-        num_grader_errors=sum(r["grader_error"] is not None for r in records),
-        num_truncated=sum(not r["finished"] for r in records),
-        mean_completion_tokens=sum(r["num_tokens"] for r in records) / len(records) if records else None,
-        generation_time_s=round(generated - start, 3),
-        grading_time_s=round(time.perf_counter() - generated, 3),
-    )
+    table.update(num_grader_errors=sum(r["grader_error"] is not None for r in records),
+                 num_truncated=sum(not r["finished"] for r in records),
+                 mean_completion_tokens=sum(r["num_tokens"] for r in records) / len(records) if records else None,
+                 generation_time_s=round(generated - start, 3),
+                 grading_time_s=round(time.perf_counter() - generated, 3))  # fmt: skip
     return table, records

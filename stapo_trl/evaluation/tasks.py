@@ -9,7 +9,6 @@ import re
 from collections import namedtuple
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from ..data import format_prompt, load_local_dataset_file, make_tiny_math_dataset, remove_dapo_instruction
 from ..grading import extract_boxed_answer
@@ -52,7 +51,7 @@ def clean_problem_text(text: str) -> str:
     return text.strip()
 
 
-def _user_content(messages: Any) -> str | None:  # of a chat: a list of messages, one message, or their JSON
+def _user_content(messages) -> str | None:  # of a chat: a list of messages, one message, or their JSON
     if isinstance(messages, str):
         with contextlib.suppress(json.JSONDecodeError):
             messages = json.loads(messages)
@@ -61,7 +60,7 @@ def _user_content(messages: Any) -> str | None:  # of a chat: a list of messages
     return users[-1] if users else None
 
 
-def _gold(value: Any) -> str | list[str]:
+def _gold(value) -> str | list[str]:
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() else repr(value)
     if isinstance(value, (list, tuple)):
@@ -74,7 +73,7 @@ def _gold(value: Any) -> str | list[str]:
     return boxed if boxed is not None and re.fullmatch(r"\s*\\(?:boxed|fbox)\s*\{.*\}\s*", text, re.DOTALL) else text
 
 
-def normalize_record(row: Mapping[str, Any], index: int = 0, benchmark: str = "") -> BenchmarkProblem:
+def normalize_record(row: Mapping, index: int = 0, benchmark: str = "") -> BenchmarkProblem:
     """A row of any layout of docs/evaluation.md as a [`BenchmarkProblem`] (id: the row's, else `index`); `ValueError`
     naming the row's keys without a problem or a gold."""
     texts = (row.get(key) for key in ("problem", "question", "prompt"))
@@ -97,7 +96,7 @@ def normalize_record(row: Mapping[str, Any], index: int = 0, benchmark: str = ""
     return BenchmarkProblem(str(row_id), clean_problem_text(problem), gold, benchmark)
 
 
-def normalize_records(rows: Iterable[Mapping[str, Any]], benchmark: str = "") -> list[BenchmarkProblem]:
+def normalize_records(rows: Iterable[Mapping], benchmark: str = "") -> list[BenchmarkProblem]:
     """[`normalize_record`] over rows; a repeated id gets `#<row index>` appended."""
     problems, seen = [], set()
     for i, row in enumerate(rows):
@@ -107,7 +106,7 @@ def normalize_records(rows: Iterable[Mapping[str, Any]], benchmark: str = "") ->
     return problems
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
+def read_rows(path: str | Path) -> list[dict]:
     """A benchmark file's rows (`{"data": [...]}` gives its list); `load_local_dataset_file`'s `ValueError`s."""
     rows = load_local_dataset_file(str(path)).to_list()
     one = len(rows) == 1 and len(rows[0]) == 1 and isinstance(inner := next(iter(rows[0].values())), list)
