@@ -76,9 +76,8 @@ def _gold(value) -> str | list[str]:
 def normalize_record(row: Mapping, index: int = 0, benchmark: str = "") -> BenchmarkProblem:
     """A row of any layout of docs/evaluation.md as a [`BenchmarkProblem`] (id: the row's, else `index`); `ValueError`
     naming the row's keys without a problem or a gold."""
-    texts = (row.get(key) for key in ("problem", "question", "prompt"))
-    problem = next((text for text in texts if isinstance(text, str) and text.strip()), None)
-    if not (problem := problem or _user_content(row.get("prompt")) or _user_content(row.get("messages"))):
+    texts = (t for k in ("problem", "question", "prompt") if isinstance(t := row.get(k), str) and t.strip())
+    if not (problem := next(texts, None) or _user_content(row.get("prompt")) or _user_content(row.get("messages"))):
         raise ValueError(f"Row {index}: no problem field (problem/question/prompt/messages); keys: {sorted(row)}")
     verl = row.get("reward_model") if isinstance(row.get("reward_model"), Mapping) else {}
     answers = [row.get("answer"), row.get("final_answer"), verl.get("ground_truth"), row.get("ground_truth")]
@@ -91,19 +90,15 @@ def normalize_record(row: Mapping, index: int = 0, benchmark: str = "") -> Bench
         fields = "answer/final_answer/reward_model.ground_truth/ground_truth/boxed solution"
         raise ValueError(f"Row {index}: no gold answer ({fields}); keys: {sorted(row)}")
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
-    ids = (row.get("id"), row.get("unique_id"), row.get("idx"), extra.get("index"))
-    row_id = next((i for i in ids if i is not None), index)
+    row_id = next((i for i in [*map(row.get, ("id", "unique_id", "idx")), extra.get("index")] if i is not None), index)
     return BenchmarkProblem(str(row_id), clean_problem_text(problem), gold, benchmark)
 
 
 def normalize_records(rows: Iterable[Mapping], benchmark: str = "") -> list[BenchmarkProblem]:
     """[`normalize_record`] over rows; a repeated id gets `#<row index>` appended."""
-    problems, seen = [], set()
-    for i, row in enumerate(rows):
-        p = normalize_record(row, index=i, benchmark=benchmark)
-        problems.append(p._replace(id=f"{p.id}#{i}") if p.id in seen else p)
-        seen.add(problems[-1].id)
-    return problems
+    problems, seen = (normalize_record(row, index=i, benchmark=benchmark) for i, row in enumerate(rows)), set()
+    return [seen.add(q.id) or q for i, p in enumerate(problems)
+            for q in [p._replace(id=f"{p.id}#{i}") if p.id in seen else p]]  # fmt: skip
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -139,10 +134,8 @@ def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | N
 
             rows = list(load_dataset(spec.hub_id, spec.hub_config, split=spec.hub_split))
         except Exception as e:
-            raise RuntimeError(
-                f"Could not load {spec.name!r} from the Hub ({spec.hub_id}, split {spec.hub_split!r}): {e}. "
-                "Offline? Pass --data-dir with <dir>/<name>/test.jsonl files."
-            ) from e
+            raise RuntimeError(f"Could not load {spec.name!r} from the Hub ({spec.hub_id}, split {spec.hub_split!r}): "
+                f"{e}. Offline? Pass --data-dir with <dir>/<name>/test.jsonl files.") from e  # fmt: skip
     return normalize_records(rows[: None if limit is None else max(0, int(limit))], benchmark=spec.name)
 
 
@@ -166,10 +159,9 @@ def benchmark_metrics(correct: Sequence[Sequence[bool]], n_samples: int, benchma
     """`avg@N` (mean over problems of the fraction correct, in [0, 1]), mean `pass@k` (`{str(k): value}` for k the
     powers of two up to N), `n_samples` and `num_problems` of a (P, N) correctness table; `ValueError` naming the
     `benchmark` and the problem (its id in `problem_ids`) for a row without a graded sample."""
-    for i, row in enumerate(correct):
-        if not row:
-            problem = problem_ids[i] if problem_ids is not None and i < len(problem_ids) else f"#{i}"
-            raise ValueError(f"benchmark {benchmark or '?'} problem {problem} has no graded sample (empty row).")
+    if (i := next((i for i, row in enumerate(correct) if not row), None)) is not None:
+        problem = problem_ids[i] if problem_ids is not None and i < len(problem_ids) else f"#{i}"
+        raise ValueError(f"benchmark {benchmark or '?'} problem {problem} has no graded sample (empty row).")
     counts = [(len(row), sum(map(bool, row))) for row in correct]
     mean = lambda values: sum(values) / len(values) if values else float("nan")  # noqa: E731
     passk = {str(2**j): mean([pass_at_k(n, c, 2**j) for n, c in counts]) for j in range(n_samples.bit_length())}
