@@ -1,5 +1,4 @@
-"""What `stapo-train` adds to a trainer, as callbacks a script adds too (`add_command_callbacks(trainer)`): a
-checkpoint on a stop signal ([`SaveOnSignal`]) and one console line per logging step."""
+"""`stapo-train`'s callbacks, for scripts too (`add_command_callbacks`): save on a stop signal, one line per log."""
 
 from __future__ import annotations
 

@@ -133,11 +133,10 @@ class VLLMGenerator:
     def __init__(self, model: str, gpu_memory_utilization: float | None = None, **llm_kwargs):
         try:
             from vllm import LLM, SamplingParams
-
-            from ..integrations.vllm_support import llm_platform_kwargs
         except ImportError as e:
             fix = "On a GPU: pip install 'stapo_trl[vllm]'; on a CPU: `make install-vllm` or --backend hf."
             raise RuntimeError(f"--backend vllm needs vLLM, which is not installed. {fix}") from e
+        from ..integrations.vllm_support import llm_platform_kwargs
         from ..models.loading import resolve_model_source
 
         self._sampling_params, self._lora = SamplingParams, {}

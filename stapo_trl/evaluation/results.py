@@ -92,8 +92,7 @@ def check_resumable(existing: dict, config: dict, path: Path, weights) -> None:
         if key == "instruction":
             whats.append("the prompt instruction (stapo_trl's own: another version wrote the file)")
         elif key == "chat_template":
-            describe = {True: "the chat template", False: "--no-chat-template"}
-            whats.append(f"{describe[bool(a)]} in the file, {describe[bool(b)]} now")
+            whats.append("{} in the file, {} now".format(*("the chat template" if v else flag for v in (a, b))))
             (leave_out if a else give).append(flag)
         else:
             whats.append(f"{flag} {a if a is not None or not unset else f'unset ({unset})'} in the file, "
@@ -179,8 +178,7 @@ def format_results_table(result_sets: list[dict]) -> str:
 def format_comparison(a: dict, b: dict) -> str:
     """A Markdown table per decoding both files hold (`ValueError` if none): their rows, Avg over the paper benchmarks
     both have, the relative gain (b - a) / a per column; then what differs beyond the model (settings, samples)."""
-    shared = [d for d in a["results"] if d in b["results"]]
-    if not shared:
+    if not (shared := [d for d in a["results"] if d in b["results"]]):
         raise ValueError(f"No common decoding: {sorted(a['results'])} vs {sorted(b['results'])}.")
     ca, cb, out, notes = a.get("config", {}), b.get("config", {}), [], []
     keys = ("max_new_tokens", "limit", "instruction", "chat_template", "data_dir")  # the backend may differ
