@@ -73,7 +73,6 @@ def seed_values(seeds: Sequence, key: str):
     series = lambda rows, key: {  # noqa: E731 - without null and NaN
         int(row["step"]): float(row[key]) for row in rows if row.get("step") is not None and row.get(key) is not None
         and row[key] == row[key]}  # fmt: skip
-
     num, den = POOLED_RATIOS.get(key, (None, None))
     if len(seeds) > 1 and num and all(series(rows, den) for rows in seeds):
         counts = [(series(rows, num), series(rows, den)) for rows in seeds]
@@ -253,6 +252,5 @@ def _curves_file(output_dirs: Sequence[str], out: str | None) -> str:
     if suffix and not os.path.isdir(out) and suffix.lower() not in FIGURE_SUFFIXES:
         raise ValueError(f"--out {out}: {suffix!r} is not a figure format ({', '.join(FIGURE_SUFFIXES)}): name a file "
             "with one of these extensions, or a folder (a path without an extension) for every figure.")  # fmt: skip
-    if out is None:
-        out = output_dirs[0] if len(output_dirs) == 1 and os.path.isdir(output_dirs[0]) else "."
+    out = (output_dirs[0] if len(output_dirs) == 1 and os.path.isdir(output_dirs[0]) else ".") if out is None else out
     return os.path.join(out, "training_curves.png") if os.path.isdir(out) or not suffix else out

@@ -85,8 +85,7 @@ def hf_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_tok
                             add_special_tokens=False).to(model.device)  # fmt: skip
             chunk_seeds = [seeds[i] + j for i, j in chunk]
             sampler = [_seeded_sampler(temperature, top_p, chunk_seeds, steps)] if temperature else []
-            with torch.no_grad():
-                generated = model.generate(**enc, generation_config=config, logits_processor=sampler)
+            generated = model.generate(**enc, generation_config=config, logits_processor=sampler)  # under no_grad
             recorded = [torch.stack(values, 1).tolist() for values in zip(*steps)] if steps else []  # (B, T) each
             for r, (row, (i, j)) in enumerate(zip(generated[:, enc["input_ids"].shape[1] :].tolist(), chunk)):
                 end, stop = next(((t + 1, True) for t, token in enumerate(row) if token in eos), (len(row), False))
@@ -119,8 +118,7 @@ class HFGenerator:
 def vllm_max_lora_rank(adapter: str) -> int:
     """The smallest vLLM `max_lora_rank` holding the adapter's `r` and `rank_pattern`; `ValueError` above 512."""
     with open(os.path.join(adapter, "adapter_config.json"), encoding="utf-8") as f:
-        config = json.load(f)
-    rank = max(int(r) for r in [config.get("r", 8), *(config.get("rank_pattern") or {}).values()])
+        rank = max(map(int, [(c := json.load(f)).get("r", 8), *(c.get("rank_pattern") or {}).values()]))
     if rank > 512:
         raise ValueError(f"{adapter}: LoRA rank {rank} is above vLLM's largest max_lora_rank 512.")
     return next(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= rank)  # vllm.config.lora.MaxLoRARanks
