@@ -18,6 +18,15 @@ from .tasks import BENCHMARKS, PAPER_BENCHMARKS
 
 
 RESULTS_FORMAT_VERSION = 2  # 2: a seed per sample; 1 (read, not resumed): per benchmark and decoding
+_RESUME_FLAGS = {  # the settings a file resumes only with equal: their flag and what unset means
+    "model": ("--model", None), "revision": ("--revision", "the default branch"), "backend": ("--backend", None),
+    "samples": ("--samples", "each benchmark's default"), "max_new_tokens": ("--max-new-tokens", None),
+    "limit": ("--limit", "every problem"), "data_dir": ("--data-dir", "the Hub datasets"), "seed": ("--seed", None),
+    "instruction": ("", None), "chat_template": ("--no-chat-template", None), "dtype": ("--dtype", None),
+    "batch_size": ("--batch-size", None), "threads": ("--threads", "torch's default, one for a tiny model"),
+}  # fmt: skip
+DROPPED_NOTE = ("(n/N): the cell averages n of the benchmark's N problems; the others' prompts were too long for the "
+                "model's positions with this generation budget (the results file's num_problems).")  # fmt: skip
 
 
 def describe_model(model: str, revision: str | None = None) -> dict:
@@ -63,15 +72,6 @@ def load_results(path: str | Path) -> dict:
     return data
 
 
-_RESUME_FLAGS = {  # the settings a file resumes only with equal: their flag and what unset means
-    "model": ("--model", None), "revision": ("--revision", "the default branch"), "backend": ("--backend", None),
-    "samples": ("--samples", "each benchmark's default"), "max_new_tokens": ("--max-new-tokens", None),
-    "limit": ("--limit", "every problem"), "data_dir": ("--data-dir", "the Hub datasets"), "seed": ("--seed", None),
-    "instruction": ("", None), "chat_template": ("--no-chat-template", None), "dtype": ("--dtype", None),
-    "batch_size": ("--batch-size", None), "threads": ("--threads", "torch's default, one for a tiny model"),
-}  # fmt: skip
-
-
 def check_resumable(existing: dict, config: dict, path: Path, weights) -> None:
     """One `ValueError` line naming each setting that differs from the file's (one it lacks does not) and the flags
     that resume it; else the weights ([`describe_model`]) when they differ from the file's or it lacks them."""
@@ -79,7 +79,7 @@ def check_resumable(existing: dict, config: dict, path: Path, weights) -> None:
     if existing.get("format_version") == 1:
         raise ValueError(f"{path} holds results of the old seeding (a seed per benchmark and decoding, now one per "
                          f"sample, as in stapo-train's evaluation), {delete}")  # fmt: skip
-    old, whats, give, leave_out = existing.get("config", {}), [], [], []
+    old, whats, add, drop = existing.get("config", {}), [], [], []
     for key, (flag, unset) in _RESUME_FLAGS.items():
         a, b = old.get(key), config.get(key)  # the same numbers: one folder written two ways; each default
         if key == "model" and isinstance(a, str) and isinstance(b, str) and os.path.isdir(b):
@@ -93,14 +93,13 @@ def check_resumable(existing: dict, config: dict, path: Path, weights) -> None:
             whats.append("the prompt instruction (stapo_trl's own: another version wrote the file)")
         elif key == "chat_template":
             whats.append("{} in the file, {} now".format(*("the chat template" if v else flag for v in (a, b))))
-            (leave_out if a else give).append(flag)
+            (drop if a else add).append(flag)
         else:
             whats.append(f"{flag} {a if a is not None or not unset else f'unset ({unset})'} in the file, "
                          f"{b if b is not None or not unset else f'unset ({unset})'} now")  # fmt: skip
-            (give.append(f"{flag} {a}") if a is not None else leave_out.append(flag))
+            (add.append(f"{flag} {a}") if a is not None else drop.append(flag))
     if whats:
-        rerun = [f"with {' '.join(give)}"] * bool(give) + [f"without {', '.join(leave_out)}"] * bool(leave_out)
-        rerun = " and ".join(rerun)
+        rerun = " and ".join([f"with {' '.join(add)}"] * bool(add) + [f"without {', '.join(drop)}"] * bool(drop))
         rerun = f"Rerun {rerun} to add to it" if rerun else "Rerun with the stapo_trl version that wrote it"
         raise ValueError(f"{path} holds results of other settings, so it cannot be resumed: {'; '.join(whats)}. "
                          f"{rerun}, or choose another --output.")  # fmt: skip
@@ -139,10 +138,6 @@ def summarize(results: dict) -> dict:
 def _label(data: dict) -> str:
     name = data["model"]["name_or_path"]
     return name.rstrip("/").split("/")[-1] if data["model"].get("source") == "local" else name
-
-
-DROPPED_NOTE = ("(n/N): the cell averages n of the benchmark's N problems; the others' prompts were too long for the "
-                "model's positions with this generation budget (the results file's num_problems).")  # fmt: skip
 
 
 def _table(columns: list[str], rows, partial_note: str):

@@ -110,8 +110,7 @@ def read_rows(path: str | Path) -> list[dict]:
 
 def find_benchmark_file(name: str, data_dir: str | Path) -> Path:
     """`<data_dir>/<name>/test.*` or `<name>.*`, or `data_dir` if a file; `FileNotFoundError` naming those tried."""
-    data_dir = Path(data_dir)
-    if data_dir.is_file():
+    if (data_dir := Path(data_dir)).is_file():
         return data_dir
     name, files = get_benchmark_spec(name).name, ("test.jsonl", "test.parquet", "test.json")  # in that order
     tried = [data_dir / name / f for f in files] + [data_dir / f"{name}{Path(f).suffix}" for f in files]
