@@ -36,8 +36,7 @@ def _files(path: str, name: str) -> list[str]:
 
 
 def load_run(path: str, *, require_steps: bool = False) -> list[list[dict]]:
-    """The `metrics.jsonl` rows of a run, one list per seed. Raises `FileNotFoundError` without one, and, with
-    `require_steps`, `ValueError` for one without a logged metric."""
+    """`metrics.jsonl` rows per seed; `FileNotFoundError` if none; with `require_steps`, `ValueError` if one has none."""
     path = os.fspath(path)
     if not (files := [path] if os.path.isfile(path) and path.endswith(".jsonl") else _files(path, "metrics.jsonl")):
         raise FileNotFoundError(f"No metrics.jsonl in {path!r} nor in its sub-folders. Pass the output_dir of a "
@@ -118,9 +117,8 @@ def _axes(ax, title: str, log=False, xlabel="optimizer step", fontsize=10, grid=
 
 
 def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, title=None, smoothing=None):
-    """A panel per `(log key, title, "linear" | "log")` of `curves`; `runs`: label -> rows per seed. Linear: the moving
-    average (`smoothing` logged steps, default ~1/20 of the run) over the raw curve, or the seeds' mean in a min/max
-    band; log: the mean over seeds as points, its zeros counted in the legend."""
+    """A panel per `(log key, title, "linear" | "log")` of `curves`; `runs`: label -> rows per seed. Linear: a moving
+    average (`smoothing` steps, default ~1/20 of a run), seeds in a min/max band; log: the seeds' mean, 0s counted."""
     fig, axes = _figure(1, len(curves), (5.2 * len(curves), 3.9), sharex=True)
     for ax, (key, panel_title, scale) in zip(axes[0], curves, strict=True):
         for i, (label, seeds) in enumerate(runs.items()):

@@ -163,9 +163,8 @@ class VLLMGenerator:
 def evaluate_problems(generate_fn, tokenizer, problems: list[BenchmarkProblem], *, n: int, decoding: DecodingSetting,
                       max_new_tokens: int, seed: int = 0, use_chat_template: bool = True, chat_template_kwargs=None,
                       save_completions: bool = False, max_positions: int | None = None, accelerator=None):  # fmt: skip
-    """(table, P * n records): `n` graded samples per problem from `generate_fn`, sample j of problem i seeded `seed +
-    i * n + j`; the table: [`benchmark_metrics`], grader errors, truncations, mean tokens, times. `max_positions`:
-    longer prompts dropped (`ValueError` if none is left). `accelerator`: the problems split (padded) and gathered."""
+    """(table, P * n records): `n` graded samples per problem, sample j of problem i seeded `seed + i * n + j`; table:
+    [`benchmark_metrics`], counts. Prompts over `max_positions` dropped (`ValueError` if all); `accelerator`: split."""
     texts = [build_prompt_text(tokenizer, p.problem, use_chat_template, chat_template_kwargs) for p in problems]
     keep = list(range(len(problems)))
     if max_positions is not None:

@@ -147,17 +147,15 @@ def benchmark_dataset(problems: Iterable[BenchmarkProblem], instruction: str | N
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of [Chen et al. 2021](https://huggingface.co/papers/2107.03374), Eq. 1: 1 - C(n-c, k) / C(n, k)
-    for n samples, c of them correct; `ValueError` for k outside [1, n] or c outside [0, n]."""
+    """pass@k = 1 - C(n-c, k) / C(n, k) (Chen et al. 2021, Eq. 1); `ValueError` unless 1 <= k <= n, 0 <= c <= n."""
     if not (1 <= k <= n and 0 <= c <= n):
         raise ValueError(f"pass@k needs 1 <= k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def benchmark_metrics(correct: Sequence[Sequence[bool]], n_samples: int, benchmark=None, problem_ids=None) -> dict:
-    """`avg@N` (mean over problems of the fraction correct, in [0, 1]), mean `pass@k` (`{str(k): value}` for k the
-    powers of two up to N), `n_samples` and `num_problems` of a (P, N) correctness table; `ValueError` naming the
-    `benchmark` and the problem (its id in `problem_ids`) for a row without a graded sample."""
+    """`avg@N` (mean fraction correct, in [0, 1]), mean `pass@k` (`{str(k): value}`, k the powers of two <= N),
+    `n_samples`, `num_problems` of a (P, N) correctness table; `ValueError` naming the problem of an empty row."""
     if (i := next((i for i, row in enumerate(correct) if not row), None)) is not None:
         problem = problem_ids[i] if problem_ids is not None and i < len(problem_ids) else f"#{i}"
         raise ValueError(f"benchmark {benchmark or '?'} problem {problem} has no graded sample (empty row).")
