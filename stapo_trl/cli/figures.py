@@ -36,7 +36,7 @@ def _files(path: str, name: str) -> list[str]:
 
 
 def load_run(path: str, *, require_steps: bool = False) -> list[list[dict]]:
-    """`metrics.jsonl` rows per seed; `FileNotFoundError` if none; with `require_steps`, `ValueError` if one has none."""
+    """`metrics.jsonl` rows per seed; `FileNotFoundError` if none; `ValueError` for no metric (`require_steps`)."""
     path = os.fspath(path)
     if not (files := [path] if os.path.isfile(path) and path.endswith(".jsonl") else _files(path, "metrics.jsonl")):
         raise FileNotFoundError(f"No metrics.jsonl in {path!r} nor in its sub-folders. Pass the output_dir of a "
