@@ -67,8 +67,7 @@ def load_token_records(run_dir: os.PathLike | str) -> list[dict]:
 
 
 def seed_values(seeds: Sequence, key: str):
-    """`(steps, values (seeds, steps) at the steps all logged, " (2 seeds)")` of `key`; a ratio of [`POOLED_RATIOS`]:
-    one row pooled over the seeds (" (2 seeds, pooled)")."""
+    """`(steps all seeds logged, values (seeds, steps), " (2 seeds)")` of `key`; a [`POOLED_RATIOS`] ratio: one row."""
     series = lambda rows, key: {  # noqa: E731 - without null and NaN
         int(row["step"]): float(row[key]) for row in rows if row.get("step") is not None and row.get(key) is not None
         and row[key] == row[key]}  # fmt: skip

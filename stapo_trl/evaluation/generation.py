@@ -98,8 +98,7 @@ def hf_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_tok
 
 
 class HFGenerator:
-    """`--backend hf`: [`~stapo_trl.models.loading.load_causal_lm`] on `device` (`cuda` if any) in `dtype` (`auto`:
-    bfloat16 on a GPU, float32 on a CPU), sampled by [`hf_generate`]."""
+    """`--backend hf`: [`hf_generate`], `load_causal_lm` on `device` (`cuda` if any), `dtype="auto"`: bf16 on a GPU."""
 
     def __init__(self, model: str, revision: str | None = None, dtype: str = "auto", device=None, batch_size=64):
         import torch
