@@ -43,8 +43,7 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict]]:
                                 "`stapo-train` run, or a folder of them (one per seed).")  # fmt: skip
     from ..run_folder.logs import read_metrics  # imports torch: after the checks of the command line
 
-    seeds = [read_metrics(file) for file in files]
-    for file, rows in zip(files, seeds, strict=True):
+    for file, rows in zip(files, seeds := [read_metrics(file) for file in files]):
         if require_steps and not any(set(row) - {"step", "epoch"} for row in rows):
             why = "logged metric, only steps" if rows else "metrics row (see the warning above for its lines)"
             why = f"holds no {why}" if Path(file).read_bytes().strip() else ("is empty: the run has not reached its "
@@ -222,8 +221,7 @@ def _load(run_dirs: Sequence, labels: Sequence[str] | None, require_steps: bool 
     return metrics, records, token_bytes
 
 
-def plot_diagnostics(run_dirs: Sequence[Path | str], out_dir: Path | str, labels: Sequence[str] | None = None, *,
-                     loaded=None) -> list[Path]:  # fmt: skip
+def plot_diagnostics(run_dirs: Sequence, out_dir: Path | str, labels: Sequence[str] | None = None, *, loaded=None):
     """Write the S2T figures of the runs (or `_load`'s `loaded`) into `out_dir`; their paths. `FileNotFoundError`."""
     metrics, records, token_bytes = loaded or _load(run_dirs, labels)
     ratios = any(seed_values(seeds, "s2t/silenced_ratio")[0] for seeds in metrics.values())

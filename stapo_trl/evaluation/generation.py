@@ -172,6 +172,8 @@ def evaluate_problems(generate_fn, tokenizer, problems: list[BenchmarkProblem], 
         keep = data.keep_short_prompts(lengths, budget, what=f"{problems[0].benchmark} prompts")
     local = keep
     if accelerator is not None and accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
         with accelerator.split_between_processes(keep, apply_padding=True) as shard:
             local = list(shard)
     start = time.perf_counter()
@@ -184,11 +186,7 @@ def evaluate_problems(generate_fn, tokenizer, problems: list[BenchmarkProblem], 
          "finished": sample.finished} | ({"completion": sample.text} if save_completions else {})
         for j, sample in enumerate(samples) for r in [grade(sample.text, problems[i].gold)]
     ]) for i, samples in zip(local, generations)]  # fmt: skip
-    if local is not keep:
-        from accelerate.utils import gather_object
-
-        graded = gather_object(graded)
-    by_index = dict(graded)
+    by_index = dict(graded if local is keep else gather_object(graded))
     records = [record for i in keep for record in by_index[i]]
     correct = [[r["correct"] for r in by_index[i]] for i in keep]
     table = benchmark_metrics(correct, n, problems[0].benchmark if problems else None, [problems[i].id for i in keep])
