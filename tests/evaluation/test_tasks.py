@@ -36,20 +36,16 @@ def test_layouts_instructions_stripped_rows_without_problem_or_gold_and_unknown_
         with pytest.raises(ValueError, match=match):
             getattr(tasks, call)(arg)
     assert tasks.get_benchmark_spec("MATH-500").name == "math500"
-    # STAPO Sec. 4: avg@32 on AIME24/AIME25/AMC23, avg@4 on MATH-500/Minerva/OlympiadBench.
-    samples = {b: tasks.BENCHMARKS[b].default_samples for b in tasks.PAPER_BENCHMARKS}
+    samples = {b: tasks.BENCHMARKS[b].default_samples for b in tasks.PAPER_BENCHMARKS}  # STAPO Sec. 4: avg@32, avg@4
     assert samples == {"aime24": 32, "aime25": 32, "amc23": 32, "math500": 4, "minerva": 4, "olympiadbench": 4}
-    dapo = (
-        "Solve the following math problem step by step. The last line of your response should be of the form "
-        "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\nFind $x$.\n\n"
-        'Remember to put your answer on its own line after "Answer:".'
-    )
+    dapo = ("Solve the following math problem step by step. The last line of your response should be of the form "
+            "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\nFind $x$.\n\n"
+            'Remember to put your answer on its own line after "Answer:".')  # fmt: skip
     assert tasks.clean_problem_text(dapo) == "Find $x$." == tasks.clean_problem_text(f"Find $x$.\n{INSTRUCTION}")
     assert tasks.clean_problem_text("Please find $x$. What is $y$?") == "Please find $x$. What is $y$?"
 
 
-# (relative path, rows) from shared/data/SOURCES.md.
-REAL_FILES = [
+REAL_FILES = [  # (relative path, rows) from shared/data/SOURCES.md
     ("aime24/test.parquet", 30), ("aime24/test.json", 30), ("aime24/test.jsonl", 30), ("aime25/test.parquet", 30),
     ("aime25/test.json", 30), ("amc23/test.parquet", 40), ("amc23/test.json", 40), ("amc23/test.jsonl", 40),
     ("math500/test.parquet", 500), ("math500/test.jsonl", 500), ("minerva/test.parquet", 272),
@@ -79,7 +75,7 @@ def test_a_missing_file_and_the_builtin_tiny_math_benchmark(tmp_path):
     assert all(is_correct(rf"\boxed{{{eval(p.problem)}}}", p.gold) for p in problems)  # noqa: S307 - "a+b" only
 
 
-def test_pass_at_k_is_the_share_of_k_subsets_holding_a_correct_sample():
+def test_pass_at_k_is_the_share_of_k_subsets_holding_a_correct_sample_and_benchmark_metrics_hand_built():
     cases = [(n, c, k) for n in range(1, 9) for c in range(n + 1) for k in range(1, n + 1)]
     for n, c, k in cases:
         subsets = list(itertools.combinations([True] * c + [False] * (n - c), k))
@@ -90,14 +86,10 @@ def test_pass_at_k_is_the_share_of_k_subsets_holding_a_correct_sample():
             tasks.pass_at_k(n, c, k)
     budgets = [list(tasks.benchmark_metrics([[True] * n], n)["pass@k"]) for n in (32, 4, 6, 1)]  # powers of two <= n
     assert budgets == [["1", "2", "4", "8", "16", "32"], ["1", "2", "4"], ["1", "2", "4"], ["1"]]
-
-
-def test_benchmark_metrics_hand_built():
-    # 2/4, 0/4 and 4/4 correct: avg@4 = (0.5 + 0 + 1) / 3 = pass@1; pass@4 = (1 + 0 + 1) / 3.
+    # benchmark_metrics of 2/4, 0/4 and 4/4 correct: avg@4 = (0.5 + 0 + 1) / 3 = pass@1; pass@4 = (1 + 0 + 1) / 3.
     table = tasks.benchmark_metrics([[True, False, True, False], [False] * 4, [True] * 4], 4)
     assert table["avg@4"] == pytest.approx(0.5) and table["pass@k"]["1"] == pytest.approx(0.5)
     assert table["pass@k"]["4"] == pytest.approx(2 / 3) and (table["num_problems"], table["n_samples"]) == (3, 4)
-
     for correct, ids, problem in [([[True, False], []], ["p0", "p1"], "p1"), ([[], []], ["a", "b"], "a"),
                                   ([[True], [], [False]], None, "#1")]:  # fmt: skip
         with pytest.raises(ValueError, match=f"^benchmark aime24 problem {problem} has no graded sample"):
