@@ -56,7 +56,7 @@ def _points(fig, title_start: str):
     return [(list(line.get_xdata()), list(line.get_ydata()), line.get_label()) for line in ax.lines]
 
 
-def test_a_folder_of_seeds_is_drawn_as_the_mean_and_pooled_ratios(tmp_path):
+def test_a_folder_of_seeds_is_drawn_as_the_mean_and_pooled_ratios_without_zero_denominators(tmp_path):
     # A metrics.jsonl per seed: reward the mean in a min/max band, ratios Σ counts / Σ loss tokens (not mean ratios)
     for seed, rows in enumerate(SEED_ROWS):
         (tmp_path / "arm" / f"seed{seed}").mkdir(parents=True)
@@ -76,9 +76,7 @@ def test_a_folder_of_seeds_is_drawn_as_the_mean_and_pooled_ratios(tmp_path):
     # One seed, silenced ratio 0 at step 8: a log axis cannot show it, the legend counts it.
     fig = figures.plot_training_curves({"run": seeds[:1]}, curves=figures.RATIO_CURVES[:1])
     assert _points(fig, "S2T") == [([4], [0.01], "run, 0 at 1/2 logged steps")]
-
-
-def test_pooled_ratio_skips_steps_without_counts_and_zero_denominators():
+    # A pooled ratio skips steps without counts and zero denominators.
     counts = [[(1, 0, 0), (2, 2, 10), (3, 1, 10)], [(1, 0, 0), (2, 0, 30)]]  # (step, silenced, loss tokens)
     seeds = [[{"step": t, "s2t/num_silenced": n, "s2t/num_loss_tokens": d} for t, n, d in rows] for rows in counts]
     # Step 1: no loss token in either seed (undefined, left out); step 2: 2 / 40; step 3: seed 1 did not log it.
@@ -91,7 +89,7 @@ def test_pooled_ratio_skips_steps_without_counts_and_zero_denominators():
     assert steps == [2] and values.mean(axis=0).tolist() == [pytest.approx(0.2)] and note == " (2 seeds)"
 
 
-def test_token_bytes_and_readable_labels_of_hand_made_vocabularies():
+def test_token_bytes_readable_labels_and_the_top_tokens_figure(tiny_random_model_path, tmp_path):
     vocab = {"Ġcarry": 0, "Ċ": 1, "â": 2, "Ė": 3, "<0x0A>": 4}
     byte_level = {"model": {"vocab": vocab}, "decoder": {"type": "ByteLevel"}}
     assert tokenizer_token_bytes(byte_level) == {0: b" carry", 1: b"\n", 2: b"\xe2", 3: b"\x16", 4: b"\n"}
@@ -104,9 +102,7 @@ def test_token_bytes_and_readable_labels_of_hand_made_vocabularies():
               ("\u200b",): "<U+200B>", (" carry", b" carry"): "␣carry", ("\ufffd", None, 161): "� id 161",
               ("$x$",): r"\$x\$", ("",): "''"}  # fmt: skip
     assert {args: readable_token(*args) for args in labels} == labels
-
-
-def test_top_tokens_figure_has_readable_labels_and_integer_count_ticks(tiny_random_model_path, tmp_path):
+    # The top-tokens figure: those labels of real byte-level BPE entries, integer count ticks.
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     ids = tokenizer.convert_tokens_to_ids(["â", "Ċ", "Ġcarry", "Ė", "Ý"])  # real byte-level BPE entries
     assert tokenizer.unk_token_id not in ids

@@ -28,7 +28,7 @@ def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_pa
         assert [[s.text for s in row] for row in out] == [[e, e] for e in expected]
 
 
-def test_each_row_samples_the_warped_distribution_from_its_own_seed():
+def test_each_row_samples_the_warped_distribution_from_its_own_seed_whatever_the_batch(tiny_math_model_path):
     # row r's token: inverse CDF of draw t of the stream seeded seeds[r], over the top-p 0.5 set {0.3, 0.4}
     logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().expand(4000, 4)  # (B, V)
     steps = []
@@ -44,9 +44,7 @@ def test_each_row_samples_the_warped_distribution_from_its_own_seed():
     for (h, p), drawn in zip(steps, tokens, strict=True):
         torch.testing.assert_close(h, torch.full((4000,), entropy))
         torch.testing.assert_close(p, torch.where(drawn == 2, 3 / 7, 4 / 7))
-
-
-def test_a_samples_tokens_do_not_depend_on_the_batch_or_the_other_prompts(tiny_math_model_path):
+    # A sample's tokens do not depend on the batch or the other prompts.
     generator = HFGenerator(tiny_math_model_path, dtype="float32", device="cpu")
     texts = [build_prompt_text(generator.tokenizer, f"{a}+{a + 11}") for a in range(10, 16)]  # 6 prompts
     sampling, runs, stats = {"n": 3, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 16}, [], {}

@@ -27,7 +27,7 @@ LAYOUTS = {  # row -> (id, problem, gold)
 }  # fmt: skip
 
 
-def test_layouts_instructions_stripped_rows_without_problem_or_gold_and_unknown_benchmarks():
+def test_layouts_instructions_stripped_refusals_a_missing_file_and_the_builtin_benchmark(tmp_path):
     for layout, (row, expected) in LAYOUTS.items():
         assert tuple(tasks.normalize_record(row))[:3] == expected, layout
     unknown = "Unknown benchmark 'aime23'. Valid benchmarks: " + ", ".join(tasks.BENCHMARKS)
@@ -43,6 +43,11 @@ def test_layouts_instructions_stripped_rows_without_problem_or_gold_and_unknown_
             'Remember to put your answer on its own line after "Answer:".')  # fmt: skip
     assert tasks.clean_problem_text(dapo) == "Find $x$." == tasks.clean_problem_text(f"Find $x$.\n{INSTRUCTION}")
     assert tasks.clean_problem_text("Please find $x$. What is $y$?") == "Please find $x$. What is $y$?"
+    with pytest.raises(FileNotFoundError, match="No data file for benchmark 'aime24'; tried: "):
+        tasks.load_benchmark("aime24", data_dir=tmp_path)
+    problems = tasks.load_benchmark("tiny-math", limit=5)  # the built-in benchmark
+    assert len(problems) == 5 and all(re.fullmatch(r"\d\d\+\d\d", p.problem) for p in problems)
+    assert all(is_correct(rf"\boxed{{{eval(p.problem)}}}", p.gold) for p in problems)  # noqa: S307 - "a+b" only
 
 
 REAL_FILES = [  # (relative path, rows) from shared/data/SOURCES.md
@@ -65,14 +70,6 @@ def test_real_file_loads(shared_data_dir, relpath, rows):
         assert rows == tasks.BENCHMARKS[name].num_problems
         assert [p.benchmark for p in tasks.load_benchmark(name, data_dir=shared_data_dir, limit=3)] == [name] * 3
         assert len(tasks.load_benchmark(name, data_dir=shared_data_dir / relpath, limit=2)) == 2  # the file itself
-
-
-def test_a_missing_file_and_the_builtin_tiny_math_benchmark(tmp_path):
-    with pytest.raises(FileNotFoundError, match="No data file for benchmark 'aime24'; tried: "):
-        tasks.load_benchmark("aime24", data_dir=tmp_path)
-    problems = tasks.load_benchmark("tiny-math", limit=5)
-    assert len(problems) == 5 and all(re.fullmatch(r"\d\d\+\d\d", p.problem) for p in problems)
-    assert all(is_correct(rf"\boxed{{{eval(p.problem)}}}", p.gold) for p in problems)  # noqa: S307 - "a+b" only
 
 
 def test_pass_at_k_is_the_share_of_k_subsets_holding_a_correct_sample_and_benchmark_metrics_hand_built():
