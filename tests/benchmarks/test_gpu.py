@@ -30,15 +30,13 @@ def test_the_tokenizer_reward_field_differences_candidate_share_and_model_reset(
     fields = {"GRPO|g": {"lr": 1, "beta": 0.0}, "off|g": {"lr": 1, "beta": 0.0}, "STAPO|g": {"lr": 2, "beta": 0.1}}
     assert gpu.field_differences(fields) == ["GRPO|g vs STAPO|g: ['beta', 'lr']"]
     assert gpu.field_differences({"GRPO|g": {"lr": 1}, "off|g": {"lr": 1}}) == []
-    # The candidate share is the expected mass of sampled tokens below tau_p.
-    # Row 0: p = 1/2 twice (none below tau_p). Row 1: logits [0, -10]: p = 4.54e-5 below tau_p, sampled at that rate.
+    # Candidate share: the mass of sampled tokens below tau_p; row 1 (logits [0, -10]): p = 4.54e-5, row 0: p = 1/2.
     logits = torch.tensor([[0.0, 0.0], [0.0, -10.0]])
     share, entropy = gpu.candidate_mass(logits, 1.0)
     p = 1 / (1 + math.exp(10))
     assert share == pytest.approx(p / 2, rel=1e-4)
     assert entropy == pytest.approx((math.log(2) - p * math.log(p) - (1 - p) * math.log(1 - p)) / 2, rel=1e-4)
     assert gpu.candidate_mass(logits, 0.5)[0] == 0.0  # logits x 0.5: p = 6.7e-3 >= tau_p
-    # reset_model restores the weights and the class forward.
     model = gpu.build_model(dict(gpu.CPU_SMOKE_SHAPE, num_hidden_layers=1), tokenizer, torch.float32, "cpu")
     saved = [p.detach().clone() for p in model.parameters()]
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))  # what each GRPOTrainer does to its model

@@ -57,7 +57,6 @@ def _points(fig, title_start: str):
 
 
 def test_a_folder_of_seeds_is_drawn_as_the_mean_and_pooled_ratios_without_zero_denominators(tmp_path):
-    # A metrics.jsonl per seed: reward the mean in a min/max band, ratios Σ counts / Σ loss tokens (not mean ratios)
     for seed, rows in enumerate(SEED_ROWS):
         (tmp_path / "arm" / f"seed{seed}").mkdir(parents=True)
         write_jsonl(tmp_path / "arm" / f"seed{seed}" / "metrics.jsonl", rows)
@@ -76,7 +75,6 @@ def test_a_folder_of_seeds_is_drawn_as_the_mean_and_pooled_ratios_without_zero_d
     # One seed, silenced ratio 0 at step 8: a log axis cannot show it, the legend counts it.
     fig = figures.plot_training_curves({"run": seeds[:1]}, curves=figures.RATIO_CURVES[:1])
     assert _points(fig, "S2T") == [([4], [0.01], "run, 0 at 1/2 logged steps")]
-    # A pooled ratio skips steps without counts and zero denominators.
     counts = [[(1, 0, 0), (2, 2, 10), (3, 1, 10)], [(1, 0, 0), (2, 0, 30)]]  # (step, silenced, loss tokens)
     seeds = [[{"step": t, "s2t/num_silenced": n, "s2t/num_loss_tokens": d} for t, n, d in rows] for rows in counts]
     # Step 1: no loss token in either seed (undefined, left out); step 2: 2 / 40; step 3: seed 1 did not log it.
@@ -102,7 +100,6 @@ def test_token_bytes_readable_labels_and_the_top_tokens_figure(tiny_random_model
               ("\u200b",): "<U+200B>", (" carry", b" carry"): "␣carry", ("\ufffd", None, 161): "� id 161",
               ("$x$",): r"\$x\$", ("",): "''"}  # fmt: skip
     assert {args: readable_token(*args) for args in labels} == labels
-    # The top-tokens figure: those labels of real byte-level BPE entries, integer count ticks.
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     ids = tokenizer.convert_tokens_to_ids(["â", "Ċ", "Ġcarry", "Ė", "Ý"])  # real byte-level BPE entries
     assert tokenizer.unk_token_id not in ids
@@ -126,6 +123,5 @@ def test_token_bytes_readable_labels_and_the_top_tokens_figure(tiny_random_model
     assert silenced_ax.get_title() == "run: most frequent silenced tokens"  # all 3 shown: no "of N"
     titles = [ax.get_title() for ax in figures.plot_top_tokens({"run": records}, k=2).axes]  # k < distinct tokens
     assert titles == ["run: most frequent silenced tokens (2 of 3 distinct)", "run: most frequent kept candidates"]
-    # Without a tokenizer, fragments stay apart by id.
     assert figures.plot_top_tokens({"run": records}).axes[0].get_yticklabels()[0].get_text() == f"� id {ids[0]}"
     assert figures.plot_top_tokens({"run": records}, tmp_path / "top.png").read_bytes()[:8] == PNG

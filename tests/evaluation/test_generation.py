@@ -44,7 +44,6 @@ def test_each_row_samples_the_warped_distribution_from_its_own_seed_whatever_the
     for (h, p), drawn in zip(steps, tokens, strict=True):
         torch.testing.assert_close(h, torch.full((4000,), entropy))
         torch.testing.assert_close(p, torch.where(drawn == 2, 3 / 7, 4 / 7))
-    # A sample's tokens do not depend on the batch or the other prompts.
     generator = HFGenerator(tiny_math_model_path, dtype="float32", device="cpu")
     texts = [build_prompt_text(generator.tokenizer, f"{a}+{a + 11}") for a in range(10, 16)]  # 6 prompts
     sampling, runs, stats = {"n": 3, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 16}, [], {}
@@ -90,7 +89,6 @@ def test_vllm_generator_with_a_fake_vllm(monkeypatch, tmp_path):
     assert calls["prompts"] == [{"prompt_token_ids": [97, 98]}, {"prompt_token_ids": [99]}]
     assert calls["add_special_tokens"] == [False, False] and [len(s) for s in samples] == [4, 4]
     assert samples[0][0] == GeneratedSample(r"\boxed{3}", 3, True) and samples[0][-1].finished is False
-    # A LoRA adapter's max_lora_rank: the smallest vLLM supports that holds the adapter's ranks.
     for config, rank in [({"r": 8}, 8), ({"r": 12}, 16), ({"r": 8, "rank_pattern": {"q": 40}}, 64)]:
         (tmp_path / "adapter_config.json").write_text(json.dumps(config))
         assert generation.vllm_max_lora_rank(str(tmp_path)) == rank

@@ -28,7 +28,6 @@ def test_tables_relative_gains_shared_benchmarks_dropped_problems_and_limits():
     gains = "| rel. gain (b-a)/a | +100.0% | +0.0% | +25.0% | +0.0% | +0.0% | +25.0% | +16.7% |"
     assert gains in format_comparison(a, b)
     assert "| m/t1.0-p1.0 | 50.0 | 50.0* |" in format_results_table([fake_eval_results("m", {"aime24": 0.5})])
-    # A comparison averages the benchmarks both files have and lists what differs.
     a = fake_eval_results("grpo", {"aime24": 0.1, "amc23": 0.4, "math500": 0.6})
     b = fake_eval_results("stapo", {"aime24": 0.2, "amc23": 0.5})  # no MATH-500
     a["config"], b["config"] = {"max_new_tokens": 32, "limit": 3}, {"max_new_tokens": 16, "limit": 3}
@@ -41,7 +40,6 @@ def test_tables_relative_gains_shared_benchmarks_dropped_problems_and_limits():
     assert "Avg over the 2 paper benchmark(s) both files have: aime24, amc23." in comparison
     assert "max_new_tokens: 32 vs 16" in comparison and "aime24 / t1.0-p1.0: 4 vs 2 samples" in comparison
     assert "limit" not in comparison.split("Not like for like")[1]  # equal settings are not listed
-    # A cell with dropped problems says how many it averages; a limit is stated.
     table = format_results_table([_results({"aime24": (0.5, 3, 8), "amc23": (0.25, 40, 40)})])
     assert "| m/t1.0-p1.0 | 50.0 (3/8) | 25.0 | " in table, table
     comparison = format_comparison(_results({"aime24": (0.5, 3, 8)}), _results({"aime24": (0.25, 8, 8)}))
@@ -78,8 +76,7 @@ def test_other_settings_or_weights_are_one_line_naming_the_flags_that_resume_the
     old = {key: value for key, value in CONFIG.items() if key != "chat_template"} | {"samples": None, "model": "."}
     new = {**CONFIG, "samples": 32, "model": "./", "chat_template": False}
     check_resumable({"config": old, "model": {"weights": {}}}, new, Path("r.json"), {})
-    # Other weights are one line, the same ones resume (unrecorded weights: tests/cli/test_eval.py).
-    (tmp_path / "adapter_config.json").write_text("{}")
+    (tmp_path / "adapter_config.json").write_text("{}")  # unrecorded weights: tests/cli/test_eval.py
     (adapter := tmp_path / "adapter_model.safetensors").write_bytes(b"a" * 8)
     os.utime(adapter, ns=(10**18, 10**18))
     existing = {"config": CONFIG, "model": describe_model(str(tmp_path))}
