@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "benchmar
 import gpu  # noqa: E402
 
 
-def test_the_tokenizer_reward_field_differences_candidate_share_and_model_reset():
+def test_the_tokenizer_reward_candidate_share_model_reset_and_summary():
     tokenizer = gpu.build_tokenizer()
     assert len(tokenizer) == gpu.QWEN3_1_7B["vocab_size"] == 151936
     assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (151643, 151645)  # Qwen's ids
@@ -48,17 +48,6 @@ def test_the_tokenizer_reward_field_differences_candidate_share_and_model_reset(
     gpu.reset_model(model, saved)
     assert "forward" not in model.__dict__ and "_original_forward" not in model.__dict__
     assert all(torch.equal(p, s) and p.grad is None for p, s in zip(model.parameters(), saved, strict=True))
-
-
-def _summary(geometry, runs):  # (arm, rep, steps, peak) each
-    spu = gpu.GEOMETRIES[geometry][0] // gpu.GEOMETRIES[geometry][1]
-    runs = [dict(model="random", arm=arm, geometry=geometry, rep=rep, steps_per_unit=spu, units=len(steps) // spu,
-                 peak_bytes=peak, by_step=dict(enumerate(steps)), logged={})
-            for arm, rep, steps, peak in runs]  # fmt: skip
-    return gpu.summarize({"settings": {"warmup_units": 1, "completions": 4}, "runs": runs})[f"random {geometry}"]
-
-
-def test_summarize_pairs_the_units_of_one_repetition_drops_the_warm_up_and_sums_a_rollout_batch():
     warm = {"step_seconds": 99.0, "generate_seconds": 98.0, "mask_seconds": 50.0}  # discarded
     grpo = {"step_seconds": 2.0, "generate_seconds": 1.0, "grad_forwards": 1, "grad_rows": 4}
     stapo = dict(grpo, step_seconds=2.2, mask_seconds=0.11, records_seconds=0.01)  # 1.2 s train-side
@@ -84,6 +73,14 @@ def test_summarize_pairs_the_units_of_one_repetition_drops_the_warm_up_and_sums_
     arm = arm["per_arm"]["off"]
     assert arm["step_seconds"] == pytest.approx(6.0 / 4) and arm["train_side_seconds"] == pytest.approx(4.0 / 4)
     assert arm["nograd_forwards"] == 1 and arm["nograd_passes"] == 1 and arm["grad_passes"] == 1
+
+
+def _summary(geometry, runs):  # (arm, rep, steps, peak) each
+    spu = gpu.GEOMETRIES[geometry][0] // gpu.GEOMETRIES[geometry][1]
+    runs = [dict(model="random", arm=arm, geometry=geometry, rep=rep, steps_per_unit=spu, units=len(steps) // spu,
+                 peak_bytes=peak, by_step=dict(enumerate(steps)), logged={})
+            for arm, rep, steps, peak in runs]  # fmt: skip
+    return gpu.summarize({"settings": {"warmup_units": 1, "completions": 4}, "runs": runs})[f"random {geometry}"]
 
 
 @pytest.mark.slow

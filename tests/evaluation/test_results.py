@@ -18,7 +18,44 @@ def _results(tables: dict, limit=None) -> dict:
         for name, (avg, n, loaded) in tables.items()}}}  # fmt: skip
 
 
-def test_tables_relative_gains_shared_benchmarks_dropped_problems_and_limits():
+CONFIG = dict(model="m", revision=None, backend="hf", samples=2, max_new_tokens=48, limit=5, data_dir=None, seed=0,
+              instruction="Solve.", chat_template=True, benchmarks=["aime24"])  # fmt: skip
+
+
+def _refusal(old: dict, new: dict) -> str:
+    with pytest.raises(ValueError) as excinfo:
+        check_resumable({"config": old}, new, Path("r.json"), {})
+    assert "\n" not in str(excinfo.value) and "None" not in str(excinfo.value)
+    return str(excinfo.value)
+
+
+def test_the_resume_refusals_are_one_line_and_the_tables_hold_the_hand_computed_values(tmp_path):
+    assert _refusal(CONFIG, {**CONFIG, "samples": None, "limit": None, "max_new_tokens": 64}) == (
+        "r.json holds results of other settings, so it cannot be resumed: --samples 2 in the file, unset (each "
+        "benchmark's default) now; --max-new-tokens 48 in the file, 64 now; --limit 5 in the file, unset (every "
+        "problem) now. Rerun with --samples 2 --max-new-tokens 48 --limit 5 to add to it, or choose another --output."
+    )
+    message = _refusal({**CONFIG, "limit": None, "revision": None}, {**CONFIG, "limit": 3, "chat_template": False})
+    assert "--limit unset (every problem) in the file, 3 now" in message
+    assert "the chat template in the file, --no-chat-template now" in message
+    assert message.endswith("Rerun without --limit, --no-chat-template to add to it, or choose another --output.")
+    # no difference: a key the file lacks, --samples 32 (AIME's default) against unset, a trailing slash
+    old = {key: value for key, value in CONFIG.items() if key != "chat_template"} | {"samples": None, "model": "."}
+    new = {**CONFIG, "samples": 32, "model": "./", "chat_template": False}
+    check_resumable({"config": old, "model": {"weights": {}}}, new, Path("r.json"), {})
+    (tmp_path / "adapter_config.json").write_text("{}")  # unrecorded weights: tests/cli/test_eval.py
+    (adapter := tmp_path / "adapter_model.safetensors").write_bytes(b"a" * 8)
+    os.utime(adapter, ns=(10**18, 10**18))
+    existing = {"config": CONFIG, "model": describe_model(str(tmp_path))}
+    assert existing["model"]["weights"] == {"adapter_model.safetensors": [8, 10**18]}
+    check_resumable(existing, CONFIG, Path("r.json"), existing["model"]["weights"])  # resumed
+    adapter.write_bytes(b"b" * 8)  # the adapter trained on: same size, another time
+    delete = "so it cannot be resumed: choose another --output, or delete it to rerun."
+    with pytest.raises(ValueError, match=f"^r.json holds results of other weights \\(adapter_model.safetensors "
+                       f"changed since\\), {delete}$"):  # fmt: skip
+        check_resumable(existing, CONFIG, Path("r.json"), describe_model(str(tmp_path))["weights"])
+    with pytest.raises(ValueError, match="other weights \\(Hub commit abc in the file, def now\\), so it cannot"):
+        check_resumable({"config": CONFIG, "model": {"weights": "abc"}}, CONFIG, Path("r.json"), "def")
     a = fake_eval_results("grpo", dict(zip(SIX, [0.1, 0.1, 0.4, 0.6, 0.2, 0.4])))  # Avg 0.30
     b = fake_eval_results("stapo", dict(zip(SIX, [0.2, 0.1, 0.5, 0.6, 0.2, 0.5])))  # Avg 0.35
     table = format_results_table([a, b])
@@ -49,43 +86,3 @@ def test_tables_relative_gains_shared_benchmarks_dropped_problems_and_limits():
     table = format_results_table([_results({"aime24": (0.5, 5, 5)}, limit=5)])
     assert "Only the first 5 problems of each benchmark (--limit)." in table
     assert "(5/5)" not in table and "(n/N)" not in table  # nothing dropped
-
-
-CONFIG = dict(model="m", revision=None, backend="hf", samples=2, max_new_tokens=48, limit=5, data_dir=None, seed=0,
-              instruction="Solve.", chat_template=True, benchmarks=["aime24"])  # fmt: skip
-
-
-def _refusal(old: dict, new: dict) -> str:
-    with pytest.raises(ValueError) as excinfo:
-        check_resumable({"config": old}, new, Path("r.json"), {})
-    assert "\n" not in str(excinfo.value) and "None" not in str(excinfo.value)
-    return str(excinfo.value)
-
-
-def test_other_settings_or_weights_are_one_line_naming_the_flags_that_resume_the_file(tmp_path):
-    assert _refusal(CONFIG, {**CONFIG, "samples": None, "limit": None, "max_new_tokens": 64}) == (
-        "r.json holds results of other settings, so it cannot be resumed: --samples 2 in the file, unset (each "
-        "benchmark's default) now; --max-new-tokens 48 in the file, 64 now; --limit 5 in the file, unset (every "
-        "problem) now. Rerun with --samples 2 --max-new-tokens 48 --limit 5 to add to it, or choose another --output."
-    )
-    message = _refusal({**CONFIG, "limit": None, "revision": None}, {**CONFIG, "limit": 3, "chat_template": False})
-    assert "--limit unset (every problem) in the file, 3 now" in message
-    assert "the chat template in the file, --no-chat-template now" in message
-    assert message.endswith("Rerun without --limit, --no-chat-template to add to it, or choose another --output.")
-    # no difference: a key the file lacks, --samples 32 (AIME's default) against unset, a trailing slash
-    old = {key: value for key, value in CONFIG.items() if key != "chat_template"} | {"samples": None, "model": "."}
-    new = {**CONFIG, "samples": 32, "model": "./", "chat_template": False}
-    check_resumable({"config": old, "model": {"weights": {}}}, new, Path("r.json"), {})
-    (tmp_path / "adapter_config.json").write_text("{}")  # unrecorded weights: tests/cli/test_eval.py
-    (adapter := tmp_path / "adapter_model.safetensors").write_bytes(b"a" * 8)
-    os.utime(adapter, ns=(10**18, 10**18))
-    existing = {"config": CONFIG, "model": describe_model(str(tmp_path))}
-    assert existing["model"]["weights"] == {"adapter_model.safetensors": [8, 10**18]}
-    check_resumable(existing, CONFIG, Path("r.json"), existing["model"]["weights"])  # resumed
-    adapter.write_bytes(b"b" * 8)  # the adapter trained on: same size, another time
-    delete = "so it cannot be resumed: choose another --output, or delete it to rerun."
-    with pytest.raises(ValueError, match=f"^r.json holds results of other weights \\(adapter_model.safetensors "
-                       f"changed since\\), {delete}$"):  # fmt: skip
-        check_resumable(existing, CONFIG, Path("r.json"), describe_model(str(tmp_path))["weights"])
-    with pytest.raises(ValueError, match="other weights \\(Hub commit abc in the file, def now\\), so it cannot"):
-        check_resumable({"config": CONFIG, "model": {"weights": "abc"}}, CONFIG, Path("r.json"), "def")
