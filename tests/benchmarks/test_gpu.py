@@ -69,8 +69,7 @@ def test_the_tokenizer_reward_candidate_share_model_reset_and_summary():
     # The paper's geometry: the steps of a rollout batch summed into one unit.
     first = {"step_seconds": 3.0, "generate_seconds": 2.0, "nograd_forwards": 4, "nograd_rows": 16, "grad_rows": 4}
     later = {"step_seconds": 1.0, "grad_rows": 4}
-    arm = _summary("spg=4xGA", [(arm, 0, [first, later, later, later] * 2, 10) for arm in ("GRPO", "off")])
-    arm = arm["per_arm"]["off"]
+    arm = _summary("spg=4xGA", [(a, 0, [first, *[later] * 3] * 2, 10) for a in ("GRPO", "off")])["per_arm"]["off"]
     assert arm["step_seconds"] == pytest.approx(6.0 / 4) and arm["train_side_seconds"] == pytest.approx(4.0 / 4)
     assert arm["nograd_forwards"] == 1 and arm["nograd_passes"] == 1 and arm["grad_passes"] == 1
 

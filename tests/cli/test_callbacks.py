@@ -46,8 +46,7 @@ def test_stapo_train_prints_a_line_per_logging_step_and_lists_the_files(tmp_path
     out = tmp_path / "demo"
     argv = ["--config", "recipes/demo/stapo.yaml", "--model_name_or_path", tiny_math_model_path]
     argv += ["--output_dir", str(out), "--max_steps", "8", "--save_steps", "8"]  # the demo logs every 4 steps
-    argv += ["--eval_before_after", "false", "--disable_tqdm", "true"]
-    main(argv)
+    main([*argv, "--eval_before_after", "false", "--disable_tqdm", "true"])
     output = capsys.readouterr().out
     lines = _assert_compact(output, [4, 8], 8)
     assert "***** train metrics *****" not in output  # train_results.json has them
@@ -126,9 +125,8 @@ def test_a_second_ctrl_c_says_whether_the_checkpoint_is_saved(tmp_path, tiny_mat
     finally:
         for signum, handler in zip(callbacks.STOP_SIGNALS, handlers):  # quit at once: training's handlers stayed
             signal.signal(signum, handler)
-    checkpoint = tmp_path / "out" / "checkpoint-2"
-    saved = f"checkpoint saved to {checkpoint}. {callbacks.SCRIPT_RESUME_HINT}"
-    saved = saved if second == "after-the-save" else "without saving."
+    checkpoint, after = tmp_path / "out" / "checkpoint-2", second == "after-the-save"
+    saved = f"checkpoint saved to {checkpoint}. {callbacks.SCRIPT_RESUME_HINT}" if after else "without saving."
     assert excinfo.value.code == 130
     assert capsys.readouterr().err.splitlines()[-1] == f"Second Ctrl-C: quitting now, {saved}"
-    assert (checkpoint / "trainer_state.json").is_file() == (second == "after-the-save")
+    assert (checkpoint / "trainer_state.json").is_file() == after

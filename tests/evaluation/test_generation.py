@@ -31,8 +31,7 @@ def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_pa
 def test_each_row_samples_the_warped_distribution_from_its_own_seed_whatever_the_batch(tiny_math_model_path):
     # row r's token: inverse CDF of draw t of the stream seeded seeds[r], over the top-p 0.5 set {0.3, 0.4}
     logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().expand(4000, 4)  # (B, V)
-    steps = []
-    sample = generation._seeded_sampler(1.0, 0.5, list(range(4000)), steps)
+    sample = generation._seeded_sampler(1.0, 0.5, list(range(4000)), steps := [])
     tokens = [sample(None, logits).argmax(-1) for _ in range(2)]
     for step, drawn in enumerate(tokens):
         for r in (0, 1, 2, 3999):
