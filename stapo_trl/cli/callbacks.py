@@ -1,5 +1,4 @@
-"""What `stapo-train` adds to a trainer, as callbacks a script adds too (`add_command_callbacks(trainer)`): a
-checkpoint on a stop signal ([`SaveOnSignal`]) and one console line per logging step."""
+"""`stapo-train`'s callbacks, for scripts too (`add_command_callbacks`): save on a stop signal, one line per log."""
 
 from __future__ import annotations
 
@@ -77,8 +76,7 @@ def format_log_line(logs: dict, step: int, max_steps: int | None = None) -> str:
         loss = f", train_loss {_fmt(logs['train_loss'], 4)}" if isinstance(logs.get("train_loss"), float) else ""
         end = f"stopped at step {step} of {max_steps}" if "/" in where and step < max_steps else f"done at step {step}"
         return f"training {end} ({_fmt(logs['train_runtime'], 1)} s{loss})"
-    keys = {"reward": "reward", "entropy": "entropy", "s2t/silenced_ratio": "silenced"}
-    if keys.keys() & logs.keys():
+    if (keys := {"reward": "reward", "entropy": "entropy", "s2t/silenced_ratio": "silenced"}).keys() & logs.keys():
         return "  ".join([where, *(f"{keys[k]} {_fmt(logs[k])}" for k in keys if logs.get(k) is not None)])
     if evals := {k.removeprefix("eval_"): v for k, v in logs.items() if k.startswith("eval_")}:
         return "  ".join([where, "eval", *(f"{k} {_fmt(v)}" for k, v in evals.items()

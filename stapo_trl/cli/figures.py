@@ -11,7 +11,6 @@ import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -19,8 +18,6 @@ from ..run_folder.checkpoints import write_atomic
 
 
 logger = logging.getLogger(__name__)
-
-METRICS_FILENAME, SPURIOUS_TOKENS_FILENAME = "metrics.jsonl", "spurious_tokens.jsonl"  # run_folder.logs: no torch here
 TRAINING_CURVES = (  # (log key, panel title, y scale)
     ("reward", "reward (mean over completions)", "linear"), ("entropy", "policy entropy (nats / token)", "linear"),
     ("s2t/silenced_ratio", "S2T silenced-token ratio (log)", "log"))  # fmt: skip
@@ -38,17 +35,15 @@ def _files(path: str, name: str) -> list[str]:
     return [file for n in names if os.path.isfile(file := os.path.join(path, n, name))]
 
 
-def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, Any]]]:
-    """The `metrics.jsonl` rows of a run, one list per seed. Raises `FileNotFoundError` without one, and, with
-    `require_steps`, `ValueError` for one without a logged metric."""
+def load_run(path: str, *, require_steps: bool = False) -> list[list[dict]]:
+    """`metrics.jsonl` rows per seed; `FileNotFoundError` if none; `ValueError` for no metric (`require_steps`)."""
     path = os.fspath(path)
-    if not (files := [path] if os.path.isfile(path) and path.endswith(".jsonl") else _files(path, METRICS_FILENAME)):
-        raise FileNotFoundError(f"No {METRICS_FILENAME} in {path!r} nor in its sub-folders. Pass the output_dir of a "
+    if not (files := [path] if os.path.isfile(path) and path.endswith(".jsonl") else _files(path, "metrics.jsonl")):
+        raise FileNotFoundError(f"No metrics.jsonl in {path!r} nor in its sub-folders. Pass the output_dir of a "
                                 "`stapo-train` run, or a folder of them (one per seed).")  # fmt: skip
     from ..run_folder.logs import read_metrics  # imports torch: after the checks of the command line
 
-    seeds = [read_metrics(file) for file in files]
-    for file, rows in zip(files, seeds, strict=True):
+    for file, rows in zip(files, seeds := [read_metrics(file) for file in files]):
         if require_steps and not any(set(row) - {"step", "epoch"} for row in rows):
             why = "logged metric, only steps" if rows else "metrics row (see the warning above for its lines)"
             why = f"holds no {why}" if Path(file).read_bytes().strip() else ("is empty: the run has not reached its "
@@ -58,27 +53,23 @@ def load_run(path: str, *, require_steps: bool = False) -> list[list[dict[str, A
     return seeds
 
 
-def load_token_records(run_dir: os.PathLike | str) -> list[dict[str, Any]]:
+def load_token_records(run_dir: os.PathLike | str) -> list[dict]:
     """The records of the run's (or its seeds') `spurious_tokens.jsonl`; a file without one is warned about once."""
     from ..run_folder.logs import read_token_records
 
-    records = []
-    for file in _files(os.fspath(run_dir), SPURIOUS_TOKENS_FILENAME):
-        if not (file_records := read_token_records(file)) and file not in _WARNED_EMPTY:
-            _WARNED_EMPTY.add(file)
-            logger.warning(f"{file} holds no token record: no s2t_prob_entropy.png or s2t_top_tokens.png from it (the "
-                           "run logged no positive-advantage token, or the file was cut).")  # fmt: skip
-        records += file_records
-    return records
+    files = {file: read_token_records(file) for file in _files(os.fspath(run_dir), "spurious_tokens.jsonl")}
+    for file in [file for file, records in files.items() if not records and file not in _WARNED_EMPTY]:
+        _WARNED_EMPTY.add(file)
+        logger.warning(f"{file} holds no token record: no s2t_prob_entropy.png or s2t_top_tokens.png from it (the run "
+                       "logged no positive-advantage token, or the file was cut).")  # fmt: skip
+    return [record for records in files.values() for record in records]
 
 
 def seed_values(seeds: Sequence, key: str):
-    """`(steps, values (seeds, steps) at the steps all logged, " (2 seeds)")` of `key`; a ratio of [`POOLED_RATIOS`]:
-    one row pooled over the seeds (" (2 seeds, pooled)")."""
+    """`(steps all seeds logged, values (seeds, steps), " (2 seeds)")` of `key`; a [`POOLED_RATIOS`] ratio: one row."""
     series = lambda rows, key: {  # noqa: E731 - without null and NaN
         int(row["step"]): float(row[key]) for row in rows if row.get("step") is not None and row.get(key) is not None
         and row[key] == row[key]}  # fmt: skip
-
     num, den = POOLED_RATIOS.get(key, (None, None))
     if len(seeds) > 1 and num and all(series(rows, den) for rows in seeds):
         counts = [(series(rows, num), series(rows, den)) for rows in seeds]
@@ -124,23 +115,20 @@ def _axes(ax, title: str, log=False, xlabel="optimizer step", fontsize=10, grid=
 
 
 def plot_training_curves(runs: Mapping, out=None, *, curves=TRAINING_CURVES, title=None, smoothing=None):
-    """A panel per `(log key, title, "linear" | "log")` of `curves`; `runs`: label -> rows per seed. Linear: the moving
-    average (`smoothing` logged steps, default ~1/20 of the run) over the raw curve, or the seeds' mean in a min/max
-    band; log: the mean over seeds as points, its zeros counted in the legend."""
+    """A panel per `(log key, title, "linear" | "log")` of `curves`; `runs`: label -> rows per seed. Linear: a moving
+    average (`smoothing` steps, default ~1/20 of a run), seeds in a min/max band; log: the seeds' mean, 0s counted."""
     fig, axes = _figure(1, len(curves), (5.2 * len(curves), 3.9), sharex=True)
     for ax, (key, panel_title, scale) in zip(axes[0], curves, strict=True):
         for i, (label, seeds) in enumerate(runs.items()):
             steps, values, note = seed_values(seeds, key)
             if steps and scale == "log":
-                mean = values.mean(axis=0)
-                pos = mean > 0
+                pos = (mean := values.mean(axis=0)) > 0
                 zeros = f", 0 at {(~pos).sum()}/{len(mean)} logged steps" if pos.any() else ": always 0"
                 ax.plot(np.array(steps)[pos], mean[pos], "o", ms=3.5, color=f"C{i}", label=label + note + zeros)
             elif steps:
-                window = smoothing or max(1, len(steps) // 20)  # trailing, shorter at the start
+                start = np.maximum((end := np.arange(1, len(steps) + 1)) - (smoothing or max(1, len(steps) // 20)), 0)
                 cumsum = np.cumsum(np.insert(values, 0, 0.0, axis=1), axis=1)
-                start = np.maximum(np.arange(1, len(steps) + 1) - window, 0)
-                smooth = (cumsum[:, 1:] - cumsum[:, start]) / (np.arange(1, len(steps) + 1) - start)  # (seeds, steps)
+                smooth = (cumsum[:, end] - cumsum[:, start]) / (end - start)  # (seeds, steps); trailing windows
                 if len(values) == 1:
                     ax.plot(steps, values[0], color=f"C{i}", alpha=0.25, lw=0.8)
                 else:
@@ -183,8 +171,7 @@ def plot_prob_entropy_scatter(records: Mapping[str, Sequence], out: Path | None 
         if tau_p := [r["prob_threshold"] for r in recs if r.get("prob_threshold")]:
             ax.axvline(tau_p[-1], color="k", ls=":", lw=1, label=f"τ_p = {tau_p[-1]:g}")
         if tau_h := sorted(r["entropy_threshold"] for r in recs if r.get("entropy_threshold") is not None):
-            median = tau_h[len(tau_h) // 2]
-            ax.axhline(median, color="k", ls="--", lw=1, label=f"median τ_h = {median:.3g} nats")
+            ax.axhline(m := tau_h[len(tau_h) // 2], color="k", ls="--", lw=1, label=f"median τ_h = {m:.3g} nats")
         xlabel = "probability of the sampled token (log)"
         _axes(ax, f"{label}: positive-advantage tokens", xlabel=xlabel, loc="upper right")
         ax.set(xscale="log", ylabel="entropy at the position (nats)")  # after _axes: a log axis's own ticks
@@ -197,8 +184,7 @@ def plot_top_tokens(records: Mapping[str, Sequence], out=None, k: int = 15, toke
 
     if not (records := {label: recs for label, recs in records.items() if recs}):
         return None
-    height = 1.3 + 0.28 * k * len(records)
-    fig, axes = _figure(len(records), 2, (10, height))
+    fig, axes = _figure(len(records), 2, (10, height := 1.3 + 0.28 * k * len(records)))
     panels = (("silenced", "tab:red", "most frequent silenced tokens", "silenced occurrences over the run"),
               ("kept_candidate", "tab:blue", "most frequent kept candidates",
                "kept-candidate occurrences (logged records)"))  # fmt: skip
@@ -235,24 +221,20 @@ def _load(run_dirs: Sequence, labels: Sequence[str] | None, require_steps: bool 
     return metrics, records, token_bytes
 
 
-def plot_diagnostics(run_dirs: Sequence[Path | str], out_dir: Path | str, labels: Sequence[str] | None = None, *,
-                     loaded=None) -> list[Path]:  # fmt: skip
+def plot_diagnostics(run_dirs: Sequence, out_dir: Path | str, labels: Sequence[str] | None = None, *, loaded=None):
     """Write the S2T figures of the runs (or `_load`'s `loaded`) into `out_dir`; their paths. `FileNotFoundError`."""
     metrics, records, token_bytes = loaded or _load(run_dirs, labels)
     ratios = any(seed_values(seeds, "s2t/silenced_ratio")[0] for seeds in metrics.values())
-    written = [
-        plot_entropy_quantiles(metrics, Path(out_dir, "s2t_entropy_quantiles.png")),
-        plot_training_curves(metrics, Path(out_dir, "s2t_ratios.png"), curves=RATIO_CURVES) if ratios else None,
-        plot_prob_entropy_scatter(records, Path(out_dir, "s2t_prob_entropy.png")),
-        plot_top_tokens(records, Path(out_dir, "s2t_top_tokens.png"), token_bytes=token_bytes),
-    ]
+    written = [plot_entropy_quantiles(metrics, Path(out_dir, "s2t_entropy_quantiles.png")),
+               plot_training_curves(metrics, Path(out_dir, "s2t_ratios.png"), curves=RATIO_CURVES) if ratios else None,
+               plot_prob_entropy_scatter(records, Path(out_dir, "s2t_prob_entropy.png")),
+               plot_top_tokens(records, Path(out_dir, "s2t_top_tokens.png"), token_bytes=token_bytes)]  # fmt: skip
     return [Path(path) for path in written if path is not None]
 
 
 def plot_output_dirs(output_dirs: Sequence[str], out: str | None = None, *, labels=None, title=None, smoothing=None):
-    """Every figure of `stapo-train` output folders, all read first; returns the paths written. The training curves
-    go to `out`, a figure file or a folder (default: the one folder, or `.`), the S2T figures beside them. Raises
-    `FileNotFoundError` or `ValueError` (one line) for bad input."""
+    """Every figure of `stapo-train` output folders, all read first; the paths written. The training curves go to `out`
+    (a file or folder; default: the one folder, or `.`), the S2T figures beside; `FileNotFoundError`, `ValueError`."""
     if smoothing is not None and smoothing < 1:
         raise ValueError(f"--smoothing {smoothing}: the moving-average window must be >= 1 logged step.")
     out, loaded = _curves_file(output_dirs, out), _load(output_dirs, labels, require_steps=True)
@@ -262,11 +244,8 @@ def plot_output_dirs(output_dirs: Sequence[str], out: str | None = None, *, labe
 
 def _curves_file(output_dirs: Sequence[str], out: str | None) -> str:
     suffix = os.path.splitext(out or "")[1]
-    if out is not None and suffix and not os.path.isdir(out) and suffix.lower() not in FIGURE_SUFFIXES:
-        raise ValueError(
-            f"--out {out}: {suffix!r} is not a figure format ({', '.join(FIGURE_SUFFIXES)}): name a file with one of "
-            "these extensions, or a folder (a path without an extension) for every figure."
-        )
-    if out is None:
-        out = output_dirs[0] if len(output_dirs) == 1 and os.path.isdir(output_dirs[0]) else "."
+    if suffix and not os.path.isdir(out) and suffix.lower() not in FIGURE_SUFFIXES:
+        raise ValueError(f"--out {out}: {suffix!r} is not a figure format ({', '.join(FIGURE_SUFFIXES)}): name a file "
+            "with one of these extensions, or a folder (a path without an extension) for every figure.")  # fmt: skip
+    out = (output_dirs[0] if len(output_dirs) == 1 and os.path.isdir(output_dirs[0]) else ".") if out is None else out
     return os.path.join(out, "training_curves.png") if os.path.isdir(out) or not suffix else out

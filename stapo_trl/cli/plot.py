@@ -26,11 +26,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--version", action=VersionAction)
     with report_input_errors():
         args = parser.parse_args(argv)
-        if not logging.getLogger().handlers:
-            logging.basicConfig(level=logging.WARNING, format=f"{parser.prog}: warning: %(message)s")
+        logging.basicConfig(level=logging.WARNING, format=f"{parser.prog}: warning: %(message)s")
         try:
-            figures = plot_output_dirs(args.output_dirs, args.out, labels=args.labels, title=args.title,
-                                       smoothing=args.smoothing)  # fmt: skip
+            figures = plot_output_dirs(**vars(args))  # output_dirs, out, labels, title, smoothing
         except (ValueError, OSError) as e:
             raise InputError(parser.prog, str(e)) from e
         print("\n".join(f"Wrote {os.path.abspath(figure)}" for figure in figures))

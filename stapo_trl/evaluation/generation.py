@@ -15,7 +15,6 @@ from .tasks import BenchmarkProblem, benchmark_metrics
 
 
 logger = logging.getLogger(__name__)
-
 DecodingSetting = namedtuple("DecodingSetting", "name temperature top_p")
 DECODINGS = {name: DecodingSetting(name, t, p) for name, t, p in  # the paper's two settings (Sec. 4), and argmax
              (("t1.0-p1.0", 1.0, 1.0), ("t0.7-p0.9", 0.7, 0.9), ("greedy", 0.0, 1.0))}  # fmt: skip
@@ -34,8 +33,7 @@ def decoding_setting(name: str) -> DecodingSetting:
 
 
 def build_prompt_text(tokenizer, problem, use_chat_template: bool = True, chat_template_kwargs=None) -> str:
-    """A problem's prompt (a text or a chat) as training renders it (`ValueError` without a chat template), or with
-    `use_chat_template=False` its last message."""
+    """A problem (text or chat) as training renders it (`ValueError` without a chat template), or its last message."""
     messages = data.format_prompt(problem) if isinstance(problem, str) else problem
     if not use_chat_template:
         return messages[-1]["content"]
@@ -46,8 +44,7 @@ def build_prompt_text(tokenizer, problem, use_chat_template: bool = True, chat_t
 
 
 def _seeded_sampler(temperature: float, top_p: float, seeds: list[int], steps: list | None = None):
-    """A logits processor that samples row r from its own stream seeded `seeds[r]` (inverse CDF in float64); `steps`
-    gets per step the (B,) entropy (nats) sampled from and the drawn token's probability."""
+    """Samples row r from a stream seeded `seeds[r]`; `steps` gets the (B,) entropy (nats) and drawn token's prob."""
     import torch
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
@@ -88,23 +85,20 @@ def hf_generate(model, tokenizer, prompts, *, n, temperature, top_p, max_new_tok
                             add_special_tokens=False).to(model.device)  # fmt: skip
             chunk_seeds = [seeds[i] + j for i, j in chunk]
             sampler = [_seeded_sampler(temperature, top_p, chunk_seeds, steps)] if temperature else []
-            with torch.no_grad():
-                generated = model.generate(**enc, generation_config=config, logits_processor=sampler)
+            generated = model.generate(**enc, generation_config=config, logits_processor=sampler)  # under no_grad
             recorded = [torch.stack(values, 1).tolist() for values in zip(*steps)] if steps else []  # (B, T) each
             for r, (row, (i, j)) in enumerate(zip(generated[:, enc["input_ids"].shape[1] :].tolist(), chunk)):
-                end = next((t + 1 for t, token in enumerate(row) if token in eos), None)
-                text = tokenizer.decode(row[: end or len(row)], skip_special_tokens=True)
-                out[i][j] = GeneratedSample(text, end or len(row), end is not None)
+                end, stop = next(((t + 1, True) for t, token in enumerate(row) if token in eos), (len(row), False))
+                out[i][j] = GeneratedSample(tokenizer.decode(row[:end], skip_special_tokens=True), end, stop)
                 for key, values in zip(("entropy", "prob"), recorded):
-                    stats.setdefault(key, []).extend(values[r][: end or len(row)])
+                    stats.setdefault(key, []).extend(values[r][:end])
     finally:
         model.train(was_training)
     return out
 
 
 class HFGenerator:
-    """`--backend hf`: [`~stapo_trl.models.loading.load_causal_lm`] on `device` (`cuda` if any) in `dtype` (`auto`:
-    bfloat16 on a GPU, float32 on a CPU), sampled by [`hf_generate`]."""
+    """`--backend hf`: [`hf_generate`], `load_causal_lm` on `device` (`cuda` if any), `dtype="auto"`: bf16 on a GPU."""
 
     def __init__(self, model: str, revision: str | None = None, dtype: str = "auto", device=None, batch_size=64):
         import torch
@@ -123,8 +117,7 @@ class HFGenerator:
 def vllm_max_lora_rank(adapter: str) -> int:
     """The smallest vLLM `max_lora_rank` holding the adapter's `r` and `rank_pattern`; `ValueError` above 512."""
     with open(os.path.join(adapter, "adapter_config.json"), encoding="utf-8") as f:
-        config = json.load(f)
-    rank = max(int(r) for r in [config.get("r", 8), *(config.get("rank_pattern") or {}).values()])
+        rank = max(map(int, [(c := json.load(f)).get("r", 8), *(c.get("rank_pattern") or {}).values()]))
     if rank > 512:
         raise ValueError(f"{adapter}: LoRA rank {rank} is above vLLM's largest max_lora_rank 512.")
     return next(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= rank)  # vllm.config.lora.MaxLoRARanks
@@ -137,11 +130,10 @@ class VLLMGenerator:
     def __init__(self, model: str, gpu_memory_utilization: float | None = None, **llm_kwargs):
         try:
             from vllm import LLM, SamplingParams
-
-            from ..integrations.vllm_support import llm_platform_kwargs
         except ImportError as e:
             fix = "On a GPU: pip install 'stapo_trl[vllm]'; on a CPU: `make install-vllm` or --backend hf."
             raise RuntimeError(f"--backend vllm needs vLLM, which is not installed. {fix}") from e
+        from ..integrations.vllm_support import llm_platform_kwargs
         from ..models.loading import resolve_model_source
 
         self._sampling_params, self._lora = SamplingParams, {}
@@ -170,9 +162,8 @@ class VLLMGenerator:
 def evaluate_problems(generate_fn, tokenizer, problems: list[BenchmarkProblem], *, n: int, decoding: DecodingSetting,
                       max_new_tokens: int, seed: int = 0, use_chat_template: bool = True, chat_template_kwargs=None,
                       save_completions: bool = False, max_positions: int | None = None, accelerator=None):  # fmt: skip
-    """(table, P * n records): `n` graded samples per problem from `generate_fn`, sample j of problem i seeded `seed +
-    i * n + j`; the table: [`benchmark_metrics`], grader errors, truncations, mean tokens, times. `max_positions`:
-    longer prompts dropped (`ValueError` if none is left). `accelerator`: the problems split (padded) and gathered."""
+    """(table, P * n records): `n` graded samples per problem, sample j of problem i seeded `seed + i * n + j`; table:
+    [`benchmark_metrics`], counts. Prompts over `max_positions` dropped (`ValueError` if all); `accelerator`: split."""
     texts = [build_prompt_text(tokenizer, p.problem, use_chat_template, chat_template_kwargs) for p in problems]
     keep = list(range(len(problems)))
     if max_positions is not None:
@@ -181,6 +172,8 @@ def evaluate_problems(generate_fn, tokenizer, problems: list[BenchmarkProblem], 
         keep = data.keep_short_prompts(lengths, budget, what=f"{problems[0].benchmark} prompts")
     local = keep
     if accelerator is not None and accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
         with accelerator.split_between_processes(keep, apply_padding=True) as shard:
             local = list(shard)
     start = time.perf_counter()
@@ -193,19 +186,13 @@ def evaluate_problems(generate_fn, tokenizer, problems: list[BenchmarkProblem], 
          "finished": sample.finished} | ({"completion": sample.text} if save_completions else {})
         for j, sample in enumerate(samples) for r in [grade(sample.text, problems[i].gold)]
     ]) for i, samples in zip(local, generations)]  # fmt: skip
-    if local is not keep:
-        from accelerate.utils import gather_object
-
-        graded = gather_object(graded)
-    by_index = dict(graded)
+    by_index = dict(graded if local is keep else gather_object(graded))
     records = [record for i in keep for record in by_index[i]]
     correct = [[r["correct"] for r in by_index[i]] for i in keep]
     table = benchmark_metrics(correct, n, problems[0].benchmark if problems else None, [problems[i].id for i in keep])
-    table.update(
-        num_grader_errors=sum(r["grader_error"] is not None for r in records),
-        num_truncated=sum(not r["finished"] for r in records),
-        mean_completion_tokens=sum(r["num_tokens"] for r in records) / len(records) if records else None,
-        generation_time_s=round(generated - start, 3),
-        grading_time_s=round(time.perf_counter() - generated, 3),
-    )
+    table.update(num_grader_errors=sum(r["grader_error"] is not None for r in records),
+                 num_truncated=sum(not r["finished"] for r in records),
+                 mean_completion_tokens=sum(r["num_tokens"] for r in records) / len(records) if records else None,
+                 generation_time_s=round(generated - start, 3),
+                 grading_time_s=round(time.perf_counter() - generated, 3))  # fmt: skip
     return table, records

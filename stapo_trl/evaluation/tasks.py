@@ -9,7 +9,6 @@ import re
 from collections import namedtuple
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from ..data import format_prompt, load_local_dataset_file, make_tiny_math_dataset, remove_dapo_instruction
 from ..grading import extract_boxed_answer
@@ -52,7 +51,7 @@ def clean_problem_text(text: str) -> str:
     return text.strip()
 
 
-def _user_content(messages: Any) -> str | None:  # of a chat: a list of messages, one message, or their JSON
+def _user_content(messages) -> str | None:  # of a chat: a list of messages, one message, or their JSON
     if isinstance(messages, str):
         with contextlib.suppress(json.JSONDecodeError):
             messages = json.loads(messages)
@@ -61,7 +60,7 @@ def _user_content(messages: Any) -> str | None:  # of a chat: a list of messages
     return users[-1] if users else None
 
 
-def _gold(value: Any) -> str | list[str]:
+def _gold(value) -> str | list[str]:
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() else repr(value)
     if isinstance(value, (list, tuple)):
@@ -74,12 +73,11 @@ def _gold(value: Any) -> str | list[str]:
     return boxed if boxed is not None and re.fullmatch(r"\s*\\(?:boxed|fbox)\s*\{.*\}\s*", text, re.DOTALL) else text
 
 
-def normalize_record(row: Mapping[str, Any], index: int = 0, benchmark: str = "") -> BenchmarkProblem:
+def normalize_record(row: Mapping, index: int = 0, benchmark: str = "") -> BenchmarkProblem:
     """A row of any layout of docs/evaluation.md as a [`BenchmarkProblem`] (id: the row's, else `index`); `ValueError`
     naming the row's keys without a problem or a gold."""
-    texts = (row.get(key) for key in ("problem", "question", "prompt"))
-    problem = next((text for text in texts if isinstance(text, str) and text.strip()), None)
-    if not (problem := problem or _user_content(row.get("prompt")) or _user_content(row.get("messages"))):
+    texts = (t for k in ("problem", "question", "prompt") if isinstance(t := row.get(k), str) and t.strip())
+    if not (problem := next(texts, None) or _user_content(row.get("prompt")) or _user_content(row.get("messages"))):
         raise ValueError(f"Row {index}: no problem field (problem/question/prompt/messages); keys: {sorted(row)}")
     verl = row.get("reward_model") if isinstance(row.get("reward_model"), Mapping) else {}
     answers = [row.get("answer"), row.get("final_answer"), verl.get("ground_truth"), row.get("ground_truth")]
@@ -92,22 +90,18 @@ def normalize_record(row: Mapping[str, Any], index: int = 0, benchmark: str = ""
         fields = "answer/final_answer/reward_model.ground_truth/ground_truth/boxed solution"
         raise ValueError(f"Row {index}: no gold answer ({fields}); keys: {sorted(row)}")
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), Mapping) else {}
-    ids = (row.get("id"), row.get("unique_id"), row.get("idx"), extra.get("index"))
-    row_id = next((i for i in ids if i is not None), index)
+    row_id = next((i for i in [*map(row.get, ("id", "unique_id", "idx")), extra.get("index")] if i is not None), index)
     return BenchmarkProblem(str(row_id), clean_problem_text(problem), gold, benchmark)
 
 
-def normalize_records(rows: Iterable[Mapping[str, Any]], benchmark: str = "") -> list[BenchmarkProblem]:
+def normalize_records(rows: Iterable[Mapping], benchmark: str = "") -> list[BenchmarkProblem]:
     """[`normalize_record`] over rows; a repeated id gets `#<row index>` appended."""
-    problems, seen = [], set()
-    for i, row in enumerate(rows):
-        p = normalize_record(row, index=i, benchmark=benchmark)
-        problems.append(p._replace(id=f"{p.id}#{i}") if p.id in seen else p)
-        seen.add(problems[-1].id)
-    return problems
+    problems, seen = (normalize_record(row, index=i, benchmark=benchmark) for i, row in enumerate(rows)), set()
+    return [seen.add(q.id) or q for i, p in enumerate(problems)
+            for q in [p._replace(id=f"{p.id}#{i}") if p.id in seen else p]]  # fmt: skip
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
+def read_rows(path: str | Path) -> list[dict]:
     """A benchmark file's rows (`{"data": [...]}` gives its list); `load_local_dataset_file`'s `ValueError`s."""
     rows = load_local_dataset_file(str(path)).to_list()
     one = len(rows) == 1 and len(rows[0]) == 1 and isinstance(inner := next(iter(rows[0].values())), list)
@@ -116,8 +110,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
 def find_benchmark_file(name: str, data_dir: str | Path) -> Path:
     """`<data_dir>/<name>/test.*` or `<name>.*`, or `data_dir` if a file; `FileNotFoundError` naming those tried."""
-    data_dir = Path(data_dir)
-    if data_dir.is_file():
+    if (data_dir := Path(data_dir)).is_file():
         return data_dir
     name, files = get_benchmark_spec(name).name, ("test.jsonl", "test.parquet", "test.json")  # in that order
     tried = [data_dir / name / f for f in files] + [data_dir / f"{name}{Path(f).suffix}" for f in files]
@@ -140,10 +133,8 @@ def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | N
 
             rows = list(load_dataset(spec.hub_id, spec.hub_config, split=spec.hub_split))
         except Exception as e:
-            raise RuntimeError(
-                f"Could not load {spec.name!r} from the Hub ({spec.hub_id}, split {spec.hub_split!r}): {e}. "
-                "Offline? Pass --data-dir with <dir>/<name>/test.jsonl files."
-            ) from e
+            raise RuntimeError(f"Could not load {spec.name!r} from the Hub ({spec.hub_id}, split {spec.hub_split!r}): "
+                f"{e}. Offline? Pass --data-dir with <dir>/<name>/test.jsonl files.") from e  # fmt: skip
     return normalize_records(rows[: None if limit is None else max(0, int(limit))], benchmark=spec.name)
 
 
@@ -156,21 +147,18 @@ def benchmark_dataset(problems: Iterable[BenchmarkProblem], instruction: str | N
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of [Chen et al. 2021](https://huggingface.co/papers/2107.03374), Eq. 1: 1 - C(n-c, k) / C(n, k)
-    for n samples, c of them correct; `ValueError` for k outside [1, n] or c outside [0, n]."""
+    """pass@k = 1 - C(n-c, k) / C(n, k) (Chen et al. 2021, Eq. 1); `ValueError` unless 1 <= k <= n, 0 <= c <= n."""
     if not (1 <= k <= n and 0 <= c <= n):
         raise ValueError(f"pass@k needs 1 <= k <= n and 0 <= c <= n, got n={n}, c={c}, k={k}")
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def benchmark_metrics(correct: Sequence[Sequence[bool]], n_samples: int, benchmark=None, problem_ids=None) -> dict:
-    """`avg@N` (mean over problems of the fraction correct, in [0, 1]), mean `pass@k` (`{str(k): value}` for k the
-    powers of two up to N), `n_samples` and `num_problems` of a (P, N) correctness table; `ValueError` naming the
-    `benchmark` and the problem (its id in `problem_ids`) for a row without a graded sample."""
-    for i, row in enumerate(correct):
-        if not row:
-            problem = problem_ids[i] if problem_ids is not None and i < len(problem_ids) else f"#{i}"
-            raise ValueError(f"benchmark {benchmark or '?'} problem {problem} has no graded sample (empty row).")
+    """`avg@N` (mean fraction correct, in [0, 1]), mean `pass@k` (`{str(k): value}`, k the powers of two <= N),
+    `n_samples`, `num_problems` of a (P, N) correctness table; `ValueError` naming the problem of an empty row."""
+    if (i := next((i for i, row in enumerate(correct) if not row), None)) is not None:
+        problem = problem_ids[i] if problem_ids is not None and i < len(problem_ids) else f"#{i}"
+        raise ValueError(f"benchmark {benchmark or '?'} problem {problem} has no graded sample (empty row).")
     counts = [(len(row), sum(map(bool, row))) for row in correct]
     mean = lambda values: sum(values) / len(values) if values else float("nan")  # noqa: E731
     passk = {str(2**j): mean([pass_at_k(n, c, 2**j) for n, c in counts]) for j in range(n_samples.bit_length())}

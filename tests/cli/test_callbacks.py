@@ -16,17 +16,14 @@ from stapo_trl.data import format_prompt
 from stapo_trl.rewards import math_accuracy_reward
 
 
-STAPO_ROW = {
-    "loss": 0.008559, "grad_norm": 0.8039, "rewards/math_accuracy_reward/mean": 0.3594, "reward": 0.3594,
-    "s2t/silenced_ratio": 7.75e-05, "s2t/candidate_ratio": 0.0005165, "entropy": 0.3299, "epoch": 0.001026,
-}  # fmt: skip
+STAPO_ROW = {"loss": 0.008559, "grad_norm": 0.8039, "rewards/math_accuracy_reward/mean": 0.3594, "reward": 0.3594,
+             "s2t/silenced_ratio": 7.75e-05, "s2t/candidate_ratio": 0.0005165, "entropy": 0.3299,
+             "epoch": 0.001026}  # fmt: skip
 
 
 def _trainer(tmp_path, model_path, callback, bar=False):
-    config = tiny_stapo_config(
-        tmp_path / "out", max_steps=4, logging_steps=1, per_device_train_batch_size=8, num_generations=4,
-        max_completion_length=16, disable_tqdm=not bar,
-    )  # fmt: skip
+    config = tiny_stapo_config(tmp_path / "out", max_steps=4, logging_steps=1, per_device_train_batch_size=8,
+                               num_generations=4, max_completion_length=16, disable_tqdm=not bar)  # fmt: skip
     rows = [{"prompt": format_prompt(f"{a}+{a}"), "solution": str(2 * a)} for a in range(10, 40)]
     trainer = STAPOTrainer(model_path, math_accuracy_reward, args=config, train_dataset=Dataset.from_list(rows))
     trainer.add_callback(callback)
@@ -49,8 +46,7 @@ def test_stapo_train_prints_a_line_per_logging_step_and_lists_the_files(tmp_path
     out = tmp_path / "demo"
     argv = ["--config", "recipes/demo/stapo.yaml", "--model_name_or_path", tiny_math_model_path]
     argv += ["--output_dir", str(out), "--max_steps", "8", "--save_steps", "8"]  # the demo logs every 4 steps
-    argv += ["--eval_before_after", "false", "--disable_tqdm", "true"]
-    main(argv)
+    main([*argv, "--eval_before_after", "false", "--disable_tqdm", "true"])
     output = capsys.readouterr().out
     lines = _assert_compact(output, [4, 8], 8)
     assert "***** train metrics *****" not in output  # train_results.json has them
@@ -61,24 +57,20 @@ def test_stapo_train_prints_a_line_per_logging_step_and_lists_the_files(tmp_path
     assert output.count(f"Files in {out}:") == 1  # listed once, at the end of the run
 
 
-@pytest.mark.parametrize(
-    "logs, step, expected",
-    [
+def test_format_log_line():
+    for logs, step, expected in [
         (STAPO_ROW, 4, "step 4/500  reward 0.359  entropy 0.330  silenced 7.75e-05"),
         ({**STAPO_ROW, "s2t/silenced_ratio": 0.0}, 4, "step 4/500  reward 0.359  entropy 0.330  silenced 0"),
         ({"train_runtime": 96.123, "train_loss": 0.0074, "epoch": 0.1, "reward": 0.4}, 500,
-         "training done at step 500 (96.1 s, train_loss 0.0074)"),
+         "training done at step 500 (96.1 s, train_loss 0.0074)"), ({"train_runtime": 5.0}, 0,
+         "training stopped at step 0 of 500 (5.0 s)"), ({"my_metric": 3, "epoch": 0.2}, 7, "step 7/500  my_metric 3"),
         ({"train_runtime": 12.0, "train_loss": 0.01}, 30,
          "training stopped at step 30 of 500 (12.0 s, train_loss 0.0100)"),
-        ({"train_runtime": 5.0}, 0, "training stopped at step 0 of 500 (5.0 s)"),
         ({"eval_rewards/math_accuracy_reward/mean": 0.4125, "eval_runtime": 3.2, "epoch": 0.1}, 100,
          "step 100/500  eval  rewards/math_accuracy_reward/mean 0.412"),
-        ({"my_metric": 3, "epoch": 0.2}, 7, "step 7/500  my_metric 3"),
         ({"reward": 0.25, "entropy": 0.5, "loss": 0.1}, 3, "step 3/500  reward 0.250  entropy 0.500"),
-    ],
-)  # fmt: skip
-def test_format_log_line(logs, step, expected):
-    assert callbacks.format_log_line(logs, step, 500) == expected
+    ]:  # fmt: skip
+        assert callbacks.format_log_line(logs, step, 500) == expected, expected
 
 
 @pytest.mark.parametrize("signum, bar", [
@@ -108,9 +100,7 @@ def test_interrupted_trainer_resumes_in_the_same_process(tmp_path, tiny_math_mod
         assert [row["step"] for row in trainer.state.log_history if "reward" in row] == [1, 2, 3, 4]
 
 
-class _CtrlCTwice(TrainerCallback):
-    """Ctrl-C at step 2, then again at once (before the save) or once the checkpoint is saved."""
-
+class _CtrlCTwice(TrainerCallback):  # Ctrl-C at step 2, then again at once or once the checkpoint is saved
     def __init__(self, second: str):
         self.second = second
 
@@ -124,11 +114,9 @@ class _CtrlCTwice(TrainerCallback):
 
 
 @pytest.mark.parametrize("second", [pytest.param("before-the-save", marks=pytest.mark.slow), "after-the-save"])
-def test_a_second_ctrl_c_says_whether_the_checkpoint_is_saved(
-    tmp_path, tiny_math_model_path, monkeypatch, capsys, second
-):
-    # Reported: checkpoint-33 was saved, and the end said nothing was. The second Ctrl-C quits at once, saying what is
-    # on disk (here os._exit raises SystemExit).
+def test_a_second_ctrl_c_says_whether_the_checkpoint_is_saved(tmp_path, tiny_math_model_path, monkeypatch, capsys,
+                                                               second):  # fmt: skip
+    # Reported: checkpoint-33 was saved, and the end said nothing was. The second Ctrl-C quits at once, saying so.
     trainer, handlers = _trainer(tmp_path, tiny_math_model_path, _CtrlCTwice(second))
     monkeypatch.setattr(os, "_exit", sys.exit)  # quits by SystemExit, not at once
     try:
@@ -137,9 +125,8 @@ def test_a_second_ctrl_c_says_whether_the_checkpoint_is_saved(
     finally:
         for signum, handler in zip(callbacks.STOP_SIGNALS, handlers):  # quit at once: training's handlers stayed
             signal.signal(signum, handler)
-    checkpoint = tmp_path / "out" / "checkpoint-2"
-    saved = f"checkpoint saved to {checkpoint}. {callbacks.SCRIPT_RESUME_HINT}"
-    saved = saved if second == "after-the-save" else "without saving."
+    checkpoint, after = tmp_path / "out" / "checkpoint-2", second == "after-the-save"
+    saved = f"checkpoint saved to {checkpoint}. {callbacks.SCRIPT_RESUME_HINT}" if after else "without saving."
     assert excinfo.value.code == 130
     assert capsys.readouterr().err.splitlines()[-1] == f"Second Ctrl-C: quitting now, {saved}"
-    assert (checkpoint / "trainer_state.json").is_file() == (second == "after-the-save")
+    assert (checkpoint / "trainer_state.json").is_file() == after

@@ -1,7 +1,6 @@
 """The figures: every figure of a real short run, values drawn from hand-written rows, readable token labels."""
 
 import json
-import warnings
 from pathlib import Path
 
 import pytest
@@ -20,15 +19,11 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_real_run_writes_the_files_every_figure_is_drawn_from(tiny_random_model_path, tmp_path):
-    args = tiny_stapo_config(
-        tmp_path / "run", seed=0, max_steps=2, logging_steps=1, steps_per_generation=2,
-        s2t_prob_threshold=0.05,  # why: the random model spreads p over ~300 tokens: most are candidates
-    )  # fmt: skip
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=PROMPTS)
+    run = tmp_path / "run"  # τ_p 0.05: the random model spreads p over ~300 tokens, most are candidates
+    args = tiny_stapo_config(run, seed=0, max_steps=2, logging_steps=1, steps_per_generation=2,
+                             s2t_prob_threshold=0.05)  # fmt: skip
+    trainer = STAPOTrainer(tiny_random_model_path, reward_funcs=text_reward, args=args, train_dataset=PROMPTS)
     trainer.train()  # writes metrics.jsonl and spurious_tokens.jsonl (s2t_write_run_files, the default)
-    run = tmp_path / "run"
     rows, records = [row for row in read_metrics(str(run)) if "loss" in row], read_token_records(run)
     assert [row["step"] for row in rows] == [1, 2] and {r["step"] for r in records} == {1, 2}
     assert any(r["kind"] == "silenced" for r in records)
@@ -61,19 +56,16 @@ def _points(fig, title_start: str):
     return [(list(line.get_xdata()), list(line.get_ydata()), line.get_label()) for line in ax.lines]
 
 
-def test_a_folder_of_seeds_is_drawn_as_the_mean_and_pooled_ratios(tmp_path):
-    # A metrics.jsonl per seed: reward the mean in a min/max band, ratios Σ counts / Σ loss tokens (not mean ratios)
+def test_a_folder_of_seeds_is_drawn_as_the_mean_and_pooled_ratios_without_zero_denominators(tmp_path):
     for seed, rows in enumerate(SEED_ROWS):
         (tmp_path / "arm" / f"seed{seed}").mkdir(parents=True)
         write_jsonl(tmp_path / "arm" / f"seed{seed}" / "metrics.jsonl", rows)
-    seeds = figures.load_run(str(tmp_path / "arm"))
-    assert seeds == SEED_ROWS
+    assert (seeds := figures.load_run(str(tmp_path / "arm"))) == SEED_ROWS
     written = figures.plot_diagnostics([tmp_path / "arm"], tmp_path / "figures")  # no token records: 2 figures
     assert {path.name for path in written} == {"s2t_entropy_quantiles.png", "s2t_ratios.png"}
     fig = figures.plot_training_curves({"stapo": seeds})
-    assert _points(fig, "S2T silenced-token ratio") == [
-        ([4, 8], [pytest.approx(0.001), pytest.approx(0.0075)], "stapo (2 seeds, pooled), 0 at 0/2 logged steps")
-    ]
+    assert _points(fig, "S2T silenced-token ratio") == [([4, 8], [pytest.approx(0.001), pytest.approx(0.0075)],
+        "stapo (2 seeds, pooled), 0 at 0/2 logged steps")]  # fmt: skip
     # Reward: (0.5 + 0.4) / 2 and (0.6 + 0.7) / 2 (a window of 1 step at this length), the band from 0.4 to 0.7.
     assert _points(fig, "reward") == [([4, 8], [pytest.approx(0.45), pytest.approx(0.65)], "stapo (2 seeds)")]
     band = next(ax for ax in fig.axes if ax.get_title().startswith("reward")).collections[0].get_paths()[0].vertices
@@ -83,9 +75,6 @@ def test_a_folder_of_seeds_is_drawn_as_the_mean_and_pooled_ratios(tmp_path):
     # One seed, silenced ratio 0 at step 8: a log axis cannot show it, the legend counts it.
     fig = figures.plot_training_curves({"run": seeds[:1]}, curves=figures.RATIO_CURVES[:1])
     assert _points(fig, "S2T") == [([4], [0.01], "run, 0 at 1/2 logged steps")]
-
-
-def test_pooled_ratio_skips_steps_without_counts_and_zero_denominators():
     counts = [[(1, 0, 0), (2, 2, 10), (3, 1, 10)], [(1, 0, 0), (2, 0, 30)]]  # (step, silenced, loss tokens)
     seeds = [[{"step": t, "s2t/num_silenced": n, "s2t/num_loss_tokens": d} for t, n, d in rows] for rows in counts]
     # Step 1: no loss token in either seed (undefined, left out); step 2: 2 / 40; step 3: seed 1 did not log it.
@@ -98,7 +87,7 @@ def test_pooled_ratio_skips_steps_without_counts_and_zero_denominators():
     assert steps == [2] and values.mean(axis=0).tolist() == [pytest.approx(0.2)] and note == " (2 seeds)"
 
 
-def test_token_bytes_and_readable_labels_of_hand_made_vocabularies():
+def test_token_bytes_readable_labels_and_the_top_tokens_figure(tiny_random_model_path, tmp_path):
     vocab = {"Ġcarry": 0, "Ċ": 1, "â": 2, "Ė": 3, "<0x0A>": 4}
     byte_level = {"model": {"vocab": vocab}, "decoder": {"type": "ByteLevel"}}
     assert tokenizer_token_bytes(byte_level) == {0: b" carry", 1: b"\n", 2: b"\xe2", 3: b"\x16", 4: b"\n"}
@@ -111,9 +100,6 @@ def test_token_bytes_and_readable_labels_of_hand_made_vocabularies():
               ("\u200b",): "<U+200B>", (" carry", b" carry"): "␣carry", ("\ufffd", None, 161): "� id 161",
               ("$x$",): r"\$x\$", ("",): "''"}  # fmt: skip
     assert {args: readable_token(*args) for args in labels} == labels
-
-
-def test_top_tokens_figure_has_readable_labels_and_integer_count_ticks(tiny_random_model_path, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     ids = tokenizer.convert_tokens_to_ids(["â", "Ċ", "Ġcarry", "Ė", "Ý"])  # real byte-level BPE entries
     assert tokenizer.unk_token_id not in ids
@@ -135,9 +121,7 @@ def test_top_tokens_figure_has_readable_labels_and_integer_count_ticks(tiny_rand
     assert silenced_ax.get_xlabel() == "silenced occurrences over the run"
     assert any("byte 0xE2 = a byte-level BPE fragment" in text.get_text() for text in fig.texts)  # the label key
     assert silenced_ax.get_title() == "run: most frequent silenced tokens"  # all 3 shown: no "of N"
-    # k smaller than the distinct tokens: the title says how many of how many are shown.
-    titles = [ax.get_title() for ax in figures.plot_top_tokens({"run": records}, k=2).axes]
+    titles = [ax.get_title() for ax in figures.plot_top_tokens({"run": records}, k=2).axes]  # k < distinct tokens
     assert titles == ["run: most frequent silenced tokens (2 of 3 distinct)", "run: most frequent kept candidates"]
-    # Without a tokenizer, fragments stay apart by id.
     assert figures.plot_top_tokens({"run": records}).axes[0].get_yticklabels()[0].get_text() == f"� id {ids[0]}"
     assert figures.plot_top_tokens({"run": records}, tmp_path / "top.png").read_bytes()[:8] == PNG

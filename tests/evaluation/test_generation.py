@@ -13,8 +13,7 @@ from stapo_trl.evaluation import generation
 from stapo_trl.evaluation.generation import GeneratedSample, HFGenerator, VLLMGenerator, build_prompt_text, hf_generate
 
 
-def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_path):
-    # as in vLLM, whatever the seed: a hand-written argmax loop gives the same tokens
+def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_path):  # as vLLM, whatever the seed
     tokenizer = AutoTokenizer.from_pretrained(tiny_random_model_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_random_model_path, dtype=torch.float32)
     prompts, expected = [build_prompt_text(tokenizer, p) for p in ["12+34", "7+8"]], []
@@ -29,11 +28,10 @@ def test_hf_generate_at_temperature_zero_is_argmax_decoding(tiny_random_model_pa
         assert [[s.text for s in row] for row in out] == [[e, e] for e in expected]
 
 
-def test_each_row_samples_the_warped_distribution_from_its_own_seed():
+def test_each_row_samples_the_warped_distribution_from_its_own_seed_whatever_the_batch(tiny_math_model_path):
     # row r's token: inverse CDF of draw t of the stream seeded seeds[r], over the top-p 0.5 set {0.3, 0.4}
     logits = torch.tensor([0.1, 0.2, 0.3, 0.4]).log().expand(4000, 4)  # (B, V)
-    steps = []
-    sample = generation._seeded_sampler(1.0, 0.5, list(range(4000)), steps)
+    sample = generation._seeded_sampler(1.0, 0.5, list(range(4000)), steps := [])
     tokens = [sample(None, logits).argmax(-1) for _ in range(2)]
     for step, drawn in enumerate(tokens):
         for r in (0, 1, 2, 3999):
@@ -45,9 +43,6 @@ def test_each_row_samples_the_warped_distribution_from_its_own_seed():
     for (h, p), drawn in zip(steps, tokens, strict=True):
         torch.testing.assert_close(h, torch.full((4000,), entropy))
         torch.testing.assert_close(p, torch.where(drawn == 2, 3 / 7, 4 / 7))
-
-
-def test_a_samples_tokens_do_not_depend_on_the_batch_or_the_other_prompts(tiny_math_model_path):
     generator = HFGenerator(tiny_math_model_path, dtype="float32", device="cpu")
     texts = [build_prompt_text(generator.tokenizer, f"{a}+{a + 11}") for a in range(10, 16)]  # 6 prompts
     sampling, runs, stats = {"n": 3, "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 16}, [], {}
@@ -63,7 +58,7 @@ def test_a_samples_tokens_do_not_depend_on_the_batch_or_the_other_prompts(tiny_m
     assert all(h >= 0 for h in stats["entropy"]) and all(0 < p <= 1 for p in stats["prob"])
 
 
-def test_vllm_generator_with_a_fake_vllm(monkeypatch):
+def test_vllm_generator_with_a_fake_vllm(monkeypatch, tmp_path):
     # a stand-in `vllm`: one SamplingParams per prompt, token-id prompts without special tokens, outputs mapped
     calls = {"add_special_tokens": []}
     out = SimpleNamespace(text=r"\boxed{3}", token_ids=[1, 2, 3], finish_reason="stop")
@@ -93,9 +88,6 @@ def test_vllm_generator_with_a_fake_vllm(monkeypatch):
     assert calls["prompts"] == [{"prompt_token_ids": [97, 98]}, {"prompt_token_ids": [99]}]
     assert calls["add_special_tokens"] == [False, False] and [len(s) for s in samples] == [4, 4]
     assert samples[0][0] == GeneratedSample(r"\boxed{3}", 3, True) and samples[0][-1].finished is False
-
-
-def test_vllm_max_lora_rank_is_the_smallest_supported_rank_holding_the_adapter(tmp_path):
     for config, rank in [({"r": 8}, 8), ({"r": 12}, 16), ({"r": 8, "rank_pattern": {"q": 40}}, 64)]:
         (tmp_path / "adapter_config.json").write_text(json.dumps(config))
         assert generation.vllm_max_lora_rank(str(tmp_path)) == rank

@@ -27,7 +27,7 @@ LAYOUTS = {  # row -> (id, problem, gold)
 }  # fmt: skip
 
 
-def test_layouts_instructions_stripped_rows_without_problem_or_gold_and_unknown_benchmarks():
+def test_layouts_refusals_files_pass_at_k_and_benchmark_metrics(tmp_path):
     for layout, (row, expected) in LAYOUTS.items():
         assert tuple(tasks.normalize_record(row))[:3] == expected, layout
     unknown = "Unknown benchmark 'aime23'. Valid benchmarks: " + ", ".join(tasks.BENCHMARKS)
@@ -36,20 +36,39 @@ def test_layouts_instructions_stripped_rows_without_problem_or_gold_and_unknown_
         with pytest.raises(ValueError, match=match):
             getattr(tasks, call)(arg)
     assert tasks.get_benchmark_spec("MATH-500").name == "math500"
-    # STAPO Sec. 4: avg@32 on AIME24/AIME25/AMC23, avg@4 on MATH-500/Minerva/OlympiadBench.
-    samples = {b: tasks.BENCHMARKS[b].default_samples for b in tasks.PAPER_BENCHMARKS}
+    samples = {b: tasks.BENCHMARKS[b].default_samples for b in tasks.PAPER_BENCHMARKS}  # STAPO Sec. 4: avg@32, avg@4
     assert samples == {"aime24": 32, "aime25": 32, "amc23": 32, "math500": 4, "minerva": 4, "olympiadbench": 4}
-    dapo = (
-        "Solve the following math problem step by step. The last line of your response should be of the form "
-        "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\nFind $x$.\n\n"
-        'Remember to put your answer on its own line after "Answer:".'
-    )
+    dapo = ("Solve the following math problem step by step. The last line of your response should be of the form "
+            "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\nFind $x$.\n\n"
+            'Remember to put your answer on its own line after "Answer:".')  # fmt: skip
     assert tasks.clean_problem_text(dapo) == "Find $x$." == tasks.clean_problem_text(f"Find $x$.\n{INSTRUCTION}")
     assert tasks.clean_problem_text("Please find $x$. What is $y$?") == "Please find $x$. What is $y$?"
+    with pytest.raises(FileNotFoundError, match="No data file for benchmark 'aime24'; tried: "):
+        tasks.load_benchmark("aime24", data_dir=tmp_path)
+    problems = tasks.load_benchmark("tiny-math", limit=5)  # the built-in benchmark
+    assert len(problems) == 5 and all(re.fullmatch(r"\d\d\+\d\d", p.problem) for p in problems)
+    assert all(is_correct(rf"\boxed{{{eval(p.problem)}}}", p.gold) for p in problems)  # noqa: S307 - "a+b" only
+    cases = [(n, c, k) for n in range(1, 9) for c in range(n + 1) for k in range(1, n + 1)]
+    for n, c, k in cases:
+        subsets = list(itertools.combinations([True] * c + [False] * (n - c), k))
+        assert tasks.pass_at_k(n, c, k) == pytest.approx(sum(map(any, subsets)) / len(subsets), abs=1e-12)
+    assert (tasks.pass_at_k(32, 0, 32), tasks.pass_at_k(32, 32, 1), tasks.pass_at_k(32, 8, 1)) == (0.0, 1.0, 0.25)
+    for n, c, k in ((4, 1, 8), (4, 5, 1)):
+        with pytest.raises(ValueError, match="1 <= k <= n and 0 <= c <= n"):
+            tasks.pass_at_k(n, c, k)
+    budgets = [list(tasks.benchmark_metrics([[True] * n], n)["pass@k"]) for n in (32, 4, 6, 1)]  # powers of two <= n
+    assert budgets == [["1", "2", "4", "8", "16", "32"], ["1", "2", "4"], ["1", "2", "4"], ["1"]]
+    # benchmark_metrics of 2/4, 0/4 and 4/4 correct: avg@4 = (0.5 + 0 + 1) / 3 = pass@1; pass@4 = (1 + 0 + 1) / 3.
+    table = tasks.benchmark_metrics([[True, False, True, False], [False] * 4, [True] * 4], 4)
+    assert table["avg@4"] == pytest.approx(0.5) and table["pass@k"]["1"] == pytest.approx(0.5)
+    assert table["pass@k"]["4"] == pytest.approx(2 / 3) and (table["num_problems"], table["n_samples"]) == (3, 4)
+    for correct, ids, problem in [([[True, False], []], ["p0", "p1"], "p1"), ([[], []], ["a", "b"], "a"),
+                                  ([[True], [], [False]], None, "#1")]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"^benchmark aime24 problem {problem} has no graded sample"):
+            tasks.benchmark_metrics(correct, 2, benchmark="aime24", problem_ids=ids)
 
 
-# (relative path, rows) from shared/data/SOURCES.md.
-REAL_FILES = [
+REAL_FILES = [  # (relative path, rows) from shared/data/SOURCES.md
     ("aime24/test.parquet", 30), ("aime24/test.json", 30), ("aime24/test.jsonl", 30), ("aime25/test.parquet", 30),
     ("aime25/test.json", 30), ("amc23/test.parquet", 40), ("amc23/test.json", 40), ("amc23/test.jsonl", 40),
     ("math500/test.parquet", 500), ("math500/test.jsonl", 500), ("minerva/test.parquet", 272),
@@ -69,36 +88,3 @@ def test_real_file_loads(shared_data_dir, relpath, rows):
         assert rows == tasks.BENCHMARKS[name].num_problems
         assert [p.benchmark for p in tasks.load_benchmark(name, data_dir=shared_data_dir, limit=3)] == [name] * 3
         assert len(tasks.load_benchmark(name, data_dir=shared_data_dir / relpath, limit=2)) == 2  # the file itself
-
-
-def test_a_missing_file_and_the_builtin_tiny_math_benchmark(tmp_path):
-    with pytest.raises(FileNotFoundError, match="No data file for benchmark 'aime24'; tried: "):
-        tasks.load_benchmark("aime24", data_dir=tmp_path)
-    problems = tasks.load_benchmark("tiny-math", limit=5)
-    assert len(problems) == 5 and all(re.fullmatch(r"\d\d\+\d\d", p.problem) for p in problems)
-    assert all(is_correct(rf"\boxed{{{eval(p.problem)}}}", p.gold) for p in problems)  # noqa: S307 - "a+b" only
-
-
-def test_pass_at_k_is_the_share_of_k_subsets_holding_a_correct_sample():
-    cases = [(n, c, k) for n in range(1, 9) for c in range(n + 1) for k in range(1, n + 1)]
-    for n, c, k in cases:
-        subsets = list(itertools.combinations([True] * c + [False] * (n - c), k))
-        assert tasks.pass_at_k(n, c, k) == pytest.approx(sum(map(any, subsets)) / len(subsets), abs=1e-12)
-    assert (tasks.pass_at_k(32, 0, 32), tasks.pass_at_k(32, 32, 1), tasks.pass_at_k(32, 8, 1)) == (0.0, 1.0, 0.25)
-    for n, c, k in ((4, 1, 8), (4, 5, 1)):
-        with pytest.raises(ValueError, match="1 <= k <= n and 0 <= c <= n"):
-            tasks.pass_at_k(n, c, k)
-    budgets = [list(tasks.benchmark_metrics([[True] * n], n)["pass@k"]) for n in (32, 4, 6, 1)]  # powers of two <= n
-    assert budgets == [["1", "2", "4", "8", "16", "32"], ["1", "2", "4"], ["1", "2", "4"], ["1"]]
-
-
-def test_benchmark_metrics_hand_built():
-    # 2/4, 0/4 and 4/4 correct: avg@4 = (0.5 + 0 + 1) / 3 = pass@1; pass@4 = (1 + 0 + 1) / 3.
-    table = tasks.benchmark_metrics([[True, False, True, False], [False] * 4, [True] * 4], 4)
-    assert table["avg@4"] == pytest.approx(0.5) and table["pass@k"]["1"] == pytest.approx(0.5)
-    assert table["pass@k"]["4"] == pytest.approx(2 / 3) and (table["num_problems"], table["n_samples"]) == (3, 4)
-
-    for correct, ids, problem in [([[True, False], []], ["p0", "p1"], "p1"), ([[], []], ["a", "b"], "a"),
-                                  ([[True], [], [False]], None, "#1")]:  # fmt: skip
-        with pytest.raises(ValueError, match=f"^benchmark aime24 problem {problem} has no graded sample"):
-            tasks.benchmark_metrics(correct, 2, benchmark="aime24", problem_ids=ids)
