@@ -62,15 +62,6 @@ def test_hand_batch_records_and_a_sample_capped_per_kind_in_order_deterministic_
                                          CharTokenizer(), step=0, **ALL)  # fmt: skip
         assert len(records) == 4 and position not in [r["position"] for r in records]  # a non-finite one: never
         json.dumps(records, allow_nan=False)
-
-
-def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.0):  # p in [0.1, 0.6], q = 0.5
-    g, advantages, loss_mask = torch.Generator().manual_seed(rows), torch.ones(rows), torch.ones(rows, length)
-    entropies = torch.rand(rows, length, generator=g)
-    logps = torch.log(torch.rand(rows, length, generator=g) / 2 + 0.1)
-    ids = torch.randint(1, len(VOCAB), (rows, length), generator=g)
-    result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
-    return result, logps, entropies, advantages, loss_mask, ids
     batch = all_candidates_batch(12, length=5)  # 60 candidates, 30 silenced: no reference
     caps = {"max_silenced": 4, "max_kept_candidates": 3, "max_reference": 2}
     first = spurious_token_records(*batch, CharTokenizer(), step=3, **caps)
@@ -86,6 +77,15 @@ def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.
     with HostTransfers() as transfers:
         records = spurious_token_records(*batch, tokenizer, step=1, context_tokens=3)
     assert len(records) == 384 and transfers.count == 1 and tokenizer.batch_calls == 1
+
+
+def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.0):  # p in [0.1, 0.6], q = 0.5
+    g, advantages, loss_mask = torch.Generator().manual_seed(rows), torch.ones(rows), torch.ones(rows, length)
+    entropies = torch.rand(rows, length, generator=g)
+    logps = torch.log(torch.rand(rows, length, generator=g) / 2 + 0.1)
+    ids = torch.randint(1, len(VOCAB), (rows, length), generator=g)
+    result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
+    return result, logps, entropies, advantages, loss_mask, ids
 
 
 def stand_in_trainer():  # what the logger reads of its trainer
@@ -104,31 +104,8 @@ def record(logger, trainer, *batches):  # one mask per update
         logger.record(*batch)
 
 
-def test_the_logger_transfers_once_per_logging_step_and_its_merged_sample_is_uniform_over_the_masks(tmp_path):
-    trainer, batch = stand_in_trainer(), all_candidates_batch(64)  # the mask's own transfers are not the records'
-    for masks in (1, 6):
-        logger = SpuriousTokenLogger(trainer, path=str(tmp_path / f"tokens-{masks}.jsonl"))
-        with HostTransfers() as at_masks:
-            record(logger, trainer, *[batch] * masks)
-        with HostTransfers() as at_logging_step:
-            written = logger.write_pending(run_args(tmp_path), step=6)
-        logger.close()
-        assert at_masks.count == 0 and at_logging_step.count == 1
-        assert [sum(r["kind"] == kind for r in written) for kind in ("silenced", "kept_candidate")] == [256, 64]
-        assert {r["update"] for r in written} == set(range(1, masks + 1))  # a sample of every mask's tokens
-    trainer, counts = stand_in_trainer(), torch.zeros(4)  # 4 masks of 12 silenced tokens, a cap of 12: ~3 each
-    for seed in range(50):
-        trainer.args.seed = seed
-        logger = SpuriousTokenLogger(trainer, max_silenced=12, max_kept_candidates=0, max_reference=0)
-        record(logger, trainer, *[all_candidates_batch(2)] * 4)
-        records = logger.write_pending(run_args(tmp_path, seed), 4)
-        logger.close()
-        assert len(records) == 12
-        counts += torch.bincount(torch.tensor([r["update"] - 1 for r in records]), minlength=4)
-    assert (counts / 50 - 3).abs().max() < 0.6  # the standard error of each mean is ~0.2
-
-
-def test_each_mask_written_once_at_the_next_logging_step_the_rest_at_the_end_capped_and_tabled(tmp_path, monkeypatch):
+def test_the_logger_writes_each_mask_once_capped_tabled_with_one_transfer_per_logging_step_and_a_uniform_sample(
+        tmp_path, monkeypatch):  # fmt: skip
     trainer, args = stand_in_trainer(), run_args(tmp_path)
     state = types.SimpleNamespace(is_world_process_zero=True, global_step=0)
     log, no_log = types.SimpleNamespace(should_log=True), types.SimpleNamespace(should_log=False)
@@ -152,7 +129,6 @@ def test_each_mask_written_once_at_the_next_logging_step_the_rest_at_the_end_cap
     # 3 masks of one logging step, each with one silenced token and two kept candidates: capped to 2 and 1
     logged, table = [], lambda dataframe: types.SimpleNamespace(dataframe=dataframe)  # wandb (the tracker) stood in
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=object(), Table=table, log=logged.append))
-    trainer = stand_in_trainer()
     logger = SpuriousTokenLogger(trainer, max_silenced=2, max_kept_candidates=1, max_reference=0)
     record(logger, trainer, *[hand_batch()] * 3)
     assert logger._pending.shape[:2] == (3, 2)  # per kind, at most the largest cap waits for the logging step
@@ -165,6 +141,27 @@ def test_each_mask_written_once_at_the_next_logging_step_the_rest_at_the_end_cap
     (entry,) = logged
     assert entry["s2t/top_silenced_tokens"].dataframe.to_dict("list") == {
         "token": ["+"], "silenced": [2], "kept_candidate_sampled": [0]}  # fmt: skip
+    batch = all_candidates_batch(64)  # the mask's own transfers are not the records'
+    for masks in (1, 6):
+        logger = SpuriousTokenLogger(trainer, path=str(tmp_path / f"tokens-{masks}.jsonl"))
+        with HostTransfers() as at_masks:
+            record(logger, trainer, *[batch] * masks)
+        with HostTransfers() as at_logging_step:
+            written = logger.write_pending(run_args(tmp_path), step=6)
+        logger.close()
+        assert at_masks.count == 0 and at_logging_step.count == 1
+        assert [sum(r["kind"] == kind for r in written) for kind in ("silenced", "kept_candidate")] == [256, 64]
+        assert {r["update"] for r in written} == set(range(1, masks + 1))  # a sample of every mask's tokens
+    counts = torch.zeros(4)  # 4 masks of 12 silenced tokens, a cap of 12: ~3 each
+    for seed in range(50):
+        trainer.args.seed = seed
+        logger = SpuriousTokenLogger(trainer, max_silenced=12, max_kept_candidates=0, max_reference=0)
+        record(logger, trainer, *[all_candidates_batch(2)] * 4)
+        records = logger.write_pending(run_args(tmp_path, seed), 4)
+        logger.close()
+        assert len(records) == 12
+        counts += torch.bincount(torch.tensor([r["update"] - 1 for r in records]), minlength=4)
+    assert (counts / 50 - 3).abs().max() < 0.6  # the standard error of each mean is ~0.2
 
 
 @pytest.mark.filterwarnings("ignore")
