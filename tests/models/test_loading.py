@@ -6,34 +6,27 @@ import shutil
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from stapo_trl.models.loading import ModelSource, load_causal_lm, resolve_model_source
 
 
-@pytest.fixture(scope="module")
-def lora_dir(tiny_math_model_path, tmp_path_factory):
+def test_a_full_model_an_adapter_merged_onto_its_base_no_base_or_remote_code_and_stapo_eval_of_an_adapter(
+        tiny_math_model_path, tmp_path, monkeypatch, capsys, caplog):  # fmt: skip  # one thread (tiny)
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoTokenizer
 
-    base = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
-    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_math_model_path),
+                                LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))  # fmt: skip
     torch.manual_seed(0)
     with torch.no_grad():  # B = 0 would make the adapter a no-op
         [param.normal_(0, 0.5) for name, param in peft_model.named_parameters() if "lora_B" in name]
-    peft_model.save_pretrained(out := tmp_path_factory.mktemp("lora-run"))
-    AutoTokenizer.from_pretrained(tiny_math_model_path).save_pretrained(out)
-    shutil.copy(f"{tiny_math_model_path}/config.json", out / "config.json")  # what makes from_pretrained fail
-    with torch.no_grad():
-        return out, (ids := torch.tensor([[1, 2, 3, 4, 5]])), peft_model(ids).logits
-
-
-def test_a_full_model_an_adapter_merged_onto_its_base_no_base_or_remote_code_and_stapo_eval_of_an_adapter(
-        lora_dir, tiny_math_model_path, tmp_path, monkeypatch, capsys, caplog):  # fmt: skip  # one thread (tiny)
+        expected = peft_model(ids := torch.tensor([[1, 2, 3, 4, 5]])).logits
+    peft_model.save_pretrained(folder := tmp_path / "lora-run")
+    AutoTokenizer.from_pretrained(tiny_math_model_path).save_pretrained(folder)
+    shutil.copy(f"{tiny_math_model_path}/config.json", folder / "config.json")  # what makes from_pretrained fail
     assert resolve_model_source(tiny_math_model_path) == ModelSource(tiny_math_model_path)
     model, tokenizer = load_causal_lm(tiny_math_model_path, dtype=torch.float64)
     assert not model.training and model.dtype == torch.float64 and tokenizer("12+34")["input_ids"]
-    folder, ids, expected = lora_dir
     with pytest.raises(OSError):  # what stapo-eval hit before
         AutoModelForCausalLM.from_pretrained(folder)
     assert resolve_model_source(str(folder)) == ModelSource(tiny_math_model_path, adapter=str(folder))
@@ -70,7 +63,7 @@ def test_a_full_model_an_adapter_merged_onto_its_base_no_base_or_remote_code_and
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     previous = torch.get_num_threads()
     torch.set_num_threads(max(_torch_default_threads()))  # as torch starts (the test process runs on one)
-    argv = f"--model {lora_dir[0]} --benchmarks tiny-math --backend hf --decoding greedy --limit 2 --samples 1"
+    argv = f"--model {tmp_path}/lora-run --benchmarks tiny-math --backend hf --decoding greedy --limit 2 --samples 1"
     try:
         with caplog.at_level(logging.INFO):
             assert main([*argv.split(), "--max-new-tokens", "8", "--output", str(tmp_path / "r.json")]) == 0
