@@ -146,7 +146,12 @@ def test_with_the_mask_off_training_equals_grpo_trainer(build, steps_per_generat
         torch.testing.assert_close(p_stapo, p_grpo, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
 
 
-class RolloutValuesCheck(STAPOTrainer):  # compares the p and H kept for the mask with a fresh forward (one more)
+class Recorder(STAPOTrainer):  # the p and H kept for the mask against a fresh forward (one more); per micro-step:
+    def _compute_loss(self, model, inputs):  # transformers' window, the batch the parent's loss gets
+        mask = inputs["completion_mask"] * inputs["tool_mask"]
+        self.seen.append((self.current_gradient_accumulation_steps, inputs["num_items_in_batch"].item(), mask.sum()))
+        return super()._compute_loss(model, inputs)
+
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
         if "s2t_entropies" in batch:
@@ -167,21 +172,14 @@ def test_p_and_h_are_the_rollout_policys_with_an_extra_forward_only_where_trl_ru
     def scoring_forwards(trainer_cls):
         trainer = build(trainer_cls, name=trainer_cls.__name__, max_steps=1, steps_per_generation=steps_per_generation,
                         gradient_accumulation_steps=grad_accum, num_iterations=num_iterations)  # fmt: skip
-        trainer.checks, counter = [], ForwardCounter(trainer.model)
+        trainer.checks, trainer.seen, counter = [], [], ForwardCounter(trainer.model)
         trainer.train()
         return trainer, counter.count
 
-    (stapo, stapo_count), (_, grpo_count) = scoring_forwards(RolloutValuesCheck), scoring_forwards(GRPOTrainer)
+    (stapo, stapo_count), (_, grpo_count) = scoring_forwards(Recorder), scoring_forwards(GRPOTrainer)
     assert (stapo_count - len(stapo.checks), grpo_count) == (stapo_forwards, grpo_forwards)
     assert {check[0] for check in stapo.checks} == ({source} if source else set())
     assert max([check[1] for check in stapo.checks], default=0) < 1e-6
-
-
-class AccumulationRecorder(STAPOTrainer):  # per micro-step: transformers' window, the batch the parent's loss gets
-    def _compute_loss(self, model, inputs):
-        mask = inputs["completion_mask"] * inputs["tool_mask"]
-        self.seen.append((self.current_gradient_accumulation_steps, inputs["num_items_in_batch"].item(), mask.sum()))
-        return super()._compute_loss(model, inputs)
 
 
 @pytest.mark.parametrize(  # 4: the update's normalizer also in test_each_optimizer_update_gets_its_own_tau_h_and_...
@@ -190,11 +188,11 @@ class AccumulationRecorder(STAPOTrainer):  # per micro-step: transformers' windo
 def test_an_epoch_ends_inside_an_update_only_where_updates_span_rollout_batches(build, steps_per_generation,
                                                                                  windows):  # fmt: skip
     # 4: a rollout batch is an epoch, no window shortened; 3 and GA 2 (warned): the second update's, TRL's normalizer
-    trainer = build(AccumulationRecorder, num_prompts=8 if steps_per_generation == 4 else 6, max_steps=2,
+    trainer = build(Recorder, num_prompts=8 if steps_per_generation == 4 else 6, max_steps=2,
                     s2t_prob_threshold=0.05, steps_per_generation=steps_per_generation,
                     gradient_accumulation_steps=2)  # fmt: skip
     assert sum("not a multiple of GA=2" in m for m in trainer.warned) == (steps_per_generation == 3)
-    trainer.seen = []
+    trainer.seen, trainer.checks = [], []
     trainer.train()
     assert [window for window, _, _ in trainer.seen] == windows
     if steps_per_generation == 4:
@@ -204,33 +202,8 @@ def test_an_epoch_ends_inside_an_update_only_where_updates_span_rollout_batches(
 
 
 @pytest.mark.release
-def test_the_papers_config_is_silent_the_card_cites_it_and_a_trl_of_another_normalizer_is_refused(build, monkeypatch):
-    assert build().warned == [] and build(steps_per_generation=8, gradient_accumulation_steps=2).warned == []
-    trainer = build(entropy_coef=0.01, use_adaptive_entropy=True)  # the adaptive bonus moves inside TRL's loss
-    assert trainer.entropy_coef == 0.01 and trainer._s2t_loss_forward is None and not trainer.model.training
-    assert trainer._metrics == {"train": {}, "eval": {}}
-    trainer.create_model_card(model_name="tiny-stapo")  # TRL's card from `_name`, `_paper`, `_tag_names`
-    card = open(f"{trainer.args.output_dir}/README.md").read()
-    assert "2602.15620" in card and "liu2026stapo" in card and "stapo" in card
-    monkeypatch.setattr(trl, "__version__", "1.17.0")
-    assert build().warned == [f"trl 1.17.0 is outside the tested trl{SUPPORTED_TRL}."]
-    original = GRPOTrainer._compute_loss  # a PARENT dividing by num_items / processes (TRL main in July 2026): refused
-
-    def compute_loss(self, model, inputs):
-        if self.model.training:
-            factor = self.current_gradient_accumulation_steps / self.args.steps_per_generation
-            inputs = {**inputs, "num_items_in_batch": inputs["num_items_in_batch"] * factor}
-        return original(self, model, inputs)
-
-    monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
-    for loss_type in ("dapo", "cispo", "vespo"):
-        with pytest.raises(RuntimeError, match=r"STAPO would train at a wrong scale\. Use trl"):
-            build(loss_type=loss_type, steps_per_generation=8, gradient_accumulation_steps=2)
-    build(loss_type="cispo", steps_per_generation=2, gradient_accumulation_steps=2)  # both formulas agree
-
-
-@pytest.mark.release
-def test_the_stashed_forward_goes_to_its_call_only_trls_scoring_is_checked_and_the_forward_keys(build, monkeypatch):
+def test_the_stashed_forward_goes_to_its_call_the_papers_config_is_silent_and_a_trl_of_another_normalizer_is_refused(
+        build, monkeypatch):  # fmt: skip  # also: only TRL's scoring is checked, the forward keys, the card
     trainer = build(steps_per_generation=4, gradient_accumulation_steps=2)  # s2t_path "old_logps"
     batch = hand_scored_batch(trainer.model.config.vocab_size)
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
@@ -270,6 +243,28 @@ def test_the_stashed_forward_goes_to_its_call_only_trls_scoring_is_checked_and_t
     call = inspect.getsource(GRPOTrainer._compute_loss).split("self._get_per_token_logps_and_entropies(")[1]
     passed = re.findall(r"(\w+)=inputs\.get\(\"\1\"\)", call.split("\n        )")[0])
     assert set(passed) == set(_FORWARD_KEYS) and len(passed) == len(_FORWARD_KEYS) == 10
+    assert build().warned == [] and build(steps_per_generation=8, gradient_accumulation_steps=2).warned == []
+    trainer = build(entropy_coef=0.01, use_adaptive_entropy=True)  # the adaptive bonus moves inside TRL's loss
+    assert trainer.entropy_coef == 0.01 and trainer._s2t_loss_forward is None and not trainer.model.training
+    assert trainer._metrics == {"train": {}, "eval": {}}
+    trainer.create_model_card(model_name="tiny-stapo")  # TRL's card from `_name`, `_paper`, `_tag_names`
+    card = open(f"{trainer.args.output_dir}/README.md").read()
+    assert "2602.15620" in card and "liu2026stapo" in card and "stapo" in card
+    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    assert build().warned == [f"trl 1.17.0 is outside the tested trl{SUPPORTED_TRL}."]
+    original = GRPOTrainer._compute_loss  # a PARENT dividing by num_items / processes (TRL main in July 2026): refused
+
+    def compute_loss(self, model, inputs):
+        if self.model.training:
+            factor = self.current_gradient_accumulation_steps / self.args.steps_per_generation
+            inputs = {**inputs, "num_items_in_batch": inputs["num_items_in_batch"] * factor}
+        return original(self, model, inputs)
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
+    for loss_type in ("dapo", "cispo", "vespo"):
+        with pytest.raises(RuntimeError, match=r"STAPO would train at a wrong scale\. Use trl"):
+            build(loss_type=loss_type, steps_per_generation=8, gradient_accumulation_steps=2)
+    build(loss_type="cispo", steps_per_generation=2, gradient_accumulation_steps=2)  # both formulas agree
 
 
 def test_opsm_judges_only_sequences_the_mask_never_touches():

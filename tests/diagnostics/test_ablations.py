@@ -68,25 +68,23 @@ def test_high_entropy_all_low_prob_nothing_without_candidates_or_non_finite_and_
         assert result.num_nonfinite == 2 and result.num_loss_tokens == 5
 
 
-def run_on_two_processes(parts, **kwargs):  # each part on a thread, `gather` through a barrier (or a timeout)
-    slots, calls, barrier = [None, None], [0, 0], threading.Barrier(2, timeout=20.0)
-
-    def work(rank):
-        def gather(tensor):
-            calls[rank] += 1
-            slots[rank] = tensor
-            barrier.wait()
-            gathered = torch.cat(list(slots))
-            barrier.wait()  # everyone has read the slots before the next call overwrites them
-            return gathered
-
-        return ablation_mask(*parts[rank], gather=gather, **kwargs)
-
-    with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(work, range(2))), calls
-
-
 def test_two_processes_give_the_one_process_mask():  # rows None: no candidate anywhere, the same collectives
+    def on_two_processes(parts, **kwargs):  # each part on a thread, `gather` through a barrier (or a timeout)
+        slots, calls, barrier = [None, None], [0, 0], threading.Barrier(2, timeout=20.0)
+
+        def work(rank):
+            def gather(tensor):
+                calls[rank], slots[rank] = calls[rank] + 1, tensor
+                barrier.wait()
+                gathered = torch.cat(list(slots))
+                barrier.wait()  # everyone has read the slots before the next call overwrites them
+                return gathered
+
+            return ablation_mask(*parts[rank], gather=gather, **kwargs)
+
+        with ThreadPoolExecutor(2) as pool:
+            return list(pool.map(work, range(2))), calls
+
     for mode, rows in [
         (m, r) for m in MODES for r in [(slice(0, 5), slice(5, 14)), (slice(0, 12), slice(12, 14)), None]
     ]:
@@ -101,7 +99,7 @@ def test_two_processes_give_the_one_process_mask():  # rows None: no candidate a
         batch = (logps, entropies, advantages, loss_mask)
         whole = ablation_mask(*batch, mode=mode)
         assert (whole.num_candidates > 10 and whole.num_silenced > 0) or advantages.max() < 0
-        (rank0, rank1), calls = run_on_two_processes([tuple(t[part] for t in batch) for part in rows], mode=mode)
+        (rank0, rank1), calls = on_two_processes([tuple(t[part] for t in batch) for part in rows], mode=mode)
         assert calls[0] == calls[1] > 0  # every collective on every process
         for part in (rank0, rank1):
             assert part.entropy_threshold == whole.entropy_threshold or math.isnan(whole.entropy_threshold)

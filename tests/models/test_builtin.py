@@ -27,7 +27,7 @@ def load(path):
 
 
 def test_resolve_builds_once_keeps_the_process_state_refuses_bad_paths_and_tiny_math_reloads_offline_as_stapo_eval(
-        tiny_math_model_path, tmp_path, monkeypatch, caplog, capsys):  # fmt: skip  # the build: test_a_killed_build_...
+        tiny_math_model_path, tmp_path, monkeypatch, caplog, capsys):  # fmt: skip  # build: test_a_killed_build_...
     from accelerate.state import AcceleratorState, PartialState
 
     def build(name, out, **kwargs):  # as TrainingArguments and Trainer do: accelerate's state reset, seeds set
