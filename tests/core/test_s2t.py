@@ -13,7 +13,7 @@ from stapo_trl.core.s2t import S2TResult, linear_quantile, s2t_mask
 pytestmark = pytest.mark.release  # checked on every TRL release (`make test-releases`)
 
 
-def test_the_hand_batch_the_gather_no_candidate_a_lone_one_ties_non_positive_advantages_and_bad_arguments():
+def test_the_hand_batch_gather_no_candidate_ties_bad_arguments_float64_tau_h_non_finite_and_numpys_quantile():
     tensors = hand_s2t_batch()
     tensors[0].requires_grad_(True)
     copies = [t.detach().clone() for t in tensors]
@@ -62,9 +62,6 @@ def test_the_hand_batch_the_gather_no_candidate_a_lone_one_ties_non_positive_adv
                                      ((*t[:2], t[2][:1], t[3]), {}, "advantages")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             s2t_mask(*tensors, **kwargs)
-
-
-def test_linear_quantile_matches_numpy_tau_h_is_compared_in_float64_and_non_finite_values_are_no_candidates():
     for n, q in [(n, q) for n in (1, 2, 3, 10, 1001) for q in (0.0, 0.2, 0.75, 0.8, 1.0)]:
         values = torch.randn(n, generator=torch.Generator().manual_seed(n))
         assert linear_quantile(values, q) == pytest.approx(float(np.quantile(values.double().numpy(), q)), abs=1e-7)

@@ -16,17 +16,15 @@ import stapo_trl
 CORE_DIR = Path(stapo_trl.__file__).parent / "core"
 
 
-def test_the_core_imports_only_torch_transformers_accelerate_trl_and_itself():
+@pytest.mark.filterwarnings("ignore")
+def test_the_core_imports_only_torch_transformers_accelerate_trl_and_itself_and_a_copy_of_it_trains_alone(
+        tiny_model_path, tmp_path, monkeypatch):  # fmt: skip
     allowed = {"torch", "transformers", "accelerate", "trl", "packaging", *sys.stdlib_module_names}
     for path in CORE_DIR.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import | ast.ImportFrom) and not getattr(node, "level", 0):
                 names = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
                 assert {name.split(".")[0] for name in names} <= allowed, (path.name, names)
-
-
-@pytest.mark.filterwarnings("ignore")
-def test_the_core_copied_out_of_the_package_trains_alone(tiny_model_path, tmp_path, monkeypatch):
     shutil.copytree(CORE_DIR, tmp_path / "stapo", ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in [m for m in sys.modules if m.split(".")[0] == "stapo_trl"]:  # hidden and blocked while the copy runs

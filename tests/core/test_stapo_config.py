@@ -27,7 +27,7 @@ class OpenR1StyleConfig(GRPOConfig):  # a user's config as open-r1 writes one: f
 
 
 @pytest.mark.release
-def test_defaults_are_the_papers_the_settings_come_from_any_config_else_the_papers_and_the_construction_line_says_so():
+def test_paper_defaults_settings_from_any_config_the_line_the_path_bad_values_refused_in_one_line_features_warned():
     # STAPO Sec. 4.1: tau_p = 0.002, q = 0.75; the DAPO/JustRL objective: clip 0.2 / 0.28, token mean, no KL
     config = make_config()
     assert (config.s2t_prob_threshold, config.s2t_entropy_quantile, config.s2t_mode) == (0.002, 0.75, "low_entropy")
@@ -76,24 +76,6 @@ def test_defaults_are_the_papers_the_settings_come_from_any_config_else_the_pape
                            ({**ga2, "use_vllm": True, "vllm_importance_sampling_correction": False},
                             "extra_forward")]:  # fmt: skip
         assert s2t_path(make_config(**geometry)) == path, geometry
-
-
-FEATURE_WARNINGS = [  # one row per warned GRPO feature of docs/stapo.md's table
-    ({"beta": 0.04}, r"^S2T mask with beta=0\.04: silenced tokens lose their KL penalty too"),
-    ({"importance_sampling_level": "sequence"}, r"importance_sampling_level='sequence': each ratio averages kept"),
-    ({"loss_type": "vespo"}, r"loss_type='vespo': each completion's weight phi sums its kept tokens"),
-    ({"top_entropy_quantile": 0.2}, r"top_entropy_quantile=0\.2: its entropy quantile is taken over kept tokens"),
-    ({"entropy_coef": 0.01}, r"entropy_coef=0\.01: the bonus averages kept tokens only"),
-    ({"use_adaptive_entropy": True}, r"entropy_coef=0\.0: the bonus averages kept tokens only"),
-    ({"temperature": 0.7}, r"temperature=0\.7: p and H are temperature-scaled; tau_p and q are calibrated at 1\.0"),
-    ({"loss_type": "dr_grpo"}, r"loss_type='dr_grpo': a constant denominator"),
-    *[({"loss_type": "luspo"}, r"loss_type='luspo': a constant")] * (Version(trl.__version__) >= Version("1.10")),
-    ({"gradient_accumulation_steps": 2, "steps_per_generation": 3}, r"steps_per_generation=3: not a multiple of GA=2"),
-    ({"per_device_train_batch_size": 4, "steps_per_generation": 2}, r"an update of 4 completions splits prompt"),
-]  # fmt: skip
-
-
-def test_bad_values_refused_in_one_line_from_any_config_each_feature_the_mask_changes_warned_the_papers_silent():
     for field, value, message in [
         ("s2t_prob_threshold", 0.0, r"^s2t_prob_threshold=0\.0 must be in \(0, 1\]; the paper: 0\.002\.$"),
         ("s2t_prob_threshold", 1.5, r"s2t_prob_threshold=1\.5"),
@@ -132,3 +114,18 @@ def test_bad_values_refused_in_one_line_from_any_config_each_feature_the_mask_ch
     for same in (dict(steps_per_generation=2, gradient_accumulation_steps=2), dict(loss_type="bnpo")):
         config = make_config(s2t_mode="off", **{"steps_per_generation": 8, "gradient_accumulation_steps": 2, **same})
         assert s2t_warnings(config, s2t_settings(config)) == []  # GRPOTrainer's objective exactly
+
+
+FEATURE_WARNINGS = [  # one row per warned GRPO feature of docs/stapo.md's table
+    ({"beta": 0.04}, r"^S2T mask with beta=0\.04: silenced tokens lose their KL penalty too"),
+    ({"importance_sampling_level": "sequence"}, r"importance_sampling_level='sequence': each ratio averages kept"),
+    ({"loss_type": "vespo"}, r"loss_type='vespo': each completion's weight phi sums its kept tokens"),
+    ({"top_entropy_quantile": 0.2}, r"top_entropy_quantile=0\.2: its entropy quantile is taken over kept tokens"),
+    ({"entropy_coef": 0.01}, r"entropy_coef=0\.01: the bonus averages kept tokens only"),
+    ({"use_adaptive_entropy": True}, r"entropy_coef=0\.0: the bonus averages kept tokens only"),
+    ({"temperature": 0.7}, r"temperature=0\.7: p and H are temperature-scaled; tau_p and q are calibrated at 1\.0"),
+    ({"loss_type": "dr_grpo"}, r"loss_type='dr_grpo': a constant denominator"),
+    *[({"loss_type": "luspo"}, r"loss_type='luspo': a constant")] * (Version(trl.__version__) >= Version("1.10")),
+    ({"gradient_accumulation_steps": 2, "steps_per_generation": 3}, r"steps_per_generation=3: not a multiple of GA=2"),
+    ({"per_device_train_batch_size": 4, "steps_per_generation": 2}, r"an update of 4 completions splits prompt"),
+]  # fmt: skip

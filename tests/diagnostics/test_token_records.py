@@ -38,7 +38,8 @@ class HostTransfers(TorchFunctionMode):  # counts the calls that bring values to
         return func(*args, **kwargs)
 
 
-def test_hand_batch_records_and_a_sample_capped_per_kind_in_order_deterministic_and_of_one_transfer():
+def test_records_of_the_hand_batch_a_capped_sample_in_order_one_transfer_and_the_logger_writing_each_mask_once(
+        tmp_path, monkeypatch):  # fmt: skip  # capped, tabled, one transfer per logging step, a uniform sample
     records = spurious_token_records(*hand_batch(), CharTokenizer(), step=7, context_tokens=2, **ALL)
     assert [(r["kind"], r["token"], r["position"], r["context"], r["candidate"]) for r in records] == [
         ("silenced", "+", 1, "1⟦+⟧2=", True), ("kept_candidate", "2", 2, "1+⟦2⟧=3", True),
@@ -77,35 +78,6 @@ def test_hand_batch_records_and_a_sample_capped_per_kind_in_order_deterministic_
     with HostTransfers() as transfers:
         records = spurious_token_records(*batch, tokenizer, step=1, context_tokens=3)
     assert len(records) == 384 and transfers.count == 1 and tokenizer.batch_calls == 1
-
-
-def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.0):  # p in [0.1, 0.6], q = 0.5
-    g, advantages, loss_mask = torch.Generator().manual_seed(rows), torch.ones(rows), torch.ones(rows, length)
-    entropies = torch.rand(rows, length, generator=g)
-    logps = torch.log(torch.rand(rows, length, generator=g) / 2 + 0.1)
-    ids = torch.randint(1, len(VOCAB), (rows, length), generator=g)
-    result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
-    return result, logps, entropies, advantages, loss_mask, ids
-
-
-def stand_in_trainer():  # what the logger reads of its trainer
-    return types.SimpleNamespace(processing_class=CharTokenizer(), state=types.SimpleNamespace(global_step=0),
-        args=types.SimpleNamespace(seed=0), s2t=S2TSettings(prob_threshold=0.01),
-        accelerator=types.SimpleNamespace(num_processes=1, process_index=0, is_main_process=True))  # fmt: skip
-
-
-def run_args(tmp_path, seed=0, report_to=()):
-    return types.SimpleNamespace(output_dir=str(tmp_path), seed=seed, report_to=list(report_to))
-
-
-def record(logger, trainer, *batches):  # one mask per update
-    for update, batch in enumerate(batches):
-        trainer.state.global_step = update
-        logger.record(*batch)
-
-
-def test_the_logger_writes_each_mask_once_capped_tabled_with_one_transfer_per_logging_step_and_a_uniform_sample(
-        tmp_path, monkeypatch):  # fmt: skip
     trainer, args = stand_in_trainer(), run_args(tmp_path)
     state = types.SimpleNamespace(is_world_process_zero=True, global_step=0)
     log, no_log = types.SimpleNamespace(should_log=True), types.SimpleNamespace(should_log=False)
@@ -162,6 +134,31 @@ def test_the_logger_writes_each_mask_once_capped_tabled_with_one_transfer_per_lo
         assert len(records) == 12
         counts += torch.bincount(torch.tensor([r["update"] - 1 for r in records]), minlength=4)
     assert (counts / 50 - 3).abs().max() < 0.6  # the standard error of each mean is ~0.2
+
+
+def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.0):  # p in [0.1, 0.6], q = 0.5
+    g, advantages, loss_mask = torch.Generator().manual_seed(rows), torch.ones(rows), torch.ones(rows, length)
+    entropies = torch.rand(rows, length, generator=g)
+    logps = torch.log(torch.rand(rows, length, generator=g) / 2 + 0.1)
+    ids = torch.randint(1, len(VOCAB), (rows, length), generator=g)
+    result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
+    return result, logps, entropies, advantages, loss_mask, ids
+
+
+def stand_in_trainer():  # what the logger reads of its trainer
+    return types.SimpleNamespace(processing_class=CharTokenizer(), state=types.SimpleNamespace(global_step=0),
+        args=types.SimpleNamespace(seed=0), s2t=S2TSettings(prob_threshold=0.01),
+        accelerator=types.SimpleNamespace(num_processes=1, process_index=0, is_main_process=True))  # fmt: skip
+
+
+def run_args(tmp_path, seed=0, report_to=()):
+    return types.SimpleNamespace(output_dir=str(tmp_path), seed=seed, report_to=list(report_to))
+
+
+def record(logger, trainer, *batches):  # one mask per update
+    for update, batch in enumerate(batches):
+        trainer.state.global_step = update
+        logger.record(*batch)
 
 
 @pytest.mark.filterwarnings("ignore")
