@@ -16,7 +16,7 @@ from stapo_trl.diagnostics.ablations import ABLATIONS, ablation_mask
 MODES = list(ABLATIONS)
 
 
-def test_high_entropy_all_low_prob_nothing_without_candidates_or_non_finite_and_other_modes_refused():
+def test_high_entropy_all_low_prob_no_candidates_non_finite_other_modes_refused_and_two_processes_give_one_mask():
     assert MODES == ["high_entropy", "all_low_prob"]  # the paper's two ablations
     tensors = hand_s2t_batch()
     copies = [t.clone() for t in tensors]
@@ -67,8 +67,6 @@ def test_high_entropy_all_low_prob_nothing_without_candidates_or_non_finite_and_
         assert result.candidate[0].tolist() == [True, True, True, False, False] and not result.silenced[0, 3:].any()
         assert result.num_nonfinite == 2 and result.num_loss_tokens == 5
 
-
-def test_two_processes_give_the_one_process_mask():  # rows None: no candidate anywhere, the same collectives
     def on_two_processes(parts, **kwargs):  # each part on a thread, `gather` through a barrier (or a timeout)
         slots, calls, barrier = [None, None], [0, 0], threading.Barrier(2, timeout=20.0)
 
@@ -85,7 +83,7 @@ def test_two_processes_give_the_one_process_mask():  # rows None: no candidate a
         with ThreadPoolExecutor(2) as pool:
             return list(pool.map(work, range(2))), calls
 
-    for mode, rows in [
+    for mode, rows in [  # rows None: no candidate anywhere, the same collectives
         (m, r) for m in MODES for r in [(slice(0, 5), slice(5, 14)), (slice(0, 12), slice(12, 14)), None]
     ]:
         generator = torch.Generator().manual_seed(3)

@@ -43,14 +43,6 @@ def gguf_reader(tmp_path, monkeypatch) -> Path:  # the pinned reader's metadata 
     return info.parent
 
 
-@pytest.fixture
-def no_wheels(tmp_path, monkeypatch):  # an empty wheel folder and an empty built-in cache
-    (tmp_path / "site-packages").mkdir()
-    monkeypatch.setenv(gguf.WHEELS_PATH_ENV_VAR, str(tmp_path / "site-packages"))
-    monkeypatch.setenv("STAPO_TRL_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "site-packages"
-
-
 def test_the_pins_agree_and_the_registry_is_consistent(tiny_math_model_path):
     # constraints-real-models.txt, setup.cfg's extra, the Makefile's --no-deps installs and the registry agree
     constraints = dict(re.findall(r"^([\w.-]+)==(\S+)$", (REPO / "constraints-real-models.txt").read_text(), re.M))
@@ -131,12 +123,15 @@ def test_a_checksum_mismatch_stops_the_build_before_conversion(gguf_reader, tmp_
     assert "\n" not in str(excinfo.value)
 
 
-def test_the_commands_report_a_missing_wheel_and_a_checksum_in_one_line(no_wheels, gguf_reader, no_model_built,
-                                                                         tmp_path, capsys):  # fmt: skip
+def test_the_commands_report_a_missing_wheel_and_a_checksum_in_one_line(gguf_reader, no_model_built, tmp_path,
+                                                                         monkeypatch, capsys):  # fmt: skip
     from stapo_trl.cli.dry_run import main as dry_run
     from stapo_trl.cli.eval import main as stapo_eval
     from stapo_trl.cli.train import main as stapo_train
 
+    (no_wheels := tmp_path / "site-packages").mkdir()  # an empty wheel folder and an empty built-in cache
+    monkeypatch.setenv(gguf.WHEELS_PATH_ENV_VAR, str(no_wheels))
+    monkeypatch.setenv("STAPO_TRL_CACHE", str(tmp_path / "cache"))
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--model_name_or_path"]
     with pytest.raises(SystemExit) as excinfo:
         stapo_train([*argv, "builtin:smollm2-135m-math"])  # its base's wheel: the model walked to
