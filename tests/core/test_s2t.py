@@ -1,5 +1,3 @@
-"""The S2T rule (STAPO Sec. 3) on hand-built tensors."""
-
 import math
 
 import numpy as np

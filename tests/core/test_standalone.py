@@ -1,5 +1,3 @@
-"""`stapo_trl/core/` stands alone: its imports, and a copy of it training with `stapo_trl` hidden and blocked."""
-
 import ast
 import os
 import shutil

@@ -1,5 +1,3 @@
-"""The core's `STAPOConfig` and what any `GRPOConfig` means for STAPO: defaults, settings, line, path, warnings."""
-
 import dataclasses
 import re
 

@@ -1,5 +1,3 @@
-"""The core's `STAPOTrainer`: hand-computed losses, zero gradients on silenced tokens, parity with `GRPOTrainer`."""
-
 import copy
 import inspect
 import math

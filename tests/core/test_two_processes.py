@@ -1,5 +1,4 @@
-"""The core on two processes (torchrun, gloo): `_gather` with a rank that has nothing, the per-update normalizer.
-tau_h over both ranks' candidates: tests/distributed/test_collectives.py."""
+"""tau_h over both ranks' candidates: tests/distributed/test_collectives.py."""
 
 import json
 import textwrap

@@ -1,5 +1,3 @@
-"""The paper's ablations of the S2T rule (`high_entropy`, `all_low_prob`) on hand-built tensors."""
-
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor

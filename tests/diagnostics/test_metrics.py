@@ -1,5 +1,3 @@
-"""The diagnostic `s2t/` metrics: histogram quantiles within their stated error, and hand-derived values."""
-
 import math
 
 import pytest

@@ -1,5 +1,3 @@
-"""Per-token records of the S2T mask on a hand-built batch, and the `SpuriousTokenLogger` that writes them."""
-
 import json
 import math
 import sys

@@ -1,5 +1,3 @@
-"""Built-in `builtin:` models: the build and its held-out check, the tokenizer, the cache and offline reloading."""
-
 import os
 import random
 import shutil

@@ -1,5 +1,3 @@
-"""`stapo_trl.models.loading`: a full model, a LoRA adapter folder merged onto its base, and no remote code."""
-
 import json
 import logging
 import shutil

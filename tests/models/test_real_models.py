@@ -1,5 +1,3 @@
-"""Real built-in models: pins, bad inputs in one line on hand-made wheel folders, and (`real_model`) SmolLM2's."""
-
 import configparser
 import hashlib
 import os
