@@ -25,11 +25,9 @@ PROMPTS = [{"prompt": f"{i}+{i % 7}="} for i in range(64)]  # plain text: no cha
 def build(tiny_model_path, tmp_path):
     def build(trainer_cls=STAPOTrainer, config_cls=None, name="run", num_prompts=64, peft_config=None, **overrides):
         config_cls = config_cls or (STAPOConfig if issubclass(trainer_cls, STAPOTrainer) else GRPOConfig)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            args = config_cls(output_dir=str(tmp_path / name), **SETTINGS | overrides)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            args = config_cls(output_dir=str(tmp_path / name), **SETTINGS | overrides)
             trainer = trainer_cls(tiny_model_path, reward_funcs=length_reward, args=args, peft_config=peft_config,
                                   train_dataset=Dataset.from_list(PROMPTS[:num_prompts]))  # fmt: skip
         trainer.warned = [str(w.message) for w in caught if w.filename == __file__ and w.category is UserWarning]
