@@ -16,7 +16,7 @@ CORE_DIR = Path(stapo_trl.__file__).parent / "core"
 
 @pytest.mark.filterwarnings("ignore")
 def test_the_core_imports_only_torch_transformers_accelerate_trl_and_itself_and_a_copy_of_it_trains_alone(
-        tiny_model_path, tmp_path, monkeypatch):  # fmt: skip
+        tiny_random_model_path, tmp_path, monkeypatch):  # fmt: skip
     allowed = {"torch", "transformers", "accelerate", "trl", "packaging", *sys.stdlib_module_names}
     for path in CORE_DIR.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -39,7 +39,7 @@ def test_the_core_imports_only_torch_transformers_accelerate_trl_and_itself_and_
                        per_device_train_batch_size=4, num_generations=2, max_completion_length=8, logging_steps=1,
                        save_strategy="no", max_steps=4, learning_rate=1e-2, s2t_prob_threshold=1.0)  # fmt: skip
     trainer = Recorder(
-        tiny_model_path,
+        tiny_random_model_path,
         reward_funcs=lambda completions, **kw: [float(len(c) % 4) for c in completions],
         args=args,
         train_dataset=Dataset.from_list([{"prompt": f"{i}+{i % 7}="} for i in range(32)]),

@@ -22,14 +22,15 @@ PROMPTS = [{"prompt": f"{i}+{i % 7}="} for i in range(64)]  # plain text: no cha
 
 
 @pytest.fixture
-def build(tiny_model_path, tmp_path):
+def build(tiny_random_model_path, tmp_path):
     def build(trainer_cls=STAPOTrainer, config_cls=None, name="run", num_prompts=64, peft_config=None, **overrides):
         config_cls = config_cls or (STAPOConfig if issubclass(trainer_cls, STAPOTrainer) else GRPOConfig)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             args = config_cls(output_dir=str(tmp_path / name), **SETTINGS | overrides)
-            trainer = trainer_cls(tiny_model_path, reward_funcs=length_reward, args=args, peft_config=peft_config,
-                                  train_dataset=Dataset.from_list(PROMPTS[:num_prompts]))  # fmt: skip
+            dataset = Dataset.from_list(PROMPTS[:num_prompts])
+            trainer = trainer_cls(tiny_random_model_path, reward_funcs=length_reward, args=args,
+                                  peft_config=peft_config, train_dataset=dataset)  # fmt: skip
         trainer.warned = [str(w.message) for w in caught if w.filename == __file__ and w.category is UserWarning]
         return trainer
 
@@ -79,10 +80,9 @@ def test_in_the_default_geometry_the_loss_is_the_mean_over_kept_tokens_and_silen
 def test_each_optimizer_update_gets_its_own_tau_h_and_kept_token_count(build, mode, q, vllm_is):
     # The paper's geometry: 4 micro-batches, GA 2; num_iterations 2: steps 4-7 reuse the hand rollout batch. The
     # library's "high_entropy" silences above the (1 - q)-quantile; vLLM IS: each token's loss times its ratio.
-    from stapo_trl import STAPOConfig as LibraryConfig
-    from stapo_trl import STAPOTrainer as LibraryTrainer
+    import stapo_trl
 
-    classes = (STAPOTrainer, STAPOConfig) if mode == "low_entropy" else (LibraryTrainer, LibraryConfig)
+    classes = (STAPOTrainer, STAPOConfig) if mode == "low_entropy" else (stapo_trl.STAPOTrainer, stapo_trl.STAPOConfig)
     trainer = build(*classes, steps_per_generation=4, gradient_accumulation_steps=2, num_iterations=2,
                     s2t_prob_threshold=1.0, s2t_entropy_quantile=q, s2t_mode=mode)  # fmt: skip
     trainer.use_vllm = trainer.vllm_importance_sampling_correction = vllm_is  # what use_vllm=True sets
@@ -128,10 +128,8 @@ def test_with_the_mask_off_training_equals_grpo_trainer(build, steps_per_generat
                                                         loss_type, max_steps):  # fmt: skip
     geometry = dict(max_steps=max_steps, steps_per_generation=steps_per_generation, num_iterations=num_iterations,
                     gradient_accumulation_steps=grad_accum, loss_type=loss_type, epsilon_high=0.28)  # fmt: skip
-    grpo = build(GRPOTrainer, name="grpo", **geometry)
-    grpo.train()  # each trainer seeds at construction: build and train one after the other
-    stapo = build(name="off", s2t_mode="off", **geometry)
-    stapo.train()
+    (grpo := build(GRPOTrainer, name="grpo", **geometry)).train()  # each seeds at construction: build, train, build
+    (stapo := build(name="off", s2t_mode="off", **geometry)).train()
     grpo_rows, stapo_rows = ([row for row in t.state.log_history if "loss" in row] for t in (grpo, stapo))
     for grpo_row, stapo_row in zip(grpo_rows, stapo_rows, strict=True):
         assert {"loss", "grad_norm", "entropy", "clip_ratio/region_mean"} <= grpo_row.keys()

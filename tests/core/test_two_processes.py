@@ -45,8 +45,8 @@ WORKER = textwrap.dedent(
 
 
 @pytest.mark.slow  # two new processes under torchrun: ~20 s
-def test_s2t_gather_and_normalizer_on_two_ranks(tiny_model_path, tmp_path):
-    output = run_torchrun(WORKER, tmp_path / "worker.py", tiny_model_path, str(tmp_path), nproc=2)
+def test_s2t_gather_and_normalizer_on_two_ranks(tiny_random_model_path, tmp_path):
+    output = run_torchrun(WORKER, tmp_path / "worker.py", tiny_random_model_path, str(tmp_path), nproc=2)
     assert "rank 0 of 2 done" in output and "rank 1 of 2 done" in output, output[-3000:]
     for seen in [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]:
         assert seen["D"] == [1.0, 2.0, 3.0] and seen["empty"] == []
