@@ -9,6 +9,7 @@ import pytest
 import torch
 import trl
 from datasets import Dataset
+from peft import LoraConfig
 from testing_utils import ForwardCounter, KeepsLogpGrad, hand_scored_batch, length_reward, policy_forward
 from trl import GRPOConfig, GRPOTrainer
 
@@ -54,8 +55,7 @@ def test_in_the_default_geometry_the_loss_is_the_mean_over_kept_tokens_and_silen
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     batch = hand_scored_batch(trainer.model.config.vocab_size, seed=0 if beta == 0 else 3)
-    batch["tool_mask"] = torch.ones_like(batch["completion_mask"])
-    batch["tool_mask"][0, 4] = 0  # a tool-output token: never in the loss, never a candidate
+    batch["tool_mask"] = (torch.arange(20) != 4).long().view(4, 5)  # (0, 4): tool output, no loss, no candidate
     logps, entropies = policy_forward(trainer, batch)
     batch["ref_per_token_logps"] = logps - 0.3  # KL per token: exp(-0.3) + 0.3 - 1
     loss_mask = (batch["completion_mask"] * batch["tool_mask"]).bool()
@@ -209,10 +209,8 @@ def test_the_stashed_forward_goes_to_its_call_the_papers_config_is_silent_and_a_
     other = forward(trainer.model, ids.flip(0), mask.flip(0), 5, compute_entropy=True)  # other input ids
     torch.testing.assert_close(other[0], policy_forward(trainer, flipped)[0])
     assert forward(trainer.model, ids, mask, 3)[0].shape == (4, 3)  # other logits_to_keep
-    twin = copy.deepcopy(trainer.model)  # another model with the same weights
-    assert not torch.equal(forward(twin, ids, mask, 5)[0], stashed[0])
-    assert forward(trainer.model, ids, mask, 5) is stashed  # the call it was made for, once
-    assert trainer._s2t_loss_forward is None
+    assert not torch.equal(forward(copy.deepcopy(trainer.model), ids, mask, 5)[0], stashed[0])  # a same-weight twin
+    assert forward(trainer.model, ids, mask, 5) is stashed and trainer._s2t_loss_forward is None  # its call, once
     torch.testing.assert_close(forward(trainer.model, ids, mask, 5)[0], policy_forward(trainer, batch)[0])
     trainer.model.train()
     original, rows = GRPOTrainer._generate_and_score_completions, [row for row in PROMPTS[:8] for _ in range(2)]
@@ -243,7 +241,7 @@ def test_the_stashed_forward_goes_to_its_call_the_papers_config_is_silent_and_a_
     assert trainer._metrics == {"train": {}, "eval": {}}
     trainer.create_model_card(model_name="tiny-stapo")  # TRL's card from `_name`, `_paper`, `_tag_names`
     card = open(f"{trainer.args.output_dir}/README.md").read()
-    assert "2602.15620" in card and "liu2026stapo" in card and "stapo" in card
+    assert all(tag in card for tag in ("2602.15620", "liu2026stapo", "stapo"))
     monkeypatch.setattr(trl, "__version__", "1.17.0")
     assert build().warned == [f"trl 1.17.0 is outside the tested trl{SUPPORTED_TRL}."]
     original = GRPOTrainer._compute_loss  # a PARENT dividing by num_items / processes (TRL main in July 2026): refused
@@ -278,8 +276,6 @@ def test_opsm_judges_only_sequences_the_mask_never_touches():
 # tests/recipes/test_recipes.py::test_lora_demo_recipe_trains_only_the_adapter
 def test_every_pass_uses_the_rollout_time_mask_and_lora_trains_with_the_adapter_policy(build, lora):
     # num_iterations 2: each update's mask is the rollout's on both passes though the weights moved; PEFT: adapter's
-    from peft import LoraConfig
-
     peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None
     trainer = build(max_steps=1 if lora else 4, steps_per_generation=4, gradient_accumulation_steps=2,
                     num_iterations=1 if lora else 2, s2t_prob_threshold=0.05, peft_config=peft_config)  # fmt: skip
