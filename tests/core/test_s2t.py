@@ -12,8 +12,7 @@ pytestmark = pytest.mark.release  # checked on every TRL release (`make test-rel
 
 
 def test_the_hand_batch_gather_no_candidate_ties_bad_arguments_float64_tau_h_non_finite_and_numpys_quantile():
-    tensors = hand_s2t_batch()
-    tensors[0].requires_grad_(True)
+    (tensors := hand_s2t_batch())[0].requires_grad_(True)
     copies = [t.detach().clone() for t in tensors]
     result = s2t_mask(*tensors, prob_threshold=0.002, entropy_quantile=0.75)
     assert isinstance(result, S2TResult) and result.keep.dtype == torch.bool and not result.keep.requires_grad
@@ -29,8 +28,8 @@ def test_the_hand_batch_gather_no_candidate_ties_bad_arguments_float64_tau_h_non
     assert off.entropy_threshold == pytest.approx(0.35)
     logps, entropies, advantages, loss_mask = hand_s2t_batch()
     result = s2t_mask(logps, entropies, -advantages.abs(), loss_mask)
-    assert result.num_candidates == 0 and result.num_silenced == 0 and result.keep.all()
-    assert math.isnan(result.entropy_threshold)
+    assert result.num_candidates == result.num_silenced == 0 and math.isnan(result.entropy_threshold)
+    assert result.keep.all()
     lone = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 1, 1, 0]])  # only row-0 token 0 can be a candidate
     result = s2t_mask(logps, entropies, advantages, lone, entropy_quantile=1.0)
     assert result.num_candidates == 1 and result.entropy_threshold == pytest.approx(0.1) and result.num_silenced == 0
@@ -47,9 +46,8 @@ def test_the_hand_batch_gather_no_candidate_ties_bad_arguments_float64_tau_h_non
         return torch.cat([tensor, other.to(tensor.dtype)])
 
     result = s2t_mask(*hand_s2t_batch(), gather=gather)
-    assert len(calls) == 2
     # All candidates [0.0, 0.05, 0.1, 0.3, 0.4]: h = 3 -> 0.3; here H < 0.3: token 0 only
-    assert result.entropy_threshold == pytest.approx(0.3) and result.num_candidates == 5
+    assert result.entropy_threshold == pytest.approx(0.3) and result.num_candidates == 5 and len(calls) == 2
     assert result.silenced[0].tolist() == [True, False, False, False, False]
     assert (result.num_silenced, result.num_loss_tokens, result.num_nonfinite) == (3, 18, 1)
     t = hand_s2t_batch()

@@ -76,7 +76,10 @@ def test_records_of_the_hand_batch_a_capped_sample_in_order_one_transfer_and_the
     with HostTransfers() as transfers:
         records = spurious_token_records(*batch, tokenizer, step=1, context_tokens=3)
     assert len(records) == 384 and transfers.count == 1 and tokenizer.batch_calls == 1
-    trainer, args = stand_in_trainer(), run_args(tmp_path)
+    args = types.SimpleNamespace(output_dir=str(tmp_path), seed=0, report_to=[])  # the trainer's as the callback's
+    trainer = types.SimpleNamespace(processing_class=CharTokenizer(), state=types.SimpleNamespace(global_step=0),
+        args=args, s2t=S2TSettings(prob_threshold=0.01),
+        accelerator=types.SimpleNamespace(num_processes=1, process_index=0, is_main_process=True))  # fmt: skip
     state = types.SimpleNamespace(is_world_process_zero=True, global_step=0)
     log, no_log = types.SimpleNamespace(should_log=True), types.SimpleNamespace(should_log=False)
     logger = SpuriousTokenLogger(trainer, context_tokens=2)
@@ -96,28 +99,13 @@ def test_records_of_the_hand_batch_a_capped_sample_in_order_one_transfer_and_the
     assert logger.silenced_counts == {"+": 3} and logger.kept_candidate_counts == {"2": 3, "3": 3}
     lines = (tmp_path / SPURIOUS_TOKENS_FILENAME).read_text().splitlines()
     assert len(set(lines)) == len(lines) == 15 and [r["update"] for r in records[:10]] == [1] * 5 + [2] * 5
-    # 3 masks of one logging step, each with one silenced token and two kept candidates: capped to 2 and 1
-    logged, table = [], lambda dataframe: types.SimpleNamespace(dataframe=dataframe)  # wandb (the tracker) stood in
-    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=object(), Table=table, log=logged.append))
-    logger = SpuriousTokenLogger(trainer, max_silenced=2, max_kept_candidates=1, max_reference=0)
-    record(logger, trainer, *[hand_batch()] * 3)
-    assert logger._pending.shape[:2] == (3, 2)  # per kind, at most the largest cap waits for the logging step
-    (tmp_path / "caps").mkdir()
-    written = logger.write_pending(run_args(tmp_path / "caps", report_to=["wandb"]), step=5)
-    logger.close()
-    assert sorted(r["kind"] for r in written) == ["kept_candidate", "silenced", "silenced"]
-    assert all(r["step"] == 5 for r in written) and {r["update"] for r in written} <= {1, 2, 3}
-    assert read_token_records(tmp_path / "caps") == written and logger._pending is None
-    (entry,) = logged
-    assert entry["s2t/top_silenced_tokens"].dataframe.to_dict("list") == {
-        "token": ["+"], "silenced": [2], "kept_candidate_sampled": [0]}  # fmt: skip
     batch = all_candidates_batch(64)  # the mask's own transfers are not the records'
     for masks in (1, 6):
         logger = SpuriousTokenLogger(trainer, path=str(tmp_path / f"tokens-{masks}.jsonl"))
         with HostTransfers() as at_masks:
             record(logger, trainer, *[batch] * masks)
         with HostTransfers() as at_logging_step:
-            written = logger.write_pending(run_args(tmp_path), step=6)
+            written = logger.write_pending(args, step=6)
         logger.close()
         assert at_masks.count == 0 and at_logging_step.count == 1
         assert [sum(r["kind"] == kind for r in written) for kind in ("silenced", "kept_candidate")] == [256, 64]
@@ -127,11 +115,27 @@ def test_records_of_the_hand_batch_a_capped_sample_in_order_one_transfer_and_the
         trainer.args.seed = seed
         logger = SpuriousTokenLogger(trainer, max_silenced=12, max_kept_candidates=0, max_reference=0)
         record(logger, trainer, *[all_candidates_batch(2)] * 4)
-        records = logger.write_pending(run_args(tmp_path, seed), 4)
+        records = logger.write_pending(args, 4)
         logger.close()
         assert len(records) == 12
         counts += torch.bincount(torch.tensor([r["update"] - 1 for r in records]), minlength=4)
     assert (counts / 50 - 3).abs().max() < 0.6  # the standard error of each mean is ~0.2
+    # 3 masks of one logging step, each with one silenced token and two kept candidates: capped to 2 and 1
+    logged, table = [], lambda dataframe: types.SimpleNamespace(dataframe=dataframe)  # wandb (the tracker) stood in
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=object(), Table=table, log=logged.append))
+    logger = SpuriousTokenLogger(trainer, max_silenced=2, max_kept_candidates=1, max_reference=0)
+    record(logger, trainer, *[hand_batch()] * 3)
+    assert logger._pending.shape[:2] == (3, 2)  # per kind, at most the largest cap waits for the logging step
+    (tmp_path / "caps").mkdir()
+    args.output_dir, args.report_to = str(tmp_path / "caps"), ["wandb"]
+    written = logger.write_pending(args, step=5)
+    logger.close()
+    assert sorted(r["kind"] for r in written) == ["kept_candidate", "silenced", "silenced"]
+    assert all(r["step"] == 5 for r in written) and {r["update"] for r in written} <= {1, 2, 3}
+    assert read_token_records(tmp_path / "caps") == written and logger._pending is None
+    (entry,) = logged
+    assert entry["s2t/top_silenced_tokens"].dataframe.to_dict("list") == {
+        "token": ["+"], "silenced": [2], "kept_candidate_sampled": [0]}  # fmt: skip
 
 
 def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.0):  # p in [0.1, 0.6], q = 0.5
@@ -141,16 +145,6 @@ def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.
     ids = torch.randint(1, len(VOCAB), (rows, length), generator=g)
     result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
     return result, logps, entropies, advantages, loss_mask, ids
-
-
-def stand_in_trainer():  # what the logger reads of its trainer
-    return types.SimpleNamespace(processing_class=CharTokenizer(), state=types.SimpleNamespace(global_step=0),
-        args=types.SimpleNamespace(seed=0), s2t=S2TSettings(prob_threshold=0.01),
-        accelerator=types.SimpleNamespace(num_processes=1, process_index=0, is_main_process=True))  # fmt: skip
-
-
-def run_args(tmp_path, seed=0, report_to=()):
-    return types.SimpleNamespace(output_dir=str(tmp_path), seed=seed, report_to=list(report_to))
 
 
 def record(logger, trainer, *batches):  # one mask per update

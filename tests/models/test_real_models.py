@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from testing_utils import REPO, STAPO_RECIPE
+from transformers import AutoTokenizer
 
 import stapo_trl.models.gguf as gguf
 from stapo_trl.models import BUILTIN_MODELS, INFO_FILE, builtin_model_dir, check_model_name_or_path, resolve_model_path
@@ -34,8 +35,7 @@ def install_fake_wheels(root: Path, name: str, *, version: str | None = None, sk
 
 @pytest.fixture
 def gguf_reader(tmp_path, monkeypatch) -> Path:  # the pinned reader's metadata on sys.path, never imported
-    info = tmp_path / "reader" / f"gguf-{GGUF_READER['version']}.dist-info"
-    info.mkdir(parents=True)
+    (info := tmp_path / "reader" / f"gguf-{GGUF_READER['version']}.dist-info").mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: gguf\nVersion: {GGUF_READER['version']}\n")
     monkeypatch.syspath_prepend(str(info.parent))
     return info.parent
@@ -56,9 +56,7 @@ def test_the_pins_agree_and_the_registry_is_consistent(tiny_math_model_path):
         assert recipe["kind"] != "gguf+sft" or BUILTIN_MODELS[recipe["base"]]["kind"] == "gguf"
         assert recipe["kind"] != "gguf" or re.fullmatch(r"[0-9a-f]{64}", recipe["gguf"]["sha256"])
         assert "added_chat_template" not in recipe or "chat template ADDED" in recipe["description"]
-    from transformers import AutoTokenizer  # Gemma's added template: the system message folded into the user turn
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)  # Gemma's template: system folded into user turn
     tokenizer.chat_template, tokenizer.bos_token = gguf.GEMMA3_CHAT_TEMPLATE, "<bos>"
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " 47+38 "}]
     assert tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
