@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
+from testing_utils import length_reward
 
 import stapo_trl
 
@@ -38,12 +39,8 @@ def test_the_core_imports_only_torch_transformers_accelerate_trl_and_itself_and_
     args = STAPOConfig(output_dir=str(out := tmp_path / "run"), use_cpu=True, bf16=False, report_to=[], seed=0,
                        per_device_train_batch_size=4, num_generations=2, max_completion_length=8, logging_steps=1,
                        save_strategy="no", max_steps=4, learning_rate=1e-2, s2t_prob_threshold=1.0)  # fmt: skip
-    trainer = Recorder(
-        tiny_random_model_path,
-        reward_funcs=lambda completions, **kw: [float(len(c) % 4) for c in completions],
-        args=args,
-        train_dataset=Dataset.from_list([{"prompt": f"{i}+{i % 7}="} for i in range(32)]),
-    )
+    trainer = Recorder(tiny_random_model_path, reward_funcs=length_reward, args=args,
+                       train_dataset=Dataset.from_list([{"prompt": f"{i}+{i % 7}="} for i in range(32)]))  # fmt: skip
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     rows = [h for h in trainer.state.log_history if "loss" in h]

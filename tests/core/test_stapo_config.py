@@ -41,8 +41,7 @@ def test_paper_defaults_settings_from_any_config_the_line_the_path_bad_values_re
     assert list(fields["s2t_mode"].metadata["choices"]) == ["low_entropy", "off"]
     grpo = make_config(GRPOConfig)  # in the installed trl only epsilon_high differs: a changed TRL default fails here
     assert sorted(name for name, paper in PAPER_OBJECTIVE.items() if getattr(grpo, name) != paper) == ["epsilon_high"]
-    doc = " ".join(STAPOConfig.__doc__.split())
-    assert f"`GRPOConfig` differs only in `epsilon_high` (`{grpo.epsilon_high}`" in doc
+    assert f"differs only in `epsilon_high` (`{grpo.epsilon_high}`" in " ".join(STAPOConfig.__doc__.split())
     for boundary in ({"s2t_prob_threshold": 1.0}, {"s2t_entropy_quantile": 0.0}, {"s2t_prob_threshold": 1}):
         assert s2t_settings(make_config(**boundary))  # accepted (an int is a number)
     assert s2t_settings(grpo) == S2TSettings()  # no S2T field at all: the paper's
@@ -52,15 +51,13 @@ def test_paper_defaults_settings_from_any_config_the_line_the_path_bad_values_re
     with pytest.raises(ValueError, match=r"is not one of \['low_entropy'\]"):
         s2t_settings(config, modes=("low_entropy",))
     assert s2t_settings_line(make_config(), S2TSettings()) is None
-    grpo = make_config(GRPOConfig)
     assert s2t_settings_line(grpo, s2t_settings(grpo)) == (
         "STAPO with s2t_prob_threshold=0.002, s2t_entropy_quantile=0.75, s2t_mode='low_entropy' (the paper's "
         "values: GRPOConfig has no s2t_prob_threshold, s2t_entropy_quantile, s2t_mode fields, and such values given "
         "to it, in a YAML file say, are ignored; to set them, use `from stapo_trl import STAPOConfig as GRPOConfig`); "
         "differs from the paper's objective: epsilon_high=None (paper 0.28)."
     )
-    own = make_config(OpenR1StyleConfig, epsilon_high=0.28, beta=0.04)
-    line = s2t_settings_line(own, s2t_settings(own))
+    line = s2t_settings_line(own := make_config(OpenR1StyleConfig, epsilon_high=0.28, beta=0.04), s2t_settings(own))
     assert "s2t_entropy_quantile=0.8, " in line and "has no s2t_prob_threshold, s2t_mode fields, and such" in line
     assert line.endswith("objective: s2t_entropy_quantile=0.8 (paper 0.75), beta=0.04 (paper 0.0).")
     grpo = make_config(GRPOConfig, epsilon_high=0.28)
@@ -98,8 +95,7 @@ def test_paper_defaults_settings_from_any_config_the_line_the_path_bad_values_re
                       dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=8),
                       dict(off_policy_mask_threshold=0.5), dict(num_iterations=2),
                       dict(use_vllm=True, steps_per_generation=4)]:  # fmt: skip
-        config = make_config(**overrides)
-        assert s2t_warnings(config, s2t_settings(config)) == [], overrides
+        assert s2t_warnings(config := make_config(**overrides), s2t_settings(config)) == [], overrides
     config = make_config(per_device_train_batch_size=4, steps_per_generation=2)
     assert s2t_warnings(config, S2TSettings(), num_processes=2) == []  # 4 completions x 2 processes: one group
     assert len(s2t_warnings(config, S2TSettings(), num_processes=1)) == 1

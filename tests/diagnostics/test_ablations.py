@@ -16,8 +16,7 @@ MODES = list(ABLATIONS)
 
 def test_high_entropy_all_low_prob_no_candidates_non_finite_other_modes_refused_and_two_processes_give_one_mask():
     assert MODES == ["high_entropy", "all_low_prob"]  # the paper's two ablations
-    tensors = hand_s2t_batch()
-    copies = [t.clone() for t in tensors]
+    tensors, copies = hand_s2t_batch(), hand_s2t_batch()  # the inputs are left untouched
     result = ablation_mask(*tensors, mode="high_entropy", entropy_quantile=0.75)
     # The 0.25-quantile of [0.1, 0.3, 0.4]: h = 0.5 -> 0.2; H > 0.2: tokens 1 and 3, token 0 (the rule's first) kept
     assert result.entropy_threshold == pytest.approx(0.2)

@@ -36,8 +36,7 @@ def test_a_full_model_an_adapter_merged_onto_its_base_no_base_or_remote_code_and
         torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
         base_logits = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)(ids).logits
     assert (base_logits - expected).abs().max() > 1e-3 and tokenizer("12+34")["input_ids"]  # the adapter was applied
-    broken = tmp_path / "adapter"  # an adapter naming no base, and a config pointing at its own code: refused
-    shutil.copytree(folder, broken)
+    shutil.copytree(folder, broken := tmp_path / "adapter")  # an adapter naming no base, a config naming its code
     config = json.loads((broken / "adapter_config.json").read_text())
     (broken / "adapter_config.json").write_text(json.dumps(config | {"base_model_name_or_path": None}))
     with pytest.raises(ValueError, match="base_model_name_or_path"):
