@@ -19,7 +19,7 @@ from stapo_trl.core.stapo_trainer import _FORWARD_KEYS, SUPPORTED_TRL
 
 SETTINGS = dict(use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4, num_generations=2, seed=0,
                 max_completion_length=8, logging_steps=1, save_strategy="no", learning_rate=1e-2)  # fmt: skip
-PROMPTS = [{"prompt": f"{i}+{i % 7}="} for i in range(64)]  # plain text: no chat template needed
+PROMPTS = Dataset.from_list([{"prompt": f"{i}+{i % 7}="} for i in range(64)])  # plain text: no chat template needed
 
 
 @pytest.fixture
@@ -29,9 +29,8 @@ def build(tiny_random_model_path, tmp_path):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             args = config_cls(output_dir=str(tmp_path / name), **SETTINGS | overrides)
-            dataset = Dataset.from_list(PROMPTS[:num_prompts])
-            trainer = trainer_cls(tiny_random_model_path, reward_funcs=length_reward, args=args,
-                                  peft_config=peft_config, train_dataset=dataset)  # fmt: skip
+            trainer = trainer_cls(tiny_random_model_path, length_reward, args, PROMPTS.select(range(num_prompts)),
+                                  peft_config=peft_config)  # fmt: skip
         trainer.warned = [str(w.message) for w in caught if w.filename == __file__ and w.category is UserWarning]
         return trainer
 
@@ -88,14 +87,13 @@ def test_each_optimizer_update_gets_its_own_tau_h_and_kept_token_count(build, mo
     trainer.use_vllm = trainer.vllm_importance_sampling_correction = vllm_is  # what use_vllm=True sets
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 2
-    vocab, generator = trainer.model.config.vocab_size, torch.Generator().manual_seed(7)
+    vocab, g = trainer.model.config.vocab_size, torch.Generator().manual_seed(7)
     batches = [hand_scored_batch(vocab, seed, lengths=(5, 3, 4 - seed % 2, 2 + seed % 3)) for seed in range(4)]
     for batch in batches:  # rollout batches as TRL buffers them: ratio 1, hand entropies
         batch["old_per_token_logps"], _ = policy_forward(trainer, batch)
-        batch["s2t_entropies"] = torch.rand(*batch["completion_mask"].shape, generator=generator)
+        batch["s2t_entropies"] = torch.rand(*batch["completion_mask"].shape, generator=g)
+        batch["importance_sampling_ratio"] = 0.5 + torch.rand(4, 5, generator=g) if vllm_is else torch.ones(4, 5)
     trainer._buffered_inputs = batches
-    for batch in batches[: 4 * vllm_is]:
-        batch["importance_sampling_ratio"] = 0.5 + torch.rand(4, 5, generator=generator)
     losses, normalizers = [], []
     for step in range(4, 8):
         trainer._step = step
@@ -109,7 +107,7 @@ def test_each_optimizer_update_gets_its_own_tau_h_and_kept_token_count(build, mo
         advantages = torch.cat([b["advantages"] for b in micro])[:, None]  # (8, 1)
         entropies = torch.cat([b["s2t_entropies"] for b in micro]).double()
         kept = kept_tokens(loss_mask, advantages, entropies, q, high=mode != "low_entropy")  # over this update only
-        ratio = torch.cat([b.get("importance_sampling_ratio", torch.ones(4, 5)) for b in micro])
+        ratio = torch.cat([b["importance_sampling_ratio"] for b in micro])
         silenced_counts.append(float((loss_mask & ~kept).sum()))
         expected = ((-advantages * ratio * kept).sum() / kept.sum()).item()
         assert losses[2 * update] + losses[2 * update + 1] == pytest.approx(expected, abs=1e-6)
@@ -213,7 +211,7 @@ def test_the_stashed_forward_goes_to_its_call_the_papers_config_is_silent_and_a_
     assert forward(trainer.model, ids, mask, 5) is stashed and trainer._s2t_loss_forward is None  # its call, once
     torch.testing.assert_close(forward(trainer.model, ids, mask, 5)[0], policy_forward(trainer, batch)[0])
     trainer.model.train()
-    original, rows = GRPOTrainer._generate_and_score_completions, [row for row in PROMPTS[:8] for _ in range(2)]
+    original, rows = GRPOTrainer._generate_and_score_completions, list(PROMPTS.select([i // 2 for i in range(16)]))
     for change, error in [
         (lambda logps: logps + 1e-3, r"old_per_token_logps from no forward it saw, where s2t_path is 'old_logps'"),
         (lambda logps: None, r"old_per_token_logps missing, where s2t_path is 'old_logps'"),

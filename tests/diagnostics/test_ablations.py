@@ -83,11 +83,10 @@ def test_high_entropy_all_low_prob_no_candidates_non_finite_other_modes_refused_
     for mode, rows in [  # rows None: no candidate anywhere, the same collectives
         (m, r) for m in MODES for r in [(slice(0, 5), slice(5, 14)), (slice(0, 12), slice(12, 14)), None]
     ]:
-        generator = torch.Generator().manual_seed(3)
-        logps = torch.log(torch.rand(14, 6, generator=generator) * 0.004 + 1e-6)
-        entropies = torch.rand(14, 6, generator=generator) * 3
-        advantages = torch.randn(14, generator=generator)
-        loss_mask = (torch.arange(6)[None] < torch.randint(1, 7, (14, 1), generator=generator)).long()
+        g = torch.Generator().manual_seed(3)
+        logps, entropies = torch.log(torch.rand(14, 6, generator=g) * 0.004 + 1e-6), torch.rand(14, 6, generator=g) * 3
+        advantages = torch.randn(14, generator=g)
+        loss_mask = (torch.arange(6)[None] < torch.randint(1, 7, (14, 1), generator=g)).long()
         advantages[12:] = -1.0  # rows 12, 13: negative advantages; p in (0, 0.004): about half below tau_p
         if rows is None:
             advantages[:], rows = -1.0, (slice(0, 7), slice(7, 14))

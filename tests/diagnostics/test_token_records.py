@@ -61,7 +61,7 @@ def test_records_of_the_hand_batch_a_capped_sample_in_order_one_transfer_and_the
                                          CharTokenizer(), step=0, **ALL)  # fmt: skip
         assert len(records) == 4 and position not in [r["position"] for r in records]  # a non-finite one: never
         json.dumps(records, allow_nan=False)
-    batch = all_candidates_batch(12, length=5)  # 60 candidates, 30 silenced: no reference
+    batch = all_candidates_batch(12, n=5)  # 60 candidates, 30 silenced: no reference
     caps = {"max_silenced": 4, "max_kept_candidates": 3, "max_reference": 2}
     first = spurious_token_records(*batch, CharTokenizer(), step=3, **caps)
     assert [r["kind"] for r in first] == ["silenced"] * 4 + ["kept_candidate"] * 3
@@ -103,7 +103,8 @@ def test_records_of_the_hand_batch_a_capped_sample_in_order_one_transfer_and_the
     for masks in (1, 6):
         logger = SpuriousTokenLogger(trainer, path=str(tmp_path / f"tokens-{masks}.jsonl"))
         with HostTransfers() as at_masks:
-            record(logger, trainer, *[batch] * masks)
+            for trainer.state.global_step in range(masks):  # one mask per update
+                logger.record(*batch)
         with HostTransfers() as at_logging_step:
             written = logger.write_pending(args, step=6)
         logger.close()
@@ -114,7 +115,8 @@ def test_records_of_the_hand_batch_a_capped_sample_in_order_one_transfer_and_the
     for seed in range(50):
         trainer.args.seed = seed
         logger = SpuriousTokenLogger(trainer, max_silenced=12, max_kept_candidates=0, max_reference=0)
-        record(logger, trainer, *[all_candidates_batch(2)] * 4)
+        for trainer.state.global_step in range(4):
+            logger.record(*all_candidates_batch(2))
         records = logger.write_pending(args, 4)
         logger.close()
         assert len(records) == 12
@@ -124,7 +126,8 @@ def test_records_of_the_hand_batch_a_capped_sample_in_order_one_transfer_and_the
     logged, table = [], lambda dataframe: types.SimpleNamespace(dataframe=dataframe)  # wandb (the tracker) stood in
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=object(), Table=table, log=logged.append))
     logger = SpuriousTokenLogger(trainer, max_silenced=2, max_kept_candidates=1, max_reference=0)
-    record(logger, trainer, *[hand_batch()] * 3)
+    for trainer.state.global_step in range(3):
+        logger.record(*hand_batch())
     assert logger._pending.shape[:2] == (3, 2)  # per kind, at most the largest cap waits for the logging step
     (tmp_path / "caps").mkdir()
     args.output_dir, args.report_to = str(tmp_path / "caps"), ["wandb"]
@@ -138,19 +141,12 @@ def test_records_of_the_hand_batch_a_capped_sample_in_order_one_transfer_and_the
         "token": ["+"], "silenced": [2], "kept_candidate_sampled": [0]}  # fmt: skip
 
 
-def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.0):  # p in [0.1, 0.6], q = 0.5
-    g, advantages, loss_mask = torch.Generator().manual_seed(rows), torch.ones(rows), torch.ones(rows, length)
-    entropies = torch.rand(rows, length, generator=g)
-    logps = torch.log(torch.rand(rows, length, generator=g) / 2 + 0.1)
-    ids = torch.randint(1, len(VOCAB), (rows, length), generator=g)
+def all_candidates_batch(rows: int, n: int = 12, prob_threshold: float = 1.0):  # n tokens, p in [0.1, 0.6], q = 0.5
+    g, advantages, loss_mask = torch.Generator().manual_seed(rows), torch.ones(rows), torch.ones(rows, n)
+    entropies, logps = torch.rand(rows, n, generator=g), torch.log(torch.rand(rows, n, generator=g) / 2 + 0.1)
+    ids = torch.randint(1, len(VOCAB), (rows, n), generator=g)
     result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
     return result, logps, entropies, advantages, loss_mask, ids
-
-
-def record(logger, trainer, *batches):  # one mask per update
-    for update, batch in enumerate(batches):
-        trainer.state.global_step = update
-        logger.record(*batch)
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState, PartialState
 from testing_utils import subprocess_env
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -20,14 +21,8 @@ from stapo_trl.models.sft_math import evaluate_tiny_math, sft_warm_up, summarize
 from stapo_trl.models.tiny import SFT_CONFIG
 
 
-def load(path):
-    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-
-
 def test_resolve_builds_once_keeps_the_process_state_refuses_bad_paths_and_tiny_math_reloads_offline_as_stapo_eval(
         tiny_math_model_path, tmp_path, monkeypatch, caplog, capsys):  # fmt: skip  # build: test_a_killed_build_...
-    from accelerate.state import AcceleratorState, PartialState
-
     def build(name, out, **kwargs):  # as TrainingArguments and Trainer do: accelerate's state reset, seeds set
         AcceleratorState._reset_state(reset_partial_state=True)
         torch.manual_seed(123), random.seed(123)
@@ -64,12 +59,11 @@ def test_resolve_builds_once_keeps_the_process_state_refuses_bad_paths_and_tiny_
     assert default_cache_dir() == tmp_path
     assert builtin_model_dir("tiny-math") == tmp_path / f"tiny-math-{BUILTIN_MODELS['tiny-math']['version']}"
     monkeypatch.delenv("STAPO_TRL_CACHE")
-    assert str(default_cache_dir()) == os.path.expanduser("~/.cache/stapo_trl")
-    assert os.environ["HF_HUB_OFFLINE"] == "1"
-    model, tokenizer = load(tiny_math_model_path)
-    config = model.config
-    assert (type(model).__name__, config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (
-        "Qwen3ForCausalLM", 64, 2, 4)  # fmt: skip
+    assert str(default_cache_dir()) == os.path.expanduser("~/.cache/stapo_trl") and os.environ["HF_HUB_OFFLINE"] == "1"
+    model = AutoModelForCausalLM.from_pretrained(tiny_math_model_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert (model.config.hidden_size, model.config.num_hidden_layers, model.config.num_attention_heads) == (64, 2, 4)
     assert 130_000 <= model.num_parameters() <= 160_000 and model.config.vocab_size == len(tokenizer)
     info = read_builtin_info(tiny_math_model_path)
     assert info["name"] == "builtin:tiny-math" and info["version"] == BUILTIN_MODELS["tiny-math"]["version"]
@@ -136,4 +130,5 @@ def test_a_killed_build_leaves_no_model_and_two_processes_build_once(tiny_random
     for file in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json"):  # deterministic
         assert (target / file).read_bytes() == (Path(tiny_random_model_path) / file).read_bytes(), file
     assert read_builtin_info(target)["sft"]["steps"] == 0 and read_builtin_info(target)["eval"] is None
-    assert load(target)[1].get_vocab() == AutoTokenizer.from_pretrained(tiny_math_model_path).get_vocab()
+    vocab = AutoTokenizer.from_pretrained(tiny_math_model_path).get_vocab()
+    assert AutoTokenizer.from_pretrained(target).get_vocab() == vocab

@@ -4,15 +4,17 @@ import shutil
 
 import pytest
 import torch
+from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from stapo_trl.cli.eval import main
+from stapo_trl.evaluation.generation import HFGenerator
 from stapo_trl.models.loading import ModelSource, load_causal_lm, resolve_model_source
+from stapo_trl.trainer.trainers import _torch_default_threads
 
 
 def test_a_full_model_an_adapter_merged_onto_its_base_no_base_or_remote_code_and_stapo_eval_of_an_adapter(
         tiny_math_model_path, tmp_path, monkeypatch, capsys, caplog):  # fmt: skip  # one thread (tiny)
-    from peft import LoraConfig, get_peft_model
-
     peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_math_model_path),
                                 LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))  # fmt: skip
     torch.manual_seed(0)
@@ -49,10 +51,6 @@ def test_a_full_model_an_adapter_merged_onto_its_base_no_base_or_remote_code_and
     with pytest.raises(ValueError, match="trust_remote_code"):  # trust_remote_code is never set
         load_causal_lm(str(folder))
     assert not (tmp_path / "ran").exists()
-    from stapo_trl.cli.eval import main
-    from stapo_trl.evaluation.generation import HFGenerator
-    from stapo_trl.trainer.trainers import _torch_default_threads
-
     seen, generate = [], HFGenerator.generate
     caplog.clear()
     monkeypatch.setattr(HFGenerator, "generate",
