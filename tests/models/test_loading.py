@@ -64,5 +64,4 @@ def test_a_full_model_an_adapter_merged_onto_its_base_no_base_or_remote_code_and
             assert main([*argv.split(), "--max-new-tokens", "8", "--output", str(tmp_path / "r.json")]) == 0
     finally:
         torch.set_num_threads(previous)
-    out = capsys.readouterr()
-    assert (out.out + out.err + caplog.text).count("Loading the LoRA adapter") == 1 and seen == [1]
+    assert "".join([*capsys.readouterr(), caplog.text]).count("Loading the LoRA adapter") == 1 and seen == [1]
