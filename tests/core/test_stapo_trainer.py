@@ -140,7 +140,7 @@ def test_with_the_mask_off_training_equals_grpo_trainer(build, steps_per_generat
 
 class Recorder(STAPOTrainer):  # the p and H kept for the mask against a fresh forward (one more); per micro-step:
     def _compute_loss(self, model, inputs):  # transformers' window, the batch the parent's loss gets
-        mask = inputs["completion_mask"] * inputs["tool_mask"]
+        mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
         self.seen.append((self.current_gradient_accumulation_steps, inputs["num_items_in_batch"].item(), mask.sum()))
         return super()._compute_loss(model, inputs)
 
