@@ -1,5 +1,3 @@
-"""The S2T rule (STAPO Sec. 3) on hand-built tensors."""
-
 import math
 
 import numpy as np
@@ -13,9 +11,8 @@ from stapo_trl.core.s2t import S2TResult, linear_quantile, s2t_mask
 pytestmark = pytest.mark.release  # checked on every TRL release (`make test-releases`)
 
 
-def test_the_hand_batch_the_gather_no_candidate_a_lone_one_ties_non_positive_advantages_and_bad_arguments():
-    tensors = hand_s2t_batch()
-    tensors[0].requires_grad_(True)
+def test_the_hand_batch_gather_no_candidate_ties_bad_arguments_float64_tau_h_non_finite_and_numpys_quantile():
+    (tensors := hand_s2t_batch())[0].requires_grad_(True)
     copies = [t.detach().clone() for t in tensors]
     result = s2t_mask(*tensors, prob_threshold=0.002, entropy_quantile=0.75)
     assert isinstance(result, S2TResult) and result.keep.dtype == torch.bool and not result.keep.requires_grad
@@ -31,8 +28,8 @@ def test_the_hand_batch_the_gather_no_candidate_a_lone_one_ties_non_positive_adv
     assert off.entropy_threshold == pytest.approx(0.35)
     logps, entropies, advantages, loss_mask = hand_s2t_batch()
     result = s2t_mask(logps, entropies, -advantages.abs(), loss_mask)
-    assert result.num_candidates == 0 and result.num_silenced == 0 and result.keep.all()
-    assert math.isnan(result.entropy_threshold)
+    assert result.num_candidates == result.num_silenced == 0 and math.isnan(result.entropy_threshold)
+    assert result.keep.all()
     lone = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 1, 1, 0]])  # only row-0 token 0 can be a candidate
     result = s2t_mask(logps, entropies, advantages, lone, entropy_quantile=1.0)
     assert result.num_candidates == 1 and result.entropy_threshold == pytest.approx(0.1) and result.num_silenced == 0
@@ -49,9 +46,8 @@ def test_the_hand_batch_the_gather_no_candidate_a_lone_one_ties_non_positive_adv
         return torch.cat([tensor, other.to(tensor.dtype)])
 
     result = s2t_mask(*hand_s2t_batch(), gather=gather)
-    assert len(calls) == 2
     # All candidates [0.0, 0.05, 0.1, 0.3, 0.4]: h = 3 -> 0.3; here H < 0.3: token 0 only
-    assert result.entropy_threshold == pytest.approx(0.3) and result.num_candidates == 5
+    assert result.entropy_threshold == pytest.approx(0.3) and result.num_candidates == 5 and len(calls) == 2
     assert result.silenced[0].tolist() == [True, False, False, False, False]
     assert (result.num_silenced, result.num_loss_tokens, result.num_nonfinite) == (3, 18, 1)
     t = hand_s2t_batch()
@@ -62,9 +58,6 @@ def test_the_hand_batch_the_gather_no_candidate_a_lone_one_ties_non_positive_adv
                                      ((*t[:2], t[2][:1], t[3]), {}, "advantages")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             s2t_mask(*tensors, **kwargs)
-
-
-def test_linear_quantile_matches_numpy_tau_h_is_compared_in_float64_and_non_finite_values_are_no_candidates():
     for n, q in [(n, q) for n in (1, 2, 3, 10, 1001) for q in (0.0, 0.2, 0.75, 0.8, 1.0)]:
         values = torch.randn(n, generator=torch.Generator().manual_seed(n))
         assert linear_quantile(values, q) == pytest.approx(float(np.quantile(values.double().numpy(), q)), abs=1e-7)

@@ -1,5 +1,3 @@
-"""The core's `STAPOConfig` and what any `GRPOConfig` means for STAPO: defaults, settings, line, path, warnings."""
-
 import dataclasses
 import re
 
@@ -27,7 +25,7 @@ class OpenR1StyleConfig(GRPOConfig):  # a user's config as open-r1 writes one: f
 
 
 @pytest.mark.release
-def test_defaults_are_the_papers_the_settings_come_from_any_config_else_the_papers_and_the_construction_line_says_so():
+def test_paper_defaults_settings_from_any_config_the_line_the_path_bad_values_refused_in_one_line_features_warned():
     # STAPO Sec. 4.1: tau_p = 0.002, q = 0.75; the DAPO/JustRL objective: clip 0.2 / 0.28, token mean, no KL
     config = make_config()
     assert (config.s2t_prob_threshold, config.s2t_entropy_quantile, config.s2t_mode) == (0.002, 0.75, "low_entropy")
@@ -43,8 +41,7 @@ def test_defaults_are_the_papers_the_settings_come_from_any_config_else_the_pape
     assert list(fields["s2t_mode"].metadata["choices"]) == ["low_entropy", "off"]
     grpo = make_config(GRPOConfig)  # in the installed trl only epsilon_high differs: a changed TRL default fails here
     assert sorted(name for name, paper in PAPER_OBJECTIVE.items() if getattr(grpo, name) != paper) == ["epsilon_high"]
-    doc = " ".join(STAPOConfig.__doc__.split())
-    assert f"`GRPOConfig` differs only in `epsilon_high` (`{grpo.epsilon_high}`" in doc
+    assert f"differs only in `epsilon_high` (`{grpo.epsilon_high}`" in " ".join(STAPOConfig.__doc__.split())
     for boundary in ({"s2t_prob_threshold": 1.0}, {"s2t_entropy_quantile": 0.0}, {"s2t_prob_threshold": 1}):
         assert s2t_settings(make_config(**boundary))  # accepted (an int is a number)
     assert s2t_settings(grpo) == S2TSettings()  # no S2T field at all: the paper's
@@ -54,15 +51,13 @@ def test_defaults_are_the_papers_the_settings_come_from_any_config_else_the_pape
     with pytest.raises(ValueError, match=r"is not one of \['low_entropy'\]"):
         s2t_settings(config, modes=("low_entropy",))
     assert s2t_settings_line(make_config(), S2TSettings()) is None
-    grpo = make_config(GRPOConfig)
     assert s2t_settings_line(grpo, s2t_settings(grpo)) == (
         "STAPO with s2t_prob_threshold=0.002, s2t_entropy_quantile=0.75, s2t_mode='low_entropy' (the paper's "
         "values: GRPOConfig has no s2t_prob_threshold, s2t_entropy_quantile, s2t_mode fields, and such values given "
         "to it, in a YAML file say, are ignored; to set them, use `from stapo_trl import STAPOConfig as GRPOConfig`); "
         "differs from the paper's objective: epsilon_high=None (paper 0.28)."
     )
-    own = make_config(OpenR1StyleConfig, epsilon_high=0.28, beta=0.04)
-    line = s2t_settings_line(own, s2t_settings(own))
+    line = s2t_settings_line(own := make_config(OpenR1StyleConfig, epsilon_high=0.28, beta=0.04), s2t_settings(own))
     assert "s2t_entropy_quantile=0.8, " in line and "has no s2t_prob_threshold, s2t_mode fields, and such" in line
     assert line.endswith("objective: s2t_entropy_quantile=0.8 (paper 0.75), beta=0.04 (paper 0.0).")
     grpo = make_config(GRPOConfig, epsilon_high=0.28)
@@ -76,24 +71,6 @@ def test_defaults_are_the_papers_the_settings_come_from_any_config_else_the_pape
                            ({**ga2, "use_vllm": True, "vllm_importance_sampling_correction": False},
                             "extra_forward")]:  # fmt: skip
         assert s2t_path(make_config(**geometry)) == path, geometry
-
-
-FEATURE_WARNINGS = [  # one row per warned GRPO feature of docs/stapo.md's table
-    ({"beta": 0.04}, r"^S2T mask with beta=0\.04: silenced tokens lose their KL penalty too"),
-    ({"importance_sampling_level": "sequence"}, r"importance_sampling_level='sequence': each ratio averages kept"),
-    ({"loss_type": "vespo"}, r"loss_type='vespo': each completion's weight phi sums its kept tokens"),
-    ({"top_entropy_quantile": 0.2}, r"top_entropy_quantile=0\.2: its entropy quantile is taken over kept tokens"),
-    ({"entropy_coef": 0.01}, r"entropy_coef=0\.01: the bonus averages kept tokens only"),
-    ({"use_adaptive_entropy": True}, r"entropy_coef=0\.0: the bonus averages kept tokens only"),
-    ({"temperature": 0.7}, r"temperature=0\.7: p and H are temperature-scaled; tau_p and q are calibrated at 1\.0"),
-    ({"loss_type": "dr_grpo"}, r"loss_type='dr_grpo': a constant denominator"),
-    *[({"loss_type": "luspo"}, r"loss_type='luspo': a constant")] * (Version(trl.__version__) >= Version("1.10")),
-    ({"gradient_accumulation_steps": 2, "steps_per_generation": 3}, r"steps_per_generation=3: not a multiple of GA=2"),
-    ({"per_device_train_batch_size": 4, "steps_per_generation": 2}, r"an update of 4 completions splits prompt"),
-]  # fmt: skip
-
-
-def test_bad_values_refused_in_one_line_from_any_config_each_feature_the_mask_changes_warned_the_papers_silent():
     for field, value, message in [
         ("s2t_prob_threshold", 0.0, r"^s2t_prob_threshold=0\.0 must be in \(0, 1\]; the paper: 0\.002\.$"),
         ("s2t_prob_threshold", 1.5, r"s2t_prob_threshold=1\.5"),
@@ -118,8 +95,7 @@ def test_bad_values_refused_in_one_line_from_any_config_each_feature_the_mask_ch
                       dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, steps_per_generation=8),
                       dict(off_policy_mask_threshold=0.5), dict(num_iterations=2),
                       dict(use_vllm=True, steps_per_generation=4)]:  # fmt: skip
-        config = make_config(**overrides)
-        assert s2t_warnings(config, s2t_settings(config)) == [], overrides
+        assert s2t_warnings(config := make_config(**overrides), s2t_settings(config)) == [], overrides
     config = make_config(per_device_train_batch_size=4, steps_per_generation=2)
     assert s2t_warnings(config, S2TSettings(), num_processes=2) == []  # 4 completions x 2 processes: one group
     assert len(s2t_warnings(config, S2TSettings(), num_processes=1)) == 1
@@ -132,3 +108,18 @@ def test_bad_values_refused_in_one_line_from_any_config_each_feature_the_mask_ch
     for same in (dict(steps_per_generation=2, gradient_accumulation_steps=2), dict(loss_type="bnpo")):
         config = make_config(s2t_mode="off", **{"steps_per_generation": 8, "gradient_accumulation_steps": 2, **same})
         assert s2t_warnings(config, s2t_settings(config)) == []  # GRPOTrainer's objective exactly
+
+
+FEATURE_WARNINGS = [  # one row per warned GRPO feature of docs/stapo.md's table
+    ({"beta": 0.04}, r"^S2T mask with beta=0\.04: silenced tokens lose their KL penalty too"),
+    ({"importance_sampling_level": "sequence"}, r"importance_sampling_level='sequence': each ratio averages kept"),
+    ({"loss_type": "vespo"}, r"loss_type='vespo': each completion's weight phi sums its kept tokens"),
+    ({"top_entropy_quantile": 0.2}, r"top_entropy_quantile=0\.2: its entropy quantile is taken over kept tokens"),
+    ({"entropy_coef": 0.01}, r"entropy_coef=0\.01: the bonus averages kept tokens only"),
+    ({"use_adaptive_entropy": True}, r"entropy_coef=0\.0: the bonus averages kept tokens only"),
+    ({"temperature": 0.7}, r"temperature=0\.7: p and H are temperature-scaled; tau_p and q are calibrated at 1\.0"),
+    ({"loss_type": "dr_grpo"}, r"loss_type='dr_grpo': a constant denominator"),
+    *[({"loss_type": "luspo"}, r"loss_type='luspo': a constant")] * (Version(trl.__version__) >= Version("1.10")),
+    ({"gradient_accumulation_steps": 2, "steps_per_generation": 3}, r"steps_per_generation=3: not a multiple of GA=2"),
+    ({"per_device_train_batch_size": 4, "steps_per_generation": 2}, r"an update of 4 completions splits prompt"),
+]  # fmt: skip

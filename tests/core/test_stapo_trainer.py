@@ -1,5 +1,3 @@
-"""The core's `STAPOTrainer`: hand-computed losses, zero gradients on silenced tokens, parity with `GRPOTrainer`."""
-
 import copy
 import inspect
 import math
@@ -11,6 +9,7 @@ import pytest
 import torch
 import trl
 from datasets import Dataset
+from peft import LoraConfig
 from testing_utils import ForwardCounter, KeepsLogpGrad, hand_scored_batch, length_reward, policy_forward
 from trl import GRPOConfig, GRPOTrainer
 
@@ -20,20 +19,18 @@ from stapo_trl.core.stapo_trainer import _FORWARD_KEYS, SUPPORTED_TRL
 
 SETTINGS = dict(use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4, num_generations=2, seed=0,
                 max_completion_length=8, logging_steps=1, save_strategy="no", learning_rate=1e-2)  # fmt: skip
-PROMPTS = [{"prompt": f"{i}+{i % 7}="} for i in range(64)]  # plain text: no chat template needed
+PROMPTS = Dataset.from_list([{"prompt": f"{i}+{i % 7}="} for i in range(64)])  # plain text: no chat template needed
 
 
 @pytest.fixture
-def build(tiny_model_path, tmp_path):
+def build(tiny_random_model_path, tmp_path):
     def build(trainer_cls=STAPOTrainer, config_cls=None, name="run", num_prompts=64, peft_config=None, **overrides):
         config_cls = config_cls or (STAPOConfig if issubclass(trainer_cls, STAPOTrainer) else GRPOConfig)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            args = config_cls(output_dir=str(tmp_path / name), **SETTINGS | overrides)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            trainer = trainer_cls(tiny_model_path, reward_funcs=length_reward, args=args, peft_config=peft_config,
-                                  train_dataset=Dataset.from_list(PROMPTS[:num_prompts]))  # fmt: skip
+            args = config_cls(output_dir=str(tmp_path / name), **SETTINGS | overrides)
+            trainer = trainer_cls(tiny_random_model_path, length_reward, args, PROMPTS.select(range(num_prompts)),
+                                  peft_config=peft_config)  # fmt: skip
         trainer.warned = [str(w.message) for w in caught if w.filename == __file__ and w.category is UserWarning]
         return trainer
 
@@ -57,8 +54,7 @@ def test_in_the_default_geometry_the_loss_is_the_mean_over_kept_tokens_and_silen
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     batch = hand_scored_batch(trainer.model.config.vocab_size, seed=0 if beta == 0 else 3)
-    batch["tool_mask"] = torch.ones_like(batch["completion_mask"])
-    batch["tool_mask"][0, 4] = 0  # a tool-output token: never in the loss, never a candidate
+    batch["tool_mask"] = (torch.arange(20) != 4).long().view(4, 5)  # (0, 4): tool output, no loss, no candidate
     logps, entropies = policy_forward(trainer, batch)
     batch["ref_per_token_logps"] = logps - 0.3  # KL per token: exp(-0.3) + 0.3 - 1
     loss_mask = (batch["completion_mask"] * batch["tool_mask"]).bool()
@@ -83,23 +79,21 @@ def test_in_the_default_geometry_the_loss_is_the_mean_over_kept_tokens_and_silen
 def test_each_optimizer_update_gets_its_own_tau_h_and_kept_token_count(build, mode, q, vllm_is):
     # The paper's geometry: 4 micro-batches, GA 2; num_iterations 2: steps 4-7 reuse the hand rollout batch. The
     # library's "high_entropy" silences above the (1 - q)-quantile; vLLM IS: each token's loss times its ratio.
-    from stapo_trl import STAPOConfig as LibraryConfig
-    from stapo_trl import STAPOTrainer as LibraryTrainer
+    import stapo_trl
 
-    classes = (STAPOTrainer, STAPOConfig) if mode == "low_entropy" else (LibraryTrainer, LibraryConfig)
+    classes = (STAPOTrainer, STAPOConfig) if mode == "low_entropy" else (stapo_trl.STAPOTrainer, stapo_trl.STAPOConfig)
     trainer = build(*classes, steps_per_generation=4, gradient_accumulation_steps=2, num_iterations=2,
                     s2t_prob_threshold=1.0, s2t_entropy_quantile=q, s2t_mode=mode)  # fmt: skip
     trainer.use_vllm = trainer.vllm_importance_sampling_correction = vllm_is  # what use_vllm=True sets
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 2
-    vocab, generator = trainer.model.config.vocab_size, torch.Generator().manual_seed(7)
+    vocab, g = trainer.model.config.vocab_size, torch.Generator().manual_seed(7)
     batches = [hand_scored_batch(vocab, seed, lengths=(5, 3, 4 - seed % 2, 2 + seed % 3)) for seed in range(4)]
     for batch in batches:  # rollout batches as TRL buffers them: ratio 1, hand entropies
         batch["old_per_token_logps"], _ = policy_forward(trainer, batch)
-        batch["s2t_entropies"] = torch.rand(*batch["completion_mask"].shape, generator=generator)
+        batch["s2t_entropies"] = torch.rand(*batch["completion_mask"].shape, generator=g)
+        batch["importance_sampling_ratio"] = 0.5 + torch.rand(4, 5, generator=g) if vllm_is else torch.ones(4, 5)
     trainer._buffered_inputs = batches
-    for batch in batches[: 4 * vllm_is]:
-        batch["importance_sampling_ratio"] = 0.5 + torch.rand(4, 5, generator=generator)
     losses, normalizers = [], []
     for step in range(4, 8):
         trainer._step = step
@@ -113,7 +107,7 @@ def test_each_optimizer_update_gets_its_own_tau_h_and_kept_token_count(build, mo
         advantages = torch.cat([b["advantages"] for b in micro])[:, None]  # (8, 1)
         entropies = torch.cat([b["s2t_entropies"] for b in micro]).double()
         kept = kept_tokens(loss_mask, advantages, entropies, q, high=mode != "low_entropy")  # over this update only
-        ratio = torch.cat([b.get("importance_sampling_ratio", torch.ones(4, 5)) for b in micro])
+        ratio = torch.cat([b["importance_sampling_ratio"] for b in micro])
         silenced_counts.append(float((loss_mask & ~kept).sum()))
         expected = ((-advantages * ratio * kept).sum() / kept.sum()).item()
         assert losses[2 * update] + losses[2 * update + 1] == pytest.approx(expected, abs=1e-6)
@@ -132,10 +126,8 @@ def test_with_the_mask_off_training_equals_grpo_trainer(build, steps_per_generat
                                                         loss_type, max_steps):  # fmt: skip
     geometry = dict(max_steps=max_steps, steps_per_generation=steps_per_generation, num_iterations=num_iterations,
                     gradient_accumulation_steps=grad_accum, loss_type=loss_type, epsilon_high=0.28)  # fmt: skip
-    grpo = build(GRPOTrainer, name="grpo", **geometry)
-    grpo.train()  # each trainer seeds at construction: build and train one after the other
-    stapo = build(name="off", s2t_mode="off", **geometry)
-    stapo.train()
+    (grpo := build(GRPOTrainer, name="grpo", **geometry)).train()  # each seeds at construction: build, train, build
+    (stapo := build(name="off", s2t_mode="off", **geometry)).train()
     grpo_rows, stapo_rows = ([row for row in t.state.log_history if "loss" in row] for t in (grpo, stapo))
     for grpo_row, stapo_row in zip(grpo_rows, stapo_rows, strict=True):
         assert {"loss", "grad_norm", "entropy", "clip_ratio/region_mean"} <= grpo_row.keys()
@@ -146,7 +138,12 @@ def test_with_the_mask_off_training_equals_grpo_trainer(build, steps_per_generat
         torch.testing.assert_close(p_stapo, p_grpo, rtol=1e-5, atol=1e-6, msg=f"{name} differs")
 
 
-class RolloutValuesCheck(STAPOTrainer):  # compares the p and H kept for the mask with a fresh forward (one more)
+class Recorder(STAPOTrainer):  # the p and H kept for the mask against a fresh forward (one more); per micro-step:
+    def _compute_loss(self, model, inputs):  # transformers' window, the batch the parent's loss gets
+        mask = inputs["completion_mask"] * inputs.get("tool_mask", 1)
+        self.seen.append((self.current_gradient_accumulation_steps, inputs["num_items_in_batch"].item(), mask.sum()))
+        return super()._compute_loss(model, inputs)
+
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
         if "s2t_entropies" in batch:
@@ -167,21 +164,14 @@ def test_p_and_h_are_the_rollout_policys_with_an_extra_forward_only_where_trl_ru
     def scoring_forwards(trainer_cls):
         trainer = build(trainer_cls, name=trainer_cls.__name__, max_steps=1, steps_per_generation=steps_per_generation,
                         gradient_accumulation_steps=grad_accum, num_iterations=num_iterations)  # fmt: skip
-        trainer.checks, counter = [], ForwardCounter(trainer.model)
+        trainer.checks, trainer.seen, counter = [], [], ForwardCounter(trainer.model)
         trainer.train()
         return trainer, counter.count
 
-    (stapo, stapo_count), (_, grpo_count) = scoring_forwards(RolloutValuesCheck), scoring_forwards(GRPOTrainer)
+    (stapo, stapo_count), (_, grpo_count) = scoring_forwards(Recorder), scoring_forwards(GRPOTrainer)
     assert (stapo_count - len(stapo.checks), grpo_count) == (stapo_forwards, grpo_forwards)
     assert {check[0] for check in stapo.checks} == ({source} if source else set())
     assert max([check[1] for check in stapo.checks], default=0) < 1e-6
-
-
-class AccumulationRecorder(STAPOTrainer):  # per micro-step: transformers' window, the batch the parent's loss gets
-    def _compute_loss(self, model, inputs):
-        mask = inputs["completion_mask"] * inputs["tool_mask"]
-        self.seen.append((self.current_gradient_accumulation_steps, inputs["num_items_in_batch"].item(), mask.sum()))
-        return super()._compute_loss(model, inputs)
 
 
 @pytest.mark.parametrize(  # 4: the update's normalizer also in test_each_optimizer_update_gets_its_own_tau_h_and_...
@@ -190,11 +180,11 @@ class AccumulationRecorder(STAPOTrainer):  # per micro-step: transformers' windo
 def test_an_epoch_ends_inside_an_update_only_where_updates_span_rollout_batches(build, steps_per_generation,
                                                                                  windows):  # fmt: skip
     # 4: a rollout batch is an epoch, no window shortened; 3 and GA 2 (warned): the second update's, TRL's normalizer
-    trainer = build(AccumulationRecorder, num_prompts=8 if steps_per_generation == 4 else 6, max_steps=2,
+    trainer = build(Recorder, num_prompts=8 if steps_per_generation == 4 else 6, max_steps=2,
                     s2t_prob_threshold=0.05, steps_per_generation=steps_per_generation,
                     gradient_accumulation_steps=2)  # fmt: skip
     assert sum("not a multiple of GA=2" in m for m in trainer.warned) == (steps_per_generation == 3)
-    trainer.seen = []
+    trainer.seen, trainer.checks = [], []
     trainer.train()
     assert [window for window, _, _ in trainer.seen] == windows
     if steps_per_generation == 4:
@@ -204,33 +194,8 @@ def test_an_epoch_ends_inside_an_update_only_where_updates_span_rollout_batches(
 
 
 @pytest.mark.release
-def test_the_papers_config_is_silent_the_card_cites_it_and_a_trl_of_another_normalizer_is_refused(build, monkeypatch):
-    assert build().warned == [] and build(steps_per_generation=8, gradient_accumulation_steps=2).warned == []
-    trainer = build(entropy_coef=0.01, use_adaptive_entropy=True)  # the adaptive bonus moves inside TRL's loss
-    assert trainer.entropy_coef == 0.01 and trainer._s2t_loss_forward is None and not trainer.model.training
-    assert trainer._metrics == {"train": {}, "eval": {}}
-    trainer.create_model_card(model_name="tiny-stapo")  # TRL's card from `_name`, `_paper`, `_tag_names`
-    card = open(f"{trainer.args.output_dir}/README.md").read()
-    assert "2602.15620" in card and "liu2026stapo" in card and "stapo" in card
-    monkeypatch.setattr(trl, "__version__", "1.17.0")
-    assert build().warned == [f"trl 1.17.0 is outside the tested trl{SUPPORTED_TRL}."]
-    original = GRPOTrainer._compute_loss  # a PARENT dividing by num_items / processes (TRL main in July 2026): refused
-
-    def compute_loss(self, model, inputs):
-        if self.model.training:
-            factor = self.current_gradient_accumulation_steps / self.args.steps_per_generation
-            inputs = {**inputs, "num_items_in_batch": inputs["num_items_in_batch"] * factor}
-        return original(self, model, inputs)
-
-    monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
-    for loss_type in ("dapo", "cispo", "vespo"):
-        with pytest.raises(RuntimeError, match=r"STAPO would train at a wrong scale\. Use trl"):
-            build(loss_type=loss_type, steps_per_generation=8, gradient_accumulation_steps=2)
-    build(loss_type="cispo", steps_per_generation=2, gradient_accumulation_steps=2)  # both formulas agree
-
-
-@pytest.mark.release
-def test_the_stashed_forward_goes_to_its_call_only_trls_scoring_is_checked_and_the_forward_keys(build, monkeypatch):
+def test_the_stashed_forward_goes_to_its_call_the_papers_config_is_silent_and_a_trl_of_another_normalizer_is_refused(
+        build, monkeypatch):  # fmt: skip  # also: only TRL's scoring is checked, the forward keys, the card
     trainer = build(steps_per_generation=4, gradient_accumulation_steps=2)  # s2t_path "old_logps"
     batch = hand_scored_batch(trainer.model.config.vocab_size)
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
@@ -242,13 +207,11 @@ def test_the_stashed_forward_goes_to_its_call_only_trls_scoring_is_checked_and_t
     other = forward(trainer.model, ids.flip(0), mask.flip(0), 5, compute_entropy=True)  # other input ids
     torch.testing.assert_close(other[0], policy_forward(trainer, flipped)[0])
     assert forward(trainer.model, ids, mask, 3)[0].shape == (4, 3)  # other logits_to_keep
-    twin = copy.deepcopy(trainer.model)  # another model with the same weights
-    assert not torch.equal(forward(twin, ids, mask, 5)[0], stashed[0])
-    assert forward(trainer.model, ids, mask, 5) is stashed  # the call it was made for, once
-    assert trainer._s2t_loss_forward is None
+    assert not torch.equal(forward(copy.deepcopy(trainer.model), ids, mask, 5)[0], stashed[0])  # a same-weight twin
+    assert forward(trainer.model, ids, mask, 5) is stashed and trainer._s2t_loss_forward is None  # its call, once
     torch.testing.assert_close(forward(trainer.model, ids, mask, 5)[0], policy_forward(trainer, batch)[0])
     trainer.model.train()
-    original, rows = GRPOTrainer._generate_and_score_completions, [row for row in PROMPTS[:8] for _ in range(2)]
+    original, rows = GRPOTrainer._generate_and_score_completions, list(PROMPTS.select([i // 2 for i in range(16)]))
     for change, error in [
         (lambda logps: logps + 1e-3, r"old_per_token_logps from no forward it saw, where s2t_path is 'old_logps'"),
         (lambda logps: None, r"old_per_token_logps missing, where s2t_path is 'old_logps'"),
@@ -270,6 +233,28 @@ def test_the_stashed_forward_goes_to_its_call_only_trls_scoring_is_checked_and_t
     call = inspect.getsource(GRPOTrainer._compute_loss).split("self._get_per_token_logps_and_entropies(")[1]
     passed = re.findall(r"(\w+)=inputs\.get\(\"\1\"\)", call.split("\n        )")[0])
     assert set(passed) == set(_FORWARD_KEYS) and len(passed) == len(_FORWARD_KEYS) == 10
+    assert build().warned == [] and build(steps_per_generation=8, gradient_accumulation_steps=2).warned == []
+    trainer = build(entropy_coef=0.01, use_adaptive_entropy=True)  # the adaptive bonus moves inside TRL's loss
+    assert trainer.entropy_coef == 0.01 and trainer._s2t_loss_forward is None and not trainer.model.training
+    assert trainer._metrics == {"train": {}, "eval": {}}
+    trainer.create_model_card(model_name="tiny-stapo")  # TRL's card from `_name`, `_paper`, `_tag_names`
+    card = open(f"{trainer.args.output_dir}/README.md").read()
+    assert all(tag in card for tag in ("2602.15620", "liu2026stapo", "stapo"))
+    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    assert build().warned == [f"trl 1.17.0 is outside the tested trl{SUPPORTED_TRL}."]
+    original = GRPOTrainer._compute_loss  # a PARENT dividing by num_items / processes (TRL main in July 2026): refused
+
+    def compute_loss(self, model, inputs):
+        if self.model.training:
+            factor = self.current_gradient_accumulation_steps / self.args.steps_per_generation
+            inputs = {**inputs, "num_items_in_batch": inputs["num_items_in_batch"] * factor}
+        return original(self, model, inputs)
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
+    for loss_type in ("dapo", "cispo", "vespo"):
+        with pytest.raises(RuntimeError, match=r"STAPO would train at a wrong scale\. Use trl"):
+            build(loss_type=loss_type, steps_per_generation=8, gradient_accumulation_steps=2)
+    build(loss_type="cispo", steps_per_generation=2, gradient_accumulation_steps=2)  # both formulas agree
 
 
 def test_opsm_judges_only_sequences_the_mask_never_touches():
@@ -289,8 +274,6 @@ def test_opsm_judges_only_sequences_the_mask_never_touches():
 # tests/recipes/test_recipes.py::test_lora_demo_recipe_trains_only_the_adapter
 def test_every_pass_uses_the_rollout_time_mask_and_lora_trains_with_the_adapter_policy(build, lora):
     # num_iterations 2: each update's mask is the rollout's on both passes though the weights moved; PEFT: adapter's
-    from peft import LoraConfig
-
     peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None
     trainer = build(max_steps=1 if lora else 4, steps_per_generation=4, gradient_accumulation_steps=2,
                     num_iterations=1 if lora else 2, s2t_prob_threshold=0.05, peft_config=peft_config)  # fmt: skip

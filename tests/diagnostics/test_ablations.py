@@ -1,5 +1,3 @@
-"""The paper's ablations of the S2T rule (`high_entropy`, `all_low_prob`) on hand-built tensors."""
-
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -16,10 +14,9 @@ from stapo_trl.diagnostics.ablations import ABLATIONS, ablation_mask
 MODES = list(ABLATIONS)
 
 
-def test_high_entropy_all_low_prob_nothing_without_candidates_or_non_finite_and_other_modes_refused():
+def test_high_entropy_all_low_prob_no_candidates_non_finite_other_modes_refused_and_two_processes_give_one_mask():
     assert MODES == ["high_entropy", "all_low_prob"]  # the paper's two ablations
-    tensors = hand_s2t_batch()
-    copies = [t.clone() for t in tensors]
+    tensors, copies = hand_s2t_batch(), hand_s2t_batch()  # the inputs are left untouched
     result = ablation_mask(*tensors, mode="high_entropy", entropy_quantile=0.75)
     # The 0.25-quantile of [0.1, 0.3, 0.4]: h = 0.5 -> 0.2; H > 0.2: tokens 1 and 3, token 0 (the rule's first) kept
     assert result.entropy_threshold == pytest.approx(0.2)
@@ -67,41 +64,36 @@ def test_high_entropy_all_low_prob_nothing_without_candidates_or_non_finite_and_
         assert result.candidate[0].tolist() == [True, True, True, False, False] and not result.silenced[0, 3:].any()
         assert result.num_nonfinite == 2 and result.num_loss_tokens == 5
 
+    def on_two_processes(parts, **kwargs):  # each part on a thread, `gather` through a barrier (or a timeout)
+        slots, calls, barrier = [None, None], [0, 0], threading.Barrier(2, timeout=20.0)
 
-def run_on_two_processes(parts, **kwargs):  # each part on a thread, `gather` through a barrier (or a timeout)
-    slots, calls, barrier = [None, None], [0, 0], threading.Barrier(2, timeout=20.0)
+        def work(rank):
+            def gather(tensor):
+                calls[rank], slots[rank] = calls[rank] + 1, tensor
+                barrier.wait()
+                gathered = torch.cat(list(slots))
+                barrier.wait()  # everyone has read the slots before the next call overwrites them
+                return gathered
 
-    def work(rank):
-        def gather(tensor):
-            calls[rank] += 1
-            slots[rank] = tensor
-            barrier.wait()
-            gathered = torch.cat(list(slots))
-            barrier.wait()  # everyone has read the slots before the next call overwrites them
-            return gathered
+            return ablation_mask(*parts[rank], gather=gather, **kwargs)
 
-        return ablation_mask(*parts[rank], gather=gather, **kwargs)
+        with ThreadPoolExecutor(2) as pool:
+            return list(pool.map(work, range(2))), calls
 
-    with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(work, range(2))), calls
-
-
-def test_two_processes_give_the_one_process_mask():  # rows None: no candidate anywhere, the same collectives
-    for mode, rows in [
+    for mode, rows in [  # rows None: no candidate anywhere, the same collectives
         (m, r) for m in MODES for r in [(slice(0, 5), slice(5, 14)), (slice(0, 12), slice(12, 14)), None]
     ]:
-        generator = torch.Generator().manual_seed(3)
-        logps = torch.log(torch.rand(14, 6, generator=generator) * 0.004 + 1e-6)
-        entropies = torch.rand(14, 6, generator=generator) * 3
-        advantages = torch.randn(14, generator=generator)
-        loss_mask = (torch.arange(6)[None] < torch.randint(1, 7, (14, 1), generator=generator)).long()
+        g = torch.Generator().manual_seed(3)
+        logps, entropies = torch.log(torch.rand(14, 6, generator=g) * 0.004 + 1e-6), torch.rand(14, 6, generator=g) * 3
+        advantages = torch.randn(14, generator=g)
+        loss_mask = (torch.arange(6)[None] < torch.randint(1, 7, (14, 1), generator=g)).long()
         advantages[12:] = -1.0  # rows 12, 13: negative advantages; p in (0, 0.004): about half below tau_p
         if rows is None:
             advantages[:], rows = -1.0, (slice(0, 7), slice(7, 14))
         batch = (logps, entropies, advantages, loss_mask)
         whole = ablation_mask(*batch, mode=mode)
         assert (whole.num_candidates > 10 and whole.num_silenced > 0) or advantages.max() < 0
-        (rank0, rank1), calls = run_on_two_processes([tuple(t[part] for t in batch) for part in rows], mode=mode)
+        (rank0, rank1), calls = on_two_processes([tuple(t[part] for t in batch) for part in rows], mode=mode)
         assert calls[0] == calls[1] > 0  # every collective on every process
         for part in (rank0, rank1):
             assert part.entropy_threshold == whole.entropy_threshold or math.isnan(whole.entropy_threshold)

