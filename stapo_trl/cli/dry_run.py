@@ -13,7 +13,6 @@ import re
 import sys
 from dataclasses import dataclass
 
-from ..integrations.vllm_support import check_vllm_args
 from .args import recipe_parser
 from .errors import EXIT_INPUT_ERROR, EXIT_STATUS_HELP, InputError, OneLineErrorParser, print_line
 from .prepare import PreparedRun, benchmark_eval_error  # noqa: F401 (a name of this module too)
@@ -187,6 +186,8 @@ def _execution(r: DryRunReport, s, a, length: int | None, cpu_forced: bool) -> N
     if server and cpu_forced:
         warn("vllm_mode='server': the weight sync to the server is CUDA-only (NCCL); this recipe needs GPUs.")
     elif not cpu_forced:
+        from ..integrations.vllm_support import check_vllm_args  # torch: after the recipe's checks
+
         try:
             check_vllm_args(a)  # the trainer's own refusal: a vLLM server on a CPU-only run
         except ValueError as e:
