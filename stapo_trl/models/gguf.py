@@ -19,10 +19,19 @@ from .names import BUILTIN_MODELS, BUILTIN_PREFIX, GGUF_READER
 WHEELS_PATH_ENV_VAR = "STAPO_TRL_WHEELS_PATH"
 GEMMA3_CHAT_TEMPLATE = (Path(__file__).parents[1] / "templates" / "gemma3_chat_template.jinja").read_text("utf-8")
 ADDED_CHAT_TEMPLATES = {"gemma3": (GEMMA3_CHAT_TEMPLATE, "<end_of_turn>")}  # template, end-of-turn token (an eos id)
-ModelWheelNotInstalledError = type("ModelWheelNotInstalledError", (FileNotFoundError,), {})
-GGUFFileMissingError = type("GGUFFileMissingError", (FileNotFoundError,), {})
-GGUFChecksumError = type("GGUFChecksumError", (ValueError,), {})
 GGUFSource = namedtuple("GGUFSource", "name files wheels file_name sha256 gguf_version")
+
+
+class ModelWheelNotInstalledError(FileNotFoundError):
+    """A wheel a real model is converted from, or the `gguf` reader, is not installed at its pinned version."""
+
+
+class GGUFFileMissingError(FileNotFoundError):
+    """A wheel is installed but its GGUF file (or one of its chunks) is not there."""
+
+
+class GGUFChecksumError(ValueError):
+    """The GGUF file (or the joined chunks) differs from the pinned one."""
 
 
 def locate_gguf(name: str) -> GGUFSource:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import math
@@ -178,8 +179,8 @@ class SpuriousTokenLogger(JsonlLogCallback):
         records = [records[i] | {"step": step} for i in sorted(keep)]
         self.write_rows(args, records)
         self._count(records)
-        backends = [b for name in ("wandb", "trackio") if name in (args.report_to or []) and  # wandb without a run:
-                    getattr(b := __import__(name), "run", True) is not None]  # no table  # fmt: skip
+        backends = [importlib.import_module(name) for name in ("wandb", "trackio") if name in (args.report_to or [])]
+        backends = [b for b in backends if getattr(b, "run", True) is not None]  # wandb without a run: no table
         if backends and self.silenced_counts:
             import pandas as pd
 

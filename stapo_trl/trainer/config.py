@@ -109,8 +109,10 @@ def write_run_files(args) -> bool:
     return value
 
 
-class TrainingValueError(ValueError):  # args: the message, the fields whose values make the error (reported first)
-    __str__, fields = (lambda self: self.args[0]), property(lambda self: self.args[1:])
+class TrainingValueError(ValueError):
+    def __init__(self, message: str, *fields: str):  # the fields whose values make the error, the reported one first
+        super().__init__(message)
+        self.fields = fields
 
 
 def check_training_values(args) -> None:
