@@ -22,9 +22,6 @@ from ..diagnostics.metrics import diagnostic_metrics
 from ..integrations.vllm_support import check_vllm_args, install_cpu_colocate_weight_sync
 from ..rewards import NoRewardWarning, resolve_reward_names
 from ..run_folder import checkpoints
-from ..run_folder.card import model_card
-from ..run_folder.logs import JsonlLogCallback, NoLearningSignalCallback, SpuriousTokenLogger, add_run_file_callbacks
-from ..run_folder.rollout import RolloutStateCallback, load_rollout_state, save_rollout_state
 from .config import STAPOConfig, write_run_files
 
 
@@ -92,6 +89,9 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train` as `output_dir`'s one writer, with the run files and an exact resume (`True`: the newest
         complete checkpoint). `ValueError`: another writer; no, an incomplete or another run's checkpoint; a link."""
+        from ..run_folder.logs import JsonlLogCallback, NoLearningSignalCallback, add_run_file_callbacks
+        from ..run_folder.rollout import RolloutStateCallback, load_rollout_state
+
         output_dir, checkpoint = self.args.output_dir, resume_from_checkpoint
         if self.args.should_save:  # first: the resume moves damaged checkpoints aside
             checkpoints.hold_run_folder(output_dir, trainer=self)
@@ -141,6 +141,8 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
         super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
 
     def _save_checkpoint(self, model, trial):  # and the rollout state, between two writes of the run record
+        from ..run_folder.rollout import save_rollout_state
+
         folder = os.path.join(self._get_output_dir(trial), f"checkpoint-{self.state.global_step}")
         record = {"settings": self.run_settings, "save_only_model": self.args.save_only_model}
         if self.args.should_save:
@@ -173,6 +175,8 @@ class _Additions:  # first in the bases; `run_settings` kept in each checkpoint,
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None, public: bool = False):
         """Write `output_dir/README.md` never through a link; `public` (what `push_to_hub` uploads): no local path."""
+        from ..run_folder.card import model_card
+
         if self.is_world_process_zero():
             os.makedirs(self.args.output_dir, exist_ok=True)
             card = model_card(self, model_name, dataset_name, tags, self.eval_record, public=public)
@@ -207,6 +211,8 @@ class STAPOTrainer(_Additions, core.STAPOTrainer):
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *pargs, **kwargs)
 
     def _compute_s2t_mask(self, per_token_logps, entropies, advantages, loss_mask, completion_ids):
+        from ..run_folder.logs import SpuriousTokenLogger
+
         tensors = (per_token_logps, entropies, advantages, loss_mask)
         result = (ablation_mask(*tensors, **vars(self.s2t), gather=self._gather) if self.s2t.mode in ABLATIONS
                   else super()._compute_s2t_mask(*tensors, completion_ids))  # fmt: skip
