@@ -14,8 +14,6 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .grading import find_boxes, grade
-
 
 logger = logging.getLogger(__name__)
 _warned_golds: set[str] = set()
@@ -46,6 +44,8 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
     if len(completions) != len(solution):
         raise ValueError(f"math_accuracy_reward got {len(completions)} completions but {len(solution)} solutions; "
                          "pass one `solution` per completion (a dataset column named `solution`).")  # fmt: skip
+    from .grading import grade
+
     results = [grade(completion_text(c), gold) for c, gold in zip(completions, solution)]
     no_gold = [(r.error or "").startswith("gold unparseable") for r in results]
     for key in {repr(gold)[:200] for gold, bad in zip(solution, no_gold) if bad} - _warned_golds:
@@ -63,6 +63,8 @@ def math_accuracy_reward(completions: Sequence[Any], solution: Sequence[Any], **
 
 def format_reward(completions: Sequence[Any], **kwargs) -> list[float]:
     r"""1.0 per completion that ENDS with a complete, non-empty `\boxed{}` (then only `$`, `\]`, `.`, ...); else 0."""
+    from .grading import find_boxes
+
     last = [((find_boxes(text) or [(None, 0, 0)])[-1], text) for text in map(completion_text, completions)]
     return [float(bool(b and b.strip()) and _FORMAT_TAIL_RE.match(t[e:]) is not None) for (b, _, e), t in last]
 
