@@ -65,8 +65,11 @@ def format_reward(completions: Sequence[Any], **kwargs) -> list[float]:
     r"""1.0 per completion that ENDS with a complete, non-empty `\boxed{}` (then only `$`, `\]`, `.`, ...); else 0."""
     from .grading import find_boxes
 
-    last = [((find_boxes(text) or [(None, 0, 0)])[-1], text) for text in map(completion_text, completions)]
-    return [float(bool(b and b.strip()) and _FORMAT_TAIL_RE.match(t[e:]) is not None) for (b, _, e), t in last]
+    rewards = []
+    for text in map(completion_text, completions):
+        box, _, end = (find_boxes(text) or [(None, 0, 0)])[-1]
+        rewards.append(float(bool(box and box.strip()) and _FORMAT_TAIL_RE.match(text[end:]) is not None))
+    return rewards
 
 
 REWARDS: dict[str, Callable[..., list]] = {"math_accuracy": math_accuracy_reward, "format": format_reward}
