@@ -124,8 +124,10 @@ def hold_run_folder(output_dir: str, acquire: bool = True, *, trainer: Any = Non
     folder = os.path.abspath(output_dir)
     lock, holders = _HOLDS.setdefault(folder, [None, []])
     if not acquire:
-        if trainer in holders and (holders.remove(trainer) or not holders) and lock is not None:
-            lock.release()
+        if trainer in holders:
+            holders.remove(trainer)
+            if not holders and lock is not None:
+                lock.release()
         return
     refuse_links(output_dir)
     owner = os.path.join(folder, "_writer.txt")
@@ -254,8 +256,9 @@ def resume_checkpoint(output_dir: str, save_only_model: bool = False, *, move_as
     checkpoint, skipped = newest_complete_checkpoint(output_dir, save_only_model)
     words = []
     for name, problem in skipped:
-        target = next(t for k in range(1, 10_000) if not (os.path.lexists(os.path.join(output_dir,
-                      t := DAMAGED_PREFIX + name + f"-{k}" * (k > 1))) and move_aside))  # fmt: skip
+        target, k = DAMAGED_PREFIX + name, 1
+        while move_aside and os.path.lexists(os.path.join(output_dir, target)):
+            k, target = k + 1, f"{DAMAGED_PREFIX}{name}-{k + 1}"
         if move_aside:
             os.replace(os.path.join(output_dir, name), os.path.join(output_dir, target))
         words.append(f"{name} ({problem})" + f" and moved it aside to {target}" * move_aside)
@@ -279,9 +282,13 @@ def check_checkpoint(path: str, what: str, save_only_model: bool = False, fix: s
 
 def plain(value: Any) -> Any:
     """`value` as JSON data equal across processes: enums by value, sets sorted, `to_dict()`, else the type's name."""
-    return json.loads(json.dumps(value, default=lambda v: sorted(map(plain, v)) if isinstance(v, (set, frozenset)) else
-                                 v.value if isinstance(v, enum.Enum) else v.to_dict() if hasattr(v, "to_dict") else
-                                 type(v).__name__))  # fmt: skip
+
+    def default(v: Any) -> Any:
+        if isinstance(v, (set, frozenset)):
+            return sorted(plain(x) for x in v)
+        return v.value if isinstance(v, enum.Enum) else v.to_dict() if hasattr(v, "to_dict") else type(v).__name__
+
+    return json.loads(json.dumps(value, default=default))
 
 
 def run_settings(args, *, trainer: str, model, reward_funcs, s2t=None, peft_config=None, train_dataset=None,
@@ -331,10 +338,14 @@ def read_run_record(checkpoint: str) -> dict | None:
 
 def changed_settings(recorded: dict, current: dict) -> list[str]:
     """`"name old -> new"` for each field both hold with other values, a dict's keys one by one (`peft.r 8 -> 16`)."""
-    pairs = [(k, recorded[k], current[k]) for k in current if k in recorded]
-    return [f"{k}.{c}" if isinstance(old, dict) and isinstance(new, dict) else c for k, old, new in pairs for c in (
-        changed_settings(old, new) if isinstance(old, dict) and isinstance(new, dict) else
-        [f"{k} {repr(old)[:120]} -> {repr(new)[:120]}"] * (old != new))]  # fmt: skip
+    changes = []
+    for name in [key for key in current if key in recorded]:
+        old, new = recorded[name], current[name]
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes += [f"{name}.{change}" for change in changed_settings(old, new)]
+        elif old != new:
+            changes.append(f"{name} {repr(old)[:120]} -> {repr(new)[:120]}")
+    return changes
 
 
 def check_run_settings(checkpoint: str, settings: dict) -> None:
