@@ -56,7 +56,10 @@ def torch_threads(num_threads: int | None):
     finally:
         if num_threads is not None:
             torch.set_num_threads(threads)
-            os.environ.pop("OMP_NUM_THREADS") if omp is None else os.environ.update(OMP_NUM_THREADS=omp)
+            if omp is None:
+                os.environ.pop("OMP_NUM_THREADS")
+            else:
+                os.environ["OMP_NUM_THREADS"] = omp
 
 
 def resume_command(argv: list[str] | None = None) -> str:
