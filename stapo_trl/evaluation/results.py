@@ -97,7 +97,10 @@ def check_resumable(existing: dict, config: dict, path: Path, weights) -> None:
         else:
             whats.append(f"{flag} {a if a is not None or not unset else f'unset ({unset})'} in the file, "
                          f"{b if b is not None or not unset else f'unset ({unset})'} now")  # fmt: skip
-            (add.append(f"{flag} {a}") if a is not None else drop.append(flag))
+            if a is not None:
+                add.append(f"{flag} {a}")
+            else:
+                drop.append(flag)
     if whats:
         rerun = " and ".join([f"with {' '.join(add)}"] * bool(add) + [f"without {', '.join(drop)}"] * bool(drop))
         rerun = f"Rerun {rerun} to add to it" if rerun else "Rerun with the stapo_trl version that wrote it"

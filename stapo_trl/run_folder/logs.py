@@ -35,7 +35,10 @@ def read_jsonl(path: str | os.PathLike, valid=None, what: str = "a JSON object",
     path = os.path.join(path, name) if name and os.path.isdir(path) else os.fspath(path)
     rows, bad = [], []
     for number, row in json_lines(path):
-        (rows.append(row) if isinstance(row, dict) and (valid is None or valid(row)) else bad.append(number))
+        if isinstance(row, dict) and (valid is None or valid(row)):
+            rows.append(row)
+        else:
+            bad.append(number)
     if bad and (key := (os.path.abspath(path), tuple(bad))) not in _WARNED:
         _WARNED.add(key)
         shown = ", ".join(map(str, bad[:20])) + (f", ... ({len(bad) - 20} more)" if len(bad) > 20 else "")
