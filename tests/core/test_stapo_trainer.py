@@ -9,7 +9,6 @@ import pytest
 import torch
 import trl
 from datasets import Dataset
-from peft import LoraConfig
 from testing_utils import ForwardCounter, KeepsLogpGrad, hand_scored_batch, length_reward, policy_forward
 from trl import GRPOConfig, GRPOTrainer
 
@@ -274,7 +273,11 @@ def test_opsm_judges_only_sequences_the_mask_never_touches():
 # tests/recipes/test_recipes.py::test_lora_demo_recipe_trains_only_the_adapter
 def test_every_pass_uses_the_rollout_time_mask_and_lora_trains_with_the_adapter_policy(build, lora):
     # num_iterations 2: each update's mask is the rollout's on both passes though the weights moved; PEFT: adapter's
-    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None
+    peft_config = None
+    if lora:  # peft: an extra, absent from the other Pythons' release check
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     trainer = build(max_steps=1 if lora else 4, steps_per_generation=4, gradient_accumulation_steps=2,
                     num_iterations=1 if lora else 2, s2t_prob_threshold=0.05, peft_config=peft_config)  # fmt: skip
     trained = [n for n, _ in trainer.model.named_parameters() if "lora_B" in n or not lora]
