@@ -260,14 +260,19 @@ def prompt_token_budget(max_positions: int | None, max_new_tokens: int, max_prom
     return min((b for b in (max_prompt_tokens, room) if b is not None), default=None)
 
 
+def report_dropped(total: int, kept: int, budget: int | None, what: str = "prompts") -> None:
+    """One warning line when prompts over `budget` tokens were dropped; `ValueError` when all were."""
+    if not kept and total:
+        raise ValueError(f"All {total} {what} are longer than {budget} tokens: raise max_prompt_tokens, lower the "
+                         "generation budget, or use a model with more positions.")  # fmt: skip
+    if kept < total:
+        logger.warning(f"Dropped {total - kept} of {total} {what} longer than {budget} tokens (max_prompt_tokens).")
+
+
 def keep_short_prompts(lengths: list[int], budget: int | None, what: str = "prompts") -> list[int]:
-    """The indices of the prompts of at most `budget` tokens; a warning for the rest, `ValueError` if none is left."""
-    if not (keep := [i for i, n in enumerate(lengths) if budget is None or n <= budget]) and lengths:
-        raise ValueError(f"All {len(lengths)} {what} are longer than {budget} tokens: raise max_prompt_tokens, lower "
-                         "the generation budget, or use a model with more positions.")  # fmt: skip
-    if len(keep) < len(lengths):
-        logger.warning(f"Dropped {len(lengths) - len(keep)} of {len(lengths)} {what} longer than {budget} tokens "
-                       "(max_prompt_tokens).")  # fmt: skip
+    """The indices of the prompts of at most `budget` tokens ([`report_dropped`] says what was dropped)."""
+    keep = [i for i, n in enumerate(lengths) if budget is None or n <= budget]
+    report_dropped(len(lengths), len(keep), budget, what)
     return keep
 
 

@@ -200,8 +200,7 @@ class PreparedRun:
             if train is not None and self.budget is not None:
                 train = data.filter_long_prompts(train, tokenizer, self.budget, a.chat_template_kwargs)
                 self.train_dataset = train
-                lengths = [self.budget] * len(train) + [self.budget + 1] * (self.total - len(train))  # kept, dropped
-                data.keep_short_prompts(lengths, self.budget, what="training prompts")
+                data.report_dropped(self.total, len(train), self.budget, what="training prompts")
                 if len(train) < self.total:
                     where = f"after filtering (of {self.total}; prompt budget {self.budget} tokens)"
             self.kept = None if train is None else len(train)
